@@ -1,0 +1,90 @@
+"""The stateless hooks: plain averaging, and averaging in 16-bit floats.
+
+Every hook has torch's signature ``hook(state, bucket) -> Future[Tensor]``;
+for these the state is the process group (``None`` = the default group).
+
+* :func:`allreduce_hook` divides the bucket by the world size and sums it
+  across ranks: the mean gradient, exactly what a stage does with no hook.
+* :func:`fp16_compress_hook` / :func:`bf16_compress_hook` do the same in a
+  16-bit float, halving the bytes on the wire, and cast back afterwards.
+* :func:`fp16_compress_wrapper` / :func:`bf16_compress_wrapper` put that
+  cast around *any* hook, so ``fp16_compress_hook`` is literally
+  ``fp16_compress_wrapper(allreduce_hook)``.
+
+Unlike torch 2.13, the bf16 variants are not refused on gloo: gloo sums
+bfloat16 tensors correctly, so there is no reason to require NCCL.
+
+Example::
+
+    >>> ddp.register_comm_hook(None, fp16_compress_hook)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.distributed as dist
+
+from minddp.comm import wire
+from minddp.comm.grad_bucket import GradBucket
+
+
+def allreduce_hook(process_group: dist.ProcessGroup | None, bucket: GradBucket) -> torch.futures.Future:
+    """Average the bucket across ranks: divide by the world size, then sum.
+
+    Dividing *before* summing keeps large gradients from overflowing in low
+    precision and costs the same as dividing after.
+    """
+    group = wire.resolve_group(process_group)
+    tensor = bucket.buffer().div_(dist.get_world_size(group))
+    return wire.all_reduce(tensor, group)
+
+
+def _compress_wrapper(dtype: torch.dtype, label: str, hook):
+    """Run ``hook`` on a copy of the bucket cast to ``dtype``; cast its result back.
+
+    1. cast the bucket's buffer to ``dtype`` (a new, smaller tensor);
+    2. hand the hook a bucket whose buffer is that tensor;
+    3. when the hook's future completes, copy its result back into the
+       original buffer (casting up) and return that buffer.
+    """
+
+    @functools.wraps(hook)
+    def wrapped(state, bucket: GradBucket) -> torch.futures.Future:
+        original = bucket.buffer()
+        bucket.set_buffer(original.to(dtype))                                  # step 1 + 2
+        fut = hook(state, bucket)
+        bucket.set_buffer(original)
+
+        def decompress(f: torch.futures.Future) -> torch.Tensor:              # step 3
+            return original.copy_(f.value())
+
+        return fut.then(decompress)
+
+    wrapped.__name__ = f"{label}_compress_wrapper({getattr(hook, '__name__', 'hook')})"
+    return wrapped
+
+
+def fp16_compress_wrapper(hook):
+    """Cast the gradients to float16 around ``hook`` and back to their dtype after."""
+    return _compress_wrapper(torch.float16, "fp16", hook)
+
+
+def bf16_compress_wrapper(hook):
+    """Cast the gradients to bfloat16 around ``hook`` and back to their dtype after."""
+    return _compress_wrapper(torch.bfloat16, "bf16", hook)
+
+
+def fp16_compress_hook(process_group: dist.ProcessGroup | None, bucket: GradBucket) -> torch.futures.Future:
+    """Average in float16: half the bytes of :func:`allreduce_hook` on fp32 gradients."""
+    return _fp16_allreduce(process_group, bucket)
+
+
+def bf16_compress_hook(process_group: dist.ProcessGroup | None, bucket: GradBucket) -> torch.futures.Future:
+    """Average in bfloat16 (fp32's range, fewer mantissa bits); runs on gloo and NCCL."""
+    return _bf16_allreduce(process_group, bucket)
+
+
+_fp16_allreduce = fp16_compress_wrapper(allreduce_hook)
+_bf16_allreduce = bf16_compress_wrapper(allreduce_hook)

@@ -1,0 +1,88 @@
+"""GradBucket: what a communication hook is handed.
+
+A bucket is a flat 1-D tensor (``buffer()``) holding the gradients of a few
+parameters back to back, plus the bookkeeping to see them one by one again
+(``gradients()`` are views into the buffer, in the bucket's parameter order).
+Stages that sync one parameter at a time hand hooks a bucket of one parameter
+whose buffer *is* the parameter's ``.grad`` viewed flat; bucketed stages hand
+a bucket of many. The names mirror ``torch.distributed.GradBucket`` so a hook
+written for torch reads the same here.
+
+Example::
+
+    >>> w, b = torch.nn.Parameter(torch.ones(2, 3)), torch.nn.Parameter(torch.zeros(3))
+    >>> bucket = GradBucket(0, torch.arange(9.0), [w, b], is_last=True)
+    >>> [g.shape for g in bucket.gradients()]
+    [torch.Size([2, 3]), torch.Size([3])]
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class BucketLayout:
+    """Where each parameter's gradient lives inside a flat buffer.
+
+    Computed once per bucket at construction (offsets, sizes, shapes), so a
+    training step never recomputes it.
+    """
+
+    __slots__ = ("params", "offsets", "numels", "shapes", "numel")
+
+    def __init__(self, params: list[torch.Tensor]):
+        self.params = list(params)
+        self.offsets, self.numels, self.shapes = [], [], []
+        offset = 0
+        for p in self.params:
+            self.offsets.append(offset)
+            self.numels.append(p.numel())
+            self.shapes.append(p.shape)
+            offset += p.numel()
+        self.numel = offset
+
+    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Split a flat tensor of this layout into per-parameter views (no copy)."""
+        return [flat[o:o + n].view(s) for o, n, s in zip(self.offsets, self.numels, self.shapes)]
+
+
+class GradBucket:
+    """A flat gradient buffer for a group of parameters, as a comm hook sees it."""
+
+    def __init__(self, index: int, buffer: torch.Tensor, parameters: list[torch.Tensor] | BucketLayout,
+                 is_last: bool):
+        self._index = index
+        self._layout = parameters if isinstance(parameters, BucketLayout) else BucketLayout(parameters)
+        if buffer.dim() != 1 or buffer.numel() != self._layout.numel:
+            raise ValueError(
+                f"GradBucket buffer must be 1-D with {self._layout.numel} elements, got shape {tuple(buffer.shape)}"
+            )
+        self._buffer = buffer
+        self._is_last = is_last
+
+    def index(self) -> int:
+        """Position of this bucket in the step's launch order (0 = launched first)."""
+        return self._index
+
+    def buffer(self) -> torch.Tensor:
+        """The flat 1-D gradient tensor to communicate."""
+        return self._buffer
+
+    def set_buffer(self, buffer: torch.Tensor) -> None:
+        """Replace the flat tensor (e.g. after compressing it in place into another)."""
+        self._buffer = buffer
+
+    def gradients(self) -> list[torch.Tensor]:
+        """Per-parameter views of ``buffer()``, in ``parameters()`` order."""
+        return self._layout.views(self._buffer)
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The parameters whose gradients this bucket holds."""
+        return list(self._layout.params)
+
+    def is_last(self) -> bool:
+        """Whether this is the last bucket of the step (the model's first layers)."""
+        return self._is_last
+
+    def __repr__(self) -> str:
+        return f"GradBucket(index={self._index}, numel={self._buffer.numel()}, params={len(self._layout.params)})"

@@ -1,0 +1,238 @@
+"""Start N local ranks (or join a torchrun job), run a function on each, always tear down.
+
+A data-parallel program is the same code running in N processes ("ranks") that
+find each other through a rendezvous and then talk through collectives. This
+module does that set-up and its clean-up, so the rest of minddp can assume
+that ``torch.distributed`` is initialised:
+
+1. The parent opens a rendezvous store on a free port that the OS picks (no
+   guessed port, so two launches never collide).
+2. It starts one child process per rank. Each child joins the store, builds
+   the process group (gloo on CPU, NCCL with one GPU per rank, chosen once in
+   :mod:`minddp.device`) and calls ``fn(*args, **kwargs)``.
+3. Each child sends back its result, or its exception with the traceback, and
+   destroys its process group whatever happened.
+4. The parent gathers the results in rank order. When a rank fails or dies,
+   the parent gives the other ranks a moment to report, then ends the ranks it
+   started, by their process ids, and raises :class:`RankError` naming the rank.
+
+Under ``torchrun`` the processes already exist: :func:`launch` then joins the
+job described by ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/
+``MASTER_PORT`` and runs ``fn`` once, on this rank only.
+
+Example::
+
+    >>> def hello():
+    ...     import torch.distributed as dist
+    ...     return dist.get_rank()
+    >>> launch(hello, world_size=2)
+    [0, 1]
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import queue
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from minddp.device import choose_backend, timeout_delta
+
+_CHILD_FLAG = "MINDDP_LAUNCHED_RANK"
+
+
+class RankError(RuntimeError):
+    """One or more ranks failed. ``errors`` maps rank -> formatted traceback.
+
+    ``rank`` is the first rank that failed; ``exc_type`` its exception's class
+    name (e.g. ``"ValueError"``), so callers can tell failures apart without
+    string matching on the traceback.
+    """
+
+    def __init__(self, errors: dict[int, str], exc_types: dict[int, str]):
+        self.errors = dict(errors)
+        self.exc_types = dict(exc_types)
+        self.rank = next(iter(errors))
+        self.exc_type = exc_types[self.rank]
+        self.traceback = errors[self.rank]
+        others = sorted(r for r in errors if r != self.rank)
+        also = f" (ranks {others} failed too)" if others else ""
+        super().__init__(f"rank {self.rank} failed{also}:\n{self.traceback}")
+
+    def __reduce__(self):  # keep it picklable for nested runners
+        return (RankError, (self.errors, self.exc_types))
+
+
+def in_torchrun() -> bool:
+    """True when this process is a rank that torchrun (or another launcher) started."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and _CHILD_FLAG not in os.environ
+
+
+def launch(
+    fn: Callable[..., Any],
+    *args: Any,
+    world_size: int = 2,
+    backend: str = "auto",
+    timeout_s: float | None = None,
+    **kwargs: Any,
+) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks and return their results by rank.
+
+    ``fn`` must be importable by name (a module-level function), because each
+    rank is a fresh process. ``timeout_s`` bounds every collective (see
+    :data:`minddp.device.DEFAULT_TIMEOUT_S`). Under torchrun, ``world_size``
+    is taken from the environment and the list holds this rank's result only.
+    """
+    if in_torchrun():
+        return [run_in_torchrun(fn, *args, backend=backend, timeout_s=timeout_s, **kwargs)]
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    backend = choose_backend(backend, local_world_size=world_size)
+
+    # Step 1: a rendezvous store on a port the OS chose, owned by this process.
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True,
+                          timeout=timeout_delta(timeout_s), wait_for_workers=False)
+    ctx = _context()
+    results: queue.Queue = ctx.Queue()
+    payload = pickle.dumps((fn, args, kwargs))
+    procs = []
+    ok = False
+    try:
+        # Step 2: one child per rank.
+        for rank in range(world_size):
+            p = ctx.Process(
+                target=_child_main,
+                args=(payload, list(sys.path), rank, world_size, store.port, backend, timeout_s, results),
+                name=f"minddp-rank{rank}",
+                daemon=True,
+            )
+            p.start()
+            procs.append(p)
+        # Step 4: gather.
+        out = _gather(procs, results)
+        ok = True
+        return out
+    finally:
+        # On failure the surviving ranks may sit in a collective that will
+        # never complete: do not wait for them long.
+        _end_processes(procs, grace_s=3.0 if ok else 0.5)
+        del store
+
+
+def run_in_torchrun(fn: Callable[..., Any], *args: Any, backend: str = "auto",
+                    timeout_s: float | None = None, **kwargs: Any) -> Any:
+    """Join the job torchrun described in the environment, run ``fn``, tear down."""
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    backend = choose_backend(backend, local_world_size=local_world)
+    _prepare_rank(local_rank, local_world, backend)
+    dist.init_process_group(backend, init_method="env://", timeout=timeout_delta(timeout_s))
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        dist.destroy_process_group()
+
+
+def _prepare_rank(local_rank: int, local_world: int, backend: str) -> None:
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    else:
+        # N ranks share the machine's cores: without this every rank starts one
+        # thread per core and they all fight for the same cores.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+
+
+def _child_main(payload, parent_path, rank, world_size, port, backend, timeout_s, results):
+    """Step 3, inside the rank: join, run, report, always destroy the group."""
+    sys.path[:] = parent_path  # unpickle fn the way the parent would import it
+    os.environ.update({
+        _CHILD_FLAG: str(rank), "RANK": str(rank), "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+    })
+    try:
+        fn, args, kwargs = pickle.loads(payload)
+        _prepare_rank(rank, world_size, backend)
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
+                              timeout=timeout_delta(timeout_s))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timeout_delta(timeout_s))
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            dist.destroy_process_group()
+        buf = io.BytesIO()
+        torch.save(out, buf)  # bytes, not shared memory: safe after this process exits
+        results.put(("ok", rank, buf.getvalue()))
+    except BaseException as exc:  # noqa: BLE001 - everything must reach the parent
+        results.put(("error", rank, traceback.format_exc(), type(exc).__name__))
+
+
+def _gather(procs, results, grace_s: float = 2.0) -> list[Any]:
+    world_size = len(procs)
+    done: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+    exc_types: dict[int, str] = {}
+    failed_at = None
+    while len(done) + len(errors) < world_size:
+        if failed_at is not None and time.monotonic() - failed_at > grace_s:
+            break
+        try:
+            kind, rank, *rest = results.get(timeout=0.1)
+        except queue.Empty:
+            for rank, p in enumerate(procs):
+                if p.exitcode is not None and rank not in done and rank not in errors:
+                    # Exited without a word: killed (SIGKILL, OOM) or os._exit.
+                    # Give the queue a moment in case its message is in flight.
+                    time.sleep(0.2)
+                    if results.empty():
+                        errors[rank] = f"process {p.pid} exited with code {p.exitcode} without reporting\n"
+                        exc_types[rank] = "ProcessDied"
+                        failed_at = failed_at or time.monotonic()
+            continue
+        if kind == "ok":
+            done[rank] = torch.load(io.BytesIO(rest[0]), weights_only=False)
+        else:
+            errors[rank], exc_types[rank] = rest
+            failed_at = failed_at or time.monotonic()
+    if errors:
+        raise RankError(errors, exc_types)
+    return [done[r] for r in range(world_size)]
+
+
+def _end_processes(procs, grace_s: float = 3.0) -> None:
+    """End only the processes this launcher started, by their handles (pids)."""
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=1.0)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _context():
+    """Processes for ranks: forked from a server that has imported torch once.
+
+    A fresh interpreter per rank ("spawn") pays torch's import (seconds) at
+    every launch; the forkserver pays it once per parent and forks ranks from
+    a clean, single-threaded process that never touched CUDA, which is as
+    safe as spawn. Platforms without fork use spawn.
+    """
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "minddp.launch"])
+    return ctx

@@ -1,0 +1,51 @@
+"""One training step that drives every stage (and torch's DDP, and no wrapper at all).
+
+The contract every stage shares:
+
+1. for each micro-batch but the last, forward and backward inside
+   ``model.no_sync()`` so gradients only accumulate locally;
+2. the last micro-batch's backward syncs (during backward for the hook and
+   bucket stages, afterwards for ``simple``/``ga``);
+3. ``model.finish_gradient_synchronization()`` completes the sync (torch's
+   DDP and minddp's ``ddp`` stage do this by themselves at the end of
+   backward, so the call is skipped where the method does not exist);
+4. ``optimizer.step()`` then ``optimizer.zero_grad()``.
+
+Each micro-batch's loss is divided by the number of micro-batches, so the
+accumulated gradient is the gradient of the mean loss over all of them.
+
+Example::
+
+    >>> loss = train_step(ddp, optimizer, [batch1, batch2, batch3], lambda m, b: m(**b).loss)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Sequence[Any],
+               loss_fn: Callable[[nn.Module, Any], torch.Tensor]) -> float:
+    """Run one optimizer step over ``micro_batches``; return the mean loss (a float)."""
+    k = len(micro_batches)
+    total = 0.0
+    for i, batch in enumerate(micro_batches):
+        last = i == k - 1
+        no_sync = getattr(model, "no_sync", None)
+        ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()   # step 1
+        with ctx, torch.profiler.record_function("minddp.forward_backward"):
+            loss = loss_fn(model, batch) / k
+            loss.backward()                                                                   # step 2
+        total += loss.detach().item()
+    finish = getattr(model, "finish_gradient_synchronization", None)
+    if finish is not None:
+        with torch.profiler.record_function("minddp.finish_gradient_synchronization"):
+            finish()                                                                          # step 3
+    with torch.profiler.record_function("minddp.optimizer_step"):
+        optimizer.step()                                                                      # step 4
+        optimizer.zero_grad(set_to_none=True)
+    return total

@@ -1,0 +1,103 @@
+"""Stage ``bucket``: fewer, bigger messages.
+
+Every collective pays a fixed cost (a round trip, a kernel launch, a thread
+hand-off) before its bytes move. A model with hundreds of small parameters
+pays it hundreds of times per step under :mod:`hook`. Buckets pay it a few
+times:
+
+1. at construction, plan the buckets (:func:`~minddp.stages.bucket_plan.plan_buckets`:
+   reverse parameter order, ``bucket_cap_mb`` per bucket, ``None`` = one)
+   and allocate one flat buffer per bucket, reused every step;
+2. in the per-parameter autograd hook, count the parameter as ready in its
+   bucket; when the bucket's last gradient arrives, copy the bucket's
+   gradients into its flat buffer and hand the buffer to the comm hook as one
+   bucket (one all_reduce for all of them);
+3. when the result is back, copy each slice into its parameter's ``.grad``.
+
+Here the bucket's communication is still waited for inside backward
+(``async_op = False``); :mod:`bucket_async` lets it run on.
+
+A parameter that gets no gradient leaves its bucket unfilled. At
+:meth:`finish_gradient_synchronization` such buckets are still sent (zeros
+for the missing gradients, so every rank issues the same collectives and
+none hangs), then an error names the parameters; models that skip
+parameters need ``minddp.DistributedDataParallel(find_unused_parameters=True)``.
+
+Example::
+
+    >>> model = BucketDDP(net, bucket_cap_mb=1)
+    >>> model(x).sum().backward()
+    >>> model.finish_gradient_synchronization(); optimizer.step()
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minddp.comm.grad_bucket import BucketLayout, GradBucket
+from minddp.stages.bucket_plan import plan_buckets
+from minddp.stages.hook import HookDDP
+
+
+class BucketDDP(HookDDP):
+    """Coalesce gradients into flat buckets; one comm-hook call per bucket."""
+
+    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = 25):
+        super().__init__(module, process_group)
+        self.bucket_cap_mb = bucket_cap_mb
+        self._set_plan(plan_buckets(self._params, bucket_cap_mb))                 # step 1
+
+    def _set_plan(self, plan: list[list[int]]) -> None:
+        """Lay out buckets for ``plan`` (lists of indices into ``self._params``)."""
+        self.bucket_plan = plan
+        self._layouts = [BucketLayout([self._params[i] for i in bucket]) for bucket in plan]
+        self._buffers = [torch.empty(layout.numel, dtype=layout.params[0].dtype, device=layout.params[0].device)
+                         for layout in self._layouts]
+        self._bucket_of = {id(self._params[i]): b for b, bucket in enumerate(plan) for i in bucket}
+        self._reset_readiness()
+
+    def _reset_readiness(self) -> None:
+        self._remaining = [len(layout.params) for layout in self._layouts]
+        self._ready: set[int] = set()
+
+    def _grad_ready(self, param: nn.Parameter) -> None:
+        b = self._bucket_of[id(param)]                                            # step 2
+        if id(param) in self._ready:
+            raise RuntimeError(
+                f"gradient of {self._param_names[id(param)]!r} became ready twice before a sync: "
+                "call finish_gradient_synchronization() (and optimizer.step()) after each backward, "
+                "or run the extra backwards inside no_sync()"
+            )
+        self._ready.add(id(param))
+        self._remaining[b] -= 1
+        if self._remaining[b] == 0:
+            self._launch_bucket(b)
+
+    def _launch_bucket(self, b: int) -> None:
+        layout, flat = self._layouts[b], self._buffers[b]
+        for param, view in zip(layout.params, layout.views(flat)):
+            if param.grad is None:
+                view.zero_()
+            else:
+                view.copy_(param.grad)
+        self._submit(GradBucket(b, flat, layout, is_last=b == len(self._layouts) - 1))  # step 3 on completion
+
+    def finish_gradient_synchronization(self) -> None:
+        """Send buckets left unfilled (see the module doc), wait for all, write back."""
+        if not self._ready:
+            return super().finish_gradient_synchronization()  # nothing was backpropagated with sync
+        missing = [b for b, left in enumerate(self._remaining) if left > 0]
+        for b in missing:
+            self._launch_bucket(b)
+        unused = [self._param_names[id(p)] for b in missing for p in self._layouts[b].params
+                  if id(p) not in self._ready]
+        self._reset_readiness()
+        super().finish_gradient_synchronization()
+        if unused:
+            raise RuntimeError(
+                f"parameters {unused} received no gradient in this backward, so their buckets could not "
+                "fill up; if your model skips parameters on some steps use "
+                "minddp.DistributedDataParallel(..., find_unused_parameters=True), otherwise make every "
+                "parameter contribute to the loss"
+            )
