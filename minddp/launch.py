@@ -98,8 +98,7 @@ def launch(
     backend = choose_backend(backend, local_world_size=world_size)
 
     # Step 1: a rendezvous store on a port the OS chose, owned by this process.
-    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True,
-                          timeout=timeout_delta(timeout_s), wait_for_workers=False)
+    store = open_store(world_size, timeout_s)
     ctx = _context()
     results: queue.Queue = ctx.Queue()
     payload = pickle.dumps((fn, args, kwargs))
@@ -150,21 +149,45 @@ def _prepare_rank(local_rank: int, local_world: int, backend: str) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
 
 
-def _child_main(payload, parent_path, rank, world_size, port, backend, timeout_s, results):
-    """Step 3, inside the rank: join, run, report, always destroy the group."""
-    sys.path[:] = parent_path  # unpickle fn the way the parent would import it
+def open_store(world_size: int, timeout_s: float | None = None) -> dist.TCPStore:
+    """Step 1: the rendezvous store, on a port the OS picks, owned by the calling process."""
+    return dist.TCPStore("127.0.0.1", 0, world_size, is_master=True,
+                         timeout=timeout_delta(timeout_s), wait_for_workers=False)
+
+
+def join_group(rank: int, world_size: int, port: int, backend: str,
+               timeout_s: float | None = None, prefix: str = "") -> None:
+    """Inside a local rank: set the launcher's environment and build the default group.
+
+    ``prefix`` namespaces the keys in the store, so ranks that destroyed their
+    group can build a fresh one through the same store (the notebook runner
+    does this after a failed cell); :func:`launch` uses the empty prefix.
+    """
+    _set_rank_env(rank, world_size, port)
+    _prepare_rank(rank, world_size, backend)
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
+                          timeout=timeout_delta(timeout_s))
+    if prefix:
+        store = dist.PrefixStore(prefix, store)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=timeout_delta(timeout_s))
+
+
+def _set_rank_env(rank: int, world_size: int, port: int) -> None:
     os.environ.update({
         _CHILD_FLAG: str(rank), "RANK": str(rank), "LOCAL_RANK": str(rank),
         "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
     })
+
+
+def _child_main(payload, parent_path, rank, world_size, port, backend, timeout_s, results):
+    """Step 3, inside the rank: join, run, report, always destroy the group."""
+    sys.path[:] = parent_path  # unpickle fn the way the parent would import it
+    _set_rank_env(rank, world_size, port)  # before unpickling: imports may read RANK
     try:
         fn, args, kwargs = pickle.loads(payload)
-        _prepare_rank(rank, world_size, backend)
-        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
-                              timeout=timeout_delta(timeout_s))
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=timeout_delta(timeout_s))
+        join_group(rank, world_size, port, backend, timeout_s)
         try:
             out = fn(*args, **kwargs)
         finally:
