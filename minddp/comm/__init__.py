@@ -2,10 +2,23 @@
 
 ``hook(state, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]`` as
 in torch. Modules mirror ``torch.distributed.algorithms.ddp_comm_hooks``:
-:mod:`default_hooks`, :mod:`powerSGD_hook`, :mod:`debugging_hooks`.
+:mod:`default_hooks`, :mod:`powerSGD_hook`, :mod:`debugging_hooks`;
+:mod:`registry` names them for the CLI, :mod:`wire` meters what they send.
+
+Example::
+
+    >>> from minddp.comm import powerSGD_hook as powerSGD, traffic
+    >>> ddp.register_comm_hook(powerSGD.PowerSGDState(None, start_powerSGD_iter=2), powerSGD.powerSGD_hook)
+    >>> traffic.reset(); train_step(...); traffic.bytes      # bytes this rank sent
 """
 
+# The hook modules themselves, as in torch: ``from minddp.comm import powerSGD_hook as powerSGD``
+# then ``powerSGD.PowerSGDState`` / ``powerSGD.powerSGD_hook``.
+from minddp.comm import debugging_hooks, default_hooks, powerSGD_hook  # noqa: E402  (modules)
 from minddp.comm.grad_bucket import GradBucket
+from minddp.comm.powerSGD_hook import PowerSGDState
+from minddp.comm.registry import hook_names, make_hook
 from minddp.comm.wire import traffic
 
-__all__ = ["GradBucket", "traffic"]
+__all__ = ["GradBucket", "traffic", "hook_names", "make_hook", "PowerSGDState",
+           "default_hooks", "powerSGD_hook", "debugging_hooks"]

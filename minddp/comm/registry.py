@@ -1,19 +1,41 @@
 """Hooks by name, for the CLI: ``--hook fp16+powersgd`` -> ``(state, hook)``.
 
-Names mirror torch's hook functions: ``allreduce``, ``fp16``, ``bf16`` (and,
-as the hook layer grows, ``powersgd``, ``batched-powersgd``, ``noop``).
-A ``fp16+`` / ``bf16+`` prefix wraps any other hook in the matching
-compress wrapper.
+Names mirror torch's hook functions:
+
+==========================  =============================================  ==================
+name                        hook                                           state
+==========================  =============================================  ==================
+``allreduce``               :func:`~default_hooks.allreduce_hook`          the process group
+``fp16`` / ``bf16``         ``fp16_compress_hook`` / ``bf16_compress_hook``  the process group
+``powersgd``                :func:`~powerSGD_hook.powerSGD_hook`           a ``PowerSGDState``
+``batched-powersgd``        :func:`~powerSGD_hook.batched_powerSGD_hook`   a ``PowerSGDState``
+``noop``                    :func:`~debugging_hooks.noop_hook`             ``None``
+==========================  =============================================  ==================
+
+A ``fp16+`` / ``bf16+`` prefix wraps a hook in the matching compress wrapper
+(``fp16+powersgd`` = ``fp16_compress_wrapper(powerSGD_hook)``).
+
+PowerSGD's knobs are keyword options of :func:`make_hook`, named as in
+:class:`~powerSGD_hook.PowerSGDState` (:data:`POWERSGD_OPTIONS`); a value of
+``None`` means "the default". Other hooks ignore options, so one call site
+can pass the same options whatever the hook.
+
+A checkpoint stores the hook's *name* and its state (each rank its own);
+resuming calls ``make_hook(name)`` for the hook and registers it with the
+loaded state, which works for wrapped hooks too (a closure cannot be pickled).
 
 Example::
 
-    >>> state, hook = make_hook("fp16", process_group=None)
+    >>> state, hook = make_hook("fp16+powersgd", matrix_approximation_rank=2, start_powerSGD_iter=10)
     >>> ddp.register_comm_hook(state, hook)
 """
 
 from __future__ import annotations
 
-from minddp.comm import default_hooks
+import inspect
+
+from minddp.comm import debugging_hooks, default_hooks
+from minddp.comm.powerSGD_hook import PowerSGDState, batched_powerSGD_hook, powerSGD_hook
 
 #: Hooks whose state is just the process group.
 _STATELESS = {
@@ -21,21 +43,51 @@ _STATELESS = {
     "fp16": default_hooks.fp16_compress_hook,
     "bf16": default_hooks.bf16_compress_hook,
 }
+#: Hooks that keep a :class:`PowerSGDState`.
+_POWERSGD = {
+    "powersgd": powerSGD_hook,
+    "batched-powersgd": batched_powerSGD_hook,
+}
+#: Hooks that need no state at all.
+_DEBUGGING = {"noop": debugging_hooks.noop_hook}
 _WRAPPERS = {"fp16": default_hooks.fp16_compress_wrapper, "bf16": default_hooks.bf16_compress_wrapper}
+
+#: The option names :func:`make_hook` passes on to ``PowerSGDState``.
+POWERSGD_OPTIONS = tuple(
+    name for name in inspect.signature(PowerSGDState.__init__).parameters
+    if name not in ("self", "process_group")
+)
 
 
 def hook_names() -> list[str]:
     """Every name :func:`make_hook` accepts, wrapped combinations included."""
-    base = list(_STATELESS)
-    return base + [f"{w}+{b}" for w in _WRAPPERS for b in base if b not in _WRAPPERS]
+    base = list(_STATELESS) + list(_POWERSGD) + list(_DEBUGGING)
+    wrappable = [b for b in base if b not in _WRAPPERS and b not in _DEBUGGING]
+    return base + [f"{w}+{b}" for w in _WRAPPERS for b in wrappable]
 
 
 def make_hook(name: str, process_group=None, **options):
-    """Return ``(state, hook)`` for ``register_comm_hook``; options are ignored by stateless hooks."""
+    """Return ``(state, hook)`` for ``register_comm_hook``.
+
+    ``options`` configure PowerSGD (see :data:`POWERSGD_OPTIONS`; ``None``
+    values are left at their default) and are ignored by the other hooks.
+    """
     if name not in hook_names():
         raise ValueError(f"unknown hook {name!r}: choose one of {', '.join(hook_names())}")
     wrapper, _, base = name.rpartition("+")
-    hook = _STATELESS[base]
+    if base in _POWERSGD:
+        unknown = sorted(set(options) - set(POWERSGD_OPTIONS))
+        if unknown:
+            raise TypeError(
+                f"unknown PowerSGD option(s) {unknown} for hook {name!r}: "
+                f"choose from {', '.join(POWERSGD_OPTIONS)}"
+            )
+        kwargs = {k: v for k, v in options.items() if v is not None}
+        state, hook = PowerSGDState(process_group, **kwargs), _POWERSGD[base]
+    elif base in _DEBUGGING:
+        state, hook = None, _DEBUGGING[base]
+    else:
+        state, hook = process_group, _STATELESS[base]
     if wrapper:
         hook = _WRAPPERS[wrapper](hook)
-    return process_group, hook
+    return state, hook

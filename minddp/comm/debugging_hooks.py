@@ -1,0 +1,28 @@
+"""Hooks for measuring, not for training.
+
+:func:`noop_hook` sends nothing and leaves every rank's local gradient as it
+is. Training with it is *wrong* (ranks drift apart); timing with it shows the
+headroom: if a step is barely faster with no communication at all,
+communication was not the bottleneck, and compressing it will not pay.
+
+Example::
+
+    >>> ddp.register_comm_hook(None, noop_hook)   # time a few steps, then compare
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from minddp.comm.grad_bucket import GradBucket
+
+__all__ = ["noop_hook"]
+
+
+def noop_hook(_: Any, bucket: GradBucket) -> torch.futures.Future:
+    """Return an already-completed future holding the bucket, unchanged: no communication."""
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
