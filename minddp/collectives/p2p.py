@@ -1,0 +1,39 @@
+"""The two point-to-point moves every hand-written collective here is made of.
+
+Kept apart so that :mod:`ring` and :mod:`naive` read as algorithms, not as
+bookkeeping about global ranks and backends.
+
+Example::
+
+    >>> exchange(send=mine, dst=right, recv=buf, src=left, group=group)   # both at once
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def peer(group: dist.ProcessGroup, group_rank: int) -> int:
+    """The global rank of ``group_rank`` (send/recv address peers by global rank)."""
+    return group_rank if group is dist.group.WORLD else dist.get_global_rank(group, group_rank)
+
+
+def exchange(send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, src: int,
+             group: dist.ProcessGroup) -> None:
+    """Send ``send`` to group rank ``dst`` while receiving ``recv`` from ``src``; wait for both.
+
+    Both are posted together in one batch (``batch_isend_irecv``): if every
+    rank first did a blocking send, and the transport had no room to buffer
+    it, every rank would wait for a receive nobody had posted. ``None`` or an
+    empty tensor skips that direction (both ends know the sizes, so they skip
+    alike).
+    """
+    ops = []
+    if send is not None and send.numel() > 0:
+        ops.append(dist.P2POp(dist.isend, send, peer(group, dst), group))
+    if recv is not None and recv.numel() > 0:
+        ops.append(dist.P2POp(dist.irecv, recv, peer(group, src), group))
+    if ops:
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
