@@ -1,0 +1,114 @@
+"""Trace analysis and stage-vs-stage comparison, as pandas DataFrames.
+
+The blog judges each stage by HolisticTraceAnalysis's views: where time goes
+(compute / non-compute / idle), how much communication hides behind
+computation, and what kind of work ran. This package gives those numbers for
+a whole run, on whatever hardware recorded it:
+
+1. **load** the run folder (:mod:`.events`), refusing broken or mixed traces
+   with a :class:`TraceError` that says what to do;
+2. **route** each stage: GPU traces to HTA (:mod:`.gpu`), CPU/gloo traces to
+   minddp's own analysis (:mod:`.cpu`); both fill the same columns, with the
+   same definitions (:mod:`.metrics`, ``docs/analysis.md``);
+3. **tabulate**: one row per (stage, rank) in :attr:`RunAnalysis.summary`,
+   the mean over ranks per stage side by side in :attr:`RunAnalysis.stages`,
+   plus per-step numbers, the kernel-type breakdown and a per-bucket timeline
+   of one step.
+
+Example::
+
+    >>> from minddp.analysis import analyze_run
+    >>> result = analyze_run("traces/demo")
+    >>> result.stages[["comm_comp_overlap_pctg", "allreduce_calls_per_step"]]
+                  comm_comp_overlap_pctg  allreduce_calls_per_step
+    stage
+    simple                          0.3                      14.0
+    bucket-async                   21.0                       6.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from minddp.analysis import cpu, gpu
+from minddp.analysis.events import Run, TraceError, load_run
+from minddp.analysis.steps import per_step
+
+#: The columns both paths fill, in display order.
+SUMMARY_COLUMNS = [
+    "run", "stage", "rank", "device", "source", "steps",
+    "step_time_us", "total_time_us", "compute_time_us", "non_compute_time_us", "idle_time_us",
+    "compute_pctg", "non_compute_pctg", "idle_pctg", "comm_comp_overlap_pctg",
+    "allreduce_calls_per_step", "allreduce_bytes_per_step", "comm_time_per_step_us",
+]
+#: The per-stage comparison: means over ranks of these.
+STAGE_COLUMNS = SUMMARY_COLUMNS[5:]
+
+#: Stages in reading order (the build-up), then anything else alphabetically.
+STAGE_ORDER = ["single", "simple", "ga", "hook", "hook-async", "bucket", "bucket-async", "ddp", "torch"]
+
+
+@dataclass
+class RunAnalysis:
+    """Every table of one run. ``stages`` is the side-by-side comparison."""
+
+    run: str
+    summary: pd.DataFrame    # one row per (stage, rank)
+    stages: pd.DataFrame     # index: stage; mean over ranks
+    per_step: pd.DataFrame   # one row per (stage, rank, step)
+    kernels: pd.DataFrame    # kernel-type breakdown per stage
+    buckets: pd.DataFrame    # per-bucket timeline of one step, per (stage, rank)
+
+
+def stage_sort_key(name: str):
+    return (STAGE_ORDER.index(name), "") if name in STAGE_ORDER else (len(STAGE_ORDER), name)
+
+
+def analyze_run(path) -> RunAnalysis:
+    """Steps 1-3 for the run folder ``path`` (``traces/<run>``, or one stage folder of it)."""
+    run = load_run(path)                                                     # step 1
+    summary, steps, kernels, buckets = [], [], [], []
+    for name in sorted(run.stages, key=stage_sort_key):
+        stage = run.stages[name]
+        on_gpu = any(gpu.is_gpu_trace(t) for t in stage.ranks.values())      # step 2
+        if on_gpu:
+            rows, kernel_rows = gpu.analyze_stage(stage)
+            intervals = {r: gpu.rank_intervals(t) for r, t in stage.ranks.items()}
+        else:
+            rows = [dict(cpu.rank_metrics(t), rank=r) for r, t in stage.ranks.items()]
+            intervals = {r: cpu.rank_intervals(t) for r, t in stage.ranks.items()}
+            kernel_rows = cpu.kernel_breakdown(stage.ranks[min(stage.ranks)])
+            for r, t in stage.ranks.items():
+                buckets += [dict(b, stage=name, rank=r) for b in cpu.bucket_timeline(t)]
+        tag = {"run": run.name, "stage": name, "device": "gpu" if on_gpu else "cpu",
+               "source": "hta" if on_gpu else "minddp"}
+        summary += [dict(row, **tag) for row in rows]                        # step 3
+        for r, iv in intervals.items():
+            steps += [dict(s, stage=name, rank=r) for s in per_step(iv)]
+        kernels += [dict(k, stage=name) for k in kernel_rows]
+    summary_df = pd.DataFrame(summary, columns=SUMMARY_COLUMNS)
+    stages_df = summary_df.groupby("stage", sort=False)[STAGE_COLUMNS].mean(numeric_only=True)
+    return RunAnalysis(run.name, summary_df, stages_df, pd.DataFrame(steps), pd.DataFrame(kernels),
+                       pd.DataFrame(buckets))
+
+
+def compare_runs(a, b) -> pd.DataFrame:
+    """Two runs side by side (e.g. allreduce vs PowerSGD): per stage, each metric of A and of B.
+
+    Columns are a two-level index ``(metric, run name)``; ``a``/``b`` are run
+    folders or :class:`RunAnalysis` results.
+    """
+    ra = a if isinstance(a, RunAnalysis) else analyze_run(a)
+    rb = b if isinstance(b, RunAnalysis) else analyze_run(b)
+    label_a, label_b = (ra.run, rb.run) if ra.run != rb.run else (f"A:{ra.run}", f"B:{rb.run}")
+    both = pd.concat({label_a: ra.stages, label_b: rb.stages}, axis=1)
+    both = both.swaplevel(axis=1)
+    metrics_order = [c for c in STAGE_COLUMNS if c in ra.stages.columns]
+    both = both.reindex(columns=pd.MultiIndex.from_product([metrics_order, [label_a, label_b]]))
+    return both.reindex(sorted(both.index, key=stage_sort_key))
+
+
+__all__ = ["analyze_run", "compare_runs", "RunAnalysis", "TraceError", "Run", "load_run", "SUMMARY_COLUMNS",
+           "STAGE_COLUMNS"]

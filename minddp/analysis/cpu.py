@@ -1,0 +1,123 @@
+"""minddp's own analysis of CPU/gloo traces, where HolisticTraceAnalysis cannot go.
+
+HTA reads GPU kernels; a CPU trace has none, so its temporal breakdown raises
+and its overlap is NaN. The same quantities are there in the CPU events:
+
+1. **threads**: a thread that runs a ``gloo:*`` range is one of gloo's
+   worker threads (a *comm thread*); every other thread is a training thread
+   (the Python thread, and the autograd engine's where it has its own);
+2. **steps**: each ``ProfilerStep#N`` range is one training step; the window
+   under study is their union (a trace without them is one step: its span);
+3. **compute**: the ``aten::*`` ops on training threads;
+   **comm**: the ``gloo:*`` collective ranges on comm threads (the time the
+   collective really ran, not the ``c10d::allreduce_`` call that queued it);
+4. **calls and bytes**: each ``gloo:all_reduce`` is one call; its bytes are
+   ``numel × element size`` from the input dims and type that
+   ``record_shapes=True`` stores; a call belongs to the step it starts in;
+5. **buckets**: each ``minddp.bucket_launch#<i> ...`` range is a bucket handed
+   to the wire (start = ready, end = the hook returned). The all_reduces it
+   queued are the ``c10d::allreduce_`` calls inside that range; gloo runs
+   queued collectives in order, so the n-th queued call of a size is matched
+   to the next ``gloo:all_reduce`` of that size that starts after it.
+
+Then :mod:`minddp.analysis.metrics` turns the intervals into numbers.
+
+Example::
+
+    >>> iv = rank_intervals(trace)                   # a RankTrace from events.read_trace
+    >>> metrics.overlap_pct(iv.comm, iv.compute)
+    37.5
+"""
+
+from __future__ import annotations
+
+import re
+
+from minddp.analysis import metrics
+from minddp.analysis.events import RankTrace
+from minddp.analysis.steps import RankIntervals, end_of, numel_of, per_step_means, step_windows
+
+_LAUNCH = re.compile(r"^minddp\.bucket_launch#(\d+) numel=(\d+) dtype=(\S+) hook=(\S+)$")
+
+
+def is_comm(e: dict) -> bool:
+    return e["name"].startswith("gloo:")
+
+
+def rank_intervals(trace: RankTrace) -> RankIntervals:
+    """Steps 1-3 (and the all_reduce list of step 4) for one rank."""
+    comm_threads = {e["tid"] for e in trace.events if is_comm(e)}                          # step 1
+    steps = step_windows(trace.events, comm_threads)                                        # step 2
+    compute = [(e["ts"], end_of(e)) for e in trace.events                                    # step 3
+               if e["name"].startswith("aten::") and e.get("tid") not in comm_threads]
+    comm = [(e["ts"], end_of(e)) for e in trace.events if is_comm(e)]
+    allreduces = sorted((e for e in trace.events if e["name"] == "gloo:all_reduce"), key=lambda e: e["ts"])
+    return RankIntervals(steps, compute, comm, allreduces, comm_threads)
+
+
+def rank_metrics(trace: RankTrace) -> dict:
+    """One row of the summary table: breakdown, overlap and per-step numbers for one rank."""
+    iv = rank_intervals(trace)
+    window = [(s, e) for _, s, e in iv.steps]
+    row = metrics.breakdown(window, iv.compute, iv.comm)
+    row["comm_comp_overlap_pctg"] = metrics.overlap_pct(metrics.intersect(iv.comm, window), iv.compute)
+    row.update(per_step_means(iv))
+    return row
+
+
+def bucket_timeline(trace: RankTrace, step: int | None = None) -> list[dict]:
+    """Step 5: when each bucket of one step was ready, launched, and reduced.
+
+    Times are microseconds from the start of the step; ``step=None`` takes the
+    last profiled step (the most settled one). Buckets whose all_reduce is not
+    in the trace get NaN comm times.
+    """
+    iv = rank_intervals(trace)
+    number, s0, s1 = iv.steps[-1] if step is None else next((t for t in iv.steps if t[0] == step), (None, 0, 0))
+    if number is None:
+        raise ValueError(f"step {step} is not in {trace.path}: choose one of {[t[0] for t in iv.steps]}")
+    queued = sorted((e for e in trace.events if e["name"] == "c10d::allreduce_" and e["tid"] not in iv.comm_threads),
+                    key=lambda e: e["ts"])
+    runs = _match_queued_to_runs(queued, iv.allreduces)
+    launches = sorted((e for e in trace.events if _LAUNCH.match(e["name"]) and s0 <= e["ts"] < s1),
+                      key=lambda e: e["ts"])
+    rows = []
+    for order, e in enumerate(launches):
+        index, numel, dtype, hook = _LAUNCH.match(e["name"]).groups()
+        mine = [runs[id(q)] for q in queued if e["ts"] <= q["ts"] <= end_of(e) and id(q) in runs]
+        rows.append({
+            "step": number, "order": order, "bucket": int(index), "numel": int(numel), "dtype": dtype,
+            "hook": hook, "ready_us": e["ts"] - s0, "launched_us": end_of(e) - s0,
+            "comm_start_us": min(r["ts"] for r in mine) - s0 if mine else float("nan"),
+            "comm_end_us": max(end_of(r) for r in mine) - s0 if mine else float("nan"),
+            "step_end_us": s1 - s0,
+        })
+    return rows
+
+
+def _match_queued_to_runs(queued: list[dict], runs: list[dict]) -> dict[int, dict]:
+    """Pair each queued ``c10d::allreduce_`` with the ``gloo:all_reduce`` that ran it (step 5)."""
+    free = list(runs)
+    out = {}
+    for q in queued:
+        numel = numel_of((q.get("args", {}).get("Input Dims") or [[]])[0])
+        for i, r in enumerate(free):
+            if r["ts"] >= q["ts"] and numel_of((r.get("args", {}).get("Input Dims") or [[]])[0]) == numel:
+                out[id(q)] = free.pop(i)
+                break
+    return out
+
+
+def kernel_breakdown(trace: RankTrace) -> list[dict]:
+    """The CPU twin of HTA's kernel-type breakdown: time in compute only, comm only, and both."""
+    iv = rank_intervals(trace)
+    window = [(s, e) for _, s, e in iv.steps]
+    compute, comm = metrics.intersect(iv.compute, window), metrics.intersect(iv.comm, window)
+    both = metrics.length(metrics.intersect(compute, comm))
+    parts = {
+        "COMPUTATION": metrics.length(compute) - both,
+        "COMMUNICATION": metrics.length(comm) - both,
+        "COMPUTATION overlapping COMMUNICATION": both,
+    }
+    total = sum(parts.values()) or 1.0
+    return [{"kernel_type": k, "sum": v, "percentage": round(100.0 * v / total, 1)} for k, v in parts.items()]

@@ -1,0 +1,113 @@
+"""GPU traces: HolisticTraceAnalysis's own numbers, in minddp's columns.
+
+On a GPU trace the blog's three views come straight from HTA, so a user sees
+the numbers HTA would give them:
+
+1. **route**: a trace with GPU kernel events is a GPU trace (:func:`is_gpu_trace`);
+   anything else goes to :mod:`minddp.analysis.cpu` (HTA raises on it);
+2. **HTA**: ``TraceAnalysis`` wants a folder of rank traces and nothing else
+   (it would try to parse ``config.json``), so the stage's rank files are
+   linked into a scratch folder and HTA is pointed there;
+3. **rename**: ``get_temporal_breakdown`` and ``get_comm_comp_overlap`` are
+   renamed to the columns the CPU path fills (same definitions, see
+   :mod:`minddp.analysis.metrics`); ``get_gpu_kernel_breakdown`` is kept;
+4. **per step**: HTA has no per-step comm counts, so those come from the
+   trace itself, as on CPU: ``nccl:all_reduce`` ranges (with their input
+   sizes) per ``ProfilerStep``, comm time = NCCL kernels inside the step.
+
+Example::
+
+    >>> rows, kernels = analyze_stage(stage)      # a StageTraces of GPU traces
+    >>> rows[0]["comm_comp_overlap_pctg"]          # HTA's get_comm_comp_overlap
+    11.81
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+
+from minddp.analysis.events import RankTrace, StageTraces
+from minddp.analysis.steps import RankIntervals, end_of, per_step_means, step_windows
+
+_KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+#: HTA column -> minddp column (see metrics.breakdown for the CPU side).
+HTA_COLUMNS = {
+    "kernel_time(us)": "total_time_us",
+    "compute_time(us)": "compute_time_us",
+    "non_compute_time(us)": "non_compute_time_us",
+    "idle_time(us)": "idle_time_us",
+    "compute_time_pctg": "compute_pctg",
+    "non_compute_time_pctg": "non_compute_pctg",
+    "idle_time_pctg": "idle_pctg",
+    "comp_comm_overlap_pctg": "comm_comp_overlap_pctg",
+}
+
+
+def is_gpu_trace(trace: RankTrace) -> bool:
+    """Step 1: GPU traces hold kernel (or GPU memcpy/memset) events; CPU traces never do."""
+    return any(e.get("cat") in _KERNEL_CATS for e in trace.events)
+
+
+def _is_comm_kernel(e: dict) -> bool:
+    return e.get("cat") == "kernel" and "nccl" in e["name"].lower()
+
+
+def rank_intervals(trace: RankTrace) -> RankIntervals:
+    """Step 4's inputs: steps (CPU ranges), NCCL kernels, and the ``nccl:all_reduce`` calls."""
+    kernels = [e for e in trace.events if e.get("cat") == "kernel"]
+    comm = [(e["ts"], end_of(e)) for e in kernels if _is_comm_kernel(e)]
+    compute = [(e["ts"], end_of(e)) for e in kernels if not _is_comm_kernel(e)]
+    cpu_events = [e for e in trace.events if e.get("cat") not in _KERNEL_CATS]
+    allreduces = sorted((e for e in cpu_events if e["name"] == "nccl:all_reduce"), key=lambda e: e["ts"])
+    return RankIntervals(step_windows(cpu_events), compute, comm, allreduces)
+
+
+@contextlib.contextmanager
+def _rank_folder(stage: StageTraces):
+    """Step 2: a scratch folder holding only the stage's rank traces (as links)."""
+    with tempfile.TemporaryDirectory(prefix="minddp-hta-") as tmp:
+        for rank, trace in stage.ranks.items():
+            suffix = ".json.gz" if trace.path.name.endswith(".gz") else ".json"
+            os.symlink(trace.path.resolve(), os.path.join(tmp, f"rank{rank}{suffix}"))
+        yield tmp
+
+
+def hta_analysis(folder: str):
+    """HTA's ``TraceAnalysis`` on ``folder``, its progress chatter kept off the user's terminal."""
+    from hta.trace_analysis import TraceAnalysis  # imported here: HTA is slow to import
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return TraceAnalysis(trace_dir=folder)
+
+
+def _trace_of(stage: StageTraces, rank: int) -> RankTrace:
+    """HTA names ranks by the trace's ``distributedInfo``; minddp by the file name. Usually the same."""
+    for trace in stage.ranks.values():
+        if trace.meta.get("distributedInfo", {}).get("rank") == rank:
+            return trace
+    return stage.ranks[rank]
+
+
+def analyze_stage(stage: StageTraces) -> tuple[list[dict], list[dict]]:
+    """Steps 2-4 for one stage: summary rows (one per rank) and kernel-breakdown rows."""
+    with _rank_folder(stage) as folder:
+        analysis = hta_analysis(folder)
+        with contextlib.redirect_stdout(io.StringIO()):
+            temporal = analysis.get_temporal_breakdown(visualize=False)
+            overlap = analysis.get_comm_comp_overlap(visualize=False)
+            kernel_types, _ = analysis.get_gpu_kernel_breakdown(visualize=False)
+    merged = temporal.merge(overlap[["rank", "comp_comm_overlap_pctg"]], on="rank")    # step 3
+    rows = []
+    for record in merged.to_dict("records"):
+        rank = int(record["rank"])
+        row = {mine: float(record[theirs]) for theirs, mine in HTA_COLUMNS.items()}
+        row["rank"] = rank
+        row.update(per_step_means(rank_intervals(_trace_of(stage, rank))))              # step 4
+        rows.append(row)
+    kernels = [{"kernel_type": r["kernel_type"], "sum": float(r["sum"]), "percentage": float(r["percentage"])}
+               for r in kernel_types.to_dict("records")]
+    return rows, kernels
