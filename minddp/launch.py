@@ -52,15 +52,19 @@ _CHILD_FLAG = "MINDDP_LAUNCHED_RANK"
 class RankError(RuntimeError):
     """One or more ranks failed. ``errors`` maps rank -> formatted traceback.
 
-    ``rank`` is the first rank that failed; ``exc_type`` its exception's class
-    name (e.g. ``"ValueError"``), so callers can tell failures apart without
-    string matching on the traceback.
+    ``rank`` is the rank that caused the failure; ``exc_type`` its exception's
+    class name (e.g. ``"ValueError"``; ``"ProcessDied"`` for a rank that vanished;
+    suffixed `` (peer)`` for a rank whose collective broke because a peer failed).
     """
 
     def __init__(self, errors: dict[int, str], exc_types: dict[int, str]):
         self.errors = dict(errors)
         self.exc_types = dict(exc_types)
-        self.rank = next(iter(errors))
+        # The cause first: a rank that died or raised, before ranks whose
+        # collective broke because of it (their reports may arrive first).
+        order = list(errors)
+        self.rank = min(errors, key=lambda r: (exc_types[r] != "ProcessDied", exc_types[r].endswith("(peer)"),
+                                               order.index(r)))
         self.exc_type = exc_types[self.rank]
         self.traceback = errors[self.rank]
         others = sorted(r for r in errors if r != self.rank)
@@ -69,6 +73,14 @@ class RankError(RuntimeError):
 
     def __reduce__(self):  # keep it picklable for nested runners
         return (RankError, (self.errors, self.exc_types))
+
+
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted")
+
+
+def _is_echo(exc: BaseException) -> bool:
+    """Did this rank fail only because a peer vanished (an echo, not the cause)?"""
+    return isinstance(exc, dist.DistError) or any(s in str(exc) for s in _PEER_GONE)
 
 
 def in_torchrun() -> bool:
@@ -196,7 +208,8 @@ def _child_main(payload, parent_path, rank, world_size, port, backend, timeout_s
         torch.save(out, buf)  # bytes, not shared memory: safe after this process exits
         results.put(("ok", rank, buf.getvalue()))
     except BaseException as exc:  # noqa: BLE001 - everything must reach the parent
-        results.put(("error", rank, traceback.format_exc(), type(exc).__name__))
+        kind = type(exc).__name__ + (" (peer)" if _is_echo(exc) else "")
+        results.put(("error", rank, traceback.format_exc(), kind))
 
 
 def _gather(procs, results, grace_s: float = 2.0) -> list[Any]:

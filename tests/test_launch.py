@@ -1,0 +1,107 @@
+"""The launcher: results by rank, failures with rank and traceback, nothing left behind, torchrun."""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from minddp import RankError, launch
+
+
+def rank_info(tag):
+    t = torch.ones(1) * (dist.get_rank() + 1)
+    dist.all_reduce(t)
+    return {"tag": tag, "rank": dist.get_rank(), "world": dist.get_world_size(), "sum": t.item(),
+            "pid": os.getpid(), "env_rank": int(os.environ["RANK"])}
+
+
+def fail_on_rank(bad_rank):
+    if dist.get_rank() == bad_rank:
+        raise ValueError(f"boom on {bad_rank}")
+    dist.barrier()  # the healthy ranks wait for a peer that will never come
+    return "unreachable"
+
+
+def die_on_rank(bad_rank):
+    if dist.get_rank() == bad_rank:
+        os.kill(os.getpid(), 9)
+    dist.barrier()
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); look at its state
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_results_come_back_in_rank_order(world):
+    out = launch(rank_info, "x", world_size=world)
+    assert [o["rank"] for o in out] == list(range(world))
+    assert all(o["world"] == world and o["env_rank"] == o["rank"] for o in out)
+    assert all(o["sum"] == world * (world + 1) / 2 for o in out)   # the collective really ran
+    assert len({o["pid"] for o in out}) == world
+    assert not any(pid_alive(o["pid"]) for o in out)
+
+
+def test_exception_reaches_caller_with_rank_and_traceback_without_hanging(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(RankError) as info:
+        launch(fail_on_rank, 1, world_size=2, timeout_s=60)
+    assert time.monotonic() - start < 20          # far below the collective timeout
+    err = info.value
+    assert err.rank == 1 and err.exc_type == "ValueError"
+    assert "boom on 1" in str(err) and "fail_on_rank" in err.traceback
+
+
+def test_killed_rank_is_reported_and_nothing_is_left(tmp_path):
+    before = set(p.pid for p in __import__("multiprocessing").active_children())
+    with pytest.raises(RankError) as info:
+        launch(die_on_rank, 0, world_size=2, timeout_s=60)
+    assert info.value.rank == 0 and info.value.exc_type == "ProcessDied"
+    after = set(p.pid for p in __import__("multiprocessing").active_children())
+    assert after <= before   # only the forkserver (if any) remains, no rank
+
+
+def test_bad_world_size():
+    with pytest.raises(ValueError, match="world_size"):
+        launch(rank_info, "x", world_size=0)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_joins_a_torchrun_job(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_launch import rank_info
+        from minddp import launch
+        out = launch(rank_info, "torchrun", world_size=99)   # world_size comes from torchrun
+        print("RESULT", json.dumps(out[0]))
+    """))
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+         str(free_port()), str(script)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import json
+    results = sorted((json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
+                      if line.startswith("RESULT")), key=lambda o: o["rank"])
+    assert [r["rank"] for r in results] == [0, 1] and all(r["world"] == 2 and r["sum"] == 3 for r in results)
