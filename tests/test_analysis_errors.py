@@ -1,0 +1,71 @@
+"""Bad input: one line naming the problem, exit status 2, never a pandas stack trace."""
+
+import gzip
+import json
+
+import pytest
+
+from analysis_fixtures import half_covered_step, write_stage
+from minddp.analyze import main
+
+
+def _run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+def _good_stage(folder, run_name="r1", offset=0.0):
+    return write_stage(folder, {0: half_covered_step(offset), 1: half_covered_step(offset + 1)},
+                       stage=folder.name, world_size=2, run_name=run_name)
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "truncated-json", "truncated-gz", "world-size",
+                                  "other-run-stage", "other-run-rank"])
+def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys, case):
+    run = tmp_path / "run"
+    if case != "missing":
+        run.mkdir()
+    if case == "truncated-json":
+        stage = _good_stage(run / "simple")
+        text = (stage / "rank1.pt.trace.json").read_text()
+        (stage / "rank1.pt.trace.json").write_text(text[: len(text) // 2])
+    elif case == "truncated-gz":
+        stage = _good_stage(run / "simple")
+        (stage / "rank1.pt.trace.json").unlink()
+        blob = gzip.compress(json.dumps({"traceEvents": half_covered_step()}).encode())
+        (stage / "rank1.pt.trace.json.gz").write_bytes(blob[: len(blob) // 2])
+    elif case == "world-size":
+        stage = _good_stage(run / "simple")
+        (stage / "rank1.pt.trace.json").unlink()
+    elif case == "other-run-stage":
+        _good_stage(run / "simple", run_name="r1")
+        _good_stage(run / "hook", run_name="r2")
+    elif case == "other-run-rank":
+        stage = _good_stage(run / "simple")
+        # rank 1 copied in from a run recorded an hour later
+        write_stage(stage, {1: half_covered_step(offset=3.6e9)})
+    code, err = _run_cli(capsys, run)
+    assert code == 2
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    expected = {"missing": "does not exist", "empty": "no rank traces", "truncated-json": "truncated",
+                "truncated-gz": "truncated", "world-size": "world_size=2",
+                "other-run-stage": "different runs", "other-run-rank": "different runs"}[case]
+    assert expected in lines[0]
+
+
+def test_cli_needs_a_run_or_compare(capsys):
+    code, err = _run_cli(capsys)
+    assert code == 2 and "--compare" in err
+
+
+def test_good_folder_passes_the_same_checks(tmp_path, capsys):
+    """The checks above must not refuse a healthy run (else they prove nothing)."""
+    run = tmp_path / "run"
+    _good_stage(run / "simple")
+    _good_stage(run / "hook")
+    assert main([str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "simple" in out and "hook" in out
