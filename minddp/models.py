@@ -1,0 +1,101 @@
+"""Models to train: any Hugging Face sequence classifier, or a tiny offline Llama.
+
+The train command fine-tunes a *sequence classifier*: a decoder-only language
+model whose last non-padding token feeds a small classification head (what
+``AutoModelForSequenceClassification`` builds for Llama-family models).
+
+Two kinds of ``--model``:
+
+* ``tiny-llama`` (the offline default): the same architecture family as the
+  blog's SmolLM2 (Llama), built from a config with a seeded random init. It
+  needs no download and is small enough (about 0.3 M parameters with the
+  offline vocabulary) that a training step takes milliseconds per rank on
+  one CPU core.
+* a Hugging Face model id or a local directory, loaded with
+  ``AutoModelForSequenceClassification.from_pretrained(..., num_labels=2)``.
+  The GPU preset from the blog is ``HuggingFaceTB/SmolLM2-360M-Instruct``
+  with ``--dtype bf16``.
+
+Building a model:
+
+1. seed torch's generator, so every process builds the very same weights
+   (the stages broadcast rank 0's weights anyway; the baselines ``single``
+   and ``torch`` rely on the seed alone);
+2. build the tiny config, or load the pretrained weights;
+3. tell the model which token id is padding: Llama classifiers pool the last
+   token that is *not* padding, so they must know the padding id;
+4. cast to the requested dtype.
+
+Example::
+
+    >>> model = build_model("tiny-llama", vocab_size=400, pad_token_id=0, seed=314)
+    >>> model(input_ids=ids, attention_mask=mask, labels=labels).loss
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+#: The offline default: a Llama with the shape of SmolLM2, scaled down to CPU size.
+TINY_LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
+
+OFFLINE_MODEL = "tiny-llama"
+#: The blog's model, documented as the GPU preset (``--model ... --dtype bf16``).
+GPU_PRESET = "HuggingFaceTB/SmolLM2-360M-Instruct"
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def is_local_path(name: str) -> bool:
+    """A ``--model``/``--dataset`` value meant as a path rather than a hub id or preset name."""
+    return name.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(name))
+
+
+def build_model(name: str, vocab_size: int, pad_token_id: int, seed: int, dtype: str = "fp32",
+                num_labels: int = 2) -> nn.Module:
+    """Return a sequence classifier (``model(input_ids, attention_mask, labels).loss``)."""
+    from transformers import AutoModelForSequenceClassification, LlamaConfig, LlamaForSequenceClassification
+
+    torch.manual_seed(seed)                                                        # step 1
+    if name == OFFLINE_MODEL:                                                      # step 2
+        config = LlamaConfig(vocab_size=vocab_size, num_labels=num_labels, pad_token_id=pad_token_id,
+                             **TINY_LLAMA)
+        model = LlamaForSequenceClassification(config)
+    else:
+        path = os.path.expanduser(name)
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels,
+                                                                   dtype=DTYPES[dtype])
+    model.config.pad_token_id = pad_token_id                                       # step 3
+    return model.to(DTYPES[dtype])                                                 # step 4
+
+
+def resolve_model(name: str, say=print) -> str:
+    """The model to build: ``name``, or the offline default when a hub id cannot be had.
+
+    A hub id already in the local cache is used as is; otherwise, when the hub
+    cannot be reached (a short connection attempt, never a hang), say so in
+    one line and use :data:`OFFLINE_MODEL`.
+    """
+    if name == OFFLINE_MODEL or is_local_path(name):
+        return name
+    from transformers import AutoConfig
+
+    from minddp.data import hub_reachable
+    try:
+        AutoConfig.from_pretrained(name, local_files_only=True)
+        return name
+    except OSError:
+        pass
+    if not hub_reachable():
+        say(f"model {name}: not in the local cache and the Hugging Face hub cannot be reached; using the "
+            f"offline default '{OFFLINE_MODEL}' instead")
+        return OFFLINE_MODEL
+    return name
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,314 @@
+"""``python -m minddp.train``: fine-tune a sequence classifier with one DDP stage, or all of them.
+
+What one run does:
+
+1. **validate** every option in this process, before any rank starts
+   (one-line error, exit code 2);
+2. **prepare** the model name (the offline default if a hub model cannot be
+   had) and the data (tokenized once, here, then handed to every rank);
+3. for each stage: **launch** the ranks (``single`` is one process on the
+   global batch; under ``torchrun`` this process is one rank of the job);
+   each rank builds the same seeded model, wraps it in the stage, and trains
+   on its shard of every global batch with :func:`minddp.loop.train_step`,
+   under the profiler for the first steps; it then measures held-out accuracy;
+4. **report**: a summary table on rank 0, ``summary.json`` and each stage's
+   ``config.json`` beside the traces, and optionally ``python -m minddp.analyze``.
+
+Example::
+
+    $ python -m minddp.train --stage bucket-async                 # offline default, 2 ranks on CPU
+    $ python -m minddp.train --stage all --steps 30               # every stage, same data and seeds
+    $ torchrun --nproc-per-node 4 -m minddp.train --model HuggingFaceTB/SmolLM2-360M-Instruct \\
+          --dtype bf16 --dataset glue/mrpc --batch-size 16 --steps 6 --stage bucket-async
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from minddp.config import ConfigError, TrainConfig, parse_args
+from minddp.data import DataError, Encoded, PreparedData, eval_batches, prepare_data, step_batches
+from minddp.launch import RankError, in_torchrun, launch
+from minddp.models import build_model, resolve_model
+from minddp.profiling import StepProfiler, write_json
+
+PROG = "minddp.train"
+
+
+def say(message: str) -> None:
+    """One line to stderr, on rank 0 only under torchrun."""
+    if os.environ.get("RANK", "0") == "0" or not in_torchrun():
+        print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+# -- inside a rank --------------------------------------------------------------------------------
+
+#: minddp hook name -> torch's hook, for ``--stage torch``.
+def _torch_hooks() -> dict:
+    from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks, default_hooks, powerSGD_hook
+    return {"allreduce": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
+            "bf16": default_hooks.bf16_compress_hook, "noop": debugging_hooks.noop_hook,
+            "powersgd": powerSGD_hook.powerSGD_hook, "batched-powersgd": powerSGD_hook.batched_powerSGD_hook}
+
+
+def _powersgd_options(cfg: TrainConfig) -> dict:
+    return dict(matrix_approximation_rank=cfg.powersgd_rank, start_powerSGD_iter=cfg.powersgd_start_iter,
+                min_compression_rate=cfg.powersgd_min_compression_rate,
+                use_error_feedback=cfg.powersgd_error_feedback, warm_start=cfg.powersgd_warm_start,
+                random_seed=cfg.seed)
+
+
+def torch_hook_unavailable(hook: str, backend: str) -> str | None:
+    """Why torch's DDP cannot run ``hook`` here (one line), or None if it can."""
+    wrapper, _, base = hook.rpartition("+")
+    if base not in _torch_hooks() or wrapper not in ("", "fp16", "bf16"):
+        return f"torch has no comm hook matching {hook!r}"
+    if "bf16" in hook and backend != "nccl":
+        return f"torch's bf16 hooks need NCCL, this run uses {backend}"
+    return None
+
+
+def wrap_model(stage: str, model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:
+    """The model as the stage trains it, with ``--hook`` registered (``single``: unwrapped)."""
+    if stage == "single":
+        return model
+    powersgd = "powersgd" in cfg.hook
+    if stage == "torch":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+        from torch.nn.parallel import DistributedDataParallel
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                      bucket_cap_mb=cfg.bucket_cap_mb)
+        wrapper, _, base = cfg.hook.rpartition("+")
+        hook = _torch_hooks()[base]
+        if wrapper:
+            hook = {"fp16": default_hooks.fp16_compress_wrapper, "bf16": default_hooks.bf16_compress_wrapper}[
+                wrapper](hook)
+        state = powerSGD_hook.PowerSGDState(process_group=None, **_powersgd_options(cfg)) if powersgd else None
+        ddp.register_comm_hook(state, hook)
+        return ddp
+    from minddp.comm.registry import make_hook
+    from minddp.stages import build_stage
+    wrapped = build_stage(stage, model, bucket_cap_mb=cfg.bucket_cap_mb)
+    state, hook = make_hook(cfg.hook, None, **(_powersgd_options(cfg) if powersgd else {}))
+    wrapped.register_comm_hook(state, hook)
+    return wrapped
+
+
+def _loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    return model(**batch).loss
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Encoded, replicas: int, rank: int, device: torch.device,
+             pad_token_id: int, batch_size: int = 64) -> float:
+    """Accuracy on the held-out split; each rank scores a disjoint share, counts are summed."""
+    model.eval()
+    counts = torch.zeros(2, dtype=torch.float64, device=device)
+    for batch in eval_batches(data, batch_size, replicas, rank, pad_token_id):
+        batch = {k: v.to(device) for k, v in batch.items()}
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        counts += torch.tensor([(logits.argmax(-1) == batch["labels"]).sum().item(), len(batch["labels"])],
+                               dtype=torch.float64, device=device)
+    if replicas > 1:
+        dist.all_reduce(counts)
+    model.train()
+    return float(counts[0] / counts[1])
+
+
+def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) -> dict:
+    """One rank of one stage: build, wrap, train ``cfg.steps`` steps under the profiler, evaluate."""
+    from minddp.collectives import TRANSPORTS
+    from minddp.comm import wire
+    from minddp.device import current_device, synchronize
+    from minddp.loop import train_step
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if in_torchrun() and world > 1:  # one folder for the whole job: rank 0's clock names it
+        box = [folder]
+        dist.broadcast_object_list(box, src=0)
+        folder = box[0]
+    single = stage == "single"
+    # `single` is one process on the global batch; under torchrun every rank computes it (same result).
+    replicas, shard = (1, 0) if single else (world, rank)
+    batch_size = cfg.batch_size * (cfg.effective_world_size() if single else 1)
+    device = current_device()
+    wire.use_transport(TRANSPORTS[cfg.collective])
+    model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed, cfg.dtype).to(device)
+    model.train()
+    wrapped = wrap_model(stage, model, cfg, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    batches = step_batches(data.train, batch_size, cfg.grad_accum, replicas, shard, cfg.seed, data.pad_token_id)
+    global_batch = batch_size * cfg.grad_accum * replicas
+    losses, times, calls, nbytes = [], [], [], []
+    stage_dir = os.path.join(folder, stage)
+    profiler = StepProfiler(stage_dir, rank, cfg.steps, cfg.profile_steps, gzip=cfg.trace_gzip,
+                            enabled=cfg.profile and (rank == 0 or not single), cuda=device.type == "cuda")
+    bar = _progress(cfg, stage, rank)
+    with profiler:
+        for step in range(cfg.steps):
+            micro = [{k: v.to(device) for k, v in b.items()} for b in next(batches)]
+            wire.traffic.reset()
+            synchronize(device)
+            start = time.perf_counter()
+            with torch.profiler.record_function(f"minddp.train_step#{step}"):
+                loss = train_step(wrapped, optimizer, micro, _loss)
+            synchronize(device)
+            times.append(time.perf_counter() - start)
+            calls.append(wire.traffic.calls)
+            nbytes.append(wire.traffic.bytes)
+            losses.append(loss)
+            profiler.step()
+            if bar is not None:
+                bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{global_batch / times[-1]:.0f}", refresh=False)
+                bar.update()
+    if bar is not None:
+        bar.close()
+    mean_losses = torch.tensor(losses, dtype=torch.float64, device=device)
+    if replicas > 1:  # each rank's loss is its shard's mean; the global batch's is their mean
+        dist.all_reduce(mean_losses)
+        mean_losses /= replicas
+    eval_data = data.eval
+    accuracy = evaluate(model, eval_data, replicas, shard, device, data.pad_token_id)
+    return {"stage": stage, "losses": mean_losses.tolist(), "step_times_s": times, "accuracy": accuracy,
+            "all_reduce_calls": calls, "all_reduce_bytes": nbytes, "global_batch": global_batch,
+            "ranks": replicas, "trace": profiler.path if profiler.enabled else None,
+            "metered": stage != "torch", "folder": folder}
+
+
+def _progress(cfg: TrainConfig, stage: str, rank: int):
+    if rank != 0 or not cfg.progress:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=cfg.steps, desc=f"{stage:>12}", unit="step", file=sys.stderr, dynamic_ncols=True)
+
+
+# -- in the parent ----------------------------------------------------------------------------------
+
+def run_stage(cfg: TrainConfig, stage: str, data: PreparedData, folder: str, backend: str) -> dict:
+    """Step 3 for one stage: launch the ranks (or join torchrun's), return rank 0's result."""
+    world = 1 if stage == "single" else cfg.world_size
+    results = launch(train_rank, cfg, stage, data, folder, world_size=world, backend=backend,
+                     timeout_s=cfg.timeout)
+    return results[0]
+
+
+def summarize(result: dict) -> dict:
+    """Numbers for the table: final loss, accuracy, median step time, throughput, traffic per step."""
+    losses, times = result["losses"], result["step_times_s"]
+    tail = losses[-min(10, len(losses)):]
+    steady = times[1:] or times  # the first step pays one-off costs
+    median = statistics.median(steady)
+    metered = result["metered"]
+    return {"final_loss": sum(tail) / len(tail), "accuracy": result["accuracy"], "median_step_s": median,
+            "samples_per_s": result["global_batch"] / median,
+            "all_reduce_calls_per_step": statistics.mean(result["all_reduce_calls"]) if metered else None,
+            "all_reduce_bytes_per_step": statistics.mean(result["all_reduce_bytes"]) if metered else None,
+            "trace": result["trace"]}
+
+
+def format_table(rows: dict[str, dict]) -> str:
+    head = f"{'stage':<13}{'loss*':>8}{'acc':>7}{'step ms':>9}{'samples/s':>11}{'AR calls':>10}{'AR MB':>9}"
+    lines = [head, "-" * len(head)]
+    for stage, s in rows.items():
+        calls = "-" if s["all_reduce_calls_per_step"] is None else f"{s['all_reduce_calls_per_step']:.1f}"
+        mb = "-" if s["all_reduce_bytes_per_step"] is None else f"{s['all_reduce_bytes_per_step'] / 2**20:.3f}"
+        lines.append(f"{stage:<13}{s['final_loss']:>8.4f}{s['accuracy']:>7.3f}{s['median_step_s'] * 1e3:>9.1f}"
+                     f"{s['samples_per_s']:>11.0f}{calls:>10}{mb:>9}")
+    lines.append("loss* = mean of the last 10 steps; acc = held-out accuracy; AR = all_reduce per step "
+                 "through minddp's hook layer ('-': torch's DDP, not metered)")
+    return "\n".join(lines)
+
+
+def prepare(cfg: TrainConfig) -> tuple[PreparedData, str, str]:
+    """Steps 1-2 that need the world: backend, model, data, run folder. Raises ConfigError."""
+    from minddp.device import choose_backend
+    try:
+        backend = choose_backend(cfg.backend, local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE",
+                                                                                    cfg.world_size)))
+        cfg.model = resolve_model(cfg.model, say)
+        data = prepare_data(cfg.dataset, cfg.model, cfg.seed, cfg.max_seq_len, say)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None
+    if cfg.eval_examples:
+        data.eval = Encoded(data.eval.input_ids[:cfg.eval_examples], data.eval.labels[:cfg.eval_examples])
+    need = cfg.batch_size * cfg.effective_world_size()
+    if len(data.train) < need:
+        raise ConfigError(f"the training split has {len(data.train)} examples, fewer than one global batch "
+                          f"of {need}; lower --batch-size or use more data")
+    name = cfg.run_name or (f"{os.path.basename(cfg.model.rstrip('/'))}-{os.path.basename(data.source.rstrip('/'))}"
+                            f"-{time.strftime('%Y%m%d-%H%M%S')}")
+    return data, backend, os.path.join(cfg.trace_dir, name)
+
+
+def check_combination(cfg: TrainConfig) -> None:
+    """Contradictions between options that argparse cannot see."""
+    if cfg.analyze and not cfg.profile:
+        raise ConfigError("--analyze reads the traces, but --no-profile writes none; drop one of them")
+    if "powersgd" in cfg.hook and (cfg.powersgd_error_feedback or cfg.powersgd_warm_start) \
+            and cfg.powersgd_start_iter < 2:
+        raise ConfigError("PowerSGD with error feedback or warm start needs --powersgd-start-iter of at least 2 "
+                          "(as in torch)")
+    if in_torchrun() and "--world-size" in sys.argv[1:]:
+        say("under torchrun the world size comes from torchrun; --world-size is ignored")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The CLI: 0 on success, 2 on bad input (one line on stderr), 1 when a rank failed."""
+    try:
+        cfg = parse_args(argv)                                                              # step 1
+        check_combination(cfg)
+        data, backend, run_dir = prepare(cfg)                                               # step 2
+    except (ConfigError, DataError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    rank0 = os.environ.get("RANK", "0") == "0" or not in_torchrun()
+    rows, skipped, results = {}, {}, {}
+    for stage in cfg.stages():                                                              # step 3
+        if stage == "torch":
+            reason = torch_hook_unavailable(cfg.hook, backend)
+            if reason:
+                say(f"skipping --stage torch: {reason}")
+                skipped[stage] = reason
+                continue
+        try:
+            result = run_stage(cfg, stage, data, run_dir, backend)
+        except RankError as exc:
+            print(f"{PROG}: stage {stage}: {exc}", file=sys.stderr)
+            return 1
+        run_dir = result["folder"]  # under torchrun: rank 0's choice
+        results[stage], rows[stage] = result, summarize(result)
+        if cfg.profile and rank0:
+            write_json(os.path.join(run_dir, stage, "config.json"),
+                       {**cfg.to_dict(), "stage": stage, "backend": backend, "ranks": result["ranks"],
+                        "data_source": data.source})
+    if not rank0:
+        return 0
+    summary = {"config": cfg.to_dict(), "backend": backend, "world_size": cfg.effective_world_size(),
+               "data_source": data.source, "run_dir": run_dir if cfg.profile else None, "skipped": skipped,
+               "stages": {s: {**rows[s], "losses": results[s]["losses"]} for s in rows}}
+    if rows:                                                                                # step 4
+        print(format_table(rows))
+    if cfg.profile:
+        write_json(os.path.join(run_dir, "summary.json"), summary)
+        print(f"traces: {run_dir}/<stage>/rank<r>.pt.trace.json{'.gz' if cfg.trace_gzip else ''}")
+    if cfg.summary_json:
+        write_json(cfg.summary_json, summary)
+    if cfg.analyze and rows:
+        try:
+            from minddp.analyze import main as analyze_main
+        except ImportError:
+            say("--analyze: minddp.analyze is not available in this installation")
+            return 1
+        return analyze_main([run_dir])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
