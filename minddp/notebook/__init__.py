@@ -1,0 +1,24 @@
+"""Run notebook cells on N real ranks that keep their state between cells.
+
+Two ways in:
+
+* plain Python: :class:`Cluster` (``Cluster(2).start().run("...")``), returning
+  one :class:`RankOutput` per rank;
+* Jupyter: ``%load_ext minddp.notebook``, then ``%dist_init --world-size 2``,
+  ``%%distributed`` / ``%%rank 0`` cells, ``%dist_status``, ``%dist_shutdown``
+  (see :mod:`minddp.notebook.magics`).
+
+Example::
+
+    >>> from minddp.notebook import Cluster
+    >>> with Cluster(world_size=2) as cluster:
+    ...     outs = cluster.run("t = torch.ones(1) * (rank + 1); dist.all_reduce(t); t.item()")
+    >>> [o.value for o in outs]
+    [3.0, 3.0]
+"""
+
+from minddp.notebook.cluster import CellError, Cluster, RankOutput
+from minddp.notebook.magics import current_cluster, load_ipython_extension, unload_ipython_extension
+
+__all__ = ["Cluster", "RankOutput", "CellError", "current_cluster",
+           "load_ipython_extension", "unload_ipython_extension"]

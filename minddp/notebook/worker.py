@@ -1,0 +1,223 @@
+"""One persistent rank of a notebook cluster: wait for a cell, run it, report, repeat.
+
+:func:`minddp.launch.launch` runs one function per rank and ends the ranks.
+A notebook needs ranks that *stay*, so that ``model`` built in one cell is
+still there in the next. Each worker is a process that:
+
+1. joins the default process group through :func:`minddp.launch.join_group`
+   (same rendezvous, backend and timeout as every other minddp entry point)
+   and fills a namespace with ``torch``, ``dist``, ``rank``, ``world_size``
+   and ``device``, like the blog's nbdistributed cells;
+2. waits for a command on its own queue: a cell to run, a request to destroy
+   its process group (the parent uses that to release peers stuck in a
+   collective with a rank that failed), a request to build a fresh group,
+   or the order to stop;
+3. runs a cell in the namespace with stdout/stderr captured, evaluates a
+   trailing expression like a notebook does, and renders open matplotlib
+   figures to PNG;
+4. sends one report per cell back to the parent, the exception with its
+   traceback included, and goes back to step 2.
+
+A watchdog thread ends the worker when the process that started the cluster
+is gone (a kernel killed with SIGKILL runs no clean-up), so no rank outlives
+its notebook.
+
+Example::
+
+    >>> # started by minddp.notebook.Cluster; a cell reaches it as
+    >>> run_cell("x = rank * 10\\nx + 1", namespace, "<rank0 cell 1>")["value_repr"]
+    '1'
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import linecache
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+#: matplotlib backend for ranks: draws off-screen; ``plt.show()`` keeps the figure for the report.
+MPL_BACKEND = "module://minddp.notebook.mpl_backend"
+
+
+def worker_main(rank, world_size, port, backend, timeout_s, parent_pid, parent_path, commands, reports):
+    """Steps 1-4 for one rank; ``commands`` is this rank's queue, ``reports`` is shared."""
+    sys.path[:] = parent_path
+    os.environ["MPLBACKEND"] = MPL_BACKEND  # before any cell imports matplotlib
+    _watch_parent(parent_pid)
+    running = threading.Event()
+    # Jupyter's "interrupt" (and the parent's release step) sends SIGINT: it
+    # should stop a running cell, never the idle worker.
+    signal.signal(signal.SIGINT, lambda *_: _interrupt(running))
+
+    import torch
+    import torch.distributed as dist
+
+    from minddp.device import rank_device
+    from minddp.launch import join_group
+
+    # Step 1: join and prepare the namespace the cells see.
+    generation = 0
+    try:
+        join_group(rank, world_size, port, backend, timeout_s, prefix=f"nb{generation}/")
+    except BaseException:  # noqa: BLE001 - the parent must hear why the rank never came up
+        reports.put(("failed", rank, os.getpid(), traceback.format_exc()))
+        return
+    namespace: dict[str, Any] = {
+        "__name__": "__main__", "torch": torch, "dist": dist, "rank": rank,
+        "world_size": world_size, "device": rank_device(rank, backend),
+    }
+    reports.put(("ready", rank, os.getpid(), None))
+
+    while True:
+        # Step 2: the next command.
+        kind, cell_id, body = commands.get()
+        if kind == "stop":
+            break
+        if kind == "abort":
+            # Closing this rank's connections makes every peer blocked in a
+            # collective with it fail at once ("Connection closed by peer").
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            reports.put(("aborted", rank, cell_id, None))
+        elif kind == "regroup":
+            generation = cell_id
+            try:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+                join_group(rank, world_size, port, backend, timeout_s, prefix=f"nb{generation}/")
+                reports.put(("regrouped", rank, cell_id, None))
+            except BaseException:  # noqa: BLE001
+                reports.put(("regrouped", rank, cell_id, traceback.format_exc()))
+        elif kind == "run":
+            # Steps 3 and 4.
+            running.set()
+            try:
+                report = run_cell(body, namespace, f"<rank{rank} cell {cell_id}>")
+            finally:
+                running.clear()
+            reports.put(("done", rank, cell_id, report))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def run_cell(body: Any, namespace: dict, filename: str) -> dict:
+    """Step 3: run code (a string) or a pickled call, capture everything a notebook would show."""
+    out, err = io.StringIO(), io.StringIO()
+    report: dict[str, Any] = {"stdout": "", "stderr": "", "value": None, "value_repr": None,
+                              "figures": [], "error": None, "exc_type": None}
+    value = None
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            if isinstance(body, str):
+                value = _exec_source(body, namespace, filename)
+            else:
+                fn, args, kwargs = pickle.loads(body)
+                filename = None
+                value = fn(*args, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - a cell's failure is a report, not a crash
+        report["error"] = _format_exception(exc, filename)
+        report["exc_type"] = type(exc).__name__
+    report["stdout"], report["stderr"] = out.getvalue(), err.getvalue()
+    report["figures"] = _collect_figures()
+    if value is not None:
+        report["value_repr"] = _safe_repr(value)
+        report["value"] = _to_bytes(value)
+    return report
+
+
+def _exec_source(source: str, namespace: dict, filename: str) -> Any:
+    """Run the cell; like a notebook, a final bare expression is the cell's value."""
+    # Register the source so tracebacks can quote the failing line.
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    tree = ast.parse(source, filename=filename)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, filename, "exec"), namespace)
+    if last is not None:
+        return eval(compile(last, filename, "eval"), namespace)
+    return None
+
+
+def _format_exception(exc: BaseException, filename: str | None) -> str:
+    """The traceback from the cell's first frame on: the worker's own frames teach nothing."""
+    tb = exc.__traceback__
+    if filename is not None:
+        while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+            tb = tb.tb_next
+    if tb is None:  # a SyntaxError happens before any cell frame exists
+        tb = exc.__traceback__ if filename is None else None
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _collect_figures() -> list[bytes]:
+    """Every open matplotlib figure as PNG bytes, then closed (a figure shows once, like inline)."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return []
+    pngs = []
+    for num in plt.get_fignums():
+        buf = io.BytesIO()
+        plt.figure(num).savefig(buf, format="png", bbox_inches="tight")
+        pngs.append(buf.getvalue())
+    plt.close("all")
+    return pngs
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception as exc:  # noqa: BLE001
+        return f"<repr failed: {type(exc).__name__}: {exc}>"
+
+
+def _to_bytes(value: Any) -> bytes | None:
+    """The value itself for the Python API, or None when it cannot leave the process."""
+    import torch
+
+    buf = io.BytesIO()
+    try:
+        torch.save(value, buf)  # tensors as bytes, not shared memory that dies with the rank
+    except Exception:  # noqa: BLE001 - e.g. a generator: the repr still shows it
+        return None
+    return buf.getvalue()
+
+
+def _interrupt(running: threading.Event) -> None:
+    if running.is_set():
+        raise KeyboardInterrupt
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """End this rank when the process that owns the cluster has gone (no orphans)."""
+    def watch():
+        while _alive(parent_pid):
+            time.sleep(0.5)
+        os._exit(0)
+    threading.Thread(target=watch, name="minddp-parent-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs: it exists and is not a zombie waiting to be reaped."""
+    if os.path.isdir("/proc/self"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+    try:  # no /proc (macOS): a signal-0 probe
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
