@@ -1,0 +1,137 @@
+"""A short profile of every stage on CPU (2 ranks), analysed: the blog's findings, as relations.
+
+``python -m minddp.train --profile`` had not landed when this was written, so the traces come
+from a small generator here, in the layout the train command writes
+(``<run>/<stage>/rank<r>.pt.trace.json`` + ``config.json``), driven by the same
+``minddp.loop.train_step`` and profiler schedule (wait=0, warmup=1, active=N).
+"""
+
+import json
+import os
+import struct
+
+import pytest
+import torch
+from torch import nn
+
+from minddp.analysis import analyze_run
+from minddp.analyze import main
+from minddp.launch import launch
+from minddp.loop import train_step
+from minddp.stages import build_stage
+
+STAGES = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
+STEPS = 3
+
+
+def _profile_rank(stage, out, steps, grad_accum):
+    import torch.distributed as dist
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(10)], nn.Linear(256, 1))
+    ddp = build_stage(stage, model, bucket_cap_mb=0.6)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    rank = dist.get_rank()
+    gen = torch.Generator().manual_seed(rank)
+    batch = (torch.randn(64, 256, generator=gen), torch.randn(64, 1, generator=gen))
+
+    def loss_fn(m, b):
+        return ((m(b[0]) - b[1]) ** 2).mean()
+
+    def save(prof):
+        prof.export_chrome_trace(os.path.join(out, stage, f"rank{rank}.pt.trace.json"))
+
+    schedule = torch.profiler.schedule(wait=0, warmup=1, active=steps)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
+                                record_shapes=True, on_trace_ready=save) as prof:
+        for _ in range(steps + 1):
+            train_step(ddp, opt, [batch] * grad_accum, loss_fn)
+            prof.step()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("traces") / "allstages"
+    for stage in STAGES:
+        os.makedirs(out / stage)
+        grad_accum = 2 if stage == "ga" else 1
+        launch(_profile_rank, stage, str(out), STEPS, grad_accum, world_size=2)
+        (out / stage / "config.json").write_text(json.dumps(
+            {"stage": stage, "world_size": 2, "steps": STEPS, "grad_accum": grad_accum, "hook": "allreduce",
+             "run_name": "allstages"}))
+    return out
+
+
+def test_stages_compare_as_the_blog_found(run_dir):
+    result = analyze_run(run_dir)
+    s = result.stages
+    assert list(s.index) == STAGES
+    overlap = s["comm_comp_overlap_pctg"]
+    calls = s["allreduce_calls_per_step"]
+    print(s[["comm_comp_overlap_pctg", "allreduce_calls_per_step", "step_time_us"]].round(1).to_string())
+    # simple and ga: all comm after backward, ~0 % overlap, far below the async stages
+    for sync_stage in ("simple", "ga"):
+        assert overlap[sync_stage] < 0.5 * min(overlap["hook-async"], overlap["bucket-async"])
+    # hook interleaves comm with backward but blocks on each all_reduce: barely overlaps
+    assert overlap["hook"] < 0.5 * overlap["hook-async"]
+    # async stages overlap clearly more than simple
+    assert overlap["hook-async"] > overlap["simple"] + 2
+    assert overlap["bucket-async"] > overlap["simple"] + 2
+    # one all_reduce per parameter for the per-parameter stages; far fewer with buckets
+    n_params = 2 * 10 + 2
+    for stage in ("simple", "ga", "hook", "hook-async"):
+        assert calls[stage] == n_params
+    assert calls["bucket"] <= calls["hook"] / 3
+    assert calls["bucket"] == calls["bucket-async"]
+    # every stage sends the same bytes per step: the whole gradient, once
+    assert s["allreduce_bytes_per_step"].nunique() == 1
+    assert s["allreduce_bytes_per_step"].iloc[0] == 4 * (10 * (256 * 256 + 256) + 256 + 1)
+
+
+def test_ga_reduces_only_on_the_sync_micro_step(run_dir):
+    from minddp.analysis.cpu import rank_intervals
+    from minddp.analysis.events import load_run
+    for trace in load_run(run_dir).stages["ga"].ranks.values():
+        iv = rank_intervals(trace)
+        fwd_bwd = sorted((e["ts"], e["ts"] + e["dur"]) for e in trace.events
+                         if e["name"] == "minddp.forward_backward")
+        assert len(fwd_bwd) == 2 * STEPS
+        for i, (_, start, end) in enumerate(iv.steps):
+            no_sync_end = fwd_bwd[2 * i][1]   # the first micro-batch of the step ran under no_sync()
+            calls = [e["ts"] for e in iv.allreduces if start <= e["ts"] < end]
+            assert calls and min(calls) > no_sync_end
+
+
+def test_bucket_timeline_shows_async_buckets_leaving_before_backward_ends(run_dir):
+    result = analyze_run(run_dir)
+    b = result.buckets
+    for stage in ("bucket", "bucket-async"):
+        d = b[(b["stage"] == stage) & (b["rank"] == 0)]
+        assert len(d) == result.stages.loc[stage, "allreduce_calls_per_step"]
+        assert (d["ready_us"] <= d["launched_us"]).all()
+        assert not d["comm_end_us"].isna().any()  # every bucket's all_reduce was found
+        assert (d["ready_us"] <= d["comm_start_us"]).all() and (d["comm_start_us"] < d["comm_end_us"]).all()
+    a = b[(b["stage"] == "bucket-async") & (b["rank"] == 0)].sort_values("order")
+    # async: later buckets are ready (backward still running) before the first one's all_reduce ends
+    assert a["ready_us"].iloc[-1] > a["comm_start_us"].iloc[0]
+
+
+def _png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_report_and_compare_write_pngs_and_html(run_dir, capsys):
+    assert main([str(run_dir), "--report"]) == 0
+    html = (run_dir / "report.html").read_text()
+    for name in ("temporal_breakdown.png", "overlap.png", "comm.png", "bucket_timeline.png"):
+        width, height = _png_size(run_dir / name)
+        assert 400 <= width <= 3000 and 250 <= height <= 3000, (name, width, height)
+        assert (run_dir / name).stat().st_size > 10_000  # bars and labels drawn, not an empty canvas
+        assert name in html
+    for stage in STAGES:
+        assert stage in html
+    assert main(["--compare", str(run_dir), str(run_dir), "--report"]) == 0
+    out = capsys.readouterr().out
+    assert "A:allstages" in out and "B:allstages" in out
+    _png_size(run_dir / "compare-allstages" / "overlap.png")
