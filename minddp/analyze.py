@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 SHOWN = ["step_time_us", "compute_pctg", "non_compute_pctg", "idle_pctg", "comm_comp_overlap_pctg",
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.compare:                                                           # step 1
             results = [analyze_run(p) for p in args.compare]
+            if results[0].run == results[1].run:  # same name: tell them apart in tables and legends
+                results = [replace(r, run=f"{tag}:{r.run}") for tag, r in zip("AB", results)]
             table = compare_runs(*results)
             out_dir = Path(args.compare[0]) / f"compare-{Path(args.compare[1]).name}"
         else:
