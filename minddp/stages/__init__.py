@@ -11,6 +11,7 @@ name            class               the one idea it adds
 ``hook-async``  ``AsyncHookDDP``    the same, without waiting: overlap
 ``bucket``      ``BucketDDP``       one all_reduce per bucket of grads, not per grad
 ``bucket-async````AsyncBucketDDP``  buckets sent while backward goes on
+``ddp``         ``DistributedDataParallel``  torch's DDP: rebuilt plan, unused params, automatic finish
 ==============  ==================  =====================================================
 
 ``single`` (no wrapper, one process) and ``torch`` (torch's own DDP) are the
@@ -26,6 +27,7 @@ from torch import nn
 from minddp.stages.bucket import BucketDDP
 from minddp.stages.bucket_async import AsyncBucketDDP
 from minddp.stages.bucket_plan import plan_buckets
+from minddp.stages.ddp import DistributedDataParallel
 from minddp.stages.grad_accum import GradAccumDDP
 from minddp.stages.hook import HookDDP
 from minddp.stages.hook_async import AsyncHookDDP
@@ -39,6 +41,7 @@ STAGES: dict[str, type[nn.Module]] = {
     "hook-async": AsyncHookDDP,
     "bucket": BucketDDP,
     "bucket-async": AsyncBucketDDP,
+    "ddp": DistributedDataParallel,
 }
 
 #: Names that are runs but not wrappers of ours.
@@ -65,4 +68,4 @@ def build_stage(name: str, module: nn.Module, process_group=None, **options) -> 
 
 
 __all__ = ["STAGES", "BASELINES", "build_stage", "register_stage", "plan_buckets", "SimpleDDP",
-           "GradAccumDDP", "HookDDP", "AsyncHookDDP", "BucketDDP", "AsyncBucketDDP"]
+           "GradAccumDDP", "HookDDP", "AsyncHookDDP", "BucketDDP", "AsyncBucketDDP", "DistributedDataParallel"]

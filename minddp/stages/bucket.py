@@ -43,10 +43,13 @@ from minddp.stages.hook import HookDDP
 class BucketDDP(HookDDP):
     """Coalesce gradients into flat buckets; one comm-hook call per bucket."""
 
+    #: Cap of the first bucket in MiB (None: same as ``bucket_cap_mb``); the ``ddp`` stage uses 1, like torch.
+    first_bucket_cap_mb: float | None = None
+
     def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = 25):
         super().__init__(module, process_group)
         self.bucket_cap_mb = bucket_cap_mb
-        self._set_plan(plan_buckets(self._params, bucket_cap_mb))                 # step 1
+        self._set_plan(plan_buckets(self._params, bucket_cap_mb, self.first_bucket_cap_mb))  # step 1
 
     def _set_plan(self, plan: list[list[int]]) -> None:
         """Lay out buckets for ``plan`` (lists of indices into ``self._params``)."""
@@ -72,7 +75,11 @@ class BucketDDP(HookDDP):
         self._ready.add(id(param))
         self._remaining[b] -= 1
         if self._remaining[b] == 0:
-            self._launch_bucket(b)
+            self._bucket_filled(b)
+
+    def _bucket_filled(self, b: int) -> None:
+        """Bucket ``b`` has all its gradients: send it now (the ``ddp`` stage keeps launches in order)."""
+        self._launch_bucket(b)
 
     def _launch_bucket(self, b: int) -> None:
         layout, flat = self._layouts[b], self._buffers[b]

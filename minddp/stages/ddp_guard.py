@@ -1,0 +1,90 @@
+"""Cross-rank checks: the same model everywhere, and the same buckets in the same order.
+
+Collectives only check sizes, if that. Two ranks that disagree on which
+gradients sit in which bucket, or on the order buckets are sent, can sum one
+layer's gradient into another's of the same size and train on silently
+corrupted gradients. Two checks catch it:
+
+1. :func:`verify_replicas`, once at construction: every rank describes its
+   parameters (name, shape, dtype); the descriptions are all-gathered and any
+   difference raises on every rank, naming the rank and the parameter;
+2. :func:`check_consistency`, every step in debug mode (``MINDDP_DEBUG=1`` or
+   ``check_consistency=True``): each rank all-gathers a small fingerprint (per
+   bucket: element count and a checksum of its parameter indices; and the
+   order buckets were launched in); a mismatch raises on every rank, before
+   the averaged gradients are written back, with a readable diff.
+
+Example::
+
+    >>> verify_replicas(module, group)            # before broadcasting rank 0's weights
+    >>> check_consistency(plan, sizes, launched, names, group)
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import torch.distributed as dist
+from torch import nn
+
+
+def debug_enabled() -> bool:
+    """``MINDDP_DEBUG=1`` in the environment turns the per-step check on."""
+    return os.environ.get("MINDDP_DEBUG", "0") not in ("", "0", "false", "False")
+
+
+def verify_replicas(module: nn.Module, group: dist.ProcessGroup) -> None:
+    """Step 1: raise on every rank unless all ranks hold parameters of the same names, shapes, dtypes."""
+    mine = [(name, tuple(p.shape), str(p.dtype).replace("torch.", "")) for name, p in module.named_parameters()]
+    everyone: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    reference = everyone[0]
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        if len(theirs) != len(reference):
+            raise RuntimeError(
+                f"DistributedDataParallel expects the same model across all ranks, but rank {rank} has "
+                f"{len(theirs)} parameters while rank 0 has {len(reference)}: build the same model on every rank"
+            )
+        for (n0, s0, d0), (n, s, d) in zip(reference, theirs):
+            if (n0, s0, d0) != (n, s, d):
+                raise RuntimeError(
+                    f"DistributedDataParallel expects the same model across all ranks: parameter {n!r} on "
+                    f"rank {rank} has shape {list(s)} dtype {d}, but rank 0's {n0!r} has shape {list(s0)} "
+                    f"dtype {d0} (size mismatch); build the same model (same config) on every rank"
+                )
+
+
+def fingerprint(plan: list[list[int]], sizes: list[int], launched: list[int]) -> tuple:
+    """A few integers per bucket: enough to tell two plans or launch orders apart."""
+    return (tuple((n, zlib.crc32(repr(bucket).encode())) for bucket, n in zip(plan, sizes)), tuple(launched))
+
+
+def check_consistency(plan: list[list[int]], sizes: list[int], launched: list[int], names: list[str],
+                      group: dist.ProcessGroup) -> None:
+    """Step 2: all_gather this step's fingerprint; raise on every rank if any rank differs from rank 0."""
+    mine = fingerprint(plan, sizes, launched)
+    everyone: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    reference = everyone[0]
+    diffs = []
+    for rank, theirs in enumerate(everyone):
+        if theirs == reference:
+            continue
+        (buckets0, order0), (buckets, order) = reference, theirs
+        if len(buckets) != len(buckets0):
+            diffs.append(f"rank {rank} has {len(buckets)} buckets, rank 0 has {len(buckets0)}")
+        for b, (x0, x) in enumerate(zip(buckets0, buckets)):
+            if x0 != x:
+                diffs.append(f"bucket {b}: rank {rank} has {x[0]} elements (checksum {x[1]}), "
+                             f"rank 0 has {x0[0]} (checksum {x0[1]})")
+        if order != order0:
+            diffs.append(f"launch order: rank {rank} {list(order)}, rank 0 {list(order0)}")
+    if diffs:
+        local = "; ".join(f"bucket {b}: {[names[i] for i in bucket]}" for b, bucket in enumerate(plan))
+        raise RuntimeError(
+            "minddp consistency guard: ranks disagree on the bucket plan or launch order, so their all_reduces "
+            "would mix different gradients: " + " | ".join(diffs) + f" | this rank (rank {dist.get_rank(group)}) "
+            f"plans {local}. Every rank must build the same model and register the same parameters in the same "
+            "order (and must not change requires_grad on one rank only)"
+        )
