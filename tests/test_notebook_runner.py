@@ -138,6 +138,16 @@ def test_kernel_magics_and_kernel_restart_leave_nothing_behind():
         assert texts.index("[rank 0]") < texts.index("hello 0") < texts.index("[rank 1]") < texts.index("hello 1")
         out = execute("%%rank [1]\nrank")
         assert "[rank 0]" not in "".join(c.get("text", "") for c in out)
+        out = execute("%%rank 7\nrank")
+        # IPython prints a UsageError as one line on stderr, without a traceback.
+        assert "UsageError: %%rank 7: this cluster has ranks 0..1" in "".join(
+            c.get("text", "") for c in out if c.get("name") == "stderr")
+        # %dist_mode on: plain cells go to the ranks; magics stay in the kernel.
+        out = execute("%dist_mode on")
+        out = execute("rank + 100")
+        texts = "".join(c.get("text", "") + c.get("data", {}).get("text/plain", "") for c in out)
+        assert all(f"[rank {r}]" in texts and str(100 + r) in texts for r in range(2))
+        execute("%dist_mode off")
         out = execute("import os\nfrom minddp.notebook import current_cluster\nprint(current_cluster().pids, os.getpid())")
         pids_line = [c["text"] for c in out if c.get("name") == "stdout"][0]
         worker_pids = [int(p) for p in pids_line.split("]")[0].strip("[").split(",")]

@@ -96,7 +96,11 @@ class DistributedMagics(Magics):
     @cell_magic
     def rank(self, line: str, cell: str) -> None:
         """Run this cell on the ranks listed on the magic line, e.g. ``%%rank [0]``."""
-        self._run(cell, parse_ranks(line))
+        ranks = parse_ranks(line)
+        cluster = self._require()
+        if max(ranks) >= cluster.world_size:
+            raise UsageError(f"%%rank {line.strip()}: this cluster has ranks 0..{cluster.world_size - 1}")
+        self._run(cell, ranks)
 
     @line_magic
     def dist_status(self, line: str = "") -> None:
