@@ -2,17 +2,18 @@
 
 Read in this order; each class overrides only what its idea needs:
 
-==============  ==================  =====================================================
-name            class               the one idea it adds
-==============  ==================  =====================================================
-``simple``      ``SimpleDDP``       broadcast at start; average every grad after backward
-``ga``          ``GradAccumDDP``    ``no_sync()``: skip the sync on accumulation steps
-``hook``        ``HookDDP``         sync each grad from an autograd hook, during backward
-``hook-async``  ``AsyncHookDDP``    the same, without waiting: overlap
-``bucket``      ``BucketDDP``       one all_reduce per bucket of grads, not per grad
-``bucket-async````AsyncBucketDDP``  buckets sent while backward goes on
-``ddp``         ``DistributedDataParallel``  torch's DDP: rebuilt plan, unused params, automatic finish
-==============  ==================  =====================================================
+================  =============================  =======================================================
+name              class                          the one idea it adds
+================  =============================  =======================================================
+``simple``        ``SimpleDDP``                  broadcast at start; average every grad after backward
+``ga``            ``GradAccumDDP``               ``no_sync()``: skip the sync on accumulation steps
+``hook``          ``HookDDP``                    sync each grad from an autograd hook, during backward
+``hook-async``    ``AsyncHookDDP``               the same, without waiting: overlap
+``bucket``        ``BucketDDP``                  one all_reduce per bucket of grads, not per grad
+``bucket-async``  ``AsyncBucketDDP``             buckets sent while backward goes on
+``ddp``           ``DistributedDataParallel``    torch's DDP: drop-in, automatic finish, rebuilt plan,
+                                                 unused parameters, bucket views (docs/ddp.md)
+================  =============================  =======================================================
 
 ``single`` (no wrapper, one process) and ``torch`` (torch's own DDP) are the
 baselines the train command and the tests compare against.
