@@ -86,7 +86,7 @@ def branchy_on_rank() -> dict:
     g = torch.Generator().manual_seed(7)
     data = [torch.randn(ROWS * world, 6, generator=g) for _ in range(6)]
     report = {}
-    for view in (False, True):
+    for view, accum in ((False, 1), (True, 1), (False, 2)):
         runs = {}
         for label, wrap in (("ours", DistributedDataParallel), ("torch", TorchDDP)):
             model = ddp_models.build(ddp_models.Branchy, seed=10 + rank)
@@ -96,7 +96,10 @@ def branchy_on_rank() -> dict:
             for step, x in enumerate(data):
                 use_b = (step + rank) % 3 == 0      # rank 0 on steps 0, 3; rank 1 on 2, 5; nobody on 1, 4 (2 ranks)
                 x = toy_models.shard({"x": x}, rank, world)["x"]
-                net(x, use_b=use_b).pow(2).mean().backward()
+                if accum == 2:                      # an accumulation micro-step that uses b on step 1 only
+                    with net.no_sync():
+                        (net(x.flip(0), use_b=step == 1).pow(2).mean() / 2).backward()
+                net(x, use_b=use_b).pow(2).mean().div(accum).backward()
                 trace.append({n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()})
                 opt.step()
                 opt.zero_grad(set_to_none=True)
@@ -106,7 +109,7 @@ def branchy_on_rank() -> dict:
                          if (a[n] is None) != (b[n] is None)]
         grad_diff = max(float((a[n] - b[n]).abs().max()) for a, b in zip(ours, theirs) for n in a
                         if a[n] is not None and b[n] is not None)
-        report[f"view={view}"] = {"none_mismatch": none_mismatch, "grad_diff": grad_diff,
+        report[f"view={view},accum={accum}"] = {"none_mismatch": none_mismatch, "grad_diff": grad_diff,
                                   "param_diff": float((p_ours - p_theirs).abs().max()),
                                   "b_grad_none_steps": [s for s, t in enumerate(ours) if t["b.weight"] is None]}
     return report
@@ -138,12 +141,14 @@ def test_matches_torch_ddp_and_single_process_3_ranks(three_ranks, config):
         assert three_ranks[0][config]["vs_single"] < 1e-5, three_ranks[0][config]
 
 
-@pytest.mark.parametrize("view", [False, True])
-def test_find_unused_parameters_matches_torch(two_ranks, three_ranks, view):
+@pytest.mark.parametrize("variant", ["view=False,accum=1", "view=True,accum=1", "view=False,accum=2"])
+def test_find_unused_parameters_matches_torch(two_ranks, three_ranks, variant):
     for results in (two_ranks, three_ranks):
         for rank, r in enumerate(results):
-            got = r["branchy"][f"view={view}"]
+            got = r["branchy"][variant]
             assert got["none_mismatch"] == [], (rank, got)
             assert got["grad_diff"] < 1e-6 and got["param_diff"] < 1e-6, (rank, got)
     # The test is only meaningful if some step left the branch unused everywhere (grad None on all ranks).
-    assert two_ranks[0]["branchy"]["view=False"]["b_grad_none_steps"] == [1, 4]
+    assert two_ranks[0]["branchy"]["view=False,accum=1"]["b_grad_none_steps"] == [1, 4]
+    # With accumulation, the no_sync micro-step of step 1 uses b: no step leaves it unused everywhere.
+    assert two_ranks[0]["branchy"]["view=False,accum=2"]["b_grad_none_steps"] == [4]

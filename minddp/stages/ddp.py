@@ -148,7 +148,7 @@ class DistributedDataParallel(AsyncBucketDDP):
             at_end_of_backward(self._finalize_backward)
             for unused in self._unused_here:
                 super()._grad_ready(unused)
-        if not self._has_rebuilt_buckets:
+        if self._synced_steps == 0:          # the first synced backward's order feeds the rebuild
             self._ready_order.append(self._position[id(param)])
         super()._grad_ready(param)
 
