@@ -1,0 +1,152 @@
+"""``python -m minddp.train`` end to end: every stage, traces, real-data path, torchrun, bad input.
+
+Oracles: ``single`` (one process on the global batch) for the loss curve of a
+distributed stage; the ``--world-size 2`` run for the torchrun run; the
+trace files themselves (parsed) for what was profiled.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minddp import train
+from minddp.config import stage_choices
+from minddp.data import ShardSampler
+
+FIXTURE = str(Path(__file__).parent / "data" / "mrpc_tiny")
+TINY = ["--batch-size", "4", "--grad-accum", "2", "--max-seq-len", "32", "--eval-examples", "16", "--no-progress",
+        "--seed", "3"]
+
+
+def _run(argv, tmp_path, name) -> dict:
+    out = tmp_path / f"{name}.json"
+    rc = train.main(argv + ["--summary-json", str(out)])
+    assert rc == 0
+    return json.loads(out.read_text())
+
+
+def _trace_events(path: str) -> list[dict]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+@pytest.fixture(scope="module")
+def fixture_runs(tmp_path_factory):
+    """The on-disk MRPC-schema data set, trained by `single` and by `bucket-async` on 2 ranks."""
+    tmp = tmp_path_factory.mktemp("fixture_runs")
+    common = ["--dataset", FIXTURE, "--steps", "30", "--no-profile", "--lr", "3e-3", *TINY]
+    return {stage: _run(["--stage", stage, *common], tmp, stage) for stage in ("single", "bucket-async")}, common
+
+
+def test_every_stage_end_to_end_writes_traces_and_config(tmp_path):
+    summary = _run(["--stage", "all", "--steps", "3", "--profile-steps", "1", "--trace-dir", str(tmp_path),
+                    "--run-name", "all", "--trace-gzip", *TINY], tmp_path, "all")
+    expected = [s for s in stage_choices() if s != "all"]
+    assert sorted(summary["stages"]) == sorted(expected)
+    for stage in expected:
+        folder = tmp_path / "all" / stage
+        config = json.loads((folder / "config.json").read_text())
+        assert config["stage"] == stage and config["steps"] == 3
+        ranks = [0] if stage == "single" else [0, 1]
+        assert sorted(p.name for p in folder.glob("rank*.pt.trace.json.gz")) == \
+            [f"rank{r}.pt.trace.json.gz" for r in ranks]
+        for r in ranks:
+            names = {e.get("name", "") for e in _trace_events(str(folder / f"rank{r}.pt.trace.json.gz"))}
+            assert any(n.startswith("minddp.train_step#") for n in names), (stage, r)
+            has_all_reduce = any("all_reduce" in n or "allreduce" in n for n in names)
+            assert has_all_reduce == (stage != "single"), (stage, r)
+        s = summary["stages"][stage]
+        assert 0.0 <= s["accuracy"] <= 1.0 and len(s["losses"]) == 3
+    assert (tmp_path / "all" / "summary.json").exists()
+
+
+def test_real_data_path_loss_goes_down_and_matches_single(fixture_runs):
+    runs, _ = fixture_runs
+    for stage, summary in runs.items():
+        assert summary["data_source"] == FIXTURE
+        losses = summary["stages"][stage]["losses"]
+        first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+        assert last < first - 0.05, (stage, first, last)
+    single = runs["single"]["stages"]["single"]["losses"]
+    ddp = runs["bucket-async"]["stages"]["bucket-async"]["losses"]
+    # Same data, seeds and global batch; only float summation order differs, and Adam compounds it.
+    assert ddp == pytest.approx(single, rel=1e-3, abs=2e-4)
+    # 2 ranks x 4 per micro-batch x 2 micro-batches each step: the global batch `single` trained on.
+    assert runs["single"]["stages"]["single"]["all_reduce_calls_per_step"] == 0
+    assert runs["bucket-async"]["stages"]["bucket-async"]["all_reduce_calls_per_step"] >= 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_matches_world_size_2(fixture_runs, tmp_path):
+    runs, common = fixture_runs
+    out = tmp_path / "torchrun.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), "-m", "minddp.train", "--stage", "bucket-async", *common,
+           "--summary-json", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["world_size"] == 2
+    want = runs["bucket-async"]["stages"]["bucket-async"]
+    assert got["stages"]["bucket-async"]["losses"] == pytest.approx(want["losses"], rel=1e-5, abs=1e-6)
+    assert got["stages"]["bucket-async"]["accuracy"] == pytest.approx(want["accuracy"])
+
+
+@pytest.mark.parametrize("argv, cause", [
+    (["--stage", "nope"], "--stage"),
+    (["--hook", "nope"], "--hook"),
+    (["--model", "./no/such/model"], "no model folder"),
+    (["--dataset", "./no/such/data"], "no such file"),
+    (["--world-size", "0"], "--world-size"),
+    (["--grad-accum", "0"], "--grad-accum"),
+    (["--global-batch-size", "10"], "divisible"),
+    (["--global-batch-size", "12", "--batch-size", "4"], "contradicts"),
+    (["--steps", "many"], "--steps"),
+    (["--analyze", "--no-profile"], "--no-profile"),
+])
+def test_bad_input_is_one_line_and_exit_2_before_any_rank(argv, cause, capsys, monkeypatch):
+    def no_launch(*a, **k):
+        raise AssertionError("a rank was started for bad input")
+    monkeypatch.setattr(train, "launch", no_launch)
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and cause in err and "Traceback" not in err, err
+
+
+def test_bad_input_from_the_shell_exits_2_without_traceback():
+    proc = subprocess.run([sys.executable, "-m", "minddp.train", "--world-size", "0"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_shard_sampler_splits_each_global_batch_disjointly():
+    n, batch, world = 23, 3, 2
+    for epoch in (0, 1):
+        shards = []
+        for r in range(world):
+            s = ShardSampler(n, batch, world, r, seed=5)
+            s.set_epoch(epoch)
+            shards.append(list(s))
+        whole = ShardSampler(n, batch * world, 1, 0, seed=5)
+        whole.set_epoch(epoch)
+        glob = list(whole)
+        assert len(glob) == (n // (batch * world)) * batch * world  # drop-last: 18 of 23
+        for b in range(len(shards[0]) // batch):
+            per_rank = [set(sh[b * batch:(b + 1) * batch]) for sh in shards]
+            assert not per_rank[0] & per_rank[1]
+            assert per_rank[0] | per_rank[1] == set(glob[b * batch * world:(b + 1) * batch * world])
