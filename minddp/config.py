@@ -87,7 +87,7 @@ class TrainConfig:
     dataset: str = _opt("synthetic", "'synthetic' (offline default: generated paraphrase pairs), 'glue/mrpc' "
                         "(from the hub), or a local data set with columns sentence1, sentence2, label")
     max_seq_len: int = _opt(64, "truncate each sentence pair to this many tokens")
-    steps: int = _opt(300, "optimizer steps per stage")
+    steps: int = _opt(1000, "optimizer steps per stage")
     batch_size: int | None = _opt(None, "examples per rank per micro-batch (default 8, or derived from "
                                   "--global-batch-size)")
     global_batch_size: int | None = _opt(None, "examples per optimizer step over all ranks; must be divisible "
