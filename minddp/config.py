@@ -101,7 +101,7 @@ class TrainConfig:
     profile: bool = _opt(True, "write PyTorch profiler traces (one per rank) under --trace-dir")
     profile_steps: int = _opt(5, "profiled (active) steps after one warm-up step, as in the blog")
     trace_dir: str = _opt("traces", "folder for traces: <trace-dir>/<run-name>/<stage>/rank<r>.pt.trace.json")
-    trace_gzip: bool = _opt(False, "write .pt.trace.json.gz instead of .pt.trace.json")
+    trace_gzip: bool = _opt(True, "write .pt.trace.json.gz (about 10x smaller) instead of .pt.trace.json")
     run_name: str | None = _opt(None, "name of this run's folder under --trace-dir (default: "
                                 "<model>-<dataset>-<date-time>)")
     summary_json: str | None = _opt(None, "also write the run's summary (losses, accuracy, timings) to this "
