@@ -48,6 +48,9 @@ class PendingBucket:
 def launch(hook, state, bucket: GradBucket, group, measure_error: bool = False) -> PendingBucket:
     """Step 1: start the hook's communication for ``bucket``; return without waiting."""
     buffer = bucket.buffer()
+    # Read before the hook runs: a hook may resize the buffer in place while it works
+    # (torch's batched PowerSGD pads it to a square) and restore it when done.
+    expected = (buffer.numel(), buffer.dtype)
     exact = None
     if measure_error:
         # The reference average, on a copy, straight through torch (not metered).
@@ -65,7 +68,7 @@ def launch(hook, state, bucket: GradBucket, group, measure_error: bool = False) 
             f"comm hook {name} returned {type(fut).__name__}, not a torch.futures.Future; "
             "return the future of the collective (e.g. wire.all_reduce(...)) or fut.then(...)"
         )
-    return PendingBucket(bucket, fut, name, (buffer.numel(), buffer.dtype), exact)
+    return PendingBucket(bucket, fut, name, expected, exact)
 
 
 def complete(pending: PendingBucket) -> None:
