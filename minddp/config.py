@@ -108,6 +108,12 @@ class TrainConfig:
                                     "JSON file")
     timeout: float | None = _opt(None, "seconds any collective may wait before the run fails "
                                  "(default: MINDDP_TIMEOUT or 300)")
+    save_every: int = _opt(0, "save a checkpoint every N optimizer steps to <checkpoint-dir>/<stage>.pt, "
+                           "atomically (0 = never)")
+    checkpoint_dir: str = _opt("checkpoints", "folder for --save-every checkpoints (one file per stage, "
+                               "replaced at each save)")
+    resume: str | None = _opt(None, "continue from this checkpoint: model, optimizer, hook state, RNG states and "
+                              "data position; the run must use the options it was saved with")
     analyze: bool = _opt(False, "after training, run python -m minddp.analyze on the run folder")
     progress: bool = _opt(True, "show a progress bar on rank 0")
 
@@ -175,6 +181,12 @@ def validate(cfg: TrainConfig, explicit_batch_size: bool = True) -> None:
         raise ConfigError(f"--eval-examples must be 0 (all) or more, got {cfg.eval_examples}")
     if cfg.lr <= 0 or cfg.bucket_cap_mb <= 0:
         raise ConfigError("--lr and --bucket-cap-mb must be positive")
+    if cfg.save_every < 0:
+        raise ConfigError(f"--save-every must be 0 (never) or a number of steps, got {cfg.save_every}")
+    if cfg.resume is not None and cfg.stage == "all":
+        raise ConfigError("--resume continues one stage's run; pick that --stage instead of 'all'")
+    if cfg.resume is not None and not os.path.isfile(cfg.resume):
+        raise ConfigError(f"--resume {cfg.resume!r}: no such file; give a checkpoint written with --save-every")
     if cfg.timeout is not None and cfg.timeout <= 0:
         raise ConfigError(f"--timeout must be a positive number of seconds, got {cfg.timeout}")
     world = cfg.effective_world_size()

@@ -329,21 +329,27 @@ def collate(examples: list[tuple[list[int], int]], pad_token_id: int, multiple_o
 
 
 def step_batches(data: Encoded, batch_size: int, grad_accum: int, num_replicas: int, rank: int, seed: int,
-                 pad_token_id: int = 0) -> Iterator[list[dict]]:
-    """Endless: this rank's ``grad_accum`` micro-batches for each optimizer step, epoch after epoch."""
+                 pad_token_id: int = 0, start_step: int = 0) -> Iterator[list[dict]]:
+    """Endless: this rank's ``grad_accum`` micro-batches for each optimizer step, epoch after epoch.
+
+    ``start_step`` skips that many steps without building them: a run resumed
+    from a checkpoint sees exactly the batches the uninterrupted run would.
+    """
     sampler = ShardSampler(len(data), batch_size, num_replicas, rank, seed)
     if len(sampler) < batch_size:
         raise DataError(f"the training split has {len(data)} examples, fewer than one global batch of "
                         f"{batch_size * num_replicas}; lower --batch-size or use more data")
-    epoch, pending = 0, []
+    epoch, pending, step = 0, [], 0
     while True:
         sampler.set_epoch(epoch)
         order = list(sampler)
         for start in range(0, len(order), batch_size):
-            idx = order[start:start + batch_size]
-            pending.append(collate([(data.input_ids[i], data.labels[i]) for i in idx], pad_token_id))
+            pending.append(order[start:start + batch_size])
             if len(pending) == grad_accum:
-                yield pending
+                if step >= start_step:
+                    yield [collate([(data.input_ids[i], data.labels[i]) for i in idx], pad_token_id)
+                           for idx in pending]
+                step += 1
                 pending = []
         epoch += 1
 

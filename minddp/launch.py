@@ -55,11 +55,14 @@ class RankError(RuntimeError):
     ``rank`` is the rank that caused the failure; ``exc_type`` its exception's
     class name (e.g. ``"ValueError"``; ``"ProcessDied"`` for a rank that vanished;
     suffixed `` (peer)`` for a rank whose collective broke because a peer failed).
+    ``steps`` maps rank -> the last step it announced with :func:`report_step`
+    (if it did); ``step`` is the causing rank's.
     """
 
-    def __init__(self, errors: dict[int, str], exc_types: dict[int, str]):
+    def __init__(self, errors: dict[int, str], exc_types: dict[int, str], steps: dict[int, int] | None = None):
         self.errors = dict(errors)
         self.exc_types = dict(exc_types)
+        self.steps = dict(steps or {})
         # The cause first: a rank that died or raised, before ranks whose
         # collective broke because of it (their reports may arrive first).
         order = list(errors)
@@ -67,12 +70,15 @@ class RankError(RuntimeError):
                                                order.index(r)))
         self.exc_type = exc_types[self.rank]
         self.traceback = errors[self.rank]
+        self.step = self.steps.get(self.rank)
         others = sorted(r for r in errors if r != self.rank)
         also = f" (ranks {others} failed too)" if others else ""
-        super().__init__(f"rank {self.rank} failed{also}:\n{self.traceback}")
+        verb = "died (killed or exited without a word)" if self.exc_type == "ProcessDied" else "failed"
+        where = "" if self.step is None else f" at step {self.step}"
+        super().__init__(f"rank {self.rank} {verb}{where}{also}:\n{self.traceback}")
 
     def __reduce__(self):  # keep it picklable for nested runners
-        return (RankError, (self.errors, self.exc_types))
+        return (RankError, (self.errors, self.exc_types, self.steps))
 
 
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted")
@@ -81,6 +87,33 @@ _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken p
 def _is_echo(exc: BaseException) -> bool:
     """Did this rank fail only because a peer vanished (an echo, not the cause)?"""
     return isinstance(exc, dist.DistError) or any(s in str(exc) for s in _PEER_GONE)
+
+
+#: Where this rank announces its step: the launcher's store (a local rank) and the last value.
+_step_store: dist.Store | None = None
+_step: int | None = None
+
+
+def _step_key(rank: int) -> str:
+    return f"minddp/step/{rank}"
+
+
+def report_step(step: int) -> None:
+    """Announce that this rank is now at ``step`` (cheap: one small message to the launcher).
+
+    When a rank dies or raises, :class:`RankError` then says at which step;
+    under torchrun the failing rank's exception gets a note naming it.
+
+    Example::
+
+        >>> for step in range(steps):
+        ...     report_step(step)
+        ...     train_step(...)
+    """
+    global _step
+    _step = step
+    if _step_store is not None:
+        _step_store.set(_step_key(dist.get_rank()), str(step))
 
 
 def in_torchrun() -> bool:
@@ -128,7 +161,7 @@ def launch(
             p.start()
             procs.append(p)
         # Step 4: gather.
-        out = _gather(procs, results)
+        out = _gather(procs, results, steps=lambda ranks: _read_steps(store, ranks))
         ok = True
         return out
     finally:
@@ -148,6 +181,9 @@ def run_in_torchrun(fn: Callable[..., Any], *args: Any, backend: str = "auto",
     dist.init_process_group(backend, init_method="env://", timeout=timeout_delta(timeout_s))
     try:
         return fn(*args, **kwargs)
+    except BaseException as exc:
+        _note_step(exc)
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -179,6 +215,8 @@ def join_group(rank: int, world_size: int, port: int, backend: str,
     _prepare_rank(rank, world_size, backend)
     store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
                           timeout=timeout_delta(timeout_s))
+    global _step_store
+    _step_store = store
     if prefix:
         store = dist.PrefixStore(prefix, store)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
@@ -202,6 +240,9 @@ def _child_main(payload, parent_path, rank, world_size, port, backend, timeout_s
         join_group(rank, world_size, port, backend, timeout_s)
         try:
             out = fn(*args, **kwargs)
+        except BaseException as exc:
+            _note_step(exc)
+            raise
         finally:
             dist.destroy_process_group()
         buf = io.BytesIO()
@@ -212,7 +253,24 @@ def _child_main(payload, parent_path, rank, world_size, port, backend, timeout_s
         results.put(("error", rank, traceback.format_exc(), kind))
 
 
-def _gather(procs, results, grace_s: float = 2.0) -> list[Any]:
+def _note_step(exc: BaseException) -> None:
+    if _step is not None:
+        exc.add_note(f"minddp: rank {os.environ.get('RANK', '?')} failed at step {_step}")
+
+
+def _read_steps(store: dist.TCPStore, ranks) -> dict[int, int]:
+    """The last step each failed rank announced (never blocks: only keys that exist are read)."""
+    steps = {}
+    for rank in ranks:
+        try:
+            if store.check([_step_key(rank)]):
+                steps[rank] = int(store.get(_step_key(rank)))
+        except (RuntimeError, ValueError, dist.DistError):  # a report is a nicety, never a second failure
+            pass
+    return steps
+
+
+def _gather(procs, results, grace_s: float = 2.0, steps=lambda ranks: {}) -> list[Any]:
     world_size = len(procs)
     done: dict[int, Any] = {}
     errors: dict[int, str] = {}
@@ -240,7 +298,7 @@ def _gather(procs, results, grace_s: float = 2.0) -> list[Any]:
             errors[rank], exc_types[rank] = rest
             failed_at = failed_at or time.monotonic()
     if errors:
-        raise RankError(errors, exc_types)
+        raise RankError(errors, exc_types, steps(list(errors)))
     return [done[r] for r in range(world_size)]
 
 

@@ -92,12 +92,14 @@ def wrap_model(stage: str, model: nn.Module, cfg: TrainConfig, device: torch.dev
                 wrapper](hook)
         state = powerSGD_hook.PowerSGDState(process_group=None, **_powersgd_options(cfg)) if powersgd else None
         ddp.register_comm_hook(state, hook)
+        ddp.minddp_hook_state = state
         return ddp
     from minddp.comm.registry import make_hook
     from minddp.stages import build_stage
     wrapped = build_stage(stage, model, bucket_cap_mb=cfg.bucket_cap_mb)
     state, hook = make_hook(cfg.hook, None, **(_powersgd_options(cfg) if powersgd else {}))
     wrapped.register_comm_hook(state, hook)
+    wrapped.minddp_hook_state = state  # what a checkpoint saves of the hook (PowerSGD's memory)
     return wrapped
 
 
@@ -122,8 +124,24 @@ def evaluate(model: nn.Module, data: Encoded, replicas: int, rank: int, device: 
     return float(counts[0] / counts[1])
 
 
+def checkpoint_config(cfg: TrainConfig, stage: str, replicas: int) -> dict:
+    """The settings a checkpoint records (and a resume must match): this stage, its number of ranks."""
+    return {**cfg.to_dict(), "stage": stage, "world_size": replicas}
+
+
+def checkpoint_path(cfg: TrainConfig, stage: str) -> str:
+    return os.path.join(cfg.checkpoint_dir, f"{stage}.pt")
+
+
 def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) -> dict:
-    """One rank of one stage: build, wrap, train ``cfg.steps`` steps under the profiler, evaluate."""
+    """One rank of one stage: build, wrap, train ``cfg.steps`` steps under the profiler, evaluate.
+
+    With ``--resume`` the model, optimizer, hook state, RNGs, losses and data
+    position come from the checkpoint and training goes on from its step;
+    with ``--save-every N`` a checkpoint is written after every N-th step.
+    """
+    from minddp import checkpoint
+    from minddp.launch import report_step
     from minddp.collectives import TRANSPORTS
     from minddp.comm import wire
     from minddp.device import current_device, synchronize
@@ -144,15 +162,24 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
     model.train()
     wrapped = wrap_model(stage, model, cfg, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    batches = step_batches(data.train, batch_size, cfg.grad_accum, replicas, shard, cfg.seed, data.pad_token_id)
+    hook_state = getattr(wrapped, "minddp_hook_state", None)
+    ckpt_config = checkpoint_config(cfg, stage, replicas)
+    first, losses = 0, []
+    if cfg.resume:  # every rank loads the same weights, so the replicas stay identical
+        ckpt = checkpoint.load_checkpoint(cfg.resume, model=model, config=ckpt_config, rank=rank)
+        checkpoint.restore(ckpt, optimizer=optimizer, hook_state=hook_state)
+        first, losses = ckpt["step"], list(ckpt["rank"]["losses"])
+    batches = step_batches(data.train, batch_size, cfg.grad_accum, replicas, shard, cfg.seed, data.pad_token_id,
+                           start_step=first)
     global_batch = batch_size * cfg.grad_accum * replicas
-    losses, times, calls, nbytes = [], [], [], []
+    times, calls, nbytes = [], [], []
     stage_dir = os.path.join(folder, stage)
-    profiler = StepProfiler(stage_dir, rank, cfg.steps, cfg.profile_steps, gzip=cfg.trace_gzip,
+    profiler = StepProfiler(stage_dir, rank, cfg.steps - first, cfg.profile_steps, gzip=cfg.trace_gzip,
                             enabled=cfg.profile and (rank == 0 or not single), cuda=device.type == "cuda")
-    bar = _progress(cfg, stage, rank)
+    bar = _progress(cfg, stage, rank, first)
     with profiler:
-        for step in range(cfg.steps):
+        for step in range(first, cfg.steps):
+            report_step(step)  # a failure report then says where it happened
             micro = [{k: v.to(device) for k, v in b.items()} for b in next(batches)]
             wire.traffic.reset()
             synchronize(device)
@@ -165,6 +192,10 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
             nbytes.append(wire.traffic.bytes)
             losses.append(loss)
             profiler.step()
+            if cfg.save_every and (step + 1) % cfg.save_every == 0:
+                checkpoint.save_checkpoint(checkpoint_path(cfg, stage), model=model, optimizer=optimizer,
+                                           step=step + 1, config=ckpt_config, hook_state=hook_state,
+                                           extra={"losses": losses})
             if bar is not None:
                 bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{global_batch / times[-1]:.0f}", refresh=False)
                 bar.update()
@@ -182,11 +213,11 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
             "metered": stage != "torch", "folder": folder}
 
 
-def _progress(cfg: TrainConfig, stage: str, rank: int):
+def _progress(cfg: TrainConfig, stage: str, rank: int, first: int = 0):
     if rank != 0 or not cfg.progress:
         return None
     from tqdm import tqdm
-    return tqdm(total=cfg.steps, desc=f"{stage:>12}", unit="step", file=sys.stderr, dynamic_ncols=True)
+    return tqdm(total=cfg.steps, initial=first, desc=f"{stage:>12}", unit="step", file=sys.stderr, dynamic_ncols=True)
 
 
 # -- in the parent ----------------------------------------------------------------------------------
@@ -259,11 +290,28 @@ def check_combination(cfg: TrainConfig) -> None:
         say("under torchrun the world size comes from torchrun; --world-size is ignored")
 
 
+def check_resume(cfg: TrainConfig) -> None:
+    """Before any rank starts: the --resume file is a readable checkpoint of this run, with steps left."""
+    from minddp import checkpoint
+    stage = cfg.stages()[0]
+    replicas = 1 if stage == "single" else cfg.effective_world_size()
+    try:
+        ckpt = checkpoint.read_checkpoint(cfg.resume)
+        checkpoint.check_run(ckpt, cfg.resume, checkpoint_config(cfg, stage, replicas))
+    except checkpoint.CheckpointError as exc:
+        raise ConfigError(str(exc)) from None
+    if ckpt["step"] >= cfg.steps:
+        raise ConfigError(f"checkpoint {cfg.resume!r} is at step {ckpt['step']} already; give --steps above "
+                          f"{ckpt['step']} to train on")
+
+
 def main(argv: list[str] | None = None) -> int:
     """The CLI: 0 on success, 2 on bad input (one line on stderr), 1 when a rank failed."""
     try:
         cfg = parse_args(argv)                                                              # step 1
         check_combination(cfg)
+        if cfg.resume:
+            check_resume(cfg)
         data, backend, run_dir = prepare(cfg)                                               # step 2
     except (ConfigError, DataError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -1,0 +1,259 @@
+"""Checkpoints that lose nothing: written atomically, refused loudly when they do not fit.
+
+A checkpoint must survive the crash it exists for. Writing over the last
+good file in place would destroy it if the process died half-way, so a save:
+
+1. **gathers** what each rank alone knows (its RNG states, its comm-hook
+   state such as PowerSGD's error memory, its losses so far) onto rank 0;
+   model and optimizer are identical on every rank, so rank 0's copy is kept;
+2. **writes** everything to a temporary file in the *same folder* (a rename
+   is only atomic within one file system), flushes and ``fsync``\\ s it;
+3. **renames** it over the checkpoint path (``os.replace``: atomic on POSIX,
+   so a reader sees the old file or the new one, never half of one) and
+   ``fsync``\\ s the folder so the rename itself survives a power cut;
+4. a **barrier**: no rank goes on (and possibly crashes) before the file is
+   complete, so "the run passed step N" implies "step N is on disk".
+
+A crash before step 3 leaves the previous checkpoint untouched (and at most a
+stray ``.<name>.tmp-<pid>`` file, which loading ignores).
+
+Loading (:func:`load_checkpoint`) refuses, with one line naming the cause and
+the fix, a file that is not a minddp checkpoint or is truncated/corrupt, and
+one that does not fit the run: other parameter names or shapes, another world
+size, or settings that would make the resumed run a different run
+(:data:`MUST_MATCH`).
+
+Example::
+
+    >>> save_checkpoint("ckpt/bucket.pt", model=ddp.module, optimizer=opt, hook_state=state, step=10,
+    ...                 config=cfg.to_dict(), losses=losses)
+    >>> ckpt = load_checkpoint("ckpt/bucket.pt", model=ddp.module, config=cfg.to_dict())
+    >>> restore(ckpt, optimizer=opt, hook_state=state)   # and the RNGs; ckpt["step"] says where to go on
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import zipfile
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+#: Marks the file as ours; bump when the layout changes.
+FORMAT = "minddp-checkpoint/1"
+
+#: Config fields a resumed run must share with the saved one: they decide the model, the data order
+#: or the shape of the per-rank hook state. (``steps``, ``lr``, ``timeout``, profiling may change.)
+MUST_MATCH = ("model", "dtype", "dataset", "max_seq_len", "seed", "batch_size", "grad_accum", "world_size",
+              "stage", "hook", "bucket_cap_mb", "powersgd_rank", "powersgd_min_compression_rate",
+              "powersgd_error_feedback", "powersgd_warm_start")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not fit this run; one line: cause and fix."""
+
+
+# -- what one rank knows ----------------------------------------------------------------------------
+
+def rng_state() -> dict:
+    """Every random stream a training step can draw from, on this rank."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+        state["numpy"] = np.random.get_state()
+    except ImportError:  # numpy is optional for torch; nothing to save then
+        pass
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+        np.random.set_state(state["numpy"])
+
+
+def _to_cpu(obj: Any) -> Any:
+    """Tensors (also inside a hook state) moved to the CPU, so the file loads on any machine."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def _hook_fields(hook_state: Any) -> dict | None:
+    """The fields of a stateful comm hook (PowerSGD's memory), without its process group.
+
+    A stateless hook's state is ``None`` or the process group: nothing to keep.
+    """
+    if hook_state is None or isinstance(hook_state, dist.ProcessGroup):
+        return None
+    fields = hook_state.__getstate__()  # PowerSGDState drops its group here
+    return {k: v for k, v in fields.items() if k != "process_group"} if isinstance(fields, dict) else fields
+
+
+def _rank_state(hook_state: Any, extra: dict) -> bytes:
+    """This rank's share, serialised (gathering bytes keeps tensors off the collective's device)."""
+    buf = io.BytesIO()
+    torch.save({"rng": rng_state(), "hook_state": _to_cpu(_hook_fields(hook_state)), **_to_cpu(extra)}, buf)
+    return buf.getvalue()
+
+
+# -- saving -----------------------------------------------------------------------------------------
+
+def atomic_write(data: bytes, path: str, _write=None) -> None:
+    """Steps 2-3: ``data`` lands at ``path`` completely or not at all."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:                                                    # step 2
+            (_write or _write_all)(f, data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)                                                         # step 3
+    except BaseException:
+        if os.path.exists(tmp):  # a failed save must not leave litter beside the good file
+            os.remove(tmp)
+        raise
+    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename is an entry in the folder: make it durable too
+    finally:
+        os.close(dir_fd)
+
+
+def _write_all(f, data: bytes) -> None:
+    f.write(data)
+
+
+def save_checkpoint(path: str, *, model: nn.Module, optimizer: torch.optim.Optimizer, step: int,
+                    config: dict, hook_state: Any = None, extra: dict | None = None,
+                    group: dist.ProcessGroup | None = None) -> None:
+    """Save the run after ``step`` optimizer steps; call on every rank (it gathers and synchronises).
+
+    ``extra`` holds per-rank values to keep (e.g. the losses so far); they come back per rank.
+    """
+    distributed = dist.is_initialized()
+    mine = _rank_state(hook_state, extra or {})
+    if distributed:                                                                   # step 1
+        shares: list = [None] * dist.get_world_size(group)
+        dist.all_gather_object(shares, mine, group=group)
+        rank = dist.get_rank(group)
+    else:
+        shares, rank = [mine], 0
+    if rank == 0:
+        payload = {"format": FORMAT, "step": step, "config": dict(config),
+                   "model": _to_cpu(model.state_dict()), "optimizer": _to_cpu(optimizer.state_dict()),
+                   "ranks": shares}
+        buf = io.BytesIO()
+        torch.save(payload, buf)
+        atomic_write(buf.getvalue(), path)                                            # steps 2-3
+    if distributed:
+        dist.barrier(group=group)                                                     # step 4
+
+
+# -- loading ----------------------------------------------------------------------------------------
+
+def read_checkpoint(path: str) -> dict:
+    """The checkpoint at ``path`` as saved, or :class:`CheckpointError` saying why it cannot be used."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"--resume {path!r}: no such file; give a checkpoint written with --save-every")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, TypeError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise CheckpointError(f"checkpoint {path!r} is corrupt or truncated ({first}); resume from an earlier "
+                              "checkpoint or start afresh") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise CheckpointError(f"{path!r} is not a minddp checkpoint (expected format {FORMAT}); give a file "
+                              "written by python -m minddp.train --save-every")
+    return ckpt
+
+
+def check_run(ckpt: dict, path: str, config: dict) -> None:
+    """Refuse a checkpoint of another world size or another run (see :data:`MUST_MATCH`)."""
+    ranks = len(ckpt["ranks"])
+    if "world_size" in config and ranks != config["world_size"]:
+        raise CheckpointError(f"checkpoint {path!r} was saved by {ranks} ranks, this run has "
+                              f"{config['world_size']}; resume with --world-size {ranks}")
+    differs = [f"--{k.replace('_', '-')} {ckpt['config'].get(k)!r} there, {config[k]!r} here"
+               for k in MUST_MATCH if k in config and k != "world_size" and ckpt["config"].get(k) != config[k]]
+    if differs:
+        raise CheckpointError(f"checkpoint {path!r} belongs to another run ({'; '.join(differs)}); resume with "
+                              "the options it was saved with")
+
+
+def check_model(ckpt: dict, path: str, model: nn.Module) -> None:
+    """Refuse a checkpoint of another model: other parameter (or buffer) names, shapes or dtypes."""
+    saved, here = ckpt["model"], model.state_dict()
+    if saved.keys() != here.keys():
+        only_saved, only_here = sorted(saved.keys() - here.keys()), sorted(here.keys() - saved.keys())
+        raise CheckpointError(f"checkpoint {path!r} holds another model: entries only in the checkpoint "
+                              f"{only_saved[:3]}, only in this model {only_here[:3]}; resume with the model "
+                              "it was saved with")
+    for name, tensor in here.items():
+        if saved[name].shape != tensor.shape or saved[name].dtype != tensor.dtype:
+            raise CheckpointError(f"checkpoint {path!r} holds another model: {name!r} is "
+                                  f"{list(saved[name].shape)} {saved[name].dtype} there, {list(tensor.shape)} "
+                                  f"{tensor.dtype} here; resume with the model it was saved with")
+
+
+def load_checkpoint(path: str, *, model: nn.Module, config: dict, rank: int = 0) -> dict:
+    """Read and check ``path``; load the model weights; return the checkpoint with this rank's share.
+
+    The returned dict has ``step``, ``optimizer`` and ``rank`` (this rank's
+    ``rng``, ``hook_state`` and extras); pass it to :func:`restore`.
+    """
+    ckpt = read_checkpoint(path)
+    check_run(ckpt, path, config)
+    check_model(ckpt, path, model)
+    model.load_state_dict(ckpt["model"])
+    ckpt["rank"] = torch.load(io.BytesIO(ckpt["ranks"][rank]), map_location="cpu", weights_only=False)
+    return ckpt
+
+
+def restore(ckpt: dict, *, optimizer: torch.optim.Optimizer, hook_state: Any = None) -> None:
+    """Put the optimizer, this rank's hook state and RNG streams back as they were at the save."""
+    optimizer.load_state_dict(ckpt["optimizer"])  # moves state to the parameters' device
+    fields = ckpt["rank"]["hook_state"]
+    if (fields is None) != (_hook_fields(hook_state) is None):
+        raise CheckpointError("the checkpoint's comm hook state does not fit this run's hook; resume with the "
+                              "--hook it was saved with")
+    if fields is not None:
+        group = getattr(hook_state, "process_group", None)
+        fields = {k: _to_device(v, _device_of(optimizer)) for k, v in fields.items()}
+        if hasattr(hook_state, "__setstate__"):
+            hook_state.__setstate__(fields)
+        else:
+            hook_state.__dict__.update(fields)
+        if group is not None:
+            hook_state.process_group = group  # keep the live group; a file cannot hold one
+    set_rng_state(ckpt["rank"]["rng"])
+
+
+def _device_of(optimizer: torch.optim.Optimizer) -> torch.device:
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            return p.device
+    return torch.device("cpu")
+
+
+def _to_device(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    return obj
