@@ -1,0 +1,102 @@
+"""Every stage takes every hook: gradients against a single-process oracle, and training.
+
+Oracle: each rank recomputes, without any wrapper, the gradient of the mean
+loss over *both* ranks' batches (the global batch). With no hook or with
+``allreduce_hook`` a stage must give that gradient (to float rounding);
+fp16/bf16 within their precision; ``noop_hook`` must leave exactly this
+rank's local gradient.
+
+Training: hooks that torch cannot run on gloo (bf16, batched PowerSGD) and the
+wrapped combinations lower the loss on a fixed evaluation batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from minddp import launch
+from minddp.comm import make_hook
+from minddp.stages import STAGES
+
+from test_hooks_support import batch, fresh, loss_fn, make_model, train, wrap
+
+HOOKS = [None, "allreduce", "fp16", "bf16", "noop"]
+TRAIN_HOOKS = ["bf16", "batched-powersgd", "fp16+powersgd", "bf16+powersgd", "bf16+batched-powersgd"]
+PSGD = dict(start_powerSGD_iter=2, matrix_approximation_rank=2)
+
+
+def grads_of(model) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def oracle_grads(model, rank: int, world: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(global-batch gradient, this rank's local gradient), computed in one process."""
+    m = fresh(model)
+    sum(loss_fn(m, batch(r, 0)) for r in range(world)).div(world).backward()
+    global_grads = grads_of(m)
+    m = fresh(model)
+    loss_fn(m, batch(rank, 0)).backward()
+    return global_grads, grads_of(m)
+
+
+def rank_stage_grads(stages: list[str]) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = make_model()
+    out = {"oracle": oracle_grads(model, rank, world)}
+    for stage in stages:
+        for name in HOOKS:
+            state, hook = make_hook(name) if name else (None, None)
+            ddp = wrap(stage, fresh(model), state, hook, bucket_cap_mb=0.002)  # several buckets
+            loss_fn(ddp, batch(rank, 0)).backward()
+            finish = getattr(ddp, "finish_gradient_synchronization", None)
+            if finish is not None:
+                finish()
+            out[stage, name] = grads_of(ddp.module)
+    return out
+
+
+def test_every_stage_takes_every_stateless_hook():
+    stages = list(STAGES)
+    for rank, out in enumerate(launch(rank_stage_grads, stages, world_size=2)):
+        global_grads, local_grads = out["oracle"]
+        for stage in stages:
+            for name in HOOKS:
+                got = out[stage, name]
+                tag = f"stage {stage}, hook {name}, rank {rank}"
+                if name == "noop":
+                    for g, want in zip(got, local_grads):
+                        assert torch.equal(g, want), tag
+                    assert not all(torch.allclose(g, w) for g, w in zip(got, global_grads)), tag
+                    continue
+                tol = {"fp16": 2e-3, "bf16": 2e-2}.get(name, 1e-6)
+                for g, want in zip(got, global_grads):
+                    torch.testing.assert_close(g, want, rtol=tol, atol=tol * 0.1, msg=tag)
+                if name == "allreduce":  # the default path and the explicit hook are one computation
+                    assert all(torch.equal(a, b) for a, b in zip(got, out[stage, None])), tag
+
+
+def eval_loss(model) -> float:
+    with torch.no_grad():
+        return sum(float(loss_fn(model, batch(r, 10_000))) for r in range(2)) / 2
+
+
+def rank_train(cases: list[tuple[str, str]]) -> dict:
+    rank = dist.get_rank()
+    model = make_model()
+    before = eval_loss(model)
+    out = {}
+    for stage, name in cases:
+        state, hook = make_hook(name, **PSGD)
+        ddp = wrap(stage, fresh(model), state, hook)
+        train(ddp, 25, rank)
+        out[stage, name] = (before, eval_loss(ddp.module))
+    return out
+
+
+def test_gloo_only_hooks_and_wrappers_train():
+    cases = [("bucket-async", n) for n in TRAIN_HOOKS] + [("hook-async", "batched-powersgd"),
+                                                         ("hook-async", "bf16+powersgd")]
+    for out in launch(rank_train, cases, world_size=2):
+        for case, (before, after) in out.items():
+            assert after < 0.7 * before, f"{case}: eval loss {before:.4f} -> {after:.4f}"
