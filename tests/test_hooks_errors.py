@@ -1,0 +1,96 @@
+"""Bad input to the hook layer gets a one-line error that names the cause and the fix."""
+
+from __future__ import annotations
+
+import pickle
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from minddp import launch
+from minddp.comm import GradBucket, PowerSGDState, hook_names, make_hook
+from minddp.comm.default_hooks import allreduce_hook
+from minddp.launch import RankError
+
+from test_hooks_support import batch, fresh, loss_fn, make_model, wrap
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(start_powerSGD_iter=1), "start_powerSGD_iter must be >= 2"),
+    (dict(start_powerSGD_iter=0, use_error_feedback=True, warm_start=False), "start_powerSGD_iter must be >= 2"),
+    (dict(matrix_approximation_rank=0), "matrix_approximation_rank must be an integer >= 1"),
+    (dict(matrix_approximation_rank=1.5), "matrix_approximation_rank must be an integer >= 1"),
+])
+def test_powersgd_state_refuses_bad_settings(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        PowerSGDState(None, **kwargs)
+
+
+def test_powersgd_state_allows_early_start_without_memory_and_pickles_without_group():
+    state = PowerSGDState(None, start_powerSGD_iter=1, use_error_feedback=False, warm_start=False)
+    assert state.start_powerSGD_iter == 1
+    state = PowerSGDState(lambda: None, start_powerSGD_iter=2)  # an unpicklable stand-in for a group
+    state.error_dict[0] = torch.arange(3.0)
+    loaded = pickle.loads(pickle.dumps(state))
+    assert loaded.process_group is None and torch.equal(loaded.error_dict[0], torch.arange(3.0))
+
+
+def test_registry_names_and_errors():
+    names = hook_names()
+    for name in ("allreduce", "fp16", "bf16", "powersgd", "batched-powersgd", "noop", "fp16+powersgd"):
+        assert name in names
+    state, _ = make_hook("powersgd", matrix_approximation_rank=4, start_powerSGD_iter=None)
+    assert state.matrix_approximation_rank == 4 and state.start_powerSGD_iter == 1_000  # None = default
+    with pytest.raises(ValueError, match="unknown hook 'powersdg'"):
+        make_hook("powersdg")
+    with pytest.raises(TypeError, match="unknown PowerSGD option"):
+        make_hook("powersgd", rank=2)
+
+
+def test_grad_bucket_gradients_are_views_of_the_buffer():
+    w, b = torch.nn.Parameter(torch.ones(2, 3)), torch.nn.Parameter(torch.zeros(3))
+    bucket = GradBucket(0, torch.arange(9.0), [w, b], is_last=True)
+    gw, gb = bucket.gradients()
+    assert gw.shape == (2, 3) and gb.shape == (3,)
+    bucket.buffer().mul_(2)
+    assert torch.equal(gb, torch.tensor([12.0, 14.0, 16.0])) and bucket.parameters()[0] is w
+
+
+def _wrong_shape(_, bucket):
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer()[:-1].clone())
+    return fut
+
+
+def _wrong_dtype(_, bucket):
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer().half())
+    return fut
+
+
+def rank_misuse(case: str):
+    model = make_model()
+    if case == "not-callable":
+        wrap("bucket", fresh(model), None, "allreduce")
+    if case == "twice":
+        ddp = wrap("hook", fresh(model), None, allreduce_hook)
+        ddp.register_comm_hook(None, allreduce_hook)
+    hook = {"wrong-shape": _wrong_shape, "wrong-dtype": _wrong_dtype}[case]
+    ddp = wrap("simple", fresh(model), None, hook)
+    loss_fn(ddp, batch(dist.get_rank(), 0)).backward()
+    ddp.finish_gradient_synchronization()
+
+
+@pytest.mark.parametrize("case, exc, words", [
+    ("not-callable", "TypeError", "comm hook must be callable"),
+    ("twice", "RuntimeError", "register_comm_hook can only be called once"),
+    ("wrong-shape", "RuntimeError", r"returned shape \(7\,\).*bucket buffer's shape \(8,\)"),
+    ("wrong-dtype", "RuntimeError", "dtype torch.float16.*dtype torch.float32"),
+])
+def test_misused_hooks_fail_clearly(case, exc, words):
+    with pytest.raises(RankError) as info:
+        launch(rank_misuse, case, world_size=1)
+    assert info.value.exc_type == exc, info.value.traceback
+    assert re.search(words, info.value.traceback), info.value.traceback
