@@ -113,14 +113,14 @@ def _rank_state(hook_state: Any, extra: dict) -> bytes:
 
 # -- saving -----------------------------------------------------------------------------------------
 
-def atomic_write(data: bytes, path: str, _write=None) -> None:
+def atomic_write(data: bytes, path: str) -> None:
     """Steps 2-3: ``data`` lands at ``path`` completely or not at all."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:                                                    # step 2
-            (_write or _write_all)(f, data)
+            _write_all(f, data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)                                                         # step 3

@@ -14,6 +14,12 @@ for these the state is the process group (``None`` = the default group).
 Unlike torch 2.13, the bf16 variants are not refused on gloo: gloo sums
 bfloat16 tensors correctly, so there is no reason to require NCCL.
 
+Supported dtypes: the compress hooks and PowerSGD take real floating-point
+buckets (fp16, bf16, fp32, fp64; fp64 is allowed, it just loses what the
+cast loses). They refuse complex buckets, where the cast would silently
+drop the imaginary part (and PowerSGD's transposes would need conjugates),
+with :func:`check_real_floating`; plain :func:`allreduce_hook` takes any dtype.
+
 Example::
 
     >>> ddp.register_comm_hook(None, fp16_compress_hook)
@@ -41,6 +47,18 @@ def allreduce_hook(process_group: dist.ProcessGroup | None, bucket: GradBucket) 
     return wire.all_reduce(tensor, group)
 
 
+def check_real_floating(bucket: GradBucket, hook_name: str) -> None:
+    """Refuse a bucket this hook's math cannot represent (complex or integer), naming the fix."""
+    dtype = bucket.buffer().dtype
+    if not dtype.is_floating_point:
+        why = "its imaginary part would be lost" if dtype.is_complex else "it is not a float"
+        raise TypeError(
+            f"comm hook {hook_name} supports real floating-point gradients only, but bucket {bucket.index()} "
+            f"holds {str(dtype).replace('torch.', '')} ({why}); "
+            "use allreduce_hook for this model, or keep complex parameters as real pairs (torch.view_as_real)"
+        )
+
+
 def _compress_wrapper(dtype: torch.dtype, label: str, hook):
     """Run ``hook`` on a copy of the bucket cast to ``dtype``; cast its result back.
 
@@ -52,6 +70,7 @@ def _compress_wrapper(dtype: torch.dtype, label: str, hook):
 
     @functools.wraps(hook)
     def wrapped(state, bucket: GradBucket) -> torch.futures.Future:
+        check_real_floating(bucket, wrapped.__name__)
         original = bucket.buffer()
         bucket.set_buffer(original.to(dtype))                                  # step 1 + 2
         fut = hook(state, bucket)

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from minddp.comm import wire
-from minddp.comm.default_hooks import allreduce_hook
+from minddp.comm.default_hooks import allreduce_hook, check_real_floating
 from minddp.comm.grad_bucket import GradBucket
 
 __all__ = ["PowerSGDState", "powerSGD_hook", "batched_powerSGD_hook"]
@@ -278,6 +278,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
         >>> state = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=10)
         >>> ddp.register_comm_hook(state, powerSGD_hook)
     """
+    check_real_floating(bucket, "powerSGD_hook")  # from the first step, not only once compression starts
     vanilla = _vanilla_phase(state, bucket)
     if vanilla is not None:
         return vanilla
@@ -412,6 +413,7 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.fut
         >>> state = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=10)
         >>> ddp.register_comm_hook(state, batched_powerSGD_hook)
     """
+    check_real_floating(bucket, "batched_powerSGD_hook")
     vanilla = _vanilla_phase(state, bucket)
     if vanilla is not None:
         return vanilla

@@ -63,6 +63,9 @@ class HookDDP(GradAccumDDP):
         else:
             hook_runner.complete(pending)                                         # step 3
 
+    def _unsynced_work(self) -> str | None:
+        return f"{len(self._pending)} gradient all_reduce(s) are still in flight" if self._pending else None
+
     def finish_gradient_synchronization(self) -> None:
         """Wait for all communication still in flight and write it back."""
         pending, self._pending = self._pending, []

@@ -16,7 +16,11 @@ Nothing overlaps here: all communication starts after backward has ended.
 Later stages change *when* and *how much* is sent, never *what*.
 
 This class also holds what every stage shares: the wrapped ``.module``, the
-comm-hook plumbing (:meth:`register_comm_hook`) and the parameter list.
+comm-hook plumbing (:meth:`register_comm_hook`), the parameter list, and the
+misuse checks of :mod:`minddp.stages.checks` (the same model on every rank,
+checked before the broadcast; the same hook and buckets, checked before the
+first gradient is sent; no ``optimizer.step()`` with work in flight; and,
+with ``check_finite``, no NaN/Inf gradient).
 
 Example::
 
@@ -37,6 +41,8 @@ from torch import nn
 from minddp.comm import hook_runner, wire
 from minddp.comm.default_hooks import allreduce_hook
 from minddp.comm.grad_bucket import GradBucket
+from minddp.stages import checks
+from minddp.stages.ddp_guard import verify_replicas
 
 
 def broadcast_module_state(module: nn.Module, group: dist.ProcessGroup) -> None:
@@ -74,8 +80,14 @@ class SimpleDDP(nn.Module):
         self._hook_registered = False
         #: Set ``wire``'s meter to also measure ||g - ĝ|| / ||g|| (costs an extra all_reduce).
         self.measure_compression_error = False
+        #: Raise on every rank when an averaged gradient holds NaN/Inf (``MINDDP_CHECK_FINITE=1``).
+        self.check_finite = checks.finite_check_enabled()
+        self._settings_checked = False
         check_not_wrapped(module, self)
+        # A broadcast between different models would fail obscurely or hang: compare first.
+        verify_replicas(module, self.process_group)
         broadcast_module_state(module, self.process_group)            # step 1
+        checks.guard_optimizer_step(self)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -95,8 +107,29 @@ class SimpleDDP(nn.Module):
         self._comm_hook, self._comm_state, self._hook_registered = hook, state, True
 
     def _launch(self, bucket: GradBucket) -> hook_runner.PendingBucket:
-        return hook_runner.launch(self._comm_hook, self._comm_state, bucket, self.process_group,
-                                  self.measure_compression_error)
+        if not self._settings_checked:  # once, before the first collective of the first sync
+            checks.check_same_settings(self._sync_settings(), self.process_group)
+            self._settings_checked = True
+        local_finite = bool(torch.isfinite(bucket.buffer()).all()) if self.check_finite else True
+        pending = hook_runner.launch(self._comm_hook, self._comm_state, bucket, self.process_group,
+                                     self.measure_compression_error)
+        if self.check_finite:
+            names = [self._param_names.get(id(p), "?") for p in bucket.parameters()]
+            pending.future = checks.check_finite_after(pending.future, bucket.index(), names, local_finite,
+                                                       dist.get_rank(self.process_group))
+        return pending
+
+    def _sync_settings(self) -> dict:
+        """What all ranks must agree on to pair their collectives: stage, hook, bucket sizes."""
+        state = self._comm_state
+        return {"stage": type(self).__name__,
+                "hook": getattr(self._comm_hook, "__name__", type(self._comm_hook).__name__),
+                "hook state": None if state is None or isinstance(state, dist.ProcessGroup) else repr(state),
+                "bucket sizes": [layout.numel for layout in getattr(self, "_layouts", [])]}
+
+    def _unsynced_work(self) -> str | None:
+        """What is still in flight, in words (None: nothing); stages that launch early override it."""
+        return None
 
     def _param_bucket(self, param: nn.Parameter, index: int) -> GradBucket:
         """A bucket of one parameter whose buffer *is* its gradient, viewed flat."""
