@@ -1,0 +1,176 @@
+"""Checkpoints that lose nothing: save, crash during the next save, resume == the uninterrupted run.
+
+Oracle: the uninterrupted run of the same command. Run A trains 6 steps with
+PowerSGD (error feedback + warm start, compressing from step 2) and saves at
+steps 3 and 6. Run B is the same command, but rank 0 is SIGKILLed half-way
+through writing its step-6 checkpoint. Run C resumes from what B left. C's
+losses and its step-6 checkpoint (model, optimizer, every rank's PowerSGD
+memory) must equal A's bitwise, and B's step-3 checkpoint must have survived
+the crash byte for byte. Then: refusals of files that do not fit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from minddp import RankError, launch, train
+from minddp.checkpoint import CheckpointError, atomic_write, load_checkpoint, read_checkpoint, save_checkpoint
+
+STAGE = "bucket-async"
+COMMON = ["--stage", STAGE, "--steps", "6", "--save-every", "3", "--no-profile", "--batch-size", "4",
+          "--grad-accum", "2", "--max-seq-len", "32", "--eval-examples", "16", "--no-progress", "--seed", "3",
+          "--hook", "powersgd", "--powersgd-start-iter", "2", "--timeout", "30"]
+
+
+def _sha(path) -> str:
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def die_during_second_save(cfg, stage, data, folder, note):
+    """train_rank, but rank 0 SIGKILLs itself half-way through writing its second checkpoint."""
+    import minddp.checkpoint as ckpt
+    saves = []
+
+    def write_half_then_die(f, data):
+        saves.append(1)
+        if len(saves) == 2:
+            target = os.path.join(cfg.checkpoint_dir, f"{stage}.pt")
+            with open(note, "w") as out:  # what the good checkpoint was, just before the crash
+                out.write(_sha(target))
+            f.write(data[:len(data) // 2])
+            f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        f.write(data)
+
+    ckpt._write_all = write_half_then_die
+    return train.train_rank(cfg, stage, data, folder)
+
+
+def _rank_share(ckpt: dict, rank: int) -> dict:
+    return torch.load(io.BytesIO(ckpt["ranks"][rank]), weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ckpt")
+    a, b = tmp / "a", tmp / "b"
+    assert train.main(COMMON + ["--checkpoint-dir", str(a), "--summary-json", str(tmp / "a.json")]) == 0
+    cfg = train.parse_args(COMMON + ["--checkpoint-dir", str(b)])
+    data, backend, run_dir = train.prepare(cfg)
+    with pytest.raises(RankError) as crash:
+        launch(die_during_second_save, cfg, STAGE, data, run_dir, str(tmp / "sha"), world_size=2,
+               backend=backend, timeout_s=cfg.timeout)
+    survived = {"sha_before": (tmp / "sha").read_text(), "sha_after": _sha(b / f"{STAGE}.pt"),
+                "litter": sorted(os.listdir(b)), "crash": crash.value}
+    survived["step"] = read_checkpoint(str(b / f"{STAGE}.pt"))["step"]
+    assert train.main(COMMON + ["--checkpoint-dir", str(b), "--resume", str(b / f"{STAGE}.pt"),
+                                "--summary-json", str(tmp / "c.json")]) == 0
+    return {"tmp": tmp, "a": a, "b": b, "survived": survived,
+            "losses": {k: json.loads((tmp / f"{k}.json").read_text())["stages"][STAGE]["losses"] for k in "ac"}}
+
+
+def test_crash_during_a_save_leaves_the_previous_checkpoint_intact(runs):
+    s = runs["survived"]
+    assert s["crash"].rank == 0 and s["crash"].exc_type == "ProcessDied" and s["crash"].step == 5
+    assert s["sha_after"] == s["sha_before"] and s["step"] == 3
+    # the half-written temporary file is all the crash left; it sits beside the good file, never over it
+    assert s["litter"][0].startswith(f".{STAGE}.pt.tmp-") and s["litter"][1:] == [f"{STAGE}.pt"]
+
+
+def test_resumed_run_equals_the_uninterrupted_one_bitwise(runs):
+    assert runs["losses"]["c"] == runs["losses"]["a"] and len(runs["losses"]["a"]) == 6
+    a = read_checkpoint(str(runs["a"] / f"{STAGE}.pt"))
+    c = read_checkpoint(str(runs["b"] / f"{STAGE}.pt"))
+    assert a["step"] == c["step"] == 6
+    assert a["model"].keys() == c["model"].keys()
+    assert all(torch.equal(a["model"][k], c["model"][k]) for k in a["model"])
+    sa, sc = a["optimizer"]["state"], c["optimizer"]["state"]
+    assert sa.keys() == sc.keys() and all(torch.equal(sa[i][k], sc[i][k]) for i in sa for k in sa[i])
+    for rank in (0, 1):
+        ha, hc = _rank_share(a, rank)["hook_state"], _rank_share(c, rank)["hook_state"]
+        assert ha["iter"] == hc["iter"] == 6 and ha["error_dict"]            # PowerSGD was compressing
+        for memory in ("error_dict", "p_memory_dict", "q_memory_dict"):
+            assert ha[memory].keys() == hc[memory].keys()
+            assert all(torch.equal(ha[memory][k], hc[memory][k]) for k in ha[memory])
+        assert torch.equal(_rank_share(a, rank)["rng"]["torch"], _rank_share(c, rank)["rng"]["torch"])
+
+
+@pytest.mark.parametrize("extra, cause", [
+    (["--world-size", "3", "--global-batch-size", "24", "--batch-size", "4"], "saved by 2 ranks, this run has 3"),
+    (["--hook", "allreduce"], "--hook 'powersgd' there, 'allreduce' here"),
+    (["--seed", "4"], "--seed 3 there, 4 here"),
+    (["--steps", "3"], "is at step 6 already; give --steps above 6"),
+    (["--stage", "all"], "pick that --stage instead of 'all'"),
+])
+def test_a_checkpoint_of_another_run_is_refused_in_one_line_before_any_rank(runs, extra, cause, capsys,
+                                                                             monkeypatch):
+    monkeypatch.setattr(train, "launch", lambda *a, **k: pytest.fail("a rank was started"))
+    argv = COMMON + ["--resume", str(runs["a"] / f"{STAGE}.pt")]
+    for i in range(0, len(extra), 2):  # later options win in argparse; drop the old value for clarity
+        if extra[i] in argv:
+            j = argv.index(extra[i])
+            del argv[j:j + 2]
+    assert train.main(argv + extra) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and cause in err, err
+
+
+def test_corrupt_truncated_foreign_and_other_model_files_are_refused(runs, tmp_path):
+    good = runs["a"] / f"{STAGE}.pt"
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(good.read_bytes()[:len(good.read_bytes()) // 3])
+    with pytest.raises(CheckpointError, match="corrupt or truncated.*resume from an earlier checkpoint"):
+        read_checkpoint(str(truncated))
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.ones(2)}, foreign)
+    with pytest.raises(CheckpointError, match="not a minddp checkpoint"):
+        read_checkpoint(str(foreign))
+    config = read_checkpoint(str(good))["config"]
+    with pytest.raises(CheckpointError, match="holds another model: entries only in the checkpoint"):
+        load_checkpoint(str(good), model=nn.Linear(2, 2), config=config)
+
+
+def test_an_exception_during_a_write_keeps_the_old_file_and_leaves_no_litter(tmp_path, monkeypatch):
+    import minddp.checkpoint as ckpt
+    path = tmp_path / "x.pt"
+    atomic_write(b"old and good", str(path))
+
+    def fail_half_way(f, data):
+        f.write(data[:3])
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt, "_write_all", fail_half_way)
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(b"new", str(path))
+    assert path.read_bytes() == b"old and good" and os.listdir(tmp_path) == ["x.pt"]
+
+
+def save_and_load_on_ranks(path):
+    """save_checkpoint in a 2-rank group: rank 0 writes once, every rank gets its own share back."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.manual_seed(100 + dist.get_rank())   # per-rank RNG stream to get back
+    save_checkpoint(path, model=model, optimizer=opt, step=7, config={"world_size": 2},
+                    extra={"losses": [float(dist.get_rank())]})
+    expected = torch.rand(3)
+    torch.manual_seed(999)
+    ckpt = load_checkpoint(path, model=model, config={"world_size": 2}, rank=dist.get_rank())
+    from minddp.checkpoint import restore
+    restore(ckpt, optimizer=opt)
+    return ckpt["step"], ckpt["rank"]["losses"], torch.equal(torch.rand(3), expected)
+
+
+def test_save_gathers_every_ranks_share_and_restores_its_rng(tmp_path):
+    path = str(tmp_path / "two.pt")
+    out = launch(save_and_load_on_ranks, path, world_size=2, timeout_s=30)
+    assert out == [(7, [0.0], True), (7, [1.0], True)]
