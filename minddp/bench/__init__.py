@@ -1,0 +1,29 @@
+"""``python -m minddp.bench``: every stage against torch's DDP and the no-communication limit, in one run.
+
+A benchmark, not a test: it measures, it asserts nothing. One run:
+
+1. **prepare** the train command's model and data (offline default: the
+   tiny Llama on synthetic paraphrase pairs) and its settings (batch 8 per
+   rank, 3 micro-batches, ``bucket_cap_mb`` 0.1, AdamW);
+2. **launch** the ranks once (:mod:`.worker`): every configuration
+   (:mod:`.configs`: each stage, torch's DDP, each with ``noop_hook``,
+   PowerSGD rank 1/4 and fp16 ours vs torch's, ``gradient_as_bucket_view``
+   ours vs torch's) is built once and trained in turn, alternating over
+   rounds so noise hits all alike; then a short profiled window per
+   configuration;
+3. **report** (:mod:`.report`): median and spread of step time, ratio to
+   torch's DDP, exposed comm, overlap %, all_reduce calls/bytes, peak step
+   memory; ``results.md``/``.csv``/``.json`` and ``step_times.png`` in
+   ``results/bench-<date>/``.
+
+Example::
+
+    $ python -m minddp.bench                          # full run, ~5 minutes on 2 CPU cores
+    $ python -m minddp.bench --quick --stages ddp,torch --variants noop
+"""
+
+from minddp.bench.configs import VARIANTS, BenchConfig, bench_configs
+from minddp.bench.report import COLUMNS, markdown_table, summarize, write_outputs
+
+__all__ = ["VARIANTS", "BenchConfig", "bench_configs", "COLUMNS", "markdown_table", "summarize",
+           "write_outputs"]

@@ -1,0 +1,131 @@
+"""The CLI of :mod:`minddp.bench` (steps 1-3 of its module doc). Exit 2 with one line on bad input."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+
+from minddp.bench.configs import VARIANTS, bench_configs
+from minddp.bench.report import markdown_table, summarize, write_outputs
+
+PROG = "minddp.bench"
+
+
+class UsageError(ValueError):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UsageError(f"{message} (see python -m minddp.bench --help)")
+
+
+def _names(text: str, allowed: list[str], flag: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        raise UsageError(f"{flag}: unknown {unknown or 'empty list'}; choose a comma list of {', '.join(allowed)}")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from minddp.stages import STAGES
+    p = _Parser(prog="python -m minddp.bench", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                description="Benchmark every minddp stage against torch's DDP and the no-communication limit.")
+    p.add_argument("--stages", default=",".join(list(STAGES) + ["torch"]),
+                   help="comma list of stages to run (torch = torch's DDP, the reference)")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help="comma list of extras: noop (every stage with noop_hook), powersgd (r1, r4), fp16, "
+                        "gabv (gradient_as_bucket_view); 'none' for none")
+    p.add_argument("--rounds", type=int, default=5, help="rounds; each runs every configuration in turn")
+    p.add_argument("--steps", type=int, default=8, help="timed steps per configuration per round")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps before them, per round")
+    p.add_argument("--profile-steps", type=int, default=2, help="profiled steps per configuration (0: none)")
+    p.add_argument("--quick", action="store_true", help="1 round, 3 steps, 1 warm-up, 1 profiled step")
+    p.add_argument("--out", default=None, help="results folder (default results/bench-<date-time>)")
+    p.add_argument("--model", default=None, help="as python -m minddp.train --model (default: its default)")
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--backend", default="auto")
+    for flag in ("--batch-size", "--grad-accum", "--max-seq-len"):
+        p.add_argument(flag, type=int, default=None, help="as in python -m minddp.train (default: its default)")
+    p.add_argument("--bucket-cap-mb", type=float, default=None, help="as in python -m minddp.train")
+    p.add_argument("--timeout", type=float, default=None, help="seconds a collective may wait")
+    return p
+
+
+def parse(argv: list[str] | None):
+    """The bench options, and the train command's config for model, data and settings."""
+    from minddp.config import ConfigError, parse_args
+    from minddp.stages import STAGES
+    ns = build_parser().parse_args(argv)
+    if ns.quick:
+        ns.rounds, ns.steps, ns.warmup, ns.profile_steps = 1, 3, 1, min(ns.profile_steps, 1)
+    for name in ("rounds", "steps"):
+        if getattr(ns, name) < 1:
+            raise UsageError(f"--{name} must be at least 1, got {getattr(ns, name)}")
+    if ns.warmup < 0 or ns.profile_steps < 0:
+        raise UsageError("--warmup and --profile-steps must be 0 or more")
+    stages = _names(ns.stages, list(STAGES) + ["torch"], "--stages")
+    variants = [] if ns.variants == "none" else _names(ns.variants, list(VARIANTS), "--variants")
+    train_args = ["--world-size", str(ns.world_size), "--backend", ns.backend, "--no-profile", "--no-progress"]
+    for flag in ("model", "batch_size", "grad_accum", "max_seq_len", "bucket_cap_mb", "timeout"):
+        if getattr(ns, flag) is not None:
+            train_args += ["--" + flag.replace("_", "-"), str(getattr(ns, flag))]
+    try:
+        cfg = parse_args(train_args)
+    except ConfigError as exc:
+        raise UsageError(str(exc).replace("minddp.train", PROG)) from None
+    return ns, cfg, bench_configs(stages, variants)
+
+
+def machine() -> str:
+    import torch
+    cpu = platform.processor() or platform.machine()
+    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores ({cpu}){gpu}; torch {torch.__version__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from minddp.bench.worker import bench_rank
+    from minddp.config import ConfigError
+    from minddp.data import DataError
+    from minddp.launch import RankError, launch
+    from minddp.train import prepare
+    try:
+        ns, cfg, configs = parse(argv)                                                     # step 1
+        data, backend, _ = prepare(cfg)
+    except (UsageError, ConfigError, DataError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    date = time.strftime("%Y-%m-%d %H:%M:%S")
+    out = ns.out or os.path.join("results", f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    trace_dir = os.path.join(out, "traces") if ns.profile_steps else None
+    print(f"{PROG}: {len(configs)} configurations x {ns.rounds} rounds x {ns.steps} steps on {cfg.world_size} "
+          f"ranks ({backend}) -> {out}", file=sys.stderr, flush=True)
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    try:
+        per_rank = launch(bench_rank, configs, cfg, data, ns.rounds, ns.steps, ns.warmup, trace_dir,    # step 2
+                          ns.profile_steps, world_size=cfg.world_size, backend=backend, timeout_s=cfg.timeout)
+    except RankError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    rows = summarize(configs, per_rank, trace_dir)                                          # step 3
+    meta = {"date": date, "command": "python -m minddp.bench " + " ".join(sys.argv[1:] if argv is None else argv),
+            "machine": machine(), "model": cfg.model, "data": data.source, "world_size": cfg.world_size,
+            "backend": backend, "rounds": ns.rounds, "steps_per_round": ns.steps, "warmup_per_round": ns.warmup,
+            "profiled_steps": ns.profile_steps, "batch_size_per_rank": cfg.batch_size, "grad_accum": cfg.grad_accum,
+            "max_seq_len": cfg.max_seq_len, "bucket_cap_mb": cfg.bucket_cap_mb,
+            "load_avg_1min_before_after": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",
+            "wall_s": round(time.perf_counter() - start, 1)}
+    paths = write_outputs(rows, out, meta)
+    print(markdown_table(rows))
+    print(f"{PROG}: wrote {', '.join(paths.values())}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""From per-rank step times and traces to one row per configuration, a table, a CSV/JSON and a chart.
+
+How each column is computed (``docs/benchmarks.md`` repeats this for readers):
+
+1. **step time**: a step is as slow as its slowest rank, so per step index
+   take the maximum over ranks; then the median, quartiles and min/max over
+   all timed steps of all rounds (warm-up steps are never timed);
+2. **ratio**: median over the median of torch's DDP with the same hook, same run;
+3. **exposed comm**: median minus the median of the same stage with
+   ``noop_hook`` (no communication at all), same run: the communication time
+   the stage failed to hide. Negative values are noise;
+4. **overlap %**: ``comm_comp_overlap_pctg`` of :func:`minddp.analysis.analyze_run`
+   on the profiled steps (share of gloo's collective time that ran while the
+   training thread computed), mean over ranks;
+5. **all_reduce calls and bytes per step** (payload bytes, as handed to
+   all_reduce), mean over timed steps: minddp's stages through the
+   :data:`minddp.comm.wire.traffic` meter (source ``wire``); torch's DDP
+   by wrapping ``torch.distributed.all_reduce``, which its Python hooks call
+   (source ``hook``, :func:`minddp.bench.worker.counting_torch_all_reduce`);
+6. **peak step memory**: the high-water of tensor bytes allocated during a
+   profiled step above what was live when it began, from the profiler's
+   ``[memory]`` events (``Total Allocated``), max over steps and ranks; on
+   GPUs ``torch.cuda.max_memory_allocated`` with the same baseline.
+
+Example::
+
+    >>> rows = summarize(configs, per_rank, trace_dir)
+    >>> print(markdown_table(rows))
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+
+COLUMNS = ["config", "stage", "hook", "median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "steps",
+           "ratio_to_torch", "ref", "exposed_comm_ms", "overlap_pct", "allreduce_calls_per_step",
+           "allreduce_bytes_per_step", "traffic_source", "peak_step_mib"]
+
+
+def _quantiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, statistics.median(values), q3
+
+
+def step_peak_bytes(trace_file: str) -> int | None:
+    """Step 6 on one rank's trace: max over profiled steps of (allocated high-water - allocated at start)."""
+    with open(trace_file) as f:
+        events = json.load(f)["traceEvents"]
+    memory = sorted((e for e in events if e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {})),
+                    key=lambda e: e["ts"])
+    steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    if not memory or not steps:
+        return None
+    peaks = []
+    for step in steps:
+        start, end = step["ts"], step["ts"] + step.get("dur", 0)
+        before = [e for e in memory if e["ts"] < start]
+        # Live at the start: the counter after the last event before it (or before the first event at all).
+        base = before[-1]["args"]["Total Allocated"] if before else \
+            memory[0]["args"]["Total Allocated"] - memory[0]["args"]["Bytes"]
+        inside = [e["args"]["Total Allocated"] for e in memory if start <= e["ts"] <= end]
+        peaks.append(max(inside, default=base) - base)
+    return max(peaks)
+
+
+def _trace_metrics(trace_dir: str | None) -> dict:
+    """Steps 4 and 6 from the profiled traces: {config: {overlap, peak}}."""
+    if trace_dir is None or not os.path.isdir(trace_dir):
+        return {}
+    from minddp.analysis import analyze_run
+    stages = analyze_run(trace_dir).stages
+    found = {}
+    for name in stages.index:
+        folder = os.path.join(trace_dir, name)
+        peaks = [step_peak_bytes(os.path.join(folder, f)) for f in sorted(os.listdir(folder))
+                 if f.startswith("rank") and f.endswith(".json")]
+        peaks = [p for p in peaks if p is not None]
+        row = stages.loc[name]
+        found[name] = {"overlap_pct": float(row["comm_comp_overlap_pctg"]),
+                       "peak": max(peaks) if peaks else None}
+    return found
+
+
+def summarize(configs, per_rank: list[dict], trace_dir: str | None) -> list[dict]:
+    """One row per configuration (columns :data:`COLUMNS`), in the order of ``configs``."""
+    traced = _trace_metrics(trace_dir)
+    rows = {}
+    for c in configs:
+        runs = [r[c.name] for r in per_rank]
+        times = [max(ts) * 1e3 for ts in zip(*(run["times"] for run in runs))]               # step 1
+        q1, median, q3 = _quantiles(times)
+        t = traced.get(c.name, {})
+        ours = c.stage != "torch"
+        calls, nbytes = statistics.mean(runs[0]["calls"]), statistics.mean(runs[0]["bytes"])  # step 5
+        cuda = [run["cuda_peak_bytes"] for run in runs if "cuda_peak_bytes" in run]
+        peak = max(cuda) if cuda else t.get("peak")                                          # step 6
+        rows[c.name] = {"config": c.name, "stage": c.stage,
+                        "hook": c.hook + (f"-r{c.powersgd_rank}" if c.powersgd_rank else "")
+                        + ("+gabv" if c.gradient_as_bucket_view else ""),
+                        "median_ms": median, "q1_ms": q1, "q3_ms": q3, "min_ms": min(times), "max_ms": max(times),
+                        "steps": len(times), "ref": c.ref, "overlap_pct": t.get("overlap_pct"),
+                        "allreduce_calls_per_step": calls, "allreduce_bytes_per_step": nbytes,
+                        "traffic_source": "wire" if ours else "hook",
+                        "peak_step_mib": None if peak is None else peak / 2**20}
+    for c in configs:
+        row = rows[c.name]
+        ref = rows.get(c.ref) if c.ref else (row if c.stage == "torch" else None)
+        row["ratio_to_torch"] = row["median_ms"] / ref["median_ms"] if ref else None                 # step 2
+        noop = rows.get(c.noop) if c.noop else None
+        row["exposed_comm_ms"] = row["median_ms"] - noop["median_ms"] if noop else None              # step 3
+    return [rows[c.name] for c in configs]
+
+
+def _fmt(value, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def markdown_table(rows: list[dict]) -> str:
+    head = ("| config | median ms | IQR ms | min–max ms | × torch | exposed comm ms | overlap % "
+            "| all_reduce calls/step | all_reduce KiB/step | peak step MiB |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        kib = None if r["allreduce_bytes_per_step"] is None else r["allreduce_bytes_per_step"] / 1024
+        calls = _fmt(r["allreduce_calls_per_step"], ".1f")
+        lines.append(f"| {r['config']} | {r['median_ms']:.2f} | {r['q1_ms']:.2f}–{r['q3_ms']:.2f} "
+                     f"| {r['min_ms']:.2f}–{r['max_ms']:.2f} | {_fmt(r['ratio_to_torch'], '.3f')} "
+                     f"| {_fmt(r['exposed_comm_ms'], '.2f')} | {_fmt(r['overlap_pct'], '.1f')} | {calls} "
+                     f"| {_fmt(kib, '.1f')} | {_fmt(r['peak_step_mib'], '.2f')} |")
+    return "\n".join(lines)
+
+
+def write_outputs(rows: list[dict], folder: str, meta: dict) -> dict[str, str]:
+    """``results.md`` (table + settings), ``results.csv``, ``results.json``, ``step_times.png``."""
+    os.makedirs(folder, exist_ok=True)
+    paths = {k: os.path.join(folder, f"results.{k}") for k in ("md", "csv", "json")}
+    with open(paths["md"], "w") as f:
+        f.write(f"# minddp benchmark {meta.get('date', '')}\n\n{markdown_table(rows)}\n\n")
+        f.write("".join(f"- {k}: {v}\n" for k, v in meta.items()))
+    with open(paths["csv"], "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(paths["json"], "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=2)
+    paths["png"] = os.path.join(folder, "step_times.png")
+    plot(rows, paths["png"], meta)
+    return paths
+
+
+def plot(rows: list[dict], path: str, meta: dict) -> None:
+    """Median step time with IQR whiskers per configuration, and exposed comm beside it."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["config"] for r in rows][::-1]
+    by = {r["config"]: r for r in rows}
+    med = [by[n]["median_ms"] for n in names]
+    err = [[by[n]["median_ms"] - by[n]["q1_ms"] for n in names], [by[n]["q3_ms"] - by[n]["median_ms"] for n in names]]
+    colors = ["tab:red" if by[n]["stage"] == "torch" else "tab:grey" if "noop" in n else "tab:blue" for n in names]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 0.32 * len(names) + 1.8), sharey=True)
+    ax1.barh(names, med, xerr=err, color=colors, capsize=2)
+    ax1.set_xlabel("step time, median (whiskers: IQR), ms")
+    torch_row = by.get("torch")
+    if torch_row:
+        ax1.axvline(torch_row["median_ms"], color="tab:red", lw=0.8, ls="--", label="torch DDP median")
+        ax1.legend(loc="lower right", fontsize=8)
+    exposed = [by[n]["exposed_comm_ms"] or 0.0 for n in names]
+    ax2.barh(names, exposed, color=colors)
+    ax2.set_xlabel("exposed comm = step − same stage with noop_hook, ms")
+    fig.suptitle(f"minddp vs torch DDP — {meta.get('model', '')}, {meta.get('world_size', '')} ranks, "
+                 f"{meta.get('backend', '')} ({meta.get('date', '')})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
