@@ -49,7 +49,7 @@ def fixture_runs(tmp_path_factory):
 
 def test_every_stage_end_to_end_writes_traces_and_config(tmp_path):
     summary = _run(["--stage", "all", "--steps", "3", "--profile-steps", "1", "--trace-dir", str(tmp_path),
-                    "--run-name", "all", "--trace-gzip", *TINY], tmp_path, "all")
+                    "--run-name", "all", "--trace-gzip", "--analyze", *TINY], tmp_path, "all")
     expected = [s for s in stage_choices() if s != "all"]
     assert sorted(summary["stages"]) == sorted(expected)
     for stage in expected:
@@ -67,6 +67,17 @@ def test_every_stage_end_to_end_writes_traces_and_config(tmp_path):
         s = summary["stages"][stage]
         assert 0.0 <= s["accuracy"] <= 1.0 and len(s["losses"]) == 3
     assert (tmp_path / "all" / "summary.json").exists()
+    # --analyze ran on this very run; the call counts it reads from the traces follow the stages' designs
+    # (the timing relations are asserted in tests/test_analysis_stages.py on a larger model).
+    from minddp.analysis import analyze_run
+
+    table = analyze_run(tmp_path / "all").stages
+    calls = table["allreduce_calls_per_step"]
+    assert calls["single"] == 0
+    assert calls["bucket"] < calls["hook"] / 3 and calls["bucket-async"] == calls["bucket"]
+    assert calls["simple"] == calls["ga"] == calls["hook"] == calls["hook-async"]
+    nbytes = table["allreduce_bytes_per_step"]
+    assert nbytes["simple"] > 0 and all(nbytes[s] == nbytes["simple"] for s in expected if s != "single")
 
 
 def test_real_data_path_loss_goes_down_and_matches_single(fixture_runs):

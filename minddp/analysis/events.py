@@ -127,10 +127,13 @@ def load_stage(folder: Path, name: str | None = None) -> StageTraces:
     files = _rank_files(folder)
     config = _read_config(folder)
     ranks = {r: read_trace(p, r) for r, p in files.items()}                  # step 2
-    world = config.get("world_size")
+    # "ranks" = processes this stage ran on (1 for the single-process baseline of a
+    # 2-rank run); older configs only have the run's world_size.
+    key = "ranks" if "ranks" in config else "world_size"
+    world = config.get(key)
     if world is not None and sorted(ranks) != list(range(int(world))):       # step 3
         raise TraceError(f"{folder} holds traces of ranks {sorted(ranks)} but its config.json says "
-                         f"world_size={world}: traces of different runs are mixed; re-run the profile into "
+                         f"{key}={world}: traces of different runs are mixed; re-run the profile into "
                          "an empty folder")
     _check_recorded_together(folder, ranks)
     return StageTraces(name or config.get("stage") or folder.name, folder, config, ranks)
