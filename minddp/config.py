@@ -185,6 +185,10 @@ def validate(cfg: TrainConfig, explicit_batch_size: bool = True) -> None:
         raise ConfigError(f"--save-every must be 0 (never) or a number of steps, got {cfg.save_every}")
     if cfg.resume is not None and cfg.stage == "all":
         raise ConfigError("--resume continues one stage's run; pick that --stage instead of 'all'")
+    if cfg.resume is not None and cfg.stage in ("ddp", "torch") and "powersgd" in cfg.hook:
+        raise ConfigError(f"--resume with --stage {cfg.stage} and a PowerSGD hook is not supported: that stage "
+                          "rebuilds its buckets after its first step, so the saved per-bucket PowerSGD memory "
+                          "would not fit them; resume with --stage bucket-async (or another hook)")
     if cfg.resume is not None and not os.path.isfile(cfg.resume):
         raise ConfigError(f"--resume {cfg.resume!r}: no such file; give a checkpoint written with --save-every")
     if cfg.timeout is not None and cfg.timeout <= 0:
