@@ -257,3 +257,39 @@ def test_misuse_raises_the_same_clear_error_on_every_rank():
         for name in ("fp16", "bf16+powersgd", "powersgd"):
             msg = out[f"complex/{name}"]
             assert msg and msg.startswith("TypeError") and "complex64" in msg and "imaginary" in msg, (name, msg)
+
+
+# -- under torchrun: a stuck peer is bounded by the process-group timeout ----------------------------
+
+def stuck_rank1_at_step2():
+    model = nn.Linear(4, 1)
+    ddp = build_stage("bucket-async", model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(5):
+        report_step(step)
+        if dist.get_rank() == 1 and step == 2:
+            time.sleep(120)                      # a peer that hangs (not dies): nobody tells rank 0
+        train_step(ddp, optimizer, [torch.randn(2, 4)], lambda m, b: m(b).sum())
+
+
+@pytest.mark.timeout(120)
+def test_under_torchrun_a_stuck_peer_fails_within_the_timeout_naming_the_step(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_reliability import stuck_rank1_at_step2
+        from minddp import launch
+        launch(stuck_rank1_at_step2, timeout_s=5)
+    """))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-port", str(port), str(script)], capture_output=True, text=True, timeout=110)
+    assert proc.returncode != 0 and time.monotonic() - start < 60
+    assert "minddp: rank 0 failed at step 2" in proc.stderr, proc.stderr[-3000:]
