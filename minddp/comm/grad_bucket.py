@@ -28,7 +28,7 @@ class BucketLayout:
     training step never recomputes it.
     """
 
-    __slots__ = ("params", "offsets", "numels", "shapes", "numel")
+    __slots__ = ("params", "offsets", "numels", "shapes", "numel", "_cache")
 
     def __init__(self, params: list[torch.Tensor]):
         self.params = list(params)
@@ -40,10 +40,23 @@ class BucketLayout:
             self.shapes.append(p.shape)
             offset += p.numel()
         self.numel = offset
+        self._cache: tuple | None = None
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """Split a flat tensor of this layout into per-parameter views (no copy)."""
-        return [flat[o:o + n].view(s) for o, n, s in zip(self.offsets, self.numels, self.shapes)]
+        """Split a flat tensor of this layout into per-parameter views (no copy).
+
+        The views of the last tensor asked for are kept: a bucketed stage asks
+        for the views of the same reused buffer twice a step, and slicing it
+        anew costs Python work per parameter. The key is the memory itself
+        (address, dtype); the kept views hold that memory alive, so no other
+        tensor can appear at the same address while they are kept.
+        """
+        key = (flat.data_ptr(), flat.dtype, flat.numel(), flat.device)
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        views = [flat[o:o + n].view(s) for o, n, s in zip(self.offsets, self.numels, self.shapes)]
+        self._cache = (key, views)
+        return views
 
 
 class GradBucket:
@@ -74,7 +87,7 @@ class GradBucket:
 
     def gradients(self) -> list[torch.Tensor]:
         """Per-parameter views of ``buffer()``, in ``parameters()`` order."""
-        return self._layout.views(self._buffer)
+        return list(self._layout.views(self._buffer))   # a copy: the layout keeps its own list
 
     def parameters(self) -> list[torch.Tensor]:
         """The parameters whose gradients this bucket holds."""

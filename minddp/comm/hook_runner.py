@@ -91,7 +91,7 @@ def complete(pending: PendingBucket) -> None:
         wire.traffic.error_sq += float((result.float() - exact).pow(2).sum())
         wire.traffic.norm_sq += float(exact.pow(2).sum())
     layout = pending.bucket._layout
-    for param, view in zip(layout.params, layout.views(result)):
-        grad = param.grad
-        if grad is not None and grad.data_ptr() != view.data_ptr():
-            grad.copy_(view)
+    pairs = [(param.grad, view) for param, view in zip(layout.params, layout.views(result))
+             if param.grad is not None and param.grad.data_ptr() != view.data_ptr()]
+    if pairs:
+        torch._foreach_copy_([g for g, _ in pairs], [v for _, v in pairs])   # one call per bucket

@@ -83,11 +83,15 @@ class BucketDDP(HookDDP):
 
     def _launch_bucket(self, b: int) -> None:
         layout, flat = self._layouts[b], self._buffers[b]
-        for param, view in zip(layout.params, layout.views(flat)):
-            if param.grad is None:
-                view.zero_()
-            else:
-                view.copy_(param.grad)
+        views, grads = layout.views(flat), [p.grad for p in layout.params]
+        if any(g is None for g in grads):
+            for view, grad in zip(views, grads):
+                if grad is None:
+                    view.zero_()
+                else:
+                    view.copy_(grad)
+        else:
+            torch._foreach_copy_(views, grads)     # one call for the whole bucket, not one per gradient
         self._submit(GradBucket(b, flat, layout, is_last=b == len(self._layouts) - 1))  # step 3 on completion
 
     def finish_gradient_synchronization(self) -> None:

@@ -10,7 +10,8 @@ training script needs on top, this class adds, each idea in its own module:
 2. **forward**: raise if the previous backward left gradients unreduced
    (torch's "Expected to have finished reduction..."); on the second synced
    iteration rebuild the plan once from the observed gradient-ready order
-   (:mod:`ddp_rebuild`); broadcast buffers from rank 0 (``broadcast_buffers``);
+   (:mod:`ddp_rebuild`); broadcast buffers from rank 0 (``broadcast_buffers``,
+   once per step and coalesced, :mod:`ddp_buffers`);
    with ``find_unused_parameters`` walk the graph from the outputs to find the
    parameters this backward will not reach (:mod:`ddp_unused`);
 3. **first gradient hook of a backward**: queue the end-of-backward callback
@@ -45,6 +46,7 @@ from torch import nn
 from minddp.comm import wire
 from minddp.stages.autograd_callback import at_end_of_backward
 from minddp.stages.bucket_async import AsyncBucketDDP
+from minddp.stages.ddp_buffers import broadcast_coalesced
 from minddp.stages.ddp_guard import check_consistency, debug_enabled, verify_replicas
 from minddp.stages.ddp_rebuild import agree_on_order, plan_from_order
 from minddp.stages.ddp_unused import globally_used, params_in_graph
@@ -69,6 +71,7 @@ class DistributedDataParallel(AsyncBucketDDP):
         super().__init__(module, group, DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb)
         self.device_ids, self.output_device = device_ids, output_device
         self.broadcast_buffers = broadcast_buffers
+        self.require_forward_param_sync = True
         self.find_unused_parameters = find_unused_parameters
         #: Per-step cross-rank check of plan and launch order (None: on when MINDDP_DEBUG=1).
         self.check_consistency = debug_enabled() if check_consistency is None else check_consistency
@@ -87,10 +90,9 @@ class DistributedDataParallel(AsyncBucketDDP):
         if will_sync:
             self._ensure_prior_reduction_finished()
             self._maybe_rebuild_buckets()
-        if self.broadcast_buffers and self.world_size > 1:
-            src = wire.src_rank(self.process_group)
-            for buffer in self.module.buffers():
-                dist.broadcast(buffer.data, src=src, group=self.process_group)
+        if self.broadcast_buffers and self.world_size > 1 and self.require_forward_param_sync:
+            broadcast_coalesced(list(self.module.buffers()), self.process_group)       # (ddp_buffers)
+        self.require_forward_param_sync = will_sync   # torch's rule: next forward broadcasts only after a sync
         if self.device_ids:
             inputs, kwargs = _to_device((inputs, kwargs), self._device)
         outputs = super().forward(*inputs, **kwargs)
@@ -139,7 +141,8 @@ class DistributedDataParallel(AsyncBucketDDP):
         self._backward_started = False
 
     def _on_grad_ready(self, param: nn.Parameter) -> None:
-        self._local_used[self._position[id(param)]] = True   # no_sync backwards count as use too
+        if self.find_unused_parameters:   # only read then; a tensor write per gradient is not free
+            self._local_used[self._position[id(param)]] = True   # no_sync backwards count as use too
         super()._on_grad_ready(param)
 
     def _grad_ready(self, param: nn.Parameter) -> None:
