@@ -54,7 +54,7 @@ def test_bench_quick_run_writes_table_csv_json_png(tmp_path):
     for name in ("ddp", "torch", "ddp+gabv", "torch+gabv"):
         assert float(rows[name]["allreduce_bytes_per_step"]) == param_bytes, name
         assert float(rows[name]["allreduce_calls_per_step"]) >= 1
-        assert float(rows[name]["median_ms"]) > 0 and float(rows[name]["peak_step_mib"]) > 0
+        assert float(rows[name]["median_ms"]) > 0 and float(rows[name]["peak_mib"]) > 0
         assert 0 <= float(rows[name]["overlap_pct"]) <= 100
     assert rows["torch"]["traffic_source"] == "hook" and rows["ddp"]["traffic_source"] == "wire"
     for name in ("ddp+noop", "torch+noop"):

@@ -12,7 +12,7 @@ A benchmark, not a test: it measures, it asserts nothing. One run:
    rounds so noise hits all alike; then a short profiled window per
    configuration;
 3. **report** (:mod:`.report`): median and spread of step time, ratio to
-   torch's DDP, exposed comm, overlap %, all_reduce calls/bytes, peak step
+   torch's DDP, exposed comm, overlap %, all_reduce calls/bytes, peak
    memory; ``results.md``/``.csv``/``.json`` and ``step_times.png`` in
    ``results/bench-<date>/``.
 

@@ -17,10 +17,11 @@ How each column is computed (``docs/benchmarks.md`` repeats this for readers):
    :data:`minddp.comm.wire.traffic` meter (source ``wire``); torch's DDP
    by wrapping ``torch.distributed.all_reduce``, which its Python hooks call
    (source ``hook``, :func:`minddp.bench.worker.counting_torch_all_reduce`);
-6. **peak step memory**: the high-water of tensor bytes allocated during a
-   profiled step above what was live when it began, from the profiler's
-   ``[memory]`` events (``Total Allocated``), max over steps and ranks; on
-   GPUs ``torch.cuda.max_memory_allocated`` with the same baseline.
+6. **peak memory**: the high-water of tensor bytes a configuration
+   allocates from building it (model, wrapper, buckets, optimizer) through
+   ``1 + profile_steps`` steps, max over ranks
+   (:func:`minddp.bench.worker.fresh_peak_bytes`: the profiler's ``[memory]``
+   events on CPU, ``torch.cuda.max_memory_allocated`` on GPU).
 
 Example::
 
@@ -37,7 +38,7 @@ import statistics
 
 COLUMNS = ["config", "stage", "hook", "median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "steps",
            "ratio_to_torch", "ref", "exposed_comm_ms", "overlap_pct", "allreduce_calls_per_step",
-           "allreduce_bytes_per_step", "traffic_source", "peak_step_mib"]
+           "allreduce_bytes_per_step", "traffic_source", "peak_mib"]
 
 
 def _quantiles(values: list[float]) -> tuple[float, float, float]:
@@ -47,29 +48,24 @@ def _quantiles(values: list[float]) -> tuple[float, float, float]:
     return q1, statistics.median(values), q3
 
 
-def step_peak_bytes(trace_file: str) -> int | None:
-    """Step 6 on one rank's trace: max over profiled steps of (allocated high-water - allocated at start)."""
+def max_total_allocated(trace_file: str) -> int:
+    """Step 6: how far ``Total Allocated`` rose above its value before the trace's first ``[memory]`` event.
+
+    The counter is process-wide and does not restart with each profiler
+    session, so the baseline is the first event's total minus its own bytes.
+    """
     with open(trace_file) as f:
         events = json.load(f)["traceEvents"]
     memory = sorted((e for e in events if e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {})),
                     key=lambda e: e["ts"])
-    steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
-    if not memory or not steps:
-        return None
-    peaks = []
-    for step in steps:
-        start, end = step["ts"], step["ts"] + step.get("dur", 0)
-        before = [e for e in memory if e["ts"] < start]
-        # Live at the start: the counter after the last event before it (or before the first event at all).
-        base = before[-1]["args"]["Total Allocated"] if before else \
-            memory[0]["args"]["Total Allocated"] - memory[0]["args"]["Bytes"]
-        inside = [e["args"]["Total Allocated"] for e in memory if start <= e["ts"] <= end]
-        peaks.append(max(inside, default=base) - base)
-    return max(peaks)
+    if not memory:
+        return 0
+    base = memory[0]["args"]["Total Allocated"] - memory[0]["args"]["Bytes"]
+    return max(e["args"]["Total Allocated"] for e in memory) - base
 
 
 def _trace_metrics(trace_dir: str | None) -> dict:
-    """Steps 4 and 6 from the profiled traces: {config: {overlap, peak}}."""
+    """Step 4 from the profiled traces: {config: {"overlap_pct": ...}}."""
     if trace_dir is None or not os.path.isdir(trace_dir):
         return {}
     from minddp.analysis import analyze_run
@@ -77,12 +73,8 @@ def _trace_metrics(trace_dir: str | None) -> dict:
     found = {}
     for name in stages.index:
         folder = os.path.join(trace_dir, name)
-        peaks = [step_peak_bytes(os.path.join(folder, f)) for f in sorted(os.listdir(folder))
-                 if f.startswith("rank") and f.endswith(".json")]
-        peaks = [p for p in peaks if p is not None]
         row = stages.loc[name]
-        found[name] = {"overlap_pct": float(row["comm_comp_overlap_pctg"]),
-                       "peak": max(peaks) if peaks else None}
+        found[name] = {"overlap_pct": float(row["comm_comp_overlap_pctg"])}
     return found
 
 
@@ -97,8 +89,8 @@ def summarize(configs, per_rank: list[dict], trace_dir: str | None) -> list[dict
         t = traced.get(c.name, {})
         ours = c.stage != "torch"
         calls, nbytes = statistics.mean(runs[0]["calls"]), statistics.mean(runs[0]["bytes"])  # step 5
-        cuda = [run["cuda_peak_bytes"] for run in runs if "cuda_peak_bytes" in run]
-        peak = max(cuda) if cuda else t.get("peak")                                          # step 6
+        peaks = [run["peak_bytes"] for run in runs if "peak_bytes" in run]
+        peak = max(peaks) if peaks else None                                                 # step 6
         rows[c.name] = {"config": c.name, "stage": c.stage,
                         "hook": c.hook + (f"-r{c.powersgd_rank}" if c.powersgd_rank else "")
                         + ("+gabv" if c.gradient_as_bucket_view else ""),
@@ -106,7 +98,7 @@ def summarize(configs, per_rank: list[dict], trace_dir: str | None) -> list[dict
                         "steps": len(times), "ref": c.ref, "overlap_pct": t.get("overlap_pct"),
                         "allreduce_calls_per_step": calls, "allreduce_bytes_per_step": nbytes,
                         "traffic_source": "wire" if ours else "hook",
-                        "peak_step_mib": None if peak is None else peak / 2**20}
+                        "peak_mib": None if peak is None else peak / 2**20}
     for c in configs:
         row = rows[c.name]
         ref = rows.get(c.ref) if c.ref else (row if c.stage == "torch" else None)
@@ -122,7 +114,7 @@ def _fmt(value, spec: str) -> str:
 
 def markdown_table(rows: list[dict]) -> str:
     head = ("| config | median ms | IQR ms | min–max ms | × torch | exposed comm ms | overlap % "
-            "| all_reduce calls/step | all_reduce KiB/step | peak step MiB |")
+            "| all_reduce calls/step | all_reduce KiB/step | peak MiB |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         kib = None if r["allreduce_bytes_per_step"] is None else r["allreduce_bytes_per_step"] / 1024
@@ -130,7 +122,7 @@ def markdown_table(rows: list[dict]) -> str:
         lines.append(f"| {r['config']} | {r['median_ms']:.2f} | {r['q1_ms']:.2f}–{r['q3_ms']:.2f} "
                      f"| {r['min_ms']:.2f}–{r['max_ms']:.2f} | {_fmt(r['ratio_to_torch'], '.3f')} "
                      f"| {_fmt(r['exposed_comm_ms'], '.2f')} | {_fmt(r['overlap_pct'], '.1f')} | {calls} "
-                     f"| {_fmt(kib, '.1f')} | {_fmt(r['peak_step_mib'], '.2f')} |")
+                     f"| {_fmt(kib, '.1f')} | {_fmt(r['peak_mib'], '.2f')} |")
     return "\n".join(lines)
 
 

@@ -15,7 +15,10 @@
    warm-up), with memory events on; the trace goes to
    ``<trace_dir>/<config>/rank<r>.pt.trace.json`` for
    :mod:`minddp.analysis` (overlap, calls and bytes for torch's DDP too) and
-   for the memory high-water (:func:`minddp.bench.report.step_peak_bytes`).
+   for the overlap column;
+4. **memory** (with step 3): each configuration is built afresh under the
+   profiler and runs the same steps, for its memory high-water
+   (:func:`fresh_peak_bytes`).
 
 Example::
 
@@ -73,18 +76,21 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
     rank, world = dist.get_rank(), dist.get_world_size()
     device = current_device()
     runs = {}
-    for config in configs:                                                                  # step 1
+    def build(config: BenchConfig):
         model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed, cfg.dtype).to(device)
         model.train()
         wrapped = wrap(config, model, cfg, device)
         batches = step_batches(data.train, cfg.batch_size, cfg.grad_accum, world, rank, cfg.seed,
                                data.pad_token_id)
         meter = (lambda: counting_torch_all_reduce(wire.traffic)) if config.stage == "torch" else contextlib.nullcontext
-        runs[config.name] = (wrapped, torch.optim.AdamW(model.parameters(), lr=cfg.lr), batches, meter)
+        return wrapped, torch.optim.AdamW(model.parameters(), lr=cfg.lr), batches, meter
+
+    for config in configs:                                                                  # step 1
+        runs[config.name] = build(config)
     out = {c.name: {"times": [], "calls": [], "bytes": []} for c in configs}
 
-    def one_step(name: str) -> float:
-        wrapped, optimizer, batches, meter = runs[name]
+    def one_step(run) -> float:
+        wrapped, optimizer, batches, meter = runs[run] if isinstance(run, str) else run
         micro = [{k: v.to(device) for k, v in b.items()} for b in next(batches)]
         wire.traffic.reset()
         synchronize(device)
@@ -111,15 +117,40 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
         for config in configs:
             dist.barrier()
             folder = os.path.join(trace_dir, config.name)
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-                base = torch.cuda.memory_allocated(device)
             with StepProfiler(folder, rank, 1 + profile_steps, profile_steps,
                               cuda=device.type == "cuda") as prof:
                 for _ in range(1 + profile_steps):
                     one_step(config.name)
                     prof.step()
-            if device.type == "cuda":
-                # The same definition as on CPU: high-water above what was live before the steps.
-                out[config.name]["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(device) - base
+        for config in configs:                                                              # step 4
+            dist.barrier()
+            out[config.name]["peak_bytes"] = fresh_peak_bytes(lambda: build(config), one_step, 1 + profile_steps,
+                                                              os.path.join(trace_dir, config.name), rank, device)
     return out
+
+
+def fresh_peak_bytes(build, one_step, steps: int, folder: str, rank: int, device: torch.device) -> int:
+    """Step 4: high-water of tensor bytes this configuration allocates, from building it through ``steps`` steps.
+
+    A fresh copy is built under the profiler, so the count covers what the
+    configuration owns (parameters, gradients, buckets, optimizer state) and
+    what a step allocates on top (activations, copies), and nothing the other
+    configurations in this process hold. CPU: the highest ``Total Allocated``
+    of the profiler's memory events (it counts from the profiler's start);
+    GPU: ``torch.cuda.max_memory_allocated`` above what was allocated before.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    from minddp.bench.report import max_total_allocated
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        state = build()
+        for _ in range(steps):
+            one_step(state)
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) - base
+    path = os.path.join(folder, f"memory_rank{rank}.json")
+    prof.export_chrome_trace(path)
+    return max_total_allocated(path)
