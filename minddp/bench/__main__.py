@@ -40,8 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help="comma list of extras: noop (every stage with noop_hook), powersgd (r1, r4), fp16, "
                         "gabv (gradient_as_bucket_view); 'none' for none")
-    p.add_argument("--rounds", type=int, default=5, help="rounds; each runs every configuration in turn")
-    p.add_argument("--steps", type=int, default=8, help="timed steps per configuration per round")
+    p.add_argument("--rounds", type=int, default=7, help="rounds; each runs every configuration in turn")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per configuration per round")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before them, per round")
     p.add_argument("--profile-steps", type=int, default=2, help="profiled steps per configuration (0: none)")
     p.add_argument("--quick", action="store_true", help="1 round, 3 steps, 1 warm-up, 1 profiled step")
