@@ -19,6 +19,7 @@ not count), and ||g - ĝ||² and ||g||² are added to :data:`wire.traffic`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -43,6 +44,10 @@ class PendingBucket:
     hook_name: str
     expected: tuple            # (numel, dtype) of the buffer the hook was handed
     exact: torch.futures.Future | None = None
+    #: Optional ``check(result)`` run once the result is in (e.g. the NaN/Inf check): raising here,
+    #: at wait time, reaches the user as it is, where raising inside a Future callback would be
+    #: wrapped by torch in a "Got the following error when running the callback" RuntimeError.
+    check: Callable[[torch.Tensor], None] | None = None
 
 
 def launch(hook, state, bucket: GradBucket, group, measure_error: bool = False) -> PendingBucket:
@@ -86,6 +91,8 @@ def complete(pending: PendingBucket) -> None:
             "decompress and cast back before returning"
         )
     result = result.view(-1)
+    if pending.check is not None:
+        pending.check(result)
     if pending.exact is not None:
         exact = pending.exact.wait()[0]
         wire.traffic.error_sq += float((result.float() - exact).pow(2).sum())

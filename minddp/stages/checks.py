@@ -4,6 +4,10 @@ A mistake on one rank of a data-parallel job tends to show up as a hang on
 the others, or worse as silently wrong gradients. The checks here turn such
 mistakes into errors that every rank raises at the same point:
 
+0. :func:`verify_replicas`, at construction: all ranks all-gather their
+   parameters' names, shapes and dtypes; any difference raises on every rank,
+   naming the rank and the parameter (before rank 0's weights are broadcast
+   over a different model);
 1. :func:`check_same_settings`, once, just before the first gradient is sent:
    all ranks all-gather their stage, comm hook and bucket sizes; a rank that
    differs (another ``--hook``, another ``bucket_cap_mb``) would pair its
@@ -11,7 +15,7 @@ mistakes into errors that every rank raises at the same point:
 2. :func:`guard_optimizer_step`: a global optimizer step pre-hook that
    refuses ``optimizer.step()`` while the stage still has all_reduces in
    flight (the step would use local, un-averaged gradients);
-3. :func:`check_finite_after`: with ``check_finite`` (or
+3. :func:`finite_check`: with ``check_finite`` (or
    ``MINDDP_CHECK_FINITE=1``), a non-finite gradient raises. The check reads
    the *reduced* bucket: a NaN or Inf on any rank makes the sum non-finite on
    every rank, so every rank raises at the same bucket, without an extra
@@ -31,6 +35,7 @@ import weakref
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 
@@ -84,13 +89,10 @@ def _steps_params_of(optimizer: torch.optim.Optimizer, stage) -> bool:
     return any(id(p) in mine for group in optimizer.param_groups for p in group["params"])
 
 
-def check_finite_after(future: torch.futures.Future, bucket_index: int, names: list[str],
-                       local_finite: bool, rank: int) -> torch.futures.Future:
-    """Step 3: a future that raises if the reduced bucket holds NaN/Inf, else passes its value on."""
+def finite_check(bucket_index: int, names: list[str], local_finite: bool, rank: int):
+    """Step 3: a ``check(result)`` that raises if the reduced bucket holds NaN/Inf."""
 
-    def check(fut: torch.futures.Future):
-        value = fut.value()
-        tensor = value[0] if isinstance(value, list) else value
+    def check(tensor: torch.Tensor) -> None:
         if not bool(torch.isfinite(tensor).all()):
             here = ("this rank's own gradient was already non-finite before communication" if not local_finite
                     else "this rank's own gradient was finite, so another rank sent the NaN/Inf")
@@ -99,6 +101,26 @@ def check_finite_after(future: torch.futures.Future, bucket_index: int, names: l
                 f"{', ...' if len(names) > 4 else ''}) contains NaN or Inf on rank {rank}; {here}. Look for a "
                 "diverging loss (lower the learning rate, clip gradients) or bad input on that rank"
             )
-        return value
 
-    return future.then(check)
+    return check
+
+
+def verify_replicas(module: nn.Module, group: dist.ProcessGroup) -> None:
+    """Raise on every rank unless all ranks hold parameters of the same names, shapes, dtypes."""
+    mine = [(name, tuple(p.shape), str(p.dtype).replace("torch.", "")) for name, p in module.named_parameters()]
+    everyone: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    reference = everyone[0]
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        if len(theirs) != len(reference):
+            raise RuntimeError(
+                f"DistributedDataParallel expects the same model across all ranks, but rank {rank} has "
+                f"{len(theirs)} parameters while rank 0 has {len(reference)}: build the same model on every rank"
+            )
+        for (n0, s0, d0), (n, s, d) in zip(reference, theirs):
+            if (n0, s0, d0) != (n, s, d):
+                raise RuntimeError(
+                    f"DistributedDataParallel expects the same model across all ranks: parameter {n!r} on "
+                    f"rank {rank} has shape {list(s)} dtype {d}, but rank 0's {n0!r} has shape {list(s0)} "
+                    f"dtype {d0} (size mismatch); build the same model (same config) on every rank"
+                )

@@ -47,7 +47,7 @@ from minddp.comm import wire
 from minddp.stages.autograd_callback import at_end_of_backward
 from minddp.stages.bucket_async import AsyncBucketDDP
 from minddp.stages.ddp_buffers import broadcast_coalesced
-from minddp.stages.ddp_guard import check_consistency, debug_enabled, verify_replicas
+from minddp.stages.ddp_guard import check_consistency, debug_enabled
 from minddp.stages.ddp_rebuild import agree_on_order, plan_from_order
 from minddp.stages.ddp_unused import globally_used, params_in_graph
 
@@ -64,10 +64,10 @@ class DistributedDataParallel(AsyncBucketDDP):
                  check_consistency: bool | None = None):
         group = wire.resolve_group(process_group)
         self._device = _check_devices(module, device_ids, output_device)
-        verify_replicas(module, group)                                                  # step 1
         # Read by the base class constructor (the static plan), so set before it runs.
         self.first_bucket_cap_mb = DEFAULT_FIRST_BUCKET_CAP_MB if bucket_cap_mb is None else None
         self.gradient_as_bucket_view = gradient_as_bucket_view
+        # step 1: the base constructor checks the replicas agree, then broadcasts rank 0's state
         super().__init__(module, group, DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb)
         self.device_ids, self.output_device = device_ids, output_device
         self.broadcast_buffers = broadcast_buffers

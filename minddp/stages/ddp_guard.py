@@ -5,9 +5,11 @@ gradients sit in which bucket, or on the order buckets are sent, can sum one
 layer's gradient into another's of the same size and train on silently
 corrupted gradients. Two checks catch it:
 
-1. :func:`verify_replicas`, once at construction: every rank describes its
-   parameters (name, shape, dtype); the descriptions are all-gathered and any
-   difference raises on every rank, naming the rank and the parameter;
+1. :func:`~minddp.stages.checks.verify_replicas`, once at construction of
+   every stage (so it lives with the checks all stages share): every rank
+   describes its parameters (name, shape, dtype); the descriptions are
+   all-gathered and any difference raises on every rank, naming the rank and
+   the parameter;
 2. :func:`check_consistency`, every step in debug mode (``MINDDP_DEBUG=1`` or
    ``check_consistency=True``): each rank all-gathers a small fingerprint (per
    bucket: element count and a checksum of its parameter indices; and the
@@ -16,7 +18,6 @@ corrupted gradients. Two checks catch it:
 
 Example::
 
-    >>> verify_replicas(module, group)            # before broadcasting rank 0's weights
     >>> check_consistency(plan, sizes, launched, names, group)
 """
 
@@ -26,33 +27,11 @@ import os
 import zlib
 
 import torch.distributed as dist
-from torch import nn
 
 
 def debug_enabled() -> bool:
     """``MINDDP_DEBUG=1`` in the environment turns the per-step check on."""
     return os.environ.get("MINDDP_DEBUG", "0") not in ("", "0", "false", "False")
-
-
-def verify_replicas(module: nn.Module, group: dist.ProcessGroup) -> None:
-    """Step 1: raise on every rank unless all ranks hold parameters of the same names, shapes, dtypes."""
-    mine = [(name, tuple(p.shape), str(p.dtype).replace("torch.", "")) for name, p in module.named_parameters()]
-    everyone: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, mine, group=group)
-    reference = everyone[0]
-    for rank, theirs in enumerate(everyone[1:], start=1):
-        if len(theirs) != len(reference):
-            raise RuntimeError(
-                f"DistributedDataParallel expects the same model across all ranks, but rank {rank} has "
-                f"{len(theirs)} parameters while rank 0 has {len(reference)}: build the same model on every rank"
-            )
-        for (n0, s0, d0), (n, s, d) in zip(reference, theirs):
-            if (n0, s0, d0) != (n, s, d):
-                raise RuntimeError(
-                    f"DistributedDataParallel expects the same model across all ranks: parameter {n!r} on "
-                    f"rank {rank} has shape {list(s)} dtype {d}, but rank 0's {n0!r} has shape {list(s0)} "
-                    f"dtype {d0} (size mismatch); build the same model (same config) on every rank"
-                )
 
 
 def fingerprint(plan: list[list[int]], sizes: list[int], launched: list[int]) -> tuple:

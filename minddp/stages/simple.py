@@ -42,7 +42,6 @@ from minddp.comm import hook_runner, wire
 from minddp.comm.default_hooks import allreduce_hook
 from minddp.comm.grad_bucket import GradBucket
 from minddp.stages import checks
-from minddp.stages.ddp_guard import verify_replicas
 
 
 def broadcast_module_state(module: nn.Module, group: dist.ProcessGroup) -> None:
@@ -85,7 +84,7 @@ class SimpleDDP(nn.Module):
         self._settings_checked = False
         check_not_wrapped(module, self)
         # A broadcast between different models would fail obscurely or hang: compare first.
-        verify_replicas(module, self.process_group)
+        checks.verify_replicas(module, self.process_group)
         broadcast_module_state(module, self.process_group)            # step 1
         checks.guard_optimizer_step(self)
 
@@ -115,8 +114,8 @@ class SimpleDDP(nn.Module):
                                      self.measure_compression_error)
         if self.check_finite:
             names = [self._param_names.get(id(p), "?") for p in bucket.parameters()]
-            pending.future = checks.check_finite_after(pending.future, bucket.index(), names, local_finite,
-                                                       dist.get_rank(self.process_group))
+            pending.check = checks.finite_check(bucket.index(), names, local_finite,
+                                                dist.get_rank(self.process_group))
         return pending
 
     def _sync_settings(self) -> dict:
