@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import warnings
 import os
 import tempfile
 
@@ -76,11 +77,20 @@ def _rank_folder(stage: StageTraces):
         yield tmp
 
 
+@contextlib.contextmanager
+def _quiet():
+    """HTA's progress prints and its pandas deprecation warnings are not the user's business."""
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield
+
+
 def hta_analysis(folder: str):
     """HTA's ``TraceAnalysis`` on ``folder``, its progress chatter kept off the user's terminal."""
     from hta.trace_analysis import TraceAnalysis  # imported here: HTA is slow to import
 
-    with contextlib.redirect_stdout(io.StringIO()):
+    with _quiet():
         return TraceAnalysis(trace_dir=folder)
 
 
@@ -96,7 +106,7 @@ def analyze_stage(stage: StageTraces) -> tuple[list[dict], list[dict]]:
     """Steps 2-4 for one stage: summary rows (one per rank) and kernel-breakdown rows."""
     with _rank_folder(stage) as folder:
         analysis = hta_analysis(folder)
-        with contextlib.redirect_stdout(io.StringIO()):
+        with _quiet():
             temporal = analysis.get_temporal_breakdown(visualize=False)
             overlap = analysis.get_comm_comp_overlap(visualize=False)
             kernel_types, _ = analysis.get_gpu_kernel_breakdown(visualize=False)
