@@ -55,7 +55,7 @@ class BucketDDP(HookDDP):
         """Lay out buckets for ``plan`` (lists of indices into ``self._params``)."""
         self.bucket_plan = plan
         self._layouts = [BucketLayout([self._params[i] for i in bucket]) for bucket in plan]
-        self._buffers = [torch.empty(layout.numel, dtype=layout.params[0].dtype, device=layout.params[0].device)
+        self._bucket_buffers = [torch.empty(layout.numel, dtype=layout.params[0].dtype, device=layout.params[0].device)
                          for layout in self._layouts]
         self._bucket_of = {id(self._params[i]): b for b, bucket in enumerate(plan) for i in bucket}
         self._reset_readiness()
@@ -82,7 +82,7 @@ class BucketDDP(HookDDP):
         self._launch_bucket(b)
 
     def _launch_bucket(self, b: int) -> None:
-        layout, flat = self._layouts[b], self._buffers[b]
+        layout, flat = self._layouts[b], self._bucket_buffers[b]
         views, grads = layout.views(flat), [p.grad for p in layout.params]
         if any(g is None for g in grads):
             for view, grad in zip(views, grads):

@@ -124,7 +124,7 @@ class DistributedDataParallel(AsyncBucketDDP):
         super()._set_plan(plan)
         if self.gradient_as_bucket_view:
             # New buffers: move existing gradients into them, so .grad keeps being a bucket view.
-            for layout, flat in zip(self._layouts, self._buffers):
+            for layout, flat in zip(self._layouts, self._bucket_buffers):
                 flat.zero_()
                 for param, view in zip(layout.params, layout.views(flat)):
                     if param.grad is not None:
@@ -166,7 +166,7 @@ class DistributedDataParallel(AsyncBucketDDP):
         super()._launch_bucket(b)
         if self.gradient_as_bucket_view:
             layout = self._layouts[b]
-            for param, view in zip(layout.params, layout.views(self._buffers[b])):
+            for param, view in zip(layout.params, layout.views(self._bucket_buffers[b])):
                 if param.grad is not None:
                     param.grad = view      # the reduction lands in .grad directly: no copy back
 
@@ -201,7 +201,7 @@ class DistributedDataParallel(AsyncBucketDDP):
                     continue
                 b = self._bucket_of[id(param)]
                 slot = next(k for k, p in enumerate(self._layouts[b].params) if p is param)
-                param.grad = self._layouts[b].views(self._buffers[b])[slot]
+                param.grad = self._layouts[b].views(self._bucket_buffers[b])[slot]
 
     def finish_gradient_synchronization(self) -> None:
         """Nothing left to do: the end-of-backward callback already did it (kept for shared loops)."""

@@ -1,0 +1,38 @@
+"""Every wrapper behaves like torch's DDP as an nn.Module: .module, parameters, buffers, state_dict, train/eval."""
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+import toy_models
+from minddp import launch
+from minddp.stages import STAGES, build_stage
+
+
+def module_api():
+    out = {}
+    reference = TorchDDP(toy_models.build("bn", 0))
+    ref_state = reference.state_dict()
+    for name in STAGES:
+        model = toy_models.build("bn", 0)
+        ddp = build_stage(name, model, bucket_cap_mb=0.0005)
+        state = ddp.state_dict()
+        out[name] = {
+            "module_is_model": ddp.module is model,
+            "keys_match_torch": list(state) == list(ref_state),
+            "values_match_torch": all(torch.equal(state[k], ref_state[k]) for k in ref_state),
+            "buffers": [tuple(b.shape) for b in ddp.buffers()] == [tuple(b.shape) for b in reference.buffers()],
+            "params": [p.data_ptr() for p in ddp.parameters()] == [p.data_ptr() for p in model.parameters()],
+        }
+        ddp.eval()
+        out[name]["eval_propagates"] = not model.training
+        ddp.train()
+        out[name]["train_propagates"] = model.training
+        ddp.load_state_dict(state)          # round trip, as a checkpoint would
+    return out
+
+
+def test_wrappers_are_modules_like_torch_ddp():
+    for rank_out in launch(module_api, world_size=2, timeout_s=60):
+        for stage, checks in rank_out.items():
+            failed = [k for k, ok in checks.items() if not ok]
+            assert not failed, f"stage {stage}: {failed}"
