@@ -65,13 +65,26 @@ def _powersgd_options(cfg: TrainConfig) -> dict:
                 random_seed=cfg.seed)
 
 
-def torch_hook_unavailable(hook: str, backend: str) -> str | None:
-    """Why torch's DDP cannot run ``hook`` here (one line), or None if it can."""
+def torch_hook_unavailable(hook: str, backend: str, bucket_cap_mb: float | None = None) -> str | None:
+    """Why torch's DDP cannot run ``hook`` here (one line), or None if it can.
+
+    Each reason is a failure of torch 2.13 seen on this backend, not a guess:
+    its bf16 hooks refuse gloo; its batched PowerSGD hook hands a 2-D matrix to
+    a 3-D-only orthogonalization (a bare AssertionError); its PowerSGD hook
+    issues the second all_reduce from a future callback, so with several
+    buckets in flight on gloo the ranks pair different collectives and gloo
+    aborts the process ("op.preamble.length <= op.nbytes").
+    """
     wrapper, _, base = hook.rpartition("+")
     if base not in _torch_hooks() or wrapper not in ("", "fp16", "bf16"):
         return f"torch has no comm hook matching {hook!r}"
     if "bf16" in hook and backend != "nccl":
         return f"torch's bf16 hooks need NCCL, this run uses {backend}"
+    if base == "batched-powersgd":
+        return "torch's batched_powerSGD_hook fails in torch 2.13 (2-D input to a 3-D orthogonalization)"
+    if base == "powersgd" and backend == "gloo" and (bucket_cap_mb or 0) < 25:
+        return ("torch's powerSGD_hook mis-pairs collectives on gloo when several buckets are in flight "
+                "(gloo aborts); add --bucket-cap-mb 25 (one bucket on the offline model) to compare with it")
     return None
 
 
@@ -320,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, skipped, results = {}, {}, {}
     for stage in cfg.stages():                                                              # step 3
         if stage == "torch":
-            reason = torch_hook_unavailable(cfg.hook, backend)
+            reason = torch_hook_unavailable(cfg.hook, backend, cfg.bucket_cap_mb)
             if reason:
                 say(f"skipping --stage torch: {reason}")
                 skipped[stage] = reason

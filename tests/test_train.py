@@ -161,3 +161,33 @@ def test_shard_sampler_splits_each_global_batch_disjointly():
             per_rank = [set(sh[b * batch:(b + 1) * batch]) for sh in shards]
             assert not per_rank[0] & per_rank[1]
             assert per_rank[0] | per_rank[1] == set(glob[b * batch * world:(b + 1) * batch * world])
+
+
+def _torch_powersgd_with_two_buckets():
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))
+    ddp = DistributedDataParallel(net, bucket_cap_mb=0.01)   # several buckets in flight
+    ddp.register_comm_hook(torch_psgd.PowerSGDState(None, start_powerSGD_iter=2), torch_psgd.powerSGD_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    for _ in range(5):
+        ddp(torch.randn(8, 64) * (dist.get_rank() + 1)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_torch_stage_skips_only_hooks_torch_cannot_run_here():
+    """The skip reasons are torch's real failures: its powerSGD_hook with several buckets on gloo dies."""
+    from minddp import RankError
+    from minddp.launch import launch
+
+    assert train.torch_hook_unavailable("powersgd", "gloo", 0.1).endswith("to compare with it")
+    assert train.torch_hook_unavailable("powersgd", "gloo", 25) is None
+    assert train.torch_hook_unavailable("fp16", "gloo", 0.1) is None
+    assert "NCCL" in train.torch_hook_unavailable("bf16", "gloo", 25)
+    with pytest.raises(RankError):
+        launch(_torch_powersgd_with_two_buckets, world_size=2, timeout_s=10)
