@@ -127,14 +127,21 @@ def launch(
     world_size: int = 2,
     backend: str = "auto",
     timeout_s: float | None = None,
+    stall_s: float | None = None,
     **kwargs: Any,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks and return their results by rank.
 
     ``fn`` must be importable by name (a module-level function), because each
     rank is a fresh process. ``timeout_s`` bounds every collective (see
-    :data:`minddp.device.DEFAULT_TIMEOUT_S`). Under torchrun, ``world_size``
-    is taken from the environment and the list holds this rank's result only.
+    :data:`minddp.device.DEFAULT_TIMEOUT_S`). ``stall_s`` is a last line of
+    defence for waits the collective timeout does not cover (torch's own
+    comm-hook callbacks can deadlock inside ``backward()``): when no rank has
+    announced a new step (:func:`report_step`) or finished for that long, the
+    ranks are ended and :class:`RankError` says they hung. Off by default,
+    since a function that never reports a step may legitimately run long.
+    Under torchrun, ``world_size`` is taken from the environment and the list
+    holds this rank's result only.
     """
     if in_torchrun():
         return [run_in_torchrun(fn, *args, backend=backend, timeout_s=timeout_s, **kwargs)]
@@ -161,7 +168,7 @@ def launch(
             p.start()
             procs.append(p)
         # Step 4: gather.
-        out = _gather(procs, results, steps=lambda ranks: _read_steps(store, ranks))
+        out = _gather(procs, results, steps=lambda ranks: _read_steps(store, ranks), stall_s=stall_s)
         ok = True
         return out
     finally:
@@ -270,15 +277,31 @@ def _read_steps(store: dist.TCPStore, ranks) -> dict[int, int]:
     return steps
 
 
-def _gather(procs, results, grace_s: float = 2.0, steps=lambda ranks: {}) -> list[Any]:
+def _gather(procs, results, grace_s: float = 2.0, steps=lambda ranks: {}, stall_s: float | None = None) -> list[Any]:
     world_size = len(procs)
     done: dict[int, Any] = {}
     errors: dict[int, str] = {}
     exc_types: dict[int, str] = {}
     failed_at = None
+    progress, last_progress, last_look = {}, time.monotonic(), time.monotonic()
     while len(done) + len(errors) < world_size:
-        if failed_at is not None and time.monotonic() - failed_at > grace_s:
+        now = time.monotonic()
+        if failed_at is not None and now - failed_at > grace_s:
             break
+        if stall_s is not None and failed_at is None and now - last_look > 1.0:
+            # The watchdog: any new step announced (or result) counts as progress.
+            last_look = now
+            seen = steps([r for r in range(world_size) if r not in done])
+            if seen != progress:
+                progress, last_progress = seen, now
+            elif now - last_progress > stall_s:
+                for rank in range(world_size):
+                    if rank not in done:
+                        errors[rank] = (f"no rank made progress for {stall_s:.0f} s: rank {rank} hung (e.g. in a "
+                                        "collective a peer never joined, or a comm-hook callback that deadlocked); "
+                                        "minddp ended it\n")
+                        exc_types[rank] = "Hung"
+                break
         try:
             kind, rank, *rest = results.get(timeout=0.1)
         except queue.Empty:
@@ -292,6 +315,7 @@ def _gather(procs, results, grace_s: float = 2.0, steps=lambda ranks: {}) -> lis
                         exc_types[rank] = "ProcessDied"
                         failed_at = failed_at or time.monotonic()
             continue
+        last_progress = time.monotonic()
         if kind == "ok":
             done[rank] = torch.load(io.BytesIO(rest[0]), weights_only=False)
         else:

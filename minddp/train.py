@@ -35,6 +35,7 @@ from torch import nn
 
 from minddp.config import ConfigError, TrainConfig, parse_args
 from minddp.data import DataError, Encoded, PreparedData, eval_batches, prepare_data, step_batches
+from minddp.device import DEFAULT_TIMEOUT_S
 from minddp.launch import RankError, in_torchrun, launch
 from minddp.models import build_model, resolve_model
 from minddp.profiling import StepProfiler, write_json
@@ -238,8 +239,11 @@ def _progress(cfg: TrainConfig, stage: str, rank: int, first: int = 0):
 def run_stage(cfg: TrainConfig, stage: str, data: PreparedData, folder: str, backend: str) -> dict:
     """Step 3 for one stage: launch the ranks (or join torchrun's), return rank 0's result."""
     world = 1 if stage == "single" else cfg.world_size
+    # Ranks announce every step; a job with no new step for twice the collective timeout (plus a
+    # minute for evaluation and saving) is hung somewhere the collective timeout cannot see.
+    timeout = DEFAULT_TIMEOUT_S if cfg.timeout is None else cfg.timeout
     results = launch(train_rank, cfg, stage, data, folder, world_size=world, backend=backend,
-                     timeout_s=cfg.timeout)
+                     timeout_s=cfg.timeout, stall_s=2 * timeout + 60)
     return results[0]
 
 

@@ -105,3 +105,30 @@ def test_joins_a_torchrun_job(tmp_path):
     results = sorted((json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
                       if line.startswith("RESULT")), key=lambda o: o["rank"])
     assert [r["rank"] for r in results] == [0, 1] and all(r["world"] == 2 and r["sum"] == 3 for r in results)
+
+
+def stuck_after(steps):
+    from minddp.launch import report_step
+    for step in range(steps):
+        report_step(step)
+        time.sleep(0.5)
+    time.sleep(600)          # a wait no collective timeout covers
+
+
+def keeps_reporting(steps):
+    from minddp.launch import report_step
+    for step in range(steps):
+        report_step(step)
+        time.sleep(0.5)
+    return steps
+
+
+def test_stall_watchdog_ends_hung_ranks_but_not_working_ones():
+    start = time.monotonic()
+    with pytest.raises(RankError) as info:
+        launch(stuck_after, 2, world_size=2, stall_s=3)
+    assert time.monotonic() - start < 20
+    assert info.value.exc_type == "Hung" and set(info.value.errors) == {0, 1}
+    assert "no rank made progress for 3 s" in str(info.value) and info.value.step == 1
+    # 6 steps of 0.5 s = 3 s in all, longer than stall_s, but every step is progress.
+    assert launch(keeps_reporting, 6, world_size=2, stall_s=2) == [6, 6]

@@ -190,4 +190,4 @@ def test_torch_stage_skips_only_hooks_torch_cannot_run_here():
     assert train.torch_hook_unavailable("fp16", "gloo", 0.1) is None
     assert "NCCL" in train.torch_hook_unavailable("bf16", "gloo", 25)
     with pytest.raises(RankError):
-        launch(_torch_powersgd_with_two_buckets, world_size=2, timeout_s=10)
+        launch(_torch_powersgd_with_two_buckets, world_size=2, timeout_s=10, stall_s=10)
