@@ -22,16 +22,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from minddp.collectives.p2p import exchange
+from minddp.collectives.p2p import exchange, ranks_to_reduce
 
 
 def naive_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup) -> None:
     """Sum ``tensor`` in place over ``group`` through rank 0 (module doc)."""
-    n = dist.get_world_size(group)
+    n = ranks_to_reduce(tensor, group, "naive_all_reduce")
     if n == 1:
         return
-    if not tensor.is_contiguous():
-        raise ValueError("naive_all_reduce needs a contiguous tensor: pass tensor.contiguous() and copy back")
     rank = dist.get_rank(group)
     if rank == 0:
         inbox = torch.empty_like(tensor)

@@ -37,3 +37,14 @@ def exchange(send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, src
     if ops:
         for work in dist.batch_isend_irecv(ops):
             work.wait()
+
+
+def ranks_to_reduce(tensor: torch.Tensor, group: dist.ProcessGroup, name: str) -> int:
+    """The group's size, after the checks every point-to-point all_reduce needs.
+
+    A group of one has nothing to reduce (the caller returns at once on 1);
+    a non-contiguous tensor cannot be split into views that write through.
+    """
+    if not tensor.is_contiguous():
+        raise ValueError(f"{name} needs a contiguous tensor: pass tensor.contiguous() and copy back")
+    return dist.get_world_size(group)

@@ -36,16 +36,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from minddp.collectives.p2p import exchange
+from minddp.collectives.p2p import exchange, ranks_to_reduce
 
 
 def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup) -> None:
     """Sum ``tensor`` in place over ``group`` with the ring algorithm (module doc)."""
-    n = dist.get_world_size(group)
+    n = ranks_to_reduce(tensor, group, "ring_all_reduce")
     if n == 1:
         return
-    if not tensor.is_contiguous():
-        raise ValueError("ring_all_reduce needs a contiguous tensor: pass tensor.contiguous() and copy back")
     rank = dist.get_rank(group)
     right, left = (rank + 1) % n, (rank - 1) % n
     chunks = list(tensor.view(-1).tensor_split(n))     # views: writing a chunk writes the tensor
