@@ -88,22 +88,24 @@ def free_port():
 
 
 def test_joins_a_torchrun_job(tmp_path):
+    # Each rank writes its result to its own file: two ranks sharing one stdout
+    # pipe can lose or merge lines, which made an earlier stdout-parsing version flaky.
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(f"""
-        import json, sys
+        import json, os, sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_launch import rank_info
         from minddp import launch
         out = launch(rank_info, "torchrun", world_size=99)   # world_size comes from torchrun
-        print("RESULT", json.dumps(out[0]))
+        with open(os.path.join({str(tmp_path)!r}, "result-" + os.environ["RANK"] + ".json"), "w") as f:
+            json.dump(out[0], f)
     """))
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
          str(free_port()), str(script)], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     import json
-    results = sorted((json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
-                      if line.startswith("RESULT")), key=lambda o: o["rank"])
+    results = [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in (0, 1)]
     assert [r["rank"] for r in results] == [0, 1] and all(r["world"] == 2 and r["sum"] == 3 for r in results)
 
 
