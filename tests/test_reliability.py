@@ -211,6 +211,14 @@ def misuse_on_every_rank() -> dict:
     for stage in ("bucket-async", "ddp"):
         ddp = build_stage(stage, Wide(64, layers=3), bucket_cap_mb=0.02 if rank else 1.0)
         out[f"cap_differs/{stage}"] = _message(lambda: _backward(ddp, x))
+    # torch's PowerSGDState has no __repr__ (its default one holds a memory address, different on
+    # every rank): the same settings must pass, different ones must be named
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
+    for key, approx_rank in (("torch_state_same", 1), ("torch_state_differs", 1 + rank)):
+        ddp = build_stage("bucket", Wide(4))
+        ddp.register_comm_hook(torch_psgd.PowerSGDState(None, matrix_approximation_rank=approx_rank),
+                               torch_psgd.powerSGD_hook)
+        out[key] = _message(lambda: _backward(ddp, x))
     # 4. NaN/Inf in one rank's gradient: off by default, raised on every rank when asked for
     bad = torch.full_like(x, float("nan")) if rank == 1 else x
     ddp = build_stage("bucket-async", Wide(4))
@@ -244,6 +252,9 @@ def test_misuse_raises_the_same_clear_error_on_every_rank():
             assert out[f"other_optimizer/{stage}"] is None
         assert "hook: rank 1 has 'fp16_compress_hook', rank 0 has 'allreduce_hook'" \
             in out["hooks_differ"]
+        assert out["torch_state_same"] is None
+        assert "matrix_approximation_rank=2" in out["torch_state_differs"] \
+            and "matrix_approximation_rank=1" in out["torch_state_differs"]
         for stage in ("bucket-async", "ddp"):
             assert "bucket sizes: rank 1 has" in out[f"cap_differs/{stage}"]
             assert "bucket_cap_mb" in out[f"cap_differs/{stage}"]

@@ -44,6 +44,25 @@ def finite_check_enabled() -> bool:
     return os.environ.get("MINDDP_CHECK_FINITE", "0") not in ("", "0", "false", "False")
 
 
+def describe_hook_state(state) -> str | None:
+    """The hook state as ranks can compare it: its settings, never its memory address.
+
+    A state class with its own ``__repr__`` (minddp's ``PowerSGDState``) is
+    described by it. One without (torch's ``PowerSGDState``) would print as
+    ``<... object at 0x7f...>``, different on every rank for the same
+    settings, so it is described by its type and its public scalar fields.
+    """
+    if state is None or isinstance(state, dist.ProcessGroup):
+        return None
+    cls = type(state)
+    if cls.__repr__ is not object.__repr__:
+        return repr(state)
+    names = sorted(set(getattr(cls, "__slots__", ())) | set(getattr(state, "__dict__", {})))
+    fields = [(n, getattr(state, n, None)) for n in names if not n.startswith("_")]
+    shown = ", ".join(f"{n}={v!r}" for n, v in fields if isinstance(v, (bool, int, float, str, type(None))))
+    return f"{cls.__name__}({shown})"
+
+
 def check_same_settings(settings: dict, group: dist.ProcessGroup) -> None:
     """Step 1: raise on every rank unless all ranks send gradients with the same settings."""
     everyone: list = [None] * dist.get_world_size(group)

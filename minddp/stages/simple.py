@@ -13,6 +13,10 @@ global batch. Two things keep the copies identical:
    every rank's optimizer takes the same step.
 
 Nothing overlaps here: all communication starts after backward has ended.
+And nothing can be skipped: with several micro-batches per optimizer step
+this stage must be synced after each backward (:func:`minddp.loop.train_step`
+does so for a wrapper without ``no_sync()``); :mod:`grad_accum` adds the
+``no_sync()`` that sends only once per step.
 Later stages change *when* and *how much* is sent, never *what*.
 
 This class also holds what every stage shares: the wrapped ``.module``, the
@@ -120,10 +124,9 @@ class SimpleDDP(nn.Module):
 
     def _sync_settings(self) -> dict:
         """What all ranks must agree on to pair their collectives: stage, hook, bucket sizes."""
-        state = self._comm_state
         return {"stage": type(self).__name__,
                 "hook": getattr(self._comm_hook, "__name__", type(self._comm_hook).__name__),
-                "hook state": None if state is None or isinstance(state, dist.ProcessGroup) else repr(state),
+                "hook state": checks.describe_hook_state(self._comm_state),
                 "bucket sizes": [layout.numel for layout in getattr(self, "_layouts", [])]}
 
     def _unsynced_work(self) -> str | None:
