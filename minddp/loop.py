@@ -8,7 +8,12 @@ The contract every stage shares:
    bucket stages, afterwards for ``simple``/``ga``);
 3. ``model.finish_gradient_synchronization()`` completes the sync (torch's
    DDP and minddp's ``ddp`` stage do this by themselves at the end of
-   backward, so the call is skipped where the method does not exist);
+   backward, so the call is skipped where the method does not exist).
+   A wrapper with no ``no_sync()`` (stage ``simple``, like the blog's first
+   DDP) cannot skip a sync, so it syncs after *every* micro-batch's
+   backward: the result is the same (averaging is linear, and averaging an
+   already averaged gradient changes nothing), the traffic is ``k`` times
+   larger, and that is exactly the cost stage ``ga`` removes;
 4. ``optimizer.step()`` then ``optimizer.zero_grad()``.
 
 Each micro-batch's loss is divided by the number of micro-batches, so the
@@ -33,18 +38,18 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches
     """Run one optimizer step over ``micro_batches``; return the mean loss (a float)."""
     k = len(micro_batches)
     total = 0.0
+    no_sync = getattr(model, "no_sync", None)
+    finish = getattr(model, "finish_gradient_synchronization", None)
     for i, batch in enumerate(micro_batches):
         last = i == k - 1
-        no_sync = getattr(model, "no_sync", None)
         ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()   # step 1
         with ctx, torch.profiler.record_function("minddp.forward_backward"):
             loss = loss_fn(model, batch) / k
             loss.backward()                                                                   # step 2
         total += loss.detach().item()
-    finish = getattr(model, "finish_gradient_synchronization", None)
-    if finish is not None:
-        with torch.profiler.record_function("minddp.finish_gradient_synchronization"):
-            finish()                                                                          # step 3
+        if finish is not None and (last or no_sync is None):
+            with torch.profiler.record_function("minddp.finish_gradient_synchronization"):
+                finish()                                                                      # step 3
     with torch.profiler.record_function("minddp.optimizer_step"):
         optimizer.step()                                                                      # step 4
         optimizer.zero_grad(set_to_none=True)

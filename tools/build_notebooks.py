@@ -344,17 +344,23 @@ def show(losses, wire_stats):
     w = wire_stats[-1]
     print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} | last step: {w['calls']} all_reduce calls, {w['bytes'] / 1e3:.0f} kB")
 """),
-    md("### The reference: `simple`"),
+    md("""
+### The reference: `simple`
+
+We give `simple` three micro-batches per optimizer step, as `ga` will get. `SimpleDDP` has no
+`no_sync()`, so the loop must sync after every micro-batch's backward: three rounds of
+all_reduce calls per step.
+"""),
     code("""
 %%distributed
-show(*run("simple", run_name="03_build_up"))
+show(*run("simple", accum=3, run_name="03_build_up"))
 """),
     md("""
 ## `ga`: gradient accumulation
 
 With `accum` micro-batches per step, only the last micro-batch's gradients need averaging: the
-others run inside `no_sync()` and just accumulate locally. Same number of all_reduce calls *per
-optimizer step*, for `accum` times the data.
+others run inside `no_sync()` and just accumulate locally. Same result, a third of `simple`'s
+all_reduce calls and bytes per optimizer step.
 """),
     code("""
 %%rank 0
@@ -398,8 +404,9 @@ show(*run("hook-async", run_name="03_build_up"))
 ## `bucket`: fewer, larger messages
 
 One all_reduce per parameter pays the fixed cost of a message 14 times per step here. Buckets
-group gradients (in reverse parameter order, the order backward produces them) up to
-`bucket_cap_mb`, and one all_reduce per full bucket moves the same bytes in fewer calls. We use a
+group gradients (in reverse parameter order, the order backward produces them) until a bucket
+holds `bucket_cap_mb` or more (torch's rule), and one all_reduce per full bucket moves the same
+bytes in fewer calls. We use a
 small cap (0.1 MB) so the toy model gets several buckets.
 """),
     code("""
@@ -446,9 +453,9 @@ display(Image(filename=folder / "temporal_breakdown.png"), Image(filename=folder
 """),
     md("""
 What to look for: the bucketed stages issue fewer all_reduce calls per step than the
-per-parameter ones (6 buckets instead of 14 parameters) for the same bytes, and finish their steps
-sooner; `ga` sends the same bytes per step as `simple` while
-processing three micro-batches. `05_reading_traces.ipynb` reads the overlap and the per-bucket
+per-parameter ones (3 buckets instead of 14 parameters) for the same bytes, and finish their steps
+sooner; on the same three micro-batches per step `ga` sends a third of `simple`'s calls and
+bytes. `05_reading_traces.ipynb` reads the overlap and the per-bucket
 timeline in detail.
 """),
     STOP,
