@@ -36,6 +36,17 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 
+def quiet_kineto() -> None:
+    """Silence kineto's own log unless the user set ``KINETO_LOG_LEVEL``.
+
+    torch 2.13's profiler backend prints ``USDT: ... profiler_start`` and
+    ``profiler_stop`` lines for every session, on every rank: hundreds of
+    lines in a benchmark that profiles each configuration in each round. The
+    trace itself is unaffected; set ``KINETO_LOG_LEVEL`` to see the log again.
+    """
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+
 def trace_path(folder: str, rank: int, gzip: bool = False) -> str:
     return os.path.join(folder, f"rank{rank}.pt.trace.json" + (".gz" if gzip else ""))
 
@@ -55,6 +66,7 @@ class StepProfiler:
         self.path = trace_path(folder, rank, gzip)
         warmup = 1 if total_steps > 1 else 0          # a 1-step run has nothing to warm up with
         self.active = max(1, min(active, total_steps - warmup))
+        quiet_kineto()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])      # step 1
         self._prof = profile(activities=activities,
                              schedule=schedule(wait=0, warmup=warmup, active=self.active, repeat=1),  # step 2

@@ -55,7 +55,8 @@ def test_bench_quick_run_writes_table_csv_json_png(tmp_path):
         assert float(rows[name]["allreduce_bytes_per_step"]) == param_bytes, name
         assert float(rows[name]["allreduce_calls_per_step"]) >= 1
         assert float(rows[name]["median_ms"]) > 0 and float(rows[name]["peak_mib"]) > 0
-        assert 0 <= float(rows[name]["overlap_pct"]) <= 100
+        assert 0 <= float(rows[name]["overlap_min_pct"]) <= float(rows[name]["overlap_pct"]) \
+            <= float(rows[name]["overlap_max_pct"]) <= 100
     assert rows["torch"]["traffic_source"] == "hook" and rows["ddp"]["traffic_source"] == "wire"
     for name in ("ddp+noop", "torch+noop"):
         assert float(rows[name]["allreduce_bytes_per_step"]) == 0 and float(rows[name]["overlap_pct"]) == 0
@@ -66,6 +67,16 @@ def test_bench_quick_run_writes_table_csv_json_png(tmp_path):
     assert float(rows["ddp"]["ratio_to_torch"]) == pytest.approx(
         float(rows["ddp"]["median_ms"]) / float(rows["torch"]["median_ms"]))
     assert rows["ddp+gabv"]["ref"] == "torch+gabv"
+
+
+def test_overlap_pools_ranks_and_rounds_as_one_ratio():
+    from minddp.bench.report import overlap_summary
+    # (hidden, comm) per round, per rank: round 1 hides 4 of 6, round 2 hides 1 of 6
+    rank0, rank1 = [(1.0, 2.0), (0.0, 2.0)], [(3.0, 4.0), (1.0, 4.0)]
+    pooled, lo, hi = overlap_summary([rank0, rank1])
+    assert pooled == pytest.approx(100 * 5 / 12)     # one ratio of sums, not the mean of ratios (37.5)
+    assert (lo, hi) == pytest.approx((100 / 6, 400 / 6))
+    assert overlap_summary([[(0.0, 0.0)], [(0.0, 0.0)]]) == (0.0, 0.0, 0.0)    # noop: nothing to hide
 
 
 @pytest.mark.parametrize("argv, fragment", [

@@ -94,6 +94,22 @@ def analyze_run(path) -> RunAnalysis:
                        pd.DataFrame(buckets))
 
 
+def overlap_parts(trace_file, rank: int) -> tuple[float, float]:
+    """``(hidden, comm)`` in µs for one rank's trace: comm time during compute, and all comm time.
+
+    Over the profiled steps, with the definitions of :mod:`.metrics`, so that
+    ``100 * hidden / comm`` is ``comm_comp_overlap_pctg``. Kept as two sums so
+    that several traces (ranks, rounds of a benchmark) pool into one honest
+    ratio instead of an average of ratios.
+    """
+    from minddp.analysis import metrics
+    from minddp.analysis.events import read_trace
+    trace = read_trace(trace_file, rank)
+    iv = (gpu if gpu.is_gpu_trace(trace) else cpu).rank_intervals(trace)
+    comm = metrics.intersect(iv.comm, [(s, e) for _, s, e in iv.steps])
+    return metrics.length(metrics.intersect(comm, iv.compute)), metrics.length(comm)
+
+
 def compare_runs(a, b) -> pd.DataFrame:
     """Two runs side by side (e.g. allreduce vs PowerSGD): per stage, each metric of A and of B.
 
@@ -110,5 +126,5 @@ def compare_runs(a, b) -> pd.DataFrame:
     return both.reindex(sorted(both.index, key=stage_sort_key))
 
 
-__all__ = ["analyze_run", "compare_runs", "RunAnalysis", "TraceError", "Run", "load_run", "SUMMARY_COLUMNS",
+__all__ = ["analyze_run", "compare_runs", "overlap_parts", "RunAnalysis", "TraceError", "Run", "load_run", "SUMMARY_COLUMNS",
            "STAGE_COLUMNS"]

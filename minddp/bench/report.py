@@ -9,9 +9,11 @@ How each column is computed (``docs/benchmarks.md`` repeats this for readers):
 3. **exposed comm**: median minus the median of the same stage with
    ``noop_hook`` (no communication at all), same run: the communication time
    the stage failed to hide. Negative values are noise;
-4. **overlap %**: ``comm_comp_overlap_pctg`` of :func:`minddp.analysis.analyze_run`
-   on the profiled steps (share of gloo's collective time that ran while the
-   training thread computed), mean over ranks;
+4. **overlap %**: the share of collective time that ran while the rank
+   computed (``comm_comp_overlap_pctg``'s definition), pooled over every
+   rank and every round's profiled steps: total hidden comm time over total
+   comm time. ``overlap_min_pct``/``overlap_max_pct`` are the lowest and
+   highest of the per-round values (ranks pooled): how much it swings;
 5. **all_reduce calls and bytes per step** (payload bytes, as handed to
    all_reduce), mean over timed steps: minddp's stages through the
    :data:`minddp.comm.wire.traffic` meter (source ``wire``); torch's DDP
@@ -25,7 +27,7 @@ How each column is computed (``docs/benchmarks.md`` repeats this for readers):
 
 Example::
 
-    >>> rows = summarize(configs, per_rank, trace_dir)
+    >>> rows = summarize(configs, per_rank)
     >>> print(markdown_table(rows))
 """
 
@@ -37,7 +39,8 @@ import os
 import statistics
 
 COLUMNS = ["config", "stage", "hook", "median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "steps",
-           "ratio_to_torch", "ref", "exposed_comm_ms", "overlap_pct", "allreduce_calls_per_step",
+           "ratio_to_torch", "ref", "exposed_comm_ms", "overlap_pct", "overlap_min_pct", "overlap_max_pct",
+           "allreduce_calls_per_step",
            "allreduce_bytes_per_step", "traffic_source", "peak_mib"]
 
 
@@ -64,29 +67,31 @@ def max_total_allocated(trace_file: str) -> int:
     return max(e["args"]["Total Allocated"] for e in memory) - base
 
 
-def _trace_metrics(trace_dir: str | None) -> dict:
-    """Step 4 from the profiled traces: {config: {"overlap_pct": ...}}."""
-    if trace_dir is None or not os.path.isdir(trace_dir):
-        return {}
-    from minddp.analysis import analyze_run
-    stages = analyze_run(trace_dir).stages
-    found = {}
-    for name in stages.index:
-        folder = os.path.join(trace_dir, name)
-        row = stages.loc[name]
-        found[name] = {"overlap_pct": float(row["comm_comp_overlap_pctg"])}
-    return found
+def overlap_summary(per_rank_overlap: list[list[tuple[float, float]]]) -> tuple:
+    """Step 4: ``(pooled %, lowest round %, highest round %)`` from each rank's per-round ``(hidden, comm)``.
+
+    No communication at all (``noop_hook``) counts as 0 % (nothing to hide).
+    """
+    rounds = list(zip(*per_rank_overlap))                      # per round: one (hidden, comm) per rank
+    if not rounds:
+        return None, None, None
+
+    def pct(parts) -> float:
+        comm = sum(c for _, c in parts)
+        return 100.0 * sum(h for h, _ in parts) / comm if comm > 0 else 0.0
+
+    per_round = [pct(r) for r in rounds]
+    return pct([p for r in rounds for p in r]), min(per_round), max(per_round)
 
 
-def summarize(configs, per_rank: list[dict], trace_dir: str | None) -> list[dict]:
+def summarize(configs, per_rank: list[dict]) -> list[dict]:
     """One row per configuration (columns :data:`COLUMNS`), in the order of ``configs``."""
-    traced = _trace_metrics(trace_dir)
     rows = {}
     for c in configs:
         runs = [r[c.name] for r in per_rank]
         times = [max(ts) * 1e3 for ts in zip(*(run["times"] for run in runs))]               # step 1
         q1, median, q3 = _quantiles(times)
-        t = traced.get(c.name, {})
+        overlap, overlap_lo, overlap_hi = overlap_summary([run["overlap"] for run in runs])      # step 4
         ours = c.stage != "torch"
         calls, nbytes = statistics.mean(runs[0]["calls"]), statistics.mean(runs[0]["bytes"])  # step 5
         peaks = [run["peak_bytes"] for run in runs if "peak_bytes" in run]
@@ -95,7 +100,8 @@ def summarize(configs, per_rank: list[dict], trace_dir: str | None) -> list[dict
                         "hook": c.hook + (f"-r{c.powersgd_rank}" if c.powersgd_rank else "")
                         + ("+gabv" if c.gradient_as_bucket_view else ""),
                         "median_ms": median, "q1_ms": q1, "q3_ms": q3, "min_ms": min(times), "max_ms": max(times),
-                        "steps": len(times), "ref": c.ref, "overlap_pct": t.get("overlap_pct"),
+                        "steps": len(times), "ref": c.ref, "overlap_pct": overlap,
+                        "overlap_min_pct": overlap_lo, "overlap_max_pct": overlap_hi,
                         "allreduce_calls_per_step": calls, "allreduce_bytes_per_step": nbytes,
                         "traffic_source": "wire" if ours else "hook",
                         "peak_mib": None if peak is None else peak / 2**20}
@@ -112,8 +118,14 @@ def _fmt(value, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
+def _overlap_cell(r: dict) -> str:
+    if r["overlap_pct"] is None:
+        return "–"
+    return f"{r['overlap_pct']:.1f} ({r['overlap_min_pct']:.0f}–{r['overlap_max_pct']:.0f})"
+
+
 def markdown_table(rows: list[dict]) -> str:
-    head = ("| config | median ms | IQR ms | min–max ms | × torch | exposed comm ms | overlap % "
+    head = ("| config | median ms | IQR ms | min–max ms | × torch | exposed comm ms | overlap % (rounds) "
             "| all_reduce calls/step | all_reduce KiB/step | peak MiB |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -121,7 +133,7 @@ def markdown_table(rows: list[dict]) -> str:
         calls = _fmt(r["allreduce_calls_per_step"], ".1f")
         lines.append(f"| {r['config']} | {r['median_ms']:.2f} | {r['q1_ms']:.2f}–{r['q3_ms']:.2f} "
                      f"| {r['min_ms']:.2f}–{r['max_ms']:.2f} | {_fmt(r['ratio_to_torch'], '.3f')} "
-                     f"| {_fmt(r['exposed_comm_ms'], '.2f')} | {_fmt(r['overlap_pct'], '.1f')} | {calls} "
+                     f"| {_fmt(r['exposed_comm_ms'], '.2f')} | {_overlap_cell(r)} | {calls} "
                      f"| {_fmt(kib, '.1f')} | {_fmt(r['peak_mib'], '.2f')} |")
     return "\n".join(lines)
 

@@ -10,14 +10,18 @@
    on the machine lands on all of them alike. Each timed step records its
    wall time and what :data:`minddp.comm.wire.traffic` counted (torch's
    hooks bypass our wire: :func:`counting_torch_all_reduce` counts them);
-3. **profile** (optional): after the rounds, each configuration runs
-   ``1 + profile_steps`` more steps under the profiler (the first is its
-   warm-up), with memory events on; the trace goes to
-   ``<trace_dir>/<config>/rank<r>.pt.trace.json`` for
-   :mod:`minddp.analysis` (overlap, calls and bytes for torch's DDP too) and
-   for the overlap column;
-4. **memory** (with step 3): each configuration is built afresh under the
-   profiler and runs the same steps, for its memory high-water
+3. **profile** (optional), in every round, right after a configuration's
+   timed steps: ``1 + profile_steps`` more steps under the profiler (the
+   first is its warm-up); the trace goes to
+   ``<trace_dir>/<config>/rank<r>.pt.trace.json`` (each round overwrites
+   it, so the last round's stays for :mod:`minddp.analysis` and trace
+   viewers), and this rank reads back how much of its communication ran
+   during compute (:func:`minddp.analysis.overlap_parts`). Overlap on a
+   shared CPU swings from step to step; sampling it in every round, under
+   the same rotation as the timings, keeps one noisy moment from deciding
+   a configuration's number;
+4. **memory** (after the rounds): each configuration is built afresh under
+   the profiler and runs the same steps, for its memory high-water
    (:func:`fresh_peak_bytes`).
 
 Example::
@@ -87,7 +91,7 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
 
     for config in configs:                                                                  # step 1
         runs[config.name] = build(config)
-    out = {c.name: {"times": [], "calls": [], "bytes": []} for c in configs}
+    out = {c.name: {"times": [], "calls": [], "bytes": [], "overlap": []} for c in configs}
 
     def one_step(run) -> float:
         wrapped, optimizer, batches, meter = runs[run] if isinstance(run, str) else run
@@ -106,27 +110,32 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
             dist.barrier()         # start together: a rank still busy elsewhere is not this config's cost
             for _ in range(warmup):
                 one_step(config.name)
+            rec = out[config.name]
             for _ in range(steps):
                 seconds = one_step(config.name)
-                rec = out[config.name]
                 rec["times"].append(seconds)
                 rec["calls"].append(wire.traffic.calls)
                 rec["bytes"].append(wire.traffic.bytes)
-    if trace_dir is not None:                                                               # step 3
-        from minddp.profiling import StepProfiler
-        for config in configs:
-            dist.barrier()
-            folder = os.path.join(trace_dir, config.name)
-            with StepProfiler(folder, rank, 1 + profile_steps, profile_steps,
-                              cuda=device.type == "cuda") as prof:
-                for _ in range(1 + profile_steps):
-                    one_step(config.name)
-                    prof.step()
+            if trace_dir is not None and profile_steps:                                     # step 3
+                rec["overlap"].append(profiled_overlap(lambda: one_step(config.name), profile_steps,
+                                                       os.path.join(trace_dir, config.name), rank, device))
+    if trace_dir is not None and profile_steps:
         for config in configs:                                                              # step 4
             dist.barrier()
             out[config.name]["peak_bytes"] = fresh_peak_bytes(lambda: build(config), one_step, 1 + profile_steps,
                                                               os.path.join(trace_dir, config.name), rank, device)
     return out
+
+
+def profiled_overlap(step, profile_steps: int, folder: str, rank: int, device: torch.device) -> tuple[float, float]:
+    """Step 3: run ``1 + profile_steps`` steps under the profiler; return ``(hidden, comm)`` µs of this rank."""
+    from minddp.analysis import overlap_parts
+    from minddp.profiling import StepProfiler
+    with StepProfiler(folder, rank, 1 + profile_steps, profile_steps, cuda=device.type == "cuda") as prof:
+        for _ in range(1 + profile_steps):
+            step()
+            prof.step()
+    return overlap_parts(prof.path, rank)
 
 
 def fresh_peak_bytes(build, one_step, steps: int, folder: str, rank: int, device: torch.device) -> int:
@@ -142,6 +151,8 @@ def fresh_peak_bytes(build, one_step, steps: int, folder: str, rank: int, device
     from torch.profiler import ProfilerActivity, profile
 
     from minddp.bench.report import max_total_allocated
+    from minddp.profiling import quiet_kineto
+    quiet_kineto()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
