@@ -91,3 +91,49 @@ def test_bad_input_is_one_line_and_exit_2(argv, fragment):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("minddp.bench: error:") and fragment in lines[0], proc.stderr
+
+
+def _row(config, median, **kw):
+    row = {"config": config, "median_ms": median, "ratio_to_torch": None, "ratio_lo": None, "ratio_hi": None,
+           "exposed_comm_ms": None, "overlap_pct": None, "overlap_min_pct": None, "overlap_max_pct": None,
+           "allreduce_bytes_per_step": 1000.0, "peak_mib": None}
+    row.update(kw)
+    return row
+
+
+def test_targets_judge_each_relation_and_skip_what_the_run_lacks():
+    from minddp.bench.targets import check_targets, targets_markdown
+    rows = [_row("simple", 90.0), _row("ga", 50.0), _row("bucket", 30.0),
+            _row("bucket-async", 33.0, ratio_to_torch=1.10, ratio_lo=1.0, ratio_hi=1.2),
+            _row("ddp", 30.0, ratio_to_torch=1.0, ratio_lo=0.9, ratio_hi=1.1, exposed_comm_ms=4.0,
+                 overlap_pct=20.0, overlap_min_pct=10.0, overlap_max_pct=30.0),
+            _row("torch", 30.0, ratio_to_torch=1.0, exposed_comm_ms=5.0, overlap_pct=25.0, overlap_min_pct=20.0,
+                 overlap_max_pct=30.0),
+            _row("ddp+noop", 26.0), _row("torch+noop", 25.0),
+            _row("ddp+powersgd-r1", 31.0, ratio_to_torch=1.2, ratio_lo=1.1, ratio_hi=1.3, allreduce_bytes_per_step=40.0),
+            _row("torch+powersgd-r1", 26.0)]
+    verdicts = {t["target"]: t["met"] for t in check_targets(rows)}
+    assert verdicts == {
+        "ddp step ≤ 1.05 × torch": True,
+        "bucket-async step ≤ 1.05 × torch": False,
+        "ddp exposed comm ≤ torch's": True,
+        "ddp overlap ≥ torch's": False,
+        "PowerSGD r1 bytes ≥ 20 × fewer than allreduce": True,      # 1000 / 40 = 25
+        "PowerSGD r1 step ≤ 1.10 × torch's hook": False,
+        "simple is the slowest distributed stage": True,
+        "bucket-async is the fastest of the blog's stages": False,   # bucket is faster here
+    }   # no gabv rows: the memory target is skipped, not guessed
+    assert "| bucket-async is the fastest of the blog's stages | bucket-async 33.0 ms, next bucket 30.0 ms | **no** |" \
+        in targets_markdown(check_targets(rows))
+
+
+def test_ratio_interval_brackets_the_ratio_and_tightens_with_more_steps():
+    import random
+    from minddp.bench.report import ratio_interval
+    rng = random.Random(1)
+    few_a, few_b = [rng.gauss(11, 2) for _ in range(10)], [rng.gauss(10, 2) for _ in range(10)]
+    many_a, many_b = [rng.gauss(11, 2) for _ in range(400)], [rng.gauss(10, 2) for _ in range(400)]
+    lo_few, hi_few = ratio_interval(few_a, few_b)
+    lo, hi = ratio_interval(many_a, many_b)
+    assert lo < 1.1 < hi and hi - lo < hi_few - lo_few       # true ratio 1.1 inside; narrower with more data
+    assert ratio_interval([5.0] * 7, [5.0] * 7) == (1.0, 1.0)

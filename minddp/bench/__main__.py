@@ -123,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
             "wall_s": round(time.perf_counter() - start, 1)}
     paths = write_outputs(rows, out, meta)
     print(markdown_table(rows))
+    from minddp.bench.targets import check_targets, targets_markdown
+    targets = check_targets(rows)
+    if targets:
+        print("\n" + targets_markdown(targets))
     print(f"{PROG}: wrote {', '.join(paths.values())}", file=sys.stderr)
     return 0
 

@@ -5,7 +5,9 @@ How each column is computed (``docs/benchmarks.md`` repeats this for readers):
 1. **step time**: a step is as slow as its slowest rank, so per step index
    take the maximum over ranks; then the median, quartiles and min/max over
    all timed steps of all rounds (warm-up steps are never timed);
-2. **ratio**: median over the median of torch's DDP with the same hook, same run;
+2. **ratio**: median over the median of torch's DDP with the same hook, same run,
+   with a 90 % bootstrap interval (:func:`ratio_interval`: resample both
+   configurations' steps, 1000 times, seeded): how sure the ratio is;
 3. **exposed comm**: median minus the median of the same stage with
    ``noop_hook`` (no communication at all), same run: the communication time
    the stage failed to hide. Negative values are noise;
@@ -39,7 +41,7 @@ import os
 import statistics
 
 COLUMNS = ["config", "stage", "hook", "median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "steps",
-           "ratio_to_torch", "ref", "exposed_comm_ms", "overlap_pct", "overlap_min_pct", "overlap_max_pct",
+           "ratio_to_torch", "ratio_lo", "ratio_hi", "ref", "exposed_comm_ms", "overlap_pct", "overlap_min_pct", "overlap_max_pct",
            "allreduce_calls_per_step",
            "allreduce_bytes_per_step", "traffic_source", "peak_mib"]
 
@@ -100,7 +102,7 @@ def summarize(configs, per_rank: list[dict]) -> list[dict]:
                         "hook": c.hook + (f"-r{c.powersgd_rank}" if c.powersgd_rank else "")
                         + ("+gabv" if c.gradient_as_bucket_view else ""),
                         "median_ms": median, "q1_ms": q1, "q3_ms": q3, "min_ms": min(times), "max_ms": max(times),
-                        "steps": len(times), "ref": c.ref, "overlap_pct": overlap,
+                        "steps": len(times), "times_ms": times, "ref": c.ref, "overlap_pct": overlap,
                         "overlap_min_pct": overlap_lo, "overlap_max_pct": overlap_hi,
                         "allreduce_calls_per_step": calls, "allreduce_bytes_per_step": nbytes,
                         "traffic_source": "wire" if ours else "hook",
@@ -109,13 +111,39 @@ def summarize(configs, per_rank: list[dict]) -> list[dict]:
         row = rows[c.name]
         ref = rows.get(c.ref) if c.ref else (row if c.stage == "torch" else None)
         row["ratio_to_torch"] = row["median_ms"] / ref["median_ms"] if ref else None                 # step 2
+        compared = ref is not None and ref is not row     # torch against itself: 1 exactly, no interval
+        row["ratio_lo"], row["ratio_hi"] = ratio_interval(row["times_ms"], ref["times_ms"]) if compared else (None, None)
         noop = rows.get(c.noop) if c.noop else None
         row["exposed_comm_ms"] = row["median_ms"] - noop["median_ms"] if noop else None              # step 3
     return [rows[c.name] for c in configs]
 
 
+def ratio_interval(times: list[float], ref_times: list[float], level: float = 0.90,
+                   resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """Step 2: a bootstrap interval for ``median(times) / median(ref_times)``.
+
+    Draw each list's steps with replacement, take the ratio of the two
+    medians, repeat; the middle ``level`` of those ratios is the interval.
+    On a noisy machine it says whether "1.02 x torch" means slower or the same.
+    """
+    import random
+    rng = random.Random(seed)
+    ratios = sorted(statistics.median(rng.choices(times, k=len(times)))
+                    / statistics.median(rng.choices(ref_times, k=len(ref_times))) for _ in range(resamples))
+    cut = int((1 - level) / 2 * resamples)
+    return ratios[cut], ratios[resamples - 1 - cut]
+
+
 def _fmt(value, spec: str) -> str:
     return "–" if value is None else format(value, spec)
+
+
+def _ratio_cell(r: dict) -> str:
+    if r["ratio_to_torch"] is None:
+        return "–"
+    if r["ratio_lo"] is None:
+        return f"{r['ratio_to_torch']:.3f}"
+    return f"{r['ratio_to_torch']:.3f} ({r['ratio_lo']:.2f}–{r['ratio_hi']:.2f})"
 
 
 def _overlap_cell(r: dict) -> str:
@@ -125,14 +153,14 @@ def _overlap_cell(r: dict) -> str:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = ("| config | median ms | IQR ms | min–max ms | × torch | exposed comm ms | overlap % (rounds) "
+    head = ("| config | median ms | IQR ms | min–max ms | × torch (90 % CI) | exposed comm ms | overlap % (rounds) "
             "| all_reduce calls/step | all_reduce KiB/step | peak MiB |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         kib = None if r["allreduce_bytes_per_step"] is None else r["allreduce_bytes_per_step"] / 1024
         calls = _fmt(r["allreduce_calls_per_step"], ".1f")
         lines.append(f"| {r['config']} | {r['median_ms']:.2f} | {r['q1_ms']:.2f}–{r['q3_ms']:.2f} "
-                     f"| {r['min_ms']:.2f}–{r['max_ms']:.2f} | {_fmt(r['ratio_to_torch'], '.3f')} "
+                     f"| {r['min_ms']:.2f}–{r['max_ms']:.2f} | {_ratio_cell(r)} "
                      f"| {_fmt(r['exposed_comm_ms'], '.2f')} | {_overlap_cell(r)} | {calls} "
                      f"| {_fmt(kib, '.1f')} | {_fmt(r['peak_mib'], '.2f')} |")
     return "\n".join(lines)
@@ -142,15 +170,19 @@ def write_outputs(rows: list[dict], folder: str, meta: dict) -> dict[str, str]:
     """``results.md`` (table + settings), ``results.csv``, ``results.json``, ``step_times.png``."""
     os.makedirs(folder, exist_ok=True)
     paths = {k: os.path.join(folder, f"results.{k}") for k in ("md", "csv", "json")}
+    from minddp.bench.targets import check_targets, targets_markdown
+    targets = check_targets(rows)
     with open(paths["md"], "w") as f:
         f.write(f"# minddp benchmark {meta.get('date', '')}\n\n{markdown_table(rows)}\n\n")
+        if targets:
+            f.write(f"## Targets\n\n{targets_markdown(targets)}\n\n")
         f.write("".join(f"- {k}: {v}\n" for k, v in meta.items()))
     with open(paths["csv"], "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")   # raw step times: JSON only
         writer.writeheader()
         writer.writerows(rows)
     with open(paths["json"], "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=2)
+        json.dump({"meta": meta, "rows": rows, "targets": targets}, f, indent=2)
     paths["png"] = os.path.join(folder, "step_times.png")
     plot(rows, paths["png"], meta)
     return paths
