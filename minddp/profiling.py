@@ -61,7 +61,7 @@ class StepProfiler:
     """A ``torch.profiler.profile`` on the blog's schedule, or a no-op when disabled."""
 
     def __init__(self, folder: str, rank: int, total_steps: int, active: int = 5, enabled: bool = True,
-                 cuda: bool = False, gzip: bool = False):
+                 cuda: bool = False, gzip: bool = False, memory: bool = True):
         self.folder, self.rank, self.enabled = folder, rank, enabled
         self.path = trace_path(folder, rank, gzip)
         warmup = 1 if total_steps > 1 else 0          # a 1-step run has nothing to warm up with
@@ -70,7 +70,7 @@ class StepProfiler:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])      # step 1
         self._prof = profile(activities=activities,
                              schedule=schedule(wait=0, warmup=warmup, active=self.active, repeat=1),  # step 2
-                             on_trace_ready=self._export, record_shapes=True, profile_memory=True) \
+                             on_trace_ready=self._export, record_shapes=True, profile_memory=memory) \
             if enabled else None
 
     def _export(self, prof: profile) -> None:                                                 # step 3

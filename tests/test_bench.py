@@ -137,3 +137,16 @@ def test_ratio_interval_brackets_the_ratio_and_tightens_with_more_steps():
     lo, hi = ratio_interval(many_a, many_b)
     assert lo < 1.1 < hi and hi - lo < hi_few - lo_few       # true ratio 1.1 inside; narrower with more data
     assert ratio_interval([5.0] * 7, [5.0] * 7) == (1.0, 1.0)
+
+
+def test_ratio_interval_resamples_whole_rounds_so_round_drift_widens_it():
+    from minddp.bench.report import ratio_interval
+    # Two configurations equal within each round, but the machine drifts from round to round: the
+    # ratio is exactly 1 in every round, so resampling rounds as pairs keeps it there.
+    rounds = [10.0, 20.0, 30.0, 40.0]
+    a = [r + d for r in rounds for d in (0.0, 0.5, 1.0)]
+    b = list(a)
+    assert ratio_interval(a, b, rounds=4) == (1.0, 1.0)
+    # Unpaired (one configuration's rounds shuffled against the other's), the same data looks uncertain.
+    lo, hi = ratio_interval(a, b[3:] + b[:3], rounds=4)
+    assert lo < 1.0 < hi

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     except RankError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
-    rows = summarize(configs, per_rank)                                          # step 3
+    rows = summarize(configs, per_rank, ns.rounds)                                          # step 3
     meta = {"date": date, "command": "python -m minddp.bench " + " ".join(sys.argv[1:] if argv is None else argv),
             "machine": machine(), "model": cfg.model, "data": data.source, "world_size": cfg.world_size,
             "backend": backend, "rounds": ns.rounds, "steps_per_round": ns.steps, "warmup_per_round": ns.warmup,

@@ -6,8 +6,9 @@ How each column is computed (``docs/benchmarks.md`` repeats this for readers):
    take the maximum over ranks; then the median, quartiles and min/max over
    all timed steps of all rounds (warm-up steps are never timed);
 2. **ratio**: median over the median of torch's DDP with the same hook, same run,
-   with a 90 % bootstrap interval (:func:`ratio_interval`: resample both
-   configurations' steps, 1000 times, seeded): how sure the ratio is;
+   with a 90 % bootstrap interval (:func:`ratio_interval`: resample whole
+   rounds, the same rounds for both configurations, 1000 times, seeded):
+   how sure the ratio is, including the drift from round to round;
 3. **exposed comm**: median minus the median of the same stage with
    ``noop_hook`` (no communication at all), same run: the communication time
    the stage failed to hide. Negative values are noise;
@@ -86,8 +87,11 @@ def overlap_summary(per_rank_overlap: list[list[tuple[float, float]]]) -> tuple:
     return pct([p for r in rounds for p in r]), min(per_round), max(per_round)
 
 
-def summarize(configs, per_rank: list[dict]) -> list[dict]:
-    """One row per configuration (columns :data:`COLUMNS`), in the order of ``configs``."""
+def summarize(configs, per_rank: list[dict], rounds: int = 1) -> list[dict]:
+    """One row per configuration (columns :data:`COLUMNS`), in the order of ``configs``.
+
+    ``rounds``: how many rounds the timed steps (stored round after round) came from.
+    """
     rows = {}
     for c in configs:
         runs = [r[c.name] for r in per_rank]
@@ -112,24 +116,43 @@ def summarize(configs, per_rank: list[dict]) -> list[dict]:
         ref = rows.get(c.ref) if c.ref else (row if c.stage == "torch" else None)
         row["ratio_to_torch"] = row["median_ms"] / ref["median_ms"] if ref else None                 # step 2
         compared = ref is not None and ref is not row     # torch against itself: 1 exactly, no interval
-        row["ratio_lo"], row["ratio_hi"] = ratio_interval(row["times_ms"], ref["times_ms"]) if compared else (None, None)
+        row["ratio_lo"], row["ratio_hi"] = ratio_interval(row["times_ms"], ref["times_ms"], rounds) if compared \
+            else (None, None)
         noop = rows.get(c.noop) if c.noop else None
         row["exposed_comm_ms"] = row["median_ms"] - noop["median_ms"] if noop else None              # step 3
     return [rows[c.name] for c in configs]
 
 
-def ratio_interval(times: list[float], ref_times: list[float], level: float = 0.90,
+def ratio_interval(times: list[float], ref_times: list[float], rounds: int = 1, level: float = 0.90,
                    resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
     """Step 2: a bootstrap interval for ``median(times) / median(ref_times)``.
 
-    Draw each list's steps with replacement, take the ratio of the two
-    medians, repeat; the middle ``level`` of those ratios is the interval.
+    1. cut both lists into their ``rounds`` (steps are stored round after
+       round; with one round, each step is its own block);
+    2. draw as many rounds as there are, with replacement, the *same* rounds
+       for both lists: two configurations of one round shared the machine's
+       state, so they are resampled as a pair;
+    3. take the ratio of the two medians over the drawn rounds' steps;
+    4. repeat; the middle ``level`` of those ratios is the interval.
+
     On a noisy machine it says whether "1.02 x torch" means slower or the same.
     """
     import random
+    blocks = rounds if rounds > 1 and len(times) % rounds == 0 and len(ref_times) == len(times) else len(times)
+    if blocks == len(times) and len(ref_times) != len(times):
+        blocks = 0                                          # unpaired: resample each list on its own
     rng = random.Random(seed)
-    ratios = sorted(statistics.median(rng.choices(times, k=len(times)))
-                    / statistics.median(rng.choices(ref_times, k=len(ref_times))) for _ in range(resamples))
+    ratios = []
+    for _ in range(resamples):
+        if blocks:
+            size = len(times) // blocks
+            picks = rng.choices(range(blocks), k=blocks)                                   # step 2
+            a = [t for b in picks for t in times[b * size:(b + 1) * size]]
+            r = [t for b in picks for t in ref_times[b * size:(b + 1) * size]]
+        else:
+            a, r = rng.choices(times, k=len(times)), rng.choices(ref_times, k=len(ref_times))
+        ratios.append(statistics.median(a) / statistics.median(r))                          # step 3
+    ratios.sort()
     cut = int((1 - level) / 2 * resamples)
     return ratios[cut], ratios[resamples - 1 - cut]
 

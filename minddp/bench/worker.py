@@ -131,7 +131,9 @@ def profiled_overlap(step, profile_steps: int, folder: str, rank: int, device: t
     """Step 3: run ``1 + profile_steps`` steps under the profiler; return ``(hidden, comm)`` µs of this rank."""
     from minddp.analysis import overlap_parts
     from minddp.profiling import StepProfiler
-    with StepProfiler(folder, rank, 1 + profile_steps, profile_steps, cuda=device.type == "cuda") as prof:
+    # No memory events here: overlap needs only the time ranges, and step 4 measures memory on its own.
+    with StepProfiler(folder, rank, 1 + profile_steps, profile_steps, cuda=device.type == "cuda",
+                      memory=False) as prof:
         for _ in range(1 + profile_steps):
             step()
             prof.step()
