@@ -18,7 +18,11 @@ that ``torch.distributed`` is initialised:
 
 Under ``torchrun`` the processes already exist: :func:`launch` then joins the
 job described by ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/
-``MASTER_PORT`` and runs ``fn`` once, on this rank only.
+``MASTER_PORT`` and runs ``fn`` once, on this rank only. A process may call
+:func:`launch` several times (``--stage all`` does, once per stage): each
+call builds its group under its own key prefix in torchrun's store, because
+a group built on keys an earlier group already wrote would read stale
+addresses and wait for ever.
 
 Example::
 
@@ -178,14 +182,24 @@ def launch(
         del store
 
 
+_torchrun_store: dist.Store | None = None
+_torchrun_joins = 0
+
+
 def run_in_torchrun(fn: Callable[..., Any], *args: Any, backend: str = "auto",
                     timeout_s: float | None = None, **kwargs: Any) -> Any:
     """Join the job torchrun described in the environment, run ``fn``, tear down."""
+    global _torchrun_store, _torchrun_joins
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
     backend = choose_backend(backend, local_world_size=local_world)
     _prepare_rank(local_rank, local_world, backend)
-    dist.init_process_group(backend, init_method="env://", timeout=timeout_delta(timeout_s))
+    if _torchrun_store is None:   # torchrun's store (or rank 0's, without an agent store), reached once
+        _torchrun_store, _, _ = next(dist.rendezvous("env://", timeout=timeout_delta(timeout_s)))
+    _torchrun_joins += 1          # every rank calls launch in the same order, so the prefixes agree
+    store = dist.PrefixStore(f"minddp/launch{_torchrun_joins}", _torchrun_store)
+    dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout_delta(timeout_s))
     try:
         return fn(*args, **kwargs)
     except BaseException as exc:

@@ -87,26 +87,30 @@ def free_port():
         return s.getsockname()[1]
 
 
-def test_joins_a_torchrun_job(tmp_path):
-    # Each rank writes its result to its own file: two ranks sharing one stdout
-    # pipe can lose or merge lines, which made an earlier stdout-parsing version flaky.
+def test_joins_a_torchrun_job_again_and_again(tmp_path):
+    # Three launches in one torchrun job, as `python -m minddp.train --stage all` makes: each must
+    # build a working group (an earlier version hung on the second one, rejoining torchrun's store).
+    # Each rank writes its results to its own file: two ranks sharing one stdout pipe can lose or
+    # merge lines, which made an earlier stdout-parsing version flaky.
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(f"""
         import json, os, sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_launch import rank_info
         from minddp import launch
-        out = launch(rank_info, "torchrun", world_size=99)   # world_size comes from torchrun
+        out = [launch(rank_info, f"torchrun{{i}}", world_size=99)[0] for i in range(3)]   # world from torchrun
         with open(os.path.join({str(tmp_path)!r}, "result-" + os.environ["RANK"] + ".json"), "w") as f:
-            json.dump(out[0], f)
+            json.dump(out, f)
     """))
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
          str(free_port()), str(script)], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     import json
-    results = [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in (0, 1)]
-    assert [r["rank"] for r in results] == [0, 1] and all(r["world"] == 2 and r["sum"] == 3 for r in results)
+    per_rank = [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in (0, 1)]
+    for rank, results in enumerate(per_rank):
+        assert [r["tag"] for r in results] == ["torchrun0", "torchrun1", "torchrun2"]
+        assert all(r["rank"] == rank and r["world"] == 2 and r["sum"] == 3 for r in results), results
 
 
 def stuck_after(steps):
