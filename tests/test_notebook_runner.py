@@ -121,6 +121,34 @@ def test_cluster_state_output_failures_and_restart():
         cluster.run("1")
 
 
+@pytest.mark.timeout(120)
+def test_output_arrives_while_the_cell_still_runs():
+    seen = []
+    cell = "import time\nfor i in range(3):\n    print('tick', i, rank, flush=True)\n    time.sleep(0.5)"
+    with Cluster(world_size=WORLD) as cluster:
+        outs = cluster.run(cell, on_stream=lambda r, kind, text: seen.append((r, kind, text, time.monotonic())))
+        ended = time.monotonic()
+    first_tick = min(t for r, kind, text, t in seen if "tick 0" in text)
+    assert ended - first_tick > 0.8          # 'tick 0' came about 1 s before the cell ended
+    for out in outs:                          # and the report is still complete, stream or not
+        assert out.stdout == "".join(f"tick {i} {out.rank}\n" for i in range(3))
+        assert "".join(text for r, kind, text, _ in seen if r == out.rank and kind == "stdout") == out.stdout
+
+
+def test_live_view_prints_whole_lines_per_rank_after_its_delay(capsys):
+    from minddp.notebook.display import LiveView
+    live = LiveView(delay_s=0)
+    live.write(0, "stdout", "hel")
+    live.write(1, "stderr", "oops\n")
+    live.write(0, "stdout", "lo\nwor")                # 'wor' waits for its newline
+    captured = capsys.readouterr()
+    assert captured.out == "[rank 0] hello\n" and captured.err == "[rank 1] oops\n" and live.shown
+    quiet = LiveView(delay_s=60)                      # a quick cell: nothing shown live, nothing to clear
+    quiet.write(0, "stdout", "done\n")
+    quiet.close()
+    assert capsys.readouterr().out == "" and not quiet.shown
+
+
 @pytest.mark.timeout(240)
 def test_kernel_magics_and_kernel_restart_leave_nothing_behind():
     from jupyter_client.manager import start_new_kernel
@@ -136,6 +164,14 @@ def test_kernel_magics_and_kernel_restart_leave_nothing_behind():
         out = execute("%%distributed\nprint('hello', rank)\ndist.get_world_size()")
         texts = "".join(c.get("text", "") + c.get("data", {}).get("text/plain", "") for c in out)
         assert texts.index("[rank 0]") < texts.index("hello 0") < texts.index("[rank 1]") < texts.index("hello 1")
+        # A long cell shows its lines live, then clears them for the final per-rank blocks.
+        msgs = []
+        kc.execute_interactive("%%distributed\nimport time\nfor i in range(3):\n    print('tick', i, flush=True)\n"
+                               "    time.sleep(0.6)", timeout=120, output_hook=msgs.append)
+        kinds = [m["msg_type"] for m in msgs]
+        live = [i for i, m in enumerate(msgs) if kinds[i] == "stream" and "[rank 0] tick 2" in m["content"]["text"]]
+        final = [i for i, m in enumerate(msgs) if kinds[i] == "stream" and m["content"]["text"] == "[rank 0]\n"]
+        assert live and final and live[0] < kinds.index("clear_output") < final[0], kinds
         out = execute("%%rank [1]\nrank")
         assert "[rank 0]" not in "".join(c.get("text", "") for c in out)
         out = execute("%%rank 7\nrank")

@@ -9,7 +9,10 @@ Running a cell:
    every selected rank; each rank runs it in its own namespace, which
    persists from cell to cell.
 2. The cluster gathers one report per rank: stdout, stderr, the value of a
-   trailing expression, figures, or the exception with its traceback.
+   trailing expression, figures, or the exception with its traceback. While
+   it waits, what the ranks print arrives as it is printed and goes to
+   ``on_stream(rank, "stdout" | "stderr", text)`` if given (the magics use
+   it for a live view of long cells).
 3. When a rank fails (or dies, or the cell runs past ``timeout_s``, or the
    user interrupts), the other ranks get ``grace_s`` to finish. Ranks still
    running are then usually blocked in a collective with the failed rank,
@@ -191,13 +194,15 @@ class Cluster:
 
     # ----------------------------------------------------------------- running cells
     def run(self, cell: str | Callable[..., Any], *args: Any, ranks: Iterable[int] | None = None,
-            timeout_s: float | None = None, raise_errors: bool = True, **kwargs: Any) -> list[RankOutput]:
+            timeout_s: float | None = None, raise_errors: bool = True,
+            on_stream: Callable[[int, str, str], None] | None = None, **kwargs: Any) -> list[RankOutput]:
         """Run code (a string, in each rank's persistent namespace) or ``cell(*args, **kwargs)``.
 
         Returns one :class:`RankOutput` per selected rank, by rank. When a rank
         fails, raises :class:`CellError` (its ``outputs`` hold every rank's
         report) unless ``raise_errors`` is false. ``timeout_s`` bounds this
-        cell; an overdue cell is released like a failure (step 3).
+        cell; an overdue cell is released like a failure (step 3). ``on_stream``
+        sees the ranks' output live (step 2).
         """
         if not self.running:
             raise RuntimeError("the cluster is not running: call start() (in a notebook: %dist_init)")
@@ -209,7 +214,7 @@ class Cluster:
         self._cell += 1
         for rank in selected:
             self._commands[rank].put(("run", self._cell, body))
-        outputs = self._gather(self._cell, selected, timeout_s)
+        outputs = self._gather(self._cell, selected, timeout_s, on_stream)
         # Root causes first (RankError.rank is the first entry), released ranks after.
         failed = {o.rank: o for o in sorted(outputs, key=lambda o: (o.note is not None, o.rank)) if not o.ok}
         if (failed or self._aborted) and not any(o.exc_type == "Restarted" for o in outputs):
@@ -228,7 +233,8 @@ class Cluster:
             raise ValueError(f"ranks must be integers in 0..{self.world_size - 1}, got {list(ranks)!r}")
         return selected
 
-    def _gather(self, cell_id: int, selected: list[int], timeout_s: float | None) -> list[RankOutput]:
+    def _gather(self, cell_id: int, selected: list[int], timeout_s: float | None,
+                on_stream: Callable[[int, str, str], None] | None = None) -> list[RankOutput]:
         """Steps 2 and 3: one report per selected rank, releasing stuck ranks after a failure."""
         outputs: dict[int, RankOutput] = {}
         pending = set(selected)
@@ -242,7 +248,10 @@ class Cluster:
             except KeyboardInterrupt:  # the notebook's stop button: release now, skip the grace
                 msg, trouble_at, cause = None, time.monotonic() - self.grace_s, "the cell was interrupted"
             now = time.monotonic()
-            if msg is not None and msg[0] == "done" and msg[2] == cell_id:
+            if msg is not None and msg[0] == "stream":
+                if on_stream is not None and msg[2] == cell_id:   # an earlier cell's late output is dropped
+                    on_stream(msg[1], msg[3], msg[4])
+            elif msg is not None and msg[0] == "done" and msg[2] == cell_id:
                 rank, report = msg[1], msg[3]
                 out = RankOutput(rank, report["stdout"], report["stderr"], report["value_repr"],
                                  report["figures"], report["error"], report["exc_type"],

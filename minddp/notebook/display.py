@@ -8,6 +8,10 @@
 3. Values that can be rebuilt in the notebook (a tensor, a pandas table) are
    displayed as themselves, so tables render as tables; others as their repr.
 
+While a long cell runs, :class:`LiveView` prints each line a rank prints,
+as ``[rank r] line``, as soon as it arrives; when the cell ends it clears
+them, so the notebook keeps only the complete blocks above.
+
 Tracebacks are not shown here: :class:`~minddp.notebook.cluster.CellError`
 carries them to the notebook's error output, so a failing cell looks failed.
 
@@ -23,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import sys
+import time
 
 from minddp.notebook.cluster import RankOutput
 
@@ -78,3 +83,38 @@ def _text_parts(out: RankOutput) -> list[str]:
     if out.value_repr is not None:
         parts.append(out.value_repr)
     return parts
+
+
+class LiveView:
+    """Follow a running cell: complete lines as ``[rank r] line``, once it has run ``delay_s``.
+
+    1. :meth:`write` (the cluster's ``on_stream``) splits each rank's text
+       into lines, keeping a partial last line until its newline comes;
+    2. lines are held back until the cell has run ``delay_s``, so a quick
+       cell shows nothing twice; after that they print at once (stderr lines
+       on stderr);
+    3. :meth:`close` clears what was printed (``clear_output(wait=True)``:
+       the notebook clears it when the final blocks arrive), so the saved
+       notebook holds the complete per-rank blocks only.
+    """
+
+    def __init__(self, delay_s: float = 1.0):
+        self.start, self.delay_s = time.monotonic(), delay_s
+        self.shown = False
+        self._partial: dict[tuple[int, str], str] = {}
+        self._held: list[tuple[int, str, str]] = []
+
+    def write(self, rank: int, kind: str, text: str) -> None:
+        *lines, self._partial[(rank, kind)] = (self._partial.get((rank, kind), "") + text).split("\n")   # step 1
+        self._held += [(rank, kind, line) for line in lines]
+        if time.monotonic() - self.start < self.delay_s:                                          # step 2
+            return
+        for rank_, kind_, line in self._held:
+            print(f"{label(rank_)} {line}", file=sys.stderr if kind_ == "stderr" else sys.stdout, flush=True)
+            self.shown = True
+        self._held = []
+
+    def close(self) -> None:
+        if self.shown:                                                                            # step 3
+            from IPython.display import clear_output
+            clear_output(wait=True)

@@ -37,7 +37,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from minddp.notebook.cluster import Cluster
-from minddp.notebook.display import show
+from minddp.notebook.display import LiveView, show
 
 _cluster: Cluster | None = None
 
@@ -134,13 +134,19 @@ class DistributedMagics(Magics):
 
     def _run(self, cell: str, ranks: list[int] | None) -> None:
         outputs = None
+        # Live lines only where a front end can clear them again (a notebook, not a terminal).
+        live = LiveView() if type(self.shell).__name__ == "ZMQInteractiveShell" else None
         try:
-            outputs = self._require().run(cell, ranks=ranks)
+            outputs = self._require().run(cell, ranks=ranks, on_stream=live.write if live else None)
         except Exception as exc:
             outputs = getattr(exc, "outputs", None)
+            if live:
+                live.close()
             if outputs:
                 show(outputs)  # what the ranks printed before failing, then the tracebacks
             raise
+        if live:
+            live.close()
         show(outputs)
 
     def _require(self) -> Cluster:

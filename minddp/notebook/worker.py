@@ -12,7 +12,8 @@ still there in the next. Each worker is a process that:
    its process group (the parent uses that to release peers stuck in a
    collective with a rank that failed), a request to build a fresh group,
    or the order to stop;
-3. runs a cell in the namespace with stdout/stderr captured, evaluates a
+3. runs a cell in the namespace with stdout/stderr captured (and passed
+   on as they are written, for a live view of long cells), evaluates a
    trailing expression like a notebook does, and renders open matplotlib
    figures to PNG;
 4. sends one report per cell back to the parent, the exception with its
@@ -42,7 +43,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 #: matplotlib backend for ranks: draws off-screen; ``plt.show()`` keeps the figure for the report.
 MPL_BACKEND = "module://minddp.notebook.mpl_backend"
@@ -100,8 +101,10 @@ def worker_main(rank, world_size, port, backend, timeout_s, parent_pid, parent_p
         elif kind == "run":
             # Steps 3 and 4.
             running.set()
+            def send(kind: str, text: str, cell_id=cell_id) -> None:    # live output, as it is printed
+                reports.put(("stream", rank, cell_id, kind, text))
             try:
-                report = run_cell(body, namespace, f"<rank{rank} cell {cell_id}>")
+                report = run_cell(body, namespace, f"<rank{rank} cell {cell_id}>", send)
             finally:
                 running.clear()
             reports.put(("done", rank, cell_id, report))
@@ -109,9 +112,42 @@ def worker_main(rank, world_size, port, backend, timeout_s, parent_pid, parent_p
         dist.destroy_process_group()
 
 
-def run_cell(body: Any, namespace: dict, filename: str) -> dict:
-    """Step 3: run code (a string) or a pickled call, capture everything a notebook would show."""
-    out, err = io.StringIO(), io.StringIO()
+class _Tee(io.StringIO):
+    """Captures what is written (for the report) and hands it to ``send`` as well, a line at a time.
+
+    ``print`` writes a line in pieces (each argument, the separators, the
+    newline); sending each piece would make one message per word, so text is
+    passed on when a newline arrives or on ``flush()``.
+    """
+
+    def __init__(self, send: Callable[[str], None]):
+        super().__init__()
+        self._send, self._pending = send, ""
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        if "\n" in text:
+            self.flush()
+        return super().write(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._send(self._pending)
+            self._pending = ""
+
+
+def run_cell(body: Any, namespace: dict, filename: str,
+             send: Callable[[str, str], None] | None = None) -> dict:
+    """Step 3: run code (a string) or a pickled call, capture everything a notebook would show.
+
+    With ``send``, every write to stdout/stderr also goes out at once as
+    ``send("stdout" | "stderr", text)``, so a long cell can be followed live;
+    the report still holds the complete output.
+    """
+    if send is None:
+        out, err = io.StringIO(), io.StringIO()
+    else:
+        out, err = _Tee(lambda t: send("stdout", t)), _Tee(lambda t: send("stderr", t))
     report: dict[str, Any] = {"stdout": "", "stderr": "", "value": None, "value_repr": None,
                               "figures": [], "error": None, "exc_type": None}
     value = None
@@ -126,6 +162,7 @@ def run_cell(body: Any, namespace: dict, filename: str) -> dict:
     except BaseException as exc:  # noqa: BLE001 - a cell's failure is a report, not a crash
         report["error"] = _format_exception(exc, filename)
         report["exc_type"] = type(exc).__name__
+    out.flush(), err.flush()           # a last line without a newline still reaches the live view
     report["stdout"], report["stderr"] = out.getvalue(), err.getvalue()
     report["figures"] = _collect_figures()
     if value is not None:
