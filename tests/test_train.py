@@ -121,6 +121,20 @@ def test_torchrun_matches_world_size_2(fixture_runs, tmp_path):
     assert got["stages"]["bucket-async"]["accuracy"] == pytest.approx(want["accuracy"])
 
 
+def test_stage_all_under_torchrun_trains_every_stage(tmp_path):
+    # One torchrun job runs one launch per stage (an earlier launcher hung on the second).
+    out = tmp_path / "all.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), "-m", "minddp.train", "--stage", "all", "--steps", "2", "--no-profile",
+           *TINY, "--summary-json", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert sorted(got["stages"]) == sorted(s for s in stage_choices() if s != "all")
+    assert all(len(s["losses"]) == 2 for s in got["stages"].values())
+
+
 @pytest.mark.parametrize("argv, cause", [
     (["--stage", "nope"], "--stage"),
     (["--hook", "nope"], "--hook"),
