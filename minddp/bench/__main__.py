@@ -10,6 +10,7 @@ import time
 
 from minddp.bench.configs import VARIANTS, bench_configs
 from minddp.bench.report import markdown_table, summarize, write_outputs
+from minddp.bench.targets import check_targets, targets_markdown
 
 PROG = "minddp.bench"
 
@@ -121,10 +122,9 @@ def main(argv: list[str] | None = None) -> int:
             "max_seq_len": cfg.max_seq_len, "bucket_cap_mb": cfg.bucket_cap_mb,
             "load_avg_1min_before_after": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",
             "wall_s": round(time.perf_counter() - start, 1)}
-    paths = write_outputs(rows, out, meta)
-    print(markdown_table(rows))
-    from minddp.bench.targets import check_targets, targets_markdown
     targets = check_targets(rows)
+    paths = write_outputs(rows, out, meta, targets)
+    print(markdown_table(rows))
     if targets:
         print("\n" + targets_markdown(targets))
     print(f"{PROG}: wrote {', '.join(paths.values())}", file=sys.stderr)

@@ -42,9 +42,9 @@ import os
 import statistics
 
 COLUMNS = ["config", "stage", "hook", "median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "steps",
-           "ratio_to_torch", "ratio_lo", "ratio_hi", "ref", "exposed_comm_ms", "overlap_pct", "overlap_min_pct", "overlap_max_pct",
-           "allreduce_calls_per_step",
-           "allreduce_bytes_per_step", "traffic_source", "peak_mib"]
+           "ratio_to_torch", "ratio_lo", "ratio_hi", "ref", "exposed_comm_ms",
+           "overlap_pct", "overlap_min_pct", "overlap_max_pct",
+           "allreduce_calls_per_step", "allreduce_bytes_per_step", "traffic_source", "peak_mib"]
 
 
 def _quantiles(values: list[float]) -> tuple[float, float, float]:
@@ -138,9 +138,12 @@ def ratio_interval(times: list[float], ref_times: list[float], rounds: int = 1, 
     On a noisy machine it says whether "1.02 x torch" means slower or the same.
     """
     import random
-    blocks = rounds if rounds > 1 and len(times) % rounds == 0 and len(ref_times) == len(times) else len(times)
-    if blocks == len(times) and len(ref_times) != len(times):
-        blocks = 0                                          # unpaired: resample each list on its own
+    if len(ref_times) != len(times):
+        blocks = 0                      # not paired: resample each list on its own
+    elif rounds > 1 and len(times) % rounds == 0:
+        blocks = rounds                 # step 1: whole rounds
+    else:
+        blocks = len(times)             # one round: each step is its own block
     rng = random.Random(seed)
     ratios = []
     for _ in range(resamples):
@@ -189,12 +192,14 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(rows: list[dict], folder: str, meta: dict) -> dict[str, str]:
-    """``results.md`` (table + settings), ``results.csv``, ``results.json``, ``step_times.png``."""
+def write_outputs(rows: list[dict], folder: str, meta: dict, targets: list[dict] = ()) -> dict[str, str]:
+    """``results.md`` (table, targets, settings), ``results.csv``, ``results.json``, ``step_times.png``.
+
+    ``targets``: :func:`minddp.bench.targets.check_targets` of ``rows``.
+    """
+    from minddp.bench.targets import targets_markdown
     os.makedirs(folder, exist_ok=True)
     paths = {k: os.path.join(folder, f"results.{k}") for k in ("md", "csv", "json")}
-    from minddp.bench.targets import check_targets, targets_markdown
-    targets = check_targets(rows)
     with open(paths["md"], "w") as f:
         f.write(f"# minddp benchmark {meta.get('date', '')}\n\n{markdown_table(rows)}\n\n")
         if targets:
@@ -205,7 +210,7 @@ def write_outputs(rows: list[dict], folder: str, meta: dict) -> dict[str, str]:
         writer.writeheader()
         writer.writerows(rows)
     with open(paths["json"], "w") as f:
-        json.dump({"meta": meta, "rows": rows, "targets": targets}, f, indent=2)
+        json.dump({"meta": meta, "rows": rows, "targets": list(targets)}, f, indent=2)
     paths["png"] = os.path.join(folder, "step_times.png")
     plot(rows, paths["png"], meta)
     return paths

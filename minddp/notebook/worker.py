@@ -101,8 +101,10 @@ def worker_main(rank, world_size, port, backend, timeout_s, parent_pid, parent_p
         elif kind == "run":
             # Steps 3 and 4.
             running.set()
-            def send(kind: str, text: str, cell_id=cell_id) -> None:    # live output, as it is printed
-                reports.put(("stream", rank, cell_id, kind, text))
+
+            def send(stream: str, text: str, cell_id=cell_id) -> None:    # live output, as it is printed
+                reports.put(("stream", rank, cell_id, stream, text))
+
             try:
                 report = run_cell(body, namespace, f"<rank{rank} cell {cell_id}>", send)
             finally:
