@@ -2,7 +2,6 @@
 
 import os
 import socket
-import subprocess
 import sys
 import textwrap
 import time
@@ -12,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from minddp import RankError, launch
+from processes import run_torchrun
 
 
 def rank_info(tag):
@@ -102,9 +102,7 @@ def test_joins_a_torchrun_job_again_and_again(tmp_path):
         with open(os.path.join({str(tmp_path)!r}, "result-" + os.environ["RANK"] + ".json"), "w") as f:
             json.dump(out, f)
     """))
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-         str(free_port()), str(script)], capture_output=True, text=True, timeout=180)
+    proc = run_torchrun(["--nproc-per-node", "2", "--master-port", str(free_port()), str(script)], timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     import json
     per_rank = [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in (0, 1)]

@@ -18,6 +18,8 @@ from minddp.notebook import CellError, Cluster
 from minddp.notebook.display import render_text
 from minddp.notebook.worker import _alive
 
+from processes import descendants
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "notebooks" / "00_runner_demo.ipynb"
 WORLD = 2
@@ -27,26 +29,6 @@ def rank_square(x):
     """A module-level function the ranks can import by name."""
     import torch.distributed as dist
     return (dist.get_rank() + x) ** 2
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` (children, grandchildren, ...), from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if _alive(child):
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 def wait_gone(pids, within_s: float = 20.0) -> list[int]:

@@ -26,6 +26,7 @@ from minddp.comm.registry import make_hook
 from minddp.launch import report_step
 from minddp.loop import train_step
 from minddp.stages import STAGES, build_stage
+from processes import run_torchrun
 
 TIMEOUT_S = 20
 
@@ -285,8 +286,6 @@ def stuck_rank1_at_step2():
 
 @pytest.mark.timeout(120)
 def test_under_torchrun_a_stuck_peer_fails_within_the_timeout_naming_the_step(tmp_path):
-    import subprocess
-    import sys
     import textwrap
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(f"""
@@ -300,7 +299,6 @@ def test_under_torchrun_a_stuck_peer_fails_within_the_timeout_naming_the_step(tm
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-port", str(port), str(script)], capture_output=True, text=True, timeout=110)
+    proc = run_torchrun(["--nproc-per-node", "2", "--master-port", str(port), str(script)], timeout=110)
     assert proc.returncode != 0 and time.monotonic() - start < 60
     assert "minddp: rank 0 failed at step 2" in proc.stderr, proc.stderr[-3000:]

@@ -20,6 +20,7 @@ import pytest
 from minddp import train
 from minddp.config import stage_choices
 from minddp.data import ShardSampler
+from processes import run_torchrun
 
 FIXTURE = str(Path(__file__).parent / "data" / "mrpc_tiny")
 TINY = ["--batch-size", "4", "--grad-accum", "2", "--max-seq-len", "32", "--eval-examples", "16", "--no-progress",
@@ -109,10 +110,9 @@ def test_torchrun_matches_world_size_2(fixture_runs, tmp_path):
     runs, common = fixture_runs
     out = tmp_path / "torchrun.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), "-m", "minddp.train", "--stage", "bucket-async", *common,
-           "--summary-json", str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    args = ["--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+            "-m", "minddp.train", "--stage", "bucket-async", *common, "--summary-json", str(out)]
+    proc = run_torchrun(args, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())
     assert got["world_size"] == 2
@@ -125,10 +125,9 @@ def test_stage_all_under_torchrun_trains_every_stage(tmp_path):
     # One torchrun job runs one launch per stage (an earlier launcher hung on the second).
     out = tmp_path / "all.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), "-m", "minddp.train", "--stage", "all", "--steps", "2", "--no-profile",
-           *TINY, "--summary-json", str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    args = ["--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+            "-m", "minddp.train", "--stage", "all", "--steps", "2", "--no-profile", *TINY, "--summary-json", str(out)]
+    proc = run_torchrun(args, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())
     assert sorted(got["stages"]) == sorted(s for s in stage_choices() if s != "all")
