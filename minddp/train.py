@@ -105,14 +105,16 @@ def wrap_model(stage: str, model: nn.Module, cfg: TrainConfig, device: torch.dev
             hook = {"fp16": default_hooks.fp16_compress_wrapper, "bf16": default_hooks.bf16_compress_wrapper}[
                 wrapper](hook)
         state = powerSGD_hook.PowerSGDState(process_group=None, **_powersgd_options(cfg)) if powersgd else None
-        ddp.register_comm_hook(state, hook)
+        if cfg.hook != "allreduce":          # plain averaging: torch's own (C++) default, no Python hook
+            ddp.register_comm_hook(state, hook)
         ddp.minddp_hook_state = state
         return ddp
     from minddp.comm.registry import make_hook
     from minddp.stages import build_stage
     wrapped = build_stage(stage, model, bucket_cap_mb=cfg.bucket_cap_mb)
     state, hook = make_hook(cfg.hook, None, **(_powersgd_options(cfg) if powersgd else {}))
-    wrapped.register_comm_hook(state, hook)
+    if cfg.hook != "allreduce":              # plain averaging: the stage's built-in default
+        wrapped.register_comm_hook(state, hook)
     wrapped.minddp_hook_state = state  # what a checkpoint saves of the hook (PowerSGD's memory)
     return wrapped
 

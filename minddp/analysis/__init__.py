@@ -110,6 +110,18 @@ def overlap_parts(trace_file, rank: int) -> tuple[float, float]:
     return metrics.length(metrics.intersect(comm, iv.compute)), metrics.length(comm)
 
 
+def trace_traffic(trace_file, rank: int) -> tuple[float, float]:
+    """``(all_reduce calls, payload bytes)`` per profiled step of one rank's trace.
+
+    For code whose collectives no Python meter sees (torch's C++ reducer).
+    """
+    from minddp.analysis.events import read_trace
+    from minddp.analysis.steps import per_step_means
+    trace = read_trace(trace_file, rank)
+    means = per_step_means((gpu if gpu.is_gpu_trace(trace) else cpu).rank_intervals(trace))
+    return means["allreduce_calls_per_step"], means["allreduce_bytes_per_step"]
+
+
 def compare_runs(a, b) -> pd.DataFrame:
     """Two runs side by side (e.g. allreduce vs PowerSGD): per stage, each metric of A and of B.
 
@@ -126,5 +138,5 @@ def compare_runs(a, b) -> pd.DataFrame:
     return both.reindex(sorted(both.index, key=stage_sort_key))
 
 
-__all__ = ["analyze_run", "compare_runs", "overlap_parts", "RunAnalysis", "TraceError", "Run", "load_run", "SUMMARY_COLUMNS",
+__all__ = ["analyze_run", "compare_runs", "overlap_parts", "trace_traffic", "RunAnalysis", "TraceError", "Run", "load_run", "SUMMARY_COLUMNS",
            "STAGE_COLUMNS"]

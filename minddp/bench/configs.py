@@ -96,11 +96,13 @@ def wrap(config: BenchConfig, model: nn.Module, cfg: TrainConfig, device: torch.
                                       bucket_cap_mb=cap,
                                       gradient_as_bucket_view=config.gradient_as_bucket_view)
         state = powerSGD_hook.PowerSGDState(process_group=None, **options) if options else None
-        ddp.register_comm_hook(state, _torch_hooks()[config.hook])
+        if config.hook != "allreduce":       # plain averaging: torch's default, its C++ reducer's own
+            ddp.register_comm_hook(state, _torch_hooks()[config.hook])
         return ddp
     from minddp.comm.registry import make_hook
     from minddp.stages import build_stage
     wrapped = build_stage(config.stage, model, bucket_cap_mb=cap,
                           gradient_as_bucket_view=config.gradient_as_bucket_view)
-    wrapped.register_comm_hook(*make_hook(config.hook, None, **options))
+    if config.hook != "allreduce":           # plain averaging: the stage's built-in default
+        wrapped.register_comm_hook(*make_hook(config.hook, None, **options))
     return wrapped

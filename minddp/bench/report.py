@@ -20,8 +20,11 @@ How each column is computed (``docs/benchmarks.md`` repeats this for readers):
 5. **all_reduce calls and bytes per step** (payload bytes, as handed to
    all_reduce), mean over timed steps: minddp's stages through the
    :data:`minddp.comm.wire.traffic` meter (source ``wire``); torch's DDP
-   by wrapping ``torch.distributed.all_reduce``, which its Python hooks call
-   (source ``hook``, :func:`minddp.bench.worker.counting_torch_all_reduce`);
+   with a hook by wrapping ``torch.distributed.all_reduce``, which its
+   Python hooks call (source ``hook``,
+   :func:`minddp.bench.worker.counting_torch_all_reduce`); torch's DDP with
+   no hook (plain averaging, its C++ default) from the ``gloo:all_reduce``
+   ranges of the profiled steps (source ``trace``; none without profiling);
 6. **peak memory**: the high-water of tensor bytes a configuration
    allocates from building it (model, wrapper, buckets, optimizer) through
    ``1 + profile_steps`` steps, max over ranks
@@ -98,8 +101,13 @@ def summarize(configs, per_rank: list[dict], rounds: int = 1) -> list[dict]:
         times = [max(ts) * 1e3 for ts in zip(*(run["times"] for run in runs))]               # step 1
         q1, median, q3 = _quantiles(times)
         overlap, overlap_lo, overlap_hi = overlap_summary([run["overlap"] for run in runs])      # step 4
-        ours = c.stage != "torch"
-        calls, nbytes = statistics.mean(runs[0]["calls"]), statistics.mean(runs[0]["bytes"])  # step 5
+        if c.stage == "torch" and c.hook == "allreduce":      # torch's C++ default: from the traces, if any
+            counted = runs[0].get("trace_traffic")
+            calls, nbytes = (statistics.mean(x) for x in zip(*counted)) if counted else (None, None)  # step 5
+            source = "trace"
+        else:
+            calls, nbytes = statistics.mean(runs[0]["calls"]), statistics.mean(runs[0]["bytes"])
+            source = "hook" if c.stage == "torch" else "wire"
         peaks = [run["peak_bytes"] for run in runs if "peak_bytes" in run]
         peak = max(peaks) if peaks else None                                                 # step 6
         rows[c.name] = {"config": c.name, "stage": c.stage,
@@ -109,7 +117,7 @@ def summarize(configs, per_rank: list[dict], rounds: int = 1) -> list[dict]:
                         "steps": len(times), "times_ms": times, "ref": c.ref, "overlap_pct": overlap,
                         "overlap_min_pct": overlap_lo, "overlap_max_pct": overlap_hi,
                         "allreduce_calls_per_step": calls, "allreduce_bytes_per_step": nbytes,
-                        "traffic_source": "wire" if ours else "hook",
+                        "traffic_source": source,
                         "peak_mib": None if peak is None else peak / 2**20}
     for c in configs:
         row = rows[c.name]

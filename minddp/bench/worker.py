@@ -9,7 +9,8 @@
    no configuration always follows the same neighbour, and a burst of noise
    on the machine lands on all of them alike. Each timed step records its
    wall time and what :data:`minddp.comm.wire.traffic` counted (torch's
-   hooks bypass our wire: :func:`counting_torch_all_reduce` counts them);
+   hooks bypass our wire: :func:`counting_torch_all_reduce` counts them;
+   torch's default, with no hook, is counted from the traces of step 3);
 3. **profile** (optional), in every round, right after a configuration's
    timed steps: ``1 + profile_steps`` more steps under the profiler (the
    first is its warm-up); the trace goes to
@@ -117,8 +118,14 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
                 rec["calls"].append(wire.traffic.calls)
                 rec["bytes"].append(wire.traffic.bytes)
             if trace_dir is not None and profile_steps:                                     # step 3
+                folder = os.path.join(trace_dir, config.name)
                 rec["overlap"].append(profiled_overlap(lambda: one_step(config.name), profile_steps,
-                                                       os.path.join(trace_dir, config.name), rank, device))
+                                                       folder, rank, device))
+                if config.stage == "torch" and config.hook == "allreduce":
+                    # torch's C++ default averages without a Python call to meter: count from the trace
+                    from minddp.analysis import trace_traffic
+                    from minddp.profiling import trace_path
+                    rec.setdefault("trace_traffic", []).append(trace_traffic(trace_path(folder, rank), rank))
     if trace_dir is not None and profile_steps:
         for config in configs:                                                              # step 4
             dist.barrier()

@@ -7,6 +7,9 @@ for these the state is the process group (``None`` = the default group).
   across ranks: the mean gradient, exactly what a stage does with no hook.
 * :func:`fp16_compress_hook` / :func:`bf16_compress_hook` do the same in a
   16-bit float, halving the bytes on the wire, and cast back afterwards.
+* :func:`builtin_allreduce_hook` is the same average without the Python
+  callback that turns the result into a tensor: what the stages do when no
+  hook is registered (torch's C++ reducer makes the same split).
 * :func:`fp16_compress_wrapper` / :func:`bf16_compress_wrapper` put that
   cast around *any* hook, so ``fp16_compress_hook`` is literally
   ``fp16_compress_wrapper(allreduce_hook)``.
@@ -47,6 +50,21 @@ def allreduce_hook(process_group: dist.ProcessGroup | None, bucket: GradBucket) 
     return wire.all_reduce(tensor, group)
 
 
+def builtin_allreduce_hook(process_group: dist.ProcessGroup | None, bucket: GradBucket) -> torch.futures.Future:
+    """What every stage does when no hook is registered: :func:`allreduce_hook` without its callback.
+
+    The same average, but the Future is the collective's own (value
+    ``[tensor]``, which the stages unwrap), so nothing in Python runs on the
+    comm thread when it completes (:func:`minddp.comm.wire.start_all_reduce`
+    says why that matters). torch's DDP has the same split: with no hook
+    registered its C++ reducer averages by itself, faster than registering
+    ``allreduce_hook``. torch refuses a Python hook whose Future holds a list,
+    so to register on torch's DDP use :func:`allreduce_hook`.
+    """
+    group = wire.resolve_group(process_group)
+    return wire.start_all_reduce(bucket.buffer().div_(dist.get_world_size(group)), group)
+
+
 def check_real_floating(bucket: GradBucket, hook_name: str) -> None:
     """Refuse a bucket this hook's math cannot represent (complex or integer), naming the fix."""
     dtype = bucket.buffer().dtype
@@ -77,7 +95,8 @@ def _compress_wrapper(dtype: torch.dtype, label: str, hook):
         bucket.set_buffer(original)
 
         def decompress(f: torch.futures.Future) -> torch.Tensor:              # step 3
-            return original.copy_(f.value())
+            value = f.value()
+            return original.copy_(value[0] if isinstance(value, list) else value)
 
         return fut.then(decompress)
 

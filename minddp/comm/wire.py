@@ -103,20 +103,33 @@ def transport(t: Transport | None):
         use_transport(old)
 
 
-def all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.futures.Future:
-    """Sum ``tensor`` in place across the group; return a Future whose value is ``tensor``.
+def start_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.futures.Future:
+    """Sum ``tensor`` in place across the group; return the collective's own Future (value ``[tensor]``).
 
     With torch's transport the call returns at once and the reduction runs on
     the backend's own threads/streams, which is what lets communication
     overlap with the rest of backward. A point-to-point transport runs here and
     now (readable, not overlapped) and hands back a completed future.
+
+    Nothing in Python runs when the collective completes. That matters: a
+    Python callback (``fut.then(...)``) runs on gloo's worker thread, which
+    must take the GIL first, and while it waits it starts no other collective.
     """
     group = resolve_group(group)
     traffic.record(tensor)
     if _transport is None:
-        work = dist.all_reduce(tensor, group=group, async_op=True)
-        return work.get_future().then(lambda fut: fut.value()[0])
+        return dist.all_reduce(tensor, group=group, async_op=True).get_future()
     _transport(tensor, group)
     fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(tensor)
+    fut.set_result([tensor])
     return fut
+
+
+def all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.futures.Future:
+    """:func:`start_all_reduce`, with the Future's value unwrapped to ``tensor`` (what torch's hooks return).
+
+    The unwrapping is a Python callback on the comm thread (see
+    :func:`start_all_reduce`); hooks that only hand the result back to the
+    stage can skip it.
+    """
+    return start_all_reduce(tensor, group).then(lambda fut: fut.value()[0])

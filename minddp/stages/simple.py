@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 from minddp.comm import hook_runner, wire
-from minddp.comm.default_hooks import allreduce_hook
+from minddp.comm.default_hooks import builtin_allreduce_hook
 from minddp.comm.grad_bucket import GradBucket
 from minddp.stages import checks
 
@@ -79,7 +79,8 @@ class SimpleDDP(nn.Module):
         # frozen parameters have no gradient to sync.
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._param_names = {id(p): n for n, p in module.named_parameters() if p.requires_grad}
-        self._comm_hook, self._comm_state = allreduce_hook, self.process_group
+        # No hook registered: the built-in average (allreduce_hook's math, no callback on the comm thread).
+        self._comm_hook, self._comm_state = builtin_allreduce_hook, self.process_group
         self._hook_registered = False
         #: Set ``wire``'s meter to also measure ||g - ĝ|| / ||g|| (costs an extra all_reduce).
         self.measure_compression_error = False
