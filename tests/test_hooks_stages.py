@@ -21,7 +21,7 @@ from minddp.stages import STAGES
 
 from test_hooks_support import batch, fresh, loss_fn, make_model, train, wrap
 
-HOOKS = [None, "allreduce", "fp16", "bf16", "noop"]
+HOOKS = [None, "allreduce", "fp16", "fp16(builtin)", "bf16", "noop"]
 TRAIN_HOOKS = ["bf16", "batched-powersgd", "fp16+powersgd", "bf16+powersgd", "bf16+batched-powersgd"]
 PSGD = dict(start_powerSGD_iter=2, matrix_approximation_rank=2)
 
@@ -40,13 +40,20 @@ def oracle_grads(model, rank: int, world: int) -> tuple[list[torch.Tensor], list
     return global_grads, grads_of(m)
 
 
+def hook_named(name):
+    if name == "fp16(builtin)":   # the wrapper around the callback-free default, whose future holds [tensor]
+        from minddp.comm.default_hooks import builtin_allreduce_hook, fp16_compress_wrapper
+        return None, fp16_compress_wrapper(builtin_allreduce_hook)
+    return make_hook(name) if name else (None, None)
+
+
 def rank_stage_grads(stages: list[str]) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     model = make_model()
     out = {"oracle": oracle_grads(model, rank, world)}
     for stage in stages:
         for name in HOOKS:
-            state, hook = make_hook(name) if name else (None, None)
+            state, hook = hook_named(name)
             ddp = wrap(stage, fresh(model), state, hook, bucket_cap_mb=0.002)  # several buckets
             loss_fn(ddp, batch(rank, 0)).backward()
             finish = getattr(ddp, "finish_gradient_synchronization", None)
@@ -69,11 +76,13 @@ def test_every_stage_takes_every_stateless_hook():
                         assert torch.equal(g, want), tag
                     assert not all(torch.allclose(g, w) for g, w in zip(got, global_grads)), tag
                     continue
-                tol = {"fp16": 2e-3, "bf16": 2e-2}.get(name, 1e-6)
+                tol = {"fp16": 2e-3, "fp16(builtin)": 2e-3, "bf16": 2e-2}.get(name, 1e-6)
                 for g, want in zip(got, global_grads):
                     torch.testing.assert_close(g, want, rtol=tol, atol=tol * 0.1, msg=tag)
                 if name == "allreduce":  # the default path and the explicit hook are one computation
                     assert all(torch.equal(a, b) for a, b in zip(got, out[stage, None])), tag
+                if name == "fp16(builtin)":   # so are fp16 around either of them
+                    assert all(torch.equal(a, b) for a, b in zip(got, out[stage, "fp16"])), tag
 
 
 def eval_loss(model) -> float:
