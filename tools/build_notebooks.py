@@ -38,6 +38,17 @@ def code(text: str, expect: str | None = None):
     return cell
 
 
+def show_source(expr: str):
+    """A cell that prints, on rank 0, the source of ``expr`` (a stage class or method)."""
+    return code(f"%%rank 0\nprint(inspect.getsource({expr}))")
+
+
+def train_stage(stage: str, accum: int | None = None):
+    """A cell that trains ``stage`` on every rank (notebook 03's toy run) and shows loss and traffic."""
+    args = f", accum={accum}" if accum else ""
+    return code(f'%%distributed\nshow(*run("{stage}"{args}, run_name="03_build_up"))')
+
+
 START = code("%load_ext minddp.notebook\n%dist_init --world-size 2")
 STOP = code("%dist_shutdown")
 
@@ -351,10 +362,7 @@ We give `simple` three micro-batches per optimizer step, as `ga` will get. `Simp
 `no_sync()`, so the loop must sync after every micro-batch's backward: three rounds of
 all_reduce calls per step.
 """),
-    code("""
-%%distributed
-show(*run("simple", accum=3, run_name="03_build_up"))
-"""),
+    train_stage("simple", accum=3),
     md("""
 ## `ga`: gradient accumulation
 
@@ -362,14 +370,8 @@ With `accum` micro-batches per step, only the last micro-batch's gradients need 
 others run inside `no_sync()` and just accumulate locally. Same result, a third of `simple`'s
 all_reduce calls and bytes per optimizer step.
 """),
-    code("""
-%%rank 0
-print(inspect.getsource(STAGES["ga"].no_sync))
-"""),
-    code("""
-%%distributed
-show(*run("ga", accum=3, run_name="03_build_up"))
-"""),
+    show_source('STAGES["ga"].no_sync'),
+    train_stage("ga", accum=3),
     md("""
 ## `hook`: sync each gradient as soon as it exists
 
@@ -377,14 +379,8 @@ A post-accumulate-grad hook on every parameter fires the moment autograd has wri
 gradient, *during* backward; the hook sends it and (in this stage) waits for the result. The
 communication now starts earlier, but backward is blocked while it runs.
 """),
-    code("""
-%%rank 0
-print(inspect.getsource(STAGES["hook"]._submit))
-"""),
-    code("""
-%%distributed
-show(*run("hook", run_name="03_build_up"))
-"""),
+    show_source('STAGES["hook"]._submit'),
+    train_stage("hook"),
     md("""
 ## `hook-async`: do not wait
 
@@ -392,40 +388,21 @@ The same hook, but it keeps the future instead of waiting on it: autograd goes o
 earlier layers while gloo moves later layers' gradients. Everything is waited for once, before
 `optimizer.step()`. The whole stage is one class attribute:
 """),
-    code("""
-%%rank 0
-print(inspect.getsource(STAGES["hook-async"]))
-"""),
-    code("""
-%%distributed
-show(*run("hook-async", run_name="03_build_up"))
-"""),
+    show_source('STAGES["hook-async"]'),
+    train_stage("hook-async"),
     md("""
 ## `bucket`: fewer, larger messages
 
 One all_reduce per parameter pays the fixed cost of a message 14 times per step here. Buckets
 group gradients (in reverse parameter order, the order backward produces them) until a bucket
 holds `bucket_cap_mb` or more (torch's rule), and one all_reduce per full bucket moves the same
-bytes in fewer calls. We use a
-small cap (0.1 MB) so the toy model gets several buckets.
+bytes in fewer calls. We use a small cap (0.1 MB) so the toy model gets several buckets.
 """),
-    code("""
-%%rank 0
-print(inspect.getsource(STAGES["bucket"]._grad_ready))
-"""),
-    code("""
-%%distributed
-show(*run("bucket", run_name="03_build_up"))
-"""),
+    show_source('STAGES["bucket"]._grad_ready'),
+    train_stage("bucket"),
     md("## `bucket-async`: buckets sent while backward goes on"),
-    code("""
-%%rank 0
-print(inspect.getsource(STAGES["bucket-async"]))
-"""),
-    code("""
-%%distributed
-show(*run("bucket-async", run_name="03_build_up"))
-"""),
+    show_source('STAGES["bucket-async"]'),
+    train_stage("bucket-async"),
     md("""
 ## Comparing the stages
 
