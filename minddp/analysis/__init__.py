@@ -94,6 +94,13 @@ def analyze_run(path) -> RunAnalysis:
                        pd.DataFrame(buckets))
 
 
+def _intervals_of(trace_file, rank: int):
+    """One rank's trace file as intervals, through the GPU or the CPU path (step 2)."""
+    from minddp.analysis.events import read_trace
+    trace = read_trace(trace_file, rank)
+    return (gpu if gpu.is_gpu_trace(trace) else cpu).rank_intervals(trace)
+
+
 def overlap_parts(trace_file, rank: int) -> tuple[float, float]:
     """``(hidden, comm)`` in µs for one rank's trace: comm time during compute, and all comm time.
 
@@ -103,9 +110,7 @@ def overlap_parts(trace_file, rank: int) -> tuple[float, float]:
     ratio instead of an average of ratios.
     """
     from minddp.analysis import metrics
-    from minddp.analysis.events import read_trace
-    trace = read_trace(trace_file, rank)
-    iv = (gpu if gpu.is_gpu_trace(trace) else cpu).rank_intervals(trace)
+    iv = _intervals_of(trace_file, rank)
     comm = metrics.intersect(iv.comm, [(s, e) for _, s, e in iv.steps])
     return metrics.length(metrics.intersect(comm, iv.compute)), metrics.length(comm)
 
@@ -115,10 +120,8 @@ def trace_traffic(trace_file, rank: int) -> tuple[float, float]:
 
     For code whose collectives no Python meter sees (torch's C++ reducer).
     """
-    from minddp.analysis.events import read_trace
     from minddp.analysis.steps import per_step_means
-    trace = read_trace(trace_file, rank)
-    means = per_step_means((gpu if gpu.is_gpu_trace(trace) else cpu).rank_intervals(trace))
+    means = per_step_means(_intervals_of(trace_file, rank))
     return means["allreduce_calls_per_step"], means["allreduce_bytes_per_step"]
 
 
