@@ -81,3 +81,54 @@ def test_plan_matches_torchs_reducer(seed):
     assert sorted(map(sorted, got)) == sorted(map(sorted, want))   # same buckets...
     one_dtype = [b for b in got if ps[b[0]].dtype == torch.float32]
     assert one_dtype == [b for b in want if ps[b[0]].dtype == torch.float32]   # ...filled in the same order
+
+
+class _Flat(torch.nn.Module):
+    def __init__(self, ps):
+        super().__init__()
+        self.ps = torch.nn.ParameterList(ps)
+
+    def forward(self):
+        return sum((p.float() * p.float()).sum() for p in self.ps)
+
+
+def torch_first_iteration_plans(cases):
+    """What torch's DDP hands its comm hook in its first backward, as lists of parameter indices (one rank)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+    out = []
+    for sizes, cap_mb, find_unused in cases:
+        model = _Flat([torch.nn.Parameter(torch.randn(n, dtype=dt)) for n, dt in sizes])
+        index = {id(p): i for i, p in enumerate(model.parameters())}
+        seen = {}
+
+        def hook(state, bucket):
+            seen[bucket.index()] = [index[id(p)] for p in bucket.parameters()]
+            return allreduce_hook(state, bucket)
+
+        kw = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
+        ddp = DistributedDataParallel(model, find_unused_parameters=find_unused, **kw)
+        ddp.register_comm_hook(None, hook)
+        ddp().backward()
+        out.append([seen[b] for b in sorted(seen)])
+    return out
+
+
+def test_first_iteration_plan_matches_torchs_ddp():
+    """``ddp`` starts where torch's DDP starts (one bucket; or, with find_unused_parameters, buckets filled in
+    registration order and launched last-filled first), the oracle being torch's DDP itself."""
+    from minddp.launch import launch
+    from minddp.stages.bucket_plan import plan_first_iteration_like_torch
+    rng = random.Random(5)
+    cases = []
+    for k in range(8):
+        sizes = [(rng.choice([1, 7, 64, 300, 1000, 4096]), torch.float32) for _ in range(rng.randint(2, 25))]
+        if k % 4 >= 2:          # a second dtype: with and without find_unused_parameters
+            sizes += [(rng.choice([5, 600]), torch.float16) for _ in range(3)]
+        cases.append((sizes, rng.choice([None, 2000 / MB, 9000 / MB]), k % 2 == 1))
+    want = launch(torch_first_iteration_plans, cases, world_size=1, backend="gloo", timeout_s=120)[0]
+    for (sizes, cap_mb, find_unused), expected in zip(cases, want):
+        ps = [torch.nn.Parameter(torch.zeros(n, dtype=dt)) for n, dt in sizes]
+        default = cap_mb is None
+        got = plan_first_iteration_like_torch(ps, 25.0 if default else cap_mb, 1.0 if default else None, find_unused)
+        assert got == expected, (cap_mb, find_unused, got, expected)

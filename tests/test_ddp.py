@@ -125,10 +125,17 @@ def three_ranks():
     return launch(equivalence_on_rank, THREE_RANK_CONFIGS, world_size=3, backend="gloo", timeout_s=120)
 
 
+def _tolerance_vs_torch(config: str) -> float:
+    """Bit for bit on torch's collective: same plan, same buffer layout, same scaling, so gloo adds the
+    same numbers in the same order (on 3 ranks the order decides the last bit). minddp's own ring adds in
+    another order."""
+    return 0.0 if CONFIGS[config][3] is None else 1e-5
+
+
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_matches_torch_ddp_and_single_process_2_ranks(two_ranks, config):
     for rank, results in enumerate(two_ranks):
-        assert results[config]["vs_torch"] < 1e-5, (rank, results[config])
+        assert results[config]["vs_torch"] <= _tolerance_vs_torch(config), (rank, results[config])
     if CONFIGS[config][0] != "bn":
         assert two_ranks[0][config]["vs_single"] < 1e-5, two_ranks[0][config]
 
@@ -136,7 +143,7 @@ def test_matches_torch_ddp_and_single_process_2_ranks(two_ranks, config):
 @pytest.mark.parametrize("config", THREE_RANK_CONFIGS)
 def test_matches_torch_ddp_and_single_process_3_ranks(three_ranks, config):
     for rank, results in enumerate(three_ranks):
-        assert results[config]["vs_torch"] < 1e-5, (rank, results[config])
+        assert results[config]["vs_torch"] <= _tolerance_vs_torch(config), (rank, results[config])
     if CONFIGS[config][0] != "bn":
         assert three_ranks[0][config]["vs_single"] < 1e-5, three_ranks[0][config]
 
@@ -147,7 +154,7 @@ def test_find_unused_parameters_matches_torch(two_ranks, three_ranks, variant):
         for rank, r in enumerate(results):
             got = r["branchy"][variant]
             assert got["none_mismatch"] == [], (rank, got)
-            assert got["grad_diff"] < 1e-6 and got["param_diff"] < 1e-6, (rank, got)
+            assert got["grad_diff"] == 0.0 and got["param_diff"] == 0.0, (rank, got)   # bit for bit
     # The test is only meaningful if some step left the branch unused everywhere (grad None on all ranks).
     assert two_ranks[0]["branchy"]["view=False,accum=1"]["b_grad_none_steps"] == [1, 4]
     # With accumulation, the no_sync micro-step of step 1 uses b: no step leaves it unused everywhere.

@@ -65,12 +65,13 @@ def errors_on_rank() -> dict:
     for desync in (False, True):
         torch.manual_seed(0)
         guarded = DistributedDataParallel(Twins(), bucket_cap_mb=1e-6)
+        # one parameter per bucket (the first iteration's plan is one bucket, as torch's)
+        plan = [[i] for i in reversed(range(len(guarded.bucket_plan[0])))]
         if desync and rank == 1:
-            plan = [list(b) for b in guarded.bucket_plan]
             names = [n for n, _ in Twins().named_parameters()]
             a, b = (next(k for k, bk in enumerate(plan) if names[bk[0]] == w) for w in ("one.weight", "two.weight"))
             plan[a], plan[b] = plan[b], plan[a]
-            guarded._set_plan(plan)
+        guarded._set_plan(plan)
         out[f"guard_desync={desync}"] = caught(lambda: guarded(torch.randn(2, 8)).sum().backward())
     del os.environ["MINDDP_DEBUG"]
     return out

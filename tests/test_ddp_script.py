@@ -5,8 +5,10 @@
   only the DDP class is swapped: the end-of-backward callback finishes the sync;
 * the bucket plan is rebuilt after iteration 1 in the order gradients really
   became ready (the oracle: hooks recording that order in a plain single
-  process), identically on all ranks, and buckets reach the comm hook strictly
-  in index order even when the static plan's order is wrong;
+  process), identically on all ranks; the first iteration runs torch's
+  one-bucket plan; buckets reach the comm hook strictly in index order, also
+  under ``find_unused_parameters`` whose static plan (never rebuilt) guesses
+  the order wrong;
 * with ``gradient_as_bucket_view`` every ``.grad`` shares memory with its
   bucket buffer (``data_ptr``), and without it none does.
 """
@@ -87,6 +89,15 @@ def drop_in_on_rank() -> dict:
         runs[label] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         if label == "ours":
             out.update(static=static, rebuilt=[list(b) for b in net.bucket_plan], launched=seen[:3])
+    # find_unused_parameters keeps its static plan (buckets filled in registration order): launches stay in order.
+    net = DistributedDataParallel(ddp_models.build(ddp_models.Reordered, seed=rank), bucket_cap_mb=1e-6,
+                                  find_unused_parameters=True)
+    net.register_comm_hook(None, recording_hook)
+    seen.clear()
+    for step in range(2):
+        seen.append([])
+        net(x).sum().backward()
+    out.update(unused_static=[list(b) for b in net.bucket_plan], unused_launched=list(seen))
     out.update(expected_order=expected, rebuilt_vs_torch=float((runs["ours"] - runs["torch"]).abs().max()))
 
     # gradient_as_bucket_view: .grad shares memory with a bucket buffer (through the rebuild, and zero_grad).
@@ -115,9 +126,18 @@ def test_ordinary_script_rebuild_and_views():
         assert [b[0] for b in r["rebuilt"]] == r["expected_order"]
         assert [b[0] for b in r["static"]] != r["expected_order"]
         assert r["rebuilt"] == results[0]["rebuilt"]
-        # Buckets reach the hook in index order every step, the static plan's step included.
-        for indices in r["launched"]:
-            assert indices == sorted(indices) == list(range(len(r["rebuilt"]))), r["launched"]
+        # The first iteration is one bucket of everything, in registration order (torch 2.13's start).
+        assert r["static"] == [list(range(len(r["expected_order"])))]
+        # Buckets reach the hook in index order every step.
+        assert r["launched"][0] == [0]
+        for indices in r["launched"][1:]:
+            assert indices == list(range(len(r["rebuilt"]))), r["launched"]
+        # With find_unused_parameters: one bucket per parameter filled in registration order, launched
+        # last-filled first, which is not the ready order; strict order still holds.
+        assert [b[0] for b in r["unused_static"]] == list(reversed(range(len(r["expected_order"]))))
+        assert [b[0] for b in r["unused_static"]] != r["expected_order"]
+        for indices in r["unused_launched"]:
+            assert indices == list(range(len(r["unused_static"]))), r["unused_launched"]
         assert r["rebuilt_vs_torch"] < 1e-6
         assert all(all(step) for step in r["shares_view=True"]), r["shares_view=True"]
         assert not any(any(step) for step in r["shares_view=False"]), r["shares_view=False"]

@@ -49,7 +49,11 @@ class BucketDDP(HookDDP):
     def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = 25):
         super().__init__(module, process_group)
         self.bucket_cap_mb = bucket_cap_mb
-        self._set_plan(plan_buckets(self._params, bucket_cap_mb, self.first_bucket_cap_mb))  # step 1
+        self._set_plan(self._static_plan())                                                   # step 1
+
+    def _static_plan(self) -> list[list[int]]:
+        """The plan before any backward: reverse parameter order, ``bucket_cap_mb`` per bucket."""
+        return plan_buckets(self._params, self.bucket_cap_mb, self.first_bucket_cap_mb)
 
     def _set_plan(self, plan: list[list[int]]) -> None:
         """Lay out buckets for ``plan`` (lists of indices into ``self._params``)."""

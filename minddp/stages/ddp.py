@@ -5,11 +5,13 @@ training script needs on top, this class adds, each idea in its own module:
 
 1. **construction** (:mod:`ddp_guard`): check that every rank holds the same
    parameters (names, shapes, dtypes), then broadcast rank 0's parameters and
-   buffers; plan buckets statically like torch (reverse parameter order,
+   buffers; start from torch's first-iteration plan (one bucket, or with
+   ``find_unused_parameters`` buckets filled in registration order;
    ``bucket_cap_mb=None`` = 25 MiB with a 1 MiB first bucket);
 2. **forward**: raise if the previous backward left gradients unreduced
-   (torch's "Expected to have finished reduction..."); on the second synced
-   iteration rebuild the plan once from the observed gradient-ready order
+   (torch's "Expected to have finished reduction..."); at the first forward
+   after the first synced backward (a ``no_sync()`` one too, as in torch)
+   rebuild the plan once from the observed gradient-ready order
    (:mod:`ddp_rebuild`); broadcast buffers from rank 0 (``broadcast_buffers``,
    once per step and coalesced, :mod:`ddp_buffers`);
    with ``find_unused_parameters`` walk the graph from the outputs to find the
@@ -46,6 +48,7 @@ from torch import nn
 from minddp.comm import wire
 from minddp.stages.autograd_callback import at_end_of_backward
 from minddp.stages.bucket_async import AsyncBucketDDP
+from minddp.stages.bucket_plan import plan_first_iteration_like_torch
 from minddp.stages.ddp_buffers import broadcast_coalesced
 from minddp.stages.ddp_guard import check_consistency, debug_enabled
 from minddp.stages.ddp_rebuild import agree_on_order, plan_from_order
@@ -67,12 +70,12 @@ class DistributedDataParallel(AsyncBucketDDP):
         # Read by the base class constructor (the static plan), so set before it runs.
         self.first_bucket_cap_mb = DEFAULT_FIRST_BUCKET_CAP_MB if bucket_cap_mb is None else None
         self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.find_unused_parameters = find_unused_parameters
         # step 1: the base constructor checks the replicas agree, then broadcasts rank 0's state
         super().__init__(module, group, DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb)
         self.device_ids, self.output_device = device_ids, output_device
         self.broadcast_buffers = broadcast_buffers
         self.require_forward_param_sync = True
-        self.find_unused_parameters = find_unused_parameters
         #: Per-step cross-rank check of plan and launch order (None: on when MINDDP_DEBUG=1).
         self.check_consistency = debug_enabled() if check_consistency is None else check_consistency
         self._position = {id(p): i for i, p in enumerate(self._params)}
@@ -83,12 +86,18 @@ class DistributedDataParallel(AsyncBucketDDP):
         self._has_rebuilt_buckets = False
         self._unfinished: list[str] = []               # parameters left without gradient last time
 
+    def _static_plan(self) -> list[list[int]]:
+        """torch's first-iteration plan (step 1), so that even the first step rounds like torch's DDP."""
+        return plan_first_iteration_like_torch(self._params, self.bucket_cap_mb, self.first_bucket_cap_mb,
+                                               self.find_unused_parameters)
+
     # -- step 2: forward --------------------------------------------------------
 
     def forward(self, *inputs, **kwargs):
         will_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         if will_sync:
             self._ensure_prior_reduction_finished()
+        if torch.is_grad_enabled():      # also a no_sync() forward, as torch: the rebuild comes at the same step
             self._maybe_rebuild_buckets()
         if self.broadcast_buffers and self.world_size > 1 and self.require_forward_param_sync:
             broadcast_coalesced(list(self.module.buffers()), self.process_group)       # (ddp_buffers)

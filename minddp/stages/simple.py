@@ -128,7 +128,9 @@ class SimpleDDP(nn.Module):
         return {"stage": type(self).__name__,
                 "hook": getattr(self._comm_hook, "__name__", type(self._comm_hook).__name__),
                 "hook state": checks.describe_hook_state(self._comm_state),
-                "bucket sizes": [layout.numel for layout in getattr(self, "_layouts", [])]}
+                "bucket sizes": [layout.numel for layout in getattr(self, "_layouts", [])],
+                # the cap too: ddp's first-iteration plan is one bucket whatever the cap, its rebuild is not
+                "bucket_cap_mb": getattr(self, "bucket_cap_mb", None)}
 
     def _unsynced_work(self) -> str | None:
         """What is still in flight, in words (None: nothing); stages that launch early override it."""
