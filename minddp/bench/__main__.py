@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help="comma list of extras: noop (every stage with noop_hook), powersgd (r1, r4), fp16, "
                         "gabv (gradient_as_bucket_view); 'none' for none")
-    p.add_argument("--rounds", type=int, default=7, help="rounds; each runs every configuration in turn")
+    p.add_argument("--rounds", type=int, default=12, help="rounds; each runs every configuration in turn")
     p.add_argument("--steps", type=int, default=10, help="timed steps per configuration per round")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before them, per round")
     p.add_argument("--profile-steps", type=int, default=2, help="profiled steps per configuration (0: none)")

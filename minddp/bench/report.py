@@ -73,21 +73,24 @@ def max_total_allocated(trace_file: str) -> int:
     return max(e["args"]["Total Allocated"] for e in memory) - base
 
 
-def overlap_summary(per_rank_overlap: list[list[tuple[float, float]]]) -> tuple:
-    """Step 4: ``(pooled %, lowest round %, highest round %)`` from each rank's per-round ``(hidden, comm)``.
+def round_parts(per_rank_overlap: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """Step 4: each round's ``(hidden, comm)``, summed over ranks, from each rank's per-round pairs."""
+    return [(sum(h for h, _ in r), sum(c for _, c in r)) for r in zip(*per_rank_overlap)]
 
-    No communication at all (``noop_hook``) counts as 0 % (nothing to hide).
-    """
-    rounds = list(zip(*per_rank_overlap))                      # per round: one (hidden, comm) per rank
+
+def pooled_pct(parts: list[tuple[float, float]]) -> float:
+    """Step 4: total hidden over total comm, in %; no communication at all (``noop_hook``) is 0 %."""
+    comm = sum(c for _, c in parts)
+    return 100.0 * sum(h for h, _ in parts) / comm if comm > 0 else 0.0
+
+
+def overlap_summary(per_rank_overlap: list[list[tuple[float, float]]]) -> tuple:
+    """Step 4: ``(pooled %, lowest round %, highest round %)`` from each rank's per-round ``(hidden, comm)``."""
+    rounds = round_parts(per_rank_overlap)
     if not rounds:
         return None, None, None
-
-    def pct(parts) -> float:
-        comm = sum(c for _, c in parts)
-        return 100.0 * sum(h for h, _ in parts) / comm if comm > 0 else 0.0
-
-    per_round = [pct(r) for r in rounds]
-    return pct([p for r in rounds for p in r]), min(per_round), max(per_round)
+    per_round = [pooled_pct([r]) for r in rounds]
+    return pooled_pct(rounds), min(per_round), max(per_round)
 
 
 def summarize(configs, per_rank: list[dict], rounds: int = 1) -> list[dict]:
@@ -116,6 +119,7 @@ def summarize(configs, per_rank: list[dict], rounds: int = 1) -> list[dict]:
                         "median_ms": median, "q1_ms": q1, "q3_ms": q3, "min_ms": min(times), "max_ms": max(times),
                         "steps": len(times), "times_ms": times, "ref": c.ref, "overlap_pct": overlap,
                         "overlap_min_pct": overlap_lo, "overlap_max_pct": overlap_hi,
+                        "overlap_rounds": round_parts([run["overlap"] for run in runs]), "rounds": rounds,
                         "allreduce_calls_per_step": calls, "allreduce_bytes_per_step": nbytes,
                         "traffic_source": source,
                         "peak_mib": None if peak is None else peak / 2**20}
@@ -131,39 +135,50 @@ def summarize(configs, per_rank: list[dict], rounds: int = 1) -> list[dict]:
     return [rows[c.name] for c in configs]
 
 
+def paired_bootstrap(series: list[list], rounds: int, statistic, level: float = 0.90, resamples: int = 1000,
+                     seed: int = 0) -> tuple[float, float]:
+    """A bootstrap interval for ``statistic(*series)`` that resamples whole rounds, the same ones for every series.
+
+    1. cut each series into its ``rounds`` blocks (values are stored round
+       after round: step times, or one ``(hidden, comm)`` per round); with one
+       round, or lengths that do not divide, each value is its own block;
+    2. draw as many blocks as there are, with replacement, the *same* blocks
+       for every series: configurations of one round shared the machine's
+       state, so they are resampled together;
+    3. compute the statistic on the drawn blocks;
+    4. repeat ``resamples`` times; the middle ``level`` of the values is the interval.
+    """
+    import random
+    n = len(series[0])
+    blocks = rounds if rounds > 1 and n % rounds == 0 else n                                # step 1
+    size = n // blocks
+    rng = random.Random(seed)
+    values = []
+    for _ in range(resamples):
+        picks = rng.choices(range(blocks), k=blocks)                                        # step 2
+        values.append(statistic(*([x for b in picks for x in s[b * size:(b + 1) * size]] for s in series)))  # 3
+    values.sort()                                                                           # step 4
+    cut = int((1 - level) / 2 * resamples)
+    return values[cut], values[resamples - 1 - cut]
+
+
 def ratio_interval(times: list[float], ref_times: list[float], rounds: int = 1, level: float = 0.90,
                    resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
     """Step 2: a bootstrap interval for ``median(times) / median(ref_times)``.
 
-    1. cut both lists into their ``rounds`` (steps are stored round after
-       round; with one round, each step is its own block);
-    2. draw as many rounds as there are, with replacement, the *same* rounds
-       for both lists: two configurations of one round shared the machine's
-       state, so they are resampled as a pair;
-    3. take the ratio of the two medians over the drawn rounds' steps;
-    4. repeat; the middle ``level`` of those ratios is the interval.
-
-    On a noisy machine it says whether "1.02 x torch" means slower or the same.
+    Paired by round (:func:`paired_bootstrap`) when both lists come from the
+    same rounds; lists of different lengths are resampled each on its own. On
+    a noisy machine it says whether "1.02 x torch" means slower or the same.
     """
+    def ratio(a, r):
+        return statistics.median(a) / statistics.median(r)
+
+    if len(ref_times) == len(times):
+        return paired_bootstrap([times, ref_times], rounds, ratio, level, resamples, seed)
     import random
-    if len(ref_times) != len(times):
-        blocks = 0                      # not paired: resample each list on its own
-    elif rounds > 1 and len(times) % rounds == 0:
-        blocks = rounds                 # step 1: whole rounds
-    else:
-        blocks = len(times)             # one round: each step is its own block
     rng = random.Random(seed)
-    ratios = []
-    for _ in range(resamples):
-        if blocks:
-            size = len(times) // blocks
-            picks = rng.choices(range(blocks), k=blocks)                                   # step 2
-            a = [t for b in picks for t in times[b * size:(b + 1) * size]]
-            r = [t for b in picks for t in ref_times[b * size:(b + 1) * size]]
-        else:
-            a, r = rng.choices(times, k=len(times)), rng.choices(ref_times, k=len(ref_times))
-        ratios.append(statistics.median(a) / statistics.median(r))                          # step 3
-    ratios.sort()
+    ratios = sorted(ratio(rng.choices(times, k=len(times)), rng.choices(ref_times, k=len(ref_times)))
+                    for _ in range(resamples))
     cut = int((1 - level) / 2 * resamples)
     return ratios[cut], ratios[resamples - 1 - cut]
 

@@ -14,15 +14,26 @@ sides), and is skipped when the run lacks a configuration it needs:
 5. the blog's ordering: ``simple`` is the slowest distributed stage and
    ``bucket-async`` the fastest of the blog's six.
 
-A verdict is only as good as the run: read it next to the 90 % interval of
-the ratio and the overlap's per-round range in the table.
+Each target is judged on the run's point values (``met``), and, where the
+run has the raw samples, with a 90 % interval of the same quantity that
+resamples whole rounds, paired across the configurations compared
+(:func:`minddp.bench.report.paired_bootstrap`). The ``verdict`` is then
+
+* ``yes``: the point value meets the target;
+* ``no``: it misses, and so does the whole interval: a real miss on this run;
+* ``within noise``: it misses, but the interval reaches the target: this run
+  cannot tell a miss from a pass (a second run may well judge it the other way).
 
 Example::
 
-    >>> for t in check_targets(rows): print(t["target"], t["measured"], t["met"])
+    >>> for t in check_targets(rows): print(t["target"], t["measured"], t["verdict"])
 """
 
 from __future__ import annotations
+
+import statistics
+
+from minddp.bench.report import paired_bootstrap, pooled_pct
 
 BLOG_STAGES = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 
@@ -32,29 +43,40 @@ def check_targets(rows: list[dict]) -> list[dict]:
     by = {r["config"]: r for r in rows}
     out = []
 
-    def add(target: str, needs: list[str], measure):
+    def add(target: str, needs: list[str], measure, interval=None, reaches=None, quantity: str = ""):
+        """``interval(*rows)``: (lo, hi) of ``quantity`` or None; ``reaches(lo, hi)``: whether it meets the target."""
         if all(n in by and by[n].get("median_ms") is not None for n in needs):
-            measured, met = measure(*(by[n] for n in needs))
-            out.append({"target": target, "measured": measured, "met": bool(met)})
+            picked = [by[n] for n in needs]
+            measured, met = measure(*picked)
+            bounds = interval(*picked) if interval else None
+            verdict = "yes" if met else "within noise" if bounds and reaches(*bounds) else "no"
+            out.append({"target": target, "measured": measured, "met": bool(met), "verdict": verdict,
+                        "interval": None if bounds is None else [float(b) for b in bounds],
+                        "quantity": quantity})
 
-    for stage in ("ddp", "bucket-async"):                                                   # step 1
+    for stage in [s for s in ("ddp", "bucket-async") if by.get(s, {}).get("ratio_to_torch") is not None]:  # 1
         add(f"{stage} step ≤ 1.05 × torch", [stage, "torch"],
             lambda a, t: (f"{a['ratio_to_torch']:.3f} × (90 % CI {a['ratio_lo']:.2f}–{a['ratio_hi']:.2f})",
-                          a["ratio_to_torch"] <= 1.05))
+                          a["ratio_to_torch"] <= 1.05), _ratio_bounds, lambda lo, hi: lo <= 1.05, "× torch")
     add("ddp exposed comm ≤ torch's", ["ddp", "torch", "ddp+noop", "torch+noop"],           # step 2
         lambda a, t, *_: (f"{a['exposed_comm_ms']:.2f} vs {t['exposed_comm_ms']:.2f} ms",
-                          a["exposed_comm_ms"] <= t["exposed_comm_ms"]))
+                          a["exposed_comm_ms"] <= t["exposed_comm_ms"]),
+        lambda *four: _bootstrap(four, "times_ms", lambda a, t, an, tn: (statistics.median(a) - statistics.median(an))
+                                 - (statistics.median(t) - statistics.median(tn))),
+        lambda lo, hi: lo <= 0, "ddp − torch, ms")
     if all(by.get(n, {}).get("overlap_pct") is not None for n in ("ddp", "torch")):
         add("ddp overlap ≥ torch's", ["ddp", "torch"],
             lambda a, t: (f"{a['overlap_pct']:.1f} vs {t['overlap_pct']:.1f} % (rounds {a['overlap_min_pct']:.0f}–"
                           f"{a['overlap_max_pct']:.0f} vs {t['overlap_min_pct']:.0f}–{t['overlap_max_pct']:.0f})",
-                          a["overlap_pct"] >= t["overlap_pct"]))
+                          a["overlap_pct"] >= t["overlap_pct"]),
+            lambda a, t: _bootstrap([a, t], "overlap_rounds", lambda x, y: pooled_pct(x) - pooled_pct(y)),
+            lambda lo, hi: hi >= 0, "ddp − torch, points")
     add("PowerSGD r1 bytes ≥ 20 × fewer than allreduce", ["ddp+powersgd-r1", "ddp"],        # step 3
         lambda p, a: (f"{a['allreduce_bytes_per_step'] / p['allreduce_bytes_per_step']:.1f} × fewer",
                       a["allreduce_bytes_per_step"] >= 20 * p["allreduce_bytes_per_step"]))
     add("PowerSGD r1 step ≤ 1.10 × torch's hook", ["ddp+powersgd-r1", "torch+powersgd-r1"],
         lambda p, t: (f"{p['ratio_to_torch']:.3f} × (90 % CI {p['ratio_lo']:.2f}–{p['ratio_hi']:.2f})",
-                      p["ratio_to_torch"] <= 1.10))
+                      p["ratio_to_torch"] <= 1.10), _ratio_bounds, lambda lo, hi: lo <= 1.10, "× torch's hook")
     if all(by.get(n, {}).get("peak_mib") is not None for n in ("ddp+gabv", "torch+gabv")):  # step 4
         add("ddp gradient_as_bucket_view memory ≤ torch's + 10 %", ["ddp+gabv", "torch+gabv"],
             lambda a, t: (f"{a['peak_mib']:.2f} vs {t['peak_mib']:.2f} MiB", a["peak_mib"] <= 1.10 * t["peak_mib"]))
@@ -67,13 +89,39 @@ def check_targets(rows: list[dict]) -> list[dict]:
     if "bucket-async" in by and len(blog) > 1:
         fastest = min(blog, key=lambda n: by[n]["median_ms"])
         runner_up = min((n for n in blog if n != "bucket-async"), key=lambda n: by[n]["median_ms"])
-        add("bucket-async is the fastest of the blog's stages", ["bucket-async"],
-            lambda b: (f"bucket-async {b['median_ms']:.1f} ms, next {runner_up} {by[runner_up]['median_ms']:.1f} ms",
-                       fastest == "bucket-async"))
+        add("bucket-async is the fastest of the blog's stages", ["bucket-async", runner_up],
+            lambda b, r: (f"bucket-async {b['median_ms']:.1f} ms, next {runner_up} {r['median_ms']:.1f} ms "
+                          f"({b['median_ms'] / r['median_ms']:.3f} ×)", fastest == "bucket-async"),
+            lambda b, r: _bootstrap([b, r], "times_ms", lambda x, y: statistics.median(x) / statistics.median(y)),
+            lambda lo, hi: lo < 1.0, f"bucket-async / {runner_up}")
     return out
 
 
+def _ratio_bounds(row: dict, ref: dict):
+    """The ratio column's own interval (:func:`minddp.bench.report.ratio_interval`), if the row has one."""
+    return None if row.get("ratio_lo") is None else (row["ratio_lo"], row["ratio_hi"])
+
+
+def _bootstrap(rows, key: str, statistic):
+    """Paired-round interval of ``statistic`` over the rows' ``key`` series; None when the run lacks them."""
+    series = [r.get(key) for r in rows]
+    rounds = rows[0].get("rounds") or 1
+    if any(not s for s in series) or len({len(s) for s in series}) != 1:
+        return None
+    return paired_bootstrap(series, rounds, statistic)
+
+
+def _interval_text(t: dict) -> str:
+    if t.get("interval") is None:
+        return "–"
+    lo, hi = t["interval"]
+    return f"{lo:.3g} to {hi:.3g} ({t['quantity']})"
+
+
 def targets_markdown(results: list[dict]) -> str:
-    lines = ["| target | measured | met |", "|---|---|---|"]
-    lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |" for t in results]
+    """The Targets table; the interval column is the judged quantity's 90 % interval (see the module doc)."""
+    cell = {"yes": "yes", "no": "**no**", "within noise": "**no**, within noise"}
+    lines = ["| target | measured | 90 % interval | met |", "|---|---|---|---|"]
+    lines += [f"| {t['target']} | {t['measured']} | {_interval_text(t)} | {cell[t.get('verdict', 'yes' if t['met'] else 'no')]} |"
+              for t in results]
     return "\n".join(lines)
