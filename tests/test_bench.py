@@ -70,6 +70,15 @@ def test_bench_quick_run_writes_table_csv_json_png(tmp_path):
         float(rows["ddp"]["median_ms"]) / float(rows["torch"]["median_ms"]))
     assert rows["ddp+gabv"]["ref"] == "torch+gabv"
 
+    # --pool judges saved runs as one: the same run twice is the same medians over twice the rounds
+    pooled_dir = tmp_path / "pooled"
+    assert main(["--pool", str(out), str(out), "--out", str(pooled_dir)]) == 0
+    pooled = {r["config"]: r for r in json.loads((pooled_dir / "results.json").read_text())["rows"]}
+    for name, row in pooled.items():
+        assert row["rounds"] == 2 and row["steps"] == 2 * int(rows[name]["steps"])
+        assert row["median_ms"] == pytest.approx(float(rows[name]["median_ms"]))
+    assert main(["--pool", str(tmp_path / "nowhere")]) == 2
+
 
 def test_overlap_pools_ranks_and_rounds_as_one_ratio():
     from minddp.bench.report import overlap_summary
@@ -196,3 +205,30 @@ def test_ratio_interval_resamples_whole_rounds_so_round_drift_widens_it():
     # Unpaired (one configuration's rounds shuffled against the other's), the same data looks uncertain.
     lo, hi = ratio_interval(a, b[3:] + b[:3], rounds=4)
     assert lo < 1.0 < hi
+
+
+def test_pooling_runs_is_one_run_with_all_rounds():
+    import random
+    from minddp.bench.report import derive, pool
+    rng = random.Random(11)
+
+    def run(rounds):
+        rows = []
+        for name, stage, centre in (("ddp", "ddp", 31.0), ("torch", "torch", 30.0)):
+            rows.append({"config": name, "stage": stage, "hook": "allreduce", "ref": "torch" if name == "ddp" else None,
+                         "noop": None, "rounds": rounds, "times_ms": [rng.gauss(centre, 3) for _ in range(5 * rounds)],
+                         "overlap_rounds": [(rng.uniform(1, 3), 10.0) for _ in range(rounds)],
+                         "allreduce_calls_per_step": 3, "allreduce_bytes_per_step": 100, "peak_mib": 1.0})
+        return derive(rows)
+
+    a, b = run(4), run(6)
+    pooled = {r["config"]: r for r in pool([a, b])}
+    # the same as deriving one run whose samples are both runs' samples, rounds kept whole
+    whole = {r["config"]: r for r in derive([dict(x, times_ms=x["times_ms"] + y["times_ms"],
+                                                  overlap_rounds=x["overlap_rounds"] + y["overlap_rounds"], rounds=10)
+                                             for x, y in zip(a, b)])}
+    for name in ("ddp", "torch"):
+        for key in ("median_ms", "ratio_to_torch", "ratio_lo", "ratio_hi", "overlap_pct", "rounds"):
+            assert pooled[name][key] == whole[name][key], (name, key)
+    with pytest.raises(ValueError, match="same configurations"):
+        pool([a, [r for r in b if r["config"] == "ddp"]])

@@ -14,12 +14,17 @@ A benchmark, not a test: it measures, it asserts nothing. One run:
 3. **report** (:mod:`.report`): median and spread of step time, ratio to
    torch's DDP, exposed comm, overlap %, all_reduce calls/bytes, peak
    memory; ``results.md``/``.csv``/``.json`` and ``step_times.png`` in
-   ``results/bench-<date>/``.
+   ``results/bench-<date>/``, ending with the targets judged (:mod:`.targets`).
+
+``--pool DIR DIR ...`` runs nothing: it reads saved runs and judges them as
+one run whose rounds are all of theirs (:func:`.report.pool`), for intervals
+tighter than one run can give.
 
 Example::
 
-    $ python -m minddp.bench                          # full run, ~5 minutes on 2 CPU cores
+    $ python -m minddp.bench                          # full run, ~7 minutes on 2 CPU cores
     $ python -m minddp.bench --quick --stages ddp,torch --variants noop
+    $ python -m minddp.bench --pool results/bench-A results/bench-B
 """
 
 from minddp.bench.configs import VARIANTS, BenchConfig, bench_configs

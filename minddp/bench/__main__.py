@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(flag, type=int, default=None, help="as in python -m minddp.train (default: its default)")
     p.add_argument("--bucket-cap-mb", type=float, default=None, help="as in python -m minddp.train")
     p.add_argument("--timeout", type=float, default=None, help="seconds a collective may wait")
+    p.add_argument("--pool", nargs="+", metavar="RESULTS_DIR", default=None,
+                   help="run nothing: judge the runs saved in these results folders as one run, their rounds "
+                        "put together (tighter intervals); writes to --out if given")
     return p
 
 
@@ -89,6 +92,38 @@ def machine() -> str:
     return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores ({cpu}){gpu}; torch {torch.__version__}"
 
 
+def pool_main(folders: list[str], out: str | None) -> int:
+    """``--pool``: the saved runs' rows, pooled (:func:`minddp.bench.report.pool`), tabled and judged."""
+    import json
+
+    from minddp.bench.report import pool
+    runs, metas = [], []
+    for folder in folders:
+        path = os.path.join(folder, "results.json")
+        try:
+            with open(path) as f:
+                saved = json.load(f)
+            runs.append(saved["rows"])
+            metas.append(saved["meta"])
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"{PROG}: error: --pool: cannot read {path} ({type(exc).__name__}: {exc}); "
+                  "give folders written by python -m minddp.bench", file=sys.stderr)
+            return 2
+    try:
+        rows = pool(runs)
+    except ValueError as exc:
+        print(f"{PROG}: error: --pool: {exc}", file=sys.stderr)
+        return 2
+    targets = check_targets(rows)
+    print(markdown_table(rows) + "\n\n" + targets_markdown(targets))
+    if out:
+        meta = {"pooled_from": ", ".join(folders), "rounds": rows[0]["rounds"],
+                "dates": ", ".join(m.get("date", "?") for m in metas), "machine": metas[0].get("machine", "?")}
+        paths = write_outputs(rows, out, meta, targets)
+        print(f"{PROG}: wrote {', '.join(paths.values())}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from minddp.bench.worker import bench_rank
     from minddp.config import ConfigError
@@ -97,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     from minddp.train import prepare
     try:
         ns, cfg, configs = parse(argv)                                                     # step 1
+        if ns.pool:
+            return pool_main(ns.pool, ns.out)
         data, backend, _ = prepare(cfg)
     except (UsageError, ConfigError, DataError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -86,11 +86,15 @@ def pooled_pct(parts: list[tuple[float, float]]) -> float:
 
 def overlap_summary(per_rank_overlap: list[list[tuple[float, float]]]) -> tuple:
     """Step 4: ``(pooled %, lowest round %, highest round %)`` from each rank's per-round ``(hidden, comm)``."""
-    rounds = round_parts(per_rank_overlap)
-    if not rounds:
+    return overlap_of_rounds(round_parts(per_rank_overlap))
+
+
+def overlap_of_rounds(parts: list[tuple[float, float]]) -> tuple:
+    """Step 4 from per-round ``(hidden, comm)`` (ranks already summed); ``(None, None, None)`` without any."""
+    if not parts:
         return None, None, None
-    per_round = [pooled_pct([r]) for r in rounds]
-    return pooled_pct(rounds), min(per_round), max(per_round)
+    per_round = [pooled_pct([p]) for p in parts]
+    return pooled_pct(parts), min(per_round), max(per_round)
 
 
 def summarize(configs, per_rank: list[dict], rounds: int = 1) -> list[dict]:
@@ -98,12 +102,9 @@ def summarize(configs, per_rank: list[dict], rounds: int = 1) -> list[dict]:
 
     ``rounds``: how many rounds the timed steps (stored round after round) came from.
     """
-    rows = {}
+    rows = []
     for c in configs:
         runs = [r[c.name] for r in per_rank]
-        times = [max(ts) * 1e3 for ts in zip(*(run["times"] for run in runs))]               # step 1
-        q1, median, q3 = _quantiles(times)
-        overlap, overlap_lo, overlap_hi = overlap_summary([run["overlap"] for run in runs])      # step 4
         if c.stage == "torch" and c.hook == "allreduce":      # torch's C++ default: from the traces, if any
             counted = runs[0].get("trace_traffic")
             calls, nbytes = (statistics.mean(x) for x in zip(*counted)) if counted else (None, None)  # step 5
@@ -113,26 +114,70 @@ def summarize(configs, per_rank: list[dict], rounds: int = 1) -> list[dict]:
             source = "hook" if c.stage == "torch" else "wire"
         peaks = [run["peak_bytes"] for run in runs if "peak_bytes" in run]
         peak = max(peaks) if peaks else None                                                 # step 6
-        rows[c.name] = {"config": c.name, "stage": c.stage,
-                        "hook": c.hook + (f"-r{c.powersgd_rank}" if c.powersgd_rank else "")
-                        + ("+gabv" if c.gradient_as_bucket_view else ""),
-                        "median_ms": median, "q1_ms": q1, "q3_ms": q3, "min_ms": min(times), "max_ms": max(times),
-                        "steps": len(times), "times_ms": times, "ref": c.ref, "overlap_pct": overlap,
-                        "overlap_min_pct": overlap_lo, "overlap_max_pct": overlap_hi,
-                        "overlap_rounds": round_parts([run["overlap"] for run in runs]), "rounds": rounds,
-                        "allreduce_calls_per_step": calls, "allreduce_bytes_per_step": nbytes,
-                        "traffic_source": source,
-                        "peak_mib": None if peak is None else peak / 2**20}
-    for c in configs:
-        row = rows[c.name]
-        ref = rows.get(c.ref) if c.ref else (row if c.stage == "torch" else None)
+        rows.append({"config": c.name, "stage": c.stage,
+                     "hook": c.hook + (f"-r{c.powersgd_rank}" if c.powersgd_rank else "")
+                     + ("+gabv" if c.gradient_as_bucket_view else ""),
+                     "times_ms": [max(ts) * 1e3 for ts in zip(*(run["times"] for run in runs))],      # step 1
+                     "overlap_rounds": round_parts([run["overlap"] for run in runs]),                 # step 4
+                     "rounds": rounds, "ref": c.ref, "noop": c.noop,
+                     "allreduce_calls_per_step": calls, "allreduce_bytes_per_step": nbytes,
+                     "traffic_source": source, "peak_mib": None if peak is None else peak / 2**20})
+    return derive(rows)
+
+
+def derive(rows: list[dict]) -> list[dict]:
+    """Steps 1-4 from each row's raw samples (``times_ms``, ``overlap_rounds``, ``rounds``), in place.
+
+    Separate from :func:`summarize` so that rows of several runs, their
+    samples put together, are judged exactly like one run's (:func:`pool`).
+    """
+    by = {r["config"]: r for r in rows}
+    for row in rows:
+        times = row["times_ms"]
+        row["q1_ms"], row["median_ms"], row["q3_ms"] = _quantiles(times)                      # step 1
+        row["min_ms"], row["max_ms"], row["steps"] = min(times), max(times), len(times)
+        row["overlap_pct"], row["overlap_min_pct"], row["overlap_max_pct"] = \
+            overlap_of_rounds(row["overlap_rounds"])                                          # step 4
+    for row in rows:
+        ref = by.get(row["ref"]) if row["ref"] else (row if row["stage"] == "torch" else None)
         row["ratio_to_torch"] = row["median_ms"] / ref["median_ms"] if ref else None                 # step 2
         compared = ref is not None and ref is not row     # torch against itself: 1 exactly, no interval
-        row["ratio_lo"], row["ratio_hi"] = ratio_interval(row["times_ms"], ref["times_ms"], rounds) if compared \
-            else (None, None)
-        noop = rows.get(c.noop) if c.noop else None
+        row["ratio_lo"], row["ratio_hi"] = ratio_interval(row["times_ms"], ref["times_ms"], row["rounds"]) \
+            if compared else (None, None)
+        noop = by.get(row.get("noop")) if row.get("noop") else None
         row["exposed_comm_ms"] = row["median_ms"] - noop["median_ms"] if noop else None              # step 3
-    return [rows[c.name] for c in configs]
+    return rows
+
+
+def pool(runs: list[list[dict]]) -> list[dict]:
+    """Rows of several runs of the same configurations as one run: samples and rounds put together.
+
+    Rounds stay whole (each run's steps are stored round after round), so the
+    intervals still resample rounds, now from all runs. Calls, bytes and
+    memory are taken from the first run (they do not depend on timing).
+    """
+    first = runs[0]
+    names = [r["config"] for r in first]
+    for run in runs[1:]:
+        if sorted(r["config"] for r in run) != sorted(names):
+            raise ValueError("the runs to pool must have the same configurations: "
+                             f"{sorted(names)} vs {sorted(r['config'] for r in run)}")
+    per_run = [{r["config"]: r for r in run} for run in runs]
+    steps = {len(by[n]["times_ms"]) // by[n]["rounds"] for by in per_run for n in names}
+    if len(steps) != 1:
+        raise ValueError("the runs to pool must time the same number of steps per round (--steps), "
+                         f"got {sorted(steps)}")
+    rows = []
+    for row in first:
+        merged = dict(row)
+        if "noop" not in merged:      # results.json written before rows named their noop run
+            noop = f"{row['stage']}+noop"
+            merged["noop"] = noop if row["hook"] == "allreduce" and noop in names else None
+        merged["times_ms"] = [t for by in per_run for t in by[row["config"]]["times_ms"]]
+        merged["overlap_rounds"] = [p for by in per_run for p in by[row["config"]]["overlap_rounds"]]
+        merged["rounds"] = sum(by[row["config"]]["rounds"] for by in per_run)
+        rows.append(merged)
+    return derive(rows)
 
 
 def paired_bootstrap(series: list[list], rounds: int, statistic, level: float = 0.90, resamples: int = 1000,
