@@ -1,10 +1,11 @@
 """Rebuilding the bucket plan from the order in which gradients really became ready.
 
-The static plan assumes backward produces gradients in reverse registration
-order. Models often register layers in another order than they use them, so
-a bucket could wait for a gradient that comes much later and block every
-bucket after it (launches are strictly in order). After the first iteration
-the wrapper knows the real order, so:
+Before any backward, the order gradients will arrive in is a guess (torch,
+and so the ``ddp`` stage, start from one bucket of everything). Models often
+register layers in another order than they use them, so a bucket planned on a
+guess could wait for a gradient that comes much later and block every bucket
+after it (launches are strictly in order). After the first synced backward
+the wrapper knows the real order, so, at the next forward:
 
 1. rank 0 broadcasts the order it observed (ranks usually agree, but any
    difference would make ranks pair different buckets in their collectives:
