@@ -325,7 +325,12 @@ def _gather(procs, results, grace_s: float = 2.0, steps=lambda ranks: {}, stall_
                     # Give the queue a moment in case its message is in flight.
                     time.sleep(0.2)
                     if results.empty():
-                        errors[rank] = f"process {p.pid} exited with code {p.exitcode} without reporting\n"
+                        # Exit code 1 before any report: Python failed while starting the rank (its
+                        # traceback is on stderr), most often a script that launches at import time.
+                        hint = (" (Python failed while starting the rank: its traceback is printed above; a "
+                                "script that calls launch() must do so under `if __name__ == \"__main__\":`, "
+                                "or every rank runs the script again)") if p.exitcode == 1 else ""
+                        errors[rank] = f"process {p.pid} exited with code {p.exitcode} without reporting{hint}\n"
                         exc_types[rank] = "ProcessDied"
                         failed_at = failed_at or time.monotonic()
             continue

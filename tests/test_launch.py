@@ -2,6 +2,7 @@
 
 import os
 import socket
+import subprocess
 import sys
 import textwrap
 import time
@@ -74,6 +75,14 @@ def test_killed_rank_is_reported_and_nothing_is_left(tmp_path):
     assert info.value.rank == 0 and info.value.exc_type == "ProcessDied"
     after = set(p.pid for p in __import__("multiprocessing").active_children())
     assert after <= before   # only the forkserver (if any) remains, no rank
+
+
+def test_a_script_without_a_main_guard_is_told_how_to_fix_it(tmp_path):
+    script = tmp_path / "unguarded.py"
+    script.write_text("from minddp import launch\n\ndef f():\n    return 1\n\nprint(launch(f, world_size=2))\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert 'under `if __name__ == "__main__":`' in proc.stderr, proc.stderr[-2000:]
 
 
 def test_bad_world_size():
