@@ -202,9 +202,14 @@ def paired_bootstrap(series: list[list], rounds: int, statistic, level: float = 
     for _ in range(resamples):
         picks = rng.choices(range(blocks), k=blocks)                                        # step 2
         values.append(statistic(*([x for b in picks for x in s[b * size:(b + 1) * size]] for s in series)))  # 3
-    values.sort()                                                                           # step 4
-    cut = int((1 - level) / 2 * resamples)
-    return values[cut], values[resamples - 1 - cut]
+    return _middle(values, level)                                                           # step 4
+
+
+def _middle(values: list[float], level: float) -> tuple[float, float]:
+    """The bounds of the middle ``level`` share of ``values`` (a bootstrap's interval)."""
+    values = sorted(values)
+    cut = int((1 - level) / 2 * len(values))
+    return values[cut], values[len(values) - 1 - cut]
 
 
 def ratio_interval(times: list[float], ref_times: list[float], rounds: int = 1, level: float = 0.90,
@@ -222,10 +227,8 @@ def ratio_interval(times: list[float], ref_times: list[float], rounds: int = 1, 
         return paired_bootstrap([times, ref_times], rounds, ratio, level, resamples, seed)
     import random
     rng = random.Random(seed)
-    ratios = sorted(ratio(rng.choices(times, k=len(times)), rng.choices(ref_times, k=len(ref_times)))
-                    for _ in range(resamples))
-    cut = int((1 - level) / 2 * resamples)
-    return ratios[cut], ratios[resamples - 1 - cut]
+    return _middle([ratio(rng.choices(times, k=len(times)), rng.choices(ref_times, k=len(ref_times)))
+                    for _ in range(resamples)], level)
 
 
 def _fmt(value, spec: str) -> str:
