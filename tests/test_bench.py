@@ -81,7 +81,10 @@ def test_bench_quick_run_writes_table_csv_json_png(tmp_path):
 
 
 def test_overlap_pools_ranks_and_rounds_as_one_ratio():
-    from minddp.bench.report import overlap_summary
+    from minddp.bench.report import overlap_of_rounds, round_parts
+
+    def overlap_summary(per_rank):
+        return overlap_of_rounds(round_parts(per_rank))
     # (hidden, comm) per round, per rank: round 1 hides 4 of 6, round 2 hides 1 of 6
     rank0, rank1 = [(1.0, 2.0), (0.0, 2.0)], [(3.0, 4.0), (1.0, 4.0)]
     pooled, lo, hi = overlap_summary([rank0, rank1])

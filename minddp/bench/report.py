@@ -84,11 +84,6 @@ def pooled_pct(parts: list[tuple[float, float]]) -> float:
     return 100.0 * sum(h for h, _ in parts) / comm if comm > 0 else 0.0
 
 
-def overlap_summary(per_rank_overlap: list[list[tuple[float, float]]]) -> tuple:
-    """Step 4: ``(pooled %, lowest round %, highest round %)`` from each rank's per-round ``(hidden, comm)``."""
-    return overlap_of_rounds(round_parts(per_rank_overlap))
-
-
 def overlap_of_rounds(parts: list[tuple[float, float]]) -> tuple:
     """Step 4 from per-round ``(hidden, comm)`` (ranks already summed); ``(None, None, None)`` without any."""
     if not parts:
@@ -214,21 +209,16 @@ def _middle(values: list[float], level: float) -> tuple[float, float]:
 
 def ratio_interval(times: list[float], ref_times: list[float], rounds: int = 1, level: float = 0.90,
                    resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """Step 2: a bootstrap interval for ``median(times) / median(ref_times)``.
+    """Step 2: a bootstrap interval for ``median(times) / median(ref_times)``, paired by round.
 
-    Paired by round (:func:`paired_bootstrap`) when both lists come from the
-    same rounds; lists of different lengths are resampled each on its own. On
-    a noisy machine it says whether "1.02 x torch" means slower or the same.
+    Both lists come from the same rounds of one run (or of pooled runs), so
+    they are resampled together (:func:`paired_bootstrap`). On a noisy machine
+    it says whether "1.02 x torch" means slower or the same.
     """
-    def ratio(a, r):
-        return statistics.median(a) / statistics.median(r)
-
-    if len(ref_times) == len(times):
-        return paired_bootstrap([times, ref_times], rounds, ratio, level, resamples, seed)
-    import random
-    rng = random.Random(seed)
-    return _middle([ratio(rng.choices(times, k=len(times)), rng.choices(ref_times, k=len(ref_times)))
-                    for _ in range(resamples)], level)
+    if len(times) != len(ref_times):
+        raise ValueError(f"paired samples must have the same length, got {len(times)} and {len(ref_times)}")
+    return paired_bootstrap([times, ref_times], rounds,
+                            lambda a, r: statistics.median(a) / statistics.median(r), level, resamples, seed)
 
 
 def _fmt(value, spec: str) -> str:
