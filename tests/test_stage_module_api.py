@@ -36,3 +36,31 @@ def test_wrappers_are_modules_like_torch_ddp():
         for stage, checks in rank_out.items():
             failed = [k for k, ok in checks.items() if not ok]
             assert not failed, f"stage {stage}: {failed}"
+
+
+def freed_after_training():
+    """Each wrapper after one synced step, its last name deleted: is it gone (as torch's DDP is)?"""
+    import gc
+    import weakref
+
+    gone = {}
+    for name in [*STAGES, "torch"]:
+        model = toy_models.build("bn", 0)
+        ddp = TorchDDP(model) if name == "torch" else build_stage(name, model, bucket_cap_mb=0.0005)
+        toy_models.loss_fn(ddp, toy_models.global_batches("bn", 1, 4)[0]).backward()
+        if name != "torch":
+            ddp.finish_gradient_synchronization()
+        refs = weakref.ref(ddp), weakref.ref(model)
+        del ddp, model
+        gc.collect()
+        gone[name] = [r() is None for r in refs]
+    return gone
+
+
+def test_a_wrapper_is_freed_when_dropped_like_torch_ddp():
+    # A wrapper that outlives its last name keeps its model, its buffers and the process group (with its
+    # threads) alive: in a notebook, every re-run would add one. The autograd hooks must not hold it.
+    for rank_out in launch(freed_after_training, world_size=2, timeout_s=60):
+        assert rank_out["torch"] == [True, True]    # the oracle: torch's own DDP is freed
+        kept = {stage: gone for stage, gone in rank_out.items() if gone != [True, True]}
+        assert not kept, f"[wrapper freed, model freed] per stage: {kept}"

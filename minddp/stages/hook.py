@@ -8,7 +8,11 @@ parameter's gradient is done:
    parameter that needs a gradient. It fires after autograd has *added* this
    backward's contribution into ``param.grad``, so the hook reads the
    accumulated gradient (correct under gradient accumulation too) and fires
-   once per backward even for a tied parameter used twice;
+   once per backward even for a tied parameter used twice. The hook reaches
+   this wrapper through a weak reference: a parameter holding its wrapper
+   would make a cycle through autograd's C++ side that Python's garbage
+   collector cannot see, and the wrapper, with its process group and that
+   group's threads, would live until the interpreter exits;
 2. in the hook, if this backward syncs, hand the hook layer a bucket of this
    one parameter and start its all_reduce;
 3. here (``async_op = False``) wait for it right away, inside backward. The
@@ -28,6 +32,8 @@ Example::
 
 from __future__ import annotations
 
+import weakref
+
 from torch import nn
 
 from minddp.comm import hook_runner
@@ -45,9 +51,11 @@ class HookDDP(GradAccumDDP):
         super().__init__(*args, **kwargs)
         self._pending: list[hook_runner.PendingBucket] = []
         self._index = {id(p): i for i, p in enumerate(reversed(self._params))}
+        on_grad_ready = _weak_method(self._on_grad_ready)
         self._hook_handles = [                                                    # step 1
-            p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._params
+            p.register_post_accumulate_grad_hook(on_grad_ready) for p in self._params
         ]
+        weakref.finalize(self, _remove_all, self._hook_handles)
 
     def _on_grad_ready(self, param: nn.Parameter) -> None:
         if self._sync_this_backward:                                              # step 2
@@ -74,6 +82,22 @@ class HookDDP(GradAccumDDP):
 
     def remove_hooks(self) -> None:
         """Detach from autograd (e.g. before wrapping the module in another stage)."""
-        for handle in self._hook_handles:
-            handle.remove()
-        self._hook_handles = []
+        _remove_all(self._hook_handles)
+
+
+def _weak_method(method):
+    """A function calling ``method`` while its object lives, doing nothing after."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args):
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+    return call
+
+
+def _remove_all(handles: list) -> None:
+    """Remove every hook in ``handles`` and empty the list (the finalizer may call this again)."""
+    for handle in handles:
+        handle.remove()
+    handles.clear()
