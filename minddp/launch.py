@@ -35,6 +35,7 @@ Example::
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import pickle
@@ -46,6 +47,7 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401  (before any group exists: see leave_group)
 import torch.multiprocessing as mp
 
 from minddp.device import choose_backend, timeout_delta
@@ -206,7 +208,30 @@ def run_in_torchrun(fn: Callable[..., Any], *args: Any, backend: str = "auto",
         _note_step(exc)
         raise
     finally:
+        leave_group()
+
+
+def leave_group() -> None:
+    """Destroy the default group, and end its threads now rather than at interpreter exit.
+
+    ``destroy_process_group`` only forgets the group; the group, with its
+    worker threads, ends when the last reference to it goes. Left alive, a
+    gloo worker thread may drop the last reference to a tensor while Python
+    shuts down, and the process aborts at exit ("terminate called without an
+    active exception") after a run that went well. So:
+
+    1. destroy the group;
+    2. collect the reference cycles that may still hold it (a wrapped model
+       and its hooks, for instance).
+
+    A third holder is torch itself: ``torch.distributed.nn`` takes
+    ``group=group.WORLD`` as default arguments, evaluated at its import, and
+    libraries such as transformers import it. This module imports it first,
+    before any group exists, so those defaults stay ``None``.
+    """
+    if dist.is_initialized():
         dist.destroy_process_group()
+    gc.collect()
 
 
 def _prepare_rank(local_rank: int, local_world: int, backend: str) -> None:
@@ -265,7 +290,7 @@ def _child_main(payload, parent_path, rank, world_size, port, backend, timeout_s
             _note_step(exc)
             raise
         finally:
-            dist.destroy_process_group()
+            leave_group()
         buf = io.BytesIO()
         torch.save(out, buf)  # bytes, not shared memory: safe after this process exits
         results.put(("ok", rank, buf.getvalue()))

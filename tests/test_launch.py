@@ -120,6 +120,49 @@ def test_joins_a_torchrun_job_again_and_again(tmp_path):
         assert all(r["rank"] == rank and r["world"] == 2 and r["sum"] == 3 for r in results), results
 
 
+def train_and_drop_a_temporary(_):
+    """A hook stage on a transformers model (its import pins groups: see leave_group), and, last, an
+    all_reduce of a tensor Python drops at once: what made a gloo thread abort the process at exit."""
+    from minddp.models import build_model
+    from minddp.stages import build_stage
+
+    model = build_stage("bucket-async", build_model("tiny-llama", 50, 0, seed=0))
+    ids = torch.randint(1, 50, (2, 6))
+    model(input_ids=ids, labels=torch.tensor([0, 1])).loss.backward()
+    model.finish_gradient_synchronization()
+    dist.all_reduce(torch.ones(4))
+    return "ok"
+
+
+def _group_threads() -> list[str]:
+    """This process's gloo threads (torch names them), from /proc."""
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    return [n for n in names if "gloo" in n]
+
+
+def test_a_torchrun_launch_leaves_no_group_threads_behind(tmp_path):
+    # A group's gloo threads that outlive launch() may drop a tensor while Python shuts down, and the
+    # process aborts at exit ("terminate called without an active exception") after a good run.
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, os, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_launch import train_and_drop_a_temporary, _group_threads
+        from minddp import launch
+        seen = []
+        for i in range(2):
+            launch(train_and_drop_a_temporary, i)
+            seen.append(_group_threads())
+        with open(os.path.join({str(tmp_path)!r}, "threads-" + os.environ["RANK"] + ".json"), "w") as f:
+            json.dump(seen, f)
+    """))
+    proc = run_torchrun(["--nproc-per-node", "2", "--master-port", str(free_port()), str(script)], timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import json
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"threads-{rank}.json").read_text()) == [[], []]
+
+
 def stuck_after(steps):
     from minddp.launch import report_step
     for step in range(steps):

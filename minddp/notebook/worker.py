@@ -63,7 +63,7 @@ def worker_main(rank, world_size, port, backend, timeout_s, parent_pid, parent_p
     import torch.distributed as dist
 
     from minddp.device import rank_device
-    from minddp.launch import join_group
+    from minddp.launch import join_group, leave_group
 
     # Step 1: join and prepare the namespace the cells see.
     generation = 0
@@ -110,8 +110,7 @@ def worker_main(rank, world_size, port, backend, timeout_s, parent_pid, parent_p
             finally:
                 running.clear()
             reports.put(("done", rank, cell_id, report))
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    leave_group()
 
 
 class _Tee(io.StringIO):
