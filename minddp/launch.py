@@ -47,10 +47,14 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn  # noqa: F401  (before any group exists: see leave_group)
 import torch.multiprocessing as mp
 
 from minddp.device import choose_backend, timeout_delta
+
+try:  # before any group exists, so that its default arguments stay None (see leave_group)
+    import torch.distributed.nn  # noqa: F401
+except ImportError:  # pragma: no cover - a torch build without it has nothing to pin a group with
+    pass
 
 _CHILD_FLAG = "MINDDP_LAUNCHED_RANK"
 
