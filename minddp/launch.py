@@ -228,10 +228,11 @@ def leave_group() -> None:
     2. collect the reference cycles that may still hold it (a wrapped model
        and its hooks, for instance).
 
-    A third holder is torch itself: ``torch.distributed.nn`` takes
-    ``group=group.WORLD`` as default arguments, evaluated at its import, and
-    libraries such as transformers import it. This module imports it first,
-    before any group exists, so those defaults stay ``None``.
+    Cycles are not the only holder: ``torch.distributed.nn`` takes
+    ``group=group.WORLD`` as default arguments, evaluated when it is first
+    imported, and libraries such as transformers import it once a group
+    exists. This module imports it first, before any group does, so those
+    defaults stay ``None``.
     """
     if dist.is_initialized():
         dist.destroy_process_group()
