@@ -85,8 +85,7 @@ def scale_like_torch(bucket: GradBucket, world: int) -> None:
     """
     buffer = bucket.buffer()
     views = bucket._layout.views(buffer)
-    aliased = [g is not None and g.data_ptr() == v.data_ptr() and g.dtype == v.dtype
-               for g, v in zip((p.grad for p in bucket._layout.params), views)]
+    aliased = bucket._layout.grads_in(buffer)
     if not any(aliased):
         buffer.mul_(1.0 / world)            # every gradient was copied in (the common case): one pass
     elif all(aliased):

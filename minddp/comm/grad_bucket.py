@@ -58,6 +58,17 @@ class BucketLayout:
         self._cache = (key, views)
         return views
 
+    def grads_in(self, flat: torch.Tensor) -> list[bool]:
+        """Per parameter: does its ``.grad`` already live in ``flat`` (the same memory, same dtype)?
+
+        True under ``gradient_as_bucket_view``, or where a hook reduced the
+        buffer in place and the buffer is a view of the gradient; such a
+        gradient needs no copy back, and torch's reducer scales it by
+        division rather than by multiplication.
+        """
+        return [p.grad is not None and p.grad.dtype == v.dtype and p.grad.data_ptr() == v.data_ptr()
+                for p, v in zip(self.params, self.views(flat))]
+
 
 class GradBucket:
     """A flat gradient buffer for a group of parameters, as a comm hook sees it."""

@@ -105,7 +105,8 @@ def complete(pending: PendingBucket) -> None:
         wire.traffic.error_sq += float((result.float() - exact).pow(2).sum())
         wire.traffic.norm_sq += float(exact.pow(2).sum())
     layout = pending.bucket._layout
-    pairs = [(param.grad, view) for param, view in zip(layout.params, layout.views(result))
-             if param.grad is not None and param.grad.data_ptr() != view.data_ptr()]
+    pairs = [(param.grad, view) for param, view, there in zip(layout.params, layout.views(result),
+                                                                 layout.grads_in(result))
+             if param.grad is not None and not there]
     if pairs:
         torch._foreach_copy_([g for g, _ in pairs], [v for _, v in pairs])   # one call per bucket
