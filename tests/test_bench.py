@@ -20,7 +20,9 @@ import pytest
 from minddp.bench import COLUMNS, bench_configs
 from minddp.bench.__main__ import main
 
-ARGS = ["--quick", "--stages", "ddp,torch", "--variants", "noop,gabv", "--batch-size", "2", "--grad-accum", "1",
+# --quick's settings (3 timed steps, 1 warm-up, 1 profiled step), but 2 rounds in 2 launches of the ranks
+ARGS = ["--rounds", "2", "--launches", "2", "--steps", "3", "--warmup", "1", "--profile-steps", "1",
+        "--stages", "ddp,torch", "--variants", "noop,gabv", "--batch-size", "2", "--grad-accum", "1",
         "--max-seq-len", "16"]
 
 
@@ -48,14 +50,20 @@ def test_bench_quick_run_writes_table_csv_json_png(tmp_path):
     assert list(next(iter(rows.values()))) == COLUMNS
     table = (out / "results.md").read_text()
     assert all(f"| {name} |" in table for name in expected)
-    meta = json.loads((out / "results.json").read_text())["meta"]
-    assert meta["command"].startswith("python -m minddp.bench --quick") and meta["rounds"] == 1
+    saved = json.loads((out / "results.json").read_text())
+    meta = saved["meta"]
+    assert meta["command"].startswith("python -m minddp.bench --rounds 2") and meta["rounds"] == 2
+    assert meta["launches"] == 2 and meta["rounds_per_launch"] == [1, 1]
+    for row in saved["rows"]:     # both launches' steps are in, and each launch is kept apart for the intervals
+        assert row["launch_rounds"] == [1, 1] and row["steps"] == 2 * 3 == len(row["cpu_times_ms"])
 
     param_bytes = _param_bytes()
     for name in ("ddp", "torch", "ddp+gabv", "torch+gabv"):
         assert float(rows[name]["allreduce_bytes_per_step"]) == param_bytes, name
         assert float(rows[name]["allreduce_calls_per_step"]) >= 1
         assert float(rows[name]["median_ms"]) > 0 and float(rows[name]["peak_mib"]) > 0
+        # the training thread's CPU time of a step cannot exceed the step's wall time
+        assert 0 < float(rows[name]["train_cpu_ms"]) <= float(rows[name]["median_ms"])
         assert 0 <= float(rows[name]["overlap_min_pct"]) <= float(rows[name]["overlap_pct"]) \
             <= float(rows[name]["overlap_max_pct"]) <= 100
     # torch with no hook is its C++ default, counted from the traces; ours through the wire meter
@@ -75,7 +83,8 @@ def test_bench_quick_run_writes_table_csv_json_png(tmp_path):
     assert main(["--pool", str(out), str(out), "--out", str(pooled_dir)]) == 0
     pooled = {r["config"]: r for r in json.loads((pooled_dir / "results.json").read_text())["rows"]}
     for name, row in pooled.items():
-        assert row["rounds"] == 2 and row["steps"] == 2 * int(rows[name]["steps"])
+        assert row["rounds"] == 4 and row["steps"] == 2 * int(rows[name]["steps"])
+        assert row["launch_rounds"] == [1, 1, 1, 1]
         assert row["median_ms"] == pytest.approx(float(rows[name]["median_ms"]))
     assert main(["--pool", str(tmp_path / "nowhere")]) == 2
 
@@ -98,6 +107,8 @@ def test_overlap_pools_ranks_and_rounds_as_one_ratio():
     (["--variants", "zip"], "--variants: unknown ['zip']"),
     (["--rounds", "0"], "--rounds must be at least 1"),
     (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--launches", "0"], "--launches must be at least 1"),
+    (["--rounds", "2", "--launches", "3"], "--launches (3) must not exceed --rounds (2)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, fragment):
     proc = subprocess.run([sys.executable, "-m", "minddp.bench", *argv], capture_output=True, text=True,
@@ -210,6 +221,26 @@ def test_ratio_interval_resamples_whole_rounds_so_round_drift_widens_it():
     assert lo < 1.0 < hi
 
 
+def test_intervals_resample_launches_so_a_launch_that_ran_slow_widens_them():
+    from minddp.bench.report import paired_bootstrap, ratio_interval
+    # Two launches of 4 rounds each. Inside a launch, ddp/torch is the same in every round (1.0 in the
+    # first launch, 1.2 in the second: say ddp drew a bad core in the second). Resampling rounds alone
+    # only ever mixes the two launches' rounds, so the ratio stays near 1.1; resampling launches first
+    # also draws "both launches like the first" and "both like the second", the honest spread of two draws.
+    torch_times = [10.0 + r + s / 10 for r in range(8) for s in range(3)]
+    ddp_times = [t * (1.0 if i < 12 else 1.2) for i, t in enumerate(torch_times)]
+
+    def mean_ratio(a, t):
+        return sum(a) / sum(t)
+    flat = paired_bootstrap([ddp_times, torch_times], 8, mean_ratio)
+    by_launch = paired_bootstrap([ddp_times, torch_times], 8, mean_ratio, launches=[4, 4])
+    assert by_launch[0] < flat[0] and flat[1] < by_launch[1]
+    assert by_launch == (pytest.approx(1.0), pytest.approx(1.2))
+    # one launch is exactly the round bootstrap of before
+    assert ratio_interval(ddp_times, torch_times, rounds=8, launches=[8]) == ratio_interval(ddp_times, torch_times,
+                                                                                            rounds=8)
+
+
 def test_pooling_runs_is_one_run_with_all_rounds():
     import random
     from minddp.bench.report import derive, pool
@@ -227,11 +258,13 @@ def test_pooling_runs_is_one_run_with_all_rounds():
     a, b = run(4), run(6)
     pooled = {r["config"]: r for r in pool([a, b])}
     # the same as deriving one run whose samples are both runs' samples, rounds kept whole
+    # (each run stays a launch of its own: the intervals resample runs, then rounds)
     whole = {r["config"]: r for r in derive([dict(x, times_ms=x["times_ms"] + y["times_ms"],
-                                                  overlap_rounds=x["overlap_rounds"] + y["overlap_rounds"], rounds=10)
+                                                  overlap_rounds=x["overlap_rounds"] + y["overlap_rounds"], rounds=10,
+                                                  launch_rounds=[4, 6])
                                              for x, y in zip(a, b)])}
     for name in ("ddp", "torch"):
-        for key in ("median_ms", "ratio_to_torch", "ratio_lo", "ratio_hi", "overlap_pct", "rounds"):
+        for key in ("median_ms", "ratio_to_torch", "ratio_lo", "ratio_hi", "overlap_pct", "rounds", "launch_rounds"):
             assert pooled[name][key] == whole[name][key], (name, key)
     with pytest.raises(ValueError, match="same configurations"):
         pool([a, [r for r in b if r["config"] == "ddp"]])

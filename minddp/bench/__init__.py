@@ -5,15 +5,18 @@ A benchmark, not a test: it measures, it asserts nothing. One run:
 1. **prepare** the train command's model and data (offline default: the
    tiny Llama on synthetic paraphrase pairs) and its settings (batch 8 per
    rank, 3 micro-batches, ``bucket_cap_mb`` 0.1, AdamW);
-2. **launch** the ranks once (:mod:`.worker`): every configuration
+2. **launch** the ranks (:mod:`.worker`), ``--launches`` times (3), the
+   rounds shared out over the launches: in each, every configuration
    (:mod:`.configs`: each stage, torch's DDP, each with ``noop_hook``,
    PowerSGD rank 1/4 and fp16 ours vs torch's, ``gradient_as_bucket_view``
    ours vs torch's) is built once and trained in turn, alternating over
-   rounds so noise hits all alike; then a short profiled window per
-   configuration;
+   rounds in a shuffled order so noise hits all alike; then a short
+   profiled window per configuration. Fresh processes per launch, because
+   a launch's luck (which cores, memory and threads its processes got)
+   stays with it for all its rounds;
 3. **report** (:mod:`.report`): median and spread of step time, ratio to
-   torch's DDP, exposed comm, overlap %, all_reduce calls/bytes, peak
-   memory; ``results.md``/``.csv``/``.json`` and ``step_times.png`` in
+   torch's DDP, exposed comm, overlap %, training-thread CPU time,
+   all_reduce calls/bytes, peak memory (the launches pooled, :func:`.report.pool`); ``results.md``/``.csv``/``.json`` and ``step_times.png`` in
    ``results/bench-<date>/``, ending with the targets judged (:mod:`.targets`).
 
 ``--pool DIR DIR ...`` runs nothing: it reads saved runs and judges them as

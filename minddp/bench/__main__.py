@@ -9,7 +9,7 @@ import sys
 import time
 
 from minddp.bench.configs import VARIANTS, bench_configs
-from minddp.bench.report import markdown_table, summarize, write_outputs
+from minddp.bench.report import markdown_table, pool, summarize, write_outputs
 from minddp.bench.targets import check_targets, targets_markdown
 
 PROG = "minddp.bench"
@@ -41,11 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help="comma list of extras: noop (every stage with noop_hook), powersgd (r1, r4), fp16, "
                         "gabv (gradient_as_bucket_view); 'none' for none")
-    p.add_argument("--rounds", type=int, default=12, help="rounds; each runs every configuration in turn")
+    p.add_argument("--rounds", type=int, default=12, help="rounds in all; each runs every configuration in turn")
+    p.add_argument("--launches", type=int, default=3,
+                   help="fresh launches of the ranks the rounds are shared out over (each launch is its own "
+                        "draw of cores, memory and threads; the intervals resample launches, then rounds)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per configuration per round")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before them, per round")
     p.add_argument("--profile-steps", type=int, default=2, help="profiled steps per configuration (0: none)")
-    p.add_argument("--quick", action="store_true", help="1 round, 3 steps, 1 warm-up, 1 profiled step")
+    p.add_argument("--quick", action="store_true", help="1 launch, 1 round, 3 steps, 1 warm-up, 1 profiled step")
     p.add_argument("--out", default=None, help="results folder (default results/bench-<date-time>)")
     p.add_argument("--model", default=None, help="as python -m minddp.train --model (default: its default)")
     p.add_argument("--world-size", type=int, default=2)
@@ -66,10 +69,13 @@ def parse(argv: list[str] | None):
     from minddp.stages import STAGES
     ns = build_parser().parse_args(argv)
     if ns.quick:
-        ns.rounds, ns.steps, ns.warmup, ns.profile_steps = 1, 3, 1, min(ns.profile_steps, 1)
-    for name in ("rounds", "steps"):
+        ns.launches, ns.rounds, ns.steps, ns.warmup, ns.profile_steps = 1, 1, 3, 1, min(ns.profile_steps, 1)
+    for name in ("rounds", "steps", "launches"):
         if getattr(ns, name) < 1:
             raise UsageError(f"--{name} must be at least 1, got {getattr(ns, name)}")
+    if ns.launches > ns.rounds:
+        raise UsageError(f"--launches ({ns.launches}) must not exceed --rounds ({ns.rounds}): "
+                         "every launch runs at least one round")
     if ns.warmup < 0 or ns.profile_steps < 0:
         raise UsageError("--warmup and --profile-steps must be 0 or more")
     stages = _names(ns.stages, list(STAGES) + ["torch"], "--stages")
@@ -85,6 +91,11 @@ def parse(argv: list[str] | None):
     return ns, cfg, bench_configs(stages, variants)
 
 
+def launch_shares(rounds: int, launches: int) -> list[int]:
+    """``rounds`` shared out over ``launches`` as evenly as they go (10 over 3: 4, 3, 3)."""
+    return [rounds // launches + (1 if i < rounds % launches else 0) for i in range(launches)]
+
+
 def machine() -> str:
     import torch
     cpu = platform.processor() or platform.machine()
@@ -96,7 +107,6 @@ def pool_main(folders: list[str], out: str | None) -> int:
     """``--pool``: the saved runs' rows, pooled (:func:`minddp.bench.report.pool`), tabled and judged."""
     import json
 
-    from minddp.bench.report import pool
     runs, metas = [], []
     for folder in folders:
         path = os.path.join(folder, "results.json")
@@ -118,6 +128,7 @@ def pool_main(folders: list[str], out: str | None) -> int:
     print(markdown_table(rows) + "\n\n" + targets_markdown(targets))
     if out:
         meta = {"pooled_from": ", ".join(folders), "rounds": rows[0]["rounds"],
+                "launches": len(rows[0]["launch_rounds"]),
                 "dates": ", ".join(m.get("date", "?") for m in metas), "machine": metas[0].get("machine", "?")}
         paths = write_outputs(rows, out, meta, targets)
         print(f"{PROG}: wrote {', '.join(paths.values())}", file=sys.stderr)
@@ -141,20 +152,27 @@ def main(argv: list[str] | None = None) -> int:
     date = time.strftime("%Y-%m-%d %H:%M:%S")
     out = ns.out or os.path.join("results", f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
     trace_dir = os.path.join(out, "traces") if ns.profile_steps else None
-    print(f"{PROG}: {len(configs)} configurations x {ns.rounds} rounds x {ns.steps} steps on {cfg.world_size} "
+    shares = launch_shares(ns.rounds, ns.launches)
+    print(f"{PROG}: {len(configs)} configurations x {ns.rounds} rounds ({' + '.join(map(str, shares))} in "
+          f"{ns.launches} launch{'es' if ns.launches > 1 else ''}) x {ns.steps} steps on {cfg.world_size} "
           f"ranks ({backend}) -> {out}", file=sys.stderr, flush=True)
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
-    try:
-        per_rank = launch(bench_rank, configs, cfg, data, ns.rounds, ns.steps, ns.warmup, trace_dir,    # step 2
-                          ns.profile_steps, world_size=cfg.world_size, backend=backend, timeout_s=cfg.timeout)
-    except RankError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
-    rows = summarize(configs, per_rank, ns.rounds)                                          # step 3
+    per_launch = []
+    for index, rounds in enumerate(shares):                                                 # step 2
+        try:
+            per_rank = launch(bench_rank, configs, cfg, data, rounds, ns.steps, ns.warmup, trace_dir,
+                              ns.profile_steps, index, index == 0,     # memory once: it does not depend on timing
+                              world_size=cfg.world_size, backend=backend, timeout_s=cfg.timeout)
+        except RankError as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return 1
+        per_launch.append(summarize(configs, per_rank, rounds))                             # step 3
+    rows = pool(per_launch) if len(per_launch) > 1 else per_launch[0]
     meta = {"date": date, "command": "python -m minddp.bench " + " ".join(sys.argv[1:] if argv is None else argv),
             "machine": machine(), "model": cfg.model, "data": data.source, "world_size": cfg.world_size,
-            "backend": backend, "rounds": ns.rounds, "steps_per_round": ns.steps, "warmup_per_round": ns.warmup,
+            "backend": backend, "launches": ns.launches, "rounds": ns.rounds, "rounds_per_launch": shares,
+            "steps_per_round": ns.steps, "warmup_per_round": ns.warmup,
             "profiled_steps": ns.profile_steps, "batch_size_per_rank": cfg.batch_size, "grad_accum": cfg.grad_accum,
             "max_seq_len": cfg.max_seq_len, "bucket_cap_mb": cfg.bucket_cap_mb,
             "load_avg_1min_before_after": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",

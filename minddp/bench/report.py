@@ -7,8 +7,9 @@ How each column is computed (``docs/benchmarks.md`` repeats this for readers):
    all timed steps of all rounds (warm-up steps are never timed);
 2. **ratio**: median over the median of torch's DDP with the same hook, same run,
    with a 90 % bootstrap interval (:func:`ratio_interval`: resample whole
-   rounds, the same rounds for both configurations, 1000 times, seeded):
-   how sure the ratio is, including the drift from round to round;
+   launches, then whole rounds within them, the same ones for both
+   configurations, 1000 times, seeded): how sure the ratio is, including the
+   drift from round to round and the luck of each launch of the ranks;
 3. **exposed comm**: median minus the median of the same stage with
    ``noop_hook`` (no communication at all), same run: the communication time
    the stage failed to hide. Negative values are noise;
@@ -25,7 +26,12 @@ How each column is computed (``docs/benchmarks.md`` repeats this for readers):
    :func:`minddp.bench.worker.counting_torch_all_reduce`); torch's DDP with
    no hook (plain averaging, its C++ default) from the ``gloo:all_reduce``
    ranges of the profiled steps (source ``trace``; none without profiling);
-6. **peak memory**: the high-water of tensor bytes a configuration
+6. **training-thread CPU**: per step, the CPU time of the thread that runs
+   forward, backward, hooks and optimizer (mean over ranks), then the
+   median: the host work of a step without the time spent waiting for the
+   other rank or a free core, so Python overhead shows even where the
+   wall time is too noisy to;
+7. **peak memory**: the high-water of tensor bytes a configuration
    allocates from building it (model, wrapper, buckets, optimizer) through
    ``1 + profile_steps`` steps, max over ranks
    (:func:`minddp.bench.worker.fresh_peak_bytes`: the profiler's ``[memory]``
@@ -44,7 +50,7 @@ import json
 import os
 import statistics
 
-COLUMNS = ["config", "stage", "hook", "median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "steps",
+COLUMNS = ["config", "stage", "hook", "median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "steps", "train_cpu_ms",
            "ratio_to_torch", "ratio_lo", "ratio_hi", "ref", "exposed_comm_ms",
            "overlap_pct", "overlap_min_pct", "overlap_max_pct",
            "allreduce_calls_per_step", "allreduce_bytes_per_step", "traffic_source", "peak_mib"]
@@ -93,9 +99,10 @@ def overlap_of_rounds(parts: list[tuple[float, float]]) -> tuple:
 
 
 def summarize(configs, per_rank: list[dict], rounds: int = 1) -> list[dict]:
-    """One row per configuration (columns :data:`COLUMNS`), in the order of ``configs``.
+    """One row per configuration (columns :data:`COLUMNS`), in the order of ``configs``, for one launch.
 
     ``rounds``: how many rounds the timed steps (stored round after round) came from.
+    Several launches of the same configurations are put together with :func:`pool`.
     """
     rows = []
     for c in configs:
@@ -108,20 +115,22 @@ def summarize(configs, per_rank: list[dict], rounds: int = 1) -> list[dict]:
             calls, nbytes = statistics.mean(runs[0]["calls"]), statistics.mean(runs[0]["bytes"])
             source = "hook" if c.stage == "torch" else "wire"
         peaks = [run["peak_bytes"] for run in runs if "peak_bytes" in run]
-        peak = max(peaks) if peaks else None                                                 # step 6
+        peak = max(peaks) if peaks else None                                                 # step 7
         rows.append({"config": c.name, "stage": c.stage,
                      "hook": c.hook + (f"-r{c.powersgd_rank}" if c.powersgd_rank else "")
                      + ("+gabv" if c.gradient_as_bucket_view else ""),
                      "times_ms": [max(ts) * 1e3 for ts in zip(*(run["times"] for run in runs))],      # step 1
+                     "cpu_times_ms": [statistics.mean(cs) * 1e3 for cs in zip(*(run["cpu"] for run in runs))],  # 6
                      "overlap_rounds": round_parts([run["overlap"] for run in runs]),                 # step 4
-                     "rounds": rounds, "ref": c.ref, "noop": c.noop,
+                     "rounds": rounds, "launch_rounds": [rounds], "ref": c.ref, "noop": c.noop,
                      "allreduce_calls_per_step": calls, "allreduce_bytes_per_step": nbytes,
                      "traffic_source": source, "peak_mib": None if peak is None else peak / 2**20})
     return derive(rows)
 
 
 def derive(rows: list[dict]) -> list[dict]:
-    """Steps 1-4 from each row's raw samples (``times_ms``, ``overlap_rounds``, ``rounds``), in place.
+    """Steps 1-4 and 6 from each row's raw samples (``times_ms``, ``cpu_times_ms``, ``overlap_rounds``,
+    ``rounds``, ``launch_rounds``), in place.
 
     Separate from :func:`summarize` so that rows of several runs, their
     samples put together, are judged exactly like one run's (:func:`pool`).
@@ -131,25 +140,34 @@ def derive(rows: list[dict]) -> list[dict]:
         times = row["times_ms"]
         row["q1_ms"], row["median_ms"], row["q3_ms"] = _quantiles(times)                      # step 1
         row["min_ms"], row["max_ms"], row["steps"] = min(times), max(times), len(times)
+        cpu = row.get("cpu_times_ms")       # absent from results saved before the column existed
+        row["train_cpu_ms"] = statistics.median(cpu) if cpu else None                         # step 6
         row["overlap_pct"], row["overlap_min_pct"], row["overlap_max_pct"] = \
             overlap_of_rounds(row["overlap_rounds"])                                          # step 4
     for row in rows:
         ref = by.get(row["ref"]) if row["ref"] else (row if row["stage"] == "torch" else None)
         row["ratio_to_torch"] = row["median_ms"] / ref["median_ms"] if ref else None                 # step 2
         compared = ref is not None and ref is not row     # torch against itself: 1 exactly, no interval
-        row["ratio_lo"], row["ratio_hi"] = ratio_interval(row["times_ms"], ref["times_ms"], row["rounds"]) \
-            if compared else (None, None)
+        row["ratio_lo"], row["ratio_hi"] = ratio_interval(row["times_ms"], ref["times_ms"], row["rounds"],
+                                                          launches=launches_of(row)) if compared else (None, None)
         noop = by.get(row.get("noop")) if row.get("noop") else None
         row["exposed_comm_ms"] = row["median_ms"] - noop["median_ms"] if noop else None              # step 3
     return rows
 
 
-def pool(runs: list[list[dict]]) -> list[dict]:
-    """Rows of several runs of the same configurations as one run: samples and rounds put together.
+def launches_of(row: dict) -> list[int]:
+    """How many of the row's rounds each launch ran, in order (results saved before launches: one)."""
+    return row.get("launch_rounds") or [row["rounds"]]
 
-    Rounds stay whole (each run's steps are stored round after round), so the
-    intervals still resample rounds, now from all runs. Calls, bytes and
-    memory are taken from the first run (they do not depend on timing).
+
+def pool(runs: list[list[dict]]) -> list[dict]:
+    """Rows of several launches (or runs) of the same configurations as one run: samples and rounds put together.
+
+    Rounds stay whole (each run's steps are stored round after round), and
+    so do launches: each run's launches are kept as launches
+    (``launch_rounds``), so the intervals resample launches, then rounds
+    within them. Calls, bytes and memory are taken from the first run (they
+    do not depend on timing).
     """
     first = runs[0]
     names = [r["config"] for r in first]
@@ -169,22 +187,29 @@ def pool(runs: list[list[dict]]) -> list[dict]:
             noop = f"{row['stage']}+noop"
             merged["noop"] = noop if row["hook"] == "allreduce" and noop in names else None
         merged["times_ms"] = [t for by in per_run for t in by[row["config"]]["times_ms"]]
+        cpu = [by[row["config"]].get("cpu_times_ms") for by in per_run]
+        merged["cpu_times_ms"] = [t for c in cpu for t in c] if all(cpu) else None
         merged["overlap_rounds"] = [p for by in per_run for p in by[row["config"]]["overlap_rounds"]]
         merged["rounds"] = sum(by[row["config"]]["rounds"] for by in per_run)
+        merged["launch_rounds"] = [n for by in per_run for n in launches_of(by[row["config"]])]
         rows.append(merged)
     return derive(rows)
 
 
 def paired_bootstrap(series: list[list], rounds: int, statistic, level: float = 0.90, resamples: int = 1000,
-                     seed: int = 0) -> tuple[float, float]:
+                     seed: int = 0, launches: list[int] | None = None) -> tuple[float, float]:
     """A bootstrap interval for ``statistic(*series)`` that resamples whole rounds, the same ones for every series.
 
     1. cut each series into its ``rounds`` blocks (values are stored round
        after round: step times, or one ``(hidden, comm)`` per round); with one
        round, or lengths that do not divide, each value is its own block;
-    2. draw as many blocks as there are, with replacement, the *same* blocks
-       for every series: configurations of one round shared the machine's
-       state, so they are resampled together;
+    2. draw blocks with replacement, the *same* blocks for every series
+       (configurations of one round shared the machine's state, so they are
+       resampled together). With several ``launches`` (rounds per launch, in
+       order), first draw as many launches as there are, with replacement,
+       then, inside each drawn launch, as many of its rounds as it has: a
+       launch is its own sample of the machine (which cores, which memory,
+       which threads the processes got), and rounds of one launch share it;
     3. compute the statistic on the drawn blocks;
     4. repeat ``resamples`` times; the middle ``level`` of the values is the interval.
     """
@@ -192,10 +217,13 @@ def paired_bootstrap(series: list[list], rounds: int, statistic, level: float = 
     n = len(series[0])
     blocks = rounds if rounds > 1 and n % rounds == 0 else n                                # step 1
     size = n // blocks
+    groups = list(launches) if launches and len(launches) > 1 and sum(launches) == blocks else [blocks]
+    starts = [sum(groups[:g]) for g in range(len(groups))]
     rng = random.Random(seed)
     values = []
     for _ in range(resamples):
-        picks = rng.choices(range(blocks), k=blocks)                                        # step 2
+        drawn = rng.choices(range(len(groups)), k=len(groups)) if len(groups) > 1 else [0]  # step 2
+        picks = [starts[g] + i for g in drawn for i in rng.choices(range(groups[g]), k=groups[g])]
         values.append(statistic(*([x for b in picks for x in s[b * size:(b + 1) * size]] for s in series)))  # 3
     return _middle(values, level)                                                           # step 4
 
@@ -208,8 +236,8 @@ def _middle(values: list[float], level: float) -> tuple[float, float]:
 
 
 def ratio_interval(times: list[float], ref_times: list[float], rounds: int = 1, level: float = 0.90,
-                   resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """Step 2: a bootstrap interval for ``median(times) / median(ref_times)``, paired by round.
+                   resamples: int = 1000, seed: int = 0, launches: list[int] | None = None) -> tuple[float, float]:
+    """Step 2: a bootstrap interval for ``median(times) / median(ref_times)``, paired by round (and launch).
 
     Both lists come from the same rounds of one run (or of pooled runs), so
     they are resampled together (:func:`paired_bootstrap`). On a noisy machine
@@ -218,7 +246,8 @@ def ratio_interval(times: list[float], ref_times: list[float], rounds: int = 1, 
     if len(times) != len(ref_times):
         raise ValueError(f"paired samples must have the same length, got {len(times)} and {len(ref_times)}")
     return paired_bootstrap([times, ref_times], rounds,
-                            lambda a, r: statistics.median(a) / statistics.median(r), level, resamples, seed)
+                            lambda a, r: statistics.median(a) / statistics.median(r), level, resamples, seed,
+                            launches)
 
 
 def _fmt(value, spec: str) -> str:
@@ -241,14 +270,15 @@ def _overlap_cell(r: dict) -> str:
 
 def markdown_table(rows: list[dict]) -> str:
     head = ("| config | median ms | IQR ms | min–max ms | × torch (90 % CI) | exposed comm ms | overlap % (rounds) "
-            "| all_reduce calls/step | all_reduce KiB/step | peak MiB |")
+            "| train-thread CPU ms | all_reduce calls/step | all_reduce KiB/step | peak MiB |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         kib = None if r["allreduce_bytes_per_step"] is None else r["allreduce_bytes_per_step"] / 1024
         calls = _fmt(r["allreduce_calls_per_step"], ".1f")
         lines.append(f"| {r['config']} | {r['median_ms']:.2f} | {r['q1_ms']:.2f}–{r['q3_ms']:.2f} "
                      f"| {r['min_ms']:.2f}–{r['max_ms']:.2f} | {_ratio_cell(r)} "
-                     f"| {_fmt(r['exposed_comm_ms'], '.2f')} | {_overlap_cell(r)} | {calls} "
+                     f"| {_fmt(r['exposed_comm_ms'], '.2f')} | {_overlap_cell(r)} | {_fmt(r.get('train_cpu_ms'), '.2f')} "
+                     f"| {calls} "
                      f"| {_fmt(kib, '.1f')} | {_fmt(r['peak_mib'], '.2f')} |")
     return "\n".join(lines)
 

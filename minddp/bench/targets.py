@@ -16,7 +16,7 @@ sides), and is skipped when the run lacks a configuration it needs:
 
 Each target is judged on the run's point values (``met``), and, where the
 run has the raw samples, with a 90 % interval of the same quantity that
-resamples whole rounds, paired across the configurations compared
+resamples whole launches and rounds, paired across the configurations compared
 (:func:`minddp.bench.report.paired_bootstrap`). The ``verdict`` is then
 
 * ``yes``: the point value meets the target;
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import statistics
 
-from minddp.bench.report import paired_bootstrap, pooled_pct
+from minddp.bench.report import launches_of, paired_bootstrap, pooled_pct
 
 BLOG_STAGES = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 
@@ -103,12 +103,12 @@ def _ratio_bounds(row: dict, ref: dict):
 
 
 def _bootstrap(rows, key: str, statistic):
-    """Paired-round interval of ``statistic`` over the rows' ``key`` series; None when the run lacks them."""
+    """Paired interval (by launch and round) of ``statistic`` over the rows' ``key`` series; None when the run lacks them."""
     series = [r.get(key) for r in rows]
     rounds = rows[0].get("rounds") or 1
     if any(not s for s in series) or len({len(s) for s in series}) != 1:
         return None
-    return paired_bootstrap(series, rounds, statistic)
+    return paired_bootstrap(series, rounds, statistic, launches=launches_of(rows[0]) if rows[0].get("rounds") else None)
 
 
 def _interval_text(t: dict) -> str:

@@ -5,12 +5,16 @@
    and its own copy of this rank's data stream (same batches for all);
 2. **rounds**: in each round, every configuration in turn runs ``warmup``
    untimed steps, then ``steps`` timed ones (:func:`minddp.loop.train_step`,
-   the loop the train command uses). The order rotates by one each round, so
-   no configuration always follows the same neighbour, and a burst of noise
-   on the machine lands on all of them alike. Each timed step records its
-   wall time and what :data:`minddp.comm.wire.traffic` counted (torch's
-   hooks bypass our wire: :func:`counting_torch_all_reduce` counts them;
-   torch's default, with no hook, is counted from the traces of step 3);
+   the loop the train command uses). Each round runs them in a fresh order,
+   shuffled with a seed (the same on every rank): a burst of noise on the
+   machine lands on all of them alike, and no configuration always runs
+   right after the same neighbour (a rotation would keep every neighbour).
+   Each timed step records its wall time, the CPU time of the training
+   thread (``time.thread_time``: the host work of the step, Python hooks
+   included, without the time spent waiting), and what
+   :data:`minddp.comm.wire.traffic` counted (torch's hooks bypass our wire:
+   :func:`counting_torch_all_reduce` counts them; torch's default, with no
+   hook, is counted from the traces of step 3);
 3. **profile** (optional), in every round, right after a configuration's
    timed steps: ``1 + profile_steps`` more steps under the profiler (the
    first is its warm-up); the trace goes to
@@ -21,19 +25,21 @@
    shared CPU swings from step to step; sampling it in every round, under
    the same rotation as the timings, keeps one noisy moment from deciding
    a configuration's number;
-4. **memory** (after the rounds): each configuration is built afresh under
-   the profiler and runs the same steps, for its memory high-water
-   (:func:`fresh_peak_bytes`).
+4. **memory** (after the rounds, when ``measure_memory``; one launch of
+   several is enough, it does not depend on timing): each configuration is
+   built afresh under the profiler and runs the same steps, for its memory
+   high-water (:func:`fresh_peak_bytes`).
 
 Example::
 
-    >>> launch(bench_rank, configs, cfg, data, rounds=3, steps=10, warmup=2, trace_dir=None)
+    >>> launch(bench_rank, configs, cfg, data, rounds=4, steps=10, warmup=2, trace_dir=None)
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import random
 import time
 
 import torch
@@ -71,8 +77,12 @@ def counting_torch_all_reduce(traffic):
 
 
 def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData, rounds: int, steps: int,
-               warmup: int, trace_dir: str | None, profile_steps: int = 2) -> dict:
-    """Steps 1-3 on this rank; returns ``{config name: {"times": [...], "calls": [...], "bytes": [...]}}``."""
+               warmup: int, trace_dir: str | None, profile_steps: int = 2, launch_index: int = 0,
+               measure_memory: bool = True) -> dict:
+    """Steps 1-4 on this rank; returns ``{config name: {"times": [...], "cpu": [...], "calls": [...], ...}}``.
+
+    ``launch_index`` (which of the benchmark's launches this is) only seeds the round orders.
+    """
     from minddp.comm import wire
     from minddp.device import current_device, synchronize
     from minddp.loop import train_step
@@ -92,29 +102,31 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
 
     for config in configs:                                                                  # step 1
         runs[config.name] = build(config)
-    out = {c.name: {"times": [], "calls": [], "bytes": [], "overlap": []} for c in configs}
+    out = {c.name: {"times": [], "cpu": [], "calls": [], "bytes": [], "overlap": []} for c in configs}
 
-    def one_step(run) -> float:
+    def one_step(run) -> tuple[float, float]:
+        """Train one step; its wall time and the training thread's CPU time, in seconds."""
         wrapped, optimizer, batches, meter = runs[run] if isinstance(run, str) else run
         micro = [{k: v.to(device) for k, v in b.items()} for b in next(batches)]
         wire.traffic.reset()
         synchronize(device)
         with meter():
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.thread_time()
             train_step(wrapped, optimizer, micro, _loss)
             synchronize(device)
-            return time.perf_counter() - start
+            return time.perf_counter() - start, time.thread_time() - cpu_start
 
     for r in range(rounds):                                                                 # step 2
-        order = configs[r % len(configs):] + configs[:r % len(configs)]
+        order = random.Random(f"{cfg.seed}/{launch_index}/{r}").sample(configs, len(configs))
         for config in order:
             dist.barrier()         # start together: a rank still busy elsewhere is not this config's cost
             for _ in range(warmup):
                 one_step(config.name)
             rec = out[config.name]
             for _ in range(steps):
-                seconds = one_step(config.name)
+                seconds, cpu_seconds = one_step(config.name)
                 rec["times"].append(seconds)
+                rec["cpu"].append(cpu_seconds)
                 rec["calls"].append(wire.traffic.calls)
                 rec["bytes"].append(wire.traffic.bytes)
             if trace_dir is not None and profile_steps:                                     # step 3
@@ -126,7 +138,7 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
                     from minddp.analysis import trace_traffic
                     from minddp.profiling import trace_path
                     rec.setdefault("trace_traffic", []).append(trace_traffic(trace_path(folder, rank), rank))
-    if trace_dir is not None and profile_steps:
+    if trace_dir is not None and profile_steps and measure_memory:
         for config in configs:                                                              # step 4
             dist.barrier()
             out[config.name]["peak_bytes"] = fresh_peak_bytes(lambda: build(config), one_step, 1 + profile_steps,
