@@ -15,6 +15,12 @@ that ``torch.distributed`` is initialised:
 4. The parent gathers the results in rank order. When a rank fails or dies,
    the parent gives the other ranks a moment to report, then ends the ranks it
    started, by their process ids, and raises :class:`RankError` naming the rank.
+5. The ranks do not outlive the parent. A SIGTERM to the parent (``timeout``,
+   a job scheduler, ``kill``) ends its ranks before it exits with status 143;
+   and each rank watches the parent's pid, so even a parent killed with
+   SIGKILL, which can run no clean-up, leaves no rank behind for long. The
+   ranks are children of the process server, not of the parent, so nothing
+   else would end them.
 
 Under ``torchrun`` the processes already exist: :func:`launch` then joins the
 job described by ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/
@@ -35,12 +41,15 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import os
 import pickle
 import queue
+import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -166,26 +175,86 @@ def launch(
     payload = pickle.dumps((fn, args, kwargs))
     procs = []
     ok = False
+    with _sigterm_raises():                                                                     # step 5
+        try:
+            # Step 2: one child per rank.
+            for rank in range(world_size):
+                p = ctx.Process(
+                    target=_child_main,
+                    args=(payload, list(sys.path), rank, world_size, store.port, backend, timeout_s, results,
+                          os.getpid()),
+                    name=f"minddp-rank{rank}",
+                    daemon=True,
+                )
+                p.start()
+                procs.append(p)
+            # Step 4: gather.
+            out = _gather(procs, results, steps=lambda ranks: _read_steps(store, ranks), stall_s=stall_s)
+            ok = True
+            return out
+        finally:
+            # On failure the surviving ranks may sit in a collective that will
+            # never complete: do not wait for them long.
+            _end_processes(procs, grace_s=3.0 if ok else 0.5)
+            del store
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """Step 5, in the parent: while ranks run, SIGTERM raises ``SystemExit(143)`` instead of killing on the spot.
+
+    Python's default SIGTERM ends the process at once, skipping every
+    ``finally``, so the ranks would run on with no one to report to. Raised
+    as an exception, it unwinds through :func:`launch`'s ``finally``, which
+    ends the ranks, and the process still exits with the status of a SIGTERM (128 + 15).
+    A handler the program installed itself is left alone, and so is any
+    thread but the main one (only it may set handlers).
+    """
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def raise_exit(signum, frame):
+        print("minddp.launch: terminated (SIGTERM); ending the ranks", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, raise_exit)
     try:
-        # Step 2: one child per rank.
-        for rank in range(world_size):
-            p = ctx.Process(
-                target=_child_main,
-                args=(payload, list(sys.path), rank, world_size, store.port, backend, timeout_s, results),
-                name=f"minddp-rank{rank}",
-                daemon=True,
-            )
-            p.start()
-            procs.append(p)
-        # Step 4: gather.
-        out = _gather(procs, results, steps=lambda ranks: _read_steps(store, ranks), stall_s=stall_s)
-        ok = True
-        return out
+        yield
     finally:
-        # On failure the surviving ranks may sit in a collective that will
-        # never complete: do not wait for them long.
-        _end_processes(procs, grace_s=3.0 if ok else 0.5)
-        del store
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _watch_launcher(launcher_pid: int, every_s: float = 1.0) -> None:
+    """Step 5, in a rank: a daemon thread that ends this rank once the launcher process is gone.
+
+    Covers what the launcher cannot: being killed with SIGKILL. The check is
+    a signal-0 ``kill`` once a second (a zombie parent, dead but not yet
+    reaped, counts as gone).
+    """
+    def watch():
+        while _alive(launcher_pid):
+            time.sleep(every_s)
+        print(f"minddp rank {os.environ.get('RANK', '?')}: the launcher (pid {launcher_pid}) is gone; "
+              "ending this rank", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="minddp-launcher-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:      # exists, owned by someone else
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):    # no /proc (macOS): kill(0) answered, so it exists
+        return True
 
 
 _torchrun_store: dist.Store | None = None
@@ -282,8 +351,9 @@ def _set_rank_env(rank: int, world_size: int, port: int) -> None:
     })
 
 
-def _child_main(payload, parent_path, rank, world_size, port, backend, timeout_s, results):
+def _child_main(payload, parent_path, rank, world_size, port, backend, timeout_s, results, launcher_pid):
     """Step 3, inside the rank: join, run, report, always destroy the group."""
+    _watch_launcher(launcher_pid)                                                                 # step 5
     sys.path[:] = parent_path  # unpickle fn the way the parent would import it
     _set_rank_env(rank, world_size, port)  # before unpickling: imports may read RANK
     try:

@@ -1,6 +1,7 @@
 """The launcher: results by rank, failures with rank and traceback, nothing left behind, torchrun."""
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -75,6 +76,55 @@ def test_killed_rank_is_reported_and_nothing_is_left(tmp_path):
     assert info.value.rank == 0 and info.value.exc_type == "ProcessDied"
     after = set(p.pid for p in __import__("multiprocessing").active_children())
     assert after <= before   # only the forkserver (if any) remains, no rank
+
+
+WAIT_FOREVER = """
+import os, sys, time
+import torch.distributed as dist
+from minddp import launch
+
+def wait_forever(folder):
+    path = os.path.join(folder, f"rank{dist.get_rank()}.pid")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)       # whole, or not there yet
+    time.sleep(300)
+
+if __name__ == "__main__":
+    launch(wait_forever, sys.argv[1], world_size=2)
+"""
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)])
+def test_ending_the_launcher_ends_its_ranks(tmp_path, sig, status):
+    # The ranks are children of multiprocessing's process server, not of the launcher: before, a
+    # SIGTERM to the launcher (timeout, a scheduler) left both ranks running their function to the end.
+    script = tmp_path / "job.py"
+    script.write_text(WAIT_FOREVER)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stderr=subprocess.PIPE, text=True)
+    pid_files = [tmp_path / f"rank{r}.pid" for r in range(2)]
+    ranks = []
+    try:
+        deadline = time.monotonic() + 120
+        while not all(f.exists() for f in pid_files):
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the ranks never started"
+            time.sleep(0.2)
+        ranks = [int(f.read_text()) for f in pid_files]
+        os.kill(proc.pid, sig)
+        assert proc.wait(timeout=30) == status
+        deadline = time.monotonic() + 15         # SIGKILL: each rank notices within its 1 s check
+        while any(pid_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in ranks if pid_alive(pid)]
+        err = proc.stderr.read()
+        if sig == signal.SIGTERM:
+            assert "minddp.launch: terminated (SIGTERM); ending the ranks" in err, err
+    finally:                                     # a failing test must not leave its processes either
+        for pid in [proc.pid] + ranks:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=30)
 
 
 def test_a_script_without_a_main_guard_is_told_how_to_fix_it(tmp_path):
