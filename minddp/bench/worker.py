@@ -3,28 +3,32 @@
 1. **build** every configuration once: the same seeded model, wrapped as the
    configuration says (:func:`~minddp.bench.configs.wrap`), with its own AdamW
    and its own copy of this rank's data stream (same batches for all);
-2. **rounds**: in each round, every configuration in turn runs ``warmup``
-   untimed steps, then ``steps`` timed ones (:func:`minddp.loop.train_step`,
-   the loop the train command uses). Each round runs them in a fresh order,
-   shuffled with a seed (the same on every rank): a burst of noise on the
-   machine lands on all of them alike, and no configuration always runs
-   right after the same neighbour (a rotation would keep every neighbour).
+2. **rounds**: in each round the configurations take turns *step by step*:
+   every configuration runs one step, then every configuration runs the
+   next, ``warmup`` untimed steps and then ``steps`` timed ones
+   (:func:`minddp.loop.train_step`, the loop the train command uses), the
+   ranks meeting at a barrier before each step. Two configurations being
+   compared are thus measured within a second of each other, on the same
+   batch (every configuration reads the same data stream); the machine's
+   state drifts on a scale of seconds, and in blocks of 10 steps per
+   configuration it decided more of a ratio than the code did. The turn
+   order is shuffled afresh each round, with a seed (the same on every
+   rank), so no configuration always runs right after the same neighbour.
    Each timed step records its wall time, the CPU time of the training
    thread (``time.thread_time``: the host work of the step, Python hooks
    included, without the time spent waiting), and what
    :data:`minddp.comm.wire.traffic` counted (torch's hooks bypass our wire:
    :func:`counting_torch_all_reduce` counts them; torch's default, with no
    hook, is counted from the traces of step 3);
-3. **profile** (optional), in every round, right after a configuration's
-   timed steps: ``1 + profile_steps`` more steps under the profiler (the
-   first is its warm-up); the trace goes to
+3. **profile** (optional), in every round, after the timed steps, for each
+   configuration in the round's order: ``1 + profile_steps`` more steps
+   under the profiler (the first is its warm-up); the trace goes to
    ``<trace_dir>/<config>/rank<r>.pt.trace.json`` (each round overwrites
    it, so the last round's stays for :mod:`minddp.analysis` and trace
    viewers), and this rank reads back how much of its communication ran
    during compute (:func:`minddp.analysis.overlap_parts`). Overlap on a
-   shared CPU swings from step to step; sampling it in every round, under
-   the same rotation as the timings, keeps one noisy moment from deciding
-   a configuration's number;
+   shared CPU swings from step to step; sampling it in every round keeps
+   one noisy moment from deciding a configuration's number;
 4. **memory** (after the rounds, when ``measure_memory``; one launch of
    several is enough, it does not depend on timing): each configuration is
    built afresh under the profiler and runs the same steps, for its memory
@@ -118,26 +122,26 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
 
     for r in range(rounds):                                                                 # step 2
         order = random.Random(f"{cfg.seed}/{launch_index}/{r}").sample(configs, len(configs))
-        for config in order:
-            dist.barrier()         # start together: a rank still busy elsewhere is not this config's cost
-            for _ in range(warmup):
-                one_step(config.name)
-            rec = out[config.name]
-            for _ in range(steps):
+        for i in range(warmup + steps):
+            for config in order:
+                dist.barrier()     # start together: a rank still busy elsewhere is not this step's cost
                 seconds, cpu_seconds = one_step(config.name)
-                rec["times"].append(seconds)
-                rec["cpu"].append(cpu_seconds)
-                rec["calls"].append(wire.traffic.calls)
-                rec["bytes"].append(wire.traffic.bytes)
-            if trace_dir is not None and profile_steps:                                     # step 3
-                folder = os.path.join(trace_dir, config.name)
-                rec["overlap"].append(profiled_overlap(lambda: one_step(config.name), profile_steps,
-                                                       folder, rank, device))
-                if config.stage == "torch" and config.hook == "allreduce":
-                    # torch's C++ default averages without a Python call to meter: count from the trace
-                    from minddp.analysis import trace_traffic
-                    from minddp.profiling import trace_path
-                    rec.setdefault("trace_traffic", []).append(trace_traffic(trace_path(folder, rank), rank))
+                if i >= warmup:
+                    rec = out[config.name]
+                    rec["times"].append(seconds)
+                    rec["cpu"].append(cpu_seconds)
+                    rec["calls"].append(wire.traffic.calls)
+                    rec["bytes"].append(wire.traffic.bytes)
+        for config in order if trace_dir is not None and profile_steps else []:                # step 3
+            dist.barrier()
+            folder = os.path.join(trace_dir, config.name)
+            rec = out[config.name]
+            rec["overlap"].append(profiled_overlap(lambda: one_step(config.name), profile_steps, folder, rank, device))
+            if config.stage == "torch" and config.hook == "allreduce":
+                # torch's C++ default averages without a Python call to meter: count from the trace
+                from minddp.analysis import trace_traffic
+                from minddp.profiling import trace_path
+                rec.setdefault("trace_traffic", []).append(trace_traffic(trace_path(folder, rank), rank))
     if trace_dir is not None and profile_steps and measure_memory:
         for config in configs:                                                              # step 4
             dist.barrier()
