@@ -32,9 +32,16 @@ def _names(text: str, allowed: list[str], flag: str) -> list[str]:
     return names
 
 
+class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Show each option's default, except where it is None (the help then says what None means)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from minddp.stages import STAGES
-    p = _Parser(prog="python -m minddp.bench", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    p = _Parser(prog="python -m minddp.bench", formatter_class=_DefaultsHelp,
                 description="Benchmark every minddp stage against torch's DDP and the no-communication limit.")
     p.add_argument("--stages", default=",".join(list(STAGES) + ["torch"]),
                    help="comma list of stages to run (torch = torch's DDP, the reference)")
@@ -49,14 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before them, per round")
     p.add_argument("--profile-steps", type=int, default=2, help="profiled steps per configuration (0: none)")
     p.add_argument("--quick", action="store_true", help="1 launch, 1 round, 3 steps, 1 warm-up, 1 profiled step")
-    p.add_argument("--out", default=None, help="results folder (default results/bench-<date-time>)")
+    p.add_argument("--out", default=None, help="results folder (default: results/bench-<date-time>)")
     p.add_argument("--model", default=None, help="as python -m minddp.train --model (default: its default)")
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--backend", default="auto")
+    p.add_argument("--world-size", type=int, default=2, help="ranks, started by minddp's launcher")
+    p.add_argument("--backend", default="auto", help="auto (NCCL when every rank has a GPU, else gloo), gloo or nccl")
     for flag in ("--batch-size", "--grad-accum", "--max-seq-len"):
         p.add_argument(flag, type=int, default=None, help="as in python -m minddp.train (default: its default)")
-    p.add_argument("--bucket-cap-mb", type=float, default=None, help="as in python -m minddp.train")
-    p.add_argument("--timeout", type=float, default=None, help="seconds a collective may wait")
+    p.add_argument("--bucket-cap-mb", type=float, default=None, help="as in python -m minddp.train (default: its default, 0.1)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds a collective may wait (default: the train command's)")
     p.add_argument("--pool", nargs="+", metavar="RESULTS_DIR", default=None,
                    help="run nothing: judge the runs saved in these results folders as one run, their rounds "
                         "put together (tighter intervals); writes to --out if given")
