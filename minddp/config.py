@@ -139,13 +139,20 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{message} (see python -m minddp.train --help)")
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Show each option's default, except where it is None (the help then says what None means)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Derive the CLI from :class:`TrainConfig`'s fields."""
     parser = _Parser(prog="python -m minddp.train",
                      description="Train a sequence classifier with one DDP stage (or all of them) on N ranks "
                                  "and write profiler traces for comparison.",
                      epilog="Example: python -m minddp.train --stage bucket-async   (offline default, 2 ranks)",
-                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                     formatter_class=DefaultsHelpFormatter)
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         help_text = f.metadata["help"]

@@ -32,16 +32,10 @@ def _names(text: str, allowed: list[str], flag: str) -> list[str]:
     return names
 
 
-class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
-    """Show each option's default, except where it is None (the help then says what None means)."""
-
-    def _get_help_string(self, action):
-        return action.help if action.default is None else super()._get_help_string(action)
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from minddp.config import DefaultsHelpFormatter
     from minddp.stages import STAGES
-    p = _Parser(prog="python -m minddp.bench", formatter_class=_DefaultsHelp,
+    p = _Parser(prog="python -m minddp.bench", formatter_class=DefaultsHelpFormatter,
                 description="Benchmark every minddp stage against torch's DDP and the no-communication limit.")
     p.add_argument("--stages", default=",".join(list(STAGES) + ["torch"]),
                    help="comma list of stages to run (torch = torch's DDP, the reference)")
