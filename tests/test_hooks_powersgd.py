@@ -46,7 +46,7 @@ def one_step_traffic(stage: str, name: str, measure: bool = False, **options) ->
     calls = {"n": 0}
     # Every all_reduce, metered or not, ends at the process group (torch.distributed.all_reduce too).
     group_class = type(dist.group.WORLD)
-    real = group_class.__dict__["allreduce"]    # the method as stored (getattr would hand back an unbound copy)
+    real = group_class.__dict__["allreduce"]    # as stored: what getattr returns no longer binds self once put back
 
     def counting(group, *args, **kwargs):
         calls["n"] += 1

@@ -113,30 +113,28 @@ def _sum_options() -> dist.AllreduceOptions:
 _SUM = _sum_options()
 
 
-def _enqueue_sum(tensor: torch.Tensor, group: dist.ProcessGroup) -> dist.Work:
-    """Hand ``tensor`` to the process group's all_reduce (sum), as torch's C++ reducer does.
+def _sum_on_group(tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.futures.Future:
+    """Hand ``tensor`` to the process group's all_reduce (sum), as torch's C++ reducer does; its Future.
 
     ``torch.distributed.all_reduce(tensor, group=group, async_op=True)`` does the
     same after checking its arguments, building fresh options and looking for a
     coalescing context on every call; in the middle of backward, with the
     caches cold, those checks cost about 15 µs a call (measured on this project's
     2-core machine). The arguments are ours and known good, so go straight to the
-    group. A complex tensor travels as its real view (sum of the real and the
-    imaginary parts), as there.
+    group.
+
+    A complex tensor travels as its real view (the sum of the real and of the
+    imaginary parts), as there; the collective's Future then holds that view,
+    so on this rare path a Python callback hands back ``[tensor]`` itself,
+    reading ``done.value()`` first so that a failed collective fails it too.
     """
-    return group.allreduce([torch.view_as_real(tensor) if tensor.is_complex() else tensor], _SUM)
+    if not tensor.is_complex():
+        return group.allreduce([tensor], _SUM).get_future()
 
-
-def _as_sent(fut: torch.futures.Future, tensor: torch.Tensor) -> torch.futures.Future:
-    """``fut`` with the value ``[tensor]``: a complex tensor went out as its real view, which ``fut`` holds.
-
-    A Python callback, so only on this rare path; it reads ``done.value()``
-    first so that a failed collective fails the returned Future too.
-    """
-    def unwrap(done: torch.futures.Future) -> list[torch.Tensor]:
+    def as_sent(done: torch.futures.Future) -> list[torch.Tensor]:
         done.value()
         return [tensor]
-    return fut.then(unwrap)
+    return group.allreduce([torch.view_as_real(tensor)], _SUM).get_future().then(as_sent)
 
 
 def start_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.futures.Future:
@@ -148,15 +146,14 @@ def start_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = Non
     now (readable, not overlapped) and hands back a completed future.
 
     Nothing in Python runs when the collective completes (but for complex
-    tensors, see :func:`_as_sent`). That matters: a
+    tensors, see :func:`_sum_on_group`). That matters: a
     Python callback (``fut.then(...)``) runs on gloo's worker thread, which
     must take the GIL first, and while it waits it starts no other collective.
     """
     group = resolve_group(group)
     traffic.record(tensor)
     if _transport is None:
-        fut = _enqueue_sum(tensor, group).get_future()
-        return _as_sent(fut, tensor) if tensor.is_complex() else fut
+        return _sum_on_group(tensor, group)
     _transport(tensor, group)
     fut: torch.futures.Future = torch.futures.Future()
     fut.set_result([tensor])
