@@ -46,7 +46,7 @@ def allreduce_hook(process_group: dist.ProcessGroup | None, bucket: GradBucket) 
     precision and costs the same as dividing after.
     """
     group = wire.resolve_group(process_group)
-    tensor = bucket.buffer().div_(dist.get_world_size(group))
+    tensor = bucket.buffer().div_(group.size())
     return wire.all_reduce(tensor, group)
 
 
@@ -70,7 +70,7 @@ def builtin_allreduce_hook(process_group: dist.ProcessGroup | None, bucket: Grad
        bit for bit like torch's DDP (tested on 3 ranks).
     """
     group = wire.resolve_group(process_group)
-    scale_like_torch(bucket, dist.get_world_size(group))
+    scale_like_torch(bucket, group.size())
     return wire.start_all_reduce(bucket.buffer(), group)
 
 

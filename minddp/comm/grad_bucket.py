@@ -51,12 +51,16 @@ class BucketLayout:
         (address, dtype); the kept views hold that memory alive, so no other
         tensor can appear at the same address while they are kept.
         """
+        return self._views_and_addresses(flat)[0]
+
+    def _views_and_addresses(self, flat: torch.Tensor) -> tuple[list[torch.Tensor], list[int]]:
+        """:meth:`views`, and the address each view starts at (kept with them, for :meth:`grads_in`)."""
         key = (flat.data_ptr(), flat.dtype, flat.numel(), flat.device)
         if self._cache is not None and self._cache[0] == key:
             return self._cache[1]
         views = [flat[o:o + n].view(s) for o, n, s in zip(self.offsets, self.numels, self.shapes)]
-        self._cache = (key, views)
-        return views
+        self._cache = (key, (views, [v.data_ptr() for v in views]))
+        return self._cache[1]
 
     def grads_in(self, flat: torch.Tensor) -> list[bool]:
         """Per parameter: does its ``.grad`` already live in ``flat`` (the same memory, same dtype)?
@@ -66,8 +70,9 @@ class BucketLayout:
         gradient needs no copy back, and torch's reducer scales it by
         division rather than by multiplication.
         """
-        return [p.grad is not None and p.grad.dtype == v.dtype and p.grad.data_ptr() == v.data_ptr()
-                for p, v in zip(self.params, self.views(flat))]
+        addresses, dtype = self._views_and_addresses(flat)[1], flat.dtype
+        return [p.grad is not None and p.grad.data_ptr() == address and p.grad.dtype == dtype
+                for p, address in zip(self.params, addresses)]
 
 
 class GradBucket:

@@ -31,13 +31,19 @@ Transport = Callable[[torch.Tensor, dist.ProcessGroup], None]
 
 
 def resolve_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
-    """``None`` means the default (world) group; the one place that says so."""
+    """``None`` means the default (world) group; the one place that says so.
+
+    A group handed in is returned as it is: it exists, so torch.distributed
+    was initialised (and this runs once per bucket launch, mid-backward).
+    """
+    if group is not None:
+        return group
     if not dist.is_initialized():
         raise RuntimeError(
             "torch.distributed is not initialised: start ranks with minddp.launch.launch(...) "
             "or torchrun, or call torch.distributed.init_process_group first"
         )
-    return group if group is not None else dist.group.WORLD
+    return dist.group.WORLD
 
 
 def src_rank(group: dist.ProcessGroup) -> int:
@@ -64,15 +70,15 @@ class Traffic:
         self.calls += 1
         nbytes = tensor.numel() * tensor.element_size()
         self.bytes += nbytes
-        key = str(tensor.dtype).replace("torch.", "")
-        self.by_dtype[key] = self.by_dtype.get(key, 0) + nbytes
+        self.by_dtype[tensor.dtype] = self.by_dtype.get(tensor.dtype, 0) + nbytes   # named in snapshot()
 
     def relative_error(self) -> float | None:
         """||g - ĝ|| / ||g|| over everything measured since the reset (None if nothing was)."""
         return (self.error_sq / self.norm_sq) ** 0.5 if self.norm_sq > 0 else None
 
     def snapshot(self) -> dict:
-        return {"calls": self.calls, "bytes": self.bytes, "by_dtype": dict(self.by_dtype),
+        by_dtype = {str(dtype).replace("torch.", ""): n for dtype, n in self.by_dtype.items()}
+        return {"calls": self.calls, "bytes": self.bytes, "by_dtype": by_dtype,
                 "relative_error": self.relative_error()}
 
     def reset(self) -> None:
