@@ -40,11 +40,27 @@ from minddp.stages.bucket_plan import plan_buckets
 from minddp.stages.hook import HookDDP
 
 
+class BackwardProgress:
+    """What the current synced backward has delivered so far; a fresh one for each.
+
+    A plain object rather than attributes of the wrapper: every assignment to
+    an ``nn.Module`` attribute first checks whether the value is a parameter,
+    a buffer or a submodule (a few µs each in the middle of backward), and
+    this bookkeeping changes many times a step.
+    """
+
+    def __init__(self, layouts: list[BucketLayout]):
+        self.remaining = [len(layout.params) for layout in layouts]   # gradients still to come, per bucket
+        self.ready: set[int] = set()                                  # id() of each parameter delivered
+
+
 class BucketDDP(HookDDP):
     """Coalesce gradients into flat buckets; one comm-hook call per bucket."""
 
     #: Cap of the first bucket in MiB (None: same as ``bucket_cap_mb``); the ``ddp`` stage uses 1, like torch.
     first_bucket_cap_mb: float | None = None
+    #: What a backward keeps count of (the ``ddp`` stage adds the launch order).
+    progress_type = BackwardProgress
 
     def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = 25):
         super().__init__(module, process_group)
@@ -65,20 +81,19 @@ class BucketDDP(HookDDP):
         self._reset_readiness()
 
     def _reset_readiness(self) -> None:
-        self._remaining = [len(layout.params) for layout in self._layouts]
-        self._ready: set[int] = set()
+        self._progress = self.progress_type(self._layouts)
 
     def _grad_ready(self, param: nn.Parameter) -> None:
-        b = self._bucket_of[id(param)]                                            # step 2
-        if id(param) in self._ready:
+        b, progress = self._bucket_of[id(param)], self._progress                  # step 2
+        if id(param) in progress.ready:
             raise RuntimeError(
                 f"gradient of {self._param_names[id(param)]!r} became ready twice before a sync: "
                 "call finish_gradient_synchronization() (and optimizer.step()) after each backward, "
                 "or run the extra backwards inside no_sync()"
             )
-        self._ready.add(id(param))
-        self._remaining[b] -= 1
-        if self._remaining[b] == 0:
+        progress.ready.add(id(param))
+        progress.remaining[b] -= 1
+        if progress.remaining[b] == 0:
             self._bucket_filled(b)
 
     def _bucket_filled(self, b: int) -> None:
@@ -100,13 +115,14 @@ class BucketDDP(HookDDP):
 
     def finish_gradient_synchronization(self) -> None:
         """Send buckets left unfilled (see the module doc), wait for all, write back."""
-        if not self._ready:
+        progress = self._progress
+        if not progress.ready:
             return super().finish_gradient_synchronization()  # nothing was backpropagated with sync
-        missing = [b for b, left in enumerate(self._remaining) if left > 0]
+        missing = [b for b, left in enumerate(progress.remaining) if left > 0]
         for b in missing:
             self._launch_bucket(b)
         unused = [self._param_names[id(p)] for b in missing for p in self._layouts[b].params
-                  if id(p) not in self._ready]
+                  if id(p) not in progress.ready]
         self._reset_readiness()
         super().finish_gradient_synchronization()
         if unused:

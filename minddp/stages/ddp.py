@@ -47,6 +47,7 @@ from torch import nn
 
 from minddp.comm import wire
 from minddp.stages.autograd_callback import at_end_of_backward
+from minddp.stages.bucket import BackwardProgress
 from minddp.stages.bucket_async import AsyncBucketDDP
 from minddp.stages.bucket_plan import plan_first_iteration_like_torch
 from minddp.stages.ddp_buffers import broadcast_coalesced
@@ -58,8 +59,21 @@ DEFAULT_BUCKET_CAP_MB = 25.0
 DEFAULT_FIRST_BUCKET_CAP_MB = 1.0
 
 
+class DDPProgress(BackwardProgress):
+    """A backward's progress, plus what steps 3-5 need: has it started, which buckets filled and went."""
+
+    def __init__(self, layouts):
+        super().__init__(layouts)
+        self.started = False                      # step 3 done for this backward
+        self.filled = [False] * len(layouts)      # bucket b has all its gradients
+        self.next_bucket = 0                      # the lowest-index bucket not launched yet
+        self.launched: list[int] = []             # launch order (read by the consistency check)
+
+
 class DistributedDataParallel(AsyncBucketDDP):
     """torch's DDP semantics on top of :class:`AsyncBucketDDP` (module doc, steps 1-5)."""
+
+    progress_type = DDPProgress
 
     def __init__(self, module: nn.Module, device_ids=None, output_device=None, broadcast_buffers: bool = True,
                  process_group: dist.ProcessGroup | None = None, bucket_cap_mb: float | None = None,
@@ -142,21 +156,14 @@ class DistributedDataParallel(AsyncBucketDDP):
 
     # -- steps 3 and 4: during backward -----------------------------------------
 
-    def _reset_readiness(self) -> None:
-        super()._reset_readiness()
-        self._filled = [False] * len(self._layouts)
-        self._next_bucket = 0
-        self._launched: list[int] = []
-        self._backward_started = False
-
     def _on_grad_ready(self, param: nn.Parameter) -> None:
         if self.find_unused_parameters:   # only read then; a tensor write per gradient is not free
             self._local_used[self._position[id(param)]] = True   # no_sync backwards count as use too
         super()._on_grad_ready(param)
 
     def _grad_ready(self, param: nn.Parameter) -> None:
-        if not self._backward_started:                                                  # step 3
-            self._backward_started = True
+        if not self._progress.started:                                                  # step 3
+            self._progress.started = True
             at_end_of_backward(self._finalize_backward)
             for unused in self._unused_here:
                 super()._grad_ready(unused)
@@ -165,11 +172,12 @@ class DistributedDataParallel(AsyncBucketDDP):
         super()._grad_ready(param)
 
     def _bucket_filled(self, b: int) -> None:
-        self._filled[b] = True                                                          # step 4
-        while self._next_bucket < len(self._layouts) and self._filled[self._next_bucket]:
-            self._launched.append(self._next_bucket)
-            self._launch_bucket(self._next_bucket)
-            self._next_bucket += 1
+        progress = self._progress
+        progress.filled[b] = True                                                       # step 4
+        while progress.next_bucket < len(self._layouts) and progress.filled[progress.next_bucket]:
+            progress.launched.append(progress.next_bucket)
+            self._launch_bucket(progress.next_bucket)
+            progress.next_bucket += 1
 
     def _launch_bucket(self, b: int) -> None:
         super()._launch_bucket(b)
@@ -183,15 +191,16 @@ class DistributedDataParallel(AsyncBucketDDP):
 
     def _finalize_backward(self) -> None:
         """Run by autograd at the end of each synced backward (see :mod:`autograd_callback`)."""
-        unfinished = [b for b, filled in enumerate(self._filled) if not filled]
+        progress = self._progress
+        unfinished = [b for b, filled in enumerate(progress.filled) if not filled]
         missing = [self._param_names[id(p)] for b in unfinished for p in self._layouts[b].params
-                   if id(p) not in self._ready]
+                   if id(p) not in progress.ready]
         for b in unfinished:
             self._bucket_filled(b)        # zeros for the missing gradients: every rank sends every bucket
         if self.find_unused_parameters:
             self._give_grads_to_globally_used()
         if self.check_consistency:
-            check_consistency(self.bucket_plan, [layout.numel for layout in self._layouts], self._launched,
+            check_consistency(self.bucket_plan, [layout.numel for layout in self._layouts], progress.launched,
                               [self._param_names[id(p)] for p in self._params], self.process_group)
         self._unfinished = missing        # raised at the next forward, like torch
         self._reset_readiness()
