@@ -82,8 +82,16 @@ def scale_like_torch(bucket: GradBucket, world: int) -> None:
     slot are the same memory, which it divides in place. Copy-then-multiply
     rounds exactly like that fused multiply; the check per parameter is one
     pointer comparison.
+
+    When ``world`` is a power of two (2, 4, 8 ... ranks) the check is skipped:
+    multiplying a real float by ``1/world`` and dividing it by ``world`` are then
+    the same exact scaling by a power of two, so they round alike whichever
+    gradients were copied in.
     """
     buffer = bucket.buffer()
+    if world & (world - 1) == 0 and buffer.is_floating_point():
+        buffer.mul_(1.0 / world)
+        return
     views = bucket._layout.views(buffer)
     aliased = bucket._layout.grads_in(buffer)
     if not any(aliased):
