@@ -18,6 +18,7 @@ not count), and ||g - ĝ||² and ||g||² are added to :data:`wire.traffic`.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -67,16 +68,15 @@ def launch(hook, state, bucket: GradBucket, group, measure_error: bool = False) 
         ref = buffer.detach().to(torch.float32).div(dist.get_world_size(group))
         exact = dist.all_reduce(ref, group=group, async_op=True).get_future()
     name = getattr(hook, "__name__", type(hook).__name__)
-    if torch.autograd.profiler._is_profiler_enabled:
-        # A named range per bucket launch: the trace then shows when each bucket was
-        # ready and handed to the wire (the analysis module reads these).
-        # record_function goes through torch's op dispatcher on entry and exit (~100 µs a launch under
-        # the profiler); the fast variant costs a few µs. Unprofiled, the range would record nothing,
-        # so neither it nor its label is built.
-        with _named_range(f"minddp.bucket_launch#{bucket.index()} numel={buffer.numel()} "
-                          f"dtype={str(buffer.dtype).replace('torch.', '')} hook={name}"):
-            fut = hook(state, bucket)
-    else:
+    # A named range per bucket launch: the trace then shows when each bucket was
+    # ready and handed to the wire (the analysis module reads these).
+    # record_function goes through torch's op dispatcher on entry and exit (~100 µs a launch under
+    # the profiler); the fast variant costs a few µs. Unprofiled, the range would record nothing,
+    # so neither it nor its label is built.
+    launch_range = (_named_range(f"minddp.bucket_launch#{bucket.index()} numel={buffer.numel()} "
+                                 f"dtype={str(buffer.dtype).replace('torch.', '')} hook={name}")
+                    if torch.autograd.profiler._is_profiler_enabled else contextlib.nullcontext())
+    with launch_range:
         fut = hook(state, bucket)
     # torch.futures.Future wraps torch._C.Future; collectives and .then() hand back the C type.
     if not isinstance(fut, torch._C.Future):
