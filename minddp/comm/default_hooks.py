@@ -92,13 +92,13 @@ def scale_like_torch(bucket: GradBucket, world: int) -> None:
     if world & (world - 1) == 0 and buffer.is_floating_point():
         buffer.mul_(1.0 / world)
         return
-    views = bucket._layout.views(buffer)
     aliased = bucket._layout.grads_in(buffer)
     if not any(aliased):
         buffer.mul_(1.0 / world)            # every gradient was copied in (the common case): one pass
     elif all(aliased):
         buffer.div_(world)
     else:                                   # some slots are .grad, some copies (unused parameters)
+        views = bucket._layout.views(buffer)
         torch._foreach_div_([v for v, a in zip(views, aliased) if a], world)
         torch._foreach_mul_([v for v, a in zip(views, aliased) if not a], 1.0 / world)
 
