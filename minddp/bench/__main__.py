@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma list of stages to run (torch = torch's DDP, the reference)")
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help="comma list of extras: noop (every stage with noop_hook), powersgd (r1, r4), fp16, "
-                        "gabv (gradient_as_bucket_view); 'none' for none")
+                        "gabv (gradient_as_bucket_view), pyhook (torch averaging through its Python allreduce_hook); "
+                        "'none' for none")
     p.add_argument("--rounds", type=int, default=12, help="rounds in all; each runs every configuration in turn")
     p.add_argument("--launches", type=int, default=3,
                    help="fresh launches of the ranks the rounds are shared out over (each launch is its own "

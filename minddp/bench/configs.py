@@ -10,7 +10,14 @@ judged against in the same benchmark:
   exposed comm = this configuration's step time minus that one's).
 
 Names read as ``<stage>[+<variant>]``: ``bucket-async``, ``ddp+noop``,
-``torch+powersgd-r1``, ``ddp+fp16``, ``torch+gabv``.
+``torch+powersgd-r1``, ``ddp+fp16``, ``torch+gabv``, ``torch+pyhook``.
+
+``torch+pyhook`` is torch's DDP averaging through torch's own *Python*
+``allreduce_hook`` instead of its C++ default: the same work, so its ratio to
+``torch`` is what a Python comm hook costs torch's reducer. minddp's stages
+always run a Python hook, so this is the like-for-like reference for their
+exposed comm (``noop_hook``, the other side of that difference, is Python in
+both).
 
 Example::
 
@@ -28,8 +35,9 @@ from torch import nn
 
 from minddp.config import TrainConfig
 
-#: Variants beyond plain averaging. ``noop`` applies to every stage; the others compare ``ddp`` with torch.
-VARIANTS = ("noop", "powersgd", "fp16", "gabv")
+#: Variants beyond plain averaging. ``noop`` applies to every stage; ``pyhook`` to torch only (minddp's
+#: default already is a Python hook); the others compare ``ddp`` with torch.
+VARIANTS = ("noop", "powersgd", "fp16", "gabv", "pyhook")
 #: Stages that take part in the hook/flag variants other than noop (ours vs torch's).
 VARIANT_STAGES = ("ddp", "torch")
 POWERSGD_RANKS = (1, 4)
@@ -48,9 +56,15 @@ class BenchConfig:
     hook: str = "allreduce"         # a minddp.comm.registry name (torch: the same name, torch's hook)
     powersgd_rank: int | None = None
     gradient_as_bucket_view: bool = False
+    python_hook: bool = False       # torch only: average through torch's Python allreduce_hook, not its C++ default
     bucket_cap_mb: float | None = None   # None: the train command's --bucket-cap-mb
     ref: str | None = None          # torch's DDP with the same hook, in the same run
     noop: str | None = None         # the same stage with noop_hook, in the same run
+
+    @property
+    def torch_cpp_default(self) -> bool:
+        """torch's DDP averaging in C++, no Python hook (no ``dist.all_reduce`` call to meter its bytes by)."""
+        return self.stage == "torch" and self.hook == "allreduce" and not self.python_hook
 
 
 def bench_configs(stages: list[str], variants: list[str] = list(VARIANTS)) -> list[BenchConfig]:
@@ -74,6 +88,8 @@ def bench_configs(stages: list[str], variants: list[str] = list(VARIANTS)) -> li
             configs.append(make(f"{stage}+fp16", stage, "torch+fp16", hook="fp16"))
         if "gabv" in variants:
             configs.append(make(f"{stage}+gabv", stage, "torch+gabv", gradient_as_bucket_view=True))
+    if "pyhook" in variants and has_torch:
+        configs.append(make("torch+pyhook", "torch", "torch", python_hook=True))
     return configs
 
 
@@ -96,7 +112,7 @@ def wrap(config: BenchConfig, model: nn.Module, cfg: TrainConfig, device: torch.
                                       bucket_cap_mb=cap,
                                       gradient_as_bucket_view=config.gradient_as_bucket_view)
         state = powerSGD_hook.PowerSGDState(process_group=None, **options) if options else None
-        if config.hook != "allreduce":       # plain averaging: torch's default, its C++ reducer's own
+        if config.hook != "allreduce" or config.python_hook:   # plain averaging: its C++ reducer's own
             ddp.register_comm_hook(state, _torch_hooks()[config.hook])
         return ddp
     from minddp.comm.registry import make_hook

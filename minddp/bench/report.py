@@ -107,7 +107,7 @@ def summarize(configs, per_rank: list[dict], rounds: int = 1) -> list[dict]:
     rows = []
     for c in configs:
         runs = [r[c.name] for r in per_rank]
-        if c.stage == "torch" and c.hook == "allreduce":      # torch's C++ default: from the traces, if any
+        if c.torch_cpp_default:                               # torch's C++ default: from the traces, if any
             counted = runs[0].get("trace_traffic")
             calls, nbytes = (statistics.mean(x) for x in zip(*counted)) if counted else (None, None)  # step 5
             source = "trace"
@@ -117,7 +117,7 @@ def summarize(configs, per_rank: list[dict], rounds: int = 1) -> list[dict]:
         peaks = [run["peak_bytes"] for run in runs if "peak_bytes" in run]
         peak = max(peaks) if peaks else None                                                 # step 7
         rows.append({"config": c.name, "stage": c.stage,
-                     "hook": c.hook + (f"-r{c.powersgd_rank}" if c.powersgd_rank else "")
+                     "hook": c.hook + ("-py" if c.python_hook else "") + (f"-r{c.powersgd_rank}" if c.powersgd_rank else "")
                      + ("+gabv" if c.gradient_as_bucket_view else ""),
                      "times_ms": [max(ts) * 1e3 for ts in zip(*(run["times"] for run in runs))],      # step 1
                      "cpu_times_ms": [statistics.mean(cs) * 1e3 for cs in zip(*(run["cpu"] for run in runs))],  # 6

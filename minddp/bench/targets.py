@@ -6,7 +6,12 @@ sides), and is skipped when the run lacks a configuration it needs:
 1. ``ddp`` and ``bucket-async``: median step time ≤ 1.05 × torch's DDP;
 2. ``ddp`` exposes no more communication than torch's DDP (exposed comm =
    step − the same stage with ``noop_hook``), and hides at least as large a
-   share of it (overlap %);
+   share of it (overlap %). In context (a row marked ``context:``, not a
+   target): the same comparison with torch averaging through its own Python
+   ``allreduce_hook`` (``torch+pyhook``). torch's ``noop_hook`` run calls a
+   Python hook per bucket that its C++ default does not, so the target's
+   difference for torch leaves out what a Python hook costs it; minddp's
+   default is a Python hook, so its difference keeps that cost in;
 3. PowerSGD rank 1: at least 20 × fewer bytes per step than plain
    averaging, and a step ≤ 1.10 × torch's own ``powerSGD_hook``;
 4. ``ddp`` with ``gradient_as_bucket_view``: peak memory per rank ≤ torch's
@@ -36,6 +41,8 @@ import statistics
 from minddp.bench.report import launches_of, paired_bootstrap, pooled_pct
 
 BLOG_STAGES = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
+#: Marks a row that is not one of the targets but puts one in context (judged the same way).
+CONTEXT = "context: "
 
 
 def check_targets(rows: list[dict]) -> list[dict]:
@@ -58,12 +65,14 @@ def check_targets(rows: list[dict]) -> list[dict]:
         add(f"{stage} step ≤ 1.05 × torch", [stage, "torch"],
             lambda a, t: (f"{a['ratio_to_torch']:.3f} × (90 % CI {a['ratio_lo']:.2f}–{a['ratio_hi']:.2f})",
                           a["ratio_to_torch"] <= 1.05), _ratio_bounds, lambda lo, hi: lo <= 1.05, "× torch")
-    add("ddp exposed comm ≤ torch's", ["ddp", "torch", "ddp+noop", "torch+noop"],           # step 2
-        lambda a, t, *_: (f"{a['exposed_comm_ms']:.2f} vs {t['exposed_comm_ms']:.2f} ms",
-                          a["exposed_comm_ms"] <= t["exposed_comm_ms"]),
-        lambda *four: _bootstrap(four, "times_ms", lambda a, t, an, tn: (statistics.median(a) - statistics.median(an))
-                                 - (statistics.median(t) - statistics.median(tn))),
-        lambda lo, hi: lo <= 0, "ddp − torch, ms")
+    for target, reference in (("ddp exposed comm ≤ torch's", "torch"),                        # step 2
+                              (f"{CONTEXT}ddp exposed comm ≤ torch's with its Python allreduce_hook", "torch+pyhook")):
+        add(target, ["ddp", reference, "ddp+noop", "torch+noop"],
+            lambda a, t, *_: (f"{a['exposed_comm_ms']:.2f} vs {t['exposed_comm_ms']:.2f} ms",
+                              a["exposed_comm_ms"] <= t["exposed_comm_ms"]),
+            lambda *four: _bootstrap(four, "times_ms", lambda a, t, an, tn: (statistics.median(a) - statistics.median(an))
+                                     - (statistics.median(t) - statistics.median(tn))),
+            lambda lo, hi: lo <= 0, "ddp − torch, ms")
     if all(by.get(n, {}).get("overlap_pct") is not None for n in ("ddp", "torch")):
         add("ddp overlap ≥ torch's", ["ddp", "torch"],
             lambda a, t: (f"{a['overlap_pct']:.1f} vs {t['overlap_pct']:.1f} % (rounds {a['overlap_min_pct']:.0f}–"

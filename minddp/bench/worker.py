@@ -137,7 +137,7 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
             folder = os.path.join(trace_dir, config.name)
             rec = out[config.name]
             rec["overlap"].append(profiled_overlap(lambda: one_step(config.name), profile_steps, folder, rank, device))
-            if config.stage == "torch" and config.hook == "allreduce":
+            if config.torch_cpp_default:
                 # torch's C++ default averages without a Python call to meter: count from the trace
                 from minddp.analysis import trace_traffic
                 from minddp.profiling import trace_path
