@@ -73,8 +73,11 @@ def check_targets(rows: list[dict]) -> list[dict]:
             lambda *four: _bootstrap(four, "times_ms", lambda a, t, an, tn: (statistics.median(a) - statistics.median(an))
                                      - (statistics.median(t) - statistics.median(tn))),
             lambda lo, hi: lo <= 0, "ddp − torch, ms")
-    if all(by.get(n, {}).get("overlap_pct") is not None for n in ("ddp", "torch")):
-        add("ddp overlap ≥ torch's", ["ddp", "torch"],
+    for target, reference in (("ddp overlap ≥ torch's", "torch"),
+                              (f"{CONTEXT}ddp overlap ≥ torch's with its Python allreduce_hook", "torch+pyhook")):
+        if any(by.get(n, {}).get("overlap_pct") is None for n in ("ddp", reference)):
+            continue
+        add(target, ["ddp", reference],
             lambda a, t: (f"{a['overlap_pct']:.1f} vs {t['overlap_pct']:.1f} % (rounds {a['overlap_min_pct']:.0f}–"
                           f"{a['overlap_max_pct']:.0f} vs {t['overlap_min_pct']:.0f}–{t['overlap_max_pct']:.0f})",
                           a["overlap_pct"] >= t["overlap_pct"]),
