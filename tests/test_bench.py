@@ -109,6 +109,9 @@ def test_overlap_pools_ranks_and_rounds_as_one_ratio():
 @pytest.mark.parametrize("argv, fragment", [
     (["--stages", "ddp,nope"], "--stages: unknown ['nope']"),
     (["--variants", "zip"], "--variants: unknown ['zip']"),
+    (["--stages", "ddp", "--variants", "noop,pyhook"], "--variants pyhook adds no configuration to --stages ddp; "
+                                                       "add torch to --stages"),
+    (["--stages", "bucket", "--variants", "gabv"], "add ddp or torch to --stages"),
     (["--rounds", "0"], "--rounds must be at least 1"),
     (["--batch-size", "0"], "--batch-size must be at least 1"),
     (["--launches", "0"], "--launches must be at least 1"),

@@ -82,6 +82,13 @@ def parse(argv: list[str] | None):
         raise UsageError("--warmup and --profile-steps must be 0 or more")
     stages = _names(ns.stages, list(STAGES) + ["torch"], "--stages")
     variants = [] if ns.variants == "none" else _names(ns.variants, list(VARIANTS), "--variants")
+    if ns.variants != build_parser().get_default("variants"):     # named by the user: each must add a run
+        plain = len(bench_configs(stages, []))
+        idle = [v for v in variants if len(bench_configs(stages, [v])) == plain]
+        if idle:
+            wanted = "torch" if "pyhook" in idle else "ddp or torch"     # torch's DDP takes every variant
+            raise UsageError(f"--variants {','.join(idle)} adds no configuration to --stages {ns.stages}; "
+                             f"add {wanted} to --stages")
     train_args = ["--world-size", str(ns.world_size), "--backend", ns.backend, "--no-profile", "--no-progress"]
     for flag in ("model", "batch_size", "grad_accum", "max_seq_len", "bucket_cap_mb", "timeout"):
         if getattr(ns, flag) is not None:
