@@ -112,7 +112,8 @@ def wrap(config: BenchConfig, model: nn.Module, cfg: TrainConfig, device: torch.
                                       bucket_cap_mb=cap,
                                       gradient_as_bucket_view=config.gradient_as_bucket_view)
         state = powerSGD_hook.PowerSGDState(process_group=None, **options) if options else None
-        if config.hook != "allreduce" or config.python_hook:   # plain averaging: its C++ reducer's own
+        # plain averaging registers nothing (torch's C++ default), unless the Python hook is asked for
+        if config.hook != "allreduce" or config.python_hook:
             ddp.register_comm_hook(state, _torch_hooks()[config.hook])
         return ddp
     from minddp.comm.registry import make_hook
