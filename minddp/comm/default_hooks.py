@@ -89,12 +89,10 @@ def scale_like_torch(bucket: GradBucket, world: int) -> None:
     gradients were copied in.
     """
     buffer = bucket.buffer()
-    if world & (world - 1) == 0 and buffer.is_floating_point():
-        buffer.mul_(1.0 / world)
-        return
-    aliased = bucket._layout.grads_in(buffer)
+    exact = world & (world - 1) == 0 and buffer.is_floating_point()    # power of two: both round alike
+    aliased = [] if exact else bucket._layout.grads_in(buffer)
     if not any(aliased):
-        buffer.mul_(1.0 / world)            # every gradient was copied in (the common case): one pass
+        buffer.mul_(1.0 / world)            # every gradient was copied in (the common case), or exact: one pass
     elif all(aliased):
         buffer.div_(world)
     else:                                   # some slots are .grad, some copies (unused parameters)
