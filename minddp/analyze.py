@@ -18,17 +18,19 @@ Example::
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+from minddp.cli import Parser, UsageError, fail
+
+PROG = "minddp.analyze"
 SHOWN = ["step_time_us", "compute_pctg", "non_compute_pctg", "idle_pctg", "comm_comp_overlap_pctg",
          "allreduce_calls_per_step", "allreduce_bytes_per_step", "comm_time_per_step_us"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m minddp.analyze", description=__doc__.split("\n")[0])
+def build_parser() -> Parser:
+    p = Parser(prog="python -m minddp.analyze", description=__doc__.split("\n")[0])
     p.add_argument("run", nargs="?", help="a run folder, traces/<run> (or one stage folder of it)")
     p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="put two runs side by side")
     p.add_argument("--report", action="store_true", help="write report.html and PNG plots into the run folder")
@@ -37,10 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 bad input)."""
-    args = build_parser().parse_args(argv)
-    if (args.run is None) == (args.compare is None):
-        print("error: give one run folder, or --compare RUN_A RUN_B", file=sys.stderr)
-        return 2
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if (args.run is None) == (args.compare is None):
+            parser.error("give one run folder, or --compare RUN_A RUN_B")
+    except UsageError as exc:
+        print(parser.format_usage().rstrip(), file=sys.stderr)
+        return fail(PROG, exc)
     import pandas as pd
 
     from minddp.analysis import TraceError, analyze_run, compare_runs
@@ -58,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             table = results[0].stages
             out_dir = Path(args.run)
     except TraceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(PROG, exc)
     with pd.option_context("display.width", 200, "display.max_columns", 50):      # step 2
         if args.compare:
             print(table[[c for c in table.columns if c[0] in SHOWN]].round(1).to_string())

@@ -42,15 +42,14 @@ from __future__ import annotations
 
 import os
 import random
-import socket
-import threading
 from collections import Counter
 from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
-from minddp.models import OFFLINE_MODEL, is_local_path
+from minddp.hub import hub_reachable, is_local_path
+from minddp.models import OFFLINE_MODEL
 
 OFFLINE_DATASET = "synthetic"
 HUB_DATASETS = {"glue/mrpc": ("nyu-mll/glue", "mrpc")}
@@ -130,29 +129,6 @@ def synthetic_pairs(seed: int, n_train: int = 4000, n_eval: int = 500) -> dict[s
 
     pairs = [pair() for _ in range(n_train + n_eval)]
     return {"train": pairs[:n_train], "validation": pairs[n_train:]}
-
-
-def hub_reachable(host: str = "huggingface.co", timeout_s: float = 2.0) -> bool:
-    """True if a TCP connection to the hub opens within ``timeout_s`` (DNS included).
-
-    Runs in a daemon thread, because name resolution ignores socket timeouts
-    and can block for much longer on a machine without a network.
-    """
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
-        return False
-    ok = []
-
-    def attempt():
-        try:
-            socket.create_connection((host, 443), timeout=timeout_s).close()
-            ok.append(True)
-        except OSError:
-            pass
-
-    t = threading.Thread(target=attempt, daemon=True)
-    t.start()
-    t.join(timeout_s + 0.5)
-    return bool(ok)
 
 
 def check_dataset_name(name: str) -> None:

@@ -56,9 +56,9 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from minddp.device import choose_backend, timeout_delta
+from minddp.processes import end_processes, rank_context, watch_parent
 
 try:  # before any group exists, so that its default arguments stay None (see leave_group)
     import torch.distributed.nn  # noqa: F401
@@ -170,7 +170,7 @@ def launch(
 
     # Step 1: a rendezvous store on a port the OS chose, owned by this process.
     store = open_store(world_size, timeout_s)
-    ctx = _context()
+    ctx = rank_context()
     results: queue.Queue = ctx.Queue()
     payload = pickle.dumps((fn, args, kwargs))
     procs = []
@@ -195,7 +195,7 @@ def launch(
         finally:
             # On failure the surviving ranks may sit in a collective that will
             # never complete: do not wait for them long.
-            _end_processes(procs, grace_s=3.0 if ok else 0.5)
+            end_processes(procs, grace_s=3.0 if ok else 0.5)
             del store
 
 
@@ -224,37 +224,6 @@ def _sigterm_raises():
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _watch_launcher(launcher_pid: int, every_s: float = 1.0) -> None:
-    """Step 5, in a rank: a daemon thread that ends this rank once the launcher process is gone.
-
-    Covers what the launcher cannot: being killed with SIGKILL. The check is
-    a signal-0 ``kill`` once a second (a zombie parent, dead but not yet
-    reaped, counts as gone).
-    """
-    def watch():
-        while _alive(launcher_pid):
-            time.sleep(every_s)
-        print(f"minddp rank {os.environ.get('RANK', '?')}: the launcher (pid {launcher_pid}) is gone; "
-              "ending this rank", file=sys.stderr, flush=True)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="minddp-launcher-watch", daemon=True).start()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:      # exists, owned by someone else
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):    # no /proc (macOS): kill(0) answered, so it exists
-        return True
 
 
 _torchrun_store: dist.Store | None = None
@@ -353,7 +322,7 @@ def _set_rank_env(rank: int, world_size: int, port: int) -> None:
 
 def _child_main(payload, parent_path, rank, world_size, port, backend, timeout_s, results, launcher_pid):
     """Step 3, inside the rank: join, run, report, always destroy the group."""
-    _watch_launcher(launcher_pid)                                                                 # step 5
+    watch_parent(launcher_pid, f"minddp rank {rank}: the launcher (pid {launcher_pid}) is gone; ending this rank")  # step 5
     sys.path[:] = parent_path  # unpickle fn the way the parent would import it
     _set_rank_env(rank, world_size, port)  # before unpickling: imports may read RANK
     try:
@@ -443,33 +412,3 @@ def _gather(procs, results, grace_s: float = 2.0, steps=lambda ranks: {}, stall_
     if errors:
         raise RankError(errors, exc_types, steps(list(errors)))
     return [done[r] for r in range(world_size)]
-
-
-def _end_processes(procs, grace_s: float = 3.0) -> None:
-    """End only the processes this launcher started, by their handles (pids)."""
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        p.join(timeout=max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        p.join(timeout=1.0)
-        if p.is_alive():
-            p.kill()
-            p.join()
-
-
-def _context():
-    """Processes for ranks: forked from a server that has imported torch once.
-
-    A fresh interpreter per rank ("spawn") pays torch's import (seconds) at
-    every launch; the forkserver pays it once per parent and forks ranks from
-    a clean, single-threaded process that never touched CUDA, which is as
-    safe as spawn. Platforms without fork use spawn.
-    """
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "minddp.launch"])
-    return ctx

@@ -39,6 +39,8 @@ import os
 import torch
 from torch import nn
 
+from minddp.hub import hub_reachable, is_local_path
+
 #: The offline default: a Llama with the shape of SmolLM2, scaled down to CPU size.
 TINY_LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
@@ -48,11 +50,6 @@ OFFLINE_MODEL = "tiny-llama"
 GPU_PRESET = "HuggingFaceTB/SmolLM2-360M-Instruct"
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def is_local_path(name: str) -> bool:
-    """A ``--model``/``--dataset`` value meant as a path rather than a hub id or preset name."""
-    return name.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(name))
 
 
 def build_model(name: str, vocab_size: int, pad_token_id: int, seed: int, dtype: str = "fp32",
@@ -84,7 +81,6 @@ def resolve_model(name: str, say=print) -> str:
         return name
     from transformers import AutoConfig
 
-    from minddp.data import hub_reachable
     try:
         AutoConfig.from_pretrained(name, local_files_only=True)
         return name

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from minddp.notebook.worker import _alive
+from minddp.processes import alive as _alive
 
 
 def descendants(pid: int) -> set[int]:

@@ -48,7 +48,7 @@ def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys, case):
     code, err = _run_cli(capsys, run)
     assert code == 2
     lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert len(lines) == 1 and lines[0].startswith("minddp.analyze: error: "), err
     assert "Traceback" not in err
     expected = {"missing": "does not exist", "empty": "no rank traces", "truncated-json": "truncated",
                 "truncated-gz": "truncated", "world-size": "world_size=2",
@@ -58,7 +58,8 @@ def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys, case):
 
 def test_cli_needs_a_run_or_compare(capsys):
     code, err = _run_cli(capsys)
-    assert code == 2 and "--compare" in err
+    usage, message = err.splitlines()
+    assert code == 2 and usage.startswith("usage: python -m minddp.analyze") and "--compare" in message
 
 
 def test_good_folder_passes_the_same_checks(tmp_path, capsys):

@@ -16,7 +16,7 @@ import pytest
 
 from minddp.notebook import CellError, Cluster
 from minddp.notebook.display import render_text
-from minddp.notebook.worker import _alive
+from minddp.processes import alive as _alive
 
 from processes import descendants
 

@@ -283,18 +283,19 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(rows: list[dict], folder: str, meta: dict, targets: list[dict] = ()) -> dict[str, str]:
+def write_outputs(rows: list[dict], folder: str, meta: dict, targets: list[dict] = (),
+                  targets_md: str = "") -> dict[str, str]:
     """``results.md`` (table, targets, settings), ``results.csv``, ``results.json``, ``step_times.png``.
 
-    ``targets``: :func:`minddp.bench.targets.check_targets` of ``rows``.
+    ``targets``: :func:`minddp.bench.targets.check_targets` of ``rows``; ``targets_md``: the same as
+    :func:`minddp.bench.targets.targets_markdown` writes it.
     """
-    from minddp.bench.targets import targets_markdown
     os.makedirs(folder, exist_ok=True)
     paths = {k: os.path.join(folder, f"results.{k}") for k in ("md", "csv", "json")}
     with open(paths["md"], "w") as f:
         f.write(f"# minddp benchmark {meta.get('date', '')}\n\n{markdown_table(rows)}\n\n")
-        if targets:
-            f.write(f"## Targets\n\n{targets_markdown(targets)}\n\n")
+        if targets_md:
+            f.write(f"## Targets\n\n{targets_md}\n\n")
         f.write("".join(f"- {k}: {v}\n" for k, v in meta.items()))
     with open(paths["csv"], "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")   # raw step times: JSON only

@@ -55,7 +55,8 @@ from typing import Any, Callable, Iterable
 import torch
 
 from minddp.device import choose_backend
-from minddp.launch import RankError, _context, _end_processes, open_store
+from minddp.launch import RankError, open_store
+from minddp.processes import end_processes, rank_context
 from minddp.notebook.worker import worker_main
 
 
@@ -130,7 +131,7 @@ class Cluster:
         """Start the ranks and wait until every one has joined the process group."""
         if self.running:
             raise RuntimeError("the cluster is already running: call shutdown() first")
-        ctx = _context()
+        ctx = rank_context()
         self._store = open_store(self.world_size, self.timeout_s)
         self._reports = ctx.Queue()
         self._commands = [ctx.Queue() for _ in range(self.world_size)]
@@ -161,7 +162,7 @@ class Cluster:
                     self._commands[rank].put(("stop", 0, None))
                 except (OSError, ValueError):
                     pass
-        _end_processes(self._procs, grace_s=3.0)
+        end_processes(self._procs, grace_s=3.0)
         self._procs = []
         for q in [self._reports, *self._commands]:
             q.close()

@@ -41,9 +41,10 @@ import pickle
 import signal
 import sys
 import threading
-import time
 import traceback
 from typing import Any, Callable
+
+from minddp.processes import watch_parent
 
 #: matplotlib backend for ranks: draws off-screen; ``plt.show()`` keeps the figure for the report.
 MPL_BACKEND = "module://minddp.notebook.mpl_backend"
@@ -53,7 +54,7 @@ def worker_main(rank, world_size, port, backend, timeout_s, parent_pid, parent_p
     """Steps 1-4 for one rank; ``commands`` is this rank's queue, ``reports`` is shared."""
     sys.path[:] = parent_path
     os.environ["MPLBACKEND"] = MPL_BACKEND  # before any cell imports matplotlib
-    _watch_parent(parent_pid)
+    watch_parent(parent_pid, exit_code=0)
     running = threading.Event()
     # Jupyter's "interrupt" (and the parent's release step) sends SIGINT: it
     # should stop a running cell, never the idle worker.
@@ -233,29 +234,3 @@ def _to_bytes(value: Any) -> bytes | None:
 def _interrupt(running: threading.Event) -> None:
     if running.is_set():
         raise KeyboardInterrupt
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """End this rank when the process that owns the cluster has gone (no orphans)."""
-    def watch():
-        while _alive(parent_pid):
-            time.sleep(0.5)
-        os._exit(0)
-    threading.Thread(target=watch, name="minddp-parent-watch", daemon=True).start()
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs: it exists and is not a zombie waiting to be reaped."""
-    if os.path.isdir("/proc/self"):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
-    try:  # no /proc (macOS): a signal-0 probe
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
