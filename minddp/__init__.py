@@ -1,12 +1,15 @@
 """minddp: PyTorch's DistributedDataParallel, rebuilt stage by stage, readable and runnable.
 
-Start with :mod:`minddp.stages` (the build-up), :mod:`minddp.comm` (the
-comm hooks every stage uses) and :mod:`minddp.launch` (starting ranks).
+Start with :mod:`minddp.stages` (the build-up, one idea per file),
+:mod:`minddp.comm` (the comm hooks every stage sends through) and
+:mod:`minddp.launch` (starting ranks); the production
+:class:`DistributedDataParallel` lives in :mod:`minddp.ddp`.
 """
 
 from minddp.launch import RankError, launch
-from minddp.stages import (STAGES, AsyncBucketDDP, AsyncHookDDP, BucketDDP, DistributedDataParallel, GradAccumDDP,
-                           HookDDP, SimpleDDP, build_stage)
+from minddp.ladder import STAGES, build_stage
+from minddp.ddp import DistributedDataParallel
+from minddp.stages import AsyncBucketDDP, AsyncHookDDP, BucketDDP, GradAccumDDP, HookDDP, SimpleDDP
 
 __version__ = "0.1.0"
 

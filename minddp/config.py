@@ -32,12 +32,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from minddp.cli import Parser, UsageError
 from minddp.device import BACKENDS
-from minddp.models import DTYPES, GPU_PRESET, OFFLINE_MODEL, is_local_path
+from minddp.hub import is_local_path
+from minddp.models import DTYPES, GPU_PRESET, OFFLINE_MODEL
 
 
-class ConfigError(ValueError):
-    """A bad or contradictory option; the message is one line: cause and fix."""
+#: A bad or contradictory option (one line: cause and fix); the same error every minddp tool raises.
+ConfigError = UsageError
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -45,7 +47,7 @@ def _opt(default: Any, help: str, **extra: Any) -> Any:
 
 
 def stage_choices() -> list[str]:
-    from minddp.stages import BASELINES, STAGES
+    from minddp.ladder import BASELINES, STAGES
     return list(BASELINES[:1]) + list(STAGES) + list(BASELINES[1:]) + ["all"]
 
 
@@ -131,28 +133,20 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises :class:`ConfigError` (one line) instead of printing usage and exiting."""
-
-    def error(self, message: str):
-        raise ConfigError(f"{message} (see python -m minddp.train --help)")
-
-
-class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Show each option's default, except where it is None (the help then says what None means)."""
-
-    def _get_help_string(self, action):
-        return action.help if action.default is None else super()._get_help_string(action)
+    def powersgd_options(self) -> dict:
+        """The PowerSGD settings, by ``PowerSGDState``'s names."""
+        return dict(matrix_approximation_rank=self.powersgd_rank, start_powerSGD_iter=self.powersgd_start_iter,
+                    min_compression_rate=self.powersgd_min_compression_rate,
+                    use_error_feedback=self.powersgd_error_feedback, warm_start=self.powersgd_warm_start,
+                    random_seed=self.seed)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Derive the CLI from :class:`TrainConfig`'s fields."""
-    parser = _Parser(prog="python -m minddp.train",
+    parser = Parser(prog="python -m minddp.train",
                      description="Train a sequence classifier with one DDP stage (or all of them) on N ranks "
                                  "and write profiler traces for comparison.",
-                     epilog="Example: python -m minddp.train --stage bucket-async   (offline default, 2 ranks)",
-                     formatter_class=DefaultsHelpFormatter)
+                     epilog="Example: python -m minddp.train --stage bucket-async   (offline default, 2 ranks)")
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         help_text = f.metadata["help"]

@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 
-import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 

@@ -51,21 +51,6 @@ def say(message: str) -> None:
 
 # -- inside a rank --------------------------------------------------------------------------------
 
-#: minddp hook name -> torch's hook, for ``--stage torch``.
-def _torch_hooks() -> dict:
-    from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks, default_hooks, powerSGD_hook
-    return {"allreduce": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
-            "bf16": default_hooks.bf16_compress_hook, "noop": debugging_hooks.noop_hook,
-            "powersgd": powerSGD_hook.powerSGD_hook, "batched-powersgd": powerSGD_hook.batched_powerSGD_hook}
-
-
-def _powersgd_options(cfg: TrainConfig) -> dict:
-    return dict(matrix_approximation_rank=cfg.powersgd_rank, start_powerSGD_iter=cfg.powersgd_start_iter,
-                min_compression_rate=cfg.powersgd_min_compression_rate,
-                use_error_feedback=cfg.powersgd_error_feedback, warm_start=cfg.powersgd_warm_start,
-                random_seed=cfg.seed)
-
-
 def torch_hook_unavailable(hook: str, backend: str, bucket_cap_mb: float | None = None) -> str | None:
     """Why torch's DDP cannot run ``hook`` here (one line), or None if it can.
 
@@ -76,9 +61,12 @@ def torch_hook_unavailable(hook: str, backend: str, bucket_cap_mb: float | None 
     buckets in flight on gloo the ranks pair different collectives and gloo
     aborts the process ("op.preamble.length <= op.nbytes").
     """
-    wrapper, _, base = hook.rpartition("+")
-    if base not in _torch_hooks() or wrapper not in ("", "fp16", "bf16"):
-        return f"torch has no comm hook matching {hook!r}"
+    from minddp.ladder import torch_hook
+    try:
+        torch_hook(hook)
+    except ValueError as exc:
+        return str(exc)
+    base = hook.rpartition("+")[2]
     if "bf16" in hook and backend != "nccl":
         return f"torch's bf16 hooks need NCCL, this run uses {backend}"
     if base == "batched-powersgd":
@@ -87,36 +75,6 @@ def torch_hook_unavailable(hook: str, backend: str, bucket_cap_mb: float | None 
         return ("torch's powerSGD_hook mis-pairs collectives on gloo when several buckets are in flight "
                 "(gloo aborts); add --bucket-cap-mb 25 (one bucket on the offline model) to compare with it")
     return None
-
-
-def wrap_model(stage: str, model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:
-    """The model as the stage trains it, with ``--hook`` registered (``single``: unwrapped)."""
-    if stage == "single":
-        return model
-    powersgd = "powersgd" in cfg.hook
-    if stage == "torch":
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-        from torch.nn.parallel import DistributedDataParallel
-        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                      bucket_cap_mb=cfg.bucket_cap_mb)
-        wrapper, _, base = cfg.hook.rpartition("+")
-        hook = _torch_hooks()[base]
-        if wrapper:
-            hook = {"fp16": default_hooks.fp16_compress_wrapper, "bf16": default_hooks.bf16_compress_wrapper}[
-                wrapper](hook)
-        state = powerSGD_hook.PowerSGDState(process_group=None, **_powersgd_options(cfg)) if powersgd else None
-        if cfg.hook != "allreduce":          # plain averaging: torch's own (C++) default, no Python hook
-            ddp.register_comm_hook(state, hook)
-        ddp.minddp_hook_state = state
-        return ddp
-    from minddp.comm.registry import make_hook
-    from minddp.stages import build_stage
-    wrapped = build_stage(stage, model, bucket_cap_mb=cfg.bucket_cap_mb)
-    state, hook = make_hook(cfg.hook, None, **(_powersgd_options(cfg) if powersgd else {}))
-    if cfg.hook != "allreduce":              # plain averaging: the stage's built-in default
-        wrapped.register_comm_hook(state, hook)
-    wrapped.minddp_hook_state = state  # what a checkpoint saves of the hook (PowerSGD's memory)
-    return wrapped
 
 
 def _loss(model: nn.Module, batch: dict) -> torch.Tensor:
@@ -157,10 +115,11 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
     with ``--save-every N`` a checkpoint is written after every N-th step.
     """
     from minddp import checkpoint
-    from minddp.launch import report_step
     from minddp.collectives import TRANSPORTS
-    from minddp.comm import wire
+    from minddp.comm.wire import Traffic, Wire
     from minddp.device import current_device, synchronize
+    from minddp.ladder import wrap
+    from minddp.launch import report_step
     from minddp.loop import train_step
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -173,10 +132,12 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
     replicas, shard = (1, 0) if single else (world, rank)
     batch_size = cfg.batch_size * (cfg.effective_world_size() if single else 1)
     device = current_device()
-    wire.use_transport(TRANSPORTS[cfg.collective])
+    traffic = Traffic()           # what this rank's hooks send, counted per step
     model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed, cfg.dtype).to(device)
     model.train()
-    wrapped = wrap_model(stage, model, cfg, device)
+    wrapped = wrap(stage, model, hook=cfg.hook, bucket_cap_mb=cfg.bucket_cap_mb,
+                   powersgd_options=cfg.powersgd_options(),
+                   wire=None if single else Wire(None, TRANSPORTS[cfg.collective], traffic))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     hook_state = getattr(wrapped, "minddp_hook_state", None)
     ckpt_config = checkpoint_config(cfg, stage, replicas)
@@ -197,15 +158,15 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
         for step in range(first, cfg.steps):
             report_step(step)  # a failure report then says where it happened
             micro = [{k: v.to(device) for k, v in b.items()} for b in next(batches)]
-            wire.traffic.reset()
+            traffic.reset()
             synchronize(device)
             start = time.perf_counter()
             with torch.profiler.record_function(f"minddp.train_step#{step}"):
                 loss = train_step(wrapped, optimizer, micro, _loss)
             synchronize(device)
             times.append(time.perf_counter() - start)
-            calls.append(wire.traffic.calls)
-            nbytes.append(wire.traffic.bytes)
+            calls.append(traffic.calls)
+            nbytes.append(traffic.bytes)
             losses.append(loss)
             profiler.step()
             if cfg.save_every and (step + 1) % cfg.save_every == 0:
@@ -301,10 +262,12 @@ def check_combination(cfg: TrainConfig) -> None:
     """Contradictions between options that argparse cannot see."""
     if cfg.analyze and not cfg.profile:
         raise ConfigError("--analyze reads the traces, but --no-profile writes none; drop one of them")
-    if "powersgd" in cfg.hook and (cfg.powersgd_error_feedback or cfg.powersgd_warm_start) \
-            and cfg.powersgd_start_iter < 2:
-        raise ConfigError("PowerSGD with error feedback or warm start needs --powersgd-start-iter of at least 2 "
-                          "(as in torch)")
+    if "powersgd" in cfg.hook:
+        from minddp.comm.powerSGD_hook import check_start_iter
+        try:
+            check_start_iter(cfg.powersgd_start_iter, cfg.powersgd_error_feedback, cfg.powersgd_warm_start)
+        except ValueError as exc:
+            raise ConfigError(f"--powersgd-start-iter: {exc}") from None
     if in_torchrun() and "--world-size" in sys.argv[1:]:
         say("under torchrun the world size comes from torchrun; --world-size is ignored")
 

@@ -14,7 +14,7 @@ enough for a 2-core laptop:
    single process would;
 3. **run**: wrap the model in a stage, optionally register a comm hook, train
    ``steps`` steps under the profiler, and return the per-step losses and
-   what went over the wire (from :data:`minddp.comm.wire.traffic`).
+   what went over the wire (from a :class:`minddp.comm.wire.Traffic` meter).
 
 Traces land in ``traces/notebooks/<run>/<stage>/rank<r>.pt.trace.json`` with a
 ``config.json``, the layout :func:`minddp.analysis.analyze_run` reads (git
@@ -35,11 +35,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minddp.comm import wire
+from minddp.comm.measure import error_measured
 from minddp.comm.registry import make_hook
+from minddp.comm.wire import Traffic, Wire
+from minddp.ladder import build_stage
 from minddp.loop import train_step
 from minddp.profiling import StepProfiler, write_json
-from minddp.stages import build_stage
 
 WIDTH, CLASSES = 128, 2
 TRACE_ROOT = Path(__file__).resolve().parents[1] / "traces" / "notebooks"
@@ -93,18 +94,21 @@ def run(stage: str, steps: int = 8, accum: int = 1, hook: str | None = None, run
     profiled into :func:`trace_dir` ``(run_name)/<stage>``.
     """
     model = wrap(stage, make_model(), bucket_cap_mb)
-    if hook is not None:
+    traffic = Traffic()
+    if stage != "torch":
+        state, fn = make_hook(hook or "allreduce", Wire(None, traffic=traffic), **hook_options)
+        model.register_comm_hook(state, error_measured(fn, traffic) if measure_error else fn)
+    elif hook is not None:
         model.register_comm_hook(*make_hook(hook, None, **hook_options))
-    model.measure_compression_error = measure_error
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     folder = trace_dir(run_name) / stage if run_name else None
     profiler = StepProfiler(str(folder), dist.get_rank(), steps, active=steps - 1, enabled=folder is not None)
     losses, wire_stats = [], []
     with profiler:
         for micro in global_batches(steps, accum):
-            wire.traffic.reset()
+            traffic.reset()
             losses.append(train_step(model, optimizer, micro, loss_fn))
-            wire_stats.append(wire.traffic.snapshot())
+            wire_stats.append(traffic.snapshot())
             profiler.step()
     if folder is not None and dist.get_rank() == 0:
         write_json(os.path.join(folder, "config.json"),

@@ -20,7 +20,7 @@ from minddp.analysis import analyze_run
 from minddp.analyze import main
 from minddp.launch import launch
 from minddp.loop import train_step
-from minddp.stages import build_stage
+from minddp.ladder import build_stage
 
 STAGES = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 STEPS = 3

@@ -118,7 +118,7 @@ def test_first_iteration_plan_matches_torchs_ddp():
     """``ddp`` starts where torch's DDP starts (one bucket; or, with find_unused_parameters, buckets filled in
     registration order and launched last-filled first), the oracle being torch's DDP itself."""
     from minddp.launch import launch
-    from minddp.stages.bucket_plan import plan_first_iteration_like_torch
+    from minddp.ddp.plan import plan_first_iteration_like_torch
     rng = random.Random(5)
     cases = []
     for k in range(8):

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from minddp import launch
 from minddp.collectives import TRANSPORTS
-from minddp.comm import wire
+from minddp.comm.wire import Traffic, Wire
 
 SIZES = [1, 2, 3, 5, 7, 64, 1001]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -43,12 +43,11 @@ def compare_on_rank() -> list[str]:
             if not torch.allclose(ours, ref, rtol=1e-5, atol=1e-6):
                 bad.append(f"{name} size={size}x3 float32 randn: max diff {(ours - ref).abs().max()}")
     # Through the wire, as a comm hook would use it: same result, and the meter counts the call.
-    with wire.transport(TRANSPORTS["ring"]):
-        before = wire.traffic.calls
-        t = torch.arange(10.0) * (rank + 1)
-        wire.all_reduce(t, None).wait()
-        if wire.traffic.calls != before + 1:
-            bad.append("wire did not count the ring all_reduce")
+    traffic = Traffic()
+    t = torch.arange(10.0) * (rank + 1)
+    Wire(None, transport=TRANSPORTS["ring"], traffic=traffic).all_reduce(t).wait()
+    if traffic.calls != 1 or traffic.bytes != 40:
+        bad.append(f"wire counted {traffic.calls} calls and {traffic.bytes} bytes for one ring all_reduce of 40")
     n = dist.get_world_size()
     if not torch.equal(t, torch.arange(10.0) * (n * (n + 1) // 2)):
         bad.append(f"wire+ring gave {t.tolist()}")

@@ -19,7 +19,8 @@ import ddp_models
 import toy_models
 from minddp import DistributedDataParallel, launch
 from minddp.collectives import TRANSPORTS
-from minddp.comm import wire
+from minddp.comm.default_hooks import allreduce_hook
+from minddp.comm.wire import Wire
 from minddp.loop import train_step
 
 STEPS = 4
@@ -51,14 +52,15 @@ def train(model_name, wrap, accum, world, rank, transport=None, single=False) ->
     """Train STEPS steps; ``single``: the whole global batch in this one process (the oracle)."""
     model = toy_models.build(model_name, seed=100 + rank)        # differs per rank on purpose
     net = wrap(model)
+    if transport:   # the built-in average, sent over one of minddp's point-to-point collectives
+        net.register_comm_hook(Wire(None, transport=TRANSPORTS[transport]), allreduce_hook)
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     batches = toy_models.global_batches(model_name, STEPS, ROWS * world * accum)
     history = []
-    with wire.transport(TRANSPORTS[transport] if transport else None):
-        for batch in batches:
-            micro = shards(batch, 0, 1, accum) if single else shards(batch, rank, world, accum)
-            train_step(net, opt, micro, toy_models.loss_fn)
-            history.append(flat_params(model))
+    for batch in batches:
+        micro = shards(batch, 0, 1, accum) if single else shards(batch, rank, world, accum)
+        train_step(net, opt, micro, toy_models.loss_fn)
+        history.append(flat_params(model))
     return history
 
 

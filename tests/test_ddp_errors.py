@@ -71,7 +71,7 @@ def errors_on_rank() -> dict:
             names = [n for n, _ in Twins().named_parameters()]
             a, b = (next(k for k, bk in enumerate(plan) if names[bk[0]] == w) for w in ("one.weight", "two.weight"))
             plan[a], plan[b] = plan[b], plan[a]
-        guarded._set_plan(plan)
+        guarded.reducer.set_plan(plan)
         out[f"guard_desync={desync}"] = caught(lambda: guarded(torch.randn(2, 8)).sum().backward())
     del os.environ["MINDDP_DEBUG"]
     return out

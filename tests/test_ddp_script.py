@@ -108,7 +108,7 @@ def drop_in_on_rank() -> dict:
         shares = []
         for step in range(3):
             net(x).sum().backward()
-            buffers = {b.untyped_storage().data_ptr() for b in net._bucket_buffers}
+            buffers = {b.untyped_storage().data_ptr() for b in net.reducer.buffers}
             shares.append([p.grad.untyped_storage().data_ptr() in buffers for p in model.parameters()])
             opt.step()
             opt.zero_grad(set_to_none=step == 0)   # both ways of zeroing

@@ -16,7 +16,6 @@ is exercised for four compressed steps.
 
 from __future__ import annotations
 
-import pytest
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as torch_default
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
@@ -133,7 +132,7 @@ def complex_grads_on_rank() -> dict:
     from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
     from minddp.comm.registry import make_hook
-    from minddp.stages import build_stage
+    from minddp.ladder import build_stage
 
     rank = torch.distributed.get_rank()
     x = torch.randn(5, 4, dtype=torch.complex64, generator=torch.Generator().manual_seed(10 + rank))

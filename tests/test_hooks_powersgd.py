@@ -17,7 +17,9 @@ import torch
 import torch.distributed as dist
 
 from minddp import launch
-from minddp.comm import make_hook, wire
+from minddp.comm import make_hook
+from minddp.comm.measure import error_measured
+from minddp.comm.wire import Traffic, Wire
 
 from test_hooks_support import fresh, make_model, params_of, train, wrap
 
@@ -39,9 +41,10 @@ def theory_bytes(model, rank: int, min_compression_rate: float = 2) -> int:
 def one_step_traffic(stage: str, name: str, measure: bool = False, **options) -> dict:
     """Train 3 steps, then meter the 4th (PowerSGD compresses from step 3 on)."""
     rank = dist.get_rank()
-    state, hook = make_hook(name, **PSGD, **options) if "powersgd" in name else make_hook(name)
-    ddp = wrap(stage, fresh(make_model()), state, hook)
-    ddp.measure_compression_error = measure
+    traffic = Traffic()
+    wire = Wire(None, traffic=traffic)
+    state, hook = make_hook(name, wire, **PSGD, **options) if "powersgd" in name else make_hook(name, wire)
+    ddp = wrap(stage, fresh(make_model()), state, error_measured(hook, traffic) if measure else hook)
     _, opt = train(ddp, 3, rank)
     calls = {"n": 0}
     # Every all_reduce, metered or not, ends at the process group (torch.distributed.all_reduce too).
@@ -54,11 +57,11 @@ def one_step_traffic(stage: str, name: str, measure: bool = False, **options) ->
 
     group_class.allreduce = counting
     try:
-        wire.traffic.reset()
+        traffic.reset()
         train(ddp, 1, rank, first_step=3, optimizer=opt)
     finally:
         group_class.allreduce = real
-    return {**wire.traffic.snapshot(), "all_reduce_calls": calls["n"]}
+    return {**traffic.snapshot(), "all_reduce_calls": calls["n"]}
 
 
 def rank_traffic() -> dict:

@@ -17,11 +17,11 @@ import torch.distributed as dist
 
 from minddp import launch
 from minddp.comm import make_hook
-from minddp.stages import STAGES
+from minddp.ladder import STAGES
 
 from test_hooks_support import batch, fresh, loss_fn, make_model, train, wrap
 
-HOOKS = [None, "allreduce", "fp16", "fp16(builtin)", "bf16", "noop"]
+HOOKS = [None, "allreduce", "fp16", "torch-fp16-wrapper", "bf16", "noop"]
 TRAIN_HOOKS = ["bf16", "batched-powersgd", "fp16+powersgd", "bf16+powersgd", "bf16+batched-powersgd"]
 PSGD = dict(start_powerSGD_iter=2, matrix_approximation_rank=2)
 
@@ -41,9 +41,9 @@ def oracle_grads(model, rank: int, world: int) -> tuple[list[torch.Tensor], list
 
 
 def hook_named(name):
-    if name == "fp16(builtin)":   # the wrapper around the callback-free default, whose future holds [tensor]
-        from minddp.comm.default_hooks import builtin_allreduce_hook, fp16_compress_wrapper
-        return None, fp16_compress_wrapper(builtin_allreduce_hook)
+    if name == "torch-fp16-wrapper":   # torch's own composition; its future holds the fp16 buffer
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as torch_hooks
+        return None, torch_hooks.fp16_compress_wrapper(torch_hooks.allreduce_hook)
     return make_hook(name) if name else (None, None)
 
 
@@ -76,12 +76,12 @@ def test_every_stage_takes_every_stateless_hook():
                         assert torch.equal(g, want), tag
                     assert not all(torch.allclose(g, w) for g, w in zip(got, global_grads)), tag
                     continue
-                tol = {"fp16": 2e-3, "fp16(builtin)": 2e-3, "bf16": 2e-2}.get(name, 1e-6)
+                tol = {"fp16": 2e-3, "torch-fp16-wrapper": 2e-3, "bf16": 2e-2}.get(name, 1e-6)
                 for g, want in zip(got, global_grads):
                     torch.testing.assert_close(g, want, rtol=tol, atol=tol * 0.1, msg=tag)
                 if name == "allreduce":  # the default path and the explicit hook are one computation
                     assert all(torch.equal(a, b) for a, b in zip(got, out[stage, None])), tag
-                if name == "fp16(builtin)":   # so are fp16 around either of them
+                if name == "torch-fp16-wrapper":   # torch's wrapper computes what minddp's fp16 hook computes
                     assert all(torch.equal(a, b) for a, b in zip(got, out[stage, "fp16"])), tag
 
 

@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from minddp.loop import train_step
-from minddp.stages import build_stage
+from minddp.ladder import build_stage
 
 IN, HID1, HID2, OUT = 16, 32, 24, 8
 #: Per-rank micro-batch rows.

@@ -174,7 +174,7 @@ def train_and_drop_a_temporary(_):
     """A hook stage on a transformers model (its import pins groups: see leave_group), and, last, an
     all_reduce of a tensor Python drops at once: what made a gloo thread abort the process at exit."""
     from minddp.models import build_model
-    from minddp.stages import build_stage
+    from minddp.ladder import build_stage
 
     model = build_stage("bucket-async", build_model("tiny-llama", 50, 0, seed=0))
     ids = torch.randint(1, 50, (2, 6))

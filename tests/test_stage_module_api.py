@@ -5,7 +5,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import toy_models
 from minddp import launch
-from minddp.stages import STAGES, build_stage
+from minddp.ladder import STAGES, build_stage
 
 
 def module_api():

@@ -18,9 +18,11 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import toy_models
 from minddp import launch
-from minddp.comm import wire
+from minddp.comm.default_hooks import allreduce_hook
+from minddp.comm.wire import Traffic, Wire
 from minddp.loop import train_step
-from minddp.stages import STAGES, build_stage, plan_buckets
+from minddp.ladder import STAGES, build_stage
+from minddp.stages import plan_buckets
 
 STEPS = 5
 ROWS = 4                     # rows per rank per micro-batch
@@ -41,10 +43,12 @@ def flat_params(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
 
 
-def wrap(stage: str, model):
+def wrap(stage: str, model, traffic: Traffic):
     if stage == "torch":
         return TorchDDP(model, bucket_cap_mb=BUCKET_CAP_MB)
-    return build_stage(stage, model, bucket_cap_mb=BUCKET_CAP_MB)
+    wrapped = build_stage(stage, model, bucket_cap_mb=BUCKET_CAP_MB)
+    wrapped.register_comm_hook(Wire(None, traffic=traffic), allreduce_hook)   # the default hook, metered
+    return wrapped
 
 
 def rank_trainings(model_name: str, stages: list[str], accums: list[int], optimizers: list[str]) -> dict:
@@ -56,13 +60,14 @@ def rank_trainings(model_name: str, stages: list[str], accums: list[int], optimi
             batches = toy_models.global_batches(model_name, STEPS, ROWS * world * accum)
             for opt_name in optimizers:
                 model = toy_models.build(model_name, seed=100 + rank)     # differs per rank on purpose
-                ddp = wrap(stage, model)
+                traffic = Traffic()
+                ddp = wrap(stage, model, traffic)
                 optimizer = OPTIMIZERS[opt_name](ddp.parameters())
                 history, calls = [flat_params(model)], []
                 for batch in batches:
-                    wire.traffic.reset()
+                    traffic.reset()
                     train_step(ddp, optimizer, micro_batches(batch, rank, world, accum), toy_models.loss_fn)
-                    calls.append(wire.traffic.calls)
+                    calls.append(traffic.calls)
                     history.append(flat_params(model))
                 out[(stage, accum, opt_name)] = {"history": history, "calls": calls}
     return out

@@ -349,7 +349,7 @@ print(inspect.getsource(toy_training.run))
     code("""
 %%distributed
 import inspect
-from minddp.stages import STAGES
+from minddp.ladder import STAGES
 from toy_training import run
 def show(losses, wire_stats):
     w = wire_stats[-1]
@@ -379,7 +379,7 @@ A post-accumulate-grad hook on every parameter fires the moment autograd has wri
 gradient, *during* backward; the hook sends it and (in this stage) waits for the result. The
 communication now starts earlier, but backward is blocked while it runs.
 """),
-    show_source('STAGES["hook"]._submit'),
+    show_source('STAGES["hook"]._grad_ready'),
     train_stage("hook"),
     md("""
 ## `hook-async`: do not wait
@@ -547,7 +547,7 @@ shutil.rmtree(trace_dir(RUN), ignore_errors=True)
     START,
     code("""
 %%distributed
-from minddp.stages import STAGES
+from minddp.ladder import STAGES
 from toy_training import run
 for stage in [*STAGES, "torch"]:          # every minddp stage, then torch's own DDP
     losses, _ = run(stage, steps=8, accum=3 if stage == "ga" else 1, run_name="05_reading_traces")

@@ -9,19 +9,11 @@ import sys
 import time
 
 from minddp.bench.configs import VARIANTS, bench_configs
+from minddp.cli import Parser, UsageError
 from minddp.bench.report import markdown_table, pool, summarize, write_outputs
 from minddp.bench.targets import check_targets, targets_markdown
 
 PROG = "minddp.bench"
-
-
-class UsageError(ValueError):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UsageError(f"{message} (see python -m minddp.bench --help)")
 
 
 def _names(text: str, allowed: list[str], flag: str) -> list[str]:
@@ -33,9 +25,8 @@ def _names(text: str, allowed: list[str], flag: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from minddp.config import DefaultsHelpFormatter
-    from minddp.stages import STAGES
-    p = _Parser(prog="python -m minddp.bench", formatter_class=DefaultsHelpFormatter,
+    from minddp.ladder import STAGES
+    p = Parser(prog="python -m minddp.bench",
                 description="Benchmark every minddp stage against torch's DDP and the no-communication limit.")
     p.add_argument("--stages", default=",".join(list(STAGES) + ["torch"]),
                    help="comma list of stages to run (torch = torch's DDP, the reference)")
@@ -68,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse(argv: list[str] | None):
     """The bench options, and the train command's config for model, data and settings."""
     from minddp.config import ConfigError, parse_args
-    from minddp.stages import STAGES
+    from minddp.ladder import STAGES
     ns = build_parser().parse_args(argv)
     if ns.quick:
         ns.launches, ns.rounds, ns.steps, ns.warmup, ns.profile_steps = 1, 1, 3, 1, min(ns.profile_steps, 1)
@@ -139,7 +130,7 @@ def pool_main(folders: list[str], out: str | None) -> int:
         meta = {"pooled_from": ", ".join(folders), "rounds": rows[0]["rounds"],
                 "launches": len(rows[0]["launch_rounds"]),
                 "dates": ", ".join(m.get("date", "?") for m in metas), "machine": metas[0].get("machine", "?")}
-        paths = write_outputs(rows, out, meta, targets)
+        paths = write_outputs(rows, out, meta, targets, targets_markdown(targets) if targets else "")
         print(f"{PROG}: wrote {', '.join(paths.values())}", file=sys.stderr)
     return 0
 
@@ -187,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_avg_1min_before_after": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",
             "wall_s": round(time.perf_counter() - start, 1)}
     targets = check_targets(rows)
-    paths = write_outputs(rows, out, meta, targets)
+    paths = write_outputs(rows, out, meta, targets, targets_markdown(targets) if targets else "")
     print(markdown_table(rows))
     if targets:
         print("\n" + targets_markdown(targets))

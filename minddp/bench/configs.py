@@ -27,10 +27,8 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
 from minddp.config import TrainConfig
@@ -93,33 +91,13 @@ def bench_configs(stages: list[str], variants: list[str] = list(VARIANTS)) -> li
     return configs
 
 
-def powersgd_options(cfg: TrainConfig, rank: int | None) -> dict:
-    """PowerSGD settings of the train command, with this configuration's rank."""
-    from minddp.train import _powersgd_options
-    return _powersgd_options(dataclasses.replace(cfg, powersgd_rank=rank or cfg.powersgd_rank))
-
-
-def wrap(config: BenchConfig, model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:
-    """``model`` wrapped as ``config`` says, with its hook registered (same settings as the train command)."""
-    options = powersgd_options(cfg, config.powersgd_rank) if config.hook == "powersgd" else {}
-    cap = cfg.bucket_cap_mb if config.bucket_cap_mb is None else config.bucket_cap_mb
-    if config.stage == "torch":
-        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
-        from torch.nn.parallel import DistributedDataParallel
-
-        from minddp.train import _torch_hooks
-        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                      bucket_cap_mb=cap,
-                                      gradient_as_bucket_view=config.gradient_as_bucket_view)
-        state = powerSGD_hook.PowerSGDState(process_group=None, **options) if options else None
-        # plain averaging registers nothing (torch's C++ default), unless the Python hook is asked for
-        if config.hook != "allreduce" or config.python_hook:
-            ddp.register_comm_hook(state, _torch_hooks()[config.hook])
-        return ddp
-    from minddp.comm.registry import make_hook
-    from minddp.stages import build_stage
-    wrapped = build_stage(config.stage, model, bucket_cap_mb=cap,
-                          gradient_as_bucket_view=config.gradient_as_bucket_view)
-    if config.hook != "allreduce":           # plain averaging: the stage's built-in default
-        wrapped.register_comm_hook(*make_hook(config.hook, None, **options))
-    return wrapped
+def wrap(config: BenchConfig, model: nn.Module, cfg: TrainConfig, wire=None) -> nn.Module:
+    """``model`` wrapped as ``config`` says (the train command's settings otherwise), through :func:`minddp.ladder.wrap`."""
+    from minddp.ladder import wrap as wrap_in_stage
+    options = cfg.powersgd_options()
+    if config.powersgd_rank is not None:
+        options["matrix_approximation_rank"] = config.powersgd_rank
+    return wrap_in_stage(config.stage, model, hook=config.hook,
+                         bucket_cap_mb=cfg.bucket_cap_mb if config.bucket_cap_mb is None else config.bucket_cap_mb,
+                         gradient_as_bucket_view=config.gradient_as_bucket_view, python_hook=config.python_hook,
+                         powersgd_options=options, wire=wire)

@@ -16,8 +16,9 @@
    rank), so no configuration always runs right after the same neighbour.
    Each timed step records its wall time, the CPU time of the training
    thread (``time.thread_time``: the host work of the step, Python hooks
-   included, without the time spent waiting), and what
-   :data:`minddp.comm.wire.traffic` counted (torch's hooks bypass our wire:
+   included, without the time spent waiting), and what the configuration's
+   own :class:`~minddp.comm.wire.Traffic` meter counted (minddp's hooks send
+   through a metered :class:`~minddp.comm.wire.Wire`; torch's hooks bypass it:
    :func:`counting_torch_all_reduce` counts them; torch's default, with no
    hook, is counted from the traces of step 3);
 3. **profile** (optional), in every round, after the timed steps, for each
@@ -87,7 +88,7 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
 
     ``launch_index`` (which of the benchmark's launches this is) only seeds the round orders.
     """
-    from minddp.comm import wire
+    from minddp.comm.wire import Traffic, Wire
     from minddp.device import current_device, synchronize
     from minddp.loop import train_step
     from minddp.models import build_model
@@ -98,11 +99,12 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
     def build(config: BenchConfig):
         model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed, cfg.dtype).to(device)
         model.train()
-        wrapped = wrap(config, model, cfg, device)
+        traffic = Traffic()
+        wrapped = wrap(config, model, cfg, wire=None if config.stage == "torch" else Wire(None, traffic=traffic))
         batches = step_batches(data.train, cfg.batch_size, cfg.grad_accum, world, rank, cfg.seed,
                                data.pad_token_id)
-        meter = (lambda: counting_torch_all_reduce(wire.traffic)) if config.stage == "torch" else contextlib.nullcontext
-        return wrapped, torch.optim.AdamW(model.parameters(), lr=cfg.lr), batches, meter
+        meter = (lambda: counting_torch_all_reduce(traffic)) if config.stage == "torch" else contextlib.nullcontext
+        return wrapped, torch.optim.AdamW(model.parameters(), lr=cfg.lr), batches, meter, traffic
 
     for config in configs:                                                                  # step 1
         runs[config.name] = build(config)
@@ -110,9 +112,9 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
 
     def one_step(run) -> tuple[float, float]:
         """Train one step; its wall time and the training thread's CPU time, in seconds."""
-        wrapped, optimizer, batches, meter = runs[run] if isinstance(run, str) else run
+        wrapped, optimizer, batches, meter, traffic = runs[run] if isinstance(run, str) else run
         micro = [{k: v.to(device) for k, v in b.items()} for b in next(batches)]
-        wire.traffic.reset()
+        traffic.reset()
         synchronize(device)
         with meter():
             start, cpu_start = time.perf_counter(), time.thread_time()
@@ -130,8 +132,9 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
                     rec = out[config.name]
                     rec["times"].append(seconds)
                     rec["cpu"].append(cpu_seconds)
-                    rec["calls"].append(wire.traffic.calls)
-                    rec["bytes"].append(wire.traffic.bytes)
+                    traffic = runs[config.name][4]
+                    rec["calls"].append(traffic.calls)
+                    rec["bytes"].append(traffic.bytes)
         for config in order if trace_dir is not None and profile_steps else []:                # step 3
             dist.barrier()
             folder = os.path.join(trace_dir, config.name)

@@ -18,7 +18,7 @@ from minddp.comm import debugging_hooks, default_hooks, powerSGD_hook  # noqa: E
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.powerSGD_hook import PowerSGDState
 from minddp.comm.registry import hook_names, make_hook
-from minddp.comm.wire import traffic
+from minddp.comm.wire import Traffic, Wire
 
-__all__ = ["GradBucket", "traffic", "hook_names", "make_hook", "PowerSGDState",
+__all__ = ["GradBucket", "Traffic", "Wire", "hook_names", "make_hook", "PowerSGDState",
            "default_hooks", "powerSGD_hook", "debugging_hooks"]

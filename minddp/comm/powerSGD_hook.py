@@ -17,8 +17,9 @@ iteration counting, same RNG use for the random Q, so results match torch's
 to float tolerance), with three differences:
 
 * :func:`batched_powerSGD_hook` runs on gloo/CPU (torch's raises there);
-* every collective goes through :func:`minddp.comm.wire.all_reduce`, so the
-  bytes are metered, and every collective is *issued from the hook call*,
+* every collective goes through ``Wire.of(state.process_group).all_reduce``
+  (:mod:`minddp.comm.wire`), so a state whose ``process_group`` is a metered
+  ``Wire`` counts its bytes, and every collective is *issued from the hook call*,
   never from a future's callback (see :func:`powerSGD_hook`, step 4);
 * an unpickled :class:`PowerSGDState` gets ``process_group=None`` (the
   default group, resolved when used), so a checkpoint loads anywhere.
@@ -40,9 +41,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from minddp.comm import wire
 from minddp.comm.default_hooks import allreduce_hook, check_real_floating
 from minddp.comm.grad_bucket import GradBucket
+from minddp.comm.wire import Wire
 
 __all__ = ["PowerSGDState", "powerSGD_hook", "batched_powerSGD_hook"]
 
@@ -108,6 +109,20 @@ def _shared_seed(state: "PowerSGDState"):
 
 # -- the state ----------------------------------------------------------------------------------
 
+def check_start_iter(start_powerSGD_iter: int, use_error_feedback: bool, warm_start: bool) -> None:
+    """PowerSGD's start rule (torch's): with error feedback or warm start, plain allreduce for 2+ steps first.
+
+    A DDP wrapper may rebuild its buckets after step 1, which would invalidate
+    memory kept per bucket (the error, P and Q).
+    """
+    if (use_error_feedback or warm_start) and start_powerSGD_iter < 2:
+        raise ValueError(
+            f"start_powerSGD_iter must be >= 2 when use_error_feedback or warm_start is on, got "
+            f"{start_powerSGD_iter}: buckets may be rebuilt after step 1, which would invalidate the "
+            "memorised error and P/Q; use start_powerSGD_iter=2 or more, or turn both off"
+        )
+
+
 class PowerSGDState:
     """Hyperparameters of PowerSGD and its memory across steps, for all buckets.
 
@@ -165,12 +180,7 @@ class PowerSGDState:
                 f"matrix_approximation_rank must be an integer >= 1, got {matrix_approximation_rank!r}; "
                 "rank 1 is the strongest compression (try 1, 2, 4, ...)"
             )
-        if (use_error_feedback or warm_start) and start_powerSGD_iter < 2:
-            raise ValueError(
-                f"start_powerSGD_iter must be >= 2 when use_error_feedback or warm_start is on, got "
-                f"{start_powerSGD_iter}: buckets may be rebuilt after step 1, which would invalidate the "
-                "memorised error and P/Q; use start_powerSGD_iter=2 or more, or turn both off"
-            )
+        check_start_iter(start_powerSGD_iter, use_error_feedback, warm_start)
         if min_compression_rate <= 0:
             raise ValueError(f"min_compression_rate must be > 0, got {min_compression_rate!r}")
         self.process_group = process_group
@@ -282,8 +292,8 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
     vanilla = _vanilla_phase(state, bucket)
     if vanilla is not None:
         return vanilla
-    group = wire.resolve_group(state.process_group)
-    world_size = dist.get_world_size(group)
+    wire = Wire.of(state.process_group)
+    world_size = wire.size()
     input_tensor = bucket.buffer()
     device, dtype, index = input_tensor.device, input_tensor.dtype, bucket.index()
 
@@ -336,14 +346,14 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
     futures = []                                                                 # step 4
     if uncompressed:
         uncompressed_flat = torch.cat([t.reshape(-1) for t in uncompressed])
-        futures.append(wire.all_reduce(uncompressed_flat, group))
+        futures.append(wire.all_reduce(uncompressed_flat))
     if batches:
-        wire.all_reduce(state.p_memory_dict[index], group).wait()
+        wire.all_reduce(state.p_memory_dict[index]).wait()
         for p in ps:                                                             # step 5
             _orthogonalize(p, state.orthogonalization_epsilon)
         for batch, p, q in zip(batches, ps, qs):
             torch.bmm(batch.transpose(1, 2), p, out=q)
-        futures.append(wire.all_reduce(state.q_memory_dict[index], group))
+        futures.append(wire.all_reduce(state.q_memory_dict[index]))
 
     def decompress(_: torch.futures.Future) -> torch.Tensor:                    # step 6
         if uncompressed:
@@ -417,8 +427,8 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.fut
     vanilla = _vanilla_phase(state, bucket)
     if vanilla is not None:
         return vanilla
-    group = wire.resolve_group(state.process_group)
-    world_size = dist.get_world_size(group)
+    wire = Wire.of(state.process_group)
+    world_size = wire.size()
     input_tensor = bucket.buffer()
     device, dtype, index = input_tensor.device, input_tensor.dtype, bucket.index()
     length = input_tensor.numel()
@@ -440,10 +450,10 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.fut
     p, q = state.p_memory_dict[index], state.q_memory_dict[index]
     _orthogonalize(q.unsqueeze(0), state.orthogonalization_epsilon)
     torch.matmul(matrix, q, out=p)                                               # step 3
-    wire.all_reduce(p, group).wait()
+    wire.all_reduce(p).wait()
     _orthogonalize(p.unsqueeze(0), state.orthogonalization_epsilon)              # step 4
     torch.matmul(matrix.t(), p, out=q)
-    q_fut = wire.all_reduce(q, group)
+    q_fut = wire.all_reduce(q)
 
     def decompress(_: torch.futures.Future) -> torch.Tensor:                    # step 5
         q.div_(world_size)

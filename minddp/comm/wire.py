@@ -1,63 +1,62 @@
-"""The wire: the one door through which every hook's collective leaves this process.
+"""The wire: a process group as the comm hooks see it, with how its sums travel and who counts them.
 
-Hooks never call ``torch.distributed`` directly; they call :func:`all_reduce`
-here. Passing through one door buys two things:
+A comm hook's state is, as in torch, a process group (``None`` = the default
+group). minddp also accepts a :class:`Wire` there: the same group plus two
+optional things a learner or a benchmark wants, passed explicitly rather than
+set somewhere process-wide:
 
-* **a traffic meter** (:data:`traffic`): calls and payload bytes of every
-  all_reduce, so "bytes on the wire" is measured, not estimated. Counting is
-  two integer additions per call, so it is always on.
-* **a choice of transport**: torch's built-in all_reduce (gloo/NCCL), or one
-  of minddp's readable collectives written from point-to-point messages
-  (:mod:`minddp.collectives`), chosen with :func:`use_transport`.
+* a **transport**: ``None`` for torch's own all_reduce (gloo/NCCL), or one of
+  minddp's collectives written from point-to-point messages
+  (:data:`minddp.collectives.TRANSPORTS`), to watch a ring all_reduce carry
+  real gradients;
+* a **meter** (:class:`Traffic`): calls and payload bytes of every all_reduce
+  the hooks send through this wire, so "bytes on the wire" is measured, not
+  estimated. Without one nothing is counted and nothing is paid.
 
-The meter and the transport belong to the process, like the profiler does:
-one process is one rank, and every collective it issues is on the same wire.
+Every minddp hook sends through ``Wire.of(state).all_reduce(tensor)``, so any
+of them can be metered or rerouted by handing it a wire::
+
+    >>> traffic = Traffic()
+    >>> model.register_comm_hook(Wire(group, traffic=traffic), allreduce_hook)
+    >>> ...one step...
+    >>> traffic.calls, traffic.bytes
 
 Bytes are *payload* bytes (``numel * element_size`` of the tensor handed to
-all_reduce); what the algorithm moves per rank depends on it (a ring moves
+all_reduce); what an algorithm moves per rank depends on it (a ring moves
 ``2 (n-1)/n`` times the payload, see :mod:`minddp.collectives.ring`).
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
+#: ``transport(tensor, group)`` sums ``tensor`` in place across ``group`` and returns when done.
 Transport = Callable[[torch.Tensor, dist.ProcessGroup], None]
 
 
 def resolve_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
-    """``None`` means the default (world) group; the one place that says so.
-
-    A group handed in is returned as it is: it exists, so torch.distributed
-    was initialised (and this runs once per bucket launch, mid-backward).
-    """
+    """``None`` means the default (world) group; the one place that says so."""
     if group is not None:
         return group
     if not dist.is_initialized():
         raise RuntimeError(
-            "torch.distributed is not initialised: start ranks with minddp.launch.launch(...) "
+            "torch.distributed is not initialised: start ranks with minddp.launch(...) "
             "or torchrun, or call torch.distributed.init_process_group first"
         )
     return dist.group.WORLD
 
 
-def src_rank(group: dist.ProcessGroup) -> int:
-    """Global rank of the group's rank 0: the source of every broadcast."""
-    return dist.get_global_rank(group, 0) if group is not dist.group.WORLD else 0
-
-
 @dataclass
 class Traffic:
-    """Counts of what this process put on the wire since the last :meth:`reset`.
+    """What went over one wire since the last :meth:`reset`: all_reduce calls and payload bytes.
 
-    ``error_sq``/``norm_sq`` accumulate ||g - ĝ||² and ||g||² when a stage is
-    asked to measure compression error (off by default: it costs an extra
-    exact all_reduce per bucket, which is *not* counted here).
+    ``error_sq``/``norm_sq`` accumulate ||g - ĝ||² and ||g||² when a hook is
+    wrapped in :func:`minddp.comm.measure.error_measured` (an extra exact
+    all_reduce per bucket, which is *not* counted here).
     """
 
     calls: int = 0
@@ -67,10 +66,10 @@ class Traffic:
     norm_sq: float = 0.0
 
     def record(self, tensor: torch.Tensor) -> None:
-        self.calls += 1
         nbytes = tensor.numel() * tensor.element_size()
+        self.calls += 1
         self.bytes += nbytes
-        self.by_dtype[tensor.dtype] = self.by_dtype.get(tensor.dtype, 0) + nbytes   # named in snapshot()
+        self.by_dtype[tensor.dtype] = self.by_dtype.get(tensor.dtype, 0) + nbytes
 
     def relative_error(self) -> float | None:
         """||g - ĝ|| / ||g|| over everything measured since the reset (None if nothing was)."""
@@ -86,91 +85,45 @@ class Traffic:
         self.by_dtype = {}
 
 
-#: The meter of this process (one process = one rank).
-traffic = Traffic()
+class Wire:
+    """A process group, how its all_reduces travel (``transport``) and who counts them (``traffic``)."""
 
-_transport: Transport | None = None  # None: torch's own all_reduce (asynchronous)
+    __slots__ = ("group", "transport", "traffic")
 
+    def __init__(self, group: dist.ProcessGroup | None = None, transport: Transport | None = None,
+                 traffic: Traffic | None = None):
+        self.group = resolve_group(group)
+        self.transport = transport
+        self.traffic = traffic
 
-def use_transport(transport: Transport | None) -> None:
-    """Route every hook all_reduce through ``transport(tensor, group)`` (None: torch's)."""
-    global _transport
-    _transport = transport
+    @staticmethod
+    def of(state) -> "Wire":
+        """The wire a hook's state stands for: a ``Wire`` as it is, a group (or ``None``) as a plain wire."""
+        return state if isinstance(state, Wire) else Wire(state)
 
+    def size(self) -> int:
+        return self.group.size()
 
-@contextlib.contextmanager
-def transport(t: Transport | None):
-    """``with transport(ring_all_reduce): ...`` for a block of code."""
-    old = _transport
-    use_transport(t)
-    try:
-        yield
-    finally:
-        use_transport(old)
+    def all_reduce(self, tensor: torch.Tensor) -> torch.futures.Future:
+        """Start summing ``tensor`` in place across the group; a Future of ``tensor`` once summed.
 
+        With torch's transport the call returns at once and the sum runs on the
+        backend's own threads (that is what lets communication overlap the rest
+        of backward). A point-to-point transport runs here and now and hands back
+        a completed Future.
+        """
+        if self.traffic is not None:
+            self.traffic.record(tensor)
+        if self.transport is None:
+            def summed(done: torch.futures.Future) -> torch.Tensor:
+                done.value()          # raises here if the collective failed
+                return tensor         # summed in place (a complex tensor travels as its real view)
+            return dist.all_reduce(tensor, group=self.group, async_op=True).get_future().then(summed)
+        self.transport(tensor, self.group)
+        done: torch.futures.Future = torch.futures.Future()
+        done.set_result(tensor)
+        return done
 
-def _sum_options() -> dist.AllreduceOptions:
-    opts = dist.AllreduceOptions()
-    opts.reduceOp = dist.ReduceOp.SUM
-    opts.asyncOp = True          # the caller waits on the Future (on GPUs: NCCL's own stream, not ours)
-    return opts
-
-
-_SUM = _sum_options()
-
-
-def _sum_on_group(tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.futures.Future:
-    """Hand ``tensor`` to the process group's all_reduce (sum), as torch's C++ reducer does; its Future.
-
-    ``torch.distributed.all_reduce(tensor, group=group, async_op=True)`` does the
-    same after checking its arguments, building fresh options and looking for a
-    coalescing context on every call; in the middle of backward, with the
-    caches cold, those checks cost about 15 µs a call (measured on this project's
-    2-core machine). The arguments are ours and known good, so go straight to the
-    group.
-
-    A complex tensor travels as its real view (the sum of the real and of the
-    imaginary parts), as there; the collective's Future then holds that view,
-    so on this rare path a Python callback hands back ``[tensor]`` itself,
-    reading ``done.value()`` first so that a failed collective fails it too.
-    """
-    if not tensor.is_complex():
-        return group.allreduce([tensor], _SUM).get_future()
-
-    def as_sent(done: torch.futures.Future) -> list[torch.Tensor]:
-        done.value()
-        return [tensor]
-    return group.allreduce([torch.view_as_real(tensor)], _SUM).get_future().then(as_sent)
-
-
-def start_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.futures.Future:
-    """Sum ``tensor`` in place across the group; return the collective's own Future (value ``[tensor]``).
-
-    With torch's transport the call returns at once and the reduction runs on
-    the backend's own threads/streams, which is what lets communication
-    overlap with the rest of backward. A point-to-point transport runs here and
-    now (readable, not overlapped) and hands back a completed future.
-
-    Nothing in Python runs when the collective completes (but for complex
-    tensors, see :func:`_sum_on_group`). That matters: a
-    Python callback (``fut.then(...)``) runs on gloo's worker thread, which
-    must take the GIL first, and while it waits it starts no other collective.
-    """
-    group = resolve_group(group)
-    traffic.record(tensor)
-    if _transport is None:
-        return _sum_on_group(tensor, group)
-    _transport(tensor, group)
-    fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result([tensor])
-    return fut
-
-
-def all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.futures.Future:
-    """:func:`start_all_reduce`, with the Future's value unwrapped to ``tensor`` (what torch's hooks return).
-
-    The unwrapping is a Python callback on the comm thread (see
-    :func:`start_all_reduce`); hooks that only hand the result back to the
-    stage can skip it.
-    """
-    return start_all_reduce(tensor, group).then(lambda fut: fut.value()[0])
+    def __repr__(self) -> str:
+        transport = getattr(self.transport, "__name__", "torch")
+        return f"Wire(size={self.size()}, transport={transport}, metered={self.traffic is not None})"

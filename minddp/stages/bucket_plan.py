@@ -61,30 +61,3 @@ def plan_buckets(params: list[torch.Tensor], bucket_cap_mb: float | None,
     closed.extend(b for b in open_buckets.values() if b)   # the last, partly filled buckets
     return closed
 
-
-def plan_first_iteration_like_torch(params: list[torch.Tensor], bucket_cap_mb: float | None,
-                                    first_bucket_cap_mb: float | None, find_unused_parameters: bool) -> list[list[int]]:
-    """The plan torch's DDP starts from, before any backward has shown the real gradient order.
-
-    The ``ddp`` stage copies it so that it trains bit for bit like torch's
-    DDP from the first step (which parameters share a bucket, and where each
-    sits in the flat buffer, decide how gloo splits the sum among ranks, and so
-    the rounding on three ranks or more):
-
-    * without ``find_unused_parameters``: **one bucket** per (dtype, device),
-      parameters in registration order. Registration order need not be the
-      order backward produces gradients, and with strict in-order launches a
-      wrong guess can hold every bucket back; the plan is rebuilt from the
-      observed order after this iteration (:mod:`ddp_rebuild`);
-    * with it (no rebuild ever): fill buckets walking the parameters in
-      **registration** order (the first bucket of each dtype capped at
-      ``first_bucket_cap_mb``), then launch them last-filled first.
-    """
-    keys = {(p.dtype, p.device) for p in params}
-    if not find_unused_parameters or bucket_cap_mb is None:
-        buckets = [[i for i, p in enumerate(params) if (p.dtype, p.device) == key] for key in keys]
-    else:
-        n = len(params)
-        forward = plan_buckets(params[::-1], bucket_cap_mb, first_bucket_cap_mb)   # it walks its input from the end
-        buckets = [[n - 1 - j for j in bucket] for bucket in forward]
-    return sorted(buckets, key=min, reverse=True)

@@ -1,131 +1,45 @@
-"""Misuse checks every stage shares: each raises on every rank, naming the cause and the fix.
+"""The two checks the teaching stages make, so that a mistake is an error and not a hang.
 
-A mistake on one rank of a data-parallel job tends to show up as a hang on
-the others, or worse as silently wrong gradients. The checks here turn such
-mistakes into errors that every rank raises at the same point:
+Collectives only compare sizes, if that. Two ranks that disagree on what they
+send do not fail cleanly: they hang, abort inside gloo, or worse, sum one
+rank's gradient of one layer with another rank's gradient of another layer
+and train on, silently diverging. So the stages check two things, each with
+one small collective, and raise the same error on every rank:
 
-0. :func:`verify_replicas`, at construction: all ranks all-gather their
-   parameters' names, shapes and dtypes; any difference raises on every rank,
-   naming the rank and the parameter (before rank 0's weights are broadcast
-   over a different model);
-1. :func:`check_same_settings`, once, just before the first gradient is sent:
-   all ranks all-gather their stage, comm hook and bucket sizes; a rank that
-   differs (another ``--hook``, another ``bucket_cap_mb``) would pair its
-   collectives with the wrong tensors, so every rank raises with the diff;
-2. :func:`guard_optimizer_step`: a global optimizer step pre-hook that
-   refuses ``optimizer.step()`` while the stage still has all_reduces in
-   flight (the step would use local, un-averaged gradients);
-3. :func:`finite_check`: with ``check_finite`` (or
-   ``MINDDP_CHECK_FINITE=1``), a non-finite gradient raises. The check reads
-   the *reduced* bucket: a NaN or Inf on any rank makes the sum non-finite on
-   every rank, so every rank raises at the same bucket, without an extra
-   collective; each rank's message says whether its own local gradient was
-   already non-finite before communication.
+1. :func:`check_same_model`, at construction, before the broadcast: every
+   rank describes its parameters (name, shape, dtype); the descriptions are
+   all-gathered and any difference is named (rank and parameter);
+2. :func:`check_same_parameters_used`, after each forward: every rank marks
+   which parameters the forward's graph reaches (a backward will give exactly
+   those a gradient); the marks are all-gathered, and a parameter reached on
+   some ranks but not on others is named. Such a model (a branch taken on one
+   rank only) needs ``minddp.DistributedDataParallel(...,
+   find_unused_parameters=True)``, as with torch's DDP.
+
+Everything else torch's DDP checks (the same hook and bucket sizes on every
+rank, ``optimizer.step()`` before the sync, NaN gradients, a bucket plan that
+drifts) is checked by the production :class:`minddp.DistributedDataParallel`,
+not here.
 
 Example::
 
-    >>> check_same_settings({"stage": "BucketDDP", "hook": "allreduce_hook", "buckets": [1024]}, group)
-    >>> handle = guard_optimizer_step(ddp)     # removed when ddp is garbage collected
+    >>> check_same_model(module, group)                      # raises on every rank if a rank differs
+    >>> check_same_parameters_used(module(x), module, group)
 """
 
 from __future__ import annotations
 
-import os
-import weakref
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from minddp.graph import parameters_reached
 
 
-def finite_check_enabled() -> bool:
-    """``MINDDP_CHECK_FINITE=1`` turns the non-finite gradient check on for every stage."""
-    return os.environ.get("MINDDP_CHECK_FINITE", "0") not in ("", "0", "false", "False")
-
-
-def describe_hook_state(state) -> str | None:
-    """The hook state as ranks can compare it: its settings, never its memory address.
-
-    A state class with its own ``__repr__`` (minddp's ``PowerSGDState``) is
-    described by it. One without (torch's ``PowerSGDState``) would print as
-    ``<... object at 0x7f...>``, different on every rank for the same
-    settings, so it is described by its type and its public scalar fields.
-    """
-    if state is None or isinstance(state, dist.ProcessGroup):
-        return None
-    cls = type(state)
-    if cls.__repr__ is not object.__repr__:
-        return repr(state)
-    names = sorted(set(getattr(cls, "__slots__", ())) | set(getattr(state, "__dict__", {})))
-    fields = [(n, getattr(state, n, None)) for n in names if not n.startswith("_")]
-    shown = ", ".join(f"{n}={v!r}" for n, v in fields if isinstance(v, (bool, int, float, str, type(None))))
-    return f"{cls.__name__}({shown})"
-
-
-def check_same_settings(settings: dict, group: dist.ProcessGroup) -> None:
-    """Step 1: raise on every rank unless all ranks send gradients with the same settings."""
-    everyone: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, settings, group=group)
-    diffs = [f"{key}: rank {rank} has {theirs[key]!r}, rank 0 has {everyone[0][key]!r}"
-             for rank, theirs in enumerate(everyone[1:], start=1) for key in settings
-             if theirs.get(key) != everyone[0].get(key)]
-    if diffs:
-        raise RuntimeError(
-            "minddp: ranks send gradients differently, so their all_reduces would mix unrelated tensors: "
-            + "; ".join(diffs) + ". Give every rank the same stage, comm hook and bucket_cap_mb"
-        )
-
-
-def guard_optimizer_step(stage) -> torch.utils.hooks.RemovableHandle:
-    """Step 2: refuse ``optimizer.step()`` on ``stage``'s parameters while it has work in flight.
-
-    The hook is global (torch calls it for every optimizer), so it only looks
-    at optimizers that hold one of the stage's parameters, and only when the
-    stage reports unfinished work (``stage._unsynced_work()``): cheap.
-    """
-    ref = weakref.ref(stage)
-
-    def pre_hook(optimizer, args, kwargs):
-        owner = ref()
-        if owner is None:
-            return
-        unfinished = owner._unsynced_work()
-        if unfinished and _steps_params_of(optimizer, owner):
-            raise RuntimeError(
-                f"optimizer.step() was called while {unfinished}, so it would apply local, "
-                "un-averaged gradients: call model.finish_gradient_synchronization() after the last "
-                "backward and before optimizer.step() (minddp.loop.train_step does)"
-            )
-
-    handle = register_optimizer_step_pre_hook(pre_hook)
-    weakref.finalize(stage, handle.remove)
-    return handle
-
-
-def _steps_params_of(optimizer: torch.optim.Optimizer, stage) -> bool:
-    mine = {id(p) for p in stage._params}
-    return any(id(p) in mine for group in optimizer.param_groups for p in group["params"])
-
-
-def finite_check(bucket_index: int, names: list[str], local_finite: bool, rank: int):
-    """Step 3: a ``check(result)`` that raises if the reduced bucket holds NaN/Inf."""
-
-    def check(tensor: torch.Tensor) -> None:
-        if not bool(torch.isfinite(tensor).all()):
-            here = ("this rank's own gradient was already non-finite before communication" if not local_finite
-                    else "this rank's own gradient was finite, so another rank sent the NaN/Inf")
-            raise FloatingPointError(
-                f"minddp check_finite: the averaged gradient of bucket {bucket_index} ({', '.join(names[:4])}"
-                f"{', ...' if len(names) > 4 else ''}) contains NaN or Inf on rank {rank}; {here}. Look for a "
-                "diverging loss (lower the learning rate, clip gradients) or bad input on that rank"
-            )
-
-    return check
-
-
-def verify_replicas(module: nn.Module, group: dist.ProcessGroup) -> None:
-    """Raise on every rank unless all ranks hold parameters of the same names, shapes, dtypes."""
+def check_same_model(module: nn.Module, group: dist.ProcessGroup | None) -> None:
+    """Step 1: raise on every rank unless all ranks hold parameters of the same names, shapes, dtypes."""
     mine = [(name, tuple(p.shape), str(p.dtype).replace("torch.", "")) for name, p in module.named_parameters()]
     everyone: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, mine, group=group)
@@ -143,3 +57,25 @@ def verify_replicas(module: nn.Module, group: dist.ProcessGroup) -> None:
                     f"rank {rank} has shape {list(s)} dtype {d}, but rank 0's {n0!r} has shape {list(s0)} "
                     f"dtype {d0} (size mismatch); build the same model (same config) on every rank"
                 )
+
+
+def check_same_parameters_used(outputs: Any, module: nn.Module, group: dist.ProcessGroup | None) -> None:
+    """Step 2: raise on every rank unless this forward reached the same trainable parameters everywhere."""
+    named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    if not named or not torch.is_grad_enabled():      # no backward will follow, nothing will be sent
+        return
+    reached = parameters_reached(outputs)
+    mine = torch.tensor([id(p) in reached for _, p in named], dtype=torch.uint8)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
+    everyone = torch.stack(gathered)                      # ranks x parameters: 1 where reached
+    differ = (everyone.min(0).values != everyone.max(0).values).nonzero().view(-1).tolist()
+    if differ:
+        where = "; ".join(f"{named[i][0]!r} on ranks {everyone[:, i].nonzero().view(-1).tolist()} only"
+                          for i in differ[:4])
+        raise RuntimeError(
+            f"this forward used different parameters on different ranks ({where}{'; ...' if len(differ) > 4 else ''}), "
+            "so the ranks would send different gradients and pair unrelated tensors in their all_reduces; "
+            "take the same branches on every rank, or use "
+            "minddp.DistributedDataParallel(..., find_unused_parameters=True), which handles such models"
+        )

@@ -1,4 +1,4 @@
-"""Stage ``ga``: gradient accumulation — talk only when the optimizer is about to step.
+"""Stage ``ga``: gradient accumulation. Talk only when the optimizer is about to step.
 
 With accumulation, the optimizer steps once every ``k`` micro-batches and
 autograd *adds* each micro-batch's gradient into ``.grad``. Averaging the
@@ -6,14 +6,14 @@ partial sums across ranks after every micro-batch would send ``k`` times the
 bytes for the same result, because averaging is linear: the mean of the sums
 equals the sum of the means. So:
 
-1. inside ``with model.no_sync():`` the forward records that the coming
-   backward must not sync, and :meth:`finish_gradient_synchronization` is a
-   no-op for it;
+1. inside ``with model.no_sync():`` a forward records that the coming
+   backward must not sync, and :meth:`finish_gradient_synchronization`
+   does nothing for it;
 2. the last micro-batch runs outside the context, and its sync averages the
    whole accumulated gradient once.
 
 As in torch, the decision is taken in ``forward`` (the flag
-``require_backward_grad_sync`` is read there), so the forward of a
+``require_backward_grad_sync`` is read there), so the *forward* of a
 micro-batch must be inside ``no_sync()``.
 
 Example::
@@ -35,24 +35,22 @@ from minddp.stages.simple import SimpleDDP
 class GradAccumDDP(SimpleDDP):
     """SimpleDDP that skips the sync on non-boundary micro-steps (``no_sync()``)."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.require_backward_grad_sync = True
-        self._sync_this_backward = True
+    require_backward_grad_sync = True    # torch's name; False inside no_sync()
+    sync_this_backward = True            # what the last forward decided
 
     @contextlib.contextmanager
     def no_sync(self):
         """Accumulate gradients locally for the backwards of forwards run inside."""
-        old = self.require_backward_grad_sync
         self.require_backward_grad_sync = False
         try:
             yield
         finally:
-            self.require_backward_grad_sync = old
+            self.require_backward_grad_sync = True
 
-    def forward(self, *args, **kwargs):
-        self._sync_this_backward = self.require_backward_grad_sync      # step 1
-        return self.module(*args, **kwargs)
+    def forward(self, *inputs, **kwargs):
+        self.sync_this_backward = self.require_backward_grad_sync                 # step 1
+        return super().forward(*inputs, **kwargs)
 
-    def _should_sync(self) -> bool:
-        return self._sync_this_backward                                  # step 2
+    def finish_gradient_synchronization(self) -> None:
+        if self.sync_this_backward:                                               # step 2
+            super().finish_gradient_synchronization()

@@ -1,0 +1,35 @@
+"""``broadcast_buffers``: rank 0's buffers (e.g. BatchNorm running stats) before a forward, as torch does.
+
+Two choices, both torch's:
+
+1. **when**: only before the first forward after a *synced* forward (torch's
+   ``require_forward_param_sync``): once per optimizer step under
+   ``no_sync()`` accumulation, not once per micro-batch. The micro-batches of
+   one step update each rank's running stats locally, exactly as in torch;
+2. **how**: one collective per dtype, not one per buffer: the buffers are
+   packed into a flat tensor, broadcast, and copied back. A rotary-embedding
+   model has two tiny buffers; sending each alone costs two round trips per
+   forward.
+
+Example::
+
+    >>> broadcast_coalesced(list(module.buffers()), group)   # every rank now holds rank 0's buffers
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+@torch.no_grad()
+def broadcast_coalesced(tensors: list[torch.Tensor], group: dist.ProcessGroup) -> None:
+    """Overwrite ``tensors`` with rank 0's values: one broadcast per dtype (step 2)."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    for same in by_dtype.values():
+        flat = torch.cat([t.reshape(-1) for t in same])
+        dist.broadcast(flat, group_src=0, group=group)
+        for t, value in zip(same, flat.split([t.numel() for t in same])):
+            t.copy_(value.view_as(t))

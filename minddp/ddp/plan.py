@@ -1,0 +1,66 @@
+"""The production DDP's bucket plans: torch's first-iteration plan, and the plan rebuilt from observed order.
+
+:mod:`minddp.stages.bucket` plans once, from registration order. torch's DDP,
+and so this one, does two things more, both to train bit for bit like torch
+from the first step and to launch buckets as early as the real gradient order
+allows:
+
+1. **the first iteration** (:func:`plan_first_iteration_like_torch`): before
+   any backward, the order gradients will arrive in is a guess. torch starts
+   from **one bucket** per (dtype, device), parameters in registration order;
+   with ``find_unused_parameters`` (never rebuilt) it fills capped buckets
+   walking the parameters in registration order and launches the last-filled
+   first. Which parameters share a bucket, and where each sits in the flat
+   buffer, decide how gloo splits the sum among ranks, and so the rounding
+   on three ranks or more;
+2. **the rebuild** after the first synced backward, at the next forward:
+   rank 0 broadcasts the order it saw gradients become ready
+   (:func:`agree_on_order`; any difference between ranks would make them pair
+   different buckets, so everyone takes rank 0's), and every rank plans
+   buckets over the parameters in that order with the same caps
+   (:func:`plan_from_order`). Once, and only when rank 0 saw every parameter.
+
+Example::
+
+    >>> plan_first_iteration_like_torch(params, 25, 1, find_unused_parameters=False)
+    [[0, 1, 2, 3]]
+    >>> plan_from_order(params, [3, 1, 2, 0], bucket_cap_mb=25, first_bucket_cap_mb=1)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from minddp.stages.bucket_plan import plan_buckets
+
+
+def plan_first_iteration_like_torch(params: list[torch.Tensor], bucket_cap_mb: float | None,
+                                    first_bucket_cap_mb: float | None, find_unused_parameters: bool) -> list[list[int]]:
+    """Step 1: the plan torch's DDP starts from (indices into ``params``)."""
+    keys = {(p.dtype, p.device) for p in params}
+    if not find_unused_parameters or bucket_cap_mb is None:
+        buckets = [[i for i, p in enumerate(params) if (p.dtype, p.device) == key] for key in keys]
+    else:
+        n = len(params)
+        forward = plan_buckets(params[::-1], bucket_cap_mb, first_bucket_cap_mb)   # it walks its input from the end
+        buckets = [[n - 1 - j for j in bucket] for bucket in forward]
+    return sorted(buckets, key=min, reverse=True)
+
+
+def agree_on_order(order: list[int], n_params: int, group: dist.ProcessGroup) -> list[int] | None:
+    """Step 2: rank 0's ready order on every rank; None if rank 0 did not see every parameter."""
+    message = torch.full((n_params,), -1, dtype=torch.int64)
+    if len(order) == n_params:
+        message[:] = torch.tensor(order, dtype=torch.int64)
+    dist.broadcast(message, group_src=0, group=group)
+    agreed = message.tolist()
+    return None if -1 in agreed else agreed
+
+
+def plan_from_order(params: list[torch.Tensor], order: list[int], bucket_cap_mb: float | None,
+                    first_bucket_cap_mb: float | None) -> list[list[int]]:
+    """Step 2: buckets that fill in ``order`` (indices into ``params``), capped like the first plan."""
+    backwards = list(reversed(order))                  # plan_buckets walks its input from the end
+    plan = plan_buckets([params[i] for i in backwards], bucket_cap_mb, first_bucket_cap_mb)
+    return [[backwards[j] for j in bucket] for bucket in plan]

@@ -1,0 +1,53 @@
+"""What a backward from a forward's outputs will reach: the parameters in the autograd graph.
+
+After a forward, each output tensor points (``grad_fn``) at the graph that
+produced it. Walking that graph back from the outputs finds every
+``AccumulateGrad`` node, and each such node holds a leaf tensor (a
+parameter) that a backward from those outputs would give a gradient to.
+A parameter *not* found is one this forward did not use.
+
+The outputs may be nested: tuples, lists, dicts, and dataclasses (Hugging
+Face models return ``ModelOutput``, a dataclass that is also a dict).
+
+Example::
+
+    >>> reached = parameters_reached(model(x))           # ids of the parameters in the graph
+    >>> [n for n, p in model.named_parameters() if id(p) not in reached]
+    ['unused_head.weight', 'unused_head.bias']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+
+def tensors_in(obj: Any) -> list[torch.Tensor]:
+    """Every tensor inside a forward's output (tensors, tuples, lists, dicts, dataclasses)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):             # before dataclasses: ModelOutput is both, its dict view is the truth
+        return [t for item in obj.values() for t in tensors_in(item)]
+    if isinstance(obj, (list, tuple)):
+        return [t for item in obj for t in tensors_in(item)]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [t for f in dataclasses.fields(obj) for t in tensors_in(getattr(obj, f.name))]
+    return []
+
+
+def parameters_reached(outputs: Any) -> set[int]:
+    """ids of the leaf tensors whose ``AccumulateGrad`` node is reachable from ``outputs``."""
+    seen, found = set(), set()
+    stack = [t.grad_fn for t in tensors_in(outputs) if t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)   # only AccumulateGrad nodes have one
+        if variable is not None:
+            found.add(id(variable))
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found

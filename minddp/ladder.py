@@ -1,0 +1,116 @@
+"""The ladder by name: every stage the CLI, the benchmark, the notebooks and the tests can run.
+
+``STAGES`` maps a stage name to its wrapper class, in reading order: the six
+teaching stages of :mod:`minddp.stages`, then the production ``ddp``
+(:mod:`minddp.ddp`). ``single`` (one process on the global batch, no wrapper)
+and ``torch`` (torch's own DDP) are the baselines (:data:`BASELINES`).
+
+:func:`wrap` is the one way the train command, the benchmark and the
+notebooks put a model into a stage (or torch's DDP) with a comm hook by name.
+
+Example::
+
+    >>> model = build_stage("bucket-async", net, bucket_cap_mb=1)
+    >>> model = wrap("torch", net, hook="fp16")        # torch's DDP with torch's fp16 hook
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from torch import nn
+
+from minddp.comm.registry import make_hook
+from minddp.comm.wire import Wire
+from minddp.ddp import DistributedDataParallel
+from minddp.stages import AsyncBucketDDP, AsyncHookDDP, BucketDDP, GradAccumDDP, HookDDP, SimpleDDP
+
+#: Stage name -> wrapper class, in reading order.
+STAGES: dict[str, type[nn.Module]] = {
+    "simple": SimpleDDP,
+    "ga": GradAccumDDP,
+    "hook": HookDDP,
+    "hook-async": AsyncHookDDP,
+    "bucket": BucketDDP,
+    "bucket-async": AsyncBucketDDP,
+    "ddp": DistributedDataParallel,
+}
+
+#: Names that are runs but not wrappers of ours.
+BASELINES = ("single", "torch")
+
+
+def register_stage(name: str, cls: type[nn.Module]) -> None:
+    """Add a stage to the registry the CLI and tests iterate over."""
+    STAGES[name] = cls
+
+
+def build_stage(name: str, module: nn.Module, process_group=None, **options) -> nn.Module:
+    """Wrap ``module`` in stage ``name``; options a stage does not take are ignored.
+
+    So one call site can pass ``bucket_cap_mb`` to every stage and only the
+    bucketed ones use it.
+    """
+    if name not in STAGES:
+        raise ValueError(f"unknown stage {name!r}: choose one of {', '.join(STAGES)}")
+    cls = STAGES[name]
+    accepted = inspect.signature(cls.__init__).parameters
+    kwargs = {k: v for k, v in options.items() if k in accepted}
+    return cls(module, process_group=process_group, **kwargs)
+
+
+def torch_hook(name: str, **powersgd_options):
+    """``(state, hook)`` of torch's own comm hook called ``name`` (minddp's names, e.g. ``fp16+powersgd``)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks, default_hooks, powerSGD_hook
+    hooks = {"allreduce": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
+             "bf16": default_hooks.bf16_compress_hook, "noop": debugging_hooks.noop_hook,
+             "powersgd": powerSGD_hook.powerSGD_hook, "batched-powersgd": powerSGD_hook.batched_powerSGD_hook}
+    wrappers = {"fp16": default_hooks.fp16_compress_wrapper, "bf16": default_hooks.bf16_compress_wrapper}
+    wrapper, _, base = name.rpartition("+")
+    if base not in hooks or (wrapper and wrapper not in wrappers):
+        raise ValueError(f"torch has no comm hook matching {name!r}")
+    hook = wrappers[wrapper](hooks[base]) if wrapper else hooks[base]
+    state = powerSGD_hook.PowerSGDState(process_group=None, **powersgd_options) if "powersgd" in base else None
+    return state, hook
+
+
+def wrap(stage: str, model: nn.Module, *, hook: str = "allreduce", bucket_cap_mb: float | None = None,
+         gradient_as_bucket_view: bool = False, python_hook: bool = False, powersgd_options: dict | None = None,
+         wire: Wire | None = None) -> nn.Module:
+    """``model`` as ``stage`` trains it, with the comm hook ``hook`` (a :func:`make_hook` name) registered.
+
+    * ``single``: the model itself (one process on the global batch);
+    * ``torch``: torch's DDP with torch's hook of the same name; plain averaging
+      stays torch's C++ default unless ``python_hook`` asks for its Python
+      ``allreduce_hook``;
+    * a minddp stage: the stage with minddp's hook, whose state goes through
+      ``wire`` (a meter, a transport; ``None``: a plain wire on the default
+      group). minddp's ``allreduce_hook`` is registered too: it is every
+      stage's default, and on ``ddp`` it selects the fast built-in average.
+
+    The hook's state is kept as ``.minddp_hook_state`` (what a checkpoint saves:
+    PowerSGD's memory). The options only matter where they apply
+    (``bucket_cap_mb`` to bucketed stages and torch; ``powersgd_options`` to
+    PowerSGD hooks).
+    """
+    if stage == "single":
+        return model
+    psgd = powersgd_options if "powersgd" in hook else {}
+    if stage == "torch":
+        from torch.nn.parallel import DistributedDataParallel as TorchDDP
+        device = next(model.parameters()).device
+        wrapped = TorchDDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                           bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view)
+        state, fn = torch_hook(hook, **(psgd or {}))
+        if hook != "allreduce" or python_hook:
+            wrapped.register_comm_hook(state, fn)
+    else:
+        wrapped = build_stage(stage, model, bucket_cap_mb=bucket_cap_mb,
+                              gradient_as_bucket_view=gradient_as_bucket_view)
+        state, fn = make_hook(hook, wire, **(psgd or {}))
+        wrapped.register_comm_hook(state, fn)
+    wrapped.minddp_hook_state = state
+    return wrapped
+
+
+__all__ = ["STAGES", "BASELINES", "build_stage", "register_stage", "torch_hook", "wrap"]
