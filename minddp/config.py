@@ -35,7 +35,7 @@ from typing import Any
 from minddp.cli import Parser, UsageError
 from minddp.device import BACKENDS
 from minddp.hub import is_local_path
-from minddp.models import DTYPES, GPU_PRESET, OFFLINE_MODEL
+from minddp.models import DTYPES, GPU_PRESET, OFFLINE_MODEL, OFFLINE_PRESETS
 
 
 #: A bad or contradictory option (one line: cause and fix); the same error every minddp tool raises.
@@ -83,8 +83,9 @@ class TrainConfig:
     world_size: int = _opt(2, "local ranks to start (ignored under torchrun, which sets WORLD_SIZE)")
     backend: str = _opt("auto", "process-group backend: auto = NCCL with one GPU per rank, else gloo",
                         choices=lambda: list(BACKENDS))
-    model: str = _opt(OFFLINE_MODEL, f"'{OFFLINE_MODEL}' (offline default: a small Llama, seeded random init), "
-                      f"or a Hugging Face model id or local folder; GPU preset: {GPU_PRESET} with --dtype bf16")
+    model: str = _opt(OFFLINE_MODEL, f"'{OFFLINE_MODEL}' (offline default: an 80 k-parameter Llama, seeded random "
+                      "init), 'small-llama' (5 M) or 'medium-llama' (25 M) (offline too), or a Hugging Face model "
+                      f"id or local folder; GPU preset: {GPU_PRESET} with --dtype bf16")
     dtype: str = _opt("fp32", "parameter dtype (bf16 as in the blog, for GPUs)", choices=lambda: list(DTYPES))
     dataset: str = _opt("synthetic", "'synthetic' (offline default: generated paraphrase pairs), 'glue/mrpc' "
                         "(from the hub), or a local data set with columns sentence1, sentence2, label")
@@ -210,15 +211,15 @@ def validate(cfg: TrainConfig, explicit_batch_size: bool = True) -> None:
         cfg.batch_size = 8
     if cfg.batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {cfg.batch_size}")
-    if cfg.model != OFFLINE_MODEL:
+    if cfg.model not in OFFLINE_PRESETS:
         if is_local_path(cfg.model):
             path = os.path.expanduser(cfg.model)
             if not os.path.isfile(os.path.join(path, "config.json")):
                 raise ConfigError(f"--model {cfg.model!r}: no model folder there (no config.json); give a folder "
                                   f"saved with save_pretrained, a hub id, or '{OFFLINE_MODEL}'")
         elif not _HUB_ID.match(cfg.model):
-            raise ConfigError(f"--model {cfg.model!r} is neither '{OFFLINE_MODEL}', a local folder, nor a "
-                              "Hugging Face id like owner/name")
+            raise ConfigError(f"--model {cfg.model!r} is neither an offline preset ({', '.join(OFFLINE_PRESETS)}), "
+                              "a local folder, nor a Hugging Face id like owner/name")
     try:
         check_dataset_name(cfg.dataset)
     except ValueError as exc:

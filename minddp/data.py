@@ -49,7 +49,7 @@ from typing import Iterator
 import torch
 
 from minddp.hub import hub_reachable, is_local_path
-from minddp.models import OFFLINE_MODEL
+from minddp.models import OFFLINE_PRESETS
 
 OFFLINE_DATASET = "synthetic"
 HUB_DATASETS = {"glue/mrpc": ("nyu-mll/glue", "mrpc")}
@@ -224,7 +224,7 @@ def word_tokenizer(sentences: list[str], max_vocab: int = 16000):
 
 def model_tokenizer(model: str, pairs: dict[str, list[tuple]]):
     """Step 2: the model's own tokenizer, or a word-level one for the offline model."""
-    if model == OFFLINE_MODEL:
+    if model in OFFLINE_PRESETS:
         return word_tokenizer([s for a, b, _ in pairs["train"] for s in (a, b)])
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(os.path.expanduser(model))

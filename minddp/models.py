@@ -6,11 +6,17 @@ model whose last non-padding token feeds a small classification head (what
 
 Two kinds of ``--model``:
 
-* ``tiny-llama`` (the offline default): the same architecture family as the
-  blog's SmolLM2 (Llama), built from a config with a seeded random init. It
-  needs no download and is small enough (about 80 k parameters with the
-  offline vocabulary) that a training step takes milliseconds per rank on
-  one CPU core.
+* an **offline preset** (:data:`OFFLINE_PRESETS`), the same architecture
+  family as the blog's SmolLM2 (Llama), built from a config with a seeded
+  random init, no download:
+
+  - ``tiny-llama`` (the offline default): about 80 k parameters with the
+    offline vocabulary; a training step takes milliseconds per rank on one
+    CPU core, so the step is mostly Python and communication;
+  - ``small-llama``: about 5 M parameters (7 layers of width 256, tied
+    embeddings), where compute dominates a CPU step, as it does in real
+    training (the benchmark's ``small`` preset, with 16 x 64 tokens per rank);
+  - ``medium-llama``: about 25 M parameters (9 layers of width 512).
 * a Hugging Face model id or a local directory, loaded with
   ``AutoModelForSequenceClassification.from_pretrained(..., num_labels=2)``.
   The GPU preset from the blog is ``HuggingFaceTB/SmolLM2-360M-Instruct``
@@ -45,6 +51,15 @@ from minddp.hub import hub_reachable, is_local_path
 TINY_LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
 
+#: Offline presets by name: Llama configs with a seeded random init (no download).
+OFFLINE_PRESETS = {
+    "tiny-llama": TINY_LLAMA,
+    "small-llama": dict(hidden_size=256, intermediate_size=704, num_hidden_layers=7, num_attention_heads=8,
+                        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True),
+    "medium-llama": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=9, num_attention_heads=8,
+                         num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True),
+}
+
 OFFLINE_MODEL = "tiny-llama"
 #: The blog's model, documented as the GPU preset (``--model ... --dtype bf16``).
 GPU_PRESET = "HuggingFaceTB/SmolLM2-360M-Instruct"
@@ -58,9 +73,9 @@ def build_model(name: str, vocab_size: int, pad_token_id: int, seed: int, dtype:
     from transformers import AutoModelForSequenceClassification, LlamaConfig, LlamaForSequenceClassification
 
     torch.manual_seed(seed)                                                        # step 1
-    if name == OFFLINE_MODEL:                                                      # step 2
+    if name in OFFLINE_PRESETS:                                                    # step 2
         config = LlamaConfig(vocab_size=vocab_size, num_labels=num_labels, pad_token_id=pad_token_id,
-                             **TINY_LLAMA)
+                             **OFFLINE_PRESETS[name])
         model = LlamaForSequenceClassification(config)
     else:
         path = os.path.expanduser(name)
@@ -77,7 +92,7 @@ def resolve_model(name: str, say=print) -> str:
     cannot be reached (a short connection attempt, never a hang), say so in
     one line and use :data:`OFFLINE_MODEL`.
     """
-    if name == OFFLINE_MODEL or is_local_path(name):
+    if name in OFFLINE_PRESETS or is_local_path(name):
         return name
     from transformers import AutoConfig
 

@@ -14,6 +14,12 @@ from minddp.bench.report import markdown_table, pool, summarize, write_outputs
 from minddp.bench.targets import check_targets, targets_markdown
 
 PROG = "minddp.bench"
+#: ``--preset``: model and per-rank batch (examples x tokens) in one word.
+PRESETS = {
+    "tiny": {"model": "tiny-llama", "batch_size": 8, "max_seq_len": 64},
+    "small": {"model": "small-llama", "batch_size": 16, "max_seq_len": 64},
+    "medium": {"model": "medium-llama", "batch_size": 16, "max_seq_len": 64},
+}
 
 
 def _names(text: str, allowed: list[str], flag: str) -> list[str]:
@@ -43,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-steps", type=int, default=2, help="profiled steps per configuration (0: none)")
     p.add_argument("--quick", action="store_true", help="1 launch, 1 round, 3 steps, 1 warm-up, 1 profiled step")
     p.add_argument("--out", default=None, help="results folder (default: results/bench-<date-time>)")
+    p.add_argument("--preset", default=None, choices=list(PRESETS),
+                   help="model and batch in one word: tiny (the train command's default tiny-llama, 8 x 64 tokens "
+                        "per rank), small (small-llama, 5 M parameters, 16 x 64), medium (medium-llama, 25 M, "
+                        "16 x 64); --model/--batch-size/--max-seq-len override it")
     p.add_argument("--model", default=None, help="as python -m minddp.train --model (default: its default)")
     p.add_argument("--world-size", type=int, default=2, help="ranks, started by minddp's launcher")
     p.add_argument("--backend", default="auto", help="auto (NCCL when every rank has a GPU, else gloo), gloo or nccl")
@@ -80,6 +90,9 @@ def parse(argv: list[str] | None):
             wanted = "torch" if "pyhook" in idle else "ddp or torch"     # torch's DDP takes every variant
             raise UsageError(f"--variants {','.join(idle)} adds no configuration to --stages {ns.stages}; "
                              f"add {wanted} to --stages")
+    for flag, value in PRESETS.get(ns.preset, {}).items():
+        if getattr(ns, flag) is None:
+            setattr(ns, flag, value)
     train_args = ["--world-size", str(ns.world_size), "--backend", ns.backend, "--no-profile", "--no-progress"]
     for flag in ("model", "batch_size", "grad_accum", "max_seq_len", "bucket_cap_mb", "timeout"):
         if getattr(ns, flag) is not None:
