@@ -26,10 +26,14 @@ reaches is counted wherever it lives), and neither does splitting a function.
   ``hook``: the plan, flatten, copy back, unfilled buckets), ``bucket-async``
   280 (both parents). A few lines of room each, so a stage cannot quietly
   grow plumbing that is not its idea;
-* ``ddp`` (production, read by those who want torch's parity): 500 (452 when
+* ``ddp`` (production, read by those who want torch's parity): 560 (537 when
   set). It reuses the ladder's ideas and adds the reducer (in-order launch,
   end of backward, unused parameters, bucket views), torch's plans, the fast
-  path and the guards; the budget keeps it from sprawling, not from existing.
+  path and the guards (about 450 lines), and what drop-in fidelity needs on
+  the same path (``static_graph``, the ``join`` notification, pickling: about
+  85); the budget keeps it from sprawling, not from existing. Code a normal
+  step does not run (the joined rank's shadowing in ``ddp/join.py``) is not
+  on the sync path and is not counted.
 
 A second test pins the *mechanism* each teaching file must show in its own
 code (e.g. ``hook.py`` registers the post-accumulate-grad hook itself), and
@@ -54,7 +58,7 @@ from minddp.loop import train_step
 
 PACKAGE = os.path.dirname(minddp.__file__)
 BUDGETS = {"simple": 150, "ga": 170, "hook": 200, "hook-async": 215, "bucket": 265, "bucket-async": 280,
-           "ddp": 500}
+           "ddp": 560}
 TEACHING = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 
 

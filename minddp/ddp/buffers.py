@@ -23,13 +23,13 @@ import torch.distributed as dist
 
 
 @torch.no_grad()
-def broadcast_coalesced(tensors: list[torch.Tensor], group: dist.ProcessGroup) -> None:
-    """Overwrite ``tensors`` with rank 0's values: one broadcast per dtype (step 2)."""
+def broadcast_coalesced(tensors: list[torch.Tensor], group: dist.ProcessGroup, src: int = 0) -> None:
+    """Overwrite ``tensors`` with group rank ``src``'s values (rank 0's by default): one broadcast per dtype."""
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in tensors:
         by_dtype.setdefault(t.dtype, []).append(t)
     for same in by_dtype.values():
         flat = torch.cat([t.reshape(-1) for t in same])
-        dist.broadcast(flat, group_src=0, group=group)
+        dist.broadcast(flat, group_src=src, group=group)
         for t, value in zip(same, flat.split([t.numel() for t in same])):
             t.copy_(value.view_as(t))

@@ -37,14 +37,15 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import weakref
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from minddp.comm.wire import resolve_group
 from minddp.ddp.buffers import broadcast_coalesced
+from minddp.ddp.join import ShadowingJoinHook, highest_rank
 from minddp.ddp.reducer import Reducer
 from minddp.envflags import env_flag
 from minddp.stages.checks import check_same_model
@@ -53,17 +54,18 @@ DEFAULT_BUCKET_CAP_MB = 25.0
 DEFAULT_FIRST_BUCKET_CAP_MB = 1.0
 
 
-class DistributedDataParallel(nn.Module):
+class DistributedDataParallel(nn.Module, Joinable):
     """torch's DDP: same constructor, same behaviour (module doc, steps 1-3)."""
 
     def __init__(self, module: nn.Module, device_ids=None, output_device=None, broadcast_buffers: bool = True,
                  process_group: dist.ProcessGroup | None = None, bucket_cap_mb: float | None = None,
                  find_unused_parameters: bool = False, gradient_as_bucket_view: bool = False,
-                 check_consistency: bool | None = None):
-        super().__init__()
+                 static_graph: bool = False, check_consistency: bool | None = None):
+        nn.Module.__init__(self)
+        Joinable.__init__(self)
         group = resolve_group(process_group)
         self._device = _check_devices(module, device_ids, output_device)
-        _check_not_wrapped(module, self)
+        _check_trainable(module)
         self.module = module
         self.process_group = group
         self.device_ids, self.output_device = device_ids, output_device
@@ -71,26 +73,69 @@ class DistributedDataParallel(nn.Module):
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.bucket_cap_mb = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
+        self.first_bucket_cap_mb = DEFAULT_FIRST_BUCKET_CAP_MB if bucket_cap_mb is None else None
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
+        self._divide_by_initial_world_size = True        # uneven inputs (join): divide by the world, as torch
         check_same_model(module, group)                                                     # step 1
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor, group_src=0, group=group)
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        self.reducer = Reducer([p for _, p in named], [n for n, _ in named], group, self.bucket_cap_mb,
-                               DEFAULT_FIRST_BUCKET_CAP_MB if bucket_cap_mb is None else None,
-                               find_unused_parameters, gradient_as_bucket_view)
+        self.reducer = self._make_reducer()
         #: Per-step cross-rank check of plan and launch order (None: on when MINDDP_DEBUG=1).
         self.check_consistency = env_flag("MINDDP_DEBUG") if check_consistency is None else check_consistency
         #: Raise on every rank when an averaged gradient holds NaN/Inf (``MINDDP_CHECK_FINITE=1``).
         self.check_finite = env_flag("MINDDP_CHECK_FINITE")
+        if static_graph:
+            self._set_static_graph()
+
+    def _make_reducer(self) -> Reducer:
+        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        return Reducer([p for _, p in named], [n for n, _ in named], self.process_group, self.bucket_cap_mb,
+                       self.first_bucket_cap_mb, self.find_unused_parameters, self.gradient_as_bucket_view)
 
     # Settings the reducer reads mid-backward live on it (plain attributes, no nn.Module __setattr__ cost).
     check_consistency = property(lambda self: self.reducer.check_consistency,
                                  lambda self, on: setattr(self.reducer, "check_consistency", bool(on)))
     check_finite = property(lambda self: self.reducer.check_finite,
                             lambda self, on: setattr(self.reducer, "check_finite", bool(on)))
+    static_graph = property(lambda self: self.reducer.static_graph)
+
+    def _set_static_graph(self) -> None:
+        """Declare the graph the same every iteration (torch's name; before the first forward).
+
+        The parameters the first synced iteration does not use are found once
+        (graph walk and bitmap all_reduce, as ``find_unused_parameters``) and
+        taken as unused from then on, with no walk or extra collective per step;
+        the bucket plan is rebuilt after the first iteration, unused parameters
+        included.
+        """
+        if self.reducer.synced_steps > 0:
+            raise RuntimeError("_set_static_graph() must be called before the first training iteration "
+                               "(or pass static_graph=True to the constructor)")
+        self.reducer.static_graph = True
+
+    # -- pickling (copy.deepcopy, torch.save), as torch's DDP ----------------------------------------
+
+    def __getstate__(self) -> dict:
+        """Everything but the process group and the reducer (neither can be pickled; both are rebuilt)."""
+        if self.process_group is not dist.group.WORLD:
+            raise RuntimeError("pickling (copy.deepcopy, torch.save) a minddp.DistributedDataParallel works only "
+                               "with the default process group, as in torch; save ddp.module instead")
+        state = dict(self.__dict__)
+        state["_reducer_settings"] = {"check_consistency": self.check_consistency,
+                                      "check_finite": self.check_finite, "static_graph": self.static_graph}
+        del state["process_group"], state["reducer"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        """A working wrapper on the default group, with a fresh reducer (no comm hook registered), as torch's."""
+        settings = state.pop("_reducer_settings")
+        super().__setstate__(state)
+        self.process_group = resolve_group(None)
+        self.reducer = self._make_reducer()
+        for name, value in settings.items():
+            setattr(self.reducer, name, value)
 
     @property
     def bucket_plan(self) -> list[list[int]]:
@@ -117,10 +162,17 @@ class DistributedDataParallel(nn.Module):
         will_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         if will_sync:
             reducer.check_prior_reduction_finished()
+        work = Join.notify_join_context(self)          # uneven inputs: joined ranks count those still going
+        reducer.divisor = None                         # None: the world size
+        if work is not None and not self._divide_by_initial_world_size:
+            work.wait()
+            reducer.divisor = int(work.result()[0].item())   # average over the ranks still training
         if torch.is_grad_enabled():      # also a no_sync() forward, as torch: the rebuild comes at the same step
             reducer.maybe_rebuild()
-        if self.broadcast_buffers and self.process_group.size() > 1 and self.require_forward_param_sync:
-            broadcast_coalesced(list(self.module.buffers()), self.process_group)
+        self._sync_buffers()
+        if self._join_config.enable:   # tell the joined ranks whether this step's backward syncs
+            dist.all_reduce(torch.tensor([int(will_sync)], device=self._device),
+                            group=self.process_group)
         self.require_forward_param_sync = will_sync   # torch's rule: next forward broadcasts only after a sync
         if self.device_ids:
             inputs, kwargs = _to_device((inputs, kwargs), self._device)
@@ -129,6 +181,12 @@ class DistributedDataParallel(nn.Module):
             reducer.prepare_for_backward(outputs)
         return outputs
 
+    def _sync_buffers(self, joined: bool = False) -> None:
+        """``broadcast_buffers``: rank 0's buffers; under join(), the highest rank still training's (as torch)."""
+        if self.broadcast_buffers and self.process_group.size() > 1 and self.require_forward_param_sync:
+            source = highest_rank(self.process_group, not joined, self._device) if self._join_config.enable else 0
+            broadcast_coalesced(list(self.module.buffers()), self.process_group, source)
+
     def finish_gradient_synchronization(self) -> None:
         """Nothing left to do: the end-of-backward callback already did it (kept for shared loops)."""
         self.reducer.wait_and_write_back()
@@ -136,16 +194,46 @@ class DistributedDataParallel(nn.Module):
     def _unsynced_work(self) -> str | None:
         return "bucket all_reduces are still in flight" if self.reducer.work_in_flight() else None
 
+    # -- uneven inputs: torch's Join ------------------------------------------------------------------
 
-def _check_not_wrapped(module: nn.Module, wrapper: nn.Module) -> None:
-    """A module wrapped twice would sync every gradient twice: refuse it."""
-    owner = getattr(module, "_minddp_wrapper", None)
-    if owner is not None and owner() is not None:
-        raise RuntimeError(
-            f"this {type(module).__name__} is already wrapped by {type(owner()).__name__}; "
-            "wrap a model once (use the existing wrapper, or wrap a fresh copy of the model)"
-        )
-    object.__setattr__(module, "_minddp_wrapper", weakref.ref(wrapper))
+    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
+             throw_on_early_termination: bool = False) -> Join:
+        """Train on uneven inputs: ``with model.join(): for batch in this_ranks_batches: ...``.
+
+        A rank that runs out of batches *joins*: until every rank has, it
+        shadows the collectives of the others' steps (their buffer broadcast,
+        their gradient buckets with zeros, their unused-parameter bitmap), so
+        nobody waits for ever. Gradients are averaged over the whole world
+        (joined ranks contribute zeros) or, with
+        ``divide_by_initial_world_size=False``, over the ranks still training.
+        At the end every rank takes the parameters of the last rank to join.
+        Same semantics and arguments as torch's ``DistributedDataParallel.join``.
+        """
+        return Join([self], enable, throw_on_early_termination,
+                    divide_by_initial_world_size=divide_by_initial_world_size)
+
+    def join_hook(self, **kwargs) -> JoinHook:
+        return ShadowingJoinHook(self, kwargs.get("divide_by_initial_world_size", True))
+
+    @property
+    def join_device(self) -> torch.device:
+        return self._device
+
+    @property
+    def join_process_group(self) -> dist.ProcessGroup:
+        return self.process_group
+
+
+def _check_trainable(module: nn.Module) -> None:
+    """torch's refusals: nothing to train, and sparse gradients (torch reduces those apart; minddp does not)."""
+    if not any(p.requires_grad for p in module.parameters()):
+        raise RuntimeError("DistributedDataParallel is not needed when a module doesn't have any parameter that "
+                           "requires a gradient (every parameter is frozen): train without the wrapper")
+    for name, m in module.named_modules():
+        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse and m.weight.requires_grad:
+            raise ValueError(f"minddp.DistributedDataParallel does not support sparse gradients, but {name!r} is "
+                             f"{type(m).__name__}(sparse=True): build it with sparse=False (a dense gradient), or "
+                             "use torch's DistributedDataParallel, which reduces sparse gradients on gloo")
 
 
 def _check_devices(module: nn.Module, device_ids, output_device) -> torch.device:

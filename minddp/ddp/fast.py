@@ -134,9 +134,10 @@ def start_sum(tensor: torch.Tensor, wire: Wire) -> torch.futures.Future:
     return wire.group.allreduce([torch.view_as_real(tensor)], _SUM).get_future().then(as_sent)
 
 
-def builtin_average(wire: Wire, layout: BucketLayout, flat: torch.Tensor) -> torch.futures.Future:
-    """The production DDP's plain average of one bucket: scaled as torch scales it, then summed."""
-    scale_like_torch(layout, flat, wire.size())
+def builtin_average(wire: Wire, layout: BucketLayout, flat: torch.Tensor,
+                    divisor: int | None = None) -> torch.futures.Future:
+    """The production DDP's plain average of one bucket over ``divisor`` ranks (None: all), scaled as torch does."""
+    scale_like_torch(layout, flat, wire.size() if divisor is None else divisor)
     return start_sum(flat, wire)
 
 

@@ -19,11 +19,15 @@ introduced the idea:
    registered comm hook, or, for plain averaging, to the fast built-in
    average (:mod:`minddp.ddp.fast`); with ``gradient_as_bucket_view`` each
    ``.grad`` then *is* its slot in the bucket, so nothing is copied back;
-5. **automatic end of backward** (new): at the first hook of a backward, a
-   callback is queued on autograd's engine
+5. **automatic end of backward** (new): when backward first reaches this
+   forward's outputs (a gradient hook on each output tensor; or, failing that,
+   at the first parameter hook) a callback is queued on autograd's engine
    (``Variable._execution_engine.queue_callback``, the private call torch's
-   DDP uses too); it runs when the whole backward graph is done, still inside
-   ``loss.backward()``, and there the reducer launches any bucket that never
+   DDP uses too). Queued from the outputs, it belongs to the outermost
+   backward even when part of the model runs its own nested backward
+   (reentrant activation checkpointing), so it runs when the whole backward
+   graph is done, still inside ``loss.backward()``, and there the reducer
+   launches any bucket that never
    filled, agrees across ranks on unused parameters
    (``find_unused_parameters``), runs the debug guard, waits for every bucket
    (:mod:`~minddp.stages.hook_async`'s wait) and writes the averages back.
@@ -56,7 +60,7 @@ from minddp.comm.wire import Wire
 from minddp.ddp.fast import BucketLayout, builtin_average, named_range
 from minddp.ddp.guard import check_consistency, check_same_settings, describe_hook_state, finite_check
 from minddp.ddp.plan import agree_on_order, plan_first_iteration_like_torch, plan_from_order
-from minddp.graph import parameters_reached
+from minddp.graph import parameters_reached, tensors_in
 
 
 class Progress:
@@ -106,6 +110,9 @@ class Reducer:
         self.hook, self.state, self.hook_registered = allreduce_hook, Wire(group), False
         self.check_consistency = False
         self.check_finite = False
+        self.static_graph = False            # set before the first iteration (DistributedDataParallel._set_static_graph)
+        self.static_unused: list[nn.Parameter] = []   # with static_graph: what the first iteration did not use
+        self.divisor: int | None = None      # average over this many ranks (None: the world; join can lower it)
         self.expect_hooks = False            # set by a forward whose backward syncs, cleared at its end
         self.local_used = torch.zeros(len(params), dtype=torch.bool)
         self.unused_here: list[nn.Parameter] = []   # not in this forward's graph (find_unused)
@@ -117,6 +124,7 @@ class Reducer:
         self.settings_checked = False
         self.set_plan(plan_first_iteration_like_torch(params, bucket_cap_mb, first_bucket_cap_mb,
                                                       find_unused_parameters))                 # step 1
+        self.output_hook = _weak_method(self._on_output_grad)      # weak: output tensors may outlive the reducer
         on_grad_ready = _weak_method(self._on_grad_ready)                                        # step 2
         self.handles = [p.register_post_accumulate_grad_hook(on_grad_ready) for p in params]
         weakref.finalize(self, _remove_all, self.handles)
@@ -139,6 +147,10 @@ class Reducer:
                     if param.grad is not None:
                         view.copy_(param.grad)
                         param.grad = view
+
+    def searching_unused(self) -> bool:
+        """Does this iteration walk the graph and all_reduce the used-bitmap? (find_unused, or static's first)"""
+        return self.find_unused_parameters or (self.static_graph and self.synced_steps == 0)
 
     def maybe_rebuild(self) -> None:
         """At a forward: rebuild the plan once from the first synced backward's order (same on every rank)."""
@@ -178,25 +190,40 @@ class Reducer:
     def prepare_for_backward(self, outputs: Any) -> None:
         """The coming backward syncs; with ``find_unused_parameters``, note what its graph will not reach."""
         self.expect_hooks = True
-        if self.find_unused_parameters:
+        for tensor in tensors_in(outputs):        # step 5: the backward reaches the outputs first
+            if tensor.requires_grad:
+                tensor.register_hook(self.output_hook)
+        if self.searching_unused():
             reached = parameters_reached(outputs)
             self.unused_here = [p for p in self.params if id(p) not in reached]
+        elif self.static_graph:
+            self.unused_here = self.static_unused
 
     # -- steps 2-4: during backward -------------------------------------------------------------------
 
+    def _on_output_grad(self, grad: torch.Tensor) -> None:
+        if self.expect_hooks:
+            self._start_backward()
+
+    def _start_backward(self) -> None:
+        """Step 5: once per synced backward, queue the end-of-backward callback; mark unused parameters ready."""
+        progress = self.progress
+        if progress.started:
+            return
+        progress.started = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
+        for unused in self.unused_here:
+            self._mark_ready(unused)
+
     def _on_grad_ready(self, param: nn.Parameter) -> None:
-        if self.find_unused_parameters:   # no_sync backwards count as use too; only read with the flag
+        if self.searching_unused():   # no_sync backwards count as use too; only read then
             self.local_used[self.position[id(param)]] = True
         if self.expect_hooks:
             self._grad_ready(param)
 
     def _grad_ready(self, param: nn.Parameter) -> None:
-        progress = self.progress
-        if not progress.started:                                                          # step 5
-            progress.started = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
-            for unused in self.unused_here:
-                self._mark_ready(unused)
+        if not self.progress.started:     # a backward that did not pass through the outputs' hooks
+            self._start_backward()
         if self.synced_steps == 0:       # the first synced backward's order feeds the rebuild
             self.ready_order.append(self.position[id(param)])
         self._mark_ready(param)
@@ -238,7 +265,7 @@ class Reducer:
         local_finite = bool(torch.isfinite(flat).all()) if self.check_finite else True
         if self.hook is allreduce_hook:
             with named_range(lambda: launch_label(bucket, allreduce_hook)):
-                future = builtin_average(self.state, layout, flat)
+                future = builtin_average(self.state, layout, flat, self.divisor)
         else:
             future = self._run_hook(bucket)
         pending = Pending(bucket, layout, future, getattr(self.hook, "__name__", type(self.hook).__name__),
@@ -280,23 +307,29 @@ class Reducer:
                    if id(p) not in progress.ready]
         for b in unfinished:
             self._bucket_filled(b)        # zeros for the missing gradients: every rank sends every bucket
-        if self.find_unused_parameters:
-            self._give_grads_to_globally_used()
+        if self.searching_unused():
+            used = self._give_grads_to_globally_used()
+            if self.static_graph:           # learnt once: these stay unused, and join the rebuilt plan last
+                self.static_unused = [p for i, p in enumerate(self.params) if not used[i]]
+                self.ready_order += [i for i in range(len(self.params)) if not used[i]]
         if self.check_consistency:
             check_consistency(self.plan, [layout.numel for layout in self.layouts], progress.launched,
                               self.names, self.group)
-        self.unfinished = missing         # raised at the next forward, like torch
+        # Raised at the next forward, like torch; with find_unused_parameters a parameter reached from
+        # an output the loss did not use simply got no gradient (torch's hooks fire for it, undefined).
+        self.unfinished = [] if self.find_unused_parameters or self.static_graph else missing
         self.progress = Progress(self.layouts)
         self.unused_here = []
         self.expect_hooks = False
         self.wait_and_write_back()
         self.synced_steps += 1
 
-    def _give_grads_to_globally_used(self) -> None:
+    def _give_grads_to_globally_used(self) -> torch.Tensor:
         """A parameter another rank used gets the average here too; one nobody used keeps its .grad."""
         counts = self.local_used.to(torch.int32)
         dist.all_reduce(counts, group=self.group)   # bookkeeping, not gradient traffic: not metered
         self.local_used.zero_()
+        used = counts > 0
         for i, param in enumerate(self.params):
             if counts[i] > 0 and param.grad is None:
                 if not self.gradient_as_bucket_view:
@@ -305,6 +338,7 @@ class Reducer:
                 b = self.bucket_of[id(param)]
                 slot = next(k for k, p in enumerate(self.layouts[b].params) if p is param)
                 param.grad = self.layouts[b].views(self.buffers[b])[slot]
+        return used
 
     def wait_and_write_back(self) -> None:
         """Wait for every bucket in flight, check what the hooks returned, copy the averages into ``.grad``."""
@@ -330,6 +364,31 @@ class Reducer:
                      if param.grad is not None and not there]
             if pairs:
                 torch._foreach_copy_([g for g, _ in pairs], [v for _, v in pairs])   # one call per bucket
+
+    def shadow_backward(self) -> None:
+        """A joined rank's part in a step of the others: every collective of a synced backward, with zeros.
+
+        The same buckets in the same order through the same hook (so a hook
+        that sends several collectives per bucket, like PowerSGD, is matched
+        too), then the unused-parameter bitmap and the debug guard.
+        """
+        if not self.settings_checked:
+            check_same_settings(self.settings(), self.group)
+            self.settings_checked = True
+        futures = []
+        for b, (layout, buffer) in enumerate(zip(self.layouts, self.buffers)):
+            flat = torch.zeros_like(buffer)        # not the buffer itself: with bucket views it is .grad
+            bucket = GradBucket(b, flat, layout.params, is_last=b == len(self.layouts) - 1)
+            futures.append(builtin_average(self.state, layout, flat) if self.hook is allreduce_hook
+                           else self._run_hook(bucket))
+        for future in futures:
+            future.wait()
+        if self.searching_unused():
+            dist.all_reduce(torch.zeros(len(self.params), dtype=torch.int32), group=self.group)
+        if self.check_consistency:
+            check_consistency(self.plan, [layout.numel for layout in self.layouts], list(range(len(self.layouts))),
+                              self.names, self.group)
+        self.synced_steps += 1
 
     def work_in_flight(self) -> bool:
         return bool(self.pending)

@@ -1,0 +1,68 @@
+"""Uneven inputs (``DistributedDataParallel.join()``): what a rank does once it has run out of batches.
+
+torch's ``Join`` context manager (``torch.distributed.algorithms.join``)
+drives the protocol: every forward of a rank still training starts with an
+all_reduce of 1 (``Join.notify_join_context``); a rank that has left its loop
+answers each of those with 0 and, while the count is not 0, runs
+:meth:`ShadowingJoinHook.main_hook` once per step of the others. That hook
+must issue exactly the collectives a training rank issues in one step, in the
+same order, or the ranks pair unrelated tensors:
+
+1. the plan rebuild's broadcast (once, after the first synced step);
+2. the buffer broadcast (``broadcast_buffers``), from the highest rank still
+   training (a joined rank's buffers are stale), found by a MAX all_reduce;
+3. the "does this step's backward sync?" flag, all-reduced (no_sync steps
+   send nothing more);
+4. if it syncs: every bucket in order through the same comm hook, with zeros
+   (:meth:`~minddp.ddp.reducer.Reducer.shadow_backward`), then the
+   unused-parameter bitmap.
+
+When every rank has joined, :meth:`ShadowingJoinHook.post_hook` gives every
+rank the model of the last rank to join.
+
+Example::
+
+    >>> with ddp.join():
+    ...     for batch in this_ranks_batches:        # a different number on each rank
+    ...         loss_fn(ddp(batch)).backward(); optimizer.step(); optimizer.zero_grad()
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.join import JoinHook
+
+
+class ShadowingJoinHook(JoinHook):
+    """What a joined rank does while others still train: shadow one step's collectives, in the same order."""
+
+    def __init__(self, ddp, divide_by_initial_world_size: bool):
+        self.ddp = ddp
+        ddp._divide_by_initial_world_size = divide_by_initial_world_size
+
+    def main_hook(self) -> None:
+        ddp = self.ddp
+        ddp.reducer.maybe_rebuild()
+        ddp._sync_buffers(joined=True)
+        flag = torch.zeros(1, dtype=torch.long, device=ddp._device)
+        dist.all_reduce(flag, group=ddp.process_group)
+        should_sync = bool(flag.item())
+        ddp.require_forward_param_sync = should_sync
+        if should_sync:
+            ddp.reducer.shadow_backward()
+
+    def post_hook(self, is_last_joiner: bool) -> None:
+        """Every rank takes the model of the last rank to join (the highest such rank)."""
+        ddp = self.ddp
+        source = highest_rank(ddp.process_group, is_last_joiner, ddp._device)
+        with torch.no_grad():
+            for tensor in [*ddp.module.parameters(), *(ddp.module.buffers() if ddp.broadcast_buffers else [])]:
+                dist.broadcast(tensor, group_src=source, group=ddp.process_group)
+
+
+def highest_rank(group: dist.ProcessGroup, candidate: bool, device: torch.device) -> int:
+    """The highest group rank among those that are candidates (one small all_reduce, every rank agrees)."""
+    mine = torch.tensor([dist.get_rank(group) if candidate else -1], device=device)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=group)
+    return int(mine.item())
