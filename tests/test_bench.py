@@ -149,10 +149,10 @@ def test_targets_judge_each_relation_and_skip_what_the_run_lacks():
     assert verdicts == {
         "ddp step ≤ 1.05 × torch": True,
         "bucket-async step ≤ 1.05 × torch": False,
-        "ddp exposed comm ≤ torch's": True,
-        "context: ddp exposed comm ≤ torch's with its Python allreduce_hook": False,    # 4.0 vs 3.0, judged apart
-        "ddp overlap ≥ torch's": False,
-        "context: ddp overlap ≥ torch's with its Python allreduce_hook": True,       # 20 vs 15 %
+        "ddp exposed comm ≤ torch's with its Python allreduce_hook": False,    # 4.0 vs 3.0
+        "context: ddp exposed comm ≤ torch's C++ default": True,               # 4.0 vs 5.0, judged apart
+        "ddp overlap ≥ torch's with its Python allreduce_hook": True,          # 20 vs 15 %
+        "context: ddp overlap ≥ torch's C++ default": False,
         "PowerSGD r1 bytes ≥ 20 × fewer than allreduce": True,      # 1000 / 40 = 25
         "PowerSGD r1 step ≤ 1.10 × torch's hook": False,
         "simple is the slowest distributed stage": True,
@@ -162,8 +162,11 @@ def test_targets_judge_each_relation_and_skip_what_the_run_lacks():
     assert {t["target"]: t["verdict"] for t in check_targets(rows) if not t["met"]} == {
         "bucket-async step ≤ 1.05 × torch": "within noise",       # 1.10, interval 1.0-1.2
         "PowerSGD r1 step ≤ 1.10 × torch's hook": "no",           # 1.2, interval 1.12-1.3
-        "ddp overlap ≥ torch's": "no", "bucket-async is the fastest of the blog's stages": "no",
-        "context: ddp exposed comm ≤ torch's with its Python allreduce_hook": "no"}
+        "context: ddp overlap ≥ torch's C++ default": "no", "bucket-async is the fastest of the blog's stages": "no",
+        "ddp exposed comm ≤ torch's with its Python allreduce_hook": "no"}
+    # where compute dominates the step limits are 1.03 for ddp and 1.10 for the plain bucket-async
+    small = {t["target"]: t["met"] for t in check_targets(rows, "small") if t["target"].endswith("× torch")}
+    assert small == {"ddp step ≤ 1.03 × torch": True, "bucket-async step ≤ 1.10 × torch": True}
     assert ("| bucket-async is the fastest of the blog's stages | bucket-async 33.0 ms, next bucket 30.0 ms "
             "(1.100 ×) | – | **no** |") in targets_markdown(check_targets(rows))
 
@@ -196,7 +199,7 @@ def test_a_miss_inside_the_noise_is_told_apart_from_a_real_miss():
 
     # 1 % slower and 1 point less overlap, under 4 ms / 0.5 point noise: a run cannot tell
     close, rows = judged(30.3, 2.4)
-    order, overlap = close["bucket-async is the fastest of the blog's stages"], close["ddp overlap ≥ torch's"]
+    order, overlap = close["bucket-async is the fastest of the blog's stages"], close["context: ddp overlap ≥ torch's C++ default"]
     if not order["met"]:
         assert order["verdict"] == "within noise" and order["interval"][0] < 1.0 < order["interval"][1]
     assert not overlap["met"] and overlap["verdict"] == "within noise" and overlap["interval"][1] >= 0
@@ -204,7 +207,8 @@ def test_a_miss_inside_the_noise_is_told_apart_from_a_real_miss():
     # 30 % slower and 15 points less overlap: the whole interval misses, a real "no"
     far, _ = judged(39.0, 1.0)
     assert far["bucket-async is the fastest of the blog's stages"]["verdict"] == "no"
-    assert far["ddp overlap ≥ torch's"]["verdict"] == "no" and far["ddp overlap ≥ torch's"]["interval"][1] < 0
+    far_overlap = far["context: ddp overlap ≥ torch's C++ default"]
+    assert far_overlap["verdict"] == "no" and far_overlap["interval"][1] < 0
 
 
 def test_ratio_interval_brackets_the_ratio_and_tightens_with_more_steps():

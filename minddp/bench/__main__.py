@@ -137,7 +137,12 @@ def pool_main(folders: list[str], out: str | None) -> int:
     except ValueError as exc:
         print(f"{PROG}: error: --pool: {exc}", file=sys.stderr)
         return 2
-    targets = check_targets(rows)
+    presets = {m.get("preset") for m in metas}
+    if len(presets) > 1:
+        print(f"{PROG}: error: --pool: the runs used different presets ({sorted(map(str, presets))}); pool runs "
+              "of one preset", file=sys.stderr)
+        return 2
+    targets = check_targets(rows, presets.pop())
     print(markdown_table(rows) + "\n\n" + targets_markdown(targets))
     if out:
         meta = {"pooled_from": ", ".join(folders), "rounds": rows[0]["rounds"],
@@ -189,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             "profiled_steps": ns.profile_steps, "batch_size_per_rank": cfg.batch_size, "grad_accum": cfg.grad_accum,
             "max_seq_len": cfg.max_seq_len, "bucket_cap_mb": cfg.bucket_cap_mb,
             "load_avg_1min_before_after": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",
-            "wall_s": round(time.perf_counter() - start, 1)}
-    targets = check_targets(rows)
+            "preset": ns.preset, "wall_s": round(time.perf_counter() - start, 1)}
+    targets = check_targets(rows, ns.preset)
     paths = write_outputs(rows, out, meta, targets, targets_markdown(targets) if targets else "")
     print(markdown_table(rows))
     if targets:
