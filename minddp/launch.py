@@ -57,6 +57,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from minddp import hang
+from minddp.cli import fresh_line
 from minddp.device import choose_backend, timeout_delta
 from minddp.processes import end_processes, rank_context, watch_parent
 
@@ -82,16 +84,23 @@ class RankError(RuntimeError):
         self.errors = dict(errors)
         self.exc_types = dict(exc_types)
         self.steps = dict(steps or {})
-        # The cause first: a rank that died or raised, before ranks whose
-        # collective broke because of it (their reports may arrive first).
+        # The cause first: a rank that died, then one the hang detector named (minddp.hang), then one
+        # that raised, before ranks whose collective broke because of it (their reports may arrive first).
         order = list(errors)
-        self.rank = min(errors, key=lambda r: (exc_types[r] != "ProcessDied", exc_types[r].endswith("(peer)"),
-                                               order.index(r)))
+
+        def blame(r):
+            kind = exc_types[r]
+            return ({"ProcessDied": 0, "Hung": 1}.get(kind, 3 if kind.endswith("(peer)") else 2), order.index(r))
+        self.rank = min(errors, key=blame)
         self.exc_type = exc_types[self.rank]
         self.traceback = errors[self.rank]
         self.step = self.steps.get(self.rank)
         others = sorted(r for r in errors if r != self.rank)
         also = f" (ranks {others} failed too)" if others else ""
+        if self.exc_type == "Hung":  # the detector's line already says who, where and why
+            head, _, rest = self.traceback.partition("\n")
+            super().__init__(f"{head}{also}" + (f":\n{rest}" if rest.strip() else ""))
+            return
         verb = "died (killed or exited without a word)" if self.exc_type == "ProcessDied" else "failed"
         where = "" if self.step is None else f" at step {self.step}"
         super().__init__(f"rank {self.rank} {verb}{where}{also}:\n{self.traceback}")
@@ -108,19 +117,16 @@ def _is_echo(exc: BaseException) -> bool:
     return isinstance(exc, dist.DistError) or any(s in str(exc) for s in _PEER_GONE)
 
 
-#: Where this rank announces its step: the launcher's store (a local rank) and the last value.
-_step_store: dist.Store | None = None
+#: The last step this rank announced (for the note a failing rank's exception gets).
 _step: int | None = None
 
 
-def _step_key(rank: int) -> str:
-    return f"minddp/step/{rank}"
-
-
 def report_step(step: int) -> None:
-    """Announce that this rank is now at ``step`` (cheap: one small message to the launcher).
+    """Announce that this rank is now at ``step`` (cheap: one small message to the launcher's store).
 
     When a rank dies or raises, :class:`RankError` then says at which step;
+    the hang detector (:mod:`minddp.hang`) names a rank that stopped, with its
+    step, and arms its *behind* rule once every rank has announced one;
     under torchrun the failing rank's exception gets a note naming it.
 
     Example::
@@ -131,8 +137,9 @@ def report_step(step: int) -> None:
     """
     global _step
     _step = step
-    if _step_store is not None:
-        _step_store.set(_step_key(dist.get_rank()), str(step))
+    beat = hang.current()
+    if beat is not None:
+        beat.report(step)
 
 
 def in_torchrun() -> bool:
@@ -147,6 +154,7 @@ def launch(
     backend: str = "auto",
     timeout_s: float | None = None,
     stall_s: float | None = None,
+    hang_s: float | None = hang.DEFAULT_HANG_S,
     **kwargs: Any,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks and return their results by rank.
@@ -156,14 +164,20 @@ def launch(
     :data:`minddp.device.DEFAULT_TIMEOUT_S`). ``stall_s`` is a last line of
     defence for waits the collective timeout does not cover (torch's own
     comm-hook callbacks can deadlock inside ``backward()``): when no rank has
-    announced a new step (:func:`report_step`) or finished for that long, the
-    ranks are ended and :class:`RankError` says they hung. Off by default,
-    since a function that never reports a step may legitimately run long.
+    announced a new step (:func:`report_step`) or launched a collective for
+    that long, the ranks are ended and :class:`RankError` says they hung. Off
+    by default, since a function that never reports a step may legitimately
+    run long. ``hang_s`` bounds how long one rank may stop while the others
+    wait for it (:mod:`minddp.hang`: frozen, or behind in a collective it has
+    not joined): the run then ends within about ``hang_s`` + 3 s naming that
+    rank and its step (``exc_type == "Hung"``). On by default (30 s,
+    ``MINDDP_HANG_TIMEOUT``); ``None`` or 0 turns it off.
     Under torchrun, ``world_size`` is taken from the environment and the list
     holds this rank's result only.
     """
     if in_torchrun():
-        return [run_in_torchrun(fn, *args, backend=backend, timeout_s=timeout_s, **kwargs)]
+        return [run_in_torchrun(fn, *args, backend=backend, timeout_s=timeout_s, hang_s=hang_s, stall_s=stall_s,
+                                **kwargs)]
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     backend = choose_backend(backend, local_world_size=world_size)
@@ -188,10 +202,14 @@ def launch(
                 )
                 p.start()
                 procs.append(p)
-            # Step 4: gather.
-            out = _gather(procs, results, steps=lambda ranks: _read_steps(store, ranks), stall_s=stall_s)
+            # Step 4: gather, watching for a hung rank (minddp.hang).
+            out = _gather(procs, results, beats=dist.PrefixStore("minddp", store),
+                          detector=hang.Detector(hang_s, stall_s))
             ok = True
             return out
+        except KeyboardInterrupt:
+            print(f"{fresh_line()}minddp.launch: interrupted (Ctrl-C); ending the ranks", file=sys.stderr, flush=True)
+            raise
         finally:
             # On failure the surviving ranks may sit in a collective that will
             # never complete: do not wait for them long.
@@ -216,7 +234,7 @@ def _sigterm_raises():
         return
 
     def raise_exit(signum, frame):
-        print("minddp.launch: terminated (SIGTERM); ending the ranks", file=sys.stderr, flush=True)
+        print(f"{fresh_line()}minddp.launch: terminated (SIGTERM); ending the ranks", file=sys.stderr, flush=True)
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, raise_exit)
@@ -228,29 +246,81 @@ def _sigterm_raises():
 
 _torchrun_store: dist.Store | None = None
 _torchrun_joins = 0
+_agent_watched = False
 
 
-def run_in_torchrun(fn: Callable[..., Any], *args: Any, backend: str = "auto",
-                    timeout_s: float | None = None, **kwargs: Any) -> Any:
-    """Join the job torchrun described in the environment, run ``fn``, tear down."""
+def watch_torchrun_agent() -> None:
+    """Under torchrun: end this worker (exit 1, one line) once its agent, the process that started it, is gone.
+
+    torchrun starts each worker in a session of its own, so a torchrun killed
+    with SIGKILL (or by the OOM killer) leaves its workers running to the end
+    of the job with no one to report to, holding their GPUs. Each worker
+    therefore watches its parent's pid, as the local launcher's ranks watch
+    theirs. Called once per process (the train command calls it first thing;
+    :func:`launch` calls it too). A process whose parent is already init
+    (pid 1: started detached) has nothing to watch.
+    """
+    global _agent_watched
+    if _agent_watched or not in_torchrun():
+        return
+    _agent_watched = True
+    agent = os.getppid()
+    if agent > 1:
+        watch_parent(agent, f"minddp rank {os.environ.get('RANK', '?')}: the torchrun agent (pid {agent}) is gone; "
+                            "ending this worker")
+
+
+def run_in_torchrun(fn: Callable[..., Any], *args: Any, backend: str = "auto", timeout_s: float | None = None,
+                    hang_s: float | None = hang.DEFAULT_HANG_S, stall_s: float | None = None, **kwargs: Any) -> Any:
+    """Join the job torchrun described in the environment, run ``fn``, tear down.
+
+    While ``fn`` runs, this rank beats (:mod:`minddp.hang`); ranks 0 and 1 also
+    watch everyone's beats and end the job naming a rank that stopped.
+    """
     global _torchrun_store, _torchrun_joins
+    watch_torchrun_agent()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     backend = choose_backend(backend, local_world_size=local_world)
     _prepare_rank(local_rank, local_world, backend)
     if _torchrun_store is None:   # torchrun's store (or rank 0's, without an agent store), reached once
         _torchrun_store, _, _ = next(dist.rendezvous("env://", timeout=timeout_delta(timeout_s)))
     _torchrun_joins += 1          # every rank calls launch in the same order, so the prefixes agree
     store = dist.PrefixStore(f"minddp/launch{_torchrun_joins}", _torchrun_store)
-    dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
-                            world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout_delta(timeout_s))
+    beat_store = dist.PrefixStore(f"minddp/launch{_torchrun_joins}/minddp", _torchrun_store.clone())
+    monitor = hang.Monitor(beat_store, rank, world, hang_s, stall_s) if rank < 2 and world > 1 else None
+    beat = _start_heartbeat(beat_store, rank, monitor, on_verdict=_end_hung_worker)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout_delta(timeout_s))
+    beat.group_live(True)
     try:
         return fn(*args, **kwargs)
     except BaseException as exc:
         _note_step(exc)
         raise
     finally:
+        beat.group_live(False)
         leave_group()
+        _stop_heartbeat(beat)
+
+
+def _start_heartbeat(store, rank: int, monitor=None, on_verdict=None) -> hang.Heartbeat:
+    beat = hang.Heartbeat(store, rank, monitor=monitor, on_verdict=on_verdict).start()
+    hang.install(beat)
+    return beat
+
+
+def _stop_heartbeat(beat: hang.Heartbeat) -> None:
+    beat.set_phase("done")       # a finished rank is no longer watched (its beats stop soon)
+    beat.stop()
+    hang.install(None)
+
+
+def _end_hung_worker(why: str, stack: str) -> None:
+    """Under torchrun, in a rank the watchers named: say where it was stuck, and end (torchrun ends the rest)."""
+    print(f"minddp: rank {os.environ.get('RANK', '?')} was named hung; where its training thread was:\n{stack}",
+          file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 def leave_group() -> None:
@@ -304,12 +374,16 @@ def join_group(rank: int, world_size: int, port: int, backend: str,
     _prepare_rank(rank, world_size, backend)
     store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
                           timeout=timeout_delta(timeout_s))
-    global _step_store
-    _step_store = store
+    global _rank_store
+    _rank_store = store
     if prefix:
         store = dist.PrefixStore(prefix, store)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timeout_delta(timeout_s))
+
+
+#: This local rank's connection to its launcher's store (set by join_group).
+_rank_store: dist.TCPStore | None = None
 
 
 def _set_rank_env(rank: int, world_size: int, port: int) -> None:
@@ -321,19 +395,23 @@ def _set_rank_env(rank: int, world_size: int, port: int) -> None:
 
 
 def _child_main(payload, parent_path, rank, world_size, port, backend, timeout_s, results, launcher_pid):
-    """Step 3, inside the rank: join, run, report, always destroy the group."""
+    """Step 3, inside the rank: join, run (beating: minddp.hang), report, always destroy the group."""
     watch_parent(launcher_pid, f"minddp rank {rank}: the launcher (pid {launcher_pid}) is gone; ending this rank")  # step 5
     sys.path[:] = parent_path  # unpickle fn the way the parent would import it
     _set_rank_env(rank, world_size, port)  # before unpickling: imports may read RANK
+    beat = None
     try:
         fn, args, kwargs = pickle.loads(payload)
         join_group(rank, world_size, port, backend, timeout_s)
+        beat = _start_heartbeat(dist.PrefixStore("minddp", _rank_store.clone()), rank)
+        beat.group_live(True)
         try:
             out = fn(*args, **kwargs)
         except BaseException as exc:
             _note_step(exc)
             raise
         finally:
+            beat.group_live(False)
             leave_group()
         buf = io.BytesIO()
         torch.save(out, buf)  # bytes, not shared memory: safe after this process exits
@@ -341,6 +419,9 @@ def _child_main(payload, parent_path, rank, world_size, port, backend, timeout_s
     except BaseException as exc:  # noqa: BLE001 - everything must reach the parent
         kind = type(exc).__name__ + (" (peer)" if _is_echo(exc) else "")
         results.put(("error", rank, traceback.format_exc(), kind))
+    finally:
+        if beat is not None:
+            _stop_heartbeat(beat)
 
 
 def _note_step(exc: BaseException) -> None:
@@ -348,42 +429,36 @@ def _note_step(exc: BaseException) -> None:
         exc.add_note(f"minddp: rank {os.environ.get('RANK', '?')} failed at step {_step}")
 
 
-def _read_steps(store: dist.TCPStore, ranks) -> dict[int, int]:
-    """The last step each failed rank announced (never blocks: only keys that exist are read)."""
-    steps = {}
-    for rank in ranks:
-        try:
-            if store.check([_step_key(rank)]):
-                steps[rank] = int(store.get(_step_key(rank)))
-        except (RuntimeError, ValueError, dist.DistError):  # a report is a nicety, never a second failure
-            pass
-    return steps
+def _steps(beats_store, ranks) -> dict[int, int]:
+    """The last step each of ``ranks`` announced (never blocks; a report is a nicety, never a second failure)."""
+    try:
+        beats = hang.read_beats(beats_store, list(ranks))
+    except (RuntimeError, ValueError, dist.DistError):
+        return {}
+    return {r: b.step for r, b in beats.items() if b is not None and b.step is not None}
 
 
-def _gather(procs, results, grace_s: float = 2.0, steps=lambda ranks: {}, stall_s: float | None = None) -> list[Any]:
+def _gather(procs, results, beats=None, detector: hang.Detector | None = None, grace_s: float = 2.0) -> list[Any]:
+    """Step 4: results by rank; on a failure, the others' reports for ``grace_s``; a hung rank named (minddp.hang).
+
+    ``beats`` is the store the ranks beat into; ``detector`` judges their beats once a second.
+    """
     world_size = len(procs)
     done: dict[int, Any] = {}
     errors: dict[int, str] = {}
     exc_types: dict[int, str] = {}
     failed_at = None
-    progress, last_progress, last_look = {}, time.monotonic(), time.monotonic()
+    last_look = time.monotonic()
     while len(done) + len(errors) < world_size:
         now = time.monotonic()
         if failed_at is not None and now - failed_at > grace_s:
             break
-        if stall_s is not None and failed_at is None and now - last_look > 1.0:
-            # The watchdog: any new step announced (or result) counts as progress.
+        if detector is not None and beats is not None and failed_at is None and now - last_look >= hang.BEAT_S:
             last_look = now
-            seen = steps([r for r in range(world_size) if r not in done])
-            if seen != progress:
-                progress, last_progress = seen, now
-            elif now - last_progress > stall_s:
-                for rank in range(world_size):
-                    if rank not in done:
-                        errors[rank] = (f"no rank made progress for {stall_s:.0f} s: rank {rank} hung (e.g. in a "
-                                        "collective a peer never joined, or a comm-hook callback that deadlocked); "
-                                        "minddp ended it\n")
-                        exc_types[rank] = "Hung"
+            verdict = _judge(detector, beats, [r for r in range(world_size) if r not in done], now)
+            if verdict is not None:
+                for rank, text in verdict.items():
+                    errors[rank], exc_types[rank] = text, "Hung"
                 break
         try:
             kind, rank, *rest = results.get(timeout=0.1)
@@ -403,12 +478,26 @@ def _gather(procs, results, grace_s: float = 2.0, steps=lambda ranks: {}, stall_
                         exc_types[rank] = "ProcessDied"
                         failed_at = failed_at or time.monotonic()
             continue
-        last_progress = time.monotonic()
         if kind == "ok":
             done[rank] = torch.load(io.BytesIO(rest[0]), weights_only=False)
         else:
             errors[rank], exc_types[rank] = rest
             failed_at = failed_at or time.monotonic()
     if errors:
-        raise RankError(errors, exc_types, steps(list(errors)))
+        raise RankError(errors, exc_types, _steps(beats, errors) if beats is not None else {})
     return [done[r] for r in range(world_size)]
+
+
+def _judge(detector: hang.Detector, beats, running: list[int], now: float) -> dict[int, str] | None:
+    """One look at the running ranks' beats; for a verdict, each named rank's line and (if it can) its stack."""
+    try:
+        verdict = detector.observe(hang.read_beats(beats, running), now)
+    except (RuntimeError, ValueError, dist.DistError):   # a look that failed is no verdict
+        return None
+    if verdict is None:
+        return None
+    hang.announce(beats, verdict)
+    alive = [r for r in verdict.ranks if verdict.rule != "frozen"]
+    where = hang.stacks(beats, alive, wait_s=2 * hang.BEAT_S) if alive else {}
+    return {r: verdict.why[r] + ("\n" + f"where its training thread was:\n{where[r]}" if r in where else "\n")
+            for r in verdict.ranks}
