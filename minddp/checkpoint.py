@@ -15,7 +15,8 @@ good file in place would destroy it if the process died half-way, so a save:
    complete, so "the run passed step N" implies "step N is on disk".
 
 A crash before step 3 leaves the previous checkpoint untouched (and at most a
-stray ``.<name>.tmp-<pid>`` file, which loading ignores).
+stray ``.<name>.tmp-<pid>`` file, which loading ignores and the next save
+removes once its process is gone).
 
 Loading (:func:`load_checkpoint`) refuses, with one line naming the cause and
 the fix, a file that is not a minddp checkpoint or is truncated/corrupt, and
@@ -35,8 +36,8 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import random
-import zipfile
 from typing import Any
 
 import torch
@@ -113,10 +114,31 @@ def _rank_state(hook_state: Any, extra: dict) -> bytes:
 
 # -- saving -----------------------------------------------------------------------------------------
 
+def remove_stale_temporaries(path: str) -> list[str]:
+    """Remove the ``.<name>.tmp-<pid>`` files an earlier save of ``path`` left (its process was killed mid-save).
+
+    Only files whose writer is gone: a save that is still running (the pid is
+    alive) keeps its file. Returns the names removed.
+    """
+    from minddp.processes import alive
+    folder, prefix = os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp-"
+    removed = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        pid = name[len(prefix):]
+        if name.startswith(prefix) and pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
+            try:
+                os.remove(os.path.join(folder, name))
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
 def atomic_write(data: bytes, path: str) -> None:
-    """Steps 2-3: ``data`` lands at ``path`` completely or not at all."""
+    """Steps 2-3: ``data`` lands at ``path`` completely or not at all (stale temporaries of ``path`` go first)."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
+    remove_stale_temporaries(path)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:                                                    # step 2
@@ -160,7 +182,9 @@ def save_checkpoint(path: str, *, model: nn.Module, optimizer: torch.optim.Optim
                    "ranks": shares}
         buf = io.BytesIO()
         torch.save(payload, buf)
-        atomic_write(buf.getvalue(), path)                                            # steps 2-3
+        from minddp.hang import alone
+        with alone("writing the checkpoint"):        # the other ranks wait at the barrier meanwhile
+            atomic_write(buf.getvalue(), path)                                        # steps 2-3
     if distributed:
         dist.barrier(group=group)                                                     # step 4
 
@@ -173,14 +197,22 @@ def read_checkpoint(path: str) -> dict:
         raise CheckpointError(f"--resume {path!r}: no such file; give a checkpoint written with --save-every")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, TypeError) as exc:
-        first = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise CheckpointError(f"checkpoint {path!r} is corrupt or truncated ({first}); resume from an earlier "
-                              "checkpoint or start afresh") from None
+    except (pickle.UnpicklingError, UnicodeDecodeError) as exc:   # not a torch file at all (text, random bytes)
+        raise CheckpointError(f"{path!r} is not a checkpoint (not a file torch.save wrote: {_first_line(exc)}); "
+                              "give a file written by python -m minddp.train --save-every") from None
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a damaged file fails in many ways; the user needs one line
+        raise CheckpointError(f"checkpoint {path!r} is corrupt or truncated ({_first_line(exc)}); resume from an "
+                              "earlier checkpoint or start afresh") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{path!r} is not a minddp checkpoint (expected format {FORMAT}); give a file "
                               "written by python -m minddp.train --save-every")
     return ckpt
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
 def check_run(ckpt: dict, path: str, config: dict) -> None:
@@ -198,17 +230,40 @@ def check_run(ckpt: dict, path: str, config: dict) -> None:
 
 def check_model(ckpt: dict, path: str, model: nn.Module) -> None:
     """Refuse a checkpoint of another model: other parameter (or buffer) names, shapes or dtypes."""
-    saved, here = ckpt["model"], model.state_dict()
+    check_shapes(ckpt, path, {name: (tuple(t.shape), t.dtype) for name, t in model.state_dict().items()})
+
+
+def check_shapes(ckpt: dict, path: str, here: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
+    """:func:`check_model` against ``name -> (shape, dtype)`` (e.g. a model built on the meta device)."""
+    saved = ckpt["model"]
     if saved.keys() != here.keys():
         only_saved, only_here = sorted(saved.keys() - here.keys()), sorted(here.keys() - saved.keys())
         raise CheckpointError(f"checkpoint {path!r} holds another model: entries only in the checkpoint "
                               f"{only_saved[:3]}, only in this model {only_here[:3]}; resume with the model "
                               "it was saved with")
-    for name, tensor in here.items():
-        if saved[name].shape != tensor.shape or saved[name].dtype != tensor.dtype:
+    for name, (shape, dtype) in here.items():
+        if tuple(saved[name].shape) != tuple(shape) or saved[name].dtype != dtype:
             raise CheckpointError(f"checkpoint {path!r} holds another model: {name!r} is "
-                                  f"{list(saved[name].shape)} {saved[name].dtype} there, {list(tensor.shape)} "
-                                  f"{tensor.dtype} here; resume with the model it was saved with")
+                                  f"{list(saved[name].shape)} {saved[name].dtype} there, {list(shape)} "
+                                  f"{dtype} here; resume with the model it was saved with")
+
+
+def check_contents(ckpt: dict, path: str, params: int) -> None:
+    """The rest of the file is whole: an optimizer state for ``params`` parameters, every rank's share readable."""
+    try:
+        state = ckpt["optimizer"]
+        saved_params = sum(len(g["params"]) for g in state["param_groups"])
+        shares = [torch.load(io.BytesIO(b), map_location="cpu", weights_only=False) for b in ckpt["ranks"]]
+        missing = [r for r, share in enumerate(shares) if not {"rng", "hook_state"} <= set(share)]
+    except Exception as exc:  # noqa: BLE001 - any damage inside the file: one line
+        raise CheckpointError(f"checkpoint {path!r} is damaged inside ({_first_line(exc)}); resume from an "
+                              "earlier checkpoint or start afresh") from None
+    if saved_params != params:
+        raise CheckpointError(f"checkpoint {path!r} holds an optimizer for {saved_params} parameters, this model "
+                              f"has {params}; resume with the model it was saved with")
+    if missing:
+        raise CheckpointError(f"checkpoint {path!r} lacks the state of ranks {missing}; resume from an earlier "
+                              "checkpoint or start afresh")
 
 
 def load_checkpoint(path: str, *, model: nn.Module, config: dict, rank: int = 0) -> dict:

@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from minddp.cli import Parser, UsageError
-from minddp.device import BACKENDS
+from minddp.cli import Parser, UsageError, number
+from minddp.device import BACKENDS, DEFAULT_TIMEOUT_S
+from minddp.hang import DEFAULT_HANG_S
 from minddp.hub import is_local_path
 from minddp.models import DTYPES, GPU_PRESET, OFFLINE_MODEL, OFFLINE_PRESETS
 
@@ -61,70 +63,149 @@ def collective_choices() -> list[str]:
     return list(TRANSPORTS)
 
 
+#: The ``--help`` sections, in order. A new option goes into the section it belongs to (``group=`` below).
+GROUPS = {
+    "what": "what to train",
+    "steps": "steps and batches",
+    "comm": "communication: buckets, comm hooks, collectives",
+    "ranks": "ranks and failures",
+    "outputs": "profiling and outputs",
+    "checkpoints": "checkpoints",
+}
+
+_count = number(int, low=1)
+_count0 = number(int, low=0)
+_seconds = number(float, low=0, low_open=True, high=1e7)
+_positive = number(float, low=0, low_open=True)
+
+
+def stage_list(allowed=None):
+    """An argparse ``type``: one stage name, a comma list of them, or 'all' (train and bench read it alike)."""
+    def parse(text: str) -> str:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        known = allowed() if allowed else stage_choices()
+        unknown = [n for n in names if n not in known]
+        if not names or unknown:
+            raise argparse.ArgumentTypeError(f"unknown stage {', '.join(unknown) or '(empty)'}; choose from "
+                                             f"{', '.join(known)}, or a comma list of them")
+        if "all" in names and len(names) > 1:
+            raise argparse.ArgumentTypeError("'all' already means every stage; give it alone")
+        return ",".join(dict.fromkeys(names))
+    parse.__name__ = "stage"
+    return parse
+
+
+def _one_of(choices):
+    """An argparse ``type`` for a name from ``choices()`` (read when parsing: registries may grow)."""
+    def parse(text: str) -> str:
+        if text not in choices():
+            raise argparse.ArgumentTypeError(f"unknown {text!r}; choose from {', '.join(choices())}")
+        return text
+    parse.__name__ = "name"
+    return parse
+
+
 @dataclass
 class TrainConfig:
-    """Everything one ``python -m minddp.train`` run needs; ``--help`` shows the same text."""
+    """Everything one ``python -m minddp.train`` run needs; ``--help`` shows the same text.
 
-    stage: str = _opt("bucket-async", "what syncs the gradients: a minddp stage, 'single' (one process on "
-                      "the global batch), 'torch' (torch's DistributedDataParallel), or 'all' (each in turn, "
-                      "same data and seeds)", choices=stage_choices)
+    Each field: default, help, ``group`` (its ``--help`` section, :data:`GROUPS`),
+    ``metavar`` (:data:`minddp.cli.METAVARS`) and ``type`` (the parser that
+    refuses a bad value in one line: range, finiteness, a known name).
+    """
+
+    # what to train
+    stage: str = _opt("bucket-async", "what syncs the gradients: a minddp stage ({stages}), 'single' (one process on the "
+                      "global batch), 'torch' (torch's "
+                      "DistributedDataParallel), a comma list of them, or 'all' (each in turn, same data and seeds)",
+                      group="what", metavar="NAME", type=stage_list())
     hook: str = _opt("allreduce", "comm hook every stage sends its buckets through (torch's hook of the "
-                     "same name for --stage torch)", choices=hook_choices)
-    powersgd_rank: int = _opt(1, "PowerSGD: rank of the low-rank approximation (matrix_approximation_rank)")
-    powersgd_start_iter: int = _opt(2, "PowerSGD: plain allreduce for this many steps first "
-                                    "(start_powerSGD_iter; torch defaults to 1000, short runs need less)")
-    powersgd_min_compression_rate: float = _opt(2.0, "PowerSGD: compress a tensor only if this saves at least "
-                                                "this factor (min_compression_rate)")
-    powersgd_error_feedback: bool = _opt(True, "PowerSGD: add back last step's compression error "
-                                         "(use_error_feedback)")
-    powersgd_warm_start: bool = _opt(True, "PowerSGD: reuse last step's factors as the start (warm_start)")
-    collective: str = _opt("torch", "how each all_reduce travels: torch's own, or a minddp collective "
-                           "written from point-to-point messages", choices=collective_choices)
-    world_size: int = _opt(2, "local ranks to start (ignored under torchrun, which sets WORLD_SIZE)")
-    backend: str = _opt("auto", "process-group backend: auto = NCCL with one GPU per rank, else gloo",
-                        choices=lambda: list(BACKENDS))
+                     "same name for --stage torch): allreduce, fp16, bf16, powersgd, batched-powersgd, noop, or "
+                     "fp16+/bf16+ one of them", group="comm", metavar="NAME", type=_one_of(hook_choices))
+    collective: str = _opt("torch", "how each all_reduce travels: torch (its own), or ring / naive (minddp "
+                           "collectives written from point-to-point messages)", group="comm", metavar="NAME",
+                           type=_one_of(collective_choices))
     model: str = _opt(OFFLINE_MODEL, f"'{OFFLINE_MODEL}' (offline default: an 80 k-parameter Llama, seeded random "
                       "init), 'small-llama' (5 M) or 'medium-llama' (25 M) (offline too), or a Hugging Face model "
-                      f"id or local folder; GPU preset: {GPU_PRESET} with --dtype bf16")
-    dtype: str = _opt("fp32", "parameter dtype (bf16 as in the blog, for GPUs)", choices=lambda: list(DTYPES))
+                      f"id or local folder; GPU preset: {GPU_PRESET} with --dtype bf16", group="what", metavar="NAME")
+    dtype: str = _opt("fp32", "parameter dtype: fp32, or bf16 (as in the blog, for GPUs)", group="what",
+                      metavar="NAME", type=_one_of(lambda: list(DTYPES)))
     dataset: str = _opt("synthetic", "'synthetic' (offline default: generated paraphrase pairs), 'glue/mrpc' "
-                        "(from the hub), or a local data set with columns sentence1, sentence2, label")
-    max_seq_len: int = _opt(64, "truncate each sentence pair to this many tokens")
-    steps: int = _opt(1000, "optimizer steps per stage")
+                        "(from the hub), or a local data set with columns sentence1, sentence2, label (a folder, "
+                        "or one csv/json/parquet file)", group="what", metavar="NAME")
+    max_seq_len: int = _opt(64, "truncate each sentence pair to this many tokens", group="what", metavar="N",
+                            type=number(int, low=4))
+    # steps and batches
+    steps: int = _opt(1000, "optimizer steps per stage (the whole run of each stage)", group="steps", metavar="N",
+                      type=_count)
     batch_size: int | None = _opt(None, "examples per rank per micro-batch (default 8, or derived from "
-                                  "--global-batch-size)")
+                                  "--global-batch-size)", group="steps", metavar="N", type=_count)
     global_batch_size: int | None = _opt(None, "examples per optimizer step over all ranks; must be divisible "
-                                         "by world size x grad accum")
-    grad_accum: int = _opt(3, "micro-batches per optimizer step (gradient accumulation, as in the blog)")
+                                         "by world size x grad accum", group="steps", metavar="N", type=_count)
+    grad_accum: int = _opt(3, "micro-batches per optimizer step (gradient accumulation, as in the blog)",
+                           group="steps", metavar="N", type=_count)
+    lr: float = _opt(3e-3, "AdamW learning rate", group="steps", metavar="X", type=_positive)
+    seed: int = _opt(314, "seed for the model init, the data and the shuffling (the blog's)", group="steps",
+                     metavar="N", type=number(int, low=0, high=2**32 - 1))
+    eval_examples: int = _opt(500, "held-out examples to measure accuracy on (0 = the whole split)", group="steps",
+                              metavar="N", type=_count0)
+    # communication
     bucket_cap_mb: float = _opt(0.1, "bucket size cap in MiB for the bucketed stages and torch (torch's "
-                                "default is 25; the offline model needs small buckets to have several)")
-    lr: float = _opt(3e-3, "AdamW learning rate")
-    seed: int = _opt(314, "seed for the model init, the data and the shuffling (the blog's)")
-    eval_examples: int = _opt(500, "held-out examples to measure accuracy on (0 = the whole split)")
-    profile: bool = _opt(True, "write PyTorch profiler traces (one per rank) under --trace-dir")
-    profile_steps: int = _opt(5, "profiled (active) steps after one warm-up step, as in the blog")
-    trace_dir: str = _opt("traces", "folder for traces: <trace-dir>/<run-name>/<stage>/rank<r>.pt.trace.json")
-    trace_gzip: bool = _opt(True, "write .pt.trace.json.gz (about 10x smaller) instead of .pt.trace.json")
-    run_name: str | None = _opt(None, "name of this run's folder under --trace-dir (default: "
-                                "<model>-<dataset>-<date-time>)")
-    summary_json: str | None = _opt(None, "also write the run's summary (losses, accuracy, timings) to this "
-                                    "JSON file")
+                                "default is 25; the offline model needs small buckets to have several)",
+                                group="comm", metavar="MIB", type=_positive)
+    powersgd_rank: int = _opt(1, "PowerSGD: rank of the low-rank approximation (matrix_approximation_rank)",
+                              group="comm", metavar="N", type=_count)
+    powersgd_start_iter: int = _opt(2, "PowerSGD: plain allreduce for this many steps first "
+                                    "(start_powerSGD_iter; torch defaults to 1000, short runs need less)",
+                                    group="comm", metavar="N", type=_count0)
+    powersgd_min_compression_rate: float = _opt(2.0, "PowerSGD: compress a tensor only if this saves at least "
+                                                "this factor (min_compression_rate)", group="comm", metavar="X",
+                                                type=_positive)
+    powersgd_error_feedback: bool = _opt(True, "PowerSGD: add back last step's compression error "
+                                         "(use_error_feedback)", group="comm")
+    powersgd_warm_start: bool = _opt(True, "PowerSGD: reuse last step's factors as the start (warm_start)",
+                                     group="comm")
+    # ranks and failures
+    world_size: int = _opt(2, "local ranks to start (ignored under torchrun, which sets WORLD_SIZE)", group="ranks",
+                           metavar="N", type=_count)
+    backend: str = _opt("auto", "process-group backend: auto (NCCL with one GPU per rank, else gloo), gloo or nccl",
+                        group="ranks", metavar="NAME", type=_one_of(lambda: list(BACKENDS)))
     timeout: float | None = _opt(None, "seconds any collective may wait before the run fails "
-                                 "(default: MINDDP_TIMEOUT or 300)")
+                                 "(default: MINDDP_TIMEOUT or 300)", group="ranks", metavar="SECONDS", type=_seconds)
+    hang_timeout: float | None = _opt(None, "seconds one rank may stop (frozen, or idle outside a collective its "
+                                      "peers wait in) before the run ends naming it (default: MINDDP_HANG_TIMEOUT "
+                                      "or 30; 0 = off)", group="ranks", metavar="SECONDS",
+                                      type=number(float, low=0, high=1e7, zero_means="off"))
+    # profiling and outputs
+    profile: bool = _opt(True, "write PyTorch profiler traces (one per rank) under --trace-dir", group="outputs")
+    profile_steps: int = _opt(5, "profiled steps after one warm-up step, as in the blog (0 = none, as --no-profile)",
+                              group="outputs", metavar="N", type=_count0)
+    trace_dir: str = _opt("traces", "folder for traces: <trace-dir>/<run-name>/<stage>/rank<r>.pt.trace.json",
+                          group="outputs", metavar="DIR")
+    trace_gzip: bool = _opt(True, "write .pt.trace.json.gz (about 10x smaller) instead of .pt.trace.json",
+                            group="outputs")
+    run_name: str | None = _opt(None, "name of this run's folder under --trace-dir (default: "
+                                "<model>-<dataset>-<date-time>)", group="outputs", metavar="NAME")
+    summary_json: str | None = _opt(None, "also write the run's summary (losses, accuracy, timings) to this "
+                                    "JSON file", group="outputs", metavar="FILE")
+    analyze: bool = _opt(False, "after training, run python -m minddp.analyze on the run folder", group="outputs")
+    progress: bool = _opt(True, "show a progress bar on rank 0", group="outputs")
+    # checkpoints
     save_every: int = _opt(0, "save a checkpoint every N optimizer steps to <checkpoint-dir>/<stage>.pt, "
-                           "atomically (0 = never)")
+                           "atomically (0 = never)", group="checkpoints", metavar="N", type=_count0)
     checkpoint_dir: str = _opt("checkpoints", "folder for --save-every checkpoints (one file per stage, "
-                               "replaced at each save)")
+                               "replaced at each save)", group="checkpoints", metavar="DIR")
     resume: str | None = _opt(None, "continue from this checkpoint: model, optimizer, hook state, RNG states and "
-                              "data position; the run must use the options it was saved with")
-    analyze: bool = _opt(False, "after training, run python -m minddp.analyze on the run folder")
-    progress: bool = _opt(True, "show a progress bar on rank 0")
+                              "data position; the run must use the options it was saved with",
+                              group="checkpoints", metavar="FILE")
 
     # -- derived, filled in by validate() --------------------------------------------------------
 
     def stages(self) -> list[str]:
-        """The stages this run trains, in reading order."""
-        return [s for s in stage_choices() if s != "all"] if self.stage == "all" else [self.stage]
+        """The stages this run trains: every one in reading order for 'all', else those named, in that order."""
+        if self.stage == "all":
+            return [s for s in stage_choices() if s != "all"]
+        return self.stage.split(",")
 
     def effective_world_size(self) -> int:
         """Ranks of the distributed stages: torchrun's WORLD_SIZE when under it, else --world-size."""
@@ -142,23 +223,43 @@ class TrainConfig:
                     random_seed=self.seed)
 
 
+EXAMPLES = [
+    "python -m minddp.train --stage bucket-async            # offline default: tiny-llama, 2 ranks on CPU",
+    "python -m minddp.train --stage all --steps 30          # every stage in turn, same data and seeds",
+    "python -m minddp.train --stage ddp --hook powersgd --save-every 100",
+    "python -m minddp.train --stage ddp --resume checkpoints/ddp.pt --steps 2000",
+    "torchrun --nproc-per-node 4 -m minddp.train --model HuggingFaceTB/SmolLM2-360M-Instruct --dtype bf16 "
+    "--dataset glue/mrpc --batch-size 16 --steps 6",
+]
+
+USAGE = "python -m minddp.train [--stage NAME] [--steps N] [--model NAME] [options]"
+
+
+def field_option(name: str) -> tuple[str, dict]:
+    """The ``--flag`` and ``add_argument`` keywords of one :class:`TrainConfig` field (shared with the benchmark)."""
+    f = {f.name: f for f in dataclasses.fields(TrainConfig)}[name]
+    flag = "--" + f.name.replace("_", "-")
+    if f.type in ("bool", bool):
+        return flag, dict(default=f.default, help=f.metadata["help"], action=argparse.BooleanOptionalAction)
+    base = re.sub(r"\s*\|\s*None", "", str(f.type))
+    text = f.metadata["help"]
+    if "{stages}" in text:   # the registry as it is now: a stage another module adds is listed too
+        from minddp.ladder import STAGES
+        text = text.format(stages=", ".join(STAGES))
+    return flag, dict(type=f.metadata.get("type") or {"int": int, "float": float, "str": str}[base],
+                      default=f.default, help=text, metavar=f.metadata.get("metavar"))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """Derive the CLI from :class:`TrainConfig`'s fields."""
-    parser = Parser(prog="python -m minddp.train",
-                     description="Train a sequence classifier with one DDP stage (or all of them) on N ranks "
-                                 "and write profiler traces for comparison.",
-                     epilog="Example: python -m minddp.train --stage bucket-async   (offline default, 2 ranks)")
+    """Derive the CLI from :class:`TrainConfig`'s fields, one ``--help`` section per :data:`GROUPS` entry."""
+    parser = Parser(prog="python -m minddp.train", usage=USAGE, examples=EXAMPLES,
+                    description="Train a sequence classifier with one DDP stage (or several) on N ranks and write "
+                                "profiler traces for comparison. Bad options exit with code 2 before any rank "
+                                "starts; a failed rank exits with 1.")
+    groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items()}
     for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f.metadata["help"]
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, default=f.default, help=help_text, action=argparse.BooleanOptionalAction)
-            continue
-        base = re.sub(r"\s*\|\s*None", "", str(f.type))
-        kind = {"int": int, "float": float, "str": str}[base]
-        choices = f.metadata.get("choices")
-        parser.add_argument(flag, type=kind, default=f.default, help=help_text,
-                            choices=choices() if choices else None, metavar=None if choices else base.upper())
+        flag, kwargs = field_option(f.name)
+        groups[f.metadata["group"]].add_argument(flag, **kwargs)
     return parser
 
 
@@ -176,25 +277,30 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 def validate(cfg: TrainConfig, explicit_batch_size: bool = True) -> None:
     """Step 2: the checks argparse cannot do. Fills ``cfg.batch_size`` when it was derived."""
     from minddp.data import check_dataset_name
-    for name in ("world_size", "steps", "grad_accum", "max_seq_len", "profile_steps"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
-    if cfg.eval_examples < 0:
-        raise ConfigError(f"--eval-examples must be 0 (all) or more, got {cfg.eval_examples}")
-    if cfg.lr <= 0 or cfg.bucket_cap_mb <= 0:
-        raise ConfigError("--lr and --bucket-cap-mb must be positive")
-    if cfg.save_every < 0:
-        raise ConfigError(f"--save-every must be 0 (never) or a number of steps, got {cfg.save_every}")
-    if cfg.resume is not None and cfg.stage == "all":
-        raise ConfigError("--resume continues one stage's run; pick that --stage instead of 'all'")
+    for f in dataclasses.fields(TrainConfig):       # the parsers' checks again, for a config built in code
+        check = f.metadata.get("type")
+        value = getattr(cfg, f.name)
+        if check is not None and value is not None:
+            try:
+                check(value)
+            except (argparse.ArgumentTypeError, TypeError, ValueError) as exc:
+                raise ConfigError(f"argument --{f.name.replace('_', '-')}: {exc}") from None
+    for env, value in (("MINDDP_TIMEOUT", DEFAULT_TIMEOUT_S if cfg.timeout is None else None),
+                       ("MINDDP_HANG_TIMEOUT", DEFAULT_HANG_S if cfg.hang_timeout is None else None)):
+        if value is not None and not (math.isfinite(value) and value >= (0 if env == "MINDDP_HANG_TIMEOUT" else 1e-3)):
+            raise ConfigError(f"{env}={os.environ.get(env)!r} is not a finite number of seconds; fix or unset it, "
+                              f"or give --{'timeout' if env == 'MINDDP_TIMEOUT' else 'hang-timeout'}")
+    stages = cfg.stages()
+    if cfg.resume is not None and len(stages) > 1:
+        raise ConfigError("--resume continues one stage's run; pick that --stage instead of "
+                          f"{cfg.stage!r}")
     if cfg.resume is not None and cfg.stage in ("ddp", "torch") and "powersgd" in cfg.hook:
         raise ConfigError(f"--resume with --stage {cfg.stage} and a PowerSGD hook is not supported: that stage "
                           "rebuilds its buckets after its first step, so the saved per-bucket PowerSGD memory "
                           "would not fit them; resume with --stage bucket-async (or another hook)")
     if cfg.resume is not None and not os.path.isfile(cfg.resume):
-        raise ConfigError(f"--resume {cfg.resume!r}: no such file; give a checkpoint written with --save-every")
-    if cfg.timeout is not None and cfg.timeout <= 0:
-        raise ConfigError(f"--timeout must be a positive number of seconds, got {cfg.timeout}")
+        what = "a folder" if os.path.isdir(cfg.resume) else "no such file"
+        raise ConfigError(f"--resume {cfg.resume!r}: {what}; give a checkpoint file written with --save-every")
     world = cfg.effective_world_size()
     per_step = world * cfg.grad_accum
     if cfg.global_batch_size is not None:
@@ -209,8 +315,6 @@ def validate(cfg: TrainConfig, explicit_batch_size: bool = True) -> None:
         cfg.batch_size = derived
     elif cfg.batch_size is None:
         cfg.batch_size = 8
-    if cfg.batch_size < 1:
-        raise ConfigError(f"--batch-size must be at least 1, got {cfg.batch_size}")
     if cfg.model not in OFFLINE_PRESETS:
         if is_local_path(cfg.model):
             path = os.path.expanduser(cfg.model)
@@ -224,6 +328,6 @@ def validate(cfg: TrainConfig, explicit_batch_size: bool = True) -> None:
         check_dataset_name(cfg.dataset)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if cfg.stage == "single" and cfg.collective != "torch":
+    if stages == ["single"] and cfg.collective != "torch":
         raise ConfigError("--collective has no effect with --stage single (one process sends nothing); "
                           "drop it or pick a distributed stage")

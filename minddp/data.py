@@ -7,8 +7,8 @@ The task is the blog's: GLUE MRPC, "is sentence 2 a paraphrase of sentence 1?"
   reached (checked with a short connection attempt first, so an offline
   machine never hangs on it; it then says so and uses ``synthetic``);
 * a local path: any data set in the MRPC schema that ``datasets`` loads
-  (a ``save_to_disk`` folder, or a folder of ``train``/``validation`` csv,
-  json or parquet files);
+  (a ``save_to_disk`` folder, a folder of ``train``/``validation`` csv,
+  json or parquet files, or one such file, of which 10% is held out);
 * ``synthetic`` (the offline default): generated paraphrase pairs, see
   :func:`synthetic_pairs`.
 
@@ -158,18 +158,47 @@ def load_pairs(name: str, seed: int, say=print) -> tuple[dict[str, list[tuple]],
     return _pairs_from(_load_local(name), name, seed), name
 
 
+#: A single data file is read by the ``datasets`` builder for its kind.
+FILE_KINDS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
 def _load_local(path: str):
+    """A ``save_to_disk`` folder, a folder of split files, or one csv/json/parquet file (then all of it is train)."""
     import datasets
     path = os.path.expanduser(path)
+    datasets.disable_progress_bars()      # the one line below is the whole story; no bars around it
     try:
+        if os.path.isfile(path):
+            kind = FILE_KINDS.get(os.path.splitext(path)[1].lower())
+            if kind is None:
+                raise DataError(f"--dataset {path!r} is a file of a kind minddp cannot read; give a "
+                                f"{'/'.join(FILE_KINDS)} file or a folder")
+            options = {"delimiter": "\t"} if path.lower().endswith(".tsv") else {}
+            return datasets.load_dataset(kind, data_files={"train": path}, **options)
         if os.path.exists(os.path.join(path, "dataset_dict.json")) or \
                 os.path.exists(os.path.join(path, "dataset_info.json")):
             return datasets.load_from_disk(path)
         return datasets.load_dataset(path)
-    except Exception as exc:  # datasets raises many types; the user needs one line
-        raise DataError(f"--dataset {path!r} could not be loaded by datasets ({type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else ''}); give a save_to_disk folder or a "
-                        "folder of train/validation csv, json or parquet files") from None
+    except DataError:
+        raise
+    except Exception as exc:  # datasets raises many types; the user needs one line, with the real cause
+        cause = _root_cause(exc)
+        if isinstance(cause, UnicodeDecodeError):
+            raise DataError(f"--dataset {path!r} is not UTF-8 text ({cause.encoding} cannot decode byte "
+                            f"0x{cause.object[cause.start]:02x} at position {cause.start}); save it as UTF-8") \
+                from None
+        text = str(cause).splitlines()[0] if str(cause) else ""
+        raise DataError(f"--dataset {path!r} could not be loaded by datasets ({type(cause).__name__}: {text}); "
+                        "give a save_to_disk folder, a folder of train/validation csv, json or parquet files, "
+                        "or one such file") from None
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The first exception in ``exc``'s chain that says more than "an error occurred" (datasets wraps them)."""
+    chain = [exc]
+    while (chain[-1].__cause__ or chain[-1].__context__) is not None and len(chain) < 10:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    return next((e for e in chain if type(e).__name__ != "DatasetGenerationError"), exc)
 
 
 def _pairs_from(ds, name: str, seed: int) -> dict[str, list[tuple]]:

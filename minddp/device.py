@@ -21,9 +21,22 @@ import torch.distributed as dist
 
 BACKENDS = ("auto", "gloo", "nccl")
 
+
+def env_seconds(name: str, default: float) -> float:
+    """Seconds from environment variable ``name`` (``default`` when unset or empty; NaN when not a number)."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")
+
 #: Collective timeout when nobody says otherwise. A teaching tool should fail
 #: within minutes, not after torch's default half hour.
-DEFAULT_TIMEOUT_S = float(os.environ.get("MINDDP_TIMEOUT", "300"))
+#: A value that is not a number reads as NaN here, so that importing never fails; the train command
+#: refuses it up front, naming the variable.
+DEFAULT_TIMEOUT_S = env_seconds("MINDDP_TIMEOUT", 300.0)
 
 
 def choose_backend(requested: str = "auto", local_world_size: int = 1) -> str:

@@ -60,11 +60,13 @@ import traceback
 from collections import deque
 from dataclasses import dataclass, field
 
+from minddp.device import env_seconds
+
 #: Seconds between two beats of a rank (and between two looks of the monitor).
 BEAT_S = 1.0
 
 #: Seconds a rank may stop (frozen or behind, see the module doc) before the run ends naming it.
-DEFAULT_HANG_S = float(os.environ.get("MINDDP_HANG_TIMEOUT", "30"))
+DEFAULT_HANG_S = env_seconds("MINDDP_HANG_TIMEOUT", 30.0)
 
 #: A training thread using less CPU than this share of the time it was watched is idle, not computing.
 IDLE_CPU_SHARE = 0.1

@@ -59,7 +59,7 @@ import torch.distributed as dist
 
 from minddp import hang
 from minddp.cli import fresh_line
-from minddp.device import choose_backend, timeout_delta
+from minddp.device import DEFAULT_TIMEOUT_S, choose_backend, timeout_delta
 from minddp.processes import end_processes, rank_context, watch_parent
 
 try:  # before any group exists, so that its default arguments stay None (see leave_group)
@@ -181,6 +181,7 @@ def launch(
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     backend = choose_backend(backend, local_world_size=world_size)
+    hang_s = hang_bound(hang_s, timeout_s)
 
     # Step 1: a rendezvous store on a port the OS chose, owned by this process.
     store = open_store(world_size, timeout_s)
@@ -279,6 +280,7 @@ def run_in_torchrun(fn: Callable[..., Any], *args: Any, backend: str = "auto", t
     """
     global _torchrun_store, _torchrun_joins
     watch_torchrun_agent()
+    hang_s = hang_bound(hang_s, timeout_s)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -302,6 +304,17 @@ def run_in_torchrun(fn: Callable[..., Any], *args: Any, backend: str = "auto", t
         beat.group_live(False)
         leave_group()
         _stop_heartbeat(beat)
+
+
+def hang_bound(hang_s: float | None, timeout_s: float | None) -> float | None:
+    """The hang bound in force: ``hang_s`` (None or 0: off), at most half the collective timeout.
+
+    The detector must speak before the waiting ranks' collectives time out:
+    the timeout names the ranks that waited, not the one they waited for.
+    """
+    if not hang_s or hang_s <= 0:
+        return None
+    return min(hang_s, 0.5 * (DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s))
 
 
 def _start_heartbeat(store, rank: int, monitor=None, on_verdict=None) -> hang.Heartbeat:
@@ -483,6 +496,16 @@ def _gather(procs, results, beats=None, detector: hang.Detector | None = None, g
         else:
             errors[rank], exc_types[rank] = rest
             failed_at = failed_at or time.monotonic()
+    if errors and all(t.endswith("(peer)") for t in exc_types.values()):
+        # Every failure is an echo (a collective that timed out or broke): the ranks that neither
+        # failed nor finished are the ones the others waited for.
+        silent = [r for r in range(world_size) if r not in done and r not in errors]
+        steps = _steps(beats, silent) if beats is not None else {}
+        for rank in silent:
+            at = f" at step {steps[rank]}" if rank in steps else ""
+            errors[rank] = (f"rank {rank} hung{at}: it never joined the collective that ranks {sorted(errors)} "
+                            "failed in (it was still running when they gave up)\n")
+            exc_types[rank] = "Hung"
     if errors:
         raise RankError(errors, exc_types, _steps(beats, errors) if beats is not None else {})
     return [done[r] for r in range(world_size)]

@@ -17,7 +17,11 @@ How a trace is taken (the blog's recipe):
    later steps run unprofiled;
 3. the training loop calls :meth:`StepProfiler.step` after every step; when
    the active steps are done, the trace is exported to
-   ``rank<r>.pt.trace.json`` (``.gz`` if asked).
+   ``rank<r>.pt.trace.json`` (``.gz`` if asked), through a temporary file in
+   the same folder that is checked complete and then renamed: a full disk
+   leaves no partial file behind, and training goes on (the trace is lost,
+   not the run; :attr:`StepProfiler.error` says why, and the train command
+   reports it at the end).
 
 Example::
 
@@ -31,6 +35,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from gzip import open as gzip_open
 
 from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -51,9 +57,34 @@ def trace_path(folder: str, rank: int, gzip: bool = False) -> str:
 
 
 def write_json(path: str, payload: dict) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
+    """Write ``payload`` as JSON, atomically: the file is complete, or not there (and no partial file is left)."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(payload, f, indent=2, default=str)
+        os.replace(tmp, path)
+    finally:
+        _remove(tmp)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def _complete_json(path: str) -> bool:
+    """Does the file at ``path`` end like a whole JSON object (kineto reports a failed write only in its log)?"""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64))
+            return f.read().rstrip().endswith(b"}")
+    except OSError:
+        return False
 
 
 class StepProfiler:
@@ -63,6 +94,8 @@ class StepProfiler:
                  cuda: bool = False, gzip: bool = False, memory: bool = True):
         self.folder, self.rank, self.enabled = folder, rank, enabled
         self.path = trace_path(folder, rank, gzip)
+        self.gzip = gzip
+        self.error: str | None = None      # why the trace could not be written, if it could not
         warmup = 1 if total_steps > 1 else 0          # a 1-step run has nothing to warm up with
         self.active = max(1, min(active, total_steps - warmup))
         quiet_kineto()
@@ -73,8 +106,31 @@ class StepProfiler:
             if enabled else None
 
     def _export(self, prof: profile) -> None:                                                 # step 3
-        os.makedirs(self.folder, exist_ok=True)
-        prof.export_chrome_trace(self.path)
+        from minddp.hang import alone
+        raw = os.path.join(self.folder, f".rank{self.rank}.pt.trace.json.tmp-{os.getpid()}")
+        packed = raw + ".gz"
+        try:
+            with alone("exporting the profiler trace"):   # ranks export at the same step; one may take longer
+                os.makedirs(self.folder, exist_ok=True)
+                prof.export_chrome_trace(raw)         # kineto writes raw + ".tmp", then renames it to raw
+                if not _complete_json(raw):
+                    raise OSError("the profiler could not write the trace (a full disk, or a file size limit)")
+                if self.gzip:
+                    with open(raw, "rb") as fin, gzip_open(packed, "wb") as fout:
+                        shutil.copyfileobj(fin, fout)
+                    os.replace(packed, self.path)
+                else:
+                    os.replace(raw, self.path)
+        except (OSError, RuntimeError) as exc:
+            self.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        finally:
+            for leftover in (raw, raw + ".tmp", packed):   # a partial file is never left behind
+                _remove(leftover)
+
+    @property
+    def written(self) -> str | None:
+        """The trace's path once it is written, else None."""
+        return self.path if self.enabled and self.error is None and os.path.exists(self.path) else None
 
     def __enter__(self) -> "StepProfiler":
         if self._prof is not None:

@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import sys
@@ -33,9 +34,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minddp.config import ConfigError, TrainConfig, parse_args
+from minddp.cli import bar_drawn, fail, fresh_line
+from minddp.config import ConfigError, TrainConfig, build_parser, parse_args
 from minddp.data import DataError, Encoded, PreparedData, eval_batches, prepare_data, step_batches
 from minddp.device import DEFAULT_TIMEOUT_S
+from minddp.hang import DEFAULT_HANG_S
 from minddp.launch import RankError, in_torchrun, launch
 from minddp.models import build_model, resolve_model
 from minddp.profiling import StepProfiler, write_json
@@ -44,9 +47,9 @@ PROG = "minddp.train"
 
 
 def say(message: str) -> None:
-    """One line to stderr, on rank 0 only under torchrun."""
+    """One line to stderr, on a line of its own (after a progress bar), on rank 0 only under torchrun."""
     if os.environ.get("RANK", "0") == "0" or not in_torchrun():
-        print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+        print(f"{fresh_line()}{PROG}: {message}", file=sys.stderr, flush=True)
 
 
 # -- inside a rank --------------------------------------------------------------------------------
@@ -152,7 +155,7 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
     times, calls, nbytes = [], [], []
     stage_dir = os.path.join(folder, stage)
     profiler = StepProfiler(stage_dir, rank, cfg.steps - first, cfg.profile_steps, gzip=cfg.trace_gzip,
-                            enabled=cfg.profile and (rank == 0 or not single), cuda=device.type == "cuda")
+                            enabled=profiling(cfg) and (rank == 0 or not single), cuda=device.type == "cuda")
     bar = _progress(cfg, stage, rank, first)
     with profiler:
         for step in range(first, cfg.steps):
@@ -184,10 +187,19 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
         mean_losses /= replicas
     eval_data = data.eval
     accuracy = evaluate(model, eval_data, replicas, shard, device, data.pad_token_id)
+    trace_errors = [profiler.error]
+    if world > 1 and profiling(cfg):   # every rank's export failure reaches rank 0's report
+        trace_errors = [None] * world
+        dist.all_gather_object(trace_errors, profiler.error)
     return {"stage": stage, "losses": mean_losses.tolist(), "step_times_s": times, "accuracy": accuracy,
             "all_reduce_calls": calls, "all_reduce_bytes": nbytes, "global_batch": global_batch,
-            "ranks": replicas, "trace": profiler.path if profiler.enabled else None,
-            "metered": stage != "torch", "folder": folder}
+            "ranks": replicas, "trace": profiler.written, "metered": stage != "torch", "folder": folder,
+            "trace_errors": {r: e for r, e in enumerate(trace_errors) if e}}
+
+
+def profiling(cfg: TrainConfig) -> bool:
+    """Does this run write traces (--profile, and at least one profiled step)?"""
+    return cfg.profile and cfg.profile_steps > 0
 
 
 def _progress(cfg: TrainConfig, stage: str, rank: int, first: int = 0):
@@ -203,10 +215,12 @@ def run_stage(cfg: TrainConfig, stage: str, data: PreparedData, folder: str, bac
     """Step 3 for one stage: launch the ranks (or join torchrun's), return rank 0's result."""
     world = 1 if stage == "single" else cfg.world_size
     # Ranks announce every step; a job with no new step for twice the collective timeout (plus a
-    # minute for evaluation and saving) is hung somewhere the collective timeout cannot see.
+    # minute for evaluation and saving) is hung somewhere the collective timeout cannot see. A rank
+    # that stops while the others wait is named far sooner, after --hang-timeout (minddp.hang).
     timeout = DEFAULT_TIMEOUT_S if cfg.timeout is None else cfg.timeout
+    hang_s = DEFAULT_HANG_S if cfg.hang_timeout is None else cfg.hang_timeout
     results = launch(train_rank, cfg, stage, data, folder, world_size=world, backend=backend,
-                     timeout_s=cfg.timeout, stall_s=2 * timeout + 60)
+                     timeout_s=cfg.timeout, stall_s=2 * timeout + 60, hang_s=hang_s or None)
     return results[0]
 
 
@@ -253,15 +267,20 @@ def prepare(cfg: TrainConfig) -> tuple[PreparedData, str, str]:
     if len(data.train) < need:
         raise ConfigError(f"the training split has {len(data.train)} examples, fewer than one global batch "
                           f"of {need}; lower --batch-size or use more data")
-    name = cfg.run_name or (f"{os.path.basename(cfg.model.rstrip('/'))}-{os.path.basename(data.source.rstrip('/'))}"
+    return data, backend, os.path.join(cfg.trace_dir, run_name(cfg, data.source))
+
+
+def run_name(cfg: TrainConfig, source: str) -> str:
+    """--run-name, or ``<model>-<data>-<date-time>``."""
+    return cfg.run_name or (f"{os.path.basename(cfg.model.rstrip('/'))}-{os.path.basename(source.rstrip('/'))}"
                             f"-{time.strftime('%Y%m%d-%H%M%S')}")
-    return data, backend, os.path.join(cfg.trace_dir, name)
 
 
 def check_combination(cfg: TrainConfig) -> None:
     """Contradictions between options that argparse cannot see."""
-    if cfg.analyze and not cfg.profile:
-        raise ConfigError("--analyze reads the traces, but --no-profile writes none; drop one of them")
+    if cfg.analyze and not profiling(cfg):
+        raise ConfigError("--analyze reads the traces, but --no-profile (or --profile-steps 0) writes none; "
+                          "drop one of them")
     if "powersgd" in cfg.hook:
         from minddp.comm.powerSGD_hook import check_start_iter
         try:
@@ -272,14 +291,34 @@ def check_combination(cfg: TrainConfig) -> None:
         say("under torchrun the world size comes from torchrun; --world-size is ignored")
 
 
-def check_resume(cfg: TrainConfig) -> None:
-    """Before any rank starts: the --resume file is a readable checkpoint of this run, with steps left."""
+def model_shapes(cfg: TrainConfig, data: PreparedData) -> dict[str, tuple[tuple[int, ...], torch.dtype, bool]]:
+    """Name -> (shape, dtype, trainable) of every entry of the model this run builds, without its weights.
+
+    Built on the meta device (no memory, no weights read): what the resume
+    check compares a checkpoint with, and what the output estimates count.
+    """
+    from minddp.models import DTYPES, OFFLINE_PRESETS
+    with torch.device("meta"):
+        if cfg.model in OFFLINE_PRESETS:
+            model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed, cfg.dtype)
+        else:
+            from transformers import AutoConfig, AutoModelForSequenceClassification
+            config = AutoConfig.from_pretrained(os.path.expanduser(cfg.model), num_labels=2)
+            model = AutoModelForSequenceClassification.from_config(config).to(DTYPES[cfg.dtype])
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    return {name: (tuple(t.shape), t.dtype, name in trainable) for name, t in model.state_dict().items()}
+
+
+def check_resume(cfg: TrainConfig, shapes: dict) -> None:
+    """Before any rank starts: the whole --resume file is read and checked against this run and its model."""
     from minddp import checkpoint
     stage = cfg.stages()[0]
     replicas = 1 if stage == "single" else cfg.effective_world_size()
     try:
         ckpt = checkpoint.read_checkpoint(cfg.resume)
         checkpoint.check_run(ckpt, cfg.resume, checkpoint_config(cfg, stage, replicas))
+        checkpoint.check_shapes(ckpt, cfg.resume, {k: v[:2] for k, v in shapes.items()})
+        checkpoint.check_contents(ckpt, cfg.resume, params=sum(1 for v in shapes.values() if v[2]))
     except checkpoint.CheckpointError as exc:
         raise ConfigError(str(exc)) from None
     if ckpt["step"] >= cfg.steps:
@@ -287,57 +326,150 @@ def check_resume(cfg: TrainConfig) -> None:
                           f"{ckpt['step']} to train on")
 
 
+def check_outputs(cfg: TrainConfig, run_dir: str | None = None, shapes: dict | None = None,
+                  backend: str = "gloo") -> None:
+    """Before any rank starts: every output path is writable and (given the model) its disk has room.
+
+    Called twice: first with the paths alone (fails fast, before the data and
+    model are prepared), then with the run folder and the model's shapes for
+    the space estimate (:mod:`minddp.outputs`).
+    """
+    from minddp import outputs
+    plan = outputs.Outputs()
+    stages = cfg.stages()
+    rank0 = not in_torchrun() or os.environ.get("RANK") == "0"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.world_size)) if in_torchrun() else cfg.world_size
+    tensors = sum(1 for v in (shapes or {}).values() if v[2])
+    param_bytes = sum(math.prod(v[0]) * v[1].itemsize for v in (shapes or {}).values() if v[2])
+    if profiling(cfg):
+        kept = peak = 0
+        for stage in stages:
+            ranks = 1 if stage == "single" else local
+            one, writing = outputs.trace_bytes(tensors, min(cfg.profile_steps, cfg.steps), cfg.grad_accum,
+                                               cfg.trace_gzip, gpu=backend == "nccl")
+            peak = max(peak, kept + ranks * writing)
+            kept += ranks * one
+        plan.folder("--trace-dir", run_dir or cfg.trace_dir, need=max(peak, kept) + 64 * 1024 * len(stages))
+    if cfg.save_every and rank0:
+        size = outputs.checkpoint_bytes(param_bytes, cfg.effective_world_size(), "powersgd" in cfg.hook)
+        replaced = sum(os.path.getsize(p) for p in (checkpoint_path(cfg, s) for s in stages) if os.path.isfile(p))
+        plan.folder("--checkpoint-dir", cfg.checkpoint_dir, need=max(0, size * (len(stages) + 1) - replaced))
+    if cfg.summary_json and rank0:
+        plan.file("--summary-json", cfg.summary_json, need=64 * 1024 + 32 * cfg.steps * len(stages))
+    if shapes is not None:
+        plan.check_room()
+
+
+def warn_if_oversubscribed(cfg: TrainConfig) -> None:
+    """Say so when this machine's ranks outnumber its CPU cores (they then take turns on them)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.world_size)) if in_torchrun() else cfg.world_size
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    if local > cores:
+        say(f"warning: {local} ranks on {cores} CPU cores: the ranks take turns on the cores and every "
+            "collective waits for the rank that is not running, so steps will be slow and timings will not "
+            f"mean much; --world-size {cores} or fewer avoids it")
+
+
+def write_outputs(cfg: TrainConfig, summary: dict, run_dir: str, lost: list[str]) -> None:
+    """Step 4's files, each on its own: one that cannot be written is named in ``lost``, the others still are."""
+    targets = []
+    if profiling(cfg):
+        targets.append((os.path.join(run_dir, "summary.json"), "the run's summary.json"))
+    if cfg.summary_json:
+        targets.append((cfg.summary_json, "--summary-json"))
+    for path, what in targets:
+        _write_or_note(path, summary, what, lost)
+
+
+def _write_or_note(path: str, payload: dict, what: str, lost: list[str]) -> None:
+    try:
+        write_json(path, payload)
+    except OSError as exc:
+        lost.append(f"{what} {path!r} was not written ({exc.strerror or exc})")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """The CLI: 0 on success, 2 on bad input (one line on stderr), 1 when a rank failed."""
+    """The CLI: 0 on success, 2 on bad input (usage and one line on stderr), 1 when a rank failed or an
+    output could not be written (the results are printed and the other outputs written first), 130 on Ctrl-C.
+    """
+    from minddp.launch import watch_torchrun_agent
+    watch_torchrun_agent()          # a worker whose torchrun agent is gone ends, from the start
+    parser = build_parser()
     try:
         cfg = parse_args(argv)                                                              # step 1
         check_combination(cfg)
-        if cfg.resume:
-            check_resume(cfg)
+        check_outputs(cfg)          # the paths, before the slower data and model preparation
         data, backend, run_dir = prepare(cfg)                                               # step 2
+        shapes = model_shapes(cfg, data)
+        if cfg.resume:
+            check_resume(cfg, shapes)
+        check_outputs(cfg, run_dir, shapes, backend)
+        warn_if_oversubscribed(cfg)
     except (ConfigError, DataError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(PROG, exc, parser)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted (Ctrl-C) before training; nothing was started", file=sys.stderr)
+        return 130
     rank0 = os.environ.get("RANK", "0") == "0" or not in_torchrun()
-    rows, skipped, results = {}, {}, {}
-    for stage in cfg.stages():                                                              # step 3
-        if stage == "torch":
-            reason = torch_hook_unavailable(cfg.hook, backend, cfg.bucket_cap_mb)
-            if reason:
-                say(f"skipping --stage torch: {reason}")
-                skipped[stage] = reason
-                continue
-        try:
-            result = run_stage(cfg, stage, data, run_dir, backend)
-        except RankError as exc:
-            print(f"{PROG}: stage {stage}: {exc}", file=sys.stderr)
-            return 1
-        run_dir = result["folder"]  # under torchrun: rank 0's choice
-        results[stage], rows[stage] = result, summarize(result)
-        if cfg.profile and rank0:
-            write_json(os.path.join(run_dir, stage, "config.json"),
-                       {**cfg.to_dict(), "stage": stage, "backend": backend, "ranks": result["ranks"],
-                        "data_source": data.source})
+    rows, skipped, results, lost = {}, {}, {}, []
+    failed = None
+    bar_drawn(cfg.progress)
+    try:
+        for stage in cfg.stages():                                                          # step 3
+            if stage == "torch":
+                reason = torch_hook_unavailable(cfg.hook, backend, cfg.bucket_cap_mb)
+                if reason:
+                    say(f"skipping --stage torch: {reason}")
+                    skipped[stage] = reason
+                    continue
+            try:
+                result = run_stage(cfg, stage, data, run_dir, backend)
+            except RankError as exc:
+                print(f"{fresh_line()}{PROG}: stage {stage}: {exc}", file=sys.stderr, flush=True)
+                failed = {"stage": stage, "rank": exc.rank, "step": exc.step, "error": str(exc).splitlines()[0]}
+                break
+            run_dir = result["folder"]  # under torchrun: rank 0's choice
+            results[stage], rows[stage] = result, summarize(result)
+            if profiling(cfg) and rank0:
+                _write_or_note(os.path.join(run_dir, stage, "config.json"),
+                               {**cfg.to_dict(), "stage": stage, "backend": backend, "ranks": result["ranks"],
+                                "data_source": data.source}, f"stage {stage}'s config.json", lost)
+    except KeyboardInterrupt:       # the launcher has said so and ended the ranks; the stages done are kept
+        failed = {"stage": "interrupted", "error": "interrupted (Ctrl-C)"}
+    finally:
+        bar_drawn(False)
     if not rank0:
         return 0
+    for stage, result in results.items():
+        for rank, why in result.get("trace_errors", {}).items():
+            lost.append(f"stage {stage}: rank {rank}'s trace was not written ({why}); training went on")
     summary = {"config": cfg.to_dict(), "backend": backend, "world_size": cfg.effective_world_size(),
-               "data_source": data.source, "run_dir": run_dir if cfg.profile else None, "skipped": skipped,
-               "stages": {s: {**rows[s], "losses": results[s]["losses"]} for s in rows}}
+               "data_source": data.source, "run_dir": run_dir if profiling(cfg) else None, "skipped": skipped,
+               "stages": {s: {**rows[s], "losses": results[s]["losses"]} for s in rows},
+               "failed": failed, "not_written": lost}
     if rows:                                                                                # step 4
-        print(format_table(rows))
-    if cfg.profile:
-        write_json(os.path.join(run_dir, "summary.json"), summary)
+        print(format_table(rows), flush=True)
+    write_outputs(cfg, summary, run_dir, lost)
+    if profiling(cfg) and rows and not all(r["trace"] is None for r in results.values()):
         print(f"traces: {run_dir}/<stage>/rank<r>.pt.trace.json{'.gz' if cfg.trace_gzip else ''}")
-    if cfg.summary_json:
-        write_json(cfg.summary_json, summary)
+    for line in lost:
+        say(line)
+    if failed is not None:
+        return 130 if failed["stage"] == "interrupted" else 1
     if cfg.analyze and rows:
+        if any("trace" in line for line in lost):
+            say("--analyze skipped: some traces were not written")
+            return 1
         try:
             from minddp.analyze import main as analyze_main
         except ImportError:
             say("--analyze: minddp.analyze is not available in this installation")
             return 1
-        return analyze_main([run_dir])
-    return 0
+        return analyze_main([run_dir]) or (1 if lost else 0)
+    return 1 if lost else 0
 
 
 if __name__ == "__main__":
