@@ -29,11 +29,25 @@ SHOWN = ["step_time_us", "compute_pctg", "non_compute_pctg", "idle_pctg", "comm_
          "allreduce_calls_per_step", "allreduce_bytes_per_step", "comm_time_per_step_us"]
 
 
+EXAMPLES = [
+    "python -m minddp.analyze traces/demo                 # the stages of one run side by side",
+    "python -m minddp.analyze traces/demo --report        # and report.html + PNG plots in traces/demo",
+    "python -m minddp.analyze --compare traces/allreduce traces/powersgd --report",
+]
+
+
 def build_parser() -> Parser:
-    p = Parser(prog="python -m minddp.analyze", description=__doc__.split("\n")[0])
-    p.add_argument("run", nargs="?", help="a run folder, traces/<run> (or one stage folder of it)")
-    p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="put two runs side by side")
-    p.add_argument("--report", action="store_true", help="write report.html and PNG plots into the run folder")
+    p = Parser(prog="python -m minddp.analyze", usage="python -m minddp.analyze (RUN | --compare RUN_A RUN_B) [--report]",
+               description="Trace metrics of a run written by python -m minddp.train (GPU traces through "
+                           "HolisticTraceAnalysis, CPU traces through minddp's own analysis). Bad input exits "
+                           "with code 2.", examples=EXAMPLES)
+    what = p.add_argument_group("what to analyse (one of)")
+    what.add_argument("run", nargs="?", metavar="RUN", help="a run folder, traces/<run> (or one stage folder of it)")
+    what.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="put two runs side by side")
+    out = p.add_argument_group("outputs")
+    out.add_argument("--report", action="store_true",
+                     help="write report.html and PNG plots into the run folder (with --compare: into "
+                          "RUN_A/compare-<RUN_B>/)")
     return p
 
 
@@ -45,8 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         if (args.run is None) == (args.compare is None):
             parser.error("give one run folder, or --compare RUN_A RUN_B")
     except UsageError as exc:
-        print(parser.format_usage().rstrip(), file=sys.stderr)
-        return fail(PROG, exc)
+        return fail(PROG, exc, parser)
     import pandas as pd
 
     from minddp.analysis import TraceError, analyze_run, compare_runs
@@ -64,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             table = results[0].stages
             out_dir = Path(args.run)
     except TraceError as exc:
-        return fail(PROG, exc)
+        return fail(PROG, exc, parser)
     with pd.option_context("display.width", 200, "display.max_columns", 50):      # step 2
         if args.compare:
             print(table[[c for c in table.columns if c[0] in SHOWN]].round(1).to_string())

@@ -118,7 +118,7 @@ class TrainConfig:
     stage: str = _opt("bucket-async", "what syncs the gradients: a minddp stage ({stages}), 'single' (one process on the "
                       "global batch), 'torch' (torch's "
                       "DistributedDataParallel), a comma list of them, or 'all' (each in turn, same data and seeds)",
-                      group="what", metavar="NAME", type=stage_list())
+                      group="what", metavar="NAME[,...]", type=stage_list())
     hook: str = _opt("allreduce", "comm hook every stage sends its buckets through (torch's hook of the "
                      "same name for --stage torch): allreduce, fp16, bf16, powersgd, batched-powersgd, noop, or "
                      "fp16+/bf16+ one of them", group="comm", metavar="NAME", type=_one_of(hook_choices))

@@ -21,7 +21,7 @@ from minddp.bench import COLUMNS, bench_configs
 from minddp.bench.__main__ import main
 
 # --quick's settings (3 timed steps, 1 warm-up, 1 profiled step), but 2 rounds in 2 launches of the ranks
-ARGS = ["--rounds", "2", "--launches", "2", "--steps", "3", "--warmup", "1", "--profile-steps", "1",
+ARGS = ["--rounds", "2", "--launches", "2", "--steps-per-round", "3", "--warmup", "1", "--profile-steps", "1",
         "--stages", "ddp,torch", "--variants", "noop,gabv,pyhook", "--batch-size", "2", "--grad-accum", "1",
         "--max-seq-len", "16"]
 

@@ -9,7 +9,7 @@ import sys
 import time
 
 from minddp.bench.configs import VARIANTS, bench_configs
-from minddp.cli import Parser, UsageError
+from minddp.cli import Parser, UsageError, fail, number
 from minddp.bench.report import markdown_table, pool, summarize, write_outputs
 from minddp.bench.targets import check_targets, targets_markdown
 
@@ -30,71 +30,115 @@ def _names(text: str, allowed: list[str], flag: str) -> list[str]:
     return names
 
 
-def build_parser() -> argparse.ArgumentParser:
+EXAMPLES = [
+    "python -m minddp.bench --quick                        # 1 launch, 1 round, 3 steps: a smoke run",
+    "python -m minddp.bench --stage ddp,torch --variants noop --rounds 10",
+    "python -m minddp.bench --preset small --stage bucket-async,ddp,torch --variants none",
+    "python -m minddp.bench --pool results/bench-A results/bench-B   # two saved runs judged as one",
+]
+
+#: Options the benchmark shares with the train command: the same flag, metavar, type and meaning.
+SHARED = ("model", "batch_size", "grad_accum", "max_seq_len", "bucket_cap_mb", "world_size", "backend", "timeout",
+          "hang_timeout")
+
+
+def _bench_stages() -> list[str]:
     from minddp.ladder import STAGES
-    p = Parser(prog="python -m minddp.bench",
-                description="Benchmark every minddp stage against torch's DDP and the no-communication limit.")
-    p.add_argument("--stages", default=",".join(list(STAGES) + ["torch"]),
-                   help="comma list of stages to run (torch = torch's DDP, the reference)")
-    p.add_argument("--variants", default=",".join(VARIANTS),
-                   help="comma list of extras: noop (every stage with noop_hook), powersgd (r1, r4), fp16, "
-                        "gabv (gradient_as_bucket_view), pyhook (torch averaging through its Python allreduce_hook); "
-                        "'none' for none")
-    p.add_argument("--rounds", type=int, default=12, help="rounds in all; each runs every configuration in turn")
-    p.add_argument("--launches", type=int, default=3,
-                   help="fresh launches of the ranks the rounds are shared out over (each launch is its own "
-                        "draw of cores, memory and threads; the intervals resample launches, then rounds)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per configuration per round")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps before them, per round")
-    p.add_argument("--profile-steps", type=int, default=2, help="profiled steps per configuration (0: none)")
-    p.add_argument("--quick", action="store_true", help="1 launch, 1 round, 3 steps, 1 warm-up, 1 profiled step")
-    p.add_argument("--out", default=None, help="results folder (default: results/bench-<date-time>)")
-    p.add_argument("--preset", default=None, choices=list(PRESETS),
-                   help="model and batch in one word: tiny (the train command's default tiny-llama, 8 x 64 tokens "
-                        "per rank), small (small-llama, 5 M parameters, 16 x 64), medium (medium-llama, 25 M, "
-                        "16 x 64); --model/--batch-size/--max-seq-len override it")
-    p.add_argument("--model", default=None, help="as python -m minddp.train --model (default: its default)")
-    p.add_argument("--world-size", type=int, default=2, help="ranks, started by minddp's launcher")
-    p.add_argument("--backend", default="auto", help="auto (NCCL when every rank has a GPU, else gloo), gloo or nccl")
-    for flag in ("--batch-size", "--grad-accum", "--max-seq-len"):
-        p.add_argument(flag, type=int, default=None, help="as in python -m minddp.train (default: its default)")
-    p.add_argument("--bucket-cap-mb", type=float, default=None, help="as in python -m minddp.train (default: its default, 0.1)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds a collective may wait (default: the train command's)")
-    p.add_argument("--pool", nargs="+", metavar="RESULTS_DIR", default=None,
-                   help="run nothing: judge the runs saved in these results folders as one run, their rounds "
-                        "put together (tighter intervals); writes to --out if given")
+    return list(STAGES) + ["torch"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from minddp.config import TrainConfig, field_option, stage_list
+    p = Parser(prog="python -m minddp.bench", usage="python -m minddp.bench [--stage LIST] [--quick] [options]",
+               examples=EXAMPLES,
+               description="Benchmark every minddp stage against torch's DDP and the no-communication limit. Bad "
+                           "options exit with code 2 before any rank starts.")
+    what = p.add_argument_group("what to run")
+    what.add_argument("--stage", "--stages", dest="stages", metavar="NAME[,...]", default="all",
+                      type=stage_list(lambda: _bench_stages() + ["all"]),
+                      help="stages to run, as in python -m minddp.train --stage: a comma list of "
+                           f"{', '.join(_bench_stages())} (torch = torch's DDP, the reference), or all")
+    what.add_argument("--variants", metavar="LIST", default=",".join(VARIANTS),
+                      help="comma list of extras: noop (every stage with noop_hook), powersgd (r1, r4), fp16, "
+                           "gabv (gradient_as_bucket_view), pyhook (torch averaging through its Python "
+                           "allreduce_hook); 'none' for none")
+    what.add_argument("--preset", metavar="NAME", default=None, type=_choice(list(PRESETS)),
+                      help="model and batch in one word: tiny (the train command's default tiny-llama, 8 x 64 "
+                           "tokens per rank), small (small-llama, 5 M parameters, 16 x 64), medium (medium-llama, "
+                           "25 M, 16 x 64); --model/--batch-size/--max-seq-len override it")
+    long = p.add_argument_group("how long")
+    long.add_argument("--rounds", type=number(int, low=1), metavar="N", default=12,
+                      help="rounds in all; each runs every configuration in turn")
+    long.add_argument("--launches", type=number(int, low=1), metavar="N", default=3,
+                      help="fresh launches of the ranks the rounds are shared out over (each launch is its own "
+                           "draw of cores, memory and threads; the intervals resample launches, then rounds)")
+    long.add_argument("--steps-per-round", type=number(int, low=1), metavar="N", default=10,
+                      help="timed optimizer steps per configuration per round (train's --steps is the whole run "
+                           "of a stage)")
+    long.add_argument("--steps", dest="old_steps", default=None, help=argparse.SUPPRESS)
+    long.add_argument("--warmup", type=number(int, low=0), metavar="N", default=2,
+                      help="untimed steps before them, per round")
+    long.add_argument("--profile-steps", type=number(int, low=0), metavar="N", default=2,
+                      help="profiled steps after one warm-up step, as in train, but for every configuration in "
+                           "every round, hence fewer than train's 5 (0 = none)")
+    long.add_argument("--quick", action="store_true",
+                      help="1 launch, 1 round, 3 steps per round, 1 warm-up, 1 profiled step")
+    shared = p.add_argument_group("model and ranks (as in python -m minddp.train)")
+    defaults = TrainConfig()
+    for name in SHARED:
+        flag, kwargs = field_option(name)
+        default = getattr(defaults, name)
+        if name == "batch_size":   # train's help names --global-batch-size, which the benchmark has not
+            kwargs["help"] = "examples per rank per micro-batch"
+        note = {"model": f"{default}, or the --preset's", "batch_size": "8, or the --preset's",
+                "max_seq_len": f"{default}, or the --preset's"}.get(name, default)
+        if note is not None and "(default" not in kwargs["help"]:
+            kwargs["help"] += f" (default: {note})"
+        shared.add_argument(flag, **{**kwargs, "default": None})   # None: not given (a preset may fill it)
+    out = p.add_argument_group("outputs")
+    out.add_argument("--out", metavar="DIR", default=None, help="results folder (default: results/bench-<date-time>)")
+    out.add_argument("--pool", nargs="+", metavar="DIR", default=None,
+                     help="run nothing: judge the runs saved in these results folders as one run, their rounds "
+                          "put together (tighter intervals); writes to --out if given")
     return p
+
+
+def _choice(choices: list[str]):
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"unknown {text!r}; choose from {', '.join(choices)}")
+        return text
+    parse.__name__ = "name"
+    return parse
 
 
 def parse(argv: list[str] | None):
     """The bench options, and the train command's config for model, data and settings."""
     from minddp.config import ConfigError, parse_args
-    from minddp.ladder import STAGES
     ns = build_parser().parse_args(argv)
+    if ns.old_steps is not None:
+        raise UsageError("--steps is the train command's optimizer steps per stage; the benchmark's timed steps "
+                         f"are --steps-per-round (e.g. --steps-per-round {ns.old_steps})")
     if ns.quick:
-        ns.launches, ns.rounds, ns.steps, ns.warmup, ns.profile_steps = 1, 1, 3, 1, min(ns.profile_steps, 1)
-    for name in ("rounds", "steps", "launches"):
-        if getattr(ns, name) < 1:
-            raise UsageError(f"--{name} must be at least 1, got {getattr(ns, name)}")
+        ns.launches, ns.rounds, ns.steps_per_round, ns.warmup = 1, 1, 3, 1
+        ns.profile_steps = min(ns.profile_steps, 1)
     if ns.launches > ns.rounds:
         raise UsageError(f"--launches ({ns.launches}) must not exceed --rounds ({ns.rounds}): "
                          "every launch runs at least one round")
-    if ns.warmup < 0 or ns.profile_steps < 0:
-        raise UsageError("--warmup and --profile-steps must be 0 or more")
-    stages = _names(ns.stages, list(STAGES) + ["torch"], "--stages")
+    stages = _bench_stages() if ns.stages == "all" else ns.stages.split(",")
     variants = [] if ns.variants == "none" else _names(ns.variants, list(VARIANTS), "--variants")
     if ns.variants != ",".join(VARIANTS):     # named by the user (not the default): each must add a run
         plain = len(bench_configs(stages, []))
         idle = [v for v in variants if len(bench_configs(stages, [v])) == plain]
         if idle:
             wanted = "torch" if "pyhook" in idle else "ddp or torch"     # torch's DDP takes every variant
-            raise UsageError(f"--variants {','.join(idle)} adds no configuration to --stages {ns.stages}; "
-                             f"add {wanted} to --stages")
+            raise UsageError(f"--variants {','.join(idle)} adds no configuration to --stage {ns.stages}; "
+                             f"add {wanted} to --stage")
     for flag, value in PRESETS.get(ns.preset, {}).items():
         if getattr(ns, flag) is None:
             setattr(ns, flag, value)
-    train_args = ["--world-size", str(ns.world_size), "--backend", ns.backend, "--no-profile", "--no-progress"]
-    for flag in ("model", "batch_size", "grad_accum", "max_seq_len", "bucket_cap_mb", "timeout"):
+    train_args = ["--no-profile", "--no-progress"]
+    for flag in SHARED:
         if getattr(ns, flag) is not None:
             train_args += ["--" + flag.replace("_", "-"), str(getattr(ns, flag))]
     try:
@@ -129,19 +173,16 @@ def pool_main(folders: list[str], out: str | None) -> int:
             runs.append(saved["rows"])
             metas.append(saved["meta"])
         except (OSError, ValueError, KeyError) as exc:
-            print(f"{PROG}: error: --pool: cannot read {path} ({type(exc).__name__}: {exc}); "
-                  "give folders written by python -m minddp.bench", file=sys.stderr)
-            return 2
+            raise UsageError(f"--pool: cannot read {path} ({type(exc).__name__}: {exc}); give folders written by "
+                             "python -m minddp.bench") from None
     try:
         rows = pool(runs)
     except ValueError as exc:
-        print(f"{PROG}: error: --pool: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--pool: {exc}") from None
     presets = {m.get("preset") for m in metas}
     if len(presets) > 1:
-        print(f"{PROG}: error: --pool: the runs used different presets ({sorted(map(str, presets))}); pool runs "
-              "of one preset", file=sys.stderr)
-        return 2
+        raise UsageError(f"--pool: the runs used different presets ({sorted(map(str, presets))}); pool runs of "
+                         "one preset")
     targets = check_targets(rows, presets.pop())
     print(markdown_table(rows) + "\n\n" + targets_markdown(targets))
     if out:
@@ -157,40 +198,48 @@ def main(argv: list[str] | None = None) -> int:
     from minddp.bench.worker import bench_rank
     from minddp.config import ConfigError
     from minddp.data import DataError
+    from minddp.hang import DEFAULT_HANG_S
     from minddp.launch import RankError, launch
+    from minddp.outputs import Outputs
     from minddp.train import prepare
     try:
         ns, cfg, configs = parse(argv)                                                     # step 1
         if ns.pool:
             return pool_main(ns.pool, ns.out)
+        out = ns.out or os.path.join("results", f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
+        Outputs().folder("--out", out)     # the results folder can be written, before minutes of measuring
         data, backend, _ = prepare(cfg)
     except (UsageError, ConfigError, DataError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(PROG, exc, build_parser())
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted (Ctrl-C) before measuring; nothing was started", file=sys.stderr)
+        return 130
     date = time.strftime("%Y-%m-%d %H:%M:%S")
-    out = ns.out or os.path.join("results", f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
     trace_dir = os.path.join(out, "traces") if ns.profile_steps else None
     shares = launch_shares(ns.rounds, ns.launches)
     print(f"{PROG}: {len(configs)} configurations x {ns.rounds} rounds ({' + '.join(map(str, shares))} in "
-          f"{ns.launches} launch{'es' if ns.launches > 1 else ''}) x {ns.steps} steps on {cfg.world_size} "
+          f"{ns.launches} launch{'es' if ns.launches > 1 else ''}) x {ns.steps_per_round} steps on {cfg.world_size} "
           f"ranks ({backend}) -> {out}", file=sys.stderr, flush=True)
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     per_launch = []
     for index, rounds in enumerate(shares):                                                 # step 2
         try:
-            per_rank = launch(bench_rank, configs, cfg, data, rounds, ns.steps, ns.warmup, trace_dir,
+            per_rank = launch(bench_rank, configs, cfg, data, rounds, ns.steps_per_round, ns.warmup, trace_dir,
                               ns.profile_steps, index, index == 0,     # memory once: it does not depend on timing
-                              world_size=cfg.world_size, backend=backend, timeout_s=cfg.timeout)
+                              world_size=cfg.world_size, backend=backend, timeout_s=cfg.timeout,
+                              hang_s=DEFAULT_HANG_S if cfg.hang_timeout is None else cfg.hang_timeout or None)
         except RankError as exc:
             print(f"{PROG}: {exc}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:     # the launcher has said so in one line and ended the ranks
+            return 130
         per_launch.append(summarize(configs, per_rank, rounds))                             # step 3
     rows = pool(per_launch) if len(per_launch) > 1 else per_launch[0]
     meta = {"date": date, "command": "python -m minddp.bench " + " ".join(sys.argv[1:] if argv is None else argv),
             "machine": machine(), "model": cfg.model, "data": data.source, "world_size": cfg.world_size,
             "backend": backend, "launches": ns.launches, "rounds": ns.rounds, "rounds_per_launch": shares,
-            "steps_per_round": ns.steps, "warmup_per_round": ns.warmup,
+            "steps_per_round": ns.steps_per_round, "warmup_per_round": ns.warmup,
             "profiled_steps": ns.profile_steps, "batch_size_per_rank": cfg.batch_size, "grad_accum": cfg.grad_accum,
             "max_seq_len": cfg.max_seq_len, "bucket_cap_mb": cfg.bucket_cap_mb,
             "load_avg_1min_before_after": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",
