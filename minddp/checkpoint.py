@@ -97,9 +97,12 @@ def _to_cpu(obj: Any) -> Any:
 def _hook_fields(hook_state: Any) -> dict | None:
     """The fields of a stateful comm hook (PowerSGD's memory), without its process group.
 
-    A stateless hook's state is ``None`` or the process group: nothing to keep.
+    A stateless hook's state is ``None``, the process group, or a
+    :class:`~minddp.comm.wire.Wire` (a group, a transport and a meter): nothing
+    to keep across a restart (and a group cannot be pickled).
     """
-    if hook_state is None or isinstance(hook_state, dist.ProcessGroup):
+    from minddp.comm.wire import Wire
+    if hook_state is None or isinstance(hook_state, (dist.ProcessGroup, Wire)):
         return None
     fields = hook_state.__getstate__()  # PowerSGDState drops its group here
     return {k: v for k, v in fields.items() if k != "process_group"} if isinstance(fields, dict) else fields

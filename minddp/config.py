@@ -232,7 +232,7 @@ EXAMPLES = [
     "--dataset glue/mrpc --batch-size 16 --steps 6",
 ]
 
-USAGE = "python -m minddp.train [--stage NAME] [--steps N] [--model NAME] [options]"
+USAGE = "python -m minddp.train [--stage NAME[,...]] [--steps N] [--model NAME] [options]"
 
 
 def field_option(name: str) -> tuple[str, dict]:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cli_checks import usage_error
 from minddp import RankError, launch, train
 from minddp.checkpoint import CheckpointError, atomic_write, load_checkpoint, read_checkpoint, save_checkpoint
 
@@ -74,6 +75,7 @@ def runs(tmp_path_factory):
     survived["step"] = read_checkpoint(str(b / f"{STAGE}.pt"))["step"]
     assert train.main(COMMON + ["--checkpoint-dir", str(b), "--resume", str(b / f"{STAGE}.pt"),
                                 "--summary-json", str(tmp / "c.json")]) == 0
+    survived["after_resume"] = sorted(os.listdir(b))
     return {"tmp": tmp, "a": a, "b": b, "survived": survived,
             "losses": {k: json.loads((tmp / f"{k}.json").read_text())["stages"][STAGE]["losses"] for k in "ac"}}
 
@@ -84,6 +86,21 @@ def test_crash_during_a_save_leaves_the_previous_checkpoint_intact(runs):
     assert s["sha_after"] == s["sha_before"] and s["step"] == 3
     # the half-written temporary file is all the crash left; it sits beside the good file, never over it
     assert s["litter"][0].startswith(f".{STAGE}.pt.tmp-") and s["litter"][1:] == [f"{STAGE}.pt"]
+    # and the next save (the resumed run's) removed it: its writer is gone
+    assert s["after_resume"] == [f"{STAGE}.pt"]
+
+
+def test_a_save_removes_only_the_temporaries_whose_writer_is_gone(tmp_path):
+    import subprocess
+    import sys
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid, live_pid = int(gone.stdout), os.getppid()          # a pid that exited, one that runs
+    path = tmp_path / "x.pt"
+    for pid in (dead_pid, live_pid):
+        (tmp_path / f".x.pt.tmp-{pid}").write_bytes(b"half")
+    (tmp_path / ".other.pt.tmp-1").write_bytes(b"not ours")       # another checkpoint's: left alone
+    atomic_write(b"new", str(path))
+    assert sorted(os.listdir(tmp_path)) == [".other.pt.tmp-1", f".x.pt.tmp-{live_pid}", "x.pt"]
 
 
 def test_resumed_run_equals_the_uninterrupted_one_bitwise(runs):
@@ -121,8 +138,34 @@ def test_a_checkpoint_of_another_run_is_refused_in_one_line_before_any_rank(runs
             j = argv.index(extra[i])
             del argv[j:j + 2]
     assert train.main(argv + extra) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and cause in err, err
+    usage_error(capsys.readouterr().err, "train", cause)
+
+
+@pytest.mark.parametrize("content", [b"\x93NUMPY random bytes \x00\xff" * 40, b'{"step": 3, "model": "json"}'])
+def test_a_resume_file_that_is_no_checkpoint_is_one_line_before_any_rank(content, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(train, "launch", lambda *a, **k: pytest.fail("a rank was started"))
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(content)
+    assert train.main(COMMON + ["--resume", str(bad), "--checkpoint-dir", str(tmp_path)]) == 2
+    usage_error(capsys.readouterr().err, "train", "is not a checkpoint (not a file torch.save wrote")
+
+
+def test_resume_checks_the_model_up_front_when_the_same_data_path_now_builds_another(tmp_path, capsys, monkeypatch):
+    # The offline model's vocabulary comes from the data: the same --dataset path with new words builds a
+    # larger embedding. Before, the ranks found out (exit 1); now the parent does, before starting any.
+    data = tmp_path / "pairs.csv"
+    rows = [f"{a} met {b},{b} met {a},{int(a < b)}" for a in "abcdefgh" for b in "abcdefgh"]
+    data.write_text("sentence1,sentence2,label\n" + "\n".join(rows) + "\n")
+    argv = ["--stage", STAGE, "--dataset", str(data), "--steps", "3", "--save-every", "2", "--no-profile",
+            "--batch-size", "2", "--grad-accum", "1", "--max-seq-len", "16", "--eval-examples", "4",
+            "--no-progress", "--checkpoint-dir", str(tmp_path / "ck"), "--timeout", "30"]
+    assert train.main(argv) == 0                          # a single CSV file is a data set (10% held out)
+    with open(data, "a") as f:
+        f.write("\n".join(f"zebra{i} quokka{i},yak{i},1" for i in range(20)) + "\n")
+    monkeypatch.setattr(train, "launch", lambda *a, **k: pytest.fail("a rank was started"))
+    capsys.readouterr()
+    assert train.main(argv + ["--resume", str(tmp_path / "ck" / f"{STAGE}.pt"), "--steps", "4"]) == 2
+    usage_error(capsys.readouterr().err, "train", "holds another model: 'model.embed_tokens.weight' is")
 
 
 def test_corrupt_truncated_foreign_and_other_model_files_are_refused(runs, tmp_path):

@@ -49,7 +49,7 @@ def _bench_stages() -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     from minddp.config import TrainConfig, field_option, stage_list
-    p = Parser(prog="python -m minddp.bench", usage="python -m minddp.bench [--stage LIST] [--quick] [options]",
+    p = Parser(prog="python -m minddp.bench", usage="python -m minddp.bench [--stage NAME[,...]] [--quick] [options]",
                examples=EXAMPLES,
                description="Benchmark every minddp stage against torch's DDP and the no-communication limit. Bad "
                            "options exit with code 2 before any rank starts.")
