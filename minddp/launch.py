@@ -204,7 +204,9 @@ def launch(
                 p.start()
                 procs.append(p)
             # Step 4: gather, watching for a hung rank (minddp.hang).
-            out = _gather(procs, results, beats=dist.PrefixStore("minddp", store),
+            # (A function, not the store: the traceback of a RankError keeps _gather's locals alive, and
+            # the store must go with `del store` below, so that its port is free once launch returns.)
+            out = _gather(procs, results, beats=lambda: dist.PrefixStore("minddp", store),
                           detector=hang.Detector(hang_s, stall_s))
             ok = True
             return out
@@ -454,7 +456,7 @@ def _steps(beats_store, ranks) -> dict[int, int]:
 def _gather(procs, results, beats=None, detector: hang.Detector | None = None, grace_s: float = 2.0) -> list[Any]:
     """Step 4: results by rank; on a failure, the others' reports for ``grace_s``; a hung rank named (minddp.hang).
 
-    ``beats`` is the store the ranks beat into; ``detector`` judges their beats once a second.
+    ``beats()`` gives the store the ranks beat into; ``detector`` judges their beats once a second.
     """
     world_size = len(procs)
     done: dict[int, Any] = {}
@@ -500,19 +502,20 @@ def _gather(procs, results, beats=None, detector: hang.Detector | None = None, g
         # Every failure is an echo (a collective that timed out or broke): the ranks that neither
         # failed nor finished are the ones the others waited for.
         silent = [r for r in range(world_size) if r not in done and r not in errors]
-        steps = _steps(beats, silent) if beats is not None else {}
+        steps = _steps(beats(), silent) if beats is not None else {}
         for rank in silent:
             at = f" at step {steps[rank]}" if rank in steps else ""
             errors[rank] = (f"rank {rank} hung{at}: it never joined the collective that ranks {sorted(errors)} "
                             "failed in (it was still running when they gave up)\n")
             exc_types[rank] = "Hung"
     if errors:
-        raise RankError(errors, exc_types, _steps(beats, errors) if beats is not None else {})
+        raise RankError(errors, exc_types, _steps(beats(), errors) if beats is not None else {})
     return [done[r] for r in range(world_size)]
 
 
 def _judge(detector: hang.Detector, beats, running: list[int], now: float) -> dict[int, str] | None:
     """One look at the running ranks' beats; for a verdict, each named rank's line and (if it can) its stack."""
+    beats = beats()
     try:
         verdict = detector.observe(hang.read_beats(beats, running), now)
     except (RuntimeError, ValueError, dist.DistError):   # a look that failed is no verdict
