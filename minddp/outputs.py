@@ -69,25 +69,29 @@ class Outputs:
 
     needs: list[tuple[str, str, int]] = field(default_factory=list)   # (flag, existing folder, bytes)
 
-    def folder(self, flag: str, path: str, need: int = 0) -> None:
-        """``path`` is (or can become) a writable folder; ``need`` bytes will be written into it."""
-        if os.path.exists(path) and not os.path.isdir(path):
+    def folder(self, flag: str, path: str, need: int = 0, shown: str | None = None) -> None:
+        """``path`` is (or can become) a writable folder; ``need`` bytes will be written into it.
+
+        ``shown``: the path the user gave, when ``path`` is the folder of a file they named.
+        """
+        shown = path if shown is None else shown
+        if os.path.exists(path) and not os.path.isdir(path) and shown == path:
             raise UsageError(f"{flag} {path!r} is a file, not a folder; give a folder path (or move the file away)")
         base = _existing_parent(path)
         if not os.path.isdir(base):
-            raise UsageError(f"{flag} {path!r} cannot be created: {base!r} is a file, not a folder; give a path "
+            raise UsageError(f"{flag} {shown!r} cannot be created: {base!r} is a file, not a folder; give a path "
                              "under a folder")
         why = _probe(base)
         if why is not None:
-            where = "" if base == os.path.abspath(path) else f" (its existing parent {base!r})"
-            raise UsageError(f"{flag} {path!r}{where} is not writable ({why}); give a folder you can write to")
+            where = "" if base == os.path.abspath(shown) else f" (its existing parent {base!r})"
+            raise UsageError(f"{flag} {shown!r}{where} is not writable ({why}); give a path you can write to")
         self.needs.append((flag, base, need))
 
     def file(self, flag: str, path: str, need: int = 64 * 1024) -> None:
         """``path`` is (or can become) a writable file."""
         if os.path.isdir(path):
             raise UsageError(f"{flag} {path!r} is a folder; give a file path (e.g. {os.path.join(path, 'summary.json')!r})")
-        self.folder(flag, os.path.dirname(path) or ".", need)
+        self.folder(flag, os.path.dirname(path) or ".", need, shown=path)
         if os.path.exists(path):
             try:
                 with open(path, "ab"):   # opens for writing without changing a byte
