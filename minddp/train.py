@@ -205,7 +205,13 @@ def profiling(cfg: TrainConfig) -> bool:
 def _progress(cfg: TrainConfig, stage: str, rank: int, first: int = 0):
     if rank != 0 or not cfg.progress:
         return None
+    import threading
+
     from tqdm import tqdm
+    # tqdm's default lock is a multiprocessing semaphore; a rank ended mid-run (Ctrl-C, a failed peer)
+    # cannot release it, and Python's resource tracker then warns of a leaked semaphore at exit.
+    # One rank draws one bar: a thread lock is all it needs.
+    tqdm.set_lock(threading.RLock())
     return tqdm(total=cfg.steps, initial=first, desc=f"{stage:>12}", unit="step", file=sys.stderr, dynamic_ncols=True)
 
 
@@ -376,7 +382,7 @@ def warn_if_oversubscribed(cfg: TrainConfig) -> None:
 def write_outputs(cfg: TrainConfig, summary: dict, run_dir: str, lost: list[str]) -> None:
     """Step 4's files, each on its own: one that cannot be written is named in ``lost``, the others still are."""
     targets = []
-    if profiling(cfg):
+    if profiling(cfg) and summary["stages"]:
         targets.append((os.path.join(run_dir, "summary.json"), "the run's summary.json"))
     if cfg.summary_json:
         targets.append((cfg.summary_json, "--summary-json"))
