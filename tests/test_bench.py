@@ -17,6 +17,7 @@ import sys
 
 import pytest
 
+from cli_checks import usage_error
 from minddp.bench import COLUMNS, bench_configs
 from minddp.bench.__main__ import main
 
@@ -107,22 +108,21 @@ def test_overlap_pools_ranks_and_rounds_as_one_ratio():
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (["--stages", "ddp,nope"], "--stages: unknown ['nope']"),
+    (["--stages", "ddp,nope"], "argument --stage/--stages: unknown stage nope"),
     (["--variants", "zip"], "--variants: unknown ['zip']"),
-    (["--stages", "ddp", "--variants", "noop,pyhook"], "--variants pyhook adds no configuration to --stages ddp; "
-                                                       "add torch to --stages"),
-    (["--stages", "bucket", "--variants", "gabv"], "add ddp or torch to --stages"),
-    (["--rounds", "0"], "--rounds must be at least 1"),
-    (["--batch-size", "0"], "--batch-size must be at least 1"),
-    (["--launches", "0"], "--launches must be at least 1"),
+    (["--stages", "ddp", "--variants", "noop,pyhook"], "--variants pyhook adds no configuration to --stage ddp; "
+                                                       "add torch to --stage"),
+    (["--stages", "bucket", "--variants", "gabv"], "add ddp or torch to --stage"),
+    (["--rounds", "0"], "argument --rounds: must be at least 1"),
+    (["--batch-size", "0"], "argument --batch-size: must be at least 1"),
+    (["--launches", "0"], "argument --launches: must be at least 1"),
     (["--rounds", "2", "--launches", "3"], "--launches (3) must not exceed --rounds (2)"),
 ])
-def test_bad_input_is_one_line_and_exit_2(argv, fragment):
+def test_bad_input_is_a_usage_line_and_one_error_line_exit_2(argv, fragment):
     proc = subprocess.run([sys.executable, "-m", "minddp.bench", *argv], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("minddp.bench: error:") and fragment in lines[0], proc.stderr
+    usage_error(proc.stderr, "bench", fragment)
 
 
 def _row(config, median, **kw):
