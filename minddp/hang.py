@@ -184,7 +184,20 @@ class Heartbeat:
         return self
 
     def stop(self) -> None:
+        """End the thread and let go of its store connection, now rather than at interpreter exit.
+
+        A daemon thread still inside a store call while Python shuts down
+        aborts the process ("terminate called without an active exception")
+        after a run that went well; so the thread is joined and the
+        connection dropped here.
+        """
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5 * self.every_s)
+        with self._lock:
+            self.store = _Gone()
+            if self.monitor is not None:
+                self.monitor.store = _Gone()
 
     def _publish_locked(self) -> None:
         with self._lock:
@@ -233,6 +246,16 @@ def _stack_of(ident: int) -> str:
     launcher = os.path.join(os.path.dirname(__file__), "launch.py")
     starts = [i for i, f in enumerate(frames) if f.filename == launcher]
     return "".join(traceback.format_list(frames[starts[-1] + 1:] if starts else frames))
+
+
+class _Gone:
+    """Where a stopped heartbeat's store was: every call is a no-op that finds nothing."""
+
+    def set(self, *a):
+        pass
+
+    def check(self, *a):
+        return False
 
 
 _beat: Heartbeat | None = None
