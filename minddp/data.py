@@ -166,7 +166,10 @@ def _load_local(path: str):
     """A ``save_to_disk`` folder, a folder of split files, or one csv/json/parquet file (then all of it is train)."""
     import datasets
     path = os.path.expanduser(path)
-    datasets.disable_progress_bars()      # the one line below is the whole story; no bars around it
+    bars = not datasets.utils.are_progress_bars_disabled()
+    datasets.disable_progress_bars()      # the one line below is the whole story: no bars, no log around it
+    verbosity = datasets.utils.logging.get_verbosity()
+    datasets.utils.logging.set_verbosity(datasets.utils.logging.CRITICAL)
     try:
         if os.path.isfile(path):
             kind = FILE_KINDS.get(os.path.splitext(path)[1].lower())
@@ -191,6 +194,10 @@ def _load_local(path: str):
         raise DataError(f"--dataset {path!r} could not be loaded by datasets ({type(cause).__name__}: {text}); "
                         "give a save_to_disk folder, a folder of train/validation csv, json or parquet files, "
                         "or one such file") from None
+    finally:
+        datasets.utils.logging.set_verbosity(verbosity)
+        if bars:
+            datasets.enable_progress_bars()
 
 
 def _root_cause(exc: BaseException) -> BaseException:

@@ -234,3 +234,19 @@ def test_torch_stage_skips_only_hooks_torch_cannot_run_here():
     assert "NCCL" in train.torch_hook_unavailable("bf16", "gloo", 25)
     with pytest.raises(RankError):
         launch(_torch_powersgd_with_two_buckets, world_size=2, timeout_s=10, stall_s=10)
+
+
+@pytest.mark.parametrize("name, content, cause", [
+    ("pairs.txt", b"sentence1,sentence2,label\na,b,1\n", "is a file of a kind minddp cannot read; give a .csv/"),
+    ("pairs.csv", b'sentence1,sentence2,label\n"caf\xe9 au lait",b,1\n', "is not UTF-8 text (utf-8 cannot decode "
+                                                                          "byte 0xe9 at position"),
+    ("pairs.csv", b"first,second,label\na,b,1\n", "lacks column(s) sentence1, sentence2"),
+])
+def test_a_data_file_is_read_or_refused_with_its_reason(name, content, cause, tmp_path, capsys, monkeypatch):
+    # Before: one CSV file gave "Couldn't find any data file" (it exists), and non-UTF-8 data hid its cause.
+    # A good file trains: tests/test_reliability_checkpoint.py trains on one CSV file.
+    monkeypatch.setattr(train, "launch", lambda *a, **k: pytest.fail("a rank was started"))
+    path = tmp_path / name
+    path.write_bytes(content)
+    assert train.main(["--dataset", str(path), "--steps", "2"]) == 2
+    usage_error(capsys.readouterr().err, "train", cause)
