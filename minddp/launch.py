@@ -204,9 +204,10 @@ def launch(
                 p.start()
                 procs.append(p)
             # Step 4: gather, watching for a hung rank (minddp.hang).
-            # (A function, not the store: the traceback of a RankError keeps _gather's locals alive, and
-            # the store must go with `del store` below, so that its port is free once launch returns.)
-            out = _gather(procs, results, beats=lambda: dist.PrefixStore("minddp", store),
+            # (A function over `held`, not the store: the traceback of a RankError keeps _gather's
+            # locals alive, and the store must go below, so that its port is free once launch returns.)
+            held = [store]
+            out = _gather(procs, results, beats=lambda: dist.PrefixStore("minddp", held[0]),
                           detector=hang.Detector(hang_s, stall_s))
             ok = True
             return out
@@ -217,6 +218,7 @@ def launch(
             # On failure the surviving ranks may sit in a collective that will
             # never complete: do not wait for them long.
             end_processes(procs, grace_s=3.0 if ok else 0.5)
+            held = []  # noqa: F841 - the lambda reads this variable: it no longer reaches the store
             del store
 
 

@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
@@ -25,6 +24,7 @@ from minddp import RankError, launch, train
 from minddp.hang import BEAT_S, Beat, Detector
 from minddp.launch import report_step
 from processes import descendants, run_torchrun
+from rank_faults import train_rank_with_fault
 from minddp.processes import alive
 
 HANG_S = 4.0
@@ -91,21 +91,12 @@ def test_progress_a_finished_rank_and_a_held_up_monitor_reset_the_clock():
 
 # -- a stopped rank, on the local launcher (through the train command) and under torchrun --------------
 
-def stop_rank1_at_step3(cfg, stage, data, folder, note):
-    """train_rank, with rank 1 SIGSTOPped at the start of step 3 (the time of the stop written to ``note``)."""
-    import minddp.loop
-    real, calls = minddp.loop.train_step, []
-
-    def train_step(*args):
-        calls.append(1)
-        if dist.get_rank() == 1 and len(calls) == 4:
-            with open(note, "w") as f:
-                f.write(f"{os.getpid()} {time.time()}")
-            os.kill(os.getpid(), signal.SIGSTOP)
-        return real(*args)
-
-    minddp.loop.train_step = train_step
-    return train.train_rank(cfg, stage, data, folder)
+def stop_rank1(note):
+    """On rank 1: note the pid and the time, then SIGSTOP this process (a fault for rank_faults)."""
+    if dist.get_rank() == 1:
+        with open(note, "w") as f:
+            f.write(f"{os.getpid()} {time.time()}")
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 @pytest.mark.timeout(120)
@@ -114,7 +105,8 @@ def test_train_cli_names_a_stopped_rank_within_the_bound(monkeypatch, capfd, tmp
     # "rank 0 failed" with gloo's timeout; rank 1 never named.
     note = str(tmp_path / "stopped")
     real_launch = train.launch
-    monkeypatch.setattr(train, "launch", lambda fn, *a, **k: real_launch(stop_rank1_at_step3, *a, note, **k))
+    monkeypatch.setattr(train, "launch",
+                        lambda fn, *a, **k: real_launch(train_rank_with_fault, *a, stop_rank1, 4, note, **k))
     rc = train.main(["--stage", "bucket-async", "--steps", "500", "--no-profile", "--batch-size", "2",
                      "--grad-accum", "1", "--max-seq-len", "16", "--eval-examples", "8", "--progress",
                      "--timeout", str(TIMEOUT_S), "--hang-timeout", str(HANG_S), "--checkpoint-dir", str(tmp_path)])
