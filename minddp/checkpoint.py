@@ -180,13 +180,13 @@ def save_checkpoint(path: str, *, model: nn.Module, optimizer: torch.optim.Optim
     else:
         shares, rank = [mine], 0
     if rank == 0:
-        payload = {"format": FORMAT, "step": step, "config": dict(config),
-                   "model": _to_cpu(model.state_dict()), "optimizer": _to_cpu(optimizer.state_dict()),
-                   "ranks": shares}
-        buf = io.BytesIO()
-        torch.save(payload, buf)
         from minddp.hang import alone
         with alone("writing the checkpoint"):        # the other ranks wait at the barrier meanwhile
+            payload = {"format": FORMAT, "step": step, "config": dict(config),
+                       "model": _to_cpu(model.state_dict()), "optimizer": _to_cpu(optimizer.state_dict()),
+                       "ranks": shares}
+            buf = io.BytesIO()
+            torch.save(payload, buf)
             atomic_write(buf.getvalue(), path)                                        # steps 2-3
     if distributed:
         dist.barrier(group=group)                                                     # step 4

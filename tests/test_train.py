@@ -250,3 +250,10 @@ def test_a_data_file_is_read_or_refused_with_its_reason(name, content, cause, tm
     path.write_bytes(content)
     assert train.main(["--dataset", str(path), "--steps", "2"]) == 2
     usage_error(capsys.readouterr().err, "train", cause)
+
+
+def test_a_comma_list_of_stages_runs_those_stages_in_that_order():
+    assert train.parse_args(["--stage", "ddp,single,ddp"]).stages() == ["ddp", "single"]
+    assert train.parse_args(["--stage", "all"]).stages() == [s for s in stage_choices() if s != "all"]
+    with pytest.raises(train.ConfigError, match="--resume continues one stage's run"):
+        train.parse_args(["--stage", "ddp,single", "--resume", __file__])
