@@ -15,6 +15,9 @@ that ``torch.distributed`` is initialised:
 4. The parent gathers the results in rank order. When a rank fails or dies,
    the parent gives the other ranks a moment to report, then ends the ranks it
    started, by their process ids, and raises :class:`RankError` naming the rank.
+   Meanwhile every rank beats into the store (:mod:`minddp.hang`), so that a
+   rank that stops while the others wait for it is named within ``hang_s``
+   seconds, not after the collective timeout.
 5. The ranks do not outlive the parent. A SIGTERM to the parent (``timeout``,
    a job scheduler, ``kill``) ends its ranks before it exits with status 143;
    and each rank watches the parent's pid, so even a parent killed with
@@ -24,7 +27,9 @@ that ``torch.distributed`` is initialised:
 
 Under ``torchrun`` the processes already exist: :func:`launch` then joins the
 job described by ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/
-``MASTER_PORT`` and runs ``fn`` once, on this rank only. A process may call
+``MASTER_PORT`` and runs ``fn`` once, on this rank only; ranks 0 and 1 watch
+everyone's beats, and each worker watches its torchrun agent's pid
+(:func:`watch_torchrun_agent`), so that no worker outlives a killed torchrun. A process may call
 :func:`launch` several times (``--stage all`` does, once per stage): each
 call builds its group under its own key prefix in torchrun's store, because
 a group built on keys an earlier group already wrote would read stale

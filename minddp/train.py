@@ -3,7 +3,10 @@
 What one run does:
 
 1. **validate** every option in this process, before any rank starts
-   (one-line error, exit code 2);
+   (a usage line and one error line, exit code 2): each value finite and in
+   range, the outputs writable with room for what the run will write
+   (:mod:`minddp.outputs`), a ``--resume`` file read whole and checked against
+   the model this run builds;
 2. **prepare** the model name (the offline default if a hub model cannot be
    had) and the data (tokenized once, here, then handed to every rank);
 3. for each stage: **launch** the ranks (``single`` is one process on the
@@ -13,6 +16,9 @@ What one run does:
    under the profiler for the first steps; it then measures held-out accuracy;
 4. **report**: a summary table on rank 0, ``summary.json`` and each stage's
    ``config.json`` beside the traces, and optionally ``python -m minddp.analyze``.
+   The table comes first and each file is written on its own, so one that
+   cannot be written (a full disk) is named and hides nothing; the exit code
+   is then 1, as for a failed rank (whose table of finished stages is kept too).
 
 Example::
 
