@@ -1,0 +1,311 @@
+"""The checker's side in the notebook (or any Python process): start ranks, send the check, read the reports.
+
+1. **ranks**: the checks run on a cluster of their own
+   (:class:`~minddp.notebook.Cluster`, started at the first check and kept for
+   the next ones), not on the notebook's ``%dist_init`` ranks: a stage that
+   hangs in C++ may have to be ended by pid, and that must not cost the
+   learner the variables on the notebook's ranks. Its process group has the
+   check's ``timeout_s``, so a collective that no other rank joins fails
+   after that long instead of waiting for ever;
+2. **send**: the learner's class or hook goes to every rank (cloudpickle
+   sends a class defined in a notebook by value), with
+   :func:`~minddp.exercises.harness.check_stage_on_rank` or
+   :func:`~minddp.exercises.harness.check_hook_on_rank`;
+3. **read**: every rank prints one report (also when it failed); the reports
+   are turned into one :class:`Verdict`, the first problem found in this
+   order: a rank that raised, a rank that hung, the start (broadcast), the
+   gradients, the parameters, the number and place of the all_reduce calls.
+
+Example::
+
+    >>> verdict = check(MySimpleDDP, like="simple")
+    >>> verdict.ok, verdict.line
+    (False, "✗ simple: gradients were summed, not averaged, at step 1 ...")
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+from dataclasses import dataclass, field
+
+from minddp.exercises import harness, solutions
+
+_cluster = None
+
+
+@dataclass
+class Verdict:
+    """What a check found: ``ok``, and one line that says it (``✓ ...`` or ``✗ ...``)."""
+
+    ok: bool
+    line: str
+    reports: dict = field(default_factory=dict, repr=False)   #: rank -> that rank's raw report
+
+    def __str__(self) -> str:
+        return self.line
+
+    __repr__ = __str__
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def ranks(world_size: int = 2, timeout_s: float = 20.0):
+    """Step 1: the checker's cluster, started (or restarted with new settings) when needed."""
+    global _cluster
+    from minddp.notebook.cluster import Cluster
+
+    if _cluster is not None and _cluster.running and (_cluster.world_size, _cluster.timeout_s) == (world_size, timeout_s):
+        return _cluster
+    if _cluster is not None:
+        _cluster.shutdown()
+    print(f"(starting {world_size} ranks for the checker; they stay for the next checks)", flush=True)
+    _cluster = Cluster(world_size, backend="gloo", timeout_s=timeout_s, grace_s=1.0, release_s=3.0).start()
+    return _cluster
+
+
+def shutdown() -> None:
+    """Stop the checker's ranks (they also stop with the process)."""
+    global _cluster
+    if _cluster is not None:
+        _cluster.shutdown()
+        _cluster = None
+
+
+def check(stage, like: str | None = None, *, bucket_cap_mb: float = 0.001, steps: int = 3, accum: int = 3,
+          world_size: int = 2, timeout_s: float = 20.0) -> Verdict:
+    """Train the stage class ``stage`` on ``world_size`` ranks beside a single process and torch's DDP.
+
+    ``like`` names the model answer it is measured against for the number and
+    place of its all_reduce calls (``simple``, ``ga``, ``hook``, ``hook-async``,
+    ``bucket``, ``bucket-async``; ``None``: correctness only). The stage is
+    built as ``stage(module)``, plus ``bucket_cap_mb`` when its ``__init__``
+    takes it (the default makes two buckets of the checker's network). A
+    collective that one rank waits in for ``timeout_s`` seconds is a hang.
+    """
+    if like is not None and like not in solutions.STAGES:
+        raise ValueError(f"like={like!r}: choose one of {', '.join(solutions.STAGES)}, or None")
+    if not isinstance(stage, type):
+        raise TypeError(f"check() takes a stage class (e.g. check(MySimpleDDP, like='simple')), got {stage!r}")
+    name = like or stage.__name__
+    reports = _run(harness.check_stage_on_rank, (stage, like, {"bucket_cap_mb": bucket_cap_mb}, steps, accum),
+                   world_size, timeout_s)
+    return _stage_verdict(name, like, reports, timeout_s, bucket_cap_mb)
+
+
+def check_hook(hook, like: str = "fp16", *, steps: int = 3, accum: int = 3, world_size: int = 2,
+               timeout_s: float = 20.0) -> Verdict:
+    """Check a comm hook ``hook(state, bucket) -> Future[Tensor]`` against the model answer ``like``.
+
+    The hook is called on a bucket of known gradients (state ``None``: the
+    default group), then trains minddp's ``bucket-async`` stage beside torch's
+    DDP running torch's own hook of that name and a single process.
+    """
+    if like not in solutions.HOOKS:
+        raise ValueError(f"like={like!r}: choose one of {', '.join(solutions.HOOKS)}")
+    if not callable(hook):
+        raise TypeError(f"check_hook() takes a hook function hook(state, bucket), got {hook!r}")
+    reports = _run(harness.check_hook_on_rank, (hook, like, steps, accum), world_size, timeout_s)
+    return _hook_verdict(like, reports, timeout_s)
+
+
+def _run(fn, args: tuple, world_size: int, timeout_s: float) -> dict:
+    """Step 2: one call on every rank; each rank's report (None for a rank that gave none)."""
+    cluster = ranks(world_size, timeout_s)
+    # The group's own timeout ends a stuck collective first; the runner's release is the backstop.
+    outputs = cluster.run(fn, *args, timeout_s=timeout_s * 2 + 30, raise_errors=False)
+    reports = {}
+    for out in outputs:
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith(harness.MARK)]
+        reports[out.rank] = json.loads(lines[-1][len(harness.MARK):]) if lines else None
+        if reports[out.rank] is None:
+            reports[out.rank] = {"rank": out.rank, "lost": out.exc_type or "no report", "note": out.note}
+    return reports
+
+
+# ------------------------------------------------------------------------------------------ verdicts
+def _stage_verdict(name: str, like: str | None, reports: dict, timeout_s: float, cap: float) -> Verdict:
+    trouble = _trouble(name, reports, timeout_s)
+    if trouble:
+        return Verdict(False, trouble, reports)
+    first = reports[min(reports)]
+    finding = first.get("finding")
+    if finding:
+        return Verdict(False, f"✗ {name}: " + _stage_finding(finding, first), reports)
+    counts = _counts_problem(first, like, cap)
+    if counts:
+        return Verdict(False, f"✗ {name}: " + counts, reports)
+    d_single, d_torch = first.get("max_diff", [float("nan")] * 2)
+    calls = sum(first["counts"][-1].values()) if first["counts"] else 0
+    same = f", as '{like}' makes" if like else ""
+    return Verdict(True, (
+        f"✓ {name}: after {first['checked_steps']} steps of {first['accum']} micro-batches on {first['world']} ranks "
+        f"the parameters match a single process on the global batch (largest difference {d_single:.1e}) and "
+        f"torch's DDP ({d_torch:.1e}); {calls} all_reduce calls per step{same}"), reports)
+
+
+def _hook_verdict(like: str, reports: dict, timeout_s: float) -> Verdict:
+    trouble = _trouble(like, reports, timeout_s)
+    if trouble:
+        return Verdict(False, trouble, reports)
+    first = reports[min(reports)]
+    finding = first.get("finding")
+    if finding:
+        return Verdict(False, f"✗ {like} hook: " + _hook_finding(finding, first), reports)
+    mine, ref = first["probe"], first["reference_probe"]
+    d_single, d_torch = first["max_diff"]
+    return Verdict(True, (
+        f"✓ {like} hook: it averages a bucket of {mine['numel']} values with relative error "
+        f"{mine['relative_error']:.1e} (the model answer: {ref['relative_error']:.1e}), sending "
+        f"{mine['bytes'] / mine['numel']:.0f} bytes per value; in the bucket-async stage it trains like torch's "
+        f"DDP with torch's {like} hook (largest parameter difference {d_torch:.1e}), and {d_single:.1e} from a "
+        f"single process without compression"), reports)
+
+
+def _trouble(name: str, reports: dict, timeout_s: float) -> str | None:
+    """Step 3's first two checks: a rank that raised, a rank that hung (or gave no report)."""
+    lost = [r for r, rep in reports.items() if "lost" in rep]
+    errors = {r: rep["error"] for r, rep in reports.items() if rep.get("error")}
+    raised = {r: e for r, e in errors.items() if not e["waiting"]}
+    if raised:
+        r = min(raised)
+        e = raised[r]
+        ranks = _ranks_text(sorted(raised))
+        where = _where_text(e)
+        return (f"✗ {name}: your code raised {e['type']}{where} on {ranks}, during {e['phase']}: "
+                f"{e['message'] or '(no message)'}")
+    if errors or lost:
+        stuck = {r: e for r, e in errors.items() if e.get("where")}
+        others = {r: e for r, e in errors.items() if r not in stuck}
+        if stuck:
+            parts = [f"rank {r} waited {timeout_s:.0f} s{_where_text(e)}, during {e['phase']}" for r, e in stuck.items()]
+            gone = "; ".join(f"rank {r} had gone on to {e['phase']}" for r, e in others.items())
+            return (f"✗ {name}: a rank hung: {'; '.join(parts)}, in a collective that not every rank made"
+                    f"{' (' + gone + ')' if gone else ''}; every rank must make the same collectives in the same order")
+        if lost:
+            return (f"✗ {name}: a rank hung and had to be stopped ({_ranks_text(lost)} gave no report within "
+                    f"{2 * timeout_s + 30:.0f} s)")
+        phases = "; ".join(f"rank {r} during {e['phase']}" for r, e in errors.items())
+        return f"✗ {name}: a rank hung: {phases} (a collective timed out after {timeout_s:.0f} s)"
+    return None
+
+
+def _where_text(error: dict) -> str:
+    where = error.get("where")
+    if not where:
+        return ""
+    text = (where.get("text") or linecache.getline(where["file"], where["line"])).strip()
+    code = f": `{text}`" if text else ""
+    return f" in {where['function']} (line {where['line']}{code})"
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def _names_text(names: list[str], total: int | None = None) -> str:
+    if total is not None and len(names) == total and total > 2:
+        return f"all {total} parameters"
+    shown = ", ".join(f"'{n}'" for n in names[:3])
+    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+#: Gradient findings: the kind -> what it means and what to do.
+GRADIENT_MESSAGES = {
+    "local": "gradients were not synchronized: after finish_gradient_synchronization() each rank still holds the "
+             "gradient of its own shard ({names}); all_reduce them across ranks",
+    "summed": "gradients were summed, not averaged ({names}): all_reduce sums over ranks; divide by the world size "
+              "({world}) afterwards (forgot the division)",
+    "divided_twice": "gradients were divided by the world size twice ({names}): divide once, after the sum",
+    "incoming": "the incoming gradient of the last micro-batch was synced rather than the accumulated .grad "
+                "({names}): the earlier micro-batches' part stayed local; sync param.grad once it holds every "
+                "micro-batch (register_post_accumulate_grad_hook), not the gradient a tensor hook receives",
+    "incoming_only": "the incoming gradient of the last micro-batch was synced rather than the accumulated .grad, "
+                     "and written over it ({names}): the earlier micro-batches were lost; sync param.grad once it "
+                     "holds every micro-batch (register_post_accumulate_grad_hook)",
+    "incoming_summed": "the incoming gradient of the last micro-batch was synced (and summed, not averaged) "
+                       "rather than the accumulated .grad ({names}); sync param.grad after accumulation and divide "
+                       "by the world size",
+    "last_only": "only the last micro-batch's gradient is left ({names}): the earlier micro-batches' gradients "
+                 "were dropped; let autograd accumulate into .grad and sync that once",
+    "none": "{names} had no gradient after finish_gradient_synchronization() (.grad is None)",
+}
+
+
+def _stage_finding(f: dict, report: dict) -> str:
+    world = report["world"]
+    if f["kind"] == "broadcast":
+        whose = _ranks_text(f["ranks"])
+        if 0 in f["ranks"]:
+            return (f"after __init__, {whose} do not hold rank 0's initial parameters ({_names_text(f['names'])}): "
+                    "broadcast from rank 0 (src=0), whose weights every rank must start from")
+        return (f"the broadcast is missing: after __init__, {whose} still holds its own initial parameters "
+                f"({_names_text(f['names'])}), not rank 0's: broadcast every parameter and buffer from rank 0")
+    if f["kind"] == "buffers":
+        return (f"the buffers were not broadcast: after __init__, {_ranks_text(f['ranks'])} holds its own "
+                f"{_names_text(f['names'])}: broadcast module.buffers() from rank 0 too")
+    if f["kind"] == "parameters":
+        value, name = f["largest"]
+        return (f"parameters differ from a single process on the global batch after step {f['step']} "
+                f"(largest difference {value:.2g} in '{name}'), although every gradient was the average")
+    names = _names_text(f["names"], f.get("n_params"))
+    at = f" at step {f['step']}" + (f" on {_ranks_text(f['ranks'])}" if len(f["ranks"]) < world else "")
+    if f["kind"] == "other":
+        value, name = f["largest"]
+        return (f"gradients differ from the average over ranks{at} ({names}; largest difference {value:.2g} in "
+                f"'{name}') and match none of the usual mistakes")
+    return GRADIENT_MESSAGES[f["kind"]].format(names=names, world=world) + at
+
+
+def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
+    """The all_reduce calls per step (and where they started) against the model answer's."""
+    ref = report.get("reference_counts")
+    mine = report.get("counts")
+    if not like or not ref or not mine:
+        return None
+    k = report["accum"]
+    for step, (m, r) in enumerate(zip(mine, ref), start=1):
+        total_m, total_r = sum(m.values()), sum(r.values())
+        early_m = sum(m[f"{kind}{i}"] for kind in ("backward", "finish") for i in range(1, k))
+        early_r = sum(r[f"{kind}{i}"] for kind in ("backward", "finish") for i in range(1, k))
+        if total_m != total_r:
+            head = (f"wrong number of collectives: {total_m} all_reduce calls in step {step}, where '{like}' "
+                    f"makes {total_r}")
+            if early_m > early_r:
+                return (head + f": {early_m} of them came from the micro-batches run inside no_sync(), which "
+                        "should only accumulate; sync once, after the last micro-batch")
+            if like.startswith("bucket"):
+                return head + f" (one per bucket: the plan for bucket_cap_mb={cap} has {total_r} buckets)"
+            return head
+        if r[f"backward{k}"] > 0 and m[f"backward{k}"] == 0:
+            return (f"every all_reduce started in finish_gradient_synchronization(), after backward; '{like}' "
+                    "starts each one from the autograd hook while backward is still running")
+    return None
+
+
+def _hook_finding(f: dict, report: dict) -> str:
+    kind = f["kind"]
+    if kind == "not_future":
+        return (f"your hook returned a {f['returned']}, not a torch.futures.Future: return the all_reduce's Future, "
+                "e.g. dist.all_reduce(t, async_op=True).get_future().then(...)")
+    if kind == "future_value":
+        return (f"your hook's Future holds {f['value']}, not one tensor: all_reduce's Future holds a list, so "
+                "finish with .then(lambda fut: fut.value()[0] ...)")
+    if kind == "shape":
+        return (f"your hook's Future holds a {f['dtype']} tensor of shape {f['shape']}, but the bucket is float32 of "
+                "shape [1000]: hand back the averaged bucket, cast back to the bucket's dtype")
+    if kind == "ranks_differ":
+        return "the ranks got different results from your hook: every rank must end with the same average"
+    if kind == "summed":
+        return "your hook returns the sum over ranks, not the average: divide by the world size (forgot the division)"
+    if kind == "error":
+        return (f"your hook's average is off by {f['error']:.2%} of the gradient, where the model answer's is off "
+                f"by {f['reference_error']:.2%}")
+    if kind == "bytes":
+        n = f["numel"]
+        return (f"your hook sent {f['bytes'] / n:.0f} bytes per gradient value, the model answer "
+                f"{f['reference_bytes'] / n:.0f}: cast to float16 before the all_reduce")
+    if kind == "diverged":
+        return f"with your hook in the bucket-async stage, the ranks' parameters differ after step {f['step']}"
+    return str(f)

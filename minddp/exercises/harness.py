@@ -1,0 +1,570 @@
+"""The rank side of the exercise checker: train a learner's stage beside two oracles and say what differs.
+
+Runs inside each rank of a :class:`~minddp.notebook.Cluster` (see
+:mod:`minddp.exercises.checker` for the side that starts it and reads the
+reports). A learner's collectives go through the default process group; the
+checker's own (comparisons, the oracles) through a group of its own, so that a
+learner's stage that makes the wrong collectives can only hang or fail in its
+own group and never pair with one of the checker's.
+
+For a stage (:func:`check_stage_on_rank`):
+
+1. **reference**: when ``like`` names a model answer
+   (:mod:`minddp.exercises.solutions`), train it first, the same way, and
+   count its all_reduce calls per backward and per finish;
+2. **start**: build the checker's small network with a *different* seed on
+   every rank and wrap it in the learner's stage; every rank must then hold
+   rank 0's parameters and buffers (the broadcast);
+3. **steps**: ``steps`` optimizer steps of ``accum`` micro-batches, driven as
+   :func:`minddp.loop.train_step` drives every stage (``no_sync()`` for all
+   but the last micro-batch where the stage has it). Before each step the
+   checker computes, from a plain copy of the learner's current parameters,
+   each rank's gradient of each micro-batch and their average over ranks;
+   after ``finish_gradient_synchronization()`` it compares every ``.grad``
+   with that average and with the usual mistakes (the local gradient, the sum,
+   the incoming gradient of the last micro-batch, ...); the step is profiled,
+   so every ``c10d::allreduce_`` the stage starts is counted, with where it
+   started (which backward, or in finish);
+4. **oracles**: after every step the parameters are compared with a single
+   process trained on the global batch and with torch's DDP trained on the
+   same shards;
+5. **report**: one JSON line on stdout (``MARK`` + the report), printed even
+   when the learner's code raised or a collective timed out, with the phase
+   each rank was in and where, in the learner's code, it stood.
+
+For a comm hook (:func:`check_hook_on_rank`): call the hook on a bucket of
+known gradients (the Future, its value's shape and dtype, the average, the
+bytes sent), then train the package's ``bucket-async`` stage with it beside
+torch's DDP running torch's own hook of the same name.
+
+Example::
+
+    >>> # on every rank of a cluster (the checker sends this call):
+    >>> check_stage_on_rank(MySimpleDDP, like="simple", options={}, steps=3, accum=3)
+    minddp.exercises.report {"rank": 0, "finding": null, ...}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import math
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+
+from minddp.exercises import solutions
+from minddp.profiling import quiet_kineto
+
+MARK = "minddp.exercises.report "
+#: SGD, no momentum: a gradient that is off shows in the parameters at once (Adam would hide a factor).
+LR = 0.1
+PER_RANK = 4                 # examples per rank per micro-batch
+IN, HIDDEN, OUT = 6, 16, 3
+
+
+class Net(nn.Module):
+    """The checker's network: three layers of different shapes, and a buffer the stage must broadcast too."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(IN, HIDDEN), nn.Linear(HIDDEN, HIDDEN), nn.Linear(HIDDEN, OUT)
+        self.register_buffer("shift", torch.randn(IN))
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x + self.shift)))))
+
+
+def make_net(seed: int) -> Net:
+    torch.manual_seed(seed)
+    return Net()
+
+
+def micro_batches(step: int, accum: int, rank: int, world: int) -> list[tuple[tuple, tuple]]:
+    """``accum`` pairs ``(this rank's shard, the global batch)``; the same global batches on every rank."""
+    g = torch.Generator().manual_seed(1000 + step)
+    out = []
+    for _ in range(accum):
+        x = torch.randn(PER_RANK * world, IN, generator=g)
+        y = torch.randint(0, OUT, (PER_RANK * world,), generator=g)
+        out.append(((x[rank::world], y[rank::world]), (x, y)))
+    return out
+
+
+def loss_of(model: nn.Module, batch) -> torch.Tensor:
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+class Progress:
+    """Where this rank is, in words, for a report written after something went wrong."""
+
+    def __init__(self):
+        self.phase = "starting"
+
+
+def accepted_options(cls, options: dict) -> dict:
+    """The options ``cls.__init__`` takes (``bucket_cap_mb`` goes to bucketed stages only)."""
+    params = inspect.signature(cls.__init__).parameters
+    return {k: v for k, v in options.items() if k in params}
+
+
+def stage_files(obj) -> set[str]:
+    """Source files of the learner's code: the class's own methods (and its bases', below nn.Module)."""
+    files = set()
+    classes = [c for c in obj.__mro__ if c not in (nn.Module, object)] if isinstance(obj, type) else []
+    functions = [f for c in classes for f in vars(c).values()] if classes else [obj]
+    for f in functions:
+        f = getattr(f, "__func__", f)
+        code = getattr(f, "__code__", None) or getattr(getattr(f, "__wrapped__", None), "__code__", None)
+        if code is not None:
+            files.add(code.co_filename)
+    return files
+
+
+def where_in(exc: BaseException, files: set[str]) -> dict | None:
+    """The deepest frame of ``exc``'s traceback in the learner's code: file, line and function."""
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename in files:
+            found = {"file": frame.filename, "line": frame.lineno, "function": frame.name, "text": frame.line}
+    return found
+
+
+def error_report(exc: BaseException, progress: Progress, files: set[str]) -> dict:
+    text = f"{type(exc).__name__}: {exc}"
+    lowered = text.lower()
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+        "phase": progress.phase,
+        "where": where_in(exc, files),
+        # gloo's own timeout, or a peer's connection closed by the runner releasing this rank
+        "waiting": isinstance(exc, KeyboardInterrupt) or "timed out" in lowered or "timeout" in lowered
+                   or "connection closed" in lowered or "connection reset" in lowered,
+        "traceback": traceback.format_exc(limit=-6),
+    }
+
+
+@contextlib.contextmanager
+def reporting(progress: Progress, files: set[str], report: dict):
+    """Step 5: print the report whatever happens; re-raise so the runner releases waiting peers."""
+    try:
+        yield
+    except BaseException as exc:  # noqa: BLE001 - a KeyboardInterrupt from the runner is a report too
+        report["error"] = error_report(exc, progress, files)
+        raise
+    finally:
+        print(MARK + json.dumps(report, default=str), flush=True)
+
+
+# ------------------------------------------------------------------------------------------ counting
+def count_collectives(prof, steps_ranges: list[str]) -> dict:
+    """all_reduce calls started inside each named range (``c10d::allreduce_`` ops), and the rest."""
+    events = prof.events()
+    ranges = {e.name: (e.time_range.start, e.time_range.end) for e in events if e.name in steps_ranges}
+    counts = {name: 0 for name in steps_ranges}
+    counts["elsewhere"] = 0
+    for e in events:
+        if e.name != "c10d::allreduce_":
+            continue
+        inside = [n for n, (s, t) in ranges.items() if s <= e.time_range.start <= t]
+        counts[inside[0] if inside else "elsewhere"] += 1
+    return counts
+
+
+def wire_bytes(prof) -> int:
+    """Bytes handed to the backend's collectives (gloo's or NCCL's ranges: numel × element size)."""
+    total = 0
+    for e in prof.events():
+        if e.name.startswith(("gloo:", "nccl:")) and e.input_shapes and e.input_shapes[0]:
+            dtype = (getattr(e, "input_dtypes", None) or ["float"])[0]
+            total += math.prod(e.input_shapes[0]) * _element_size(dtype)
+    return total
+
+
+def _element_size(type_name: str) -> int:
+    from minddp.analysis.steps import ELEMENT_SIZE
+    return ELEMENT_SIZE.get(str(type_name), 4)
+
+
+def profiler():
+    quiet_kineto()
+    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+
+
+# ------------------------------------------------------------------------------------------ one step
+def run_step(model: nn.Module, optimizer, module: nn.Module, micro, progress: Progress, step: int) -> dict:
+    """Step 3: one optimizer step as :func:`minddp.loop.train_step` drives any stage, profiled.
+
+    Returns the gradients after finish, and the all_reduce calls started in
+    each range (``backward1``..``backwardK``, ``finish1``..).
+    """
+    k = len(micro)
+    no_sync = getattr(model, "no_sync", None)
+    finish = getattr(model, "finish_gradient_synchronization", None)
+    names = [f"backward{i + 1}" for i in range(k)] + [f"finish{i + 1}" for i in range(k)]
+    with profiler() as prof:
+        for i, (shard, _) in enumerate(micro):
+            last = i == k - 1
+            ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
+            with ctx:
+                progress.phase = f"step {step}: forward of micro-batch {i + 1}"
+                loss = loss_of(model, shard) / k
+                progress.phase = f"step {step}: backward of micro-batch {i + 1}"
+                with torch.profiler.record_function(f"backward{i + 1}"):
+                    loss.backward()
+            if finish is not None and (last or no_sync is None):
+                progress.phase = f"step {step}: finish_gradient_synchronization() after micro-batch {i + 1}"
+                with torch.profiler.record_function(f"finish{i + 1}"):
+                    finish()
+    progress.phase = f"step {step}: the checker's comparison"
+    grads = grads_of(module)
+    counts = count_collectives(prof, names)
+    progress.phase = f"step {step}: optimizer.step()"
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"grads": grads, "counts": counts}
+
+
+def grads_of(module: nn.Module) -> dict:
+    return {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in module.named_parameters()}
+
+
+def local_micro_grads(module: nn.Module, micro) -> list[dict]:
+    """Each micro-batch's gradient on this rank's shard (loss / k), from a plain copy: no hooks, no sync."""
+    probe = Net()
+    probe.load_state_dict(module.state_dict())
+    k = len(micro)
+    out = []
+    for shard, _ in micro:
+        probe.zero_grad(set_to_none=True)
+        (loss_of(probe, shard) / k).backward()
+        out.append({n: p.grad.detach().clone() for n, p in probe.named_parameters()})
+    return out
+
+
+def mean_over_ranks(grads: dict, group) -> dict:
+    out = {}
+    for name, g in grads.items():
+        t = g.clone()
+        dist.all_reduce(t, group=group)
+        out[name] = t / dist.get_world_size(group)
+    return out
+
+
+def add(a: dict, b: dict) -> dict:
+    return {n: a[n] + b[n] for n in a}
+
+
+def scale(a: dict, s: float) -> dict:
+    return {n: a[n] * s for n in a}
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and float((a - b).norm()) <= 1e-4 * float(b.norm()) + 1e-7
+
+
+def candidates(local: list[dict], averaged: list[dict], world: int, synced_after: list[bool]) -> dict[str, dict]:
+    """Step 3's list of usual mistakes, each as the gradient it would leave in ``.grad``.
+
+    ``local[i]`` is this rank's gradient of micro-batch ``i``, ``averaged[i]``
+    its average over ranks, ``synced_after[i]`` whether the stage made
+    collectives in micro-batch ``i``'s backward or finish (a stage without
+    ``no_sync()`` syncs after each one). A sync that sums (or divides twice)
+    compounds over those syncs, so those candidates follow the stage's own
+    schedule: what was synced is the same on every rank, what was added since
+    is this rank's own.
+    """
+    k = len(local)
+    zero = scale(local[0], 0.0)
+
+    def following_schedule(factor: float) -> dict:
+        common, pending_local, pending_mean = zero, zero, zero
+        for i in range(k):
+            pending_local, pending_mean = add(pending_local, local[i]), add(pending_mean, averaged[i])
+            if synced_after[i]:                  # every rank now holds factor × (the sum over ranks)
+                common = scale(add(common, pending_mean), factor)
+                pending_local, pending_mean = zero, zero
+        return add(common, pending_local)
+
+    expected = zero
+    accumulated = zero
+    for i in range(k):
+        expected, accumulated = add(expected, averaged[i]), add(accumulated, local[i])
+    found = {"ok": expected, "local": accumulated,
+             "summed": following_schedule(float(world)), "divided_twice": following_schedule(1.0 / world)}
+    if k > 1:
+        earlier = zero
+        for g in local[:-1]:
+            earlier = add(earlier, g)
+        found["incoming"] = add(earlier, averaged[-1])          # the last backward's own gradient, synced
+        found["incoming_only"] = averaged[-1]                  # ... and written over the accumulated one
+        found["incoming_summed"] = add(earlier, scale(averaged[-1], world))
+        found["last_only"] = local[-1]                         # the earlier micro-batches were lost
+    return found
+
+
+def classify(grads: dict, found: dict[str, dict]) -> dict[str, str]:
+    """Each parameter's gradient named by the first candidate it equals (``other`` if none, ``none``)."""
+    out = {}
+    for name, g in grads.items():
+        if g is None:
+            out[name] = "none"
+            continue
+        out[name] = next((key for key, cand in found.items() if close(g, cand[name])), "other")
+    return out
+
+
+def largest_difference(a: dict, b: dict) -> tuple[float, str]:
+    diffs = [(float((a[n] - b[n]).abs().max()), n) for n in a if a[n] is not None and b.get(n) is not None]
+    return max(diffs) if diffs else (0.0, "")
+
+
+# ------------------------------------------------------------------------------------------ stages
+def check_stage_on_rank(stage_cls, like: str | None, options: dict, steps: int, accum: int) -> None:
+    """Steps 1-5 for a stage class; the report goes to stdout (see the module doc)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    checker = dist.new_group(backend="gloo")       # the checker's collectives: never paired with the learner's
+    progress = Progress()
+    files = stage_files(stage_cls)
+    report: dict = {"rank": rank, "world": world, "steps": steps, "accum": accum, "like": like,
+                    "finding": None, "reference_counts": None, "counts": [], "checked_steps": 0}
+    try:
+        with reporting(progress, files, report):
+            if like is not None:                                                          # step 1
+                progress.phase = f"the reference '{like}'"
+                reference = solutions.STAGES[like]
+                report["reference_counts"] = train(reference, options, steps, accum, Progress(), checker,
+                                                   compare=False)["counts"]
+            report.update(train(stage_cls, options, steps, accum, progress, checker, compare=True))
+    finally:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group(checker)
+
+
+def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, checker, compare: bool) -> dict:
+    """Steps 2-4 for one class: returns counts per step, and with ``compare`` the first finding."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out: dict = {"counts": [], "finding": None, "checked_steps": 0}
+    module = make_net(seed=rank)                     # a different init on every rank: the broadcast must fix it
+    progress.phase = "constructing your stage (__init__)"
+    model = stage_cls(module, **accepted_options(stage_cls, options))
+    progress.phase = "the checker's comparison after __init__"
+    if compare:
+        out["finding"] = start_finding(module, checker)
+        if out["finding"]:
+            return out
+    single = make_net(seed=0)                         # rank 0's init: where every rank must start
+    single_opt = torch.optim.SGD(single.parameters(), lr=LR)
+    reference_ddp = nn.parallel.DistributedDataParallel(make_net(seed=0), process_group=checker) if compare else None
+    reference_opt = torch.optim.SGD(reference_ddp.parameters(), lr=LR) if compare else None
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(1, steps + 1):
+        micro = micro_batches(step, accum, rank, world)
+        if compare:
+            progress.phase = f"step {step}: the checker's expected gradients"
+            local = local_micro_grads(module, micro)
+            averaged = [mean_over_ranks(g, checker) for g in local]
+        record = run_step(model, optimizer, module, micro, progress, step)
+        out["counts"].append(record["counts"])
+        if not compare:
+            continue
+        progress.phase = f"step {step}: the checker's comparison"
+        synced = [record["counts"][f"backward{i + 1}"] + record["counts"][f"finish{i + 1}"] > 0 for i in range(accum)]
+        kinds = classify(record["grads"], candidates(local, averaged, world, synced))
+        everyone: list = [None] * world
+        dist.all_gather_object(everyone, kinds, group=checker)
+        out["finding"] = gradient_finding(everyone, step, record, local, averaged)
+        if out["finding"] is None:
+            oracle_step(single, single_opt, micro, global_batch=True)
+            oracle_step(reference_ddp, reference_opt, micro, global_batch=False)
+            out["finding"], out["max_diff"] = parameter_finding(module, single, reference_ddp.module, step, checker)
+        out["checked_steps"] = step
+        if out["finding"]:
+            break
+    return out
+
+
+def start_finding(module: nn.Module, checker) -> dict | None:
+    """Step 2: every rank must hold rank 0's initial parameters and buffers after ``__init__``."""
+    world = dist.get_world_size(checker)
+    init0 = make_net(seed=0)
+    mine = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    expected = {**dict(init0.named_parameters()), **dict(init0.named_buffers())}
+    wrong = [name for name, t in mine.items() if not torch.equal(t.detach(), expected[name].detach())]
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, wrong, group=checker)
+    bad = {r: w for r, w in enumerate(everyone) if w}
+    if not bad:
+        return None
+    buffers = {n for n, _ in module.named_buffers()}
+    names = sorted({n for w in bad.values() for n in w})
+    only_buffers = all(n in buffers for n in names)
+    return {"kind": "buffers" if only_buffers else "broadcast", "ranks": sorted(bad), "names": names}
+
+
+def gradient_finding(everyone: list[dict], step: int, record: dict, local, averaged) -> dict | None:
+    """Step 3's verdict on this step's gradients, the same on every rank (from every rank's kinds)."""
+    wrong = {r: {n: k for n, k in kinds.items() if k != "ok"} for r, kinds in enumerate(everyone)}
+    wrong = {r: w for r, w in wrong.items() if w}
+    if not wrong:
+        return None
+    first_rank = min(wrong)
+    kinds = wrong[first_rank]
+    main = max(set(kinds.values()), key=list(kinds.values()).count)
+    names = [n for n, k in kinds.items() if k == main]
+    finding = {"kind": main, "step": step, "ranks": sorted(wrong), "names": names,
+               "n_params": len(everyone[0])}
+    if main == "other":
+        expected = averaged[0]
+        for g in averaged[1:]:
+            expected = add(expected, g)
+        finding["largest"] = largest_difference({n: record["grads"][n] for n in names}, expected)
+    return finding
+
+
+def oracle_step(model: nn.Module, optimizer, micro, global_batch: bool) -> None:
+    """One step of an oracle: the single process on the global batches, or torch's DDP on the shards."""
+    k = len(micro)
+    for i, (shard, whole) in enumerate(micro):
+        ctx = model.no_sync() if (not global_batch and i < k - 1) else contextlib.nullcontext()
+        with ctx:
+            (loss_of(model, whole if global_batch else shard) / k).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def parameter_finding(module, single, torch_module, step: int, checker) -> tuple[dict | None, list[float]]:
+    """Step 4: parameters against both oracles; a difference on any rank is a finding on all."""
+    params = dict(module.named_parameters())
+    d_single = largest_difference(params, dict(single.named_parameters()))
+    d_torch = largest_difference(params, dict(torch_module.named_parameters()))
+    scale_ = max(float(p.detach().abs().max()) for p in params.values())
+    bad = torch.tensor([float(d_single[0] > 1e-5 * scale_ + 1e-7)])
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=checker)
+    finding = None
+    if bad.item():
+        finding = {"kind": "parameters", "step": step, "largest": d_single}
+    return finding, [d_single[0], d_torch[0]]
+
+
+# ------------------------------------------------------------------------------------------ hooks
+def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
+    """The comm-hook check (module doc): a probe on known gradients, then training beside torch's DDP."""
+    from minddp.comm.grad_bucket import GradBucket
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    checker = dist.new_group(backend="gloo")
+    progress = Progress()
+    files = stage_files(hook)
+    report: dict = {"rank": rank, "world": world, "like": like, "finding": None, "steps": steps, "accum": accum}
+    try:
+        with reporting(progress, files, report):
+            g = torch.Generator().manual_seed(7 + rank)
+            values = torch.randn(1000, generator=g) * torch.logspace(-3, 0, 1000)   # small and large gradients
+            exact = values.clone()
+            dist.all_reduce(exact, group=checker)
+            exact /= world
+            probes = {}
+            for who, fn in (("reference", solutions.HOOKS[like]), ("yours", hook)):
+                progress.phase = "calling your hook on one bucket" if who == "yours" else "the reference hook"
+                param = nn.Parameter(torch.zeros(1000))
+                bucket = GradBucket(0, values.clone(), [param], is_last=True)
+                with profiler() as prof:
+                    fut = fn(None, bucket)
+                    value = fut.wait() if isinstance(fut, torch._C.Future) else fut   # torch.futures.Future's base
+                probes[who] = probe_result(fut, value, exact, wire_bytes(prof))
+            report["probe"] = probes["yours"]
+            report["reference_probe"] = probes["reference"]
+            mine = probes["yours"]
+            if mine.get("tensor") is not None:
+                gathered = [torch.empty_like(mine["tensor"]) for _ in range(world)]
+                dist.all_gather(gathered, mine["tensor"], group=checker)
+                mine["same_on_all_ranks"] = all(torch.equal(t, gathered[0]) for t in gathered)
+                del mine["tensor"]
+            probes["reference"].pop("tensor", None)
+            report["finding"] = hook_finding(mine, probes["reference"], world)
+            if report["finding"] is None:
+                progress.phase = "training with your hook"
+                report.update(train_with_hook(hook, like, steps, accum, progress, checker))
+    finally:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group(checker)
+
+
+def probe_result(fut, value, exact: torch.Tensor, sent: int) -> dict:
+    out = {"returned": type(fut).__name__, "is_future": isinstance(fut, torch._C.Future), "bytes": sent,
+           "numel": exact.numel(), "tensor": None}
+    if isinstance(value, (list, tuple)):
+        out["value"] = f"a {type(value).__name__} of {len(value)}"
+        return out
+    if not isinstance(value, torch.Tensor):
+        out["value"] = type(value).__name__
+        return out
+    out.update(value="tensor", shape=list(value.shape), dtype=str(value.dtype).replace("torch.", ""))
+    if value.shape == exact.shape:
+        v = value.detach().float()
+        out["relative_error"] = float((v - exact).norm() / exact.norm())
+        out["summed_error"] = float((v - exact * dist.get_world_size()).norm() / exact.norm())
+        out["tensor"] = v
+    return out
+
+
+def hook_finding(mine: dict, reference: dict, world: int) -> dict | None:
+    if not mine["is_future"]:
+        return {"kind": "not_future", "returned": mine["returned"]}
+    if mine["value"] != "tensor":
+        return {"kind": "future_value", "value": mine["value"]}
+    if mine["shape"] != [mine["numel"]] or mine["dtype"] != "float32":
+        return {"kind": "shape", "shape": mine["shape"], "dtype": mine["dtype"]}
+    if not mine.get("same_on_all_ranks", True):
+        return {"kind": "ranks_differ"}
+    error, ref_error = mine["relative_error"], reference["relative_error"]
+    if mine["summed_error"] < 0.01 and world > 1:
+        return {"kind": "summed", "error": error}
+    if error > max(3 * ref_error, 1e-6):
+        return {"kind": "error", "error": error, "reference_error": ref_error}
+    if mine["bytes"] > reference["bytes"]:
+        return {"kind": "bytes", "bytes": mine["bytes"], "reference_bytes": reference["bytes"],
+                "numel": mine["numel"]}
+    return None
+
+
+def train_with_hook(hook, like: str, steps: int, accum: int, progress: Progress, checker) -> dict:
+    """Training: minddp's bucket-async stage with the learner's hook, torch's DDP with torch's, one process."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from minddp.stages import AsyncBucketDDP
+
+    torch_hooks = {"fp16": default_hooks.fp16_compress_hook}
+    rank, world = dist.get_rank(), dist.get_world_size()
+    module = make_net(seed=rank)
+    model = AsyncBucketDDP(module, bucket_cap_mb=0.001)
+    model.register_comm_hook(None, hook)
+    reference = nn.parallel.DistributedDataParallel(make_net(seed=0), process_group=checker)
+    reference.register_comm_hook(checker, torch_hooks[like])
+    single = make_net(seed=0)
+    opts = [torch.optim.SGD(m.parameters(), lr=LR) for m in (model, reference, single)]
+    finding, diffs = None, [0.0, 0.0]
+    for step in range(1, steps + 1):
+        micro = micro_batches(step, accum, rank, world)
+        run_step(model, opts[0], module, micro, progress, step)
+        oracle_step(reference, opts[1], micro, global_batch=False)
+        oracle_step(single, opts[2], micro, global_batch=True)
+        progress.phase = f"step {step}: the checker's comparison"
+        mine = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+        everyone = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(everyone, mine, group=checker)
+        if not all(torch.equal(t, everyone[0]) for t in everyone):
+            finding = {"kind": "diverged", "step": step}
+            break
+        params = dict(module.named_parameters())
+        diffs = [largest_difference(params, dict(single.named_parameters()))[0],
+                 largest_difference(params, dict(reference.module.named_parameters()))[0]]
+    return {"finding": finding, "max_diff": diffs, "checked_steps": steps}

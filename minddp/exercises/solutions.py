@@ -1,0 +1,215 @@
+"""Model answers to the notebooks' exercises: each stage as a learner would write it, with ``torch.distributed``.
+
+The stages in :mod:`minddp.stages` send every gradient through the comm-hook
+layer (``GradBucket``, ``send``, a hook's Future), so that every stage takes
+fp16 or PowerSGD. An exercise asks for less: the idea of the stage, written
+straight on ``dist.broadcast`` and ``dist.all_reduce``. These are those
+answers, one class per stage, each building on the one before exactly as the
+ladder does, and :func:`minddp.exercises.check` measures a learner's version
+against the one named by ``like=...``:
+
+================  ===================  ===================================================
+``like=``         class                what it adds to the class above it
+================  ===================  ===================================================
+``simple``        ``SimpleDDP``        broadcast at start; after backward, all_reduce and divide every gradient
+``ga``            ``GradAccumDDP``     ``no_sync()``: only the last micro-batch's backward syncs
+``hook``          ``HookDDP``          sync each gradient from its post-accumulate-grad hook, during backward
+``hook-async``    ``AsyncHookDDP``     the same with ``async_op=True``: wait once, in finish
+``bucket``        ``BucketDDP``        one all_reduce per bucket of gradients (flatten, sum, copy back)
+``bucket-async``  ``AsyncBucketDDP``   buckets in flight while backward goes on
+================  ===================  ===================================================
+
+and one comm hook, :func:`fp16_compress_hook` (``check_hook(..., like="fp16")``).
+
+These classes keep what the checker needs and nothing more: no checks of the
+model across ranks, no unused parameters (see :mod:`minddp.stages.checks` and
+:mod:`minddp.ddp` for those). Their autograd hooks hold the wrapper strongly,
+which is fine for a wrapper that lives as long as its model (the ladder's
+:mod:`~minddp.stages.hook` says when it is not).
+
+Example::
+
+    >>> from minddp.exercises import check, solutions
+    >>> check(solutions.BucketDDP, like="bucket")
+    ✓ bucket: ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from minddp.stages.bucket_plan import plan_buckets
+
+
+class SimpleDDP(nn.Module):
+    """Same start (broadcast), same update (average every gradient after backward)."""
+
+    def __init__(self, module: nn.Module, process_group=None):
+        super().__init__()
+        self.module = module
+        self.process_group = process_group
+        with torch.no_grad():                      # an in-place write into a parameter that requires grad
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor, src=0, group=process_group)
+
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+    def finish_gradient_synchronization(self) -> None:
+        world = dist.get_world_size(self.process_group)
+        for param in self.module.parameters():
+            if param.grad is not None:
+                dist.all_reduce(param.grad, group=self.process_group)    # the sum over ranks...
+                param.grad /= world                                      # ...divided: the average
+
+
+class GradAccumDDP(SimpleDDP):
+    """Skip the sync for backwards of forwards run inside ``no_sync()``."""
+
+    def __init__(self, module: nn.Module, process_group=None):
+        super().__init__(module, process_group)
+        self.require_backward_grad_sync = True     # False inside no_sync()
+        self.sync_this_backward = True             # what the last forward decided
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = True
+
+    def forward(self, *inputs, **kwargs):
+        self.sync_this_backward = self.require_backward_grad_sync     # decided at forward, as torch does
+        return super().forward(*inputs, **kwargs)
+
+    def finish_gradient_synchronization(self) -> None:
+        if self.sync_this_backward:
+            super().finish_gradient_synchronization()
+
+
+class HookDDP(GradAccumDDP):
+    """Average each gradient from its post-accumulate-grad hook, as soon as autograd has finished it."""
+
+    def __init__(self, module: nn.Module, process_group=None):
+        super().__init__(module, process_group)
+        for param in module.parameters():
+            if param.requires_grad:
+                # Fires after this backward's gradient was *added* into param.grad: the accumulated one.
+                param.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def _grad_ready(self, param: nn.Parameter) -> None:
+        if self.sync_this_backward:
+            dist.all_reduce(param.grad, group=self.process_group)      # blocks: backward waits here
+            param.grad /= dist.get_world_size(self.process_group)
+
+    def finish_gradient_synchronization(self) -> None:
+        pass                                       # every gradient was averaged during backward
+
+
+class AsyncHookDDP(HookDDP):
+    """Start each gradient's all_reduce from its hook without waiting; wait for all of them in finish."""
+
+    def __init__(self, module: nn.Module, process_group=None):
+        super().__init__(module, process_group)
+        self.in_flight = []                        # (parameter, work) of the all_reduces started
+
+    def _grad_ready(self, param: nn.Parameter) -> None:
+        if self.sync_this_backward:
+            work = dist.all_reduce(param.grad, group=self.process_group, async_op=True)
+            self.in_flight.append((param, work))   # backward goes on while this one travels
+
+    def finish_gradient_synchronization(self) -> None:
+        world = dist.get_world_size(self.process_group)
+        for param, work in self.in_flight:
+            work.wait()
+            param.grad /= world
+        self.in_flight.clear()
+
+
+class BucketDDP(HookDDP):
+    """One all_reduce per bucket: flatten the bucket's gradients, sum them in one call, copy them back."""
+
+    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = 25):
+        super().__init__(module, process_group)
+        params = [p for p in module.parameters() if p.requires_grad]
+        self.buckets = [[params[i] for i in bucket] for bucket in plan_buckets(params, bucket_cap_mb)]
+        self.bucket_of = {p: b for b, members in enumerate(self.buckets) for p in members}
+        self.waiting = [len(members) for members in self.buckets]    # gradients each bucket still waits for
+
+    def _grad_ready(self, param: nn.Parameter) -> None:
+        if self.sync_this_backward:
+            b = self.bucket_of[param]
+            self.waiting[b] -= 1
+            if self.waiting[b] == 0:               # the bucket's last gradient: send the whole bucket
+                self.waiting[b] = len(self.buckets[b])
+                self._sync_bucket(b)
+
+    def _sync_bucket(self, b: int) -> None:
+        grads = [p.grad for p in self.buckets[b]]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.process_group)
+        flat /= dist.get_world_size(self.process_group)
+        self._copy_back(grads, flat)
+
+    @staticmethod
+    def _copy_back(grads: list[torch.Tensor], flat: torch.Tensor) -> None:
+        for grad, piece in zip(grads, flat.split([g.numel() for g in grads])):
+            grad.copy_(piece.view_as(grad))
+
+
+class AsyncBucketDDP(BucketDDP):
+    """Buckets whose all_reduces are waited for only in finish."""
+
+    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = 25):
+        super().__init__(module, process_group, bucket_cap_mb)
+        self.in_flight = []                        # (gradients, flat buffer, work) per bucket sent
+
+    def _sync_bucket(self, b: int) -> None:
+        grads = [p.grad for p in self.buckets[b]]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.in_flight.append((grads, flat, dist.all_reduce(flat, group=self.process_group, async_op=True)))
+
+    def finish_gradient_synchronization(self) -> None:
+        world = dist.get_world_size(self.process_group)
+        for grads, flat, work in self.in_flight:
+            work.wait()
+            self._copy_back(grads, flat / world)
+        self.in_flight.clear()
+
+
+def fp16_compress_hook(process_group, bucket) -> torch.futures.Future:
+    """Average the bucket in float16 (half the bytes on the wire) and hand back float32.
+
+    1. cast the bucket's flat gradient to float16 and divide by the world size
+       (before the sum, so large gradients cannot overflow float16's range);
+    2. start the all_reduce (a sum) and take its Future;
+    3. when it completes, cast the sum back to the bucket's dtype: the Future's
+       value must be one tensor of the bucket's size and dtype.
+    """
+    group = process_group if process_group is not None else dist.group.WORLD
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.float16).div_(dist.get_world_size(group))                  # step 1
+    fut = dist.all_reduce(compressed, group=group, async_op=True).get_future()             # step 2
+    return fut.then(lambda done: done.value()[0].to(buffer.dtype))                         # step 3
+
+
+#: ``like=`` name -> model answer.
+STAGES = {
+    "simple": SimpleDDP,
+    "ga": GradAccumDDP,
+    "hook": HookDDP,
+    "hook-async": AsyncHookDDP,
+    "bucket": BucketDDP,
+    "bucket-async": AsyncBucketDDP,
+}
+
+#: ``like=`` name -> model answer of a comm hook.
+HOOKS = {"fp16": fp16_compress_hook}
+
+__all__ = ["SimpleDDP", "GradAccumDDP", "HookDDP", "AsyncHookDDP", "BucketDDP", "AsyncBucketDDP",
+           "fp16_compress_hook", "STAGES", "HOOKS"]
