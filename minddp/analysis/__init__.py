@@ -12,8 +12,10 @@ a whole run, on whatever hardware recorded it:
    same definitions (:mod:`.metrics`, ``docs/analysis.md``);
 3. **tabulate**: one row per (stage, rank) in :attr:`RunAnalysis.summary`,
    the mean over ranks per stage side by side in :attr:`RunAnalysis.stages`,
-   plus per-step numbers, the kernel-type breakdown and a per-bucket timeline
-   of one step.
+   plus per-step numbers, the kernel-type breakdown, and for CPU traces a
+   timeline of one step: each bucket's launch and all_reduce
+   (:attr:`RunAnalysis.buckets`) and the step's forward, backward, finish and
+   optimizer spans (:attr:`RunAnalysis.phases`).
 
 Example::
 
@@ -60,6 +62,7 @@ class RunAnalysis:
     per_step: pd.DataFrame   # one row per (stage, rank, step)
     kernels: pd.DataFrame    # kernel-type breakdown per stage
     buckets: pd.DataFrame    # per-bucket timeline of one step, per (stage, rank)
+    phases: pd.DataFrame     # forward/backward/finish/optimizer spans of that step, per (stage, rank)
 
 
 def stage_sort_key(name: str):
@@ -69,7 +72,7 @@ def stage_sort_key(name: str):
 def analyze_run(path) -> RunAnalysis:
     """Steps 1-3 for the run folder ``path`` (``traces/<run>``, or one stage folder of it)."""
     run = load_run(path)                                                     # step 1
-    summary, steps, kernels, buckets = [], [], [], []
+    summary, steps, kernels, buckets, phases = [], [], [], [], []
     for name in sorted(run.stages, key=stage_sort_key):
         stage = run.stages[name]
         on_gpu = any(gpu.is_gpu_trace(t) for t in stage.ranks.values())      # step 2
@@ -82,6 +85,7 @@ def analyze_run(path) -> RunAnalysis:
             kernel_rows = cpu.kernel_breakdown(stage.ranks[min(stage.ranks)])
             for r, t in stage.ranks.items():
                 buckets += [dict(b, stage=name, rank=r) for b in cpu.bucket_timeline(t)]
+                phases += [dict(p, stage=name, rank=r) for p in cpu.step_phases(t)]
         tag = {"run": run.name, "stage": name, "device": "gpu" if on_gpu else "cpu",
                "source": "hta" if on_gpu else "minddp"}
         summary += [dict(row, **tag) for row in rows]                        # step 3
@@ -91,7 +95,7 @@ def analyze_run(path) -> RunAnalysis:
     summary_df = pd.DataFrame(summary, columns=SUMMARY_COLUMNS)
     stages_df = summary_df.groupby("stage", sort=False)[STAGE_COLUMNS].mean(numeric_only=True)
     return RunAnalysis(run.name, summary_df, stages_df, pd.DataFrame(steps), pd.DataFrame(kernels),
-                       pd.DataFrame(buckets))
+                       pd.DataFrame(buckets), pd.DataFrame(phases))
 
 
 def _intervals_of(trace_file, rank: int):

@@ -19,6 +19,16 @@ and its overlap is NaN. The same quantities are there in the CPU events:
    queued are the ``c10d::allreduce_`` calls inside that range; gloo runs
    queued collectives in order, so the n-th queued call of a size is matched
    to the next ``gloo:all_reduce`` of that size that starts after it.
+   torch's DDP names no launch range: there each ``c10d::allreduce_`` its
+   reducer queues on a training thread is a bucket (ready = launched = the
+   call);
+6. **phases** of a step of :func:`minddp.loop.train_step`: each
+   ``minddp.forward_backward`` range is a micro-batch; its *backward* runs
+   from the first to the last ``autograd::engine::evaluate_function`` event
+   inside it (a comm hook that blocks runs inside those nodes, so it makes
+   the backward longer), its *forward* from the range's start to there; the
+   ``minddp.finish_gradient_synchronization`` and ``minddp.optimizer_step``
+   ranges are the finish and the optimizer.
 
 Then :mod:`minddp.analysis.metrics` turns the intervals into numbers.
 
@@ -45,7 +55,13 @@ def is_comm(e: dict) -> bool:
 
 
 def rank_intervals(trace: RankTrace) -> RankIntervals:
-    """Steps 1-3 (and the all_reduce list of step 4) for one rank."""
+    """Steps 1-3 (and the all_reduce list of step 4) for one rank (computed once per trace)."""
+    if "intervals" not in trace.derived:
+        trace.derived["intervals"] = _rank_intervals(trace)
+    return trace.derived["intervals"]
+
+
+def _rank_intervals(trace: RankTrace) -> RankIntervals:
     comm_threads = {e["tid"] for e in trace.events if is_comm(e)}                          # step 1
     steps = step_windows(trace.events, comm_threads)                                        # step 2
     compute = [(e["ts"], end_of(e)) for e in trace.events                                    # step 3
@@ -65,33 +81,70 @@ def rank_metrics(trace: RankTrace) -> dict:
     return row
 
 
+def _pick_step(iv: RankIntervals, trace: RankTrace, step: int | None) -> tuple[int, float, float]:
+    number, s0, s1 = iv.steps[-1] if step is None else next((t for t in iv.steps if t[0] == step), (None, 0, 0))
+    if number is None:
+        raise ValueError(f"step {step} is not in {trace.path}: choose one of {[t[0] for t in iv.steps]}")
+    return number, s0, s1
+
+
 def bucket_timeline(trace: RankTrace, step: int | None = None) -> list[dict]:
     """Step 5: when each bucket of one step was ready, launched, and reduced.
 
     Times are microseconds from the start of the step; ``step=None`` takes the
     last profiled step (the most settled one). Buckets whose all_reduce is not
-    in the trace get NaN comm times.
+    in the trace get NaN comm times. ``launch`` says where the bucket came
+    from: ``hook`` (a minddp launch range) or ``reducer`` (torch's DDP).
     """
     iv = rank_intervals(trace)
-    number, s0, s1 = iv.steps[-1] if step is None else next((t for t in iv.steps if t[0] == step), (None, 0, 0))
-    if number is None:
-        raise ValueError(f"step {step} is not in {trace.path}: choose one of {[t[0] for t in iv.steps]}")
+    number, s0, s1 = _pick_step(iv, trace, step)
     queued = sorted((e for e in trace.events if e["name"] == "c10d::allreduce_" and e["tid"] not in iv.comm_threads),
                     key=lambda e: e["ts"])
     runs = _match_queued_to_runs(queued, iv.allreduces)
-    launches = sorted((e for e in trace.events if _LAUNCH.match(e["name"]) and s0 <= e["ts"] < s1),
-                      key=lambda e: e["ts"])
+    ranges = sorted((e for e in trace.events if _LAUNCH.match(e["name"])), key=lambda e: e["ts"])
+    launches = [(e, _LAUNCH.match(e["name"]).groups()) for e in ranges if s0 <= e["ts"] < s1]
+    if not ranges:          # torch's reducer: each queued all_reduce of this step is a bucket
+        mine = [q for q in queued if s0 <= q["ts"] < s1]
+        launches = [(q, (str(i), str(numel_of((q.get("args", {}).get("Input Dims") or [[]])[0])), "", "reducer"))
+                    for i, q in enumerate(mine)]
     rows = []
-    for order, e in enumerate(launches):
-        index, numel, dtype, hook = _LAUNCH.match(e["name"]).groups()
+    for order, (e, (index, numel, dtype, hook)) in enumerate(launches):
         mine = [runs[id(q)] for q in queued if e["ts"] <= q["ts"] <= end_of(e) and id(q) in runs]
         rows.append({
-            "step": number, "order": order, "bucket": int(index), "numel": int(numel), "dtype": dtype,
-            "hook": hook, "ready_us": e["ts"] - s0, "launched_us": end_of(e) - s0,
+            "step": number, "order": order, "bucket": int(index), "numel": int(numel), "dtype": dtype or
+            str((mine[0].get("args", {}).get("Input type") or [""])[0] if mine else ""),
+            "hook": hook, "launch": "reducer" if hook == "reducer" else "hook",
+            "ready_us": e["ts"] - s0, "launched_us": end_of(e) - s0,
             "comm_start_us": min(r["ts"] for r in mine) - s0 if mine else float("nan"),
             "comm_end_us": max(end_of(r) for r in mine) - s0 if mine else float("nan"),
             "step_end_us": s1 - s0,
         })
+    return rows
+
+
+def step_phases(trace: RankTrace, step: int | None = None) -> list[dict]:
+    """Step 6: forward, backward, finish and optimizer spans of one step (µs from the step's start)."""
+    iv = rank_intervals(trace)
+    number, s0, s1 = _pick_step(iv, trace, step)
+    inside = [e for e in trace.events if s0 <= e["ts"] < s1 and e.get("tid") not in iv.comm_threads]
+    nodes = sorted((e["ts"], end_of(e)) for e in inside if e["name"].startswith("autograd::engine::evaluate_function"))
+    rows = []
+
+    def add(phase: str, micro: int | None, start: float, end: float) -> None:
+        rows.append({"step": number, "phase": phase, "micro": micro, "start_us": start - s0, "end_us": end - s0})
+
+    micro_batches = sorted((e["ts"], end_of(e)) for e in inside if e["name"] == "minddp.forward_backward")
+    for i, (start, end) in enumerate(micro_batches):
+        backward = [(a, b) for a, b in nodes if start <= a <= end]
+        if backward:
+            first = min(a for a, _ in backward)
+            add("forward", i, start, first)
+            add("backward", i, first, max(b for _, b in backward))
+    for name, phase in (("minddp.finish_gradient_synchronization", "finish"), ("minddp.optimizer_step", "optimizer")):
+        for e in inside:
+            if e["name"] == name:
+                add(phase, None, e["ts"], end_of(e))
+    add("step", None, s0, s1)
     return rows
 
 

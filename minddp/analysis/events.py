@@ -50,6 +50,8 @@ class RankTrace:
     events: list[dict]
     thread_names: dict = field(default_factory=dict)   # tid -> name
     meta: dict = field(default_factory=dict)           # top-level keys other than traceEvents
+    #: what the analysis derived from ``events`` once (intervals, ...), so each table does not redo it
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     def span(self) -> tuple[float, float]:
         return (min(e["ts"] for e in self.events), max(e["ts"] + e.get("dur", 0) for e in self.events))

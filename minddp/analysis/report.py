@@ -4,10 +4,14 @@
    share of the profiled time (HTA's temporal breakdown);
 2. ``overlap.png``: per stage, the share of comm hidden behind compute;
 3. ``comm.png``: per stage, all_reduce calls per step and comm time per step;
-4. ``bucket_timeline.png``: for one step of rank 0 of each stage, a row per
-   bucket: a tick when it became ready, a thin bar while the hook launched it,
-   a thick bar while its all_reduce ran. Bars that start before the step's
-   backward ends are the overlap;
+4. ``bucket_timeline.png``: one step of rank 0 of every stage, torch's DDP
+   included, on **one** time axis (ms from the step's start), a row per
+   stage: the forward and backward of each micro-batch as pale and darker
+   bands, a tick when each bucket was handed to the wire, a bar while its
+   all_reduce ran, the optimizer step, and the end of the step. A bar after
+   the last backward band is communication the step waited for; bars inside
+   a band that grew longer than the other stages' are interleaved (backward
+   waited for them); bars inside a band of normal length overlap it;
 5. ``report.html``: the side-by-side table, the plots, and the per-rank table.
 
 With two runs (``--compare``) the bar plots show both runs' bars side by side.
@@ -105,34 +109,70 @@ def _scaled(result, column, factor):
     return out
 
 
-def plot_buckets(result, path: Path, rank: int = 0) -> bool:
-    """Step 4: the per-bucket timeline of one step, one panel per stage. False if no buckets."""
-    if result.buckets.empty:
-        return False
-    data = result.buckets[result.buckets["rank"] == rank]
-    stages = [s for s in _stage_labels([result]) if s in set(data["stage"])]
-    fig, axes = plt.subplots(len(stages), 1, figsize=(10, 1.0 + 1.6 * len(stages)), squeeze=False)
-    for ax, stage in zip(axes[:, 0], stages):
-        d = data[data["stage"] == stage].sort_values("order")
-        ys = list(range(len(d)))
-        ms = 1e-3
-        ax.barh(ys, (d["launched_us"] - d["ready_us"]) * ms, left=d["ready_us"] * ms, height=0.3,
-                color="#8172b3", label="hook launching")
-        ax.barh(ys, (d["comm_end_us"] - d["comm_start_us"]) * ms, left=d["comm_start_us"] * ms, height=0.7,
-                color="#dd8452", alpha=0.8, label="all_reduce running")
-        ax.plot(d["ready_us"] * ms, ys, "k|", markersize=10, label="bucket ready")
-        ax.axvline(d["step_end_us"].iloc[0] * ms, color="grey", ls="--", lw=1, label="step end")
-        ax.set_yticks([])
-        ax.invert_yaxis()  # first bucket on top, as time runs down the backward pass
-        ax.set_ylabel(f"{stage}\n{len(d)} buckets", rotation=0, ha="right", va="center", fontsize=9)
-        ax.set_xlim(0, d["step_end_us"].iloc[0] * ms * 1.02)
-    axes[-1, 0].set_xlabel(f"ms since the start of step {int(data['step'].iloc[0])} (rank {rank})")
-    axes[0, 0].legend(loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7, ncol=4, frameon=False)
-    fig.suptitle(f"When each bucket was ready, launched and reduced: run {result.run}")
+#: Colours of the timeline (:func:`plot_timeline`).
+_PHASE_COLORS = {"forward": "#deebf7", "backward": "#9ecae1", "finish": "#8172b3", "optimizer": "#55a868"}
+
+
+def plot_timeline(result, path: Path | None = None, rank: int = 0):
+    """Step 4: every stage's last profiled step on one shared time axis; the Figure (None if no CPU timeline).
+
+    Each stage's backward spans are drawn as rectangles whose ``gid`` is
+    ``backward:<stage>`` (one per micro-batch), so the figure can be checked
+    as well as looked at.
+    """
+    phases, buckets = result.phases, result.buckets
+    if phases.empty:
+        return None
+    phases = phases[phases["rank"] == rank]
+    buckets = buckets[buckets["rank"] == rank] if not buckets.empty else buckets
+    stages = [s for s in _stage_labels([result]) if s in set(phases["stage"])]
+    fig, ax = plt.subplots(figsize=(11, 0.8 + 0.75 * len(stages)))
+    ms, right = 1e-3, 0.0
+    for y, stage in enumerate(stages):
+        p = phases[phases["stage"] == stage]
+        for phase in ("forward", "backward"):
+            spans = p[p["phase"] == phase]
+            bars = ax.broken_barh([(s * ms, (e - s) * ms) for s, e in zip(spans["start_us"], spans["end_us"])],
+                                  (y - 0.4, 0.8), facecolors=_PHASE_COLORS[phase], label=phase)
+            bars.set_gid(f"{phase}:{stage}")
+        for phase in ("finish", "optimizer"):
+            spans = p[p["phase"] == phase]
+            if not spans.empty:
+                ax.broken_barh([(s * ms, (e - s) * ms) for s, e in zip(spans["start_us"], spans["end_us"])],
+                               (y + 0.25, 0.12), facecolors=_PHASE_COLORS[phase], label=phase)
+        end = p.loc[p["phase"] == "step", "end_us"].max()
+        ax.plot([end * ms] * 2, [y - 0.45, y + 0.45], color="black", lw=1.2, label="step end")
+        right = max(right, end)
+        b = buckets[buckets["stage"] == stage] if not buckets.empty else buckets
+        if len(b):
+            done = b.dropna(subset=["comm_start_us"])
+            ax.broken_barh([(s * ms, max(e - s, 0.0) * ms) for s, e in zip(done["comm_start_us"], done["comm_end_us"])],
+                           (y - 0.12, 0.24), facecolors="#dd8452", edgecolors="#a0522d", linewidth=0.6,
+                           label="all_reduce running")
+            ax.plot(b["ready_us"] * ms, [y - 0.28] * len(b), "|", color="black", markersize=9,
+                    label="bucket handed to the wire")
+            right = max(right, float(b["comm_end_us"].max(skipna=True) or 0.0))
+    ax.set_yticks(range(len(stages)), [_row_label(stage, buckets) for stage in stages])
+    ax.invert_yaxis()                           # the build-up reads top to bottom
+    ax.set_xlim(0, right * ms * 1.02)           # nothing cut off: the axis ends after the last event
+    step = int(phases["step"].iloc[0])
+    ax.set_xlabel(f"ms since the start of the step (profiled step {step}, rank {rank}); one axis for every stage")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))                # one legend entry per kind, not per row
+    ax.legend(unique.values(), unique.keys(), loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7,
+              ncol=len(unique), frameon=False)
+    ax.set_title(f"One step of every stage, on one time axis: run {result.run}", pad=22)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    if path is not None:
+        fig.savefig(path, dpi=100)
+    return fig
+
+
+def _row_label(stage: str, buckets) -> str:
+    if buckets.empty or stage not in set(buckets["stage"]):
+        return stage
+    n = int((buckets["stage"] == stage).sum())
+    return f"{stage}\n{n} bucket{'s' if n != 1 else ''} sent"
 
 
 def write_report(results, folder) -> Path:
@@ -146,7 +186,9 @@ def write_report(results, folder) -> Path:
         images.append(name)
     for r in results:
         name = "bucket_timeline.png" if len(results) == 1 else f"bucket_timeline_{r.run}.png"
-        if plot_buckets(r, folder / name):
+        fig = plot_timeline(r, folder / name)
+        if fig is not None:
+            plt.close(fig)
             images.append(name)
     title = "minddp trace analysis: " + " vs ".join(r.run for r in results)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",

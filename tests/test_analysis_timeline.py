@@ -1,0 +1,113 @@
+"""The per-bucket timeline of a run with every stage, torch's DDP included: one shared axis, backward drawn.
+
+The traces come from one launch of 2 ranks that profiles every stage in turn
+(``single``, the six teaching stages, ``ddp``, ``torch``), each wrapped with
+:func:`minddp.ladder.wrap` and driven by :func:`minddp.loop.train_step` with
+3 micro-batches, on a small MLP. Oracles: *where* each stage sends its
+gradients is fixed by its code, not by timing (``ga`` sends in finish, after
+the last backward; ``simple`` after every backward; the hook-based stages and
+torch's reducer from autograd hooks, inside the backward), so the timeline
+must show exactly that; and the figure must put every stage on one axis, with
+one backward band per micro-batch per stage and nothing cut off.
+"""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib.pyplot as plt
+import pytest
+import torch
+from torch import nn
+
+from minddp.analysis import analyze_run
+from minddp.analysis.report import plot_timeline
+from minddp.launch import launch
+
+STAGES = ["single", "simple", "ga", "hook", "hook-async", "bucket", "bucket-async", "ddp", "torch"]
+MICRO = 3
+
+
+def _profile_every_stage(out: str) -> None:
+    import torch.distributed as dist
+
+    from minddp.ladder import wrap
+    from minddp.loop import train_step
+    from minddp.profiling import StepProfiler
+
+    rank = dist.get_rank()
+    g = torch.Generator().manual_seed(rank)
+    micro = [(torch.randn(32, 128, generator=g), torch.randn(32, 1, generator=g)) for _ in range(MICRO)]
+
+    def loss_fn(m, b):
+        return ((m(b[0]) - b[1]) ** 2).mean()
+
+    for stage in STAGES:
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Sequential(nn.Linear(128, 128), nn.ReLU()) for _ in range(4)], nn.Linear(128, 1))
+        wrapped = wrap(stage, model, bucket_cap_mb=0.07)
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.01)
+        train_step(wrapped, opt, micro, loss_fn)                  # torch rebuilds its buckets after step 1
+        dist.barrier()                                            # ranks that never talk (single) start together
+        with StepProfiler(f"{out}/{stage}", rank, total_steps=2, active=1, memory=False) as prof:
+            for _ in range(2):
+                train_step(wrapped, opt, micro, loss_fn)
+                prof.step()
+        if rank == 0:
+            with open(f"{out}/{stage}/config.json", "w") as f:
+                json.dump({"run_name": "timeline", "stage": stage, "world_size": 2, "grad_accum": MICRO}, f)
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("traces") / "timeline"
+    launch(_profile_every_stage, str(out), world_size=2)
+    return analyze_run(out)
+
+
+def test_every_stage_has_its_micro_batches_and_torch_its_buckets(result):
+    phases = result.phases[result.phases["rank"] == 0]
+    for stage in STAGES:
+        backward = phases[(phases["stage"] == stage) & (phases["phase"] == "backward")]
+        assert len(backward) == MICRO, stage
+        assert (backward["start_us"] < backward["end_us"]).all()
+    b = result.buckets[result.buckets["rank"] == 0]
+    torch_rows = b[b["stage"] == "torch"]
+    assert len(torch_rows) == result.stages.loc["torch", "allreduce_calls_per_step"] > 1
+    assert (torch_rows["launch"] == "reducer").all() and not torch_rows["comm_end_us"].isna().any()
+    assert "single" not in set(b["stage"])
+
+
+def test_where_each_stage_sends_follows_from_its_code(result):
+    phases, b = result.phases[result.phases["rank"] == 0], result.buckets[result.buckets["rank"] == 0]
+
+    def backwards(stage):
+        p = phases[(phases["stage"] == stage) & (phases["phase"] == "backward")].sort_values("start_us")
+        return list(zip(p["start_us"], p["end_us"]))
+
+    def sent(stage):
+        return sorted(b.loc[b["stage"] == stage, "ready_us"])
+
+    last_end = backwards("ga")[-1][1]
+    assert all(t >= last_end for t in sent("ga"))                          # ga: after the last backward only
+    for (_, end), (start, _) in zip(backwards("simple"), backwards("simple")[1:]):
+        assert any(end <= t <= start for t in sent("simple"))              # simple: after every backward
+    for stage in ("hook", "hook-async", "bucket", "bucket-async", "ddp", "torch"):
+        start, end = backwards(stage)[-1]
+        assert all(start <= t <= end for t in sent(stage)), stage          # from autograd hooks, during backward
+
+
+def test_the_timeline_puts_every_stage_on_one_axis_with_its_backward(result, tmp_path):
+    fig = plot_timeline(result, tmp_path / "timeline.png")
+    try:
+        assert len(fig.axes) == 1                                          # one shared time axis
+        ax = fig.axes[0]
+        assert [t.get_text().split("\n")[0] for t in ax.get_yticklabels()] == STAGES
+        for stage in STAGES:
+            bands = [c for c in ax.collections if c.get_gid() == f"backward:{stage}"]
+            assert len(bands) == 1 and len(bands[0].get_paths()) == MICRO, stage
+        latest = max(result.phases["end_us"].max(), result.buckets["comm_end_us"].max()) / 1e3
+        assert ax.get_xlim()[0] == 0 and ax.get_xlim()[1] >= latest    # nothing cut off by the axis
+        assert (tmp_path / "timeline.png").stat().st_size > 10_000
+    finally:
+        plt.close(fig)
