@@ -1,57 +1,76 @@
-"""Every numbered notebook runs top to bottom in a fresh kernel on 2 real ranks, as a reader would run it.
+"""The notebooks: each runs top to bottom from its ``.py`` source, and each ``.ipynb`` is that source, run.
 
-The oracle for "runs": nbclient raises on any error in a cell that is not
-tagged ``raises-exception``. A tagged cell must really fail, with a
-:class:`~minddp.notebook.CellError` whose traceback holds the text recorded
-in the cell's ``minddp.expected_error`` metadata (see tools/build_notebooks.py),
-so a notebook whose "broken on purpose" cell silently passed fails here.
-Checks *inside* the notebooks compare against independent oracles (e.g. the
-single-process gradient in 02), so a wrong number fails the cell.
+* **Runs**: every ``notebooks/NN_*.py`` is executed in a fresh kernel on 2 real
+  ranks, as a reader would run it (:func:`minddp.notebook.refresh.execute`).
+  The oracle for "runs": nbclient raises on an error in any cell not tagged
+  ``raises-exception``, and a tagged cell must fail with the text recorded in
+  its ``minddp.expected_error`` metadata, so a "broken on purpose" cell that
+  silently passes fails here. The checks *inside* the notebooks compare with
+  independent oracles (02: the single-process gradient and parameters; the
+  exercise checker: a single process and torch's DDP), so a wrong number fails
+  its cell.
+* **Pairs**: every ``.ipynb`` has the cells of its ``.py`` (sources, tags,
+  metadata) and outputs from one top-to-bottom run (execution counts 1, 2, 3,
+  ...), so what a reader sees committed is what the source produces.
 
-``MINDDP_WRITE_NOTEBOOKS=1`` saves the executed notebook, outputs included,
-back over the committed one.
+Refresh the committed outputs with ``python -m minddp.notebook.refresh``.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
+import nbformat
 import pytest
+from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-NUMBERED = sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("00_"))
+from minddp.notebook import refresh
 
-
-def test_the_five_step_through_notebooks_exist():
-    assert [p.name[:2] for p in NUMBERED] == ["01", "02", "03", "04", "05"]
+SOURCES = refresh.sources()
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("path", NUMBERED, ids=lambda p: p.stem)
-def test_notebook_runs_top_to_bottom(path: Path):
-    import nbclient
-    import nbformat
+def test_every_notebook_has_its_source():
+    assert [p.name[:2] for p in SOURCES] == ["00", "01", "02", "03", "04", "05"]
+    paired = {p.with_suffix(".ipynb").name for p in SOURCES}
+    assert {p.name for p in refresh.NOTEBOOKS.glob("*.ipynb")} == paired
 
-    nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
-                                     resources={"metadata": {"path": str(path.parent)}})
-    client.execute()  # raises CellExecutionError on any unexpected error
 
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
-        errors = [o for o in cell.outputs if o.output_type == "error"]
-        expected = cell.metadata.get("minddp", {}).get("expected_error")
-        if expected is None:
-            assert not errors, f"cell {index} failed without being tagged as an expected error"
-            continue
-        assert "raises-exception" in cell.metadata.get("tags", []), f"cell {index}: expected error but no tag"
-        assert len(errors) == 1, f"cell {index} should have failed with {expected!r} but did not"
-        error = errors[0]
-        assert error.ename == "CellError", f"cell {index}: {error.ename}: {error.evalue}"
-        assert expected in "\n".join(error.traceback), f"cell {index}: {expected!r} not in the traceback"
-    assert any(o.output_type != "error" for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
+def test_the_committed_notebook_is_its_source_run(source):
+    assert refresh.pair_problems(source) == []
 
-    if os.environ.get("MINDDP_WRITE_NOTEBOOKS"):  # refresh the committed outputs from this real run
-        nbformat.write(nb, path)
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
+def test_notebook_runs_top_to_bottom(source):
+    nb, took = refresh.execute(source)                   # raises NotebookError on any unexpected outcome
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.execution_count is not None for c in code)
+    print(f"{source.name}: {took:.0f} s")
+
+
+def test_the_checks_catch_a_cell_that_should_have_failed_and_a_pair_out_of_sync(tmp_path):
+    quiet = new_code_cell("1 + 1", metadata={"tags": ["raises-exception"], "minddp": {"expected_error": "boom"}})
+    quiet.outputs = [new_output("execute_result", data={"text/plain": "2"}, execution_count=1)]
+    wrong = new_code_cell("raise ValueError('bang')", metadata={"tags": ["raises-exception"],
+                                                                 "minddp": {"expected_error": "boom"}})
+    wrong.outputs = [new_output("error", ename="ValueError", evalue="bang", traceback=["ValueError: bang"])]
+    loose = new_code_cell("raise ValueError('boom')")
+    loose.outputs = [new_output("error", ename="ValueError", evalue="boom", traceback=["ValueError: boom"])]
+    problems = refresh.expected_error_problems(new_notebook(cells=[quiet, wrong, loose]))
+    assert problems == ["cell 0 should have failed with 'boom' but did not",
+                        "cell 1 failed, but 'boom' is not in its traceback (ValueError: bang)",
+                        "cell 2 failed without being tagged raises-exception"]
+
+    source = tmp_path / "07_demo.py"
+    source.write_text("# %% [markdown]\n# A title\n\n# %%\nx = 1\n")
+    assert "07_demo.ipynb is missing" in refresh.pair_problems(source)[0]
+    nb = refresh.read_source(source)
+    nb.cells[1].execution_count = 1
+    refresh.write(nb, source)
+    assert refresh.pair_problems(source) == []
+    source.write_text("# %% [markdown]\n# A title\n\n# %%\nx = 2\n")             # edited, not re-run
+    assert refresh.pair_problems(source) == [
+        "cell 1 differs between 07_demo.py and 07_demo.ipynb: run python -m minddp.notebook.refresh 07"]
+    nb.cells[1].execution_count = None                                          # saved without running
+    nbformat.write(nb, source.with_suffix(".ipynb"))
+    source.write_text("# %% [markdown]\n# A title\n\n# %%\nx = 1\n")
+    assert "not from one top-to-bottom run" in refresh.pair_problems(source)[0]

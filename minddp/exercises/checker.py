@@ -173,20 +173,20 @@ def _trouble(name: str, reports: dict, timeout_s: float) -> str | None:
         e = raised[r]
         ranks = _ranks_text(sorted(raised))
         where = _where_text(e)
-        return (f"✗ {name}: your code raised {e['type']}{where} on {ranks}, during {e['phase']}: "
+        return (f"✗ {name}: your code raised {e['type']}{where} on {ranks}, while {e['phase']}: "
                 f"{e['message'] or '(no message)'}")
     if errors or lost:
         stuck = {r: e for r, e in errors.items() if e.get("where")}
         others = {r: e for r, e in errors.items() if r not in stuck}
         if stuck:
-            parts = [f"rank {r} waited {timeout_s:.0f} s{_where_text(e)}, during {e['phase']}" for r, e in stuck.items()]
+            parts = [f"rank {r} waited {timeout_s:.0f} s{_where_text(e)} while {e['phase']}" for r, e in stuck.items()]
             gone = "; ".join(f"rank {r} had gone on to {e['phase']}" for r, e in others.items())
             return (f"✗ {name}: a rank hung: {'; '.join(parts)}, in a collective that not every rank made"
                     f"{' (' + gone + ')' if gone else ''}; every rank must make the same collectives in the same order")
         if lost:
             return (f"✗ {name}: a rank hung and had to be stopped ({_ranks_text(lost)} gave no report within "
                     f"{2 * timeout_s + 30:.0f} s)")
-        phases = "; ".join(f"rank {r} during {e['phase']}" for r, e in errors.items())
+        phases = "; ".join(f"rank {r} while {e['phase']}" for r, e in errors.items())
         return f"✗ {name}: a rank hung: {phases} (a collective timed out after {timeout_s:.0f} s)"
     return None
 

@@ -49,8 +49,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
-import math
-import sys
 import traceback
 
 import torch
@@ -58,8 +56,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from minddp.analysis import live
 from minddp.exercises import solutions
-from minddp.profiling import quiet_kineto
 
 MARK = "minddp.exercises.report "
 #: SGD, no momentum: a gradient that is off shows in the parameters at once (Adam would hide a factor).
@@ -164,38 +162,15 @@ def reporting(progress: Progress, files: set[str], report: dict):
 
 
 # ------------------------------------------------------------------------------------------ counting
-def count_collectives(prof, steps_ranges: list[str]) -> dict:
+def count_collectives(prof, names: list[str]) -> dict:
     """all_reduce calls started inside each named range (``c10d::allreduce_`` ops), and the rest."""
-    events = prof.events()
-    ranges = {e.name: (e.time_range.start, e.time_range.end) for e in events if e.name in steps_ranges}
-    counts = {name: 0 for name in steps_ranges}
+    ranges = {e.name: (e.time_range.start, e.time_range.end) for e in prof.events() if e.name in names}
+    counts = {name: 0 for name in names}
     counts["elsewhere"] = 0
-    for e in events:
-        if e.name != "c10d::allreduce_":
-            continue
+    for e in live.calls(prof):
         inside = [n for n, (s, t) in ranges.items() if s <= e.time_range.start <= t]
         counts[inside[0] if inside else "elsewhere"] += 1
     return counts
-
-
-def wire_bytes(prof) -> int:
-    """Bytes handed to the backend's collectives (gloo's or NCCL's ranges: numel × element size)."""
-    total = 0
-    for e in prof.events():
-        if e.name.startswith(("gloo:", "nccl:")) and e.input_shapes and e.input_shapes[0]:
-            dtype = (getattr(e, "input_dtypes", None) or ["float"])[0]
-            total += math.prod(e.input_shapes[0]) * _element_size(dtype)
-    return total
-
-
-def _element_size(type_name: str) -> int:
-    from minddp.analysis.steps import ELEMENT_SIZE
-    return ELEMENT_SIZE.get(str(type_name), 4)
-
-
-def profiler():
-    quiet_kineto()
-    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
 
 
 # ------------------------------------------------------------------------------------------ one step
@@ -209,24 +184,24 @@ def run_step(model: nn.Module, optimizer, module: nn.Module, micro, progress: Pr
     no_sync = getattr(model, "no_sync", None)
     finish = getattr(model, "finish_gradient_synchronization", None)
     names = [f"backward{i + 1}" for i in range(k)] + [f"finish{i + 1}" for i in range(k)]
-    with profiler() as prof:
+    with live.profiler() as prof:
         for i, (shard, _) in enumerate(micro):
             last = i == k - 1
+            progress.phase = f"running the forward of step {step}, micro-batch {i + 1}"
             ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
             with ctx:
-                progress.phase = f"step {step}: forward of micro-batch {i + 1}"
                 loss = loss_of(model, shard) / k
-                progress.phase = f"step {step}: backward of micro-batch {i + 1}"
+                progress.phase = f"running the backward of step {step}, micro-batch {i + 1}"
                 with torch.profiler.record_function(f"backward{i + 1}"):
                     loss.backward()
             if finish is not None and (last or no_sync is None):
-                progress.phase = f"step {step}: finish_gradient_synchronization() after micro-batch {i + 1}"
+                progress.phase = f"running finish_gradient_synchronization() in step {step}, after micro-batch {i + 1}"
                 with torch.profiler.record_function(f"finish{i + 1}"):
                     finish()
-    progress.phase = f"step {step}: the checker's comparison"
+    progress.phase = f"comparing the gradients of step {step} (the checker)"
     grads = grads_of(module)
     counts = count_collectives(prof, names)
-    progress.phase = f"step {step}: optimizer.step()"
+    progress.phase = f"stepping the optimizer in step {step}"
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return {"grads": grads, "counts": counts}
@@ -338,7 +313,7 @@ def check_stage_on_rank(stage_cls, like: str | None, options: dict, steps: int, 
     try:
         with reporting(progress, files, report):
             if like is not None:                                                          # step 1
-                progress.phase = f"the reference '{like}'"
+                progress.phase = f"training the model answer '{like}'"
                 reference = solutions.STAGES[like]
                 report["reference_counts"] = train(reference, options, steps, accum, Progress(), checker,
                                                    compare=False)["counts"]
@@ -353,9 +328,9 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
     rank, world = dist.get_rank(), dist.get_world_size()
     out: dict = {"counts": [], "finding": None, "checked_steps": 0}
     module = make_net(seed=rank)                     # a different init on every rank: the broadcast must fix it
-    progress.phase = "constructing your stage (__init__)"
+    progress.phase = "building your stage"
     model = stage_cls(module, **accepted_options(stage_cls, options))
-    progress.phase = "the checker's comparison after __init__"
+    progress.phase = "comparing the parameters after __init__ (the checker)"
     if compare:
         out["finding"] = start_finding(module, checker)
         if out["finding"]:
@@ -368,14 +343,14 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
     for step in range(1, steps + 1):
         micro = micro_batches(step, accum, rank, world)
         if compare:
-            progress.phase = f"step {step}: the checker's expected gradients"
+            progress.phase = f"computing the expected gradients of step {step} (the checker)"
             local = local_micro_grads(module, micro)
             averaged = [mean_over_ranks(g, checker) for g in local]
         record = run_step(model, optimizer, module, micro, progress, step)
         out["counts"].append(record["counts"])
         if not compare:
             continue
-        progress.phase = f"step {step}: the checker's comparison"
+        progress.phase = f"comparing the gradients of step {step} (the checker)"
         synced = [record["counts"][f"backward{i + 1}"] + record["counts"][f"finish{i + 1}"] > 0 for i in range(accum)]
         kinds = classify(record["grads"], candidates(local, averaged, world, synced))
         everyone: list = [None] * world
@@ -473,13 +448,13 @@ def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
             exact /= world
             probes = {}
             for who, fn in (("reference", solutions.HOOKS[like]), ("yours", hook)):
-                progress.phase = "calling your hook on one bucket" if who == "yours" else "the reference hook"
+                progress.phase = "calling your hook on one bucket" if who == "yours" else "calling the model answer"
                 param = nn.Parameter(torch.zeros(1000))
                 bucket = GradBucket(0, values.clone(), [param], is_last=True)
-                with profiler() as prof:
+                with live.profiler() as prof:
                     fut = fn(None, bucket)
                     value = fut.wait() if isinstance(fut, torch._C.Future) else fut   # torch.futures.Future's base
-                probes[who] = probe_result(fut, value, exact, wire_bytes(prof))
+                probes[who] = probe_result(fut, value, exact, live.backend_bytes(prof))
             report["probe"] = probes["yours"]
             report["reference_probe"] = probes["reference"]
             mine = probes["yours"]
@@ -557,7 +532,7 @@ def train_with_hook(hook, like: str, steps: int, accum: int, progress: Progress,
         run_step(model, opts[0], module, micro, progress, step)
         oracle_step(reference, opts[1], micro, global_batch=False)
         oracle_step(single, opts[2], micro, global_batch=True)
-        progress.phase = f"step {step}: the checker's comparison"
+        progress.phase = f"comparing the gradients of step {step} (the checker)"
         mine = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
         everyone = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(everyone, mine, group=checker)

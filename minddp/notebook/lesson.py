@@ -1,0 +1,309 @@
+"""What the step-through notebooks share: one workload, one set of settings, one way to run a stage.
+
+Every notebook trains the same thing, so that a number in one notebook means
+what it means in the next:
+
+* **workload**: the offline ``small-llama`` preset (a 5 M-parameter Llama
+  sequence classifier, :func:`minddp.models.build_model`) on the offline
+  paraphrase task (:func:`minddp.data.prepare_data`), 16 examples per rank
+  per micro-batch (the benchmark's ``small`` preset). On a CPU core its
+  forward and backward take hundreds of milliseconds, so computation
+  dominates a step, as it does in real training, and the stages differ in
+  how they fit communication around it;
+* **settings** (:data:`SETTINGS`): 3 micro-batches per optimizer step for
+  every stage (the train command's default), AdamW, buckets of 4 MiB for the
+  bucketed stages and torch's DDP, seed 314.
+
+A :class:`Trainee` is one stage training that workload on this rank (build the
+seeded model, wrap it with :func:`minddp.ladder.wrap`, the one wrapping
+function, torch's DDP included; its own AdamW; its own copy of the same data
+stream, so every trainee sees the same batches). It stays alive on the ranks
+between cells. Three ways to look at it:
+
+1. :meth:`Trainee.look`: one step under the profiler, read in memory: the
+   all_reduce calls and bytes (:mod:`minddp.analysis.live`, the same count for
+   every stage and for torch's DDP), how many started *during* a backward,
+   how long the last backward took and how long the step went on after it;
+2. :func:`race`: several trainees take turns, one step each, the ranks
+   starting every step together, for a few rounds; a step's time is its
+   slowest rank's. Taking turns keeps a machine whose speed drifts from
+   deciding a comparison;
+3. :meth:`Trainee.profile`: steps under :class:`minddp.profiling.StepProfiler`,
+   traces written where :func:`minddp.analysis.analyze_run` reads them.
+
+:func:`say` and friends turn the results into sentences, so that the
+notebooks' prose about a run is computed from that run, never typed in.
+
+Example (inside ``%%distributed`` cells)::
+
+    >>> trainees = {s: Trainee(s) for s in ["single", "simple", "ga"]}
+    >>> looks = {s: t.look() for s, t in trainees.items()}
+    >>> times = race(trainees, rounds=4)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Where notebook runs write their traces (``traces/`` is ignored by git).
+TRACE_ROOT = ROOT / "traces" / "notebooks"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One workload and one set of settings for every stage in every notebook."""
+
+    model: str = "small-llama"       #: offline preset: 5 M parameters, no download
+    batch_size: int = 16             #: examples per rank per micro-batch (the benchmark's small preset)
+    max_seq_len: int = 64
+    grad_accum: int = 3              #: micro-batches per optimizer step, for every stage (the CLI's default)
+    bucket_cap_mb: float = 4.0       #: bucketed stages and torch's DDP: a few buckets of this model
+    lr: float = 1e-3                 #: AdamW (the CLI's 3e-3 suits its 80 k-parameter default, not this model)
+    seed: int = 314                  #: model init, data, shuffling (the CLI's)
+    warmup: int = 1                  #: untimed steps a trainee takes when built
+
+
+SETTINGS = Settings()
+
+
+@functools.lru_cache(maxsize=1)
+def data():
+    """The tokenized task (built once per process; deterministic, so every rank builds the same)."""
+    from minddp.data import prepare_data
+    return prepare_data("synthetic", model=SETTINGS.model, seed=SETTINGS.seed, max_seq_len=SETTINGS.max_seq_len,
+                        say=lambda *_: None)
+
+
+def make_model(seed: int | None = None) -> torch.nn.Module:
+    """The same weights in every process that passes the same seed (default: the settings' seed)."""
+    from minddp.models import build_model
+    d = data()
+    return build_model(SETTINGS.model, vocab_size=d.vocab_size, pad_token_id=d.pad_token_id,
+                       seed=SETTINGS.seed if seed is None else seed)
+
+
+def describe() -> str:
+    """The workload and settings in one sentence, from the objects themselves."""
+    from minddp.models import count_parameters
+    model, world = make_model(), dist.get_world_size() if dist.is_initialized() else 1
+    tensors = sum(1 for p in model.parameters() if p.requires_grad)
+    per_step = SETTINGS.batch_size * SETTINGS.grad_accum * world
+    return (f"Workload: {SETTINGS.model}, {count_parameters(model) / 1e6:.1f} M parameters in {tensors} tensors "
+            f"({count_parameters(model) * 4 / 2**20:.1f} MiB of float32 gradients per sync), on the offline "
+            f"paraphrase task; {SETTINGS.batch_size} examples per rank per micro-batch, {SETTINGS.grad_accum} "
+            f"micro-batches per optimizer step, {world} ranks: {per_step} examples per step. AdamW (lr "
+            f"{SETTINGS.lr:g}), buckets of {SETTINGS.bucket_cap_mb:g} MiB, seed {SETTINGS.seed}.")
+
+
+def step_batches(whole: bool = False):
+    """This rank's micro-batches, step after step; ``whole=True``: the global batch (every rank's shard)."""
+    from minddp.data import step_batches as batches
+    rank, world = dist.get_rank(), dist.get_world_size()
+    d = data()
+    if whole:
+        return batches(d.train, batch_size=SETTINGS.batch_size * world, grad_accum=SETTINGS.grad_accum,
+                       num_replicas=1, rank=0, seed=SETTINGS.seed, pad_token_id=d.pad_token_id)
+    return batches(d.train, batch_size=SETTINGS.batch_size, grad_accum=SETTINGS.grad_accum, num_replicas=world,
+                   rank=rank, seed=SETTINGS.seed, pad_token_id=d.pad_token_id)
+
+
+def loss_fn(model, batch) -> torch.Tensor:
+    return model(**batch).loss
+
+
+class Trainee:
+    """One stage training the workload on this rank; build it on every rank (module doc).
+
+    ``stage``: a name of :data:`minddp.ladder.STAGES`, ``torch`` (torch's DDP),
+    or ``single`` (no wrapper: each rank trains its own shard and never
+    communicates: the no-sync limit of a step). ``hook``: a comm-hook name
+    (:func:`minddp.comm.registry.make_hook`); with ``measure_error`` minddp's
+    hook is wrapped in :func:`minddp.comm.measure.error_measured`.
+    """
+
+    def __init__(self, stage: str, hook: str = "allreduce", powersgd_options: dict | None = None,
+                 measure_error: bool = False, warmup: int | None = None):
+        from minddp.comm.measure import error_measured
+        from minddp.comm.registry import make_hook
+        from minddp.comm.wire import Traffic, Wire
+        from minddp.ladder import wrap
+
+        self.stage, self.hook = stage, hook
+        self.traffic = Traffic()
+        wire = Wire(None, traffic=self.traffic)
+        self.model = wrap(stage, make_model(), hook=hook, bucket_cap_mb=SETTINGS.bucket_cap_mb, wire=wire,
+                          powersgd_options=powersgd_options)
+        if measure_error and stage not in ("torch", "single"):
+            state, fn = make_hook(hook, wire, **(powersgd_options or {}))
+            self.model.register_comm_hook(state, error_measured(fn, self.traffic))
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=SETTINGS.lr)
+        self.batches = step_batches()
+        self.losses: list[float] = []      #: the global batch's loss, every step taken
+        self.wire: list[dict] = []         #: minddp's traffic meter, every step taken
+        for _ in range(SETTINGS.warmup if warmup is None else warmup):
+            self.step()
+
+    def step(self, watch=None, measure: bool = True) -> float:
+        """One optimizer step (:func:`minddp.loop.train_step`); returns the slowest rank's wall time, ms.
+
+        ``watch``: a context manager (a profiler) around the training step
+        only. ``measure=False`` leaves out what measures the step (a barrier
+        and two small all_reduces: the time, the loss), for a step recorded
+        whole in a trace; its loss is then this rank's own, and it returns
+        this rank's time.
+        """
+        from minddp.loop import train_step
+        self.traffic.reset()
+        batch = next(self.batches)
+        if measure:
+            dist.barrier()                              # every rank starts the step together
+        start = time.perf_counter()
+        with watch if watch is not None else contextlib.nullcontext():
+            loss = torch.tensor(train_step(self.model, self.optimizer, batch, loss_fn))
+        took = torch.tensor(time.perf_counter() - start)
+        self.wire.append(self.traffic.snapshot())
+        if not measure:
+            self.losses.append(loss.item())
+            return took.item() * 1e3
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)     # a step lasts as long as its slowest rank
+        dist.all_reduce(loss)                           # shard losses -> the global batch's (equal shards)
+        self.losses.append(loss.item() / dist.get_world_size())
+        return took.item() * 1e3
+
+    def look(self) -> dict:
+        """Step 1 of the module doc: one step under the profiler, read in memory (every rank's view)."""
+        from minddp.analysis import live
+        prof = live.profiler()
+        self.step(watch=prof)
+        seen = live.step_view(prof)
+        seen["buckets"] = buckets_of(self.model)
+        return seen
+
+    def profile(self, trace_dir, steps: int = 1) -> Path:
+        """Step 3: one profiler warm-up step, then ``steps`` recorded ones; the trace of this rank goes to
+        ``trace_dir/<stage>/rank<r>.pt.trace.json`` (rank 0 writes ``config.json`` beside it)."""
+        from minddp.profiling import StepProfiler, write_json
+        folder = Path(trace_dir) / self.stage
+        dist.barrier()              # ranks that never talk (single) still start together: their traces overlap
+        with StepProfiler(str(folder), dist.get_rank(), 1 + steps, active=steps, memory=False) as prof:
+            for _ in range(1 + steps):
+                self.step(measure=False)                # nothing in the trace but the training step
+                prof.step()
+        if dist.get_rank() == 0:
+            write_json(str(folder / "config.json"), {"run_name": folder.parent.name, "stage": self.stage,
+                                                     "world_size": dist.get_world_size(), "hook": self.hook,
+                                                     **asdict(SETTINGS)})
+        return folder
+
+    def flat_parameters(self) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in self.model.parameters()])
+
+
+def buckets_of(model) -> int | None:
+    """How many gradient buckets a minddp stage sends a step (per-parameter stages: one per parameter).
+
+    ``None`` for torch's DDP (its C++ reducer does not say; its all_reduce
+    calls per synced backward are its buckets) and for no wrapper.
+    """
+    from minddp.ddp import DistributedDataParallel
+    from minddp.stages import SimpleDDP
+    if isinstance(model, DistributedDataParallel):
+        return len(model.reducer.plan)
+    if hasattr(model, "buckets"):
+        return len(model.buckets)
+    if isinstance(model, SimpleDDP):
+        return sum(p.requires_grad for p in model.module.parameters())
+    return None
+
+
+def race(trainees: dict, rounds: int = 4) -> dict[str, list[float]]:
+    """Step 2 of the module doc: ``rounds`` rounds, every trainee one step per round, in turn; ms per step."""
+    times: dict[str, list[float]] = {name: [] for name in trainees}
+    for _ in range(rounds):
+        for name, trainee in trainees.items():
+            times[name].append(trainee.step())
+    return times
+
+
+def median(values) -> float:
+    return statistics.median(values)
+
+
+# ------------------------------------------------------------------------------------------ sentences
+def say(*parts: str) -> None:
+    """Print once (rank 0 of a cluster, or the only process): the notebooks' computed prose."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(" ".join(parts))
+
+
+def mib(n_bytes: float) -> str:
+    return f"{n_bytes / 2**20:.1f} MiB"
+
+
+def ratio(a: float, b: float) -> str:
+    """``a`` against ``b`` in words: "the same", "1/3", "0.34×"."""
+    if b == 0:
+        return "the same" if a == 0 else "more"
+    x = a / b
+    if abs(x - 1) < 1e-9:
+        return "the same"
+    for n in (2, 3, 4, 5):
+        if abs(x - 1 / n) < 1e-9:
+            return f"1/{n}"
+    return f"{x:.2f}×"
+
+
+def say_look(looks: dict, stage: str, before: str | None = None) -> None:
+    """What one profiled step of ``stage`` shows, in sentences (beside the stage before, if given)."""
+    v = looks[stage]
+    say(f"{stage}: {v['calls']} all_reduce calls a step, {v['calls_in_backward']} of them started while a "
+        f"backward was running; {mib(v['bytes'])} handed to all_reduce.",
+        f"The last micro-batch's backward took {v['last_backward_ms']:.0f} ms, and the step spent "
+        f"{v['after_last_backward_ms']:.0f} ms after it before the optimizer could step.")
+    if before is not None and before in looks:
+        b = looks[before]
+        say(f"{before} made {b['calls']} calls ({ratio(v['calls'], b['calls'])} here), {mib(b['bytes'])} "
+            f"({ratio(v['bytes'], b['bytes'])}), {b['calls_in_backward']} of them during a backward; its last "
+            f"backward took {b['last_backward_ms']:.0f} ms and it spent {b['after_last_backward_ms']:.0f} ms after it.")
+
+
+def paired(race_ms: dict, name: str, other: str, how: str = "difference") -> list[float]:
+    """Round by round, ``name``'s step against ``other``'s (taken seconds apart, so slow drift cancels)."""
+    pairs = zip(race_ms[name], race_ms[other])
+    return [a - b for a, b in pairs] if how == "difference" else [a / b for a, b in pairs]
+
+
+def race_table(race_ms: dict, looks: dict | None = None, baseline: str = "single", reference: str = "torch"):
+    """The race side by side as a DataFrame.
+
+    Per stage: the median step and its range; the cost over ``baseline``
+    (the no-communication floor) and the ratio to ``reference`` (torch's DDP),
+    each the median over rounds of the round's own difference or ratio.
+    """
+    import pandas as pd
+    rows = {}
+    for name, ms in race_ms.items():
+        row = {"step ms (median)": round(median(ms), 1), "min–max ms": f"{min(ms):.0f}–{max(ms):.0f}"}
+        if baseline in race_ms:
+            row[f"over {baseline}, ms"] = round(median(paired(race_ms, name, baseline)), 1)
+        if reference in race_ms:
+            row[f"× {reference}"] = round(median(paired(race_ms, name, reference, how="ratio")), 3)
+        if looks and name in looks:
+            row["all_reduce calls/step"] = looks[name]["calls"]
+            row["MiB/step"] = round(looks[name]["bytes"] / 2**20, 2)
+        rows[name] = row
+    return pd.DataFrame(rows).T
+
+
+def trace_dir(name: str) -> Path:
+    """Where the notebook ``name`` writes its traces."""
+    return TRACE_ROOT / name

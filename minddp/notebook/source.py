@@ -1,0 +1,115 @@
+"""Show a stage's own code, and what changed from the stage before, straight from the package.
+
+The notebooks never copy code into a cell: they show the code that runs,
+with :func:`inspect.getsource`, so a change to :mod:`minddp.stages` shows up
+in the notebooks at their next run.
+
+"What changed" is not a diff of two files: each stage file holds only what
+its idea overrides, so two files have little text in common. It is a diff of
+**behaviour**, method by method (:func:`stage_diff`):
+
+1. for each stage, resolve every method (and class attribute) the stage's
+   classes define, the way Python does (the first class in the MRO that
+   defines it): that is the code that runs when the loop calls it;
+2. a method resolved to the same function in both stages is unchanged
+   (listed by name); one that exists in only one stage is shown whole, as
+   added or removed; one that resolves to different functions is shown as a
+   unified diff (:mod:`difflib`) of the two sources;
+3. a new version that calls ``super()`` is marked: the old version still
+   runs, inside the new one.
+
+Example::
+
+    >>> print(stage_diff(STAGES["hook"], STAGES["hook-async"]))
+    --- HookDDP._sent  (minddp/stages/hook.py)
+    +++ AsyncHookDDP._sent  (minddp/stages/hook_async.py)
+    ...
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import textwrap
+from pathlib import Path
+
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def where(obj) -> str:
+    """``minddp/stages/hook.py`` for code of this repository, else the module's name."""
+    try:
+        return str(Path(inspect.getsourcefile(obj)).resolve().relative_to(ROOT))
+    except (TypeError, ValueError):
+        return getattr(obj, "__module__", "?")
+
+
+def source_of(obj) -> str:
+    return textwrap.dedent(inspect.getsource(obj))
+
+
+def show_source(obj) -> None:
+    """Display ``obj``'s source (a class, a function, a method) with where it lives."""
+    _show_markdown(f"`{where(obj)}`\n\n```python\n{source_of(obj).rstrip()}\n```")
+
+
+def resolved(cls: type) -> dict[str, tuple[type, object]]:
+    """Step 1: every name the stage's own classes define -> (the class whose definition runs, that object)."""
+    own = [c for c in cls.__mro__ if c not in (nn.Module, object) and not c.__module__.startswith("torch.")]
+    out = {}
+    for klass in reversed(own):                     # later (more derived) definitions win
+        for name, value in vars(klass).items():
+            if name.startswith("__") and name not in ("__init__",):
+                continue
+            if callable(value) or isinstance(value, (property, staticmethod, classmethod, bool, int, float, str)):
+                out[name] = (klass, value)
+    return out
+
+
+def _text(klass: type, name: str, value) -> str:
+    func = getattr(value, "__func__", value)
+    if isinstance(func, property):
+        func = func.fget
+    if inspect.isfunction(func):
+        return source_of(func)
+    return f"{name} = {value!r}\n"
+
+
+def stage_diff(before: type, after: type) -> str:
+    """Steps 1-3 as text: the unified diffs of the methods that changed, then the names that did not."""
+    a, b = resolved(before), resolved(after)
+    parts, same = [], []
+    for name in sorted(set(a) | set(b), key=lambda n: (n != "__init__", n)):
+        if name in a and name in b and a[name][1] is b[name][1]:
+            same.append(name)
+            continue
+        old = _text(*a[name][:1], name, a[name][1]).splitlines(keepends=True) if name in a else []
+        new = _text(*b[name][:1], name, b[name][1]).splitlines(keepends=True) if name in b else []
+        label_a = f"{a[name][0].__name__}.{name}  ({where(a[name][0])})" if name in a else "(not in the stage before)"
+        label_b = f"{b[name][0].__name__}.{name}  ({where(b[name][0])})" if name in b else "(removed)"
+        diff = "".join(difflib.unified_diff(old, new, label_a, label_b, n=max(len(old), len(new))))
+        if name in b and "super()" in "".join(new) and name in a:
+            diff += f"# {b[name][0].__name__}.{name} calls super(): the version above still runs, inside it\n"
+        parts.append(diff)
+    unchanged = f"# unchanged: {', '.join(same)}\n" if same else ""
+    return "\n".join(parts) + ("\n" if parts else "") + unchanged
+
+
+def show_diff(before: type, after: type) -> None:
+    """Display :func:`stage_diff` as a highlighted diff."""
+    _show_markdown(f"What changed from `{before.__name__}` to `{after.__name__}`, method by method:\n\n"
+                   f"```diff\n{stage_diff(before, after).rstrip()}\n```")
+
+
+def _show_markdown(text: str) -> None:
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is not None and get_ipython() is not None:
+        display(Markdown(text))
+    else:
+        print(text)

@@ -1,0 +1,80 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 00 · Running cells on real ranks
+#
+# Data parallelism is one program running in several processes (*ranks*) that talk through collectives. `minddp.notebook` starts those ranks once and keeps them alive, so every cell below can run on every rank and each rank keeps its variables from cell to cell.
+#
+# On a laptop the ranks use the CPU and gloo; on a machine with a GPU per rank the same cells use NCCL.
+
+# %%
+# %load_ext minddp.notebook
+# %dist_init --world-size 2
+
+# %% [markdown]
+# Each rank starts with `torch`, `dist`, `rank`, `world_size` and `device` defined. `%%distributed` runs a cell on every rank; each rank's output appears under its label, and a final expression is shown like in any notebook.
+
+# %%
+# %%distributed
+print(f"hello from rank {rank} of {world_size}, computing on {device}")
+dist.get_rank(), dist.get_world_size()
+
+# %% [markdown]
+# Variables persist on each rank. Here every rank makes a different tensor, then `all_reduce` sums them: afterwards every rank holds the same total.
+
+# %%
+# %%distributed
+t = torch.tensor([1.0, 2.0]) * (rank + 1)
+print('before:', t)
+dist.all_reduce(t)
+t
+
+# %% [markdown]
+# `%%rank 0` runs a cell on rank 0 only, for example to draw a plot once. Figures are sent back as images.
+
+# %%
+# %%rank 0
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots(figsize=(4, 2.5))
+ax.bar(['before', 'after all_reduce'], [1.0, t[0].item()])
+ax.set_title('t[0] on rank 0')
+plt.show()
+
+# %% [markdown]
+# When one rank fails, the cell fails with that rank's traceback. Here rank 1 raises before the `all_reduce`, so rank 0 would wait forever for its partner; the runner releases it within seconds and rebuilds the process group, keeping every rank's variables. (The cell is tagged `raises-exception`: Jupyter's *Run All* goes on past it, and the test that runs this notebook checks that it fails with this error.)
+
+# %% tags=["raises-exception"] minddp={"expected_error": "rank 1 gives up before the collective"}
+# %%distributed
+if rank == 1:
+    raise ValueError('rank 1 gives up before the collective')
+dist.all_reduce(t)
+
+# %% [markdown]
+# The ranks are still the same processes, `t` is still there, and collectives work again:
+
+# %%
+# %%distributed
+dist.all_reduce(t)
+t
+
+# %%
+# %dist_status
+
+# %% [markdown]
+# Stop the ranks when you are done (the runner also stops them when the kernel shuts down).
+
+# %%
+# %dist_shutdown
