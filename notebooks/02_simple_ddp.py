@@ -36,7 +36,6 @@
 
 # %%
 # %%distributed
-import inspect
 from minddp.notebook import lesson
 from minddp.stages import SimpleDDP
 from minddp.loop import train_step

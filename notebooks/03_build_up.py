@@ -46,6 +46,13 @@
 # %%distributed
 from minddp.notebook import lesson
 trainees, looks = {}, {}
+
+def meet(stage, before=None):
+    """Build `stage` on this rank (one warm-up step), take one profiled step, say what it shows."""
+    trainees[stage] = lesson.Trainee(stage)
+    looks[stage] = trainees[stage].look()
+    lesson.say_look(looks, stage, before)
+
 lesson.say(lesson.describe())
 
 # %%
@@ -53,7 +60,7 @@ import contextlib
 import inspect
 import sys
 
-import torch
+import torch                        # torch, dist and nn: for your own stages in the exercises below
 import torch.distributed as dist
 from torch import nn
 
@@ -70,9 +77,7 @@ from minddp.notebook.source import show_diff, show_source
 
 # %%
 # %%distributed
-trainees["single"] = lesson.Trainee("single")
-looks["single"] = trainees["single"].look()
-lesson.say_look(looks, "single")
+meet("single")
 
 # %% [markdown]
 # ## `simple`: average every gradient after every backward
@@ -85,9 +90,7 @@ show_source(STAGES["simple"])
 
 # %%
 # %%distributed
-trainees["simple"] = lesson.Trainee("simple")
-looks["simple"] = trainees["simple"].look()
-lesson.say_look(looks, "simple")
+meet("simple")
 v, k = looks["simple"], lesson.SETTINGS.grad_accum
 lesson.say(f"{v['calls']} calls {'=' if v['calls'] == v['buckets'] * k else '≠'} {v['buckets']} parameter tensors "
            f"× {k} micro-batches.")
@@ -112,9 +115,7 @@ show_diff(STAGES["simple"], STAGES["ga"])
 
 # %%
 # %%distributed
-trainees["ga"] = lesson.Trainee("ga")
-looks["ga"] = trainees["ga"].look()
-lesson.say_look(looks, "ga", before="simple")
+meet("ga", before="simple")
 
 # %% [markdown]
 # What to look for: the same bytes per sync, synced once per step instead of after every
@@ -171,9 +172,7 @@ show_diff(STAGES["ga"], STAGES["hook"])
 
 # %%
 # %%distributed
-trainees["hook"] = lesson.Trainee("hook")
-looks["hook"] = trainees["hook"].look()
-lesson.say_look(looks, "hook", before="ga")
+meet("hook", before="ga")
 
 # %% [markdown]
 # What to look for: now the calls start while the backward runs, and little is left to do after
@@ -221,9 +220,7 @@ show_diff(STAGES["hook"], STAGES["hook-async"])
 
 # %%
 # %%distributed
-trainees["hook-async"] = lesson.Trainee("hook-async")
-looks["hook-async"] = trainees["hook-async"].look()
-lesson.say_look(looks, "hook-async", before="hook")
+meet("hook-async", before="hook")
 
 # %% [markdown]
 # What to look for: the same calls as `hook`, started at the same places, but the backward no longer
@@ -273,9 +270,7 @@ show_diff(STAGES["hook-async"], STAGES["bucket"])
 
 # %%
 # %%distributed
-trainees["bucket"] = lesson.Trainee("bucket")
-looks["bucket"] = trainees["bucket"].look()
-lesson.say_look(looks, "bucket", before="hook-async")
+meet("bucket", before="hook-async")
 lesson.say(f"The plan for buckets of {lesson.SETTINGS.bucket_cap_mb:g} MiB has {looks['bucket']['buckets']} buckets "
            f"for {looks['hook']['buckets']} parameter tensors.")
 
@@ -327,9 +322,7 @@ show_diff(STAGES["bucket"], STAGES["bucket-async"])
 
 # %%
 # %%distributed
-trainees["bucket-async"] = lesson.Trainee("bucket-async")
-looks["bucket-async"] = trainees["bucket-async"].look()
-lesson.say_look(looks, "bucket-async", before="bucket")
+meet("bucket-async", before="bucket")
 
 # %% [markdown]
 # What to look for: `bucket`'s calls and bytes, with its backward back to normal length; and
@@ -377,9 +370,7 @@ print(inspect.getdoc(sys.modules[STAGES["ddp"].__module__]))
 
 # %%
 # %%distributed
-trainees["ddp"] = lesson.Trainee("ddp")
-looks["ddp"] = trainees["ddp"].look()
-lesson.say_look(looks, "ddp", before="bucket-async")
+meet("ddp", before="bucket-async")
 
 # %% [markdown]
 # ## `torch`: torch's own DDP, the baseline
@@ -389,9 +380,7 @@ lesson.say_look(looks, "ddp", before="bucket-async")
 
 # %%
 # %%distributed
-trainees["torch"] = lesson.Trainee("torch")
-looks["torch"] = trainees["torch"].look()
-lesson.say_look(looks, "torch", before="ddp")
+meet("torch", before="ddp")
 
 # %% [markdown]
 # ## Side by side: taking turns

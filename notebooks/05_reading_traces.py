@@ -46,7 +46,7 @@ if rank == 0:
 dist.barrier()
 profiled = ["single", *STAGES, "torch"]
 for stage in profiled:
-    lesson.Trainee(stage).profile(RUN, steps=1)      # one warm-up step, one profiler warm-up, one recorded step
+    lesson.Trainee(stage, warmup=0).profile(RUN, steps=1)   # a profiler warm-up step, then the recorded one
 lesson.say(lesson.describe())
 lesson.say(f"Profiled one step of each of: {', '.join(profiled)}, into {RUN.relative_to(lesson.ROOT)}.")
 

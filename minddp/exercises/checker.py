@@ -125,17 +125,21 @@ def _run(fn, args: tuple, world_size: int, timeout_s: float) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ verdicts
-def _stage_verdict(name: str, like: str | None, reports: dict, timeout_s: float, cap: float) -> Verdict:
+def _problem(name: str, reports: dict, timeout_s: float, describe) -> str | None:
+    """Step 3's first checks, shared by stages and hooks: raised, hung, then the ranks' own finding."""
     trouble = _trouble(name, reports, timeout_s)
     if trouble:
-        return Verdict(False, trouble, reports)
+        return trouble
     first = reports[min(reports)]
-    finding = first.get("finding")
-    if finding:
-        return Verdict(False, f"✗ {name}: " + _stage_finding(finding, first), reports)
-    counts = _counts_problem(first, like, cap)
-    if counts:
-        return Verdict(False, f"✗ {name}: " + counts, reports)
+    return f"✗ {name}: " + describe(first["finding"], first) if first.get("finding") else None
+
+
+def _stage_verdict(name: str, like: str | None, reports: dict, timeout_s: float, cap: float) -> Verdict:
+    first = reports[min(reports)]
+    problem = _problem(name, reports, timeout_s, _stage_finding)
+    counts = None if problem else _counts_problem(first, like, cap)
+    if problem or counts:
+        return Verdict(False, problem or f"✗ {name}: " + counts, reports)
     d_single, d_torch = first.get("max_diff", [float("nan")] * 2)
     calls = sum(first["counts"][-1].values()) if first["counts"] else 0
     same = f", as '{like}' makes" if like else ""
@@ -146,13 +150,10 @@ def _stage_verdict(name: str, like: str | None, reports: dict, timeout_s: float,
 
 
 def _hook_verdict(like: str, reports: dict, timeout_s: float) -> Verdict:
-    trouble = _trouble(like, reports, timeout_s)
-    if trouble:
-        return Verdict(False, trouble, reports)
+    problem = _problem(f"{like} hook", reports, timeout_s, _hook_finding)
+    if problem:
+        return Verdict(False, problem, reports)
     first = reports[min(reports)]
-    finding = first.get("finding")
-    if finding:
-        return Verdict(False, f"✗ {like} hook: " + _hook_finding(finding, first), reports)
     mine, ref = first["probe"], first["reference_probe"]
     d_single, d_torch = first["max_diff"]
     return Verdict(True, (
