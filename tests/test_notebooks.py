@@ -74,3 +74,21 @@ def test_the_checks_catch_a_cell_that_should_have_failed_and_a_pair_out_of_sync(
     nbformat.write(nb, source.with_suffix(".ipynb"))
     source.write_text("# %% [markdown]\n# A title\n\n# %%\nx = 1\n")
     assert "not from one top-to-bottom run" in refresh.pair_problems(source)[0]
+
+
+def test_what_changed_between_two_stages_is_read_from_the_package():
+    """The notebooks' diffs come from the code that runs: a changed method diffs, an inherited one does not."""
+    import inspect
+
+    from minddp.ladder import STAGES
+    from minddp.notebook.source import stage_diff
+
+    hook, hook_async = STAGES["hook"], STAGES["hook-async"]
+    diff = stage_diff(hook, hook_async)
+    removed = next(ln for ln in inspect.getsource(hook._sent).splitlines() if "future.wait()" in ln).strip()
+    added = next(ln for ln in inspect.getsource(hook_async._sent).splitlines() if "append" in ln).strip()
+    assert f"-    {removed}" in diff and f"+    {added}" in diff
+    assert "--- HookDDP._sent  (minddp/stages/hook.py)" in diff
+    unchanged = diff.splitlines()[-1]
+    assert unchanged.startswith("# unchanged:") and "_grad_ready" in unchanged and "_sent" not in unchanged
+    assert "calls super()" in diff                  # hook-async's finish runs hook's inside it
