@@ -8,6 +8,13 @@ Two ways in:
   ``%%distributed`` / ``%%rank 0`` cells, ``%dist_status``, ``%dist_shutdown``
   (see :mod:`minddp.notebook.magics`).
 
+For the step-through notebooks in ``notebooks/``: :mod:`~minddp.notebook.lesson`
+(the one workload and settings every notebook trains, and ``Trainee`` to run a
+stage on the ranks), :mod:`~minddp.notebook.source` (a stage's code and what
+changed from the stage before, read from the package) and
+:mod:`~minddp.notebook.refresh` (``python -m minddp.notebook.refresh``: run the
+notebooks from their ``.py`` sources and save them with their outputs).
+
 Example::
 
     >>> from minddp.notebook import Cluster
