@@ -105,6 +105,26 @@ def _one_of(choices):
     return parse
 
 
+def _bucket_cap(text) -> float | str:
+    """``--bucket-cap-mb``: a positive number of MiB, or ``auto`` (chosen by :mod:`minddp.model.auto`)."""
+    if isinstance(text, str) and text.strip().lower() == "auto":
+        return "auto"
+    return _positive(text)
+
+
+_bucket_cap.__name__ = "MiB or auto"
+
+
+def _link(text: str) -> str:
+    """``--link``: a preset or ``bandwidth,latency`` (:func:`minddp.comm.link.parse_link`), refused in one line."""
+    from minddp.comm.link import parse_link
+    try:
+        parse_link(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 @dataclass
 class TrainConfig:
     """Everything one ``python -m minddp.train`` run needs; ``--help`` shows the same text.
@@ -125,6 +145,10 @@ class TrainConfig:
     collective: str = _opt("torch", "how each all_reduce travels: torch (its own), or ring / naive (minddp "
                            "collectives written from point-to-point messages)", group="comm", metavar="NAME",
                            type=_one_of(collective_choices))
+    link: str | None = _opt(None, "emulate a network under every gradient collective (results unchanged, completion "
+                            "delayed to the modeled time): a preset (100mbit, 1gbit, 10gbit, 100gbit-ib, pcie-t4, "
+                            "nvlink, loopback) or 'bandwidth,latency' such as 2.5gbit,40us; see docs/scaling.md",
+                            group="comm", metavar="LINK", type=_link)
     model: str = _opt(OFFLINE_MODEL, f"'{OFFLINE_MODEL}' (offline default: an 80 k-parameter Llama, seeded random "
                       "init), 'small-llama' (5 M) or 'medium-llama' (25 M) (offline too), or a Hugging Face model "
                       f"id or local folder; GPU preset: {GPU_PRESET} with --dtype bf16", group="what", metavar="NAME")
@@ -151,8 +175,10 @@ class TrainConfig:
                               metavar="N", type=_count0)
     # communication
     bucket_cap_mb: float = _opt(0.1, "bucket size cap in MiB for the bucketed stages and torch (torch's "
-                                "default is 25; the offline model needs small buckets to have several)",
-                                group="comm", metavar="MIB", type=_positive)
+                                "default is 25; the offline model needs small buckets to have several), or 'auto': "
+                                "chosen at the start of each stage by the step-time model (minddp.model) for this "
+                                "model, world size and link, which says which cap and why",
+                                group="comm", metavar="MIB", type=_bucket_cap)
     powersgd_rank: int = _opt(1, "PowerSGD: rank of the low-rank approximation (matrix_approximation_rank)",
                               group="comm", metavar="N", type=_count)
     powersgd_start_iter: int = _opt(2, "PowerSGD: plain allreduce for this many steps first "
@@ -328,6 +354,9 @@ def validate(cfg: TrainConfig, explicit_batch_size: bool = True) -> None:
         check_dataset_name(cfg.dataset)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if stages == ["single"] and cfg.link is not None:
+        raise ConfigError("--link has no effect with --stage single (one process sends nothing); "
+                          "drop it or pick a distributed stage")
     if stages == ["single"] and cfg.collective != "torch":
         raise ConfigError("--collective has no effect with --stage single (one process sends nothing); "
                           "drop it or pick a distributed stage")

@@ -20,7 +20,9 @@ import inspect
 
 from torch import nn
 
+from minddp.comm.link import as_link
 from minddp.comm.registry import make_hook
+from minddp.comm.send import hook_name, send
 from minddp.comm.wire import Wire
 from minddp.ddp import DistributedDataParallel
 from minddp.stages import AsyncBucketDDP, AsyncHookDDP, BucketDDP, GradAccumDDP, HookDDP, SimpleDDP
@@ -74,9 +76,17 @@ def torch_hook(name: str, **powersgd_options):
     return state, hook
 
 
+def in_launch_range(hook):
+    """``hook`` called through :func:`~minddp.comm.send.send`: in the named range the analysis reads."""
+    def sent(state, bucket):
+        return send(hook, state, bucket)
+    sent.__name__ = hook_name(hook)
+    return sent
+
+
 def wrap(stage: str, model: nn.Module, *, hook: str = "allreduce", bucket_cap_mb: float | None = None,
          gradient_as_bucket_view: bool = False, python_hook: bool = False, powersgd_options: dict | None = None,
-         wire: Wire | None = None) -> nn.Module:
+         wire: Wire | None = None, link=None) -> nn.Module:
     """``model`` as ``stage`` trains it, with the comm hook ``hook`` (a :func:`make_hook` name) registered.
 
     * ``single``: the model itself (one process on the global batch);
@@ -88,6 +98,13 @@ def wrap(stage: str, model: nn.Module, *, hook: str = "allreduce", bucket_cap_mb
       group). minddp's ``allreduce_hook`` is registered too: it is every
       stage's default, and on ``ddp`` it selects the fast built-in average.
 
+    ``link`` (a :class:`~minddp.comm.link.Link`, a preset name or
+    ``bandwidth,latency``) puts an emulated network under every gradient
+    collective: it rides on the wire. torch's DDP gets it through a comm hook:
+    with a link, torch's reducer sends through minddp's hook of the same name
+    (torch's own hooks call ``dist.all_reduce`` directly, where no wire can see
+    them), each call in a ``minddp.bucket_launch`` range as the stages' are.
+
     The hook's state is kept as ``.minddp_hook_state`` (what a checkpoint saves:
     PowerSGD's memory). The options only matter where they apply
     (``bucket_cap_mb`` to bucketed stages and torch; ``powersgd_options`` to
@@ -96,14 +113,21 @@ def wrap(stage: str, model: nn.Module, *, hook: str = "allreduce", bucket_cap_mb
     if stage == "single":
         return model
     psgd = powersgd_options if "powersgd" in hook else {}
+    if link is not None:
+        wire = Wire(None, link=as_link(link)) if wire is None else \
+            Wire(wire.group, wire.transport, wire.traffic, as_link(link))
     if stage == "torch":
         from torch.nn.parallel import DistributedDataParallel as TorchDDP
         device = next(model.parameters()).device
         wrapped = TorchDDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                            bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view)
-        state, fn = torch_hook(hook, **(psgd or {}))
-        if hook != "allreduce" or python_hook:
-            wrapped.register_comm_hook(state, fn)
+        if wire is not None and wire.link is not None:
+            state, fn = make_hook(hook, wire, **(psgd or {}))
+            wrapped.register_comm_hook(state, in_launch_range(fn))
+        else:
+            state, fn = torch_hook(hook, **(psgd or {}))
+            if hook != "allreduce" or python_hook:
+                wrapped.register_comm_hook(state, fn)
     else:
         wrapped = build_stage(stage, model, bucket_cap_mb=bucket_cap_mb,
                               gradient_as_bucket_view=gradient_as_bucket_view)

@@ -125,6 +125,7 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
     """
     from minddp import checkpoint
     from minddp.collectives import TRANSPORTS
+    from minddp.comm.link import Link
     from minddp.comm.wire import Traffic, Wire
     from minddp.device import current_device, synchronize
     from minddp.ladder import wrap
@@ -142,11 +143,19 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
     batch_size = cfg.batch_size * (cfg.effective_world_size() if single else 1)
     device = current_device()
     traffic = Traffic()           # what this rank's hooks send, counted per step
+    link = None if single or cfg.link is None else Link(cfg.link)     # this rank's emulated NIC
     model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed, cfg.dtype).to(device)
     model.train()
-    wrapped = wrap(stage, model, hook=cfg.hook, bucket_cap_mb=cfg.bucket_cap_mb,
+    bucket_cap_mb, why = (None if single and cfg.bucket_cap_mb == "auto" else cfg.bucket_cap_mb), None
+    if bucket_cap_mb == "auto":
+        from minddp.model.auto import choose_bucket_cap
+        bucket_cap_mb, why = choose_bucket_cap(model, stage, step_batches(data.train, batch_size, cfg.grad_accum,
+                                                                           replicas, shard, cfg.seed,
+                                                                           data.pad_token_id),
+                                               _loss, link, device, say=say if rank == 0 else None)
+    wrapped = wrap(stage, model, hook=cfg.hook, bucket_cap_mb=bucket_cap_mb,
                    powersgd_options=cfg.powersgd_options(),
-                   wire=None if single else Wire(None, TRANSPORTS[cfg.collective], traffic))
+                   wire=None if single else Wire(None, TRANSPORTS[cfg.collective], traffic, link))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     hook_state = getattr(wrapped, "minddp_hook_state", None)
     ckpt_config = checkpoint_config(cfg, stage, replicas)
@@ -187,6 +196,10 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
                 bar.update()
     if bar is not None:
         bar.close()
+    if link is not None:
+        if profiler.written:
+            link.annotate_trace(profiler.written)   # the link's transfers, as ranges on a thread of their own
+        link.close()
     mean_losses = torch.tensor(losses, dtype=torch.float64, device=device)
     if replicas > 1:  # each rank's loss is its shard's mean; the global batch's is their mean
         dist.all_reduce(mean_losses)
@@ -200,6 +213,7 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
     return {"stage": stage, "losses": mean_losses.tolist(), "step_times_s": times, "accuracy": accuracy,
             "all_reduce_calls": calls, "all_reduce_bytes": nbytes, "global_batch": global_batch,
             "ranks": replicas, "trace": profiler.written, "metered": stage != "torch", "folder": folder,
+            "bucket_cap_mb": bucket_cap_mb, "bucket_cap_why": why,
             "trace_errors": {r: e for r, e in enumerate(trace_errors) if e}}
 
 
@@ -432,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for stage in cfg.stages():                                                          # step 3
             if stage == "torch":
-                reason = torch_hook_unavailable(cfg.hook, backend, cfg.bucket_cap_mb)
+                reason = None if cfg.link else torch_hook_unavailable(   # with a link: minddp's hook (ladder.wrap)
+                    cfg.hook, backend, None if cfg.bucket_cap_mb == "auto" else cfg.bucket_cap_mb)
                 if reason:
                     say(f"skipping --stage torch: {reason}")
                     skipped[stage] = reason
@@ -448,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
             if profiling(cfg) and rank0:
                 _write_or_note(os.path.join(run_dir, stage, "config.json"),
                                {**cfg.to_dict(), "stage": stage, "backend": backend, "ranks": result["ranks"],
+                                "bucket_cap_mb_used": result["bucket_cap_mb"], "bucket_cap_why": result["bucket_cap_why"],
                                 "data_source": data.source}, f"stage {stage}'s config.json", lost)
     except KeyboardInterrupt:       # the launcher has said so and ended the ranks; the stages done are kept
         failed = {"stage": "interrupted", "error": "interrupted (Ctrl-C)"}

@@ -4,13 +4,18 @@ HTA reads GPU kernels; a CPU trace has none, so its temporal breakdown raises
 and its overlap is NaN. The same quantities are there in the CPU events:
 
 1. **threads**: a thread that runs a ``gloo:*`` range is one of gloo's
-   worker threads (a *comm thread*); every other thread is a training thread
-   (the Python thread, and the autograd engine's where it has its own);
+   worker threads (a *comm thread*), and so is the emulated link's thread
+   (``minddp.link:*`` ranges, written into the trace by
+   :meth:`minddp.comm.link.Link.annotate_trace` when a run has ``--link``);
+   every other thread is a training thread (the Python thread, and the
+   autograd engine's where it has its own);
 2. **steps**: each ``ProfilerStep#N`` range is one training step; the window
    under study is their union (a trace without them is one step: its span);
 3. **compute**: the ``aten::*`` ops on training threads;
    **comm**: the ``gloo:*`` collective ranges on comm threads (the time the
-   collective really ran, not the ``c10d::allreduce_`` call that queued it);
+   collective really ran, not the ``c10d::allreduce_`` call that queued it),
+   and with a link its ``minddp.link:*`` transfers (from the start of the
+   modeled transfer to the delivery of the result);
 4. **calls and bytes**: each ``gloo:all_reduce`` is one call; its bytes are
    ``numel × element size`` from the input dims and type that
    ``record_shapes=True`` stores; a call belongs to the step it starts in;
@@ -18,7 +23,9 @@ and its overlap is NaN. The same quantities are there in the CPU events:
    to the wire (start = ready, end = the hook returned). The all_reduces it
    queued are the ``c10d::allreduce_`` calls inside that range; gloo runs
    queued collectives in order, so the n-th queued call of a size is matched
-   to the next ``gloo:all_reduce`` of that size that starts after it.
+   to the next ``gloo:all_reduce`` of that size that starts after it. With a
+   link, a bucket's communication is the link's transfers instead, found by
+   the ``minddp.link_send#<n>`` markers inside the launch range.
    torch's DDP names no launch range: there each ``c10d::allreduce_`` its
    reducer queues on a training thread is a bucket (ready = launched = the
    call);
@@ -50,8 +57,12 @@ from minddp.analysis.steps import RankIntervals, end_of, numel_of, per_step_mean
 _LAUNCH = re.compile(r"^minddp\.bucket_launch#(\d+) numel=(\d+) dtype=(\S+) hook=(\S+)$")
 
 
+#: Names of the ranges that are communication: gloo's collectives, and the emulated link's transfers.
+COMM_PREFIXES = ("gloo:", "minddp.link:")
+
+
 def is_comm(e: dict) -> bool:
-    return e["name"].startswith("gloo:")
+    return e["name"].startswith(COMM_PREFIXES)
 
 
 def rank_intervals(trace: RankTrace) -> RankIntervals:
@@ -107,9 +118,15 @@ def bucket_timeline(trace: RankTrace, step: int | None = None) -> list[dict]:
         mine = [q for q in queued if s0 <= q["ts"] < s1]
         launches = [(q, (str(i), str(numel_of((q.get("args", {}).get("Input Dims") or [[]])[0])), "", "reducer"))
                     for i, q in enumerate(mine)]
+    transfers = {e["args"]["seq"]: e for e in trace.events if e["name"].startswith("minddp.link:")}
+    sent = [(e, int(e["name"].rpartition("#")[2])) for e in trace.events
+            if e["name"].startswith("minddp.link_send#") and e.get("tid") not in iv.comm_threads]
     rows = []
     for order, (e, (index, numel, dtype, hook)) in enumerate(launches):
-        mine = [runs[id(q)] for q in queued if e["ts"] <= q["ts"] <= end_of(e) and id(q) in runs]
+        if transfers:    # with a link, the bucket's communication is the link's transfers
+            mine = [transfers[n] for m, n in sent if e["ts"] <= m["ts"] <= end_of(e) and n in transfers]
+        else:
+            mine = [runs[id(q)] for q in queued if e["ts"] <= q["ts"] <= end_of(e) and id(q) in runs]
         rows.append({
             "step": number, "order": order, "bucket": int(index), "numel": int(numel), "dtype": dtype or
             str((mine[0].get("args", {}).get("Input type") or [""])[0] if mine else ""),

@@ -8,7 +8,8 @@ microseconds:
 * **compute**: when the rank computes (``aten::`` ops on the training
   threads on CPU; computation kernels on GPU);
 * **comm**: when a collective is running (``gloo:*`` ranges on gloo's worker
-  threads on CPU; NCCL kernels on GPU).
+  threads on CPU, and an emulated link's ``minddp.link:*`` transfers; NCCL
+  kernels on GPU).
 
 From them, with ``|X|`` the length of the union of the intervals of ``X``:
 

@@ -11,7 +11,10 @@ set somewhere process-wide:
   real gradients;
 * a **meter** (:class:`Traffic`): calls and payload bytes of every all_reduce
   the hooks send through this wire, so "bytes on the wire" is measured, not
-  estimated. Without one nothing is counted and nothing is paid.
+  estimated. Without one nothing is counted and nothing is paid;
+* a **link** (:class:`~minddp.comm.link.Link`): an emulated network under the
+  real collective; each all_reduce then completes no earlier than the link's
+  modeled time for its size (the result is unchanged).
 
 Every minddp hook sends through ``Wire.of(state).all_reduce(tensor)``, so any
 of them can be metered or rerouted by handing it a wire::
@@ -88,13 +91,14 @@ class Traffic:
 class Wire:
     """A process group, how its all_reduces travel (``transport``) and who counts them (``traffic``)."""
 
-    __slots__ = ("group", "transport", "traffic")
+    __slots__ = ("group", "transport", "traffic", "link")
 
     def __init__(self, group: dist.ProcessGroup | None = None, transport: Transport | None = None,
-                 traffic: Traffic | None = None):
+                 traffic: Traffic | None = None, link=None):
         self.group = resolve_group(group)
         self.transport = transport
         self.traffic = traffic
+        self.link = link
 
     @staticmethod
     def of(state) -> "Wire":
@@ -110,7 +114,8 @@ class Wire:
         With torch's transport the call returns at once and the sum runs on the
         backend's own threads (that is what lets communication overlap the rest
         of backward). A point-to-point transport runs here and now and hands back
-        a completed Future.
+        a completed Future. With a link, the Future completes once the link
+        has carried the message too.
         """
         if self.traffic is not None:
             self.traffic.record(tensor)
@@ -118,12 +123,14 @@ class Wire:
             def summed(done: torch.futures.Future) -> torch.Tensor:
                 done.value()          # raises here if the collective failed
                 return tensor         # summed in place (a complex tensor travels as its real view)
-            return dist.all_reduce(tensor, group=self.group, async_op=True).get_future().then(summed)
-        self.transport(tensor, self.group)
-        done: torch.futures.Future = torch.futures.Future()
-        done.set_result(tensor)
-        return done
+            fut = dist.all_reduce(tensor, group=self.group, async_op=True).get_future().then(summed)
+        else:
+            self.transport(tensor, self.group)
+            fut = torch.futures.Future()
+            fut.set_result(tensor)
+        return fut if self.link is None else self.link.carry(fut, tensor, self.size())
 
     def __repr__(self) -> str:
         transport = getattr(self.transport, "__name__", "torch")
-        return f"Wire(size={self.size()}, transport={transport}, metered={self.traffic is not None})"
+        link = "" if self.link is None else f", link={self.link.spec.name}"
+        return f"Wire(size={self.size()}, transport={transport}, metered={self.traffic is not None}{link})"

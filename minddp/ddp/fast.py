@@ -24,8 +24,8 @@ bit-for-bit parity with torch's DDP:
    on gloo's worker thread, which must take the GIL first and starts no other
    collective while it waits.
 
-The wire's transport and meter are honoured: the fast path changes how a sum
-is started, never what is sent or counted.
+The wire's transport, meter and link are honoured: the fast path changes how
+a sum is started, never what is sent, counted, or how long the network takes.
 
 Example::
 
@@ -122,16 +122,16 @@ def start_sum(tensor: torch.Tensor, wire: Wire) -> torch.futures.Future:
         wire.traffic.record(tensor)
     if wire.transport is not None:
         wire.transport(tensor, wire.group)
-        done: torch.futures.Future = torch.futures.Future()
-        done.set_result([tensor])
-        return done
-    if not tensor.is_complex():
-        return wire.group.allreduce([tensor], _SUM).get_future()
-
-    def as_sent(fut: torch.futures.Future) -> list[torch.Tensor]:
-        fut.value()              # a failed collective fails this Future too
-        return [tensor]
-    return wire.group.allreduce([torch.view_as_real(tensor)], _SUM).get_future().then(as_sent)
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result([tensor])
+    elif not tensor.is_complex():
+        fut = wire.group.allreduce([tensor], _SUM).get_future()
+    else:
+        def as_sent(done: torch.futures.Future) -> list[torch.Tensor]:
+            done.value()         # a failed collective fails this Future too
+            return [tensor]
+        fut = wire.group.allreduce([torch.view_as_real(tensor)], _SUM).get_future().then(as_sent)
+    return fut if wire.link is None else wire.link.carry(fut, tensor, wire.size())
 
 
 def builtin_average(wire: Wire, layout: BucketLayout, flat: torch.Tensor,

@@ -1,0 +1,315 @@
+"""An emulated network link: every gradient collective takes at least as long as it would on a real one.
+
+On one machine two ranks talk over loopback, where a 300 KiB all_reduce takes
+a fraction of a millisecond: communication is nearly free, and the ladder's
+lessons (why buckets, why overlap) barely show. A :class:`Link` puts a
+network of a given speed under the comm layer, so that a laptop shows what a
+1 Gbit/s cluster, or four PCIe GPUs, would do.
+
+**The cost model** (:meth:`LinkSpec.seconds`). A link is two numbers: ``β``,
+the bandwidth of each rank's port in each direction (bytes/s), and ``α``, the
+fixed cost of one message hop (latency plus the per-message software cost).
+Collectives are ring algorithms, as NCCL and gloo run them for large
+messages; with ``N`` ranks and ``S`` the payload bytes:
+
+=================  ============================  ======================================================
+collective         time                          why
+=================  ============================  ======================================================
+``all_reduce``     2(N−1)/N · S/β + 2(N−1)·α     reduce-scatter then all-gather, N−1 hops each; every
+                                                 rank sends (and receives) 2(N−1)/N of the payload
+``reduce_scatter`` (N−1)/N · S/β + (N−1)·α       half of the above (S = the full input)
+``all_gather``     (N−1)/N · S/β + (N−1)·α       the other half (S = the full output)
+``broadcast``      S/β + (N−1)·α                 a pipelined chain: the payload crosses each link once,
+                                                 the first byte pays N−1 hops
+=================  ============================  ======================================================
+
+With one rank nothing moves: zero.
+
+What the model leaves out: contention (other jobs, or two collectives sharing
+one port, are not modeled; here messages take turns, see below), topology
+(every rank has one full-speed port to a non-blocking switch: no
+oversubscription, no slower hop between nodes than inside one), NCCL's
+protocols and algorithm choice (LL/LL128/Simple, trees for small messages,
+several channels), the reduction's own compute, and the overlap of the
+reduce-scatter's last hop with the all-gather's first. For large messages the
+ring model is within tens of percent of ``nccl-tests``; for small ones real
+libraries are better (trees: ``log N`` hops, not ``N``).
+
+**The emulation** (:meth:`Link.carry`). The real collective still runs (gloo
+on loopback), so every result is exactly what it would be without a link;
+the link only holds its *completion* back:
+
+1. a hook starts the real collective and hands its Future to
+   :meth:`Link.carry`, which returns at once with a new Future (the training
+   thread is never blocked by the emulation, so overlap behaves as on a real
+   network);
+2. the link's own thread (one per process: one NIC per rank) takes messages
+   in the order they were handed over, **one at a time**: a message starts
+   when it is handed over or when the previous one has finished, whichever
+   is later, and occupies the link for its modeled time;
+3. the new Future completes when the modeled transfer has ended *and* the
+   real collective is done (the real one also waits for the slowest rank,
+   so the emulated one does too), with the real collective's value.
+
+So a collective completes no earlier than the link's time for its size and
+world size, and a burst of messages queues as it would on one NIC.
+Waking the link thread costs a little (a sleep overshoots, the thread must
+get the GIL back), typically 0.1 to 1 ms on a busy 2-core machine; the
+thread's schedule does not drift with it (each message's slot is computed
+from the model, not from when the thread woke), only each delivery is late
+by it.
+
+**In a trace.** Profiler ranges are recorded only on the thread that started
+the profiler (and on the threads torch hands its context to), so a Python
+thread cannot record its own. The link logs each message it carries while a
+profiler runs, and :meth:`Link.annotate_trace` writes those transfers into
+the exported trace as ``minddp.link:<collective>`` ranges on a thread of
+their own ("minddp link"), placed with the help of a marker range
+(``minddp.link_send#<n>``) recorded on the training thread when the message
+was handed over. :mod:`minddp.analysis` counts those ranges as
+communication, like gloo's.
+
+Example::
+
+    >>> link = Link("1gbit")                        # or Link("2.5gbit,40us"), Link(LinkSpec(...))
+    >>> fut = link.carry(dist.all_reduce(t, async_op=True).get_future(), t, world=4)
+    >>> fut.wait()                                  # no earlier than 2*3/4 * t.nbytes / 125 MB/s + 6 * 50 µs
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import math
+import os
+import queue
+import re
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+#: Bytes per second of one Gbit/s.
+GBIT = 1e9 / 8
+#: The collectives the model knows: kind -> (hops in units of N-1, payload crossings in units of (N-1)/N).
+COLLECTIVES = {"all_reduce": (2, 2), "reduce_scatter": (1, 1), "all_gather": (1, 1), "broadcast": (1, None)}
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A network by its two numbers: ``bandwidth`` β (bytes/s per rank and direction), ``latency`` α (s per hop)."""
+
+    name: str
+    bandwidth: float
+    latency: float
+    about: str = ""
+
+    def seconds(self, kind: str, nbytes: float, world: int) -> float:
+        """Modeled time of one ``kind`` collective of ``nbytes`` payload bytes over ``world`` ranks (table above)."""
+        if kind not in COLLECTIVES:
+            raise ValueError(f"the link models {', '.join(COLLECTIVES)}; got {kind!r}")
+        if world <= 1:
+            return 0.0
+        hops, crossings = COLLECTIVES[kind]
+        share = 1.0 if crossings is None else crossings * (world - 1) / world
+        return hops * (world - 1) * self.latency + share * nbytes / self.bandwidth
+
+    def describe(self) -> str:
+        speed = "unlimited" if math.isinf(self.bandwidth) else f"{self.bandwidth / GBIT:g} Gbit/s " \
+                f"({self.bandwidth / 1e9:g} GB/s)"
+        return f"{self.name}: {speed}, {self.latency * 1e6:g} µs per hop" + (f" ({self.about})" if self.about else "")
+
+
+#: Named links. The numbers are nominal (what the hardware is sold as, with a typical per-message cost), not
+#: measured: docs/scaling.md says where each comes from and how far real libraries get from it.
+PRESETS: dict[str, LinkSpec] = {
+    "1gbit": LinkSpec("1gbit", 1 * GBIT, 50e-6, "Gigabit Ethernet between machines, TCP"),
+    "10gbit": LinkSpec("10gbit", 10 * GBIT, 20e-6, "10 Gbit Ethernet, TCP"),
+    "100gbit-ib": LinkSpec("100gbit-ib", 100 * GBIT, 5e-6, "100 Gbit/s InfiniBand (EDR), RDMA"),
+    "pcie-t4": LinkSpec("pcie-t4", 7e9, 10e-6, "T4 GPUs in one machine over PCIe 3.0 x16, no NVLink"),
+    "nvlink": LinkSpec("nvlink", 200e9, 5e-6, "A100-class NVLink through NVSwitch"),
+    "loopback": LinkSpec("loopback", math.inf, 0.0, "no emulated delay: the real collective's time only; "
+                         "records the link's ranges, for profiling"),
+}
+
+_BANDWIDTH_UNITS = {"gbit": GBIT, "gbps": GBIT, "mbit": GBIT / 1e3, "mbps": GBIT / 1e3, "kbit": GBIT / 1e6,
+                    "gb/s": 1e9, "mb/s": 1e6, "kb/s": 1e3, "gib/s": 2.0 ** 30, "mib/s": 2.0 ** 20}
+_LATENCY_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*([a-zµ/]+)\s*$", re.IGNORECASE)
+
+
+def _quantity(text: str, units: dict, what: str, example: str) -> float:
+    m = _QUANTITY.match(text)
+    unit = m.group(2).lower() if m else None
+    if unit not in units:
+        raise ValueError(f"link {what} {text.strip()!r} needs a number and a unit ({', '.join(units)}), e.g. {example}")
+    return float(m.group(1)) * units[unit]
+
+
+def parse_link(text: str | LinkSpec) -> LinkSpec:
+    """A preset name (:data:`PRESETS`) or ``bandwidth,latency`` with units, e.g. ``2.5gbit,40us``, ``800MB/s,0.1ms``."""
+    if isinstance(text, LinkSpec):
+        return text
+    name = text.strip()
+    if name.lower() in PRESETS:
+        return PRESETS[name.lower()]
+    if "," not in name:
+        raise ValueError(f"unknown link {name!r}: use a preset ({', '.join(PRESETS)}) or 'bandwidth,latency' "
+                         "such as 2.5gbit,40us")
+    bandwidth_text, latency_text = name.split(",", 1)
+    bandwidth = _quantity(bandwidth_text, _BANDWIDTH_UNITS, "bandwidth", "2.5gbit or 800MB/s")
+    latency = _quantity(latency_text, _LATENCY_UNITS, "latency", "40us or 0.1ms")
+    if bandwidth <= 0 or latency < 0:
+        raise ValueError(f"link {name!r}: bandwidth must be positive and latency not negative")
+    return LinkSpec(name, bandwidth, latency, "custom")
+
+
+@dataclass
+class _Message:
+    seq: int
+    kind: str
+    nbytes: int
+    world: int
+    handed_over: float           # perf_counter() when the hook handed it to the link
+    real: torch.futures.Future   # the real collective
+    done: torch.futures.Future   # what the caller waits on
+    logged: bool                 # a profiler was running: log it for annotate_trace
+
+
+class Link:
+    """One rank's emulated NIC (module doc): :meth:`carry` delays a collective's completion to the modeled time."""
+
+    def __init__(self, spec: LinkSpec | str):
+        self.spec = parse_link(spec)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._thread_id = 0
+        self._start_lock = threading.Lock()
+        self._free_at = 0.0                   # perf_counter() at which the last modeled transfer ends
+        self._seq = itertools.count()
+        self.log: list[dict] = []             # transfers carried while a profiler ran (annotate_trace)
+
+    def seconds(self, kind: str, nbytes: float, world: int) -> float:
+        return self.spec.seconds(kind, nbytes, world)
+
+    def carry(self, real: torch.futures.Future, payload: torch.Tensor | int, world: int,
+              kind: str = "all_reduce") -> torch.futures.Future:
+        """Steps 1-3: a Future with ``real``'s value, completed no earlier than the modeled transfer's end.
+
+        ``payload`` is the collective's tensor (its bytes are counted) or a byte
+        count; ``world`` the ranks taking part.
+        """
+        nbytes = payload if isinstance(payload, int) else payload.numel() * payload.element_size()
+        seq = next(self._seq)
+        logged = torch.autograd.profiler._is_profiler_enabled
+        handed_over = time.perf_counter()
+        if logged:   # the marker that places this message on the trace's clock (annotate_trace)
+            with torch.profiler.record_function(f"minddp.link_send#{seq}"):
+                pass
+        done: torch.futures.Future = torch.futures.Future()
+        self._start_thread()
+        self._inbox.put(_Message(seq, kind, nbytes, world, handed_over, real, done, logged))
+        return done
+
+    # -- the NIC's thread (step 2) --------------------------------------------------------------------
+
+    def _start_thread(self) -> None:
+        if self._thread is not None:
+            return
+        with self._start_lock:
+            if self._thread is None:
+                # The link thread must get the GIL back soon after its sleep ends; Python's default
+                # switch interval (5 ms) would let a busy training thread hold it that long.
+                sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
+                thread = threading.Thread(target=self._run, name=f"minddp-link-{self.spec.name}", daemon=True)
+                thread.start()
+                self._thread = thread
+
+    def _run(self) -> None:
+        self._thread_id = threading.get_native_id()
+        while True:
+            msg = self._inbox.get()
+            if msg is None:
+                return
+            start = max(msg.handed_over, self._free_at)
+            end = start + self.spec.seconds(msg.kind, msg.nbytes, msg.world)
+            self._free_at = end
+            delay = end - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            try:
+                value = msg.real.wait()                                                       # step 3
+            except Exception as exc:    # the real collective failed: so does the emulated one
+                msg.done.set_exception(exc)
+                continue
+            if msg.logged:
+                self.log.append({"seq": msg.seq, "kind": msg.kind, "bytes": msg.nbytes, "ranks": msg.world,
+                                 "handed_over": msg.handed_over, "start": start, "modeled_end": end,
+                                 "delivered": time.perf_counter()})
+            msg.done.set_result(value)
+
+    def close(self) -> None:
+        """Stop the link's thread once the messages already handed over are delivered."""
+        if self._thread is not None:
+            self._inbox.put(None)
+            self._thread.join()
+            self._thread = None
+
+    # -- traces ---------------------------------------------------------------------------------------
+
+    def annotate_trace(self, path: str) -> int:
+        """Write the logged transfers into the exported trace at ``path``; returns how many were placed.
+
+        Each ``minddp.link_send#<n>`` marker in the trace was recorded when message
+        ``n`` was handed over, whose ``perf_counter`` time the log holds: the median
+        difference is the offset between the two clocks. Transfers whose marker
+        is not in the trace (outside the profiled window) are dropped from the log.
+        """
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            trace = json.load(f)
+        events = trace.get("traceEvents", [])
+        markers = {}
+        for e in events:
+            if e.get("ph") == "X" and e.get("name", "").startswith("minddp.link_send#"):
+                markers[int(e["name"].rpartition("#")[2])] = e
+        logged, self.log = self.log, []
+        placed = [m for m in logged if m["seq"] in markers]
+        if not placed:
+            return 0
+        offset = statistics.median(markers[m["seq"]]["ts"] - m["handed_over"] * 1e6 for m in placed)
+        pid = markers[placed[0]["seq"]]["pid"]
+        tid = self._thread_id or 1
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                       "args": {"name": f"minddp link ({self.spec.name}, emulated NIC)"}})
+        for m in placed:
+            start_us = m["start"] * 1e6 + offset
+            events.append({
+                "ph": "X", "cat": "user_annotation", "name": f"minddp.link:{m['kind']}", "pid": pid, "tid": tid,
+                "ts": start_us, "dur": max(0.0, (m["delivered"] - m["start"]) * 1e6),
+                "args": {"seq": m["seq"], "bytes": m["bytes"], "ranks": m["ranks"], "link": self.spec.name,
+                         "handed_over_ts": m["handed_over"] * 1e6 + offset,
+                         "modeled_end_ts": m["modeled_end"] * 1e6 + offset},
+            })
+        tmp = path + ".tmp"
+        with opener(tmp, "wt", encoding="utf-8") as f:
+            json.dump(trace, f)
+        os.replace(tmp, path)
+        return len(placed)
+
+    def __repr__(self) -> str:
+        return f"Link({self.spec.describe()})"
+
+
+def as_link(value: Link | LinkSpec | str | None) -> Link | None:
+    """``None`` stays ``None``; a preset name, spec text or :class:`LinkSpec` becomes a :class:`Link`."""
+    if value is None or isinstance(value, Link):
+        return value
+    return Link(value)
+
+
+__all__ = ["GBIT", "PRESETS", "COLLECTIVES", "LinkSpec", "Link", "parse_link", "as_link"]

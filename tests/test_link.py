@@ -1,0 +1,268 @@
+"""The emulated link: modeled delay, one message at a time, never blocking the caller, results unchanged.
+
+Oracles: the cost model's formulas written out by hand (2(N-1)/N S/β + 2(N-1)α
+and its halves), the wall clock for "no earlier than" (a lower bound the
+emulation must meet exactly; the upper bound has a stated tolerance, since a
+busy 2-core machine wakes a sleeping thread late), the order in which events
+happen for "does not block", and a run without a link for "results unchanged"
+(bit for bit, every stage, and torch's DDP against torch's own Python hook).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from minddp import launch
+from minddp.comm.link import GBIT, PRESETS, Link, LinkSpec, parse_link
+
+#: How late a delivery may be after its modeled time: a sleeping thread that must get the CPU and the GIL
+#: back on a shared, loaded 2-core machine. The lower bound (never early) has no tolerance.
+LATE_TOLERANCE_S = 0.08
+
+
+# -- the model -----------------------------------------------------------------------------------------
+
+def test_ring_formulas():
+    spec = LinkSpec("x", bandwidth=1e9, latency=1e-5)
+    s, n = 8e6, 4
+    assert spec.seconds("all_reduce", s, n) == pytest.approx(2 * 3 / 4 * s / 1e9 + 2 * 3 * 1e-5)
+    assert spec.seconds("reduce_scatter", s, n) == pytest.approx(3 / 4 * s / 1e9 + 3 * 1e-5)
+    assert spec.seconds("all_gather", s, n) == pytest.approx(3 / 4 * s / 1e9 + 3 * 1e-5)
+    assert spec.seconds("broadcast", s, n) == pytest.approx(s / 1e9 + 3 * 1e-5)
+    assert spec.seconds("all_reduce", s, 1) == 0.0
+    # all_reduce is exactly reduce_scatter followed by all_gather
+    assert spec.seconds("all_reduce", s, 7) == pytest.approx(spec.seconds("reduce_scatter", s, 7)
+                                                              + spec.seconds("all_gather", s, 7))
+    with pytest.raises(ValueError, match="all_to_all"):
+        spec.seconds("all_to_all", s, n)
+
+
+def test_presets_and_custom_links_parse():
+    assert parse_link("1gbit").bandwidth == pytest.approx(125e6)
+    assert parse_link("10GBIT") is PRESETS["10gbit"]
+    custom = parse_link("2.5gbit,40us")
+    assert custom.bandwidth == pytest.approx(2.5 * GBIT) and custom.latency == pytest.approx(40e-6)
+    assert parse_link("800MB/s,0.1ms").bandwidth == pytest.approx(800e6)
+    assert parse_link("800MB/s,0.1ms").latency == pytest.approx(1e-4)
+    for bad, cause in [("fast", "unknown link"), ("3gbit", "unknown link"), ("3,40us", "bandwidth"),
+                       ("3gbit,40", "latency"), ("0gbit,1us", "positive")]:
+        with pytest.raises(ValueError, match=cause):
+            parse_link(bad)
+
+
+def test_train_options_name_the_bad_link():
+    from minddp.config import ConfigError, parse_args
+    assert parse_args(["--link", "1gbit", "--bucket-cap-mb", "auto"]).bucket_cap_mb == "auto"
+    with pytest.raises(ConfigError, match="--link: unknown link 'fast'"):
+        parse_args(["--link", "fast"])
+    with pytest.raises(ConfigError, match="--link has no effect with --stage single"):
+        parse_args(["--link", "1gbit", "--stage", "single"])
+
+
+# -- the emulation, on one process (the real collective is a Future we complete) ------------------------
+
+def _done(value=None) -> torch.futures.Future:
+    fut = torch.futures.Future()
+    fut.set_result(value)
+    return fut
+
+
+def test_a_message_completes_no_earlier_than_its_modeled_time_and_returns_the_real_value():
+    link = Link(LinkSpec("slow", bandwidth=1e6, latency=0.0))     # 1 MB/s: 100 kB all_reduce, 2 ranks = 0.1 s
+    try:
+        modeled = link.seconds("all_reduce", 100_000, 2)
+        assert modeled == pytest.approx(0.1)
+        start = time.perf_counter()
+        fut = link.carry(_done("summed"), 100_000, world=2)
+        handed_back = time.perf_counter() - start
+        assert fut.wait() == "summed"
+        elapsed = time.perf_counter() - start
+        assert handed_back < modeled / 2, "carry() must return at once, not after the transfer"
+        assert modeled <= elapsed <= modeled + LATE_TOLERANCE_S
+    finally:
+        link.close()
+
+
+def test_messages_take_turns_on_the_link():
+    link = Link(LinkSpec("slow", bandwidth=1e6, latency=0.0))
+    try:
+        start = time.perf_counter()
+        futures = [link.carry(_done(i), 50_000, world=2) for i in range(3)]   # 0.05 s each
+        delivered = {}
+        for fut in futures:
+            fut.then(lambda f: delivered.setdefault(f.value(), time.perf_counter() - start))
+        assert [f.wait() for f in futures] == [0, 1, 2]
+        time.sleep(0.01)
+        for i in range(3):   # the k-th message ends no earlier than k full transfers
+            assert (i + 1) * 0.05 <= delivered[i] <= (i + 1) * 0.05 + LATE_TOLERANCE_S
+        assert delivered[0] < delivered[1] < delivered[2]
+    finally:
+        link.close()
+
+
+def test_a_slow_real_collective_holds_the_message_and_a_failed_one_fails_it():
+    link = Link(LinkSpec("fast", bandwidth=1e12, latency=0.0))
+    try:
+        real = torch.futures.Future()
+        start = time.perf_counter()
+        fut = link.carry(real, 1000, world=2)
+        threading.Timer(0.1, lambda: real.set_result("late")).start()
+        assert fut.wait() == "late" and time.perf_counter() - start >= 0.1
+        broken = torch.futures.Future()
+        fut = link.carry(broken, 1000, world=2)
+        broken.set_exception(RuntimeError("gloo timed out"))
+        with pytest.raises(RuntimeError, match="gloo timed out"):
+            fut.wait()
+    finally:
+        link.close()
+
+
+# -- on ranks: the wire, every stage, torch's DDP, overlap by event order, the trace ---------------------
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
+                               torch.nn.Linear(32, 4))
+
+
+def _train(stage: str, link, python_hook: bool = False) -> list[torch.Tensor]:
+    from minddp.ladder import wrap
+    from minddp.loop import train_step
+    model = _model()
+    wrapped = wrap(stage, model, bucket_cap_mb=0.001, link=link, python_hook=python_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(2):
+        micro = [torch.randn(8, 16, generator=g) for _ in range(2)]
+        train_step(wrapped, optimizer, micro, lambda m, x: m(x).pow(2).mean())
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _event_order(stage: str, link: Link) -> list[tuple[str, int]]:
+    """("ready", i) when autograd finished gradient i, ("sent", b)/("back", b) when bucket b left / came back."""
+    from minddp.comm.default_hooks import allreduce_hook
+    from minddp.comm.wire import Wire
+    from minddp.ladder import build_stage
+    events: list[tuple[str, int]] = []
+    model = _model()
+    wrapped = build_stage(stage, model, bucket_cap_mb=0.001)
+    state = Wire(None, link=link)
+
+    def watched(state, bucket):
+        b = bucket.index()
+        events.append(("sent", b))
+        return allreduce_hook(state, bucket).then(lambda f: (events.append(("back", b)), f.value())[1])
+    wrapped.register_comm_hook(state, watched)
+    for i, p in enumerate(model.parameters()):
+        p.register_post_accumulate_grad_hook(lambda p, i=i: events.append(("ready", i)))
+    wrapped(torch.randn(8, 16)).pow(2).mean().backward()
+    getattr(wrapped, "finish_gradient_synchronization", lambda: None)()   # ddp finishes inside backward
+    return events
+
+
+def _on_ranks() -> dict:
+    from minddp.comm.wire import Traffic, Wire
+    out: dict = {}
+    n = dist.get_world_size()
+    # 1. the wire: a 10 MB all_reduce over a 1 Gbit/s link takes its modeled time, and sums exactly
+    link = Link("1gbit")
+    wire = Wire(None, traffic=Traffic(), link=link)
+    wire.all_reduce(torch.ones(4)).wait()        # warm: the link's thread and gloo's first call
+    t = torch.full((2_500_000,), float(dist.get_rank() + 1))
+    dist.barrier()
+    start = time.perf_counter()
+    fut = wire.all_reduce(t)
+    out["handed_back_s"] = time.perf_counter() - start
+    out["sum_ok"] = torch.equal(fut.wait(), torch.full((2_500_000,), float(n * (n + 1) // 2)))
+    out["elapsed_s"] = time.perf_counter() - start
+    out["modeled_s"] = link.seconds("all_reduce", 10_000_000, n)
+    # 2. bit for bit: every stage with a slow link equals the same stage without one; torch's DDP with the
+    #    link (minddp's hook through the wire) equals torch's DDP with torch's own Python allreduce hook
+    from minddp.ladder import STAGES
+    slow = Link("100mbit,200us")
+    out["unequal"] = [s for s in STAGES if not all(torch.equal(a, b) for a, b in zip(_train(s, None), _train(s, slow)))]
+    if not all(torch.equal(a, b) for a, b in zip(_train("torch", None, python_hook=True), _train("torch", slow))):
+        out["unequal"].append("torch")
+    # 3. event order on a link slow enough that every transfer outlasts backward (0.1 s per bucket)
+    crawl = Link(LinkSpec("crawl", bandwidth=1e12, latency=0.1 / (2 * (n - 1))))
+    out["order"] = {s: _event_order(s, crawl) for s in ("hook", "hook-async", "bucket-async", "ddp")}
+    # 4. the trace: the link's transfers are written in, and the analysis counts them as communication
+    import tempfile
+    from minddp.analysis import cpu
+    from minddp.analysis.events import read_trace
+    from minddp.profiling import StepProfiler
+    from minddp.ladder import wrap
+    from minddp.loop import train_step
+    model = _model()
+    traced = Link("1gbit")
+    wrapped = wrap("bucket-async", model, bucket_cap_mb=0.001, link=traced)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    folder = tempfile.mkdtemp(prefix=f"link-trace-{dist.get_rank()}-")
+    with StepProfiler(folder, dist.get_rank(), total_steps=3, active=2, memory=False) as prof:
+        for _ in range(3):
+            train_step(wrapped, optimizer, [torch.randn(8, 16)], lambda m, x: m(x).pow(2).mean())
+            prof.step()
+    out["buckets"] = len(wrapped.buckets)
+    out["placed"] = traced.annotate_trace(prof.path)
+    trace = read_trace(prof.path, dist.get_rank())
+    transfers = [e for e in trace.events if e["name"].startswith("minddp.link:")]
+    iv = cpu.rank_intervals(trace)
+    out["transfers"] = len(transfers)
+    out["transfer_bytes"] = sorted({e["args"]["bytes"] for e in transfers})
+    out["bucket_bytes"] = sorted({sum(p.numel() * 4 for p in b) for b in wrapped.buckets})
+    out["on_comm_thread"] = all(e["tid"] in iv.comm_threads for e in transfers)
+    out["counted_as_comm"] = all(any(s <= e["ts"] and e["ts"] + e["dur"] <= t + 1e-3 for s, t in iv.comm)
+                                 for e in transfers)
+    timeline = cpu.bucket_timeline(trace)
+    out["timeline_has_comm"] = all(r["comm_end_us"] >= r["comm_start_us"] >= 0 for r in timeline)
+    for each in (link, slow, crawl, traced):
+        each.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return launch(_on_ranks, world_size=2, timeout_s=240)
+
+
+def test_a_collective_over_the_link_takes_its_modeled_time_and_sums_exactly(ranks):
+    for r in ranks:
+        assert r["sum_ok"]
+        assert r["handed_back_s"] < r["modeled_s"] / 4, "all_reduce must return before the transfer is done"
+        assert r["modeled_s"] <= r["elapsed_s"] <= r["modeled_s"] + LATE_TOLERANCE_S + 0.05   # + the real gloo sum
+
+
+def test_every_stage_and_torch_train_bit_for_bit_the_same_with_the_link(ranks):
+    for r in ranks:
+        assert r["unequal"] == []
+
+
+def test_async_stages_keep_computing_while_the_link_carries(ranks):
+    for r in ranks:
+        order = r["order"]
+        for stage in ("hook-async", "bucket-async", "ddp"):
+            events = order[stage]
+            first_back = events.index(next(e for e in events if e[0] == "back"))
+            ready = [i for i, e in enumerate(events) if e[0] == "ready"]
+            sent = [i for i, e in enumerate(events) if e[0] == "sent"]
+            # every gradient was computed, and every bucket sent, before the first came back: backward
+            # never stood still waiting for the link
+            assert max(ready) < first_back and max(sent) < first_back, (stage, events)
+            assert len(sent) >= 2 or stage != "hook-async", events
+        # the blocking stage: each gradient's all_reduce comes back before the next gradient is computed
+        hook = order["hook"]
+        for i, e in enumerate(hook[:-1]):
+            if e[0] == "sent":
+                assert hook[i + 1] == ("back", e[1]), hook
+
+
+def test_the_trace_shows_the_link_as_communication(ranks):
+    for r in ranks:
+        assert r["transfers"] == 2 * r["buckets"] == r["placed"]    # 2 profiled steps, one transfer per bucket
+        assert r["transfer_bytes"] == r["bucket_bytes"]
+        assert r["on_comm_thread"] and r["counted_as_comm"] and r["timeline_has_comm"]
