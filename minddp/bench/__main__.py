@@ -195,6 +195,10 @@ def pool_main(folders: list[str], out: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["collectives"]:           # python -m minddp.bench collectives: its own benchmark
+        from minddp.bench.collectives import main as collectives_main
+        return collectives_main(args[1:])
     from minddp.bench.worker import bench_rank
     from minddp.config import ConfigError
     from minddp.data import DataError

@@ -8,7 +8,7 @@ all_reduce). The train command's ``--collective`` chooses from it:
   ``2 (n - 1) / n · bytes`` sent per rank, what NCCL and gloo do for large tensors;
 * ``naive`` (:mod:`naive`): everything through rank 0, for contrast.
 
-``python -m minddp.collectives.bench`` measures them against gloo's own.
+``python -m minddp.bench collectives --transports ring,naive`` measures them against gloo's own.
 
 Example::
 

@@ -1,0 +1,245 @@
+"""``python -m minddp.bench collectives``: collective times over message sizes, and an α-β fit per collective.
+
+A benchmark, not a test. On the ranks it starts, for each network (``gloo``
+as it is on this machine, and gloo under each emulated ``--links``,
+:mod:`minddp.comm.link`), each collective (``all_reduce``,
+``reduce_scatter``, ``all_gather``, ``broadcast``) and each payload size
+(1 KiB to 64 MiB, doubling), it:
+
+1. **times** ``--iters`` calls after ``--warmup``, all ranks starting together
+   (a barrier before each); a call's time is the slowest rank's, and a size's
+   time the median over calls. The payload ``S`` is what the link model
+   counts: the tensor for all_reduce and broadcast, the whole input of
+   reduce_scatter, the whole output of all_gather;
+2. **fits** ``t = a + b·S`` per (network, collective) by least squares on
+   relative error (each size weighs alike, from 1 KiB to 64 MiB), and reports
+   ``R²`` (the usual one, on the times themselves), the largest relative
+   miss, and what the fit means under the ring model of
+   :meth:`~minddp.comm.link.LinkSpec.seconds`: ``α = a / hops`` and
+   ``β = share / b`` (bus bandwidth). On an emulated link the fit should find
+   the link's own β; its α is the link's plus what a message costs here
+   (gloo's own time for small messages, the link thread's wake-up), which is
+   why it is fitted and not assumed;
+3. **writes** ``collectives.csv`` (every size), ``collectives.md`` (the fits),
+   ``collectives.png`` (measured points and fitted lines, one panel per
+   collective) to ``--out``.
+
+``--transports ring,naive`` also times minddp's hand-written all_reduces
+(:mod:`minddp.collectives`) as networks of their own (formerly
+``python -m minddp.collectives.bench``).
+
+Example::
+
+    $ python -m minddp.bench collectives                          # gloo and 1gbit, 2 ranks, ~2 minutes
+    $ python -m minddp.bench collectives --links 1gbit,10gbit --world-size 4 --max-mib 16
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from minddp.cli import Parser, UsageError
+
+PROG = "minddp.bench collectives"
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+
+
+def _start(kind: str, nbytes: int, world: int, transport=None):
+    """Buffers for one ``kind`` collective of ``nbytes`` payload, and a function starting it (returns a Future)."""
+    chunk = max(1, nbytes // 4 // world)
+    if kind == "all_reduce":
+        t = torch.ones(chunk * world)
+        if transport is not None:
+            def run():
+                transport(t, dist.group.WORLD)
+                fut = torch.futures.Future()
+                fut.set_result(t)
+                return fut
+            return t.numel() * 4, run
+        return t.numel() * 4, lambda: dist.all_reduce(t, async_op=True).get_future()
+    if kind == "reduce_scatter":
+        src, dst = torch.ones(chunk * world), torch.empty(chunk)
+        return src.numel() * 4, lambda: dist.reduce_scatter_tensor(dst, src, async_op=True).get_future()
+    if kind == "all_gather":
+        src, dst = torch.ones(chunk), torch.empty(chunk * world)
+        return dst.numel() * 4, lambda: dist.all_gather_into_tensor(dst, src, async_op=True).get_future()
+    t = torch.ones(chunk * world)
+    return t.numel() * 4, lambda: dist.broadcast(t, src=0, async_op=True).get_future()
+
+
+def measure_rank(networks: list[str], collectives: list[str], sizes: list[int], iters: int, warmup: int) -> list[dict]:
+    """Step 1 on every rank; the rows (identical on all ranks) of every (network, collective, size)."""
+    from minddp.collectives import TRANSPORTS
+    from minddp.comm.link import Link
+    world = dist.get_world_size()
+    rows = []
+    for network in networks:
+        link = Link(network) if network not in ("gloo", *TRANSPORTS) else None
+        transport = TRANSPORTS.get(network)
+        for kind in collectives if transport is None else ["all_reduce"]:
+            for size in sizes:
+                payload, start = _start(kind, size, world, transport)
+                times = []
+                for i in range(warmup + iters):
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    fut = start()
+                    (fut if link is None else link.carry(fut, payload, world, kind)).wait()
+                    if i >= warmup:
+                        times.append(time.perf_counter() - t0)
+                slowest = torch.tensor(times, dtype=torch.float64)
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)      # a collective takes as long as its slowest rank
+                rows.append({"network": network, "collective": kind, "ranks": world, "bytes": payload,
+                             "median_s": statistics.median(slowest.tolist()), "min_s": min(slowest.tolist())})
+        if link is not None:
+            link.close()
+    return rows
+
+
+def fit(points: list[tuple[float, float]]) -> dict:
+    """Step 2: ``t = a + b·S`` minimizing relative error; R² on the times, largest relative miss."""
+    xs = torch.tensor([s for s, _ in points], dtype=torch.float64)
+    ys = torch.tensor([t for _, t in points], dtype=torch.float64)
+    w = 1.0 / ys                                             # rows scaled by 1/t: relative residuals
+    design = torch.stack([torch.ones_like(xs), xs], dim=1) * w[:, None]
+    a, b = torch.linalg.lstsq(design, (ys * w)[:, None]).solution.view(-1).tolist()
+    predicted = a + b * xs
+    ss_res = float(((ys - predicted) ** 2).sum())
+    ss_tot = float(((ys - ys.mean()) ** 2).sum())
+    return {"a_s": a, "b_s_per_byte": b, "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan"),
+            "max_rel_miss": float(((predicted - ys).abs() / ys).max())}
+
+
+def fits(rows: list[dict]) -> list[dict]:
+    from minddp.comm.link import COLLECTIVES as RING
+    out = []
+    keys = sorted({(r["network"], r["collective"]) for r in rows}, key=lambda k: (k[0] != "gloo", k))
+    for network, kind in keys:
+        mine = [r for r in rows if (r["network"], r["collective"]) == (network, kind)]
+        n = mine[0]["ranks"]
+        f = fit([(r["bytes"], r["median_s"]) for r in mine])
+        hops, crossings = RING[kind]
+        share = 1.0 if crossings is None else crossings * (n - 1) / n
+        f.update(network=network, collective=kind, ranks=n, sizes=len(mine),
+                 alpha_us=1e6 * f["a_s"] / (hops * (n - 1)),
+                 busbw_GBps=share / f["b_s_per_byte"] / 1e9 if f["b_s_per_byte"] > 0 else float("inf"))
+        out.append(f)
+    return out
+
+
+def markdown(rows: list[dict], fitted: list[dict], meta: dict) -> str:
+    from minddp.comm.link import PRESETS
+    lines = [f"# Collectives over message sizes, and α-β fits ({meta['date']})", "",
+             f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}; load (1 min) before/after "
+             f"{meta['load']}; wall {meta['wall_s']:.0f} s. Measured under whatever else ran there.", "",
+             "Fit: `t = a + b·S` (least squares on relative error); α = a / hops and busbw = share / b under the "
+             "ring model (all_reduce: 2(N−1) hops, share 2(N−1)/N; reduce_scatter and all_gather: N−1, (N−1)/N; "
+             "broadcast: N−1, 1).", "",
+             "| network | collective | ranks | a (µs) | α (µs/hop) | busbw (GB/s) | nominal busbw | R² | "
+             "max rel. miss |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for f in fitted:
+        nominal = PRESETS.get(f["network"])
+        nom = f"{nominal.bandwidth / 1e9:g}" if nominal is not None else "-"
+        lines.append(f"| {f['network']} | {f['collective']} | {f['ranks']} | {1e6 * f['a_s']:.0f} | {f['alpha_us']:.0f} "
+                     f"| {f['busbw_GBps']:.3g} | {nom} | {f['r2']:.4f} | {100 * f['max_rel_miss']:.0f} % |")
+    lines += ["", "Median time per size (ms):", "",
+              "| network | collective | " + " | ".join(_size(s) for s in sorted({r['bytes'] for r in rows})) + " |",
+              "|---|---|" + "---:|" * len({r["bytes"] for r in rows})]
+    for network, kind in sorted({(r["network"], r["collective"]) for r in rows}):
+        by = {r["bytes"]: r["median_s"] for r in rows if (r["network"], r["collective"]) == (network, kind)}
+        lines.append(f"| {network} | {kind} | " + " | ".join(f"{1e3 * by[s]:.3g}" if s in by else "-"
+                                                             for s in sorted({r['bytes'] for r in rows})) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes >> 10} KiB" if nbytes < 1 << 20 else f"{nbytes >> 20} MiB"
+
+
+def plot(rows: list[dict], fitted: list[dict], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    kinds = [k for k in COLLECTIVES if any(r["collective"] == k for r in rows)]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.8), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for f in [f for f in fitted if f["collective"] == kind]:
+            mine = sorted((r["bytes"], r["median_s"]) for r in rows
+                          if (r["network"], r["collective"]) == (f["network"], kind))
+            xs = [s for s, _ in mine]
+            line, = ax.plot(xs, [1e3 * t for _, t in mine], "o", ms=4, label=f"{f['network']} (R² {f['r2']:.3f})")
+            ax.plot(xs, [1e3 * (f["a_s"] + f["b_s_per_byte"] * s) for s in xs], "-", color=line.get_color(), lw=1)
+        ax.set(xscale="log", yscale="log", xlabel="payload S (bytes)", ylabel="time (ms)",
+               title=f"{kind}, {rows[0]['ranks']} ranks")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from minddp.bench.__main__ import machine
+    from minddp.collectives import TRANSPORTS
+    from minddp.comm.link import parse_link
+    from minddp.launch import RankError, launch
+    p = Parser(prog="python -m minddp.bench collectives", description=__doc__.split("\n")[0])
+    p.add_argument("--links", default="1gbit", help="comma list of emulated links to measure besides gloo ('none': gloo only)")
+    p.add_argument("--collectives", default=",".join(COLLECTIVES), help="comma list of collectives")
+    p.add_argument("--transports", default="", help="also minddp's hand-written all_reduces: comma list of ring, naive")
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--min-kib", type=int, default=1)
+    p.add_argument("--max-mib", type=int, default=64)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--out", default=None, help="results folder (default: results/collectives-<date-time>)")
+    ns = p.parse_args(argv)
+    try:
+        links = [] if ns.links == "none" else [parse_link(x).name for x in ns.links.split(",") if x]
+        kinds = [k for k in ns.collectives.split(",") if k]
+        transports = [t for t in ns.transports.split(",") if t]
+        if set(kinds) - set(COLLECTIVES) or set(transports) - (set(TRANSPORTS) - {"torch"}):
+            raise UsageError(f"--collectives takes {', '.join(COLLECTIVES)}; --transports takes ring, naive")
+        if ns.world_size < 2 or ns.iters < 1 or ns.min_kib < 1 or ns.max_mib * 1024 < ns.min_kib:
+            raise UsageError("need --world-size >= 2, --iters >= 1, 1 <= --min-kib <= --max-mib * 1024")
+    except (ValueError, UsageError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    sizes, size = [], ns.min_kib * 1024
+    while size <= ns.max_mib << 20:
+        sizes.append(size)
+        size *= 2
+    out = ns.out or os.path.join("results", f"collectives-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(out, exist_ok=True)
+    load, start = os.getloadavg()[0], time.perf_counter()
+    try:
+        rows = launch(measure_rank, ["gloo", *transports, *links], kinds, sizes, ns.iters, ns.warmup,
+                      world_size=ns.world_size, backend="gloo", timeout_s=1200)[0]
+    except RankError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    fitted = fits(rows)
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine(),
+            "command": "python -m minddp.bench collectives " + " ".join(sys.argv[2:] if argv is None else argv),
+            "load": f"{load:.2f} / {os.getloadavg()[0]:.2f}", "wall_s": time.perf_counter() - start}
+    text = markdown(rows, fitted, meta)
+    import csv
+    with open(os.path.join(out, "collectives.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(os.path.join(out, "collectives.md"), "w") as f:
+        f.write(text)
+    plot(rows, fitted, os.path.join(out, "collectives.png"))
+    print(text)
+    print(f"{PROG}: wrote {out}/collectives.md, .csv, .png", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The step-time model: what a stage's step becomes on another network, another bucket cap, more ranks.
+
+Communication costs a step only where the training thread must wait for it.
+The model separates the two: a **profile** of one step with the waiting
+taken out (compute time, and when each message was handed over and needed
+back), and a **link** (:mod:`minddp.comm.link`: ``α``, ``β`` and the ring
+cost of each collective). Replaying the one on the other predicts the step
+time, the exposed communication and the overlap.
+
+Where the profile comes from:
+
+* :mod:`.trace`: a profiled step of a run with ``--link`` (any link;
+  ``loopback`` adds no delay), read from its trace: the model's own input
+  for a stage, a cap and a rank count that were run;
+* :mod:`.compute`: a compute profile (measured by :func:`~.compute.probe` on
+  the bare model, or given as a speed for a model's size) and the stage's
+  rules: for caps, stages and rank counts that were not run.
+
+What uses it:
+
+* :mod:`.step`: the profile, and :func:`~.step.predict` (the replay);
+* :mod:`.auto`: ``--bucket-cap-mb auto``;
+* ``python -m minddp.model validate`` (:mod:`.validate`): predicted against
+  measured on the emulated link, every stage, 2-4 ranks, links and caps;
+* ``python -m minddp.model project`` (:mod:`.project`): 2 … 1024 ranks on
+  real links, and the blog's 4 × T4 setting;
+* ``python -m minddp.model predict RUN`` (:mod:`.predict`): a run's profiled
+  steps replayed on other links and rank counts.
+
+``docs/scaling.md`` explains the model, its validation and the projections.
+
+Example::
+
+    >>> from minddp.model import predict, step_profiles
+    >>> profiles = step_profiles("traces/run/bucket-async/rank0.pt.trace.json.gz", "bucket-async", world=2)
+    >>> predict(profiles[0], "1gbit", world=8).row()
+"""
+
+from minddp.model.compute import ComputeProfile, from_throughput, probe, synthesize
+from minddp.model.step import WAITS, Message, Prediction, StepProfile, predict
+from minddp.model.trace import ProfileError, step_profiles, typical
+
+__all__ = ["WAITS", "Message", "StepProfile", "Prediction", "predict", "ComputeProfile", "probe", "synthesize",
+           "from_throughput", "ProfileError", "step_profiles", "typical"]

@@ -1,0 +1,74 @@
+"""``python -m minddp.model predict RUN``: a run's profiled steps replayed on other links and rank counts.
+
+Profile once on the machine at hand, ask about the network you do not have::
+
+    $ python -m minddp.train --stage all --steps 12 --link loopback      # traces with the link's ranges
+    $ python -m minddp.model predict traces/<run> --links 100mbit,1gbit,10gbit --ranks 2,8
+
+For each stage folder of the run and each rank's trace, every profiled step
+becomes a :class:`~minddp.model.step.StepProfile` (:mod:`minddp.model.trace`);
+the table gives, per stage, the profiled step (median over steps, mean over
+ranks) and the median predicted step, exposed communication and overlap on
+each link, at the run's rank count and at each ``--ranks`` (the same
+per-rank work on more ranks). ``--real-network`` drops what belongs to this
+machine (its real collectives' times, the emulation's delivery delay): a
+forecast for real hardware rather than for this emulator.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from minddp.model.step import predict
+from minddp.model.trace import ProfileError, step_profiles
+
+
+def predict_run(run: Path, links: list[str], ranks: list[int], real_network: bool) -> list[dict]:
+    rows = []
+    for folder in sorted(p for p in run.iterdir() if p.is_dir()):
+        config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").exists() else {}
+        traces = sorted(folder.glob("rank*.pt.trace.json*"))
+        stage, world = config.get("stage", folder.name), int(config.get("ranks", len(traces)))
+        if not traces or stage == "single":
+            continue
+        profiles = []
+        for path in traces:
+            rank = int(path.name[4:].split(".")[0])
+            profiles += step_profiles(path, stage, world, rank)
+        if real_network:
+            profiles = [p.on_real_network() for p in profiles]
+        for n in [world, *[r for r in ranks if r != world]]:
+            for link in links:
+                preds = sorted((predict(p, link, n) for p in profiles), key=lambda x: x.step)
+                mid = preds[(len(preds) - 1) // 2]
+                rows.append({"stage": stage, "ranks": n, "link": link, **mid.row()})
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    from minddp.cli import Parser
+    from minddp.comm.link import parse_link
+    p = Parser(prog="python -m minddp.model predict", description=__doc__.split("\n")[0])
+    p.add_argument("run", help="a run folder written by python -m minddp.train --link ... (traces/<run>)")
+    p.add_argument("--links", default="100mbit,1gbit,10gbit,100gbit-ib")
+    p.add_argument("--ranks", default="", help="comma list of rank counts besides the run's own")
+    p.add_argument("--real-network", action="store_true", help="forecast real hardware (see the module doc)")
+    ns = p.parse_args(argv)
+    try:
+        links = [parse_link(x).name for x in ns.links.split(",")]
+        ranks = [int(x) for x in ns.ranks.split(",") if x]
+        run = Path(ns.run)
+        if not run.is_dir():
+            raise ProfileError(f"{run} is not a folder: pass traces/<run> from python -m minddp.train --link ...")
+        rows = predict_run(run, links, ranks, ns.real_network)
+    except (ValueError, OSError) as exc:
+        print(f"minddp.model predict: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    print(f"{'stage':<13}{'ranks':>6} {'link':<12}{'compute ms':>11}{'step ms':>9}{'exposed ms':>11}{'overlap %':>10}"
+          f"{'comm %':>8}")
+    for r in rows:
+        print(f"{r['stage']:<13}{r['ranks']:>6} {r['link']:<12}{r['compute_ms']:>11.1f}{r['step_ms']:>9.1f}"
+              f"{r['exposed_ms']:>11.1f}{r['overlap_pct']:>10.0f}{r['comm_share_pct']:>8.0f}")
+    return 0

@@ -1,0 +1,154 @@
+"""One training step as the model sees it, and what it becomes on another network.
+
+**The profile** (:class:`StepProfile`). Take one step of a stage and remove
+every moment the training thread stood waiting for the network. What is left
+is *compute time* (the forward, the backward, the hooks' Python, the copies,
+the optimizer), and on that clock each message the step sent has:
+
+* ``at``: when the training thread handed it to the network;
+* ``wait_at``: when the training thread first needed it back: the same moment
+  for a stage that waits right away (``simple``, ``ga``, ``hook``, ``bucket``),
+  later for one that keeps going (``hook-async`` and ``bucket-async`` wait in
+  ``finish_gradient_synchronization``; ``ddp`` and torch's DDP at the end of
+  backward);
+* its ``nbytes`` and collective ``kind``, and ``real``: how long the real
+  collective took on the network the profile was taken on (the floor under
+  any emulated link, see :mod:`minddp.comm.link`).
+
+**The prediction** (:func:`predict`) replays the step on a link, event by
+event in compute-time order, with one clock for the training thread and one
+for the NIC:
+
+1. a *send* at compute time ``at`` happens at wall time ``at + shift`` (``shift``:
+   the waiting so far); the NIC starts it when it is free, carries it for the
+   link's modeled time (:meth:`~minddp.comm.link.LinkSpec.seconds`), and it is
+   done when that transfer has ended and the real collective has too, plus
+   ``late`` (the emulation's delivery delay; 0 for a real network);
+2. a *wait* at compute time ``wait_at``: if the message is not done yet, the
+   training thread stands still until it is: ``shift`` grows by the gap;
+3. the step takes ``compute + shift``.
+
+From the same replay: **exposed communication** = ``shift`` (the time the
+step stood still), **communication time** = the time at least one message
+was on the link (union of transfer intervals), **overlap** = the share of
+communication time during which the training thread was not waiting
+(HolisticTraceAnalysis's ``comm_comp_overlap``), and the **communication
+share** = communication time / step time.
+
+What the replay leaves out: compute does not slow down while the network
+works (on a GPU, NCCL's kernels take SMs; on a CPU, gloo takes cores), and
+messages never reorder.
+
+Example::
+
+    >>> p = StepProfile("bucket-async", world=2, compute=0.040,
+    ...                 messages=[Message(at=0.030, wait_at=0.038, nbytes=400_000)])
+    >>> predict(p, "1gbit").step        # 40 ms of compute + what the last 0.4 MB could not hide
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from minddp.analysis import metrics
+from minddp.comm.link import LinkSpec, parse_link
+
+#: How each stage waits for its messages: "now" (right after sending) or "later" (a wait point after backward).
+WAITS = {"simple": "now", "ga": "now", "hook": "now", "bucket": "now",
+         "hook-async": "later", "bucket-async": "later", "ddp": "later", "torch": "later"}
+
+
+@dataclass
+class Message:
+    """One collective of a step, on the compute clock (module doc)."""
+
+    at: float
+    wait_at: float
+    nbytes: int
+    kind: str = "all_reduce"
+    real: float = 0.0
+
+
+@dataclass
+class StepProfile:
+    """A step with the waiting taken out: ``compute`` seconds, and the messages sent along the way."""
+
+    stage: str
+    world: int
+    compute: float
+    messages: list[Message] = field(default_factory=list)
+    late: float = 0.0              # each delivery's delay beyond its modeled end (emulation only)
+    source: str = ""
+
+    def with_world(self, world: int) -> "StepProfile":
+        """The same step on ``world`` ranks (same per-rank work: data parallelism's weak scaling)."""
+        return replace(self, world=world)
+
+    def on_real_network(self) -> "StepProfile":
+        """Drop what belongs to the profiled machine's own network: the real collectives and the emulation's delay."""
+        return replace(self, messages=[replace(m, real=0.0) for m in self.messages], late=0.0)
+
+    def scaled(self, factor: float) -> "StepProfile":
+        """Every compute time times ``factor`` (e.g. to remove the profiler's own overhead)."""
+        return replace(self, compute=self.compute * factor,
+                       messages=[replace(m, at=m.at * factor, wait_at=m.wait_at * factor) for m in self.messages])
+
+
+@dataclass
+class Prediction:
+    """What :func:`predict` says about one step (seconds), and the replayed timeline."""
+
+    step: float
+    compute: float
+    exposed: float
+    comm: float
+    waits: list[tuple[float, float]]
+    transfers: list[tuple[float, float]]
+
+    @property
+    def overlap_pct(self) -> float:
+        if self.comm <= 0:
+            return 0.0
+        hidden = self.comm - metrics.length(metrics.intersect(self.transfers, self.waits))
+        return 100.0 * hidden / self.comm
+
+    @property
+    def comm_share_pct(self) -> float:
+        return 100.0 * self.comm / self.step if self.step > 0 else 0.0
+
+    @property
+    def exposed_share_pct(self) -> float:
+        """The blog's "non-compute" share: the time the step stood waiting, over the step."""
+        return 100.0 * self.exposed / self.step if self.step > 0 else 0.0
+
+    def row(self) -> dict:
+        return {"step_ms": 1e3 * self.step, "compute_ms": 1e3 * self.compute, "exposed_ms": 1e3 * self.exposed,
+                "comm_ms": 1e3 * self.comm, "overlap_pct": self.overlap_pct, "comm_share_pct": self.comm_share_pct,
+                "exposed_share_pct": self.exposed_share_pct}
+
+
+def predict(profile: StepProfile, link: LinkSpec | str, world: int | None = None) -> Prediction:
+    """Steps 1-3 of the module doc: ``profile`` replayed on ``link`` (at ``world`` ranks, default the profile's)."""
+    spec = parse_link(link)
+    n = profile.world if world is None else world
+    events = sorted([(m.at, 0, i) for i, m in enumerate(profile.messages)] +
+                    [(max(m.wait_at, m.at), 1, i) for i, m in enumerate(profile.messages)])   # never before its send
+    shift, nic_free = 0.0, float("-inf")
+    done: dict[int, float] = {}
+    waits, transfers = [], []
+    for t, is_wait, i in events:
+        now = t + shift
+        m = profile.messages[i]
+        if not is_wait:                                                                        # step 1
+            start = max(now, nic_free)
+            nic_free = start + spec.seconds(m.kind, m.nbytes, n)
+            done[i] = max(nic_free, now + m.real) + profile.late
+            transfers.append((start, done[i]))
+        elif done[i] > now:                                                                    # step 2
+            waits.append((now, done[i]))
+            shift += done[i] - now
+    return Prediction(step=profile.compute + shift, compute=profile.compute, exposed=shift,     # step 3
+                      comm=metrics.length(transfers), waits=waits, transfers=transfers)
+
+
+__all__ = ["WAITS", "Message", "StepProfile", "Prediction", "predict"]

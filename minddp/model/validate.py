@@ -1,0 +1,380 @@
+"""``python -m minddp.model validate``: predicted against measured step time, every stage, ranks, link and cap.
+
+A benchmark, not a test: it measures and reports, it asserts nothing. For each
+world size (one launch of that many ranks), inside every rank:
+
+1. **build** every configuration once: each stage of the ladder and torch's
+   DDP, the bucketed ones (``bucket``, ``bucket-async``, ``ddp``, ``torch``) at
+   each cap of ``--caps``; each with its own seeded model, AdamW, and a wire
+   whose link can be swapped between steps. Every step trains on the same
+   micro-batches (the run's first step), so that batch lengths do not vary
+   between what is profiled and what is measured;
+2. **auto**: probe the bare model (:func:`~minddp.model.compute.probe`) and,
+   for each link, let :func:`~minddp.model.auto.best_cap` pick a cap for
+   ``bucket-async``; rank 0's picks are broadcast and built as extra
+   configurations, each measured on the link it was picked for;
+3. **profile** each configuration for a few steps on the ``loopback`` link
+   (no emulated delay: this machine's own network), under a light profiler
+   (CPU ranges only), and read its :class:`~minddp.model.step.StepProfile`
+   from the trace (:mod:`minddp.model.trace`): the one profiled step the
+   model starts from;
+4. **measure**, without the profiler: rounds in which every configuration,
+   in a shuffled order, runs one step on each link in turn (``loopback`` and
+   each of ``--links``), all ranks starting together; ``--warmup`` rounds
+   are dropped, ``--steps`` are kept;
+5. in the parent, **predict** every (configuration, link) from its loopback
+   profile and compare with the median measured step time, both averaged
+   over ranks. Two predictions are reported: *raw* (the profiled step as it
+   is) and *calibrated* (its compute time scaled so that, on loopback, it
+   gives the step measured there without the profiler: the profiler's own
+   overhead taken out; the link's effect is still predicted, not fitted).
+
+Outputs in ``--out``: ``validation.csv`` (one row per configuration × link ×
+ranks), ``validation.md`` (the table and the summary: median absolute error,
+the auto-cap check), ``predicted_vs_measured.png``, ``whatif.png`` (predicted
+step time against bucket cap for ``bucket-async``, with the measured caps as
+points), ``validation.json``.
+
+Example::
+
+    $ python -m minddp.model validate                                     # ~10 minutes on 2 busy cores
+    $ python -m minddp.model validate --world-sizes 2 --links 1gbit --steps 2 --warmup 1   # smoke
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+STAGES = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async", "ddp", "torch"]
+BUCKETED = ("bucket", "bucket-async", "ddp", "torch")
+
+
+def config_name(stage: str, cap) -> str:
+    return stage if cap is None else f"{stage}@{cap:g}"
+
+
+def validate_rank(cfg, data, stages: list[str], caps: list[float], links: list[str], steps: int, warmup: int,
+                  profile_steps: int, trace_dir: str | None, auto: bool) -> dict:
+    """Steps 1-4 on one rank; returns profiles, measured times and the auto picks."""
+    from minddp.comm.link import Link
+    from minddp.comm.wire import Wire
+    from minddp.data import step_batches
+    from minddp.ladder import wrap
+    from minddp.loop import train_step
+    from minddp.model.auto import best_cap
+    from minddp.model.compute import probe
+    from minddp.model.trace import step_profiles
+    from minddp.models import build_model
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    wires = {name: Link(name) for name in ["loopback", *links]}       # this rank's NIC, one per link
+    batches = step_batches(data.train, cfg.batch_size, cfg.grad_accum, world, rank, cfg.seed, data.pad_token_id)
+    micro = list(next(batches))                                       # step 1: every step trains on these
+
+    def loss_fn(model, batch):
+        return model(**batch).loss
+
+    def fresh_model():
+        model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed, cfg.dtype)
+        model.train()
+        return model
+
+    configs = [(s, c) for s in stages for c in (caps if s in BUCKETED else [None])]
+    picks, compute_profile = {}, None
+    if auto and "bucket-async" in stages:                                                        # step 2
+        compute_profile = probe(fresh_model(), micro, loss_fn)
+        picks = {name: best_cap(compute_profile, "bucket-async", world, name).cap_mb for name in links}
+        box = [picks]
+        dist.broadcast_object_list(box, src=0)
+        picks = box[0]
+    runs = {}
+    for stage, cap in configs + [("bucket-async", c) for c in sorted(set(picks.values()))]:
+        name = config_name(stage, cap)
+        if name in runs:
+            continue
+        model = fresh_model()
+        wire = Wire(None, link=wires["loopback"])
+        wrapped = wrap(stage, model, bucket_cap_mb=cap, wire=wire)
+        runs[name] = (stage, wrapped, torch.optim.AdamW(model.parameters(), lr=cfg.lr), wire)
+
+    def one_step(name: str, link: str) -> float:
+        stage, wrapped, optimizer, wire = runs[name]
+        wire.link = wires[link]
+        dist.barrier()
+        start = time.perf_counter()
+        train_step(wrapped, optimizer, micro, loss_fn)
+        return time.perf_counter() - start
+
+    profiles = {}
+    folder = trace_dir or tempfile.mkdtemp(prefix="minddp-validate-")
+    for name in runs:                                                                             # step 3
+        for _ in range(2):
+            one_step(name, "loopback")
+        path = os.path.join(folder, f"n{world}", name, f"rank{rank}.json")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _profiled(lambda: one_step(name, "loopback"), profile_steps, path)
+        wires["loopback"].annotate_trace(path)
+        profiles[name] = step_profiles(path, runs[name][0], world, rank)
+    # the sweep on every link; an auto pick outside it on loopback and on the link(s) that picked it
+    plan = {config_name(s, c): ["loopback", *links] for s, c in configs}
+    for link, cap in picks.items():
+        on = plan.setdefault(config_name("bucket-async", cap), ["loopback"])
+        if link not in on:
+            on.append(link)
+    times = {(name, link): [] for name, on in plan.items() for link in on}
+    for r in range(warmup + steps):                                                               # step 4
+        order = random.Random(f"{cfg.seed}/{r}").sample(sorted(plan), len(plan))
+        for name in order:
+            for link in plan[name]:
+                seconds = one_step(name, link)
+                if r >= warmup:
+                    times[(name, link)].append(seconds)
+    for link in wires.values():
+        link.close()
+    return {"profiles": profiles, "times": {f"{n}|{l}": t for (n, l), t in times.items() if t},
+            "picks": picks, "compute_profile": compute_profile,
+            "sweep": [config_name(s, c) for s, c in configs]}
+
+
+def _profiled(step, active: int, path: str) -> None:
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from minddp.profiling import quiet_kineto
+    quiet_kineto()
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=active, repeat=1),
+                 on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
+        for _ in range(1 + active):
+            step()
+            prof.step()
+
+
+# -- in the parent: predictions, the table, the plots ---------------------------------------------------------
+
+def compare(per_world: dict[int, list[dict]], links: list[str]) -> list[dict]:
+    """Step 5: one row per (configuration, link, ranks)."""
+    from minddp.model.step import predict
+    rows = []
+    for world, ranks in sorted(per_world.items()):
+        for name in ranks[0]["profiles"]:
+            stage, _, cap = name.partition("@")
+            for link in ["loopback", *links]:
+                key = f"{name}|{link}"
+                if key not in ranks[0]["times"]:
+                    continue
+                measured, raw, calibrated, parts = [], [], [], []
+                for rank in ranks:
+                    mine = statistics.median(rank["times"][key])
+                    home = statistics.median(rank["times"][f"{name}|loopback"])
+                    each = []
+                    for profile in rank["profiles"][name]:       # every profiled step; the median prediction
+                        at_home = predict(profile, "loopback")
+                        factor = max(0.1, (home - at_home.exposed) / profile.compute)
+                        each.append((predict(profile.scaled(factor), link), predict(profile, link).step))
+                    p = sorted(each, key=lambda e: e[0].step)[(len(each) - 1) // 2][0]
+                    measured.append(mine)
+                    raw.append(statistics.median(r for _, r in each))
+                    calibrated.append(p.step)
+                    parts.append(p)
+                m, c, r = statistics.mean(measured), statistics.mean(calibrated), statistics.mean(raw)
+                rows.append({
+                    "ranks": world, "stage": stage, "cap_mb": float(cap) if cap else None, "link": link,
+                    "auto": stage == "bucket-async" and ranks[0]["picks"].get(link) == (float(cap) if cap else None),
+                    "sweep": name in ranks[0]["sweep"],
+                    "measured_ms": 1e3 * m, "predicted_ms": 1e3 * c, "error_pct": 100 * (c - m) / m,
+                    "predicted_raw_ms": 1e3 * r, "error_raw_pct": 100 * (r - m) / m,
+                    "predicted_exposed_ms": 1e3 * statistics.mean(p.exposed for p in parts),
+                    "predicted_overlap_pct": statistics.mean(p.overlap_pct for p in parts),
+                    "profiled_compute_ms": 1e3 * statistics.mean(statistics.median(p.compute for p in rk["profiles"][name])
+                                                                 for rk in ranks),
+                    "steps": len(ranks[0]["times"][key]),
+                })
+    return rows
+
+
+def auto_check(rows: list[dict], per_world: dict[int, list[dict]], caps: list[float]) -> list[dict]:
+    """For each (ranks, link): the auto pick's measured step against the best swept cap's."""
+    out = []
+    for world, ranks in sorted(per_world.items()):
+        for link, cap in ranks[0]["picks"].items():
+            here = [r for r in rows if r["ranks"] == world and r["link"] == link and r["stage"] == "bucket-async"]
+            swept = [r for r in here if r["sweep"]]
+            chosen = [r for r in here if r["cap_mb"] == cap]
+            if not swept or not chosen:
+                continue
+            best = min(swept, key=lambda r: r["measured_ms"])
+            out.append({"ranks": world, "link": link, "auto_cap_mb": cap, "auto_ms": chosen[0]["measured_ms"],
+                        "best_cap_mb": best["cap_mb"], "best_ms": best["measured_ms"],
+                        "ratio": chosen[0]["measured_ms"] / best["measured_ms"]})
+    return out
+
+
+def summary(rows: list[dict], links: list[str]) -> dict:
+    judged = [r for r in rows if r["link"] in links and r["sweep"]]
+    errors = [abs(r["error_pct"]) for r in judged]
+    raw = [abs(r["error_raw_pct"]) for r in judged]
+    return {"configurations": len(judged),
+            "median_abs_error_pct": statistics.median(errors) if errors else float("nan"),
+            "p90_abs_error_pct": sorted(errors)[int(0.9 * (len(errors) - 1))] if errors else float("nan"),
+            "median_abs_error_raw_pct": statistics.median(raw) if raw else float("nan")}
+
+
+def markdown(rows: list[dict], checks: list[dict], stats: dict, meta: dict) -> str:
+    lines = [f"# Step-time model against the emulated link ({meta['date']})", "",
+             f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}; load (1 min) before/after: "
+             f"{meta['load']}; wall {meta['wall_s']:.0f} s. Measured under whatever else ran there.", "",
+             f"**Median absolute error of predicted step time: {stats['median_abs_error_pct']:.1f} %** over "
+             f"{stats['configurations']} configurations (stage × cap × ranks × link; loopback rows not counted); "
+             f"90th percentile {stats['p90_abs_error_pct']:.1f} %; without the profiler-overhead calibration "
+             f"{stats['median_abs_error_raw_pct']:.1f} %.", ""]
+    if checks:
+        lines += ["## `--bucket-cap-mb auto` (bucket-async)", "",
+                  "| ranks | link | auto cap MiB | measured ms | best swept cap MiB | its ms | ratio |",
+                  "|---:|---|---:|---:|---:|---:|---:|"]
+        lines += [f"| {c['ranks']} | {c['link']} | {c['auto_cap_mb']:g} | {c['auto_ms']:.1f} | {c['best_cap_mb']:g} | "
+                  f"{c['best_ms']:.1f} | {c['ratio']:.3f} |" for c in checks]
+        lines.append("")
+    lines += ["## Every configuration", "",
+              "| ranks | stage | cap MiB | link | measured ms | predicted ms | error % | raw error % | "
+              "pred. exposed ms | pred. overlap % |", "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        cap = "-" if r["cap_mb"] is None else f"{r['cap_mb']:g}" + (" (auto)" if r["auto"] else "")
+        lines.append(f"| {r['ranks']} | {r['stage']} | {cap} | {r['link']} | {r['measured_ms']:.1f} | "
+                     f"{r['predicted_ms']:.1f} | {r['error_pct']:+.1f} | {r['error_raw_pct']:+.1f} | "
+                     f"{r['predicted_exposed_ms']:.1f} | {r['predicted_overlap_pct']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(rows: list[dict], per_world: dict[int, list[dict]], links: list[str], out: str) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from minddp.model.auto import CANDIDATES
+    from minddp.model.compute import plan_for, synthesize
+    from minddp.model.step import predict
+    paths = []
+    fig, ax = plt.subplots(figsize=(6, 6))
+    for link, marker in zip(["loopback", *links], "osD^v<>"):
+        mine = [r for r in rows if r["link"] == link]
+        ax.scatter([r["measured_ms"] for r in mine], [r["predicted_ms"] for r in mine], marker=marker, label=link,
+                   alpha=0.7)
+    top = max(max(r["measured_ms"], r["predicted_ms"]) for r in rows) * 1.05
+    ax.plot([0, top], [0, top], "k-", lw=0.8)
+    ax.plot([0, top], [0, 1.1 * top], "k:", lw=0.6)
+    ax.plot([0, top], [0, 0.9 * top], "k:", lw=0.6)
+    ax.set(xlabel="measured step (ms)", ylabel="predicted step (ms)", title="step-time model vs emulated link",
+           xlim=(0, top), ylim=(0, top))
+    ax.legend()
+    paths.append(os.path.join(out, "predicted_vs_measured.png"))
+    fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    worlds = [w for w, ranks in sorted(per_world.items()) if ranks[0]["compute_profile"] is not None]
+    if worlds:
+        fig, axes = plt.subplots(len(worlds), len(links), figsize=(4 * len(links), 3.2 * len(worlds)),
+                                 squeeze=False)
+        grid = sorted(set(CANDIDATES) | {c / 2 for c in CANDIDATES} | {c * 2 for c in CANDIDATES})
+        for i, world in enumerate(worlds):
+            cp = per_world[world][0]["compute_profile"]
+            for j, link in enumerate(links):
+                ax = axes[i][j]
+                ys = [1e3 * predict(synthesize(cp, "bucket-async", c, world), link).step for c in grid]
+                ax.plot(grid, ys, "-", label="predicted (probe)")
+                here = [r for r in rows if r["ranks"] == world and r["link"] == link and r["stage"] == "bucket-async"]
+                ax.plot([r["cap_mb"] for r in here], [r["measured_ms"] for r in here], "o", label="measured")
+                ax.plot([r["cap_mb"] for r in here], [r["predicted_ms"] for r in here], "x",
+                        label="predicted (profiled step)")
+                for r in here:
+                    if r["auto"]:
+                        ax.annotate("auto", (r["cap_mb"], r["measured_ms"]), textcoords="offset points",
+                                    xytext=(4, 6), fontsize=8)
+                ax.set_xscale("log")
+                ax.set_title(f"{world} ranks, {link} ({len(plan_for(cp, 'bucket-async', 0.025))} buckets at 0.025)",
+                             fontsize=9)
+                ax.set_xlabel("bucket cap (MiB)")
+                ax.set_ylabel("step (ms)")
+        axes[0][0].legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(os.path.join(out, "whatif.png"))
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+    return paths
+
+
+def main(argv: list[str]) -> int:
+    import sys
+
+    from minddp.bench.__main__ import machine
+    from minddp.cli import Parser, UsageError
+    from minddp.config import parse_args
+    from minddp.launch import RankError, launch
+    from minddp.train import prepare
+    p = Parser(prog="python -m minddp.model validate", description=__doc__.split("\n")[0])
+    p.add_argument("--world-sizes", default="2,3,4", help="comma list of rank counts, one launch each")
+    p.add_argument("--links", default="100mbit,1gbit,10gbit", help="comma list of links to predict and measure")
+    p.add_argument("--caps", default="0.025,0.1,1", help="bucket caps (MiB) of the bucketed stages")
+    p.add_argument("--stages", default=",".join(STAGES), help="comma list of stages (torch = torch's DDP)")
+    p.add_argument("--steps", type=int, default=7, help="measured rounds (each: every configuration on every link)")
+    p.add_argument("--warmup", type=int, default=1, help="rounds measured but dropped first")
+    p.add_argument("--profile-steps", type=int, default=3, help="profiled steps per configuration (one is kept)")
+    p.add_argument("--no-auto", dest="auto", action="store_false", help="skip the --bucket-cap-mb auto check")
+    p.add_argument("--model", default=None, help="as python -m minddp.train --model (default: its default)")
+    p.add_argument("--out", default=None, help="results folder (default: results/model-validate-<date-time>)")
+    p.add_argument("--keep-traces", action="store_true", help="keep the profiled traces under OUT/traces")
+    ns = p.parse_args(argv)
+    try:
+        from minddp.comm.link import parse_link
+        worlds = [int(w) for w in ns.world_sizes.split(",")]
+        links = [parse_link(x).name for x in ns.links.split(",")]
+        caps = [float(c) for c in ns.caps.split(",")]
+        stages = [s.strip() for s in ns.stages.split(",")]
+        bad = [s for s in stages if s not in STAGES]
+        if bad or min(worlds) < 2 or ns.steps < 1 or ns.profile_steps < 1 or min(caps) <= 0:
+            raise UsageError(f"need stages from {', '.join(STAGES)} (got {bad or 'ok'}), world sizes >= 2, caps > 0, "
+                             "--steps and --profile-steps >= 1")
+        cfg = parse_args(["--no-profile", "--no-progress"] + (["--model", ns.model] if ns.model else []))
+        data, backend, _ = prepare(cfg)
+    except (ValueError, UsageError) as exc:
+        print(f"minddp.model validate: error: {exc}", file=sys.stderr)
+        return 2
+    out = ns.out or os.path.join("results", f"model-validate-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(out, exist_ok=True)
+    trace_dir = os.path.join(out, "traces") if ns.keep_traces else None
+    load, start, per_world = os.getloadavg()[0], time.perf_counter(), {}
+    for world in worlds:
+        print(f"minddp.model validate: {world} ranks ...", file=sys.stderr, flush=True)
+        try:
+            per_world[world] = launch(validate_rank, cfg, data, stages, caps, links, ns.steps, ns.warmup,
+                                      ns.profile_steps, trace_dir, ns.auto, world_size=world, backend=backend,
+                                      timeout_s=600)
+        except RankError as exc:
+            print(f"minddp.model validate: {exc}", file=sys.stderr)
+            return 1
+    rows = compare(per_world, links)
+    checks = auto_check(rows, per_world, caps)
+    stats = summary(rows, links)
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": "python -m minddp.model validate " + " ".join(argv), "machine": machine(),
+            "load": f"{load:.2f} / {os.getloadavg()[0]:.2f}", "wall_s": time.perf_counter() - start}
+    text = markdown(rows, checks, stats, meta)
+    with open(os.path.join(out, "validation.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(out, "validation.json"), "w") as f:
+        json.dump({"meta": meta, "summary": stats, "auto": checks, "rows": rows}, f, indent=1)
+    import csv
+    with open(os.path.join(out, "validation.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    paths = plots(rows, per_world, links, out)
+    print(text)
+    print(f"minddp.model validate: wrote {out}/validation.md, .csv, .json, {', '.join(map(os.path.basename, paths))}",
+          file=sys.stderr)
+    return 0
