@@ -51,26 +51,40 @@ COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 
 
 def _start(kind: str, nbytes: int, world: int, transport=None):
-    """Buffers for one ``kind`` collective of ``nbytes`` payload, and a function starting it (returns a Future)."""
+    """Buffers for one ``kind`` collective of ``nbytes`` payload, and a function starting it.
+
+    The function returns the collective's ``Work`` (gloo's reduce_scatter has no
+    Future; a Work's ``wait()`` is all the link and the timer need).
+    """
     chunk = max(1, nbytes // 4 // world)
     if kind == "all_reduce":
         t = torch.ones(chunk * world)
         if transport is not None:
-            def run():
-                transport(t, dist.group.WORLD)
-                fut = torch.futures.Future()
-                fut.set_result(t)
-                return fut
-            return t.numel() * 4, run
-        return t.numel() * 4, lambda: dist.all_reduce(t, async_op=True).get_future()
+            return t.numel() * 4, lambda: _Done(transport(t, dist.group.WORLD))
+        return t.numel() * 4, lambda: dist.all_reduce(t, async_op=True)
     if kind == "reduce_scatter":
         src, dst = torch.ones(chunk * world), torch.empty(chunk)
-        return src.numel() * 4, lambda: dist.reduce_scatter_tensor(dst, src, async_op=True).get_future()
+        return src.numel() * 4, lambda: _reduce_scatter(dst, src, async_op=True)
     if kind == "all_gather":
         src, dst = torch.ones(chunk), torch.empty(chunk * world)
-        return dst.numel() * 4, lambda: dist.all_gather_into_tensor(dst, src, async_op=True).get_future()
+        return dst.numel() * 4, lambda: _all_gather(dst, src, async_op=True)
     t = torch.ones(chunk * world)
-    return t.numel() * 4, lambda: dist.broadcast(t, src=0, async_op=True).get_future()
+    return t.numel() * 4, lambda: dist.broadcast(t, src=0, async_op=True)
+
+
+#: torch 2.13 renamed reduce_scatter_tensor (the old name warns).
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class _Done:
+    """A finished collective (a point-to-point transport runs to the end before it returns)."""
+
+    def __init__(self, value=None):
+        self.value = value
+
+    def wait(self):
+        return self.value
 
 
 def measure_rank(networks: list[str], collectives: list[str], sizes: list[int], iters: int, warmup: int) -> list[dict]:

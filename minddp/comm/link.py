@@ -202,7 +202,9 @@ class Link:
         """Steps 1-3: a Future with ``real``'s value, completed no earlier than the modeled transfer's end.
 
         ``payload`` is the collective's tensor (its bytes are counted) or a byte
-        count; ``world`` the ranks taking part.
+        count; ``world`` the ranks taking part. ``real`` may also be a
+        collective's ``Work`` (anything whose ``wait()`` returns when it is done):
+        gloo gives some collectives no Future.
         """
         nbytes = payload if isinstance(payload, int) else payload.numel() * payload.element_size()
         seq = next(self._seq)

@@ -25,7 +25,7 @@ measured rather than guessed:
 
 Example::
 
-    >>> cap = choose_bucket_cap(model, "bucket-async", batches, loss_fn, Link("1gbit"), device, say=print)
+    >>> cap, why = choose_bucket_cap(model, "bucket-async", batches, loss_fn, Link("1gbit"), device, say=print)
     --bucket-cap-mb auto: 0.25 MiB (2 buckets) for bucket-async on 2 ranks over 1gbit: ...
 """
 
@@ -80,22 +80,22 @@ def best_cap(cp: ComputeProfile, stage: str, world: int, link, candidates=CANDID
     return CapChoice(cap, predicted[cap][0], predicted, stage, world, spec.name)
 
 
-def choose_bucket_cap(model: torch.nn.Module, stage: str, batches, loss_fn, link, device, say=None) -> float | None:
-    """Steps 1-4 on every rank of a run; returns the cap (MiB) to build ``stage`` with."""
+def choose_bucket_cap(model: torch.nn.Module, stage: str, batches, loss_fn, link, device, say=None
+                      ) -> tuple[float | None, str]:
+    """Steps 1-4 on every rank of a run; returns the cap (MiB) to build ``stage`` with, and why."""
     micro = [{k: v.to(device) for k, v in b.items()} for b in next(batches)]
     cp = probe(model, micro, loss_fn)                                                              # step 1
     world = dist.get_world_size()
     if stage not in BUCKETED:
-        if say:
-            say(f"--bucket-cap-mb auto: stage {stage} sends one message per gradient, the cap is unused")
-        return None
-    choice = best_cap(cp, stage, world, None if link is None else link.spec)                      # steps 2-3
-    box = [choice]
-    dist.broadcast_object_list(box, src=0)
-    choice = box[0]
+        why = f"--bucket-cap-mb auto: stage {stage} sends one message per gradient, the cap is unused"
+    else:
+        box = [best_cap(cp, stage, world, None if link is None else link.spec)]                  # steps 2-3
+        dist.broadcast_object_list(box, src=0)
+        choice = box[0]
+        why = choice.explain()
     if say:
-        say(choice.explain())                                                                      # step 4
-    return choice.cap_mb
+        say(why)                                                                                   # step 4
+    return (choice.cap_mb if stage in BUCKETED else None), why
 
 
 __all__ = ["CANDIDATES", "BUCKETED", "CapChoice", "best_cap", "choose_bucket_cap"]

@@ -1,0 +1,219 @@
+"""The step-time model: the replay against hand-worked timelines, profiles read from traces, plans, auto cap, fits.
+
+Oracles: timelines worked out by hand from the link's formulas (a blocking
+stage pays every transfer; an async one pays what is left after its wait
+point; the NIC carries one message at a time); a trace written by hand with
+known times (the profile read back must be those times); the stages' own
+bucket plans (the model's plan for a cap must be the plan the stage builds);
+a compute profile where the best cap is obvious; data generated from known
+``a`` and ``b`` for the α-β fit. Timing enters only in the last test, which
+replays profiled steps of real runs against their own measured length.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from minddp import launch
+from minddp.comm.link import LinkSpec
+from minddp.model.compute import ComputeProfile, plan_for, synthesize
+from minddp.model.step import Message, StepProfile, predict
+from minddp.model.trace import step_profiles
+
+MS = 1e-3
+#: 1 MB/s, no latency: a 2-rank all_reduce of n kB takes n ms (2(N-1)/N = 1).
+SLOW = LinkSpec("slow", bandwidth=1e6, latency=0.0)
+
+
+# -- the replay ---------------------------------------------------------------------------------------------
+
+def test_a_stage_that_waits_at_once_pays_every_transfer():
+    msgs = [Message(at=t * MS, wait_at=t * MS, nbytes=3000) for t in (10, 20, 30)]      # 3 ms each
+    p = predict(StepProfile("hook", 2, compute=40 * MS, messages=msgs), SLOW)
+    assert p.step == pytest.approx(49 * MS) and p.exposed == pytest.approx(9 * MS)
+    assert p.overlap_pct == pytest.approx(0.0)
+    assert [t for w in p.waits for t in w] == pytest.approx([10 * MS, 13 * MS, 23 * MS, 26 * MS, 36 * MS, 39 * MS])
+
+
+def test_an_async_stage_pays_only_what_outlasts_its_wait_point_and_the_nic_takes_turns():
+    # two 5 ms messages handed over together at 10 ms: the second starts when the first ends (one NIC)
+    msgs = [Message(at=10 * MS, wait_at=30 * MS, nbytes=5000), Message(at=10 * MS, wait_at=30 * MS, nbytes=5000)]
+    p = predict(StepProfile("bucket-async", 2, compute=40 * MS, messages=msgs), SLOW)
+    assert [t for w in p.transfers for t in w] == pytest.approx([10 * MS, 15 * MS, 15 * MS, 20 * MS])
+    assert p.exposed == 0.0 and p.step == pytest.approx(40 * MS) and p.overlap_pct == pytest.approx(100.0)
+    late = [Message(at=25 * MS, wait_at=30 * MS, nbytes=8000)]            # ends at 33 ms: 3 ms exposed
+    q = predict(StepProfile("bucket-async", 2, compute=40 * MS, messages=late), SLOW)
+    assert q.exposed == pytest.approx(3 * MS) and q.overlap_pct == pytest.approx(100 * 5 / 8)
+
+
+def test_the_real_collective_and_the_delivery_delay_are_floors_and_more_ranks_cost_more():
+    msg = [Message(at=0.0, wait_at=0.0, nbytes=1000, real=4 * MS)]         # link: 1 ms, real: 4 ms
+    assert predict(StepProfile("hook", 2, 10 * MS, msg, late=0.5 * MS), SLOW).step == pytest.approx(14.5 * MS)
+    profile = StepProfile("hook", 2, 10 * MS, [Message(0.0, 0.0, 1000)])
+    assert predict(profile, SLOW, world=4).step == pytest.approx(10 * MS + 1.5 * MS)    # 2·3/4 = 1.5
+    assert predict(profile, "1gbit", world=1024).exposed == pytest.approx(
+        LinkSpec("1gbit", 125e6, 50e-6).seconds("all_reduce", 1000, 1024))
+
+
+# -- the profile, from a trace --------------------------------------------------------------------------------
+
+def _x(name, ts, dur, tid, **args):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "args": args}
+
+
+def test_a_profile_read_from_a_hand_written_trace(tmp_path):
+    """One 100 ms step (µs below); an async stage hands over two messages and waits from 80 to 95."""
+    events = [_x("ProfilerStep#1", 0, 100_000, 1), _x("aten::mm", 1000, 70_000, 1),
+              _x("minddp.finish_gradient_synchronization", 80_000, 16_000, 1)]
+    for seq, (handed, start, modeled_end, delivered, gloo_end) in enumerate(
+            [(50_000, 50_000, 60_000, 61_000, 52_000), (70_000, 70_000, 92_000, 95_000, 71_000)]):
+        events.append(_x(f"minddp.link_send#{seq}", handed, 1, 1))
+        events.append(_x("gloo:all_reduce", handed - 100, gloo_end - handed + 100, 2))
+        events.append(_x("minddp.link:all_reduce", start, delivered - start, 3, seq=seq, bytes=4000 * (seq + 1),
+                         ranks=2, handed_over_ts=handed, modeled_end_ts=modeled_end))
+    path = tmp_path / "rank0.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    (p,) = step_profiles(path, "bucket-async", world=2)
+    assert p.compute == pytest.approx(0.085)                      # 100 ms minus the 15 ms wait (80 -> 95)
+    assert [m.at for m in p.messages] == pytest.approx([0.050, 0.070])
+    assert [m.wait_at for m in p.messages] == pytest.approx([0.080, 0.080])
+    assert [m.real for m in p.messages] == pytest.approx([0.002, 0.001])
+    assert [m.nbytes for m in p.messages] == [4000, 8000]
+    assert p.late == pytest.approx(0.002)                         # median of 1 ms and 3 ms late deliveries
+    blocking = step_profiles(path, "bucket", world=2)[0]          # the same trace read as a waiting-at-once stage
+    assert blocking.compute == pytest.approx(0.100 - 0.011 - 0.025)
+    with pytest.raises(ValueError, match="profile the stage with a link"):
+        (tmp_path / "bare.pt.trace.json").write_text(json.dumps({"traceEvents": events[:3]}))
+        step_profiles(tmp_path / "bare.pt.trace.json", "bucket-async", world=2)
+
+
+# -- plans, the auto cap, the fit ----------------------------------------------------------------------------
+
+def _net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 256), torch.nn.Linear(256, 64),
+                               torch.nn.Linear(64, 8))
+
+
+def _cp(params, ready=None, **kw) -> ComputeProfile:
+    n = len(params)
+    return ComputeProfile(nbytes=[p.numel() * p.element_size() for p in params], forward=0.01, backward=0.03,
+                          ready=ready or [0.03 * (n - i) / n for i in range(n)], **kw)
+
+
+def _plans_on_rank():
+    from minddp.ddp.plan import plan_from_order
+    from minddp.ladder import build_stage
+    out = {}
+    for cap in (0.01, 0.3, 1.0):
+        model = _net()
+        params = list(model.parameters())
+        stage = build_stage("bucket-async", model, bucket_cap_mb=cap)
+        where = {id(p): i for i, p in enumerate(params)}
+        theirs = [[where[id(p)] for p in bucket] for bucket in stage.buckets]
+        cp = _cp(params)
+        out[cap] = (theirs, plan_for(cp, "bucket-async", cap),
+                    plan_from_order(params, cp.ready_order(), cap, None), plan_for(cp, "ddp", cap))
+    return out
+
+
+def test_the_model_plans_the_buckets_the_stages_build():
+    for cap, (stage_plan, model_plan, ddp_plan, model_ddp_plan) in launch(_plans_on_rank, world_size=1)[0].items():
+        assert model_plan == stage_plan, cap
+        assert model_ddp_plan == ddp_plan, cap
+
+
+def test_auto_picks_one_bucket_when_messages_are_dear_and_small_ones_when_bytes_are():
+    from minddp.model.auto import best_cap
+    params = list(_net().parameters())
+    cp = _cp(params)
+    costly_messages = LinkSpec("far", bandwidth=1e12, latency=0.02)          # 20 ms a hop, bytes free
+    assert best_cap(cp, "bucket-async", 2, costly_messages).buckets == 1
+    costly_bytes = LinkSpec("thin", bandwidth=20e6, latency=0.0)             # 50 ns a byte, messages free
+    choice = best_cap(cp, "bucket-async", 2, costly_bytes)
+    assert choice.predicted[choice.cap_mb][1] <= 1.005 * min(t for _, t in choice.predicted.values())
+    assert choice.buckets > 1 and "MiB" in choice.explain()
+
+
+def test_synthesized_stages_keep_the_ladder_order_on_a_slow_link():
+    params = list(_net().parameters())
+    cp = _cp(params, micro_batches=3, per_message=1e-4)
+    step = {s: predict(synthesize(cp, s, 0.3, 4), "100mbit").step
+            for s in ("simple", "ga", "hook", "hook-async", "bucket", "bucket-async")}
+    assert step["simple"] > step["ga"] and step["hook"] > step["hook-async"] and step["bucket"] > step["bucket-async"]
+    assert step["hook"] == pytest.approx(step["ga"], rel=0.01)   # both pay every transfer, per gradient
+
+
+def test_the_alpha_beta_fit_recovers_known_numbers():
+    from minddp.bench.collectives import fit
+    sizes = [2 ** k for k in range(10, 27)]
+    f = fit([(s, 300e-6 + s / 1e9) for s in sizes])
+    assert f["a_s"] == pytest.approx(300e-6) and f["b_s_per_byte"] == pytest.approx(1e-9)
+    assert f["r2"] == pytest.approx(1.0) and f["max_rel_miss"] < 1e-9
+
+
+# -- the replay against real, profiled steps ------------------------------------------------------------------
+
+def _replay_on_rank(folder: str) -> dict:
+    from minddp.comm.link import Link
+    from minddp.ladder import wrap
+    from minddp.loop import train_step
+    from minddp.profiling import StepProfiler
+    out = {}
+    crawl = Link(LinkSpec("crawl", bandwidth=20e6, latency=1e-3))     # slow enough to dominate the real gloo
+    for stage in ("simple", "hook", "bucket-async", "ddp"):
+        model = _net()
+        wrapped = wrap(stage, model, bucket_cap_mb=0.3, link=crawl)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        path = f"{folder}/{stage}"
+        g = torch.Generator().manual_seed(dist.get_rank())
+        with StepProfiler(path, dist.get_rank(), total_steps=4, active=3, memory=False) as prof:
+            for _ in range(4):
+                train_step(wrapped, optimizer, [torch.randn(16, 64, generator=g) for _ in range(2)],
+                           lambda m, x: m(x).pow(2).mean())
+                prof.step()
+        crawl.annotate_trace(prof.path)
+        from minddp.analysis.events import read_trace
+        from minddp.analysis.steps import step_windows
+        trace = read_trace(prof.path, dist.get_rank())
+        lengths = [(e - s) / 1e6 for _, s, e in step_windows(trace.events, {e["tid"] for e in trace.events
+                                                                             if e["name"].startswith(("gloo:", "minddp.link:"))})]
+        profiles = step_profiles(prof.path, stage, dist.get_world_size(), dist.get_rank())
+        out[stage] = [(predict(p, crawl.spec).step, real) for p, real in zip(profiles, lengths)]
+    crawl.close()
+    return out
+
+
+def test_replaying_a_profiled_step_on_its_own_link_gives_its_length(tmp_path):
+    for rank in launch(_replay_on_rank, str(tmp_path), world_size=2, timeout_s=180):
+        for stage, pairs in rank.items():
+            for predicted, measured in pairs:
+                assert predicted == pytest.approx(measured, rel=0.1), (stage, pairs)
+
+
+# -- the user's path: train with a link and an auto cap, then ask the model about other links ---------------
+
+def test_train_with_a_link_and_an_auto_cap_then_predict_from_its_traces(tmp_path):
+    from minddp import train
+    from minddp.analysis import analyze_run
+    from minddp.model.predict import predict_run
+    rc = train.main(["--stage", "bucket-async", "--steps", "3", "--profile-steps", "2", "--link", "100mbit",
+                     "--bucket-cap-mb", "auto", "--batch-size", "4", "--grad-accum", "2", "--max-seq-len", "32",
+                     "--eval-examples", "16", "--no-progress", "--trace-dir", str(tmp_path), "--run-name", "r"])
+    assert rc == 0
+    config = json.loads((tmp_path / "r" / "bucket-async" / "config.json").read_text())
+    said = config["bucket_cap_why"]                 # what rank 0 printed, kept beside the traces
+    assert "--bucket-cap-mb auto:" in said and "over 100mbit" in said
+    assert config["bucket_cap_mb"] == "auto" and config["bucket_cap_mb_used"] > 0
+    assert f"auto: {config['bucket_cap_mb_used']:g} MiB" in said
+    stages = analyze_run(tmp_path / "r").stages
+    assert stages.loc["bucket-async", "comm_time_per_step_us"] > 0
+    rows = predict_run(tmp_path / "r", ["100mbit", "1gbit"], [8], real_network=False)
+    by = {(r["ranks"], r["link"]): r for r in rows}
+    assert set(by) == {(2, "100mbit"), (2, "1gbit"), (8, "100mbit"), (8, "1gbit")}
+    assert by[(2, "100mbit")]["step_ms"] > by[(2, "1gbit")]["step_ms"]        # a slower link, a longer step
+    assert by[(8, "100mbit")]["comm_ms"] > by[(2, "100mbit")]["comm_ms"]      # more ranks, more ring hops
