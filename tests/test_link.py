@@ -21,8 +21,8 @@ from minddp import launch
 from minddp.comm.link import GBIT, PRESETS, Link, LinkSpec, parse_link
 
 #: How late a delivery may be after its modeled time: a sleeping thread that must get the CPU and the GIL
-#: back on a shared, loaded 2-core machine. The lower bound (never early) has no tolerance.
-LATE_TOLERANCE_S = 0.08
+#: back on a shared, loaded 2-core machine (load 8 seen). The lower bound (never early) has no tolerance.
+LATE_TOLERANCE_S = 0.15
 
 
 # -- the model -----------------------------------------------------------------------------------------
@@ -73,16 +73,16 @@ def _done(value=None) -> torch.futures.Future:
 
 
 def test_a_message_completes_no_earlier_than_its_modeled_time_and_returns_the_real_value():
-    link = Link(LinkSpec("slow", bandwidth=1e6, latency=0.0))     # 1 MB/s: 100 kB all_reduce, 2 ranks = 0.1 s
+    link = Link(LinkSpec("slow", bandwidth=1e6, latency=0.0))     # 1 MB/s: 300 kB all_reduce, 2 ranks = 0.3 s
     try:
-        modeled = link.seconds("all_reduce", 100_000, 2)
-        assert modeled == pytest.approx(0.1)
+        link.carry(_done(), 0, world=2).wait()                       # the link's thread is up
+        modeled = link.seconds("all_reduce", 300_000, 2)
+        assert modeled == pytest.approx(0.3)
         start = time.perf_counter()
-        fut = link.carry(_done("summed"), 100_000, world=2)
-        handed_back = time.perf_counter() - start
+        fut = link.carry(_done("summed"), 300_000, world=2)
+        assert not fut.done(), "carry() must return at once, before the transfer is over"
         assert fut.wait() == "summed"
         elapsed = time.perf_counter() - start
-        assert handed_back < modeled / 2, "carry() must return at once, not after the transfer"
         assert modeled <= elapsed <= modeled + LATE_TOLERANCE_S
     finally:
         link.close()
@@ -91,6 +91,7 @@ def test_a_message_completes_no_earlier_than_its_modeled_time_and_returns_the_re
 def test_messages_take_turns_on_the_link():
     link = Link(LinkSpec("slow", bandwidth=1e6, latency=0.0))
     try:
+        link.carry(_done(), 0, world=2).wait()                       # the link's thread is up
         start = time.perf_counter()
         futures = [link.carry(_done(i), 50_000, world=2) for i in range(3)]   # 0.05 s each
         delivered = {}
@@ -177,7 +178,7 @@ def _on_ranks() -> dict:
     dist.barrier()
     start = time.perf_counter()
     fut = wire.all_reduce(t)
-    out["handed_back_s"] = time.perf_counter() - start
+    out["handed_back_before_done"] = not fut.done()
     out["sum_ok"] = torch.equal(fut.wait(), torch.full((2_500_000,), float(n * (n + 1) // 2)))
     out["elapsed_s"] = time.perf_counter() - start
     out["modeled_s"] = link.seconds("all_reduce", 10_000_000, n)
@@ -233,7 +234,7 @@ def ranks():
 def test_a_collective_over_the_link_takes_its_modeled_time_and_sums_exactly(ranks):
     for r in ranks:
         assert r["sum_ok"]
-        assert r["handed_back_s"] < r["modeled_s"] / 4, "all_reduce must return before the transfer is done"
+        assert r["handed_back_before_done"], "all_reduce must return before the transfer is done"
         assert r["modeled_s"] <= r["elapsed_s"] <= r["modeled_s"] + LATE_TOLERANCE_S + 0.05   # + the real gloo sum
 
 

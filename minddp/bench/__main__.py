@@ -38,8 +38,8 @@ EXAMPLES = [
 ]
 
 #: Options the benchmark shares with the train command: the same flag, metavar, type and meaning.
-SHARED = ("model", "batch_size", "grad_accum", "max_seq_len", "bucket_cap_mb", "world_size", "backend", "timeout",
-          "hang_timeout")
+SHARED = ("model", "batch_size", "grad_accum", "max_seq_len", "bucket_cap_mb", "link", "world_size", "backend",
+          "timeout", "hang_timeout")
 
 
 def _bench_stages() -> list[str]:
@@ -145,6 +145,9 @@ def parse(argv: list[str] | None):
         cfg = parse_args(train_args)
     except ConfigError as exc:
         raise UsageError(str(exc).replace("minddp.train", PROG)) from None
+    if cfg.bucket_cap_mb == "auto":
+        raise UsageError("--bucket-cap-mb auto chooses a cap at the start of a training run (python -m minddp.train); "
+                         "the benchmark compares fixed caps: give a number of MiB")
     return ns, cfg, bench_configs(stages, variants)
 
 
@@ -245,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             "backend": backend, "launches": ns.launches, "rounds": ns.rounds, "rounds_per_launch": shares,
             "steps_per_round": ns.steps_per_round, "warmup_per_round": ns.warmup,
             "profiled_steps": ns.profile_steps, "batch_size_per_rank": cfg.batch_size, "grad_accum": cfg.grad_accum,
-            "max_seq_len": cfg.max_seq_len, "bucket_cap_mb": cfg.bucket_cap_mb,
+            "max_seq_len": cfg.max_seq_len, "bucket_cap_mb": cfg.bucket_cap_mb, "link": cfg.link,
             "load_avg_1min_before_after": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",
             "preset": ns.preset, "wall_s": round(time.perf_counter() - start, 1)}
     targets = check_targets(rows, ns.preset)

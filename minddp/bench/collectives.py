@@ -6,15 +6,17 @@ as it is on this machine, and gloo under each emulated ``--links``,
 ``reduce_scatter``, ``all_gather``, ``broadcast``) and each payload size
 (1 KiB to 64 MiB, doubling), it:
 
-1. **times** ``--iters`` calls after ``--warmup``, all ranks starting together
-   (a barrier before each); a call's time is the slowest rank's, and a size's
-   time the median over calls. The payload ``S`` is what the link model
+1. **times** ``--iters`` calls after ``--warmup`` (three times as many up to
+   1 MiB, where a call is cheap and noise is largest), all ranks starting
+   together (a barrier before each); a call's time is the slowest rank's, and
+   a size's time the median over calls. The payload ``S`` is what the link model
    counts: the tensor for all_reduce and broadcast, the whole input of
    reduce_scatter, the whole output of all_gather;
 2. **fits** ``t = a + b·S`` per (network, collective) by least squares on
    relative error (each size weighs alike, from 1 KiB to 64 MiB), and reports
-   ``R²`` (the usual one, on the times themselves), the largest relative
-   miss, and what the fit means under the ring model of
+   ``R²`` (the usual one, on the times themselves, which the large sizes
+   dominate), ``R²`` of the logarithms (where every size counts), the largest
+   relative miss, and what the fit means under the ring model of
    :meth:`~minddp.comm.link.LinkSpec.seconds`: ``α = a / hops`` and
    ``β = share / b`` (bus bandwidth). On an emulated link the fit should find
    the link's own β; its α is the link's plus what a message costs here
@@ -100,7 +102,8 @@ def measure_rank(networks: list[str], collectives: list[str], sizes: list[int], 
             for size in sizes:
                 payload, start = _start(kind, size, world, transport)
                 times = []
-                for i in range(warmup + iters):
+                repeats = iters * (3 if size <= 1 << 20 else 1)    # small sizes are cheap and the noisiest
+                for i in range(warmup + repeats):
                     dist.barrier()
                     t0 = time.perf_counter()
                     fut = start()
@@ -126,7 +129,10 @@ def fit(points: list[tuple[float, float]]) -> dict:
     predicted = a + b * xs
     ss_res = float(((ys - predicted) ** 2).sum())
     ss_tot = float(((ys - ys.mean()) ** 2).sum())
+    logs, fitted_logs = ys.log(), predicted.clamp(min=1e-12).log()
+    ss_log = float(((logs - logs.mean()) ** 2).sum())
     return {"a_s": a, "b_s_per_byte": b, "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan"),
+            "r2_log": 1.0 - float(((logs - fitted_logs) ** 2).sum()) / ss_log if ss_log > 0 else float("nan"),
             "max_rel_miss": float(((predicted - ys).abs() / ys).max())}
 
 
@@ -155,13 +161,14 @@ def markdown(rows: list[dict], fitted: list[dict], meta: dict) -> str:
              "Fit: `t = a + b·S` (least squares on relative error); α = a / hops and busbw = share / b under the "
              "ring model (all_reduce: 2(N−1) hops, share 2(N−1)/N; reduce_scatter and all_gather: N−1, (N−1)/N; "
              "broadcast: N−1, 1).", "",
-             "| network | collective | ranks | a (µs) | α (µs/hop) | busbw (GB/s) | nominal busbw | R² | "
-             "max rel. miss |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| network | collective | ranks | a (µs) | α (µs/hop) | busbw (GB/s) | nominal busbw | R² | R² (log) | "
+             "max rel. miss |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for f in fitted:
         nominal = PRESETS.get(f["network"])
         nom = f"{nominal.bandwidth / 1e9:g}" if nominal is not None else "-"
         lines.append(f"| {f['network']} | {f['collective']} | {f['ranks']} | {1e6 * f['a_s']:.0f} | {f['alpha_us']:.0f} "
-                     f"| {f['busbw_GBps']:.3g} | {nom} | {f['r2']:.4f} | {100 * f['max_rel_miss']:.0f} % |")
+                     f"| {f['busbw_GBps']:.3g} | {nom} | {f['r2']:.4f} | {f['r2_log']:.3f} | "
+                     f"{100 * f['max_rel_miss']:.0f} % |")
     lines += ["", "Median time per size (ms):", "",
               "| network | collective | " + " | ".join(_size(s) for s in sorted({r['bytes'] for r in rows})) + " |",
               "|---|---|" + "---:|" * len({r["bytes"] for r in rows})]

@@ -91,8 +91,11 @@ def bench_configs(stages: list[str], variants: list[str] = list(VARIANTS)) -> li
     return configs
 
 
-def wrap(config: BenchConfig, model: nn.Module, cfg: TrainConfig, wire=None) -> nn.Module:
-    """``model`` wrapped as ``config`` says (the train command's settings otherwise), through :func:`minddp.ladder.wrap`."""
+def wrap(config: BenchConfig, model: nn.Module, cfg: TrainConfig, wire=None, link=None) -> nn.Module:
+    """``model`` wrapped as ``config`` says (the train command's settings otherwise), through :func:`minddp.ladder.wrap`.
+
+    ``link`` (``--link``) is this rank's emulated NIC, under every configuration.
+    """
     from minddp.ladder import wrap as wrap_in_stage
     options = cfg.powersgd_options()
     if config.powersgd_rank is not None:
@@ -100,4 +103,4 @@ def wrap(config: BenchConfig, model: nn.Module, cfg: TrainConfig, wire=None) -> 
     return wrap_in_stage(config.stage, model, hook=config.hook,
                          bucket_cap_mb=cfg.bucket_cap_mb if config.bucket_cap_mb is None else config.bucket_cap_mb,
                          gradient_as_bucket_view=config.gradient_as_bucket_view, python_hook=config.python_hook,
-                         powersgd_options=options, wire=wire)
+                         powersgd_options=options, wire=wire, link=link)

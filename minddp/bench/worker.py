@@ -88,6 +88,7 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
 
     ``launch_index`` (which of the benchmark's launches this is) only seeds the round orders.
     """
+    from minddp.comm.link import Link
     from minddp.comm.wire import Traffic, Wire
     from minddp.device import current_device, synchronize
     from minddp.loop import train_step
@@ -95,12 +96,14 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device = current_device()
+    link = None if cfg.link is None else Link(cfg.link)      # --link: this rank's emulated NIC, shared by all
     runs = {}
     def build(config: BenchConfig):
         model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed, cfg.dtype).to(device)
         model.train()
         traffic = Traffic()
-        wrapped = wrap(config, model, cfg, wire=None if config.stage == "torch" else Wire(None, traffic=traffic))
+        wrapped = wrap(config, model, cfg, wire=None if config.stage == "torch" else Wire(None, traffic=traffic),
+                       link=link)
         batches = step_batches(data.train, cfg.batch_size, cfg.grad_accum, world, rank, cfg.seed,
                                data.pad_token_id)
         meter = (lambda: counting_torch_all_reduce(traffic)) if config.stage == "torch" else contextlib.nullcontext
@@ -139,7 +142,8 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
             dist.barrier()
             folder = os.path.join(trace_dir, config.name)
             rec = out[config.name]
-            rec["overlap"].append(profiled_overlap(lambda: one_step(config.name), profile_steps, folder, rank, device))
+            rec["overlap"].append(profiled_overlap(lambda: one_step(config.name), profile_steps, folder, rank, device,
+                                                   link))
             if config.torch_cpp_default:
                 # torch's C++ default averages without a Python call to meter: count from the trace
                 from minddp.analysis import trace_traffic
@@ -150,11 +154,17 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
             dist.barrier()
             out[config.name]["peak_bytes"] = fresh_peak_bytes(lambda: build(config), one_step, 1 + profile_steps,
                                                               os.path.join(trace_dir, config.name), rank, device)
+    if link is not None:
+        link.close()
     return out
 
 
-def profiled_overlap(step, profile_steps: int, folder: str, rank: int, device: torch.device) -> tuple[float, float]:
-    """Step 3: run ``1 + profile_steps`` steps under the profiler; return ``(hidden, comm)`` µs of this rank."""
+def profiled_overlap(step, profile_steps: int, folder: str, rank: int, device: torch.device,
+                     link=None) -> tuple[float, float]:
+    """Step 3: run ``1 + profile_steps`` steps under the profiler; return ``(hidden, comm)`` µs of this rank.
+
+    With a link, its transfers are written into the trace first, so they count as communication.
+    """
     from minddp.analysis import overlap_parts
     from minddp.profiling import StepProfiler
     # No memory events here: overlap needs only the time ranges, and step 4 measures memory on its own.
@@ -163,6 +173,8 @@ def profiled_overlap(step, profile_steps: int, folder: str, rank: int, device: t
         for _ in range(1 + profile_steps):
             step()
             prof.step()
+    if link is not None:
+        link.annotate_trace(prof.path)
     return overlap_parts(prof.path, rank)
 
 

@@ -17,9 +17,10 @@ measured rather than guessed:
    (:data:`CANDIDATES`, plus "one bucket"), each as the plan it gives
    (:func:`~minddp.model.compute.synthesize`, :func:`~minddp.model.step.predict`)
    on the run's link (without ``--link``: this machine's network, as probed);
-3. **choose** the fastest; among caps within 0.5 % of it, the largest (fewer
-   buckets, less host work the model may miss); rank 0's choice is
-   broadcast, so every rank builds the same buckets;
+3. **choose** the fastest plan; among plans within 0.5 % of it, the one
+   with the fewest buckets (less host work the model may miss), named by the
+   smallest cap that gives it; rank 0's choice is broadcast, so every rank
+   builds the same buckets;
 4. **say** which cap, its buckets, its predicted step, and the caps either
    side, on one line.
 
@@ -56,28 +57,29 @@ class CapChoice:
 
     def explain(self) -> str:
         best = self.predicted[self.cap_mb][1]
-        others = ", ".join(f"{c:g} MiB ({b} bkt) {1e3 * t:.1f}" for c, (b, t) in self.predicted.items()
-                           if c != self.cap_mb)
+        others = ", ".join(f"{c:g} MiB: {b} bucket{'s' if b > 1 else ''}, {1e3 * t:.1f}"
+                           for c, (b, t) in self.predicted.items() if c != self.cap_mb)
         return (f"--bucket-cap-mb auto: {self.cap_mb:g} MiB ({self.buckets} bucket{'s' if self.buckets > 1 else ''}) "
                 f"for {self.stage} on {self.world} ranks over {self.link}: predicted {1e3 * best:.1f} ms/step, the "
-                f"fastest of the caps tried [{others} ms/step]; smaller caps pay the per-message cost more often, "
-                "larger ones leave more of the last bucket's transfer after backward (minddp.model)")
+                f"fastest of the bucket plans tried [{others or 'no other'} ms/step]; smaller caps pay the per-message "
+                "cost more often, larger ones leave more of the last bucket's transfer after backward (minddp.model)")
 
 
 def best_cap(cp: ComputeProfile, stage: str, world: int, link, candidates=CANDIDATES) -> CapChoice:
     """Steps 2-3 on one compute profile (no collective)."""
     from minddp.comm.link import parse_link
     spec = parse_link(link) if link is not None else parse_link("loopback")
-    predicted, seen = {}, {}
-    for cap in candidates:
+    plans: dict[tuple, list] = {}                     # plan -> [smallest cap giving it, buckets, predicted]
+    for cap in sorted(candidates):
         plan = plan_for(cp, stage, cap)
         key = tuple(map(tuple, plan))
-        if key not in seen:
-            seen[key] = predict(synthesize(cp, stage, cap, world), spec).step
-        predicted[cap] = (len(plan), seen[key])
-    fastest = min(t for _, t in predicted.values())
-    cap = max(c for c, (_, t) in predicted.items() if t <= fastest * 1.005)
-    return CapChoice(cap, predicted[cap][0], predicted, stage, world, spec.name)
+        if key not in plans:
+            plans[key] = [cap, len(plan), predict(synthesize(cp, stage, cap, world), spec).step]
+    fastest = min(t for _, _, t in plans.values())
+    near = [v for v in plans.values() if v[2] <= fastest * 1.005]
+    cap, buckets, _ = min(near, key=lambda v: (v[1], v[0]))    # the fewest buckets among the near-fastest
+    predicted = {c: (b, t) for c, b, t in plans.values()}
+    return CapChoice(cap, buckets, predicted, stage, world, spec.name)
 
 
 def choose_bucket_cap(model: torch.nn.Module, stage: str, batches, loss_fn, link, device, say=None

@@ -26,8 +26,9 @@ from minddp.model.trace import ProfileError, step_profiles
 
 
 def predict_run(run: Path, links: list[str], ranks: list[int], real_network: bool) -> list[dict]:
+    from minddp.analysis import stage_sort_key
     rows = []
-    for folder in sorted(p for p in run.iterdir() if p.is_dir()):
+    for folder in sorted((p for p in run.iterdir() if p.is_dir()), key=lambda p: stage_sort_key(p.name)):
         config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").exists() else {}
         traces = sorted(folder.glob("rank*.pt.trace.json*"))
         stage, world = config.get("stage", folder.name), int(config.get("ranks", len(traces)))

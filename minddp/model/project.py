@@ -19,7 +19,9 @@ a step measured (or estimated) once predicts the whole ladder at any size:
    ``ranks × efficiency`` times one rank's), communication share (time on
    the link / step), exposed share (the blog's "non-compute" time / step),
    overlap. ``projection.md``/``.csv``, and ``projection.png``: efficiency
-   against ranks, one panel per link, one line per stage.
+   against ranks, one panel per link, one line per stage; and the link
+   bandwidth each stage needs to keep 90 % efficiency at each rank count
+   (with ``--latency-us`` per hop): what to buy, or which stage to use.
 
 With ``--setting blog`` the report ends with the blog's 4 × T4 numbers beside
 the projection for that setting (4 ranks, ``pcie-t4``), and how the compute
@@ -88,6 +90,46 @@ def project(cp: ComputeProfile, stages: list[str], links: list[str], ranks: list
                 rows.append({"link": link, "stage": stage, "ranks": n, **p.row(),
                              "efficiency": p.compute / p.step, "speedup": n * p.compute / p.step})
     return rows
+
+
+def required_bandwidth(cp: ComputeProfile, stage: str, ranks: int, cap: float | None, latency: float,
+                       target: float = 0.9) -> float:
+    """Bytes/s a link of per-hop ``latency`` needs for ``stage`` to keep ``target`` scaling efficiency at ``ranks``.
+
+    ``inf`` when no bandwidth is enough (the per-message latency alone costs
+    more than the target allows). Bisection on a log scale: efficiency only
+    grows with bandwidth.
+    """
+    from minddp.comm.link import LinkSpec
+    profile = synthesize(cp, stage, cap, ranks).on_real_network()
+
+    def efficiency(bandwidth: float) -> float:
+        p = predict(profile, LinkSpec("probe", bandwidth, latency), ranks)
+        return p.compute / p.step
+
+    lo, hi = 1e5, 1e14
+    if efficiency(hi) < target:
+        return float("inf")
+    for _ in range(60):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if efficiency(mid) < target else (lo, mid)
+    return hi
+
+
+def bandwidth_table(cp: ComputeProfile, stages: list[str], ranks: list[int], cap: float | None,
+                    latency: float, target: float = 0.9) -> str:
+    """Markdown: the link bandwidth (Gbit/s) each stage needs for ``target`` efficiency, per rank count."""
+    lines = [f"## Link bandwidth for {100 * target:.0f} % scaling efficiency (Gbit/s; {1e6 * latency:g} µs per hop)", "",
+             "| stage | " + " | ".join(str(n) for n in ranks) + " |", "|---|" + "---:|" * len(ranks)]
+    for stage in stages:
+        cells = []
+        for n in ranks:
+            b = required_bandwidth(cp, stage, n, cap, latency, target)
+            cells.append("latency-bound" if b == float("inf") else f"{8 * b / 1e9:.3g}")
+        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    lines += ["", "latency-bound: even an infinitely fast link misses the target, the per-message latency alone "
+              "costs too much (too many messages, or too many ring hops)."]
+    return "\n".join(lines) + "\n"
 
 
 def implied_tflops(cp: ComputeProfile, tflops: float, link: str, ranks: int, stage: str, share_pct: float) -> float:
@@ -169,13 +211,15 @@ def measured_here(model_name: str) -> tuple[ComputeProfile, str]:
     from minddp.model.compute import probe
     from minddp.models import build_model
     from minddp.train import prepare
+    import torch
+    torch.set_num_threads(1)         # as each of two ranks on a 2-core machine computes (minddp.launch's rule)
     cfg = parse_args(["--no-profile", "--model", model_name])
     data, _, _ = prepare(cfg)
     model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed, cfg.dtype)
     model.train()
     micro = next(step_batches(data.train, cfg.batch_size, cfg.grad_accum, 1, 0, cfg.seed, data.pad_token_id))
     cp = probe(model, list(micro), lambda m, b: m(**b).loss, measure_network=False)
-    return cp, (f"{model_name} measured on this CPU (one process: {cfg.batch_size} examples × up to {cfg.max_seq_len} "
+    return cp, (f"{model_name} measured on this CPU (one process, one thread: {cfg.batch_size} examples × up to {cfg.max_seq_len} "
                 f"tokens per micro-batch, {cfg.grad_accum} micro-batches; forward {1e3 * cp.forward:.1f} ms, backward "
                 f"{1e3 * cp.backward:.1f} ms, optimizer {1e3 * cp.optimizer:.1f} ms, host cost {1e6 * cp.per_message:.0f} "
                 "µs per message)")
@@ -195,6 +239,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ranks", default=",".join(map(str, DEFAULT_RANKS)))
     p.add_argument("--stages", default=",".join(WAITS))
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="cap of the bucketed stages (torch's default)")
+    p.add_argument("--latency-us", type=float, default=5.0,
+                   help="per-hop latency of the link in the bandwidth-for-90%%-efficiency table")
     p.add_argument("--out", default=None, help="results folder (default: results/project-<date-time>)")
     ns = p.parse_args(argv)
     try:
@@ -225,7 +271,7 @@ def main(argv: list[str]) -> int:
     rows = project(cp, stages, links, ranks, ns.bucket_cap_mb)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "profile": described,
             "command": "python -m minddp.model project " + " ".join(argv)}
-    text = markdown(rows, meta)
+    text = markdown(rows, meta) + "\n" + bandwidth_table(cp, stages, ranks, ns.bucket_cap_mb, ns.latency_us * 1e-6)
     if ns.setting == "blog":
         text += "\n" + blog_comparison(cp, ns.tflops or BLOG["tflops"])
     out = ns.out or os.path.join("results", f"project-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -1,0 +1,86 @@
+"""Figures for the notebooks: the ladder on a slow link, measured and predicted.
+
+Two figures, each from a run folder written by
+``python -m minddp.train --stage all --link <link>`` (or from the model alone):
+
+* :func:`ladder_on_link`: per stage, where the step's time goes (compute,
+  communication the step waited for, idle) and how much of the communication
+  hid behind compute: the blog's temporal-breakdown and overlap charts, for
+  the stages run on the emulated link;
+* :func:`predicted_ladder`: per stage, the step the model predicts from the
+  run's profiled steps on each of several links, beside the run's measured
+  step: what the same code would do on a faster or slower network.
+
+Example (a notebook cell)::
+
+    >>> from minddp.model.figures import ladder_on_link, predicted_ladder
+    >>> ladder_on_link("traces/story-100mbit")
+    >>> predicted_ladder("traces/story-100mbit", links=["100mbit", "1gbit", "10gbit"])
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _link_of(run: Path) -> str:
+    for config in sorted(run.glob("*/config.json")):
+        link = json.loads(config.read_text()).get("link")
+        if link:
+            return link
+    return "no link"
+
+
+def ladder_on_link(run, ax=None):
+    """Stacked shares of the step (compute / non-compute / idle) per stage, overlap % on top. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    from minddp.analysis import analyze_run
+    run = Path(run)
+    stages = analyze_run(run).stages
+    stages = stages.drop(index=[s for s in ("single",) if s in stages.index])
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.1 * len(stages) + 2, 3.6))
+    names = list(stages.index)
+    bottom = [0.0] * len(names)
+    for column, label, color in [("compute_pctg", "compute", "#4c72b0"),
+                                 ("non_compute_pctg", "waiting for communication", "#dd8452"),
+                                 ("idle_pctg", "idle", "#cccccc")]:
+        values = list(stages[column])
+        ax.bar(names, values, bottom=bottom, label=label, color=color)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    for x, overlap in enumerate(stages["comm_comp_overlap_pctg"]):
+        ax.annotate(f"{overlap:.0f} %\nhidden", (x, 101), ha="center", va="bottom", fontsize=7)
+    ax.set(ylim=(0, 118), ylabel="% of the step", title=f"the ladder on {_link_of(run)} (measured)")
+    ax.tick_params(axis="x", rotation=30)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return ax.figure
+
+
+def predicted_ladder(run, links: list[str], ax=None):
+    """Predicted step per stage on each link (from the run's profiled steps), and the run's own. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    from minddp.model.predict import predict_run
+    run = Path(run)
+    rows = predict_run(run, links, [], real_network=False)
+    stages = list(dict.fromkeys(r["stage"] for r in rows))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.3 * len(stages) + 2, 3.6))
+    width = 0.8 / len(links)
+    for j, link in enumerate(links):
+        ys = [next(r["step_ms"] for r in rows if r["stage"] == s and r["link"] == link) for s in stages]
+        exposed = [next(r["exposed_ms"] for r in rows if r["stage"] == s and r["link"] == link) for s in stages]
+        xs = [i + (j - (len(links) - 1) / 2) * width for i in range(len(stages))]
+        bars = ax.bar(xs, ys, width, label=f"{link} (predicted)")
+        ax.bar(xs, exposed, width, bottom=[y - e for y, e in zip(ys, exposed)], color=bars.patches[0].get_facecolor(),
+               hatch="//", edgecolor="white", linewidth=0)
+    ax.set_xticks(range(len(stages)), stages, rotation=30)
+    ax.set(ylabel="step (ms); hatched: waiting for the link",
+           title=f"the same steps on other links (profiled on {_link_of(run)})")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return ax.figure
+
+
+__all__ = ["ladder_on_link", "predicted_ladder"]
