@@ -204,6 +204,18 @@ def plot(rows: list[dict], fitted: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+def save_table(out: str, stem: str, rows: list[dict], text: str) -> None:
+    """``<out>/<stem>.csv`` (one line per row) and ``<out>/<stem>.md`` (``text``): what each of these tools keeps."""
+    import csv
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{stem}.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(os.path.join(out, f"{stem}.md"), "w") as f:
+        f.write(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     from minddp.bench.__main__ import machine
     from minddp.collectives import TRANSPORTS
@@ -249,13 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": "python -m minddp.bench collectives " + " ".join(sys.argv[2:] if argv is None else argv),
             "load": f"{load:.2f} / {os.getloadavg()[0]:.2f}", "wall_s": time.perf_counter() - start}
     text = markdown(rows, fitted, meta)
-    import csv
-    with open(os.path.join(out, "collectives.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    with open(os.path.join(out, "collectives.md"), "w") as f:
-        f.write(text)
+    save_table(out, "collectives", rows, text)
     plot(rows, fitted, os.path.join(out, "collectives.png"))
     print(text)
     print(f"{PROG}: wrote {out}/collectives.md, .csv, .png", file=sys.stderr)

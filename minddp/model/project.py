@@ -275,14 +275,8 @@ def main(argv: list[str]) -> int:
     if ns.setting == "blog":
         text += "\n" + blog_comparison(cp, ns.tflops or BLOG["tflops"])
     out = ns.out or os.path.join("results", f"project-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.makedirs(out, exist_ok=True)
-    import csv
-    with open(os.path.join(out, "projection.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    with open(os.path.join(out, "projection.md"), "w") as f:
-        f.write(text)
+    from minddp.bench.collectives import save_table
+    save_table(out, "projection", rows, text)
     plot(rows, os.path.join(out, "projection.png"))
     print(text)
     print(f"minddp.model project: wrote {out}/projection.md, .csv, .png", file=sys.stderr)

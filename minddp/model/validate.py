@@ -49,7 +49,6 @@ Example::
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import pickle
@@ -428,14 +427,10 @@ def report(per_world: dict, links: list[str], caps: list[float], meta: dict, out
     checks = auto_check(rows, per_world, caps)
     stats = summary(rows, links)
     text = markdown(rows, checks, stats, meta)
-    with open(os.path.join(out, "validation.md"), "w") as f:
-        f.write(text)
+    from minddp.bench.collectives import save_table
+    save_table(out, "validation", rows, text)
     with open(os.path.join(out, "validation.json"), "w") as f:
         json.dump({"meta": meta, "summary": stats, "auto": checks, "rows": rows}, f, indent=1)
-    with open(os.path.join(out, "validation.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
     paths = plots(rows, per_world, links, out)
     print(text)
     print(f"minddp.model validate: wrote {out}/validation.md, .csv, .json, {', '.join(map(os.path.basename, paths))}",
