@@ -212,7 +212,7 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
         dist.all_gather_object(trace_errors, profiler.error)
     return {"stage": stage, "losses": mean_losses.tolist(), "step_times_s": times, "accuracy": accuracy,
             "all_reduce_calls": calls, "all_reduce_bytes": nbytes, "global_batch": global_batch,
-            "ranks": replicas, "trace": profiler.written, "metered": stage != "torch", "folder": folder,
+            "ranks": replicas, "trace": profiler.written, "metered": stage != "torch" or link is not None, "folder": folder,
             "bucket_cap_mb": bucket_cap_mb, "bucket_cap_why": why,
             "trace_errors": {r: e for r, e in enumerate(trace_errors) if e}}
 
