@@ -52,6 +52,7 @@ class BucketDDP(HookDDP):
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         if self.sync_this_backward:                                                  # step 2
+            self.parameters_used.check()          # before the first send of the step (a no-op after it)
             b = self.bucket_of[param]
             self.waiting[b] -= 1
             if self.waiting[b] == 0:
@@ -72,6 +73,7 @@ class BucketDDP(HookDDP):
     def finish_gradient_synchronization(self) -> None:
         """Send the buckets that did not fill (see the module doc), then finish as :mod:`hook` does."""
         if self.sync_this_backward:
+            self.parameters_used.check()          # if no gradient came at all, nothing was checked yet
             for b, waiting in enumerate(self.waiting):
                 if waiting > 0:
                     self._send_bucket(b)

@@ -9,12 +9,16 @@ one small collective, and raise the same error on every rank:
 1. :func:`check_same_model`, at construction, before the broadcast: every
    rank describes its parameters (name, shape, dtype); the descriptions are
    all-gathered and any difference is named (rank and parameter);
-2. :func:`check_same_parameters_used`, after each forward: every rank marks
-   which parameters the forward's graph reaches (a backward will give exactly
-   those a gradient); the marks are all-gathered, and a parameter reached on
+2. :class:`ParameterUse`, once per synced step: after each forward, every
+   rank notes (locally, no message) which parameters the forward's graph
+   reaches (a backward will give exactly those a gradient); just before the
+   step's first gradient is sent, the notes of all the step's forwards
+   (micro-batches included) are all-gathered once, and a parameter reached on
    some ranks but not on others is named. Such a model (a branch taken on one
    rank only) needs ``minddp.DistributedDataParallel(...,
-   find_unused_parameters=True)``, as with torch's DDP.
+   find_unused_parameters=True)``, as with torch's DDP. Checking before the
+   first send matters: by then every rank has sent nothing yet, so the check's
+   own collective always pairs with the others' check.
 
 Everything else torch's DDP checks (the same hook and bucket sizes on every
 rank, ``optimizer.step()`` before the sync, NaN gradients, a bucket plan that
@@ -24,7 +28,9 @@ not here.
 Example::
 
     >>> check_same_model(module, group)                      # raises on every rank if a rank differs
-    >>> check_same_parameters_used(module(x), module, group)
+    >>> use = ParameterUse(module, group)
+    >>> use.saw(module(x))                                   # after each forward: local, free
+    >>> use.check()                                          # before the first gradient is sent
 """
 
 from __future__ import annotations
@@ -59,23 +65,39 @@ def check_same_model(module: nn.Module, group: dist.ProcessGroup | None) -> None
                 )
 
 
-def check_same_parameters_used(outputs: Any, module: nn.Module, group: dist.ProcessGroup | None) -> None:
-    """Step 2: raise on every rank unless this forward reached the same trainable parameters everywhere."""
-    named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
-    if not named or not torch.is_grad_enabled():      # no backward will follow, nothing will be sent
-        return
-    reached = parameters_reached(outputs)
-    mine = torch.tensor([id(p) in reached for _, p in named], dtype=torch.uint8)
-    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(gathered, mine, group=group)
-    everyone = torch.stack(gathered)                      # ranks x parameters: 1 where reached
-    differ = (everyone.min(0).values != everyone.max(0).values).nonzero().view(-1).tolist()
-    if differ:
-        where = "; ".join(f"{named[i][0]!r} on ranks {everyone[:, i].nonzero().view(-1).tolist()} only"
-                          for i in differ[:4])
-        raise RuntimeError(
-            f"this forward used different parameters on different ranks ({where}{'; ...' if len(differ) > 4 else ''}), "
-            "so the ranks would send different gradients and pair unrelated tensors in their all_reduces; "
-            "take the same branches on every rank, or use "
-            "minddp.DistributedDataParallel(..., find_unused_parameters=True), which handles such models"
-        )
+class ParameterUse:
+    """Step 2: which parameters this step's forwards reached, compared across ranks before anything is sent."""
+
+    def __init__(self, module: nn.Module, group: dist.ProcessGroup | None):
+        self.named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        self.group = group
+        self.reached: set[int] | None = None     # None: no forward since the last check
+
+    def saw(self, outputs: Any) -> None:
+        """After a forward: note the parameters its graph reaches (no message; a forward without grad notes none)."""
+        if torch.is_grad_enabled():
+            self.reached = (self.reached or set()) | parameters_reached(outputs)
+
+    def check(self) -> None:
+        """Raise on every rank unless the forwards since the last check reached the same parameters everywhere.
+
+        Every rank runs the same forwards, so every rank has something to
+        check (or nothing) at the same point: the collective is always paired.
+        """
+        if self.reached is None or not self.named:
+            return
+        mine = torch.tensor([id(p) in self.reached for _, p in self.named], dtype=torch.uint8)
+        self.reached = None
+        gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(gathered, mine, group=self.group)
+        everyone = torch.stack(gathered)                      # ranks x parameters: 1 where reached
+        differ = (everyone.min(0).values != everyone.max(0).values).nonzero().view(-1).tolist()
+        if differ:
+            where = "; ".join(f"{self.named[i][0]!r} on ranks {everyone[:, i].nonzero().view(-1).tolist()} only"
+                              for i in differ[:4])
+            raise RuntimeError(
+                f"the forwards of this step used different parameters on different ranks ({where}"
+                f"{'; ...' if len(differ) > 4 else ''}), so the ranks would send different gradients and pair "
+                "unrelated tensors in their all_reduces; take the same branches on every rank, or use "
+                "minddp.DistributedDataParallel(..., find_unused_parameters=True), which handles such models"
+            )

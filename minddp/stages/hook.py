@@ -57,6 +57,7 @@ class HookDDP(GradAccumDDP):
     def _grad_ready(self, param: nn.Parameter) -> None:
         """Step 2: autograd has finished ``param``'s gradient for this backward."""
         if self.sync_this_backward:
+            self.parameters_used.check()          # before the first send of the step (a no-op after it)
             i = self.index[param]
             bucket = GradBucket(i, param.grad.reshape(-1), [param], is_last=i == len(self.index) - 1)
             self._sent(bucket, send(self.comm_hook, self.comm_state, bucket))
@@ -71,3 +72,4 @@ class HookDDP(GradAccumDDP):
 
     def finish_gradient_synchronization(self) -> None:
         """Nothing left to do: every gradient was averaged during backward."""
+        self.parameters_used.check()              # only if no gradient at all came in this backward

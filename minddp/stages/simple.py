@@ -25,7 +25,8 @@ sent, never *what*.
 
 Two checks (:mod:`minddp.stages.checks`) turn the classic mistakes into an
 error on every rank instead of a hang: the same model on every rank (at
-construction), and the same parameters used by every rank's forward.
+construction), and the same parameters used by every rank's forwards (noted
+after each forward, compared once before the step's first gradient is sent).
 
 Example::
 
@@ -44,7 +45,7 @@ from torch import nn
 from minddp.comm.default_hooks import allreduce_hook
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
-from minddp.stages.checks import check_same_model, check_same_parameters_used
+from minddp.stages.checks import ParameterUse, check_same_model
 
 
 class SimpleDDP(nn.Module):
@@ -60,6 +61,7 @@ class SimpleDDP(nn.Module):
                 dist.broadcast(tensor, group_src=0, group=process_group)
         # How gradients travel: plain averaging unless another hook is registered.
         self.comm_hook, self.comm_state = allreduce_hook, process_group
+        self.parameters_used = ParameterUse(module, process_group)
 
     def register_comm_hook(self, state, hook) -> None:
         """Send gradients through ``hook(state, bucket) -> Future[Tensor]`` instead of plain averaging."""
@@ -67,11 +69,12 @@ class SimpleDDP(nn.Module):
 
     def forward(self, *inputs, **kwargs):
         outputs = self.module(*inputs, **kwargs)
-        check_same_parameters_used(outputs, self.module, self.process_group)
+        self.parameters_used.saw(outputs)        # checked across ranks before the first gradient is sent
         return outputs
 
     def finish_gradient_synchronization(self) -> None:
         """Average every gradient across ranks (step 2). Call after ``backward()``."""
+        self.parameters_used.check()
         params = [p for p in self.module.parameters() if p.grad is not None]
         for index, param in enumerate(reversed(params)):      # backward made the last layers' first
             bucket = GradBucket(index, param.grad.reshape(-1), [param], is_last=index == len(params) - 1)
