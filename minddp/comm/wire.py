@@ -5,25 +5,29 @@ group). minddp also accepts a :class:`Wire` there: the same group plus two
 optional things a learner or a benchmark wants, passed explicitly rather than
 set somewhere process-wide:
 
-* a **transport**: ``None`` for torch's own all_reduce (gloo/NCCL), or one of
+* a **transport**: ``None`` for torch's own collectives (gloo/NCCL), or one of
   minddp's collectives written from point-to-point messages
   (:data:`minddp.collectives.TRANSPORTS`), to watch a ring all_reduce carry
   real gradients;
-* a **meter** (:class:`Traffic`): calls and payload bytes of every all_reduce
-  the hooks send through this wire, so "bytes on the wire" is measured, not
+* a **meter** (:class:`Traffic`): calls and payload bytes of every collective
+  sent through this wire, so "bytes on the wire" is measured, not
   estimated. Without one nothing is counted and nothing is paid.
 
 Every minddp hook sends through ``Wire.of(state).all_reduce(tensor)``, so any
-of them can be metered or rerouted by handing it a wire::
+of them can be metered or rerouted by handing it a wire. The sharded stages
+(:mod:`minddp.sharding`) send through the same wire's :meth:`Wire.reduce_scatter`
+and :meth:`Wire.all_gather`::
 
     >>> traffic = Traffic()
     >>> model.register_comm_hook(Wire(group, traffic=traffic), allreduce_hook)
     >>> ...one step...
     >>> traffic.calls, traffic.bytes
 
-Bytes are *payload* bytes (``numel * element_size`` of the tensor handed to
-all_reduce); what an algorithm moves per rank depends on it (a ring moves
-``2 (n-1)/n`` times the payload, see :mod:`minddp.collectives.ring`).
+Bytes are *payload* bytes: ``numel * element_size`` of the whole tensor
+(the one reduced by all_reduce, the input of a reduce-scatter, the output of an
+all-gather); what an algorithm moves per rank depends on it (a ring moves
+``2 (n-1)/n`` times the payload for all_reduce and ``(n-1)/n`` times it for
+each of the other two, see :mod:`minddp.collectives.ring`).
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-#: ``transport(tensor, group)`` sums ``tensor`` in place across ``group`` and returns when done.
+#: ``transport(tensor, group)`` sums ``tensor`` in place across ``group`` and returns when done. A
+#: transport that also has ``reduce_scatter(output, input, group)`` and ``all_gather(output, input, group)``
+#: (:class:`minddp.collectives.Transport`) carries the sharded stages' collectives too.
 Transport = Callable[[torch.Tensor, dist.ProcessGroup], None]
 
 
@@ -52,7 +58,9 @@ def resolve_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
 
 @dataclass
 class Traffic:
-    """What went over one wire since the last :meth:`reset`: all_reduce calls and payload bytes.
+    """What went over one wire since the last :meth:`reset`: collective calls and payload bytes.
+
+    ``by_op`` splits them by collective: ``{"all_reduce": [calls, bytes], ...}``.
 
     ``error_sq``/``norm_sq`` accumulate ||g - ĝ||² and ||g||² when a hook is
     wrapped in :func:`minddp.comm.measure.error_measured` (an extra exact
@@ -62,14 +70,17 @@ class Traffic:
     calls: int = 0
     bytes: int = 0
     by_dtype: dict = field(default_factory=dict)
+    by_op: dict = field(default_factory=dict)
     error_sq: float = 0.0
     norm_sq: float = 0.0
 
-    def record(self, tensor: torch.Tensor) -> None:
+    def record(self, tensor: torch.Tensor, op: str = "all_reduce") -> None:
         nbytes = tensor.numel() * tensor.element_size()
         self.calls += 1
         self.bytes += nbytes
         self.by_dtype[tensor.dtype] = self.by_dtype.get(tensor.dtype, 0) + nbytes
+        calls, total = self.by_op.get(op, (0, 0))
+        self.by_op[op] = (calls + 1, total + nbytes)
 
     def relative_error(self) -> float | None:
         """||g - ĝ|| / ||g|| over everything measured since the reset (None if nothing was)."""
@@ -78,23 +89,24 @@ class Traffic:
     def snapshot(self) -> dict:
         by_dtype = {str(dtype).replace("torch.", ""): n for dtype, n in self.by_dtype.items()}
         return {"calls": self.calls, "bytes": self.bytes, "by_dtype": by_dtype,
-                "relative_error": self.relative_error()}
+                "by_op": {op: list(v) for op, v in self.by_op.items()}, "relative_error": self.relative_error()}
 
     def reset(self) -> None:
         self.calls, self.bytes, self.error_sq, self.norm_sq = 0, 0, 0.0, 0.0
-        self.by_dtype = {}
+        self.by_dtype, self.by_op = {}, {}
 
 
 class Wire:
-    """A process group, how its all_reduces travel (``transport``) and who counts them (``traffic``)."""
+    """A process group, how its collectives travel (``transport``) and who counts them (``traffic``)."""
 
-    __slots__ = ("group", "transport", "traffic")
+    __slots__ = ("group", "transport", "traffic", "gloo")
 
     def __init__(self, group: dist.ProcessGroup | None = None, transport: Transport | None = None,
                  traffic: Traffic | None = None):
         self.group = resolve_group(group)
         self.transport = transport
         self.traffic = traffic
+        self.gloo = dist.get_backend(self.group) == "gloo"
 
     @staticmethod
     def of(state) -> "Wire":
@@ -114,16 +126,64 @@ class Wire:
         """
         if self.traffic is not None:
             self.traffic.record(tensor)
-        if self.transport is None:
-            def summed(done: torch.futures.Future) -> torch.Tensor:
-                done.value()          # raises here if the collective failed
-                return tensor         # summed in place (a complex tensor travels as its real view)
-            return dist.all_reduce(tensor, group=self.group, async_op=True).get_future().then(summed)
+        if self.transport is None:     # summed in place (a complex tensor travels as its real view)
+            return _when_done(dist.all_reduce(tensor, group=self.group, async_op=True), tensor)
         self.transport(tensor, self.group)
-        done: torch.futures.Future = torch.futures.Future()
-        done.set_result(tensor)
-        return done
+        return _done(tensor)
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor) -> torch.futures.Future:
+        """Start ``output`` = this rank's chunk of the sum of ``input`` over the group; a Future of ``output``.
+
+        ``input`` holds one chunk per rank, back to back (rank 0's first), each
+        the size of ``output``; it may be used as scratch space. Asynchronous
+        with torch's transport, as :meth:`all_reduce`.
+
+        On gloo, torch's transport sums the whole ``input`` with all_reduce and
+        keeps this rank's chunk: gloo's own reduce_scatter hands back no Future
+        (nothing could wait on it later, so it could not overlap backward) and
+        is slower than its all_reduce of the same tensor (``docs/sharding.md``
+        has the measurements). The result is the same; the bytes are all_reduce's.
+        """
+        if self.traffic is not None:
+            self.traffic.record(input, "reduce_scatter")
+        if self.transport is None and self.gloo:
+            mine = input.view(-1).chunk(self.size())[self.group.rank()]
+            return _when_done(dist.all_reduce(input, group=self.group, async_op=True), output,
+                              then=lambda: output.view(-1).copy_(mine))
+        if self.transport is None:
+            return _when_done(dist.reduce_scatter_single(output, input, group=self.group, async_op=True), output)
+        self.transport.reduce_scatter(output, input, self.group)
+        return _done(output)
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.futures.Future:
+        """Start ``output`` = every rank's ``input``, back to back in rank order; a Future of ``output``."""
+        if self.traffic is not None:
+            self.traffic.record(output, "all_gather")
+        if self.transport is None:
+            return _when_done(dist.all_gather_single(output, input, group=self.group, async_op=True), output)
+        self.transport.all_gather(output, input, self.group)
+        return _done(output)
 
     def __repr__(self) -> str:
         transport = getattr(self.transport, "__name__", "torch")
         return f"Wire(size={self.size()}, transport={transport}, metered={self.traffic is not None})"
+
+
+def _when_done(work, value, then=None) -> torch.futures.Future:
+    """A Future of ``value`` once the collective ``work`` has finished (and ``then()`` has run, if given).
+
+    The Future raises on ``wait()`` if the collective failed.
+    """
+    def finished(done: torch.futures.Future):
+        done.value()
+        if then is not None:
+            then()
+        return value
+    return work.get_future().then(finished)
+
+
+def _done(value) -> torch.futures.Future:
+    """A Future that already holds ``value`` (what a point-to-point transport, done at once, hands back)."""
+    done: torch.futures.Future = torch.futures.Future()
+    done.set_result(value)
+    return done
