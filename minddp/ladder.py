@@ -23,6 +23,8 @@ from torch import nn
 from minddp.comm.registry import make_hook
 from minddp.comm.wire import Wire
 from minddp.ddp import DistributedDataParallel
+from minddp.sharding import FullyShardedDataParallel, Zero2DDP, ZeroRedundancyOptimizer
+from minddp.sharding.hooks import sharded_hook
 from minddp.stages import AsyncBucketDDP, AsyncHookDDP, BucketDDP, GradAccumDDP, HookDDP, SimpleDDP
 
 #: Stage name -> wrapper class, in reading order.
@@ -34,7 +36,15 @@ STAGES: dict[str, type[nn.Module]] = {
     "bucket": BucketDDP,
     "bucket-async": AsyncBucketDDP,
     "ddp": DistributedDataParallel,
+    "zero1": AsyncBucketDDP,
+    "zero2": Zero2DDP,
+    "fsdp": FullyShardedDataParallel,
 }
+
+#: Stages whose optimizer is wrapped in ``ZeroRedundancyOptimizer`` (ZeRO-1): gradients averaged whole.
+SHARDED_OPTIMIZER = ("zero1",)
+#: Stages whose gradients travel by reduce-scatter (their comm hooks: :func:`~minddp.sharding.hooks.sharded_hook`).
+SHARDED_GRADIENTS = ("zero2", "fsdp")
 
 #: Names that are runs but not wrappers of ours.
 BASELINES = ("single", "torch")
@@ -107,10 +117,28 @@ def wrap(stage: str, model: nn.Module, *, hook: str = "allreduce", bucket_cap_mb
     else:
         wrapped = build_stage(stage, model, bucket_cap_mb=bucket_cap_mb,
                               gradient_as_bucket_view=gradient_as_bucket_view)
-        state, fn = make_hook(hook, wire, **(psgd or {}))
+        state, fn = sharded_hook(hook, wire) if stage in SHARDED_GRADIENTS else make_hook(hook, wire, **(psgd or {}))
         wrapped.register_comm_hook(state, fn)
     wrapped.minddp_hook_state = state
     return wrapped
 
 
-__all__ = ["STAGES", "BASELINES", "build_stage", "register_stage", "torch_hook", "wrap"]
+def make_optimizer(stage: str, model: nn.Module, optimizer_class: type, *, hook: str = "allreduce",
+                   wire: Wire | None = None, **defaults):
+    """The optimizer ``stage`` trains ``model`` with: ``optimizer_class(model.parameters(), **defaults)``, sharded.
+
+    Build it after :func:`wrap`: ``zero2`` and ``fsdp`` have replaced the
+    module's parameters by this rank's shards by then, so any optimizer holds
+    state for the shards only. A :data:`SHARDED_OPTIMIZER` stage gets
+    ``ZeroRedundancyOptimizer`` around ``optimizer_class``, its all-gathers sent
+    through ``wire`` (with ``hook="noop"``: through a wire that sends nothing,
+    the no-communication limit).
+    """
+    if stage in SHARDED_OPTIMIZER:
+        state, _ = sharded_hook(hook if hook == "noop" else "allreduce", wire)
+        return ZeroRedundancyOptimizer(model.parameters(), optimizer_class, process_group=state, **defaults)
+    return optimizer_class(model.parameters(), **defaults)
+
+
+__all__ = ["STAGES", "BASELINES", "SHARDED_OPTIMIZER", "SHARDED_GRADIENTS", "build_stage", "register_stage",
+           "torch_hook", "wrap", "make_optimizer"]

@@ -60,12 +60,14 @@ def pack_rank_major(flats: list[torch.Tensor], world: int, out: torch.Tensor | N
 
 
 def unpack_rank_major(buffer: torch.Tensor, numels: list[int], world: int) -> list[torch.Tensor]:
-    """Step 3, backwards: each tensor's elements (flat, a new tensor) from a gathered rank-major buffer."""
+    """Step 3, backwards: each tensor's elements from a gathered rank-major buffer, each in a new storage."""
     sizes = [chunk_size(n, world) for n in numels]
     blocks = buffer.view(world, sum(sizes))
     out, offset = [], 0
     for n, c in zip(numels, sizes):
-        out.append(blocks[:, offset:offset + c].reshape(-1)[:n])      # the chunks in rank order, padding cut
+        whole = buffer.new_empty(world * c)
+        whole.view(world, c).copy_(blocks[:, offset:offset + c])     # the chunks in rank order
+        out.append(whole[:n])                                        # padding cut off
         offset += c
     return out
 
