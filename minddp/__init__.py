@@ -11,9 +11,10 @@ from minddp.launch import RankError, launch
 from minddp.ladder import STAGES, build_stage
 from minddp.ddp import DistributedDataParallel
 from minddp.stages import AsyncBucketDDP, AsyncHookDDP, BucketDDP, GradAccumDDP, HookDDP, SimpleDDP
-from minddp.sharding import ZeroRedundancyOptimizer
+from minddp.sharding import FullyShardedDataParallel, Zero2DDP, ZeroRedundancyOptimizer
 
 __version__ = "0.1.0"
 
 __all__ = ["launch", "RankError", "STAGES", "build_stage", "SimpleDDP", "GradAccumDDP", "HookDDP",
-           "AsyncHookDDP", "BucketDDP", "AsyncBucketDDP", "DistributedDataParallel", "ZeroRedundancyOptimizer"]
+           "AsyncHookDDP", "BucketDDP", "AsyncBucketDDP", "DistributedDataParallel", "ZeroRedundancyOptimizer",
+           "Zero2DDP", "FullyShardedDataParallel"]
