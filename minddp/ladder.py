@@ -24,6 +24,7 @@ from minddp.comm.registry import make_hook
 from minddp.comm.wire import Wire
 from minddp.ddp import DistributedDataParallel
 from minddp.sharding import FullyShardedDataParallel, Zero2DDP, ZeroRedundancyOptimizer
+from minddp.sharding.fsdp import blocks_of
 from minddp.sharding.hooks import sharded_hook
 from minddp.stages import AsyncBucketDDP, AsyncHookDDP, BucketDDP, GradAccumDDP, HookDDP, SimpleDDP
 
@@ -101,7 +102,8 @@ def wrap(stage: str, model: nn.Module, *, hook: str = "allreduce", bucket_cap_mb
     The hook's state is kept as ``.minddp_hook_state`` (what a checkpoint saves:
     PowerSGD's memory). The options only matter where they apply
     (``bucket_cap_mb`` to bucketed stages and torch; ``powersgd_options`` to
-    PowerSGD hooks).
+    PowerSGD hooks). ``fsdp`` takes each element of the model's ``nn.ModuleList`` objects
+    (a transformer's blocks) as a unit (:func:`~minddp.sharding.fsdp.blocks_of`).
     """
     if stage == "single":
         return model
@@ -115,8 +117,8 @@ def wrap(stage: str, model: nn.Module, *, hook: str = "allreduce", bucket_cap_mb
         if hook != "allreduce" or python_hook:
             wrapped.register_comm_hook(state, fn)
     else:
-        wrapped = build_stage(stage, model, bucket_cap_mb=bucket_cap_mb,
-                              gradient_as_bucket_view=gradient_as_bucket_view)
+        wrapped = build_stage(stage, model, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
+                              shard=blocks_of(model))         # fsdp's units: the transformer's blocks
         state, fn = sharded_hook(hook, wire) if stage in SHARDED_GRADIENTS else make_hook(hook, wire, **(psgd or {}))
         wrapped.register_comm_hook(state, fn)
     wrapped.minddp_hook_state = state

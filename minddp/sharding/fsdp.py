@@ -133,9 +133,12 @@ def as_unit_predicate(shard) -> Callable[[nn.Module], bool] | None:
 
 
 def blocks_of(model: nn.Module) -> Callable[[nn.Module], bool]:
-    """A ``shard`` predicate: every element of every ``nn.ModuleList`` (a transformer's blocks)."""
+    """A ``shard`` predicate: every element of every ``nn.ModuleList`` (a transformer's blocks).
+
+    A model without a ``ModuleList`` is one unit, the whole model.
+    """
     items = {id(child) for m in model.modules() if isinstance(m, nn.ModuleList) for child in m}
-    return lambda m: id(m) in items
+    return (lambda m: id(m) in items) if items else (lambda m: m is model)
 
 
 class FullyShardedDataParallel(nn.Module):
@@ -177,6 +180,8 @@ class FullyShardedDataParallel(nn.Module):
         self.callback_queued = False
         self.live: dict[int, tuple[int, int]] = {}    # storage address of a gathered full parameter -> (unit, index)
         self.gathered_bytes = self.peak_gathered_bytes = 0
+        #: Called with every tensor autograd saves that is not a unit's parameter (memory.Probe counts them).
+        self.saved_tensor_observer: Callable[[torch.Tensor], None] | None = None
 
     # -- step 1: units and shards ----------------------------------------------------------------------
 
@@ -264,6 +269,8 @@ class FullyShardedDataParallel(nn.Module):
         """Step 3: a saved tensor that lies in a gathered unit's parameter is kept as a note of where."""
         where = self.live.get(tensor.untyped_storage().data_ptr())
         if where is None:
+            if self.saved_tensor_observer is not None:
+                self.saved_tensor_observer(tensor)
             return tensor
         return Saved(*where, tensor.size(), tensor.stride(), tensor.storage_offset())
 
@@ -287,7 +294,10 @@ class FullyShardedDataParallel(nn.Module):
         dtype = self.compute_dtype or unit.shards[0].dtype
         block = torch.cat([nn.functional.pad(s.detach().to(dtype), (0, chunk_size(n, self.world) - s.numel()))
                            for s, n in zip(unit.shards, unit.numels)])
-        unit.gathering = self.wire.all_gather(block.new_empty(self.world * block.numel()), block)
+        gathered = block.new_empty(self.world * block.numel())
+        self._count(gathered.untyped_storage().nbytes())              # held from now on, in flight
+        with torch.profiler.record_function(f"minddp.all_gather_launch#{unit.index}"):
+            unit.gathering = self.wire.all_gather(gathered, block)
 
     def _gather(self, unit: Unit) -> None:
         """Wait for the unit's all-gather (starting it if nobody did) and unpack its full parameters."""
@@ -299,7 +309,12 @@ class FullyShardedDataParallel(nn.Module):
         unit.full = [t.view(shape) for t, shape in zip(unpack_rank_major(gathered, unit.numels, self.world),
                                                       unit.shapes)]
         self.live.update({t.untyped_storage().data_ptr(): (unit.index, i) for i, t in enumerate(unit.full) if t.numel()})
-        self.gathered_bytes += sum(t.untyped_storage().nbytes() for t in unit.full)
+        self._count(sum(t.untyped_storage().nbytes() for t in unit.full))
+        self._count(-gathered.untyped_storage().nbytes())             # the received buffer, unpacked, goes
+
+    def _count(self, nbytes: int) -> None:
+        """Bytes of gathered parameters held now (in flight or unpacked), and their peak (for memory.Probe)."""
+        self.gathered_bytes += nbytes
         self.peak_gathered_bytes = max(self.peak_gathered_bytes, self.gathered_bytes)
 
     def _prefetch(self, unit: Unit, direction: int) -> None:
@@ -314,7 +329,7 @@ class FullyShardedDataParallel(nn.Module):
         if unit.full is not None:
             for t in unit.full:
                 self.live.pop(t.untyped_storage().data_ptr(), None)
-            self.gathered_bytes -= sum(t.untyped_storage().nbytes() for t in unit.full)
+            self._count(-sum(t.untyped_storage().nbytes() for t in unit.full))
             unit.full = None
 
     # -- steps 5-6: backward ---------------------------------------------------------------------------
@@ -361,7 +376,7 @@ class FullyShardedDataParallel(nn.Module):
             future.wait()
         for unit in self.units:         # gathered (or prefetched) for a backward that did not need it after all:
             if unit.gathering is not None:     # the optimizer is about to change the shards, so drop it
-                unit.gathering.wait()
+                self._count(-unit.gathering.wait().untyped_storage().nbytes())
                 unit.gathering = None
             self._free(unit)
 
