@@ -195,7 +195,17 @@ def save_checkpoint(path: str, *, model: nn.Module, optimizer: torch.optim.Optim
 # -- loading ----------------------------------------------------------------------------------------
 
 def read_checkpoint(path: str) -> dict:
-    """The checkpoint at ``path`` as saved, or :class:`CheckpointError` saying why it cannot be used."""
+    """The checkpoint at ``path`` as saved, or :class:`CheckpointError` saying why it cannot be used.
+
+    A folder is a sharded stage's checkpoint (:mod:`minddp.sharding.checkpoint`): its ``step`` and
+    ``config`` are read, and ``sharded`` is set (it loads at any world size).
+    """
+    if os.path.isdir(path):
+        from minddp.sharding.checkpoint import read_meta
+        try:
+            return {**read_meta(path), "sharded": True}
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
     if not os.path.isfile(path):
         raise CheckpointError(f"--resume {path!r}: no such file; give a checkpoint written with --save-every")
     try:
@@ -220,8 +230,8 @@ def _first_line(exc: BaseException) -> str:
 
 def check_run(ckpt: dict, path: str, config: dict) -> None:
     """Refuse a checkpoint of another world size or another run (see :data:`MUST_MATCH`)."""
-    ranks = len(ckpt["ranks"])
-    if "world_size" in config and ranks != config["world_size"]:
+    ranks = ckpt["world_size"] if ckpt.get("sharded") else len(ckpt["ranks"])
+    if "world_size" in config and ranks != config["world_size"] and not ckpt.get("sharded"):
         raise CheckpointError(f"checkpoint {path!r} was saved by {ranks} ranks, this run has "
                               f"{config['world_size']}; resume with --world-size {ranks}")
     differs = [f"--{k.replace('_', '-')} {ckpt['config'].get(k)!r} there, {config[k]!r} here"

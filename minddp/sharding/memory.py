@@ -90,12 +90,12 @@ class Probe:
         self.saved_bytes = 0
         self.handles = [optimizer.register_step_pre_hook(self._before_step),
                         optimizer.register_step_post_hook(self._after_step)]
-        if hasattr(wrapped, "saved_tensor_observer"):      # FSDP's own saved-tensor hook reports to us
+        self.own_hook = not hasattr(wrapped, "saved_tensor_observer")
+        if not self.own_hook:                   # FSDP has a saved-tensor hook of its own, which reports to us
             wrapped.saved_tensor_observer = self._saved
             wrapped.peak_gathered_bytes = wrapped.gathered_bytes
-        else:
-            self.handles += [module.register_forward_pre_hook(self._forward_starts),
-                             module.register_forward_hook(self._forward_ends)]
+        self.handles += [module.register_forward_pre_hook(self._forward_starts),
+                         module.register_forward_hook(self._forward_ends)]
         self.contexts: list = []
 
     def _saved(self, tensor: torch.Tensor) -> None:
@@ -115,12 +115,14 @@ class Probe:
 
     def _forward_starts(self, module, args) -> None:
         self.saved, self.saved_bytes = set(), 0          # activations of one forward, each forward anew
-        context = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        context.__enter__()
-        self.contexts.append(context)
+        if self.own_hook:
+            context = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+            context.__enter__()
+            self.contexts.append(context)
 
     def _forward_ends(self, module, args, output) -> None:
-        self.contexts.pop().__exit__(None, None, None)
+        if self.contexts:
+            self.contexts.pop().__exit__(None, None, None)
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         params = held_parameters(self.wrapped, self.module)
@@ -140,7 +142,40 @@ class Probe:
             self.wrapped.saved_tensor_observer = None
 
     def result(self) -> dict[str, int]:
-        return dict(self.numbers)
+        """The measured bytes by kind, and ``psi`` (trainable parameters) and ``replicated`` for the formulas."""
+        return {**self.numbers, **model_size(self.wrapped, self.module)}
+
+
+def model_size(wrapped: nn.Module, module: nn.Module) -> dict[str, int]:
+    """``psi``: trainable parameters of the whole model (whatever each rank holds of them); ``replicated``:
+    those FSDP keeps whole on every rank."""
+    units = getattr(wrapped, "units", None)
+    if units is not None:
+        replicated = {id(p): p.numel() for _, _, p in wrapped.replicated if p.requires_grad}
+        sharded = sum(n for unit in units for s, n in zip(unit.shards, unit.numels) if s.requires_grad)
+        return {"psi": sharded + sum(replicated.values()), "replicated": sum(replicated.values())}
+    full = getattr(wrapped, "full", None)               # zero2's full parameters (its module holds shards)
+    params = full if full is not None else [p for p in module.parameters() if p.requires_grad]
+    return {"psi": sum(p.numel() for p in params), "replicated": 0}
+
+
+def format_summary(measured: dict[str, dict], world: int) -> str:
+    """The train command's memory table: per stage, rank 0's bytes by kind (MiB) beside the formula."""
+    mib = 2 ** 20
+    head = (f"{'stage':<13}{'params':>9}{'grads':>9}{'optim':>9}{'state':>9}{'formula':>9}{'act':>9}"
+            f"{'gathered':>10}")
+    lines = ["memory per rank (MiB, rank 0, measured from the tensors on the last step)", head, "-" * len(head)]
+    for stage, m in measured.items():
+        kind = stage if stage in STAGES else "ddp"        # every other stage keeps DDP's full copies
+        formula = formula_bytes(kind, m["psi"], world, m["replicated"] if kind == "fsdp" else 0)
+        state = m["parameters"] + m["gradients"] + m["optimizer"]
+        lines.append(f"{stage:<13}{m['parameters'] / mib:>9.3f}{m['gradients'] / mib:>9.3f}{m['optimizer'] / mib:>9.3f}"
+                     f"{state / mib:>9.3f}{formula / mib:>9.3f}{m['activations'] / mib:>9.3f}"
+                     f"{m['gathered'] / mib:>10.3f}")
+    lines.append("state = params + grads + optim; formula = the ZeRO formula for it with AdamW (ddp 16Ψ, zero1 "
+                 "8Ψ+8Ψ/N, zero2 4Ψ+12Ψ/N, fsdp 16Ψ/N + its replicated parameters); act = activations saved "
+                 "for backward; gathered = FSDP's full units at their peak")
+    return "\n".join(lines)
 
 
 def formula_bytes(stage: str, psi: int, world: int, replicated: int = 0) -> float:
@@ -177,9 +212,7 @@ def measure_rank(model_name: str, stages: list[str], steps: int = 2, batch: int 
             if i == steps - 1:
                 probe = Probe(wrapped, model, optimizer)
             train_step(wrapped, optimizer, [b], lambda m, b: m(**b).loss)
-        replicated = sum({id(p): p.numel() for _, _, p in getattr(wrapped, "replicated", [])}.values())
-        out[stage] = {**probe.result(), "replicated": replicated,
-                      "psi": sum(p.numel() for p in build_model(model_name, 92, 0, 0).parameters())}
+        out[stage] = probe.result()
     return out
 
 

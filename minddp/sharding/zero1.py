@@ -96,7 +96,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.chunks = {}
         for p, ranges in zip(self.params, self.ranges):
             start, end = ranges[self.rank]
-            if not self._whole(p):
+            if not self.owned_whole(p):
                 self.chunks[p] = p.detach().view(-1)[start:end]      # may be empty: every rank steps every tensor
             elif end > start:
                 self.chunks[p] = p.detach()                          # owned whole, in its own shape
@@ -111,8 +111,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.consolidated: dict | None = None
         self.initialized = True
 
-    def _whole(self, p: torch.Tensor) -> bool:
-        """Owned whole by one rank: for optimizers that need whole tensors, and for 0-d parameters (one element)."""
+    def owned_whole(self, p: torch.Tensor) -> bool:
+        """Whether ``p`` is owned whole by one rank: for optimizers that need whole tensors, and for 0-d parameters (one element)."""
         return not self.elementwise or p.dim() == 0
 
     def _plan(self) -> list[list[tuple[int, int]]]:
@@ -120,7 +120,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         owned = [0] * self.world                                  # elements owned whole so far, per rank
         owner = {}
         for i in sorted(range(len(self.params)), key=lambda i: -self.params[i].numel()):
-            if self._whole(self.params[i]):
+            if self.owned_whole(self.params[i]):
                 owner[i] = min(range(self.world), key=lambda r: owned[r])
                 owned[owner[i]] += self.params[i].numel()
         return [[(0, p.numel()) if owner[i] == r else (p.numel(), p.numel()) for r in range(self.world)]
@@ -144,7 +144,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             local.update({k: v for k, v in group.items() if k != "params"})    # e.g. a scheduler's new lr
         for p, chunk in self.chunks.items():                                                      # step 3
             start, end = self._range(p)
-            chunk.grad = None if p.grad is None else (p.grad if self._whole(p) else p.grad.reshape(-1)[start:end])
+            chunk.grad = None if p.grad is None else (p.grad if self.owned_whole(p) else p.grad.reshape(-1)[start:end])
         self.optim.step()
         self.consolidated = None               # a consolidated state dict is out of date now
         for chunk in self.chunks.values():
@@ -194,7 +194,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         present = [s for s in per_rank if s is not None]
         if not present:
             return None                            # never stepped (no gradient yet): no state, as in torch
-        if self._whole(p):
+        if self.owned_whole(p):
             return present[0]                      # its one owner's
         merged = {}
         for key, value in present[0].items():
@@ -253,7 +253,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     def _my_part(self, i: int, p: torch.Tensor, value):
         """This rank's part of one saved state value: a slice of a per-element tensor, the rest as it is."""
-        if self._whole(p) or not torch.is_tensor(value) or value.shape != p.shape:
+        if self.owned_whole(p) or not torch.is_tensor(value) or value.shape != p.shape:
             return value
         start, end = self.ranges[i][self.rank]
         return value.reshape(-1)[start:end].clone()

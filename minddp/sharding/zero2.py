@@ -50,6 +50,8 @@ Example::
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
@@ -82,21 +84,38 @@ class Zero2DDP(AsyncBucketDDP):
                        for name, p in owner._parameters.items() if p in self.shard]
         self.had_grad: set[nn.Parameter] = set()
         self.stale = False            # True after a sync: the next forward all-gathers first
+        self.holding_full = False
         self._hold("shard")
+        # Called on its own (say, to evaluate), the module takes its full parameters for the forward too.
+        me = weakref.ref(self)
+        module.register_forward_pre_hook(lambda m, args: me()._module_forward(starts=True))
+        module.register_forward_hook(lambda m, args, out: me()._module_forward(starts=False))
 
     def _hold(self, which: str) -> None:
         """Put the shards (at rest) or the full parameters (during a forward) in the module."""
         for owner, name, p in self.places:
             owner._parameters[name] = self.shard[p] if which == "shard" else p
+        self.holding_full = which == "full"
 
     def forward(self, *inputs, **kwargs):
         if self.stale:
             self.gather_parameters()                                                              # step 4
         self._hold("full")
         try:
-            return super().forward(*inputs, **kwargs)
+            return super().forward(*inputs, **kwargs)       # the module's forward and the checks see them too
         finally:
             self._hold("shard")
+
+    def _module_forward(self, starts: bool) -> None:
+        """The module called without this wrapper: full parameters for its forward, as :meth:`forward` gives."""
+        if starts and not self.holding_full:
+            if self.stale:
+                self.gather_parameters()
+            self._hold("full")
+            self.lent = True
+        elif not starts and getattr(self, "lent", False):
+            self._hold("shard")
+            self.lent = False
 
     def _send_bucket(self, b: int) -> None:
         """Step 2: rank-major copy of the bucket's gradients to the reduce-scatter hook; drop the full gradients."""
