@@ -158,13 +158,14 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def _all_gather(self) -> None:
         """Step 4: per bucket, every rank's parts back to back (padded to the largest), gathered, copied in."""
         pending = []
-        for bucket in self.buckets:
+        for b, bucket in enumerate(self.buckets):
             ranges = [self.ranges[self.index[id(p)]] for p in bucket]
             block = max(sum(end - start for start, end in (r[k] for r in ranges)) for k in range(self.world))
             mine = [p.detach().view(-1)[r[self.rank][0]:r[self.rank][1]] for p, r in zip(bucket, ranges)]
             send = torch.cat(mine + [bucket[0].new_zeros(block - sum(m.numel() for m in mine))])
             gathered = bucket[0].new_empty(self.world * block)
-            pending.append((bucket, ranges, block, self.wire.all_gather(gathered, send)))
+            with torch.profiler.record_function(f"minddp.all_gather_launch#{b}"):     # named, as DDP's buckets
+                pending.append((bucket, ranges, block, self.wire.all_gather(gathered, send)))
         for bucket, ranges, block, future in pending:
             gathered = future.wait()
             for k in range(self.world):

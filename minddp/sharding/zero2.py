@@ -146,12 +146,13 @@ class Zero2DDP(AsyncBucketDDP):
         """Step 4: every rank's shards into every rank's full parameters (also after loading shards)."""
         wire = Wire.of(self.comm_state)
         pending = []
-        for members in self.buckets:
+        for b, members in enumerate(self.buckets):
             block = torch.cat([nn.functional.pad(self.shard[p].detach(), (0, chunk_size(p.numel(), self.world)
                                                                           - self.shard[p].numel()))
                                for p in members])
             gathered = block.new_empty(self.world * block.numel())
-            pending.append((members, wire.all_gather(gathered, block)))
+            with torch.profiler.record_function(f"minddp.all_gather_launch#{b}"):     # named, as send() names buckets
+                pending.append((members, wire.all_gather(gathered, block)))
         for members, future in pending:
             for p, full in zip(members, unpack_rank_major(future.wait(), [p.numel() for p in members], self.world)):
                 p.view(-1).copy_(full)
