@@ -2,16 +2,23 @@
 
 ``STAGES`` maps a stage name to its wrapper class, in reading order: the six
 teaching stages of :mod:`minddp.stages`, then the production ``ddp``
-(:mod:`minddp.ddp`). ``single`` (one process on the global batch, no wrapper)
-and ``torch`` (torch's own DDP) are the baselines (:data:`BASELINES`).
+(:mod:`minddp.ddp`), then the sharded rungs (:mod:`minddp.sharding`):
+``zero1`` (``ddp``'s wrapper, with the optimizer sharded by
+:class:`~minddp.sharding.ZeroRedundancyOptimizer`, :data:`SHARDED_OPTIMIZER`;
+ZeRO-1 works with any rung, as torch's pairs with torch's DDP), ``zero2`` and
+``fsdp``. ``single`` (one process on the global batch, no wrapper) and
+``torch`` (torch's own DDP) are the baselines (:data:`BASELINES`).
 
 :func:`wrap` is the one way the train command, the benchmark and the
-notebooks put a model into a stage (or torch's DDP) with a comm hook by name.
+notebooks put a model into a stage (or torch's DDP) with a comm hook by name,
+and :func:`make_optimizer` the one way they build its optimizer (after
+:func:`wrap`: the sharded stages have put shards in the module by then).
 
 Example::
 
     >>> model = build_stage("bucket-async", net, bucket_cap_mb=1)
     >>> model = wrap("torch", net, hook="fp16")        # torch's DDP with torch's fp16 hook
+    >>> optimizer = make_optimizer("zero1", net, torch.optim.AdamW, lr=1e-3)   # ZeRO-1 around AdamW
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ STAGES: dict[str, type[nn.Module]] = {
     "bucket": BucketDDP,
     "bucket-async": AsyncBucketDDP,
     "ddp": DistributedDataParallel,
-    "zero1": AsyncBucketDDP,
+    "zero1": DistributedDataParallel,
     "zero2": Zero2DDP,
     "fsdp": FullyShardedDataParallel,
 }

@@ -53,8 +53,7 @@ def sharded_hook(name: str, wire: Wire | None):
         return wire, reduce_scatter_hook
     if name in _COMPRESSED:
         return wire, _COMPRESSED[name]
-    if name == "noop":
-        plain = Wire.of(wire)
-        return Wire(plain.group, transport=NO_COMMUNICATION, traffic=plain.traffic), reduce_scatter_hook
+    if name == "noop":               # nothing is sent, so nothing is metered (as noop_hook sends nothing)
+        return Wire(Wire.of(wire).group, transport=NO_COMMUNICATION), reduce_scatter_hook
     raise ValueError(f"hook {name!r} has no reduce-scatter form for the sharded stages (it needs each gradient "
                      "whole, as PowerSGD's matrices do); use allreduce, fp16, bf16 or noop with zero2 and fsdp")

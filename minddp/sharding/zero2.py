@@ -25,10 +25,14 @@ by an all-gather, :mod:`minddp.collectives.ring`). This stage is
 3. **write back a shard**: :meth:`finish_gradient_synchronization` waits for
    the buckets and gives each shard its chunk of the averaged gradient as
    ``.grad`` (shaped like the shard). No rank holds a whole gradient any more;
-4. **all-gather before the next forward**: after ``optimizer.step()`` each
+4. **all-gather during the next forward**: after ``optimizer.step()`` each
    rank's full parameters are up to date only in its own chunks. The next
-   forward first all-gathers every rank's chunks (one all-gather per bucket,
-   all started, then waited for) into the full parameters.
+   forward starts one all-gather per bucket (the first layers' bucket
+   first) and goes on; a layer waits, just before its own forward, only for
+   the buckets holding its parameters. So the later buckets travel while the
+   first layers compute: the overlap ``bucket-async`` gave the gradients,
+   given to the parameters. (Each parameter must therefore be used inside
+   the forward of a module that holds it, as torch's FSDP asks too.)
 
 Memory per rank with Adam: ``4Ψ`` full parameters (the shards are views),
 ``4Ψ / world`` gradients, ``8Ψ / world`` optimizer state, plus, during
@@ -84,10 +88,16 @@ class Zero2DDP(AsyncBucketDDP):
                        for name, p in owner._parameters.items() if p in self.shard]
         self.had_grad: set[nn.Parameter] = set()
         self.stale = False            # True after a sync: the next forward all-gathers first
+        self.gathering: dict[int, tuple[list[nn.Parameter], torch.futures.Future]] = {}   # bucket -> in flight
         self.holding_full = False
         self._hold("shard")
-        # Called on its own (say, to evaluate), the module takes its full parameters for the forward too.
         me = weakref.ref(self)
+        # Step 4: each module that holds parameters waits for their buckets just before its forward.
+        holders = {id(owner): owner for owner, _, _ in self.places}
+        for owner in holders.values():
+            buckets = sorted({self.bucket_of[p] for o, _, p in self.places if o is owner})
+            owner.register_forward_pre_hook(lambda m, args, b=buckets: me()._wait_for(b))
+        # Called on its own (say, to evaluate), the module takes its full parameters for the forward too.
         module.register_forward_pre_hook(lambda m, args: me()._module_forward(starts=True))
         module.register_forward_hook(lambda m, args, out: me()._module_forward(starts=False))
 
@@ -99,21 +109,23 @@ class Zero2DDP(AsyncBucketDDP):
 
     def forward(self, *inputs, **kwargs):
         if self.stale:
-            self.gather_parameters()                                                              # step 4
+            self.gather_parameters(wait=False)                                                    # step 4
         self._hold("full")
         try:
             return super().forward(*inputs, **kwargs)       # the module's forward and the checks see them too
         finally:
+            self._wait_for(list(self.gathering))            # buckets no layer asked for (unused parameters)
             self._hold("shard")
 
     def _module_forward(self, starts: bool) -> None:
         """The module called without this wrapper: full parameters for its forward, as :meth:`forward` gives."""
         if starts and not self.holding_full:
             if self.stale:
-                self.gather_parameters()
+                self.gather_parameters(wait=False)
             self._hold("full")
             self.lent = True
         elif not starts and getattr(self, "lent", False):
+            self._wait_for(list(self.gathering))
             self._hold("shard")
             self.lent = False
 
@@ -142,21 +154,33 @@ class Zero2DDP(AsyncBucketDDP):
             self.stale = True          # the optimizer steps the shards next
 
     @torch.no_grad()
-    def gather_parameters(self) -> None:
-        """Step 4: every rank's shards into every rank's full parameters (also after loading shards)."""
+    def gather_parameters(self, wait: bool = True) -> None:
+        """Step 4: start every rank's shards on their way into every rank's full parameters; ``wait``: finish now.
+
+        (Called with ``wait`` after loading shards, and by :meth:`full_parameters`.)
+        """
         wire = Wire.of(self.comm_state)
-        pending = []
-        for b, members in enumerate(self.buckets):
+        for b in reversed(range(len(self.buckets))):             # the last bucket holds the first layers
+            members = self.buckets[b]
             block = torch.cat([nn.functional.pad(self.shard[p].detach(), (0, chunk_size(p.numel(), self.world)
                                                                           - self.shard[p].numel()))
                                for p in members])
             gathered = block.new_empty(self.world * block.numel())
             with torch.profiler.record_function(f"minddp.all_gather_launch#{b}"):     # named, as send() names buckets
-                pending.append((members, wire.all_gather(gathered, block)))
-        for members, future in pending:
-            for p, full in zip(members, unpack_rank_major(future.wait(), [p.numel() for p in members], self.world)):
-                p.view(-1).copy_(full)
+                self.gathering[b] = (members, wire.all_gather(gathered, block))
         self.stale = False
+        if wait:
+            self._wait_for(list(self.gathering))
+
+    @torch.no_grad()
+    def _wait_for(self, buckets: list[int]) -> None:
+        """Step 4: wait for these buckets' all-gathers (if still in flight) and copy them into the full parameters."""
+        for b in buckets:
+            if b in self.gathering:
+                members, future = self.gathering.pop(b)
+                for p, full in zip(members, unpack_rank_major(future.wait(), [p.numel() for p in members],
+                                                              self.world)):
+                    p.view(-1).copy_(full)
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """``{name: full tensor}`` on every rank (all-gathered first if a step may have changed the shards)."""
