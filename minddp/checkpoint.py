@@ -248,6 +248,12 @@ def check_model(ckpt: dict, path: str, model: nn.Module) -> None:
 
 def check_shapes(ckpt: dict, path: str, here: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
     """:func:`check_model` against ``name -> (shape, dtype)`` (e.g. a model built on the meta device)."""
+    if ckpt.get("sharded"):
+        from minddp.sharding.checkpoint import check_shapes as check_sharded
+        try:
+            return check_sharded(path, here)
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
     saved = ckpt["model"]
     if saved.keys() != here.keys():
         only_saved, only_here = sorted(saved.keys() - here.keys()), sorted(here.keys() - saved.keys())
@@ -263,6 +269,13 @@ def check_shapes(ckpt: dict, path: str, here: dict[str, tuple[tuple[int, ...], t
 
 def check_contents(ckpt: dict, path: str, params: int) -> None:
     """The rest of the file is whole: an optimizer state for ``params`` parameters, every rank's share readable."""
+    if ckpt.get("sharded"):      # DCP checks every piece it reads at load; here: every rank's share is there
+        from minddp.sharding.checkpoint import saved_ranks
+        missing = sorted(set(range(ckpt["world_size"])) - saved_ranks(path))
+        if missing:
+            raise CheckpointError(f"checkpoint {path!r} lacks the state of ranks {missing}; resume from an earlier "
+                                  "checkpoint or start afresh")
+        return
     try:
         state = ckpt["optimizer"]
         saved_params = sum(len(g["params"]) for g in state["param_groups"])

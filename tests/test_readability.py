@@ -34,11 +34,12 @@ reaches is counted wherever it lives), and neither does splitting a function.
   85); the budget keeps it from sprawling, not from existing. Code a normal
   step does not run (the joined rank's shadowing in ``ddp/join.py``) is not
   on the sync path and is not counted.
-* the sharded rungs. ``zero1``: 680 (651 when set): ``ddp``'s path (the wrapper ZeRO-1 is trained with, as torch pairs its
-  ZeRO with its DDP) plus ``sharding/zero1.py`` read whole (its optimizer is
-  the idea: the plan, the local optimizer over chunks, the step and the
-  bucketed all-gather, ~95 lines; the torch-format state dict, ~70);
-  ``zero2``: 450 (429 when set): ``bucket-async``'s path plus ``zero2.py``
+* the sharded rungs. ``zero1``: 760 (736 when set): ``ddp``'s path (the
+  wrapper ZeRO-1 is trained with, as torch pairs its ZeRO with its DDP) plus
+  ``sharding/zero1.py`` read whole (its optimizer is the idea: the plan, the
+  local optimizer over chunks, the step and the bucketed all-gather, ~95
+  lines; the torch-format state dict, ~70);
+  ``zero2``: 450 (432 when set): ``bucket-async``'s path plus ``zero2.py``
   (shards as the module's parameters and the swap, the rank-major send, a
   shard written back, the all-gather overlapped with the next forward: 110),
   the chunk layout (``shards.py``, 34) and the wire's reduce-scatter and

@@ -166,6 +166,9 @@ def test_train_command_resumes_a_sharded_stage_bitwise_and_at_another_world_size
     losses = {k: json.loads((tmp_path / f"{k}.json").read_text())["stages"]["fsdp"]["losses"] for k in "ac"}
     assert losses["a"] == losses["c"]
     # At 3 ranks the command accepts it (loading it at 3 ranks is the test above; the run is the same code).
-    train.check_resume(train.parse_args(COMMON + ["--steps", "3", "--world-size", "3", "--resume", str(b / "fsdp")]))
+    cfg = train.parse_args(COMMON + ["--steps", "3", "--world-size", "3", "--resume", str(b / "fsdp")])
+    shapes = train.model_shapes(cfg, train.prepare(cfg)[0])
+    train.check_resume(cfg, shapes)
     with pytest.raises(train.ConfigError, match="another run"):      # but not another run's
-        train.check_resume(train.parse_args(COMMON + ["--steps", "3", "--seed", "6", "--resume", str(b / "fsdp")]))
+        train.check_resume(train.parse_args(COMMON + ["--steps", "3", "--seed", "6", "--resume", str(b / "fsdp")]),
+                           shapes)

@@ -139,6 +139,31 @@ def read_meta(path: str) -> dict:
     return meta
 
 
+def check_shapes(path: str, here: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
+    """Before any rank starts: the checkpoint holds this model (names, sizes, dtypes), or ValueError naming a difference.
+
+    A chunked tensor is saved flattened, so sizes are compared by element count.
+    """
+    saved = {k[len("model."):]: v for k, v in dcp.FileSystemReader(path).read_metadata().state_dict_metadata.items()
+             if k.startswith("model.")}
+    if saved.keys() != here.keys():
+        only_saved, only_here = sorted(saved.keys() - here.keys()), sorted(here.keys() - saved.keys())
+        raise ValueError(f"checkpoint {path!r} holds another model: entries only in the checkpoint {only_saved[:3]}, "
+                         f"only in this model {only_here[:3]}; resume with the model it was saved with")
+    for name, (shape, dtype) in here.items():
+        info = saved[name]
+        if info.size.numel() != torch.Size(shape).numel() or info.properties.dtype != dtype:
+            raise ValueError(f"checkpoint {path!r} holds another model: {name!r} has {info.size.numel()} "
+                             f"{info.properties.dtype} elements there, {torch.Size(shape).numel()} {dtype} here; "
+                             "resume with the model it was saved with")
+
+
+def saved_ranks(path: str) -> set[int]:
+    """The ranks whose own extras (RNG, losses) the checkpoint holds."""
+    keys = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    return {int(k.split(".", 1)[1]) for k in keys if k.startswith("ranks.")}
+
+
 def load(path: str, wrapped: nn.Module, model: nn.Module, optimizer) -> tuple[int, dict]:
     """Step 3, on every rank: model and optimizer from ``path``; returns the step and this rank's extras.
 

@@ -112,7 +112,12 @@ class Zero2DDP(AsyncBucketDDP):
             self.gather_parameters(wait=False)                                                    # step 4
         self._hold("full")
         try:
-            return super().forward(*inputs, **kwargs)       # the module's forward and the checks see them too
+            if self.require_backward_grad_sync:
+                return super().forward(*inputs, **kwargs)   # the module's forward and the checks see them too
+            # Inside no_sync() the backward sends nothing, so there is nothing the same-parameters check
+            # (a blocking all_gather per forward) could save from mispairing: decide as ga does, run the module.
+            self.sync_this_backward = False
+            return self.module(*inputs, **kwargs)
         finally:
             self._wait_for(list(self.gathering))            # buckets no layer asked for (unused parameters)
             self._hold("shard")
