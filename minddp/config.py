@@ -50,7 +50,7 @@ def _opt(default: Any, help: str, **extra: Any) -> Any:
 
 def stage_choices() -> list[str]:
     from minddp.ladder import BASELINES, STAGES
-    return list(BASELINES[:1]) + list(STAGES) + list(BASELINES[1:]) + ["all", "sharded"]
+    return list(BASELINES[:1]) + list(STAGES) + list(BASELINES[1:]) + ["all"]
 
 
 #: ``--stage sharded``: the sharded ladder as one comparison, from DDP up (docs/sharding.md).
@@ -87,14 +87,14 @@ def stage_list(allowed=None):
     """An argparse ``type``: one stage name, a comma list of them, 'all' or 'sharded' (train and bench read it alike)."""
     def parse(text: str) -> str:
         names = [n.strip() for n in text.split(",") if n.strip()]
-        known = allowed() if allowed else stage_choices()
+        known = allowed() if allowed else stage_choices() + ["sharded"]
         unknown = [n for n in names if n not in known]
         if not names or unknown:
             raise argparse.ArgumentTypeError(f"unknown stage {', '.join(unknown) or '(empty)'}; choose from "
                                              f"{', '.join(known)}, or a comma list of them")
-        for word in ("all", "sharded"):
+        for word, means in (("all", "every stage"), ("sharded", "ddp, zero1, zero2 and fsdp")):
             if word in names and len(names) > 1:
-                raise argparse.ArgumentTypeError(f"'{word}' already means several stages; give it alone")
+                raise argparse.ArgumentTypeError(f"'{word}' already means {means}; give it alone")
         return ",".join(dict.fromkeys(names))
     parse.__name__ = "stage"
     return parse
@@ -210,7 +210,7 @@ class TrainConfig:
     def stages(self) -> list[str]:
         """The stages this run trains: every one in reading order for 'all', else those named, in that order."""
         if self.stage == "all":
-            return [s for s in stage_choices() if s not in ("all", "sharded")]
+            return [s for s in stage_choices() if s != "all"]
         if self.stage == "sharded":
             return list(SHARDED_LADDER)
         return self.stage.split(",")

@@ -24,6 +24,7 @@ from minddp import FullyShardedDataParallel, launch
 from minddp.ladder import build_stage
 from minddp.loop import train_step
 from minddp.sharding.fsdp import blocks_of
+from minddp.sharding.shards import chunk_range, chunk_size
 
 STEPS, ROWS = 4, 4
 OPTIMIZERS = {"adamw": lambda params: torch.optim.AdamW(params, lr=0.01, weight_decay=0.1),
@@ -90,6 +91,34 @@ def train(model_name, accum, opt_name, variant, compute_dtype=None) -> dict:
     return {"final": full_flat(wrapped, model), "grads": grads}
 
 
+def hooked_gradients(stage: str) -> dict:
+    """One backward of the MLP through each hook's reduce-scatter form; every shard's gradient, gathered whole."""
+    from minddp.ladder import wrap as wrap_in_stage
+    rank, world = dist.get_rank(), dist.get_world_size()
+    batch = toy_models.global_batches("mlp", 1, ROWS * world)[0]
+    out = {}
+    for hook in ("allreduce", "fp16", "bf16", "noop"):
+        model = toy_models.build("mlp", 100)
+        wrapped = wrap_in_stage(stage, model, hook=hook, bucket_cap_mb=0.001)
+        toy_models.loss_fn(wrapped, toy_models.shard(batch, rank, world)).backward()
+        wrapped.finish_gradient_synchronization()
+        grads = []
+        for p in model.parameters():
+            pieces = [torch.empty(chunk_size(p_full_numel(wrapped, p), world)) for _ in range(world)]
+            dist.all_gather(pieces, torch.nn.functional.pad(p.grad, (0, pieces[0].numel() - p.grad.numel())))
+            grads.append(torch.cat(pieces)[:p_full_numel(wrapped, p)])
+        out[hook] = torch.cat(grads)
+    return out
+
+
+def p_full_numel(wrapped, shard) -> int:
+    for unit in getattr(wrapped, "units", []):
+        for s, n in zip(unit.shards, unit.numels):
+            if s is shard:
+                return n
+    return next(full.numel() for full, s in wrapped.shard.items() if s is shard)
+
+
 def rank_main(world: int) -> dict:
     out = {}
     plain, dtypes = cases(world)
@@ -101,6 +130,7 @@ def rank_main(world: int) -> dict:
         for model_name, dtype in dtypes:
             for variant in ("fsdp-one", "fsdp-units"):
                 out[(variant, model_name, dtype)] = train(model_name, 1, "sgd", variant, compute_dtype=dtype)
+        out["hooks"] = {stage: hooked_gradients(stage) for stage in ("zero2", "fsdp")}
     out["warnings"] = [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught]
     return out
 
@@ -187,3 +217,29 @@ def test_gradients_after_finish_are_present_in_master_dtype_shaped_like_the_shar
 def test_no_warnings(runs):
     _, per_rank = runs
     assert all(r["warnings"] == [] for r in per_rank), per_rank[0]["warnings"]
+
+
+def test_sharded_stages_take_the_reduce_scatter_form_of_each_stateless_hook(runs):
+    """fp16/bf16 within their precision of the global-batch gradient (as test_hooks_stages asks of the DDP
+    stages); allreduce to float rounding; noop (zero2): this rank's own gradient divided by the world size
+    (nothing sent, nothing added). FSDP's noop gathers nothing either, so it computes with its own shard
+    repeated in place of the weights: a timing limit only, nothing to compare."""
+    world, per_rank = runs
+    model = toy_models.build("mlp", 100)
+    batch = toy_models.global_batches("mlp", 1, ROWS * world)[0]
+    toy_models.loss_fn(model, batch).backward()
+    global_grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    for stage in ("zero2", "fsdp"):
+        for hook, tol in (("allreduce", 1e-6), ("fp16", 2e-3), ("bf16", 2e-2)):
+            got = per_rank[0]["hooks"][stage][hook]
+            torch.testing.assert_close(got, global_grad, rtol=tol, atol=tol * 0.1, msg=f"{stage} {hook}")
+        if stage == "fsdp":
+            continue
+        own = []                                   # each rank's chunk of its own gradient, / world
+        for rank in range(world):
+            local = toy_models.build("mlp", 100)
+            toy_models.loss_fn(local, toy_models.shard(batch, rank, world)).backward()
+            own.append([p.grad.reshape(-1) / world for p in local.parameters()])
+        expected = torch.cat([torch.cat([own[r][i][slice(*chunk_range(g.numel(), world, r))] for r in range(world)])
+                              for i, g in enumerate(own[0])])
+        assert torch.equal(per_rank[0]["hooks"][stage]["noop"], expected), stage

@@ -94,12 +94,14 @@ class Zero2DDP(AsyncBucketDDP):
         me = weakref.ref(self)
         # Step 4: each module that holds parameters waits for their buckets just before its forward.
         holders = {id(owner): owner for owner, _, _ in self.places}
+        handles = []
         for owner in holders.values():
             buckets = sorted({self.bucket_of[p] for o, _, p in self.places if o is owner})
-            owner.register_forward_pre_hook(lambda m, args, b=buckets: me()._wait_for(b))
+            handles.append(owner.register_forward_pre_hook(lambda m, args, b=buckets: me()._wait_for(b)))
         # Called on its own (say, to evaluate), the module takes its full parameters for the forward too.
-        module.register_forward_pre_hook(lambda m, args: me()._module_forward(starts=True))
-        module.register_forward_hook(lambda m, args, out: me()._module_forward(starts=False))
+        handles.append(module.register_forward_pre_hook(lambda m, args: me()._module_forward(starts=True)))
+        handles.append(module.register_forward_hook(lambda m, args, out: me()._module_forward(starts=False)))
+        weakref.finalize(self, lambda: [h.remove() for h in handles])        # as hook.py's autograd hooks
 
     def _hold(self, which: str) -> None:
         """Put the shards (at rest) or the full parameters (during a forward) in the module."""
@@ -186,6 +188,11 @@ class Zero2DDP(AsyncBucketDDP):
                 for p, full in zip(members, unpack_rank_major(future.wait(), [p.numel() for p in members],
                                                               self.world)):
                     p.view(-1).copy_(full)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The unwrapped module's ``state_dict()`` with whole parameters (its own holds the shards)."""
+        full = self.full_parameters()
+        return {k: full.get(k, v.detach().clone()) for k, v in self.module.state_dict().items()}
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """``{name: full tensor}`` on every rank (all-gathered first if a step may have changed the shards)."""
