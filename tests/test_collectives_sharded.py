@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from minddp import launch
 from minddp.collectives import NO_COMMUNICATION, TRANSPORTS
+from minddp.collectives.halves import halves_all_reduce
 from minddp.collectives.ring import all_gather_chunks, reduce_scatter_chunks
 from minddp.comm.wire import Traffic, Wire
 
@@ -50,6 +51,14 @@ def compare_on_rank() -> list[str]:
         dist.reduce_scatter_single(ref, whole, group=group)
         if not torch.allclose(ours, ref, rtol=1e-5, atol=1e-6):
             bad.append(f"{name} reduce_scatter float: max diff {(ours - ref).abs().max()}")
+    # ... and with torch's own two collectives (notebook 06's exercise answer), any length
+    for size in (1, 7, 64):
+        x = torch.randint(-8, 9, (size,), generator=torch.Generator().manual_seed(rank + size)).float()
+        ours, ref = x.clone(), x.clone()
+        halves_all_reduce(ours, group)
+        dist.all_reduce(ref)
+        if not torch.equal(ours, ref):
+            bad.append(f"halves_all_reduce size={size}: {ours.tolist()[:4]} vs {ref.tolist()[:4]}")
     # all_reduce is reduce-scatter then all-gather, chunk for chunk (uneven chunks included).
     x = torch.randint(-8, 9, (11,), generator=torch.Generator().manual_seed(rank)).float()
     chunks = list(x.clone().tensor_split(n))
