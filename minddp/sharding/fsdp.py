@@ -71,6 +71,7 @@ from minddp.comm.wire import Wire
 from minddp.sharding.hooks import reduce_scatter_hook
 from minddp.sharding.shards import chunk_range, chunk_size, pack_rank_major, split_block, unpack_rank_major
 from minddp.stages.checks import check_same_model
+from minddp.stages.grad_accum import GradAccumDDP
 
 
 @dataclass
@@ -380,14 +381,8 @@ class FullyShardedDataParallel(nn.Module):
                 unit.gathering = None
             self._free(unit)
 
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Backwards of forwards run inside keep each unit's full gradients locally; the next synced one reduces."""
-        self.require_backward_grad_sync = False
-        try:
-            yield
-        finally:
-            self.require_backward_grad_sync = True
+    #: ``ga``'s ``no_sync()``: backwards of forwards run inside keep each unit's full gradients; the next synced one reduces.
+    no_sync = GradAccumDDP.no_sync
 
     def register_comm_hook(self, state, hook) -> None:
         """Reduce-scatter through ``hook(state, bucket)`` (:mod:`minddp.sharding.hooks`); ``state`` also carries the gathers."""

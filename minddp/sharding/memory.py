@@ -39,9 +39,9 @@ Example::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+from argparse import ArgumentTypeError
 from typing import Iterable
 
 import torch
@@ -255,16 +255,31 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The CLI (module doc): 0 on success, 2 with one line on bad input."""
+    from minddp.cli import Parser, UsageError, fail, number
     from minddp.launch import launch
-    parser = argparse.ArgumentParser(prog="python -m minddp.sharding.memory",
-                                     description="Memory per rank of ddp, zero1, zero2 and fsdp, measured, "
-                                                 "beside the ZeRO formulas.")
-    parser.add_argument("--model", default="tiny-llama", help="an offline preset: tiny-llama, small-llama, medium-llama")
-    parser.add_argument("--world-sizes", default="2,3,4", help="comma list of rank counts")
-    parser.add_argument("--out", default=None, help="folder for memory.md, memory.json and memory.png")
-    args = parser.parse_args(argv)
+    from minddp.models import OFFLINE_PRESETS
+    parser = Parser(prog="python -m minddp.sharding.memory", examples=[
+        "python -m minddp.sharding.memory                              # tiny-llama at 2, 3 and 4 ranks",
+        "python -m minddp.sharding.memory --model small-llama --out results/memory   # table, JSON and plot"],
+        description="Memory per rank of ddp, zero1, zero2 and fsdp, measured from the tensors, beside the ZeRO "
+                    "formulas.")
+    parser.add_argument("--model", metavar="NAME", default="tiny-llama",
+                        help=f"an offline preset: {', '.join(OFFLINE_PRESETS)}")
+    parser.add_argument("--world-sizes", metavar="LIST", default="2,3,4", help="comma list of rank counts")
+    parser.add_argument("--out", metavar="DIR", default=None, help="folder for memory.md, memory.json and memory.png")
+    try:
+        args = parser.parse_args(argv)
+        if args.model not in OFFLINE_PRESETS:
+            raise UsageError(f"--model {args.model!r}: choose an offline preset ({', '.join(OFFLINE_PRESETS)})")
+        try:
+            worlds = [number(int, low=1)(w) for w in args.world_sizes.split(",")]
+        except ArgumentTypeError as exc:
+            raise UsageError(f"--world-sizes {args.world_sizes!r}: {exc}; give a comma list like 2,3,4") from None
+    except UsageError as exc:
+        return fail("minddp.sharding.memory", exc, parser)
     rows = []
-    for world in [int(w) for w in args.world_sizes.split(",")]:
+    for world in worlds:
         per_rank = launch(measure_rank, args.model, list(STAGES), world_size=world, backend="gloo")
         for stage in STAGES:
             worst = {k: max(r[stage][k] for r in per_rank) for k in KINDS}
