@@ -315,6 +315,13 @@ def check_combination(cfg: TrainConfig) -> None:
             check_start_iter(cfg.powersgd_start_iter, cfg.powersgd_error_feedback, cfg.powersgd_warm_start)
         except ValueError as exc:
             raise ConfigError(f"--powersgd-start-iter: {exc}") from None
+    sharded = [s for s in cfg.stages() if s in ("zero2", "fsdp")]
+    if sharded:
+        from minddp.sharding.hooks import check_name
+        try:
+            check_name(cfg.hook)
+        except ValueError as exc:
+            raise ConfigError(f"--stage {sharded[0]}: {exc}") from None
     if in_torchrun() and "--world-size" in sys.argv[1:]:
         say("under torchrun the world size comes from torchrun; --world-size is ignored")
 

@@ -243,3 +243,9 @@ def test_sharded_stages_take_the_reduce_scatter_form_of_each_stateless_hook(runs
         expected = torch.cat([torch.cat([own[r][i][slice(*chunk_range(g.numel(), world, r))] for r in range(world)])
                               for i, g in enumerate(own[0])])
         assert torch.equal(per_rank[0]["hooks"][stage]["noop"], expected), stage
+
+
+def test_a_hook_without_a_reduce_scatter_form_is_refused_before_any_rank(capsys):
+    from minddp import train
+    assert train.main(["--stage", "fsdp", "--hook", "powersgd", "--steps", "1"]) == 2
+    assert "has no reduce-scatter form" in capsys.readouterr().err

@@ -42,6 +42,17 @@ def reduce_scatter_hook(state, bucket: GradBucket) -> torch.futures.Future:
 _COMPRESSED = {"fp16": fp16_compress_wrapper(reduce_scatter_hook), "bf16": bf16_compress_wrapper(reduce_scatter_hook)}
 
 
+#: The hook names the sharded stages take (the DDP hooks' names; PowerSGD has no reduce-scatter form).
+NAMES = ("allreduce", "fp16", "bf16", "noop")
+
+
+def check_name(name: str) -> None:
+    """A one-line ValueError unless the sharded stages can take the hook called ``name``."""
+    if name not in NAMES:
+        raise ValueError(f"hook {name!r} has no reduce-scatter form for the sharded stages (it needs each gradient "
+                         f"whole, as PowerSGD's matrices do); use {', '.join(NAMES)} with zero2 and fsdp")
+
+
 def sharded_hook(name: str, wire: Wire | None):
     """``(state, hook)`` for a sharded stage, by the DDP hook's name (``allreduce``, ``fp16``, ``bf16``, ``noop``).
 
@@ -49,11 +60,10 @@ def sharded_hook(name: str, wire: Wire | None):
     (:data:`~minddp.collectives.NO_COMMUNICATION`), so the all-gathers are
     skipped as well: the no-communication limit of a sharded stage.
     """
+    check_name(name)
     if name == "allreduce":
         return wire, reduce_scatter_hook
     if name in _COMPRESSED:
         return wire, _COMPRESSED[name]
-    if name == "noop":               # nothing is sent, so nothing is metered (as noop_hook sends nothing)
-        return Wire(Wire.of(wire).group, transport=NO_COMMUNICATION), reduce_scatter_hook
-    raise ValueError(f"hook {name!r} has no reduce-scatter form for the sharded stages (it needs each gradient "
-                     "whole, as PowerSGD's matrices do); use allreduce, fp16, bf16 or noop with zero2 and fsdp")
+    # noop: nothing is sent, so nothing is metered (as noop_hook sends nothing)
+    return Wire(Wire.of(wire).group, transport=NO_COMMUNICATION), reduce_scatter_hook

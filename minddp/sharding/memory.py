@@ -86,6 +86,7 @@ class Probe:
     def __init__(self, wrapped: nn.Module, module: nn.Module, optimizer: torch.optim.Optimizer):
         self.wrapped, self.module, self.optimizer = wrapped, module, optimizer
         self.numbers = dict.fromkeys(KINDS, 0)
+        self.param_storages: set[int] = set()
         self.saved: set[int] = set()
         self.saved_bytes = 0
         self.handles = [optimizer.register_step_pre_hook(self._before_step),
@@ -100,14 +101,10 @@ class Probe:
 
     def _saved(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
-        if storage.data_ptr() not in self.saved and storage.data_ptr() not in self.param_storages:
+        if storage.data_ptr() not in self.saved and storage.data_ptr() not in self.param_storages:   # set per forward
             self.saved.add(storage.data_ptr())
             self.saved_bytes += storage.nbytes()
             self.numbers["activations"] = max(self.numbers["activations"], self.saved_bytes)
-
-    @property
-    def param_storages(self) -> set[int]:
-        return {t.untyped_storage().data_ptr() for t in held_parameters(self.wrapped, self.module)}
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         self._saved(tensor)
@@ -115,6 +112,8 @@ class Probe:
 
     def _forward_starts(self, module, args) -> None:
         self.saved, self.saved_bytes = set(), 0          # activations of one forward, each forward anew
+        # a saved tensor in a parameter's storage (a weight's transpose, say) is the parameter, not an activation
+        self.param_storages = {t.untyped_storage().data_ptr() for t in held_parameters(self.wrapped, self.module)}
         if self.own_hook:
             context = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
             context.__enter__()
