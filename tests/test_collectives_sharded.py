@@ -75,7 +75,10 @@ def compare_on_rank() -> list[str]:
         whole = torch.arange(4.0 * n) + rank
         shard = wire.reduce_scatter(torch.empty(4), whole).wait()
         expected = torch.arange(4.0 * n).view(n, 4)[rank] * n + sum(range(n))
-        gathered = wire.all_gather(torch.empty(4 * n), shard).wait()
+        gathered = torch.empty(4 * n)
+        held = wire.all_gather(gathered, shard).wait()          # as torch's own Futures: [output]
+        if held[0].data_ptr() != gathered.data_ptr():
+            bad.append(f"wire {transport}: all_gather's Future holds another tensor than the output")
         if not torch.equal(shard, expected) or not torch.equal(gathered.view(n, 4)[rank], expected):
             bad.append(f"wire {transport}: shard {shard.tolist()}, gathered {gathered.tolist()}")
         if traffic.by_op != {"reduce_scatter": (1, 16 * n), "all_gather": (1, 16 * n)} or traffic.calls != 2:

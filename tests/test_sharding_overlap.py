@@ -79,8 +79,9 @@ def test_zero2_reduce_scatters_overlap_backward(traces):
 def test_fsdp_prefetched_all_gathers_overlap_compute(traces):
     trace, rows, compute, (s0, _, _) = last_step(traces, "fsdp")
     gathers = sorted((r for r in rows if r["hook"] == "all_gather"), key=lambda r: r["order"])
-    # forward: unit 0, then unit 1 prefetched; backward: unit 1 (gathered again), then unit 0 prefetched
-    assert [r["bucket"] for r in gathers] == [0, 1, 1, 0], gathers
+    # forward: unit 0, then unit 1 prefetched; backward: unit 1 is still gathered (the backward starts with
+    # the forward's last unit), and unit 0 is prefetched as soon as unit 1's backward begins
+    assert [r["bucket"] for r in gathers] == [0, 1, 0], gathers
     # The prefetch of unit 1 is asked for before unit 0 multiplies anything (no matmul between the two
     # launches); without prefetching, all of unit 0's forward would lie between them.
     matmuls = sorted(e["ts"] - s0 for e in trace.events
@@ -94,6 +95,6 @@ def test_fsdp_prefetched_all_gathers_overlap_compute(traces):
 def test_the_analysis_counts_all_gathers_and_sees_the_overlap(traces):
     result = analyze_run(traces)
     stages = result.stages
-    assert stages.loc["fsdp", "allgather_calls_per_step"] >= 4      # 2 units, forward and backward
+    assert stages.loc["fsdp", "allgather_calls_per_step"] >= 3      # 2 units forward, the first again backward
     assert stages.loc["zero2", "allgather_calls_per_step"] >= 1     # the parameters, before the forward
     assert stages.loc["zero2", "comm_comp_overlap_pctg"] > 0 and stages.loc["fsdp", "comm_comp_overlap_pctg"] > 0

@@ -156,13 +156,18 @@ class Wire:
         return _done(output)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.futures.Future:
-        """Start ``output`` = every rank's ``input``, back to back in rank order; a Future of ``output``."""
+        """Start ``output`` = every rank's ``input``, back to back in rank order; a Future done when it is.
+
+        Its value is ``[output]``, as the collective's own Future holds it: no
+        Python callback is chained to it, so gloo's worker thread never waits
+        for the GIL between the all-gathers a sharded stage starts at once.
+        """
         if self.traffic is not None:
             self.traffic.record(output, "all_gather")
         if self.transport is None:
-            return _when_done(dist.all_gather_single(output, input, group=self.group, async_op=True), output)
+            return dist.all_gather_single(output, input, group=self.group, async_op=True).get_future()
         self.transport.all_gather(output, input, self.group)
-        return _done(output)
+        return _done([output])
 
     def __repr__(self) -> str:
         transport = getattr(self.transport, "__name__", "torch")

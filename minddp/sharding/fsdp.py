@@ -24,8 +24,9 @@ torch's ``fully_shard`` to each block.
    (``torch.autograd.graph.saved_tensors_hooks``) stores a note of *where* in
    which unit's parameters each saved tensor lay, instead of the tensor;
 4. **before a unit's backward**: the first saved tensor autograd unpacks for
-   a unit all-gathers it again (or takes the prefetched gather) and starts
-   the gather of the unit before it in the forward;
+   a unit all-gathers it again (or takes the prefetched gather; the last
+   unit of the forward is kept gathered, since the backward starts with it)
+   and starts the gather of the unit before it in the forward;
 5. **after a unit's backward**: its gradients arrive at once (the full
    parameters came out of one autograd function, :class:`Unshard`, whose
    backward sees them all); they are cast to the master dtype, laid out
@@ -84,7 +85,7 @@ class Unit:
     shapes: list[torch.Size]                       # the full parameters' shapes
     places: list[tuple[nn.Module, str, int]]       # (owner, attribute, shard index): where the module holds each
     full: list[torch.Tensor] | None = None         # gathered full parameters (compute dtype), while needed
-    gathering: torch.futures.Future | None = None  # an all-gather in flight
+    gathering: tuple | None = None                 # an all-gather in flight: (receiving buffer, Future)
     accumulated: list[torch.Tensor | None] = field(default_factory=list)   # no_sync gradients
 
     @property
@@ -179,6 +180,7 @@ class FullyShardedDataParallel(nn.Module):
         self.pending_replicated: list[tuple[torch.Tensor, torch.futures.Future]] = []
         self.require_backward_grad_sync = self.sync_this_backward = True
         self.callback_queued = False
+        self.backward_seen: set[int] = set()          # units whose backward has begun (prefetch once each)
         self.live: dict[int, tuple[int, int]] = {}    # storage address of a gathered full parameter -> (unit, index)
         self.gathered_bytes = self.peak_gathered_bytes = 0
         #: Called with every tensor autograd saves that is not a unit's parameter (memory.Probe counts them).
@@ -264,6 +266,8 @@ class FullyShardedDataParallel(nn.Module):
         """Step 3: the shards back in, the full parameters dropped (the saved-tensor hook kept notes instead)."""
         for owner, name, i in unit.places:
             owner._parameters[name] = unit.shards[i]
+        if torch.is_grad_enabled() and unit.index == self.forward_order[-1]:
+            return      # the backward starts with the last unit: keep it gathered rather than gather it again
         self._free(unit)
 
     def _pack(self, tensor: torch.Tensor):
@@ -281,8 +285,9 @@ class FullyShardedDataParallel(nn.Module):
             return saved
         self._backward_started()
         unit = self.units[saved.unit]
-        if unit.full is None:
-            self._gather(unit)
+        self._gather(unit)                         # at once if prefetched (or kept from the forward)
+        if unit.index not in self.backward_seen:   # its backward starts: ask for the unit before it
+            self.backward_seen.add(unit.index)
             self._prefetch(unit, -1)
         return unit.full[saved.param].as_strided(saved.size, saved.stride, saved.offset)
 
@@ -298,14 +303,15 @@ class FullyShardedDataParallel(nn.Module):
         gathered = block.new_empty(self.world * block.numel())
         self._count(gathered.untyped_storage().nbytes())              # held from now on, in flight
         with torch.profiler.record_function(f"minddp.all_gather_launch#{unit.index}"):
-            unit.gathering = self.wire.all_gather(gathered, block)
+            unit.gathering = (gathered, self.wire.all_gather(gathered, block))
 
     def _gather(self, unit: Unit) -> None:
         """Wait for the unit's all-gather (starting it if nobody did) and unpack its full parameters."""
         if unit.full is not None:
             return
         self._start_gather(unit)
-        gathered = unit.gathering.wait()
+        gathered, future = unit.gathering
+        future.wait()
         unit.gathering = None
         unit.full = [t.view(shape) for t, shape in zip(unpack_rank_major(gathered, unit.numels, self.world),
                                                       unit.shapes)]
@@ -367,6 +373,7 @@ class FullyShardedDataParallel(nn.Module):
     def finish_gradient_synchronization(self) -> None:
         """Step 6: wait for every reduction; each shard gets its averaged gradient (runs by itself after backward)."""
         self.callback_queued = False
+        self.backward_seen = set()
         pending, self.pending = self.pending, []
         for unit, bucket, future in pending:
             for shard, piece in zip(unit.shards, split_block(future.wait(), unit.numels, self.world, self.rank)):
@@ -377,7 +384,8 @@ class FullyShardedDataParallel(nn.Module):
             future.wait()
         for unit in self.units:         # gathered (or prefetched) for a backward that did not need it after all:
             if unit.gathering is not None:     # the optimizer is about to change the shards, so drop it
-                self._count(-unit.gathering.wait().untyped_storage().nbytes())
+                unit.gathering[1].wait()
+                self._count(-unit.gathering[0].untyped_storage().nbytes())
                 unit.gathering = None
             self._free(unit)
 
@@ -402,7 +410,8 @@ class FullyShardedDataParallel(nn.Module):
                 continue
             unit, i = where[id(p)]
             block = nn.functional.pad(p.detach(), (0, chunk_size(unit.numels[i], self.world) - p.numel()))
-            gathered = self.wire.all_gather(block.new_empty(self.world * block.numel()), block).wait()
+            gathered = block.new_empty(self.world * block.numel())
+            self.wire.all_gather(gathered, block).wait()
             out[name] = unpack_rank_major(gathered, [unit.numels[i]], self.world)[0].view(unit.shapes[i])
         return out
 

@@ -165,9 +165,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             send = torch.cat(mine + [bucket[0].new_zeros(block - sum(m.numel() for m in mine))])
             gathered = bucket[0].new_empty(self.world * block)
             with torch.profiler.record_function(f"minddp.all_gather_launch#{b}"):     # named, as DDP's buckets
-                pending.append((bucket, ranges, block, self.wire.all_gather(gathered, send)))
-        for bucket, ranges, block, future in pending:
-            gathered = future.wait()
+                pending.append((bucket, ranges, block, gathered, self.wire.all_gather(gathered, send)))
+        for bucket, ranges, block, gathered, future in pending:
+            future.wait()
             for k in range(self.world):
                 if k == self.rank:
                     continue                   # this rank's parts are in place already

@@ -88,7 +88,7 @@ class Zero2DDP(AsyncBucketDDP):
                        for name, p in owner._parameters.items() if p in self.shard]
         self.had_grad: set[nn.Parameter] = set()
         self.stale = False            # True after a sync: the next forward all-gathers first
-        self.gathering: dict[int, tuple[list[nn.Parameter], torch.futures.Future]] = {}   # bucket -> in flight
+        self.gathering: dict[int, tuple] = {}     # bucket -> (its parameters, receiving buffer, Future), in flight
         self.holding_full = False
         self._hold("shard")
         me = weakref.ref(self)
@@ -174,7 +174,7 @@ class Zero2DDP(AsyncBucketDDP):
                                for p in members])
             gathered = block.new_empty(self.world * block.numel())
             with torch.profiler.record_function(f"minddp.all_gather_launch#{b}"):     # named, as send() names buckets
-                self.gathering[b] = (members, wire.all_gather(gathered, block))
+                self.gathering[b] = (members, gathered, wire.all_gather(gathered, block))
         self.stale = False
         if wait:
             self._wait_for(list(self.gathering))
@@ -184,9 +184,9 @@ class Zero2DDP(AsyncBucketDDP):
         """Step 4: wait for these buckets' all-gathers (if still in flight) and copy them into the full parameters."""
         for b in buckets:
             if b in self.gathering:
-                members, future = self.gathering.pop(b)
-                for p, full in zip(members, unpack_rank_major(future.wait(), [p.numel() for p in members],
-                                                              self.world)):
+                members, gathered, future = self.gathering.pop(b)
+                future.wait()
+                for p, full in zip(members, unpack_rank_major(gathered, [p.numel() for p in members], self.world)):
                     p.view(-1).copy_(full)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
