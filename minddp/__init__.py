@@ -3,15 +3,18 @@
 Start with :mod:`minddp.stages` (the build-up, one idea per file),
 :mod:`minddp.comm` (the comm hooks every stage sends through) and
 :mod:`minddp.launch` (starting ranks); the production
-:class:`DistributedDataParallel` lives in :mod:`minddp.ddp`.
+:class:`DistributedDataParallel` lives in :mod:`minddp.ddp`. The sharded rungs after it
+(ZeRO-1, ZeRO-2, FSDP) are in :mod:`minddp.sharding`.
 """
 
 from minddp.launch import RankError, launch
 from minddp.ladder import STAGES, build_stage
 from minddp.ddp import DistributedDataParallel
 from minddp.stages import AsyncBucketDDP, AsyncHookDDP, BucketDDP, GradAccumDDP, HookDDP, SimpleDDP
+from minddp.sharding import FullyShardedDataParallel, Zero2DDP, ZeroRedundancyOptimizer
 
 __version__ = "0.1.0"
 
 __all__ = ["launch", "RankError", "STAGES", "build_stage", "SimpleDDP", "GradAccumDDP", "HookDDP",
-           "AsyncHookDDP", "BucketDDP", "AsyncBucketDDP", "DistributedDataParallel"]
+           "AsyncHookDDP", "BucketDDP", "AsyncBucketDDP", "DistributedDataParallel", "ZeroRedundancyOptimizer",
+           "Zero2DDP", "FullyShardedDataParallel"]

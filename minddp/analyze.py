@@ -26,7 +26,8 @@ from minddp.cli import Parser, UsageError, fail
 
 PROG = "minddp.analyze"
 SHOWN = ["step_time_us", "compute_pctg", "non_compute_pctg", "idle_pctg", "comm_comp_overlap_pctg",
-         "allreduce_calls_per_step", "allreduce_bytes_per_step", "comm_time_per_step_us"]
+         "allreduce_calls_per_step", "allreduce_bytes_per_step", "allgather_calls_per_step",
+         "reducescatter_calls_per_step", "comm_time_per_step_us"]
 
 
 EXAMPLES = [

@@ -195,7 +195,17 @@ def save_checkpoint(path: str, *, model: nn.Module, optimizer: torch.optim.Optim
 # -- loading ----------------------------------------------------------------------------------------
 
 def read_checkpoint(path: str) -> dict:
-    """The checkpoint at ``path`` as saved, or :class:`CheckpointError` saying why it cannot be used."""
+    """The checkpoint at ``path`` as saved, or :class:`CheckpointError` saying why it cannot be used.
+
+    A folder is a sharded stage's checkpoint (:mod:`minddp.sharding.checkpoint`): its ``step`` and
+    ``config`` are read, and ``sharded`` is set (it loads at any world size).
+    """
+    if os.path.isdir(path):
+        from minddp.sharding.checkpoint import read_meta
+        try:
+            return {**read_meta(path), "sharded": True}
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
     if not os.path.isfile(path):
         raise CheckpointError(f"--resume {path!r}: no such file; give a checkpoint written with --save-every")
     try:
@@ -220,8 +230,8 @@ def _first_line(exc: BaseException) -> str:
 
 def check_run(ckpt: dict, path: str, config: dict) -> None:
     """Refuse a checkpoint of another world size or another run (see :data:`MUST_MATCH`)."""
-    ranks = len(ckpt["ranks"])
-    if "world_size" in config and ranks != config["world_size"]:
+    ranks = ckpt["world_size"] if ckpt.get("sharded") else len(ckpt["ranks"])
+    if "world_size" in config and ranks != config["world_size"] and not ckpt.get("sharded"):
         raise CheckpointError(f"checkpoint {path!r} was saved by {ranks} ranks, this run has "
                               f"{config['world_size']}; resume with --world-size {ranks}")
     differs = [f"--{k.replace('_', '-')} {ckpt['config'].get(k)!r} there, {config[k]!r} here"
@@ -238,6 +248,12 @@ def check_model(ckpt: dict, path: str, model: nn.Module) -> None:
 
 def check_shapes(ckpt: dict, path: str, here: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
     """:func:`check_model` against ``name -> (shape, dtype)`` (e.g. a model built on the meta device)."""
+    if ckpt.get("sharded"):
+        from minddp.sharding.checkpoint import check_shapes as check_sharded
+        try:
+            return check_sharded(path, here)
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
     saved = ckpt["model"]
     if saved.keys() != here.keys():
         only_saved, only_here = sorted(saved.keys() - here.keys()), sorted(here.keys() - saved.keys())
@@ -253,6 +269,13 @@ def check_shapes(ckpt: dict, path: str, here: dict[str, tuple[tuple[int, ...], t
 
 def check_contents(ckpt: dict, path: str, params: int) -> None:
     """The rest of the file is whole: an optimizer state for ``params`` parameters, every rank's share readable."""
+    if ckpt.get("sharded"):      # DCP checks every piece it reads at load; here: every rank's share is there
+        from minddp.sharding.checkpoint import saved_ranks
+        missing = sorted(set(range(ckpt["world_size"])) - saved_ranks(path))
+        if missing:
+            raise CheckpointError(f"checkpoint {path!r} lacks the state of ranks {missing}; resume from an earlier "
+                                  "checkpoint or start afresh")
+        return
     try:
         state = ckpt["optimizer"]
         saved_params = sum(len(g["params"]) for g in state["param_groups"])

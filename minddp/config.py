@@ -53,6 +53,10 @@ def stage_choices() -> list[str]:
     return list(BASELINES[:1]) + list(STAGES) + list(BASELINES[1:]) + ["all"]
 
 
+#: ``--stage sharded``: the sharded ladder as one comparison, from DDP up (docs/sharding.md).
+SHARDED_LADDER = ["ddp", "zero1", "zero2", "fsdp"]
+
+
 def hook_choices() -> list[str]:
     from minddp.comm.registry import hook_names
     return list(hook_names())
@@ -80,16 +84,17 @@ _positive = number(float, low=0, low_open=True)
 
 
 def stage_list(allowed=None):
-    """An argparse ``type``: one stage name, a comma list of them, or 'all' (train and bench read it alike)."""
+    """An argparse ``type``: one stage name, a comma list of them, 'all' or 'sharded' (train and bench read it alike)."""
     def parse(text: str) -> str:
         names = [n.strip() for n in text.split(",") if n.strip()]
-        known = allowed() if allowed else stage_choices()
+        known = allowed() if allowed else stage_choices() + ["sharded"]
         unknown = [n for n in names if n not in known]
         if not names or unknown:
             raise argparse.ArgumentTypeError(f"unknown stage {', '.join(unknown) or '(empty)'}; choose from "
                                              f"{', '.join(known)}, or a comma list of them")
-        if "all" in names and len(names) > 1:
-            raise argparse.ArgumentTypeError("'all' already means every stage; give it alone")
+        for word, means in (("all", "every stage"), ("sharded", "ddp, zero1, zero2 and fsdp")):
+            if word in names and len(names) > 1:
+                raise argparse.ArgumentTypeError(f"'{word}' already means {means}; give it alone")
         return ",".join(dict.fromkeys(names))
     parse.__name__ = "stage"
     return parse
@@ -137,7 +142,8 @@ class TrainConfig:
     # what to train
     stage: str = _opt("bucket-async", "what syncs the gradients: a minddp stage ({stages}), 'single' (one process on the "
                       "global batch), 'torch' (torch's "
-                      "DistributedDataParallel), a comma list of them, or 'all' (each in turn, same data and seeds)",
+                      "DistributedDataParallel), a comma list of them, 'all' (each in turn, same data and seeds) or "
+                      "'sharded' (ddp, zero1, zero2, fsdp in turn)",
                       group="what", metavar="NAME[,...]", type=stage_list())
     hook: str = _opt("allreduce", "comm hook every stage sends its buckets through (torch's hook of the "
                      "same name for --stage torch): allreduce, fp16, bf16, powersgd, batched-powersgd, noop, or "
@@ -231,6 +237,8 @@ class TrainConfig:
         """The stages this run trains: every one in reading order for 'all', else those named, in that order."""
         if self.stage == "all":
             return [s for s in stage_choices() if s != "all"]
+        if self.stage == "sharded":
+            return list(SHARDED_LADDER)
         return self.stage.split(",")
 
     def effective_world_size(self) -> int:
@@ -324,9 +332,12 @@ def validate(cfg: TrainConfig, explicit_batch_size: bool = True) -> None:
         raise ConfigError(f"--resume with --stage {cfg.stage} and a PowerSGD hook is not supported: that stage "
                           "rebuilds its buckets after its first step, so the saved per-bucket PowerSGD memory "
                           "would not fit them; resume with --stage bucket-async (or another hook)")
-    if cfg.resume is not None and not os.path.isfile(cfg.resume):
-        what = "a folder" if os.path.isdir(cfg.resume) else "no such file"
-        raise ConfigError(f"--resume {cfg.resume!r}: {what}; give a checkpoint file written with --save-every")
+    from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER
+    sharded = stages[0] in SHARDED_OPTIMIZER + SHARDED_GRADIENTS    # their checkpoints are folders (DCP)
+    if cfg.resume is not None and not (os.path.isdir(cfg.resume) if sharded else os.path.isfile(cfg.resume)):
+        what = ("not a folder" if sharded else "a folder") if os.path.exists(cfg.resume) else "no such file"
+        kind = "folder" if sharded else "file"
+        raise ConfigError(f"--resume {cfg.resume!r}: {what}; give a checkpoint {kind} written with --save-every")
     world = cfg.effective_world_size()
     per_step = world * cfg.grad_accum
     if cfg.global_batch_size is not None:

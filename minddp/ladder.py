@@ -2,16 +2,23 @@
 
 ``STAGES`` maps a stage name to its wrapper class, in reading order: the six
 teaching stages of :mod:`minddp.stages`, then the production ``ddp``
-(:mod:`minddp.ddp`). ``single`` (one process on the global batch, no wrapper)
-and ``torch`` (torch's own DDP) are the baselines (:data:`BASELINES`).
+(:mod:`minddp.ddp`), then the sharded rungs (:mod:`minddp.sharding`):
+``zero1`` (``ddp``'s wrapper, with the optimizer sharded by
+:class:`~minddp.sharding.ZeroRedundancyOptimizer`, :data:`SHARDED_OPTIMIZER`;
+ZeRO-1 works with any rung, as torch's pairs with torch's DDP), ``zero2`` and
+``fsdp``. ``single`` (one process on the global batch, no wrapper) and
+``torch`` (torch's own DDP) are the baselines (:data:`BASELINES`).
 
 :func:`wrap` is the one way the train command, the benchmark and the
-notebooks put a model into a stage (or torch's DDP) with a comm hook by name.
+notebooks put a model into a stage (or torch's DDP) with a comm hook by name,
+and :func:`make_optimizer` the one way they build its optimizer (after
+:func:`wrap`: the sharded stages have put shards in the module by then).
 
 Example::
 
     >>> model = build_stage("bucket-async", net, bucket_cap_mb=1)
     >>> model = wrap("torch", net, hook="fp16")        # torch's DDP with torch's fp16 hook
+    >>> optimizer = make_optimizer("zero1", net, torch.optim.AdamW, lr=1e-3)   # ZeRO-1 around AdamW
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ from minddp.comm.registry import make_hook
 from minddp.comm.send import hook_name, send
 from minddp.comm.wire import Wire
 from minddp.ddp import DistributedDataParallel
+from minddp.sharding import FullyShardedDataParallel, Zero2DDP, ZeroRedundancyOptimizer
+from minddp.sharding.fsdp import blocks_of
+from minddp.sharding.hooks import sharded_hook
 from minddp.stages import AsyncBucketDDP, AsyncHookDDP, BucketDDP, GradAccumDDP, HookDDP, SimpleDDP
 
 #: Stage name -> wrapper class, in reading order.
@@ -36,7 +46,15 @@ STAGES: dict[str, type[nn.Module]] = {
     "bucket": BucketDDP,
     "bucket-async": AsyncBucketDDP,
     "ddp": DistributedDataParallel,
+    "zero1": DistributedDataParallel,
+    "zero2": Zero2DDP,
+    "fsdp": FullyShardedDataParallel,
 }
+
+#: Stages whose optimizer is wrapped in ``ZeroRedundancyOptimizer`` (ZeRO-1): gradients averaged whole.
+SHARDED_OPTIMIZER = ("zero1",)
+#: Stages whose gradients travel by reduce-scatter (their comm hooks: :func:`~minddp.sharding.hooks.sharded_hook`).
+SHARDED_GRADIENTS = ("zero2", "fsdp")
 
 #: Names that are runs but not wrappers of ours.
 BASELINES = ("single", "torch")
@@ -108,14 +126,13 @@ def wrap(stage: str, model: nn.Module, *, hook: str = "allreduce", bucket_cap_mb
     The hook's state is kept as ``.minddp_hook_state`` (what a checkpoint saves:
     PowerSGD's memory). The options only matter where they apply
     (``bucket_cap_mb`` to bucketed stages and torch; ``powersgd_options`` to
-    PowerSGD hooks).
+    PowerSGD hooks). ``fsdp`` takes each element of the model's ``nn.ModuleList`` objects
+    (a transformer's blocks) as a unit (:func:`~minddp.sharding.fsdp.blocks_of`).
     """
     if stage == "single":
         return model
     psgd = powersgd_options if "powersgd" in hook else {}
-    if link is not None:
-        wire = Wire(None, link=as_link(link)) if wire is None else \
-            Wire(wire.group, wire.transport, wire.traffic, as_link(link))
+    wire = _linked(wire, link)
     if stage == "torch":
         from torch.nn.parallel import DistributedDataParallel as TorchDDP
         device = next(model.parameters()).device
@@ -129,12 +146,38 @@ def wrap(stage: str, model: nn.Module, *, hook: str = "allreduce", bucket_cap_mb
             if hook != "allreduce" or python_hook:
                 wrapped.register_comm_hook(state, fn)
     else:
-        wrapped = build_stage(stage, model, bucket_cap_mb=bucket_cap_mb,
-                              gradient_as_bucket_view=gradient_as_bucket_view)
-        state, fn = make_hook(hook, wire, **(psgd or {}))
+        wrapped = build_stage(stage, model, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
+                              shard=blocks_of(model))         # fsdp's units: the transformer's blocks
+        state, fn = sharded_hook(hook, wire) if stage in SHARDED_GRADIENTS else make_hook(hook, wire, **(psgd or {}))
         wrapped.register_comm_hook(state, fn)
     wrapped.minddp_hook_state = state
     return wrapped
 
 
-__all__ = ["STAGES", "BASELINES", "build_stage", "register_stage", "torch_hook", "wrap"]
+def _linked(wire: Wire | None, link) -> Wire | None:
+    """``wire`` with ``link`` under it (a plain wire on the default group if ``wire`` is None); as is without a link."""
+    if link is None:
+        return wire
+    return Wire(None, link=as_link(link)) if wire is None else Wire(wire.group, wire.transport, wire.traffic,
+                                                                    as_link(link))
+
+
+def make_optimizer(stage: str, model: nn.Module, optimizer_class: type, *, hook: str = "allreduce",
+                   wire: Wire | None = None, link=None, **defaults):
+    """The optimizer ``stage`` trains ``model`` with: ``optimizer_class(model.parameters(), **defaults)``, sharded.
+
+    Build it after :func:`wrap`: ``zero2`` and ``fsdp`` have replaced the
+    module's parameters by this rank's shards by then, so any optimizer holds
+    state for the shards only. A :data:`SHARDED_OPTIMIZER` stage gets
+    ``ZeroRedundancyOptimizer`` around ``optimizer_class``, its all-gathers sent
+    through ``wire`` (with ``hook="noop"``: through a wire that sends nothing,
+    the no-communication limit; with ``link``, over that emulated network as :func:`wrap`'s collectives).
+    """
+    if stage in SHARDED_OPTIMIZER:
+        state, _ = sharded_hook(hook if hook == "noop" else "allreduce", _linked(wire, link))
+        return ZeroRedundancyOptimizer(model.parameters(), optimizer_class, process_group=state, **defaults)
+    return optimizer_class(model.parameters(), **defaults)
+
+
+__all__ = ["STAGES", "BASELINES", "SHARDED_OPTIMIZER", "SHARDED_GRADIENTS", "build_stage", "register_stage",
+           "torch_hook", "wrap", "make_optimizer"]

@@ -113,7 +113,10 @@ def checkpoint_config(cfg: TrainConfig, stage: str, replicas: int) -> dict:
 
 
 def checkpoint_path(cfg: TrainConfig, stage: str) -> str:
-    return os.path.join(cfg.checkpoint_dir, f"{stage}.pt")
+    """``<dir>/<stage>.pt``; a folder ``<dir>/<stage>`` for the sharded stages (every rank writes its part)."""
+    from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER
+    sharded = stage in SHARDED_OPTIMIZER + SHARDED_GRADIENTS
+    return os.path.join(cfg.checkpoint_dir, stage if sharded else f"{stage}.pt")
 
 
 def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) -> dict:
@@ -128,9 +131,11 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
     from minddp.comm.link import Link
     from minddp.comm.wire import Traffic, Wire
     from minddp.device import current_device, synchronize
-    from minddp.ladder import wrap
+    from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER, make_optimizer, wrap
     from minddp.launch import report_step
     from minddp.loop import train_step
+    from minddp.sharding import checkpoint as sharded_checkpoint
+    from minddp.sharding.memory import Probe
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if in_torchrun() and world > 1:  # one folder for the whole job: rank 0's clock names it
@@ -153,14 +158,19 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
                                                                            replicas, shard, cfg.seed,
                                                                            data.pad_token_id),
                                                _loss, link, device, say=say if rank == 0 else None)
+    wire = None if single else Wire(None, TRANSPORTS[cfg.collective], traffic, link)
     wrapped = wrap(stage, model, hook=cfg.hook, bucket_cap_mb=bucket_cap_mb,
-                   powersgd_options=cfg.powersgd_options(),
-                   wire=None if single else Wire(None, TRANSPORTS[cfg.collective], traffic, link))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+                   powersgd_options=cfg.powersgd_options(), wire=wire)
+    optimizer = make_optimizer(stage, model, torch.optim.AdamW, hook=cfg.hook, wire=wire, lr=cfg.lr)
+    sharded = stage in SHARDED_OPTIMIZER + SHARDED_GRADIENTS   # each rank saves its own part (DCP)
     hook_state = getattr(wrapped, "minddp_hook_state", None)
     ckpt_config = checkpoint_config(cfg, stage, replicas)
     first, losses = 0, []
-    if cfg.resume:  # every rank loads the same weights, so the replicas stay identical
+    if cfg.resume and sharded:
+        first, mine = sharded_checkpoint.load(cfg.resume, wrapped, model, optimizer)
+        checkpoint.set_rng_state(mine["rng"])
+        losses = list(mine["losses"])
+    elif cfg.resume:  # every rank loads the same weights, so the replicas stay identical
         ckpt = checkpoint.load_checkpoint(cfg.resume, model=model, config=ckpt_config, rank=rank)
         checkpoint.restore(ckpt, optimizer=optimizer, hook_state=hook_state)
         first, losses = ckpt["step"], list(ckpt["rank"]["losses"])
@@ -172,11 +182,13 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
     profiler = StepProfiler(stage_dir, rank, cfg.steps - first, cfg.profile_steps, gzip=cfg.trace_gzip,
                             enabled=profiling(cfg) and (rank == 0 or not single), cuda=device.type == "cuda")
     bar = _progress(cfg, stage, rank, first)
+    probe = None                  # measures memory on the last step (minddp.sharding.memory)
     with profiler:
         for step in range(first, cfg.steps):
             report_step(step)  # a failure report then says where it happened
             micro = [{k: v.to(device) for k, v in b.items()} for b in next(batches)]
             traffic.reset()
+            probe = Probe(wrapped, model, optimizer) if step == cfg.steps - 1 and not single else None
             synchronize(device)
             start = time.perf_counter()
             with torch.profiler.record_function(f"minddp.train_step#{step}"):
@@ -187,7 +199,10 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
             nbytes.append(traffic.bytes)
             losses.append(loss)
             profiler.step()
-            if cfg.save_every and (step + 1) % cfg.save_every == 0:
+            if cfg.save_every and (step + 1) % cfg.save_every == 0 and sharded:
+                sharded_checkpoint.save(checkpoint_path(cfg, stage), wrapped, model, optimizer, step=step + 1,
+                                        config=ckpt_config, extra={"losses": losses})
+            elif cfg.save_every and (step + 1) % cfg.save_every == 0:
                 checkpoint.save_checkpoint(checkpoint_path(cfg, stage), model=model, optimizer=optimizer,
                                            step=step + 1, config=ckpt_config, hook_state=hook_state,
                                            extra={"losses": losses})
@@ -214,7 +229,8 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
             "all_reduce_calls": calls, "all_reduce_bytes": nbytes, "global_batch": global_batch,
             "ranks": replicas, "trace": profiler.written, "metered": stage != "torch" or link is not None, "folder": folder,
             "bucket_cap_mb": bucket_cap_mb, "bucket_cap_why": why,
-            "trace_errors": {r: e for r, e in enumerate(trace_errors) if e}}
+            "trace_errors": {r: e for r, e in enumerate(trace_errors) if e},
+            "memory": probe.result() if probe is not None else None}
 
 
 def profiling(cfg: TrainConfig) -> bool:
@@ -313,6 +329,13 @@ def check_combination(cfg: TrainConfig) -> None:
             check_start_iter(cfg.powersgd_start_iter, cfg.powersgd_error_feedback, cfg.powersgd_warm_start)
         except ValueError as exc:
             raise ConfigError(f"--powersgd-start-iter: {exc}") from None
+    sharded = [s for s in cfg.stages() if s in ("zero2", "fsdp")]
+    if sharded:
+        from minddp.sharding.hooks import check_name
+        try:
+            check_name(cfg.hook)
+        except ValueError as exc:
+            raise ConfigError(f"--stage {sharded[0]}: {exc}") from None
     if in_torchrun() and "--world-size" in sys.argv[1:]:
         say("under torchrun the world size comes from torchrun; --world-size is ignored")
 
@@ -476,10 +499,15 @@ def main(argv: list[str] | None = None) -> int:
             lost.append(f"stage {stage}: rank {rank}'s trace was not written ({why}); training went on")
     summary = {"config": cfg.to_dict(), "backend": backend, "world_size": cfg.effective_world_size(),
                "data_source": data.source, "run_dir": run_dir if profiling(cfg) else None, "skipped": skipped,
-               "stages": {s: {**rows[s], "losses": results[s]["losses"]} for s in rows},
+               "stages": {s: {**rows[s], "losses": results[s]["losses"], "memory": results[s].get("memory")}
+                          for s in rows},
                "failed": failed, "not_written": lost}
     if rows:                                                                                # step 4
         print(format_table(rows), flush=True)
+        measured = {stage: results[stage]["memory"] for stage in rows if results[stage].get("memory")}
+        if measured:
+            from minddp.sharding.memory import format_summary
+            print(format_summary(measured, cfg.effective_world_size()), flush=True)
     write_outputs(cfg, summary, run_dir, lost)
     if profiling(cfg) and rows and not all(r["trace"] is None for r in results.values()):
         print(f"traces: {run_dir}/<stage>/rank<r>.pt.trace.json{'.gz' if cfg.trace_gzip else ''}")

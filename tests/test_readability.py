@@ -34,6 +34,18 @@ reaches is counted wherever it lives), and neither does splitting a function.
   85); the budget keeps it from sprawling, not from existing. Code a normal
   step does not run (the joined rank's shadowing in ``ddp/join.py``) is not
   on the sync path and is not counted.
+* the sharded rungs. ``zero1``: 760 (736 when set): ``ddp``'s path (the
+  wrapper ZeRO-1 is trained with, as torch pairs its ZeRO with its DDP) plus
+  ``sharding/zero1.py`` read whole (its optimizer is the idea: the plan, the
+  local optimizer over chunks, the step and the bucketed all-gather, ~95
+  lines; the torch-format state dict, ~70);
+  ``zero2``: 450 (432 when set): ``bucket-async``'s path plus ``zero2.py``
+  (shards as the module's parameters and the swap, the rank-major send, a
+  shard written back, the all-gather overlapped with the next forward: 110),
+  the chunk layout (``shards.py``, 34) and the wire's reduce-scatter and
+  all-gather; ``fsdp`` (production, like ``ddp``): 440 (418 when set), most of
+  it ``fsdp.py`` (units, the saved-tensor notes, prefetch, the per-unit
+  autograd function, no_sync, whole tensors in and out: about 300).
 
 A second test pins the *mechanism* each teaching file must show in its own
 code (e.g. ``hook.py`` registers the post-accumulate-grad hook itself), and
@@ -52,13 +64,13 @@ import pytest
 import torch
 
 import minddp
-from minddp import launch
-from minddp.ladder import STAGES, build_stage
+from minddp import ZeroRedundancyOptimizer, launch
+from minddp.ladder import SHARDED_OPTIMIZER, STAGES, build_stage, make_optimizer
 from minddp.loop import train_step
 
 PACKAGE = os.path.dirname(minddp.__file__)
 BUDGETS = {"simple": 160, "ga": 180, "hook": 210, "hook-async": 225, "bucket": 275, "bucket-async": 290,
-           "ddp": 560}
+           "ddp": 560, "zero1": 760, "zero2": 450, "fsdp": 440}
 TEACHING = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 
 
@@ -86,7 +98,6 @@ def reached_functions(stage: str) -> set[tuple[str, int, int]]:
     """(file, first line, last line) of every minddp function one traced step of ``stage`` runs."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     batches = [torch.randn(4, 4), torch.randn(4, 4)]       # two micro-batches: no_sync is on the path
     seen: set = set()
 
@@ -98,6 +109,8 @@ def reached_functions(stage: str) -> set[tuple[str, int, int]]:
     sys.setprofile(profile)
     try:
         wrapped = build_stage(stage, model, bucket_cap_mb=0.0001)
+        # after wrapping: the sharded stages' shards, ZeRO-1's sharded optimizer (its step is on the path)
+        optimizer = make_optimizer(stage, model, torch.optim.SGD, lr=0.1)
         for _ in range(2):
             train_step(wrapped, optimizer, batches, lambda m, x: m(x).pow(2).mean())
     finally:
@@ -123,6 +136,8 @@ def reached():
 
 def read_lines(stage: str, functions) -> set[tuple[str, int]]:
     files = stage_files(STAGES[stage])
+    if stage in SHARDED_OPTIMIZER:       # ZeRO-1's idea is its optimizer: read its file whole
+        files = files | {inspect.getsourcefile(ZeroRedundancyOptimizer)}
     lines = set().union(*(code_lines(f) for f in files))
     for path, first, last in functions:
         if path not in files and not path.endswith(("loop.py", "ladder.py")):   # the script's side, not DDP's
@@ -187,14 +202,37 @@ def test_each_teaching_file_shows_its_mechanism_in_its_own_code():
 
 
 def test_teaching_files_hold_no_speed_tricks():
-    from minddp import stages
+    from minddp import sharding, stages
     tricks = ["_RecordFunctionFast", "AllreduceOptions", "_foreach_", "data_ptr", "from minddp.ddp",
               "_execution_engine"]
-    for path in sorted(os.listdir(os.path.dirname(stages.__file__))):
-        if path.endswith(".py"):
-            source = open(os.path.join(os.path.dirname(stages.__file__), path)).read()
-            found = [t for t in tricks if t in source]
-            assert not found, (path, found)
+    folder = os.path.dirname(stages.__file__)
+    teaching = [os.path.join(folder, p) for p in sorted(os.listdir(folder)) if p.endswith(".py")]
+    teaching += [os.path.join(os.path.dirname(sharding.__file__), p)            # the sharded rungs that teach
+                 for p in ("zero1.py", "zero2.py", "shards.py", "hooks.py")]
+    for path in teaching:
+        source = open(path).read()
+        found = [t for t in tricks if t in source]
+        assert not found, (path, found)
+
+
+def test_each_sharded_rung_shows_its_mechanism_in_its_own_code():
+    from minddp.sharding import hooks, zero1, zero2
+    # ZeRO-1: a local optimizer over this rank's chunks, stepped, then an all-gather of the parameters
+    assert {"optimizer_class", "chunk_range"} <= calls_in(zero1.ZeroRedundancyOptimizer.__init__) | \
+        calls_in(zero1.ZeroRedundancyOptimizer._plan)
+    assert {"step", "_all_gather"} <= calls_in(zero1.ZeroRedundancyOptimizer.step)
+    assert "all_gather" in calls_in(zero1.ZeroRedundancyOptimizer._all_gather)
+    # zero2: bucket-async's buckets, sent rank-major to a reduce-scatter hook; a shard written back
+    assert zero2.Zero2DDP.__bases__ == (bucket_async_class(),)
+    assert {"pack_rank_major", "GradBucket", "send"} <= calls_in(zero2.Zero2DDP._send_bucket)
+    assert "split_block" in calls_in(zero2.Zero2DDP._write_back)
+    assert {"div_", "reduce_scatter"} <= calls_in(hooks.reduce_scatter_hook)
+    assert "all_gather" in calls_in(zero2.Zero2DDP.gather_parameters)
+
+
+def bucket_async_class():
+    from minddp.stages.bucket_async import AsyncBucketDDP
+    return AsyncBucketDDP
 
 
 def test_each_stage_subclasses_the_one_before():

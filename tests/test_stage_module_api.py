@@ -5,7 +5,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import toy_models
 from minddp import launch
-from minddp.ladder import STAGES, build_stage
+from minddp.ladder import SHARDED_GRADIENTS, STAGES, build_stage
 
 
 def module_api():
@@ -16,10 +16,13 @@ def module_api():
         model = toy_models.build("bn", 0)
         ddp = build_stage(name, model, bucket_cap_mb=0.0005)
         state = ddp.state_dict()
+        # zero2 and fsdp hold this rank's shards under the parameters' names (as torch's FSDP holds
+        # DTensors); whole, they are the model's
+        whole = {"module." + k: v for k, v in ddp.full_state_dict().items()} if name in SHARDED_GRADIENTS else state
         out[name] = {
             "module_is_model": ddp.module is model,
-            "keys_match_torch": list(state) == list(ref_state),
-            "values_match_torch": all(torch.equal(state[k], ref_state[k]) for k in ref_state),
+            "keys_match_torch": list(state) == list(ref_state) and list(whole) == list(ref_state),
+            "values_match_torch": all(torch.equal(whole[k], ref_state[k]) for k in ref_state),
             "buffers": [tuple(b.shape) for b in ddp.buffers()] == [tuple(b.shape) for b in reference.buffers()],
             "params": [p.data_ptr() for p in ddp.parameters()] == [p.data_ptr() for p in model.parameters()],
         }

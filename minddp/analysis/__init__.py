@@ -43,13 +43,15 @@ SUMMARY_COLUMNS = [
     "run", "stage", "rank", "device", "source", "steps",
     "step_time_us", "total_time_us", "compute_time_us", "non_compute_time_us", "idle_time_us",
     "compute_pctg", "non_compute_pctg", "idle_pctg", "comm_comp_overlap_pctg",
-    "allreduce_calls_per_step", "allreduce_bytes_per_step", "comm_time_per_step_us",
+    "allreduce_calls_per_step", "allreduce_bytes_per_step", "allgather_calls_per_step", "allgather_bytes_per_step",
+    "reducescatter_calls_per_step", "reducescatter_bytes_per_step", "comm_time_per_step_us",
 ]
 #: The per-stage comparison: means over ranks of these.
 STAGE_COLUMNS = SUMMARY_COLUMNS[5:]
 
 #: Stages in reading order (the build-up), then anything else alphabetically.
-STAGE_ORDER = ["single", "simple", "ga", "hook", "hook-async", "bucket", "bucket-async", "ddp", "torch"]
+STAGE_ORDER = ["single", "simple", "ga", "hook", "hook-async", "bucket", "bucket-async", "ddp", "zero1", "zero2",
+               "fsdp", "torch"]
 
 
 @dataclass

@@ -16,9 +16,13 @@ and its overlap is NaN. The same quantities are there in the CPU events:
    collective really ran, not the ``c10d::allreduce_`` call that queued it),
    and with a link its ``minddp.link:*`` transfers (from the start of the
    modeled transfer to the delivery of the result);
-4. **calls and bytes**: each ``gloo:all_reduce`` is one call; its bytes are
+4. **calls and bytes**: each ``gloo:all_reduce`` is one call (and each
+   ``gloo:all_gather`` / ``gloo:reduce_scatter`` one of its kind); its bytes are
    ``numel × element size`` from the input dims and type that
-   ``record_shapes=True`` stores; a call belongs to the step it starts in;
+   ``record_shapes=True`` stores; a call belongs to the step it starts in.
+   On gloo, minddp's sharded stages reduce-scatter through all_reduce (see
+   :meth:`minddp.comm.wire.Wire.reduce_scatter`), so those calls count as
+   all_reduces; their launches say ``hook=reduce_scatter_hook``;
 5. **buckets**: each ``minddp.bucket_launch#<i> ...`` range is a bucket handed
    to the wire (start = ready, end = the hook returned). The all_reduces it
    queued are the ``c10d::allreduce_`` calls inside that range; gloo runs
@@ -28,7 +32,9 @@ and its overlap is NaN. The same quantities are there in the CPU events:
    the ``minddp.link_send#<n>`` markers inside the launch range.
    torch's DDP names no launch range: there each ``c10d::allreduce_`` its
    reducer queues on a training thread is a bucket (ready = launched = the
-   call);
+   call). Each ``minddp.all_gather_launch#<i>`` range (a sharded stage
+   gathering unit or bucket ``i``) is a row too, its ``c10d::_allgather_base_``
+   matched the same way to its ``gloo:all_gather``;
 6. **phases** of a step of :func:`minddp.loop.train_step`: each
    ``minddp.forward_backward`` range is a micro-batch; its *backward* runs
    from the first to the last ``autograd::engine::evaluate_function`` event
@@ -55,6 +61,7 @@ from minddp.analysis.events import RankTrace
 from minddp.analysis.steps import RankIntervals, end_of, numel_of, per_step_means, step_windows
 
 _LAUNCH = re.compile(r"^minddp\.bucket_launch#(\d+) numel=(\d+) dtype=(\S+) hook=(\S+)$")
+_GATHER = re.compile(r"^minddp\.all_gather_launch#(\d+)$")
 
 
 #: Names of the ranges that are communication: gloo's collectives, and the emulated link's transfers.
@@ -78,8 +85,10 @@ def _rank_intervals(trace: RankTrace) -> RankIntervals:
     compute = [(e["ts"], end_of(e)) for e in trace.events                                    # step 3
                if e["name"].startswith("aten::") and e.get("tid") not in comm_threads]
     comm = [(e["ts"], end_of(e)) for e in trace.events if is_comm(e)]
-    allreduces = sorted((e for e in trace.events if e["name"] == "gloo:all_reduce"), key=lambda e: e["ts"])
-    return RankIntervals(steps, compute, comm, allreduces, comm_threads)
+    def named(prefix: str) -> list[dict]:
+        return sorted((e for e in trace.events if e["name"].startswith(prefix)), key=lambda e: e["ts"])
+    return RankIntervals(steps, compute, comm, named("gloo:all_reduce"), comm_threads,
+                         named("gloo:all_gather"), named("gloo:reduce_scatter"))
 
 
 def rank_metrics(trace: RankTrace) -> dict:
@@ -109,11 +118,16 @@ def bucket_timeline(trace: RankTrace, step: int | None = None) -> list[dict]:
     """
     iv = rank_intervals(trace)
     number, s0, s1 = _pick_step(iv, trace, step)
-    queued = sorted((e for e in trace.events if e["name"] == "c10d::allreduce_" and e["tid"] not in iv.comm_threads),
+    def queued_calls(name: str) -> list[dict]:
+        return sorted((e for e in trace.events if e["name"] == name and e["tid"] not in iv.comm_threads),
+                      key=lambda e: e["ts"])
+    queued, gathers = queued_calls("c10d::allreduce_"), queued_calls("c10d::_allgather_base_")
+    # an all-gather is queued with (output, input) and runs with its input: match on the input's size
+    runs = {**_match_queued_to_runs(queued, iv.allreduces), **_match_queued_to_runs(gathers, iv.allgathers, 1)}
+    ranges = sorted((e for e in trace.events if _LAUNCH.match(e["name"]) or _GATHER.match(e["name"])),
                     key=lambda e: e["ts"])
-    runs = _match_queued_to_runs(queued, iv.allreduces)
-    ranges = sorted((e for e in trace.events if _LAUNCH.match(e["name"])), key=lambda e: e["ts"])
-    launches = [(e, _LAUNCH.match(e["name"]).groups()) for e in ranges if s0 <= e["ts"] < s1]
+    launches = [(e, _LAUNCH.match(e["name"]).groups() if _LAUNCH.match(e["name"]) else
+                 (_GATHER.match(e["name"]).group(1), None, "", "all_gather")) for e in ranges if s0 <= e["ts"] < s1]
     if not ranges:          # torch's reducer: each queued all_reduce of this step is a bucket
         mine = [q for q in queued if s0 <= q["ts"] < s1]
         launches = [(q, (str(i), str(numel_of((q.get("args", {}).get("Input Dims") or [[]])[0])), "", "reducer"))
@@ -123,10 +137,14 @@ def bucket_timeline(trace: RankTrace, step: int | None = None) -> list[dict]:
             if e["name"].startswith("minddp.link_send#") and e.get("tid") not in iv.comm_threads]
     rows = []
     for order, (e, (index, numel, dtype, hook)) in enumerate(launches):
+        calls = gathers if hook == "all_gather" else queued
         if transfers:    # with a link, the bucket's communication is the link's transfers
             mine = [transfers[n] for m, n in sent if e["ts"] <= m["ts"] <= end_of(e) and n in transfers]
         else:
-            mine = [runs[id(q)] for q in queued if e["ts"] <= q["ts"] <= end_of(e) and id(q) in runs]
+            mine = [runs[id(q)] for q in calls if e["ts"] <= q["ts"] <= end_of(e) and id(q) in runs]
+        if numel is None:       # an all-gather: what this rank sent, from the collective (or the link's) bytes
+            numel = sum(r["args"]["bytes"] // 4 // r["args"]["ranks"] if "bytes" in r.get("args", {}) else
+                        numel_of((r.get("args", {}).get("Input Dims") or [[]])[0]) for r in mine)
         rows.append({
             "step": number, "order": order, "bucket": int(index), "numel": int(numel), "dtype": dtype or
             str((mine[0].get("args", {}).get("Input type") or [""])[0] if mine else ""),
@@ -165,12 +183,14 @@ def step_phases(trace: RankTrace, step: int | None = None) -> list[dict]:
     return rows
 
 
-def _match_queued_to_runs(queued: list[dict], runs: list[dict]) -> dict[int, dict]:
-    """Pair each queued ``c10d::allreduce_`` with the ``gloo:all_reduce`` that ran it (step 5)."""
+def _match_queued_to_runs(queued: list[dict], runs: list[dict], which: int = 0) -> dict[int, dict]:
+    """Pair each queued ``c10d::`` call with the ``gloo:`` range that ran it (step 5), by the size of its
+    input number ``which``."""
     free = list(runs)
     out = {}
     for q in queued:
-        numel = numel_of((q.get("args", {}).get("Input Dims") or [[]])[0])
+        dims = q.get("args", {}).get("Input Dims") or [[]]
+        numel = numel_of(dims[which] if len(dims) > which else [])
         for i, r in enumerate(free):
             if r["ts"] >= q["ts"] and numel_of((r.get("args", {}).get("Input Dims") or [[]])[0]) == numel:
                 out[id(q)] = free.pop(i)

@@ -63,8 +63,11 @@ def rank_intervals(trace: RankTrace) -> RankIntervals:
     comm = [(e["ts"], end_of(e)) for e in kernels if _is_comm_kernel(e)]
     compute = [(e["ts"], end_of(e)) for e in kernels if not _is_comm_kernel(e)]
     cpu_events = [e for e in trace.events if e.get("cat") not in _KERNEL_CATS]
-    allreduces = sorted((e for e in cpu_events if e["name"] == "nccl:all_reduce"), key=lambda e: e["ts"])
-    return RankIntervals(step_windows(cpu_events), compute, comm, allreduces)
+    def named(*parts: str) -> list[dict]:
+        return sorted((e for e in cpu_events if e["name"].startswith("nccl:") and any(p in e["name"] for p in parts)),
+                      key=lambda e: e["ts"])
+    return RankIntervals(step_windows(cpu_events), compute, comm, named("all_reduce"), set(),
+                         named("all_gather", "allgather"), named("reduce_scatter"))
 
 
 @contextlib.contextmanager

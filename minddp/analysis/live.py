@@ -18,7 +18,12 @@ not to the profiler):
    the backward longer); a call started inside a backward overlaps it, or
    at least interleaves with it; the **tail** is the time from the end of the
    last backward to the start of the ``minddp.optimizer_step`` range: what the
-   step spent finishing the sync after the gradients were computed.
+   step spent finishing the sync after the gradients were computed;
+4. the sharded stages' **all-gathers** are counted apart
+   (``c10d::_allgather_base_`` calls, ``gloo:all_gather`` bytes of their
+   input, what this rank sent): the parameters that travel back. On gloo
+   their reduce-scatters are all_reduces (:meth:`minddp.comm.wire.Wire.reduce_scatter`),
+   counted with the calls above.
 
 Example::
 
@@ -38,6 +43,8 @@ from minddp.analysis.steps import ELEMENT_SIZE
 
 CALL = "c10d::allreduce_"
 BACKEND_RANGES = ("gloo:all_reduce", "nccl:all_reduce")
+GATHER_CALL = "c10d::_allgather_base_"
+GATHER_RANGES = ("gloo:all_gather", "nccl:all_gather")
 
 
 def profiler(record_shapes: bool = True) -> torch.profiler.profile:
@@ -52,11 +59,11 @@ def calls(prof) -> list:
     return sorted((e for e in prof.events() if e.name == CALL), key=lambda e: e.time_range.start)
 
 
-def backend_bytes(prof) -> int:
-    """Step 2: bytes of every all_reduce the backend ran."""
+def backend_bytes(prof, ranges: tuple = BACKEND_RANGES) -> int:
+    """Step 2: bytes of every all_reduce (or other ``ranges``) the backend ran."""
     total = 0
     for e in prof.events():
-        if e.name in BACKEND_RANGES and e.input_shapes and e.input_shapes[0]:
+        if e.name in ranges and e.input_shapes and e.input_shapes[0]:
             dtype = (getattr(e, "input_dtypes", None) or ["float"])[0]
             total += math.prod(e.input_shapes[0]) * ELEMENT_SIZE.get(str(dtype), 4)
     return total
@@ -90,4 +97,6 @@ def step_view(prof) -> dict:
         "backward_ms": [(e - s) / 1e3 for s, e in spans],
         "last_backward_ms": (last[1] - last[0]) / 1e3,
         "after_last_backward_ms": ((optimizer[-1][0] if optimizer else last[1]) - last[1]) / 1e3,
+        "gathers": sum(1 for e in events if e.name == GATHER_CALL),                    # step 4
+        "gather_bytes": backend_bytes(prof, GATHER_RANGES),
     }

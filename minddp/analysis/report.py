@@ -3,12 +3,13 @@
 1. ``temporal_breakdown.png``: per stage, stacked compute / non-compute / idle
    share of the profiled time (HTA's temporal breakdown);
 2. ``overlap.png``: per stage, the share of comm hidden behind compute;
-3. ``comm.png``: per stage, all_reduce calls per step and comm time per step;
+3. ``comm.png``: per stage, collective calls per step (all_reduce, all_gather,
+   reduce_scatter) and comm time per step;
 4. ``bucket_timeline.png``: one step of rank 0 of every stage, torch's DDP
    included, on **one** time axis (ms from the step's start), a row per
    stage: the forward and backward of each micro-batch as pale and darker
    bands, a tick when each bucket was handed to the wire, a bar while its
-   all_reduce ran, the optimizer step, and the end of the step. A bar after
+   collective ran (a sharded stage's all-gathers too), the optimizer step, and the end of the step. A bar after
    the last backward band is communication the step waited for; bars inside
    a band that grew longer than the other stages' are interleaved (backward
    waited for them); bars inside a band of normal length overlap it;
@@ -92,14 +93,24 @@ def plot_comm(results, path: Path) -> None:
     """Step 3."""
     stages = _stage_labels(results)
     fig, (a, b) = plt.subplots(1, 2, figsize=(max(10, 2 * len(stages)), 4))
-    _grouped_bars(a, results, stages, "allreduce_calls_per_step", "all_reduce calls per step")
-    a.set_title("all_reduce calls per step")
+    calls = [_summed(r, ["allreduce_calls_per_step", "allgather_calls_per_step", "reducescatter_calls_per_step"])
+             for r in results]
+    _grouped_bars(a, calls, stages, "collective_calls_per_step", "collective calls per step")
+    a.set_title("all_reduce + all_gather + reduce_scatter calls per step")
     results_ms = [_scaled(r, "comm_time_per_step_us", 1e-3) for r in results]
     _grouped_bars(b, results_ms, stages, "comm_time_per_step_us", "ms per step")
     b.set_title("Communication time per step")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _summed(result, columns, name="collective_calls_per_step"):
+    from copy import copy
+    out = copy(result)
+    present = [c for c in columns if c in result.stages.columns]
+    out.stages = result.stages.assign(**{name: result.stages[present].sum(axis=1)})
+    return out
 
 
 def _scaled(result, column, factor):
@@ -148,7 +159,7 @@ def plot_timeline(result, path: Path | None = None, rank: int = 0):
             done = b.dropna(subset=["comm_start_us"])
             ax.broken_barh([(s * ms, max(e - s, 0.0) * ms) for s, e in zip(done["comm_start_us"], done["comm_end_us"])],
                            (y - 0.12, 0.24), facecolors="#dd8452", edgecolors="#a0522d", linewidth=0.6,
-                           label="all_reduce running")
+                           label="collective running")
             ax.plot(b["ready_us"] * ms, [y - 0.28] * len(b), "|", color="black", markersize=9,
                     label="bucket handed to the wire")
             right = max(right, float(b["comm_end_us"].max(skipna=True) or 0.0))

@@ -1,11 +1,12 @@
-"""Per-step numbers, the same on CPU and GPU: step time, all_reduce calls and bytes, comm time.
+"""Per-step numbers, the same on CPU and GPU: step time, collective calls and bytes, comm time.
 
 Each path (:mod:`~minddp.analysis.cpu`, :mod:`~minddp.analysis.gpu`) reduces
 a rank's trace to :class:`RankIntervals`; from there:
 
 1. each ``ProfilerStep#N`` range is one step (its time is its duration);
 2. an all_reduce *call* is one ``gloo:all_reduce`` (CPU) or ``nccl:all_reduce``
-   (GPU) range, counted in the step it starts in;
+   (GPU) range, counted in the step it starts in; all_gather and
+   reduce_scatter calls (the sharded stages') likewise, in their own columns;
 3. its bytes are ``numel × element size`` of the first input, from the
    ``Input Dims``/``Input type`` that ``record_shapes=True`` stores;
 4. comm time of a step is ``|comm ∩ step|`` (see :mod:`~minddp.analysis.metrics`).
@@ -32,6 +33,8 @@ class RankIntervals:
     comm: list[metrics.Interval]
     allreduces: list[dict]                   # the all_reduce events, by start time
     comm_threads: set = field(default_factory=set)
+    allgathers: list[dict] = field(default_factory=list)        # the all_gather events (sharded stages)
+    reducescatters: list[dict] = field(default_factory=list)    # the reduce_scatter events
 
 
 def end_of(e: dict) -> float:
@@ -74,26 +77,26 @@ def per_step(iv: RankIntervals) -> list[dict]:
     """Steps 1-4: for each profiled step, its time, all_reduce calls and bytes, and comm time."""
     rows = []
     for number, start, end in iv.steps:
-        calls = [e for e in iv.allreduces if start <= e["ts"] < end]
-        rows.append({
-            "step": number,
-            "step_time_us": end - start,
-            "allreduce_calls": len(calls),
-            "allreduce_bytes": sum(bytes_of(e) for e in calls),
-            "comm_time_us": metrics.length(metrics.intersect(iv.comm, [(start, end)])),
-        })
+        row = {"step": number, "step_time_us": end - start}
+        for kind, events in (("allreduce", iv.allreduces), ("allgather", iv.allgathers),
+                             ("reducescatter", iv.reducescatters)):
+            calls = [e for e in events if start <= e["ts"] < end]
+            row[f"{kind}_calls"] = len(calls)
+            row[f"{kind}_bytes"] = sum(bytes_of(e) for e in calls)
+        row["comm_time_us"] = metrics.length(metrics.intersect(iv.comm, [(start, end)]))
+        rows.append(row)
     return rows
 
 
 def per_step_means(iv: RankIntervals) -> dict:
     rows = per_step(iv)
     n = len(rows)
-    return {
-        "steps": n,
-        "allreduce_calls_per_step": sum(r["allreduce_calls"] for r in rows) / n,
-        "allreduce_bytes_per_step": sum(r["allreduce_bytes"] for r in rows) / n,
-        "comm_time_per_step_us": sum(r["comm_time_us"] for r in rows) / n,
-        "step_time_us": sum(r["step_time_us"] for r in rows) / n,
-    }
+    means = {"steps": n}
+    for kind in ("allreduce", "allgather", "reducescatter"):
+        means[f"{kind}_calls_per_step"] = sum(r[f"{kind}_calls"] for r in rows) / n
+        means[f"{kind}_bytes_per_step"] = sum(r[f"{kind}_bytes"] for r in rows) / n
+    means["comm_time_per_step_us"] = sum(r["comm_time_us"] for r in rows) / n
+    means["step_time_us"] = sum(r["step_time_us"] for r in rows) / n
+    return means
 
 

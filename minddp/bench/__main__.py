@@ -8,7 +8,7 @@ import platform
 import sys
 import time
 
-from minddp.bench.configs import VARIANTS, bench_configs
+from minddp.bench.configs import SHARDED_BENCH, TORCH_SHARDED, VARIANTS, bench_configs
 from minddp.cli import Parser, UsageError, fail, number
 from minddp.bench.report import markdown_table, pool, summarize, write_outputs
 from minddp.bench.targets import check_targets, targets_markdown
@@ -34,6 +34,7 @@ EXAMPLES = [
     "python -m minddp.bench --quick                        # 1 launch, 1 round, 3 steps: a smoke run",
     "python -m minddp.bench --stage ddp,torch --variants noop --rounds 10",
     "python -m minddp.bench --preset small --stage bucket-async,ddp,torch --variants none",
+    "python -m minddp.bench --preset small --stage sharded --variants noop   # the sharded rungs and their targets",
     "python -m minddp.bench --pool results/bench-A results/bench-B   # two saved runs judged as one",
 ]
 
@@ -43,8 +44,15 @@ SHARED = ("model", "batch_size", "grad_accum", "max_seq_len", "bucket_cap_mb", "
 
 
 def _bench_stages() -> list[str]:
+    """Every name --stage takes: minddp's stages, torch's DDP, torch's own sharding."""
     from minddp.ladder import STAGES
-    return list(STAGES) + ["torch"]
+    return list(STAGES) + ["torch"] + list(TORCH_SHARDED)
+
+
+def _ddp_ladder() -> list[str]:
+    """``--stage all``: the DDP ladder and torch's DDP (the sharded rungs are ``--stage sharded``)."""
+    from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER, STAGES
+    return [s for s in STAGES if s not in SHARDED_OPTIMIZER + SHARDED_GRADIENTS] + ["torch"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,9 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "options exit with code 2 before any rank starts.")
     what = p.add_argument_group("what to run")
     what.add_argument("--stage", "--stages", dest="stages", metavar="NAME[,...]", default="all",
-                      type=stage_list(lambda: _bench_stages() + ["all"]),
+                      type=stage_list(lambda: _bench_stages() + ["all", "sharded"]),
                       help="stages to run, as in python -m minddp.train --stage: a comma list of "
-                           f"{', '.join(_bench_stages())} (torch = torch's DDP, the reference), or all")
+                           f"{', '.join(_bench_stages())} (torch = torch's DDP, the reference; torch-zero1, "
+                           "torch-fsdp = torch's ZeroRedundancyOptimizer and fully_shard), all (the DDP ladder "
+                           f"and torch), or sharded ({','.join(SHARDED_BENCH)})")
     what.add_argument("--variants", metavar="LIST", default=",".join(VARIANTS),
                       help="comma list of extras: noop (every stage with noop_hook), powersgd (r1, r4), fp16, "
                            "gabv (gradient_as_bucket_view), pyhook (torch averaging through its Python "
@@ -125,7 +135,8 @@ def parse(argv: list[str] | None):
     if ns.launches > ns.rounds:
         raise UsageError(f"--launches ({ns.launches}) must not exceed --rounds ({ns.rounds}): "
                          "every launch runs at least one round")
-    stages = _bench_stages() if ns.stages == "all" else ns.stages.split(",")
+    stages = (_ddp_ladder() if ns.stages == "all" else list(SHARDED_BENCH) if ns.stages == "sharded"
+              else ns.stages.split(","))
     variants = [] if ns.variants == "none" else _names(ns.variants, list(VARIANTS), "--variants")
     if ns.variants != ",".join(VARIANTS):     # named by the user (not the default): each must add a run
         plain = len(bench_configs(stages, []))
@@ -148,6 +159,10 @@ def parse(argv: list[str] | None):
     if cfg.bucket_cap_mb == "auto":
         raise UsageError("--bucket-cap-mb auto chooses a cap at the start of a training run (python -m minddp.train); "
                          "the benchmark compares fixed caps: give a number of MiB")
+    if cfg.link is not None and set(stages) & set(TORCH_SHARDED):
+        raise UsageError(f"--link cannot reach {', '.join(s for s in stages if s in TORCH_SHARDED)} (torch's sharding "
+                         "calls its collectives itself, with no comm hook to carry them); drop it from --stage or "
+                         "drop --link")
     return ns, cfg, bench_configs(stages, variants)
 
 

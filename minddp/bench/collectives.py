@@ -26,9 +26,12 @@ as it is on this machine, and gloo under each emulated ``--links``,
    ``collectives.png`` (measured points and fitted lines, one panel per
    collective) to ``--out``.
 
-``--transports ring,naive`` also times minddp's hand-written all_reduces
-(:mod:`minddp.collectives`) as networks of their own (formerly
-``python -m minddp.collectives.bench``).
+``--transports ring,naive`` also times minddp's hand-written collectives
+(:mod:`minddp.collectives`: all_reduce, reduce_scatter, all_gather) as networks
+of their own, and ``--transports wire`` what :class:`~minddp.comm.wire.Wire`
+does with torch's transport: on gloo its reduce_scatter is an all_reduce that
+keeps this rank's chunk (the command behind that choice is
+``--collectives reduce_scatter --transports wire --links none``).
 
 Example::
 
@@ -66,9 +69,13 @@ def _start(kind: str, nbytes: int, world: int, transport=None):
         return t.numel() * 4, lambda: dist.all_reduce(t, async_op=True)
     if kind == "reduce_scatter":
         src, dst = torch.ones(chunk * world), torch.empty(chunk)
+        if transport is not None:
+            return src.numel() * 4, lambda: _Done(transport.reduce_scatter(dst, src, dist.group.WORLD))
         return src.numel() * 4, lambda: _reduce_scatter(dst, src, async_op=True)
     if kind == "all_gather":
         src, dst = torch.ones(chunk), torch.empty(chunk * world)
+        if transport is not None:
+            return dst.numel() * 4, lambda: _Done(transport.all_gather(dst, src, dist.group.WORLD))
         return dst.numel() * 4, lambda: _all_gather(dst, src, async_op=True)
     t = torch.ones(chunk * world)
     return t.numel() * 4, lambda: dist.broadcast(t, src=0, async_op=True)
@@ -89,6 +96,23 @@ class _Done:
         return self.value
 
 
+class _WireTransport:
+    """:class:`~minddp.comm.wire.Wire` with torch's transport, as a transport: each call started and waited."""
+
+    def __init__(self):
+        from minddp.comm.wire import Wire
+        self.wire = Wire(dist.group.WORLD)
+
+    def __call__(self, tensor, group):
+        self.wire.all_reduce(tensor).wait()
+
+    def reduce_scatter(self, output, input, group):
+        self.wire.reduce_scatter(output, input).wait()
+
+    def all_gather(self, output, input, group):
+        self.wire.all_gather(output, input).wait()
+
+
 def measure_rank(networks: list[str], collectives: list[str], sizes: list[int], iters: int, warmup: int) -> list[dict]:
     """Step 1 on every rank; the rows (identical on all ranks) of every (network, collective, size)."""
     from minddp.collectives import TRANSPORTS
@@ -96,9 +120,9 @@ def measure_rank(networks: list[str], collectives: list[str], sizes: list[int], 
     world = dist.get_world_size()
     rows = []
     for network in networks:
-        link = Link(network) if network not in ("gloo", *TRANSPORTS) else None
-        transport = TRANSPORTS.get(network)
-        for kind in collectives if transport is None else ["all_reduce"]:
+        link = Link(network) if network not in ("gloo", "wire", *TRANSPORTS) else None
+        transport = _WireTransport() if network == "wire" else TRANSPORTS.get(network)
+        for kind in collectives if transport is None else [k for k in collectives if k != "broadcast"]:
             for size in sizes:
                 payload, start = _start(kind, size, world, transport)
                 times = []
@@ -224,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="python -m minddp.bench collectives", description=__doc__.split("\n")[0])
     p.add_argument("--links", default="1gbit", help="comma list of emulated links to measure besides gloo ('none': gloo only)")
     p.add_argument("--collectives", default=",".join(COLLECTIVES), help="comma list of collectives")
-    p.add_argument("--transports", default="", help="also minddp's hand-written all_reduces: comma list of ring, naive")
+    p.add_argument("--transports", default="", help="also minddp's hand-written collectives and the wire's: comma list "
+                                                     "of ring, naive, wire")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--min-kib", type=int, default=1)
     p.add_argument("--max-mib", type=int, default=64)
@@ -236,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         links = [] if ns.links == "none" else [parse_link(x).name for x in ns.links.split(",") if x]
         kinds = [k for k in ns.collectives.split(",") if k]
         transports = [t for t in ns.transports.split(",") if t]
-        if set(kinds) - set(COLLECTIVES) or set(transports) - (set(TRANSPORTS) - {"torch"}):
-            raise UsageError(f"--collectives takes {', '.join(COLLECTIVES)}; --transports takes ring, naive")
+        if set(kinds) - set(COLLECTIVES) or set(transports) - (set(TRANSPORTS) - {"torch"} | {"wire"}):
+            raise UsageError(f"--collectives takes {', '.join(COLLECTIVES)}; --transports takes ring, naive, wire")
         if ns.world_size < 2 or ns.iters < 1 or ns.min_kib < 1 or ns.max_mib * 1024 < ns.min_kib:
             raise UsageError("need --world-size >= 2, --iters >= 1, 1 <= --min-kib <= --max-mib * 1024")
     except (ValueError, UsageError) as exc:

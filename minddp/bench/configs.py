@@ -12,6 +12,14 @@ judged against in the same benchmark:
 Names read as ``<stage>[+<variant>]``: ``bucket-async``, ``ddp+noop``,
 ``torch+powersgd-r1``, ``ddp+fp16``, ``torch+gabv``, ``torch+pyhook``.
 
+The sharded rungs (``zero1``, ``zero2``, ``fsdp``) run like any stage, their
+``+noop`` sending nothing at all (reduce-scatters, all-gathers and ZeRO-1's
+gathers included: :func:`minddp.sharding.hooks.sharded_hook`); beside them,
+torch's own sharding (:data:`TORCH_SHARDED`): ``torch-zero1`` (torch's
+``ZeroRedundancyOptimizer`` over torch's DDP) and ``torch-fsdp``
+(``fully_shard`` on every block, then the root), which have no
+no-communication variant.
+
 ``torch+pyhook`` is torch's DDP averaging through torch's own *Python*
 ``allreduce_hook`` instead of its C++ default: the same work, so its ratio to
 ``torch`` is what a Python comm hook costs torch's reducer. minddp's stages
@@ -43,6 +51,10 @@ POWERSGD_RANKS = (1, 4)
 #: ``powerSGD_hook`` issues its second all_reduce from a future's callback; with several buckets in flight
 #: on gloo the two ranks then pair different collectives and gloo aborts ("collective mismatch").
 POWERSGD_BUCKET_CAP_MB = 25.0
+#: torch's own sharding, as configurations (not minddp stages): its ZeRO-1 over its DDP, and fully_shard.
+TORCH_SHARDED = ("torch-zero1", "torch-fsdp")
+#: ``--stages sharded``: the sharded ladder beside DDP and torch's own.
+SHARDED_BENCH = ("ddp", "zero1", "zero2", "fsdp", "torch", "torch-zero1", "torch-fsdp")
 
 
 @dataclass(frozen=True)
@@ -61,8 +73,8 @@ class BenchConfig:
 
     @property
     def torch_cpp_default(self) -> bool:
-        """torch's DDP averaging in C++, no Python hook (no ``dist.all_reduce`` call to meter its bytes by)."""
-        return self.stage == "torch" and self.hook == "allreduce" and not self.python_hook
+        """torch averaging in C++, no Python hook (no ``dist.all_reduce`` call to meter its bytes by)."""
+        return self.stage in ("torch",) + TORCH_SHARDED and self.hook == "allreduce" and not self.python_hook
 
 
 def bench_configs(stages: list[str], variants: list[str] = list(VARIANTS)) -> list[BenchConfig]:
@@ -77,7 +89,7 @@ def bench_configs(stages: list[str], variants: list[str] = list(VARIANTS)) -> li
 
     configs = [make(s, s, "torch") for s in stages]
     if noop:
-        configs += [make(f"{s}+noop", s, "torch+noop", hook="noop") for s in stages]
+        configs += [make(f"{s}+noop", s, "torch+noop", hook="noop") for s in stages if s not in TORCH_SHARDED]
     for stage in [s for s in VARIANT_STAGES if s in stages]:
         if "powersgd" in variants:
             configs += [make(f"{stage}+powersgd-r{r}", stage, f"torch+powersgd-r{r}", hook="powersgd",
@@ -100,7 +112,31 @@ def wrap(config: BenchConfig, model: nn.Module, cfg: TrainConfig, wire=None, lin
     options = cfg.powersgd_options()
     if config.powersgd_rank is not None:
         options["matrix_approximation_rank"] = config.powersgd_rank
-    return wrap_in_stage(config.stage, model, hook=config.hook,
+    if config.stage == "torch-fsdp":
+        return torch_fully_shard(model)
+    return wrap_in_stage("torch" if config.stage == "torch-zero1" else config.stage, model, hook=config.hook,
                          bucket_cap_mb=cfg.bucket_cap_mb if config.bucket_cap_mb is None else config.bucket_cap_mb,
                          gradient_as_bucket_view=config.gradient_as_bucket_view, python_hook=config.python_hook,
                          powersgd_options=options, wire=wire, link=link)
+
+
+def optimizer(config: BenchConfig, model: nn.Module, cfg: TrainConfig, wire=None, link=None):
+    """The configuration's AdamW: sharded as its stage shards it (:func:`minddp.ladder.make_optimizer`), or torch's ZeRO-1."""
+    import torch
+    if config.stage == "torch-zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        return ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=cfg.lr)
+    from minddp.ladder import make_optimizer
+    stage = "torch" if config.stage == "torch-fsdp" else config.stage
+    return make_optimizer(stage, model, torch.optim.AdamW, hook=config.hook, wire=wire, link=link, lr=cfg.lr)
+
+
+def torch_fully_shard(model: nn.Module) -> nn.Module:
+    """torch's FSDP2 as its docs apply it: ``fully_shard`` on every block (minddp's units), then on the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    from minddp.sharding.fsdp import blocks_of
+    is_block = blocks_of(model)
+    for module in [m for m in model.modules() if is_block(m) and m is not model]:
+        fully_shard(module)
+    return fully_shard(model)

@@ -20,7 +20,10 @@ sides), and is skipped when the run lacks a configuration it needs:
 4. ``ddp`` with ``gradient_as_bucket_view``: peak memory per rank ≤ torch's
    with the same flag + 10 %;
 5. the blog's ordering: ``simple`` is the slowest distributed stage and
-   ``bucket-async`` the fastest of the blog's six.
+   ``bucket-async`` the fastest of the blog's six;
+6. the sharded rungs (``--stages sharded``): ``zero2`` step ≤ 1.10 × ``ddp``
+   and its overlap ≥ ``ddp``'s; ``fsdp`` step ≤ 1.30 × ``ddp``; ``zero1``
+   step ≤ torch's ``ZeroRedundancyOptimizer`` (``torch-zero1``).
 
 Each target is judged on the run's point values (``met``), and, where the
 run has the raw samples, with a 90 % interval of the same quantity that
@@ -116,6 +119,17 @@ def check_targets(rows: list[dict], preset: str | None = None) -> list[dict]:
                           f"({b['median_ms'] / r['median_ms']:.3f} ×)", fastest == "bucket-async"),
             lambda b, r: _bootstrap([b, r], "times_ms", lambda x, y: statistics.median(x) / statistics.median(y)),
             lambda lo, hi: lo < 1.0, f"bucket-async / {runner_up}")
+    for stage, reference, bound in (("zero2", "ddp", 1.10), ("fsdp", "ddp", 1.30), ("zero1", "torch-zero1", 1.0)):
+        add(f"{stage} step ≤ {bound:.2f} × {reference}", [stage, reference],                # step 6
+            lambda a, r, b=bound: (f"{a['median_ms'] / r['median_ms']:.3f} × ({a['median_ms']:.1f} vs "
+                                   f"{r['median_ms']:.1f} ms)", a["median_ms"] <= b * r["median_ms"]),
+            lambda a, r: _bootstrap([a, r], "times_ms", lambda x, y: statistics.median(x) / statistics.median(y)),
+            lambda lo, hi, b=bound: lo <= b, f"{stage} / {reference}")
+    if all(by.get(n, {}).get("overlap_pct") is not None for n in ("zero2", "ddp")):
+        add("zero2 overlap ≥ ddp's", ["zero2", "ddp"],
+            lambda a, d: (f"{a['overlap_pct']:.1f} vs {d['overlap_pct']:.1f} %", a["overlap_pct"] >= d["overlap_pct"]),
+            lambda a, d: _bootstrap([a, d], "overlap_rounds", lambda x, y: pooled_pct(x) - pooled_pct(y)),
+            lambda lo, hi: hi >= 0, "zero2 − ddp, points")
     return out
 
 

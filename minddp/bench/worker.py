@@ -50,7 +50,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from minddp.bench.configs import BenchConfig, wrap
+from minddp.bench.configs import BenchConfig, optimizer, wrap
 from minddp.config import TrainConfig
 from minddp.data import PreparedData, step_batches
 
@@ -102,12 +102,12 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
         model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed, cfg.dtype).to(device)
         model.train()
         traffic = Traffic()
-        wrapped = wrap(config, model, cfg, wire=None if config.stage == "torch" else Wire(None, traffic=traffic),
-                       link=link)
+        wire = None if config.stage.startswith("torch") else Wire(None, traffic=traffic)
+        wrapped = wrap(config, model, cfg, wire=wire, link=link)
         batches = step_batches(data.train, cfg.batch_size, cfg.grad_accum, world, rank, cfg.seed,
                                data.pad_token_id)
         meter = (lambda: counting_torch_all_reduce(traffic)) if config.stage == "torch" else contextlib.nullcontext
-        return wrapped, torch.optim.AdamW(model.parameters(), lr=cfg.lr), batches, meter, traffic
+        return wrapped, optimizer(config, model, cfg, wire, link), batches, meter, traffic
 
     for config in configs:                                                                  # step 1
         runs[config.name] = build(config)

@@ -1,10 +1,14 @@
-"""Naive (star) all_reduce: everyone sends to rank 0, rank 0 sums and sends the result back.
+"""Naive (star) collectives: everything goes through rank 0, for contrast with :mod:`ring`.
 
-The textbook version, for contrast with :mod:`ring`:
+All_reduce, the textbook version:
 
 1. **reduce**: every rank ``r > 0`` sends its whole tensor to rank 0, which
    adds each one in;
 2. **broadcast**: rank 0 sends the finished sum to every other rank.
+
+Reduce-scatter and all-gather go the same way: rank 0 collects everything,
+then sends each rank what it should end with (its chunk of the sum; the
+whole gathered tensor).
 
 Cost model. Ranks ``r > 0`` send and receive ``bytes`` once each, but rank 0
 receives ``(n - 1) · bytes`` and sends ``(n - 1) · bytes``: its link carries
@@ -22,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from minddp.collectives.p2p import exchange, ranks_to_reduce
+from minddp.collectives.p2p import check_sizes, exchange, ranks_to_reduce
 
 
 def naive_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup) -> None:
@@ -41,3 +45,37 @@ def naive_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup) -> None:
     else:
         exchange(tensor, 0, None, 0, group)                                       # step 1
         exchange(None, 0, tensor, 0, group)                                       # step 2
+
+
+def naive_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup) -> None:
+    """``output`` = this rank's chunk of the sum of ``input``: rank 0 sums everything, then hands out chunks."""
+    n = check_sizes(output, input, group, "naive_reduce_scatter", output_is_whole=False)
+    rank = dist.get_rank(group)
+    if rank == 0:
+        total, inbox = input.reshape(-1).clone(), torch.empty_like(input.reshape(-1))
+        for r in range(1, n):
+            exchange(None, r, inbox, r, group)
+            total += inbox
+        chunks = total.chunk(n)
+        for r in range(1, n):
+            exchange(chunks[r], r, None, r, group)
+        output.view(-1).copy_(chunks[0])
+    else:
+        exchange(input.reshape(-1), 0, None, 0, group)
+        exchange(None, 0, output.view(-1), 0, group)
+
+
+def naive_all_gather(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup) -> None:
+    """``output`` = every rank's ``input`` in rank order: rank 0 collects the pieces, then sends the whole."""
+    n = check_sizes(output, input, group, "naive_all_gather", output_is_whole=True)
+    rank = dist.get_rank(group)
+    pieces = output.view(-1).chunk(n)
+    pieces[rank].copy_(input.reshape(-1))
+    if rank == 0:
+        for r in range(1, n):
+            exchange(None, r, pieces[r], r, group)
+        for r in range(1, n):
+            exchange(output, r, None, r, group)
+    else:
+        exchange(pieces[rank], 0, None, 0, group)
+        exchange(None, 0, output, 0, group)

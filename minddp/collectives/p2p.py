@@ -1,7 +1,7 @@
 """The two point-to-point moves every hand-written collective here is made of.
 
 Kept apart so that :mod:`ring` and :mod:`naive` read as algorithms, not as
-bookkeeping about global ranks and backends.
+bookkeeping about global ranks, backends and argument checks.
 
 Example::
 
@@ -48,3 +48,23 @@ def ranks_to_reduce(tensor: torch.Tensor, group: dist.ProcessGroup, name: str) -
     if not tensor.is_contiguous():
         raise ValueError(f"{name} needs a contiguous tensor: pass tensor.contiguous() and copy back")
     return dist.get_world_size(group)
+
+
+def check_sizes(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup, name: str,
+                output_is_whole: bool) -> int:
+    """The group's size, after checking a reduce-scatter's or all-gather's two tensors fit each other.
+
+    The whole tensor (``input`` of a reduce-scatter, ``output`` of an
+    all-gather) must hold exactly ``n`` pieces of the other one's size, and
+    both must be contiguous, as for torch's ``*_single`` collectives.
+    """
+    n = dist.get_world_size(group)
+    whole, piece = (output, input) if output_is_whole else (input, output)
+    if not (output.is_contiguous() and input.is_contiguous()):
+        raise ValueError(f"{name} needs contiguous tensors: pass .contiguous() copies")
+    if whole.numel() != n * piece.numel() or whole.dtype != piece.dtype:
+        raise ValueError(
+            f"{name}: the whole tensor must hold {n} (the world size) pieces of the other's size and dtype, "
+            f"got {whole.numel()} {whole.dtype} elements for pieces of {piece.numel()} {piece.dtype}; "
+            f"size the whole tensor as {n} x the piece (pad it, as the sharded stages do)")
+    return n

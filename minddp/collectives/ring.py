@@ -1,34 +1,45 @@
-"""Ring all_reduce: reduce-scatter, then all-gather, each rank talking only to its neighbours.
+"""Ring collectives: each rank talks only to its neighbours, and all_reduce = reduce-scatter + all-gather.
 
 Cut the tensor into ``n`` chunks (``n`` = world size; sizes may differ by one
 element when ``n`` does not divide the length). Rank ``r`` sends to
-``r + 1`` and receives from ``r - 1`` (mod ``n``):
+``r + 1`` and receives from ``r - 1`` (mod ``n``). Two passes around the ring:
 
-1. **reduce-scatter**, ``n - 1`` steps: at step ``s`` rank ``r`` sends chunk
-   ``r - s`` and receives chunk ``r - s - 1``, which it adds into its own copy.
-   A chunk travels once around the ring picking up every rank's share, so
-   after the last step rank ``r`` holds the full sum of chunk ``r + 1``;
-2. **all-gather**, ``n - 1`` steps: at step ``s`` rank ``r`` sends chunk
-   ``r + 1 - s`` (a finished sum) and receives chunk ``r - s``, which it
-   overwrites. After the last step every rank holds every finished chunk.
+1. **reduce-scatter** (:func:`reduce_scatter_chunks`), ``n - 1`` steps: at
+   step ``s`` rank ``r`` sends chunk ``r - s - 1`` and receives chunk
+   ``r - s - 2``, which it adds into its own copy. A chunk travels once around
+   the ring picking up every rank's share, so after the last step rank ``r``
+   holds the full sum of chunk ``r`` (its *shard* of the sum);
+2. **all-gather** (:func:`all_gather_chunks`), ``n - 1`` steps: every rank
+   starts with one finished chunk, its own; at step ``s`` rank ``r`` sends
+   chunk ``r - s`` and receives chunk ``r - s - 1``, which it overwrites.
+   After the last step every rank holds every chunk.
 
-Cost model. Each step moves one chunk (``bytes / n``) out of and one into each
-rank, and there are ``2 (n - 1)`` steps, so every rank sends
+:func:`ring_all_reduce` is the two passes one after the other, and that is all
+it is. The sharded stages (:mod:`minddp.sharding`) use each pass alone:
+ZeRO-2 and FSDP reduce-scatter gradients (each rank keeps the sum of its
+shard only), and all-gather parameters (each rank contributes its shard).
 
-    2 (n - 1) / n · bytes
+Cost model (α = latency of one message, β = seconds per byte, B = bytes of the
+whole tensor). Each step moves one chunk (``B / n``) out of and one into every
+rank, at the same time on every link:
 
-whatever ``n`` is: bandwidth-optimal, and the load is the same on every link
-(no rank is a hot spot, unlike :mod:`naive`). The price is latency:
-``2 (n - 1)`` message round trips, which dominate for small tensors; that is
-why DDP buckets gradients before reducing them.
+* reduce-scatter: ``(n - 1) α + (n - 1)/n · B β``
+* all-gather:     ``(n - 1) α + (n - 1)/n · B β``
+* all_reduce:     ``2 (n - 1) α + 2 (n - 1)/n · B β``: exactly the sum.
 
-Summation order differs from the backend's own all_reduce, so float results
+The bandwidth term does not grow with ``n``: bandwidth-optimal, and no rank is
+a hot spot (unlike :mod:`naive`). The price is latency: ``n - 1`` message
+round trips per pass, which dominate for small tensors; that is why DDP
+buckets gradients before reducing them.
+
+Summation order differs from the backend's own collectives, so float results
 can differ in the last bits (integers in range, as in the tests, are exact).
 
 Example::
 
     >>> t = torch.full((5,), float(dist.get_rank()))
-    >>> ring_all_reduce(t, dist.group.WORLD)      # t is now the sum over ranks
+    >>> ring_all_reduce(t, dist.group.WORLD)               # t is now the sum over ranks
+    >>> shard = torch.empty(2); ring_reduce_scatter(shard, torch.ones(4), group)   # 2 ranks: shard = [2, 2]
 """
 
 from __future__ import annotations
@@ -36,25 +47,55 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from minddp.collectives.p2p import exchange, ranks_to_reduce
+from minddp.collectives.p2p import check_sizes, exchange, ranks_to_reduce
 
 
-def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup) -> None:
-    """Sum ``tensor`` in place over ``group`` with the ring algorithm (module doc)."""
-    n = ranks_to_reduce(tensor, group, "ring_all_reduce")
-    if n == 1:
-        return
-    rank = dist.get_rank(group)
+def reduce_scatter_chunks(chunks: list[torch.Tensor], group: dist.ProcessGroup) -> None:
+    """Pass 1: afterwards ``chunks[rank]`` holds the sum over ranks of that chunk (the others are partial sums)."""
+    n, rank = len(chunks), dist.get_rank(group)
     right, left = (rank + 1) % n, (rank - 1) % n
-    chunks = list(tensor.view(-1).tensor_split(n))     # views: writing a chunk writes the tensor
-    inbox = torch.empty_like(chunks[0])                # chunk 0 is the largest
-
+    inbox = torch.empty_like(max(chunks, key=torch.Tensor.numel))
     for s in range(n - 1):                                                        # step 1
-        send_i, recv_i = (rank - s) % n, (rank - s - 1) % n
+        send_i, recv_i = (rank - s - 1) % n, (rank - s - 2) % n
         incoming = inbox[:chunks[recv_i].numel()]
         exchange(chunks[send_i], right, incoming, left, group)
         chunks[recv_i] += incoming
 
+
+def all_gather_chunks(chunks: list[torch.Tensor], group: dist.ProcessGroup) -> None:
+    """Pass 2: from ``chunks[rank]`` filled on every rank to every chunk filled on every rank."""
+    n, rank = len(chunks), dist.get_rank(group)
+    right, left = (rank + 1) % n, (rank - 1) % n
     for s in range(n - 1):                                                        # step 2
-        send_i, recv_i = (rank + 1 - s) % n, (rank - s) % n
-        exchange(chunks[send_i], right, chunks[recv_i], left, group)  # receive straight into place
+        send_i, recv_i = (rank - s) % n, (rank - s - 1) % n
+        exchange(chunks[send_i], right, chunks[recv_i], left, group)   # receive straight into place
+
+
+def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup) -> None:
+    """Sum ``tensor`` in place over ``group``: reduce-scatter, then all-gather (module doc)."""
+    n = ranks_to_reduce(tensor, group, "ring_all_reduce")
+    if n == 1:
+        return
+    chunks = list(tensor.view(-1).tensor_split(n))     # views: writing a chunk writes the tensor
+    reduce_scatter_chunks(chunks, group)
+    all_gather_chunks(chunks, group)
+
+
+def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup) -> None:
+    """``output`` = this rank's chunk of the sum of ``input`` over ranks (``input`` is ``n`` outputs back to back).
+
+    ``torch.distributed.reduce_scatter_single``'s contract; ``input`` is left as it was.
+    """
+    n = check_sizes(output, input, group, "ring_reduce_scatter", output_is_whole=False)
+    work = input.reshape(-1).clone()                    # pass 1 sums in place; the caller's input stays
+    chunks = list(work.chunk(n)) if n > 1 else [work]
+    reduce_scatter_chunks(chunks, group)
+    output.view(-1).copy_(chunks[dist.get_rank(group)])
+
+
+def ring_all_gather(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup) -> None:
+    """``output`` = every rank's ``input``, in rank order (``torch.distributed.all_gather_single``'s contract)."""
+    n = check_sizes(output, input, group, "ring_all_gather", output_is_whole=True)
+    chunks = list(output.view(-1).chunk(n)) if n > 1 else [output.view(-1)]
+    chunks[dist.get_rank(group)].copy_(input.reshape(-1))
+    all_gather_chunks(chunks, group)

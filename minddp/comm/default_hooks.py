@@ -66,7 +66,9 @@ def _compress_wrapper(dtype: torch.dtype, label: str, hook):
        the hook the bucket with that buffer;
     2. put the original buffer back in the bucket;
     3. when the hook's future completes, copy its result into the original
-       buffer (casting up) and return that buffer.
+       buffer (casting up) and return that buffer; a reduce-scatter hook
+       (:mod:`minddp.sharding.hooks`) hands back this rank's shard only,
+       which is cast up as a new tensor instead.
     """
 
     @functools.wraps(hook)
@@ -79,7 +81,10 @@ def _compress_wrapper(dtype: torch.dtype, label: str, hook):
 
         def decompress(f: torch.futures.Future) -> torch.Tensor:              # step 3
             value = f.value()
-            return original.copy_(value[0] if isinstance(value, list) else value)
+            value = value[0] if isinstance(value, list) else value
+            if value.numel() != original.numel():        # a reduce-scatter's shard
+                return value.to(original.dtype)
+            return original.copy_(value)
 
         return fut.then(decompress)
 

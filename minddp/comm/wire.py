@@ -5,28 +5,32 @@ group). minddp also accepts a :class:`Wire` there: the same group plus two
 optional things a learner or a benchmark wants, passed explicitly rather than
 set somewhere process-wide:
 
-* a **transport**: ``None`` for torch's own all_reduce (gloo/NCCL), or one of
+* a **transport**: ``None`` for torch's own collectives (gloo/NCCL), or one of
   minddp's collectives written from point-to-point messages
   (:data:`minddp.collectives.TRANSPORTS`), to watch a ring all_reduce carry
   real gradients;
-* a **meter** (:class:`Traffic`): calls and payload bytes of every all_reduce
-  the hooks send through this wire, so "bytes on the wire" is measured, not
+* a **meter** (:class:`Traffic`): calls and payload bytes of every collective
+  sent through this wire, so "bytes on the wire" is measured, not
   estimated. Without one nothing is counted and nothing is paid;
 * a **link** (:class:`~minddp.comm.link.Link`): an emulated network under the
-  real collective; each all_reduce then completes no earlier than the link's
-  modeled time for its size (the result is unchanged).
+  real collective; each collective then completes no earlier than the link's
+  modeled time for its kind and size (the result is unchanged).
 
 Every minddp hook sends through ``Wire.of(state).all_reduce(tensor)``, so any
-of them can be metered or rerouted by handing it a wire::
+of them can be metered or rerouted by handing it a wire. The sharded stages
+(:mod:`minddp.sharding`) send through the same wire's :meth:`Wire.reduce_scatter`
+and :meth:`Wire.all_gather`::
 
     >>> traffic = Traffic()
     >>> model.register_comm_hook(Wire(group, traffic=traffic), allreduce_hook)
     >>> ...one step...
     >>> traffic.calls, traffic.bytes
 
-Bytes are *payload* bytes (``numel * element_size`` of the tensor handed to
-all_reduce); what an algorithm moves per rank depends on it (a ring moves
-``2 (n-1)/n`` times the payload, see :mod:`minddp.collectives.ring`).
+Bytes are *payload* bytes: ``numel * element_size`` of the whole tensor
+(the one reduced by all_reduce, the input of a reduce-scatter, the output of an
+all-gather); what an algorithm moves per rank depends on it (a ring moves
+``2 (n-1)/n`` times the payload for all_reduce and ``(n-1)/n`` times it for
+each of the other two, see :mod:`minddp.collectives.ring`).
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-#: ``transport(tensor, group)`` sums ``tensor`` in place across ``group`` and returns when done.
+#: ``transport(tensor, group)`` sums ``tensor`` in place across ``group`` and returns when done. A
+#: transport that also has ``reduce_scatter(output, input, group)`` and ``all_gather(output, input, group)``
+#: (:class:`minddp.collectives.Transport`) carries the sharded stages' collectives too.
 Transport = Callable[[torch.Tensor, dist.ProcessGroup], None]
 
 
@@ -55,7 +61,9 @@ def resolve_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
 
 @dataclass
 class Traffic:
-    """What went over one wire since the last :meth:`reset`: all_reduce calls and payload bytes.
+    """What went over one wire since the last :meth:`reset`: collective calls and payload bytes.
+
+    ``by_op`` splits them by collective: ``{"all_reduce": [calls, bytes], ...}``.
 
     ``error_sq``/``norm_sq`` accumulate ||g - ĝ||² and ||g||² when a hook is
     wrapped in :func:`minddp.comm.measure.error_measured` (an extra exact
@@ -65,14 +73,17 @@ class Traffic:
     calls: int = 0
     bytes: int = 0
     by_dtype: dict = field(default_factory=dict)
+    by_op: dict = field(default_factory=dict)
     error_sq: float = 0.0
     norm_sq: float = 0.0
 
-    def record(self, tensor: torch.Tensor) -> None:
+    def record(self, tensor: torch.Tensor, op: str = "all_reduce") -> None:
         nbytes = tensor.numel() * tensor.element_size()
         self.calls += 1
         self.bytes += nbytes
         self.by_dtype[tensor.dtype] = self.by_dtype.get(tensor.dtype, 0) + nbytes
+        calls, total = self.by_op.get(op, (0, 0))
+        self.by_op[op] = (calls + 1, total + nbytes)
 
     def relative_error(self) -> float | None:
         """||g - ĝ|| / ||g|| over everything measured since the reset (None if nothing was)."""
@@ -81,17 +92,17 @@ class Traffic:
     def snapshot(self) -> dict:
         by_dtype = {str(dtype).replace("torch.", ""): n for dtype, n in self.by_dtype.items()}
         return {"calls": self.calls, "bytes": self.bytes, "by_dtype": by_dtype,
-                "relative_error": self.relative_error()}
+                "by_op": {op: list(v) for op, v in self.by_op.items()}, "relative_error": self.relative_error()}
 
     def reset(self) -> None:
         self.calls, self.bytes, self.error_sq, self.norm_sq = 0, 0, 0.0, 0.0
-        self.by_dtype = {}
+        self.by_dtype, self.by_op = {}, {}
 
 
 class Wire:
-    """A process group, how its all_reduces travel (``transport``) and who counts them (``traffic``)."""
+    """A process group, how its collectives travel (``transport``) and who counts them (``traffic``)."""
 
-    __slots__ = ("group", "transport", "traffic", "link")
+    __slots__ = ("group", "transport", "traffic", "link", "gloo")
 
     def __init__(self, group: dist.ProcessGroup | None = None, transport: Transport | None = None,
                  traffic: Traffic | None = None, link=None):
@@ -99,6 +110,7 @@ class Wire:
         self.transport = transport
         self.traffic = traffic
         self.link = link
+        self.gloo = dist.get_backend(self.group) == "gloo"
 
     @staticmethod
     def of(state) -> "Wire":
@@ -119,18 +131,80 @@ class Wire:
         """
         if self.traffic is not None:
             self.traffic.record(tensor)
-        if self.transport is None:
-            def summed(done: torch.futures.Future) -> torch.Tensor:
-                done.value()          # raises here if the collective failed
-                return tensor         # summed in place (a complex tensor travels as its real view)
-            fut = dist.all_reduce(tensor, group=self.group, async_op=True).get_future().then(summed)
+        if self.transport is None:     # summed in place (a complex tensor travels as its real view)
+            fut = _when_done(dist.all_reduce(tensor, group=self.group, async_op=True), tensor)
         else:
             self.transport(tensor, self.group)
-            fut = torch.futures.Future()
-            fut.set_result(tensor)
-        return fut if self.link is None else self.link.carry(fut, tensor, self.size())
+            fut = _done(tensor)
+        return self._carried(fut, tensor, "all_reduce")
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor) -> torch.futures.Future:
+        """Start ``output`` = this rank's chunk of the sum of ``input`` over the group; a Future of ``output``.
+
+        ``input`` holds one chunk per rank, back to back (rank 0's first), each
+        the size of ``output``; it may be used as scratch space. Asynchronous
+        with torch's transport, as :meth:`all_reduce`.
+
+        On gloo, torch's transport sums the whole ``input`` with all_reduce and
+        keeps this rank's chunk: gloo's own reduce_scatter hands back no Future
+        (nothing could wait on it later, so it could not overlap backward) and
+        is slower than its all_reduce of the same tensor (``docs/sharding.md``
+        has the measurements). The result is the same; the bytes are all_reduce's.
+        """
+        if self.traffic is not None:
+            self.traffic.record(input, "reduce_scatter")
+        if self.transport is None and self.gloo:
+            mine = input.view(-1).chunk(self.size())[self.group.rank()]
+            fut = _when_done(dist.all_reduce(input, group=self.group, async_op=True), output,
+                             then=lambda: output.view(-1).copy_(mine))
+        elif self.transport is None:
+            fut = _when_done(dist.reduce_scatter_single(output, input, group=self.group, async_op=True), output)
+        else:
+            self.transport.reduce_scatter(output, input, self.group)
+            fut = _done(output)
+        return self._carried(fut, input, "reduce_scatter")   # the link prices a reduce-scatter, whatever ran
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.futures.Future:
+        """Start ``output`` = every rank's ``input``, back to back in rank order; a Future done when it is.
+
+        Its value is ``[output]``, as the collective's own Future holds it: no
+        Python callback is chained to it, so gloo's worker thread never waits
+        for the GIL between the all-gathers a sharded stage starts at once.
+        """
+        if self.traffic is not None:
+            self.traffic.record(output, "all_gather")
+        if self.transport is None:
+            fut = dist.all_gather_single(output, input, group=self.group, async_op=True).get_future()
+        else:
+            self.transport.all_gather(output, input, self.group)
+            fut = _done([output])
+        return self._carried(fut, output, "all_gather")
+
+    def _carried(self, fut: torch.futures.Future, payload: torch.Tensor, kind: str) -> torch.futures.Future:
+        """``fut`` as it is, or with a link: completed once the link has carried ``payload`` too."""
+        return fut if self.link is None else self.link.carry(fut, payload, self.size(), kind)
 
     def __repr__(self) -> str:
         transport = getattr(self.transport, "__name__", "torch")
         link = "" if self.link is None else f", link={self.link.spec.name}"
         return f"Wire(size={self.size()}, transport={transport}, metered={self.traffic is not None}{link})"
+
+
+def _when_done(work, value, then=None) -> torch.futures.Future:
+    """A Future of ``value`` once the collective ``work`` has finished (and ``then()`` has run, if given).
+
+    The Future raises on ``wait()`` if the collective failed.
+    """
+    def finished(done: torch.futures.Future):
+        done.value()
+        if then is not None:
+            then()
+        return value
+    return work.get_future().then(finished)
+
+
+def _done(value) -> torch.futures.Future:
+    """A Future that already holds ``value`` (what a point-to-point transport, done at once, hands back)."""
+    done: torch.futures.Future = torch.futures.Future()
+    done.set_result(value)
+    return done

@@ -135,7 +135,7 @@ class Trainee:
         from minddp.comm.measure import error_measured
         from minddp.comm.registry import make_hook
         from minddp.comm.wire import Traffic, Wire
-        from minddp.ladder import wrap
+        from minddp.ladder import make_optimizer, wrap
 
         self.stage, self.hook = stage, hook
         self.traffic = Traffic()
@@ -145,7 +145,8 @@ class Trainee:
         if measure_error and stage not in ("torch", "single"):
             state, fn = make_hook(hook, wire, **(powersgd_options or {}))
             self.model.register_comm_hook(state, error_measured(fn, self.traffic))
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=SETTINGS.lr)
+        # the stage's optimizer: ZeRO-1's sharded one, the shards of zero2 and fsdp (minddp.ladder.make_optimizer)
+        self.optimizer = make_optimizer(stage, self.model, torch.optim.AdamW, hook=hook, wire=wire, lr=SETTINGS.lr)
         self.batches = step_batches()
         self.losses: list[float] = []      #: the global batch's loss, every step taken
         self.wire: list[dict] = []         #: minddp's traffic meter, every step taken

@@ -1,0 +1,200 @@
+"""Stage ``zero2``: reduce-scatter the gradients, so each rank keeps (and steps) only its shard.
+
+ZeRO-1 (:mod:`zero1`) still averages *whole* gradients with all_reduce, then
+uses only ``1/world`` of them. ZeRO-2 asks the network for just that part:
+a reduce-scatter averages a bucket and leaves each rank the sum of its own
+chunks (half the bytes of an all_reduce, which is a reduce-scatter followed
+by an all-gather, :mod:`minddp.collectives.ring`). This stage is
+:mod:`~minddp.stages.bucket_async` with four changes:
+
+1. **shards as the parameters**: at construction every trainable parameter
+   gets a shard, this rank's chunk of it (:mod:`minddp.sharding.shards`): an
+   ``nn.Parameter`` that is a *view* into the full parameter, registered in
+   the module under the parameter's name. So ``model.parameters()`` hands any
+   optimizer the shards: it keeps state for ``1/world`` of the model and
+   steps the chunks in place, inside the full parameters. The full
+   parameters stay with this wrapper, and step 2 puts them in the module
+   for the length of a forward (autograd then records them, and their
+   gradients arrive as before);
+2. **reduce-scatter per bucket, during backward**: when a bucket fills, its
+   gradients are laid out rank-major (rank 0's chunks of each, then rank
+   1's...) and handed to a reduce-scatter hook
+   (:func:`~minddp.sharding.hooks.reduce_scatter_hook`); the full gradients
+   are dropped right away. As in ``bucket-async`` the Future is kept and
+   backward goes on;
+3. **write back a shard**: :meth:`finish_gradient_synchronization` waits for
+   the buckets and gives each shard its chunk of the averaged gradient as
+   ``.grad`` (shaped like the shard). No rank holds a whole gradient any more;
+4. **all-gather during the next forward**: after ``optimizer.step()`` each
+   rank's full parameters are up to date only in its own chunks. The next
+   forward starts one all-gather per bucket (the first layers' bucket
+   first) and goes on; a layer waits, just before its own forward, only for
+   the buckets holding its parameters. So the later buckets travel while the
+   first layers compute: the overlap ``bucket-async`` gave the gradients,
+   given to the parameters. (Each parameter must therefore be used inside
+   the forward of a module that holds it, as torch's FSDP asks too.)
+
+Memory per rank with Adam: ``4Ψ`` full parameters (the shards are views),
+``4Ψ / world`` gradients, ``8Ψ / world`` optimizer state, plus, during
+backward, the full gradients of the buckets not yet sent.
+
+``no_sync()`` accumulates whole gradients locally as in ``ga``; fp16/bf16
+compression wraps the reduce-scatter hook
+(``fp16_compress_wrapper(reduce_scatter_hook)``). Build the model on its
+device and dtype before wrapping: a later ``.to()`` would copy the shards
+out of the full parameters.
+
+Example::
+
+    >>> model = Zero2DDP(net, bucket_cap_mb=25)
+    >>> optimizer = torch.optim.AdamW(model.parameters())      # the shards
+    >>> model(x).sum().backward()
+    >>> model.finish_gradient_synchronization(); optimizer.step(); optimizer.zero_grad()
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+
+from minddp.comm.grad_bucket import GradBucket
+from minddp.comm.send import send
+from minddp.comm.wire import Wire
+from minddp.sharding.hooks import reduce_scatter_hook
+from minddp.sharding.shards import chunk_range, chunk_size, pack_rank_major, split_block, unpack_rank_major
+from minddp.stages.bucket_async import AsyncBucketDDP
+
+
+class Zero2DDP(AsyncBucketDDP):
+    """bucket-async whose buckets are reduce-scattered into per-rank gradient shards (module doc)."""
+
+    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = 25):
+        super().__init__(module, process_group, bucket_cap_mb)     # broadcast, autograd hooks, bucket plan
+        self.comm_hook = reduce_scatter_hook
+        wire = Wire.of(process_group)
+        self.world, self.rank = wire.size(), wire.group.rank()
+        self.full = [p for p in module.parameters() if p.requires_grad]
+        self.shard: dict[nn.Parameter, nn.Parameter] = {}
+        for p in self.full:                                                                       # step 1
+            if not p.is_contiguous():
+                raise ValueError(f"zero2 needs contiguous parameters; one of shape {list(p.shape)} is not: "
+                                 "make it contiguous before wrapping")
+            start, end = chunk_range(p.numel(), self.world, self.rank)
+            self.shard[p] = nn.Parameter(p.detach().view(-1)[start:end])     # a view: steps land in p
+        # Every place the module holds a parameter (a tied one is held twice), to swap full and shard.
+        self.places = [(owner, name, p) for owner in module.modules()
+                       for name, p in owner._parameters.items() if p in self.shard]
+        self.had_grad: set[nn.Parameter] = set()
+        self.stale = False            # True after a sync: the next forward all-gathers first
+        self.gathering: dict[int, tuple] = {}     # bucket -> (its parameters, receiving buffer, Future), in flight
+        self.holding_full = False
+        self._hold("shard")
+        me = weakref.ref(self)
+        # Step 4: each module that holds parameters waits for their buckets just before its forward.
+        holders = {id(owner): owner for owner, _, _ in self.places}
+        handles = []
+        for owner in holders.values():
+            buckets = sorted({self.bucket_of[p] for o, _, p in self.places if o is owner})
+            handles.append(owner.register_forward_pre_hook(lambda m, args, b=buckets: me()._wait_for(b)))
+        # Called on its own (say, to evaluate), the module takes its full parameters for the forward too.
+        handles.append(module.register_forward_pre_hook(lambda m, args: me()._module_forward(starts=True)))
+        handles.append(module.register_forward_hook(lambda m, args, out: me()._module_forward(starts=False)))
+        weakref.finalize(self, lambda: [h.remove() for h in handles])        # as hook.py's autograd hooks
+
+    def _hold(self, which: str) -> None:
+        """Put the shards (at rest) or the full parameters (during a forward) in the module."""
+        for owner, name, p in self.places:
+            owner._parameters[name] = self.shard[p] if which == "shard" else p
+        self.holding_full = which == "full"
+
+    def forward(self, *inputs, **kwargs):
+        if self.stale:
+            self.gather_parameters(wait=False)                                                    # step 4
+        self._hold("full")
+        try:
+            return super().forward(*inputs, **kwargs)       # the module's forward and the checks see them too
+        finally:
+            self._wait_for(list(self.gathering))            # buckets no layer asked for (unused parameters)
+            self._hold("shard")
+
+    def _module_forward(self, starts: bool) -> None:
+        """The module called without this wrapper: full parameters for its forward, as :meth:`forward` gives."""
+        if starts and not self.holding_full:
+            if self.stale:
+                self.gather_parameters(wait=False)
+            self._hold("full")
+            self.lent = True
+        elif not starts and getattr(self, "lent", False):
+            self._wait_for(list(self.gathering))
+            self._hold("shard")
+            self.lent = False
+
+    def _send_bucket(self, b: int) -> None:
+        """Step 2: rank-major copy of the bucket's gradients to the reduce-scatter hook; drop the full gradients."""
+        members = self.buckets[b]
+        self.had_grad.update(p for p in members if p.grad is not None)
+        flat = pack_rank_major([p.grad if p.grad is not None else torch.zeros_like(p) for p in members], self.world)
+        for p in members:
+            p.grad = None
+        bucket = GradBucket(b, flat, members, is_last=b == len(self.buckets) - 1)
+        self._sent(bucket, send(self.comm_hook, self.comm_state, bucket))
+
+    def _write_back(self, bucket: GradBucket, shard_average: torch.Tensor) -> None:
+        """Step 3: this rank's chunk of each averaged gradient becomes its shard's ``.grad``."""
+        members = bucket.parameters()
+        for p, piece in zip(members, split_block(shard_average, [p.numel() for p in members], self.world, self.rank)):
+            if p in self.had_grad:
+                shard = self.shard[p]
+                shard.grad = piece if shard.grad is None else shard.grad + piece
+
+    def finish_gradient_synchronization(self) -> None:
+        super().finish_gradient_synchronization()
+        if self.sync_this_backward:
+            self.had_grad.clear()
+            self.stale = True          # the optimizer steps the shards next
+
+    @torch.no_grad()
+    def gather_parameters(self, wait: bool = True) -> None:
+        """Step 4: start every rank's shards on their way into every rank's full parameters; ``wait``: finish now.
+
+        (Called with ``wait`` after loading shards, and by :meth:`full_parameters`.)
+        """
+        wire = Wire.of(self.comm_state)
+        for b in reversed(range(len(self.buckets))):             # the last bucket holds the first layers
+            members = self.buckets[b]
+            block = torch.cat([nn.functional.pad(self.shard[p].detach(), (0, chunk_size(p.numel(), self.world)
+                                                                          - self.shard[p].numel()))
+                               for p in members])
+            gathered = block.new_empty(self.world * block.numel())
+            with torch.profiler.record_function(f"minddp.all_gather_launch#{b}"):     # named, as send() names buckets
+                self.gathering[b] = (members, gathered, wire.all_gather(gathered, block))
+        self.stale = False
+        if wait:
+            self._wait_for(list(self.gathering))
+
+    @torch.no_grad()
+    def _wait_for(self, buckets: list[int]) -> None:
+        """Step 4: wait for these buckets' all-gathers (if still in flight) and copy them into the full parameters."""
+        for b in buckets:
+            if b in self.gathering:
+                members, gathered, future = self.gathering.pop(b)
+                future.wait()
+                for p, full in zip(members, unpack_rank_major(gathered, [p.numel() for p in members], self.world)):
+                    p.view(-1).copy_(full)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The unwrapped module's ``state_dict()`` with whole parameters (its own holds the shards)."""
+        full = self.full_parameters()
+        return {k: full.get(k, v.detach().clone()) for k, v in self.module.state_dict().items()}
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """``{name: full tensor}`` on every rank (all-gathered first if a step may have changed the shards)."""
+        if self.stale:
+            self.gather_parameters()
+        self._hold("full")
+        try:
+            return {name: p.detach().clone() for name, p in self.module.named_parameters()}
+        finally:
+            self._hold("shard")
