@@ -131,12 +131,24 @@ def _model():
                                torch.nn.Linear(32, 4))
 
 
+class _CountingLink(Link):
+    """A link that notes the kind of every collective handed to it."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.kinds: list[str] = []
+
+    def carry(self, real, payload, world, kind="all_reduce"):
+        self.kinds.append(kind)
+        return super().carry(real, payload, world, kind)
+
+
 def _train(stage: str, link, python_hook: bool = False) -> list[torch.Tensor]:
-    from minddp.ladder import wrap
+    from minddp.ladder import make_optimizer, wrap
     from minddp.loop import train_step
     model = _model()
     wrapped = wrap(stage, model, bucket_cap_mb=0.001, link=link, python_hook=python_hook)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = make_optimizer(stage, model, torch.optim.SGD, link=link, lr=0.1)   # ZeRO-1's all-gathers ride it too
     g = torch.Generator().manual_seed(dist.get_rank())
     for _ in range(2):
         micro = [torch.randn(8, 16, generator=g) for _ in range(2)]
@@ -189,6 +201,13 @@ def _on_ranks() -> dict:
     out["unequal"] = [s for s in STAGES if not all(torch.equal(a, b) for a, b in zip(_train(s, None), _train(s, slow)))]
     if not all(torch.equal(a, b) for a, b in zip(_train("torch", None, python_hook=True), _train("torch", slow))):
         out["unequal"].append("torch")
+    # 2b. the sharded stages' every collective rides the link, priced by its kind
+    out["kinds"] = {}
+    for stage in ("zero1", "zero2", "fsdp"):
+        counting = _CountingLink("100gbit-ib")
+        _train(stage, counting)
+        out["kinds"][stage] = sorted(set(counting.kinds))
+        counting.close()
     # 3. event order on a link slow enough that every transfer outlasts backward (0.1 s per bucket)
     crawl = Link(LinkSpec("crawl", bandwidth=1e12, latency=0.1 / (2 * (n - 1))))
     out["order"] = {s: _event_order(s, crawl) for s in ("hook", "hook-async", "bucket-async", "ddp")}
@@ -241,6 +260,14 @@ def test_a_collective_over_the_link_takes_its_modeled_time_and_sums_exactly(rank
 def test_every_stage_and_torch_train_bit_for_bit_the_same_with_the_link(ranks):
     for r in ranks:
         assert r["unequal"] == []
+
+
+def test_the_sharded_stages_send_every_collective_over_the_link(ranks):
+    for r in ranks:
+        # ZeRO-1: ddp's all_reduce of the gradients, then the optimizer's all-gather of the parameters;
+        # zero2 and FSDP: reduce-scattered gradients, all-gathered parameters
+        assert r["kinds"] == {"zero1": ["all_gather", "all_reduce"], "zero2": ["all_gather", "reduce_scatter"],
+                              "fsdp": ["all_gather", "reduce_scatter"]}, r["kinds"]
 
 
 def test_async_stages_keep_computing_while_the_link_carries(ranks):
