@@ -36,8 +36,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -49,6 +47,7 @@ from minddp.ddp.join import ShadowingJoinHook, highest_rank
 from minddp.ddp.reducer import Reducer
 from minddp.envflags import env_flag
 from minddp.stages.checks import check_same_model
+from minddp.stages.grad_accum import GradAccumDDP
 
 DEFAULT_BUCKET_CAP_MB = 25.0
 DEFAULT_FIRST_BUCKET_CAP_MB = 1.0
@@ -146,15 +145,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         """Send buckets through ``hook(state, bucket) -> Future[Tensor]`` (torch's signature); once, before training."""
         self.reducer.register_comm_hook(state, hook)
 
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Accumulate gradients locally for the backwards of forwards run inside (as ``ga``)."""
-        old = self.require_backward_grad_sync
-        self.require_backward_grad_sync = False
-        try:
-            yield
-        finally:
-            self.require_backward_grad_sync = old
+    #: Accumulate gradients locally for the backwards of forwards run inside: ``ga``'s own ``no_sync``.
+    no_sync = GradAccumDDP.no_sync
 
     def forward(self, *inputs, **kwargs):
         """Step 2, then the module's forward."""
