@@ -49,6 +49,16 @@ for stage in profiled:
     lesson.Trainee(stage, warmup=0).profile(RUN, steps=1)   # a profiler warm-up step, then the recorded one
 lesson.say(lesson.describe())
 lesson.say(f"Profiled one step of each of: {', '.join(profiled)}, into {RUN.relative_to(lesson.ROOT)}.")
+# the blog's six stages again, every collective over an emulated 1 Gbit/s network (the last section)
+LINKED = lesson.trace_dir("05_reading_traces_1gbit")
+if rank == 0:
+    shutil.rmtree(LINKED, ignore_errors=True)
+dist.barrier()
+blog = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
+for stage in blog:
+    lesson.Trainee(stage, warmup=0, link="1gbit").profile(LINKED, steps=1)
+lesson.say(f"Profiled one step of each of: {', '.join(blog)} over an emulated 1gbit link, into "
+           f"{LINKED.relative_to(lesson.ROOT)}.")
 
 # %%
 # %dist_shutdown
@@ -188,3 +198,46 @@ buckets[buckets["stage"] == "bucket-async"].drop(columns=["rank", "stage"]).roun
 # The same analysis from a shell, with an HTML report and these plots in the run folder:
 # `python -m minddp.analyze traces/notebooks/05_reading_traces --report`. On GPU traces the
 # breakdown and overlap come from HTA itself.
+
+# %% [markdown]
+# ## The ladder on a slower network
+#
+# Over loopback, moving a bucket between two ranks on one machine costs little next to the compute,
+# so the stages above differ by a few percent. On a cluster's network it is another matter, and
+# that is where the blog's story comes from. The first cell also profiled the blog's six stages with
+# every collective over an **emulated 1 Gbit/s link** (`minddp.comm.link`): the real all_reduce
+# still runs (the results are exact), and its Future completes no earlier than a ring all_reduce of
+# that size would on such a network, one message at a time, as a network card sends them. The
+# training thread is not held up by the emulation, so a stage that overlaps communication with
+# backward hides the link's time just as it would on real hardware. The link's transfers are in the
+# traces as `minddp.link:all_reduce` ranges on a thread of their own (look for the row
+# "minddp link" in Perfetto), and the analysis counts them as communication.
+
+# %%
+from minddp.model.figures import ladder_on_link
+
+LINKED = lesson.trace_dir("05_reading_traces_1gbit")
+linked = analyze_run(LINKED)
+ladder_on_link(LINKED).savefig(LINKED / "ladder_on_link.png", bbox_inches="tight")
+display(Image(filename=LINKED / "ladder_on_link.png"))
+linked.stages[["step_time_us", "compute_pctg", "non_compute_pctg", "idle_pctg", "comm_comp_overlap_pctg",
+               "allreduce_calls_per_step"]].round(1)
+
+# %%
+t = linked.stages
+waited = t["non_compute_pctg"] + t["idle_pctg"]          # the share of the step not spent computing
+lesson.say("Share of the profiled step not spent computing, over 1 Gbit/s: "
+           + ", ".join(f"{st} {waited[st]:.0f} %" for st in t.index) + ".")
+lesson.say(f"simple waits {waited['simple'] / max(waited['bucket-async'], 1e-9):.1f} times the share bucket-async "
+           f"waits; bucket-async's step is {t.loc['bucket-async', 'step_time_us'] / 1e3:.0f} ms against simple's "
+           f"{t.loc['simple', 'step_time_us'] / 1e3:.0f} ms, and {t.loc['bucket-async', 'comm_comp_overlap_pctg']:.0f} % "
+           f"of its communication ran while backward computed (hook-async: "
+           f"{t.loc['hook-async', 'comm_comp_overlap_pctg']:.0f} %, bucket: {t.loc['bucket', 'comm_comp_overlap_pctg']:.0f} %).")
+
+# %% [markdown]
+# Read it as the blog reads its GPU traces: `simple` sends every gradient after every micro-batch and
+# waits for each; `ga` sends once per step; the hook stages start sending during backward, and the
+# async ones keep computing while the link carries; buckets cut the number of messages, so the
+# link's per-message latency is paid a few times instead of once per parameter. For what the same
+# stages would do at other link speeds and at 8 to 1024 ranks, see `docs/scaling.md`
+# (`python -m minddp.model project`).

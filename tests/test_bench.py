@@ -136,7 +136,7 @@ def _row(config, median, **kw):
 def test_targets_judge_each_relation_and_skip_what_the_run_lacks():
     from minddp.bench.targets import check_targets, targets_markdown
     rows = [_row("simple", 90.0), _row("ga", 50.0), _row("bucket", 30.0),
-            _row("bucket-async", 33.0, ratio_to_torch=1.10, ratio_lo=1.0, ratio_hi=1.2),
+            _row("bucket-async", 33.0, ratio_to_torch=1.15, ratio_lo=1.0, ratio_hi=1.2),
             _row("ddp", 30.0, ratio_to_torch=1.0, ratio_lo=0.9, ratio_hi=1.1, exposed_comm_ms=4.0,
                  overlap_pct=20.0, overlap_min_pct=10.0, overlap_max_pct=30.0),
             _row("torch", 30.0, ratio_to_torch=1.0, exposed_comm_ms=5.0, overlap_pct=25.0, overlap_min_pct=20.0,
@@ -148,7 +148,7 @@ def test_targets_judge_each_relation_and_skip_what_the_run_lacks():
     verdicts = {t["target"]: t["met"] for t in check_targets(rows)}
     assert verdicts == {
         "ddp step ≤ 1.05 × torch": True,
-        "bucket-async step ≤ 1.05 × torch": False,
+        "bucket-async step ≤ 1.10 × torch": False,
         "ddp exposed comm ≤ torch's with its Python allreduce_hook": False,    # 4.0 vs 3.0
         "context: ddp exposed comm ≤ torch's C++ default": True,               # 4.0 vs 5.0, judged apart
         "ddp overlap ≥ torch's with its Python allreduce_hook": True,          # 20 vs 15 %
@@ -160,13 +160,13 @@ def test_targets_judge_each_relation_and_skip_what_the_run_lacks():
     }   # no gabv rows: the memory target is skipped, not guessed
     # a miss whose interval reaches the target is "within noise"; rows without samples have no interval
     assert {t["target"]: t["verdict"] for t in check_targets(rows) if not t["met"]} == {
-        "bucket-async step ≤ 1.05 × torch": "within noise",       # 1.10, interval 1.0-1.2
+        "bucket-async step ≤ 1.10 × torch": "within noise",       # 1.15, interval 1.0-1.2
         "PowerSGD r1 step ≤ 1.10 × torch's hook": "no",           # 1.2, interval 1.12-1.3
         "context: ddp overlap ≥ torch's C++ default": "no", "bucket-async is the fastest of the blog's stages": "no",
         "ddp exposed comm ≤ torch's with its Python allreduce_hook": "no"}
-    # where compute dominates the step limits are 1.03 for ddp and 1.10 for the plain bucket-async
+    # where compute dominates ddp's step limit is 1.03; the plain bucket-async keeps 1.10 everywhere
     small = {t["target"]: t["met"] for t in check_targets(rows, "small") if t["target"].endswith("× torch")}
-    assert small == {"ddp step ≤ 1.03 × torch": True, "bucket-async step ≤ 1.10 × torch": True}
+    assert small == {"ddp step ≤ 1.03 × torch": True, "bucket-async step ≤ 1.10 × torch": False}
     assert ("| bucket-async is the fastest of the blog's stages | bucket-async 33.0 ms, next bucket 30.0 ms "
             "(1.100 ×) | – | **no** |") in targets_markdown(check_targets(rows))
 

@@ -52,7 +52,9 @@ CONTEXT = "context: "
 
 
 #: Step 1's limits (× torch's DDP) by ``--preset`` (None: the train command's default model, tiny).
-STEP_LIMITS = {None: {"ddp": 1.05, "bucket-async": 1.05}, "tiny": {"ddp": 1.05, "bucket-async": 1.05},
+#: ``bucket-async`` is the plain teaching stage (no speed work: that lives in ``ddp``), so it gets 10 % on
+#: every model; on tiny, where a step is mostly Python around little compute, its plain code shows most.
+STEP_LIMITS = {None: {"ddp": 1.05, "bucket-async": 1.10}, "tiny": {"ddp": 1.05, "bucket-async": 1.10},
                "small": {"ddp": 1.03, "bucket-async": 1.10}, "medium": {"ddp": 1.03, "bucket-async": 1.10}}
 
 

@@ -127,11 +127,15 @@ class Trainee:
     or ``single`` (no wrapper: each rank trains its own shard and never
     communicates: the no-sync limit of a step). ``hook``: a comm-hook name
     (:func:`minddp.comm.registry.make_hook`); with ``measure_error`` minddp's
-    hook is wrapped in :func:`minddp.comm.measure.error_measured`.
+    hook is wrapped in :func:`minddp.comm.measure.error_measured`. ``link``
+    (a preset such as ``"1gbit"``, :mod:`minddp.comm.link`): every collective
+    of the stage goes over that emulated network (torch's DDP through minddp's
+    hook of the same name), and its profiled traces show the link's transfers.
     """
 
     def __init__(self, stage: str, hook: str = "allreduce", powersgd_options: dict | None = None,
-                 measure_error: bool = False, warmup: int | None = None):
+                 measure_error: bool = False, warmup: int | None = None, link: str | None = None):
+        from minddp.comm.link import as_link
         from minddp.comm.measure import error_measured
         from minddp.comm.registry import make_hook
         from minddp.comm.wire import Traffic, Wire
@@ -139,7 +143,8 @@ class Trainee:
 
         self.stage, self.hook = stage, hook
         self.traffic = Traffic()
-        wire = Wire(None, traffic=self.traffic)
+        self.link = None if stage == "single" else as_link(link)     # one emulated NIC for all of this stage's sends
+        wire = Wire(None, traffic=self.traffic, link=self.link)
         self.model = wrap(stage, make_model(), hook=hook, bucket_cap_mb=SETTINGS.bucket_cap_mb, wire=wire,
                           powersgd_options=powersgd_options)
         if measure_error and stage not in ("torch", "single"):
@@ -199,9 +204,12 @@ class Trainee:
             for _ in range(1 + steps):
                 self.step(measure=False)                # nothing in the trace but the training step
                 prof.step()
+        if self.link is not None and prof.written:
+            self.link.annotate_trace(prof.written)      # the link's transfers, as ranges on a thread of their own
         if dist.get_rank() == 0:
             write_json(str(folder / "config.json"), {"run_name": folder.parent.name, "stage": self.stage,
                                                      "world_size": dist.get_world_size(), "hook": self.hook,
+                                                     "link": self.link.spec.name if self.link else None,
                                                      **asdict(SETTINGS)})
         return folder
 
