@@ -68,3 +68,14 @@ def test_good_folder_passes_the_same_checks(tmp_path, capsys):
     assert main([str(run)]) == 0
     out = capsys.readouterr().out
     assert "simple" in out and "hook" in out
+
+
+def test_ranks_a_moment_apart_are_one_run_and_hours_apart_are_refused(tmp_path):
+    from minddp.analysis.events import SAME_RUN_GAP_US, RankTrace, TraceError, _check_recorded_together
+
+    def trace(rank, start_us):
+        return RankTrace(rank, tmp_path / f"rank{rank}.json", [{"ts": start_us, "dur": 1000.0, "ph": "X"}])
+    # the single-process baseline's ranks never talk: one may record its step just after the other's ended
+    _check_recorded_together(tmp_path, {0: trace(0, 0.0), 1: trace(1, 1000.0 + SAME_RUN_GAP_US / 4)})
+    with pytest.raises(TraceError, match="not recorded at the same time"):
+        _check_recorded_together(tmp_path, {0: trace(0, 0.0), 1: trace(1, 3600e6)})
