@@ -346,27 +346,47 @@ def _end_hung_worker(why: str, stack: str) -> None:
 
 
 def leave_group() -> None:
-    """Destroy the default group, and end its threads now rather than at interpreter exit.
+    """Destroy the default group, and end its threads now, on this thread.
 
     ``destroy_process_group`` only forgets the group; the group, with its
-    worker threads, ends when the last reference to it goes. Left alive, a
-    gloo worker thread may drop the last reference to a tensor while Python
-    shuts down, and the process aborts at exit ("terminate called without an
-    active exception") after a run that went well. So:
+    worker threads, ends when the last reference to it goes, and a gloo group
+    ends by joining those threads. The Python callbacks chained to a
+    collective's Future (a comm hook's, a wire's) run on such a worker
+    thread and hold the group through what they capture, and the thread lets
+    go of them a moment *after* the Future completes, once it gets the GIL.
+    Were that the last reference, the thread would try to join itself and the
+    process would abort ("Resource deadlock avoided"). So:
 
-    1. destroy the group;
+    1. keep a reference here, then destroy the group;
     2. collect the reference cycles that may still hold it (a wrapped model
-       and its hooks, for instance).
+       and its hooks, for instance);
+    3. wait, up to ``RELEASE_WAIT_S``, while anything else still holds it:
+       sleeping lets a worker thread take the GIL and drop its callbacks;
+    4. drop ours, the last one: the threads are joined here.
 
-    Cycles are not the only holder: ``torch.distributed.nn`` takes
-    ``group=group.WORLD`` as default arguments, evaluated when it is first
-    imported, and libraries such as transformers import it once a group
-    exists. This module imports it first, before any group does, so those
-    defaults stay ``None``.
+    If something the caller keeps (a model in a notebook's namespace) still
+    holds the group after the wait, the group lives on with it.
+
+    Left alive to interpreter exit, a group aborts the process there instead
+    ("terminate called without an active exception"). ``torch.distributed.nn``
+    would keep it that long: it takes ``group=group.WORLD`` as default
+    arguments, evaluated when it is first imported, and libraries such as
+    transformers import it once a group exists. This module imports it first,
+    before any group does, so those defaults stay ``None``.
     """
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    if not dist.is_initialized():
+        return
+    held = dist.group.WORLD
+    dist.destroy_process_group()
     gc.collect()
+    deadline = time.monotonic() + RELEASE_WAIT_S
+    while sys.getrefcount(held) > 2 and time.monotonic() < deadline:   # 2: ``held`` and the argument
+        time.sleep(0.001)
+    del held
+
+
+#: How long leave_group waits for the backend's threads to let go of the default group.
+RELEASE_WAIT_S = 1.0
 
 
 def _prepare_rank(local_rank: int, local_world: int, backend: str) -> None:

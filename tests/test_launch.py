@@ -213,6 +213,33 @@ def test_a_torchrun_launch_leaves_no_group_threads_behind(tmp_path):
         assert json.loads((tmp_path / f"threads-{rank}.json").read_text()) == [[], []]
 
 
+def callbacks_hold_the_group(rounds):
+    """Rounds of: collectives whose Future callbacks hold the group, wait for them, leave, rejoin.
+
+    gloo runs a Future's callbacks on its worker thread and lets go of them a
+    moment after the Future completes; had that been the group's last
+    reference, the thread would join itself and abort the rank ("Resource
+    deadlock avoided"): a comm hook's state in a closure did this to a test.
+    """
+    from minddp.launch import join_group, leave_group
+    rank, world, port = dist.get_rank(), dist.get_world_size(), int(os.environ["MASTER_PORT"])
+    for i in range(rounds):
+        group = dist.group.WORLD
+        futs = [dist.all_reduce(torch.ones(256), async_op=True).get_future().then(lambda f, g=group: f.value())
+                for _ in range(8)]
+        del group
+        torch.futures.wait_all(futs)
+        del futs
+        leave_group()
+        join_group(rank, world, port, "gloo", prefix=f"round{i}/")
+    return rounds
+
+
+def test_leaving_a_group_while_its_threads_still_hold_callbacks_does_not_abort():
+    # Before leave_group waited for the worker threads to let go, 30 rounds aborted a rank every time.
+    assert launch(callbacks_hold_the_group, 30, world_size=2) == [30, 30]
+
+
 def stuck_after(steps):
     from minddp.launch import report_step
     for step in range(steps):

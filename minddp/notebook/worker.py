@@ -87,14 +87,12 @@ def worker_main(rank, world_size, port, backend, timeout_s, parent_pid, parent_p
         if kind == "abort":
             # Closing this rank's connections makes every peer blocked in a
             # collective with it fail at once ("Connection closed by peer").
-            if dist.is_initialized():
-                dist.destroy_process_group()
+            leave_group()
             reports.put(("aborted", rank, cell_id, None))
         elif kind == "regroup":
             generation = cell_id
             try:
-                if dist.is_initialized():
-                    dist.destroy_process_group()
+                leave_group()
                 join_group(rank, world_size, port, backend, timeout_s, prefix=f"nb{generation}/")
                 reports.put(("regrouped", rank, cell_id, None))
             except BaseException:  # noqa: BLE001
