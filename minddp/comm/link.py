@@ -67,7 +67,10 @@ the exported trace as ``minddp.link:<collective>`` ranges on a thread of
 their own ("minddp link"), placed with the help of a marker range
 (``minddp.link_send#<n>``) recorded on the training thread when the message
 was handed over. :mod:`minddp.analysis` counts those ranges as
-communication, like gloo's.
+communication, like gloo's. A message's Future also notes when the training
+thread first waited on it (``waited_ts``; absent if it was only waited on
+through a chained Future, as the averaging hooks' ``then``): where a stage
+needed it back, which :mod:`minddp.model.trace` reads.
 
 Example::
 
@@ -181,6 +184,18 @@ class _Message:
     logged: bool                 # a profiler was running: log it for annotate_trace
 
 
+class _Delivery(torch.futures.Future):
+    """The Future :meth:`Link.carry` hands back while a profiler runs: it notes its first ``wait()``."""
+
+    def __init__(self, waits: dict, seq: int):
+        super().__init__()
+        self._waits, self._seq = waits, seq
+
+    def wait(self):
+        self._waits.setdefault(self._seq, time.perf_counter())    # the first time the caller needed it
+        return super().wait()
+
+
 class Link:
     """One rank's emulated NIC (module doc): :meth:`carry` delays a collective's completion to the modeled time."""
 
@@ -193,6 +208,7 @@ class Link:
         self._free_at = 0.0                   # perf_counter() at which the last modeled transfer ends
         self._seq = itertools.count()
         self.log: list[dict] = []             # transfers carried while a profiler ran (annotate_trace)
+        self.waits: dict[int, float] = {}     # seq -> perf_counter() of its first wait() (logged messages)
 
     def seconds(self, kind: str, nbytes: float, world: int) -> float:
         return self.spec.seconds(kind, nbytes, world)
@@ -213,7 +229,7 @@ class Link:
         if logged:   # the marker that places this message on the trace's clock (annotate_trace)
             with torch.profiler.record_function(f"minddp.link_send#{seq}"):
                 pass
-        done: torch.futures.Future = torch.futures.Future()
+        done = _Delivery(self.waits, seq) if logged else torch.futures.Future()
         self._start_thread()
         self._inbox.put(_Message(seq, kind, nbytes, world, handed_over, real, done, logged))
         return done
@@ -281,6 +297,7 @@ class Link:
             if e.get("ph") == "X" and e.get("name", "").startswith("minddp.link_send#"):
                 markers[int(e["name"].rpartition("#")[2])] = e
         logged, self.log = self.log, []
+        waits, self.waits = self.waits, {}
         placed = [m for m in logged if m["seq"] in markers]
         if not placed:
             return 0
@@ -296,7 +313,8 @@ class Link:
                 "ts": start_us, "dur": max(0.0, (m["delivered"] - m["start"]) * 1e6),
                 "args": {"seq": m["seq"], "bytes": m["bytes"], "ranks": m["ranks"], "link": self.spec.name,
                          "handed_over_ts": m["handed_over"] * 1e6 + offset,
-                         "modeled_end_ts": m["modeled_end"] * 1e6 + offset},
+                         "modeled_end_ts": m["modeled_end"] * 1e6 + offset,
+                         **({"waited_ts": waits[m["seq"]] * 1e6 + offset} if m["seq"] in waits else {})},
             })
         tmp = path + ".tmp"
         with opener(tmp, "wt", encoding="utf-8") as f:

@@ -57,6 +57,11 @@ from minddp.comm.link import LinkSpec, parse_link
 WAITS = {"simple": "now", "ga": "now", "hook": "now", "bucket": "now",
          "hook-async": "later", "bucket-async": "later", "ddp": "later", "torch": "later"}
 
+#: Stages the model reads from a profiled step: the ladder, and the sharded stages, whose every wait on the
+#: link the trace shows (:mod:`minddp.model.trace`). Only the ladder's steps are also built from a compute
+#: profile (:func:`minddp.model.compute.synthesize`: the bucket what-if, ``auto``, the projections).
+TRACED_WAITS = {**WAITS, "zero1": "later", "zero2": "later", "fsdp": "later"}
+
 
 @dataclass
 class Message:
@@ -151,4 +156,4 @@ def predict(profile: StepProfile, link: LinkSpec | str, world: int | None = None
                       comm=metrics.length(transfers), waits=waits, transfers=transfers)
 
 
-__all__ = ["WAITS", "Message", "StepProfile", "Prediction", "predict"]
+__all__ = ["WAITS", "TRACED_WAITS", "Message", "StepProfile", "Prediction", "predict"]

@@ -9,18 +9,22 @@ step (``ProfilerStep#N``):
   ended, and when it was delivered;
 * ``gloo:<kind>`` ranges on gloo's thread: when the real collective ended
   (the n-th message is the n-th real collective of its kind and size: gloo
-  runs them in the order they were queued);
+  runs them in the order they were queued; a reduce-scatter runs as an
+  all_reduce on gloo);
 * ``minddp.finish_gradient_synchronization`` (the loop's range) and the
   ``minddp.bucket_launch`` ranges: where an async stage waits.
 
 From them, per step:
 
-1. **waits** (wall clock): a stage that waits right away (:data:`~minddp.model.step.WAITS`)
-   stands still from each hand-over to that message's delivery; one that
-   waits later stands still from its wait point (the start of
-   ``finish_gradient_synchronization``; for ``ddp`` and torch's DDP, which
-   wait at the end of backward, the end of the last launch) to the last
-   delivery;
+1. **waits** (wall clock): each message is needed back at its *wait point*
+   and the stage stands still from there to its delivery, if later. The
+   wait point is the message's first ``wait()`` where the link noted one
+   (``waited_ts``: the sharded stages wait on the link's Futures
+   themselves); otherwise the stage's rule (:data:`~minddp.model.step.TRACED_WAITS`):
+   its hand-over for a stage that waits right away, and for one that waits
+   later the start of ``finish_gradient_synchronization`` (for ``ddp``,
+   ``zero1`` and torch's DDP, which wait at the end of backward, the end of
+   the last launch);
 2. **the compute clock**: a moment's compute time is its time since the step
    began minus the waiting before it; the step's ``compute`` is the step's
    length minus all waiting;
@@ -43,7 +47,7 @@ from pathlib import Path
 from minddp.analysis import metrics
 from minddp.analysis.events import read_trace
 from minddp.analysis.steps import bytes_of, end_of, step_windows
-from minddp.model.step import WAITS, Message, StepProfile
+from minddp.model.step import TRACED_WAITS, Message, StepProfile
 
 
 class ProfileError(ValueError):
@@ -52,8 +56,8 @@ class ProfileError(ValueError):
 
 def step_profiles(path, stage: str, world: int, rank: int = 0) -> list[StepProfile]:
     """One :class:`StepProfile` per profiled step of one rank's trace (module doc, steps 1-4)."""
-    if stage not in WAITS:
-        raise ProfileError(f"the model knows the stages {', '.join(WAITS)}; got {stage!r}")
+    if stage not in TRACED_WAITS:
+        raise ProfileError(f"the model reads the stages {', '.join(TRACED_WAITS)}; got {stage!r}")
     trace = read_trace(Path(path), rank)
     events = trace.events
     transfers = {e["args"]["seq"]: e for e in events if e["name"].startswith("minddp.link:")}
@@ -79,35 +83,53 @@ def step_profiles(path, stage: str, world: int, rank: int = 0) -> list[StepProfi
     return profiles
 
 
+#: The real collective's name in gloo's ranges, per kind the link carries: gloo has no Future for its own
+#: reduce_scatter, so the wire sends a reduce-scatter as an all_reduce of the whole input on gloo.
+REAL_NAMES = {"reduce_scatter": ("gloo:reduce_scatter", "gloo:all_reduce")}
+
+
 def _match_real(transfers: list[dict], real: list[dict]) -> dict[int, float]:
-    """seq -> end of the real collective that carried it: the next one of the same kind and bytes, in order.
+    """seq -> end of the real collective that carried it: the next one of its name and bytes, in order.
 
     The real collective is queued just before the hand-over (and on loopback
-    may even end before it), so it is matched by order, not by time.
+    may even end before it), so it is matched by order, not by time: per
+    gloo name, each transfer takes the first real collective after the one
+    the previous transfer of that name took. The bytes gloo records are the
+    first input's, which for an all_gather is one rank's part of the payload.
     """
-    out, cursor = {}, 0
+    by_name: dict[str, list[dict]] = {}
+    for r in real:
+        by_name.setdefault(r["name"], []).append(r)
+    out, cursor = {}, {}
     for t in transfers:
         kind, nbytes = t["name"].split(":", 1)[1], t["args"]["bytes"]
-        for i in range(cursor, len(real)):
-            r = real[i]
-            if r["name"] == f"gloo:{kind}" and (not r.get("args", {}).get("Input Dims") or bytes_of(r) == nbytes):
-                out[t["args"]["seq"]] = end_of(r)
-                cursor = i + 1
-                break
+        sizes = {nbytes, nbytes // max(1, t["args"].get("ranks", 1))}
+        found = []
+        for name in REAL_NAMES.get(kind, (f"gloo:{kind}",)):
+            events = by_name.get(name, [])
+            for i in range(cursor.get(name, 0), len(events)):
+                r = events[i]
+                if not r.get("args", {}).get("Input Dims") or bytes_of(r) in sizes:
+                    found.append((r["ts"], name, i))
+                    break
+        if found:
+            _, name, i = min(found)
+            out[t["args"]["seq"]] = end_of(by_name[name][i])
+            cursor[name] = i + 1
     return out
 
 
 def _one_step(stage, world, s0, s1, mine, real_end, finishes, launches, source) -> StepProfile:
     handed = [t["args"]["handed_over_ts"] for t in mine]
     delivered = [end_of(t) for t in mine]
-    if WAITS[stage] == "now":                                                                  # step 1
-        waits = list(zip(handed, delivered))
-        wait_points = handed
+    waited = [t["args"].get("waited_ts") for t in mine]                                        # step 1
+    if TRACED_WAITS[stage] == "now":
+        rule = handed
     else:
-        point = _wait_point(stage, s0, s1, handed[-1], finishes, launches)
-        waits = [(point, max(point, max(delivered)))]
-        wait_points = [point] * len(mine)
-    waits = metrics.merge(waits)
+        unseen = [h for h, w in zip(handed, waited) if w is None] or handed
+        rule = [_wait_point(stage, s0, s1, unseen[-1], finishes, launches)] * len(mine)
+    wait_points = [max(h, w if w is not None else r) for h, w, r in zip(handed, waited, rule)]
+    waits = metrics.merge([(w, max(w, d)) for w, d in zip(wait_points, delivered)])
 
     def clock(t: float) -> float:                                                              # step 2
         return (t - s0 - metrics.length(metrics.intersect(waits, [(s0, t)]))) / 1e6
@@ -116,15 +138,15 @@ def _one_step(stage, world, s0, s1, mine, real_end, finishes, launches, source) 
     for t, h, w, d in zip(mine, handed, wait_points, delivered):
         seq = t["args"]["seq"]
         end = min(real_end.get(seq, h), d)    # gloo's range may close after its result was handed back
-        messages.append(Message(at=clock(h), wait_at=clock(max(w, h)), nbytes=int(t["args"]["bytes"]),  # step 3
+        messages.append(Message(at=clock(h), wait_at=clock(w), nbytes=int(t["args"]["bytes"]),   # step 3
                                 kind=t["name"].split(":", 1)[1], real=max(0.0, end - h) / 1e6))
         late.append(max(0.0, d - max(t["args"]["modeled_end_ts"], end)) / 1e6)                 # step 4
     return StepProfile(stage, world, clock(s1), messages, statistics.median(late), source)
 
 
 def _wait_point(stage, s0, s1, last_handed, finishes, launches) -> float:
-    """Where an async stage starts waiting (step 1)."""
-    if stage in ("ddp", "torch"):       # they wait inside backward, right after launching the last bucket
+    """Where an async stage starts waiting for the messages whose wait the trace does not show (step 1)."""
+    if stage in ("ddp", "torch", "zero1"):   # they wait inside backward, right after launching the last bucket
         around = [end_of(e) for e in launches if e["ts"] <= last_handed <= end_of(e)]
         return max(around) if around else last_handed
     points = [e["ts"] for e in finishes if s0 <= e["ts"] < s1 and e["ts"] >= last_handed - 1]

@@ -4,8 +4,9 @@ A benchmark, not a test: it measures and reports, it asserts nothing. For each
 world size (one launch of that many ranks), inside every rank:
 
 1. **build** every configuration once: each stage of the ladder and torch's
-   DDP, the bucketed ones (``bucket``, ``bucket-async``, ``ddp``, ``torch``) at
-   each cap of ``--caps``; each with its own seeded model, AdamW, and a wire
+   DDP (or of ``--stages``: the sharded ``zero1``, ``zero2``, ``fsdp`` too),
+   the bucketed ones (``bucket``, ``bucket-async``, ``ddp``, ``torch``,
+   ``zero1``, ``zero2``) at each cap of ``--caps``; each with its own seeded model, AdamW, and a wire
    whose link can be swapped between steps. Every step trains on the same
    micro-batches (the run's first step), so that batch lengths do not vary
    between what is profiled and what is measured;
@@ -62,7 +63,9 @@ import torch
 import torch.distributed as dist
 
 STAGES = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async", "ddp", "torch"]
-BUCKETED = ("bucket", "bucket-async", "ddp", "torch")
+#: Also read from traces (``--stages zero1,zero2,fsdp``); not in the default sweep, whose figures the docs quote.
+SHARDED = ["zero1", "zero2", "fsdp"]
+BUCKETED = ("bucket", "bucket-async", "ddp", "torch", "zero1", "zero2")
 
 
 def config_name(stage: str, cap) -> str:
@@ -75,7 +78,7 @@ def validate_rank(cfg, data, stages: list[str], caps: list[float], links: list[s
     from minddp.comm.link import Link
     from minddp.comm.wire import Wire
     from minddp.data import step_batches
-    from minddp.ladder import wrap
+    from minddp.ladder import make_optimizer, wrap
     from minddp.loop import train_step
     from minddp.model.auto import best_cap
     from minddp.model.compute import plan_for, probe
@@ -115,7 +118,7 @@ def validate_rank(cfg, data, stages: list[str], caps: list[float], links: list[s
         model = fresh_model()
         wire = Wire(None, link=wires["loopback"])
         wrapped = wrap(stage, model, bucket_cap_mb=cap, wire=wire)
-        runs[name] = (stage, wrapped, torch.optim.AdamW(model.parameters(), lr=cfg.lr), wire)
+        runs[name] = (stage, wrapped, make_optimizer(stage, wrapped, torch.optim.AdamW, wire=wire, lr=cfg.lr), wire)
 
     def one_step(name: str, link: str) -> float:
         stage, wrapped, optimizer, wire = runs[name]
@@ -355,7 +358,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--world-sizes", default="2,3,4", help="comma list of rank counts, one launch each")
     p.add_argument("--links", default="100mbit,1gbit,10gbit", help="comma list of links to predict and measure")
     p.add_argument("--caps", default="0.025,0.1,1", help="bucket caps (MiB) of the bucketed stages")
-    p.add_argument("--stages", default=",".join(STAGES), help="comma list of stages (torch = torch's DDP)")
+    p.add_argument("--stages", default=",".join(STAGES),
+                   help=f"comma list of stages (torch = torch's DDP; also {', '.join(SHARDED)})")
     p.add_argument("--steps", type=int, default=7, help="measured rounds (each: every configuration on every link)")
     p.add_argument("--warmup", type=int, default=1, help="rounds measured but dropped first")
     p.add_argument("--profile-steps", type=int, default=3, help="profiled steps per configuration (one is kept)")
@@ -376,9 +380,10 @@ def main(argv: list[str]) -> int:
         links = [parse_link(x).name for x in ns.links.split(",")]
         caps = [float(c) for c in ns.caps.split(",")]
         stages = [s.strip() for s in ns.stages.split(",")]
-        bad = [s for s in stages if s not in STAGES]
+        bad = [s for s in stages if s not in STAGES + SHARDED]
         if bad or min(worlds) < 2 or ns.steps < 1 or ns.profile_steps < 1 or min(caps) <= 0:
-            raise UsageError(f"need stages from {', '.join(STAGES)} (got {bad or 'ok'}), world sizes >= 2, caps > 0, "
+            raise UsageError(f"need stages from {', '.join(STAGES + SHARDED)} (got {bad or 'ok'}), world sizes >= 2, "
+                             "caps > 0, "
                              "--steps and --profile-steps >= 1")
         cfg = parse_args(["--no-profile", "--no-progress"] + (["--model", ns.model] if ns.model else []))
         data, backend, _ = prepare(cfg)
