@@ -360,12 +360,15 @@ def leave_group() -> None:
     1. keep a reference here, then destroy the group;
     2. collect the reference cycles that may still hold it (a wrapped model
        and its hooks, for instance);
-    3. wait, up to ``RELEASE_WAIT_S``, while anything else still holds it:
-       sleeping lets a worker thread take the GIL and drop its callbacks;
+    3. wait while anything else still holds it: sleeping lets a worker
+       thread take the GIL and drop its callbacks. Stop once nothing else
+       holds it, after ``RELEASE_WAIT_S``, or once the count of holders has
+       not fallen for ``SETTLE_S`` (the rest are the caller's objects: an
+       exception's frames, a notebook's namespace);
     4. drop ours, the last one: the threads are joined here.
 
-    If something the caller keeps (a model in a notebook's namespace) still
-    holds the group after the wait, the group lives on with it.
+    What the caller keeps holds the group on, and it ends where they let go,
+    on this thread.
 
     Left alive to interpreter exit, a group aborts the process there instead
     ("terminate called without an active exception"). ``torch.distributed.nn``
@@ -379,14 +382,23 @@ def leave_group() -> None:
     held = dist.group.WORLD
     dist.destroy_process_group()
     gc.collect()
-    deadline = time.monotonic() + RELEASE_WAIT_S
-    while sys.getrefcount(held) > 2 and time.monotonic() < deadline:   # 2: ``held`` and the argument
+    count, settled = sys.getrefcount(held), time.monotonic()
+    deadline = settled + RELEASE_WAIT_S
+    while count > 2 and time.monotonic() < deadline:       # 2: ``held`` and getrefcount's argument
         time.sleep(0.001)
+        now = sys.getrefcount(held)
+        if now != count:
+            count, settled = now, time.monotonic()
+        elif time.monotonic() - settled > SETTLE_S:         # held by the caller's objects, not by a thread
+            break
     del held
 
 
-#: How long leave_group waits for the backend's threads to let go of the default group.
+#: How long leave_group waits, at most, for the backend's threads to let go of the default group ...
 RELEASE_WAIT_S = 1.0
+#: ... and how long a count of holders that no longer falls means the rest are the caller's (a thread
+#: that had the GIL back lets go within microseconds).
+SETTLE_S = 0.1
 
 
 def _prepare_rank(local_rank: int, local_world: int, backend: str) -> None:
