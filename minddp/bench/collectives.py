@@ -12,16 +12,22 @@ as it is on this machine, and gloo under each emulated ``--links``,
    a size's time the median over calls. The payload ``S`` is what the link model
    counts: the tensor for all_reduce and broadcast, the whole input of
    reduce_scatter, the whole output of all_gather;
-2. **fits** ``t = a + b·S`` per (network, collective) by least squares on
-   relative error (each size weighs alike, from 1 KiB to 64 MiB), and reports
-   ``R²`` (the usual one, on the times themselves, which the large sizes
-   dominate), ``R²`` of the logarithms (where every size counts), the largest
-   relative miss, and what the fit means under the ring model of
+2. **fits** ``t = a + b·S`` per (network, collective) twice:
+
+   * the **α-β fit**: ordinary least squares on the times, with ``a ≥ 0`` (a
+     message cannot cost less than nothing), judged by the usual ``R²``. The
+     large sizes dominate it, as they dominate a training step's traffic;
+   * the **relative fit**: least squares on relative error, every size from
+     1 KiB to 64 MiB weighing alike, judged by ``R²`` of the logarithms and
+     its largest relative miss: what a *small* message costs, where the α-β
+     fit's ``a`` is poorly pinned;
+
+   and reads each under the ring model of
    :meth:`~minddp.comm.link.LinkSpec.seconds`: ``α = a / hops`` and
-   ``β = share / b`` (bus bandwidth). On an emulated link the fit should find
-   the link's own β; its α is the link's plus what a message costs here
-   (gloo's own time for small messages, the link thread's wake-up), which is
-   why it is fitted and not assumed;
+   ``β = share / b`` (bus bandwidth). On an emulated link the fits should
+   find the link's own β; ``a`` is the link's α plus what a message costs
+   here (gloo's own time for small messages, the link thread's wake-up),
+   which is why it is fitted and not assumed;
 3. **writes** ``collectives.csv`` (every size), ``collectives.md`` (the fits),
    ``collectives.png`` (measured points and fitted lines, one panel per
    collective) to ``--out``.
@@ -35,7 +41,7 @@ keeps this rank's chunk (the command behind that choice is
 
 Example::
 
-    $ python -m minddp.bench collectives                          # gloo and 1gbit, 2 ranks, ~2 minutes
+    $ python -m minddp.bench collectives                          # gloo and 1gbit, 2 ranks, ~70 s
     $ python -m minddp.bench collectives --links 1gbit,10gbit --world-size 4 --max-mib 16
 """
 
@@ -144,18 +150,29 @@ def measure_rank(networks: list[str], collectives: list[str], sizes: list[int], 
 
 
 def fit(points: list[tuple[float, float]]) -> dict:
-    """Step 2: ``t = a + b·S`` minimizing relative error; R² on the times, largest relative miss."""
+    """Step 2: ``t = a + b·S`` twice, on ``(bytes, seconds)`` points.
+
+    ``a_s``, ``b_s_per_byte``, ``r2``: least squares on the times with ``a ≥ 0``
+    (the α-β fit). ``rel_a_s``, ``rel_b_s_per_byte``, ``r2_log``,
+    ``max_rel_miss``: least squares on relative error (the relative fit).
+    """
     xs = torch.tensor([s for s, _ in points], dtype=torch.float64)
     ys = torch.tensor([t for _, t in points], dtype=torch.float64)
-    w = 1.0 / ys                                             # rows scaled by 1/t: relative residuals
-    design = torch.stack([torch.ones_like(xs), xs], dim=1) * w[:, None]
-    a, b = torch.linalg.lstsq(design, (ys * w)[:, None]).solution.view(-1).tolist()
-    predicted = a + b * xs
-    ss_res = float(((ys - predicted) ** 2).sum())
+
+    def line(weights):
+        design = torch.stack([torch.ones_like(xs), xs], dim=1) * weights[:, None]
+        return torch.linalg.lstsq(design, (ys * weights)[:, None]).solution.view(-1).tolist()
+
+    a, b = line(torch.ones_like(ys))
+    if a < 0:                                    # the best line through the origin instead: a = 0
+        a, b = 0.0, float((xs * ys).sum() / (xs * xs).sum())
     ss_tot = float(((ys - ys.mean()) ** 2).sum())
+    r2 = 1.0 - float(((ys - (a + b * xs)) ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan")
+    rel_a, rel_b = line(1.0 / ys)                # rows scaled by 1/t: relative residuals
+    predicted = rel_a + rel_b * xs
     logs, fitted_logs = ys.log(), predicted.clamp(min=1e-12).log()
     ss_log = float(((logs - logs.mean()) ** 2).sum())
-    return {"a_s": a, "b_s_per_byte": b, "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan"),
+    return {"a_s": a, "b_s_per_byte": b, "r2": r2, "rel_a_s": rel_a, "rel_b_s_per_byte": rel_b,
             "r2_log": 1.0 - float(((logs - fitted_logs) ** 2).sum()) / ss_log if ss_log > 0 else float("nan"),
             "max_rel_miss": float(((predicted - ys).abs() / ys).max())}
 
@@ -171,8 +188,9 @@ def fits(rows: list[dict]) -> list[dict]:
         hops, crossings = RING[kind]
         share = 1.0 if crossings is None else crossings * (n - 1) / n
         f.update(network=network, collective=kind, ranks=n, sizes=len(mine),
-                 alpha_us=1e6 * f["a_s"] / (hops * (n - 1)),
-                 busbw_GBps=share / f["b_s_per_byte"] / 1e9 if f["b_s_per_byte"] > 0 else float("inf"))
+                 alpha_us=1e6 * f["a_s"] / (hops * (n - 1)), rel_alpha_us=1e6 * f["rel_a_s"] / (hops * (n - 1)),
+                 busbw_GBps=share / f["b_s_per_byte"] / 1e9 if f["b_s_per_byte"] > 0 else float("inf"),
+                 rel_busbw_GBps=share / f["rel_b_s_per_byte"] / 1e9 if f["rel_b_s_per_byte"] > 0 else float("inf"))
         out.append(f)
     return out
 
@@ -182,17 +200,20 @@ def markdown(rows: list[dict], fitted: list[dict], meta: dict) -> str:
     lines = [f"# Collectives over message sizes, and α-β fits ({meta['date']})", "",
              f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}; load (1 min) before/after "
              f"{meta['load']}; wall {meta['wall_s']:.0f} s. Measured under whatever else ran there.", "",
-             "Fit: `t = a + b·S` (least squares on relative error); α = a / hops and busbw = share / b under the "
-             "ring model (all_reduce: 2(N−1) hops, share 2(N−1)/N; reduce_scatter and all_gather: N−1, (N−1)/N; "
-             "broadcast: N−1, 1).", "",
-             "| network | collective | ranks | a (µs) | α (µs/hop) | busbw (GB/s) | nominal busbw | R² | R² (log) | "
-             "max rel. miss |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "Two fits of `t = a + b·S`: the **α-β fit** (least squares on the times, `a ≥ 0`; judged by `R²`) "
+             "and the **relative fit** (least squares on relative error, every size alike; judged by `R²` of the "
+             "logarithms and its largest relative miss). α = a / hops and busbw = share / b under the ring model "
+             "(all_reduce: 2(N−1) hops, share 2(N−1)/N; reduce_scatter and all_gather: N−1, (N−1)/N; broadcast: "
+             "N−1, 1).", "",
+             "| network | collective | ranks | α-β fit: α (µs/hop) | busbw (GB/s) | nominal busbw | R² | "
+             "relative fit: α (µs/hop) | busbw (GB/s) | R² (log) | max rel. miss |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for f in fitted:
         nominal = PRESETS.get(f["network"])
         nom = f"{nominal.bandwidth / 1e9:g}" if nominal is not None else "-"
-        lines.append(f"| {f['network']} | {f['collective']} | {f['ranks']} | {1e6 * f['a_s']:.0f} | {f['alpha_us']:.0f} "
-                     f"| {f['busbw_GBps']:.3g} | {nom} | {f['r2']:.4f} | {f['r2_log']:.3f} | "
-                     f"{100 * f['max_rel_miss']:.0f} % |")
+        lines.append(f"| {f['network']} | {f['collective']} | {f['ranks']} | {f['alpha_us']:.0f} | "
+                     f"{f['busbw_GBps']:.3g} | {nom} | {f['r2']:.4f} | {f['rel_alpha_us']:.0f} | "
+                     f"{f['rel_busbw_GBps']:.3g} | {f['r2_log']:.3f} | {100 * f['max_rel_miss']:.0f} % |")
     lines += ["", "Median time per size (ms):", "",
               "| network | collective | " + " | ".join(_size(s) for s in sorted({r['bytes'] for r in rows})) + " |",
               "|---|---|" + "---:|" * len({r["bytes"] for r in rows})]
@@ -220,9 +241,11 @@ def plot(rows: list[dict], fitted: list[dict], path: str) -> None:
             xs = [s for s, _ in mine]
             line, = ax.plot(xs, [1e3 * t for _, t in mine], "o", ms=4, label=f"{f['network']} (R² {f['r2']:.3f})")
             ax.plot(xs, [1e3 * (f["a_s"] + f["b_s_per_byte"] * s) for s in xs], "-", color=line.get_color(), lw=1)
+            ax.plot(xs, [1e3 * (f["rel_a_s"] + f["rel_b_s_per_byte"] * s) for s in xs], ":", color=line.get_color(),
+                    lw=1)
         ax.set(xscale="log", yscale="log", xlabel="payload S (bytes)", ylabel="time (ms)",
                title=f"{kind}, {rows[0]['ranks']} ranks")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, title="— α-β fit, ··· relative fit", title_fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -253,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--min-kib", type=int, default=1)
     p.add_argument("--max-mib", type=int, default=64)
-    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--iters", type=int, default=15, help="timed calls per size above 1 MiB (three times as many "
+                   "up to 1 MiB); the large sizes' medians set R², and 5 calls left it to chance")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--out", default=None, help="results folder (default: results/collectives-<date-time>)")
     ns = p.parse_args(argv)
