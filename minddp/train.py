@@ -336,10 +336,6 @@ def check_combination(cfg: TrainConfig) -> None:
             check_name(cfg.hook)
         except ValueError as exc:
             raise ConfigError(f"--stage {sharded[0]}: {exc}") from None
-    unmodelled = [s for s in cfg.stages() if s in ("zero1", "zero2", "fsdp")]
-    if cfg.bucket_cap_mb == "auto" and unmodelled:
-        raise ConfigError(f"--bucket-cap-mb auto: the step-time model does not cover {', '.join(unmodelled)} yet "
-                          "(it knows all_reduce messages only); give a number of MiB for the sharded stages")
     if in_torchrun() and "--world-size" in sys.argv[1:]:
         say("under torchrun the world size comes from torchrun; --world-size is ignored")
 

@@ -13,6 +13,7 @@ One launch per world size runs every case and returns what the tests check.
 
 from __future__ import annotations
 
+
 import warnings
 
 import pytest
@@ -249,10 +250,3 @@ def test_a_hook_without_a_reduce_scatter_form_is_refused_before_any_rank(capsys)
     from minddp import train
     assert train.main(["--stage", "fsdp", "--hook", "powersgd", "--steps", "1"]) == 2
     assert "has no reduce-scatter form" in capsys.readouterr().err
-
-
-def test_auto_bucket_cap_is_refused_for_the_stages_the_model_does_not_cover(capsys):
-    from minddp import train
-    assert train.main(["--stage", "sharded", "--bucket-cap-mb", "auto", "--steps", "1"]) == 2
-    err = capsys.readouterr().err
-    assert "does not cover zero1, zero2, fsdp" in err and "give a number of MiB" in err

@@ -17,10 +17,15 @@ measured rather than guessed:
    (:data:`CANDIDATES`, plus "one bucket"), each as the plan it gives
    (:func:`~minddp.model.compute.synthesize`, :func:`~minddp.model.step.predict`)
    on the run's link (without ``--link``: this machine's network, as probed);
-3. **choose** the fastest plan; among plans within 0.5 % of it, the one
-   with the fewest buckets (less host work the model may miss), named by the
-   smallest cap that gives it; rank 0's choice is broadcast, so every rank
-   builds the same buckets;
+3. **choose** the fastest plan; among plans within :data:`NEAR` (3 %) of
+   it, the one with the fewest buckets, named by the smallest cap that gives
+   it; rank 0's choice is broadcast, so every rank builds the same buckets.
+   3 % because the model cannot rank plans closer than that: its median
+   error against measured steps is about 5 % (``python -m minddp.model
+   validate``), and two probes of the same model moved the fastest plan
+   between 0.1 and 0.5 MiB when the predictions were that close. Fewer
+   buckets, because the cost the probe most often misses is per message (the
+   stage's own Python around each bucket, gloo's small-message time);
 4. **say** which cap, its buckets, its predicted step, and the caps either
    side, on one line.
 
@@ -40,10 +45,15 @@ import torch.distributed as dist
 from minddp.model.compute import ComputeProfile, plan_for, probe, synthesize
 from minddp.model.step import predict
 
+#: Plans predicted within this share of the fastest count as tied (step 3).
+NEAR = 0.03
 #: Caps tried (MiB), log-spaced over what torch users set; plus ``None`` (one bucket).
 CANDIDATES = [0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0]
-#: Stages whose step depends on the cap.
-BUCKETED = ("bucket", "bucket-async", "ddp", "torch")
+#: Stages whose step depends on the cap (``zero1``: its gradients' buckets, ``ddp``'s; ``zero2``: its
+#: reduce-scatters' and all-gathers').
+BUCKETED = ("bucket", "bucket-async", "ddp", "torch", "zero1", "zero2")
+#: Why a stage that is not bucketed ignores the cap.
+UNUSED = {"fsdp": "stage fsdp sends one all-gather and one reduce-scatter per unit (a transformer block)"}
 
 
 @dataclass
@@ -61,8 +71,9 @@ class CapChoice:
                            for c, (b, t) in self.predicted.items() if c != self.cap_mb)
         return (f"--bucket-cap-mb auto: {self.cap_mb:g} MiB ({self.buckets} bucket{'s' if self.buckets > 1 else ''}) "
                 f"for {self.stage} on {self.world} ranks over {self.link}: predicted {1e3 * best:.1f} ms/step, the "
-                f"fastest of the bucket plans tried [{others or 'no other'} ms/step]; smaller caps pay the per-message "
-                "cost more often, larger ones leave more of the last bucket's transfer after backward (minddp.model)")
+                f"fewest buckets within {100 * NEAR:g} % of the fastest plan tried [{others or 'no other'} ms/step]; "
+                "smaller caps pay the per-message cost more often, larger ones leave more of the last bucket's "
+                "transfer after backward (minddp.model)")
 
 
 def best_cap(cp: ComputeProfile, stage: str, world: int, link, candidates=CANDIDATES) -> CapChoice:
@@ -76,7 +87,7 @@ def best_cap(cp: ComputeProfile, stage: str, world: int, link, candidates=CANDID
         if key not in plans:
             plans[key] = [cap, len(plan), predict(synthesize(cp, stage, cap, world), spec).step]
     fastest = min(t for _, _, t in plans.values())
-    near = [v for v in plans.values() if v[2] <= fastest * 1.005]
+    near = [v for v in plans.values() if v[2] <= fastest * (1 + NEAR)]
     cap, buckets, _ = min(near, key=lambda v: (v[1], v[0]))    # the fewest buckets among the near-fastest
     predicted = {c: (b, t) for c, b, t in plans.values()}
     return CapChoice(cap, buckets, predicted, stage, world, spec.name)
@@ -84,20 +95,24 @@ def best_cap(cp: ComputeProfile, stage: str, world: int, link, candidates=CANDID
 
 def choose_bucket_cap(model: torch.nn.Module, stage: str, batches, loss_fn, link, device, say=None
                       ) -> tuple[float | None, str]:
-    """Steps 1-4 on every rank of a run; returns the cap (MiB) to build ``stage`` with, and why."""
+    """Steps 1-4 on every rank of a run; returns the cap (MiB) to build ``stage`` with, and why.
+
+    A stage that does not bucket its messages gets ``None`` and a line saying so, without a probe.
+    """
+    if stage not in BUCKETED:
+        why = (f"--bucket-cap-mb auto: {UNUSED.get(stage, f'stage {stage} sends one message per gradient')}, "
+               "the cap is unused")
+        if say:
+            say(why)
+        return None, why
     micro = [{k: v.to(device) for k, v in b.items()} for b in next(batches)]
     cp = probe(model, micro, loss_fn)                                                              # step 1
-    world = dist.get_world_size()
-    if stage not in BUCKETED:
-        why = f"--bucket-cap-mb auto: stage {stage} sends one message per gradient, the cap is unused"
-    else:
-        box = [best_cap(cp, stage, world, None if link is None else link.spec)]                  # steps 2-3
-        dist.broadcast_object_list(box, src=0)
-        choice = box[0]
-        why = choice.explain()
+    box = [best_cap(cp, stage, dist.get_world_size(), None if link is None else link.spec)]       # steps 2-3
+    dist.broadcast_object_list(box, src=0)
+    choice = box[0]
     if say:
-        say(why)                                                                                   # step 4
-    return (choice.cap_mb if stage in BUCKETED else None), why
+        say(choice.explain())                                                                      # step 4
+    return choice.cap_mb, choice.explain()
 
 
-__all__ = ["CANDIDATES", "BUCKETED", "CapChoice", "best_cap", "choose_bucket_cap"]
+__all__ = ["NEAR", "CANDIDATES", "BUCKETED", "UNUSED", "CapChoice", "best_cap", "choose_bucket_cap"]

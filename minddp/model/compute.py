@@ -27,7 +27,20 @@ registration order, spread over backward in proportion to their size.
 * ``bucket`` / ``bucket-async`` / ``ddp`` / ``torch``: the bucket plan of
   :func:`~minddp.stages.bucket_plan.plan_buckets` (ddp and torch over the
   observed ready order, as their rebuilt plan); a bucket leaves when its last
-  gradient is ready; ``bucket`` waits at once, the others after backward.
+  gradient is ready; ``bucket`` waits at once, the others after backward;
+* ``zero1``: ``ddp``'s step, then the optimizer on ``1/world`` of the
+  elements, then one all-gather per 25 MiB of parameters (in registration
+  order, as :class:`~minddp.sharding.ZeroRedundancyOptimizer` plans them),
+  all waited for before the step ends;
+* ``zero2``: ``bucket-async``'s buckets as reduce-scatters, the optimizer on
+  ``1/world``; the next step's forward starts one all-gather per bucket (the
+  first layers' bucket first) and waits for each just before the first layer
+  that uses one of its parameters (``used``): the all-gathers of a step are
+  placed at the start of the same step, as the trace shows them.
+
+``fsdp`` is not built: its messages follow its units (the transformer
+blocks), which a compute profile does not know; the model reads it from a
+profiled step instead (:mod:`minddp.model.trace`).
 
 Every hand-over costs ``per_message`` of host time, and a bucket's flatten
 ``per_byte`` per byte (both stretch the compute clock, as they do on the
@@ -68,6 +81,8 @@ class ComputeProfile:
     real_a: float = 0.0             # the real network's all_reduce: a + b * bytes (0: a real cluster)
     real_b: float = 0.0
     names: list[str] = field(default_factory=list)
+    used: list[float] = field(default_factory=list)   # per parameter: seconds after forward began that its first
+                                                      # module starts (empty: in registration order, by bytes)
 
     @property
     def total_bytes(self) -> int:
@@ -75,6 +90,16 @@ class ComputeProfile:
 
     def real(self, nbytes: int) -> float:
         return self.real_a + self.real_b * nbytes
+
+    def used_at(self) -> list[float]:
+        """When the forward first needs each parameter: measured, or spread over it in registration order."""
+        if self.used:
+            return self.used
+        total, before, out = max(1, self.total_bytes), 0, []
+        for nbytes in self.nbytes:
+            out.append(self.forward * before / total)
+            before += nbytes
+        return out
 
     def ready_order(self) -> list[int]:
         """Parameter indices in the order their gradients became ready."""
@@ -85,7 +110,7 @@ def plan_for(cp: ComputeProfile, stage: str, bucket_cap_mb: float | None) -> lis
     """The buckets ``stage`` would form (indices into the parameters), as in :mod:`minddp.stages.bucket_plan`."""
     if stage in ("simple", "ga", "hook", "hook-async"):
         return [[i] for i in reversed(range(len(cp.nbytes)))]
-    order = list(reversed(range(len(cp.nbytes)))) if stage in ("bucket", "bucket-async") else cp.ready_order()
+    order = list(reversed(range(len(cp.nbytes)))) if stage in ("bucket", "bucket-async", "zero2") else cp.ready_order()
     sized = [_Sized(cp.nbytes[i]) for i in order]     # plan_buckets reads numel and element_size: bytes
     plan = plan_buckets(list(reversed(sized)), bucket_cap_mb)
     backwards = list(reversed(order))
@@ -107,22 +132,38 @@ class _Sized:
         return 1
 
 
+def zero1_gather_plan(cp: ComputeProfile) -> list[list[int]]:
+    """``zero1``'s all-gather buckets: the parameters in registration order, 25 MiB a bucket."""
+    from minddp.sharding.zero1 import BUCKET_CAP_MB
+    return plan_buckets([_Sized(n) for n in cp.nbytes], BUCKET_CAP_MB)
+
+
 def synthesize(cp: ComputeProfile, stage: str, bucket_cap_mb: float | None, world: int) -> StepProfile:
     """The step ``stage`` would take with these compute timings (module doc)."""
     if stage not in WAITS:
-        raise ValueError(f"the model knows the stages {', '.join(WAITS)}; got {stage!r}")
+        raise ValueError(f"the model builds the stages {', '.join(WAITS)}; got {stage!r}"
+                         + (" (fsdp is read from a profiled step: python -m minddp.model predict)"
+                            if stage == "fsdp" else ""))
     plan = plan_for(cp, stage, bucket_cap_mb)
     bytes_of = [sum(cp.nbytes[i] for i in bucket) for bucket in plan]
     bucketed = stage not in ("simple", "ga", "hook", "hook-async")
+    gradients = "reduce_scatter" if stage == "zero2" else "all_reduce"
     messages: list[Message] = []
     t = 0.0
 
-    def send(at: float, nbytes: int) -> float:
+    def send(at: float, nbytes: int, kind: str = gradients, flatten: int | None = None) -> float:
         """Hand one message over at ``at``; returns when the training thread is free again."""
-        cost = cp.per_message + (cp.per_byte * nbytes if bucketed else 0.0)
-        messages.append(Message(at=at + cost, wait_at=at + cost, nbytes=nbytes, real=cp.real(nbytes)))
+        cost = cp.per_message + (cp.per_byte * (nbytes if flatten is None else flatten) if bucketed else 0.0)
+        messages.append(Message(at=at + cost, wait_at=at + cost, nbytes=nbytes, kind=kind, real=cp.real(nbytes)))
         return at + cost
 
+    if stage == "zero2":            # this step's forward gathers what the last optimizer step changed
+        used = cp.used_at()
+        for bucket, nbytes in reversed(list(zip(plan, bytes_of))):    # the last bucket holds the first layers
+            t = send(t, nbytes, "all_gather", flatten=nbytes // world)
+        t += cp.per_byte * cp.total_bytes          # each copied into the full parameters (counted before the forward)
+        for m, bucket in zip(messages, reversed(plan)):
+            m.wait_at = max(m.at, t + min(used[i] for i in bucket))
     for micro in range(cp.micro_batches):
         last = micro == cp.micro_batches - 1
         t += cp.forward
@@ -144,8 +185,19 @@ def synthesize(cp: ComputeProfile, stage: str, bucket_cap_mb: float | None, worl
         if WAITS[stage] == "later":
             for m in messages[first:]:
                 m.wait_at = t
-        t += cp.per_byte * cp.total_bytes                                # write back
-    return StepProfile(stage, world, t + cp.optimizer, messages, 0.0, f"synthesized ({stage}, cap {bucket_cap_mb})")
+        t += cp.per_byte * cp.total_bytes / (world if stage == "zero2" else 1)      # write back (zero2: a shard)
+    if stage not in ("zero1", "zero2"):
+        return StepProfile(stage, world, t + cp.optimizer, messages, 0.0, f"synthesized ({stage}, cap {bucket_cap_mb})")
+    t += cp.optimizer / world                                   # each rank steps 1/world of the elements
+    if stage == "zero1":                                        # then gathers everyone's, and waits for all
+        first = len(messages)
+        for bucket in zero1_gather_plan(cp):
+            nbytes = sum(cp.nbytes[i] for i in bucket)
+            t = send(t, nbytes, "all_gather", flatten=nbytes // world)
+        for m in messages[first:]:
+            m.wait_at = t
+        t += cp.per_byte * cp.total_bytes * (world - 1) / world             # the others' parts copied in
+    return StepProfile(stage, world, t, messages, 0.0, f"synthesized ({stage}, cap {bucket_cap_mb})")
 
 
 # -- measured ---------------------------------------------------------------------------------------------
@@ -161,11 +213,25 @@ def probe(model: torch.nn.Module, micro_batches: list, loss_fn, repeats: int = 3
             stamps.setdefault(i, time.perf_counter())
         return ready
     handles = [p.register_post_accumulate_grad_hook(note(i)) for i, p in enumerate(params)]
-    forwards, backwards, readies = [], [], []
+    index = {id(p): i for i, p in enumerate(params)}
+    starts: dict[int, float] = {}
+
+    def starting(owned: list[int]):
+        def pre(module, args) -> None:
+            now = time.perf_counter()
+            for i in owned:
+                starts.setdefault(i, now)
+        return pre
+    for module in model.modules():          # when the forward first reaches each parameter's module
+        owned = [index[id(p)] for p in module.parameters(recurse=False) if id(p) in index]
+        if owned:
+            handles.append(module.register_forward_pre_hook(starting(owned)))
+    forwards, backwards, readies, uses = [], [], [], []
     try:
         for _ in range(repeats + 1):                      # the first round warms up
             for batch in micro_batches:
                 stamps.clear()
+                starts.clear()
                 t0 = time.perf_counter()
                 loss = loss_fn(model, batch) / len(micro_batches)
                 t1 = time.perf_counter()
@@ -174,11 +240,13 @@ def probe(model: torch.nn.Module, micro_batches: list, loss_fn, repeats: int = 3
                 forwards.append(t1 - t0)
                 backwards.append(t2 - t1)
                 readies.append([stamps.get(i, t2) - t1 for i in range(len(params))])
+                uses.append([starts.get(i, t1) - t0 for i in range(len(params))])
     finally:
         for h in handles:
             h.remove()
     skip = len(micro_batches)
     ready = [statistics.median(r[i] for r in readies[skip:]) for i in range(len(params))]
+    used = [statistics.median(u[i] for u in uses[skip:]) for i in range(len(params))]
     grads = [p.grad for p in params]
     per_byte = _copy_cost(grads)
     optimizer = _optimizer_cost(params)
@@ -186,7 +254,7 @@ def probe(model: torch.nn.Module, micro_batches: list, loss_fn, repeats: int = 3
     cp = ComputeProfile(nbytes=[p.numel() * p.element_size() for p in params],
                         forward=statistics.median(forwards[skip:]), backward=statistics.median(backwards[skip:]),
                         ready=ready, optimizer=optimizer, micro_batches=len(micro_batches), per_byte=per_byte,
-                        names=[n for n, p in model.named_parameters() if p.requires_grad])
+                        names=[n for n, p in model.named_parameters() if p.requires_grad], used=used)
     if measure_network:
         cp.per_message, cp.real_a, cp.real_b = _network_cost()
     return cp
@@ -279,4 +347,4 @@ def from_throughput(nbytes: list[int], params_count: int, tokens_per_micro_batch
                           optimizer=optimizer_s, micro_batches=micro_batches, per_message=per_message)
 
 
-__all__ = ["ComputeProfile", "plan_for", "synthesize", "probe", "from_throughput", "MB"]
+__all__ = ["ComputeProfile", "plan_for", "zero1_gather_plan", "synthesize", "probe", "from_throughput", "MB"]
