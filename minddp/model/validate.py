@@ -12,8 +12,9 @@ world size (one launch of that many ranks), inside every rank:
    between what is profiled and what is measured;
 2. **auto**: probe the bare model (:func:`~minddp.model.compute.probe`) and,
    for each link, let :func:`~minddp.model.auto.best_cap` pick a cap for
-   ``bucket-async``; rank 0's picks are broadcast and built as extra
-   configurations, each measured on the link it was picked for;
+   ``bucket-async`` (and ``zero2`` when it is swept); rank 0's picks are
+   broadcast and built as extra configurations, each measured on the link it
+   was picked for;
 3. **profile** each configuration for a few steps on the ``loopback`` link
    (no emulated delay: this machine's own network), under a light profiler
    (CPU ranges only), and read a :class:`~minddp.model.step.StepProfile` per
@@ -22,7 +23,10 @@ world size (one launch of that many ranks), inside every rank:
 4. **measure**, without the profiler: rounds in which every configuration,
    in a shuffled order, runs one step on each link in turn (``loopback`` and
    each of ``--links``), all ranks starting together; ``--warmup`` rounds
-   are dropped, ``--steps`` are kept;
+   are dropped, ``--steps`` are kept. Then ``--auto-rounds`` more rounds of
+   the configurations the auto check compares (the auto stages' swept caps
+   and picks, on the emulated links): ranking caps whose steps differ by a
+   few percent needs medians steadier than seven noisy steps give;
 5. in the parent, **predict** every (configuration, link) from its loopback
    profiles (each profiled step gives a prediction; the median is kept) and
    compare with the median measured step time, both averaged over ranks.
@@ -40,7 +44,7 @@ Outputs in ``--out``: ``validation.csv`` (one row per configuration × link ×
 ranks), ``validation.md`` (the table and the summary: median absolute error,
 the auto-cap check), ``predicted_vs_measured.png``, ``whatif.png`` (predicted
 step time against bucket cap for ``bucket-async``, with the measured caps as
-points), ``validation.json``.
+points; ``whatif-zero2.png`` the same for ``zero2``), ``validation.json``.
 
 Example::
 
@@ -62,10 +66,14 @@ import time
 import torch
 import torch.distributed as dist
 
+from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER
+
 STAGES = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async", "ddp", "torch"]
 #: Also read from traces (``--stages zero1,zero2,fsdp``); not in the default sweep, whose figures the docs quote.
-SHARDED = ["zero1", "zero2", "fsdp"]
+SHARDED = list(SHARDED_OPTIMIZER + SHARDED_GRADIENTS)
 BUCKETED = ("bucket", "bucket-async", "ddp", "torch", "zero1", "zero2")
+#: The stages whose ``--bucket-cap-mb auto`` pick is checked against the swept caps (step 2).
+AUTO = ("bucket-async", "zero2")
 
 
 def config_name(stage: str, cap) -> str:
@@ -73,7 +81,7 @@ def config_name(stage: str, cap) -> str:
 
 
 def validate_rank(cfg, data, stages: list[str], caps: list[float], links: list[str], steps: int, warmup: int,
-                  profile_steps: int, trace_dir: str | None, auto: bool) -> dict:
+                  profile_steps: int, trace_dir: str | None, auto: bool, auto_rounds: int = 0) -> dict:
     """Steps 1-4 on one rank; returns profiles, measured times and the auto picks."""
     from minddp.comm.link import Link
     from minddp.comm.wire import Wire
@@ -99,19 +107,20 @@ def validate_rank(cfg, data, stages: list[str], caps: list[float], links: list[s
         return model
 
     configs = [(s, c) for s in stages for c in (caps if s in BUCKETED else [None])]
-    picks, compute_profile = {}, None
-    if auto and "bucket-async" in stages:                                                        # step 2
+    picks, compute_profile = {}, None          # picks: {stage: {link: cap}}
+    if auto and set(AUTO) & set(stages):                                                          # step 2
         compute_profile = probe(fresh_model(), micro, loss_fn)
-        picks = {name: best_cap(compute_profile, "bucket-async", world, name).cap_mb for name in links}
-        for name, cap in picks.items():      # a pick that builds the same buckets as a swept cap *is* that run
-            same = [c for c in caps if plan_for(compute_profile, "bucket-async", c) ==
-                    plan_for(compute_profile, "bucket-async", cap)]
-            picks[name] = same[0] if same else cap
+        for stage in [s for s in AUTO if s in stages]:
+            mine = picks[stage] = {name: best_cap(compute_profile, stage, world, name).cap_mb for name in links}
+            for name, cap in mine.items():   # a pick that builds the same buckets as a swept cap *is* that run
+                same = [c for c in caps if plan_for(compute_profile, stage, c) == plan_for(compute_profile, stage, cap)]
+                mine[name] = same[0] if same else cap
         box = [picks]
         dist.broadcast_object_list(box, src=0)
         picks = box[0]
+    picked = [(stage, c) for stage, mine in picks.items() for c in sorted(set(mine.values()))]
     runs = {}
-    for stage, cap in configs + [("bucket-async", c) for c in sorted(set(picks.values()))]:
+    for stage, cap in configs + picked:
         name = config_name(stage, cap)
         if name in runs:
             continue
@@ -140,10 +149,11 @@ def validate_rank(cfg, data, stages: list[str], caps: list[float], links: list[s
         profiles[name] = step_profiles(path, runs[name][0], world, rank)
     # the sweep on every link; an auto pick outside it on loopback and on the link(s) that picked it
     plan = {config_name(s, c): ["loopback", *links] for s, c in configs}
-    for link, cap in picks.items():
-        on = plan.setdefault(config_name("bucket-async", cap), ["loopback"])
-        if link not in on:
-            on.append(link)
+    for stage, mine in picks.items():
+        for link, cap in mine.items():
+            on = plan.setdefault(config_name(stage, cap), ["loopback"])
+            if link not in on:
+                on.append(link)
     times = {(name, link): [] for name, on in plan.items() for link in on}
     for r in range(warmup + steps):                                                               # step 4
         order = random.Random(f"{cfg.seed}/{r}").sample(sorted(plan), len(plan))
@@ -152,6 +162,12 @@ def validate_rank(cfg, data, stages: list[str], caps: list[float], links: list[s
                 seconds = one_step(name, link)
                 if r >= warmup:
                     times[(name, link)].append(seconds)
+    compared = {name: [link for link in on if link != "loopback"] for name, on in plan.items()
+                if name.partition("@")[0] in picks}
+    for r in range(auto_rounds):                                                                  # step 4, auto
+        for name in random.Random(f"{cfg.seed}/auto/{r}").sample(sorted(compared), len(compared)):
+            for link in compared[name]:
+                times[(name, link)].append(one_step(name, link))
     for link in wires.values():
         link.close()
     return {"profiles": profiles, "times": {f"{n}|{l}": t for (n, l), t in times.items() if t},
@@ -220,7 +236,7 @@ def compare(per_world: dict[int, list[dict]], links: list[str], calibration: str
                 m, c, r = statistics.mean(measured), statistics.mean(calibrated), statistics.mean(raw)
                 rows.append({
                     "ranks": world, "stage": stage, "cap_mb": float(cap) if cap else None, "link": link,
-                    "auto": stage == "bucket-async" and ranks[0]["picks"].get(link) == (float(cap) if cap else None),
+                    "auto": ranks[0]["picks"].get(stage, {}).get(link) == (float(cap) if cap else None),
                     "sweep": name in ranks[0]["sweep"],
                     "measured_ms": 1e3 * m, "predicted_ms": 1e3 * c, "error_pct": 100 * (c - m) / m,
                     "predicted_raw_ms": 1e3 * r, "error_raw_pct": 100 * (r - m) / m,
@@ -229,24 +245,33 @@ def compare(per_world: dict[int, list[dict]], links: list[str], calibration: str
                     "profiled_compute_ms": 1e3 * statistics.mean(statistics.median(p.compute for p in rk["profiles"][name])
                                                                  for rk in ranks),
                     "steps": len(ranks[0]["times"][key]),
+                    "spread_pct": statistics.mean(100 * _iqr(rk["times"][key]) / statistics.median(rk["times"][key])
+                                                  for rk in ranks),
                 })
     return rows
 
 
+def _iqr(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[(3 * (len(ordered) - 1)) // 4] - ordered[(len(ordered) - 1) // 4]
+
+
 def auto_check(rows: list[dict], per_world: dict[int, list[dict]], caps: list[float]) -> list[dict]:
-    """For each (ranks, link): the auto pick's measured step against the best swept cap's."""
+    """For each (stage, ranks, link): the auto pick's measured step against the best swept cap's."""
     out = []
     for world, ranks in sorted(per_world.items()):
-        for link, cap in ranks[0]["picks"].items():
-            here = [r for r in rows if r["ranks"] == world and r["link"] == link and r["stage"] == "bucket-async"]
-            swept = [r for r in here if r["sweep"]]
-            chosen = [r for r in here if r["cap_mb"] == cap]
-            if not swept or not chosen:
-                continue
-            best = min(swept, key=lambda r: r["measured_ms"])
-            out.append({"ranks": world, "link": link, "auto_cap_mb": cap, "auto_ms": chosen[0]["measured_ms"],
-                        "best_cap_mb": best["cap_mb"], "best_ms": best["measured_ms"],
-                        "ratio": chosen[0]["measured_ms"] / best["measured_ms"]})
+        for stage, mine in ranks[0]["picks"].items():
+            for link, cap in mine.items():
+                here = [r for r in rows if r["ranks"] == world and r["link"] == link and r["stage"] == stage]
+                swept = [r for r in here if r["sweep"]]
+                chosen = [r for r in here if r["cap_mb"] == cap]
+                if not swept or not chosen:
+                    continue
+                best = min(swept, key=lambda r: r["measured_ms"])
+                out.append({"stage": stage, "ranks": world, "link": link, "auto_cap_mb": cap,
+                            "auto_ms": chosen[0]["measured_ms"], "best_cap_mb": best["cap_mb"],
+                            "best_ms": best["measured_ms"], "ratio": chosen[0]["measured_ms"] / best["measured_ms"],
+                            "steps": chosen[0]["steps"], "spread_pct": chosen[0].get("spread_pct", float("nan"))})
     return out
 
 
@@ -270,11 +295,17 @@ def markdown(rows: list[dict], checks: list[dict], stats: dict, meta: dict) -> s
              f"{meta.get('calibration', 'config')}; without that calibration {stats['median_abs_error_raw_pct']:.1f} %.",
              ""]
     if checks:
-        lines += ["## `--bucket-cap-mb auto` (bucket-async)", "",
-                  "| ranks | link | auto cap MiB | measured ms | best swept cap MiB | its ms | ratio |",
-                  "|---:|---|---:|---:|---:|---:|---:|"]
-        lines += [f"| {c['ranks']} | {c['link']} | {c['auto_cap_mb']:g} | {c['auto_ms']:.1f} | {c['best_cap_mb']:g} | "
-                  f"{c['best_ms']:.1f} | {c['ratio']:.3f} |" for c in checks]
+        within = sum(c["ratio"] <= 1.03 for c in checks)
+        lines += ["## `--bucket-cap-mb auto`", "",
+                  f"The pick's measured step is within 1.03 × the best swept cap's in {within} of {len(checks)} "
+                  "settings.", "",
+                  "Measured: the median of the steps (rounds kept, plus `--auto-rounds`); spread: the interquartile "
+                  "range of the pick's steps over their median.", "",
+                  "| stage | ranks | link | auto cap MiB | measured ms | best swept cap MiB | its ms | ratio | steps | "
+                  "spread |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {c['stage']} | {c['ranks']} | {c['link']} | {c['auto_cap_mb']:g} | {c['auto_ms']:.1f} | "
+                  f"{c['best_cap_mb']:g} | {c['best_ms']:.1f} | {c['ratio']:.3f} | {c.get('steps', '-')} | "
+                  f"{c.get('spread_pct', float('nan')):.0f} % |" for c in checks]
         lines.append("")
     lines += ["## Every configuration", "",
               "| ranks | stage | cap MiB | link | measured ms | predicted ms | error % | raw error % | "
@@ -312,7 +343,7 @@ def plots(rows: list[dict], per_world: dict[int, list[dict]], links: list[str], 
     fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
     plt.close(fig)
     worlds = [w for w, ranks in sorted(per_world.items()) if ranks[0]["compute_profile"] is not None]
-    if worlds:
+    for stage in [s for s in AUTO if worlds and any(r["stage"] == s for r in rows)]:
         fig, axes = plt.subplots(len(worlds), len(links), figsize=(4 * len(links), 3.2 * len(worlds)),
                                  squeeze=False)
         grid = sorted(set(CANDIDATES) | {c / 2 for c in CANDIDATES} | {c * 2 for c in CANDIDATES})
@@ -320,10 +351,10 @@ def plots(rows: list[dict], per_world: dict[int, list[dict]], links: list[str], 
             cp = per_world[world][0]["compute_profile"]
             for j, link in enumerate(links):
                 ax = axes[i][j]
-                here = [r for r in rows if r["ranks"] == world and r["link"] == link and r["stage"] == "bucket-async"]
+                here = [r for r in rows if r["ranks"] == world and r["link"] == link and r["stage"] == stage]
 
                 def probed(c):
-                    return 1e3 * predict(synthesize(cp, "bucket-async", c, world), link).step
+                    return 1e3 * predict(synthesize(cp, stage, c, world), link).step
                 # the probe times the bare model: the stage's own per-step work (its checks, its hooks'
                 # Python) is missing, so the curve is moved to the level of the profiled steps' predictions
                 level = statistics.median(r["predicted_ms"] - probed(r["cap_mb"]) for r in here) if here else 0.0
@@ -336,13 +367,13 @@ def plots(rows: list[dict], per_world: dict[int, list[dict]], links: list[str], 
                         ax.annotate("auto", (r["cap_mb"], r["measured_ms"]), textcoords="offset points",
                                     xytext=(4, 6), fontsize=8)
                 ax.set_xscale("log")
-                ax.set_title(f"{world} ranks, {link} ({len(plan_for(cp, 'bucket-async', 0.025))} buckets at 0.025)",
+                ax.set_title(f"{stage}, {world} ranks, {link} ({len(plan_for(cp, stage, 0.025))} buckets at 0.025)",
                              fontsize=9)
                 ax.set_xlabel("bucket cap (MiB)")
                 ax.set_ylabel("step (ms)")
         axes[0][0].legend(fontsize=8)
         fig.tight_layout()
-        paths.append(os.path.join(out, "whatif.png"))
+        paths.append(os.path.join(out, "whatif.png" if stage == "bucket-async" else f"whatif-{stage}.png"))
         fig.savefig(paths[-1], dpi=120)
         plt.close(fig)
     return paths
@@ -364,6 +395,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--warmup", type=int, default=1, help="rounds measured but dropped first")
     p.add_argument("--profile-steps", type=int, default=3, help="profiled steps per configuration (one is kept)")
     p.add_argument("--no-auto", dest="auto", action="store_false", help="skip the --bucket-cap-mb auto check")
+    p.add_argument("--auto-rounds", type=int, default=20,
+                   help="extra measured rounds of the configurations the auto check compares")
     p.add_argument("--model", default=None, help="as python -m minddp.train --model (default: its default)")
     p.add_argument("--out", default=None, help="results folder (default: results/model-validate-<date-time>)")
     p.add_argument("--keep-traces", action="store_true", help="keep the profiled traces under OUT/traces")
@@ -381,10 +414,10 @@ def main(argv: list[str]) -> int:
         caps = [float(c) for c in ns.caps.split(",")]
         stages = [s.strip() for s in ns.stages.split(",")]
         bad = [s for s in stages if s not in STAGES + SHARDED]
-        if bad or min(worlds) < 2 or ns.steps < 1 or ns.profile_steps < 1 or min(caps) <= 0:
+        if bad or min(worlds) < 2 or ns.steps < 1 or ns.profile_steps < 1 or min(caps) <= 0 or ns.auto_rounds < 0:
             raise UsageError(f"need stages from {', '.join(STAGES + SHARDED)} (got {bad or 'ok'}), world sizes >= 2, "
                              "caps > 0, "
-                             "--steps and --profile-steps >= 1")
+                             "--steps and --profile-steps >= 1, --auto-rounds >= 0")
         cfg = parse_args(["--no-profile", "--no-progress"] + (["--model", ns.model] if ns.model else []))
         data, backend, _ = prepare(cfg)
     except (ValueError, UsageError) as exc:
@@ -398,8 +431,8 @@ def main(argv: list[str]) -> int:
         print(f"minddp.model validate: {world} ranks ...", file=sys.stderr, flush=True)
         try:
             per_world[world] = launch(validate_rank, cfg, data, stages, caps, links, ns.steps, ns.warmup,
-                                      ns.profile_steps, trace_dir, ns.auto, world_size=world, backend=backend,
-                                      timeout_s=600)
+                                      ns.profile_steps, trace_dir, ns.auto, ns.auto_rounds, world_size=world,
+                                      backend=backend, timeout_s=900)
         except RankError as exc:
             print(f"minddp.model validate: {exc}", file=sys.stderr)
             return 1
@@ -417,6 +450,10 @@ def rejudge(raw: str, out: str, argv: list[str], calibration: str) -> int:
     """``--rejudge``: step 5 again on saved profiles and times."""
     with open(raw, "rb") as f:
         saved = pickle.load(f)
+    for ranks in saved["per_world"].values():      # saved before zero2 had picks too: {link: cap} were bucket-async's
+        for rank in ranks:
+            if rank["picks"] and not isinstance(next(iter(rank["picks"].values())), dict):
+                rank["picks"] = {"bucket-async": rank["picks"]}
     meta_path = os.path.join(os.path.dirname(raw), "meta.json")
     meta = json.load(open(meta_path)) if os.path.exists(meta_path) else \
         {"date": "?", "command": "?", "machine": "?", "load": "?", "wall_s": 0.0}
