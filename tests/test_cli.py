@@ -97,7 +97,8 @@ def test_ctrl_c_ends_the_run_with_one_line_and_leaves_nothing(tmp_path):
     # Ctrl-C in a terminal sends SIGINT to the whole foreground process group: the train command and its
     # ranks. Before: a 25-line KeyboardInterrupt traceback (the clean-up itself was right).
     # PYTHONFAULTHANDLER: should the command ever outlive the wait, SIGABRT makes it print where each of its
-    # threads stood (this once failed in a full suite run, and did not again in 9 runs alone, beside test_bench, or under load).
+    # threads stood (this once failed in a full suite run, and did not again in 9 runs alone, beside
+    # test_bench, or under load).
     proc = subprocess.Popen([sys.executable, "-m", "minddp.train", "--steps", "100000", "--no-profile",
                              "--batch-size", "2", "--grad-accum", "1", "--max-seq-len", "16", "--save-every", "1",
                              "--checkpoint-dir", str(tmp_path), "--progress"],
