@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from minddp import launch
-from minddp.comm.link import GBIT, PRESETS, Link, LinkSpec, parse_link
+from minddp.comm.link import GBIT, PRESETS, Link, LinkSpec, parse_link, parse_links
 
 #: How late a delivery may be after its modeled time: a sleeping thread that must get the CPU and the GIL
 #: back on a shared, loaded 2-core machine (load 8 seen). The lower bound (never early) has no tolerance.
@@ -53,6 +53,11 @@ def test_presets_and_custom_links_parse():
                        ("3gbit,40", "latency"), ("0gbit,1us", "positive")]:
         with pytest.raises(ValueError, match=cause):
             parse_link(bad)
+    # a list (--links of bench collectives and the model's commands): a custom link keeps its comma
+    assert [s.name for s in parse_links("1gbit,100mbit,2ms,10gbit")] == ["1gbit", "100mbit,2ms", "10gbit"]
+    assert parse_links("100mbit,1ms")[0].latency == pytest.approx(1e-3)
+    with pytest.raises(ValueError, match="unknown link 'fast'"):
+        parse_links("1gbit,fast")
 
 
 def test_train_options_name_the_bad_link():

@@ -266,10 +266,11 @@ def save_table(out: str, stem: str, rows: list[dict], text: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     from minddp.bench.__main__ import machine
     from minddp.collectives import TRANSPORTS
-    from minddp.comm.link import parse_link
+    from minddp.comm.link import parse_links
     from minddp.launch import RankError, launch
     p = Parser(prog="python -m minddp.bench collectives", description=__doc__.split("\n")[0])
-    p.add_argument("--links", default="1gbit", help="comma list of emulated links to measure besides gloo ('none': gloo only)")
+    p.add_argument("--links", default="1gbit", help="comma list of emulated links to measure besides gloo (presets, or bandwidth,latency such as "
+                   "100mbit,2ms; 'none': gloo only)")
     p.add_argument("--collectives", default=",".join(COLLECTIVES), help="comma list of collectives")
     p.add_argument("--transports", default="", help="also minddp's hand-written collectives and the wire's: comma list "
                                                      "of ring, naive, wire")
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="results folder (default: results/collectives-<date-time>)")
     ns = p.parse_args(argv)
     try:
-        links = [] if ns.links == "none" else [parse_link(x).name for x in ns.links.split(",") if x]
+        links = [] if ns.links == "none" else [spec.name for spec in parse_links(ns.links)]
         kinds = [k for k in ns.collectives.split(",") if k]
         transports = [t for t in ns.transports.split(",") if t]
         if set(kinds) - set(COLLECTIVES) or set(transports) - (set(TRANSPORTS) - {"torch"} | {"wire"}):

@@ -172,6 +172,22 @@ def parse_link(text: str | LinkSpec) -> LinkSpec:
     return LinkSpec(name, bandwidth, latency, "custom")
 
 
+def parse_links(text: str) -> list[LinkSpec]:
+    """A comma list of links, where a custom link keeps its own comma: ``1gbit,100mbit,2ms`` is ``1gbit`` and
+    ``100mbit,2ms`` (a token that is a latency belongs to the link before it)."""
+    parts, out, i = [p.strip() for p in text.split(",") if p.strip()], [], 0
+    while i < len(parts):
+        latency_next = i + 1 < len(parts) and _is_latency(parts[i + 1])
+        out.append(parse_link(f"{parts[i]},{parts[i + 1]}" if latency_next else parts[i]))
+        i += 2 if latency_next else 1
+    return out
+
+
+def _is_latency(text: str) -> bool:
+    m = _QUANTITY.match(text)
+    return bool(m) and m.group(2).lower() in _LATENCY_UNITS
+
+
 @dataclass
 class _Message:
     seq: int
@@ -333,4 +349,4 @@ def as_link(value: Link | LinkSpec | str | None) -> Link | None:
     return Link(value)
 
 
-__all__ = ["GBIT", "PRESETS", "COLLECTIVES", "LinkSpec", "Link", "parse_link", "as_link"]
+__all__ = ["GBIT", "PRESETS", "COLLECTIVES", "LinkSpec", "Link", "parse_link", "parse_links", "as_link"]

@@ -50,7 +50,7 @@ def predict_run(run: Path, links: list[str], ranks: list[int], real_network: boo
 
 def main(argv: list[str]) -> int:
     from minddp.cli import Parser
-    from minddp.comm.link import parse_link
+    from minddp.comm.link import parse_links
     p = Parser(prog="python -m minddp.model predict", description=__doc__.split("\n")[0])
     p.add_argument("run", help="a run folder written by python -m minddp.train --link ... (traces/<run>)")
     p.add_argument("--links", default="100mbit,1gbit,10gbit,100gbit-ib")
@@ -58,7 +58,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--real-network", action="store_true", help="forecast real hardware (see the module doc)")
     ns = p.parse_args(argv)
     try:
-        links = [parse_link(x).name for x in ns.links.split(",")]
+        links = [spec.name for spec in parse_links(ns.links)]
         ranks = [int(x) for x in ns.ranks.split(",") if x]
         run = Path(ns.run)
         if not run.is_dir():

@@ -227,7 +227,7 @@ def measured_here(model_name: str) -> tuple[ComputeProfile, str]:
 
 def main(argv: list[str]) -> int:
     from minddp.cli import Parser, UsageError
-    from minddp.comm.link import parse_link
+    from minddp.comm.link import parse_links
     p = Parser(prog="python -m minddp.model project", description=__doc__.split("\n")[0])
     p.add_argument("--setting", choices=["blog"], default=None, help="the blog's model, batch and GPUs (module doc)")
     p.add_argument("--measure", action="store_true", help="probe --model on this CPU instead of a given speed")
@@ -244,7 +244,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", default=None, help="results folder (default: results/project-<date-time>)")
     ns = p.parse_args(argv)
     try:
-        links = [parse_link(x).name for x in ns.links.split(",")]
+        links = [spec.name for spec in parse_links(ns.links)]
         ranks = sorted({int(x) for x in ns.ranks.split(",")})
         stages = [s for s in ns.stages.split(",") if s]
         if set(stages) - set(WAITS) or min(ranks) < 2:

@@ -387,7 +387,7 @@ def main(argv: list[str]) -> int:
     from minddp.train import prepare
     p = Parser(prog="python -m minddp.model validate", description=__doc__.split("\n")[0])
     p.add_argument("--world-sizes", default="2,3,4", help="comma list of rank counts, one launch each")
-    p.add_argument("--links", default="100mbit,1gbit,10gbit", help="comma list of links to predict and measure")
+    p.add_argument("--links", default="100mbit,1gbit,10gbit", help="comma list of links to predict and measure (presets, or bandwidth,latency such as 100mbit,2ms)")
     p.add_argument("--caps", default="0.025,0.1,1", help="bucket caps (MiB) of the bucketed stages")
     p.add_argument("--stages", default=",".join(STAGES),
                    help=f"comma list of stages (torch = torch's DDP; also {', '.join(SHARDED)})")
@@ -408,9 +408,9 @@ def main(argv: list[str]) -> int:
     if ns.rejudge:
         return rejudge(ns.rejudge, ns.out or os.path.dirname(ns.rejudge), argv, ns.calibration)
     try:
-        from minddp.comm.link import parse_link
+        from minddp.comm.link import parse_links
         worlds = [int(w) for w in ns.world_sizes.split(",")]
-        links = [parse_link(x).name for x in ns.links.split(",")]
+        links = [spec.name for spec in parse_links(ns.links)]
         caps = [float(c) for c in ns.caps.split(",")]
         stages = [s.strip() for s in ns.stages.split(",")]
         bad = [s for s in stages if s not in STAGES + SHARDED]
