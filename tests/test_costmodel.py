@@ -360,7 +360,7 @@ def test_train_with_a_link_and_an_auto_cap_then_predict_from_its_traces(tmp_path
     from minddp import train
     from minddp.analysis import analyze_run
     from minddp.model.predict import predict_run
-    rc = train.main(["--stage", "bucket-async,zero2", "--steps", "3", "--profile-steps", "2", "--link", "100mbit",
+    rc = train.main(["--stage", "bucket-async,zero2", "--steps", "2", "--profile-steps", "1", "--link", "100mbit",
                      "--bucket-cap-mb", "auto", "--batch-size", "4", "--grad-accum", "2", "--max-seq-len", "32",
                      "--eval-examples", "16", "--no-progress", "--trace-dir", str(tmp_path), "--run-name", "r"])
     assert rc == 0
