@@ -42,8 +42,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from minddp.model.compute import ComputeProfile, plan_for, probe, synthesize
-from minddp.model.step import predict
+from minddp.model.compute import PER_GRADIENT, ComputeProfile, plan_for, probe, synthesize
+from minddp.model.step import WAITS, predict
 
 #: Plans predicted within this share of the fastest count as tied (step 3).
 NEAR = 0.03
@@ -51,7 +51,7 @@ NEAR = 0.03
 CANDIDATES = [0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0]
 #: Stages whose step depends on the cap (``zero1``: its gradients' buckets, ``ddp``'s; ``zero2``: its
 #: reduce-scatters' and all-gathers').
-BUCKETED = ("bucket", "bucket-async", "ddp", "torch", "zero1", "zero2")
+BUCKETED = tuple(s for s in WAITS if s not in PER_GRADIENT)
 #: Why a stage that is not bucketed ignores the cap.
 UNUSED = {"fsdp": "stage fsdp sends one all-gather and one reduce-scatter per unit (a transformer block)"}
 
@@ -109,10 +109,10 @@ def choose_bucket_cap(model: torch.nn.Module, stage: str, batches, loss_fn, link
     cp = probe(model, micro, loss_fn)                                                              # step 1
     box = [best_cap(cp, stage, dist.get_world_size(), None if link is None else link.spec)]       # steps 2-3
     dist.broadcast_object_list(box, src=0)
-    choice = box[0]
+    choice, why = box[0], box[0].explain()
     if say:
-        say(choice.explain())                                                                      # step 4
-    return choice.cap_mb, choice.explain()
+        say(why)                                                                                   # step 4
+    return choice.cap_mb, why
 
 
 __all__ = ["NEAR", "CANDIDATES", "BUCKETED", "UNUSED", "CapChoice", "best_cap", "choose_bucket_cap"]

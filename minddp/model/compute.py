@@ -64,6 +64,8 @@ from minddp.model.step import WAITS, Message, StepProfile
 from minddp.stages.bucket_plan import plan_buckets
 
 MB = 1024 * 1024
+#: The stages that send one message per gradient: no buckets, so no cap.
+PER_GRADIENT = ("simple", "ga", "hook", "hook-async")
 
 
 @dataclass
@@ -108,7 +110,7 @@ class ComputeProfile:
 
 def plan_for(cp: ComputeProfile, stage: str, bucket_cap_mb: float | None) -> list[list[int]]:
     """The buckets ``stage`` would form (indices into the parameters), as in :mod:`minddp.stages.bucket_plan`."""
-    if stage in ("simple", "ga", "hook", "hook-async"):
+    if stage in PER_GRADIENT:
         return [[i] for i in reversed(range(len(cp.nbytes)))]
     order = list(reversed(range(len(cp.nbytes)))) if stage in ("bucket", "bucket-async", "zero2") else cp.ready_order()
     sized = [_Sized(cp.nbytes[i]) for i in order]     # plan_buckets reads numel and element_size: bytes
@@ -146,7 +148,7 @@ def synthesize(cp: ComputeProfile, stage: str, bucket_cap_mb: float | None, worl
                             if stage == "fsdp" else ""))
     plan = plan_for(cp, stage, bucket_cap_mb)
     bytes_of = [sum(cp.nbytes[i] for i in bucket) for bucket in plan]
-    bucketed = stage not in ("simple", "ga", "hook", "hook-async")
+    bucketed = stage not in PER_GRADIENT
     gradients = "reduce_scatter" if stage == "zero2" else "all_reduce"
     messages: list[Message] = []
     t = 0.0
@@ -186,9 +188,7 @@ def synthesize(cp: ComputeProfile, stage: str, bucket_cap_mb: float | None, worl
             for m in messages[first:]:
                 m.wait_at = t
         t += cp.per_byte * cp.total_bytes / (world if stage == "zero2" else 1)      # write back (zero2: a shard)
-    if stage not in ("zero1", "zero2"):
-        return StepProfile(stage, world, t + cp.optimizer, messages, 0.0, f"synthesized ({stage}, cap {bucket_cap_mb})")
-    t += cp.optimizer / world                                   # each rank steps 1/world of the elements
+    t += cp.optimizer / (world if stage in ("zero1", "zero2") else 1)     # sharded: each rank steps 1/world
     if stage == "zero1":                                        # then gathers everyone's, and waits for all
         first = len(messages)
         for bucket in zero1_gather_plan(cp):
@@ -347,4 +347,4 @@ def from_throughput(nbytes: list[int], params_count: int, tokens_per_micro_batch
                           optimizer=optimizer_s, micro_batches=micro_batches, per_message=per_message)
 
 
-__all__ = ["ComputeProfile", "plan_for", "zero1_gather_plan", "synthesize", "probe", "from_throughput", "MB"]
+__all__ = ["PER_GRADIENT", "ComputeProfile", "plan_for", "zero1_gather_plan", "synthesize", "probe", "from_throughput", "MB"]

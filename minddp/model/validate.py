@@ -67,11 +67,11 @@ import torch
 import torch.distributed as dist
 
 from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER
+from minddp.model.auto import BUCKETED
 
 STAGES = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async", "ddp", "torch"]
 #: Also read from traces (``--stages zero1,zero2,fsdp``); not in the default sweep, whose figures the docs quote.
 SHARDED = list(SHARDED_OPTIMIZER + SHARDED_GRADIENTS)
-BUCKETED = ("bucket", "bucket-async", "ddp", "torch", "zero1", "zero2")
 #: The stages whose ``--bucket-cap-mb auto`` pick is checked against the swept caps (step 2).
 AUTO = ("bucket-async", "zero2")
 
