@@ -156,8 +156,9 @@ class TrainConfig:
                             "nvlink, loopback) or 'bandwidth,latency' such as 2.5gbit,40us; see docs/scaling.md",
                             group="comm", metavar="LINK", type=_link)
     model: str = _opt(OFFLINE_MODEL, f"'{OFFLINE_MODEL}' (offline default: an 80 k-parameter Llama, seeded random "
-                      "init), 'small-llama' (5 M) or 'medium-llama' (25 M) (offline too), or a Hugging Face model "
-                      f"id or local folder; GPU preset: {GPU_PRESET} with --dtype bf16", group="what", metavar="NAME")
+                      "init), 'small-llama' (5 M), 'medium-llama' (25 M) or 'smollm2-360m' (the blog's 362 M architecture, "
+                      "random init: the GPU preset, with --dtype bf16) (offline too), or a Hugging Face model id "
+                      f"or local folder such as {GPU_PRESET} (the blog's checkpoint)", group="what", metavar="NAME")
     dtype: str = _opt("fp32", "parameter dtype: fp32, or bf16 (as in the blog, for GPUs)", group="what",
                       metavar="NAME", type=_one_of(lambda: list(DTYPES)))
     dataset: str = _opt("synthetic", "'synthetic' (offline default: generated paraphrase pairs), 'glue/mrpc' "

@@ -64,7 +64,7 @@ import torch.distributed as dist
 
 from minddp import hang
 from minddp.cli import fresh_line
-from minddp.device import DEFAULT_TIMEOUT_S, choose_backend, timeout_delta
+from minddp.device import DEFAULT_TIMEOUT_S, Placement, choose, timeout_delta, use
 from minddp.processes import end_processes, rank_context, watch_parent
 
 try:  # before any group exists, so that its default arguments stay None (see leave_group)
@@ -156,7 +156,7 @@ def launch(
     fn: Callable[..., Any],
     *args: Any,
     world_size: int = 2,
-    backend: str = "auto",
+    backend: str | Placement = "auto",
     timeout_s: float | None = None,
     stall_s: float | None = None,
     hang_s: float | None = hang.DEFAULT_HANG_S,
@@ -185,7 +185,8 @@ def launch(
                                 **kwargs)]
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    backend = choose_backend(backend, local_world_size=world_size)
+    placement = backend if isinstance(backend, Placement) else choose(backend, local_world_size=world_size)
+    say_placement(placement)
     hang_s = hang_bound(hang_s, timeout_s)
 
     # Step 1: a rendezvous store on a port the OS chose, owned by this process.
@@ -201,7 +202,7 @@ def launch(
             for rank in range(world_size):
                 p = ctx.Process(
                     target=_child_main,
-                    args=(payload, list(sys.path), rank, world_size, store.port, backend, timeout_s, results,
+                    args=(payload, list(sys.path), rank, world_size, store.port, placement, timeout_s, results,
                           os.getpid()),
                     name=f"minddp-rank{rank}",
                     daemon=True,
@@ -280,7 +281,7 @@ def watch_torchrun_agent() -> None:
                             "ending this worker")
 
 
-def run_in_torchrun(fn: Callable[..., Any], *args: Any, backend: str = "auto", timeout_s: float | None = None,
+def run_in_torchrun(fn: Callable[..., Any], *args: Any, backend: str | Placement = "auto", timeout_s: float | None = None,
                     hang_s: float | None = hang.DEFAULT_HANG_S, stall_s: float | None = None, **kwargs: Any) -> Any:
     """Join the job torchrun described in the environment, run ``fn``, tear down.
 
@@ -293,8 +294,10 @@ def run_in_torchrun(fn: Callable[..., Any], *args: Any, backend: str = "auto", t
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    backend = choose_backend(backend, local_world_size=local_world)
-    _prepare_rank(local_rank, local_world, backend)
+    placement = backend if isinstance(backend, Placement) else choose(backend, local_world_size=local_world)
+    if rank == 0:
+        say_placement(placement)
+    _prepare_rank(local_rank, local_world, placement)
     if _torchrun_store is None:   # torchrun's store (or rank 0's, without an agent store), reached once
         _torchrun_store, _, _ = next(dist.rendezvous("env://", timeout=timeout_delta(timeout_s)))
     _torchrun_joins += 1          # every rank calls launch in the same order, so the prefixes agree
@@ -302,7 +305,8 @@ def run_in_torchrun(fn: Callable[..., Any], *args: Any, backend: str = "auto", t
     beat_store = dist.PrefixStore(f"minddp/launch{_torchrun_joins}/minddp", _torchrun_store.clone())
     monitor = hang.Monitor(beat_store, rank, world, hang_s, stall_s) if rank < 2 and world > 1 else None
     beat = _start_heartbeat(beat_store, rank, monitor, on_verdict=_end_hung_worker)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout_delta(timeout_s))
+    dist.init_process_group(placement.group_backend(), store=store, rank=rank, world_size=world,
+                            timeout=timeout_delta(timeout_s))
     beat.group_live(True)
     try:
         return fn(*args, **kwargs)
@@ -401,10 +405,19 @@ RELEASE_WAIT_S = 1.0
 SETTLE_S = 0.1
 
 
-def _prepare_rank(local_rank: int, local_world: int, backend: str) -> None:
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-    else:
+def say_placement(placement: Placement) -> None:
+    """On a machine with GPUs, say in one line where the ranks compute and why (on a CPU-only one it goes
+    without saying)."""
+    if (placement.gpus or torch.cuda.is_available()) and placement not in _said:
+        _said.add(placement)   # once per process: --stage all launches once per stage
+        print(f"{fresh_line()}minddp: {placement.why}", file=sys.stderr, flush=True)
+
+
+_said: set[Placement] = set()
+
+
+def _prepare_rank(local_rank: int, local_world: int, placement: Placement) -> None:
+    if use(placement, local_rank).type == "cpu":
         # N ranks share the machine's cores: without this every rank starts one
         # thread per core and they all fight for the same cores.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
@@ -416,7 +429,7 @@ def open_store(world_size: int, timeout_s: float | None = None) -> dist.TCPStore
                          timeout=timeout_delta(timeout_s), wait_for_workers=False)
 
 
-def join_group(rank: int, world_size: int, port: int, backend: str,
+def join_group(rank: int, world_size: int, port: int, placement: Placement | str,
                timeout_s: float | None = None, prefix: str = "") -> None:
     """Inside a local rank: set the launcher's environment and build the default group.
 
@@ -425,14 +438,16 @@ def join_group(rank: int, world_size: int, port: int, backend: str,
     does this after a failed cell); :func:`launch` uses the empty prefix.
     """
     _set_rank_env(rank, world_size, port)
-    _prepare_rank(rank, world_size, backend)
+    if not isinstance(placement, Placement):     # a backend name: the launcher's rule (minddp.device)
+        placement = choose(placement, local_world_size=world_size)
+    _prepare_rank(rank, world_size, placement)
     store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
                           timeout=timeout_delta(timeout_s))
     global _rank_store
     _rank_store = store
     if prefix:
         store = dist.PrefixStore(prefix, store)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+    dist.init_process_group(placement.group_backend(), store=store, rank=rank, world_size=world_size,
                             timeout=timeout_delta(timeout_s))
 
 
@@ -448,7 +463,7 @@ def _set_rank_env(rank: int, world_size: int, port: int) -> None:
     })
 
 
-def _child_main(payload, parent_path, rank, world_size, port, backend, timeout_s, results, launcher_pid):
+def _child_main(payload, parent_path, rank, world_size, port, placement, timeout_s, results, launcher_pid):
     """Step 3, inside the rank: join, run (beating: minddp.hang), report, always destroy the group."""
     watch_parent(launcher_pid, f"minddp rank {rank}: the launcher (pid {launcher_pid}) is gone; ending this rank")  # step 5
     sys.path[:] = parent_path  # unpickle fn the way the parent would import it
@@ -456,7 +471,7 @@ def _child_main(payload, parent_path, rank, world_size, port, backend, timeout_s
     beat = None
     try:
         fn, args, kwargs = pickle.loads(payload)
-        join_group(rank, world_size, port, backend, timeout_s)
+        join_group(rank, world_size, port, placement, timeout_s)
         beat = _start_heartbeat(dist.PrefixStore("minddp", _rank_store.clone()), rank)
         beat.group_live(True)
         try:

@@ -16,11 +16,12 @@ Two kinds of ``--model``:
   - ``small-llama``: about 5 M parameters (7 layers of width 256, tied
     embeddings), where compute dominates a CPU step, as it does in real
     training (the benchmark's ``small`` preset, with 16 x 64 tokens per rank);
-  - ``medium-llama``: about 25 M parameters (9 layers of width 512).
+  - ``medium-llama``: about 25 M parameters (9 layers of width 512);
+  - ``smollm2-360m``: the blog's SmolLM2-360M architecture (362 M parameters, 32 layers of width 960),
+    random weights: the GPU preset that runs offline (``--model smollm2-360m --dtype bf16``).
 * a Hugging Face model id or a local directory, loaded with
   ``AutoModelForSequenceClassification.from_pretrained(..., num_labels=2)``.
-  The GPU preset from the blog is ``HuggingFaceTB/SmolLM2-360M-Instruct``
-  with ``--dtype bf16``.
+  The blog's checkpoint is ``HuggingFaceTB/SmolLM2-360M-Instruct`` with ``--dtype bf16``.
 
 Building a model:
 
@@ -58,6 +59,12 @@ OFFLINE_PRESETS = {
                         num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True),
     "medium-llama": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=9, num_attention_heads=8,
                          num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True),
+    # The blog's model, SmolLM2-360M, built from its configuration with random weights (no download): for
+    # GPU benchmarks and traces where compute dominates. Its own 49152-token vocabulary is kept (the offline
+    # tokenizer's ids are a subset), so the parameter count is the real model's.
+    "smollm2-360m": dict(vocab_size=49152, hidden_size=960, intermediate_size=2560, num_hidden_layers=32,
+                         num_attention_heads=15, num_key_value_heads=5, max_position_embeddings=8192,
+                         rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
 }
 
 OFFLINE_MODEL = "tiny-llama"
@@ -74,8 +81,11 @@ def build_model(name: str, vocab_size: int, pad_token_id: int, seed: int, dtype:
 
     torch.manual_seed(seed)                                                        # step 1
     if name in OFFLINE_PRESETS:                                                    # step 2
-        config = LlamaConfig(vocab_size=vocab_size, num_labels=num_labels, pad_token_id=pad_token_id,
-                             **OFFLINE_PRESETS[name])
+        preset = {"vocab_size": vocab_size, **OFFLINE_PRESETS[name]}      # a preset may keep its own vocabulary
+        if preset["vocab_size"] < vocab_size:
+            raise ValueError(f"model {name!r} has a vocabulary of {preset['vocab_size']} tokens, fewer than the "
+                             f"data's {vocab_size}; use another --model")
+        config = LlamaConfig(num_labels=num_labels, pad_token_id=pad_token_id, **preset)
         model = LlamaForSequenceClassification(config)
     else:
         path = os.path.expanduser(name)

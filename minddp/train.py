@@ -43,7 +43,7 @@ from torch import nn
 from minddp.cli import bar_drawn, fail, fresh_line
 from minddp.config import ConfigError, TrainConfig, build_parser, parse_args
 from minddp.data import DataError, Encoded, PreparedData, eval_batches, prepare_data, step_batches
-from minddp.device import DEFAULT_TIMEOUT_S
+from minddp.device import DEFAULT_TIMEOUT_S, Placement, choose
 from minddp.hang import DEFAULT_HANG_S
 from minddp.launch import RankError, in_torchrun, launch
 from minddp.models import build_model, resolve_model
@@ -253,7 +253,7 @@ def _progress(cfg: TrainConfig, stage: str, rank: int, first: int = 0):
 
 # -- in the parent ----------------------------------------------------------------------------------
 
-def run_stage(cfg: TrainConfig, stage: str, data: PreparedData, folder: str, backend: str) -> dict:
+def run_stage(cfg: TrainConfig, stage: str, data: PreparedData, folder: str, placement: Placement) -> dict:
     """Step 3 for one stage: launch the ranks (or join torchrun's), return rank 0's result."""
     world = 1 if stage == "single" else cfg.world_size
     # Ranks announce every step; a job with no new step for twice the collective timeout (plus a
@@ -261,7 +261,7 @@ def run_stage(cfg: TrainConfig, stage: str, data: PreparedData, folder: str, bac
     # that stops while the others wait is named far sooner, after --hang-timeout (minddp.hang).
     timeout = DEFAULT_TIMEOUT_S if cfg.timeout is None else cfg.timeout
     hang_s = DEFAULT_HANG_S if cfg.hang_timeout is None else cfg.hang_timeout
-    results = launch(train_rank, cfg, stage, data, folder, world_size=world, backend=backend,
+    results = launch(train_rank, cfg, stage, data, folder, world_size=world, backend=placement,
                      timeout_s=cfg.timeout, stall_s=2 * timeout + 60, hang_s=hang_s or None)
     return results[0]
 
@@ -293,12 +293,10 @@ def format_table(rows: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def prepare(cfg: TrainConfig) -> tuple[PreparedData, str, str]:
-    """Steps 1-2 that need the world: backend, model, data, run folder. Raises ConfigError."""
-    from minddp.device import choose_backend
+def prepare(cfg: TrainConfig) -> tuple[PreparedData, Placement, str]:
+    """Steps 1-2 that need the world: backend and devices, model, data, run folder. Raises ConfigError."""
     try:
-        backend = choose_backend(cfg.backend, local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE",
-                                                                                    cfg.world_size)))
+        placement = choose(cfg.backend, local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", cfg.world_size)))
         cfg.model = resolve_model(cfg.model, say)
         data = prepare_data(cfg.dataset, cfg.model, cfg.seed, cfg.max_seq_len, say)
     except (ValueError, OSError) as exc:
@@ -309,7 +307,7 @@ def prepare(cfg: TrainConfig) -> tuple[PreparedData, str, str]:
     if len(data.train) < need:
         raise ConfigError(f"the training split has {len(data.train)} examples, fewer than one global batch "
                           f"of {need}; lower --batch-size or use more data")
-    return data, backend, os.path.join(cfg.trace_dir, run_name(cfg, data.source))
+    return data, placement, os.path.join(cfg.trace_dir, run_name(cfg, data.source))
 
 
 def run_name(cfg: TrainConfig, source: str) -> str:
@@ -376,7 +374,7 @@ def check_resume(cfg: TrainConfig, shapes: dict) -> None:
 
 
 def check_outputs(cfg: TrainConfig, run_dir: str | None = None, shapes: dict | None = None,
-                  backend: str = "gloo") -> None:
+                  gpu: bool = False) -> None:
     """Before any rank starts: every output path is writable and (given the model) its disk has room.
 
     Called twice: first with the paths alone (fails fast, before the data and
@@ -395,7 +393,7 @@ def check_outputs(cfg: TrainConfig, run_dir: str | None = None, shapes: dict | N
         for stage in stages:
             ranks = 1 if stage == "single" else local
             one, writing = outputs.trace_bytes(tensors, min(cfg.profile_steps, cfg.steps), cfg.grad_accum,
-                                               cfg.trace_gzip, gpu=backend == "nccl")
+                                               cfg.trace_gzip, gpu=gpu)
             peak = max(peak, kept + ranks * writing)
             kept += ranks * one
         plan.folder("--trace-dir", run_dir or cfg.trace_dir, need=max(peak, kept) + 64 * 1024 * len(stages))
@@ -451,11 +449,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = parse_args(argv)                                                              # step 1
         check_combination(cfg)
         check_outputs(cfg)          # the paths, before the slower data and model preparation
-        data, backend, run_dir = prepare(cfg)                                               # step 2
+        data, placement, run_dir = prepare(cfg)                                             # step 2
         shapes = model_shapes(cfg, data)
         if cfg.resume:
             check_resume(cfg, shapes)
-        check_outputs(cfg, run_dir, shapes, backend)
+        check_outputs(cfg, run_dir, shapes, gpu=placement.device_type == "cuda")
         warn_if_oversubscribed(cfg)
     except (ConfigError, DataError) as exc:
         return fail(PROG, exc, parser)
@@ -470,13 +468,13 @@ def main(argv: list[str] | None = None) -> int:
         for stage in cfg.stages():                                                          # step 3
             if stage == "torch":
                 reason = None if cfg.link else torch_hook_unavailable(   # with a link: minddp's hook (ladder.wrap)
-                    cfg.hook, backend, None if cfg.bucket_cap_mb == "auto" else cfg.bucket_cap_mb)
+                    cfg.hook, placement.backend, None if cfg.bucket_cap_mb == "auto" else cfg.bucket_cap_mb)
                 if reason:
                     say(f"skipping --stage torch: {reason}")
                     skipped[stage] = reason
                     continue
             try:
-                result = run_stage(cfg, stage, data, run_dir, backend)
+                result = run_stage(cfg, stage, data, run_dir, placement)
             except RankError as exc:
                 print(f"{fresh_line()}{PROG}: stage {stage}: {exc}", file=sys.stderr, flush=True)
                 failed = {"stage": stage, "rank": exc.rank, "step": exc.step, "error": str(exc).splitlines()[0]}
@@ -485,7 +483,8 @@ def main(argv: list[str] | None = None) -> int:
             results[stage], rows[stage] = result, summarize(result)
             if profiling(cfg) and rank0:
                 _write_or_note(os.path.join(run_dir, stage, "config.json"),
-                               {**cfg.to_dict(), "stage": stage, "backend": backend, "ranks": result["ranks"],
+                               {**cfg.to_dict(), "stage": stage, "backend": placement.backend,
+                                "devices": placement.why, "ranks": result["ranks"],
                                 "bucket_cap_mb_used": result["bucket_cap_mb"], "bucket_cap_why": result["bucket_cap_why"],
                                 "data_source": data.source}, f"stage {stage}'s config.json", lost)
     except KeyboardInterrupt:       # the launcher has said so and ended the ranks; the stages done are kept
@@ -497,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     for stage, result in results.items():
         for rank, why in result.get("trace_errors", {}).items():
             lost.append(f"stage {stage}: rank {rank}'s trace was not written ({why}); training went on")
-    summary = {"config": cfg.to_dict(), "backend": backend, "world_size": cfg.effective_world_size(),
+    summary = {"config": cfg.to_dict(), "backend": placement.backend, "devices": placement.why, "world_size": cfg.effective_world_size(),
                "data_source": data.source, "run_dir": run_dir if profiling(cfg) else None, "skipped": skipped,
                "stages": {s: {**rows[s], "losses": results[s]["losses"], "memory": results[s].get("memory")}
                           for s in rows},

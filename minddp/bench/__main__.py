@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             return pool_main(ns.pool, ns.out)
         out = ns.out or os.path.join("results", f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
         Outputs().folder("--out", out)     # the results folder can be written, before minutes of measuring
-        data, backend, _ = prepare(cfg)
+        data, placement, _ = prepare(cfg)
     except (UsageError, ConfigError, DataError) as exc:
         return fail(PROG, exc, build_parser())
     except KeyboardInterrupt:
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     shares = launch_shares(ns.rounds, ns.launches)
     print(f"{PROG}: {len(configs)} configurations x {ns.rounds} rounds ({' + '.join(map(str, shares))} in "
           f"{ns.launches} launch{'es' if ns.launches > 1 else ''}) x {ns.steps_per_round} steps on {cfg.world_size} "
-          f"ranks ({backend}) -> {out}", file=sys.stderr, flush=True)
+          f"ranks ({placement.why}) -> {out}", file=sys.stderr, flush=True)
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     per_launch = []
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             per_rank = launch(bench_rank, configs, cfg, data, rounds, ns.steps_per_round, ns.warmup, trace_dir,
                               ns.profile_steps, index, index == 0,     # memory once: it does not depend on timing
-                              world_size=cfg.world_size, backend=backend, timeout_s=cfg.timeout,
+                              world_size=cfg.world_size, backend=placement, timeout_s=cfg.timeout,
                               hang_s=DEFAULT_HANG_S if cfg.hang_timeout is None else cfg.hang_timeout or None)
         except RankError as exc:
             print(f"{PROG}: {exc}", file=sys.stderr)
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = pool(per_launch) if len(per_launch) > 1 else per_launch[0]
     meta = {"date": date, "command": "python -m minddp.bench " + " ".join(sys.argv[1:] if argv is None else argv),
             "machine": machine(), "model": cfg.model, "data": data.source, "world_size": cfg.world_size,
-            "backend": backend, "launches": ns.launches, "rounds": ns.rounds, "rounds_per_launch": shares,
+            "backend": placement.backend, "devices": placement.why, "launches": ns.launches, "rounds": ns.rounds, "rounds_per_launch": shares,
             "steps_per_round": ns.steps_per_round, "warmup_per_round": ns.warmup,
             "profiled_steps": ns.profile_steps, "batch_size_per_rank": cfg.batch_size, "grad_accum": cfg.grad_accum,
             "max_seq_len": cfg.max_seq_len, "bucket_cap_mb": cfg.bucket_cap_mb, "link": cfg.link,

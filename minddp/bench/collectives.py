@@ -56,6 +56,7 @@ import torch
 import torch.distributed as dist
 
 from minddp.cli import Parser, UsageError
+from minddp.device import current_device, message_device, synchronize
 
 PROG = "minddp.bench collectives"
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
@@ -68,22 +69,23 @@ def _start(kind: str, nbytes: int, world: int, transport=None):
     Future; a Work's ``wait()`` is all the link and the timer need).
     """
     chunk = max(1, nbytes // 4 // world)
+    dev = current_device()       # the rank's device: a GPU's collectives where the ranks have GPUs
     if kind == "all_reduce":
-        t = torch.ones(chunk * world)
+        t = torch.ones(chunk * world, device=dev)
         if transport is not None:
             return t.numel() * 4, lambda: _Done(transport(t, dist.group.WORLD))
         return t.numel() * 4, lambda: dist.all_reduce(t, async_op=True)
     if kind == "reduce_scatter":
-        src, dst = torch.ones(chunk * world), torch.empty(chunk)
+        src, dst = torch.ones(chunk * world, device=dev), torch.empty(chunk, device=dev)
         if transport is not None:
             return src.numel() * 4, lambda: _Done(transport.reduce_scatter(dst, src, dist.group.WORLD))
         return src.numel() * 4, lambda: _reduce_scatter(dst, src, async_op=True)
     if kind == "all_gather":
-        src, dst = torch.ones(chunk), torch.empty(chunk * world)
+        src, dst = torch.ones(chunk, device=dev), torch.empty(chunk * world, device=dev)
         if transport is not None:
             return dst.numel() * 4, lambda: _Done(transport.all_gather(dst, src, dist.group.WORLD))
         return dst.numel() * 4, lambda: _all_gather(dst, src, async_op=True)
-    t = torch.ones(chunk * world)
+    t = torch.ones(chunk * world, device=dev)
     return t.numel() * 4, lambda: dist.broadcast(t, src=0, async_op=True)
 
 
@@ -138,9 +140,10 @@ def measure_rank(networks: list[str], collectives: list[str], sizes: list[int], 
                     t0 = time.perf_counter()
                     fut = start()
                     (fut if link is None else link.carry(fut, payload, world, kind)).wait()
+                    synchronize(current_device())    # a GPU collective's wait() only orders the stream
                     if i >= warmup:
                         times.append(time.perf_counter() - t0)
-                slowest = torch.tensor(times, dtype=torch.float64)
+                slowest = torch.tensor(times, dtype=torch.float64, device=message_device())
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX)      # a collective takes as long as its slowest rank
                 rows.append({"network": network, "collective": kind, "ranks": world, "bytes": payload,
                              "median_s": statistics.median(slowest.tolist()), "min_s": min(slowest.tolist())})

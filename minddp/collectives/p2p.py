@@ -10,8 +10,12 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
+
+from minddp.device import staged
 
 
 def peer(group: dist.ProcessGroup, group_rank: int) -> int:
@@ -29,14 +33,17 @@ def exchange(send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, src
     empty tensor skips that direction (both ends know the sizes, so they skip
     alike).
     """
-    ops = []
-    if send is not None and send.numel() > 0:
-        ops.append(dist.P2POp(dist.isend, send, peer(group, dst), group))
-    if recv is not None and recv.numel() > 0:
-        ops.append(dist.P2POp(dist.irecv, recv, peer(group, src), group))
-    if ops:
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
+    with contextlib.ExitStack() as host:     # gloo sends no CUDA tensor: ranks sharing a GPU go through the CPU
+        send = None if send is None else host.enter_context(staged(send, group))
+        recv = None if recv is None else host.enter_context(staged(recv, group))
+        ops = []
+        if send is not None and send.numel() > 0:
+            ops.append(dist.P2POp(dist.isend, send, peer(group, dst), group))
+        if recv is not None and recv.numel() > 0:
+            ops.append(dist.P2POp(dist.irecv, recv, peer(group, src), group))
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
 
 
 def ranks_to_reduce(tensor: torch.Tensor, group: dist.ProcessGroup, name: str) -> int:

@@ -41,6 +41,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from minddp.device import backends_by_device
+
 #: ``transport(tensor, group)`` sums ``tensor`` in place across ``group`` and returns when done. A
 #: transport that also has ``reduce_scatter(output, input, group)`` and ``all_gather(output, input, group)``
 #: (:class:`minddp.collectives.Transport`) carries the sharded stages' collectives too.
@@ -102,7 +104,7 @@ class Traffic:
 class Wire:
     """A process group, how its collectives travel (``transport``) and who counts them (``traffic``)."""
 
-    __slots__ = ("group", "transport", "traffic", "link", "gloo")
+    __slots__ = ("group", "transport", "traffic", "link", "backends")
 
     def __init__(self, group: dist.ProcessGroup | None = None, transport: Transport | None = None,
                  traffic: Traffic | None = None, link=None):
@@ -110,7 +112,7 @@ class Wire:
         self.transport = transport
         self.traffic = traffic
         self.link = link
-        self.gloo = dist.get_backend(self.group) == "gloo"
+        self.backends = backends_by_device(self.group)     # e.g. {"cpu": "gloo", "cuda": "nccl"}
 
     @staticmethod
     def of(state) -> "Wire":
@@ -153,7 +155,7 @@ class Wire:
         """
         if self.traffic is not None:
             self.traffic.record(input, "reduce_scatter")
-        if self.transport is None and self.gloo:
+        if self.transport is None and self.backends.get(input.device.type) == "gloo":
             mine = input.view(-1).chunk(self.size())[self.group.rank()]
             fut = _when_done(dist.all_reduce(input, group=self.group, async_op=True), output,
                              then=lambda: output.view(-1).copy_(mine))

@@ -32,6 +32,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from minddp.device import message_device
+
 from minddp.stages.bucket_plan import plan_buckets
 
 
@@ -50,9 +52,9 @@ def plan_first_iteration_like_torch(params: list[torch.Tensor], bucket_cap_mb: f
 
 def agree_on_order(order: list[int], n_params: int, group: dist.ProcessGroup) -> list[int] | None:
     """Step 2: rank 0's ready order on every rank; None if rank 0 did not see every parameter."""
-    message = torch.full((n_params,), -1, dtype=torch.int64)
+    message = torch.full((n_params,), -1, dtype=torch.int64, device=message_device(group))
     if len(order) == n_params:
-        message[:] = torch.tensor(order, dtype=torch.int64)
+        message[:] = torch.tensor(order, dtype=torch.int64, device=message.device)
     dist.broadcast(message, group_src=0, group=group)
     agreed = message.tolist()
     return None if -1 in agreed else agreed

@@ -60,6 +60,7 @@ from minddp.comm.wire import Wire
 from minddp.ddp.fast import BucketLayout, builtin_average, named_range
 from minddp.ddp.guard import check_consistency, check_same_settings, describe_hook_state, finite_check
 from minddp.ddp.plan import agree_on_order, plan_first_iteration_like_torch, plan_from_order
+from minddp.device import message_device
 from minddp.graph import parameters_reached, tensors_in
 
 
@@ -326,7 +327,7 @@ class Reducer:
 
     def _give_grads_to_globally_used(self) -> torch.Tensor:
         """A parameter another rank used gets the average here too; one nobody used keeps its .grad."""
-        counts = self.local_used.to(torch.int32)
+        counts = self.local_used.to(message_device(self.group), torch.int32)
         dist.all_reduce(counts, group=self.group)   # bookkeeping, not gradient traffic: not metered
         self.local_used.zero_()
         used = counts > 0
@@ -384,7 +385,8 @@ class Reducer:
         for future in futures:
             future.wait()
         if self.searching_unused():
-            dist.all_reduce(torch.zeros(len(self.params), dtype=torch.int32), group=self.group)
+            dist.all_reduce(torch.zeros(len(self.params), dtype=torch.int32, device=message_device(self.group)),
+                            group=self.group)
         if self.check_consistency:
             check_consistency(self.plan, [layout.numel for layout in self.layouts], list(range(len(self.layouts))),
                               self.names, self.group)

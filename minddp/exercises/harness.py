@@ -421,7 +421,7 @@ def parameter_finding(module, single, torch_module, step: int, checker) -> tuple
     d_single = largest_difference(params, dict(single.named_parameters()))
     d_torch = largest_difference(params, dict(torch_module.named_parameters()))
     scale_ = max(float(p.detach().abs().max()) for p in params.values())
-    bad = torch.tensor([float(d_single[0] > 1e-5 * scale_ + 1e-7)])
+    bad = torch.tensor([float(d_single[0] > 1e-5 * scale_ + 1e-7)], device="cpu")   # the checker: gloo on the CPU
     dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=checker)
     finding = None
     if bad.item():
@@ -442,14 +442,14 @@ def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
     try:
         with reporting(progress, files, report):
             g = torch.Generator().manual_seed(7 + rank)
-            values = torch.randn(1000, generator=g) * torch.logspace(-3, 0, 1000)   # small and large gradients
+            values = torch.randn(1000, generator=g, device="cpu") * torch.logspace(-3, 0, 1000)   # small, large
             exact = values.clone()
             dist.all_reduce(exact, group=checker)
             exact /= world
             probes = {}
             for who, fn in (("reference", solutions.HOOKS[like]), ("yours", hook)):
                 progress.phase = "calling your hook on one bucket" if who == "yours" else "calling the model answer"
-                param = nn.Parameter(torch.zeros(1000))
+                param = nn.Parameter(torch.zeros(1000, device="cpu"))   # the checker runs on the CPU
                 bucket = GradBucket(0, values.clone(), [param], is_last=True)
                 with live.profiler() as prof:
                     fut = fn(None, bucket)

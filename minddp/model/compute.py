@@ -310,7 +310,7 @@ def _network_cost() -> tuple[float, float, float]:
         for i in range(6):
             dist.barrier()
             t0 = time.perf_counter()
-            fut = allreduce_hook(wire, GradBucket(0, torch.ones(nbytes // 4), [], is_last=True))
+            fut = allreduce_hook(wire, GradBucket(0, torch.ones(nbytes // 4, device=current_device()), [], is_last=True))
             t1 = time.perf_counter()
             fut.wait()
             if i:
@@ -318,7 +318,7 @@ def _network_cost() -> tuple[float, float, float]:
                 launch.append(t1 - t0)
         medians.append(statistics.median(times))
     link.close()
-    measured = torch.tensor([statistics.median(launch), *medians], dtype=torch.float64)
+    measured = torch.tensor([statistics.median(launch), *medians], dtype=torch.float64, device=message_device())
     dist.all_reduce(measured, op=dist.ReduceOp.MAX)           # every rank ends with the same numbers
     per_message, small, large = measured.tolist()
     b = max(0.0, (large - small) / (sizes[1] - sizes[0]))

@@ -285,7 +285,7 @@ def main(argv: list[str]) -> int:
 
 def _sized(model_name: str, tflops: float, tokens: int, micro_batches: int) -> tuple[ComputeProfile, str]:
     from minddp.models import OFFLINE_PRESETS
-    arch = dict(OFFLINE_PRESETS[model_name], vocab_size=49152, num_labels=2)
+    arch = dict({"vocab_size": 49152, **OFFLINE_PRESETS[model_name]}, num_labels=2)
     nbytes = llama_parameter_bytes(arch, 4)
     cp = from_throughput(nbytes, sum(nbytes) // 4, tokens, tflops * 1e12, micro_batches)
     return cp, f"{model_name} with a 49152-token vocabulary, fp32, {tokens} tokens per micro-batch, {tflops:g} TFLOP/s"

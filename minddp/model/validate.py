@@ -419,7 +419,7 @@ def main(argv: list[str]) -> int:
                              "caps > 0, "
                              "--steps and --profile-steps >= 1, --auto-rounds >= 0")
         cfg = parse_args(["--no-profile", "--no-progress"] + (["--model", ns.model] if ns.model else []))
-        data, backend, _ = prepare(cfg)
+        data, _, _ = prepare(cfg)
     except (ValueError, UsageError) as exc:
         print(f"minddp.model validate: error: {exc}", file=sys.stderr)
         return 2
@@ -432,7 +432,7 @@ def main(argv: list[str]) -> int:
         try:
             per_world[world] = launch(validate_rank, cfg, data, stages, caps, links, ns.steps, ns.warmup,
                                       ns.profile_steps, trace_dir, ns.auto, ns.auto_rounds, world_size=world,
-                                      backend=backend, timeout_s=900)
+                                      backend=cfg.backend, timeout_s=900)   # chosen per world size
         except RankError as exc:
             print(f"minddp.model validate: {exc}", file=sys.stderr)
             return 1

@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from minddp.device import choose_backend
+from minddp.device import choose
 from minddp.launch import RankError, open_store
 from minddp.processes import end_processes, rank_context
 from minddp.notebook.worker import worker_main
@@ -109,7 +109,7 @@ class Cluster:
     """``world_size`` persistent local ranks with ``torch.distributed`` initialised.
 
     ``backend`` and ``timeout_s`` mean what they mean for :func:`minddp.launch.launch`
-    (``auto``: gloo on CPU, NCCL with a GPU per rank). ``grace_s`` and
+    (``auto``: gloo on CPU, NCCL with a GPU per rank, ranks sharing GPUs over gloo). ``grace_s`` and
     ``release_s`` pace step 3 of the module docstring.
     """
 
@@ -118,7 +118,8 @@ class Cluster:
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
         self.world_size = world_size
-        self.backend = choose_backend(backend, local_world_size=world_size)
+        self.placement = choose(backend, local_world_size=world_size)   # the launcher's rule (minddp.device)
+        self.backend = self.placement.backend
         self.timeout_s = timeout_s
         self.grace_s, self.release_s, self.start_timeout_s = grace_s, release_s, start_timeout_s
         self.restarts = 0          #: how many times step 3c replaced the ranks
@@ -140,7 +141,7 @@ class Cluster:
         for rank in range(self.world_size):
             p = ctx.Process(
                 target=worker_main, name=f"minddp-notebook-rank{rank}",
-                args=(rank, self.world_size, self._store.port, self.backend, self.timeout_s,
+                args=(rank, self.world_size, self._store.port, self.placement, self.timeout_s,
                       os.getpid(), list(sys.path), self._commands[rank], self._reports),
                 daemon=False,  # a daemon could not start processes (e.g. DataLoader workers)
             )

@@ -53,6 +53,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from minddp.device import current_device, message_device
+
 ROOT = Path(__file__).resolve().parents[2]
 #: Where notebook runs write their traces (``traces/`` is ignored by git).
 TRACE_ROOT = ROOT / "traces" / "notebooks"
@@ -84,11 +86,12 @@ def data():
 
 
 def make_model(seed: int | None = None) -> torch.nn.Module:
-    """The same weights in every process that passes the same seed (default: the settings' seed)."""
+    """The same weights in every process that passes the same seed (default: the settings' seed), on this
+    rank's device (:func:`minddp.device.current_device`: a GPU where the ranks have one, else the CPU)."""
     from minddp.models import build_model
     d = data()
     return build_model(SETTINGS.model, vocab_size=d.vocab_size, pad_token_id=d.pad_token_id,
-                       seed=SETTINGS.seed if seed is None else seed)
+                       seed=SETTINGS.seed if seed is None else seed).to(current_device())
 
 
 def describe() -> str:
@@ -105,15 +108,19 @@ def describe() -> str:
 
 
 def step_batches(whole: bool = False):
-    """This rank's micro-batches, step after step; ``whole=True``: the global batch (every rank's shard)."""
+    """This rank's micro-batches, step after step, on this rank's device; ``whole=True``: the global batch
+    (every rank's shard)."""
     from minddp.data import step_batches as batches
     rank, world = dist.get_rank(), dist.get_world_size()
     d = data()
     if whole:
-        return batches(d.train, batch_size=SETTINGS.batch_size * world, grad_accum=SETTINGS.grad_accum,
-                       num_replicas=1, rank=0, seed=SETTINGS.seed, pad_token_id=d.pad_token_id)
-    return batches(d.train, batch_size=SETTINGS.batch_size, grad_accum=SETTINGS.grad_accum, num_replicas=world,
-                   rank=rank, seed=SETTINGS.seed, pad_token_id=d.pad_token_id)
+        steps = batches(d.train, batch_size=SETTINGS.batch_size * world, grad_accum=SETTINGS.grad_accum,
+                        num_replicas=1, rank=0, seed=SETTINGS.seed, pad_token_id=d.pad_token_id)
+    else:
+        steps = batches(d.train, batch_size=SETTINGS.batch_size, grad_accum=SETTINGS.grad_accum,
+                        num_replicas=world, rank=rank, seed=SETTINGS.seed, pad_token_id=d.pad_token_id)
+    device = current_device()
+    return ([{k: v.to(device) for k, v in micro.items()} for micro in step] for step in steps)
 
 
 def loss_fn(model, batch) -> torch.Tensor:
@@ -174,8 +181,8 @@ class Trainee:
             dist.barrier()                              # every rank starts the step together
         start = time.perf_counter()
         with watch if watch is not None else contextlib.nullcontext():
-            loss = torch.tensor(train_step(self.model, self.optimizer, batch, loss_fn))
-        took = torch.tensor(time.perf_counter() - start)
+            loss = torch.tensor(train_step(self.model, self.optimizer, batch, loss_fn), device=message_device())
+        took = torch.tensor(time.perf_counter() - start, device=message_device())
         self.wire.append(self.traffic.snapshot())
         if not measure:
             self.losses.append(loss.item())

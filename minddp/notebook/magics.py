@@ -85,6 +85,8 @@ class DistributedMagics(Magics):
             raise UsageError(str(exc))
         _cluster.start()
         print(f"Started {_cluster.world_size} ranks on {_cluster.backend} (pids {_cluster.pids}).")
+        if _cluster.placement.device_type == "cuda":
+            print(f"Devices: {_cluster.placement.why}.")
         print("Each rank has: torch, dist, rank, world_size, device.")
         print("Run a cell on every rank with %%distributed, on some with %%rank 0; stop with %dist_shutdown.")
 

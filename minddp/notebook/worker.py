@@ -50,7 +50,7 @@ from minddp.processes import watch_parent
 MPL_BACKEND = "module://minddp.notebook.mpl_backend"
 
 
-def worker_main(rank, world_size, port, backend, timeout_s, parent_pid, parent_path, commands, reports):
+def worker_main(rank, world_size, port, placement, timeout_s, parent_pid, parent_path, commands, reports):
     """Steps 1-4 for one rank; ``commands`` is this rank's queue, ``reports`` is shared."""
     sys.path[:] = parent_path
     os.environ["MPLBACKEND"] = MPL_BACKEND  # before any cell imports matplotlib
@@ -69,13 +69,13 @@ def worker_main(rank, world_size, port, backend, timeout_s, parent_pid, parent_p
     # Step 1: join and prepare the namespace the cells see.
     generation = 0
     try:
-        join_group(rank, world_size, port, backend, timeout_s, prefix=f"nb{generation}/")
+        join_group(rank, world_size, port, placement, timeout_s, prefix=f"nb{generation}/")
     except BaseException:  # noqa: BLE001 - the parent must hear why the rank never came up
         reports.put(("failed", rank, os.getpid(), traceback.format_exc()))
         return
     namespace: dict[str, Any] = {
         "__name__": "__main__", "torch": torch, "dist": dist, "rank": rank,
-        "world_size": world_size, "device": rank_device(rank, backend),
+        "world_size": world_size, "device": rank_device(rank, placement),
     }
     reports.put(("ready", rank, os.getpid(), None))
 
@@ -93,7 +93,7 @@ def worker_main(rank, world_size, port, backend, timeout_s, parent_pid, parent_p
             generation = cell_id
             try:
                 leave_group()
-                join_group(rank, world_size, port, backend, timeout_s, prefix=f"nb{generation}/")
+                join_group(rank, world_size, port, placement, timeout_s, prefix=f"nb{generation}/")
                 reports.put(("regrouped", rank, cell_id, None))
             except BaseException:  # noqa: BLE001
                 reports.put(("regrouped", rank, cell_id, traceback.format_exc()))

@@ -359,7 +359,7 @@ class FullyShardedDataParallel(nn.Module):
             unit.accumulated = master
             return
         unit.accumulated = [None] * len(unit.shards)
-        flat = pack_rank_major([g if g is not None else torch.zeros(shape, dtype=s.dtype)
+        flat = pack_rank_major([g if g is not None else torch.zeros(shape, dtype=s.dtype, device=s.device)
                                 for g, s, shape in zip(master, unit.shards, unit.shapes)], self.world)
         bucket = GradBucket(unit.index, flat, unit.shards, is_last=unit.index == 0)
         self.pending.append((unit, bucket, send(self.comm_hook, self.comm_state, bucket)))
