@@ -60,7 +60,8 @@ def say(message: str) -> None:
 
 # -- inside a rank --------------------------------------------------------------------------------
 
-def torch_hook_unavailable(hook: str, backend: str, bucket_cap_mb: float | None = None) -> str | None:
+def torch_hook_unavailable(hook: str, backend: str, bucket_cap_mb: float | None = None,
+                           device_type: str = "cpu") -> str | None:
     """Why torch's DDP cannot run ``hook`` here (one line), or None if it can.
 
     Each reason is a failure of torch 2.13 seen on this backend, not a guess:
@@ -78,6 +79,9 @@ def torch_hook_unavailable(hook: str, backend: str, bucket_cap_mb: float | None 
     base = hook.rpartition("+")[2]
     if "bf16" in hook and backend != "nccl":
         return f"torch's bf16 hooks need NCCL, this run uses {backend}"
+    if "powersgd" in base and device_type == "cpu" and torch.cuda.is_available():
+        return ("torch's PowerSGD hooks call torch.cuda.synchronize on the CPU tensors' device when CUDA is "
+                "available, which fails; run on the GPUs (--backend auto) to compare with them")
     if base == "batched-powersgd":
         return "torch's batched_powerSGD_hook fails in torch 2.13 (2-D input to a 3-D orthogonalization)"
     if base == "powersgd" and backend == "gloo" and (bucket_cap_mb or 0) < 25:
@@ -468,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
         for stage in cfg.stages():                                                          # step 3
             if stage == "torch":
                 reason = None if cfg.link else torch_hook_unavailable(   # with a link: minddp's hook (ladder.wrap)
-                    cfg.hook, placement.backend, None if cfg.bucket_cap_mb == "auto" else cfg.bucket_cap_mb)
+                    cfg.hook, placement.backend, None if cfg.bucket_cap_mb == "auto" else cfg.bucket_cap_mb,
+                    placement.device_type)
                 if reason:
                     say(f"skipping --stage torch: {reason}")
                     skipped[stage] = reason

@@ -24,6 +24,7 @@ from minddp import launch
 from minddp.comm import default_hooks, powerSGD_hook as psgd
 
 from test_hooks_support import fresh, make_model, params_of, train, wrap
+from torch_oracle import cpu_safe_torch_powersgd
 
 STEPS = 6
 PSGD = dict(start_powerSGD_iter=2, use_error_feedback=True, warm_start=True, random_seed=3)
@@ -88,6 +89,7 @@ def _fix_torch_batched() -> None:
 def rank_parity(names: list[str]) -> dict:
     rank = torch.distributed.get_rank()
     _fix_torch_batched()
+    cpu_safe_torch_powersgd()     # torch's PowerSGD on CPU ranks of a GPU machine (tests/torch_oracle.py)
     model = make_model()
     out = {}
     for name, sides in cases().items():

@@ -200,6 +200,8 @@ def misuse_on_every_rank() -> dict:
     # torch's PowerSGDState has no __repr__ (its default one holds a memory address, different on
     # every rank): the same settings must pass, different ones must be named
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
+    from torch_oracle import cpu_safe_torch_powersgd
+    cpu_safe_torch_powersgd()
     for key, approx_rank in (("torch_state_same", 1), ("torch_state_differs", 1 + rank)):
         ddp = build_stage("ddp", Wide(4))
         ddp.register_comm_hook(torch_psgd.PowerSGDState(None, matrix_approximation_rank=approx_rank),

@@ -51,10 +51,12 @@ def zero_run(option: str):
 
 
 def fsdp_run(option: str):
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     rank, world = dist.get_rank(), dist.get_world_size()
     model = toy_models.build("mlp", 100)
-    kwargs, dtype = {}, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(option)
+    # the CPU, said explicitly: fully_shard's default mesh is cuda:<rank> wherever CUDA is available
+    kwargs, dtype = {"mesh": init_device_mesh("cpu", (world,))}, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(option)
     if dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     if option == "reshard_after_forward=False":

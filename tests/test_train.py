@@ -208,6 +208,8 @@ def test_shard_sampler_splits_each_global_batch_disjointly():
 
 def _torch_powersgd_with_two_buckets():
     import torch
+    from torch_oracle import cpu_safe_torch_powersgd
+    cpu_safe_torch_powersgd()
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
     from torch.nn.parallel import DistributedDataParallel
