@@ -406,9 +406,8 @@ SETTLE_S = 0.1
 
 
 def say_placement(placement: Placement) -> None:
-    """On a machine with GPUs, say in one line where the ranks compute and why (on a CPU-only one it goes
-    without saying)."""
-    if (placement.gpus or torch.cuda.is_available()) and placement not in _said:
+    """Where ranks compute on GPUs, say in one line how and why (on the CPU it goes without saying)."""
+    if placement.device_type == "cuda" and placement not in _said:
         _said.add(placement)   # once per process: --stage all launches once per stage
         print(f"{fresh_line()}minddp: {placement.why}", file=sys.stderr, flush=True)
 
