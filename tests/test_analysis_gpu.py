@@ -69,3 +69,23 @@ def test_hta_cannot_analyse_a_cpu_trace(tmp_path):
     with contextlib.redirect_stdout(io.StringIO()):
         with pytest.raises(Exception):
             TraceAnalysis(trace_dir=str(folder)).get_temporal_breakdown(visualize=False)
+
+
+def test_ranks_sharing_a_gpu_count_gloo_host_transfers_as_communication():
+    """Ranks sharing a GPU talk over gloo (docs/devices.md): no NCCL kernel, the messages are gloo's host
+    ranges. minddp's GPU reading counts them as communication, so overlap is measured, not NaN."""
+    from minddp.analysis import gpu
+    from minddp.analysis.events import RankTrace
+    from minddp.analysis.metrics import overlap_pct
+    events = [
+        {"name": "ProfilerStep#1", "ph": "X", "ts": 0.0, "dur": 100.0, "tid": 1, "cat": "user_annotation"},
+        {"name": "ampere_sgemm", "ph": "X", "ts": 10.0, "dur": 40.0, "tid": 7, "cat": "kernel"},
+        {"name": "gloo:all_reduce", "ph": "X", "ts": 30.0, "dur": 40.0, "tid": 2, "cat": "cpu_op",
+         "args": {"Input Dims": [[256]], "Input type": ["float"]}},
+    ]
+    trace = RankTrace(rank=0, path=Path("rank0.pt.trace.json"), events=events)
+    assert gpu.is_gpu_trace(trace)
+    iv = gpu.rank_intervals(trace)
+    assert iv.comm == [(30.0, 70.0)] and iv.compute == [(10.0, 50.0)]
+    assert [e["name"] for e in iv.allreduces] == ["gloo:all_reduce"]
+    assert overlap_pct(iv.comm, iv.compute) == 50.0          # 20 of the message's 40 us under the kernel

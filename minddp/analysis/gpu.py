@@ -48,6 +48,10 @@ HTA_COLUMNS = {
 }
 
 
+#: Host-side communication in a GPU trace: gloo carrying CUDA tensors (ranks sharing a GPU), the emulated link.
+HOST_COMM_PREFIXES = ("gloo:", "minddp.link:")
+
+
 def is_gpu_trace(trace: RankTrace) -> bool:
     """Step 1: GPU traces hold kernel (or GPU memcpy/memset) events; CPU traces never do."""
     return any(e.get("cat") in _KERNEL_CATS for e in trace.events)
@@ -58,14 +62,20 @@ def _is_comm_kernel(e: dict) -> bool:
 
 
 def rank_intervals(trace: RankTrace) -> RankIntervals:
-    """Step 4's inputs: steps (CPU ranges), NCCL kernels, and the ``nccl:all_reduce`` calls."""
+    """Step 4's inputs: steps (CPU ranges), compute kernels, communication, and the collective calls.
+
+    Communication is the NCCL kernels, and, for ranks that share a GPU over gloo (``docs/devices.md``),
+    gloo's own ranges on the host (and an emulated link's): those ranks' messages travel through host
+    memory, where no kernel shows them.
+    """
     kernels = [e for e in trace.events if e.get("cat") == "kernel"]
-    comm = [(e["ts"], end_of(e)) for e in kernels if _is_comm_kernel(e)]
-    compute = [(e["ts"], end_of(e)) for e in kernels if not _is_comm_kernel(e)]
     cpu_events = [e for e in trace.events if e.get("cat") not in _KERNEL_CATS]
+    comm = [(e["ts"], end_of(e)) for e in kernels if _is_comm_kernel(e)] + \
+           [(e["ts"], end_of(e)) for e in cpu_events if e["name"].startswith(HOST_COMM_PREFIXES)]
+    compute = [(e["ts"], end_of(e)) for e in kernels if not _is_comm_kernel(e)]
     def named(*parts: str) -> list[dict]:
-        return sorted((e for e in cpu_events if e["name"].startswith("nccl:") and any(p in e["name"] for p in parts)),
-                      key=lambda e: e["ts"])
+        return sorted((e for e in cpu_events if e["name"].startswith(("nccl:", "gloo:"))
+                       and any(p in e["name"] for p in parts)), key=lambda e: e["ts"])
     return RankIntervals(step_windows(cpu_events), compute, comm, named("all_reduce"), set(),
                          named("all_gather", "allgather"), named("reduce_scatter"))
 
