@@ -28,9 +28,10 @@ import inspect
 from torch import nn
 
 from minddp.comm.link import as_link
+from minddp.comm.measure import error_measured
 from minddp.comm.registry import make_hook
 from minddp.comm.send import hook_name, send
-from minddp.comm.wire import Wire
+from minddp.comm.wire import Traffic, Wire
 from minddp.ddp import DistributedDataParallel
 from minddp.sharding import FullyShardedDataParallel, Zero2DDP, ZeroRedundancyOptimizer
 from minddp.sharding.fsdp import blocks_of
@@ -104,7 +105,7 @@ def in_launch_range(hook):
 
 def wrap(stage: str, model: nn.Module, *, hook: str = "allreduce", bucket_cap_mb: float | None = None,
          gradient_as_bucket_view: bool = False, python_hook: bool = False, powersgd_options: dict | None = None,
-         wire: Wire | None = None, link=None) -> nn.Module:
+         wire: Wire | None = None, link=None, measure: Traffic | None = None) -> nn.Module:
     """``model`` as ``stage`` trains it, with the comm hook ``hook`` (a :func:`make_hook` name) registered.
 
     * ``single``: the model itself (one process on the global batch);
@@ -128,6 +129,8 @@ def wrap(stage: str, model: nn.Module, *, hook: str = "allreduce", bucket_cap_mb
     (``bucket_cap_mb`` to bucketed stages and torch; ``powersgd_options`` to
     PowerSGD hooks). ``fsdp`` takes each element of the model's ``nn.ModuleList`` objects
     (a transformer's blocks) as a unit (:func:`~minddp.sharding.fsdp.blocks_of`).
+    With ``measure`` (a :class:`~minddp.comm.wire.Traffic`) a minddp stage's hook is
+    registered wrapped in :func:`~minddp.comm.measure.error_measured` (a hook is registered once).
     """
     if stage == "single":
         return model
@@ -149,7 +152,7 @@ def wrap(stage: str, model: nn.Module, *, hook: str = "allreduce", bucket_cap_mb
         wrapped = build_stage(stage, model, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
                               shard=blocks_of(model))         # fsdp's units: the transformer's blocks
         state, fn = sharded_hook(hook, wire) if stage in SHARDED_GRADIENTS else make_hook(hook, wire, **(psgd or {}))
-        wrapped.register_comm_hook(state, fn)
+        wrapped.register_comm_hook(state, fn if measure is None else error_measured(fn, measure))
     wrapped.minddp_hook_state = state
     return wrapped
 

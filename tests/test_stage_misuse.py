@@ -9,11 +9,13 @@ callable, ...). Oracle for the unused-parameter case: torch's DDP with
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as torch_hooks
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from minddp import RankError, launch
 from minddp.comm.default_hooks import allreduce_hook
-from minddp.ladder import build_stage
+from minddp.comm.wire import Traffic
+from minddp.ladder import STAGES, build_stage, wrap
 
 TEACHING = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 
@@ -79,14 +81,26 @@ def test_a_branch_taken_on_one_rank_only_is_named_on_every_rank(stage):
         assert "'rank_only.weight' on ranks [0] only" in text and "find_unused_parameters=True" in text
 
 
-def misuse_checks():
-    out = {}
-    ddp = build_stage("ddp", torch.nn.Linear(3, 3))
-    ddp.register_comm_hook(None, allreduce_hook)
+def second_hook(wrapped, hook=allreduce_hook) -> str:
+    """Register a comm hook twice; what the second call raises (or "accepted")."""
+    wrapped.register_comm_hook(None, hook)
     try:
-        ddp.register_comm_hook(None, allreduce_hook)
-    except RuntimeError as e:
-        out["twice"] = str(e)
+        wrapped.register_comm_hook(None, hook)
+    except Exception as e:                 # torch's DDP raises RuntimeError
+        return f"{type(e).__name__}: {e}"
+    return "accepted"
+
+
+def misuse_checks():
+    out = {"twice": {stage: second_hook(build_stage(stage, torch.nn.Linear(3, 3))) for stage in STAGES}}
+    out["twice"]["torch"] = second_hook(TorchDDP(torch.nn.Linear(3, 3)), torch_hooks.allreduce_hook)
+    for stage in ("bucket-async", "ddp"):      # the notebooks' measured hook: wrapped, then registered once
+        traffic = Traffic()
+        torch.manual_seed(0)                  # the same gradient on both ranks: no cancellation in the sum
+        wrapped = wrap(stage, torch.nn.Linear(3, 3), hook="fp16", measure=traffic)
+        wrapped(torch.randn(4, 3)).pow(2).sum().backward()
+        wrapped.finish_gradient_synchronization()
+        out["measured", stage] = traffic.relative_error()
     try:
         build_stage("ddp", torch.nn.Linear(2, 2)).register_comm_hook(None, "allreduce")
     except TypeError as e:
@@ -94,11 +108,29 @@ def misuse_checks():
     return out
 
 
-def test_ddp_misuse_errors_say_cause_and_fix():
-    out = launch(misuse_checks, world_size=2, timeout_s=30)
-    for rank_out in out:
-        assert "only be called once" in rank_out["twice"]
+@pytest.fixture(scope="module")
+def misuse():
+    return launch(misuse_checks, world_size=2, timeout_s=30)
+
+
+def test_ddp_misuse_errors_say_cause_and_fix(misuse):
+    for rank_out in misuse:
         assert "must be callable" in rank_out["not_callable"]
+
+
+def test_every_stage_refuses_a_second_comm_hook_as_torch_does(misuse):
+    """torch's DDP refuses a second register_comm_hook; a stage that took it would silently drop the first."""
+    for rank_out in misuse:
+        twice = rank_out["twice"]
+        theirs = twice.pop("torch")
+        assert theirs.startswith("RuntimeError: register_comm_hook") and "can only be called once" in theirs, theirs
+        assert set(twice) == set(STAGES)
+        # Equal halves sum exactly, so the one error is the cast to fp16: above 0, at most its unit roundoff.
+        for stage in ("bucket-async", "ddp"):
+            assert 0 < rank_out["measured", stage] <= 2 ** -11, (stage, rank_out["measured", stage])
+        for stage, ours in twice.items():
+            assert ours == ("RuntimeError: register_comm_hook can only be called once; build a new wrapper to use "
+                            "another hook"), (stage, ours)
 
 
 def test_unknown_stage_name():

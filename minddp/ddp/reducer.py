@@ -26,9 +26,11 @@ introduced the idea:
    DDP uses too). Queued from the outputs, it belongs to the outermost
    backward even when part of the model runs its own nested backward
    (reentrant activation checkpointing), so it runs when the whole backward
-   graph is done, still inside ``loss.backward()``, and there the reducer
-   launches any bucket that never
-   filled, agrees across ranks on unused parameters
+   graph is done, still inside ``loss.backward()``. A backward that reached no
+   parameter (``autograd.grad`` on the inputs, as a gradient penalty does)
+   leaves the step to the backward still to come, as torch's reducer, which
+   hears only the parameters' hooks. Otherwise the reducer launches any bucket
+   that never filled, agrees across ranks on unused parameters
    (``find_unused_parameters``), runs the debug guard, waits for every bucket
    (:mod:`~minddp.stages.hook_async`'s wait) and writes the averages back.
 
@@ -73,12 +75,13 @@ class Progress:
     changes many times a step.
     """
 
-    __slots__ = ("remaining", "ready", "started", "filled", "next_bucket", "launched")
+    __slots__ = ("remaining", "ready", "started", "through_outputs", "filled", "next_bucket", "launched")
 
     def __init__(self, layouts: list[BucketLayout]):
         self.remaining = [len(layout.params) for layout in layouts]   # gradients still to come, per bucket
         self.ready: set[int] = set()                                  # id() of each parameter delivered
         self.started = False                                          # step 5's callback queued
+        self.through_outputs = False                                  # ... by an output's gradient hook
         self.filled = [False] * len(layouts)
         self.next_bucket = 0                                          # the lowest-index bucket not sent yet
         self.launched: list[int] = []                                 # send order (read by the debug guard)
@@ -179,6 +182,14 @@ class Reducer:
     # -- forward: what the coming backward needs ------------------------------------------------------
 
     def check_prior_reduction_finished(self) -> None:
+        if self.unfinished and self.find_unused_parameters:    # the flag is on: the backward missed the outputs
+            raise RuntimeError(
+                "Expected to have finished reduction in the prior iteration before starting a new one. "
+                f"Parameters {self.unfinished} received no gradient on rank {dist.get_rank(self.group)}, and that "
+                "backward did not go through the forward's outputs (a loss built only from autograd.grad's "
+                "results, e.g. a gradient penalty alone): make the loss use the outputs too (e.g. add "
+                "0 * output.sum()), as torch's DDP requires"
+            )
         if self.unfinished:
             raise RuntimeError(
                 "Expected to have finished reduction in the prior iteration before starting a new one. "
@@ -204,17 +215,15 @@ class Reducer:
 
     def _on_output_grad(self, grad: torch.Tensor) -> None:
         if self.expect_hooks:
-            self._start_backward()
+            self._start_backward(through_outputs=True)
 
-    def _start_backward(self) -> None:
-        """Step 5: once per synced backward, queue the end-of-backward callback; mark unused parameters ready."""
+    def _start_backward(self, through_outputs: bool) -> None:
+        """Step 5: once per synced backward, queue the end-of-backward callback."""
         progress = self.progress
         if progress.started:
             return
-        progress.started = True
+        progress.started, progress.through_outputs = True, through_outputs
         torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
-        for unused in self.unused_here:
-            self._mark_ready(unused)
 
     def _on_grad_ready(self, param: nn.Parameter) -> None:
         if self.searching_unused():   # no_sync backwards count as use too; only read then
@@ -223,8 +232,12 @@ class Reducer:
             self._grad_ready(param)
 
     def _grad_ready(self, param: nn.Parameter) -> None:
-        if not self.progress.started:     # a backward that did not pass through the outputs' hooks
-            self._start_backward()
+        progress = self.progress
+        if not progress.started:          # a backward that did not pass through the outputs' hooks
+            self._start_backward(through_outputs=False)
+        if not progress.ready:            # the first gradient: the unused parameters are ready too (as torch)
+            for unused in self.unused_here:
+                self._mark_ready(unused)
         if self.synced_steps == 0:       # the first synced backward's order feeds the rebuild
             self.ready_order.append(self.position[id(param)])
         self._mark_ready(param)
@@ -303,6 +316,11 @@ class Reducer:
     def _finalize_backward(self) -> None:
         """Run by autograd at the end of each synced backward."""
         progress = self.progress
+        if not progress.ready:
+            # No parameter's gradient came (autograd.grad on the outputs, as a gradient penalty does): as in
+            # torch, whose reducer hears only the parameters' hooks, the step's backward is still to come.
+            progress.started = False
+            return
         unfinished = [b for b, filled in enumerate(progress.filled) if not filled]
         missing = [self.names[self.position[id(p)]] for b in unfinished for p in self.layouts[b].params
                    if id(p) not in progress.ready]
@@ -317,8 +335,10 @@ class Reducer:
             check_consistency(self.plan, [layout.numel for layout in self.layouts], progress.launched,
                               self.names, self.group)
         # Raised at the next forward, like torch; with find_unused_parameters a parameter reached from
-        # an output the loss did not use simply got no gradient (torch's hooks fire for it, undefined).
-        self.unfinished = [] if self.find_unused_parameters or self.static_graph else missing
+        # an output the loss did not use simply got no gradient (torch's hooks fire for it, with zeros),
+        # if the backward went through the outputs at all (torch's _DDPSink; not a gradient penalty alone).
+        settled = (self.find_unused_parameters and progress.through_outputs) or self.static_graph
+        self.unfinished = [] if settled else missing
         self.progress = Progress(self.layouts)
         self.unused_here = []
         self.expect_hooks = False

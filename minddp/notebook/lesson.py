@@ -143,8 +143,6 @@ class Trainee:
     def __init__(self, stage: str, hook: str = "allreduce", powersgd_options: dict | None = None,
                  measure_error: bool = False, warmup: int | None = None, link: str | None = None):
         from minddp.comm.link import as_link
-        from minddp.comm.measure import error_measured
-        from minddp.comm.registry import make_hook
         from minddp.comm.wire import Traffic, Wire
         from minddp.ladder import make_optimizer, wrap
 
@@ -153,10 +151,7 @@ class Trainee:
         self.link = None if stage == "single" else as_link(link)     # one emulated NIC for all of this stage's sends
         wire = Wire(None, traffic=self.traffic, link=self.link)
         self.model = wrap(stage, make_model(), hook=hook, bucket_cap_mb=SETTINGS.bucket_cap_mb, wire=wire,
-                          powersgd_options=powersgd_options)
-        if measure_error and stage not in ("torch", "single"):
-            state, fn = make_hook(hook, wire, **(powersgd_options or {}))
-            self.model.register_comm_hook(state, error_measured(fn, self.traffic))
+                          powersgd_options=powersgd_options, measure=self.traffic if measure_error else None)
         # the stage's optimizer: ZeRO-1's sharded one, the shards of zero2 and fsdp (minddp.ladder.make_optimizer)
         self.optimizer = make_optimizer(stage, self.model, torch.optim.AdamW, hook=hook, wire=wire, lr=SETTINGS.lr)
         self.batches = step_batches()

@@ -157,7 +157,7 @@ class FullyShardedDataParallel(nn.Module):
         self.wire = Wire.of(process_group)
         self.world, self.rank = self.wire.size(), self.wire.group.rank()
         self.compute_dtype = compute_dtype
-        self.comm_hook, self.comm_state = reduce_scatter_hook, self.wire
+        self.comm_hook, self.comm_state, self.hook_registered = reduce_scatter_hook, self.wire, False
         check_same_model(module, self.wire.group)                                                # step 1
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
@@ -394,7 +394,9 @@ class FullyShardedDataParallel(nn.Module):
 
     def register_comm_hook(self, state, hook) -> None:
         """Reduce-scatter through ``hook(state, bucket)`` (:mod:`minddp.sharding.hooks`); ``state`` also carries the gathers."""
-        self.comm_hook, self.comm_state = hook, state
+        if self.hook_registered:          # as torch's FSDP and DDP: a second hook would replace the first
+            raise RuntimeError("register_comm_hook can only be called once; build a new wrapper to use another hook")
+        self.comm_hook, self.comm_state, self.hook_registered = hook, state, True
         self.wire = Wire.of(state) if state is not None else self.wire
 
     # -- whole tensors in and out ----------------------------------------------------------------------

@@ -59,13 +59,15 @@ class SimpleDDP(nn.Module):
         with torch.no_grad():                                                     # step 1
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor, group_src=0, group=process_group)
-        # How gradients travel: plain averaging unless another hook is registered.
-        self.comm_hook, self.comm_state = allreduce_hook, process_group
+        # How gradients travel: plain averaging unless another hook is registered (once, as torch allows).
+        self.comm_hook, self.comm_state, self.hook_registered = allreduce_hook, process_group, False
         self.parameters_used = ParameterUse(module, process_group)
 
     def register_comm_hook(self, state, hook) -> None:
-        """Send gradients through ``hook(state, bucket) -> Future[Tensor]`` instead of plain averaging."""
-        self.comm_hook, self.comm_state = hook, state
+        """Send gradients through ``hook(state, bucket) -> Future[Tensor]`` instead of plain averaging; once."""
+        if self.hook_registered:          # as torch's DDP: a second hook would silently replace the first
+            raise RuntimeError("register_comm_hook can only be called once; build a new wrapper to use another hook")
+        self.comm_hook, self.comm_state, self.hook_registered = hook, state, True
 
     def forward(self, *inputs, **kwargs):
         outputs = self.module(*inputs, **kwargs)
