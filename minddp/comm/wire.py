@@ -104,7 +104,7 @@ class Traffic:
 class Wire:
     """A process group, how its collectives travel (``transport``) and who counts them (``traffic``)."""
 
-    __slots__ = ("group", "transport", "traffic", "link", "backends")
+    __slots__ = ("group", "transport", "traffic", "link")
 
     def __init__(self, group: dist.ProcessGroup | None = None, transport: Transport | None = None,
                  traffic: Traffic | None = None, link=None):
@@ -112,7 +112,6 @@ class Wire:
         self.transport = transport
         self.traffic = traffic
         self.link = link
-        self.backends = backends_by_device(self.group)     # e.g. {"cpu": "gloo", "cuda": "nccl"}
 
     @staticmethod
     def of(state) -> "Wire":
@@ -155,7 +154,7 @@ class Wire:
         """
         if self.traffic is not None:
             self.traffic.record(input, "reduce_scatter")
-        if self.transport is None and self.backends.get(input.device.type) == "gloo":
+        if self.transport is None and backends_by_device(self.group).get(input.device.type) == "gloo":
             mine = input.view(-1).chunk(self.size())[self.group.rank()]
             fut = _when_done(dist.all_reduce(input, group=self.group, async_op=True), output,
                              then=lambda: output.view(-1).copy_(mine))

@@ -302,6 +302,7 @@ def _network_cost() -> tuple[float, float, float]:
     from minddp.comm.grad_bucket import GradBucket
     from minddp.comm.link import Link
     from minddp.comm.wire import Wire
+    from minddp.device import current_device, message_device
     link = Link("loopback")        # the same code path as a run with a link (its thread, its futures)
     wire = Wire(None, link=link)
     launch, sizes, medians = [], [1024, 1 << 20], []

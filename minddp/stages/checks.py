@@ -41,7 +41,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minddp.device import message_device
 from minddp.graph import parameters_reached
 
 
@@ -88,7 +87,7 @@ class ParameterUse:
         if self.reached is None or not self.named:
             return
         mine = torch.tensor([id(p) in self.reached for _, p in self.named], dtype=torch.uint8,
-                            device=message_device(self.group))     # a device the group serves
+                            device=self.named[0][1].device)     # the model's device: one its group serves
         self.reached = None
         gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(self.group))]
         dist.all_gather(gathered, mine, group=self.group)
