@@ -127,6 +127,107 @@ def test_ending_the_launcher_ends_its_ranks(tmp_path, sig, status):
         proc.wait(timeout=30)
 
 
+STOP_AT_ANY_MOMENT = """
+import json, os, signal, sys, threading, time
+import torch, torch.distributed as dist
+from minddp import launch
+from minddp.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
+from minddp.launch import report_step
+from minddp.processes import Stopped, alive, stop_signals
+
+def train_and_save(folder):
+    path = os.path.join(folder, f"rank{dist.get_rank()}.pid")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(10**9):
+        report_step(step)
+        opt.zero_grad()
+        model(torch.randn(8, 64)).square().mean().backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+        save_checkpoint(os.path.join(folder, "ckpt.pt"), model=model, optimizer=opt, step=step + 1,
+                        config={"world_size": 2})
+
+def ready():
+    return dist.get_rank()
+
+if __name__ == "__main__":
+    root, rounds = sys.argv[1], json.loads(sys.argv[2])
+    launch(ready, world_size=2)        # the process server started (torch imported): each round's moments are its own
+    for i, (name, delay) in enumerate(rounds):
+        folder = os.path.join(root, str(i))
+        os.makedirs(folder)
+        sent = []
+        def stop(sig=getattr(signal, name)):
+            sent.append(time.monotonic())
+            os.killpg(0, sig)          # the whole process group, as a terminal does: this script and the ranks
+        with stop_signals():           # as the train command does around its whole run
+            try:
+                timer = threading.Timer(delay, stop)
+                timer.start()
+                launch(train_and_save, folder, world_size=2)
+                status = 0
+            except KeyboardInterrupt:
+                status = 130
+            except Stopped as exc:
+                status = exc.code
+            ended = time.monotonic()
+        timer.join()
+        ranks = [int(open(os.path.join(folder, f)).read()) for f in os.listdir(folder) if f.endswith(".pid")]
+        ckpt = None
+        if os.path.exists(os.path.join(folder, "ckpt.pt")):
+            try:
+                ckpt = read_checkpoint(os.path.join(folder, "ckpt.pt"))["step"]
+            except CheckpointError as exc:
+                ckpt = str(exc)
+        print(json.dumps({"signal": name, "delay": delay, "status": status, "ranks": len(ranks),
+                          "alive": [p for p in ranks if alive(p)], "checkpoint": ckpt,
+                          "ended_s": ended - sent[0]}), flush=True)
+"""
+
+#: (signal, seconds after the round starts): before the ranks exist, while they are forked, start and join,
+#: while they train and save, for each signal. (Which moment each delay hits varies with the machine; the
+#: outcome must not.)
+STOP_ROUNDS = [("SIGINT", 0.0), ("SIGHUP", 0.05), ("SIGTERM", 0.15), ("SIGINT", 0.4), ("SIGHUP", 0.8),
+               ("SIGTERM", 1.2), ("SIGINT", 2.0), ("SIGHUP", 3.0), ("SIGTERM", 4.0)]
+
+
+def test_ctrl_c_sigterm_and_sighup_at_any_moment_end_the_ranks_every_time(tmp_path):
+    # One process launches again and again; each round, a timer sends a stop signal to the whole process
+    # group (the launcher and its ranks, as a terminal does) at another moment. Before: SIGHUP killed the
+    # launcher on the spot and left its ranks to its watch; Ctrl-C while the process server imported torch
+    # ended that server with a traceback; each rank unwound on its own from Ctrl-C, racing with the launcher.
+    import json
+
+    from processes import as_a_terminal_starts_it
+    script = tmp_path / "stops.py"
+    script.write_text(STOP_AT_ANY_MOMENT)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path), json.dumps(STOP_ROUNDS)],
+                          capture_output=True, text=True, timeout=240, start_new_session=True,
+                          preexec_fn=as_a_terminal_starts_it)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rounds = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [(r["signal"], r["delay"]) for r in rounds] == [tuple(r) for r in STOP_ROUNDS], proc.stderr[-3000:]
+    said = {"SIGINT": "interrupted (Ctrl-C)", "SIGTERM": "terminated (SIGTERM)",
+            "SIGHUP": "hung up (SIGHUP: the terminal closed)"}
+    for r in rounds:
+        assert r["status"] == 128 + getattr(signal, r["signal"]), r
+        assert r["alive"] == [], r                        # every rank ended, by the time launch() raised
+        assert r["checkpoint"] is None or isinstance(r["checkpoint"], int), r   # the last complete one loads
+        # launch() ends the ranks at once: SIGTERM, 1 s, SIGKILL, at most 5 s for its exit to be reported;
+        # the rest is margin for a loaded machine (the failure this guards against never ended at all).
+        assert r["ended_s"] < 15, r
+    # One line per round whose launch had begun, nothing else: no traceback from a rank or the process server.
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert all(line in {f"minddp.launch: {s}; the ranks were ended" for s in said.values()} for line in lines), \
+        proc.stderr[-3000:]
+    assert sum(r["ranks"] > 0 for r in rounds) <= len(lines) <= len(rounds), (rounds, lines)
+
+
 def test_a_script_without_a_main_guard_is_told_how_to_fix_it(tmp_path):
     script = tmp_path / "unguarded.py"
     script.write_text("from minddp import launch\n\ndef f():\n    return 1\n\nprint(launch(f, world_size=2))\n")
