@@ -46,8 +46,11 @@ def rank_context():
     learn whether its ranks are alive, and so could not end them; nor may a
     Ctrl-C during its import of torch end it with a traceback (it ignores
     Ctrl-C only after that import). Both exit once this process has gone.
-    The ranks inherit the mask: each ignores Ctrl-C, the launcher's to
-    handle, and then unblocks the three (:func:`minddp.launch`'s ``_child_main``).
+    The ranks inherit the mask, so every process made from this context
+    must unblock the three (:data:`HELPER_BLOCKED`) once it has set what it
+    does on Ctrl-C: a launched rank ignores it, the launcher's to handle
+    (:mod:`minddp.launch`'s ``_child_main``); a notebook rank stops its cell
+    (:mod:`minddp.notebook.worker`).
     """
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
