@@ -501,8 +501,8 @@ def _main(argv: list[str] | None) -> int:
         stopped = exc.code if isinstance(exc, Stopped) else 130
     finally:
         bar_drawn(False)
-    if not rank0:
-        return 0
+    if not rank0:                   # a torchrun worker that was stopped exits with the signal's status
+        return 0 if stopped is None else stopped
     for stage, result in results.items():
         for rank, why in result.get("trace_errors", {}).items():
             lost.append(f"stage {stage}: rank {rank}'s trace was not written ({why}); training went on")

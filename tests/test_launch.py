@@ -228,6 +228,53 @@ def test_ctrl_c_sigterm_and_sighup_at_any_moment_end_the_ranks_every_time(tmp_pa
     assert sum(r["ranks"] > 0 for r in rounds) <= len(lines) <= len(rounds), (rounds, lines)
 
 
+STOP_SIGNAL_RULES = """
+import json, os, signal, time
+from minddp.processes import Stopped, stop_signals, stops_deferred
+
+def send(sig):
+    os.kill(os.getpid(), sig)
+    time.sleep(0.05)                  # the handler runs on the main thread, at its next instruction
+
+seen = {}
+with stop_signals():
+    send(signal.SIGHUP)               # ignored when this process started (as nohup does): stays ignored
+    seen["ignored hup"] = "no exception"
+    try:
+        send(signal.SIGTERM)
+    except Stopped as exc:
+        seen["term"] = exc.code
+        send(signal.SIGTERM)          # a second stop during the clean-up: ignored
+        send(signal.SIGINT)
+        seen["second stop"] = "no exception"
+seen["restored"] = [str(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]
+with stop_signals():
+    try:
+        with stops_deferred():
+            send(signal.SIGINT)
+            seen["deferred"] = "the block went on"
+    except KeyboardInterrupt:
+        seen["raised at the end"] = True
+print(json.dumps(seen))
+"""
+
+
+def test_stop_signals_raise_once_leave_ignored_ones_and_wait_for_deferred_steps():
+    from processes import as_a_terminal_starts_it
+
+    def ignore_hup():                 # as `nohup` starts a command from a terminal
+        as_a_terminal_starts_it()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    out = subprocess.run([sys.executable, "-c", STOP_SIGNAL_RULES], capture_output=True, text=True, timeout=120,
+                         preexec_fn=ignore_hup)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import json
+    assert json.loads(out.stdout) == {
+        "ignored hup": "no exception", "term": 143, "second stop": "no exception",
+        "restored": [str(signal.default_int_handler), str(signal.SIG_DFL), str(signal.SIG_IGN)],
+        "deferred": "the block went on", "raised at the end": True}, out.stdout
+
+
 def test_a_script_without_a_main_guard_is_told_how_to_fix_it(tmp_path):
     script = tmp_path / "unguarded.py"
     script.write_text("from minddp import launch\n\ndef f():\n    return 1\n\nprint(launch(f, world_size=2))\n")
