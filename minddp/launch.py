@@ -18,12 +18,16 @@ that ``torch.distributed`` is initialised:
    Meanwhile every rank beats into the store (:mod:`minddp.hang`), so that a
    rank that stops while the others wait for it is named within ``hang_s``
    seconds, not after the collective timeout.
-5. The ranks do not outlive the parent. A SIGTERM to the parent (``timeout``,
-   a job scheduler, ``kill``) ends its ranks before it exits with status 143;
-   and each rank watches the parent's pid, so even a parent killed with
-   SIGKILL, which can run no clean-up, leaves no rank behind for long. The
-   ranks are children of the process server, not of the parent, so nothing
-   else would end them.
+5. The ranks do not outlive the parent. Ctrl-C, SIGTERM (``timeout``, a job
+   scheduler, ``kill``) and SIGHUP (the terminal closed) make the parent end
+   its ranks by pid at once, then say so in one line, and exit with status
+   130, 143 or 129 (:func:`minddp.processes.stop_signals`). The ranks ignore
+   Ctrl-C, which a terminal sends to them too: the parent alone decides how
+   the run ends, and it ends them before it prints anything, since a print
+   can block (a stderr pipe that nobody reads yet). Each rank also watches
+   the parent's pid, so even a parent killed with SIGKILL, which can run no
+   clean-up, leaves no rank behind for long. The ranks are children of the
+   process server, not of the parent, so nothing else would end them.
 
 Under ``torchrun`` the processes already exist: :func:`launch` then joins the
 job described by ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/
@@ -46,7 +50,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import io
 import os
@@ -54,7 +57,6 @@ import pickle
 import queue
 import signal
 import sys
-import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -65,7 +67,8 @@ import torch.distributed as dist
 from minddp import hang
 from minddp.cli import fresh_line
 from minddp.device import DEFAULT_TIMEOUT_S, Placement, choose, timeout_delta, use
-from minddp.processes import end_processes, rank_context, watch_parent
+from minddp.processes import (HELPER_BLOCKED, Stopped, end_processes, rank_context, say_safely, stop_reason,
+                              stop_signals, stops_deferred, watch_parent)
 
 try:  # before any group exists, so that its default arguments stay None (see leave_group)
     import torch.distributed.nn  # noqa: F401
@@ -196,19 +199,20 @@ def launch(
     payload = pickle.dumps((fn, args, kwargs))
     procs = []
     ok = False
-    with _sigterm_raises():                                                                     # step 5
+    with stop_signals():                                                                        # step 5
         try:
             # Step 2: one child per rank.
             for rank in range(world_size):
-                p = ctx.Process(
-                    target=_child_main,
-                    args=(payload, list(sys.path), rank, world_size, store.port, placement, timeout_s, results,
-                          os.getpid()),
-                    name=f"minddp-rank{rank}",
-                    daemon=True,
-                )
-                p.start()
-                procs.append(p)
+                with stops_deferred():   # a rank once forked is in `procs`, which the teardown ends
+                    p = ctx.Process(
+                        target=_child_main,
+                        args=(payload, list(sys.path), rank, world_size, store.port, placement, timeout_s, results,
+                              os.getpid()),
+                        name=f"minddp-rank{rank}",
+                        daemon=True,
+                    )
+                    p.start()
+                    procs.append(p)
             # Step 4: gather, watching for a hung rank (minddp.hang).
             # (A function over `held`, not the store: the traceback of a RankError keeps _gather's
             # locals alive, and the store must go below, so that its port is free once launch returns.)
@@ -217,8 +221,11 @@ def launch(
                           detector=hang.Detector(hang_s, stall_s))
             ok = True
             return out
-        except KeyboardInterrupt:
-            print(f"{fresh_line()}minddp.launch: interrupted (Ctrl-C); ending the ranks", file=sys.stderr, flush=True)
+        except (KeyboardInterrupt, Stopped) as exc:
+            # Step 5: the ranks first, at once (a checkpoint being written is left as a temporary file; the
+            # last complete one stays), then the line: a print may block on a stderr pipe nobody reads yet.
+            end_processes(procs, grace_s=0.0)
+            say_safely(f"{fresh_line()}minddp.launch: {stop_reason(exc)}; the ranks were ended")
             raise
         finally:
             # On failure the surviving ranks may sit in a collective that will
@@ -226,33 +233,6 @@ def launch(
             end_processes(procs, grace_s=3.0 if ok else 0.5)
             held = []  # noqa: F841 - the lambda reads this variable: it no longer reaches the store
             del store
-
-
-@contextlib.contextmanager
-def _sigterm_raises():
-    """Step 5, in the parent: while ranks run, SIGTERM raises ``SystemExit(143)`` instead of killing on the spot.
-
-    Python's default SIGTERM ends the process at once, skipping every
-    ``finally``, so the ranks would run on with no one to report to. Raised
-    as an exception, it unwinds through :func:`launch`'s ``finally``, which
-    ends the ranks, and the process still exits with the status of a SIGTERM (128 + 15).
-    A handler the program installed itself is left alone, and so is any
-    thread but the main one (only it may set handlers).
-    """
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-
-    def raise_exit(signum, frame):
-        print(f"{fresh_line()}minddp.launch: terminated (SIGTERM); ending the ranks", file=sys.stderr, flush=True)
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, raise_exit)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 _torchrun_store: dist.Store | None = None
@@ -464,6 +444,8 @@ def _set_rank_env(rank: int, world_size: int, port: int) -> None:
 
 def _child_main(payload, parent_path, rank, world_size, port, placement, timeout_s, results, launcher_pid):
     """Step 3, inside the rank: join, run (beating: minddp.hang), report, always destroy the group."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # step 5: Ctrl-C is the launcher's to handle; it ends the ranks
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)   # the process server's mask (rank_context)
     watch_parent(launcher_pid, f"minddp rank {rank}: the launcher (pid {launcher_pid}) is gone; ending this rank")  # step 5
     sys.path[:] = parent_path  # unpickle fn the way the parent would import it
     _set_rank_env(rank, world_size, port)  # before unpickling: imports may read RANK

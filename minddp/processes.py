@@ -8,7 +8,11 @@
   the process that started it is gone, even if that one was SIGKILLed and
   could run no clean-up;
 * :func:`end_processes`: end only the processes we started, by their handles
-  (never by name).
+  (never by name);
+* :func:`stop_signals`: in the process that owns a run, Ctrl-C, SIGTERM and
+  SIGHUP raise an exception once (:class:`Stopped` for the last two), so that
+  its ``finally`` blocks end what it started, and the process exits with the
+  signal's status (130, 143, 129).
 
 Example::
 
@@ -17,7 +21,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -32,12 +38,37 @@ def rank_context():
     every launch; the forkserver pays it once per parent and forks ranks from
     a clean, single-threaded process that never touched CUDA, which is as
     safe as spawn. Platforms without fork use spawn.
+
+    The server (and multiprocessing's resource tracker, started with it) is
+    started here with Ctrl-C, SIGTERM and SIGHUP blocked: a signal sent to
+    the whole process group (a terminal's Ctrl-C or hang-up, ``kill -TERM
+    -PGID``) must not end it under the launcher, which would then no longer
+    learn whether its ranks are alive, and so could not end them; nor may a
+    Ctrl-C during its import of torch end it with a traceback (it ignores
+    Ctrl-C only after that import). Both exit once this process has gone.
+    The ranks inherit the mask, so every process made from this context
+    must unblock the three (:data:`HELPER_BLOCKED`) once it has set what it
+    does on Ctrl-C: a launched rank ignores it, the launcher's to handle
+    (:mod:`minddp.launch`'s ``_child_main``); a notebook rank stops its cell
+    (:mod:`minddp.notebook.worker`).
     """
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "minddp.launch"])
+    from multiprocessing import forkserver, resource_tracker
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, HELPER_BLOCKED)   # inherited through fork and exec
+    try:
+        resource_tracker.ensure_running()  # (no-op once running) it unblocks SIGINT, SIGTERM here when it starts:
+        signal.pthread_sigmask(signal.SIG_BLOCK, HELPER_BLOCKED)        # block again for the server
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)   # a signal that came meanwhile is delivered now
     return ctx
+
+
+#: Signals the process server and resource tracker never see (see rank_context); ranks unblock them.
+HELPER_BLOCKED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 def alive(pid: int) -> bool:
@@ -70,7 +101,11 @@ def watch_parent(parent_pid: int, message: str | None = None, exit_code: int = 1
 
 
 def end_processes(procs, grace_s: float = 3.0) -> None:
-    """End only the processes this process started, by their handles (pids): join, then terminate, then kill."""
+    """End only the processes this process started, by their handles (pids): join, then terminate, then kill.
+
+    Bounded: ``grace_s``, then 1 s after SIGTERM, then at most 5 s after SIGKILL
+    (which nothing can refuse) for the process server to report the exit.
+    """
     deadline = time.monotonic() + grace_s
     for p in procs:
         p.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -81,4 +116,112 @@ def end_processes(procs, grace_s: float = 3.0) -> None:
         p.join(timeout=1.0)
         if p.is_alive():
             p.kill()
-            p.join()
+            p.join(timeout=5.0)
+
+
+class Stopped(SystemExit):
+    """SIGTERM or SIGHUP, raised in the main thread as Ctrl-C raises ``KeyboardInterrupt`` (see :func:`stop_signals`).
+
+    A ``SystemExit`` whose code is the signal's exit status (128 + its number:
+    143 for SIGTERM, 129 for SIGHUP), so that a program that does not catch it
+    exits as the signal would have ended it, but after its ``finally`` blocks.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+#: The signals that stop a run: Ctrl-C, ``kill``/``timeout``/a scheduler, the terminal closing.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def stop_reason(exc: BaseException) -> str:
+    """What stopped the run, for its one line: ``interrupted (Ctrl-C)``, ``terminated (SIGTERM)``, ..."""
+    if isinstance(exc, Stopped) and exc.signum == signal.SIGHUP:
+        return "hung up (SIGHUP: the terminal closed)"
+    if isinstance(exc, Stopped):
+        return f"terminated ({signal.Signals(exc.signum).name})"
+    return "interrupted (Ctrl-C)"
+
+
+def say_safely(line: str) -> None:
+    """Print ``line`` on stderr; a stderr that is gone (a closed terminal: EIO; a closed pipe) is no second error."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+@contextlib.contextmanager
+def stop_signals():
+    """While inside: Ctrl-C raises ``KeyboardInterrupt``, SIGTERM and SIGHUP raise :class:`Stopped`, once.
+
+    Python's default SIGTERM and SIGHUP end the process on the spot, skipping
+    every ``finally``, so the processes it started would run on. Raised as
+    exceptions, they unwind through the ``finally`` blocks that end them.
+
+    * **Once**: the handler ignores all three signals before it raises, until
+      the block is left, so a second Ctrl-C (an impatient user, a terminal
+      that sends SIGHUP after SIGINT) cannot cut the clean-up short.
+    * **Only defaults are replaced**: a signal the program handles itself is
+      left alone, and so is one ignored when the process started (a
+      background job of a shell without job control ignores Ctrl-C, nohup
+      ignores SIGHUP: the user asked for that). Only the main thread may set
+      handlers; elsewhere this does nothing.
+    * The handler does no I/O: it cannot block (on a full pipe) or fail.
+
+    Nested uses are free: an inner one finds the handler in place and leaves it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL,
+                signal.SIGHUP: signal.SIG_DFL}
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    ours = [sig for sig in STOP_SIGNALS if before[sig] is defaults[sig]]
+
+    def stop(signum, frame):
+        for sig in ours:
+            signal.signal(sig, signal.SIG_IGN)
+        if _deferring[0]:
+            _deferred.append(signum)     # raised when the step that must not be cut in half is done
+            return
+        raise _stop_exception(signum)
+
+    for sig in ours:
+        signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig in ours:
+            signal.signal(sig, before[sig])
+
+
+def _stop_exception(signum: int) -> BaseException:
+    return KeyboardInterrupt() if signum == signal.SIGINT else Stopped(signum)
+
+
+_deferring = [0]            # depth of stops_deferred blocks
+_deferred: list[int] = []   # the stop signal that came meanwhile
+
+
+@contextlib.contextmanager
+def stops_deferred():
+    """Inside: a stop signal (see :func:`stop_signals`) waits, and is raised once the block is done.
+
+    For a step that must not be cut in half: starting a rank. A rank forked
+    but not yet in the launcher's list of processes to end would be left
+    behind (it then fails to unpickle what the launcher has already let go,
+    with a traceback). The wait is as long as the step: a fork, or, the first
+    time in a process, the process server's import of torch.
+    """
+    _deferring[0] += 1
+    try:
+        yield
+    finally:
+        _deferring[0] -= 1
+    if not _deferring[0] and _deferred:
+        signum = _deferred[0]
+        _deferred.clear()
+        raise _stop_exception(signum)

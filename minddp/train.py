@@ -444,9 +444,17 @@ def _write_or_note(path: str, payload: dict, what: str, lost: list[str]) -> None
 
 def main(argv: list[str] | None = None) -> int:
     """The CLI: 0 on success, 2 on bad input (usage and one line on stderr), 1 when a rank failed or an
-    output could not be written (the results are printed and the other outputs written first), 130 on Ctrl-C.
+    output could not be written (the results are printed and the other outputs written first), 130 on Ctrl-C,
+    143 on SIGTERM, 129 on SIGHUP (the terminal closed): one line, the ranks ended, the finished stages kept.
     """
+    from minddp.processes import stop_signals
+    with stop_signals():            # SIGTERM and SIGHUP unwind like Ctrl-C (minddp.processes)
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     from minddp.launch import watch_torchrun_agent
+    from minddp.processes import Stopped, say_safely, stop_reason
     watch_torchrun_agent()          # a worker whose torchrun agent is gone ends, from the start
     parser = build_parser()
     try:
@@ -461,12 +469,12 @@ def main(argv: list[str] | None = None) -> int:
         warn_if_oversubscribed(cfg)
     except (ConfigError, DataError) as exc:
         return fail(PROG, exc, parser)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted (Ctrl-C) before training; nothing was started", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Stopped) as exc:
+        say_safely(f"{PROG}: {stop_reason(exc)} before training; nothing was started")
+        return exc.code if isinstance(exc, Stopped) else 130
     rank0 = os.environ.get("RANK", "0") == "0" or not in_torchrun()
     rows, skipped, results, lost = {}, {}, {}, []
-    failed = None
+    failed = stopped = None
     bar_drawn(cfg.progress)
     try:
         for stage in cfg.stages():                                                          # step 3
@@ -492,12 +500,13 @@ def main(argv: list[str] | None = None) -> int:
                                 "devices": placement.why, "ranks": result["ranks"],
                                 "bucket_cap_mb_used": result["bucket_cap_mb"], "bucket_cap_why": result["bucket_cap_why"],
                                 "data_source": data.source}, f"stage {stage}'s config.json", lost)
-    except KeyboardInterrupt:       # the launcher has said so and ended the ranks; the stages done are kept
-        failed = {"stage": "interrupted", "error": "interrupted (Ctrl-C)"}
+    except (KeyboardInterrupt, Stopped) as exc:   # the launcher ended the ranks and said so; the stages done are kept
+        failed = {"stage": "interrupted", "error": stop_reason(exc)}
+        stopped = exc.code if isinstance(exc, Stopped) else 130
     finally:
         bar_drawn(False)
-    if not rank0:
-        return 0
+    if not rank0:                   # a torchrun worker that was stopped exits with the signal's status
+        return 0 if stopped is None else stopped
     for stage, result in results.items():
         for rank, why in result.get("trace_errors", {}).items():
             lost.append(f"stage {stage}: rank {rank}'s trace was not written ({why}); training went on")
@@ -506,19 +515,25 @@ def main(argv: list[str] | None = None) -> int:
                "stages": {s: {**rows[s], "losses": results[s]["losses"], "memory": results[s].get("memory")}
                           for s in rows},
                "failed": failed, "not_written": lost}
+    show = print if stopped is None else _show_if_possible   # after SIGHUP the terminal may be gone
     if rows:                                                                                # step 4
-        print(format_table(rows), flush=True)
+        show(format_table(rows), flush=True)
         measured = {stage: results[stage]["memory"] for stage in rows if results[stage].get("memory")}
         if measured:
             from minddp.sharding.memory import format_summary
-            print(format_summary(measured, cfg.effective_world_size()), flush=True)
+            show(format_summary(measured, cfg.effective_world_size()), flush=True)
     write_outputs(cfg, summary, run_dir, lost)
     if profiling(cfg) and rows and not all(r["trace"] is None for r in results.values()):
-        print(f"traces: {run_dir}/<stage>/rank<r>.pt.trace.json{'.gz' if cfg.trace_gzip else ''}")
+        show(f"traces: {run_dir}/<stage>/rank<r>.pt.trace.json{'.gz' if cfg.trace_gzip else ''}")
     for line in lost:
-        say(line)
+        if stopped is None:
+            say(line)
+        else:
+            say_safely(f"{PROG}: {line}")
+    if stopped is not None:
+        return stopped
     if failed is not None:
-        return 130 if failed["stage"] == "interrupted" else 1
+        return 1
     if cfg.analyze and rows:
         if any("trace" in line for line in lost):
             say("--analyze skipped: some traces were not written")
@@ -530,6 +545,14 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return analyze_main([run_dir]) or (1 if lost else 0)
     return 1 if lost else 0
+
+
+def _show_if_possible(text: str, flush: bool = False) -> None:
+    """print(), for a run that was stopped: a terminal that closed (EIO) is no reason for a traceback."""
+    try:
+        print(text, flush=flush)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Process helpers for tests: what a pid started, and torchrun jobs that never outlive their test."""
+"""Process helpers for tests: what a pid started, torchrun jobs that never outlive their test, commands started
+as a terminal starts them, pipes that nobody reads."""
 
 from __future__ import annotations
 
@@ -59,3 +60,51 @@ def run_torchrun(args: list[str], timeout: float, env: dict | None = None) -> su
                     pass
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def as_a_terminal_starts_it() -> None:
+    """``preexec_fn`` for a command started the way a terminal starts a foreground job: Ctrl-C, SIGTERM and
+    SIGHUP at their default dispositions.
+
+    A process inherits ignored signals: pytest started in the background by a shell without job control
+    (``pytest &`` in a script, some CI runners) ignores SIGINT, and so would every command it starts, which
+    then, as every program should, keeps ignoring Ctrl-C. A test of what Ctrl-C does must not depend on how
+    pytest was started.
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
+def children(pid: int) -> set[int]:
+    """The live processes whose parent is ``pid``."""
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and _alive(int(entry)):
+                out.add(int(entry))
+    return out
+
+
+def fill_pipe(write_fd: int) -> int:
+    """Fill the pipe whose write end is ``write_fd`` (64 KiB on Linux) as a reader that has not read yet leaves it.
+
+    Written through an open file description of its own, set non-blocking: the command that shares
+    ``write_fd`` keeps its blocking writes, which now block. Returns the bytes written.
+    """
+    fd = os.open(f"/proc/self/fd/{write_fd}", os.O_WRONLY | os.O_NONBLOCK)
+    n = 0
+    try:
+        for size in (4096, 1):   # pages while a page fits, then bytes
+            try:
+                while True:
+                    n += os.write(fd, b"\0" * size)
+            except BlockingIOError:
+                pass
+    finally:
+        os.close(fd)
+    return n

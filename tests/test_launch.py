@@ -119,12 +119,160 @@ def test_ending_the_launcher_ends_its_ranks(tmp_path, sig, status):
         assert not [pid for pid in ranks if pid_alive(pid)]
         err = proc.stderr.read()
         if sig == signal.SIGTERM:
-            assert "minddp.launch: terminated (SIGTERM); ending the ranks" in err, err
+            assert "minddp.launch: terminated (SIGTERM); the ranks were ended" in err, err
     finally:                                     # a failing test must not leave its processes either
         for pid in [proc.pid] + ranks:
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=30)
+
+
+STOP_AT_ANY_MOMENT = """
+import json, os, signal, sys, threading, time
+import torch, torch.distributed as dist
+from minddp import launch
+from minddp.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
+from minddp.launch import report_step
+from minddp.processes import Stopped, alive, stop_signals
+
+def train_and_save(folder):
+    path = os.path.join(folder, f"rank{dist.get_rank()}.pid")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(10**9):
+        report_step(step)
+        opt.zero_grad()
+        model(torch.randn(8, 64)).square().mean().backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+        save_checkpoint(os.path.join(folder, "ckpt.pt"), model=model, optimizer=opt, step=step + 1,
+                        config={"world_size": 2})
+
+def ready():
+    return dist.get_rank()
+
+if __name__ == "__main__":
+    root, rounds = sys.argv[1], json.loads(sys.argv[2])
+    launch(ready, world_size=2)        # the process server started (torch imported): each round's moments are its own
+    for i, (name, delay) in enumerate(rounds):
+        folder = os.path.join(root, str(i))
+        os.makedirs(folder)
+        sent = []
+        def stop(sig=getattr(signal, name)):
+            sent.append(time.monotonic())
+            os.killpg(0, sig)          # the whole process group, as a terminal does: this script and the ranks
+        with stop_signals():           # as the train command does around its whole run
+            try:
+                timer = threading.Timer(delay, stop)
+                timer.start()
+                launch(train_and_save, folder, world_size=2)
+                status = 0
+            except KeyboardInterrupt:
+                status = 130
+            except Stopped as exc:
+                status = exc.code
+            ended = time.monotonic()
+        timer.join()
+        ranks = [int(open(os.path.join(folder, f)).read()) for f in os.listdir(folder) if f.endswith(".pid")]
+        ckpt = None
+        if os.path.exists(os.path.join(folder, "ckpt.pt")):
+            try:
+                ckpt = read_checkpoint(os.path.join(folder, "ckpt.pt"))["step"]
+            except CheckpointError as exc:
+                ckpt = str(exc)
+        print(json.dumps({"signal": name, "delay": delay, "status": status, "ranks": len(ranks),
+                          "alive": [p for p in ranks if alive(p)], "checkpoint": ckpt,
+                          "ended_s": ended - sent[0]}), flush=True)
+"""
+
+#: (signal, seconds after the round starts): before the ranks exist, while they are forked, start and join,
+#: while they train and save, for each signal. (Which moment each delay hits varies with the machine; the
+#: outcome must not.)
+STOP_ROUNDS = [("SIGINT", 0.0), ("SIGHUP", 0.05), ("SIGTERM", 0.15), ("SIGINT", 0.4), ("SIGHUP", 0.8),
+               ("SIGTERM", 1.2), ("SIGINT", 2.0), ("SIGHUP", 3.0), ("SIGTERM", 4.0)]
+
+
+def test_ctrl_c_sigterm_and_sighup_at_any_moment_end_the_ranks_every_time(tmp_path):
+    # One process launches again and again; each round, a timer sends a stop signal to the whole process
+    # group (the launcher and its ranks, as a terminal does) at another moment. Before: SIGHUP killed the
+    # launcher on the spot and left its ranks to its watch; Ctrl-C while the process server imported torch
+    # ended that server with a traceback; each rank unwound on its own from Ctrl-C, racing with the launcher.
+    import json
+
+    from processes import as_a_terminal_starts_it
+    script = tmp_path / "stops.py"
+    script.write_text(STOP_AT_ANY_MOMENT)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path), json.dumps(STOP_ROUNDS)],
+                          capture_output=True, text=True, timeout=240, start_new_session=True,
+                          preexec_fn=as_a_terminal_starts_it)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rounds = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [(r["signal"], r["delay"]) for r in rounds] == [tuple(r) for r in STOP_ROUNDS], proc.stderr[-3000:]
+    said = {"SIGINT": "interrupted (Ctrl-C)", "SIGTERM": "terminated (SIGTERM)",
+            "SIGHUP": "hung up (SIGHUP: the terminal closed)"}
+    for r in rounds:
+        assert r["status"] == 128 + getattr(signal, r["signal"]), r
+        assert r["alive"] == [], r                        # every rank ended, by the time launch() raised
+        assert r["checkpoint"] is None or isinstance(r["checkpoint"], int), r   # the last complete one loads
+        # launch() ends the ranks at once: SIGTERM, 1 s, SIGKILL, at most 5 s for its exit to be reported;
+        # the rest is margin for a loaded machine (the failure this guards against never ended at all).
+        assert r["ended_s"] < 15, r
+    # One line per round whose launch had begun, nothing else: no traceback from a rank or the process server.
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert all(line in {f"minddp.launch: {s}; the ranks were ended" for s in said.values()} for line in lines), \
+        proc.stderr[-3000:]
+    assert sum(r["ranks"] > 0 for r in rounds) <= len(lines) <= len(rounds), (rounds, lines)
+
+
+STOP_SIGNAL_RULES = """
+import json, os, signal, time
+from minddp.processes import Stopped, stop_signals, stops_deferred
+
+def send(sig):
+    os.kill(os.getpid(), sig)
+    time.sleep(0.05)                  # the handler runs on the main thread, at its next instruction
+
+seen = {}
+with stop_signals():
+    send(signal.SIGHUP)               # ignored when this process started (as nohup does): stays ignored
+    seen["ignored hup"] = "no exception"
+    try:
+        send(signal.SIGTERM)
+    except Stopped as exc:
+        seen["term"] = exc.code
+        send(signal.SIGTERM)          # a second stop during the clean-up: ignored
+        send(signal.SIGINT)
+        seen["second stop"] = "no exception"
+seen["restored"] = [str(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]
+with stop_signals():
+    try:
+        with stops_deferred():
+            send(signal.SIGINT)
+            seen["deferred"] = "the block went on"
+    except KeyboardInterrupt:
+        seen["raised at the end"] = True
+print(json.dumps(seen))
+"""
+
+
+def test_stop_signals_raise_once_leave_ignored_ones_and_wait_for_deferred_steps():
+    from processes import as_a_terminal_starts_it
+
+    def ignore_hup():                 # as `nohup` starts a command from a terminal
+        as_a_terminal_starts_it()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    out = subprocess.run([sys.executable, "-c", STOP_SIGNAL_RULES], capture_output=True, text=True, timeout=120,
+                         preexec_fn=ignore_hup)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import json
+    assert json.loads(out.stdout) == {
+        "ignored hup": "no exception", "term": 143, "second stop": "no exception",
+        "restored": [str(signal.default_int_handler), str(signal.SIG_DFL), str(signal.SIG_IGN)],
+        "deferred": "the block went on", "raised at the end": True}, out.stdout
 
 
 def test_a_script_without_a_main_guard_is_told_how_to_fix_it(tmp_path):

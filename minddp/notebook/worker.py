@@ -44,7 +44,7 @@ import threading
 import traceback
 from typing import Any, Callable
 
-from minddp.processes import watch_parent
+from minddp.processes import HELPER_BLOCKED, watch_parent
 
 #: matplotlib backend for ranks: draws off-screen; ``plt.show()`` keeps the figure for the report.
 MPL_BACKEND = "module://minddp.notebook.mpl_backend"
@@ -59,6 +59,7 @@ def worker_main(rank, world_size, port, placement, timeout_s, parent_pid, parent
     # Jupyter's "interrupt" (and the parent's release step) sends SIGINT: it
     # should stop a running cell, never the idle worker.
     signal.signal(signal.SIGINT, lambda *_: _interrupt(running))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)   # the process server's mask (rank_context)
 
     import torch
     import torch.distributed as dist
