@@ -243,6 +243,15 @@ def scale(a: dict, s: float) -> dict:
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` is the candidate ``b`` up to float32 rounding, and not another candidate.
+
+    The stage and the checker compute the same local gradients (the same kernels on the same shards) and
+    average them with a few float32 roundings in another order (divide before or after the sum, accumulate
+    micro-batches before or after syncing): each element is off by a few ``u = 2**-24 ≈ 6e-8`` of the
+    terms' magnitude, norm-wise some 1e-7 of the gradient's norm. 1e-4 is a thousand times that, and still
+    far below the distance between any two candidates (a factor of the world size, a missing micro-batch:
+    tens of percent), so no machine's rounding can move a gradient from one candidate to another.
+    """
     return a.shape == b.shape and float((a - b).norm()) <= 1e-4 * float(b.norm()) + 1e-7
 
 
@@ -422,6 +431,11 @@ def parameter_finding(module, single, torch_module, step: int, checker) -> tuple
     d_single = largest_difference(params, dict(single.named_parameters()))
     d_torch = largest_difference(params, dict(torch_module.named_parameters()))
     scale_ = max(float(p.detach().abs().max()) for p in params.values())
+    # The single process sums the global batch in one matmul, the stage in per-rank shards then an all_reduce:
+    # another order, so each gradient element differs by a few float32 roundings (u = 2**-24 ≈ 6e-8) of its
+    # terms; times LR = 0.1 over ``steps`` (3) SGD steps, the parameters by about 1e-7 of their scale. 1e-5 of
+    # the largest parameter is a hundred times that; a wrong gradient (the sum, a lost micro-batch) moves them
+    # by LR times the gradient itself, 1e-2 and more.
     bad = torch.tensor([float(d_single[0] > 1e-5 * scale_ + 1e-7)])
     dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=checker)
     finding = None
