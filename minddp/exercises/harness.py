@@ -470,10 +470,13 @@ def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
                 progress.phase = "calling your hook on one bucket" if who == "yours" else "calling the model answer"
                 param = nn.Parameter(torch.zeros(1000))
                 bucket = GradBucket(0, values.clone(), [param], is_last=True)
-                with SentBytes() as sent:
+                with live.profiler() as prof, SentBytes() as sent:
                     fut = fn(None, bucket)
-                value = fut.wait() if isinstance(fut, torch._C.Future) else fut   # torch.futures.Future's base
-                probes[who] = probe_result(fut, value, exact, sent.nbytes, sent.dtypes)
+                    value = fut.wait() if isinstance(fut, torch._C.Future) else fut   # torch.futures.Future's base
+                # SentBytes sees every dist.* collective, at the call; the profiler's backend range also sees
+                # one started through a ProcessGroup object directly, but may miss one (see SentBytes): either
+                # can only undercount, so the larger is what was sent
+                probes[who] = probe_result(fut, value, exact, max(sent.nbytes, live.backend_bytes(prof)), sent.dtypes)
             report["probe"] = probes["yours"]
             report["reference_probe"] = probes["reference"]
             mine = probes["yours"]
