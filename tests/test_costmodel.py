@@ -6,8 +6,14 @@ point; the NIC carries one message at a time); a trace written by hand with
 known times (the profile read back must be those times); the stages' own
 bucket plans (the model's plan for a cap must be the plan the stage builds);
 a compute profile where the best cap is obvious; data generated from known
-``a`` and ``b`` for the α-β fit. Timing enters only in the last test, which
-replays profiled steps of real runs against their own measured length.
+``a`` and ``b`` for the α-β fit. Real runs enter where profiled steps are
+replayed against their own measured length: there the replay may miss by what
+the emulation itself did differently from the model (each delivery's own
+lateness against the median the model assumes), which the same trace records,
+so the bound is computed from the run and holds on any machine. How well a
+profile predicts steps measured on *another* link, without the profiler,
+depends on the machine staying as quiet as it was: that is measured by the
+benchmark (``python -m minddp.model validate``), not asserted here.
 """
 
 from __future__ import annotations
@@ -273,12 +279,85 @@ class _Blocks(torch.nn.Module):
         return x
 
 
-def _replay_on_rank(folder: str, stages, then: LinkSpec | None = None) -> dict:
-    """Per stage: each profiled step's replay on its own link, against its length; with ``then``, also
-    steps measured on that link (no profiler) against the profiled steps' predictions for it."""
-    import statistics
-    import time
+#: How far apart the replay and the trace may be beyond the emulation's own lateness, per message: the link's
+#: ranges are placed on the trace's clock by the median offset between its perf_counter() times and their
+#: markers (annotate_trace), which is off by the time between a hand-over's perf_counter() and its marker
+#: (microseconds; the median keeps a preempted one out), and every time is rounded to the trace's microseconds.
+#: 200 µs is tens of times that, and under 1 % of a message's time on the crawl link (1 ms latency per hop).
+CLOCK_SLACK_S = 200e-6
 
+
+def _lateness_spread(path: str) -> list[float]:
+    """Per profiled step: Σ over its messages of |that delivery's lateness − the step's median lateness|.
+
+    The replay (:func:`~minddp.model.step.predict`) delivers every message at
+    ``max(modeled end, real end) + late`` with one ``late`` per step (the
+    median); the link delivered message ``i`` at ``max(modeled end, real end) + late_i``
+    (``late_i`` as :mod:`minddp.model.trace` step 4 reads it). Everything else
+    the replay uses (compute between events, hand-overs, wait points, the
+    NIC's schedule, the real collectives' ends) is read from the same trace.
+    The replay is a max-plus recurrence, so moving each delivery by
+    ``δ_i`` moves its step by at most ``Σ|δ_i|``: this sum bounds how far the
+    replay may be from the measured step, whatever the machine did.
+    """
+    from minddp.analysis.events import read_trace
+    from minddp.analysis.steps import end_of, step_windows
+    from minddp.model.trace import _match_real
+    events = read_trace(path, dist.get_rank()).events
+    transfers = sorted((e for e in events if e["name"].startswith("minddp.link:")), key=lambda e: e["args"]["seq"])
+    comm = {e["tid"] for e in events if e["name"].startswith(("gloo:", "minddp.link:"))}
+    real = sorted((e for e in events if e["name"].startswith("gloo:") and e["tid"] in comm), key=lambda e: e["ts"])
+    real_end = _match_real(transfers, real)
+    spreads = []
+    for _, s0, s1 in step_windows(events, comm):
+        late = []
+        for t in transfers:
+            if s0 <= t["args"]["handed_over_ts"] < s1:
+                d = end_of(t)
+                end = min(real_end.get(t["args"]["seq"], t["args"]["handed_over_ts"]), d)
+                late.append(max(0.0, d - max(t["args"]["modeled_end_ts"], end)) / 1e6)
+        if late:
+            median = sorted(late)[(len(late) - 1) // 2] if len(late) % 2 else \
+                (sorted(late)[len(late) // 2 - 1] + sorted(late)[len(late) // 2]) / 2
+            spreads.append((sum(abs(x - median) for x in late), len(late)))
+    return spreads
+
+
+def _wait_order_mismatches(path: str, profiles) -> list:
+    """Messages whose wait point, in the profile, is not where the training thread first waited for them.
+
+    The oracle is the training thread's own markers: ``minddp.link_send#n`` at
+    each hand-over and ``minddp.link_wait#n`` at each message's first
+    ``wait()``, in program order on the trace's clock. For each message the
+    stage waited for, the messages handed over before that wait must be the
+    ones the profile has handed over before its wait point (an order, so no
+    clock enters). A profile that placed the wait by a rule instead (the
+    finish, say) has more messages sent before it.
+    """
+    from minddp.analysis.events import read_trace
+    from minddp.analysis.steps import step_windows
+    events = read_trace(path, dist.get_rank()).events
+    comm = {e["tid"] for e in events if e["name"].startswith(("gloo:", "minddp.link:"))}
+    marks = {p: {int(e["name"].rpartition("#")[2]): e["ts"] for e in events if e["name"].startswith(p)}
+             for p in ("minddp.link_send#", "minddp.link_wait#")}
+    sent, waited = marks["minddp.link_send#"], marks["minddp.link_wait#"]
+    bad = []
+    for profile, (_, s0, s1) in zip(profiles, step_windows(events, comm)):
+        seqs = sorted(n for n, t in sent.items() if s0 <= t < s1)
+        assert len(seqs) == len(profile.messages), (seqs, profile.messages)
+        for k, n in enumerate(seqs):
+            if n not in waited:
+                continue
+            seen = {j for j, m in enumerate(seqs) if j != k and sent[m] < waited[n]}
+            modeled = {j for j, m in enumerate(profile.messages) if j != k and m.at < profile.messages[k].wait_at}
+            if seen != modeled:
+                bad.append((n, sorted(seen ^ modeled)))
+    return bad
+
+
+def _replay_on_rank(folder: str, stages) -> dict:
+    """Per stage: each profiled step's replay on its own link, its measured length, and the bound on their
+    difference from the same trace (_lateness_spread)."""
     from minddp.comm.link import Link
     from minddp.comm.wire import Wire
     from minddp.ladder import make_optimizer, wrap
@@ -309,19 +388,13 @@ def _replay_on_rank(folder: str, stages, then: LinkSpec | None = None) -> dict:
         lengths = [(e - s) / 1e6 for _, s, e in step_windows(trace.events, {e["tid"] for e in trace.events
                                                                              if e["name"].startswith(("gloo:", "minddp.link:"))})]
         profiles = step_profiles(prof.path, stage, dist.get_world_size(), dist.get_rank())
-        out[stage] = {"own": [(predict(p, crawl.spec).step, real) for p, real in zip(profiles, lengths)],
-                      "sent": [sorted((m.kind, m.nbytes) for m in p.messages) for p in profiles]}
-        if then is not None:
-            wire.link = Link(then)
-            measured = []
-            for _ in range(4):
-                dist.barrier()
-                start = time.perf_counter()
-                step()
-                measured.append(time.perf_counter() - start)
-            wire.link.close()
-            out[stage]["then"] = (statistics.median(predict(p, then).step for p in profiles),
-                                  statistics.median(measured[1:]))
+        spreads = _lateness_spread(prof.path)
+        assert len(profiles) == len(lengths) == len(spreads), (len(profiles), len(lengths), len(spreads))
+        out[stage] = {"own": [(predict(p, crawl.spec).step, real, spread + n * CLOCK_SLACK_S)
+                              for p, real, (spread, n) in zip(profiles, lengths, spreads)],
+                      "sent": [sorted((m.kind, m.nbytes) for m in p.messages) for p in profiles],
+                      "exposed": [predict(p, crawl.spec).exposed for p in profiles],
+                      "wait_order": _wait_order_mismatches(prof.path, profiles)}
     crawl.close()
     return out
 
@@ -330,26 +403,29 @@ def test_replaying_a_profiled_step_on_its_own_link_gives_its_length(tmp_path):
     stages = ("simple", "hook", "bucket-async", "ddp")
     for rank in launch(_replay_on_rank, str(tmp_path), stages, world_size=2, timeout_s=180):
         for stage, got in rank.items():
-            for predicted, measured in got["own"]:
-                assert predicted == pytest.approx(measured, rel=0.1), (stage, got)
+            for predicted, measured, bound in got["own"]:
+                assert abs(predicted - measured) <= bound, (stage, predicted, measured, bound, got)
+            assert min(got["exposed"]) > 0, (stage, got)     # the link's time shows in the steps
 
 
-def test_the_sharded_stages_are_predicted_on_another_link_from_the_waits_the_link_notes(tmp_path):
+def test_the_sharded_stages_are_replayed_from_the_waits_the_link_notes(tmp_path):
     # Their all-gathers are needed back where no rule of the ladder says (a layer's forward, the end of
     # the optimizer's step): the link's Futures note each first wait(), and the replay waits there. Read
-    # with a wrong wait point, the waiting on the profiled link passes for compute, and a link half as
-    # fast is predicted far slower than it measures.
+    # with a wrong wait point, the waiting on the link passes for compute (on its own link the replay
+    # still gives the step's length; on another it would not): so the wait points are checked against
+    # the training thread's markers, by order.
     # The steps the model builds for zero1 and zero2 from timings alone send what the real stages sent.
+    # (How well these profiles predict steps measured on another link is the benchmark's question:
+    # python -m minddp.model validate --stages zero1,zero2,fsdp.)
     stages = ("zero1", "zero2", "fsdp")
-    half = LinkSpec("half-crawl", bandwidth=10e6, latency=2e-3)
     built = {s: sorted((m.kind, m.nbytes) for m in synthesize(_cp(list(_Blocks().parameters()), micro_batches=2),
                                                                s, 0.3, 2).messages) for s in ("zero1", "zero2")}
-    for rank in launch(_replay_on_rank, str(tmp_path), stages, half, world_size=2, timeout_s=180):
+    for rank in launch(_replay_on_rank, str(tmp_path), stages, world_size=2, timeout_s=180):
         for stage, got in rank.items():
-            for predicted, measured in got["own"]:
-                assert predicted == pytest.approx(measured, rel=0.1), (stage, got)
-            predicted, measured = got["then"]
-            assert predicted == pytest.approx(measured, rel=0.15), (stage, got)
+            for predicted, measured, bound in got["own"]:
+                assert abs(predicted - measured) <= bound, (stage, predicted, measured, bound, got)
+            assert min(got["exposed"]) > 0, (stage, got)
+            assert got["wait_order"] == [], (stage, got["wait_order"])     # the replay waits where the stage did
             if stage in built:
                 assert all(sent == built[stage] for sent in got["sent"]), (stage, got["sent"], built[stage])
 

@@ -63,7 +63,9 @@ def test_exception_reaches_caller_with_rank_and_traceback_without_hanging(tmp_pa
     start = time.monotonic()
     with pytest.raises(RankError) as info:
         launch(fail_on_rank, 1, world_size=2, timeout_s=60)
-    assert time.monotonic() - start < 20          # far below the collective timeout
+    # the collective timeout (60 s) counts from rank 0's collective, after start-up: an end before 60 s from
+    # the launch was not that timeout (a quiet machine takes a few seconds, most of it start-up)
+    assert time.monotonic() - start < 60
     err = info.value
     assert err.rank == 1 and err.exc_type == "ValueError"
     assert "boom on 1" in str(err) and "fail_on_rank" in err.traceback
@@ -408,7 +410,7 @@ def test_stall_watchdog_ends_hung_ranks_but_not_working_ones():
     start = time.monotonic()
     with pytest.raises(RankError) as info:
         launch(stuck_after, 2, world_size=2, stall_s=3)
-    assert time.monotonic() - start < 20
+    assert time.monotonic() - start < 120     # start-up + 1 s + stall_s (a few s); not the ranks' 600 s sleep
     assert info.value.exc_type == "Hung" and set(info.value.errors) == {0, 1}
     assert "no rank made progress for 3 s" in str(info.value) and info.value.step == 1
     # 6 steps of 0.5 s = 3 s in all, longer than stall_s, but every step is progress.

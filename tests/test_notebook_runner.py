@@ -101,17 +101,29 @@ def test_cluster_state_output_failures_and_restart():
 
 
 @pytest.mark.timeout(120)
-def test_output_arrives_while_the_cell_still_runs():
+def test_output_arrives_while_the_cell_still_runs(tmp_path):
+    # Each rank prints 'tick 0', then waits (up to 60 s) until the caller has seen that line: the caller
+    # marks it with a file from on_stream. Streamed, the cell goes on at once; held until the cell ends, the
+    # line would come after the 60 s and the cell print 'not streamed'. An order, not a race with a sleep.
     seen = []
-    cell = "import time\nfor i in range(3):\n    print('tick', i, rank, flush=True)\n    time.sleep(0.5)"
+
+    def on_stream(r, kind, text):
+        seen.append((r, kind, text))
+        if "tick 0" in text:
+            (tmp_path / f"seen{r}").touch()
+    cell = ("import os, time\n"
+            "print('tick', 0, rank, flush=True)\n"
+            f"deadline = time.monotonic() + 60\n"
+            f"while not os.path.exists({str(tmp_path)!r} + f'/seen{{rank}}') and time.monotonic() < deadline:\n"
+            "    time.sleep(0.02)\n"
+            "print('streamed' if time.monotonic() < deadline else 'not streamed', flush=True)\n"
+            "for i in (1, 2):\n"
+            "    print('tick', i, rank, flush=True)")
     with Cluster(world_size=WORLD) as cluster:
-        outs = cluster.run(cell, on_stream=lambda r, kind, text: seen.append((r, kind, text, time.monotonic())))
-        ended = time.monotonic()
-    first_tick = min(t for r, kind, text, t in seen if "tick 0" in text)
-    assert ended - first_tick > 0.8          # 'tick 0' came about 1 s before the cell ended
+        outs = cluster.run(cell, on_stream=on_stream)
     for out in outs:                          # and the report is still complete, stream or not
-        assert out.stdout == "".join(f"tick {i} {out.rank}\n" for i in range(3))
-        assert "".join(text for r, kind, text, _ in seen if r == out.rank and kind == "stdout") == out.stdout
+        assert out.stdout == f"tick 0 {out.rank}\nstreamed\n" + "".join(f"tick {i} {out.rank}\n" for i in (1, 2))
+        assert "".join(text for r, kind, text in seen if r == out.rank and kind == "stdout") == out.stdout
 
 
 def test_live_view_prints_whole_lines_per_rank_after_its_delay(capsys):

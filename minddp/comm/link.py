@@ -70,7 +70,10 @@ was handed over. :mod:`minddp.analysis` counts those ranges as
 communication, like gloo's. A message's Future also notes when the training
 thread first waited on it (``waited_ts``; absent if it was only waited on
 through a chained Future, as the averaging hooks' ``then``): where a stage
-needed it back, which :mod:`minddp.model.trace` reads.
+needed it back, which :mod:`minddp.model.trace` reads), and a marker range
+``minddp.link_wait#<n>`` on the waiting thread at that moment: with the
+``link_send`` marker, the order of a message's hand-over, the compute that
+ran meanwhile and its first wait, all on the training thread's own clock.
 
 Example::
 
@@ -208,7 +211,10 @@ class _Delivery(torch.futures.Future):
         self._waits, self._seq = waits, seq
 
     def wait(self):
-        self._waits.setdefault(self._seq, time.perf_counter())    # the first time the caller needed it
+        if self._seq not in self._waits:        # the first time the caller needed it: on both clocks
+            self._waits[self._seq] = time.perf_counter()
+            with torch.profiler.record_function(f"minddp.link_wait#{self._seq}"):
+                pass
         return super().wait()
 
 

@@ -158,7 +158,8 @@ def _hook_verdict(like: str, reports: dict, timeout_s: float) -> Verdict:
     d_single, d_torch = first["max_diff"]
     return Verdict(True, (
         f"✓ {like} hook: it averages a bucket of {mine['numel']} values with relative error "
-        f"{mine['relative_error']:.1e} (the model answer: {ref['relative_error']:.1e}), sending "
+        f"{mine['relative_error']:.1e} (float16 rounding allows up to {first['error_bound']:.1e}; the model answer: "
+        f"{ref['relative_error']:.1e}), sending "
         f"{mine['bytes'] / mine['numel']:.0f} bytes per value; in the bucket-async stage it trains like torch's "
         f"DDP with torch's {like} hook (largest parameter difference {d_torch:.1e}), and {d_single:.1e} from a "
         f"single process without compression"), reports)
@@ -301,11 +302,12 @@ def _hook_finding(f: dict, report: dict) -> str:
     if kind == "summed":
         return "your hook returns the sum over ranks, not the average: divide by the world size (forgot the division)"
     if kind == "error":
-        return (f"your hook's average is off by {f['error']:.2%} of the gradient, where the model answer's is off "
-                f"by {f['reference_error']:.2%}")
+        return (f"your hook's average is off by {f['error']:.2%} of the gradient, where float16 rounding allows at "
+                f"most {f['bound']:.2%}")
     if kind == "bytes":
         n = f["numel"]
-        return (f"your hook sent {f['bytes'] / n:.0f} bytes per gradient value, the model answer "
+        sent = f" ({', '.join(f['sent_dtypes'])})" if f.get("sent_dtypes") else ""
+        return (f"your hook sent {f['bytes'] / n:.0f} bytes per gradient value{sent}, the model answer "
                 f"{f['reference_bytes'] / n:.0f}: cast to float16 before the all_reduce")
     if kind == "diverged":
         return f"with your hook in the bucket-async stage, the ranks' parameters differ after step {f['step']}"

@@ -55,6 +55,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from minddp.analysis import live
 from minddp.exercises import solutions
@@ -242,6 +243,15 @@ def scale(a: dict, s: float) -> dict:
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` is the candidate ``b`` up to float32 rounding, and not another candidate.
+
+    The stage and the checker compute the same local gradients (the same kernels on the same shards) and
+    average them with a few float32 roundings in another order (divide before or after the sum, accumulate
+    micro-batches before or after syncing): each element is off by a few ``u = 2**-24 ≈ 6e-8`` of the
+    terms' magnitude, norm-wise some 1e-7 of the gradient's norm. 1e-4 is a thousand times that, and still
+    far below the distance between any two candidates (a factor of the world size, a missing micro-batch:
+    tens of percent), so no machine's rounding can move a gradient from one candidate to another.
+    """
     return a.shape == b.shape and float((a - b).norm()) <= 1e-4 * float(b.norm()) + 1e-7
 
 
@@ -421,6 +431,11 @@ def parameter_finding(module, single, torch_module, step: int, checker) -> tuple
     d_single = largest_difference(params, dict(single.named_parameters()))
     d_torch = largest_difference(params, dict(torch_module.named_parameters()))
     scale_ = max(float(p.detach().abs().max()) for p in params.values())
+    # The single process sums the global batch in one matmul, the stage in per-rank shards then an all_reduce:
+    # another order, so each gradient element differs by a few float32 roundings (u = 2**-24 ≈ 6e-8) of its
+    # terms; times LR = 0.1 over ``steps`` (3) SGD steps, the parameters by about 1e-7 of their scale. 1e-5 of
+    # the largest parameter is a hundred times that; a wrong gradient (the sum, a lost micro-batch) moves them
+    # by LR times the gradient itself, 1e-2 and more.
     bad = torch.tensor([float(d_single[0] > 1e-5 * scale_ + 1e-7)], device="cpu")   # the checker: gloo on the CPU
     dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=checker)
     finding = None
@@ -446,15 +461,22 @@ def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
             exact = values.clone()
             dist.all_reduce(exact, group=checker)
             exact /= world
+            magnitude = values.abs()                    # the rounding bound's scale (fp16_error_bound)
+            dist.all_reduce(magnitude, group=checker)
+            magnitude /= world
+            report["error_bound"] = fp16_error_bound(exact, magnitude, world)
             probes = {}
             for who, fn in (("reference", solutions.HOOKS[like]), ("yours", hook)):
                 progress.phase = "calling your hook on one bucket" if who == "yours" else "calling the model answer"
                 param = nn.Parameter(torch.zeros(1000, device="cpu"))   # the checker runs on the CPU
                 bucket = GradBucket(0, values.clone(), [param], is_last=True)
-                with live.profiler() as prof:
+                with live.profiler() as prof, SentBytes() as sent:
                     fut = fn(None, bucket)
                     value = fut.wait() if isinstance(fut, torch._C.Future) else fut   # torch.futures.Future's base
-                probes[who] = probe_result(fut, value, exact, live.backend_bytes(prof))
+                # SentBytes sees every dist.* collective, at the call; the profiler's backend range also sees
+                # one started through a ProcessGroup object directly, but may miss one (see SentBytes): either
+                # can only undercount, so the larger is what was sent
+                probes[who] = probe_result(fut, value, exact, max(sent.nbytes, live.backend_bytes(prof)), sent.dtypes)
             report["probe"] = probes["yours"]
             report["reference_probe"] = probes["reference"]
             mine = probes["yours"]
@@ -464,7 +486,7 @@ def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
                 mine["same_on_all_ranks"] = all(torch.equal(t, gathered[0]) for t in gathered)
                 del mine["tensor"]
             probes["reference"].pop("tensor", None)
-            report["finding"] = hook_finding(mine, probes["reference"], world)
+            report["finding"] = hook_finding(mine, probes["reference"], world, report["error_bound"])
             if report["finding"] is None:
                 progress.phase = "training with your hook"
                 report.update(train_with_hook(hook, like, steps, accum, progress, checker))
@@ -473,9 +495,9 @@ def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
             dist.destroy_process_group(checker)
 
 
-def probe_result(fut, value, exact: torch.Tensor, sent: int) -> dict:
+def probe_result(fut, value, exact: torch.Tensor, sent: int, sent_dtypes: list[str] = ()) -> dict:
     out = {"returned": type(fut).__name__, "is_future": isinstance(fut, torch._C.Future), "bytes": sent,
-           "numel": exact.numel(), "tensor": None}
+           "sent_dtypes": sorted(set(sent_dtypes)), "numel": exact.numel(), "tensor": None}
     if isinstance(value, (list, tuple)):
         out["value"] = f"a {type(value).__name__} of {len(value)}"
         return out
@@ -491,7 +513,52 @@ def probe_result(fut, value, exact: torch.Tensor, sent: int) -> dict:
     return out
 
 
-def hook_finding(mine: dict, reference: dict, world: int) -> dict | None:
+#: float16's unit roundoff: round to nearest with an 11-bit significand, relative error <= 2**-11.
+FP16_UNIT_ROUNDOFF = 2.0 ** -11
+#: Half the spacing of float16's subnormals (2**-24): the absolute error of rounding a value below its
+#: smallest normal (6.1e-5), where the relative bound above does not hold.
+FP16_SUBNORMAL_HALF_SPACING = 2.0 ** -25
+#: float32's unit roundoff, for the checker's own float32 average (the "exact" one).
+FP32_UNIT_ROUNDOFF = 2.0 ** -24
+
+
+def _gamma(n: int, u: float) -> float:
+    """Higham's γ_n = n·u / (1 − n·u): the relative error bound of n roundings in a row, in any order."""
+    return n * u / (1 - n * u)
+
+
+def fp16_error_bound(exact: torch.Tensor, magnitude: torch.Tensor, world: int) -> float:
+    """The largest relative error (norm-wise, as ``probe_result`` measures it) an fp16 average can have.
+
+    Whatever the order (gloo's, or a BLAS's: any machine, any torch), averaging
+    ``world`` float32 values in float16 rounds each element at most
+    ``world + 1`` times: the cast to float16, a division by the world size
+    (before or after the sum), and the ``world − 1`` additions of the sum (the
+    cast back to float32 is exact). Each rounding is off by at most
+    ``u = 2**-11`` of its result, or ``2**-25`` absolutely where the result is
+    subnormal; so element ``i`` is off by at most
+    ``γ_{world+1} · m_i + (world + 1) · 2**-25``, where ``m_i`` is the mean of the
+    ranks' ``|x_i|`` (the sum's terms can cancel: the bound scales with their
+    magnitude, not with the average). The checker's own float32 average is off
+    by at most ``γ_{world+1}(2**-24) · m_i``. The norm of those per-element bounds,
+    over the average's norm, bounds the relative error; it does not depend
+    on the values being or not being representable in float16 (then the
+    error is 0, and that is within the bound too).
+    """
+    per_element = (_gamma(world + 1, FP16_UNIT_ROUNDOFF) + _gamma(world + 1, FP32_UNIT_ROUNDOFF)) * magnitude \
+        + (world + 1) * FP16_SUBNORMAL_HALF_SPACING
+    return float(per_element.norm() / exact.norm())
+
+
+def hook_finding(mine: dict, reference: dict, world: int, bound: float) -> dict | None:
+    """What is wrong with the learner's fp16 hook, from its probe (``None``: nothing).
+
+    The average is judged against ``bound`` (:func:`fp16_error_bound`, what
+    float16 rounding allows), never against the model answer's own error,
+    which depends on the values and on the machine. A hook that does not
+    compress is told apart by what it put on the wire (bytes and dtype, seen
+    by :class:`SentBytes`), not by how small its error is.
+    """
     if not mine["is_future"]:
         return {"kind": "not_future", "returned": mine["returned"]}
     if mine["value"] != "tensor":
@@ -500,15 +567,51 @@ def hook_finding(mine: dict, reference: dict, world: int) -> dict | None:
         return {"kind": "shape", "shape": mine["shape"], "dtype": mine["dtype"]}
     if not mine.get("same_on_all_ranks", True):
         return {"kind": "ranks_differ"}
-    error, ref_error = mine["relative_error"], reference["relative_error"]
+    error = mine["relative_error"]
+    # a sum is off from the average by world − 1 times the average: far beyond any rounding (world > 1)
     if mine["summed_error"] < 0.01 and world > 1:
         return {"kind": "summed", "error": error}
-    if error > max(3 * ref_error, 1e-6):
-        return {"kind": "error", "error": error, "reference_error": ref_error}
+    if error > bound:
+        return {"kind": "error", "error": error, "bound": bound}
     if mine["bytes"] > reference["bytes"]:
         return {"kind": "bytes", "bytes": mine["bytes"], "reference_bytes": reference["bytes"],
-                "numel": mine["numel"]}
+                "numel": mine["numel"], "sent_dtypes": mine.get("sent_dtypes", [])}
     return None
+
+
+#: What each collective sends, by the dispatcher's op name: the argument that holds this rank's tensors.
+_SENT_ARGUMENT = {"c10d.allreduce_.default": 0, "c10d.broadcast_.default": 0, "c10d.allgather_.default": 1,
+                  "c10d._allgather_base_.default": 1, "c10d.reduce_scatter_.default": 1,
+                  "c10d._reduce_scatter_base_.default": 1, "c10d.allreduce_coalesced_.default": 0}
+
+
+class SentBytes(TorchDispatchMode):
+    """The bytes (and dtypes) of every collective started on this thread while it is active.
+
+    Every ``dist.*`` collective goes through the dispatcher as a ``c10d.*`` op
+    on the calling thread, with the tensors it sends: counted there, at the
+    call, this is exact and immediate. (The profiler's backend range, which
+    counted before, is recorded on gloo's thread and can still be open when
+    the caller's ``wait()`` returns and the profiler stops: a fast machine
+    then saw 0 bytes.)
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.nbytes, self.dtypes = 0, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        where = _SENT_ARGUMENT.get(str(func))
+        if where is not None and len(args) > where:
+            stack = [args[where]]
+            while stack:
+                item = stack.pop()
+                if isinstance(item, torch.Tensor):
+                    self.nbytes += item.numel() * item.element_size()
+                    self.dtypes.append(str(item.dtype).replace("torch.", ""))
+                elif isinstance(item, (list, tuple)):
+                    stack.extend(item)
+        return func(*args, **(kwargs or {}))
 
 
 def train_with_hook(hook, like: str, steps: int, accum: int, progress: Progress, checker) -> dict:
