@@ -217,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["collectives"]:           # python -m minddp.bench collectives: its own benchmark
         from minddp.bench.collectives import main as collectives_main
         return collectives_main(args[1:])
+    if args[:1] == ["overhead"]:              # python -m minddp.bench overhead: host CPU per micro-batch
+        from minddp.bench.overhead import main as overhead_main
+        return overhead_main(args[1:])
     from minddp.bench.worker import bench_rank
     from minddp.config import ConfigError
     from minddp.data import DataError
