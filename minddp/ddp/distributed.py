@@ -161,6 +161,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             reducer.divisor = int(work.result()[0].item())   # average over the ranks still training
         if torch.is_grad_enabled():      # also a no_sync() forward, as torch: the rebuild comes at the same step
             reducer.maybe_rebuild()
+        reducer.hooks_for(will_sync)   # no Python hook per parameter in a backward that does not sync
         self._sync_buffers()
         if self._join_config.enable:   # tell the joined ranks whether this step's backward syncs
             dist.all_reduce(torch.tensor([int(will_sync)], device=self._device),
