@@ -36,6 +36,8 @@ EXAMPLES = [
     "python -m minddp.bench --preset small --stage bucket-async,ddp,torch --variants none",
     "python -m minddp.bench --preset small --stage sharded --variants noop   # the sharded rungs and their targets",
     "python -m minddp.bench --pool results/bench-A results/bench-B   # two saved runs judged as one",
+    "python -m minddp.bench overhead      # host CPU per no_sync and sync micro-batch, ddp vs torch's DDP",
+    "python -m minddp.bench collectives   # collective times over sizes and their alpha-beta fits",
 ]
 
 #: Options the benchmark shares with the train command: the same flag, metavar, type and meaning.

@@ -20,10 +20,11 @@ parameters, so that per-parameter costs dominate and compute is small.
    meeting at a barrier before each step. Each micro-batch's forward and
    backward (and, in the last, the gradient sync) is timed apart;
 4. **report**, per world size in ``--world-size``: the median thread CPU
-   time of the ``no_sync`` micro-batches and of the sync micro-batch (mean of
-   the ranks' medians), each wrapper's overhead over no wrapper, and how much
-   more than torch's DDP it costs, in µs per micro-batch and ns per
-   parameter. ``overhead.md`` and ``overhead.csv`` go to ``--out``.
+   time of the ``no_sync`` micro-batches and of the sync micro-batch, each
+   wrapper's overhead over no wrapper, and how much more than torch's DDP it
+   costs, in µs per micro-batch and ns per parameter (differences taken
+   step by step, :func:`summarize`). ``overhead.md`` and ``overhead.csv`` go
+   to ``--out``.
 
 Example::
 
@@ -44,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minddp.cli import Parser, UsageError
+from minddp.cli import Parser, UsageError, fail, number
 
 PROG = "minddp.bench overhead"
 
@@ -109,77 +110,93 @@ def measure_rank(names: list[str], blocks: int, width: int, accum: int, steps: i
 
 
 def summarize(per_rank: list[dict], names: list[str], n_params: int) -> list[dict]:
-    """Step 4: one row per (configuration, kind of micro-batch)."""
+    """Step 4: one row per (configuration, kind of micro-batch).
+
+    A difference between two configurations is taken micro-batch by
+    micro-batch (they ran within milliseconds of each other, in the same
+    step), and its median over steps and ranks is reported with the usual
+    95 % interval of a median, ``± 1.58 · IQR / √n``: the machine's drift,
+    which moves both alike, cancels out of each pair.
+    """
     rows = []
     for kind in ("no_sync", "sync"):
-        medians = {n: statistics.mean(statistics.median(r[n][kind]) for r in per_rank) * 1e6 for n in names}
         for n in names:
-            row = {"config": n, "micro_batch": kind, "cpu_us": round(medians[n], 1),
-                   "spread_us": round(statistics.mean(_iqr(r[n][kind]) for r in per_rank) * 1e6, 1),
-                   "over_no_wrapper_us": round(medians[n] - medians["none"], 1) if "none" in medians else None,
-                   "over_torch_us": round(medians[n] - medians["torch"], 1) if "torch" in medians else None}
+            row = {"config": n, "micro_batch": kind,
+                   "cpu_us": round(statistics.median(t for r in per_rank for t in r[n][kind]) * 1e6, 1)}
+            for base in ("none", "torch"):
+                diff, half = _paired(per_rank, n, base, kind) if base in names else (None, None)
+                row[f"over_{'no_wrapper' if base == 'none' else base}_us"] = diff
+                row[f"over_{'no_wrapper' if base == 'none' else base}_pm_us"] = half
             row["over_torch_ns_per_param"] = (None if row["over_torch_us"] is None
                                               else round(row["over_torch_us"] * 1e3 / n_params))
             rows.append(row)
     return rows
 
 
-def _iqr(values: list[float]) -> float:
-    q = statistics.quantiles(values, n=4) if len(values) > 1 else [0.0, 0.0, 0.0]
-    return q[2] - q[0]
+def _paired(per_rank: list[dict], name: str, base: str, kind: str) -> tuple[float, float]:
+    """Median over steps and ranks of ``name``'s micro-batch minus ``base``'s in the same step, and its ± (µs)."""
+    diffs = [a - b for r in per_rank for a, b in zip(r[name][kind], r[base][kind])]
+    if len(diffs) < 2:
+        return round(diffs[0] * 1e6, 1), 0.0
+    q = statistics.quantiles(diffs, n=4)
+    return round(statistics.median(diffs) * 1e6, 1), round(1.58 * (q[2] - q[0]) / len(diffs) ** 0.5 * 1e6, 1)
 
 
 def markdown(tables: dict[int, list[dict]], meta: dict) -> str:
     lines = [f"# Host CPU per micro-batch: DDP wrappers ({meta['params']} parameters)", "",
              *(f"- {k}: {v}" for k, v in meta.items()), "",
-             "Training-thread CPU time per micro-batch (median over steps, mean over ranks; spread = interquartile "
-             "range); 'over torch' = this wrapper minus torch's DDP.", ""]
+             "Training-thread CPU time per micro-batch (median over steps and ranks). 'over X': this "
+             "configuration's micro-batch minus X's in the same step, median over steps and ranks, ± its 95 % "
+             "interval.", ""]
     for world, rows in tables.items():
         lines += [f"## {world} rank{'s' if world > 1 else ''}", "",
-                  "| configuration | micro-batch | CPU µs | spread µs | over no wrapper µs | over torch µs | "
-                  "over torch ns/param |", "|---|---|---|---|---|---|---|"]
+                  "| configuration | micro-batch | CPU µs | over no wrapper µs | over torch's DDP µs | "
+                  "over torch ns/param |", "|---|---|---|---|---|---|"]
         for r in rows:
-            lines.append(f"| {r['config']} | {r['micro_batch']} | {r['cpu_us']:.0f} | {r['spread_us']:.0f} | "
-                         f"{_num(r['over_no_wrapper_us'])} | {_num(r['over_torch_us'])} | "
-                         f"{_num(r['over_torch_ns_per_param'])} |")
+            lines.append(f"| {r['config']} | {r['micro_batch']} | {r['cpu_us']:.0f} | "
+                         f"{_num(r['over_no_wrapper_us'], r['over_no_wrapper_pm_us'])} | "
+                         f"{_num(r['over_torch_us'], r['over_torch_pm_us'])} | {_num(r['over_torch_ns_per_param'])} |")
         lines.append("")
     return "\n".join(lines)
 
 
-def _num(value) -> str:
-    return "-" if value is None else f"{value:+.0f}"
+def _num(value, pm=None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.0f}" if pm is None else f"{value:+.0f} ± {pm:.0f}"
 
 
 def main(argv: list[str] | None = None) -> int:
     from minddp.bench.__main__ import machine
     from minddp.bench.collectives import save_table
     from minddp.launch import RankError, launch
-    p = Parser(prog="python -m minddp.bench overhead", description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m minddp.bench overhead", description=__doc__.split("\n")[0],
+               usage="python -m minddp.bench overhead [--stage NAME[,...]] [--blocks N] [--world-size N[,...]] "
+                     "[options]")
     p.add_argument("--stage", "--stages", dest="stages", default="ddp",
                    help="comma list of minddp stages to compare with torch's DDP and no wrapper (default: ddp)")
-    p.add_argument("--blocks", type=int, default=250, help="Linear+LayerNorm blocks (4 parameters each)")
-    p.add_argument("--width", type=int, default=8, help="features per layer (small: compute stays tiny)")
-    p.add_argument("--accum", type=int, default=3, help="micro-batches per step, all but the last under no_sync")
-    p.add_argument("--steps", type=int, default=150, help="timed steps per configuration")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    p.add_argument("--blocks", type=number(int, low=1), default=250, help="Linear+LayerNorm blocks (4 parameters each)")
+    p.add_argument("--width", type=number(int, low=1), default=8, help="features per layer (small: compute stays tiny)")
+    p.add_argument("--accum", type=number(int, low=2), default=3,
+                   help="micro-batches per step, all but the last under no_sync")
+    p.add_argument("--steps", type=number(int, low=1), default=150, help="timed steps per configuration")
+    p.add_argument("--warmup", type=number(int, low=0), default=5, help="untimed steps first")
     p.add_argument("--world-size", default="1,2", help="comma list of world sizes, one launch each")
     p.add_argument("--backend", default="auto", help="as in python -m minddp.train (auto: gloo on a CPU)")
     p.add_argument("--out", default=None, help="results folder (default: results/overhead-<date-time>)")
-    ns = p.parse_args(argv)
     try:
+        ns = p.parse_args(argv)
         stages = [s for s in ns.stages.split(",") if s]
         unknown = [s for s in stages if s not in _stages()]
-        worlds = [int(w) for w in ns.world_size.split(",") if w]
         if unknown or not stages:
             raise UsageError(f"--stage: unknown {unknown or 'empty list'}; choose from {', '.join(_stages())}")
-        if not worlds or min(worlds) < 1 or ns.blocks < 1 or ns.width < 1 or ns.accum < 2 or ns.steps < 2:
-            raise UsageError("need --world-size >= 1, --blocks >= 1, --width >= 1, --accum >= 2 (a no_sync "
-                             "micro-batch and a sync one), --steps >= 2")
-    except (ValueError, UsageError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        worlds = [int(w) for w in ns.world_size.split(",") if w.strip().isdigit() and int(w) >= 1]
+        if len(worlds) != len(ns.world_size.split(",")):
+            raise UsageError(f"--world-size: {ns.world_size!r} is not a comma list of whole numbers >= 1")
+    except UsageError as exc:
+        return fail(PROG, exc, p)
     names = ["none", "torch", *stages]
-    n_params = sum(p.numel() > 0 for p in build_model(ns.blocks, ns.width).parameters())
+    n_params = len(list(build_model(ns.blocks, ns.width).parameters()))
     out = ns.out or os.path.join("results", f"overhead-{time.strftime('%Y%m%d-%H%M%S')}")
     load, start = os.getloadavg()[0], time.perf_counter()
     tables = {}
