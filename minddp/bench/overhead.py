@@ -28,7 +28,7 @@ parameters, so that per-parameter costs dominate and compute is small.
 
 Example::
 
-    $ python -m minddp.bench overhead                       # 1000 parameters, 1 and 2 ranks, ~2 minutes
+    $ python -m minddp.bench overhead                       # 1000 parameters, 1 and 2 ranks, ~4 minutes
     $ python -m minddp.bench overhead --blocks 100 --world-size 2 --stage ddp,bucket-async
 """
 
