@@ -297,3 +297,34 @@ def test_pooling_runs_is_one_run_with_all_rounds():
             assert pooled[name][key] == whole[name][key], (name, key)
     with pytest.raises(ValueError, match="same configurations"):
         pool([a, [r for r in b if r["config"] == "ddp"]])
+
+
+def test_overhead_run_writes_both_micro_batches_per_configuration(tmp_path):
+    """``bench overhead``: one no_sync and one sync row per configuration; a configuration minus itself is 0."""
+    out = tmp_path / "overhead"
+    assert main(["overhead", "--blocks", "3", "--steps", "3", "--warmup", "0", "--world-size", "1",
+                 "--stage", "ddp,bucket-async", "--out", str(out)]) == 0
+    with open(out / "overhead.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["config"], r["micro_batch"]) for r in rows] == [
+        (c, kind) for kind in ("no_sync", "sync") for c in ("none", "torch", "ddp", "bucket-async")]
+    for r in rows:
+        assert float(r["cpu_us"]) > 0, r
+        # paired differences: each step's micro-batch minus the same configuration's is exactly zero
+        if r["config"] == "none":
+            assert float(r["over_no_wrapper_us"]) == 0.0 and float(r["over_no_wrapper_pm_us"]) == 0.0, r
+        if r["config"] == "torch":
+            assert float(r["over_torch_us"]) == 0.0, r
+    assert "12 parameters" in (out / "overhead.md").read_text()     # 3 blocks x (weight, bias) x 2 layers
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--stage", "ddp,simple"], "--stage: unknown ['simple']"),
+    (["--accum", "1"], "argument --accum: must be at least 2"),
+    (["--world-size", "1,x"], "--world-size: '1,x' is not a comma list"),
+])
+def test_overhead_bad_input_is_a_usage_line_and_one_error_line_exit_2(argv, fragment):
+    proc = subprocess.run([sys.executable, "-m", "minddp.bench", "overhead", *argv], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    usage_error(proc.stderr, "bench overhead", fragment)

@@ -19,6 +19,11 @@ A benchmark, not a test: it measures, it asserts nothing. One run:
    all_reduce calls/bytes, peak memory (the launches pooled, :func:`.report.pool`); ``results.md``/``.csv``/``.json`` and ``step_times.png`` in
    ``results/bench-<date>/``, ending with the targets judged (:mod:`.targets`).
 
+``python -m minddp.bench overhead`` (:mod:`.overhead`) measures something
+else: the host CPU a DDP wrapper costs per micro-batch, ``no_sync`` and
+synced apart, on a model of many tiny parameters (what a launch-bound GPU
+pays for every microsecond of Python per parameter).
+
 ``--pool DIR DIR ...`` runs nothing: it reads saved runs and judges them as
 one run whose rounds are all of theirs (:func:`.report.pool`), for intervals
 tighter than one run can give.

@@ -36,6 +36,8 @@ EXAMPLES = [
     "python -m minddp.bench --preset small --stage bucket-async,ddp,torch --variants none",
     "python -m minddp.bench --preset small --stage sharded --variants noop   # the sharded rungs and their targets",
     "python -m minddp.bench --pool results/bench-A results/bench-B   # two saved runs judged as one",
+    "python -m minddp.bench overhead      # host CPU per no_sync and sync micro-batch, ddp vs torch's DDP",
+    "python -m minddp.bench collectives   # collective times over sizes and their alpha-beta fits",
 ]
 
 #: Options the benchmark shares with the train command: the same flag, metavar, type and meaning.
@@ -217,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["collectives"]:           # python -m minddp.bench collectives: its own benchmark
         from minddp.bench.collectives import main as collectives_main
         return collectives_main(args[1:])
+    if args[:1] == ["overhead"]:              # python -m minddp.bench overhead: host CPU per micro-batch
+        from minddp.bench.overhead import main as overhead_main
+        return overhead_main(args[1:])
     from minddp.bench.worker import bench_rank
     from minddp.config import ConfigError
     from minddp.data import DataError

@@ -81,6 +81,9 @@ class DistributedDataParallel(nn.Module, Joinable):
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor, group_src=0, group=group)
         self.reducer = self._make_reducer()
+        #: The submodules holding buffers, found once (as torch lists its buffers once): walking every
+        #: submodule before each synced step costs ~1 µs a module, and most models have no buffers at all.
+        self._buffer_owners = [m for m in module.modules() if m._buffers]
         #: Per-step cross-rank check of plan and launch order (None: on when MINDDP_DEBUG=1).
         self.check_consistency = env_flag("MINDDP_DEBUG") if check_consistency is None else check_consistency
         #: Raise on every rank when an averaged gradient holds NaN/Inf (``MINDDP_CHECK_FINITE=1``).
@@ -161,6 +164,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             reducer.divisor = int(work.result()[0].item())   # average over the ranks still training
         if torch.is_grad_enabled():      # also a no_sync() forward, as torch: the rebuild comes at the same step
             reducer.maybe_rebuild()
+        reducer.hooks_for(will_sync)   # no Python hook per parameter in a backward that does not sync
         self._sync_buffers()
         if self._join_config.enable:   # tell the joined ranks whether this step's backward syncs
             dist.all_reduce(torch.tensor([int(will_sync)], device=self._device),
@@ -175,9 +179,23 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     def _sync_buffers(self, joined: bool = False) -> None:
         """``broadcast_buffers``: rank 0's buffers; under join(), the highest rank still training's (as torch)."""
-        if self.broadcast_buffers and self.process_group.size() > 1 and self.require_forward_param_sync:
+        if self.broadcast_buffers and self._buffer_owners and self.process_group.size() > 1 \
+                and self.require_forward_param_sync:
             source = highest_rank(self.process_group, not joined, self._device) if self._join_config.enable else 0
-            broadcast_coalesced(list(self.module.buffers()), self.process_group, source)
+            broadcast_coalesced(self._buffers_now(), self.process_group, source)
+
+    def _buffers_now(self) -> list[torch.Tensor]:
+        """``module.buffers()`` (its order, each tensor once), read from the owners found at construction.
+
+        Read afresh each time: ``module.to()`` and ``module.half()`` replace the buffer tensors.
+        """
+        seen, buffers = set(), []
+        for owner in self._buffer_owners:
+            for buffer in owner._buffers.values():
+                if buffer is not None and id(buffer) not in seen:
+                    seen.add(id(buffer))
+                    buffers.append(buffer)
+        return buffers
 
     def finish_gradient_synchronization(self) -> None:
         """Nothing left to do: the end-of-backward callback already did it (kept for shared loops)."""

@@ -132,6 +132,10 @@ class Reducer:
         on_grad_ready = _weak_method(self._on_grad_ready)                                        # step 2
         self.handles = [p.register_post_accumulate_grad_hook(on_grad_ready) for p in params]
         weakref.finalize(self, _remove_all, self.handles)
+        # Where each hook sits (its parameter's hook dict and key), to take it out and put it back (hooks_for).
+        self.hook_slots = [(h.hooks_dict_ref(), h.id) for h in self.handles]
+        self.hook_fn = on_grad_ready
+        self.hooks_live = True
 
     # -- step 1: the plan -----------------------------------------------------------------------------
 
@@ -180,6 +184,33 @@ class Reducer:
         self.state = Wire.of(state) if hook is allreduce_hook else state
 
     # -- forward: what the coming backward needs ------------------------------------------------------
+
+    def hooks_for(self, will_sync: bool) -> None:
+        """Step 2's hooks in place for a forward whose backward syncs; out of the way of a ``no_sync`` one.
+
+        torch's reducer hooks are C++ and cost nothing in a backward that does
+        not sync. A Python hook costs about a microsecond per parameter (the
+        engine takes the GIL, wraps the parameter, runs a frame), on every
+        ``no_sync`` micro-batch, only to return. So a forward that will not
+        sync takes the hooks out of the parameters' hook dicts (a dict delete
+        each) and the next synced forward puts them back: twice per optimizer
+        step under gradient accumulation, never without it. They stay while a
+        synced forward's backward is still to come (``expect_hooks``: a
+        ``no_sync`` forward may come between the two), and while ``no_sync``
+        backwards must record which parameters they use (``searching_unused``).
+        Put back, a hook runs after the parameter's other post-accumulate-grad
+        hooks, where torch's reducer hook runs.
+        """
+        live = will_sync or self.expect_hooks or self.searching_unused()
+        if live == self.hooks_live:
+            return
+        self.hooks_live = live
+        if live:
+            for hooks, key in self.hook_slots:
+                hooks[key] = self.hook_fn
+        else:
+            for hooks, key in self.hook_slots:
+                hooks.pop(key, None)
 
     def check_prior_reduction_finished(self) -> None:
         if self.unfinished and self.find_unused_parameters:    # the flag is on: the backward missed the outputs
