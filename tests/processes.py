@@ -12,8 +12,8 @@ from pathlib import Path
 from minddp.processes import alive as _alive
 
 
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` (children, grandchildren, ...), from /proc."""
+def _children_by_parent() -> dict[int, list[int]]:
+    """ppid -> the pids of its children, from /proc (processes that vanish while read are left out)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -23,6 +23,12 @@ def descendants(pid: int) -> set[int]:
                 continue
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
             children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (children, grandchildren, ...), from /proc."""
+    children = _children_by_parent()
     found, todo = set(), [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -78,16 +84,7 @@ def as_a_terminal_starts_it() -> None:
 
 def children(pid: int) -> set[int]:
     """The live processes whose parent is ``pid``."""
-    out = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and _alive(int(entry)):
-                out.add(int(entry))
-    return out
+    return {child for child in _children_by_parent().get(pid, []) if _alive(child)}
 
 
 def fill_pipe(write_fd: int) -> int:
