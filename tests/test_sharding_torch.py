@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import toy_models
-from minddp import launch
+from minddp import compat, launch
 
 STEPS, ROWS = 3, 4
 
@@ -78,8 +78,8 @@ def gloo_collectives():
     averaged = torch.full((4,), float(rank + 1))
     dist.all_reduce(averaged, op=dist.ReduceOp.AVG)
     scattered = torch.zeros(2)
-    dist.reduce_scatter_single(scattered, torch.full((2 * world,), float(rank + 1)), op=dist.ReduceOp.AVG)
-    work = dist.reduce_scatter_single(torch.zeros(2), torch.ones(2 * world), async_op=True)
+    compat.reduce_scatter_single(scattered, torch.full((2 * world,), float(rank + 1)), op=dist.ReduceOp.AVG)
+    work = compat.reduce_scatter_single(torch.zeros(2), torch.ones(2 * world), async_op=True)
     try:
         work.get_future()
         future = "has a Future"

@@ -1,0 +1,43 @@
+"""Torch's collective names across the releases minddp supports (torch 2.6 to 2.15).
+
+torch 2.13 renamed two collectives that write into one flat tensor:
+
+======================================  ======================================
+2.6 to 2.12                             2.13 on
+======================================  ======================================
+``dist.all_gather_into_tensor``         ``dist.all_gather_single``
+``dist.reduce_scatter_tensor``          ``dist.reduce_scatter_single``
+======================================  ======================================
+
+The old names are still there in 2.13 to 2.15, with the same arguments; 2.13
+marks them deprecated (a ``FutureWarning`` on every call), 2.15 keeps them
+as plain aliases. So minddp calls the new name where torch has it and the old
+one where it does not: no ``AttributeError`` on 2.6 to 2.12, no warning on
+2.13. The name is looked up on each call (one ``getattr``), so a test can take
+the new names away from ``torch.distributed`` and see the old ones used.
+
+Example::
+
+    >>> from minddp.compat import all_gather_single, reduce_scatter_single
+    >>> reduce_scatter_single(piece, padded, group=group)     # piece = this rank's chunk of the sum
+    >>> all_gather_single(padded, piece, group=group)         # padded = every rank's piece, in rank order
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def all_gather_single(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup | None = None,
+                      async_op: bool = False):
+    """``output`` = every rank's ``input``, back to back in rank order (torch's ``all_gather_single``)."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, input, group=group, async_op=async_op)
+
+
+def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=dist.ReduceOp.SUM,
+                          group: dist.ProcessGroup | None = None, async_op: bool = False):
+    """``output`` = this rank's chunk of ``input`` reduced over ranks (torch's ``reduce_scatter_single``)."""
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return scatter(output, input, op=op, group=group, async_op=async_op)

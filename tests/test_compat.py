@@ -1,0 +1,131 @@
+"""minddp.compat under both spellings of torch's flat collectives, against the old names called directly.
+
+torch 2.13 renamed ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` to
+``all_gather_single`` / ``reduce_scatter_single``. On 2 gloo ranks the shim
+runs once on the installed torch and once on a torch whose ``torch.distributed``
+has had the new names taken away (torch 2.6 to 2.12 as minddp sees it). Each
+time: the shim's results equal the old names' called directly on the same
+inputs (bit for bit: integer-valued inputs make every sum exact), the name it
+called is the one that torch has (the new one where there is one), ``op``,
+``group`` and ``async_op`` reach torch, and on the installed torch it raises
+no deprecation warning (2.13 warns on every call of an old name).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from minddp import compat, launch
+
+ROOT = Path(__file__).resolve().parents[1]
+NEW = ("all_gather_single", "reduce_scatter_single")
+OLD = ("all_gather_into_tensor", "reduce_scatter_tensor")
+
+
+def _spy(called: list[str]) -> dict:
+    """Wrap torch's four names (those it has) so each call records its name; torch's own functions, by name."""
+    real = {name: getattr(dist, name) for name in NEW + OLD if hasattr(dist, name)}
+    for name, fn in real.items():
+        def spy(*args, _fn=fn, _name=name, **kwargs):
+            called.append(_name)
+            return _fn(*args, **kwargs)
+        setattr(dist, name, spy)
+    return real
+
+
+def shim_against_old_names(hide_new: bool) -> dict:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if hide_new:                                      # torch 2.6 to 2.12, as far as minddp can tell
+        for name in NEW:
+            if hasattr(dist, name):
+                delattr(dist, name)
+    has_new = all(hasattr(dist, name) for name in NEW)
+    # Each rank alone in a group of its own: were `group` not passed on, WORLD's ranks would not fit the sizes.
+    alone = [dist.new_group([r]) for r in range(n)][rank]
+    called: list[str] = []                            # the names the shim called, in order
+    real = _spy(called)
+
+    def old(name, *args, **kwargs):
+        """The oracle: torch's old name called directly (its 2.13 FutureWarning silenced here only)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return real[name](*args, **kwargs)
+
+    bad: list[str] = []
+    g = torch.Generator().manual_seed(rank)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for dtype in (torch.float32, torch.int64):
+            mine = torch.randint(-8, 9, (5,), generator=g).to(dtype)
+            whole = torch.randint(-8, 9, (5 * n,), generator=g).to(dtype)
+            # all_gather, synchronous on the default group, then asynchronous on WORLD named
+            ref = torch.empty(5 * n, dtype=dtype)
+            old("all_gather_into_tensor", ref, mine)
+            ours = torch.empty(5 * n, dtype=dtype)
+            compat.all_gather_single(ours, mine)
+            bad += [] if torch.equal(ours, ref) else [f"all_gather {dtype}: {ours.tolist()} vs {ref.tolist()}"]
+            ours = torch.empty(5 * n, dtype=dtype)
+            compat.all_gather_single(ours, mine, group=dist.group.WORLD, async_op=True).wait()
+            bad += [] if torch.equal(ours, ref) else [f"all_gather async {dtype}: {ours.tolist()}"]
+            # reduce_scatter: SUM (the default), MAX passed as op, SUM asynchronous
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
+                ref = torch.empty(5, dtype=dtype)
+                old("reduce_scatter_tensor", ref, whole, op=op)
+                ours = torch.empty(5, dtype=dtype)
+                if op == dist.ReduceOp.SUM:
+                    compat.reduce_scatter_single(ours, whole)
+                else:
+                    compat.reduce_scatter_single(ours, whole, op=op)
+                if not torch.equal(ours, ref):
+                    bad.append(f"reduce_scatter {op} {dtype}: {ours.tolist()} vs {ref.tolist()}")
+            summed = torch.empty(5, dtype=dtype)
+            old("reduce_scatter_tensor", summed, whole)
+            ours = torch.empty(5, dtype=dtype)
+            compat.reduce_scatter_single(ours, whole, group=dist.group.WORLD, async_op=True).wait()
+            bad += [] if torch.equal(ours, summed) else [f"reduce_scatter async {dtype}: {ours.tolist()}"]
+            # group passed on: alone in its group, a rank gathers and scatters its own data
+            for shim in (compat.all_gather_single, compat.reduce_scatter_single):
+                ours = torch.empty(5, dtype=dtype)
+                shim(ours, mine, group=alone)
+                if not torch.equal(ours, mine):
+                    bad.append(f"{shim.__name__} in a group of one {dtype}: {ours.tolist()} vs {mine.tolist()}")
+    deprecations = [f"{w.category.__name__}: {w.message}" for w in caught
+                    if issubclass(w.category, (DeprecationWarning, FutureWarning))]
+    return {"bad": bad, "called": called, "deprecations": deprecations, "has_new": has_new}
+
+
+#: What the shim calls per dtype, in order (see shim_against_old_names): 2 all_gathers, 3 reduce_scatters,
+#: then one of each in a group of one.
+def expected_calls(new: bool) -> list[str]:
+    gather, scatter = NEW if new else OLD
+    return 2 * ([gather] * 2 + [scatter] * 3 + [gather, scatter])
+
+
+@pytest.mark.parametrize("spelling", ["installed torch", "torch without the 2.13 names"])
+def test_shim_matches_the_old_names_on_2_ranks(spelling):
+    hide = spelling != "installed torch"
+    results = launch(shim_against_old_names, hide, world_size=2, backend="gloo", timeout_s=60)
+    installed_has_new = all(hasattr(dist, name) for name in NEW)
+    for rank, got in enumerate(results):
+        assert got["bad"] == [], f"rank {rank}: {got['bad']}"
+        assert got["has_new"] == (installed_has_new and not hide)
+        assert got["called"] == expected_calls(got["has_new"]), f"rank {rank}"
+        if not hide:      # a real release: the shim never calls a name it deprecates
+            assert got["deprecations"] == [], f"rank {rank}: {got['deprecations']}"
+
+
+def test_nothing_but_the_shim_calls_torch_2_13_names():
+    """Every call of the 2.13 names in minddp, its tests and notebooks goes through minddp.compat."""
+    direct = re.compile(r"\b(dist|distributed)\.(all_gather_single|reduce_scatter_single)\s*\(")
+    allowed = {ROOT / "minddp" / "compat.py"}
+    files = [*(ROOT / "minddp").rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "notebooks").glob("*.py"),
+             *(ROOT / "notebooks").glob("*.ipynb")]
+    found = [f"{path.relative_to(ROOT)}:{i}" for path in files if path not in allowed
+             for i, line in enumerate(path.read_text().splitlines(), 1) if direct.search(line)]
+    assert len(files) > 50 and found == [], found
