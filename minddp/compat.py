@@ -16,6 +16,16 @@ one where it does not: no ``AttributeError`` on 2.6 to 2.12, no warning on
 2.13. The name is looked up on each call (one ``getattr``), so a test can take
 the new names away from ``torch.distributed`` and see the old ones used.
 
+One option is new too: ``dist.AllreduceOptions().asyncOp`` (in 2.13 and
+2.15, default ``True``; not in 2.6) says whether the caller waits on the
+collective's Future, which decides which CUDA stream NCCL runs on. 2.6's
+allreduce is always asynchronous in that sense. :func:`allreduce_options` sets it where it exists.
+
+And one method: ``Store.clone()`` (in 2.13 and 2.15, not in 2.6) opens a
+second connection to the same store, so that a thread (minddp's heartbeat)
+does not share a socket with the training thread. :func:`clone_store` does
+that on 2.6 by connecting a new ``TCPStore`` client to the same host and port.
+
 Example::
 
     >>> from minddp.compat import all_gather_single, reduce_scatter_single
@@ -41,3 +51,27 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=dist.Red
     """``output`` = this rank's chunk of ``input`` reduced over ranks (torch's ``reduce_scatter_single``)."""
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     return scatter(output, input, op=op, group=group, async_op=async_op)
+
+
+def allreduce_options(op=dist.ReduceOp.SUM) -> dist.AllreduceOptions:
+    """Options for ``ProcessGroup.allreduce``: ``op``, asynchronous (the caller waits on the Future) on every torch."""
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = op
+    if hasattr(opts, "asyncOp"):        # not in 2.6, whose allreduce is always asynchronous
+        opts.asyncOp = True
+    return opts
+
+
+def clone_store(store: dist.Store) -> dist.Store:
+    """A second connection to ``store``'s server, safe to use from another thread (torch's ``Store.clone``)."""
+    if hasattr(store, "clone"):
+        return store.clone()
+    if isinstance(store, dist.TCPStore):     # torch 2.6: no clone; a new client of the same server
+        return tcp_client(store)
+    raise TypeError(f"torch {torch.__version__} cannot open a second connection to a {type(store).__name__} "
+                    f"(no Store.clone): pass a TCPStore, or use torch 2.13 or later")
+
+
+def tcp_client(store: dist.TCPStore) -> dist.TCPStore:
+    """A new client connection to ``store``'s server (same host, port and timeout): 2.6's ``clone``."""
+    return dist.TCPStore(store.host, store.port, is_master=False, timeout=store.timeout)

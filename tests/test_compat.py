@@ -8,12 +8,17 @@ time: the shim's results equal the old names' called directly on the same
 inputs (bit for bit: integer-valued inputs make every sum exact), the name it
 called is the one that torch has (the new one where there is one), ``op``,
 ``group`` and ``async_op`` reach torch, and on the installed torch it raises
-no deprecation warning (2.13 warns on every call of an old name).
+no deprecation warning (2.13 warns on every call of an old name). Also
+``compat.allreduce_options``: ``AllreduceOptions.asyncOp`` set where torch has
+the field (2.6 has not); ``compat.clone_store``: a second connection to the
+rendezvous store (``Store.clone`` is not in 2.6).
 """
 
 from __future__ import annotations
 
+import datetime
 import re
+import threading
 import warnings
 from pathlib import Path
 
@@ -95,6 +100,13 @@ def shim_against_old_names(hide_new: bool) -> dict:
                 shim(ours, mine, group=alone)
                 if not torch.equal(ours, mine):
                     bad.append(f"{shim.__name__} in a group of one {dtype}: {ours.tolist()} vs {mine.tolist()}")
+        # allreduce_options: the production DDP's bucket sum, through the group, equals dist.all_reduce
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
+            ours, ref = torch.randint(-8, 9, (7,), generator=g).float().repeat(2, 1)
+            dist.group.WORLD.allreduce([ours], compat.allreduce_options(op)).get_future().wait()
+            dist.all_reduce(ref, op=op)
+            if not torch.equal(ours, ref):
+                bad.append(f"allreduce_options {op}: {ours.tolist()} vs {ref.tolist()}")
     deprecations = [f"{w.category.__name__}: {w.message}" for w in caught
                     if issubclass(w.category, (DeprecationWarning, FutureWarning))]
     return {"bad": bad, "called": called, "deprecations": deprecations, "has_new": has_new}
@@ -118,6 +130,35 @@ def test_shim_matches_the_old_names_on_2_ranks(spelling):
         assert got["called"] == expected_calls(got["has_new"]), f"rank {rank}"
         if not hide:      # a real release: the shim never calls a name it deprecates
             assert got["deprecations"] == [], f"rank {rank}: {got['deprecations']}"
+
+
+def test_allreduce_options_asynchronous_where_torch_has_the_field(monkeypatch):
+    """torch 2.13 and 2.15 have AllreduceOptions.asyncOp (set True), 2.6 does not (left out, no error)."""
+    opts = compat.allreduce_options(dist.ReduceOp.MAX)
+    assert opts.reduceOp == dist.ReduceOp.MAX
+    assert getattr(opts, "asyncOp", True) is True
+
+    class WithoutAsyncOp:                  # 2.6's AllreduceOptions, as far as minddp uses it
+        __slots__ = ("reduceOp", "timeout")
+    monkeypatch.setattr(dist, "AllreduceOptions", WithoutAsyncOp)
+    opts = compat.allreduce_options()
+    assert opts.reduceOp == dist.ReduceOp.SUM and not hasattr(opts, "asyncOp")
+
+
+@pytest.mark.parametrize("how", ["clone_store", "tcp_client"])
+def test_a_second_store_connection_reaches_the_same_server(how):
+    """clone_store (torch's Store.clone where there is one) and tcp_client (its stand-in on 2.6): a new
+    connection whose keys the first one sees, usable from another thread while the first is in use."""
+    server = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=20))
+    second = getattr(compat, how)(server)
+    assert second is not server
+    done = []
+    thread = threading.Thread(target=lambda: (second.set("beat", "7"), done.append(second.get("main"))))
+    thread.start()
+    server.set("main", "1")
+    thread.join(timeout=20)
+    assert done == [b"1"] and server.get("beat") == b"7"
 
 
 def test_nothing_but_the_shim_calls_torch_2_13_names():
