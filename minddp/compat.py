@@ -21,6 +21,12 @@ One option is new too: ``dist.AllreduceOptions().asyncOp`` (in 2.13 and
 collective's Future, which decides which CUDA stream NCCL runs on. 2.6's
 allreduce is always asynchronous in that sense. :func:`allreduce_options` sets it where it exists.
 
+One collective changed what it takes: ``dist.broadcast`` sends a complex
+tensor as its real view (``torch.view_as_real``) in 2.13 and 2.15, as
+``all_reduce`` and ``all_gather`` already did in 2.6; 2.6's ``broadcast``
+hands the complex tensor to the backend, and gloo refuses it ("Invalid scalar
+type"). :func:`broadcast` sends the real view on every release.
+
 And one method: ``Store.clone()`` (in 2.13 and 2.15, not in 2.6) opens a
 second connection to the same store, so that a thread (minddp's heartbeat)
 does not share a socket with the training thread. :func:`clone_store` does
@@ -51,6 +57,13 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=dist.Red
     """``output`` = this rank's chunk of ``input`` reduced over ranks (torch's ``reduce_scatter_single``)."""
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     return scatter(output, input, op=op, group=group, async_op=async_op)
+
+
+def broadcast(tensor: torch.Tensor, src: int | None = None, group: dist.ProcessGroup | None = None,
+              async_op: bool = False, group_src: int | None = None):
+    """``tensor`` = rank ``src``'s (global) or group rank ``group_src``'s ``tensor``, complex ones too."""
+    wire = torch.view_as_real(tensor) if tensor.is_complex() else tensor     # same memory: ``tensor`` is written
+    return dist.broadcast(wire, src=src, group=group, async_op=async_op, group_src=group_src)
 
 
 def allreduce_options(op=dist.ReduceOp.SUM) -> dist.AllreduceOptions:
