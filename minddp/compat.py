@@ -45,22 +45,19 @@ import torch
 import torch.distributed as dist
 
 
-def all_gather_single(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup | None = None,
-                      async_op: bool = False):
+def all_gather_single(output, input, group=None, async_op=False):
     """``output`` = every rank's ``input``, back to back in rank order (torch's ``all_gather_single``)."""
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     return gather(output, input, group=group, async_op=async_op)
 
 
-def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=dist.ReduceOp.SUM,
-                          group: dist.ProcessGroup | None = None, async_op: bool = False):
+def reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
     """``output`` = this rank's chunk of ``input`` reduced over ranks (torch's ``reduce_scatter_single``)."""
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     return scatter(output, input, op=op, group=group, async_op=async_op)
 
 
-def broadcast(tensor: torch.Tensor, src: int | None = None, group: dist.ProcessGroup | None = None,
-              async_op: bool = False, group_src: int | None = None):
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
     """``tensor`` = rank ``src``'s (global) or group rank ``group_src``'s ``tensor``, complex ones too."""
     wire = torch.view_as_real(tensor) if tensor.is_complex() else tensor     # same memory: ``tensor`` is written
     return dist.broadcast(wire, src=src, group=group, async_op=async_op, group_src=group_src)
