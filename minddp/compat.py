@@ -27,6 +27,12 @@ tensor as its real view (``torch.view_as_real``) in 2.13 and 2.15, as
 hands the complex tensor to the backend, and gloo refuses it ("Invalid scalar
 type"). :func:`broadcast` sends the real view on every release.
 
+Building a model on the meta device: torch 2.6's ``torch._dynamo`` runs
+tensor operations when first imported, which fail under ``torch.device("meta")``
+("Tensor.item() cannot be called on meta tensors"), and transformers imports it
+lazily (``torch.compiler.disable``) when a model class is first used.
+:func:`meta_device` imports it first.
+
 And one method: ``Store.clone()`` (in 2.13 and 2.15, not in 2.6) opens a
 second connection to the same store, so that a thread (minddp's heartbeat)
 does not share a socket with the training thread. :func:`clone_store` does
@@ -61,6 +67,12 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
     """``tensor`` = rank ``src``'s (global) or group rank ``group_src``'s ``tensor``, complex ones too."""
     wire = torch.view_as_real(tensor) if tensor.is_complex() else tensor     # same memory: ``tensor`` is written
     return dist.broadcast(wire, src=src, group=group, async_op=async_op, group_src=group_src)
+
+
+def meta_device() -> torch.device:
+    """``torch.device("meta")``, to build a model under ``with``, with torch._dynamo imported first (torch 2.6)."""
+    import torch._dynamo  # noqa: F401  (its import-time tensor ops fail under a meta default device in 2.6)
+    return torch.device("meta")
 
 
 def allreduce_options(op=dist.ReduceOp.SUM) -> dist.AllreduceOptions:

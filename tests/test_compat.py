@@ -17,7 +17,10 @@ rendezvous store (``Store.clone`` is not in 2.6).
 from __future__ import annotations
 
 import datetime
+import os
 import re
+import subprocess
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -159,6 +162,27 @@ def test_a_second_store_connection_reaches_the_same_server(how):
     server.set("main", "1")
     thread.join(timeout=20)
     assert done == [b"1"] and server.get("beat") == b"7"
+
+
+META_BUILD = """
+import torch
+from minddp.compat import meta_device
+with meta_device():
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, num_labels=2, pad_token_id=0)
+    model = LlamaForSequenceClassification(config)
+print(sorted({str(p.device) for p in model.parameters()}))
+"""
+
+
+def test_a_transformers_model_builds_on_the_meta_device():
+    """In a fresh interpreter (torch._dynamo not yet imported), as minddp.train's model_shapes does: on torch 2.6
+    a bare torch.device("meta") makes transformers' first import of torch._dynamo fail."""
+    proc = subprocess.run([sys.executable, "-c", META_BUILD], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "['meta']"
 
 
 def test_nothing_but_the_shim_calls_torch_2_13_names():
