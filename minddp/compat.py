@@ -33,6 +33,11 @@ tensor operations when first imported, which fail under ``torch.device("meta")``
 lazily (``torch.compiler.disable``) when a model class is first used.
 :func:`meta_device` imports it first.
 
+torch's own ``fully_shard`` (FSDP2) runs on CPU from 2.13 (at the latest) on:
+in 2.6 its all-gather records an event on a CPU stream, which has no
+``record_event`` (``AttributeError``). :data:`TORCH_FULLY_SHARD_ON_CPU` says
+which; minddp's benchmark refuses ``torch-fsdp`` on CPU where it is false.
+
 And one method: ``Store.clone()`` (in 2.13 and 2.15, not in 2.6) opens a
 second connection to the same store, so that a thread (minddp's heartbeat)
 does not share a socket with the training thread. :func:`clone_store` does
@@ -49,6 +54,9 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+#: Does torch's own ``fully_shard`` run on CPU tensors (its CPU stream records events)? Not in torch 2.6.
+TORCH_FULLY_SHARD_ON_CPU = hasattr(torch.cpu.Stream, "record_event")
 
 
 def all_gather_single(output, input, group=None, async_op=False):
