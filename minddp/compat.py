@@ -38,6 +38,11 @@ in 2.6 its all-gather records an event on a CPU stream, which has no
 ``record_event`` (``AttributeError``). :data:`TORCH_FULLY_SHARD_ON_CPU` says
 which; minddp's benchmark refuses ``torch-fsdp`` on CPU where it is false.
 
+The profiler's events: ``FunctionEvent.input_dtypes`` (2.13, 2.15) is not in
+2.6, whose Kineto events carry the same list (``KinetoEvent.dtypes()``, keyed
+by the correlation id that is the ``FunctionEvent``'s ``id``).
+:func:`input_dtypes` reads whichever there is.
+
 And one method: ``Store.clone()`` (in 2.13 and 2.15, not in 2.6) opens a
 second connection to the same store, so that a thread (minddp's heartbeat)
 does not share a socket with the training thread. :func:`clone_store` does
@@ -105,3 +110,11 @@ def clone_store(store: dist.Store) -> dist.Store:
 def tcp_client(store: dist.TCPStore) -> dist.TCPStore:
     """A new client connection to ``store``'s server (same host, port and timeout): 2.6's ``clone``."""
     return dist.TCPStore(store.host, store.port, is_master=False, timeout=store.timeout)
+
+
+def input_dtypes(prof) -> dict:
+    """``{event id: [dtype names of its inputs]}`` for ``prof``'s events (torch 2.6: from its Kineto events)."""
+    events = prof.events()
+    if not events or hasattr(events[0], "input_dtypes"):
+        return {e.id: e.input_dtypes for e in events}
+    return {k.correlation_id(): k.dtypes() for k in prof.profiler.kineto_results.events()}

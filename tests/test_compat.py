@@ -185,6 +185,15 @@ def test_a_transformers_model_builds_on_the_meta_device():
     assert proc.stdout.strip().splitlines()[-1] == "['meta']"
 
 
+def test_profiler_events_give_their_input_dtypes():
+    """compat.input_dtypes: the dtypes of a profiled op's inputs, on every release (2.6 has no
+    FunctionEvent.input_dtypes), which minddp's byte counts need to see fp16 compression."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.ones(3, dtype=torch.float16).add(torch.ones(3, dtype=torch.float16))
+    add = [e for e in prof.events() if e.name == "aten::add"]
+    assert len(add) == 1 and compat.input_dtypes(prof)[add[0].id][:2] == ["c10::Half", "c10::Half"]
+
+
 def test_nothing_but_the_shim_calls_torch_2_13_names():
     """Every call of the 2.13 names in minddp, its tests and notebooks goes through minddp.compat."""
     direct = re.compile(r"\b(dist|distributed)\.(all_gather_single|reduce_scatter_single)\s*\(")
