@@ -41,7 +41,7 @@ training thread.
 
 Example::
 
-    >>> beat = Heartbeat(store.clone(), rank=1, key_prefix="minddp/")
+    >>> beat = Heartbeat(compat.clone_store(store), rank=1, key_prefix="minddp/")
     >>> beat.start()
     >>> beat.report(step=20)                      # what report_step() does
     >>> with alone("writing the checkpoint"):     # peers may wait for this rank here

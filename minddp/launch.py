@@ -64,7 +64,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from minddp import hang
+from minddp import compat, hang
 from minddp.cli import fresh_line
 from minddp.device import DEFAULT_TIMEOUT_S, Placement, choose, timeout_delta, use
 from minddp.processes import (HELPER_BLOCKED, Stopped, end_processes, rank_context, say_safely, stop_reason,
@@ -282,7 +282,7 @@ def run_in_torchrun(fn: Callable[..., Any], *args: Any, backend: str | Placement
         _torchrun_store, _, _ = next(dist.rendezvous("env://", timeout=timeout_delta(timeout_s)))
     _torchrun_joins += 1          # every rank calls launch in the same order, so the prefixes agree
     store = dist.PrefixStore(f"minddp/launch{_torchrun_joins}", _torchrun_store)
-    beat_store = dist.PrefixStore(f"minddp/launch{_torchrun_joins}/minddp", _torchrun_store.clone())
+    beat_store = dist.PrefixStore(f"minddp/launch{_torchrun_joins}/minddp", compat.clone_store(_torchrun_store))
     monitor = hang.Monitor(beat_store, rank, world, hang_s, stall_s) if rank < 2 and world > 1 else None
     beat = _start_heartbeat(beat_store, rank, monitor, on_verdict=_end_hung_worker)
     dist.init_process_group(placement.group_backend(), store=store, rank=rank, world_size=world,
@@ -453,7 +453,7 @@ def _child_main(payload, parent_path, rank, world_size, port, placement, timeout
     try:
         fn, args, kwargs = pickle.loads(payload)
         join_group(rank, world_size, port, placement, timeout_s)
-        beat = _start_heartbeat(dist.PrefixStore("minddp", _rank_store.clone()), rank)
+        beat = _start_heartbeat(dist.PrefixStore("minddp", compat.clone_store(_rank_store)), rank)
         beat.group_live(True)
         try:
             out = fn(*args, **kwargs)

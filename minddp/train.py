@@ -348,8 +348,9 @@ def model_shapes(cfg: TrainConfig, data: PreparedData) -> dict[str, tuple[tuple[
     Built on the meta device (no memory, no weights read): what the resume
     check compares a checkpoint with, and what the output estimates count.
     """
+    from minddp.compat import meta_device
     from minddp.models import DTYPES, OFFLINE_PRESETS
-    with torch.device("meta"):
+    with meta_device():
         if cfg.model in OFFLINE_PRESETS:
             model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed, cfg.dtype)
         else:

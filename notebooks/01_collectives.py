@@ -122,8 +122,10 @@ grad / world_size
 # ## `all_gather` and `reduce_scatter`: the two halves of a ring all_reduce
 #
 # `all_gather` gives every rank every rank's tensor. `reduce_scatter` is the opposite: each rank
-# ends up with the *sum* of one chunk. (gloo on CPU implements `reduce_scatter` in this torch
-# version; NCCL always has.)
+# ends up with the *sum* of one chunk. The cell uses its one-tensor form, `reduce_scatter_single`
+# (the whole vector in, this rank's chunk out) from `minddp.compat`, which calls torch's name for it
+# (`dist.reduce_scatter_single` from torch 2.13, `dist.reduce_scatter_tensor` before): gloo has
+# that form from torch 2.6 on, and the list form `dist.reduce_scatter` only in later releases.
 #
 # Running a `reduce_scatter` then an `all_gather` is an `all_reduce`: that is how the ring algorithm
 # used by NCCL and gloo works, and `minddp.collectives.ring_all_reduce` writes it from plain
@@ -135,9 +137,10 @@ everyone = [torch.zeros(2, device=device) for _ in range(world_size)]
 dist.all_gather(everyone, torch.full((2,), float(rank), device=device))
 print("all_gather ->", [e.tolist() for e in everyone])
 
+from minddp.compat import reduce_scatter_single
 full = torch.arange(2.0 * world_size, device=device) + 10 * rank     # each rank's full vector
 mine = torch.zeros(2, device=device)
-dist.reduce_scatter(mine, list(full.chunk(world_size)))              # this rank's chunk, summed
+reduce_scatter_single(mine, full)                                    # this rank's chunk, summed
 print("reduce_scatter ->", mine.tolist())
 
 # %%

@@ -262,7 +262,9 @@ for s in STAGES[1:]:
 # ## Your turn: all_reduce from its two halves
 #
 # Write `my_all_reduce(tensor, group)`: sum `tensor` in place over `group` with one
-# `dist.reduce_scatter_single` and one `dist.all_gather_single`. Both want a tensor whose length
+# `reduce_scatter_single` and one `all_gather_single`, torch's own collectives as `minddp.compat`
+# names them (torch 2.13 renamed `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor`;
+# `minddp.compat` calls whichever your torch has). Both want a tensor whose length
 # the world size divides: pad the flattened tensor first, and cut the padding off at the end. The
 # cell plugs your function into a `Wire` as its *transport*, so the `bucket-async` stage sums its
 # buckets with it, and `check` trains that stage beside a single process and torch's DDP.
@@ -272,13 +274,14 @@ import torch
 import torch.distributed as dist
 from minddp.comm import Wire
 from minddp.comm.default_hooks import allreduce_hook
+from minddp.compat import all_gather_single, reduce_scatter_single
 from minddp.exercises import check
 from minddp.stages import AsyncBucketDDP
 
 def my_all_reduce(tensor, group):
     # 1. flatten and pad to a multiple of dist.get_world_size(group)
-    # 2. dist.reduce_scatter_single(piece, padded, group=group): this rank's piece of the sum
-    # 3. dist.all_gather_single(padded, piece, group=group): every piece, back in place
+    # 2. reduce_scatter_single(piece, padded, group=group): this rank's piece of the sum
+    # 3. all_gather_single(padded, piece, group=group): every piece, back in place
     # 4. copy the sum (without the padding) into tensor
     raise NotImplementedError("all_reduce from a reduce-scatter and an all-gather")
 

@@ -1,9 +1,10 @@
 """Ring and naive reduce-scatter and all-gather against torch's own (the oracle), and all_reduce = the two.
 
-Torch's ``reduce_scatter_single`` / ``all_gather_single`` on gloo are the
-oracle. Integer-valued inputs make every dtype's sum exact, so the results
-must agree bit for bit whatever the summation order; piece sizes include 0, 1
-and sizes not divisible by anything. Through a :class:`~minddp.comm.wire.Wire`
+Torch's ``reduce_scatter_single`` / ``all_gather_single`` on gloo (through
+:mod:`minddp.compat`: ``reduce_scatter_tensor`` / ``all_gather_into_tensor``
+before torch 2.13) are the oracle. Integer-valued inputs make every dtype's
+sum exact, so the results must agree bit for bit whatever the summation order;
+piece sizes include 0, 1 and sizes not divisible by anything. Through a :class:`~minddp.comm.wire.Wire`
 (torch's transport and the ring), the meter counts each call by collective.
 """
 
@@ -18,6 +19,7 @@ from minddp.collectives import NO_COMMUNICATION, TRANSPORTS
 from minddp.collectives.halves import halves_all_reduce
 from minddp.collectives.ring import all_gather_chunks, reduce_scatter_chunks
 from minddp.comm.wire import Traffic, Wire
+from minddp.compat import all_gather_single, reduce_scatter_single
 
 from test_collectives import sum_rounding_bound
 
@@ -37,20 +39,20 @@ def compare_on_rank() -> list[str]:
                 kept = whole.clone()
                 ours, ref = torch.empty(piece, dtype=dtype), torch.empty(piece, dtype=dtype)
                 transport.reduce_scatter(ours, whole, group)
-                dist.reduce_scatter_single(ref, whole, group=group)
+                reduce_scatter_single(ref, whole, group=group)
                 if not torch.equal(ours, ref) or not torch.equal(whole, kept):
                     bad.append(f"{name} reduce_scatter piece={piece} {dtype}: {ours.tolist()[:4]} vs {ref.tolist()[:4]}")
                 mine = torch.randint(-8, 9, (piece,), generator=g).to(dtype)
                 ours, ref = torch.empty(n * piece, dtype=dtype), torch.empty(n * piece, dtype=dtype)
                 transport.all_gather(ours, mine, group)
-                dist.all_gather_single(ref, mine, group=group)
+                all_gather_single(ref, mine, group=group)
                 if not torch.equal(ours, ref):
                     bad.append(f"{name} all_gather piece={piece} {dtype}: {ours.tolist()[:4]} vs {ref.tolist()[:4]}")
         # Floats: within rounding (the ring adds in another order than gloo).
         whole = torch.randn(n * 37, generator=torch.Generator().manual_seed(rank))
         ours, ref = torch.empty(37), torch.empty(37)
         transport.reduce_scatter(ours, whole, group)
-        dist.reduce_scatter_single(ref, whole, group=group)
+        reduce_scatter_single(ref, whole, group=group)
         # two sums of n float32 terms in different orders: within 2·γ_{n−1}·Σ|terms| (test_collectives'
         # sum_rounding_bound), this rank's piece of it
         bound = sum_rounding_bound(whole, group).view(n, 37)[rank]

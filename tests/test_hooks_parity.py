@@ -152,7 +152,20 @@ def complex_grads_on_rank() -> dict:
         getattr(ddp, "finish_gradient_synchronization", lambda: None)()
         return [p.grad.clone() for p in ddp.parameters()]
 
-    out = {"torch": grads(TorchDDP(model()))}
+    # The exact average: each rank's own gradients, gathered, (a + b) / 2 (halving is exact in floating point,
+    # so it is bit for bit torch's a/2 + b/2 at 2 ranks).
+    local = grads(model())
+    every = [[torch.empty_like(g) for _ in range(2)] for g in local]
+    for g, gathered in zip(local, every):
+        torch.distributed.all_gather(gathered, g)
+    out = {"mean": [(a + b) / 2 for a, b in every]}
+    # torch's DDP where torch's broadcast takes complex tensors (not 2.6: gloo refuses them, "Invalid scalar type")
+    try:
+        torch.distributed.broadcast(torch.zeros(1, dtype=torch.complex64), src=0)
+        out["torch"] = grads(TorchDDP(model()))
+    except RuntimeError as exc:
+        if "Invalid scalar type" not in str(exc):
+            raise
     for stage in ("hook-async", "bucket-async", "ddp"):
         out[stage] = grads(build_stage(stage, model()))                 # the built-in average
         allreduce = build_stage(stage, model())
@@ -162,8 +175,16 @@ def complex_grads_on_rank() -> dict:
 
 
 def test_complex_gradients_average_like_torch():
+    # Halving a complex tensor is exact where torch divides each part (2.13, 2.15); torch 2.6's vectorized
+    # complex division rounds more than once (up to 2 ulp of the magnitude here, measured), for the stages
+    # and torch's DDP alike: there 4 ulp, relative to the magnitude, is the bound.
+    z = torch.randn(4096, dtype=torch.complex64, generator=torch.Generator().manual_seed(0))
+    exact = torch.equal(z / 2, torch.complex(z.real / 2, z.imag / 2))
+    rtol = 0 if exact else 4 * torch.finfo(torch.float32).eps
+    release = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
     for out in launch(complex_grads_on_rank, world_size=2):
+        assert "torch" in out or release < (2, 13), "torch's DDP is the oracle where its broadcast takes complex"
         for name, grads in out.items():
             assert len(grads) == 2 and all(g.dtype == torch.complex64 for g in grads), name
-            for ours, ref in zip(grads, out["torch"]):
-                torch.testing.assert_close(ours, ref, rtol=0, atol=0, msg=name)
+            for ours, ref in zip(grads, out["mean"]):
+                torch.testing.assert_close(ours, ref, rtol=rtol, atol=0, msg=name)

@@ -39,6 +39,7 @@ import math
 
 import torch
 
+from minddp import compat
 from minddp.analysis.steps import ELEMENT_SIZE
 
 CALL = "c10d::allreduce_"
@@ -61,10 +62,10 @@ def calls(prof) -> list:
 
 def backend_bytes(prof, ranges: tuple = BACKEND_RANGES) -> int:
     """Step 2: bytes of every all_reduce (or other ``ranges``) the backend ran."""
-    total = 0
+    total, dtypes = 0, compat.input_dtypes(prof)
     for e in prof.events():
         if e.name in ranges and e.input_shapes and e.input_shapes[0]:
-            dtype = (getattr(e, "input_dtypes", None) or ["float"])[0]
+            dtype = (dtypes.get(e.id) or ["float"])[0]
             total += math.prod(e.input_shapes[0]) * ELEMENT_SIZE.get(str(dtype), 4)
     return total
 

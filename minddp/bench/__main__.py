@@ -161,6 +161,12 @@ def parse(argv: list[str] | None):
     if cfg.bucket_cap_mb == "auto":
         raise UsageError("--bucket-cap-mb auto chooses a cap at the start of a training run (python -m minddp.train); "
                          "the benchmark compares fixed caps: give a number of MiB")
+    import torch
+
+    from minddp import compat
+    if "torch-fsdp" in stages and not compat.TORCH_FULLY_SHARD_ON_CPU and not torch.cuda.is_available():
+        raise UsageError(f"--stage torch-fsdp: torch {torch.__version__}'s fully_shard has no CPU path "
+                         "(torch.cpu.Stream.record_event); run it on a GPU or with torch 2.13 or later")
     if cfg.link is not None and set(stages) & set(TORCH_SHARDED):
         raise UsageError(f"--link cannot reach {', '.join(s for s in stages if s in TORCH_SHARDED)} (torch's sharding "
                          "calls its collectives itself, with no comm hook to carry them); drop it from --stage or "

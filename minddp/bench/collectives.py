@@ -55,6 +55,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from minddp import compat
 from minddp.cli import Parser, UsageError
 from minddp.device import current_device, message_device, synchronize
 
@@ -79,19 +80,14 @@ def _start(kind: str, nbytes: int, world: int, transport=None):
         src, dst = torch.ones(chunk * world, device=dev), torch.empty(chunk, device=dev)
         if transport is not None:
             return src.numel() * 4, lambda: _Done(transport.reduce_scatter(dst, src, dist.group.WORLD))
-        return src.numel() * 4, lambda: _reduce_scatter(dst, src, async_op=True)
+        return src.numel() * 4, lambda: compat.reduce_scatter_single(dst, src, async_op=True)
     if kind == "all_gather":
         src, dst = torch.ones(chunk, device=dev), torch.empty(chunk * world, device=dev)
         if transport is not None:
             return dst.numel() * 4, lambda: _Done(transport.all_gather(dst, src, dist.group.WORLD))
-        return dst.numel() * 4, lambda: _all_gather(dst, src, async_op=True)
+        return dst.numel() * 4, lambda: compat.all_gather_single(dst, src, async_op=True)
     t = torch.ones(chunk * world, device=dev)
     return t.numel() * 4, lambda: dist.broadcast(t, src=0, async_op=True)
-
-
-#: torch 2.13 renamed reduce_scatter_tensor (the old name warns).
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class _Done:

@@ -10,6 +10,9 @@ notebook 06's exercise:
 3. ``all_gather_single``: every rank's piece, back into the padded buffer;
 4. copy the sum (padding cut) into the tensor.
 
+Both collectives come from :mod:`minddp.compat`, which calls torch's name for
+them (``all_gather_into_tensor`` / ``reduce_scatter_tensor`` before torch 2.13).
+
 Example::
 
     >>> halves_all_reduce(t, dist.group.WORLD)     # t is now the sum over ranks
@@ -20,6 +23,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from minddp.compat import all_gather_single, reduce_scatter_single
+
 
 def halves_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup) -> None:
     """Sum ``tensor`` in place over ``group`` with a reduce-scatter and an all-gather (module doc)."""
@@ -27,6 +32,6 @@ def halves_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup) -> None:
     flat = tensor.reshape(-1)
     padded = torch.nn.functional.pad(flat, (0, -flat.numel() % n))                         # step 1
     piece = padded.new_empty(padded.numel() // n)
-    dist.reduce_scatter_single(piece, padded, group=group)                                  # step 2
-    dist.all_gather_single(padded, piece, group=group)                                      # step 3
+    reduce_scatter_single(piece, padded, group=group)                                       # step 2
+    all_gather_single(padded, piece, group=group)                                           # step 3
     tensor.copy_(padded[:flat.numel()].view_as(tensor))                                     # step 4

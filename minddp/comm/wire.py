@@ -41,6 +41,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from minddp import compat
 from minddp.device import backends_by_device
 
 #: ``transport(tensor, group)`` sums ``tensor`` in place across ``group`` and returns when done. A
@@ -159,7 +160,7 @@ class Wire:
             fut = _when_done(dist.all_reduce(input, group=self.group, async_op=True), output,
                              then=lambda: output.view(-1).copy_(mine))
         elif self.transport is None:
-            fut = _when_done(dist.reduce_scatter_single(output, input, group=self.group, async_op=True), output)
+            fut = _when_done(compat.reduce_scatter_single(output, input, group=self.group, async_op=True), output)
         else:
             self.transport.reduce_scatter(output, input, self.group)
             fut = _done(output)
@@ -175,7 +176,7 @@ class Wire:
         if self.traffic is not None:
             self.traffic.record(output, "all_gather")
         if self.transport is None:
-            fut = dist.all_gather_single(output, input, group=self.group, async_op=True).get_future()
+            fut = compat.all_gather_single(output, input, group=self.group, async_op=True).get_future()
         else:
             self.transport.all_gather(output, input, self.group)
             fut = _done([output])

@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from minddp import compat
+
 
 @torch.no_grad()
 def broadcast_coalesced(tensors: list[torch.Tensor], group: dist.ProcessGroup, src: int = 0) -> None:
@@ -30,6 +32,6 @@ def broadcast_coalesced(tensors: list[torch.Tensor], group: dist.ProcessGroup, s
         by_dtype.setdefault(t.dtype, []).append(t)
     for same in by_dtype.values():
         flat = torch.cat([t.reshape(-1) for t in same])
-        dist.broadcast(flat, group_src=src, group=group)
+        compat.broadcast(flat, group_src=src, group=group)
         for t, value in zip(same, flat.split([t.numel() for t in same])):
             t.copy_(value.view_as(t))

@@ -39,6 +39,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
+from minddp import compat
 from minddp.comm.wire import Wire
 
 try:    # the same named range as torch.profiler.record_function, entered and left in C++
@@ -101,14 +102,7 @@ def scale_like_torch(layout: BucketLayout, buffer: torch.Tensor, world: int) -> 
         torch._foreach_mul_([v for v, a in zip(views, aliased) if not a], 1.0 / world)
 
 
-def _sum_options() -> dist.AllreduceOptions:
-    opts = dist.AllreduceOptions()
-    opts.reduceOp = dist.ReduceOp.SUM
-    opts.asyncOp = True          # the caller waits on the Future (on GPUs: NCCL's own stream, not ours)
-    return opts
-
-
-_SUM = _sum_options()
+_SUM = compat.allreduce_options(dist.ReduceOp.SUM)   # the caller waits on the Future (on GPUs: NCCL's own stream)
 
 
 def start_sum(tensor: torch.Tensor, wire: Wire) -> torch.futures.Future:

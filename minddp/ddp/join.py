@@ -33,6 +33,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import JoinHook
 
+from minddp import compat
+
 
 class ShadowingJoinHook(JoinHook):
     """What a joined rank does while others still train: shadow one step's collectives, in the same order."""
@@ -58,7 +60,7 @@ class ShadowingJoinHook(JoinHook):
         source = highest_rank(ddp.process_group, is_last_joiner, ddp._device)
         with torch.no_grad():
             for tensor in [*ddp.module.parameters(), *(ddp.module.buffers() if ddp.broadcast_buffers else [])]:
-                dist.broadcast(tensor, group_src=source, group=ddp.process_group)
+                compat.broadcast(tensor, group_src=source, group=ddp.process_group)
 
 
 def highest_rank(group: dist.ProcessGroup, candidate: bool, device: torch.device) -> int:

@@ -66,6 +66,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from minddp import compat
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
 from minddp.comm.wire import Wire
@@ -161,7 +162,7 @@ class FullyShardedDataParallel(nn.Module):
         check_same_model(module, self.wire.group)                                                # step 1
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
-                dist.broadcast(tensor, group_src=0, group=self.wire.group)
+                compat.broadcast(tensor, group_src=0, group=self.wire.group)
         self.units = self._make_units(module, as_unit_predicate(shard))
         owned = {id(s) for unit in self.units for s in unit.shards}
         self.replicated = [(owner, name, p) for owner in module.modules() for name, p in owner._parameters.items()
