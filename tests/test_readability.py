@@ -80,7 +80,7 @@ PACKAGE = os.path.dirname(minddp.__file__)
 # gradient-penalty fix (an autograd.grad that reaches no parameter ends no reduction) and no Python hook per
 # parameter in a no_sync backward; zero2 +5 and fsdp +10: which backend carries a reduce-scatter (device.py);
 # and the torch-release shim (minddp.compat) on every path, as the docstring says.
-BUDGETS = {"simple": 164, "ga": 184, "hook": 214, "hook-async": 229, "bucket": 279, "bucket-async": 299,
+BUDGETS = {"simple": 166, "ga": 186, "hook": 216, "hook-async": 231, "bucket": 281, "bucket-async": 301,
            "ddp": 589, "zero1": 789, "zero2": 472, "fsdp": 457}
 TEACHING = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 
