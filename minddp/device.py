@@ -124,11 +124,6 @@ def choose(requested: str = "auto", local_world_size: int = 1, gpus: int | None 
                                            "one GPU per rank (--backend gloo: the CPU)")
 
 
-def choose_backend(requested: str = "auto", local_world_size: int = 1) -> str:
-    """The backend name :func:`choose` picks (``"gloo"`` or ``"nccl"``)."""
-    return choose(requested, local_world_size).backend
-
-
 #: The device this process's rank computes on, once :func:`use` has set it (the launcher does).
 _rank_device: torch.device | None = None
 
@@ -140,15 +135,6 @@ def use(placement: Placement, local_rank: int) -> torch.device:
     if _rank_device.type == "cuda":
         torch.cuda.set_device(_rank_device)
     return _rank_device
-
-
-def rank_device(local_rank: int, backend: str | Placement) -> torch.device:
-    """The device a rank computes on: its own GPU under NCCL, a shared GPU or the CPU under gloo."""
-    if isinstance(backend, Placement):
-        return backend.device(local_rank)
-    if backend == "nccl":
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
 
 
 def current_device() -> torch.device:

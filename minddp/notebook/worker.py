@@ -64,7 +64,6 @@ def worker_main(rank, world_size, port, placement, timeout_s, parent_pid, parent
     import torch
     import torch.distributed as dist
 
-    from minddp.device import rank_device
     from minddp.launch import join_group, leave_group
 
     # Step 1: join and prepare the namespace the cells see.
@@ -76,7 +75,7 @@ def worker_main(rank, world_size, port, placement, timeout_s, parent_pid, parent
         return
     namespace: dict[str, Any] = {
         "__name__": "__main__", "torch": torch, "dist": dist, "rank": rank,
-        "world_size": world_size, "device": rank_device(rank, placement),
+        "world_size": world_size, "device": placement.device(rank),
     }
     reports.put(("ready", rank, os.getpid(), None))
 
