@@ -7,7 +7,7 @@ Start with :mod:`minddp.stages` (the build-up, one idea per file),
 (ZeRO-1, ZeRO-2, FSDP) are in :mod:`minddp.sharding`.
 """
 
-from minddp.launch import RankError, launch
+from minddp.runtime.launch import RankError, launch
 from minddp.ladder import STAGES, build_stage
 from minddp.ddp import DistributedDataParallel
 from minddp.stages import AsyncBucketDDP, AsyncHookDDP, BucketDDP, GradAccumDDP, HookDDP, SimpleDDP

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minddp.device import choose, current_device, gpu_count
+from minddp.runtime.device import choose, current_device, gpu_count
 
 STEPS, MICRO, ROWS, LR = 4, 2, 8, 0.1     # optimizer steps, micro-batches per step, rows per rank per micro-batch
 WIDTH = 32
@@ -103,7 +103,7 @@ def global_batches(world: int, device: torch.device) -> list[list[tuple[torch.Te
 def train(stage: str, hook: str, batches, rank: int, world: int) -> torch.Tensor:
     """``STEPS`` steps of ``stage`` (``single``: this process on the global batch); the parameters, flat."""
     from minddp.ladder import make_optimizer, wrap
-    from minddp.loop import train_step
+    from minddp.ladder.loop import train_step
     torch.manual_seed(rank if stage != "single" else 0)       # different weights per rank: the broadcast fixes them
     inner = Net().to(current_device())
     names = [name for name, _ in inner.named_parameters()]
@@ -185,7 +185,7 @@ def check_rank(stages: list[str]) -> list[tuple[str, bool, float, str]]:
 # ---------------------------------------------------------------------------- 3. profiled step
 def profile_check(backend: str, world: int, folder: str) -> list[tuple[str, bool | None, float, str]]:
     """Step 3: ``ddp`` for a few steps under the train command, profiled, then read back."""
-    from minddp import train as train_command
+    from minddp.train import run as train_command
     from minddp.analysis import cpu, gpu
     from minddp.analysis.events import load_run
     from minddp.analysis.steps import per_step
@@ -238,7 +238,7 @@ def table(checks: list[Check]) -> str:
 
 def run(quick: bool = False, say=print) -> list[Check]:
     """Steps 1-3; every check of every configuration this machine allows."""
-    from minddp.launch import RankError, launch
+    from minddp.runtime.launch import RankError, launch
     from minddp.ladder import STAGES
     for line in environment():
         say(line)

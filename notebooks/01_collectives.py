@@ -123,7 +123,7 @@ grad / world_size
 #
 # `all_gather` gives every rank every rank's tensor. `reduce_scatter` is the opposite: each rank
 # ends up with the *sum* of one chunk. The cell uses its one-tensor form, `reduce_scatter_single`
-# (the whole vector in, this rank's chunk out) from `minddp.compat`, which calls torch's name for it
+# (the whole vector in, this rank's chunk out) from `minddp.runtime.compat`, which calls torch's name for it
 # (`dist.reduce_scatter_single` from torch 2.13, `dist.reduce_scatter_tensor` before): gloo has
 # that form from torch 2.6 on, and the list form `dist.reduce_scatter` only in later releases.
 #
@@ -137,7 +137,7 @@ everyone = [torch.zeros(2, device=device) for _ in range(world_size)]
 dist.all_gather(everyone, torch.full((2,), float(rank), device=device))
 print("all_gather ->", [e.tolist() for e in everyone])
 
-from minddp.compat import reduce_scatter_single
+from minddp.runtime.compat import reduce_scatter_single
 full = torch.arange(2.0 * world_size, device=device) + 10 * rank     # each rank's full vector
 mine = torch.zeros(2, device=device)
 reduce_scatter_single(mine, full)                                    # this rank's chunk, summed

@@ -38,7 +38,7 @@
 # %%distributed
 from minddp.notebook import lesson
 from minddp.stages import SimpleDDP
-from minddp.loop import train_step
+from minddp.ladder.loop import train_step
 
 def check_in_sync(tensors, what):
     """Compare every tensor with rank 0's copy; name the mismatches (every rank joins every broadcast)."""
@@ -136,7 +136,7 @@ assert largest <= 1e-4 * scale
 # ## 5. Training stays in sync
 #
 # With the same start and the same update, training keeps the replicas identical.
-# `minddp.loop.train_step` is the loop every stage shares: forward and backward for each
+# `minddp.ladder.loop.train_step` is the loop every stage shares: forward and backward for each
 # micro-batch, `finish_gradient_synchronization()`, `optimizer.step()`. `SimpleDDP` has no
 # `no_sync()`, so the loop has it sync after every micro-batch's backward. A metered hook counts
 # what goes over the wire (`Wire(None, traffic=...)`), and the single process trains beside it on the

@@ -214,7 +214,7 @@ buckets[buckets["stage"] == "bucket-async"].drop(columns=["rank", "stage"]).roun
 # "minddp link" in Perfetto), and the analysis counts them as communication.
 
 # %%
-from minddp.model.figures import ladder_on_link
+from minddp.costmodel.figures import ladder_on_link
 
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
 linked = analyze_run(LINKED)

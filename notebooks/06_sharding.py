@@ -85,7 +85,7 @@ show_source(ring_all_reduce)
 
 # %%
 # %%distributed
-from minddp.models import count_parameters
+from minddp.train.models import count_parameters
 B = count_parameters(lesson.make_model()) * 4                  # float32 bytes of the whole model
 one_pass = (world - 1) / world * B
 lesson.say(f"B = {lesson.mib(B)}; at {world} ranks each pass sends {lesson.mib(one_pass)} per rank, in "
@@ -99,7 +99,7 @@ lesson.say(f"B = {lesson.mib(B)}; at {world} ranks each pass sends {lesson.mib(o
 # `minddp.ZeroRedundancyOptimizer`; `zero2` and `fsdp` replace the module's parameters by this
 # rank's shards, so the optimizer built over `model.parameters()` holds state for the shards only
 # (`minddp.ladder.make_optimizer` builds each stage's). One step of each is measured by
-# `minddp.sharding.memory.Probe`, from the tensors the rank holds: parameters, gradients just
+# `minddp.bench.memory.Probe`, from the tensors the rank holds: parameters, gradients just
 # before the optimizer steps, optimizer state just after, the activations autograd saved, and
 # FSDP's gathered blocks at their peak.
 
@@ -262,9 +262,9 @@ for s in STAGES[1:]:
 # ## Your turn: all_reduce from its two halves
 #
 # Write `my_all_reduce(tensor, group)`: sum `tensor` in place over `group` with one
-# `reduce_scatter_single` and one `all_gather_single`, torch's own collectives as `minddp.compat`
+# `reduce_scatter_single` and one `all_gather_single`, torch's own collectives as `minddp.runtime.compat`
 # names them (torch 2.13 renamed `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor`;
-# `minddp.compat` calls whichever your torch has). Both want a tensor whose length
+# `minddp.runtime.compat` calls whichever your torch has). Both want a tensor whose length
 # the world size divides: pad the flattened tensor first, and cut the padding off at the end. The
 # cell plugs your function into a `Wire` as its *transport*, so the `bucket-async` stage sums its
 # buckets with it, and `check` trains that stage beside a single process and torch's DDP.
@@ -274,7 +274,7 @@ import torch
 import torch.distributed as dist
 from minddp.comm import Wire
 from minddp.comm.default_hooks import allreduce_hook
-from minddp.compat import all_gather_single, reduce_scatter_single
+from minddp.runtime.compat import all_gather_single, reduce_scatter_single
 from minddp.exercises import check
 from minddp.stages import AsyncBucketDDP
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from minddp.processes import alive as _alive
+from minddp.runtime.processes import alive as _alive
 
 
 def _children_by_parent() -> dict[int, list[int]]:

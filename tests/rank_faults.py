@@ -2,7 +2,7 @@
 
 ``launch`` pickles its function by name, so what runs in the ranks must be a
 module-level function: :func:`train_rank_with_fault` is ``train_rank`` with
-``minddp.loop.train_step`` wrapped to call ``fault(*args)`` (also module-level)
+``minddp.ladder.loop.train_step`` wrapped to call ``fault(*args)`` (also module-level)
 before the ``call``-th step of this rank.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 
 def train_rank_with_fault(cfg, stage, data, folder, fault, call, *args):
-    import minddp.loop
-    from minddp import train
-    real, calls = minddp.loop.train_step, []
+    import minddp.ladder.loop
+    from minddp.train.run import run as train
+    real, calls = minddp.ladder.loop.train_step, []
 
     def train_step(*step_args):
         calls.append(1)
@@ -20,5 +20,5 @@ def train_rank_with_fault(cfg, stage, data, folder, fault, call, *args):
             fault(*args)
         return real(*step_args)
 
-    minddp.loop.train_step = train_step
+    minddp.ladder.loop.train_step = train_step
     return train.train_rank(cfg, stage, data, folder)

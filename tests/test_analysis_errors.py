@@ -7,7 +7,7 @@ import pytest
 
 from analysis_fixtures import half_covered_step, write_stage
 from cli_checks import usage_error
-from minddp.analyze import main
+from minddp.analysis.__main__ import main
 
 
 def _run_cli(capsys, *argv):

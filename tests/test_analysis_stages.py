@@ -2,7 +2,7 @@
 
 The traces come from a small generator here, in the layout the train command writes
 (``<run>/<stage>/rank<r>.pt.trace.json`` + ``config.json``), driven by the same
-``minddp.loop.train_step`` and profiler schedule (wait=0, warmup=1, active=N), on an MLP
+``minddp.ladder.loop.train_step`` and profiler schedule (wait=0, warmup=1, active=N), on an MLP
 of 10 x 256 x 256 layers. The train command's own ``--stage all --analyze`` output is
 checked in tests/test_train.py.
 
@@ -25,9 +25,9 @@ import torch
 from torch import nn
 
 from minddp.analysis import analyze_run
-from minddp.analyze import main
-from minddp.launch import launch
-from minddp.loop import train_step
+from minddp.analysis.__main__ import main
+from minddp.runtime.launch import launch
+from minddp.ladder.loop import train_step
 from minddp.ladder import build_stage
 
 STAGES = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]

@@ -2,7 +2,7 @@
 
 The traces come from one launch of 2 ranks that profiles every stage in turn
 (``single``, the six teaching stages, ``ddp``, ``torch``), each wrapped with
-:func:`minddp.ladder.wrap` and driven by :func:`minddp.loop.train_step` with
+:func:`minddp.ladder.wrap` and driven by :func:`minddp.ladder.loop.train_step` with
 3 micro-batches, on a small MLP. Oracles: *where* each stage sends its
 gradients is fixed by its code, not by timing (``ga`` sends in finish, after
 the last backward; ``simple`` after every backward; the hook-based stages and
@@ -22,7 +22,7 @@ from torch import nn
 
 from minddp.analysis import analyze_run
 from minddp.analysis.report import plot_timeline
-from minddp.launch import launch
+from minddp.runtime.launch import launch
 
 STAGES = ["single", "simple", "ga", "hook", "hook-async", "bucket", "bucket-async", "ddp", "torch"]
 MICRO = 3
@@ -32,8 +32,8 @@ def _profile_every_stage(out: str) -> None:
     import torch.distributed as dist
 
     from minddp.ladder import wrap
-    from minddp.loop import train_step
-    from minddp.profiling import StepProfiler
+    from minddp.ladder.loop import train_step
+    from minddp.runtime.profiling import StepProfiler
 
     rank = dist.get_rank()
     g = torch.Generator().manual_seed(rank)

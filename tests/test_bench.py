@@ -29,9 +29,9 @@ ARGS = ["--rounds", "2", "--launches", "2", "--steps-per-round", "3", "--warmup"
 
 def _param_bytes() -> int:
     """Trainable parameter bytes of the model the benchmark builds (same data, same vocabulary)."""
-    from minddp.config import parse_args
-    from minddp.train import prepare
-    from minddp.models import build_model
+    from minddp.train.config import parse_args
+    from minddp.train.run import prepare
+    from minddp.train.models import build_model
     cfg = parse_args(["--max-seq-len", "16", "--no-profile"])
     data, _, _ = prepare(cfg)
     model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed)

@@ -117,7 +117,7 @@ def torch_first_iteration_plans(cases):
 def test_first_iteration_plan_matches_torchs_ddp():
     """``ddp`` starts where torch's DDP starts (one bucket; or, with find_unused_parameters, buckets filled in
     registration order and launched last-filled first), the oracle being torch's DDP itself."""
-    from minddp.launch import launch
+    from minddp.runtime.launch import launch
     from minddp.ddp.plan import plan_first_iteration_like_torch
     rng = random.Random(5)
     cases = []

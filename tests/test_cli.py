@@ -18,14 +18,14 @@ import time
 import pytest
 
 from cli_checks import usage_error
-from minddp import train
-from minddp.analyze import build_parser as analyze_parser
-from minddp.analyze import main as analyze_main
+from minddp.train.run import run as train
+from minddp.analysis.__main__ import build_parser as analyze_parser
+from minddp.analysis.__main__ import main as analyze_main
 from minddp.bench.__main__ import SHARED
 from minddp.bench.__main__ import build_parser as bench_parser
 from minddp.bench.__main__ import main as bench_main
-from minddp.config import build_parser as train_parser
-from minddp.processes import alive
+from minddp.train.config import build_parser as train_parser
+from minddp.runtime.processes import alive
 from processes import descendants
 
 
@@ -109,7 +109,7 @@ def test_ctrl_c_ends_the_run_with_one_line_and_leaves_nothing(tmp_path, sig, sai
     # as_a_terminal_starts_it: pytest itself may have been started ignoring Ctrl-C).
     import threading
 
-    from minddp.checkpoint import read_checkpoint
+    from minddp.train.checkpoint import read_checkpoint
     from processes import as_a_terminal_starts_it, children, fill_pipe
     read_end, write_end = os.pipe()
     proc = subprocess.Popen([sys.executable, "-m", "minddp.train", "--steps", "100000", "--no-profile",

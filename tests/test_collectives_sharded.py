@@ -1,7 +1,7 @@
 """Ring and naive reduce-scatter and all-gather against torch's own (the oracle), and all_reduce = the two.
 
 Torch's ``reduce_scatter_single`` / ``all_gather_single`` on gloo (through
-:mod:`minddp.compat`: ``reduce_scatter_tensor`` / ``all_gather_into_tensor``
+:mod:`minddp.runtime.compat`: ``reduce_scatter_tensor`` / ``all_gather_into_tensor``
 before torch 2.13) are the oracle. Integer-valued inputs make every dtype's
 sum exact, so the results must agree bit for bit whatever the summation order;
 piece sizes include 0, 1 and sizes not divisible by anything. Through a :class:`~minddp.comm.wire.Wire`
@@ -19,7 +19,7 @@ from minddp.collectives import NO_COMMUNICATION, TRANSPORTS
 from minddp.collectives.halves import halves_all_reduce
 from minddp.collectives.ring import all_gather_chunks, reduce_scatter_chunks
 from minddp.comm.wire import Traffic, Wire
-from minddp.compat import all_gather_single, reduce_scatter_single
+from minddp.runtime.compat import all_gather_single, reduce_scatter_single
 
 from test_collectives import sum_rounding_bound
 

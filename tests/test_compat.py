@@ -1,4 +1,4 @@
-"""minddp.compat under both spellings of torch's flat collectives, against the old names called directly.
+"""minddp.runtime.compat under both spellings of torch's flat collectives, against the old names called directly.
 
 torch 2.13 renamed ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` to
 ``all_gather_single`` / ``reduce_scatter_single``. On 2 gloo ranks the shim
@@ -29,7 +29,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from minddp import compat, launch
+from minddp.runtime import compat
+
+from minddp import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW = ("all_gather_single", "reduce_scatter_single")
@@ -166,7 +168,7 @@ def test_a_second_store_connection_reaches_the_same_server(how):
 
 META_BUILD = """
 import torch
-from minddp.compat import meta_device
+from minddp.runtime.compat import meta_device
 with meta_device():
     from transformers import LlamaConfig, LlamaForSequenceClassification
     config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -195,7 +197,7 @@ def test_profiler_events_give_their_input_dtypes():
 
 
 def test_nothing_but_the_shim_calls_torch_2_13_names():
-    """Every call of the 2.13 names in minddp, its tests and notebooks goes through minddp.compat."""
+    """Every call of the 2.13 names in minddp, its tests and notebooks goes through minddp.runtime.compat."""
     direct = re.compile(r"\b(dist|distributed)\.(all_gather_single|reduce_scatter_single)\s*\(")
     allowed = {ROOT / "minddp" / "compat.py"}
     files = [*(ROOT / "minddp").rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "notebooks").glob("*.py"),

@@ -26,9 +26,9 @@ import torch.distributed as dist
 
 from minddp import launch
 from minddp.comm.link import LinkSpec
-from minddp.model.compute import ComputeProfile, plan_for, synthesize
-from minddp.model.step import Message, StepProfile, predict
-from minddp.model.trace import step_profiles
+from minddp.costmodel.compute import ComputeProfile, plan_for, synthesize
+from minddp.costmodel.step import Message, StepProfile, predict
+from minddp.costmodel.trace import step_profiles
 
 MS = 1e-3
 #: 1 MB/s, no latency: a 2-rank all_reduce of n kB takes n ms (2(N-1)/N = 1).
@@ -146,7 +146,7 @@ def _cp(params, ready=None, **kw) -> ComputeProfile:
 def _plans_on_rank():
     from minddp.ddp.plan import plan_from_order
     from minddp.ladder import build_stage
-    from minddp.model.compute import zero1_gather_plan
+    from minddp.costmodel.compute import zero1_gather_plan
     from minddp.sharding import ZeroRedundancyOptimizer
     out = {}
     for cap in (0.01, 0.3, 1.0):
@@ -185,7 +185,7 @@ def test_the_model_plans_the_buckets_the_stages_build():
 
 
 def test_auto_picks_one_bucket_when_messages_are_dear_and_small_ones_when_bytes_are():
-    from minddp.model.auto import NEAR, best_cap
+    from minddp.costmodel.auto import NEAR, best_cap
     params = list(_net().parameters())
     cp = _cp(params)
     costly_messages = LinkSpec("far", bandwidth=1e12, latency=0.02)          # 20 ms a hop, bytes free
@@ -217,7 +217,7 @@ def test_the_sharded_steps_built_from_timings_follow_their_rules():
     zero1: ddp's all_reduces (p0's, at 20, waited at once: 1 ms), the optimizer's 2 ms, then one all-gather
     of both (2 MB: 1 ms) waited at once. Step 22 + 2 = 24.
     """
-    from minddp.model.compute import zero1_gather_plan
+    from minddp.costmodel.compute import zero1_gather_plan
     cp = ComputeProfile(nbytes=[1_000_000, 1_000_000], forward=10 * MS, backward=10 * MS, ready=[10 * MS, 5 * MS],
                         optimizer=4 * MS, used=[0.0, 5 * MS])
     fast = LinkSpec("fast", bandwidth=1e9, latency=0.0)
@@ -290,10 +290,10 @@ CLOCK_SLACK_S = 200e-6
 def _lateness_spread(path: str) -> list[float]:
     """Per profiled step: Σ over its messages of |that delivery's lateness − the step's median lateness|.
 
-    The replay (:func:`~minddp.model.step.predict`) delivers every message at
+    The replay (:func:`~minddp.costmodel.step.predict`) delivers every message at
     ``max(modeled end, real end) + late`` with one ``late`` per step (the
     median); the link delivered message ``i`` at ``max(modeled end, real end) + late_i``
-    (``late_i`` as :mod:`minddp.model.trace` step 4 reads it). Everything else
+    (``late_i`` as :mod:`minddp.costmodel.trace` step 4 reads it). Everything else
     the replay uses (compute between events, hand-overs, wait points, the
     NIC's schedule, the real collectives' ends) is read from the same trace.
     The replay is a max-plus recurrence, so moving each delivery by
@@ -302,7 +302,7 @@ def _lateness_spread(path: str) -> list[float]:
     """
     from minddp.analysis.events import read_trace
     from minddp.analysis.steps import end_of, step_windows
-    from minddp.model.trace import _match_real
+    from minddp.costmodel.trace import _match_real
     events = read_trace(path, dist.get_rank()).events
     transfers = sorted((e for e in events if e["name"].startswith("minddp.link:")), key=lambda e: e["args"]["seq"])
     comm = {e["tid"] for e in events if e["name"].startswith(("gloo:", "minddp.link:"))}
@@ -361,8 +361,8 @@ def _replay_on_rank(folder: str, stages) -> dict:
     from minddp.comm.link import Link
     from minddp.comm.wire import Wire
     from minddp.ladder import make_optimizer, wrap
-    from minddp.loop import train_step
-    from minddp.profiling import StepProfiler
+    from minddp.ladder.loop import train_step
+    from minddp.runtime.profiling import StepProfiler
     from minddp.analysis.events import read_trace
     from minddp.analysis.steps import step_windows
     out = {}
@@ -433,9 +433,9 @@ def test_the_sharded_stages_are_replayed_from_the_waits_the_link_notes(tmp_path)
 # -- the user's path: train with a link and an auto cap, then ask the model about other links ---------------
 
 def test_train_with_a_link_and_an_auto_cap_then_predict_from_its_traces(tmp_path):
-    from minddp import train
+    from minddp.train.run import run as train
     from minddp.analysis import analyze_run
-    from minddp.model.predict import predict_run
+    from minddp.costmodel.predict import predict_run
     rc = train.main(["--stage", "bucket-async,zero2", "--steps", "2", "--profile-steps", "1", "--link", "100mbit",
                      "--bucket-cap-mb", "auto", "--batch-size", "4", "--grad-accum", "2", "--max-seq-len", "32",
                      "--eval-examples", "16", "--no-progress", "--trace-dir", str(tmp_path), "--run-name", "r"])
@@ -457,7 +457,7 @@ def test_train_with_a_link_and_an_auto_cap_then_predict_from_its_traces(tmp_path
 
 
 def test_auto_says_the_cap_is_unused_by_a_stage_that_does_not_bucket():
-    from minddp.model.auto import choose_bucket_cap
+    from minddp.costmodel.auto import choose_bucket_cap
     said = []
     for stage, why in (("fsdp", "per unit"), ("hook-async", "one message per gradient")):
         cap, line = choose_bucket_cap(_net(), stage, iter([]), None, None, "cpu", say=said.append)

@@ -21,7 +21,7 @@ from minddp import DistributedDataParallel, launch
 from minddp.collectives import TRANSPORTS
 from minddp.comm.default_hooks import allreduce_hook
 from minddp.comm.wire import Wire
-from minddp.loop import train_step
+from minddp.ladder.loop import train_step
 
 STEPS = 4
 ROWS = 4        # rows per rank per micro-batch

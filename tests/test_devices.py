@@ -1,6 +1,6 @@
 """The device rule (docs/devices.md), on the CPU: where ranks compute, how they talk, where messages live.
 
-1. :func:`minddp.device.choose` on machines faked by their GPU count: NCCL with a GPU per rank, ranks
+1. :func:`minddp.runtime.device.choose` on machines faked by their GPU count: NCCL with a GPU per rank, ranks
    sharing the GPUs over gloo when they outnumber them, gloo on the CPU without one, NCCL refused
    without a GPU per rank; each choice says why in one line.
 2. A group's backend string says which device types it serves; bookkeeping messages go to the CPU
@@ -22,8 +22,9 @@ import torch
 import torch.distributed as dist
 
 import toy_models
-from minddp import device, launch
-from minddp.device import Placement, choose, parse_backend
+from minddp.runtime import device
+from minddp import launch
+from minddp.runtime.device import Placement, choose, parse_backend
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -135,7 +136,7 @@ def unplaced_tensors(path: pathlib.Path) -> list[str]:
 def test_every_tensor_minddp_sends_is_built_on_a_stated_device():
     """The GPU run died in ParameterUse.check (a CPU mask all_gathered in an NCCL group); the rule:
     a function that issues a collective states the device of every tensor it builds (the rank's,
-    :func:`minddp.device.message_device`, or the CPU where its group is gloo's by construction)."""
+    :func:`minddp.runtime.device.message_device`, or the CPU where its group is gloo's by construction)."""
     files = sorted((ROOT / "minddp").rglob("*.py")) + sorted((ROOT / "notebooks").glob("*.py"))
     assert len(files) > 50
     offenders = [where for path in files for where in unplaced_tensors(path)]
@@ -167,7 +168,7 @@ class PerDeviceGloo(Placement):
 
 def _train_in_per_device_group(stages):
     from minddp.ladder import build_stage, make_optimizer
-    from minddp.loop import train_step
+    from minddp.ladder.loop import train_step
     assert dist.get_backend() == "cpu:gloo,cuda:gloo"
     rank, world = dist.get_rank(), dist.get_world_size()
     out = {}
@@ -205,7 +206,7 @@ def test_stages_train_in_a_group_with_a_backend_per_device_type():
 
 # --------------------------------------------------------------------------- the GPU preset
 def test_the_gpu_preset_is_smollm2_360m_built_offline():
-    from minddp.models import build_model, count_parameters
+    from minddp.train.models import build_model, count_parameters
     with torch.device("meta"):
         model = build_model("smollm2-360m", vocab_size=400, pad_token_id=0, seed=1)
     c = model.config

@@ -179,7 +179,7 @@ def test_the_fp16_verdict_ignores_the_model_answers_own_error_and_judges_bytes_b
 def test_the_bytes_on_the_wire_are_counted_at_the_call_whatever_the_backend_thread_does():
     """SentBytes counts what a collective sends when it is called (the profiler's gloo range, on gloo's own
     thread, could still be open when wait() returned: 0 bytes then, on a fast machine)."""
-    from minddp.launch import launch
+    from minddp.runtime.launch import launch
     assert launch(_sent_on_rank, world_size=2, timeout_s=120) == [(2000 + 4000 + 8, ["float16", "float32",
                                                                                       "int64"])] * 2
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from minddp import launch
-from minddp.device import choose
+from minddp.runtime.device import choose
 from minddp.doctor import check_rank
 from minddp.ladder import STAGES
 
@@ -30,7 +30,7 @@ def auto_choice(monkeypatch):
 
 
 def _every_rung(placement_device_type):
-    from minddp.device import current_device
+    from minddp.runtime.device import current_device
     assert current_device().type == placement_device_type
     return check_rank([*STAGES, "torch"])
 

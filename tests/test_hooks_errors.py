@@ -12,7 +12,7 @@ import torch.distributed as dist
 from minddp import launch
 from minddp.comm import GradBucket, PowerSGDState, hook_names, make_hook
 from minddp.comm.default_hooks import allreduce_hook
-from minddp.launch import RankError
+from minddp.runtime.launch import RankError
 
 from test_hooks_support import batch, fresh, loss_fn, make_model, wrap
 

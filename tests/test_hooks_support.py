@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-from minddp.loop import train_step
+from minddp.ladder.loop import train_step
 from minddp.ladder import build_stage
 
 IN, HID1, HID2, OUT = 16, 32, 24, 8

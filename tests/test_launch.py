@@ -133,9 +133,9 @@ STOP_AT_ANY_MOMENT = """
 import json, os, signal, sys, threading, time
 import torch, torch.distributed as dist
 from minddp import launch
-from minddp.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
-from minddp.launch import report_step
-from minddp.processes import Stopped, alive, stop_signals
+from minddp.train.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
+from minddp.runtime.launch import report_step
+from minddp.runtime.processes import Stopped, alive, stop_signals
 
 def train_and_save(folder):
     path = os.path.join(folder, f"rank{dist.get_rank()}.pid")
@@ -232,7 +232,7 @@ def test_ctrl_c_sigterm_and_sighup_at_any_moment_end_the_ranks_every_time(tmp_pa
 
 STOP_SIGNAL_RULES = """
 import json, os, signal, time
-from minddp.processes import Stopped, stop_signals, stops_deferred
+from minddp.runtime.processes import Stopped, stop_signals, stops_deferred
 
 def send(sig):
     os.kill(os.getpid(), sig)
@@ -323,7 +323,7 @@ def test_joins_a_torchrun_job_again_and_again(tmp_path):
 def train_and_drop_a_temporary(_):
     """A hook stage on a transformers model (its import pins groups: see leave_group), and, last, an
     all_reduce of a tensor Python drops at once: what made a gloo thread abort the process at exit."""
-    from minddp.models import build_model
+    from minddp.train.models import build_model
     from minddp.ladder import build_stage
 
     model = build_stage("bucket-async", build_model("tiny-llama", 50, 0, seed=0))
@@ -371,7 +371,7 @@ def callbacks_hold_the_group(rounds):
     reference, the thread would join itself and abort the rank ("Resource
     deadlock avoided"): a comm hook's state in a closure did this to a test.
     """
-    from minddp.launch import join_group, leave_group
+    from minddp.runtime.launch import join_group, leave_group
     rank, world, port = dist.get_rank(), dist.get_world_size(), int(os.environ["MASTER_PORT"])
     for i in range(rounds):
         group = dist.group.WORLD
@@ -391,7 +391,7 @@ def test_leaving_a_group_while_its_threads_still_hold_callbacks_does_not_abort()
 
 
 def stuck_after(steps):
-    from minddp.launch import report_step
+    from minddp.runtime.launch import report_step
     for step in range(steps):
         report_step(step)
         time.sleep(0.5)
@@ -399,7 +399,7 @@ def stuck_after(steps):
 
 
 def keeps_reporting(steps):
-    from minddp.launch import report_step
+    from minddp.runtime.launch import report_step
     for step in range(steps):
         report_step(step)
         time.sleep(0.5)

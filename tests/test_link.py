@@ -66,7 +66,7 @@ def test_presets_and_custom_links_parse():
 
 
 def test_train_options_name_the_bad_link():
-    from minddp.config import ConfigError, parse_args
+    from minddp.train.config import ConfigError, parse_args
     assert parse_args(["--link", "1gbit", "--bucket-cap-mb", "auto"]).bucket_cap_mb == "auto"
     with pytest.raises(ConfigError, match="--link: unknown link 'fast'"):
         parse_args(["--link", "fast"])
@@ -179,7 +179,7 @@ class _CountingLink(Link):
 
 def _train(stage: str, link, python_hook: bool = False) -> list[torch.Tensor]:
     from minddp.ladder import make_optimizer, wrap
-    from minddp.loop import train_step
+    from minddp.ladder.loop import train_step
     model = _model()
     wrapped = wrap(stage, model, bucket_cap_mb=0.001, link=link, python_hook=python_hook)
     optimizer = make_optimizer(stage, model, torch.optim.SGD, link=link, lr=0.1)   # ZeRO-1's all-gathers ride it too
@@ -263,9 +263,9 @@ def _on_ranks() -> dict:
     import tempfile
     from minddp.analysis import cpu
     from minddp.analysis.events import read_trace
-    from minddp.profiling import StepProfiler
+    from minddp.runtime.profiling import StepProfiler
     from minddp.ladder import wrap
-    from minddp.loop import train_step
+    from minddp.ladder.loop import train_step
     model = _model()
     traced = Link("1gbit")
     wrapped = wrap("bucket-async", model, bucket_cap_mb=0.001, link=traced)

@@ -15,7 +15,7 @@ import pytest
 
 from minddp.notebook import CellError, Cluster
 from minddp.notebook.display import render_text
-from minddp.processes import alive as _alive
+from minddp.runtime.processes import alive as _alive
 
 from processes import descendants
 

@@ -50,7 +50,7 @@ reaches is counted wherever it lives), and neither does splitting a function.
   it ``fsdp.py`` (units, the saved-tensor notes, prefetch, the per-unit
   autograd function, no_sync, whole tensors in and out: about 300).
 
-Every budget then took the torch-release shim the path reaches (``minddp.compat``: 3 lines per
+Every budget then took the torch-release shim the path reaches (``minddp.runtime.compat``: 3 lines per
 collective, torch's names and behaviour for them from 2.6 to 2.15, plus its import): +4 for the
 broadcast every stage starts with, +7 for ``zero2`` and ``fsdp`` (the broadcast and the all-gather).
 
@@ -73,13 +73,13 @@ import torch
 import minddp
 from minddp import ZeroRedundancyOptimizer, launch
 from minddp.ladder import SHARDED_OPTIMIZER, STAGES, build_stage, make_optimizer
-from minddp.loop import train_step
+from minddp.ladder.loop import train_step
 
 PACKAGE = os.path.dirname(minddp.__file__)
 # ddp +25 and zero1 +25 (its reader reads ddp): the device rule's bookkeeping on the group's device, the
 # gradient-penalty fix (an autograd.grad that reaches no parameter ends no reduction) and no Python hook per
 # parameter in a no_sync backward; zero2 +5 and fsdp +10: which backend carries a reduce-scatter (device.py);
-# and the torch-release shim (minddp.compat) on every path, as the docstring says.
+# and the torch-release shim (minddp.runtime.compat) on every path, as the docstring says.
 BUDGETS = {"simple": 166, "ga": 186, "hook": 216, "hook-async": 231, "bucket": 281, "bucket-async": 301,
            "ddp": 589, "zero1": 789, "zero2": 472, "fsdp": 457}
 TEACHING = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]

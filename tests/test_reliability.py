@@ -22,8 +22,8 @@ from torch import nn
 from minddp import RankError, launch
 from minddp.comm.default_hooks import allreduce_hook, fp16_compress_hook
 from minddp.comm.registry import make_hook
-from minddp.launch import report_step
-from minddp.loop import train_step
+from minddp.runtime.launch import report_step
+from minddp.ladder.loop import train_step
 from minddp.ladder import STAGES, build_stage
 from processes import run_torchrun
 
@@ -132,8 +132,8 @@ def test_a_failing_rank_ends_the_run_naming_rank_and_step_and_leaves_nothing(whe
 
 def kill_rank1_at_step2(cfg, stage, data, folder):
     """train_rank, with rank 1 SIGKILLed in the middle of its third step."""
-    import minddp.loop
-    real, calls = minddp.loop.train_step, []
+    import minddp.ladder.loop
+    real, calls = minddp.ladder.loop.train_step, []
 
     def train_step(*args):
         calls.append(1)
@@ -141,14 +141,14 @@ def kill_rank1_at_step2(cfg, stage, data, folder):
             os.kill(os.getpid(), signal.SIGKILL)
         return real(*args)
 
-    minddp.loop.train_step = train_step
-    from minddp.train import train_rank
+    minddp.ladder.loop.train_step = train_step
+    from minddp.train.run import train_rank
     return train_rank(cfg, stage, data, folder)
 
 
 @pytest.mark.timeout(150)
 def test_train_cli_reports_a_killed_rank_in_one_line_with_exit_1(monkeypatch, capsys, tmp_path):
-    from minddp import train
+    from minddp.train.run import run as train
     real_launch = train.launch
     monkeypatch.setattr(train, "launch", lambda fn, *a, **k: real_launch(kill_rank1_at_step2, *a, **k))
     start = time.monotonic()

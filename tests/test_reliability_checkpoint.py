@@ -23,8 +23,9 @@ import torch.distributed as dist
 from torch import nn
 
 from cli_checks import usage_error
-from minddp import RankError, launch, train
-from minddp.checkpoint import CheckpointError, atomic_write, load_checkpoint, read_checkpoint, save_checkpoint
+from minddp import RankError, launch
+from minddp.train.run import run as train
+from minddp.train.checkpoint import CheckpointError, atomic_write, load_checkpoint, read_checkpoint, save_checkpoint
 
 STAGE = "bucket-async"
 COMMON = ["--stage", STAGE, "--steps", "6", "--save-every", "3", "--no-profile", "--batch-size", "4",
@@ -38,7 +39,7 @@ def _sha(path) -> str:
 
 def die_during_second_save(cfg, stage, data, folder, note):
     """train_rank, but rank 0 SIGKILLs itself half-way through writing its second checkpoint."""
-    import minddp.checkpoint as ckpt
+    import minddp.train.checkpoint as ckpt
     saves = []
 
     def write_half_then_die(f, data):
@@ -184,7 +185,7 @@ def test_corrupt_truncated_foreign_and_other_model_files_are_refused(runs, tmp_p
 
 
 def test_an_exception_during_a_write_keeps_the_old_file_and_leaves_no_litter(tmp_path, monkeypatch):
-    import minddp.checkpoint as ckpt
+    import minddp.train.checkpoint as ckpt
     path = tmp_path / "x.pt"
     atomic_write(b"old and good", str(path))
 
@@ -209,7 +210,7 @@ def save_and_load_on_ranks(path):
     expected = torch.rand(3)
     torch.manual_seed(999)
     ckpt = load_checkpoint(path, model=model, config={"world_size": 2}, rank=dist.get_rank())
-    from minddp.checkpoint import restore
+    from minddp.train.checkpoint import restore
     restore(ckpt, optimizer=opt)
     return ckpt["step"], ckpt["rank"]["losses"], torch.equal(torch.rand(3), expected)
 

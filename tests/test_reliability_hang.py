@@ -22,12 +22,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from minddp import RankError, launch, train
-from minddp.hang import BEAT_S, Beat, Detector
-from minddp.launch import report_step
+from minddp import RankError, launch
+
+from minddp.train.run import run as train
+from minddp.runtime.hang import BEAT_S, Beat, Detector
+from minddp.runtime.launch import report_step
 from processes import descendants, run_torchrun
 from rank_faults import train_rank_with_fault
-from minddp.processes import alive
+from minddp.runtime.processes import alive
 
 HANG_S = 4.0
 TIMEOUT_S = 120     # the collective timeout: the runs must end long before it
@@ -165,7 +167,7 @@ import os, signal, sys, time
 sys.path.insert(0, {tests!r})
 import torch, torch.distributed as dist
 from minddp import launch
-from minddp.launch import report_step
+from minddp.runtime.launch import report_step
 
 def job(folder, mode):
     with open(os.path.join(folder, f"rank{{dist.get_rank()}}.pid"), "w") as f:

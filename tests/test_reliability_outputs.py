@@ -26,7 +26,7 @@ import pytest
 import torch.distributed as dist
 
 from cli_checks import usage_error
-from minddp import train
+from minddp.train.run import run as train
 
 TESTS = os.path.dirname(__file__)
 SMALL = ["--stage", "bucket-async", "--batch-size", "2", "--grad-accum", "1", "--max-seq-len", "16",
@@ -107,15 +107,15 @@ def test_a_read_only_folder_is_refused_before_any_rank(tmp_path, capsys, monkeyp
 # -- before any rank: room --------------------------------------------------------------------------
 
 def test_outputs_that_will_not_fit_are_refused_naming_both_figures(tmp_path, capsys, monkeypatch):
-    import minddp.outputs
+    import minddp.train.outputs
     free = {"bytes": 3 * 2 ** 20}
     monkeypatch.setattr(train, "launch", _no_launch)
-    monkeypatch.setattr(minddp.outputs, "free_bytes", lambda folder: free["bytes"])
+    monkeypatch.setattr(minddp.train.outputs, "free_bytes", lambda folder: free["bytes"])
     argv = SMALL + ["--steps", "10", "--profile-steps", "5", "--no-trace-gzip", "--trace-dir", str(tmp_path)]
     assert train.main(argv) == 2
     err = usage_error(capsys.readouterr().err, "train", "not enough free space: --trace-dir will need about")
     need = float(err.split("need about ")[1].split(" MiB")[0])
-    # the estimate (minddp.outputs.trace_bytes) is of the size such traces really have: 2 ranks x about 8.7 MB
+    # the estimate (minddp.train.outputs.trace_bytes) is of the size such traces really have: 2 ranks x about 8.7 MB
     # for 5 profiled steps of tiny-llama (measured), not a guess off by orders of magnitude
     assert 10 < need < 40 and "which has 3.0 MiB free" in err
     # with room for it, the same run passes the checks and reaches the launcher
@@ -152,7 +152,7 @@ def fill_disk(filler):
 FILL_DRIVER = """
 import json, os, sys
 sys.path.insert(0, {tests!r})
-from minddp import train
+from minddp.train.run import run as train
 import test_reliability_outputs as t
 from rank_faults import train_rank_with_fault
 

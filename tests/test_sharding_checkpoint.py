@@ -17,9 +17,10 @@ import torch
 import torch.distributed as dist
 
 import toy_models
-from minddp import launch, train
+from minddp import launch
+from minddp.train.run import run as train
 from minddp.ladder import make_optimizer, wrap
-from minddp.loop import train_step
+from minddp.ladder.loop import train_step
 from minddp.sharding import checkpoint as sharded_checkpoint
 from minddp.sharding.shards import chunk_range
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from minddp import launch
-from minddp.sharding.memory import STAGES, formula_bytes, measure_rank
+from minddp.bench.memory import measure_rank
+from minddp.sharding.memory import STAGES, formula_bytes
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"{w}ranks")

@@ -40,8 +40,8 @@ from minddp.analysis.cpu import bucket_timeline, rank_intervals
 from minddp.analysis.events import read_trace
 from minddp.comm.link import Link, LinkSpec
 from minddp.ladder import make_optimizer, wrap
-from minddp.loop import train_step
-from minddp.profiling import StepProfiler, trace_path, write_json
+from minddp.ladder.loop import train_step
+from minddp.runtime.profiling import StepProfiler, trace_path, write_json
 
 STEPS = 3
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear")

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import toy_models
 from minddp import FullyShardedDataParallel, launch
 from minddp.ladder import build_stage
-from minddp.loop import train_step
+from minddp.ladder.loop import train_step
 from minddp.sharding.fsdp import blocks_of
 from minddp.sharding.shards import chunk_range, chunk_size
 
@@ -247,6 +247,6 @@ def test_sharded_stages_take_the_reduce_scatter_form_of_each_stateless_hook(runs
 
 
 def test_a_hook_without_a_reduce_scatter_form_is_refused_before_any_rank(capsys):
-    from minddp import train
+    from minddp.train.run import run as train
     assert train.main(["--stage", "fsdp", "--hook", "powersgd", "--steps", "1"]) == 2
     assert "has no reduce-scatter form" in capsys.readouterr().err

@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 
 import toy_models
-from minddp import compat, launch
+from minddp.runtime import compat
+from minddp import launch
 
 STEPS, ROWS = 3, 4
 

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 import toy_models
 from minddp import DistributedDataParallel, ZeroRedundancyOptimizer, launch
 from minddp.ladder import build_stage
-from minddp.loop import train_step
+from minddp.ladder.loop import train_step
 from minddp.sharding.memory import optimizer_state_bytes
 
 STEPS, ROWS = 4, 4
@@ -69,7 +69,7 @@ def train(model_name: str, opt_name: str, wrapper: str, accum: int = 1, zero: st
 
 def balance(model_name: str) -> list[int]:
     """AdamW state bytes each rank holds after one step of an offline model (every gradient zero)."""
-    from minddp.models import build_model
+    from minddp.train.models import build_model
     model = build_model(model_name, vocab_size=92, pad_token_id=0, seed=0)   # the offline data's vocabulary
     optimizer = ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)
     for p in model.parameters():

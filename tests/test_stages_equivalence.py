@@ -20,7 +20,7 @@ import toy_models
 from minddp import launch
 from minddp.comm.default_hooks import allreduce_hook
 from minddp.comm.wire import Traffic, Wire
-from minddp.loop import train_step
+from minddp.ladder.loop import train_step
 from minddp.ladder import STAGES, build_stage
 from minddp.stages import plan_buckets
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from minddp import train
-from minddp.config import stage_choices
-from minddp.data import ShardSampler
+from minddp.train.run import run as train
+from minddp.train.config import stage_choices
+from minddp.train.data import ShardSampler
 from cli_checks import usage_error
 from processes import run_torchrun
 
@@ -228,7 +228,7 @@ def _torch_powersgd_with_two_buckets():
 def test_torch_stage_skips_only_hooks_torch_cannot_run_here():
     """The skip reasons are torch's real failures: its powerSGD_hook with several buckets on gloo dies."""
     from minddp import RankError
-    from minddp.launch import launch
+    from minddp.runtime.launch import launch
 
     assert train.torch_hook_unavailable("powersgd", "gloo", 0.1).endswith("to compare with it")
     assert train.torch_hook_unavailable("powersgd", "gloo", 25) is None

@@ -35,7 +35,7 @@ and its overlap is NaN. The same quantities are there in the CPU events:
    call). Each ``minddp.all_gather_launch#<i>`` range (a sharded stage
    gathering unit or bucket ``i``) is a row too, its ``c10d::_allgather_base_``
    matched the same way to its ``gloo:all_gather``;
-6. **phases** of a step of :func:`minddp.loop.train_step`: each
+6. **phases** of a step of :func:`minddp.ladder.loop.train_step`: each
    ``minddp.forward_backward`` range is a micro-batch; its *backward* runs
    from the first to the last ``autograd::engine::evaluate_function`` event
    inside it (a comm hook that blocks runs inside those nodes, so it makes

@@ -11,7 +11,7 @@ not to the profiler):
 2. its **bytes** are those of the backend's own range (``gloo:all_reduce`` on
    CPU, ``nccl:all_reduce`` on GPU), ``numel × element size`` from the shapes
    and dtypes ``record_shapes=True`` stores, as in :mod:`~minddp.analysis.steps`;
-3. for one step of :func:`minddp.loop.train_step` (:func:`step_view`): a
+3. for one step of :func:`minddp.ladder.loop.train_step` (:func:`step_view`): a
    micro-batch is a ``minddp.forward_backward`` range, its **backward** the
    span from the first to the last ``autograd::engine::evaluate_function``
    inside it (a comm hook that blocks runs inside those nodes, so it makes
@@ -39,7 +39,7 @@ import math
 
 import torch
 
-from minddp import compat
+from minddp.runtime import compat
 from minddp.analysis.steps import ELEMENT_SIZE
 
 CALL = "c10d::allreduce_"
@@ -50,7 +50,7 @@ GATHER_RANGES = ("gloo:all_gather", "nccl:all_gather")
 
 def profiler(record_shapes: bool = True) -> torch.profiler.profile:
     """A CPU profiler for counting (no memory, no stacks: as light as the profiler gets)."""
-    from minddp.profiling import quiet_kineto
+    from minddp.runtime.profiling import quiet_kineto
     quiet_kineto()
     return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=record_shapes)
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 
 from minddp.bench.configs import SHARDED_BENCH, TORCH_SHARDED, VARIANTS, bench_configs
-from minddp.cli import Parser, UsageError, fail, number
-from minddp.bench.report import markdown_table, pool, summarize, write_outputs
+from minddp.runtime.cli import Parser, UsageError, fail, number
+from minddp.bench.report import machine, markdown_table, pool, summarize, write_outputs
 from minddp.bench.targets import check_targets, targets_markdown
 
 PROG = "minddp.bench"
@@ -58,7 +57,7 @@ def _ddp_ladder() -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from minddp.config import TrainConfig, field_option, stage_list
+    from minddp.train.config import TrainConfig, field_option, stage_list
     p = Parser(prog="python -m minddp.bench", usage="python -m minddp.bench [--stage NAME[,...]] [--quick] [options]",
                examples=EXAMPLES,
                description="Benchmark every minddp stage against torch's DDP and the no-communication limit. Bad "
@@ -126,7 +125,7 @@ def _choice(choices: list[str]):
 
 def parse(argv: list[str] | None):
     """The bench options, and the train command's config for model, data and settings."""
-    from minddp.config import ConfigError, parse_args
+    from minddp.train.config import ConfigError, parse_args
     ns = build_parser().parse_args(argv)
     if ns.old_steps is not None:
         raise UsageError("--steps is the train command's optimizer steps per stage; the benchmark's timed steps "
@@ -163,7 +162,7 @@ def parse(argv: list[str] | None):
                          "the benchmark compares fixed caps: give a number of MiB")
     import torch
 
-    from minddp import compat
+    from minddp.runtime import compat
     if "torch-fsdp" in stages and not compat.TORCH_FULLY_SHARD_ON_CPU and not torch.cuda.is_available():
         raise UsageError(f"--stage torch-fsdp: torch {torch.__version__}'s fully_shard has no CPU path "
                          "(torch.cpu.Stream.record_event); run it on a GPU or with torch 2.13 or later")
@@ -177,13 +176,6 @@ def parse(argv: list[str] | None):
 def launch_shares(rounds: int, launches: int) -> list[int]:
     """``rounds`` shared out over ``launches`` as evenly as they go (10 over 3: 4, 3, 3)."""
     return [rounds // launches + (1 if i < rounds % launches else 0) for i in range(launches)]
-
-
-def machine() -> str:
-    import torch
-    cpu = platform.processor() or platform.machine()
-    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
-    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores ({cpu}){gpu}; torch {torch.__version__}"
 
 
 def pool_main(folders: list[str], out: str | None) -> int:
@@ -229,12 +221,12 @@ def main(argv: list[str] | None = None) -> int:
         from minddp.bench.overhead import main as overhead_main
         return overhead_main(args[1:])
     from minddp.bench.worker import bench_rank
-    from minddp.config import ConfigError
-    from minddp.data import DataError
-    from minddp.hang import DEFAULT_HANG_S
-    from minddp.launch import RankError, launch
-    from minddp.outputs import Outputs
-    from minddp.train import prepare
+    from minddp.train.config import ConfigError
+    from minddp.train.data import DataError
+    from minddp.runtime.hang import DEFAULT_HANG_S
+    from minddp.runtime.launch import RankError, launch
+    from minddp.train.outputs import Outputs
+    from minddp.train.run import prepare
     try:
         ns, cfg, configs = parse(argv)                                                     # step 1
         if ns.pool:

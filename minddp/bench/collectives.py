@@ -55,9 +55,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from minddp import compat
-from minddp.cli import Parser, UsageError
-from minddp.device import current_device, message_device, synchronize
+from minddp.runtime import compat
+from minddp.runtime.cli import Parser, UsageError
+from minddp.runtime.device import current_device, message_device, synchronize
 
 PROG = "minddp.bench collectives"
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
@@ -263,10 +263,10 @@ def save_table(out: str, stem: str, rows: list[dict], text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from minddp.bench.__main__ import machine
+    from minddp.bench.report import machine
     from minddp.collectives import TRANSPORTS
     from minddp.comm.link import parse_links
-    from minddp.launch import RankError, launch
+    from minddp.runtime.launch import RankError, launch
     p = Parser(prog="python -m minddp.bench collectives", description=__doc__.split("\n")[0])
     p.add_argument("--links", default="1gbit", help="comma list of emulated links to measure besides gloo (presets, or bandwidth,latency such as "
                    "100mbit,2ms; 'none': gloo only)")

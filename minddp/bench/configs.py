@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from minddp.config import TrainConfig
+from minddp.train.config import TrainConfig
 
 #: Variants beyond plain averaging. ``noop`` applies to every stage; ``pyhook`` to torch only (minddp's
 #: default already is a Python hook); the others compare ``ddp`` with torch.

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minddp.cli import Parser, UsageError, fail, number
+from minddp.runtime.cli import Parser, UsageError, fail, number
 
 PROG = "minddp.bench overhead"
 
@@ -77,7 +77,7 @@ def _stages() -> list[str]:
 
 def measure_rank(names: list[str], blocks: int, width: int, accum: int, steps: int, warmup: int) -> dict:
     """Steps 2-3 on this rank: ``{name: {"no_sync": [s, ...], "sync": [s, ...]}}`` of thread CPU seconds."""
-    from minddp.device import current_device, synchronize
+    from minddp.runtime.device import current_device, synchronize
     device = current_device()
     rank = dist.get_rank()
     # One intra-op thread: these ops are too small to split, and a thread pool's spinning at its barriers
@@ -167,9 +167,9 @@ def _num(value, pm=None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from minddp.bench.__main__ import machine
+    from minddp.bench.report import machine
     from minddp.bench.collectives import save_table
-    from minddp.launch import RankError, launch
+    from minddp.runtime.launch import RankError, launch
     p = Parser(prog="python -m minddp.bench overhead", description=__doc__.split("\n")[0],
                usage="python -m minddp.bench overhead [--stage NAME[,...]] [--blocks N] [--world-size N[,...]] "
                      "[options]")

@@ -48,6 +48,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import platform
 import statistics
 
 COLUMNS = ["config", "stage", "hook", "median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "steps", "train_cpu_ms",
@@ -334,3 +335,11 @@ def plot(rows: list[dict], path: str, meta: dict) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def machine() -> str:
+    """The machine a benchmark ran on, in one line (system, CPU cores, GPU, torch release)."""
+    import torch
+    cpu = platform.processor() or platform.machine()
+    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores ({cpu}){gpu}; torch {torch.__version__}"

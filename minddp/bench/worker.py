@@ -6,7 +6,7 @@
 2. **rounds**: in each round the configurations take turns *step by step*:
    every configuration runs one step, then every configuration runs the
    next, ``warmup`` untimed steps and then ``steps`` timed ones
-   (:func:`minddp.loop.train_step`, the loop the train command uses), the
+   (:func:`minddp.ladder.loop.train_step`, the loop the train command uses), the
    ranks meeting at a barrier before each step. Two configurations being
    compared are thus measured within a second of each other, on the same
    batch (every configuration reads the same data stream); the machine's
@@ -51,8 +51,8 @@ import torch
 import torch.distributed as dist
 
 from minddp.bench.configs import BenchConfig, optimizer, wrap
-from minddp.config import TrainConfig
-from minddp.data import PreparedData, step_batches
+from minddp.train.config import TrainConfig
+from minddp.train.data import PreparedData, step_batches
 
 
 def _loss(model, batch):
@@ -90,9 +90,9 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
     """
     from minddp.comm.link import Link
     from minddp.comm.wire import Traffic, Wire
-    from minddp.device import current_device, synchronize
-    from minddp.loop import train_step
-    from minddp.models import build_model
+    from minddp.runtime.device import current_device, synchronize
+    from minddp.ladder.loop import train_step
+    from minddp.train.models import build_model
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device = current_device()
@@ -147,7 +147,7 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
             if config.torch_cpp_default:
                 # torch's C++ default averages without a Python call to meter: count from the trace
                 from minddp.analysis import trace_traffic
-                from minddp.profiling import trace_path
+                from minddp.runtime.profiling import trace_path
                 rec.setdefault("trace_traffic", []).append(trace_traffic(trace_path(folder, rank), rank))
     if trace_dir is not None and profile_steps and measure_memory:
         for config in configs:                                                              # step 4
@@ -166,7 +166,7 @@ def profiled_overlap(step, profile_steps: int, folder: str, rank: int, device: t
     With a link, its transfers are written into the trace first, so they count as communication.
     """
     from minddp.analysis import overlap_parts
-    from minddp.profiling import StepProfiler
+    from minddp.runtime.profiling import StepProfiler
     # No memory events here: overlap needs only the time ranges, and step 4 measures memory on its own.
     with StepProfiler(folder, rank, 1 + profile_steps, profile_steps, cuda=device.type == "cuda",
                       memory=False) as prof:
@@ -191,7 +191,7 @@ def fresh_peak_bytes(build, one_step, steps: int, folder: str, rank: int, device
     from torch.profiler import ProfilerActivity, profile
 
     from minddp.bench.report import max_total_allocated
-    from minddp.profiling import quiet_kineto
+    from minddp.runtime.profiling import quiet_kineto
     quiet_kineto()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

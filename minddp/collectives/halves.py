@@ -10,7 +10,7 @@ notebook 06's exercise:
 3. ``all_gather_single``: every rank's piece, back into the padded buffer;
 4. copy the sum (padding cut) into the tensor.
 
-Both collectives come from :mod:`minddp.compat`, which calls torch's name for
+Both collectives come from :mod:`minddp.runtime.compat`, which calls torch's name for
 them (``all_gather_into_tensor`` / ``reduce_scatter_tensor`` before torch 2.13).
 
 Example::
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from minddp.compat import all_gather_single, reduce_scatter_single
+from minddp.runtime.compat import all_gather_single, reduce_scatter_single
 
 
 def halves_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup) -> None:

@@ -15,7 +15,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from minddp.device import staged
+from minddp.runtime.device import staged
 
 
 def peer(group: dist.ProcessGroup, group_rank: int) -> int:

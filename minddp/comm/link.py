@@ -70,7 +70,7 @@ was handed over. :mod:`minddp.analysis` counts those ranges as
 communication, like gloo's. A message's Future also notes when the training
 thread first waited on it (``waited_ts``; absent if it was only waited on
 through a chained Future, as the averaging hooks' ``then``): where a stage
-needed it back, which :mod:`minddp.model.trace` reads), and a marker range
+needed it back, which :mod:`minddp.costmodel.trace` reads), and a marker range
 ``minddp.link_wait#<n>`` on the waiting thread at that moment: with the
 ``link_send`` marker, the order of a message's hand-over, the compute that
 ran meanwhile and its first wait, all on the training thread's own clock.

@@ -41,8 +41,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from minddp import compat
-from minddp.device import backends_by_device
+from minddp.runtime import compat
+from minddp.runtime.device import backends_by_device
 
 #: ``transport(tensor, group)`` sums ``tensor`` in place across ``group`` and returns when done. A
 #: transport that also has ``reduce_scatter(output, input, group)`` and ``all_gather(output, input, group)``

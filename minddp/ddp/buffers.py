@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from minddp import compat
+from minddp.runtime import compat
 
 
 @torch.no_grad()

@@ -41,12 +41,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from minddp import compat
+from minddp.runtime import compat
 from minddp.comm.wire import resolve_group
 from minddp.ddp.buffers import broadcast_coalesced
 from minddp.ddp.join import ShadowingJoinHook, highest_rank
 from minddp.ddp.reducer import Reducer
-from minddp.envflags import env_flag
+from minddp.runtime.envflags import env_flag
+from minddp.runtime.nested import map_tensors
 from minddp.stages.checks import check_same_model
 from minddp.stages.grad_accum import GradAccumDDP
 
@@ -172,7 +173,7 @@ class DistributedDataParallel(nn.Module, Joinable):
                             group=self.process_group)
         self.require_forward_param_sync = will_sync   # torch's rule: next forward broadcasts only after a sync
         if self.device_ids:
-            inputs, kwargs = _to_device((inputs, kwargs), self._device)
+            inputs, kwargs = map_tensors(lambda t: t.to(self._device, non_blocking=True), (inputs, kwargs))
         outputs = self.module(*inputs, **kwargs)
         if will_sync:
             reducer.prepare_for_backward(outputs)
@@ -263,14 +264,3 @@ def _check_devices(module: nn.Module, device_ids, output_device) -> torch.device
             raise ValueError(f"device_ids must be the one device the module is on ([{device}]), got {device_ids}: "
                              "move the module to this rank's GPU first (module.to(local_rank))")
     return device
-
-
-def _to_device(obj, device: torch.device):
-    """Tensors in nested tuples/lists/dicts moved to ``device`` (torch's DDP moves inputs to device_ids[0])."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device, non_blocking=True)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_device(x, device) for x in obj)
-    if isinstance(obj, dict):
-        return {k: _to_device(v, device) for k, v in obj.items()}
-    return obj

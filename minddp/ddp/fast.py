@@ -39,7 +39,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from minddp import compat
+from minddp.runtime import compat
 from minddp.comm.wire import Wire
 
 try:    # the same named range as torch.profiler.record_function, entered and left in C++

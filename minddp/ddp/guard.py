@@ -52,7 +52,7 @@ def describe_hook_state(state) -> str | None:
     return f"{cls.__name__}({shown})"
 
 
-def _gather(value, group: dist.ProcessGroup) -> list:
+def _all_gather_object(value, group: dist.ProcessGroup) -> list:
     everyone: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, value, group=group)
     return everyone
@@ -60,7 +60,7 @@ def _gather(value, group: dist.ProcessGroup) -> list:
 
 def check_same_settings(settings: dict, group: dist.ProcessGroup) -> None:
     """Step 1: raise on every rank unless all ranks send gradients with the same settings."""
-    everyone = _gather(settings, group)
+    everyone = _all_gather_object(settings, group)
     diffs = [f"{key}: rank {rank} has {theirs[key]!r}, rank 0 has {everyone[0][key]!r}"
              for rank, theirs in enumerate(everyone[1:], start=1) for key in settings
              if theirs.get(key) != everyone[0].get(key)]
@@ -79,7 +79,7 @@ def fingerprint(plan: list[list[int]], sizes: list[int], launched: list[int]) ->
 def check_consistency(plan: list[list[int]], sizes: list[int], launched: list[int], names: list[str],
                       group: dist.ProcessGroup) -> None:
     """Step 2: all_gather this step's fingerprint; raise on every rank if any rank differs from rank 0."""
-    everyone = _gather(fingerprint(plan, sizes, launched), group)
+    everyone = _all_gather_object(fingerprint(plan, sizes, launched), group)
     reference = everyone[0]
     diffs = []
     for rank, theirs in enumerate(everyone):

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import JoinHook
 
-from minddp import compat
+from minddp.runtime import compat
 
 
 class ShadowingJoinHook(JoinHook):

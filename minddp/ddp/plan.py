@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from minddp.device import message_device
+from minddp.runtime.device import message_device
 
 from minddp.stages.bucket_plan import plan_buckets
 

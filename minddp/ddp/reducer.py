@@ -62,8 +62,8 @@ from minddp.comm.wire import Wire
 from minddp.ddp.fast import BucketLayout, builtin_average, named_range
 from minddp.ddp.guard import check_consistency, check_same_settings, describe_hook_state, finite_check
 from minddp.ddp.plan import agree_on_order, plan_first_iteration_like_torch, plan_from_order
-from minddp.device import message_device
-from minddp.graph import parameters_reached, tensors_in
+from minddp.runtime.device import message_device
+from minddp.stages.graph import parameters_reached, tensors_in
 
 
 class Progress:

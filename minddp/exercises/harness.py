@@ -16,7 +16,7 @@ For a stage (:func:`check_stage_on_rank`):
    every rank and wrap it in the learner's stage; every rank must then hold
    rank 0's parameters and buffers (the broadcast);
 3. **steps**: ``steps`` optimizer steps of ``accum`` micro-batches, driven as
-   :func:`minddp.loop.train_step` drives every stage (``no_sync()`` for all
+   :func:`minddp.ladder.loop.train_step` drives every stage (``no_sync()`` for all
    but the last micro-batch where the stage has it). Before each step the
    checker computes, from a plain copy of the learner's current parameters,
    each rank's gradient of each micro-batch and their average over ranks;
@@ -176,7 +176,7 @@ def count_collectives(prof, names: list[str]) -> dict:
 
 # ------------------------------------------------------------------------------------------ one step
 def run_step(model: nn.Module, optimizer, module: nn.Module, micro, progress: Progress, step: int) -> dict:
-    """Step 3: one optimizer step as :func:`minddp.loop.train_step` drives any stage, profiled.
+    """Step 3: one optimizer step as :func:`minddp.ladder.loop.train_step` drives any stage, profiled.
 
     Returns the gradients after finish, and the all_reduce calls started in
     each range (``backward1``..``backwardK``, ``finish1``..).

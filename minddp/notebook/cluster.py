@@ -54,9 +54,9 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from minddp.device import choose
-from minddp.launch import RankError, open_store
-from minddp.processes import end_processes, rank_context
+from minddp.runtime.device import choose
+from minddp.runtime.launch import RankError, open_store
+from minddp.runtime.processes import end_processes, rank_context
 from minddp.notebook.worker import worker_main
 
 
@@ -108,7 +108,7 @@ class CellError(RankError):
 class Cluster:
     """``world_size`` persistent local ranks with ``torch.distributed`` initialised.
 
-    ``backend`` and ``timeout_s`` mean what they mean for :func:`minddp.launch.launch`
+    ``backend`` and ``timeout_s`` mean what they mean for :func:`minddp.runtime.launch.launch`
     (``auto``: gloo on CPU, NCCL with a GPU per rank, ranks sharing GPUs over gloo). ``grace_s`` and
     ``release_s`` pace step 3 of the module docstring.
     """
@@ -118,7 +118,7 @@ class Cluster:
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
         self.world_size = world_size
-        self.placement = choose(backend, local_world_size=world_size)   # the launcher's rule (minddp.device)
+        self.placement = choose(backend, local_world_size=world_size)   # the launcher's rule (minddp.runtime.device)
         self.backend = self.placement.backend
         self.timeout_s = timeout_s
         self.grace_s, self.release_s, self.start_timeout_s = grace_s, release_s, start_timeout_s
@@ -216,7 +216,7 @@ class Cluster:
         self._cell += 1
         for rank in selected:
             self._commands[rank].put(("run", self._cell, body))
-        outputs = self._gather(self._cell, selected, timeout_s, on_stream)
+        outputs = self._collect_replies(self._cell, selected, timeout_s, on_stream)
         # Root causes first (RankError.rank is the first entry), released ranks after.
         failed = {o.rank: o for o in sorted(outputs, key=lambda o: (o.note is not None, o.rank)) if not o.ok}
         if (failed or self._aborted) and not any(o.exc_type == "Restarted" for o in outputs):
@@ -235,7 +235,7 @@ class Cluster:
             raise ValueError(f"ranks must be integers in 0..{self.world_size - 1}, got {list(ranks)!r}")
         return selected
 
-    def _gather(self, cell_id: int, selected: list[int], timeout_s: float | None,
+    def _collect_replies(self, cell_id: int, selected: list[int], timeout_s: float | None,
                 on_stream: Callable[[int, str, str], None] | None = None) -> list[RankOutput]:
         """Steps 2 and 3: one report per selected rank, releasing stuck ranks after a failure."""
         outputs: dict[int, RankOutput] = {}

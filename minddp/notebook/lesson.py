@@ -4,8 +4,8 @@ Every notebook trains the same thing, so that a number in one notebook means
 what it means in the next:
 
 * **workload**: the offline ``small-llama`` preset (a 5 M-parameter Llama
-  sequence classifier, :func:`minddp.models.build_model`) on the offline
-  paraphrase task (:func:`minddp.data.prepare_data`), 16 examples per rank
+  sequence classifier, :func:`minddp.train.models.build_model`) on the offline
+  paraphrase task (:func:`minddp.train.data.prepare_data`), 16 examples per rank
   per micro-batch (the benchmark's ``small`` preset). On a CPU core its
   forward and backward take hundreds of milliseconds, so computation
   dominates a step, as it does in real training, and the stages differ in
@@ -28,7 +28,7 @@ between cells. Three ways to look at it:
    starting every step together, for a few rounds; a step's time is its
    slowest rank's. Taking turns keeps a machine whose speed drifts from
    deciding a comparison;
-3. :meth:`Trainee.profile`: steps under :class:`minddp.profiling.StepProfiler`,
+3. :meth:`Trainee.profile`: steps under :class:`minddp.runtime.profiling.StepProfiler`,
    traces written where :func:`minddp.analysis.analyze_run` reads them.
 
 :func:`say` and friends turn the results into sentences, so that the
@@ -53,7 +53,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from minddp.device import current_device, message_device
+from minddp.runtime.device import current_device, message_device
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Where notebook runs write their traces (``traces/`` is ignored by git).
@@ -80,15 +80,15 @@ SETTINGS = Settings()
 @functools.lru_cache(maxsize=1)
 def data():
     """The tokenized task (built once per process; deterministic, so every rank builds the same)."""
-    from minddp.data import prepare_data
+    from minddp.train.data import prepare_data
     return prepare_data("synthetic", model=SETTINGS.model, seed=SETTINGS.seed, max_seq_len=SETTINGS.max_seq_len,
                         say=lambda *_: None)
 
 
 def make_model(seed: int | None = None) -> torch.nn.Module:
     """The same weights in every process that passes the same seed (default: the settings' seed), on this
-    rank's device (:func:`minddp.device.current_device`: a GPU where the ranks have one, else the CPU)."""
-    from minddp.models import build_model
+    rank's device (:func:`minddp.runtime.device.current_device`: a GPU where the ranks have one, else the CPU)."""
+    from minddp.train.models import build_model
     d = data()
     return build_model(SETTINGS.model, vocab_size=d.vocab_size, pad_token_id=d.pad_token_id,
                        seed=SETTINGS.seed if seed is None else seed).to(current_device())
@@ -96,7 +96,7 @@ def make_model(seed: int | None = None) -> torch.nn.Module:
 
 def describe() -> str:
     """The workload and settings in one sentence, from the objects themselves."""
-    from minddp.models import count_parameters
+    from minddp.train.models import count_parameters
     model, world = make_model(), dist.get_world_size() if dist.is_initialized() else 1
     tensors = sum(1 for p in model.parameters() if p.requires_grad)
     per_step = SETTINGS.batch_size * SETTINGS.grad_accum * world
@@ -110,7 +110,7 @@ def describe() -> str:
 def step_batches(whole: bool = False):
     """This rank's micro-batches, step after step, on this rank's device; ``whole=True``: the global batch
     (every rank's shard)."""
-    from minddp.data import step_batches as batches
+    from minddp.train.data import step_batches as batches
     rank, world = dist.get_rank(), dist.get_world_size()
     d = data()
     if whole:
@@ -161,7 +161,7 @@ class Trainee:
             self.step()
 
     def step(self, watch=None, measure: bool = True) -> float:
-        """One optimizer step (:func:`minddp.loop.train_step`); returns the slowest rank's wall time, ms.
+        """One optimizer step (:func:`minddp.ladder.loop.train_step`); returns the slowest rank's wall time, ms.
 
         ``watch``: a context manager (a profiler) around the training step
         only. ``measure=False`` leaves out what measures the step (a barrier
@@ -169,7 +169,7 @@ class Trainee:
         whole in a trace; its loss is then this rank's own, and it returns
         this rank's time.
         """
-        from minddp.loop import train_step
+        from minddp.ladder.loop import train_step
         self.traffic.reset()
         batch = next(self.batches)
         if measure:
@@ -199,7 +199,7 @@ class Trainee:
     def profile(self, trace_dir, steps: int = 1) -> Path:
         """Step 3: one profiler warm-up step, then ``steps`` recorded ones; the trace of this rank goes to
         ``trace_dir/<stage>/rank<r>.pt.trace.json`` (rank 0 writes ``config.json`` beside it)."""
-        from minddp.profiling import StepProfiler, write_json
+        from minddp.runtime.profiling import StepProfiler, write_json
         folder = Path(trace_dir) / self.stage
         dist.barrier()              # ranks that never talk (single) still start together: their traces overlap
         with StepProfiler(str(folder), dist.get_rank(), 1 + steps, active=steps, memory=False) as prof:

@@ -1,10 +1,10 @@
 """One persistent rank of a notebook cluster: wait for a cell, run it, report, repeat.
 
-:func:`minddp.launch.launch` runs one function per rank and ends the ranks.
+:func:`minddp.runtime.launch.launch` runs one function per rank and ends the ranks.
 A notebook needs ranks that *stay*, so that ``model`` built in one cell is
 still there in the next. Each worker is a process that:
 
-1. joins the default process group through :func:`minddp.launch.join_group`
+1. joins the default process group through :func:`minddp.runtime.launch.join_group`
    (same rendezvous, backend and timeout as every other minddp entry point)
    and fills a namespace with ``torch``, ``dist``, ``rank``, ``world_size``
    and ``device``, like the blog's nbdistributed cells;
@@ -44,7 +44,7 @@ import threading
 import traceback
 from typing import Any, Callable
 
-from minddp.processes import HELPER_BLOCKED, watch_parent
+from minddp.runtime.processes import HELPER_BLOCKED, watch_parent
 
 #: matplotlib backend for ranks: draws off-screen; ``plt.show()`` keeps the figure for the report.
 MPL_BACKEND = "module://minddp.notebook.mpl_backend"
@@ -64,7 +64,7 @@ def worker_main(rank, world_size, port, placement, timeout_s, parent_pid, parent
     import torch
     import torch.distributed as dist
 
-    from minddp.launch import join_group, leave_group
+    from minddp.runtime.launch import join_group, leave_group
 
     # Step 1: join and prepare the namespace the cells see.
     generation = 0

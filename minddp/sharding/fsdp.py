@@ -45,7 +45,7 @@ A backward inside ``no_sync()`` keeps each unit's full gradients (in the
 master dtype) instead of reducing them; the next synced backward reduces the
 sum. :meth:`full_parameters`, :meth:`full_state_dict` and
 :meth:`load_full_state_dict` move whole tensors in and out;
-:mod:`minddp.sharding.checkpoint` saves the shards as they are.
+:mod:`minddp.train.sharded_checkpoint` saves the shards as they are.
 
 Example::
 
@@ -66,7 +66,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minddp import compat
+from minddp.runtime import compat
+from minddp.runtime.nested import map_tensors
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
 from minddp.comm.wire import Wire
@@ -231,7 +232,8 @@ class FullyShardedDataParallel(nn.Module):
         self.sync_this_backward = self.require_backward_grad_sync
         self.seen_order = []
         if self.compute_dtype is not None:           # floating inputs compute in the compute dtype too
-            inputs, kwargs = _cast_floats((inputs, kwargs), self.compute_dtype)
+            cast = lambda t: t.to(self.compute_dtype) if t.is_floating_point() else t  # noqa: E731
+            inputs, kwargs = map_tensors(cast, (inputs, kwargs))
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack), self._replicated_in_compute_dtype():
             outputs = self.module(*inputs, **kwargs)
         if self.seen_order:
@@ -437,14 +439,3 @@ class FullyShardedDataParallel(nn.Module):
                 tensor.copy_(state_dict[name].reshape(-1)[start:end])
             else:
                 tensor.copy_(state_dict[name])
-
-
-def _cast_floats(obj, dtype: torch.dtype):
-    """Floating-point tensors in nested tuples/lists/dicts cast to ``dtype``; everything else as it is."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(dtype) if obj.is_floating_point() else obj
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_cast_floats(x, dtype) for x in obj)
-    if isinstance(obj, dict):
-        return {k: _cast_floats(v, dtype) for k, v in obj.items()}
-    return obj

@@ -11,7 +11,7 @@ or none). Every tensor is cut, not just the concatenation of all of them, so:
 2. **the same chunks as torch's DTensor** ``Shard(0)`` of the flattened
    tensor, so a rank's chunk *is* a local shard that
    ``torch.distributed.checkpoint`` can save at one world size and load at
-   another (:mod:`minddp.sharding.checkpoint`);
+   another (:mod:`minddp.train.sharded_checkpoint`);
 3. **rank-major buffers**: a collective that moves the chunks of several
    tensors at once needs each rank's chunks back to back
    (:func:`pack_rank_major`: all of rank 0's chunks, then all of rank 1's...),

@@ -39,7 +39,7 @@ The optimizer's state can be saved as torch saves any optimizer's:
 :meth:`consolidate_state_dict` gathers it onto one rank, where
 :meth:`state_dict` returns exactly what an unsharded ``optimizer_class`` would
 (it loads into one, and back into a ZeRO-1 optimizer of any world size with
-:meth:`load_state_dict`). :mod:`minddp.sharding.checkpoint` saves it sharded.
+:meth:`load_state_dict`). :mod:`minddp.train.sharded_checkpoint` saves it sharded.
 
 Example::
 

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minddp.graph import parameters_reached
+from minddp.stages.graph import parameters_reached
 
 
 def check_same_model(module: nn.Module, group: dist.ProcessGroup | None) -> None:

@@ -19,7 +19,7 @@ every rank's optimizer takes the same step.
 
 Nothing overlaps: all communication starts after backward has ended. And
 nothing can be skipped: with several micro-batches per optimizer step, this
-stage syncs after every backward (:func:`minddp.loop.train_step` does so for a
+stage syncs after every backward (:func:`minddp.ladder.loop.train_step` does so for a
 wrapper without ``no_sync()``). Later stages change *when* and *how much* is
 sent, never *what*.
 
@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minddp import compat
+from minddp.runtime import compat
 from minddp.comm.default_hooks import allreduce_hook
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send

@@ -5,8 +5,8 @@ import sys
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"validate": "minddp.model.validate", "project": "minddp.model.project",
-                "predict": "minddp.model.predict"}
+    commands = {"validate": "minddp.costmodel.validate", "project": "minddp.costmodel.project",
+                "predict": "minddp.costmodel.predict"}
     if not argv or argv[0] not in commands:
         print(f"usage: python -m minddp.model {{{','.join(commands)}}} [options]   (--help after one for its options)",
               file=sys.stderr)

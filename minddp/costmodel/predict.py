@@ -6,7 +6,7 @@ Profile once on the machine at hand, ask about the network you do not have::
     $ python -m minddp.model predict traces/<run> --links 100mbit,1gbit,10gbit --ranks 2,8
 
 For each stage folder of the run and each rank's trace, every profiled step
-becomes a :class:`~minddp.model.step.StepProfile` (:mod:`minddp.model.trace`);
+becomes a :class:`~minddp.costmodel.step.StepProfile` (:mod:`minddp.costmodel.trace`);
 the table gives, per stage, the profiled step (median over steps, mean over
 ranks) and the median predicted step, exposed communication and overlap on
 each link, at the run's rank count and at each ``--ranks`` (the same
@@ -21,8 +21,8 @@ import json
 import sys
 from pathlib import Path
 
-from minddp.model.step import predict
-from minddp.model.trace import ProfileError, step_profiles
+from minddp.costmodel.step import predict
+from minddp.costmodel.trace import ProfileError, step_profiles
 
 
 def predict_run(run: Path, links: list[str], ranks: list[int], real_network: bool) -> list[dict]:
@@ -49,7 +49,7 @@ def predict_run(run: Path, links: list[str], ranks: list[int], real_network: boo
 
 
 def main(argv: list[str]) -> int:
-    from minddp.cli import Parser
+    from minddp.runtime.cli import Parser
     from minddp.comm.link import parse_links
     p = Parser(prog="python -m minddp.model predict", description=__doc__.split("\n")[0])
     p.add_argument("run", help="a run folder written by python -m minddp.train --link ... (traces/<run>)")

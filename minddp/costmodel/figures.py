@@ -13,7 +13,7 @@ Two figures, each from a run folder written by
 
 Example (a notebook cell)::
 
-    >>> from minddp.model.figures import ladder_on_link, predicted_ladder
+    >>> from minddp.costmodel.figures import ladder_on_link, predicted_ladder
     >>> ladder_on_link("traces/story-100mbit")
     >>> predicted_ladder("traces/story-100mbit", links=["100mbit", "1gbit", "10gbit"])
 """
@@ -62,7 +62,7 @@ def predicted_ladder(run, links: list[str], ax=None):
     """Predicted step per stage on each link (from the run's profiled steps), and the run's own. Returns the figure."""
     import matplotlib.pyplot as plt
 
-    from minddp.model.predict import predict_run
+    from minddp.costmodel.predict import predict_run
     run = Path(run)
     rows = predict_run(run, links, [], real_network=False)
     stages = list(dict.fromkeys(r["stage"] for r in rows))

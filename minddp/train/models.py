@@ -46,7 +46,7 @@ import os
 import torch
 from torch import nn
 
-from minddp.hub import hub_reachable, is_local_path
+from minddp.train.hub import hub_reachable, is_local_path
 
 #: The offline default: a Llama with the shape of SmolLM2, scaled down to CPU size.
 TINY_LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

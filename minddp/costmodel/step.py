@@ -53,14 +53,14 @@ from dataclasses import dataclass, field, replace
 from minddp.analysis import metrics
 from minddp.comm.link import LinkSpec, parse_link
 
-#: The stages the model builds from a compute profile (:func:`minddp.model.compute.synthesize`: the bucket
+#: The stages the model builds from a compute profile (:func:`minddp.costmodel.compute.synthesize`: the bucket
 #: what-if, ``auto``, the projections), and how each waits for its gradients' messages: "now" (right after
 #: sending) or "later" (a wait point after backward).
 WAITS = {"simple": "now", "ga": "now", "hook": "now", "bucket": "now",
          "hook-async": "later", "bucket-async": "later", "ddp": "later", "torch": "later",
          "zero1": "later", "zero2": "later"}
 
-#: Stages the model reads from a profiled step (:mod:`minddp.model.trace`): those, and ``fsdp``, whose
+#: Stages the model reads from a profiled step (:mod:`minddp.costmodel.trace`): those, and ``fsdp``, whose
 #: messages follow its units; a sharded stage's trace shows where each of its messages was waited for.
 TRACED_WAITS = {**WAITS, "fsdp": "later"}
 

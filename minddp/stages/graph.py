@@ -18,23 +18,9 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-import torch
-
-
-def tensors_in(obj: Any) -> list[torch.Tensor]:
-    """Every tensor inside a forward's output (tensors, tuples, lists, dicts, dataclasses)."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):             # before dataclasses: ModelOutput is both, its dict view is the truth
-        return [t for item in obj.values() for t in tensors_in(item)]
-    if isinstance(obj, (list, tuple)):
-        return [t for item in obj for t in tensors_in(item)]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return [t for f in dataclasses.fields(obj) for t in tensors_in(getattr(obj, f.name))]
-    return []
+from minddp.runtime.nested import tensors_in
 
 
 def parameters_reached(outputs: Any) -> set[int]:

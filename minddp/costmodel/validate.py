@@ -10,15 +10,15 @@ world size (one launch of that many ranks), inside every rank:
    whose link can be swapped between steps. Every step trains on the same
    micro-batches (the run's first step), so that batch lengths do not vary
    between what is profiled and what is measured;
-2. **auto**: probe the bare model (:func:`~minddp.model.compute.probe`) and,
-   for each link, let :func:`~minddp.model.auto.best_cap` pick a cap for
+2. **auto**: probe the bare model (:func:`~minddp.costmodel.compute.probe`) and,
+   for each link, let :func:`~minddp.costmodel.auto.best_cap` pick a cap for
    ``bucket-async`` (and ``zero2`` when it is swept); rank 0's picks are
    broadcast and built as extra configurations, each measured on the link it
    was picked for;
 3. **profile** each configuration for a few steps on the ``loopback`` link
    (no emulated delay: this machine's own network), under a light profiler
-   (CPU ranges only), and read a :class:`~minddp.model.step.StepProfile` per
-   profiled step from the trace (:mod:`minddp.model.trace`): what the model
+   (CPU ranges only), and read a :class:`~minddp.costmodel.step.StepProfile` per
+   profiled step from the trace (:mod:`minddp.costmodel.trace`): what the model
    starts from;
 4. **measure**, without the profiler: rounds in which every configuration,
    in a shuffled order, runs one step on each link in turn (``loopback`` and
@@ -67,7 +67,7 @@ import torch
 import torch.distributed as dist
 
 from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER
-from minddp.model.auto import BUCKETED
+from minddp.costmodel.auto import BUCKETED
 
 STAGES = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async", "ddp", "torch"]
 #: Also read from traces (``--stages zero1,zero2,fsdp``); not in the default sweep, whose figures the docs quote.
@@ -85,13 +85,13 @@ def validate_rank(cfg, data, stages: list[str], caps: list[float], links: list[s
     """Steps 1-4 on one rank; returns profiles, measured times and the auto picks."""
     from minddp.comm.link import Link
     from minddp.comm.wire import Wire
-    from minddp.data import step_batches
+    from minddp.train.data import step_batches
     from minddp.ladder import make_optimizer, wrap
-    from minddp.loop import train_step
-    from minddp.model.auto import best_cap
-    from minddp.model.compute import plan_for, probe
-    from minddp.model.trace import step_profiles
-    from minddp.models import build_model
+    from minddp.ladder.loop import train_step
+    from minddp.costmodel.auto import best_cap
+    from minddp.costmodel.compute import plan_for, probe
+    from minddp.costmodel.trace import step_profiles
+    from minddp.train.models import build_model
 
     rank, world = dist.get_rank(), dist.get_world_size()
     wires = {name: Link(name) for name in ["loopback", *links]}       # this rank's NIC, one per link
@@ -178,7 +178,7 @@ def validate_rank(cfg, data, stages: list[str], caps: list[float], links: list[s
 def _profiled(step, active: int, path: str) -> None:
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from minddp.profiling import quiet_kineto
+    from minddp.runtime.profiling import quiet_kineto
     quiet_kineto()
     with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=active, repeat=1),
                  on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
@@ -201,7 +201,7 @@ def overhead_factors(rank: dict, calibration: str) -> dict[str, float]:
     each configuration alone (``config``: its own profiled and plain steps, what
     a user has), each stage over its caps, or the whole launch.
     """
-    from minddp.model.step import predict
+    from minddp.costmodel.step import predict
     group, found = CALIBRATIONS[calibration], {}
     for name, profiles in rank["profiles"].items():
         home = statistics.median(rank["times"][f"{name}|loopback"])
@@ -212,7 +212,7 @@ def overhead_factors(rank: dict, calibration: str) -> dict[str, float]:
 
 def compare(per_world: dict[int, list[dict]], links: list[str], calibration: str = "config") -> list[dict]:
     """Step 5: one row per (configuration, link, ranks)."""
-    from minddp.model.step import predict
+    from minddp.costmodel.step import predict
     rows, group = [], CALIBRATIONS[calibration]
     for world, ranks in sorted(per_world.items()):
         factors = [overhead_factors(rank, calibration) for rank in ranks]
@@ -323,9 +323,9 @@ def plots(rows: list[dict], per_world: dict[int, list[dict]], links: list[str], 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from minddp.model.auto import CANDIDATES
-    from minddp.model.compute import plan_for, synthesize
-    from minddp.model.step import predict
+    from minddp.costmodel.auto import CANDIDATES
+    from minddp.costmodel.compute import plan_for, synthesize
+    from minddp.costmodel.step import predict
     paths = []
     fig, ax = plt.subplots(figsize=(6, 6))
     for link, marker in zip(["loopback", *links], "osD^v<>"):
@@ -380,11 +380,11 @@ def plots(rows: list[dict], per_world: dict[int, list[dict]], links: list[str], 
 
 
 def main(argv: list[str]) -> int:
-    from minddp.bench.__main__ import machine
-    from minddp.cli import Parser, UsageError
-    from minddp.config import parse_args
-    from minddp.launch import RankError, launch
-    from minddp.train import prepare
+    from minddp.bench.report import machine
+    from minddp.runtime.cli import Parser, UsageError
+    from minddp.train.config import parse_args
+    from minddp.runtime.launch import RankError, launch
+    from minddp.train.run import prepare
     p = Parser(prog="python -m minddp.model validate", description=__doc__.split("\n")[0])
     p.add_argument("--world-sizes", default="2,3,4", help="comma list of rank counts, one launch each")
     p.add_argument("--links", default="100mbit,1gbit,10gbit", help="comma list of links to predict and measure (presets, or bandwidth,latency such as 100mbit,2ms)")

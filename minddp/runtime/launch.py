@@ -9,19 +9,19 @@ that ``torch.distributed`` is initialised:
    guessed port, so two launches never collide).
 2. It starts one child process per rank. Each child joins the store, builds
    the process group (gloo on CPU, NCCL with one GPU per rank, chosen once in
-   :mod:`minddp.device`) and calls ``fn(*args, **kwargs)``.
+   :mod:`minddp.runtime.device`) and calls ``fn(*args, **kwargs)``.
 3. Each child sends back its result, or its exception with the traceback, and
    destroys its process group whatever happened.
 4. The parent gathers the results in rank order. When a rank fails or dies,
    the parent gives the other ranks a moment to report, then ends the ranks it
    started, by their process ids, and raises :class:`RankError` naming the rank.
-   Meanwhile every rank beats into the store (:mod:`minddp.hang`), so that a
+   Meanwhile every rank beats into the store (:mod:`minddp.runtime.hang`), so that a
    rank that stops while the others wait for it is named within ``hang_s``
    seconds, not after the collective timeout.
 5. The ranks do not outlive the parent. Ctrl-C, SIGTERM (``timeout``, a job
    scheduler, ``kill``) and SIGHUP (the terminal closed) make the parent end
    its ranks by pid at once, then say so in one line, and exit with status
-   130, 143 or 129 (:func:`minddp.processes.stop_signals`). The ranks ignore
+   130, 143 or 129 (:func:`minddp.runtime.processes.stop_signals`). The ranks ignore
    Ctrl-C, which a terminal sends to them too: the parent alone decides how
    the run ends, and it ends them before it prints anything, since a print
    can block (a stderr pipe that nobody reads yet). Each rank also watches
@@ -64,10 +64,10 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from minddp import compat, hang
-from minddp.cli import fresh_line
-from minddp.device import DEFAULT_TIMEOUT_S, Placement, choose, timeout_delta, use
-from minddp.processes import (HELPER_BLOCKED, Stopped, end_processes, rank_context, say_safely, stop_reason,
+from minddp.runtime import compat, hang
+from minddp.runtime.cli import fresh_line
+from minddp.runtime.device import DEFAULT_TIMEOUT_S, Placement, choose, timeout_delta, use
+from minddp.runtime.processes import (HELPER_BLOCKED, Stopped, end_processes, rank_context, say_safely, stop_reason,
                               stop_signals, stops_deferred, watch_parent)
 
 try:  # before any group exists, so that its default arguments stay None (see leave_group)
@@ -92,7 +92,7 @@ class RankError(RuntimeError):
         self.errors = dict(errors)
         self.exc_types = dict(exc_types)
         self.steps = dict(steps or {})
-        # The cause first: a rank that died, then one the hang detector named (minddp.hang), then one
+        # The cause first: a rank that died, then one the hang detector named (minddp.runtime.hang), then one
         # that raised, before ranks whose collective broke because of it (their reports may arrive first).
         order = list(errors)
 
@@ -133,7 +133,7 @@ def report_step(step: int) -> None:
     """Announce that this rank is now at ``step`` (cheap: one small message to the launcher's store).
 
     When a rank dies or raises, :class:`RankError` then says at which step;
-    the hang detector (:mod:`minddp.hang`) names a rank that stopped, with its
+    the hang detector (:mod:`minddp.runtime.hang`) names a rank that stopped, with its
     step, and arms its *behind* rule once every rank has announced one;
     under torchrun the failing rank's exception gets a note naming it.
 
@@ -169,14 +169,14 @@ def launch(
 
     ``fn`` must be importable by name (a module-level function), because each
     rank is a fresh process. ``timeout_s`` bounds every collective (see
-    :data:`minddp.device.DEFAULT_TIMEOUT_S`). ``stall_s`` is a last line of
+    :data:`minddp.runtime.device.DEFAULT_TIMEOUT_S`). ``stall_s`` is a last line of
     defence for waits the collective timeout does not cover (torch's own
     comm-hook callbacks can deadlock inside ``backward()``): when no rank has
     announced a new step (:func:`report_step`) or launched a collective for
     that long, the ranks are ended and :class:`RankError` says they hung. Off
     by default, since a function that never reports a step may legitimately
     run long. ``hang_s`` bounds how long one rank may stop while the others
-    wait for it (:mod:`minddp.hang`: frozen, or behind in a collective it has
+    wait for it (:mod:`minddp.runtime.hang`: frozen, or behind in a collective it has
     not joined): the run then ends within about ``hang_s`` + 3 s naming that
     rank and its step (``exc_type == "Hung"``). On by default (30 s,
     ``MINDDP_HANG_TIMEOUT``); ``None`` or 0 turns it off.
@@ -213,11 +213,11 @@ def launch(
                     )
                     p.start()
                     procs.append(p)
-            # Step 4: gather, watching for a hung rank (minddp.hang).
-            # (A function over `held`, not the store: the traceback of a RankError keeps _gather's
+            # Step 4: gather, watching for a hung rank (minddp.runtime.hang).
+            # (A function over `held`, not the store: the traceback of a RankError keeps _collect_results's
             # locals alive, and the store must go below, so that its port is free once launch returns.)
             held = [store]
-            out = _gather(procs, results, beats=lambda: dist.PrefixStore("minddp", held[0]),
+            out = _collect_results(procs, results, beats=lambda: dist.PrefixStore("minddp", held[0]),
                           detector=hang.Detector(hang_s, stall_s))
             ok = True
             return out
@@ -265,7 +265,7 @@ def run_in_torchrun(fn: Callable[..., Any], *args: Any, backend: str | Placement
                     hang_s: float | None = hang.DEFAULT_HANG_S, stall_s: float | None = None, **kwargs: Any) -> Any:
     """Join the job torchrun described in the environment, run ``fn``, tear down.
 
-    While ``fn`` runs, this rank beats (:mod:`minddp.hang`); ranks 0 and 1 also
+    While ``fn`` runs, this rank beats (:mod:`minddp.runtime.hang`); ranks 0 and 1 also
     watch everyone's beats and end the job naming a rank that stopped.
     """
     global _torchrun_store, _torchrun_joins
@@ -417,7 +417,7 @@ def join_group(rank: int, world_size: int, port: int, placement: Placement | str
     does this after a failed cell); :func:`launch` uses the empty prefix.
     """
     _set_rank_env(rank, world_size, port)
-    if not isinstance(placement, Placement):     # a backend name: the launcher's rule (minddp.device)
+    if not isinstance(placement, Placement):     # a backend name: the launcher's rule (minddp.runtime.device)
         placement = choose(placement, local_world_size=world_size)
     _prepare_rank(rank, world_size, placement)
     store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
@@ -443,7 +443,7 @@ def _set_rank_env(rank: int, world_size: int, port: int) -> None:
 
 
 def _child_main(payload, parent_path, rank, world_size, port, placement, timeout_s, results, launcher_pid):
-    """Step 3, inside the rank: join, run (beating: minddp.hang), report, always destroy the group."""
+    """Step 3, inside the rank: join, run (beating: minddp.runtime.hang), report, always destroy the group."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # step 5: Ctrl-C is the launcher's to handle; it ends the ranks
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)   # the process server's mask (rank_context)
     watch_parent(launcher_pid, f"minddp rank {rank}: the launcher (pid {launcher_pid}) is gone; ending this rank")  # step 5
@@ -488,8 +488,8 @@ def _steps(beats_store, ranks) -> dict[int, int]:
     return {r: b.step for r, b in beats.items() if b is not None and b.step is not None}
 
 
-def _gather(procs, results, beats=None, detector: hang.Detector | None = None, grace_s: float = 2.0) -> list[Any]:
-    """Step 4: results by rank; on a failure, the others' reports for ``grace_s``; a hung rank named (minddp.hang).
+def _collect_results(procs, results, beats=None, detector: hang.Detector | None = None, grace_s: float = 2.0) -> list[Any]:
+    """Step 4: results by rank; on a failure, the others' reports for ``grace_s``; a hung rank named (minddp.runtime.hang).
 
     ``beats()`` gives the store the ranks beat into; ``detector`` judges their beats once a second.
     """

@@ -14,7 +14,7 @@ hour. So before any rank starts, for every output the run will write
    :func:`checkpoint_bytes`) and summed per file system; when it exceeds the
    free space the run is refused, naming both figures and what to change.
 
-Every refusal is one line (a :class:`~minddp.cli.UsageError`: exit 2).
+Every refusal is one line (a :class:`~minddp.runtime.cli.UsageError`: exit 2).
 
 Example::
 
@@ -30,7 +30,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-from minddp.cli import UsageError
+from minddp.runtime.cli import UsageError
 
 MIB = 2 ** 20
 

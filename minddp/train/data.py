@@ -48,8 +48,8 @@ from typing import Iterator
 
 import torch
 
-from minddp.hub import hub_reachable, is_local_path
-from minddp.models import OFFLINE_PRESETS
+from minddp.train.hub import hub_reachable, is_local_path
+from minddp.train.models import OFFLINE_PRESETS
 
 OFFLINE_DATASET = "synthetic"
 HUB_DATASETS = {"glue/mrpc": ("nyu-mll/glue", "mrpc")}

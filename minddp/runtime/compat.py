@@ -50,7 +50,7 @@ that on 2.6 by connecting a new ``TCPStore`` client to the same host and port.
 
 Example::
 
-    >>> from minddp.compat import all_gather_single, reduce_scatter_single
+    >>> from minddp.runtime.compat import all_gather_single, reduce_scatter_single
     >>> reduce_scatter_single(piece, padded, group=group)     # piece = this rank's chunk of the sum
     >>> all_gather_single(padded, piece, group=group)         # padded = every rank's piece, in rank order
 """

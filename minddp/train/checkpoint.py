@@ -37,12 +37,14 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import random
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from minddp.runtime.nested import map_tensors
+from minddp.train.rng import rng_state, set_rng_state
 
 #: Marks the file as ours; bump when the layout changes.
 FORMAT = "minddp-checkpoint/1"
@@ -60,38 +62,9 @@ class CheckpointError(ValueError):
 
 # -- what one rank knows ----------------------------------------------------------------------------
 
-def rng_state() -> dict:
-    """Every random stream a training step can draw from, on this rank."""
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        import numpy as np
-        state["numpy"] = np.random.get_state()
-    except ImportError:  # numpy is optional for torch; nothing to save then
-        pass
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if "numpy" in state:
-        import numpy as np
-        np.random.set_state(state["numpy"])
-
-
 def _to_cpu(obj: Any) -> Any:
     """Tensors (also inside a hook state) moved to the CPU, so the file loads on any machine."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj
+    return map_tensors(lambda t: t.detach().cpu(), obj)
 
 
 def _hook_fields(hook_state: Any) -> dict | None:
@@ -123,7 +96,7 @@ def remove_stale_temporaries(path: str) -> list[str]:
     Only files whose writer is gone: a save that is still running (the pid is
     alive) keeps its file. Returns the names removed.
     """
-    from minddp.processes import alive
+    from minddp.runtime.processes import alive
     folder, prefix = os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp-"
     removed = []
     for name in os.listdir(folder) if os.path.isdir(folder) else []:
@@ -180,7 +153,7 @@ def save_checkpoint(path: str, *, model: nn.Module, optimizer: torch.optim.Optim
     else:
         shares, rank = [mine], 0
     if rank == 0:
-        from minddp.hang import alone
+        from minddp.runtime.hang import alone
         with alone("writing the checkpoint"):        # the other ranks wait at the barrier meanwhile
             payload = {"format": FORMAT, "step": step, "config": dict(config),
                        "model": _to_cpu(model.state_dict()), "optimizer": _to_cpu(optimizer.state_dict()),
@@ -197,11 +170,11 @@ def save_checkpoint(path: str, *, model: nn.Module, optimizer: torch.optim.Optim
 def read_checkpoint(path: str) -> dict:
     """The checkpoint at ``path`` as saved, or :class:`CheckpointError` saying why it cannot be used.
 
-    A folder is a sharded stage's checkpoint (:mod:`minddp.sharding.checkpoint`): its ``step`` and
+    A folder is a sharded stage's checkpoint (:mod:`minddp.train.sharded_checkpoint`): its ``step`` and
     ``config`` are read, and ``sharded`` is set (it loads at any world size).
     """
     if os.path.isdir(path):
-        from minddp.sharding.checkpoint import read_meta
+        from minddp.train.sharded_checkpoint import read_meta
         try:
             return {**read_meta(path), "sharded": True}
         except ValueError as exc:
@@ -249,7 +222,7 @@ def check_model(ckpt: dict, path: str, model: nn.Module) -> None:
 def check_shapes(ckpt: dict, path: str, here: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
     """:func:`check_model` against ``name -> (shape, dtype)`` (e.g. a model built on the meta device)."""
     if ckpt.get("sharded"):
-        from minddp.sharding.checkpoint import check_shapes as check_sharded
+        from minddp.train.sharded_checkpoint import check_shapes as check_sharded
         try:
             return check_sharded(path, here)
         except ValueError as exc:
@@ -270,7 +243,7 @@ def check_shapes(ckpt: dict, path: str, here: dict[str, tuple[tuple[int, ...], t
 def check_contents(ckpt: dict, path: str, params: int) -> None:
     """The rest of the file is whole: an optimizer state for ``params`` parameters, every rank's share readable."""
     if ckpt.get("sharded"):      # DCP checks every piece it reads at load; here: every rank's share is there
-        from minddp.sharding.checkpoint import saved_ranks
+        from minddp.train.sharded_checkpoint import saved_ranks
         missing = sorted(set(range(ckpt["world_size"])) - saved_ranks(path))
         if missing:
             raise CheckpointError(f"checkpoint {path!r} lacks the state of ranks {missing}; resume from an earlier "
@@ -315,7 +288,7 @@ def restore(ckpt: dict, *, optimizer: torch.optim.Optimizer, hook_state: Any = N
                               "--hook it was saved with")
     if fields is not None:
         group = getattr(hook_state, "process_group", None)
-        fields = {k: _to_device(v, _device_of(optimizer)) for k, v in fields.items()}
+        fields = map_tensors(lambda t: t.to(_device_of(optimizer)), fields)
         if hasattr(hook_state, "__setstate__"):
             hook_state.__setstate__(fields)
         else:
@@ -330,11 +303,3 @@ def _device_of(optimizer: torch.optim.Optimizer) -> torch.device:
         for p in group["params"]:
             return p.device
     return torch.device("cpu")
-
-
-def _to_device(obj: Any, device: torch.device) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: _to_device(v, device) for k, v in obj.items()}
-    return obj

@@ -60,7 +60,7 @@ import traceback
 from collections import deque
 from dataclasses import dataclass, field
 
-from minddp.device import env_seconds
+from minddp.runtime.device import env_seconds
 
 #: Seconds between two beats of a rank (and between two looks of the monitor).
 BEAT_S = 1.0

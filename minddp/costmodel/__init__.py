@@ -31,14 +31,14 @@ What uses it:
 
 Example::
 
-    >>> from minddp.model import predict, step_profiles
+    >>> from minddp.costmodel import predict, step_profiles
     >>> profiles = step_profiles("traces/run/bucket-async/rank0.pt.trace.json.gz", "bucket-async", world=2)
     >>> predict(profiles[0], "1gbit", world=8).row()
 """
 
-from minddp.model.compute import ComputeProfile, from_throughput, probe, synthesize
-from minddp.model.step import WAITS, Message, Prediction, StepProfile, predict
-from minddp.model.trace import ProfileError, step_profiles, typical
+from minddp.costmodel.compute import ComputeProfile, from_throughput, probe, synthesize
+from minddp.costmodel.step import WAITS, Message, Prediction, StepProfile, predict
+from minddp.costmodel.trace import ProfileError, step_profiles, typical
 
 __all__ = ["WAITS", "Message", "StepProfile", "Prediction", "predict", "ComputeProfile", "probe", "synthesize",
            "from_throughput", "ProfileError", "step_profiles", "typical"]

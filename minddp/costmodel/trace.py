@@ -1,4 +1,4 @@
-"""A :class:`~minddp.model.step.StepProfile` from a profiled step: the trace of a run with ``--link``.
+"""A :class:`~minddp.costmodel.step.StepProfile` from a profiled step: the trace of a run with ``--link``.
 
 A run with a link (any link, ``loopback`` included: it adds no delay, only
 the ranges) leaves in each rank's trace what the model needs, per profiled
@@ -20,7 +20,7 @@ From them, per step:
    and the stage stands still from there to its delivery, if later. The
    wait point is the message's first ``wait()`` where the link noted one
    (``waited_ts``: the sharded stages wait on the link's Futures
-   themselves); otherwise the stage's rule (:data:`~minddp.model.step.TRACED_WAITS`):
+   themselves); otherwise the stage's rule (:data:`~minddp.costmodel.step.TRACED_WAITS`):
    its hand-over for a stage that waits right away, and for one that waits
    later the start of ``finish_gradient_synchronization`` (for ``ddp``,
    ``zero1`` and torch's DDP, which wait at the end of backward, the end of
@@ -47,7 +47,7 @@ from pathlib import Path
 from minddp.analysis import metrics
 from minddp.analysis.events import read_trace
 from minddp.analysis.steps import bytes_of, end_of, step_windows
-from minddp.model.step import TRACED_WAITS, Message, StepProfile
+from minddp.costmodel.step import TRACED_WAITS, Message, StepProfile
 
 
 class ProfileError(ValueError):

@@ -5,14 +5,14 @@ What one run does:
 1. **validate** every option in this process, before any rank starts
    (a usage line and one error line, exit code 2): each value finite and in
    range, the outputs writable with room for what the run will write
-   (:mod:`minddp.outputs`), a ``--resume`` file read whole and checked against
+   (:mod:`minddp.train.outputs`), a ``--resume`` file read whole and checked against
    the model this run builds;
 2. **prepare** the model name (the offline default if a hub model cannot be
    had) and the data (tokenized once, here, then handed to every rank);
 3. for each stage: **launch** the ranks (``single`` is one process on the
    global batch; under ``torchrun`` this process is one rank of the job);
    each rank builds the same seeded model, wraps it in the stage, and trains
-   on its shard of every global batch with :func:`minddp.loop.train_step`,
+   on its shard of every global batch with :func:`minddp.ladder.loop.train_step`,
    under the profiler for the first steps; it then measures held-out accuracy;
 4. **report**: a summary table on rank 0, ``summary.json`` and each stage's
    ``config.json`` beside the traces, and optionally ``python -m minddp.analyze``.
@@ -40,14 +40,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minddp.cli import bar_drawn, fail, fresh_line
-from minddp.config import ConfigError, TrainConfig, build_parser, parse_args
-from minddp.data import DataError, Encoded, PreparedData, eval_batches, prepare_data, step_batches
-from minddp.device import DEFAULT_TIMEOUT_S, Placement, choose
-from minddp.hang import DEFAULT_HANG_S
-from minddp.launch import RankError, in_torchrun, launch
-from minddp.models import build_model, resolve_model
-from minddp.profiling import StepProfiler, write_json
+from minddp.runtime.cli import bar_drawn, fail, fresh_line
+from minddp.train.config import ConfigError, TrainConfig, build_parser, parse_args
+from minddp.train.data import DataError, Encoded, PreparedData, eval_batches, prepare_data, step_batches
+from minddp.runtime.device import DEFAULT_TIMEOUT_S, Placement, choose
+from minddp.runtime.hang import DEFAULT_HANG_S
+from minddp.runtime.launch import RankError, in_torchrun, launch
+from minddp.train.models import build_model, resolve_model
+from minddp.runtime.profiling import StepProfiler, write_json
 
 PROG = "minddp.train"
 
@@ -130,15 +130,15 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
     position come from the checkpoint and training goes on from its step;
     with ``--save-every N`` a checkpoint is written after every N-th step.
     """
-    from minddp import checkpoint
+    from minddp.train import checkpoint
     from minddp.collectives import TRANSPORTS
     from minddp.comm.link import Link
     from minddp.comm.wire import Traffic, Wire
-    from minddp.device import current_device, synchronize
+    from minddp.runtime.device import current_device, synchronize
     from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER, make_optimizer, wrap
-    from minddp.launch import report_step
-    from minddp.loop import train_step
-    from minddp.sharding import checkpoint as sharded_checkpoint
+    from minddp.runtime.launch import report_step
+    from minddp.ladder.loop import train_step
+    from minddp.train import sharded_checkpoint
     from minddp.sharding.memory import Probe
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -157,7 +157,7 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
     model.train()
     bucket_cap_mb, why = (None if single and cfg.bucket_cap_mb == "auto" else cfg.bucket_cap_mb), None
     if bucket_cap_mb == "auto":
-        from minddp.model.auto import choose_bucket_cap
+        from minddp.costmodel.auto import choose_bucket_cap
         bucket_cap_mb, why = choose_bucket_cap(model, stage, step_batches(data.train, batch_size, cfg.grad_accum,
                                                                            replicas, shard, cfg.seed,
                                                                            data.pad_token_id),
@@ -262,7 +262,7 @@ def run_stage(cfg: TrainConfig, stage: str, data: PreparedData, folder: str, pla
     world = 1 if stage == "single" else cfg.world_size
     # Ranks announce every step; a job with no new step for twice the collective timeout (plus a
     # minute for evaluation and saving) is hung somewhere the collective timeout cannot see. A rank
-    # that stops while the others wait is named far sooner, after --hang-timeout (minddp.hang).
+    # that stops while the others wait is named far sooner, after --hang-timeout (minddp.runtime.hang).
     timeout = DEFAULT_TIMEOUT_S if cfg.timeout is None else cfg.timeout
     hang_s = DEFAULT_HANG_S if cfg.hang_timeout is None else cfg.hang_timeout
     results = launch(train_rank, cfg, stage, data, folder, world_size=world, backend=placement,
@@ -348,8 +348,8 @@ def model_shapes(cfg: TrainConfig, data: PreparedData) -> dict[str, tuple[tuple[
     Built on the meta device (no memory, no weights read): what the resume
     check compares a checkpoint with, and what the output estimates count.
     """
-    from minddp.compat import meta_device
-    from minddp.models import DTYPES, OFFLINE_PRESETS
+    from minddp.runtime.compat import meta_device
+    from minddp.train.models import DTYPES, OFFLINE_PRESETS
     with meta_device():
         if cfg.model in OFFLINE_PRESETS:
             model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed, cfg.dtype)
@@ -363,7 +363,7 @@ def model_shapes(cfg: TrainConfig, data: PreparedData) -> dict[str, tuple[tuple[
 
 def check_resume(cfg: TrainConfig, shapes: dict) -> None:
     """Before any rank starts: the whole --resume file is read and checked against this run and its model."""
-    from minddp import checkpoint
+    from minddp.train import checkpoint
     stage = cfg.stages()[0]
     replicas = 1 if stage == "single" else cfg.effective_world_size()
     try:
@@ -384,9 +384,9 @@ def check_outputs(cfg: TrainConfig, run_dir: str | None = None, shapes: dict | N
 
     Called twice: first with the paths alone (fails fast, before the data and
     model are prepared), then with the run folder and the model's shapes for
-    the space estimate (:mod:`minddp.outputs`).
+    the space estimate (:mod:`minddp.train.outputs`).
     """
-    from minddp import outputs
+    from minddp.train import outputs
     plan = outputs.Outputs()
     stages = cfg.stages()
     rank0 = not in_torchrun() or os.environ.get("RANK") == "0"
@@ -448,14 +448,14 @@ def main(argv: list[str] | None = None) -> int:
     output could not be written (the results are printed and the other outputs written first), 130 on Ctrl-C,
     143 on SIGTERM, 129 on SIGHUP (the terminal closed): one line, the ranks ended, the finished stages kept.
     """
-    from minddp.processes import stop_signals
-    with stop_signals():            # SIGTERM and SIGHUP unwind like Ctrl-C (minddp.processes)
+    from minddp.runtime.processes import stop_signals
+    with stop_signals():            # SIGTERM and SIGHUP unwind like Ctrl-C (minddp.runtime.processes)
         return _main(argv)
 
 
 def _main(argv: list[str] | None) -> int:
-    from minddp.launch import watch_torchrun_agent
-    from minddp.processes import Stopped, say_safely, stop_reason
+    from minddp.runtime.launch import watch_torchrun_agent
+    from minddp.runtime.processes import Stopped, say_safely, stop_reason
     watch_torchrun_agent()          # a worker whose torchrun agent is gone ends, from the start
     parser = build_parser()
     try:
@@ -540,9 +540,9 @@ def _main(argv: list[str] | None) -> int:
             say("--analyze skipped: some traces were not written")
             return 1
         try:
-            from minddp.analyze import main as analyze_main
+            from minddp.analysis.__main__ import main as analyze_main
         except ImportError:
-            say("--analyze: minddp.analyze is not available in this installation")
+            say("--analyze: minddp.analysis is not available in this installation")
             return 1
         return analyze_main([run_dir]) or (1 if lost else 0)
     return 1 if lost else 0

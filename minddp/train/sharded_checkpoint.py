@@ -99,7 +99,7 @@ def _mesh(wrapped, optimizer) -> DeviceMesh:
 def save(path: str, wrapped: nn.Module, model: nn.Module, optimizer, *, step: int, config: dict,
          extra: dict | None = None) -> None:
     """Step 2, on every rank: the sharded state at ``path`` (a folder), with this rank's ``extra`` and its RNG."""
-    from minddp.checkpoint import rng_state
+    from minddp.train.rng import rng_state
     state = _state_dict(wrapped, model, optimizer, _mesh(wrapped, optimizer))
     rank = dist.get_rank()
     blob = io.BytesIO()

@@ -1,6 +1,6 @@
 """A stage's step built from compute timings alone: for bucket caps never run, and for clusters never seen.
 
-A profiled step (:mod:`minddp.model.trace`) answers for the stage, cap and
+A profiled step (:mod:`minddp.costmodel.trace`) answers for the stage, cap and
 rank count it was taken at. To ask "what if the cap were 1 MiB?" or "what
 at 512 GPUs?", the model builds the step instead, from a
 :class:`ComputeProfile`: what one micro-batch costs without any
@@ -40,7 +40,7 @@ registration order, spread over backward in proportion to their size.
 
 ``fsdp`` is not built: its messages follow its units (the transformer
 blocks), which a compute profile does not know; the model reads it from a
-profiled step instead (:mod:`minddp.model.trace`).
+profiled step instead (:mod:`minddp.costmodel.trace`).
 
 Every hand-over costs ``per_message`` of host time, and a bucket's flatten
 ``per_byte`` per byte (both stretch the compute clock, as they do on the
@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minddp.model.step import WAITS, Message, StepProfile
+from minddp.costmodel.step import WAITS, Message, StepProfile
 from minddp.stages.bucket_plan import plan_buckets
 
 MB = 1024 * 1024
@@ -302,7 +302,7 @@ def _network_cost() -> tuple[float, float, float]:
     from minddp.comm.grad_bucket import GradBucket
     from minddp.comm.link import Link
     from minddp.comm.wire import Wire
-    from minddp.device import current_device, message_device
+    from minddp.runtime.device import current_device, message_device
     link = Link("loopback")        # the same code path as a run with a link (its thread, its futures)
     wire = Wire(None, link=link)
     launch, sizes, medians = [], [1024, 1 << 20], []

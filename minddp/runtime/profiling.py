@@ -106,7 +106,7 @@ class StepProfiler:
             if enabled else None
 
     def _export(self, prof: profile) -> None:                                                 # step 3
-        from minddp.hang import alone
+        from minddp.runtime.hang import alone
         raw = os.path.join(self.folder, f".rank{self.rank}.pt.trace.json.tmp-{os.getpid()}")
         packed = raw + ".gz"
         try:

@@ -3,7 +3,7 @@
 One style for all three, so that a user who learned one can read the others:
 
 * **the same name means the same thing**: an option two tools share is
-  defined once (the train command's :class:`minddp.config.TrainConfig`
+  defined once (the train command's :class:`minddp.train.config.TrainConfig`
   field: flag, type, metavar, help, choices) and the benchmark borrows it;
 * **the same metavars**: ``N`` for a count, ``SECONDS``, ``MIB``, ``DIR``,
   ``FILE``, ``NAME``, ``LIST`` for a comma list (:data:`METAVARS`);

@@ -33,11 +33,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from minddp.cli import Parser, UsageError, number
-from minddp.device import BACKENDS, DEFAULT_TIMEOUT_S
-from minddp.hang import DEFAULT_HANG_S
-from minddp.hub import is_local_path
-from minddp.models import DTYPES, GPU_PRESET, OFFLINE_MODEL, OFFLINE_PRESETS
+from minddp.runtime.cli import Parser, UsageError, number
+from minddp.runtime.device import BACKENDS, DEFAULT_TIMEOUT_S
+from minddp.runtime.hang import DEFAULT_HANG_S
+from minddp.train.hub import is_local_path
+from minddp.train.models import DTYPES, GPU_PRESET, OFFLINE_MODEL, OFFLINE_PRESETS
 
 
 #: A bad or contradictory option (one line: cause and fix); the same error every minddp tool raises.
@@ -111,7 +111,7 @@ def _one_of(choices):
 
 
 def _bucket_cap(text) -> float | str:
-    """``--bucket-cap-mb``: a positive number of MiB, or ``auto`` (chosen by :mod:`minddp.model.auto`)."""
+    """``--bucket-cap-mb``: a positive number of MiB, or ``auto`` (chosen by :mod:`minddp.costmodel.auto`)."""
     if isinstance(text, str) and text.strip().lower() == "auto":
         return "auto"
     return _positive(text)
@@ -135,7 +135,7 @@ class TrainConfig:
     """Everything one ``python -m minddp.train`` run needs; ``--help`` shows the same text.
 
     Each field: default, help, ``group`` (its ``--help`` section, :data:`GROUPS`),
-    ``metavar`` (:data:`minddp.cli.METAVARS`) and ``type`` (the parser that
+    ``metavar`` (:data:`minddp.runtime.cli.METAVARS`) and ``type`` (the parser that
     refuses a bad value in one line: range, finiteness, a known name).
     """
 
@@ -183,7 +183,7 @@ class TrainConfig:
     # communication
     bucket_cap_mb: float = _opt(0.1, "bucket size cap in MiB for the bucketed stages and torch (torch's "
                                 "default is 25; the offline model needs small buckets to have several), or 'auto': "
-                                "chosen at the start of each stage by the step-time model (minddp.model) for this "
+                                "chosen at the start of each stage by the step-time model (minddp.costmodel) for this "
                                 "model, world size and link, which says which cap and why",
                                 group="comm", metavar="MIB", type=_bucket_cap)
     powersgd_rank: int = _opt(1, "PowerSGD: rank of the low-rank approximation (matrix_approximation_rank)",
@@ -244,7 +244,7 @@ class TrainConfig:
 
     def effective_world_size(self) -> int:
         """Ranks of the distributed stages: torchrun's WORLD_SIZE when under it, else --world-size."""
-        from minddp.launch import in_torchrun
+        from minddp.runtime.launch import in_torchrun
         return int(os.environ["WORLD_SIZE"]) if in_torchrun() else self.world_size
 
     def to_dict(self) -> dict:
@@ -311,7 +311,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 def validate(cfg: TrainConfig, explicit_batch_size: bool = True) -> None:
     """Step 2: the checks argparse cannot do. Fills ``cfg.batch_size`` when it was derived."""
-    from minddp.data import check_dataset_name
+    from minddp.train.data import check_dataset_name
     for f in dataclasses.fields(TrainConfig):       # the parsers' checks again, for a config built in code
         check = f.metadata.get("type")
         value = getattr(cfg, f.name)

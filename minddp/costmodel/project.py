@@ -4,15 +4,15 @@ Data parallelism keeps the work per rank fixed (weak scaling): more ranks,
 same step compute, more ranks on the ring. Only the communication changes, so
 a step measured (or estimated) once predicts the whole ladder at any size:
 
-1. **a compute profile** (:class:`~minddp.model.compute.ComputeProfile`), either
+1. **a compute profile** (:class:`~minddp.costmodel.compute.ComputeProfile`), either
    *given* (``--setting blog``: the blog's SmolLM2-360M in bf16 on MRPC, 16
    examples of about 88 tokens per micro-batch, 3 micro-batches, at
    ``--tflops`` achieved per GPU; or any ``--model`` of the offline presets
    with ``--tflops``), or *measured* here (``--measure``: the offline model
    probed on this CPU, one process);
-2. **each stage's step** built from it (:func:`~minddp.model.compute.synthesize`:
+2. **each stage's step** built from it (:func:`~minddp.costmodel.compute.synthesize`:
    the stage's rules, the bucket plan at ``--bucket-cap-mb``) and replayed on
-   each link at each rank count (:func:`~minddp.model.step.predict`), as on a
+   each link at each rank count (:func:`~minddp.costmodel.step.predict`), as on a
    real network (no emulation floor, no delivery delay);
 3. **report** per (link, stage, ranks): step time, **scaling efficiency**
    (compute alone / step: 1.0 is perfect weak scaling; throughput is
@@ -44,8 +44,8 @@ import os
 import sys
 import time
 
-from minddp.model.compute import ComputeProfile, from_throughput, synthesize
-from minddp.model.step import WAITS, predict
+from minddp.costmodel.compute import ComputeProfile, from_throughput, synthesize
+from minddp.costmodel.step import WAITS, predict
 
 #: SmolLM2-360M's shape (its public config): Llama, tied embeddings; a 2-label classification head.
 SMOLLM2_360M = dict(vocab_size=49152, hidden_size=960, intermediate_size=2560, num_hidden_layers=32,
@@ -206,11 +206,11 @@ def plot(rows: list[dict], path: str) -> None:
 
 def measured_here(model_name: str) -> tuple[ComputeProfile, str]:
     """Step 1, measured: the offline model probed on this CPU (one process, no network)."""
-    from minddp.config import parse_args
-    from minddp.data import step_batches
-    from minddp.model.compute import probe
-    from minddp.models import build_model
-    from minddp.train import prepare
+    from minddp.train.config import parse_args
+    from minddp.train.data import step_batches
+    from minddp.costmodel.compute import probe
+    from minddp.train.models import build_model
+    from minddp.train.run import prepare
     import torch
     torch.set_num_threads(1)         # as each of two ranks on a 2-core machine computes (minddp.launch's rule)
     cfg = parse_args(["--no-profile", "--model", model_name])
@@ -226,7 +226,7 @@ def measured_here(model_name: str) -> tuple[ComputeProfile, str]:
 
 
 def main(argv: list[str]) -> int:
-    from minddp.cli import Parser, UsageError
+    from minddp.runtime.cli import Parser, UsageError
     from minddp.comm.link import parse_links
     p = Parser(prog="python -m minddp.model project", description=__doc__.split("\n")[0])
     p.add_argument("--setting", choices=["blog"], default=None, help="the blog's model, batch and GPUs (module doc)")
@@ -259,7 +259,7 @@ def main(argv: list[str]) -> int:
         elif ns.measure:
             cp, described = measured_here(ns.model)
         elif ns.tflops and ns.tokens:
-            from minddp.models import OFFLINE_PRESETS
+            from minddp.train.models import OFFLINE_PRESETS
             if ns.model not in OFFLINE_PRESETS:
                 raise UsageError(f"--model must be an offline preset ({', '.join(OFFLINE_PRESETS)}) here")
             cp, described = _sized(ns.model, ns.tflops, ns.tokens, ns.micro_batches)
@@ -284,7 +284,7 @@ def main(argv: list[str]) -> int:
 
 
 def _sized(model_name: str, tflops: float, tokens: int, micro_batches: int) -> tuple[ComputeProfile, str]:
-    from minddp.models import OFFLINE_PRESETS
+    from minddp.train.models import OFFLINE_PRESETS
     arch = dict({"vocab_size": 49152, **OFFLINE_PRESETS[model_name]}, num_labels=2)
     nbytes = llama_parameter_bytes(arch, 4)
     cp = from_throughput(nbytes, sum(nbytes) // 4, tokens, tflops * 1e12, micro_batches)

@@ -9,13 +9,13 @@ exposed. Where the balance lies depends on the model (how big its gradients
 are and when they become ready), the number of ranks and the link, so it is
 measured rather than guessed:
 
-1. **probe** (:func:`~minddp.model.compute.probe`): a few forward/backward
+1. **probe** (:func:`~minddp.costmodel.compute.probe`): a few forward/backward
    passes of the bare model on this run's first micro-batches, timing when
    each gradient is ready; the host's cost per message and per byte; the
    real network's all_reduce (every rank takes part);
 2. **predict** the stage's step for caps from 0.025 to 100 MiB
    (:data:`CANDIDATES`, plus "one bucket"), each as the plan it gives
-   (:func:`~minddp.model.compute.synthesize`, :func:`~minddp.model.step.predict`)
+   (:func:`~minddp.costmodel.compute.synthesize`, :func:`~minddp.costmodel.step.predict`)
    on the run's link (without ``--link``: this machine's network, as probed);
 3. **choose** the fastest plan; among plans within :data:`NEAR` (3 %) of
    it, the one with the fewest buckets, named by the smallest cap that gives
@@ -42,8 +42,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from minddp.model.compute import PER_GRADIENT, ComputeProfile, plan_for, probe, synthesize
-from minddp.model.step import WAITS, predict
+from minddp.costmodel.compute import PER_GRADIENT, ComputeProfile, plan_for, probe, synthesize
+from minddp.costmodel.step import WAITS, predict
 
 #: Plans predicted within this share of the fastest count as tied (step 3).
 NEAR = 0.03
@@ -73,7 +73,7 @@ class CapChoice:
                 f"for {self.stage} on {self.world} ranks over {self.link}: predicted {1e3 * best:.1f} ms/step, the "
                 f"fewest buckets within {100 * NEAR:g} % of the fastest plan tried [{others or 'no other'} ms/step]; "
                 "smaller caps pay the per-message cost more often, larger ones leave more of the last bucket's "
-                "transfer after backward (minddp.model)")
+                "transfer after backward (minddp.costmodel)")
 
 
 def best_cap(cp: ComputeProfile, stage: str, world: int, link, candidates=CANDIDATES) -> CapChoice:
