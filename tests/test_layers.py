@@ -127,7 +127,7 @@ def test_the_checks_catch_a_crossing_a_cycle_and_imports_inside_functions():
     made_up = {"minddp.runtime.launch": {"minddp.train.config": 1}, "minddp.train.config": {"minddp.runtime.launch": 2}}
     assert crossings(made_up) == ["minddp.runtime.launch:1 (runtime) imports minddp.train.config (train)"]
     assert cycles(made_up) == [["minddp.runtime.launch", "minddp.train.config"]]
-    # And the reader sees an import made inside a function (train.run imports sharded_checkpoint there).
+    # And the reader sees an import made inside a function (train.run imports the analysis command there).
     run = MODULES["minddp.train.run"].read_text()
-    assert "    from minddp.train import sharded_checkpoint" in run
-    assert "minddp.train.sharded_checkpoint" in GRAPH["minddp.train.run"]
+    assert "            from minddp.analysis.__main__ import main as analyze_main" in run
+    assert "minddp.analysis.__main__" in GRAPH["minddp.train.run"]

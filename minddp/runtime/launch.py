@@ -196,23 +196,12 @@ def launch(
     store = open_store(world_size, timeout_s)
     ctx = rank_context()
     results: queue.Queue = ctx.Queue()
-    payload = pickle.dumps((fn, args, kwargs))
-    procs = []
+    procs: list = []
     ok = False
     with stop_signals():                                                                        # step 5
         try:
-            # Step 2: one child per rank.
-            for rank in range(world_size):
-                with stops_deferred():   # a rank once forked is in `procs`, which the teardown ends
-                    p = ctx.Process(
-                        target=_child_main,
-                        args=(payload, list(sys.path), rank, world_size, store.port, placement, timeout_s, results,
-                              os.getpid()),
-                        name=f"minddp-rank{rank}",
-                        daemon=True,
-                    )
-                    p.start()
-                    procs.append(p)
+            _start_ranks(ctx, procs, pickle.dumps((fn, args, kwargs)), world_size, store.port, placement, timeout_s,
+                         results)                                                               # step 2
             # Step 4: gather, watching for a hung rank (minddp.runtime.hang).
             # (A function over `held`, not the store: the traceback of a RankError keeps _collect_results's
             # locals alive, and the store must go below, so that its port is free once launch returns.)
@@ -233,6 +222,18 @@ def launch(
             end_processes(procs, grace_s=3.0 if ok else 0.5)
             held = []  # noqa: F841 - the lambda reads this variable: it no longer reaches the store
             del store
+
+
+def _start_ranks(ctx, procs: list, payload: bytes, world_size: int, port: int, placement: Placement,
+                 timeout_s: float | None, results: queue.Queue) -> None:
+    """Step 2 of :func:`launch`: one child process per rank, each added to ``procs`` as soon as it exists."""
+    for rank in range(world_size):
+        with stops_deferred():   # a rank once forked is in `procs`, which the teardown ends
+            p = ctx.Process(target=_child_main, name=f"minddp-rank{rank}", daemon=True,
+                            args=(payload, list(sys.path), rank, world_size, port, placement, timeout_s, results,
+                                  os.getpid()))
+            p.start()
+            procs.append(p)
 
 
 _torchrun_store: dist.Store | None = None

@@ -35,19 +35,32 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from minddp.collectives import TRANSPORTS
+from minddp.comm.powerSGD_hook import check_start_iter
+from minddp.comm.link import Link
+from minddp.comm.wire import Traffic, Wire
+from minddp.costmodel.auto import choose_bucket_cap
+from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER, make_optimizer, torch_hook, wrap
+from minddp.ladder.loop import train_step
 from minddp.runtime.cli import bar_drawn, fail, fresh_line
+from minddp.runtime.compat import meta_device
+from minddp.runtime.device import DEFAULT_TIMEOUT_S, Placement, choose, current_device, synchronize
+from minddp.runtime.hang import DEFAULT_HANG_S
+from minddp.runtime.launch import RankError, in_torchrun, launch, report_step, watch_torchrun_agent
+from minddp.runtime.processes import Stopped, say_safely, stop_reason, stop_signals
+from minddp.runtime.profiling import StepProfiler, write_json
+from minddp.sharding.hooks import check_name
+from minddp.sharding.memory import Probe, format_summary
+from minddp.train import checkpoint, outputs, sharded_checkpoint
 from minddp.train.config import ConfigError, TrainConfig, build_parser, parse_args
 from minddp.train.data import DataError, Encoded, PreparedData, eval_batches, prepare_data, step_batches
-from minddp.runtime.device import DEFAULT_TIMEOUT_S, Placement, choose
-from minddp.runtime.hang import DEFAULT_HANG_S
-from minddp.runtime.launch import RankError, in_torchrun, launch
-from minddp.train.models import build_model, resolve_model
-from minddp.runtime.profiling import StepProfiler, write_json
+from minddp.train.models import DTYPES, OFFLINE_PRESETS, build_model, resolve_model
 
 PROG = "minddp.train"
 
@@ -71,7 +84,6 @@ def torch_hook_unavailable(hook: str, backend: str, bucket_cap_mb: float | None 
     buckets in flight on gloo the ranks pair different collectives and gloo
     aborts the process ("op.preamble.length <= op.nbytes").
     """
-    from minddp.ladder import torch_hook
     try:
         torch_hook(hook)
     except ValueError as exc:
@@ -118,123 +130,167 @@ def checkpoint_config(cfg: TrainConfig, stage: str, replicas: int) -> dict:
 
 def checkpoint_path(cfg: TrainConfig, stage: str) -> str:
     """``<dir>/<stage>.pt``; a folder ``<dir>/<stage>`` for the sharded stages (every rank writes its part)."""
-    from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER
-    sharded = stage in SHARDED_OPTIMIZER + SHARDED_GRADIENTS
-    return os.path.join(cfg.checkpoint_dir, stage if sharded else f"{stage}.pt")
+    return os.path.join(cfg.checkpoint_dir, stage if stage in SHARDED_OPTIMIZER + SHARDED_GRADIENTS else f"{stage}.pt")
 
 
-def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) -> dict:
-    """One rank of one stage: build, wrap, train ``cfg.steps`` steps under the profiler, evaluate.
+class Checkpoints:
+    """A stage's checkpoints, whole or sharded: one object to resume from and to save to.
 
-    With ``--resume`` the model, optimizer, hook state, RNGs, losses and data
-    position come from the checkpoint and training goes on from its step;
-    with ``--save-every N`` a checkpoint is written after every N-th step.
+    The replicated stages write one file that every rank can load (rank 0 writes it); the sharded
+    ones (zero1, zero2, fsdp) write a folder in which each rank saves its part
+    (:mod:`minddp.train.sharded_checkpoint`).
     """
-    from minddp.train import checkpoint
-    from minddp.collectives import TRANSPORTS
-    from minddp.comm.link import Link
-    from minddp.comm.wire import Traffic, Wire
-    from minddp.runtime.device import current_device, synchronize
-    from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER, make_optimizer, wrap
-    from minddp.runtime.launch import report_step
-    from minddp.ladder.loop import train_step
-    from minddp.train import sharded_checkpoint
-    from minddp.sharding.memory import Probe
 
+    def __init__(self, cfg: TrainConfig, stage: str, replicas: int, wrapped: nn.Module, model: nn.Module,
+                 optimizer: torch.optim.Optimizer):
+        self.sharded = stage in SHARDED_OPTIMIZER + SHARDED_GRADIENTS
+        self.path, self.every = checkpoint_path(cfg, stage), cfg.save_every
+        self.config = checkpoint_config(cfg, stage, replicas)
+        self.wrapped, self.model, self.optimizer = wrapped, model, optimizer
+        self.hook_state = getattr(wrapped, "minddp_hook_state", None)   # PowerSGD's memory, say
+
+    def resume(self, path: str) -> tuple[int, list[float]]:
+        """Load ``path`` into the model, optimizer, hook state and RNGs: the step to go on from, the losses so far."""
+        if self.sharded:
+            first, mine = sharded_checkpoint.load(path, self.wrapped, self.model, self.optimizer)
+            checkpoint.set_rng_state(mine["rng"])
+            return first, list(mine["losses"])
+        # every rank loads the same weights, so the replicas stay identical
+        ckpt = checkpoint.load_checkpoint(path, model=self.model, config=self.config, rank=dist.get_rank())
+        checkpoint.restore(ckpt, optimizer=self.optimizer, hook_state=self.hook_state)
+        return ckpt["step"], list(ckpt["rank"]["losses"])
+
+    def after_step(self, done: int, losses: list[float]) -> None:
+        """Save after every ``--save-every``-th step (``done`` steps are complete)."""
+        if not self.every or done % self.every:
+            return
+        if self.sharded:
+            sharded_checkpoint.save(self.path, self.wrapped, self.model, self.optimizer, step=done,
+                                    config=self.config, extra={"losses": losses})
+        else:
+            checkpoint.save_checkpoint(self.path, model=self.model, optimizer=self.optimizer, step=done,
+                                       config=self.config, hook_state=self.hook_state, extra={"losses": losses})
+
+
+@dataclass
+class RankRun:
+    """What one rank trains for one stage: built once (:func:`build`), then stepped (:func:`train_steps`)."""
+
+    stage: str
+    replicas: int                 # ranks that split the global batch (1 for ``single``)
+    shard: int                    # this rank's share of it
+    batch_size: int               # per rank, per micro-batch
+    device: torch.device
+    model: nn.Module
+    wrapped: nn.Module
+    optimizer: torch.optim.Optimizer
+    traffic: Traffic              # what this rank's hooks send, counted per step
+    link: Link | None             # this rank's emulated NIC
+    bucket_cap_mb: float | None
+    bucket_cap_why: str | None
+    checkpoints: Checkpoints
+
+
+def build(cfg: TrainConfig, stage: str, data: PreparedData) -> RankRun:
+    """Step 1: the model on this rank's device, wrapped in ``stage``, its optimizer, the wire and the link."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    if in_torchrun() and world > 1:  # one folder for the whole job: rank 0's clock names it
-        box = [folder]
-        dist.broadcast_object_list(box, src=0)
-        folder = box[0]
     single = stage == "single"
     # `single` is one process on the global batch; under torchrun every rank computes it (same result).
     replicas, shard = (1, 0) if single else (world, rank)
     batch_size = cfg.batch_size * (cfg.effective_world_size() if single else 1)
     device = current_device()
-    traffic = Traffic()           # what this rank's hooks send, counted per step
-    link = None if single or cfg.link is None else Link(cfg.link)     # this rank's emulated NIC
+    traffic = Traffic()
+    link = None if single or cfg.link is None else Link(cfg.link)
     model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed, cfg.dtype).to(device)
     model.train()
     bucket_cap_mb, why = (None if single and cfg.bucket_cap_mb == "auto" else cfg.bucket_cap_mb), None
     if bucket_cap_mb == "auto":
-        from minddp.costmodel.auto import choose_bucket_cap
-        bucket_cap_mb, why = choose_bucket_cap(model, stage, step_batches(data.train, batch_size, cfg.grad_accum,
-                                                                           replicas, shard, cfg.seed,
-                                                                           data.pad_token_id),
-                                               _loss, link, device, say=say if rank == 0 else None)
+        probe_batches = step_batches(data.train, batch_size, cfg.grad_accum, replicas, shard, cfg.seed,
+                                     data.pad_token_id)
+        bucket_cap_mb, why = choose_bucket_cap(model, stage, probe_batches, _loss, link, device,
+                                               say=say if rank == 0 else None)
     wire = None if single else Wire(None, TRANSPORTS[cfg.collective], traffic, link)
     wrapped = wrap(stage, model, hook=cfg.hook, bucket_cap_mb=bucket_cap_mb,
                    powersgd_options=cfg.powersgd_options(), wire=wire)
     optimizer = make_optimizer(stage, model, torch.optim.AdamW, hook=cfg.hook, wire=wire, lr=cfg.lr)
-    sharded = stage in SHARDED_OPTIMIZER + SHARDED_GRADIENTS   # each rank saves its own part (DCP)
-    hook_state = getattr(wrapped, "minddp_hook_state", None)
-    ckpt_config = checkpoint_config(cfg, stage, replicas)
-    first, losses = 0, []
-    if cfg.resume and sharded:
-        first, mine = sharded_checkpoint.load(cfg.resume, wrapped, model, optimizer)
-        checkpoint.set_rng_state(mine["rng"])
-        losses = list(mine["losses"])
-    elif cfg.resume:  # every rank loads the same weights, so the replicas stay identical
-        ckpt = checkpoint.load_checkpoint(cfg.resume, model=model, config=ckpt_config, rank=rank)
-        checkpoint.restore(ckpt, optimizer=optimizer, hook_state=hook_state)
-        first, losses = ckpt["step"], list(ckpt["rank"]["losses"])
-    batches = step_batches(data.train, batch_size, cfg.grad_accum, replicas, shard, cfg.seed, data.pad_token_id,
-                           start_step=first)
-    global_batch = batch_size * cfg.grad_accum * replicas
-    times, calls, nbytes = [], [], []
-    stage_dir = os.path.join(folder, stage)
+    checkpoints = Checkpoints(cfg, stage, replicas, wrapped, model, optimizer)
+    return RankRun(stage, replicas, shard, batch_size, device, model, wrapped, optimizer, traffic, link,
+                   bucket_cap_mb, why, checkpoints)
+
+
+def train_steps(cfg: TrainConfig, run: RankRun, data: PreparedData, stage_dir: str, first: int,
+                losses: list[float]) -> dict:
+    """Step 3: steps ``first`` .. ``cfg.steps - 1`` under the profiler; each step's time, calls, bytes, loss."""
+    single, rank = run.stage == "single", dist.get_rank()
+    batches = step_batches(data.train, run.batch_size, cfg.grad_accum, run.replicas, run.shard, cfg.seed,
+                           data.pad_token_id, start_step=first)
+    global_batch = run.batch_size * cfg.grad_accum * run.replicas
+    times, calls, nbytes, probe = [], [], [], None   # the probe measures memory on the last step
     profiler = StepProfiler(stage_dir, rank, cfg.steps - first, cfg.profile_steps, gzip=cfg.trace_gzip,
-                            enabled=profiling(cfg) and (rank == 0 or not single), cuda=device.type == "cuda")
-    bar = _progress(cfg, stage, rank, first)
-    probe = None                  # measures memory on the last step (minddp.sharding.memory)
+                            enabled=profiling(cfg) and (rank == 0 or not single), cuda=run.device.type == "cuda")
+    bar = _progress(cfg, run.stage, rank, first)
     with profiler:
         for step in range(first, cfg.steps):
             report_step(step)  # a failure report then says where it happened
-            micro = [{k: v.to(device) for k, v in b.items()} for b in next(batches)]
-            traffic.reset()
-            probe = Probe(wrapped, model, optimizer) if step == cfg.steps - 1 and not single else None
-            synchronize(device)
+            micro = [{k: v.to(run.device) for k, v in b.items()} for b in next(batches)]
+            run.traffic.reset()
+            probe = Probe(run.wrapped, run.model, run.optimizer) if step == cfg.steps - 1 and not single else None
+            synchronize(run.device)
             start = time.perf_counter()
             with torch.profiler.record_function(f"minddp.train_step#{step}"):
-                loss = train_step(wrapped, optimizer, micro, _loss)
-            synchronize(device)
+                loss = train_step(run.wrapped, run.optimizer, micro, _loss)
+            synchronize(run.device)
             times.append(time.perf_counter() - start)
-            calls.append(traffic.calls)
-            nbytes.append(traffic.bytes)
+            calls.append(run.traffic.calls)
+            nbytes.append(run.traffic.bytes)
             losses.append(loss)
             profiler.step()
-            if cfg.save_every and (step + 1) % cfg.save_every == 0 and sharded:
-                sharded_checkpoint.save(checkpoint_path(cfg, stage), wrapped, model, optimizer, step=step + 1,
-                                        config=ckpt_config, extra={"losses": losses})
-            elif cfg.save_every and (step + 1) % cfg.save_every == 0:
-                checkpoint.save_checkpoint(checkpoint_path(cfg, stage), model=model, optimizer=optimizer,
-                                           step=step + 1, config=ckpt_config, hook_state=hook_state,
-                                           extra={"losses": losses})
+            run.checkpoints.after_step(step + 1, losses)
             if bar is not None:
                 bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{global_batch / times[-1]:.0f}", refresh=False)
                 bar.update()
     if bar is not None:
         bar.close()
-    if link is not None:
+    if run.link is not None:
         if profiler.written:
-            link.annotate_trace(profiler.written)   # the link's transfers, as ranges on a thread of their own
-        link.close()
-    mean_losses = torch.tensor(losses, dtype=torch.float64, device=device)
-    if replicas > 1:  # each rank's loss is its shard's mean; the global batch's is their mean
+            run.link.annotate_trace(profiler.written)   # the link's transfers, as ranges on a thread of their own
+        run.link.close()
+    return {"step_times_s": times, "all_reduce_calls": calls, "all_reduce_bytes": nbytes, "losses": losses,
+            "global_batch": global_batch, "trace": profiler.written, "trace_error": profiler.error,
+            "memory": probe.result() if probe is not None else None}
+
+
+def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) -> dict:
+    """One rank of one stage: build, resume, train ``cfg.steps`` steps under the profiler, evaluate.
+
+    1. build the model, the stage's wrapper and optimizer (:func:`build`);
+    2. with ``--resume``, take the model, optimizer, hook state, RNGs, losses and data position from the
+       checkpoint and go on from its step (with ``--save-every N``, a checkpoint follows every N-th step);
+    3. train (:func:`train_steps`);
+    4. evaluate, and average the losses over the ranks.
+    """
+    world = dist.get_world_size()
+    if in_torchrun() and world > 1:  # one folder for the whole job: rank 0's clock names it
+        box = [folder]
+        dist.broadcast_object_list(box, src=0)
+        folder = box[0]
+    run = build(cfg, stage, data)                                                         # step 1
+    first, losses = run.checkpoints.resume(cfg.resume) if cfg.resume else (0, [])          # step 2
+    out = train_steps(cfg, run, data, os.path.join(folder, stage), first, losses)          # step 3
+    mean_losses = torch.tensor(out["losses"], dtype=torch.float64, device=run.device)      # step 4
+    if run.replicas > 1:  # each rank's loss is its shard's mean; the global batch's is their mean
         dist.all_reduce(mean_losses)
-        mean_losses /= replicas
-    eval_data = data.eval
-    accuracy = evaluate(model, eval_data, replicas, shard, device, data.pad_token_id)
-    trace_errors = [profiler.error]
+        mean_losses /= run.replicas
+    accuracy = evaluate(run.model, data.eval, run.replicas, run.shard, run.device, data.pad_token_id)
+    error = out.pop("trace_error")
+    trace_errors = [error]
     if world > 1 and profiling(cfg):   # every rank's export failure reaches rank 0's report
         trace_errors = [None] * world
-        dist.all_gather_object(trace_errors, profiler.error)
-    return {"stage": stage, "losses": mean_losses.tolist(), "step_times_s": times, "accuracy": accuracy,
-            "all_reduce_calls": calls, "all_reduce_bytes": nbytes, "global_batch": global_batch,
-            "ranks": replicas, "trace": profiler.written, "metered": stage != "torch" or link is not None, "folder": folder,
-            "bucket_cap_mb": bucket_cap_mb, "bucket_cap_why": why,
-            "trace_errors": {r: e for r, e in enumerate(trace_errors) if e},
-            "memory": probe.result() if probe is not None else None}
+        dist.all_gather_object(trace_errors, error)
+    return {**out, "stage": stage, "losses": mean_losses.tolist(), "accuracy": accuracy, "ranks": run.replicas,
+            "metered": stage != "torch" or run.link is not None, "folder": folder,
+            "bucket_cap_mb": run.bucket_cap_mb, "bucket_cap_why": run.bucket_cap_why,
+            "trace_errors": {r: e for r, e in enumerate(trace_errors) if e}}
 
 
 def profiling(cfg: TrainConfig) -> bool:
@@ -326,14 +382,12 @@ def check_combination(cfg: TrainConfig) -> None:
         raise ConfigError("--analyze reads the traces, but --no-profile (or --profile-steps 0) writes none; "
                           "drop one of them")
     if "powersgd" in cfg.hook:
-        from minddp.comm.powerSGD_hook import check_start_iter
         try:
             check_start_iter(cfg.powersgd_start_iter, cfg.powersgd_error_feedback, cfg.powersgd_warm_start)
         except ValueError as exc:
             raise ConfigError(f"--powersgd-start-iter: {exc}") from None
     sharded = [s for s in cfg.stages() if s in ("zero2", "fsdp")]
     if sharded:
-        from minddp.sharding.hooks import check_name
         try:
             check_name(cfg.hook)
         except ValueError as exc:
@@ -348,8 +402,6 @@ def model_shapes(cfg: TrainConfig, data: PreparedData) -> dict[str, tuple[tuple[
     Built on the meta device (no memory, no weights read): what the resume
     check compares a checkpoint with, and what the output estimates count.
     """
-    from minddp.runtime.compat import meta_device
-    from minddp.train.models import DTYPES, OFFLINE_PRESETS
     with meta_device():
         if cfg.model in OFFLINE_PRESETS:
             model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed, cfg.dtype)
@@ -363,7 +415,6 @@ def model_shapes(cfg: TrainConfig, data: PreparedData) -> dict[str, tuple[tuple[
 
 def check_resume(cfg: TrainConfig, shapes: dict) -> None:
     """Before any rank starts: the whole --resume file is read and checked against this run and its model."""
-    from minddp.train import checkpoint
     stage = cfg.stages()[0]
     replicas = 1 if stage == "single" else cfg.effective_world_size()
     try:
@@ -386,7 +437,6 @@ def check_outputs(cfg: TrainConfig, run_dir: str | None = None, shapes: dict | N
     model are prepared), then with the run folder and the model's shapes for
     the space estimate (:mod:`minddp.train.outputs`).
     """
-    from minddp.train import outputs
     plan = outputs.Outputs()
     stages = cfg.stages()
     rank0 = not in_torchrun() or os.environ.get("RANK") == "0"
@@ -448,14 +498,11 @@ def main(argv: list[str] | None = None) -> int:
     output could not be written (the results are printed and the other outputs written first), 130 on Ctrl-C,
     143 on SIGTERM, 129 on SIGHUP (the terminal closed): one line, the ranks ended, the finished stages kept.
     """
-    from minddp.runtime.processes import stop_signals
     with stop_signals():            # SIGTERM and SIGHUP unwind like Ctrl-C (minddp.runtime.processes)
         return _main(argv)
 
 
 def _main(argv: list[str] | None) -> int:
-    from minddp.runtime.launch import watch_torchrun_agent
-    from minddp.runtime.processes import Stopped, say_safely, stop_reason
     watch_torchrun_agent()          # a worker whose torchrun agent is gone ends, from the start
     parser = build_parser()
     try:
@@ -521,7 +568,6 @@ def _main(argv: list[str] | None) -> int:
         show(format_table(rows), flush=True)
         measured = {stage: results[stage]["memory"] for stage in rows if results[stage].get("memory")}
         if measured:
-            from minddp.sharding.memory import format_summary
             show(format_summary(measured, cfg.effective_world_size()), flush=True)
     write_outputs(cfg, summary, run_dir, lost)
     if profiling(cfg) and rows and not all(r["trace"] is None for r in results.values()):
