@@ -18,7 +18,7 @@ import time
 import pytest
 
 from cli_checks import usage_error
-from minddp.train.run import run as train
+from minddp.train import run as train
 from minddp.analysis.__main__ import build_parser as analyze_parser
 from minddp.analysis.__main__ import main as analyze_main
 from minddp.bench.__main__ import SHARED

@@ -433,7 +433,7 @@ def test_the_sharded_stages_are_replayed_from_the_waits_the_link_notes(tmp_path)
 # -- the user's path: train with a link and an auto cap, then ask the model about other links ---------------
 
 def test_train_with_a_link_and_an_auto_cap_then_predict_from_its_traces(tmp_path):
-    from minddp.train.run import run as train
+    from minddp.train import run as train
     from minddp.analysis import analyze_run
     from minddp.costmodel.predict import predict_run
     rc = train.main(["--stage", "bucket-async,zero2", "--steps", "2", "--profile-steps", "1", "--link", "100mbit",

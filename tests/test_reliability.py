@@ -148,7 +148,7 @@ def kill_rank1_at_step2(cfg, stage, data, folder):
 
 @pytest.mark.timeout(150)
 def test_train_cli_reports_a_killed_rank_in_one_line_with_exit_1(monkeypatch, capsys, tmp_path):
-    from minddp.train.run import run as train
+    from minddp.train import run as train
     real_launch = train.launch
     monkeypatch.setattr(train, "launch", lambda fn, *a, **k: real_launch(kill_rank1_at_step2, *a, **k))
     start = time.monotonic()

@@ -24,7 +24,7 @@ from torch import nn
 
 from cli_checks import usage_error
 from minddp import RankError, launch
-from minddp.train.run import run as train
+from minddp.train import run as train
 from minddp.train.checkpoint import CheckpointError, atomic_write, load_checkpoint, read_checkpoint, save_checkpoint
 
 STAGE = "bucket-async"

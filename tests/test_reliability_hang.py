@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from minddp import RankError, launch
 
-from minddp.train.run import run as train
+from minddp.train import run as train
 from minddp.runtime.hang import BEAT_S, Beat, Detector
 from minddp.runtime.launch import report_step
 from processes import descendants, run_torchrun

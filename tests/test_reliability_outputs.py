@@ -26,7 +26,7 @@ import pytest
 import torch.distributed as dist
 
 from cli_checks import usage_error
-from minddp.train.run import run as train
+from minddp.train import run as train
 
 TESTS = os.path.dirname(__file__)
 SMALL = ["--stage", "bucket-async", "--batch-size", "2", "--grad-accum", "1", "--max-seq-len", "16",
@@ -152,7 +152,7 @@ def fill_disk(filler):
 FILL_DRIVER = """
 import json, os, sys
 sys.path.insert(0, {tests!r})
-from minddp.train.run import run as train
+from minddp.train import run as train
 import test_reliability_outputs as t
 from rank_faults import train_rank_with_fault
 

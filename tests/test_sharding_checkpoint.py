@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 import toy_models
 from minddp import launch
-from minddp.train.run import run as train
+from minddp.train import run as train
 from minddp.ladder import make_optimizer, wrap
 from minddp.ladder.loop import train_step
 from minddp.sharding import checkpoint as sharded_checkpoint

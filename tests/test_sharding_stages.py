@@ -247,6 +247,6 @@ def test_sharded_stages_take_the_reduce_scatter_form_of_each_stateless_hook(runs
 
 
 def test_a_hook_without_a_reduce_scatter_form_is_refused_before_any_rank(capsys):
-    from minddp.train.run import run as train
+    from minddp.train import run as train
     assert train.main(["--stage", "fsdp", "--hook", "powersgd", "--steps", "1"]) == 2
     assert "has no reduce-scatter form" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from minddp.train.run import run as train
+from minddp.train import run as train
 from minddp.train.config import stage_choices
 from minddp.train.data import ShardSampler
 from cli_checks import usage_error

@@ -55,7 +55,7 @@ def rank_context():
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "minddp.launch"])
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "minddp.runtime.launch"])
     from multiprocessing import forkserver, resource_tracker
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, HELPER_BLOCKED)   # inherited through fork and exec
     try:
