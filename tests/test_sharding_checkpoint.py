@@ -21,7 +21,7 @@ from minddp import launch
 from minddp.train import run as train
 from minddp.ladder import make_optimizer, wrap
 from minddp.ladder.loop import train_step
-from minddp.sharding import checkpoint as sharded_checkpoint
+from minddp.train import sharded_checkpoint
 from minddp.sharding.shards import chunk_range
 
 STAGES = ["zero1", "zero2", "fsdp"]
