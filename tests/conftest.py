@@ -9,3 +9,23 @@ variable away for their own launches and skip where there is no GPU.
 import os
 
 os.environ["MINDDP_BACKEND"] = "gloo"
+
+import pytest
+
+# The longest tests first, so that neither worker ends with a long one still to run (seconds on a quiet
+# 2-core machine: the notebooks' own runs, each tens of seconds to a minute and a half).
+FIRST = ["test_notebooks.py", "test_train.py", "test_bench.py", "test_doctor.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, pyproject's addopts) a file runs on one worker.
+
+    A file's module-scoped fixtures launch their ranks once that way (a test file split over two workers
+    would launch them twice); the notebooks, one test each and the longest of all, are spread one by one.
+    Without xdist (``-p no:xdist``) the marks do nothing and the order is the only change.
+    """
+    for item in items:
+        if item.path.name != "test_notebooks.py":
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))   # stable: the rest keep their order
