@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from minddp.collectives import naive, ring
+from minddp.device import current_device
 
 #: The algorithms :func:`watch` can run: name -> (module whose ``exchange`` is watched, its all_reduce).
 ALGORITHMS = {"ring": (ring, ring.ring_all_reduce), "naive": (naive, naive.naive_all_reduce)}
@@ -89,7 +90,7 @@ def watch(algorithm: str = "ring", numel: int = 4 * 65536, group=None) -> list[d
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     if n > 30:
         raise ValueError(f"watch() marks each rank with a bit of a float32 (exact up to 2**24): {n} ranks is too many")
-    tensor = torch.full((numel,), float(2**rank))                                    # step 1
+    tensor = torch.full((numel,), float(2**rank), device=current_device())           # step 1
     chunks = list(tensor.tensor_split(n))
     steps: list[dict] = []
     with _recording(module, chunks, steps):                                            # step 2
