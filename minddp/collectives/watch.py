@@ -61,8 +61,10 @@ def _recording(module, chunks: list[torch.Tensor], steps: list[dict]):
     """Step 2: ``module.exchange`` writes each call into ``steps`` before making it."""
     real = module.exchange
 
+    def nbytes(t: torch.Tensor | None) -> int:
+        return 0 if t is None else t.numel() * t.element_size()
+
     def exchange(send, dst, recv, src, group):
-        nbytes = lambda t: 0 if t is None else t.numel() * t.element_size()    # noqa: E731
         steps.append({"to": dst if nbytes(send) else None, "from": src if nbytes(recv) else None,
                       "sent": nbytes(send), "received": nbytes(recv), "chunks": _chunks_within(send, chunks),
                       "before": [int(c[0]) for c in chunks]})
