@@ -17,34 +17,35 @@
 # # 01 · Collectives on real ranks
 #
 # Data parallelism needs only a handful of communication patterns. This notebook runs each one on
-# two real processes (*ranks*): gloo on a CPU, NCCL when every rank has a GPU. Every cell marked
+# four real processes (*ranks*): gloo on a CPU, NCCL when every rank has a GPU. Every cell marked
 # `%%distributed` runs on every rank, and each rank's output appears under its label
 # (`00_runner_demo` shows how the runner works).
 #
 # Point-to-point messages come first, then the collectives, where every rank of the group takes
 # part in the same call. Two of them carry the whole of data parallelism: `broadcast` (every rank
 # starts from the same weights) and `all_reduce` (every rank applies the same averaged gradient);
-# the next notebook builds exactly that.
+# the next notebook builds exactly that. At the end, the ring all_reduce that gloo and NCCL run is
+# drawn step by step from the messages four ranks really sent.
 
 # %%
 # %load_ext minddp.notebook
-# %dist_init --world-size 2
+# %dist_init --world-size 4
 
 # %% [markdown]
 # ## Point-to-point: `send` / `recv`
 #
 # One rank sends a tensor, another receives it into a buffer of the same shape. Both calls block until
 # the transfer is done, so the two ranks must agree on who sends and who receives (otherwise both wait
-# forever).
+# forever). Here the ranks work in pairs: 0 sends to 1, 2 sends to 3.
 
 # %%
 # %%distributed
 t = torch.zeros(3, device=device)
-if rank == 0:
-    t += torch.tensor([1.0, 2.0, 3.0], device=device)
-    dist.send(t, dst=1)
+if rank % 2 == 0:
+    t += torch.tensor([1.0, 2.0, 3.0], device=device) * (rank + 1)
+    dist.send(t, dst=rank + 1)
 else:
-    dist.recv(t, src=0)
+    dist.recv(t, src=rank - 1)
 print(f"rank {rank} holds {t.tolist()}")
 
 # %% [markdown]
@@ -57,7 +58,7 @@ print(f"rank {rank} holds {t.tolist()}")
 # %%
 # %%distributed
 t = torch.full((3,), float(rank), device=device)
-peer = 1 - rank
+peer = rank ^ 1                                 # the other rank of the pair: 0 <-> 1, 2 <-> 3
 send_work = dist.isend(t.clone(), dst=peer)     # both ranks send and receive at the same time
 received = torch.empty(3, device=device)
 recv_work = dist.irecv(received, src=peer)
@@ -150,6 +151,82 @@ x = torch.arange(5.0, device=device) * (rank + 1)
 expected = x.clone(); dist.all_reduce(expected)
 ring_all_reduce(x, dist.group.WORLD)        # reduce-scatter, then all-gather, neighbour to neighbour
 print("ring:", x.tolist(), "| equal to dist.all_reduce:", torch.equal(x, expected))
+
+# %% [markdown]
+# ## Watching the ring
+#
+# `ring_all_reduce` cuts the tensor into as many chunks as there are ranks and passes them around
+# the ring 0 → 1 → 2 → 3 → 0: every rank talks only to its right-hand neighbour. `watch`
+# (`minddp.collectives.watch`) runs it on a 1 MiB tensor in which every rank has written its
+# *mark*, 2<sup>rank</sup> (1, 2, 4, 8), and writes down every message the ring's own code sends: to
+# whom, how many bytes, which chunk, and what every chunk held just before. A chunk's value then
+# says whose shares it already holds (5 = 1 + 4: ranks 0 and 2; 15: all four). The *star*
+# (`naive_all_reduce`: every rank sends its whole tensor to rank 0, which sends the sum back) is
+# watched the same way.
+
+# %%
+# %%distributed
+from minddp.collectives.watch import watch
+ring = watch("ring", numel=4 * 65536)       # 65536 float32 per chunk: 1 MiB per rank, recorded on every rank
+star = watch("naive", numel=4 * 65536)
+assert all(r["ok"] for r in ring + star)    # both leave the sum of all four marks everywhere
+
+# %% [markdown]
+# The drawing is made from those records, one row per step. In the **reduce-scatter** (first three
+# rows) every rank sends one chunk (outlined) to its neighbour, which adds it into its own copy: a
+# chunk picks up one more rank's share at every hop, and after n − 1 = 3 steps each rank holds one
+# chunk that is complete ("all"), a different one on each rank. In the **all-gather** (next three)
+# the complete chunks go around once more, each one overwriting the neighbour's partial copy.
+
+# %%
+# %%rank 0
+import matplotlib.pyplot as plt
+from minddp.collectives.watch import draw_ring
+draw_ring(ring)
+plt.show()
+
+# %% [markdown]
+# **Bytes.** In the ring every rank sends 2 (n − 1) chunks of B / n bytes: 2 (n − 1) / n · B in all,
+# whatever the number of ranks (less than 2 B). In the star, every rank sends and receives B once,
+# but rank 0 receives n − 1 whole tensors and sends n − 1 back: its link carries n times a ring
+# rank's bytes, and everybody waits for it. The cell counts both from the records and checks them
+# against those formulas.
+#
+# **Time.** The α-β model prices one message at α (the fixed cost of a hop: latency, software)
+# plus β per byte (the link's speed). Each rank's messages go one after the other, and the
+# all_reduce is done when the busiest rank is. The cell prices what each rank really sent on
+# three of `minddp.comm.link`'s links, and checks the ring against the link model's formula,
+# 2 (n − 1) α + 2 (n − 1) / n · B / bandwidth.
+
+# %%
+# %%rank 0
+from minddp.collectives.watch import draw_bytes, seconds
+from minddp.comm.link import PRESETS
+MiB, n, B = 2**20, world_size, ring[0]["numel"] * 4            # B: the bytes of one rank's tensor
+assert all(r["sent"] == r["received"] == 2 * (n - 1) * B // n for r in ring)
+assert star[0]["sent"] == star[0]["received"] == (n - 1) * B
+assert all(r["sent"] == r["received"] == B for r in star[1:])
+print(f"{'':8}{'ring: sent (MiB)':>18}{'star: sent (MiB)':>18}{'star: received (MiB)':>22}")
+for r, s in zip(ring, star):
+    print(f"rank {r['rank']:<3}{r['sent'] / MiB:>18.2f}{s['sent'] / MiB:>18.2f}{s['received'] / MiB:>22.2f}")
+draw_bytes(ring, star)
+plt.show()
+
+print(f"\nα-β time of one all_reduce of {B / MiB:g} MiB on {n} ranks, priced from the messages above:")
+print(f"{'link':12}{'α (µs)':>8}{'bandwidth (Gbit/s)':>20}{'ring (ms)':>11}{'star (ms)':>11}{'star / ring':>13}")
+for name in ("1gbit", "10gbit", "pcie-t4"):
+    link = PRESETS[name]
+    t_ring, t_star = seconds(ring, link), seconds(star, link)
+    assert abs(t_ring - link.seconds("all_reduce", B, n)) <= 1e-9 * t_ring    # the ring formula, to rounding
+    assert t_star > t_ring                      # the same number of messages, n times the bytes at rank 0
+    print(f"{name:12}{link.latency * 1e6:>8.0f}{link.bandwidth * 8 / 1e9:>20g}{t_ring * 1e3:>11.2f}"
+          f"{t_star * 1e3:>11.2f}{t_star / t_ring:>13.1f}")
+
+# %% [markdown]
+# Both make 2 (n − 1) messages on the busiest rank, so both pay 2 (n − 1) α; the star's messages
+# carry whole tensors, the ring's one chunk each. For large tensors the star nears n times slower, and
+# gets worse with every rank added; the ring's bandwidth term stays under 2 B / bandwidth. For tiny
+# tensors α dominates both: that is why DDP packs gradients into buckets (notebook 03).
 
 # %% [markdown]
 # ## `barrier`: wait for everyone

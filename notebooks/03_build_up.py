@@ -339,9 +339,9 @@ class MyAsyncBucketDDP(solutions.BucketDDP):
         super().__init__(module, process_group, bucket_cap_mb)
         self.in_flight = []                        # what finish needs for each bucket sent
 
-    def _sync_bucket(self, b):
+    def _send_bucket(self, b):
         # Your turn: flatten bucket b, start its all_reduce with async_op=True, keep what finish needs.
-        raise NotImplementedError("_sync_bucket()")
+        raise NotImplementedError("_send_bucket()")
 
     def finish_gradient_synchronization(self):
         # Your turn: wait for every bucket, divide, copy each slice back into its .grad; then forget them.

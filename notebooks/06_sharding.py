@@ -267,7 +267,8 @@ for s in STAGES[1:]:
 # `minddp.runtime.compat` calls whichever your torch has). Both want a tensor whose length
 # the world size divides: pad the flattened tensor first, and cut the padding off at the end. The
 # cell plugs your function into a `Wire` as its *transport*, so the `bucket-async` stage sums its
-# buckets with it, and `check` trains that stage beside a single process and torch's DDP.
+# buckets with it, and `check` trains that stage beside a single process and torch's DDP, and
+# against the model answer (`like="halves"`): one reduce-scatter and one all-gather per bucket.
 
 # %%
 import torch
@@ -292,14 +293,14 @@ class HalvesDDP(AsyncBucketDDP):
         super().__init__(module, process_group, bucket_cap_mb)
         self.register_comm_hook(Wire(process_group, transport=my_all_reduce), allreduce_hook)
 
-check(HalvesDDP)
+check(HalvesDDP, like="halves")
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true}
 from minddp.collectives.halves import halves_all_reduce
 from minddp.notebook.source import show_source
 show_source(halves_all_reduce)
 my_all_reduce = halves_all_reduce       # HalvesDDP looks the name up when it is built
-check(HalvesDDP)
+check(HalvesDDP, like="halves")
 
 # %% [markdown]
 # That was the end of the ladder: from one process, to DDP, to sharding every part of the model

@@ -11,6 +11,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from minddp import stages
+from minddp.comm import Wire
+from minddp.comm.default_hooks import allreduce_hook
+from minddp.runtime.compat import all_gather_single, reduce_scatter_single
 from minddp.exercises import solutions
 
 
@@ -107,12 +111,101 @@ class AsyncSummed(solutions.AsyncHookDDP):
         self.in_flight.clear()
 
 
+class AsyncWaitsInHook(solutions.HookDDP):
+    """Starts each all_reduce with async_op=True, then waits for it at once, in the hook: still blocking."""
+
+    def __init__(self, module, process_group=None):
+        super().__init__(module, process_group)
+        self.in_flight = []
+
+    def _grad_ready(self, param):
+        if self.sync_this_backward:
+            work = dist.all_reduce(param.grad, async_op=True)
+            work.wait()                               # the wait that hook-async removes
+            self.in_flight.append((param, work))
+
+    def finish_gradient_synchronization(self):
+        for param, _ in self.in_flight:
+            param.grad /= dist.get_world_size()
+        self.in_flight.clear()
+
+
+class BucketAsyncWaitsInSend(solutions.BucketDDP):
+    """bucket-async written as bucket plus a list: each bucket's all_reduce is waited for as it is sent."""
+
+    def __init__(self, module, process_group=None, bucket_cap_mb=25):
+        super().__init__(module, process_group, bucket_cap_mb)
+        self.in_flight = []
+
+    def _send_bucket(self, b):
+        grads = [p.grad for p in self.buckets[b]]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        work = dist.all_reduce(flat, async_op=True)
+        work.wait()
+        self.in_flight.append((grads, flat, work))
+
+    def finish_gradient_synchronization(self):
+        for grads, flat, _ in self.in_flight:
+            self._write_back(grads, flat / dist.get_world_size())
+        self.in_flight.clear()
+
+
+class BucketAsyncSummed(solutions.AsyncBucketDDP):
+    """Waits for every bucket in finish but copies back the sum, not the average."""
+
+    def finish_gradient_synchronization(self):
+        for grads, flat, work in self.in_flight:
+            work.wait()
+            self._write_back(grads, flat)
+        self.in_flight.clear()
+
+
+class HookDoesNotWait(solutions.AsyncHookDDP):
+    """Asked for 'hook' (wait in the hook), writes hook-async: the messages travel on during backward."""
+
+
 class BucketNotCopiedBack(solutions.BucketDDP):
     """Reduces a flat copy of the bucket and never writes it back into the gradients."""
 
-    def _sync_bucket(self, b):
+    def _send_bucket(self, b):
         flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[b]])
         dist.all_reduce(flat)
+
+
+# -------------------------------------------------------------------------------- halves (notebook 06)
+def _halves_plain_all_reduce(tensor, group):
+    """The shortcut: sums with one all_reduce, not with its two halves."""
+    dist.all_reduce(tensor, group=group)
+
+
+def _halves_padding_kept(tensor, group):
+    """Reduce-scatter and all-gather right, then forgets to write the sum back into ``tensor``."""
+    n = dist.get_world_size(group)
+    flat = tensor.reshape(-1)
+    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % n))
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+
+
+class _Halves(stages.AsyncBucketDDP):
+    transport = None
+
+    def __init__(self, module, process_group=None, bucket_cap_mb=25):
+        super().__init__(module, process_group, bucket_cap_mb)
+        self.register_comm_hook(Wire(process_group, transport=type(self).transport), allreduce_hook)
+
+
+class HalvesPlainAllReduce(_Halves):
+    """Notebook 06's HalvesDDP with a transport that calls dist.all_reduce."""
+
+    transport = staticmethod(_halves_plain_all_reduce)
+
+
+class HalvesNotWrittenBack(_Halves):
+    """Notebook 06's HalvesDDP with a transport that never copies the sum into the tensor."""
+
+    transport = staticmethod(_halves_padding_kept)
 
 
 # -------------------------------------------------------------------------------- fp16 hook

@@ -79,3 +79,23 @@ def test_ranks_a_moment_apart_are_one_run_and_hours_apart_are_refused(tmp_path):
     _check_recorded_together(tmp_path, {0: trace(0, 0.0), 1: trace(1, 1000.0 + SAME_RUN_GAP_US / 4)})
     with pytest.raises(TraceError, match="not recorded at the same time"):
         _check_recorded_together(tmp_path, {0: trace(0, 0.0), 1: trace(1, 3600e6)})
+
+
+def test_printed_tables_read_in_ms_mib_and_percent(tmp_path, capsys):
+    """One format for numbers in what minddp prints: the analysis table's µs columns are printed in ms, its
+    bytes in MiB, its shares in %, each unit in the header, and the values scaled accordingly (the stored
+    DataFrame, the oracle here, keeps HTA's µs)."""
+    from minddp.analysis import analyze_run
+    from minddp.analysis.report import readable
+
+    run = tmp_path / "run"
+    _good_stage(run / "simple")
+    assert main([str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "step time (ms)" in out and "compute (%)" in out and "allreduce per step (MiB)" in out, out
+    assert "_us" not in out and "_pctg" not in out, out
+    stages = analyze_run(str(run)).stages
+    shown = readable(stages)
+    assert shown.loc["simple", "step time (ms)"] == stages.loc["simple", "step_time_us"] / 1000
+    assert shown.loc["simple", "allreduce per step (MiB)"] == stages.loc["simple", "allreduce_bytes_per_step"] / 2**20
+    assert shown.loc["simple", "compute (%)"] == stages.loc["simple", "compute_pctg"]

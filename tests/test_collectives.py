@@ -80,3 +80,37 @@ def test_ring_and_naive_equal_torch_all_reduce(world_size):
 def test_transports_registry_names():
     assert TRANSPORTS["torch"] is None
     assert callable(TRANSPORTS["ring"]) and callable(TRANSPORTS["naive"])
+
+
+def watch_on_rank():
+    from minddp.collectives.watch import watch
+    return watch("ring", numel=3 * 5), watch("naive", numel=3 * 5)
+
+
+def test_the_watched_ring_sends_what_its_doc_says_and_is_priced_by_the_link_model():
+    """Notebook 01's drawing comes from these records: they must be the schedule ring.py's docstring states
+    (reduce-scatter step s: rank r sends chunk r - s - 1 to r + 1; all-gather: chunk r - s), the marks must
+    show each chunk gathering one share per hop, and the α-β price of what was sent must be the link model's
+    ring formula (a different oracle: minddp.comm.link's table), the star's (n - 1) B at rank 0."""
+    from minddp.collectives.watch import ranks_in, seconds
+    from minddp.comm.link import PRESETS
+
+    n, numel = 3, 15
+    ring, star = launch(watch_on_rank, world_size=n, backend="gloo", timeout_s=60)[0]
+    B, chunk = numel * 4, numel // n * 4
+    for r in ring:
+        rank = r["rank"]
+        assert r["ok"] and r["after"] == [2**n - 1] * n
+        assert [s["chunks"] for s in r["steps"]] == [[(rank - s - 1) % n] for s in range(n - 1)] + \
+            [[(rank - s) % n] for s in range(n - 1)]
+        assert {s["to"] for s in r["steps"]} == {(rank + 1) % n} and r["sent"] == 2 * (n - 1) * chunk
+        # after the reduce-scatter (the state before the first all-gather step), chunk `rank` holds every share
+        assert ranks_in(r["steps"][n - 1]["before"][rank]) == list(range(n))
+        # the chunk sent at reduce-scatter step s carries s + 1 ranks' shares
+        assert [len(ranks_in(s["before"][s["chunks"][0]])) for s in r["steps"][:n - 1]] == list(range(1, n))
+    assert star[0]["sent"] == star[0]["received"] == (n - 1) * B
+    assert all(r["sent"] == r["received"] == B and r["ok"] for r in star[1:])
+    link = PRESETS["1gbit"]
+    # seconds() adds 2 (n - 1) terms in another order than the formula: float64 rounding, far below 1e-9
+    assert seconds(ring, link) == pytest.approx(link.seconds("all_reduce", B, n), rel=1e-9)
+    assert seconds(star, link) == pytest.approx(2 * (n - 1) * (link.latency + B / link.bandwidth), rel=1e-9)

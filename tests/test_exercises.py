@@ -43,7 +43,7 @@ def test_model_answers_and_the_ladder_pass():
     # The ladder's stages (which send through the comm-hook layer) are answers too.
     for like, stage in [("simple", ladder.SimpleDDP), ("ga", ladder.GradAccumDDP), ("hook", ladder.HookDDP),
                         ("hook-async", ladder.AsyncHookDDP), ("bucket", ladder.BucketDDP),
-                        ("bucket-async", ladder.AsyncBucketDDP)]:
+                        ("bucket-async", ladder.AsyncBucketDDP), ("halves", solutions.HalvesDDP)]:
         v = verdict_of(stage, like)
         assert v.ok, v.line
     # The counts in the verdict are the measured ones: simple syncs all 6 parameters after each of 3
@@ -51,6 +51,13 @@ def test_model_answers_and_the_ladder_pass():
     assert "18 all_reduce calls per step" in verdict_of(solutions.SimpleDDP, "simple").line
     assert "6 all_reduce calls per step" in verdict_of(solutions.GradAccumDDP, "ga").line
     assert "2 all_reduce calls per step" in verdict_of(solutions.BucketDDP, "bucket").line
+    # The async rungs are told from the waiting ones by the order of events: hook-async's 6 all_reduces are
+    # all started during backward, and 5 (every one but the last parameter's own) are not waited for before
+    # backward computes the last gradient; bucket-async's first bucket (of 2) is. Counts the code fixes.
+    assert "5 of them still in flight" in verdict_of(solutions.AsyncHookDDP, "hook-async").line
+    assert "1 of them still in flight" in verdict_of(solutions.AsyncBucketDDP, "bucket-async").line
+    assert "in flight" not in verdict_of(solutions.HookDDP, "hook").line
+    assert "2 all_gather and 2 reduce_scatter calls per step" in verdict_of(solutions.HalvesDDP, "halves").line
     v = check_hook(solutions.fp16_compress_hook, like="fp16", timeout_s=TIMEOUT)
     assert v.ok and "2 bytes per value" in v.line, v.line
 
@@ -66,8 +73,16 @@ MISTAKES = [
     (wrong.IgnoresNoSync, "hook", "came from the micro-batches run inside no_sync()"),
     (wrong.AfterBackward, "hook", "started in finish_gradient_synchronization(), after backward"),
     (wrong.AsyncSummed, "hook-async", "forgot the division"),
+    (wrong.AsyncWaitsInHook, "hook-async", "nothing travelled while backward computed"),
+    (solutions.HookDDP, "hook-async", "nothing travelled while backward computed"),
+    (wrong.HookDoesNotWait, "hook", "still in flight when backward computed its last gradient"),
     (solutions.HookDDP, "bucket", "one per bucket"),
     (wrong.BucketNotCopiedBack, "bucket", "gradients were not synchronized"),
+    (wrong.BucketAsyncWaitsInSend, "bucket-async", "nothing travelled while backward computed"),
+    (solutions.BucketDDP, "bucket-async", "nothing travelled while backward computed"),
+    (wrong.BucketAsyncSummed, "bucket-async", "forgot the division"),
+    (wrong.HalvesPlainAllReduce, "halves", "other collectives: 2 all_reduce calls in step 1"),
+    (wrong.HalvesNotWrittenBack, "halves", "divided by the world size but never summed over ranks"),
 ]
 
 

@@ -79,12 +79,14 @@ def main(argv: list[str] | None = None) -> int:
             out_dir = Path(args.run)
     except TraceError as exc:
         return fail(PROG, exc, parser)
-    with pd.option_context("display.width", 200, "display.max_columns", 50):      # step 2
+    from minddp.analysis.report import readable
+
+    with pd.option_context("display.width", 250, "display.max_columns", 50):      # step 2
         if args.compare:
-            print(table[[c for c in table.columns if c[0] in SHOWN]].round(1).to_string())
+            print(readable(table[[c for c in table.columns if c[0] in SHOWN]]).round(2).to_string())
         else:
-            print(f"run {results[0].run}: stages side by side (mean over ranks; times in us)")
-            print(table[SHOWN].round(1).to_string())
+            print(f"run {results[0].run}: stages side by side (mean over ranks)")
+            print(readable(table[SHOWN]).round(2).to_string())
     if args.report:                                                                # step 3
         page = write_report(results, out_dir)
         print(f"report: {page}")

@@ -186,6 +186,36 @@ def _row_label(stage: str, buckets) -> str:
     return f"{stage}\n{n} bucket{'s' if n != 1 else ''} sent"
 
 
+#: How a column's name ends -> (its unit in the header, the factor from the stored value). One format for every
+#: table minddp prints: times in ms, bytes in MiB, shares in %, each unit in its column's header.
+UNITS = {"_us": (" (ms)", 1e-3), "_pctg": (" (%)", 1.0), "_pct": (" (%)", 1.0), "_bytes_per_step": (" per step (MiB)", 2.0**-20),
+         "_bytes": (" (MiB)", 2.0**-20)}
+
+
+def readable_name(column: str) -> tuple[str, float]:
+    """``comm_time_per_step_us`` -> (``comm time per step (ms)``, 1e-3): the header to print and the factor."""
+    for ending, (unit, factor) in UNITS.items():
+        if column.endswith(ending):
+            return column[: -len(ending)].replace("_", " ") + unit, factor
+    return column.replace("_", " "), 1.0
+
+
+def readable(table):
+    """A copy of an analysis table for reading: ms, MiB and % with the unit in each header (the stored
+    DataFrames keep their raw names and units: µs, bytes, as HTA's)."""
+    out = table.copy()
+    renames = {}
+    for col in table.columns:
+        name = col[0] if isinstance(col, tuple) else col
+        if not isinstance(name, str):
+            continue
+        header, factor = readable_name(name)
+        if factor != 1.0:
+            out[col] = table[col] * factor
+        renames[name] = header
+    return out.rename(columns=renames, level=0 if isinstance(table.columns[0], tuple) else None)
+
+
 def write_report(results, folder) -> Path:
     """Steps 1-5 into ``folder``; returns the HTML page's path."""
     folder = Path(folder)
@@ -206,14 +236,16 @@ def write_report(results, folder) -> Path:
              "<style>body{font-family:sans-serif;margin:2em} table{border-collapse:collapse;font-size:13px}"
              " td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}</style></head><body>",
              f"<h1>{html.escape(title)}</h1>",
-             "<p>Metric definitions: docs/analysis.md. Times in microseconds, shares in % of profiled time.</p>"]
+             "<p>Metric definitions: docs/analysis.md. Times in ms, bytes in MiB, shares in % (of the profiled "
+             "time, or of communication time for overlap), each in its column's header.</p>"]
     for r in results:
-        parts += [f"<h2>Stages side by side: {html.escape(r.run)}</h2>", r.stages.round(2).to_html()]
+        parts += [f"<h2>Stages side by side: {html.escape(r.run)}</h2>", readable(r.stages).round(3).to_html()]
     parts += [f"<h2>{html.escape(img[:-4].replace('_', ' '))}</h2><img src='{img}' alt='{img}'>" for img in images]
     for r in results:
-        parts += [f"<h2>Per rank: {html.escape(r.run)}</h2>", r.summary.round(2).to_html(index=False)]
+        parts += [f"<h2>Per rank: {html.escape(r.run)}</h2>", readable(r.summary).round(3).to_html(index=False)]
         if not r.kernels.empty:
-            parts += [f"<h2>Kernel-type breakdown: {html.escape(r.run)}</h2>", r.kernels.round(2).to_html(index=False)]
+            parts += [f"<h2>Kernel-type breakdown: {html.escape(r.run)}</h2>",
+                      readable(r.kernels).round(3).to_html(index=False)]
     parts.append("</body></html>")
     page = folder / "report.html"
     page.write_text("\n".join(parts), encoding="utf-8")

@@ -47,8 +47,9 @@ def measure_rank(model_name: str, stages: list[str], steps: int = 2, batch: int 
 def table(rows: list[dict]) -> str:
     """Markdown: one row per (world size, stage), MiB, measured model state beside the formula."""
     mib = 2 ** 20
-    lines = ["| ranks | stage | parameters | gradients | optimizer | model state | formula | measured / formula "
-             "| activations | gathered (peak) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| ranks | stage | parameters (MiB) | gradients (MiB) | optimizer (MiB) | model state (MiB) "
+             "| formula (MiB) | measured / formula | activations (MiB) | gathered, peak (MiB) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         state = r["parameters"] + r["gradients"] + r["optimizer"]
         lines.append(f"| {r['world']} | {r['stage']} | {r['parameters'] / mib:.3f} | {r['gradients'] / mib:.3f} | "

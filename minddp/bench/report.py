@@ -270,17 +270,18 @@ def _overlap_cell(r: dict) -> str:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = ("| config | median ms | IQR ms | min–max ms | × torch (90 % CI) | exposed comm ms | overlap % (rounds) "
-            "| train-thread CPU ms | all_reduce calls/step | all_reduce KiB/step | peak MiB |")
+    head = ("| config | step, median (ms) | step, IQR (ms) | step, min–max (ms) | step × torch (90 % CI) "
+            "| exposed comm (ms) | overlap of comm by compute (%, rounds) | train-thread CPU (ms) "
+            "| all_reduce calls per step | all_reduce per step (MiB) | peak memory (MiB) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        kib = None if r["allreduce_bytes_per_step"] is None else r["allreduce_bytes_per_step"] / 1024
+        mib = None if r["allreduce_bytes_per_step"] is None else r["allreduce_bytes_per_step"] / 2**20
         calls = _fmt(r["allreduce_calls_per_step"], ".1f")
         lines.append(f"| {r['config']} | {r['median_ms']:.2f} | {r['q1_ms']:.2f}–{r['q3_ms']:.2f} "
                      f"| {r['min_ms']:.2f}–{r['max_ms']:.2f} | {_ratio_cell(r)} "
                      f"| {_fmt(r['exposed_comm_ms'], '.2f')} | {_overlap_cell(r)} | {_fmt(r.get('train_cpu_ms'), '.2f')} "
                      f"| {calls} "
-                     f"| {_fmt(kib, '.1f')} | {_fmt(r['peak_mib'], '.2f')} |")
+                     f"| {_fmt(mib, '.3f')} | {_fmt(r['peak_mib'], '.2f')} |")
     return "\n".join(lines)
 
 

@@ -7,9 +7,15 @@ in torch. Modules mirror ``torch.distributed.algorithms.ddp_comm_hooks``:
 
 Example::
 
-    >>> from minddp.comm import powerSGD_hook as powerSGD, traffic
+    >>> from minddp.comm import powerSGD_hook as powerSGD
     >>> ddp.register_comm_hook(powerSGD.PowerSGDState(None, start_powerSGD_iter=2), powerSGD.powerSGD_hook)
-    >>> traffic.reset(); train_step(...); traffic.bytes      # bytes this rank sent
+
+or, to count what a hook sends, a :class:`Wire` with a :class:`Traffic` meter as its state::
+
+    >>> from minddp.comm import Traffic, Wire, default_hooks
+    >>> traffic = Traffic()
+    >>> ddp.register_comm_hook(Wire(None, traffic=traffic), default_hooks.allreduce_hook)
+    >>> train_step(...); traffic.calls, traffic.bytes        # collectives and bytes this rank sent
 """
 
 # The hook modules themselves, as in torch: ``from minddp.comm import powerSGD_hook as powerSGD``

@@ -67,9 +67,10 @@ def main(argv: list[str]) -> int:
     except (ValueError, OSError) as exc:
         print(f"minddp.model predict: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
-    print(f"{'stage':<13}{'ranks':>6} {'link':<12}{'compute ms':>11}{'step ms':>9}{'exposed ms':>11}{'overlap %':>10}"
-          f"{'comm %':>8}")
+    print(f"{'stage':<13}{'ranks':>6} {'link':<12}{'compute (ms)':>13}{'step (ms)':>11}{'exposed (ms)':>13}"
+          f"{'overlap (%)':>12}{'comm share (%)':>15}")
     for r in rows:
-        print(f"{r['stage']:<13}{r['ranks']:>6} {r['link']:<12}{r['compute_ms']:>11.1f}{r['step_ms']:>9.1f}"
-              f"{r['exposed_ms']:>11.1f}{r['overlap_pct']:>10.0f}{r['comm_share_pct']:>8.0f}")
+        print(f"{r['stage']:<13}{r['ranks']:>6} {r['link']:<12}{r['compute_ms']:>13.1f}{r['step_ms']:>11.1f}"
+              f"{r['exposed_ms']:>13.1f}{r['overlap_pct']:>12.0f}{r['comm_share_pct']:>15.0f}")
+    print("overlap = share of communication time under compute; comm share = communication time over the step")
     return 0

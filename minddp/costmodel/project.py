@@ -155,8 +155,9 @@ def blog_comparison(cp: ComputeProfile, tflops: float) -> str:
     link, n = BLOG["link"], BLOG["ranks"]
     lines = [f"## Beside the blog (SmolLM2-360M, bf16, 16 × ~{BLOG['tokens_per_example']} tokens, 3 micro-batches, "
              f"{n} × T4, link {link}, {tflops:g} TFLOP/s assumed)", "",
-             "| stage | blog non-compute % | predicted exposed % | blog overlap % | predicted overlap % | "
-             "predicted step s | TFLOP/s that would give the blog's % |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "| stage | blog: non-compute (% of step) | predicted exposed comm (% of step) "
+             "| blog: overlap of comm by compute (%) | predicted overlap of comm by compute (%) "
+             "| predicted step (s) | TFLOP/s that would give the blog's % |", "|---|---:|---:|---:|---:|---:|---:|"]
     for stage in ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async", "ddp", "torch"]:
         p = predict(synthesize(cp, stage, 25.0 if stage in ("bucket", "bucket-async", "ddp", "torch") else None, n)
                     .on_real_network(), link)

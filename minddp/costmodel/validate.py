@@ -301,15 +301,16 @@ def markdown(rows: list[dict], checks: list[dict], stats: dict, meta: dict) -> s
                   "settings.", "",
                   "Measured: the median of the steps (rounds kept, plus `--auto-rounds`); spread: the interquartile "
                   "range of the pick's steps over their median.", "",
-                  "| stage | ranks | link | auto cap MiB | measured ms | best swept cap MiB | its ms | ratio | steps | "
-                  "spread |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| stage | ranks | link | auto cap (MiB) | step, measured (ms) | best swept cap (MiB) "
+                  "| its step (ms) | ratio | steps | spread (%) |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| {c['stage']} | {c['ranks']} | {c['link']} | {c['auto_cap_mb']:g} | {c['auto_ms']:.1f} | "
                   f"{c['best_cap_mb']:g} | {c['best_ms']:.1f} | {c['ratio']:.3f} | {c.get('steps', '-')} | "
-                  f"{c.get('spread_pct', float('nan')):.0f} % |" for c in checks]
+                  f"{c.get('spread_pct', float('nan')):.0f} |" for c in checks]
         lines.append("")
     lines += ["## Every configuration", "",
-              "| ranks | stage | cap MiB | link | measured ms | predicted ms | error % | raw error % | "
-              "pred. exposed ms | pred. overlap % |", "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+              "| ranks | stage | cap (MiB) | link | step, measured (ms) | step, predicted (ms) | error (%) "
+              "| error without the profiler correction (%) | predicted exposed comm (ms) "
+              "| predicted overlap of comm by compute (%) |", "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         cap = "-" if r["cap_mb"] is None else f"{r['cap_mb']:g}" + (" (auto)" if r["auto"] else "")
         lines.append(f"| {r['ranks']} | {r['stage']} | {cap} | {r['link']} | {r['measured_ms']:.1f} | "

@@ -21,10 +21,16 @@ DDP on the same shards, and names the first thing that goes wrong:
   twice, the incoming gradient of the last micro-batch synced instead of the
   accumulated one, ...;
 * the parameters differ from the oracles after step N;
-* the wrong number of all_reduce calls, or in the wrong place, against the
-  model answer named by ``like`` (e.g. syncing inside ``no_sync()``, one
-  call per parameter where the bucket plan has two, sending after backward
-  where the stage sends from the autograd hook).
+* the wrong kind, number or place of collectives, against the model answer
+  named by ``like`` (e.g. syncing inside ``no_sync()``, one call per
+  parameter where the bucket plan has two, sending after backward where the
+  stage sends from the autograd hook, ``dist.all_reduce`` where the answer
+  makes a reduce-scatter and an all-gather);
+* an async rung that waits: every message waited for before backward
+  computed its last gradient, where the model answer still has messages in
+  flight then (and the opposite, for the rungs that wait). This comes from
+  the order of events each rank records (gradient ready, collective
+  started, wait), never from timings.
 
 :func:`check_hook` does the same for a comm hook ``hook(state, bucket) ->
 Future[Tensor]`` (``like="fp16"``).

@@ -14,7 +14,9 @@
 3. **read**: every rank prints one report (also when it failed); the reports
    are turned into one :class:`Verdict`, the first problem found in this
    order: a rank that raised, a rank that hung, the start (broadcast), the
-   gradients, the parameters, the number and place of the all_reduce calls.
+   gradients, the parameters, the kinds, number and place of the collectives,
+   and whether messages travelled while backward computed (an async rung's
+   idea, from the order of events the ranks recorded, not from timings).
 
 Example::
 
@@ -77,9 +79,10 @@ def check(stage, like: str | None = None, *, bucket_cap_mb: float = 0.001, steps
           world_size: int = 2, timeout_s: float = 20.0) -> Verdict:
     """Train the stage class ``stage`` on ``world_size`` ranks beside a single process and torch's DDP.
 
-    ``like`` names the model answer it is measured against for the number and
-    place of its all_reduce calls (``simple``, ``ga``, ``hook``, ``hook-async``,
-    ``bucket``, ``bucket-async``; ``None``: correctness only). The stage is
+    ``like`` names the model answer it is measured against for the kinds,
+    number and place of its collectives and for what is in flight while
+    backward computes (``simple``, ``ga``, ``hook``, ``hook-async``,
+    ``bucket``, ``bucket-async``, ``halves``; ``None``: correctness only). The stage is
     built as ``stage(module)``, plus ``bucket_cap_mb`` when its ``__init__``
     takes it (the default makes two buckets of the checker's network). A
     collective that one rank waits in for ``timeout_s`` seconds is a hang.
@@ -141,12 +144,15 @@ def _stage_verdict(name: str, like: str | None, reports: dict, timeout_s: float,
     if problem or counts:
         return Verdict(False, problem or f"✗ {name}: " + counts, reports)
     d_single, d_torch = first.get("max_diff", [float("nan")] * 2)
-    calls = sum(first["counts"][-1].values()) if first["counts"] else 0
+    calls = calls_text(first["kinds"][-1]) if first.get("kinds") else "no collective calls"
     same = f", as '{like}' makes" if like else ""
+    flight = first["in_flight"][-1] if first.get("in_flight") else 0
+    travelled = (f"; {flight} of them still in flight while backward computed its last gradient"
+                 + (f", as in '{like}'" if like else "")) if flight else ""
     return Verdict(True, (
         f"✓ {name}: after {first['checked_steps']} steps of {first['accum']} micro-batches on {first['world']} ranks "
         f"the parameters match a single process on the global batch (largest difference {d_single:.1e}) and "
-        f"torch's DDP ({d_torch:.1e}); {calls} all_reduce calls per step{same}"), reports)
+        f"torch's DDP ({d_torch:.1e}); {calls} per step{same}{travelled}"), reports)
 
 
 def _hook_verdict(like: str, reports: dict, timeout_s: float) -> Verdict:
@@ -220,6 +226,8 @@ GRADIENT_MESSAGES = {
     "summed": "gradients were summed, not averaged ({names}): all_reduce sums over ranks; divide by the world size "
               "({world}) afterwards (forgot the division)",
     "divided_twice": "gradients were divided by the world size twice ({names}): divide once, after the sum",
+    "unsummed": "gradients were divided by the world size but never summed over ranks ({names}): the sum went "
+                "into a copy that was never written back; copy the summed result into .grad",
     "incoming": "the incoming gradient of the last micro-batch was synced rather than the accumulated .grad "
                 "({names}): the earlier micro-batches' part stayed local; sync param.grad once it holds every "
                 "micro-batch (register_post_accumulate_grad_hook), not the gradient a tensor hook receives",
@@ -260,13 +268,32 @@ def _stage_finding(f: dict, report: dict) -> str:
     return GRADIENT_MESSAGES[f["kind"]].format(names=names, world=world) + at
 
 
+def calls_text(kinds: dict) -> str:
+    """``{"all_reduce": 6}`` -> ``6 all_reduce calls``; several kinds joined with "and"."""
+    if not kinds:
+        return "no collective calls"
+    parts = [f"{n} {kind}" for kind, n in sorted(kinds.items())]
+    return (" and ".join(parts) if len(parts) > 1 else parts[0]) + (" calls" if sum(kinds.values()) != 1 else " call")
+
+
+#: What to do when the collectives are of other kinds than the model answer's, by ``like``.
+KIND_HINTS = {"halves": "sum each bucket with one reduce_scatter_single, then one all_gather_single "
+                        "(not dist.all_reduce)"}
+
+
 def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
-    """The all_reduce calls per step (and where they started) against the model answer's."""
+    """The collectives per step (their kinds, number, where they started, what was in flight) against the answer's."""
     ref = report.get("reference_counts")
     mine = report.get("counts")
     if not like or not ref or not mine:
         return None
     k = report["accum"]
+    kinds_m, kinds_r = report.get("kinds", []), report.get("reference_kinds", [])
+    for step, (m, r) in enumerate(zip(kinds_m, kinds_r), start=1):
+        if set(m) != set(r):
+            hint = KIND_HINTS.get(like, "use the collective the model answer uses")
+            return (f"other collectives: {calls_text(m)} in step {step}, where '{like}' makes {calls_text(r)}: "
+                    f"{hint}")
     for step, (m, r) in enumerate(zip(mine, ref), start=1):
         total_m, total_r = sum(m.values()), sum(r.values())
         early_m = sum(m[f"{kind}{i}"] for kind in ("backward", "finish") for i in range(1, k))
@@ -277,12 +304,23 @@ def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
             if early_m > early_r:
                 return (head + f": {early_m} of them came from the micro-batches run inside no_sync(), which "
                         "should only accumulate; sync once, after the last micro-batch")
-            if like.startswith("bucket"):
+            if like.startswith("bucket") or like == "halves":
                 return head + f" (one per bucket: the plan for bucket_cap_mb={cap} has {total_r} buckets)"
             return head
         if r[f"backward{k}"] > 0 and m[f"backward{k}"] == 0:
             return (f"every all_reduce started in finish_gradient_synchronization(), after backward; '{like}' "
                     "starts each one from the autograd hook while backward is still running")
+    flight_m, flight_r = report.get("in_flight", []), report.get("reference_in_flight", [])
+    for step, (m, r) in enumerate(zip(flight_m, flight_r), start=1):
+        if r > 0 and m == 0:
+            return (f"nothing travelled while backward computed: in step {step}, every collective was waited for "
+                    f"before backward computed its last gradient, where '{like}' still had {r} in flight then; "
+                    "start each with async_op=True, keep the handle, and wait only in "
+                    "finish_gradient_synchronization()")
+        if r == 0 and m > 0:
+            return (f"{m} collectives were still in flight when backward computed its last gradient in step "
+                    f"{step}, where '{like}' waits for each one inside the hook, before backward goes on: wait "
+                    "there (not waiting is the next rung, the async one)")
     return None
 
 

@@ -22,9 +22,12 @@ For a stage (:func:`check_stage_on_rank`):
    each rank's gradient of each micro-batch and their average over ranks;
    after ``finish_gradient_synchronization()`` it compares every ``.grad``
    with that average and with the usual mistakes (the local gradient, the sum,
-   the incoming gradient of the last micro-batch, ...); the step is profiled,
-   so every ``c10d::allreduce_`` the stage starts is counted, with where it
-   started (which backward, or in finish);
+   the incoming gradient of the last micro-batch, ...); the step's events
+   are recorded in the order they happen (:class:`Events`: each gradient
+   ready, each collective started, each wait), so every collective the stage
+   starts is counted, by kind and by where it started (which backward, or in
+   finish), and the messages still in flight when backward computed its last
+   gradient are known without a clock;
 4. **oracles**: after every step the parameters are compared with a single
    process trained on the global batch and with torch's DDP trained on the
    same shards;
@@ -162,30 +165,140 @@ def reporting(progress: Progress, files: set[str], report: dict):
         print(MARK + json.dumps(report, default=str), flush=True)
 
 
-# ------------------------------------------------------------------------------------------ counting
-def count_collectives(prof, names: list[str]) -> dict:
-    """all_reduce calls started inside each named range (``c10d::allreduce_`` ops), and the rest."""
-    ranges = {e.name: (e.time_range.start, e.time_range.end) for e in prof.events() if e.name in names}
-    counts = {name: 0 for name in names}
+# ------------------------------------------------------------------------------------------ events
+#: The collectives a stage may start, by the dispatcher's op name, and the name the verdicts use.
+COLLECTIVES = {"c10d.allreduce_.default": "all_reduce", "c10d.allreduce_coalesced_.default": "all_reduce",
+               "c10d._reduce_scatter_base_.default": "reduce_scatter", "c10d.reduce_scatter_.default": "reduce_scatter",
+               "c10d._allgather_base_.default": "all_gather", "c10d.allgather_.default": "all_gather"}
+
+
+class Events(TorchDispatchMode):
+    """The order of what one step does, as the stage's own thread sees it: no clock, only the order.
+
+    Four kinds of event go into ``log``, in the order they happen:
+
+    * ``("begin", "backward2")`` / ``("end", "backward2")``, and the same for
+      ``finish2``: the checker's own marks around each backward and finish;
+    * ``("ready", name)``: autograd has accumulated the gradient of parameter
+      ``name`` (a post-accumulate-grad hook the checker registered *before*
+      the stage's own, so it fires first);
+    * ``("launch", kind)``: the stage started a collective (``all_reduce``,
+      ``reduce_scatter``, ``all_gather``) of floating-point tensors: every
+      ``dist.*`` collective goes through the dispatcher on the calling
+      thread, async or not;
+    * ``("wait", None)``: the stage waited for a collective (``Work.wait()``,
+      which a blocking ``dist.all_reduce`` calls too, or ``Future.wait()``).
+
+    A message is *in flight* from its launch to the first wait after it. The
+    order of these events is fixed by the stage's code, not by the machine:
+    a stage that waits in its hook always shows its wait before the next
+    ``ready``, however fast the network.
+    """
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.log: list[tuple[str, str | None]] = []
+        self.active = False
+        for name, p in module.named_parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(lambda _p, name=name: self._note("ready", name))
+
+    def _note(self, what: str, name: str | None) -> None:
+        if self.active:
+            self.log.append((what, name))
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        self._note("begin", name)
+        try:
+            yield
+        finally:
+            self._note("end", name)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kind = COLLECTIVES.get(str(func))
+        if kind is not None and _carries_floats(args[_SENT_ARGUMENT[str(func)]]):
+            self._note("launch", kind)
+        return func(*args, **(kwargs or {}))
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Record one step: the dispatch mode on, ``wait()`` of works and futures noted (restored after)."""
+        work_wait, future_wait = dist.Work.wait, torch._C.Future.wait
+        events = self
+
+        def waited_work(self, *args, **kwargs):
+            events._note("wait", None)
+            return work_wait(self, *args, **kwargs)
+
+        def waited_future(self, *args, **kwargs):
+            events._note("wait", None)
+            return future_wait(self, *args, **kwargs)
+
+        self.log, self.active = [], True
+        dist.Work.wait, torch._C.Future.wait = waited_work, waited_future
+        try:
+            with self:
+                yield self
+        finally:
+            dist.Work.wait, torch._C.Future.wait = work_wait, future_wait
+            self.active = False
+
+
+def _carries_floats(sent) -> bool:
+    """Gradients are floating point; a stage's bookkeeping (the ladder's check of which parameters were
+    used, ``all_gather_object``) sends integers: not counted as the stage's messages."""
+    if isinstance(sent, torch.Tensor):
+        return sent.is_floating_point() or sent.is_complex()
+    return any(_carries_floats(item) for item in sent) if isinstance(sent, (list, tuple)) else False
+
+
+def summarize(log: list, phases: list[str]) -> dict:
+    """One step's log (:class:`Events`) as counts: collectives per phase and kind, and the overlap.
+
+    ``counts``: collectives started inside each phase (``backward1``.., ``finish1``..,
+    ``elsewhere``); ``kinds``: per kind of collective; ``in_flight``: the most
+    messages that were in flight (launched in the same backward, no wait
+    since) when a backward computed its last gradient, that is, messages
+    that travelled while backward was still computing.
+    """
+    counts = {name: 0 for name in phases}
     counts["elsewhere"] = 0
-    for e in live.calls(prof):
-        inside = [n for n, (s, t) in ranges.items() if s <= e.time_range.start <= t]
-        counts[inside[0] if inside else "elsewhere"] += 1
-    return counts
+    kinds: dict[str, int] = {}
+    in_flight = 0
+    current, pending, at_last_ready = None, 0, 0
+    for what, name in log:
+        if what == "begin":
+            current, pending, at_last_ready = name, 0, 0
+        elif what == "end":
+            if current and current.startswith("backward"):
+                in_flight = max(in_flight, at_last_ready)
+            current = None
+        elif what == "launch":
+            counts[current or "elsewhere"] += 1
+            kinds[name] = kinds.get(name, 0) + 1
+            pending += 1
+        elif what == "wait":
+            pending = 0
+        elif what == "ready":
+            at_last_ready = pending          # the last ready of the backward is the one that counts
+    return {"counts": counts, "kinds": kinds, "in_flight": in_flight}
 
 
 # ------------------------------------------------------------------------------------------ one step
-def run_step(model: nn.Module, optimizer, module: nn.Module, micro, progress: Progress, step: int) -> dict:
-    """Step 3: one optimizer step as :func:`minddp.ladder.loop.train_step` drives any stage, profiled.
+def run_step(model: nn.Module, optimizer, module: nn.Module, micro, progress: Progress, step: int,
+             events: Events) -> dict:
+    """Step 3: one optimizer step as :func:`minddp.ladder.loop.train_step` drives any stage, its events recorded.
 
-    Returns the gradients after finish, and the all_reduce calls started in
-    each range (``backward1``..``backwardK``, ``finish1``..).
+    Returns the gradients after finish, the collectives started in each phase
+    (``backward1``..``backwardK``, ``finish1``..), per kind, and the messages
+    in flight while backward computed (:func:`summarize`).
     """
     k = len(micro)
     no_sync = getattr(model, "no_sync", None)
     finish = getattr(model, "finish_gradient_synchronization", None)
     names = [f"backward{i + 1}" for i in range(k)] + [f"finish{i + 1}" for i in range(k)]
-    with live.profiler() as prof:
+    with events.recording():
         for i, (shard, _) in enumerate(micro):
             last = i == k - 1
             progress.phase = f"running the forward of step {step}, micro-batch {i + 1}"
@@ -193,19 +306,19 @@ def run_step(model: nn.Module, optimizer, module: nn.Module, micro, progress: Pr
             with ctx:
                 loss = loss_of(model, shard) / k
                 progress.phase = f"running the backward of step {step}, micro-batch {i + 1}"
-                with torch.profiler.record_function(f"backward{i + 1}"):
+                with events.phase(f"backward{i + 1}"):
                     loss.backward()
             if finish is not None and (last or no_sync is None):
                 progress.phase = f"running finish_gradient_synchronization() in step {step}, after micro-batch {i + 1}"
-                with torch.profiler.record_function(f"finish{i + 1}"):
+                with events.phase(f"finish{i + 1}"):
                     finish()
     progress.phase = f"comparing the gradients of step {step} (the checker)"
     grads = grads_of(module)
-    counts = count_collectives(prof, names)
+    summary = summarize(events.log, names)
     progress.phase = f"stepping the optimizer in step {step}"
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return {"grads": grads, "counts": counts}
+    return {"grads": grads, **summary}
 
 
 def grads_of(module: nn.Module) -> dict:
@@ -269,12 +382,12 @@ def candidates(local: list[dict], averaged: list[dict], world: int, synced_after
     k = len(local)
     zero = scale(local[0], 0.0)
 
-    def following_schedule(factor: float) -> dict:
+    def following_schedule(factor: float, summed: bool = True) -> dict:
         common, pending_local, pending_mean = zero, zero, zero
         for i in range(k):
             pending_local, pending_mean = add(pending_local, local[i]), add(pending_mean, averaged[i])
             if synced_after[i]:                  # every rank now holds factor × (the sum over ranks)
-                common = scale(add(common, pending_mean), factor)
+                common = scale(add(common, pending_mean if summed else pending_local), factor)
                 pending_local, pending_mean = zero, zero
         return add(common, pending_local)
 
@@ -283,7 +396,9 @@ def candidates(local: list[dict], averaged: list[dict], world: int, synced_after
     for i in range(k):
         expected, accumulated = add(expected, averaged[i]), add(accumulated, local[i])
     found = {"ok": expected, "local": accumulated,
-             "summed": following_schedule(float(world)), "divided_twice": following_schedule(1.0 / world)}
+             "summed": following_schedule(float(world)), "divided_twice": following_schedule(1.0 / world),
+             # divided by the world size, but the sum went to a copy that never came back into .grad
+             "unsummed": following_schedule(1.0 / world, summed=False)}
     if k > 1:
         earlier = zero
         for g in local[:-1]:
@@ -325,8 +440,9 @@ def check_stage_on_rank(stage_cls, like: str | None, options: dict, steps: int, 
             if like is not None:                                                          # step 1
                 progress.phase = f"training the model answer '{like}'"
                 reference = solutions.STAGES[like]
-                report["reference_counts"] = train(reference, options, steps, accum, Progress(), checker,
-                                                   compare=False)["counts"]
+                ref = train(reference, options, steps, accum, Progress(), checker, compare=False)
+                report["reference_counts"] = ref["counts"]
+                report["reference_kinds"], report["reference_in_flight"] = ref["kinds"], ref["in_flight"]
             report.update(train(stage_cls, options, steps, accum, progress, checker, compare=True))
     finally:
         with contextlib.suppress(Exception):
@@ -336,8 +452,9 @@ def check_stage_on_rank(stage_cls, like: str | None, options: dict, steps: int, 
 def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, checker, compare: bool) -> dict:
     """Steps 2-4 for one class: returns counts per step, and with ``compare`` the first finding."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    out: dict = {"counts": [], "finding": None, "checked_steps": 0}
+    out: dict = {"counts": [], "kinds": [], "in_flight": [], "finding": None, "checked_steps": 0}
     module = make_net(seed=rank)                     # a different init on every rank: the broadcast must fix it
+    events = Events(module)                          # its hooks before the stage's: they fire first
     progress.phase = "building your stage"
     model = stage_cls(module, **accepted_options(stage_cls, options))
     progress.phase = "comparing the parameters after __init__ (the checker)"
@@ -356,8 +473,9 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
             progress.phase = f"computing the expected gradients of step {step} (the checker)"
             local = local_micro_grads(module, micro)
             averaged = [mean_over_ranks(g, checker) for g in local]
-        record = run_step(model, optimizer, module, micro, progress, step)
-        out["counts"].append(record["counts"])
+        record = run_step(model, optimizer, module, micro, progress, step, events)
+        for key in ("counts", "kinds", "in_flight"):
+            out[key].append(record[key])
         if not compare:
             continue
         progress.phase = f"comparing the gradients of step {step} (the checker)"
@@ -623,6 +741,7 @@ def train_with_hook(hook, like: str, steps: int, accum: int, progress: Progress,
     torch_hooks = {"fp16": default_hooks.fp16_compress_hook}
     rank, world = dist.get_rank(), dist.get_world_size()
     module = make_net(seed=rank)
+    events = Events(module)
     model = AsyncBucketDDP(module, bucket_cap_mb=0.001)
     model.register_comm_hook(None, hook)
     reference = nn.parallel.DistributedDataParallel(make_net(seed=0), process_group=checker)
@@ -632,7 +751,7 @@ def train_with_hook(hook, like: str, steps: int, accum: int, progress: Progress,
     finding, diffs = None, [0.0, 0.0]
     for step in range(1, steps + 1):
         micro = micro_batches(step, accum, rank, world)
-        run_step(model, opts[0], module, micro, progress, step)
+        run_step(model, opts[0], module, micro, progress, step, events)
         oracle_step(reference, opts[1], micro, global_batch=False)
         oracle_step(single, opts[2], micro, global_batch=True)
         progress.phase = f"comparing the gradients of step {step} (the checker)"

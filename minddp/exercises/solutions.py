@@ -17,6 +17,8 @@ against the one named by ``like=...``:
 ``hook-async``    ``AsyncHookDDP``     the same with ``async_op=True``: wait once, in finish
 ``bucket``        ``BucketDDP``        one all_reduce per bucket of gradients (flatten, sum, copy back)
 ``bucket-async``  ``AsyncBucketDDP``   buckets in flight while backward goes on
+``halves``        ``HalvesDDP``        the ladder's bucket-async, each bucket summed by a reduce-scatter
+                                       then an all-gather (notebook 06)
 ================  ===================  ===================================================
 
 and one comm hook, :func:`fp16_compress_hook` (``check_hook(..., like="fp16")``).
@@ -42,6 +44,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from minddp import stages
+from minddp.collectives.halves import halves_all_reduce
+from minddp.comm import Wire
+from minddp.comm.default_hooks import allreduce_hook
 from minddp.stages.bucket_plan import plan_buckets
 
 
@@ -147,18 +153,18 @@ class BucketDDP(HookDDP):
             self.waiting[b] -= 1
             if self.waiting[b] == 0:               # the bucket's last gradient: send the whole bucket
                 self.waiting[b] = len(self.buckets[b])
-                self._sync_bucket(b)
+                self._send_bucket(b)
 
-    def _sync_bucket(self, b: int) -> None:
+    def _send_bucket(self, b: int) -> None:
         grads = [p.grad for p in self.buckets[b]]
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, group=self.process_group)
         flat /= dist.get_world_size(self.process_group)
-        self._copy_back(grads, flat)
+        self._write_back(grads, flat)
 
     @staticmethod
-    def _copy_back(grads: list[torch.Tensor], flat: torch.Tensor) -> None:
-        for grad, piece in zip(grads, flat.split([g.numel() for g in grads])):
+    def _write_back(grads: list[torch.Tensor], average: torch.Tensor) -> None:
+        for grad, piece in zip(grads, average.split([g.numel() for g in grads])):
             grad.copy_(piece.view_as(grad))
 
 
@@ -169,7 +175,7 @@ class AsyncBucketDDP(BucketDDP):
         super().__init__(module, process_group, bucket_cap_mb)
         self.in_flight = []                        # (gradients, flat buffer, work) per bucket sent
 
-    def _sync_bucket(self, b: int) -> None:
+    def _send_bucket(self, b: int) -> None:
         grads = [p.grad for p in self.buckets[b]]
         flat = torch.cat([g.reshape(-1) for g in grads])
         self.in_flight.append((grads, flat, dist.all_reduce(flat, group=self.process_group, async_op=True)))
@@ -178,8 +184,21 @@ class AsyncBucketDDP(BucketDDP):
         world = dist.get_world_size(self.process_group)
         for grads, flat, work in self.in_flight:
             work.wait()
-            self._copy_back(grads, flat / world)
+            self._write_back(grads, flat / world)
         self.in_flight.clear()
+
+
+class HalvesDDP(stages.AsyncBucketDDP):
+    """bucket-async (the ladder's stage) whose buckets are summed by a reduce-scatter, then an all-gather.
+
+    Notebook 06's exercise: the learner writes the transport
+    (:func:`minddp.collectives.halves.halves_all_reduce` is the answer) and
+    plugs it into a :class:`~minddp.comm.Wire`.
+    """
+
+    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = 25):
+        super().__init__(module, process_group, bucket_cap_mb)
+        self.register_comm_hook(Wire(process_group, transport=halves_all_reduce), allreduce_hook)
 
 
 def fp16_compress_hook(process_group, bucket) -> torch.futures.Future:
@@ -206,10 +225,11 @@ STAGES = {
     "hook-async": AsyncHookDDP,
     "bucket": BucketDDP,
     "bucket-async": AsyncBucketDDP,
+    "halves": HalvesDDP,
 }
 
 #: ``like=`` name -> model answer of a comm hook.
 HOOKS = {"fp16": fp16_compress_hook}
 
-__all__ = ["SimpleDDP", "GradAccumDDP", "HookDDP", "AsyncHookDDP", "BucketDDP", "AsyncBucketDDP",
+__all__ = ["SimpleDDP", "GradAccumDDP", "HookDDP", "AsyncHookDDP", "BucketDDP", "AsyncBucketDDP", "HalvesDDP",
            "fp16_compress_hook", "STAGES", "HOOKS"]

@@ -341,15 +341,16 @@ def summarize(result: dict) -> dict:
 
 
 def format_table(rows: dict[str, dict]) -> str:
-    head = f"{'stage':<13}{'loss*':>8}{'acc':>7}{'step ms':>9}{'samples/s':>11}{'AR calls':>10}{'AR MB':>9}"
+    head = (f"{'stage':<13}{'loss*':>8}{'acc (%)':>9}{'step (ms)':>11}{'samples/s':>11}{'AR calls':>10}"
+            f"{'AR (MiB)':>10}")
     lines = [head, "-" * len(head)]
     for stage, s in rows.items():
         calls = "-" if s["all_reduce_calls_per_step"] is None else f"{s['all_reduce_calls_per_step']:.1f}"
-        mb = "-" if s["all_reduce_bytes_per_step"] is None else f"{s['all_reduce_bytes_per_step'] / 2**20:.3f}"
-        lines.append(f"{stage:<13}{s['final_loss']:>8.4f}{s['accuracy']:>7.3f}{s['median_step_s'] * 1e3:>9.1f}"
-                     f"{s['samples_per_s']:>11.0f}{calls:>10}{mb:>9}")
-    lines.append("loss* = mean of the last 10 steps; acc = held-out accuracy; AR = all_reduce per step "
-                 "through minddp's hook layer ('-': torch's DDP, not metered)")
+        mib = "-" if s["all_reduce_bytes_per_step"] is None else f"{s['all_reduce_bytes_per_step'] / 2**20:.3f}"
+        lines.append(f"{stage:<13}{s['final_loss']:>8.4f}{s['accuracy'] * 100:>9.1f}{s['median_step_s'] * 1e3:>11.1f}"
+                     f"{s['samples_per_s']:>11.0f}{calls:>10}{mib:>10}")
+    lines.append("loss* = mean of the last 10 steps; acc = held-out accuracy; step = median step time; "
+                 "AR = all_reduce per step through minddp's hook layer ('-': torch's DDP, not metered)")
     return "\n".join(lines)
 
 
