@@ -2,7 +2,9 @@
 
 Every call survives a restart of the lighthouse: a store operation that
 fails makes the rank connect again (for up to ``timeout_s``) and post its
-request or vote again. Past ``timeout_s`` without an answer the rank raises
+request or vote again, and its last vote too (a peer may not have read that
+step's decision before the old lighthouse went: the new one decides it again
+from the same votes, so the same way). Past ``timeout_s`` without an answer the rank raises
 :class:`CoordinatorLost`, one line naming the cause and the fix.
 """
 
@@ -58,6 +60,7 @@ class Coordinator:
     def __init__(self, port: int, slot: int, incarnation: int, timeout_s: float = 60.0):
         self.port, self.slot, self.incarnation, self.timeout_s = port, slot, incarnation, timeout_s
         self.seq = 0
+        self.last_vote = None      # posted again to a new lighthouse: a peer may still wait for its decision
         self.store = self._connect()
         self._beating = threading.Event()
         self._beater = threading.Thread(target=self._beat, name="minddp-ft-beat", daemon=True)
@@ -82,6 +85,7 @@ class Coordinator:
     def should_commit(self, quorum: Quorum, step: int, ok: bool) -> bool:
         """Vote on ``step`` (``ok``: nothing failed here); True only if every member's step went through."""
         vote = json.dumps({"quorum": quorum.tag, "members": quorum.members, "step": step, "ok": ok})
+        self.last_vote = vote
         return self._ask(f"vote/{self.slot}", vote, f"decision/{quorum.tag}/{step}") == "commit"
 
     # -- a store that may go away and come back -------------------------------------------------------
@@ -99,9 +103,17 @@ class Coordinator:
             except (RuntimeError, dist.DistError):   # not yet, or the lighthouse went away: reach it, post again
                 if not self._reachable():
                     self.store = self._connect(deadline)
+                    if self.last_vote is not None and key != f"vote/{self.slot}":
+                        self._post_again(f"vote/{self.slot}", self.last_vote)
                 posted = False
         raise CoordinatorLost(f"minddp.ft rank {self.slot}: the coordinator (127.0.0.1:{self.port}) gave no answer "
                               f"to {key} for {self.timeout_s:.0f} s; restart the lighthouse or raise --ft-timeout")
+
+    def _post_again(self, key: str, value: str) -> None:
+        try:
+            self.store.set(key, value)
+        except (RuntimeError, dist.DistError):
+            pass                     # the next pass of _ask reconnects
 
     def _reachable(self) -> bool:
         try:

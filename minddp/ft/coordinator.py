@@ -48,7 +48,7 @@ POLL_S = 0.002
 
 
 def lighthouse_main(port: int, max_world: int, hang_s: float, epoch: int, min_replicas: int, events,
-                    parent_pid: int, full_from_step: int | None = None) -> None:
+                    parent_pid: int, full_world_at: tuple[int, ...] = ()) -> None:
     """The coordinator's process: host the store on ``port`` (0: the OS picks), answer until killed."""
     from minddp.processes import HELPER_BLOCKED, watch_parent
     signal.signal(signal.SIGINT, signal.SIG_IGN)            # Ctrl-C is the launcher's to handle
@@ -56,7 +56,7 @@ def lighthouse_main(port: int, max_world: int, hang_s: float, epoch: int, min_re
     watch_parent(parent_pid, None)
     store = _serve(port)
     events.put(("listening", epoch, store.port, time.time()))
-    Lighthouse(store, max_world, hang_s, epoch, min_replicas, events.put, full_from_step).run()
+    Lighthouse(store, max_world, hang_s, epoch, min_replicas, events.put, full_world_at).run()
 
 
 def _serve(port: int) -> dist.TCPStore:
@@ -78,11 +78,12 @@ class Lighthouse:
     """The loop: read beats, requests and votes; write quorums and decisions; tell the launcher what happened."""
 
     def __init__(self, store, max_world: int, hang_s: float, epoch: int, min_replicas: int, say,
-                 full_from_step: int | None = None):
+                 full_world_at: tuple[int, ...] = ()):
         self.store, self.slots, self.hang_s, self.epoch = store, range(max_world), hang_s, epoch
         self.min_replicas, self.say = min_replicas, say
-        self.full_from_step = full_from_step       # from this step on, only the whole world trains (tests: a
-        #                                            restarted rank is back before the end, whatever the speed)
+        # Steps whose first attempt waits for the whole world (a test's script: each fault then meets a full
+        # world, and a restarted rank is back before the end, whatever the machine's speed).
+        self.full_world_at = set(full_world_at)
         self.started = time.monotonic()
         self.beats: dict[int, tuple[str, float]] = {}        # slot -> (last beat seen, when it changed)
         self.evicted: set[str] = set()                       # "slot:incarnation" already reported
@@ -99,7 +100,7 @@ class Lighthouse:
             self.seen = dict(zip(keys, (v.decode() or None for v in self.store.multi_get(keys))))
             self.read_beats(now)
             if os.environ.get("MINDDP_FT_DEBUG") and int(now * 2) != int((now - POLL_S) * 2):
-                print("LH", {k: v for k, v in self.seen.items() if v}, self.answered, self.full_from_step,
+                print("LH", {k: v for k, v in self.seen.items() if v}, self.answered, self.full_world_at,
                       file=sys.stderr, flush=True)
             self.form_quorum(now)
             self.decide_votes(now)
@@ -123,18 +124,25 @@ class Lighthouse:
         return self._get(f"gone/{slot}") == beat.split(":")[0]     # the launcher saw this incarnation exit
 
     def live(self, slot: int, now: float) -> bool:
-        if slot not in self.beats:
+        if slot not in self.beats:            # never heard: a rank still starting, or (new lighthouse) reconnecting
             return False
         beat, changed = self.beats[slot]
         return now - changed < self.hang_s and not self.gone(slot, beat)
+
+    def dead(self, slot: int, now: float) -> bool:
+        """Known gone, silent past the hang bound, or (to a new lighthouse) never heard within it."""
+        if slot not in self.beats:
+            return now - self.started > self.hang_s
+        return not self.live(slot, now)
 
     # -- 1. quorum -----------------------------------------------------------------------------------
 
     def form_quorum(self, now: float) -> None:
         if now - self.started < 3 * BEAT_S:        # a new lighthouse first learns who beats
             return
-        if self.epoch == 0 and self.members is None and any(s not in self.beats for s in self.slots):
-            return                                  # the run's first quorum: every slot has started
+        if self.members is None and any(s not in self.beats for s in self.slots) and \
+                (self.epoch == 0 or now - self.started < self.hang_s):
+            return                                  # the first quorum: every slot has started (or has had time)
         asking = {}
         for slot in self.slots:
             req = self._get(f"req/{slot}")
@@ -144,9 +152,11 @@ class Lighthouse:
         asking = {slot: r for slot, r in asking.items() if slot in live}
         if not asking or not live <= set(asking) or len(asking) < self.min_replicas:
             return                                  # wait until every live slot asks
-        if self.full_from_step is not None and max(r["step"] for r in asking.values()) >= self.full_from_step \
-                and len(asking) < len(self.slots):
-            return
+        step = max(r["step"] for r in asking.values())
+        if step in self.full_world_at:
+            if len(asking) < len(self.slots):
+                return
+            self.full_world_at.discard(step)        # only its first attempt waits
         members = sorted(asking)
         if members != self.members or self.dirty:   # a new group: new members, or the last one saw a failure
             self.quorum_id, self.members, self.dirty = self.quorum_id + 1, members, False
@@ -177,7 +187,7 @@ class Lighthouse:
                 verdict = "discard"                                  # a member saw a failure
             elif all(m in ok for m in members):
                 verdict = "commit"                                   # every member's step went through
-            elif now - self.started > 3 * BEAT_S and any(not self.live(m, now) for m in members if m not in ok):
+            elif any(self.dead(m, now) for m in members if m not in ok):
                 verdict = "discard"                                  # a member died before it could vote
             else:
                 continue

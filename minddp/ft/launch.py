@@ -56,6 +56,7 @@ class FTRun:
     faults: list[Fault] = field(default_factory=list)
     fired_at: list[float | None] = field(default_factory=list)
     wall_s: float = 0.0
+    attempts: list[tuple[int, int, dict]] = field(default_factory=list)   # (slot, incarnation, entry), as reported
 
     def report(self) -> list[str]:
         return fault_report(self)
@@ -63,15 +64,20 @@ class FTRun:
 
 def launch_ft(task, steps: int, world_size: int = 2, faults: list[Fault] = (), hang_s: float = 10.0,
               restart: bool = True, coordinator_timeout_s: float = 30.0, run_timeout_s: float = 300.0,
-              digests: bool = False, rejoin_before_end: bool = False) -> FTRun:
+              digests: bool = False, full_world_at: tuple[int, ...] = (), rejoin_before_end: bool = False,
+              restart_after_steps: int = 0) -> FTRun:
     """Train ``task`` for ``steps`` committed steps on ``world_size`` slots through ``faults``.
 
-    ``rejoin_before_end``: the last step waits for the whole world (a restarted
-    rank is then back, healed, before the run ends, however slow its start).
+    ``full_world_at``: steps whose first attempt waits for every slot (a test's
+    script, so that each fault meets a full world whatever the machine's
+    speed); ``rejoin_before_end`` adds the last step (a restarted rank is then
+    back, healed, before the run ends). ``restart_after_steps``: a rank that
+    died is started again only once that many more steps are committed (a
+    machine that takes a while to come back; the survivors train meanwhile).
     Once the last step is committed, a process that is not one of its members
     (a rank still starting) is ended: the job is done.
     """
-    full_from = steps - 1 if rejoin_before_end else None
+    full_from = tuple(sorted({*full_world_at, *([steps - 1] if rejoin_before_end else [])}))
     ctx = rank_context()
     plan = FaultPlan(list(faults), ctx)
     events, results = ctx.Queue(), ctx.Queue()
@@ -81,6 +87,9 @@ def launch_ft(task, steps: int, world_size: int = 2, faults: list[Fault] = (), h
     lighthouse, epoch, port = None, 0, 0
     timeline: list[tuple] = []
     members_of: dict[str, list[int]] = {}          # quorum tag -> its members
+    attempts: list[tuple[int, int, dict]] = []     # (slot, incarnation, entry) of every attempt a rank reported
+    committed = 0                                  # steps committed so far
+    waiting: dict[int, int] = {}                   # slot -> committed steps after which it is started again
     done: dict[int, dict] = {}
     t_start = time.time()
     with stop_signals():
@@ -93,12 +102,16 @@ def launch_ft(task, steps: int, world_size: int = 2, faults: list[Fault] = (), h
             coord_faults = [i for i, f in enumerate(plan.faults) if f.kind == "coord"]
             deadline = time.monotonic() + run_timeout_s
             while len(done) < world_size:                                                            # step 3
+                if waiting and not procs:
+                    raise FaultTolerantRunError("minddp.ft: every rank is down and none may start before more "
+                                                "steps are committed; lower restart_after_steps")
                 if time.monotonic() > deadline:
                     raise FaultTolerantRunError(f"minddp.ft: the run did not finish within {run_timeout_s:.0f} s "
                                                 f"(slots done: {sorted(done)}); see the events for the last step")
                 for event in _drain(events):
                     timeline.append(event)
-                    if event[0] == "evict" and event[1] not in done and event[2] == incarnation[event[1]]:
+                    if event[0] == "evict" and event[1] in procs and event[1] not in done \
+                            and event[2] == incarnation[event[1]]:
                         procs[event[1]].kill()           # frozen: ended by its pid, then restarted below
                         timeline.append(("ended", event[1], event[2], time.time()))
                     if event[0] == "quorum":
@@ -109,6 +122,7 @@ def launch_ft(task, steps: int, world_size: int = 2, faults: list[Fault] = (), h
                             del procs[slot]
                             done[slot] = None
                     if event[0] == "decision" and event[3] == "commit":
+                        committed = max(committed, event[2] + 1)
                         for i in [i for i in coord_faults if plan.faults[i].step == event[2] + 1]:
                             coord_faults.remove(i)
                             plan.fired_at[i] = time.time()
@@ -119,7 +133,9 @@ def launch_ft(task, steps: int, world_size: int = 2, faults: list[Fault] = (), h
                                                                    timeline, full_from)
                             notice = _Notices(port)
                 for kind, slot, inc, body in _drain(results):
-                    if kind == "ok":
+                    if kind == "log":
+                        attempts.append((slot, inc, body))
+                    elif kind == "ok":
                         done[slot] = torch.load(io.BytesIO(body), weights_only=False)
                     else:
                         raise FaultTolerantRunError(body.strip().splitlines()[-1] + f"\n(rank {slot}, incarnation "
@@ -127,7 +143,7 @@ def launch_ft(task, steps: int, world_size: int = 2, faults: list[Fault] = (), h
                 for slot, p in list(procs.items()):
                     if p.exitcode is not None and slot not in done:
                         time.sleep(0.05)                 # its result may be in flight
-                        if _take_result(results, done, slot):
+                        if _take_result(results, done, slot, attempts):
                             continue
                         timeline.append(("exited", slot, incarnation[slot], time.time()))
                         notice.gone(slot, incarnation[slot])
@@ -135,6 +151,11 @@ def launch_ft(task, steps: int, world_size: int = 2, faults: list[Fault] = (), h
                             del procs[slot]
                             done[slot] = None
                             continue
+                        del procs[slot]
+                        waiting[slot] = committed + restart_after_steps
+                for slot, after in list(waiting.items()):
+                    if committed >= after:
+                        del waiting[slot]
                         incarnation[slot] += 1
                         procs[slot] = _start_rank(ctx, payload, slot, incarnation[slot], port, plan, results)
                         timeline.append(("restarted", slot, incarnation[slot], time.time()))
@@ -146,8 +167,9 @@ def launch_ft(task, steps: int, world_size: int = 2, faults: list[Fault] = (), h
         finally:
             end_processes([*procs.values(), *([lighthouse] if lighthouse else [])], grace_s=1.0)
     timeline.extend(_drain(events))
+    attempts.extend((s, inc, body) for kind, s, inc, body in _drain(results) if kind == "log")
     return FTRun({s: r for s, r in done.items() if r is not None}, timeline, list(plan.faults),
-                 [plan.when(i) for i in range(len(plan.faults))], time.time() - t_start)
+                 [plan.when(i) for i in range(len(plan.faults))], time.time() - t_start, attempts)
 
 
 def _start_lighthouse(ctx, port, world_size, hang_s, epoch, events, timeline, full_from):
@@ -193,9 +215,11 @@ def _drain(q) -> list:
             return out
 
 
-def _take_result(results, done, slot) -> bool:
+def _take_result(results, done, slot, attempts) -> bool:
     for kind, s, inc, body in _drain(results):
-        if kind == "ok":
+        if kind == "log":
+            attempts.append((s, inc, body))
+        elif kind == "ok":
             done[s] = torch.load(io.BytesIO(body), weights_only=False)
         else:
             raise FaultTolerantRunError(body.strip().splitlines()[-1])
@@ -223,7 +247,8 @@ def _rank_main(payload, parent_path, slot, incarnation, port, plan, results, lau
         from minddp.ft.rung import FaultTolerantTrainer
         task, steps, hang_s, coordinator_timeout_s, digests = pickle.loads(payload)
         coordinator = Coordinator(port, slot, incarnation, coordinator_timeout_s)
-        trainer = FaultTolerantTrainer(task, steps, coordinator, plan, hang_s=hang_s, digests=digests)
+        trainer = FaultTolerantTrainer(task, steps, coordinator, plan, hang_s=hang_s, digests=digests,
+                                       on_entry=lambda entry: results.put(("log", slot, incarnation, entry)))
         out = trainer.run()
         buf = io.BytesIO()
         torch.save(out, buf)

@@ -63,7 +63,7 @@ class FaultTolerantTrainer:
     """One rank (``slot``, ``incarnation``) training ``task`` for ``steps`` committed steps."""
 
     def __init__(self, task, steps: int, coordinator: Coordinator, plan: FaultPlan | None = None,
-                 hang_s: float = 10.0, digests: bool = False):
+                 hang_s: float = 10.0, digests: bool = False, on_entry=None):
         self.task, self.steps, self.coordinator, self.plan = task, steps, coordinator, plan
         self.slot, self.hang_s, self.digests = coordinator.slot, hang_s, digests
         self.model = task.build_model()
@@ -72,6 +72,7 @@ class FaultTolerantTrainer:
         self.group_tag = None                  # the quorum this rank's process group was built for
         self.ddp = None
         self.log: list[dict] = []              # one entry per attempted step
+        self.on_entry = on_entry               # told each entry as it is made (the launcher's timeline)
         self.healed_bytes = 0
         self.raise_in_collective = None        # a ``raise@STEP:RANK`` fault due in this step's collective
 
@@ -103,6 +104,8 @@ class FaultTolerantTrainer:
             if self.digests and not committed:
                 entry["after_discard"] = self.state_digest()
             self.log.append(entry)
+            if self.on_entry is not None:
+                self.on_entry(entry)
             failures = 0 if committed else failures + 1
             if failures >= MAX_ATTEMPTS:
                 raise StepFailedAgain(f"minddp.ft rank {self.slot}: step {self.step} failed {failures} times in a "
