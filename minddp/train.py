@@ -259,6 +259,9 @@ def _progress(cfg: TrainConfig, stage: str, rank: int, first: int = 0):
 
 def run_stage(cfg: TrainConfig, stage: str, data: PreparedData, folder: str, placement: Placement) -> dict:
     """Step 3 for one stage: launch the ranks (or join torchrun's), return rank 0's result."""
+    if stage == "ft":              # its own launcher: trains through a lost rank (minddp.ft)
+        from minddp.ft.train import run_ft_stage
+        return run_ft_stage(cfg, data, folder, say)
     world = 1 if stage == "single" else cfg.world_size
     # Ranks announce every step; a job with no new step for twice the collective timeout (plus a
     # minute for evaluation and saving) is hung somewhere the collective timeout cannot see. A rank
