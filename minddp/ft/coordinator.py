@@ -99,9 +99,6 @@ class Lighthouse:
             now = time.monotonic()
             self.seen = dict(zip(keys, (v.decode() or None for v in self.store.multi_get(keys))))
             self.read_beats(now)
-            if os.environ.get("MINDDP_FT_DEBUG") and int(now * 2) != int((now - POLL_S) * 2):
-                print("LH", {k: v for k, v in self.seen.items() if v}, self.answered, self.full_world_at,
-                      file=sys.stderr, flush=True)
             self.form_quorum(now)
             self.decide_votes(now)
             time.sleep(POLL_S)
