@@ -23,8 +23,9 @@ class InjectedFailure(Exception):
     pass
 
 
-def run_torchft(task, steps: int, fail_at: int, fail_replica: int = 1, num_replicas: int = 2,
-                use_ddp: bool = True) -> dict:
+def run_torchft(
+    task, steps: int, fail_at: int, fail_replica: int = 1, num_replicas: int = 2, use_ddp: bool = True
+) -> dict:
     """``use_ddp``: torchft's DistributedDataParallel; else each gradient through ``manager.allreduce``."""
     from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
     from torchft.coordination import LighthouseServer
@@ -50,18 +51,30 @@ def run_torchft(task, steps: int, fail_at: int, fail_replica: int = 1, num_repli
         optimizer = task.build_optimizer(model)
         pg = ProcessGroupGloo(timeout=timedelta(seconds=5))
         manager = Manager(
-            pg=pg, min_replica_size=1,
-            load_state_dict=lambda sd: (model.load_state_dict(sd["model"]), optimizer.load_state_dict(sd["optim"])),
+            pg=pg,
+            min_replica_size=1,
+            load_state_dict=lambda sd: (
+                model.load_state_dict(sd["model"]),
+                optimizer.load_state_dict(sd["optim"]),
+            ),
             state_dict=lambda: {"model": model.state_dict(), "optim": optimizer.state_dict()},
-            replica_id=str(replica_id), store_addr="localhost", store_port=store.port, rank=0, world_size=1,
-            lighthouse_addr=lighthouse.address(), use_async_quorum=False, timeout=timedelta(seconds=10),
-            quorum_timeout=timedelta(seconds=30), connect_timeout=timedelta(seconds=10))
+            replica_id=str(replica_id),
+            store_addr="localhost",
+            store_port=store.port,
+            rank=0,
+            world_size=1,
+            lighthouse_addr=lighthouse.address(),
+            use_async_quorum=False,
+            timeout=timedelta(seconds=10),
+            quorum_timeout=timedelta(seconds=30),
+            connect_timeout=timedelta(seconds=10),
+        )
         try:
             ddp = DistributedDataParallel(manager, model) if use_ddp else model
             opt = Optimizer(manager, optimizer)
             worlds, t_commit, attempts = {}, {}, {}
             while manager.current_step() < steps:
-                opt.zero_grad()                                  # the quorum (and a heal) happen here
+                opt.zero_grad()  # the quorum (and a heal) happen here
                 step, world = manager.current_step(), manager.num_participants()
                 attempts[step] = attempts.get(step, 0) + 1
                 rank = manager.participating_rank()
@@ -70,17 +83,24 @@ def run_torchft(task, steps: int, fail_at: int, fail_replica: int = 1, num_repli
                     failed["done"], failed["at"] = True, time.time()
                     raise InjectedFailure(f"replica {replica_id} fails at step {step}")
                 loss.backward()
-                if not use_ddp:                                  # the Manager's own average (sum / participants)
+                if not use_ddp:  # the Manager's own average (sum / participants)
                     for work in [manager.allreduce(p.grad) for p in model.parameters()]:
                         work.wait()
-                opt.step()                                       # should_commit, then the step if committed
+                opt.step()  # should_commit, then the step if committed
                 if manager.current_step() > step:
                     worlds[step], t_commit[step] = world, time.time()
-            return {"worlds": worlds, "t_commit": t_commit, "attempts": attempts,
-                    "state": {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                              "step": manager.current_step()}}
+            return {
+                "worlds": worlds,
+                "t_commit": t_commit,
+                "attempts": attempts,
+                "state": {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "step": manager.current_step(),
+                },
+            }
         finally:
-            pg.abort()                   # as a process that died: its connections close, peers fail at once
+            pg.abort()  # as a process that died: its connections close, peers fail at once
             manager.shutdown(wait=False)
 
     threads = torch.get_num_threads()

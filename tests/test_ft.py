@@ -29,25 +29,43 @@ from minddp.ft import ToyTask, launch_ft, parse_faults
 
 CHAOS = "kill@2:1,raise@5:2,stop@8:0,coord@11,kill@14:1,kill@15:2"
 CHAOS_STEPS = 19
-HANG_S = 2.0         # short hang bound: a frozen rank is evicted after 2 s of silence
+HANG_S = 2.0  # short hang bound: a frozen rank is evicted after 2 s of silence
 
 
 @pytest.fixture(scope="module")
 def chaos():
     faults = parse_faults(CHAOS, world_size=3)
-    return launch_ft(ToyTask(compute_s=0.005), CHAOS_STEPS, world_size=3, faults=faults, hang_s=HANG_S,
-                     digests=True, full_world_at=(2, 5, 8, 14), rejoin_before_end=True, run_timeout_s=240)
+    return launch_ft(
+        ToyTask(compute_s=0.005),
+        CHAOS_STEPS,
+        world_size=3,
+        faults=faults,
+        hang_s=HANG_S,
+        digests=True,
+        full_world_at=(2, 5, 8, 14),
+        rejoin_before_end=True,
+        run_timeout_s=240,
+    )
 
 
 @pytest.fixture(scope="module")
 def oracle_run():
-    return launch_ft(ToyTask(seed=3), 8, world_size=2, faults=parse_faults("kill@3:1,raise@5:0"), hang_s=HANG_S,
-                     digests=True, full_world_at=(3, 5), rejoin_before_end=True, restart_after_steps=2,
-                     run_timeout_s=120)
+    return launch_ft(
+        ToyTask(seed=3),
+        8,
+        world_size=2,
+        faults=parse_faults("kill@3:1,raise@5:0"),
+        hang_s=HANG_S,
+        digests=True,
+        full_world_at=(3, 5),
+        rejoin_before_end=True,
+        restart_after_steps=2,
+        run_timeout_s=120,
+    )
 
 
 def entries(run):
-    """(slot, entry) of every attempt any incarnation reported (a rank killed mid-step reports none for it)."""
+    """(slot, entry) of every attempt any incarnation reported (a rank killed mid-step: none for it)."""
     return [(slot, e) for slot, _, e in run.attempts]
 
 
@@ -69,7 +87,7 @@ def test_every_fault_fired_and_training_went_on(chaos):
     lines = chaos.report()
     assert len(lines) == len(chaos.faults)
     assert all("training went on never" not in line for line in lines), lines
-    for fault, line in zip(chaos.faults, lines):     # a rank that died came back, healed
+    for fault, line in zip(chaos.faults, lines):  # a rank that died came back, healed
         if fault.kind in ("kill", "stop"):
             assert f"rank {fault.slot} back, healed" in line, line
 
@@ -96,28 +114,30 @@ def test_members_agree_bitwise_before_every_attempt(chaos):
 
 def test_healed_ranks_joined_and_matched(chaos):
     healed = [(slot, e) for slot, e in entries(chaos) if e["healed"]]
-    assert {slot for slot, _ in healed} == {0, 1, 2}            # every slot was lost once and healed
+    assert {slot for slot, _ in healed} == {0, 1, 2}  # every slot was lost once and healed
     quorums = {q[1]: q for q in chaos.events if q[0] == "quorum"}
-    for slot, e in healed:          # the coordinator saw it behind, and a member at the newest step to heal it
+    for slot, e in healed:  # the coordinator saw it behind, and a member at the newest step to heal it
         steps = quorums[e["tag"]][3]
         assert steps[slot] < max(steps.values()) == e["step"], (slot, e["tag"], steps)
-        peers = [p for p, q in entries(chaos) if q["tag"] == e["tag"] and q["step"] == e["step"] and p != slot]
-        assert all(q["before"] == e["before"] for p, q in entries(chaos)
-                   if q["tag"] == e["tag"] and q["step"] == e["step"] and q.get("before")), (slot, e["tag"])
+        assert all(
+            q["before"] == e["before"]
+            for p, q in entries(chaos)
+            if q["tag"] == e["tag"] and q["step"] == e["step"] and q.get("before")
+        ), (slot, e["tag"])
 
 
 def test_a_discarded_step_changes_nothing_and_is_retried(chaos):
     discarded = [(slot, e) for slot, e in entries(chaos) if not e["committed"]]
     assert discarded
     for slot, e in discarded:
-        if e.get("before") is not None:      # the attempt got as far as its step: it left every byte as it was
+        if e.get("before") is not None:  # the attempt got as far as its step: it left every byte as it was
             assert e["after_discard"] == e["before"], (slot, e)
     committed = {}
     for slot, e in entries(chaos):
         if e["committed"]:
             committed.setdefault(e["step"], set()).add(e["tag"])
-    assert sorted(committed) == list(range(CHAOS_STEPS))           # every step committed ...
-    assert all(len(tags) == 1 for tags in committed.values())     # ... by exactly one quorum
+    assert sorted(committed) == list(range(CHAOS_STEPS))  # every step committed ...
+    assert all(len(tags) == 1 for tags in committed.values())  # ... by exactly one quorum
 
 
 def test_every_failed_attempt_was_discarded_on_every_member(chaos):
@@ -141,7 +161,7 @@ def test_the_world_shrank_and_grew_back(chaos):
 
 
 def replay(task: ToyTask, worlds: list[int]):
-    """One process: for step s, the gradient of each of ``worlds[s]`` shards, averaged as the all_reduce does."""
+    """One process: for step s, the gradient of each of ``worlds[s]`` shards, averaged as all_reduce does."""
     model, optimizer = task.build_model(), None
     optimizer = task.build_optimizer(model)
     for step, world in enumerate(worlds):
@@ -152,9 +172,9 @@ def replay(task: ToyTask, worlds: list[int]):
             task.loss(model, task.shard(batch, rank, world), world).backward()
             grads.append([p.grad.clone() for p in model.parameters()])
         for i, p in enumerate(model.parameters()):
-            total = grads[0][i] / world           # allreduce_hook: divide by the world, then sum over ranks
+            total = grads[0][i] / world  # allreduce_hook: divide by the world, then sum over ranks
             for g in grads[1:]:
-                total = total + g[i] / world      # two addends: the sum is the same in either order
+                total = total + g[i] / world  # two addends: the sum is the same in either order
             p.grad = total
         optimizer.step()
     return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": len(worlds)}
@@ -167,9 +187,9 @@ def test_matches_a_single_process_on_the_committed_steps(oracle_run):
         if e["committed"]:
             worlds[e["step"]] = len(e["members"])
     assert sorted(worlds) == list(range(8))
-    assert 1 in worlds.values() and 2 in worlds.values()      # the kill shrank the world, the heal grew it
+    assert 1 in worlds.values() and 2 in worlds.values()  # the kill shrank the world, the heal grew it
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)                   # as the ranks: results that do not depend on the core count
+    torch.set_num_threads(1)  # as the ranks: results that do not depend on the core count
     try:
         expected = replay(ToyTask(seed=3), [worlds[s] for s in range(8)])
     finally:

@@ -25,9 +25,9 @@ import io
 
 import pytest
 import torch
+from test_ft import assert_same_state, replay
 
 from minddp.ft import ToyTask, launch_ft, parse_faults
-from test_ft import assert_same_state, replay
 
 torchft = pytest.importorskip("torchft", reason="torchft is not installed (pip install torchft)")
 
@@ -36,19 +36,28 @@ STEPS, FAIL_AT = 8, 3
 
 def test_same_fault_same_outcome_as_torchft():
     from ft_torchft import run_torchft
+
     reference = run_torchft(ToyTask(seed=3), STEPS, fail_at=FAIL_AT, use_ddp=False)
     survivor, returned = reference["replicas"]
-    assert sorted(survivor["worlds"]) == list(range(STEPS))           # every step committed once
+    assert sorted(survivor["worlds"]) == list(range(STEPS))  # every step committed once
     # (torchft discards step 3 on the survivor in most runs, but not in every one: when the failure lands
     # while the survivor is still in its quorum, its step 3 runs alone and commits; no assertion on it)
     assert all(n == 1 for s, n in survivor["attempts"].items() if s != FAIL_AT)
-    assert min(returned["worlds"]) >= FAIL_AT                         # the returned replica was healed
+    assert min(returned["worlds"]) >= FAIL_AT  # the returned replica was healed
     worlds = [survivor["worlds"][s] for s in range(STEPS)]
     assert_same_state(survivor["state"], returned["state"])
     assert_same_state(survivor["state"], oracle(worlds))
 
-    ours = launch_ft(ToyTask(seed=3), STEPS, world_size=2, faults=parse_faults(f"kill@{FAIL_AT}:1"), hang_s=2.0,
-                     full_world_at=(FAIL_AT,), rejoin_before_end=True, run_timeout_s=120)
+    ours = launch_ft(
+        ToyTask(seed=3),
+        STEPS,
+        world_size=2,
+        faults=parse_faults(f"kill@{FAIL_AT}:1"),
+        hang_s=2.0,
+        full_world_at=(FAIL_AT,),
+        rejoin_before_end=True,
+        run_timeout_s=120,
+    )
     mine = {}
     for slot, _, e in ours.attempts:
         if slot == 0:

@@ -18,4 +18,4 @@ from minddp.ft.faults import Fault, parse_faults
 from minddp.ft.launch import FTRun, launch_ft
 from minddp.ft.task import ToyTask
 
-__all__ = ["Fault", "parse_faults", "FTRun", "launch_ft", "ToyTask"]
+__all__ = ["FTRun", "Fault", "ToyTask", "launch_ft", "parse_faults"]

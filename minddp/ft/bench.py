@@ -1,4 +1,4 @@
-"""``python -m minddp.ft.bench``: recovery times over many injected faults, and fault tolerance vs checkpoint-restart.
+"""``python -m minddp.ft.bench``: recovery over many injected faults; fault tolerance vs checkpoint-restart.
 
 One run of the toy task (:class:`~minddp.ft.task.ToyTask`) on ``--world-size``
 slots with a fault every ``--every`` steps, cycling through ``kill``,
@@ -50,8 +50,16 @@ def measure(n: int, every: int, world: int, hang_s: float, compute_s: float) -> 
     t = time.perf_counter()
     clean = launch_ft(task, steps, world_size=world, hang_s=hang_s, run_timeout_s=1800)
     clean_s = time.perf_counter() - t
-    run = launch_ft(task, steps, world_size=world, faults=faults, hang_s=hang_s, run_timeout_s=3600,
-                    full_world_at=tuple(f.step for f in faults), rejoin_before_end=True)
+    run = launch_ft(
+        task,
+        steps,
+        world_size=world,
+        faults=faults,
+        hang_s=hang_s,
+        run_timeout_s=3600,
+        full_world_at=tuple(f.step for f in faults),
+        rejoin_before_end=True,
+    )
     return {"faults": faults, "run": run, "clean": clean, "clean_s": clean_s, "steps": steps}
 
 
@@ -64,14 +72,28 @@ def recoveries(run) -> list[dict]:
         if t is None:
             continue
         commit = next((d for d in decisions if d[5] >= t and d[3] == "commit"), None)
-        lost = sum(1 for d in decisions if d[5] >= t and d[3] == "discard" and (commit is None or d[5] <= commit[5]))
+        lost = sum(
+            1 for d in decisions if d[5] >= t and d[3] == "discard" and (commit is None or d[5] <= commit[5])
+        )
         back = None
         if fault.kind in ("kill", "stop"):
-            rejoin = next((q for q in quorums if q[4] > t and fault.slot in q[2]
-                           and q[3][fault.slot] < max(q[3].values())), None)
+            rejoin = next(
+                (
+                    q
+                    for q in quorums
+                    if q[4] > t and fault.slot in q[2] and q[3][fault.slot] < max(q[3].values())
+                ),
+                None,
+            )
             back = None if rejoin is None else rejoin[4] - t
-        out.append({"kind": fault.kind, "went_on_s": None if commit is None else commit[5] - t, "lost": lost,
-                    "back_s": back})
+        out.append(
+            {
+                "kind": fault.kind,
+                "went_on_s": None if commit is None else commit[5] - t,
+                "lost": lost,
+                "back_s": back,
+            }
+        )
     return out
 
 
@@ -83,11 +105,14 @@ def first_commit_s(run) -> float:
 
 
 def heal_bytes() -> dict[str, int]:
-    """Bytes one heal sends: the serialized (model, AdamW state, step), after one step so the moments exist."""
+    """Bytes one heal sends: the serialized (model, AdamW state, step), after a step (the moments exist)."""
     from minddp.models import OFFLINE_MODEL, build_model
+
     sizes = {}
-    for name, model in (("toy MLP", ToyTask().build_model()), (OFFLINE_MODEL, build_model(OFFLINE_MODEL, 1000, 0, 0,
-                                                                                          "fp32"))):
+    for name, model in (
+        ("toy MLP", ToyTask().build_model()),
+        (OFFLINE_MODEL, build_model(OFFLINE_MODEL, 1000, 0, 0, "fp32")),
+    ):
         optimizer = torch.optim.AdamW(model.parameters())
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
@@ -99,8 +124,15 @@ def heal_bytes() -> dict[str, int]:
     return sizes
 
 
-def projection(recovery_s: float, rejoin_s: float, restart_s: float, step_s: float, rate: float,
-               interval_min: float, gpus: list[int]) -> list[str]:
+def projection(
+    recovery_s: float,
+    rejoin_s: float,
+    restart_s: float,
+    step_s: float,
+    rate: float,
+    interval_min: float,
+    gpus: list[int],
+) -> list[str]:
     """Fraction of wall time lost to failures, per world size (failures ~ rate * gpus per hour).
 
     checkpoint-restart loses, per failure, the work since the last checkpoint
@@ -109,33 +141,53 @@ def projection(recovery_s: float, rejoin_s: float, restart_s: float, step_s: flo
     group rebuilt, all ranks idle) plus one rank's share of the time until the
     replacement is back (``rejoin_s / gpus``: the others keep training).
     """
-    rows = ["| GPUs | failures / h | checkpoint-restart: time lost | fault-tolerant: time lost | ratio |",
-            "|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| GPUs | failures / h | checkpoint-restart: time lost | fault-tolerant: time lost | ratio |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for n in gpus:
         per_hour = rate * n
         cr = per_hour * (interval_min * 60 / 2 + restart_s) / 3600
         ft = per_hour * (recovery_s + rejoin_s / n) / 3600
-        rows.append(f"| {n} | {per_hour:.3g} | {min(cr, 1):.2%} | {min(ft, 1):.2%} | "
-                    f"{cr / ft if ft else float('inf'):.0f}x |")
+        rows.append(
+            f"| {n} | {per_hour:.3g} | {min(cr, 1):.2%} | {min(ft, 1):.2%} | "
+            f"{cr / ft if ft else float('inf'):.0f}x |"
+        )
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m minddp.ft.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--faults", type=int, default=24, help="faults to inject (cycling kill, raise, stop, coord)")
+    p.add_argument(
+        "--faults", type=int, default=24, help="faults to inject (cycling kill, raise, stop, coord)"
+    )
     p.add_argument("--every", type=int, default=4, help="steps between two faults")
     p.add_argument("--world-size", type=int, default=3)
-    p.add_argument("--hang-timeout", type=float, default=2.0, help="the hang bound (a frozen rank's eviction)")
+    p.add_argument(
+        "--hang-timeout", type=float, default=2.0, help="the hang bound (a frozen rank's eviction)"
+    )
     p.add_argument("--compute-s", type=float, default=0.01, help="pause per step standing in for compute")
-    p.add_argument("--rate", type=float, default=2e-5, help="failures per GPU-hour for the projection "
-                   "(2e-5: Llama 3's 419 interruptions in 54 days on 16384 GPUs)")
-    p.add_argument("--checkpoint-minutes", type=float, default=30.0, help="checkpoint interval for the projection")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=2e-5,
+        help="failures per GPU-hour for the projection "
+        "(2e-5: Llama 3's 419 interruptions in 54 days on 16384 GPUs)",
+    )
+    p.add_argument(
+        "--checkpoint-minutes", type=float, default=30.0, help="checkpoint interval for the projection"
+    )
     args = p.parse_args(argv)
     m = measure(args.faults, args.every, args.world_size, args.hang_timeout, args.compute_s)
     run, rec = m["run"], recoveries(m["run"])
-    print(f"## Recovery over {len(rec)} injected faults ({args.world_size} ranks, toy task, hang bound "
-          f"{args.hang_timeout:g} s)\n")
-    print("| fault | n | to next commit: median | worst | attempts discarded | lost rank back (healed): median |")
+    print(
+        f"## Recovery over {len(rec)} injected faults ({args.world_size} ranks, toy task, hang bound "
+        f"{args.hang_timeout:g} s)\n"
+    )
+    print(
+        "| fault | n | to next commit: median | worst | attempts discarded "
+        "| lost rank back (healed): median |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     for kind in ("kill", "raise", "stop", "coord", "all"):
         rows = [r for r in rec if kind in (r["kind"], "all") and r["went_on_s"] is not None]
@@ -143,27 +195,46 @@ def main(argv: list[str] | None = None) -> int:
             continue
         went = [r["went_on_s"] for r in rows]
         back = [r["back_s"] for r in rows if r["back_s"] is not None]
-        print(f"| {kind} | {len(rows)} | {statistics.median(went):.2f} s | {max(went):.2f} s | "
-              f"{sum(r['lost'] for r in rows)} | {f'{statistics.median(back):.2f} s' if back else '-'} |")
+        print(
+            f"| {kind} | {len(rows)} | {statistics.median(went):.2f} s | {max(went):.2f} s | "
+            f"{sum(r['lost'] for r in rows)} | {f'{statistics.median(back):.2f} s' if back else '-'} |"
+        )
     ft_s = run.wall_s
     clean_step = m["clean_s"] / m["steps"]
-    print(f"\nThroughput: fault-free {m['steps'] / m['clean_s']:.1f} committed steps/s ({m['clean_s']:.1f} s); "
-          f"with {len(rec)} faults {m['steps'] / ft_s:.1f} steps/s ({ft_s:.1f} s, each fault's step waiting for the "
-          f"whole world first): {(ft_s - m['clean_s']) / len(rec):.2f} s lost per fault.")
+    print(
+        f"\nThroughput: fault-free {m['steps'] / m['clean_s']:.1f} committed steps/s ({m['clean_s']:.1f} s); "
+        f"with {len(rec)} faults {m['steps'] / ft_s:.1f} steps/s ({ft_s:.1f} s, each fault's step waiting "
+        f"for the "
+        f"whole world first): {(ft_s - m['clean_s']) / len(rec):.2f} s lost per fault."
+    )
     restart = first_commit_s(m["clean"])
     print(f"Cold start (coordinator up to first committed step, {args.world_size} ranks): {restart:.2f} s.\n")
-    print("## Heal memory (bytes sent by one heal = one extra serialized copy on the sender and on the receiver)\n")
+    print("## Heal memory (bytes one heal sends = one extra serialized copy on sender and receiver)\n")
     print("| model | parameter bytes | heal payload |")
     print("|---|---:|---:|")
     for name, (payload, params) in heal_bytes().items():
         print(f"| {name} | {params:,} | {payload:,} ({payload / params:.2f}x) |")
     all_went = [r["went_on_s"] for r in rec if r["went_on_s"] is not None]
     backs = [r["back_s"] for r in rec if r["back_s"] is not None]
-    print(f"\n## Projection: failure rate {args.rate:g} per GPU-hour, checkpoint every {args.checkpoint_minutes:g} "
-          f"min, restart {restart:.1f} s, recovery {statistics.median(all_went):.2f} s, rejoin "
-          f"{statistics.median(backs) if backs else 0:.1f} s (as measured here)\n")
-    print("\n".join(projection(statistics.median(all_went), statistics.median(backs) if backs else 0.0, restart,
-                               clean_step, args.rate, args.checkpoint_minutes, [8, 512, 4096, 16384, 100_000])))
+    print(
+        f"\n## Projection: failure rate {args.rate:g} per GPU-hour, "
+        f"checkpoint every {args.checkpoint_minutes:g} "
+        f"min, restart {restart:.1f} s, recovery {statistics.median(all_went):.2f} s, rejoin "
+        f"{statistics.median(backs) if backs else 0:.1f} s (as measured here)\n"
+    )
+    print(
+        "\n".join(
+            projection(
+                statistics.median(all_went),
+                statistics.median(backs) if backs else 0.0,
+                restart,
+                clean_step,
+                args.rate,
+                args.checkpoint_minutes,
+                [8, 512, 4096, 16384, 100_000],
+            )
+        )
+    )
     for line in run.report():
         print(f"    {line}")
     return 0

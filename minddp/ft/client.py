@@ -1,4 +1,4 @@
-"""A rank's side of the coordinator: heartbeat, ``quorum(step)``, ``should_commit(...)``, and a store for groups.
+"""A rank's side of the coordinator: heartbeat, ``quorum(step)``, ``should_commit(...)``, a store for groups.
 
 Every call survives a restart of the lighthouse: a store operation that
 fails makes the rank connect again (for up to ``timeout_s``) and post its
@@ -28,13 +28,14 @@ class CoordinatorLost(RuntimeError):
 @dataclass(frozen=True)
 class Quorum:
     """Who trains the next step: ``members`` (slots, sorted), the step each is at, the group's tag."""
+
     tag: str
     members: list[int]
     steps: dict[int, int]
     slot: int
 
     @property
-    def rank(self) -> int:          # this rank's place in the group
+    def rank(self) -> int:  # this rank's place in the group
         return self.members.index(self.slot)
 
     @property
@@ -60,13 +61,13 @@ class Coordinator:
     def __init__(self, port: int, slot: int, incarnation: int, timeout_s: float = 60.0):
         self.port, self.slot, self.incarnation, self.timeout_s = port, slot, incarnation, timeout_s
         self.seq = 0
-        self.last_vote = None      # posted again to a new lighthouse: a peer may still wait for its decision
+        self.last_vote = None  # posted again to a new lighthouse: a peer may still wait for its decision
         self.store = self._connect()
         self._beating = threading.Event()
         self._beater = threading.Thread(target=self._beat, name="minddp-ft-beat", daemon=True)
 
     def start_beating(self) -> None:
-        """From now on the lighthouse counts this rank live (call once the rank is ready to ask for a quorum)."""
+        """From now on the lighthouse counts this rank live (call once ready to ask for a quorum)."""
         self._beating.set()
         self._beater.start()
 
@@ -76,7 +77,7 @@ class Coordinator:
     def quorum(self, step: int) -> Quorum:
         """Ask to train ``step``; block until the lighthouse names the members (everyone live has asked)."""
         self.seq += 1
-        request_id = f"{self.incarnation}.{self.seq}"      # unique across restarts of this slot
+        request_id = f"{self.incarnation}.{self.seq}"  # unique across restarts of this slot
         request = json.dumps({"id": request_id, "step": step})
         answer = self._ask(f"req/{self.slot}", request, f"quorum/{self.slot}/{request_id}")
         q = json.loads(answer)
@@ -100,20 +101,25 @@ class Coordinator:
                     posted = True
                 self.store.wait([answer_key], timedelta(seconds=max(0.1, deadline - time.monotonic())))
                 return self.store.get(answer_key).decode()
-            except (RuntimeError, dist.DistError):   # not yet, or the lighthouse went away: reach it, post again
+            except (
+                RuntimeError,
+                dist.DistError,
+            ):  # not yet, or the lighthouse went away: reach it, post again
                 if not self._reachable():
                     self.store = self._connect(deadline)
                     if self.last_vote is not None and key != f"vote/{self.slot}":
                         self._post_again(f"vote/{self.slot}", self.last_vote)
                 posted = False
-        raise CoordinatorLost(f"minddp.ft rank {self.slot}: the coordinator (127.0.0.1:{self.port}) gave no answer "
-                              f"to {key} for {self.timeout_s:.0f} s; restart the lighthouse or raise --ft-timeout")
+        raise CoordinatorLost(
+            f"minddp.ft rank {self.slot}: the coordinator (127.0.0.1:{self.port}) gave no answer "
+            f"to {key} for {self.timeout_s:.0f} s; restart the lighthouse or raise --ft-timeout"
+        )
 
     def _post_again(self, key: str, value: str) -> None:
         try:
             self.store.set(key, value)
         except (RuntimeError, dist.DistError):
-            pass                     # the next pass of _ask reconnects
+            pass  # the next pass of _ask reconnects
 
     def _reachable(self) -> bool:
         try:
@@ -126,12 +132,19 @@ class Coordinator:
         deadline = deadline or time.monotonic() + self.timeout_s
         while True:
             try:
-                return dist.TCPStore("127.0.0.1", self.port, is_master=False, timeout=timedelta(seconds=1),
-                                     wait_for_workers=False)
+                return dist.TCPStore(
+                    "127.0.0.1",
+                    self.port,
+                    is_master=False,
+                    timeout=timedelta(seconds=1),
+                    wait_for_workers=False,
+                )
             except (RuntimeError, dist.DistError):
                 if time.monotonic() > deadline:
-                    raise CoordinatorLost(f"minddp.ft rank {self.slot}: cannot reach the coordinator at 127.0.0.1:"
-                                          f"{self.port} for {self.timeout_s:.0f} s; is the lighthouse running?")
+                    raise CoordinatorLost(
+                        f"minddp.ft rank {self.slot}: cannot reach the coordinator at 127.0.0.1:"
+                        f"{self.port} for {self.timeout_s:.0f} s; is the lighthouse running?"
+                    )
                 time.sleep(0.05)
 
     def _beat(self) -> None:
@@ -142,5 +155,5 @@ class Coordinator:
                 store = store or self._connect(time.monotonic() + 3600)
                 store.set(f"beat/{self.slot}", f"{self.incarnation}:{count}")
             except (RuntimeError, dist.DistError, CoordinatorLost):
-                store = None                                   # reconnect at the next beat
+                store = None  # reconnect at the next beat
             time.sleep(BEAT_S)

@@ -47,11 +47,20 @@ BEAT_S = 0.05
 POLL_S = 0.002
 
 
-def lighthouse_main(port: int, max_world: int, hang_s: float, epoch: int, min_replicas: int, events,
-                    parent_pid: int, full_world_at: tuple[int, ...] = ()) -> None:
+def lighthouse_main(
+    port: int,
+    max_world: int,
+    hang_s: float,
+    epoch: int,
+    min_replicas: int,
+    events,
+    parent_pid: int,
+    full_world_at: tuple[int, ...] = (),
+) -> None:
     """The coordinator's process: host the store on ``port`` (0: the OS picks), answer until killed."""
     from minddp.processes import HELPER_BLOCKED, watch_parent
-    signal.signal(signal.SIGINT, signal.SIG_IGN)            # Ctrl-C is the launcher's to handle
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)
     watch_parent(parent_pid, None)
     store = _serve(port)
@@ -60,40 +69,52 @@ def lighthouse_main(port: int, max_world: int, hang_s: float, epoch: int, min_re
 
 
 def _serve(port: int) -> dist.TCPStore:
-    """The store on ``port``; after a restart the old one's port may be a moment in TIME_WAIT: retry for 5 s."""
+    """The store on ``port``; after a restart the old port may be in TIME_WAIT a moment: retry for 5 s."""
     deadline = time.monotonic() + 5.0
     while True:
         try:
-            return dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                                 timeout=timedelta(seconds=30))
+            return dist.TCPStore(
+                "127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+            )
         except (RuntimeError, dist.DistError) as exc:
             if time.monotonic() > deadline:
-                print(f"minddp.ft lighthouse: cannot listen on port {port} ({exc}); end the process that holds it",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"minddp.ft lighthouse: cannot listen on port {port} ({exc}); end the process holding it",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 os._exit(1)
             time.sleep(0.1)
 
 
 class Lighthouse:
-    """The loop: read beats, requests and votes; write quorums and decisions; tell the launcher what happened."""
+    """The loop: read beats, requests and votes; write quorums and decisions; tell the launcher."""
 
-    def __init__(self, store, max_world: int, hang_s: float, epoch: int, min_replicas: int, say,
-                 full_world_at: tuple[int, ...] = ()):
+    def __init__(
+        self,
+        store,
+        max_world: int,
+        hang_s: float,
+        epoch: int,
+        min_replicas: int,
+        say,
+        full_world_at: tuple[int, ...] = (),
+    ):
         self.store, self.slots, self.hang_s, self.epoch = store, range(max_world), hang_s, epoch
         self.min_replicas, self.say = min_replicas, say
         # Steps whose first attempt waits for the whole world (a test's script: each fault then meets a full
         # world, and a restarted rank is back before the end, whatever the machine's speed).
         self.full_world_at = set(full_world_at)
         self.started = time.monotonic()
-        self.beats: dict[int, tuple[str, float]] = {}        # slot -> (last beat seen, when it changed)
-        self.evicted: set[str] = set()                       # "slot:incarnation" already reported
-        self.answered: dict[int, int] = {}                   # slot -> last request seq answered
+        self.beats: dict[int, tuple[str, float]] = {}  # slot -> (last beat seen, when it changed)
+        self.evicted: set[str] = set()  # "slot:incarnation" already reported
+        self.answered: dict[int, int] = {}  # slot -> last request seq answered
         self.decided: set[tuple[str, int]] = set()
         self.quorum_id, self.members, self.dirty = 0, None, True
 
     def run(self) -> None:
         keys = [f"{kind}/{slot}" for kind in ("beat", "req", "vote", "gone") for slot in self.slots]
-        for key in keys:                  # every key exists from the start, so one multi_get reads them all
+        for key in keys:  # every key exists from the start, so one multi_get reads them all
             self.store.compare_set(key, "", "")
         while True:
             now = time.monotonic()
@@ -112,16 +133,16 @@ class Lighthouse:
                 self.beats[slot] = (beat, now)
             if beat is not None and not self.live(slot, now) and not self.gone(slot, beat):
                 key = f"{slot}:{beat.split(':')[0]}"
-                if key not in self.evicted:           # silent: frozen or stuck; the launcher ends it
+                if key not in self.evicted:  # silent: frozen or stuck; the launcher ends it
                     self.evicted.add(key)
                     self.say(("evict", slot, int(beat.split(":")[0]), time.time()))
 
     def gone(self, slot: int, beat: str | None = None) -> bool:
         beat = beat or self._get(f"beat/{slot}") or "-1"
-        return self._get(f"gone/{slot}") == beat.split(":")[0]     # the launcher saw this incarnation exit
+        return self._get(f"gone/{slot}") == beat.split(":")[0]  # the launcher saw this incarnation exit
 
     def live(self, slot: int, now: float) -> bool:
-        if slot not in self.beats:            # never heard: a rank still starting, or (new lighthouse) reconnecting
+        if slot not in self.beats:  # never heard: a rank still starting, or (new lighthouse) reconnecting
             return False
         beat, changed = self.beats[slot]
         return now - changed < self.hang_s and not self.gone(slot, beat)
@@ -135,11 +156,14 @@ class Lighthouse:
     # -- 1. quorum -----------------------------------------------------------------------------------
 
     def form_quorum(self, now: float) -> None:
-        if now - self.started < 3 * BEAT_S:        # a new lighthouse first learns who beats
+        if now - self.started < 3 * BEAT_S:  # a new lighthouse first learns who beats
             return
-        if self.members is None and any(s not in self.beats for s in self.slots) and \
-                (self.epoch == 0 or now - self.started < self.hang_s):
-            return                                  # the first quorum: every slot has started (or has had time)
+        if (
+            self.members is None
+            and any(s not in self.beats for s in self.slots)
+            and (self.epoch == 0 or now - self.started < self.hang_s)
+        ):
+            return  # the first quorum: every slot has started (or has had time)
         asking = {}
         for slot in self.slots:
             req = self._get(f"req/{slot}")
@@ -148,22 +172,30 @@ class Lighthouse:
         live = {slot for slot in self.slots if self.live(slot, now)}
         asking = {slot: r for slot, r in asking.items() if slot in live}
         if not asking or not live <= set(asking) or len(asking) < self.min_replicas:
-            return                                  # wait until every live slot asks
+            return  # wait until every live slot asks
         step = max(r["step"] for r in asking.values())
         if step in self.full_world_at:
             if len(asking) < len(self.slots):
                 return
-            self.full_world_at.discard(step)        # only its first attempt waits
+            self.full_world_at.discard(step)  # only its first attempt waits
         members = sorted(asking)
-        if members != self.members or self.dirty:   # a new group: new members, or the last one saw a failure
+        if members != self.members or self.dirty:  # a new group: new members, or the last one saw a failure
             self.quorum_id, self.members, self.dirty = self.quorum_id + 1, members, False
-            self.say(("quorum", f"e{self.epoch}q{self.quorum_id}", members,
-                      {s: asking[s]["step"] for s in members}, time.time()))
+            self.say(
+                (
+                    "quorum",
+                    f"e{self.epoch}q{self.quorum_id}",
+                    members,
+                    {s: asking[s]["step"] for s in members},
+                    time.time(),
+                )
+            )
         tag = f"e{self.epoch}q{self.quorum_id}"
         steps = {str(s): asking[s]["step"] for s in members}
         for slot, req in asking.items():
-            self.store.set(f"quorum/{slot}/{req['id']}", json.dumps({"tag": tag, "members": members,
-                                                                     "steps": steps}))
+            self.store.set(
+                f"quorum/{slot}/{req['id']}", json.dumps({"tag": tag, "members": members, "steps": steps})
+            )
             self.answered[slot] = req["id"]
 
     # -- 2. should_commit ----------------------------------------------------------------------------
@@ -181,11 +213,11 @@ class Lighthouse:
         for (tag, step), ballot in ballots.items():
             members, ok = ballot["members"], ballot["ok"]
             if not all(ok.values()):
-                verdict = "discard"                                  # a member saw a failure
+                verdict = "discard"  # a member saw a failure
             elif all(m in ok for m in members):
-                verdict = "commit"                                   # every member's step went through
+                verdict = "commit"  # every member's step went through
             elif any(self.dead(m, now) for m in members if m not in ok):
-                verdict = "discard"                                  # a member died before it could vote
+                verdict = "discard"  # a member died before it could vote
             else:
                 continue
             self.store.set(f"decision/{tag}/{step}", verdict)

@@ -31,7 +31,7 @@ _SPEC = re.compile(r"^(kill|stop|raise)@(\d+):(\d+)$|^coord@(\d+)$")
 class Fault:
     kind: str
     step: int
-    slot: int | None = None        # None for ``coord``
+    slot: int | None = None  # None for ``coord``
 
     def __str__(self) -> str:
         return f"{self.kind}@{self.step}" + ("" if self.slot is None else f":{self.slot}")
@@ -43,11 +43,19 @@ def parse_faults(text: str | None, world_size: int | None = None) -> list[Fault]
     for item in filter(None, (text or "").replace(" ", "").split(",")):
         m = _SPEC.match(item)
         if m is None:
-            raise ValueError(f"--inject {item!r}: write KIND@STEP:RANK with KIND one of kill, stop, raise "
-                             "(e.g. kill@5:1), or coord@STEP")
-        fault = Fault("coord", int(m.group(4))) if m.group(4) else Fault(m.group(1), int(m.group(2)), int(m.group(3)))
+            raise ValueError(
+                f"--inject {item!r}: write KIND@STEP:RANK with KIND one of kill, stop, raise "
+                "(e.g. kill@5:1), or coord@STEP"
+            )
+        fault = (
+            Fault("coord", int(m.group(4)))
+            if m.group(4)
+            else Fault(m.group(1), int(m.group(2)), int(m.group(3)))
+        )
         if world_size is not None and fault.slot is not None and fault.slot >= world_size:
-            raise ValueError(f"--inject {item!r}: rank {fault.slot} does not exist with --world-size {world_size}")
+            raise ValueError(
+                f"--inject {item!r}: rank {fault.slot} does not exist with --world-size {world_size}"
+            )
         faults.append(fault)
     return faults
 
@@ -57,7 +65,7 @@ class FaultPlan:
 
     def __init__(self, faults: list[Fault], ctx):
         self.faults = list(faults)
-        self.fired_at = ctx.Array("d", max(1, len(self.faults)), lock=False)   # 0.0: not yet; else time.time()
+        self.fired_at = ctx.Array("d", max(1, len(self.faults)), lock=False)  # 0.0: not yet; else time.time()
 
     def due(self, kind: str, step: int, slot: int) -> int | None:
         """The index of a fault of ``kind`` due now on ``slot`` at ``step`` that has not fired, or None."""

@@ -40,8 +40,16 @@ import torch.distributed as dist
 
 from minddp.ft.coordinator import lighthouse_main
 from minddp.ft.faults import Fault, FaultPlan
-from minddp.processes import (HELPER_BLOCKED, Stopped, end_processes, rank_context, say_safely, stop_reason,
-                              stop_signals, watch_parent)
+from minddp.processes import (
+    HELPER_BLOCKED,
+    Stopped,
+    end_processes,
+    rank_context,
+    say_safely,
+    stop_reason,
+    stop_signals,
+    watch_parent,
+)
 
 
 class FaultTolerantRunError(RuntimeError):
@@ -51,21 +59,34 @@ class FaultTolerantRunError(RuntimeError):
 @dataclass
 class FTRun:
     """What :func:`launch_ft` hands back."""
-    results: dict[int, dict]                       # slot -> the last incarnation's result
-    events: list[tuple] = field(default_factory=list)   # coordinator and launcher events, in order, with times
+
+    results: dict[int, dict]  # slot -> the last incarnation's result
+    events: list[tuple] = field(default_factory=list)  # coordinator and launcher events, in order, with times
     faults: list[Fault] = field(default_factory=list)
     fired_at: list[float | None] = field(default_factory=list)
     wall_s: float = 0.0
-    attempts: list[tuple[int, int, dict]] = field(default_factory=list)   # (slot, incarnation, entry), as reported
+    attempts: list[tuple[int, int, dict]] = field(
+        default_factory=list
+    )  # (slot, incarnation, entry), as reported
 
     def report(self) -> list[str]:
         return fault_report(self)
 
 
-def launch_ft(task, steps: int, world_size: int = 2, faults: list[Fault] = (), hang_s: float = 10.0,
-              restart: bool = True, coordinator_timeout_s: float = 30.0, run_timeout_s: float = 300.0,
-              digests: bool = False, full_world_at: tuple[int, ...] = (), rejoin_before_end: bool = False,
-              restart_after_steps: int = 0) -> FTRun:
+def launch_ft(
+    task,
+    steps: int,
+    world_size: int = 2,
+    faults: list[Fault] = (),
+    hang_s: float = 10.0,
+    restart: bool = True,
+    coordinator_timeout_s: float = 30.0,
+    run_timeout_s: float = 300.0,
+    digests: bool = False,
+    full_world_at: tuple[int, ...] = (),
+    rejoin_before_end: bool = False,
+    restart_after_steps: int = 0,
+) -> FTRun:
     """Train ``task`` for ``steps`` committed steps on ``world_size`` slots through ``faults``.
 
     ``full_world_at``: steps whose first attempt waits for every slot (a test's
@@ -82,43 +103,52 @@ def launch_ft(task, steps: int, world_size: int = 2, faults: list[Fault] = (), h
     plan = FaultPlan(list(faults), ctx)
     events, results = ctx.Queue(), ctx.Queue()
     payload = pickle.dumps((task, steps, hang_s, coordinator_timeout_s, digests))
-    procs: dict[int, object] = {}                  # slot -> its current process
+    procs: dict[int, object] = {}  # slot -> its current process
     incarnation = {slot: 0 for slot in range(world_size)}
     lighthouse, epoch, port = None, 0, 0
     timeline: list[tuple] = []
-    members_of: dict[str, list[int]] = {}          # quorum tag -> its members
-    attempts: list[tuple[int, int, dict]] = []     # (slot, incarnation, entry) of every attempt a rank reported
-    committed = 0                                  # steps committed so far
-    waiting: dict[int, int] = {}                   # slot -> committed steps after which it is started again
+    members_of: dict[str, list[int]] = {}  # quorum tag -> its members
+    attempts: list[tuple[int, int, dict]] = []  # (slot, incarnation, entry) of every attempt a rank reported
+    committed = 0  # steps committed so far
+    waiting: dict[int, int] = {}  # slot -> committed steps after which it is started again
     done: dict[int, dict] = {}
     t_start = time.time()
     with stop_signals():
         try:
-            lighthouse, port = _start_lighthouse(ctx, 0, world_size, hang_s, epoch, events, timeline,
-                                                 full_from)  # step 1
+            lighthouse, port = _start_lighthouse(
+                ctx, 0, world_size, hang_s, epoch, events, timeline, full_from
+            )  # step 1
             notice = _Notices(port)
-            for slot in range(world_size):                                                           # step 2
+            for slot in range(world_size):  # step 2
                 procs[slot] = _start_rank(ctx, payload, slot, 0, port, plan, results)
             coord_faults = [i for i, f in enumerate(plan.faults) if f.kind == "coord"]
             deadline = time.monotonic() + run_timeout_s
-            while len(done) < world_size:                                                            # step 3
+            while len(done) < world_size:  # step 3
                 if waiting and not procs:
-                    raise FaultTolerantRunError("minddp.ft: every rank is down and none may start before more "
-                                                "steps are committed; lower restart_after_steps")
+                    raise FaultTolerantRunError(
+                        "minddp.ft: every rank is down and none may start before more "
+                        "steps are committed; lower restart_after_steps"
+                    )
                 if time.monotonic() > deadline:
-                    raise FaultTolerantRunError(f"minddp.ft: the run did not finish within {run_timeout_s:.0f} s "
-                                                f"(slots done: {sorted(done)}); see the events for the last step")
+                    raise FaultTolerantRunError(
+                        f"minddp.ft: the run did not finish within {run_timeout_s:.0f} s "
+                        f"(slots done: {sorted(done)}); see the events for the last step"
+                    )
                 for event in _drain(events):
                     timeline.append(event)
-                    if event[0] == "evict" and event[1] in procs and event[1] not in done \
-                            and event[2] == incarnation[event[1]]:
-                        procs[event[1]].kill()           # frozen: ended by its pid, then restarted below
+                    if (
+                        event[0] == "evict"
+                        and event[1] in procs
+                        and event[1] not in done
+                        and event[2] == incarnation[event[1]]
+                    ):
+                        procs[event[1]].kill()  # frozen: ended by its pid, then restarted below
                         timeline.append(("ended", event[1], event[2], time.time()))
                     if event[0] == "quorum":
                         members_of[event[1]] = event[2]
                     if event[0] == "decision" and event[3] == "commit" and event[2] == steps - 1:
                         for slot in [s for s in procs if s not in members_of.get(event[1], ())]:
-                            procs[slot].kill()            # still starting when the job ended: not needed
+                            procs[slot].kill()  # still starting when the job ended: not needed
                             del procs[slot]
                             done[slot] = None
                     if event[0] == "decision" and event[3] == "commit":
@@ -126,11 +156,12 @@ def launch_ft(task, steps: int, world_size: int = 2, faults: list[Fault] = (), h
                         for i in [i for i in coord_faults if plan.faults[i].step == event[2] + 1]:
                             coord_faults.remove(i)
                             plan.fired_at[i] = time.time()
-                            lighthouse.kill()             # the coordinator's own restart
+                            lighthouse.kill()  # the coordinator's own restart
                             lighthouse.join(5.0)
                             epoch += 1
-                            lighthouse, _ = _start_lighthouse(ctx, port, world_size, hang_s, epoch, events,
-                                                                   timeline, full_from)
+                            lighthouse, _ = _start_lighthouse(
+                                ctx, port, world_size, hang_s, epoch, events, timeline, full_from
+                            )
                             notice = _Notices(port)
                 for kind, slot, inc, body in _drain(results):
                     if kind == "log":
@@ -138,11 +169,13 @@ def launch_ft(task, steps: int, world_size: int = 2, faults: list[Fault] = (), h
                     elif kind == "ok":
                         done[slot] = torch.load(io.BytesIO(body), weights_only=False)
                     else:
-                        raise FaultTolerantRunError(body.strip().splitlines()[-1] + f"\n(rank {slot}, incarnation "
-                                                    f"{inc}; its traceback:)\n{body}")
+                        raise FaultTolerantRunError(
+                            body.strip().splitlines()[-1] + f"\n(rank {slot}, incarnation "
+                            f"{inc}; its traceback:)\n{body}"
+                        )
                 for slot, p in list(procs.items()):
                     if p.exitcode is not None and slot not in done:
-                        time.sleep(0.05)                 # its result may be in flight
+                        time.sleep(0.05)  # its result may be in flight
                         if _take_result(results, done, slot, attempts):
                             continue
                         timeline.append(("exited", slot, incarnation[slot], time.time()))
@@ -168,13 +201,23 @@ def launch_ft(task, steps: int, world_size: int = 2, faults: list[Fault] = (), h
             end_processes([*procs.values(), *([lighthouse] if lighthouse else [])], grace_s=1.0)
     timeline.extend(_drain(events))
     attempts.extend((s, inc, body) for kind, s, inc, body in _drain(results) if kind == "log")
-    return FTRun({s: r for s, r in done.items() if r is not None}, timeline, list(plan.faults),
-                 [plan.when(i) for i in range(len(plan.faults))], time.time() - t_start, attempts)
+    return FTRun(
+        {s: r for s, r in done.items() if r is not None},
+        timeline,
+        list(plan.faults),
+        [plan.when(i) for i in range(len(plan.faults))],
+        time.time() - t_start,
+        attempts,
+    )
 
 
 def _start_lighthouse(ctx, port, world_size, hang_s, epoch, events, timeline, full_from):
-    p = ctx.Process(target=lighthouse_main, args=(port, world_size, hang_s, epoch, 1, events, os.getpid(), full_from),
-                    name=f"minddp-ft-lighthouse{epoch}", daemon=True)
+    p = ctx.Process(
+        target=lighthouse_main,
+        args=(port, world_size, hang_s, epoch, 1, events, os.getpid(), full_from),
+        name=f"minddp-ft-lighthouse{epoch}",
+        daemon=True,
+    )
     p.start()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -182,13 +225,17 @@ def _start_lighthouse(ctx, port, world_size, hang_s, epoch, events, timeline, fu
             event = events.get(timeout=0.1)
         except queue.Empty:
             if p.exitcode is not None:
-                raise FaultTolerantRunError(f"minddp.ft: the coordinator exited with code {p.exitcode} at start "
-                                            "(its message is above)") from None
+                raise FaultTolerantRunError(
+                    f"minddp.ft: the coordinator exited with code {p.exitcode} at start "
+                    "(its message is above)"
+                ) from None
             continue
         timeline.append(event)
         if event[0] == "listening" and event[1] == epoch:
             return p, event[2]
-    raise FaultTolerantRunError("minddp.ft: the coordinator did not start within 30 s; is the machine overloaded?")
+    raise FaultTolerantRunError(
+        "minddp.ft: the coordinator did not start within 30 s; is the machine overloaded?"
+    )
 
 
 class _Notices:
@@ -199,10 +246,11 @@ class _Notices:
 
     def gone(self, slot: int, incarnation: int) -> None:
         try:
-            self.store = self.store or dist.TCPStore("127.0.0.1", self.port, is_master=False,
-                                                     timeout=timedelta(seconds=2), wait_for_workers=False)
+            self.store = self.store or dist.TCPStore(
+                "127.0.0.1", self.port, is_master=False, timeout=timedelta(seconds=2), wait_for_workers=False
+            )
             self.store.set(f"gone/{slot}", str(incarnation))
-        except (RuntimeError, dist.DistError):    # no coordinator this moment: its hang bound will notice
+        except (RuntimeError, dist.DistError):  # no coordinator this moment: its hang bound will notice
             self.store = None
 
 
@@ -227,28 +275,41 @@ def _take_result(results, done, slot, attempts) -> bool:
 
 
 def _start_rank(ctx, payload, slot, incarnation, port, plan, results):
-    p = ctx.Process(target=_rank_main, args=(payload, list(sys.path), slot, incarnation, port, plan, results,
-                                             os.getpid()),
-                    name=f"minddp-ft-rank{slot}.{incarnation}", daemon=True)
+    p = ctx.Process(
+        target=_rank_main,
+        args=(payload, list(sys.path), slot, incarnation, port, plan, results, os.getpid()),
+        name=f"minddp-ft-rank{slot}.{incarnation}",
+        daemon=True,
+    )
     p.start()
     return p
 
 
 def _rank_main(payload, parent_path, slot, incarnation, port, plan, results, launcher_pid):
     """Inside a rank: train through faults, send back the result (or the error that ended it)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)              # the launcher ends the ranks on Ctrl-C
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher ends the ranks on Ctrl-C
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)
-    watch_parent(launcher_pid, f"minddp.ft rank {slot}: the launcher (pid {launcher_pid}) is gone; ending this rank")
+    watch_parent(
+        launcher_pid, f"minddp.ft rank {slot}: the launcher (pid {launcher_pid}) is gone; ending this rank"
+    )
     sys.path[:] = parent_path
     os.environ.update({"RANK": str(slot), "MINDDP_FT_SLOT": str(slot)})
-    torch.set_num_threads(1)     # one thread: results that do not depend on the core count, and ranks that share
+    torch.set_num_threads(1)  # one thread: results that do not depend on the core count, and ranks that share
     try:
         from minddp.ft.client import Coordinator
         from minddp.ft.rung import FaultTolerantTrainer
+
         task, steps, hang_s, coordinator_timeout_s, digests = pickle.loads(payload)
         coordinator = Coordinator(port, slot, incarnation, coordinator_timeout_s)
-        trainer = FaultTolerantTrainer(task, steps, coordinator, plan, hang_s=hang_s, digests=digests,
-                                       on_entry=lambda entry: results.put(("log", slot, incarnation, entry)))
+        trainer = FaultTolerantTrainer(
+            task,
+            steps,
+            coordinator,
+            plan,
+            hang_s=hang_s,
+            digests=digests,
+            on_entry=lambda entry: results.put(("log", slot, incarnation, entry)),
+        )
         out = trainer.run()
         buf = io.BytesIO()
         torch.save(out, buf)
@@ -270,16 +331,31 @@ def fault_report(run: FTRun) -> list[str]:
         commit = next((d for d in after if d[3] == "commit"), None)
         lost = [d for d in after if commit is None or d[5] <= commit[5]]
         lost = [d for d in lost if d[3] == "discard"]
-        what = {"kill": f"rank {fault.slot} killed (SIGKILL)", "stop": f"rank {fault.slot} frozen (SIGSTOP)",
-                "raise": f"rank {fault.slot}'s all_reduce raised", "coord": "coordinator killed and restarted"}
+        what = {
+            "kill": f"rank {fault.slot} killed (SIGKILL)",
+            "stop": f"rank {fault.slot} frozen (SIGSTOP)",
+            "raise": f"rank {fault.slot}'s all_reduce raised",
+            "coord": "coordinator killed and restarted",
+        }
         world = next((len(q[2]) for q in reversed(quorums) if commit is not None and q[1] == commit[1]), None)
         back = ""
         if fault.slot is not None and fault.kind in ("kill", "stop"):
-            rejoin = next((q for q in quorums if q[4] > t and fault.slot in q[2]
-                           and q[3][fault.slot] < max(q[3].values())), None)
+            rejoin = next(
+                (
+                    q
+                    for q in quorums
+                    if q[4] > t and fault.slot in q[2] and q[3][fault.slot] < max(q[3].values())
+                ),
+                None,
+            )
             if rejoin is not None:
-                back = f"; rank {fault.slot} back, healed at step {max(rejoin[3].values())}, {rejoin[4] - t:.2f} s after"
-        went_on = "never" if commit is None else f"{commit[5] - t:.2f} s later (step {commit[2]}, world {world})"
-        lines.append(f"{fault}: {what[fault.kind]} at step {fault.step}; training went on {went_on}; "
-                     f"{len(lost)} attempt(s) discarded{back}")
+                healed_at = max(rejoin[3].values())
+                back = f"; rank {fault.slot} back, healed at step {healed_at}, {rejoin[4] - t:.2f} s after"
+        went_on = (
+            "never" if commit is None else f"{commit[5] - t:.2f} s later (step {commit[2]}, world {world})"
+        )
+        lines.append(
+            f"{fault}: {what[fault.kind]} at step {fault.step}; training went on {went_on}; "
+            f"{len(lost)} attempt(s) discarded{back}"
+        )
     return lines

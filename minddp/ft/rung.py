@@ -62,44 +62,57 @@ class StepFailedAgain(RuntimeError):
 class FaultTolerantTrainer:
     """One rank (``slot``, ``incarnation``) training ``task`` for ``steps`` committed steps."""
 
-    def __init__(self, task, steps: int, coordinator: Coordinator, plan: FaultPlan | None = None,
-                 hang_s: float = 10.0, digests: bool = False, on_entry=None):
+    def __init__(
+        self,
+        task,
+        steps: int,
+        coordinator: Coordinator,
+        plan: FaultPlan | None = None,
+        hang_s: float = 10.0,
+        digests: bool = False,
+        on_entry=None,
+    ):
         self.task, self.steps, self.coordinator, self.plan = task, steps, coordinator, plan
         self.slot, self.hang_s, self.digests = coordinator.slot, hang_s, digests
         self.model = task.build_model()
         self.optimizer = task.build_optimizer(self.model)
-        self.step = 0                          # committed steps so far: the next step to train
-        self.group_tag = None                  # the quorum this rank's process group was built for
+        self.step = 0  # committed steps so far: the next step to train
+        self.group_tag = None  # the quorum this rank's process group was built for
         self.ddp = None
-        self.log: list[dict] = []              # one entry per attempted step
-        self.on_entry = on_entry               # told each entry as it is made (the launcher's timeline)
+        self.log: list[dict] = []  # one entry per attempted step
+        self.on_entry = on_entry  # told each entry as it is made (the launcher's timeline)
         self.healed_bytes = 0
-        self.raise_in_collective = None        # a ``raise@STEP:RANK`` fault due in this step's collective
+        self.raise_in_collective = None  # a ``raise@STEP:RANK`` fault due in this step's collective
 
     def run(self) -> dict:
         self.coordinator.start_beating()
         failures, last_error = 0, None
         while self.step < self.steps:
-            quorum = self.coordinator.quorum(self.step)                            # 1. who is in
-            entry = {"step": quorum.max_step, "tag": quorum.tag, "members": quorum.members, "t0": time.time(),
-                     "healed": False}
+            quorum = self.coordinator.quorum(self.step)  # 1. who is in
+            entry = {
+                "step": quorum.max_step,
+                "tag": quorum.tag,
+                "members": quorum.members,
+                "t0": time.time(),
+                "healed": False,
+            }
             try:
                 if quorum.tag != self.group_tag:
-                    entry["healed"] = self.rebuild_group(quorum)                   # 2. the new world, 3. heal
+                    entry["healed"] = self.rebuild_group(quorum)  # 2. the new world, 3. heal
                 entry["before"] = self.state_digest()
-                entry["loss"] = self.forward_backward(quorum)                      # 4. the step
+                entry["loss"] = self.forward_backward(quorum)  # 4. the step
                 ok = True
-            except Exception as exc:   # noqa: BLE001 - any failure of this attempt: vote no, try again
+            except Exception as exc:  # noqa: BLE001 - any failure of this attempt: vote no, try again
                 entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
                 last_error, entry["t_error"] = entry["error"], time.time()
                 ok = False
-            if not ok:                 # (out of the except block: its traceback no longer holds the group)
-                self.drop_group()      # now: peers waiting in a collective with this rank fail at once
+            if not ok:  # (out of the except block: its traceback no longer holds the group)
+                self.drop_group()  # now: peers waiting in a collective with this rank fail at once
             committed = self.coordinator.should_commit(quorum, quorum.max_step, ok)  # 5. all or nothing
             if committed:
                 self.optimizer.step()
                 self.step += 1
-            self.optimizer.zero_grad(set_to_none=True)                             # a discarded step: dropped
+            self.optimizer.zero_grad(set_to_none=True)  # a discarded step: dropped
             entry.update(ok=ok, committed=committed, t1=time.time())
             if self.digests and not committed:
                 entry["after_discard"] = self.state_digest()
@@ -108,23 +121,39 @@ class FaultTolerantTrainer:
                 self.on_entry(entry)
             failures = 0 if committed else failures + 1
             if failures >= MAX_ATTEMPTS:
-                raise StepFailedAgain(f"minddp.ft rank {self.slot}: step {self.step} failed {failures} times in a "
-                                      f"row (last: {last_error}); this is no transient fault, fix its cause")
+                raise StepFailedAgain(
+                    f"minddp.ft rank {self.slot}: step {self.step} failed {failures} times in a "
+                    f"row (last: {last_error}); this is no transient fault, fix its cause"
+                )
         self.coordinator.stop()
         self.drop_group()
-        return {"slot": self.slot, "incarnation": self.coordinator.incarnation, "step": self.step, "log": self.log,
-                "state": self.state_bytes(), "healed_bytes": self.healed_bytes}
+        return {
+            "slot": self.slot,
+            "incarnation": self.coordinator.incarnation,
+            "step": self.step,
+            "log": self.log,
+            "state": self.state_bytes(),
+            "healed_bytes": self.healed_bytes,
+        }
 
     # -- 2. the group at the new world size ----------------------------------------------------------
 
     def rebuild_group(self, quorum: Quorum) -> bool:
         """Drop the old group and wrapper; build a gloo group of the members, heal, wrap. True if healed."""
         from minddp.ladder import build_stage
+
         self.drop_group()
         store = dist.PrefixStore(f"group/{quorum.tag}", self.coordinator.store)
-        dist.init_process_group("gloo", store=store, rank=quorum.rank, world_size=quorum.world,
-                                timeout=timedelta(seconds=self.hang_s))
-        healed = self.heal(quorum)   # 3. before wrapping: the wrapper broadcasts rank 0's state, maybe a stale one
+        dist.init_process_group(
+            "gloo",
+            store=store,
+            rank=quorum.rank,
+            world_size=quorum.world,
+            timeout=timedelta(seconds=self.hang_s),
+        )
+        healed = self.heal(
+            quorum
+        )  # 3. before wrapping: the wrapper broadcasts rank 0's state, maybe a stale one
         self.ddp = build_stage("ddp", self.model)
         self.ddp.register_comm_hook(None, self.collective)
         self.group_tag = quorum.tag
@@ -132,7 +161,7 @@ class FaultTolerantTrainer:
 
     def drop_group(self) -> None:
         self.ddp, self.group_tag = None, None
-        gc.collect()                 # the old wrapper's gradient hooks go with it
+        gc.collect()  # the old wrapper's gradient hooks go with it
         leave_group()
 
     # -- 3. heal ---------------------------------------------------------------------------------------
@@ -161,8 +190,10 @@ class FaultTolerantTrainer:
 
     def state_bytes(self) -> bytes:
         buf = io.BytesIO()
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step},
-                   buf)
+        torch.save(
+            {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step},
+            buf,
+        )
         return buf.getvalue()
 
     def load_state_bytes(self, payload: bytes) -> None:
@@ -177,7 +208,7 @@ class FaultTolerantTrainer:
         """This member's shard of the global batch; backward averages the gradients over the group."""
         shard = self.task.shard(self.task.global_batch(self.step), quorum.rank, quorum.world)
         loss = self.task.loss(self.ddp, shard, quorum.world)
-        self.fault_due("kill") or self.fault_due("stop")        # peers are now waiting in the all_reduce
+        self.fault_due("kill") or self.fault_due("stop")  # peers are now waiting in the all_reduce
         self.raise_in_collective = None if self.plan is None else self.plan.due("raise", self.step, self.slot)
         loss.backward()
         return float(loss.detach())
@@ -206,4 +237,3 @@ class FaultTolerantTrainer:
             for v in state.values():
                 h.update(torch.as_tensor(v).reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
         return h.hexdigest()
-

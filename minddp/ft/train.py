@@ -1,4 +1,4 @@
-"""``python -m minddp.train --stage ft [--inject FAULTS]``: the train command's model and data through the rung.
+"""``python -m minddp.train --stage ft [--inject FAULTS]``: the train command's run, fault-tolerant.
 
 :class:`TrainTask` gives the rung (:mod:`minddp.ft.rung`) the train
 command's model, AdamW and the global batch of any step (the same examples
@@ -25,13 +25,15 @@ class TrainTask:
 
     def __init__(self, cfg, data):
         self.cfg, self.data = cfg, data
-        self.batch = cfg.batch_size * cfg.world_size        # the global batch: the same whatever the world
+        self.batch = cfg.batch_size * cfg.world_size  # the global batch: the same whatever the world
         self._batches, self._next = None, None
 
     def build_model(self):
         from minddp.models import build_model
-        model = build_model(self.cfg.model, self.data.vocab_size, self.data.pad_token_id, self.cfg.seed,
-                            self.cfg.dtype)
+
+        model = build_model(
+            self.cfg.model, self.data.vocab_size, self.data.pad_token_id, self.cfg.seed, self.cfg.dtype
+        )
         model.train()
         return model
 
@@ -40,9 +42,11 @@ class TrainTask:
 
     def global_batch(self, step: int) -> dict:
         from minddp.data import step_batches
-        if self._next != step:              # a heal jumps ahead: start the stream at that step
-            self._batches = step_batches(self.data.train, self.batch, 1, 1, 0, self.cfg.seed,
-                                         self.data.pad_token_id, start_step=step)
+
+        if self._next != step:  # a heal jumps ahead: start the stream at that step
+            self._batches = step_batches(
+                self.data.train, self.batch, 1, 1, 0, self.cfg.seed, self.data.pad_token_id, start_step=step
+            )
         self._next = step + 1
         return next(self._batches)[0]
 
@@ -53,7 +57,7 @@ class TrainTask:
 
     def loss(self, model, shard, world: int) -> torch.Tensor:
         rows, total = shard
-        return model(**rows).loss * (len(rows["labels"]) * world / total)    # mean over shards = global mean
+        return model(**rows).loss * (len(rows["labels"]) * world / total)  # mean over shards = global mean
 
     def __getstate__(self):
         return {**self.__dict__, "_batches": None, "_next": None}
@@ -62,9 +66,16 @@ class TrainTask:
 def run_ft_stage(cfg, data, folder: str, say) -> dict:
     """Train through ``cfg.inject``; one line per fault; the summary row of the train command."""
     from minddp.train import evaluate
+
     hang_s = cfg.hang_timeout or 10.0
-    run = launch_ft(TrainTask(cfg, data), cfg.steps, world_size=cfg.world_size, faults=parse_faults(cfg.inject),
-                    hang_s=hang_s, run_timeout_s=max(600.0, 60.0 * cfg.steps))
+    run = launch_ft(
+        TrainTask(cfg, data),
+        cfg.steps,
+        world_size=cfg.world_size,
+        faults=parse_faults(cfg.inject),
+        hang_s=hang_s,
+        run_timeout_s=max(600.0, 60.0 * cfg.steps),
+    )
     for line in run.report():
         say(f"fault {line}")
     committed = {}
@@ -72,16 +83,35 @@ def run_ft_stage(cfg, data, folder: str, say) -> dict:
         if e["committed"]:
             committed.setdefault(e["step"], []).append(e)
     losses = [sum(e["loss"] for e in committed[s]) / len(committed[s]) for s in sorted(committed)]
-    times = [min(e["t1"] for e in committed[s]) - max(e["t0"] for e in committed[s]) for s in sorted(committed)]
+    times = [
+        min(e["t1"] for e in committed[s]) - max(e["t0"] for e in committed[s]) for s in sorted(committed)
+    ]
     any_slot = next(iter(run.results.values()))
     task = TrainTask(cfg, data)
     model = task.build_model()
     model.load_state_dict(torch.load(io.BytesIO(any_slot["state"]), weights_only=True)["model"])
     accuracy = evaluate(model, data.eval, 1, 0, torch.device("cpu"), data.pad_token_id)
     discarded = sum(1 for e in run.events if e[0] == "decision" and e[3] == "discard")
-    say(f"stage ft: {len(committed)} steps committed, {discarded} attempt(s) discarded, {len(run.faults)} fault(s), "
-        f"{run.wall_s:.1f} s")
-    return {"stage": "ft", "losses": losses, "step_times_s": times, "accuracy": accuracy, "all_reduce_calls": [],
-            "all_reduce_bytes": [], "global_batch": task.batch, "ranks": cfg.world_size, "trace": None,
-            "metered": False, "folder": folder, "bucket_cap_mb": None, "bucket_cap_why": None, "trace_errors": {},
-            "memory": None, "faults": run.report()}
+    say(
+        f"stage ft: {len(committed)} steps committed, {discarded} attempt(s) discarded, "
+        f"{len(run.faults)} fault(s), "
+        f"{run.wall_s:.1f} s"
+    )
+    return {
+        "stage": "ft",
+        "losses": losses,
+        "step_times_s": times,
+        "accuracy": accuracy,
+        "all_reduce_calls": [],
+        "all_reduce_bytes": [],
+        "global_batch": task.batch,
+        "ranks": cfg.world_size,
+        "trace": None,
+        "metered": False,
+        "folder": folder,
+        "bucket_cap_mb": None,
+        "bucket_cap_why": None,
+        "trace_errors": {},
+        "memory": None,
+        "faults": run.report(),
+    }
