@@ -106,7 +106,9 @@ class Lighthouse:
         # world, and a restarted rank is back before the end, whatever the machine's speed).
         self.full_world_at = set(full_world_at)
         self.started = time.monotonic()
-        self.beats: dict[int, tuple[str, float]] = {}  # slot -> (last beat seen, when it changed)
+        self.beats: dict[
+            int, tuple
+        ] = {}  # slot -> (last beat seen, when it or a request/vote changed, those)
         self.evicted: set[str] = set()  # "slot:incarnation" already reported
         self.answered: dict[int, int] = {}  # slot -> last request seq answered
         self.decided: set[tuple[str, int]] = set()
@@ -129,8 +131,14 @@ class Lighthouse:
     def read_beats(self, now: float) -> None:
         for slot in self.slots:
             beat = self._get(f"beat/{slot}")
+            if beat is not None and slot in self.beats and self._activity(slot) != self.beats[slot][2]:
+                self.beats[slot] = (
+                    self.beats[slot][0],
+                    now,
+                    self._activity(slot),
+                )  # a request or vote: alive
             if beat is not None and (slot not in self.beats or self.beats[slot][0] != beat):
-                self.beats[slot] = (beat, now)
+                self.beats[slot] = (beat, now, self._activity(slot))
             if beat is not None and not self.live(slot, now) and not self.gone(slot, beat):
                 key = f"{slot}:{beat.split(':')[0]}"
                 if key not in self.evicted:  # silent: frozen or stuck; the launcher ends it
@@ -144,7 +152,7 @@ class Lighthouse:
     def live(self, slot: int, now: float) -> bool:
         if slot not in self.beats:  # never heard: a rank still starting, or (new lighthouse) reconnecting
             return False
-        beat, changed = self.beats[slot]
+        beat, changed, _ = self.beats[slot]
         return now - changed < self.hang_s and not self.gone(slot, beat)
 
     def dead(self, slot: int, now: float) -> bool:
@@ -224,6 +232,9 @@ class Lighthouse:
             self.decided.add((tag, step))
             self.dirty |= verdict == "discard"
             self.say(("decision", tag, step, verdict, sorted(ok), time.time()))
+
+    def _activity(self, slot: int) -> tuple:
+        return self._get(f"req/{slot}"), self._get(f"vote/{slot}")
 
     def _get(self, key: str) -> str | None:
         """``key``'s value as read at the top of this pass (None: nothing posted yet)."""
