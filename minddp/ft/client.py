@@ -112,7 +112,8 @@ class Coordinator:
                 posted = False
         raise CoordinatorLost(
             f"minddp.ft rank {self.slot}: the coordinator (127.0.0.1:{self.port}) gave no answer "
-            f"to {key} for {self.timeout_s:.0f} s; restart the lighthouse or raise --ft-timeout"
+            f"to {key} for {self.timeout_s:.0f} s; restart the lighthouse, or give launch_ft a longer "
+            "coordinator_timeout_s"
         )
 
     def _post_again(self, key: str, value: str) -> None:
