@@ -18,10 +18,12 @@ LAYERS = [
     ("comm", ["minddp.comm", "minddp.collectives"]),
     ("rungs", ["minddp.stages", "minddp.ddp", "minddp.sharding"]),
     ("ladder", ["minddp.ladder"]),
+    ("fault tolerance", ["minddp.ft"]),
     ("analysis", ["minddp.analysis", "minddp.costmodel"]),
     ("train", ["minddp.train"]),
     ("tools", ["minddp.bench", "minddp.notebook", "minddp.exercises", "minddp.doctor", "minddp.analyze",
-               "minddp.model", "minddp.costmodel.__main__", "minddp.costmodel.project", "minddp.costmodel.validate"]),
+               "minddp.model", "minddp.costmodel.__main__", "minddp.costmodel.project", "minddp.costmodel.validate",
+               "minddp.ft.bench"]),
     ("public API", ["minddp"]),
 ]
 

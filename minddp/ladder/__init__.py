@@ -60,6 +60,9 @@ SHARDED_GRADIENTS = ("zero2", "fsdp")
 #: Names that are runs but not wrappers of ours.
 BASELINES = ("single", "torch")
 
+#: Runs with a launcher of their own that trains through a lost rank (:mod:`minddp.ft`); named, never in ``all``.
+FAULT_TOLERANT = ("ft",)
+
 
 def register_stage(name: str, cls: type[nn.Module]) -> None:
     """Add a stage to the registry the CLI and tests iterate over."""
@@ -182,5 +185,5 @@ def make_optimizer(stage: str, model: nn.Module, optimizer_class: type, *, hook:
     return optimizer_class(model.parameters(), **defaults)
 
 
-__all__ = ["STAGES", "BASELINES", "SHARDED_OPTIMIZER", "SHARDED_GRADIENTS", "build_stage", "register_stage",
+__all__ = ["STAGES", "BASELINES", "FAULT_TOLERANT", "SHARDED_OPTIMIZER", "SHARDED_GRADIENTS", "build_stage", "register_stage",
            "torch_hook", "wrap", "make_optimizer"]

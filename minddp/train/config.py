@@ -87,7 +87,8 @@ def stage_list(allowed=None):
     """An argparse ``type``: one stage name, a comma list of them, 'all' or 'sharded' (train and bench read it alike)."""
     def parse(text: str) -> str:
         names = [n.strip() for n in text.split(",") if n.strip()]
-        known = allowed() if allowed else stage_choices() + ["sharded"]
+        from minddp.ladder import FAULT_TOLERANT       # named only, never part of 'all'
+        known = allowed() if allowed else stage_choices() + ["sharded", *FAULT_TOLERANT]
         unknown = [n for n in names if n not in known]
         if not names or unknown:
             raise argparse.ArgumentTypeError(f"unknown stage {', '.join(unknown) or '(empty)'}; choose from "
@@ -209,6 +210,9 @@ class TrainConfig:
                                       "peers wait in) before the run ends naming it (default: MINDDP_HANG_TIMEOUT "
                                       "or 30; 0 = off)", group="ranks", metavar="SECONDS",
                                       type=number(float, low=0, high=1e7, zero_means="off"))
+    inject: str | None = _opt(None, "--stage ft only: faults to train through, e.g. kill@5:1,stop@9:0,raise@12:1,"
+                              "coord@15 (SIGKILL, SIGSTOP past --hang-timeout, a collective that raises, the "
+                              "coordinator's restart; docs/fault-tolerance.md)", group="ranks", metavar="FAULTS")
     # profiling and outputs
     profile: bool = _opt(True, "write PyTorch profiler traces (one per rank) under --trace-dir", group="outputs")
     profile_steps: int = _opt(5, "profiled steps after one warm-up step, as in the blog (0 = none, as --no-profile)",
@@ -326,6 +330,19 @@ def validate(cfg: TrainConfig, explicit_batch_size: bool = True) -> None:
             raise ConfigError(f"{env}={os.environ.get(env)!r} is not a finite number of seconds; fix or unset it, "
                               f"or give --{'timeout' if env == 'MINDDP_TIMEOUT' else 'hang-timeout'}")
     stages = cfg.stages()
+    if cfg.inject is not None:
+        from minddp.ft.faults import parse_faults
+        if stages != ["ft"]:
+            raise ConfigError("--inject needs --stage ft: the other stages end the run when a rank fails")
+        try:
+            parse_faults(cfg.inject, cfg.world_size)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    if "ft" in stages:
+        from minddp.runtime.launch import in_torchrun
+        if in_torchrun() or cfg.resume or cfg.save_every:
+            raise ConfigError("--stage ft starts its own ranks and heals them from a peer: run it without "
+                              "torchrun, --resume and --save-every")
     if cfg.resume is not None and len(stages) > 1:
         raise ConfigError("--resume continues one stage's run; pick that --stage instead of "
                           f"{cfg.stage!r}")

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
 from minddp.train.hub import hub_reachable, is_local_path
 from minddp.train.models import OFFLINE_PRESETS
@@ -373,3 +375,20 @@ def eval_batches(data: Encoded, batch_size: int, num_replicas: int, rank: int,
     for start in range(0, len(idx), batch_size):
         chunk = idx[start:start + batch_size]
         yield collate([(data.input_ids[i], data.labels[i]) for i in chunk], pad_token_id)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Encoded, replicas: int, rank: int, device: torch.device,
+             pad_token_id: int, batch_size: int = 64) -> float:
+    """Accuracy on the held-out split; each rank scores a disjoint share, counts are summed."""
+    model.eval()
+    counts = torch.zeros(2, dtype=torch.float64, device=device)
+    for batch in eval_batches(data, batch_size, replicas, rank, pad_token_id):
+        batch = {k: v.to(device) for k, v in batch.items()}
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        counts += torch.tensor([(logits.argmax(-1) == batch["labels"]).sum().item(), len(batch["labels"])],
+                               dtype=torch.float64, device=device)
+    if replicas > 1:
+        dist.all_reduce(counts)
+    model.train()
+    return float(counts[0] / counts[1])

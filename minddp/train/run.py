@@ -59,7 +59,7 @@ from minddp.sharding.hooks import check_name
 from minddp.sharding.memory import Probe, format_summary
 from minddp.train import checkpoint, outputs, sharded_checkpoint
 from minddp.train.config import ConfigError, TrainConfig, build_parser, parse_args
-from minddp.train.data import DataError, Encoded, PreparedData, eval_batches, prepare_data, step_batches
+from minddp.train.data import DataError, Encoded, PreparedData, evaluate, prepare_data, step_batches
 from minddp.train.models import DTYPES, OFFLINE_PRESETS, build_model, resolve_model
 
 PROG = "minddp.train"
@@ -104,23 +104,6 @@ def torch_hook_unavailable(hook: str, backend: str, bucket_cap_mb: float | None 
 
 def _loss(model: nn.Module, batch: dict) -> torch.Tensor:
     return model(**batch).loss
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, data: Encoded, replicas: int, rank: int, device: torch.device,
-             pad_token_id: int, batch_size: int = 64) -> float:
-    """Accuracy on the held-out split; each rank scores a disjoint share, counts are summed."""
-    model.eval()
-    counts = torch.zeros(2, dtype=torch.float64, device=device)
-    for batch in eval_batches(data, batch_size, replicas, rank, pad_token_id):
-        batch = {k: v.to(device) for k, v in batch.items()}
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        counts += torch.tensor([(logits.argmax(-1) == batch["labels"]).sum().item(), len(batch["labels"])],
-                               dtype=torch.float64, device=device)
-    if replicas > 1:
-        dist.all_reduce(counts)
-    model.train()
-    return float(counts[0] / counts[1])
 
 
 def checkpoint_config(cfg: TrainConfig, stage: str, replicas: int) -> dict:
@@ -315,6 +298,9 @@ def _progress(cfg: TrainConfig, stage: str, rank: int, first: int = 0):
 
 def run_stage(cfg: TrainConfig, stage: str, data: PreparedData, folder: str, placement: Placement) -> dict:
     """Step 3 for one stage: launch the ranks (or join torchrun's), return rank 0's result."""
+    if stage == "ft":              # its own launcher: trains through a lost rank (minddp.ft)
+        from minddp.train.ft import run_ft_stage
+        return run_ft_stage(cfg, data, folder, say)
     world = 1 if stage == "single" else cfg.world_size
     # Ranks announce every step; a job with no new step for twice the collective timeout (plus a
     # minute for evaluation and saving) is hung somewhere the collective timeout cannot see. A rank

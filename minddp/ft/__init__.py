@@ -1,0 +1,21 @@
+"""The fault-tolerant rung (``--stage ft``): training that survives a lost rank, after torchft's design.
+
+Read in this order:
+
+* :mod:`minddp.ft.coordinator`: the lighthouse, a process of its own that
+  outlives any rank: per-step quorum, and one commit-or-discard decision per step;
+* :mod:`minddp.ft.client`: a rank's side of it (heartbeat, ``quorum``, ``should_commit``);
+* :mod:`minddp.ft.rung`: one rank's loop: quorum, a new group at the new world
+  size, heal from a peer, the ``ddp`` stage's step, commit or discard;
+* :mod:`minddp.ft.launch`: starts the lighthouse and the ranks, restarts the
+  ranks that die, injects faults (:mod:`minddp.ft.faults`), reports each;
+* :mod:`minddp.ft.task`: what is trained (a task gives the global batch of any step).
+
+The other stages keep the classic contract: a rank that dies ends the run.
+"""
+
+from minddp.ft.faults import Fault, parse_faults
+from minddp.ft.launch import FTRun, launch_ft
+from minddp.ft.task import ToyTask
+
+__all__ = ["FTRun", "Fault", "ToyTask", "launch_ft", "parse_faults"]

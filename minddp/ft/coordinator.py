@@ -1,0 +1,241 @@
+"""The coordinator ("lighthouse"): who is in, and whether a step counts. It outlives any training rank.
+
+A process of its own (started by :mod:`minddp.ft.launch`) that hosts a
+TCPStore and, in one loop, answers two questions for the ranks:
+
+1. **quorum**: a rank that is about to train step ``s`` posts
+   ``req/<slot> = {id, step}`` and waits for ``quorum/<slot>/<id>`` (``id``:
+   incarnation.sequence, unique per request). The
+   lighthouse answers once every *live* slot has asked: the members are the
+   slots that asked, sorted; a member's group rank is its index there. The
+   quorum gets a new tag (``e<epoch>q<id>``) when the members changed or a
+   step was discarded since the last one: the ranks then build a fresh
+   process group under that tag (the old one may be broken).
+2. **should_commit**: after its backward a rank posts
+   ``vote/<slot> = {quorum, members, step, ok}`` and waits for
+   ``decision/<quorum>/<step>``: ``commit`` once every member voted ok,
+   ``discard`` as soon as one voted not ok or one is no longer live. One
+   process decides, so every rank reads the same answer: a step counts on all
+   ranks or on none.
+
+A slot is *live* while its heartbeat (``beat/<slot>``, bumped every
+:data:`BEAT_S` by a thread in the rank) keeps changing within ``hang_s``, and
+the launcher has not posted ``gone/<slot>`` for that incarnation (a process
+that exited is known at once; a frozen one only by its silence). A slot whose
+beat went silent is *evicted*: the launcher hears of it and ends that process.
+
+Nothing here survives a restart of the lighthouse, and nothing needs to: the
+ranks post their request or vote again to the new one (a vote carries its
+quorum's members, so the new lighthouse can decide it), and the new epoch's
+tags name new groups.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+#: Seconds between two heartbeats of a rank.
+BEAT_S = 0.05
+#: Seconds between two looks of the lighthouse at the store (one multi_get of every slot's keys).
+POLL_S = 0.002
+
+
+def lighthouse_main(
+    port: int,
+    max_world: int,
+    hang_s: float,
+    epoch: int,
+    min_replicas: int,
+    events,
+    parent_pid: int,
+    full_world_at: tuple[int, ...] = (),
+) -> None:
+    """The coordinator's process: host the store on ``port`` (0: the OS picks), answer until killed."""
+    from minddp.runtime.processes import HELPER_BLOCKED, watch_parent
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)
+    watch_parent(parent_pid, None)
+    store = _serve(port)
+    events.put(("listening", epoch, store.port, time.time()))
+    Lighthouse(store, max_world, hang_s, epoch, min_replicas, events.put, full_world_at).run()
+
+
+def _serve(port: int) -> dist.TCPStore:
+    """The store on ``port``; after a restart the old port may be in TIME_WAIT a moment: retry for 5 s."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            return dist.TCPStore(
+                "127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+            )
+        except (RuntimeError, dist.DistError) as exc:
+            if time.monotonic() > deadline:
+                print(
+                    f"minddp.ft lighthouse: cannot listen on port {port} ({exc}); end the process holding it",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os._exit(1)
+            time.sleep(0.1)
+
+
+class Lighthouse:
+    """The loop: read beats, requests and votes; write quorums and decisions; tell the launcher."""
+
+    def __init__(
+        self,
+        store,
+        max_world: int,
+        hang_s: float,
+        epoch: int,
+        min_replicas: int,
+        say,
+        full_world_at: tuple[int, ...] = (),
+    ):
+        self.store, self.slots, self.hang_s, self.epoch = store, range(max_world), hang_s, epoch
+        self.min_replicas, self.say = min_replicas, say
+        # Steps whose first attempt waits for the whole world (a test's script: each fault then meets a full
+        # world, and a restarted rank is back before the end, whatever the machine's speed).
+        self.full_world_at = set(full_world_at)
+        self.started = time.monotonic()
+        self.beats: dict[
+            int, tuple
+        ] = {}  # slot -> (last beat seen, when it or a request/vote changed, those)
+        self.evicted: set[str] = set()  # "slot:incarnation" already reported
+        self.answered: dict[int, int] = {}  # slot -> last request seq answered
+        self.decided: set[tuple[str, int]] = set()
+        self.quorum_id, self.members, self.dirty = 0, None, True
+
+    def run(self) -> None:
+        keys = [f"{kind}/{slot}" for kind in ("beat", "req", "vote", "gone") for slot in self.slots]
+        for key in keys:  # every key exists from the start, so one multi_get reads them all
+            self.store.compare_set(key, "", "")
+        while True:
+            now = time.monotonic()
+            self.seen = dict(zip(keys, (v.decode() or None for v in self.store.multi_get(keys))))
+            self.read_beats(now)
+            self.form_quorum(now)
+            self.decide_votes(now)
+            time.sleep(POLL_S)
+
+    # -- liveness ------------------------------------------------------------------------------------
+
+    def read_beats(self, now: float) -> None:
+        for slot in self.slots:
+            beat = self._get(f"beat/{slot}")
+            if beat is not None and slot in self.beats and self._activity(slot) != self.beats[slot][2]:
+                self.beats[slot] = (
+                    self.beats[slot][0],
+                    now,
+                    self._activity(slot),
+                )  # a request or vote: alive
+            if beat is not None and (slot not in self.beats or self.beats[slot][0] != beat):
+                self.beats[slot] = (beat, now, self._activity(slot))
+            if beat is not None and not self.live(slot, now) and not self.gone(slot, beat):
+                key = f"{slot}:{beat.split(':')[0]}"
+                if key not in self.evicted:  # silent: frozen or stuck; the launcher ends it
+                    self.evicted.add(key)
+                    self.say(("evict", slot, int(beat.split(":")[0]), time.time()))
+
+    def gone(self, slot: int, beat: str | None = None) -> bool:
+        beat = beat or self._get(f"beat/{slot}") or "-1"
+        return self._get(f"gone/{slot}") == beat.split(":")[0]  # the launcher saw this incarnation exit
+
+    def live(self, slot: int, now: float) -> bool:
+        if slot not in self.beats:  # never heard: a rank still starting, or (new lighthouse) reconnecting
+            return False
+        beat, changed, _ = self.beats[slot]
+        return now - changed < self.hang_s and not self.gone(slot, beat)
+
+    def dead(self, slot: int, now: float) -> bool:
+        """Known gone, silent past the hang bound, or (to a new lighthouse) never heard within it."""
+        if slot not in self.beats:
+            return now - self.started > self.hang_s
+        return not self.live(slot, now)
+
+    # -- 1. quorum -----------------------------------------------------------------------------------
+
+    def form_quorum(self, now: float) -> None:
+        if now - self.started < 3 * BEAT_S:  # a new lighthouse first learns who beats
+            return
+        if (
+            self.members is None
+            and any(s not in self.beats for s in self.slots)
+            and (self.epoch == 0 or now - self.started < self.hang_s)
+        ):
+            return  # the first quorum: every slot has started (or has had time)
+        asking = {}
+        for slot in self.slots:
+            req = self._get(f"req/{slot}")
+            if req is not None and json.loads(req)["id"] != self.answered.get(slot):
+                asking[slot] = json.loads(req)
+        live = {slot for slot in self.slots if self.live(slot, now)}
+        asking = {slot: r for slot, r in asking.items() if slot in live}
+        if not asking or not live <= set(asking) or len(asking) < self.min_replicas:
+            return  # wait until every live slot asks
+        step = max(r["step"] for r in asking.values())
+        if step in self.full_world_at:
+            if len(asking) < len(self.slots):
+                return
+            self.full_world_at.discard(step)  # only its first attempt waits
+        members = sorted(asking)
+        if members != self.members or self.dirty:  # a new group: new members, or the last one saw a failure
+            self.quorum_id, self.members, self.dirty = self.quorum_id + 1, members, False
+            self.say(
+                (
+                    "quorum",
+                    f"e{self.epoch}q{self.quorum_id}",
+                    members,
+                    {s: asking[s]["step"] for s in members},
+                    time.time(),
+                )
+            )
+        tag = f"e{self.epoch}q{self.quorum_id}"
+        steps = {str(s): asking[s]["step"] for s in members}
+        for slot, req in asking.items():
+            self.store.set(
+                f"quorum/{slot}/{req['id']}", json.dumps({"tag": tag, "members": members, "steps": steps})
+            )
+            self.answered[slot] = req["id"]
+
+    # -- 2. should_commit ----------------------------------------------------------------------------
+
+    def decide_votes(self, now: float) -> None:
+        ballots: dict[tuple[str, int], dict] = {}
+        for slot in self.slots:
+            vote = self._get(f"vote/{slot}")
+            if vote is None:
+                continue
+            vote = json.loads(vote)
+            key = (vote["quorum"], vote["step"])
+            if key not in self.decided:
+                ballots.setdefault(key, {"members": vote["members"], "ok": {}})["ok"][slot] = vote["ok"]
+        for (tag, step), ballot in ballots.items():
+            members, ok = ballot["members"], ballot["ok"]
+            if not all(ok.values()):
+                verdict = "discard"  # a member saw a failure
+            elif all(m in ok for m in members):
+                verdict = "commit"  # every member's step went through
+            elif any(self.dead(m, now) for m in members if m not in ok):
+                verdict = "discard"  # a member died before it could vote
+            else:
+                continue
+            self.store.set(f"decision/{tag}/{step}", verdict)
+            self.decided.add((tag, step))
+            self.dirty |= verdict == "discard"
+            self.say(("decision", tag, step, verdict, sorted(ok), time.time()))
+
+    def _activity(self, slot: int) -> tuple:
+        return self._get(f"req/{slot}"), self._get(f"vote/{slot}")
+
+    def _get(self, key: str) -> str | None:
+        """``key``'s value as read at the top of this pass (None: nothing posted yet)."""
+        return self.seen.get(key)

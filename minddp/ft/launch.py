@@ -1,0 +1,361 @@
+"""Start the lighthouse and N ranks, start again what dies, inject faults, report each one in a line.
+
+Unlike :func:`minddp.runtime.launch.launch`, where a rank that dies ends the run (the
+classic DDP contract, which every other stage keeps), :func:`launch_ft`
+trains through: this process
+
+1. starts the coordinator (:mod:`minddp.ft.coordinator`) in a process of its
+   own, and learns its port;
+2. starts one rank per slot (:mod:`minddp.ft.rung`);
+3. watches, every 20 ms: a rank process that exited without a result is
+   posted ``gone`` to the coordinator at once (so the survivors need not wait
+   out the hang bound) and, with ``restart``, started again as the next
+   incarnation of its slot, which the survivors then heal; a rank the
+   coordinator evicted (silent: frozen) is ended by its pid, then treated the
+   same; ``coord@STEP`` kills the coordinator once step STEP-1 is committed
+   and starts a new one on the same port;
+4. returns every slot's result and a one-line report per fault
+   (:func:`fault_report`).
+
+Ctrl-C, SIGTERM or SIGHUP end every process it started, by pid, and say so.
+A rank that raises a real error (not a fault it can retry) ends the run with
+that rank's line. Everything is bounded by ``run_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import queue
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from minddp.ft.coordinator import lighthouse_main
+from minddp.ft.faults import Fault, FaultPlan
+from minddp.runtime.processes import (
+    HELPER_BLOCKED,
+    Stopped,
+    end_processes,
+    rank_context,
+    say_safely,
+    stop_reason,
+    stop_signals,
+    watch_parent,
+)
+
+
+class FaultTolerantRunError(RuntimeError):
+    """The run could not go on: a rank's real error, or no progress within the bound."""
+
+
+@dataclass
+class FTRun:
+    """What :func:`launch_ft` hands back."""
+
+    results: dict[int, dict]  # slot -> the last incarnation's result
+    events: list[tuple] = field(default_factory=list)  # coordinator and launcher events, in order, with times
+    faults: list[Fault] = field(default_factory=list)
+    fired_at: list[float | None] = field(default_factory=list)
+    wall_s: float = 0.0
+    attempts: list[tuple[int, int, dict]] = field(
+        default_factory=list
+    )  # (slot, incarnation, entry), as reported
+
+    def report(self) -> list[str]:
+        return fault_report(self)
+
+
+def launch_ft(
+    task,
+    steps: int,
+    world_size: int = 2,
+    faults: list[Fault] = (),
+    hang_s: float = 10.0,
+    restart: bool = True,
+    coordinator_timeout_s: float = 30.0,
+    run_timeout_s: float = 300.0,
+    digests: bool = False,
+    full_world_at: tuple[int, ...] = (),
+    rejoin_before_end: bool = False,
+    restart_after_steps: int = 0,
+) -> FTRun:
+    """Train ``task`` for ``steps`` committed steps on ``world_size`` slots through ``faults``.
+
+    ``full_world_at``: steps whose first attempt waits for every slot (a test's
+    script, so that each fault meets a full world whatever the machine's
+    speed); ``rejoin_before_end`` adds the last step (a restarted rank is then
+    back, healed, before the run ends). ``restart_after_steps``: a rank that
+    died is started again only once that many more steps are committed (a
+    machine that takes a while to come back; the survivors train meanwhile).
+    Once the last step is committed, a process that is not one of its members
+    (a rank still starting) is ended: the job is done.
+    """
+    full_from = tuple(sorted({*full_world_at, *([steps - 1] if rejoin_before_end else [])}))
+    ctx = rank_context()
+    plan = FaultPlan(list(faults), ctx)
+    events, results = ctx.Queue(), ctx.Queue()
+    payload = pickle.dumps((task, steps, hang_s, coordinator_timeout_s, digests))
+    procs: dict[int, object] = {}  # slot -> its current process
+    incarnation = {slot: 0 for slot in range(world_size)}
+    lighthouse, epoch, port = None, 0, 0
+    timeline: list[tuple] = []
+    members_of: dict[str, list[int]] = {}  # quorum tag -> its members
+    attempts: list[tuple[int, int, dict]] = []  # (slot, incarnation, entry) of every attempt a rank reported
+    committed = 0  # steps committed so far
+    waiting: dict[int, int] = {}  # slot -> committed steps after which it is started again
+    done: dict[int, dict] = {}
+    t_start = time.time()
+    with stop_signals():
+        try:
+            lighthouse, port = _start_lighthouse(
+                ctx, 0, world_size, hang_s, epoch, events, timeline, full_from
+            )  # step 1
+            notice = _Notices(port)
+            for slot in range(world_size):  # step 2
+                procs[slot] = _start_rank(ctx, payload, slot, 0, port, plan, results)
+            coord_faults = [i for i, f in enumerate(plan.faults) if f.kind == "coord"]
+            deadline = time.monotonic() + run_timeout_s
+            while len(done) < world_size:  # step 3
+                if waiting and not procs:
+                    raise FaultTolerantRunError(
+                        "minddp.ft: every rank is down and none may start before more "
+                        "steps are committed; lower restart_after_steps"
+                    )
+                if time.monotonic() > deadline:
+                    raise FaultTolerantRunError(
+                        f"minddp.ft: the run did not finish within {run_timeout_s:.0f} s "
+                        f"(slots done: {sorted(done)}); see the events for the last step"
+                    )
+                for event in _drain(events):
+                    timeline.append(event)
+                    if (
+                        event[0] == "evict"
+                        and event[1] in procs
+                        and event[1] not in done
+                        and event[2] == incarnation[event[1]]
+                    ):
+                        procs[event[1]].kill()  # frozen: ended by its pid, then restarted below
+                        timeline.append(("ended", event[1], event[2], time.time()))
+                    if event[0] == "quorum":
+                        members_of[event[1]] = event[2]
+                    if event[0] == "decision" and event[3] == "commit" and event[2] == steps - 1:
+                        for slot in [s for s in procs if s not in members_of.get(event[1], ())]:
+                            procs[slot].kill()  # still starting when the job ended: not needed
+                            del procs[slot]
+                            done[slot] = None
+                    if event[0] == "decision" and event[3] == "commit":
+                        committed = max(committed, event[2] + 1)
+                        for i in [i for i in coord_faults if plan.faults[i].step == event[2] + 1]:
+                            coord_faults.remove(i)
+                            plan.fired_at[i] = time.time()
+                            lighthouse.kill()  # the coordinator's own restart
+                            lighthouse.join(5.0)
+                            epoch += 1
+                            lighthouse, _ = _start_lighthouse(
+                                ctx, port, world_size, hang_s, epoch, events, timeline, full_from
+                            )
+                            notice = _Notices(port)
+                for kind, slot, inc, body in _drain(results):
+                    if kind == "log":
+                        attempts.append((slot, inc, body))
+                    elif kind == "ok":
+                        done[slot] = torch.load(io.BytesIO(body), weights_only=False)
+                    else:
+                        raise FaultTolerantRunError(
+                            body.strip().splitlines()[-1] + f"\n(rank {slot}, incarnation "
+                            f"{inc}; its traceback:)\n{body}"
+                        )
+                for slot, p in list(procs.items()):
+                    if p.exitcode is not None and slot not in done:
+                        time.sleep(0.05)  # its result may be in flight
+                        if _take_result(results, done, slot, attempts):
+                            continue
+                        timeline.append(("exited", slot, incarnation[slot], time.time()))
+                        notice.gone(slot, incarnation[slot])
+                        if not restart:
+                            del procs[slot]
+                            done[slot] = None
+                            continue
+                        del procs[slot]
+                        waiting[slot] = committed + restart_after_steps
+                for slot, after in list(waiting.items()):
+                    if committed >= after:
+                        del waiting[slot]
+                        incarnation[slot] += 1
+                        procs[slot] = _start_rank(ctx, payload, slot, incarnation[slot], port, plan, results)
+                        timeline.append(("restarted", slot, incarnation[slot], time.time()))
+                time.sleep(0.02)
+        except (KeyboardInterrupt, Stopped) as exc:
+            end_processes([*procs.values(), *([lighthouse] if lighthouse else [])], grace_s=0.0)
+            say_safely(f"minddp.ft: {stop_reason(exc)}; the ranks and the coordinator were ended")
+            raise
+        finally:
+            end_processes([*procs.values(), *([lighthouse] if lighthouse else [])], grace_s=1.0)
+    timeline.extend(_drain(events))
+    attempts.extend((s, inc, body) for kind, s, inc, body in _drain(results) if kind == "log")
+    return FTRun(
+        {s: r for s, r in done.items() if r is not None},
+        timeline,
+        list(plan.faults),
+        [plan.when(i) for i in range(len(plan.faults))],
+        time.time() - t_start,
+        attempts,
+    )
+
+
+def _start_lighthouse(ctx, port, world_size, hang_s, epoch, events, timeline, full_from):
+    p = ctx.Process(
+        target=lighthouse_main,
+        args=(port, world_size, hang_s, epoch, 1, events, os.getpid(), full_from),
+        name=f"minddp-ft-lighthouse{epoch}",
+        daemon=True,
+    )
+    p.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            event = events.get(timeout=0.1)
+        except queue.Empty:
+            if p.exitcode is not None:
+                raise FaultTolerantRunError(
+                    f"minddp.ft: the coordinator exited with code {p.exitcode} at start "
+                    "(its message is above)"
+                ) from None
+            continue
+        timeline.append(event)
+        if event[0] == "listening" and event[1] == epoch:
+            return p, event[2]
+    raise FaultTolerantRunError(
+        "minddp.ft: the coordinator did not start within 30 s; is the machine overloaded?"
+    )
+
+
+class _Notices:
+    """The launcher's line to the coordinator: ``gone/<slot>`` the moment a rank's process has exited."""
+
+    def __init__(self, port: int):
+        self.port, self.store = port, None
+
+    def gone(self, slot: int, incarnation: int) -> None:
+        try:
+            self.store = self.store or dist.TCPStore(
+                "127.0.0.1", self.port, is_master=False, timeout=timedelta(seconds=2), wait_for_workers=False
+            )
+            self.store.set(f"gone/{slot}", str(incarnation))
+        except (RuntimeError, dist.DistError):  # no coordinator this moment: its hang bound will notice
+            self.store = None
+
+
+def _drain(q) -> list:
+    out = []
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except queue.Empty:
+            return out
+
+
+def _take_result(results, done, slot, attempts) -> bool:
+    for kind, s, inc, body in _drain(results):
+        if kind == "log":
+            attempts.append((s, inc, body))
+        elif kind == "ok":
+            done[s] = torch.load(io.BytesIO(body), weights_only=False)
+        else:
+            raise FaultTolerantRunError(body.strip().splitlines()[-1])
+    return slot in done
+
+
+def _start_rank(ctx, payload, slot, incarnation, port, plan, results):
+    p = ctx.Process(
+        target=_rank_main,
+        args=(payload, list(sys.path), slot, incarnation, port, plan, results, os.getpid()),
+        name=f"minddp-ft-rank{slot}.{incarnation}",
+        daemon=True,
+    )
+    p.start()
+    return p
+
+
+def _rank_main(payload, parent_path, slot, incarnation, port, plan, results, launcher_pid):
+    """Inside a rank: train through faults, send back the result (or the error that ended it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher ends the ranks on Ctrl-C
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)
+    watch_parent(
+        launcher_pid, f"minddp.ft rank {slot}: the launcher (pid {launcher_pid}) is gone; ending this rank"
+    )
+    sys.path[:] = parent_path
+    os.environ.update({"RANK": str(slot), "MINDDP_FT_SLOT": str(slot)})
+    torch.set_num_threads(1)  # one thread: results that do not depend on the core count, and ranks that share
+    try:
+        from minddp.ft.client import Coordinator
+        from minddp.ft.rung import FaultTolerantTrainer
+
+        task, steps, hang_s, coordinator_timeout_s, digests = pickle.loads(payload)
+        coordinator = Coordinator(port, slot, incarnation, coordinator_timeout_s)
+        trainer = FaultTolerantTrainer(
+            task,
+            steps,
+            coordinator,
+            plan,
+            hang_s=hang_s,
+            digests=digests,
+            on_entry=lambda entry: results.put(("log", slot, incarnation, entry)),
+        )
+        out = trainer.run()
+        buf = io.BytesIO()
+        torch.save(out, buf)
+        results.put(("ok", slot, incarnation, buf.getvalue()))
+    except BaseException:  # noqa: BLE001 - everything must reach the launcher
+        results.put(("error", slot, incarnation, traceback.format_exc()))
+
+
+def fault_report(run: FTRun) -> list[str]:
+    """One line per fault: what failed, when, how long until a step was committed again, attempts lost."""
+    decisions = [e for e in run.events if e[0] == "decision"]
+    quorums = [e for e in run.events if e[0] == "quorum"]
+    lines = []
+    for fault, t in zip(run.faults, run.fired_at):
+        if t is None:
+            lines.append(f"{fault}: never fired (the run ended before step {fault.step})")
+            continue
+        after = [d for d in decisions if d[5] >= t]
+        commit = next((d for d in after if d[3] == "commit"), None)
+        lost = [d for d in after if commit is None or d[5] <= commit[5]]
+        lost = [d for d in lost if d[3] == "discard"]
+        what = {
+            "kill": f"rank {fault.slot} killed (SIGKILL)",
+            "stop": f"rank {fault.slot} frozen (SIGSTOP)",
+            "raise": f"rank {fault.slot}'s all_reduce raised",
+            "coord": "coordinator killed and restarted",
+        }
+        world = next((len(q[2]) for q in reversed(quorums) if commit is not None and q[1] == commit[1]), None)
+        back = ""
+        if fault.slot is not None and fault.kind in ("kill", "stop"):
+            rejoin = next(
+                (
+                    q
+                    for q in quorums
+                    if q[4] > t and fault.slot in q[2] and q[3][fault.slot] < max(q[3].values())
+                ),
+                None,
+            )
+            if rejoin is not None:
+                healed_at = max(rejoin[3].values())
+                back = f"; rank {fault.slot} back, healed at step {healed_at}, {rejoin[4] - t:.2f} s after"
+        went_on = (
+            "never" if commit is None else f"{commit[5] - t:.2f} s later (step {commit[2]}, world {world})"
+        )
+        lines.append(
+            f"{fault}: {what[fault.kind]} at step {fault.step}; training went on {went_on}; "
+            f"{len(lost)} attempt(s) discarded{back}"
+        )
+    return lines

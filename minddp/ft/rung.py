@@ -1,0 +1,239 @@
+"""The fault-tolerant rung: the ``ddp`` stage, asked every step who is in and whether the step counts.
+
+One rank's loop (:class:`FaultTolerantTrainer`), each idea in its own lines:
+
+1. **quorum**: before step ``s`` ask the coordinator (:mod:`minddp.ft.coordinator`)
+   who trains it. Everyone live asks; the members come back sorted, and this
+   rank's index among them is its rank in the group.
+2. **a new group at the new world size** when the quorum's tag changed (a
+   member left or came, or the last step failed): the old group is destroyed
+   (it may be broken) and a gloo group of ``len(members)`` ranks is built
+   through the coordinator's store under the new tag; the ``ddp`` stage is
+   wrapped around the model again, on that group.
+3. **heal**: members at an older step than the others (a rank started
+   again; its state is its fresh init) receive the live state, parameters,
+   optimizer state and step, from the first member at the newest step, over
+   the new group (send/recv of the serialized state: no file). They are then
+   bit for bit what their peers are.
+4. **the step**: this rank's shard of the step's global batch. The shard
+   follows the world size: with ``w`` members, member ``r`` takes rows
+   ``[r*B/w, (r+1)*B/w)`` of the global batch of ``B`` examples, so the
+   examples of a lost rank are not lost: the survivors split the whole global
+   batch between them, and a retried step trains on the same examples. The
+   gradient average divides by ``w`` (the ``ddp`` stage's ``allreduce_hook``
+   on the new group).
+5. **should_commit**: every member votes whether its step went through; the
+   coordinator answers ``commit`` only if all did. Then, and only then, the
+   optimizer steps. A **discarded** step drops its gradients: parameters and
+   optimizer state are exactly as before it, on every rank, and the step is
+   tried again by the next quorum.
+
+Any exception inside steps 2-4 (a peer died in the all_reduce, a group that
+cannot be built, an injected fault) makes this rank vote "not ok", destroy
+its group at once (so peers waiting in a collective with it fail now, not
+after the timeout) and go back to 1. The same step failing
+:data:`MAX_ATTEMPTS` times in a row is a real error, raised with its cause.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import io
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from minddp.comm.default_hooks import allreduce_hook
+from minddp.ft.client import Coordinator, Quorum
+from minddp.ft.faults import FaultPlan
+from minddp.runtime.launch import leave_group
+
+#: The same step failing this many times in a row ends the rank with the last error.
+MAX_ATTEMPTS = 8
+
+
+class StepFailedAgain(RuntimeError):
+    """One step failed :data:`MAX_ATTEMPTS` times: not a transient fault."""
+
+
+class FaultTolerantTrainer:
+    """One rank (``slot``, ``incarnation``) training ``task`` for ``steps`` committed steps."""
+
+    def __init__(
+        self,
+        task,
+        steps: int,
+        coordinator: Coordinator,
+        plan: FaultPlan | None = None,
+        hang_s: float = 10.0,
+        digests: bool = False,
+        on_entry=None,
+    ):
+        self.task, self.steps, self.coordinator, self.plan = task, steps, coordinator, plan
+        self.slot, self.hang_s, self.digests = coordinator.slot, hang_s, digests
+        self.model = task.build_model()
+        self.optimizer = task.build_optimizer(self.model)
+        self.step = 0  # committed steps so far: the next step to train
+        self.group_tag = None  # the quorum this rank's process group was built for
+        self.ddp = None
+        self.log: list[dict] = []  # one entry per attempted step
+        self.on_entry = on_entry  # told each entry as it is made (the launcher's timeline)
+        self.healed_bytes = 0
+        self.raise_in_collective = None  # a ``raise@STEP:RANK`` fault due in this step's collective
+
+    def run(self) -> dict:
+        self.coordinator.start_beating()
+        failures, last_error = 0, None
+        while self.step < self.steps:
+            quorum = self.coordinator.quorum(self.step)  # 1. who is in
+            entry = {
+                "step": quorum.max_step,
+                "tag": quorum.tag,
+                "members": quorum.members,
+                "t0": time.time(),
+                "healed": False,
+            }
+            try:
+                if quorum.tag != self.group_tag:
+                    entry["healed"] = self.rebuild_group(quorum)  # 2. the new world, 3. heal
+                entry["before"] = self.state_digest()
+                entry["loss"] = self.forward_backward(quorum)  # 4. the step
+                ok = True
+            except Exception as exc:  # noqa: BLE001 - any failure of this attempt: vote no, try again
+                entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+                last_error, entry["t_error"] = entry["error"], time.time()
+                ok = False
+            if not ok:  # (out of the except block: its traceback no longer holds the group)
+                self.drop_group()  # now: peers waiting in a collective with this rank fail at once
+            committed = self.coordinator.should_commit(quorum, quorum.max_step, ok)  # 5. all or nothing
+            if committed:
+                self.optimizer.step()
+                self.step += 1
+            self.optimizer.zero_grad(set_to_none=True)  # a discarded step: dropped
+            entry.update(ok=ok, committed=committed, t1=time.time())
+            if self.digests and not committed:
+                entry["after_discard"] = self.state_digest()
+            self.log.append(entry)
+            if self.on_entry is not None:
+                self.on_entry(entry)
+            failures = 0 if committed else failures + 1
+            if failures >= MAX_ATTEMPTS:
+                raise StepFailedAgain(
+                    f"minddp.ft rank {self.slot}: step {self.step} failed {failures} times in a "
+                    f"row (last: {last_error}); this is no transient fault, fix its cause"
+                )
+        self.coordinator.stop()
+        self.drop_group()
+        return {
+            "slot": self.slot,
+            "incarnation": self.coordinator.incarnation,
+            "step": self.step,
+            "log": self.log,
+            "state": self.state_bytes(),
+            "healed_bytes": self.healed_bytes,
+        }
+
+    # -- 2. the group at the new world size ----------------------------------------------------------
+
+    def rebuild_group(self, quorum: Quorum) -> bool:
+        """Drop the old group and wrapper; build a gloo group of the members, heal, wrap. True if healed."""
+        from minddp.ladder import build_stage
+
+        self.drop_group()
+        store = dist.PrefixStore(f"group/{quorum.tag}", self.coordinator.store)
+        dist.init_process_group(
+            "gloo",
+            store=store,
+            rank=quorum.rank,
+            world_size=quorum.world,
+            timeout=timedelta(seconds=self.hang_s),
+        )
+        healed = self.heal(
+            quorum
+        )  # 3. before wrapping: the wrapper broadcasts rank 0's state, maybe a stale one
+        self.ddp = build_stage("ddp", self.model)
+        self.ddp.register_comm_hook(None, self.collective)
+        self.group_tag = quorum.tag
+        return healed
+
+    def drop_group(self) -> None:
+        self.ddp, self.group_tag = None, None
+        gc.collect()  # the old wrapper's gradient hooks go with it
+        leave_group()
+
+    # -- 3. heal ---------------------------------------------------------------------------------------
+
+    def heal(self, quorum: Quorum) -> bool:
+        """Members behind receive (params, optimizer state, step) from the first member at the newest step."""
+        if not quorum.behind():
+            return False
+        source = quorum.members.index(quorum.source())
+        if quorum.rank == source:
+            payload = self.state_bytes()
+            for slot in quorum.behind():
+                peer = quorum.members.index(slot)
+                dist.send(torch.tensor([len(payload)], dtype=torch.int64), dst=peer)
+                dist.send(torch.frombuffer(bytearray(payload), dtype=torch.uint8), dst=peer)
+            return False
+        if self.slot not in quorum.behind():
+            return False
+        size = torch.zeros(1, dtype=torch.int64)
+        dist.recv(size, src=source)
+        payload = torch.empty(int(size), dtype=torch.uint8)
+        dist.recv(payload, src=source)
+        self.healed_bytes = int(size)
+        self.load_state_bytes(payload.numpy().tobytes())
+        return True
+
+    def state_bytes(self) -> bytes:
+        buf = io.BytesIO()
+        torch.save(
+            {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step},
+            buf,
+        )
+        return buf.getvalue()
+
+    def load_state_bytes(self, payload: bytes) -> None:
+        state = torch.load(io.BytesIO(payload), weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = state["step"]
+
+    # -- 4. the step -----------------------------------------------------------------------------------
+
+    def forward_backward(self, quorum: Quorum) -> float:
+        """This member's shard of the global batch; backward averages the gradients over the group."""
+        shard = self.task.shard(self.task.global_batch(self.step), quorum.rank, quorum.world)
+        loss = self.task.loss(self.ddp, shard, quorum.world)
+        self.fault_due("kill") or self.fault_due("stop")  # peers are now waiting in the all_reduce
+        self.raise_in_collective = None if self.plan is None else self.plan.due("raise", self.step, self.slot)
+        loss.backward()
+        return float(loss.detach())
+
+    def collective(self, state, bucket):
+        """The ``ddp`` stage's comm hook: plain averaging, or the injected fault ``raise@STEP:RANK``."""
+        if self.raise_in_collective is not None:
+            index, self.raise_in_collective = self.raise_in_collective, None
+            self.plan.fire(index)
+        return allreduce_hook(state, bucket)
+
+    def fault_due(self, kind: str) -> bool:
+        index = None if self.plan is None else self.plan.due(kind, self.step, self.slot)
+        if index is not None:
+            self.plan.fire(index)
+        return index is not None
+
+    def state_digest(self) -> str | None:
+        """A hash of every byte of the parameters and optimizer state (for the tests' bitwise checks)."""
+        if not self.digests:
+            return None
+        h = hashlib.sha256()
+        for t in self.model.state_dict().values():
+            h.update(t.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+        for state in self.optimizer.state_dict()["state"].values():
+            for v in state.values():
+                h.update(torch.as_tensor(v).reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()

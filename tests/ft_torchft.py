@@ -1,0 +1,114 @@
+"""The same toy task and fault under torchft's Manager + DDP + Optimizer (gloo, CPU), as its own tests run it.
+
+Two replica groups of one rank each, in threads of this process (torchft's
+``manager_integ_test`` does the same). Replica 1 raises at step ``fail_at``
+(torchft's ``InjectedFailure`` pattern) and starts again with a fresh model
+and Manager, which heals it from replica 0 through torchft's checkpoint
+transport. Each replica records, for every step torchft committed, how many
+replicas took part: the single-process replay of those world sizes is then
+the oracle for torchft as for minddp.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import torch
+
+
+class InjectedFailure(Exception):
+    pass
+
+
+def run_torchft(
+    task, steps: int, fail_at: int, fail_replica: int = 1, num_replicas: int = 2, use_ddp: bool = True
+) -> dict:
+    """``use_ddp``: torchft's DistributedDataParallel; else each gradient through ``manager.allreduce``."""
+    from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+    from torchft.coordination import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=2000)
+    init_lock = threading.Lock()
+    failed = {"done": False, "at": None}
+
+    def replica(replica_id: int) -> dict:
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                return replica_main(replica_id)
+            except InjectedFailure:
+                if attempts > 3:
+                    raise
+
+    def replica_main(replica_id: int) -> dict:
+        store = torch.distributed.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+        with init_lock:
+            model = task.build_model()
+        optimizer = task.build_optimizer(model)
+        pg = ProcessGroupGloo(timeout=timedelta(seconds=5))
+        manager = Manager(
+            pg=pg,
+            min_replica_size=1,
+            load_state_dict=lambda sd: (
+                model.load_state_dict(sd["model"]),
+                optimizer.load_state_dict(sd["optim"]),
+            ),
+            state_dict=lambda: {"model": model.state_dict(), "optim": optimizer.state_dict()},
+            replica_id=str(replica_id),
+            store_addr="localhost",
+            store_port=store.port,
+            rank=0,
+            world_size=1,
+            lighthouse_addr=lighthouse.address(),
+            use_async_quorum=False,
+            timeout=timedelta(seconds=10),
+            quorum_timeout=timedelta(seconds=30),
+            connect_timeout=timedelta(seconds=10),
+        )
+        try:
+            ddp = DistributedDataParallel(manager, model) if use_ddp else model
+            opt = Optimizer(manager, optimizer)
+            worlds, t_commit, attempts = {}, {}, {}
+            while manager.current_step() < steps:
+                opt.zero_grad()  # the quorum (and a heal) happen here
+                step, world = manager.current_step(), manager.num_participants()
+                attempts[step] = attempts.get(step, 0) + 1
+                rank = manager.participating_rank()
+                loss = task.loss(ddp, task.shard(task.global_batch(step), rank, world), world)
+                if replica_id == fail_replica and step == fail_at and not failed["done"]:
+                    failed["done"], failed["at"] = True, time.time()
+                    raise InjectedFailure(f"replica {replica_id} fails at step {step}")
+                loss.backward()
+                if not use_ddp:  # the Manager's own average (sum / participants)
+                    for work in [manager.allreduce(p.grad) for p in model.parameters()]:
+                        work.wait()
+                opt.step()  # should_commit, then the step if committed
+                if manager.current_step() > step:
+                    worlds[step], t_commit[step] = world, time.time()
+            return {
+                "worlds": worlds,
+                "t_commit": t_commit,
+                "attempts": attempts,
+                "state": {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "step": manager.current_step(),
+                },
+            }
+        finally:
+            pg.abort()  # as a process that died: its connections close, peers fail at once
+            manager.shutdown(wait=False)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(max_workers=num_replicas) as pool:
+            results = list(pool.map(replica, range(num_replicas)))
+    finally:
+        torch.set_num_threads(threads)
+        lighthouse.shutdown()
+    return {"replicas": results, "failed_at": failed["at"]}

@@ -1,0 +1,46 @@
+"""``--stage ft`` and ``--inject`` in the train command: named only, checked before any rank starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from minddp.train.config import ConfigError, parse_args
+from minddp.ft.faults import Fault, parse_faults
+
+
+def test_ft_is_named_only_never_part_of_all():
+    assert "ft" not in parse_args(["--stage", "all"]).stages()
+    assert parse_args(["--stage", "ft", "--inject", "kill@3:1,coord@5"]).stages() == ["ft"]
+
+
+def test_inject_is_refused_on_a_stage_that_ends_the_run():
+    with pytest.raises(ConfigError, match="--inject needs --stage ft"):
+        parse_args(["--stage", "ddp", "--inject", "kill@3:1"])
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("kill@3", "write KIND@STEP:RANK"),
+        ("explode@3:1", "write KIND@STEP:RANK"),
+        ("kill@3:5", "rank 5 does not exist with --world-size 2"),
+    ],
+)
+def test_a_bad_fault_is_named_with_the_form(spec, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_args(["--stage", "ft", "--inject", spec])
+
+
+def test_ft_refuses_what_it_cannot_do():
+    with pytest.raises(ConfigError, match="without torchrun, --resume and --save-every"):
+        parse_args(["--stage", "ft", "--save-every", "5"])
+
+
+def test_parse_faults():
+    assert parse_faults("kill@3:1, stop@9:0,raise@12:1,coord@15") == [
+        Fault("kill", 3, 1),
+        Fault("stop", 9, 0),
+        Fault("raise", 12, 1),
+        Fault("coord", 15),
+    ]
+    assert parse_faults(None) == [] and parse_faults("") == []
