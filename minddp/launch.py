@@ -77,6 +77,23 @@ except ImportError:  # pragma: no cover - a torch build without it has nothing t
 
 _CHILD_FLAG = "MINDDP_LAUNCHED_RANK"
 
+# -- module state: what this process remembers between calls ---------------------------------------------
+
+#: This local rank's connection to its launcher's store (set by join_group).
+_rank_store: dist.TCPStore | None = None
+#: Under torchrun: the store of the agent, how many times this process joined a group, whether the agent
+#: is watched (run_in_torchrun, watch_torchrun_agent).
+_torchrun_store: dist.Store | None = None
+_torchrun_joins = 0
+_agent_watched = False
+#: The GPU placements already said (say_placement): once per process.
+_said: set[Placement] = set()
+#: How long leave_group waits, at most, for the backend's threads to let go of the default group ...
+RELEASE_WAIT_S = 1.0
+#: ... and how long a count of holders that no longer falls means the rest are the caller's (a thread
+#: that had the GIL back lets go within microseconds).
+SETTLE_S = 0.1
+
 
 class RankError(RuntimeError):
     """One or more ranks failed. ``errors`` maps rank -> formatted traceback.
@@ -235,11 +252,6 @@ def launch(
             del store
 
 
-_torchrun_store: dist.Store | None = None
-_torchrun_joins = 0
-_agent_watched = False
-
-
 def watch_torchrun_agent() -> None:
     """Under torchrun: end this worker (exit 1, one line) once its agent, the process that started it, is gone.
 
@@ -378,21 +390,11 @@ def leave_group() -> None:
     del held
 
 
-#: How long leave_group waits, at most, for the backend's threads to let go of the default group ...
-RELEASE_WAIT_S = 1.0
-#: ... and how long a count of holders that no longer falls means the rest are the caller's (a thread
-#: that had the GIL back lets go within microseconds).
-SETTLE_S = 0.1
-
-
 def say_placement(placement: Placement) -> None:
     """Where ranks compute on GPUs, say in one line how and why (on the CPU it goes without saying)."""
     if placement.device_type == "cuda" and placement not in _said:
         _said.add(placement)   # once per process: --stage all launches once per stage
         print(f"{fresh_line()}minddp: {placement.why}", file=sys.stderr, flush=True)
-
-
-_said: set[Placement] = set()
 
 
 def _prepare_rank(local_rank: int, local_world: int, placement: Placement) -> None:
@@ -428,10 +430,6 @@ def join_group(rank: int, world_size: int, port: int, placement: Placement | str
         store = dist.PrefixStore(prefix, store)
     dist.init_process_group(placement.group_backend(), store=store, rank=rank, world_size=world_size,
                             timeout=timeout_delta(timeout_s))
-
-
-#: This local rank's connection to its launcher's store (set by join_group).
-_rank_store: dist.TCPStore | None = None
 
 
 def _set_rank_env(rank: int, world_size: int, port: int) -> None:
