@@ -1,50 +1,23 @@
 """Start N local ranks (or join a torchrun job), run a function on each, always tear down.
 
-A data-parallel program is the same code running in N processes ("ranks") that
-find each other through a rendezvous and then talk through collectives. This
-module does that set-up and its clean-up, so the rest of minddp can assume
-that ``torch.distributed`` is initialised:
+A data-parallel program is the same code in N processes ("ranks") that meet through a rendezvous and
+talk through collectives. This module does that set-up and its clean-up:
 
-1. The parent opens a rendezvous store on a free port that the OS picks (no
-   guessed port, so two launches never collide).
-2. It starts one child process per rank. Each child joins the store, builds
-   the process group (gloo on CPU, NCCL with one GPU per rank, chosen once in
-   :mod:`minddp.device`) and calls ``fn(*args, **kwargs)``.
-3. Each child sends back its result, or its exception with the traceback, and
-   destroys its process group whatever happened.
-4. The parent gathers the results in rank order. When a rank fails or dies,
-   the parent gives the other ranks a moment to report, then ends the ranks it
-   started, by their process ids, and raises :class:`RankError` naming the rank.
-   Meanwhile every rank beats into the store (:mod:`minddp.hang`), so that a
-   rank that stops while the others wait for it is named within ``hang_s``
-   seconds, not after the collective timeout.
-5. The ranks do not outlive the parent. Ctrl-C, SIGTERM (``timeout``, a job
-   scheduler, ``kill``) and SIGHUP (the terminal closed) make the parent end
-   its ranks by pid at once, then say so in one line, and exit with status
-   130, 143 or 129 (:func:`minddp.processes.stop_signals`). The ranks ignore
-   Ctrl-C, which a terminal sends to them too: the parent alone decides how
-   the run ends, and it ends them before it prints anything, since a print
-   can block (a stderr pipe that nobody reads yet). Each rank also watches
-   the parent's pid, so even a parent killed with SIGKILL, which can run no
-   clean-up, leaves no rank behind for long. The ranks are children of the
-   process server, not of the parent, so nothing else would end them.
+1. the parent opens a rendezvous store on a port the OS picks (two launches never collide);
+2. it starts one child per rank; each joins the store, builds the process group (gloo on CPU, NCCL
+   with one GPU per rank: :mod:`minddp.device`) and calls ``fn(*args, **kwargs)``;
+3. each child sends back its result, or its exception with the traceback, and leaves its group;
+4. the parent gathers the results in rank order; when a rank fails, dies or hangs
+   (:mod:`minddp.hang`), it ends the ranks it started, by pid, and raises :class:`RankError` naming it;
+5. the ranks do not outlive the parent (Ctrl-C, SIGTERM, SIGHUP, even SIGKILL).
 
-Under ``torchrun`` the processes already exist: :func:`launch` then joins the
-job described by ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/
-``MASTER_PORT`` and runs ``fn`` once, on this rank only; ranks 0 and 1 watch
-everyone's beats, and each worker watches its torchrun agent's pid
-(:func:`watch_torchrun_agent`), so that no worker outlives a killed torchrun. A process may call
-:func:`launch` several times (``--stage all`` does, once per stage): each
-call builds its group under its own key prefix in torchrun's store, because
-a group built on keys an earlier group already wrote would read stale
-addresses and wait for ever.
+Under ``torchrun`` the processes exist already: :func:`launch` joins the job and runs ``fn`` on this
+rank only. How each step is made safe: ``docs/reliability.md`` (How ``launch`` runs the ranks).
 
 Example::
 
-    >>> def hello():
-    ...     import torch.distributed as dist
-    ...     return dist.get_rank()
-    >>> launch(hello, world_size=2)
+    >>> import torch.distributed as dist
+    >>> launch(dist.get_rank, world_size=2)          # fn runs on every rank; results in rank order
     [0, 1]
 """
 
@@ -156,9 +129,8 @@ def report_step(step: int) -> None:
 
     Example::
 
-        >>> for step in range(steps):
-        ...     report_step(step)
-        ...     train_step(...)
+        >>> for step in range(3):
+        ...     report_step(step)       # outside a launch: no heartbeat to tell, nothing is sent
     """
     global _step
     _step = step

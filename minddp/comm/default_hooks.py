@@ -20,9 +20,14 @@ The compress hooks take real floating-point buckets (fp16, bf16, fp32, fp64);
 a complex bucket is refused (:func:`check_real_floating`), since the cast would
 silently drop its imaginary part. Plain :func:`allreduce_hook` takes any dtype.
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> model.register_comm_hook(None, fp16_compress_hook)
+    >>> from minddp import AsyncBucketDDP
+    >>> model = AsyncBucketDDP(torch.nn.Linear(4, 2))
+    >>> model.register_comm_hook(None, fp16_compress_hook)      # sent as fp16, cast back to fp32
+    >>> model(torch.ones(3, 4)).sum().backward(); model.finish_gradient_synchronization()
+    >>> model.module.bias.grad
+    tensor([3., 3.])
 """
 
 from __future__ import annotations

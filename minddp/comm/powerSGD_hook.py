@@ -26,8 +26,12 @@ to float tolerance), with three differences:
 
 Example::
 
-    >>> state = PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=10)
-    >>> ddp.register_comm_hook(state, powerSGD_hook)
+    >>> from minddp import AsyncBucketDDP
+    >>> model = AsyncBucketDDP(torch.nn.Linear(16, 16))
+    >>> model.register_comm_hook(PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2),
+    ...                          powerSGD_hook)
+    >>> for step in range(3):                        # step 0 and 1 plain averaging, then rank-2 factors
+    ...     model(torch.ones(4, 16)).sum().backward(); model.finish_gradient_synchronization()
 """
 
 from __future__ import annotations
@@ -154,8 +158,11 @@ class PowerSGDState:
 
     Example::
 
-        >>> state = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2)
-        >>> torch.save({"comm_hook_state": state}, f"ckpt-rank{rank}.pt")
+        >>> import io
+        >>> state, file = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2), io.BytesIO()
+        >>> torch.save({"comm_hook_state": state}, file)          # each rank its own file
+        >>> _ = file.seek(0); torch.load(file, weights_only=False)["comm_hook_state"]
+        PowerSGDState(matrix_approximation_rank=1, start_powerSGD_iter=2, iter=0, use_error_feedback=True, warm_start=True)
     """
 
     __slots__ = [
@@ -282,8 +289,9 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
 
     Example::
 
-        >>> state = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=10)
-        >>> ddp.register_comm_hook(state, powerSGD_hook)
+        >>> from minddp import DistributedDataParallel
+        >>> ddp = DistributedDataParallel(torch.nn.Linear(16, 16))
+        >>> ddp.register_comm_hook(PowerSGDState(None, start_powerSGD_iter=10), powerSGD_hook)
     """
     check_real_floating(bucket, "powerSGD_hook")  # from the first step, not only once compression starts
     vanilla = _vanilla_phase(state, bucket)
@@ -448,8 +456,9 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.fut
 
     Example::
 
-        >>> state = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=10)
-        >>> ddp.register_comm_hook(state, batched_powerSGD_hook)
+        >>> from minddp import DistributedDataParallel
+        >>> ddp = DistributedDataParallel(torch.nn.Linear(16, 16))
+        >>> ddp.register_comm_hook(PowerSGDState(None, start_powerSGD_iter=10), batched_powerSGD_hook)
     """
     check_real_floating(bucket, "batched_powerSGD_hook")
     vanilla = _vanilla_phase(state, bucket)

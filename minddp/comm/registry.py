@@ -27,7 +27,8 @@ loaded state, which works for wrapped hooks too (a closure cannot be pickled).
 Example::
 
     >>> state, hook = make_hook("fp16+powersgd", matrix_approximation_rank=2, start_powerSGD_iter=10)
-    >>> ddp.register_comm_hook(state, hook)
+    >>> state
+    PowerSGDState(matrix_approximation_rank=2, start_powerSGD_iter=10, iter=0, use_error_feedback=True, warm_start=True)
 """
 
 from __future__ import annotations

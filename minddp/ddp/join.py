@@ -20,11 +20,14 @@ same order, or the ranks pair unrelated tensors:
 When every rank has joined, :meth:`ShadowingJoinHook.post_hook` gives every
 rank the model of the last rank to join.
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
+    >>> from minddp import DistributedDataParallel
+    >>> ddp = DistributedDataParallel(torch.nn.Linear(4, 2))
+    >>> optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     >>> with ddp.join():
-    ...     for batch in this_ranks_batches:        # a different number on each rank
-    ...         loss_fn(ddp(batch)).backward(); optimizer.step(); optimizer.zero_grad()
+    ...     for batch in [torch.ones(3, 4)] * 2:         # a different number on each rank
+    ...         ddp(batch).sum().backward(); optimizer.step(); optimizer.zero_grad()
 """
 
 from __future__ import annotations

@@ -20,11 +20,13 @@ allows:
    buckets over the parameters in that order with the same caps
    (:func:`plan_from_order`). Once, and only when rank 0 saw every parameter.
 
-Example::
+Example (4 KiB weights, 64 B biases)::
 
+    >>> params = [torch.zeros(32, 32), torch.zeros(16), torch.zeros(32, 32), torch.zeros(16)]
     >>> plan_first_iteration_like_torch(params, 25, 1, find_unused_parameters=False)
     [[0, 1, 2, 3]]
-    >>> plan_from_order(params, [3, 1, 2, 0], bucket_cap_mb=25, first_bucket_cap_mb=1)
+    >>> plan_from_order(params, [3, 1, 2, 0], bucket_cap_mb=1 / 256, first_bucket_cap_mb=1 / 512)
+    [[3, 1, 2], [0]]
 """
 
 from __future__ import annotations
