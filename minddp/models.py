@@ -36,7 +36,10 @@ Building a model:
 Example::
 
     >>> model = build_model("tiny-llama", vocab_size=400, pad_token_id=0, seed=314)
-    >>> model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    >>> ids = torch.randint(1, 400, (2, 8))                        # 2 sequences of 8 tokens
+    >>> loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([0, 1])).loss
+    >>> loss.shape, loss.requires_grad
+    (torch.Size([]), True)
 """
 
 from __future__ import annotations

@@ -31,13 +31,13 @@ FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 PENDING = frozenset({
     "minddp.analysis", "minddp.analysis.cpu", "minddp.analysis.events", "minddp.analysis.gpu",
     "minddp.analysis.live", "minddp.analysis.report", "minddp.analysis.steps", "minddp.bench.report",
-    "minddp.bench.targets", "minddp.bench.worker", "minddp.checkpoint", "minddp.cli", "minddp.data",
-    "minddp.device", "minddp.envflags", "minddp.exercises", "minddp.exercises.checker",
-    "minddp.exercises.harness", "minddp.exercises.solutions", "minddp.ladder", "minddp.loop",
+    "minddp.bench.targets", "minddp.bench.worker", "minddp.checkpoint",
+    "minddp.exercises", "minddp.exercises.checker",
+    "minddp.exercises.harness", "minddp.exercises.solutions",
     "minddp.model", "minddp.model.auto", "minddp.model.compute", "minddp.model.figures",
-    "minddp.model.step", "minddp.model.trace", "minddp.models", "minddp.notebook.display",
-    "minddp.notebook.source", "minddp.notebook.worker", "minddp.outputs", "minddp.processes",
-    "minddp.profiling", "minddp.sharding.checkpoint", "minddp.sharding.memory",
+    "minddp.model.step", "minddp.model.trace", "minddp.notebook.display",
+    "minddp.outputs",
+    "minddp.profiling", "minddp.sharding.checkpoint",
 })
 
 
@@ -58,7 +58,8 @@ def examples(module) -> list[doctest.DocTest]:
 
 @pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.xfail(
     strict=True, reason="examples not yet rewritten to run (PENDING)")) if m in PENDING else m for m in MODULES])
-def test_the_docstring_examples_run(one_rank_group, name):
+def test_the_docstring_examples_run(one_rank_group, monkeypatch, name):
+    monkeypatch.delenv("MINDDP_BACKEND", raising=False)    # as a user runs them: the suite's gloo pin off
     module = importlib.import_module(name)
     runner = doctest.DocTestRunner(optionflags=FLAGS)
     for test in examples(module):

@@ -20,7 +20,11 @@ its idea overrides, so two files have little text in common. It is a diff of
 
 Example::
 
+    >>> from minddp.ladder import STAGES
     >>> print(stage_diff(STAGES["hook"], STAGES["hook-async"]))
+    --- HookDDP.__init__  (minddp/stages/hook.py)
+    +++ AsyncHookDDP.__init__  (minddp/stages/hook_async.py)
+    ...
     --- HookDDP._sent  (minddp/stages/hook.py)
     +++ AsyncHookDDP._sent  (minddp/stages/hook_async.py)
     ...

@@ -29,12 +29,17 @@ here).
 ``fsdp`` at 2, 3 and 4 ranks and plots them; the train command prints the
 same numbers for the stages it ran (:class:`Probe`).
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> probe = Probe(wrapped, model, optimizer)      # before a training step
-    >>> train_step(wrapped, optimizer, micro_batches, loss_fn)
-    >>> probe.result()
-    {'parameters': 320256, 'gradients': 320256, 'optimizer': 640640, 'activations': 98304, 'gathered': 0}
+    >>> from minddp.ladder import build_stage
+    >>> from minddp.loop import train_step
+    >>> model = torch.nn.Linear(16, 16)                       # 272 parameters: 1088 bytes in fp32
+    >>> wrapped = build_stage("ddp", model)
+    >>> optimizer = torch.optim.AdamW(wrapped.parameters())
+    >>> probe = Probe(wrapped, model, optimizer)             # before a training step
+    >>> _ = train_step(wrapped, optimizer, [torch.ones(4, 16)], lambda m, b: m(b).sum())
+    >>> probe.result()                                       # AdamW: 2 x 1088 + its 2 step counters
+    {'parameters': 1088, 'gradients': 1088, 'optimizer': 2184, 'activations': 256, 'gathered': 0, 'psi': 272, 'replicated': 0}
 """
 
 from __future__ import annotations
