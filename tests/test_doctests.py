@@ -31,13 +31,13 @@ FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 PENDING = frozenset({
     "minddp.analysis", "minddp.analysis.cpu", "minddp.analysis.events", "minddp.analysis.gpu",
     "minddp.analysis.live", "minddp.analysis.report", "minddp.analysis.steps", "minddp.bench.report",
-    "minddp.bench.targets", "minddp.bench.worker", "minddp.checkpoint",
+    "minddp.bench.targets", "minddp.bench.worker",
     "minddp.exercises", "minddp.exercises.checker",
     "minddp.exercises.harness", "minddp.exercises.solutions",
     "minddp.model", "minddp.model.auto", "minddp.model.compute", "minddp.model.figures",
     "minddp.model.step", "minddp.model.trace", "minddp.notebook.display",
     "minddp.outputs",
-    "minddp.profiling", "minddp.sharding.checkpoint",
+    "minddp.profiling",
 })
 
 
