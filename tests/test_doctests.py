@@ -35,9 +35,9 @@ PENDING = frozenset({
     "minddp.exercises", "minddp.exercises.checker",
     "minddp.exercises.harness", "minddp.exercises.solutions",
     "minddp.model", "minddp.model.auto", "minddp.model.compute", "minddp.model.figures",
-    "minddp.model.step", "minddp.model.trace", "minddp.notebook.display",
-    "minddp.outputs",
-    "minddp.profiling",
+    "minddp.model.step", "minddp.model.trace",
+   
+   
 })
 
 
