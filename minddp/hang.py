@@ -5,7 +5,8 @@ names *them*. This module names the right rank, fast and cheaply:
 
 1. **every rank beats**: a daemon thread (:class:`Heartbeat`) writes a small :class:`Beat` to the
    launcher's store every second (counter, step, collectives launched, CPU time, phase);
-2. **a monitor reads them** (:class:`Detector`): the local launcher, or ranks 0 and 1 under torchrun;
+2. **a monitor reads them** (:class:`Detector`): the local launcher, or ranks 0 and 1 under
+   torchrun;
 3. **rules name a rank** after ``hang_s``: *frozen* (its counter stopped while another's moves),
    *behind* (everyone waits in a collective it has not joined, and it is idle), *stalled* (no rank
    moved for ``stall_s``);

@@ -8,7 +8,8 @@ talk through collectives. This module does that set-up and its clean-up:
    with one GPU per rank: :mod:`minddp.device`) and calls ``fn(*args, **kwargs)``;
 3. each child sends back its result, or its exception with the traceback, and leaves its group;
 4. the parent gathers the results in rank order; when a rank fails, dies or hangs
-   (:mod:`minddp.hang`), it ends the ranks it started, by pid, and raises :class:`RankError` naming it;
+   (:mod:`minddp.hang`), it ends the ranks it started, by pid, and raises :class:`RankError` naming
+   it;
 5. the ranks do not outlive the parent (Ctrl-C, SIGTERM, SIGHUP, even SIGKILL).
 
 Under ``torchrun`` the processes exist already: :func:`launch` joins the job and runs ``fn`` on this

@@ -17,8 +17,8 @@ Two kinds of ``--model``:
     embeddings), where compute dominates a CPU step, as it does in real
     training (the benchmark's ``small`` preset, with 16 x 64 tokens per rank);
   - ``medium-llama``: about 25 M parameters (9 layers of width 512);
-  - ``smollm2-360m``: the blog's SmolLM2-360M architecture (362 M parameters, 32 layers of width 960),
-    random weights: the GPU preset that runs offline (``--model smollm2-360m --dtype bf16``).
+  - ``smollm2-360m``: the blog's SmolLM2-360M architecture (362 M parameters, 32 layers of width
+    960), random weights: the GPU preset that runs offline (``--model smollm2-360m --dtype bf16``).
 * a Hugging Face model id or a local directory, loaded with
   ``AutoModelForSequenceClassification.from_pretrained(..., num_labels=2)``.
   The blog's checkpoint is ``HuggingFaceTB/SmolLM2-360M-Instruct`` with ``--dtype bf16``.

@@ -67,6 +67,7 @@ from __future__ import annotations
 import ast
 import inspect
 import os
+import re
 import sys
 import textwrap
 
@@ -280,7 +281,7 @@ def code_of(line: str) -> str:
 def diff_in_docstring(cls: type) -> list[str]:
     """The lines of the ``::`` block after "The change" in the module docstring of ``cls``."""
     doc = sys.modules[cls.__module__].__doc__
-    after = doc[doc.index("The change"):].split("::\n", 1)[1]
+    after = doc[re.search(r"The\s+change", doc).start():].split("::\n", 1)[1]
     block = []
     for line in after.splitlines()[1:]:
         if line.strip() and not line.startswith("    "):

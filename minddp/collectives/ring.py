@@ -1,7 +1,7 @@
 """Ring collectives: each rank talks only to its neighbours, and all_reduce = reduce-scatter + all-gather.
 
-Cut the tensor into ``n`` chunks (``n`` = world size); rank ``r`` sends to ``r + 1`` and receives from
-``r - 1`` (mod ``n``). Two passes around the ring:
+Cut the tensor into ``n`` chunks (``n`` = world size); rank ``r`` sends to ``r + 1`` and receives
+from ``r - 1`` (mod ``n``). Two passes around the ring:
 
 1. **reduce-scatter** (:func:`reduce_scatter_chunks`), ``n - 1`` steps: each received chunk is added
    into the rank's own copy, so at the end rank ``r`` holds the full sum of chunk ``r``;
@@ -14,7 +14,8 @@ Each rank sends ``2(n - 1)/n`` of the bytes, whatever ``n``: bandwidth-optimal, 
 point-to-point messages). Summation order differs from the backend's, so floats may differ in the
 last bits.
 
-Example (one rank here, where the sum is the tensor; every rank runs the same under :func:`minddp.launch`)::
+Example (one rank here, where the sum is the tensor; every rank runs the same under
+:func:`minddp.launch`)::
 
     >>> t = torch.arange(5.0)
     >>> ring_all_reduce(t, None)                  # t is now the sum over ranks

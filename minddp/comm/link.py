@@ -1,16 +1,17 @@
 """An emulated network link: every gradient collective takes at least as long as it would on a real one.
 
 On one machine two ranks talk over loopback, where communication is nearly free and the ladder's
-lessons (why buckets, why overlap) barely show. A :class:`Link` puts a network of a given speed under
-the comm layer, so that a laptop shows what a 1 Gbit/s cluster, or four PCIe GPUs, would do.
+lessons (why buckets, why overlap) barely show. A :class:`Link` puts a network of a given speed
+under the comm layer, so that a laptop shows what a 1 Gbit/s cluster, or four PCIe GPUs, would do.
 
-1. **the cost model** (:meth:`LinkSpec.seconds`): a link is ``β``, each port's bandwidth per direction,
-   and ``α``, the cost of one hop; collectives are rings (an all_reduce of ``S`` bytes over ``N`` ranks
-   takes ``2(N−1)/N · S/β + 2(N−1)·α``);
+1. **the cost model** (:meth:`LinkSpec.seconds`): a link is ``β``, each port's bandwidth per
+   direction, and ``α``, the cost of one hop; collectives are rings (an all_reduce of ``S`` bytes
+   over ``N`` ranks takes ``2(N−1)/N · S/β + 2(N−1)·α``);
 2. **the emulation** (:meth:`Link.carry`): the real collective still runs, so every result is exact;
    the link's own thread (one NIC per rank) carries the messages one at a time and completes each
    Future no earlier than its modeled transfer has ended;
-3. **in a trace** (:meth:`Link.annotate_trace`): the transfers as ``minddp.link:<collective>`` ranges.
+3. **in a trace** (:meth:`Link.annotate_trace`): the transfers as ``minddp.link:<collective>``
+   ranges.
 
 What the model leaves out, what the emulation guarantees, the presets: ``docs/scaling.md`` §1.
 

@@ -9,8 +9,9 @@ accepts a :class:`Wire` there: the same group plus, passed explicitly rather tha
   (``numel * element_size`` of the whole tensor: what a ring moves per rank is a multiple of it);
 * a **link** (:class:`~minddp.comm.link.Link`): an emulated network under the real collective.
 
-Every minddp hook sends through ``Wire.of(state).all_reduce(tensor)``, and the sharded stages through
-:meth:`Wire.reduce_scatter` and :meth:`Wire.all_gather`, so any of them can be metered or rerouted.
+Every minddp hook sends through ``Wire.of(state).all_reduce(tensor)``, and the sharded stages
+through :meth:`Wire.reduce_scatter` and :meth:`Wire.all_gather`, so any of them can be metered or
+rerouted.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 

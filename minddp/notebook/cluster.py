@@ -31,7 +31,8 @@ Running a cell:
    group *and keeps the namespaces* (the model built earlier is still there).
    If a rank cannot rejoin, the cluster restarts as in 3c.
 
-Example (not run by the doctests: it starts two rank processes; ``tests/test_notebook_runner.py`` does)::
+Example (not run by the doctests: it starts two rank processes; ``tests/test_notebook_runner.py``
+does)::
 
     >>> with Cluster(world_size=2) as cluster:      # doctest: +SKIP
     ...     cluster.run("x = rank * 10")

@@ -7,7 +7,8 @@ saves what it holds, and DCP maps who saved which part of which tensor, so a che
 1. **describe**: each chunk a rank holds as a ``DTensor`` (``Shard(0)`` of the flattened tensor:
    minddp's chunks are DTensor's, so no copy); whole tensors stay plain;
 2. **save** (:func:`save`): model, optimizer (state by parameter name) and each rank's extras with
-   ``dcp.save`` into a temporary folder, renamed to ``path`` once rank 0 has written ``minddp.json``;
+   ``dcp.save`` into a temporary folder, renamed to ``path`` once rank 0 has written
+   ``minddp.json``;
 3. **load** (:func:`load`): the same description for *this* run's ranks, filled by ``dcp.load``.
 
 More: ``docs/sharding.md`` (Checkpoints).

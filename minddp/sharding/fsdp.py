@@ -1,15 +1,18 @@
 """``minddp.FullyShardedDataParallel``: ZeRO-3, every rank keeps a shard of the parameters too.
 
-ZeRO-2 still keeps every parameter whole on every rank. FSDP keeps only this rank's chunk of each and
-assembles a piece of the model, a **unit** (a block, picked with ``shard``), just when it runs:
+ZeRO-2 still keeps every parameter whole on every rank. FSDP keeps only this rank's chunk of each
+and assembles a piece of the model, a **unit** (a block, picked with ``shard``), just when it runs:
 
 1. **construction**: same model everywhere (checked), broadcast, each unit's parameters replaced by
    their shards; a parameter in no unit (or tied across two) stays whole: *replicated*;
-2. **before a unit's forward**: all-gather its shards (in ``compute_dtype``), and prefetch the next unit;
+2. **before a unit's forward**: all-gather its shards (in ``compute_dtype``), and prefetch the next
+   unit;
 3. **after it**: drop the full parameters; a saved-tensor hook keeps notes of *where* instead;
-4. **before a unit's backward**: the first note unpacked gathers the unit again, prefetches the one before;
-5. **after it**: one autograd function per unit (:class:`Unshard`) sees all its gradients: reduce-scatter
-   them without waiting, drop the full parameters (replicated ones: all_reduce, as in DDP);
+4. **before a unit's backward**: the first note unpacked gathers the unit again, prefetches the one
+   before;
+5. **after it**: one autograd function per unit (:class:`Unshard`) sees all its gradients:
+   reduce-scatter them without waiting, drop the full parameters (replicated ones: all_reduce, as in
+   DDP);
 6. **end of backward** (queued on autograd's engine): wait, give each shard its ``.grad``.
 
 Memory, ``no_sync``, whole state dicts, the tests: ``docs/sharding.md`` (FSDP).

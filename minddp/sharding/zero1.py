@@ -3,8 +3,8 @@
 Every DDP rank takes the same step on the same parameters, so it keeps the same optimizer state too
 (Adam: ``8Ψ`` bytes beside ``4Ψ`` of parameters). ZeRO-1 cuts it in ``world`` parts:
 
-1. **plan**: every parameter is cut into ``world`` chunks (:mod:`minddp.sharding.shards`); rank ``r``
-   owns chunk ``r`` of each (whole tensors, for optimizers not in :data:`ELEMENTWISE`);
+1. **plan**: every parameter is cut into ``world`` chunks (:mod:`minddp.sharding.shards`); rank
+   ``r`` owns chunk ``r`` of each (whole tensors, for optimizers not in :data:`ELEMENTWISE`);
 2. **the local optimizer**: ``optimizer_class`` built on this rank's chunks only (views into the
    parameters, with the same groups and options), so its state is ``8Ψ / world`` bytes;
 3. **step**: each chunk gets its part of the (already averaged) gradient; the local optimizer steps;

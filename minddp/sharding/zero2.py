@@ -3,9 +3,10 @@
 Builds on ``bucket-async``. ZeRO-1 all_reduces whole gradients and uses ``1/world`` of them; ZeRO-2
 asks the network for just that part. Four changes: 1. each trainable parameter's chunk on this rank
 becomes a *shard*, an ``nn.Parameter`` viewing the full one, which the optimizer steps; 2. a full
-bucket is laid out rank-major and reduce-scattered, its full gradients dropped; 3. each shard gets its
-chunk of the average as ``.grad``; 4. the next forward all-gathers the parameters bucket by bucket,
-each layer waiting only for its own. Memory, hooks, ``no_sync``: ``docs/sharding.md``. The change::
+bucket is laid out rank-major and reduce-scattered, its full gradients dropped; 3. each shard gets
+its chunk of the average as ``.grad``; 4. the next forward all-gathers the parameters bucket by
+bucket, each layer waiting only for its own. Memory, hooks, ``no_sync``: ``docs/sharding.md``. The
+change::
 
     -class AsyncBucketDDP(GradAccumDDP):
     +class Zero2DDP(AsyncBucketDDP):

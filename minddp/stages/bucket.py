@@ -3,9 +3,10 @@
 Builds on ``hook``. Every collective pays a fixed cost before its bytes move; buckets pay it a few
 times a step instead of once per parameter: 1. at construction, **plan** the buckets
 (:func:`~minddp.stages.bucket_plan.plan_buckets`: reverse order, ``bucket_cap_mb`` each); 2. the
-autograd hook counts each gradient in its bucket and, at the bucket's last one, **flattens** them into
-one buffer for the comm hook; 3. the average is **copied** back slice by slice. Buckets that did not
-fill (a parameter without gradient) are sent by :meth:`finish_gradient_synchronization`. The change::
+autograd hook counts each gradient in its bucket and, at the bucket's last one, **flattens** them
+into one buffer for the comm hook; 3. the average is **copied** back slice by slice. Buckets that
+did not fill (a parameter without gradient) are sent by :meth:`finish_gradient_synchronization`. The
+change::
 
          def _grad_ready(self, param: nn.Parameter) -> None:
     -            bucket = GradBucket(i, param.grad.reshape(-1), [param], is_last=i == len(self.index) - 1)

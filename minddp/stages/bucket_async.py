@@ -2,9 +2,9 @@
 
 Builds on ``bucket``, with ``hook-async``'s change: a full bucket's Future is kept, not waited for,
 and :meth:`finish_gradient_synchronization` waits for them all before ``optimizer.step()``. Written
-as one class on ``ga`` (the start, the checks, ``no_sync``) that reads top to bottom, in the shape of
-torch's DDP and picotron's ``DataParallelBucket``: plan, autograd hooks, count, send, wait, copy back.
-The change from ``bucket`` (``hook``'s autograd hooks move into the class)::
+as one class on ``ga`` (the start, the checks, ``no_sync``) that reads top to bottom, in the shape
+of torch's DDP and picotron's ``DataParallelBucket``: plan, autograd hooks, count, send, wait, copy
+back. The change from ``bucket`` (``hook``'s autograd hooks move into the class)::
 
     -class BucketDDP(HookDDP):
     +class AsyncBucketDDP(GradAccumDDP):

@@ -5,8 +5,8 @@ Rules (the ones torch's DDP applies; a test checks the plan against torch's own
 
 1. walk the parameters in **reverse** registration order: backward produces the last layers'
    gradients first, so a bucket of neighbours in that order fills early and travels during backward;
-2. close the current bucket as soon as it holds ``bucket_cap_mb`` (MiB, a float) or more, so a bucket
-   overshoots the cap by at most its last parameter;
+2. close the current bucket as soon as it holds ``bucket_cap_mb`` (MiB, a float) or more, so a
+   bucket overshoots the cap by at most its last parameter;
 3. ``bucket_cap_mb=None`` means no cap: everything in one bucket;
 4. parameters of different dtype or device never share a bucket (a flat buffer has one of each).
 

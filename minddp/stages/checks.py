@@ -1,14 +1,14 @@
 """The two checks the teaching stages make, so that a mistake is an error and not a hang.
 
-Two ranks that disagree on what they send do not fail cleanly: they hang, or sum one layer's gradient
-with another's and silently diverge. So the stages check, each with one small collective, and raise
-the same error on every rank:
+Two ranks that disagree on what they send do not fail cleanly: they hang, or sum one layer's
+gradient with another's and silently diverge. So the stages check, each with one small collective,
+and raise the same error on every rank:
 
-1. :func:`check_same_model`, at construction: every rank's parameters (name, shape, dtype) all-gathered
-   and compared;
-2. :class:`ParameterUse`, once per synced step: each forward notes locally which parameters its graph
-   reaches; before the step's first gradient is sent, the notes are all-gathered and a parameter used
-   on some ranks only is named (such a model needs ``find_unused_parameters=True``).
+1. :func:`check_same_model`, at construction: every rank's parameters (name, shape, dtype)
+   all-gathered and compared;
+2. :class:`ParameterUse`, once per synced step: each forward notes locally which parameters its
+   graph reaches; before the step's first gradient is sent, the notes are all-gathered and a
+   parameter used on some ranks only is named (such a model needs ``find_unused_parameters=True``).
 
 Why before the first send, and what only the production DDP checks: ``docs/ladder.md``.
 

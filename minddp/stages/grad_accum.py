@@ -1,9 +1,10 @@
 """Stage ``ga``: gradient accumulation. Talk only when the optimizer is about to step.
 
 Builds on ``simple``. Averaging is linear (the mean of the sums is the sum of the means), so the
-micro-batches of an accumulation step need not sync: 1. a forward run inside ``with model.no_sync():``
-records that its backward does not sync; 2. the last micro-batch, outside, averages the whole
-accumulated gradient once. As in torch, the decision is taken in ``forward``. The change::
+micro-batches of an accumulation step need not sync: 1. a forward run inside ``with
+model.no_sync():`` records that its backward does not sync; 2. the last micro-batch, outside,
+averages the whole accumulated gradient once. As in torch, the decision is taken in ``forward``. The
+change::
 
     +    def no_sync(self):
     +        self.require_backward_grad_sync = False

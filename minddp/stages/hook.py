@@ -2,10 +2,10 @@
 
 Builds on ``ga``. The last layer's gradient is final long before the first layer's is computed:
 1. at construction, a ``register_post_accumulate_grad_hook`` on every trainable parameter (it fires
-once the backward's contribution is *added* into ``.grad``); 2. the hook hands the comm hook a bucket
-of that one parameter; 3. and waits for it there, inside backward. Communication interleaves with
-backward but does not overlap it: autograd stands still while we wait (``hook-async`` removes the wait).
-The hooks hold the wrapper weakly (``docs/ladder.md`` says why). The change::
+once the backward's contribution is *added* into ``.grad``); 2. the hook hands the comm hook a
+bucket of that one parameter; 3. and waits for it there, inside backward. Communication interleaves
+with backward but does not overlap it: autograd stands still while we wait (``hook-async`` removes
+the wait). The hooks hold the wrapper weakly (``docs/ladder.md`` says why). The change::
 
          def __init__(self, module: nn.Module, process_group=None):
     +        handles = [p.register_post_accumulate_grad_hook(lambda p: me()._grad_ready(p))

@@ -3,12 +3,14 @@
 The first rung. Each rank holds a full copy of the model and trains on its own shard of the batch:
 
 1. **same start**: at construction, rank 0's parameters and buffers are broadcast to every rank;
-2. **same update**: after ``backward()``, :meth:`finish_gradient_synchronization` hands each gradient
-   to the comm hook (by default: divide by the world size, all_reduce), waits, writes the average back.
+2. **same update**: after ``backward()``, :meth:`finish_gradient_synchronization` hands each
+   gradient to the comm hook (by default: divide by the world size, all_reduce), waits, writes the
+   average back.
 
 The mean of the shards' gradients is the single-process gradient on the global batch, so every rank
 takes the same step. Two checks (:mod:`minddp.stages.checks`) turn a model or a branch that differs
-between ranks into an error on every rank. Later stages change *when* and *how much* is sent, never *what*.
+between ranks into an error on every rank. Later stages change *when* and *how much* is sent, never
+*what*.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
