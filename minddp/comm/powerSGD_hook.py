@@ -1,30 +1,15 @@
 """PowerSGD: send two thin matrices instead of each gradient matrix.
 
-A gradient matrix M (n x m) of a layer is usually close to low rank. PowerSGD
-(Vogels et al., 2019, https://arxiv.org/abs/1905.13727) approximates the
-*averaged* M by P Qᵀ with P (n x r) and Q (m x r), found with one step of
-power iteration, and puts only P and Q on the wire: (n + m)·r numbers instead
-of n·m. Two things make a biased, lossy compressor train well:
+A layer's gradient matrix M (n x m) is usually close to low rank. PowerSGD (Vogels et al., 2019)
+approximates the *averaged* M by P Qᵀ, P (n x r) and Q (m x r), from one step of power iteration,
+and sends only P and Q: (n + m)·r numbers instead of n·m. **Error feedback** (what compression lost
+is added to the next gradient) and a **warm start** (last step's Q) make it train well.
+:func:`powerSGD_hook` follows the steps of torch's own hook, one function each, and matches it bit
+for bit; it runs every collective from the hook call, never from a Future's callback.
 
-* **error feedback**: what compression lost this step (M − P Qᵀ, per rank)
-  is added to the next step's gradient, so nothing is lost for good;
-* **warm start**: last step's Q starts this step's power iteration, so one
-  iteration per step keeps improving the same subspace.
+The algorithm, where it differs from torch's, the hooks by name: ``docs/hooks.md``.
 
-Names, state fields and behaviour mirror
-``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook`` (same
-iteration counting, same RNG use for the random Q, so results match torch's
-to float tolerance), with three differences:
-
-* :func:`batched_powerSGD_hook` runs on gloo/CPU (torch's raises there);
-* every collective goes through ``Wire.of(state.process_group).all_reduce``
-  (:mod:`minddp.comm.wire`), so a state whose ``process_group`` is a metered
-  ``Wire`` counts its bytes, and every collective is *issued from the hook call*,
-  never from a future's callback (see :func:`powerSGD_hook`, step 4);
-* an unpickled :class:`PowerSGDState` gets ``process_group=None`` (the
-  default group, resolved when used), so a checkpoint loads anywhere.
-
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
     >>> from minddp import AsyncBucketDDP
     >>> model = AsyncBucketDDP(torch.nn.Linear(16, 16))
