@@ -34,8 +34,8 @@ PENDING = frozenset({
     "minddp.bench.targets", "minddp.bench.worker",
    
    
-    "minddp.model", "minddp.model.auto", "minddp.model.compute", "minddp.model.figures",
-    "minddp.model.step", "minddp.model.trace",
+    "minddp.model", "minddp.model.auto", "minddp.model.figures",
+    "minddp.model.trace",
    
    
 })
