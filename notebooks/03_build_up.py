@@ -311,13 +311,13 @@ check(solutions.BucketDDP, like="bucket")
 # %% [markdown]
 # ## `bucket-async`: buckets in flight while backward goes on
 #
-# Nothing new to write: `bucket`'s buckets with `hook-async`'s not-waiting. Python combines the two
-# parents through the method resolution order (the stage's docstring says which method comes from
-# where). This is the shape of torch's DDP: few messages, each overlapping the rest of backward.
+# Nothing new to write: `bucket`'s buckets with `hook-async`'s not-waiting. The stage is one class
+# on `ga` that holds the whole mechanism, so it reads top to bottom: plan, autograd hooks, count,
+# send and keep the Future, wait once, copy back. This is the shape of torch's DDP: few messages,
+# each overlapping the rest of backward.
 
 # %%
 show_source(STAGES["bucket-async"])
-print("method resolution order:", " -> ".join(c.__name__ for c in STAGES["bucket-async"].__mro__[:5]))
 show_diff(STAGES["bucket"], STAGES["bucket-async"])
 
 # %%

@@ -26,9 +26,11 @@ reaches is counted wherever it lives), and neither does splitting a function.
   ``ga`` 182 (+20: ``no_sync``), ``hook`` 212 (+30: autograd hooks, weakly
   held), ``hook-async`` 227 (+15: keep the futures), ``bucket`` 277 (+65 over
   ``hook``: the plan, flatten, copy back, unfilled buckets), ``bucket-async``
-  297 (both parents; 291 once the wire learned to hand a message to an
-  emulated link, ``Wire._carried``). A few lines of room each, so a stage cannot quietly
-  grow plumbing that is not its idea;
+  262 (measured 258; it was 298 of 301 while it inherited from both ``bucket`` and
+  ``hook-async``: now one class on ``ga`` that holds its hooks, buckets and kept futures, so a
+  reader reads ``bucket_async.py``, 47 lines, instead of ``hook.py``, ``hook_async.py`` and
+  ``bucket.py``, 29 + 9 + 40, and no method resolution order). A few lines of room each, so a stage
+  cannot quietly grow plumbing that is not its idea;
 * ``ddp`` (production, read by those who want torch's parity): 560 (537 when
   set). It reuses the ladder's ideas and adds the reducer (in-order launch,
   end of backward, unused parameters, bucket views), torch's plans, the fast
@@ -42,11 +44,13 @@ reaches is counted wherever it lives), and neither does splitting a function.
   ``sharding/zero1.py`` read whole (its optimizer is the idea: the plan, the
   local optimizer over chunks, the step and the bucketed all-gather, ~95
   lines; the torch-format state dict, ~70);
-  ``zero2``: 460 (432 when set, 453 with the link's hand-off on all three collectives): ``bucket-async``'s path plus ``zero2.py``
+  ``zero2``: 436 (measured 433; 471 of 472 before ``bucket-async`` became one class):
+  ``bucket-async``'s path plus ``zero2.py``
   (shards as the module's parameters and the swap, the rank-major send, a
   shard written back, the all-gather overlapped with the next forward: 110),
   the chunk layout (``shards.py``, 34) and the wire's reduce-scatter and
-  all-gather; ``fsdp`` (production, like ``ddp``): 440 (418 when set), most of
+  all-gather; ``fsdp`` (production, like ``ddp``): 443 (418 when set; 452 measured before its
+  memory measurement moved out to ``sharding/memory.py``, 440 after), most of
   it ``fsdp.py`` (units, the saved-tensor notes, prefetch, the per-unit
   autograd function, no_sync, whole tensors in and out: about 300).
 
@@ -64,6 +68,7 @@ from __future__ import annotations
 import ast
 import inspect
 import os
+import re
 import sys
 import textwrap
 
@@ -80,8 +85,8 @@ PACKAGE = os.path.dirname(minddp.__file__)
 # gradient-penalty fix (an autograd.grad that reaches no parameter ends no reduction) and no Python hook per
 # parameter in a no_sync backward; zero2 +5 and fsdp +10: which backend carries a reduce-scatter (device.py);
 # and the torch-release shim (minddp.runtime.compat) on every path, as the docstring says.
-BUDGETS = {"simple": 166, "ga": 186, "hook": 216, "hook-async": 231, "bucket": 281, "bucket-async": 301,
-           "ddp": 589, "zero1": 789, "zero2": 472, "fsdp": 457}
+BUDGETS = {"simple": 166, "ga": 186, "hook": 216, "hook-async": 231, "bucket": 281, "bucket-async": 262,
+           "ddp": 589, "zero1": 789, "zero2": 436, "fsdp": 443}
 TEACHING = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 
 
@@ -207,9 +212,17 @@ def test_each_teaching_file_shows_its_mechanism_in_its_own_code():
     assert "plan_buckets" in calls_in(bucket.BucketDDP.__init__)
     assert {"cat", "GradBucket", "send"} <= calls_in(bucket.BucketDDP._send_bucket)
     assert {"split", "copy_"} <= calls_in(bucket.BucketDDP._write_back)
-    # bucket-async: bucket's buckets with hook-async's not-waiting
-    assert bucket_async.AsyncBucketDDP.__bases__ == (bucket.BucketDDP, hook_async.AsyncHookDDP)
-    assert bucket_async.AsyncBucketDDP._sent is hook_async.AsyncHookDDP._sent
+    # bucket-async: one class on ga, read top to bottom: its own plan, autograd hooks, flatten and send
+    # without waiting, one wait per bucket in finish, copy back (no second parent, no method from elsewhere)
+    cls = bucket_async.AsyncBucketDDP
+    assert cls.__bases__ == (grad_accum.GradAccumDDP,)
+    assert {"plan_buckets", "register_post_accumulate_grad_hook"} <= calls_in(cls.__init__)
+    assert {"cat", "GradBucket", "send"} <= calls_in(cls._send_bucket)
+    assert "wait" not in calls_in(cls._send_bucket)
+    assert {"wait", "_write_back", "_send_bucket"} <= calls_in(cls.finish_gradient_synchronization)
+    assert {"split", "copy_"} <= calls_in(cls._write_back)
+    own = {"__init__", "_grad_ready", "_send_bucket", "finish_gradient_synchronization", "_write_back"}
+    assert own <= set(vars(cls))
 
 
 def test_teaching_files_hold_no_speed_tricks():
@@ -249,5 +262,54 @@ def bucket_async_class():
 def test_each_stage_subclasses_the_one_before():
     order = [STAGES[n] for n in TEACHING]
     assert issubclass(order[1], order[0]) and issubclass(order[2], order[1])
-    assert issubclass(order[3], order[2]) and issubclass(order[4], order[2]) and issubclass(order[5], order[4])
+    assert issubclass(order[3], order[2]) and issubclass(order[4], order[2])
+    # bucket-async: one class on ga (the start, the checks, no_sync), so it reads without the MRO
+    assert order[5].__mro__[1:4] == (order[1], order[0], torch.nn.Module)
     assert not issubclass(STAGES["ddp"], order[0])        # the production DDP owns a reducer instead
+
+
+# -- each stage's docstring shows its change as a diff, and the diff is true -----------------------------
+
+BUILDS_ON = {"ga": "simple", "hook": "ga", "hook-async": "hook", "bucket": "hook", "bucket-async": "bucket",
+             "zero2": "bucket-async"}
+
+
+def code_of(line: str) -> str:
+    """A source line as the diffs quote it: stripped, without a trailing comment."""
+    return line.split("  #")[0].strip()
+
+
+def diff_in_docstring(cls: type) -> list[str]:
+    """The lines of the ``::`` block after "The change" in the module docstring of ``cls``."""
+    doc = sys.modules[cls.__module__].__doc__
+    after = doc[re.search(r"The\s+change", doc).start():].split("::\n", 1)[1]
+    block = []
+    for line in after.splitlines()[1:]:
+        if line.strip() and not line.startswith("    "):
+            break
+        if line.strip():
+            block.append(line[4:])
+    return block
+
+
+@pytest.mark.parametrize("stage", list(BUILDS_ON))
+def test_each_stage_docstring_names_the_rung_it_builds_on_and_its_diff_is_true(stage):
+    cls, before = STAGES[stage], STAGES[BUILDS_ON[stage]]
+    doc = sys.modules[cls.__module__].__doc__
+    assert f"Builds on ``{BUILDS_ON[stage]}``" in doc, doc[:300]
+    new = {code_of(x) for x in inspect.getsource(sys.modules[cls.__module__]).splitlines()}
+    old = set().union(*({code_of(x) for x in open(f).read().splitlines()} for f in stage_files(before)))
+    diff = diff_in_docstring(cls)
+    assert 3 <= len(diff) <= 14, diff                      # short: the idea, not the file
+    added = [d for d in diff if d.startswith("+")]
+    assert added, diff
+    for line in diff:
+        sign, code = line[0], code_of(line[1:])
+        if code in ("", "..."):
+            continue
+        if sign == "+":
+            assert code in new, f"{stage}: {code!r} is not in {cls.__module__}"
+        elif sign == "-":
+            assert code in old, f"{stage}: {code!r} is not in what {BUILDS_ON[stage]} runs"
+        else:
+            assert code in new | old, f"{stage}: context {code!r} is in neither"

@@ -1,49 +1,17 @@
 """minddp's own analysis of CPU/gloo traces, where HolisticTraceAnalysis cannot go.
 
-HTA reads GPU kernels; a CPU trace has none, so its temporal breakdown raises
-and its overlap is NaN. The same quantities are there in the CPU events:
+HTA reads GPU kernels; a CPU trace has none. The same quantities are in the CPU events:
 
-1. **threads**: a thread that runs a ``gloo:*`` range is one of gloo's
-   worker threads (a *comm thread*), and so is the emulated link's thread
-   (``minddp.link:*`` ranges, written into the trace by
-   :meth:`minddp.comm.link.Link.annotate_trace` when a run has ``--link``);
-   every other thread is a training thread (the Python thread, and the
-   autograd engine's where it has its own);
-2. **steps**: each ``ProfilerStep#N`` range is one training step; the window
-   under study is their union (a trace without them is one step: its span);
-3. **compute**: the ``aten::*`` ops on training threads;
-   **comm**: the ``gloo:*`` collective ranges on comm threads (the time the
-   collective really ran, not the ``c10d::allreduce_`` call that queued it),
-   and with a link its ``minddp.link:*`` transfers (from the start of the
-   modeled transfer to the delivery of the result);
-4. **calls and bytes**: each ``gloo:all_reduce`` is one call (and each
-   ``gloo:all_gather`` / ``gloo:reduce_scatter`` one of its kind); its bytes are
-   ``numel × element size`` from the input dims and type that
-   ``record_shapes=True`` stores; a call belongs to the step it starts in.
-   On gloo, minddp's sharded stages reduce-scatter through all_reduce (see
-   :meth:`minddp.comm.wire.Wire.reduce_scatter`), so those calls count as
-   all_reduces; their launches say ``hook=reduce_scatter_hook``;
-5. **buckets**: each ``minddp.bucket_launch#<i> ...`` range is a bucket handed
-   to the wire (start = ready, end = the hook returned). The all_reduces it
-   queued are the ``c10d::allreduce_`` calls inside that range; gloo runs
-   queued collectives in order, so the n-th queued call of a size is matched
-   to the next ``gloo:all_reduce`` of that size that starts after it. With a
-   link, a bucket's communication is the link's transfers instead, found by
-   the ``minddp.link_send#<n>`` markers inside the launch range.
-   torch's DDP names no launch range: there each ``c10d::allreduce_`` its
-   reducer queues on a training thread is a bucket (ready = launched = the
-   call). Each ``minddp.all_gather_launch#<i>`` range (a sharded stage
-   gathering unit or bucket ``i``) is a row too, its ``c10d::_allgather_base_``
-   matched the same way to its ``gloo:all_gather``;
-6. **phases** of a step of :func:`minddp.ladder.loop.train_step`: each
-   ``minddp.forward_backward`` range is a micro-batch; its *backward* runs
-   from the first to the last ``autograd::engine::evaluate_function`` event
-   inside it (a comm hook that blocks runs inside those nodes, so it makes
-   the backward longer), its *forward* from the range's start to there; the
-   ``minddp.finish_gradient_synchronization`` and ``minddp.optimizer_step``
-   ranges are the finish and the optimizer.
+1. **threads**: a thread that runs ``gloo:*`` (or the link's ``minddp.link:*``) ranges is a comm
+   thread; every other is a training thread;
+2. **steps**: the ``ProfilerStep#N`` ranges;
+3. **compute**: ``aten::*`` ops on training threads; **comm**: the collective ranges on comm
+   threads (and the link's transfers);
+4. **calls and bytes**: one per ``gloo:*`` collective, bytes from its recorded shapes;
+5. **buckets**: each ``minddp.bucket_launch#<i>`` range matched to the collectives it queued;
+6. **phases** of :func:`minddp.ladder.loop.train_step`: forward, backward, finish, optimizer.
 
-Then :mod:`minddp.analysis.metrics` turns the intervals into numbers.
+How each is matched, step by step: ``docs/analysis.md`` (How a CPU trace is read).
 
 Example::
 

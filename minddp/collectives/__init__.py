@@ -17,10 +17,12 @@ useful, so it is not offered to ``--collective``.
 
 ``python -m minddp.bench collectives --transports ring,naive`` measures them against gloo's own.
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> wire = Wire(group, transport=TRANSPORTS["ring"])
-    >>> wire.all_reduce(t).wait(); wire.reduce_scatter(shard, flat).wait(); wire.all_gather(flat, shard).wait()
+    >>> from minddp.comm.wire import Wire
+    >>> wire = Wire(None, transport=TRANSPORTS["ring"])     # a hook's state: its sums go round a ring
+    >>> wire.all_reduce(torch.arange(4.0)).wait()
+    tensor([0., 1., 2., 3.])
 """
 
 from __future__ import annotations

@@ -13,9 +13,12 @@ notebook 06's exercise:
 Both collectives come from :mod:`minddp.runtime.compat`, which calls torch's name for
 them (``all_gather_into_tensor`` / ``reduce_scatter_tensor`` before torch 2.13).
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> halves_all_reduce(t, dist.group.WORLD)     # t is now the sum over ranks
+    >>> t = torch.arange(3.0)
+    >>> halves_all_reduce(t, None)                 # t is now the sum over ranks
+    >>> t
+    tensor([0., 1., 2.])
 """
 
 from __future__ import annotations

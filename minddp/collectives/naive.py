@@ -16,9 +16,12 @@ receives ``(n - 1) · bytes`` and sends ``(n - 1) · bytes``: its link carries
 the others wait on it. Latency is ``2 (n - 1)`` sequential messages at rank 0,
 the same count as the ring, but with whole tensors instead of chunks.
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> naive_all_reduce(t, dist.group.WORLD)     # t is now the sum over ranks
+    >>> t = torch.arange(3.0)
+    >>> naive_all_reduce(t, None)                 # t is now the sum over ranks
+    >>> t
+    tensor([0., 1., 2.])
 """
 
 from __future__ import annotations

@@ -1,45 +1,30 @@
 """Ring collectives: each rank talks only to its neighbours, and all_reduce = reduce-scatter + all-gather.
 
-Cut the tensor into ``n`` chunks (``n`` = world size; sizes may differ by one
-element when ``n`` does not divide the length). Rank ``r`` sends to
-``r + 1`` and receives from ``r - 1`` (mod ``n``). Two passes around the ring:
+Cut the tensor into ``n`` chunks (``n`` = world size); rank ``r`` sends to ``r + 1`` and receives
+from ``r - 1`` (mod ``n``). Two passes around the ring:
 
-1. **reduce-scatter** (:func:`reduce_scatter_chunks`), ``n - 1`` steps: at
-   step ``s`` rank ``r`` sends chunk ``r - s - 1`` and receives chunk
-   ``r - s - 2``, which it adds into its own copy. A chunk travels once around
-   the ring picking up every rank's share, so after the last step rank ``r``
-   holds the full sum of chunk ``r`` (its *shard* of the sum);
-2. **all-gather** (:func:`all_gather_chunks`), ``n - 1`` steps: every rank
-   starts with one finished chunk, its own; at step ``s`` rank ``r`` sends
-   chunk ``r - s`` and receives chunk ``r - s - 1``, which it overwrites.
-   After the last step every rank holds every chunk.
+1. **reduce-scatter** (:func:`reduce_scatter_chunks`), ``n - 1`` steps: each received chunk is added
+   into the rank's own copy, so at the end rank ``r`` holds the full sum of chunk ``r``;
+2. **all-gather** (:func:`all_gather_chunks`), ``n - 1`` steps: each rank passes the finished chunks
+   on, so at the end every rank holds every chunk.
 
-:func:`ring_all_reduce` is the two passes one after the other, and that is all
-it is. The sharded stages (:mod:`minddp.sharding`) use each pass alone:
-ZeRO-2 and FSDP reduce-scatter gradients (each rank keeps the sum of its
-shard only), and all-gather parameters (each rank contributes its shard).
+:func:`ring_all_reduce` is the two passes one after the other; the sharded stages use each alone.
+Each rank sends ``2(n - 1)/n`` of the bytes, whatever ``n``: bandwidth-optimal, at the price of
+``2(n - 1)`` messages in a row. The cost model and measurements: ``docs/ddp.md`` (Collectives from
+point-to-point messages). Summation order differs from the backend's, so floats may differ in the
+last bits.
 
-Cost model (α = latency of one message, β = seconds per byte, B = bytes of the
-whole tensor). Each step moves one chunk (``B / n``) out of and one into every
-rank, at the same time on every link:
+Example (one rank here, where the sum is the tensor; every rank runs the same under
+:func:`minddp.launch`)::
 
-* reduce-scatter: ``(n - 1) α + (n - 1)/n · B β``
-* all-gather:     ``(n - 1) α + (n - 1)/n · B β``
-* all_reduce:     ``2 (n - 1) α + 2 (n - 1)/n · B β``: exactly the sum.
-
-The bandwidth term does not grow with ``n``: bandwidth-optimal, and no rank is
-a hot spot (unlike :mod:`naive`). The price is latency: ``n - 1`` message
-round trips per pass, which dominate for small tensors; that is why DDP
-buckets gradients before reducing them.
-
-Summation order differs from the backend's own collectives, so float results
-can differ in the last bits (integers in range, as in the tests, are exact).
-
-Example::
-
-    >>> t = torch.full((5,), float(dist.get_rank()))
-    >>> ring_all_reduce(t, dist.group.WORLD)               # t is now the sum over ranks
-    >>> shard = torch.empty(2); ring_reduce_scatter(shard, torch.ones(4), group)   # 2 ranks: shard = [2, 2]
+    >>> t = torch.arange(5.0)
+    >>> ring_all_reduce(t, None)                  # t is now the sum over ranks
+    >>> t
+    tensor([0., 1., 2., 3., 4.])
+    >>> shard = torch.empty(4)
+    >>> ring_reduce_scatter(shard, torch.ones(4), None)    # this rank's chunk of the sum
+    >>> shard
+    tensor([1., 1., 1., 1.])
 """
 
 from __future__ import annotations

@@ -21,12 +21,15 @@ exchange costs its rank ``α + β · bytes`` (sending and receiving at once,
 each direction its own wire), a rank's exchanges happen one after the
 other, and the collective is done when the busiest rank is.
 
-Example::
+Example (the ``watch`` lines on 4 ranks, as notebook 01 runs them; one process cannot show a ring)::
 
-    >>> ring = watch("ring", numel=4 * 65536)          # on every rank: one record per rank
-    >>> [r["sent"] for r in ring]                       # bytes each rank sent: 2 (n - 1) / n of 1 MiB
-    [786432, 786432, 786432, 786432]
-    >>> seconds(ring, PRESETS["1gbit"])                 # the α-β cost of what was sent
+    >>> ring = watch("ring", numel=4 * 65536)          # doctest: +SKIP
+    >>> [r["sent"] for r in ring]  # bytes each rank sent: 2 (n - 1) / n of 1 MiB  # doctest: +SKIP
+    [1572864, 1572864, 1572864, 1572864]
+    >>> from minddp.comm.link import PRESETS
+    >>> seconds(ring, PRESETS["1gbit"])                 # doctest: +SKIP
+    >>> ranks_in(5)                                     # a chunk marked 1 + 4 holds the shares of ranks 0 and 2
+    [0, 2]
 """
 
 from __future__ import annotations

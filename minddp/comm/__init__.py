@@ -5,17 +5,13 @@ in torch. Modules mirror ``torch.distributed.algorithms.ddp_comm_hooks``:
 :mod:`default_hooks`, :mod:`powerSGD_hook`, :mod:`debugging_hooks`;
 :mod:`registry` names them for the CLI, :mod:`wire` meters what they send.
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> from minddp.comm import powerSGD_hook as powerSGD
-    >>> ddp.register_comm_hook(powerSGD.PowerSGDState(None, start_powerSGD_iter=2), powerSGD.powerSGD_hook)
-
-or, to count what a hook sends, a :class:`Wire` with a :class:`Traffic` meter as its state::
-
-    >>> from minddp.comm import Traffic, Wire, default_hooks
-    >>> traffic = Traffic()
-    >>> ddp.register_comm_hook(Wire(None, traffic=traffic), default_hooks.allreduce_hook)
-    >>> train_step(...); traffic.calls, traffic.bytes        # collectives and bytes this rank sent
+    >>> from minddp import DistributedDataParallel
+    >>> from minddp.comm.powerSGD_hook import PowerSGDState, powerSGD_hook
+    >>> ddp = DistributedDataParallel(torch.nn.Linear(16, 16))
+    >>> ddp.register_comm_hook(PowerSGDState(None, start_powerSGD_iter=2), powerSGD_hook)
+    >>> ddp(torch.ones(2, 16)).sum().backward()      # averaged by the hook, inside backward
 """
 
 # The hook modules themselves, as in torch: ``from minddp.comm import powerSGD_hook as powerSGD``

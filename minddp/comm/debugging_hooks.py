@@ -5,9 +5,14 @@ is. Training with it is *wrong* (ranks drift apart); timing with it shows the
 headroom: if a step is barely faster with no communication at all,
 communication was not the bottleneck, and compressing it will not pay.
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> ddp.register_comm_hook(None, noop_hook)   # time a few steps, then compare
+    >>> from minddp import AsyncBucketDDP
+    >>> model = AsyncBucketDDP(torch.nn.Linear(4, 2))
+    >>> model.register_comm_hook(None, noop_hook)     # time a few steps, then compare
+    >>> model(torch.ones(3, 4)).sum().backward(); model.finish_gradient_synchronization()
+    >>> model.module.bias.grad                        # this rank's own gradient, not averaged
+    tensor([3., 3.])
 """
 
 from __future__ import annotations

@@ -1,28 +1,23 @@
 """The stateless hooks: plain averaging, and averaging in 16-bit floats.
 
-Every hook has torch's signature ``hook(state, bucket) -> Future[Tensor]``;
-for these the state is the process group (``None`` = the default group), or a
-:class:`~minddp.comm.wire.Wire` around one (to meter or reroute what is sent).
+Torch's signature ``hook(state, bucket) -> Future[Tensor]``; the state is the process group (``None``
+= the default group) or a :class:`~minddp.comm.wire.Wire` around one.
 
-* :func:`allreduce_hook` divides the bucket by the world size and sums it
-  across ranks: the mean gradient. It is what every stage does when no hook
-  is registered.
-* :func:`fp16_compress_hook` / :func:`bf16_compress_hook` do the same in a
-  16-bit float, halving the bytes on the wire, and cast back afterwards.
-* :func:`fp16_compress_wrapper` / :func:`bf16_compress_wrapper` put that
-  cast around *any* hook, so ``fp16_compress_hook`` is literally
-  ``fp16_compress_wrapper(allreduce_hook)``.
+* :func:`allreduce_hook`: divide by the world size, sum across ranks: what every stage does by default;
+* :func:`fp16_compress_hook` / :func:`bf16_compress_hook`: the same in 16 bits, half the bytes;
+* :func:`fp16_compress_wrapper` / :func:`bf16_compress_wrapper`: that cast around *any* hook.
 
-Unlike torch 2.13, the bf16 variants are not refused on gloo: gloo sums
-bfloat16 tensors correctly, so there is no reason to require NCCL.
+bf16 is not refused on gloo (torch 2.13 refuses it); a complex bucket is refused by the compress
+hooks. More: ``docs/hooks.md``.
 
-The compress hooks take real floating-point buckets (fp16, bf16, fp32, fp64);
-a complex bucket is refused (:func:`check_real_floating`), since the cast would
-silently drop its imaginary part. Plain :func:`allreduce_hook` takes any dtype.
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-Example::
-
-    >>> model.register_comm_hook(None, fp16_compress_hook)
+    >>> from minddp import AsyncBucketDDP
+    >>> model = AsyncBucketDDP(torch.nn.Linear(4, 2))
+    >>> model.register_comm_hook(None, fp16_compress_hook)      # sent as fp16, cast back to fp32
+    >>> model(torch.ones(3, 4)).sum().backward(); model.finish_gradient_synchronization()
+    >>> model.module.bias.grad
+    tensor([3., 3.])
 """
 
 from __future__ import annotations

@@ -1,85 +1,28 @@
 """An emulated network link: every gradient collective takes at least as long as it would on a real one.
 
-On one machine two ranks talk over loopback, where a 300 KiB all_reduce takes
-a fraction of a millisecond: communication is nearly free, and the ladder's
-lessons (why buckets, why overlap) barely show. A :class:`Link` puts a
-network of a given speed under the comm layer, so that a laptop shows what a
-1 Gbit/s cluster, or four PCIe GPUs, would do.
+On one machine two ranks talk over loopback, where communication is nearly free and the ladder's
+lessons (why buckets, why overlap) barely show. A :class:`Link` puts a network of a given speed
+under the comm layer, so that a laptop shows what a 1 Gbit/s cluster, or four PCIe GPUs, would do.
 
-**The cost model** (:meth:`LinkSpec.seconds`). A link is two numbers: ``β``,
-the bandwidth of each rank's port in each direction (bytes/s), and ``α``, the
-fixed cost of one message hop (latency plus the per-message software cost).
-Collectives are ring algorithms, as NCCL and gloo run them for large
-messages; with ``N`` ranks and ``S`` the payload bytes:
+1. **the cost model** (:meth:`LinkSpec.seconds`): a link is ``β``, each port's bandwidth per
+   direction, and ``α``, the cost of one hop; collectives are rings (an all_reduce of ``S`` bytes
+   over ``N`` ranks takes ``2(N−1)/N · S/β + 2(N−1)·α``);
+2. **the emulation** (:meth:`Link.carry`): the real collective still runs, so every result is exact;
+   the link's own thread (one NIC per rank) carries the messages one at a time and completes each
+   Future no earlier than its modeled transfer has ended;
+3. **in a trace** (:meth:`Link.annotate_trace`): the transfers as ``minddp.link:<collective>``
+   ranges.
 
-=================  ============================  ======================================================
-collective         time                          why
-=================  ============================  ======================================================
-``all_reduce``     2(N−1)/N · S/β + 2(N−1)·α     reduce-scatter then all-gather, N−1 hops each; every
-                                                 rank sends (and receives) 2(N−1)/N of the payload
-``reduce_scatter`` (N−1)/N · S/β + (N−1)·α       half of the above (S = the full input)
-``all_gather``     (N−1)/N · S/β + (N−1)·α       the other half (S = the full output)
-``broadcast``      S/β + (N−1)·α                 a pipelined chain: the payload crosses each link once,
-                                                 the first byte pays N−1 hops
-=================  ============================  ======================================================
+What the model leaves out, what the emulation guarantees, the presets: ``docs/scaling.md`` §1.
 
-With one rank nothing moves: zero.
+Example (1 MB over 1 Gbit/s, 4 ranks: 2·3/4 · 1 MB / 125 MB/s + 6 hops · 50 µs)::
 
-What the model leaves out: contention (other jobs, or two collectives sharing
-one port, are not modeled; here messages take turns, see below), topology
-(every rank has one full-speed port to a non-blocking switch: no
-oversubscription, no slower hop between nodes than inside one), NCCL's
-protocols and algorithm choice (LL/LL128/Simple, trees for small messages,
-several channels), the reduction's own compute, and the overlap of the
-reduce-scatter's last hop with the all-gather's first. For large messages the
-ring model is within tens of percent of ``nccl-tests``; for small ones real
-libraries are better (trees: ``log N`` hops, not ``N``).
-
-**The emulation** (:meth:`Link.carry`). The real collective still runs (gloo
-on loopback), so every result is exactly what it would be without a link;
-the link only holds its *completion* back:
-
-1. a hook starts the real collective and hands its Future to
-   :meth:`Link.carry`, which returns at once with a new Future (the training
-   thread is never blocked by the emulation, so overlap behaves as on a real
-   network);
-2. the link's own thread (one per process: one NIC per rank) takes messages
-   in the order they were handed over, **one at a time**: a message starts
-   when it is handed over or when the previous one has finished, whichever
-   is later, and occupies the link for its modeled time;
-3. the new Future completes when the modeled transfer has ended *and* the
-   real collective is done (the real one also waits for the slowest rank,
-   so the emulated one does too), with the real collective's value.
-
-So a collective completes no earlier than the link's time for its size and
-world size, and a burst of messages queues as it would on one NIC.
-Waking the link thread costs a little (a sleep overshoots, the thread must
-get the GIL back), typically 0.1 to 1 ms on a busy 2-core machine; the
-thread's schedule does not drift with it (each message's slot is computed
-from the model, not from when the thread woke), only each delivery is late
-by it.
-
-**In a trace.** Profiler ranges are recorded only on the thread that started
-the profiler (and on the threads torch hands its context to), so a Python
-thread cannot record its own. The link logs each message it carries while a
-profiler runs, and :meth:`Link.annotate_trace` writes those transfers into
-the exported trace as ``minddp.link:<collective>`` ranges on a thread of
-their own ("minddp link"), placed with the help of a marker range
-(``minddp.link_send#<n>``) recorded on the training thread when the message
-was handed over. :mod:`minddp.analysis` counts those ranges as
-communication, like gloo's. A message's Future also notes when the training
-thread first waited on it (``waited_ts``; absent if it was only waited on
-through a chained Future, as the averaging hooks' ``then``): where a stage
-needed it back, which :mod:`minddp.costmodel.trace` reads), and a marker range
-``minddp.link_wait#<n>`` on the waiting thread at that moment: with the
-``link_send`` marker, the order of a message's hand-over, the compute that
-ran meanwhile and its first wait, all on the training thread's own clock.
-
-Example::
-
-    >>> link = Link("1gbit")                        # or Link("2.5gbit,40us"), Link(LinkSpec(...))
-    >>> fut = link.carry(dist.all_reduce(t, async_op=True).get_future(), t, world=4)
-    >>> fut.wait()                                  # no earlier than 2*3/4 * t.nbytes / 125 MB/s + 6 * 50 µs
+    >>> round(Link("1gbit").seconds("all_reduce", 1e6, world=4), 6)
+    0.0123
+    >>> import torch.distributed as dist
+    >>> t = torch.ones(4)
+    >>> Link("1gbit").carry(dist.all_reduce(t, async_op=True).get_future(), t, world=1).wait()
+    [tensor([1., 1., 1., 1.])]
 """
 
 from __future__ import annotations

@@ -1,33 +1,22 @@
 """PowerSGD: send two thin matrices instead of each gradient matrix.
 
-A gradient matrix M (n x m) of a layer is usually close to low rank. PowerSGD
-(Vogels et al., 2019, https://arxiv.org/abs/1905.13727) approximates the
-*averaged* M by P Qᵀ with P (n x r) and Q (m x r), found with one step of
-power iteration, and puts only P and Q on the wire: (n + m)·r numbers instead
-of n·m. Two things make a biased, lossy compressor train well:
+A layer's gradient matrix M (n x m) is usually close to low rank. PowerSGD (Vogels et al., 2019)
+approximates the *averaged* M by P Qᵀ, P (n x r) and Q (m x r), from one step of power iteration,
+and sends only P and Q: (n + m)·r numbers instead of n·m. **Error feedback** (what compression lost
+is added to the next gradient) and a **warm start** (last step's Q) make it train well.
+:func:`powerSGD_hook` follows the steps of torch's own hook, one function each, and matches it bit
+for bit; it runs every collective from the hook call, never from a Future's callback.
 
-* **error feedback**: what compression lost this step (M − P Qᵀ, per rank)
-  is added to the next step's gradient, so nothing is lost for good;
-* **warm start**: last step's Q starts this step's power iteration, so one
-  iteration per step keeps improving the same subspace.
+The algorithm, where it differs from torch's, the hooks by name: ``docs/hooks.md``.
 
-Names, state fields and behaviour mirror
-``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook`` (same
-iteration counting, same RNG use for the random Q, so results match torch's
-to float tolerance), with three differences:
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-* :func:`batched_powerSGD_hook` runs on gloo/CPU (torch's raises there);
-* every collective goes through ``Wire.of(state.process_group).all_reduce``
-  (:mod:`minddp.comm.wire`), so a state whose ``process_group`` is a metered
-  ``Wire`` counts its bytes, and every collective is *issued from the hook call*,
-  never from a future's callback (see :func:`powerSGD_hook`, step 4);
-* an unpickled :class:`PowerSGDState` gets ``process_group=None`` (the
-  default group, resolved when used), so a checkpoint loads anywhere.
-
-Example::
-
-    >>> state = PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=10)
-    >>> ddp.register_comm_hook(state, powerSGD_hook)
+    >>> from minddp import AsyncBucketDDP
+    >>> model = AsyncBucketDDP(torch.nn.Linear(16, 16))
+    >>> model.register_comm_hook(PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2),
+    ...                          powerSGD_hook)
+    >>> for step in range(3):                        # step 0 and 1 plain averaging, then rank-2 factors
+    ...     model(torch.ones(4, 16)).sum().backward(); model.finish_gradient_synchronization()
 """
 
 from __future__ import annotations
@@ -154,8 +143,11 @@ class PowerSGDState:
 
     Example::
 
-        >>> state = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2)
-        >>> torch.save({"comm_hook_state": state}, f"ckpt-rank{rank}.pt")
+        >>> import io
+        >>> state, file = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2), io.BytesIO()
+        >>> torch.save({"comm_hook_state": state}, file)          # each rank its own file
+        >>> _ = file.seek(0); torch.load(file, weights_only=False)["comm_hook_state"]
+        PowerSGDState(matrix_approximation_rank=1, start_powerSGD_iter=2, iter=0, use_error_feedback=True, warm_start=True)
     """
 
     __slots__ = [
@@ -272,21 +264,19 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
        rest (biases, small layers), which are averaged uncompressed;
     3. take Q (m x r) from last step (warm start) or draw it at random, and
        orthogonalize it; compute P = M Q for every compressed matrix;
-    4. all_reduce the uncompressed tensors and all P's (sums). We *wait* for
-       the P's here, because the next collective needs their values and must
-       be issued from this call: a collective issued from a future's callback
-       runs on a backend thread at a moment that differs per rank, and could
-       pair with another bucket's collective on the other rank;
-    5. orthogonalize each P (no need to divide by the world size first);
-       compute Q = Mᵀ P; all_reduce the Q's and divide them by the world size;
+    4. all_reduce the uncompressed tensors and all P's (sums), waiting for
+       the P's here (:func:`_compute_qs` says why);
+    5. orthogonalize each P; compute Q = Mᵀ P; all_reduce the Q's and divide
+       them by the world size;
     6. when the Q's arrive: M ≈ P Qᵀ written over each matrix, the averaged
        uncompressed tensors copied back, the new local error
        (step 1's copy − the result) memorised, and the bucket returned.
 
     Example::
 
-        >>> state = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=10)
-        >>> ddp.register_comm_hook(state, powerSGD_hook)
+        >>> from minddp import DistributedDataParallel
+        >>> ddp = DistributedDataParallel(torch.nn.Linear(16, 16))
+        >>> ddp.register_comm_hook(PowerSGDState(None, start_powerSGD_iter=10), powerSGD_hook)
     """
     check_real_floating(bucket, "powerSGD_hook")  # from the first step, not only once compression starts
     vanilla = _vanilla_phase(state, bucket)
@@ -294,12 +284,39 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
         return vanilla
     wire = Wire.of(state.process_group)
     world_size = wire.size()
-    input_tensor = bucket.buffer()
-    device, dtype, index = input_tensor.device, input_tensor.dtype, bucket.index()
-
+    input_tensor, index = bucket.buffer(), bucket.index()
     input_copy = _add_error_feedback(state, index, input_tensor)                 # step 1
+    to_compress, uncompressed, p_size, q_size = _split_by_compression(state, bucket)     # step 2
+    by_shape, batches = _batch_by_shape(state, to_compress)
+    ps, qs = _compute_ps(state, index, batches, p_size, q_size, input_tensor)    # step 3
+    futures = []                                                                 # step 4
+    if uncompressed:
+        uncompressed_flat = torch.cat([t.reshape(-1) for t in uncompressed])
+        futures.append(wire.all_reduce(uncompressed_flat))
+    if batches:
+        futures.append(_compute_qs(state, wire, index, batches, ps, qs))        # steps 4-5
 
-    to_compress, uncompressed = [], []                                          # step 2
+    def decompress(_: torch.futures.Future) -> torch.Tensor:                    # step 6
+        if uncompressed:
+            _unpack_uncompressed(uncompressed, uncompressed_flat.div_(world_size))
+        if batches:
+            state.q_memory_dict[index].div_(world_size)
+            _approximate(state, by_shape, batches, ps, qs)
+        if input_copy is not None:
+            state.error_dict[index] = input_copy - input_tensor
+        if not state.warm_start:
+            state.p_memory_dict.pop(index, None)
+            state.q_memory_dict.pop(index, None)
+        state.maybe_increase_iter(bucket)
+        return input_tensor
+
+    return torch.futures.collect_all(futures).then(decompress)
+
+
+def _split_by_compression(state: PowerSGDState, bucket: GradBucket):
+    """Step 2 (torch's step I): each gradient as a matrix (n, everything else); those worth compressing,
+    the rest; and the sizes of all P's (n x r) and Q's (m x r) together."""
+    to_compress, uncompressed = [], []
     p_size = q_size = 0
     for tensor in bucket.gradients():
         matrix = tensor.view(tensor.shape[0], -1) if tensor.dim() > 0 else tensor.view(1, 1)
@@ -315,8 +332,11 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
             uncompressed.append(tensor)
             state.total_numel_after_compression += before
     state._report_compression_stats(bucket)
+    return to_compress, uncompressed, p_size, q_size
 
-    # Same-shaped matrices can go through one batched matmul (b x n x m).
+
+def _batch_by_shape(state: PowerSGDState, to_compress: list[torch.Tensor]):
+    """Same-shaped matrices go through one batched matmul (b x n x m) if the state asks for it."""
     by_shape: dict[torch.Size, list[torch.Tensor]] = defaultdict(list)
     for matrix in to_compress:
         by_shape[matrix.shape].append(matrix)
@@ -325,61 +345,62 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
                    for group_ in by_shape.values()]
     else:
         batches = [matrix.unsqueeze(0) for group_ in by_shape.values() for matrix in group_]
+    return by_shape, batches
 
-    need_random_q = not state.warm_start or index not in state.p_memory_dict   # step 3
+
+def _compute_ps(state: PowerSGDState, index: int, batches, p_size: int, q_size: int, like: torch.Tensor):
+    """Step 3 (torch's step III): Q from last step (warm start) or drawn at random, orthogonalized; P = M Q."""
+    need_random_q = not state.warm_start or index not in state.p_memory_dict
     if need_random_q:
-        state.p_memory_dict[index] = torch.empty(p_size, device=device, dtype=dtype)
-        state.q_memory_dict[index] = torch.empty(q_size, device=device, dtype=dtype)
+        state.p_memory_dict[index] = torch.empty(p_size, device=like.device, dtype=like.dtype)
+        state.q_memory_dict[index] = torch.empty(q_size, device=like.device, dtype=like.dtype)
     ps, qs = _carve(state.p_memory_dict[index], state.q_memory_dict[index], batches,
                     state.matrix_approximation_rank)
     if need_random_q:
         with _shared_seed(state):  # drawn even for an all-uncompressed bucket, as torch does
             for q in qs:
-                q.copy_(torch.randn(*q.shape, device="cpu", dtype=dtype))
+                q.copy_(torch.randn(*q.shape, device="cpu", dtype=like.dtype))
                 _orthogonalize(q, state.orthogonalization_epsilon)
     else:
         for q in qs:
             _orthogonalize(q, state.orthogonalization_epsilon)
     for batch, q, p in zip(batches, qs, ps):
         torch.bmm(batch, q, out=p)
+    return ps, qs
 
-    futures = []                                                                 # step 4
-    if uncompressed:
-        uncompressed_flat = torch.cat([t.reshape(-1) for t in uncompressed])
-        futures.append(wire.all_reduce(uncompressed_flat))
-    if batches:
-        wire.all_reduce(state.p_memory_dict[index]).wait()
-        for p in ps:                                                             # step 5
-            _orthogonalize(p, state.orthogonalization_epsilon)
-        for batch, p, q in zip(batches, ps, qs):
-            torch.bmm(batch.transpose(1, 2), p, out=q)
-        futures.append(wire.all_reduce(state.q_memory_dict[index]))
 
-    def decompress(_: torch.futures.Future) -> torch.Tensor:                    # step 6
-        if uncompressed:
-            averaged = uncompressed_flat.div_(world_size)
-            offset = 0
-            for tensor in uncompressed:
-                tensor.copy_(averaged[offset:offset + tensor.numel()].view_as(tensor))
-                offset += tensor.numel()
-        if batches:
-            state.q_memory_dict[index].div_(world_size)
-            for p, q, batch in zip(ps, qs, batches):
-                torch.bmm(p, q.transpose(1, 2), out=batch)
-            if state.batch_tensors_with_same_shape:  # stacked copies: write back to the bucket
-                for batch in batches:
-                    if batch.shape[0] > 1:
-                        for matrix, row in zip(by_shape[batch.shape[1:]], batch):
-                            matrix.copy_(row)
-        if input_copy is not None:
-            state.error_dict[index] = input_copy - input_tensor
-        if not state.warm_start:
-            state.p_memory_dict.pop(index, None)
-            state.q_memory_dict.pop(index, None)
-        state.maybe_increase_iter(bucket)
-        return input_tensor
+def _compute_qs(state: PowerSGDState, wire: Wire, index: int, batches, ps, qs) -> torch.futures.Future:
+    """Steps 4-5 (torch's ``compute_qs``): sum the P's, orthogonalize them, Q = Mᵀ P; start the Q's sum.
 
-    return torch.futures.collect_all(futures).then(decompress)
+    We *wait* for the P's here, because the Q's collective must be issued from the hook's call: one
+    issued from a Future's callback runs on a backend thread at a moment that differs per rank, and
+    could pair with another bucket's collective on the other rank.
+    """
+    wire.all_reduce(state.p_memory_dict[index]).wait()
+    for p in ps:                             # no need to divide by the world size first
+        _orthogonalize(p, state.orthogonalization_epsilon)
+    for batch, p, q in zip(batches, ps, qs):
+        torch.bmm(batch.transpose(1, 2), p, out=q)
+    return wire.all_reduce(state.q_memory_dict[index])
+
+
+def _unpack_uncompressed(uncompressed: list[torch.Tensor], averaged: torch.Tensor) -> None:
+    """Step 6: the averaged uncompressed tensors, copied back into the bucket's gradients."""
+    offset = 0
+    for tensor in uncompressed:
+        tensor.copy_(averaged[offset:offset + tensor.numel()].view_as(tensor))
+        offset += tensor.numel()
+
+
+def _approximate(state: PowerSGDState, by_shape, batches, ps, qs) -> None:
+    """Step 6 (torch's ``decompress``): M ≈ P Qᵀ written over each compressed matrix."""
+    for p, q, batch in zip(ps, qs, batches):
+        torch.bmm(p, q.transpose(1, 2), out=batch)
+    if state.batch_tensors_with_same_shape:  # stacked copies: write back to the bucket
+        for batch in batches:
+            if batch.shape[0] > 1:
+                for matrix, row in zip(by_shape[batch.shape[1:]], batch):
+                    matrix.copy_(row)
 
 
 def _carve(p_memory: torch.Tensor, q_memory: torch.Tensor, batches, max_rank: int):
@@ -420,8 +441,9 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.fut
 
     Example::
 
-        >>> state = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=10)
-        >>> ddp.register_comm_hook(state, batched_powerSGD_hook)
+        >>> from minddp import DistributedDataParallel
+        >>> ddp = DistributedDataParallel(torch.nn.Linear(16, 16))
+        >>> ddp.register_comm_hook(PowerSGDState(None, start_powerSGD_iter=10), batched_powerSGD_hook)
     """
     check_real_floating(bucket, "batched_powerSGD_hook")
     vanilla = _vanilla_phase(state, bucket)

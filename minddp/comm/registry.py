@@ -1,33 +1,17 @@
 """Hooks by name, for the CLI: ``--hook fp16+powersgd`` -> ``(state, hook)``.
 
-Names mirror torch's hook functions:
-
-==========================  =============================================  ==================
-name                        hook                                           state
-==========================  =============================================  ==================
-``allreduce``               :func:`~default_hooks.allreduce_hook`          the process group
-``fp16`` / ``bf16``         ``fp16_compress_hook`` / ``bf16_compress_hook``  the process group
-``powersgd``                :func:`~powerSGD_hook.powerSGD_hook`           a ``PowerSGDState``
-``batched-powersgd``        :func:`~powerSGD_hook.batched_powerSGD_hook`   a ``PowerSGDState``
-``noop``                    :func:`~debugging_hooks.noop_hook`             ``None``
-==========================  =============================================  ==================
-
-A ``fp16+`` / ``bf16+`` prefix wraps a hook in the matching compress wrapper
-(``fp16+powersgd`` = ``fp16_compress_wrapper(powerSGD_hook)``).
-
-PowerSGD's knobs are keyword options of :func:`make_hook`, named as in
-:class:`~powerSGD_hook.PowerSGDState` (:data:`POWERSGD_OPTIONS`); a value of
-``None`` means "the default". Other hooks ignore options, so one call site
-can pass the same options whatever the hook.
-
-A checkpoint stores the hook's *name* and its state (each rank its own);
-resuming calls ``make_hook(name)`` for the hook and registers it with the
-loaded state, which works for wrapped hooks too (a closure cannot be pickled).
+Names mirror torch's hook functions: ``allreduce``, ``fp16``, ``bf16``, ``powersgd``,
+``batched-powersgd``, ``noop``; a ``fp16+`` / ``bf16+`` prefix wraps any of them in the matching
+compress wrapper. PowerSGD's knobs are keyword options of :func:`make_hook`
+(:data:`POWERSGD_OPTIONS`, ``None`` = the default); other hooks ignore them. A checkpoint stores the
+hook's *name* and its state, and resuming calls ``make_hook(name)`` again (a closure cannot be
+pickled). The table of names: ``docs/hooks.md``.
 
 Example::
 
     >>> state, hook = make_hook("fp16+powersgd", matrix_approximation_rank=2, start_powerSGD_iter=10)
-    >>> ddp.register_comm_hook(state, hook)
+    >>> state
+    PowerSGDState(matrix_approximation_rank=2, start_powerSGD_iter=10, iter=0, use_error_feedback=True, warm_start=True)
 """
 
 from __future__ import annotations

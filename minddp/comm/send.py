@@ -8,10 +8,14 @@ hook returns at once with a Future; waiting on it is the stage's choice
 (right away, or later: that choice is the difference between ``hook`` and
 ``hook-async``, and between ``bucket`` and ``bucket-async``).
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
+    >>> from minddp.comm.default_hooks import allreduce_hook
+    >>> from minddp.comm.grad_bucket import GradBucket
+    >>> p = torch.nn.Parameter(torch.ones(3)); p.grad = torch.full((3,), 2.0)
     >>> future = send(allreduce_hook, None, GradBucket(0, p.grad.view(-1), [p], is_last=True))
     >>> p.grad.copy_(future.wait().view_as(p.grad))       # the average, written back
+    tensor([2., 2., 2.])
 """
 
 from __future__ import annotations

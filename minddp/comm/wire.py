@@ -1,36 +1,28 @@
 """The wire: a process group as the comm hooks see it, with how its sums travel and who counts them.
 
-A comm hook's state is, as in torch, a process group (``None`` = the default
-group). minddp also accepts a :class:`Wire` there: the same group plus two
-optional things a learner or a benchmark wants, passed explicitly rather than
-set somewhere process-wide:
+A comm hook's state is, as in torch, a process group (``None`` = the default group). minddp also
+accepts a :class:`Wire` there: the same group plus, passed explicitly rather than set process-wide,
 
-* a **transport**: ``None`` for torch's own collectives (gloo/NCCL), or one of
-  minddp's collectives written from point-to-point messages
-  (:data:`minddp.collectives.TRANSPORTS`), to watch a ring all_reduce carry
-  real gradients;
-* a **meter** (:class:`Traffic`): calls and payload bytes of every collective
-  sent through this wire, so "bytes on the wire" is measured, not
-  estimated. Without one nothing is counted and nothing is paid;
-* a **link** (:class:`~minddp.comm.link.Link`): an emulated network under the
-  real collective; each collective then completes no earlier than the link's
-  modeled time for its kind and size (the result is unchanged).
+* a **transport**: ``None`` for torch's own collectives, or one written from point-to-point messages
+  (:data:`minddp.collectives.TRANSPORTS`), to watch a ring all_reduce carry real gradients;
+* a **meter** (:class:`Traffic`): calls and payload bytes of every collective sent through it
+  (``numel * element_size`` of the whole tensor: what a ring moves per rank is a multiple of it);
+* a **link** (:class:`~minddp.comm.link.Link`): an emulated network under the real collective.
 
-Every minddp hook sends through ``Wire.of(state).all_reduce(tensor)``, so any
-of them can be metered or rerouted by handing it a wire. The sharded stages
-(:mod:`minddp.sharding`) send through the same wire's :meth:`Wire.reduce_scatter`
-and :meth:`Wire.all_gather`::
+Every minddp hook sends through ``Wire.of(state).all_reduce(tensor)``, and the sharded stages
+through :meth:`Wire.reduce_scatter` and :meth:`Wire.all_gather`, so any of them can be metered or
+rerouted.
 
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
+
+    >>> from minddp import AsyncBucketDDP
+    >>> from minddp.comm.default_hooks import allreduce_hook
     >>> traffic = Traffic()
-    >>> model.register_comm_hook(Wire(group, traffic=traffic), allreduce_hook)
-    >>> ...one step...
-    >>> traffic.calls, traffic.bytes
-
-Bytes are *payload* bytes: ``numel * element_size`` of the whole tensor
-(the one reduced by all_reduce, the input of a reduce-scatter, the output of an
-all-gather); what an algorithm moves per rank depends on it (a ring moves
-``2 (n-1)/n`` times the payload for all_reduce and ``(n-1)/n`` times it for
-each of the other two, see :mod:`minddp.collectives.ring`).
+    >>> model = AsyncBucketDDP(torch.nn.Linear(4, 2))
+    >>> model.register_comm_hook(Wire(None, traffic=traffic), allreduce_hook)
+    >>> model(torch.ones(3, 4)).sum().backward(); model.finish_gradient_synchronization()
+    >>> traffic.calls, traffic.bytes                  # one bucket of 10 fp32 values
+    (1, 40)
 """
 
 from __future__ import annotations

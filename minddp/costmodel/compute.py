@@ -48,8 +48,13 @@ training thread); after the sync, the write-back and the optimizer.
 
 Example::
 
-    >>> cp = probe(model, micro_batches, loss_fn)          # on every rank (it runs two small all_reduces)
-    >>> predict(synthesize(cp, "bucket-async", bucket_cap_mb=1.0, world=4), "1gbit").step
+    >>> from minddp.costmodel.step import predict
+    >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2))
+    >>> cp = probe(model, [torch.ones(4, 64)], lambda m, b: m(b).sum())   # on every rank: 2 small all_reduces
+    >>> cp.nbytes                                        # each gradient's bytes, as the buckets see them
+    [16384, 256, 512, 8]
+    >>> predict(synthesize(cp, "bucket-async", bucket_cap_mb=1.0, world=4), "1gbit").step > 0
+    True
 """
 
 from __future__ import annotations

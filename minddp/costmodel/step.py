@@ -43,7 +43,12 @@ Example::
 
     >>> p = StepProfile("bucket-async", world=2, compute=0.040,
     ...                 messages=[Message(at=0.030, wait_at=0.038, nbytes=400_000)])
-    >>> predict(p, "1gbit").step        # 40 ms of compute + what the last 0.4 MB could not hide
+    >>> predict(p, "1gbit").step        # 0.4 MB take 3.3 ms over 1 Gbit/s: hidden by the 8 ms of compute
+    0.04
+    >>> late = StepProfile("bucket-async", world=2, compute=0.040,
+    ...                    messages=[Message(at=0.038, wait_at=0.039, nbytes=400_000)])
+    >>> round(predict(late, "1gbit").exposed, 4)       # sent 1 ms before it is needed: 2.3 ms exposed
+    0.0023
 """
 
 from __future__ import annotations

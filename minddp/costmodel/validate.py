@@ -1,50 +1,20 @@
 """``python -m minddp.model validate``: predicted against measured step time, every stage, ranks, link and cap.
 
-A benchmark, not a test: it measures and reports, it asserts nothing. For each
-world size (one launch of that many ranks), inside every rank:
+A benchmark, not a test: it measures and reports, it asserts nothing. For each world size, inside
+every rank:
 
-1. **build** every configuration once: each stage of the ladder and torch's
-   DDP (or of ``--stages``: the sharded ``zero1``, ``zero2``, ``fsdp`` too),
-   the bucketed ones (``bucket``, ``bucket-async``, ``ddp``, ``torch``,
-   ``zero1``, ``zero2``) at each cap of ``--caps``; each with its own seeded model, AdamW, and a wire
-   whose link can be swapped between steps. Every step trains on the same
-   micro-batches (the run's first step), so that batch lengths do not vary
-   between what is profiled and what is measured;
-2. **auto**: probe the bare model (:func:`~minddp.costmodel.compute.probe`) and,
-   for each link, let :func:`~minddp.costmodel.auto.best_cap` pick a cap for
-   ``bucket-async`` (and ``zero2`` when it is swept); rank 0's picks are
-   broadcast and built as extra configurations, each measured on the link it
-   was picked for;
-3. **profile** each configuration for a few steps on the ``loopback`` link
-   (no emulated delay: this machine's own network), under a light profiler
-   (CPU ranges only), and read a :class:`~minddp.costmodel.step.StepProfile` per
-   profiled step from the trace (:mod:`minddp.costmodel.trace`): what the model
-   starts from;
-4. **measure**, without the profiler: rounds in which every configuration,
-   in a shuffled order, runs one step on each link in turn (``loopback`` and
-   each of ``--links``), all ranks starting together; ``--warmup`` rounds
-   are dropped, ``--steps`` are kept. Then ``--auto-rounds`` more rounds of
-   the configurations the auto check compares (the auto stages' swept caps
-   and picks, on the emulated links): ranking caps whose steps differ by a
-   few percent needs medians steadier than seven noisy steps give;
-5. in the parent, **predict** every (configuration, link) from its loopback
-   profiles (each profiled step gives a prediction; the median is kept) and
-   compare with the median measured step time, both averaged over ranks.
-   Two predictions are reported: *raw* (the profiled steps as they are) and
-   *calibrated*: compute time scaled so that the profiled steps give the
-   step measured on loopback without the profiler (the profiler's own
-   overhead taken out), by default per configuration (``--calibration
-   config``: one profiled step and the plain step time of the same
-   configuration on the machine at hand, what a user has), or per stage or
-   per launch (one factor shared by more configurations: less noise from one
-   loopback measurement, less fit to each configuration). No measurement on
-   an emulated link enters any prediction.
+1. **build** every configuration once (each stage, each cap of ``--caps``), all on the same
+   micro-batches;
+2. **auto**: let :func:`~minddp.costmodel.auto.best_cap` pick a cap per link, built as one more
+   configuration;
+3. **profile** each configuration a few steps on ``loopback`` and read its
+   :class:`~minddp.costmodel.step.StepProfile`\\ s (:mod:`minddp.costmodel.trace`);
+4. **measure** without the profiler: shuffled rounds, one step per configuration on each link;
+5. in the parent, **predict** every (configuration, link) from the loopback profiles alone (*raw*,
+   and *calibrated* for the profiler's overhead) and compare with the median measured step.
 
-Outputs in ``--out``: ``validation.csv`` (one row per configuration × link ×
-ranks), ``validation.md`` (the table and the summary: median absolute error,
-the auto-cap check), ``predicted_vs_measured.png``, ``whatif.png`` (predicted
-step time against bucket cap for ``bucket-async``, with the measured caps as
-points; ``whatif-zero2.png`` the same for ``zero2``), ``validation.json``.
+Outputs in ``--out``: ``validation.csv``, ``.md``, ``.json``, ``predicted_vs_measured.png``,
+``whatif.png``. The method and the figures measured: ``docs/scaling.md`` (Validation).
 
 Example::
 

@@ -11,9 +11,10 @@ Two choices, both torch's:
    model has two tiny buffers; sending each alone costs two round trips per
    forward.
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> broadcast_coalesced(list(module.buffers()), group)   # every rank now holds rank 0's buffers
+    >>> module = torch.nn.BatchNorm1d(3)                      # running mean, variance, batch count
+    >>> broadcast_coalesced(list(module.buffers()), None)      # every rank now holds rank 0's buffers
 """
 
 from __future__ import annotations

@@ -1,37 +1,25 @@
 """``minddp.DistributedDataParallel``: a drop-in for ``torch.nn.parallel.DistributedDataParallel``.
 
-Built the way torch builds it: a module that owns a
-:class:`~minddp.ddp.reducer.Reducer` (composition, not a subclass of the
-teaching stages). The teaching stages show one idea each; this class puts
-them together with what a real training script needs, each part mapped to
-the stage that introduced the idea (``docs/ddp.md`` has the full map):
+Built the way torch builds it: a module that owns a :class:`~minddp.ddp.reducer.Reducer`, not a
+subclass of the teaching stages. Each part comes from the stage that introduced the idea:
 
-1. **construction**: check that every rank holds the same model
-   (:func:`~minddp.stages.checks.check_same_model`, as in ``simple``), then
-   broadcast rank 0's parameters and buffers (``simple``'s step 1); the
-   reducer plans buckets (``bucket``) starting from torch's first-iteration
-   plan (``bucket_cap_mb=None`` = 25 MiB with a 1 MiB first bucket);
-2. **forward**: raise if the previous backward left gradients unreduced
-   (torch's "Expected to have finished reduction..."); at the first forward
-   after the first synced backward, rebuild the plan from the observed
-   gradient order; broadcast buffers from rank 0 (``broadcast_buffers``, once
-   per step, coalesced); decide whether the coming backward syncs
-   (``no_sync()``, as ``ga``), and with ``find_unused_parameters`` find the
-   parameters its graph will not reach;
-3. **backward**: the reducer's autograd hooks (``hook``) fill buckets and
-   send them in order while backward goes on (``bucket-async``), and its
-   end-of-backward callback waits for them and writes the averages back,
-   all inside ``loss.backward()``: a plain ``loss.backward();
-   optimizer.step()`` loop needs no extra call.
+1. **construction**: the same model on every rank (checked, as ``simple``), rank 0's parameters and
+   buffers broadcast; the reducer plans buckets (``bucket``) from torch's first-iteration plan;
+2. **forward**: raise if the last backward left gradients unreduced; rebuild the plan once from the
+   observed gradient order; broadcast buffers; decide whether the backward syncs (``no_sync()``, as
+   ``ga``); with ``find_unused_parameters``, find the parameters the graph will not reach;
+3. **backward**: the reducer's hooks fill buckets and send them in order while backward goes on
+   (``bucket-async``), and its end-of-backward callback waits and writes back, all inside
+   ``loss.backward()``. :meth:`finish_gradient_synchronization` is a no-op, for the shared loop.
 
-:meth:`finish_gradient_synchronization` exists, as a no-op, so loops written
-for the teaching stages run unchanged.
+The full map to the stages and to torch: ``docs/ddp.md``.
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> model = minddp.DistributedDataParallel(net)        # as torch.nn.parallel.DistributedDataParallel
-    >>> loss_fn(model(x), y).backward()                     # gradients averaged when this returns
-    >>> optimizer.step()
+    >>> model = DistributedDataParallel(torch.nn.Linear(4, 2))   # as torch.nn.parallel's
+    >>> model(torch.ones(3, 4)).sum().backward()                # gradients averaged when this returns
+    >>> model.module.bias.grad
+    tensor([3., 3.])
 """
 
 from __future__ import annotations

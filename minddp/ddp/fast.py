@@ -1,35 +1,26 @@
 """The production DDP's fast path: the built-in average, sent the way torch's C++ reducer sends it.
 
-The teaching stages send every bucket through a Python comm hook
-(:func:`minddp.comm.default_hooks.allreduce_hook`): readable, and a few tens
-of microseconds a bucket. The production DDP, when plain averaging is asked
-for, does the same average with three differences, all for speed or for
-bit-for-bit parity with torch's DDP:
+The teaching stages send every bucket through a Python comm hook (readable, a few tens of
+microseconds a bucket). The production DDP, for plain averaging, does the same average with three
+differences, for speed or for bit-for-bit parity with torch's DDP:
 
-1. **views computed once** (:class:`BucketLayout`): where each gradient sits
-   in its bucket's flat buffer, and the per-gradient views of that buffer,
-   are kept between steps (slicing a buffer anew costs Python work per
-   parameter, every step);
-2. **the same rounding as torch** (:func:`scale_like_torch`): torch's reducer
-   multiplies a gradient by ``1/world`` as it copies it into the bucket, and
-   divides one that already lives there (``gradient_as_bucket_view``). For
-   world sizes that are not powers of two the two differ in the last bit;
-   doing what torch does makes ``minddp.DistributedDataParallel`` train bit
-   for bit like torch's DDP (tested on 3 ranks);
-3. **straight to the process group** (:func:`start_sum`): the all_reduce is
-   handed to ``ProcessGroup.allreduce`` with options built once, as the C++
-   reducer does, rather than through ``torch.distributed.all_reduce``, which
-   re-checks its arguments on every call (~15 µs mid-backward); and its
-   Future is the collective's own, with no Python callback: a callback runs
-   on gloo's worker thread, which must take the GIL first and starts no other
-   collective while it waits.
+1. **views computed once** (:class:`BucketLayout`): where each gradient sits in its bucket;
+2. **the same rounding as torch** (:func:`scale_like_torch`): ``× 1/world`` as a gradient is copied
+   in, ``÷ world`` for one already there (``gradient_as_bucket_view``): for world sizes that are not
+   powers of two the two differ in the last bit, and doing as torch does trains bit for bit like it;
+3. **straight to the process group** (:func:`start_sum`): options built once, the collective's own
+   Future, no Python callback (which would wait for the GIL on gloo's worker thread).
 
-The wire's transport, meter and link are honoured: the fast path changes how
-a sum is started, never what is sent, counted, or how long the network takes.
+The wire's transport, meter and link are honoured: only how a sum is started changes. Where each
+piece sits in torch: ``docs/ddp.md``.
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> fut = builtin_average(wire, layout, flat)     # Future of [flat], flat = the bucket's average
+    >>> from minddp.comm.wire import Wire
+    >>> params = [torch.ones(2, 2), torch.ones(3)]
+    >>> flat = torch.cat([p.reshape(-1) for p in params]) * 2      # a bucket of their gradients
+    >>> builtin_average(Wire.of(None), BucketLayout(params), flat).wait()     # Future of [the average]
+    [tensor([2., 2., 2., 2., 2., 2., 2.])]
 """
 
 from __future__ import annotations

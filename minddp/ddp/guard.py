@@ -20,9 +20,9 @@ every rank:
    raises at the same bucket without an extra collective, and each says
    whether its own gradient was already non-finite.
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> check_same_settings({"hook": "allreduce_hook", "bucket sizes": [1024]}, group)
+    >>> check_same_settings({"hook": "allreduce_hook", "bucket sizes": [1024]}, None)   # raises if ranks differ
 """
 
 from __future__ import annotations

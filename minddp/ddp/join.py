@@ -1,30 +1,22 @@
 """Uneven inputs (``DistributedDataParallel.join()``): what a rank does once it has run out of batches.
 
-torch's ``Join`` context manager (``torch.distributed.algorithms.join``)
-drives the protocol: every forward of a rank still training starts with an
-all_reduce of 1 (``Join.notify_join_context``); a rank that has left its loop
-answers each of those with 0 and, while the count is not 0, runs
-:meth:`ShadowingJoinHook.main_hook` once per step of the others. That hook
-must issue exactly the collectives a training rank issues in one step, in the
-same order, or the ranks pair unrelated tensors:
+torch's ``Join`` context manager drives the protocol: every forward of a rank still training starts
+with an all_reduce of 1; a rank that has left its loop answers with 0 and, while the count is not 0,
+runs :meth:`ShadowingJoinHook.main_hook` once per step of the others, issuing exactly the collectives
+a training rank issues, in the same order: 1. the plan rebuild's broadcast (once); 2. the buffer
+broadcast, from the highest rank still training; 3. the "does this backward sync?" flag; 4. if it
+does, every bucket with zeros, then the unused-parameter bitmap. At the end,
+:meth:`ShadowingJoinHook.post_hook` gives every rank the last joiner's model. More: ``docs/ddp.md``
+(Uneven inputs).
 
-1. the plan rebuild's broadcast (once, after the first synced step);
-2. the buffer broadcast (``broadcast_buffers``), from the highest rank still
-   training (a joined rank's buffers are stale), found by a MAX all_reduce;
-3. the "does this step's backward sync?" flag, all-reduced (no_sync steps
-   send nothing more);
-4. if it syncs: every bucket in order through the same comm hook, with zeros
-   (:meth:`~minddp.ddp.reducer.Reducer.shadow_backward`), then the
-   unused-parameter bitmap.
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-When every rank has joined, :meth:`ShadowingJoinHook.post_hook` gives every
-rank the model of the last rank to join.
-
-Example::
-
+    >>> from minddp import DistributedDataParallel
+    >>> ddp = DistributedDataParallel(torch.nn.Linear(4, 2))
+    >>> optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     >>> with ddp.join():
-    ...     for batch in this_ranks_batches:        # a different number on each rank
-    ...         loss_fn(ddp(batch)).backward(); optimizer.step(); optimizer.zero_grad()
+    ...     for batch in [torch.ones(3, 4)] * 2:         # a different number on each rank
+    ...         ddp(batch).sum().backward(); optimizer.step(); optimizer.zero_grad()
 """
 
 from __future__ import annotations

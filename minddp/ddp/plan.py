@@ -1,30 +1,24 @@
 """The production DDP's bucket plans: torch's first-iteration plan, and the plan rebuilt from observed order.
 
-:mod:`minddp.stages.bucket` plans once, from registration order. torch's DDP,
-and so this one, does two things more, both to train bit for bit like torch
-from the first step and to launch buckets as early as the real gradient order
-allows:
+:mod:`minddp.stages.bucket` plans once, from registration order. torch's DDP, and so this one, does
+two things more, to train bit for bit like torch from the first step and to launch buckets as early
+as the real gradient order allows:
 
-1. **the first iteration** (:func:`plan_first_iteration_like_torch`): before
-   any backward, the order gradients will arrive in is a guess. torch starts
-   from **one bucket** per (dtype, device), parameters in registration order;
-   with ``find_unused_parameters`` (never rebuilt) it fills capped buckets
-   walking the parameters in registration order and launches the last-filled
-   first. Which parameters share a bucket, and where each sits in the flat
-   buffer, decide how gloo splits the sum among ranks, and so the rounding
-   on three ranks or more;
-2. **the rebuild** after the first synced backward, at the next forward:
-   rank 0 broadcasts the order it saw gradients become ready
-   (:func:`agree_on_order`; any difference between ranks would make them pair
-   different buckets, so everyone takes rank 0's), and every rank plans
-   buckets over the parameters in that order with the same caps
-   (:func:`plan_from_order`). Once, and only when rank 0 saw every parameter.
+1. **the first iteration** (:func:`plan_first_iteration_like_torch`): one bucket per (dtype, device)
+   in registration order (capped buckets, launched last-filled first, with ``find_unused_parameters``);
+2. **the rebuild**, once, at the forward after the first synced backward: rank 0 broadcasts the order
+   it saw gradients become ready (:func:`agree_on_order`) and every rank plans buckets in that order
+   with the same caps (:func:`plan_from_order`).
 
-Example::
+Why the first plan decides the rounding: ``docs/ddp.md`` (The bucket plans).
 
+Example (4 KiB weights, 64 B biases)::
+
+    >>> params = [torch.zeros(32, 32), torch.zeros(16), torch.zeros(32, 32), torch.zeros(16)]
     >>> plan_first_iteration_like_torch(params, 25, 1, find_unused_parameters=False)
     [[0, 1, 2, 3]]
-    >>> plan_from_order(params, [3, 1, 2, 0], bucket_cap_mb=25, first_bucket_cap_mb=1)
+    >>> plan_from_order(params, [3, 1, 2, 0], bucket_cap_mb=1 / 256, first_bucket_cap_mb=1 / 512)
+    [[3, 1, 2], [0]]
 """
 
 from __future__ import annotations

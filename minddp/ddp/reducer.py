@@ -1,48 +1,27 @@
 """The reducer: buckets of gradients, reduced during backward, in order, finished inside ``backward()``.
 
-This is :mod:`minddp.stages.bucket_async` grown into what torch's C++
-``Reducer`` does for its DDP. Each part points back to the stage that
-introduced the idea:
+:mod:`minddp.stages.bucket_async` grown into what torch's C++ ``Reducer`` does for its DDP:
 
-1. **plan and buffers** (:mod:`~minddp.stages.bucket`): one flat buffer per
-   bucket, allocated once; the first plan is torch's (one bucket), rebuilt
-   once from the observed gradient order (:mod:`minddp.ddp.plan`);
-2. **autograd hooks** (:mod:`~minddp.stages.hook`): a post-accumulate-grad
-   hook per parameter counts it ready in its bucket. Hooks of a backward that
-   did not go through the wrapper's forward (e.g. one through ``.module``)
-   are ignored, as torch ignores them;
-3. **in-order launch** (new): a full bucket is sent only once every
-   lower-index bucket has been, so every rank issues its collectives in the
-   same order and no rank can pair bucket 2 with another rank's bucket 1;
-4. **the send** (:mod:`~minddp.stages.bucket`'s flatten): gradients are
-   copied into the bucket (zeros where one is missing) and handed to the
-   registered comm hook, or, for plain averaging, to the fast built-in
-   average (:mod:`minddp.ddp.fast`); with ``gradient_as_bucket_view`` each
-   ``.grad`` then *is* its slot in the bucket, so nothing is copied back;
-5. **automatic end of backward** (new): when backward first reaches this
-   forward's outputs (a gradient hook on each output tensor; or, failing that,
-   at the first parameter hook) a callback is queued on autograd's engine
-   (``Variable._execution_engine.queue_callback``, the private call torch's
-   DDP uses too). Queued from the outputs, it belongs to the outermost
-   backward even when part of the model runs its own nested backward
-   (reentrant activation checkpointing), so it runs when the whole backward
-   graph is done, still inside ``loss.backward()``. A backward that reached no
-   parameter (``autograd.grad`` on the inputs, as a gradient penalty does)
-   leaves the step to the backward still to come, as torch's reducer, which
-   hears only the parameters' hooks. Otherwise the reducer launches any bucket
-   that never filled, agrees across ranks on unused parameters
-   (``find_unused_parameters``), runs the debug guard, waits for every bucket
-   (:mod:`~minddp.stages.hook_async`'s wait) and writes the averages back.
+1. **plan and buffers** (as ``bucket``): one flat buffer per bucket, allocated once; torch's first
+   plan, rebuilt once from the observed gradient order (:mod:`minddp.ddp.plan`);
+2. **autograd hooks** (as ``hook``): each parameter counted ready in its bucket; hooks of a backward
+   that did not go through the wrapper's forward are ignored, as torch ignores them;
+3. **in-order launch** (new): a full bucket is sent only once every lower-index one has been, so no
+   rank pairs bucket 2 with another rank's bucket 1;
+4. **the send**: gradients copied into the bucket, handed to the comm hook or the fast built-in
+   average (:mod:`minddp.ddp.fast`); with ``gradient_as_bucket_view`` each ``.grad`` *is* its slot;
+5. **automatic end of backward** (new): a callback queued on autograd's engine when backward reaches
+   the forward's outputs launches unfilled buckets, settles unused parameters, waits, writes back.
 
-A parameter that got no gradient without ``find_unused_parameters`` is
-remembered and raised at the next forward, naming it, like torch's
-"Expected to have finished reduction in the prior iteration".
+Each step in order, and where it follows torch: ``docs/ddp.md``.
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> reducer = Reducer(params, names, group, bucket_cap_mb=25.0, first_bucket_cap_mb=1.0)
-    >>> reducer.prepare_for_backward(outputs)     # in forward, for a backward that syncs
-    >>> loss.backward()                           # buckets sent, waited for and written back in here
+    >>> from minddp import DistributedDataParallel
+    >>> ddp = DistributedDataParallel(torch.nn.Linear(4, 2))         # owns a Reducer
+    >>> ddp(torch.ones(3, 4)).sum().backward()       # buckets sent, waited for and written back in here
+    >>> ddp.module.bias.grad
+    tensor([3., 3.])
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Exercises checked on real ranks: write a stage (or a comm hook), and be told in one line what is wrong.
 
 The notebooks end each stage section with a "your turn" cell: write the
-stage, then::
+stage, then (``MySimpleDDP`` is the learner's class, written in the notebook: not run by the doctests)::
 
     >>> from minddp.exercises import check
-    >>> check(MySimpleDDP, like="simple")
+    >>> check(MySimpleDDP, like="simple")      # doctest: +SKIP
     ✗ simple: gradients were summed, not averaged (all 6 parameters): all_reduce sums over ranks; divide ...
 
 :func:`check` trains the class on 2 real ranks (a small network, 3 steps of 3

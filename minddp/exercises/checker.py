@@ -18,11 +18,15 @@
    and whether messages travelled while backward computed (an async rung's
    idea, from the order of events the ranks recorded, not from timings).
 
-Example::
+Example (the model answer passes; a learner's class that sums instead of averaging gets
+``✗ simple: gradients were summed, not averaged ...``)::
 
-    >>> verdict = check(MySimpleDDP, like="simple")
-    >>> verdict.ok, verdict.line
-    (False, "✗ simple: gradients were summed, not averaged, at step 1 ...")
+    >>> from minddp.exercises import solutions
+    >>> shutdown()                                                # no checker ranks yet
+    >>> verdict = check(solutions.SimpleDDP, like="simple")       # 2 real ranks, a few seconds
+    (starting 2 ranks for the checker; they stay for the next checks)
+    >>> verdict.ok, verdict.line[:9]
+    (True, '✓ simple:')
 """
 
 from __future__ import annotations

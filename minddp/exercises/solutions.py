@@ -32,7 +32,10 @@ which is fine for a wrapper that lives as long as its model (the ladder's
 Example::
 
     >>> from minddp.exercises import check, solutions
-    >>> check(solutions.BucketDDP, like="bucket")
+    >>> from minddp.exercises.checker import shutdown
+    >>> shutdown()                                      # a fresh pair of checker ranks
+    >>> check(solutions.BucketDDP, like="bucket")       # 2 real ranks, a few seconds
+    (starting 2 ranks for the checker; they stay for the next checks)
     ✓ bucket: ...
 """
 

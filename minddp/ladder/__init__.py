@@ -14,11 +14,14 @@ notebooks put a model into a stage (or torch's DDP) with a comm hook by name,
 and :func:`make_optimizer` the one way they build its optimizer (after
 :func:`wrap`: the sharded stages have put shards in the module by then).
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> model = build_stage("bucket-async", net, bucket_cap_mb=1)
-    >>> model = wrap("torch", net, hook="fp16")        # torch's DDP with torch's fp16 hook
-    >>> optimizer = make_optimizer("zero1", net, torch.optim.AdamW, lr=1e-3)   # ZeRO-1 around AdamW
+    >>> build_stage("bucket-async", torch.nn.Linear(4, 2), bucket_cap_mb=1).__class__.__name__
+    'AsyncBucketDDP'
+    >>> wrap("torch", torch.nn.Linear(4, 2), hook="fp16").__class__.__module__   # torch's DDP, torch's hook
+    'torch.nn.parallel.distributed'
+    >>> make_optimizer("zero1", torch.nn.Linear(4, 2), torch.optim.AdamW, lr=1e-3).__class__.__name__
+    'ZeroRedundancyOptimizer'
 """
 
 from __future__ import annotations

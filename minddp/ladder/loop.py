@@ -19,9 +19,12 @@ The contract every stage shares:
 Each micro-batch's loss is divided by the number of micro-batches, so the
 accumulated gradient is the gradient of the mean loss over all of them.
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> loss = train_step(ddp, optimizer, [batch1, batch2, batch3], lambda m, b: m(**b).loss)
+    >>> from minddp.ladder import build_stage
+    >>> ddp = build_stage("ddp", torch.nn.Linear(4, 2))
+    >>> optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    >>> loss = train_step(ddp, optimizer, [torch.ones(2, 4)] * 3, lambda m, b: m(b).sum())   # 3 micro-batches
 """
 
 from __future__ import annotations

@@ -31,9 +31,10 @@ Running a cell:
    group *and keeps the namespaces* (the model built earlier is still there).
    If a rank cannot rejoin, the cluster restarts as in 3c.
 
-Example::
+Example (not run by the doctests: it starts two rank processes; ``tests/test_notebook_runner.py``
+does)::
 
-    >>> with Cluster(world_size=2) as cluster:
+    >>> with Cluster(world_size=2) as cluster:      # doctest: +SKIP
     ...     cluster.run("x = rank * 10")
     ...     [out.value for out in cluster.run("x + 1")]
     [1, 11]

@@ -15,9 +15,10 @@ them, so the notebook keeps only the complete blocks above.
 Tracebacks are not shown here: :class:`~minddp.notebook.cluster.CellError`
 carries them to the notebook's error output, so a failing cell looks failed.
 
-Example::
+Example (what ``cluster.run("rank * 10")`` returns on two ranks)::
 
-    >>> print(render_text(cluster.run("rank * 10")))
+    >>> from minddp.notebook.cluster import RankOutput
+    >>> print(render_text([RankOutput(0, value_repr="0"), RankOutput(1, value_repr="10")]))
     [rank 0]
     0
     [rank 1]

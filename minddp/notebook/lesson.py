@@ -34,11 +34,12 @@ between cells. Three ways to look at it:
 :func:`say` and friends turn the results into sentences, so that the
 notebooks' prose about a run is computed from that run, never typed in.
 
-Example (inside ``%%distributed`` cells)::
+Example (inside ``%%distributed`` cells, on every rank of a notebook's cluster: not run by the
+doctests, which have one rank; the notebooks run it)::
 
-    >>> trainees = {s: Trainee(s) for s in ["single", "simple", "ga"]}
-    >>> looks = {s: t.look() for s, t in trainees.items()}
-    >>> times = race(trainees, rounds=4)
+    >>> trainees = {s: Trainee(s) for s in ["single", "simple", "ga"]}     # doctest: +SKIP
+    >>> looks = {s: t.look() for s, t in trainees.items()}                 # doctest: +SKIP
+    >>> times = race(trainees, rounds=4)                                   # doctest: +SKIP
 """
 
 from __future__ import annotations

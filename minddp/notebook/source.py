@@ -20,7 +20,11 @@ its idea overrides, so two files have little text in common. It is a diff of
 
 Example::
 
+    >>> from minddp.ladder import STAGES
     >>> print(stage_diff(STAGES["hook"], STAGES["hook-async"]))
+    --- HookDDP.__init__  (minddp/stages/hook.py)
+    +++ AsyncHookDDP.__init__  (minddp/stages/hook_async.py)
+    ...
     --- HookDDP._sent  (minddp/stages/hook.py)
     +++ AsyncHookDDP._sent  (minddp/stages/hook_async.py)
     ...
@@ -87,6 +91,9 @@ def stage_diff(before: type, after: type) -> str:
             continue
         old = _text(*a[name][:1], name, a[name][1]).splitlines(keepends=True) if name in a else []
         new = _text(*b[name][:1], name, b[name][1]).splitlines(keepends=True) if name in b else []
+        if old == new:                    # written again, word for word (a stage that holds its own copy)
+            same.append(f"{name} (same code, in {where(b[name][0])})")
+            continue
         label_a = f"{a[name][0].__name__}.{name}  ({where(a[name][0])})" if name in a else "(not in the stage before)"
         label_b = f"{b[name][0].__name__}.{name}  ({where(b[name][0])})" if name in b else "(removed)"
         diff = "".join(difflib.unified_diff(old, new, label_a, label_b, n=max(len(old), len(new))))

@@ -26,7 +26,7 @@ its notebook.
 Example::
 
     >>> # started by minddp.notebook.Cluster; a cell reaches it as
-    >>> run_cell("x = rank * 10\\nx + 1", namespace, "<rank0 cell 1>")["value_repr"]
+    >>> run_cell("x = rank * 10\\nx + 1", {"rank": 0}, "<rank0 cell 1>")["value_repr"]
     '1'
 """
 

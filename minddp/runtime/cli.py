@@ -21,7 +21,8 @@ Example::
 
     >>> parser = Parser(prog="python -m minddp.bench", usage="python -m minddp.bench [options]")
     >>> parser.parse_args(["--nope"])
-    UsageError: unrecognized arguments: --nope (see python -m minddp.bench --help)
+    Traceback (most recent call last):
+    minddp.runtime.cli.UsageError: unrecognized arguments: --nope (see python -m minddp.bench --help)
 """
 
 from __future__ import annotations

@@ -1,58 +1,24 @@
-"""Torch's collective names across the releases minddp supports (torch 2.6 to 2.15).
+"""Torch's collective names and behaviour across the releases minddp supports (torch 2.6 to 2.15).
 
-torch 2.13 renamed two collectives that write into one flat tensor:
+Every release-dependent call in minddp goes through here, one function each:
 
-======================================  ======================================
-2.6 to 2.12                             2.13 on
-======================================  ======================================
-``dist.all_gather_into_tensor``         ``dist.all_gather_single``
-``dist.reduce_scatter_tensor``          ``dist.reduce_scatter_single``
-======================================  ======================================
+* :func:`all_gather_single`, :func:`reduce_scatter_single`: torch 2.13 renamed
+  ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` (and warns on the old names); the new
+  name where torch has it, else the old one, looked up on each call;
+* :func:`broadcast`: a complex tensor sent as its real view (2.6's gloo refuses complex);
+* :func:`allreduce_options` (``asyncOp`` where it exists), :func:`clone_store` (``Store.clone()``
+  or a second client), :func:`meta_device` (``torch._dynamo`` imported first, for 2.6),
+  :func:`input_dtypes` (the profiler's dtypes on any release), :data:`TORCH_FULLY_SHARD_ON_CPU`.
 
-The old names are still there in 2.13 to 2.15, with the same arguments; 2.13
-marks them deprecated (a ``FutureWarning`` on every call), 2.15 keeps them
-as plain aliases. So minddp calls the new name where torch has it and the old
-one where it does not: no ``AttributeError`` on 2.6 to 2.12, no warning on
-2.13. The name is looked up on each call (one ``getattr``), so a test can take
-the new names away from ``torch.distributed`` and see the old ones used.
+Each difference, release by release, and what was run: ``docs/torch-versions.md``.
 
-One option is new too: ``dist.AllreduceOptions().asyncOp`` (in 2.13 and
-2.15, default ``True``; not in 2.6) says whether the caller waits on the
-collective's Future, which decides which CUDA stream NCCL runs on. 2.6's
-allreduce is always asynchronous in that sense. :func:`allreduce_options` sets it where it exists.
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-One collective changed what it takes: ``dist.broadcast`` sends a complex
-tensor as its real view (``torch.view_as_real``) in 2.13 and 2.15, as
-``all_reduce`` and ``all_gather`` already did in 2.6; 2.6's ``broadcast``
-hands the complex tensor to the backend, and gloo refuses it ("Invalid scalar
-type"). :func:`broadcast` sends the real view on every release.
-
-Building a model on the meta device: torch 2.6's ``torch._dynamo`` runs
-tensor operations when first imported, which fail under ``torch.device("meta")``
-("Tensor.item() cannot be called on meta tensors"), and transformers imports it
-lazily (``torch.compiler.disable``) when a model class is first used.
-:func:`meta_device` imports it first.
-
-torch's own ``fully_shard`` (FSDP2) runs on CPU from 2.13 (at the latest) on:
-in 2.6 its all-gather records an event on a CPU stream, which has no
-``record_event`` (``AttributeError``). :data:`TORCH_FULLY_SHARD_ON_CPU` says
-which; minddp's benchmark refuses ``torch-fsdp`` on CPU where it is false.
-
-The profiler's events: ``FunctionEvent.input_dtypes`` (2.13, 2.15) is not in
-2.6, whose Kineto events carry the same list (``KinetoEvent.dtypes()``, keyed
-by the correlation id that is the ``FunctionEvent``'s ``id``).
-:func:`input_dtypes` reads whichever there is.
-
-And one method: ``Store.clone()`` (in 2.13 and 2.15, not in 2.6) opens a
-second connection to the same store, so that a thread (minddp's heartbeat)
-does not share a socket with the training thread. :func:`clone_store` does
-that on 2.6 by connecting a new ``TCPStore`` client to the same host and port.
-
-Example::
-
-    >>> from minddp.runtime.compat import all_gather_single, reduce_scatter_single
-    >>> reduce_scatter_single(piece, padded, group=group)     # piece = this rank's chunk of the sum
-    >>> all_gather_single(padded, piece, group=group)         # padded = every rank's piece, in rank order
+    >>> padded, piece = torch.arange(4.0), torch.empty(4)
+    >>> reduce_scatter_single(piece, padded)          # piece = this rank's chunk of the sum
+    >>> all_gather_single(padded, piece)              # padded = every rank's piece, in rank order
+    >>> padded
+    tensor([0., 1., 2., 3.])
 """
 
 from __future__ import annotations

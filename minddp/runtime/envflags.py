@@ -4,8 +4,11 @@ A flag is on unless it is unset, empty, ``0`` or ``false`` (any case).
 
 Example::
 
-    >>> env_flag("MINDDP_DEBUG")        # MINDDP_DEBUG=1 python ...
+    >>> import os
+    >>> os.environ["MINDDP_DEBUG"] = "1"            # MINDDP_DEBUG=1 python ...
+    >>> env_flag("MINDDP_DEBUG")
     True
+    >>> del os.environ["MINDDP_DEBUG"]
 """
 
 from __future__ import annotations

@@ -1,51 +1,26 @@
 """Hang detection: name the rank that stopped, within seconds rather than after the collective timeout.
 
-When one rank stops, the others do not fail: they wait in their next
-collective until its timeout (minutes), and then the error names *them*, the
-ranks that waited, not the one that stopped. This module names the right
-rank, fast and cheaply:
+When one rank stops, the others wait in their next collective until its timeout, and the error then
+names *them*. This module names the right rank, fast and cheaply:
 
-1. **Every rank beats.** A daemon thread in each rank (:class:`Heartbeat`)
-   writes one small record to the launcher's store every second
-   (:data:`BEAT_S`): a counter, the step the rank announced last
-   (``report_step``), how many collectives it has launched on the default
-   group (torch keeps that count for gloo and NCCL), how much CPU time its
-   training thread has used, whether it is working alone on purpose (a
-   checkpoint write, a trace export: :func:`alone`), its pid and host.
-2. **A monitor reads the records** (:class:`Detector`): the local launcher
-   does, every second; under torchrun, ranks 0 and 1 do, so that one of them
-   stopping does not blind the watch.
-3. **Two rules name a rank** once ``hang_s`` seconds have passed:
+1. **every rank beats**: a daemon thread (:class:`Heartbeat`) writes a small :class:`Beat` to the
+   launcher's store every second (counter, step, collectives launched, CPU time, phase);
+2. **a monitor reads them** (:class:`Detector`): the local launcher, or ranks 0 and 1 under
+   torchrun;
+3. **rules name a rank** after ``hang_s``: *frozen* (its counter stopped while another's moves),
+   *behind* (everyone waits in a collective it has not joined, and it is idle), *stalled* (no rank
+   moved for ``stall_s``);
+4. **the run ends** naming the rank, its step and the rule, with its Python stack if it is alive.
 
-   * *frozen*: its counter has not moved while another rank's has (the
-     process is stopped, SIGSTOP or a debugger, swapped out, or stuck in
-     native code holding Python's GIL: not even its heartbeat thread runs);
-   * *behind*: every rank has announced a training step, no rank has
-     launched a collective or started a step since, and this rank has
-     launched fewer collectives than the others, so they wait for it in one
-     it has not joined; its training thread is idle (a training thread that
-     computes is a straggler, not a hang) and it is not working alone on
-     purpose.
+The rules in detail, the bound and the cost: ``docs/reliability.md`` (No hangs).
 
-   A third rule, *stalled*, is the old last line of defence (``stall_s``): no
-   rank has moved for that long, whatever the counts say.
-4. **The run ends** naming the rank, its last step and the rule; a rank that
-   is still alive writes where its training thread was stuck (its Python
-   stack) so that the report can show it.
+Example (the *frozen* rule, fed one beat a second)::
 
-The bound is ``hang_s`` plus two beats (one for the last record to be
-written, one for the monitor to read it), plus the teardown: see
-docs/reliability.md for the figures. The cost is one small store write per
-rank per second (and one read per rank per second for the monitor), off the
-training thread.
-
-Example::
-
-    >>> beat = Heartbeat(compat.clone_store(store), rank=1, key_prefix="minddp/")
-    >>> beat.start()
-    >>> beat.report(step=20)                      # what report_step() does
-    >>> with alone("writing the checkpoint"):     # peers may wait for this rank here
-    ...     write()
+    >>> detector = Detector(hang_s=30)
+    >>> beat = lambda n: Beat(n=n, step=5, seq=10, cpu=1.0, pid=1, host="h")
+    >>> verdicts = [detector.observe({0: beat(t), 1: beat(0)}, now=float(t)) for t in range(32)]
+    >>> verdicts[-1].rule, verdicts[-1].ranks
+    ('frozen', [1])
 """
 
 from __future__ import annotations

@@ -1,50 +1,24 @@
 """Start N local ranks (or join a torchrun job), run a function on each, always tear down.
 
-A data-parallel program is the same code running in N processes ("ranks") that
-find each other through a rendezvous and then talk through collectives. This
-module does that set-up and its clean-up, so the rest of minddp can assume
-that ``torch.distributed`` is initialised:
+A data-parallel program is the same code in N processes ("ranks") that meet through a rendezvous and
+talk through collectives. This module does that set-up and its clean-up:
 
-1. The parent opens a rendezvous store on a free port that the OS picks (no
-   guessed port, so two launches never collide).
-2. It starts one child process per rank. Each child joins the store, builds
-   the process group (gloo on CPU, NCCL with one GPU per rank, chosen once in
-   :mod:`minddp.runtime.device`) and calls ``fn(*args, **kwargs)``.
-3. Each child sends back its result, or its exception with the traceback, and
-   destroys its process group whatever happened.
-4. The parent gathers the results in rank order. When a rank fails or dies,
-   the parent gives the other ranks a moment to report, then ends the ranks it
-   started, by their process ids, and raises :class:`RankError` naming the rank.
-   Meanwhile every rank beats into the store (:mod:`minddp.runtime.hang`), so that a
-   rank that stops while the others wait for it is named within ``hang_s``
-   seconds, not after the collective timeout.
-5. The ranks do not outlive the parent. Ctrl-C, SIGTERM (``timeout``, a job
-   scheduler, ``kill``) and SIGHUP (the terminal closed) make the parent end
-   its ranks by pid at once, then say so in one line, and exit with status
-   130, 143 or 129 (:func:`minddp.runtime.processes.stop_signals`). The ranks ignore
-   Ctrl-C, which a terminal sends to them too: the parent alone decides how
-   the run ends, and it ends them before it prints anything, since a print
-   can block (a stderr pipe that nobody reads yet). Each rank also watches
-   the parent's pid, so even a parent killed with SIGKILL, which can run no
-   clean-up, leaves no rank behind for long. The ranks are children of the
-   process server, not of the parent, so nothing else would end them.
+1. the parent opens a rendezvous store on a port the OS picks (two launches never collide);
+2. it starts one child per rank; each joins the store, builds the process group (gloo on CPU, NCCL
+   with one GPU per rank: :mod:`minddp.runtime.device`) and calls ``fn(*args, **kwargs)``;
+3. each child sends back its result, or its exception with the traceback, and leaves its group;
+4. the parent gathers the results in rank order; when a rank fails, dies or hangs
+   (:mod:`minddp.runtime.hang`), it ends the ranks it started, by pid, and raises :class:`RankError` naming
+   it;
+5. the ranks do not outlive the parent (Ctrl-C, SIGTERM, SIGHUP, even SIGKILL).
 
-Under ``torchrun`` the processes already exist: :func:`launch` then joins the
-job described by ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/
-``MASTER_PORT`` and runs ``fn`` once, on this rank only; ranks 0 and 1 watch
-everyone's beats, and each worker watches its torchrun agent's pid
-(:func:`watch_torchrun_agent`), so that no worker outlives a killed torchrun. A process may call
-:func:`launch` several times (``--stage all`` does, once per stage): each
-call builds its group under its own key prefix in torchrun's store, because
-a group built on keys an earlier group already wrote would read stale
-addresses and wait for ever.
+Under ``torchrun`` the processes exist already: :func:`launch` joins the job and runs ``fn`` on this
+rank only. How each step is made safe: ``docs/reliability.md`` (How ``launch`` runs the ranks).
 
 Example::
 
-    >>> def hello():
-    ...     import torch.distributed as dist
-    ...     return dist.get_rank()
-    >>> launch(hello, world_size=2)
+    >>> import torch.distributed as dist
+    >>> launch(dist.get_rank, world_size=2)          # fn runs on every rank; results in rank order
     [0, 1]
 """
 
@@ -76,6 +50,23 @@ except ImportError:  # pragma: no cover - a torch build without it has nothing t
     pass
 
 _CHILD_FLAG = "MINDDP_LAUNCHED_RANK"
+
+# -- module state: what this process remembers between calls ---------------------------------------------
+
+#: This local rank's connection to its launcher's store (set by join_group).
+_rank_store: dist.TCPStore | None = None
+#: Under torchrun: the store of the agent, how many times this process joined a group, whether the agent
+#: is watched (run_in_torchrun, watch_torchrun_agent).
+_torchrun_store: dist.Store | None = None
+_torchrun_joins = 0
+_agent_watched = False
+#: The GPU placements already said (say_placement): once per process.
+_said: set[Placement] = set()
+#: How long leave_group waits, at most, for the backend's threads to let go of the default group ...
+RELEASE_WAIT_S = 1.0
+#: ... and how long a count of holders that no longer falls means the rest are the caller's (a thread
+#: that had the GIL back lets go within microseconds).
+SETTLE_S = 0.1
 
 
 class RankError(RuntimeError):
@@ -139,9 +130,8 @@ def report_step(step: int) -> None:
 
     Example::
 
-        >>> for step in range(steps):
-        ...     report_step(step)
-        ...     train_step(...)
+        >>> for step in range(3):
+        ...     report_step(step)       # outside a launch: no heartbeat to tell, nothing is sent
     """
     global _step
     _step = step
@@ -234,11 +224,6 @@ def _start_ranks(ctx, procs: list, payload: bytes, world_size: int, port: int, p
                                   os.getpid()))
             p.start()
             procs.append(p)
-
-
-_torchrun_store: dist.Store | None = None
-_torchrun_joins = 0
-_agent_watched = False
 
 
 def watch_torchrun_agent() -> None:
@@ -379,21 +364,11 @@ def leave_group() -> None:
     del held
 
 
-#: How long leave_group waits, at most, for the backend's threads to let go of the default group ...
-RELEASE_WAIT_S = 1.0
-#: ... and how long a count of holders that no longer falls means the rest are the caller's (a thread
-#: that had the GIL back lets go within microseconds).
-SETTLE_S = 0.1
-
-
 def say_placement(placement: Placement) -> None:
     """Where ranks compute on GPUs, say in one line how and why (on the CPU it goes without saying)."""
     if placement.device_type == "cuda" and placement not in _said:
         _said.add(placement)   # once per process: --stage all launches once per stage
         print(f"{fresh_line()}minddp: {placement.why}", file=sys.stderr, flush=True)
-
-
-_said: set[Placement] = set()
 
 
 def _prepare_rank(local_rank: int, local_world: int, placement: Placement) -> None:
@@ -429,10 +404,6 @@ def join_group(rank: int, world_size: int, port: int, placement: Placement | str
         store = dist.PrefixStore(prefix, store)
     dist.init_process_group(placement.group_backend(), store=store, rank=rank, world_size=world_size,
                             timeout=timeout_delta(timeout_s))
-
-
-#: This local rank's connection to its launcher's store (set by join_group).
-_rank_store: dist.TCPStore | None = None
 
 
 def _set_rank_env(rank: int, world_size: int, port: int) -> None:

@@ -14,9 +14,9 @@
   its ``finally`` blocks end what it started, and the process exits with the
   signal's status (130, 143, 129).
 
-Example::
+Example (inside a rank: it ends the process when the launcher goes, so the doctests do not run it)::
 
-    >>> watch_parent(launcher_pid, "the launcher (pid 123) is gone; ending this rank")
+    >>> watch_parent(launcher_pid, "the launcher (pid 123) is gone; ending this rank")   # doctest: +SKIP
 """
 
 from __future__ import annotations

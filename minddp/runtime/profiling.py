@@ -25,10 +25,14 @@ How a trace is taken (the blog's recipe):
 
 Example::
 
-    >>> with StepProfiler("traces/run/bucket-async", rank=0, total_steps=20) as prof:
-    ...     for step in range(20):
-    ...         train_one_step()
+    >>> import os, tempfile
+    >>> folder = os.path.join(tempfile.mkdtemp(), "bucket-async")
+    >>> with StepProfiler(folder, rank=0, total_steps=3, active=1) as prof:
+    ...     for step in range(3):
+    ...         _ = torch.ones(8, 8) @ torch.ones(8, 8)          # one training step
     ...         prof.step()
+    >>> os.listdir(folder), prof.error
+    (['rank0.pt.trace.json'], None)
 """
 
 from __future__ import annotations

@@ -1,58 +1,29 @@
 """``minddp.FullyShardedDataParallel``: ZeRO-3, every rank keeps a shard of the parameters too.
 
-ZeRO-2 (:mod:`zero2`) still keeps every parameter whole on every rank, for the
-forward and backward. FSDP keeps only this rank's chunk of each parameter
-(:mod:`minddp.sharding.shards`) and assembles a piece of the model just when
-it runs. The pieces are **units**: submodules the user picks with ``shard``
-(a predicate, or module types, e.g. every transformer block), like applying
-torch's ``fully_shard`` to each block.
+ZeRO-2 still keeps every parameter whole on every rank. FSDP keeps only this rank's chunk of each
+and assembles a piece of the model, a **unit** (a block, picked with ``shard``), just when it runs:
 
-1. **construction**: the same model on every rank (checked), rank 0's
-   parameters broadcast; then each unit's parameters are replaced in the
-   module by their shards (``nn.Parameter``\\ s of this rank's chunk, under the
-   same names: ``.module.named_parameters()`` reads as the model's, and any
-   optimizer over ``model.parameters()`` holds state for the shards only).
-   A parameter owned by no unit (or tied between two) stays whole on every
-   rank: *replicated*, as in DDP;
-2. **before a unit's forward** (a forward pre-hook): all-gather its shards
-   into full parameters, in ``compute_dtype`` if given (fp32 master shards,
-   fp16/bf16 travel and compute), and put them in the module. The gather of
-   the unit that ran next last time is started now too (**prefetch**), so it
-   travels while this unit computes;
-3. **after a unit's forward**: put the shards back and drop the full
-   parameters. Autograd wants them for backward; a saved-tensor hook
-   (``torch.autograd.graph.saved_tensors_hooks``) stores a note of *where* in
-   which unit's parameters each saved tensor lay, instead of the tensor;
-4. **before a unit's backward**: the first saved tensor autograd unpacks for
-   a unit all-gathers it again (or takes the prefetched gather; the last
-   unit of the forward is kept gathered, since the backward starts with it)
-   and starts the gather of the unit before it in the forward;
-5. **after a unit's backward**: its gradients arrive at once (the full
-   parameters came out of one autograd function, :class:`Unshard`, whose
-   backward sees them all); they are cast to the master dtype, laid out
-   rank-major and reduce-scattered through the comm hook (averaged, each rank
-   keeping its shard's), without waiting; the unit's full parameters are
-   dropped. Replicated parameters' gradients are all-reduced as in DDP;
-6. **end of backward** (queued on autograd's engine, as :mod:`minddp.ddp`
-   does): wait for every reduction and hand each shard its gradient as
-   ``.grad``, fp32 and shaped like the shard.
+1. **construction**: same model everywhere (checked), broadcast, each unit's parameters replaced by
+   their shards; a parameter in no unit (or tied across two) stays whole: *replicated*;
+2. **before a unit's forward**: all-gather its shards (in ``compute_dtype``), and prefetch the next
+   unit;
+3. **after it**: drop the full parameters; a saved-tensor hook keeps notes of *where* instead;
+4. **before a unit's backward**: the first note unpacked gathers the unit again, prefetches the one
+   before;
+5. **after it**: one autograd function per unit (:class:`Unshard`) sees all its gradients:
+   reduce-scatter them without waiting, drop the full parameters (replicated ones: all_reduce, as in
+   DDP);
+6. **end of backward** (queued on autograd's engine): wait, give each shard its ``.grad``.
 
-Memory per rank, Ψ fp32 parameters with Adam: ``16Ψ / world`` at rest, plus
-the full parameters of the units gathered at once (the running one and the
-prefetched one), plus replicated parameters' full 16 bytes each.
+Memory, ``no_sync``, whole state dicts, the tests: ``docs/sharding.md`` (FSDP).
 
-A backward inside ``no_sync()`` keeps each unit's full gradients (in the
-master dtype) instead of reducing them; the next synced backward reduces the
-sum. :meth:`full_parameters`, :meth:`full_state_dict` and
-:meth:`load_full_state_dict` move whole tensors in and out;
-:mod:`minddp.train.sharded_checkpoint` saves the shards as they are.
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-Example::
-
-    >>> model = FullyShardedDataParallel(net, shard=LlamaDecoderLayer, compute_dtype=torch.bfloat16)
-    >>> optimizer = torch.optim.AdamW(model.parameters())      # fp32 shards
-    >>> model(**batch).loss.backward()                         # gradients reduce-scattered when it returns
-    >>> optimizer.step(); optimizer.zero_grad()
+    >>> model = FullyShardedDataParallel(torch.nn.Linear(4, 2))       # one unit: the whole model
+    >>> optimizer = torch.optim.AdamW(model.parameters())            # the fp32 shards
+    >>> model(torch.ones(3, 4)).sum().backward()                      # reduce-scattered when it returns
+    >>> [tuple(p.grad.shape) for p in model.parameters()]
+    [(8,), (2,)]
 """
 
 from __future__ import annotations
@@ -184,9 +155,6 @@ class FullyShardedDataParallel(nn.Module):
         self.callback_queued = False
         self.backward_seen: set[int] = set()          # units whose backward has begun (prefetch once each)
         self.live: dict[int, tuple[int, int]] = {}    # storage address of a gathered full parameter -> (unit, index)
-        self.gathered_bytes = self.peak_gathered_bytes = 0
-        #: Called with every tensor autograd saves that is not a unit's parameter (memory.Probe counts them).
-        self.saved_tensor_observer: Callable[[torch.Tensor], None] | None = None
 
     # -- step 1: units and shards ----------------------------------------------------------------------
 
@@ -277,8 +245,6 @@ class FullyShardedDataParallel(nn.Module):
         """Step 3: a saved tensor that lies in a gathered unit's parameter is kept as a note of where."""
         where = self.live.get(tensor.untyped_storage().data_ptr())
         if where is None:
-            if self.saved_tensor_observer is not None:
-                self.saved_tensor_observer(tensor)
             return tensor
         return Saved(*where, tensor.size(), tensor.stride(), tensor.storage_offset())
 
@@ -304,7 +270,6 @@ class FullyShardedDataParallel(nn.Module):
         block = torch.cat([nn.functional.pad(s.detach().to(dtype), (0, chunk_size(n, self.world) - s.numel()))
                            for s, n in zip(unit.shards, unit.numels)])
         gathered = block.new_empty(self.world * block.numel())
-        self._count(gathered.untyped_storage().nbytes())              # held from now on, in flight
         with torch.profiler.record_function(f"minddp.all_gather_launch#{unit.index}"):
             unit.gathering = (gathered, self.wire.all_gather(gathered, block))
 
@@ -319,13 +284,6 @@ class FullyShardedDataParallel(nn.Module):
         unit.full = [t.view(shape) for t, shape in zip(unpack_rank_major(gathered, unit.numels, self.world),
                                                       unit.shapes)]
         self.live.update({t.untyped_storage().data_ptr(): (unit.index, i) for i, t in enumerate(unit.full) if t.numel()})
-        self._count(sum(t.untyped_storage().nbytes() for t in unit.full))
-        self._count(-gathered.untyped_storage().nbytes())             # the received buffer, unpacked, goes
-
-    def _count(self, nbytes: int) -> None:
-        """Bytes of gathered parameters held now (in flight or unpacked), and their peak (for memory.Probe)."""
-        self.gathered_bytes += nbytes
-        self.peak_gathered_bytes = max(self.peak_gathered_bytes, self.gathered_bytes)
 
     def _prefetch(self, unit: Unit, direction: int) -> None:
         """Start the gather of the unit that ran after (+1, forward) or before (-1, backward) this one."""
@@ -339,7 +297,6 @@ class FullyShardedDataParallel(nn.Module):
         if unit.full is not None:
             for t in unit.full:
                 self.live.pop(t.untyped_storage().data_ptr(), None)
-            self._count(-sum(t.untyped_storage().nbytes() for t in unit.full))
             unit.full = None
 
     # -- steps 5-6: backward ---------------------------------------------------------------------------
@@ -388,7 +345,6 @@ class FullyShardedDataParallel(nn.Module):
         for unit in self.units:         # gathered (or prefetched) for a backward that did not need it after all:
             if unit.gathering is not None:     # the optimizer is about to change the shards, so drop it
                 unit.gathering[1].wait()
-                self._count(-unit.gathering[0].untyped_storage().nbytes())
                 unit.gathering = None
             self._free(unit)
 

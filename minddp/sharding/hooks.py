@@ -16,10 +16,15 @@ this rank's block of the average only, ``1/world`` of the buffer:
 Hooks that need each gradient's shape (PowerSGD's low-rank matrices) have no
 reduce-scatter form: :func:`sharded_hook` refuses them with the reason.
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> model = Zero2DDP(net)
-    >>> model.register_comm_hook(None, fp16_compress_wrapper(reduce_scatter_hook))
+    >>> from minddp.comm.default_hooks import fp16_compress_wrapper
+    >>> from minddp.sharding.zero2 import Zero2DDP
+    >>> model = Zero2DDP(torch.nn.Linear(4, 2))
+    >>> model.register_comm_hook(None, fp16_compress_wrapper(reduce_scatter_hook))    # half the bytes
+    >>> model(torch.ones(3, 4)).sum().backward(); model.finish_gradient_synchronization()
+    >>> [p.grad.dtype for p in model.parameters()]       # cast back up, as a whole bucket would be
+    [torch.float32, torch.float32]
 """
 
 from __future__ import annotations

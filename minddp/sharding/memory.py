@@ -29,12 +29,17 @@ here).
 ``fsdp`` at 2, 3 and 4 ranks and plots them; the train command prints the
 same numbers for the stages it ran (:class:`Probe`).
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> probe = Probe(wrapped, model, optimizer)      # before a training step
-    >>> train_step(wrapped, optimizer, micro_batches, loss_fn)
-    >>> probe.result()
-    {'parameters': 320256, 'gradients': 320256, 'optimizer': 640640, 'activations': 98304, 'gathered': 0}
+    >>> from minddp.ladder import build_stage
+    >>> from minddp.ladder.loop import train_step
+    >>> model = torch.nn.Linear(16, 16)                       # 272 parameters: 1088 bytes in fp32
+    >>> wrapped = build_stage("ddp", model)
+    >>> optimizer = torch.optim.AdamW(wrapped.parameters())
+    >>> probe = Probe(wrapped, model, optimizer)             # before a training step
+    >>> _ = train_step(wrapped, optimizer, [torch.ones(4, 16)], lambda m, b: m(b).sum())
+    >>> probe.result()                                       # AdamW: 2 x 1088 + its 2 step counters
+    {'parameters': 1088, 'gradients': 1088, 'optimizer': 2184, 'activations': 256, 'gathered': 0, 'psi': 272, 'replicated': 0}
 """
 
 from __future__ import annotations
@@ -88,13 +93,45 @@ class Probe:
         self.saved_bytes = 0
         self.handles = [optimizer.register_step_pre_hook(self._before_step),
                         optimizer.register_step_post_hook(self._after_step)]
-        self.own_hook = not hasattr(wrapped, "saved_tensor_observer")
-        if not self.own_hook:                   # FSDP has a saved-tensor hook of its own, which reports to us
-            wrapped.saved_tensor_observer = self._saved
-            wrapped.peak_gathered_bytes = wrapped.gathered_bytes
+        self.fsdp = hasattr(wrapped, "units")        # FSDP: its own saved-tensor hook, and gathered units
+        if self.fsdp:
+            self._watch_fsdp()
         self.handles += [module.register_forward_pre_hook(self._forward_starts),
                          module.register_forward_hook(self._forward_ends)]
         self.contexts: list = []
+
+    def _watch_fsdp(self) -> None:
+        """Read FSDP's saved tensors and gathered parameters through its own methods, wrapped for one step.
+
+        Autograd calls only the innermost saved-tensor hook, which is FSDP's: what its ``_pack`` hands
+        back unchanged (not a note of a unit's parameter) is an activation. Gathered bytes grow only
+        where an all-gather starts and where a received buffer is unpacked (both held for a moment).
+        """
+        fsdp, buffers = self.wrapped, {}
+        pack, start_gather, gather = fsdp._pack, fsdp._start_gather, fsdp._gather
+        self.peak_gathered = gathered_bytes(fsdp)
+
+        def watched_pack(tensor):
+            packed = pack(tensor)
+            if packed is tensor:
+                self._saved(tensor)
+            return packed
+
+        def watched_start_gather(unit):
+            start_gather(unit)
+            if unit.gathering is not None:
+                buffers[unit.index] = unit.gathering[0]
+            self.peak_gathered = max(self.peak_gathered, gathered_bytes(fsdp))
+
+        def watched_gather(unit):
+            unpacked = unit.full is not None
+            gather(unit)
+            if not unpacked:                  # for a moment, both the received buffer and what it unpacked into
+                received = buffers.pop(unit.index, None)
+                held = gathered_bytes(fsdp) + (received.untyped_storage().nbytes() if received is not None else 0)
+                self.peak_gathered = max(self.peak_gathered, held)
+
+        fsdp._pack, fsdp._start_gather, fsdp._gather = watched_pack, watched_start_gather, watched_gather
 
     def _saved(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
@@ -111,7 +148,7 @@ class Probe:
         self.saved, self.saved_bytes = set(), 0          # activations of one forward, each forward anew
         # a saved tensor in a parameter's storage (a weight's transpose, say) is the parameter, not an activation
         self.param_storages = {t.untyped_storage().data_ptr() for t in held_parameters(self.wrapped, self.module)}
-        if self.own_hook:
+        if not self.fsdp:
             context = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
             context.__enter__()
             self.contexts.append(context)
@@ -127,19 +164,27 @@ class Probe:
 
     def _after_step(self, optimizer, args, kwargs) -> None:
         self.numbers["optimizer"] = optimizer_state_bytes(optimizer)
-        self.numbers["gathered"] = getattr(self.wrapped, "peak_gathered_bytes", 0)
+        self.numbers["gathered"] = self.peak_gathered if self.fsdp else 0
         self.close()
 
     def close(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles = []
-        if hasattr(self.wrapped, "saved_tensor_observer"):
-            self.wrapped.saved_tensor_observer = None
+        if self.fsdp:                             # FSDP's own methods again (the class's)
+            for name in ("_pack", "_start_gather", "_gather"):
+                self.wrapped.__dict__.pop(name, None)
 
     def result(self) -> dict[str, int]:
         """The measured bytes by kind, and ``psi`` (trainable parameters) and ``replicated`` for the formulas."""
         return {**self.numbers, **model_size(self.wrapped, self.module)}
+
+
+def gathered_bytes(fsdp: nn.Module) -> int:
+    """Bytes of FSDP's gathered parameters held now: all-gathers in flight and units unpacked."""
+    return sum((u.gathering[0].untyped_storage().nbytes() if u.gathering is not None else 0)
+               + (sum(t.untyped_storage().nbytes() for t in u.full) if u.full is not None else 0)
+               for u in fsdp.units)
 
 
 def model_size(wrapped: nn.Module, module: nn.Module) -> dict[str, int]:

@@ -1,24 +1,15 @@
 """Which part of each tensor a rank keeps: the one layout every sharded rung uses.
 
-A tensor of ``n`` elements, flattened, is cut into ``world`` consecutive
-chunks of ``c = ceil(n / world)`` elements; rank ``r`` keeps elements
-``[r c, (r + 1) c)`` (clipped to ``n``, so the last ranks may keep fewer,
-or none). Every tensor is cut, not just the concatenation of all of them, so:
+A tensor of ``n`` elements, flattened, is cut into ``world`` chunks of ``c = ceil(n / world)``; rank
+``r`` keeps ``[r c, (r + 1) c)`` (clipped to ``n``). Every tensor is cut, so:
 
-1. **balance**: each rank keeps ``n / world`` elements of every tensor, give
-   or take ``world - 1``; summed over a model, the ranks' shares differ by a
-   few elements per tensor, whatever the sizes of the tensors;
-2. **the same chunks as torch's DTensor** ``Shard(0)`` of the flattened
-   tensor, so a rank's chunk *is* a local shard that
-   ``torch.distributed.checkpoint`` can save at one world size and load at
-   another (:mod:`minddp.train.sharded_checkpoint`);
-3. **rank-major buffers**: a collective that moves the chunks of several
-   tensors at once needs each rank's chunks back to back
-   (:func:`pack_rank_major`: all of rank 0's chunks, then all of rank 1's...),
-   every chunk padded to ``c`` so every rank's block has the same size. A
-   reduce-scatter of that buffer leaves rank ``r`` exactly its chunks; an
-   all-gather of the blocks gives every rank the buffer back, and
-   :func:`unpack_rank_major` puts each tensor together again.
+1. **balance**: each rank keeps ``n / world`` elements of every tensor, give or take ``world - 1``;
+2. **the same chunks as DTensor's** ``Shard(0)``, so DCP saves and reshards them;
+3. **rank-major buffers** (:func:`pack_rank_major`): all of rank 0's chunks, then rank 1's..., each
+   padded to ``c``; a reduce-scatter leaves rank ``r`` its chunks, an all-gather gives every rank the
+   buffer back, and :func:`unpack_rank_major` puts each tensor together again.
+
+More: ``docs/sharding.md`` (The chunk layout).
 
 Example::
 

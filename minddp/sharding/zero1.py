@@ -1,51 +1,24 @@
 """ZeRO-1: each rank keeps the optimizer state of its part of the parameters only.
 
-Under data parallelism every rank ends a backward with the same averaged
-gradients and then takes the same optimizer step on the same parameters, so
-every rank also keeps the same optimizer state: with Adam, two more tensors
-the size of the model (``8Ψ`` bytes for ``Ψ`` fp32 parameters, against ``4Ψ``
-for the parameters themselves). ZeRO-1 stops repeating that work:
+Every DDP rank takes the same step on the same parameters, so it keeps the same optimizer state too
+(Adam: ``8Ψ`` bytes beside ``4Ψ`` of parameters). ZeRO-1 cuts it in ``world`` parts:
 
-1. **plan**: every parameter is cut into ``world`` chunks
-   (:mod:`minddp.sharding.shards`); rank ``r`` owns chunk ``r`` of each. Each
-   rank thus owns ``1/world`` of every tensor, and the ranks' shares are equal
-   to a few elements;
-2. **the local optimizer**: ``optimizer_class`` is built once, on this rank's
-   chunks only, with the same parameter groups and options. A chunk is a view
-   into its parameter's data, so stepping it updates the parameter in place,
-   and the optimizer state it creates (Adam's two moments) is chunk-sized:
-   ``8Ψ / world`` bytes per rank;
-3. **step**: give each chunk its part of the (already averaged) gradient,
-   step the local optimizer, then
-4. **all-gather**: every rank sends its updated chunks and receives everyone
-   else's, so all ranks hold the whole updated model again before the next
-   forward. One all-gather per bucket of parameters, all started before the
-   first is waited for.
+1. **plan**: every parameter is cut into ``world`` chunks (:mod:`minddp.sharding.shards`); rank
+   ``r`` owns chunk ``r`` of each (whole tensors, for optimizers not in :data:`ELEMENTWISE`);
+2. **the local optimizer**: ``optimizer_class`` built on this rank's chunks only (views into the
+   parameters, with the same groups and options), so its state is ``8Ψ / world`` bytes;
+3. **step**: each chunk gets its part of the (already averaged) gradient; the local optimizer steps;
+4. **all-gather**: every rank's updated chunks to every rank, one all-gather per bucket.
 
-Everything else is the DDP it is used with: the gradients were averaged by
-the DDP stage (any rung of the ladder, :class:`minddp.DistributedDataParallel`
-or torch's DDP) before :meth:`step`. Memory per rank: ``4Ψ`` parameters +
-``4Ψ`` gradients + ``8Ψ / world`` Adam state.
+The gradients are averaged by the DDP it is used with (any rung, or torch's). Balance, optimizers
+that need whole tensors, state dicts, the tests: ``docs/sharding.md`` (ZeRO-1).
 
-Optimizers whose update of one element needs the whole tensor
-(``Adafactor``'s row and column statistics, ``Muon``'s orthogonalised
-matrix, any class not in :data:`ELEMENTWISE`) cannot step a chunk of a
-tensor: for them each parameter is owned *whole* by one rank (the largest
-first, each to the rank owning the fewest elements so far), which balances
-less well. ``LBFGS`` keeps one history over all parameters together and is
-refused.
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-The optimizer's state can be saved as torch saves any optimizer's:
-:meth:`consolidate_state_dict` gathers it onto one rank, where
-:meth:`state_dict` returns exactly what an unsharded ``optimizer_class`` would
-(it loads into one, and back into a ZeRO-1 optimizer of any world size with
-:meth:`load_state_dict`). :mod:`minddp.train.sharded_checkpoint` saves it sharded.
-
-Example::
-
-    >>> model = minddp.DistributedDataParallel(net)
-    >>> optimizer = ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)
-    >>> model(x).sum().backward(); optimizer.step(); optimizer.zero_grad()
+    >>> net = torch.nn.Linear(4, 2)
+    >>> optimizer = ZeroRedundancyOptimizer(net.parameters(), torch.optim.AdamW, lr=1e-3)
+    >>> net(torch.ones(3, 4)).sum().backward()       # under DDP: averaged gradients
+    >>> optimizer.step(); optimizer.zero_grad()      # this rank's chunks, then the all-gather
 """
 
 from __future__ import annotations

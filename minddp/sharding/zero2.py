@@ -1,55 +1,30 @@
 """Stage ``zero2``: reduce-scatter the gradients, so each rank keeps (and steps) only its shard.
 
-ZeRO-1 (:mod:`zero1`) still averages *whole* gradients with all_reduce, then
-uses only ``1/world`` of them. ZeRO-2 asks the network for just that part:
-a reduce-scatter averages a bucket and leaves each rank the sum of its own
-chunks (half the bytes of an all_reduce, which is a reduce-scatter followed
-by an all-gather, :mod:`minddp.collectives.ring`). This stage is
-:mod:`~minddp.stages.bucket_async` with four changes:
+Builds on ``bucket-async``. ZeRO-1 all_reduces whole gradients and uses ``1/world`` of them; ZeRO-2
+asks the network for just that part. Four changes: 1. each trainable parameter's chunk on this rank
+becomes a *shard*, an ``nn.Parameter`` viewing the full one, which the optimizer steps; 2. a full
+bucket is laid out rank-major and reduce-scattered, its full gradients dropped; 3. each shard gets
+its chunk of the average as ``.grad``; 4. the next forward all-gathers the parameters bucket by
+bucket, each layer waiting only for its own. Memory, hooks, ``no_sync``: ``docs/sharding.md``. The
+change::
 
-1. **shards as the parameters**: at construction every trainable parameter
-   gets a shard, this rank's chunk of it (:mod:`minddp.sharding.shards`): an
-   ``nn.Parameter`` that is a *view* into the full parameter, registered in
-   the module under the parameter's name. So ``model.parameters()`` hands any
-   optimizer the shards: it keeps state for ``1/world`` of the model and
-   steps the chunks in place, inside the full parameters. The full
-   parameters stay with this wrapper, and step 2 puts them in the module
-   for the length of a forward (autograd then records them, and their
-   gradients arrive as before);
-2. **reduce-scatter per bucket, during backward**: when a bucket fills, its
-   gradients are laid out rank-major (rank 0's chunks of each, then rank
-   1's...) and handed to a reduce-scatter hook
-   (:func:`~minddp.sharding.hooks.reduce_scatter_hook`); the full gradients
-   are dropped right away. As in ``bucket-async`` the Future is kept and
-   backward goes on;
-3. **write back a shard**: :meth:`finish_gradient_synchronization` waits for
-   the buckets and gives each shard its chunk of the averaged gradient as
-   ``.grad`` (shaped like the shard). No rank holds a whole gradient any more;
-4. **all-gather during the next forward**: after ``optimizer.step()`` each
-   rank's full parameters are up to date only in its own chunks. The next
-   forward starts one all-gather per bucket (the first layers' bucket
-   first) and goes on; a layer waits, just before its own forward, only for
-   the buckets holding its parameters. So the later buckets travel while the
-   first layers compute: the overlap ``bucket-async`` gave the gradients,
-   given to the parameters. (Each parameter must therefore be used inside
-   the forward of a module that holds it, as torch's FSDP asks too.)
+    -class AsyncBucketDDP(GradAccumDDP):
+    +class Zero2DDP(AsyncBucketDDP):
+         def _send_bucket(self, b: int) -> None:
+    +        flat = pack_rank_major(grads, self.world)
+         def _write_back(self, bucket: GradBucket, shard_average: torch.Tensor) -> None:
+    -        pieces = average.view(-1).split([p.numel() for p in bucket.parameters()])
+    +                shard.grad = piece if shard.grad is None else shard.grad + piece
+    +    def gather_parameters(self, wait: bool = True) -> None:
 
-Memory per rank with Adam: ``4Ψ`` full parameters (the shards are views),
-``4Ψ / world`` gradients, ``8Ψ / world`` optimizer state, plus, during
-backward, the full gradients of the buckets not yet sent.
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-``no_sync()`` accumulates whole gradients locally as in ``ga``; fp16/bf16
-compression wraps the reduce-scatter hook
-(``fp16_compress_wrapper(reduce_scatter_hook)``). Build the model on its
-device and dtype before wrapping: a later ``.to()`` would copy the shards
-out of the full parameters.
-
-Example::
-
-    >>> model = Zero2DDP(net, bucket_cap_mb=25)
-    >>> optimizer = torch.optim.AdamW(model.parameters())      # the shards
-    >>> model(x).sum().backward()
-    >>> model.finish_gradient_synchronization(); optimizer.step(); optimizer.zero_grad()
+    >>> model = Zero2DDP(torch.nn.Linear(4, 2), bucket_cap_mb=25)
+    >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.5)     # the shards
+    >>> model(torch.ones(3, 4)).sum().backward()
+    >>> model.finish_gradient_synchronization()
+    >>> [tuple(p.grad.shape) for p in model.parameters()]             # a shard's gradient: 1/world of it
+    [(8,), (2,)]
 """
 
 from __future__ import annotations
@@ -89,7 +64,8 @@ class Zero2DDP(AsyncBucketDDP):
         self.had_grad: set[nn.Parameter] = set()
         self.stale = False            # True after a sync: the next forward all-gathers first
         self.gathering: dict[int, tuple] = {}     # bucket -> (its parameters, receiving buffer, Future), in flight
-        self.holding_full = False
+        self.holding_full = False     # the module holds the full parameters (in a forward), not the shards
+        self.lent = False             # ... because the module was called on its own (``_module_forward``)
         self._hold("shard")
         me = weakref.ref(self)
         # Step 4: each module that holds parameters waits for their buckets just before its forward.
@@ -126,7 +102,7 @@ class Zero2DDP(AsyncBucketDDP):
                 self.gather_parameters(wait=False)
             self._hold("full")
             self.lent = True
-        elif not starts and getattr(self, "lent", False):
+        elif not starts and self.lent:
             self._wait_for(list(self.gathering))
             self._hold("shard")
             self.lent = False
@@ -135,11 +111,12 @@ class Zero2DDP(AsyncBucketDDP):
         """Step 2: rank-major copy of the bucket's gradients to the reduce-scatter hook; drop the full gradients."""
         members = self.buckets[b]
         self.had_grad.update(p for p in members if p.grad is not None)
-        flat = pack_rank_major([p.grad if p.grad is not None else torch.zeros_like(p) for p in members], self.world)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in members]
+        flat = pack_rank_major(grads, self.world)
         for p in members:
             p.grad = None
         bucket = GradBucket(b, flat, members, is_last=b == len(self.buckets) - 1)
-        self._sent(bucket, send(self.comm_hook, self.comm_state, bucket))
+        self.in_flight.append((bucket, send(self.comm_hook, self.comm_state, bucket)))   # as bucket-async
 
     def _write_back(self, bucket: GradBucket, shard_average: torch.Tensor) -> None:
         """Step 3: this rank's chunk of each averaged gradient becomes its shard's ``.grad``."""

@@ -1,31 +1,33 @@
 """Stage ``bucket``: fewer, bigger messages.
 
-Every collective pays a fixed cost (a round trip, a thread hand-off, a kernel
-launch) before its bytes move. A model with hundreds of small parameters pays
-it hundreds of times a step under :mod:`hook`. Buckets pay it a few times:
+Builds on ``hook``. Every collective pays a fixed cost before its bytes move; buckets pay it a few
+times a step instead of once per parameter: 1. at construction, **plan** the buckets
+(:func:`~minddp.stages.bucket_plan.plan_buckets`: reverse order, ``bucket_cap_mb`` each); 2. the
+autograd hook counts each gradient in its bucket and, at the bucket's last one, **flattens** them
+into one buffer for the comm hook; 3. the average is **copied** back slice by slice. Buckets that
+did not fill (a parameter without gradient) are sent by :meth:`finish_gradient_synchronization`. The
+change::
 
-1. at construction, **plan** the buckets
-   (:func:`~minddp.stages.bucket_plan.plan_buckets`: parameters in reverse
-   order, since backward finishes the last layers first; ``bucket_cap_mb`` per
-   bucket, ``None`` = one bucket);
-2. in the autograd hook, count the parameter in its bucket; when the bucket's
-   last gradient arrives, **flatten** the bucket's gradients into one buffer
-   and hand it to the comm hook: one all_reduce for all of them;
-3. when the average is back, **copy** each slice into its parameter's ``.grad``.
+         def _grad_ready(self, param: nn.Parameter) -> None:
+    -            bucket = GradBucket(i, param.grad.reshape(-1), [param], is_last=i == len(self.index) - 1)
+    +            self.waiting[b] -= 1
+    +            if self.waiting[b] == 0:
+    +                self._send_bucket(b)
+    +    def _send_bucket(self, b: int) -> None:
+    +        bucket = GradBucket(b, flat, members, is_last=b == len(self.buckets) - 1)
+         def _write_back(self, bucket: GradBucket, average: torch.Tensor) -> None:
+    +        pieces = average.view(-1).split([p.numel() for p in bucket.parameters()])
 
-As in :mod:`hook`, each bucket is waited for inside backward;
-:mod:`bucket_async` lets it travel while backward goes on.
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-A parameter that gets no gradient in a backward leaves its bucket unfilled.
-:meth:`finish_gradient_synchronization` sends such buckets anyway (zeros
-where a gradient is missing; a parameter without ``.grad`` keeps none), so
-every rank sends the same buckets.
+    >>> model = BucketDDP(torch.nn.Linear(4, 2), bucket_cap_mb=1)
+    >>> len(model.buckets)                             # weight and bias in one bucket
+    1
+    >>> model(torch.ones(3, 4)).sum().backward()       # one all_reduce, inside backward
+    >>> model.module.bias.grad
+    tensor([3., 3.])
 
-Example::
-
-    >>> model = BucketDDP(net, bucket_cap_mb=1)
-    >>> model(x).sum().backward()
-    >>> model.finish_gradient_synchronization(); optimizer.step()
+More: ``docs/ladder.md``.
 """
 
 from __future__ import annotations

@@ -1,24 +1,24 @@
 """Which parameters share a bucket: the plan, computed once, with no process group.
 
-Rules (the ones torch's DDP applies):
+Rules (the ones torch's DDP applies; a test checks the plan against torch's own
+``_compute_bucket_assignment_by_size``):
 
-1. walk the parameters in **reverse** registration order, because backward
-   produces the last layers' gradients first, so a bucket of neighbours in
-   that order fills up early and can be sent while backward goes on;
-2. add each parameter to the current bucket, and close the bucket as soon
-   as it holds ``bucket_cap_mb`` (MiB, a float: ``0.0016`` is a valid cap)
-   or more; so a bucket overshoots the cap by at most its last parameter,
-   exactly as torch's reducer fills its buckets (a test checks our plan
-   against torch's own ``_compute_bucket_assignment_by_size``);
+1. walk the parameters in **reverse** registration order: backward produces the last layers'
+   gradients first, so a bucket of neighbours in that order fills early and travels during backward;
+2. close the current bucket as soon as it holds ``bucket_cap_mb`` (MiB, a float) or more, so a
+   bucket overshoots the cap by at most its last parameter;
 3. ``bucket_cap_mb=None`` means no cap: everything in one bucket;
-4. parameters of different dtype or device never share a bucket (a flat
-   buffer has one dtype and lives on one device); each (dtype, device) fills
-   its own sequence of buckets.
+4. parameters of different dtype or device never share a bucket (a flat buffer has one of each).
 
-Example::
+Example (4 KiB weights, 64 B biases; a cap of 4 KiB = 1/256 MiB)::
 
+    >>> w1, b1, w2, b2 = torch.zeros(32, 32), torch.zeros(16), torch.zeros(32, 32), torch.zeros(16)
     >>> plan_buckets([w1, b1, w2, b2], bucket_cap_mb=None)
     [[3, 2, 1, 0]]
+    >>> plan_buckets([w1, b1, w2, b2], bucket_cap_mb=1 / 256)
+    [[3, 2], [1, 0]]
+    >>> plan_buckets([w1, b1.double(), w2, b2], bucket_cap_mb=None)     # one dtype per bucket
+    [[3, 2, 0], [1]]
 """
 
 from __future__ import annotations

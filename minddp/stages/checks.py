@@ -1,36 +1,24 @@
 """The two checks the teaching stages make, so that a mistake is an error and not a hang.
 
-Collectives only compare sizes, if that. Two ranks that disagree on what they
-send do not fail cleanly: they hang, abort inside gloo, or worse, sum one
-rank's gradient of one layer with another rank's gradient of another layer
-and train on, silently diverging. So the stages check two things, each with
-one small collective, and raise the same error on every rank:
+Two ranks that disagree on what they send do not fail cleanly: they hang, or sum one layer's
+gradient with another's and silently diverge. So the stages check, each with one small collective,
+and raise the same error on every rank:
 
-1. :func:`check_same_model`, at construction, before the broadcast: every
-   rank describes its parameters (name, shape, dtype); the descriptions are
-   all-gathered and any difference is named (rank and parameter);
-2. :class:`ParameterUse`, once per synced step: after each forward, every
-   rank notes (locally, no message) which parameters the forward's graph
-   reaches (a backward will give exactly those a gradient); just before the
-   step's first gradient is sent, the notes of all the step's forwards
-   (micro-batches included) are all-gathered once, and a parameter reached on
-   some ranks but not on others is named. Such a model (a branch taken on one
-   rank only) needs ``minddp.DistributedDataParallel(...,
-   find_unused_parameters=True)``, as with torch's DDP. Checking before the
-   first send matters: by then every rank has sent nothing yet, so the check's
-   own collective always pairs with the others' check.
+1. :func:`check_same_model`, at construction: every rank's parameters (name, shape, dtype)
+   all-gathered and compared;
+2. :class:`ParameterUse`, once per synced step: each forward notes locally which parameters its
+   graph reaches; before the step's first gradient is sent, the notes are all-gathered and a
+   parameter used on some ranks only is named (such a model needs ``find_unused_parameters=True``).
 
-Everything else torch's DDP checks (the same hook and bucket sizes on every
-rank, ``optimizer.step()`` before the sync, NaN gradients, a bucket plan that
-drifts) is checked by the production :class:`minddp.DistributedDataParallel`,
-not here.
+Why before the first send, and what only the production DDP checks: ``docs/ladder.md``.
 
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> check_same_model(module, group)                      # raises on every rank if a rank differs
-    >>> use = ParameterUse(module, group)
-    >>> use.saw(module(x))                                   # after each forward: local, free
-    >>> use.check()                                          # before the first gradient is sent
+    >>> module = torch.nn.Linear(4, 2)
+    >>> check_same_model(module, None)                   # raises on every rank if a rank differs
+    >>> use = ParameterUse(module, None)
+    >>> use.saw(module(torch.ones(1, 4)))                # after each forward: local, free
+    >>> use.check()                                      # before the first gradient is sent
 """
 
 from __future__ import annotations

@@ -1,28 +1,30 @@
 """Stage ``ga``: gradient accumulation. Talk only when the optimizer is about to step.
 
-With accumulation, the optimizer steps once every ``k`` micro-batches and
-autograd *adds* each micro-batch's gradient into ``.grad``. Averaging the
-partial sums across ranks after every micro-batch would send ``k`` times the
-bytes for the same result, because averaging is linear: the mean of the sums
-equals the sum of the means. So:
+Builds on ``simple``. Averaging is linear (the mean of the sums is the sum of the means), so the
+micro-batches of an accumulation step need not sync: 1. a forward run inside ``with
+model.no_sync():`` records that its backward does not sync; 2. the last micro-batch, outside,
+averages the whole accumulated gradient once. As in torch, the decision is taken in ``forward``. The
+change::
 
-1. inside ``with model.no_sync():`` a forward records that the coming
-   backward must not sync, and :meth:`finish_gradient_synchronization`
-   does nothing for it;
-2. the last micro-batch runs outside the context, and its sync averages the
-   whole accumulated gradient once.
+    +    def no_sync(self):
+    +        self.require_backward_grad_sync = False
+         def forward(self, *inputs, **kwargs):
+    +        self.sync_this_backward = self.require_backward_grad_sync
+         def finish_gradient_synchronization(self) -> None:
+    +        if self.sync_this_backward:
+    +            super().finish_gradient_synchronization()
 
-As in torch, the decision is taken in ``forward`` (the flag
-``require_backward_grad_sync`` is read there), so the *forward* of a
-micro-batch must be inside ``no_sync()``.
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-Example::
+    >>> model = GradAccumDDP(torch.nn.Linear(4, 2))
+    >>> with model.no_sync():
+    ...     model(torch.ones(3, 4)).sum().backward()   # accumulated here, not sent
+    >>> model(torch.ones(3, 4)).sum().backward()
+    >>> model.finish_gradient_synchronization()        # one sync for both micro-batches
+    >>> model.module.bias.grad
+    tensor([6., 6.])
 
-    >>> for i, batch in enumerate(micro_batches):
-    ...     ctx = model.no_sync() if i < len(micro_batches) - 1 else contextlib.nullcontext()
-    ...     with ctx:
-    ...         (model(batch).loss / len(micro_batches)).backward()
-    >>> model.finish_gradient_synchronization(); optimizer.step()
+More: ``docs/ladder.md``.
 """
 
 from __future__ import annotations

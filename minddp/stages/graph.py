@@ -11,7 +11,8 @@ Face models return ``ModelOutput``, a dataclass that is also a dict).
 
 Example::
 
-    >>> reached = parameters_reached(model(x))           # ids of the parameters in the graph
+    >>> model = torch.nn.ModuleDict({"body": torch.nn.Linear(4, 2), "unused_head": torch.nn.Linear(2, 1)})
+    >>> reached = parameters_reached(model["body"](torch.ones(1, 4)))    # ids of the parameters in the graph
     >>> [n for n, p in model.named_parameters() if id(p) not in reached]
     ['unused_head.weight', 'unused_head.bias']
 """

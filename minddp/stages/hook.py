@@ -1,33 +1,27 @@
 """Stage ``hook``: sync each gradient the moment autograd has finished it.
 
-Waiting for the end of backward wastes time: the last layer's gradient is
-final long before the first layer's is computed. Autograd can tell us when a
-parameter's gradient is done:
+Builds on ``ga``. The last layer's gradient is final long before the first layer's is computed:
+1. at construction, a ``register_post_accumulate_grad_hook`` on every trainable parameter (it fires
+once the backward's contribution is *added* into ``.grad``); 2. the hook hands the comm hook a
+bucket of that one parameter; 3. and waits for it there, inside backward. Communication interleaves
+with backward but does not overlap it: autograd stands still while we wait (``hook-async`` removes
+the wait). The hooks hold the wrapper weakly (``docs/ladder.md`` says why). The change::
 
-1. at construction, register ``register_post_accumulate_grad_hook`` on every
-   parameter that needs a gradient. It fires after autograd has *added* this
-   backward's contribution into ``param.grad``, so the hook reads the
-   accumulated gradient (right under gradient accumulation too), and it fires
-   once per backward even for a tied parameter used twice;
-2. in the hook, if this backward syncs, hand the comm hook a bucket of this
-   one parameter, which starts its all_reduce;
-3. here, wait for it right away, inside backward, and write the average
-   back. Communication now *interleaves* with backward, but autograd stands
-   still while we wait: interleaving is not overlapping. :mod:`hook_async`
-   removes the wait.
+         def __init__(self, module: nn.Module, process_group=None):
+    +        handles = [p.register_post_accumulate_grad_hook(lambda p: me()._grad_ready(p))
+    +    def _grad_ready(self, param: nn.Parameter) -> None:
+    +            self._sent(bucket, send(self.comm_hook, self.comm_state, bucket))
+    +    def _sent(self, bucket: GradBucket, future: torch.futures.Future) -> None:
+    +        self._write_back(bucket, future.wait())
+         def finish_gradient_synchronization(self) -> None:
+    -        for index, param in enumerate(reversed(params)):
 
-:meth:`finish_gradient_synchronization` has nothing left to do here.
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-The autograd hooks reach this wrapper through a weak reference: the
-parameters keep their hooks on autograd's C++ side, where Python's garbage
-collector cannot see a cycle, so a strong reference would keep the wrapper
-(and its process group) alive until the interpreter exits.
-
-Example::
-
-    >>> model = HookDDP(net)
-    >>> model(x).sum().backward()        # grads are averaged during backward
-    >>> model.finish_gradient_synchronization(); optimizer.step()
+    >>> model = HookDDP(torch.nn.Linear(4, 2))
+    >>> model(torch.ones(3, 4)).sum().backward()       # each gradient averaged during backward
+    >>> model.module.bias.grad
+    tensor([3., 3.])
 """
 
 from __future__ import annotations

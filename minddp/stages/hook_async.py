@@ -1,23 +1,29 @@
 """Stage ``hook-async``: start each gradient's all_reduce and keep going.
 
-One change to :mod:`hook`: when a parameter's comm hook returns its Future,
-we do *not* wait on it. The Future is kept, and autograd goes on computing
-the earlier layers' gradients while gloo/NCCL moves the later layers' ones:
+Builds on ``hook``, with one change: the comm hook's Future is kept, not waited for, so autograd
+computes the earlier layers' gradients while the later ones travel (1.); just before
+``optimizer.step()``, :meth:`finish_gradient_synchronization` waits for every kept Future once and
+writes each average back (2.). Real overlap; the cost left is one message per parameter, which
+``bucket`` attacks. The change::
 
-1. in the autograd hook, start the all_reduce and keep ``(bucket, future)``;
-2. in :meth:`finish_gradient_synchronization`, just before
-   ``optimizer.step()``, wait for every kept Future once and write each
-   average back.
+         def _sent(self, bucket: GradBucket, future: torch.futures.Future) -> None:
+    -        self._write_back(bucket, future.wait())
+    +        self.in_flight.append((bucket, future))
+         def finish_gradient_synchronization(self) -> None:
+    +        for bucket, future in self.in_flight:
+    +            self._write_back(bucket, future.wait())
 
-That is real overlap: communication hidden behind computation. The cost left
-is one collective per parameter, each paying the fixed latency of a message;
-:mod:`bucket` attacks that.
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-Example::
+    >>> model = AsyncHookDDP(torch.nn.Linear(4, 2))
+    >>> model(torch.ones(3, 4)).sum().backward()       # all_reduces started during backward
+    >>> len(model.in_flight)                           # one kept Future per parameter
+    2
+    >>> model.finish_gradient_synchronization()        # wait for them, write back
+    >>> model.module.bias.grad
+    tensor([3., 3.])
 
-    >>> model = AsyncHookDDP(net)
-    >>> model(x).sum().backward()               # all_reduces run during backward
-    >>> model.finish_gradient_synchronization()  # wait for them, write back
+More: ``docs/ladder.md``.
 """
 
 from __future__ import annotations

@@ -1,39 +1,26 @@
 """Stage ``simple``: the same start, averaged gradients. The whole idea of data parallelism.
 
-Each rank holds a full copy of the model and trains on its own shard of the
-global batch. Two things keep the copies identical:
+The first rung. Each rank holds a full copy of the model and trains on its own shard of the batch:
 
-1. **same start**: at construction, rank 0's parameters and buffers are
-   broadcast to every rank (each process's random init differs otherwise);
-2. **same update**: after ``loss.backward()`` every rank holds the gradient
-   of *its* shard. :meth:`finish_gradient_synchronization` replaces it by the
-   mean over ranks: for each gradient, hand it to the comm hook as a
-   :class:`~minddp.comm.grad_bucket.GradBucket` of one parameter, wait for
-   the hook's Future, and write the average back into ``.grad``. The default
-   hook, :func:`~minddp.comm.default_hooks.allreduce_hook`, divides by the
-   world size and all_reduces (sums) across ranks.
+1. **same start**: at construction, rank 0's parameters and buffers are broadcast to every rank;
+2. **same update**: after ``backward()``, :meth:`finish_gradient_synchronization` hands each
+   gradient to the comm hook (by default: divide by the world size, all_reduce), waits, writes the
+   average back.
 
-Since the global-batch loss is the mean of the shard losses, the mean
-gradient is exactly the single-process gradient on the global batch, and
-every rank's optimizer takes the same step.
+The mean of the shards' gradients is the single-process gradient on the global batch, so every rank
+takes the same step. Two checks (:mod:`minddp.stages.checks`) turn a model or a branch that differs
+between ranks into an error on every rank. Later stages change *when* and *how much* is sent, never
+*what*.
 
-Nothing overlaps: all communication starts after backward has ended. And
-nothing can be skipped: with several micro-batches per optimizer step, this
-stage syncs after every backward (:func:`minddp.ladder.loop.train_step` does so for a
-wrapper without ``no_sync()``). Later stages change *when* and *how much* is
-sent, never *what*.
-
-Two checks (:mod:`minddp.stages.checks`) turn the classic mistakes into an
-error on every rank instead of a hang: the same model on every rank (at
-construction), and the same parameters used by every rank's forwards (noted
-after each forward, compared once before the step's first gradient is sent).
-
-Example::
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
     >>> model = SimpleDDP(torch.nn.Linear(4, 2))
-    >>> model(x).sum().backward()
-    >>> model.finish_gradient_synchronization()   # grads are now averaged
-    >>> optimizer.step()
+    >>> model(torch.ones(3, 4)).sum().backward()
+    >>> model.finish_gradient_synchronization()        # every gradient is now the mean over ranks
+    >>> model.module.bias.grad
+    tensor([3., 3.])
+
+Why each step, and the checks: ``docs/ladder.md``.
 """
 
 from __future__ import annotations

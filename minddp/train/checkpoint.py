@@ -1,35 +1,28 @@
 """Checkpoints that lose nothing: written atomically, refused loudly when they do not fit.
 
-A checkpoint must survive the crash it exists for. Writing over the last
-good file in place would destroy it if the process died half-way, so a save:
+A checkpoint must survive the crash it exists for, so a save (on every rank):
 
-1. **gathers** what each rank alone knows (its RNG states, its comm-hook
-   state such as PowerSGD's error memory, its losses so far) onto rank 0;
-   model and optimizer are identical on every rank, so rank 0's copy is kept;
-2. **writes** everything to a temporary file in the *same folder* (a rename
-   is only atomic within one file system), flushes and ``fsync``\\ s it;
-3. **renames** it over the checkpoint path (``os.replace``: atomic on POSIX,
-   so a reader sees the old file or the new one, never half of one) and
-   ``fsync``\\ s the folder so the rename itself survives a power cut;
-4. a **barrier**: no rank goes on (and possibly crashes) before the file is
-   complete, so "the run passed step N" implies "step N is on disk".
+1. **gathers** what each rank alone knows (RNG states, comm-hook state such as PowerSGD's error
+   memory, losses) onto rank 0; model and optimizer are the same everywhere, rank 0's are kept;
+2. **writes** a temporary file in the same folder, flushed and ``fsync``\\ ed;
+3. **renames** it over the checkpoint (``os.replace``: a reader sees the old file or the new one)
+   and ``fsync``\\ s the folder;
+4. meets the other ranks at a **barrier**: "the run passed step N" implies "step N is on disk".
 
-A crash before step 3 leaves the previous checkpoint untouched (and at most a
-stray ``.<name>.tmp-<pid>`` file, which loading ignores and the next save
-removes once its process is gone).
+:func:`load_checkpoint` refuses, in one line naming cause and fix, a file that is not a checkpoint,
+is truncated, or does not fit the run (parameters, world size, :data:`MUST_MATCH` settings).
+What a crash leaves behind, and the tests: ``docs/reliability.md`` (Checkpoints).
 
-Loading (:func:`load_checkpoint`) refuses, with one line naming the cause and
-the fix, a file that is not a minddp checkpoint or is truncated/corrupt, and
-one that does not fit the run: other parameter names or shapes, another world
-size, or settings that would make the resumed run a different run
-(:data:`MUST_MATCH`).
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-Example::
-
-    >>> save_checkpoint("ckpt/bucket.pt", model=ddp.module, optimizer=opt, hook_state=state, step=10,
-    ...                 config=cfg.to_dict(), losses=losses)
-    >>> ckpt = load_checkpoint("ckpt/bucket.pt", model=ddp.module, config=cfg.to_dict())
-    >>> restore(ckpt, optimizer=opt, hook_state=state)   # and the RNGs; ckpt["step"] says where to go on
+    >>> import os, tempfile
+    >>> model = torch.nn.Linear(4, 2); optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> path, config = os.path.join(tempfile.mkdtemp(), "bucket.pt"), {"stage": "bucket", "world_size": 1}
+    >>> save_checkpoint(path, model=model, optimizer=optimizer, step=10, config=config, extra={"losses": [0.7]})
+    >>> ckpt = load_checkpoint(path, model=model, config=config)
+    >>> restore(ckpt, optimizer=optimizer)      # and the RNGs; ckpt["step"] says where to go on
+    >>> ckpt["step"]
+    10
 """
 
 from __future__ import annotations

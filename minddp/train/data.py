@@ -35,7 +35,9 @@ Example::
 
     >>> data = prepare_data("synthetic", model="tiny-llama", seed=314, max_seq_len=64)
     >>> batches = step_batches(data.train, batch_size=8, grad_accum=3, num_replicas=2, rank=0, seed=314)
-    >>> micro_batches = next(batches)      # 3 dicts of input_ids / attention_mask / labels
+    >>> micro_batches = next(batches)      # this rank's 3 micro-batches of the first step
+    >>> len(micro_batches), sorted(micro_batches[0]), len(micro_batches[0]["labels"])
+    (3, ['attention_mask', 'input_ids', 'labels'], 8)
 """
 
 from __future__ import annotations
@@ -305,6 +307,7 @@ class ShardSampler(torch.utils.data.Sampler):
 
         >>> s = ShardSampler(10, batch_size=2, num_replicas=2, rank=1, seed=0)
         >>> s.set_epoch(1); list(s)          # 4 indices: 2 global batches of 4, 2 dropped
+        [6, 2, 8, 3]
     """
 
     def __init__(self, n: int, batch_size: int, num_replicas: int = 1, rank: int = 0, seed: int = 0,

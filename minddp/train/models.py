@@ -17,8 +17,8 @@ Two kinds of ``--model``:
     embeddings), where compute dominates a CPU step, as it does in real
     training (the benchmark's ``small`` preset, with 16 x 64 tokens per rank);
   - ``medium-llama``: about 25 M parameters (9 layers of width 512);
-  - ``smollm2-360m``: the blog's SmolLM2-360M architecture (362 M parameters, 32 layers of width 960),
-    random weights: the GPU preset that runs offline (``--model smollm2-360m --dtype bf16``).
+  - ``smollm2-360m``: the blog's SmolLM2-360M architecture (362 M parameters, 32 layers of width
+    960), random weights: the GPU preset that runs offline (``--model smollm2-360m --dtype bf16``).
 * a Hugging Face model id or a local directory, loaded with
   ``AutoModelForSequenceClassification.from_pretrained(..., num_labels=2)``.
   The blog's checkpoint is ``HuggingFaceTB/SmolLM2-360M-Instruct`` with ``--dtype bf16``.
@@ -36,7 +36,10 @@ Building a model:
 Example::
 
     >>> model = build_model("tiny-llama", vocab_size=400, pad_token_id=0, seed=314)
-    >>> model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    >>> ids = torch.randint(1, 400, (2, 8))                        # 2 sequences of 8 tokens
+    >>> loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([0, 1])).loss
+    >>> loss.shape, loss.requires_grad
+    (torch.Size([]), True)
 """
 
 from __future__ import annotations

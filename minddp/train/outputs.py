@@ -18,10 +18,12 @@ Every refusal is one line (a :class:`~minddp.runtime.cli.UsageError`: exit 2).
 
 Example::
 
+    >>> import os, tempfile
+    >>> run = tempfile.mkdtemp()
     >>> plan = Outputs()
-    >>> plan.folder("--trace-dir", "traces/run", need=trace_bytes(...))
-    >>> plan.file("--summary-json", "out/summary.json")
-    >>> plan.check_room()
+    >>> plan.folder("--trace-dir", os.path.join(run, "traces"), need=1000)    # bytes the traces will take
+    >>> plan.file("--summary-json", os.path.join(run, "out", "summary.json"))
+    >>> plan.check_room()                     # raises, naming the option, if a place cannot take it
 """
 
 from __future__ import annotations

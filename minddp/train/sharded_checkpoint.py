@@ -1,34 +1,28 @@
 """Sharded checkpoints of zero1, zero2 and fsdp, through ``torch.distributed.checkpoint`` (DCP).
 
-Gathering a sharded model onto one rank to save it would need the memory
-sharding saves. Instead each rank saves what it holds, and DCP keeps a map of
-who saved which part of which tensor, so a checkpoint written by 2 ranks
-loads at 3 (or 1): each rank of the new run asks DCP for *its* part and DCP
-reads it from whichever files hold it.
+Gathering a sharded model onto one rank would need the memory sharding saves. Instead each rank
+saves what it holds, and DCP maps who saved which part of which tensor, so a checkpoint written by
+2 ranks loads at 3 (or 1):
 
-1. **describe**: every chunk a rank holds is described as a ``DTensor``: the
-   rank's local chunk of a flattened tensor of ``n`` elements, ``Shard(0)``
-   over the group. minddp's chunks (:mod:`minddp.sharding.shards`) are the
-   chunks DTensor itself would cut, so this is only a description, no copy.
-   That covers the shards of zero2 and FSDP and their optimizer state, and
-   ZeRO-1's optimizer state; whole tensors (ZeRO-1's parameters, FSDP's
-   replicated ones, step counters) are plain tensors, which DCP writes once;
-2. **save** (:func:`save`): the model, the optimizer (state by parameter *name*,
-   and the parameter groups' settings), and each rank's own extras (RNG
-   states, losses) under ``ranks.<r>``, with ``dcp.save`` into a temporary
-   folder beside ``path``; rank 0 adds ``minddp.json`` (format, step, the
-   run's settings, the world size) and only then renames the folder to
-   ``path`` (a crash mid-save leaves the previous checkpoint whole);
-3. **load** (:func:`load`): the same description built for *this* run's
-   ranks (optimizer state included, from the checkpoint's own list of keys:
-   a fresh optimizer has none yet) is filled by ``dcp.load``; then the
-   optimizer's state dict is put together and loaded, and ``zero2`` gathers
-   its full parameters again.
+1. **describe**: each chunk a rank holds as a ``DTensor`` (``Shard(0)`` of the flattened tensor:
+   minddp's chunks are DTensor's, so no copy); whole tensors stay plain;
+2. **save** (:func:`save`): model, optimizer (state by parameter name) and each rank's extras with
+   ``dcp.save`` into a temporary folder, renamed to ``path`` once rank 0 has written
+   ``minddp.json``;
+3. **load** (:func:`load`): the same description for *this* run's ranks, filled by ``dcp.load``.
 
-Example::
+More: ``docs/sharding.md`` (Checkpoints).
 
-    >>> save("checkpoints/fsdp", wrapped, model, optimizer, step=10, config=cfg, extra={"losses": losses})
-    >>> step, mine = load("checkpoints/fsdp", wrapped, model, optimizer)   # at any world size
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
+
+    >>> import os, tempfile
+    >>> from minddp.ladder import build_stage
+    >>> model = torch.nn.Linear(4, 2); wrapped = build_stage("fsdp", model)
+    >>> optimizer, path = torch.optim.AdamW(wrapped.parameters()), os.path.join(tempfile.mkdtemp(), "fsdp")
+    >>> save(path, wrapped, model, optimizer, step=10, config={"stage": "fsdp"}, extra={"losses": [0.7]})
+    >>> step, mine = load(path, wrapped, model, optimizer)   # at any world size
+    >>> step, mine["losses"]
+    (10, [0.7])
 """
 
 from __future__ import annotations

@@ -1,0 +1,90 @@
+"""Every example in minddp's docstrings runs, and prints what it says.
+
+Each minddp module's doctests (module, class and function docstrings) run with :mod:`doctest`, in
+one process that holds a one-rank gloo process group, so the examples of the stages, the hooks and
+the sharded rungs run as they are written (under :func:`minddp.launch` every rank runs the same);
+``torch`` is imported for every example, as in any session that uses minddp.
+An example that cannot run on one process (it needs several ranks, a GPU or files of a run) is
+marked ``# doctest: +SKIP`` on its lines; the test counts them, so that skipping cannot quietly
+become the rule.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import minddp
+
+MODULES = sorted(m.name for m in pkgutil.walk_packages(minddp.__path__, "minddp.")
+                 if not m.name.endswith("__main__"))
+FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+
+#: Modules whose examples are still sketches (names they never define, output they never print): issue 32
+#: item 3 rewrote the core's (stages, comm, ddp, sharding, collectives, launch, hang) and left these for a
+#: next pass. Strict: a module that starts to pass fails here until it leaves the list.
+PENDING = frozenset({
+    "minddp.analysis", "minddp.analysis.cpu", "minddp.analysis.events", "minddp.analysis.gpu",
+    "minddp.analysis.live", "minddp.analysis.report", "minddp.analysis.steps", "minddp.bench.report",
+    "minddp.bench.targets", "minddp.bench.worker",
+   
+   
+    "minddp.costmodel", "minddp.costmodel.auto", "minddp.costmodel.figures",
+    "minddp.costmodel.trace",
+   
+   
+})
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """A gloo world of one process, as ``minddp.launch(..., world_size=1)`` gives a rank."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        from minddp.exercises.checker import shutdown
+        shutdown()                        # the checker's ranks, which its examples start
+        dist.destroy_process_group()
+
+
+def examples(module) -> list[doctest.DocTest]:
+    return [t for t in doctest.DocTestFinder(exclude_empty=True).find(module, extraglobs={"torch": torch})
+            if t.examples]
+
+
+@pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.xfail(
+    strict=True, reason="examples not yet rewritten to run (PENDING)")) if m in PENDING else m for m in MODULES])
+def test_the_docstring_examples_run(one_rank_group, monkeypatch, name):
+    monkeypatch.delenv("MINDDP_BACKEND", raising=False)    # as a user runs them: the suite's gloo pin off
+    module = importlib.import_module(name)
+    runner = doctest.DocTestRunner(optionflags=FLAGS)
+    for test in examples(module):
+        torch.manual_seed(0)
+        runner.run(test, out=lambda text: None)
+    result = runner.summarize(verbose=False)
+    if result.failed:
+        report: list[str] = []
+        runner = doctest.DocTestRunner(optionflags=FLAGS)
+        for test in examples(module):
+            torch.manual_seed(0)
+            runner.run(test, out=report.append)
+        failed = f"{name}: {result.failed} of {result.attempted} examples failed:\n"
+        pytest.fail(failed + "".join(report)[:6000])
+
+
+def test_most_examples_run_rather_than_being_skipped():
+    ran = skipped = 0
+    for name in sorted(set(MODULES) - PENDING):
+        for test in examples(importlib.import_module(name)):
+            for example in test.examples:
+                if example.options.get(doctest.SKIP):
+                    skipped += 1
+                else:
+                    ran += 1
+    assert ran >= 3 * skipped, f"{skipped} docstring examples are skipped and only {ran} run"
