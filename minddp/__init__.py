@@ -7,14 +7,27 @@ Start with :mod:`minddp.stages` (the build-up, one idea per file),
 (ZeRO-1, ZeRO-2, FSDP) are in :mod:`minddp.sharding`.
 """
 
-from minddp.runtime.launch import RankError, launch
-from minddp.ladder import STAGES, build_stage
 from minddp.ddp import DistributedDataParallel
-from minddp.stages import AsyncBucketDDP, AsyncHookDDP, BucketDDP, GradAccumDDP, HookDDP, SimpleDDP
+from minddp.ladder import STAGES, build_stage
+from minddp.runtime.launch import RankError, launch
 from minddp.sharding import FullyShardedDataParallel, Zero2DDP, ZeroRedundancyOptimizer
+from minddp.stages import AsyncBucketDDP, AsyncHookDDP, BucketDDP, GradAccumDDP, HookDDP, SimpleDDP
 
 __version__ = "0.1.0"
 
-__all__ = ["launch", "RankError", "STAGES", "build_stage", "SimpleDDP", "GradAccumDDP", "HookDDP",
-           "AsyncHookDDP", "BucketDDP", "AsyncBucketDDP", "DistributedDataParallel", "ZeroRedundancyOptimizer",
-           "Zero2DDP", "FullyShardedDataParallel"]
+__all__ = [
+    "launch",
+    "RankError",
+    "STAGES",
+    "build_stage",
+    "SimpleDDP",
+    "GradAccumDDP",
+    "HookDDP",
+    "AsyncHookDDP",
+    "BucketDDP",
+    "AsyncBucketDDP",
+    "DistributedDataParallel",
+    "ZeroRedundancyOptimizer",
+    "Zero2DDP",
+    "FullyShardedDataParallel",
+]

@@ -35,18 +35,18 @@ from torch import nn
 
 from minddp.runtime.device import choose, current_device, gpu_count
 
-STEPS, MICRO, ROWS, LR = 4, 2, 8, 0.1     # optimizer steps, micro-batches per step, rows per rank per micro-batch
+STEPS, MICRO, ROWS, LR = 4, 2, 8, 0.1  # optimizer steps, micro-batches per step, rows per rank per micro-batch
 WIDTH = 32
 HOOKS = ("fp16", "bf16", "powersgd")
 #: A compressing hook rounds each gradient element once: its relative error is at most this (round to nearest).
-UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
 
 
 @dataclass
 class Check:
     config: str
     name: str
-    ok: bool | None          # None: not run here, ``detail`` says why
+    ok: bool | None  # None: not run here, ``detail`` says why
     seconds: float
     detail: str = ""
 
@@ -70,8 +70,10 @@ def configurations(gpus: int) -> list[tuple[str, str, int]]:
     """The (label, backend, ranks) this machine allows: what a user of it would run."""
     if gpus == 0:
         return [("2 ranks, CPU", "auto", 2)]
-    configs = [("1 rank, NCCL", "nccl", 1), (f"{gpus + 1} ranks sharing {gpus} GPU{'s' if gpus > 1 else ''}",
-                                              "auto", gpus + 1)]
+    configs = [
+        ("1 rank, NCCL", "nccl", 1),
+        (f"{gpus + 1} ranks sharing {gpus} GPU{'s' if gpus > 1 else ''}", "auto", gpus + 1),
+    ]
     if gpus > 1:
         configs.insert(1, (f"{gpus} ranks, NCCL", "nccl", gpus))
     return configs
@@ -96,19 +98,30 @@ def global_batches(world: int, device: torch.device) -> list[list[tuple[torch.Te
     """Every step's micro-batches over all ranks (rank r's rows are r::world of each), the same everywhere."""
     g = torch.Generator().manual_seed(1234)
     rows = ROWS * world
-    return [[(torch.randn(rows, WIDTH, generator=g).to(device), torch.randint(0, 4, (rows,), generator=g).to(device))
-             for _ in range(MICRO)] for _ in range(STEPS)]
+    return [
+        [
+            (torch.randn(rows, WIDTH, generator=g).to(device), torch.randint(0, 4, (rows,), generator=g).to(device))
+            for _ in range(MICRO)
+        ]
+        for _ in range(STEPS)
+    ]
 
 
 def train(stage: str, hook: str, batches, rank: int, world: int) -> torch.Tensor:
     """``STEPS`` steps of ``stage`` (``single``: this process on the global batch); the parameters, flat."""
     from minddp.ladder import make_optimizer, wrap
     from minddp.ladder.loop import train_step
-    torch.manual_seed(rank if stage != "single" else 0)       # different weights per rank: the broadcast fixes them
+
+    torch.manual_seed(rank if stage != "single" else 0)  # different weights per rank: the broadcast fixes them
     inner = Net().to(current_device())
     names = [name for name, _ in inner.named_parameters()]
-    model = wrap(stage, inner, hook=hook, bucket_cap_mb=0.002,       # a few buckets on this small model
-                 powersgd_options={"start_powerSGD_iter": 2})    # 2 plain steps, then 2 compressed ones
+    model = wrap(
+        stage,
+        inner,
+        hook=hook,
+        bucket_cap_mb=0.002,  # a few buckets on this small model
+        powersgd_options={"start_powerSGD_iter": 2},
+    )  # 2 plain steps, then 2 compressed ones
     optimizer = make_optimizer(stage, model, torch.optim.SGD, hook=hook, lr=LR)
     for step in batches:
         micro = step if stage == "single" else [(x[rank::world], y[rank::world]) for x, y in step]
@@ -165,15 +178,18 @@ def check_rank(stages: list[str]) -> list[tuple[str, bool, float, str]]:
                 # STEPS * LR * 2u * gmax, plus float32 noise (1e-5)
                 bound = STEPS * LR * 2 * UNIT_ROUNDOFF[hook] * gmax + 1e-5
             elif hook == "powersgd":
-                bound = float("inf")      # a low-rank approximation: no elementwise bound; the ranks must agree
+                bound = float("inf")  # a low-rank approximation: no elementwise bound; the ranks must agree
             else:
                 # one process sums ROWS*world rows where the ranks sum ROWS and average: a few float32
                 # roundings per element through STEPS steps; 1e-4 leaves room for GPU reduction orders and
                 # fails on a missing average (a factor of ``world``) or a lost micro-batch
                 bound = 1e-4 * max(1.0, reference.abs().max().item())
             ok = same and diff <= bound
-            detail = (f"max |w - single| {diff:.1e} (bound {bound:.1e})" if bound != float("inf")
-                      else f"max |w - single| {diff:.1e} (low-rank: ranks agree)")
+            detail = (
+                f"max |w - single| {diff:.1e} (bound {bound:.1e})"
+                if bound != float("inf")
+                else f"max |w - single| {diff:.1e} (low-rank: ranks agree)"
+            )
             if not same:
                 detail = "the ranks' weights differ; " + detail
         except Exception as exc:  # noqa: BLE001 - reported in the table, the other checks go on
@@ -185,20 +201,44 @@ def check_rank(stages: list[str]) -> list[tuple[str, bool, float, str]]:
 # ---------------------------------------------------------------------------- 3. profiled step
 def profile_check(backend: str, world: int, folder: str) -> list[tuple[str, bool | None, float, str]]:
     """Step 3: ``ddp`` for a few steps under the train command, profiled, then read back."""
-    from minddp.train import run as train_command
     from minddp.analysis import cpu, gpu
     from minddp.analysis.events import load_run
     from minddp.analysis.steps import per_step
+    from minddp.train import run as train_command
+
     rows = []
     start = time.perf_counter()
-    argv = ["--stage", "ddp", "--steps", "3", "--profile-steps", "1", "--world-size", str(world), "--backend",
-            backend, "--trace-dir", folder, "--run-name", "doctor", "--no-progress", "--eval-examples", "16",
-            "--no-trace-gzip"]
+    argv = [
+        "--stage",
+        "ddp",
+        "--steps",
+        "3",
+        "--profile-steps",
+        "1",
+        "--world-size",
+        str(world),
+        "--backend",
+        backend,
+        "--trace-dir",
+        folder,
+        "--run-name",
+        "doctor",
+        "--no-progress",
+        "--eval-examples",
+        "16",
+        "--no-trace-gzip",
+    ]
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         code = train_command.main(argv)
-    rows.append(("train command, profiled", code == 0, time.perf_counter() - start,
-                 "python -m minddp.train " + " ".join(argv) if code == 0 else out.getvalue().strip()[-200:]))
+    rows.append(
+        (
+            "train command, profiled",
+            code == 0,
+            time.perf_counter() - start,
+            "python -m minddp.train " + " ".join(argv) if code == 0 else out.getvalue().strip()[-200:],
+        )
+    )
     if code != 0:
         return rows
     start = time.perf_counter()
@@ -208,8 +248,14 @@ def profile_check(backend: str, world: int, folder: str) -> list[tuple[str, bool
     steps = {r: per_step(reader.rank_intervals(t)) for r, t in stage.ranks.items()}
     found = all(len(s) >= 1 and all(x["step_time_us"] > 0 for x in s) for s in steps.values())
     kind = "GPU kernels" if on_gpu else "CPU ops"
-    rows.append(("trace read by minddp", found, time.perf_counter() - start,
-                 f"{len(steps)} rank trace(s) of {kind}, {min(len(s) for s in steps.values())} step(s) each"))
+    rows.append(
+        (
+            "trace read by minddp",
+            found,
+            time.perf_counter() - start,
+            f"{len(steps)} rank trace(s) of {kind}, {min(len(s) for s in steps.values())} step(s) each",
+        )
+    )
     start = time.perf_counter()
     if not on_gpu:
         rows.append(("trace read by HTA", None, 0.0, "HTA reads GPU traces; these are CPU traces"))
@@ -221,9 +267,14 @@ def profile_check(backend: str, world: int, folder: str) -> list[tuple[str, bool
             return rows
         hta_rows, _ = gpu.analyze_stage(stage)
         fine = all(r["compute_time_us"] > 0 for r in hta_rows)
-        rows.append(("trace read by HTA", fine, time.perf_counter() - start,
-                     "temporal breakdown, overlap " + ", ".join(f"{r['comm_comp_overlap_pctg']:.0f} %"
-                                                                for r in hta_rows)))
+        rows.append(
+            (
+                "trace read by HTA",
+                fine,
+                time.perf_counter() - start,
+                "temporal breakdown, overlap " + ", ".join(f"{r['comm_comp_overlap_pctg']:.0f} %" for r in hta_rows),
+            )
+        )
     return rows
 
 
@@ -238,8 +289,9 @@ def table(checks: list[Check]) -> str:
 
 def run(quick: bool = False, say=print) -> list[Check]:
     """Steps 1-3; every check of every configuration this machine allows."""
-    from minddp.runtime.launch import RankError, launch
     from minddp.ladder import STAGES
+    from minddp.runtime.launch import RankError, launch
+
     for line in environment():
         say(line)
     checks = []
@@ -252,15 +304,14 @@ def run(quick: bool = False, say=print) -> list[Check]:
         try:
             per_rank = launch(check_rank, stages, world_size=world, backend=placement, timeout_s=120)
         except RankError as exc:
-            checks.append(Check(label, "every stage", False, time.perf_counter() - start,
-                                str(exc).splitlines()[0]))
+            checks.append(Check(label, "every stage", False, time.perf_counter() - start, str(exc).splitlines()[0]))
             continue
-        for rows in zip(*per_rank):         # a check passes when it passed on every rank
+        for rows in zip(*per_rank):  # a check passes when it passed on every rank
             failed = [r for r in rows if not r[1]]
             name, ok, seconds, detail = failed[0] if failed else rows[0]
             checks.append(Check(label, name, not failed, max(r[2] for r in rows), detail))
         if quick or i > 0 and world > 1 and backend == "nccl":
-            continue          # one profiled run per kind of placement is enough
+            continue  # one profiled run per kind of placement is enough
         with tempfile.TemporaryDirectory() as folder:
             checks += [Check(label, *row) for row in profile_check(backend, world, folder)]
     return checks
@@ -278,8 +329,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print(table(checks))
     failed = [c for c in checks if c.ok is False]
-    print(f"{len(checks) - len(failed)} of {len(checks)} checks passed or skipped, {len(failed)} failed, "
-          f"in {time.perf_counter() - start:.0f} s")
+    print(
+        f"{len(checks) - len(failed)} of {len(checks)} checks passed or skipped, {len(failed)} failed, "
+        f"in {time.perf_counter() - start:.0f} s"
+    )
     return 1 if failed else 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-MAIN, GLOO = 100, 200   # thread ids: the training thread and a gloo worker
+MAIN, GLOO = 100, 200  # thread ids: the training thread and a gloo worker
 
 
 def x(name, ts, dur, tid=MAIN, **args):
@@ -29,7 +29,7 @@ def half_covered_step(offset: float = 0.0) -> list[dict]:
     return [
         x("ProfilerStep#1", o + 0, 100),
         x("aten::mm", o + 0, 40),
-        x("aten::t", o + 5, 5),   # nested inside aten::mm: must count once
+        x("aten::t", o + 5, 5),  # nested inside aten::mm: must count once
         x("minddp.bucket_launch#0 numel=10 dtype=float32 hook=allreduce_hook", o + 15, 10),
         x("c10d::allreduce_", o + 16, 2, **{"Input Dims": [[[10]], []], "Input type": ["TensorList", ""]}),
         x("gloo:all_reduce", o + 20, 40, tid=GLOO, **{"Input Dims": [[10]], "Input type": ["float"]}),

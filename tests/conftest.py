@@ -28,4 +28,4 @@ def pytest_collection_modifyitems(config, items):
         if item.path.name != "test_notebooks.py":
             item.add_marker(pytest.mark.xdist_group(item.path.name))
     rank = {name: i for i, name in enumerate(FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))   # stable: the rest keep their order
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: the rest keep their order

@@ -14,8 +14,8 @@ from torch import nn
 from minddp import stages
 from minddp.comm import Wire
 from minddp.comm.default_hooks import allreduce_hook
-from minddp.runtime.compat import all_gather_single, reduce_scatter_single
 from minddp.exercises import solutions
+from minddp.runtime.compat import all_gather_single, reduce_scatter_single
 
 
 # -------------------------------------------------------------------------------- simple
@@ -121,7 +121,7 @@ class AsyncWaitsInHook(solutions.HookDDP):
     def _grad_ready(self, param):
         if self.sync_this_backward:
             work = dist.all_reduce(param.grad, async_op=True)
-            work.wait()                               # the wait that hook-async removes
+            work.wait()  # the wait that hook-async removes
             self.in_flight.append((param, work))
 
     def finish_gradient_synchronization(self):

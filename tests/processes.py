@@ -46,8 +46,13 @@ def run_torchrun(args: list[str], timeout: float, env: dict | None = None) -> su
     10 s is killed by its pid. torchrun puts each worker in its own session, so
     killing torchrun alone, as ``subprocess.run`` does, would leave them running.
     """
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", *args],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except BaseException:
@@ -96,7 +101,7 @@ def fill_pipe(write_fd: int) -> int:
     fd = os.open(f"/proc/self/fd/{write_fd}", os.O_WRONLY | os.O_NONBLOCK)
     n = 0
     try:
-        for size in (4096, 1):   # pages while a page fits, then bytes
+        for size in (4096, 1):  # pages while a page fits, then bytes
             try:
                 while True:
                     n += os.write(fd, b"\0" * size)

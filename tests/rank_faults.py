@@ -12,6 +12,7 @@ from __future__ import annotations
 def train_rank_with_fault(cfg, stage, data, folder, fault, call, *args):
     import minddp.ladder.loop
     from minddp.train import run as train
+
     real, calls = minddp.ladder.loop.train_step, []
 
     def train_step(*step_args):

@@ -4,9 +4,9 @@ import gzip
 import json
 
 import pytest
-
 from analysis_fixtures import half_covered_step, write_stage
 from cli_checks import usage_error
+
 from minddp.analysis.__main__ import main
 
 
@@ -17,12 +17,18 @@ def _run_cli(capsys, *argv):
 
 
 def _good_stage(folder, run_name="r1", offset=0.0):
-    return write_stage(folder, {0: half_covered_step(offset), 1: half_covered_step(offset + 1)},
-                       stage=folder.name, world_size=2, run_name=run_name)
+    return write_stage(
+        folder,
+        {0: half_covered_step(offset), 1: half_covered_step(offset + 1)},
+        stage=folder.name,
+        world_size=2,
+        run_name=run_name,
+    )
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "truncated-json", "truncated-gz", "world-size",
-                                  "other-run-stage", "other-run-rank"])
+@pytest.mark.parametrize(
+    "case", ["missing", "empty", "truncated-json", "truncated-gz", "world-size", "other-run-stage", "other-run-rank"]
+)
 def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys, case):
     run = tmp_path / "run"
     if case != "missing":
@@ -48,9 +54,15 @@ def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys, case):
         write_stage(stage, {1: half_covered_step(offset=3.6e9)})
     code, err = _run_cli(capsys, run)
     assert code == 2
-    expected = {"missing": "does not exist", "empty": "no rank traces", "truncated-json": "truncated",
-                "truncated-gz": "truncated", "world-size": "world_size=2",
-                "other-run-stage": "different runs", "other-run-rank": "different runs"}[case]
+    expected = {
+        "missing": "does not exist",
+        "empty": "no rank traces",
+        "truncated-json": "truncated",
+        "truncated-gz": "truncated",
+        "world-size": "world_size=2",
+        "other-run-stage": "different runs",
+        "other-run-rank": "different runs",
+    }[case]
     usage_error(err, "analyze", expected)
 
 
@@ -75,6 +87,7 @@ def test_ranks_a_moment_apart_are_one_run_and_hours_apart_are_refused(tmp_path):
 
     def trace(rank, start_us):
         return RankTrace(rank, tmp_path / f"rank{rank}.json", [{"ts": start_us, "dur": 1000.0, "ph": "X"}])
+
     # the single-process baseline's ranks never talk: one may record its step just after the other's ended
     _check_recorded_together(tmp_path, {0: trace(0, 0.0), 1: trace(1, 1000.0 + SAME_RUN_GAP_US / 4)})
     with pytest.raises(TraceError, match="not recorded at the same time"):

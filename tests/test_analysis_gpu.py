@@ -6,8 +6,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from analysis_fixtures import half_covered_step, write_stage
+
 from minddp.analysis import SUMMARY_COLUMNS, analyze_run
 
 GPU_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "hta-gpu-traces"
@@ -22,6 +22,7 @@ def test_gpu_trace_gives_htas_numbers_in_the_cpu_columns(tmp_path):
     for r in (0, 1):
         shutil.copy(GPU_TRACES / f"sampled_rank-{r}.json.gz", direct)
     from hta.trace_analysis import TraceAnalysis
+
     with contextlib.redirect_stdout(io.StringIO()):
         hta = TraceAnalysis(trace_dir=str(direct))
         temporal = hta.get_temporal_breakdown(visualize=False).set_index("rank")
@@ -66,6 +67,7 @@ def test_hta_cannot_analyse_a_cpu_trace(tmp_path):
     write_stage(folder, {0: half_covered_step()})
     (folder / "rank0.pt.trace.json").rename(folder / "rank0.json")
     from hta.trace_analysis import TraceAnalysis
+
     with contextlib.redirect_stdout(io.StringIO()):
         with pytest.raises(Exception):
             TraceAnalysis(trace_dir=str(folder)).get_temporal_breakdown(visualize=False)
@@ -77,15 +79,23 @@ def test_ranks_sharing_a_gpu_count_gloo_host_transfers_as_communication():
     from minddp.analysis import gpu
     from minddp.analysis.events import RankTrace
     from minddp.analysis.metrics import overlap_pct
+
     events = [
         {"name": "ProfilerStep#1", "ph": "X", "ts": 0.0, "dur": 100.0, "tid": 1, "cat": "user_annotation"},
         {"name": "ampere_sgemm", "ph": "X", "ts": 10.0, "dur": 40.0, "tid": 7, "cat": "kernel"},
-        {"name": "gloo:all_reduce", "ph": "X", "ts": 30.0, "dur": 40.0, "tid": 2, "cat": "cpu_op",
-         "args": {"Input Dims": [[256]], "Input type": ["float"]}},
+        {
+            "name": "gloo:all_reduce",
+            "ph": "X",
+            "ts": 30.0,
+            "dur": 40.0,
+            "tid": 2,
+            "cat": "cpu_op",
+            "args": {"Input Dims": [[256]], "Input type": ["float"]},
+        },
     ]
     trace = RankTrace(rank=0, path=Path("rank0.pt.trace.json"), events=events)
     assert gpu.is_gpu_trace(trace)
     iv = gpu.rank_intervals(trace)
     assert iv.comm == [(30.0, 70.0)] and iv.compute == [(10.0, 50.0)]
     assert [e["name"] for e in iv.allreduces] == ["gloo:all_reduce"]
-    assert overlap_pct(iv.comm, iv.compute) == 50.0          # 20 of the message's 40 us under the kernel
+    assert overlap_pct(iv.comm, iv.compute) == 50.0  # 20 of the message's 40 us under the kernel

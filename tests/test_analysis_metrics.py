@@ -4,9 +4,9 @@ import math
 import random
 
 import pytest
+from analysis_fixtures import half_covered_step, write_stage
 
 from minddp.analysis import analyze_run, metrics
-from analysis_fixtures import half_covered_step, write_stage
 
 
 def _cover(intervals, grid):
@@ -17,12 +17,14 @@ def _cover(intervals, grid):
 def test_interval_algebra_matches_a_brute_force_grid():
     rng = random.Random(0)
     for _ in range(200):
+
         def rand():
             out = []
             for _ in range(rng.randint(0, 5)):
                 s = rng.randint(0, 30)
                 out.append((s, s + rng.randint(0, 10)))
             return out
+
         a, b = rand(), rand()
         ca, cb = _cover(a, 50), _cover(b, 50)
         assert metrics.length(a) == len(ca)

@@ -26,9 +26,9 @@ from torch import nn
 
 from minddp.analysis import analyze_run
 from minddp.analysis.__main__ import main
-from minddp.runtime.launch import launch
-from minddp.ladder.loop import train_step
 from minddp.ladder import build_stage
+from minddp.ladder.loop import train_step
+from minddp.runtime.launch import launch
 
 STAGES = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 STEPS = 3
@@ -36,6 +36,7 @@ STEPS = 3
 
 def _profile_rank(stage, out, steps, grad_accum):
     import torch.distributed as dist
+
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(10)], nn.Linear(256, 1))
     ddp = build_stage(stage, model, bucket_cap_mb=0.6)
@@ -51,8 +52,9 @@ def _profile_rank(stage, out, steps, grad_accum):
         prof.export_chrome_trace(os.path.join(out, stage, f"rank{rank}.pt.trace.json"))
 
     schedule = torch.profiler.schedule(wait=0, warmup=1, active=steps)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
-                                record_shapes=True, on_trace_ready=save) as prof:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule, record_shapes=True, on_trace_ready=save
+    ) as prof:
         for _ in range(steps + 1):
             train_step(ddp, opt, [batch] * grad_accum, loss_fn)
             prof.step()
@@ -65,9 +67,18 @@ def run_dir(tmp_path_factory):
         os.makedirs(out / stage)
         grad_accum = 2 if stage == "ga" else 1
         launch(_profile_rank, stage, str(out), STEPS, grad_accum, world_size=2)
-        (out / stage / "config.json").write_text(json.dumps(
-            {"stage": stage, "world_size": 2, "steps": STEPS, "grad_accum": grad_accum, "hook": "allreduce",
-             "run_name": "allstages"}))
+        (out / stage / "config.json").write_text(
+            json.dumps(
+                {
+                    "stage": stage,
+                    "world_size": 2,
+                    "steps": STEPS,
+                    "grad_accum": grad_accum,
+                    "hook": "allreduce",
+                    "run_name": "allstages",
+                }
+            )
+        )
     return out
 
 
@@ -75,6 +86,7 @@ def _micro_batches(trace):
     """Per micro-batch of the profiled steps: (its backward nodes' (start, end), the all_reduce calls started in
     its range, with their start), on the training thread."""
     from minddp.analysis.cpu import rank_intervals
+
     iv = rank_intervals(trace)
     window = [(s, e) for _, s, e in iv.steps]
     out = []
@@ -82,8 +94,11 @@ def _micro_batches(trace):
         if not any(s <= fb["ts"] < e for s, e in window):
             continue
         start, end = fb["ts"], fb["ts"] + fb["dur"]
-        nodes = sorted((e["ts"], e["ts"] + e["dur"]) for e in trace.events
-                       if e["name"].startswith("autograd::engine::evaluate_function") and start <= e["ts"] <= end)
+        nodes = sorted(
+            (e["ts"], e["ts"] + e["dur"])
+            for e in trace.events
+            if e["name"].startswith("autograd::engine::evaluate_function") and start <= e["ts"] <= end
+        )
         calls = sorted(e["ts"] for e in trace.events if e["name"] == "c10d::allreduce_" and start <= e["ts"] <= end)
         out.append((nodes, calls))
     return out
@@ -92,6 +107,7 @@ def _micro_batches(trace):
 def test_stages_compare_as_the_blog_found(run_dir):
     from minddp.analysis.cpu import rank_intervals
     from minddp.analysis.events import load_run
+
     result = analyze_run(run_dir)
     s = result.stages
     assert list(s.index) == STAGES
@@ -137,13 +153,13 @@ def test_stages_compare_as_the_blog_found(run_dir):
 def test_ga_reduces_only_on_the_sync_micro_step(run_dir):
     from minddp.analysis.cpu import rank_intervals
     from minddp.analysis.events import load_run
+
     for trace in load_run(run_dir).stages["ga"].ranks.values():
         iv = rank_intervals(trace)
-        fwd_bwd = sorted((e["ts"], e["ts"] + e["dur"]) for e in trace.events
-                         if e["name"] == "minddp.forward_backward")
+        fwd_bwd = sorted((e["ts"], e["ts"] + e["dur"]) for e in trace.events if e["name"] == "minddp.forward_backward")
         assert len(fwd_bwd) == 2 * STEPS
         for i, (_, start, end) in enumerate(iv.steps):
-            no_sync_end = fwd_bwd[2 * i][1]   # the first micro-batch of the step ran under no_sync()
+            no_sync_end = fwd_bwd[2 * i][1]  # the first micro-batch of the step ran under no_sync()
             calls = [e["ts"] for e in iv.allreduces if start <= e["ts"] < end]
             assert calls and min(calls) > no_sync_end
 

@@ -47,8 +47,8 @@ def _profile_every_stage(out: str) -> None:
         model = nn.Sequential(*[nn.Sequential(nn.Linear(128, 128), nn.ReLU()) for _ in range(4)], nn.Linear(128, 1))
         wrapped = wrap(stage, model, bucket_cap_mb=0.07)
         opt = torch.optim.SGD(wrapped.parameters(), lr=0.01)
-        train_step(wrapped, opt, micro, loss_fn)                  # torch rebuilds its buckets after step 1
-        dist.barrier()                                            # ranks that never talk (single) start together
+        train_step(wrapped, opt, micro, loss_fn)  # torch rebuilds its buckets after step 1
+        dist.barrier()  # ranks that never talk (single) start together
         with StepProfiler(f"{out}/{stage}", rank, total_steps=2, active=1, memory=False) as prof:
             for _ in range(2):
                 train_step(wrapped, opt, micro, loss_fn)
@@ -89,27 +89,29 @@ def test_where_each_stage_sends_follows_from_its_code(result):
         return sorted(b.loc[b["stage"] == stage, "ready_us"])
 
     last_end = backwards("ga")[-1][1]
-    assert all(t >= last_end for t in sent("ga"))                          # ga: after the last backward only
+    assert all(t >= last_end for t in sent("ga"))  # ga: after the last backward only
     for (_, end), (start, _) in zip(backwards("simple"), backwards("simple")[1:]):
-        assert any(end <= t <= start for t in sent("simple"))              # simple: after every backward
+        assert any(end <= t <= start for t in sent("simple"))  # simple: after every backward
     for stage in ("hook", "hook-async", "bucket", "bucket-async", "ddp", "torch"):
         start, end = backwards(stage)[-1]
-        assert all(start <= t <= end for t in sent(stage)), stage          # from autograd hooks, during backward
+        assert all(start <= t <= end for t in sent(stage)), stage  # from autograd hooks, during backward
 
 
 def test_the_timeline_puts_every_stage_on_one_axis_with_its_backward(result, tmp_path):
     fig = plot_timeline(result, tmp_path / "timeline.png")
     try:
-        assert len(fig.axes) == 1                                          # one shared time axis
+        assert len(fig.axes) == 1  # one shared time axis
         ax = fig.axes[0]
         assert [t.get_text().split("\n")[0] for t in ax.get_yticklabels()] == STAGES
         for stage in STAGES:
             bands = [c for c in ax.collections if c.get_gid() == f"backward:{stage}"]
             assert len(bands) == 1 and len(bands[0].get_paths()) == MICRO, stage
-        phases, buckets = result.phases, result.buckets                  # the plot shows rank 0
-        latest = max(phases.loc[phases["rank"] == 0, "end_us"].max(),
-                     buckets.loc[buckets["rank"] == 0, "comm_end_us"].max()) / 1e3
-        assert ax.get_xlim()[0] == 0 and ax.get_xlim()[1] >= latest    # nothing cut off by the axis
+        phases, buckets = result.phases, result.buckets  # the plot shows rank 0
+        latest = (
+            max(phases.loc[phases["rank"] == 0, "end_us"].max(), buckets.loc[buckets["rank"] == 0, "comm_end_us"].max())
+            / 1e3
+        )
+        assert ax.get_xlim()[0] == 0 and ax.get_xlim()[1] >= latest  # nothing cut off by the axis
         assert (tmp_path / "timeline.png").stat().st_size > 10_000
     finally:
         plt.close(fig)

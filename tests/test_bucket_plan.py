@@ -20,18 +20,18 @@ def test_none_means_one_bucket_in_reverse_order():
 
 
 def test_bucket_closes_once_it_reaches_the_cap_in_reverse_order():
-    ps = params(100, 200, 300, 50, 25)            # fp32: 400, 800, 1200, 200, 100 bytes
+    ps = params(100, 200, 300, 50, 25)  # fp32: 400, 800, 1200, 200, 100 bytes
     plan = plan_buckets(ps, 1000 / MB)
-    assert [i for b in plan for i in b] == [4, 3, 2, 1, 0]    # reverse order, every param once
+    assert [i for b in plan for i in b] == [4, 3, 2, 1, 0]  # reverse order, every param once
     for bucket in plan[:-1]:
         size = sum(ps[i].numel() * 4 for i in bucket)
-        assert size >= 1000 and size - ps[bucket[-1]].numel() * 4 < 1000   # closed by its last param
-    assert plan == [[4, 3, 2], [1, 0]]     # 100 + 200 + 1200 bytes reach the cap; 800 + 400 too
+        assert size >= 1000 and size - ps[bucket[-1]].numel() * 4 < 1000  # closed by its last param
+    assert plan == [[4, 3, 2], [1, 0]]  # 100 + 200 + 1200 bytes reach the cap; 800 + 400 too
 
 
 def test_fractional_cap_is_valid():
-    ps = params(*[100] * 10)                       # 400 bytes each
-    plan = plan_buckets(ps, 0.0016)                # 0.0016 MiB = 1677 bytes -> closed at 2000
+    ps = params(*[100] * 10)  # 400 bytes each
+    plan = plan_buckets(ps, 0.0016)  # 0.0016 MiB = 1677 bytes -> closed at 2000
     assert [len(b) for b in plan] == [5, 5]
 
 
@@ -49,7 +49,7 @@ def test_dtypes_never_share_a_bucket():
 
 
 def test_small_first_bucket():
-    ps = params(*[1000] * 6)                       # 4000 bytes each
+    ps = params(*[1000] * 6)  # 4000 bytes each
     plan = plan_buckets(ps, 9000 / MB, first_bucket_cap_mb=4000 / MB)
     assert plan == [[5], [4, 3, 2], [1, 0]]
 
@@ -72,15 +72,15 @@ def torch_plan(ps, cap_mb, first_cap_mb=None):
 def test_plan_matches_torchs_reducer(seed):
     rng = random.Random(seed)
     ps = params(*[rng.choice([1, 7, 64, 300, 1000, 4096, 20_000]) for _ in range(rng.randint(1, 40))])
-    if seed % 3 == 0:                              # a second dtype fills its own buckets
+    if seed % 3 == 0:  # a second dtype fills its own buckets
         ps += params(*[rng.choice([5, 600, 3000]) for _ in range(5)], dtype=torch.float16)
     cap_mb = rng.choice([100, 4000, 16_000, 50_000]) / MB
     first = rng.choice([None, 2000 / MB])
     want = torch_plan(ps, cap_mb, first)
     got = plan_buckets(ps, cap_mb, first_bucket_cap_mb=first)
-    assert sorted(map(sorted, got)) == sorted(map(sorted, want))   # same buckets...
+    assert sorted(map(sorted, got)) == sorted(map(sorted, want))  # same buckets...
     one_dtype = [b for b in got if ps[b[0]].dtype == torch.float32]
-    assert one_dtype == [b for b in want if ps[b[0]].dtype == torch.float32]   # ...filled in the same order
+    assert one_dtype == [b for b in want if ps[b[0]].dtype == torch.float32]  # ...filled in the same order
 
 
 class _Flat(torch.nn.Module):
@@ -96,6 +96,7 @@ def torch_first_iteration_plans(cases):
     """What torch's DDP hands its comm hook in its first backward, as lists of parameter indices (one rank)."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
+
     out = []
     for sizes, cap_mb, find_unused in cases:
         model = _Flat([torch.nn.Parameter(torch.randn(n, dtype=dt)) for n, dt in sizes])
@@ -117,13 +118,14 @@ def torch_first_iteration_plans(cases):
 def test_first_iteration_plan_matches_torchs_ddp():
     """``ddp`` starts where torch's DDP starts (one bucket; or, with find_unused_parameters, buckets filled in
     registration order and launched last-filled first), the oracle being torch's DDP itself."""
-    from minddp.runtime.launch import launch
     from minddp.ddp.plan import plan_first_iteration_like_torch
+    from minddp.runtime.launch import launch
+
     rng = random.Random(5)
     cases = []
     for k in range(8):
         sizes = [(rng.choice([1, 7, 64, 300, 1000, 4096]), torch.float32) for _ in range(rng.randint(2, 25))]
-        if k % 4 >= 2:          # a second dtype: with and without find_unused_parameters
+        if k % 4 >= 2:  # a second dtype: with and without find_unused_parameters
             sizes += [(rng.choice([5, 600]), torch.float16) for _ in range(3)]
         cases.append((sizes, rng.choice([None, 2000 / MB, 9000 / MB]), k % 2 == 1))
     want = launch(torch_first_iteration_plans, cases, world_size=1, backend="gloo", timeout_s=120)[0]

@@ -31,8 +31,8 @@ def sum_rounding_bound(x: torch.Tensor, group) -> torch.Tensor:
     n = dist.get_world_size(group)
     magnitude = x.abs()
     dist.all_reduce(magnitude, group=group)
-    gamma = (n - 1) * 2.0 ** -24 / (1 - (n - 1) * 2.0 ** -24)
-    return 2 * gamma * magnitude * (1 + 2.0 ** -23)        # (the bound's own float32 rounding, upwards)
+    gamma = (n - 1) * 2.0**-24 / (1 - (n - 1) * 2.0**-24)
+    return 2 * gamma * magnitude * (1 + 2.0**-23)  # (the bound's own float32 rounding, upwards)
 
 
 def compare_on_rank() -> list[str]:
@@ -51,7 +51,7 @@ def compare_on_rank() -> list[str]:
                 dist.all_reduce(ref, group=group)
                 if not torch.equal(ours, ref):
                     bad.append(f"{name} size={size} {dtype}: {ours.tolist()[:5]} vs {ref.tolist()[:5]}")
-            x = torch.randn(size, 3, generator=torch.Generator().manual_seed(rank))   # 2-D, float
+            x = torch.randn(size, 3, generator=torch.Generator().manual_seed(rank))  # 2-D, float
             ours, ref = x.clone(), x.clone()
             fn(ours, group)
             dist.all_reduce(ref, group=group)
@@ -84,6 +84,7 @@ def test_transports_registry_names():
 
 def watch_on_rank():
     from minddp.collectives.watch import watch
+
     return watch("ring", numel=3 * 5), watch("naive", numel=3 * 5)
 
 
@@ -101,13 +102,14 @@ def test_the_watched_ring_sends_what_its_doc_says_and_is_priced_by_the_link_mode
     for r in ring:
         rank = r["rank"]
         assert r["ok"] and r["after"] == [2**n - 1] * n
-        assert [s["chunks"] for s in r["steps"]] == [[(rank - s - 1) % n] for s in range(n - 1)] + \
-            [[(rank - s) % n] for s in range(n - 1)]
+        assert [s["chunks"] for s in r["steps"]] == [[(rank - s - 1) % n] for s in range(n - 1)] + [
+            [(rank - s) % n] for s in range(n - 1)
+        ]
         assert {s["to"] for s in r["steps"]} == {(rank + 1) % n} and r["sent"] == 2 * (n - 1) * chunk
         # after the reduce-scatter (the state before the first all-gather step), chunk `rank` holds every share
         assert ranks_in(r["steps"][n - 1]["before"][rank]) == list(range(n))
         # the chunk sent at reduce-scatter step s carries s + 1 ranks' shares
-        assert [len(ranks_in(s["before"][s["chunks"][0]])) for s in r["steps"][:n - 1]] == list(range(1, n))
+        assert [len(ranks_in(s["before"][s["chunks"][0]])) for s in r["steps"][: n - 1]] == list(range(1, n))
     assert star[0]["sent"] == star[0]["received"] == (n - 1) * B
     assert all(r["sent"] == r["received"] == B and r["ok"] for r in star[1:])
     link = PRESETS["1gbit"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from test_collectives import sum_rounding_bound
 
 from minddp import launch
 from minddp.collectives import NO_COMMUNICATION, TRANSPORTS
@@ -20,8 +21,6 @@ from minddp.collectives.halves import halves_all_reduce
 from minddp.collectives.ring import all_gather_chunks, reduce_scatter_chunks
 from minddp.comm.wire import Traffic, Wire
 from minddp.runtime.compat import all_gather_single, reduce_scatter_single
-
-from test_collectives import sum_rounding_bound
 
 PIECES = [0, 1, 2, 5, 13, 300]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int64]
@@ -41,7 +40,9 @@ def compare_on_rank() -> list[str]:
                 transport.reduce_scatter(ours, whole, group)
                 reduce_scatter_single(ref, whole, group=group)
                 if not torch.equal(ours, ref) or not torch.equal(whole, kept):
-                    bad.append(f"{name} reduce_scatter piece={piece} {dtype}: {ours.tolist()[:4]} vs {ref.tolist()[:4]}")
+                    bad.append(
+                        f"{name} reduce_scatter piece={piece} {dtype}: {ours.tolist()[:4]} vs {ref.tolist()[:4]}"
+                    )
                 mine = torch.randint(-8, 9, (piece,), generator=g).to(dtype)
                 ours, ref = torch.empty(n * piece, dtype=dtype), torch.empty(n * piece, dtype=dtype)
                 transport.all_gather(ours, mine, group)
@@ -83,7 +84,7 @@ def compare_on_rank() -> list[str]:
         shard = wire.reduce_scatter(torch.empty(4), whole).wait()
         expected = torch.arange(4.0 * n).view(n, 4)[rank] * n + sum(range(n))
         gathered = torch.empty(4 * n)
-        held = wire.all_gather(gathered, shard).wait()          # as torch's own Futures: [output]
+        held = wire.all_gather(gathered, shard).wait()  # as torch's own Futures: [output]
         if held[0].data_ptr() != gathered.data_ptr():
             bad.append(f"wire {transport}: all_gather's Future holds another tensor than the output")
         if not torch.equal(shard, expected) or not torch.equal(gathered.view(n, 4)[rank], expected):

@@ -29,9 +29,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from minddp.runtime import compat
-
 from minddp import launch
+from minddp.runtime import compat
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW = ("all_gather_single", "reduce_scatter_single")
@@ -42,23 +41,25 @@ def _spy(called: list[str]) -> dict:
     """Wrap torch's four names (those it has) so each call records its name; torch's own functions, by name."""
     real = {name: getattr(dist, name) for name in NEW + OLD if hasattr(dist, name)}
     for name, fn in real.items():
+
         def spy(*args, _fn=fn, _name=name, **kwargs):
             called.append(_name)
             return _fn(*args, **kwargs)
+
         setattr(dist, name, spy)
     return real
 
 
 def shim_against_old_names(hide_new: bool) -> dict:
     rank, n = dist.get_rank(), dist.get_world_size()
-    if hide_new:                                      # torch 2.6 to 2.12, as far as minddp can tell
+    if hide_new:  # torch 2.6 to 2.12, as far as minddp can tell
         for name in NEW:
             if hasattr(dist, name):
                 delattr(dist, name)
     has_new = all(hasattr(dist, name) for name in NEW)
     # Each rank alone in a group of its own: were `group` not passed on, WORLD's ranks would not fit the sizes.
     alone = [dist.new_group([r]) for r in range(n)][rank]
-    called: list[str] = []                            # the names the shim called, in order
+    called: list[str] = []  # the names the shim called, in order
     real = _spy(called)
 
     def old(name, *args, **kwargs):
@@ -112,8 +113,11 @@ def shim_against_old_names(hide_new: bool) -> dict:
             dist.all_reduce(ref, op=op)
             if not torch.equal(ours, ref):
                 bad.append(f"allreduce_options {op}: {ours.tolist()} vs {ref.tolist()}")
-    deprecations = [f"{w.category.__name__}: {w.message}" for w in caught
-                    if issubclass(w.category, (DeprecationWarning, FutureWarning))]
+    deprecations = [
+        f"{w.category.__name__}: {w.message}"
+        for w in caught
+        if issubclass(w.category, (DeprecationWarning, FutureWarning))
+    ]
     return {"bad": bad, "called": called, "deprecations": deprecations, "has_new": has_new}
 
 
@@ -133,7 +137,7 @@ def test_shim_matches_the_old_names_on_2_ranks(spelling):
         assert got["bad"] == [], f"rank {rank}: {got['bad']}"
         assert got["has_new"] == (installed_has_new and not hide)
         assert got["called"] == expected_calls(got["has_new"]), f"rank {rank}"
-        if not hide:      # a real release: the shim never calls a name it deprecates
+        if not hide:  # a real release: the shim never calls a name it deprecates
             assert got["deprecations"] == [], f"rank {rank}: {got['deprecations']}"
 
 
@@ -143,8 +147,9 @@ def test_allreduce_options_asynchronous_where_torch_has_the_field(monkeypatch):
     assert opts.reduceOp == dist.ReduceOp.MAX
     assert getattr(opts, "asyncOp", True) is True
 
-    class WithoutAsyncOp:                  # 2.6's AllreduceOptions, as far as minddp uses it
+    class WithoutAsyncOp:  # 2.6's AllreduceOptions, as far as minddp uses it
         __slots__ = ("reduceOp", "timeout")
+
     monkeypatch.setattr(dist, "AllreduceOptions", WithoutAsyncOp)
     opts = compat.allreduce_options()
     assert opts.reduceOp == dist.ReduceOp.SUM and not hasattr(opts, "asyncOp")
@@ -154,8 +159,9 @@ def test_allreduce_options_asynchronous_where_torch_has_the_field(monkeypatch):
 def test_a_second_store_connection_reaches_the_same_server(how):
     """clone_store (torch's Store.clone where there is one) and tcp_client (its stand-in on 2.6): a new
     connection whose keys the first one sees, usable from another thread while the first is in use."""
-    server = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False,
-                           timeout=datetime.timedelta(seconds=20))
+    server = dist.TCPStore(
+        "127.0.0.1", 0, 1, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=20)
+    )
     second = getattr(compat, how)(server)
     assert second is not server
     done = []
@@ -181,8 +187,13 @@ print(sorted({str(p.device) for p in model.parameters()}))
 def test_a_transformers_model_builds_on_the_meta_device():
     """In a fresh interpreter (torch._dynamo not yet imported), as minddp.train's model_shapes does: on torch 2.6
     a bare torch.device("meta") makes transformers' first import of torch._dynamo fail."""
-    proc = subprocess.run([sys.executable, "-c", META_BUILD], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-c", META_BUILD],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "['meta']"
 
@@ -200,8 +211,17 @@ def test_nothing_but_the_shim_calls_torch_2_13_names():
     """Every call of the 2.13 names in minddp, its tests and notebooks goes through minddp.runtime.compat."""
     direct = re.compile(r"\b(dist|distributed)\.(all_gather_single|reduce_scatter_single)\s*\(")
     allowed = {ROOT / "minddp" / "compat.py"}
-    files = [*(ROOT / "minddp").rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "notebooks").glob("*.py"),
-             *(ROOT / "notebooks").glob("*.ipynb")]
-    found = [f"{path.relative_to(ROOT)}:{i}" for path in files if path not in allowed
-             for i, line in enumerate(path.read_text().splitlines(), 1) if direct.search(line)]
+    files = [
+        *(ROOT / "minddp").rglob("*.py"),
+        *(ROOT / "tests").glob("*.py"),
+        *(ROOT / "notebooks").glob("*.py"),
+        *(ROOT / "notebooks").glob("*.ipynb"),
+    ]
+    found = [
+        f"{path.relative_to(ROOT)}:{i}"
+        for path in files
+        if path not in allowed
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if direct.search(line)
+    ]
     assert len(files) > 50 and found == [], found

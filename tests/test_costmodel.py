@@ -37,8 +37,9 @@ SLOW = LinkSpec("slow", bandwidth=1e6, latency=0.0)
 
 # -- the replay ---------------------------------------------------------------------------------------------
 
+
 def test_a_stage_that_waits_at_once_pays_every_transfer():
-    msgs = [Message(at=t * MS, wait_at=t * MS, nbytes=3000) for t in (10, 20, 30)]      # 3 ms each
+    msgs = [Message(at=t * MS, wait_at=t * MS, nbytes=3000) for t in (10, 20, 30)]  # 3 ms each
     p = predict(StepProfile("hook", 2, compute=40 * MS, messages=msgs), SLOW)
     assert p.step == pytest.approx(49 * MS) and p.exposed == pytest.approx(9 * MS)
     assert p.overlap_pct == pytest.approx(0.0)
@@ -51,21 +52,23 @@ def test_an_async_stage_pays_only_what_outlasts_its_wait_point_and_the_nic_takes
     p = predict(StepProfile("bucket-async", 2, compute=40 * MS, messages=msgs), SLOW)
     assert [t for w in p.transfers for t in w] == pytest.approx([10 * MS, 15 * MS, 15 * MS, 20 * MS])
     assert p.exposed == 0.0 and p.step == pytest.approx(40 * MS) and p.overlap_pct == pytest.approx(100.0)
-    late = [Message(at=25 * MS, wait_at=30 * MS, nbytes=8000)]            # ends at 33 ms: 3 ms exposed
+    late = [Message(at=25 * MS, wait_at=30 * MS, nbytes=8000)]  # ends at 33 ms: 3 ms exposed
     q = predict(StepProfile("bucket-async", 2, compute=40 * MS, messages=late), SLOW)
     assert q.exposed == pytest.approx(3 * MS) and q.overlap_pct == pytest.approx(100 * 5 / 8)
 
 
 def test_the_real_collective_and_the_delivery_delay_are_floors_and_more_ranks_cost_more():
-    msg = [Message(at=0.0, wait_at=0.0, nbytes=1000, real=4 * MS)]         # link: 1 ms, real: 4 ms
+    msg = [Message(at=0.0, wait_at=0.0, nbytes=1000, real=4 * MS)]  # link: 1 ms, real: 4 ms
     assert predict(StepProfile("hook", 2, 10 * MS, msg, late=0.5 * MS), SLOW).step == pytest.approx(14.5 * MS)
     profile = StepProfile("hook", 2, 10 * MS, [Message(0.0, 0.0, 1000)])
-    assert predict(profile, SLOW, world=4).step == pytest.approx(10 * MS + 1.5 * MS)    # 2·3/4 = 1.5
+    assert predict(profile, SLOW, world=4).step == pytest.approx(10 * MS + 1.5 * MS)  # 2·3/4 = 1.5
     assert predict(profile, "1gbit", world=1024).exposed == pytest.approx(
-        LinkSpec("1gbit", 125e6, 50e-6).seconds("all_reduce", 1000, 1024))
+        LinkSpec("1gbit", 125e6, 50e-6).seconds("all_reduce", 1000, 1024)
+    )
 
 
 # -- the profile, from a trace --------------------------------------------------------------------------------
+
 
 def _x(name, ts, dur, tid, **args):
     return {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "args": args}
@@ -73,24 +76,39 @@ def _x(name, ts, dur, tid, **args):
 
 def test_a_profile_read_from_a_hand_written_trace(tmp_path):
     """One 100 ms step (µs below); an async stage hands over two messages and waits from 80 to 95."""
-    events = [_x("ProfilerStep#1", 0, 100_000, 1), _x("aten::mm", 1000, 70_000, 1),
-              _x("minddp.finish_gradient_synchronization", 80_000, 16_000, 1)]
+    events = [
+        _x("ProfilerStep#1", 0, 100_000, 1),
+        _x("aten::mm", 1000, 70_000, 1),
+        _x("minddp.finish_gradient_synchronization", 80_000, 16_000, 1),
+    ]
     for seq, (handed, start, modeled_end, delivered, gloo_end) in enumerate(
-            [(50_000, 50_000, 60_000, 61_000, 52_000), (70_000, 70_000, 92_000, 95_000, 71_000)]):
+        [(50_000, 50_000, 60_000, 61_000, 52_000), (70_000, 70_000, 92_000, 95_000, 71_000)]
+    ):
         events.append(_x(f"minddp.link_send#{seq}", handed, 1, 1))
         events.append(_x("gloo:all_reduce", handed - 100, gloo_end - handed + 100, 2))
-        events.append(_x("minddp.link:all_reduce", start, delivered - start, 3, seq=seq, bytes=4000 * (seq + 1),
-                         ranks=2, handed_over_ts=handed, modeled_end_ts=modeled_end))
+        events.append(
+            _x(
+                "minddp.link:all_reduce",
+                start,
+                delivered - start,
+                3,
+                seq=seq,
+                bytes=4000 * (seq + 1),
+                ranks=2,
+                handed_over_ts=handed,
+                modeled_end_ts=modeled_end,
+            )
+        )
     path = tmp_path / "rank0.pt.trace.json"
     path.write_text(json.dumps({"traceEvents": events}))
     (p,) = step_profiles(path, "bucket-async", world=2)
-    assert p.compute == pytest.approx(0.085)                      # 100 ms minus the 15 ms wait (80 -> 95)
+    assert p.compute == pytest.approx(0.085)  # 100 ms minus the 15 ms wait (80 -> 95)
     assert [m.at for m in p.messages] == pytest.approx([0.050, 0.070])
     assert [m.wait_at for m in p.messages] == pytest.approx([0.080, 0.080])
     assert [m.real for m in p.messages] == pytest.approx([0.002, 0.001])
     assert [m.nbytes for m in p.messages] == [4000, 8000]
-    assert p.late == pytest.approx(0.002)                         # median of 1 ms and 3 ms late deliveries
-    blocking = step_profiles(path, "bucket", world=2)[0]          # the same trace read as a waiting-at-once stage
+    assert p.late == pytest.approx(0.002)  # median of 1 ms and 3 ms late deliveries
+    blocking = step_profiles(path, "bucket", world=2)[0]  # the same trace read as a waiting-at-once stage
     assert blocking.compute == pytest.approx(0.100 - 0.011 - 0.025)
     with pytest.raises(ValueError, match="profile the stage with a link"):
         (tmp_path / "bare.pt.trace.json").write_text(json.dumps({"traceEvents": events[:3]}))
@@ -103,7 +121,7 @@ def test_a_sharded_step_waits_where_the_link_saw_each_wait(tmp_path):
     waited on at 80, the second with no noted wait (the rule: the start of finish, at 80)."""
     events = [_x("ProfilerStep#1", 0, 100_000, 1), _x("minddp.finish_gradient_synchronization", 80_000, 11_000, 1)]
     messages = [  # kind, handed, delivered, waited, bytes, the gloo range's (start, end, elements)
-        ("all_gather", 1_000, 20_000, 5_000, 8000, (900, 3_000, 1000)),          # gloo sees one rank's part
+        ("all_gather", 1_000, 20_000, 5_000, 8000, (900, 3_000, 1000)),  # gloo sees one rank's part
         ("reduce_scatter", 60_000, 90_000, 80_000, 4000, (59_900, 62_000, 1000)),  # gloo: all_reduce, whole input
         ("reduce_scatter", 70_000, 85_000, None, 4000, (69_900, 74_000, 1000)),
     ]
@@ -118,7 +136,7 @@ def test_a_sharded_step_waits_where_the_link_saw_each_wait(tmp_path):
     path = tmp_path / "rank0.pt.trace.json"
     path.write_text(json.dumps({"traceEvents": events}))
     (p,) = step_profiles(path, "zero2", world=2)
-    assert p.compute == pytest.approx(0.075)          # 100 ms minus 5 -> 20 and 80 -> 90
+    assert p.compute == pytest.approx(0.075)  # 100 ms minus 5 -> 20 and 80 -> 90
     assert [m.kind for m in p.messages] == ["all_gather", "reduce_scatter", "reduce_scatter"]
     assert [m.at for m in p.messages] == pytest.approx([0.001, 0.045, 0.055])
     assert [m.wait_at for m in p.messages] == pytest.approx([0.005, 0.065, 0.065])
@@ -131,23 +149,31 @@ def test_a_sharded_step_waits_where_the_link_saw_each_wait(tmp_path):
 
 # -- plans, the auto cap, the fit ----------------------------------------------------------------------------
 
+
 def _net():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 256), torch.nn.Linear(256, 64),
-                               torch.nn.Linear(64, 8))
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.Linear(256, 256), torch.nn.Linear(256, 64), torch.nn.Linear(64, 8)
+    )
 
 
 def _cp(params, ready=None, **kw) -> ComputeProfile:
     n = len(params)
-    return ComputeProfile(nbytes=[p.numel() * p.element_size() for p in params], forward=0.01, backward=0.03,
-                          ready=ready or [0.03 * (n - i) / n for i in range(n)], **kw)
+    return ComputeProfile(
+        nbytes=[p.numel() * p.element_size() for p in params],
+        forward=0.01,
+        backward=0.03,
+        ready=ready or [0.03 * (n - i) / n for i in range(n)],
+        **kw,
+    )
 
 
 def _plans_on_rank():
+    from minddp.costmodel.compute import zero1_gather_plan
     from minddp.ddp.plan import plan_from_order
     from minddp.ladder import build_stage
-    from minddp.costmodel.compute import zero1_gather_plan
     from minddp.sharding import ZeroRedundancyOptimizer
+
     out = {}
     for cap in (0.01, 0.3, 1.0):
         model = _net()
@@ -156,21 +182,27 @@ def _plans_on_rank():
         cp = _cp(params)
         stage = build_stage("bucket-async", model, bucket_cap_mb=cap)
         zero2 = build_stage("zero2", _net(), bucket_cap_mb=cap)
-        full = list(zero2.shard)                                  # its full parameters, in registration order
+        full = list(zero2.shard)  # its full parameters, in registration order
         zero2_where = {id(p): i for i, p in enumerate(full)}
         out[cap] = {
-            "bucket-async": ([[where[id(p)] for p in bucket] for bucket in stage.buckets],
-                             plan_for(cp, "bucket-async", cap)),
+            "bucket-async": (
+                [[where[id(p)] for p in bucket] for bucket in stage.buckets],
+                plan_for(cp, "bucket-async", cap),
+            ),
             "ddp": (plan_from_order(params, cp.ready_order(), cap, None), plan_for(cp, "ddp", cap)),
-            "zero2": ([[zero2_where[id(p)] for p in bucket] for bucket in zero2.buckets],
-                      plan_for(_cp(full), "zero2", cap)),
+            "zero2": (
+                [[zero2_where[id(p)] for p in bucket] for bucket in zero2.buckets],
+                plan_for(_cp(full), "zero2", cap),
+            ),
         }
-    big = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)])   # 4 MiB weights: several buckets
+    big = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)])  # 4 MiB weights: several buckets
     params = list(big.parameters())
     where = {id(p): i for i, p in enumerate(params)}
     zero1 = ZeroRedundancyOptimizer(params, torch.optim.SGD, lr=0.1)
-    out["zero1 all-gathers"] = ([[where[id(p)] for p in bucket] for bucket in zero1.buckets],
-                                zero1_gather_plan(_cp(params)))
+    out["zero1 all-gathers"] = (
+        [[where[id(p)] for p in bucket] for bucket in zero1.buckets],
+        zero1_gather_plan(_cp(params)),
+    )
     return out
 
 
@@ -186,11 +218,12 @@ def test_the_model_plans_the_buckets_the_stages_build():
 
 def test_auto_picks_one_bucket_when_messages_are_dear_and_small_ones_when_bytes_are():
     from minddp.costmodel.auto import NEAR, best_cap
+
     params = list(_net().parameters())
     cp = _cp(params)
-    costly_messages = LinkSpec("far", bandwidth=1e12, latency=0.02)          # 20 ms a hop, bytes free
+    costly_messages = LinkSpec("far", bandwidth=1e12, latency=0.02)  # 20 ms a hop, bytes free
     assert best_cap(cp, "bucket-async", 2, costly_messages).buckets == 1
-    costly_bytes = LinkSpec("thin", bandwidth=20e6, latency=0.0)             # 50 ns a byte, messages free
+    costly_bytes = LinkSpec("thin", bandwidth=20e6, latency=0.0)  # 50 ns a byte, messages free
     choice = best_cap(cp, "bucket-async", 2, costly_bytes)
     fastest = min(t for _, t in choice.predicted.values())
     assert choice.predicted[choice.cap_mb][1] <= (1 + NEAR) * fastest
@@ -201,10 +234,12 @@ def test_auto_picks_one_bucket_when_messages_are_dear_and_small_ones_when_bytes_
 def test_synthesized_stages_keep_the_ladder_order_on_a_slow_link():
     params = list(_net().parameters())
     cp = _cp(params, micro_batches=3, per_message=1e-4)
-    step = {s: predict(synthesize(cp, s, 0.3, 4), "100mbit").step
-            for s in ("simple", "ga", "hook", "hook-async", "bucket", "bucket-async")}
+    step = {
+        s: predict(synthesize(cp, s, 0.3, 4), "100mbit").step
+        for s in ("simple", "ga", "hook", "hook-async", "bucket", "bucket-async")
+    }
     assert step["simple"] > step["ga"] and step["hook"] > step["hook-async"] and step["bucket"] > step["bucket-async"]
-    assert step["hook"] == pytest.approx(step["ga"], rel=0.01)   # both pay every transfer, per gradient
+    assert step["hook"] == pytest.approx(step["ga"], rel=0.01)  # both pay every transfer, per gradient
 
 
 def test_the_sharded_steps_built_from_timings_follow_their_rules():
@@ -218,13 +253,23 @@ def test_the_sharded_steps_built_from_timings_follow_their_rules():
     of both (2 MB: 1 ms) waited at once. Step 22 + 2 = 24.
     """
     from minddp.costmodel.compute import zero1_gather_plan
-    cp = ComputeProfile(nbytes=[1_000_000, 1_000_000], forward=10 * MS, backward=10 * MS, ready=[10 * MS, 5 * MS],
-                        optimizer=4 * MS, used=[0.0, 5 * MS])
+
+    cp = ComputeProfile(
+        nbytes=[1_000_000, 1_000_000],
+        forward=10 * MS,
+        backward=10 * MS,
+        ready=[10 * MS, 5 * MS],
+        optimizer=4 * MS,
+        used=[0.0, 5 * MS],
+    )
     fast = LinkSpec("fast", bandwidth=1e9, latency=0.0)
     zero2 = synthesize(cp, "zero2", 0.5, 2)
     assert [(m.kind, m.nbytes, m.at / MS, m.wait_at / MS) for m in zero2.messages] == [
-        ("all_gather", 1_000_000, 0, 0), ("all_gather", 1_000_000, 0, 5),
-        ("reduce_scatter", 1_000_000, 15, 20), ("reduce_scatter", 1_000_000, 20, 20)]
+        ("all_gather", 1_000_000, 0, 0),
+        ("all_gather", 1_000_000, 0, 5),
+        ("reduce_scatter", 1_000_000, 15, 20),
+        ("reduce_scatter", 1_000_000, 20, 20),
+    ]
     assert predict(zero2, fast).step / MS == pytest.approx(23)
     zero1 = synthesize(cp, "zero1", 0.5, 2)
     assert [sorted(b) for b in zero1_gather_plan(cp)] == [[0, 1]]
@@ -236,7 +281,8 @@ def test_the_sharded_steps_built_from_timings_follow_their_rules():
 
 def test_the_alpha_beta_fit_recovers_known_numbers():
     from minddp.bench.collectives import fit
-    sizes = [2 ** k for k in range(10, 27)]
+
+    sizes = [2**k for k in range(10, 27)]
     f = fit([(s, 300e-6 + s / 1e9) for s in sizes])
     assert f["a_s"] == pytest.approx(300e-6) and f["b_s_per_byte"] == pytest.approx(1e-9)
     assert f["rel_a_s"] == pytest.approx(300e-6) and f["rel_b_s_per_byte"] == pytest.approx(1e-9)
@@ -250,8 +296,9 @@ def test_the_alpha_beta_fit_is_least_squares_on_the_times_and_the_relative_fit_w
     import numpy as np
 
     from minddp.bench.collectives import fit
-    sizes = [2 ** k for k in range(10, 27)]
-    times = [200e-6 + s / 1e9 * (1.0 if s < 2 ** 25 else 1.6) for s in sizes]     # slower from 32 MiB on
+
+    sizes = [2**k for k in range(10, 27)]
+    times = [200e-6 + s / 1e9 * (1.0 if s < 2**25 else 1.6) for s in sizes]  # slower from 32 MiB on
     f = fit(list(zip(sizes, times)))
     b, a = np.polyfit(sizes, times, 1)
     if a >= 0:
@@ -259,12 +306,13 @@ def test_the_alpha_beta_fit_is_least_squares_on_the_times_and_the_relative_fit_w
     else:
         assert f["a_s"] == 0.0 and f["b_s_per_byte"] == pytest.approx(np.dot(sizes, times) / np.dot(sizes, sizes))
     residual = np.subtract(times, np.add(f["a_s"], np.multiply(f["b_s_per_byte"], sizes)))
-    assert f["r2"] == pytest.approx(1 - (residual ** 2).sum() / ((np.subtract(times, np.mean(times))) ** 2).sum())
-    assert f["rel_a_s"] == pytest.approx(200e-6, rel=0.1)          # the small sizes' cost, where a is poorly pinned
+    assert f["r2"] == pytest.approx(1 - (residual**2).sum() / ((np.subtract(times, np.mean(times))) ** 2).sum())
+    assert f["rel_a_s"] == pytest.approx(200e-6, rel=0.1)  # the small sizes' cost, where a is poorly pinned
     assert f["max_rel_miss"] < 0.6 and abs(f["a_s"] - 200e-6) > 100e-6
 
 
 # -- the replay against real, profiled steps ------------------------------------------------------------------
+
 
 class _Blocks(torch.nn.Module):
     """_net's layers as a ModuleList: fsdp makes each one a unit."""
@@ -303,6 +351,7 @@ def _lateness_spread(path: str) -> list[float]:
     from minddp.analysis.events import read_trace
     from minddp.analysis.steps import end_of, step_windows
     from minddp.costmodel.trace import _match_real
+
     events = read_trace(path, dist.get_rank()).events
     transfers = sorted((e for e in events if e["name"].startswith("minddp.link:")), key=lambda e: e["args"]["seq"])
     comm = {e["tid"] for e in events if e["name"].startswith(("gloo:", "minddp.link:"))}
@@ -317,8 +366,11 @@ def _lateness_spread(path: str) -> list[float]:
                 end = min(real_end.get(t["args"]["seq"], t["args"]["handed_over_ts"]), d)
                 late.append(max(0.0, d - max(t["args"]["modeled_end_ts"], end)) / 1e6)
         if late:
-            median = sorted(late)[(len(late) - 1) // 2] if len(late) % 2 else \
-                (sorted(late)[len(late) // 2 - 1] + sorted(late)[len(late) // 2]) / 2
+            median = (
+                sorted(late)[(len(late) - 1) // 2]
+                if len(late) % 2
+                else (sorted(late)[len(late) // 2 - 1] + sorted(late)[len(late) // 2]) / 2
+            )
             spreads.append((sum(abs(x - median) for x in late), len(late)))
     return spreads
 
@@ -336,10 +388,13 @@ def _wait_order_mismatches(path: str, profiles) -> list:
     """
     from minddp.analysis.events import read_trace
     from minddp.analysis.steps import step_windows
+
     events = read_trace(path, dist.get_rank()).events
     comm = {e["tid"] for e in events if e["name"].startswith(("gloo:", "minddp.link:"))}
-    marks = {p: {int(e["name"].rpartition("#")[2]): e["ts"] for e in events if e["name"].startswith(p)}
-             for p in ("minddp.link_send#", "minddp.link_wait#")}
+    marks = {
+        p: {int(e["name"].rpartition("#")[2]): e["ts"] for e in events if e["name"].startswith(p)}
+        for p in ("minddp.link_send#", "minddp.link_wait#")
+    }
     sent, waited = marks["minddp.link_send#"], marks["minddp.link_wait#"]
     bad = []
     for profile, (_, s0, s1) in zip(profiles, step_windows(events, comm)):
@@ -358,15 +413,16 @@ def _wait_order_mismatches(path: str, profiles) -> list:
 def _replay_on_rank(folder: str, stages) -> dict:
     """Per stage: each profiled step's replay on its own link, its measured length, and the bound on their
     difference from the same trace (_lateness_spread)."""
+    from minddp.analysis.events import read_trace
+    from minddp.analysis.steps import step_windows
     from minddp.comm.link import Link
     from minddp.comm.wire import Wire
     from minddp.ladder import make_optimizer, wrap
     from minddp.ladder.loop import train_step
     from minddp.runtime.profiling import StepProfiler
-    from minddp.analysis.events import read_trace
-    from minddp.analysis.steps import step_windows
+
     out = {}
-    crawl = Link(LinkSpec("crawl", bandwidth=20e6, latency=1e-3))     # slow enough to dominate the real gloo
+    crawl = Link(LinkSpec("crawl", bandwidth=20e6, latency=1e-3))  # slow enough to dominate the real gloo
     for stage in stages:
         model = _Blocks()
         wire = Wire(None, link=crawl)
@@ -375,8 +431,12 @@ def _replay_on_rank(folder: str, stages) -> dict:
         g = torch.Generator().manual_seed(dist.get_rank())
 
         def step():
-            train_step(wrapped, optimizer, [torch.randn(16, 64, generator=g) for _ in range(2)],
-                       lambda m, x: m(x).pow(2).mean())
+            train_step(
+                wrapped,
+                optimizer,
+                [torch.randn(16, 64, generator=g) for _ in range(2)],
+                lambda m, x: m(x).pow(2).mean(),
+            )
 
         path = f"{folder}/{stage}"
         with StepProfiler(path, dist.get_rank(), total_steps=4, active=3, memory=False) as prof:
@@ -385,16 +445,24 @@ def _replay_on_rank(folder: str, stages) -> dict:
                 prof.step()
         crawl.annotate_trace(prof.path)
         trace = read_trace(prof.path, dist.get_rank())
-        lengths = [(e - s) / 1e6 for _, s, e in step_windows(trace.events, {e["tid"] for e in trace.events
-                                                                             if e["name"].startswith(("gloo:", "minddp.link:"))})]
+        lengths = [
+            (e - s) / 1e6
+            for _, s, e in step_windows(
+                trace.events, {e["tid"] for e in trace.events if e["name"].startswith(("gloo:", "minddp.link:"))}
+            )
+        ]
         profiles = step_profiles(prof.path, stage, dist.get_world_size(), dist.get_rank())
         spreads = _lateness_spread(prof.path)
         assert len(profiles) == len(lengths) == len(spreads), (len(profiles), len(lengths), len(spreads))
-        out[stage] = {"own": [(predict(p, crawl.spec).step, real, spread + n * CLOCK_SLACK_S)
-                              for p, real, (spread, n) in zip(profiles, lengths, spreads)],
-                      "sent": [sorted((m.kind, m.nbytes) for m in p.messages) for p in profiles],
-                      "exposed": [predict(p, crawl.spec).exposed for p in profiles],
-                      "wait_order": _wait_order_mismatches(prof.path, profiles)}
+        out[stage] = {
+            "own": [
+                (predict(p, crawl.spec).step, real, spread + n * CLOCK_SLACK_S)
+                for p, real, (spread, n) in zip(profiles, lengths, spreads)
+            ],
+            "sent": [sorted((m.kind, m.nbytes) for m in p.messages) for p in profiles],
+            "exposed": [predict(p, crawl.spec).exposed for p in profiles],
+            "wait_order": _wait_order_mismatches(prof.path, profiles),
+        }
     crawl.close()
     return out
 
@@ -405,7 +473,7 @@ def test_replaying_a_profiled_step_on_its_own_link_gives_its_length(tmp_path):
         for stage, got in rank.items():
             for predicted, measured, bound in got["own"]:
                 assert abs(predicted - measured) <= bound, (stage, predicted, measured, bound, got)
-            assert min(got["exposed"]) > 0, (stage, got)     # the link's time shows in the steps
+            assert min(got["exposed"]) > 0, (stage, got)  # the link's time shows in the steps
 
 
 def test_the_sharded_stages_are_replayed_from_the_waits_the_link_notes(tmp_path):
@@ -418,31 +486,62 @@ def test_the_sharded_stages_are_replayed_from_the_waits_the_link_notes(tmp_path)
     # (How well these profiles predict steps measured on another link is the benchmark's question:
     # python -m minddp.model validate --stages zero1,zero2,fsdp.)
     stages = ("zero1", "zero2", "fsdp")
-    built = {s: sorted((m.kind, m.nbytes) for m in synthesize(_cp(list(_Blocks().parameters()), micro_batches=2),
-                                                               s, 0.3, 2).messages) for s in ("zero1", "zero2")}
+    built = {
+        s: sorted(
+            (m.kind, m.nbytes)
+            for m in synthesize(_cp(list(_Blocks().parameters()), micro_batches=2), s, 0.3, 2).messages
+        )
+        for s in ("zero1", "zero2")
+    }
     for rank in launch(_replay_on_rank, str(tmp_path), stages, world_size=2, timeout_s=180):
         for stage, got in rank.items():
             for predicted, measured, bound in got["own"]:
                 assert abs(predicted - measured) <= bound, (stage, predicted, measured, bound, got)
             assert min(got["exposed"]) > 0, (stage, got)
-            assert got["wait_order"] == [], (stage, got["wait_order"])     # the replay waits where the stage did
+            assert got["wait_order"] == [], (stage, got["wait_order"])  # the replay waits where the stage did
             if stage in built:
                 assert all(sent == built[stage] for sent in got["sent"]), (stage, got["sent"], built[stage])
 
 
 # -- the user's path: train with a link and an auto cap, then ask the model about other links ---------------
 
+
 def test_train_with_a_link_and_an_auto_cap_then_predict_from_its_traces(tmp_path):
-    from minddp.train import run as train
     from minddp.analysis import analyze_run
     from minddp.costmodel.predict import predict_run
-    rc = train.main(["--stage", "bucket-async,zero2", "--steps", "2", "--profile-steps", "1", "--link", "100mbit",
-                     "--bucket-cap-mb", "auto", "--batch-size", "4", "--grad-accum", "2", "--max-seq-len", "32",
-                     "--eval-examples", "16", "--no-progress", "--trace-dir", str(tmp_path), "--run-name", "r"])
+    from minddp.train import run as train
+
+    rc = train.main(
+        [
+            "--stage",
+            "bucket-async,zero2",
+            "--steps",
+            "2",
+            "--profile-steps",
+            "1",
+            "--link",
+            "100mbit",
+            "--bucket-cap-mb",
+            "auto",
+            "--batch-size",
+            "4",
+            "--grad-accum",
+            "2",
+            "--max-seq-len",
+            "32",
+            "--eval-examples",
+            "16",
+            "--no-progress",
+            "--trace-dir",
+            str(tmp_path),
+            "--run-name",
+            "r",
+        ]
+    )
     assert rc == 0
     for stage in ("bucket-async", "zero2"):
         config = json.loads((tmp_path / "r" / stage / "config.json").read_text())
-        said = config["bucket_cap_why"]                 # what rank 0 printed, kept beside the traces
+        said = config["bucket_cap_why"]  # what rank 0 printed, kept beside the traces
         assert "--bucket-cap-mb auto:" in said and f"for {stage} on 2 ranks over 100mbit" in said
         assert config["bucket_cap_mb"] == "auto" and config["bucket_cap_mb_used"] > 0
         assert f"auto: {config['bucket_cap_mb_used']:g} MiB" in said
@@ -452,12 +551,13 @@ def test_train_with_a_link_and_an_auto_cap_then_predict_from_its_traces(tmp_path
     for stage in ("bucket-async", "zero2"):
         by = {(r["ranks"], r["link"]): r for r in rows if r["stage"] == stage}
         assert set(by) == {(2, "100mbit"), (2, "1gbit"), (8, "100mbit"), (8, "1gbit")}
-        assert by[(2, "100mbit")]["step_ms"] > by[(2, "1gbit")]["step_ms"]        # a slower link, a longer step
-        assert by[(8, "100mbit")]["comm_ms"] > by[(2, "100mbit")]["comm_ms"]      # more ranks, more ring hops
+        assert by[(2, "100mbit")]["step_ms"] > by[(2, "1gbit")]["step_ms"]  # a slower link, a longer step
+        assert by[(8, "100mbit")]["comm_ms"] > by[(2, "100mbit")]["comm_ms"]  # more ranks, more ring hops
 
 
 def test_auto_says_the_cap_is_unused_by_a_stage_that_does_not_bucket():
     from minddp.costmodel.auto import choose_bucket_cap
+
     said = []
     for stage, why in (("fsdp", "per unit"), ("hook-async", "one message per gradient")):
         cap, line = choose_bucket_cap(_net(), stage, iter([]), None, None, "cpu", say=said.append)
@@ -470,11 +570,16 @@ def test_bench_collectives_finds_the_bandwidth_of_an_emulated_link(tmp_path):
     import csv
 
     from minddp.bench.collectives import fits, main
-    assert main(["--links", "100mbit,1ms", "--max-mib", "1", "--min-kib", "16", "--iters", "1",
-                 "--out", str(tmp_path)]) == 0
+
+    assert (
+        main(["--links", "100mbit,1ms", "--max-mib", "1", "--min-kib", "16", "--iters", "1", "--out", str(tmp_path)])
+        == 0
+    )
     assert {p.name for p in tmp_path.iterdir()} >= {"collectives.csv", "collectives.md", "collectives.png"}
-    rows = [{**r, "ranks": int(r["ranks"]), "bytes": int(r["bytes"]), "median_s": float(r["median_s"])}
-            for r in csv.DictReader(open(tmp_path / "collectives.csv"))]
+    rows = [
+        {**r, "ranks": int(r["ranks"]), "bytes": int(r["bytes"]), "median_s": float(r["median_s"])}
+        for r in csv.DictReader(open(tmp_path / "collectives.csv"))
+    ]
     linked = [f for f in fits(rows) if f["network"] == "100mbit,1ms"]
     assert sorted(f["collective"] for f in linked) == ["all_gather", "all_reduce", "broadcast", "reduce_scatter"]
     for f in linked:

@@ -10,13 +10,13 @@ run in one launch (the suite shares two cores).
 
 from __future__ import annotations
 
+import ddp_models
 import pytest
 import torch
 import torch.distributed as dist
+import toy_models
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-import ddp_models
-import toy_models
 from minddp import DistributedDataParallel, launch
 from minddp.collectives import TRANSPORTS
 from minddp.comm.default_hooks import allreduce_hook
@@ -24,7 +24,7 @@ from minddp.comm.wire import Wire
 from minddp.ladder.loop import train_step
 
 STEPS = 4
-ROWS = 4        # rows per rank per micro-batch
+ROWS = 4  # rows per rank per micro-batch
 
 #: name -> (model, accumulation micro-batches, ddp options, transport). Options go to both DDPs.
 CONFIGS = {
@@ -50,9 +50,9 @@ def shards(batch: dict, rank: int, world: int, accum: int) -> list[dict]:
 
 def train(model_name, wrap, accum, world, rank, transport=None, single=False) -> list[torch.Tensor]:
     """Train STEPS steps; ``single``: the whole global batch in this one process (the oracle)."""
-    model = toy_models.build(model_name, seed=100 + rank)        # differs per rank on purpose
+    model = toy_models.build(model_name, seed=100 + rank)  # differs per rank on purpose
     net = wrap(model)
-    if transport:   # the built-in average, sent over one of minddp's point-to-point collectives
+    if transport:  # the built-in average, sent over one of minddp's point-to-point collectives
         net.register_comm_hook(Wire(None, transport=TRANSPORTS[transport]), allreduce_hook)
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     batches = toy_models.global_batches(model_name, STEPS, ROWS * world * accum)
@@ -72,7 +72,7 @@ def equivalence_on_rank(config_names: list[str]) -> dict:
         ours = train(model_name, lambda m: DistributedDataParallel(m, **options), accum, world, rank, transport)
         theirs = train(model_name, lambda m: TorchDDP(m, **options), accum, world, rank)
         result = {"vs_torch": max(float((a - b).abs().max()) for a, b in zip(ours, theirs))}
-        if model_name != "bn":   # BatchNorm normalises per shard: not the global-batch computation
+        if model_name != "bn":  # BatchNorm normalises per shard: not the global-batch computation
             single = train(model_name, lambda m: m, accum, world, 0, single=True) if rank == 0 else None
             if single is not None:
                 # The single process starts from rank 0's weights, which the broadcast gave everyone.
@@ -96,9 +96,9 @@ def branchy_on_rank() -> dict:
             opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
             trace = []
             for step, x in enumerate(data):
-                use_b = (step + rank) % 3 == 0      # rank 0 on steps 0, 3; rank 1 on 2, 5; nobody on 1, 4 (2 ranks)
+                use_b = (step + rank) % 3 == 0  # rank 0 on steps 0, 3; rank 1 on 2, 5; nobody on 1, 4 (2 ranks)
                 x = toy_models.shard({"x": x}, rank, world)["x"]
-                if accum == 2:                      # an accumulation micro-step that uses b on step 1 only
+                if accum == 2:  # an accumulation micro-step that uses b on step 1 only
                     with net.no_sync():
                         (net(x.flip(0), use_b=step == 1).pow(2).mean() / 2).backward()
                 net(x, use_b=use_b).pow(2).mean().div(accum).backward()
@@ -107,13 +107,21 @@ def branchy_on_rank() -> dict:
                 opt.zero_grad(set_to_none=True)
             runs[label] = (trace, flat_params(model))
         (ours, p_ours), (theirs, p_theirs) = runs["ours"], runs["torch"]
-        none_mismatch = [(s, n) for s, (a, b) in enumerate(zip(ours, theirs)) for n in a
-                         if (a[n] is None) != (b[n] is None)]
-        grad_diff = max(float((a[n] - b[n]).abs().max()) for a, b in zip(ours, theirs) for n in a
-                        if a[n] is not None and b[n] is not None)
-        report[f"view={view},accum={accum}"] = {"none_mismatch": none_mismatch, "grad_diff": grad_diff,
-                                  "param_diff": float((p_ours - p_theirs).abs().max()),
-                                  "b_grad_none_steps": [s for s, t in enumerate(ours) if t["b.weight"] is None]}
+        none_mismatch = [
+            (s, n) for s, (a, b) in enumerate(zip(ours, theirs)) for n in a if (a[n] is None) != (b[n] is None)
+        ]
+        grad_diff = max(
+            float((a[n] - b[n]).abs().max())
+            for a, b in zip(ours, theirs)
+            for n in a
+            if a[n] is not None and b[n] is not None
+        )
+        report[f"view={view},accum={accum}"] = {
+            "none_mismatch": none_mismatch,
+            "grad_diff": grad_diff,
+            "param_diff": float((p_ours - p_theirs).abs().max()),
+            "b_grad_none_steps": [s for s, t in enumerate(ours) if t["b.weight"] is None],
+        }
     return report
 
 
@@ -156,7 +164,7 @@ def test_find_unused_parameters_matches_torch(two_ranks, three_ranks, variant):
         for rank, r in enumerate(results):
             got = r["branchy"][variant]
             assert got["none_mismatch"] == [], (rank, got)
-            assert got["grad_diff"] == 0.0 and got["param_diff"] == 0.0, (rank, got)   # bit for bit
+            assert got["grad_diff"] == 0.0 and got["param_diff"] == 0.0, (rank, got)  # bit for bit
     # The test is only meaningful if some step left the branch unused everywhere (grad None on all ranks).
     assert two_ranks[0]["branchy"]["view=False,accum=1"]["b_grad_none_steps"] == [1, 4]
     # With accumulation, the no_sync micro-step of step 1 uses b: no step leaves it unused everywhere.

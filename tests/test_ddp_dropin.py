@@ -80,7 +80,7 @@ def batch(step: int, rank: int) -> torch.Tensor:
 
 def loss_of(out) -> torch.Tensor:
     if isinstance(out, dict):
-        return out["a"].pow(2).sum()          # head "b" is not in the loss
+        return out["a"].pow(2).sum()  # head "b" is not in the loss
     if isinstance(out, Out):
         return out.logits.pow(2).sum()
     return out.pow(2).sum()
@@ -108,11 +108,18 @@ def train(DDP, make, steps=STEPS, options=None, between=None, hook=None):
 
 def differences(theirs, ours) -> list[str]:
     (g1, p1), (g2, p2) = theirs, ours
-    out = [f"step {s} {n}: torch {'None' if a[n] is None else 'grad'}, ours {'None' if b[n] is None else 'grad'}"
-           for s, (a, b) in enumerate(zip(g1, g2)) for n in a if (a[n] is None) != (b[n] is None)]
-    out += [f"step {s} {n}: grads differ by {(a[n] - b[n]).abs().max():.3g}"
-            for s, (a, b) in enumerate(zip(g1, g2)) for n in a
-            if a[n] is not None and b[n] is not None and not torch.equal(a[n], b[n])]
+    out = [
+        f"step {s} {n}: torch {'None' if a[n] is None else 'grad'}, ours {'None' if b[n] is None else 'grad'}"
+        for s, (a, b) in enumerate(zip(g1, g2))
+        for n in a
+        if (a[n] is None) != (b[n] is None)
+    ]
+    out += [
+        f"step {s} {n}: grads differ by {(a[n] - b[n]).abs().max():.3g}"
+        for s, (a, b) in enumerate(zip(g1, g2))
+        for n in a
+        if a[n] is not None and b[n] is not None and not torch.equal(a[n], b[n])
+    ]
     if not torch.equal(p1, p2):
         out.append(f"final parameters differ by {(p1 - p2).abs().max():.3g}")
     return out
@@ -192,8 +199,11 @@ def cases_on_rank() -> dict:
     out = {
         "1-unused-output": compare(make=Heads, options={"find_unused_parameters": True}),
         "2-dataclass-output": compare(make=DataclassOut, options={"find_unused_parameters": True}),
-        "3-torch-fp16-wrapper": compare(make=Heads, options={"find_unused_parameters": True},
-                                        hook=torch_hooks.fp16_compress_wrapper(torch_hooks.allreduce_hook)),
+        "3-torch-fp16-wrapper": compare(
+            make=Heads,
+            options={"find_unused_parameters": True},
+            hook=torch_hooks.fp16_compress_wrapper(torch_hooks.allreduce_hook),
+        ),
         "4-reentrant-checkpoint": compare(make=Checkpointed),
         "6-backward-through-module": compare(make=Checkpointed, between=saliency_on_rank0),
         "8-static-graph": compare(make=NeverUsed, options={"static_graph": True}),
@@ -204,11 +214,14 @@ def cases_on_rank() -> dict:
     out["8-rewrap"] = [] if torch.equal(rewrap(TorchDDP), rewrap(DistributedDataParallel)) else ["differs"]
     for divide in (True, False):
         theirs, ours = uneven(TorchDDP, divide), uneven(DistributedDataParallel, divide)
-        out[f"8-join-divide={divide}"] = [] if torch.equal(theirs, ours) else \
-            [f"differs by {(theirs - ours).abs().max():.3g}"]
+        out[f"8-join-divide={divide}"] = (
+            [] if torch.equal(theirs, ours) else [f"differs by {(theirs - ours).abs().max():.3g}"]
+        )
     out["refusals"] = {
-        "all-frozen": (refusal(TorchDDP, lambda: nn.Linear(2, 2).requires_grad_(False)),
-                       refusal(DistributedDataParallel, lambda: nn.Linear(2, 2).requires_grad_(False))),
+        "all-frozen": (
+            refusal(TorchDDP, lambda: nn.Linear(2, 2).requires_grad_(False)),
+            refusal(DistributedDataParallel, lambda: nn.Linear(2, 2).requires_grad_(False)),
+        ),
         "sparse": refusal(DistributedDataParallel, lambda: nn.Embedding(10, 3, sparse=True)),
     }
     return out
@@ -219,9 +232,19 @@ def results():
     return launch(cases_on_rank, world_size=2, timeout_s=60)
 
 
-CASES = ["1-unused-output", "2-dataclass-output", "3-torch-fp16-wrapper", "4-reentrant-checkpoint",
-         "5-deepcopy-save", "6-backward-through-module", "8-static-graph", "8-static-graph-bucketed", "8-rewrap",
-         "8-join-divide=True", "8-join-divide=False"]
+CASES = [
+    "1-unused-output",
+    "2-dataclass-output",
+    "3-torch-fp16-wrapper",
+    "4-reentrant-checkpoint",
+    "5-deepcopy-save",
+    "6-backward-through-module",
+    "8-static-graph",
+    "8-static-graph-bucketed",
+    "8-rewrap",
+    "8-join-divide=True",
+    "8-join-divide=False",
+]
 
 
 @pytest.mark.parametrize("case", CASES)

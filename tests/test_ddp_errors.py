@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import time
 
+import ddp_models
 import torch
 import torch.distributed as dist
 from torch import nn
 
-import ddp_models
 from minddp import DistributedDataParallel, launch
 
 
@@ -52,7 +52,7 @@ def errors_on_rank() -> dict:
 
     def two_steps():
         for step in range(2):
-            net(x, use_b=False).sum().backward()     # step 0's backward must return, not hang
+            net(x, use_b=False).sum().backward()  # step 0's backward must return, not hang
             steps_done.append(step)
 
     start = time.monotonic()
@@ -86,6 +86,8 @@ def test_errors():
         # The bad step completes; the next forward raises, naming the parameters.
         assert r["unused_steps_done"] == [0], r
         assert "Expected to have finished reduction in the prior iteration" in r["unused"], r["unused"]
-        assert "b.weight" in r["unused"] and "never.bias" in r["unused"] and "find_unused_parameters=True" in r["unused"]
+        assert (
+            "b.weight" in r["unused"] and "never.bias" in r["unused"] and "find_unused_parameters=True" in r["unused"]
+        )
         assert r["guard_desync=False"] == "no error", r["guard_desync=False"]
         assert "consistency guard" in r["guard_desync=True"] and "bucket" in r["guard_desync=True"], r

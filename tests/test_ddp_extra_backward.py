@@ -21,11 +21,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from test_ddp_dropin import batch, differences
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from minddp import DistributedDataParallel, launch
-from test_ddp_dropin import batch, differences
 
 STEPS = 3
 EXPECTED = "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one."
@@ -135,8 +135,13 @@ def compare(body, options=None, oracle_options=None) -> list[str]:
 
 def raised_alike(theirs, ours) -> bool:
     """Both raised torch's error at the same step."""
-    return (isinstance(theirs[1], str) and isinstance(ours[1], str) and theirs[0] == ours[0]
-            and theirs[1].startswith(EXPECTED) and ours[1].startswith(EXPECTED))
+    return (
+        isinstance(theirs[1], str)
+        and isinstance(ours[1], str)
+        and theirs[0] == ours[0]
+        and theirs[1].startswith(EXPECTED)
+        and ours[1].startswith(EXPECTED)
+    )
 
 
 FIND_UNUSED = {"find_unused_parameters": True}
@@ -159,8 +164,11 @@ SCRIPTS = {
 # static_graph: torch's first iteration queues its delayed all_reduce from its output sink, so an
 # autograd.grad on the outputs runs it before any gradient exists and torch's ranks silently drift
 # apart. static_graph only promises what the default mode computes, so the oracle is torch's default.
-STATIC = {"gradient-penalty-static-graph": gradient_penalty, "saliency-then-train-static-graph": saliency_then_train,
-          "double-backward-static-graph": double_backward}
+STATIC = {
+    "gradient-penalty-static-graph": gradient_penalty,
+    "saliency-then-train-static-graph": saliency_then_train,
+    "double-backward-static-graph": double_backward,
+}
 
 
 def cases_on_rank() -> dict:

@@ -18,11 +18,11 @@ parameters and the next synced forward puts them back
 
 from __future__ import annotations
 
+import ddp_models
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-import ddp_models
 from minddp import DistributedDataParallel, launch
 from minddp.ddp.reducer import Reducer
 
@@ -47,8 +47,9 @@ def counts_on_rank() -> dict:
     for find_unused in (False, True):
         calls, original = _counting_hook_calls()
         try:
-            net = DistributedDataParallel(ddp_models.build(ddp_models.Reordered, seed=0),
-                                          find_unused_parameters=find_unused)
+            net = DistributedDataParallel(
+                ddp_models.build(ddp_models.Reordered, seed=0), find_unused_parameters=find_unused
+            )
         finally:
             Reducer._on_grad_ready = original
         per_micro = []
@@ -66,20 +67,20 @@ def counts_on_rank() -> dict:
 
 def pending_sync_on_rank() -> dict:
     rank = dist.get_rank()
-    g = torch.Generator().manual_seed(100 + rank)      # each rank its own data: a sync changes the gradients
+    g = torch.Generator().manual_seed(100 + rank)  # each rank its own data: a sync changes the gradients
     xa, xb, xc = (torch.randn(4, 6, generator=g) for _ in range(3))
     grads = {}
     for label, wrap in (("ours", DistributedDataParallel), ("torch", TorchDDP), ("local", None)):
         model = ddp_models.build(ddp_models.Reordered, seed=0)
         net = model if wrap is None else wrap(model)
-        out_a = net(xa)                              # its backward syncs...
+        out_a = net(xa)  # its backward syncs...
         with net.no_sync() if wrap is not None else torch.enable_grad():
-            out_b = net(xb)                          # ...even though a no_sync forward comes before it
+            out_b = net(xb)  # ...even though a no_sync forward comes before it
         with torch.no_grad():
-            net(xc)                                  # and an evaluation forward
+            net(xc)  # and an evaluation forward
         out_a.pow(2).mean().backward()
-        out_b.pow(2).mean().backward()               # accumulates locally, as torch
-        net(xa).sum().backward()                     # and a plain synced micro-batch after them
+        out_b.pow(2).mean().backward()  # accumulates locally, as torch
+        net(xa).sum().backward()  # and a plain synced micro-batch after them
         grads[label] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return grads
 
@@ -90,7 +91,7 @@ def on_rank() -> dict:
 
 def test_no_python_hook_in_no_sync_backward_and_pending_sync_kept():
     results = launch(on_rank, world_size=2, backend="gloo", timeout_s=120)
-    used = len(list(ddp_models.build(ddp_models.Reordered, seed=0).parameters()))   # every one gets a gradient
+    used = len(list(ddp_models.build(ddp_models.Reordered, seed=0).parameters()))  # every one gets a gradient
     for rank, r in enumerate(results):
         plain, searching = r["counts"][False], r["counts"][True]
         assert plain == [(m, used if m == "sync" else 0) for m, _ in plain], (rank, plain)
@@ -98,6 +99,6 @@ def test_no_python_hook_in_no_sync_backward_and_pending_sync_kept():
         ours, theirs, local = r["pending"]["ours"], r["pending"]["torch"], r["pending"]["local"]
         assert ours.keys() == theirs.keys() == local.keys() and len(ours) == used
         for name in theirs:
-            assert torch.equal(ours[name], theirs[name]), (rank, name)     # bit for bit: same sums, same order
+            assert torch.equal(ours[name], theirs[name]), (rank, name)  # bit for bit: same sums, same order
         # Meaningful only if the first backward did sync (the ranks' data differ): torch's is not local.
         assert any(not torch.equal(theirs[n], local[n]) for n in theirs), rank

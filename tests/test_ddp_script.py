@@ -15,13 +15,13 @@
 
 from __future__ import annotations
 
+import ddp_models
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-import ddp_models
 from minddp import DistributedDataParallel, launch
 from minddp.comm.default_hooks import allreduce_hook
 
@@ -29,7 +29,7 @@ from minddp.comm.default_hooks import allreduce_hook
 def ordinary_script(DDP) -> torch.Tensor:
     """The seeds' training script, with the DDP class as the only parameter."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(rank)                       # different init per rank: DDP must broadcast
+    torch.manual_seed(rank)  # different init per rank: DDP must broadcast
     model = nn.Sequential(nn.Linear(10, 50), nn.ReLU(), nn.Linear(50, 1))
     ddp_model = DDP(model)
     g = torch.Generator().manual_seed(0)
@@ -90,8 +90,9 @@ def drop_in_on_rank() -> dict:
         if label == "ours":
             out.update(static=static, rebuilt=[list(b) for b in net.bucket_plan], launched=seen[:3])
     # find_unused_parameters keeps its static plan (buckets filled in registration order): launches stay in order.
-    net = DistributedDataParallel(ddp_models.build(ddp_models.Reordered, seed=rank), bucket_cap_mb=1e-6,
-                                  find_unused_parameters=True)
+    net = DistributedDataParallel(
+        ddp_models.build(ddp_models.Reordered, seed=rank), bucket_cap_mb=1e-6, find_unused_parameters=True
+    )
     net.register_comm_hook(None, recording_hook)
     seen.clear()
     for step in range(2):
@@ -111,7 +112,7 @@ def drop_in_on_rank() -> dict:
             buffers = {b.untyped_storage().data_ptr() for b in net.reducer.buffers}
             shares.append([p.grad.untyped_storage().data_ptr() in buffers for p in model.parameters()])
             opt.step()
-            opt.zero_grad(set_to_none=step == 0)   # both ways of zeroing
+            opt.zero_grad(set_to_none=step == 0)  # both ways of zeroing
         out[f"shares_view={view}"] = shares
     return out
 

@@ -20,29 +20,33 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.distributed as dist
-
 import toy_models
-from minddp.runtime import device
+
 from minddp import launch
+from minddp.runtime import device
 from minddp.runtime.device import Placement, choose, parse_backend
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 # --------------------------------------------------------------------------------- 1. the choice
-@pytest.mark.parametrize("requested, ranks, gpus, nccl, backend, device_type, rank1, group_backend", [
-    ("auto", 2, 0, False, "gloo", "cpu", "cpu", "gloo"),                       # a laptop
-    ("auto", 2, 0, True, "gloo", "cpu", "cpu", "gloo"),                        # a CUDA torch without a GPU
-    ("auto", 2, 2, True, "nccl", "cuda", "cuda:1", "cpu:gloo,cuda:nccl"),      # a GPU per rank
-    ("auto", 2, 8, True, "nccl", "cuda", "cuda:1", "cpu:gloo,cuda:nccl"),      # more GPUs than ranks
-    ("auto", 2, 1, True, "gloo", "cuda", "cuda:0", "gloo"),                    # one GPU, two ranks: shared
-    ("auto", 4, 2, True, "gloo", "cuda", "cuda:1", "gloo"),                    # 4 ranks on 2 GPUs: 0,1,0,1
-    ("auto", 2, 2, False, "gloo", "cuda", "cuda:1", "gloo"),                   # GPUs, but a torch without NCCL
-    ("gloo", 2, 8, True, "gloo", "cpu", "cpu", "gloo"),                        # gloo asked for: the CPU
-    ("nccl", 1, 1, True, "nccl", "cuda", "cuda:0", "cpu:gloo,cuda:nccl"),
-])
-def test_choose_on_faked_machines(monkeypatch, requested, ranks, gpus, nccl, backend, device_type, rank1,
-                                  group_backend):
+@pytest.mark.parametrize(
+    "requested, ranks, gpus, nccl, backend, device_type, rank1, group_backend",
+    [
+        ("auto", 2, 0, False, "gloo", "cpu", "cpu", "gloo"),  # a laptop
+        ("auto", 2, 0, True, "gloo", "cpu", "cpu", "gloo"),  # a CUDA torch without a GPU
+        ("auto", 2, 2, True, "nccl", "cuda", "cuda:1", "cpu:gloo,cuda:nccl"),  # a GPU per rank
+        ("auto", 2, 8, True, "nccl", "cuda", "cuda:1", "cpu:gloo,cuda:nccl"),  # more GPUs than ranks
+        ("auto", 2, 1, True, "gloo", "cuda", "cuda:0", "gloo"),  # one GPU, two ranks: shared
+        ("auto", 4, 2, True, "gloo", "cuda", "cuda:1", "gloo"),  # 4 ranks on 2 GPUs: 0,1,0,1
+        ("auto", 2, 2, False, "gloo", "cuda", "cuda:1", "gloo"),  # GPUs, but a torch without NCCL
+        ("gloo", 2, 8, True, "gloo", "cpu", "cpu", "gloo"),  # gloo asked for: the CPU
+        ("nccl", 1, 1, True, "nccl", "cuda", "cuda:0", "cpu:gloo,cuda:nccl"),
+    ],
+)
+def test_choose_on_faked_machines(
+    monkeypatch, requested, ranks, gpus, nccl, backend, device_type, rank1, group_backend
+):
     monkeypatch.delenv("MINDDP_BACKEND", raising=False)
     p = choose(requested, local_world_size=ranks, gpus=gpus, nccl=nccl)
     assert (p.backend, p.device_type, p.group_backend()) == (backend, device_type, group_backend)
@@ -53,15 +57,21 @@ def test_choose_on_faked_machines(monkeypatch, requested, ranks, gpus, nccl, bac
 def test_one_gpu_two_ranks_says_it_shares_and_why(monkeypatch):
     monkeypatch.delenv("MINDDP_BACKEND", raising=False)
     why = choose("auto", 2, gpus=1, nccl=True).why
-    assert why == ("2 ranks share the GPU: gloo with CUDA tensors, since NCCL needs one GPU per rank "
-                   "(--backend gloo: the CPU)")
-    assert [str(choose("auto", 4, gpus=2, nccl=True).device(r)) for r in range(4)] == \
-        ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    assert why == (
+        "2 ranks share the GPU: gloo with CUDA tensors, since NCCL needs one GPU per rank (--backend gloo: the CPU)"
+    )
+    assert [str(choose("auto", 4, gpus=2, nccl=True).device(r)) for r in range(4)] == [
+        "cuda:0",
+        "cuda:1",
+        "cuda:0",
+        "cuda:1",
+    ]
 
 
-@pytest.mark.parametrize("gpus, nccl, said", [(1, True, "2 local ranks but 1 GPU"),
-                                              (0, True, "2 local ranks but 0 GPUs"),
-                                              (2, False, "this torch has no NCCL")])
+@pytest.mark.parametrize(
+    "gpus, nccl, said",
+    [(1, True, "2 local ranks but 1 GPU"), (0, True, "2 local ranks but 0 GPUs"), (2, False, "this torch has no NCCL")],
+)
 def test_nccl_without_a_gpu_per_rank_is_refused_in_one_line(gpus, nccl, said):
     with pytest.raises(ValueError) as err:
         choose("nccl", 2, gpus=gpus, nccl=nccl)
@@ -72,19 +82,22 @@ def test_nccl_without_a_gpu_per_rank_is_refused_in_one_line(gpus, nccl, said):
 def test_minddp_backend_replaces_auto_and_a_bad_value_is_named(monkeypatch):
     monkeypatch.setenv("MINDDP_BACKEND", "gloo")
     assert choose("auto", 2, gpus=2, nccl=True).device_type == "cpu"
-    assert choose("nccl", 2, gpus=2, nccl=True).backend == "nccl"          # an explicit choice wins
+    assert choose("nccl", 2, gpus=2, nccl=True).backend == "nccl"  # an explicit choice wins
     monkeypatch.setenv("MINDDP_BACKEND", "mpi")
     with pytest.raises(ValueError, match="MINDDP_BACKEND='mpi' is not a backend"):
         choose("auto", 2, gpus=0, nccl=False)
 
 
 # --------------------------------------------------------------------- 2. what a group serves
-@pytest.mark.parametrize("name, served", [
-    ("gloo", {"cpu": "gloo", "cuda": "gloo"}),
-    ("nccl", {"cuda": "nccl"}),
-    ("cpu:gloo,cuda:nccl", {"cpu": "gloo", "cuda": "nccl"}),
-    ("cuda:nccl", {"cuda": "nccl"}),
-])
+@pytest.mark.parametrize(
+    "name, served",
+    [
+        ("gloo", {"cpu": "gloo", "cuda": "gloo"}),
+        ("nccl", {"cuda": "nccl"}),
+        ("cpu:gloo,cuda:nccl", {"cpu": "gloo", "cuda": "nccl"}),
+        ("cuda:nccl", {"cuda": "nccl"}),
+    ],
+)
 def test_backend_strings(name, served):
     assert parse_backend(name) == served
 
@@ -95,14 +108,30 @@ def test_message_device_follows_what_the_group_serves(monkeypatch):
         monkeypatch.setattr(dist, "get_backend", lambda group=None, name=name: name)
         assert str(device.message_device(None)) == expected
         fake_cuda = torch.empty(0, device="meta")
-        assert not device.gloo_on_cuda(None, fake_cuda)       # not a CUDA tensor: never staged
+        assert not device.gloo_on_cuda(None, fake_cuda)  # not a CUDA tensor: never staged
 
 
 # ------------------------------------------------------------------------------- 3. the lint
 #: Calls that issue a collective or a point-to-point message with a tensor the caller built.
-COLLECTIVES = {"all_reduce", "all_gather", "broadcast", "reduce_scatter", "reduce", "gather", "scatter",
-               "all_gather_into_tensor", "reduce_scatter_tensor", "all_gather_single", "reduce_scatter_single",
-               "send", "recv", "isend", "irecv", "all_to_all_single", "P2POp"}
+COLLECTIVES = {
+    "all_reduce",
+    "all_gather",
+    "broadcast",
+    "reduce_scatter",
+    "reduce",
+    "gather",
+    "scatter",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_gather_single",
+    "reduce_scatter_single",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "all_to_all_single",
+    "P2POp",
+}
 CONSTRUCTORS = {"tensor", "zeros", "ones", "full", "empty", "arange", "randn", "rand"}
 
 
@@ -145,10 +174,12 @@ def test_every_tensor_minddp_sends_is_built_on_a_stated_device():
 
 def test_the_lint_finds_the_defect_it_is_for(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("import torch, torch.distributed as dist\n"
-                   "def check(group):\n"
-                   "    mine = torch.tensor([1, 0], dtype=torch.uint8)\n"
-                   "    dist.all_gather([mine, mine], mine, group=group)\n")
+    bad.write_text(
+        "import torch, torch.distributed as dist\n"
+        "def check(group):\n"
+        "    mine = torch.tensor([1, 0], dtype=torch.uint8)\n"
+        "    dist.all_gather([mine, mine], mine, group=group)\n"
+    )
     global ROOT
     keep, ROOT = ROOT, tmp_path
     try:
@@ -169,12 +200,13 @@ class PerDeviceGloo(Placement):
 def _train_in_per_device_group(stages):
     from minddp.ladder import build_stage, make_optimizer
     from minddp.ladder.loop import train_step
+
     assert dist.get_backend() == "cpu:gloo,cuda:gloo"
     rank, world = dist.get_rank(), dist.get_world_size()
     out = {}
     batches = toy_models.global_batches("tied", steps=3, rows=4)
     for stage, options in stages:
-        inner = toy_models.build("tied", seed=rank)          # different weights per rank: the broadcast fixes it
+        inner = toy_models.build("tied", seed=rank)  # different weights per rank: the broadcast fixes it
         names = [name for name, _ in inner.named_parameters()]
         model = build_stage(stage, inner, bucket_cap_mb=0.0001, **options)
         opt = make_optimizer(stage, model, torch.optim.SGD, lr=0.1)
@@ -186,8 +218,13 @@ def _train_in_per_device_group(stages):
 
 
 def test_stages_train_in_a_group_with_a_backend_per_device_type():
-    stages = [("simple", {}), ("bucket-async", {}), ("ddp", {"find_unused_parameters": True}),
-              ("zero2", {}), ("fsdp", {})]
+    stages = [
+        ("simple", {}),
+        ("bucket-async", {}),
+        ("ddp", {"find_unused_parameters": True}),
+        ("zero2", {}),
+        ("fsdp", {}),
+    ]
     placement = PerDeviceGloo("gloo", "cpu", 0, "2 ranks, a backend per device type")
     per_rank = launch(_train_in_per_device_group, stages, world_size=2, backend=placement)
     single = toy_models.build("tied", seed=0)
@@ -207,10 +244,18 @@ def test_stages_train_in_a_group_with_a_backend_per_device_type():
 # --------------------------------------------------------------------------- the GPU preset
 def test_the_gpu_preset_is_smollm2_360m_built_offline():
     from minddp.train.models import build_model, count_parameters
+
     with torch.device("meta"):
         model = build_model("smollm2-360m", vocab_size=400, pad_token_id=0, seed=1)
     c = model.config
     # HuggingFaceTB/SmolLM2-360M's published config.json
-    assert (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
-            c.num_key_value_heads, c.tie_word_embeddings) == (49152, 960, 2560, 32, 15, 5, True)
+    assert (
+        c.vocab_size,
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_hidden_layers,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.tie_word_embeddings,
+    ) == (49152, 960, 2560, 32, 15, 5, True)
     assert 361e6 < count_parameters(model) < 363e6

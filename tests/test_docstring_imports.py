@@ -38,15 +38,15 @@ EXAMPLES = example_imports()
 
 
 def test_the_docstrings_have_import_examples():
-    assert len(EXAMPLES) >= 5, EXAMPLES         # the scan finds them (a broken regex would find none)
+    assert len(EXAMPLES) >= 5, EXAMPLES  # the scan finds them (a broken regex would find none)
 
 
 def imported(statement: str) -> list[str]:
     """The names an import statement needs that cannot be imported (``[]``: it runs)."""
     if statement.startswith("import "):
-        modules, names = [m.split(" as ")[0].strip() for m in statement[len("import "):].split(",")], []
+        modules, names = [m.split(" as ")[0].strip() for m in statement[len("import ") :].split(",")], []
     else:
-        module, _, rest = statement[len("from "):].partition(" import ")
+        module, _, rest = statement[len("from ") :].partition(" import ")
         modules, names = [module.strip()], [n.split(" as ")[0].strip() for n in rest.strip("() ").split(",")]
     missing = []
     for module in modules:
@@ -58,7 +58,7 @@ def imported(statement: str) -> list[str]:
         for name in names:
             if not hasattr(loaded, name):
                 try:
-                    importlib.import_module(f"{module}.{name}")      # a submodule: from minddp.comm import wire
+                    importlib.import_module(f"{module}.{name}")  # a submodule: from minddp.comm import wire
                 except ImportError:
                     missing.append(f"{module}.{name}")
     return missing

@@ -21,24 +21,30 @@ import torch.distributed as dist
 
 import minddp
 
-MODULES = sorted(m.name for m in pkgutil.walk_packages(minddp.__path__, "minddp.")
-                 if not m.name.endswith("__main__"))
+MODULES = sorted(m.name for m in pkgutil.walk_packages(minddp.__path__, "minddp.") if not m.name.endswith("__main__"))
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 #: Modules whose examples are still sketches (names they never define, output they never print): issue 32
 #: item 3 rewrote the core's (stages, comm, ddp, sharding, collectives, launch, hang) and left these for a
 #: next pass. Strict: a module that starts to pass fails here until it leaves the list.
-PENDING = frozenset({
-    "minddp.analysis", "minddp.analysis.cpu", "minddp.analysis.events", "minddp.analysis.gpu",
-    "minddp.analysis.live", "minddp.analysis.report", "minddp.analysis.steps", "minddp.bench.report",
-    "minddp.bench.targets", "minddp.bench.worker",
-   
-   
-    "minddp.costmodel", "minddp.costmodel.auto", "minddp.costmodel.figures",
-    "minddp.costmodel.trace",
-   
-   
-})
+PENDING = frozenset(
+    {
+        "minddp.analysis",
+        "minddp.analysis.cpu",
+        "minddp.analysis.events",
+        "minddp.analysis.gpu",
+        "minddp.analysis.live",
+        "minddp.analysis.report",
+        "minddp.analysis.steps",
+        "minddp.bench.report",
+        "minddp.bench.targets",
+        "minddp.bench.worker",
+        "minddp.costmodel",
+        "minddp.costmodel.auto",
+        "minddp.costmodel.figures",
+        "minddp.costmodel.trace",
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,19 +55,28 @@ def one_rank_group():
         yield
     finally:
         from minddp.exercises.checker import shutdown
-        shutdown()                        # the checker's ranks, which its examples start
+
+        shutdown()  # the checker's ranks, which its examples start
         dist.destroy_process_group()
 
 
 def examples(module) -> list[doctest.DocTest]:
-    return [t for t in doctest.DocTestFinder(exclude_empty=True).find(module, extraglobs={"torch": torch})
-            if t.examples]
+    return [
+        t for t in doctest.DocTestFinder(exclude_empty=True).find(module, extraglobs={"torch": torch}) if t.examples
+    ]
 
 
-@pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.xfail(
-    strict=True, reason="examples not yet rewritten to run (PENDING)")) if m in PENDING else m for m in MODULES])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(m, marks=pytest.mark.xfail(strict=True, reason="examples not yet rewritten to run (PENDING)"))
+        if m in PENDING
+        else m
+        for m in MODULES
+    ],
+)
 def test_the_docstring_examples_run(one_rank_group, monkeypatch, name):
-    monkeypatch.delenv("MINDDP_BACKEND", raising=False)    # as a user runs them: the suite's gloo pin off
+    monkeypatch.delenv("MINDDP_BACKEND", raising=False)  # as a user runs them: the suite's gloo pin off
     module = importlib.import_module(name)
     runner = doctest.DocTestRunner(optionflags=FLAGS)
     for test in examples(module):

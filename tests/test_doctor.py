@@ -19,20 +19,34 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_the_configurations_a_machine_allows():
     assert configurations(0) == [("2 ranks, CPU", "auto", 2)]
     assert configurations(1) == [("1 rank, NCCL", "nccl", 1), ("2 ranks sharing 1 GPU", "auto", 2)]
-    assert configurations(8) == [("1 rank, NCCL", "nccl", 1), ("8 ranks, NCCL", "nccl", 8),
-                                 ("9 ranks sharing 8 GPUs", "auto", 9)]
+    assert configurations(8) == [
+        ("1 rank, NCCL", "nccl", 1),
+        ("8 ranks, NCCL", "nccl", 8),
+        ("9 ranks sharing 8 GPUs", "auto", 9),
+    ]
 
 
 def test_the_doctor_passes_on_this_machine_and_says_what_it_checked():
-    done = subprocess.run([sys.executable, "-m", "minddp.doctor"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "minddp.doctor"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr
-    rows = {(line[28:54].strip(), line[54:62].strip()) for line in done.stdout.splitlines()
-            if line.startswith("2 ranks, CPU")}
-    for stage in [*STAGES, "torch", "ddp + fp16 hook", "ddp + bf16 hook", "ddp + powersgd hook",
-                  "train command, profiled", "trace read by minddp"]:
+    rows = {
+        (line[28:54].strip(), line[54:62].strip())
+        for line in done.stdout.splitlines()
+        if line.startswith("2 ranks, CPU")
+    }
+    for stage in [
+        *STAGES,
+        "torch",
+        "ddp + fp16 hook",
+        "ddp + bf16 hook",
+        "ddp + powersgd hook",
+        "train command, profiled",
+        "trace read by minddp",
+    ]:
         assert (stage, "ok") in rows, (stage, done.stdout)
-    assert ("trace read by HTA", "skipped") in rows           # CPU traces: HTA reads GPU traces only
+    assert ("trace read by HTA", "skipped") in rows  # CPU traces: HTA reads GPU traces only
     assert "0 failed" in done.stdout.splitlines()[-1]
 
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import time
 
+import exercise_mistakes as wrong
 import pytest
 import torch
 
-import exercise_mistakes as wrong
 import minddp.stages as ladder
 from minddp.exercises import check, check_hook, checker, solutions
 
-TIMEOUT = 8.0     # seconds a collective may wait: the hang case waits this long, the others never do
+TIMEOUT = 8.0  # seconds a collective may wait: the hang case waits this long, the others never do
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -41,9 +41,15 @@ def test_model_answers_and_the_ladder_pass():
         v = verdict_of(answer, like)
         assert v.ok and v.line.startswith(f"✓ {like}:"), v.line
     # The ladder's stages (which send through the comm-hook layer) are answers too.
-    for like, stage in [("simple", ladder.SimpleDDP), ("ga", ladder.GradAccumDDP), ("hook", ladder.HookDDP),
-                        ("hook-async", ladder.AsyncHookDDP), ("bucket", ladder.BucketDDP),
-                        ("bucket-async", ladder.AsyncBucketDDP), ("halves", solutions.HalvesDDP)]:
+    for like, stage in [
+        ("simple", ladder.SimpleDDP),
+        ("ga", ladder.GradAccumDDP),
+        ("hook", ladder.HookDDP),
+        ("hook-async", ladder.AsyncHookDDP),
+        ("bucket", ladder.BucketDDP),
+        ("bucket-async", ladder.AsyncBucketDDP),
+        ("halves", solutions.HalvesDDP),
+    ]:
         v = verdict_of(stage, like)
         assert v.ok, v.line
     # The counts in the verdict are the measured ones: simple syncs all 6 parameters after each of 3
@@ -99,13 +105,13 @@ def test_a_rank_that_hangs_is_named_within_the_timeout():
     v = verdict_of(wrong.RankZeroOnly, "simple")
     took = time.monotonic() - start
     assert not v.ok and "a rank hung: rank 0 waited" in v.line, v.line
-    assert "line" in v.line and "dist.all_reduce(p.grad)" in v.line, v.line   # where, in the learner's code
+    assert "line" in v.line and "dist.all_reduce(p.grad)" in v.line, v.line  # where, in the learner's code
     # The group's timeout (TIMEOUT) ends the stuck all_reduce; the runner's backstop (checker._run) releases the
     # ranks at 2 * TIMEOUT + 30 s at the latest. Named by either, the verdict comes before that backstop plus
     # the report (well under a second): an upper bound the code sets, not a machine's speed. A checker that hung
     # would be stopped by the test's timeout (120 s) instead.
     assert took < 2 * TIMEOUT + 30 + 10, took
-    assert verdict_of(solutions.SimpleDDP, "simple").ok      # and the checker's ranks still work
+    assert verdict_of(solutions.SimpleDDP, "simple").ok  # and the checker's ranks still work
 
 
 HOOK_MISTAKES = [
@@ -129,12 +135,13 @@ def test_bad_arguments_say_what_to_pass():
     with pytest.raises(ValueError, match="choose one of simple, ga"):
         check(solutions.SimpleDDP, like="nope")
     with pytest.raises(TypeError, match="takes a stage class"):
-        check(torch.nn.Linear(1, 1), like="simple")            # an instance, not the class
+        check(torch.nn.Linear(1, 1), like="simple")  # an instance, not the class
     with pytest.raises(ValueError, match="choose one of fp16"):
         check_hook(solutions.fp16_compress_hook, like="topk")
 
 
 # -- the fp16 hook's verdict, on any machine: a bound from the operation, the wire's bytes ------------------
+
 
 def _fp16_average(per_rank: list[torch.Tensor], order: list[int], divide_first: bool) -> torch.Tensor:
     """An fp16 average as a hook computes it, summing the ranks in ``order`` (gloo's, or any other)."""
@@ -156,23 +163,24 @@ def test_the_fp16_bound_holds_for_every_order_and_scale_and_is_not_vacuous(world
     import itertools
 
     from minddp.exercises import harness
+
     g = torch.Generator().manual_seed(world)
     for trial in range(20):
         scale_ = torch.logspace(-7 + trial % 4, 3 - trial % 3, 1000)
         per_rank = [torch.randn(1000, generator=g) * scale_ for _ in range(world)]
-        if trial == 0:      # representable in fp16: no rounding at all
+        if trial == 0:  # representable in fp16: no rounding at all
             per_rank = [x.to(torch.float16).to(torch.float32) * 0 + float(r + 1) for r, x in enumerate(per_rank)]
         exact = torch.stack(per_rank).double().mean(0).float()
         magnitude = torch.stack(per_rank).abs().double().mean(0).float()
         bound = harness.fp16_error_bound(exact, magnitude, world)
-        assert bound < 0.01                        # not vacuous: far below any mistake the checker names
+        assert bound < 0.01  # not vacuous: far below any mistake the checker names
         for order in itertools.permutations(range(world)):
             for divide_first in (True, False):
                 got = _fp16_average(per_rank, list(order), divide_first)
                 error = float((got - exact).norm() / exact.norm())
                 assert error <= bound, (trial, order, divide_first, error, bound)
-        assert float((exact * world - exact).norm() / exact.norm()) > bound      # the sum
-        assert float((exact / world - exact).norm() / exact.norm()) > bound      # divided twice
+        assert float((exact * world - exact).norm() / exact.norm()) > bound  # the sum
+        assert float((exact / world - exact).norm() / exact.norm()) > bound  # divided twice
 
 
 def test_the_fp16_verdict_ignores_the_model_answers_own_error_and_judges_bytes_by_the_wire():
@@ -180,13 +188,26 @@ def test_the_fp16_verdict_ignores_the_model_answers_own_error_and_judges_bytes_b
     to be representable, or another machine rounded otherwise); an error over the bound is named whatever the
     model answer's; a float32 hook is named by its bytes, even with error 0."""
     from minddp.exercises import harness
-    probe = {"is_future": True, "value": "tensor", "shape": [1000], "numel": 1000, "dtype": "float32",
-             "summed_error": 1.0, "bytes": 2000, "sent_dtypes": ["float16"]}
+
+    probe = {
+        "is_future": True,
+        "value": "tensor",
+        "shape": [1000],
+        "numel": 1000,
+        "dtype": "float32",
+        "summed_error": 1.0,
+        "bytes": 2000,
+        "sent_dtypes": ["float16"],
+    }
     reference = {**probe, "relative_error": 2.4e-4}
     assert harness.hook_finding({**probe, "relative_error": 0.0}, reference, 2, 1.9e-3) is None
     assert harness.hook_finding({**probe, "relative_error": 1.9e-3}, reference, 2, 1.9e-3) is None
-    assert harness.hook_finding({**probe, "relative_error": 2e-3}, {**reference, "relative_error": 1e-3}, 2,
-                                1.9e-3)["kind"] == "error"
+    assert (
+        harness.hook_finding({**probe, "relative_error": 2e-3}, {**reference, "relative_error": 1e-3}, 2, 1.9e-3)[
+            "kind"
+        ]
+        == "error"
+    )
     f32 = {**probe, "relative_error": 0.0, "bytes": 4000, "sent_dtypes": ["float32"]}
     assert harness.hook_finding(f32, reference, 2, 1.9e-3)["kind"] == "bytes"
 
@@ -195,17 +216,20 @@ def test_the_bytes_on_the_wire_are_counted_at_the_call_whatever_the_backend_thre
     """SentBytes counts what a collective sends when it is called (the profiler's gloo range, on gloo's own
     thread, could still be open when wait() returned: 0 bytes then, on a fast machine)."""
     from minddp.runtime.launch import launch
-    assert launch(_sent_on_rank, world_size=2, timeout_s=120) == [(2000 + 4000 + 8, ["float16", "float32",
-                                                                                      "int64"])] * 2
+
+    assert (
+        launch(_sent_on_rank, world_size=2, timeout_s=120) == [(2000 + 4000 + 8, ["float16", "float32", "int64"])] * 2
+    )
 
 
 def _sent_on_rank():
     import torch.distributed as dist
 
     from minddp.exercises import harness
+
     with harness.SentBytes() as sent:
         dist.all_reduce(torch.ones(1000, dtype=torch.float16), async_op=True).get_future().wait()
         dist.all_reduce(torch.ones(1000))
         dist.broadcast(torch.ones(1, dtype=torch.int64), src=0)
-    dist.all_reduce(torch.ones(10))          # after: not counted
+    dist.all_reduce(torch.ones(10))  # after: not counted
     return sent.nbytes, sorted(set(sent.dtypes))

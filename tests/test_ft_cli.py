@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from minddp.train.config import ConfigError, parse_args
 from minddp.ft.faults import Fault, parse_faults
+from minddp.train.config import ConfigError, parse_args
 
 
 def test_ft_is_named_only_never_part_of_all():

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from minddp import launch
-from minddp.runtime.device import choose
 from minddp.doctor import check_rank
 from minddp.ladder import STAGES
+from minddp.runtime.device import choose
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the GPU path)")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,6 +31,7 @@ def auto_choice(monkeypatch):
 
 def _every_rung(placement_device_type):
     from minddp.runtime.device import current_device
+
     assert current_device().type == placement_device_type
     return check_rank([*STAGES, "torch"])
 
@@ -60,6 +61,7 @@ def test_a_gpu_per_rank_under_nccl(auto_choice):
 
 def test_the_doctor_passes_on_this_gpu_machine():
     env = {k: v for k, v in os.environ.items() if k != "MINDDP_BACKEND"}
-    done = subprocess.run([sys.executable, "-m", "minddp.doctor"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "minddp.doctor"], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

@@ -8,21 +8,23 @@ import re
 import pytest
 import torch
 import torch.distributed as dist
+from test_hooks_support import batch, fresh, loss_fn, make_model, wrap
 
 from minddp import launch
 from minddp.comm import GradBucket, PowerSGDState, hook_names, make_hook
 from minddp.comm.default_hooks import allreduce_hook
 from minddp.runtime.launch import RankError
 
-from test_hooks_support import batch, fresh, loss_fn, make_model, wrap
 
-
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(start_powerSGD_iter=1), "start_powerSGD_iter must be >= 2"),
-    (dict(start_powerSGD_iter=0, use_error_feedback=True, warm_start=False), "start_powerSGD_iter must be >= 2"),
-    (dict(matrix_approximation_rank=0), "matrix_approximation_rank must be an integer >= 1"),
-    (dict(matrix_approximation_rank=1.5), "matrix_approximation_rank must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(start_powerSGD_iter=1), "start_powerSGD_iter must be >= 2"),
+        (dict(start_powerSGD_iter=0, use_error_feedback=True, warm_start=False), "start_powerSGD_iter must be >= 2"),
+        (dict(matrix_approximation_rank=0), "matrix_approximation_rank must be an integer >= 1"),
+        (dict(matrix_approximation_rank=1.5), "matrix_approximation_rank must be an integer >= 1"),
+    ],
+)
 def test_powersgd_state_refuses_bad_settings(kwargs, words):
     with pytest.raises(ValueError, match=words):
         PowerSGDState(None, **kwargs)
@@ -81,12 +83,15 @@ def rank_misuse(case: str):
     loss_fn(ddp, batch(dist.get_rank(), 0)).backward()
 
 
-@pytest.mark.parametrize("case, exc, words", [
-    ("not-callable", "TypeError", "comm hook must be callable"),
-    ("twice", "RuntimeError", "register_comm_hook can only be called once"),
-    ("wrong-shape", "RuntimeError", r"returned shape \(1535,\) for bucket 0.*bucket buffer.s shape \(1536,\)"),
-    ("not-a-future", "TypeError", "returned Tensor, not a torch.futures.Future"),
-])
+@pytest.mark.parametrize(
+    "case, exc, words",
+    [
+        ("not-callable", "TypeError", "comm hook must be callable"),
+        ("twice", "RuntimeError", "register_comm_hook can only be called once"),
+        ("wrong-shape", "RuntimeError", r"returned shape \(1535,\) for bucket 0.*bucket buffer.s shape \(1536,\)"),
+        ("not-a-future", "TypeError", "returned Tensor, not a torch.futures.Future"),
+    ],
+)
 def test_misused_hooks_fail_clearly(case, exc, words):
     with pytest.raises(RankError) as info:
         launch(rank_misuse, case, world_size=1)

@@ -17,14 +17,14 @@ is exercised for four compressed steps.
 from __future__ import annotations
 
 import torch
+from test_hooks_support import fresh, make_model, params_of, train, wrap
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as torch_default
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
+from torch_oracle import cpu_safe_torch_powersgd
 
 from minddp import launch
-from minddp.comm import default_hooks, powerSGD_hook as psgd
-
-from test_hooks_support import fresh, make_model, params_of, train, wrap
-from torch_oracle import cpu_safe_torch_powersgd
+from minddp.comm import default_hooks
+from minddp.comm import powerSGD_hook as psgd
 
 STEPS = 6
 PSGD = dict(start_powerSGD_iter=2, use_error_feedback=True, warm_start=True, random_seed=3)
@@ -43,14 +43,19 @@ def cases() -> dict:
     ours_fp16_psgd = psgd.PowerSGDState(None, matrix_approximation_rank=1, **PSGD)
     torch_fp16_psgd = torch_psgd.PowerSGDState(None, matrix_approximation_rank=1, **PSGD)
     return {
-        "allreduce/bucket": (("torch", None, torch_default.allreduce_hook),
-                             ("bucket-async", None, default_hooks.allreduce_hook)),
-        "allreduce/hook": (("torch", None, torch_default.allreduce_hook),
-                           ("hook", None, default_hooks.allreduce_hook)),
-        "fp16/bucket": (("torch", None, torch_default.fp16_compress_hook),
-                        ("bucket-async", None, default_hooks.fp16_compress_hook)),
-        "fp16/simple": (("torch", None, torch_default.fp16_compress_hook),
-                        ("simple", None, default_hooks.fp16_compress_hook)),
+        "allreduce/bucket": (
+            ("torch", None, torch_default.allreduce_hook),
+            ("bucket-async", None, default_hooks.allreduce_hook),
+        ),
+        "allreduce/hook": (("torch", None, torch_default.allreduce_hook), ("hook", None, default_hooks.allreduce_hook)),
+        "fp16/bucket": (
+            ("torch", None, torch_default.fp16_compress_hook),
+            ("bucket-async", None, default_hooks.fp16_compress_hook),
+        ),
+        "fp16/simple": (
+            ("torch", None, torch_default.fp16_compress_hook),
+            ("simple", None, default_hooks.fp16_compress_hook),
+        ),
         "powersgd-r1/bucket": (("torch", *_torch_psgd(1)), ("bucket-async", *_our_psgd(1))),
         "powersgd-r2/bucket": (("torch", *_torch_psgd(2)), ("bucket-async", *_our_psgd(2))),
         "powersgd-r1/hook": (("hook", *_torch_psgd(1)), ("hook", *_our_psgd(1))),
@@ -63,13 +68,17 @@ def cases() -> dict:
         # orthogonalizer asserting 3-D: the bare AssertionError); with that one call
         # shimmed (_fix_torch_batched) it runs on our bucket, a plain tensor it may resize.
         "batched-powersgd/bucket": (
-            ("bucket-async", torch_psgd.PowerSGDState(None, matrix_approximation_rank=1, **PSGD),
-             torch_psgd.batched_powerSGD_hook),
-            ("bucket-async", psgd.PowerSGDState(None, matrix_approximation_rank=1, **PSGD),
-             psgd.batched_powerSGD_hook)),
+            (
+                "bucket-async",
+                torch_psgd.PowerSGDState(None, matrix_approximation_rank=1, **PSGD),
+                torch_psgd.batched_powerSGD_hook,
+            ),
+            ("bucket-async", psgd.PowerSGDState(None, matrix_approximation_rank=1, **PSGD), psgd.batched_powerSGD_hook),
+        ),
         "fp16+powersgd/bucket": (
             ("torch", torch_fp16_psgd, torch_default.fp16_compress_wrapper(torch_psgd.powerSGD_hook)),
-            ("bucket-async", ours_fp16_psgd, default_hooks.fp16_compress_wrapper(psgd.powerSGD_hook))),
+            ("bucket-async", ours_fp16_psgd, default_hooks.fp16_compress_wrapper(psgd.powerSGD_hook)),
+        ),
     }
 
 
@@ -89,7 +98,7 @@ def _fix_torch_batched() -> None:
 def rank_parity(names: list[str]) -> dict:
     rank = torch.distributed.get_rank()
     _fix_torch_batched()
-    cpu_safe_torch_powersgd()     # torch's PowerSGD on CPU ranks of a GPU machine (tests/torch_oracle.py)
+    cpu_safe_torch_powersgd()  # torch's PowerSGD on CPU ranks of a GPU machine (tests/torch_oracle.py)
     model = make_model()
     out = {}
     for name, sides in cases().items():
@@ -105,9 +114,18 @@ def rank_parity(names: list[str]) -> dict:
 
 
 def test_hooks_match_torch():
-    names = ["allreduce/bucket", "allreduce/hook", "fp16/bucket", "fp16/simple", "powersgd-r1/bucket",
-             "powersgd-r2/bucket", "powersgd-r1/hook", "powersgd-r2/hook-async", "batched-powersgd/bucket",
-             "fp16+powersgd/bucket"]
+    names = [
+        "allreduce/bucket",
+        "allreduce/hook",
+        "fp16/bucket",
+        "fp16/simple",
+        "powersgd-r1/bucket",
+        "powersgd-r2/bucket",
+        "powersgd-r1/hook",
+        "powersgd-r2/hook-async",
+        "batched-powersgd/bucket",
+        "fp16+powersgd/bucket",
+    ]
     per_rank = launch(rank_parity, names, world_size=2)
     for rank, out in enumerate(per_rank):
         assert sorted(out) == sorted(names)
@@ -121,8 +139,10 @@ def test_hooks_match_torch():
         # on the same stage). A BLAS or core count that sums a matmul in another order does so on both
         # sides. Any difference is a difference in what the two hooks compute.
         for name, ((theirs, their_losses), (ours, our_losses)) in out.items():
-            assert torch.equal(ours, theirs), (f"{name} rank {rank}: must match torch bit for bit, max difference "
-                                               f"{float((ours - theirs).abs().max()):.2e}")
+            assert torch.equal(ours, theirs), (
+                f"{name} rank {rank}: must match torch bit for bit, max difference "
+                f"{float((ours - theirs).abs().max()):.2e}"
+            )
             assert torch.equal(torch.as_tensor(our_losses), torch.as_tensor(their_losses)), (name, rank)
     # The replicas agree with each other (every rank applied the same update).
     for name in names:
@@ -167,7 +187,7 @@ def complex_grads_on_rank() -> dict:
         if "Invalid scalar type" not in str(exc):
             raise
     for stage in ("hook-async", "bucket-async", "ddp"):
-        out[stage] = grads(build_stage(stage, model()))                 # the built-in average
+        out[stage] = grads(build_stage(stage, model()))  # the built-in average
         allreduce = build_stage(stage, model())
         allreduce.register_comm_hook(*make_hook("allreduce"))
         out[f"{stage}+allreduce"] = grads(allreduce)

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from test_hooks_support import fresh, make_model, params_of, train, wrap
 
 from minddp import launch
 from minddp.comm import make_hook
 from minddp.comm.measure import error_measured
 from minddp.comm.wire import Traffic, Wire
-
-from test_hooks_support import fresh, make_model, params_of, train, wrap
 
 PSGD = dict(start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
 
@@ -49,7 +48,7 @@ def one_step_traffic(stage: str, name: str, measure: bool = False, **options) ->
     calls = {"n": 0}
     # Every all_reduce, metered or not, ends at the process group (torch.distributed.all_reduce too).
     group_class = type(dist.group.WORLD)
-    real = group_class.__dict__["allreduce"]    # as stored: what getattr returns no longer binds self once put back
+    real = group_class.__dict__["allreduce"]  # as stored: what getattr returns no longer binds self once put back
 
     def counting(group, *args, **kwargs):
         calls["n"] += 1
@@ -104,7 +103,7 @@ K = 4
 
 
 def checkpoint_path(directory: str, rank: int) -> str:
-    return f"{directory}/ckpt-rank{rank}.pt"   # one per rank: the error memory is this rank's own
+    return f"{directory}/ckpt-rank{rank}.pt"  # one per rank: the error memory is this rank's own
 
 
 def rank_first_run(directory: str) -> torch.Tensor:
@@ -112,22 +111,29 @@ def rank_first_run(directory: str) -> torch.Tensor:
     state, hook = make_hook("fp16+powersgd", **PSGD)
     ddp = wrap("bucket-async", make_model(), state, hook)
     _, opt = train(ddp, K, rank)
-    torch.save({"model": ddp.module.state_dict(), "optimizer": opt.state_dict(),
-                "comm_hook": "fp16+powersgd", "comm_hook_state": state}, checkpoint_path(directory, rank))
-    train(ddp, K, rank, first_step=K, optimizer=opt)           # the uninterrupted run goes on
+    torch.save(
+        {
+            "model": ddp.module.state_dict(),
+            "optimizer": opt.state_dict(),
+            "comm_hook": "fp16+powersgd",
+            "comm_hook_state": state,
+        },
+        checkpoint_path(directory, rank),
+    )
+    train(ddp, K, rank, first_step=K, optimizer=opt)  # the uninterrupted run goes on
     return params_of(ddp)
 
 
 def rank_resume(directory: str, keep_state: bool) -> tuple[torch.Tensor, object]:
     rank = dist.get_rank()
     ckpt = torch.load(checkpoint_path(directory, rank), weights_only=False)
-    model = make_model(seed=123)                               # other weights: the load must matter
+    model = make_model(seed=123)  # other weights: the load must matter
     model.load_state_dict(ckpt["model"])
     state, hook = make_hook(ckpt["comm_hook"], **PSGD)
     group_after_load = ckpt["comm_hook_state"].process_group
     if keep_state:
         state = ckpt["comm_hook_state"]
-    else:                                                      # same step count, empty memory
+    else:  # same step count, empty memory
         state.iter = ckpt["comm_hook_state"].iter
     ddp = wrap("bucket-async", model, state, hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
@@ -144,5 +150,6 @@ def test_powersgd_checkpoint_resume_continues_exactly(tmp_path):
         params, group = resumed[rank]
         assert group is None, "a loaded PowerSGDState must fall back to the default group (None)"
         assert torch.equal(params, uninterrupted[rank]), f"rank {rank}: resumed run differs"
-        assert not torch.allclose(fresh_state[rank][0], uninterrupted[rank], atol=1e-6), \
+        assert not torch.allclose(fresh_state[rank][0], uninterrupted[rank], atol=1e-6), (
             f"rank {rank}: resuming without the hook state should not match (test would prove nothing)"
+        )

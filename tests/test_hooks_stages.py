@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from test_hooks_support import batch, fresh, loss_fn, make_model, train, wrap
 
 from minddp import launch
 from minddp.comm import make_hook
 from minddp.ladder import SHARDED_GRADIENTS, STAGES
-
-from test_hooks_support import batch, fresh, loss_fn, make_model, train, wrap
 
 HOOKS = [None, "allreduce", "fp16", "torch-fp16-wrapper", "bf16", "noop"]
 TRAIN_HOOKS = ["bf16", "batched-powersgd", "fp16+powersgd", "bf16+powersgd", "bf16+batched-powersgd"]
@@ -46,10 +45,18 @@ def oracle_grads(model, rank: int, world: int) -> tuple[list[torch.Tensor], list
 
 #: Unit roundoff (round to nearest: relative error <= u) and half the smallest subnormal spacing (the absolute
 #: error of a rounding below the smallest normal) of each dtype a hook averages in.
-ROUNDOFF = {torch.float32: (2.0 ** -24, 2.0 ** -150), torch.float16: (2.0 ** -11, 2.0 ** -25),
-            torch.bfloat16: (2.0 ** -8, 2.0 ** -134)}
-HOOK_DTYPE = {None: torch.float32, "allreduce": torch.float32, "fp16": torch.float16,
-              "torch-fp16-wrapper": torch.float16, "bf16": torch.bfloat16}
+ROUNDOFF = {
+    torch.float32: (2.0**-24, 2.0**-150),
+    torch.float16: (2.0**-11, 2.0**-25),
+    torch.bfloat16: (2.0**-8, 2.0**-134),
+}
+HOOK_DTYPE = {
+    None: torch.float32,
+    "allreduce": torch.float32,
+    "fp16": torch.float16,
+    "torch-fp16-wrapper": torch.float16,
+    "bf16": torch.bfloat16,
+}
 
 
 def averaging_bound(name, magnitude: torch.Tensor, world: int) -> torch.Tensor:
@@ -62,15 +69,18 @@ def averaging_bound(name, magnitude: torch.Tensor, world: int) -> torch.Tensor:
     magnitude). The oracle's own float32 sum adds ``γ_{world+1}(2**-24)·m``. The local gradients themselves are
     the same on both sides: the same kernels on the same shapes, the oracle's 1/world scaling exact (a power of 2).
     """
+
     def gamma(n, u):
         return n * u / (1 - n * u)
+
     u, eta = ROUNDOFF[HOOK_DTYPE[name]]
-    return (gamma(world + 1, u) + gamma(world + 1, 2.0 ** -24)) * magnitude + (world + 1) * (eta + 2.0 ** -150)
+    return (gamma(world + 1, u) + gamma(world + 1, 2.0**-24)) * magnitude + (world + 1) * (eta + 2.0**-150)
 
 
 def hook_named(name):
-    if name == "torch-fp16-wrapper":   # torch's own composition; its future holds the fp16 buffer
+    if name == "torch-fp16-wrapper":  # torch's own composition; its future holds the fp16 buffer
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as torch_hooks
+
         return None, torch_hooks.fp16_compress_wrapper(torch_hooks.allreduce_hook)
     return make_hook(name) if name else (None, None)
 
@@ -105,12 +115,12 @@ def test_every_stage_takes_every_stateless_hook():
                         assert torch.equal(g, want), tag
                     assert not all(torch.allclose(g, w) for g, w in zip(got, global_grads)), tag
                     continue
-                for g, want, m in zip(got, global_grads, magnitude):      # within the rounding the dtype allows
+                for g, want, m in zip(got, global_grads, magnitude):  # within the rounding the dtype allows
                     excess = (g - want).abs() - averaging_bound(name, m, 2)
                     assert float(excess.max()) <= 0, (tag, float(excess.max()))
                 if name == "allreduce":  # the default path and the explicit hook are one computation
                     assert all(torch.equal(a, b) for a, b in zip(got, out[stage, None])), tag
-                if name == "torch-fp16-wrapper":   # torch's wrapper computes what minddp's fp16 hook computes
+                if name == "torch-fp16-wrapper":  # torch's wrapper computes what minddp's fp16 hook computes
                     assert all(torch.equal(a, b) for a, b in zip(got, out[stage, "fp16"])), tag
 
 
@@ -133,8 +143,10 @@ def rank_train(cases: list[tuple[str, str]]) -> dict:
 
 
 def test_gloo_only_hooks_and_wrappers_train():
-    cases = [("bucket-async", n) for n in TRAIN_HOOKS] + [("hook-async", "batched-powersgd"),
-                                                         ("hook-async", "bf16+powersgd")]
+    cases = [("bucket-async", n) for n in TRAIN_HOOKS] + [
+        ("hook-async", "batched-powersgd"),
+        ("hook-async", "bf16+powersgd"),
+    ]
     for out in launch(rank_train, cases, world_size=2):
         for case, (before, after) in out.items():
             assert after < 0.7 * before, f"{case}: eval loss {before:.4f} -> {after:.4f}"

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-from minddp.ladder.loop import train_step
 from minddp.ladder import build_stage
+from minddp.ladder.loop import train_step
 
 IN, HID1, HID2, OUT = 16, 32, 24, 8
 #: Per-rank micro-batch rows.

@@ -11,16 +11,22 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from processes import run_torchrun
 
 from minddp import RankError, launch
-from processes import run_torchrun
 
 
 def rank_info(tag):
     t = torch.ones(1) * (dist.get_rank() + 1)
     dist.all_reduce(t)
-    return {"tag": tag, "rank": dist.get_rank(), "world": dist.get_world_size(), "sum": t.item(),
-            "pid": os.getpid(), "env_rank": int(os.environ["RANK"])}
+    return {
+        "tag": tag,
+        "rank": dist.get_rank(),
+        "world": dist.get_world_size(),
+        "sum": t.item(),
+        "pid": os.getpid(),
+        "env_rank": int(os.environ["RANK"]),
+    }
 
 
 def fail_on_rank(bad_rank):
@@ -54,7 +60,7 @@ def test_results_come_back_in_rank_order(world):
     out = launch(rank_info, "x", world_size=world)
     assert [o["rank"] for o in out] == list(range(world))
     assert all(o["world"] == world and o["env_rank"] == o["rank"] for o in out)
-    assert all(o["sum"] == world * (world + 1) / 2 for o in out)   # the collective really ran
+    assert all(o["sum"] == world * (world + 1) / 2 for o in out)  # the collective really ran
     assert len({o["pid"] for o in out}) == world
     assert not any(pid_alive(o["pid"]) for o in out)
 
@@ -77,7 +83,7 @@ def test_killed_rank_is_reported_and_nothing_is_left(tmp_path):
         launch(die_on_rank, 0, world_size=2, timeout_s=60)
     assert info.value.rank == 0 and info.value.exc_type == "ProcessDied"
     after = set(p.pid for p in __import__("multiprocessing").active_children())
-    assert after <= before   # only the forkserver (if any) remains, no rank
+    assert after <= before  # only the forkserver (if any) remains, no rank
 
 
 WAIT_FOREVER = """
@@ -115,14 +121,14 @@ def test_ending_the_launcher_ends_its_ranks(tmp_path, sig, status):
         ranks = [int(f.read_text()) for f in pid_files]
         os.kill(proc.pid, sig)
         assert proc.wait(timeout=30) == status
-        deadline = time.monotonic() + 15         # SIGKILL: each rank notices within its 1 s check
+        deadline = time.monotonic() + 15  # SIGKILL: each rank notices within its 1 s check
         while any(pid_alive(pid) for pid in ranks) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not [pid for pid in ranks if pid_alive(pid)]
         err = proc.stderr.read()
         if sig == signal.SIGTERM:
             assert "minddp.launch: terminated (SIGTERM); the ranks were ended" in err, err
-    finally:                                     # a failing test must not leave its processes either
+    finally:  # a failing test must not leave its processes either
         for pid in [proc.pid] + ranks:
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
@@ -194,8 +200,17 @@ if __name__ == "__main__":
 #: (signal, seconds after the round starts): before the ranks exist, while they are forked, start and join,
 #: while they train and save, for each signal. (Which moment each delay hits varies with the machine; the
 #: outcome must not.)
-STOP_ROUNDS = [("SIGINT", 0.0), ("SIGHUP", 0.05), ("SIGTERM", 0.15), ("SIGINT", 0.4), ("SIGHUP", 0.8),
-               ("SIGTERM", 1.2), ("SIGINT", 2.0), ("SIGHUP", 3.0), ("SIGTERM", 4.0)]
+STOP_ROUNDS = [
+    ("SIGINT", 0.0),
+    ("SIGHUP", 0.05),
+    ("SIGTERM", 0.15),
+    ("SIGINT", 0.4),
+    ("SIGHUP", 0.8),
+    ("SIGTERM", 1.2),
+    ("SIGINT", 2.0),
+    ("SIGHUP", 3.0),
+    ("SIGTERM", 4.0),
+]
 
 
 def test_ctrl_c_sigterm_and_sighup_at_any_moment_end_the_ranks_every_time(tmp_path):
@@ -206,27 +221,37 @@ def test_ctrl_c_sigterm_and_sighup_at_any_moment_end_the_ranks_every_time(tmp_pa
     import json
 
     from processes import as_a_terminal_starts_it
+
     script = tmp_path / "stops.py"
     script.write_text(STOP_AT_ANY_MOMENT)
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path), json.dumps(STOP_ROUNDS)],
-                          capture_output=True, text=True, timeout=240, start_new_session=True,
-                          preexec_fn=as_a_terminal_starts_it)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), json.dumps(STOP_ROUNDS)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        start_new_session=True,
+        preexec_fn=as_a_terminal_starts_it,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rounds = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [(r["signal"], r["delay"]) for r in rounds] == [tuple(r) for r in STOP_ROUNDS], proc.stderr[-3000:]
-    said = {"SIGINT": "interrupted (Ctrl-C)", "SIGTERM": "terminated (SIGTERM)",
-            "SIGHUP": "hung up (SIGHUP: the terminal closed)"}
+    said = {
+        "SIGINT": "interrupted (Ctrl-C)",
+        "SIGTERM": "terminated (SIGTERM)",
+        "SIGHUP": "hung up (SIGHUP: the terminal closed)",
+    }
     for r in rounds:
         assert r["status"] == 128 + getattr(signal, r["signal"]), r
-        assert r["alive"] == [], r                        # every rank ended, by the time launch() raised
-        assert r["checkpoint"] is None or isinstance(r["checkpoint"], int), r   # the last complete one loads
+        assert r["alive"] == [], r  # every rank ended, by the time launch() raised
+        assert r["checkpoint"] is None or isinstance(r["checkpoint"], int), r  # the last complete one loads
         # launch() ends the ranks at once: SIGTERM, 1 s, SIGKILL, at most 5 s for its exit to be reported;
         # the rest is margin for a loaded machine (the failure this guards against never ended at all).
         assert r["ended_s"] < 15, r
     # One line per round whose launch had begun, nothing else: no traceback from a rank or the process server.
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert all(line in {f"minddp.launch: {s}; the ranks were ended" for s in said.values()} for line in lines), \
+    assert all(line in {f"minddp.launch: {s}; the ranks were ended" for s in said.values()} for line in lines), (
         proc.stderr[-3000:]
+    )
     assert sum(r["ranks"] > 0 for r in rounds) <= len(lines) <= len(rounds), (rounds, lines)
 
 
@@ -264,17 +289,24 @@ print(json.dumps(seen))
 def test_stop_signals_raise_once_leave_ignored_ones_and_wait_for_deferred_steps():
     from processes import as_a_terminal_starts_it
 
-    def ignore_hup():                 # as `nohup` starts a command from a terminal
+    def ignore_hup():  # as `nohup` starts a command from a terminal
         as_a_terminal_starts_it()
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    out = subprocess.run([sys.executable, "-c", STOP_SIGNAL_RULES], capture_output=True, text=True, timeout=120,
-                         preexec_fn=ignore_hup)
+
+    out = subprocess.run(
+        [sys.executable, "-c", STOP_SIGNAL_RULES], capture_output=True, text=True, timeout=120, preexec_fn=ignore_hup
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     import json
+
     assert json.loads(out.stdout) == {
-        "ignored hup": "no exception", "term": 143, "second stop": "no exception",
+        "ignored hup": "no exception",
+        "term": 143,
+        "second stop": "no exception",
         "restored": [str(signal.default_int_handler), str(signal.SIG_DFL), str(signal.SIG_IGN)],
-        "deferred": "the block went on", "raised at the end": True}, out.stdout
+        "deferred": "the block went on",
+        "raised at the end": True,
+    }, out.stdout
 
 
 def test_a_script_without_a_main_guard_is_told_how_to_fix_it(tmp_path):
@@ -302,7 +334,8 @@ def test_joins_a_torchrun_job_again_and_again(tmp_path):
     # Each rank writes its results to its own file: two ranks sharing one stdout pipe can lose or
     # merge lines, which made an earlier stdout-parsing version flaky.
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import json, os, sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_launch import rank_info
@@ -310,10 +343,12 @@ def test_joins_a_torchrun_job_again_and_again(tmp_path):
         out = [launch(rank_info, f"torchrun{{i}}", world_size=99)[0] for i in range(3)]   # world from torchrun
         with open(os.path.join({str(tmp_path)!r}, "result-" + os.environ["RANK"] + ".json"), "w") as f:
             json.dump(out, f)
-    """))
+    """)
+    )
     proc = run_torchrun(["--nproc-per-node", "2", "--master-port", str(free_port()), str(script)], timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     import json
+
     per_rank = [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in (0, 1)]
     for rank, results in enumerate(per_rank):
         assert [r["tag"] for r in results] == ["torchrun0", "torchrun1", "torchrun2"]
@@ -323,8 +358,8 @@ def test_joins_a_torchrun_job_again_and_again(tmp_path):
 def train_and_drop_a_temporary(_):
     """A hook stage on a transformers model (its import pins groups: see leave_group), and, last, an
     all_reduce of a tensor Python drops at once: what made a gloo thread abort the process at exit."""
-    from minddp.train.models import build_model
     from minddp.ladder import build_stage
+    from minddp.train.models import build_model
 
     model = build_stage("bucket-async", build_model("tiny-llama", 50, 0, seed=0))
     ids = torch.randint(1, 50, (2, 6))
@@ -344,7 +379,8 @@ def test_a_torchrun_launch_leaves_no_group_threads_behind(tmp_path):
     # A group's gloo threads that outlive launch() may drop a tensor while Python shuts down, and the
     # process aborts at exit ("terminate called without an active exception") after a good run.
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import json, os, sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_launch import train_and_drop_a_temporary, _group_threads
@@ -355,10 +391,12 @@ def test_a_torchrun_launch_leaves_no_group_threads_behind(tmp_path):
             seen.append(_group_threads())
         with open(os.path.join({str(tmp_path)!r}, "threads-" + os.environ["RANK"] + ".json"), "w") as f:
             json.dump(seen, f)
-    """))
+    """)
+    )
     proc = run_torchrun(["--nproc-per-node", "2", "--master-port", str(free_port()), str(script)], timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     import json
+
     for rank in (0, 1):
         assert json.loads((tmp_path / f"threads-{rank}.json").read_text()) == [[], []]
 
@@ -372,11 +410,14 @@ def callbacks_hold_the_group(rounds):
     deadlock avoided"): a comm hook's state in a closure did this to a test.
     """
     from minddp.runtime.launch import join_group, leave_group
+
     rank, world, port = dist.get_rank(), dist.get_world_size(), int(os.environ["MASTER_PORT"])
     for i in range(rounds):
         group = dist.group.WORLD
-        futs = [dist.all_reduce(torch.ones(256), async_op=True).get_future().then(lambda f, g=group: f.value())
-                for _ in range(8)]
+        futs = [
+            dist.all_reduce(torch.ones(256), async_op=True).get_future().then(lambda f, g=group: f.value())
+            for _ in range(8)
+        ]
         del group
         torch.futures.wait_all(futs)
         del futs
@@ -392,14 +433,16 @@ def test_leaving_a_group_while_its_threads_still_hold_callbacks_does_not_abort()
 
 def stuck_after(steps):
     from minddp.runtime.launch import report_step
+
     for step in range(steps):
         report_step(step)
         time.sleep(0.5)
-    time.sleep(600)          # a wait no collective timeout covers
+    time.sleep(600)  # a wait no collective timeout covers
 
 
 def keeps_reporting(steps):
     from minddp.runtime.launch import report_step
+
     for step in range(steps):
         report_step(step)
         time.sleep(0.5)
@@ -410,7 +453,7 @@ def test_stall_watchdog_ends_hung_ranks_but_not_working_ones():
     start = time.monotonic()
     with pytest.raises(RankError) as info:
         launch(stuck_after, 2, world_size=2, stall_s=3)
-    assert time.monotonic() - start < 120     # start-up + 1 s + stall_s (a few s); not the ranks' 600 s sleep
+    assert time.monotonic() - start < 120  # start-up + 1 s + stall_s (a few s); not the ranks' 600 s sleep
     assert info.value.exc_type == "Hung" and set(info.value.errors) == {0, 1}
     assert "no rank made progress for 3 s" in str(info.value) and info.value.step == 1
     # 6 steps of 0.5 s = 3 s in all, longer than stall_s, but every step is progress.

@@ -21,9 +21,21 @@ LAYERS = [
     ("fault tolerance", ["minddp.ft"]),
     ("analysis", ["minddp.analysis", "minddp.costmodel"]),
     ("train", ["minddp.train"]),
-    ("tools", ["minddp.bench", "minddp.notebook", "minddp.exercises", "minddp.doctor", "minddp.analyze",
-               "minddp.model", "minddp.costmodel.__main__", "minddp.costmodel.project", "minddp.costmodel.validate",
-               "minddp.ft.bench"]),
+    (
+        "tools",
+        [
+            "minddp.bench",
+            "minddp.notebook",
+            "minddp.exercises",
+            "minddp.doctor",
+            "minddp.analyze",
+            "minddp.model",
+            "minddp.costmodel.__main__",
+            "minddp.costmodel.project",
+            "minddp.costmodel.validate",
+            "minddp.ft.bench",
+        ],
+    ),
     ("public API", ["minddp"]),
 ]
 
@@ -37,8 +49,15 @@ MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
 def layer_of(module: str) -> int:
-    best = max(((len(prefix), i) for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
-                if module == prefix or module.startswith(prefix + ".")), default=None)
+    best = max(
+        (
+            (len(prefix), i)
+            for i, (_, prefixes) in enumerate(LAYERS)
+            for prefix in prefixes
+            if module == prefix or module.startswith(prefix + ".")
+        ),
+        default=None,
+    )
     assert best is not None, f"{module} is in no layer: add its folder to LAYERS and to docs/layout.md"
     return best[1]
 
@@ -72,8 +91,12 @@ GRAPH = {m: imports_of(m) for m in MODULES}
 
 
 def crossings(graph: dict[str, dict[str, int]]) -> list[str]:
-    return sorted(f"{m}:{line} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
-                  for m, targets in graph.items() for t, line in targets.items() if layer_of(t) > layer_of(m))
+    return sorted(
+        f"{m}:{line} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
+        for m, targets in graph.items()
+        for t, line in targets.items()
+        if layer_of(t) > layer_of(m)
+    )
 
 
 def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
@@ -115,8 +138,12 @@ def test_every_module_imports_only_its_own_layer_and_lower_ones():
 def test_no_module_imports_the_public_api_from_inside_the_package():
     # The package's own modules name the module they need (minddp.runtime.launch), never the root:
     # importing the root from inside would tie every layer to the top one.
-    inward = [f"{MODULES[m].relative_to(PACKAGE.parent)}:{line}" for m, targets in GRAPH.items()
-              for t, line in targets.items() if t == "minddp" and m not in ("minddp.analyze", "minddp.model")]
+    inward = [
+        f"{MODULES[m].relative_to(PACKAGE.parent)}:{line}"
+        for m, targets in GRAPH.items()
+        for t, line in targets.items()
+        if t == "minddp" and m not in ("minddp.analyze", "minddp.model")
+    ]
     assert not inward, "imports of the root package from inside it: " + ", ".join(inward)
 
 

@@ -32,6 +32,7 @@ LATE_TOLERANCE_S = 2.0
 
 # -- the model -----------------------------------------------------------------------------------------
 
+
 def test_ring_formulas():
     spec = LinkSpec("x", bandwidth=1e9, latency=1e-5)
     s, n = 8e6, 4
@@ -41,8 +42,9 @@ def test_ring_formulas():
     assert spec.seconds("broadcast", s, n) == pytest.approx(s / 1e9 + 3 * 1e-5)
     assert spec.seconds("all_reduce", s, 1) == 0.0
     # all_reduce is exactly reduce_scatter followed by all_gather
-    assert spec.seconds("all_reduce", s, 7) == pytest.approx(spec.seconds("reduce_scatter", s, 7)
-                                                              + spec.seconds("all_gather", s, 7))
+    assert spec.seconds("all_reduce", s, 7) == pytest.approx(
+        spec.seconds("reduce_scatter", s, 7) + spec.seconds("all_gather", s, 7)
+    )
     with pytest.raises(ValueError, match="all_to_all"):
         spec.seconds("all_to_all", s, n)
 
@@ -54,8 +56,13 @@ def test_presets_and_custom_links_parse():
     assert custom.bandwidth == pytest.approx(2.5 * GBIT) and custom.latency == pytest.approx(40e-6)
     assert parse_link("800MB/s,0.1ms").bandwidth == pytest.approx(800e6)
     assert parse_link("800MB/s,0.1ms").latency == pytest.approx(1e-4)
-    for bad, cause in [("fast", "unknown link"), ("3gbit", "unknown link"), ("3,40us", "bandwidth"),
-                       ("3gbit,40", "latency"), ("0gbit,1us", "positive")]:
+    for bad, cause in [
+        ("fast", "unknown link"),
+        ("3gbit", "unknown link"),
+        ("3,40us", "bandwidth"),
+        ("3gbit,40", "latency"),
+        ("0gbit,1us", "positive"),
+    ]:
         with pytest.raises(ValueError, match=cause):
             parse_link(bad)
     # a list (--links of bench collectives and the model's commands): a custom link keeps its comma
@@ -67,6 +74,7 @@ def test_presets_and_custom_links_parse():
 
 def test_train_options_name_the_bad_link():
     from minddp.train.config import ConfigError, parse_args
+
     assert parse_args(["--link", "1gbit", "--bucket-cap-mb", "auto"]).bucket_cap_mb == "auto"
     with pytest.raises(ConfigError, match="--link: unknown link 'fast'"):
         parse_args(["--link", "fast"])
@@ -75,6 +83,7 @@ def test_train_options_name_the_bad_link():
 
 
 # -- the emulation, on one process (the real collective is a Future we complete) ------------------------
+
 
 def _done(value=None) -> torch.futures.Future:
     fut = torch.futures.Future()
@@ -89,9 +98,9 @@ def _logged(carry):
 
 
 def test_a_message_completes_no_earlier_than_its_modeled_time_and_returns_the_real_value():
-    link = Link(LinkSpec("slow", bandwidth=1e6, latency=0.0))     # 1 MB/s: 300 kB all_reduce, 2 ranks = 0.3 s
+    link = Link(LinkSpec("slow", bandwidth=1e6, latency=0.0))  # 1 MB/s: 300 kB all_reduce, 2 ranks = 0.3 s
     try:
-        link.carry(_done(), 0, world=2).wait()                       # the link's thread is up
+        link.carry(_done(), 0, world=2).wait()  # the link's thread is up
         modeled = link.seconds("all_reduce", 300_000, 2)
         assert modeled == pytest.approx(0.3)
 
@@ -101,11 +110,12 @@ def test_a_message_completes_no_earlier_than_its_modeled_time_and_returns_the_re
             assert not fut.done(), "carry() must return at once, before the transfer is over"
             assert fut.wait() == "summed"
             return time.perf_counter() - start
+
         elapsed = _logged(carry)
         (entry,) = link.log
         # the schedule, exactly: a free link starts the message when it is handed over, for its modeled time
         assert entry["start"] == entry["handed_over"] and entry["modeled_end"] == entry["start"] + modeled
-        assert entry["delivered"] >= entry["modeled_end"] and elapsed >= modeled          # never early
+        assert entry["delivered"] >= entry["modeled_end"] and elapsed >= modeled  # never early
         assert elapsed <= modeled + LATE_TOLERANCE_S
     finally:
         link.close()
@@ -114,15 +124,16 @@ def test_a_message_completes_no_earlier_than_its_modeled_time_and_returns_the_re
 def test_messages_take_turns_on_the_link():
     link = Link(LinkSpec("slow", bandwidth=1e6, latency=0.0))
     try:
-        link.carry(_done(), 0, world=2).wait()                       # the link's thread is up
+        link.carry(_done(), 0, world=2).wait()  # the link's thread is up
         delivered = {}
 
         def carry():
             start = time.perf_counter()
-            futures = [link.carry(_done(i), 50_000, world=2) for i in range(3)]   # 0.05 s each
+            futures = [link.carry(_done(i), 50_000, world=2) for i in range(3)]  # 0.05 s each
             for fut in futures:
                 fut.then(lambda f: delivered.setdefault(f.value(), time.perf_counter() - start))
             assert [f.wait() for f in futures] == [0, 1, 2]
+
         _logged(carry)
         time.sleep(0.01)
         log = sorted(link.log, key=lambda m: m["seq"])
@@ -133,7 +144,7 @@ def test_messages_take_turns_on_the_link():
             assert after["start"] == before["modeled_end"] and after["handed_over"] <= after["start"]
         for m in log:
             assert m["modeled_end"] == m["start"] + 0.05 and m["delivered"] >= m["modeled_end"]
-        for i in range(3):   # on the wall clock: the k-th message ends no earlier than k full transfers
+        for i in range(3):  # on the wall clock: the k-th message ends no earlier than k full transfers
             assert (i + 1) * 0.05 <= delivered[i] <= (i + 1) * 0.05 + LATE_TOLERANCE_S
         assert delivered[0] < delivered[1] < delivered[2]
     finally:
@@ -159,10 +170,12 @@ def test_a_slow_real_collective_holds_the_message_and_a_failed_one_fails_it():
 
 # -- on ranks: the wire, every stage, torch's DDP, overlap by event order, the trace ---------------------
 
+
 def _model():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
-                               torch.nn.Linear(32, 4))
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)
+    )
 
 
 class _CountingLink(Link):
@@ -180,9 +193,10 @@ class _CountingLink(Link):
 def _train(stage: str, link, python_hook: bool = False) -> list[torch.Tensor]:
     from minddp.ladder import make_optimizer, wrap
     from minddp.ladder.loop import train_step
+
     model = _model()
     wrapped = wrap(stage, model, bucket_cap_mb=0.001, link=link, python_hook=python_hook)
-    optimizer = make_optimizer(stage, model, torch.optim.SGD, link=link, lr=0.1)   # ZeRO-1's all-gathers ride it too
+    optimizer = make_optimizer(stage, model, torch.optim.SGD, link=link, lr=0.1)  # ZeRO-1's all-gathers ride it too
     g = torch.Generator().manual_seed(dist.get_rank())
     for _ in range(2):
         micro = [torch.randn(8, 16, generator=g) for _ in range(2)]
@@ -201,6 +215,7 @@ def _event_order(stage: str, link: Link) -> list[tuple[str, int]]:
     from minddp.comm.default_hooks import allreduce_hook
     from minddp.comm.wire import Wire
     from minddp.ladder import build_stage
+
     events: list[tuple[str, int]] = []
     model = _model()
     wrapped = build_stage(stage, model, bucket_cap_mb=0.001)
@@ -217,23 +232,26 @@ def _event_order(stage: str, link: Link) -> list[tuple[str, int]]:
                     events.append(("back", b))
                     self.set_result(carried.wait())
                 return super().wait()
+
         return BackWhenWaited()
+
     wrapped.register_comm_hook(state, watched)
     for i, p in enumerate(model.parameters()):
         p.register_post_accumulate_grad_hook(lambda p, i=i: events.append(("ready", i)))
     wrapped(torch.randn(8, 16)).pow(2).mean().backward()
-    getattr(wrapped, "finish_gradient_synchronization", lambda: None)()   # ddp finishes inside backward
+    getattr(wrapped, "finish_gradient_synchronization", lambda: None)()  # ddp finishes inside backward
     return events
 
 
 def _on_ranks() -> dict:
     from minddp.comm.wire import Traffic, Wire
+
     out: dict = {}
     n = dist.get_world_size()
     # 1. the wire: a 10 MB all_reduce over a 1 Gbit/s link takes its modeled time, and sums exactly
     link = Link("1gbit")
     wire = Wire(None, traffic=Traffic(), link=link)
-    wire.all_reduce(torch.ones(4)).wait()        # warm: the link's thread and gloo's first call
+    wire.all_reduce(torch.ones(4)).wait()  # warm: the link's thread and gloo's first call
     t = torch.full((2_500_000,), float(dist.get_rank() + 1))
     dist.barrier()
     start = time.perf_counter()
@@ -245,6 +263,7 @@ def _on_ranks() -> dict:
     # 2. bit for bit: every stage with a slow link equals the same stage without one; torch's DDP with the
     #    link (minddp's hook through the wire) equals torch's DDP with torch's own Python allreduce hook
     from minddp.ladder import STAGES
+
     slow = Link("100mbit,200us")
     out["unequal"] = [s for s in STAGES if not all(torch.equal(a, b) for a, b in zip(_train(s, None), _train(s, slow)))]
     if not all(torch.equal(a, b) for a, b in zip(_train("torch", None, python_hook=True), _train("torch", slow))):
@@ -261,11 +280,13 @@ def _on_ranks() -> dict:
     out["order"] = {s: _event_order(s, crawl) for s in ("hook", "hook-async", "bucket-async", "ddp")}
     # 4. the trace: the link's transfers are written in, and the analysis counts them as communication
     import tempfile
+
     from minddp.analysis import cpu
     from minddp.analysis.events import read_trace
-    from minddp.runtime.profiling import StepProfiler
     from minddp.ladder import wrap
     from minddp.ladder.loop import train_step
+    from minddp.runtime.profiling import StepProfiler
+
     model = _model()
     traced = Link("1gbit")
     wrapped = wrap("bucket-async", model, bucket_cap_mb=0.001, link=traced)
@@ -284,8 +305,9 @@ def _on_ranks() -> dict:
     out["transfer_bytes"] = sorted({e["args"]["bytes"] for e in transfers})
     out["bucket_bytes"] = sorted({sum(p.numel() * 4 for p in b) for b in wrapped.buckets})
     out["on_comm_thread"] = all(e["tid"] in iv.comm_threads for e in transfers)
-    out["counted_as_comm"] = all(any(s <= e["ts"] and e["ts"] + e["dur"] <= t + 1e-3 for s, t in iv.comm)
-                                 for e in transfers)
+    out["counted_as_comm"] = all(
+        any(s <= e["ts"] and e["ts"] + e["dur"] <= t + 1e-3 for s, t in iv.comm) for e in transfers
+    )
     timeline = cpu.bucket_timeline(trace)
     out["timeline_has_comm"] = all(r["comm_end_us"] >= r["comm_start_us"] >= 0 for r in timeline)
     for each in (link, slow, crawl, traced):
@@ -316,8 +338,11 @@ def test_the_sharded_stages_send_every_collective_over_the_link(ranks):
     for r in ranks:
         # ZeRO-1: ddp's all_reduce of the gradients, then the optimizer's all-gather of the parameters;
         # zero2 and FSDP: reduce-scattered gradients, all-gathered parameters
-        assert r["kinds"] == {"zero1": ["all_gather", "all_reduce"], "zero2": ["all_gather", "reduce_scatter"],
-                              "fsdp": ["all_gather", "reduce_scatter"]}, r["kinds"]
+        assert r["kinds"] == {
+            "zero1": ["all_gather", "all_reduce"],
+            "zero2": ["all_gather", "reduce_scatter"],
+            "fsdp": ["all_gather", "reduce_scatter"],
+        }, r["kinds"]
 
 
 def test_async_stages_keep_computing_while_the_link_carries(ranks):
@@ -341,6 +366,6 @@ def test_async_stages_keep_computing_while_the_link_carries(ranks):
 
 def test_the_trace_shows_the_link_as_communication(ranks):
     for r in ranks:
-        assert r["transfers"] == 2 * r["buckets"] == r["placed"]    # 2 profiled steps, one transfer per bucket
+        assert r["transfers"] == 2 * r["buckets"] == r["placed"]  # 2 profiled steps, one transfer per bucket
         assert r["transfer_bytes"] == r["bucket_bytes"]
         assert r["on_comm_thread"] and r["counted_as_comm"] and r["timeline_has_comm"]

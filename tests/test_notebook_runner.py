@@ -12,12 +12,11 @@ import os
 import time
 
 import pytest
+from processes import descendants
 
 from minddp.notebook import CellError, Cluster
 from minddp.notebook.display import render_text
 from minddp.runtime.processes import alive as _alive
-
-from processes import descendants
 
 WORLD = 2
 
@@ -25,6 +24,7 @@ WORLD = 2
 def rank_square(x):
     """A module-level function the ranks can import by name."""
     import torch.distributed as dist
+
     return (dist.get_rank() + x) ** 2
 
 
@@ -46,7 +46,8 @@ def test_cluster_state_output_failures_and_restart():
         cluster.run("x = rank * 10")
         outs = cluster.run("import sys\nprint('out', rank)\nprint('err', rank, file=sys.stderr)\nx + 1")
         assert [(o.rank, o.stdout, o.stderr, o.value) for o in outs] == [
-            (r, f"out {r}\n", f"err {r}\n", r * 10 + 1) for r in range(WORLD)]
+            (r, f"out {r}\n", f"err {r}\n", r * 10 + 1) for r in range(WORLD)
+        ]
         text = render_text(outs)
         for r in range(WORLD):
             block = text.split(f"[rank {r}]")[1].split("[rank")[0]
@@ -82,8 +83,10 @@ def test_cluster_state_output_failures_and_restart():
 
         # A rank that ignores everything is ended by pid and the cluster restarts, empty.
         with pytest.raises(CellError) as info:
-            cluster.run("import signal, time\nif rank == 0:\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-                        "    time.sleep(600)\nraise RuntimeError('rank fails')")
+            cluster.run(
+                "import signal, time\nif rank == 0:\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                "    time.sleep(600)\nraise RuntimeError('rank fails')"
+            )
         assert info.value.exc_types[0] == "Restarted" and cluster.restarts == 1
         assert wait_gone(pids) == [] and not set(pids) & set(cluster.pids)
         outs = cluster.run("u = torch.ones(1)\ndist.all_reduce(u)\n(u.item(), 'x' in globals())")
@@ -111,30 +114,34 @@ def test_output_arrives_while_the_cell_still_runs(tmp_path):
         seen.append((r, kind, text))
         if "tick 0" in text:
             (tmp_path / f"seen{r}").touch()
-    cell = ("import os, time\n"
-            "print('tick', 0, rank, flush=True)\n"
-            f"deadline = time.monotonic() + 60\n"
-            f"while not os.path.exists({str(tmp_path)!r} + f'/seen{{rank}}') and time.monotonic() < deadline:\n"
-            "    time.sleep(0.02)\n"
-            "print('streamed' if time.monotonic() < deadline else 'not streamed', flush=True)\n"
-            "for i in (1, 2):\n"
-            "    print('tick', i, rank, flush=True)")
+
+    cell = (
+        "import os, time\n"
+        "print('tick', 0, rank, flush=True)\n"
+        f"deadline = time.monotonic() + 60\n"
+        f"while not os.path.exists({str(tmp_path)!r} + f'/seen{{rank}}') and time.monotonic() < deadline:\n"
+        "    time.sleep(0.02)\n"
+        "print('streamed' if time.monotonic() < deadline else 'not streamed', flush=True)\n"
+        "for i in (1, 2):\n"
+        "    print('tick', i, rank, flush=True)"
+    )
     with Cluster(world_size=WORLD) as cluster:
         outs = cluster.run(cell, on_stream=on_stream)
-    for out in outs:                          # and the report is still complete, stream or not
+    for out in outs:  # and the report is still complete, stream or not
         assert out.stdout == f"tick 0 {out.rank}\nstreamed\n" + "".join(f"tick {i} {out.rank}\n" for i in (1, 2))
         assert "".join(text for r, kind, text in seen if r == out.rank and kind == "stdout") == out.stdout
 
 
 def test_live_view_prints_whole_lines_per_rank_after_its_delay(capsys):
     from minddp.notebook.display import LiveView
+
     live = LiveView(delay_s=0)
     live.write(0, "stdout", "hel")
     live.write(1, "stderr", "oops\n")
-    live.write(0, "stdout", "lo\nwor")                # 'wor' waits for its newline
+    live.write(0, "stdout", "lo\nwor")  # 'wor' waits for its newline
     captured = capsys.readouterr()
     assert captured.out == "[rank 0] hello\n" and captured.err == "[rank 1] oops\n" and live.shown
-    quiet = LiveView(delay_s=60)                      # a quick cell: nothing shown live, nothing to clear
+    quiet = LiveView(delay_s=60)  # a quick cell: nothing shown live, nothing to clear
     quiet.write(0, "stdout", "done\n")
     quiet.close()
     assert capsys.readouterr().out == "" and not quiet.shown
@@ -146,6 +153,7 @@ def test_kernel_magics_and_kernel_restart_leave_nothing_behind():
 
     km, kc = start_new_kernel(kernel_name="python3")
     try:
+
         def execute(code: str) -> list[dict]:
             outputs = []
             kc.execute_interactive(code, timeout=120, output_hook=lambda m: outputs.append(m))
@@ -157,8 +165,11 @@ def test_kernel_magics_and_kernel_restart_leave_nothing_behind():
         assert texts.index("[rank 0]") < texts.index("hello 0") < texts.index("[rank 1]") < texts.index("hello 1")
         # A long cell shows its lines live, then clears them for the final per-rank blocks.
         msgs = []
-        kc.execute_interactive("%%distributed\nimport time\nfor i in range(3):\n    print('tick', i, flush=True)\n"
-                               "    time.sleep(0.6)", timeout=120, output_hook=msgs.append)
+        kc.execute_interactive(
+            "%%distributed\nimport time\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(0.6)",
+            timeout=120,
+            output_hook=msgs.append,
+        )
         kinds = [m["msg_type"] for m in msgs]
         live = [i for i, m in enumerate(msgs) if kinds[i] == "stream" and "[rank 0] tick 2" in m["content"]["text"]]
         final = [i for i, m in enumerate(msgs) if kinds[i] == "stream" and m["content"]["text"] == "[rank 0]\n"]
@@ -168,14 +179,17 @@ def test_kernel_magics_and_kernel_restart_leave_nothing_behind():
         out = execute("%%rank 7\nrank")
         # IPython prints a UsageError as one line on stderr, without a traceback.
         assert "UsageError: %%rank 7: this cluster has ranks 0..1" in "".join(
-            c.get("text", "") for c in out if c.get("name") == "stderr")
+            c.get("text", "") for c in out if c.get("name") == "stderr"
+        )
         # %dist_mode on: plain cells go to the ranks; magics stay in the kernel.
         out = execute("%dist_mode on")
         out = execute("rank + 100")
         texts = "".join(c.get("text", "") + c.get("data", {}).get("text/plain", "") for c in out)
         assert all(f"[rank {r}]" in texts and str(100 + r) in texts for r in range(2))
         execute("%dist_mode off")
-        out = execute("import os\nfrom minddp.notebook import current_cluster\nprint(current_cluster().pids, os.getpid())")
+        out = execute(
+            "import os\nfrom minddp.notebook import current_cluster\nprint(current_cluster().pids, os.getpid())"
+        )
         pids_line = [c["text"] for c in out if c.get("name") == "stdout"][0]
         worker_pids = [int(p) for p in pids_line.split("]")[0].strip("[").split(",")]
         kernel_pid = int(pids_line.split("]")[1])

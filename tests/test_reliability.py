@@ -17,15 +17,15 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from processes import run_torchrun
 from torch import nn
 
 from minddp import RankError, launch
 from minddp.comm.default_hooks import allreduce_hook, fp16_compress_hook
 from minddp.comm.registry import make_hook
-from minddp.runtime.launch import report_step
-from minddp.ladder.loop import train_step
 from minddp.ladder import STAGES, build_stage
-from processes import run_torchrun
+from minddp.ladder.loop import train_step
+from minddp.runtime.launch import report_step
 
 #: The collective timeout of these runs. It counts from a collective's start, after start-up, so a run that
 #: ends less than TIMEOUT_S after its launch cannot have waited it out. At 120 s that holds with start-up
@@ -34,6 +34,7 @@ TIMEOUT_S = 120
 
 
 # -- failures mid-training ----------------------------------------------------------------------------
+
 
 class Bomb(nn.Module):
     """Identity, except when armed: raise in forward, raise in backward, or SIGKILL this process."""
@@ -108,31 +109,35 @@ def _port_free(port: int) -> bool:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("where, stage, kind", [
-    ("kill", "bucket-async", "ProcessDied"),
-    ("forward", "hook-async", "ValueError"),
-    ("backward", "bucket", "ValueError"),
-    ("hook", "ddp", "RuntimeError"),
-])
+@pytest.mark.parametrize(
+    "where, stage, kind",
+    [
+        ("kill", "bucket-async", "ProcessDied"),
+        ("forward", "hook-async", "ValueError"),
+        ("backward", "bucket", "ValueError"),
+        ("hook", "ddp", "RuntimeError"),
+    ],
+)
 def test_a_failing_rank_ends_the_run_naming_rank_and_step_and_leaves_nothing(where, stage, kind, tmp_path):
     start = time.monotonic()
     with pytest.raises(RankError) as info:
         launch(fail_mid_training, where, stage, str(tmp_path), world_size=2, timeout_s=TIMEOUT_S)
     elapsed = time.monotonic() - start
     err = info.value
-    assert elapsed < TIMEOUT_S                       # the others did not wait out a dead peer
+    assert elapsed < TIMEOUT_S  # the others did not wait out a dead peer
     assert (err.rank, err.step, err.exc_type) == (1, 2, kind)
     assert str(err).startswith("rank 1 ") and "at step 2" in str(err).splitlines()[0]
     if kind != "ProcessDied":
         assert f"boom in {where if where != 'hook' else 'comm hook'}" in err.traceback
     pids_ports = [open(tmp_path / f"rank{r}").read().split() for r in (0, 1)]
-    assert all(_gone(int(pid)) for pid, _ in pids_ports)                  # no orphan rank, by pid
-    assert _port_free(int(pids_ports[0][1]))                              # the rendezvous port is free
+    assert all(_gone(int(pid)) for pid, _ in pids_ports)  # no orphan rank, by pid
+    assert _port_free(int(pids_ports[0][1]))  # the rendezvous port is free
 
 
 def kill_rank1_at_step2(cfg, stage, data, folder):
     """train_rank, with rank 1 SIGKILLed in the middle of its third step."""
     import minddp.ladder.loop
+
     real, calls = minddp.ladder.loop.train_step, []
 
     def train_step(*args):
@@ -143,24 +148,46 @@ def kill_rank1_at_step2(cfg, stage, data, folder):
 
     minddp.ladder.loop.train_step = train_step
     from minddp.train.run import train_rank
+
     return train_rank(cfg, stage, data, folder)
 
 
 @pytest.mark.timeout(150)
 def test_train_cli_reports_a_killed_rank_in_one_line_with_exit_1(monkeypatch, capsys, tmp_path):
     from minddp.train import run as train
+
     real_launch = train.launch
     monkeypatch.setattr(train, "launch", lambda fn, *a, **k: real_launch(kill_rank1_at_step2, *a, **k))
     start = time.monotonic()
-    rc = train.main(["--stage", "bucket-async", "--steps", "5", "--no-profile", "--batch-size", "4",
-                     "--grad-accum", "2", "--max-seq-len", "32", "--eval-examples", "16", "--no-progress",
-                     "--timeout", str(TIMEOUT_S), "--checkpoint-dir", str(tmp_path)])
-    assert rc == 1 and time.monotonic() - start < TIMEOUT_S     # not waited out: see TIMEOUT_S
+    rc = train.main(
+        [
+            "--stage",
+            "bucket-async",
+            "--steps",
+            "5",
+            "--no-profile",
+            "--batch-size",
+            "4",
+            "--grad-accum",
+            "2",
+            "--max-seq-len",
+            "32",
+            "--eval-examples",
+            "16",
+            "--no-progress",
+            "--timeout",
+            str(TIMEOUT_S),
+            "--checkpoint-dir",
+            str(tmp_path),
+        ]
+    )
+    assert rc == 1 and time.monotonic() - start < TIMEOUT_S  # not waited out: see TIMEOUT_S
     first = [line for line in capsys.readouterr().err.splitlines() if line.startswith("minddp.train:")][-1]
     assert "stage bucket-async: rank 1 died" in first and "at step 2" in first
 
 
 # -- misuse: the same error on every rank ----------------------------------------------------------
+
 
 def _message(fn) -> str | None:
     try:
@@ -204,11 +231,13 @@ def misuse_on_every_rank() -> dict:
     # every rank): the same settings must pass, different ones must be named
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
     from torch_oracle import cpu_safe_torch_powersgd
+
     cpu_safe_torch_powersgd()
     for key, approx_rank in (("torch_state_same", 1), ("torch_state_differs", 1 + rank)):
         ddp = build_stage("ddp", Wide(4))
-        ddp.register_comm_hook(torch_psgd.PowerSGDState(None, matrix_approximation_rank=approx_rank),
-                               torch_psgd.powerSGD_hook)
+        ddp.register_comm_hook(
+            torch_psgd.PowerSGDState(None, matrix_approximation_rank=approx_rank), torch_psgd.powerSGD_hook
+        )
         out[key] = _message(lambda: _backward(ddp, x))
     # 4. NaN/Inf in one rank's gradient: off by default, raised on every rank when asked for
     bad = torch.full_like(x, float("nan")) if rank == 1 else x
@@ -229,18 +258,19 @@ def misuse_on_every_rank() -> dict:
 def test_misuse_raises_the_same_clear_error_on_every_rank():
     start = time.monotonic()
     per_rank = launch(misuse_on_every_rank, world_size=2, timeout_s=TIMEOUT_S)
-    assert time.monotonic() - start < TIMEOUT_S      # every check answered, none waited for a timeout
+    assert time.monotonic() - start < TIMEOUT_S  # every check answered, none waited for a timeout
     for rank, out in enumerate(per_rank):
         for stage in STAGES:
             msg = out[f"shape/{stage}"]
             assert msg and "same model across all ranks" in msg and "net.0.weight" in msg, (rank, stage, msg)
         assert "rank 1 has 4 parameters while rank 0 has 2" in out["count"]
         assert "float64" in out["dtype"] and "float32" in out["dtype"]
-        assert "hook: rank 1 has 'fp16_compress_hook', rank 0 has 'allreduce_hook'" \
-            in out["hooks_differ"]
+        assert "hook: rank 1 has 'fp16_compress_hook', rank 0 has 'allreduce_hook'" in out["hooks_differ"]
         assert out["torch_state_same"] is None
-        assert "matrix_approximation_rank=2" in out["torch_state_differs"] \
+        assert (
+            "matrix_approximation_rank=2" in out["torch_state_differs"]
             and "matrix_approximation_rank=1" in out["torch_state_differs"]
+        )
         # ddp's first plan is one bucket, so the caps differ, not (yet) the buckets
         assert "bucket_cap_mb: rank 1 has" in out["cap_differs/ddp"]
         assert out["nan_default"] is None
@@ -256,6 +286,7 @@ def test_misuse_raises_the_same_clear_error_on_every_rank():
 
 # -- under torchrun: a stuck peer is named before the process-group timeout ---------------------------
 
+
 def stuck_rank1_at_step2():
     model = nn.Linear(4, 1)
     ddp = build_stage("bucket-async", model)
@@ -263,7 +294,7 @@ def stuck_rank1_at_step2():
     for step in range(5):
         report_step(step)
         if dist.get_rank() == 1 and step == 2:
-            time.sleep(120)                      # a peer that hangs (not dies): nobody tells rank 0
+            time.sleep(120)  # a peer that hangs (not dies): nobody tells rank 0
         train_step(ddp, optimizer, [torch.randn(2, 4)], lambda m, b: m(b).sum())
 
 
@@ -272,14 +303,17 @@ def test_under_torchrun_a_stuck_peer_is_named_within_the_timeout_with_its_step(t
     # The hang bound is clamped to half the collective timeout (2.5 s here), so the stuck rank is named
     # before rank 0's collective times out (which would name rank 0, the one that waited).
     import textwrap
+
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_reliability import stuck_rank1_at_step2
         from minddp import launch
         launch(stuck_rank1_at_step2, timeout_s=5)
-    """))
+    """)
+    )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -289,4 +323,4 @@ def test_under_torchrun_a_stuck_peer_is_named_within_the_timeout_with_its_step(t
     # takes about 15 s, most of it start-up)
     assert proc.returncode != 0 and time.monotonic() - start < 100
     assert "minddp: rank 1 hung at step 2: ranks [0] have waited" in proc.stderr, proc.stderr[-3000:]
-    assert "time.sleep(120)" in proc.stderr           # where rank 1 was stuck, printed by rank 1 itself
+    assert "time.sleep(120)" in proc.stderr  # where rank 1 was stuck, printed by rank 1 itself

@@ -20,17 +20,40 @@ import signal
 import pytest
 import torch
 import torch.distributed as dist
+from cli_checks import usage_error
 from torch import nn
 
-from cli_checks import usage_error
 from minddp import RankError, launch
 from minddp.train import run as train
 from minddp.train.checkpoint import CheckpointError, atomic_write, load_checkpoint, read_checkpoint, save_checkpoint
 
 STAGE = "bucket-async"
-COMMON = ["--stage", STAGE, "--steps", "6", "--save-every", "3", "--no-profile", "--batch-size", "4",
-          "--grad-accum", "2", "--max-seq-len", "32", "--eval-examples", "16", "--no-progress", "--seed", "3",
-          "--hook", "powersgd", "--powersgd-start-iter", "2", "--timeout", "30"]
+COMMON = [
+    "--stage",
+    STAGE,
+    "--steps",
+    "6",
+    "--save-every",
+    "3",
+    "--no-profile",
+    "--batch-size",
+    "4",
+    "--grad-accum",
+    "2",
+    "--max-seq-len",
+    "32",
+    "--eval-examples",
+    "16",
+    "--no-progress",
+    "--seed",
+    "3",
+    "--hook",
+    "powersgd",
+    "--powersgd-start-iter",
+    "2",
+    "--timeout",
+    "30",
+]
 
 
 def _sha(path) -> str:
@@ -40,6 +63,7 @@ def _sha(path) -> str:
 def die_during_second_save(cfg, stage, data, folder, note):
     """train_rank, but rank 0 SIGKILLs itself half-way through writing its second checkpoint."""
     import minddp.train.checkpoint as ckpt
+
     saves = []
 
     def write_half_then_die(f, data):
@@ -48,7 +72,7 @@ def die_during_second_save(cfg, stage, data, folder, note):
             target = os.path.join(cfg.checkpoint_dir, f"{stage}.pt")
             with open(note, "w") as out:  # what the good checkpoint was, just before the crash
                 out.write(_sha(target))
-            f.write(data[:len(data) // 2])
+            f.write(data[: len(data) // 2])
             f.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         f.write(data)
@@ -69,16 +93,39 @@ def runs(tmp_path_factory):
     cfg = train.parse_args(COMMON + ["--checkpoint-dir", str(b)])
     data, backend, run_dir = train.prepare(cfg)
     with pytest.raises(RankError) as crash:
-        launch(die_during_second_save, cfg, STAGE, data, run_dir, str(tmp / "sha"), world_size=2,
-               backend=backend, timeout_s=cfg.timeout)
-    survived = {"sha_before": (tmp / "sha").read_text(), "sha_after": _sha(b / f"{STAGE}.pt"),
-                "litter": sorted(os.listdir(b)), "crash": crash.value}
+        launch(
+            die_during_second_save,
+            cfg,
+            STAGE,
+            data,
+            run_dir,
+            str(tmp / "sha"),
+            world_size=2,
+            backend=backend,
+            timeout_s=cfg.timeout,
+        )
+    survived = {
+        "sha_before": (tmp / "sha").read_text(),
+        "sha_after": _sha(b / f"{STAGE}.pt"),
+        "litter": sorted(os.listdir(b)),
+        "crash": crash.value,
+    }
     survived["step"] = read_checkpoint(str(b / f"{STAGE}.pt"))["step"]
-    assert train.main(COMMON + ["--checkpoint-dir", str(b), "--resume", str(b / f"{STAGE}.pt"),
-                                "--summary-json", str(tmp / "c.json")]) == 0
+    assert (
+        train.main(
+            COMMON
+            + ["--checkpoint-dir", str(b), "--resume", str(b / f"{STAGE}.pt"), "--summary-json", str(tmp / "c.json")]
+        )
+        == 0
+    )
     survived["after_resume"] = sorted(os.listdir(b))
-    return {"tmp": tmp, "a": a, "b": b, "survived": survived,
-            "losses": {k: json.loads((tmp / f"{k}.json").read_text())["stages"][STAGE]["losses"] for k in "ac"}}
+    return {
+        "tmp": tmp,
+        "a": a,
+        "b": b,
+        "survived": survived,
+        "losses": {k: json.loads((tmp / f"{k}.json").read_text())["stages"][STAGE]["losses"] for k in "ac"},
+    }
 
 
 def test_crash_during_a_save_leaves_the_previous_checkpoint_intact(runs):
@@ -94,12 +141,13 @@ def test_crash_during_a_save_leaves_the_previous_checkpoint_intact(runs):
 def test_a_save_removes_only_the_temporaries_whose_writer_is_gone(tmp_path):
     import subprocess
     import sys
+
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead_pid, live_pid = int(gone.stdout), os.getppid()          # a pid that exited, one that runs
+    dead_pid, live_pid = int(gone.stdout), os.getppid()  # a pid that exited, one that runs
     path = tmp_path / "x.pt"
     for pid in (dead_pid, live_pid):
         (tmp_path / f".x.pt.tmp-{pid}").write_bytes(b"half")
-    (tmp_path / ".other.pt.tmp-1").write_bytes(b"not ours")       # another checkpoint's: left alone
+    (tmp_path / ".other.pt.tmp-1").write_bytes(b"not ours")  # another checkpoint's: left alone
     atomic_write(b"new", str(path))
     assert sorted(os.listdir(tmp_path)) == [".other.pt.tmp-1", f".x.pt.tmp-{live_pid}", "x.pt"]
 
@@ -115,29 +163,31 @@ def test_resumed_run_equals_the_uninterrupted_one_bitwise(runs):
     assert sa.keys() == sc.keys() and all(torch.equal(sa[i][k], sc[i][k]) for i in sa for k in sa[i])
     for rank in (0, 1):
         ha, hc = _rank_share(a, rank)["hook_state"], _rank_share(c, rank)["hook_state"]
-        assert ha["iter"] == hc["iter"] == 6 and ha["error_dict"]            # PowerSGD was compressing
+        assert ha["iter"] == hc["iter"] == 6 and ha["error_dict"]  # PowerSGD was compressing
         for memory in ("error_dict", "p_memory_dict", "q_memory_dict"):
             assert ha[memory].keys() == hc[memory].keys()
             assert all(torch.equal(ha[memory][k], hc[memory][k]) for k in ha[memory])
         assert torch.equal(_rank_share(a, rank)["rng"]["torch"], _rank_share(c, rank)["rng"]["torch"])
 
 
-@pytest.mark.parametrize("extra, cause", [
-    (["--world-size", "3", "--global-batch-size", "24", "--batch-size", "4"], "saved by 2 ranks, this run has 3"),
-    (["--hook", "allreduce"], "--hook 'powersgd' there, 'allreduce' here"),
-    (["--seed", "4"], "--seed 3 there, 4 here"),
-    (["--steps", "3"], "is at step 6 already; give --steps above 6"),
-    (["--stage", "all"], "pick that --stage instead of 'all'"),
-    (["--stage", "ddp"], "rebuilds its buckets after its first step"),
-])
-def test_a_checkpoint_of_another_run_is_refused_in_one_line_before_any_rank(runs, extra, cause, capsys,
-                                                                             monkeypatch):
+@pytest.mark.parametrize(
+    "extra, cause",
+    [
+        (["--world-size", "3", "--global-batch-size", "24", "--batch-size", "4"], "saved by 2 ranks, this run has 3"),
+        (["--hook", "allreduce"], "--hook 'powersgd' there, 'allreduce' here"),
+        (["--seed", "4"], "--seed 3 there, 4 here"),
+        (["--steps", "3"], "is at step 6 already; give --steps above 6"),
+        (["--stage", "all"], "pick that --stage instead of 'all'"),
+        (["--stage", "ddp"], "rebuilds its buckets after its first step"),
+    ],
+)
+def test_a_checkpoint_of_another_run_is_refused_in_one_line_before_any_rank(runs, extra, cause, capsys, monkeypatch):
     monkeypatch.setattr(train, "launch", lambda *a, **k: pytest.fail("a rank was started"))
     argv = COMMON + ["--resume", str(runs["a"] / f"{STAGE}.pt")]
     for i in range(0, len(extra), 2):  # later options win in argparse; drop the old value for clarity
         if extra[i] in argv:
             j = argv.index(extra[i])
-            del argv[j:j + 2]
+            del argv[j : j + 2]
     assert train.main(argv + extra) == 2
     usage_error(capsys.readouterr().err, "train", cause)
 
@@ -157,10 +207,31 @@ def test_resume_checks_the_model_up_front_when_the_same_data_path_now_builds_ano
     data = tmp_path / "pairs.csv"
     rows = [f"{a} met {b},{b} met {a},{int(a < b)}" for a in "abcdefgh" for b in "abcdefgh"]
     data.write_text("sentence1,sentence2,label\n" + "\n".join(rows) + "\n")
-    argv = ["--stage", STAGE, "--dataset", str(data), "--steps", "3", "--save-every", "2", "--no-profile",
-            "--batch-size", "2", "--grad-accum", "1", "--max-seq-len", "16", "--eval-examples", "4",
-            "--no-progress", "--checkpoint-dir", str(tmp_path / "ck"), "--timeout", "30"]
-    assert train.main(argv) == 0                          # a single CSV file is a data set (10% held out)
+    argv = [
+        "--stage",
+        STAGE,
+        "--dataset",
+        str(data),
+        "--steps",
+        "3",
+        "--save-every",
+        "2",
+        "--no-profile",
+        "--batch-size",
+        "2",
+        "--grad-accum",
+        "1",
+        "--max-seq-len",
+        "16",
+        "--eval-examples",
+        "4",
+        "--no-progress",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        "--timeout",
+        "30",
+    ]
+    assert train.main(argv) == 0  # a single CSV file is a data set (10% held out)
     with open(data, "a") as f:
         f.write("\n".join(f"zebra{i} quokka{i},yak{i},1" for i in range(20)) + "\n")
     monkeypatch.setattr(train, "launch", lambda *a, **k: pytest.fail("a rank was started"))
@@ -172,7 +243,7 @@ def test_resume_checks_the_model_up_front_when_the_same_data_path_now_builds_ano
 def test_corrupt_truncated_foreign_and_other_model_files_are_refused(runs, tmp_path):
     good = runs["a"] / f"{STAGE}.pt"
     truncated = tmp_path / "truncated.pt"
-    truncated.write_bytes(good.read_bytes()[:len(good.read_bytes()) // 3])
+    truncated.write_bytes(good.read_bytes()[: len(good.read_bytes()) // 3])
     with pytest.raises(CheckpointError, match="corrupt or truncated.*resume from an earlier checkpoint"):
         read_checkpoint(str(truncated))
     foreign = tmp_path / "foreign.pt"
@@ -186,6 +257,7 @@ def test_corrupt_truncated_foreign_and_other_model_files_are_refused(runs, tmp_p
 
 def test_an_exception_during_a_write_keeps_the_old_file_and_leaves_no_litter(tmp_path, monkeypatch):
     import minddp.train.checkpoint as ckpt
+
     path = tmp_path / "x.pt"
     atomic_write(b"old and good", str(path))
 
@@ -204,13 +276,15 @@ def save_and_load_on_ranks(path):
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    torch.manual_seed(100 + dist.get_rank())   # per-rank RNG stream to get back
-    save_checkpoint(path, model=model, optimizer=opt, step=7, config={"world_size": 2},
-                    extra={"losses": [float(dist.get_rank())]})
+    torch.manual_seed(100 + dist.get_rank())  # per-rank RNG stream to get back
+    save_checkpoint(
+        path, model=model, optimizer=opt, step=7, config={"world_size": 2}, extra={"losses": [float(dist.get_rank())]}
+    )
     expected = torch.rand(3)
     torch.manual_seed(999)
     ckpt = load_checkpoint(path, model=model, config={"world_size": 2}, rank=dist.get_rank())
     from minddp.train.checkpoint import restore
+
     restore(ckpt, optimizer=opt)
     return ckpt["step"], ckpt["rank"]["losses"], torch.equal(torch.rand(3), expected)
 

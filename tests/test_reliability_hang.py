@@ -21,18 +21,17 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-
-from minddp import RankError, launch
-
-from minddp.train import run as train
-from minddp.runtime.hang import BEAT_S, Beat, Detector
-from minddp.runtime.launch import report_step
 from processes import descendants, run_torchrun
 from rank_faults import train_rank_with_fault
+
+from minddp import RankError, launch
+from minddp.runtime.hang import Beat, Detector
+from minddp.runtime.launch import report_step
 from minddp.runtime.processes import alive
+from minddp.train import run as train
 
 HANG_S = 4.0
-TIMEOUT_S = 120     # the collective timeout: the runs must end long before it
+TIMEOUT_S = 120  # the collective timeout: the runs must end long before it
 #: docs/reliability.md: a hung rank is named within hang_s + 2 beats, and the ranks are ended within ~2 s more
 #: (9 s here): that is the rules' timing on made-up beats (test_frozen_rank...: t == 7 for hang_s=4). On the
 #: wall clock a loaded machine adds to it (the monitor that is held up resets its clock rather than blame a
@@ -42,6 +41,7 @@ NAMED_WITHIN_S = HANG_S + 30.0
 
 
 # -- the rules, on made-up beats ---------------------------------------------------------------------
+
 
 def _beat(n, step=5, seq=10, cpu=1.0, phase=""):
     return Beat(n, step, seq, cpu, pid=1000, host="h", phase=phase)
@@ -68,12 +68,16 @@ def test_frozen_rank_is_named_after_hang_s_and_only_while_a_peer_is_alive():
 
 def test_behind_names_the_idle_rank_that_never_joined_but_spares_stragglers_and_solo_work():
     def frames(cpu_of_1=lambda t: 1.0, phase="", step=5, seq_1=9):
-        return [{0: _beat(t, seq=10), 1: _beat(t, step=step, seq=seq_1, cpu=cpu_of_1(t), phase=phase)}
-                for t in range(12)]
+        return [
+            {0: _beat(t, seq=10), 1: _beat(t, step=step, seq=seq_1, cpu=cpu_of_1(t), phase=phase)} for t in range(12)
+        ]
+
     verdict, t = _feed(Detector(hang_s=4), frames())
     assert verdict.rule == "behind" and verdict.ranks == [1] and t == 5
-    assert "ranks [0] have waited 5 s in a collective it has not joined (it launched 9 collectives, they 10)" \
+    assert (
+        "ranks [0] have waited 5 s in a collective it has not joined (it launched 9 collectives, they 10)"
         in verdict.why[1]
+    )
     # its training thread computes (a straggler): not hung
     assert _feed(Detector(hang_s=4), frames(cpu_of_1=lambda t: 1.0 + 0.8 * t)) == (None, None)
     # it said it works alone (a checkpoint write): the collective timeout bounds it, not this rule
@@ -99,6 +103,7 @@ def test_progress_a_finished_rank_and_a_held_up_monitor_reset_the_clock():
 
 # -- a stopped rank, on the local launcher (through the train command) and under torchrun --------------
 
+
 def stop_rank1(note):
     """On rank 1: note the pid and the time, then SIGSTOP this process (a fault for rank_faults)."""
     if dist.get_rank() == 1:
@@ -113,18 +118,40 @@ def test_train_cli_names_a_stopped_rank_within_the_bound(monkeypatch, capfd, tmp
     # "rank 0 failed" with gloo's timeout; rank 1 never named.
     note = str(tmp_path / "stopped")
     real_launch = train.launch
-    monkeypatch.setattr(train, "launch",
-                        lambda fn, *a, **k: real_launch(train_rank_with_fault, *a, stop_rank1, 4, note, **k))
-    rc = train.main(["--stage", "bucket-async", "--steps", "500", "--no-profile", "--batch-size", "2",
-                     "--grad-accum", "1", "--max-seq-len", "16", "--eval-examples", "8", "--progress",
-                     "--timeout", str(TIMEOUT_S), "--hang-timeout", str(HANG_S), "--checkpoint-dir", str(tmp_path)])
+    monkeypatch.setattr(
+        train, "launch", lambda fn, *a, **k: real_launch(train_rank_with_fault, *a, stop_rank1, 4, note, **k)
+    )
+    rc = train.main(
+        [
+            "--stage",
+            "bucket-async",
+            "--steps",
+            "500",
+            "--no-profile",
+            "--batch-size",
+            "2",
+            "--grad-accum",
+            "1",
+            "--max-seq-len",
+            "16",
+            "--eval-examples",
+            "8",
+            "--progress",
+            "--timeout",
+            str(TIMEOUT_S),
+            "--hang-timeout",
+            str(HANG_S),
+            "--checkpoint-dir",
+            str(tmp_path),
+        ]
+    )
     ended = time.time()
     pid, stopped = open(note).read().split()
     assert rc == 1 and ended - float(stopped) < NAMED_WITHIN_S, ended - float(stopped)
     err = capfd.readouterr().err
     line = next(x for x in err.splitlines() if "minddp.train: stage" in x)
     assert line.startswith("minddp.train: stage bucket-async: rank 1 stopped responding at step 3: no heartbeat"), err
-    assert not alive(int(pid))                           # the stopped rank was ended too, by its pid
+    assert not alive(int(pid))  # the stopped rank was ended too, by its pid
 
 
 def idle_rank1_at_step2():
@@ -139,6 +166,7 @@ def idle_rank1_at_step2():
 
 def threading_event_that_never_fires():
     import threading
+
     threading.Event().wait(600)
 
 
@@ -153,7 +181,7 @@ def test_a_rank_idle_outside_a_collective_is_named_with_its_stack():
     assert time.monotonic() - start < TIMEOUT_S
     assert (err.rank, err.step, err.exc_type) == (1, 2, "Hung")
     assert str(err).startswith("rank 1 hung at step 2: ranks [0] have waited")
-    assert "threading_event_that_never_fires" in err.traceback     # where its training thread was
+    assert "threading_event_that_never_fires" in err.traceback  # where its training thread was
 
 
 def _free_port() -> int:
@@ -194,8 +222,10 @@ def _job(tmp_path) -> str:
 
 @pytest.mark.timeout(120)
 def test_under_torchrun_a_stopped_rank_is_named_and_the_job_ends_within_the_bound(tmp_path):
-    proc = run_torchrun(["--nproc-per-node", "2", "--master-port", str(_free_port()), _job(tmp_path),
-                         str(tmp_path), "stop"], timeout=110)
+    proc = run_torchrun(
+        ["--nproc-per-node", "2", "--master-port", str(_free_port()), _job(tmp_path), str(tmp_path), "stop"],
+        timeout=110,
+    )
     ended = time.time()
     stopped = float((tmp_path / "stopped").read_text())
     # (+ torchrun's agent noticing its workers ended: its monitor polls every few seconds)
@@ -208,9 +238,23 @@ def test_under_torchrun_a_stopped_rank_is_named_and_the_job_ends_within_the_boun
 @pytest.mark.timeout(120)
 def test_killing_the_torchrun_agent_leaves_no_worker(tmp_path):
     # torchrun starts its workers in their own session: before, SIGKILL to torchrun left them training.
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                             "--master-port", str(_free_port()), _job(tmp_path), str(tmp_path), "run"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(_free_port()),
+            _job(tmp_path),
+            str(tmp_path),
+            "run",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     workers = []
     try:
         deadline = time.monotonic() + 90
@@ -219,7 +263,7 @@ def test_killing_the_torchrun_agent_leaves_no_worker(tmp_path):
             time.sleep(0.2)
         time.sleep(0.5)
         workers = [int((tmp_path / f"rank{r}.pid").read_text()) for r in (0, 1)]
-        assert set(workers) <= descendants(proc.pid)          # they are this torchrun's workers
+        assert set(workers) <= descendants(proc.pid)  # they are this torchrun's workers
         proc.kill()
         proc.wait(timeout=30)
         killed = time.monotonic()
@@ -228,7 +272,7 @@ def test_killing_the_torchrun_agent_leaves_no_worker(tmp_path):
         while any(alive(pid) for pid in workers) and time.monotonic() - killed < 30:
             time.sleep(0.1)
         assert not [pid for pid in workers if alive(pid)], "a worker outlived its torchrun agent"
-    finally:                                                  # a failing test leaves nothing either
+    finally:  # a failing test leaves nothing either
         for pid in workers:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)

@@ -15,14 +15,14 @@ import json
 import pytest
 import torch
 import torch.distributed as dist
-
 import toy_models
+
 from minddp import launch
-from minddp.train import run as train
 from minddp.ladder import make_optimizer, wrap
 from minddp.ladder.loop import train_step
-from minddp.train import sharded_checkpoint
 from minddp.sharding.shards import chunk_range
+from minddp.train import run as train
+from minddp.train import sharded_checkpoint
 
 STAGES = ["zero1", "zero2", "fsdp"]
 ROWS = 4
@@ -71,13 +71,20 @@ def save_then_resume(stage: str, folder: str) -> dict:
     uninterrupted = full(wrapped, model)
     model, wrapped, optimizer = build(stage, 100 + rank)
     steps(stage, model, wrapped, optimizer, batches(2, 1))
-    sharded_checkpoint.save(folder, wrapped, model, optimizer, step=2, config={"stage": stage}, extra={"losses": [rank]})
+    sharded_checkpoint.save(
+        folder, wrapped, model, optimizer, step=2, config={"stage": stage}, extra={"losses": [rank]}
+    )
     at_save = {"params": full(wrapped, model), "state": local_state(stage, model, optimizer)}
     model, wrapped, optimizer = build(stage, 500 + rank)
     step, mine = sharded_checkpoint.load(folder, wrapped, model, optimizer)
     steps(stage, model, wrapped, optimizer, batches(2, 2))
-    return {"uninterrupted": uninterrupted, "resumed": full(wrapped, model), "step": step, "mine": mine["losses"],
-            "at_save": at_save}
+    return {
+        "uninterrupted": uninterrupted,
+        "resumed": full(wrapped, model),
+        "step": step,
+        "mine": mine["losses"],
+        "at_save": at_save,
+    }
 
 
 def load_at_three(stage: str, folder: str) -> dict:
@@ -117,8 +124,9 @@ def test_interrupted_and_resumed_equals_uninterrupted_bitwise(runs, stage):
     two, _ = runs[stage]
     for rank, r in enumerate(two):
         assert r["step"] == 2 and r["mine"] == [rank]
-        assert torch.equal(r["resumed"], r["uninterrupted"]), \
+        assert torch.equal(r["resumed"], r["uninterrupted"]), (
             f"{stage} rank {rank}: {(r['resumed'] - r['uninterrupted']).abs().max():.3g}"
+        )
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -129,7 +137,7 @@ def test_a_checkpoint_saved_at_two_ranks_loads_at_three(runs, stage):
     assert saved.keys() == loaded.keys()
     for key in saved:
         assert torch.equal(saved[key], loaded[key]), (stage, key)
-    assert [r["mine"] for r in three] == [[0], [1], [0]]       # rank 2 takes rank 0's extras (2 % 2)
+    assert [r["mine"] for r in three] == [[0], [1], [0]]  # rank 2 takes rank 0's extras (2 % 2)
     # ... and trains on: as one process that did the same two phases
     model = toy_models.build("llama", 100)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -138,38 +146,74 @@ def test_a_checkpoint_saved_at_two_ranks_loads_at_three(runs, stage):
         optimizer.step()
         optimizer.zero_grad()
     reference = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    for r in three:    # 3-rank sums round otherwise than one process, as the DDP stages' do on this model
-        assert torch.allclose(r["continued"], reference, rtol=1e-5, atol=1e-5), \
+    for r in three:  # 3-rank sums round otherwise than one process, as the DDP stages' do on this model
+        assert torch.allclose(r["continued"], reference, rtol=1e-5, atol=1e-5), (
             f"{stage}: {(r['continued'] - reference).abs().max():.3g}"
+        )
 
 
 def test_chunks_are_dtensor_shards():
     """minddp's chunks are the ones DTensor's Shard(0) cuts, so DCP can reshard them (torch's own split)."""
     for n in (1, 5, 10, 64, 1001):
         for world in (2, 3, 4):
-            pieces = list(torch.arange(n).chunk(world))          # DTensor's Shard(0) cuts as torch.chunk
+            pieces = list(torch.arange(n).chunk(world))  # DTensor's Shard(0) cuts as torch.chunk
             pieces += [torch.arange(0)] * (world - len(pieces))
-            assert [chunk_range(n, world, r) for r in range(world)] == \
-                [(int(p[0]), int(p[-1]) + 1) if p.numel() else (n, n) for p in pieces], (n, world)
+            assert [chunk_range(n, world, r) for r in range(world)] == [
+                (int(p[0]), int(p[-1]) + 1) if p.numel() else (n, n) for p in pieces
+            ], (n, world)
 
 
-COMMON = ["--stage", "fsdp", "--no-profile", "--batch-size", "4", "--grad-accum", "2", "--max-seq-len", "32",
-          "--eval-examples", "16", "--no-progress", "--seed", "5", "--timeout", "60"]
+COMMON = [
+    "--stage",
+    "fsdp",
+    "--no-profile",
+    "--batch-size",
+    "4",
+    "--grad-accum",
+    "2",
+    "--max-seq-len",
+    "32",
+    "--eval-examples",
+    "16",
+    "--no-progress",
+    "--seed",
+    "5",
+    "--timeout",
+    "60",
+]
 
 
 def test_train_command_resumes_a_sharded_stage_bitwise_and_at_another_world_size(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
-    assert train.main(COMMON + ["--steps", "4", "--checkpoint-dir", str(a), "--summary-json", str(tmp_path / "a.json")]) == 0
+    assert (
+        train.main(COMMON + ["--steps", "4", "--checkpoint-dir", str(a), "--summary-json", str(tmp_path / "a.json")])
+        == 0
+    )
     assert train.main(COMMON + ["--steps", "2", "--save-every", "2", "--checkpoint-dir", str(b)]) == 0
     assert (b / "fsdp" / "minddp.json").exists()
-    assert train.main(COMMON + ["--steps", "4", "--resume", str(b / "fsdp"), "--checkpoint-dir", str(b),
-                                "--summary-json", str(tmp_path / "c.json")]) == 0
+    assert (
+        train.main(
+            COMMON
+            + [
+                "--steps",
+                "4",
+                "--resume",
+                str(b / "fsdp"),
+                "--checkpoint-dir",
+                str(b),
+                "--summary-json",
+                str(tmp_path / "c.json"),
+            ]
+        )
+        == 0
+    )
     losses = {k: json.loads((tmp_path / f"{k}.json").read_text())["stages"]["fsdp"]["losses"] for k in "ac"}
     assert losses["a"] == losses["c"]
     # At 3 ranks the command accepts it (loading it at 3 ranks is the test above; the run is the same code).
     cfg = train.parse_args(COMMON + ["--steps", "3", "--world-size", "3", "--resume", str(b / "fsdp")])
     shapes = train.model_shapes(cfg, train.prepare(cfg)[0])
     train.check_resume(cfg, shapes)
-    with pytest.raises(train.ConfigError, match="another run"):      # but not another run's
-        train.check_resume(train.parse_args(COMMON + ["--steps", "3", "--seed", "6", "--resume", str(b / "fsdp")]),
-                           shapes)
+    with pytest.raises(train.ConfigError, match="another run"):  # but not another run's
+        train.check_resume(
+            train.parse_args(COMMON + ["--steps", "3", "--seed", "6", "--resume", str(b / "fsdp")]), shapes
+        )

@@ -32,8 +32,8 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-
 import toy_models
+
 from minddp import launch
 from minddp.analysis import analyze_run
 from minddp.analysis.cpu import bucket_timeline, rank_intervals
@@ -74,9 +74,18 @@ class HeldUntilWaited(Link):
                     with torch.profiler.record_function(f"minddp.link_wait#{seq}"):
                         pass
                     value = real.wait()
-                    link.log.append({"seq": seq, "kind": kind, "bytes": nbytes, "ranks": world,
-                                     "handed_over": handed_over, "start": handed_over, "modeled_end": waited,
-                                     "delivered": time.perf_counter()})
+                    link.log.append(
+                        {
+                            "seq": seq,
+                            "kind": kind,
+                            "bytes": nbytes,
+                            "ranks": world,
+                            "handed_over": handed_over,
+                            "start": handed_over,
+                            "modeled_end": waited,
+                            "delivered": time.perf_counter(),
+                        }
+                    )
                     self.set_result(value)
                 return super().wait()
 
@@ -95,8 +104,9 @@ def profiled(stage: str, folder: str) -> None:
             prof.step()
     link.annotate_trace(prof.path)
     if rank == 0:
-        write_json(os.path.join(folder, stage, "config.json"), {"run_name": "overlap", "stage": stage,
-                                                                "world_size": world})
+        write_json(
+            os.path.join(folder, stage, "config.json"), {"run_name": "overlap", "stage": stage, "world_size": world}
+        )
 
 
 def run_both(folder: str) -> None:
@@ -121,6 +131,7 @@ def last_step(folder: str, stage: str):
 
     def markers(prefix: str) -> dict[int, float]:
         return {int(e["name"].rpartition("#")[2]): e["ts"] - s0 for e in mine if e["name"].startswith(prefix)}
+
     return trace, bucket_timeline(trace), markers("minddp.link_send#"), markers("minddp.link_wait#"), s0, mine
 
 
@@ -135,8 +146,9 @@ def test_zero2_reduce_scatters_are_in_flight_while_backward_computes(traces):
     backward_nodes = sorted(e["ts"] - s0 for e in events if e["name"].startswith("autograd::engine::evaluate_function"))
     scatters = [r for r in rows if r["hook"] == "reduce_scatter_hook"]
     assert len(scatters) > 1, rows
-    in_flight = [r for r in scatters
-                 if [t for t in backward_nodes if sent[seq_of(r, sent)] < t < waited[seq_of(r, sent)]]]
+    in_flight = [
+        r for r in scatters if [t for t in backward_nodes if sent[seq_of(r, sent)] < t < waited[seq_of(r, sent)]]
+    ]
     # all but the last bucket leave while backward still has nodes to run, and none is waited for before them
     assert len(in_flight) >= len(scatters) - 1, (scatters, sent, waited)
 
@@ -162,7 +174,7 @@ def test_fsdp_prefetches_the_next_units_all_gather_before_computing(traces):
 def test_the_analysis_counts_all_gathers_and_sees_the_overlap(traces):
     result = analyze_run(traces)
     stages = result.stages
-    assert stages.loc["fsdp", "allgather_calls_per_step"] >= 3      # 2 units forward, the first again backward
-    assert stages.loc["zero2", "allgather_calls_per_step"] >= 1     # the parameters, before the forward
+    assert stages.loc["fsdp", "allgather_calls_per_step"] >= 3  # 2 units forward, the first again backward
+    assert stages.loc["zero2", "allgather_calls_per_step"] >= 1  # the parameters, before the forward
     # the link's transfers span hand-over to wait, which the tests above show to hold compute
     assert stages.loc["zero2", "comm_comp_overlap_pctg"] > 0 and stages.loc["fsdp", "comm_comp_overlap_pctg"] > 0

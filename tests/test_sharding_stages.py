@@ -13,14 +13,13 @@ One launch per world size runs every case and returns what the tests check.
 
 from __future__ import annotations
 
-
 import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
-
 import toy_models
+
 from minddp import FullyShardedDataParallel, launch
 from minddp.ladder import build_stage
 from minddp.ladder.loop import train_step
@@ -28,13 +27,25 @@ from minddp.sharding.fsdp import blocks_of
 from minddp.sharding.shards import chunk_range, chunk_size
 
 STEPS, ROWS = 4, 4
-OPTIMIZERS = {"adamw": lambda params: torch.optim.AdamW(params, lr=0.01, weight_decay=0.1),
-              "sgd": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9)}
+OPTIMIZERS = {
+    "adamw": lambda params: torch.optim.AdamW(params, lr=0.01, weight_decay=0.1),
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+}
 #: name -> (stage, units or compute dtype); the units: per Linear, per block, the whole model as one.
-VARIANTS = {"zero2": ("zero2", None), "fsdp-one": ("fsdp", None), "fsdp-units": ("fsdp", "units"),
-            "bucket-async": ("bucket-async", None)}
-CASES = [("mlp", 1, "adamw"), ("mlp", 3, "sgd"), ("tied", 1, "adamw"), ("tied", 3, "adamw"), ("llama", 1, "adamw"),
-         ("llama", 3, "sgd")]
+VARIANTS = {
+    "zero2": ("zero2", None),
+    "fsdp-one": ("fsdp", None),
+    "fsdp-units": ("fsdp", "units"),
+    "bucket-async": ("bucket-async", None),
+}
+CASES = [
+    ("mlp", 1, "adamw"),
+    ("mlp", 3, "sgd"),
+    ("tied", 1, "adamw"),
+    ("tied", 3, "adamw"),
+    ("llama", 1, "adamw"),
+    ("llama", 3, "sgd"),
+]
 DTYPE_CASES = [("mlp", torch.float16), ("mlp", torch.bfloat16), ("tied", torch.float16), ("llama", torch.bfloat16)]
 #: At 3 ranks (uneven chunks, sums in another order) a subset, to keep the suite fast.
 CASES_3 = [("mlp", 1, "adamw"), ("tied", 3, "adamw"), ("llama", 1, "adamw")]
@@ -52,8 +63,9 @@ def units_of(model_name: str, model):
 def wrap(variant: str, model_name: str, model, compute_dtype=None):
     stage, units = VARIANTS[variant]
     if stage == "fsdp":
-        return FullyShardedDataParallel(model, shard=units_of(model_name, model) if units else None,
-                                        compute_dtype=compute_dtype)
+        return FullyShardedDataParallel(
+            model, shard=units_of(model_name, model) if units else None, compute_dtype=compute_dtype
+        )
     return build_stage(stage, model, bucket_cap_mb=0.001)
 
 
@@ -65,28 +77,39 @@ def full_flat(wrapped, model) -> torch.Tensor:
 
 def gradient_report(wrapped, model) -> list[tuple]:
     """After finish: (name, has grad, grad dtype == param dtype, grad shape == param shape, replicated, grad)."""
-    sharded = {id(s) for u in getattr(wrapped, "units", []) for s in u.shards} | \
-              {id(s) for s in getattr(wrapped, "shard", {}).values()}
-    return [(name, p.grad is not None, p.grad is not None and p.grad.dtype == p.dtype,
-             p.grad is not None and p.grad.shape == p.shape, id(p) not in sharded,
-             None if p.grad is None else p.grad.detach().clone())
-            for name, p in model.named_parameters() if p.requires_grad]
+    sharded = {id(s) for u in getattr(wrapped, "units", []) for s in u.shards} | {
+        id(s) for s in getattr(wrapped, "shard", {}).values()
+    }
+    return [
+        (
+            name,
+            p.grad is not None,
+            p.grad is not None and p.grad.dtype == p.dtype,
+            p.grad is not None and p.grad.shape == p.shape,
+            id(p) not in sharded,
+            None if p.grad is None else p.grad.detach().clone(),
+        )
+        for name, p in model.named_parameters()
+        if p.requires_grad
+    ]
 
 
 def train(model_name, accum, opt_name, variant, compute_dtype=None) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     model = toy_models.build(model_name, 100 + rank)
     wrapped = wrap(variant, model_name, model, compute_dtype)
-    optimizer = OPTIMIZERS[opt_name](model.parameters())          # after wrapping: the shards
+    optimizer = OPTIMIZERS[opt_name](model.parameters())  # after wrapping: the shards
     grads = None
     for step, batch in enumerate(toy_models.global_batches(model_name, STEPS, ROWS * world * accum)):
         micro = [toy_models.shard(toy_models.shard(batch, m, accum), rank, world) for m in range(accum)]
-        if step == STEPS - 1:          # look at the gradients of the last step before the optimizer takes them
+        if step == STEPS - 1:  # look at the gradients of the last step before the optimizer takes them
             original = optimizer.step
+
             def step_and_look():
                 nonlocal grads
                 grads = gradient_report(wrapped, model)
                 original()
+
             optimizer.step = step_and_look
         train_step(wrapped, optimizer, micro, toy_models.loss_fn)
     return {"final": full_flat(wrapped, model), "grads": grads}
@@ -95,6 +118,7 @@ def train(model_name, accum, opt_name, variant, compute_dtype=None) -> dict:
 def hooked_gradients(stage: str) -> dict:
     """One backward of the MLP through each hook's reduce-scatter form; every shard's gradient, gathered whole."""
     from minddp.ladder import wrap as wrap_in_stage
+
     rank, world = dist.get_rank(), dist.get_world_size()
     batch = toy_models.global_batches("mlp", 1, ROWS * world)[0]
     out = {}
@@ -107,7 +131,7 @@ def hooked_gradients(stage: str) -> dict:
         for p in model.parameters():
             pieces = [torch.empty(chunk_size(p_full_numel(wrapped, p), world)) for _ in range(world)]
             dist.all_gather(pieces, torch.nn.functional.pad(p.grad, (0, pieces[0].numel() - p.grad.numel())))
-            grads.append(torch.cat(pieces)[:p_full_numel(wrapped, p)])
+            grads.append(torch.cat(pieces)[: p_full_numel(wrapped, p)])
         out[hook] = torch.cat(grads)
     return out
 
@@ -158,11 +182,11 @@ def single_process(model_name: str, accum: int, opt_name: str, world: int, dtype
             micro = toy_models.shard(batch, m, accum)
             if dtype is None:
                 (toy_models.loss_fn(forward, micro) / accum).backward()
-            else:       # 16-bit gradients are rounded per backward: each rank's shard on its own, as DP does
+            else:  # 16-bit gradients are rounded per backward: each rank's shard on its own, as DP does
                 params = [p for p in model.parameters() if p.requires_grad]
                 for r in range(world):
                     loss = toy_models.loss_fn(forward, toy_models.shard(micro, r, world)) / accum
-                    for p, g in zip(params, torch.autograd.grad(loss, params)):    # fp32: the casts' backward
+                    for p, g in zip(params, torch.autograd.grad(loss, params)):  # fp32: the casts' backward
                         p.grad = g / world if p.grad is None else p.grad + g / world
         optimizer.step()
         optimizer.zero_grad()
@@ -185,9 +209,10 @@ def test_sharded_stages_match_single_process_and_keep_ranks_identical(runs):
             assert all(torch.equal(finals[0], f) for f in finals[1:]), f"{variant} {case}: ranks differ"
             error = (finals[0] - reference).abs().max()
             # As tight as the DDP stages: within their own test's tolerance, or no further off than bucket-async.
-            assert torch.allclose(finals[0], reference, rtol=1e-5, atol=1e-6) or error <= 1.5 * ddp_error, \
+            assert torch.allclose(finals[0], reference, rtol=1e-5, atol=1e-6) or error <= 1.5 * ddp_error, (
                 f"{variant} {case}: {error:.3g} from single-process training (bucket-async: {ddp_error:.3g})"
-        if world == 2:      # two addends sum alike in any order: zero2 averages bucket-async's very numbers
+            )
+        if world == 2:  # two addends sum alike in any order: zero2 averages bucket-async's very numbers
             assert torch.equal(per_rank[0][("zero2",) + case]["final"], per_rank[0][("bucket-async",) + case]["final"])
 
 
@@ -199,9 +224,10 @@ def test_fsdp_compute_dtype_matches_a_single_process_casting_the_same_way(runs):
         reference = single_process(model_name, 1, "sgd", world, dtype=dtype)
         for variant in ("fsdp-one", "fsdp-units"):
             final = per_rank[0][(variant, model_name, dtype)]["final"]
-            assert final.dtype == torch.float32                 # the master weights stay fp32
-            assert (final - reference).abs().max() <= 1e-4, \
+            assert final.dtype == torch.float32  # the master weights stay fp32
+            assert (final - reference).abs().max() <= 1e-4, (
                 f"{variant} {model_name} {dtype}: {(final - reference).abs().max():.3g}"
+            )
 
 
 def test_gradients_after_finish_are_present_in_master_dtype_shaped_like_the_shard(runs):
@@ -236,17 +262,22 @@ def test_sharded_stages_take_the_reduce_scatter_form_of_each_stateless_hook(runs
             torch.testing.assert_close(got, global_grad, rtol=tol, atol=tol * 0.1, msg=f"{stage} {hook}")
         if stage == "fsdp":
             continue
-        own = []                                   # each rank's chunk of its own gradient, / world
+        own = []  # each rank's chunk of its own gradient, / world
         for rank in range(world):
             local = toy_models.build("mlp", 100)
             toy_models.loss_fn(local, toy_models.shard(batch, rank, world)).backward()
             own.append([p.grad.reshape(-1) / world for p in local.parameters()])
-        expected = torch.cat([torch.cat([own[r][i][slice(*chunk_range(g.numel(), world, r))] for r in range(world)])
-                              for i, g in enumerate(own[0])])
+        expected = torch.cat(
+            [
+                torch.cat([own[r][i][slice(*chunk_range(g.numel(), world, r))] for r in range(world)])
+                for i, g in enumerate(own[0])
+            ]
+        )
         assert torch.equal(per_rank[0]["hooks"][stage]["noop"], expected), stage
 
 
 def test_a_hook_without_a_reduce_scatter_form_is_refused_before_any_rank(capsys):
     from minddp.train import run as train
+
     assert train.main(["--stage", "fsdp", "--hook", "powersgd", "--steps", "1"]) == 2
     assert "has no reduce-scatter form" in capsys.readouterr().err

@@ -12,22 +12,24 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-
 import toy_models
-from minddp.runtime import compat
+
 from minddp import launch
+from minddp.runtime import compat
 
 STEPS, ROWS = 3, 4
 
 
 def flat(model) -> torch.Tensor:
-    return torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().reshape(-1)
-                      for p in model.parameters()])
+    return torch.cat(
+        [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().reshape(-1) for p in model.parameters()]
+    )
 
 
 def zero_run(option: str):
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
+
     rank, world = dist.get_rank(), dist.get_world_size()
     model = toy_models.build("mlp", 100 + rank)
     ddp = DistributedDataParallel(model)
@@ -35,11 +37,16 @@ def zero_run(option: str):
         if option == "overlap_with_ddp":
             from torch.distributed.algorithms.ddp_comm_hooks.ddp_zero_hook import hook_with_zero_step
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
             optimizer = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.AdamW, lr=0.01, overlap_with_ddp=True)
             ddp.register_comm_hook(None, hook_with_zero_step(allreduce_hook, ddp, optimizer))
         else:
-            optimizer = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.AdamW, lr=0.01,
-                                                parameters_as_bucket_view=option == "parameters_as_bucket_view")
+            optimizer = ZeroRedundancyOptimizer(
+                ddp.parameters(),
+                torch.optim.AdamW,
+                lr=0.01,
+                parameters_as_bucket_view=option == "parameters_as_bucket_view",
+            )
     except RuntimeError as exc:
         return f"refused: {exc}"
     for batch in toy_models.global_batches("mlp", STEPS, ROWS * world):
@@ -54,10 +61,14 @@ def zero_run(option: str):
 def fsdp_run(option: str):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     rank, world = dist.get_rank(), dist.get_world_size()
     model = toy_models.build("mlp", 100)
     # the CPU, said explicitly: fully_shard's default mesh is cuda:<rank> wherever CUDA is available
-    kwargs, dtype = {"mesh": init_device_mesh("cpu", (world,))}, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(option)
+    kwargs, dtype = (
+        {"mesh": init_device_mesh("cpu", (world,))},
+        {"bf16": torch.bfloat16, "fp16": torch.float16}.get(option),
+    )
     if dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     if option == "reshard_after_forward=False":
@@ -82,7 +93,7 @@ def gloo_collectives():
     try:
         dist.all_reduce(averaged, op=dist.ReduceOp.AVG)
         compat.reduce_scatter_single(scattered, torch.full((2 * world,), float(rank + 1)), op=dist.ReduceOp.AVG)
-    except RuntimeError as exc:          # torch 2.6's gloo: "Cannot use ReduceOp.AVG with Gloo"
+    except RuntimeError as exc:  # torch 2.6's gloo: "Cannot use ReduceOp.AVG with Gloo"
         averaged = scattered = str(exc)
     work = compat.reduce_scatter_single(torch.zeros(2), torch.ones(2 * world), async_op=True)
     try:
@@ -91,7 +102,7 @@ def gloo_collectives():
     except RuntimeError as exc:
         future = str(exc)
     work.wait()
-    as_list = lambda t: t if isinstance(t, str) else t.tolist()      # noqa: E731
+    as_list = lambda t: t if isinstance(t, str) else t.tolist()  # noqa: E731
     return as_list(averaged), as_list(scattered), future
 
 
@@ -105,16 +116,25 @@ def fsdp_refusal() -> str:
 
 
 def rank_main() -> dict:
-    fsdp = {o: fsdp_run(o) for o in ("fp32", "reshard_after_forward=False", "bf16", "fp16")} \
-        if compat.TORCH_FULLY_SHARD_ON_CPU else {"refused": fsdp_refusal()}
-    return {"zero": {o: zero_run(o) for o in ("plain", "parameters_as_bucket_view", "overlap_with_ddp")},
-            "fsdp": fsdp, "gloo": gloo_collectives()}
+    fsdp = (
+        {o: fsdp_run(o) for o in ("fp32", "reshard_after_forward=False", "bf16", "fp16")}
+        if compat.TORCH_FULLY_SHARD_ON_CPU
+        else {"refused": fsdp_refusal()}
+    )
+    return {
+        "zero": {o: zero_run(o) for o in ("plain", "parameters_as_bucket_view", "overlap_with_ddp")},
+        "fsdp": fsdp,
+        "gloo": gloo_collectives(),
+    }
 
 
 def single(world: int, optimizer: str, dtype=None) -> tuple[torch.Tensor, dict]:
     model = toy_models.build("mlp", 100)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01) if optimizer == "adamw" else \
-        torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = (
+        torch.optim.AdamW(model.parameters(), lr=0.01)
+        if optimizer == "adamw"
+        else torch.optim.SGD(model.parameters(), lr=0.1)
+    )
     for batch in toy_models.global_batches("mlp", STEPS, ROWS * world):
         for r in range(world) if dtype is not None else [None]:
             if r is None:
@@ -148,9 +168,13 @@ def test_zero_overlap_with_ddp_is_refused_on_gloo(runs):
     """Row: overlap_with_ddp=True (ZeRO stepping inside DDP's hook) refuses gloo at construction."""
     _, per_rank = runs
     # torch 2.13 and 2.15 name gloo; 2.6 says what it needs instead ("... requires NCCL/HCCL backend ...")
-    assert all(r["zero"]["overlap_with_ddp"].startswith("refused: Gloo backend using Overlapping DDP with ZeRO")
-               or r["zero"]["overlap_with_ddp"].startswith("refused: Overlapping DDP with ZeRO using this approach "
-                                                           "currently requires NCCL") for r in per_rank)
+    assert all(
+        r["zero"]["overlap_with_ddp"].startswith("refused: Gloo backend using Overlapping DDP with ZeRO")
+        or r["zero"]["overlap_with_ddp"].startswith(
+            "refused: Overlapping DDP with ZeRO using this approach currently requires NCCL"
+        )
+        for r in per_rank
+    )
 
 
 def test_fully_shard_trains_correctly_on_gloo(runs):
@@ -158,7 +182,7 @@ def test_fully_shard_trains_correctly_on_gloo(runs):
     (the silent wrong average of pytorch#162338 is gone in 2.13); bf16/fp16 params with fp32 reduce:
     within 1e-4 of a single process casting the same way. Parameters stay on the CPU."""
     world, per_rank = runs
-    if not compat.TORCH_FULLY_SHARD_ON_CPU:      # torch 2.6: the flag is checked against what torch does
+    if not compat.TORCH_FULLY_SHARD_ON_CPU:  # torch 2.6: the flag is checked against what torch does
         assert "record_event" in per_rank[0]["fsdp"]["refused"], per_rank[0]["fsdp"]
         pytest.skip(f"torch {torch.__version__}'s fully_shard has no CPU path (torch.cpu.Stream.record_event)")
     reference, _ = single(world, "sgd")
@@ -177,7 +201,7 @@ def test_gloo_averages_and_reduce_scatters_but_its_reduce_scatter_has_no_future(
     mean = sum(range(1, world + 1)) / world
     release = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
     for averaged, scattered, future in (r["gloo"] for r in per_rank):
-        if release < (2, 13) and isinstance(averaged, str):      # 2.6: refused, loudly (not a wrong average)
+        if release < (2, 13) and isinstance(averaged, str):  # 2.6: refused, loudly (not a wrong average)
             assert "Cannot use ReduceOp.AVG with Gloo" in averaged
         else:
             assert averaged == [mean] * 4 and scattered == [mean] * 2

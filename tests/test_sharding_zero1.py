@@ -14,9 +14,9 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
+import toy_models
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-import toy_models
 from minddp import DistributedDataParallel, ZeroRedundancyOptimizer, launch
 from minddp.ladder import build_stage
 from minddp.ladder.loop import train_step
@@ -26,7 +26,7 @@ STEPS, ROWS = 4, 4
 OPTIMIZERS = {
     "adamw": (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1)),
     "sgd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
-    "adafactor": (torch.optim.Adafactor, dict(lr=0.01)),       # needs whole tensors: owned whole by one rank
+    "adafactor": (torch.optim.Adafactor, dict(lr=0.01)),  # needs whole tensors: owned whole by one rank
 }
 CASES = [(model, opt) for model in ("mlp", "tied", "llama") for opt in ("adamw", "sgd")] + [("llama", "adafactor")]
 LADDER = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
@@ -35,7 +35,10 @@ LADDER = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 def groups_of(model: torch.nn.Module) -> list[dict]:
     """Two parameter groups with different learning rates (biases apart), so groups are exercised."""
     params = list(model.parameters())
-    return [{"params": [p for p in params if p.dim() > 1]}, {"params": [p for p in params if p.dim() <= 1], "lr": 0.003}]
+    return [
+        {"params": [p for p in params if p.dim() > 1]},
+        {"params": [p for p in params if p.dim() <= 1], "lr": 0.003},
+    ]
 
 
 def flat(model) -> torch.Tensor:
@@ -43,20 +46,21 @@ def flat(model) -> torch.Tensor:
 
 
 def train(model_name: str, opt_name: str, wrapper: str, accum: int = 1, zero: str = "minddp"):
-    """On this rank: ``wrapper`` (a ladder stage, ``ddp`` or ``torch``) + a ZeRO optimizer; final params and state dict."""
+    """On this rank: ``wrapper`` (a ladder stage, ``ddp`` or ``torch``) + a ZeRO optimizer; final params, state dict."""
     rank, world = dist.get_rank(), dist.get_world_size()
     model = toy_models.build(model_name, 100 + rank)
     if wrapper == "torch":
         wrapped = TorchDDP(model)
     elif wrapper == "ddp":
         wrapped = DistributedDataParallel(model, bucket_cap_mb=0.001)
-    elif wrapper == "ddp-like-torch":          # torch's default buckets: gloo then sums in the same order
+    elif wrapper == "ddp-like-torch":  # torch's default buckets: gloo then sums in the same order
         wrapped = DistributedDataParallel(model)
     else:
         wrapped = build_stage(wrapper, model, bucket_cap_mb=0.001)
     cls, kw = OPTIMIZERS[opt_name]
     if zero == "torch":
         from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
+
         optimizer = TorchZero(groups_of(model), cls, **kw)
     else:
         optimizer = ZeroRedundancyOptimizer(groups_of(model), cls, **kw)
@@ -70,7 +74,8 @@ def train(model_name: str, opt_name: str, wrapper: str, accum: int = 1, zero: st
 def balance(model_name: str) -> list[int]:
     """AdamW state bytes each rank holds after one step of an offline model (every gradient zero)."""
     from minddp.train.models import build_model
-    model = build_model(model_name, vocab_size=92, pad_token_id=0, seed=0)   # the offline data's vocabulary
+
+    model = build_model(model_name, vocab_size=92, pad_token_id=0, seed=0)  # the offline data's vocabulary
     optimizer = ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
@@ -90,11 +95,14 @@ def rank_main(world: int) -> dict:
         out[("ddp-accum", "mlp", "adamw")] = train("mlp", "adamw", "ddp", accum=3)
         for stage in LADDER + ["torch"]:
             out[(stage, "mlp", "sgd")] = train("mlp", "sgd", stage, accum=2 if stage == "ga" else 1)
-        for opt_name in ("adamw", "sgd"):       # torch's ZeRO over torch's DDP: the same run, torch's code
+        for opt_name in ("adamw", "sgd"):  # torch's ZeRO over torch's DDP: the same run, torch's code
             out[("torch-zero", "llama", opt_name)] = train("llama", opt_name, "torch", zero="torch")
             out[("ddp-like-torch", "llama", opt_name)] = train("llama", opt_name, "ddp-like-torch")
-    out["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught
-                       if "minddp" in str(w.filename) or "sharding" in str(w.message)]
+    out["warnings"] = [
+        f"{w.category.__name__}: {w.message}"
+        for w in caught
+        if "minddp" in str(w.filename) or "sharding" in str(w.message)
+    ]
     if world in (2, 3):
         out["balance"] = {name: balance(name) for name in ("tiny-llama", "small-llama")}
     return out
@@ -119,7 +127,7 @@ def runs(request):
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch.allclose(a, b, rtol=1e-5, atol=1e-6)      # as tight as the DDP stages' own test
+    return torch.allclose(a, b, rtol=1e-5, atol=1e-6)  # as tight as the DDP stages' own test
 
 
 def test_zero1_matches_single_process_and_keeps_ranks_identical(runs):
@@ -138,13 +146,18 @@ def test_consolidated_state_dict_is_the_unsharded_optimizers(runs):
         _, reference = single_process(model_name, opt_name, world)
         ours = per_rank[0][("ddp", model_name, opt_name)][1]
         assert ours["state"].keys() == reference["state"].keys(), (model_name, opt_name)
-        assert [{k: v for k, v in g.items() if k != "initial_lr"} for g in ours["param_groups"]] == \
-            reference["param_groups"]
+        assert [{k: v for k, v in g.items() if k != "initial_lr"} for g in ours["param_groups"]] == reference[
+            "param_groups"
+        ]
         for i, state in reference["state"].items():
             for k, v in state.items():
-                assert (close(ours["state"][i][k], v) if torch.is_tensor(v) else ours["state"][i][k] == v), \
-                    (model_name, opt_name, i, k)
-        cls, kw = OPTIMIZERS[opt_name]        # and it loads into the unsharded optimizer
+                assert close(ours["state"][i][k], v) if torch.is_tensor(v) else ours["state"][i][k] == v, (
+                    model_name,
+                    opt_name,
+                    i,
+                    k,
+                )
+        cls, kw = OPTIMIZERS[opt_name]  # and it loads into the unsharded optimizer
         cls(groups_of(toy_models.build(model_name, 0)), **kw).load_state_dict(ours)
 
 

@@ -40,8 +40,11 @@ def unused_everywhere(stage) -> dict:
     """Three steps with a parameter no rank uses: final parameters and the unused grads."""
     torch.manual_seed(0)
     model = SkipsABranch()
-    ddp = TorchDDP(model, find_unused_parameters=True) if stage == "torch" else \
-        build_stage(stage, model, bucket_cap_mb=0.0001)
+    ddp = (
+        TorchDDP(model, find_unused_parameters=True)
+        if stage == "torch"
+        else build_stage(stage, model, bucket_cap_mb=0.0001)
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for step in range(3):
         x = torch.randn(2, 4, generator=torch.Generator().manual_seed(10 * step + dist.get_rank()))
@@ -51,8 +54,10 @@ def unused_everywhere(stage) -> dict:
         grads = [p.grad for p in model.unused.parameters()]
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return {"params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
-            "unused_grads": [g is None for g in grads]}
+    return {
+        "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
+        "unused_grads": [g is None for g in grads],
+    }
 
 
 @pytest.mark.parametrize("stage", TEACHING)
@@ -75,7 +80,7 @@ def used_on_one_rank(stage):
 def test_a_branch_taken_on_one_rank_only_is_named_on_every_rank(stage):
     with pytest.raises(RankError) as info:
         launch(used_on_one_rank, stage, world_size=2, timeout_s=30)
-    assert set(info.value.errors) == {0, 1}                 # every rank says it, none hangs
+    assert set(info.value.errors) == {0, 1}  # every rank says it, none hangs
     for text in info.value.errors.values():
         assert "used different parameters on different ranks" in text, text
         assert "'rank_only.weight' on ranks [0] only" in text and "find_unused_parameters=True" in text
@@ -86,7 +91,7 @@ def second_hook(wrapped, hook=allreduce_hook) -> str:
     wrapped.register_comm_hook(None, hook)
     try:
         wrapped.register_comm_hook(None, hook)
-    except Exception as e:                 # torch's DDP raises RuntimeError
+    except Exception as e:  # torch's DDP raises RuntimeError
         return f"{type(e).__name__}: {e}"
     return "accepted"
 
@@ -94,9 +99,9 @@ def second_hook(wrapped, hook=allreduce_hook) -> str:
 def misuse_checks():
     out = {"twice": {stage: second_hook(build_stage(stage, torch.nn.Linear(3, 3))) for stage in STAGES}}
     out["twice"]["torch"] = second_hook(TorchDDP(torch.nn.Linear(3, 3)), torch_hooks.allreduce_hook)
-    for stage in ("bucket-async", "ddp"):      # the notebooks' measured hook: wrapped, then registered once
+    for stage in ("bucket-async", "ddp"):  # the notebooks' measured hook: wrapped, then registered once
         traffic = Traffic()
-        torch.manual_seed(0)                  # the same gradient on both ranks: no cancellation in the sum
+        torch.manual_seed(0)  # the same gradient on both ranks: no cancellation in the sum
         wrapped = wrap(stage, torch.nn.Linear(3, 3), hook="fp16", measure=traffic)
         wrapped(torch.randn(4, 3)).pow(2).sum().backward()
         wrapped.finish_gradient_synchronization()
@@ -127,10 +132,11 @@ def test_every_stage_refuses_a_second_comm_hook_as_torch_does(misuse):
         assert set(twice) == set(STAGES)
         # Equal halves sum exactly, so the one error is the cast to fp16: above 0, at most its unit roundoff.
         for stage in ("bucket-async", "ddp"):
-            assert 0 < rank_out["measured", stage] <= 2 ** -11, (stage, rank_out["measured", stage])
+            assert 0 < rank_out["measured", stage] <= 2**-11, (stage, rank_out["measured", stage])
         for stage, ours in twice.items():
-            assert ours == ("RuntimeError: register_comm_hook can only be called once; build a new wrapper to use "
-                            "another hook"), (stage, ours)
+            assert ours == (
+                "RuntimeError: register_comm_hook can only be called once; build a new wrapper to use another hook"
+            ), (stage, ours)
 
 
 def test_unknown_stage_name():

@@ -1,9 +1,9 @@
 """Every wrapper behaves like torch's DDP as an nn.Module: .module, parameters, buffers, state_dict, train/eval."""
 
 import torch
+import toy_models
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-import toy_models
 from minddp import launch
 from minddp.ladder import SHARDED_GRADIENTS, STAGES, build_stage
 
@@ -30,7 +30,7 @@ def module_api():
         out[name]["eval_propagates"] = not model.training
         ddp.train()
         out[name]["train_propagates"] = model.training
-        ddp.load_state_dict(state)          # round trip, as a checkpoint would
+        ddp.load_state_dict(state)  # round trip, as a checkpoint would
     return out
 
 
@@ -64,6 +64,6 @@ def test_a_wrapper_is_freed_when_dropped_like_torch_ddp():
     # A wrapper that outlives its last name keeps its model, its buffers and the process group (with its
     # threads) alive: in a notebook, every re-run would add one. The autograd hooks must not hold it.
     for rank_out in launch(freed_after_training, world_size=2, timeout_s=60):
-        assert rank_out["torch"] == [True, True]    # the oracle: torch's own DDP is freed
+        assert rank_out["torch"] == [True, True]  # the oracle: torch's own DDP is freed
         kept = {stage: gone for stage, gone in rank_out.items() if gone != [True, True]}
         assert not kept, f"[wrapper freed, model freed] per stage: {kept}"

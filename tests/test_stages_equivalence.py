@@ -14,19 +14,19 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+import toy_models
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-import toy_models
 from minddp import launch
 from minddp.comm.default_hooks import allreduce_hook
 from minddp.comm.wire import Traffic, Wire
-from minddp.ladder.loop import train_step
 from minddp.ladder import STAGES, build_stage
+from minddp.ladder.loop import train_step
 from minddp.stages import plan_buckets
 
 STEPS = 5
-ROWS = 4                     # rows per rank per micro-batch
-BUCKET_CAP_MB = 0.001        # ~1 KB: several buckets even for the tiny models
+ROWS = 4  # rows per rank per micro-batch
+BUCKET_CAP_MB = 0.001  # ~1 KB: several buckets even for the tiny models
 FOUNDATION_STAGES = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 OPTIMIZERS = {
     "sgd": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
@@ -47,7 +47,7 @@ def wrap(stage: str, model, traffic: Traffic):
     if stage == "torch":
         return TorchDDP(model, bucket_cap_mb=BUCKET_CAP_MB)
     wrapped = build_stage(stage, model, bucket_cap_mb=BUCKET_CAP_MB)
-    wrapped.register_comm_hook(Wire(None, traffic=traffic), allreduce_hook)   # the default hook, metered
+    wrapped.register_comm_hook(Wire(None, traffic=traffic), allreduce_hook)  # the default hook, metered
     return wrapped
 
 
@@ -59,7 +59,7 @@ def rank_trainings(model_name: str, stages: list[str], accums: list[int], optimi
         for accum in accums:
             batches = toy_models.global_batches(model_name, STEPS, ROWS * world * accum)
             for opt_name in optimizers:
-                model = toy_models.build(model_name, seed=100 + rank)     # differs per rank on purpose
+                model = toy_models.build(model_name, seed=100 + rank)  # differs per rank on purpose
                 traffic = Traffic()
                 ddp = wrap(stage, model, traffic)
                 optimizer = OPTIMIZERS[opt_name](ddp.parameters())
@@ -77,7 +77,7 @@ def single_process(model_name: str, accum: int, opt_name: str, world: int) -> to
     """The reference: one process, rank 0's initial weights, the whole global batch."""
     model = toy_models.build(model_name, seed=100)
     optimizer = OPTIMIZERS[opt_name](model.parameters())
-    per_shard = model_name == "bn"   # BatchNorm statistics are per forward: run each rank's shard alone
+    per_shard = model_name == "bn"  # BatchNorm statistics are per forward: run each rank's shard alone
     for batch in toy_models.global_batches(model_name, STEPS, ROWS * world * accum):
         for m in range(accum):
             micro = toy_models.shard(batch, m, accum)
@@ -91,36 +91,48 @@ def single_process(model_name: str, accum: int, opt_name: str, world: int) -> to
     return flat_params(model)
 
 
-def check_equivalence(model_name: str, world: int, accums=(1, 3), optimizers=("sgd", "adam"),
-                      stages=FOUNDATION_STAGES):
-    per_rank = launch(rank_trainings, model_name, list(stages) + ["torch"], list(accums), list(optimizers),
-                      world_size=world, timeout_s=120)
+def check_equivalence(model_name: str, world: int, accums=(1, 3), optimizers=("sgd", "adam"), stages=FOUNDATION_STAGES):
+    per_rank = launch(
+        rank_trainings,
+        model_name,
+        list(stages) + ["torch"],
+        list(accums),
+        list(optimizers),
+        world_size=world,
+        timeout_s=120,
+    )
     for accum in accums:
         for opt_name in optimizers:
             reference = single_process(model_name, accum, opt_name, world)
             torch_final = per_rank[0][("torch", accum, opt_name)]["history"][-1]
-            assert torch.allclose(torch_final, reference, rtol=1e-5, atol=1e-6), \
-                (f"oracle disagreement: torch DDP vs single process ({model_name}, accum={accum}, {opt_name}): "
-                 f"{(torch_final - reference).abs().max():.3g}")
+            assert torch.allclose(torch_final, reference, rtol=1e-5, atol=1e-6), (
+                f"oracle disagreement: torch DDP vs single process ({model_name}, accum={accum}, {opt_name}): "
+                f"{(torch_final - reference).abs().max():.3g}"
+            )
             for stage in stages:
                 key = (stage, accum, opt_name)
                 runs = [r[key]["history"] for r in per_rank]
-                for step in range(STEPS + 1):      # 0 = right after construction
+                for step in range(STEPS + 1):  # 0 = right after construction
                     for r in range(1, world):
-                        assert torch.equal(runs[0][step], runs[r][step]), \
+                        assert torch.equal(runs[0][step], runs[r][step]), (
                             f"{key}: rank {r} differs from rank 0 after step {step}"
+                        )
                 final = runs[0][-1]
-                assert torch.allclose(final, reference, rtol=1e-5, atol=1e-6), \
+                assert torch.allclose(final, reference, rtol=1e-5, atol=1e-6), (
                     f"{key}: differs from single-process training by {(final - reference).abs().max():.3g}"
-                assert torch.allclose(final, torch_final, rtol=1e-5, atol=1e-6), \
+                )
+                assert torch.allclose(final, torch_final, rtol=1e-5, atol=1e-6), (
                     f"{key}: differs from torch DDP by {(final - torch_final).abs().max():.3g}"
+                )
     return per_rank
 
 
 @pytest.mark.parametrize("model_name", ["mlp", "tied", "bn", "llama"])
 def test_every_stage_matches_single_process_and_torch_ddp(model_name):
     # The ranks start from different weights, so agreement proves the broadcast.
-    assert not torch.equal(flat_params(toy_models.build(model_name, 100)), flat_params(toy_models.build(model_name, 101)))
+    assert not torch.equal(
+        flat_params(toy_models.build(model_name, 100)), flat_params(toy_models.build(model_name, 101))
+    )
     check_equivalence(model_name, world=2)
 
 
@@ -133,8 +145,7 @@ def test_all_reduce_calls_per_step_follow_the_plan(model_name):
     """Per-parameter stages: one call per trainable tensor (a tied one counts once, a frozen one not at
     all); bucket stages: one per planned bucket; with accumulation, calls only on the sync step, except
     for ``simple``, which has no ``no_sync()`` and so syncs after every micro-batch."""
-    per_rank = launch(rank_trainings, model_name, FOUNDATION_STAGES, [1, 3], ["sgd"], world_size=2,
-                      timeout_s=120)
+    per_rank = launch(rank_trainings, model_name, FOUNDATION_STAGES, [1, 3], ["sgd"], world_size=2, timeout_s=120)
     model = toy_models.build(model_name, 0)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_buckets = len(plan_buckets(trainable, BUCKET_CAP_MB))

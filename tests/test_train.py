@@ -16,16 +16,27 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_checks import usage_error
+from processes import run_torchrun
 
 from minddp.train import run as train
 from minddp.train.config import stage_choices
 from minddp.train.data import ShardSampler
-from cli_checks import usage_error
-from processes import run_torchrun
 
 FIXTURE = str(Path(__file__).parent / "data" / "mrpc_tiny")
-TINY = ["--batch-size", "4", "--grad-accum", "2", "--max-seq-len", "32", "--eval-examples", "16", "--no-progress",
-        "--seed", "3"]
+TINY = [
+    "--batch-size",
+    "4",
+    "--grad-accum",
+    "2",
+    "--max-seq-len",
+    "32",
+    "--eval-examples",
+    "16",
+    "--no-progress",
+    "--seed",
+    "3",
+]
 
 
 def _run(argv, tmp_path, name) -> dict:
@@ -50,8 +61,25 @@ def fixture_runs(tmp_path_factory):
 
 
 def test_every_stage_end_to_end_writes_traces_and_config(tmp_path):
-    summary = _run(["--stage", "all", "--steps", "3", "--profile-steps", "1", "--trace-dir", str(tmp_path),
-                    "--run-name", "all", "--trace-gzip", "--analyze", *TINY], tmp_path, "all")
+    summary = _run(
+        [
+            "--stage",
+            "all",
+            "--steps",
+            "3",
+            "--profile-steps",
+            "1",
+            "--trace-dir",
+            str(tmp_path),
+            "--run-name",
+            "all",
+            "--trace-gzip",
+            "--analyze",
+            *TINY,
+        ],
+        tmp_path,
+        "all",
+    )
     expected = [s for s in stage_choices() if s != "all"]
     assert sorted(summary["stages"]) == sorted(expected)
     for stage in expected:
@@ -59,8 +87,9 @@ def test_every_stage_end_to_end_writes_traces_and_config(tmp_path):
         config = json.loads((folder / "config.json").read_text())
         assert config["stage"] == stage and config["steps"] == 3
         ranks = [0] if stage == "single" else [0, 1]
-        assert sorted(p.name for p in folder.glob("rank*.pt.trace.json.gz")) == \
-            [f"rank{r}.pt.trace.json.gz" for r in ranks]
+        assert sorted(p.name for p in folder.glob("rank*.pt.trace.json.gz")) == [
+            f"rank{r}.pt.trace.json.gz" for r in ranks
+        ]
         for r in ranks:
             names = {e.get("name", "") for e in _trace_events(str(folder / f"rank{r}.pt.trace.json.gz"))}
             assert any(n.startswith("minddp.train_step#") for n in names), (stage, r)
@@ -111,8 +140,21 @@ def test_torchrun_matches_world_size_2(fixture_runs, tmp_path):
     runs, common = fixture_runs
     out = tmp_path / "torchrun.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    args = ["--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-            "-m", "minddp.train", "--stage", "bucket-async", *common, "--summary-json", str(out)]
+    args = [
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "-m",
+        "minddp.train",
+        "--stage",
+        "bucket-async",
+        *common,
+        "--summary-json",
+        str(out),
+    ]
     proc = run_torchrun(args, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())
@@ -126,8 +168,24 @@ def test_stage_all_under_torchrun_trains_every_stage(tmp_path):
     # One torchrun job runs one launch per stage (an earlier launcher hung on the second).
     out = tmp_path / "all.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    args = ["--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-            "-m", "minddp.train", "--stage", "all", "--steps", "2", "--no-profile", *TINY, "--summary-json", str(out)]
+    args = [
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "-m",
+        "minddp.train",
+        "--stage",
+        "all",
+        "--steps",
+        "2",
+        "--no-profile",
+        *TINY,
+        "--summary-json",
+        str(out),
+    ]
     proc = run_torchrun(args, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())
@@ -135,55 +193,70 @@ def test_stage_all_under_torchrun_trains_every_stage(tmp_path):
     assert all(len(s["losses"]) == 2 for s in got["stages"].values())
 
 
-@pytest.mark.parametrize("argv, cause", [
-    (["--stage", "nope"], "--stage"),
-    (["--stage", "ddp,nope"], "unknown stage nope"),
-    (["--stage", "all,ddp"], "'all' already means every stage"),
-    (["--hook", "nope"], "--hook"),
-    (["--model", "./no/such/model"], "no model folder"),
-    (["--dataset", "./no/such/data"], "no such file"),
-    (["--world-size", "0"], "--world-size"),
-    (["--grad-accum", "0"], "--grad-accum"),
-    (["--global-batch-size", "10"], "divisible"),
-    (["--global-batch-size", "12", "--batch-size", "4"], "contradicts"),
-    (["--steps", "many"], "--steps"),
-    (["--analyze", "--no-profile"], "--no-profile"),
-    # NaN passes `x <= 0` (every comparison with NaN is false): each number is checked finite first
-    (["--lr", "inf"], "argument --lr: 'inf' is not a finite number"),
-    (["--lr", "nan"], "argument --lr: 'nan' is not a finite number"),
-    (["--lr", "0"], "argument --lr: must be above 0"),
-    (["--bucket-cap-mb", "nan"], "argument --bucket-cap-mb: 'nan' is not a finite number"),
-    (["--bucket-cap-mb", "inf"], "argument --bucket-cap-mb: 'inf' is not a finite number"),
-    (["--timeout", "nan"], "argument --timeout: 'nan' is not a finite number"),
-    (["--timeout", "inf"], "argument --timeout: 'inf' is not a finite number"),
-    (["--timeout", "1e300"], "argument --timeout: must be at most"),
-    (["--hang-timeout", "-1"], "argument --hang-timeout: must be at least 0 (0 = off)"),
-    (["--powersgd-min-compression-rate", "nan"], "not a finite number"),
-    (["--seed", "-1"], "argument --seed: must be at least 0"),
-    (["--profile-steps", "-1"], "argument --profile-steps"),
-    (["--eval-examples", "-5"], "argument --eval-examples"),
-    (["--save-every", "-1"], "argument --save-every"),
-])
+@pytest.mark.parametrize(
+    "argv, cause",
+    [
+        (["--stage", "nope"], "--stage"),
+        (["--stage", "ddp,nope"], "unknown stage nope"),
+        (["--stage", "all,ddp"], "'all' already means every stage"),
+        (["--hook", "nope"], "--hook"),
+        (["--model", "./no/such/model"], "no model folder"),
+        (["--dataset", "./no/such/data"], "no such file"),
+        (["--world-size", "0"], "--world-size"),
+        (["--grad-accum", "0"], "--grad-accum"),
+        (["--global-batch-size", "10"], "divisible"),
+        (["--global-batch-size", "12", "--batch-size", "4"], "contradicts"),
+        (["--steps", "many"], "--steps"),
+        (["--analyze", "--no-profile"], "--no-profile"),
+        # NaN passes `x <= 0` (every comparison with NaN is false): each number is checked finite first
+        (["--lr", "inf"], "argument --lr: 'inf' is not a finite number"),
+        (["--lr", "nan"], "argument --lr: 'nan' is not a finite number"),
+        (["--lr", "0"], "argument --lr: must be above 0"),
+        (["--bucket-cap-mb", "nan"], "argument --bucket-cap-mb: 'nan' is not a finite number"),
+        (["--bucket-cap-mb", "inf"], "argument --bucket-cap-mb: 'inf' is not a finite number"),
+        (["--timeout", "nan"], "argument --timeout: 'nan' is not a finite number"),
+        (["--timeout", "inf"], "argument --timeout: 'inf' is not a finite number"),
+        (["--timeout", "1e300"], "argument --timeout: must be at most"),
+        (["--hang-timeout", "-1"], "argument --hang-timeout: must be at least 0 (0 = off)"),
+        (["--powersgd-min-compression-rate", "nan"], "not a finite number"),
+        (["--seed", "-1"], "argument --seed: must be at least 0"),
+        (["--profile-steps", "-1"], "argument --profile-steps"),
+        (["--eval-examples", "-5"], "argument --eval-examples"),
+        (["--save-every", "-1"], "argument --save-every"),
+    ],
+)
 def test_bad_input_is_a_usage_line_and_one_error_line_exit_2_before_any_rank(argv, cause, capsys, monkeypatch):
     def no_launch(*a, **k):
         raise AssertionError("a rank was started for bad input")
+
     monkeypatch.setattr(train, "launch", no_launch)
     assert train.main(argv) == 2
     usage_error(capsys.readouterr().err, "train", cause)
 
 
-@pytest.mark.parametrize("env, cause", [("MINDDP_TIMEOUT", "MINDDP_TIMEOUT='abc' is not a finite number of seconds"),
-                                        ("MINDDP_HANG_TIMEOUT", "MINDDP_HANG_TIMEOUT='abc'")])
+@pytest.mark.parametrize(
+    "env, cause",
+    [
+        ("MINDDP_TIMEOUT", "MINDDP_TIMEOUT='abc' is not a finite number of seconds"),
+        ("MINDDP_HANG_TIMEOUT", "MINDDP_HANG_TIMEOUT='abc'"),
+    ],
+)
 def test_a_bad_environment_value_is_named_like_an_option(env, cause):
-    proc = subprocess.run([sys.executable, "-m", "minddp.train", "--steps", "1"], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, env: "abc"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "minddp.train", "--steps", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, env: "abc"},
+    )
     assert proc.returncode == 2
     usage_error(proc.stderr, "train", cause)
 
 
 def test_bad_input_from_the_shell_exits_2_without_traceback():
-    proc = subprocess.run([sys.executable, "-m", "minddp.train", "--world-size", "0"], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "minddp.train", "--world-size", "0"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     usage_error(proc.stderr, "train", "--world-size")
 
@@ -201,14 +274,15 @@ def test_shard_sampler_splits_each_global_batch_disjointly():
         glob = list(whole)
         assert len(glob) == (n // (batch * world)) * batch * world  # drop-last: 18 of 23
         for b in range(len(shards[0]) // batch):
-            per_rank = [set(sh[b * batch:(b + 1) * batch]) for sh in shards]
+            per_rank = [set(sh[b * batch : (b + 1) * batch]) for sh in shards]
             assert not per_rank[0] & per_rank[1]
-            assert per_rank[0] | per_rank[1] == set(glob[b * batch * world:(b + 1) * batch * world])
+            assert per_rank[0] | per_rank[1] == set(glob[b * batch * world : (b + 1) * batch * world])
 
 
 def _torch_powersgd_with_two_buckets():
     import torch
     from torch_oracle import cpu_safe_torch_powersgd
+
     cpu_safe_torch_powersgd()
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
@@ -216,7 +290,7 @@ def _torch_powersgd_with_two_buckets():
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))
-    ddp = DistributedDataParallel(net, bucket_cap_mb=0.01)   # several buckets in flight
+    ddp = DistributedDataParallel(net, bucket_cap_mb=0.01)  # several buckets in flight
     ddp.register_comm_hook(torch_psgd.PowerSGDState(None, start_powerSGD_iter=2), torch_psgd.powerSGD_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     for _ in range(5):
@@ -238,12 +312,18 @@ def test_torch_stage_skips_only_hooks_torch_cannot_run_here():
         launch(_torch_powersgd_with_two_buckets, world_size=2, timeout_s=10, stall_s=10)
 
 
-@pytest.mark.parametrize("name, content, cause", [
-    ("pairs.txt", b"sentence1,sentence2,label\na,b,1\n", "is a file of a kind minddp cannot read; give a .csv/"),
-    ("pairs.csv", b'sentence1,sentence2,label\n"caf\xe9 au lait",b,1\n', "is not UTF-8 text (utf-8 cannot decode "
-                                                                          "byte 0xe9 at position"),
-    ("pairs.csv", b"first,second,label\na,b,1\n", "lacks column(s) sentence1, sentence2"),
-])
+@pytest.mark.parametrize(
+    "name, content, cause",
+    [
+        ("pairs.txt", b"sentence1,sentence2,label\na,b,1\n", "is a file of a kind minddp cannot read; give a .csv/"),
+        (
+            "pairs.csv",
+            b'sentence1,sentence2,label\n"caf\xe9 au lait",b,1\n',
+            "is not UTF-8 text (utf-8 cannot decode byte 0xe9 at position",
+        ),
+        ("pairs.csv", b"first,second,label\na,b,1\n", "lacks column(s) sentence1, sentence2"),
+    ],
+)
 def test_a_data_file_is_read_or_refused_with_its_reason(name, content, cause, tmp_path, capsys, monkeypatch):
     # Before: one CSV file gave "Couldn't find any data file" (it exists), and non-UTF-8 data hid its cause.
     # A good file trains: tests/test_reliability_checkpoint.py trains on one CSV file.

@@ -18,7 +18,7 @@ def cpu_safe_torch_powersgd() -> None:
 
     def synchronize(device=None):
         if device is not None and torch.device(device).type == "cpu":
-            return                       # nothing of a CPU tensor runs on a GPU stream
+            return  # nothing of a CPU tensor runs on a GPU stream
         real(device)
 
     synchronize.cpu_safe = True

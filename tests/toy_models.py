@@ -30,7 +30,7 @@ class TiedFrozen(nn.Module):
         self.frozen.requires_grad_(False)
         self.mix = nn.Linear(dim, dim)
         self.out = nn.Linear(dim, vocab, bias=False)
-        self.out.weight = self.embed.weight            # tied
+        self.out.weight = self.embed.weight  # tied
 
     def forward(self, x):
         h = self.embed(x).mean(dim=1)
@@ -55,9 +55,17 @@ class BNNet(nn.Module):
 def tiny_llama():
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16,
-                      num_labels=3, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=16,
+        num_labels=3,
+        pad_token_id=0,
+    )
     return LlamaForSequenceClassification(cfg)
 
 
@@ -92,4 +100,4 @@ def loss_fn(model: nn.Module, batch: dict) -> torch.Tensor:
 def shard(batch: dict, index: int, parts: int) -> dict:
     """Rows ``index::parts`` of a batch: the per-rank (or per-micro-batch) piece."""
     rows = batch["x"].shape[0] // parts
-    return {k: v[index * rows:(index + 1) * rows] for k, v in batch.items()}
+    return {k: v[index * rows : (index + 1) * rows] for k, v in batch.items()}

@@ -40,18 +40,47 @@ from minddp.analysis.steps import per_step
 
 #: The columns both paths fill, in display order.
 SUMMARY_COLUMNS = [
-    "run", "stage", "rank", "device", "source", "steps",
-    "step_time_us", "total_time_us", "compute_time_us", "non_compute_time_us", "idle_time_us",
-    "compute_pctg", "non_compute_pctg", "idle_pctg", "comm_comp_overlap_pctg",
-    "allreduce_calls_per_step", "allreduce_bytes_per_step", "allgather_calls_per_step", "allgather_bytes_per_step",
-    "reducescatter_calls_per_step", "reducescatter_bytes_per_step", "comm_time_per_step_us",
+    "run",
+    "stage",
+    "rank",
+    "device",
+    "source",
+    "steps",
+    "step_time_us",
+    "total_time_us",
+    "compute_time_us",
+    "non_compute_time_us",
+    "idle_time_us",
+    "compute_pctg",
+    "non_compute_pctg",
+    "idle_pctg",
+    "comm_comp_overlap_pctg",
+    "allreduce_calls_per_step",
+    "allreduce_bytes_per_step",
+    "allgather_calls_per_step",
+    "allgather_bytes_per_step",
+    "reducescatter_calls_per_step",
+    "reducescatter_bytes_per_step",
+    "comm_time_per_step_us",
 ]
 #: The per-stage comparison: means over ranks of these.
 STAGE_COLUMNS = SUMMARY_COLUMNS[5:]
 
 #: Stages in reading order (the build-up), then anything else alphabetically.
-STAGE_ORDER = ["single", "simple", "ga", "hook", "hook-async", "bucket", "bucket-async", "ddp", "zero1", "zero2",
-               "fsdp", "torch"]
+STAGE_ORDER = [
+    "single",
+    "simple",
+    "ga",
+    "hook",
+    "hook-async",
+    "bucket",
+    "bucket-async",
+    "ddp",
+    "zero1",
+    "zero2",
+    "fsdp",
+    "torch",
+]
 
 
 @dataclass
@@ -59,12 +88,12 @@ class RunAnalysis:
     """Every table of one run. ``stages`` is the side-by-side comparison."""
 
     run: str
-    summary: pd.DataFrame    # one row per (stage, rank)
-    stages: pd.DataFrame     # index: stage; mean over ranks
-    per_step: pd.DataFrame   # one row per (stage, rank, step)
-    kernels: pd.DataFrame    # kernel-type breakdown per stage
-    buckets: pd.DataFrame    # per-bucket timeline of one step, per (stage, rank)
-    phases: pd.DataFrame     # forward/backward/finish/optimizer spans of that step, per (stage, rank)
+    summary: pd.DataFrame  # one row per (stage, rank)
+    stages: pd.DataFrame  # index: stage; mean over ranks
+    per_step: pd.DataFrame  # one row per (stage, rank, step)
+    kernels: pd.DataFrame  # kernel-type breakdown per stage
+    buckets: pd.DataFrame  # per-bucket timeline of one step, per (stage, rank)
+    phases: pd.DataFrame  # forward/backward/finish/optimizer spans of that step, per (stage, rank)
 
 
 def stage_sort_key(name: str):
@@ -73,11 +102,11 @@ def stage_sort_key(name: str):
 
 def analyze_run(path) -> RunAnalysis:
     """Steps 1-3 for the run folder ``path`` (``traces/<run>``, or one stage folder of it)."""
-    run = load_run(path)                                                     # step 1
+    run = load_run(path)  # step 1
     summary, steps, kernels, buckets, phases = [], [], [], [], []
     for name in sorted(run.stages, key=stage_sort_key):
         stage = run.stages[name]
-        on_gpu = any(gpu.is_gpu_trace(t) for t in stage.ranks.values())      # step 2
+        on_gpu = any(gpu.is_gpu_trace(t) for t in stage.ranks.values())  # step 2
         if on_gpu:
             rows, kernel_rows = gpu.analyze_stage(stage)
             intervals = {r: gpu.rank_intervals(t) for r, t in stage.ranks.items()}
@@ -88,21 +117,33 @@ def analyze_run(path) -> RunAnalysis:
             for r, t in stage.ranks.items():
                 buckets += [dict(b, stage=name, rank=r) for b in cpu.bucket_timeline(t)]
                 phases += [dict(p, stage=name, rank=r) for p in cpu.step_phases(t)]
-        tag = {"run": run.name, "stage": name, "device": "gpu" if on_gpu else "cpu",
-               "source": "hta" if on_gpu else "minddp"}
-        summary += [dict(row, **tag) for row in rows]                        # step 3
+        tag = {
+            "run": run.name,
+            "stage": name,
+            "device": "gpu" if on_gpu else "cpu",
+            "source": "hta" if on_gpu else "minddp",
+        }
+        summary += [dict(row, **tag) for row in rows]  # step 3
         for r, iv in intervals.items():
             steps += [dict(s, stage=name, rank=r) for s in per_step(iv)]
         kernels += [dict(k, stage=name) for k in kernel_rows]
     summary_df = pd.DataFrame(summary, columns=SUMMARY_COLUMNS)
     stages_df = summary_df.groupby("stage", sort=False)[STAGE_COLUMNS].mean(numeric_only=True)
-    return RunAnalysis(run.name, summary_df, stages_df, pd.DataFrame(steps), pd.DataFrame(kernels),
-                       pd.DataFrame(buckets), pd.DataFrame(phases))
+    return RunAnalysis(
+        run.name,
+        summary_df,
+        stages_df,
+        pd.DataFrame(steps),
+        pd.DataFrame(kernels),
+        pd.DataFrame(buckets),
+        pd.DataFrame(phases),
+    )
 
 
 def _intervals_of(trace_file, rank: int):
     """One rank's trace file as intervals, through the GPU or the CPU path (step 2)."""
     from minddp.analysis.events import read_trace
+
     trace = read_trace(trace_file, rank)
     return (gpu if gpu.is_gpu_trace(trace) else cpu).rank_intervals(trace)
 
@@ -116,6 +157,7 @@ def overlap_parts(trace_file, rank: int) -> tuple[float, float]:
     ratio instead of an average of ratios.
     """
     from minddp.analysis import metrics
+
     iv = _intervals_of(trace_file, rank)
     comm = metrics.intersect(iv.comm, [(s, e) for _, s, e in iv.steps])
     return metrics.length(metrics.intersect(comm, iv.compute)), metrics.length(comm)
@@ -127,6 +169,7 @@ def trace_traffic(trace_file, rank: int) -> tuple[float, float]:
     For code whose collectives no Python meter sees (torch's C++ reducer).
     """
     from minddp.analysis.steps import per_step_means
+
     means = per_step_means(_intervals_of(trace_file, rank))
     return means["allreduce_calls_per_step"], means["allreduce_bytes_per_step"]
 
@@ -147,5 +190,15 @@ def compare_runs(a, b) -> pd.DataFrame:
     return both.reindex(sorted(both.index, key=stage_sort_key))
 
 
-__all__ = ["analyze_run", "compare_runs", "overlap_parts", "trace_traffic", "RunAnalysis", "TraceError", "Run", "load_run", "SUMMARY_COLUMNS",
-           "STAGE_COLUMNS"]
+__all__ = [
+    "analyze_run",
+    "compare_runs",
+    "overlap_parts",
+    "trace_traffic",
+    "RunAnalysis",
+    "TraceError",
+    "Run",
+    "load_run",
+    "SUMMARY_COLUMNS",
+    "STAGE_COLUMNS",
+]

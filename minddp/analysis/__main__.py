@@ -25,9 +25,18 @@ from pathlib import Path
 from minddp.runtime.cli import Parser, UsageError, fail
 
 PROG = "minddp.analyze"
-SHOWN = ["step_time_us", "compute_pctg", "non_compute_pctg", "idle_pctg", "comm_comp_overlap_pctg",
-         "allreduce_calls_per_step", "allreduce_bytes_per_step", "allgather_calls_per_step",
-         "reducescatter_calls_per_step", "comm_time_per_step_us"]
+SHOWN = [
+    "step_time_us",
+    "compute_pctg",
+    "non_compute_pctg",
+    "idle_pctg",
+    "comm_comp_overlap_pctg",
+    "allreduce_calls_per_step",
+    "allreduce_bytes_per_step",
+    "allgather_calls_per_step",
+    "reducescatter_calls_per_step",
+    "comm_time_per_step_us",
+]
 
 
 EXAMPLES = [
@@ -38,17 +47,23 @@ EXAMPLES = [
 
 
 def build_parser() -> Parser:
-    p = Parser(prog="python -m minddp.analyze", usage="python -m minddp.analyze (RUN | --compare RUN_A RUN_B) [--report]",
-               description="Trace metrics of a run written by python -m minddp.train (GPU traces through "
-                           "HolisticTraceAnalysis, CPU traces through minddp's own analysis). Bad input exits "
-                           "with code 2.", examples=EXAMPLES)
+    p = Parser(
+        prog="python -m minddp.analyze",
+        usage="python -m minddp.analyze (RUN | --compare RUN_A RUN_B) [--report]",
+        description="Trace metrics of a run written by python -m minddp.train (GPU traces through "
+        "HolisticTraceAnalysis, CPU traces through minddp's own analysis). Bad input exits "
+        "with code 2.",
+        examples=EXAMPLES,
+    )
     what = p.add_argument_group("what to analyse (one of)")
     what.add_argument("run", nargs="?", metavar="RUN", help="a run folder, traces/<run> (or one stage folder of it)")
     what.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="put two runs side by side")
     out = p.add_argument_group("outputs")
-    out.add_argument("--report", action="store_true",
-                     help="write report.html and PNG plots into the run folder (with --compare: into "
-                          "RUN_A/compare-<RUN_B>/)")
+    out.add_argument(
+        "--report",
+        action="store_true",
+        help="write report.html and PNG plots into the run folder (with --compare: into RUN_A/compare-<RUN_B>/)",
+    )
     return p
 
 
@@ -67,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     from minddp.analysis.report import write_report
 
     try:
-        if args.compare:                                                           # step 1
+        if args.compare:  # step 1
             results = [analyze_run(p) for p in args.compare]
             if results[0].run == results[1].run:  # same name: tell them apart in tables and legends
                 results = [replace(r, run=f"{tag}:{r.run}") for tag, r in zip("AB", results)]
@@ -81,13 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         return fail(PROG, exc, parser)
     from minddp.analysis.report import readable
 
-    with pd.option_context("display.width", 250, "display.max_columns", 50):      # step 2
+    with pd.option_context("display.width", 250, "display.max_columns", 50):  # step 2
         if args.compare:
             print(readable(table[[c for c in table.columns if c[0] in SHOWN]]).round(2).to_string())
         else:
             print(f"run {results[0].run}: stages side by side (mean over ranks)")
             print(readable(table[SHOWN]).round(2).to_string())
-    if args.report:                                                                # step 3
+    if args.report:  # step 3
         page = write_report(results, out_dir)
         print(f"report: {page}")
     return 0

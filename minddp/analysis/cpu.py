@@ -48,15 +48,27 @@ def rank_intervals(trace: RankTrace) -> RankIntervals:
 
 
 def _rank_intervals(trace: RankTrace) -> RankIntervals:
-    comm_threads = {e["tid"] for e in trace.events if is_comm(e)}                          # step 1
-    steps = step_windows(trace.events, comm_threads)                                        # step 2
-    compute = [(e["ts"], end_of(e)) for e in trace.events                                    # step 3
-               if e["name"].startswith("aten::") and e.get("tid") not in comm_threads]
+    comm_threads = {e["tid"] for e in trace.events if is_comm(e)}  # step 1
+    steps = step_windows(trace.events, comm_threads)  # step 2
+    compute = [
+        (e["ts"], end_of(e))
+        for e in trace.events  # step 3
+        if e["name"].startswith("aten::") and e.get("tid") not in comm_threads
+    ]
     comm = [(e["ts"], end_of(e)) for e in trace.events if is_comm(e)]
+
     def named(prefix: str) -> list[dict]:
         return sorted((e for e in trace.events if e["name"].startswith(prefix)), key=lambda e: e["ts"])
-    return RankIntervals(steps, compute, comm, named("gloo:all_reduce"), comm_threads,
-                         named("gloo:all_gather"), named("gloo:reduce_scatter"))
+
+    return RankIntervals(
+        steps,
+        compute,
+        comm,
+        named("gloo:all_reduce"),
+        comm_threads,
+        named("gloo:all_gather"),
+        named("gloo:reduce_scatter"),
+    )
 
 
 def rank_metrics(trace: RankTrace) -> dict:
@@ -86,42 +98,70 @@ def bucket_timeline(trace: RankTrace, step: int | None = None) -> list[dict]:
     """
     iv = rank_intervals(trace)
     number, s0, s1 = _pick_step(iv, trace, step)
+
     def queued_calls(name: str) -> list[dict]:
-        return sorted((e for e in trace.events if e["name"] == name and e["tid"] not in iv.comm_threads),
-                      key=lambda e: e["ts"])
+        return sorted(
+            (e for e in trace.events if e["name"] == name and e["tid"] not in iv.comm_threads), key=lambda e: e["ts"]
+        )
+
     queued, gathers = queued_calls("c10d::allreduce_"), queued_calls("c10d::_allgather_base_")
     # an all-gather is queued with (output, input) and runs with its input: match on the input's size
     runs = {**_match_queued_to_runs(queued, iv.allreduces), **_match_queued_to_runs(gathers, iv.allgathers, 1)}
-    ranges = sorted((e for e in trace.events if _LAUNCH.match(e["name"]) or _GATHER.match(e["name"])),
-                    key=lambda e: e["ts"])
-    launches = [(e, _LAUNCH.match(e["name"]).groups() if _LAUNCH.match(e["name"]) else
-                 (_GATHER.match(e["name"]).group(1), None, "", "all_gather")) for e in ranges if s0 <= e["ts"] < s1]
-    if not ranges:          # torch's reducer: each queued all_reduce of this step is a bucket
+    ranges = sorted(
+        (e for e in trace.events if _LAUNCH.match(e["name"]) or _GATHER.match(e["name"])), key=lambda e: e["ts"]
+    )
+    launches = [
+        (
+            e,
+            _LAUNCH.match(e["name"]).groups()
+            if _LAUNCH.match(e["name"])
+            else (_GATHER.match(e["name"]).group(1), None, "", "all_gather"),
+        )
+        for e in ranges
+        if s0 <= e["ts"] < s1
+    ]
+    if not ranges:  # torch's reducer: each queued all_reduce of this step is a bucket
         mine = [q for q in queued if s0 <= q["ts"] < s1]
-        launches = [(q, (str(i), str(numel_of((q.get("args", {}).get("Input Dims") or [[]])[0])), "", "reducer"))
-                    for i, q in enumerate(mine)]
+        launches = [
+            (q, (str(i), str(numel_of((q.get("args", {}).get("Input Dims") or [[]])[0])), "", "reducer"))
+            for i, q in enumerate(mine)
+        ]
     transfers = {e["args"]["seq"]: e for e in trace.events if e["name"].startswith("minddp.link:")}
-    sent = [(e, int(e["name"].rpartition("#")[2])) for e in trace.events
-            if e["name"].startswith("minddp.link_send#") and e.get("tid") not in iv.comm_threads]
+    sent = [
+        (e, int(e["name"].rpartition("#")[2]))
+        for e in trace.events
+        if e["name"].startswith("minddp.link_send#") and e.get("tid") not in iv.comm_threads
+    ]
     rows = []
     for order, (e, (index, numel, dtype, hook)) in enumerate(launches):
         calls = gathers if hook == "all_gather" else queued
-        if transfers:    # with a link, the bucket's communication is the link's transfers
+        if transfers:  # with a link, the bucket's communication is the link's transfers
             mine = [transfers[n] for m, n in sent if e["ts"] <= m["ts"] <= end_of(e) and n in transfers]
         else:
             mine = [runs[id(q)] for q in calls if e["ts"] <= q["ts"] <= end_of(e) and id(q) in runs]
-        if numel is None:       # an all-gather: what this rank sent, from the collective (or the link's) bytes
-            numel = sum(r["args"]["bytes"] // 4 // r["args"]["ranks"] if "bytes" in r.get("args", {}) else
-                        numel_of((r.get("args", {}).get("Input Dims") or [[]])[0]) for r in mine)
-        rows.append({
-            "step": number, "order": order, "bucket": int(index), "numel": int(numel), "dtype": dtype or
-            str((mine[0].get("args", {}).get("Input type") or [""])[0] if mine else ""),
-            "hook": hook, "launch": "reducer" if hook == "reducer" else "hook",
-            "ready_us": e["ts"] - s0, "launched_us": end_of(e) - s0,
-            "comm_start_us": min(r["ts"] for r in mine) - s0 if mine else float("nan"),
-            "comm_end_us": max(end_of(r) for r in mine) - s0 if mine else float("nan"),
-            "step_end_us": s1 - s0,
-        })
+        if numel is None:  # an all-gather: what this rank sent, from the collective (or the link's) bytes
+            numel = sum(
+                r["args"]["bytes"] // 4 // r["args"]["ranks"]
+                if "bytes" in r.get("args", {})
+                else numel_of((r.get("args", {}).get("Input Dims") or [[]])[0])
+                for r in mine
+            )
+        rows.append(
+            {
+                "step": number,
+                "order": order,
+                "bucket": int(index),
+                "numel": int(numel),
+                "dtype": dtype or str((mine[0].get("args", {}).get("Input type") or [""])[0] if mine else ""),
+                "hook": hook,
+                "launch": "reducer" if hook == "reducer" else "hook",
+                "ready_us": e["ts"] - s0,
+                "launched_us": end_of(e) - s0,
+                "comm_start_us": min(r["ts"] for r in mine) - s0 if mine else float("nan"),
+                "comm_end_us": max(end_of(r) for r in mine) - s0 if mine else float("nan"),
+                "step_end_us": s1 - s0,
+            }
+        )
     return rows
 
 

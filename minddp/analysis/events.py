@@ -48,8 +48,8 @@ class RankTrace:
     rank: int
     path: Path
     events: list[dict]
-    thread_names: dict = field(default_factory=dict)   # tid -> name
-    meta: dict = field(default_factory=dict)           # top-level keys other than traceEvents
+    thread_names: dict = field(default_factory=dict)  # tid -> name
+    meta: dict = field(default_factory=dict)  # top-level keys other than traceEvents
     #: what the analysis derived from ``events`` once (intervals, ...), so each table does not redo it
     derived: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -80,8 +80,10 @@ def read_trace(path: Path, rank: int) -> RankTrace:
         with opener(path, "rt", encoding="utf-8") as f:
             data = json.load(f)
     except (json.JSONDecodeError, EOFError, OSError, zlib.error, UnicodeDecodeError) as exc:
-        raise TraceError(f"trace {path} is not readable JSON ({type(exc).__name__}: {exc}); it is probably "
-                         "truncated (the run was interrupted while writing it): re-run the profile") from None
+        raise TraceError(
+            f"trace {path} is not readable JSON ({type(exc).__name__}: {exc}); it is probably "
+            "truncated (the run was interrupted while writing it): re-run the profile"
+        ) from None
     raw = data.get("traceEvents") if isinstance(data, dict) else None
     if not isinstance(raw, list):
         raise TraceError(f"trace {path} has no 'traceEvents' list: it is not a PyTorch profiler trace")
@@ -128,15 +130,17 @@ def load_stage(folder: Path, name: str | None = None) -> StageTraces:
     folder = Path(folder)
     files = _rank_files(folder)
     config = _read_config(folder)
-    ranks = {r: read_trace(p, r) for r, p in files.items()}                  # step 2
+    ranks = {r: read_trace(p, r) for r, p in files.items()}  # step 2
     # "ranks" = processes this stage ran on (1 for the single-process baseline of a
     # 2-rank run); older configs only have the run's world_size.
     key = "ranks" if "ranks" in config else "world_size"
     world = config.get(key)
-    if world is not None and sorted(ranks) != list(range(int(world))):       # step 3
-        raise TraceError(f"{folder} holds traces of ranks {sorted(ranks)} but its config.json says "
-                         f"{key}={world}: traces of different runs are mixed; re-run the profile into "
-                         "an empty folder")
+    if world is not None and sorted(ranks) != list(range(int(world))):  # step 3
+        raise TraceError(
+            f"{folder} holds traces of ranks {sorted(ranks)} but its config.json says "
+            f"{key}={world}: traces of different runs are mixed; re-run the profile into "
+            "an empty folder"
+        )
     _check_recorded_together(folder, ranks)
     return StageTraces(name or config.get("stage") or folder.name, folder, config, ranks)
 
@@ -152,34 +156,43 @@ def _check_recorded_together(folder: Path, ranks: dict[int, RankTrace]) -> None:
     latest_start = max(s for s, _ in spans.values())
     earliest_end = min(e for _, e in spans.values())
     if latest_start - earliest_end > SAME_RUN_GAP_US:
-        raise TraceError(f"the rank traces in {folder} were not recorded at the same time (their time ranges are "
-                         f"{(latest_start - earliest_end) / 1e6:.0f} s apart): traces of different runs are mixed; "
-                         "re-run the profile into an empty folder")
+        raise TraceError(
+            f"the rank traces in {folder} were not recorded at the same time (their time ranges are "
+            f"{(latest_start - earliest_end) / 1e6:.0f} s apart): traces of different runs are mixed; "
+            "re-run the profile into an empty folder"
+        )
 
 
 def load_run(path) -> Run:
     """Load every stage of the run in ``path`` (or the single stage ``path`` is)."""
     path = Path(path)
-    if not path.is_dir():                                                    # step 1
-        raise TraceError(f"trace folder {path} does not exist: pass traces/<run> as written by "
-                         "python -m minddp.train --profile")
+    if not path.is_dir():  # step 1
+        raise TraceError(
+            f"trace folder {path} does not exist: pass traces/<run> as written by python -m minddp.train --profile"
+        )
     if _rank_files(path):
         stage_dirs = [path]
     else:
         stage_dirs = [d for d in sorted(path.iterdir()) if d.is_dir() and _rank_files(d)]
     if not stage_dirs:
-        raise TraceError(f"no rank traces (<stage>/rank<r>.pt.trace.json[.gz]) under {path}: "
-                         "run python -m minddp.train --profile first, or point at the run's folder")
+        raise TraceError(
+            f"no rank traces (<stage>/rank<r>.pt.trace.json[.gz]) under {path}: "
+            "run python -m minddp.train --profile first, or point at the run's folder"
+        )
     stages = {}
     for d in stage_dirs:
         st = load_stage(d)
         if st.name in stages:
-            raise TraceError(f"stage {st.name!r} appears twice under {path} ({stages[st.name].path} and {d}): "
-                             "keep one run per folder")
+            raise TraceError(
+                f"stage {st.name!r} appears twice under {path} ({stages[st.name].path} and {d}): "
+                "keep one run per folder"
+            )
         stages[st.name] = st
     names = {n for n in (_run_name(st.config) for st in stages.values()) if n}
-    if len(names) > 1:                                                       # step 3
-        raise TraceError(f"the stages under {path} come from different runs ({', '.join(sorted(names))}): "
-                         "keep one run per folder, or compare runs with --compare RUN_A RUN_B")
+    if len(names) > 1:  # step 3
+        raise TraceError(
+            f"the stages under {path} come from different runs ({', '.join(sorted(names))}): "
+            "keep one run per folder, or compare runs with --compare RUN_A RUN_B"
+        )
     run_name = names.pop() if names else (path.name if stage_dirs[0] != path else path.parent.name)
     return Run(run_name, path, stages)

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import io
-import warnings
 import os
 import tempfile
+import warnings
 
 from minddp.analysis.events import RankTrace, StageTraces
 from minddp.analysis.steps import RankIntervals, end_of, per_step_means, step_windows
@@ -70,14 +70,26 @@ def rank_intervals(trace: RankTrace) -> RankIntervals:
     """
     kernels = [e for e in trace.events if e.get("cat") == "kernel"]
     cpu_events = [e for e in trace.events if e.get("cat") not in _KERNEL_CATS]
-    comm = [(e["ts"], end_of(e)) for e in kernels if _is_comm_kernel(e)] + \
-           [(e["ts"], end_of(e)) for e in cpu_events if e["name"].startswith(HOST_COMM_PREFIXES)]
+    comm = [(e["ts"], end_of(e)) for e in kernels if _is_comm_kernel(e)] + [
+        (e["ts"], end_of(e)) for e in cpu_events if e["name"].startswith(HOST_COMM_PREFIXES)
+    ]
     compute = [(e["ts"], end_of(e)) for e in kernels if not _is_comm_kernel(e)]
+
     def named(*parts: str) -> list[dict]:
-        return sorted((e for e in cpu_events if e["name"].startswith(("nccl:", "gloo:"))
-                       and any(p in e["name"] for p in parts)), key=lambda e: e["ts"])
-    return RankIntervals(step_windows(cpu_events), compute, comm, named("all_reduce"), set(),
-                         named("all_gather", "allgather"), named("reduce_scatter"))
+        return sorted(
+            (e for e in cpu_events if e["name"].startswith(("nccl:", "gloo:")) and any(p in e["name"] for p in parts)),
+            key=lambda e: e["ts"],
+        )
+
+    return RankIntervals(
+        step_windows(cpu_events),
+        compute,
+        comm,
+        named("all_reduce"),
+        set(),
+        named("all_gather", "allgather"),
+        named("reduce_scatter"),
+    )
 
 
 @contextlib.contextmanager
@@ -123,14 +135,16 @@ def analyze_stage(stage: StageTraces) -> tuple[list[dict], list[dict]]:
             temporal = analysis.get_temporal_breakdown(visualize=False)
             overlap = analysis.get_comm_comp_overlap(visualize=False)
             kernel_types, _ = analysis.get_gpu_kernel_breakdown(visualize=False)
-    merged = temporal.merge(overlap[["rank", "comp_comm_overlap_pctg"]], on="rank")    # step 3
+    merged = temporal.merge(overlap[["rank", "comp_comm_overlap_pctg"]], on="rank")  # step 3
     rows = []
     for record in merged.to_dict("records"):
         rank = int(record["rank"])
         row = {mine: float(record[theirs]) for theirs, mine in HTA_COLUMNS.items()}
         row["rank"] = rank
-        row.update(per_step_means(rank_intervals(_trace_of(stage, rank))))              # step 4
+        row.update(per_step_means(rank_intervals(_trace_of(stage, rank))))  # step 4
         rows.append(row)
-    kernels = [{"kernel_type": r["kernel_type"], "sum": float(r["sum"]), "percentage": float(r["percentage"])}
-               for r in kernel_types.to_dict("records")]
+    kernels = [
+        {"kernel_type": r["kernel_type"], "sum": float(r["sum"]), "percentage": float(r["percentage"])}
+        for r in kernel_types.to_dict("records")
+    ]
     return rows, kernels

@@ -44,7 +44,7 @@ def merge(intervals: Iterable[Interval]) -> list[Interval]:
     out: list[list[float]] = []
     for start, end in sorted((float(s), float(e)) for s, e in intervals if e > s):
         if out and start <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], end)   # touches or overlaps the previous one: extend it
+            out[-1][1] = max(out[-1][1], end)  # touches or overlaps the previous one: extend it
         else:
             out.append([start, end])
     return [(s, e) for s, e in out]
@@ -94,9 +94,9 @@ def breakdown(window: Iterable[Interval], compute: Iterable[Interval], comm: Ite
     compute = intersect(compute, window)
     comm = intersect(comm, window)
     total = length(window)
-    compute_t = length(compute)                                          # step 1
-    non_compute_t = length(subtract(comm, compute))                      # step 2
-    idle_t = total - length(compute + comm)                              # step 3
+    compute_t = length(compute)  # step 1
+    non_compute_t = length(subtract(comm, compute))  # step 2
+    idle_t = total - length(compute + comm)  # step 3
 
     def pct(x: float) -> float:
         return 100.0 * x / total if total > 0 else float("nan")

@@ -26,15 +26,16 @@ from minddp.analysis import metrics
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
+
 @dataclass
 class RankIntervals:
-    steps: list[tuple[int, float, float]]   # (step number, start, end)
+    steps: list[tuple[int, float, float]]  # (step number, start, end)
     compute: list[metrics.Interval]
     comm: list[metrics.Interval]
-    allreduces: list[dict]                   # the all_reduce events, by start time
+    allreduces: list[dict]  # the all_reduce events, by start time
     comm_threads: set = field(default_factory=set)
-    allgathers: list[dict] = field(default_factory=list)        # the all_gather events (sharded stages)
-    reducescatters: list[dict] = field(default_factory=list)    # the reduce_scatter events
+    allgathers: list[dict] = field(default_factory=list)  # the all_gather events (sharded stages)
+    reducescatters: list[dict] = field(default_factory=list)  # the reduce_scatter events
 
 
 def end_of(e: dict) -> float:
@@ -42,15 +43,34 @@ def end_of(e: dict) -> float:
 
 
 #: Bytes per element, by the type names the profiler writes in ``Input type``.
-ELEMENT_SIZE = {"float": 4, "float32": 4, "c10::Half": 2, "half": 2, "float16": 2, "c10::BFloat16": 2,
-                "bfloat16": 2, "double": 8, "float64": 8, "long int": 8, "int64": 8, "int": 4, "int32": 4,
-                "signed char": 1, "unsigned char": 1, "bool": 1, "short int": 2}
+ELEMENT_SIZE = {
+    "float": 4,
+    "float32": 4,
+    "c10::Half": 2,
+    "half": 2,
+    "float16": 2,
+    "c10::BFloat16": 2,
+    "bfloat16": 2,
+    "double": 8,
+    "float64": 8,
+    "long int": 8,
+    "int64": 8,
+    "int": 4,
+    "int32": 4,
+    "signed char": 1,
+    "unsigned char": 1,
+    "bool": 1,
+    "short int": 2,
+}
 
 
 def step_windows(events: list[dict], skip_tids=frozenset()) -> list[tuple[int, float, float]]:
     """Step 1: ``(N, start, end)`` of each ``ProfilerStep#N``; without any, the whole span is one step."""
-    steps = sorted((int(m.group(1)), e["ts"], end_of(e)) for e in events
-                   if e.get("tid") not in skip_tids and (m := _STEP.match(e["name"])))
+    steps = sorted(
+        (int(m.group(1)), e["ts"], end_of(e))
+        for e in events
+        if e.get("tid") not in skip_tids and (m := _STEP.match(e["name"]))
+    )
     if not steps:
         steps = [(0, min(e["ts"] for e in events), max(end_of(e) for e in events))]
     return steps
@@ -78,8 +98,11 @@ def per_step(iv: RankIntervals) -> list[dict]:
     rows = []
     for number, start, end in iv.steps:
         row = {"step": number, "step_time_us": end - start}
-        for kind, events in (("allreduce", iv.allreduces), ("allgather", iv.allgathers),
-                             ("reducescatter", iv.reducescatters)):
+        for kind, events in (
+            ("allreduce", iv.allreduces),
+            ("allgather", iv.allgathers),
+            ("reducescatter", iv.reducescatters),
+        ):
             calls = [e for e in events if start <= e["ts"] < end]
             row[f"{kind}_calls"] = len(calls)
             row[f"{kind}_bytes"] = sum(bytes_of(e) for e in calls)
@@ -98,5 +121,3 @@ def per_step_means(iv: RankIntervals) -> dict:
     means["comm_time_per_step_us"] = sum(r["comm_time_us"] for r in rows) / n
     means["step_time_us"] = sum(r["step_time_us"] for r in rows) / n
     return means
-
-

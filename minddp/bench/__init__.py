@@ -16,7 +16,8 @@ A benchmark, not a test: it measures, it asserts nothing. One run:
    stays with it for all its rounds;
 3. **report** (:mod:`.report`): median and spread of step time, ratio to
    torch's DDP, exposed comm, overlap %, training-thread CPU time,
-   all_reduce calls/bytes, peak memory (the launches pooled, :func:`.report.pool`); ``results.md``/``.csv``/``.json`` and ``step_times.png`` in
+   all_reduce calls/bytes, peak memory (the launches pooled, :func:`.report.pool`); ``results.md``/``.csv``/``.json``
+   and ``step_times.png`` in
    ``results/bench-<date>/``, ending with the targets judged (:mod:`.targets`).
 
 ``python -m minddp.bench overhead`` (:mod:`.overhead`) measures something
@@ -38,5 +39,4 @@ Example::
 from minddp.bench.configs import VARIANTS, BenchConfig, bench_configs
 from minddp.bench.report import COLUMNS, markdown_table, summarize, write_outputs
 
-__all__ = ["VARIANTS", "BenchConfig", "bench_configs", "COLUMNS", "markdown_table", "summarize",
-           "write_outputs"]
+__all__ = ["VARIANTS", "BenchConfig", "bench_configs", "COLUMNS", "markdown_table", "summarize", "write_outputs"]

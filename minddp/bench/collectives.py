@@ -70,7 +70,7 @@ def _start(kind: str, nbytes: int, world: int, transport=None):
     Future; a Work's ``wait()`` is all the link and the timer need).
     """
     chunk = max(1, nbytes // 4 // world)
-    dev = current_device()       # the rank's device: a GPU's collectives where the ranks have GPUs
+    dev = current_device()  # the rank's device: a GPU's collectives where the ranks have GPUs
     if kind == "all_reduce":
         t = torch.ones(chunk * world, device=dev)
         if transport is not None:
@@ -105,6 +105,7 @@ class _WireTransport:
 
     def __init__(self):
         from minddp.comm.wire import Wire
+
         self.wire = Wire(dist.group.WORLD)
 
     def __call__(self, tensor, group):
@@ -121,6 +122,7 @@ def measure_rank(networks: list[str], collectives: list[str], sizes: list[int], 
     """Step 1 on every rank; the rows (identical on all ranks) of every (network, collective, size)."""
     from minddp.collectives import TRANSPORTS
     from minddp.comm.link import Link
+
     world = dist.get_world_size()
     rows = []
     for network in networks:
@@ -130,19 +132,27 @@ def measure_rank(networks: list[str], collectives: list[str], sizes: list[int], 
             for size in sizes:
                 payload, start = _start(kind, size, world, transport)
                 times = []
-                repeats = iters * (3 if size <= 1 << 20 else 1)    # small sizes are cheap and the noisiest
+                repeats = iters * (3 if size <= 1 << 20 else 1)  # small sizes are cheap and the noisiest
                 for i in range(warmup + repeats):
                     dist.barrier()
                     t0 = time.perf_counter()
                     fut = start()
                     (fut if link is None else link.carry(fut, payload, world, kind)).wait()
-                    synchronize(current_device())    # a GPU collective's wait() only orders the stream
+                    synchronize(current_device())  # a GPU collective's wait() only orders the stream
                     if i >= warmup:
                         times.append(time.perf_counter() - t0)
                 slowest = torch.tensor(times, dtype=torch.float64, device=message_device())
-                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)      # a collective takes as long as its slowest rank
-                rows.append({"network": network, "collective": kind, "ranks": world, "bytes": payload,
-                             "median_s": statistics.median(slowest.tolist()), "min_s": min(slowest.tolist())})
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a collective takes as long as its slowest rank
+                rows.append(
+                    {
+                        "network": network,
+                        "collective": kind,
+                        "ranks": world,
+                        "bytes": payload,
+                        "median_s": statistics.median(slowest.tolist()),
+                        "min_s": min(slowest.tolist()),
+                    }
+                )
         if link is not None:
             link.close()
     return rows
@@ -163,21 +173,28 @@ def fit(points: list[tuple[float, float]]) -> dict:
         return torch.linalg.lstsq(design, (ys * weights)[:, None]).solution.view(-1).tolist()
 
     a, b = line(torch.ones_like(ys))
-    if a < 0:                                    # the best line through the origin instead: a = 0
+    if a < 0:  # the best line through the origin instead: a = 0
         a, b = 0.0, float((xs * ys).sum() / (xs * xs).sum())
     ss_tot = float(((ys - ys.mean()) ** 2).sum())
     r2 = 1.0 - float(((ys - (a + b * xs)) ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan")
-    rel_a, rel_b = line(1.0 / ys)                # rows scaled by 1/t: relative residuals
+    rel_a, rel_b = line(1.0 / ys)  # rows scaled by 1/t: relative residuals
     predicted = rel_a + rel_b * xs
     logs, fitted_logs = ys.log(), predicted.clamp(min=1e-12).log()
     ss_log = float(((logs - logs.mean()) ** 2).sum())
-    return {"a_s": a, "b_s_per_byte": b, "r2": r2, "rel_a_s": rel_a, "rel_b_s_per_byte": rel_b,
-            "r2_log": 1.0 - float(((logs - fitted_logs) ** 2).sum()) / ss_log if ss_log > 0 else float("nan"),
-            "max_rel_miss": float(((predicted - ys).abs() / ys).max())}
+    return {
+        "a_s": a,
+        "b_s_per_byte": b,
+        "r2": r2,
+        "rel_a_s": rel_a,
+        "rel_b_s_per_byte": rel_b,
+        "r2_log": 1.0 - float(((logs - fitted_logs) ** 2).sum()) / ss_log if ss_log > 0 else float("nan"),
+        "max_rel_miss": float(((predicted - ys).abs() / ys).max()),
+    }
 
 
 def fits(rows: list[dict]) -> list[dict]:
     from minddp.comm.link import COLLECTIVES as RING
+
     out = []
     keys = sorted({(r["network"], r["collective"]) for r in rows}, key=lambda k: (k[0] != "gloo", k))
     for network, kind in keys:
@@ -186,40 +203,62 @@ def fits(rows: list[dict]) -> list[dict]:
         f = fit([(r["bytes"], r["median_s"]) for r in mine])
         hops, crossings = RING[kind]
         share = 1.0 if crossings is None else crossings * (n - 1) / n
-        f.update(network=network, collective=kind, ranks=n, sizes=len(mine),
-                 alpha_us=1e6 * f["a_s"] / (hops * (n - 1)), rel_alpha_us=1e6 * f["rel_a_s"] / (hops * (n - 1)),
-                 busbw_GBps=share / f["b_s_per_byte"] / 1e9 if f["b_s_per_byte"] > 0 else float("inf"),
-                 rel_busbw_GBps=share / f["rel_b_s_per_byte"] / 1e9 if f["rel_b_s_per_byte"] > 0 else float("inf"))
+        f.update(
+            network=network,
+            collective=kind,
+            ranks=n,
+            sizes=len(mine),
+            alpha_us=1e6 * f["a_s"] / (hops * (n - 1)),
+            rel_alpha_us=1e6 * f["rel_a_s"] / (hops * (n - 1)),
+            busbw_GBps=share / f["b_s_per_byte"] / 1e9 if f["b_s_per_byte"] > 0 else float("inf"),
+            rel_busbw_GBps=share / f["rel_b_s_per_byte"] / 1e9 if f["rel_b_s_per_byte"] > 0 else float("inf"),
+        )
         out.append(f)
     return out
 
 
 def markdown(rows: list[dict], fitted: list[dict], meta: dict) -> str:
     from minddp.comm.link import PRESETS
-    lines = [f"# Collectives over message sizes, and α-β fits ({meta['date']})", "",
-             f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}; load (1 min) before/after "
-             f"{meta['load']}; wall {meta['wall_s']:.0f} s. Measured under whatever else ran there.", "",
-             "Two fits of `t = a + b·S`: the **α-β fit** (least squares on the times, `a ≥ 0`; judged by `R²`) "
-             "and the **relative fit** (least squares on relative error, every size alike; judged by `R²` of the "
-             "logarithms and its largest relative miss). α = a / hops and busbw = share / b under the ring model "
-             "(all_reduce: 2(N−1) hops, share 2(N−1)/N; reduce_scatter and all_gather: N−1, (N−1)/N; broadcast: "
-             "N−1, 1).", "",
-             "| network | collective | ranks | α-β fit: α (µs/hop) | busbw (GB/s) | nominal busbw | R² | "
-             "relative fit: α (µs/hop) | busbw (GB/s) | R² (log) | max rel. miss |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    lines = [
+        f"# Collectives over message sizes, and α-β fits ({meta['date']})",
+        "",
+        f"Command: `{meta['command']}`  ",
+        f"Machine: {meta['machine']}; load (1 min) before/after "
+        f"{meta['load']}; wall {meta['wall_s']:.0f} s. Measured under whatever else ran there.",
+        "",
+        "Two fits of `t = a + b·S`: the **α-β fit** (least squares on the times, `a ≥ 0`; judged by `R²`) "
+        "and the **relative fit** (least squares on relative error, every size alike; judged by `R²` of the "
+        "logarithms and its largest relative miss). α = a / hops and busbw = share / b under the ring model "
+        "(all_reduce: 2(N−1) hops, share 2(N−1)/N; reduce_scatter and all_gather: N−1, (N−1)/N; broadcast: "
+        "N−1, 1).",
+        "",
+        "| network | collective | ranks | α-β fit: α (µs/hop) | busbw (GB/s) | nominal busbw | R² | "
+        "relative fit: α (µs/hop) | busbw (GB/s) | R² (log) | max rel. miss |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for f in fitted:
         nominal = PRESETS.get(f["network"])
         nom = f"{nominal.bandwidth / 1e9:g}" if nominal is not None else "-"
-        lines.append(f"| {f['network']} | {f['collective']} | {f['ranks']} | {f['alpha_us']:.0f} | "
-                     f"{f['busbw_GBps']:.3g} | {nom} | {f['r2']:.4f} | {f['rel_alpha_us']:.0f} | "
-                     f"{f['rel_busbw_GBps']:.3g} | {f['r2_log']:.3f} | {100 * f['max_rel_miss']:.0f} % |")
-    lines += ["", "Median time per size (ms):", "",
-              "| network | collective | " + " | ".join(_size(s) for s in sorted({r['bytes'] for r in rows})) + " |",
-              "|---|---|" + "---:|" * len({r["bytes"] for r in rows})]
+        lines.append(
+            f"| {f['network']} | {f['collective']} | {f['ranks']} | {f['alpha_us']:.0f} | "
+            f"{f['busbw_GBps']:.3g} | {nom} | {f['r2']:.4f} | {f['rel_alpha_us']:.0f} | "
+            f"{f['rel_busbw_GBps']:.3g} | {f['r2_log']:.3f} | {100 * f['max_rel_miss']:.0f} % |"
+        )
+    lines += [
+        "",
+        "Median time per size (ms):",
+        "",
+        "| network | collective | " + " | ".join(_size(s) for s in sorted({r["bytes"] for r in rows})) + " |",
+        "|---|---|" + "---:|" * len({r["bytes"] for r in rows}),
+    ]
     for network, kind in sorted({(r["network"], r["collective"]) for r in rows}):
         by = {r["bytes"]: r["median_s"] for r in rows if (r["network"], r["collective"]) == (network, kind)}
-        lines.append(f"| {network} | {kind} | " + " | ".join(f"{1e3 * by[s]:.3g}" if s in by else "-"
-                                                             for s in sorted({r['bytes'] for r in rows})) + " |")
+        lines.append(
+            f"| {network} | {kind} | "
+            + " | ".join(f"{1e3 * by[s]:.3g}" if s in by else "-" for s in sorted({r["bytes"] for r in rows}))
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -229,21 +268,30 @@ def _size(nbytes: int) -> str:
 
 def plot(rows: list[dict], fitted: list[dict], path: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     kinds = [k for k in COLLECTIVES if any(r["collective"] == k for r in rows)]
     fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.8), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
         for f in [f for f in fitted if f["collective"] == kind]:
-            mine = sorted((r["bytes"], r["median_s"]) for r in rows
-                          if (r["network"], r["collective"]) == (f["network"], kind))
+            mine = sorted(
+                (r["bytes"], r["median_s"]) for r in rows if (r["network"], r["collective"]) == (f["network"], kind)
+            )
             xs = [s for s, _ in mine]
-            line, = ax.plot(xs, [1e3 * t for _, t in mine], "o", ms=4, label=f"{f['network']} (R² {f['r2']:.3f})")
+            (line,) = ax.plot(xs, [1e3 * t for _, t in mine], "o", ms=4, label=f"{f['network']} (R² {f['r2']:.3f})")
             ax.plot(xs, [1e3 * (f["a_s"] + f["b_s_per_byte"] * s) for s in xs], "-", color=line.get_color(), lw=1)
-            ax.plot(xs, [1e3 * (f["rel_a_s"] + f["rel_b_s_per_byte"] * s) for s in xs], ":", color=line.get_color(),
-                    lw=1)
-        ax.set(xscale="log", yscale="log", xlabel="payload S (bytes)", ylabel="time (ms)",
-               title=f"{kind}, {rows[0]['ranks']} ranks")
+            ax.plot(
+                xs, [1e3 * (f["rel_a_s"] + f["rel_b_s_per_byte"] * s) for s in xs], ":", color=line.get_color(), lw=1
+            )
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="payload S (bytes)",
+            ylabel="time (ms)",
+            title=f"{kind}, {rows[0]['ranks']} ranks",
+        )
         ax.legend(fontsize=7, title="— α-β fit, ··· relative fit", title_fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -253,6 +301,7 @@ def plot(rows: list[dict], fitted: list[dict], path: str) -> None:
 def save_table(out: str, stem: str, rows: list[dict], text: str) -> None:
     """``<out>/<stem>.csv`` (one line per row) and ``<out>/<stem>.md`` (``text``): what each of these tools keeps."""
     import csv
+
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"{stem}.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -267,17 +316,30 @@ def main(argv: list[str] | None = None) -> int:
     from minddp.collectives import TRANSPORTS
     from minddp.comm.link import parse_links
     from minddp.runtime.launch import RankError, launch
+
     p = Parser(prog="python -m minddp.bench collectives", description=__doc__.split("\n")[0])
-    p.add_argument("--links", default="1gbit", help="comma list of emulated links to measure besides gloo (presets, or bandwidth,latency such as "
-                   "100mbit,2ms; 'none': gloo only)")
+    p.add_argument(
+        "--links",
+        default="1gbit",
+        help="comma list of emulated links to measure besides gloo (presets, or bandwidth,latency such as "
+        "100mbit,2ms; 'none': gloo only)",
+    )
     p.add_argument("--collectives", default=",".join(COLLECTIVES), help="comma list of collectives")
-    p.add_argument("--transports", default="", help="also minddp's hand-written collectives and the wire's: comma list "
-                                                     "of ring, naive, wire")
+    p.add_argument(
+        "--transports",
+        default="",
+        help="also minddp's hand-written collectives and the wire's: comma list of ring, naive, wire",
+    )
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--min-kib", type=int, default=1)
     p.add_argument("--max-mib", type=int, default=64)
-    p.add_argument("--iters", type=int, default=15, help="timed calls per size above 1 MiB (three times as many "
-                   "up to 1 MiB); the large sizes' medians set R², and 5 calls left it to chance")
+    p.add_argument(
+        "--iters",
+        type=int,
+        default=15,
+        help="timed calls per size above 1 MiB (three times as many "
+        "up to 1 MiB); the large sizes' medians set R², and 5 calls left it to chance",
+    )
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--out", default=None, help="results folder (default: results/collectives-<date-time>)")
     ns = p.parse_args(argv)
@@ -300,15 +362,28 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(out, exist_ok=True)
     load, start = os.getloadavg()[0], time.perf_counter()
     try:
-        rows = launch(measure_rank, ["gloo", *transports, *links], kinds, sizes, ns.iters, ns.warmup,
-                      world_size=ns.world_size, backend="gloo", timeout_s=1200)[0]
+        rows = launch(
+            measure_rank,
+            ["gloo", *transports, *links],
+            kinds,
+            sizes,
+            ns.iters,
+            ns.warmup,
+            world_size=ns.world_size,
+            backend="gloo",
+            timeout_s=1200,
+        )[0]
     except RankError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
     fitted = fits(rows)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine(),
-            "command": "python -m minddp.bench collectives " + " ".join(sys.argv[2:] if argv is None else argv),
-            "load": f"{load:.2f} / {os.getloadavg()[0]:.2f}", "wall_s": time.perf_counter() - start}
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": machine(),
+        "command": "python -m minddp.bench collectives " + " ".join(sys.argv[2:] if argv is None else argv),
+        "load": f"{load:.2f} / {os.getloadavg()[0]:.2f}",
+        "wall_s": time.perf_counter() - start,
+    }
     text = markdown(rows, fitted, meta)
     save_table(out, "collectives", rows, text)
     plot(rows, fitted, os.path.join(out, "collectives.png"))

@@ -62,14 +62,14 @@ class BenchConfig:
     """One column of the benchmark: stage, hook, flags, and what it is compared with."""
 
     name: str
-    stage: str                      # a minddp stage name, or "torch"
-    hook: str = "allreduce"         # a minddp.comm.registry name (torch: the same name, torch's hook)
+    stage: str  # a minddp stage name, or "torch"
+    hook: str = "allreduce"  # a minddp.comm.registry name (torch: the same name, torch's hook)
     powersgd_rank: int | None = None
     gradient_as_bucket_view: bool = False
-    python_hook: bool = False       # torch only: average through torch's Python allreduce_hook, not its C++ default
-    bucket_cap_mb: float | None = None   # None: the train command's --bucket-cap-mb
-    ref: str | None = None          # torch's DDP with the same hook, in the same run
-    noop: str | None = None         # the same stage with noop_hook, in the same run
+    python_hook: bool = False  # torch only: average through torch's Python allreduce_hook, not its C++ default
+    bucket_cap_mb: float | None = None  # None: the train command's --bucket-cap-mb
+    ref: str | None = None  # torch's DDP with the same hook, in the same run
+    noop: str | None = None  # the same stage with noop_hook, in the same run
 
     @property
     def torch_cpp_default(self) -> bool:
@@ -83,17 +83,32 @@ def bench_configs(stages: list[str], variants: list[str] = list(VARIANTS)) -> li
     noop = "noop" in variants
 
     def make(name, stage, ref_name, **kw):
-        return BenchConfig(name, stage, ref=ref_name if has_torch and ref_name != name else None,
-                           noop=f"{stage}+noop" if noop and kw.get("hook", "allreduce") == "allreduce"
-                           and not kw.get("gradient_as_bucket_view") else None, **kw)
+        return BenchConfig(
+            name,
+            stage,
+            ref=ref_name if has_torch and ref_name != name else None,
+            noop=f"{stage}+noop"
+            if noop and kw.get("hook", "allreduce") == "allreduce" and not kw.get("gradient_as_bucket_view")
+            else None,
+            **kw,
+        )
 
     configs = [make(s, s, "torch") for s in stages]
     if noop:
         configs += [make(f"{s}+noop", s, "torch+noop", hook="noop") for s in stages if s not in TORCH_SHARDED]
     for stage in [s for s in VARIANT_STAGES if s in stages]:
         if "powersgd" in variants:
-            configs += [make(f"{stage}+powersgd-r{r}", stage, f"torch+powersgd-r{r}", hook="powersgd",
-                             powersgd_rank=r, bucket_cap_mb=POWERSGD_BUCKET_CAP_MB) for r in POWERSGD_RANKS]
+            configs += [
+                make(
+                    f"{stage}+powersgd-r{r}",
+                    stage,
+                    f"torch+powersgd-r{r}",
+                    hook="powersgd",
+                    powersgd_rank=r,
+                    bucket_cap_mb=POWERSGD_BUCKET_CAP_MB,
+                )
+                for r in POWERSGD_RANKS
+            ]
         if "fp16" in variants:
             configs.append(make(f"{stage}+fp16", stage, "torch+fp16", hook="fp16"))
         if "gabv" in variants:
@@ -104,29 +119,40 @@ def bench_configs(stages: list[str], variants: list[str] = list(VARIANTS)) -> li
 
 
 def wrap(config: BenchConfig, model: nn.Module, cfg: TrainConfig, wire=None, link=None) -> nn.Module:
-    """``model`` wrapped as ``config`` says (the train command's settings otherwise), through :func:`minddp.ladder.wrap`.
+    """``model`` wrapped as ``config`` says (else the train command's settings), by :func:`minddp.ladder.wrap`.
 
     ``link`` (``--link``) is this rank's emulated NIC, under every configuration.
     """
     from minddp.ladder import wrap as wrap_in_stage
+
     options = cfg.powersgd_options()
     if config.powersgd_rank is not None:
         options["matrix_approximation_rank"] = config.powersgd_rank
     if config.stage == "torch-fsdp":
         return torch_fully_shard(model)
-    return wrap_in_stage("torch" if config.stage == "torch-zero1" else config.stage, model, hook=config.hook,
-                         bucket_cap_mb=cfg.bucket_cap_mb if config.bucket_cap_mb is None else config.bucket_cap_mb,
-                         gradient_as_bucket_view=config.gradient_as_bucket_view, python_hook=config.python_hook,
-                         powersgd_options=options, wire=wire, link=link)
+    return wrap_in_stage(
+        "torch" if config.stage == "torch-zero1" else config.stage,
+        model,
+        hook=config.hook,
+        bucket_cap_mb=cfg.bucket_cap_mb if config.bucket_cap_mb is None else config.bucket_cap_mb,
+        gradient_as_bucket_view=config.gradient_as_bucket_view,
+        python_hook=config.python_hook,
+        powersgd_options=options,
+        wire=wire,
+        link=link,
+    )
 
 
 def optimizer(config: BenchConfig, model: nn.Module, cfg: TrainConfig, wire=None, link=None):
-    """The configuration's AdamW: sharded as its stage shards it (:func:`minddp.ladder.make_optimizer`), or torch's ZeRO-1."""
+    """The configuration's AdamW, sharded as its stage shards it (:func:`minddp.ladder.make_optimizer`), or ZeRO-1."""
     import torch
+
     if config.stage == "torch-zero1":
         from torch.distributed.optim import ZeroRedundancyOptimizer
+
         return ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=cfg.lr)
     from minddp.ladder import make_optimizer
+
     stage = "torch" if config.stage == "torch-fsdp" else config.stage
     return make_optimizer(stage, model, torch.optim.AdamW, hook=config.hook, wire=wire, link=link, lr=cfg.lr)
 
@@ -136,6 +162,7 @@ def torch_fully_shard(model: nn.Module) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     from minddp.sharding.fsdp import blocks_of
+
     is_block = blocks_of(model)
     for module in [m for m in model.modules() if is_block(m) and m is not model]:
         fully_shard(module)

@@ -19,6 +19,7 @@ import torch
 
 from minddp.sharding.memory import KINDS, STAGES, Probe, formula_bytes
 
+
 def measure_rank(model_name: str, stages: list[str], steps: int = 2, batch: int = 8, seq: int = 32) -> dict:
     """On every rank: each stage trains ``steps`` steps of an offline model; the last step is probed."""
     import torch.distributed as dist
@@ -29,8 +30,13 @@ def measure_rank(model_name: str, stages: list[str], steps: int = 2, batch: int 
 
     out = {}
     g = torch.Generator().manual_seed(dist.get_rank())
-    batches = [{"input_ids": torch.randint(1, 92, (batch, seq), generator=g),
-                "labels": torch.randint(0, 2, (batch,), generator=g)} for _ in range(steps)]
+    batches = [
+        {
+            "input_ids": torch.randint(1, 92, (batch, seq), generator=g),
+            "labels": torch.randint(0, 2, (batch,), generator=g),
+        }
+        for _ in range(steps)
+    ]
     for stage in stages:
         model = build_model(model_name, vocab_size=92, pad_token_id=0, seed=0)
         wrapped = wrap(stage, model, bucket_cap_mb=25.0)
@@ -46,21 +52,26 @@ def measure_rank(model_name: str, stages: list[str], steps: int = 2, batch: int 
 
 def table(rows: list[dict]) -> str:
     """Markdown: one row per (world size, stage), MiB, measured model state beside the formula."""
-    mib = 2 ** 20
-    lines = ["| ranks | stage | parameters (MiB) | gradients (MiB) | optimizer (MiB) | model state (MiB) "
-             "| formula (MiB) | measured / formula | activations (MiB) | gathered, peak (MiB) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    mib = 2**20
+    lines = [
+        "| ranks | stage | parameters (MiB) | gradients (MiB) | optimizer (MiB) | model state (MiB) "
+        "| formula (MiB) | measured / formula | activations (MiB) | gathered, peak (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         state = r["parameters"] + r["gradients"] + r["optimizer"]
-        lines.append(f"| {r['world']} | {r['stage']} | {r['parameters'] / mib:.3f} | {r['gradients'] / mib:.3f} | "
-                     f"{r['optimizer'] / mib:.3f} | {state / mib:.3f} | {r['formula'] / mib:.3f} | "
-                     f"{state / r['formula']:.4f} | {r['activations'] / mib:.3f} | {r['gathered'] / mib:.3f} |")
+        lines.append(
+            f"| {r['world']} | {r['stage']} | {r['parameters'] / mib:.3f} | {r['gradients'] / mib:.3f} | "
+            f"{r['optimizer'] / mib:.3f} | {state / mib:.3f} | {r['formula'] / mib:.3f} | "
+            f"{state / r['formula']:.4f} | {r['activations'] / mib:.3f} | {r['gathered'] / mib:.3f} |"
+        )
     return "\n".join(lines)
 
 
 def plot(rows: list[dict], path: str) -> None:
-    """Stacked bars per (ranks, stage): parameters, gradients, optimizer state, gathered units; the formula as a tick."""
+    """Stacked bars per (ranks, stage): parameters, gradients, optimizer state, gathered units; formula as a tick."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -69,11 +80,16 @@ def plot(rows: list[dict], path: str) -> None:
     for x, r in enumerate(rows):
         bottom = 0.0
         for kind, color in colors.items():
-            value = r[kind] / 2 ** 20
+            value = r[kind] / 2**20
             ax.bar(x, value, bottom=bottom, color=color, label=kind if x == 0 else None)
             bottom += value
-        ax.plot([x - 0.4, x + 0.4], [r["formula"] / 2 ** 20] * 2, color="black", lw=2,
-                label="formula (model state)" if x == 0 else None)
+        ax.plot(
+            [x - 0.4, x + 0.4],
+            [r["formula"] / 2**20] * 2,
+            color="black",
+            lw=2,
+            label="formula (model state)" if x == 0 else None,
+        )
     ax.set_xticks(range(len(rows)), [f"{r['stage']}\n{r['world']} ranks" for r in rows], fontsize=7)
     ax.set_ylabel("MiB per rank")
     ax.set_title("Memory per rank, measured from the tensors")
@@ -88,13 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     from minddp.runtime.cli import Parser, UsageError, fail, number
     from minddp.runtime.launch import launch
     from minddp.train.models import OFFLINE_PRESETS
-    parser = Parser(prog="python -m minddp.bench.memory", examples=[
-        "python -m minddp.bench.memory                              # tiny-llama at 2, 3 and 4 ranks",
-        "python -m minddp.bench.memory --model small-llama --out results/memory   # table, JSON and plot"],
+
+    parser = Parser(
+        prog="python -m minddp.bench.memory",
+        examples=[
+            "python -m minddp.bench.memory                              # tiny-llama at 2, 3 and 4 ranks",
+            "python -m minddp.bench.memory --model small-llama --out results/memory   # table, JSON and plot",
+        ],
         description="Memory per rank of ddp, zero1, zero2 and fsdp, measured from the tensors, beside the ZeRO "
-                    "formulas.")
-    parser.add_argument("--model", metavar="NAME", default="tiny-llama",
-                        help=f"an offline preset: {', '.join(OFFLINE_PRESETS)}")
+        "formulas.",
+    )
+    parser.add_argument(
+        "--model", metavar="NAME", default="tiny-llama", help=f"an offline preset: {', '.join(OFFLINE_PRESETS)}"
+    )
     parser.add_argument("--world-sizes", metavar="LIST", default="2,3,4", help="comma list of rank counts")
     parser.add_argument("--out", metavar="DIR", default=None, help="folder for memory.md, memory.json and memory.png")
     try:
@@ -113,8 +135,16 @@ def main(argv: list[str] | None = None) -> int:
         for stage in STAGES:
             worst = {k: max(r[stage][k] for r in per_rank) for k in KINDS}
             rep, psi = per_rank[0][stage]["replicated"], per_rank[0][stage]["psi"]
-            rows.append({"world": world, "stage": stage, **worst, "psi": psi, "replicated": rep,
-                         "formula": formula_bytes(stage, psi, world, rep if stage == "fsdp" else 0)})
+            rows.append(
+                {
+                    "world": world,
+                    "stage": stage,
+                    **worst,
+                    "psi": psi,
+                    "replicated": rep,
+                    "formula": formula_bytes(stage, psi, world, rep if stage == "fsdp" else 0),
+                }
+            )
     print(table(rows))
     if args.out:
         os.makedirs(args.out, exist_ok=True)

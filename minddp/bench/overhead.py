@@ -65,6 +65,7 @@ def _wrap(name: str, model: nn.Module) -> nn.Module:
     if name == "torch":
         return nn.parallel.DistributedDataParallel(model)
     from minddp.ladder import build_stage
+
     return build_stage(name, model)
 
 
@@ -72,12 +73,16 @@ def _stages() -> list[str]:
     """The DDP ladder's stages that accumulate under ``no_sync()`` (``simple`` has none; the sharded rungs
     shard their parameters, another cost)."""
     from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER, STAGES
-    return [n for n, cls in STAGES.items() if hasattr(cls, "no_sync") and n not in SHARDED_GRADIENTS + SHARDED_OPTIMIZER]
+
+    return [
+        n for n, cls in STAGES.items() if hasattr(cls, "no_sync") and n not in SHARDED_GRADIENTS + SHARDED_OPTIMIZER
+    ]
 
 
 def measure_rank(names: list[str], blocks: int, width: int, accum: int, steps: int, warmup: int) -> dict:
     """Steps 2-3 on this rank: ``{name: {"no_sync": [s, ...], "sync": [s, ...]}}`` of thread CPU seconds."""
     from minddp.runtime.device import current_device, synchronize
+
     device = current_device()
     rank = dist.get_rank()
     # One intra-op thread: these ops are too small to split, and a thread pool's spinning at its barriers
@@ -87,7 +92,7 @@ def measure_rank(names: list[str], blocks: int, width: int, accum: int, steps: i
     x = torch.randn(1, width, device=device)
     out = {n: {"no_sync": [], "sync": []} for n in names}
     for step in range(warmup + steps):
-        for name in random.Random(f"overhead/{step}").sample(names, len(names)):    # same order on every rank
+        for name in random.Random(f"overhead/{step}").sample(names, len(names)):  # same order on every rank
             model = models[name]
             dist.barrier()
             for m in range(accum):
@@ -96,7 +101,7 @@ def measure_rank(names: list[str], blocks: int, width: int, accum: int, steps: i
                 start = time.thread_time()
                 with quiet:
                     model(x).sum().backward()
-                    finish = getattr(model, "finish_gradient_synchronization", None)   # the teaching stages'
+                    finish = getattr(model, "finish_gradient_synchronization", None)  # the teaching stages'
                     if finish is not None:
                         finish()
                 seconds = time.thread_time() - start
@@ -121,14 +126,18 @@ def summarize(per_rank: list[dict], names: list[str], n_params: int) -> list[dic
     rows = []
     for kind in ("no_sync", "sync"):
         for n in names:
-            row = {"config": n, "micro_batch": kind,
-                   "cpu_us": round(statistics.median(t for r in per_rank for t in r[n][kind]) * 1e6, 1)}
+            row = {
+                "config": n,
+                "micro_batch": kind,
+                "cpu_us": round(statistics.median(t for r in per_rank for t in r[n][kind]) * 1e6, 1),
+            }
             for base in ("none", "torch"):
                 diff, half = _paired(per_rank, n, base, kind) if base in names else (None, None)
                 row[f"over_{'no_wrapper' if base == 'none' else base}_us"] = diff
                 row[f"over_{'no_wrapper' if base == 'none' else base}_pm_us"] = half
-            row["over_torch_ns_per_param"] = (None if row["over_torch_us"] is None
-                                              else round(row["over_torch_us"] * 1e3 / n_params))
+            row["over_torch_ns_per_param"] = (
+                None if row["over_torch_us"] is None else round(row["over_torch_us"] * 1e3 / n_params)
+            )
             rows.append(row)
     return rows
 
@@ -143,19 +152,29 @@ def _paired(per_rank: list[dict], name: str, base: str, kind: str) -> tuple[floa
 
 
 def markdown(tables: dict[int, list[dict]], meta: dict) -> str:
-    lines = [f"# Host CPU per micro-batch: DDP wrappers ({meta['params']} parameters)", "",
-             *(f"- {k}: {v}" for k, v in meta.items()), "",
-             "Training-thread CPU time per micro-batch (median over steps and ranks). 'over X': this "
-             "configuration's micro-batch minus X's in the same step, median over steps and ranks, ± its 95 % "
-             "interval.", ""]
+    lines = [
+        f"# Host CPU per micro-batch: DDP wrappers ({meta['params']} parameters)",
+        "",
+        *(f"- {k}: {v}" for k, v in meta.items()),
+        "",
+        "Training-thread CPU time per micro-batch (median over steps and ranks). 'over X': this "
+        "configuration's micro-batch minus X's in the same step, median over steps and ranks, ± its 95 % "
+        "interval.",
+        "",
+    ]
     for world, rows in tables.items():
-        lines += [f"## {world} rank{'s' if world > 1 else ''}", "",
-                  "| configuration | micro-batch | CPU µs | over no wrapper µs | over torch's DDP µs | "
-                  "over torch ns/param |", "|---|---|---|---|---|---|"]
+        lines += [
+            f"## {world} rank{'s' if world > 1 else ''}",
+            "",
+            "| configuration | micro-batch | CPU µs | over no wrapper µs | over torch's DDP µs | over torch ns/param |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in rows:
-            lines.append(f"| {r['config']} | {r['micro_batch']} | {r['cpu_us']:.0f} | "
-                         f"{_num(r['over_no_wrapper_us'], r['over_no_wrapper_pm_us'])} | "
-                         f"{_num(r['over_torch_us'], r['over_torch_pm_us'])} | {_num(r['over_torch_ns_per_param'])} |")
+            lines.append(
+                f"| {r['config']} | {r['micro_batch']} | {r['cpu_us']:.0f} | "
+                f"{_num(r['over_no_wrapper_us'], r['over_no_wrapper_pm_us'])} | "
+                f"{_num(r['over_torch_us'], r['over_torch_pm_us'])} | {_num(r['over_torch_ns_per_param'])} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -167,18 +186,27 @@ def _num(value, pm=None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from minddp.bench.report import machine
     from minddp.bench.collectives import save_table
+    from minddp.bench.report import machine
     from minddp.runtime.launch import RankError, launch
-    p = Parser(prog="python -m minddp.bench overhead", description=__doc__.split("\n")[0],
-               usage="python -m minddp.bench overhead [--stage NAME[,...]] [--blocks N] [--world-size N[,...]] "
-                     "[options]")
-    p.add_argument("--stage", "--stages", dest="stages", default="ddp",
-                   help="comma list of minddp stages to compare with torch's DDP and no wrapper (default: ddp)")
+
+    p = Parser(
+        prog="python -m minddp.bench overhead",
+        description=__doc__.split("\n")[0],
+        usage="python -m minddp.bench overhead [--stage NAME[,...]] [--blocks N] [--world-size N[,...]] [options]",
+    )
+    p.add_argument(
+        "--stage",
+        "--stages",
+        dest="stages",
+        default="ddp",
+        help="comma list of minddp stages to compare with torch's DDP and no wrapper (default: ddp)",
+    )
     p.add_argument("--blocks", type=number(int, low=1), default=250, help="Linear+LayerNorm blocks (4 parameters each)")
     p.add_argument("--width", type=number(int, low=1), default=8, help="features per layer (small: compute stays tiny)")
-    p.add_argument("--accum", type=number(int, low=2), default=3,
-                   help="micro-batches per step, all but the last under no_sync")
+    p.add_argument(
+        "--accum", type=number(int, low=2), default=3, help="micro-batches per step, all but the last under no_sync"
+    )
     p.add_argument("--steps", type=number(int, low=1), default=150, help="timed steps per configuration")
     p.add_argument("--warmup", type=number(int, low=0), default=5, help="untimed steps first")
     p.add_argument("--world-size", default="1,2", help="comma list of world sizes, one launch each")
@@ -202,18 +230,33 @@ def main(argv: list[str] | None = None) -> int:
     tables = {}
     for world in worlds:
         try:
-            per_rank = launch(measure_rank, names, ns.blocks, ns.width, ns.accum, ns.steps, ns.warmup,
-                              world_size=world, backend=ns.backend, timeout_s=600)
+            per_rank = launch(
+                measure_rank,
+                names,
+                ns.blocks,
+                ns.width,
+                ns.accum,
+                ns.steps,
+                ns.warmup,
+                world_size=world,
+                backend=ns.backend,
+                timeout_s=600,
+            )
         except RankError as exc:
             print(f"{PROG}: {exc}", file=sys.stderr)
             return 1
         tables[world] = summarize(per_rank, names, n_params)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine(),
-            "command": "python -m minddp.bench overhead " + " ".join(sys.argv[2:] if argv is None else argv),
-            "params": n_params, "model": f"{ns.blocks} x (Linear({ns.width}, {ns.width}) + LayerNorm({ns.width})), "
-                                         "1 row", "micro_batches_per_step": ns.accum, "steps": ns.steps,
-            "load_1min_before_after": f"{load:.2f} / {os.getloadavg()[0]:.2f}",
-            "wall_s": round(time.perf_counter() - start, 1)}
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": machine(),
+        "command": "python -m minddp.bench overhead " + " ".join(sys.argv[2:] if argv is None else argv),
+        "params": n_params,
+        "model": f"{ns.blocks} x (Linear({ns.width}, {ns.width}) + LayerNorm({ns.width})), 1 row",
+        "micro_batches_per_step": ns.accum,
+        "steps": ns.steps,
+        "load_1min_before_after": f"{load:.2f} / {os.getloadavg()[0]:.2f}",
+        "wall_s": round(time.perf_counter() - start, 1),
+    }
     text = markdown(tables, meta)
     save_table(out, "overhead", [{"world_size": w, **r} for w, rows in tables.items() for r in rows], text)
     print(text)

@@ -51,10 +51,30 @@ import os
 import platform
 import statistics
 
-COLUMNS = ["config", "stage", "hook", "median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "steps", "train_cpu_ms",
-           "ratio_to_torch", "ratio_lo", "ratio_hi", "ref", "exposed_comm_ms",
-           "overlap_pct", "overlap_min_pct", "overlap_max_pct",
-           "allreduce_calls_per_step", "allreduce_bytes_per_step", "traffic_source", "peak_mib"]
+COLUMNS = [
+    "config",
+    "stage",
+    "hook",
+    "median_ms",
+    "q1_ms",
+    "q3_ms",
+    "min_ms",
+    "max_ms",
+    "steps",
+    "train_cpu_ms",
+    "ratio_to_torch",
+    "ratio_lo",
+    "ratio_hi",
+    "ref",
+    "exposed_comm_ms",
+    "overlap_pct",
+    "overlap_min_pct",
+    "overlap_max_pct",
+    "allreduce_calls_per_step",
+    "allreduce_bytes_per_step",
+    "traffic_source",
+    "peak_mib",
+]
 
 
 def _quantiles(values: list[float]) -> tuple[float, float, float]:
@@ -72,8 +92,10 @@ def max_total_allocated(trace_file: str) -> int:
     """
     with open(trace_file) as f:
         events = json.load(f)["traceEvents"]
-    memory = sorted((e for e in events if e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {})),
-                    key=lambda e: e["ts"])
+    memory = sorted(
+        (e for e in events if e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {})),
+        key=lambda e: e["ts"],
+    )
     if not memory:
         return 0
     base = memory[0]["args"]["Total Allocated"] - memory[0]["args"]["Bytes"]
@@ -108,7 +130,7 @@ def summarize(configs, per_rank: list[dict], rounds: int = 1) -> list[dict]:
     rows = []
     for c in configs:
         runs = [r[c.name] for r in per_rank]
-        if c.torch_cpp_default:                               # torch's C++ default: from the traces, if any
+        if c.torch_cpp_default:  # torch's C++ default: from the traces, if any
             counted = runs[0].get("trace_traffic")
             calls, nbytes = (statistics.mean(x) for x in zip(*counted)) if counted else (None, None)  # step 5
             source = "trace"
@@ -116,16 +138,28 @@ def summarize(configs, per_rank: list[dict], rounds: int = 1) -> list[dict]:
             calls, nbytes = statistics.mean(runs[0]["calls"]), statistics.mean(runs[0]["bytes"])
             source = "hook" if c.stage == "torch" else "wire"
         peaks = [run["peak_bytes"] for run in runs if "peak_bytes" in run]
-        peak = max(peaks) if peaks else None                                                 # step 7
-        rows.append({"config": c.name, "stage": c.stage,
-                     "hook": c.hook + ("-py" if c.python_hook else "") + (f"-r{c.powersgd_rank}" if c.powersgd_rank else "")
-                     + ("+gabv" if c.gradient_as_bucket_view else ""),
-                     "times_ms": [max(ts) * 1e3 for ts in zip(*(run["times"] for run in runs))],      # step 1
-                     "cpu_times_ms": [statistics.mean(cs) * 1e3 for cs in zip(*(run["cpu"] for run in runs))],  # 6
-                     "overlap_rounds": round_parts([run["overlap"] for run in runs]),                 # step 4
-                     "rounds": rounds, "launch_rounds": [rounds], "ref": c.ref, "noop": c.noop,
-                     "allreduce_calls_per_step": calls, "allreduce_bytes_per_step": nbytes,
-                     "traffic_source": source, "peak_mib": None if peak is None else peak / 2**20})
+        peak = max(peaks) if peaks else None  # step 7
+        rows.append(
+            {
+                "config": c.name,
+                "stage": c.stage,
+                "hook": c.hook
+                + ("-py" if c.python_hook else "")
+                + (f"-r{c.powersgd_rank}" if c.powersgd_rank else "")
+                + ("+gabv" if c.gradient_as_bucket_view else ""),
+                "times_ms": [max(ts) * 1e3 for ts in zip(*(run["times"] for run in runs))],  # step 1
+                "cpu_times_ms": [statistics.mean(cs) * 1e3 for cs in zip(*(run["cpu"] for run in runs))],  # 6
+                "overlap_rounds": round_parts([run["overlap"] for run in runs]),  # step 4
+                "rounds": rounds,
+                "launch_rounds": [rounds],
+                "ref": c.ref,
+                "noop": c.noop,
+                "allreduce_calls_per_step": calls,
+                "allreduce_bytes_per_step": nbytes,
+                "traffic_source": source,
+                "peak_mib": None if peak is None else peak / 2**20,
+            }
+        )
     return derive(rows)
 
 
@@ -139,20 +173,24 @@ def derive(rows: list[dict]) -> list[dict]:
     by = {r["config"]: r for r in rows}
     for row in rows:
         times = row["times_ms"]
-        row["q1_ms"], row["median_ms"], row["q3_ms"] = _quantiles(times)                      # step 1
+        row["q1_ms"], row["median_ms"], row["q3_ms"] = _quantiles(times)  # step 1
         row["min_ms"], row["max_ms"], row["steps"] = min(times), max(times), len(times)
-        cpu = row.get("cpu_times_ms")       # absent from results saved before the column existed
-        row["train_cpu_ms"] = statistics.median(cpu) if cpu else None                         # step 6
-        row["overlap_pct"], row["overlap_min_pct"], row["overlap_max_pct"] = \
-            overlap_of_rounds(row["overlap_rounds"])                                          # step 4
+        cpu = row.get("cpu_times_ms")  # absent from results saved before the column existed
+        row["train_cpu_ms"] = statistics.median(cpu) if cpu else None  # step 6
+        row["overlap_pct"], row["overlap_min_pct"], row["overlap_max_pct"] = overlap_of_rounds(
+            row["overlap_rounds"]
+        )  # step 4
     for row in rows:
         ref = by.get(row["ref"]) if row["ref"] else (row if row["stage"] == "torch" else None)
-        row["ratio_to_torch"] = row["median_ms"] / ref["median_ms"] if ref else None                 # step 2
-        compared = ref is not None and ref is not row     # torch against itself: 1 exactly, no interval
-        row["ratio_lo"], row["ratio_hi"] = ratio_interval(row["times_ms"], ref["times_ms"], row["rounds"],
-                                                          launches=launches_of(row)) if compared else (None, None)
+        row["ratio_to_torch"] = row["median_ms"] / ref["median_ms"] if ref else None  # step 2
+        compared = ref is not None and ref is not row  # torch against itself: 1 exactly, no interval
+        row["ratio_lo"], row["ratio_hi"] = (
+            ratio_interval(row["times_ms"], ref["times_ms"], row["rounds"], launches=launches_of(row))
+            if compared
+            else (None, None)
+        )
         noop = by.get(row.get("noop")) if row.get("noop") else None
-        row["exposed_comm_ms"] = row["median_ms"] - noop["median_ms"] if noop else None              # step 3
+        row["exposed_comm_ms"] = row["median_ms"] - noop["median_ms"] if noop else None  # step 3
     return rows
 
 
@@ -174,17 +212,20 @@ def pool(runs: list[list[dict]]) -> list[dict]:
     names = [r["config"] for r in first]
     for run in runs[1:]:
         if sorted(r["config"] for r in run) != sorted(names):
-            raise ValueError("the runs to pool must have the same configurations: "
-                             f"{sorted(names)} vs {sorted(r['config'] for r in run)}")
+            raise ValueError(
+                "the runs to pool must have the same configurations: "
+                f"{sorted(names)} vs {sorted(r['config'] for r in run)}"
+            )
     per_run = [{r["config"]: r for r in run} for run in runs]
     steps = {len(by[n]["times_ms"]) // by[n]["rounds"] for by in per_run for n in names}
     if len(steps) != 1:
-        raise ValueError("the runs to pool must time the same number of steps per round (--steps), "
-                         f"got {sorted(steps)}")
+        raise ValueError(
+            f"the runs to pool must time the same number of steps per round (--steps), got {sorted(steps)}"
+        )
     rows = []
     for row in first:
         merged = dict(row)
-        if "noop" not in merged:      # results.json written before rows named their noop run
+        if "noop" not in merged:  # results.json written before rows named their noop run
             noop = f"{row['stage']}+noop"
             merged["noop"] = noop if row["hook"] == "allreduce" and noop in names else None
         merged["times_ms"] = [t for by in per_run for t in by[row["config"]]["times_ms"]]
@@ -197,8 +238,15 @@ def pool(runs: list[list[dict]]) -> list[dict]:
     return derive(rows)
 
 
-def paired_bootstrap(series: list[list], rounds: int, statistic, level: float = 0.90, resamples: int = 1000,
-                     seed: int = 0, launches: list[int] | None = None) -> tuple[float, float]:
+def paired_bootstrap(
+    series: list[list],
+    rounds: int,
+    statistic,
+    level: float = 0.90,
+    resamples: int = 1000,
+    seed: int = 0,
+    launches: list[int] | None = None,
+) -> tuple[float, float]:
     """A bootstrap interval for ``statistic(*series)`` that resamples whole rounds, the same ones for every series.
 
     1. cut each series into its ``rounds`` blocks (values are stored round
@@ -215,8 +263,9 @@ def paired_bootstrap(series: list[list], rounds: int, statistic, level: float = 
     4. repeat ``resamples`` times; the middle ``level`` of the values is the interval.
     """
     import random
+
     n = len(series[0])
-    blocks = rounds if rounds > 1 and n % rounds == 0 else n                                # step 1
+    blocks = rounds if rounds > 1 and n % rounds == 0 else n  # step 1
     size = n // blocks
     groups = list(launches) if launches and len(launches) > 1 and sum(launches) == blocks else [blocks]
     starts = [sum(groups[:g]) for g in range(len(groups))]
@@ -225,8 +274,8 @@ def paired_bootstrap(series: list[list], rounds: int, statistic, level: float = 
     for _ in range(resamples):
         drawn = rng.choices(range(len(groups)), k=len(groups)) if len(groups) > 1 else [0]  # step 2
         picks = [starts[g] + i for g in drawn for i in rng.choices(range(groups[g]), k=groups[g])]
-        values.append(statistic(*([x for b in picks for x in s[b * size:(b + 1) * size]] for s in series)))  # 3
-    return _middle(values, level)                                                           # step 4
+        values.append(statistic(*([x for b in picks for x in s[b * size : (b + 1) * size]] for s in series)))  # 3
+    return _middle(values, level)  # step 4
 
 
 def _middle(values: list[float], level: float) -> tuple[float, float]:
@@ -236,8 +285,15 @@ def _middle(values: list[float], level: float) -> tuple[float, float]:
     return values[cut], values[len(values) - 1 - cut]
 
 
-def ratio_interval(times: list[float], ref_times: list[float], rounds: int = 1, level: float = 0.90,
-                   resamples: int = 1000, seed: int = 0, launches: list[int] | None = None) -> tuple[float, float]:
+def ratio_interval(
+    times: list[float],
+    ref_times: list[float],
+    rounds: int = 1,
+    level: float = 0.90,
+    resamples: int = 1000,
+    seed: int = 0,
+    launches: list[int] | None = None,
+) -> tuple[float, float]:
     """Step 2: a bootstrap interval for ``median(times) / median(ref_times)``, paired by round (and launch).
 
     Both lists come from the same rounds of one run (or of pooled runs), so
@@ -246,9 +302,15 @@ def ratio_interval(times: list[float], ref_times: list[float], rounds: int = 1, 
     """
     if len(times) != len(ref_times):
         raise ValueError(f"paired samples must have the same length, got {len(times)} and {len(ref_times)}")
-    return paired_bootstrap([times, ref_times], rounds,
-                            lambda a, r: statistics.median(a) / statistics.median(r), level, resamples, seed,
-                            launches)
+    return paired_bootstrap(
+        [times, ref_times],
+        rounds,
+        lambda a, r: statistics.median(a) / statistics.median(r),
+        level,
+        resamples,
+        seed,
+        launches,
+    )
 
 
 def _fmt(value, spec: str) -> str:
@@ -270,23 +332,28 @@ def _overlap_cell(r: dict) -> str:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = ("| config | step, median (ms) | step, IQR (ms) | step, min–max (ms) | step × torch (90 % CI) "
-            "| exposed comm (ms) | overlap of comm by compute (%, rounds) | train-thread CPU (ms) "
-            "| all_reduce calls per step | all_reduce per step (MiB) | peak memory (MiB) |")
+    head = (
+        "| config | step, median (ms) | step, IQR (ms) | step, min–max (ms) | step × torch (90 % CI) "
+        "| exposed comm (ms) | overlap of comm by compute (%, rounds) | train-thread CPU (ms) "
+        "| all_reduce calls per step | all_reduce per step (MiB) | peak memory (MiB) |"
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         mib = None if r["allreduce_bytes_per_step"] is None else r["allreduce_bytes_per_step"] / 2**20
         calls = _fmt(r["allreduce_calls_per_step"], ".1f")
-        lines.append(f"| {r['config']} | {r['median_ms']:.2f} | {r['q1_ms']:.2f}–{r['q3_ms']:.2f} "
-                     f"| {r['min_ms']:.2f}–{r['max_ms']:.2f} | {_ratio_cell(r)} "
-                     f"| {_fmt(r['exposed_comm_ms'], '.2f')} | {_overlap_cell(r)} | {_fmt(r.get('train_cpu_ms'), '.2f')} "
-                     f"| {calls} "
-                     f"| {_fmt(mib, '.3f')} | {_fmt(r['peak_mib'], '.2f')} |")
+        lines.append(
+            f"| {r['config']} | {r['median_ms']:.2f} | {r['q1_ms']:.2f}–{r['q3_ms']:.2f} "
+            f"| {r['min_ms']:.2f}–{r['max_ms']:.2f} | {_ratio_cell(r)} "
+            f"| {_fmt(r['exposed_comm_ms'], '.2f')} | {_overlap_cell(r)} | {_fmt(r.get('train_cpu_ms'), '.2f')} "
+            f"| {calls} "
+            f"| {_fmt(mib, '.3f')} | {_fmt(r['peak_mib'], '.2f')} |"
+        )
     return "\n".join(lines)
 
 
-def write_outputs(rows: list[dict], folder: str, meta: dict, targets: list[dict] = (),
-                  targets_md: str = "") -> dict[str, str]:
+def write_outputs(
+    rows: list[dict], folder: str, meta: dict, targets: list[dict] = (), targets_md: str = ""
+) -> dict[str, str]:
     """``results.md`` (table, targets, settings), ``results.csv``, ``results.json``, ``step_times.png``.
 
     ``targets``: :func:`minddp.bench.targets.check_targets` of ``rows``; ``targets_md``: the same as
@@ -300,7 +367,7 @@ def write_outputs(rows: list[dict], folder: str, meta: dict, targets: list[dict]
             f.write(f"## Targets\n\n{targets_md}\n\n")
         f.write("".join(f"- {k}: {v}\n" for k, v in meta.items()))
     with open(paths["csv"], "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")   # raw step times: JSON only
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")  # raw step times: JSON only
         writer.writeheader()
         writer.writerows(rows)
     with open(paths["json"], "w") as f:
@@ -313,6 +380,7 @@ def write_outputs(rows: list[dict], folder: str, meta: dict, targets: list[dict]
 def plot(rows: list[dict], path: str, meta: dict) -> None:
     """Median step time with IQR whiskers per configuration, and exposed comm beside it."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -331,8 +399,11 @@ def plot(rows: list[dict], path: str, meta: dict) -> None:
     exposed = [by[n]["exposed_comm_ms"] or 0.0 for n in names]
     ax2.barh(names, exposed, color=colors)
     ax2.set_xlabel("exposed comm = step − same stage with noop_hook, ms")
-    fig.suptitle(f"minddp vs torch DDP — {meta.get('model', '')}, {meta.get('world_size', '')} ranks, "
-                 f"{meta.get('backend', '')} ({meta.get('date', '')})", fontsize=10)
+    fig.suptitle(
+        f"minddp vs torch DDP — {meta.get('model', '')}, {meta.get('world_size', '')} ranks, "
+        f"{meta.get('backend', '')} ({meta.get('date', '')})",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -341,6 +412,9 @@ def plot(rows: list[dict], path: str, meta: dict) -> None:
 def machine() -> str:
     """The machine a benchmark ran on, in one line (system, CPU cores, GPU, torch release)."""
     import torch
+
     cpu = platform.processor() or platform.machine()
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
-    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores ({cpu}){gpu}; torch {torch.__version__}"
+    return (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores ({cpu}){gpu}; torch {torch.__version__}"
+    )

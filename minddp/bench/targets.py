@@ -64,8 +64,12 @@ CONTEXT = "context: "
 #: Step 1's limits (× torch's DDP) by ``--preset`` (None: the train command's default model, tiny).
 #: ``bucket-async`` is the plain teaching stage (no speed work: that lives in ``ddp``), so it gets 10 % on
 #: every model; on tiny, where a step is mostly Python around little compute, its plain code shows most.
-STEP_LIMITS = {None: {"ddp": 1.05, "bucket-async": 1.10}, "tiny": {"ddp": 1.05, "bucket-async": 1.10},
-               "small": {"ddp": 1.03, "bucket-async": 1.10}, "medium": {"ddp": 1.03, "bucket-async": 1.10}}
+STEP_LIMITS = {
+    None: {"ddp": 1.05, "bucket-async": 1.10},
+    "tiny": {"ddp": 1.05, "bucket-async": 1.10},
+    "small": {"ddp": 1.03, "bucket-async": 1.10},
+    "medium": {"ddp": 1.03, "bucket-async": 1.10},
+}
 
 
 def check_targets(rows: list[dict], preset: str | None = None) -> list[dict]:
@@ -80,78 +84,161 @@ def check_targets(rows: list[dict], preset: str | None = None) -> list[dict]:
             measured, met = measure(*picked)
             bounds = interval(*picked) if interval else None
             verdict = "yes" if met else "within noise" if bounds and reaches(*bounds) else "no"
-            out.append({"target": target, "measured": measured, "met": bool(met), "verdict": verdict,
-                        "interval": None if bounds is None else [float(b) for b in bounds],
-                        "quantity": quantity})
+            out.append(
+                {
+                    "target": target,
+                    "measured": measured,
+                    "met": bool(met),
+                    "verdict": verdict,
+                    "interval": None if bounds is None else [float(b) for b in bounds],
+                    "quantity": quantity,
+                }
+            )
 
     for stage in [s for s in ("ddp", "bucket-async") if by.get(s, {}).get("ratio_to_torch") is not None]:  # 1
         limit = STEP_LIMITS.get(preset, STEP_LIMITS[None])[stage]
-        add(f"{stage} step ≤ {limit:.2f} × torch", [stage, "torch"],
-            lambda a, t, limit=limit: (f"{a['ratio_to_torch']:.3f} × (90 % CI {a['ratio_lo']:.2f}–{a['ratio_hi']:.2f})",
-                                       a["ratio_to_torch"] <= limit),
-            _ratio_bounds, lambda lo, hi, limit=limit: lo <= limit, "× torch")
-    for target, reference in (("ddp exposed comm ≤ torch's with its Python allreduce_hook", "torch+pyhook"),  # 2
-                              (f"{CONTEXT}ddp exposed comm ≤ torch's C++ default", "torch")):
-        add(target, ["ddp", reference, "ddp+noop", "torch+noop"],
-            lambda a, t, *_: (f"{a['exposed_comm_ms']:.2f} vs {t['exposed_comm_ms']:.2f} ms",
-                              a["exposed_comm_ms"] <= t["exposed_comm_ms"]),
-            lambda *four: _bootstrap(four, "times_ms", lambda a, t, an, tn: (statistics.median(a) - statistics.median(an))
-                                     - (statistics.median(t) - statistics.median(tn))),
-            lambda lo, hi: lo <= 0, "ddp − torch, ms")
-    for target, reference in (("ddp overlap ≥ torch's with its Python allreduce_hook", "torch+pyhook"),
-                              (f"{CONTEXT}ddp overlap ≥ torch's C++ default", "torch")):
+        add(
+            f"{stage} step ≤ {limit:.2f} × torch",
+            [stage, "torch"],
+            lambda a, t, limit=limit: (
+                f"{a['ratio_to_torch']:.3f} × (90 % CI {a['ratio_lo']:.2f}–{a['ratio_hi']:.2f})",
+                a["ratio_to_torch"] <= limit,
+            ),
+            _ratio_bounds,
+            lambda lo, hi, limit=limit: lo <= limit,
+            "× torch",
+        )
+    for target, reference in (
+        ("ddp exposed comm ≤ torch's with its Python allreduce_hook", "torch+pyhook"),  # 2
+        (f"{CONTEXT}ddp exposed comm ≤ torch's C++ default", "torch"),
+    ):
+        add(
+            target,
+            ["ddp", reference, "ddp+noop", "torch+noop"],
+            lambda a, t, *_: (
+                f"{a['exposed_comm_ms']:.2f} vs {t['exposed_comm_ms']:.2f} ms",
+                a["exposed_comm_ms"] <= t["exposed_comm_ms"],
+            ),
+            lambda *four: _bootstrap(
+                four,
+                "times_ms",
+                lambda a, t, an, tn: (
+                    (statistics.median(a) - statistics.median(an)) - (statistics.median(t) - statistics.median(tn))
+                ),
+            ),
+            lambda lo, hi: lo <= 0,
+            "ddp − torch, ms",
+        )
+    for target, reference in (
+        ("ddp overlap ≥ torch's with its Python allreduce_hook", "torch+pyhook"),
+        (f"{CONTEXT}ddp overlap ≥ torch's C++ default", "torch"),
+    ):
         if any(by.get(n, {}).get("overlap_pct") is None for n in ("ddp", reference)):
             continue
-        add(target, ["ddp", reference],
-            lambda a, t: (f"{a['overlap_pct']:.1f} vs {t['overlap_pct']:.1f} % (rounds {a['overlap_min_pct']:.0f}–"
-                          f"{a['overlap_max_pct']:.0f} vs {t['overlap_min_pct']:.0f}–{t['overlap_max_pct']:.0f})",
-                          a["overlap_pct"] >= t["overlap_pct"]),
+        add(
+            target,
+            ["ddp", reference],
+            lambda a, t: (
+                f"{a['overlap_pct']:.1f} vs {t['overlap_pct']:.1f} % (rounds {a['overlap_min_pct']:.0f}–"
+                f"{a['overlap_max_pct']:.0f} vs {t['overlap_min_pct']:.0f}–{t['overlap_max_pct']:.0f})",
+                a["overlap_pct"] >= t["overlap_pct"],
+            ),
             lambda a, t: _bootstrap([a, t], "overlap_rounds", lambda x, y: pooled_pct(x) - pooled_pct(y)),
-            lambda lo, hi: hi >= 0, "ddp − torch, points")
-    add("PowerSGD r1 bytes ≥ 20 × fewer than allreduce", ["ddp+powersgd-r1", "ddp"],        # step 3
-        lambda p, a: (f"{a['allreduce_bytes_per_step'] / p['allreduce_bytes_per_step']:.1f} × fewer",
-                      a["allreduce_bytes_per_step"] >= 20 * p["allreduce_bytes_per_step"]))
-    add("PowerSGD r1 step ≤ 1.10 × torch's hook", ["ddp+powersgd-r1", "torch+powersgd-r1"],
-        lambda p, t: (f"{p['ratio_to_torch']:.3f} × (90 % CI {p['ratio_lo']:.2f}–{p['ratio_hi']:.2f})",
-                      p["ratio_to_torch"] <= 1.10), _ratio_bounds, lambda lo, hi: lo <= 1.10, "× torch's hook")
+            lambda lo, hi: hi >= 0,
+            "ddp − torch, points",
+        )
+    add(
+        "PowerSGD r1 bytes ≥ 20 × fewer than allreduce",
+        ["ddp+powersgd-r1", "ddp"],  # step 3
+        lambda p, a: (
+            f"{a['allreduce_bytes_per_step'] / p['allreduce_bytes_per_step']:.1f} × fewer",
+            a["allreduce_bytes_per_step"] >= 20 * p["allreduce_bytes_per_step"],
+        ),
+    )
+    add(
+        "PowerSGD r1 step ≤ 1.10 × torch's hook",
+        ["ddp+powersgd-r1", "torch+powersgd-r1"],
+        lambda p, t: (
+            f"{p['ratio_to_torch']:.3f} × (90 % CI {p['ratio_lo']:.2f}–{p['ratio_hi']:.2f})",
+            p["ratio_to_torch"] <= 1.10,
+        ),
+        _ratio_bounds,
+        lambda lo, hi: lo <= 1.10,
+        "× torch's hook",
+    )
     if all(by.get(n, {}).get("peak_mib") is not None for n in ("ddp+gabv", "torch+gabv")):  # step 4
-        add("ddp gradient_as_bucket_view memory ≤ torch's + 10 %", ["ddp+gabv", "torch+gabv"],
-            lambda a, t: (f"{a['peak_mib']:.2f} vs {t['peak_mib']:.2f} MiB", a["peak_mib"] <= 1.10 * t["peak_mib"]))
-    distributed = [n for n in BLOG_STAGES + ["ddp", "torch"] if n in by]                     # step 5
+        add(
+            "ddp gradient_as_bucket_view memory ≤ torch's + 10 %",
+            ["ddp+gabv", "torch+gabv"],
+            lambda a, t: (f"{a['peak_mib']:.2f} vs {t['peak_mib']:.2f} MiB", a["peak_mib"] <= 1.10 * t["peak_mib"]),
+        )
+    distributed = [n for n in BLOG_STAGES + ["ddp", "torch"] if n in by]  # step 5
     if "simple" in by and len(distributed) > 1:
         slowest = max(distributed, key=lambda n: by[n]["median_ms"])
-        add("simple is the slowest distributed stage", ["simple"],
-            lambda s: (f"slowest: {slowest} ({by[slowest]['median_ms']:.1f} ms)", slowest == "simple"))
+        add(
+            "simple is the slowest distributed stage",
+            ["simple"],
+            lambda s: (f"slowest: {slowest} ({by[slowest]['median_ms']:.1f} ms)", slowest == "simple"),
+        )
     blog = [n for n in BLOG_STAGES if n in by]
     if "bucket-async" in by and len(blog) > 1:
         fastest = min(blog, key=lambda n: by[n]["median_ms"])
         runner_up = min((n for n in blog if n != "bucket-async"), key=lambda n: by[n]["median_ms"])
-        add("bucket-async is the fastest of the blog's stages", ["bucket-async", runner_up],
-            lambda b, r: (f"bucket-async {b['median_ms']:.1f} ms, next {runner_up} {r['median_ms']:.1f} ms "
-                          f"({b['median_ms'] / r['median_ms']:.3f} ×)", fastest == "bucket-async"),
+        add(
+            "bucket-async is the fastest of the blog's stages",
+            ["bucket-async", runner_up],
+            lambda b, r: (
+                f"bucket-async {b['median_ms']:.1f} ms, next {runner_up} {r['median_ms']:.1f} ms "
+                f"({b['median_ms'] / r['median_ms']:.3f} ×)",
+                fastest == "bucket-async",
+            ),
             lambda b, r: _bootstrap([b, r], "times_ms", lambda x, y: statistics.median(x) / statistics.median(y)),
-            lambda lo, hi: lo < 1.0, f"bucket-async / {runner_up}")
+            lambda lo, hi: lo < 1.0,
+            f"bucket-async / {runner_up}",
+        )
     for stage, reference, bound in (("zero2", "ddp", 1.10), ("fsdp", "ddp", 1.30), ("zero1", "torch-zero1", 1.0)):
-        add(f"{stage} step ≤ {bound:.2f} × {reference}", [stage, reference],                # step 6
-            lambda a, r, b=bound: (f"{a['median_ms'] / r['median_ms']:.3f} × ({a['median_ms']:.1f} vs "
-                                   f"{r['median_ms']:.1f} ms)", a["median_ms"] <= b * r["median_ms"]),
+        add(
+            f"{stage} step ≤ {bound:.2f} × {reference}",
+            [stage, reference],  # step 6
+            lambda a, r, b=bound: (
+                f"{a['median_ms'] / r['median_ms']:.3f} × ({a['median_ms']:.1f} vs {r['median_ms']:.1f} ms)",
+                a["median_ms"] <= b * r["median_ms"],
+            ),
             lambda a, r: _bootstrap([a, r], "times_ms", lambda x, y: statistics.median(x) / statistics.median(y)),
-            lambda lo, hi, b=bound: lo <= b, f"{stage} / {reference}")
+            lambda lo, hi, b=bound: lo <= b,
+            f"{stage} / {reference}",
+        )
     if by.get("fsdp", {}).get("overlap_pct") is not None:
-        add("fsdp's all-gathers run under compute (overlap > 0)", ["fsdp"],
-            lambda f: (f"{f['overlap_pct']:.1f} % (rounds {f['overlap_min_pct']:.0f}–{f['overlap_max_pct']:.0f})",
-                       f["overlap_pct"] > 0))
-    for stage, blocking in (("hook-async", "hook"), ("bucket-async", "bucket")):                # step 7
+        add(
+            "fsdp's all-gathers run under compute (overlap > 0)",
+            ["fsdp"],
+            lambda f: (
+                f"{f['overlap_pct']:.1f} % (rounds {f['overlap_min_pct']:.0f}–{f['overlap_max_pct']:.0f})",
+                f["overlap_pct"] > 0,
+            ),
+        )
+    for stage, blocking in (("hook-async", "hook"), ("bucket-async", "bucket")):  # step 7
         if all(by.get(n, {}).get("overlap_pct") is not None for n in (stage, blocking)):
-            add(f"{stage} overlap > {blocking}'s", [stage, blocking],
-                lambda a, b: (f"{a['overlap_pct']:.1f} vs {b['overlap_pct']:.1f} %", a["overlap_pct"] > b["overlap_pct"]),
+            add(
+                f"{stage} overlap > {blocking}'s",
+                [stage, blocking],
+                lambda a, b: (
+                    f"{a['overlap_pct']:.1f} vs {b['overlap_pct']:.1f} %",
+                    a["overlap_pct"] > b["overlap_pct"],
+                ),
                 lambda a, b: _bootstrap([a, b], "overlap_rounds", lambda x, y: pooled_pct(x) - pooled_pct(y)),
-                lambda lo, hi: hi > 0, f"{stage} − {blocking}, points")
+                lambda lo, hi: hi > 0,
+                f"{stage} − {blocking}, points",
+            )
     if all(by.get(n, {}).get("overlap_pct") is not None for n in ("zero2", "ddp")):
-        add("zero2 overlap ≥ ddp's", ["zero2", "ddp"],
+        add(
+            "zero2 overlap ≥ ddp's",
+            ["zero2", "ddp"],
             lambda a, d: (f"{a['overlap_pct']:.1f} vs {d['overlap_pct']:.1f} %", a["overlap_pct"] >= d["overlap_pct"]),
             lambda a, d: _bootstrap([a, d], "overlap_rounds", lambda x, y: pooled_pct(x) - pooled_pct(y)),
-            lambda lo, hi: hi >= 0, "zero2 − ddp, points")
+            lambda lo, hi: hi >= 0,
+            "zero2 − ddp, points",
+        )
     return out
 
 
@@ -161,7 +248,7 @@ def _ratio_bounds(row: dict, ref: dict):
 
 
 def _bootstrap(rows, key: str, statistic):
-    """Paired interval (by launch and round) of ``statistic`` over the rows' ``key`` series; None when the run lacks them."""
+    """Paired interval (by launch and round) of ``statistic`` over the rows' ``key`` series (None: none there)."""
     series = [r.get(key) for r in rows]
     rounds = rows[0].get("rounds") or 1
     if any(not s for s in series) or len({len(s) for s in series}) != 1:
@@ -180,6 +267,9 @@ def targets_markdown(results: list[dict]) -> str:
     """The Targets table; the interval column is the judged quantity's 90 % interval (see the module doc)."""
     cell = {"yes": "yes", "no": "**no**", "within noise": "**no**, within noise"}
     lines = ["| target | measured | 90 % interval | met |", "|---|---|---|---|"]
-    lines += [f"| {t['target']} | {t['measured']} | {_interval_text(t)} | {cell[t.get('verdict', 'yes' if t['met'] else 'no')]} |"
-              for t in results]
+    lines += [
+        f"| {t['target']} | {t['measured']} | {_interval_text(t)} "
+        f"| {cell[t.get('verdict', 'yes' if t['met'] else 'no')]} |"
+        for t in results
+    ]
     return "\n".join(lines)

@@ -81,35 +81,44 @@ def counting_torch_all_reduce(traffic):
         dist.all_reduce = original
 
 
-def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData, rounds: int, steps: int,
-               warmup: int, trace_dir: str | None, profile_steps: int = 2, launch_index: int = 0,
-               measure_memory: bool = True) -> dict:
+def bench_rank(
+    configs: list[BenchConfig],
+    cfg: TrainConfig,
+    data: PreparedData,
+    rounds: int,
+    steps: int,
+    warmup: int,
+    trace_dir: str | None,
+    profile_steps: int = 2,
+    launch_index: int = 0,
+    measure_memory: bool = True,
+) -> dict:
     """Steps 1-4 on this rank; returns ``{config name: {"times": [...], "cpu": [...], "calls": [...], ...}}``.
 
     ``launch_index`` (which of the benchmark's launches this is) only seeds the round orders.
     """
     from minddp.comm.link import Link
     from minddp.comm.wire import Traffic, Wire
-    from minddp.runtime.device import current_device, synchronize
     from minddp.ladder.loop import train_step
+    from minddp.runtime.device import current_device, synchronize
     from minddp.train.models import build_model
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device = current_device()
-    link = None if cfg.link is None else Link(cfg.link)      # --link: this rank's emulated NIC, shared by all
+    link = None if cfg.link is None else Link(cfg.link)  # --link: this rank's emulated NIC, shared by all
     runs = {}
+
     def build(config: BenchConfig):
         model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed, cfg.dtype).to(device)
         model.train()
         traffic = Traffic()
         wire = None if config.stage.startswith("torch") else Wire(None, traffic=traffic)
         wrapped = wrap(config, model, cfg, wire=wire, link=link)
-        batches = step_batches(data.train, cfg.batch_size, cfg.grad_accum, world, rank, cfg.seed,
-                               data.pad_token_id)
+        batches = step_batches(data.train, cfg.batch_size, cfg.grad_accum, world, rank, cfg.seed, data.pad_token_id)
         meter = (lambda: counting_torch_all_reduce(traffic)) if config.stage == "torch" else contextlib.nullcontext
         return wrapped, optimizer(config, model, cfg, wire, link), batches, meter, traffic
 
-    for config in configs:                                                                  # step 1
+    for config in configs:  # step 1
         runs[config.name] = build(config)
     out = {c.name: {"times": [], "cpu": [], "calls": [], "bytes": [], "overlap": []} for c in configs}
 
@@ -125,11 +134,11 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
             synchronize(device)
             return time.perf_counter() - start, time.thread_time() - cpu_start
 
-    for r in range(rounds):                                                                 # step 2
+    for r in range(rounds):  # step 2
         order = random.Random(f"{cfg.seed}/{launch_index}/{r}").sample(configs, len(configs))
         for i in range(warmup + steps):
             for config in order:
-                dist.barrier()     # start together: a rank still busy elsewhere is not this step's cost
+                dist.barrier()  # start together: a rank still busy elsewhere is not this step's cost
                 seconds, cpu_seconds = one_step(config.name)
                 if i >= warmup:
                     rec = out[config.name]
@@ -138,38 +147,42 @@ def bench_rank(configs: list[BenchConfig], cfg: TrainConfig, data: PreparedData,
                     traffic = runs[config.name][4]
                     rec["calls"].append(traffic.calls)
                     rec["bytes"].append(traffic.bytes)
-        for config in order if trace_dir is not None and profile_steps else []:                # step 3
+        for config in order if trace_dir is not None and profile_steps else []:  # step 3
             dist.barrier()
             folder = os.path.join(trace_dir, config.name)
             rec = out[config.name]
-            rec["overlap"].append(profiled_overlap(lambda: one_step(config.name), profile_steps, folder, rank, device,
-                                                   link))
+            rec["overlap"].append(
+                profiled_overlap(lambda: one_step(config.name), profile_steps, folder, rank, device, link)
+            )
             if config.torch_cpp_default:
                 # torch's C++ default averages without a Python call to meter: count from the trace
                 from minddp.analysis import trace_traffic
                 from minddp.runtime.profiling import trace_path
+
                 rec.setdefault("trace_traffic", []).append(trace_traffic(trace_path(folder, rank), rank))
     if trace_dir is not None and profile_steps and measure_memory:
-        for config in configs:                                                              # step 4
+        for config in configs:  # step 4
             dist.barrier()
-            out[config.name]["peak_bytes"] = fresh_peak_bytes(lambda: build(config), one_step, 1 + profile_steps,
-                                                              os.path.join(trace_dir, config.name), rank, device)
+            out[config.name]["peak_bytes"] = fresh_peak_bytes(
+                lambda: build(config), one_step, 1 + profile_steps, os.path.join(trace_dir, config.name), rank, device
+            )
     if link is not None:
         link.close()
     return out
 
 
-def profiled_overlap(step, profile_steps: int, folder: str, rank: int, device: torch.device,
-                     link=None) -> tuple[float, float]:
+def profiled_overlap(
+    step, profile_steps: int, folder: str, rank: int, device: torch.device, link=None
+) -> tuple[float, float]:
     """Step 3: run ``1 + profile_steps`` steps under the profiler; return ``(hidden, comm)`` µs of this rank.
 
     With a link, its transfers are written into the trace first, so they count as communication.
     """
     from minddp.analysis import overlap_parts
     from minddp.runtime.profiling import StepProfiler
+
     # No memory events here: overlap needs only the time ranges, and step 4 measures memory on its own.
-    with StepProfiler(folder, rank, 1 + profile_steps, profile_steps, cuda=device.type == "cuda",
-                      memory=False) as prof:
+    with StepProfiler(folder, rank, 1 + profile_steps, profile_steps, cuda=device.type == "cuda", memory=False) as prof:
         for _ in range(1 + profile_steps):
             step()
             prof.step()
@@ -192,6 +205,7 @@ def fresh_peak_bytes(build, one_step, steps: int, folder: str, rank: int, device
 
     from minddp.bench.report import max_total_allocated
     from minddp.runtime.profiling import quiet_kineto
+
     quiet_kineto()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -42,12 +42,12 @@ class Transport:
     """One algorithm's collectives. Calling it is its all_reduce: ``transport(tensor, group)``."""
 
     name: str
-    all_reduce: Callable[[torch.Tensor, dist.ProcessGroup], None]                      # in place
-    reduce_scatter: Callable[[torch.Tensor, torch.Tensor, dist.ProcessGroup], None]    # (output, input, group)
-    all_gather: Callable[[torch.Tensor, torch.Tensor, dist.ProcessGroup], None]        # (output, input, group)
+    all_reduce: Callable[[torch.Tensor, dist.ProcessGroup], None]  # in place
+    reduce_scatter: Callable[[torch.Tensor, torch.Tensor, dist.ProcessGroup], None]  # (output, input, group)
+    all_gather: Callable[[torch.Tensor, torch.Tensor, dist.ProcessGroup], None]  # (output, input, group)
 
     @property
-    def __name__(self) -> str:     # what the wire and hook labels print
+    def __name__(self) -> str:  # what the wire and hook labels print
         return self.name
 
     def __call__(self, tensor: torch.Tensor, group: dist.ProcessGroup) -> None:
@@ -73,5 +73,14 @@ TRANSPORTS: dict = {
 #: repeats this rank's piece. Right shapes, no communication (the benchmark's no-communication limit).
 NO_COMMUNICATION = Transport("none", lambda tensor, group: None, _keep_own_chunk, _own_piece_everywhere)
 
-__all__ = ["TRANSPORTS", "NO_COMMUNICATION", "Transport", "ring_all_reduce", "ring_reduce_scatter",
-           "ring_all_gather", "naive_all_reduce", "naive_reduce_scatter", "naive_all_gather"]
+__all__ = [
+    "TRANSPORTS",
+    "NO_COMMUNICATION",
+    "Transport",
+    "ring_all_reduce",
+    "ring_reduce_scatter",
+    "ring_all_gather",
+    "naive_all_reduce",
+    "naive_reduce_scatter",
+    "naive_all_gather",
+]

@@ -40,14 +40,14 @@ def naive_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup) -> None:
     rank = dist.get_rank(group)
     if rank == 0:
         inbox = torch.empty_like(tensor)
-        for r in range(1, n):                                                     # step 1
+        for r in range(1, n):  # step 1
             exchange(None, r, inbox, r, group)
             tensor += inbox
-        for r in range(1, n):                                                     # step 2
+        for r in range(1, n):  # step 2
             exchange(tensor, r, None, r, group)
     else:
-        exchange(tensor, 0, None, 0, group)                                       # step 1
-        exchange(None, 0, tensor, 0, group)                                       # step 2
+        exchange(tensor, 0, None, 0, group)  # step 1
+        exchange(None, 0, tensor, 0, group)  # step 2
 
 
 def naive_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup) -> None:

@@ -24,8 +24,9 @@ def peer(group: dist.ProcessGroup, group_rank: int) -> int:
     return group_rank if group is dist.group.WORLD else dist.get_global_rank(group, group_rank)
 
 
-def exchange(send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, src: int,
-             group: dist.ProcessGroup) -> None:
+def exchange(
+    send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, src: int, group: dist.ProcessGroup
+) -> None:
     """Send ``send`` to group rank ``dst`` while receiving ``recv`` from ``src``; wait for both.
 
     Both are posted together in one batch (``batch_isend_irecv``): if every
@@ -34,7 +35,7 @@ def exchange(send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, src
     empty tensor skips that direction (both ends know the sizes, so they skip
     alike).
     """
-    with contextlib.ExitStack() as host:     # gloo sends no CUDA tensor: ranks sharing a GPU go through the CPU
+    with contextlib.ExitStack() as host:  # gloo sends no CUDA tensor: ranks sharing a GPU go through the CPU
         send = None if send is None else host.enter_context(staged(send, group))
         recv = None if recv is None else host.enter_context(staged(recv, group))
         ops = []
@@ -58,8 +59,9 @@ def ranks_to_reduce(tensor: torch.Tensor, group: dist.ProcessGroup, name: str) -
     return dist.get_world_size(group)
 
 
-def check_sizes(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup, name: str,
-                output_is_whole: bool) -> int:
+def check_sizes(
+    output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup, name: str, output_is_whole: bool
+) -> int:
     """The group's size, after checking a reduce-scatter's or all-gather's two tensors fit each other.
 
     The whole tensor (``input`` of a reduce-scatter, ``output`` of an
@@ -74,5 +76,6 @@ def check_sizes(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGr
         raise ValueError(
             f"{name}: the whole tensor must hold {n} (the world size) pieces of the other's size and dtype, "
             f"got {whole.numel()} {whole.dtype} elements for pieces of {piece.numel()} {piece.dtype}; "
-            f"size the whole tensor as {n} x the piece (pad it, as the sharded stages do)")
+            f"size the whole tensor as {n} x the piece (pad it, as the sharded stages do)"
+        )
     return n

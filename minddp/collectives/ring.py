@@ -40,9 +40,9 @@ def reduce_scatter_chunks(chunks: list[torch.Tensor], group: dist.ProcessGroup) 
     n, rank = len(chunks), dist.get_rank(group)
     right, left = (rank + 1) % n, (rank - 1) % n
     inbox = torch.empty_like(max(chunks, key=torch.Tensor.numel))
-    for s in range(n - 1):                                                        # step 1
+    for s in range(n - 1):  # step 1
         send_i, recv_i = (rank - s - 1) % n, (rank - s - 2) % n
-        incoming = inbox[:chunks[recv_i].numel()]
+        incoming = inbox[: chunks[recv_i].numel()]
         exchange(chunks[send_i], right, incoming, left, group)
         chunks[recv_i] += incoming
 
@@ -51,9 +51,9 @@ def all_gather_chunks(chunks: list[torch.Tensor], group: dist.ProcessGroup) -> N
     """Pass 2: from ``chunks[rank]`` filled on every rank to every chunk filled on every rank."""
     n, rank = len(chunks), dist.get_rank(group)
     right, left = (rank + 1) % n, (rank - 1) % n
-    for s in range(n - 1):                                                        # step 2
+    for s in range(n - 1):  # step 2
         send_i, recv_i = (rank - s) % n, (rank - s - 1) % n
-        exchange(chunks[send_i], right, chunks[recv_i], left, group)   # receive straight into place
+        exchange(chunks[send_i], right, chunks[recv_i], left, group)  # receive straight into place
 
 
 def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup) -> None:
@@ -61,7 +61,7 @@ def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup) -> None:
     n = ranks_to_reduce(tensor, group, "ring_all_reduce")
     if n == 1:
         return
-    chunks = list(tensor.view(-1).tensor_split(n))     # views: writing a chunk writes the tensor
+    chunks = list(tensor.view(-1).tensor_split(n))  # views: writing a chunk writes the tensor
     reduce_scatter_chunks(chunks, group)
     all_gather_chunks(chunks, group)
 
@@ -72,7 +72,7 @@ def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: dist.P
     ``torch.distributed.reduce_scatter_single``'s contract; ``input`` is left as it was.
     """
     n = check_sizes(output, input, group, "ring_reduce_scatter", output_is_whole=False)
-    work = input.reshape(-1).clone()                    # pass 1 sums in place; the caller's input stays
+    work = input.reshape(-1).clone()  # pass 1 sums in place; the caller's input stays
     chunks = list(work.chunk(n)) if n > 1 else [work]
     reduce_scatter_chunks(chunks, group)
     output.view(-1).copy_(chunks[dist.get_rank(group)])

@@ -68,9 +68,16 @@ def _recording(module, chunks: list[torch.Tensor], steps: list[dict]):
         return 0 if t is None else t.numel() * t.element_size()
 
     def exchange(send, dst, recv, src, group):
-        steps.append({"to": dst if nbytes(send) else None, "from": src if nbytes(recv) else None,
-                      "sent": nbytes(send), "received": nbytes(recv), "chunks": _chunks_within(send, chunks),
-                      "before": [int(c[0]) for c in chunks]})
+        steps.append(
+            {
+                "to": dst if nbytes(send) else None,
+                "from": src if nbytes(recv) else None,
+                "sent": nbytes(send),
+                "received": nbytes(recv),
+                "chunks": _chunks_within(send, chunks),
+                "before": [int(c[0]) for c in chunks],
+            }
+        )
         real(send, dst, recv, src, group)
 
     module.exchange = exchange
@@ -95,24 +102,31 @@ def watch(algorithm: str = "ring", numel: int = 4 * 65536, group=None) -> list[d
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     if n > 30:
         raise ValueError(f"watch() marks each rank with a bit of a float32 (exact up to 2**24): {n} ranks is too many")
-    tensor = torch.full((numel,), float(2**rank), device=current_device())           # step 1
+    tensor = torch.full((numel,), float(2**rank), device=current_device())  # step 1
     chunks = list(tensor.tensor_split(n))
     steps: list[dict] = []
-    with _recording(module, chunks, steps):                                            # step 2
+    with _recording(module, chunks, steps):  # step 2
         all_reduce(tensor, group)
-    record = {"rank": rank, "world": n, "algorithm": algorithm, "numel": numel, "steps": steps,
-              "after": [int(c[0]) for c in chunks], "chunk_bytes": chunks[0].numel() * chunks[0].element_size(),
-              "sent": sum(s["sent"] for s in steps), "received": sum(s["received"] for s in steps),
-              "ok": bool((tensor == 2**n - 1).all())}
+    record = {
+        "rank": rank,
+        "world": n,
+        "algorithm": algorithm,
+        "numel": numel,
+        "steps": steps,
+        "after": [int(c[0]) for c in chunks],
+        "chunk_bytes": chunks[0].numel() * chunks[0].element_size(),
+        "sent": sum(s["sent"] for s in steps),
+        "received": sum(s["received"] for s in steps),
+        "ok": bool((tensor == 2**n - 1).all()),
+    }
     everyone: list = [None] * n
-    dist.all_gather_object(everyone, record, group=group)                              # step 3
+    dist.all_gather_object(everyone, record, group=group)  # step 3
     return everyone
 
 
 def seconds(records: list[dict], link) -> float:
     """The α-β time of the watched all_reduce on ``link`` (a :class:`~minddp.comm.link.LinkSpec`): module doc."""
-    return max(sum(link.latency + max(s["sent"], s["received"]) / link.bandwidth for s in r["steps"])
-               for r in records)
+    return max(sum(link.latency + max(s["sent"], s["received"]) / link.bandwidth for s in r["steps"]) for r in records)
 
 
 def _label(mark: int, n: int) -> str:
@@ -134,7 +148,7 @@ def draw_ring(records: list[dict]):
     rows = len(records[0]["steps"]) + 1
     fig, ax = plt.subplots(figsize=(2.0 + 2.2 * n, 0.95 * rows + 0.6))
     shade = plt.get_cmap("Greens")
-    width = n + 1.6                                     # one rank's box of n chunks, and the gap after it
+    width = n + 1.6  # one rank's box of n chunks, and the gap after it
     for row in range(rows):
         y = -row * 1.6
         if row < rows - 1:
@@ -149,23 +163,47 @@ def draw_ring(records: list[dict]):
             sent = r["steps"][row]["chunks"] if row < rows - 1 else []
             for c, mark in enumerate(marks):
                 share = len(ranks_in(mark)) / n
-                ax.add_patch(Rectangle((x0 + c, y), 0.92, 0.92, facecolor=shade(0.15 + 0.75 * share),
-                                       edgecolor="crimson" if c in sent else "white",
-                                       linewidth=2.2 if c in sent else 0.5))
+                ax.add_patch(
+                    Rectangle(
+                        (x0 + c, y),
+                        0.92,
+                        0.92,
+                        facecolor=shade(0.15 + 0.75 * share),
+                        edgecolor="crimson" if c in sent else "white",
+                        linewidth=2.2 if c in sent else 0.5,
+                    )
+                )
                 label = _label(mark, n)
-                ax.text(x0 + c + 0.46, y + 0.46, label, ha="center", va="center", fontsize=7 if len(label) < 5 else 6,
-                        color="white" if share > 0.6 else "black")
+                ax.text(
+                    x0 + c + 0.46,
+                    y + 0.46,
+                    label,
+                    ha="center",
+                    va="center",
+                    fontsize=7 if len(label) < 5 else 6,
+                    color="white" if share > 0.6 else "black",
+                )
             if sent:
                 step = r["steps"][row]
-                ax.text(x0 + n / 2, y - 0.22, f"chunk {sent[0]} → rank {step['to']} ({step['sent'] / 1024:.0f} KiB)",
-                        ha="center", va="center", fontsize=6.5, color="crimson")
+                ax.text(
+                    x0 + n / 2,
+                    y - 0.22,
+                    f"chunk {sent[0]} → rank {step['to']} ({step['sent'] / 1024:.0f} KiB)",
+                    ha="center",
+                    va="center",
+                    fontsize=6.5,
+                    color="crimson",
+                )
     for r in records:
         ax.text(r["rank"] * width + n / 2, 1.25, f"rank {r['rank']}", ha="center", fontsize=9, weight="bold")
     ax.set_xlim(-2.6, n * width)
     ax.set_ylim(-(rows - 1) * 1.6 - 0.6, 1.7)
     ax.axis("off")
-    ax.set_title(f"ring all_reduce on {n} ranks: each box is one rank's tensor in {n} chunks; a chunk's label "
-                 "names the ranks whose shares it holds", fontsize=8.5)
+    ax.set_title(
+        f"ring all_reduce on {n} ranks: each box is one rank's tensor in {n} chunks; a chunk's label "
+        "names the ranks whose shares it holds",
+        fontsize=8.5,
+    )
     fig.tight_layout()
     return fig
 
@@ -173,16 +211,26 @@ def draw_ring(records: list[dict]):
 def draw_bytes(ring_records: list[dict], star_records: list[dict]):
     """Bytes each rank sent and received, the ring beside the star (both watched on the same tensor)."""
     import matplotlib.pyplot as plt
+    import numpy as np
 
     n = len(ring_records)
     mib = 2**20
     fig, ax = plt.subplots(figsize=(6.4, 2.6))
-    x = torch.arange(n).float()
-    for offset, records, name, color in ((-0.2, ring_records, "ring", "tab:green"),
-                                         (0.2, star_records, "star (through rank 0)", "tab:gray")):
+    x = np.arange(n, dtype=float)
+    for offset, records, name, color in (
+        (-0.2, ring_records, "ring", "tab:green"),
+        (0.2, star_records, "star (through rank 0)", "tab:gray"),
+    ):
         ax.bar(x + offset, [r["sent"] / mib for r in records], 0.38, color=color, label=f"{name}: sent")
-        ax.scatter(x + offset, [r["received"] / mib for r in records], color="black", marker="_", s=300,
-                   zorder=3, label="received" if offset > 0 else None)
+        ax.scatter(
+            x + offset,
+            [r["received"] / mib for r in records],
+            color="black",
+            marker="_",
+            s=300,
+            zorder=3,
+            label="received" if offset > 0 else None,
+        )
     ax.set_xticks(x.tolist(), [f"rank {r}" for r in range(n)])
     ax.set_ylabel("MiB per all_reduce")
     ax.set_title(f"all_reduce of {ring_records[0]['numel'] * 4 / mib:g} MiB per rank on {n} ranks", fontsize=9)

@@ -22,5 +22,14 @@ from minddp.comm.powerSGD_hook import PowerSGDState
 from minddp.comm.registry import hook_names, make_hook
 from minddp.comm.wire import Traffic, Wire
 
-__all__ = ["GradBucket", "Traffic", "Wire", "hook_names", "make_hook", "PowerSGDState",
-           "default_hooks", "powerSGD_hook", "debugging_hooks"]
+__all__ = [
+    "GradBucket",
+    "Traffic",
+    "Wire",
+    "hook_names",
+    "make_hook",
+    "PowerSGDState",
+    "default_hooks",
+    "powerSGD_hook",
+    "debugging_hooks",
+]

@@ -70,14 +70,14 @@ def _compress_wrapper(dtype: torch.dtype, label: str, hook):
     def wrapped(state, bucket: GradBucket) -> torch.futures.Future:
         check_real_floating(bucket, wrapped.__name__)
         original = bucket.buffer()
-        bucket.set_buffer(original.to(dtype))                                  # step 1
+        bucket.set_buffer(original.to(dtype))  # step 1
         fut = hook(state, bucket)
-        bucket.set_buffer(original)                                            # step 2
+        bucket.set_buffer(original)  # step 2
 
-        def decompress(f: torch.futures.Future) -> torch.Tensor:              # step 3
+        def decompress(f: torch.futures.Future) -> torch.Tensor:  # step 3
             value = f.value()
             value = value[0] if isinstance(value, list) else value
-            if value.numel() != original.numel():        # a reduce-scatter's shard
+            if value.numel() != original.numel():  # a reduce-scatter's shard
                 return value.to(original.dtype)
             return original.copy_(value)
 

@@ -68,8 +68,11 @@ class LinkSpec:
         return hops * (world - 1) * self.latency + share * nbytes / self.bandwidth
 
     def describe(self) -> str:
-        speed = "unlimited" if math.isinf(self.bandwidth) else f"{self.bandwidth / GBIT:g} Gbit/s " \
-                f"({self.bandwidth / 1e9:g} GB/s)"
+        speed = (
+            "unlimited"
+            if math.isinf(self.bandwidth)
+            else f"{self.bandwidth / GBIT:g} Gbit/s ({self.bandwidth / 1e9:g} GB/s)"
+        )
         return f"{self.name}: {speed}, {self.latency * 1e6:g} µs per hop" + (f" ({self.about})" if self.about else "")
 
 
@@ -82,12 +85,26 @@ PRESETS: dict[str, LinkSpec] = {
     "100gbit-ib": LinkSpec("100gbit-ib", 100 * GBIT, 5e-6, "100 Gbit/s InfiniBand (EDR), RDMA"),
     "pcie-t4": LinkSpec("pcie-t4", 7e9, 10e-6, "T4 GPUs in one machine over PCIe 3.0 x16, no NVLink"),
     "nvlink": LinkSpec("nvlink", 200e9, 5e-6, "A100-class NVLink through NVSwitch"),
-    "loopback": LinkSpec("loopback", math.inf, 0.0, "no emulated delay: the real collective's time only; "
-                         "records the link's ranges, for profiling"),
+    "loopback": LinkSpec(
+        "loopback",
+        math.inf,
+        0.0,
+        "no emulated delay: the real collective's time only; records the link's ranges, for profiling",
+    ),
 }
 
-_BANDWIDTH_UNITS = {"gbit": GBIT, "gbps": GBIT, "mbit": GBIT / 1e3, "mbps": GBIT / 1e3, "kbit": GBIT / 1e6,
-                    "gb/s": 1e9, "mb/s": 1e6, "kb/s": 1e3, "gib/s": 2.0 ** 30, "mib/s": 2.0 ** 20}
+_BANDWIDTH_UNITS = {
+    "gbit": GBIT,
+    "gbps": GBIT,
+    "mbit": GBIT / 1e3,
+    "mbps": GBIT / 1e3,
+    "kbit": GBIT / 1e6,
+    "gb/s": 1e9,
+    "mb/s": 1e6,
+    "kb/s": 1e3,
+    "gib/s": 2.0**30,
+    "mib/s": 2.0**20,
+}
 _LATENCY_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*([a-zµ/]+)\s*$", re.IGNORECASE)
 
@@ -108,8 +125,9 @@ def parse_link(text: str | LinkSpec) -> LinkSpec:
     if name.lower() in PRESETS:
         return PRESETS[name.lower()]
     if "," not in name:
-        raise ValueError(f"unknown link {name!r}: use a preset ({', '.join(PRESETS)}) or 'bandwidth,latency' "
-                         "such as 2.5gbit,40us")
+        raise ValueError(
+            f"unknown link {name!r}: use a preset ({', '.join(PRESETS)}) or 'bandwidth,latency' such as 2.5gbit,40us"
+        )
     bandwidth_text, latency_text = name.split(",", 1)
     bandwidth = _quantity(bandwidth_text, _BANDWIDTH_UNITS, "bandwidth", "2.5gbit or 800MB/s")
     latency = _quantity(latency_text, _LATENCY_UNITS, "latency", "40us or 0.1ms")
@@ -140,10 +158,10 @@ class _Message:
     kind: str
     nbytes: int
     world: int
-    handed_over: float           # perf_counter() when the hook handed it to the link
-    real: torch.futures.Future   # the real collective
-    done: torch.futures.Future   # what the caller waits on
-    logged: bool                 # a profiler was running: log it for annotate_trace
+    handed_over: float  # perf_counter() when the hook handed it to the link
+    real: torch.futures.Future  # the real collective
+    done: torch.futures.Future  # what the caller waits on
+    logged: bool  # a profiler was running: log it for annotate_trace
 
 
 class _Delivery(torch.futures.Future):
@@ -154,7 +172,7 @@ class _Delivery(torch.futures.Future):
         self._waits, self._seq = waits, seq
 
     def wait(self):
-        if self._seq not in self._waits:        # the first time the caller needed it: on both clocks
+        if self._seq not in self._waits:  # the first time the caller needed it: on both clocks
             self._waits[self._seq] = time.perf_counter()
             with torch.profiler.record_function(f"minddp.link_wait#{self._seq}"):
                 pass
@@ -170,16 +188,17 @@ class Link:
         self._thread: threading.Thread | None = None
         self._thread_id = 0
         self._start_lock = threading.Lock()
-        self._free_at = 0.0                   # perf_counter() at which the last modeled transfer ends
+        self._free_at = 0.0  # perf_counter() at which the last modeled transfer ends
         self._seq = itertools.count()
-        self.log: list[dict] = []             # transfers carried while a profiler ran (annotate_trace)
-        self.waits: dict[int, float] = {}     # seq -> perf_counter() of its first wait() (logged messages)
+        self.log: list[dict] = []  # transfers carried while a profiler ran (annotate_trace)
+        self.waits: dict[int, float] = {}  # seq -> perf_counter() of its first wait() (logged messages)
 
     def seconds(self, kind: str, nbytes: float, world: int) -> float:
         return self.spec.seconds(kind, nbytes, world)
 
-    def carry(self, real: torch.futures.Future, payload: torch.Tensor | int, world: int,
-              kind: str = "all_reduce") -> torch.futures.Future:
+    def carry(
+        self, real: torch.futures.Future, payload: torch.Tensor | int, world: int, kind: str = "all_reduce"
+    ) -> torch.futures.Future:
         """Steps 1-3: a Future with ``real``'s value, completed no earlier than the modeled transfer's end.
 
         ``payload`` is the collective's tensor (its bytes are counted) or a byte
@@ -191,7 +210,7 @@ class Link:
         seq = next(self._seq)
         logged = torch.autograd.profiler._is_profiler_enabled
         handed_over = time.perf_counter()
-        if logged:   # the marker that places this message on the trace's clock (annotate_trace)
+        if logged:  # the marker that places this message on the trace's clock (annotate_trace)
             with torch.profiler.record_function(f"minddp.link_send#{seq}"):
                 pass
         done = _Delivery(self.waits, seq) if logged else torch.futures.Future()
@@ -226,14 +245,23 @@ class Link:
             if delay > 0:
                 time.sleep(delay)
             try:
-                value = msg.real.wait()                                                       # step 3
-            except Exception as exc:    # the real collective failed: so does the emulated one
+                value = msg.real.wait()  # step 3
+            except Exception as exc:  # the real collective failed: so does the emulated one
                 msg.done.set_exception(exc)
                 continue
             if msg.logged:
-                self.log.append({"seq": msg.seq, "kind": msg.kind, "bytes": msg.nbytes, "ranks": msg.world,
-                                 "handed_over": msg.handed_over, "start": start, "modeled_end": end,
-                                 "delivered": time.perf_counter()})
+                self.log.append(
+                    {
+                        "seq": msg.seq,
+                        "kind": msg.kind,
+                        "bytes": msg.nbytes,
+                        "ranks": msg.world,
+                        "handed_over": msg.handed_over,
+                        "start": start,
+                        "modeled_end": end,
+                        "delivered": time.perf_counter(),
+                    }
+                )
             msg.done.set_result(value)
 
     def close(self) -> None:
@@ -269,18 +297,37 @@ class Link:
         offset = statistics.median(markers[m["seq"]]["ts"] - m["handed_over"] * 1e6 for m in placed)
         pid = markers[placed[0]["seq"]]["pid"]
         tid = self._thread_id or 1
-        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                       "args": {"name": f"minddp link ({self.spec.name}, emulated NIC)"}})
+        events.append(
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": pid,
+                "tid": tid,
+                "args": {"name": f"minddp link ({self.spec.name}, emulated NIC)"},
+            }
+        )
         for m in placed:
             start_us = m["start"] * 1e6 + offset
-            events.append({
-                "ph": "X", "cat": "user_annotation", "name": f"minddp.link:{m['kind']}", "pid": pid, "tid": tid,
-                "ts": start_us, "dur": max(0.0, (m["delivered"] - m["start"]) * 1e6),
-                "args": {"seq": m["seq"], "bytes": m["bytes"], "ranks": m["ranks"], "link": self.spec.name,
-                         "handed_over_ts": m["handed_over"] * 1e6 + offset,
-                         "modeled_end_ts": m["modeled_end"] * 1e6 + offset,
-                         **({"waited_ts": waits[m["seq"]] * 1e6 + offset} if m["seq"] in waits else {})},
-            })
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": f"minddp.link:{m['kind']}",
+                    "pid": pid,
+                    "tid": tid,
+                    "ts": start_us,
+                    "dur": max(0.0, (m["delivered"] - m["start"]) * 1e6),
+                    "args": {
+                        "seq": m["seq"],
+                        "bytes": m["bytes"],
+                        "ranks": m["ranks"],
+                        "link": self.spec.name,
+                        "handed_over_ts": m["handed_over"] * 1e6 + offset,
+                        "modeled_end_ts": m["modeled_end"] * 1e6 + offset,
+                        **({"waited_ts": waits[m["seq"]] * 1e6 + offset} if m["seq"] in waits else {}),
+                    },
+                }
+            )
         tmp = path + ".tmp"
         with opener(tmp, "wt", encoding="utf-8") as f:
             json.dump(trace, f)

@@ -49,11 +49,11 @@ def error_measured(hook, traffic: Traffic):
     @functools.wraps(hook)
     def measured(state, bucket: GradBucket) -> torch.futures.Future:
         group = _group_of(state)
-        exact = bucket.buffer().to(torch.float32, copy=True).div_(group.size())         # step 1
+        exact = bucket.buffer().to(torch.float32, copy=True).div_(group.size())  # step 1
         dist.all_reduce(exact, group=group)
-        fut = hook(state, bucket)                                                        # step 2
+        fut = hook(state, bucket)  # step 2
 
-        def compare(done: torch.futures.Future):                                         # step 3
+        def compare(done: torch.futures.Future):  # step 3
             result = done.value()
             got = result[0] if isinstance(result, list) else result
             traffic.error_sq += float((got.float().view(-1) - exact).pow(2).sum())

@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 # -- linear algebra helpers ---------------------------------------------------------------------
 
+
 def _orthogonalize(matrices: torch.Tensor, epsilon: float = 0.0) -> None:
     """Make the columns of each matrix in a batch (b x n x r) orthonormal, in place.
 
@@ -58,7 +59,7 @@ def _orthogonalize_gram_schmidt(matrices: torch.Tensor, epsilon: float = 0.0) ->
     """Classical Gram-Schmidt on the columns of a batch of matrices, in place."""
     num_cols = matrices.shape[2]
     for i in range(num_cols):
-        col = matrices[:, :, i:i + 1]
+        col = matrices[:, :, i : i + 1]
         norm = torch.norm(col, dim=1, keepdim=True)
         if epsilon == 0:
             # An all-zero column (a vanished gradient) would become 0/0 = NaN and
@@ -67,8 +68,8 @@ def _orthogonalize_gram_schmidt(matrices: torch.Tensor, epsilon: float = 0.0) ->
             col /= torch.where(norm > 0, norm, torch.ones_like(norm))
         else:
             col /= norm + epsilon
-        if i + 1 < num_cols:                      # remove this direction from the later columns
-            rest = matrices[:, :, i + 1:]
+        if i + 1 < num_cols:  # remove this direction from the later columns
+            rest = matrices[:, :, i + 1 :]
             rest -= torch.sum(col * rest, dim=1, keepdim=True) * col
 
 
@@ -97,6 +98,7 @@ def _shared_seed(state: "PowerSGDState"):
 
 
 # -- the state ----------------------------------------------------------------------------------
+
 
 def check_start_iter(start_powerSGD_iter: int, use_error_feedback: bool, warm_start: bool) -> None:
     """PowerSGD's start rule (torch's): with error feedback or warm start, plain allreduce for 2+ steps first.
@@ -147,27 +149,47 @@ class PowerSGDState:
         >>> state, file = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2), io.BytesIO()
         >>> torch.save({"comm_hook_state": state}, file)          # each rank its own file
         >>> _ = file.seek(0); torch.load(file, weights_only=False)["comm_hook_state"]
-        PowerSGDState(matrix_approximation_rank=1, start_powerSGD_iter=2, iter=0, use_error_feedback=True, warm_start=True)
+        PowerSGDState(matrix_approximation_rank=1, start_powerSGD_iter=2, iter=0, use_error_feedback=True, ...)
     """
 
     __slots__ = [
         "process_group",
-        "matrix_approximation_rank", "start_powerSGD_iter",
-        "min_compression_rate", "orthogonalization_epsilon",
-        "use_error_feedback", "warm_start", "batch_tensors_with_same_shape",
-        "rng", "error_dict", "p_memory_dict", "q_memory_dict", "iter",
-        "total_numel_before_compression", "total_numel_after_compression",
-        "compression_stats_logging_frequency", "next_stats_report",
+        "matrix_approximation_rank",
+        "start_powerSGD_iter",
+        "min_compression_rate",
+        "orthogonalization_epsilon",
+        "use_error_feedback",
+        "warm_start",
+        "batch_tensors_with_same_shape",
+        "rng",
+        "error_dict",
+        "p_memory_dict",
+        "q_memory_dict",
+        "iter",
+        "total_numel_before_compression",
+        "total_numel_after_compression",
+        "compression_stats_logging_frequency",
+        "next_stats_report",
     ]
 
-    def __init__(self, process_group: dist.ProcessGroup | None, matrix_approximation_rank: int = 1,
-                 start_powerSGD_iter: int = 1_000, min_compression_rate: float = 2,
-                 use_error_feedback: bool = True, warm_start: bool = True,
-                 orthogonalization_epsilon: float = 0, random_seed: int = 0,
-                 compression_stats_logging_frequency: int = 10_000,
-                 batch_tensors_with_same_shape: bool = False):
-        if isinstance(matrix_approximation_rank, bool) or not isinstance(matrix_approximation_rank, int) \
-                or matrix_approximation_rank < 1:
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None,
+        matrix_approximation_rank: int = 1,
+        start_powerSGD_iter: int = 1_000,
+        min_compression_rate: float = 2,
+        use_error_feedback: bool = True,
+        warm_start: bool = True,
+        orthogonalization_epsilon: float = 0,
+        random_seed: int = 0,
+        compression_stats_logging_frequency: int = 10_000,
+        batch_tensors_with_same_shape: bool = False,
+    ):
+        if (
+            isinstance(matrix_approximation_rank, bool)
+            or not isinstance(matrix_approximation_rank, int)
+            or matrix_approximation_rank < 1
+        ):
             raise ValueError(
                 f"matrix_approximation_rank must be an integer >= 1, got {matrix_approximation_rank!r}; "
                 "rank 1 is the strongest compression (try 1, 2, 4, ...)"
@@ -221,14 +243,17 @@ class PowerSGDState:
     def _report_compression_stats(self, bucket: GradBucket) -> None:
         if bucket.is_last() and self.iter >= self.next_stats_report:
             rate, before, after = self.compression_stats()
-            logger.info("PowerSGD iter %s: %s numbers before compression, %s after, rate %.1f",
-                        self.iter, before, after, rate)
+            logger.info(
+                "PowerSGD iter %s: %s numbers before compression, %s after, rate %.1f", self.iter, before, after, rate
+            )
             self.next_stats_report = self.iter + self.compression_stats_logging_frequency
 
     def __repr__(self) -> str:
-        return (f"PowerSGDState(matrix_approximation_rank={self.matrix_approximation_rank}, "
-                f"start_powerSGD_iter={self.start_powerSGD_iter}, iter={self.iter}, "
-                f"use_error_feedback={self.use_error_feedback}, warm_start={self.warm_start})")
+        return (
+            f"PowerSGDState(matrix_approximation_rank={self.matrix_approximation_rank}, "
+            f"start_powerSGD_iter={self.start_powerSGD_iter}, iter={self.iter}, "
+            f"use_error_feedback={self.use_error_feedback}, warm_start={self.warm_start})"
+        )
 
 
 def _vanilla_phase(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Future | None:
@@ -251,6 +276,7 @@ def _add_error_feedback(state: PowerSGDState, index: int, tensor: torch.Tensor) 
 
 
 # -- the layer-wise hook ------------------------------------------------------------------------
+
 
 def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Future:
     """Average the bucket with each big enough gradient matrix sent as rank-r factors.
@@ -285,18 +311,18 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
     wire = Wire.of(state.process_group)
     world_size = wire.size()
     input_tensor, index = bucket.buffer(), bucket.index()
-    input_copy = _add_error_feedback(state, index, input_tensor)                 # step 1
-    to_compress, uncompressed, p_size, q_size = _split_by_compression(state, bucket)     # step 2
+    input_copy = _add_error_feedback(state, index, input_tensor)  # step 1
+    to_compress, uncompressed, p_size, q_size = _split_by_compression(state, bucket)  # step 2
     by_shape, batches = _batch_by_shape(state, to_compress)
-    ps, qs = _compute_ps(state, index, batches, p_size, q_size, input_tensor)    # step 3
-    futures = []                                                                 # step 4
+    ps, qs = _compute_ps(state, index, batches, p_size, q_size, input_tensor)  # step 3
+    futures = []  # step 4
     if uncompressed:
         uncompressed_flat = torch.cat([t.reshape(-1) for t in uncompressed])
         futures.append(wire.all_reduce(uncompressed_flat))
     if batches:
-        futures.append(_compute_qs(state, wire, index, batches, ps, qs))        # steps 4-5
+        futures.append(_compute_qs(state, wire, index, batches, ps, qs))  # steps 4-5
 
-    def decompress(_: torch.futures.Future) -> torch.Tensor:                    # step 6
+    def decompress(_: torch.futures.Future) -> torch.Tensor:  # step 6
         if uncompressed:
             _unpack_uncompressed(uncompressed, uncompressed_flat.div_(world_size))
         if batches:
@@ -341,8 +367,7 @@ def _batch_by_shape(state: PowerSGDState, to_compress: list[torch.Tensor]):
     for matrix in to_compress:
         by_shape[matrix.shape].append(matrix)
     if state.batch_tensors_with_same_shape:
-        batches = [group_[0].unsqueeze(0) if len(group_) == 1 else torch.stack(group_)
-                   for group_ in by_shape.values()]
+        batches = [group_[0].unsqueeze(0) if len(group_) == 1 else torch.stack(group_) for group_ in by_shape.values()]
     else:
         batches = [matrix.unsqueeze(0) for group_ in by_shape.values() for matrix in group_]
     return by_shape, batches
@@ -354,8 +379,7 @@ def _compute_ps(state: PowerSGDState, index: int, batches, p_size: int, q_size: 
     if need_random_q:
         state.p_memory_dict[index] = torch.empty(p_size, device=like.device, dtype=like.dtype)
         state.q_memory_dict[index] = torch.empty(q_size, device=like.device, dtype=like.dtype)
-    ps, qs = _carve(state.p_memory_dict[index], state.q_memory_dict[index], batches,
-                    state.matrix_approximation_rank)
+    ps, qs = _carve(state.p_memory_dict[index], state.q_memory_dict[index], batches, state.matrix_approximation_rank)
     if need_random_q:
         with _shared_seed(state):  # drawn even for an all-uncompressed bucket, as torch does
             for q in qs:
@@ -377,7 +401,7 @@ def _compute_qs(state: PowerSGDState, wire: Wire, index: int, batches, ps, qs) -
     could pair with another bucket's collective on the other rank.
     """
     wire.all_reduce(state.p_memory_dict[index]).wait()
-    for p in ps:                             # no need to divide by the world size first
+    for p in ps:  # no need to divide by the world size first
         _orthogonalize(p, state.orthogonalization_epsilon)
     for batch, p, q in zip(batches, ps, qs):
         torch.bmm(batch.transpose(1, 2), p, out=q)
@@ -388,7 +412,7 @@ def _unpack_uncompressed(uncompressed: list[torch.Tensor], averaged: torch.Tenso
     """Step 6: the averaged uncompressed tensors, copied back into the bucket's gradients."""
     offset = 0
     for tensor in uncompressed:
-        tensor.copy_(averaged[offset:offset + tensor.numel()].view_as(tensor))
+        tensor.copy_(averaged[offset : offset + tensor.numel()].view_as(tensor))
         offset += tensor.numel()
 
 
@@ -412,13 +436,14 @@ def _carve(p_memory: torch.Tensor, q_memory: torch.Tensor, batches, max_rank: in
     for batch in batches:
         b, n, m = batch.shape
         rank = min(n, m, max_rank)
-        ps.append(p_memory[p_at:p_at + b * n * rank].view(b, n, rank))
-        qs.append(q_memory[q_at:q_at + b * m * rank].view(b, m, rank))
+        ps.append(p_memory[p_at : p_at + b * n * rank].view(b, n, rank))
+        qs.append(q_memory[q_at : q_at + b * m * rank].view(b, m, rank))
         p_at, q_at = p_at + b * n * rank, q_at + b * m * rank
     return ps, qs
 
 
 # -- the whole-bucket hook ----------------------------------------------------------------------
+
 
 def batched_powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Future:
     """Compress the whole flat bucket as one square matrix (faster, usually less accurate).
@@ -460,24 +485,24 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.fut
     state.total_numel_after_compression += 2 * side * rank
     state._report_compression_stats(bucket)
 
-    padded = torch.zeros(side * side, device=device, dtype=dtype)                # step 1
+    padded = torch.zeros(side * side, device=device, dtype=dtype)  # step 1
     padded[:length].copy_(input_tensor)
     padded_copy = _add_error_feedback(state, index, padded)
     matrix = padded.view(side, side)
 
-    if not state.warm_start or index not in state.p_memory_dict:                 # step 2
+    if not state.warm_start or index not in state.p_memory_dict:  # step 2
         state.p_memory_dict[index] = torch.empty(side, rank, device=device, dtype=dtype)
         with _shared_seed(state):
             state.q_memory_dict[index] = torch.randn(side, rank, device="cpu", dtype=dtype).to(device)
     p, q = state.p_memory_dict[index], state.q_memory_dict[index]
     _orthogonalize(q.unsqueeze(0), state.orthogonalization_epsilon)
-    torch.matmul(matrix, q, out=p)                                               # step 3
+    torch.matmul(matrix, q, out=p)  # step 3
     wire.all_reduce(p).wait()
-    _orthogonalize(p.unsqueeze(0), state.orthogonalization_epsilon)              # step 4
+    _orthogonalize(p.unsqueeze(0), state.orthogonalization_epsilon)  # step 4
     torch.matmul(matrix.t(), p, out=q)
     q_fut = wire.all_reduce(q)
 
-    def decompress(_: torch.futures.Future) -> torch.Tensor:                    # step 5
+    def decompress(_: torch.futures.Future) -> torch.Tensor:  # step 5
         q.div_(world_size)
         torch.matmul(p, q.t(), out=matrix)
         if padded_copy is not None:

@@ -38,8 +38,7 @@ _WRAPPERS = {"fp16": default_hooks.fp16_compress_wrapper, "bf16": default_hooks.
 
 #: The option names :func:`make_hook` passes on to ``PowerSGDState``.
 POWERSGD_OPTIONS = tuple(
-    name for name in inspect.signature(PowerSGDState.__init__).parameters
-    if name not in ("self", "process_group")
+    name for name in inspect.signature(PowerSGDState.__init__).parameters if name not in ("self", "process_group")
 )
 
 
@@ -63,8 +62,7 @@ def make_hook(name: str, process_group=None, **options):
         unknown = sorted(set(options) - set(POWERSGD_OPTIONS))
         if unknown:
             raise TypeError(
-                f"unknown PowerSGD option(s) {unknown} for hook {name!r}: "
-                f"choose from {', '.join(POWERSGD_OPTIONS)}"
+                f"unknown PowerSGD option(s) {unknown} for hook {name!r}: choose from {', '.join(POWERSGD_OPTIONS)}"
             )
         kwargs = {k: v for k, v in options.items() if v is not None}
         state, hook = PowerSGDState(process_group, **kwargs), _POWERSGD[base]

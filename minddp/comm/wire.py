@@ -86,8 +86,13 @@ class Traffic:
 
     def snapshot(self) -> dict:
         by_dtype = {str(dtype).replace("torch.", ""): n for dtype, n in self.by_dtype.items()}
-        return {"calls": self.calls, "bytes": self.bytes, "by_dtype": by_dtype,
-                "by_op": {op: list(v) for op, v in self.by_op.items()}, "relative_error": self.relative_error()}
+        return {
+            "calls": self.calls,
+            "bytes": self.bytes,
+            "by_dtype": by_dtype,
+            "by_op": {op: list(v) for op, v in self.by_op.items()},
+            "relative_error": self.relative_error(),
+        }
 
     def reset(self) -> None:
         self.calls, self.bytes, self.error_sq, self.norm_sq = 0, 0, 0.0, 0.0
@@ -99,8 +104,13 @@ class Wire:
 
     __slots__ = ("group", "transport", "traffic", "link")
 
-    def __init__(self, group: dist.ProcessGroup | None = None, transport: Transport | None = None,
-                 traffic: Traffic | None = None, link=None):
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None = None,
+        transport: Transport | None = None,
+        traffic: Traffic | None = None,
+        link=None,
+    ):
         self.group = resolve_group(group)
         self.transport = transport
         self.traffic = traffic
@@ -125,7 +135,7 @@ class Wire:
         """
         if self.traffic is not None:
             self.traffic.record(tensor)
-        if self.transport is None:     # summed in place (a complex tensor travels as its real view)
+        if self.transport is None:  # summed in place (a complex tensor travels as its real view)
             fut = _when_done(dist.all_reduce(tensor, group=self.group, async_op=True), tensor)
         else:
             self.transport(tensor, self.group)
@@ -149,14 +159,17 @@ class Wire:
             self.traffic.record(input, "reduce_scatter")
         if self.transport is None and backends_by_device(self.group).get(input.device.type) == "gloo":
             mine = input.view(-1).chunk(self.size())[self.group.rank()]
-            fut = _when_done(dist.all_reduce(input, group=self.group, async_op=True), output,
-                             then=lambda: output.view(-1).copy_(mine))
+            fut = _when_done(
+                dist.all_reduce(input, group=self.group, async_op=True),
+                output,
+                then=lambda: output.view(-1).copy_(mine),
+            )
         elif self.transport is None:
             fut = _when_done(compat.reduce_scatter_single(output, input, group=self.group, async_op=True), output)
         else:
             self.transport.reduce_scatter(output, input, self.group)
             fut = _done(output)
-        return self._carried(fut, input, "reduce_scatter")   # the link prices a reduce-scatter, whatever ran
+        return self._carried(fut, input, "reduce_scatter")  # the link prices a reduce-scatter, whatever ran
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.futures.Future:
         """Start ``output`` = every rank's ``input``, back to back in rank order; a Future done when it is.
@@ -189,11 +202,13 @@ def _when_done(work, value, then=None) -> torch.futures.Future:
 
     The Future raises on ``wait()`` if the collective failed.
     """
+
     def finished(done: torch.futures.Future):
         done.value()
         if then is not None:
             then()
         return value
+
     return work.get_future().then(finished)
 
 

@@ -40,5 +40,17 @@ from minddp.costmodel.compute import ComputeProfile, from_throughput, probe, syn
 from minddp.costmodel.step import WAITS, Message, Prediction, StepProfile, predict
 from minddp.costmodel.trace import ProfileError, step_profiles, typical
 
-__all__ = ["WAITS", "Message", "StepProfile", "Prediction", "predict", "ComputeProfile", "probe", "synthesize",
-           "from_throughput", "ProfileError", "step_profiles", "typical"]
+__all__ = [
+    "WAITS",
+    "Message",
+    "StepProfile",
+    "Prediction",
+    "predict",
+    "ComputeProfile",
+    "probe",
+    "synthesize",
+    "from_throughput",
+    "ProfileError",
+    "step_profiles",
+    "typical",
+]

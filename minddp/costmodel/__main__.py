@@ -5,13 +5,19 @@ import sys
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"validate": "minddp.costmodel.validate", "project": "minddp.costmodel.project",
-                "predict": "minddp.costmodel.predict"}
+    commands = {
+        "validate": "minddp.costmodel.validate",
+        "project": "minddp.costmodel.project",
+        "predict": "minddp.costmodel.predict",
+    }
     if not argv or argv[0] not in commands:
-        print(f"usage: python -m minddp.model {{{','.join(commands)}}} [options]   (--help after one for its options)",
-              file=sys.stderr)
+        print(
+            f"usage: python -m minddp.model {{{','.join(commands)}}} [options]   (--help after one for its options)",
+            file=sys.stderr,
+        )
         return 2
     import importlib
+
     return importlib.import_module(commands[argv[0]]).main(argv[1:])
 
 

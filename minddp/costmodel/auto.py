@@ -60,27 +60,33 @@ UNUSED = {"fsdp": "stage fsdp sends one all-gather and one reduce-scatter per un
 class CapChoice:
     cap_mb: float
     buckets: int
-    predicted: dict            # cap -> (buckets, predicted step seconds)
+    predicted: dict  # cap -> (buckets, predicted step seconds)
     stage: str
     world: int
     link: str
 
     def explain(self) -> str:
         best = self.predicted[self.cap_mb][1]
-        others = ", ".join(f"{c:g} MiB: {b} bucket{'s' if b > 1 else ''}, {1e3 * t:.1f}"
-                           for c, (b, t) in self.predicted.items() if c != self.cap_mb)
-        return (f"--bucket-cap-mb auto: {self.cap_mb:g} MiB ({self.buckets} bucket{'s' if self.buckets > 1 else ''}) "
-                f"for {self.stage} on {self.world} ranks over {self.link}: predicted {1e3 * best:.1f} ms/step, the "
-                f"fewest buckets within {100 * NEAR:g} % of the fastest plan tried [{others or 'no other'} ms/step]; "
-                "smaller caps pay the per-message cost more often, larger ones leave more of the last bucket's "
-                "transfer after backward (minddp.costmodel)")
+        others = ", ".join(
+            f"{c:g} MiB: {b} bucket{'s' if b > 1 else ''}, {1e3 * t:.1f}"
+            for c, (b, t) in self.predicted.items()
+            if c != self.cap_mb
+        )
+        return (
+            f"--bucket-cap-mb auto: {self.cap_mb:g} MiB ({self.buckets} bucket{'s' if self.buckets > 1 else ''}) "
+            f"for {self.stage} on {self.world} ranks over {self.link}: predicted {1e3 * best:.1f} ms/step, the "
+            f"fewest buckets within {100 * NEAR:g} % of the fastest plan tried [{others or 'no other'} ms/step]; "
+            "smaller caps pay the per-message cost more often, larger ones leave more of the last bucket's "
+            "transfer after backward (minddp.costmodel)"
+        )
 
 
 def best_cap(cp: ComputeProfile, stage: str, world: int, link, candidates=CANDIDATES) -> CapChoice:
     """Steps 2-3 on one compute profile (no collective)."""
     from minddp.comm.link import parse_link
+
     spec = parse_link(link) if link is not None else parse_link("loopback")
-    plans: dict[tuple, list] = {}                     # plan -> [smallest cap giving it, buckets, predicted]
+    plans: dict[tuple, list] = {}  # plan -> [smallest cap giving it, buckets, predicted]
     for cap in sorted(candidates):
         plan = plan_for(cp, stage, cap)
         key = tuple(map(tuple, plan))
@@ -88,30 +94,33 @@ def best_cap(cp: ComputeProfile, stage: str, world: int, link, candidates=CANDID
             plans[key] = [cap, len(plan), predict(synthesize(cp, stage, cap, world), spec).step]
     fastest = min(t for _, _, t in plans.values())
     near = [v for v in plans.values() if v[2] <= fastest * (1 + NEAR)]
-    cap, buckets, _ = min(near, key=lambda v: (v[1], v[0]))    # the fewest buckets among the near-fastest
+    cap, buckets, _ = min(near, key=lambda v: (v[1], v[0]))  # the fewest buckets among the near-fastest
     predicted = {c: (b, t) for c, b, t in plans.values()}
     return CapChoice(cap, buckets, predicted, stage, world, spec.name)
 
 
-def choose_bucket_cap(model: torch.nn.Module, stage: str, batches, loss_fn, link, device, say=None
-                      ) -> tuple[float | None, str]:
+def choose_bucket_cap(
+    model: torch.nn.Module, stage: str, batches, loss_fn, link, device, say=None
+) -> tuple[float | None, str]:
     """Steps 1-4 on every rank of a run; returns the cap (MiB) to build ``stage`` with, and why.
 
     A stage that does not bucket its messages gets ``None`` and a line saying so, without a probe.
     """
     if stage not in BUCKETED:
-        why = (f"--bucket-cap-mb auto: {UNUSED.get(stage, f'stage {stage} sends one message per gradient')}, "
-               "the cap is unused")
+        why = (
+            f"--bucket-cap-mb auto: {UNUSED.get(stage, f'stage {stage} sends one message per gradient')}, "
+            "the cap is unused"
+        )
         if say:
             say(why)
         return None, why
     micro = [{k: v.to(device) for k, v in b.items()} for b in next(batches)]
-    cp = probe(model, micro, loss_fn)                                                              # step 1
-    box = [best_cap(cp, stage, dist.get_world_size(), None if link is None else link.spec)]       # steps 2-3
+    cp = probe(model, micro, loss_fn)  # step 1
+    box = [best_cap(cp, stage, dist.get_world_size(), None if link is None else link.spec)]  # steps 2-3
     dist.broadcast_object_list(box, src=0)
     choice, why = box[0], box[0].explain()
     if say:
-        say(why)                                                                                   # step 4
+        say(why)  # step 4
     return choice.cap_mb, why
 
 

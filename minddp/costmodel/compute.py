@@ -77,19 +77,19 @@ PER_GRADIENT = ("simple", "ga", "hook", "hook-async")
 class ComputeProfile:
     """One micro-batch's compute, and when each gradient is ready (seconds; module doc)."""
 
-    nbytes: list[int]               # per trainable parameter, registration order
+    nbytes: list[int]  # per trainable parameter, registration order
     forward: float
     backward: float
-    ready: list[float]              # per parameter: seconds after backward began
+    ready: list[float]  # per parameter: seconds after backward began
     optimizer: float = 0.0
     micro_batches: int = 1
-    per_message: float = 0.0        # host time to hand one message to the comm layer
-    per_byte: float = 0.0           # host time per byte flattened into a bucket (and as much to copy back)
-    real_a: float = 0.0             # the real network's all_reduce: a + b * bytes (0: a real cluster)
+    per_message: float = 0.0  # host time to hand one message to the comm layer
+    per_byte: float = 0.0  # host time per byte flattened into a bucket (and as much to copy back)
+    real_a: float = 0.0  # the real network's all_reduce: a + b * bytes (0: a real cluster)
     real_b: float = 0.0
     names: list[str] = field(default_factory=list)
-    used: list[float] = field(default_factory=list)   # per parameter: seconds after forward began that its first
-                                                      # module starts (empty: in registration order, by bytes)
+    used: list[float] = field(default_factory=list)  # per parameter: seconds after forward began that its first
+    # module starts (empty: in registration order, by bytes)
 
     @property
     def total_bytes(self) -> int:
@@ -118,7 +118,7 @@ def plan_for(cp: ComputeProfile, stage: str, bucket_cap_mb: float | None) -> lis
     if stage in PER_GRADIENT:
         return [[i] for i in reversed(range(len(cp.nbytes)))]
     order = list(reversed(range(len(cp.nbytes)))) if stage in ("bucket", "bucket-async", "zero2") else cp.ready_order()
-    sized = [_Sized(cp.nbytes[i]) for i in order]     # plan_buckets reads numel and element_size: bytes
+    sized = [_Sized(cp.nbytes[i]) for i in order]  # plan_buckets reads numel and element_size: bytes
     plan = plan_buckets(list(reversed(sized)), bucket_cap_mb)
     backwards = list(reversed(order))
     return [[backwards[j] for j in bucket] for bucket in plan]
@@ -142,15 +142,17 @@ class _Sized:
 def zero1_gather_plan(cp: ComputeProfile) -> list[list[int]]:
     """``zero1``'s all-gather buckets: the parameters in registration order, 25 MiB a bucket."""
     from minddp.sharding.zero1 import BUCKET_CAP_MB
+
     return plan_buckets([_Sized(n) for n in cp.nbytes], BUCKET_CAP_MB)
 
 
 def synthesize(cp: ComputeProfile, stage: str, bucket_cap_mb: float | None, world: int) -> StepProfile:
     """The step ``stage`` would take with these compute timings (module doc)."""
     if stage not in WAITS:
-        raise ValueError(f"the model builds the stages {', '.join(WAITS)}; got {stage!r}"
-                         + (" (fsdp is read from a profiled step: python -m minddp.model predict)"
-                            if stage == "fsdp" else ""))
+        raise ValueError(
+            f"the model builds the stages {', '.join(WAITS)}; got {stage!r}"
+            + (" (fsdp is read from a profiled step: python -m minddp.model predict)" if stage == "fsdp" else "")
+        )
     plan = plan_for(cp, stage, bucket_cap_mb)
     bytes_of = [sum(cp.nbytes[i] for i in bucket) for bucket in plan]
     bucketed = stage not in PER_GRADIENT
@@ -164,11 +166,11 @@ def synthesize(cp: ComputeProfile, stage: str, bucket_cap_mb: float | None, worl
         messages.append(Message(at=at + cost, wait_at=at + cost, nbytes=nbytes, kind=kind, real=cp.real(nbytes)))
         return at + cost
 
-    if stage == "zero2":            # this step's forward gathers what the last optimizer step changed
+    if stage == "zero2":  # this step's forward gathers what the last optimizer step changed
         used = cp.used_at()
-        for bucket, nbytes in reversed(list(zip(plan, bytes_of))):    # the last bucket holds the first layers
+        for bucket, nbytes in reversed(list(zip(plan, bytes_of))):  # the last bucket holds the first layers
             t = send(t, nbytes, "all_gather", flatten=nbytes // world)
-        t += cp.per_byte * cp.total_bytes          # each copied into the full parameters (counted before the forward)
+        t += cp.per_byte * cp.total_bytes  # each copied into the full parameters (counted before the forward)
         for m, bucket in zip(messages, reversed(plan)):
             m.wait_at = max(m.at, t + min(used[i] for i in bucket))
     for micro in range(cp.micro_batches):
@@ -179,7 +181,7 @@ def synthesize(cp: ComputeProfile, stage: str, bucket_cap_mb: float | None, worl
             if stage == "simple" or last:
                 for nbytes in bytes_of:
                     t = send(t, nbytes)
-                    t += cp.per_byte * nbytes        # write back
+                    t += cp.per_byte * nbytes  # write back
             continue
         if not last:
             t += cp.backward
@@ -192,23 +194,25 @@ def synthesize(cp: ComputeProfile, stage: str, bucket_cap_mb: float | None, worl
         if WAITS[stage] == "later":
             for m in messages[first:]:
                 m.wait_at = t
-        t += cp.per_byte * cp.total_bytes / (world if stage == "zero2" else 1)      # write back (zero2: a shard)
-    t += cp.optimizer / (world if stage in ("zero1", "zero2") else 1)     # sharded: each rank steps 1/world
-    if stage == "zero1":                                        # then gathers everyone's, and waits for all
+        t += cp.per_byte * cp.total_bytes / (world if stage == "zero2" else 1)  # write back (zero2: a shard)
+    t += cp.optimizer / (world if stage in ("zero1", "zero2") else 1)  # sharded: each rank steps 1/world
+    if stage == "zero1":  # then gathers everyone's, and waits for all
         first = len(messages)
         for bucket in zero1_gather_plan(cp):
             nbytes = sum(cp.nbytes[i] for i in bucket)
             t = send(t, nbytes, "all_gather", flatten=nbytes // world)
         for m in messages[first:]:
             m.wait_at = t
-        t += cp.per_byte * cp.total_bytes * (world - 1) / world             # the others' parts copied in
+        t += cp.per_byte * cp.total_bytes * (world - 1) / world  # the others' parts copied in
     return StepProfile(stage, world, t, messages, 0.0, f"synthesized ({stage}, cap {bucket_cap_mb})")
 
 
 # -- measured ---------------------------------------------------------------------------------------------
 
-def probe(model: torch.nn.Module, micro_batches: list, loss_fn, repeats: int = 3, measure_network: bool = True
-          ) -> ComputeProfile:
+
+def probe(
+    model: torch.nn.Module, micro_batches: list, loss_fn, repeats: int = 3, measure_network: bool = True
+) -> ComputeProfile:
     """Time the bare model (module doc). Collective when ``measure_network``: every rank must call it."""
     params = [p for p in model.parameters() if p.requires_grad]
     stamps: dict[int, float] = {}
@@ -216,7 +220,9 @@ def probe(model: torch.nn.Module, micro_batches: list, loss_fn, repeats: int = 3
     def note(i: int):
         def ready(_) -> None:
             stamps.setdefault(i, time.perf_counter())
+
         return ready
+
     handles = [p.register_post_accumulate_grad_hook(note(i)) for i, p in enumerate(params)]
     index = {id(p): i for i, p in enumerate(params)}
     starts: dict[int, float] = {}
@@ -226,14 +232,16 @@ def probe(model: torch.nn.Module, micro_batches: list, loss_fn, repeats: int = 3
             now = time.perf_counter()
             for i in owned:
                 starts.setdefault(i, now)
+
         return pre
-    for module in model.modules():          # when the forward first reaches each parameter's module
+
+    for module in model.modules():  # when the forward first reaches each parameter's module
         owned = [index[id(p)] for p in module.parameters(recurse=False) if id(p) in index]
         if owned:
             handles.append(module.register_forward_pre_hook(starting(owned)))
     forwards, backwards, readies, uses = [], [], [], []
     try:
-        for _ in range(repeats + 1):                      # the first round warms up
+        for _ in range(repeats + 1):  # the first round warms up
             for batch in micro_batches:
                 stamps.clear()
                 starts.clear()
@@ -256,10 +264,17 @@ def probe(model: torch.nn.Module, micro_batches: list, loss_fn, repeats: int = 3
     per_byte = _copy_cost(grads)
     optimizer = _optimizer_cost(params)
     model.zero_grad(set_to_none=True)
-    cp = ComputeProfile(nbytes=[p.numel() * p.element_size() for p in params],
-                        forward=statistics.median(forwards[skip:]), backward=statistics.median(backwards[skip:]),
-                        ready=ready, optimizer=optimizer, micro_batches=len(micro_batches), per_byte=per_byte,
-                        names=[n for n, p in model.named_parameters() if p.requires_grad], used=used)
+    cp = ComputeProfile(
+        nbytes=[p.numel() * p.element_size() for p in params],
+        forward=statistics.median(forwards[skip:]),
+        backward=statistics.median(backwards[skip:]),
+        ready=ready,
+        optimizer=optimizer,
+        micro_batches=len(micro_batches),
+        per_byte=per_byte,
+        names=[n for n, p in model.named_parameters() if p.requires_grad],
+        used=used,
+    )
     if measure_network:
         cp.per_message, cp.real_a, cp.real_b = _network_cost()
     return cp
@@ -282,7 +297,7 @@ def _copy_cost(grads: list) -> float:
 def _optimizer_cost(params: list) -> float:
     """One AdamW step and zero_grad, timed on a copy of the parameters (the model's are left alone)."""
     if sum(p.numel() * p.element_size() for p in params) > 256 * MB:
-        return 0.0                                   # too big to copy for a probe: leave it out
+        return 0.0  # too big to copy for a probe: leave it out
     twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
     for twin, p in zip(twins, params):
         twin.grad = torch.zeros_like(twin) if p.grad is None else p.grad.detach().clone()
@@ -308,7 +323,8 @@ def _network_cost() -> tuple[float, float, float]:
     from minddp.comm.link import Link
     from minddp.comm.wire import Wire
     from minddp.runtime.device import current_device, message_device
-    link = Link("loopback")        # the same code path as a run with a link (its thread, its futures)
+
+    link = Link("loopback")  # the same code path as a run with a link (its thread, its futures)
     wire = Wire(None, link=link)
     launch, sizes, medians = [], [1024, 1 << 20], []
     for nbytes in sizes:
@@ -316,7 +332,9 @@ def _network_cost() -> tuple[float, float, float]:
         for i in range(6):
             dist.barrier()
             t0 = time.perf_counter()
-            fut = allreduce_hook(wire, GradBucket(0, torch.ones(nbytes // 4, device=current_device()), [], is_last=True))
+            fut = allreduce_hook(
+                wire, GradBucket(0, torch.ones(nbytes // 4, device=current_device()), [], is_last=True)
+            )
             t1 = time.perf_counter()
             fut.wait()
             if i:
@@ -325,7 +343,7 @@ def _network_cost() -> tuple[float, float, float]:
         medians.append(statistics.median(times))
     link.close()
     measured = torch.tensor([statistics.median(launch), *medians], dtype=torch.float64, device=message_device())
-    dist.all_reduce(measured, op=dist.ReduceOp.MAX)           # every rank ends with the same numbers
+    dist.all_reduce(measured, op=dist.ReduceOp.MAX)  # every rank ends with the same numbers
     per_message, small, large = measured.tolist()
     b = max(0.0, (large - small) / (sizes[1] - sizes[0]))
     return per_message, max(0.0, small - b * sizes[0]), b
@@ -333,9 +351,17 @@ def _network_cost() -> tuple[float, float, float]:
 
 # -- given --------------------------------------------------------------------------------------------------
 
-def from_throughput(nbytes: list[int], params_count: int, tokens_per_micro_batch: int, flops_per_second: float,
-                    micro_batches: int, optimizer_s: float = 0.0, backward_share: float = 2 / 3,
-                    per_message: float = 0.0) -> ComputeProfile:
+
+def from_throughput(
+    nbytes: list[int],
+    params_count: int,
+    tokens_per_micro_batch: int,
+    flops_per_second: float,
+    micro_batches: int,
+    optimizer_s: float = 0.0,
+    backward_share: float = 2 / 3,
+    per_message: float = 0.0,
+) -> ComputeProfile:
     """A ComputeProfile from a model's size and a compute speed (module doc, "given").
 
     A transformer's training step costs about ``6 · parameters · tokens`` FLOPs
@@ -349,8 +375,24 @@ def from_throughput(nbytes: list[int], params_count: int, tokens_per_micro_batch
     for i in reversed(range(len(nbytes))):
         done += nbytes[i]
         ready[i] = backward * done / total
-    return ComputeProfile(nbytes=list(nbytes), forward=forward, backward=backward, ready=ready,
-                          optimizer=optimizer_s, micro_batches=micro_batches, per_message=per_message)
+    return ComputeProfile(
+        nbytes=list(nbytes),
+        forward=forward,
+        backward=backward,
+        ready=ready,
+        optimizer=optimizer_s,
+        micro_batches=micro_batches,
+        per_message=per_message,
+    )
 
 
-__all__ = ["PER_GRADIENT", "ComputeProfile", "plan_for", "zero1_gather_plan", "synthesize", "probe", "from_throughput", "MB"]
+__all__ = [
+    "PER_GRADIENT",
+    "ComputeProfile",
+    "plan_for",
+    "zero1_gather_plan",
+    "synthesize",
+    "probe",
+    "from_throughput",
+    "MB",
+]

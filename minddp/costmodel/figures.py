@@ -37,6 +37,7 @@ def ladder_on_link(run, ax=None):
     import matplotlib.pyplot as plt
 
     from minddp.analysis import analyze_run
+
     run = Path(run)
     stages = analyze_run(run).stages
     stages = stages.drop(index=[s for s in ("single",) if s in stages.index])
@@ -44,9 +45,11 @@ def ladder_on_link(run, ax=None):
         _, ax = plt.subplots(figsize=(1.1 * len(stages) + 2, 3.6))
     names = list(stages.index)
     bottom = [0.0] * len(names)
-    for column, label, color in [("compute_pctg", "compute", "#4c72b0"),
-                                 ("non_compute_pctg", "waiting for communication", "#dd8452"),
-                                 ("idle_pctg", "idle", "#cccccc")]:
+    for column, label, color in [
+        ("compute_pctg", "compute", "#4c72b0"),
+        ("non_compute_pctg", "waiting for communication", "#dd8452"),
+        ("idle_pctg", "idle", "#cccccc"),
+    ]:
         values = list(stages[column])
         ax.bar(names, values, bottom=bottom, label=label, color=color)
         bottom = [b + v for b, v in zip(bottom, values)]
@@ -63,6 +66,7 @@ def predicted_ladder(run, links: list[str], ax=None):
     import matplotlib.pyplot as plt
 
     from minddp.costmodel.predict import predict_run
+
     run = Path(run)
     rows = predict_run(run, links, [], real_network=False)
     stages = list(dict.fromkeys(r["stage"] for r in rows))
@@ -74,11 +78,21 @@ def predicted_ladder(run, links: list[str], ax=None):
         exposed = [next(r["exposed_ms"] for r in rows if r["stage"] == s and r["link"] == link) for s in stages]
         xs = [i + (j - (len(links) - 1) / 2) * width for i in range(len(stages))]
         bars = ax.bar(xs, ys, width, label=f"{link} (predicted)")
-        ax.bar(xs, exposed, width, bottom=[y - e for y, e in zip(ys, exposed)], color=bars.patches[0].get_facecolor(),
-               hatch="//", edgecolor="white", linewidth=0)
+        ax.bar(
+            xs,
+            exposed,
+            width,
+            bottom=[y - e for y, e in zip(ys, exposed)],
+            color=bars.patches[0].get_facecolor(),
+            hatch="//",
+            edgecolor="white",
+            linewidth=0,
+        )
     ax.set_xticks(range(len(stages)), stages, rotation=30)
-    ax.set(ylabel="step (ms); hatched: waiting for the link",
-           title=f"the same steps on other links (profiled on {_link_of(run)})")
+    ax.set(
+        ylabel="step (ms); hatched: waiting for the link",
+        title=f"the same steps on other links (profiled on {_link_of(run)})",
+    )
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return ax.figure
 

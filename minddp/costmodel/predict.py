@@ -27,6 +27,7 @@ from minddp.costmodel.trace import ProfileError, step_profiles
 
 def predict_run(run: Path, links: list[str], ranks: list[int], real_network: bool) -> list[dict]:
     from minddp.analysis import stage_sort_key
+
     rows = []
     for folder in sorted((p for p in run.iterdir() if p.is_dir()), key=lambda p: stage_sort_key(p.name)):
         config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").exists() else {}
@@ -49,8 +50,9 @@ def predict_run(run: Path, links: list[str], ranks: list[int], real_network: boo
 
 
 def main(argv: list[str]) -> int:
-    from minddp.runtime.cli import Parser
     from minddp.comm.link import parse_links
+    from minddp.runtime.cli import Parser
+
     p = Parser(prog="python -m minddp.model predict", description=__doc__.split("\n")[0])
     p.add_argument("run", help="a run folder written by python -m minddp.train --link ... (traces/<run>)")
     p.add_argument("--links", default="100mbit,1gbit,10gbit,100gbit-ib")
@@ -67,10 +69,14 @@ def main(argv: list[str]) -> int:
     except (ValueError, OSError) as exc:
         print(f"minddp.model predict: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
-    print(f"{'stage':<13}{'ranks':>6} {'link':<12}{'compute (ms)':>13}{'step (ms)':>11}{'exposed (ms)':>13}"
-          f"{'overlap (%)':>12}{'comm share (%)':>15}")
+    print(
+        f"{'stage':<13}{'ranks':>6} {'link':<12}{'compute (ms)':>13}{'step (ms)':>11}{'exposed (ms)':>13}"
+        f"{'overlap (%)':>12}{'comm share (%)':>15}"
+    )
     for r in rows:
-        print(f"{r['stage']:<13}{r['ranks']:>6} {r['link']:<12}{r['compute_ms']:>13.1f}{r['step_ms']:>11.1f}"
-              f"{r['exposed_ms']:>13.1f}{r['overlap_pct']:>12.0f}{r['comm_share_pct']:>15.0f}")
+        print(
+            f"{r['stage']:<13}{r['ranks']:>6} {r['link']:<12}{r['compute_ms']:>13.1f}{r['step_ms']:>11.1f}"
+            f"{r['exposed_ms']:>13.1f}{r['overlap_pct']:>12.0f}{r['comm_share_pct']:>15.0f}"
+        )
     print("overlap = share of communication time under compute; comm share = communication time over the step")
     return 0

@@ -61,9 +61,18 @@ from minddp.comm.link import LinkSpec, parse_link
 #: The stages the model builds from a compute profile (:func:`minddp.costmodel.compute.synthesize`: the bucket
 #: what-if, ``auto``, the projections), and how each waits for its gradients' messages: "now" (right after
 #: sending) or "later" (a wait point after backward).
-WAITS = {"simple": "now", "ga": "now", "hook": "now", "bucket": "now",
-         "hook-async": "later", "bucket-async": "later", "ddp": "later", "torch": "later",
-         "zero1": "later", "zero2": "later"}
+WAITS = {
+    "simple": "now",
+    "ga": "now",
+    "hook": "now",
+    "bucket": "now",
+    "hook-async": "later",
+    "bucket-async": "later",
+    "ddp": "later",
+    "torch": "later",
+    "zero1": "later",
+    "zero2": "later",
+}
 
 #: Stages the model reads from a profiled step (:mod:`minddp.costmodel.trace`): those, and ``fsdp``, whose
 #: messages follow its units; a sharded stage's trace shows where each of its messages was waited for.
@@ -89,7 +98,7 @@ class StepProfile:
     world: int
     compute: float
     messages: list[Message] = field(default_factory=list)
-    late: float = 0.0              # each delivery's delay beyond its modeled end (emulation only)
+    late: float = 0.0  # each delivery's delay beyond its modeled end (emulation only)
     source: str = ""
 
     def with_world(self, world: int) -> "StepProfile":
@@ -102,8 +111,11 @@ class StepProfile:
 
     def scaled(self, factor: float) -> "StepProfile":
         """Every compute time times ``factor`` (e.g. to remove the profiler's own overhead)."""
-        return replace(self, compute=self.compute * factor,
-                       messages=[replace(m, at=m.at * factor, wait_at=m.wait_at * factor) for m in self.messages])
+        return replace(
+            self,
+            compute=self.compute * factor,
+            messages=[replace(m, at=m.at * factor, wait_at=m.wait_at * factor) for m in self.messages],
+        )
 
 
 @dataclass
@@ -134,33 +146,47 @@ class Prediction:
         return 100.0 * self.exposed / self.step if self.step > 0 else 0.0
 
     def row(self) -> dict:
-        return {"step_ms": 1e3 * self.step, "compute_ms": 1e3 * self.compute, "exposed_ms": 1e3 * self.exposed,
-                "comm_ms": 1e3 * self.comm, "overlap_pct": self.overlap_pct, "comm_share_pct": self.comm_share_pct,
-                "exposed_share_pct": self.exposed_share_pct}
+        return {
+            "step_ms": 1e3 * self.step,
+            "compute_ms": 1e3 * self.compute,
+            "exposed_ms": 1e3 * self.exposed,
+            "comm_ms": 1e3 * self.comm,
+            "overlap_pct": self.overlap_pct,
+            "comm_share_pct": self.comm_share_pct,
+            "exposed_share_pct": self.exposed_share_pct,
+        }
 
 
 def predict(profile: StepProfile, link: LinkSpec | str, world: int | None = None) -> Prediction:
     """Steps 1-3 of the module doc: ``profile`` replayed on ``link`` (at ``world`` ranks, default the profile's)."""
     spec = parse_link(link)
     n = profile.world if world is None else world
-    events = sorted([(m.at, 0, i) for i, m in enumerate(profile.messages)] +
-                    [(max(m.wait_at, m.at), 1, i) for i, m in enumerate(profile.messages)])   # never before its send
+    events = sorted(
+        [(m.at, 0, i) for i, m in enumerate(profile.messages)]
+        + [(max(m.wait_at, m.at), 1, i) for i, m in enumerate(profile.messages)]
+    )  # never before its send
     shift, nic_free = 0.0, float("-inf")
     done: dict[int, float] = {}
     waits, transfers = [], []
     for t, is_wait, i in events:
         now = t + shift
         m = profile.messages[i]
-        if not is_wait:                                                                        # step 1
+        if not is_wait:  # step 1
             start = max(now, nic_free)
             nic_free = start + spec.seconds(m.kind, m.nbytes, n)
             done[i] = max(nic_free, now + m.real) + profile.late
             transfers.append((start, done[i]))
-        elif done[i] > now:                                                                    # step 2
+        elif done[i] > now:  # step 2
             waits.append((now, done[i]))
             shift += done[i] - now
-    return Prediction(step=profile.compute + shift, compute=profile.compute, exposed=shift,     # step 3
-                      comm=metrics.length(transfers), waits=waits, transfers=transfers)
+    return Prediction(
+        step=profile.compute + shift,
+        compute=profile.compute,
+        exposed=shift,  # step 3
+        comm=metrics.length(transfers),
+        waits=waits,
+        transfers=transfers,
+    )
 
 
 __all__ = ["WAITS", "TRACED_WAITS", "Message", "StepProfile", "Prediction", "predict"]

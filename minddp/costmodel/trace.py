@@ -62,22 +62,27 @@ def step_profiles(path, stage: str, world: int, rank: int = 0) -> list[StepProfi
     events = trace.events
     transfers = {e["args"]["seq"]: e for e in events if e["name"].startswith("minddp.link:")}
     if not transfers:
-        raise ProfileError(f"{path} holds no minddp.link transfers: profile the stage with a link "
-                           "(e.g. python -m minddp.train --link loopback), so the trace says when each message "
-                           "was handed over and delivered")
+        raise ProfileError(
+            f"{path} holds no minddp.link transfers: profile the stage with a link "
+            "(e.g. python -m minddp.train --link loopback), so the trace says when each message "
+            "was handed over and delivered"
+        )
     comm_threads = {e["tid"] for e in events if e["name"].startswith(("gloo:", "minddp.link:"))}
-    real = sorted((e for e in events if e["name"].startswith("gloo:") and e["tid"] in comm_threads),
-                  key=lambda e: e["ts"])
+    real = sorted(
+        (e for e in events if e["name"].startswith("gloo:") and e["tid"] in comm_threads), key=lambda e: e["ts"]
+    )
     finishes = [e for e in events if e["name"] == "minddp.finish_gradient_synchronization"]
     launches = [e for e in events if e["name"].startswith("minddp.bucket_launch#")]
     real_end = _match_real(sorted(transfers.values(), key=lambda e: e["args"]["seq"]), real)
     profiles = []
     for number, s0, s1 in step_windows(events, comm_threads):
-        mine = sorted((t for t in transfers.values() if s0 <= t["args"]["handed_over_ts"] < s1),
-                      key=lambda t: t["args"]["seq"])
+        mine = sorted(
+            (t for t in transfers.values() if s0 <= t["args"]["handed_over_ts"] < s1), key=lambda t: t["args"]["seq"]
+        )
         if mine:
-            profiles.append(_one_step(stage, world, s0, s1, mine, real_end, finishes, launches,
-                                      f"{path} step {number}"))
+            profiles.append(
+                _one_step(stage, world, s0, s1, mine, real_end, finishes, launches, f"{path} step {number}")
+            )
     if not profiles:
         raise ProfileError(f"{path}: no profiled step sent anything over the link")
     return profiles
@@ -122,7 +127,7 @@ def _match_real(transfers: list[dict], real: list[dict]) -> dict[int, float]:
 def _one_step(stage, world, s0, s1, mine, real_end, finishes, launches, source) -> StepProfile:
     handed = [t["args"]["handed_over_ts"] for t in mine]
     delivered = [end_of(t) for t in mine]
-    waited = [t["args"].get("waited_ts") for t in mine]                                        # step 1
+    waited = [t["args"].get("waited_ts") for t in mine]  # step 1
     if TRACED_WAITS[stage] == "now":
         rule = handed
     else:
@@ -131,22 +136,29 @@ def _one_step(stage, world, s0, s1, mine, real_end, finishes, launches, source) 
     wait_points = [max(h, w if w is not None else r) for h, w, r in zip(handed, waited, rule)]
     waits = metrics.merge([(w, max(w, d)) for w, d in zip(wait_points, delivered)])
 
-    def clock(t: float) -> float:                                                              # step 2
+    def clock(t: float) -> float:  # step 2
         return (t - s0 - metrics.length(metrics.intersect(waits, [(s0, t)]))) / 1e6
 
     messages, late = [], []
     for t, h, w, d in zip(mine, handed, wait_points, delivered):
         seq = t["args"]["seq"]
-        end = min(real_end.get(seq, h), d)    # gloo's range may close after its result was handed back
-        messages.append(Message(at=clock(h), wait_at=clock(w), nbytes=int(t["args"]["bytes"]),   # step 3
-                                kind=t["name"].split(":", 1)[1], real=max(0.0, end - h) / 1e6))
-        late.append(max(0.0, d - max(t["args"]["modeled_end_ts"], end)) / 1e6)                 # step 4
+        end = min(real_end.get(seq, h), d)  # gloo's range may close after its result was handed back
+        messages.append(
+            Message(
+                at=clock(h),
+                wait_at=clock(w),
+                nbytes=int(t["args"]["bytes"]),  # step 3
+                kind=t["name"].split(":", 1)[1],
+                real=max(0.0, end - h) / 1e6,
+            )
+        )
+        late.append(max(0.0, d - max(t["args"]["modeled_end_ts"], end)) / 1e6)  # step 4
     return StepProfile(stage, world, clock(s1), messages, statistics.median(late), source)
 
 
 def _wait_point(stage, s0, s1, last_handed, finishes, launches) -> float:
     """Where an async stage starts waiting for the messages whose wait the trace does not show (step 1)."""
-    if stage in ("ddp", "torch", "zero1"):   # they wait inside backward, right after launching the last bucket
+    if stage in ("ddp", "torch", "zero1"):  # they wait inside backward, right after launching the last bucket
         around = [end_of(e) for e in launches if e["ts"] <= last_handed <= end_of(e)]
         return max(around) if around else last_handed
     points = [e["ts"] for e in finishes if s0 <= e["ts"] < s1 and e["ts"] >= last_handed - 1]

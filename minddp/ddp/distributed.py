@@ -29,11 +29,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from minddp.runtime import compat
 from minddp.comm.wire import resolve_group
 from minddp.ddp.buffers import broadcast_coalesced
 from minddp.ddp.join import ShadowingJoinHook, highest_rank
 from minddp.ddp.reducer import Reducer
+from minddp.runtime import compat
 from minddp.runtime.envflags import env_flag
 from minddp.runtime.nested import map_tensors
 from minddp.stages.checks import check_same_model
@@ -46,10 +46,19 @@ DEFAULT_FIRST_BUCKET_CAP_MB = 1.0
 class DistributedDataParallel(nn.Module, Joinable):
     """torch's DDP: same constructor, same behaviour (module doc, steps 1-3)."""
 
-    def __init__(self, module: nn.Module, device_ids=None, output_device=None, broadcast_buffers: bool = True,
-                 process_group: dist.ProcessGroup | None = None, bucket_cap_mb: float | None = None,
-                 find_unused_parameters: bool = False, gradient_as_bucket_view: bool = False,
-                 static_graph: bool = False, check_consistency: bool | None = None):
+    def __init__(
+        self,
+        module: nn.Module,
+        device_ids=None,
+        output_device=None,
+        broadcast_buffers: bool = True,
+        process_group: dist.ProcessGroup | None = None,
+        bucket_cap_mb: float | None = None,
+        find_unused_parameters: bool = False,
+        gradient_as_bucket_view: bool = False,
+        static_graph: bool = False,
+        check_consistency: bool | None = None,
+    ):
         nn.Module.__init__(self)
         Joinable.__init__(self)
         group = resolve_group(process_group)
@@ -65,8 +74,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.first_bucket_cap_mb = DEFAULT_FIRST_BUCKET_CAP_MB if bucket_cap_mb is None else None
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
-        self._divide_by_initial_world_size = True        # uneven inputs (join): divide by the world, as torch
-        check_same_model(module, group)                                                     # step 1
+        self._divide_by_initial_world_size = True  # uneven inputs (join): divide by the world, as torch
+        check_same_model(module, group)  # step 1
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 compat.broadcast(tensor, group_src=0, group=group)
@@ -83,14 +92,24 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     def _make_reducer(self) -> Reducer:
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
-        return Reducer([p for _, p in named], [n for n, _ in named], self.process_group, self.bucket_cap_mb,
-                       self.first_bucket_cap_mb, self.find_unused_parameters, self.gradient_as_bucket_view)
+        return Reducer(
+            [p for _, p in named],
+            [n for n, _ in named],
+            self.process_group,
+            self.bucket_cap_mb,
+            self.first_bucket_cap_mb,
+            self.find_unused_parameters,
+            self.gradient_as_bucket_view,
+        )
 
     # Settings the reducer reads mid-backward live on it (plain attributes, no nn.Module __setattr__ cost).
-    check_consistency = property(lambda self: self.reducer.check_consistency,
-                                 lambda self, on: setattr(self.reducer, "check_consistency", bool(on)))
-    check_finite = property(lambda self: self.reducer.check_finite,
-                            lambda self, on: setattr(self.reducer, "check_finite", bool(on)))
+    check_consistency = property(
+        lambda self: self.reducer.check_consistency,
+        lambda self, on: setattr(self.reducer, "check_consistency", bool(on)),
+    )
+    check_finite = property(
+        lambda self: self.reducer.check_finite, lambda self, on: setattr(self.reducer, "check_finite", bool(on))
+    )
     static_graph = property(lambda self: self.reducer.static_graph)
 
     def _set_static_graph(self) -> None:
@@ -103,8 +122,10 @@ class DistributedDataParallel(nn.Module, Joinable):
         included.
         """
         if self.reducer.synced_steps > 0:
-            raise RuntimeError("_set_static_graph() must be called before the first training iteration "
-                               "(or pass static_graph=True to the constructor)")
+            raise RuntimeError(
+                "_set_static_graph() must be called before the first training iteration "
+                "(or pass static_graph=True to the constructor)"
+            )
         self.reducer.static_graph = True
 
     # -- pickling (copy.deepcopy, torch.save), as torch's DDP ----------------------------------------
@@ -112,11 +133,16 @@ class DistributedDataParallel(nn.Module, Joinable):
     def __getstate__(self) -> dict:
         """Everything but the process group and the reducer (neither can be pickled; both are rebuilt)."""
         if self.process_group is not dist.group.WORLD:
-            raise RuntimeError("pickling (copy.deepcopy, torch.save) a minddp.DistributedDataParallel works only "
-                               "with the default process group, as in torch; save ddp.module instead")
+            raise RuntimeError(
+                "pickling (copy.deepcopy, torch.save) a minddp.DistributedDataParallel works only "
+                "with the default process group, as in torch; save ddp.module instead"
+            )
         state = dict(self.__dict__)
-        state["_reducer_settings"] = {"check_consistency": self.check_consistency,
-                                      "check_finite": self.check_finite, "static_graph": self.static_graph}
+        state["_reducer_settings"] = {
+            "check_consistency": self.check_consistency,
+            "check_finite": self.check_finite,
+            "static_graph": self.static_graph,
+        }
         del state["process_group"], state["reducer"]
         return state
 
@@ -147,19 +173,18 @@ class DistributedDataParallel(nn.Module, Joinable):
         will_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         if will_sync:
             reducer.check_prior_reduction_finished()
-        work = Join.notify_join_context(self)          # uneven inputs: joined ranks count those still going
-        reducer.divisor = None                         # None: the world size
+        work = Join.notify_join_context(self)  # uneven inputs: joined ranks count those still going
+        reducer.divisor = None  # None: the world size
         if work is not None and not self._divide_by_initial_world_size:
             work.wait()
-            reducer.divisor = int(work.result()[0].item())   # average over the ranks still training
-        if torch.is_grad_enabled():      # also a no_sync() forward, as torch: the rebuild comes at the same step
+            reducer.divisor = int(work.result()[0].item())  # average over the ranks still training
+        if torch.is_grad_enabled():  # also a no_sync() forward, as torch: the rebuild comes at the same step
             reducer.maybe_rebuild()
-        reducer.hooks_for(will_sync)   # no Python hook per parameter in a backward that does not sync
+        reducer.hooks_for(will_sync)  # no Python hook per parameter in a backward that does not sync
         self._sync_buffers()
-        if self._join_config.enable:   # tell the joined ranks whether this step's backward syncs
-            dist.all_reduce(torch.tensor([int(will_sync)], device=self._device),
-                            group=self.process_group)
-        self.require_forward_param_sync = will_sync   # torch's rule: next forward broadcasts only after a sync
+        if self._join_config.enable:  # tell the joined ranks whether this step's backward syncs
+            dist.all_reduce(torch.tensor([int(will_sync)], device=self._device), group=self.process_group)
+        self.require_forward_param_sync = will_sync  # torch's rule: next forward broadcasts only after a sync
         if self.device_ids:
             inputs, kwargs = map_tensors(lambda t: t.to(self._device, non_blocking=True), (inputs, kwargs))
         outputs = self.module(*inputs, **kwargs)
@@ -169,8 +194,12 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     def _sync_buffers(self, joined: bool = False) -> None:
         """``broadcast_buffers``: rank 0's buffers; under join(), the highest rank still training's (as torch)."""
-        if self.broadcast_buffers and self._buffer_owners and self.process_group.size() > 1 \
-                and self.require_forward_param_sync:
+        if (
+            self.broadcast_buffers
+            and self._buffer_owners
+            and self.process_group.size() > 1
+            and self.require_forward_param_sync
+        ):
             source = highest_rank(self.process_group, not joined, self._device) if self._join_config.enable else 0
             broadcast_coalesced(self._buffers_now(), self.process_group, source)
 
@@ -196,8 +225,9 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     # -- uneven inputs: torch's Join ------------------------------------------------------------------
 
-    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
-             throw_on_early_termination: bool = False) -> Join:
+    def join(
+        self, divide_by_initial_world_size: bool = True, enable: bool = True, throw_on_early_termination: bool = False
+    ) -> Join:
         """Train on uneven inputs: ``with model.join(): for batch in this_ranks_batches: ...``.
 
         A rank that runs out of batches *joins*: until every rank has, it
@@ -209,8 +239,9 @@ class DistributedDataParallel(nn.Module, Joinable):
         At the end every rank takes the parameters of the last rank to join.
         Same semantics and arguments as torch's ``DistributedDataParallel.join``.
         """
-        return Join([self], enable, throw_on_early_termination,
-                    divide_by_initial_world_size=divide_by_initial_world_size)
+        return Join(
+            [self], enable, throw_on_early_termination, divide_by_initial_world_size=divide_by_initial_world_size
+        )
 
     def join_hook(self, **kwargs) -> JoinHook:
         return ShadowingJoinHook(self, kwargs.get("divide_by_initial_world_size", True))
@@ -227,28 +258,38 @@ class DistributedDataParallel(nn.Module, Joinable):
 def _check_trainable(module: nn.Module) -> None:
     """torch's refusals: nothing to train, and sparse gradients (torch reduces those apart; minddp does not)."""
     if not any(p.requires_grad for p in module.parameters()):
-        raise RuntimeError("DistributedDataParallel is not needed when a module doesn't have any parameter that "
-                           "requires a gradient (every parameter is frozen): train without the wrapper")
+        raise RuntimeError(
+            "DistributedDataParallel is not needed when a module doesn't have any parameter that "
+            "requires a gradient (every parameter is frozen): train without the wrapper"
+        )
     for name, m in module.named_modules():
         if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse and m.weight.requires_grad:
-            raise ValueError(f"minddp.DistributedDataParallel does not support sparse gradients, but {name!r} is "
-                             f"{type(m).__name__}(sparse=True): build it with sparse=False (a dense gradient), or "
-                             "use torch's DistributedDataParallel, which reduces sparse gradients on gloo")
+            raise ValueError(
+                f"minddp.DistributedDataParallel does not support sparse gradients, but {name!r} is "
+                f"{type(m).__name__}(sparse=True): build it with sparse=False (a dense gradient), or "
+                "use torch's DistributedDataParallel, which reduces sparse gradients on gloo"
+            )
 
 
 def _check_devices(module: nn.Module, device_ids, output_device) -> torch.device:
     """The module's one device; device_ids/output_device only make sense for a single-GPU module."""
     devices = {p.device for p in module.parameters()}
     if len(devices) > 1:
-        raise ValueError(f"minddp.DistributedDataParallel wraps single-device modules, but the parameters are on "
-                         f"{sorted(map(str, devices))}: move the module to one device (one GPU per rank)")
+        raise ValueError(
+            f"minddp.DistributedDataParallel wraps single-device modules, but the parameters are on "
+            f"{sorted(map(str, devices))}: move the module to one device (one GPU per rank)"
+        )
     device = devices.pop() if devices else torch.device("cpu")
     if device.type == "cpu" and (device_ids is not None or output_device is not None):
-        raise ValueError(f"device_ids and output_device only work with GPU modules, but got device_ids={device_ids}, "
-                         f"output_device={output_device} for a module on the CPU: leave both as None")
+        raise ValueError(
+            f"device_ids and output_device only work with GPU modules, but got device_ids={device_ids}, "
+            f"output_device={output_device} for a module on the CPU: leave both as None"
+        )
     if device_ids is not None:
         wanted = [torch.device("cuda", d) if isinstance(d, int) else torch.device(d) for d in device_ids]
         if wanted != [device]:
-            raise ValueError(f"device_ids must be the one device the module is on ([{device}]), got {device_ids}: "
-                             "move the module to this rank's GPU first (module.to(local_rank))")
+            raise ValueError(
+                f"device_ids must be the one device the module is on ([{device}]), got {device_ids}: "
+                "move the module to this rank's GPU first (module.to(local_rank))"
+            )
     return device

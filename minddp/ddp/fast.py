@@ -30,10 +30,10 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from minddp.runtime import compat
 from minddp.comm.wire import Wire
+from minddp.runtime import compat
 
-try:    # the same named range as torch.profiler.record_function, entered and left in C++
+try:  # the same named range as torch.profiler.record_function, entered and left in C++
     from torch._C._profiler import _RecordFunctionFast as _named_range
 except ImportError:  # pragma: no cover - older torch
     _named_range = torch.profiler.record_function
@@ -63,15 +63,17 @@ class BucketLayout:
     def _views_and_addresses(self, flat: torch.Tensor) -> tuple[list[torch.Tensor], list[int]]:
         key = (flat.data_ptr(), flat.dtype, flat.numel(), flat.device)
         if self._cache is None or self._cache[0] != key:
-            views = [flat[o:o + n].view(s) for o, n, s in zip(self.offsets, self.numels, self.shapes)]
+            views = [flat[o : o + n].view(s) for o, n, s in zip(self.offsets, self.numels, self.shapes)]
             self._cache = (key, (views, [v.data_ptr() for v in views]))
         return self._cache[1]
 
     def grads_in(self, flat: torch.Tensor) -> list[bool]:
         """Per parameter: does its ``.grad`` already live in ``flat`` (same memory, same dtype)?"""
         addresses, dtype = self._views_and_addresses(flat)[1], flat.dtype
-        return [p.grad is not None and p.grad.data_ptr() == address and p.grad.dtype == dtype
-                for p, address in zip(self.params, addresses)]
+        return [
+            p.grad is not None and p.grad.data_ptr() == address and p.grad.dtype == dtype
+            for p, address in zip(self.params, addresses)
+        ]
 
 
 def scale_like_torch(layout: BucketLayout, buffer: torch.Tensor, world: int) -> None:
@@ -84,16 +86,16 @@ def scale_like_torch(layout: BucketLayout, buffer: torch.Tensor, world: int) -> 
     exact = world & (world - 1) == 0 and buffer.is_floating_point()
     aliased = [] if exact else layout.grads_in(buffer)
     if not any(aliased):
-        buffer.mul_(1.0 / world)            # every gradient was copied in (the common case), or exact
+        buffer.mul_(1.0 / world)  # every gradient was copied in (the common case), or exact
     elif all(aliased):
         buffer.div_(world)
-    else:                                   # some slots are .grad, some copies (unused parameters)
+    else:  # some slots are .grad, some copies (unused parameters)
         views = layout.views(buffer)
         torch._foreach_div_([v for v, a in zip(views, aliased) if a], world)
         torch._foreach_mul_([v for v, a in zip(views, aliased) if not a], 1.0 / world)
 
 
-_SUM = compat.allreduce_options(dist.ReduceOp.SUM)   # the caller waits on the Future (on GPUs: NCCL's own stream)
+_SUM = compat.allreduce_options(dist.ReduceOp.SUM)  # the caller waits on the Future (on GPUs: NCCL's own stream)
 
 
 def start_sum(tensor: torch.Tensor, wire: Wire) -> torch.futures.Future:
@@ -112,15 +114,18 @@ def start_sum(tensor: torch.Tensor, wire: Wire) -> torch.futures.Future:
     elif not tensor.is_complex():
         fut = wire.group.allreduce([tensor], _SUM).get_future()
     else:
+
         def as_sent(done: torch.futures.Future) -> list[torch.Tensor]:
-            done.value()         # a failed collective fails this Future too
+            done.value()  # a failed collective fails this Future too
             return [tensor]
+
         fut = wire.group.allreduce([torch.view_as_real(tensor)], _SUM).get_future().then(as_sent)
     return fut if wire.link is None else wire.link.carry(fut, tensor, wire.size())
 
 
-def builtin_average(wire: Wire, layout: BucketLayout, flat: torch.Tensor,
-                    divisor: int | None = None) -> torch.futures.Future:
+def builtin_average(
+    wire: Wire, layout: BucketLayout, flat: torch.Tensor, divisor: int | None = None
+) -> torch.futures.Future:
     """The production DDP's plain average of one bucket over ``divisor`` ranks (None: all), scaled as torch does."""
     scale_like_torch(layout, flat, wire.size() if divisor is None else divisor)
     return start_sum(flat, wire)

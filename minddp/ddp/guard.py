@@ -61,13 +61,17 @@ def _all_gather_object(value, group: dist.ProcessGroup) -> list:
 def check_same_settings(settings: dict, group: dist.ProcessGroup) -> None:
     """Step 1: raise on every rank unless all ranks send gradients with the same settings."""
     everyone = _all_gather_object(settings, group)
-    diffs = [f"{key}: rank {rank} has {theirs[key]!r}, rank 0 has {everyone[0][key]!r}"
-             for rank, theirs in enumerate(everyone[1:], start=1) for key in settings
-             if theirs.get(key) != everyone[0].get(key)]
+    diffs = [
+        f"{key}: rank {rank} has {theirs[key]!r}, rank 0 has {everyone[0][key]!r}"
+        for rank, theirs in enumerate(everyone[1:], start=1)
+        for key in settings
+        if theirs.get(key) != everyone[0].get(key)
+    ]
     if diffs:
         raise RuntimeError(
             "minddp: ranks send gradients differently, so their all_reduces would mix unrelated tensors: "
-            + "; ".join(diffs) + ". Give every rank the same comm hook and bucket_cap_mb"
+            + "; ".join(diffs)
+            + ". Give every rank the same comm hook and bucket_cap_mb"
         )
 
 
@@ -76,8 +80,9 @@ def fingerprint(plan: list[list[int]], sizes: list[int], launched: list[int]) ->
     return (tuple((n, zlib.crc32(repr(bucket).encode())) for bucket, n in zip(plan, sizes)), tuple(launched))
 
 
-def check_consistency(plan: list[list[int]], sizes: list[int], launched: list[int], names: list[str],
-                      group: dist.ProcessGroup) -> None:
+def check_consistency(
+    plan: list[list[int]], sizes: list[int], launched: list[int], names: list[str], group: dist.ProcessGroup
+) -> None:
     """Step 2: all_gather this step's fingerprint; raise on every rank if any rank differs from rank 0."""
     everyone = _all_gather_object(fingerprint(plan, sizes, launched), group)
     reference = everyone[0]
@@ -90,8 +95,10 @@ def check_consistency(plan: list[list[int]], sizes: list[int], launched: list[in
             diffs.append(f"rank {rank} has {len(buckets)} buckets, rank 0 has {len(buckets0)}")
         for b, (x0, x) in enumerate(zip(buckets0, buckets)):
             if x0 != x:
-                diffs.append(f"bucket {b}: rank {rank} has {x[0]} elements (checksum {x[1]}), "
-                             f"rank 0 has {x0[0]} (checksum {x0[1]})")
+                diffs.append(
+                    f"bucket {b}: rank {rank} has {x[0]} elements (checksum {x[1]}), "
+                    f"rank 0 has {x0[0]} (checksum {x0[1]})"
+                )
         if order != order0:
             diffs.append(f"launch order: rank {rank} {list(order)}, rank 0 {list(order0)}")
     if diffs:
@@ -109,8 +116,11 @@ def finite_check(bucket_index: int, names: list[str], local_finite: bool, rank: 
 
     def check(tensor: torch.Tensor) -> None:
         if not bool(torch.isfinite(tensor).all()):
-            here = ("this rank's own gradient was already non-finite before communication" if not local_finite
-                    else "this rank's own gradient was finite, so another rank sent the NaN/Inf")
+            here = (
+                "this rank's own gradient was already non-finite before communication"
+                if not local_finite
+                else "this rank's own gradient was finite, so another rank sent the NaN/Inf"
+            )
             raise FloatingPointError(
                 f"minddp check_finite: the averaged gradient of bucket {bucket_index} ({', '.join(names[:4])}"
                 f"{', ...' if len(names) > 4 else ''}) contains NaN or Inf on rank {rank}; {here}. Look for a "

@@ -27,19 +27,22 @@ import torch
 import torch.distributed as dist
 
 from minddp.runtime.device import message_device
-
 from minddp.stages.bucket_plan import plan_buckets
 
 
-def plan_first_iteration_like_torch(params: list[torch.Tensor], bucket_cap_mb: float | None,
-                                    first_bucket_cap_mb: float | None, find_unused_parameters: bool) -> list[list[int]]:
+def plan_first_iteration_like_torch(
+    params: list[torch.Tensor],
+    bucket_cap_mb: float | None,
+    first_bucket_cap_mb: float | None,
+    find_unused_parameters: bool,
+) -> list[list[int]]:
     """Step 1: the plan torch's DDP starts from (indices into ``params``)."""
     keys = {(p.dtype, p.device) for p in params}
     if not find_unused_parameters or bucket_cap_mb is None:
         buckets = [[i for i, p in enumerate(params) if (p.dtype, p.device) == key] for key in keys]
     else:
         n = len(params)
-        forward = plan_buckets(params[::-1], bucket_cap_mb, first_bucket_cap_mb)   # it walks its input from the end
+        forward = plan_buckets(params[::-1], bucket_cap_mb, first_bucket_cap_mb)  # it walks its input from the end
         buckets = [[n - 1 - j for j in bucket] for bucket in forward]
     return sorted(buckets, key=min, reverse=True)
 
@@ -54,9 +57,10 @@ def agree_on_order(order: list[int], n_params: int, group: dist.ProcessGroup) ->
     return None if -1 in agreed else agreed
 
 
-def plan_from_order(params: list[torch.Tensor], order: list[int], bucket_cap_mb: float | None,
-                    first_bucket_cap_mb: float | None) -> list[list[int]]:
+def plan_from_order(
+    params: list[torch.Tensor], order: list[int], bucket_cap_mb: float | None, first_bucket_cap_mb: float | None
+) -> list[list[int]]:
     """Step 2: buckets that fill in ``order`` (indices into ``params``), capped like the first plan."""
-    backwards = list(reversed(order))                  # plan_buckets walks its input from the end
+    backwards = list(reversed(order))  # plan_buckets walks its input from the end
     plan = plan_buckets([params[i] for i in backwards], bucket_cap_mb, first_bucket_cap_mb)
     return [[backwards[j] for j in bucket] for bucket in plan]

@@ -57,13 +57,13 @@ class Progress:
     __slots__ = ("remaining", "ready", "started", "through_outputs", "filled", "next_bucket", "launched")
 
     def __init__(self, layouts: list[BucketLayout]):
-        self.remaining = [len(layout.params) for layout in layouts]   # gradients still to come, per bucket
-        self.ready: set[int] = set()                                  # id() of each parameter delivered
-        self.started = False                                          # step 5's callback queued
-        self.through_outputs = False                                  # ... by an output's gradient hook
+        self.remaining = [len(layout.params) for layout in layouts]  # gradients still to come, per bucket
+        self.ready: set[int] = set()  # id() of each parameter delivered
+        self.started = False  # step 5's callback queued
+        self.through_outputs = False  # ... by an output's gradient hook
         self.filled = [False] * len(layouts)
-        self.next_bucket = 0                                          # the lowest-index bucket not sent yet
-        self.launched: list[int] = []                                 # send order (read by the debug guard)
+        self.next_bucket = 0  # the lowest-index bucket not sent yet
+        self.launched: list[int] = []  # send order (read by the debug guard)
 
 
 @dataclass
@@ -74,16 +74,23 @@ class Pending:
     layout: BucketLayout
     future: torch.futures.Future
     hook_name: str
-    expected: tuple                                      # (numel, dtype) of the buffer the hook was handed
+    expected: tuple  # (numel, dtype) of the buffer the hook was handed
     check: Callable[[torch.Tensor], None] | None = None  # the NaN/Inf check, run once the result is in
 
 
 class Reducer:
     """Owns the buckets of one ``DistributedDataParallel`` and syncs them during backward (module doc)."""
 
-    def __init__(self, params: list[nn.Parameter], names: list[str], group: dist.ProcessGroup,
-                 bucket_cap_mb: float | None, first_bucket_cap_mb: float | None, find_unused_parameters: bool,
-                 gradient_as_bucket_view: bool):
+    def __init__(
+        self,
+        params: list[nn.Parameter],
+        names: list[str],
+        group: dist.ProcessGroup,
+        bucket_cap_mb: float | None,
+        first_bucket_cap_mb: float | None,
+        find_unused_parameters: bool,
+        gradient_as_bucket_view: bool,
+    ):
         self.params, self.names, self.group = params, names, group
         self.bucket_cap_mb, self.first_bucket_cap_mb = bucket_cap_mb, first_bucket_cap_mb
         self.find_unused_parameters = find_unused_parameters
@@ -93,22 +100,23 @@ class Reducer:
         self.hook, self.state, self.hook_registered = allreduce_hook, Wire(group), False
         self.check_consistency = False
         self.check_finite = False
-        self.static_graph = False            # set before the first iteration (DistributedDataParallel._set_static_graph)
-        self.static_unused: list[nn.Parameter] = []   # with static_graph: what the first iteration did not use
-        self.divisor: int | None = None      # average over this many ranks (None: the world; join can lower it)
-        self.expect_hooks = False            # set by a forward whose backward syncs, cleared at its end
+        self.static_graph = False  # set before the first iteration (DistributedDataParallel._set_static_graph)
+        self.static_unused: list[nn.Parameter] = []  # with static_graph: what the first iteration did not use
+        self.divisor: int | None = None  # average over this many ranks (None: the world; join can lower it)
+        self.expect_hooks = False  # set by a forward whose backward syncs, cleared at its end
         self.local_used = torch.zeros(len(params), dtype=torch.bool)
-        self.unused_here: list[nn.Parameter] = []   # not in this forward's graph (find_unused)
-        self.ready_order: list[int] = []            # first synced backward's gradient-ready order
+        self.unused_here: list[nn.Parameter] = []  # not in this forward's graph (find_unused)
+        self.ready_order: list[int] = []  # first synced backward's gradient-ready order
         self.synced_steps = 0
         self.rebuilt = False
-        self.unfinished: list[str] = []             # parameters left without gradient last time
+        self.unfinished: list[str] = []  # parameters left without gradient last time
         self.pending: list[Pending] = []
         self.settings_checked = False
-        self.set_plan(plan_first_iteration_like_torch(params, bucket_cap_mb, first_bucket_cap_mb,
-                                                      find_unused_parameters))                 # step 1
-        self.output_hook = _weak_method(self._on_output_grad)      # weak: output tensors may outlive the reducer
-        on_grad_ready = _weak_method(self._on_grad_ready)                                        # step 2
+        self.set_plan(
+            plan_first_iteration_like_torch(params, bucket_cap_mb, first_bucket_cap_mb, find_unused_parameters)
+        )  # step 1
+        self.output_hook = _weak_method(self._on_output_grad)  # weak: output tensors may outlive the reducer
+        on_grad_ready = _weak_method(self._on_grad_ready)  # step 2
         self.handles = [p.register_post_accumulate_grad_hook(on_grad_ready) for p in params]
         weakref.finalize(self, _remove_all, self.handles)
         # Where each hook sits (its parameter's hook dict and key), to take it out and put it back (hooks_for).
@@ -122,8 +130,10 @@ class Reducer:
         """Lay out buckets for ``plan`` (lists of indices into ``params``)."""
         self.plan = plan
         self.layouts = [BucketLayout([self.params[i] for i in bucket]) for bucket in plan]
-        self.buffers = [torch.empty(layout.numel, dtype=layout.params[0].dtype, device=layout.params[0].device)
-                        for layout in self.layouts]
+        self.buffers = [
+            torch.empty(layout.numel, dtype=layout.params[0].dtype, device=layout.params[0].device)
+            for layout in self.layouts
+        ]
         self.bucket_of = {id(self.params[i]): b for b, bucket in enumerate(plan) for i in bucket}
         self.progress = Progress(self.layouts)
         if self.gradient_as_bucket_view:
@@ -192,7 +202,7 @@ class Reducer:
                 hooks.pop(key, None)
 
     def check_prior_reduction_finished(self) -> None:
-        if self.unfinished and self.find_unused_parameters:    # the flag is on: the backward missed the outputs
+        if self.unfinished and self.find_unused_parameters:  # the flag is on: the backward missed the outputs
             raise RuntimeError(
                 "Expected to have finished reduction in the prior iteration before starting a new one. "
                 f"Parameters {self.unfinished} received no gradient on rank {dist.get_rank(self.group)}, and that "
@@ -212,7 +222,7 @@ class Reducer:
     def prepare_for_backward(self, outputs: Any) -> None:
         """The coming backward syncs; with ``find_unused_parameters``, note what its graph will not reach."""
         self.expect_hooks = True
-        for tensor in tensors_in(outputs):        # step 5: the backward reaches the outputs first
+        for tensor in tensors_in(outputs):  # step 5: the backward reaches the outputs first
             if tensor.requires_grad:
                 tensor.register_hook(self.output_hook)
         if self.searching_unused():
@@ -236,19 +246,19 @@ class Reducer:
         torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
 
     def _on_grad_ready(self, param: nn.Parameter) -> None:
-        if self.searching_unused():   # no_sync backwards count as use too; only read then
+        if self.searching_unused():  # no_sync backwards count as use too; only read then
             self.local_used[self.position[id(param)]] = True
         if self.expect_hooks:
             self._grad_ready(param)
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         progress = self.progress
-        if not progress.started:          # a backward that did not pass through the outputs' hooks
+        if not progress.started:  # a backward that did not pass through the outputs' hooks
             self._start_backward(through_outputs=False)
-        if not progress.ready:            # the first gradient: the unused parameters are ready too (as torch)
+        if not progress.ready:  # the first gradient: the unused parameters are ready too (as torch)
             for unused in self.unused_here:
                 self._mark_ready(unused)
-        if self.synced_steps == 0:       # the first synced backward's order feeds the rebuild
+        if self.synced_steps == 0:  # the first synced backward's order feeds the rebuild
             self.ready_order.append(self.position[id(param)])
         self._mark_ready(param)
 
@@ -267,7 +277,7 @@ class Reducer:
 
     def _bucket_filled(self, b: int) -> None:
         progress = self.progress
-        progress.filled[b] = True                                                          # step 3
+        progress.filled[b] = True  # step 3
         while progress.next_bucket < len(self.layouts) and progress.filled[progress.next_bucket]:
             progress.launched.append(progress.next_bucket)
             self._launch(progress.next_bucket)
@@ -281,8 +291,8 @@ class Reducer:
             for view, grad in zip(views, grads):
                 view.zero_() if grad is None else view.copy_(grad)
         else:
-            torch._foreach_copy_(views, grads)     # one call for the whole bucket, not one per gradient
-        if not self.settings_checked:              # once, before the first collective of the first sync
+            torch._foreach_copy_(views, grads)  # one call for the whole bucket, not one per gradient
+        if not self.settings_checked:  # once, before the first collective of the first sync
             check_same_settings(self.settings(), self.group)
             self.settings_checked = True
         bucket = GradBucket(b, flat, layout.params, is_last=b == len(self.layouts) - 1)
@@ -292,8 +302,9 @@ class Reducer:
                 future = builtin_average(self.state, layout, flat, self.divisor)
         else:
             future = self._run_hook(bucket)
-        pending = Pending(bucket, layout, future, getattr(self.hook, "__name__", type(self.hook).__name__),
-                          (flat.numel(), flat.dtype))
+        pending = Pending(
+            bucket, layout, future, getattr(self.hook, "__name__", type(self.hook).__name__), (flat.numel(), flat.dtype)
+        )
         if self.check_finite:
             names = [self.names[self.position[id(p)]] for p in layout.params]
             pending.check = finite_check(b, names, local_finite, dist.get_rank(self.group))
@@ -301,12 +312,12 @@ class Reducer:
         if self.gradient_as_bucket_view:
             for param, view in zip(layout.params, views):
                 if param.grad is not None:
-                    param.grad = view      # the reduction lands in .grad directly: no copy back
+                    param.grad = view  # the reduction lands in .grad directly: no copy back
 
     def _run_hook(self, bucket: GradBucket) -> torch.futures.Future:
         with named_range(lambda: launch_label(bucket, self.hook)):
             future = self.hook(self.state, bucket)
-        if not isinstance(future, torch._C.Future):   # torch.futures.Future wraps torch._C.Future
+        if not isinstance(future, torch._C.Future):  # torch.futures.Future wraps torch._C.Future
             raise TypeError(
                 f"comm hook {getattr(self.hook, '__name__', self.hook)} returned {type(future).__name__}, not a "
                 "torch.futures.Future; return the future of the collective (e.g. dist.all_reduce(..., "
@@ -316,10 +327,12 @@ class Reducer:
 
     def settings(self) -> dict:
         """What all ranks must agree on to pair their collectives: hook, its state, bucket sizes, cap."""
-        return {"hook": getattr(self.hook, "__name__", type(self.hook).__name__),
-                "hook state": describe_hook_state(self.state) if self.hook_registered else None,
-                "bucket sizes": [layout.numel for layout in self.layouts],
-                "bucket_cap_mb": self.bucket_cap_mb}
+        return {
+            "hook": getattr(self.hook, "__name__", type(self.hook).__name__),
+            "hook state": describe_hook_state(self.state) if self.hook_registered else None,
+            "bucket sizes": [layout.numel for layout in self.layouts],
+            "bucket_cap_mb": self.bucket_cap_mb,
+        }
 
     # -- step 5: end of backward ----------------------------------------------------------------------
 
@@ -332,18 +345,23 @@ class Reducer:
             progress.started = False
             return
         unfinished = [b for b, filled in enumerate(progress.filled) if not filled]
-        missing = [self.names[self.position[id(p)]] for b in unfinished for p in self.layouts[b].params
-                   if id(p) not in progress.ready]
+        missing = [
+            self.names[self.position[id(p)]]
+            for b in unfinished
+            for p in self.layouts[b].params
+            if id(p) not in progress.ready
+        ]
         for b in unfinished:
-            self._bucket_filled(b)        # zeros for the missing gradients: every rank sends every bucket
+            self._bucket_filled(b)  # zeros for the missing gradients: every rank sends every bucket
         if self.searching_unused():
             used = self._give_grads_to_globally_used()
-            if self.static_graph:           # learnt once: these stay unused, and join the rebuilt plan last
+            if self.static_graph:  # learnt once: these stay unused, and join the rebuilt plan last
                 self.static_unused = [p for i, p in enumerate(self.params) if not used[i]]
                 self.ready_order += [i for i in range(len(self.params)) if not used[i]]
         if self.check_consistency:
-            check_consistency(self.plan, [layout.numel for layout in self.layouts], progress.launched,
-                              self.names, self.group)
+            check_consistency(
+                self.plan, [layout.numel for layout in self.layouts], progress.launched, self.names, self.group
+            )
         # Raised at the next forward, like torch; with find_unused_parameters a parameter reached from
         # an output the loss did not use simply got no gradient (torch's hooks fire for it, with zeros),
         # if the backward went through the outputs at all (torch's _DDPSink; not a gradient penalty alone).
@@ -358,13 +376,13 @@ class Reducer:
     def _give_grads_to_globally_used(self) -> torch.Tensor:
         """A parameter another rank used gets the average here too; one nobody used keeps its .grad."""
         counts = self.local_used.to(message_device(self.group), torch.int32)
-        dist.all_reduce(counts, group=self.group)   # bookkeeping, not gradient traffic: not metered
+        dist.all_reduce(counts, group=self.group)  # bookkeeping, not gradient traffic: not metered
         self.local_used.zero_()
         used = counts > 0
         for i, param in enumerate(self.params):
             if counts[i] > 0 and param.grad is None:
                 if not self.gradient_as_bucket_view:
-                    param.grad = torch.zeros_like(param)    # the average is copied into it
+                    param.grad = torch.zeros_like(param)  # the average is copied into it
                     continue
                 b = self.bucket_of[id(param)]
                 slot = next(k for k, p in enumerate(self.layouts[b].params) if p is param)
@@ -376,7 +394,7 @@ class Reducer:
         pending, self.pending = self.pending, []
         for p in pending:
             result = p.future.wait()
-            if isinstance(result, list) and len(result) == 1:    # collectives' own futures hold [tensor]
+            if isinstance(result, list) and len(result) == 1:  # collectives' own futures hold [tensor]
                 result = result[0]
             numel, dtype = p.expected
             if not isinstance(result, torch.Tensor) or result.numel() != numel:
@@ -390,11 +408,13 @@ class Reducer:
             if p.check is not None:
                 p.check(result)
             layout = p.layout
-            pairs = [(param.grad, view) for param, view, there in zip(layout.params, layout.views(result),
-                                                                         layout.grads_in(result))
-                     if param.grad is not None and not there]
+            pairs = [
+                (param.grad, view)
+                for param, view, there in zip(layout.params, layout.views(result), layout.grads_in(result))
+                if param.grad is not None and not there
+            ]
             if pairs:
-                torch._foreach_copy_([g for g, _ in pairs], [v for _, v in pairs])   # one call per bucket
+                torch._foreach_copy_([g for g, _ in pairs], [v for _, v in pairs])  # one call per bucket
 
     def shadow_backward(self) -> None:
         """A joined rank's part in a step of the others: every collective of a synced backward, with zeros.
@@ -408,18 +428,25 @@ class Reducer:
             self.settings_checked = True
         futures = []
         for b, (layout, buffer) in enumerate(zip(self.layouts, self.buffers)):
-            flat = torch.zeros_like(buffer)        # not the buffer itself: with bucket views it is .grad
+            flat = torch.zeros_like(buffer)  # not the buffer itself: with bucket views it is .grad
             bucket = GradBucket(b, flat, layout.params, is_last=b == len(self.layouts) - 1)
-            futures.append(builtin_average(self.state, layout, flat) if self.hook is allreduce_hook
-                           else self._run_hook(bucket))
+            futures.append(
+                builtin_average(self.state, layout, flat) if self.hook is allreduce_hook else self._run_hook(bucket)
+            )
         for future in futures:
             future.wait()
         if self.searching_unused():
-            dist.all_reduce(torch.zeros(len(self.params), dtype=torch.int32, device=message_device(self.group)),
-                            group=self.group)
+            dist.all_reduce(
+                torch.zeros(len(self.params), dtype=torch.int32, device=message_device(self.group)), group=self.group
+            )
         if self.check_consistency:
-            check_consistency(self.plan, [layout.numel for layout in self.layouts], list(range(len(self.layouts))),
-                              self.names, self.group)
+            check_consistency(
+                self.plan,
+                [layout.numel for layout in self.layouts],
+                list(range(len(self.layouts))),
+                self.names,
+                self.group,
+            )
         self.synced_steps += 1
 
     def work_in_flight(self) -> bool:
@@ -440,6 +467,7 @@ def _weak_method(method):
         obj = ref()
         if obj is not None:
             func(obj, *args)
+
     return call
 
 

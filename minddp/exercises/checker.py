@@ -46,7 +46,7 @@ class Verdict:
 
     ok: bool
     line: str
-    reports: dict = field(default_factory=dict, repr=False)   #: rank -> that rank's raw report
+    reports: dict = field(default_factory=dict, repr=False)  #: rank -> that rank's raw report
 
     def __str__(self) -> str:
         return self.line
@@ -62,7 +62,11 @@ def ranks(world_size: int = 2, timeout_s: float = 20.0):
     global _cluster
     from minddp.notebook.cluster import Cluster
 
-    if _cluster is not None and _cluster.running and (_cluster.world_size, _cluster.timeout_s) == (world_size, timeout_s):
+    if (
+        _cluster is not None
+        and _cluster.running
+        and (_cluster.world_size, _cluster.timeout_s) == (world_size, timeout_s)
+    ):
         return _cluster
     if _cluster is not None:
         _cluster.shutdown()
@@ -79,8 +83,16 @@ def shutdown() -> None:
         _cluster = None
 
 
-def check(stage, like: str | None = None, *, bucket_cap_mb: float = 0.001, steps: int = 3, accum: int = 3,
-          world_size: int = 2, timeout_s: float = 20.0) -> Verdict:
+def check(
+    stage,
+    like: str | None = None,
+    *,
+    bucket_cap_mb: float = 0.001,
+    steps: int = 3,
+    accum: int = 3,
+    world_size: int = 2,
+    timeout_s: float = 20.0,
+) -> Verdict:
     """Train the stage class ``stage`` on ``world_size`` ranks beside a single process and torch's DDP.
 
     ``like`` names the model answer it is measured against for the kinds,
@@ -96,13 +108,18 @@ def check(stage, like: str | None = None, *, bucket_cap_mb: float = 0.001, steps
     if not isinstance(stage, type):
         raise TypeError(f"check() takes a stage class (e.g. check(MySimpleDDP, like='simple')), got {stage!r}")
     name = like or stage.__name__
-    reports = _run(harness.check_stage_on_rank, (stage, like, {"bucket_cap_mb": bucket_cap_mb}, steps, accum),
-                   world_size, timeout_s)
+    reports = _run(
+        harness.check_stage_on_rank,
+        (stage, like, {"bucket_cap_mb": bucket_cap_mb}, steps, accum),
+        world_size,
+        timeout_s,
+    )
     return _stage_verdict(name, like, reports, timeout_s, bucket_cap_mb)
 
 
-def check_hook(hook, like: str = "fp16", *, steps: int = 3, accum: int = 3, world_size: int = 2,
-               timeout_s: float = 20.0) -> Verdict:
+def check_hook(
+    hook, like: str = "fp16", *, steps: int = 3, accum: int = 3, world_size: int = 2, timeout_s: float = 20.0
+) -> Verdict:
     """Check a comm hook ``hook(state, bucket) -> Future[Tensor]`` against the model answer ``like``.
 
     The hook is called on a bucket of known gradients (state ``None``: the
@@ -125,7 +142,7 @@ def _run(fn, args: tuple, world_size: int, timeout_s: float) -> dict:
     reports = {}
     for out in outputs:
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith(harness.MARK)]
-        reports[out.rank] = json.loads(lines[-1][len(harness.MARK):]) if lines else None
+        reports[out.rank] = json.loads(lines[-1][len(harness.MARK) :]) if lines else None
         if reports[out.rank] is None:
             reports[out.rank] = {"rank": out.rank, "lost": out.exc_type or "no report", "note": out.note}
     return reports
@@ -151,12 +168,24 @@ def _stage_verdict(name: str, like: str | None, reports: dict, timeout_s: float,
     calls = calls_text(first["kinds"][-1]) if first.get("kinds") else "no collective calls"
     same = f", as '{like}' makes" if like else ""
     flight = first["in_flight"][-1] if first.get("in_flight") else 0
-    travelled = (f"; {flight} of them still in flight while backward computed its last gradient"
-                 + (f", as in '{like}'" if like else "")) if flight else ""
-    return Verdict(True, (
-        f"✓ {name}: after {first['checked_steps']} steps of {first['accum']} micro-batches on {first['world']} ranks "
-        f"the parameters match a single process on the global batch (largest difference {d_single:.1e}) and "
-        f"torch's DDP ({d_torch:.1e}); {calls} per step{same}{travelled}"), reports)
+    travelled = (
+        (
+            f"; {flight} of them still in flight while backward computed its last gradient"
+            + (f", as in '{like}'" if like else "")
+        )
+        if flight
+        else ""
+    )
+    return Verdict(
+        True,
+        (
+            f"✓ {name}: after {first['checked_steps']} steps of {first['accum']} micro-batches "
+            f"on {first['world']} ranks "
+            f"the parameters match a single process on the global batch (largest difference {d_single:.1e}) and "
+            f"torch's DDP ({d_torch:.1e}); {calls} per step{same}{travelled}"
+        ),
+        reports,
+    )
 
 
 def _hook_verdict(like: str, reports: dict, timeout_s: float) -> Verdict:
@@ -166,13 +195,19 @@ def _hook_verdict(like: str, reports: dict, timeout_s: float) -> Verdict:
     first = reports[min(reports)]
     mine, ref = first["probe"], first["reference_probe"]
     d_single, d_torch = first["max_diff"]
-    return Verdict(True, (
-        f"✓ {like} hook: it averages a bucket of {mine['numel']} values with relative error "
-        f"{mine['relative_error']:.1e} (float16 rounding allows up to {first['error_bound']:.1e}; the model answer: "
-        f"{ref['relative_error']:.1e}), sending "
-        f"{mine['bytes'] / mine['numel']:.0f} bytes per value; in the bucket-async stage it trains like torch's "
-        f"DDP with torch's {like} hook (largest parameter difference {d_torch:.1e}), and {d_single:.1e} from a "
-        f"single process without compression"), reports)
+    return Verdict(
+        True,
+        (
+            f"✓ {like} hook: it averages a bucket of {mine['numel']} values with relative error "
+            f"{mine['relative_error']:.1e} (float16 rounding allows up to {first['error_bound']:.1e}; "
+            f"the model answer: "
+            f"{ref['relative_error']:.1e}), sending "
+            f"{mine['bytes'] / mine['numel']:.0f} bytes per value; in the bucket-async stage it trains like torch's "
+            f"DDP with torch's {like} hook (largest parameter difference {d_torch:.1e}), and {d_single:.1e} from a "
+            f"single process without compression"
+        ),
+        reports,
+    )
 
 
 def _trouble(name: str, reports: dict, timeout_s: float) -> str | None:
@@ -185,19 +220,25 @@ def _trouble(name: str, reports: dict, timeout_s: float) -> str | None:
         e = raised[r]
         ranks = _ranks_text(sorted(raised))
         where = _where_text(e)
-        return (f"✗ {name}: your code raised {e['type']}{where} on {ranks}, while {e['phase']}: "
-                f"{e['message'] or '(no message)'}")
+        return (
+            f"✗ {name}: your code raised {e['type']}{where} on {ranks}, while {e['phase']}: "
+            f"{e['message'] or '(no message)'}"
+        )
     if errors or lost:
         stuck = {r: e for r, e in errors.items() if e.get("where")}
         others = {r: e for r, e in errors.items() if r not in stuck}
         if stuck:
             parts = [f"rank {r} waited {timeout_s:.0f} s{_where_text(e)} while {e['phase']}" for r, e in stuck.items()]
             gone = "; ".join(f"rank {r} had gone on to {e['phase']}" for r, e in others.items())
-            return (f"✗ {name}: a rank hung: {'; '.join(parts)}, in a collective that not every rank made"
-                    f"{' (' + gone + ')' if gone else ''}; every rank must make the same collectives in the same order")
+            return (
+                f"✗ {name}: a rank hung: {'; '.join(parts)}, in a collective that not every rank made"
+                f"{' (' + gone + ')' if gone else ''}; every rank must make the same collectives in the same order"
+            )
         if lost:
-            return (f"✗ {name}: a rank hung and had to be stopped ({_ranks_text(lost)} gave no report within "
-                    f"{2 * timeout_s + 30:.0f} s)")
+            return (
+                f"✗ {name}: a rank hung and had to be stopped ({_ranks_text(lost)} gave no report within "
+                f"{2 * timeout_s + 30:.0f} s)"
+            )
         phases = "; ".join(f"rank {r} while {e['phase']}" for r, e in errors.items())
         return f"✗ {name}: a rank hung: {phases} (a collective timed out after {timeout_s:.0f} s)"
     return None
@@ -226,23 +267,23 @@ def _names_text(names: list[str], total: int | None = None) -> str:
 #: Gradient findings: the kind -> what it means and what to do.
 GRADIENT_MESSAGES = {
     "local": "gradients were not synchronized: after finish_gradient_synchronization() each rank still holds the "
-             "gradient of its own shard ({names}); all_reduce them across ranks",
+    "gradient of its own shard ({names}); all_reduce them across ranks",
     "summed": "gradients were summed, not averaged ({names}): all_reduce sums over ranks; divide by the world size "
-              "({world}) afterwards (forgot the division)",
+    "({world}) afterwards (forgot the division)",
     "divided_twice": "gradients were divided by the world size twice ({names}): divide once, after the sum",
     "unsummed": "gradients were divided by the world size but never summed over ranks ({names}): the sum went "
-                "into a copy that was never written back; copy the summed result into .grad",
+    "into a copy that was never written back; copy the summed result into .grad",
     "incoming": "the incoming gradient of the last micro-batch was synced rather than the accumulated .grad "
-                "({names}): the earlier micro-batches' part stayed local; sync param.grad once it holds every "
-                "micro-batch (register_post_accumulate_grad_hook), not the gradient a tensor hook receives",
+    "({names}): the earlier micro-batches' part stayed local; sync param.grad once it holds every "
+    "micro-batch (register_post_accumulate_grad_hook), not the gradient a tensor hook receives",
     "incoming_only": "the incoming gradient of the last micro-batch was synced rather than the accumulated .grad, "
-                     "and written over it ({names}): the earlier micro-batches were lost; sync param.grad once it "
-                     "holds every micro-batch (register_post_accumulate_grad_hook)",
+    "and written over it ({names}): the earlier micro-batches were lost; sync param.grad once it "
+    "holds every micro-batch (register_post_accumulate_grad_hook)",
     "incoming_summed": "the incoming gradient of the last micro-batch was synced (and summed, not averaged) "
-                       "rather than the accumulated .grad ({names}); sync param.grad after accumulation and divide "
-                       "by the world size",
+    "rather than the accumulated .grad ({names}); sync param.grad after accumulation and divide "
+    "by the world size",
     "last_only": "only the last micro-batch's gradient is left ({names}): the earlier micro-batches' gradients "
-                 "were dropped; let autograd accumulate into .grad and sync that once",
+    "were dropped; let autograd accumulate into .grad and sync that once",
     "none": "{names} had no gradient after finish_gradient_synchronization() (.grad is None)",
 }
 
@@ -252,23 +293,33 @@ def _stage_finding(f: dict, report: dict) -> str:
     if f["kind"] == "broadcast":
         whose = _ranks_text(f["ranks"])
         if 0 in f["ranks"]:
-            return (f"after __init__, {whose} do not hold rank 0's initial parameters ({_names_text(f['names'])}): "
-                    "broadcast from rank 0 (src=0), whose weights every rank must start from")
-        return (f"the broadcast is missing: after __init__, {whose} still holds its own initial parameters "
-                f"({_names_text(f['names'])}), not rank 0's: broadcast every parameter and buffer from rank 0")
+            return (
+                f"after __init__, {whose} do not hold rank 0's initial parameters ({_names_text(f['names'])}): "
+                "broadcast from rank 0 (src=0), whose weights every rank must start from"
+            )
+        return (
+            f"the broadcast is missing: after __init__, {whose} still holds its own initial parameters "
+            f"({_names_text(f['names'])}), not rank 0's: broadcast every parameter and buffer from rank 0"
+        )
     if f["kind"] == "buffers":
-        return (f"the buffers were not broadcast: after __init__, {_ranks_text(f['ranks'])} holds its own "
-                f"{_names_text(f['names'])}: broadcast module.buffers() from rank 0 too")
+        return (
+            f"the buffers were not broadcast: after __init__, {_ranks_text(f['ranks'])} holds its own "
+            f"{_names_text(f['names'])}: broadcast module.buffers() from rank 0 too"
+        )
     if f["kind"] == "parameters":
         value, name = f["largest"]
-        return (f"parameters differ from a single process on the global batch after step {f['step']} "
-                f"(largest difference {value:.2g} in '{name}'), although every gradient was the average")
+        return (
+            f"parameters differ from a single process on the global batch after step {f['step']} "
+            f"(largest difference {value:.2g} in '{name}'), although every gradient was the average"
+        )
     names = _names_text(f["names"], f.get("n_params"))
     at = f" at step {f['step']}" + (f" on {_ranks_text(f['ranks'])}" if len(f["ranks"]) < world else "")
     if f["kind"] == "other":
         value, name = f["largest"]
-        return (f"gradients differ from the average over ranks{at} ({names}; largest difference {value:.2g} in "
-                f"'{name}') and match none of the usual mistakes")
+        return (
+            f"gradients differ from the average over ranks{at} ({names}; largest difference {value:.2g} in "
+            f"'{name}') and match none of the usual mistakes"
+        )
     return GRADIENT_MESSAGES[f["kind"]].format(names=names, world=world) + at
 
 
@@ -281,8 +332,9 @@ def calls_text(kinds: dict) -> str:
 
 
 #: What to do when the collectives are of other kinds than the model answer's, by ``like``.
-KIND_HINTS = {"halves": "sum each bucket with one reduce_scatter_single, then one all_gather_single "
-                        "(not dist.all_reduce)"}
+KIND_HINTS = {
+    "halves": "sum each bucket with one reduce_scatter_single, then one all_gather_single (not dist.all_reduce)"
+}
 
 
 def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
@@ -296,61 +348,80 @@ def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
     for step, (m, r) in enumerate(zip(kinds_m, kinds_r), start=1):
         if set(m) != set(r):
             hint = KIND_HINTS.get(like, "use the collective the model answer uses")
-            return (f"other collectives: {calls_text(m)} in step {step}, where '{like}' makes {calls_text(r)}: "
-                    f"{hint}")
+            return f"other collectives: {calls_text(m)} in step {step}, where '{like}' makes {calls_text(r)}: {hint}"
     for step, (m, r) in enumerate(zip(mine, ref), start=1):
         total_m, total_r = sum(m.values()), sum(r.values())
         early_m = sum(m[f"{kind}{i}"] for kind in ("backward", "finish") for i in range(1, k))
         early_r = sum(r[f"{kind}{i}"] for kind in ("backward", "finish") for i in range(1, k))
         if total_m != total_r:
-            head = (f"wrong number of collectives: {total_m} all_reduce calls in step {step}, where '{like}' "
-                    f"makes {total_r}")
+            head = (
+                f"wrong number of collectives: {total_m} all_reduce calls in step {step}, where '{like}' "
+                f"makes {total_r}"
+            )
             if early_m > early_r:
-                return (head + f": {early_m} of them came from the micro-batches run inside no_sync(), which "
-                        "should only accumulate; sync once, after the last micro-batch")
+                return (
+                    head + f": {early_m} of them came from the micro-batches run inside no_sync(), which "
+                    "should only accumulate; sync once, after the last micro-batch"
+                )
             if like.startswith("bucket") or like == "halves":
                 return head + f" (one per bucket: the plan for bucket_cap_mb={cap} has {total_r} buckets)"
             return head
         if r[f"backward{k}"] > 0 and m[f"backward{k}"] == 0:
-            return (f"every all_reduce started in finish_gradient_synchronization(), after backward; '{like}' "
-                    "starts each one from the autograd hook while backward is still running")
+            return (
+                f"every all_reduce started in finish_gradient_synchronization(), after backward; '{like}' "
+                "starts each one from the autograd hook while backward is still running"
+            )
     flight_m, flight_r = report.get("in_flight", []), report.get("reference_in_flight", [])
     for step, (m, r) in enumerate(zip(flight_m, flight_r), start=1):
         if r > 0 and m == 0:
-            return (f"nothing travelled while backward computed: in step {step}, every collective was waited for "
-                    f"before backward computed its last gradient, where '{like}' still had {r} in flight then; "
-                    "start each with async_op=True, keep the handle, and wait only in "
-                    "finish_gradient_synchronization()")
+            return (
+                f"nothing travelled while backward computed: in step {step}, every collective was waited for "
+                f"before backward computed its last gradient, where '{like}' still had {r} in flight then; "
+                "start each with async_op=True, keep the handle, and wait only in "
+                "finish_gradient_synchronization()"
+            )
         if r == 0 and m > 0:
-            return (f"{m} collectives were still in flight when backward computed its last gradient in step "
-                    f"{step}, where '{like}' waits for each one inside the hook, before backward goes on: wait "
-                    "there (not waiting is the next rung, the async one)")
+            return (
+                f"{m} collectives were still in flight when backward computed its last gradient in step "
+                f"{step}, where '{like}' waits for each one inside the hook, before backward goes on: wait "
+                "there (not waiting is the next rung, the async one)"
+            )
     return None
 
 
 def _hook_finding(f: dict, report: dict) -> str:
     kind = f["kind"]
     if kind == "not_future":
-        return (f"your hook returned a {f['returned']}, not a torch.futures.Future: return the all_reduce's Future, "
-                "e.g. dist.all_reduce(t, async_op=True).get_future().then(...)")
+        return (
+            f"your hook returned a {f['returned']}, not a torch.futures.Future: return the all_reduce's Future, "
+            "e.g. dist.all_reduce(t, async_op=True).get_future().then(...)"
+        )
     if kind == "future_value":
-        return (f"your hook's Future holds {f['value']}, not one tensor: all_reduce's Future holds a list, so "
-                "finish with .then(lambda fut: fut.value()[0] ...)")
+        return (
+            f"your hook's Future holds {f['value']}, not one tensor: all_reduce's Future holds a list, so "
+            "finish with .then(lambda fut: fut.value()[0] ...)"
+        )
     if kind == "shape":
-        return (f"your hook's Future holds a {f['dtype']} tensor of shape {f['shape']}, but the bucket is float32 of "
-                "shape [1000]: hand back the averaged bucket, cast back to the bucket's dtype")
+        return (
+            f"your hook's Future holds a {f['dtype']} tensor of shape {f['shape']}, but the bucket is float32 of "
+            "shape [1000]: hand back the averaged bucket, cast back to the bucket's dtype"
+        )
     if kind == "ranks_differ":
         return "the ranks got different results from your hook: every rank must end with the same average"
     if kind == "summed":
         return "your hook returns the sum over ranks, not the average: divide by the world size (forgot the division)"
     if kind == "error":
-        return (f"your hook's average is off by {f['error']:.2%} of the gradient, where float16 rounding allows at "
-                f"most {f['bound']:.2%}")
+        return (
+            f"your hook's average is off by {f['error']:.2%} of the gradient, where float16 rounding allows at "
+            f"most {f['bound']:.2%}"
+        )
     if kind == "bytes":
         n = f["numel"]
         sent = f" ({', '.join(f['sent_dtypes'])})" if f.get("sent_dtypes") else ""
-        return (f"your hook sent {f['bytes'] / n:.0f} bytes per gradient value{sent}, the model answer "
-                f"{f['reference_bytes'] / n:.0f}: cast to float16 before the all_reduce")
+        return (
+            f"your hook sent {f['bytes'] / n:.0f} bytes per gradient value{sent}, the model answer "
+            f"{f['reference_bytes'] / n:.0f}: cast to float16 before the all_reduce"
+        )
     if kind == "diverged":
         return f"with your hook in the bucket-async stage, the ranks' parameters differ after step {f['step']}"
     return str(f)

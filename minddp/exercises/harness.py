@@ -66,7 +66,7 @@ from minddp.exercises import solutions
 MARK = "minddp.exercises.report "
 #: SGD, no momentum: a gradient that is off shows in the parameters at once (Adam would hide a factor).
 LR = 0.1
-PER_RANK = 4                 # examples per rank per micro-batch
+PER_RANK = 4  # examples per rank per micro-batch
 IN, HIDDEN, OUT = 6, 16, 3
 
 
@@ -147,8 +147,11 @@ def error_report(exc: BaseException, progress: Progress, files: set[str]) -> dic
         "phase": progress.phase,
         "where": where_in(exc, files),
         # gloo's own timeout, or a peer's connection closed by the runner releasing this rank
-        "waiting": isinstance(exc, KeyboardInterrupt) or "timed out" in lowered or "timeout" in lowered
-                   or "connection closed" in lowered or "connection reset" in lowered,
+        "waiting": isinstance(exc, KeyboardInterrupt)
+        or "timed out" in lowered
+        or "timeout" in lowered
+        or "connection closed" in lowered
+        or "connection reset" in lowered,
         "traceback": traceback.format_exc(limit=-6),
     }
 
@@ -167,9 +170,14 @@ def reporting(progress: Progress, files: set[str], report: dict):
 
 # ------------------------------------------------------------------------------------------ events
 #: The collectives a stage may start, by the dispatcher's op name, and the name the verdicts use.
-COLLECTIVES = {"c10d.allreduce_.default": "all_reduce", "c10d.allreduce_coalesced_.default": "all_reduce",
-               "c10d._reduce_scatter_base_.default": "reduce_scatter", "c10d.reduce_scatter_.default": "reduce_scatter",
-               "c10d._allgather_base_.default": "all_gather", "c10d.allgather_.default": "all_gather"}
+COLLECTIVES = {
+    "c10d.allreduce_.default": "all_reduce",
+    "c10d.allreduce_coalesced_.default": "all_reduce",
+    "c10d._reduce_scatter_base_.default": "reduce_scatter",
+    "c10d.reduce_scatter_.default": "reduce_scatter",
+    "c10d._allgather_base_.default": "all_gather",
+    "c10d.allgather_.default": "all_gather",
+}
 
 
 class Events(TorchDispatchMode):
@@ -281,13 +289,14 @@ def summarize(log: list, phases: list[str]) -> dict:
         elif what == "wait":
             pending = 0
         elif what == "ready":
-            at_last_ready = pending          # the last ready of the backward is the one that counts
+            at_last_ready = pending  # the last ready of the backward is the one that counts
     return {"counts": counts, "kinds": kinds, "in_flight": in_flight}
 
 
 # ------------------------------------------------------------------------------------------ one step
-def run_step(model: nn.Module, optimizer, module: nn.Module, micro, progress: Progress, step: int,
-             events: Events) -> dict:
+def run_step(
+    model: nn.Module, optimizer, module: nn.Module, micro, progress: Progress, step: int, events: Events
+) -> dict:
     """Step 3: one optimizer step as :func:`minddp.ladder.loop.train_step` drives any stage, its events recorded.
 
     Returns the gradients after finish, the collectives started in each phase
@@ -386,7 +395,7 @@ def candidates(local: list[dict], averaged: list[dict], world: int, synced_after
         common, pending_local, pending_mean = zero, zero, zero
         for i in range(k):
             pending_local, pending_mean = add(pending_local, local[i]), add(pending_mean, averaged[i])
-            if synced_after[i]:                  # every rank now holds factor × (the sum over ranks)
+            if synced_after[i]:  # every rank now holds factor × (the sum over ranks)
                 common = scale(add(common, pending_mean if summed else pending_local), factor)
                 pending_local, pending_mean = zero, zero
         return add(common, pending_local)
@@ -395,18 +404,22 @@ def candidates(local: list[dict], averaged: list[dict], world: int, synced_after
     accumulated = zero
     for i in range(k):
         expected, accumulated = add(expected, averaged[i]), add(accumulated, local[i])
-    found = {"ok": expected, "local": accumulated,
-             "summed": following_schedule(float(world)), "divided_twice": following_schedule(1.0 / world),
-             # divided by the world size, but the sum went to a copy that never came back into .grad
-             "unsummed": following_schedule(1.0 / world, summed=False)}
+    found = {
+        "ok": expected,
+        "local": accumulated,
+        "summed": following_schedule(float(world)),
+        "divided_twice": following_schedule(1.0 / world),
+        # divided by the world size, but the sum went to a copy that never came back into .grad
+        "unsummed": following_schedule(1.0 / world, summed=False),
+    }
     if k > 1:
         earlier = zero
         for g in local[:-1]:
             earlier = add(earlier, g)
-        found["incoming"] = add(earlier, averaged[-1])          # the last backward's own gradient, synced
-        found["incoming_only"] = averaged[-1]                  # ... and written over the accumulated one
+        found["incoming"] = add(earlier, averaged[-1])  # the last backward's own gradient, synced
+        found["incoming_only"] = averaged[-1]  # ... and written over the accumulated one
         found["incoming_summed"] = add(earlier, scale(averaged[-1], world))
-        found["last_only"] = local[-1]                         # the earlier micro-batches were lost
+        found["last_only"] = local[-1]  # the earlier micro-batches were lost
     return found
 
 
@@ -430,14 +443,23 @@ def largest_difference(a: dict, b: dict) -> tuple[float, str]:
 def check_stage_on_rank(stage_cls, like: str | None, options: dict, steps: int, accum: int) -> None:
     """Steps 1-5 for a stage class; the report goes to stdout (see the module doc)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    checker = dist.new_group(backend="gloo")       # the checker's collectives: never paired with the learner's
+    checker = dist.new_group(backend="gloo")  # the checker's collectives: never paired with the learner's
     progress = Progress()
     files = stage_files(stage_cls)
-    report: dict = {"rank": rank, "world": world, "steps": steps, "accum": accum, "like": like,
-                    "finding": None, "reference_counts": None, "counts": [], "checked_steps": 0}
+    report: dict = {
+        "rank": rank,
+        "world": world,
+        "steps": steps,
+        "accum": accum,
+        "like": like,
+        "finding": None,
+        "reference_counts": None,
+        "counts": [],
+        "checked_steps": 0,
+    }
     try:
         with reporting(progress, files, report):
-            if like is not None:                                                          # step 1
+            if like is not None:  # step 1
                 progress.phase = f"training the model answer '{like}'"
                 reference = solutions.STAGES[like]
                 ref = train(reference, options, steps, accum, Progress(), checker, compare=False)
@@ -453,8 +475,8 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
     """Steps 2-4 for one class: returns counts per step, and with ``compare`` the first finding."""
     rank, world = dist.get_rank(), dist.get_world_size()
     out: dict = {"counts": [], "kinds": [], "in_flight": [], "finding": None, "checked_steps": 0}
-    module = make_net(seed=rank)                     # a different init on every rank: the broadcast must fix it
-    events = Events(module)                          # its hooks before the stage's: they fire first
+    module = make_net(seed=rank)  # a different init on every rank: the broadcast must fix it
+    events = Events(module)  # its hooks before the stage's: they fire first
     progress.phase = "building your stage"
     model = stage_cls(module, **accepted_options(stage_cls, options))
     progress.phase = "comparing the parameters after __init__ (the checker)"
@@ -462,7 +484,7 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
         out["finding"] = start_finding(module, checker)
         if out["finding"]:
             return out
-    single = make_net(seed=0)                         # rank 0's init: where every rank must start
+    single = make_net(seed=0)  # rank 0's init: where every rank must start
     single_opt = torch.optim.SGD(single.parameters(), lr=LR)
     reference_ddp = nn.parallel.DistributedDataParallel(make_net(seed=0), process_group=checker) if compare else None
     reference_opt = torch.optim.SGD(reference_ddp.parameters(), lr=LR) if compare else None
@@ -522,8 +544,7 @@ def gradient_finding(everyone: list[dict], step: int, record: dict, local, avera
     kinds = wrong[first_rank]
     main = max(set(kinds.values()), key=list(kinds.values()).count)
     names = [n for n, k in kinds.items() if k == main]
-    finding = {"kind": main, "step": step, "ranks": sorted(wrong), "names": names,
-               "n_params": len(everyone[0])}
+    finding = {"kind": main, "step": step, "ranks": sorted(wrong), "names": names, "n_params": len(everyone[0])}
     if main == "other":
         expected = averaged[0]
         for g in averaged[1:]:
@@ -554,7 +575,7 @@ def parameter_finding(module, single, torch_module, step: int, checker) -> tuple
     # terms; times LR = 0.1 over ``steps`` (3) SGD steps, the parameters by about 1e-7 of their scale. 1e-5 of
     # the largest parameter is a hundred times that; a wrong gradient (the sum, a lost micro-batch) moves them
     # by LR times the gradient itself, 1e-2 and more.
-    bad = torch.tensor([float(d_single[0] > 1e-5 * scale_ + 1e-7)], device="cpu")   # the checker: gloo on the CPU
+    bad = torch.tensor([float(d_single[0] > 1e-5 * scale_ + 1e-7)], device="cpu")  # the checker: gloo on the CPU
     dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=checker)
     finding = None
     if bad.item():
@@ -575,22 +596,22 @@ def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
     try:
         with reporting(progress, files, report):
             g = torch.Generator().manual_seed(7 + rank)
-            values = torch.randn(1000, generator=g, device="cpu") * torch.logspace(-3, 0, 1000)   # small, large
+            values = torch.randn(1000, generator=g, device="cpu") * torch.logspace(-3, 0, 1000)  # small, large
             exact = values.clone()
             dist.all_reduce(exact, group=checker)
             exact /= world
-            magnitude = values.abs()                    # the rounding bound's scale (fp16_error_bound)
+            magnitude = values.abs()  # the rounding bound's scale (fp16_error_bound)
             dist.all_reduce(magnitude, group=checker)
             magnitude /= world
             report["error_bound"] = fp16_error_bound(exact, magnitude, world)
             probes = {}
             for who, fn in (("reference", solutions.HOOKS[like]), ("yours", hook)):
                 progress.phase = "calling your hook on one bucket" if who == "yours" else "calling the model answer"
-                param = nn.Parameter(torch.zeros(1000, device="cpu"))   # the checker runs on the CPU
+                param = nn.Parameter(torch.zeros(1000, device="cpu"))  # the checker runs on the CPU
                 bucket = GradBucket(0, values.clone(), [param], is_last=True)
                 with live.profiler() as prof, SentBytes() as sent:
                     fut = fn(None, bucket)
-                    value = fut.wait() if isinstance(fut, torch._C.Future) else fut   # torch.futures.Future's base
+                    value = fut.wait() if isinstance(fut, torch._C.Future) else fut  # torch.futures.Future's base
                 # SentBytes sees every dist.* collective, at the call; the profiler's backend range also sees
                 # one started through a ProcessGroup object directly, but may miss one (see SentBytes): either
                 # can only undercount, so the larger is what was sent
@@ -614,8 +635,14 @@ def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
 
 
 def probe_result(fut, value, exact: torch.Tensor, sent: int, sent_dtypes: list[str] = ()) -> dict:
-    out = {"returned": type(fut).__name__, "is_future": isinstance(fut, torch._C.Future), "bytes": sent,
-           "sent_dtypes": sorted(set(sent_dtypes)), "numel": exact.numel(), "tensor": None}
+    out = {
+        "returned": type(fut).__name__,
+        "is_future": isinstance(fut, torch._C.Future),
+        "bytes": sent,
+        "sent_dtypes": sorted(set(sent_dtypes)),
+        "numel": exact.numel(),
+        "tensor": None,
+    }
     if isinstance(value, (list, tuple)):
         out["value"] = f"a {type(value).__name__} of {len(value)}"
         return out
@@ -632,12 +659,12 @@ def probe_result(fut, value, exact: torch.Tensor, sent: int, sent_dtypes: list[s
 
 
 #: float16's unit roundoff: round to nearest with an 11-bit significand, relative error <= 2**-11.
-FP16_UNIT_ROUNDOFF = 2.0 ** -11
+FP16_UNIT_ROUNDOFF = 2.0**-11
 #: Half the spacing of float16's subnormals (2**-24): the absolute error of rounding a value below its
 #: smallest normal (6.1e-5), where the relative bound above does not hold.
-FP16_SUBNORMAL_HALF_SPACING = 2.0 ** -25
+FP16_SUBNORMAL_HALF_SPACING = 2.0**-25
 #: float32's unit roundoff, for the checker's own float32 average (the "exact" one).
-FP32_UNIT_ROUNDOFF = 2.0 ** -24
+FP32_UNIT_ROUNDOFF = 2.0**-24
 
 
 def _gamma(n: int, u: float) -> float:
@@ -663,8 +690,9 @@ def fp16_error_bound(exact: torch.Tensor, magnitude: torch.Tensor, world: int) -
     on the values being or not being representable in float16 (then the
     error is 0, and that is within the bound too).
     """
-    per_element = (_gamma(world + 1, FP16_UNIT_ROUNDOFF) + _gamma(world + 1, FP32_UNIT_ROUNDOFF)) * magnitude \
-        + (world + 1) * FP16_SUBNORMAL_HALF_SPACING
+    per_element = (_gamma(world + 1, FP16_UNIT_ROUNDOFF) + _gamma(world + 1, FP32_UNIT_ROUNDOFF)) * magnitude + (
+        world + 1
+    ) * FP16_SUBNORMAL_HALF_SPACING
     return float(per_element.norm() / exact.norm())
 
 
@@ -692,15 +720,26 @@ def hook_finding(mine: dict, reference: dict, world: int, bound: float) -> dict 
     if error > bound:
         return {"kind": "error", "error": error, "bound": bound}
     if mine["bytes"] > reference["bytes"]:
-        return {"kind": "bytes", "bytes": mine["bytes"], "reference_bytes": reference["bytes"],
-                "numel": mine["numel"], "sent_dtypes": mine.get("sent_dtypes", [])}
+        return {
+            "kind": "bytes",
+            "bytes": mine["bytes"],
+            "reference_bytes": reference["bytes"],
+            "numel": mine["numel"],
+            "sent_dtypes": mine.get("sent_dtypes", []),
+        }
     return None
 
 
 #: What each collective sends, by the dispatcher's op name: the argument that holds this rank's tensors.
-_SENT_ARGUMENT = {"c10d.allreduce_.default": 0, "c10d.broadcast_.default": 0, "c10d.allgather_.default": 1,
-                  "c10d._allgather_base_.default": 1, "c10d.reduce_scatter_.default": 1,
-                  "c10d._reduce_scatter_base_.default": 1, "c10d.allreduce_coalesced_.default": 0}
+_SENT_ARGUMENT = {
+    "c10d.allreduce_.default": 0,
+    "c10d.broadcast_.default": 0,
+    "c10d.allgather_.default": 1,
+    "c10d._allgather_base_.default": 1,
+    "c10d.reduce_scatter_.default": 1,
+    "c10d._reduce_scatter_base_.default": 1,
+    "c10d.allreduce_coalesced_.default": 0,
+}
 
 
 class SentBytes(TorchDispatchMode):
@@ -762,6 +801,8 @@ def train_with_hook(hook, like: str, steps: int, accum: int, progress: Progress,
             finding = {"kind": "diverged", "step": step}
             break
         params = dict(module.named_parameters())
-        diffs = [largest_difference(params, dict(single.named_parameters()))[0],
-                 largest_difference(params, dict(reference.module.named_parameters()))[0]]
+        diffs = [
+            largest_difference(params, dict(single.named_parameters()))[0],
+            largest_difference(params, dict(reference.module.named_parameters()))[0],
+        ]
     return {"finding": finding, "max_diff": diffs, "checked_steps": steps}

@@ -61,7 +61,7 @@ class SimpleDDP(nn.Module):
         super().__init__()
         self.module = module
         self.process_group = process_group
-        with torch.no_grad():                      # an in-place write into a parameter that requires grad
+        with torch.no_grad():  # an in-place write into a parameter that requires grad
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor, src=0, group=process_group)
 
@@ -72,8 +72,8 @@ class SimpleDDP(nn.Module):
         world = dist.get_world_size(self.process_group)
         for param in self.module.parameters():
             if param.grad is not None:
-                dist.all_reduce(param.grad, group=self.process_group)    # the sum over ranks...
-                param.grad /= world                                      # ...divided: the average
+                dist.all_reduce(param.grad, group=self.process_group)  # the sum over ranks...
+                param.grad /= world  # ...divided: the average
 
 
 class GradAccumDDP(SimpleDDP):
@@ -81,8 +81,8 @@ class GradAccumDDP(SimpleDDP):
 
     def __init__(self, module: nn.Module, process_group=None):
         super().__init__(module, process_group)
-        self.require_backward_grad_sync = True     # False inside no_sync()
-        self.sync_this_backward = True             # what the last forward decided
+        self.require_backward_grad_sync = True  # False inside no_sync()
+        self.sync_this_backward = True  # what the last forward decided
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -93,7 +93,7 @@ class GradAccumDDP(SimpleDDP):
             self.require_backward_grad_sync = True
 
     def forward(self, *inputs, **kwargs):
-        self.sync_this_backward = self.require_backward_grad_sync     # decided at forward, as torch does
+        self.sync_this_backward = self.require_backward_grad_sync  # decided at forward, as torch does
         return super().forward(*inputs, **kwargs)
 
     def finish_gradient_synchronization(self) -> None:
@@ -113,11 +113,11 @@ class HookDDP(GradAccumDDP):
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         if self.sync_this_backward:
-            dist.all_reduce(param.grad, group=self.process_group)      # blocks: backward waits here
+            dist.all_reduce(param.grad, group=self.process_group)  # blocks: backward waits here
             param.grad /= dist.get_world_size(self.process_group)
 
     def finish_gradient_synchronization(self) -> None:
-        pass                                       # every gradient was averaged during backward
+        pass  # every gradient was averaged during backward
 
 
 class AsyncHookDDP(HookDDP):
@@ -125,12 +125,12 @@ class AsyncHookDDP(HookDDP):
 
     def __init__(self, module: nn.Module, process_group=None):
         super().__init__(module, process_group)
-        self.in_flight = []                        # (parameter, work) of the all_reduces started
+        self.in_flight = []  # (parameter, work) of the all_reduces started
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         if self.sync_this_backward:
             work = dist.all_reduce(param.grad, group=self.process_group, async_op=True)
-            self.in_flight.append((param, work))   # backward goes on while this one travels
+            self.in_flight.append((param, work))  # backward goes on while this one travels
 
     def finish_gradient_synchronization(self) -> None:
         world = dist.get_world_size(self.process_group)
@@ -148,13 +148,13 @@ class BucketDDP(HookDDP):
         params = [p for p in module.parameters() if p.requires_grad]
         self.buckets = [[params[i] for i in bucket] for bucket in plan_buckets(params, bucket_cap_mb)]
         self.bucket_of = {p: b for b, members in enumerate(self.buckets) for p in members}
-        self.waiting = [len(members) for members in self.buckets]    # gradients each bucket still waits for
+        self.waiting = [len(members) for members in self.buckets]  # gradients each bucket still waits for
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         if self.sync_this_backward:
             b = self.bucket_of[param]
             self.waiting[b] -= 1
-            if self.waiting[b] == 0:               # the bucket's last gradient: send the whole bucket
+            if self.waiting[b] == 0:  # the bucket's last gradient: send the whole bucket
                 self.waiting[b] = len(self.buckets[b])
                 self._send_bucket(b)
 
@@ -176,7 +176,7 @@ class AsyncBucketDDP(BucketDDP):
 
     def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = 25):
         super().__init__(module, process_group, bucket_cap_mb)
-        self.in_flight = []                        # (gradients, flat buffer, work) per bucket sent
+        self.in_flight = []  # (gradients, flat buffer, work) per bucket sent
 
     def _send_bucket(self, b: int) -> None:
         grads = [p.grad for p in self.buckets[b]]
@@ -215,9 +215,9 @@ def fp16_compress_hook(process_group, bucket) -> torch.futures.Future:
     """
     group = process_group if process_group is not None else dist.group.WORLD
     buffer = bucket.buffer()
-    compressed = buffer.to(torch.float16).div_(dist.get_world_size(group))                  # step 1
-    fut = dist.all_reduce(compressed, group=group, async_op=True).get_future()             # step 2
-    return fut.then(lambda done: done.value()[0].to(buffer.dtype))                         # step 3
+    compressed = buffer.to(torch.float16).div_(dist.get_world_size(group))  # step 1
+    fut = dist.all_reduce(compressed, group=group, async_op=True).get_future()  # step 2
+    return fut.then(lambda done: done.value()[0].to(buffer.dtype))  # step 3
 
 
 #: ``like=`` name -> model answer.
@@ -234,5 +234,15 @@ STAGES = {
 #: ``like=`` name -> model answer of a comm hook.
 HOOKS = {"fp16": fp16_compress_hook}
 
-__all__ = ["SimpleDDP", "GradAccumDDP", "HookDDP", "AsyncHookDDP", "BucketDDP", "AsyncBucketDDP", "HalvesDDP",
-           "fp16_compress_hook", "STAGES", "HOOKS"]
+__all__ = [
+    "SimpleDDP",
+    "GradAccumDDP",
+    "HookDDP",
+    "AsyncHookDDP",
+    "BucketDDP",
+    "AsyncBucketDDP",
+    "HalvesDDP",
+    "fp16_compress_hook",
+    "STAGES",
+    "HOOKS",
+]

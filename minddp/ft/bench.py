@@ -72,17 +72,11 @@ def recoveries(run) -> list[dict]:
         if t is None:
             continue
         commit = next((d for d in decisions if d[5] >= t and d[3] == "commit"), None)
-        lost = sum(
-            1 for d in decisions if d[5] >= t and d[3] == "discard" and (commit is None or d[5] <= commit[5])
-        )
+        lost = sum(1 for d in decisions if d[5] >= t and d[3] == "discard" and (commit is None or d[5] <= commit[5]))
         back = None
         if fault.kind in ("kill", "stop"):
             rejoin = next(
-                (
-                    q
-                    for q in quorums
-                    if q[4] > t and fault.slot in q[2] and q[3][fault.slot] < max(q[3].values())
-                ),
+                (q for q in quorums if q[4] > t and fault.slot in q[2] and q[3][fault.slot] < max(q[3].values())),
                 None,
             )
             back = None if rejoin is None else rejoin[4] - t
@@ -150,33 +144,25 @@ def projection(
         cr = per_hour * (interval_min * 60 / 2 + restart_s) / 3600
         ft = per_hour * (recovery_s + rejoin_s / n) / 3600
         rows.append(
-            f"| {n} | {per_hour:.3g} | {min(cr, 1):.2%} | {min(ft, 1):.2%} | "
-            f"{cr / ft if ft else float('inf'):.0f}x |"
+            f"| {n} | {per_hour:.3g} | {min(cr, 1):.2%} | {min(ft, 1):.2%} | {cr / ft if ft else float('inf'):.0f}x |"
         )
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m minddp.ft.bench", description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--faults", type=int, default=24, help="faults to inject (cycling kill, raise, stop, coord)"
-    )
+    p.add_argument("--faults", type=int, default=24, help="faults to inject (cycling kill, raise, stop, coord)")
     p.add_argument("--every", type=int, default=4, help="steps between two faults")
     p.add_argument("--world-size", type=int, default=3)
-    p.add_argument(
-        "--hang-timeout", type=float, default=2.0, help="the hang bound (a frozen rank's eviction)"
-    )
+    p.add_argument("--hang-timeout", type=float, default=2.0, help="the hang bound (a frozen rank's eviction)")
     p.add_argument("--compute-s", type=float, default=0.01, help="pause per step standing in for compute")
     p.add_argument(
         "--rate",
         type=float,
         default=2e-5,
-        help="failures per GPU-hour for the projection "
-        "(2e-5: Llama 3's 419 interruptions in 54 days on 16384 GPUs)",
+        help="failures per GPU-hour for the projection (2e-5: Llama 3's 419 interruptions in 54 days on 16384 GPUs)",
     )
-    p.add_argument(
-        "--checkpoint-minutes", type=float, default=30.0, help="checkpoint interval for the projection"
-    )
+    p.add_argument("--checkpoint-minutes", type=float, default=30.0, help="checkpoint interval for the projection")
     args = p.parse_args(argv)
     m = measure(args.faults, args.every, args.world_size, args.hang_timeout, args.compute_s)
     run, rec = m["run"], recoveries(m["run"])
@@ -184,10 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         f"## Recovery over {len(rec)} injected faults ({args.world_size} ranks, toy task, hang bound "
         f"{args.hang_timeout:g} s)\n"
     )
-    print(
-        "| fault | n | to next commit: median | worst | attempts discarded "
-        "| lost rank back (healed): median |"
-    )
+    print("| fault | n | to next commit: median | worst | attempts discarded | lost rank back (healed): median |")
     print("|---|---:|---:|---:|---:|---:|")
     for kind in ("kill", "raise", "stop", "coord", "all"):
         rows = [r for r in rec if kind in (r["kind"], "all") and r["went_on_s"] is not None]

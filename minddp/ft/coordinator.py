@@ -106,9 +106,7 @@ class Lighthouse:
         # world, and a restarted rank is back before the end, whatever the machine's speed).
         self.full_world_at = set(full_world_at)
         self.started = time.monotonic()
-        self.beats: dict[
-            int, tuple
-        ] = {}  # slot -> (last beat seen, when it or a request/vote changed, those)
+        self.beats: dict[int, tuple] = {}  # slot -> (last beat seen, when it or a request/vote changed, those)
         self.evicted: set[str] = set()  # "slot:incarnation" already reported
         self.answered: dict[int, int] = {}  # slot -> last request seq answered
         self.decided: set[tuple[str, int]] = set()
@@ -201,9 +199,7 @@ class Lighthouse:
         tag = f"e{self.epoch}q{self.quorum_id}"
         steps = {str(s): asking[s]["step"] for s in members}
         for slot, req in asking.items():
-            self.store.set(
-                f"quorum/{slot}/{req['id']}", json.dumps({"tag": tag, "members": members, "steps": steps})
-            )
+            self.store.set(f"quorum/{slot}/{req['id']}", json.dumps({"tag": tag, "members": members, "steps": steps}))
             self.answered[slot] = req["id"]
 
     # -- 2. should_commit ----------------------------------------------------------------------------

@@ -65,9 +65,7 @@ class FTRun:
     faults: list[Fault] = field(default_factory=list)
     fired_at: list[float | None] = field(default_factory=list)
     wall_s: float = 0.0
-    attempts: list[tuple[int, int, dict]] = field(
-        default_factory=list
-    )  # (slot, incarnation, entry), as reported
+    attempts: list[tuple[int, int, dict]] = field(default_factory=list)  # (slot, incarnation, entry), as reported
 
     def report(self) -> list[str]:
         return fault_report(self)
@@ -226,16 +224,13 @@ def _start_lighthouse(ctx, port, world_size, hang_s, epoch, events, timeline, fu
         except queue.Empty:
             if p.exitcode is not None:
                 raise FaultTolerantRunError(
-                    f"minddp.ft: the coordinator exited with code {p.exitcode} at start "
-                    "(its message is above)"
+                    f"minddp.ft: the coordinator exited with code {p.exitcode} at start (its message is above)"
                 ) from None
             continue
         timeline.append(event)
         if event[0] == "listening" and event[1] == epoch:
             return p, event[2]
-    raise FaultTolerantRunError(
-        "minddp.ft: the coordinator did not start within 30 s; is the machine overloaded?"
-    )
+    raise FaultTolerantRunError("minddp.ft: the coordinator did not start within 30 s; is the machine overloaded?")
 
 
 class _Notices:
@@ -289,9 +284,7 @@ def _rank_main(payload, parent_path, slot, incarnation, port, plan, results, lau
     """Inside a rank: train through faults, send back the result (or the error that ended it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher ends the ranks on Ctrl-C
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)
-    watch_parent(
-        launcher_pid, f"minddp.ft rank {slot}: the launcher (pid {launcher_pid}) is gone; ending this rank"
-    )
+    watch_parent(launcher_pid, f"minddp.ft rank {slot}: the launcher (pid {launcher_pid}) is gone; ending this rank")
     sys.path[:] = parent_path
     os.environ.update({"RANK": str(slot), "MINDDP_FT_SLOT": str(slot)})
     torch.set_num_threads(1)  # one thread: results that do not depend on the core count, and ranks that share
@@ -341,19 +334,13 @@ def fault_report(run: FTRun) -> list[str]:
         back = ""
         if fault.slot is not None and fault.kind in ("kill", "stop"):
             rejoin = next(
-                (
-                    q
-                    for q in quorums
-                    if q[4] > t and fault.slot in q[2] and q[3][fault.slot] < max(q[3].values())
-                ),
+                (q for q in quorums if q[4] > t and fault.slot in q[2] and q[3][fault.slot] < max(q[3].values())),
                 None,
             )
             if rejoin is not None:
                 healed_at = max(rejoin[3].values())
                 back = f"; rank {fault.slot} back, healed at step {healed_at}, {rejoin[4] - t:.2f} s after"
-        went_on = (
-            "never" if commit is None else f"{commit[5] - t:.2f} s later (step {commit[2]}, world {world})"
-        )
+        went_on = "never" if commit is None else f"{commit[5] - t:.2f} s later (step {commit[2]}, world {world})"
         lines.append(
             f"{fault}: {what[fault.kind]} at step {fault.step}; training went on {went_on}; "
             f"{len(lost)} attempt(s) discarded{back}"

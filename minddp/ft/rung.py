@@ -151,9 +151,7 @@ class FaultTolerantTrainer:
             world_size=quorum.world,
             timeout=timedelta(seconds=self.hang_s),
         )
-        healed = self.heal(
-            quorum
-        )  # 3. before wrapping: the wrapper broadcasts rank 0's state, maybe a stale one
+        healed = self.heal(quorum)  # 3. before wrapping: the wrapper broadcasts rank 0's state, maybe a stale one
         self.ddp = build_stage("ddp", self.model)
         self.ddp.register_comm_hook(None, self.collective)
         self.group_tag = quorum.tag
@@ -175,14 +173,15 @@ class FaultTolerantTrainer:
             payload = self.state_bytes()
             for slot in quorum.behind():
                 peer = quorum.members.index(slot)
-                dist.send(torch.tensor([len(payload)], dtype=torch.int64), dst=peer)
-                dist.send(torch.frombuffer(bytearray(payload), dtype=torch.uint8), dst=peer)
+                # the group is gloo's by construction (rebuild): its messages live on the CPU
+                dist.send(torch.tensor([len(payload)], dtype=torch.int64, device="cpu"), dst=peer)
+                dist.send(torch.frombuffer(bytearray(payload), dtype=torch.uint8).to("cpu"), dst=peer)
             return False
         if self.slot not in quorum.behind():
             return False
-        size = torch.zeros(1, dtype=torch.int64)
+        size = torch.zeros(1, dtype=torch.int64, device="cpu")
         dist.recv(size, src=source)
-        payload = torch.empty(int(size), dtype=torch.uint8)
+        payload = torch.empty(int(size), dtype=torch.uint8, device="cpu")
         dist.recv(payload, src=source)
         self.healed_bytes = int(size)
         self.load_state_bytes(payload.numpy().tobytes())

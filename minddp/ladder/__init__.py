@@ -89,9 +89,15 @@ def build_stage(name: str, module: nn.Module, process_group=None, **options) -> 
 def torch_hook(name: str, **powersgd_options):
     """``(state, hook)`` of torch's own comm hook called ``name`` (minddp's names, e.g. ``fp16+powersgd``)."""
     from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks, default_hooks, powerSGD_hook
-    hooks = {"allreduce": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
-             "bf16": default_hooks.bf16_compress_hook, "noop": debugging_hooks.noop_hook,
-             "powersgd": powerSGD_hook.powerSGD_hook, "batched-powersgd": powerSGD_hook.batched_powerSGD_hook}
+
+    hooks = {
+        "allreduce": default_hooks.allreduce_hook,
+        "fp16": default_hooks.fp16_compress_hook,
+        "bf16": default_hooks.bf16_compress_hook,
+        "noop": debugging_hooks.noop_hook,
+        "powersgd": powerSGD_hook.powerSGD_hook,
+        "batched-powersgd": powerSGD_hook.batched_powerSGD_hook,
+    }
     wrappers = {"fp16": default_hooks.fp16_compress_wrapper, "bf16": default_hooks.bf16_compress_wrapper}
     wrapper, _, base = name.rpartition("+")
     if base not in hooks or (wrapper and wrapper not in wrappers):
@@ -103,15 +109,27 @@ def torch_hook(name: str, **powersgd_options):
 
 def in_launch_range(hook):
     """``hook`` called through :func:`~minddp.comm.send.send`: in the named range the analysis reads."""
+
     def sent(state, bucket):
         return send(hook, state, bucket)
+
     sent.__name__ = hook_name(hook)
     return sent
 
 
-def wrap(stage: str, model: nn.Module, *, hook: str = "allreduce", bucket_cap_mb: float | None = None,
-         gradient_as_bucket_view: bool = False, python_hook: bool = False, powersgd_options: dict | None = None,
-         wire: Wire | None = None, link=None, measure: Traffic | None = None) -> nn.Module:
+def wrap(
+    stage: str,
+    model: nn.Module,
+    *,
+    hook: str = "allreduce",
+    bucket_cap_mb: float | None = None,
+    gradient_as_bucket_view: bool = False,
+    python_hook: bool = False,
+    powersgd_options: dict | None = None,
+    wire: Wire | None = None,
+    link=None,
+    measure: Traffic | None = None,
+) -> nn.Module:
     """``model`` as ``stage`` trains it, with the comm hook ``hook`` (a :func:`make_hook` name) registered.
 
     * ``single``: the model itself (one process on the global batch);
@@ -144,9 +162,14 @@ def wrap(stage: str, model: nn.Module, *, hook: str = "allreduce", bucket_cap_mb
     wire = _linked(wire, link)
     if stage == "torch":
         from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
         device = next(model.parameters()).device
-        wrapped = TorchDDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                           bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view)
+        wrapped = TorchDDP(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=bucket_cap_mb,
+            gradient_as_bucket_view=gradient_as_bucket_view,
+        )
         if wire is not None and wire.link is not None:
             state, fn = make_hook(hook, wire, **(psgd or {}))
             wrapped.register_comm_hook(state, in_launch_range(fn))
@@ -155,8 +178,13 @@ def wrap(stage: str, model: nn.Module, *, hook: str = "allreduce", bucket_cap_mb
             if hook != "allreduce" or python_hook:
                 wrapped.register_comm_hook(state, fn)
     else:
-        wrapped = build_stage(stage, model, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
-                              shard=blocks_of(model))         # fsdp's units: the transformer's blocks
+        wrapped = build_stage(
+            stage,
+            model,
+            bucket_cap_mb=bucket_cap_mb,
+            gradient_as_bucket_view=gradient_as_bucket_view,
+            shard=blocks_of(model),
+        )  # fsdp's units: the transformer's blocks
         state, fn = sharded_hook(hook, wire) if stage in SHARDED_GRADIENTS else make_hook(hook, wire, **(psgd or {}))
         wrapped.register_comm_hook(state, fn if measure is None else error_measured(fn, measure))
     wrapped.minddp_hook_state = state
@@ -167,12 +195,23 @@ def _linked(wire: Wire | None, link) -> Wire | None:
     """``wire`` with ``link`` under it (a plain wire on the default group if ``wire`` is None); as is without a link."""
     if link is None:
         return wire
-    return Wire(None, link=as_link(link)) if wire is None else Wire(wire.group, wire.transport, wire.traffic,
-                                                                    as_link(link))
+    return (
+        Wire(None, link=as_link(link))
+        if wire is None
+        else Wire(wire.group, wire.transport, wire.traffic, as_link(link))
+    )
 
 
-def make_optimizer(stage: str, model: nn.Module, optimizer_class: type, *, hook: str = "allreduce",
-                   wire: Wire | None = None, link=None, **defaults):
+def make_optimizer(
+    stage: str,
+    model: nn.Module,
+    optimizer_class: type,
+    *,
+    hook: str = "allreduce",
+    wire: Wire | None = None,
+    link=None,
+    **defaults,
+):
     """The optimizer ``stage`` trains ``model`` with: ``optimizer_class(model.parameters(), **defaults)``, sharded.
 
     Build it after :func:`wrap`: ``zero2`` and ``fsdp`` have replaced the
@@ -188,5 +227,15 @@ def make_optimizer(stage: str, model: nn.Module, optimizer_class: type, *, hook:
     return optimizer_class(model.parameters(), **defaults)
 
 
-__all__ = ["STAGES", "BASELINES", "FAULT_TOLERANT", "SHARDED_OPTIMIZER", "SHARDED_GRADIENTS", "build_stage", "register_stage",
-           "torch_hook", "wrap", "make_optimizer"]
+__all__ = [
+    "STAGES",
+    "BASELINES",
+    "FAULT_TOLERANT",
+    "SHARDED_OPTIMIZER",
+    "SHARDED_GRADIENTS",
+    "build_stage",
+    "register_stage",
+    "torch_hook",
+    "wrap",
+    "make_optimizer",
+]

@@ -36,8 +36,12 @@ import torch
 from torch import nn
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Sequence[Any],
-               loss_fn: Callable[[nn.Module, Any], torch.Tensor]) -> float:
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: Sequence[Any],
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor],
+) -> float:
     """Run one optimizer step over ``micro_batches``; return the mean loss (a float)."""
     k = len(micro_batches)
     total = 0.0
@@ -45,15 +49,15 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches
     finish = getattr(model, "finish_gradient_synchronization", None)
     for i, batch in enumerate(micro_batches):
         last = i == k - 1
-        ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()   # step 1
+        ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()  # step 1
         with ctx, torch.profiler.record_function("minddp.forward_backward"):
             loss = loss_fn(model, batch) / k
-            loss.backward()                                                                   # step 2
+            loss.backward()  # step 2
         total += loss.detach().item()
         if finish is not None and (last or no_sync is None):
             with torch.profiler.record_function("minddp.finish_gradient_synchronization"):
-                finish()                                                                      # step 3
+                finish()  # step 3
     with torch.profiler.record_function("minddp.optimizer_step"):
-        optimizer.step()                                                                      # step 4
+        optimizer.step()  # step 4
         optimizer.zero_grad(set_to_none=True)
     return total

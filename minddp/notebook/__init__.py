@@ -27,5 +27,11 @@ Example::
 from minddp.notebook.cluster import CellError, Cluster, RankOutput
 from minddp.notebook.magics import current_cluster, load_ipython_extension, unload_ipython_extension
 
-__all__ = ["Cluster", "RankOutput", "CellError", "current_cluster",
-           "load_ipython_extension", "unload_ipython_extension"]
+__all__ = [
+    "Cluster",
+    "RankOutput",
+    "CellError",
+    "current_cluster",
+    "load_ipython_extension",
+    "unload_ipython_extension",
+]

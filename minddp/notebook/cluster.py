@@ -55,10 +55,10 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from minddp.notebook.worker import worker_main
 from minddp.runtime.device import choose
 from minddp.runtime.launch import RankError, open_store
 from minddp.runtime.processes import end_processes, rank_context
-from minddp.notebook.worker import worker_main
 
 
 @dataclass
@@ -68,11 +68,11 @@ class RankOutput:
     rank: int
     stdout: str = ""
     stderr: str = ""
-    value_repr: str | None = None      #: repr of the trailing expression (None: no value)
-    figures: list[bytes] = field(default_factory=list)   #: PNG images
-    error: str | None = None           #: formatted traceback when the rank failed
-    exc_type: str | None = None        #: e.g. "ValueError"; "ProcessDied", "Restarted"
-    note: str | None = None            #: how the cluster intervened, e.g. "released after rank 1 failed"
+    value_repr: str | None = None  #: repr of the trailing expression (None: no value)
+    figures: list[bytes] = field(default_factory=list)  #: PNG images
+    error: str | None = None  #: formatted traceback when the rank failed
+    exc_type: str | None = None  #: e.g. "ValueError"; "ProcessDied", "Restarted"
+    note: str | None = None  #: how the cluster intervened, e.g. "released after rank 1 failed"
     value_bytes: bytes | None = field(default=None, repr=False)
 
     @property
@@ -114,16 +114,23 @@ class Cluster:
     ``release_s`` pace step 3 of the module docstring.
     """
 
-    def __init__(self, world_size: int = 2, backend: str = "auto", timeout_s: float | None = None,
-                 grace_s: float = 1.0, release_s: float = 5.0, start_timeout_s: float = 120.0):
+    def __init__(
+        self,
+        world_size: int = 2,
+        backend: str = "auto",
+        timeout_s: float | None = None,
+        grace_s: float = 1.0,
+        release_s: float = 5.0,
+        start_timeout_s: float = 120.0,
+    ):
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
         self.world_size = world_size
-        self.placement = choose(backend, local_world_size=world_size)   # the launcher's rule (minddp.runtime.device)
+        self.placement = choose(backend, local_world_size=world_size)  # the launcher's rule (minddp.runtime.device)
         self.backend = self.placement.backend
         self.timeout_s = timeout_s
         self.grace_s, self.release_s, self.start_timeout_s = grace_s, release_s, start_timeout_s
-        self.restarts = 0          #: how many times step 3c replaced the ranks
+        self.restarts = 0  #: how many times step 3c replaced the ranks
         self._procs: list = []
         self._cell = 0
         self._generation = 0
@@ -141,9 +148,19 @@ class Cluster:
         self._procs = []
         for rank in range(self.world_size):
             p = ctx.Process(
-                target=worker_main, name=f"minddp-notebook-rank{rank}",
-                args=(rank, self.world_size, self._store.port, self.placement, self.timeout_s,
-                      os.getpid(), list(sys.path), self._commands[rank], self._reports),
+                target=worker_main,
+                name=f"minddp-notebook-rank{rank}",
+                args=(
+                    rank,
+                    self.world_size,
+                    self._store.port,
+                    self.placement,
+                    self.timeout_s,
+                    os.getpid(),
+                    list(sys.path),
+                    self._commands[rank],
+                    self._reports,
+                ),
                 daemon=False,  # a daemon could not start processes (e.g. DataLoader workers)
             )
             p.start()
@@ -196,9 +213,16 @@ class Cluster:
         return f"Cluster(world_size={self.world_size}, backend={self.backend!r}, {state})"
 
     # ----------------------------------------------------------------- running cells
-    def run(self, cell: str | Callable[..., Any], *args: Any, ranks: Iterable[int] | None = None,
-            timeout_s: float | None = None, raise_errors: bool = True,
-            on_stream: Callable[[int, str, str], None] | None = None, **kwargs: Any) -> list[RankOutput]:
+    def run(
+        self,
+        cell: str | Callable[..., Any],
+        *args: Any,
+        ranks: Iterable[int] | None = None,
+        timeout_s: float | None = None,
+        raise_errors: bool = True,
+        on_stream: Callable[[int, str, str], None] | None = None,
+        **kwargs: Any,
+    ) -> list[RankOutput]:
         """Run code (a string, in each rank's persistent namespace) or ``cell(*args, **kwargs)``.
 
         Returns one :class:`RankOutput` per selected rank, by rank. When a rank
@@ -223,8 +247,9 @@ class Cluster:
         if (failed or self._aborted) and not any(o.exc_type == "Restarted" for o in outputs):
             self._regroup()  # step 4
         if failed and raise_errors:
-            raise CellError({r: o.error for r, o in failed.items()},
-                            {r: o.exc_type for r, o in failed.items()}, outputs)
+            raise CellError(
+                {r: o.error for r, o in failed.items()}, {r: o.exc_type for r, o in failed.items()}, outputs
+            )
         return outputs
 
     def _select(self, ranks: Iterable[int] | None) -> list[int]:
@@ -236,12 +261,17 @@ class Cluster:
             raise ValueError(f"ranks must be integers in 0..{self.world_size - 1}, got {list(ranks)!r}")
         return selected
 
-    def _collect_replies(self, cell_id: int, selected: list[int], timeout_s: float | None,
-                on_stream: Callable[[int, str, str], None] | None = None) -> list[RankOutput]:
+    def _collect_replies(
+        self,
+        cell_id: int,
+        selected: list[int],
+        timeout_s: float | None,
+        on_stream: Callable[[int, str, str], None] | None = None,
+    ) -> list[RankOutput]:
         """Steps 2 and 3: one report per selected rank, releasing stuck ranks after a failure."""
         outputs: dict[int, RankOutput] = {}
         pending = set(selected)
-        trouble_at = None        # when the first rank failed / the cell overran / the user interrupted
+        trouble_at = None  # when the first rank failed / the cell overran / the user interrupted
         cause = ""
         released_at = interrupted_at = None
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -252,13 +282,20 @@ class Cluster:
                 msg, trouble_at, cause = None, time.monotonic() - self.grace_s, "the cell was interrupted"
             now = time.monotonic()
             if msg is not None and msg[0] == "stream":
-                if on_stream is not None and msg[2] == cell_id:   # an earlier cell's late output is dropped
+                if on_stream is not None and msg[2] == cell_id:  # an earlier cell's late output is dropped
                     on_stream(msg[1], msg[3], msg[4])
             elif msg is not None and msg[0] == "done" and msg[2] == cell_id:
                 rank, report = msg[1], msg[3]
-                out = RankOutput(rank, report["stdout"], report["stderr"], report["value_repr"],
-                                 report["figures"], report["error"], report["exc_type"],
-                                 value_bytes=report["value"])
+                out = RankOutput(
+                    rank,
+                    report["stdout"],
+                    report["stderr"],
+                    report["value_repr"],
+                    report["figures"],
+                    report["error"],
+                    report["exc_type"],
+                    value_bytes=report["value"],
+                )
                 if released_at is not None and not out.ok:
                     out.note = f"released because {cause}"
                 outputs[rank] = out
@@ -268,8 +305,9 @@ class Cluster:
             for rank in sorted(pending):
                 p = self._procs[rank]
                 if p.exitcode is not None:  # killed (OOM, os._exit): no report will come
-                    outputs[rank] = RankOutput(rank, error=f"process {p.pid} exited with code {p.exitcode}\n",
-                                               exc_type="ProcessDied")
+                    outputs[rank] = RankOutput(
+                        rank, error=f"process {p.pid} exited with code {p.exitcode}\n", exc_type="ProcessDied"
+                    )
                     pending.discard(rank)
                     trouble_at, cause = trouble_at or now, cause or f"rank {rank} died"
             if deadline is not None and now > deadline and trouble_at is None:
@@ -277,26 +315,28 @@ class Cluster:
             if not pending or trouble_at is None or now - trouble_at < self.grace_s:
                 continue
             # Step 3: escalate, one step at a time.
-            if released_at is None:                                       # 3a
+            if released_at is None:  # 3a
                 released_at, self._aborted = now, True
                 for rank in range(self.world_size):
                     if rank not in pending and self._procs[rank].exitcode is None:
                         self._commands[rank].put(("abort", cell_id, None))
-            elif interrupted_at is None and now - released_at > self.release_s:   # 3b
+            elif interrupted_at is None and now - released_at > self.release_s:  # 3b
                 interrupted_at = now
                 for rank in pending:
                     _signal(self._procs[rank], signal.SIGINT)
-            elif interrupted_at is not None and now - interrupted_at > 2.0:       # 3c
+            elif interrupted_at is not None and now - interrupted_at > 2.0:  # 3c
                 stuck = sorted(pending)
                 pids = [self._procs[r].pid for r in stuck]
                 self.restarts += 1
                 self.restart()
                 for rank, pid in zip(stuck, pids):
                     outputs[rank] = RankOutput(
-                        rank, error=f"rank {rank} (pid {pid}) was still running after {cause}\n",
+                        rank,
+                        error=f"rank {rank} (pid {pid}) was still running after {cause}\n",
                         exc_type="Restarted",
                         note="ended by pid; the cluster restarted with fresh ranks: state is lost, "
-                             "re-run the set-up cells")
+                        "re-run the set-up cells",
+                    )
                 pending.clear()
         return [outputs[r] for r in selected]
 
@@ -365,5 +405,6 @@ def _pickle_call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> bytes:
     try:
         return pickler.dumps((fn, args, kwargs))
     except Exception as exc:  # noqa: BLE001
-        raise TypeError(f"cannot send {fn!r} to the ranks ({exc}); define it in an importable module "
-                        "or pass the code as a string") from exc
+        raise TypeError(
+            f"cannot send {fn!r} to the ranks ({exc}); define it in an importable module or pass the code as a string"
+        ) from exc

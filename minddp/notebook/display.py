@@ -56,15 +56,15 @@ def show(outputs: list[RankOutput]) -> None:
 
     for out in outputs:
         if not (_text_parts(out) or out.figures or out.value_repr is not None):
-            continue                                                    # step 1
+            continue  # step 1
         print(label(out.rank), flush=True)
-        if out.stdout:                                                  # step 2
+        if out.stdout:  # step 2
             print(out.stdout, end="" if out.stdout.endswith("\n") else "\n", flush=True)
         if out.stderr:
             print(out.stderr, end="" if out.stderr.endswith("\n") else "\n", file=sys.stderr, flush=True)
         if out.note:
             print(f"({out.note})", file=sys.stderr, flush=True)
-        if out.value_repr is not None:                                  # step 3
+        if out.value_repr is not None:  # step 3
             try:
                 value = out.value
             except Exception:  # noqa: BLE001 - a class that only exists on the rank
@@ -106,9 +106,9 @@ class LiveView:
         self._held: list[tuple[int, str, str]] = []
 
     def write(self, rank: int, kind: str, text: str) -> None:
-        *lines, self._partial[(rank, kind)] = (self._partial.get((rank, kind), "") + text).split("\n")   # step 1
+        *lines, self._partial[(rank, kind)] = (self._partial.get((rank, kind), "") + text).split("\n")  # step 1
         self._held += [(rank, kind, line) for line in lines]
-        if time.monotonic() - self.start < self.delay_s:                                          # step 2
+        if time.monotonic() - self.start < self.delay_s:  # step 2
             return
         for rank_, kind_, line in self._held:
             print(f"{label(rank_)} {line}", file=sys.stderr if kind_ == "stderr" else sys.stdout, flush=True)
@@ -116,6 +116,7 @@ class LiveView:
         self._held = []
 
     def close(self) -> None:
-        if self.shown:                                                                            # step 3
+        if self.shown:  # step 3
             from IPython.display import clear_output
+
             clear_output(wait=True)

@@ -51,8 +51,9 @@ def _init_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="%dist_init", add_help=False, exit_on_error=False)
     parser.add_argument("-n", "--world-size", "--num-processes", dest="world_size", type=int, default=2)
     parser.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
-    parser.add_argument("--timeout", dest="timeout_s", type=float, default=None,
-                        help="seconds before a collective gives up")
+    parser.add_argument(
+        "--timeout", dest="timeout_s", type=float, default=None, help="seconds before a collective gives up"
+    )
     return parser
 
 

@@ -60,6 +60,7 @@ def sources(prefixes: list[str] | None = None) -> list[Path]:
 def read_source(source: Path):
     """Step 1: the notebook the ``.py`` describes (no outputs), with stable cell ids."""
     import jupytext
+
     nb = jupytext.read(source, fmt=FORMAT)
     for i, cell in enumerate(nb.cells):
         cell.id = f"{source.stem[:2]}-{i:02d}"
@@ -70,12 +71,14 @@ def read_source(source: Path):
 def execute(source: Path, timeout_s: int = 600):
     """Steps 1-3: the executed notebook and how long it took (seconds); raises :class:`NotebookError`."""
     import nbclient
+
     nb = read_source(source)
     path = os.environ.get("PYTHONPATH", "")
-    if str(ROOT) not in path.split(os.pathsep):                        # the kernel imports this checkout
+    if str(ROOT) not in path.split(os.pathsep):  # the kernel imports this checkout
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), path) if p)
-    client = nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
-                                     resources={"metadata": {"path": str(source.parent)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(source.parent)}}
+    )
     start = time.monotonic()
     try:
         client.execute()
@@ -98,21 +101,24 @@ def expected_error_problems(nb) -> list[str]:
         tagged = "raises-exception" in cell.metadata.get("tags", [])
         expected = cell.metadata.get("minddp", {}).get("expected_error")
         if tagged != (expected is not None):
-            problems.append(f"cell {index}: a raises-exception tag needs minddp.expected_error, and the other "
-                            "way round")
+            problems.append(
+                f"cell {index}: a raises-exception tag needs minddp.expected_error, and the other way round"
+            )
         elif not tagged and errors:
             problems.append(f"cell {index} failed without being tagged raises-exception")
         elif tagged and len(errors) != 1:
             problems.append(f"cell {index} should have failed with {expected!r} but did not")
         elif tagged and expected not in "\n".join(errors[0].traceback):
-            problems.append(f"cell {index} failed, but {expected!r} is not in its traceback "
-                            f"({errors[0].ename}: {errors[0].evalue})")
+            problems.append(
+                f"cell {index} failed, but {expected!r} is not in its traceback ({errors[0].ename}: {errors[0].evalue})"
+            )
     return problems
 
 
 def pair_problems(source: Path) -> list[str]:
     """What differs between a ``.py`` source and its ``.ipynb`` (cells, their tags and metadata, the run)."""
     import nbformat
+
     paired = source.with_suffix(".ipynb")
     if not paired.exists():
         return [f"{paired.name} is missing: run python -m minddp.notebook.refresh {source.name[:2]}"]
@@ -123,19 +129,24 @@ def pair_problems(source: Path) -> list[str]:
     problems = []
     for index, (a, b) in enumerate(zip(want.cells, have.cells)):
         keys = ("tags", "minddp")
-        if (a.cell_type, a.source.strip(), {k: a.metadata.get(k) for k in keys}) != \
-                (b.cell_type, b.source.strip(), {k: b.metadata.get(k) for k in keys}):
+        if (a.cell_type, a.source.strip(), {k: a.metadata.get(k) for k in keys}) != (
+            b.cell_type,
+            b.source.strip(),
+            {k: b.metadata.get(k) for k in keys},
+        ):
             problems.append(f"cell {index} differs between {source.name} and {paired.name}: {fix}")
     counts = [c.get("execution_count") for c in have.cells if c.cell_type == "code"]
     if counts != list(range(1, len(counts) + 1)):
-        problems.append(f"{paired.name}'s outputs are not from one top-to-bottom run (execution counts "
-                        f"{counts}): {fix}")
+        problems.append(
+            f"{paired.name}'s outputs are not from one top-to-bottom run (execution counts {counts}): {fix}"
+        )
     return problems
 
 
 def write(nb, source: Path) -> Path:
     """Step 4: the ``.ipynb`` beside ``source``, paired with it."""
     import jupytext
+
     nb.metadata["jupytext"] = {"formats": f"ipynb,{FORMAT}"}
     target = source.with_suffix(".ipynb")
     jupytext.write(nb, target, fmt="ipynb")
@@ -143,9 +154,10 @@ def write(nb, source: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minddp.notebook.refresh",
-                                     description="Run the notebooks from their .py sources and save the .ipynb "
-                                                 "with the outputs of that run.")
+    parser = argparse.ArgumentParser(
+        prog="python -m minddp.notebook.refresh",
+        description="Run the notebooks from their .py sources and save the .ipynb with the outputs of that run.",
+    )
     parser.add_argument("names", nargs="*", help="notebook name prefixes, e.g. 03 (default: all)")
     parser.add_argument("--check", action="store_true", help="run and check only; write nothing")
     args = parser.parse_args(argv)

@@ -59,7 +59,7 @@ def worker_main(rank, world_size, port, placement, timeout_s, parent_pid, parent
     # Jupyter's "interrupt" (and the parent's release step) sends SIGINT: it
     # should stop a running cell, never the idle worker.
     signal.signal(signal.SIGINT, lambda *_: _interrupt(running))
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)   # the process server's mask (rank_context)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)  # the process server's mask (rank_context)
 
     import torch
     import torch.distributed as dist
@@ -74,8 +74,12 @@ def worker_main(rank, world_size, port, placement, timeout_s, parent_pid, parent
         reports.put(("failed", rank, os.getpid(), traceback.format_exc()))
         return
     namespace: dict[str, Any] = {
-        "__name__": "__main__", "torch": torch, "dist": dist, "rank": rank,
-        "world_size": world_size, "device": placement.device(rank),
+        "__name__": "__main__",
+        "torch": torch,
+        "dist": dist,
+        "rank": rank,
+        "world_size": world_size,
+        "device": placement.device(rank),
     }
     reports.put(("ready", rank, os.getpid(), None))
 
@@ -101,7 +105,7 @@ def worker_main(rank, world_size, port, placement, timeout_s, parent_pid, parent
             # Steps 3 and 4.
             running.set()
 
-            def send(stream: str, text: str, cell_id=cell_id) -> None:    # live output, as it is printed
+            def send(stream: str, text: str, cell_id=cell_id) -> None:  # live output, as it is printed
                 reports.put(("stream", rank, cell_id, stream, text))
 
             try:
@@ -136,8 +140,7 @@ class _Tee(io.StringIO):
             self._pending = ""
 
 
-def run_cell(body: Any, namespace: dict, filename: str,
-             send: Callable[[str, str], None] | None = None) -> dict:
+def run_cell(body: Any, namespace: dict, filename: str, send: Callable[[str, str], None] | None = None) -> dict:
     """Step 3: run code (a string) or a pickled call, capture everything a notebook would show.
 
     With ``send``, every write to stdout/stderr also goes out at once as
@@ -148,8 +151,15 @@ def run_cell(body: Any, namespace: dict, filename: str,
         out, err = io.StringIO(), io.StringIO()
     else:
         out, err = _Tee(lambda t: send("stdout", t)), _Tee(lambda t: send("stderr", t))
-    report: dict[str, Any] = {"stdout": "", "stderr": "", "value": None, "value_repr": None,
-                              "figures": [], "error": None, "exc_type": None}
+    report: dict[str, Any] = {
+        "stdout": "",
+        "stderr": "",
+        "value": None,
+        "value_repr": None,
+        "figures": [],
+        "error": None,
+        "exc_type": None,
+    }
     value = None
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -162,7 +172,7 @@ def run_cell(body: Any, namespace: dict, filename: str,
     except BaseException as exc:  # noqa: BLE001 - a cell's failure is a report, not a crash
         report["error"] = _format_exception(exc, filename)
         report["exc_type"] = type(exc).__name__
-    out.flush(), err.flush()           # a last line without a newline still reaches the live view
+    out.flush(), err.flush()  # a last line without a newline still reaches the live view
     report["stdout"], report["stderr"] = out.getvalue(), err.getvalue()
     report["figures"] = _collect_figures()
     if value is not None:

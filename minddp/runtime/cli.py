@@ -37,8 +37,16 @@ class UsageError(ValueError):
 
 
 #: One metavar per kind of value, the same in every tool.
-METAVARS = {"count": "N", "seconds": "SECONDS", "mib": "MIB", "dir": "DIR", "file": "FILE", "name": "NAME",
-            "list": "LIST", "number": "X"}
+METAVARS = {
+    "count": "N",
+    "seconds": "SECONDS",
+    "mib": "MIB",
+    "dir": "DIR",
+    "file": "FILE",
+    "name": "NAME",
+    "list": "LIST",
+    "number": "X",
+}
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -87,20 +95,25 @@ def fail(prog: str, exc: BaseException, parser: Parser | None = None) -> int:
     return 2
 
 
-def number(kind: type = float, low: float | None = None, high: float | None = None, low_open: bool = False,
-           zero_means: str | None = None):
+def number(
+    kind: type = float,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    zero_means: str | None = None,
+):
     """An argparse ``type``: a finite ``kind`` in [low, high] (``low_open``: above low), or a one-line refusal.
 
     ``float("nan")`` passes every comparison as False, so ``x <= 0`` alone lets
     it through; this checks finiteness first. ``zero_means`` is said in the
     message when 0 is allowed and special (e.g. "off").
     """
+
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") \
-                from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
         if kind is float and not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
         if low is not None and (value <= low if low_open else value < low):
@@ -110,7 +123,8 @@ def number(kind: type = float, low: float | None = None, high: float | None = No
         if high is not None and value > high:
             raise argparse.ArgumentTypeError(f"must be at most {high:g}, got {text}")
         return value
-    parse.__name__ = kind.__name__   # argparse names the type in its messages
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
     return parse
 
 

@@ -44,13 +44,14 @@ def reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, async
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
     """``tensor`` = rank ``src``'s (global) or group rank ``group_src``'s ``tensor``, complex ones too."""
-    wire = torch.view_as_real(tensor) if tensor.is_complex() else tensor     # same memory: ``tensor`` is written
+    wire = torch.view_as_real(tensor) if tensor.is_complex() else tensor  # same memory: ``tensor`` is written
     return dist.broadcast(wire, src=src, group=group, async_op=async_op, group_src=group_src)
 
 
 def meta_device() -> torch.device:
     """``torch.device("meta")``, to build a model under ``with``, with torch._dynamo imported first (torch 2.6)."""
     import torch._dynamo  # noqa: F401  (its import-time tensor ops fail under a meta default device in 2.6)
+
     return torch.device("meta")
 
 
@@ -58,7 +59,7 @@ def allreduce_options(op=dist.ReduceOp.SUM) -> dist.AllreduceOptions:
     """Options for ``ProcessGroup.allreduce``: ``op``, asynchronous (the caller waits on the Future) on every torch."""
     opts = dist.AllreduceOptions()
     opts.reduceOp = op
-    if hasattr(opts, "asyncOp"):        # not in 2.6, whose allreduce is always asynchronous
+    if hasattr(opts, "asyncOp"):  # not in 2.6, whose allreduce is always asynchronous
         opts.asyncOp = True
     return opts
 
@@ -67,10 +68,12 @@ def clone_store(store: dist.Store) -> dist.Store:
     """A second connection to ``store``'s server, safe to use from another thread (torch's ``Store.clone``)."""
     if hasattr(store, "clone"):
         return store.clone()
-    if isinstance(store, dist.TCPStore):     # torch 2.6: no clone; a new client of the same server
+    if isinstance(store, dist.TCPStore):  # torch 2.6: no clone; a new client of the same server
         return tcp_client(store)
-    raise TypeError(f"torch {torch.__version__} cannot open a second connection to a {type(store).__name__} "
-                    f"(no Store.clone): pass a TCPStore, or use torch 2.13 or later")
+    raise TypeError(
+        f"torch {torch.__version__} cannot open a second connection to a {type(store).__name__} "
+        f"(no Store.clone): pass a TCPStore, or use torch 2.13 or later"
+    )
 
 
 def tcp_client(store: dist.TCPStore) -> dist.TCPStore:

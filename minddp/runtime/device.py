@@ -39,6 +39,7 @@ def env_seconds(name: str, default: float) -> float:
     except ValueError:
         return float("nan")
 
+
 #: Collective timeout when nobody says otherwise. A teaching tool should fail
 #: within minutes, not after torch's default half hour.
 #: A value that is not a number reads as NaN here, so that importing never fails; the train command
@@ -80,8 +81,9 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def choose(requested: str = "auto", local_world_size: int = 1, gpus: int | None = None,
-           nccl: bool | None = None) -> Placement:
+def choose(
+    requested: str = "auto", local_world_size: int = 1, gpus: int | None = None, nccl: bool | None = None
+) -> Placement:
     """Decide where ``local_world_size`` ranks on this machine compute and how they talk.
 
     * ``auto`` with a GPU for every rank: NCCL, one GPU per rank;
@@ -93,11 +95,12 @@ def choose(requested: str = "auto", local_world_size: int = 1, gpus: int | None 
     ``gpus`` and ``nccl`` default to what this machine has (tests pass them to fake a machine). The
     environment variable ``MINDDP_BACKEND`` (``gloo`` or ``nccl``) replaces ``auto`` where it is set.
     """
-    if requested == "auto":      # MINDDP_BACKEND: a default for every "auto" (the test suite sets gloo: the CPU)
+    if requested == "auto":  # MINDDP_BACKEND: a default for every "auto" (the test suite sets gloo: the CPU)
         requested = os.environ.get("MINDDP_BACKEND", "").strip() or "auto"
         if requested not in BACKENDS:
-            raise ValueError(f"MINDDP_BACKEND={requested!r} is not a backend: set it to one of "
-                             f"{', '.join(BACKENDS)}, or unset it")
+            raise ValueError(
+                f"MINDDP_BACKEND={requested!r} is not a backend: set it to one of {', '.join(BACKENDS)}, or unset it"
+            )
     if requested not in BACKENDS:
         raise ValueError(f"unknown backend {requested!r}: choose one of {', '.join(BACKENDS)}")
     gpus = gpu_count() if gpus is None else gpus
@@ -107,9 +110,11 @@ def choose(requested: str = "auto", local_world_size: int = 1, gpus: int | None 
     if requested == "nccl":
         if gpus < n or not nccl:
             have = f"{gpus} GPU{'s' if gpus != 1 else ''}" + ("" if nccl else ", and this torch has no NCCL")
-            raise ValueError(f"backend 'nccl' needs one GPU per rank: {n} local ranks but {have}; "
-                             "use --backend auto (ranks share the GPUs over gloo), --backend gloo (CPU) "
-                             "or fewer ranks")
+            raise ValueError(
+                f"backend 'nccl' needs one GPU per rank: {n} local ranks but {have}; "
+                "use --backend auto (ranks share the GPUs over gloo), --backend gloo (CPU) "
+                "or fewer ranks"
+            )
         return Placement("nccl", "cuda", gpus, f"{ranks} on {gpus} GPUs: NCCL, one GPU per rank")
     if requested == "gloo" or gpus == 0:
         why = "gloo on the CPU (asked for)" if requested == "gloo" else "no GPU: gloo on the CPU"
@@ -117,11 +122,16 @@ def choose(requested: str = "auto", local_world_size: int = 1, gpus: int | None 
     if gpus >= n and nccl:
         return Placement("nccl", "cuda", gpus, f"{ranks} on {gpus} GPUs: NCCL, one GPU per rank")
     if gpus >= n:
-        return Placement("gloo", "cuda", gpus, f"{ranks} on {gpus} GPUs: gloo with CUDA tensors "
-                                               "(this torch has no NCCL)")
+        return Placement(
+            "gloo", "cuda", gpus, f"{ranks} on {gpus} GPUs: gloo with CUDA tensors (this torch has no NCCL)"
+        )
     share = "the GPU" if gpus == 1 else f"{gpus} GPUs"
-    return Placement("gloo", "cuda", gpus, f"{ranks} share {share}: gloo with CUDA tensors, since NCCL needs "
-                                           "one GPU per rank (--backend gloo: the CPU)")
+    return Placement(
+        "gloo",
+        "cuda",
+        gpus,
+        f"{ranks} share {share}: gloo with CUDA tensors, since NCCL needs one GPU per rank (--backend gloo: the CPU)",
+    )
 
 
 #: The device this process's rank computes on, once :func:`use` has set it (the launcher does).

@@ -53,19 +53,29 @@ _BEAT_KEY, _VERDICT_KEY, _STACK_KEY = "beat/{}", "verdict", "stack/{}"
 class Beat:
     """One rank's record, as written to the store (one line of text)."""
 
-    n: int                    # beats so far: moves while the process runs at all
-    step: int | None          # last step announced with report_step, if any
-    seq: int | None           # collectives launched on the default group, if it exists
-    cpu: float | None         # CPU seconds used by the training thread
+    n: int  # beats so far: moves while the process runs at all
+    step: int | None  # last step announced with report_step, if any
+    seq: int | None  # collectives launched on the default group, if it exists
+    cpu: float | None  # CPU seconds used by the training thread
     pid: int
     host: str
-    phase: str = ""           # "" while training; what it does alone (see alone()); "done" when finished
+    phase: str = ""  # "" while training; what it does alone (see alone()); "done" when finished
 
     def encode(self) -> str:
         def num(x):
             return "-" if x is None else str(x)
-        return " ".join([str(self.n), num(self.step), num(self.seq),
-                         "-" if self.cpu is None else f"{self.cpu:.3f}", str(self.pid), self.host, self.phase])
+
+        return " ".join(
+            [
+                str(self.n),
+                num(self.step),
+                num(self.seq),
+                "-" if self.cpu is None else f"{self.cpu:.3f}",
+                str(self.pid),
+                self.host,
+                self.phase,
+            ]
+        )
 
     @staticmethod
     def decode(text: str | bytes) -> "Beat":
@@ -75,10 +85,12 @@ class Beat:
 
         def num(x, kind=int):
             return None if x == "-" else kind(x)
+
         return Beat(int(n), num(step), num(seq), num(cpu, float), int(pid), host, phase[0] if phase else "")
 
 
 # -- in a rank ----------------------------------------------------------------------------------------
+
 
 def _thread_cpu_clock(ident: int | None):
     """A function returning the CPU seconds of thread ``ident`` so far, or None where the OS cannot say."""
@@ -92,12 +104,14 @@ def _thread_cpu_clock(ident: int | None):
             return time.clock_gettime(clock)
         except OSError:
             return None
+
     return read
 
 
 def _default_group_seq() -> int | None:
     """Collectives this rank has launched on the default group (torch counts them for gloo and NCCL)."""
     import torch.distributed as dist
+
     try:
         if not dist.is_initialized():
             return None
@@ -115,8 +129,7 @@ class Heartbeat:
     :class:`Monitor`) the thread also watches the other ranks (under torchrun).
     """
 
-    def __init__(self, store, rank: int, every_s: float = BEAT_S, monitor: "Monitor | None" = None,
-                 on_verdict=None):
+    def __init__(self, store, rank: int, every_s: float = BEAT_S, monitor: "Monitor | None" = None, on_verdict=None):
         self.store, self.rank, self.every_s = store, rank, every_s
         self.monitor, self.on_verdict = monitor, on_verdict
         self._lock = threading.Lock()
@@ -148,7 +161,7 @@ class Heartbeat:
         """The default group exists (its collective count can be read) or is about to go."""
         with self._lock:
             if not live:
-                self._seq = _default_group_seq()   # keep the last count: the group is going away
+                self._seq = _default_group_seq()  # keep the last count: the group is going away
             self._group_live = live
 
     # the thread
@@ -220,7 +233,7 @@ def _stack_of(ident: int) -> str:
     frames = traceback.extract_stack(frame)
     launcher = os.path.join(os.path.dirname(__file__), "launch.py")
     starts = [i for i, f in enumerate(frames) if f.filename == launcher]
-    return "".join(traceback.format_list(frames[starts[-1] + 1:] if starts else frames))
+    return "".join(traceback.format_list(frames[starts[-1] + 1 :] if starts else frames))
 
 
 class _Gone:
@@ -265,6 +278,7 @@ def alone(what: str):
 
 # -- in the monitor -----------------------------------------------------------------------------------
 
+
 @dataclass
 class Verdict:
     """Ranks to blame (``ranks``), one line each (``why``), their last steps, and the rule: frozen/behind/stalled."""
@@ -281,8 +295,8 @@ class Verdict:
 @dataclass
 class _Seen:
     beat: Beat
-    alive_at: float            # when its counter last moved
-    cpu: deque = field(default_factory=deque)   # (when, training-thread CPU seconds), the last hang_s or so
+    alive_at: float  # when its counter last moved
+    cpu: deque = field(default_factory=deque)  # (when, training-thread CPU seconds), the last hang_s or so
 
     def cpu_used(self, since: float) -> float | None:
         """CPU seconds the training thread used from ``since`` to its latest beat (None: unknown)."""
@@ -333,7 +347,7 @@ class Detector:
             while old.cpu and now - old.cpu[0][0] > (self.hang_s or 0) + 3 * BEAT_S:
                 old.cpu.popleft()
         running = {r: self.seen[r] for r, b in beats.items() if b is not None and self.seen[r].beat.phase != "done"}
-        for rank in [r for r in self.seen if r not in beats]:   # finished: no longer watched; that is progress
+        for rank in [r for r in self.seen if r not in beats]:  # finished: no longer watched; that is progress
             del self.seen[rank]
             self.quiet_since = now
         if len(running) < 1:
@@ -345,12 +359,16 @@ class Detector:
             return None
         frozen = [r for r, s in running.items() if now - s.alive_at > self.hang_s]
         alive = [r for r, s in running.items() if now - s.alive_at <= max(3 * BEAT_S, self.hang_s / 2)]
-        if not frozen or not alive:   # nobody fresh to compare with: the store or the whole machine paused
+        if not frozen or not alive:  # nobody fresh to compare with: the store or the whole machine paused
             return None
-        why = {r: (f"rank {r} stopped responding{_at(running[r].beat.step)}: no heartbeat for "
-                   f"{now - running[r].alive_at:.0f} s while ranks {alive} are alive (the process is stopped "
-                   "(SIGSTOP, a debugger), swapped out, or stuck in native code holding Python's GIL)")
-               for r in frozen}
+        why = {
+            r: (
+                f"rank {r} stopped responding{_at(running[r].beat.step)}: no heartbeat for "
+                f"{now - running[r].alive_at:.0f} s while ranks {alive} are alive (the process is stopped "
+                "(SIGSTOP, a debugger), swapped out, or stuck in native code holding Python's GIL)"
+            )
+            for r in frozen
+        }
         return Verdict(frozen, why, {r: running[r].beat.step for r in frozen}, "frozen")
 
     def _behind(self, running: dict[int, _Seen], now: float) -> Verdict | None:
@@ -358,38 +376,47 @@ class Detector:
             return None
         beats = {r: s.beat for r, s in running.items()}
         if any(b.step is None or b.seq is None for b in beats.values()):
-            return None                      # armed by training: before the first step, ranks may differ
+            return None  # armed by training: before the first step, ranks may differ
         quiet = now - self.quiet_since
         if quiet <= self.hang_s:
             return None
         low, high = min(b.seq for b in beats.values()), max(b.seq for b in beats.values())
         if low == high:
-            return None                      # nobody waits for anybody: all compute, or all stuck alike
+            return None  # nobody waits for anybody: all compute, or all stuck alike
         waiting = sorted(r for r, b in beats.items() if b.seq > low)
         behind = []
         for r, s in sorted(running.items()):
             b = s.beat
             if b.seq != low or b.phase:
-                continue                     # working alone on purpose: the collective timeout bounds it
+                continue  # working alone on purpose: the collective timeout bounds it
             used = s.cpu_used(now - self.hang_s)
             if used is not None and used > IDLE_CPU_SHARE * self.hang_s:
-                continue                     # its training thread computes: a straggler, not a hang
+                continue  # its training thread computes: a straggler, not a hang
             behind.append(r)
         if not behind:
             return None
-        why = {r: (f"rank {r} hung{_at(beats[r].step)}: ranks {waiting} have waited {quiet:.0f} s in a collective "
-                   f"it has not joined (it launched {beats[r].seq} collectives, they {high}); its training thread "
-                   "is idle (blocked in a wait that is not a collective: a lock, I/O, a sleep, input)")
-               for r in behind}
+        why = {
+            r: (
+                f"rank {r} hung{_at(beats[r].step)}: ranks {waiting} have waited {quiet:.0f} s in a collective "
+                f"it has not joined (it launched {beats[r].seq} collectives, they {high}); its training thread "
+                "is idle (blocked in a wait that is not a collective: a lock, I/O, a sleep, input)"
+            )
+            for r in behind
+        }
         return Verdict(behind, why, {r: beats[r].step for r in behind}, "behind")
 
     def _stalled(self, running: dict[int, _Seen], now: float) -> Verdict | None:
         if self.stall_s is None or self.quiet_since is None or now - self.quiet_since <= self.stall_s:
             return None
         ranks = sorted(running)
-        why = {r: (f"no rank made progress for {self.stall_s:.0f} s: rank {r} hung{_at(running[r].beat.step)} (e.g. "
-                   "in a collective every rank entered but none can finish, or a comm-hook callback that "
-                   "deadlocked); minddp ended it") for r in ranks}
+        why = {
+            r: (
+                f"no rank made progress for {self.stall_s:.0f} s: rank {r} hung{_at(running[r].beat.step)} (e.g. "
+                "in a collective every rank entered but none can finish, or a comm-hook callback that "
+                "deadlocked); minddp ended it"
+            )
+            for r in ranks
+        }
         return Verdict(ranks, why, {r: running[r].beat.step for r in ranks}, "stalled")
 
 
@@ -437,8 +464,7 @@ class Monitor:
     with status 1, which makes torchrun end the job.
     """
 
-    def __init__(self, store, rank: int, world: int, hang_s: float | None, stall_s: float | None = None,
-                 exit=os._exit):
+    def __init__(self, store, rank: int, world: int, hang_s: float | None, stall_s: float | None = None, exit=os._exit):
         self.store, self.rank, self.world = store, rank, world
         self.detector = Detector(hang_s, stall_s)
         self.exit = exit
@@ -469,6 +495,7 @@ class Monitor:
 
 def _kill(pid: int) -> None:
     import signal
+
     try:
         os.kill(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

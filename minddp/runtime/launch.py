@@ -41,8 +41,17 @@ import torch.distributed as dist
 from minddp.runtime import compat, hang
 from minddp.runtime.cli import fresh_line
 from minddp.runtime.device import DEFAULT_TIMEOUT_S, Placement, choose, timeout_delta, use
-from minddp.runtime.processes import (HELPER_BLOCKED, Stopped, end_processes, rank_context, say_safely, stop_reason,
-                              stop_signals, stops_deferred, watch_parent)
+from minddp.runtime.processes import (
+    HELPER_BLOCKED,
+    Stopped,
+    end_processes,
+    rank_context,
+    say_safely,
+    stop_reason,
+    stop_signals,
+    stops_deferred,
+    watch_parent,
+)
 
 try:  # before any group exists, so that its default arguments stay None (see leave_group)
     import torch.distributed.nn  # noqa: F401
@@ -90,6 +99,7 @@ class RankError(RuntimeError):
         def blame(r):
             kind = exc_types[r]
             return ({"ProcessDied": 0, "Hung": 1}.get(kind, 3 if kind.endswith("(peer)") else 2), order.index(r))
+
         self.rank = min(errors, key=blame)
         self.exc_type = exc_types[self.rank]
         self.traceback = errors[self.rank]
@@ -174,8 +184,9 @@ def launch(
     holds this rank's result only.
     """
     if in_torchrun():
-        return [run_in_torchrun(fn, *args, backend=backend, timeout_s=timeout_s, hang_s=hang_s, stall_s=stall_s,
-                                **kwargs)]
+        return [
+            run_in_torchrun(fn, *args, backend=backend, timeout_s=timeout_s, hang_s=hang_s, stall_s=stall_s, **kwargs)
+        ]
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     placement = backend if isinstance(backend, Placement) else choose(backend, local_world_size=world_size)
@@ -188,16 +199,21 @@ def launch(
     results: queue.Queue = ctx.Queue()
     procs: list = []
     ok = False
-    with stop_signals():                                                                        # step 5
+    with stop_signals():  # step 5
         try:
-            _start_ranks(ctx, procs, pickle.dumps((fn, args, kwargs)), world_size, store.port, placement, timeout_s,
-                         results)                                                               # step 2
+            _start_ranks(
+                ctx, procs, pickle.dumps((fn, args, kwargs)), world_size, store.port, placement, timeout_s, results
+            )  # step 2
             # Step 4: gather, watching for a hung rank (minddp.runtime.hang).
             # (A function over `held`, not the store: the traceback of a RankError keeps _collect_results's
             # locals alive, and the store must go below, so that its port is free once launch returns.)
             held = [store]
-            out = _collect_results(procs, results, beats=lambda: dist.PrefixStore("minddp", held[0]),
-                          detector=hang.Detector(hang_s, stall_s))
+            out = _collect_results(
+                procs,
+                results,
+                beats=lambda: dist.PrefixStore("minddp", held[0]),
+                detector=hang.Detector(hang_s, stall_s),
+            )
             ok = True
             return out
         except (KeyboardInterrupt, Stopped) as exc:
@@ -214,14 +230,25 @@ def launch(
             del store
 
 
-def _start_ranks(ctx, procs: list, payload: bytes, world_size: int, port: int, placement: Placement,
-                 timeout_s: float | None, results: queue.Queue) -> None:
+def _start_ranks(
+    ctx,
+    procs: list,
+    payload: bytes,
+    world_size: int,
+    port: int,
+    placement: Placement,
+    timeout_s: float | None,
+    results: queue.Queue,
+) -> None:
     """Step 2 of :func:`launch`: one child process per rank, each added to ``procs`` as soon as it exists."""
     for rank in range(world_size):
-        with stops_deferred():   # a rank once forked is in `procs`, which the teardown ends
-            p = ctx.Process(target=_child_main, name=f"minddp-rank{rank}", daemon=True,
-                            args=(payload, list(sys.path), rank, world_size, port, placement, timeout_s, results,
-                                  os.getpid()))
+        with stops_deferred():  # a rank once forked is in `procs`, which the teardown ends
+            p = ctx.Process(
+                target=_child_main,
+                name=f"minddp-rank{rank}",
+                daemon=True,
+                args=(payload, list(sys.path), rank, world_size, port, placement, timeout_s, results, os.getpid()),
+            )
             p.start()
             procs.append(p)
 
@@ -243,12 +270,21 @@ def watch_torchrun_agent() -> None:
     _agent_watched = True
     agent = os.getppid()
     if agent > 1:
-        watch_parent(agent, f"minddp rank {os.environ.get('RANK', '?')}: the torchrun agent (pid {agent}) is gone; "
-                            "ending this worker")
+        watch_parent(
+            agent,
+            f"minddp rank {os.environ.get('RANK', '?')}: the torchrun agent (pid {agent}) is gone; ending this worker",
+        )
 
 
-def run_in_torchrun(fn: Callable[..., Any], *args: Any, backend: str | Placement = "auto", timeout_s: float | None = None,
-                    hang_s: float | None = hang.DEFAULT_HANG_S, stall_s: float | None = None, **kwargs: Any) -> Any:
+def run_in_torchrun(
+    fn: Callable[..., Any],
+    *args: Any,
+    backend: str | Placement = "auto",
+    timeout_s: float | None = None,
+    hang_s: float | None = hang.DEFAULT_HANG_S,
+    stall_s: float | None = None,
+    **kwargs: Any,
+) -> Any:
     """Join the job torchrun described in the environment, run ``fn``, tear down.
 
     While ``fn`` runs, this rank beats (:mod:`minddp.runtime.hang`); ranks 0 and 1 also
@@ -264,15 +300,16 @@ def run_in_torchrun(fn: Callable[..., Any], *args: Any, backend: str | Placement
     if rank == 0:
         say_placement(placement)
     _prepare_rank(local_rank, local_world, placement)
-    if _torchrun_store is None:   # torchrun's store (or rank 0's, without an agent store), reached once
+    if _torchrun_store is None:  # torchrun's store (or rank 0's, without an agent store), reached once
         _torchrun_store, _, _ = next(dist.rendezvous("env://", timeout=timeout_delta(timeout_s)))
-    _torchrun_joins += 1          # every rank calls launch in the same order, so the prefixes agree
+    _torchrun_joins += 1  # every rank calls launch in the same order, so the prefixes agree
     store = dist.PrefixStore(f"minddp/launch{_torchrun_joins}", _torchrun_store)
     beat_store = dist.PrefixStore(f"minddp/launch{_torchrun_joins}/minddp", compat.clone_store(_torchrun_store))
     monitor = hang.Monitor(beat_store, rank, world, hang_s, stall_s) if rank < 2 and world > 1 else None
     beat = _start_heartbeat(beat_store, rank, monitor, on_verdict=_end_hung_worker)
-    dist.init_process_group(placement.group_backend(), store=store, rank=rank, world_size=world,
-                            timeout=timeout_delta(timeout_s))
+    dist.init_process_group(
+        placement.group_backend(), store=store, rank=rank, world_size=world, timeout=timeout_delta(timeout_s)
+    )
     beat.group_live(True)
     try:
         return fn(*args, **kwargs)
@@ -303,15 +340,18 @@ def _start_heartbeat(store, rank: int, monitor=None, on_verdict=None) -> hang.He
 
 
 def _stop_heartbeat(beat: hang.Heartbeat) -> None:
-    beat.set_phase("done")       # a finished rank is no longer watched (its beats stop soon)
+    beat.set_phase("done")  # a finished rank is no longer watched (its beats stop soon)
     beat.stop()
     hang.install(None)
 
 
 def _end_hung_worker(why: str, stack: str) -> None:
     """Under torchrun, in a rank the watchers named: say where it was stuck, and end (torchrun ends the rest)."""
-    print(f"minddp: rank {os.environ.get('RANK', '?')} was named hung; where its training thread was:\n{stack}",
-          file=sys.stderr, flush=True)
+    print(
+        f"minddp: rank {os.environ.get('RANK', '?')} was named hung; where its training thread was:\n{stack}",
+        file=sys.stderr,
+        flush=True,
+    )
     os._exit(1)
 
 
@@ -354,12 +394,12 @@ def leave_group() -> None:
     gc.collect()
     count, settled = sys.getrefcount(held), time.monotonic()
     deadline = settled + RELEASE_WAIT_S
-    while count > 2 and time.monotonic() < deadline:       # 2: ``held`` and getrefcount's argument
+    while count > 2 and time.monotonic() < deadline:  # 2: ``held`` and getrefcount's argument
         time.sleep(0.001)
         now = sys.getrefcount(held)
         if now != count:
             count, settled = now, time.monotonic()
-        elif time.monotonic() - settled > SETTLE_S:         # held by the caller's objects, not by a thread
+        elif time.monotonic() - settled > SETTLE_S:  # held by the caller's objects, not by a thread
             break
     del held
 
@@ -367,7 +407,7 @@ def leave_group() -> None:
 def say_placement(placement: Placement) -> None:
     """Where ranks compute on GPUs, say in one line how and why (on the CPU it goes without saying)."""
     if placement.device_type == "cuda" and placement not in _said:
-        _said.add(placement)   # once per process: --stage all launches once per stage
+        _said.add(placement)  # once per process: --stage all launches once per stage
         print(f"{fresh_line()}minddp: {placement.why}", file=sys.stderr, flush=True)
 
 
@@ -380,12 +420,14 @@ def _prepare_rank(local_rank: int, local_world: int, placement: Placement) -> No
 
 def open_store(world_size: int, timeout_s: float | None = None) -> dist.TCPStore:
     """Step 1: the rendezvous store, on a port the OS picks, owned by the calling process."""
-    return dist.TCPStore("127.0.0.1", 0, world_size, is_master=True,
-                         timeout=timeout_delta(timeout_s), wait_for_workers=False)
+    return dist.TCPStore(
+        "127.0.0.1", 0, world_size, is_master=True, timeout=timeout_delta(timeout_s), wait_for_workers=False
+    )
 
 
-def join_group(rank: int, world_size: int, port: int, placement: Placement | str,
-               timeout_s: float | None = None, prefix: str = "") -> None:
+def join_group(
+    rank: int, world_size: int, port: int, placement: Placement | str, timeout_s: float | None = None, prefix: str = ""
+) -> None:
     """Inside a local rank: set the launcher's environment and build the default group.
 
     ``prefix`` namespaces the keys in the store, so ranks that destroyed their
@@ -393,32 +435,40 @@ def join_group(rank: int, world_size: int, port: int, placement: Placement | str
     does this after a failed cell); :func:`launch` uses the empty prefix.
     """
     _set_rank_env(rank, world_size, port)
-    if not isinstance(placement, Placement):     # a backend name: the launcher's rule (minddp.runtime.device)
+    if not isinstance(placement, Placement):  # a backend name: the launcher's rule (minddp.runtime.device)
         placement = choose(placement, local_world_size=world_size)
     _prepare_rank(rank, world_size, placement)
-    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
-                          timeout=timeout_delta(timeout_s))
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout_delta(timeout_s))
     global _rank_store
     _rank_store = store
     if prefix:
         store = dist.PrefixStore(prefix, store)
-    dist.init_process_group(placement.group_backend(), store=store, rank=rank, world_size=world_size,
-                            timeout=timeout_delta(timeout_s))
+    dist.init_process_group(
+        placement.group_backend(), store=store, rank=rank, world_size=world_size, timeout=timeout_delta(timeout_s)
+    )
 
 
 def _set_rank_env(rank: int, world_size: int, port: int) -> None:
-    os.environ.update({
-        _CHILD_FLAG: str(rank), "RANK": str(rank), "LOCAL_RANK": str(rank),
-        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-    })
+    os.environ.update(
+        {
+            _CHILD_FLAG: str(rank),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+    )
 
 
 def _child_main(payload, parent_path, rank, world_size, port, placement, timeout_s, results, launcher_pid):
     """Step 3, inside the rank: join, run (beating: minddp.runtime.hang), report, always destroy the group."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # step 5: Ctrl-C is the launcher's to handle; it ends the ranks
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)   # the process server's mask (rank_context)
-    watch_parent(launcher_pid, f"minddp rank {rank}: the launcher (pid {launcher_pid}) is gone; ending this rank")  # step 5
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # step 5: Ctrl-C is the launcher's to handle; it ends the ranks
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)  # the process server's mask (rank_context)
+    watch_parent(
+        launcher_pid, f"minddp rank {rank}: the launcher (pid {launcher_pid}) is gone; ending this rank"
+    )  # step 5
     sys.path[:] = parent_path  # unpickle fn the way the parent would import it
     _set_rank_env(rank, world_size, port)  # before unpickling: imports may read RANK
     beat = None
@@ -460,8 +510,10 @@ def _steps(beats_store, ranks) -> dict[int, int]:
     return {r: b.step for r, b in beats.items() if b is not None and b.step is not None}
 
 
-def _collect_results(procs, results, beats=None, detector: hang.Detector | None = None, grace_s: float = 2.0) -> list[Any]:
-    """Step 4: results by rank; on a failure, the others' reports for ``grace_s``; a hung rank named (minddp.runtime.hang).
+def _collect_results(
+    procs, results, beats=None, detector: hang.Detector | None = None, grace_s: float = 2.0
+) -> list[Any]:
+    """Step 4: results by rank; on a failure, the others' reports for ``grace_s``; a hung rank named (runtime.hang).
 
     ``beats()`` gives the store the ranks beat into; ``detector`` judges their beats once a second.
     """
@@ -493,9 +545,15 @@ def _collect_results(procs, results, beats=None, detector: hang.Detector | None 
                     if results.empty():
                         # Exit code 1 before any report: Python failed while starting the rank (its
                         # traceback is on stderr), most often a script that launches at import time.
-                        hint = (" (Python failed while starting the rank: its traceback is printed above; a "
-                                "script that calls launch() must do so under `if __name__ == \"__main__\":`, "
-                                "or every rank runs the script again)") if p.exitcode == 1 else ""
+                        hint = (
+                            (
+                                " (Python failed while starting the rank: its traceback is printed above; a "
+                                'script that calls launch() must do so under `if __name__ == "__main__":`, '
+                                "or every rank runs the script again)"
+                            )
+                            if p.exitcode == 1
+                            else ""
+                        )
                         errors[rank] = f"process {p.pid} exited with code {p.exitcode} without reporting{hint}\n"
                         exc_types[rank] = "ProcessDied"
                         failed_at = failed_at or time.monotonic()
@@ -512,8 +570,10 @@ def _collect_results(procs, results, beats=None, detector: hang.Detector | None 
         steps = _steps(beats(), silent) if beats is not None else {}
         for rank in silent:
             at = f" at step {steps[rank]}" if rank in steps else ""
-            errors[rank] = (f"rank {rank} hung{at}: it never joined the collective that ranks {sorted(errors)} "
-                            "failed in (it was still running when they gave up)\n")
+            errors[rank] = (
+                f"rank {rank} hung{at}: it never joined the collective that ranks {sorted(errors)} "
+                "failed in (it was still running when they gave up)\n"
+            )
             exc_types[rank] = "Hung"
     if errors:
         raise RankError(errors, exc_types, _steps(beats(), errors) if beats is not None else {})
@@ -525,12 +585,14 @@ def _judge(detector: hang.Detector, beats, running: list[int], now: float) -> di
     beats = beats()
     try:
         verdict = detector.observe(hang.read_beats(beats, running), now)
-    except (RuntimeError, ValueError, dist.DistError):   # a look that failed is no verdict
+    except (RuntimeError, ValueError, dist.DistError):  # a look that failed is no verdict
         return None
     if verdict is None:
         return None
     hang.announce(beats, verdict)
     alive = [r for r in verdict.ranks if verdict.rule != "frozen"]
     where = hang.stacks(beats, alive, wait_s=2 * hang.BEAT_S) if alive else {}
-    return {r: verdict.why[r] + ("\n" + f"where its training thread was:\n{where[r]}" if r in where else "\n")
-            for r in verdict.ranks}
+    return {
+        r: verdict.why[r] + ("\n" + f"where its training thread was:\n{where[r]}" if r in where else "\n")
+        for r in verdict.ranks
+    }

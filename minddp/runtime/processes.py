@@ -57,13 +57,14 @@ def rank_context():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "minddp.runtime.launch"])
     from multiprocessing import forkserver, resource_tracker
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, HELPER_BLOCKED)   # inherited through fork and exec
+
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, HELPER_BLOCKED)  # inherited through fork and exec
     try:
         resource_tracker.ensure_running()  # (no-op once running) it unblocks SIGINT, SIGTERM here when it starts:
-        signal.pthread_sigmask(signal.SIG_BLOCK, HELPER_BLOCKED)        # block again for the server
+        signal.pthread_sigmask(signal.SIG_BLOCK, HELPER_BLOCKED)  # block again for the server
         forkserver.ensure_running()
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)   # a signal that came meanwhile is delivered now
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a signal that came meanwhile is delivered now
     return ctx
 
 
@@ -83,13 +84,14 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:      # exists, owned by someone else
+    except PermissionError:  # exists, owned by someone else
         return True
     return True
 
 
 def watch_parent(parent_pid: int, message: str | None = None, exit_code: int = 1, every_s: float = 0.5) -> None:
     """End this process (``os._exit``) once ``parent_pid`` is gone, saying ``message`` on stderr first."""
+
     def watch():
         while alive(parent_pid):
             time.sleep(every_s)
@@ -176,8 +178,11 @@ def stop_signals():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL,
-                signal.SIGHUP: signal.SIG_DFL}
+    defaults = {
+        signal.SIGINT: signal.default_int_handler,
+        signal.SIGTERM: signal.SIG_DFL,
+        signal.SIGHUP: signal.SIG_DFL,
+    }
     before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     ours = [sig for sig in STOP_SIGNALS if before[sig] is defaults[sig]]
 
@@ -185,7 +190,7 @@ def stop_signals():
         for sig in ours:
             signal.signal(sig, signal.SIG_IGN)
         if _deferring[0]:
-            _deferred.append(signum)     # raised when the step that must not be cut in half is done
+            _deferred.append(signum)  # raised when the step that must not be cut in half is done
             return
         raise _stop_exception(signum)
 
@@ -202,8 +207,8 @@ def _stop_exception(signum: int) -> BaseException:
     return KeyboardInterrupt() if signum == signal.SIGINT else Stopped(signum)
 
 
-_deferring = [0]            # depth of stops_deferred blocks
-_deferred: list[int] = []   # the stop signal that came meanwhile
+_deferring = [0]  # depth of stops_deferred blocks
+_deferred: list[int] = []  # the stop signal that came meanwhile
 
 
 @contextlib.contextmanager

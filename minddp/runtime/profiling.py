@@ -94,29 +94,46 @@ def _complete_json(path: str) -> bool:
 class StepProfiler:
     """A ``torch.profiler.profile`` on the blog's schedule, or a no-op when disabled."""
 
-    def __init__(self, folder: str, rank: int, total_steps: int, active: int = 5, enabled: bool = True,
-                 cuda: bool = False, gzip: bool = False, memory: bool = True):
+    def __init__(
+        self,
+        folder: str,
+        rank: int,
+        total_steps: int,
+        active: int = 5,
+        enabled: bool = True,
+        cuda: bool = False,
+        gzip: bool = False,
+        memory: bool = True,
+    ):
         self.folder, self.rank, self.enabled = folder, rank, enabled
         self.path = trace_path(folder, rank, gzip)
         self.gzip = gzip
-        self.error: str | None = None      # why the trace could not be written, if it could not
-        warmup = 1 if total_steps > 1 else 0          # a 1-step run has nothing to warm up with
+        self.error: str | None = None  # why the trace could not be written, if it could not
+        warmup = 1 if total_steps > 1 else 0  # a 1-step run has nothing to warm up with
         self.active = max(1, min(active, total_steps - warmup))
         quiet_kineto()
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])      # step 1
-        self._prof = profile(activities=activities,
-                             schedule=schedule(wait=0, warmup=warmup, active=self.active, repeat=1),  # step 2
-                             on_trace_ready=self._export, record_shapes=True, profile_memory=memory) \
-            if enabled else None
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])  # step 1
+        self._prof = (
+            profile(
+                activities=activities,
+                schedule=schedule(wait=0, warmup=warmup, active=self.active, repeat=1),  # step 2
+                on_trace_ready=self._export,
+                record_shapes=True,
+                profile_memory=memory,
+            )
+            if enabled
+            else None
+        )
 
-    def _export(self, prof: profile) -> None:                                                 # step 3
+    def _export(self, prof: profile) -> None:  # step 3
         from minddp.runtime.hang import alone
+
         raw = os.path.join(self.folder, f".rank{self.rank}.pt.trace.json.tmp-{os.getpid()}")
         packed = raw + ".gz"
         try:
-            with alone("exporting the profiler trace"):   # ranks export at the same step; one may take longer
+            with alone("exporting the profiler trace"):  # ranks export at the same step; one may take longer
                 os.makedirs(self.folder, exist_ok=True)
-                prof.export_chrome_trace(raw)         # kineto writes raw + ".tmp", then renames it to raw
+                prof.export_chrome_trace(raw)  # kineto writes raw + ".tmp", then renames it to raw
                 if not _complete_json(raw):
                     raise OSError("the profiler could not write the trace (a full disk, or a file size limit)")
                 if self.gzip:
@@ -128,7 +145,7 @@ class StepProfiler:
         except (OSError, RuntimeError) as exc:
             self.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         finally:
-            for leftover in (raw, raw + ".tmp", packed):   # a partial file is never left behind
+            for leftover in (raw, raw + ".tmp", packed):  # a partial file is never left behind
                 _remove(leftover)
 
     @property
@@ -148,4 +165,3 @@ class StepProfiler:
     def __exit__(self, *exc) -> None:
         if self._prof is not None:
             self._prof.__exit__(*exc)
-

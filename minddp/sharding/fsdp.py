@@ -34,14 +34,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from minddp.runtime import compat
-from minddp.runtime.nested import map_tensors
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
 from minddp.comm.wire import Wire
+from minddp.runtime import compat
+from minddp.runtime.nested import map_tensors
 from minddp.sharding.hooks import reduce_scatter_hook
 from minddp.sharding.shards import chunk_range, chunk_size, pack_rank_major, split_block, unpack_rank_major
 from minddp.stages.checks import check_same_model
@@ -54,12 +53,12 @@ class Unit:
 
     index: int
     module: nn.Module
-    shards: list[nn.Parameter]                     # this rank's chunks, fp32 master copies, 1-D
-    shapes: list[torch.Size]                       # the full parameters' shapes
-    places: list[tuple[nn.Module, str, int]]       # (owner, attribute, shard index): where the module holds each
-    full: list[torch.Tensor] | None = None         # gathered full parameters (compute dtype), while needed
-    gathering: tuple | None = None                 # an all-gather in flight: (receiving buffer, Future)
-    accumulated: list[torch.Tensor | None] = field(default_factory=list)   # no_sync gradients
+    shards: list[nn.Parameter]  # this rank's chunks, fp32 master copies, 1-D
+    shapes: list[torch.Size]  # the full parameters' shapes
+    places: list[tuple[nn.Module, str, int]]  # (owner, attribute, shard index): where the module holds each
+    full: list[torch.Tensor] | None = None  # gathered full parameters (compute dtype), while needed
+    gathering: tuple | None = None  # an all-gather in flight: (receiving buffer, Future)
+    accumulated: list[torch.Tensor | None] = field(default_factory=list)  # no_sync gradients
 
     @property
     def numels(self) -> list[int]:
@@ -83,7 +82,7 @@ class Unshard(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fsdp: "FullyShardedDataParallel", unit: Unit, *shards: torch.Tensor):
         ctx.fsdp, ctx.unit = fsdp, unit
-        outputs = tuple(t.detach() for t in unit.full)       # new objects (a unit may run twice), same storage
+        outputs = tuple(t.detach() for t in unit.full)  # new objects (a unit may run twice), same storage
         ctx.mark_non_differentiable(*(o for o, s in zip(outputs, shards) if not s.requires_grad))
         return outputs
 
@@ -123,22 +122,25 @@ class FullyShardedDataParallel(nn.Module):
     :class:`~minddp.comm.wire.Wire` (to meter or reroute the collectives).
     """
 
-    def __init__(self, module: nn.Module, *, process_group=None, compute_dtype: torch.dtype | None = None,
-                 shard=None):
+    def __init__(self, module: nn.Module, *, process_group=None, compute_dtype: torch.dtype | None = None, shard=None):
         super().__init__()
         self.module = module
         self.wire = Wire.of(process_group)
         self.world, self.rank = self.wire.size(), self.wire.group.rank()
         self.compute_dtype = compute_dtype
         self.comm_hook, self.comm_state, self.hook_registered = reduce_scatter_hook, self.wire, False
-        check_same_model(module, self.wire.group)                                                # step 1
+        check_same_model(module, self.wire.group)  # step 1
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 compat.broadcast(tensor, group_src=0, group=self.wire.group)
         self.units = self._make_units(module, as_unit_predicate(shard))
         owned = {id(s) for unit in self.units for s in unit.shards}
-        self.replicated = [(owner, name, p) for owner in module.modules() for name, p in owner._parameters.items()
-                           if p is not None and id(p) not in owned]
+        self.replicated = [
+            (owner, name, p)
+            for owner in module.modules()
+            for name, p in owner._parameters.items()
+            if p is not None and id(p) not in owned
+        ]
         me = weakref.ref(self)
         self.handles = []
         for unit in self.units:
@@ -147,14 +149,14 @@ class FullyShardedDataParallel(nn.Module):
         for p in {id(p): p for _, _, p in self.replicated if p.requires_grad}.values():
             self.handles.append(p.register_post_accumulate_grad_hook(lambda p: me()._replicated_grad_ready(p)))
         weakref.finalize(self, lambda handles: [h.remove() for h in handles], self.handles)
-        self.forward_order: list[int] = [u.index for u in self.units]   # a guess until the first forward
+        self.forward_order: list[int] = [u.index for u in self.units]  # a guess until the first forward
         self.seen_order: list[int] = []
-        self.pending: list[tuple[Unit, GradBucket, torch.futures.Future]] = []   # reduce-scatters in flight
+        self.pending: list[tuple[Unit, GradBucket, torch.futures.Future]] = []  # reduce-scatters in flight
         self.pending_replicated: list[tuple[torch.Tensor, torch.futures.Future]] = []
         self.require_backward_grad_sync = self.sync_this_backward = True
         self.callback_queued = False
-        self.backward_seen: set[int] = set()          # units whose backward has begun (prefetch once each)
-        self.live: dict[int, tuple[int, int]] = {}    # storage address of a gathered full parameter -> (unit, index)
+        self.backward_seen: set[int] = set()  # units whose backward has begun (prefetch once each)
+        self.live: dict[int, tuple[int, int]] = {}  # storage address of a gathered full parameter -> (unit, index)
 
     # -- step 1: units and shards ----------------------------------------------------------------------
 
@@ -186,7 +188,7 @@ class FullyShardedDataParallel(nn.Module):
                 shards.append(shard)
                 shapes.append(p.shape)
                 for owner, name in holders[pid]:
-                    owner._parameters[name] = shard                 # at rest the module holds the shard
+                    owner._parameters[name] = shard  # at rest the module holds the shard
                     places.append((owner, name, i))
             units.append(Unit(len(units), u, shards, shapes, places, accumulated=[None] * len(shards)))
         return units
@@ -195,17 +197,19 @@ class FullyShardedDataParallel(nn.Module):
 
     def forward(self, *inputs, **kwargs):
         if self.pending or self.pending_replicated:
-            raise RuntimeError("the previous backward's gradients are still being reduced: call "
-                               "finish_gradient_synchronization() (or let backward finish) before the next forward")
+            raise RuntimeError(
+                "the previous backward's gradients are still being reduced: call "
+                "finish_gradient_synchronization() (or let backward finish) before the next forward"
+            )
         self.sync_this_backward = self.require_backward_grad_sync
         self.seen_order = []
-        if self.compute_dtype is not None:           # floating inputs compute in the compute dtype too
+        if self.compute_dtype is not None:  # floating inputs compute in the compute dtype too
             cast = lambda t: t.to(self.compute_dtype) if t.is_floating_point() else t  # noqa: E731
             inputs, kwargs = map_tensors(cast, (inputs, kwargs))
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack), self._replicated_in_compute_dtype():
             outputs = self.module(*inputs, **kwargs)
         if self.seen_order:
-            self.forward_order = self.seen_order     # prefetch by what ran, next time
+            self.forward_order = self.seen_order  # prefetch by what ran, next time
         return outputs
 
     @contextlib.contextmanager
@@ -238,7 +242,7 @@ class FullyShardedDataParallel(nn.Module):
         for owner, name, i in unit.places:
             owner._parameters[name] = unit.shards[i]
         if torch.is_grad_enabled() and unit.index == self.forward_order[-1]:
-            return      # the backward starts with the last unit: keep it gathered rather than gather it again
+            return  # the backward starts with the last unit: keep it gathered rather than gather it again
         self._free(unit)
 
     def _pack(self, tensor: torch.Tensor):
@@ -254,8 +258,8 @@ class FullyShardedDataParallel(nn.Module):
             return saved
         self._backward_started()
         unit = self.units[saved.unit]
-        self._gather(unit)                         # at once if prefetched (or kept from the forward)
-        if unit.index not in self.backward_seen:   # its backward starts: ask for the unit before it
+        self._gather(unit)  # at once if prefetched (or kept from the forward)
+        if unit.index not in self.backward_seen:  # its backward starts: ask for the unit before it
             self.backward_seen.add(unit.index)
             self._prefetch(unit, -1)
         return unit.full[saved.param].as_strided(saved.size, saved.stride, saved.offset)
@@ -267,8 +271,12 @@ class FullyShardedDataParallel(nn.Module):
         if unit.full is not None or unit.gathering is not None:
             return
         dtype = self.compute_dtype or unit.shards[0].dtype
-        block = torch.cat([nn.functional.pad(s.detach().to(dtype), (0, chunk_size(n, self.world) - s.numel()))
-                           for s, n in zip(unit.shards, unit.numels)])
+        block = torch.cat(
+            [
+                nn.functional.pad(s.detach().to(dtype), (0, chunk_size(n, self.world) - s.numel()))
+                for s, n in zip(unit.shards, unit.numels)
+            ]
+        )
         gathered = block.new_empty(self.world * block.numel())
         with torch.profiler.record_function(f"minddp.all_gather_launch#{unit.index}"):
             unit.gathering = (gathered, self.wire.all_gather(gathered, block))
@@ -281,9 +289,12 @@ class FullyShardedDataParallel(nn.Module):
         gathered, future = unit.gathering
         future.wait()
         unit.gathering = None
-        unit.full = [t.view(shape) for t, shape in zip(unpack_rank_major(gathered, unit.numels, self.world),
-                                                      unit.shapes)]
-        self.live.update({t.untyped_storage().data_ptr(): (unit.index, i) for i, t in enumerate(unit.full) if t.numel()})
+        unit.full = [
+            t.view(shape) for t, shape in zip(unpack_rank_major(gathered, unit.numels, self.world), unit.shapes)
+        ]
+        self.live.update(
+            {t.untyped_storage().data_ptr(): (unit.index, i) for i, t in enumerate(unit.full) if t.numel()}
+        )
 
     def _prefetch(self, unit: Unit, direction: int) -> None:
         """Start the gather of the unit that ran after (+1, forward) or before (-1, backward) this one."""
@@ -312,15 +323,20 @@ class FullyShardedDataParallel(nn.Module):
         self._backward_started()
         self._free(unit)
         master = [g.to(s.dtype) if g is not None else None for g, s in zip(grads, unit.shards)]
-        for i, (g, acc) in enumerate(zip(master, unit.accumulated)):   # earlier no_sync backwards' sums
+        for i, (g, acc) in enumerate(zip(master, unit.accumulated)):  # earlier no_sync backwards' sums
             if acc is not None:
                 master[i] = acc if g is None else acc + g
         if not self.sync_this_backward:
             unit.accumulated = master
             return
         unit.accumulated = [None] * len(unit.shards)
-        flat = pack_rank_major([g if g is not None else torch.zeros(shape, dtype=s.dtype, device=s.device)
-                                for g, s, shape in zip(master, unit.shards, unit.shapes)], self.world)
+        flat = pack_rank_major(
+            [
+                g if g is not None else torch.zeros(shape, dtype=s.dtype, device=s.device)
+                for g, s, shape in zip(master, unit.shards, unit.shapes)
+            ],
+            self.world,
+        )
         bucket = GradBucket(unit.index, flat, unit.shards, is_last=unit.index == 0)
         self.pending.append((unit, bucket, send(self.comm_hook, self.comm_state, bucket)))
 
@@ -342,18 +358,19 @@ class FullyShardedDataParallel(nn.Module):
         replicated, self.pending_replicated = self.pending_replicated, []
         for p, future in replicated:
             future.wait()
-        for unit in self.units:         # gathered (or prefetched) for a backward that did not need it after all:
-            if unit.gathering is not None:     # the optimizer is about to change the shards, so drop it
+        for unit in self.units:  # gathered (or prefetched) for a backward that did not need it after all:
+            if unit.gathering is not None:  # the optimizer is about to change the shards, so drop it
                 unit.gathering[1].wait()
                 unit.gathering = None
             self._free(unit)
 
-    #: ``ga``'s ``no_sync()``: backwards of forwards run inside keep each unit's full gradients; the next synced one reduces.
+    #: ``ga``'s ``no_sync()``: backwards of forwards run inside keep each unit's full gradients; the next synced one
+    #: reduces.
     no_sync = GradAccumDDP.no_sync
 
     def register_comm_hook(self, state, hook) -> None:
-        """Reduce-scatter through ``hook(state, bucket)`` (:mod:`minddp.sharding.hooks`); ``state`` also carries the gathers."""
-        if self.hook_registered:          # as torch's FSDP and DDP: a second hook would replace the first
+        """Reduce-scatter by ``hook(state, bucket)`` (:mod:`minddp.sharding.hooks`); ``state`` carries the gathers."""
+        if self.hook_registered:  # as torch's FSDP and DDP: a second hook would replace the first
             raise RuntimeError("register_comm_hook can only be called once; build a new wrapper to use another hook")
         self.comm_hook, self.comm_state, self.hook_registered = hook, state, True
         self.wire = Wire.of(state) if state is not None else self.wire

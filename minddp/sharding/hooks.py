@@ -54,8 +54,10 @@ NAMES = ("allreduce", "fp16", "bf16", "noop")
 def check_name(name: str) -> None:
     """A one-line ValueError unless the sharded stages can take the hook called ``name``."""
     if name not in NAMES:
-        raise ValueError(f"hook {name!r} has no reduce-scatter form for the sharded stages (it needs each gradient "
-                         f"whole, as PowerSGD's matrices do); use {', '.join(NAMES)} with zero2 and fsdp")
+        raise ValueError(
+            f"hook {name!r} has no reduce-scatter form for the sharded stages (it needs each gradient "
+            f"whole, as PowerSGD's matrices do); use {', '.join(NAMES)} with zero2 and fsdp"
+        )
 
 
 def sharded_hook(name: str, wire: Wire | None):

@@ -39,7 +39,8 @@ Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
     >>> probe = Probe(wrapped, model, optimizer)             # before a training step
     >>> _ = train_step(wrapped, optimizer, [torch.ones(4, 16)], lambda m, b: m(b).sum())
     >>> probe.result()                                       # AdamW: 2 x 1088 + its 2 step counters
-    {'parameters': 1088, 'gradients': 1088, 'optimizer': 2184, 'activations': 256, 'gathered': 0, 'psi': 272, 'replicated': 0}
+    {'parameters': 1088, 'gradients': 1088, 'optimizer': 2184, 'activations': 256, 'gathered': 0, 'psi': 272,
+     'replicated': 0}
 """
 
 from __future__ import annotations
@@ -91,13 +92,17 @@ class Probe:
         self.param_storages: set[int] = set()
         self.saved: set[int] = set()
         self.saved_bytes = 0
-        self.handles = [optimizer.register_step_pre_hook(self._before_step),
-                        optimizer.register_step_post_hook(self._after_step)]
-        self.fsdp = hasattr(wrapped, "units")        # FSDP: its own saved-tensor hook, and gathered units
+        self.handles = [
+            optimizer.register_step_pre_hook(self._before_step),
+            optimizer.register_step_post_hook(self._after_step),
+        ]
+        self.fsdp = hasattr(wrapped, "units")  # FSDP: its own saved-tensor hook, and gathered units
         if self.fsdp:
             self._watch_fsdp()
-        self.handles += [module.register_forward_pre_hook(self._forward_starts),
-                         module.register_forward_hook(self._forward_ends)]
+        self.handles += [
+            module.register_forward_pre_hook(self._forward_starts),
+            module.register_forward_hook(self._forward_ends),
+        ]
         self.contexts: list = []
 
     def _watch_fsdp(self) -> None:
@@ -126,7 +131,7 @@ class Probe:
         def watched_gather(unit):
             unpacked = unit.full is not None
             gather(unit)
-            if not unpacked:                  # for a moment, both the received buffer and what it unpacked into
+            if not unpacked:  # for a moment, both the received buffer and what it unpacked into
                 received = buffers.pop(unit.index, None)
                 held = gathered_bytes(fsdp) + (received.untyped_storage().nbytes() if received is not None else 0)
                 self.peak_gathered = max(self.peak_gathered, held)
@@ -135,7 +140,7 @@ class Probe:
 
     def _saved(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
-        if storage.data_ptr() not in self.saved and storage.data_ptr() not in self.param_storages:   # set per forward
+        if storage.data_ptr() not in self.saved and storage.data_ptr() not in self.param_storages:  # set per forward
             self.saved.add(storage.data_ptr())
             self.saved_bytes += storage.nbytes()
             self.numbers["activations"] = max(self.numbers["activations"], self.saved_bytes)
@@ -145,7 +150,7 @@ class Probe:
         return tensor
 
     def _forward_starts(self, module, args) -> None:
-        self.saved, self.saved_bytes = set(), 0          # activations of one forward, each forward anew
+        self.saved, self.saved_bytes = set(), 0  # activations of one forward, each forward anew
         # a saved tensor in a parameter's storage (a weight's transpose, say) is the parameter, not an activation
         self.param_storages = {t.untyped_storage().data_ptr() for t in held_parameters(self.wrapped, self.module)}
         if not self.fsdp:
@@ -171,7 +176,7 @@ class Probe:
         for handle in self.handles:
             handle.remove()
         self.handles = []
-        if self.fsdp:                             # FSDP's own methods again (the class's)
+        if self.fsdp:  # FSDP's own methods again (the class's)
             for name in ("_pack", "_start_gather", "_gather"):
                 self.wrapped.__dict__.pop(name, None)
 
@@ -182,9 +187,11 @@ class Probe:
 
 def gathered_bytes(fsdp: nn.Module) -> int:
     """Bytes of FSDP's gathered parameters held now: all-gathers in flight and units unpacked."""
-    return sum((u.gathering[0].untyped_storage().nbytes() if u.gathering is not None else 0)
-               + (sum(t.untyped_storage().nbytes() for t in u.full) if u.full is not None else 0)
-               for u in fsdp.units)
+    return sum(
+        (u.gathering[0].untyped_storage().nbytes() if u.gathering is not None else 0)
+        + (sum(t.untyped_storage().nbytes() for t in u.full) if u.full is not None else 0)
+        for u in fsdp.units
+    )
 
 
 def model_size(wrapped: nn.Module, module: nn.Module) -> dict[str, int]:
@@ -195,27 +202,30 @@ def model_size(wrapped: nn.Module, module: nn.Module) -> dict[str, int]:
         replicated = {id(p): p.numel() for _, _, p in wrapped.replicated if p.requires_grad}
         sharded = sum(n for unit in units for s, n in zip(unit.shards, unit.numels) if s.requires_grad)
         return {"psi": sharded + sum(replicated.values()), "replicated": sum(replicated.values())}
-    full = getattr(wrapped, "full", None)               # zero2's full parameters (its module holds shards)
+    full = getattr(wrapped, "full", None)  # zero2's full parameters (its module holds shards)
     params = full if full is not None else [p for p in module.parameters() if p.requires_grad]
     return {"psi": sum(p.numel() for p in params), "replicated": 0}
 
 
 def format_summary(measured: dict[str, dict], world: int) -> str:
     """The train command's memory table: per stage, rank 0's bytes by kind (MiB) beside the formula."""
-    mib = 2 ** 20
-    head = (f"{'stage':<13}{'params':>9}{'grads':>9}{'optim':>9}{'state':>9}{'formula':>9}{'act':>9}"
-            f"{'gathered':>10}")
+    mib = 2**20
+    head = f"{'stage':<13}{'params':>9}{'grads':>9}{'optim':>9}{'state':>9}{'formula':>9}{'act':>9}{'gathered':>10}"
     lines = ["memory per rank (MiB, rank 0, measured from the tensors on the last step)", head, "-" * len(head)]
     for stage, m in measured.items():
-        kind = stage if stage in STAGES else "ddp"        # every other stage keeps DDP's full copies
+        kind = stage if stage in STAGES else "ddp"  # every other stage keeps DDP's full copies
         formula = formula_bytes(kind, m["psi"], world, m["replicated"] if kind == "fsdp" else 0)
         state = m["parameters"] + m["gradients"] + m["optimizer"]
-        lines.append(f"{stage:<13}{m['parameters'] / mib:>9.3f}{m['gradients'] / mib:>9.3f}{m['optimizer'] / mib:>9.3f}"
-                     f"{state / mib:>9.3f}{formula / mib:>9.3f}{m['activations'] / mib:>9.3f}"
-                     f"{m['gathered'] / mib:>10.3f}")
-    lines.append("state = params + grads + optim; formula = the ZeRO formula for it with AdamW (ddp 16Ψ, zero1 "
-                 "8Ψ+8Ψ/N, zero2 4Ψ+12Ψ/N, fsdp 16Ψ/N + its replicated parameters); act = activations saved "
-                 "for backward; gathered = FSDP's full units at their peak")
+        lines.append(
+            f"{stage:<13}{m['parameters'] / mib:>9.3f}{m['gradients'] / mib:>9.3f}{m['optimizer'] / mib:>9.3f}"
+            f"{state / mib:>9.3f}{formula / mib:>9.3f}{m['activations'] / mib:>9.3f}"
+            f"{m['gathered'] / mib:>10.3f}"
+        )
+    lines.append(
+        "state = params + grads + optim; formula = the ZeRO formula for it with AdamW (ddp 16Ψ, zero1 "
+        "8Ψ+8Ψ/N, zero2 4Ψ+12Ψ/N, fsdp 16Ψ/N + its replicated parameters); act = activations saved "
+        "for backward; gathered = FSDP's full units at their peak"
+    )
     return "\n".join(lines)
 
 
@@ -225,6 +235,10 @@ def formula_bytes(stage: str, psi: int, world: int, replicated: int = 0) -> floa
     ``replicated``: parameters FSDP keeps whole on every rank (outside its units), 16 bytes each.
     """
     n = world
-    formulas = {"ddp": 16 * psi, "zero1": 8 * psi + 8 * psi / n, "zero2": 4 * psi + 12 * psi / n,
-                "fsdp": 16 * (psi - replicated) / n + 16 * replicated}
+    formulas = {
+        "ddp": 16 * psi,
+        "zero1": 8 * psi + 8 * psi / n,
+        "zero2": 4 * psi + 12 * psi / n,
+        "fsdp": 16 * (psi - replicated) / n + 16 * replicated,
+    }
     return formulas[stage]

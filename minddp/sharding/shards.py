@@ -44,8 +44,8 @@ def pack_rank_major(flats: list[torch.Tensor], world: int, out: torch.Tensor | N
     blocks = out.view(world, sum(sizes))
     offset = 0
     for flat, c in zip(flats, sizes):
-        padded = torch.nn.functional.pad(flat.reshape(-1), (0, world * c - flat.numel()))   # zeros at the end
-        blocks[:, offset:offset + c].copy_(padded.view(world, c))       # row r = rank r's chunk
+        padded = torch.nn.functional.pad(flat.reshape(-1), (0, world * c - flat.numel()))  # zeros at the end
+        blocks[:, offset : offset + c].copy_(padded.view(world, c))  # row r = rank r's chunk
         offset += c
     return out
 
@@ -57,8 +57,8 @@ def unpack_rank_major(buffer: torch.Tensor, numels: list[int], world: int) -> li
     out, offset = [], 0
     for n, c in zip(numels, sizes):
         whole = buffer.new_empty(world * c)
-        whole.view(world, c).copy_(blocks[:, offset:offset + c])     # the chunks in rank order
-        out.append(whole[:n])                                        # padding cut off
+        whole.view(world, c).copy_(blocks[:, offset : offset + c])  # the chunks in rank order
+        out.append(whole[:n])  # padding cut off
         offset += c
     return out
 
@@ -68,6 +68,6 @@ def split_block(block: torch.Tensor, numels: list[int], world: int, rank: int) -
     out, offset = [], 0
     for n in numels:
         start, end = chunk_range(n, world, rank)
-        out.append(block[offset:offset + end - start])
+        out.append(block[offset : offset + end - start])
         offset += chunk_size(n, world)
     return out

@@ -46,26 +46,29 @@ class Zero2DDP(AsyncBucketDDP):
     """bucket-async whose buckets are reduce-scattered into per-rank gradient shards (module doc)."""
 
     def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = 25):
-        super().__init__(module, process_group, bucket_cap_mb)     # broadcast, autograd hooks, bucket plan
+        super().__init__(module, process_group, bucket_cap_mb)  # broadcast, autograd hooks, bucket plan
         self.comm_hook = reduce_scatter_hook
         wire = Wire.of(process_group)
         self.world, self.rank = wire.size(), wire.group.rank()
         self.full = [p for p in module.parameters() if p.requires_grad]
         self.shard: dict[nn.Parameter, nn.Parameter] = {}
-        for p in self.full:                                                                       # step 1
+        for p in self.full:  # step 1
             if not p.is_contiguous():
-                raise ValueError(f"zero2 needs contiguous parameters; one of shape {list(p.shape)} is not: "
-                                 "make it contiguous before wrapping")
+                raise ValueError(
+                    f"zero2 needs contiguous parameters; one of shape {list(p.shape)} is not: "
+                    "make it contiguous before wrapping"
+                )
             start, end = chunk_range(p.numel(), self.world, self.rank)
-            self.shard[p] = nn.Parameter(p.detach().view(-1)[start:end])     # a view: steps land in p
+            self.shard[p] = nn.Parameter(p.detach().view(-1)[start:end])  # a view: steps land in p
         # Every place the module holds a parameter (a tied one is held twice), to swap full and shard.
-        self.places = [(owner, name, p) for owner in module.modules()
-                       for name, p in owner._parameters.items() if p in self.shard]
+        self.places = [
+            (owner, name, p) for owner in module.modules() for name, p in owner._parameters.items() if p in self.shard
+        ]
         self.had_grad: set[nn.Parameter] = set()
-        self.stale = False            # True after a sync: the next forward all-gathers first
-        self.gathering: dict[int, tuple] = {}     # bucket -> (its parameters, receiving buffer, Future), in flight
-        self.holding_full = False     # the module holds the full parameters (in a forward), not the shards
-        self.lent = False             # ... because the module was called on its own (``_module_forward``)
+        self.stale = False  # True after a sync: the next forward all-gathers first
+        self.gathering: dict[int, tuple] = {}  # bucket -> (its parameters, receiving buffer, Future), in flight
+        self.holding_full = False  # the module holds the full parameters (in a forward), not the shards
+        self.lent = False  # ... because the module was called on its own (``_module_forward``)
         self._hold("shard")
         me = weakref.ref(self)
         # Step 4: each module that holds parameters waits for their buckets just before its forward.
@@ -77,7 +80,7 @@ class Zero2DDP(AsyncBucketDDP):
         # Called on its own (say, to evaluate), the module takes its full parameters for the forward too.
         handles.append(module.register_forward_pre_hook(lambda m, args: me()._module_forward(starts=True)))
         handles.append(module.register_forward_hook(lambda m, args, out: me()._module_forward(starts=False)))
-        weakref.finalize(self, lambda: [h.remove() for h in handles])        # as hook.py's autograd hooks
+        weakref.finalize(self, lambda: [h.remove() for h in handles])  # as hook.py's autograd hooks
 
     def _hold(self, which: str) -> None:
         """Put the shards (at rest) or the full parameters (during a forward) in the module."""
@@ -87,12 +90,12 @@ class Zero2DDP(AsyncBucketDDP):
 
     def forward(self, *inputs, **kwargs):
         if self.stale:
-            self.gather_parameters(wait=False)                                                    # step 4
+            self.gather_parameters(wait=False)  # step 4
         self._hold("full")
         try:
-            return super().forward(*inputs, **kwargs)       # the module's forward and the checks see them too
+            return super().forward(*inputs, **kwargs)  # the module's forward and the checks see them too
         finally:
-            self._wait_for(list(self.gathering))            # buckets no layer asked for (unused parameters)
+            self._wait_for(list(self.gathering))  # buckets no layer asked for (unused parameters)
             self._hold("shard")
 
     def _module_forward(self, starts: bool) -> None:
@@ -116,7 +119,7 @@ class Zero2DDP(AsyncBucketDDP):
         for p in members:
             p.grad = None
         bucket = GradBucket(b, flat, members, is_last=b == len(self.buckets) - 1)
-        self.in_flight.append((bucket, send(self.comm_hook, self.comm_state, bucket)))   # as bucket-async
+        self.in_flight.append((bucket, send(self.comm_hook, self.comm_state, bucket)))  # as bucket-async
 
     def _write_back(self, bucket: GradBucket, shard_average: torch.Tensor) -> None:
         """Step 3: this rank's chunk of each averaged gradient becomes its shard's ``.grad``."""
@@ -130,7 +133,7 @@ class Zero2DDP(AsyncBucketDDP):
         super().finish_gradient_synchronization()
         if self.sync_this_backward:
             self.had_grad.clear()
-            self.stale = True          # the optimizer steps the shards next
+            self.stale = True  # the optimizer steps the shards next
 
     @torch.no_grad()
     def gather_parameters(self, wait: bool = True) -> None:
@@ -139,13 +142,18 @@ class Zero2DDP(AsyncBucketDDP):
         (Called with ``wait`` after loading shards, and by :meth:`full_parameters`.)
         """
         wire = Wire.of(self.comm_state)
-        for b in reversed(range(len(self.buckets))):             # the last bucket holds the first layers
+        for b in reversed(range(len(self.buckets))):  # the last bucket holds the first layers
             members = self.buckets[b]
-            block = torch.cat([nn.functional.pad(self.shard[p].detach(), (0, chunk_size(p.numel(), self.world)
-                                                                          - self.shard[p].numel()))
-                               for p in members])
+            block = torch.cat(
+                [
+                    nn.functional.pad(
+                        self.shard[p].detach(), (0, chunk_size(p.numel(), self.world) - self.shard[p].numel())
+                    )
+                    for p in members
+                ]
+            )
             gathered = block.new_empty(self.world * block.numel())
-            with torch.profiler.record_function(f"minddp.all_gather_launch#{b}"):     # named, as send() names buckets
+            with torch.profiler.record_function(f"minddp.all_gather_launch#{b}"):  # named, as send() names buckets
                 self.gathering[b] = (members, gathered, wire.all_gather(gathered, block))
         self.stale = False
         if wait:

@@ -48,13 +48,13 @@ class BucketDDP(HookDDP):
         super().__init__(module, process_group)
         params = [p for p in module.parameters() if p.requires_grad]
         self.bucket_cap_mb = bucket_cap_mb
-        self.buckets = [[params[i] for i in b] for b in plan_buckets(params, bucket_cap_mb)]   # step 1
+        self.buckets = [[params[i] for i in b] for b in plan_buckets(params, bucket_cap_mb)]  # step 1
         self.bucket_of = {p: b for b, members in enumerate(self.buckets) for p in members}
-        self.waiting = [len(members) for members in self.buckets]    # gradients each bucket waits for
+        self.waiting = [len(members) for members in self.buckets]  # gradients each bucket waits for
 
     def _grad_ready(self, param: nn.Parameter) -> None:
-        if self.sync_this_backward:                                                  # step 2
-            self.parameters_used.check()          # before the first send of the step (a no-op after it)
+        if self.sync_this_backward:  # step 2
+            self.parameters_used.check()  # before the first send of the step (a no-op after it)
             b = self.bucket_of[param]
             self.waiting[b] -= 1
             if self.waiting[b] == 0:
@@ -67,7 +67,7 @@ class BucketDDP(HookDDP):
         self._sent(bucket, send(self.comm_hook, self.comm_state, bucket))
 
     def _write_back(self, bucket: GradBucket, average: torch.Tensor) -> None:
-        pieces = average.view(-1).split([p.numel() for p in bucket.parameters()])   # step 3
+        pieces = average.view(-1).split([p.numel() for p in bucket.parameters()])  # step 3
         for param, piece in zip(bucket.parameters(), pieces):
             if param.grad is not None:
                 param.grad.copy_(piece.view_as(param.grad))
@@ -75,7 +75,7 @@ class BucketDDP(HookDDP):
     def finish_gradient_synchronization(self) -> None:
         """Send the buckets that did not fill (see the module doc), then finish as :mod:`hook` does."""
         if self.sync_this_backward:
-            self.parameters_used.check()          # if no gradient came at all, nothing was checked yet
+            self.parameters_used.check()  # if no gradient came at all, nothing was checked yet
             for b, waiting in enumerate(self.waiting):
                 if waiting > 0:
                     self._send_bucket(b)

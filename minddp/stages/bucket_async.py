@@ -50,20 +50,20 @@ class AsyncBucketDDP(GradAccumDDP):
     """
 
     def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = 25):
-        super().__init__(module, process_group)                     # ga: broadcast, checks, no_sync
+        super().__init__(module, process_group)  # ga: broadcast, checks, no_sync
         params = [p for p in module.parameters() if p.requires_grad]
         self.bucket_cap_mb = bucket_cap_mb
-        self.buckets = [[params[i] for i in b] for b in plan_buckets(params, bucket_cap_mb)]   # step 1
+        self.buckets = [[params[i] for i in b] for b in plan_buckets(params, bucket_cap_mb)]  # step 1
         self.bucket_of = {p: b for b, members in enumerate(self.buckets) for p in members}
-        self.waiting = [len(members) for members in self.buckets]    # gradients each bucket waits for
-        self.in_flight: list[tuple[GradBucket, torch.futures.Future]] = []     # sent, not yet waited for
-        me = weakref.ref(self)          # as hook.py: autograd's C++ side holds the hooks, so hold us weakly
+        self.waiting = [len(members) for members in self.buckets]  # gradients each bucket waits for
+        self.in_flight: list[tuple[GradBucket, torch.futures.Future]] = []  # sent, not yet waited for
+        me = weakref.ref(self)  # as hook.py: autograd's C++ side holds the hooks, so hold us weakly
         handles = [p.register_post_accumulate_grad_hook(lambda p: me()._grad_ready(p)) for p in params]
         weakref.finalize(self, lambda: [h.remove() for h in handles])
 
     def _grad_ready(self, param: nn.Parameter) -> None:
-        if self.sync_this_backward:                                                  # step 2
-            self.parameters_used.check()          # before the first send of the step (a no-op after it)
+        if self.sync_this_backward:  # step 2
+            self.parameters_used.check()  # before the first send of the step (a no-op after it)
             b = self.bucket_of[param]
             self.waiting[b] -= 1
             if self.waiting[b] == 0:
@@ -73,11 +73,11 @@ class AsyncBucketDDP(GradAccumDDP):
         members = self.buckets[b]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in members])
         bucket = GradBucket(b, flat, members, is_last=b == len(self.buckets) - 1)
-        self.in_flight.append((bucket, send(self.comm_hook, self.comm_state, bucket)))   # no wait
+        self.in_flight.append((bucket, send(self.comm_hook, self.comm_state, bucket)))  # no wait
 
     def finish_gradient_synchronization(self) -> None:
         """Send the buckets that did not fill (zeros where a gradient is missing), wait for all (step 3)."""
-        self.parameters_used.check()              # if no gradient came at all, nothing was checked yet
+        self.parameters_used.check()  # if no gradient came at all, nothing was checked yet
         if self.sync_this_backward:
             for b, waiting in enumerate(self.waiting):
                 if waiting > 0:
@@ -88,7 +88,7 @@ class AsyncBucketDDP(GradAccumDDP):
         self.in_flight.clear()
 
     def _write_back(self, bucket: GradBucket, average: torch.Tensor) -> None:
-        pieces = average.view(-1).split([p.numel() for p in bucket.parameters()])   # step 3
+        pieces = average.view(-1).split([p.numel() for p in bucket.parameters()])  # step 3
         for param, piece in zip(bucket.parameters(), pieces):
             if param.grad is not None:
                 param.grad.copy_(piece.view_as(param.grad))

@@ -28,8 +28,9 @@ import torch
 MB = 1024 * 1024
 
 
-def plan_buckets(params: list[torch.Tensor], bucket_cap_mb: float | None,
-                 first_bucket_cap_mb: float | None = None) -> list[list[int]]:
+def plan_buckets(
+    params: list[torch.Tensor], bucket_cap_mb: float | None, first_bucket_cap_mb: float | None = None
+) -> list[list[int]]:
     """Group parameter indices into buckets; returns indices into ``params``.
 
     ``first_bucket_cap_mb`` lets the first bucket of each dtype be smaller
@@ -38,26 +39,25 @@ def plan_buckets(params: list[torch.Tensor], bucket_cap_mb: float | None,
     """
     if bucket_cap_mb is not None and not bucket_cap_mb > 0:
         raise ValueError(f"bucket_cap_mb must be > 0 or None, got {bucket_cap_mb!r}")
-    open_buckets: dict[tuple, list[int]] = {}   # (dtype, device) -> bucket being filled
+    open_buckets: dict[tuple, list[int]] = {}  # (dtype, device) -> bucket being filled
     open_bytes: dict[tuple, int] = {}
-    n_closed: dict[tuple, int] = {}             # buckets closed so far, per (dtype, device)
+    n_closed: dict[tuple, int] = {}  # buckets closed so far, per (dtype, device)
     closed: list[list[int]] = []
 
     def cap_bytes(key: tuple) -> float:
         if bucket_cap_mb is None:
-            return float("inf")                                                 # step 3
+            return float("inf")  # step 3
         first = first_bucket_cap_mb is not None and n_closed.get(key, 0) == 0
-        return int((first_bucket_cap_mb if first else bucket_cap_mb) * MB)   # whole bytes, as torch
+        return int((first_bucket_cap_mb if first else bucket_cap_mb) * MB)  # whole bytes, as torch
 
-    for index in reversed(range(len(params))):                                  # step 1
+    for index in reversed(range(len(params))):  # step 1
         p = params[index]
-        key = (p.dtype, p.device)                                              # step 4
+        key = (p.dtype, p.device)  # step 4
         open_buckets.setdefault(key, []).append(index)
         open_bytes[key] = open_bytes.get(key, 0) + p.numel() * p.element_size()
-        if open_bytes[key] >= cap_bytes(key):                                  # step 2
+        if open_bytes[key] >= cap_bytes(key):  # step 2
             closed.append(open_buckets.pop(key))
             open_bytes[key] = 0
             n_closed[key] = n_closed.get(key, 0) + 1
-    closed.extend(b for b in open_buckets.values() if b)   # the last, partly filled buckets
+    closed.extend(b for b in open_buckets.values() if b)  # the last, partly filled buckets
     return closed
-

@@ -59,7 +59,7 @@ class ParameterUse:
     def __init__(self, module: nn.Module, group: dist.ProcessGroup | None):
         self.named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
         self.group = group
-        self.reached: set[int] | None = None     # None: no forward since the last check
+        self.reached: set[int] | None = None  # None: no forward since the last check
 
     def saw(self, outputs: Any) -> None:
         """After a forward: note the parameters its graph reaches (no message; a forward without grad notes none)."""
@@ -74,16 +74,18 @@ class ParameterUse:
         """
         if self.reached is None or not self.named:
             return
-        mine = torch.tensor([id(p) in self.reached for _, p in self.named], dtype=torch.uint8,
-                            device=self.named[0][1].device)     # the model's device: one its group serves
+        mine = torch.tensor(
+            [id(p) in self.reached for _, p in self.named], dtype=torch.uint8, device=self.named[0][1].device
+        )  # the model's device: one its group serves
         self.reached = None
         gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(self.group))]
         dist.all_gather(gathered, mine, group=self.group)
-        everyone = torch.stack(gathered)                      # ranks x parameters: 1 where reached
+        everyone = torch.stack(gathered)  # ranks x parameters: 1 where reached
         differ = (everyone.min(0).values != everyone.max(0).values).nonzero().view(-1).tolist()
         if differ:
-            where = "; ".join(f"{self.named[i][0]!r} on ranks {everyone[:, i].nonzero().view(-1).tolist()} only"
-                              for i in differ[:4])
+            where = "; ".join(
+                f"{self.named[i][0]!r} on ranks {everyone[:, i].nonzero().view(-1).tolist()} only" for i in differ[:4]
+            )
             raise RuntimeError(
                 f"the forwards of this step used different parameters on different ranks ({where}"
                 f"{'; ...' if len(differ) > 4 else ''}), so the ranks would send different gradients and pair "

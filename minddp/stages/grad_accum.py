@@ -37,13 +37,13 @@ from minddp.stages.simple import SimpleDDP
 class GradAccumDDP(SimpleDDP):
     """SimpleDDP that skips the sync on non-boundary micro-steps (``no_sync()``)."""
 
-    require_backward_grad_sync = True    # torch's name; False inside no_sync()
-    sync_this_backward = True            # what the last forward decided
+    require_backward_grad_sync = True  # torch's name; False inside no_sync()
+    sync_this_backward = True  # what the last forward decided
 
     @contextlib.contextmanager
     def no_sync(self):
         """Accumulate gradients locally for the backwards of forwards run inside."""
-        before = self.require_backward_grad_sync     # restored, not set: a no_sync inside a no_sync stays off
+        before = self.require_backward_grad_sync  # restored, not set: a no_sync inside a no_sync stays off
         self.require_backward_grad_sync = False
         try:
             yield
@@ -51,9 +51,9 @@ class GradAccumDDP(SimpleDDP):
             self.require_backward_grad_sync = before
 
     def forward(self, *inputs, **kwargs):
-        self.sync_this_backward = self.require_backward_grad_sync                 # step 1
+        self.sync_this_backward = self.require_backward_grad_sync  # step 1
         return super().forward(*inputs, **kwargs)
 
     def finish_gradient_synchronization(self) -> None:
-        if self.sync_this_backward:                                               # step 2
+        if self.sync_this_backward:  # step 2
             super().finish_gradient_synchronization()

@@ -33,7 +33,7 @@ def parameters_reached(outputs: Any) -> set[int]:
         if node is None or node in seen:
             continue
         seen.add(node)
-        variable = getattr(node, "variable", None)   # only AccumulateGrad nodes have one
+        variable = getattr(node, "variable", None)  # only AccumulateGrad nodes have one
         if variable is not None:
             found.add(id(variable))
         stack.extend(next_node for next_node, _ in node.next_functions)

@@ -8,7 +8,7 @@ with backward but does not overlap it: autograd stands still while we wait (``ho
 the wait). The hooks hold the wrapper weakly (``docs/ladder.md`` says why). The change::
 
          def __init__(self, module: nn.Module, process_group=None):
-    +        handles = [p.register_post_accumulate_grad_hook(lambda p: me()._grad_ready(p))
+    +            p.register_post_accumulate_grad_hook(lambda p: me()._grad_ready(p))  # step 1
     +    def _grad_ready(self, param: nn.Parameter) -> None:
     +            self._sent(bucket, send(self.comm_hook, self.comm_state, bucket))
     +    def _sent(self, bucket: GradBucket, future: torch.futures.Future) -> None:
@@ -42,16 +42,18 @@ class HookDDP(GradAccumDDP):
     def __init__(self, module: nn.Module, process_group=None):
         super().__init__(module, process_group)
         params = [p for p in module.parameters() if p.requires_grad]
-        self.index = {p: i for i, p in enumerate(reversed(params))}   # bucket index: last layers first
+        self.index = {p: i for i, p in enumerate(reversed(params))}  # bucket index: last layers first
         me = weakref.ref(self)
-        handles = [p.register_post_accumulate_grad_hook(lambda p: me()._grad_ready(p))   # step 1
-                   for p in params]
+        handles = [
+            p.register_post_accumulate_grad_hook(lambda p: me()._grad_ready(p))  # step 1
+            for p in params
+        ]
         weakref.finalize(self, lambda: [h.remove() for h in handles])
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         """Step 2: autograd has finished ``param``'s gradient for this backward."""
         if self.sync_this_backward:
-            self.parameters_used.check()          # before the first send of the step (a no-op after it)
+            self.parameters_used.check()  # before the first send of the step (a no-op after it)
             i = self.index[param]
             bucket = GradBucket(i, param.grad.reshape(-1), [param], is_last=i == len(self.index) - 1)
             self._sent(bucket, send(self.comm_hook, self.comm_state, bucket))
@@ -61,9 +63,9 @@ class HookDDP(GradAccumDDP):
         self._write_back(bucket, future.wait())
 
     def _write_back(self, bucket: GradBucket, average: torch.Tensor) -> None:
-        param, = bucket.parameters()
+        (param,) = bucket.parameters()
         param.grad.copy_(average.view_as(param.grad))
 
     def finish_gradient_synchronization(self) -> None:
         """Nothing left to do: every gradient was averaged during backward."""
-        self.parameters_used.check()              # only if no gradient at all came in this backward
+        self.parameters_used.check()  # only if no gradient at all came in this backward

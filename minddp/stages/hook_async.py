@@ -42,7 +42,7 @@ class AsyncHookDDP(HookDDP):
         self.in_flight: list[tuple[GradBucket, torch.futures.Future]] = []
 
     def _sent(self, bucket: GradBucket, future: torch.futures.Future) -> None:
-        self.in_flight.append((bucket, future))          # step 1: no wait, backward goes on
+        self.in_flight.append((bucket, future))  # step 1: no wait, backward goes on
 
     def finish_gradient_synchronization(self) -> None:
         """Wait for every all_reduce still in flight and write the averages back (step 2)."""

@@ -29,10 +29,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minddp.runtime import compat
 from minddp.comm.default_hooks import allreduce_hook
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
+from minddp.runtime import compat
 from minddp.stages.checks import ParameterUse, check_same_model
 
 
@@ -43,8 +43,8 @@ class SimpleDDP(nn.Module):
         super().__init__()
         self.module = module
         self.process_group = process_group
-        check_same_model(module, process_group)                  # a broadcast between different models hangs
-        with torch.no_grad():                                                     # step 1
+        check_same_model(module, process_group)  # a broadcast between different models hangs
+        with torch.no_grad():  # step 1
             for tensor in [*module.parameters(), *module.buffers()]:
                 compat.broadcast(tensor, group_src=0, group=process_group)
         # How gradients travel: plain averaging unless another hook is registered (once, as torch allows).
@@ -53,20 +53,20 @@ class SimpleDDP(nn.Module):
 
     def register_comm_hook(self, state, hook) -> None:
         """Send gradients through ``hook(state, bucket) -> Future[Tensor]`` instead of plain averaging; once."""
-        if self.hook_registered:          # as torch's DDP: a second hook would silently replace the first
+        if self.hook_registered:  # as torch's DDP: a second hook would silently replace the first
             raise RuntimeError("register_comm_hook can only be called once; build a new wrapper to use another hook")
         self.comm_hook, self.comm_state, self.hook_registered = hook, state, True
 
     def forward(self, *inputs, **kwargs):
         outputs = self.module(*inputs, **kwargs)
-        self.parameters_used.saw(outputs)        # checked across ranks before the first gradient is sent
+        self.parameters_used.saw(outputs)  # checked across ranks before the first gradient is sent
         return outputs
 
     def finish_gradient_synchronization(self) -> None:
         """Average every gradient across ranks (step 2). Call after ``backward()``."""
         self.parameters_used.check()
         params = [p for p in self.module.parameters() if p.grad is not None]
-        for index, param in enumerate(reversed(params)):      # backward made the last layers' first
+        for index, param in enumerate(reversed(params)):  # backward made the last layers' first
             bucket = GradBucket(index, param.grad.reshape(-1), [param], is_last=index == len(params) - 1)
             average = send(self.comm_hook, self.comm_state, bucket).wait()
             param.grad.copy_(average.view_as(param.grad))

@@ -44,9 +44,23 @@ FORMAT = "minddp-checkpoint/1"
 
 #: Config fields a resumed run must share with the saved one: they decide the model, the data order
 #: or the shape of the per-rank hook state. (``steps``, ``lr``, ``timeout``, profiling may change.)
-MUST_MATCH = ("model", "dtype", "dataset", "max_seq_len", "seed", "batch_size", "grad_accum", "world_size",
-              "stage", "hook", "bucket_cap_mb", "powersgd_rank", "powersgd_min_compression_rate",
-              "powersgd_error_feedback", "powersgd_warm_start")
+MUST_MATCH = (
+    "model",
+    "dtype",
+    "dataset",
+    "max_seq_len",
+    "seed",
+    "batch_size",
+    "grad_accum",
+    "world_size",
+    "stage",
+    "hook",
+    "bucket_cap_mb",
+    "powersgd_rank",
+    "powersgd_min_compression_rate",
+    "powersgd_error_feedback",
+    "powersgd_warm_start",
+)
 
 
 class CheckpointError(ValueError):
@@ -54,6 +68,7 @@ class CheckpointError(ValueError):
 
 
 # -- what one rank knows ----------------------------------------------------------------------------
+
 
 def _to_cpu(obj: Any) -> Any:
     """Tensors (also inside a hook state) moved to the CPU, so the file loads on any machine."""
@@ -68,6 +83,7 @@ def _hook_fields(hook_state: Any) -> dict | None:
     to keep across a restart (and a group cannot be pickled).
     """
     from minddp.comm.wire import Wire
+
     if hook_state is None or isinstance(hook_state, (dist.ProcessGroup, Wire)):
         return None
     fields = hook_state.__getstate__()  # PowerSGDState drops its group here
@@ -83,6 +99,7 @@ def _rank_state(hook_state: Any, extra: dict) -> bytes:
 
 # -- saving -----------------------------------------------------------------------------------------
 
+
 def remove_stale_temporaries(path: str) -> list[str]:
     """Remove the ``.<name>.tmp-<pid>`` files an earlier save of ``path`` left (its process was killed mid-save).
 
@@ -90,10 +107,11 @@ def remove_stale_temporaries(path: str) -> list[str]:
     alive) keeps its file. Returns the names removed.
     """
     from minddp.runtime.processes import alive
+
     folder, prefix = os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp-"
     removed = []
     for name in os.listdir(folder) if os.path.isdir(folder) else []:
-        pid = name[len(prefix):]
+        pid = name[len(prefix) :]
         if name.startswith(prefix) and pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
             try:
                 os.remove(os.path.join(folder, name))
@@ -110,11 +128,11 @@ def atomic_write(data: bytes, path: str) -> None:
     remove_stale_temporaries(path)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:                                                    # step 2
+        with open(tmp, "wb") as f:  # step 2
             _write_all(f, data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)                                                         # step 3
+        os.replace(tmp, path)  # step 3
     except BaseException:
         if os.path.exists(tmp):  # a failed save must not leave litter beside the good file
             os.remove(tmp)
@@ -130,16 +148,24 @@ def _write_all(f, data: bytes) -> None:
     f.write(data)
 
 
-def save_checkpoint(path: str, *, model: nn.Module, optimizer: torch.optim.Optimizer, step: int,
-                    config: dict, hook_state: Any = None, extra: dict | None = None,
-                    group: dist.ProcessGroup | None = None) -> None:
+def save_checkpoint(
+    path: str,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    config: dict,
+    hook_state: Any = None,
+    extra: dict | None = None,
+    group: dist.ProcessGroup | None = None,
+) -> None:
     """Save the run after ``step`` optimizer steps; call on every rank (it gathers and synchronises).
 
     ``extra`` holds per-rank values to keep (e.g. the losses so far); they come back per rank.
     """
     distributed = dist.is_initialized()
     mine = _rank_state(hook_state, extra or {})
-    if distributed:                                                                   # step 1
+    if distributed:  # step 1
         shares: list = [None] * dist.get_world_size(group)
         dist.all_gather_object(shares, mine, group=group)
         rank = dist.get_rank(group)
@@ -147,18 +173,25 @@ def save_checkpoint(path: str, *, model: nn.Module, optimizer: torch.optim.Optim
         shares, rank = [mine], 0
     if rank == 0:
         from minddp.runtime.hang import alone
-        with alone("writing the checkpoint"):        # the other ranks wait at the barrier meanwhile
-            payload = {"format": FORMAT, "step": step, "config": dict(config),
-                       "model": _to_cpu(model.state_dict()), "optimizer": _to_cpu(optimizer.state_dict()),
-                       "ranks": shares}
+
+        with alone("writing the checkpoint"):  # the other ranks wait at the barrier meanwhile
+            payload = {
+                "format": FORMAT,
+                "step": step,
+                "config": dict(config),
+                "model": _to_cpu(model.state_dict()),
+                "optimizer": _to_cpu(optimizer.state_dict()),
+                "ranks": shares,
+            }
             buf = io.BytesIO()
             torch.save(payload, buf)
-            atomic_write(buf.getvalue(), path)                                        # steps 2-3
+            atomic_write(buf.getvalue(), path)  # steps 2-3
     if distributed:
-        dist.barrier(group=group)                                                     # step 4
+        dist.barrier(group=group)  # step 4
 
 
 # -- loading ----------------------------------------------------------------------------------------
+
 
 def read_checkpoint(path: str) -> dict:
     """The checkpoint at ``path`` as saved, or :class:`CheckpointError` saying why it cannot be used.
@@ -168,6 +201,7 @@ def read_checkpoint(path: str) -> dict:
     """
     if os.path.isdir(path):
         from minddp.train.sharded_checkpoint import read_meta
+
         try:
             return {**read_meta(path), "sharded": True}
         except ValueError as exc:
@@ -176,17 +210,23 @@ def read_checkpoint(path: str) -> dict:
         raise CheckpointError(f"--resume {path!r}: no such file; give a checkpoint written with --save-every")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except (pickle.UnpicklingError, UnicodeDecodeError) as exc:   # not a torch file at all (text, random bytes)
-        raise CheckpointError(f"{path!r} is not a checkpoint (not a file torch.save wrote: {_first_line(exc)}); "
-                              "give a file written by python -m minddp.train --save-every") from None
+    except (pickle.UnpicklingError, UnicodeDecodeError) as exc:  # not a torch file at all (text, random bytes)
+        raise CheckpointError(
+            f"{path!r} is not a checkpoint (not a file torch.save wrote: {_first_line(exc)}); "
+            "give a file written by python -m minddp.train --save-every"
+        ) from None
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - a damaged file fails in many ways; the user needs one line
-        raise CheckpointError(f"checkpoint {path!r} is corrupt or truncated ({_first_line(exc)}); resume from an "
-                              "earlier checkpoint or start afresh") from None
+        raise CheckpointError(
+            f"checkpoint {path!r} is corrupt or truncated ({_first_line(exc)}); resume from an "
+            "earlier checkpoint or start afresh"
+        ) from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        raise CheckpointError(f"{path!r} is not a minddp checkpoint (expected format {FORMAT}); give a file "
-                              "written by python -m minddp.train --save-every")
+        raise CheckpointError(
+            f"{path!r} is not a minddp checkpoint (expected format {FORMAT}); give a file "
+            "written by python -m minddp.train --save-every"
+        )
     return ckpt
 
 
@@ -198,13 +238,20 @@ def check_run(ckpt: dict, path: str, config: dict) -> None:
     """Refuse a checkpoint of another world size or another run (see :data:`MUST_MATCH`)."""
     ranks = ckpt["world_size"] if ckpt.get("sharded") else len(ckpt["ranks"])
     if "world_size" in config and ranks != config["world_size"] and not ckpt.get("sharded"):
-        raise CheckpointError(f"checkpoint {path!r} was saved by {ranks} ranks, this run has "
-                              f"{config['world_size']}; resume with --world-size {ranks}")
-    differs = [f"--{k.replace('_', '-')} {ckpt['config'].get(k)!r} there, {config[k]!r} here"
-               for k in MUST_MATCH if k in config and k != "world_size" and ckpt["config"].get(k) != config[k]]
+        raise CheckpointError(
+            f"checkpoint {path!r} was saved by {ranks} ranks, this run has "
+            f"{config['world_size']}; resume with --world-size {ranks}"
+        )
+    differs = [
+        f"--{k.replace('_', '-')} {ckpt['config'].get(k)!r} there, {config[k]!r} here"
+        for k in MUST_MATCH
+        if k in config and k != "world_size" and ckpt["config"].get(k) != config[k]
+    ]
     if differs:
-        raise CheckpointError(f"checkpoint {path!r} belongs to another run ({'; '.join(differs)}); resume with "
-                              "the options it was saved with")
+        raise CheckpointError(
+            f"checkpoint {path!r} belongs to another run ({'; '.join(differs)}); resume with "
+            "the options it was saved with"
+        )
 
 
 def check_model(ckpt: dict, path: str, model: nn.Module) -> None:
@@ -216,6 +263,7 @@ def check_shapes(ckpt: dict, path: str, here: dict[str, tuple[tuple[int, ...], t
     """:func:`check_model` against ``name -> (shape, dtype)`` (e.g. a model built on the meta device)."""
     if ckpt.get("sharded"):
         from minddp.train.sharded_checkpoint import check_shapes as check_sharded
+
         try:
             return check_sharded(path, here)
         except ValueError as exc:
@@ -223,24 +271,31 @@ def check_shapes(ckpt: dict, path: str, here: dict[str, tuple[tuple[int, ...], t
     saved = ckpt["model"]
     if saved.keys() != here.keys():
         only_saved, only_here = sorted(saved.keys() - here.keys()), sorted(here.keys() - saved.keys())
-        raise CheckpointError(f"checkpoint {path!r} holds another model: entries only in the checkpoint "
-                              f"{only_saved[:3]}, only in this model {only_here[:3]}; resume with the model "
-                              "it was saved with")
+        raise CheckpointError(
+            f"checkpoint {path!r} holds another model: entries only in the checkpoint "
+            f"{only_saved[:3]}, only in this model {only_here[:3]}; resume with the model "
+            "it was saved with"
+        )
     for name, (shape, dtype) in here.items():
         if tuple(saved[name].shape) != tuple(shape) or saved[name].dtype != dtype:
-            raise CheckpointError(f"checkpoint {path!r} holds another model: {name!r} is "
-                                  f"{list(saved[name].shape)} {saved[name].dtype} there, {list(shape)} "
-                                  f"{dtype} here; resume with the model it was saved with")
+            raise CheckpointError(
+                f"checkpoint {path!r} holds another model: {name!r} is "
+                f"{list(saved[name].shape)} {saved[name].dtype} there, {list(shape)} "
+                f"{dtype} here; resume with the model it was saved with"
+            )
 
 
 def check_contents(ckpt: dict, path: str, params: int) -> None:
     """The rest of the file is whole: an optimizer state for ``params`` parameters, every rank's share readable."""
-    if ckpt.get("sharded"):      # DCP checks every piece it reads at load; here: every rank's share is there
+    if ckpt.get("sharded"):  # DCP checks every piece it reads at load; here: every rank's share is there
         from minddp.train.sharded_checkpoint import saved_ranks
+
         missing = sorted(set(range(ckpt["world_size"])) - saved_ranks(path))
         if missing:
-            raise CheckpointError(f"checkpoint {path!r} lacks the state of ranks {missing}; resume from an earlier "
-                                  "checkpoint or start afresh")
+            raise CheckpointError(
+                f"checkpoint {path!r} lacks the state of ranks {missing}; resume from an earlier "
+                "checkpoint or start afresh"
+            )
         return
     try:
         state = ckpt["optimizer"]
@@ -248,14 +303,19 @@ def check_contents(ckpt: dict, path: str, params: int) -> None:
         shares = [torch.load(io.BytesIO(b), map_location="cpu", weights_only=False) for b in ckpt["ranks"]]
         missing = [r for r, share in enumerate(shares) if not {"rng", "hook_state"} <= set(share)]
     except Exception as exc:  # noqa: BLE001 - any damage inside the file: one line
-        raise CheckpointError(f"checkpoint {path!r} is damaged inside ({_first_line(exc)}); resume from an "
-                              "earlier checkpoint or start afresh") from None
+        raise CheckpointError(
+            f"checkpoint {path!r} is damaged inside ({_first_line(exc)}); resume from an "
+            "earlier checkpoint or start afresh"
+        ) from None
     if saved_params != params:
-        raise CheckpointError(f"checkpoint {path!r} holds an optimizer for {saved_params} parameters, this model "
-                              f"has {params}; resume with the model it was saved with")
+        raise CheckpointError(
+            f"checkpoint {path!r} holds an optimizer for {saved_params} parameters, this model "
+            f"has {params}; resume with the model it was saved with"
+        )
     if missing:
-        raise CheckpointError(f"checkpoint {path!r} lacks the state of ranks {missing}; resume from an earlier "
-                              "checkpoint or start afresh")
+        raise CheckpointError(
+            f"checkpoint {path!r} lacks the state of ranks {missing}; resume from an earlier checkpoint or start afresh"
+        )
 
 
 def load_checkpoint(path: str, *, model: nn.Module, config: dict, rank: int = 0) -> dict:
@@ -277,8 +337,9 @@ def restore(ckpt: dict, *, optimizer: torch.optim.Optimizer, hook_state: Any = N
     optimizer.load_state_dict(ckpt["optimizer"])  # moves state to the parameters' device
     fields = ckpt["rank"]["hook_state"]
     if (fields is None) != (_hook_fields(hook_state) is None):
-        raise CheckpointError("the checkpoint's comm hook state does not fit this run's hook; resume with the "
-                              "--hook it was saved with")
+        raise CheckpointError(
+            "the checkpoint's comm hook state does not fit this run's hook; resume with the --hook it was saved with"
+        )
     if fields is not None:
         group = getattr(hook_state, "process_group", None)
         fields = map_tensors(lambda t: t.to(_device_of(optimizer)), fields)

@@ -39,7 +39,6 @@ from minddp.runtime.hang import DEFAULT_HANG_S
 from minddp.train.hub import is_local_path
 from minddp.train.models import DTYPES, GPU_PRESET, OFFLINE_MODEL, OFFLINE_PRESETS
 
-
 #: A bad or contradictory option (one line: cause and fix); the same error every minddp tool raises.
 ConfigError = UsageError
 
@@ -50,6 +49,7 @@ def _opt(default: Any, help: str, **extra: Any) -> Any:
 
 def stage_choices() -> list[str]:
     from minddp.ladder import BASELINES, STAGES
+
     return list(BASELINES[:1]) + list(STAGES) + list(BASELINES[1:]) + ["all"]
 
 
@@ -59,11 +59,13 @@ SHARDED_LADDER = ["ddp", "zero1", "zero2", "fsdp"]
 
 def hook_choices() -> list[str]:
     from minddp.comm.registry import hook_names
+
     return list(hook_names())
 
 
 def collective_choices() -> list[str]:
     from minddp.collectives import TRANSPORTS
+
     return list(TRANSPORTS)
 
 
@@ -84,29 +86,36 @@ _positive = number(float, low=0, low_open=True)
 
 
 def stage_list(allowed=None):
-    """An argparse ``type``: one stage name, a comma list of them, 'all' or 'sharded' (train and bench read it alike)."""
+    """An argparse ``type``: one stage name, a comma list of them, 'all' or 'sharded' (train and bench alike)."""
+
     def parse(text: str) -> str:
         names = [n.strip() for n in text.split(",") if n.strip()]
-        from minddp.ladder import FAULT_TOLERANT       # named only, never part of 'all'
+        from minddp.ladder import FAULT_TOLERANT  # named only, never part of 'all'
+
         known = allowed() if allowed else stage_choices() + ["sharded", *FAULT_TOLERANT]
         unknown = [n for n in names if n not in known]
         if not names or unknown:
-            raise argparse.ArgumentTypeError(f"unknown stage {', '.join(unknown) or '(empty)'}; choose from "
-                                             f"{', '.join(known)}, or a comma list of them")
+            raise argparse.ArgumentTypeError(
+                f"unknown stage {', '.join(unknown) or '(empty)'}; choose from "
+                f"{', '.join(known)}, or a comma list of them"
+            )
         for word, means in (("all", "every stage"), ("sharded", "ddp, zero1, zero2 and fsdp")):
             if word in names and len(names) > 1:
                 raise argparse.ArgumentTypeError(f"'{word}' already means {means}; give it alone")
         return ",".join(dict.fromkeys(names))
+
     parse.__name__ = "stage"
     return parse
 
 
 def _one_of(choices):
     """An argparse ``type`` for a name from ``choices()`` (read when parsing: registries may grow)."""
+
     def parse(text: str) -> str:
         if text not in choices():
             raise argparse.ArgumentTypeError(f"unknown {text!r}; choose from {', '.join(choices())}")
         return text
+
     parse.__name__ = "name"
     return parse
 
@@ -124,6 +133,7 @@ _bucket_cap.__name__ = "MiB or auto"
 def _link(text: str) -> str:
     """``--link``: a preset or ``bandwidth,latency`` (:func:`minddp.comm.link.parse_link`), refused in one line."""
     from minddp.comm.link import parse_link
+
     try:
         parse_link(text)
     except ValueError as exc:
@@ -141,100 +151,236 @@ class TrainConfig:
     """
 
     # what to train
-    stage: str = _opt("bucket-async", "what syncs the gradients: a minddp stage ({stages}), 'single' (one process on the "
-                      "global batch), 'torch' (torch's "
-                      "DistributedDataParallel), a comma list of them, 'all' (each in turn, same data and seeds) or "
-                      "'sharded' (ddp, zero1, zero2, fsdp in turn)",
-                      group="what", metavar="NAME[,...]", type=stage_list())
-    hook: str = _opt("allreduce", "comm hook every stage sends its buckets through (torch's hook of the "
-                     "same name for --stage torch): allreduce, fp16, bf16, powersgd, batched-powersgd, noop, or "
-                     "fp16+/bf16+ one of them", group="comm", metavar="NAME", type=_one_of(hook_choices))
-    collective: str = _opt("torch", "how each all_reduce travels: torch (its own), or ring / naive (minddp "
-                           "collectives written from point-to-point messages)", group="comm", metavar="NAME",
-                           type=_one_of(collective_choices))
-    link: str | None = _opt(None, "emulate a network under every gradient collective (results unchanged, completion "
-                            "delayed to the modeled time): a preset (100mbit, 1gbit, 10gbit, 100gbit-ib, pcie-t4, "
-                            "nvlink, loopback) or 'bandwidth,latency' such as 2.5gbit,40us; see docs/scaling.md",
-                            group="comm", metavar="LINK", type=_link)
-    model: str = _opt(OFFLINE_MODEL, f"'{OFFLINE_MODEL}' (offline default: an 80 k-parameter Llama, seeded random "
-                      "init), 'small-llama' (5 M), 'medium-llama' (25 M) or 'smollm2-360m' (the blog's 362 M architecture, "
-                      "random init: the GPU preset, with --dtype bf16) (offline too), or a Hugging Face model id "
-                      f"or local folder such as {GPU_PRESET} (the blog's checkpoint)", group="what", metavar="NAME")
-    dtype: str = _opt("fp32", "parameter dtype: fp32, or bf16 (as in the blog, for GPUs)", group="what",
-                      metavar="NAME", type=_one_of(lambda: list(DTYPES)))
-    dataset: str = _opt("synthetic", "'synthetic' (offline default: generated paraphrase pairs), 'glue/mrpc' "
-                        "(from the hub), or a local data set with columns sentence1, sentence2, label (a folder, "
-                        "or one csv/json/parquet file)", group="what", metavar="NAME")
-    max_seq_len: int = _opt(64, "truncate each sentence pair to this many tokens", group="what", metavar="N",
-                            type=number(int, low=4))
+    stage: str = _opt(
+        "bucket-async",
+        "what syncs the gradients: a minddp stage ({stages}), 'single' (one process on the "
+        "global batch), 'torch' (torch's "
+        "DistributedDataParallel), a comma list of them, 'all' (each in turn, same data and seeds) or "
+        "'sharded' (ddp, zero1, zero2, fsdp in turn)",
+        group="what",
+        metavar="NAME[,...]",
+        type=stage_list(),
+    )
+    hook: str = _opt(
+        "allreduce",
+        "comm hook every stage sends its buckets through (torch's hook of the "
+        "same name for --stage torch): allreduce, fp16, bf16, powersgd, batched-powersgd, noop, or "
+        "fp16+/bf16+ one of them",
+        group="comm",
+        metavar="NAME",
+        type=_one_of(hook_choices),
+    )
+    collective: str = _opt(
+        "torch",
+        "how each all_reduce travels: torch (its own), or ring / naive (minddp "
+        "collectives written from point-to-point messages)",
+        group="comm",
+        metavar="NAME",
+        type=_one_of(collective_choices),
+    )
+    link: str | None = _opt(
+        None,
+        "emulate a network under every gradient collective (results unchanged, completion "
+        "delayed to the modeled time): a preset (100mbit, 1gbit, 10gbit, 100gbit-ib, pcie-t4, "
+        "nvlink, loopback) or 'bandwidth,latency' such as 2.5gbit,40us; see docs/scaling.md",
+        group="comm",
+        metavar="LINK",
+        type=_link,
+    )
+    model: str = _opt(
+        OFFLINE_MODEL,
+        f"'{OFFLINE_MODEL}' (offline default: an 80 k-parameter Llama, seeded random "
+        "init), 'small-llama' (5 M), 'medium-llama' (25 M) or 'smollm2-360m' (the blog's 362 M architecture, "
+        "random init: the GPU preset, with --dtype bf16) (offline too), or a Hugging Face model id "
+        f"or local folder such as {GPU_PRESET} (the blog's checkpoint)",
+        group="what",
+        metavar="NAME",
+    )
+    dtype: str = _opt(
+        "fp32",
+        "parameter dtype: fp32, or bf16 (as in the blog, for GPUs)",
+        group="what",
+        metavar="NAME",
+        type=_one_of(lambda: list(DTYPES)),
+    )
+    dataset: str = _opt(
+        "synthetic",
+        "'synthetic' (offline default: generated paraphrase pairs), 'glue/mrpc' "
+        "(from the hub), or a local data set with columns sentence1, sentence2, label (a folder, "
+        "or one csv/json/parquet file)",
+        group="what",
+        metavar="NAME",
+    )
+    max_seq_len: int = _opt(
+        64, "truncate each sentence pair to this many tokens", group="what", metavar="N", type=number(int, low=4)
+    )
     # steps and batches
-    steps: int = _opt(1000, "optimizer steps per stage (the whole run of each stage)", group="steps", metavar="N",
-                      type=_count)
-    batch_size: int | None = _opt(None, "examples per rank per micro-batch (default 8, or derived from "
-                                  "--global-batch-size)", group="steps", metavar="N", type=_count)
-    global_batch_size: int | None = _opt(None, "examples per optimizer step over all ranks; must be divisible "
-                                         "by world size x grad accum", group="steps", metavar="N", type=_count)
-    grad_accum: int = _opt(3, "micro-batches per optimizer step (gradient accumulation, as in the blog)",
-                           group="steps", metavar="N", type=_count)
+    steps: int = _opt(
+        1000, "optimizer steps per stage (the whole run of each stage)", group="steps", metavar="N", type=_count
+    )
+    batch_size: int | None = _opt(
+        None,
+        "examples per rank per micro-batch (default 8, or derived from --global-batch-size)",
+        group="steps",
+        metavar="N",
+        type=_count,
+    )
+    global_batch_size: int | None = _opt(
+        None,
+        "examples per optimizer step over all ranks; must be divisible by world size x grad accum",
+        group="steps",
+        metavar="N",
+        type=_count,
+    )
+    grad_accum: int = _opt(
+        3,
+        "micro-batches per optimizer step (gradient accumulation, as in the blog)",
+        group="steps",
+        metavar="N",
+        type=_count,
+    )
     lr: float = _opt(3e-3, "AdamW learning rate", group="steps", metavar="X", type=_positive)
-    seed: int = _opt(314, "seed for the model init, the data and the shuffling (the blog's)", group="steps",
-                     metavar="N", type=number(int, low=0, high=2**32 - 1))
-    eval_examples: int = _opt(500, "held-out examples to measure accuracy on (0 = the whole split)", group="steps",
-                              metavar="N", type=_count0)
+    seed: int = _opt(
+        314,
+        "seed for the model init, the data and the shuffling (the blog's)",
+        group="steps",
+        metavar="N",
+        type=number(int, low=0, high=2**32 - 1),
+    )
+    eval_examples: int = _opt(
+        500, "held-out examples to measure accuracy on (0 = the whole split)", group="steps", metavar="N", type=_count0
+    )
     # communication
-    bucket_cap_mb: float = _opt(0.1, "bucket size cap in MiB for the bucketed stages and torch (torch's "
-                                "default is 25; the offline model needs small buckets to have several), or 'auto': "
-                                "chosen at the start of each stage by the step-time model (minddp.costmodel) for this "
-                                "model, world size and link, which says which cap and why",
-                                group="comm", metavar="MIB", type=_bucket_cap)
-    powersgd_rank: int = _opt(1, "PowerSGD: rank of the low-rank approximation (matrix_approximation_rank)",
-                              group="comm", metavar="N", type=_count)
-    powersgd_start_iter: int = _opt(2, "PowerSGD: plain allreduce for this many steps first "
-                                    "(start_powerSGD_iter; torch defaults to 1000, short runs need less)",
-                                    group="comm", metavar="N", type=_count0)
-    powersgd_min_compression_rate: float = _opt(2.0, "PowerSGD: compress a tensor only if this saves at least "
-                                                "this factor (min_compression_rate)", group="comm", metavar="X",
-                                                type=_positive)
-    powersgd_error_feedback: bool = _opt(True, "PowerSGD: add back last step's compression error "
-                                         "(use_error_feedback)", group="comm")
-    powersgd_warm_start: bool = _opt(True, "PowerSGD: reuse last step's factors as the start (warm_start)",
-                                     group="comm")
+    bucket_cap_mb: float = _opt(
+        0.1,
+        "bucket size cap in MiB for the bucketed stages and torch (torch's "
+        "default is 25; the offline model needs small buckets to have several), or 'auto': "
+        "chosen at the start of each stage by the step-time model (minddp.costmodel) for this "
+        "model, world size and link, which says which cap and why",
+        group="comm",
+        metavar="MIB",
+        type=_bucket_cap,
+    )
+    powersgd_rank: int = _opt(
+        1,
+        "PowerSGD: rank of the low-rank approximation (matrix_approximation_rank)",
+        group="comm",
+        metavar="N",
+        type=_count,
+    )
+    powersgd_start_iter: int = _opt(
+        2,
+        "PowerSGD: plain allreduce for this many steps first "
+        "(start_powerSGD_iter; torch defaults to 1000, short runs need less)",
+        group="comm",
+        metavar="N",
+        type=_count0,
+    )
+    powersgd_min_compression_rate: float = _opt(
+        2.0,
+        "PowerSGD: compress a tensor only if this saves at least this factor (min_compression_rate)",
+        group="comm",
+        metavar="X",
+        type=_positive,
+    )
+    powersgd_error_feedback: bool = _opt(
+        True, "PowerSGD: add back last step's compression error (use_error_feedback)", group="comm"
+    )
+    powersgd_warm_start: bool = _opt(
+        True, "PowerSGD: reuse last step's factors as the start (warm_start)", group="comm"
+    )
     # ranks and failures
-    world_size: int = _opt(2, "local ranks to start (ignored under torchrun, which sets WORLD_SIZE)", group="ranks",
-                           metavar="N", type=_count)
-    backend: str = _opt("auto", "process-group backend: auto (NCCL with one GPU per rank, else gloo), gloo or nccl",
-                        group="ranks", metavar="NAME", type=_one_of(lambda: list(BACKENDS)))
-    timeout: float | None = _opt(None, "seconds any collective may wait before the run fails "
-                                 "(default: MINDDP_TIMEOUT or 300)", group="ranks", metavar="SECONDS", type=_seconds)
-    hang_timeout: float | None = _opt(None, "seconds one rank may stop (frozen, or idle outside a collective its "
-                                      "peers wait in) before the run ends naming it (default: MINDDP_HANG_TIMEOUT "
-                                      "or 30; 0 = off)", group="ranks", metavar="SECONDS",
-                                      type=number(float, low=0, high=1e7, zero_means="off"))
-    inject: str | None = _opt(None, "--stage ft only: faults to train through, e.g. kill@5:1,stop@9:0,raise@12:1,"
-                              "coord@15 (SIGKILL, SIGSTOP past --hang-timeout, a collective that raises, the "
-                              "coordinator's restart; docs/fault-tolerance.md)", group="ranks", metavar="FAULTS")
+    world_size: int = _opt(
+        2,
+        "local ranks to start (ignored under torchrun, which sets WORLD_SIZE)",
+        group="ranks",
+        metavar="N",
+        type=_count,
+    )
+    backend: str = _opt(
+        "auto",
+        "process-group backend: auto (NCCL with one GPU per rank, else gloo), gloo or nccl",
+        group="ranks",
+        metavar="NAME",
+        type=_one_of(lambda: list(BACKENDS)),
+    )
+    timeout: float | None = _opt(
+        None,
+        "seconds any collective may wait before the run fails (default: MINDDP_TIMEOUT or 300)",
+        group="ranks",
+        metavar="SECONDS",
+        type=_seconds,
+    )
+    hang_timeout: float | None = _opt(
+        None,
+        "seconds one rank may stop (frozen, or idle outside a collective its "
+        "peers wait in) before the run ends naming it (default: MINDDP_HANG_TIMEOUT "
+        "or 30; 0 = off)",
+        group="ranks",
+        metavar="SECONDS",
+        type=number(float, low=0, high=1e7, zero_means="off"),
+    )
+    inject: str | None = _opt(
+        None,
+        "--stage ft only: faults to train through, e.g. kill@5:1,stop@9:0,raise@12:1,"
+        "coord@15 (SIGKILL, SIGSTOP past --hang-timeout, a collective that raises, the "
+        "coordinator's restart; docs/fault-tolerance.md)",
+        group="ranks",
+        metavar="FAULTS",
+    )
     # profiling and outputs
     profile: bool = _opt(True, "write PyTorch profiler traces (one per rank) under --trace-dir", group="outputs")
-    profile_steps: int = _opt(5, "profiled steps after one warm-up step, as in the blog (0 = none, as --no-profile)",
-                              group="outputs", metavar="N", type=_count0)
-    trace_dir: str = _opt("traces", "folder for traces: <trace-dir>/<run-name>/<stage>/rank<r>.pt.trace.json",
-                          group="outputs", metavar="DIR")
-    trace_gzip: bool = _opt(True, "write .pt.trace.json.gz (about 10x smaller) instead of .pt.trace.json",
-                            group="outputs")
-    run_name: str | None = _opt(None, "name of this run's folder under --trace-dir (default: "
-                                "<model>-<dataset>-<date-time>)", group="outputs", metavar="NAME")
-    summary_json: str | None = _opt(None, "also write the run's summary (losses, accuracy, timings) to this "
-                                    "JSON file", group="outputs", metavar="FILE")
+    profile_steps: int = _opt(
+        5,
+        "profiled steps after one warm-up step, as in the blog (0 = none, as --no-profile)",
+        group="outputs",
+        metavar="N",
+        type=_count0,
+    )
+    trace_dir: str = _opt(
+        "traces",
+        "folder for traces: <trace-dir>/<run-name>/<stage>/rank<r>.pt.trace.json",
+        group="outputs",
+        metavar="DIR",
+    )
+    trace_gzip: bool = _opt(
+        True, "write .pt.trace.json.gz (about 10x smaller) instead of .pt.trace.json", group="outputs"
+    )
+    run_name: str | None = _opt(
+        None,
+        "name of this run's folder under --trace-dir (default: <model>-<dataset>-<date-time>)",
+        group="outputs",
+        metavar="NAME",
+    )
+    summary_json: str | None = _opt(
+        None,
+        "also write the run's summary (losses, accuracy, timings) to this JSON file",
+        group="outputs",
+        metavar="FILE",
+    )
     analyze: bool = _opt(False, "after training, run python -m minddp.analyze on the run folder", group="outputs")
     progress: bool = _opt(True, "show a progress bar on rank 0", group="outputs")
     # checkpoints
-    save_every: int = _opt(0, "save a checkpoint every N optimizer steps to <checkpoint-dir>/<stage>.pt, "
-                           "atomically (0 = never)", group="checkpoints", metavar="N", type=_count0)
-    checkpoint_dir: str = _opt("checkpoints", "folder for --save-every checkpoints (one file per stage, "
-                               "replaced at each save)", group="checkpoints", metavar="DIR")
-    resume: str | None = _opt(None, "continue from this checkpoint: model, optimizer, hook state, RNG states and "
-                              "data position; the run must use the options it was saved with",
-                              group="checkpoints", metavar="FILE")
+    save_every: int = _opt(
+        0,
+        "save a checkpoint every N optimizer steps to <checkpoint-dir>/<stage>.pt, atomically (0 = never)",
+        group="checkpoints",
+        metavar="N",
+        type=_count0,
+    )
+    checkpoint_dir: str = _opt(
+        "checkpoints",
+        "folder for --save-every checkpoints (one file per stage, replaced at each save)",
+        group="checkpoints",
+        metavar="DIR",
+    )
+    resume: str | None = _opt(
+        None,
+        "continue from this checkpoint: model, optimizer, hook state, RNG states and "
+        "data position; the run must use the options it was saved with",
+        group="checkpoints",
+        metavar="FILE",
+    )
 
     # -- derived, filled in by validate() --------------------------------------------------------
 
@@ -249,6 +395,7 @@ class TrainConfig:
     def effective_world_size(self) -> int:
         """Ranks of the distributed stages: torchrun's WORLD_SIZE when under it, else --world-size."""
         from minddp.runtime.launch import in_torchrun
+
         return int(os.environ["WORLD_SIZE"]) if in_torchrun() else self.world_size
 
     def to_dict(self) -> dict:
@@ -256,10 +403,14 @@ class TrainConfig:
 
     def powersgd_options(self) -> dict:
         """The PowerSGD settings, by ``PowerSGDState``'s names."""
-        return dict(matrix_approximation_rank=self.powersgd_rank, start_powerSGD_iter=self.powersgd_start_iter,
-                    min_compression_rate=self.powersgd_min_compression_rate,
-                    use_error_feedback=self.powersgd_error_feedback, warm_start=self.powersgd_warm_start,
-                    random_seed=self.seed)
+        return dict(
+            matrix_approximation_rank=self.powersgd_rank,
+            start_powerSGD_iter=self.powersgd_start_iter,
+            min_compression_rate=self.powersgd_min_compression_rate,
+            use_error_feedback=self.powersgd_error_feedback,
+            warm_start=self.powersgd_warm_start,
+            random_seed=self.seed,
+        )
 
 
 EXAMPLES = [
@@ -282,19 +433,28 @@ def field_option(name: str) -> tuple[str, dict]:
         return flag, dict(default=f.default, help=f.metadata["help"], action=argparse.BooleanOptionalAction)
     base = re.sub(r"\s*\|\s*None", "", str(f.type))
     text = f.metadata["help"]
-    if "{stages}" in text:   # the registry as it is now: a stage another module adds is listed too
+    if "{stages}" in text:  # the registry as it is now: a stage another module adds is listed too
         from minddp.ladder import STAGES
+
         text = text.format(stages=", ".join(STAGES))
-    return flag, dict(type=f.metadata.get("type") or {"int": int, "float": float, "str": str}[base],
-                      default=f.default, help=text, metavar=f.metadata.get("metavar"))
+    return flag, dict(
+        type=f.metadata.get("type") or {"int": int, "float": float, "str": str}[base],
+        default=f.default,
+        help=text,
+        metavar=f.metadata.get("metavar"),
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Derive the CLI from :class:`TrainConfig`'s fields, one ``--help`` section per :data:`GROUPS` entry."""
-    parser = Parser(prog="python -m minddp.train", usage=USAGE, examples=EXAMPLES,
-                    description="Train a sequence classifier with one DDP stage (or several) on N ranks and write "
-                                "profiler traces for comparison. Bad options exit with code 2 before any rank "
-                                "starts; a failed rank exits with 1.")
+    parser = Parser(
+        prog="python -m minddp.train",
+        usage=USAGE,
+        examples=EXAMPLES,
+        description="Train a sequence classifier with one DDP stage (or several) on N ranks and write "
+        "profiler traces for comparison. Bad options exit with code 2 before any rank "
+        "starts; a failed rank exits with 1.",
+    )
     groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items()}
     for f in dataclasses.fields(TrainConfig):
         flag, kwargs = field_option(f.name)
@@ -304,9 +464,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     """Steps 1-2: parse ``argv`` into a validated :class:`TrainConfig`, or raise :class:`ConfigError`."""
-    ns = build_parser().parse_args(argv)                                                   # step 1
+    ns = build_parser().parse_args(argv)  # step 1
     cfg = TrainConfig(**vars(ns))
-    validate(cfg, explicit_batch_size=ns.batch_size is not None)                           # step 2
+    validate(cfg, explicit_batch_size=ns.batch_size is not None)  # step 2
     return cfg
 
 
@@ -316,7 +476,8 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 def validate(cfg: TrainConfig, explicit_batch_size: bool = True) -> None:
     """Step 2: the checks argparse cannot do. Fills ``cfg.batch_size`` when it was derived."""
     from minddp.train.data import check_dataset_name
-    for f in dataclasses.fields(TrainConfig):       # the parsers' checks again, for a config built in code
+
+    for f in dataclasses.fields(TrainConfig):  # the parsers' checks again, for a config built in code
         check = f.metadata.get("type")
         value = getattr(cfg, f.name)
         if check is not None and value is not None:
@@ -324,14 +485,19 @@ def validate(cfg: TrainConfig, explicit_batch_size: bool = True) -> None:
                 check(value)
             except (argparse.ArgumentTypeError, TypeError, ValueError) as exc:
                 raise ConfigError(f"argument --{f.name.replace('_', '-')}: {exc}") from None
-    for env, value in (("MINDDP_TIMEOUT", DEFAULT_TIMEOUT_S if cfg.timeout is None else None),
-                       ("MINDDP_HANG_TIMEOUT", DEFAULT_HANG_S if cfg.hang_timeout is None else None)):
+    for env, value in (
+        ("MINDDP_TIMEOUT", DEFAULT_TIMEOUT_S if cfg.timeout is None else None),
+        ("MINDDP_HANG_TIMEOUT", DEFAULT_HANG_S if cfg.hang_timeout is None else None),
+    ):
         if value is not None and not (math.isfinite(value) and value >= (0 if env == "MINDDP_HANG_TIMEOUT" else 1e-3)):
-            raise ConfigError(f"{env}={os.environ.get(env)!r} is not a finite number of seconds; fix or unset it, "
-                              f"or give --{'timeout' if env == 'MINDDP_TIMEOUT' else 'hang-timeout'}")
+            raise ConfigError(
+                f"{env}={os.environ.get(env)!r} is not a finite number of seconds; fix or unset it, "
+                f"or give --{'timeout' if env == 'MINDDP_TIMEOUT' else 'hang-timeout'}"
+            )
     stages = cfg.stages()
     if cfg.inject is not None:
         from minddp.ft.faults import parse_faults
+
         if stages != ["ft"]:
             raise ConfigError("--inject needs --stage ft: the other stages end the run when a rank fails")
         try:
@@ -340,18 +506,23 @@ def validate(cfg: TrainConfig, explicit_batch_size: bool = True) -> None:
             raise ConfigError(str(exc)) from None
     if "ft" in stages:
         from minddp.runtime.launch import in_torchrun
+
         if in_torchrun() or cfg.resume or cfg.save_every:
-            raise ConfigError("--stage ft starts its own ranks and heals them from a peer: run it without "
-                              "torchrun, --resume and --save-every")
+            raise ConfigError(
+                "--stage ft starts its own ranks and heals them from a peer: run it without "
+                "torchrun, --resume and --save-every"
+            )
     if cfg.resume is not None and len(stages) > 1:
-        raise ConfigError("--resume continues one stage's run; pick that --stage instead of "
-                          f"{cfg.stage!r}")
+        raise ConfigError(f"--resume continues one stage's run; pick that --stage instead of {cfg.stage!r}")
     if cfg.resume is not None and cfg.stage in ("ddp", "torch") and "powersgd" in cfg.hook:
-        raise ConfigError(f"--resume with --stage {cfg.stage} and a PowerSGD hook is not supported: that stage "
-                          "rebuilds its buckets after its first step, so the saved per-bucket PowerSGD memory "
-                          "would not fit them; resume with --stage bucket-async (or another hook)")
+        raise ConfigError(
+            f"--resume with --stage {cfg.stage} and a PowerSGD hook is not supported: that stage "
+            "rebuilds its buckets after its first step, so the saved per-bucket PowerSGD memory "
+            "would not fit them; resume with --stage bucket-async (or another hook)"
+        )
     from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER
-    sharded = stages[0] in SHARDED_OPTIMIZER + SHARDED_GRADIENTS    # their checkpoints are folders (DCP)
+
+    sharded = stages[0] in SHARDED_OPTIMIZER + SHARDED_GRADIENTS  # their checkpoints are folders (DCP)
     if cfg.resume is not None and not (os.path.isdir(cfg.resume) if sharded else os.path.isfile(cfg.resume)):
         what = ("not a folder" if sharded else "a folder") if os.path.exists(cfg.resume) else "no such file"
         kind = "folder" if sharded else "file"
@@ -360,13 +531,17 @@ def validate(cfg: TrainConfig, explicit_batch_size: bool = True) -> None:
     per_step = world * cfg.grad_accum
     if cfg.global_batch_size is not None:
         if cfg.global_batch_size < 1 or cfg.global_batch_size % per_step:
-            raise ConfigError(f"--global-batch-size {cfg.global_batch_size} is not divisible by world size x "
-                              f"grad accum = {world} x {cfg.grad_accum}; use a multiple of {per_step}")
+            raise ConfigError(
+                f"--global-batch-size {cfg.global_batch_size} is not divisible by world size x "
+                f"grad accum = {world} x {cfg.grad_accum}; use a multiple of {per_step}"
+            )
         derived = cfg.global_batch_size // per_step
         if explicit_batch_size and cfg.batch_size != derived:
-            raise ConfigError(f"--batch-size {cfg.batch_size} contradicts --global-batch-size "
-                              f"{cfg.global_batch_size} (which means {derived} per rank per micro-batch); "
-                              "give only one of them")
+            raise ConfigError(
+                f"--batch-size {cfg.batch_size} contradicts --global-batch-size "
+                f"{cfg.global_batch_size} (which means {derived} per rank per micro-batch); "
+                "give only one of them"
+            )
         cfg.batch_size = derived
     elif cfg.batch_size is None:
         cfg.batch_size = 8
@@ -374,18 +549,25 @@ def validate(cfg: TrainConfig, explicit_batch_size: bool = True) -> None:
         if is_local_path(cfg.model):
             path = os.path.expanduser(cfg.model)
             if not os.path.isfile(os.path.join(path, "config.json")):
-                raise ConfigError(f"--model {cfg.model!r}: no model folder there (no config.json); give a folder "
-                                  f"saved with save_pretrained, a hub id, or '{OFFLINE_MODEL}'")
+                raise ConfigError(
+                    f"--model {cfg.model!r}: no model folder there (no config.json); give a folder "
+                    f"saved with save_pretrained, a hub id, or '{OFFLINE_MODEL}'"
+                )
         elif not _HUB_ID.match(cfg.model):
-            raise ConfigError(f"--model {cfg.model!r} is neither an offline preset ({', '.join(OFFLINE_PRESETS)}), "
-                              "a local folder, nor a Hugging Face id like owner/name")
+            raise ConfigError(
+                f"--model {cfg.model!r} is neither an offline preset ({', '.join(OFFLINE_PRESETS)}), "
+                "a local folder, nor a Hugging Face id like owner/name"
+            )
     try:
         check_dataset_name(cfg.dataset)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if stages == ["single"] and cfg.link is not None:
-        raise ConfigError("--link has no effect with --stage single (one process sends nothing); "
-                          "drop it or pick a distributed stage")
+        raise ConfigError(
+            "--link has no effect with --stage single (one process sends nothing); drop it or pick a distributed stage"
+        )
     if stages == ["single"] and cfg.collective != "torch":
-        raise ConfigError("--collective has no effect with --stage single (one process sends nothing); "
-                          "drop it or pick a distributed stage")
+        raise ConfigError(
+            "--collective has no effect with --stage single (one process sends nothing); "
+            "drop it or pick a distributed stage"
+        )

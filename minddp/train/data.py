@@ -84,19 +84,59 @@ class PreparedData:
     eval: Encoded
     pad_token_id: int
     vocab_size: int
-    source: str           # what was actually loaded, e.g. "synthetic" after an offline fallback
+    source: str  # what was actually loaded, e.g. "synthetic" after an offline fallback
 
 
 # -- step 1: the pairs --------------------------------------------------------------------------
 
-_PEOPLE = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy",
-           "mallory", "niaj", "olivia", "peggy", "rupert", "sybil", "trent", "victor", "wendy", "zoe"]
-_VERBS = [("bought", "purchased"), ("sold", "traded away"), ("found", "discovered"), ("fixed", "repaired"),
-          ("painted", "coloured"), ("lost", "misplaced"), ("built", "constructed"), ("borrowed", "took on loan"),
-          ("cleaned", "washed"), ("moved", "relocated")]
-_THINGS = [("car", "automobile"), ("sofa", "couch"), ("boat", "vessel"), ("house", "home"),
-           ("bicycle", "bike"), ("picture", "photo"), ("present", "gift"), ("jacket", "coat"),
-           ("shop", "store"), ("film", "movie"), ("road", "street"), ("phone", "telephone")]
+_PEOPLE = [
+    "alice",
+    "bob",
+    "carol",
+    "dave",
+    "erin",
+    "frank",
+    "grace",
+    "heidi",
+    "ivan",
+    "judy",
+    "mallory",
+    "niaj",
+    "olivia",
+    "peggy",
+    "rupert",
+    "sybil",
+    "trent",
+    "victor",
+    "wendy",
+    "zoe",
+]
+_VERBS = [
+    ("bought", "purchased"),
+    ("sold", "traded away"),
+    ("found", "discovered"),
+    ("fixed", "repaired"),
+    ("painted", "coloured"),
+    ("lost", "misplaced"),
+    ("built", "constructed"),
+    ("borrowed", "took on loan"),
+    ("cleaned", "washed"),
+    ("moved", "relocated"),
+]
+_THINGS = [
+    ("car", "automobile"),
+    ("sofa", "couch"),
+    ("boat", "vessel"),
+    ("house", "home"),
+    ("bicycle", "bike"),
+    ("picture", "photo"),
+    ("present", "gift"),
+    ("jacket", "coat"),
+    ("shop", "store"),
+    ("film", "movie"),
+    ("road", "street"),
+    ("phone", "telephone"),
+]
 _PLACES = ["paris", "london", "berlin", "madrid", "rome", "oslo", "vienna", "lisbon", "dublin", "prague"]
 _DAYS = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"]
 
@@ -119,8 +159,7 @@ def synthetic_pairs(seed: int, n_train: int = 4000, n_eval: int = 500) -> dict[s
         return f"on {day} , {core} ." if variant[2] else f"{core} on {day} ."
 
     def pair():
-        facts = [rng.choice(_PEOPLE), rng.choice(_VERBS), rng.choice(_THINGS), rng.choice(_PLACES),
-                 rng.choice(_DAYS)]
+        facts = [rng.choice(_PEOPLE), rng.choice(_VERBS), rng.choice(_THINGS), rng.choice(_PLACES), rng.choice(_DAYS)]
         first = say(*facts, variant=(0, 0, 0))
         label = rng.random() < 0.5
         other = list(facts)
@@ -141,11 +180,15 @@ def check_dataset_name(name: str) -> None:
         return
     if is_local_path(name):
         if not os.path.exists(os.path.expanduser(name)):
-            raise DataError(f"--dataset {name!r}: no such file or folder; give an existing data set path "
-                            f"or one of: {OFFLINE_DATASET}, {', '.join(HUB_DATASETS)}")
+            raise DataError(
+                f"--dataset {name!r}: no such file or folder; give an existing data set path "
+                f"or one of: {OFFLINE_DATASET}, {', '.join(HUB_DATASETS)}"
+            )
         return
-    raise DataError(f"unknown --dataset {name!r}: choose {OFFLINE_DATASET}, {', '.join(HUB_DATASETS)}, "
-                    "or a local path to a data set with columns sentence1, sentence2, label")
+    raise DataError(
+        f"unknown --dataset {name!r}: choose {OFFLINE_DATASET}, {', '.join(HUB_DATASETS)}, "
+        "or a local path to a data set with columns sentence1, sentence2, label"
+    )
 
 
 def load_pairs(name: str, seed: int, say=print) -> tuple[dict[str, list[tuple]], str]:
@@ -154,10 +197,13 @@ def load_pairs(name: str, seed: int, say=print) -> tuple[dict[str, list[tuple]],
         return synthetic_pairs(seed), OFFLINE_DATASET
     if name in HUB_DATASETS:
         if not hub_reachable():
-            say(f"dataset {name}: the Hugging Face hub cannot be reached; using the offline default "
-                f"'{OFFLINE_DATASET}' instead")
+            say(
+                f"dataset {name}: the Hugging Face hub cannot be reached; using the offline default "
+                f"'{OFFLINE_DATASET}' instead"
+            )
             return synthetic_pairs(seed), OFFLINE_DATASET
         import datasets
+
         return _pairs_from(datasets.load_dataset(*HUB_DATASETS[name]), name, seed), name
     return _pairs_from(_load_local(name), name, seed), name
 
@@ -169,21 +215,25 @@ FILE_KINDS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", "
 def _load_local(path: str):
     """A ``save_to_disk`` folder, a folder of split files, or one csv/json/parquet file (then all of it is train)."""
     import datasets
+
     path = os.path.expanduser(path)
     bars = not datasets.utils.are_progress_bars_disabled()
-    datasets.disable_progress_bars()      # the one line below is the whole story: no bars, no log around it
+    datasets.disable_progress_bars()  # the one line below is the whole story: no bars, no log around it
     verbosity = datasets.utils.logging.get_verbosity()
     datasets.utils.logging.set_verbosity(datasets.utils.logging.CRITICAL)
     try:
         if os.path.isfile(path):
             kind = FILE_KINDS.get(os.path.splitext(path)[1].lower())
             if kind is None:
-                raise DataError(f"--dataset {path!r} is a file of a kind minddp cannot read; give a "
-                                f"{'/'.join(FILE_KINDS)} file or a folder")
+                raise DataError(
+                    f"--dataset {path!r} is a file of a kind minddp cannot read; give a "
+                    f"{'/'.join(FILE_KINDS)} file or a folder"
+                )
             options = {"delimiter": "\t"} if path.lower().endswith(".tsv") else {}
             return datasets.load_dataset(kind, data_files={"train": path}, **options)
-        if os.path.exists(os.path.join(path, "dataset_dict.json")) or \
-                os.path.exists(os.path.join(path, "dataset_info.json")):
+        if os.path.exists(os.path.join(path, "dataset_dict.json")) or os.path.exists(
+            os.path.join(path, "dataset_info.json")
+        ):
             return datasets.load_from_disk(path)
         return datasets.load_dataset(path)
     except DataError:
@@ -191,13 +241,16 @@ def _load_local(path: str):
     except Exception as exc:  # datasets raises many types; the user needs one line, with the real cause
         cause = _root_cause(exc)
         if isinstance(cause, UnicodeDecodeError):
-            raise DataError(f"--dataset {path!r} is not UTF-8 text ({cause.encoding} cannot decode byte "
-                            f"0x{cause.object[cause.start]:02x} at position {cause.start}); save it as UTF-8") \
-                from None
+            raise DataError(
+                f"--dataset {path!r} is not UTF-8 text ({cause.encoding} cannot decode byte "
+                f"0x{cause.object[cause.start]:02x} at position {cause.start}); save it as UTF-8"
+            ) from None
         text = str(cause).splitlines()[0] if str(cause) else ""
-        raise DataError(f"--dataset {path!r} could not be loaded by datasets ({type(cause).__name__}: {text}); "
-                        "give a save_to_disk folder, a folder of train/validation csv, json or parquet files, "
-                        "or one such file") from None
+        raise DataError(
+            f"--dataset {path!r} could not be loaded by datasets ({type(cause).__name__}: {text}); "
+            "give a save_to_disk folder, a folder of train/validation csv, json or parquet files, "
+            "or one such file"
+        ) from None
     finally:
         datasets.utils.logging.set_verbosity(verbosity)
         if bars:
@@ -215,14 +268,17 @@ def _root_cause(exc: BaseException) -> BaseException:
 def _pairs_from(ds, name: str, seed: int) -> dict[str, list[tuple]]:
     """Rows of a ``datasets`` object in the MRPC schema -> pairs; find or make a held-out split."""
     import datasets
+
     splits = {"train": ds} if isinstance(ds, datasets.Dataset) else dict(ds)
     if "train" not in splits:
-        raise DataError(f"--dataset {name!r} has no 'train' split (it has {', '.join(splits)}); "
-                        "name the training files train.*")
+        raise DataError(
+            f"--dataset {name!r} has no 'train' split (it has {', '.join(splits)}); name the training files train.*"
+        )
     missing = [c for c in COLUMNS if c not in splits["train"].column_names]
     if missing:
-        raise DataError(f"--dataset {name!r} lacks column(s) {', '.join(missing)}: the MRPC schema is "
-                        "sentence1, sentence2, label")
+        raise DataError(
+            f"--dataset {name!r} lacks column(s) {', '.join(missing)}: the MRPC schema is sentence1, sentence2, label"
+        )
 
     def rows(split):
         return [(a, b, int(y)) for a, b, y in zip(split["sentence1"], split["sentence2"], split["label"])]
@@ -239,6 +295,7 @@ def _pairs_from(ds, name: str, seed: int) -> dict[str, list[tuple]]:
 
 # -- steps 2 and 3: tokenizer and encoding ------------------------------------------------------
 
+
 def word_tokenizer(sentences: list[str], max_vocab: int = 16000):
     """A word-level tokenizer built from ``sentences``: the most frequent words, ties by spelling.
 
@@ -250,16 +307,19 @@ def word_tokenizer(sentences: list[str], max_vocab: int = 16000):
 
     pre = pre_tokenizers.Whitespace()
     counts = Counter(w for s in sentences for w, _ in pre.pre_tokenize_str(s.lower()))
-    words = sorted(counts, key=lambda w: (-counts[w], w))[:max_vocab - len(SPECIAL_TOKENS)]
+    words = sorted(counts, key=lambda w: (-counts[w], w))[: max_vocab - len(SPECIAL_TOKENS)]
     vocab = {tok: i for i, tok in enumerate(list(SPECIAL_TOKENS) + words)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre
     tok.post_processor = processors.TemplateProcessing(
-        single="[BOS] $A [SEP]", pair="[BOS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[(t, vocab[t]) for t in ("[BOS]", "[SEP]")])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]",
-                                   bos_token="[BOS]", sep_token="[SEP]")
+        single="[BOS] $A [SEP]",
+        pair="[BOS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[(t, vocab[t]) for t in ("[BOS]", "[SEP]")],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]", sep_token="[SEP]"
+    )
 
 
 def model_tokenizer(model: str, pairs: dict[str, list[tuple]]):
@@ -267,6 +327,7 @@ def model_tokenizer(model: str, pairs: dict[str, list[tuple]]):
     if model in OFFLINE_PRESETS:
         return word_tokenizer([s for a, b, _ in pairs["train"] for s in (a, b)])
     from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(os.path.expanduser(model))
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token  # Llama tokenizers have no pad token; the mask hides it
@@ -275,8 +336,7 @@ def model_tokenizer(model: str, pairs: dict[str, list[tuple]]):
 
 def encode(tokenizer, pairs: list[tuple], max_seq_len: int) -> Encoded:
     """Step 3: token ids of ``sentence1 [SEP] sentence2``, truncated to ``max_seq_len``."""
-    out = tokenizer([a for a, _, _ in pairs], [b for _, b, _ in pairs], truncation=True,
-                    max_length=max_seq_len)
+    out = tokenizer([a for a, _, _ in pairs], [b for _, b, _ in pairs], truncation=True, max_length=max_seq_len)
     return Encoded(list(out["input_ids"]), [y for *_, y in pairs])
 
 
@@ -284,12 +344,17 @@ def prepare_data(dataset: str, model: str, seed: int, max_seq_len: int, say=prin
     """Steps 1-3: load, tokenize; what every rank of every stage trains on."""
     pairs, source = load_pairs(dataset, seed, say=say)
     tokenizer = model_tokenizer(model, pairs)
-    return PreparedData(encode(tokenizer, pairs["train"], max_seq_len),
-                        encode(tokenizer, pairs["validation"], max_seq_len),
-                        pad_token_id=int(tokenizer.pad_token_id), vocab_size=len(tokenizer), source=source)
+    return PreparedData(
+        encode(tokenizer, pairs["train"], max_seq_len),
+        encode(tokenizer, pairs["validation"], max_seq_len),
+        pad_token_id=int(tokenizer.pad_token_id),
+        vocab_size=len(tokenizer),
+        source=source,
+    )
 
 
 # -- sharding and batching ----------------------------------------------------------------------
+
 
 class ShardSampler(torch.utils.data.Sampler):
     """This rank's indices of one epoch: ``DistributedSampler`` semantics with ``drop_last=True``.
@@ -310,8 +375,9 @@ class ShardSampler(torch.utils.data.Sampler):
         [6, 2, 8, 3]
     """
 
-    def __init__(self, n: int, batch_size: int, num_replicas: int = 1, rank: int = 0, seed: int = 0,
-                 shuffle: bool = True):
+    def __init__(
+        self, n: int, batch_size: int, num_replicas: int = 1, rank: int = 0, seed: int = 0, shuffle: bool = True
+    ):
         self.n, self.batch_size, self.num_replicas, self.rank = n, batch_size, num_replicas, rank
         self.seed, self.shuffle, self.epoch = seed, shuffle, 0
 
@@ -323,13 +389,13 @@ class ShardSampler(torch.utils.data.Sampler):
         return (self.n // (self.batch_size * self.num_replicas)) * self.batch_size
 
     def __iter__(self) -> Iterator[int]:
-        if self.shuffle:                                                            # step 1
+        if self.shuffle:  # step 1
             g = torch.Generator().manual_seed(self.seed + self.epoch)
             order = torch.randperm(self.n, generator=g).tolist()
         else:
             order = list(range(self.n))
         keep = (self.n // (self.batch_size * self.num_replicas)) * self.batch_size * self.num_replicas
-        return iter(order[:keep][self.rank::self.num_replicas])                     # steps 2-3
+        return iter(order[:keep][self.rank :: self.num_replicas])  # steps 2-3
 
 
 def collate(examples: list[tuple[list[int], int]], pad_token_id: int, multiple_of: int = 8) -> dict:
@@ -339,14 +405,25 @@ def collate(examples: list[tuple[list[int], int]], pad_token_id: int, multiple_o
     input_ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(examples), width), dtype=torch.long)
     for i, (ids, _) in enumerate(examples):
-        input_ids[i, :len(ids)] = torch.tensor(ids)
-        mask[i, :len(ids)] = 1
-    return {"input_ids": input_ids, "attention_mask": mask,
-            "labels": torch.tensor([y for _, y in examples], dtype=torch.long)}
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        mask[i, : len(ids)] = 1
+    return {
+        "input_ids": input_ids,
+        "attention_mask": mask,
+        "labels": torch.tensor([y for _, y in examples], dtype=torch.long),
+    }
 
 
-def step_batches(data: Encoded, batch_size: int, grad_accum: int, num_replicas: int, rank: int, seed: int,
-                 pad_token_id: int = 0, start_step: int = 0) -> Iterator[list[dict]]:
+def step_batches(
+    data: Encoded,
+    batch_size: int,
+    grad_accum: int,
+    num_replicas: int,
+    rank: int,
+    seed: int,
+    pad_token_id: int = 0,
+    start_step: int = 0,
+) -> Iterator[list[dict]]:
     """Endless: this rank's ``grad_accum`` micro-batches for each optimizer step, epoch after epoch.
 
     ``start_step`` skips that many steps without building them: a run resumed
@@ -354,43 +431,53 @@ def step_batches(data: Encoded, batch_size: int, grad_accum: int, num_replicas: 
     """
     sampler = ShardSampler(len(data), batch_size, num_replicas, rank, seed)
     if len(sampler) < batch_size:
-        raise DataError(f"the training split has {len(data)} examples, fewer than one global batch of "
-                        f"{batch_size * num_replicas}; lower --batch-size or use more data")
+        raise DataError(
+            f"the training split has {len(data)} examples, fewer than one global batch of "
+            f"{batch_size * num_replicas}; lower --batch-size or use more data"
+        )
     epoch, pending, step = 0, [], 0
     while True:
         sampler.set_epoch(epoch)
         order = list(sampler)
         for start in range(0, len(order), batch_size):
-            pending.append(order[start:start + batch_size])
+            pending.append(order[start : start + batch_size])
             if len(pending) == grad_accum:
                 if step >= start_step:
-                    yield [collate([(data.input_ids[i], data.labels[i]) for i in idx], pad_token_id)
-                           for idx in pending]
+                    yield [collate([(data.input_ids[i], data.labels[i]) for i in idx], pad_token_id) for idx in pending]
                 step += 1
                 pending = []
         epoch += 1
 
 
-def eval_batches(data: Encoded, batch_size: int, num_replicas: int, rank: int,
-                 pad_token_id: int = 0) -> Iterator[dict]:
+def eval_batches(data: Encoded, batch_size: int, num_replicas: int, rank: int, pad_token_id: int = 0) -> Iterator[dict]:
     """This rank's disjoint share of the held-out split, every example counted once, unshuffled."""
     idx = list(range(rank, len(data), num_replicas))
     for start in range(0, len(idx), batch_size):
-        chunk = idx[start:start + batch_size]
+        chunk = idx[start : start + batch_size]
         yield collate([(data.input_ids[i], data.labels[i]) for i in chunk], pad_token_id)
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: Encoded, replicas: int, rank: int, device: torch.device,
-             pad_token_id: int, batch_size: int = 64) -> float:
+def evaluate(
+    model: nn.Module,
+    data: Encoded,
+    replicas: int,
+    rank: int,
+    device: torch.device,
+    pad_token_id: int,
+    batch_size: int = 64,
+) -> float:
     """Accuracy on the held-out split; each rank scores a disjoint share, counts are summed."""
     model.eval()
     counts = torch.zeros(2, dtype=torch.float64, device=device)
     for batch in eval_batches(data, batch_size, replicas, rank, pad_token_id):
         batch = {k: v.to(device) for k, v in batch.items()}
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        counts += torch.tensor([(logits.argmax(-1) == batch["labels"]).sum().item(), len(batch["labels"])],
-                               dtype=torch.float64, device=device)
+        counts += torch.tensor(
+            [(logits.argmax(-1) == batch["labels"]).sum().item(), len(batch["labels"])],
+            dtype=torch.float64,
+            device=device,
+        )
     if replicas > 1:
         dist.all_reduce(counts)
     model.train()

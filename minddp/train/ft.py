@@ -31,9 +31,7 @@ class TrainTask:
     def build_model(self):
         from minddp.train.models import build_model
 
-        model = build_model(
-            self.cfg.model, self.data.vocab_size, self.data.pad_token_id, self.cfg.seed, self.cfg.dtype
-        )
+        model = build_model(self.cfg.model, self.data.vocab_size, self.data.pad_token_id, self.cfg.seed, self.cfg.dtype)
         model.train()
         return model
 
@@ -83,9 +81,7 @@ def run_ft_stage(cfg, data, folder: str, say) -> dict:
         if e["committed"]:
             committed.setdefault(e["step"], []).append(e)
     losses = [sum(e["loss"] for e in committed[s]) / len(committed[s]) for s in sorted(committed)]
-    times = [
-        min(e["t1"] for e in committed[s]) - max(e["t0"] for e in committed[s]) for s in sorted(committed)
-    ]
+    times = [min(e["t1"] for e in committed[s]) - max(e["t0"] for e in committed[s]) for s in sorted(committed)]
     any_slot = next(iter(run.results.values()))
     task = TrainTask(cfg, data)
     model = task.build_model()

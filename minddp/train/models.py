@@ -52,22 +52,52 @@ from torch import nn
 from minddp.train.hub import hub_reachable, is_local_path
 
 #: The offline default: a Llama with the shape of SmolLM2, scaled down to CPU size.
-TINY_LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
+TINY_LLAMA = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+)
 
 #: Offline presets by name: Llama configs with a seeded random init (no download).
 OFFLINE_PRESETS = {
     "tiny-llama": TINY_LLAMA,
-    "small-llama": dict(hidden_size=256, intermediate_size=704, num_hidden_layers=7, num_attention_heads=8,
-                        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True),
-    "medium-llama": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=9, num_attention_heads=8,
-                         num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True),
+    "small-llama": dict(
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=7,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    ),
+    "medium-llama": dict(
+        hidden_size=512,
+        intermediate_size=1408,
+        num_hidden_layers=9,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    ),
     # The blog's model, SmolLM2-360M, built from its configuration with random weights (no download): for
     # GPU benchmarks and traces where compute dominates. Its own 49152-token vocabulary is kept (the offline
     # tokenizer's ids are a subset), so the parameter count is the real model's.
-    "smollm2-360m": dict(vocab_size=49152, hidden_size=960, intermediate_size=2560, num_hidden_layers=32,
-                         num_attention_heads=15, num_key_value_heads=5, max_position_embeddings=8192,
-                         rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "smollm2-360m": dict(
+        vocab_size=49152,
+        hidden_size=960,
+        intermediate_size=2560,
+        num_hidden_layers=32,
+        num_attention_heads=15,
+        num_key_value_heads=5,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    ),
 }
 
 OFFLINE_MODEL = "tiny-llama"
@@ -77,25 +107,27 @@ GPU_PRESET = "HuggingFaceTB/SmolLM2-360M-Instruct"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def build_model(name: str, vocab_size: int, pad_token_id: int, seed: int, dtype: str = "fp32",
-                num_labels: int = 2) -> nn.Module:
+def build_model(
+    name: str, vocab_size: int, pad_token_id: int, seed: int, dtype: str = "fp32", num_labels: int = 2
+) -> nn.Module:
     """Return a sequence classifier (``model(input_ids, attention_mask, labels).loss``)."""
     from transformers import AutoModelForSequenceClassification, LlamaConfig, LlamaForSequenceClassification
 
-    torch.manual_seed(seed)                                                        # step 1
-    if name in OFFLINE_PRESETS:                                                    # step 2
-        preset = {"vocab_size": vocab_size, **OFFLINE_PRESETS[name]}      # a preset may keep its own vocabulary
+    torch.manual_seed(seed)  # step 1
+    if name in OFFLINE_PRESETS:  # step 2
+        preset = {"vocab_size": vocab_size, **OFFLINE_PRESETS[name]}  # a preset may keep its own vocabulary
         if preset["vocab_size"] < vocab_size:
-            raise ValueError(f"model {name!r} has a vocabulary of {preset['vocab_size']} tokens, fewer than the "
-                             f"data's {vocab_size}; use another --model")
+            raise ValueError(
+                f"model {name!r} has a vocabulary of {preset['vocab_size']} tokens, fewer than the "
+                f"data's {vocab_size}; use another --model"
+            )
         config = LlamaConfig(num_labels=num_labels, pad_token_id=pad_token_id, **preset)
         model = LlamaForSequenceClassification(config)
     else:
         path = os.path.expanduser(name)
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels,
-                                                                   dtype=DTYPES[dtype])
-    model.config.pad_token_id = pad_token_id                                       # step 3
-    return model.to(DTYPES[dtype])                                                 # step 4
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels, dtype=DTYPES[dtype])
+    model.config.pad_token_id = pad_token_id  # step 3
+    return model.to(DTYPES[dtype])  # step 4
 
 
 def resolve_model(name: str, say=print) -> str:
@@ -115,8 +147,10 @@ def resolve_model(name: str, say=print) -> str:
     except OSError:
         pass
     if not hub_reachable():
-        say(f"model {name}: not in the local cache and the Hugging Face hub cannot be reached; using the "
-            f"offline default '{OFFLINE_MODEL}' instead")
+        say(
+            f"model {name}: not in the local cache and the Hugging Face hub cannot be reached; using the "
+            f"offline default '{OFFLINE_MODEL}' instead"
+        )
         return OFFLINE_MODEL
     return name
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from minddp.runtime.cli import UsageError
 
-MIB = 2 ** 20
+MIB = 2**20
 
 
 def free_bytes(folder: str) -> int:
@@ -69,7 +69,7 @@ def _probe(folder: str) -> str | None:
 class Outputs:
     """Steps 1-3 for one run: add each output with :meth:`folder` / :meth:`file`, then :meth:`check_room`."""
 
-    needs: list[tuple[str, str, int]] = field(default_factory=list)   # (flag, existing folder, bytes)
+    needs: list[tuple[str, str, int]] = field(default_factory=list)  # (flag, existing folder, bytes)
 
     def folder(self, flag: str, path: str, need: int = 0, shown: str | None = None) -> None:
         """``path`` is (or can become) a writable folder; ``need`` bytes will be written into it.
@@ -81,8 +81,9 @@ class Outputs:
             raise UsageError(f"{flag} {path!r} is a file, not a folder; give a folder path (or move the file away)")
         base = _existing_parent(path)
         if not os.path.isdir(base):
-            raise UsageError(f"{flag} {shown!r} cannot be created: {base!r} is a file, not a folder; give a path "
-                             "under a folder")
+            raise UsageError(
+                f"{flag} {shown!r} cannot be created: {base!r} is a file, not a folder; give a path under a folder"
+            )
         why = _probe(base)
         if why is not None:
             where = "" if base == os.path.abspath(shown) else f" (its existing parent {base!r})"
@@ -92,15 +93,18 @@ class Outputs:
     def file(self, flag: str, path: str, need: int = 64 * 1024) -> None:
         """``path`` is (or can become) a writable file."""
         if os.path.isdir(path):
-            raise UsageError(f"{flag} {path!r} is a folder; give a file path (e.g. {os.path.join(path, 'summary.json')!r})")
+            raise UsageError(
+                f"{flag} {path!r} is a folder; give a file path (e.g. {os.path.join(path, 'summary.json')!r})"
+            )
         self.folder(flag, os.path.dirname(path) or ".", need, shown=path)
         if os.path.exists(path):
             try:
-                with open(path, "ab"):   # opens for writing without changing a byte
+                with open(path, "ab"):  # opens for writing without changing a byte
                     pass
             except OSError as exc:
-                raise UsageError(f"{flag} {path!r} is not writable ({exc.strerror or exc}); give another file") \
-                    from None
+                raise UsageError(
+                    f"{flag} {path!r} is not writable ({exc.strerror or exc}); give another file"
+                ) from None
 
     def check_room(self) -> None:
         """Step 3: per file system, the estimated bytes fit in the free space (else one line: figures and fixes)."""
@@ -112,9 +116,11 @@ class Outputs:
             free = free_bytes(entries[0][1])
             if need > free:
                 flags = " and ".join(dict.fromkeys(f for f, _, n in entries if n))
-                raise UsageError(f"not enough free space: {flags} will need about {need / MIB:.1f} MiB on the file "
-                                 f"system of {entries[0][1]!r}, which has {free / MIB:.1f} MiB free; free some space, "
-                                 "write elsewhere, or write less (--profile-steps, --no-profile, --save-every 0)")
+                raise UsageError(
+                    f"not enough free space: {flags} will need about {need / MIB:.1f} MiB on the file "
+                    f"system of {entries[0][1]!r}, which has {free / MIB:.1f} MiB free; free some space, "
+                    "write elsewhere, or write less (--profile-steps, --no-profile, --save-every 0)"
+                )
 
 
 # -- estimates ---------------------------------------------------------------------------------------
@@ -123,7 +129,7 @@ class Outputs:
 #: Measured on tiny-llama and small-llama (bucket-async, 5 profiled steps): 25-28 kB and 53-58 kB.
 TRACE_BYTES_PER_TENSOR_STEP = 28_000
 TRACE_BYTES_PER_TENSOR_MICRO = 58_000
-#: gzip shrinks a trace at least this much (measured: 18x on tiny-llama); GPU traces hold kernels too (about 2x the events).
+#: gzip shrinks a trace at least this much (measured: 18x on tiny-llama); GPU traces hold kernels too (~2x the events).
 GZIP_RATIO, GPU_FACTOR = 12, 2
 
 

@@ -23,6 +23,7 @@ def rng_state() -> dict:
         state["cuda"] = torch.cuda.get_rng_state_all()
     try:
         import numpy as np
+
         state["numpy"] = np.random.get_state()
     except ImportError:  # numpy is optional for torch; nothing to save then
         pass
@@ -36,4 +37,5 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
     if "numpy" in state:
         import numpy as np
+
         np.random.set_state(state["numpy"])

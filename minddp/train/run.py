@@ -42,8 +42,8 @@ import torch.distributed as dist
 from torch import nn
 
 from minddp.collectives import TRANSPORTS
-from minddp.comm.powerSGD_hook import check_start_iter
 from minddp.comm.link import Link
+from minddp.comm.powerSGD_hook import check_start_iter
 from minddp.comm.wire import Traffic, Wire
 from minddp.costmodel.auto import choose_bucket_cap
 from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER, make_optimizer, torch_hook, wrap
@@ -73,8 +73,10 @@ def say(message: str) -> None:
 
 # -- inside a rank --------------------------------------------------------------------------------
 
-def torch_hook_unavailable(hook: str, backend: str, bucket_cap_mb: float | None = None,
-                           device_type: str = "cpu") -> str | None:
+
+def torch_hook_unavailable(
+    hook: str, backend: str, bucket_cap_mb: float | None = None, device_type: str = "cpu"
+) -> str | None:
     """Why torch's DDP cannot run ``hook`` here (one line), or None if it can.
 
     Each reason is a failure of torch 2.13 seen on this backend, not a guess:
@@ -92,13 +94,17 @@ def torch_hook_unavailable(hook: str, backend: str, bucket_cap_mb: float | None 
     if "bf16" in hook and backend != "nccl":
         return f"torch's bf16 hooks need NCCL, this run uses {backend}"
     if "powersgd" in base and device_type == "cpu" and torch.cuda.is_available():
-        return ("torch's PowerSGD hooks call torch.cuda.synchronize on the CPU tensors' device when CUDA is "
-                "available, which fails; run on the GPUs (--backend auto) to compare with them")
+        return (
+            "torch's PowerSGD hooks call torch.cuda.synchronize on the CPU tensors' device when CUDA is "
+            "available, which fails; run on the GPUs (--backend auto) to compare with them"
+        )
     if base == "batched-powersgd":
         return "torch's batched_powerSGD_hook fails in torch 2.13 (2-D input to a 3-D orthogonalization)"
     if base == "powersgd" and backend == "gloo" and (bucket_cap_mb or 0) < 25:
-        return ("torch's powerSGD_hook mis-pairs collectives on gloo when several buckets are in flight "
-                "(gloo aborts); add --bucket-cap-mb 25 (one bucket on the offline model) to compare with it")
+        return (
+            "torch's powerSGD_hook mis-pairs collectives on gloo when several buckets are in flight "
+            "(gloo aborts); add --bucket-cap-mb 25 (one bucket on the offline model) to compare with it"
+        )
     return None
 
 
@@ -124,13 +130,20 @@ class Checkpoints:
     (:mod:`minddp.train.sharded_checkpoint`).
     """
 
-    def __init__(self, cfg: TrainConfig, stage: str, replicas: int, wrapped: nn.Module, model: nn.Module,
-                 optimizer: torch.optim.Optimizer):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        stage: str,
+        replicas: int,
+        wrapped: nn.Module,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+    ):
         self.sharded = stage in SHARDED_OPTIMIZER + SHARDED_GRADIENTS
         self.path, self.every = checkpoint_path(cfg, stage), cfg.save_every
         self.config = checkpoint_config(cfg, stage, replicas)
         self.wrapped, self.model, self.optimizer = wrapped, model, optimizer
-        self.hook_state = getattr(wrapped, "minddp_hook_state", None)   # PowerSGD's memory, say
+        self.hook_state = getattr(wrapped, "minddp_hook_state", None)  # PowerSGD's memory, say
 
     def resume(self, path: str) -> tuple[int, list[float]]:
         """Load ``path`` into the model, optimizer, hook state and RNGs: the step to go on from, the losses so far."""
@@ -148,11 +161,25 @@ class Checkpoints:
         if not self.every or done % self.every:
             return
         if self.sharded:
-            sharded_checkpoint.save(self.path, self.wrapped, self.model, self.optimizer, step=done,
-                                    config=self.config, extra={"losses": losses})
+            sharded_checkpoint.save(
+                self.path,
+                self.wrapped,
+                self.model,
+                self.optimizer,
+                step=done,
+                config=self.config,
+                extra={"losses": losses},
+            )
         else:
-            checkpoint.save_checkpoint(self.path, model=self.model, optimizer=self.optimizer, step=done,
-                                       config=self.config, hook_state=self.hook_state, extra={"losses": losses})
+            checkpoint.save_checkpoint(
+                self.path,
+                model=self.model,
+                optimizer=self.optimizer,
+                step=done,
+                config=self.config,
+                hook_state=self.hook_state,
+                extra={"losses": losses},
+            )
 
 
 @dataclass
@@ -160,15 +187,15 @@ class RankRun:
     """What one rank trains for one stage: built once (:func:`build`), then stepped (:func:`train_steps`)."""
 
     stage: str
-    replicas: int                 # ranks that split the global batch (1 for ``single``)
-    shard: int                    # this rank's share of it
-    batch_size: int               # per rank, per micro-batch
+    replicas: int  # ranks that split the global batch (1 for ``single``)
+    shard: int  # this rank's share of it
+    batch_size: int  # per rank, per micro-batch
     device: torch.device
     model: nn.Module
     wrapped: nn.Module
     optimizer: torch.optim.Optimizer
-    traffic: Traffic              # what this rank's hooks send, counted per step
-    link: Link | None             # this rank's emulated NIC
+    traffic: Traffic  # what this rank's hooks send, counted per step
+    link: Link | None  # this rank's emulated NIC
     bucket_cap_mb: float | None
     bucket_cap_why: str | None
     checkpoints: Checkpoints
@@ -188,29 +215,61 @@ def build(cfg: TrainConfig, stage: str, data: PreparedData) -> RankRun:
     model.train()
     bucket_cap_mb, why = (None if single and cfg.bucket_cap_mb == "auto" else cfg.bucket_cap_mb), None
     if bucket_cap_mb == "auto":
-        probe_batches = step_batches(data.train, batch_size, cfg.grad_accum, replicas, shard, cfg.seed,
-                                     data.pad_token_id)
-        bucket_cap_mb, why = choose_bucket_cap(model, stage, probe_batches, _loss, link, device,
-                                               say=say if rank == 0 else None)
+        probe_batches = step_batches(
+            data.train, batch_size, cfg.grad_accum, replicas, shard, cfg.seed, data.pad_token_id
+        )
+        bucket_cap_mb, why = choose_bucket_cap(
+            model, stage, probe_batches, _loss, link, device, say=say if rank == 0 else None
+        )
     wire = None if single else Wire(None, TRANSPORTS[cfg.collective], traffic, link)
-    wrapped = wrap(stage, model, hook=cfg.hook, bucket_cap_mb=bucket_cap_mb,
-                   powersgd_options=cfg.powersgd_options(), wire=wire)
+    wrapped = wrap(
+        stage, model, hook=cfg.hook, bucket_cap_mb=bucket_cap_mb, powersgd_options=cfg.powersgd_options(), wire=wire
+    )
     optimizer = make_optimizer(stage, model, torch.optim.AdamW, hook=cfg.hook, wire=wire, lr=cfg.lr)
     checkpoints = Checkpoints(cfg, stage, replicas, wrapped, model, optimizer)
-    return RankRun(stage, replicas, shard, batch_size, device, model, wrapped, optimizer, traffic, link,
-                   bucket_cap_mb, why, checkpoints)
+    return RankRun(
+        stage,
+        replicas,
+        shard,
+        batch_size,
+        device,
+        model,
+        wrapped,
+        optimizer,
+        traffic,
+        link,
+        bucket_cap_mb,
+        why,
+        checkpoints,
+    )
 
 
-def train_steps(cfg: TrainConfig, run: RankRun, data: PreparedData, stage_dir: str, first: int,
-                losses: list[float]) -> dict:
+def train_steps(
+    cfg: TrainConfig, run: RankRun, data: PreparedData, stage_dir: str, first: int, losses: list[float]
+) -> dict:
     """Step 3: steps ``first`` .. ``cfg.steps - 1`` under the profiler; each step's time, calls, bytes, loss."""
     single, rank = run.stage == "single", dist.get_rank()
-    batches = step_batches(data.train, run.batch_size, cfg.grad_accum, run.replicas, run.shard, cfg.seed,
-                           data.pad_token_id, start_step=first)
+    batches = step_batches(
+        data.train,
+        run.batch_size,
+        cfg.grad_accum,
+        run.replicas,
+        run.shard,
+        cfg.seed,
+        data.pad_token_id,
+        start_step=first,
+    )
     global_batch = run.batch_size * cfg.grad_accum * run.replicas
-    times, calls, nbytes, probe = [], [], [], None   # the probe measures memory on the last step
-    profiler = StepProfiler(stage_dir, rank, cfg.steps - first, cfg.profile_steps, gzip=cfg.trace_gzip,
-                            enabled=profiling(cfg) and (rank == 0 or not single), cuda=run.device.type == "cuda")
+    times, calls, nbytes, probe = [], [], [], None  # the probe measures memory on the last step
+    profiler = StepProfiler(
+        stage_dir,
+        rank,
+        cfg.steps - first,
+        cfg.profile_steps,
+        gzip=cfg.trace_gzip,
+        enabled=profiling(cfg) and (rank == 0 or not single),
+        cuda=run.device.type == "cuda",
+    )
     bar = _progress(cfg, run.stage, rank, first)
     with profiler:
         for step in range(first, cfg.steps):
@@ -236,11 +295,18 @@ def train_steps(cfg: TrainConfig, run: RankRun, data: PreparedData, stage_dir: s
         bar.close()
     if run.link is not None:
         if profiler.written:
-            run.link.annotate_trace(profiler.written)   # the link's transfers, as ranges on a thread of their own
+            run.link.annotate_trace(profiler.written)  # the link's transfers, as ranges on a thread of their own
         run.link.close()
-    return {"step_times_s": times, "all_reduce_calls": calls, "all_reduce_bytes": nbytes, "losses": losses,
-            "global_batch": global_batch, "trace": profiler.written, "trace_error": profiler.error,
-            "memory": probe.result() if probe is not None else None}
+    return {
+        "step_times_s": times,
+        "all_reduce_calls": calls,
+        "all_reduce_bytes": nbytes,
+        "losses": losses,
+        "global_batch": global_batch,
+        "trace": profiler.written,
+        "trace_error": profiler.error,
+        "memory": probe.result() if probe is not None else None,
+    }
 
 
 def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) -> dict:
@@ -257,23 +323,31 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
         box = [folder]
         dist.broadcast_object_list(box, src=0)
         folder = box[0]
-    run = build(cfg, stage, data)                                                         # step 1
-    first, losses = run.checkpoints.resume(cfg.resume) if cfg.resume else (0, [])          # step 2
-    out = train_steps(cfg, run, data, os.path.join(folder, stage), first, losses)          # step 3
-    mean_losses = torch.tensor(out["losses"], dtype=torch.float64, device=run.device)      # step 4
+    run = build(cfg, stage, data)  # step 1
+    first, losses = run.checkpoints.resume(cfg.resume) if cfg.resume else (0, [])  # step 2
+    out = train_steps(cfg, run, data, os.path.join(folder, stage), first, losses)  # step 3
+    mean_losses = torch.tensor(out["losses"], dtype=torch.float64, device=run.device)  # step 4
     if run.replicas > 1:  # each rank's loss is its shard's mean; the global batch's is their mean
         dist.all_reduce(mean_losses)
         mean_losses /= run.replicas
     accuracy = evaluate(run.model, data.eval, run.replicas, run.shard, run.device, data.pad_token_id)
     error = out.pop("trace_error")
     trace_errors = [error]
-    if world > 1 and profiling(cfg):   # every rank's export failure reaches rank 0's report
+    if world > 1 and profiling(cfg):  # every rank's export failure reaches rank 0's report
         trace_errors = [None] * world
         dist.all_gather_object(trace_errors, error)
-    return {**out, "stage": stage, "losses": mean_losses.tolist(), "accuracy": accuracy, "ranks": run.replicas,
-            "metered": stage != "torch" or run.link is not None, "folder": folder,
-            "bucket_cap_mb": run.bucket_cap_mb, "bucket_cap_why": run.bucket_cap_why,
-            "trace_errors": {r: e for r, e in enumerate(trace_errors) if e}}
+    return {
+        **out,
+        "stage": stage,
+        "losses": mean_losses.tolist(),
+        "accuracy": accuracy,
+        "ranks": run.replicas,
+        "metered": stage != "torch" or run.link is not None,
+        "folder": folder,
+        "bucket_cap_mb": run.bucket_cap_mb,
+        "bucket_cap_why": run.bucket_cap_why,
+        "trace_errors": {r: e for r, e in enumerate(trace_errors) if e},
+    }
 
 
 def profiling(cfg: TrainConfig) -> bool:
@@ -287,6 +361,7 @@ def _progress(cfg: TrainConfig, stage: str, rank: int, first: int = 0):
     import threading
 
     from tqdm import tqdm
+
     # tqdm's default lock is a multiprocessing semaphore; a rank ended mid-run (Ctrl-C, a failed peer)
     # cannot release it, and Python's resource tracker then warns of a leaked semaphore at exit.
     # One rank draws one bar: a thread lock is all it needs.
@@ -296,10 +371,12 @@ def _progress(cfg: TrainConfig, stage: str, rank: int, first: int = 0):
 
 # -- in the parent ----------------------------------------------------------------------------------
 
+
 def run_stage(cfg: TrainConfig, stage: str, data: PreparedData, folder: str, placement: Placement) -> dict:
     """Step 3 for one stage: launch the ranks (or join torchrun's), return rank 0's result."""
-    if stage == "ft":              # its own launcher: trains through a lost rank (minddp.ft)
+    if stage == "ft":  # its own launcher: trains through a lost rank (minddp.ft)
         from minddp.train.ft import run_ft_stage
+
         return run_ft_stage(cfg, data, folder, say)
     world = 1 if stage == "single" else cfg.world_size
     # Ranks announce every step; a job with no new step for twice the collective timeout (plus a
@@ -307,36 +384,53 @@ def run_stage(cfg: TrainConfig, stage: str, data: PreparedData, folder: str, pla
     # that stops while the others wait is named far sooner, after --hang-timeout (minddp.runtime.hang).
     timeout = DEFAULT_TIMEOUT_S if cfg.timeout is None else cfg.timeout
     hang_s = DEFAULT_HANG_S if cfg.hang_timeout is None else cfg.hang_timeout
-    results = launch(train_rank, cfg, stage, data, folder, world_size=world, backend=placement,
-                     timeout_s=cfg.timeout, stall_s=2 * timeout + 60, hang_s=hang_s or None)
+    results = launch(
+        train_rank,
+        cfg,
+        stage,
+        data,
+        folder,
+        world_size=world,
+        backend=placement,
+        timeout_s=cfg.timeout,
+        stall_s=2 * timeout + 60,
+        hang_s=hang_s or None,
+    )
     return results[0]
 
 
 def summarize(result: dict) -> dict:
     """Numbers for the table: final loss, accuracy, median step time, throughput, traffic per step."""
     losses, times = result["losses"], result["step_times_s"]
-    tail = losses[-min(10, len(losses)):]
+    tail = losses[-min(10, len(losses)) :]
     steady = times[1:] or times  # the first step pays one-off costs
     median = statistics.median(steady)
     metered = result["metered"]
-    return {"final_loss": sum(tail) / len(tail), "accuracy": result["accuracy"], "median_step_s": median,
-            "samples_per_s": result["global_batch"] / median,
-            "all_reduce_calls_per_step": statistics.mean(result["all_reduce_calls"]) if metered else None,
-            "all_reduce_bytes_per_step": statistics.mean(result["all_reduce_bytes"]) if metered else None,
-            "trace": result["trace"]}
+    return {
+        "final_loss": sum(tail) / len(tail),
+        "accuracy": result["accuracy"],
+        "median_step_s": median,
+        "samples_per_s": result["global_batch"] / median,
+        "all_reduce_calls_per_step": statistics.mean(result["all_reduce_calls"]) if metered else None,
+        "all_reduce_bytes_per_step": statistics.mean(result["all_reduce_bytes"]) if metered else None,
+        "trace": result["trace"],
+    }
 
 
 def format_table(rows: dict[str, dict]) -> str:
-    head = (f"{'stage':<13}{'loss*':>8}{'acc (%)':>9}{'step (ms)':>11}{'samples/s':>11}{'AR calls':>10}"
-            f"{'AR (MiB)':>10}")
+    head = f"{'stage':<13}{'loss*':>8}{'acc (%)':>9}{'step (ms)':>11}{'samples/s':>11}{'AR calls':>10}{'AR (MiB)':>10}"
     lines = [head, "-" * len(head)]
     for stage, s in rows.items():
         calls = "-" if s["all_reduce_calls_per_step"] is None else f"{s['all_reduce_calls_per_step']:.1f}"
         mib = "-" if s["all_reduce_bytes_per_step"] is None else f"{s['all_reduce_bytes_per_step'] / 2**20:.3f}"
-        lines.append(f"{stage:<13}{s['final_loss']:>8.4f}{s['accuracy'] * 100:>9.1f}{s['median_step_s'] * 1e3:>11.1f}"
-                     f"{s['samples_per_s']:>11.0f}{calls:>10}{mib:>10}")
-    lines.append("loss* = mean of the last 10 steps; acc = held-out accuracy; step = median step time; "
-                 "AR = all_reduce per step through minddp's hook layer ('-': torch's DDP, not metered)")
+        lines.append(
+            f"{stage:<13}{s['final_loss']:>8.4f}{s['accuracy'] * 100:>9.1f}{s['median_step_s'] * 1e3:>11.1f}"
+            f"{s['samples_per_s']:>11.0f}{calls:>10}{mib:>10}"
+        )
+    lines.append(
+        "loss* = mean of the last 10 steps; acc = held-out accuracy; step = median step time; "
+        "AR = all_reduce per step through minddp's hook layer ('-': torch's DDP, not metered)"
+    )
     return "\n".join(lines)
 
 
@@ -349,25 +443,30 @@ def prepare(cfg: TrainConfig) -> tuple[PreparedData, Placement, str]:
     except (ValueError, OSError) as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
     if cfg.eval_examples:
-        data.eval = Encoded(data.eval.input_ids[:cfg.eval_examples], data.eval.labels[:cfg.eval_examples])
+        data.eval = Encoded(data.eval.input_ids[: cfg.eval_examples], data.eval.labels[: cfg.eval_examples])
     need = cfg.batch_size * cfg.effective_world_size()
     if len(data.train) < need:
-        raise ConfigError(f"the training split has {len(data.train)} examples, fewer than one global batch "
-                          f"of {need}; lower --batch-size or use more data")
+        raise ConfigError(
+            f"the training split has {len(data.train)} examples, fewer than one global batch "
+            f"of {need}; lower --batch-size or use more data"
+        )
     return data, placement, os.path.join(cfg.trace_dir, run_name(cfg, data.source))
 
 
 def run_name(cfg: TrainConfig, source: str) -> str:
     """--run-name, or ``<model>-<data>-<date-time>``."""
-    return cfg.run_name or (f"{os.path.basename(cfg.model.rstrip('/'))}-{os.path.basename(source.rstrip('/'))}"
-                            f"-{time.strftime('%Y%m%d-%H%M%S')}")
+    return cfg.run_name or (
+        f"{os.path.basename(cfg.model.rstrip('/'))}-{os.path.basename(source.rstrip('/'))}"
+        f"-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
 
 
 def check_combination(cfg: TrainConfig) -> None:
     """Contradictions between options that argparse cannot see."""
     if cfg.analyze and not profiling(cfg):
-        raise ConfigError("--analyze reads the traces, but --no-profile (or --profile-steps 0) writes none; "
-                          "drop one of them")
+        raise ConfigError(
+            "--analyze reads the traces, but --no-profile (or --profile-steps 0) writes none; drop one of them"
+        )
     if "powersgd" in cfg.hook:
         try:
             check_start_iter(cfg.powersgd_start_iter, cfg.powersgd_error_feedback, cfg.powersgd_warm_start)
@@ -394,6 +493,7 @@ def model_shapes(cfg: TrainConfig, data: PreparedData) -> dict[str, tuple[tuple[
             model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed, cfg.dtype)
         else:
             from transformers import AutoConfig, AutoModelForSequenceClassification
+
             config = AutoConfig.from_pretrained(os.path.expanduser(cfg.model), num_labels=2)
             model = AutoModelForSequenceClassification.from_config(config).to(DTYPES[cfg.dtype])
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
@@ -412,12 +512,13 @@ def check_resume(cfg: TrainConfig, shapes: dict) -> None:
     except checkpoint.CheckpointError as exc:
         raise ConfigError(str(exc)) from None
     if ckpt["step"] >= cfg.steps:
-        raise ConfigError(f"checkpoint {cfg.resume!r} is at step {ckpt['step']} already; give --steps above "
-                          f"{ckpt['step']} to train on")
+        raise ConfigError(
+            f"checkpoint {cfg.resume!r} is at step {ckpt['step']} already; give --steps above "
+            f"{ckpt['step']} to train on"
+        )
 
 
-def check_outputs(cfg: TrainConfig, run_dir: str | None = None, shapes: dict | None = None,
-                  gpu: bool = False) -> None:
+def check_outputs(cfg: TrainConfig, run_dir: str | None = None, shapes: dict | None = None, gpu: bool = False) -> None:
     """Before any rank starts: every output path is writable and (given the model) its disk has room.
 
     Called twice: first with the paths alone (fails fast, before the data and
@@ -434,8 +535,9 @@ def check_outputs(cfg: TrainConfig, run_dir: str | None = None, shapes: dict | N
         kept = peak = 0
         for stage in stages:
             ranks = 1 if stage == "single" else local
-            one, writing = outputs.trace_bytes(tensors, min(cfg.profile_steps, cfg.steps), cfg.grad_accum,
-                                               cfg.trace_gzip, gpu=gpu)
+            one, writing = outputs.trace_bytes(
+                tensors, min(cfg.profile_steps, cfg.steps), cfg.grad_accum, cfg.trace_gzip, gpu=gpu
+            )
             peak = max(peak, kept + ranks * writing)
             kept += ranks * one
         plan.folder("--trace-dir", run_dir or cfg.trace_dir, need=max(peak, kept) + 64 * 1024 * len(stages))
@@ -457,9 +559,11 @@ def warn_if_oversubscribed(cfg: TrainConfig) -> None:
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
     if local > cores:
-        say(f"warning: {local} ranks on {cores} CPU cores: the ranks take turns on the cores and every "
+        say(
+            f"warning: {local} ranks on {cores} CPU cores: the ranks take turns on the cores and every "
             "collective waits for the rank that is not running, so steps will be slow and timings will not "
-            f"mean much; --world-size {cores} or fewer avoids it")
+            f"mean much; --world-size {cores} or fewer avoids it"
+        )
 
 
 def write_outputs(cfg: TrainConfig, summary: dict, run_dir: str, lost: list[str]) -> None:
@@ -485,18 +589,18 @@ def main(argv: list[str] | None = None) -> int:
     output could not be written (the results are printed and the other outputs written first), 130 on Ctrl-C,
     143 on SIGTERM, 129 on SIGHUP (the terminal closed): one line, the ranks ended, the finished stages kept.
     """
-    with stop_signals():            # SIGTERM and SIGHUP unwind like Ctrl-C (minddp.runtime.processes)
+    with stop_signals():  # SIGTERM and SIGHUP unwind like Ctrl-C (minddp.runtime.processes)
         return _main(argv)
 
 
 def _main(argv: list[str] | None) -> int:
-    watch_torchrun_agent()          # a worker whose torchrun agent is gone ends, from the start
+    watch_torchrun_agent()  # a worker whose torchrun agent is gone ends, from the start
     parser = build_parser()
     try:
-        cfg = parse_args(argv)                                                              # step 1
+        cfg = parse_args(argv)  # step 1
         check_combination(cfg)
-        check_outputs(cfg)          # the paths, before the slower data and model preparation
-        data, placement, run_dir = prepare(cfg)                                             # step 2
+        check_outputs(cfg)  # the paths, before the slower data and model preparation
+        data, placement, run_dir = prepare(cfg)  # step 2
         shapes = model_shapes(cfg, data)
         if cfg.resume:
             check_resume(cfg, shapes)
@@ -512,11 +616,18 @@ def _main(argv: list[str] | None) -> int:
     failed = stopped = None
     bar_drawn(cfg.progress)
     try:
-        for stage in cfg.stages():                                                          # step 3
+        for stage in cfg.stages():  # step 3
             if stage == "torch":
-                reason = None if cfg.link else torch_hook_unavailable(   # with a link: minddp's hook (ladder.wrap)
-                    cfg.hook, placement.backend, None if cfg.bucket_cap_mb == "auto" else cfg.bucket_cap_mb,
-                    placement.device_type)
+                reason = (
+                    None
+                    if cfg.link
+                    else torch_hook_unavailable(  # with a link: minddp's hook (ladder.wrap)
+                        cfg.hook,
+                        placement.backend,
+                        None if cfg.bucket_cap_mb == "auto" else cfg.bucket_cap_mb,
+                        placement.device_type,
+                    )
+                )
                 if reason:
                     say(f"skipping --stage torch: {reason}")
                     skipped[stage] = reason
@@ -530,28 +641,45 @@ def _main(argv: list[str] | None) -> int:
             run_dir = result["folder"]  # under torchrun: rank 0's choice
             results[stage], rows[stage] = result, summarize(result)
             if profiling(cfg) and rank0:
-                _write_or_note(os.path.join(run_dir, stage, "config.json"),
-                               {**cfg.to_dict(), "stage": stage, "backend": placement.backend,
-                                "devices": placement.why, "ranks": result["ranks"],
-                                "bucket_cap_mb_used": result["bucket_cap_mb"], "bucket_cap_why": result["bucket_cap_why"],
-                                "data_source": data.source}, f"stage {stage}'s config.json", lost)
-    except (KeyboardInterrupt, Stopped) as exc:   # the launcher ended the ranks and said so; the stages done are kept
+                _write_or_note(
+                    os.path.join(run_dir, stage, "config.json"),
+                    {
+                        **cfg.to_dict(),
+                        "stage": stage,
+                        "backend": placement.backend,
+                        "devices": placement.why,
+                        "ranks": result["ranks"],
+                        "bucket_cap_mb_used": result["bucket_cap_mb"],
+                        "bucket_cap_why": result["bucket_cap_why"],
+                        "data_source": data.source,
+                    },
+                    f"stage {stage}'s config.json",
+                    lost,
+                )
+    except (KeyboardInterrupt, Stopped) as exc:  # the launcher ended the ranks and said so; the stages done are kept
         failed = {"stage": "interrupted", "error": stop_reason(exc)}
         stopped = exc.code if isinstance(exc, Stopped) else 130
     finally:
         bar_drawn(False)
-    if not rank0:                   # a torchrun worker that was stopped exits with the signal's status
+    if not rank0:  # a torchrun worker that was stopped exits with the signal's status
         return 0 if stopped is None else stopped
     for stage, result in results.items():
         for rank, why in result.get("trace_errors", {}).items():
             lost.append(f"stage {stage}: rank {rank}'s trace was not written ({why}); training went on")
-    summary = {"config": cfg.to_dict(), "backend": placement.backend, "devices": placement.why, "world_size": cfg.effective_world_size(),
-               "data_source": data.source, "run_dir": run_dir if profiling(cfg) else None, "skipped": skipped,
-               "stages": {s: {**rows[s], "losses": results[s]["losses"], "memory": results[s].get("memory")}
-                          for s in rows},
-               "failed": failed, "not_written": lost}
-    show = print if stopped is None else _show_if_possible   # after SIGHUP the terminal may be gone
-    if rows:                                                                                # step 4
+    summary = {
+        "config": cfg.to_dict(),
+        "backend": placement.backend,
+        "devices": placement.why,
+        "world_size": cfg.effective_world_size(),
+        "data_source": data.source,
+        "run_dir": run_dir if profiling(cfg) else None,
+        "skipped": skipped,
+        "stages": {s: {**rows[s], "losses": results[s]["losses"], "memory": results[s].get("memory")} for s in rows},
+        "failed": failed,
+        "not_written": lost,
+    }
+    show = print if stopped is None else _show_if_possible  # after SIGHUP the terminal may be gone
+    if rows:  # step 4
         show(format_table(rows), flush=True)
         measured = {stage: results[stage]["memory"] for stage in rows if results[stage].get("memory")}
         if measured:

@@ -46,9 +46,9 @@ META = "minddp.json"
 
 def sharded_sizes(wrapped: nn.Module, model: nn.Module, optimizer) -> dict[int, int]:
     """``{id(tensor): n}`` for every tensor that is this rank's chunk of a flattened tensor of ``n`` elements."""
-    sizes = {id(shard): full.numel() for full, shard in getattr(wrapped, "shard", {}).items()}       # zero2
+    sizes = {id(shard): full.numel() for full, shard in getattr(wrapped, "shard", {}).items()}  # zero2
     sizes.update({id(s): n for unit in getattr(wrapped, "units", []) for s, n in zip(unit.shards, unit.numels)})
-    for p, chunk in getattr(optimizer, "chunks", {}).items():                                         # zero1
+    for p, chunk in getattr(optimizer, "chunks", {}).items():  # zero1
         if not optimizer.owned_whole(p):
             sizes[id(chunk)] = p.numel()
     return sizes
@@ -65,7 +65,7 @@ def _named_optimizer_params(model: nn.Module, optimizer) -> list[tuple[str, torc
     """(parameter name, the tensor the (local) optimizer steps for it), for every one it steps."""
     names = {id(p): name for name, p in model.named_parameters()}
     local = getattr(optimizer, "optim", optimizer)
-    if local is not optimizer:                                      # ZeRO-1: chunks of the named parameters
+    if local is not optimizer:  # ZeRO-1: chunks of the named parameters
         return [(names[id(p)], chunk) for p, chunk in optimizer.chunks.items()]
     return [(names[id(p)], p) for group in local.param_groups for p in group["params"]]
 
@@ -90,10 +90,12 @@ def _mesh(wrapped, optimizer) -> DeviceMesh:
     return DeviceMesh.from_group(group, device.type)
 
 
-def save(path: str, wrapped: nn.Module, model: nn.Module, optimizer, *, step: int, config: dict,
-         extra: dict | None = None) -> None:
+def save(
+    path: str, wrapped: nn.Module, model: nn.Module, optimizer, *, step: int, config: dict, extra: dict | None = None
+) -> None:
     """Step 2, on every rank: the sharded state at ``path`` (a folder), with this rank's ``extra`` and its RNG."""
     from minddp.train.rng import rng_state
+
     state = _state_dict(wrapped, model, optimizer, _mesh(wrapped, optimizer))
     rank = dist.get_rank()
     blob = io.BytesIO()
@@ -102,9 +104,9 @@ def save(path: str, wrapped: nn.Module, model: nn.Module, optimizer, *, step: in
     folder, name = os.path.split(os.path.abspath(path))
     tmp, old = os.path.join(folder, f".{name}.tmp"), os.path.join(folder, f".{name}.old")
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)      # litter of a save that crashed
+        shutil.rmtree(tmp, ignore_errors=True)  # litter of a save that crashed
     dist.barrier()
-    dcp.save(state, checkpoint_id=tmp)              # every rank writes its part, then rank 0 the metadata
+    dcp.save(state, checkpoint_id=tmp)  # every rank writes its part, then rank 0 the metadata
     if rank == 0:
         with open(os.path.join(tmp, META), "w") as f:
             json.dump({"format": FORMAT, "step": step, "config": config, "world_size": dist.get_world_size()}, f)
@@ -126,30 +128,39 @@ def read_meta(path: str) -> dict:
         with open(os.path.join(path, META)) as f:
             meta = json.load(f)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{path!r} is not a minddp sharded checkpoint ({type(exc).__name__}); give a folder "
-                         "written by python -m minddp.train --save-every with a sharded stage") from None
+        raise ValueError(
+            f"{path!r} is not a minddp sharded checkpoint ({type(exc).__name__}); give a folder "
+            "written by python -m minddp.train --save-every with a sharded stage"
+        ) from None
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path!r} is not a minddp sharded checkpoint (format {meta.get('format')!r})")
     return meta
 
 
 def check_shapes(path: str, here: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
-    """Before any rank starts: the checkpoint holds this model (names, sizes, dtypes), or ValueError naming a difference.
+    """Before any rank starts: the checkpoint holds this model (names, sizes, dtypes), else a ValueError names how.
 
     A chunked tensor is saved flattened, so sizes are compared by element count.
     """
-    saved = {k[len("model."):]: v for k, v in dcp.FileSystemReader(path).read_metadata().state_dict_metadata.items()
-             if k.startswith("model.")}
+    saved = {
+        k[len("model.") :]: v
+        for k, v in dcp.FileSystemReader(path).read_metadata().state_dict_metadata.items()
+        if k.startswith("model.")
+    }
     if saved.keys() != here.keys():
         only_saved, only_here = sorted(saved.keys() - here.keys()), sorted(here.keys() - saved.keys())
-        raise ValueError(f"checkpoint {path!r} holds another model: entries only in the checkpoint {only_saved[:3]}, "
-                         f"only in this model {only_here[:3]}; resume with the model it was saved with")
+        raise ValueError(
+            f"checkpoint {path!r} holds another model: entries only in the checkpoint {only_saved[:3]}, "
+            f"only in this model {only_here[:3]}; resume with the model it was saved with"
+        )
     for name, (shape, dtype) in here.items():
         info = saved[name]
         if info.size.numel() != torch.Size(shape).numel() or info.properties.dtype != dtype:
-            raise ValueError(f"checkpoint {path!r} holds another model: {name!r} has {info.size.numel()} "
-                             f"{info.properties.dtype} elements there, {torch.Size(shape).numel()} {dtype} here; "
-                             "resume with the model it was saved with")
+            raise ValueError(
+                f"checkpoint {path!r} holds another model: {name!r} has {info.size.numel()} "
+                f"{info.properties.dtype} elements there, {torch.Size(shape).numel()} {dtype} here; "
+                "resume with the model it was saved with"
+            )
 
 
 def saved_ranks(path: str) -> set[int]:
@@ -169,9 +180,9 @@ def load(path: str, wrapped: nn.Module, model: nn.Module, optimizer) -> tuple[in
     saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
     state = _state_dict(wrapped, model, optimizer, mesh)
     sizes = sharded_sizes(wrapped, model, optimizer)
-    for name, t in _named_optimizer_params(model, optimizer):      # a fresh optimizer has no state yet
+    for name, t in _named_optimizer_params(model, optimizer):  # a fresh optimizer has no state yet
         prefix = f"optim.state.{name}."
-        for key in [k[len(prefix):] for k in saved if k.startswith(prefix)]:
+        for key in [k[len(prefix) :] for k in saved if k.startswith(prefix)]:
             if key in state["optim"]["state"].get(name, {}):
                 continue
             info = saved[f"optim.state.{name}.{key}"]
@@ -194,16 +205,20 @@ def load(path: str, wrapped: nn.Module, model: nn.Module, optimizer) -> tuple[in
             t.copy_(loaded.to_local() if isinstance(loaded, DTensor) else loaded)
     local = getattr(optimizer, "optim", optimizer)
     steps = _named_optimizer_params(model, optimizer)
-    local_state = {i: {k: v.to_local() if isinstance(v, DTensor) else v
-                       for k, v in state["optim"]["state"].get(name, {}).items()}
-                   for i, (name, _) in enumerate(steps) if name in state["optim"]["state"]}
+    local_state = {
+        i: {k: v.to_local() if isinstance(v, DTensor) else v for k, v in state["optim"]["state"].get(name, {}).items()}
+        for i, (name, _) in enumerate(steps)
+        if name in state["optim"]["state"]
+    }
     index = {id(t): i for i, (_, t) in enumerate(steps)}
-    groups = [{**{k: v for k, v in g.items() if k != "params"}, **saved_group, "params": [index[id(p)] for p in g["params"]]}
-              for g, saved_group in zip(local.param_groups, state["optim"]["param_groups"])]
+    groups = [
+        {**{k: v for k, v in g.items() if k != "params"}, **saved_group, "params": [index[id(p)] for p in g["params"]]}
+        for g, saved_group in zip(local.param_groups, state["optim"]["param_groups"])
+    ]
     local.load_state_dict({"state": local_state, "param_groups": groups})
     for group, saved_group in zip(optimizer.param_groups, state["optim"]["param_groups"]):
         group.update(saved_group)
     if hasattr(wrapped, "gather_parameters"):
-        wrapped.gather_parameters()                    # zero2: the full parameters from the loaded shards
+        wrapped.gather_parameters()  # zero2: the full parameters from the loaded shards
     ranks = torch.load(io.BytesIO(state["ranks"][mine]), map_location="cpu", weights_only=False)
     return meta["step"], ranks
