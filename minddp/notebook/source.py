@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import re
 import textwrap
 from pathlib import Path
 
@@ -53,6 +54,23 @@ def source_of(obj) -> str:
 def show_source(obj) -> None:
     """Display ``obj``'s source (a class, a function, a method) with where it lives."""
     _show_markdown(f"`{where(obj)}`\n\n```python\n{source_of(obj).rstrip()}\n```")
+
+
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+
+
+def plain_doc(obj) -> str:
+    """``obj``'s docstring as Markdown: reStructuredText roles (``:class:`~a.B```) become ```B```, double
+    backquotes single ones, so a reader sees the prose, not the markup."""
+    text = inspect.getdoc(obj) or ""
+    text = _ROLE.sub(lambda m: f"`{m.group(1).rsplit('.', 1)[-1]}`" if "~" in m.group(0) else f"`{m.group(1)}`",
+                     text)
+    return text.replace("``", "`").replace("::\n", ":\n")
+
+
+def show_doc(obj) -> None:
+    """Display :func:`plain_doc` with where it lives."""
+    _show_markdown(f"`{where(obj)}`\n\n{plain_doc(obj)}")
 
 
 def resolved(cls: type) -> dict[str, tuple[type, object]]:
