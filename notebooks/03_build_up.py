@@ -67,10 +67,9 @@ def meet(stage, before=None):
     lesson.picture(looks, stage, before, title=f"{stage}" + (f" (below) and {before} (faded)" if before else ""))
 
 lesson.say(lesson.describe())
+fixed, per_mib = (LINK.seconds("all_reduce", n, world_size) * 1e3 for n in (0, 2**20))
 lesson.say(f"The emulated link: {LINK.describe()}. One all_reduce of n bytes between {world_size} ranks takes "
-           f"2(N−1)·α + 2(N−1)/N · n/β: {LINK.seconds('all_reduce', 0, world_size) * 1e3:.1f} ms plus "
-           f"{LINK.seconds('all_reduce', 2**20, world_size) * 1e3 - LINK.seconds('all_reduce', 0, world_size) * 1e3:.1f}"
-           f" ms per MiB.")
+           f"2(N−1)·α + 2(N−1)/N · n/β: {fixed:.1f} ms plus {per_mib - fixed:.1f} ms per MiB.")
 
 # %%
 import contextlib
@@ -92,7 +91,8 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # replicas drift apart), but the time a step would take if syncing were free. Everything a stage
 # costs beyond it is communication and waiting. The picture is its step: the forward (pale) and
 # backward (blue) of each micro-batch, then the optimizer (green); the black line is the end of
-# the step. The stages below add messages (orange, on the wire) and waits (red: the training thread standing still until a message is back).
+# the step. The stages below add messages (orange, on the wire) and waits (red: the training
+# thread standing still until a message is back).
 
 # %%
 # %%distributed

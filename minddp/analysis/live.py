@@ -23,7 +23,10 @@ not to the profiler):
    (``c10d::_allgather_base_`` calls, ``gloo:all_gather`` bytes of their
    input, what this rank sent): the parameters that travel back. On gloo
    their reduce-scatters are all_reduces (:meth:`minddp.comm.wire.Wire.reduce_scatter`),
-   counted with the calls above;
+   counted with the calls above. Other all-gathers (``c10d::allgather_``: the
+   stages' check that every rank's forwards used the same parameters, a few
+   bytes once a step, :mod:`minddp.stages.checks`) are counted apart as
+   ``small_gathers``;
 5. the step as a **row** of :mod:`minddp.analysis.timeline` (forward,
    backward, each message, the optimizer); over an emulated link
    (:mod:`minddp.comm.link`) the messages are the link's modeled transfers,
@@ -60,6 +63,8 @@ CALL = "c10d::allreduce_"
 BACKEND_RANGES = ("gloo:all_reduce", "nccl:all_reduce")
 GATHER_CALL = "c10d::_allgather_base_"
 GATHER_RANGES = ("gloo:all_gather", "nccl:all_gather")
+#: ``dist.all_gather`` of a list (not a flat tensor): the stages' check that every rank used the same parameters
+SMALL_GATHER_CALL = "c10d::allgather_"
 
 
 def profiler(record_shapes: bool = True) -> torch.profiler.profile:
@@ -116,6 +121,7 @@ def step_view(prof, link=None) -> dict:
         "after_last_backward_ms": ((optimizer[-1][0] if optimizer else last[1]) - last[1]) / 1e3,
         "gathers": sum(1 for e in events if e.name == GATHER_CALL),                    # step 4
         "gather_bytes": backend_bytes(prof, GATHER_RANGES),
+        "small_gathers": sum(1 for e in events if e.name == SMALL_GATHER_CALL),
     }
     t0 = forwards[0][0] if forwards else 0.0                                           # step 5
 
