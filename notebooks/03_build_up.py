@@ -192,7 +192,10 @@ check(solutions.GradAccumDDP, like="ga")
 # backward's contribution into `param.grad`: the accumulated gradient, the one to sync (a plain
 # tensor hook would hand over only the incoming gradient of this micro-batch). The hook sends the
 # gradient and, in this stage, waits for the result before backward may go on: communication
-# *interleaves* with backward, but backward stands still while it waits.
+# *interleaves* with backward, but backward stands still while it waits. (The hooks reach the
+# wrapper through `weakref`: autograd keeps them on its C++ side, where Python's garbage collector
+# cannot see a cycle, so a strong reference would keep every wrapper alive; `weakref.finalize`
+# removes the hooks when the wrapper goes. Plumbing, not the idea.)
 
 # %%
 show_source(STAGES["hook"])
@@ -449,7 +452,7 @@ lesson.claim(v["calls"] == v["calls_in_backward"] == looks["ddp"]["calls"], "tor
 # link ms* the part of it the training thread waited for; *waited ms* all its waiting, measured
 # (the link, the other rank, a free core); *step ms* one step, measured, on a machine shared with
 # other work: it is shown, not compared. torch's C++ reducer waits on the link's messages through
-# a Future of its own, so its waits are not seen (0).
+# a Future of its own, so its waits are not seen (–).
 
 # %%
 # %%distributed
@@ -467,8 +470,8 @@ lesson.claim(e["ga"] < e["simple"] and e["hook-async"] < e["hook"] and e["bucket
 lesson.look_table(looks)
 
 # %% [markdown]
-# How to read it: computation is most of every step here, as in real training, so the stages
-# differ by their communication and their waiting, not by their arithmetic. `ga` divides the
+# How to read it: every stage computes the same thing on the same batches, so the stages differ
+# by their communication and their waiting, not by their arithmetic. `ga` divides the
 # traffic by the number of micro-batches; the hook stages move the messages into the backward;
 # the async stages stop waiting for them there; the buckets divide the number of messages. On this
 # link, between two ranks, the buckets' saving in link time is small (their fixed cost per message

@@ -185,8 +185,9 @@ forward = phases[phases["phase"] == "forward"]
 per_stage = forward.groupby("stage")["end_us"].sum() - forward.groupby("stage")["start_us"].sum()
 lesson.say(f"The forward passes, the same work in every stage, took {per_stage.min() / 1e3:.0f}–"
            f"{per_stage.max() / 1e3:.0f} ms per step across the stages: the stages were profiled one after the "
-           f"other, and that spread is how much the machine's speed moved meanwhile. Compare the shapes of the rows; "
-           f"for step times on equal terms, see the stages taking turns at the end of 03_build_up.")
+           f"other, and that spread is how much the machine's speed moved meanwhile. Compare the shapes of the rows, "
+           f"not their lengths; what each idea changed in time is measured on the emulated link, in 03_build_up "
+           f"and at the end of this notebook.")
 late = buckets[buckets["comm_end_us"] > buckets["step_end_us"]]
 if len(late):
     lesson.say(f"{len(late)} all_reduce range(s) end after their step did (by up to "
@@ -271,7 +272,7 @@ def arrow(values, fmt="{:.0f}"):
 
 ideas = [("accumulate, sync once per step", ["simple", "ga"], "~15 % → ~5 %", "0 % → 0 %"),
          ("sync from hooks, during backward", ["ga", "hook"], "~5 % → not given", "0 % → 0 % (interleaved)"),
-         ("do not wait inside backward", ["hook", "hook-async"], "→ ~2 %", "0 % → ~90 %"),
+         ("do not wait inside backward", ["hook", "hook-async"], "→ ~2 % (ga: ~5 %)", "0 % → ~90 %"),
          ("buckets", ["hook-async", "bucket-async"], "no clear difference", "no clear difference")]
 summary = pd.DataFrame({
     idea: {"stages": arrow(pair, "{}"),
@@ -282,7 +283,7 @@ summary = pd.DataFrame({
            "non-compute % (1 Gbit/s)": arrow(t.loc[pair, "non_compute_pctg"], "{:.1f}"),
            "overlap % (1 Gbit/s)": arrow(t.loc[pair, "comm_comp_overlap_pctg"]),
            "blog, 4 × T4: non-compute": blog_nc, "blog, 4 × T4: overlap": blog_ov}
-    for idea, pair, blog_nc, blog_ov in ideas}).T
+    for idea, pair, blog_nc, blog_ov in ideas})
 summary
 
 # %%

@@ -188,8 +188,8 @@ show_diff(AsyncBucketDDP, Zero2DDP, context=2)
 # parameters back, with what this rank sent for them. Two things make gloo's counts differ from
 # the α-β count above: minddp's reduce-scatter travels as an all_reduce on gloo (gloo's own hands
 # back no Future: `docs/sharding.md`), so it sends the whole all_reduce's bytes, not half; and once
-# a step every stage all-gathers a few bytes to check that every rank's forwards used the same
-# parameters (`minddp/stages/checks.py`), counted apart below.
+# a step `zero2`, built on the teaching stages, all-gathers a few bytes to check that every rank's
+# forwards used the same parameters (`minddp/stages/checks.py`), counted apart below.
 
 # %%
 # %%distributed
@@ -205,9 +205,11 @@ lesson.claim(z["bytes"] == looks["ddp"]["bytes"], "zero2 hands its gradients to 
 # padding every parameter's chunks to equal length adds under `world` elements per parameter: far under 0.1 %
 lesson.claim(abs((world - 1) * z["gather_bytes"] - one_pass) < 1e-3 * one_pass, f"zero2's all-gathers send one "
              f"pass of the model, {lesson.mib(one_pass)} per rank, as the α-β count above says.")
-lesson.say(f"fsdp's all-gathers send {(world - 1) * f['gather_bytes'] / one_pass:.1f} passes: two (forward, "
-           f"backward) for each of the {k} micro-batches, of everything but the replicated parameters, which are "
-           f"never gathered.")
+units = len(trainees["fsdp"].model.units)
+lesson.claim(f["gathers"] == k * (2 * units - 1), f"fsdp gathers each of its {units} units for the forward of each of "
+             f"the {k} micro-batches, and all but the last again for its backward (the backward starts with the last "
+             f"unit, still gathered): {k} × {2 * units - 1} = {f['gathers']} all-gathers, "
+             f"{(world - 1) * f['gather_bytes'] / one_pass:.1f} passes of the model a step.")
 
 # %% [markdown]
 # ## FSDP: gather each block just before it runs
@@ -233,8 +235,9 @@ lesson.say(f"{len(fsdp.units)} units ({type(fsdp.units[0].module).__name__}), "
 # `ddp` and the three sharded stages, one profiled step each, read from their traces with
 # `minddp.analysis` and drawn as `03_build_up` drew the DDP ladder: forward and backward of each
 # micro-batch, each collective while it ran (all_reduces and all-gathers), the optimizer step.
-# ZeRO-1's all-gather comes after the optimizer step; FSDP's gathers run all through the forward
-# and the backward.
+# ZeRO-1's all-gathers come after its optimizer step; zero2's at the start of the step, when the
+# first forward needs the parameters its last step updated; FSDP's all through the forwards and
+# the backwards.
 
 # %%
 # %%distributed

@@ -24,6 +24,8 @@ between cells. Three ways to look at it:
    all_reduce calls and bytes (:mod:`minddp.analysis.live`, the same count for
    every stage and for torch's DDP), how many started *during* a backward,
    how long the last backward took and how long the step went on after it;
+   over an emulated link (``Trainee(stage, link="1gbit")``), each message's
+   modeled transfer and where the training thread waited for it;
 2. :func:`race`: several trainees take turns, one step each, the ranks
    starting every step together, for a few rounds; a step's time is its
    slowest rank's. Taking turns keeps a machine whose speed drifts from
@@ -32,7 +34,10 @@ between cells. Three ways to look at it:
    traces written where :func:`minddp.analysis.analyze_run` reads them.
 
 :func:`say` and friends turn the results into sentences, so that the
-notebooks' prose about a run is computed from that run, never typed in.
+notebooks' prose about a run is computed from that run, never typed in;
+:func:`claim` prints a sentence the notebook asserts about the run (a ✓), or
+fails the cell if the run no longer bears it out; :func:`picture` draws a
+look's step on one time axis (:mod:`minddp.analysis.timeline`).
 
 Example (inside ``%%distributed`` cells)::
 
@@ -344,34 +349,6 @@ def claim(holds: bool, text: str) -> None:
     if not holds:
         raise AssertionError(f"this notebook's claim no longer holds for the run shown: {text}")
     say(f"✓ {text}")
-
-
-def paired(race_ms: dict, name: str, other: str, how: str = "difference") -> list[float]:
-    """Round by round, ``name``'s step against ``other``'s (taken seconds apart, so slow drift cancels)."""
-    pairs = zip(race_ms[name], race_ms[other])
-    return [a - b for a, b in pairs] if how == "difference" else [a / b for a, b in pairs]
-
-
-def race_table(race_ms: dict, looks: dict | None = None, baseline: str = "single", reference: str = "torch"):
-    """The race side by side as a DataFrame.
-
-    Per stage: the median step and its range; the cost over ``baseline``
-    (the no-communication floor) and the ratio to ``reference`` (torch's DDP),
-    each the median over rounds of the round's own difference or ratio.
-    """
-    import pandas as pd
-    rows = {}
-    for name, ms in race_ms.items():
-        row = {"step ms (median)": round(median(ms), 1), "min–max ms": f"{min(ms):.0f}–{max(ms):.0f}"}
-        if baseline in race_ms:
-            row[f"over {baseline}, ms"] = round(median(paired(race_ms, name, baseline)), 1)
-        if reference in race_ms:
-            row[f"× {reference}"] = round(median(paired(race_ms, name, reference, how="ratio")), 3)
-        if looks and name in looks:
-            row["all_reduce calls/step"] = looks[name]["calls"]
-            row["MiB/step"] = round(looks[name]["bytes"] / 2**20, 2)
-        rows[name] = row
-    return pd.DataFrame(rows).T
 
 
 def trace_dir(name: str) -> Path:
