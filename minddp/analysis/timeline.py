@@ -73,10 +73,11 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
     ax.tick_params(axis="x", labelsize=8)
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))                    # one entry per kind, not per row
+    columns = min(len(unique), 8 if width >= 10 else 4)          # a narrow figure wraps its legend
     ax.legend(unique.values(), unique.keys(), loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7,
-              ncol=min(len(unique), 8), frameon=False)
+              ncol=columns, frameon=False)
     if title:
-        ax.set_title(title, fontsize=9, pad=18)
+        ax.set_title(title, fontsize=9, pad=8 + 11 * -(-len(unique) // columns))
     ax.figure.tight_layout()
     return ax.figure
 
