@@ -46,7 +46,7 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
     for y, row in enumerate(rows):
         alpha, stage = 0.3 if row.get("faded") else 1.0, row.get("stage", row["label"])
 
-        def bars(key, y0, h, color, **kw):
+        def bars(key, y0, h, color, row=row, y=y, alpha=alpha, stage=stage, **kw):
             spans = [(s, max(e - s, 0.0)) for s, e in row.get(key, [])]
             if spans:
                 ax.broken_barh(spans, (y + y0, h), facecolors=color, alpha=alpha, **kw).set_gid(f"{key}:{stage}")
@@ -95,7 +95,7 @@ def rows_from_analysis(result, rank: int = 0) -> list[dict]:
         p = phases[phases["stage"] == stage]
         b = buckets[buckets["stage"] == stage] if not buckets.empty else buckets
 
-        def spans(phase):
+        def spans(phase, p=p):
             part = p[p["phase"] == phase]
             return [(s * ms, e * ms) for s, e in zip(part["start_us"], part["end_us"])]
 
