@@ -105,6 +105,23 @@ check_in_sync([p.grad for p in ddp.parameters()], "gradients")
 # `finish_gradient_synchronization()` hands every gradient to the *comm hook*, waits for the
 # result and writes it back. The default hook, `allreduce_hook`, divides by the world size and
 # all_reduces (sums): the average. Both are below; the division sits in the hook.
+#
+# Three names in this code carry no idea of their own; each is here once, and means the same in
+# every later stage:
+#
+# * `GradBucket(index, flat_tensor, parameters, is_last)`: what a comm hook is handed, with
+#   torch's names (`minddp/comm/grad_bucket.py`). Here a bucket holds one gradient, flattened;
+#   `bucket` (in `03_build_up`) puts several in one;
+# * `send(hook, state, bucket)`: `hook(state, bucket)` inside a named profiler range, so that a
+#   trace shows when each bucket was handed to the network (`minddp/comm/send.py`). The hook
+#   returns a Future at once; `.wait()` is this stage's choice to wait for it right away;
+# * `self.parameters_used.check()` (`ParameterUse`, set up in the constructor): before the first
+#   gradient is sent, all the ranks check that their forwards used the same parameters; if one
+#   rank skipped a layer, the ranks would pair unrelated gradients in their all_reduces, so the
+#   check stops them with a message instead (`minddp/stages/checks.py`).
+#
+# In the constructor, `compat.broadcast` is `torch.distributed.broadcast` under the argument names
+# every torch release from 2.6 to 2.15 accepts (`minddp/runtime/compat.py`).
 
 # %%
 from minddp.comm.default_hooks import allreduce_hook

@@ -28,15 +28,27 @@
 #    the stage before, method by method (a diff computed from the package, not written by hand);
 # 3. **a run on real ranks**: the stage is built on both ranks with the workload every notebook
 #    shares, takes one warm-up step, then one step under the profiler, read in memory
-#    (`Trainee.look`): how many all_reduce calls, how many of them started while a backward was
-#    running, how long the last backward took, and how long the step went on after it before the
-#    optimizer could step;
-# 4. **what to look for** in those numbers;
+#    (`Trainee.look`): how many all_reduce calls, how many started while a backward was running,
+#    and, message by message, when it was handed to the network, how long the network took, and
+#    when the training thread stood waiting for it; then **a picture** of that step on one time
+#    axis, with the stage before it faded above it;
+# 4. **what to look for**: sentences about that run, each printed with a ✓ by a cell that checks
+#    it on the run shown (`lesson.claim`): if a run ever contradicts one, the cell fails instead
+#    of showing prose that the numbers beside it deny;
 # 5. **your turn**: write the stage yourself; `check` runs it on real ranks and says what is wrong.
 #
+# **The network.** Two ranks on one machine talk over loopback, where moving this model's
+# gradients costs a few milliseconds, less than the machine's own noise: timed on loopback, the
+# later stages cannot be told apart (`docs/benchmarks.md` tries, with many rounds and intervals).
+# So every message here goes over an **emulated 1 Gbit/s link** (`minddp.comm.link`): the real
+# all_reduce still runs, so every result is exact, but it completes no earlier than the same
+# all_reduce would on Gigabit Ethernet, one message at a time, as a network card sends them. That
+# time is *modeled* (a fixed cost α per hop plus bytes over bandwidth, printed below): the same on
+# every run and every machine, so the sentences about it hold anywhere. The training thread is
+# not held up by the emulation, so a stage that computes while a message travels hides the
+# message, as on a real network.
+#
 # Every stage trains the same model on the same batches with the same settings, printed below.
-# The stages stay alive on the ranks, and at the end they take turns, step by step, to compare
-# their step times on equal terms.
 
 # %%
 # %load_ext minddp.notebook
@@ -44,16 +56,20 @@
 
 # %%
 # %%distributed
+from minddp.comm.link import parse_link
 from minddp.notebook import lesson
-trainees, looks = {}, {}
+LINK, looks, k = parse_link("1gbit"), {}, lesson.SETTINGS.grad_accum
 
 def meet(stage, before=None):
-    """Build `stage` on this rank (one warm-up step), take one profiled step, say what it shows."""
-    trainees[stage] = lesson.Trainee(stage)
-    looks[stage] = trainees[stage].look()
+    """Build `stage` on this rank (one warm-up step), take one profiled step over LINK, say and draw it."""
+    looks[stage] = lesson.Trainee(stage, link=LINK).look()
     lesson.say_look(looks, stage, before)
+    lesson.picture(looks, stage, before, title=f"{stage}" + (f" (below) and {before} (faded)" if before else ""))
 
 lesson.say(lesson.describe())
+fixed, per_mib = (LINK.seconds("all_reduce", n, world_size) * 1e3 for n in (0, 2**20))
+lesson.say(f"The emulated link: {LINK.describe()}. One all_reduce of n bytes between {world_size} ranks takes "
+           f"2(N−1)·α + 2(N−1)/N · n/β: {fixed:.1f} ms plus {per_mib - fixed:.1f} ms per MiB.")
 
 # %%
 import contextlib
@@ -66,14 +82,17 @@ from torch import nn
 
 from minddp.exercises import check, solutions
 from minddp.ladder import STAGES
-from minddp.notebook.source import show_diff, show_source
+from minddp.notebook.source import show_diff, show_doc, show_source
 
 # %% [markdown]
 # ## The floor: no communication at all (`single`)
 #
 # Here each rank trains its own shard and never talks to the other: not data parallelism (the
 # replicas drift apart), but the time a step would take if syncing were free. Everything a stage
-# costs beyond it is communication and waiting.
+# costs beyond it is communication and waiting. The picture is its step: the forward (pale) and
+# backward (blue) of each micro-batch, then the optimizer (green); the black line is the end of
+# the step. The stages below add messages (orange, on the wire) and waits (red: the training
+# thread standing still until a message is back).
 
 # %%
 # %%distributed
@@ -90,16 +109,18 @@ show_source(STAGES["simple"])
 
 # %%
 # %%distributed
-meet("simple")
-v, k = looks["simple"], lesson.SETTINGS.grad_accum
-lesson.say(f"{v['calls']} calls {'=' if v['calls'] == v['buckets'] * k else '≠'} {v['buckets']} parameter tensors "
-           f"× {k} micro-batches.")
+meet("simple", before="single")
+v = looks["simple"]
+lesson.claim(v["calls"] == v["buckets"] * k, f"{v['calls']} all_reduce calls = {v['buckets']} parameter tensors × "
+             f"{k} micro-batches: one message per gradient, after every micro-batch.")
+lesson.claim(v["calls_in_backward"] == 0 == v["waits_in_backward"], "No message is sent, and none waited for, "
+             "while a backward runs: each sync starts when its backward is over, and the step waits for all of it.")
 
 # %% [markdown]
-# What to look for: no call starts during a backward (they all wait for it to end), and the
-# step goes on well after the last backward: that time is the sync, exposed. `simple` has no
-# `no_sync()`, so the loop syncs after every micro-batch, although only the sum over the step is
-# needed. Your version of this stage was the exercise of `02_simple_ddp`.
+# What to look for: three bursts of messages, one after each backward, each waited for (red)
+# before the next micro-batch may start. `simple` has no `no_sync()`, so the loop syncs
+# after every micro-batch, although only the sum over the step is needed. Your version of this
+# stage was the exercise of `02_simple_ddp`.
 #
 # ## `ga`: gradient accumulation, `no_sync()`
 #
@@ -116,11 +137,18 @@ show_diff(STAGES["simple"], STAGES["ga"])
 # %%
 # %%distributed
 meet("ga", before="simple")
+v, b = looks["ga"], looks["simple"]
+lesson.claim(v["calls"] * k == b["calls"] and v["bytes"] * k == b["bytes"], f"ga sends 1/{k} of simple's calls "
+             f"and bytes: one sync per step instead of one per micro-batch.")
+lesson.claim(abs(v["link_ms"] * k - b["link_ms"]) <= 1e-9 * b["link_ms"], f"So its messages need 1/{k} of "
+             f"simple's time on the link: {v['link_ms']:.0f} ms against {b['link_ms']:.0f} ms.")
+lesson.claim(v["calls_in_backward"] == 0 == v["waits_in_backward"], "Like simple, it sends and waits only after "
+             "a backward is over: the whole sync is exposed.")
 
 # %% [markdown]
-# What to look for: the same bytes per sync, synced once per step instead of after every
-# micro-batch, so the calls and bytes per step drop by the number of micro-batches, and so does
-# the time after the last backward. The sync still waits for backward to end.
+# What to look for: one burst of messages, after the last backward, waited for whole. The
+# micro-batches before it run straight on into each other. (The link's time is modeled, so the
+# ratio above is exact; compute times on this machine are not, and are not compared here.)
 #
 # ### Your turn: `ga`
 #
@@ -164,7 +192,10 @@ check(solutions.GradAccumDDP, like="ga")
 # backward's contribution into `param.grad`: the accumulated gradient, the one to sync (a plain
 # tensor hook would hand over only the incoming gradient of this micro-batch). The hook sends the
 # gradient and, in this stage, waits for the result before backward may go on: communication
-# *interleaves* with backward, but backward stands still while it waits.
+# *interleaves* with backward, but backward stands still while it waits. (The hooks reach the
+# wrapper through `weakref`: autograd keeps them on its C++ side, where Python's garbage collector
+# cannot see a cycle, so a strong reference would keep every wrapper alive; `weakref.finalize`
+# removes the hooks when the wrapper goes. Plumbing, not the idea.)
 
 # %%
 show_source(STAGES["hook"])
@@ -173,11 +204,15 @@ show_diff(STAGES["ga"], STAGES["hook"])
 # %%
 # %%distributed
 meet("hook", before="ga")
+v = looks["hook"]
+lesson.claim(v["calls"] == v["calls_in_backward"] == looks["ga"]["calls"], "hook sends ga's messages, every one "
+             "of them from inside the last backward.")
+lesson.claim(v["waits"] == v["waits_in_backward"] == v["calls"], "And the training thread waits for each of them "
+             "right there, inside the backward: communication interleaves with backward, it does not overlap it.")
 
 # %% [markdown]
-# What to look for: now the calls start while the backward runs, and little is left to do after
-# the last backward; but the backward itself stops at every gradient until its all_reduce is back,
-# so the waiting has moved inside it rather than gone. Compare the last backward with `ga`'s.
+# What to look for: the messages have moved into the last backward, and so have the waits: the
+# backward stops at every gradient until its all_reduce is back. The waiting has moved, not gone.
 #
 # ### Your turn: `hook`
 #
@@ -221,13 +256,20 @@ show_diff(STAGES["hook"], STAGES["hook-async"])
 # %%
 # %%distributed
 meet("hook-async", before="hook")
+v, b = looks["hook-async"], looks["hook"]
+lesson.claim(v["calls"] == b["calls"] == v["calls_in_backward"], "hook-async sends hook's messages, from the same "
+             "places in the backward.")
+lesson.claim(v["waits_in_backward"] == 0, "None of its waits begins inside a backward: it waits for each message "
+             "once, in finish, after the last backward.")
+lesson.claim(v["exposed_ms"] < b["exposed_ms"], f"So less of the link's time is left exposed: {v['exposed_ms']:.0f} "
+             f"ms against hook's {b['exposed_ms']:.0f} ms; the rest travelled while backward computed.")
 
 # %% [markdown]
-# What to look for: the same calls as `hook`, started at the same places, but the backward no longer
-# waits for them; compare its length with `hook`'s and `ga`'s. What is left after it is the
-# communication backward could not hide. On two ranks sharing two CPU cores, "hiding" is limited:
-# gloo's threads need a core too, and the backward is using it (on GPUs, NCCL runs beside the
-# compute kernels).
+# What to look for: messages on the wire while the backward goes on, no red inside it, and
+# only what was still travelling when backward ended waited for at the end. That is *overlap*.
+# On two ranks sharing two CPU cores the real gloo all_reduce also needs a core, so the measured
+# waits include some waiting for the other rank and for a core; the exposed link time counts the
+# network's part only.
 #
 # ### Your turn: `hook-async`
 #
@@ -271,14 +313,23 @@ show_diff(STAGES["hook-async"], STAGES["bucket"])
 # %%
 # %%distributed
 meet("bucket", before="hook-async")
-lesson.say(f"The plan for buckets of {lesson.SETTINGS.bucket_cap_mb:g} MiB has {looks['bucket']['buckets']} buckets "
-           f"for {looks['hook']['buckets']} parameter tensors.")
+v, b = looks["bucket"], looks["hook-async"]
+alpha = LINK.seconds("all_reduce", 0, world_size) * 1e3            # the fixed cost of one all_reduce, ms
+lesson.claim(v["calls"] == v["buckets"] and v["bytes"] == b["bytes"], f"bucket sends the same bytes in "
+             f"{v['calls']} calls, one per bucket of {lesson.SETTINGS.bucket_cap_mb:g} MiB, instead of {b['calls']}.")
+lesson.claim(abs(b["link_ms"] - v["link_ms"] - (b["calls"] - v["calls"]) * alpha) < 1e-6 * b["link_ms"],
+             f"On the link that saves {b['calls'] - v['calls']} messages' fixed cost, {alpha:.1f} ms each: "
+             f"{b['link_ms'] - v['link_ms']:.1f} ms of {b['link_ms']:.0f} ms.")
+lesson.claim(v["waits"] == v["waits_in_backward"] == v["calls"], "Like hook, it waits for each bucket inside the "
+             "backward.")
 
 # %% [markdown]
-# What to look for: the same bytes in far fewer calls. The diff shows what `bucket` takes from
-# `hook` (the waiting `_sent`) rather than from `hook-async`: this stage waits for each bucket
-# inside backward, so its backward is longer than `hook-async`'s; the next stage removes the
-# wait again.
+# What to look for: a few wide messages instead of many thin ones. Between two ranks on Gigabit
+# Ethernet a message's fixed cost is small next to its bytes, so buckets save little link time
+# here; the fixed cost grows with the ranks (2(N−1)·α per all_reduce), and on GPUs each call also
+# pays a kernel launch and NCCL's setup, which is where the blog's buckets pay off. The diff shows
+# what `bucket` takes from `hook` (the waiting `_sent`) rather than from `hook-async`: it waits
+# for each bucket inside backward; the next stage removes the wait again.
 #
 # ### Your turn: `bucket`
 #
@@ -323,10 +374,15 @@ show_diff(STAGES["bucket"], STAGES["bucket-async"])
 # %%
 # %%distributed
 meet("bucket-async", before="bucket")
+v, b = looks["bucket-async"], looks["bucket"]
+lesson.claim(v["calls"] == b["calls"] and v["waits_in_backward"] == 0, "bucket-async sends bucket's messages and "
+             "waits for none of them inside a backward.")
+lesson.claim(v["exposed_ms"] < b["exposed_ms"], f"So less of the link's time is exposed: {v['exposed_ms']:.0f} ms "
+             f"against bucket's {b['exposed_ms']:.0f} ms.")
 
 # %% [markdown]
-# What to look for: `bucket`'s calls and bytes, with its backward back to normal length; and
-# against `hook-async`, the same overlap with far fewer calls.
+# What to look for: `bucket`'s few messages, travelling while the backward goes on, as
+# `hook-async`'s did, and no red inside the backward.
 #
 # ### Your turn: `bucket-async`
 #
@@ -366,11 +422,14 @@ check(solutions.AsyncBucketDDP, like="bucket-async")
 # table.
 
 # %%
-print(inspect.getdoc(sys.modules[STAGES["ddp"].__module__]))
+show_doc(sys.modules[STAGES["ddp"].__module__])
 
 # %%
 # %%distributed
 meet("ddp", before="bucket-async")
+v = looks["ddp"]
+lesson.claim(v["calls"] == v["calls_in_backward"] and v["waits_in_backward"] == 0, "ddp sends every bucket from "
+             "inside the backward and waits for none of them there, as bucket-async does.")
 
 # %% [markdown]
 # ## `torch`: torch's own DDP, the baseline
@@ -381,53 +440,44 @@ meet("ddp", before="bucket-async")
 # %%
 # %%distributed
 meet("torch", before="ddp")
+v = looks["torch"]
+lesson.claim(v["calls"] == v["calls_in_backward"] == looks["ddp"]["calls"], "torch's DDP sends as many buckets as "
+             "ddp, every one from inside the backward.")
 
 # %% [markdown]
-# ## Side by side: taking turns
+# ## Side by side: the ladder on one time axis
 #
-# One profiled step per stage says *what* each stage does; timing needs more steps, and fairness:
-# this machine's speed drifts (other processes, two ranks and gloo's threads sharing the cores), so
-# stages timed one after the other are timed under different conditions. Here the stages built
-# above take turns, one step each, round after round, the ranks starting every step together; a
-# step's time is its slower rank's. The table gives each stage's median step and range, and two
-# comparisons made round by round (a stage against the floor, a stage against torch's DDP, each
-# from steps taken seconds apart, then the median over rounds); the calls and bytes come from the
-# profiled steps above.
+# Every profiled step above, one row per stage, on one axis, and the table of their numbers
+# (units in the column names). *Link ms* is the modeled time of the step's messages; *exposed
+# link ms* the part of it the training thread waited for; *waited ms* all its waiting, measured
+# (the link, the other rank, a free core); *step ms* one step, measured, on a machine shared with
+# other work: it is shown, not compared. torch's C++ reducer waits on the link's messages through
+# a Future of its own, so its waits are not seen (–).
 
 # %%
 # %%distributed
-race_ms = lesson.race(trainees, rounds=4)
+lesson.picture(looks, None, rows=list(looks), title="One step of every stage on one time axis, each message over "
+                                                    "the emulated 1 Gbit/s link (rank 0)")
+ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
+e = {s: looks[s]["exposed_ms"] for s in ladder}
+lesson.say("Exposed link time, down the ladder: " + ", ".join(f"{s} {e[s]:.0f} ms" for s in ladder) + ".")
+lesson.claim(e["ga"] < e["simple"] and e["hook-async"] < e["hook"] and e["bucket-async"] < e["bucket"],
+             "Each of the three ideas cut the exposed time on this link: accumulation (simple → ga), not waiting "
+             "inside backward (hook → hook-async, bucket → bucket-async).")
 
 # %%
 # %%rank 0
-lesson.race_table(race_ms, looks)
-
-# %%
-# %%rank 0
-floor = lesson.median(race_ms["single"])
-over = {s: lesson.median(lesson.paired(race_ms, s, "single")) for s in race_ms if s != "single"}
-ratio = {s: lesson.median(lesson.paired(race_ms, s, "torch", how="ratio")) for s in race_ms}
-wobble = max(max(d) - min(d) for d in (lesson.paired(race_ms, s, "single") for s in over))
-blog = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
-lesson.say(f"A step without any communication took {floor:.0f} ms (median). Over it, round by round, the stages "
-           "cost " + ", ".join(f"{s} {over[s]:+.0f} ms" for s in over) + ".")
-slowest, fastest = max(blog, key=ratio.get), min(blog, key=ratio.get)
-lesson.say(f"Of the teaching stages, {slowest} was the slowest here ({ratio[slowest]:.2f} × torch's DDP) and "
-           f"{fastest} the fastest ({ratio[fastest]:.2f} ×); ddp ran at {ratio['ddp']:.2f} × torch's DDP.")
-lesson.say(f"From one round to the next, a stage's difference to the floor moved by up to {wobble:.0f} ms: "
-           f"differences smaller than that are the machine's, not the stages'.")
+lesson.look_table(looks)
 
 # %% [markdown]
-# How to read it: computation is most of every step here, as in real training, so the stages
-# differ by their communication and their waiting, not by their arithmetic. Where the ladder's
-# ideas show most clearly on a CPU are the counts and the places in the profiled steps above:
-# `ga` divides the traffic by the number of micro-batches, the hook stages move the sync into
-# backward, the buckets divide the calls. Whether a stage's overlap *saves time* depends on the
-# machine: with a core per rank and gloo's threads competing for it, there is little spare
-# capacity to hide communication in; on GPUs, where NCCL runs beside the compute kernels, there is
-# room to hide it (the blog this course follows measured its overlap rise from none in its first
-# DDP to most of the communication in its last). `docs/benchmarks.md` has many rounds of the same
-# comparison, with intervals; `05_reading_traces` looks inside the steps.
+# How to read it: every stage computes the same thing on the same batches, so the stages differ
+# by their communication and their waiting, not by their arithmetic. `ga` divides the
+# traffic by the number of micro-batches; the hook stages move the messages into the backward;
+# the async stages stop waiting for them there; the buckets divide the number of messages. On this
+# link, between two ranks, the buckets' saving in link time is small (their fixed cost per message
+# is small); on GPUs, where every call also pays a kernel launch, it is not. `05_reading_traces`
+# reads the same stages from trace files, with the blog's metrics, and ends with what each idea
+# bought here beside what it bought on the blog's GPUs.
 
 # %%
 # %dist_shutdown

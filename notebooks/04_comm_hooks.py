@@ -21,9 +21,14 @@
 # averages with a plain all_reduce; others compress first:
 #
 # * `fp16` / `bf16`: cast the bucket to a 16-bit float, all_reduce, cast back: half the bytes;
-# * `powersgd`: view each gradient matrix `M` as close to low rank and send two thin factors
+# * `powersgd`: view each gradient matrix `M` as close to a low matrix rank and send two thin factors
 #   `P` and `Q` with `M ≈ P Qᵀ` instead of `M`; with *error feedback*, what compression lost
 #   this step is added to the next step's gradient, so it is delayed rather than lost.
+#
+# A word used two ways here: a **rank** is one of the training processes (rank 0, rank 1), as in
+# every notebook; the **matrix rank** of PowerSGD (`matrix_approximation_rank`, "rank 1") is the
+# number of columns of `P` and `Q`, the directions kept per gradient matrix. This notebook always
+# says *matrix rank* for the second.
 #
 # Here each hook trains the workload every notebook shares, in the `bucket-async` stage, from the
 # same start on the same batches. For each we read:
@@ -46,7 +51,7 @@ HOOKS = {
     "allreduce": None,
     "fp16": None,
     "bf16": None,
-    # as in torch: plain averaging for the first iterations, then rank-1 PowerSGD with error feedback
+    # as in torch: plain averaging for the first iterations, then PowerSGD of matrix rank 1 with error feedback
     "powersgd": {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2},
 }
 STEPS = 5
@@ -126,7 +131,8 @@ steps.round(3)
 # Why can PowerSGD's error be so large, even above 1 (an "average" farther from the true average
 # than the average is from zero)? Two reasons, both by design:
 #
-# * rank 1 keeps one direction per gradient matrix: most of a single step's gradient is dropped;
+# * matrix rank 1 keeps one direction per gradient matrix: most of a single step's gradient is
+#   dropped;
 # * with error feedback, what was dropped is added to the *next* step's gradient before
 #   compressing. So the hook's output approximates this step's gradient *plus* what earlier steps
 #   left behind, while the error column compares it with this step's gradient alone. The dropped

@@ -81,7 +81,8 @@ show_source(ring_all_reduce)
 # bytes of the tensor, `N` ranks): each pass is `N − 1` messages carrying `(N − 1)/N · B` bytes per
 # rank, and the all_reduce is both. So ZeRO-2, which reduce-scatters the gradients and later
 # all-gathers the parameters, moves the bytes DDP moves; FSDP gathers the parameters twice, for
-# the forward and again for the backward. For this workload's gradients:
+# the forward and again for the backward. For this workload's gradients, per synced backward
+# (one micro-batch; what a step with several micro-batches adds is counted further down):
 
 # %%
 # %%distributed
@@ -171,26 +172,44 @@ show_source(ZeroRedundancyOptimizer._all_gather)
 # %% [markdown]
 # ## ZeRO-2: reduce-scatter the gradients
 #
-# `zero2` is `bucket-async` with four changes. The package says which methods changed:
+# `zero2` is `bucket-async` with four changes. The package says which methods changed (the changed
+# lines of each, with two lines around them; `minddp/sharding/zero2.py` has the whole file):
 
 # %%
 # %%rank 0
 from minddp.notebook.source import show_diff
 from minddp.sharding.zero2 import Zero2DDP
 from minddp.stages import AsyncBucketDDP
-show_diff(AsyncBucketDDP, Zero2DDP)
+show_diff(AsyncBucketDDP, Zero2DDP, context=2)
 
 # %% [markdown]
-# A profiled step, read in memory: the all_reduce calls (on gloo minddp's reduce-scatter travels as
-# an all_reduce, since gloo's own hands back no Future: `docs/sharding.md`), how many started while
-# a backward ran, and the all-gathers that bring the parameters back.
+# A profiled step (all its micro-batches), read in memory: the all_reduce calls and the bytes
+# handed to them, how many started while a backward ran, and the all-gathers that bring the
+# parameters back, with what this rank sent for them. Two things make gloo's counts differ from
+# the α-β count above: minddp's reduce-scatter travels as an all_reduce on gloo (gloo's own hands
+# back no Future: `docs/sharding.md`), so it sends the whole all_reduce's bytes, not half; and once
+# a step `zero2`, built on the teaching stages, all-gathers a few bytes to check that every rank's
+# forwards used the same parameters (`minddp/stages/checks.py`), counted apart below.
 
 # %%
 # %%distributed
 looks = {s: trainees[s].look() for s in ("ddp", "zero2", "fsdp")}
+k = lesson.SETTINGS.grad_accum
 for s, v in looks.items():
-    lesson.say(f"{s}: {v['calls']} all_reduce calls ({v['calls_in_backward']} started during a backward), "
-               f"{lesson.mib(v['bytes'])}; {v['gathers']} all-gathers of {lesson.mib(v['gather_bytes'])} sent.")
+    lesson.say(f"{s}: {v['calls']} all_reduce calls ({v['calls_in_backward']} started during a backward) handed "
+               f"{lesson.mib(v['bytes'])}; {v['gathers']} all-gathers of parameters, this rank sending "
+               f"{lesson.mib((world - 1) * v['gather_bytes'])}; {v['small_gathers']} small all_gather (the check).")
+z, f = looks["zero2"], looks["fsdp"]
+lesson.claim(z["bytes"] == looks["ddp"]["bytes"], "zero2 hands its gradients to the wire whole, as ddp does: on gloo "
+             "its reduce-scatter is an all_reduce, which sends both passes.")
+# padding every parameter's chunks to equal length adds under `world` elements per parameter: far under 0.1 %
+lesson.claim(abs((world - 1) * z["gather_bytes"] - one_pass) < 1e-3 * one_pass, f"zero2's all-gathers send one "
+             f"pass of the model, {lesson.mib(one_pass)} per rank, as the α-β count above says.")
+units = len(trainees["fsdp"].model.units)
+lesson.claim(f["gathers"] == k * (2 * units - 1), f"fsdp gathers each of its {units} units for the forward of each of "
+             f"the {k} micro-batches, and all but the last again for its backward (the backward starts with the last "
+             f"unit, still gathered): {k} × {2 * units - 1} = {f['gathers']} all-gathers, "
+             f"{(world - 1) * f['gather_bytes'] / one_pass:.1f} passes of the model a step.")
 
 # %% [markdown]
 # ## FSDP: gather each block just before it runs
@@ -211,20 +230,37 @@ lesson.say(f"{len(fsdp.units)} units ({type(fsdp.units[0].module).__name__}), "
            f"prefetched), against {lesson.mib(memory['ddp']['parameters'])} for the whole model.")
 
 # %% [markdown]
-# In a trace, the overlap shows as collectives running while the rank computes. Both sharded
-# stages, profiled and read with `minddp.analysis`:
+# ## The sharded rungs on one time axis
+#
+# `ddp` and the three sharded stages, one profiled step each, read from their traces with
+# `minddp.analysis` and drawn as `03_build_up` drew the DDP ladder: forward and backward of each
+# micro-batch, each collective while it ran (all_reduces and all-gathers), the optimizer step.
+# ZeRO-1's all-gathers come after its optimizer step; zero2's at the start of the step, when the
+# first forward needs the parameters its last step updated; FSDP's all through the forwards and
+# the backwards.
 
 # %%
 # %%distributed
+import shutil
 trace_dir = lesson.TRACE_ROOT / "06_sharding"
-for s in ("zero2", "fsdp"):
+if rank == 0:
+    shutil.rmtree(trace_dir, ignore_errors=True)      # a fresh run folder: the analysis refuses mixed runs
+dist.barrier()
+for s in STAGES:
     trainees[s].profile(trace_dir)
 
 # %%
 # %%rank 0
 from minddp.analysis import analyze_run
-columns = ["allreduce_calls_per_step", "allgather_calls_per_step", "comm_time_per_step_us", "comm_comp_overlap_pctg"]
-analyze_run(trace_dir).stages[columns].round(1)
+from minddp.analysis.timeline import draw_steps, rows_from_analysis
+sharded = analyze_run(trace_dir)
+draw_steps(rows_from_analysis(sharded), title="ddp and the sharded rungs, one step each on one time axis (rank 0)")
+table = sharded.stages.assign(comm_ms_per_step=sharded.stages["comm_time_per_step_us"] / 1e3)
+z = looks["zero2"]
+lesson.claim(table.loc["zero2", "allgather_calls_per_step"] == z["gathers"] + z["small_gathers"],
+             f"The trace's {table.loc['zero2', 'allgather_calls_per_step']:.0f} all-gathers of zero2 are the look's "
+             f"{looks['zero2']['gathers']} of parameters and its {looks['zero2']['small_gathers']} check.")
+table[["allreduce_calls_per_step", "allgather_calls_per_step", "comm_ms_per_step", "comm_comp_overlap_pctg"]].round(1)
 
 # %% [markdown]
 # ## The same training, whatever the rung

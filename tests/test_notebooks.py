@@ -76,6 +76,24 @@ def test_the_checks_catch_a_cell_that_should_have_failed_and_a_pair_out_of_sync(
     assert "not from one top-to-bottom run" in refresh.pair_problems(source)[0]
 
 
+@pytest.mark.timeout(300)
+def test_a_refresh_fails_when_a_claim_of_the_notebook_no_longer_holds(tmp_path):
+    """A comparing sentence is checked by the notebook itself (``lesson.claim``): when the run it is made about
+    contradicts it, executing the notebook (what the refresh and this suite do) fails, naming the claim."""
+    source = tmp_path / "07_claims.py"
+    source.write_text(
+        "# %%\nfrom minddp.notebook import lesson\nsteps = {'ga': 66, 'simple': 198}\n\n"
+        "# %%\nlesson.claim(steps['ga'] * 3 == steps['simple'], 'ga makes a third of simple s calls')\n\n"
+        "# %%\nsteps['ga'] = 70                    # a later run whose numbers reverse the sentence\n\n"
+        "# %%\nlesson.claim(steps['ga'] * 3 == steps['simple'], 'ga makes a third of simple s calls')\n")
+    with pytest.raises(refresh.NotebookError) as failed:
+        refresh.execute(source, timeout_s=120)
+    message = str(failed.value)
+    assert "07_claims.py: a cell failed" in message
+    assert "claim no longer holds for the run shown: ga makes a third of simple s calls" in message
+    assert "AssertionError" in message
+
+
 def test_what_changed_between_two_stages_is_read_from_the_package():
     """The notebooks' diffs come from the code that runs: a changed method diffs, an inherited one does not."""
     import inspect

@@ -23,7 +23,24 @@ not to the profiler):
    (``c10d::_allgather_base_`` calls, ``gloo:all_gather`` bytes of their
    input, what this rank sent): the parameters that travel back. On gloo
    their reduce-scatters are all_reduces (:meth:`minddp.comm.wire.Wire.reduce_scatter`),
-   counted with the calls above.
+   counted with the calls above. Other all-gathers (``c10d::allgather_``: the
+   stages' check that every rank's forwards used the same parameters, a few
+   bytes once a step, :mod:`minddp.stages.checks`) are counted apart as
+   ``small_gathers``;
+5. the step as a **row** of :mod:`minddp.analysis.timeline` (forward,
+   backward, each message, the optimizer); over an emulated link
+   (:mod:`minddp.comm.link`) the messages are the link's modeled transfers,
+   and the row adds the training thread's **waits** (from its first
+   ``wait()`` on a message to the message's delivery), with ``link_ms`` (the
+   modeled time of every message, added up: it depends on the sizes and the
+   link only), ``waited_ms`` (how long the training thread stood waiting:
+   for the link, for the other rank, for a core), ``exposed_ms`` (the part of
+   that which was the link's modeled transfer: from each first wait to the
+   message's modeled end; what the link alone cost the step) and
+   ``waits_in_backward`` (how many waits began during a backward). A wait is
+   known when the training thread waits on the link's own Future; torch's
+   C++ reducer waits on a Future chained to it, so its waits are not seen
+   (``waits`` is 0).
 
 Example::
 
@@ -46,6 +63,8 @@ CALL = "c10d::allreduce_"
 BACKEND_RANGES = ("gloo:all_reduce", "nccl:all_reduce")
 GATHER_CALL = "c10d::_allgather_base_"
 GATHER_RANGES = ("gloo:all_gather", "nccl:all_gather")
+#: ``dist.all_gather`` of a list (not a flat tensor): the stages' check that every rank used the same parameters
+SMALL_GATHER_CALL = "c10d::allgather_"
 
 
 def profiler(record_shapes: bool = True) -> torch.profiler.profile:
@@ -79,19 +98,21 @@ def _ranges(prof, name: str) -> list[tuple[float, float]]:
     return sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.name == name)
 
 
-def step_view(prof) -> dict:
-    """Step 3 for one profiled ``train_step``: calls, bytes, calls during a backward, last backward, tail (ms)."""
+def step_view(prof, link=None) -> dict:
+    """Step 3 for one profiled ``train_step``: calls, bytes, calls during a backward, last backward, tail (ms);
+    and ``row``, the step as :mod:`minddp.analysis.timeline` draws it (step 5, with ``link``)."""
     events = prof.events()
     backward_nodes = [e for e in events if e.name.startswith("autograd::engine::evaluate_function")]
-    spans = []
+    spans, forwards = [], []
     for start, end in _ranges(prof, "minddp.forward_backward"):
         inside = [e for e in backward_nodes if start <= e.time_range.start <= end]
         if inside:
             spans.append((min(e.time_range.start for e in inside), max(e.time_range.end for e in inside)))
+            forwards.append((start, spans[-1][0]))
     started = [c.time_range.start for c in calls(prof)]
     optimizer = _ranges(prof, "minddp.optimizer_step")
     last = spans[-1] if spans else (0.0, 0.0)
-    return {
+    view = {
         "calls": len(started),
         "bytes": backend_bytes(prof),
         "calls_in_backward": sum(any(s <= t <= e for s, e in spans) for t in started),
@@ -100,4 +121,62 @@ def step_view(prof) -> dict:
         "after_last_backward_ms": ((optimizer[-1][0] if optimizer else last[1]) - last[1]) / 1e3,
         "gathers": sum(1 for e in events if e.name == GATHER_CALL),                    # step 4
         "gather_bytes": backend_bytes(prof, GATHER_RANGES),
+        "small_gathers": sum(1 for e in events if e.name == SMALL_GATHER_CALL),
     }
+    t0 = forwards[0][0] if forwards else 0.0                                           # step 5
+
+    def ms(pairs):
+        return [((s - t0) / 1e3, (e - t0) / 1e3) for s, e in pairs]
+
+    gathers = [e.time_range.start for e in events if e.name == GATHER_CALL]
+    row = {"forward": ms(forwards), "backward": ms(spans), "optimizer": ms(optimizer),
+           "finish": ms(_ranges(prof, "minddp.finish_gradient_synchronization")),
+           "sent": [(t - t0) / 1e3 for t in sorted(started + gathers)], "waits": [],
+           "messages": ms(sorted((e.time_range.start, e.time_range.end) for e in events
+                                 if e.name in BACKEND_RANGES + GATHER_RANGES)),
+           "end": ((optimizer[-1][1] if optimizer else last[1]) - t0) / 1e3}
+    if link is not None:
+        view.update(_on_link(events, link, row, t0, spans))
+    view["row"] = row
+    return view
+
+
+def _on_link(events, link, row: dict, t0: float, backwards: list) -> dict:
+    """Step 5 on an emulated link: its transfers and the training thread's waits, on the profiler's clock.
+
+    The link logs each message in ``perf_counter`` seconds; the
+    ``minddp.link_send#<n>`` marker recorded when message ``n`` was handed over
+    places it on the profiler's clock (the median offset, as
+    :meth:`minddp.comm.link.Link.annotate_trace` does). A wait is the time from
+    the first ``wait()`` on a message (``Link.waits``) to its delivery.
+    """
+    import statistics
+    markers = {int(e.name.rpartition("#")[2]): e.time_range.start for e in events
+               if e.name.startswith("minddp.link_send#")}
+    log = [m for m in link.log if m["seq"] in markers]
+    if not log:
+        return {"link_ms": 0.0, "waited_ms": 0.0, "exposed_ms": 0.0, "waits": 0, "waits_in_backward": 0}
+    offset = statistics.median(markers[m["seq"]] - m["handed_over"] * 1e6 for m in log)
+
+    def at(seconds):
+        return (seconds * 1e6 + offset - t0) / 1e3
+
+    row["messages"] = [(at(m["start"]), at(m["modeled_end"])) for m in log]
+    row["sent"] = [at(m["handed_over"]) for m in log]
+    waits = sorted((at(link.waits[m["seq"]]), at(m["delivered"])) for m in log if m["seq"] in link.waits)
+    row["waits"] = [(s, e) for s, e in waits if e > s]
+    back = [((s - t0) / 1e3, (e - t0) / 1e3) for s, e in backwards]
+    exposed = [(at(link.waits[m["seq"]]), at(m["modeled_end"])) for m in log if m["seq"] in link.waits]
+    return {"link_ms": sum(link.seconds(m["kind"], m["bytes"], m["ranks"]) * 1e3 for m in log),   # the model's
+            "waited_ms": _union(row["waits"]), "exposed_ms": _union((s, e) for s, e in exposed if e > s),
+            "waits": len(waits),
+            "waits_in_backward": sum(any(s <= w <= e for s, e in back) for w, _ in waits)}
+
+
+def _union(spans) -> float:
+    total, reach = 0.0, float("-inf")
+    for s, e in sorted(spans):
+        if e > reach:
+            total += e - max(s, reach)
+            reach = e
+    return total

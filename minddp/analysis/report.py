@@ -120,70 +120,24 @@ def _scaled(result, column, factor):
     return out
 
 
-#: Colours of the timeline (:func:`plot_timeline`).
-_PHASE_COLORS = {"forward": "#deebf7", "backward": "#9ecae1", "finish": "#8172b3", "optimizer": "#55a868"}
-
-
 def plot_timeline(result, path: Path | None = None, rank: int = 0):
     """Step 4: every stage's last profiled step on one shared time axis; the Figure (None if no CPU timeline).
 
-    Each stage's backward spans are drawn as rectangles whose ``gid`` is
-    ``backward:<stage>`` (one per micro-batch), so the figure can be checked
-    as well as looked at.
+    Drawn by :func:`minddp.analysis.timeline.draw_steps`, the one step
+    picture of the package; each stage's backward spans are rectangles whose
+    ``gid`` is ``backward:<stage>`` (one per micro-batch), so the figure can
+    be checked as well as looked at.
     """
-    phases, buckets = result.phases, result.buckets
-    if phases.empty:
+    from minddp.analysis.timeline import draw_steps, rows_from_analysis
+    rows = rows_from_analysis(result, rank)
+    if not rows:
         return None
-    phases = phases[phases["rank"] == rank]
-    buckets = buckets[buckets["rank"] == rank] if not buckets.empty else buckets
-    stages = [s for s in _stage_labels([result]) if s in set(phases["stage"])]
-    fig, ax = plt.subplots(figsize=(11, 0.8 + 0.75 * len(stages)))
-    ms, right = 1e-3, 0.0
-    for y, stage in enumerate(stages):
-        p = phases[phases["stage"] == stage]
-        for phase in ("forward", "backward"):
-            spans = p[p["phase"] == phase]
-            bars = ax.broken_barh([(s * ms, (e - s) * ms) for s, e in zip(spans["start_us"], spans["end_us"])],
-                                  (y - 0.4, 0.8), facecolors=_PHASE_COLORS[phase], label=phase)
-            bars.set_gid(f"{phase}:{stage}")
-        for phase in ("finish", "optimizer"):
-            spans = p[p["phase"] == phase]
-            if not spans.empty:
-                ax.broken_barh([(s * ms, (e - s) * ms) for s, e in zip(spans["start_us"], spans["end_us"])],
-                               (y + 0.25, 0.12), facecolors=_PHASE_COLORS[phase], label=phase)
-        end = p.loc[p["phase"] == "step", "end_us"].max()
-        ax.plot([end * ms] * 2, [y - 0.45, y + 0.45], color="black", lw=1.2, label="step end")
-        right = max(right, end)
-        b = buckets[buckets["stage"] == stage] if not buckets.empty else buckets
-        if len(b):
-            done = b.dropna(subset=["comm_start_us"])
-            ax.broken_barh([(s * ms, max(e - s, 0.0) * ms) for s, e in zip(done["comm_start_us"], done["comm_end_us"])],
-                           (y - 0.12, 0.24), facecolors="#dd8452", edgecolors="#a0522d", linewidth=0.6,
-                           label="collective running")
-            ax.plot(b["ready_us"] * ms, [y - 0.28] * len(b), "|", color="black", markersize=9,
-                    label="bucket handed to the wire")
-            right = max(right, float(b["comm_end_us"].max(skipna=True) or 0.0))
-    ax.set_yticks(range(len(stages)), [_row_label(stage, buckets) for stage in stages])
-    ax.invert_yaxis()                           # the build-up reads top to bottom
-    ax.set_xlim(0, right * ms * 1.02)           # nothing cut off: the axis ends after the last event
-    step = int(phases["step"].iloc[0])
-    ax.set_xlabel(f"ms since the start of the step (profiled step {step}, rank {rank}); one axis for every stage")
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles))                # one legend entry per kind, not per row
-    ax.legend(unique.values(), unique.keys(), loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7,
-              ncol=len(unique), frameon=False)
-    ax.set_title(f"One step of every stage, on one time axis: run {result.run}", pad=22)
-    fig.tight_layout()
+    step = int(result.phases["step"].iloc[0])
+    fig = draw_steps(rows, title=f"One step of every stage, on one time axis: run {result.run} (profiled step "
+                                 f"{step}, rank {rank})", width=11)
     if path is not None:
         fig.savefig(path, dpi=100)
     return fig
-
-
-def _row_label(stage: str, buckets) -> str:
-    if buckets.empty or stage not in set(buckets["stage"]):
-        return stage
-    n = int((buckets["stage"] == stage).sum())
-    return f"{stage}\n{n} bucket{'s' if n != 1 else ''} sent"
 
 
 #: How a column's name ends -> (its unit in the header, the factor from the stored value). One format for every

@@ -24,6 +24,8 @@ between cells. Three ways to look at it:
    all_reduce calls and bytes (:mod:`minddp.analysis.live`, the same count for
    every stage and for torch's DDP), how many started *during* a backward,
    how long the last backward took and how long the step went on after it;
+   over an emulated link (``Trainee(stage, link="1gbit")``), each message's
+   modeled transfer and where the training thread waited for it;
 2. :func:`race`: several trainees take turns, one step each, the ranks
    starting every step together, for a few rounds; a step's time is its
    slowest rank's. Taking turns keeps a machine whose speed drifts from
@@ -32,7 +34,10 @@ between cells. Three ways to look at it:
    traces written where :func:`minddp.analysis.analyze_run` reads them.
 
 :func:`say` and friends turn the results into sentences, so that the
-notebooks' prose about a run is computed from that run, never typed in.
+notebooks' prose about a run is computed from that run, never typed in;
+:func:`claim` prints a sentence the notebook asserts about the run (a ✓), or
+fails the cell if the run no longer bears it out; :func:`picture` draws a
+look's step on one time axis (:mod:`minddp.analysis.timeline`).
 
 Example (inside ``%%distributed`` cells, on every rank of a notebook's cluster: not run by the
 doctests, which have one rank; the notebooks run it)::
@@ -189,12 +194,17 @@ class Trainee:
         return took.item() * 1e3
 
     def look(self) -> dict:
-        """Step 1 of the module doc: one step under the profiler, read in memory (every rank's view)."""
+        """Step 1 of the module doc: one step under the profiler, read in memory (every rank's view); over an
+        emulated link, with the link's transfers and this rank's waits (:func:`minddp.analysis.live.step_view`)."""
         from minddp.analysis import live
+        if self.link is not None:
+            self.link.log.clear()
+            self.link.waits.clear()
         prof = live.profiler()
         self.step(watch=prof)
-        seen = live.step_view(prof)
+        seen = live.step_view(prof, link=self.link)
         seen["buckets"] = buckets_of(self.model)
+        seen["row"].update(stage=self.stage, label=self.stage)
         return seen
 
     def profile(self, trace_dir, steps: int = 1) -> Path:
@@ -278,42 +288,68 @@ def say_look(looks: dict, stage: str, before: str | None = None) -> None:
     """What one profiled step of ``stage`` shows, in sentences (beside the stage before, if given)."""
     v = looks[stage]
     say(f"{stage}: {v['calls']} all_reduce calls a step, {v['calls_in_backward']} of them started while a "
-        f"backward was running; {mib(v['bytes'])} handed to all_reduce.",
-        f"The last micro-batch's backward took {v['last_backward_ms']:.0f} ms, and the step spent "
-        f"{v['after_last_backward_ms']:.0f} ms after it before the optimizer could step.")
-    if before is not None and before in looks:
+        f"backward was running; {mib(v['bytes'])} handed to all_reduce.")
+    if "link_ms" in v and v["calls"] and not v["waits"]:
+        say(f"On the emulated link its messages took {v['link_ms']:.0f} ms (modeled). Its waits are not seen: "
+            "torch's C++ reducer waits on a Future of its own, chained to the link's.")
+    elif "link_ms" in v:
+        say(f"On the emulated link its messages took {v['link_ms']:.0f} ms (modeled). The training thread waited "
+            f"{v['waited_ms']:.0f} ms for them ({v['waits_in_backward']} of its {v['waits']} waits began inside a "
+            f"backward); {v['exposed_ms']:.0f} ms of that was the link's own time left exposed, the rest waiting "
+            f"for the other rank or a free core.")
+    if before is not None and before in looks and looks[before]["calls"]:
         b = looks[before]
         say(f"{before} made {b['calls']} calls ({ratio(v['calls'], b['calls'])} here), {mib(b['bytes'])} "
-            f"({ratio(v['bytes'], b['bytes'])}), {b['calls_in_backward']} of them during a backward; its last "
-            f"backward took {b['last_backward_ms']:.0f} ms and it spent {b['after_last_backward_ms']:.0f} ms after it.")
+            f"({ratio(v['bytes'], b['bytes'])}), {b['calls_in_backward']} of them during a backward"
+            + (f"; {b['link_ms']:.0f} ms on the link, {b['exposed_ms']:.0f} ms of it exposed, "
+               f"{b['waits_in_backward']} waits inside a backward." if "link_ms" in b else "."))
 
 
-def paired(race_ms: dict, name: str, other: str, how: str = "difference") -> list[float]:
-    """Round by round, ``name``'s step against ``other``'s (taken seconds apart, so slow drift cancels)."""
-    pairs = zip(race_ms[name], race_ms[other])
-    return [a - b for a, b in pairs] if how == "difference" else [a / b for a, b in pairs]
-
-
-def race_table(race_ms: dict, looks: dict | None = None, baseline: str = "single", reference: str = "torch"):
-    """The race side by side as a DataFrame.
-
-    Per stage: the median step and its range; the cost over ``baseline``
-    (the no-communication floor) and the ratio to ``reference`` (torch's DDP),
-    each the median over rounds of the round's own difference or ratio.
-    """
+def look_table(looks: dict):
+    """The profiled steps side by side (one row per stage), every column named with its unit; "–": not known."""
     import pandas as pd
+    columns = {"all_reduce calls": lambda v: v["calls"], "MiB to all_reduce": lambda v: round(v["bytes"] / 2**20, 1),
+               "sent during a backward": lambda v: v["calls_in_backward"],
+               "link ms (modeled)": lambda v: round(v["link_ms"], 1),
+               "exposed link ms": lambda v: round(v["exposed_ms"], 1) if v["waits"] else "–",
+               "waits in a backward": lambda v: v["waits_in_backward"] if v["waits"] else "–",
+               "waited ms (measured)": lambda v: round(v["waited_ms"]) if v["waits"] else "–",
+               "step ms (one step)": lambda v: round(v["row"]["end"])}
     rows = {}
-    for name, ms in race_ms.items():
-        row = {"step ms (median)": round(median(ms), 1), "min–max ms": f"{min(ms):.0f}–{max(ms):.0f}"}
-        if baseline in race_ms:
-            row[f"over {baseline}, ms"] = round(median(paired(race_ms, name, baseline)), 1)
-        if reference in race_ms:
-            row[f"× {reference}"] = round(median(paired(race_ms, name, reference, how="ratio")), 3)
-        if looks and name in looks:
-            row["all_reduce calls/step"] = looks[name]["calls"]
-            row["MiB/step"] = round(looks[name]["bytes"] / 2**20, 2)
-        rows[name] = row
-    return pd.DataFrame(rows).T
+    for name, v in looks.items():
+        rows[name] = {}
+        for column, value in columns.items():
+            try:
+                rows[name][column] = value(v) if v["calls"] or column.startswith(("all_", "MiB", "sent", "step")) \
+                    else "–"
+            except KeyError:                                   # a look without a link
+                rows[name][column] = "–"
+    return pd.DataFrame.from_dict(rows, orient="index", columns=list(columns), dtype=object)
+
+
+def picture(looks: dict, stage: str, before: str | None = None, rows: list[str] | None = None, title: str = ""):
+    """The step of ``stage`` (and the stage ``before`` it, faded, above it) on one time axis; rank 0 draws.
+
+    ``rows``: several stages, none faded (the comparison at the end of a
+    notebook). The figure is :func:`minddp.analysis.timeline.draw_steps`'s.
+    """
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return None
+    from minddp.analysis.timeline import draw_steps
+    names = rows if rows is not None else [n for n in (before, stage) if n is not None]
+    drawn = [dict(looks[n]["row"], faded=rows is None and n != stage) for n in names]
+    return draw_steps(drawn, title=title or None, width=9 if rows is None else 11)
+
+
+def claim(holds: bool, text: str) -> None:
+    """A sentence the notebook asserts about the run it shows: printed with a tick if it holds, else the cell fails.
+
+    So a refresh whose outputs no longer bear a sentence out stops there,
+    instead of saving prose that contradicts the numbers beside it.
+    """
+    if not holds:
+        raise AssertionError(f"this notebook's claim no longer holds for the run shown: {text}")
+    say(f"✓ {text}")
 
 
 def trace_dir(name: str) -> Path:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import re
 import textwrap
 from pathlib import Path
 
@@ -59,6 +60,23 @@ def show_source(obj) -> None:
     _show_markdown(f"`{where(obj)}`\n\n```python\n{source_of(obj).rstrip()}\n```")
 
 
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+
+
+def plain_doc(obj) -> str:
+    """``obj``'s docstring as Markdown: reStructuredText roles (``:class:`~a.B```) become ```B```, double
+    backquotes single ones, so a reader sees the prose, not the markup."""
+    text = inspect.getdoc(obj) or ""
+    text = _ROLE.sub(lambda m: f"`{m.group(1).rsplit('.', 1)[-1]}`" if "~" in m.group(0) else f"`{m.group(1)}`",
+                     text)
+    return text.replace("``", "`").replace("::\n", ":\n")
+
+
+def show_doc(obj) -> None:
+    """Display :func:`plain_doc` with where it lives."""
+    _show_markdown(f"`{where(obj)}`\n\n{plain_doc(obj)}")
+
+
 def resolved(cls: type) -> dict[str, tuple[type, object]]:
     """Step 1: every name the stage's own classes define -> (the class whose definition runs, that object)."""
     own = [c for c in cls.__mro__ if c not in (nn.Module, object) and not c.__module__.startswith("torch.")]
@@ -81,8 +99,13 @@ def _text(klass: type, name: str, value) -> str:
     return f"{name} = {value!r}\n"
 
 
-def stage_diff(before: type, after: type) -> str:
-    """Steps 1-3 as text: the unified diffs of the methods that changed, then the names that did not."""
+def stage_diff(before: type, after: type, context: int | None = None) -> str:
+    """Steps 1-3 as text: the unified diffs of the methods that changed, then the names that did not.
+
+    ``context``: lines kept around each change (default: the whole method), for a rung whose methods
+    are long and change in a few places; a method new in ``after`` is then shown by its first lines (its
+    signature and the first line of its docstring) and its length, not whole.
+    """
     a, b = resolved(before), resolved(after)
     parts, same = [], []
     for name in sorted(set(a) | set(b), key=lambda n: (n != "__init__", n)):
@@ -94,9 +117,12 @@ def stage_diff(before: type, after: type) -> str:
         if old == new:                    # written again, word for word (a stage that holds its own copy)
             same.append(f"{name} (same code, in {where(b[name][0])})")
             continue
+        if context is not None and not old and len(new) > 3:
+            new = _brief(new)
         label_a = f"{a[name][0].__name__}.{name}  ({where(a[name][0])})" if name in a else "(not in the stage before)"
         label_b = f"{b[name][0].__name__}.{name}  ({where(b[name][0])})" if name in b else "(removed)"
-        diff = "".join(difflib.unified_diff(old, new, label_a, label_b, n=max(len(old), len(new))))
+        keep = max(len(old), len(new)) if context is None else context
+        diff = "".join(difflib.unified_diff(old, new, label_a, label_b, n=keep))
         if name in b and "super()" in "".join(new) and name in a:
             diff += f"# {b[name][0].__name__}.{name} calls super(): the version above still runs, inside it\n"
         parts.append(diff)
@@ -104,10 +130,24 @@ def stage_diff(before: type, after: type) -> str:
     return "\n".join(parts) + ("\n" if parts else "") + unchanged
 
 
-def show_diff(before: type, after: type) -> None:
+def _brief(lines: list[str]) -> list[str]:
+    """A new method in a few lines: up to its signature's end and its docstring's first line, then its length."""
+    head = []
+    for line in lines:
+        head.append(line)
+        if line.rstrip().endswith(":") and not line.lstrip().startswith("@"):
+            break
+    after = lines[len(head):]
+    if after and after[0].lstrip().startswith(('"' * 3, "'" * 3)):
+        head.append(after[0])
+    indent = len(after[0]) - len(after[0].lstrip()) if after else 4
+    return head + [" " * indent + f"...  # {len(lines)} lines in all\n"]
+
+
+def show_diff(before: type, after: type, context: int | None = None) -> None:
     """Display :func:`stage_diff` as a highlighted diff."""
     _show_markdown(f"What changed from `{before.__name__}` to `{after.__name__}`, method by method:\n\n"
-                   f"```diff\n{stage_diff(before, after).rstrip()}\n```")
+                   f"```diff\n{stage_diff(before, after, context).rstrip()}\n```")
 
 
 def _show_markdown(text: str) -> None:

@@ -1,0 +1,111 @@
+"""One picture of a step, for every place that draws one: compute, each message, the waits, on one time axis.
+
+A **step row** is a plain dict of spans in milliseconds from the start of the
+step (so a row can come from a trace file, :func:`rows_from_analysis`, or from a
+profiler still in memory, :func:`minddp.analysis.live.step_view`):
+
+* ``forward``, ``backward``: ``[(start, end), ...]``, one per micro-batch;
+* ``messages``: ``[(start, end), ...]``, while each collective ran (on an
+  emulated link: its modeled transfer; on loopback: gloo's range);
+* ``sent``: ``[t, ...]``, when each message was handed to the wire;
+* ``waits``: ``[(start, end), ...]``, when the training thread stood still
+  waiting for a message (known on an emulated link, which notes each wait);
+* ``finish``, ``optimizer``: the spans of
+  ``finish_gradient_synchronization()`` and of ``optimizer.step()``;
+* ``end``: when the step ended;
+* ``label``: the row's name on the axis; ``stage``: the stage (default: the
+  label), which names the drawn spans (``gid`` ``backward:<stage>``...), so a
+  figure can be checked as well as looked at.
+
+:func:`draw_steps` draws rows one above the other on a shared axis; a row
+with ``faded=True`` is drawn pale (the stage before, for comparison). Every
+drawing in the notebooks goes through it, so a colour means the same thing
+everywhere: pale blue forward, blue backward, orange a message on the wire,
+red the training thread waiting, green the optimizer step.
+
+Example::
+
+    >>> row = {"label": "hook", "forward": [(0, 40)], "backward": [(40, 120)], "messages": [(60, 70)],
+    ...        "sent": [60], "waits": [(60, 70)], "finish": [], "optimizer": [(121, 130)], "end": 130}
+    >>> fig = draw_steps([row])
+"""
+
+from __future__ import annotations
+
+COLORS = {"forward": "#deebf7", "backward": "#6baed6", "message": "#fd8d3c", "wait": "#d62728",
+          "finish": "#8172b3", "optimizer": "#55a868"}
+
+
+def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float = 10.0):
+    """Draw each row (module doc) on one axis, top to bottom; returns the figure."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(width, 0.6 + 0.62 * len(rows)))
+    right = 0.0
+    for y, row in enumerate(rows):
+        alpha, stage = 0.3 if row.get("faded") else 1.0, row.get("stage", row["label"])
+
+        def bars(key, y0, h, color, row=row, y=y, alpha=alpha, stage=stage, **kw):
+            spans = [(s, max(e - s, 0.0)) for s, e in row.get(key, [])]
+            if spans:
+                ax.broken_barh(spans, (y + y0, h), facecolors=color, alpha=alpha, **kw).set_gid(f"{key}:{stage}")
+
+        bars("forward", -0.40, 0.40, COLORS["forward"], label="forward", edgecolor="#9ecae1", linewidth=0.4)
+        bars("backward", -0.40, 0.40, COLORS["backward"], label="backward")
+        bars("waits", -0.40, 0.40, COLORS["wait"], label="training thread waits")
+        bars("optimizer", -0.40, 0.40, COLORS["optimizer"], label="optimizer step")
+        bars("finish", -0.02, 0.06, COLORS["finish"], label="finish (sync ends)")
+        bars("messages", 0.06, 0.30, COLORS["message"], label="message on the wire", edgecolor="#a0522d",
+             linewidth=0.5)
+        if row.get("sent"):
+            ax.plot(row["sent"], [y + 0.05] * len(row["sent"]), "|", color="black", markersize=5, alpha=alpha,
+                    label="handed to the wire")
+        end = row.get("end", 0.0)
+        ax.plot([end, end], [y - 0.45, y + 0.45], color="black", lw=1.2, alpha=alpha, label="step ends")
+        right = max([right, end, *(e for _, e in row.get("messages", []))])
+    ax.set_yticks(range(len(rows)), [r["label"] for r in rows], fontsize=8)
+    for tick, row in zip(ax.get_yticklabels(), rows):
+        tick.set_alpha(0.45 if row.get("faded") else 1.0)
+    ax.set_ylim(len(rows) - 0.5, -0.5)                     # the first row on top
+    ax.set_xlim(0, right * 1.02 or 1.0)                    # nothing cut off
+    ax.set_xlabel("ms since the step started", fontsize=8)
+    ax.tick_params(axis="x", labelsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))                    # one entry per kind, not per row
+    columns = min(len(unique), 8 if width >= 10 else 4)          # a narrow figure wraps its legend
+    ax.legend(unique.values(), unique.keys(), loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7,
+              ncol=columns, frameon=False)
+    if title:
+        ax.set_title(title, fontsize=9, pad=8 + 11 * -(-len(unique) // columns))
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def rows_from_analysis(result, rank: int = 0) -> list[dict]:
+    """The rows of every stage of a :class:`~minddp.analysis.RunAnalysis` (its CPU timeline), one per stage."""
+    from minddp.analysis import stage_sort_key
+    phases, buckets = result.phases, result.buckets
+    if phases.empty:
+        return []
+    phases = phases[phases["rank"] == rank]
+    buckets = buckets[buckets["rank"] == rank] if not buckets.empty else buckets
+    ms, rows = 1e-3, []
+    for stage in sorted(set(phases["stage"]), key=stage_sort_key):
+        p = phases[phases["stage"] == stage]
+        b = buckets[buckets["stage"] == stage] if not buckets.empty else buckets
+
+        def spans(phase, p=p):
+            part = p[p["phase"] == phase]
+            return [(s * ms, e * ms) for s, e in zip(part["start_us"], part["end_us"])]
+
+        done = b.dropna(subset=["comm_start_us"]) if len(b) else b
+        n = len(b)
+        rows.append({"stage": stage, "label": f"{stage}\n{n} message{'s' if n != 1 else ''}" if n else stage,
+                     "forward": spans("forward"), "backward": spans("backward"), "finish": spans("finish"),
+                     "optimizer": spans("optimizer"),
+                     "messages": [(s * ms, e * ms) for s, e in zip(done["comm_start_us"], done["comm_end_us"])]
+                     if len(done) else [],
+                     "sent": list(b["ready_us"] * ms) if n else [],
+                     "end": float(p.loc[p["phase"] == "step", "end_us"].max()) * ms})
+    return rows
