@@ -38,7 +38,7 @@ dist.get_rank(), dist.get_world_size()
 # %%
 # %%distributed
 t = torch.tensor([1.0, 2.0]) * (rank + 1)
-print('before:', t)
+print("before:", t)
 dist.all_reduce(t)
 t
 
@@ -48,9 +48,10 @@ t
 # %%
 # %%rank 0
 import matplotlib.pyplot as plt
+
 fig, ax = plt.subplots(figsize=(4, 2.5))
-ax.bar(['before', 'after all_reduce'], [1.0, t[0].item()])
-ax.set_title('t[0] on rank 0')
+ax.bar(["before", "after all_reduce"], [1.0, t[0].item()])
+ax.set_title("t[0] on rank 0")
 plt.show()
 
 # %% [markdown]
@@ -59,7 +60,7 @@ plt.show()
 # %% tags=["raises-exception"] minddp={"expected_error": "rank 1 gives up before the collective"}
 # %%distributed
 if rank == 1:
-    raise ValueError('rank 1 gives up before the collective')
+    raise ValueError("rank 1 gives up before the collective")
 dist.all_reduce(t)
 
 # %% [markdown]

@@ -58,12 +58,13 @@ print(f"rank {rank} holds {t.tolist()}")
 # %%
 # %%distributed
 t = torch.full((3,), float(rank), device=device)
-peer = rank ^ 1                                 # the other rank of the pair: 0 <-> 1, 2 <-> 3
-send_work = dist.isend(t.clone(), dst=peer)     # both ranks send and receive at the same time
+peer = rank ^ 1  # the other rank of the pair: 0 <-> 1, 2 <-> 3
+send_work = dist.isend(t.clone(), dst=peer)  # both ranks send and receive at the same time
 received = torch.empty(3, device=device)
 recv_work = dist.irecv(received, src=peer)
-busy = (torch.randn(64, 64) @ torch.randn(64, 64)).sum()   # work done while the message travels
-send_work.wait(); recv_work.wait()
+busy = (torch.randn(64, 64) @ torch.randn(64, 64)).sum()  # work done while the message travels
+send_work.wait()
+recv_work.wait()
 print(f"rank {rank} got {received.tolist()} from rank {peer}")
 
 # %% [markdown]
@@ -115,7 +116,7 @@ print("reduce ->", t.item(), "| gather ->", gathered)
 
 # %%
 # %%distributed
-grad = torch.tensor([1.0, 2.0], device=device) * (rank + 1)   # a different "gradient" per rank
+grad = torch.tensor([1.0, 2.0], device=device) * (rank + 1)  # a different "gradient" per rank
 dist.all_reduce(grad, op=dist.ReduceOp.SUM)
 grad / world_size
 
@@ -139,17 +140,20 @@ dist.all_gather(everyone, torch.full((2,), float(rank), device=device))
 print("all_gather ->", [e.tolist() for e in everyone])
 
 from minddp.runtime.compat import reduce_scatter_single
-full = torch.arange(2.0 * world_size, device=device) + 10 * rank     # each rank's full vector
+
+full = torch.arange(2.0 * world_size, device=device) + 10 * rank  # each rank's full vector
 mine = torch.zeros(2, device=device)
-reduce_scatter_single(mine, full)                                    # this rank's chunk, summed
+reduce_scatter_single(mine, full)  # this rank's chunk, summed
 print("reduce_scatter ->", mine.tolist())
 
 # %%
 # %%distributed
 from minddp.collectives import ring_all_reduce
+
 x = torch.arange(5.0, device=device) * (rank + 1)
-expected = x.clone(); dist.all_reduce(expected)
-ring_all_reduce(x, dist.group.WORLD)        # reduce-scatter, then all-gather, neighbour to neighbour
+expected = x.clone()
+dist.all_reduce(expected)
+ring_all_reduce(x, dist.group.WORLD)  # reduce-scatter, then all-gather, neighbour to neighbour
 print("ring:", x.tolist(), "| equal to dist.all_reduce:", torch.equal(x, expected))
 
 # %% [markdown]
@@ -167,9 +171,10 @@ print("ring:", x.tolist(), "| equal to dist.all_reduce:", torch.equal(x, expecte
 # %%
 # %%distributed
 from minddp.collectives.watch import watch
-ring = watch("ring", numel=4 * 65536)       # 65536 float32 per chunk: 1 MiB per rank, recorded on every rank
+
+ring = watch("ring", numel=4 * 65536)  # 65536 float32 per chunk: 1 MiB per rank, recorded on every rank
 star = watch("naive", numel=4 * 65536)
-assert all(r["ok"] for r in ring + star)    # both leave the sum of all four marks everywhere
+assert all(r["ok"] for r in ring + star)  # both leave the sum of all four marks everywhere
 
 # %% [markdown]
 # The drawing is made from those records, one row per step. In the **reduce-scatter** (first three
@@ -182,6 +187,7 @@ assert all(r["ok"] for r in ring + star)    # both leave the sum of all four mar
 # %%rank 0
 import matplotlib.pyplot as plt
 from minddp.collectives.watch import draw_ring
+
 draw_ring(ring)
 plt.show()
 
@@ -202,7 +208,8 @@ plt.show()
 # %%rank 0
 from minddp.collectives.watch import draw_bytes, seconds
 from minddp.comm.link import PRESETS
-MiB, n, B = 2**20, world_size, ring[0]["numel"] * 4            # B: the bytes of one rank's tensor
+
+MiB, n, B = 2**20, world_size, ring[0]["numel"] * 4  # B: the bytes of one rank's tensor
 assert all(r["sent"] == r["received"] == 2 * (n - 1) * B // n for r in ring)
 assert star[0]["sent"] == star[0]["received"] == (n - 1) * B
 assert all(r["sent"] == r["received"] == B for r in star[1:])
@@ -217,10 +224,12 @@ print(f"{'link':12}{'α (µs)':>8}{'bandwidth (Gbit/s)':>20}{'ring (ms)':>11}{'s
 for name in ("1gbit", "10gbit", "pcie-t4"):
     link = PRESETS[name]
     t_ring, t_star = seconds(ring, link), seconds(star, link)
-    assert abs(t_ring - link.seconds("all_reduce", B, n)) <= 1e-9 * t_ring    # the ring formula, to rounding
-    assert t_star > t_ring                      # the same number of messages, n times the bytes at rank 0
-    print(f"{name:12}{link.latency * 1e6:>8.0f}{link.bandwidth * 8 / 1e9:>20g}{t_ring * 1e3:>11.2f}"
-          f"{t_star * 1e3:>11.2f}{t_star / t_ring:>13.1f}")
+    assert abs(t_ring - link.seconds("all_reduce", B, n)) <= 1e-9 * t_ring  # the ring formula, to rounding
+    assert t_star > t_ring  # the same number of messages, n times the bytes at rank 0
+    print(
+        f"{name:12}{link.latency * 1e6:>8.0f}{link.bandwidth * 8 / 1e9:>20g}{t_ring * 1e3:>11.2f}"
+        f"{t_star * 1e3:>11.2f}{t_star / t_ring:>13.1f}"
+    )
 
 # %% [markdown]
 # Both make 2 (n − 1) messages on the busiest rank, so both pay 2 (n − 1) α; the star's messages
@@ -237,6 +246,7 @@ for name in ("1gbit", "10gbit", "pcie-t4"):
 # %%
 # %%distributed
 import time
+
 start = time.perf_counter()
 if rank == 1:
     time.sleep(0.5)

@@ -40,6 +40,7 @@ from minddp.notebook import lesson
 from minddp.stages import SimpleDDP
 from minddp.ladder.loop import train_step
 
+
 def check_in_sync(tensors, what):
     """Compare every tensor with rank 0's copy; name the mismatches (every rank joins every broadcast)."""
     tensors = list(tensors)
@@ -52,6 +53,7 @@ def check_in_sync(tensors, what):
     if bad:
         raise ValueError(f"{what} are not in sync with rank 0: {len(bad)} of {len(tensors)} tensors differ")
     print(f"all {len(tensors)} {what} equal rank 0's")
+
 
 lesson.say(lesson.describe())
 
@@ -78,6 +80,7 @@ check_in_sync(model.parameters(), "parameters")
 # %%
 from minddp.notebook.source import show_source
 from minddp.stages import SimpleDDP
+
 show_source(SimpleDDP.__init__)
 
 # %%
@@ -94,7 +97,7 @@ check_in_sync(ddp.parameters(), "parameters")
 
 # %% tags=["raises-exception"] minddp={"expected_error": "gradients are not in sync"}
 # %%distributed
-micro_batches = next(lesson.step_batches())          # this rank's shards of the first step
+micro_batches = next(lesson.step_batches())  # this rank's shards of the first step
 loss = lesson.loss_fn(ddp, micro_batches[0])
 loss.backward()
 check_in_sync([p.grad for p in ddp.parameters()], "gradients")
@@ -125,6 +128,7 @@ check_in_sync([p.grad for p in ddp.parameters()], "gradients")
 
 # %%
 from minddp.comm.default_hooks import allreduce_hook
+
 show_source(SimpleDDP.finish_gradient_synchronization)
 show_source(allreduce_hook)
 
@@ -139,14 +143,16 @@ show_source(allreduce_hook)
 ddp.finish_gradient_synchronization()
 check_in_sync([p.grad for p in ddp.parameters()], "gradients")
 
-single = lesson.make_model()                         # the oracle: rank 0's weights, one process
-whole = next(lesson.step_batches(whole=True))        # the same first step, every rank's shard at once
+single = lesson.make_model()  # the oracle: rank 0's weights, one process
+whole = next(lesson.step_batches(whole=True))  # the same first step, every rank's shard at once
 lesson.loss_fn(single, whole[0]).backward()
 largest = max((p.grad - q.grad).abs().max().item() for p, q in zip(ddp.module.parameters(), single.parameters()))
 scale = max(q.grad.abs().max().item() for q in single.parameters())
-lesson.say(f"Largest difference to the single-process gradient: {largest:.1e}, against gradients up to "
-           f"{scale:.1e}: the same up to float rounding (the shards and the global batch are padded "
-           f"differently, so the sums run in a different order).")
+lesson.say(
+    f"Largest difference to the single-process gradient: {largest:.1e}, against gradients up to "
+    f"{scale:.1e}: the same up to float rounding (the shards and the global batch are padded "
+    f"differently, so the sums run in a different order)."
+)
 assert largest <= 1e-4 * scale
 
 # %% [markdown]
@@ -163,9 +169,11 @@ assert largest <= 1e-4 * scale
 # %%distributed
 from minddp.comm.default_hooks import allreduce_hook
 from minddp.comm.wire import Traffic, Wire
+
 traffic = Traffic()
 ddp.register_comm_hook(Wire(None, traffic=traffic), allreduce_hook)
-ddp.zero_grad(set_to_none=True); single.zero_grad(set_to_none=True)
+ddp.zero_grad(set_to_none=True)
+single.zero_grad(set_to_none=True)
 start = [p.detach().clone() for p in single.parameters()]
 opt = torch.optim.AdamW(ddp.parameters(), lr=lesson.SETTINGS.lr)
 opt_single = torch.optim.AdamW(single.parameters(), lr=lesson.SETTINGS.lr)
@@ -181,10 +189,12 @@ flat = lambda params: torch.cat([p.detach().reshape(-1) for p in params])
 moved = (flat(single.parameters()) - torch.cat([s.reshape(-1) for s in start])).norm().item()
 apart = (flat(ddp.module.parameters()) - flat(single.parameters())).norm().item()
 tensors = sum(1 for p in ddp.parameters() if p.requires_grad)
-lesson.say(f"After {len(calls)} steps the single process's parameters moved by {moved:.2e} (the norm of the change); "
-           f"SimpleDDP's are {apart:.1e} from them, {apart / moved:.1e} of that.",
-           f"SimpleDDP made {calls[-1]} all_reduce calls a step: one per parameter tensor ({tensors}) after each of "
-           f"the {lesson.SETTINGS.grad_accum} micro-batches ({tensors * lesson.SETTINGS.grad_accum}).")
+lesson.say(
+    f"After {len(calls)} steps the single process's parameters moved by {moved:.2e} (the norm of the change); "
+    f"SimpleDDP's are {apart:.1e} from them, {apart / moved:.1e} of that.",
+    f"SimpleDDP made {calls[-1]} all_reduce calls a step: one per parameter tensor ({tensors}) after each of "
+    f"the {lesson.SETTINGS.grad_accum} micro-batches ({tensors * lesson.SETTINGS.grad_accum}).",
+)
 assert apart <= 1e-2 * moved
 
 # %% [markdown]
@@ -214,6 +224,7 @@ import torch.distributed as dist
 from torch import nn
 from minddp.exercises import check
 
+
 class MySimpleDDP(nn.Module):
     def __init__(self, module, process_group=None):
         super().__init__()
@@ -228,6 +239,7 @@ class MySimpleDDP(nn.Module):
         # Your turn: replace every .grad by its average over the ranks.
         raise NotImplementedError("average every gradient")
 
+
 check(MySimpleDDP, like="simple")
 
 # %% [markdown]
@@ -236,6 +248,7 @@ check(MySimpleDDP, like="simple")
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true}
 from minddp.exercises import solutions
+
 show_source(solutions.SimpleDDP)
 check(solutions.SimpleDDP, like="simple")
 
@@ -245,12 +258,14 @@ check(solutions.SimpleDDP, like="simple")
 # large, which a check of the ranks against each other cannot see. The checker compares with
 # a single process, so it can:
 
+
 # %%
 class ForgotTheDivision(solutions.SimpleDDP):
     def finish_gradient_synchronization(self):
         for p in self.module.parameters():
             if p.grad is not None:
                 dist.all_reduce(p.grad)
+
 
 check(ForgotTheDivision, like="simple")
 

@@ -58,7 +58,9 @@
 # %%distributed
 from minddp.comm.link import parse_link
 from minddp.notebook import lesson
+
 LINK, looks, k = parse_link("1gbit"), {}, lesson.SETTINGS.grad_accum
+
 
 def meet(stage, before=None):
     """Build `stage` on this rank (one warm-up step), take one profiled step over LINK, say and draw it."""
@@ -66,17 +68,20 @@ def meet(stage, before=None):
     lesson.say_look(looks, stage, before)
     lesson.picture(looks, stage, before, title=f"{stage}" + (f" (below) and {before} (faded)" if before else ""))
 
+
 lesson.say(lesson.describe())
 fixed, per_mib = (LINK.seconds("all_reduce", n, world_size) * 1e3 for n in (0, 2**20))
-lesson.say(f"The emulated link: {LINK.describe()}. One all_reduce of n bytes between {world_size} ranks takes "
-           f"2(N−1)·α + 2(N−1)/N · n/β: {fixed:.1f} ms plus {per_mib - fixed:.1f} ms per MiB.")
+lesson.say(
+    f"The emulated link: {LINK.describe()}. One all_reduce of n bytes between {world_size} ranks takes "
+    f"2(N−1)·α + 2(N−1)/N · n/β: {fixed:.1f} ms plus {per_mib - fixed:.1f} ms per MiB."
+)
 
 # %%
 import contextlib
 import inspect
 import sys
 
-import torch                        # torch, dist and nn: for your own stages in the exercises below
+import torch  # torch, dist and nn: for your own stages in the exercises below
 import torch.distributed as dist
 from torch import nn
 
@@ -111,10 +116,16 @@ show_source(STAGES["simple"])
 # %%distributed
 meet("simple", before="single")
 v = looks["simple"]
-lesson.claim(v["calls"] == v["buckets"] * k, f"{v['calls']} all_reduce calls = {v['buckets']} parameter tensors × "
-             f"{k} micro-batches: one message per gradient, after every micro-batch.")
-lesson.claim(v["calls_in_backward"] == 0 == v["waits_in_backward"], "No message is sent, and none waited for, "
-             "while a backward runs: each sync starts when its backward is over, and the step waits for all of it.")
+lesson.claim(
+    v["calls"] == v["buckets"] * k,
+    f"{v['calls']} all_reduce calls = {v['buckets']} parameter tensors × "
+    f"{k} micro-batches: one message per gradient, after every micro-batch.",
+)
+lesson.claim(
+    v["calls_in_backward"] == 0 == v["waits_in_backward"],
+    "No message is sent, and none waited for, "
+    "while a backward runs: each sync starts when its backward is over, and the step waits for all of it.",
+)
 
 # %% [markdown]
 # What to look for: three bursts of messages, one after each backward, each waited for (red)
@@ -138,12 +149,18 @@ show_diff(STAGES["simple"], STAGES["ga"])
 # %%distributed
 meet("ga", before="simple")
 v, b = looks["ga"], looks["simple"]
-lesson.claim(v["calls"] * k == b["calls"] and v["bytes"] * k == b["bytes"], f"ga sends 1/{k} of simple's calls "
-             f"and bytes: one sync per step instead of one per micro-batch.")
-lesson.claim(abs(v["link_ms"] * k - b["link_ms"]) <= 1e-9 * b["link_ms"], f"So its messages need 1/{k} of "
-             f"simple's time on the link: {v['link_ms']:.0f} ms against {b['link_ms']:.0f} ms.")
-lesson.claim(v["calls_in_backward"] == 0 == v["waits_in_backward"], "Like simple, it sends and waits only after "
-             "a backward is over: the whole sync is exposed.")
+lesson.claim(
+    v["calls"] * k == b["calls"] and v["bytes"] * k == b["bytes"],
+    f"ga sends 1/{k} of simple's calls and bytes: one sync per step instead of one per micro-batch.",
+)
+lesson.claim(
+    abs(v["link_ms"] * k - b["link_ms"]) <= 1e-9 * b["link_ms"],
+    f"So its messages need 1/{k} of simple's time on the link: {v['link_ms']:.0f} ms against {b['link_ms']:.0f} ms.",
+)
+lesson.claim(
+    v["calls_in_backward"] == 0 == v["waits_in_backward"],
+    "Like simple, it sends and waits only after a backward is over: the whole sync is exposed.",
+)
 
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, waited for whole. The
@@ -157,12 +174,13 @@ lesson.claim(v["calls_in_backward"] == 0 == v["waits_in_backward"], "Like simple
 # several micro-batches per step, so it sees whether the micro-batches inside `no_sync()` stayed
 # quiet.
 
+
 # %%
 class MyGradAccumDDP(solutions.SimpleDDP):
     def __init__(self, module, process_group=None):
         super().__init__(module, process_group)
-        self.require_backward_grad_sync = True     # False inside no_sync()
-        self.sync_this_backward = True             # what the last forward decided
+        self.require_backward_grad_sync = True  # False inside no_sync()
+        self.sync_this_backward = True  # what the last forward decided
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -177,6 +195,7 @@ class MyGradAccumDDP(solutions.SimpleDDP):
     def finish_gradient_synchronization(self):
         # Your turn: average the gradients (super() does) only if this backward syncs.
         raise NotImplementedError("finish_gradient_synchronization()")
+
 
 check(MyGradAccumDDP, like="ga")
 
@@ -205,10 +224,15 @@ show_diff(STAGES["ga"], STAGES["hook"])
 # %%distributed
 meet("hook", before="ga")
 v = looks["hook"]
-lesson.claim(v["calls"] == v["calls_in_backward"] == looks["ga"]["calls"], "hook sends ga's messages, every one "
-             "of them from inside the last backward.")
-lesson.claim(v["waits"] == v["waits_in_backward"] == v["calls"], "And the training thread waits for each of them "
-             "right there, inside the backward: communication interleaves with backward, it does not overlap it.")
+lesson.claim(
+    v["calls"] == v["calls_in_backward"] == looks["ga"]["calls"],
+    "hook sends ga's messages, every one of them from inside the last backward.",
+)
+lesson.claim(
+    v["waits"] == v["waits_in_backward"] == v["calls"],
+    "And the training thread waits for each of them "
+    "right there, inside the backward: communication interleaves with backward, it does not overlap it.",
+)
 
 # %% [markdown]
 # What to look for: the messages have moved into the last backward, and so have the waits: the
@@ -220,6 +244,7 @@ lesson.claim(v["waits"] == v["waits_in_backward"] == v["calls"], "And the traini
 # backwards that sync. Build on `solutions.GradAccumDDP`, which keeps `sync_this_backward` for you.
 # The checker names a stage that syncs the incoming gradient instead of the accumulated one, one
 # that syncs inside `no_sync()`, and one that still sends everything after backward.
+
 
 # %%
 class MyHookDDP(solutions.GradAccumDDP):
@@ -233,7 +258,8 @@ class MyHookDDP(solutions.GradAccumDDP):
         raise NotImplementedError("_grad_ready()")
 
     def finish_gradient_synchronization(self):
-        pass                                       # nothing left: every gradient was averaged in backward
+        pass  # nothing left: every gradient was averaged in backward
+
 
 check(MyHookDDP, like="hook")
 
@@ -257,12 +283,19 @@ show_diff(STAGES["hook"], STAGES["hook-async"])
 # %%distributed
 meet("hook-async", before="hook")
 v, b = looks["hook-async"], looks["hook"]
-lesson.claim(v["calls"] == b["calls"] == v["calls_in_backward"], "hook-async sends hook's messages, from the same "
-             "places in the backward.")
-lesson.claim(v["waits_in_backward"] == 0, "None of its waits begins inside a backward: it waits for each message "
-             "once, in finish, after the last backward.")
-lesson.claim(v["exposed_ms"] < b["exposed_ms"], f"So less of the link's time is left exposed: {v['exposed_ms']:.0f} "
-             f"ms against hook's {b['exposed_ms']:.0f} ms; the rest travelled while backward computed.")
+lesson.claim(
+    v["calls"] == b["calls"] == v["calls_in_backward"],
+    "hook-async sends hook's messages, from the same places in the backward.",
+)
+lesson.claim(
+    v["waits_in_backward"] == 0,
+    "None of its waits begins inside a backward: it waits for each message once, in finish, after the last backward.",
+)
+lesson.claim(
+    v["exposed_ms"] < b["exposed_ms"],
+    f"So less of the link's time is left exposed: {v['exposed_ms']:.0f} "
+    f"ms against hook's {b['exposed_ms']:.0f} ms; the rest travelled while backward computed.",
+)
 
 # %% [markdown]
 # What to look for: messages on the wire while the backward goes on, no red inside it, and
@@ -275,11 +308,12 @@ lesson.claim(v["exposed_ms"] < b["exposed_ms"], f"So less of the link's time is 
 #
 # Start the all_reduce with `async_op=True`, keep the handle, and wait for all of them in finish.
 
+
 # %%
 class MyAsyncHookDDP(solutions.HookDDP):
     def __init__(self, module, process_group=None):
         super().__init__(module, process_group)
-        self.in_flight = []                        # (parameter, work) of the all_reduces started
+        self.in_flight = []  # (parameter, work) of the all_reduces started
 
     def _grad_ready(self, param):
         # Your turn: if this backward syncs, start the all_reduce of param.grad without waiting; keep it.
@@ -288,6 +322,7 @@ class MyAsyncHookDDP(solutions.HookDDP):
     def finish_gradient_synchronization(self):
         # Your turn: wait for each one, divide its gradient by the world size, then forget them.
         raise NotImplementedError("finish_gradient_synchronization()")
+
 
 check(MyAsyncHookDDP, like="hook-async")
 
@@ -314,14 +349,20 @@ show_diff(STAGES["hook-async"], STAGES["bucket"])
 # %%distributed
 meet("bucket", before="hook-async")
 v, b = looks["bucket"], looks["hook-async"]
-alpha = LINK.seconds("all_reduce", 0, world_size) * 1e3            # the fixed cost of one all_reduce, ms
-lesson.claim(v["calls"] == v["buckets"] and v["bytes"] == b["bytes"], f"bucket sends the same bytes in "
-             f"{v['calls']} calls, one per bucket of {lesson.SETTINGS.bucket_cap_mb:g} MiB, instead of {b['calls']}.")
-lesson.claim(abs(b["link_ms"] - v["link_ms"] - (b["calls"] - v["calls"]) * alpha) < 1e-6 * b["link_ms"],
-             f"On the link that saves {b['calls'] - v['calls']} messages' fixed cost, {alpha:.1f} ms each: "
-             f"{b['link_ms'] - v['link_ms']:.1f} ms of {b['link_ms']:.0f} ms.")
-lesson.claim(v["waits"] == v["waits_in_backward"] == v["calls"], "Like hook, it waits for each bucket inside the "
-             "backward.")
+alpha = LINK.seconds("all_reduce", 0, world_size) * 1e3  # the fixed cost of one all_reduce, ms
+lesson.claim(
+    v["calls"] == v["buckets"] and v["bytes"] == b["bytes"],
+    f"bucket sends the same bytes in "
+    f"{v['calls']} calls, one per bucket of {lesson.SETTINGS.bucket_cap_mb:g} MiB, instead of {b['calls']}.",
+)
+lesson.claim(
+    abs(b["link_ms"] - v["link_ms"] - (b["calls"] - v["calls"]) * alpha) < 1e-6 * b["link_ms"],
+    f"On the link that saves {b['calls'] - v['calls']} messages' fixed cost, {alpha:.1f} ms each: "
+    f"{b['link_ms'] - v['link_ms']:.1f} ms of {b['link_ms']:.0f} ms.",
+)
+lesson.claim(
+    v["waits"] == v["waits_in_backward"] == v["calls"], "Like hook, it waits for each bucket inside the backward."
+)
 
 # %% [markdown]
 # What to look for: a few wide messages instead of many thin ones. Between two ranks on Gigabit
@@ -340,18 +381,20 @@ lesson.claim(v["waits"] == v["waits_in_backward"] == v["calls"], "Like hook, it 
 # %%
 from minddp.stages.bucket_plan import plan_buckets
 
+
 class MyBucketDDP(solutions.HookDDP):
     def __init__(self, module, process_group=None, bucket_cap_mb=25):
         super().__init__(module, process_group)
         params = [p for p in module.parameters() if p.requires_grad]
         self.buckets = [[params[i] for i in bucket] for bucket in plan_buckets(params, bucket_cap_mb)]
         self.bucket_of = {p: b for b, members in enumerate(self.buckets) for p in members}
-        self.waiting = [len(members) for members in self.buckets]   # gradients each bucket still waits for
+        self.waiting = [len(members) for members in self.buckets]  # gradients each bucket still waits for
 
     def _grad_ready(self, param):
         # Your turn: count param in its bucket; at the bucket's last gradient, sync the whole bucket in one
         # all_reduce and write the averages back; reset the count for the next backward.
         raise NotImplementedError("_grad_ready()")
+
 
 check(MyBucketDDP, like="bucket")
 
@@ -375,10 +418,14 @@ show_diff(STAGES["bucket"], STAGES["bucket-async"])
 # %%distributed
 meet("bucket-async", before="bucket")
 v, b = looks["bucket-async"], looks["bucket"]
-lesson.claim(v["calls"] == b["calls"] and v["waits_in_backward"] == 0, "bucket-async sends bucket's messages and "
-             "waits for none of them inside a backward.")
-lesson.claim(v["exposed_ms"] < b["exposed_ms"], f"So less of the link's time is exposed: {v['exposed_ms']:.0f} ms "
-             f"against bucket's {b['exposed_ms']:.0f} ms.")
+lesson.claim(
+    v["calls"] == b["calls"] and v["waits_in_backward"] == 0,
+    "bucket-async sends bucket's messages and waits for none of them inside a backward.",
+)
+lesson.claim(
+    v["exposed_ms"] < b["exposed_ms"],
+    f"So less of the link's time is exposed: {v['exposed_ms']:.0f} ms against bucket's {b['exposed_ms']:.0f} ms.",
+)
 
 # %% [markdown]
 # What to look for: `bucket`'s few messages, travelling while the backward goes on, as
@@ -389,11 +436,12 @@ lesson.claim(v["exposed_ms"] < b["exposed_ms"], f"So less of the link's time is 
 # Start each bucket's all_reduce without waiting, and finish them all in
 # `finish_gradient_synchronization()`.
 
+
 # %%
 class MyAsyncBucketDDP(solutions.BucketDDP):
     def __init__(self, module, process_group=None, bucket_cap_mb=25):
         super().__init__(module, process_group, bucket_cap_mb)
-        self.in_flight = []                        # what finish needs for each bucket sent
+        self.in_flight = []  # what finish needs for each bucket sent
 
     def _send_bucket(self, b):
         # Your turn: flatten bucket b, start its all_reduce with async_op=True, keep what finish needs.
@@ -402,6 +450,7 @@ class MyAsyncBucketDDP(solutions.BucketDDP):
     def finish_gradient_synchronization(self):
         # Your turn: wait for every bucket, divide, copy each slice back into its .grad; then forget them.
         raise NotImplementedError("finish_gradient_synchronization()")
+
 
 check(MyAsyncBucketDDP, like="bucket-async")
 
@@ -428,8 +477,10 @@ show_doc(sys.modules[STAGES["ddp"].__module__])
 # %%distributed
 meet("ddp", before="bucket-async")
 v = looks["ddp"]
-lesson.claim(v["calls"] == v["calls_in_backward"] and v["waits_in_backward"] == 0, "ddp sends every bucket from "
-             "inside the backward and waits for none of them there, as bucket-async does.")
+lesson.claim(
+    v["calls"] == v["calls_in_backward"] and v["waits_in_backward"] == 0,
+    "ddp sends every bucket from inside the backward and waits for none of them there, as bucket-async does.",
+)
 
 # %% [markdown]
 # ## `torch`: torch's own DDP, the baseline
@@ -441,8 +492,10 @@ lesson.claim(v["calls"] == v["calls_in_backward"] and v["waits_in_backward"] == 
 # %%distributed
 meet("torch", before="ddp")
 v = looks["torch"]
-lesson.claim(v["calls"] == v["calls_in_backward"] == looks["ddp"]["calls"], "torch's DDP sends as many buckets as "
-             "ddp, every one from inside the backward.")
+lesson.claim(
+    v["calls"] == v["calls_in_backward"] == looks["ddp"]["calls"],
+    "torch's DDP sends as many buckets as ddp, every one from inside the backward.",
+)
 
 # %% [markdown]
 # ## Side by side: the ladder on one time axis
@@ -456,14 +509,20 @@ lesson.claim(v["calls"] == v["calls_in_backward"] == looks["ddp"]["calls"], "tor
 
 # %%
 # %%distributed
-lesson.picture(looks, None, rows=list(looks), title="One step of every stage on one time axis, each message over "
-                                                    "the emulated 1 Gbit/s link (rank 0)")
+lesson.picture(
+    looks,
+    None,
+    rows=list(looks),
+    title="One step of every stage on one time axis, each message over the emulated 1 Gbit/s link (rank 0)",
+)
 ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 e = {s: looks[s]["exposed_ms"] for s in ladder}
 lesson.say("Exposed link time, down the ladder: " + ", ".join(f"{s} {e[s]:.0f} ms" for s in ladder) + ".")
-lesson.claim(e["ga"] < e["simple"] and e["hook-async"] < e["hook"] and e["bucket-async"] < e["bucket"],
-             "Each of the three ideas cut the exposed time on this link: accumulation (simple → ga), not waiting "
-             "inside backward (hook → hook-async, bucket → bucket-async).")
+lesson.claim(
+    e["ga"] < e["simple"] and e["hook-async"] < e["hook"] and e["bucket-async"] < e["bucket"],
+    "Each of the three ideas cut the exposed time on this link: accumulation (simple → ga), not waiting "
+    "inside backward (hook → hook-async, bucket → bucket-async).",
+)
 
 # %%
 # %%rank 0

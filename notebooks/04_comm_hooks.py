@@ -47,6 +47,7 @@
 # %%
 # %%distributed
 from minddp.notebook import lesson
+
 HOOKS = {
     "allreduce": None,
     "fp16": None,
@@ -55,11 +56,13 @@ HOOKS = {
     "powersgd": {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2},
 }
 STEPS = 5
-trainees = {name: lesson.Trainee("bucket-async", hook=name, powersgd_options=options, measure_error=True, warmup=0)
-            for name, options in HOOKS.items()}
-start = trainees["allreduce"].flat_parameters()      # every trainee starts from the same seeded weights
+trainees = {
+    name: lesson.Trainee("bucket-async", hook=name, powersgd_options=options, measure_error=True, warmup=0)
+    for name, options in HOOKS.items()
+}
+start = trainees["allreduce"].flat_parameters()  # every trainee starts from the same seeded weights
 assert all(torch.equal(t.flat_parameters(), start) for t in trainees.values())
-lesson.race(trainees, rounds=STEPS)                  # the hooks take turns, one step each
+lesson.race(trainees, rounds=STEPS)  # the hooks take turns, one step each
 lesson.say(lesson.describe())
 lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 
@@ -74,28 +77,35 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # %%
 # %%rank 0
 import pandas as pd
+
 reference = trainees["allreduce"]
 moved = (reference.flat_parameters() - start).norm()
 rows = {}
 for name, t in trainees.items():
     last = t.wire[-1]
-    rows[name] = {"all_reduce calls": last["calls"], "KiB sent": last["bytes"] / 1024,
-                  "bytes vs allreduce": last["bytes"] / reference.wire[-1]["bytes"],
-                  "grad error (relative)": last["relative_error"],
-                  "param distance (relative)": ((t.flat_parameters() - reference.flat_parameters()).norm() / moved).item(),
-                  "loss (last step)": t.losses[-1]}
+    rows[name] = {
+        "all_reduce calls": last["calls"],
+        "KiB sent": last["bytes"] / 1024,
+        "bytes vs allreduce": last["bytes"] / reference.wire[-1]["bytes"],
+        "grad error (relative)": last["relative_error"],
+        "param distance (relative)": ((t.flat_parameters() - reference.flat_parameters()).norm() / moved).item(),
+        "loss (last step)": t.losses[-1],
+    }
 table = pd.DataFrame(rows).T
 table.round(4)
 
 # %%
 # %%rank 0
 import torch
+
 err = table["grad error (relative)"]
-lesson.say(f"fp16 and bf16 send {table.loc['fp16', 'bytes vs allreduce']:.2f} and "
-           f"{table.loc['bf16', 'bytes vs allreduce']:.2f} of plain averaging's bytes.",
-           f"Their errors, {err['fp16']:.1e} and {err['bf16']:.1e}, follow from their formats: a float16 keeps "
-           f"steps of {torch.finfo(torch.float16).eps:.1e} relative to a number, a bfloat16 "
-           f"{torch.finfo(torch.bfloat16).eps:.1e} (fewer mantissa bits, for float32's range).")
+lesson.say(
+    f"fp16 and bf16 send {table.loc['fp16', 'bytes vs allreduce']:.2f} and "
+    f"{table.loc['bf16', 'bytes vs allreduce']:.2f} of plain averaging's bytes.",
+    f"Their errors, {err['fp16']:.1e} and {err['bf16']:.1e}, follow from their formats: a float16 keeps "
+    f"steps of {torch.finfo(torch.float16).eps:.1e} relative to a number, a bfloat16 "
+    f"{torch.finfo(torch.bfloat16).eps:.1e} (fewer mantissa bits, for float32's range).",
+)
 
 # %% [markdown]
 # ## PowerSGD, step by step
@@ -108,23 +118,30 @@ lesson.say(f"fp16 and bf16 send {table.loc['fp16', 'bytes vs allreduce']:.2f} an
 # %%rank 0
 p, a = trainees["powersgd"], trainees["allreduce"]
 start_iter = HOOKS["powersgd"]["start_powerSGD_iter"]
-steps = pd.DataFrame({"allreduce calls": [w["calls"] for w in a.wire], "powersgd calls": [w["calls"] for w in p.wire],
-                      "allreduce KiB": [w["bytes"] / 1024 for w in a.wire],
-                      "powersgd KiB": [w["bytes"] / 1024 for w in p.wire],
-                      "powersgd relative error": [w["relative_error"] for w in p.wire]},
-                     index=pd.RangeIndex(1, len(p.wire) + 1, name="step"))
+steps = pd.DataFrame(
+    {
+        "allreduce calls": [w["calls"] for w in a.wire],
+        "powersgd calls": [w["calls"] for w in p.wire],
+        "allreduce KiB": [w["bytes"] / 1024 for w in a.wire],
+        "powersgd KiB": [w["bytes"] / 1024 for w in p.wire],
+        "powersgd relative error": [w["relative_error"] for w in p.wire],
+    },
+    index=pd.RangeIndex(1, len(p.wire) + 1, name="step"),
+)
 buckets = lesson.buckets_of(a.model)
 last = steps.iloc[-1]
-lesson.say(f"For the first {start_iter} steps PowerSGD is plain averaging (start_powerSGD_iter={start_iter}): the same "
-           f"calls and bytes, no error.",
-           f"Then it makes {int(last['powersgd calls'])} calls a step for {buckets} buckets, "
-           f"{last['powersgd calls'] / buckets:g} per bucket, where plain averaging makes {int(last['allreduce calls'])}: "
-           f"one for the tensors it leaves uncompressed (biases, norm weights: vectors have no low-rank form), one "
-           f"for all the bucket's P factors, one for all its Q factors, which need the averaged P first.",
-           f"Those carry {last['powersgd KiB'] / last['allreduce KiB']:.3f} of the bytes "
-           f"({last['allreduce KiB'] / last['powersgd KiB']:.0f} times fewer).",
-           f"Its relative gradient error, once compressing, ranged from {steps['powersgd relative error'].iloc[start_iter:].min():.2f} "
-           f"to {steps['powersgd relative error'].iloc[start_iter:].max():.2f}.")
+lesson.say(
+    f"For the first {start_iter} steps PowerSGD is plain averaging (start_powerSGD_iter={start_iter}): the same "
+    f"calls and bytes, no error.",
+    f"Then it makes {int(last['powersgd calls'])} calls a step for {buckets} buckets, "
+    f"{last['powersgd calls'] / buckets:g} per bucket, where plain averaging makes {int(last['allreduce calls'])}: "
+    f"one for the tensors it leaves uncompressed (biases, norm weights: vectors have no low-rank form), one "
+    f"for all the bucket's P factors, one for all its Q factors, which need the averaged P first.",
+    f"Those carry {last['powersgd KiB'] / last['allreduce KiB']:.3f} of the bytes "
+    f"({last['allreduce KiB'] / last['powersgd KiB']:.0f} times fewer).",
+    f"Its relative gradient error, once compressing, ranged from {steps['powersgd relative error'].iloc[start_iter:].min():.2f} "
+    f"to {steps['powersgd relative error'].iloc[start_iter:].max():.2f}.",
+)
 steps.round(3)
 
 # %% [markdown]
@@ -165,17 +182,20 @@ import torch
 import torch.distributed as dist
 from minddp.exercises import check_hook
 
+
 def my_fp16_hook(process_group, bucket):
     # process_group: None means the default group. bucket.buffer(): the flat float32 gradients.
     # Your turn: compress, start the all_reduce (async_op=True), and .then(...) turn its Future's value
     # (a list holding the summed tensor) into the float32 average.
     raise NotImplementedError("the fp16 hook")
 
+
 check_hook(my_fp16_hook, like="fp16")
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true}
 from minddp.exercises import solutions
 from minddp.notebook.source import show_source
+
 show_source(solutions.fp16_compress_hook)
 check_hook(solutions.fp16_compress_hook, like="fp16")
 

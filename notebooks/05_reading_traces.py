@@ -46,14 +46,15 @@
 import shutil
 from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER, STAGES
 from minddp.notebook import lesson
+
 RUN = lesson.trace_dir("05_reading_traces")
 if rank == 0:
-    shutil.rmtree(RUN, ignore_errors=True)           # a fresh run folder: the analysis refuses mixed runs
+    shutil.rmtree(RUN, ignore_errors=True)  # a fresh run folder: the analysis refuses mixed runs
 dist.barrier()
-ddp_ladder = [s for s in STAGES if s not in SHARDED_OPTIMIZER + SHARDED_GRADIENTS]     # the sharded rungs: 06
+ddp_ladder = [s for s in STAGES if s not in SHARDED_OPTIMIZER + SHARDED_GRADIENTS]  # the sharded rungs: 06
 profiled = ["single", *ddp_ladder, "torch"]
 for stage in profiled:
-    lesson.Trainee(stage, warmup=0).profile(RUN, steps=1)   # a profiler warm-up step, then the recorded one
+    lesson.Trainee(stage, warmup=0).profile(RUN, steps=1)  # a profiler warm-up step, then the recorded one
 lesson.say(lesson.describe())
 lesson.say(f"Profiled one step of each of: {', '.join(profiled)}, into {RUN.relative_to(lesson.ROOT)}.")
 # the blog's six stages again, every collective over an emulated 1 Gbit/s network (the last section)
@@ -64,8 +65,10 @@ dist.barrier()
 blog = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 for stage in blog:
     lesson.Trainee(stage, warmup=0, link="1gbit").profile(LINKED, steps=1)
-lesson.say(f"Profiled one step of each of: {', '.join(blog)} over an emulated 1gbit link, into "
-           f"{LINKED.relative_to(lesson.ROOT)}.")
+lesson.say(
+    f"Profiled one step of each of: {', '.join(blog)} over an emulated 1gbit link, into "
+    f"{LINKED.relative_to(lesson.ROOT)}."
+)
 
 # %%
 # %dist_shutdown
@@ -83,10 +86,23 @@ from minddp.notebook import lesson
 
 RUN = lesson.trace_dir("05_reading_traces")
 result = analyze_run(RUN)
-per_rank = result.summary.assign(step_ms=result.summary["step_time_us"] / 1e3,
-                                 allreduce_MiB_per_step=result.summary["allreduce_bytes_per_step"] / 2**20)
-per_rank[["stage", "rank", "step_ms", "compute_pctg", "non_compute_pctg", "idle_pctg", "comm_comp_overlap_pctg",
-          "allreduce_calls_per_step", "allreduce_MiB_per_step"]].round(1)
+per_rank = result.summary.assign(
+    step_ms=result.summary["step_time_us"] / 1e3,
+    allreduce_MiB_per_step=result.summary["allreduce_bytes_per_step"] / 2**20,
+)
+per_rank[
+    [
+        "stage",
+        "rank",
+        "step_ms",
+        "compute_pctg",
+        "non_compute_pctg",
+        "idle_pctg",
+        "comm_comp_overlap_pctg",
+        "allreduce_calls_per_step",
+        "allreduce_MiB_per_step",
+    ]
+].round(1)
 
 # %% [markdown]
 # ## Temporal breakdown and overlap
@@ -118,13 +134,15 @@ display(Image(filename=RUN / "temporal_breakdown.png"), Image(filename=RUN / "ov
 # %%
 s = result.stages
 synced = [st for st in s.index if st != "single"]
-lesson.say(f"Computation is {s['compute_pctg'].min():.0f}–{s['compute_pctg'].max():.0f} % of every stage's profiled "
-           f"step (the floor, single: {s.loc['single', 'compute_pctg']:.0f} %): this workload is dominated by compute.",
-           f"Non-compute ranges from {s.loc[synced, 'non_compute_pctg'].min():.1f} % "
-           f"({s.loc[synced, 'non_compute_pctg'].idxmin()}) to {s.loc[synced, 'non_compute_pctg'].max():.1f} % "
-           f"({s.loc[synced, 'non_compute_pctg'].idxmax()}), overlap from "
-           f"{s.loc[synced, 'comm_comp_overlap_pctg'].min():.0f} % ({s.loc[synced, 'comm_comp_overlap_pctg'].idxmin()}) "
-           f"to {s.loc[synced, 'comm_comp_overlap_pctg'].max():.0f} % ({s.loc[synced, 'comm_comp_overlap_pctg'].idxmax()}).")
+lesson.say(
+    f"Computation is {s['compute_pctg'].min():.0f}–{s['compute_pctg'].max():.0f} % of every stage's profiled "
+    f"step (the floor, single: {s.loc['single', 'compute_pctg']:.0f} %): this workload is dominated by compute.",
+    f"Non-compute ranges from {s.loc[synced, 'non_compute_pctg'].min():.1f} % "
+    f"({s.loc[synced, 'non_compute_pctg'].idxmin()}) to {s.loc[synced, 'non_compute_pctg'].max():.1f} % "
+    f"({s.loc[synced, 'non_compute_pctg'].idxmax()}), overlap from "
+    f"{s.loc[synced, 'comm_comp_overlap_pctg'].min():.0f} % ({s.loc[synced, 'comm_comp_overlap_pctg'].idxmin()}) "
+    f"to {s.loc[synced, 'comm_comp_overlap_pctg'].max():.0f} % ({s.loc[synced, 'comm_comp_overlap_pctg'].idxmax()}).",
+)
 
 # %% [markdown]
 # By construction `simple` and `ga` start communicating only after backward has ended, so what
@@ -174,26 +192,33 @@ for stage in [st for st in result.stages.index if st != "single"]:
     backward = p[p["phase"] == "backward"]
     during = sum(((backward["start_us"] <= t) & (t <= backward["end_us"])).any() for t in b["ready_us"])
     last_end = backward["end_us"].max()
-    rows[stage] = {"buckets sent": len(b), "sent during a backward": during,
-                   "last backward, ms": (backward["end_us"].iloc[-1] - backward["start_us"].iloc[-1]) / 1e3,
-                   "last all_reduce ended, ms after the last backward": (b["comm_end_us"].max() - last_end) / 1e3,
-                   "step, ms": p.loc[p["phase"] == "step", "end_us"].max() / 1e3}
+    rows[stage] = {
+        "buckets sent": len(b),
+        "sent during a backward": during,
+        "last backward, ms": (backward["end_us"].iloc[-1] - backward["start_us"].iloc[-1]) / 1e3,
+        "last all_reduce ended, ms after the last backward": (b["comm_end_us"].max() - last_end) / 1e3,
+        "step, ms": p.loc[p["phase"] == "step", "end_us"].max() / 1e3,
+    }
 pd.DataFrame(rows).T.round(1)
 
 # %%
 forward = phases[phases["phase"] == "forward"]
 per_stage = forward.groupby("stage")["end_us"].sum() - forward.groupby("stage")["start_us"].sum()
-lesson.say(f"The forward passes, the same work in every stage, took {per_stage.min() / 1e3:.0f}–"
-           f"{per_stage.max() / 1e3:.0f} ms per step across the stages: the stages were profiled one after the "
-           f"other, and that spread is how much the machine's speed moved meanwhile. Compare the shapes of the rows, "
-           f"not their lengths; what each idea changed in time is measured on the emulated link, in 03_build_up "
-           f"and at the end of this notebook.")
+lesson.say(
+    f"The forward passes, the same work in every stage, took {per_stage.min() / 1e3:.0f}–"
+    f"{per_stage.max() / 1e3:.0f} ms per step across the stages: the stages were profiled one after the "
+    f"other, and that spread is how much the machine's speed moved meanwhile. Compare the shapes of the rows, "
+    f"not their lengths; what each idea changed in time is measured on the emulated link, in 03_build_up "
+    f"and at the end of this notebook."
+)
 late = buckets[buckets["comm_end_us"] > buckets["step_end_us"]]
 if len(late):
-    lesson.say(f"{len(late)} all_reduce range(s) end after their step did (by up to "
-               f"{(late['comm_end_us'] - late['step_end_us']).max() / 1e3:.2f} ms): a gloo range closes when gloo's "
-               f"thread has finished its own bookkeeping, which can be just after the training thread got the result "
-               f"and moved on. The axis runs past them, so nothing is cut off.")
+    lesson.say(
+        f"{len(late)} all_reduce range(s) end after their step did (by up to "
+        f"{(late['comm_end_us'] - late['step_end_us']).max() / 1e3:.2f} ms): a gloo range closes when gloo's "
+        f"thread has finished its own bookkeeping, which can be just after the training thread got the result "
+        f"and moved on. The axis runs past them, so nothing is cut off."
+    )
 else:
     lesson.say("Every all_reduce range ended before its step did.")
 
@@ -270,33 +295,47 @@ def arrow(values, fmt="{:.0f}"):
     return " → ".join(fmt.format(v) for v in values)
 
 
-ideas = [("accumulate, sync once per step", ["simple", "ga"], "~15 % → ~5 %", "0 % → 0 %"),
-         ("sync from hooks, during backward", ["ga", "hook"], "~5 % → not given", "0 % → 0 % (interleaved)"),
-         ("do not wait inside backward", ["hook", "hook-async"], "→ ~2 % (ga: ~5 %)", "0 % → ~90 %"),
-         ("buckets", ["hook-async", "bucket-async"], "no clear difference", "no clear difference")]
-summary = pd.DataFrame({
-    idea: {"stages": arrow(pair, "{}"),
-           "all_reduce calls/step": arrow(t.loc[pair, "allreduce_calls_per_step"]),
-           "sent during a backward": arrow(sent_in_backward(linked, s) for s in pair),
-           "link ms (modeled, 1 Gbit/s)": arrow(link_ms(s) for s in pair),
-           "non-compute % (loopback)": arrow(r.loc[pair, "non_compute_pctg"], "{:.1f}"),
-           "non-compute % (1 Gbit/s)": arrow(t.loc[pair, "non_compute_pctg"], "{:.1f}"),
-           "overlap % (1 Gbit/s)": arrow(t.loc[pair, "comm_comp_overlap_pctg"]),
-           "blog, 4 × T4: non-compute": blog_nc, "blog, 4 × T4: overlap": blog_ov}
-    for idea, pair, blog_nc, blog_ov in ideas})
+ideas = [
+    ("accumulate, sync once per step", ["simple", "ga"], "~15 % → ~5 %", "0 % → 0 %"),
+    ("sync from hooks, during backward", ["ga", "hook"], "~5 % → not given", "0 % → 0 % (interleaved)"),
+    ("do not wait inside backward", ["hook", "hook-async"], "→ ~2 % (ga: ~5 %)", "0 % → ~90 %"),
+    ("buckets", ["hook-async", "bucket-async"], "no clear difference", "no clear difference"),
+]
+summary = pd.DataFrame(
+    {
+        idea: {
+            "stages": arrow(pair, "{}"),
+            "all_reduce calls/step": arrow(t.loc[pair, "allreduce_calls_per_step"]),
+            "sent during a backward": arrow(sent_in_backward(linked, s) for s in pair),
+            "link ms (modeled, 1 Gbit/s)": arrow(link_ms(s) for s in pair),
+            "non-compute % (loopback)": arrow(r.loc[pair, "non_compute_pctg"], "{:.1f}"),
+            "non-compute % (1 Gbit/s)": arrow(t.loc[pair, "non_compute_pctg"], "{:.1f}"),
+            "overlap % (1 Gbit/s)": arrow(t.loc[pair, "comm_comp_overlap_pctg"]),
+            "blog, 4 × T4: non-compute": blog_nc,
+            "blog, 4 × T4: overlap": blog_ov,
+        }
+        for idea, pair, blog_nc, blog_ov in ideas
+    }
+)
 summary
 
 # %%
 calls = t["allreduce_calls_per_step"]
 k = lesson.SETTINGS.grad_accum
-lesson.claim(calls["simple"] == k * calls["ga"] and abs(link_ms("simple") - k * link_ms("ga")) < 1e-6 * link_ms("ga"),
-             f"Accumulation divides the calls and the link time by the {k} micro-batches, exactly.")
-lesson.claim(sent_in_backward(linked, "ga") == 0 and sent_in_backward(linked, "hook") == calls["hook"],
-             "The hooks move every message from after the backward into it.")
-lesson.claim(calls["bucket-async"] < calls["hook-async"] and link_ms("bucket-async") < link_ms("hook-async"),
-             f"Buckets cut the calls from {calls['hook-async']:.0f} to {calls['bucket-async']:.0f}, and the link time "
-             f"by their fixed cost only: {link_ms('hook-async') - link_ms('bucket-async'):.1f} ms of "
-             f"{link_ms('hook-async'):.0f} ms.")
+lesson.claim(
+    calls["simple"] == k * calls["ga"] and abs(link_ms("simple") - k * link_ms("ga")) < 1e-6 * link_ms("ga"),
+    f"Accumulation divides the calls and the link time by the {k} micro-batches, exactly.",
+)
+lesson.claim(
+    sent_in_backward(linked, "ga") == 0 and sent_in_backward(linked, "hook") == calls["hook"],
+    "The hooks move every message from after the backward into it.",
+)
+lesson.claim(
+    calls["bucket-async"] < calls["hook-async"] and link_ms("bucket-async") < link_ms("hook-async"),
+    f"Buckets cut the calls from {calls['hook-async']:.0f} to {calls['bucket-async']:.0f}, and the link time "
+    f"by their fixed cost only: {link_ms('hook-async') - link_ms('bucket-async'):.1f} ms of "
+    f"{link_ms('hook-async'):.0f} ms.",
+)
 
 # %% [markdown]
 # Why the shares differ from the blog's (the counts and the link time are exact; the shares come

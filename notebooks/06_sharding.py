@@ -40,6 +40,7 @@
 # %%
 # %%distributed
 from minddp.notebook import lesson
+
 lesson.say(lesson.describe())
 
 # %% [markdown]
@@ -57,11 +58,11 @@ import torch.distributed as dist
 from minddp.collectives import TRANSPORTS
 
 ring, world = TRANSPORTS["ring"], dist.get_world_size()
-x = torch.arange(4.0 * world) + 100 * rank            # each rank's own tensor
+x = torch.arange(4.0 * world) + 100 * rank  # each rank's own tensor
 piece = torch.empty(4)
-ring.reduce_scatter(piece, x, dist.group.WORLD)       # my piece of the sum
+ring.reduce_scatter(piece, x, dist.group.WORLD)  # my piece of the sum
 whole = torch.empty(4 * world)
-ring.all_gather(whole, piece, dist.group.WORLD)       # everyone's pieces
+ring.all_gather(whole, piece, dist.group.WORLD)  # everyone's pieces
 summed = x.clone()
 dist.all_reduce(summed)
 print("my piece of the sum:", piece.tolist())
@@ -74,6 +75,7 @@ print("all pieces gathered:", whole.tolist(), "= all_reduce:", torch.equal(whole
 # %%rank 0
 from minddp.collectives.ring import ring_all_reduce
 from minddp.notebook.source import show_source
+
 show_source(ring_all_reduce)
 
 # %% [markdown]
@@ -87,11 +89,14 @@ show_source(ring_all_reduce)
 # %%
 # %%distributed
 from minddp.train.models import count_parameters
-B = count_parameters(lesson.make_model()) * 4                  # float32 bytes of the whole model
+
+B = count_parameters(lesson.make_model()) * 4  # float32 bytes of the whole model
 one_pass = (world - 1) / world * B
-lesson.say(f"B = {lesson.mib(B)}; at {world} ranks each pass sends {lesson.mib(one_pass)} per rank, in "
-           f"{world - 1} message(s): all_reduce {lesson.mib(2 * one_pass)} (DDP), reduce-scatter + all-gather "
-           f"{lesson.mib(2 * one_pass)} (ZeRO-2), reduce-scatter + two all-gathers {lesson.mib(3 * one_pass)} (FSDP).")
+lesson.say(
+    f"B = {lesson.mib(B)}; at {world} ranks each pass sends {lesson.mib(one_pass)} per rank, in "
+    f"{world - 1} message(s): all_reduce {lesson.mib(2 * one_pass)} (DDP), reduce-scatter + all-gather "
+    f"{lesson.mib(2 * one_pass)} (ZeRO-2), reduce-scatter + two all-gathers {lesson.mib(3 * one_pass)} (FSDP)."
+)
 
 # %% [markdown]
 # ## The four stages side by side
@@ -119,20 +124,29 @@ for name, t in trainees.items():
 # %%
 # %%rank 0
 import pandas as pd
+
 rows = {}
 for name, m in memory.items():
     state = m["parameters"] + m["gradients"] + m["optimizer"]
     formula = formula_bytes(name, m["psi"], world, m["replicated"] if name == "fsdp" else 0)
-    rows[name] = {"parameters MiB": m["parameters"] / 2**20, "gradients MiB": m["gradients"] / 2**20,
-                  "optimizer MiB": m["optimizer"] / 2**20, "model state MiB": state / 2**20,
-                  "formula MiB": formula / 2**20, "measured / formula": state / formula,
-                  "activations MiB": m["activations"] / 2**20, "gathered (peak) MiB": m["gathered"] / 2**20}
+    rows[name] = {
+        "parameters MiB": m["parameters"] / 2**20,
+        "gradients MiB": m["gradients"] / 2**20,
+        "optimizer MiB": m["optimizer"] / 2**20,
+        "model state MiB": state / 2**20,
+        "formula MiB": formula / 2**20,
+        "measured / formula": state / formula,
+        "activations MiB": m["activations"] / 2**20,
+        "gathered (peak) MiB": m["gathered"] / 2**20,
+    }
 table = pd.DataFrame(rows).T
-lesson.say(f"Ψ = {memory['ddp']['psi']:,} trainable parameters. Model state per rank: ddp "
-           f"{table.loc['ddp', 'model state MiB']:.1f} MiB, zero1 {table.loc['zero1', 'model state MiB']:.1f}, zero2 "
-           f"{table.loc['zero2', 'model state MiB']:.1f}, fsdp {table.loc['fsdp', 'model state MiB']:.1f} plus "
-           f"{table.loc['fsdp', 'gathered (peak) MiB']:.1f} MiB of blocks gathered at once; each within "
-           f"{100 * (table['measured / formula'] - 1).abs().max():.2f} % of its formula.")
+lesson.say(
+    f"Ψ = {memory['ddp']['psi']:,} trainable parameters. Model state per rank: ddp "
+    f"{table.loc['ddp', 'model state MiB']:.1f} MiB, zero1 {table.loc['zero1', 'model state MiB']:.1f}, zero2 "
+    f"{table.loc['zero2', 'model state MiB']:.1f}, fsdp {table.loc['fsdp', 'model state MiB']:.1f} plus "
+    f"{table.loc['fsdp', 'gathered (peak) MiB']:.1f} MiB of blocks gathered at once; each within "
+    f"{100 * (table['measured / formula'] - 1).abs().max():.2f} % of its formula."
+)
 table.round(3)
 
 # %% [markdown]
@@ -153,10 +167,13 @@ table.round(3)
 # %%
 # %%distributed
 from minddp.sharding.memory import optimizer_state_bytes
+
 zero = trainees["zero1"].optimizer
 name, p = next((n, p) for n, p in trainees["zero1"].model.module.named_parameters() if p.dim() == 2)
-print(f"rank {rank}: chunk {zero.ranges[zero.index[id(p)]][rank]} of {name}'s {p.numel():,} elements; "
-      f"Adam state on this rank: {optimizer_state_bytes(zero):,} bytes")
+print(
+    f"rank {rank}: chunk {zero.ranges[zero.index[id(p)]][rank]} of {name}'s {p.numel():,} elements; "
+    f"Adam state on this rank: {optimizer_state_bytes(zero):,} bytes"
+)
 
 # %% [markdown]
 # Its step: hand each chunk its slice of the averaged gradient, step the local optimizer (an
@@ -166,6 +183,7 @@ print(f"rank {rank}: chunk {zero.ranges[zero.index[id(p)]][rank]} of {name}'s {p
 # %%
 # %%rank 0
 from minddp import ZeroRedundancyOptimizer
+
 show_source(ZeroRedundancyOptimizer.step)
 show_source(ZeroRedundancyOptimizer._all_gather)
 
@@ -180,6 +198,7 @@ show_source(ZeroRedundancyOptimizer._all_gather)
 from minddp.notebook.source import show_diff
 from minddp.sharding.zero2 import Zero2DDP
 from minddp.stages import AsyncBucketDDP
+
 show_diff(AsyncBucketDDP, Zero2DDP, context=2)
 
 # %% [markdown]
@@ -196,20 +215,30 @@ show_diff(AsyncBucketDDP, Zero2DDP, context=2)
 looks = {s: trainees[s].look() for s in ("ddp", "zero2", "fsdp")}
 k = lesson.SETTINGS.grad_accum
 for s, v in looks.items():
-    lesson.say(f"{s}: {v['calls']} all_reduce calls ({v['calls_in_backward']} started during a backward) handed "
-               f"{lesson.mib(v['bytes'])}; {v['gathers']} all-gathers of parameters, this rank sending "
-               f"{lesson.mib((world - 1) * v['gather_bytes'])}; {v['small_gathers']} small all_gather (the check).")
+    lesson.say(
+        f"{s}: {v['calls']} all_reduce calls ({v['calls_in_backward']} started during a backward) handed "
+        f"{lesson.mib(v['bytes'])}; {v['gathers']} all-gathers of parameters, this rank sending "
+        f"{lesson.mib((world - 1) * v['gather_bytes'])}; {v['small_gathers']} small all_gather (the check)."
+    )
 z, f = looks["zero2"], looks["fsdp"]
-lesson.claim(z["bytes"] == looks["ddp"]["bytes"], "zero2 hands its gradients to the wire whole, as ddp does: on gloo "
-             "its reduce-scatter is an all_reduce, which sends both passes.")
+lesson.claim(
+    z["bytes"] == looks["ddp"]["bytes"],
+    "zero2 hands its gradients to the wire whole, as ddp does: on gloo "
+    "its reduce-scatter is an all_reduce, which sends both passes.",
+)
 # padding every parameter's chunks to equal length adds under `world` elements per parameter: far under 0.1 %
-lesson.claim(abs((world - 1) * z["gather_bytes"] - one_pass) < 1e-3 * one_pass, f"zero2's all-gathers send one "
-             f"pass of the model, {lesson.mib(one_pass)} per rank, as the α-β count above says.")
+lesson.claim(
+    abs((world - 1) * z["gather_bytes"] - one_pass) < 1e-3 * one_pass,
+    f"zero2's all-gathers send one pass of the model, {lesson.mib(one_pass)} per rank, as the α-β count above says.",
+)
 units = len(trainees["fsdp"].model.units)
-lesson.claim(f["gathers"] == k * (2 * units - 1), f"fsdp gathers each of its {units} units for the forward of each of "
-             f"the {k} micro-batches, and all but the last again for its backward (the backward starts with the last "
-             f"unit, still gathered): {k} × {2 * units - 1} = {f['gathers']} all-gathers, "
-             f"{(world - 1) * f['gather_bytes'] / one_pass:.1f} passes of the model a step.")
+lesson.claim(
+    f["gathers"] == k * (2 * units - 1),
+    f"fsdp gathers each of its {units} units for the forward of each of "
+    f"the {k} micro-batches, and all but the last again for its backward (the backward starts with the last "
+    f"unit, still gathered): {k} × {2 * units - 1} = {f['gathers']} all-gathers, "
+    f"{(world - 1) * f['gather_bytes'] / one_pass:.1f} passes of the model a step.",
+)
 
 # %% [markdown]
 # ## FSDP: gather each block just before it runs
@@ -224,10 +253,12 @@ lesson.claim(f["gathers"] == k * (2 * units - 1), f"fsdp gathers each of its {un
 # %%
 # %%distributed
 fsdp = trainees["fsdp"].model
-lesson.say(f"{len(fsdp.units)} units ({type(fsdp.units[0].module).__name__}), "
-           f"{len({id(p) for _, _, p in fsdp.replicated})} replicated parameters; at most "
-           f"{lesson.mib(memory['fsdp']['gathered'])} of full parameters held at once (a unit and the one "
-           f"prefetched), against {lesson.mib(memory['ddp']['parameters'])} for the whole model.")
+lesson.say(
+    f"{len(fsdp.units)} units ({type(fsdp.units[0].module).__name__}), "
+    f"{len({id(p) for _, _, p in fsdp.replicated})} replicated parameters; at most "
+    f"{lesson.mib(memory['fsdp']['gathered'])} of full parameters held at once (a unit and the one "
+    f"prefetched), against {lesson.mib(memory['ddp']['parameters'])} for the whole model."
+)
 
 # %% [markdown]
 # ## The sharded rungs on one time axis
@@ -242,9 +273,10 @@ lesson.say(f"{len(fsdp.units)} units ({type(fsdp.units[0].module).__name__}), "
 # %%
 # %%distributed
 import shutil
+
 trace_dir = lesson.TRACE_ROOT / "06_sharding"
 if rank == 0:
-    shutil.rmtree(trace_dir, ignore_errors=True)      # a fresh run folder: the analysis refuses mixed runs
+    shutil.rmtree(trace_dir, ignore_errors=True)  # a fresh run folder: the analysis refuses mixed runs
 dist.barrier()
 for s in STAGES:
     trainees[s].profile(trace_dir)
@@ -253,13 +285,16 @@ for s in STAGES:
 # %%rank 0
 from minddp.analysis import analyze_run
 from minddp.analysis.timeline import draw_steps, rows_from_analysis
+
 sharded = analyze_run(trace_dir)
 draw_steps(rows_from_analysis(sharded), title="ddp and the sharded rungs, one step each on one time axis (rank 0)")
 table = sharded.stages.assign(comm_ms_per_step=sharded.stages["comm_time_per_step_us"] / 1e3)
 z = looks["zero2"]
-lesson.claim(table.loc["zero2", "allgather_calls_per_step"] == z["gathers"] + z["small_gathers"],
-             f"The trace's {table.loc['zero2', 'allgather_calls_per_step']:.0f} all-gathers of zero2 are the look's "
-             f"{looks['zero2']['gathers']} of parameters and its {looks['zero2']['small_gathers']} check.")
+lesson.claim(
+    table.loc["zero2", "allgather_calls_per_step"] == z["gathers"] + z["small_gathers"],
+    f"The trace's {table.loc['zero2', 'allgather_calls_per_step']:.0f} all-gathers of zero2 are the look's "
+    f"{looks['zero2']['gathers']} of parameters and its {looks['zero2']['small_gathers']} check.",
+)
 table[["allreduce_calls_per_step", "allgather_calls_per_step", "comm_ms_per_step", "comm_comp_overlap_pctg"]].round(1)
 
 # %% [markdown]
@@ -271,12 +306,14 @@ table[["allreduce_calls_per_step", "allgather_calls_per_step", "comm_ms_per_step
 # looks and traces above took a few more steps of some), then the four take turns, one step each,
 # for two rounds.
 
+
 # %%
 # %%distributed
 def whole(t):
     if hasattr(t.model, "full_parameters"):
         return torch.cat([v.reshape(-1) for v in t.model.full_parameters().values()])
     return torch.cat([p.detach().reshape(-1) for p in t.model.module.parameters()])
+
 
 behind = max(len(t.losses) for t in trainees.values())
 for t in trainees.values():
@@ -285,9 +322,11 @@ for t in trainees.values():
 times = lesson.race(trainees, rounds=2)
 reference = whole(trainees["ddp"])
 for s in STAGES[1:]:
-    lesson.say(f"{s}: largest parameter difference from ddp after {len(trainees[s].losses)} steps "
-               f"{(whole(trainees[s]) - reference).abs().max().item():.1e}; median step "
-               f"{lesson.median(times[s]):.0f} ms (ddp {lesson.median(times['ddp']):.0f} ms).")
+    lesson.say(
+        f"{s}: largest parameter difference from ddp after {len(trainees[s].losses)} steps "
+        f"{(whole(trainees[s]) - reference).abs().max().item():.1e}; median step "
+        f"{lesson.median(times[s]):.0f} ms (ddp {lesson.median(times['ddp']):.0f} ms)."
+    )
 
 # %% [markdown]
 # Two rounds on a shared machine decide nothing about speed; `python -m minddp.bench --preset small
@@ -315,12 +354,14 @@ from minddp.runtime.compat import all_gather_single, reduce_scatter_single
 from minddp.exercises import check
 from minddp.stages import AsyncBucketDDP
 
+
 def my_all_reduce(tensor, group):
     # 1. flatten and pad to a multiple of dist.get_world_size(group)
     # 2. reduce_scatter_single(piece, padded, group=group): this rank's piece of the sum
     # 3. all_gather_single(padded, piece, group=group): every piece, back in place
     # 4. copy the sum (without the padding) into tensor
     raise NotImplementedError("all_reduce from a reduce-scatter and an all-gather")
+
 
 class HalvesDDP(AsyncBucketDDP):
     """bucket-async whose buckets are summed by my_all_reduce."""
@@ -329,13 +370,15 @@ class HalvesDDP(AsyncBucketDDP):
         super().__init__(module, process_group, bucket_cap_mb)
         self.register_comm_hook(Wire(process_group, transport=my_all_reduce), allreduce_hook)
 
+
 check(HalvesDDP, like="halves")
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true}
 from minddp.collectives.halves import halves_all_reduce
 from minddp.notebook.source import show_source
+
 show_source(halves_all_reduce)
-my_all_reduce = halves_all_reduce       # HalvesDDP looks the name up when it is built
+my_all_reduce = halves_all_reduce  # HalvesDDP looks the name up when it is built
 check(HalvesDDP, like="halves")
 
 # %% [markdown]

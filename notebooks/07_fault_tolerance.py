@@ -36,8 +36,17 @@
 # %%
 from minddp.ft import ToyTask, launch_ft, parse_faults
 
-run = launch_ft(ToyTask(compute_s=0.01), 14, world_size=3, faults=parse_faults("kill@4:1,raise@9:2"),
-                hang_s=5.0, digests=True, full_world_at=(4, 9), rejoin_before_end=True, run_timeout_s=300)
+run = launch_ft(
+    ToyTask(compute_s=0.01),
+    14,
+    world_size=3,
+    faults=parse_faults("kill@4:1,raise@9:2"),
+    hang_s=5.0,
+    digests=True,
+    full_world_at=(4, 9),
+    rejoin_before_end=True,
+    run_timeout_s=300,
+)
 for line in run.report():
     print(line)
 
@@ -46,6 +55,7 @@ for line in run.report():
 # count), `H` healed then committed (`h`: healed, then that step was discarded), `†` the rank died in
 # this attempt, `.` not a member. The bottom rows give the step and the world size the coordinator
 # chose.
+
 
 # %%
 def timeline(run):
@@ -101,8 +111,10 @@ for slot, _, e in run.attempts:
 assert all(len(digests) == 1 for digests in by_attempt.values())
 discarded = [e for _, _, e in run.attempts if not e["committed"] and e.get("before")]
 assert all(e["after_discard"] == e["before"] for e in discarded)
-print(f"{len(run.results)} ranks bitwise identical; {len(by_attempt)} attempts started from one state; "
-      f"{sum(not e['committed'] for _, _, e in run.attempts)} discarded attempt(s) changed nothing")
+print(
+    f"{len(run.results)} ranks bitwise identical; {len(by_attempt)} attempts started from one state; "
+    f"{sum(not e['committed'] for _, _, e in run.attempts)} discarded attempt(s) changed nothing"
+)
 
 # %% [markdown]
 # ## Exercise

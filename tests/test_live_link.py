@@ -65,7 +65,7 @@ def looks():
 
 
 def test_a_stage_that_waits_inside_backward_is_told_from_one_that_waits_after_it(looks):
-    for seen in looks:                                             # both ranks: placement is the code's, not timing's
+    for seen in looks:  # both ranks: placement is the code's, not timing's
         for stage in ("hook", "bucket"):
             v = seen[stage]
             assert v["calls"] > 1 and v["waits"] == v["calls"] == v["waits_in_backward"], stage
@@ -76,14 +76,15 @@ def test_a_stage_that_waits_inside_backward_is_told_from_one_that_waits_after_it
 
 
 def test_the_link_time_is_the_cost_model_summed_over_the_messages(looks):
-    parameters = sorted(p.numel() * 4 for p in nn.Sequential(*[nn.Linear(64, 64) for _ in range(3)],
-                                                              nn.Linear(64, 1)).parameters())
+    parameters = sorted(
+        p.numel() * 4 for p in nn.Sequential(*[nn.Linear(64, 64) for _ in range(3)], nn.Linear(64, 1)).parameters()
+    )
     for seen in looks:
-        assert seen["hook"]["sizes"] == parameters                 # one message per parameter, its own bytes
-        assert sum(seen["bucket"]["sizes"]) == sum(parameters)     # the same bytes, in buckets
+        assert seen["hook"]["sizes"] == parameters  # one message per parameter, its own bytes
+        assert sum(seen["bucket"]["sizes"]) == sum(parameters)  # the same bytes, in buckets
         for v in seen.values():
             # the view sums LinkSpec.seconds per logged message; the oracle sums it again from the sizes: same floats
             assert v["link_ms"] == pytest.approx(v["model_ms"], rel=1e-12)
             row = v["row"]
             assert len(row["messages"]) == v["calls"] and len(row["backward"]) == MICRO
-            assert all(end > start for start, end in row["messages"])   # each message occupies the link a while
+            assert all(end > start for start, end in row["messages"])  # each message occupies the link a while

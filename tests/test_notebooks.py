@@ -41,7 +41,7 @@ def test_the_committed_notebook_is_its_source_run(source):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom(source):
-    nb, took = refresh.execute(source)                   # raises NotebookError on any unexpected outcome
+    nb, took = refresh.execute(source)  # raises NotebookError on any unexpected outcome
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count is not None for c in code)
     print(f"{source.name}: {took:.0f} s")
@@ -50,15 +50,18 @@ def test_notebook_runs_top_to_bottom(source):
 def test_the_checks_catch_a_cell_that_should_have_failed_and_a_pair_out_of_sync(tmp_path):
     quiet = new_code_cell("1 + 1", metadata={"tags": ["raises-exception"], "minddp": {"expected_error": "boom"}})
     quiet.outputs = [new_output("execute_result", data={"text/plain": "2"}, execution_count=1)]
-    wrong = new_code_cell("raise ValueError('bang')", metadata={"tags": ["raises-exception"],
-                                                                 "minddp": {"expected_error": "boom"}})
+    wrong = new_code_cell(
+        "raise ValueError('bang')", metadata={"tags": ["raises-exception"], "minddp": {"expected_error": "boom"}}
+    )
     wrong.outputs = [new_output("error", ename="ValueError", evalue="bang", traceback=["ValueError: bang"])]
     loose = new_code_cell("raise ValueError('boom')")
     loose.outputs = [new_output("error", ename="ValueError", evalue="boom", traceback=["ValueError: boom"])]
     problems = refresh.expected_error_problems(new_notebook(cells=[quiet, wrong, loose]))
-    assert problems == ["cell 0 should have failed with 'boom' but did not",
-                        "cell 1 failed, but 'boom' is not in its traceback (ValueError: bang)",
-                        "cell 2 failed without being tagged raises-exception"]
+    assert problems == [
+        "cell 0 should have failed with 'boom' but did not",
+        "cell 1 failed, but 'boom' is not in its traceback (ValueError: bang)",
+        "cell 2 failed without being tagged raises-exception",
+    ]
 
     source = tmp_path / "07_demo.py"
     source.write_text("# %% [markdown]\n# A title\n\n# %%\nx = 1\n")
@@ -67,10 +70,11 @@ def test_the_checks_catch_a_cell_that_should_have_failed_and_a_pair_out_of_sync(
     nb.cells[1].execution_count = 1
     refresh.write(nb, source)
     assert refresh.pair_problems(source) == []
-    source.write_text("# %% [markdown]\n# A title\n\n# %%\nx = 2\n")             # edited, not re-run
+    source.write_text("# %% [markdown]\n# A title\n\n# %%\nx = 2\n")  # edited, not re-run
     assert refresh.pair_problems(source) == [
-        "cell 1 differs between 07_demo.py and 07_demo.ipynb: run python -m minddp.notebook.refresh 07"]
-    nb.cells[1].execution_count = None                                          # saved without running
+        "cell 1 differs between 07_demo.py and 07_demo.ipynb: run python -m minddp.notebook.refresh 07"
+    ]
+    nb.cells[1].execution_count = None  # saved without running
     nbformat.write(nb, source.with_suffix(".ipynb"))
     source.write_text("# %% [markdown]\n# A title\n\n# %%\nx = 1\n")
     assert "not from one top-to-bottom run" in refresh.pair_problems(source)[0]
@@ -85,7 +89,8 @@ def test_a_refresh_fails_when_a_claim_of_the_notebook_no_longer_holds(tmp_path):
         "# %%\nfrom minddp.notebook import lesson\nsteps = {'ga': 66, 'simple': 198}\n\n"
         "# %%\nlesson.claim(steps['ga'] * 3 == steps['simple'], 'ga makes a third of simple s calls')\n\n"
         "# %%\nsteps['ga'] = 70                    # a later run whose numbers reverse the sentence\n\n"
-        "# %%\nlesson.claim(steps['ga'] * 3 == steps['simple'], 'ga makes a third of simple s calls')\n")
+        "# %%\nlesson.claim(steps['ga'] * 3 == steps['simple'], 'ga makes a third of simple s calls')\n"
+    )
     with pytest.raises(refresh.NotebookError) as failed:
         refresh.execute(source, timeout_s=120)
     message = str(failed.value)
@@ -109,4 +114,4 @@ def test_what_changed_between_two_stages_is_read_from_the_package():
     assert "--- HookDDP._sent  (minddp/stages/hook.py)" in diff
     unchanged = diff.splitlines()[-1]
     assert unchanged.startswith("# unchanged:") and "_grad_ready" in unchanged and "_sent" not in unchanged
-    assert "calls super()" in diff                  # hook-async's finish runs hook's inside it
+    assert "calls super()" in diff  # hook-async's finish runs hook's inside it

@@ -56,8 +56,8 @@ import math
 
 import torch
 
-from minddp.runtime import compat
 from minddp.analysis.steps import ELEMENT_SIZE
+from minddp.runtime import compat
 
 CALL = "c10d::allreduce_"
 BACKEND_RANGES = ("gloo:all_reduce", "nccl:all_reduce")
@@ -70,6 +70,7 @@ SMALL_GATHER_CALL = "c10d::allgather_"
 def profiler(record_shapes: bool = True) -> torch.profiler.profile:
     """A CPU profiler for counting (no memory, no stacks: as light as the profiler gets)."""
     from minddp.runtime.profiling import quiet_kineto
+
     quiet_kineto()
     return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=record_shapes)
 
@@ -119,22 +120,28 @@ def step_view(prof, link=None) -> dict:
         "backward_ms": [(e - s) / 1e3 for s, e in spans],
         "last_backward_ms": (last[1] - last[0]) / 1e3,
         "after_last_backward_ms": ((optimizer[-1][0] if optimizer else last[1]) - last[1]) / 1e3,
-        "gathers": sum(1 for e in events if e.name == GATHER_CALL),                    # step 4
+        "gathers": sum(1 for e in events if e.name == GATHER_CALL),  # step 4
         "gather_bytes": backend_bytes(prof, GATHER_RANGES),
         "small_gathers": sum(1 for e in events if e.name == SMALL_GATHER_CALL),
     }
-    t0 = forwards[0][0] if forwards else 0.0                                           # step 5
+    t0 = forwards[0][0] if forwards else 0.0  # step 5
 
     def ms(pairs):
         return [((s - t0) / 1e3, (e - t0) / 1e3) for s, e in pairs]
 
     gathers = [e.time_range.start for e in events if e.name == GATHER_CALL]
-    row = {"forward": ms(forwards), "backward": ms(spans), "optimizer": ms(optimizer),
-           "finish": ms(_ranges(prof, "minddp.finish_gradient_synchronization")),
-           "sent": [(t - t0) / 1e3 for t in sorted(started + gathers)], "waits": [],
-           "messages": ms(sorted((e.time_range.start, e.time_range.end) for e in events
-                                 if e.name in BACKEND_RANGES + GATHER_RANGES)),
-           "end": ((optimizer[-1][1] if optimizer else last[1]) - t0) / 1e3}
+    row = {
+        "forward": ms(forwards),
+        "backward": ms(spans),
+        "optimizer": ms(optimizer),
+        "finish": ms(_ranges(prof, "minddp.finish_gradient_synchronization")),
+        "sent": [(t - t0) / 1e3 for t in sorted(started + gathers)],
+        "waits": [],
+        "messages": ms(
+            sorted((e.time_range.start, e.time_range.end) for e in events if e.name in BACKEND_RANGES + GATHER_RANGES)
+        ),
+        "end": ((optimizer[-1][1] if optimizer else last[1]) - t0) / 1e3,
+    }
     if link is not None:
         view.update(_on_link(events, link, row, t0, spans))
     view["row"] = row
@@ -151,8 +158,10 @@ def _on_link(events, link, row: dict, t0: float, backwards: list) -> dict:
     the first ``wait()`` on a message (``Link.waits``) to its delivery.
     """
     import statistics
-    markers = {int(e.name.rpartition("#")[2]): e.time_range.start for e in events
-               if e.name.startswith("minddp.link_send#")}
+
+    markers = {
+        int(e.name.rpartition("#")[2]): e.time_range.start for e in events if e.name.startswith("minddp.link_send#")
+    }
     log = [m for m in link.log if m["seq"] in markers]
     if not log:
         return {"link_ms": 0.0, "waited_ms": 0.0, "exposed_ms": 0.0, "waits": 0, "waits_in_backward": 0}
@@ -167,10 +176,13 @@ def _on_link(events, link, row: dict, t0: float, backwards: list) -> dict:
     row["waits"] = [(s, e) for s, e in waits if e > s]
     back = [((s - t0) / 1e3, (e - t0) / 1e3) for s, e in backwards]
     exposed = [(at(link.waits[m["seq"]]), at(m["modeled_end"])) for m in log if m["seq"] in link.waits]
-    return {"link_ms": sum(link.seconds(m["kind"], m["bytes"], m["ranks"]) * 1e3 for m in log),   # the model's
-            "waited_ms": _union(row["waits"]), "exposed_ms": _union((s, e) for s, e in exposed if e > s),
-            "waits": len(waits),
-            "waits_in_backward": sum(any(s <= w <= e for s, e in back) for w, _ in waits)}
+    return {
+        "link_ms": sum(link.seconds(m["kind"], m["bytes"], m["ranks"]) * 1e3 for m in log),  # the model's
+        "waited_ms": _union(row["waits"]),
+        "exposed_ms": _union((s, e) for s, e in exposed if e > s),
+        "waits": len(waits),
+        "waits_in_backward": sum(any(s <= w <= e for s, e in back) for w, _ in waits),
+    }
 
 
 def _union(spans) -> float:

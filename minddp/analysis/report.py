@@ -38,6 +38,7 @@ _COLORS = {"compute": "#4c72b0", "non_compute": "#dd8452", "idle": "#c7c7c7"}
 
 def _stage_labels(results) -> list[str]:
     from minddp.analysis import stage_sort_key
+
     names = {s for r in results for s in r.stages.index}
     return sorted(names, key=stage_sort_key)
 
@@ -64,8 +65,16 @@ def plot_temporal(results, path: Path) -> None:
         bottom = [0.0] * len(stages)
         for part in ("compute", "non_compute", "idle"):
             vals = [r.stages[f"{part}_pctg"].get(s, 0.0) for s in stages]
-            ax.bar(xs, vals, width, bottom=bottom, color=_COLORS[part], edgecolor="white",
-                   label=part.replace("_", "-") if i == 0 else None, hatch="//" if i else None)
+            ax.bar(
+                xs,
+                vals,
+                width,
+                bottom=bottom,
+                color=_COLORS[part],
+                edgecolor="white",
+                label=part.replace("_", "-") if i == 0 else None,
+                hatch="//" if i else None,
+            )
             bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_xticks(range(len(stages)), stages, rotation=20)
     ax.set_ylabel("% of profiled time")
@@ -93,8 +102,10 @@ def plot_comm(results, path: Path) -> None:
     """Step 3."""
     stages = _stage_labels(results)
     fig, (a, b) = plt.subplots(1, 2, figsize=(max(10, 2 * len(stages)), 4))
-    calls = [_summed(r, ["allreduce_calls_per_step", "allgather_calls_per_step", "reducescatter_calls_per_step"])
-             for r in results]
+    calls = [
+        _summed(r, ["allreduce_calls_per_step", "allgather_calls_per_step", "reducescatter_calls_per_step"])
+        for r in results
+    ]
     _grouped_bars(a, calls, stages, "collective_calls_per_step", "collective calls per step")
     a.set_title("all_reduce + all_gather + reduce_scatter calls per step")
     results_ms = [_scaled(r, "comm_time_per_step_us", 1e-3) for r in results]
@@ -107,6 +118,7 @@ def plot_comm(results, path: Path) -> None:
 
 def _summed(result, columns, name="collective_calls_per_step"):
     from copy import copy
+
     out = copy(result)
     present = [c for c in columns if c in result.stages.columns]
     out.stages = result.stages.assign(**{name: result.stages[present].sum(axis=1)})
@@ -115,6 +127,7 @@ def _summed(result, columns, name="collective_calls_per_step"):
 
 def _scaled(result, column, factor):
     from copy import copy
+
     out = copy(result)
     out.stages = result.stages.assign(**{column: result.stages[column] * factor})
     return out
@@ -129,12 +142,16 @@ def plot_timeline(result, path: Path | None = None, rank: int = 0):
     be checked as well as looked at.
     """
     from minddp.analysis.timeline import draw_steps, rows_from_analysis
+
     rows = rows_from_analysis(result, rank)
     if not rows:
         return None
     step = int(result.phases["step"].iloc[0])
-    fig = draw_steps(rows, title=f"One step of every stage, on one time axis: run {result.run} (profiled step "
-                                 f"{step}, rank {rank})", width=11)
+    fig = draw_steps(
+        rows,
+        title=f"One step of every stage, on one time axis: run {result.run} (profiled step {step}, rank {rank})",
+        width=11,
+    )
     if path is not None:
         fig.savefig(path, dpi=100)
     return fig
@@ -142,8 +159,13 @@ def plot_timeline(result, path: Path | None = None, rank: int = 0):
 
 #: How a column's name ends -> (its unit in the header, the factor from the stored value). One format for every
 #: table minddp prints: times in ms, bytes in MiB, shares in %, each unit in its column's header.
-UNITS = {"_us": (" (ms)", 1e-3), "_pctg": (" (%)", 1.0), "_pct": (" (%)", 1.0), "_bytes_per_step": (" per step (MiB)", 2.0**-20),
-         "_bytes": (" (MiB)", 2.0**-20)}
+UNITS = {
+    "_us": (" (ms)", 1e-3),
+    "_pctg": (" (%)", 1.0),
+    "_pct": (" (%)", 1.0),
+    "_bytes_per_step": (" per step (MiB)", 2.0**-20),
+    "_bytes": (" (MiB)", 2.0**-20),
+}
 
 
 def readable_name(column: str) -> tuple[str, float]:
@@ -175,8 +197,11 @@ def write_report(results, folder) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     images = []
-    for name, plot in (("temporal_breakdown.png", plot_temporal), ("overlap.png", plot_overlap),
-                       ("comm.png", plot_comm)):
+    for name, plot in (
+        ("temporal_breakdown.png", plot_temporal),
+        ("overlap.png", plot_overlap),
+        ("comm.png", plot_comm),
+    ):
         plot(results, folder / name)
         images.append(name)
     for r in results:
@@ -186,20 +211,24 @@ def write_report(results, folder) -> Path:
             plt.close(fig)
             images.append(name)
     title = "minddp trace analysis: " + " vs ".join(r.run for r in results)
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-             "<style>body{font-family:sans-serif;margin:2em} table{border-collapse:collapse;font-size:13px}"
-             " td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}</style></head><body>",
-             f"<h1>{html.escape(title)}</h1>",
-             "<p>Metric definitions: docs/analysis.md. Times in ms, bytes in MiB, shares in % (of the profiled "
-             "time, or of communication time for overlap), each in its column's header.</p>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+        "<style>body{font-family:sans-serif;margin:2em} table{border-collapse:collapse;font-size:13px}"
+        " td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        "<p>Metric definitions: docs/analysis.md. Times in ms, bytes in MiB, shares in % (of the profiled "
+        "time, or of communication time for overlap), each in its column's header.</p>",
+    ]
     for r in results:
         parts += [f"<h2>Stages side by side: {html.escape(r.run)}</h2>", readable(r.stages).round(3).to_html()]
     parts += [f"<h2>{html.escape(img[:-4].replace('_', ' '))}</h2><img src='{img}' alt='{img}'>" for img in images]
     for r in results:
         parts += [f"<h2>Per rank: {html.escape(r.run)}</h2>", readable(r.summary).round(3).to_html(index=False)]
         if not r.kernels.empty:
-            parts += [f"<h2>Kernel-type breakdown: {html.escape(r.run)}</h2>",
-                      readable(r.kernels).round(3).to_html(index=False)]
+            parts += [
+                f"<h2>Kernel-type breakdown: {html.escape(r.run)}</h2>",
+                readable(r.kernels).round(3).to_html(index=False),
+            ]
     parts.append("</body></html>")
     page = folder / "report.html"
     page.write_text("\n".join(parts), encoding="utf-8")

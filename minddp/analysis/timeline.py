@@ -32,8 +32,14 @@ Example::
 
 from __future__ import annotations
 
-COLORS = {"forward": "#deebf7", "backward": "#6baed6", "message": "#fd8d3c", "wait": "#d62728",
-          "finish": "#8172b3", "optimizer": "#55a868"}
+COLORS = {
+    "forward": "#deebf7",
+    "backward": "#6baed6",
+    "message": "#fd8d3c",
+    "wait": "#d62728",
+    "finish": "#8172b3",
+    "optimizer": "#55a868",
+}
 
 
 def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float = 10.0):
@@ -56,26 +62,39 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
         bars("waits", -0.40, 0.40, COLORS["wait"], label="training thread waits")
         bars("optimizer", -0.40, 0.40, COLORS["optimizer"], label="optimizer step")
         bars("finish", -0.02, 0.06, COLORS["finish"], label="finish (sync ends)")
-        bars("messages", 0.06, 0.30, COLORS["message"], label="message on the wire", edgecolor="#a0522d",
-             linewidth=0.5)
+        bars("messages", 0.06, 0.30, COLORS["message"], label="message on the wire", edgecolor="#a0522d", linewidth=0.5)
         if row.get("sent"):
-            ax.plot(row["sent"], [y + 0.05] * len(row["sent"]), "|", color="black", markersize=5, alpha=alpha,
-                    label="handed to the wire")
+            ax.plot(
+                row["sent"],
+                [y + 0.05] * len(row["sent"]),
+                "|",
+                color="black",
+                markersize=5,
+                alpha=alpha,
+                label="handed to the wire",
+            )
         end = row.get("end", 0.0)
         ax.plot([end, end], [y - 0.45, y + 0.45], color="black", lw=1.2, alpha=alpha, label="step ends")
         right = max([right, end, *(e for _, e in row.get("messages", []))])
     ax.set_yticks(range(len(rows)), [r["label"] for r in rows], fontsize=8)
     for tick, row in zip(ax.get_yticklabels(), rows):
         tick.set_alpha(0.45 if row.get("faded") else 1.0)
-    ax.set_ylim(len(rows) - 0.5, -0.5)                     # the first row on top
-    ax.set_xlim(0, right * 1.02 or 1.0)                    # nothing cut off
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # the first row on top
+    ax.set_xlim(0, right * 1.02 or 1.0)  # nothing cut off
     ax.set_xlabel("ms since the step started", fontsize=8)
     ax.tick_params(axis="x", labelsize=8)
     handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles))                    # one entry per kind, not per row
-    columns = min(len(unique), 8 if width >= 10 else 4)          # a narrow figure wraps its legend
-    ax.legend(unique.values(), unique.keys(), loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7,
-              ncol=columns, frameon=False)
+    unique = dict(zip(labels, handles))  # one entry per kind, not per row
+    columns = min(len(unique), 8 if width >= 10 else 4)  # a narrow figure wraps its legend
+    ax.legend(
+        unique.values(),
+        unique.keys(),
+        loc="lower left",
+        bbox_to_anchor=(0, 1.0),
+        fontsize=7,
+        ncol=columns,
+        frameon=False,
+    )
     if title:
         ax.set_title(title, fontsize=9, pad=8 + 11 * -(-len(unique) // columns))
     ax.figure.tight_layout()
@@ -85,6 +104,7 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
 def rows_from_analysis(result, rank: int = 0) -> list[dict]:
     """The rows of every stage of a :class:`~minddp.analysis.RunAnalysis` (its CPU timeline), one per stage."""
     from minddp.analysis import stage_sort_key
+
     phases, buckets = result.phases, result.buckets
     if phases.empty:
         return []
@@ -101,11 +121,19 @@ def rows_from_analysis(result, rank: int = 0) -> list[dict]:
 
         done = b.dropna(subset=["comm_start_us"]) if len(b) else b
         n = len(b)
-        rows.append({"stage": stage, "label": f"{stage}\n{n} message{'s' if n != 1 else ''}" if n else stage,
-                     "forward": spans("forward"), "backward": spans("backward"), "finish": spans("finish"),
-                     "optimizer": spans("optimizer"),
-                     "messages": [(s * ms, e * ms) for s, e in zip(done["comm_start_us"], done["comm_end_us"])]
-                     if len(done) else [],
-                     "sent": list(b["ready_us"] * ms) if n else [],
-                     "end": float(p.loc[p["phase"] == "step", "end_us"].max()) * ms})
+        rows.append(
+            {
+                "stage": stage,
+                "label": f"{stage}\n{n} message{'s' if n != 1 else ''}" if n else stage,
+                "forward": spans("forward"),
+                "backward": spans("backward"),
+                "finish": spans("finish"),
+                "optimizer": spans("optimizer"),
+                "messages": [(s * ms, e * ms) for s, e in zip(done["comm_start_us"], done["comm_end_us"])]
+                if len(done)
+                else [],
+                "sent": list(b["ready_us"] * ms) if n else [],
+                "end": float(p.loc[p["phase"] == "step", "end_us"].max()) * ms,
+            }
+        )
     return rows

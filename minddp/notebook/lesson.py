@@ -70,14 +70,14 @@ TRACE_ROOT = ROOT / "traces" / "notebooks"
 class Settings:
     """One workload and one set of settings for every stage in every notebook."""
 
-    model: str = "small-llama"       #: offline preset: 5 M parameters, no download
-    batch_size: int = 16             #: examples per rank per micro-batch (the benchmark's small preset)
+    model: str = "small-llama"  #: offline preset: 5 M parameters, no download
+    batch_size: int = 16  #: examples per rank per micro-batch (the benchmark's small preset)
     max_seq_len: int = 64
-    grad_accum: int = 3              #: micro-batches per optimizer step, for every stage (the CLI's default)
-    bucket_cap_mb: float = 4.0       #: bucketed stages and torch's DDP: a few buckets of this model
-    lr: float = 1e-3                 #: AdamW (the CLI's 3e-3 suits its 80 k-parameter default, not this model)
-    seed: int = 314                  #: model init, data, shuffling (the CLI's)
-    warmup: int = 1                  #: untimed steps a trainee takes when built
+    grad_accum: int = 3  #: micro-batches per optimizer step, for every stage (the CLI's default)
+    bucket_cap_mb: float = 4.0  #: bucketed stages and torch's DDP: a few buckets of this model
+    lr: float = 1e-3  #: AdamW (the CLI's 3e-3 suits its 80 k-parameter default, not this model)
+    seed: int = 314  #: model init, data, shuffling (the CLI's)
+    warmup: int = 1  #: untimed steps a trainee takes when built
 
 
 SETTINGS = Settings()
@@ -87,44 +87,69 @@ SETTINGS = Settings()
 def data():
     """The tokenized task (built once per process; deterministic, so every rank builds the same)."""
     from minddp.train.data import prepare_data
-    return prepare_data("synthetic", model=SETTINGS.model, seed=SETTINGS.seed, max_seq_len=SETTINGS.max_seq_len,
-                        say=lambda *_: None)
+
+    return prepare_data(
+        "synthetic", model=SETTINGS.model, seed=SETTINGS.seed, max_seq_len=SETTINGS.max_seq_len, say=lambda *_: None
+    )
 
 
 def make_model(seed: int | None = None) -> torch.nn.Module:
     """The same weights in every process that passes the same seed (default: the settings' seed), on this
     rank's device (:func:`minddp.runtime.device.current_device`: a GPU where the ranks have one, else the CPU)."""
     from minddp.train.models import build_model
+
     d = data()
-    return build_model(SETTINGS.model, vocab_size=d.vocab_size, pad_token_id=d.pad_token_id,
-                       seed=SETTINGS.seed if seed is None else seed).to(current_device())
+    return build_model(
+        SETTINGS.model,
+        vocab_size=d.vocab_size,
+        pad_token_id=d.pad_token_id,
+        seed=SETTINGS.seed if seed is None else seed,
+    ).to(current_device())
 
 
 def describe() -> str:
     """The workload and settings in one sentence, from the objects themselves."""
     from minddp.train.models import count_parameters
+
     model, world = make_model(), dist.get_world_size() if dist.is_initialized() else 1
     tensors = sum(1 for p in model.parameters() if p.requires_grad)
     per_step = SETTINGS.batch_size * SETTINGS.grad_accum * world
-    return (f"Workload: {SETTINGS.model}, {count_parameters(model) / 1e6:.1f} M parameters in {tensors} tensors "
-            f"({count_parameters(model) * 4 / 2**20:.1f} MiB of float32 gradients per sync), on the offline "
-            f"paraphrase task; {SETTINGS.batch_size} examples per rank per micro-batch, {SETTINGS.grad_accum} "
-            f"micro-batches per optimizer step, {world} ranks: {per_step} examples per step. AdamW (lr "
-            f"{SETTINGS.lr:g}), buckets of {SETTINGS.bucket_cap_mb:g} MiB, seed {SETTINGS.seed}.")
+    return (
+        f"Workload: {SETTINGS.model}, {count_parameters(model) / 1e6:.1f} M parameters in {tensors} tensors "
+        f"({count_parameters(model) * 4 / 2**20:.1f} MiB of float32 gradients per sync), on the offline "
+        f"paraphrase task; {SETTINGS.batch_size} examples per rank per micro-batch, {SETTINGS.grad_accum} "
+        f"micro-batches per optimizer step, {world} ranks: {per_step} examples per step. AdamW (lr "
+        f"{SETTINGS.lr:g}), buckets of {SETTINGS.bucket_cap_mb:g} MiB, seed {SETTINGS.seed}."
+    )
 
 
 def step_batches(whole: bool = False):
     """This rank's micro-batches, step after step, on this rank's device; ``whole=True``: the global batch
     (every rank's shard)."""
     from minddp.train.data import step_batches as batches
+
     rank, world = dist.get_rank(), dist.get_world_size()
     d = data()
     if whole:
-        steps = batches(d.train, batch_size=SETTINGS.batch_size * world, grad_accum=SETTINGS.grad_accum,
-                        num_replicas=1, rank=0, seed=SETTINGS.seed, pad_token_id=d.pad_token_id)
+        steps = batches(
+            d.train,
+            batch_size=SETTINGS.batch_size * world,
+            grad_accum=SETTINGS.grad_accum,
+            num_replicas=1,
+            rank=0,
+            seed=SETTINGS.seed,
+            pad_token_id=d.pad_token_id,
+        )
     else:
-        steps = batches(d.train, batch_size=SETTINGS.batch_size, grad_accum=SETTINGS.grad_accum,
-                        num_replicas=world, rank=rank, seed=SETTINGS.seed, pad_token_id=d.pad_token_id)
+        steps = batches(
+            d.train,
+            batch_size=SETTINGS.batch_size,
+            grad_accum=SETTINGS.grad_accum,
+            num_replicas=world,
+            rank=rank,
+            seed=SETTINGS.seed,
+            pad_token_id=d.pad_token_id,
+        )
     device = current_device()
     return ([{k: v.to(device) for k, v in micro.items()} for micro in step] for step in steps)
 
@@ -146,23 +171,37 @@ class Trainee:
     hook of the same name), and its profiled traces show the link's transfers.
     """
 
-    def __init__(self, stage: str, hook: str = "allreduce", powersgd_options: dict | None = None,
-                 measure_error: bool = False, warmup: int | None = None, link: str | None = None):
+    def __init__(
+        self,
+        stage: str,
+        hook: str = "allreduce",
+        powersgd_options: dict | None = None,
+        measure_error: bool = False,
+        warmup: int | None = None,
+        link: str | None = None,
+    ):
         from minddp.comm.link import as_link
         from minddp.comm.wire import Traffic, Wire
         from minddp.ladder import make_optimizer, wrap
 
         self.stage, self.hook = stage, hook
         self.traffic = Traffic()
-        self.link = None if stage == "single" else as_link(link)     # one emulated NIC for all of this stage's sends
+        self.link = None if stage == "single" else as_link(link)  # one emulated NIC for all of this stage's sends
         wire = Wire(None, traffic=self.traffic, link=self.link)
-        self.model = wrap(stage, make_model(), hook=hook, bucket_cap_mb=SETTINGS.bucket_cap_mb, wire=wire,
-                          powersgd_options=powersgd_options, measure=self.traffic if measure_error else None)
+        self.model = wrap(
+            stage,
+            make_model(),
+            hook=hook,
+            bucket_cap_mb=SETTINGS.bucket_cap_mb,
+            wire=wire,
+            powersgd_options=powersgd_options,
+            measure=self.traffic if measure_error else None,
+        )
         # the stage's optimizer: ZeRO-1's sharded one, the shards of zero2 and fsdp (minddp.ladder.make_optimizer)
         self.optimizer = make_optimizer(stage, self.model, torch.optim.AdamW, hook=hook, wire=wire, lr=SETTINGS.lr)
         self.batches = step_batches()
-        self.losses: list[float] = []      #: the global batch's loss, every step taken
-        self.wire: list[dict] = []         #: minddp's traffic meter, every step taken
+        self.losses: list[float] = []  #: the global batch's loss, every step taken
+        self.wire: list[dict] = []  #: minddp's traffic meter, every step taken
         for _ in range(SETTINGS.warmup if warmup is None else warmup):
             self.step()
 
@@ -176,10 +215,11 @@ class Trainee:
         this rank's time.
         """
         from minddp.ladder.loop import train_step
+
         self.traffic.reset()
         batch = next(self.batches)
         if measure:
-            dist.barrier()                              # every rank starts the step together
+            dist.barrier()  # every rank starts the step together
         start = time.perf_counter()
         with watch if watch is not None else contextlib.nullcontext():
             loss = torch.tensor(train_step(self.model, self.optimizer, batch, loss_fn), device=message_device())
@@ -188,8 +228,8 @@ class Trainee:
         if not measure:
             self.losses.append(loss.item())
             return took.item() * 1e3
-        dist.all_reduce(took, op=dist.ReduceOp.MAX)     # a step lasts as long as its slowest rank
-        dist.all_reduce(loss)                           # shard losses -> the global batch's (equal shards)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)  # a step lasts as long as its slowest rank
+        dist.all_reduce(loss)  # shard losses -> the global batch's (equal shards)
         self.losses.append(loss.item() / dist.get_world_size())
         return took.item() * 1e3
 
@@ -197,6 +237,7 @@ class Trainee:
         """Step 1 of the module doc: one step under the profiler, read in memory (every rank's view); over an
         emulated link, with the link's transfers and this rank's waits (:func:`minddp.analysis.live.step_view`)."""
         from minddp.analysis import live
+
         if self.link is not None:
             self.link.log.clear()
             self.link.waits.clear()
@@ -211,19 +252,27 @@ class Trainee:
         """Step 3: one profiler warm-up step, then ``steps`` recorded ones; the trace of this rank goes to
         ``trace_dir/<stage>/rank<r>.pt.trace.json`` (rank 0 writes ``config.json`` beside it)."""
         from minddp.runtime.profiling import StepProfiler, write_json
+
         folder = Path(trace_dir) / self.stage
-        dist.barrier()              # ranks that never talk (single) still start together: their traces overlap
+        dist.barrier()  # ranks that never talk (single) still start together: their traces overlap
         with StepProfiler(str(folder), dist.get_rank(), 1 + steps, active=steps, memory=False) as prof:
             for _ in range(1 + steps):
-                self.step(measure=False)                # nothing in the trace but the training step
+                self.step(measure=False)  # nothing in the trace but the training step
                 prof.step()
         if self.link is not None and prof.written:
-            self.link.annotate_trace(prof.written)      # the link's transfers, as ranges on a thread of their own
+            self.link.annotate_trace(prof.written)  # the link's transfers, as ranges on a thread of their own
         if dist.get_rank() == 0:
-            write_json(str(folder / "config.json"), {"run_name": folder.parent.name, "stage": self.stage,
-                                                     "world_size": dist.get_world_size(), "hook": self.hook,
-                                                     "link": self.link.spec.name if self.link else None,
-                                                     **asdict(SETTINGS)})
+            write_json(
+                str(folder / "config.json"),
+                {
+                    "run_name": folder.parent.name,
+                    "stage": self.stage,
+                    "world_size": dist.get_world_size(),
+                    "hook": self.hook,
+                    "link": self.link.spec.name if self.link else None,
+                    **asdict(SETTINGS),
+                },
+            )
         return folder
 
     def flat_parameters(self) -> torch.Tensor:
@@ -238,6 +287,7 @@ def buckets_of(model) -> int | None:
     """
     from minddp.ddp import DistributedDataParallel
     from minddp.stages import SimpleDDP
+
     if isinstance(model, DistributedDataParallel):
         return len(model.reducer.plan)
     if hasattr(model, "buckets"):
@@ -287,42 +337,59 @@ def ratio(a: float, b: float) -> str:
 def say_look(looks: dict, stage: str, before: str | None = None) -> None:
     """What one profiled step of ``stage`` shows, in sentences (beside the stage before, if given)."""
     v = looks[stage]
-    say(f"{stage}: {v['calls']} all_reduce calls a step, {v['calls_in_backward']} of them started while a "
-        f"backward was running; {mib(v['bytes'])} handed to all_reduce.")
+    say(
+        f"{stage}: {v['calls']} all_reduce calls a step, {v['calls_in_backward']} of them started while a "
+        f"backward was running; {mib(v['bytes'])} handed to all_reduce."
+    )
     if "link_ms" in v and v["calls"] and not v["waits"]:
-        say(f"On the emulated link its messages took {v['link_ms']:.0f} ms (modeled). Its waits are not seen: "
-            "torch's C++ reducer waits on a Future of its own, chained to the link's.")
+        say(
+            f"On the emulated link its messages took {v['link_ms']:.0f} ms (modeled). Its waits are not seen: "
+            "torch's C++ reducer waits on a Future of its own, chained to the link's."
+        )
     elif "link_ms" in v:
-        say(f"On the emulated link its messages took {v['link_ms']:.0f} ms (modeled). The training thread waited "
+        say(
+            f"On the emulated link its messages took {v['link_ms']:.0f} ms (modeled). The training thread waited "
             f"{v['waited_ms']:.0f} ms for them ({v['waits_in_backward']} of its {v['waits']} waits began inside a "
             f"backward); {v['exposed_ms']:.0f} ms of that was the link's own time left exposed, the rest waiting "
-            f"for the other rank or a free core.")
+            f"for the other rank or a free core."
+        )
     if before is not None and before in looks and looks[before]["calls"]:
         b = looks[before]
-        say(f"{before} made {b['calls']} calls ({ratio(v['calls'], b['calls'])} here), {mib(b['bytes'])} "
+        say(
+            f"{before} made {b['calls']} calls ({ratio(v['calls'], b['calls'])} here), {mib(b['bytes'])} "
             f"({ratio(v['bytes'], b['bytes'])}), {b['calls_in_backward']} of them during a backward"
-            + (f"; {b['link_ms']:.0f} ms on the link, {b['exposed_ms']:.0f} ms of it exposed, "
-               f"{b['waits_in_backward']} waits inside a backward." if "link_ms" in b else "."))
+            + (
+                f"; {b['link_ms']:.0f} ms on the link, {b['exposed_ms']:.0f} ms of it exposed, "
+                f"{b['waits_in_backward']} waits inside a backward."
+                if "link_ms" in b
+                else "."
+            )
+        )
 
 
 def look_table(looks: dict):
     """The profiled steps side by side (one row per stage), every column named with its unit; "–": not known."""
     import pandas as pd
-    columns = {"all_reduce calls": lambda v: v["calls"], "MiB to all_reduce": lambda v: round(v["bytes"] / 2**20, 1),
-               "sent during a backward": lambda v: v["calls_in_backward"],
-               "link ms (modeled)": lambda v: round(v["link_ms"], 1),
-               "exposed link ms": lambda v: round(v["exposed_ms"], 1) if v["waits"] else "–",
-               "waits in a backward": lambda v: v["waits_in_backward"] if v["waits"] else "–",
-               "waited ms (measured)": lambda v: round(v["waited_ms"]) if v["waits"] else "–",
-               "step ms (one step)": lambda v: round(v["row"]["end"])}
+
+    columns = {
+        "all_reduce calls": lambda v: v["calls"],
+        "MiB to all_reduce": lambda v: round(v["bytes"] / 2**20, 1),
+        "sent during a backward": lambda v: v["calls_in_backward"],
+        "link ms (modeled)": lambda v: round(v["link_ms"], 1),
+        "exposed link ms": lambda v: round(v["exposed_ms"], 1) if v["waits"] else "–",
+        "waits in a backward": lambda v: v["waits_in_backward"] if v["waits"] else "–",
+        "waited ms (measured)": lambda v: round(v["waited_ms"]) if v["waits"] else "–",
+        "step ms (one step)": lambda v: round(v["row"]["end"]),
+    }
     rows = {}
     for name, v in looks.items():
         rows[name] = {}
         for column, value in columns.items():
             try:
-                rows[name][column] = value(v) if v["calls"] or column.startswith(("all_", "MiB", "sent", "step")) \
-                    else "–"
-            except KeyError:                                   # a look without a link
+                rows[name][column] = (
+                    value(v) if v["calls"] or column.startswith(("all_", "MiB", "sent", "step")) else "–"
+                )
+            except KeyError:  # a look without a link
                 rows[name][column] = "–"
     return pd.DataFrame.from_dict(rows, orient="index", columns=list(columns), dtype=object)
 
@@ -336,6 +403,7 @@ def picture(looks: dict, stage: str, before: str | None = None, rows: list[str] 
     if dist.is_initialized() and dist.get_rank() != 0:
         return None
     from minddp.analysis.timeline import draw_steps
+
     names = rows if rows is not None else [n for n in (before, stage) if n is not None]
     drawn = [dict(looks[n]["row"], faded=rows is None and n != stage) for n in names]
     return draw_steps(drawn, title=title or None, width=9 if rows is None else 11)

@@ -67,8 +67,7 @@ def plain_doc(obj) -> str:
     """``obj``'s docstring as Markdown: reStructuredText roles (``:class:`~a.B```) become ```B```, double
     backquotes single ones, so a reader sees the prose, not the markup."""
     text = inspect.getdoc(obj) or ""
-    text = _ROLE.sub(lambda m: f"`{m.group(1).rsplit('.', 1)[-1]}`" if "~" in m.group(0) else f"`{m.group(1)}`",
-                     text)
+    text = _ROLE.sub(lambda m: f"`{m.group(1).rsplit('.', 1)[-1]}`" if "~" in m.group(0) else f"`{m.group(1)}`", text)
     return text.replace("``", "`").replace("::\n", ":\n")
 
 
@@ -81,7 +80,7 @@ def resolved(cls: type) -> dict[str, tuple[type, object]]:
     """Step 1: every name the stage's own classes define -> (the class whose definition runs, that object)."""
     own = [c for c in cls.__mro__ if c not in (nn.Module, object) and not c.__module__.startswith("torch.")]
     out = {}
-    for klass in reversed(own):                     # later (more derived) definitions win
+    for klass in reversed(own):  # later (more derived) definitions win
         for name, value in vars(klass).items():
             if name.startswith("__") and name not in ("__init__",):
                 continue
@@ -114,7 +113,7 @@ def stage_diff(before: type, after: type, context: int | None = None) -> str:
             continue
         old = _text(*a[name][:1], name, a[name][1]).splitlines(keepends=True) if name in a else []
         new = _text(*b[name][:1], name, b[name][1]).splitlines(keepends=True) if name in b else []
-        if old == new:                    # written again, word for word (a stage that holds its own copy)
+        if old == new:  # written again, word for word (a stage that holds its own copy)
             same.append(f"{name} (same code, in {where(b[name][0])})")
             continue
         if context is not None and not old and len(new) > 3:
@@ -137,7 +136,7 @@ def _brief(lines: list[str]) -> list[str]:
         head.append(line)
         if line.rstrip().endswith(":") and not line.lstrip().startswith("@"):
             break
-    after = lines[len(head):]
+    after = lines[len(head) :]
     if after and after[0].lstrip().startswith(('"' * 3, "'" * 3)):
         head.append(after[0])
     indent = len(after[0]) - len(after[0].lstrip()) if after else 4
@@ -146,8 +145,10 @@ def _brief(lines: list[str]) -> list[str]:
 
 def show_diff(before: type, after: type, context: int | None = None) -> None:
     """Display :func:`stage_diff` as a highlighted diff."""
-    _show_markdown(f"What changed from `{before.__name__}` to `{after.__name__}`, method by method:\n\n"
-                   f"```diff\n{stage_diff(before, after, context).rstrip()}\n```")
+    _show_markdown(
+        f"What changed from `{before.__name__}` to `{after.__name__}`, method by method:\n\n"
+        f"```diff\n{stage_diff(before, after, context).rstrip()}\n```"
+    )
 
 
 def _show_markdown(text: str) -> None:
