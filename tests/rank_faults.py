@@ -2,18 +2,17 @@
 
 ``launch`` pickles its function by name, so what runs in the ranks must be a
 module-level function: :func:`train_rank_with_fault` is ``train_rank`` with
-``minddp.ladder.loop.train_step`` wrapped to call ``fault(*args)`` (also module-level)
-before the ``call``-th step of this rank.
+the ``train_step`` it calls (``minddp.train.run.train_step``, the ladder's loop) wrapped to call
+``fault(*args)`` (also module-level) before the ``call``-th step of this rank.
 """
 
 from __future__ import annotations
 
 
 def train_rank_with_fault(cfg, stage, data, folder, fault, call, *args):
-    import minddp.ladder.loop
     from minddp.train import run as train
 
-    real, calls = minddp.ladder.loop.train_step, []
+    real, calls = train.train_step, []
 
     def train_step(*step_args):
         calls.append(1)
@@ -21,5 +20,5 @@ def train_rank_with_fault(cfg, stage, data, folder, fault, call, *args):
             fault(*args)
         return real(*step_args)
 
-    minddp.ladder.loop.train_step = train_step
+    train.train_step = train_step
     return train.train_rank(cfg, stage, data, folder)
