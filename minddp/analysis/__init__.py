@@ -17,15 +17,23 @@ a whole run, on whatever hardware recorded it:
    (:attr:`RunAnalysis.buckets`) and the step's forward, backward, finish and
    optimizer spans (:attr:`RunAnalysis.phases`).
 
-Example::
+Example (on one rank; the trace of a tiny run)::
 
+    >>> import os, tempfile
+    >>> import torch.distributed as dist
+    >>> from minddp.runtime.profiling import StepProfiler
+    >>> run = tempfile.TemporaryDirectory()                     # a run folder: one stage, one rank
+    >>> with StepProfiler(os.path.join(run.name, "simple"), rank=0, total_steps=3, active=2) as prof:
+    ...     for step in range(3):                               # a step: a matmul, two all_reduces
+    ...         g = torch.ones(64, 64) @ torch.ones(64, 64)
+    ...         dist.all_reduce(g); dist.all_reduce(torch.ones(10))
+    ...         prof.step()
     >>> from minddp.analysis import analyze_run
-    >>> result = analyze_run("traces/demo")
-    >>> result.stages[["comm_comp_overlap_pctg", "allreduce_calls_per_step"]]
-                  comm_comp_overlap_pctg  allreduce_calls_per_step
+    >>> result = analyze_run(run.name)
+    >>> result.stages[["allreduce_calls_per_step", "allreduce_bytes_per_step"]]   # 64·64·4 + 10·4 bytes
+           allreduce_calls_per_step  allreduce_bytes_per_step
     stage
-    simple                          0.3                      14.0
-    bucket-async                   21.0                       6.0
+    simple                      2.0                   16424.0
 """
 
 from __future__ import annotations

@@ -13,11 +13,23 @@ HTA reads GPU kernels; a CPU trace has none. The same quantities are in the CPU 
 
 How each is matched, step by step: ``docs/analysis.md`` (How a CPU trace is read).
 
-Example::
+Example (on one rank; the trace of a tiny run)::
 
-    >>> iv = rank_intervals(trace)                   # a RankTrace from events.read_trace
-    >>> metrics.overlap_pct(iv.comm, iv.compute)
-    37.5
+    >>> import os, tempfile
+    >>> import torch.distributed as dist
+    >>> from minddp.runtime.profiling import StepProfiler
+    >>> run = tempfile.TemporaryDirectory()                     # a run folder: one stage, one rank
+    >>> with StepProfiler(os.path.join(run.name, "simple"), rank=0, total_steps=3, active=2) as prof:
+    ...     for step in range(3):                               # a step: a matmul, two all_reduces
+    ...         g = torch.ones(64, 64) @ torch.ones(64, 64)
+    ...         dist.all_reduce(g); dist.all_reduce(torch.ones(10))
+    ...         prof.step()
+    >>> from minddp.analysis.events import load_run
+    >>> iv = rank_intervals(load_run(run.name).stages["simple"].ranks[0])
+    >>> len(iv.steps), len(iv.allreduces)                      # 2 profiled steps, 2 all_reduces each
+    (2, 4)
+    >>> 0.0 <= metrics.overlap_pct(iv.comm, iv.compute) <= 100.0   # % of comm hidden by compute: a timing
+    True
 """
 
 from __future__ import annotations

@@ -16,13 +16,22 @@ Loading checks, in order, and stops at the first problem with a
    stage were recorded at the same time (their time ranges overlap), which
    is how traces copied in from another run give themselves away.
 
-Example::
+Example (on one rank; the trace of a tiny run)::
 
-    >>> run = load_run("traces/demo")
-    >>> sorted(run.stages)
-    ['bucket', 'simple']
-    >>> run.stages["simple"].ranks[0].events[0]["name"]
-    'ProfilerStep#1'
+    >>> import os, tempfile
+    >>> import torch.distributed as dist
+    >>> from minddp.runtime.profiling import StepProfiler
+    >>> run = tempfile.TemporaryDirectory()                     # a run folder: one stage, one rank
+    >>> with StepProfiler(os.path.join(run.name, "simple"), rank=0, total_steps=3, active=2) as prof:
+    ...     for step in range(3):                               # a step: a matmul, two all_reduces
+    ...         g = torch.ones(64, 64) @ torch.ones(64, 64)
+    ...         dist.all_reduce(g); dist.all_reduce(torch.ones(10))
+    ...         prof.step()
+    >>> run_traces = load_run(run.name)
+    >>> sorted(run_traces.stages), sorted(run_traces.stages["simple"].ranks)
+    (['simple'], [0])
+    >>> sorted({e["name"] for e in run_traces.stages["simple"].ranks[0].events if "ProfilerStep" in e["name"]})
+    ['ProfilerStep#1', 'ProfilerStep#2']
 """
 
 from __future__ import annotations

@@ -17,10 +17,22 @@
 
 With two runs (``--compare``) the bar plots show both runs' bars side by side.
 
-Example::
+Example (on one rank; the trace of a tiny run)::
 
-    >>> write_report([analyze_run("traces/demo")], "traces/demo")
-    PosixPath('traces/demo/report.html')
+    >>> import os, tempfile
+    >>> import torch.distributed as dist
+    >>> from minddp.runtime.profiling import StepProfiler
+    >>> run = tempfile.TemporaryDirectory()                     # a run folder: one stage, one rank
+    >>> with StepProfiler(os.path.join(run.name, "simple"), rank=0, total_steps=3, active=2) as prof:
+    ...     for step in range(3):                               # a step: a matmul, two all_reduces
+    ...         g = torch.ones(64, 64) @ torch.ones(64, 64)
+    ...         dist.all_reduce(g); dist.all_reduce(torch.ones(10))
+    ...         prof.step()
+    >>> from minddp.analysis import analyze_run
+    >>> write_report([analyze_run(run.name)], run.name).name
+    'report.html'
+    >>> sorted(p for p in os.listdir(run.name) if p.endswith(".png"))
+    ['bucket_timeline.png', 'comm.png', 'overlap.png', 'temporal_breakdown.png']
 """
 
 from __future__ import annotations

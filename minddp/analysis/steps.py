@@ -11,10 +11,22 @@ a rank's trace to :class:`RankIntervals`; from there:
    ``Input Dims``/``Input type`` that ``record_shapes=True`` stores;
 4. comm time of a step is ``|comm ∩ step|`` (see :mod:`~minddp.analysis.metrics`).
 
-Example::
+Example (on one rank; the trace of a tiny run)::
 
-    >>> per_step_means(rank_intervals(trace))["allreduce_calls_per_step"]
-    6.0
+    >>> import os, tempfile
+    >>> import torch.distributed as dist
+    >>> from minddp.runtime.profiling import StepProfiler
+    >>> run = tempfile.TemporaryDirectory()                     # a run folder: one stage, one rank
+    >>> with StepProfiler(os.path.join(run.name, "simple"), rank=0, total_steps=3, active=2) as prof:
+    ...     for step in range(3):                               # a step: a matmul, two all_reduces
+    ...         g = torch.ones(64, 64) @ torch.ones(64, 64)
+    ...         dist.all_reduce(g); dist.all_reduce(torch.ones(10))
+    ...         prof.step()
+    >>> from minddp.analysis.cpu import rank_intervals
+    >>> from minddp.analysis.events import load_run
+    >>> means = per_step_means(rank_intervals(load_run(run.name).stages["simple"].ranks[0]))
+    >>> means["steps"], means["allreduce_calls_per_step"], means["allreduce_bytes_per_step"]  # 64·64·4 + 10·4
+    (2, 2.0, 16424.0)
 """
 
 from __future__ import annotations
