@@ -37,10 +37,18 @@ How each column is computed (``docs/benchmarks.md`` repeats this for readers):
    (:func:`minddp.bench.worker.fresh_peak_bytes`: the profiler's ``[memory]``
    events on CPU, ``torch.cuda.max_memory_allocated`` on GPU).
 
-Example::
+Example (one rank's samples, made by hand: three timed steps of torch's DDP and of ``ddp``)::
 
-    >>> rows = summarize(configs, per_rank)
-    >>> print(markdown_table(rows))
+    >>> from minddp.bench.configs import BenchConfig
+    >>> configs = [BenchConfig("torch", "torch"), BenchConfig("ddp", "ddp", ref="torch")]
+    >>> def samples(ms, hidden):          # what bench_rank returns for a configuration (times in s)
+    ...     return {"times": [t / 1e3 for t in ms], "cpu": [t / 2e3 for t in ms], "overlap": [(hidden, 10.0)],
+    ...             "calls": [2, 2, 2], "bytes": [4096] * 3, "trace_traffic": [(2, 4096)] * 3}
+    >>> rows = summarize(configs, [{"torch": samples([10, 11, 12], 5.0), "ddp": samples([10, 10.5, 11], 6.0)}])
+    >>> [(r["config"], r["median_ms"], round(r["ratio_to_torch"], 3), r["overlap_pct"]) for r in rows]
+    [('torch', 11.0, 1.0, 50.0), ('ddp', 10.5, 0.955, 60.0)]
+    >>> print(markdown_table(rows).splitlines()[-1])
+    | ddp | 10.50 | 10.25–10.75 | 10.00–11.00 | 0.955 (0.92–1.00) | – | 60.0 (60–60) | 5.25 | 2.0 | 0.004 | – |
 """
 
 from __future__ import annotations

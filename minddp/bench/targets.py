@@ -45,9 +45,18 @@ resamples whole launches and rounds, paired across the configurations compared
 * ``within noise``: it misses, but the interval reaches the target: this run
   cannot tell a miss from a pass (a second run may well judge it the other way).
 
-Example::
+Example (rows of one rank's samples, made by hand: torch's DDP and ``ddp``, three timed steps each)::
 
-    >>> for t in check_targets(rows): print(t["target"], t["measured"], t["verdict"])
+    >>> from minddp.bench.configs import BenchConfig
+    >>> from minddp.bench.report import summarize
+    >>> def samples(ms, hidden):          # what bench_rank returns for a configuration (times in s)
+    ...     return {"times": [t / 1e3 for t in ms], "cpu": [t / 2e3 for t in ms], "overlap": [(hidden, 10.0)],
+    ...             "calls": [2, 2, 2], "bytes": [4096] * 3, "trace_traffic": [(2, 4096)] * 3}
+    >>> rows = summarize([BenchConfig("torch", "torch"), BenchConfig("ddp", "ddp", ref="torch")],
+    ...                  [{"torch": samples([10, 11, 12], 5.0), "ddp": samples([10, 10.5, 11], 6.0)}])
+    >>> for t in check_targets(rows): print(t["target"], "|", t["measured"], "|", t["verdict"])
+    ddp step ≤ 1.05 × torch | 0.955 × (90 % CI 0.92–1.00) | yes
+    context: ddp overlap ≥ torch's C++ default | 60.0 vs 50.0 % (rounds 60–60 vs 50–50) | yes
 """
 
 from __future__ import annotations

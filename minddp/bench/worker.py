@@ -35,9 +35,19 @@
    built afresh under the profiler and runs the same steps, for its memory
    high-water (:func:`fresh_peak_bytes`).
 
-Example::
+Example (one rank: torch's DDP with its Python ``allreduce_hook``, counted)::
 
-    >>> launch(bench_rank, configs, cfg, data, rounds=4, steps=10, warmup=2, trace_dir=None)
+    >>> from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    >>> from minddp.comm.wire import Traffic
+    >>> ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    >>> ddp.register_comm_hook(None, allreduce_hook)
+    >>> traffic = Traffic()
+    >>> with counting_torch_all_reduce(traffic):
+    ...     ddp(torch.ones(3, 4)).sum().backward()
+    >>> traffic.calls, traffic.bytes                 # one bucket: (4·2 + 2) float32 gradients
+    (1, 40)
+    >>> from minddp.runtime.launch import launch     # the whole benchmark: ranks that train for minutes
+    >>> launch(bench_rank, configs, cfg, data, rounds=4, steps=10, warmup=2, trace_dir=None)  # doctest: +SKIP
 """
 
 from __future__ import annotations
