@@ -24,18 +24,6 @@ import minddp
 MODULES = sorted(m.name for m in pkgutil.walk_packages(minddp.__path__, "minddp.") if not m.name.endswith("__main__"))
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
-#: Modules whose examples are still sketches (names they never define, output they never print): issue 32
-#: item 3 rewrote the core's (stages, comm, ddp, sharding, collectives, launch, hang) and left these for a
-#: next pass. Strict: a module that starts to pass fails here until it leaves the list.
-PENDING = frozenset(
-    {
-        "minddp.costmodel",
-        "minddp.costmodel.auto",
-        "minddp.costmodel.figures",
-        "minddp.costmodel.trace",
-    }
-)
-
 
 @pytest.fixture(scope="module")
 def one_rank_group():
@@ -56,15 +44,7 @@ def examples(module) -> list[doctest.DocTest]:
     ]
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(m, marks=pytest.mark.xfail(strict=True, reason="examples not yet rewritten to run (PENDING)"))
-        if m in PENDING
-        else m
-        for m in MODULES
-    ],
-)
+@pytest.mark.parametrize("name", MODULES)
 def test_the_docstring_examples_run(one_rank_group, monkeypatch, name):
     monkeypatch.delenv("MINDDP_BACKEND", raising=False)  # as a user runs them: the suite's gloo pin off
     module = importlib.import_module(name)
@@ -85,7 +65,7 @@ def test_the_docstring_examples_run(one_rank_group, monkeypatch, name):
 
 def test_most_examples_run_rather_than_being_skipped():
     ran = skipped = 0
-    for name in sorted(set(MODULES) - PENDING):
+    for name in MODULES:
         for test in examples(importlib.import_module(name)):
             for example in test.examples:
                 if example.options.get(doctest.SKIP):

@@ -31,8 +31,20 @@ measured rather than guessed:
 
 Example::
 
-    >>> cap, why = choose_bucket_cap(model, "bucket-async", batches, loss_fn, Link("1gbit"), device, say=print)
-    --bucket-cap-mb auto: 0.25 MiB (2 buckets) for bucket-async on 2 ranks over 1gbit: ...
+    >>> from minddp.costmodel.compute import ComputeProfile
+    >>> cp = ComputeProfile(nbytes=[4_000_000] * 4, forward=0.010, backward=0.030,  # 4 gradients of 4 MB,
+    ...                     ready=[0.030, 0.0225, 0.015, 0.0075])                   # ready through backward
+    >>> choice = best_cap(cp, "bucket-async", world=8, link="1gbit")
+    >>> choice.cap_mb, choice.buckets
+    (5.0, 2)
+    >>> print(choice.explain())
+    --bucket-cap-mb auto: 5 MiB (2 buckets) for bucket-async on 8 ranks over 1gbit: predicted 250.4 ms/step, ...
+    >>> from minddp.comm.link import Link                         # on every rank of a run (here, one):
+    >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2))
+    >>> batches = iter([[{"x": torch.ones(4, 64)}]])              # 17 KB of gradients: one bucket at any cap
+    >>> cap, why = choose_bucket_cap(model, "bucket-async", batches, lambda m, b: m(b["x"]).sum(),
+    ...                              Link("1gbit"), torch.device("cpu"), say=print)
+    --bucket-cap-mb auto: 0.025 MiB (1 bucket) for bucket-async on 1 ranks over 1gbit: predicted ... ms/step, ...
 """
 
 from __future__ import annotations

@@ -11,11 +11,34 @@ Two figures, each from a run folder written by
   run's profiled steps on each of several links, beside the run's measured
   step: what the same code would do on a faster or slower network.
 
-Example (a notebook cell)::
+Example (on one rank; a tiny run with a link, profiled)::
 
+    >>> import os, tempfile
+    >>> from minddp.comm.link import Link
+    >>> from minddp.comm.wire import Wire
+    >>> from minddp.ladder import make_optimizer, wrap
+    >>> from minddp.ladder.loop import train_step
+    >>> from minddp.runtime.profiling import StepProfiler
+    >>> link = Link("1gbit"); wire = Wire(None, link=link)        # every message through the emulated link
+    >>> model = wrap("bucket-async", torch.nn.Linear(256, 256), bucket_cap_mb=25, wire=wire)
+    >>> opt = make_optimizer("bucket-async", model, torch.optim.SGD, wire=wire, lr=0.01)
+    >>> run = tempfile.TemporaryDirectory()
+    >>> with StepProfiler(os.path.join(run.name, "bucket-async"), 0, total_steps=3, active=2, memory=False) as prof:
+    ...     for step in range(3):                                     # one warm-up step, two profiled
+    ...         _ = train_step(model, opt, [torch.ones(8, 256)], lambda m, x: m(x).sum())
+    ...         prof.step()
+    >>> link.annotate_trace(prof.path)                            # transfers placed: one a profiled step
+    2
+    >>> link.close()
+    >>> import json
+    >>> with open(os.path.join(run.name, "bucket-async", "config.json"), "w") as f:
+    ...     json.dump({"stage": "bucket-async", "link": "1gbit"}, f)
     >>> from minddp.costmodel.figures import ladder_on_link, predicted_ladder
-    >>> ladder_on_link("traces/story-100mbit")
-    >>> predicted_ladder("traces/story-100mbit", links=["100mbit", "1gbit", "10gbit"])
+    >>> ladder_on_link(run.name).axes[0].get_title()
+    'the ladder on 1gbit (measured)'
+    >>> fig = predicted_ladder(run.name, links=["100mbit", "1gbit", "10gbit"])
+    >>> [t.get_text() for t in fig.axes[0].get_xticklabels()], len(fig.axes[0].patches)   # 2 bars a link
+    (['bucket-async'], 6)
 """
 
 from __future__ import annotations

@@ -33,10 +33,30 @@ From them, per step:
 4. ``late`` = the median, over the step's messages, of delivery minus the
    later of modeled end and real end: how late the emulation delivers.
 
-Example::
+Example (on one rank; a tiny run with a link, profiled)::
 
-    >>> profiles = step_profiles("traces/run/bucket-async/rank0.pt.trace.json.gz", "bucket-async", world=2)
-    >>> typical(profiles).compute
+    >>> import os, tempfile
+    >>> from minddp.comm.link import Link
+    >>> from minddp.comm.wire import Wire
+    >>> from minddp.ladder import make_optimizer, wrap
+    >>> from minddp.ladder.loop import train_step
+    >>> from minddp.runtime.profiling import StepProfiler
+    >>> link = Link("1gbit"); wire = Wire(None, link=link)        # every message through the emulated link
+    >>> model = wrap("bucket-async", torch.nn.Linear(256, 256), bucket_cap_mb=25, wire=wire)
+    >>> opt = make_optimizer("bucket-async", model, torch.optim.SGD, wire=wire, lr=0.01)
+    >>> run = tempfile.TemporaryDirectory()
+    >>> with StepProfiler(os.path.join(run.name, "bucket-async"), 0, total_steps=3, active=2, memory=False) as prof:
+    ...     for step in range(3):                                     # one warm-up step, two profiled
+    ...         _ = train_step(model, opt, [torch.ones(8, 256)], lambda m, x: m(x).sum())
+    ...         prof.step()
+    >>> link.annotate_trace(prof.path)                            # transfers placed: one a profiled step
+    2
+    >>> link.close()
+    >>> profiles = step_profiles(prof.path, "bucket-async", world=1)
+    >>> len(profiles), [(m.kind, m.nbytes) for m in profiles[0].messages]   # one bucket: 256·256 + 256 floats
+    (2, [('all_reduce', 263168)])
+    >>> typical(profiles) in profiles                             # a real step, not an average
+    True
 """
 
 from __future__ import annotations
