@@ -2,13 +2,16 @@
 
 A benchmark, not a test. On a GPU that launches kernels faster than Python can issue them, every
 microsecond a wrapper spends per parameter lands on the step; on a CPU that cost can be measured on
-its own: the training thread's CPU time (``time.thread_time``, not the time it waits for a
-collective) per micro-batch, on a model of many tiny parameters (``--blocks`` blocks of
-``Linear(w, w)`` + ``LayerNorm(w)``), for no wrapper, torch's DDP and each stage in ``--stage``.
-The configurations take turns step by step; the ``no_sync`` micro-batches and the sync one are
-timed apart, and :func:`summarize` takes each difference step by step into ``overhead.md`` and
-``overhead.csv`` under ``--out``. ``docs/benchmarks.md`` (*Host CPU per micro-batch*) says how a run
-goes and what it found.
+its own, as the training thread's CPU time (``time.thread_time``, not its waits) per micro-batch:
+
+1. **model**: ``--blocks`` blocks of ``Linear(w, w)`` + ``LayerNorm(w)``, many tiny parameters;
+2. **configurations**: no wrapper, torch's DDP, and each minddp stage in ``--stage`` (default ``ddp``);
+3. **steps**: ``--accum`` micro-batches, all but the last under ``no_sync()``, the configurations
+   taking turns step by step, each micro-batch timed apart;
+4. **report** (:func:`summarize`): each wrapper's overhead over no wrapper and over torch's DDP, per
+   micro-batch and per parameter, into ``overhead.md`` and ``overhead.csv`` under ``--out``.
+
+``docs/benchmarks.md`` (*Host CPU per micro-batch*) says how a run goes and what it found.
 
 Example::
 

@@ -1,16 +1,19 @@
 """The rank side of the exercise checker: train a learner's stage beside two oracles and say what differs.
 
-Runs inside each rank of the checker's :class:`~minddp.notebook.Cluster` (:mod:`minddp.exercises.checker`
+Runs in each rank of the checker's :class:`~minddp.notebook.Cluster` (:mod:`minddp.exercises.checker`
 starts it and reads the reports). A learner's collectives go through the default process group, the
 checker's own through a group of its own, so a wrong stage can only hang or fail in its own group.
-For a stage (:func:`check_stage_on_rank`): **reference** (train the model answer named by ``like``
-and count its collectives), **start** (a different seed on every rank; all must then hold rank 0's
-weights), **steps** (every ``.grad`` after ``finish_gradient_synchronization()`` compared with the
-average over ranks and the usual mistakes; the step's events recorded in order by :class:`Events`, so
-collectives are counted and placed without a clock), **oracles** (parameters against a single process
-and torch's DDP), **report** (one JSON line, ``MARK`` + the report, even when the learner's code
-raised). For a comm hook, :func:`check_hook_on_rank`. ``notebooks/README.md`` (*Exercises and their
-checker*, *On the ranks*) tells each phase in full.
+For a stage (:func:`check_stage_on_rank`):
+
+1. **reference**: train the model answer named by ``like``, counting its collectives;
+2. **start**: a different seed on every rank; all must then hold rank 0's weights;
+3. **steps**: every ``.grad`` after ``finish_gradient_synchronization()`` compared with the average
+   over ranks and the usual mistakes; the step's events recorded in order (:class:`Events`);
+4. **oracles**: the parameters against a single process and torch's DDP;
+5. **report**: one JSON line (``MARK`` + the report), even when the learner's code raised.
+
+For a comm hook, :func:`check_hook_on_rank`. ``notebooks/README.md`` (*Exercises and their checker*)
+tells each step in full.
 
 Example::
 

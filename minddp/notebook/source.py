@@ -2,11 +2,15 @@
 
 The notebooks never copy code into a cell: :func:`show_source` shows the code that runs
 (:func:`inspect.getsource`), so a change to :mod:`minddp.stages` shows up at their next run.
-"What changed" (:func:`stage_diff`, :func:`show_diff`) is a diff of **behaviour**, not of files: each
-method (and class attribute) is resolved as Python resolves it, the first class in the MRO that
-defines it; a method resolved to the same function in both stages is listed as unchanged, one in only
-one stage is shown whole, one that resolves to two functions as a unified diff, marked where the new
-one calls ``super()``. ``notebooks/README.md`` (*How the notebooks run*) says why.
+"What changed" (:func:`stage_diff`, :func:`show_diff`) is a diff of **behaviour**, not of files:
+
+1. every method (and class attribute) of each stage is resolved as Python resolves it (the first
+   class in the MRO that defines it);
+2. one resolved to the same function in both stages is listed as unchanged, one in only one stage is
+   shown whole, one that resolves to two functions as a unified diff;
+3. a new version that calls ``super()`` is marked: the old one still runs inside it.
+
+``notebooks/README.md`` (*How the notebooks run*) says why.
 
 Example::
 

@@ -1,12 +1,16 @@
 """One persistent rank of a notebook cluster: wait for a cell, run it, report, repeat.
 
 :func:`minddp.runtime.launch.launch` runs one function per rank and ends the ranks; a notebook needs
-ranks that *stay*, so that ``model`` built in one cell is still there in the next. Each worker joins
-the default process group (:func:`minddp.runtime.launch.join_group`), waits on its own queue for a
-cell, a request to destroy or rebuild its group, or the order to stop; runs each cell in a namespace
-that holds ``torch``, ``dist``, ``rank``, ``world_size`` and ``device`` (:func:`run_cell`: output
-captured and passed on live, a trailing expression evaluated, figures rendered to PNG), and sends
-one report back. A watchdog thread ends it when the process that started the cluster is gone.
+ranks that *stay*, so that ``model`` built in one cell is still there in the next. Each worker:
+
+1. joins the default process group (:func:`minddp.runtime.launch.join_group`) and fills a namespace
+   with ``torch``, ``dist``, ``rank``, ``world_size`` and ``device``;
+2. waits on its own queue for a cell, a request to destroy or rebuild its group, or the order to stop;
+3. runs a cell (:func:`run_cell`: output captured and passed on live, a trailing expression
+   evaluated, figures rendered to PNG);
+4. sends one report back, the exception included, and goes back to step 2.
+
+A watchdog thread ends it when the process that started the cluster is gone.
 ``notebooks/README.md`` (*How the notebooks run*) tells the whole cycle.
 
 Example::
