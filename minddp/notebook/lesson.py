@@ -1,10 +1,10 @@
 """What the step-through notebooks share: one workload, one set of settings, one way to run a stage.
 
-Every notebook trains the offline ``small-llama`` preset on the offline paraphrase task, 16 examples
-per rank per micro-batch, with :data:`SETTINGS` (3 micro-batches per step, AdamW, 4 MiB buckets,
-seed 314), so that a number in one notebook means what it means in the next. A :class:`Trainee` is
-one stage (wrapped by :func:`minddp.ladder.wrap`) training it on this rank, alive between cells;
-three ways to look at it:
+Every notebook that trains uses the offline ``small-llama`` preset on the offline paraphrase task,
+16 examples per rank per micro-batch, with :data:`SETTINGS` (3 micro-batches per step, AdamW, 4 MiB
+buckets, seed 314), so that a number in one notebook means what it means in the next. A
+:class:`Trainee` is one stage (wrapped by :func:`minddp.ladder.wrap`) training it on this rank, alive
+between cells; three ways to look at it:
 
 1. :meth:`Trainee.look`: one step under the profiler, read in memory (all_reduce calls and bytes,
    how many started during a backward, what the step did after the last backward);
