@@ -2,32 +2,18 @@
 
 A benchmark, not a test: it measures, it asserts nothing. One run:
 
-1. **prepare** the train command's model and data (offline default: the
-   tiny Llama on synthetic paraphrase pairs) and its settings (batch 8 per
-   rank, 3 micro-batches, ``bucket_cap_mb`` 0.1, AdamW);
-2. **launch** the ranks (:mod:`.worker`), ``--launches`` times (3), the
-   rounds shared out over the launches: in each, every configuration
-   (:mod:`.configs`: each stage, torch's DDP, each with ``noop_hook``,
-   PowerSGD rank 1/4 and fp16 ours vs torch's, ``gradient_as_bucket_view``
-   ours vs torch's) is built once and trained in turn, alternating over
-   rounds in a shuffled order so noise hits all alike; then a short
-   profiled window per configuration. Fresh processes per launch, because
-   a launch's luck (which cores, memory and threads its processes got)
-   stays with it for all its rounds;
-3. **report** (:mod:`.report`): median and spread of step time, ratio to
-   torch's DDP, exposed comm, overlap %, training-thread CPU time,
-   all_reduce calls/bytes, peak memory (the launches pooled, :func:`.report.pool`); ``results.md``/``.csv``/``.json``
-   and ``step_times.png`` in
-   ``results/bench-<date>/``, ending with the targets judged (:mod:`.targets`).
+1. **prepares** the train command's model, data and settings (offline default: the tiny Llama on
+   synthetic paraphrase pairs);
+2. **launches** the ranks (:mod:`.worker`) ``--launches`` times, the rounds shared out over them; in
+   each round every configuration (:mod:`.configs`) trains in turn, in a shuffled order, then a short
+   profiled window per configuration;
+3. **reports** (:mod:`.report`) step time, ratio to torch's DDP, exposed comm, overlap, CPU time,
+   all_reduce traffic and peak memory into ``results/bench-<date>/``, with the targets judged
+   (:mod:`.targets`).
 
-``python -m minddp.bench overhead`` (:mod:`.overhead`) measures something
-else: the host CPU a DDP wrapper costs per micro-batch, ``no_sync`` and
-synced apart, on a model of many tiny parameters (what a launch-bound GPU
-pays for every microsecond of Python per parameter).
-
-``--pool DIR DIR ...`` runs nothing: it reads saved runs and judges them as
-one run whose rounds are all of theirs (:func:`.report.pool`), for intervals
-tighter than one run can give.
+``python -m minddp.bench overhead`` (:mod:`.overhead`) measures the host CPU a wrapper costs per
+micro-batch; ``--pool DIR DIR ...`` judges saved runs as one. ``docs/benchmarks.md`` has the latest
+results, the caveats and the method (*Method*: why launches and turns, what each column measures).
 
 Example::
 

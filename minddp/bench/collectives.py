@@ -1,43 +1,19 @@
 """``python -m minddp.bench collectives``: collective times over message sizes, and an α-β fit per collective.
 
-A benchmark, not a test. On the ranks it starts, for each network (``gloo``
-as it is on this machine, and gloo under each emulated ``--links``,
-:mod:`minddp.comm.link`), each collective (``all_reduce``,
-``reduce_scatter``, ``all_gather``, ``broadcast``) and each payload size
-(1 KiB to 64 MiB, doubling), it:
+A benchmark, not a test. On the ranks it starts, for each network (``gloo`` as it is here, and gloo
+under each emulated ``--links``, :mod:`minddp.comm.link`), each collective (``all_reduce``,
+``reduce_scatter``, ``all_gather``, ``broadcast``) and each payload size (1 KiB to 64 MiB, doubling), it:
 
-1. **times** ``--iters`` calls after ``--warmup`` (three times as many up to
-   1 MiB, where a call is cheap and noise is largest), all ranks starting
-   together (a barrier before each); a call's time is the slowest rank's, and
-   a size's time the median over calls. The payload ``S`` is what the link model
-   counts: the tensor for all_reduce and broadcast, the whole input of
-   reduce_scatter, the whole output of all_gather;
-2. **fits** ``t = a + b·S`` per (network, collective) twice:
+1. **times** ``--iters`` calls, all ranks starting together; a size's time is the median of the
+   slowest rank's;
+2. **fits** ``t = a + b·S`` twice per (network, collective): the **α-β fit** (least squares on the
+   times, large sizes dominate) and the **relative fit** (every size alike: what a small message
+   costs), each read under the ring model of :meth:`~minddp.comm.link.LinkSpec.seconds`;
+3. **writes** ``collectives.csv``, ``collectives.md`` and ``collectives.png`` to ``--out``.
 
-   * the **α-β fit**: ordinary least squares on the times, with ``a ≥ 0`` (a
-     message cannot cost less than nothing), judged by the usual ``R²``. The
-     large sizes dominate it, as they dominate a training step's traffic;
-   * the **relative fit**: least squares on relative error, every size from
-     1 KiB to 64 MiB weighing alike, judged by ``R²`` of the logarithms and
-     its largest relative miss: what a *small* message costs, where the α-β
-     fit's ``a`` is poorly pinned;
-
-   and reads each under the ring model of
-   :meth:`~minddp.comm.link.LinkSpec.seconds`: ``α = a / hops`` and
-   ``β = share / b`` (bus bandwidth). On an emulated link the fits should
-   find the link's own β; ``a`` is the link's α plus what a message costs
-   here (gloo's own time for small messages, the link thread's wake-up),
-   which is why it is fitted and not assumed;
-3. **writes** ``collectives.csv`` (every size), ``collectives.md`` (the fits),
-   ``collectives.png`` (measured points and fitted lines, one panel per
-   collective) to ``--out``.
-
-``--transports ring,naive`` also times minddp's hand-written collectives
-(:mod:`minddp.collectives`: all_reduce, reduce_scatter, all_gather) as networks
-of their own, and ``--transports wire`` what :class:`~minddp.comm.wire.Wire`
-does with torch's transport: on gloo its reduce_scatter is an all_reduce that
-keeps this rank's chunk (the command behind that choice is
-``--collectives reduce_scatter --transports wire --links none``).
+``--transports ring,naive,wire`` adds minddp's hand-written collectives and the comm layer's
+:class:`~minddp.comm.wire.Wire` as networks of their own. ``docs/scaling.md`` (*2. Collectives over
+message sizes*) says what each fit is for, what ``S`` counts, and what was measured.
 
 Example::
 

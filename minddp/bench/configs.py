@@ -1,31 +1,13 @@
 """What the benchmark runs: named configurations, and how each wraps a model.
 
-A configuration is a stage (one of minddp's, or ``torch`` for torch's own
-DDP) plus a comm hook and the one flag that matters for memory
-(``gradient_as_bucket_view``). Each carries the names of the two runs it is
-judged against in the same benchmark:
-
-* ``ref``: torch's DDP with the *same* hook (the ratio column), and
-* ``noop``: the same stage with ``noop_hook`` (the no-communication limit;
-  exposed comm = this configuration's step time minus that one's).
-
-Names read as ``<stage>[+<variant>]``: ``bucket-async``, ``ddp+noop``,
-``torch+powersgd-r1``, ``ddp+fp16``, ``torch+gabv``, ``torch+pyhook``.
-
-The sharded rungs (``zero1``, ``zero2``, ``fsdp``) run like any stage, their
-``+noop`` sending nothing at all (reduce-scatters, all-gathers and ZeRO-1's
-gathers included: :func:`minddp.sharding.hooks.sharded_hook`); beside them,
-torch's own sharding (:data:`TORCH_SHARDED`): ``torch-zero1`` (torch's
-``ZeroRedundancyOptimizer`` over torch's DDP) and ``torch-fsdp``
-(``fully_shard`` on every block, then the root), which have no
-no-communication variant.
-
-``torch+pyhook`` is torch's DDP averaging through torch's own *Python*
-``allreduce_hook`` instead of its C++ default: the same work, so its ratio to
-``torch`` is what a Python comm hook costs torch's reducer. minddp's stages
-always run a Python hook, so this is the like-for-like reference for their
-exposed comm (``noop_hook``, the other side of that difference, is Python in
-both).
+A configuration (:class:`BenchConfig`) is a stage (one of minddp's, or ``torch`` for torch's own
+DDP) plus a comm hook and the one flag that matters for memory (``gradient_as_bucket_view``), named
+``<stage>[+<variant>]``: ``bucket-async``, ``ddp+noop``, ``torch+powersgd-r1``, ``ddp+fp16``,
+``torch+gabv``, ``torch+pyhook``. Each carries the names of the two runs it is judged against: ``ref``
+(torch's DDP with the same hook) and ``noop`` (the same stage with ``noop_hook``, the
+no-communication limit). Beside the sharded rungs run torch's own sharding (:data:`TORCH_SHARDED`),
+which has no no-communication variant. :func:`wrap` and :func:`optimizer` build a configuration on a
+model. ``docs/benchmarks.md`` (*Method*, its *Configurations* item) says what each variant is for.
 
 Example::
 

@@ -1,30 +1,17 @@
 """``python -m minddp.bench overhead``: the host (Python) cost of a DDP wrapper per micro-batch, ours against torch's.
 
-A benchmark, not a test. On a GPU that launches kernels faster than Python
-can issue them, every microsecond the wrapper spends per parameter, per hook
-or per forward lands on the step. That cost is the same on a CPU, where it
-can be measured on its own: the CPU time of the training thread
-(``time.thread_time``: the thread's own work, Python hooks included, not the
-time it waits for a collective) per micro-batch, with a model of many tiny
-parameters, so that per-parameter costs dominate and compute is small.
+A benchmark, not a test. On a GPU that launches kernels faster than Python can issue them, every
+microsecond a wrapper spends per parameter lands on the step; on a CPU that cost can be measured on
+its own, as the training thread's CPU time (``time.thread_time``, not its waits) per micro-batch:
 
-1. **model**: ``--blocks`` blocks of ``Linear(w, w)`` + ``LayerNorm(w)`` (4
-   parameters a block: 250 blocks = 1000 parameters), one row of input;
-2. **configurations**, each built once per rank from the same seed: no
-   wrapper (the model's own cost), torch's DDP, and each minddp stage named
-   in ``--stage`` (default ``ddp``, the production wrapper);
-3. **steps**: ``--accum`` micro-batches per step, all but the last under
-   ``no_sync()`` (gradient accumulation), the configurations taking turns
-   step by step in a shuffled order (the machine drifts on a scale of
-   seconds; turns put every configuration in the same drift), the ranks
-   meeting at a barrier before each step. Each micro-batch's forward and
-   backward (and, in the last, the gradient sync) is timed apart;
-4. **report**, per world size in ``--world-size``: the median thread CPU
-   time of the ``no_sync`` micro-batches and of the sync micro-batch, each
-   wrapper's overhead over no wrapper, and how much more than torch's DDP it
-   costs, in µs per micro-batch and ns per parameter (differences taken
-   step by step, :func:`summarize`). ``overhead.md`` and ``overhead.csv`` go
-   to ``--out``.
+1. **model**: ``--blocks`` blocks of ``Linear(w, w)`` + ``LayerNorm(w)``, many tiny parameters;
+2. **configurations**: no wrapper, torch's DDP, and each minddp stage in ``--stage`` (default ``ddp``);
+3. **steps**: ``--accum`` micro-batches, all but the last under ``no_sync()``, the configurations
+   taking turns step by step, each micro-batch timed apart;
+4. **report** (:func:`summarize`): each wrapper's overhead over no wrapper and over torch's DDP, per
+   micro-batch and per parameter, into ``overhead.md`` and ``overhead.csv`` under ``--out``.
+
+``docs/benchmarks.md`` (*Host CPU per micro-batch*) says how a run goes and what it found.
 
 Example::
 

@@ -2,32 +2,22 @@
 
 :func:`watch` runs on every rank (a ``%%distributed`` cell of notebook 01):
 
-1. fill a tensor with this rank's **mark**, ``2**rank`` (rank 0: 1, rank 1: 2,
-   rank 2: 4, ...). A sum of marks says whose shares it holds: 1 + 4 = 5 is
-   "ranks 0 and 2", ``2**n - 1`` is every rank's: the finished sum;
-2. run the algorithm (:func:`~minddp.collectives.ring.ring_all_reduce`, or
-   :func:`~minddp.collectives.naive.naive_all_reduce`, the star) on it, with
-   its module's ``exchange`` (:func:`~minddp.collectives.p2p.exchange`, the one
-   point-to-point move both are made of) wrapped to write down every call:
-   to and from whom, the bytes each way, which chunks of the tensor were sent,
-   and what every chunk held just before;
+1. fill a tensor with this rank's **mark**, ``2**rank``, so a sum of marks says whose shares it
+   holds (:func:`ranks_in`);
+2. run the algorithm (:func:`~minddp.collectives.ring.ring_all_reduce` or the star,
+   :func:`~minddp.collectives.naive.naive_all_reduce`) with its ``exchange`` wrapped to write down
+   every call: peers, bytes each way, the chunks sent and what they held;
 3. gather every rank's record on every rank.
 
-Nothing in the record comes from the algorithm's description; everything
-comes from what its code sent. :func:`draw_ring` draws the ring's steps from
-the records, :func:`draw_bytes` the bytes each rank sent in the ring and in
-the star, and :func:`seconds` evaluates the α-β model on the records: each
-exchange costs its rank ``α + β · bytes`` (sending and receiving at once,
-each direction its own wire), a rank's exchanges happen one after the
-other, and the collective is done when the busiest rank is.
+:func:`draw_ring` and :func:`draw_bytes` draw the records; :func:`seconds` evaluates the α-β model on
+them: each exchange costs its rank ``α + β · bytes``, a rank's exchanges run one after the other, and
+the collective is done when the busiest rank is. ``docs/ddp.md`` (*Watching the ring*) says more.
 
 Example (the ``watch`` lines on 4 ranks, as notebook 01 runs them; one process cannot show a ring)::
 
     >>> ring = watch("ring", numel=4 * 65536)          # doctest: +SKIP
     >>> [r["sent"] for r in ring]  # bytes each rank sent: 2 (n - 1) / n of 1 MiB  # doctest: +SKIP
     [1572864, 1572864, 1572864, 1572864]
-    >>> from minddp.comm.link import PRESETS
-    >>> seconds(ring, PRESETS["1gbit"])                 # doctest: +SKIP
     >>> ranks_in(5)                                     # a chunk marked 1 + 4 holds the shares of ranks 0 and 2
     [0, 2]
 """

@@ -1,44 +1,19 @@
 """The rank side of the exercise checker: train a learner's stage beside two oracles and say what differs.
 
-Runs inside each rank of a :class:`~minddp.notebook.Cluster` (see
-:mod:`minddp.exercises.checker` for the side that starts it and reads the
-reports). A learner's collectives go through the default process group; the
-checker's own (comparisons, the oracles) through a group of its own, so that a
-learner's stage that makes the wrong collectives can only hang or fail in its
-own group and never pair with one of the checker's.
-
+Runs in each rank of the checker's :class:`~minddp.notebook.Cluster` (:mod:`minddp.exercises.checker`
+starts it and reads the reports). A learner's collectives go through the default process group, the
+checker's own through a group of its own, so a wrong stage can only hang or fail in its own group.
 For a stage (:func:`check_stage_on_rank`):
 
-1. **reference**: when ``like`` names a model answer
-   (:mod:`minddp.exercises.solutions`), train it first, the same way, and
-   count its all_reduce calls per backward and per finish;
-2. **start**: build the checker's small network with a *different* seed on
-   every rank and wrap it in the learner's stage; every rank must then hold
-   rank 0's parameters and buffers (the broadcast);
-3. **steps**: ``steps`` optimizer steps of ``accum`` micro-batches, driven as
-   :func:`minddp.ladder.loop.train_step` drives every stage (``no_sync()`` for all
-   but the last micro-batch where the stage has it). Before each step the
-   checker computes, from a plain copy of the learner's current parameters,
-   each rank's gradient of each micro-batch and their average over ranks;
-   after ``finish_gradient_synchronization()`` it compares every ``.grad``
-   with that average and with the usual mistakes (the local gradient, the sum,
-   the incoming gradient of the last micro-batch, ...); the step's events
-   are recorded in the order they happen (:class:`Events`: each gradient
-   ready, each collective started, each wait), so every collective the stage
-   starts is counted, by kind and by where it started (which backward, or in
-   finish), and the messages still in flight when backward computed its last
-   gradient are known without a clock;
-4. **oracles**: after every step the parameters are compared with a single
-   process trained on the global batch and with torch's DDP trained on the
-   same shards;
-5. **report**: one JSON line on stdout (``MARK`` + the report), printed even
-   when the learner's code raised or a collective timed out, with the phase
-   each rank was in and where, in the learner's code, it stood.
+1. **reference**: train the model answer named by ``like``, counting its collectives;
+2. **start**: a different seed on every rank; all must then hold rank 0's weights;
+3. **steps**: every ``.grad`` after ``finish_gradient_synchronization()`` compared with the average
+   over ranks and the usual mistakes; the step's events recorded in order (:class:`Events`);
+4. **oracles**: the parameters against a single process and torch's DDP;
+5. **report**: one JSON line (``MARK`` + the report), even when the learner's code raised.
 
-For a comm hook (:func:`check_hook_on_rank`): call the hook on a bucket of
-known gradients (the Future, its value's shape and dtype, the average, the
-bytes sent), then train the package's ``bucket-async`` stage with it beside
-torch's DDP running torch's own hook of the same name.
+For a comm hook, :func:`check_hook_on_rank`. ``notebooks/README.md`` (*Exercises and their checker*)
+tells each step in full.
 
 Example::
 

@@ -1,33 +1,13 @@
 """Model answers to the notebooks' exercises: each stage as a learner would write it, with ``torch.distributed``.
 
-The stages in :mod:`minddp.stages` send every gradient through the comm-hook
-layer (``GradBucket``, ``send``, a hook's Future), so that every stage takes
-fp16 or PowerSGD. An exercise asks for less: the idea of the stage, written
-straight on ``dist.broadcast`` and ``dist.all_reduce``. These are those
-answers, one class per stage, each building on the one before exactly as the
-ladder does, and :func:`minddp.exercises.check` measures a learner's version
-against the one named by ``like=...``:
-
-================  ===================  ===================================================
-``like=``         class                what it adds to the class above it
-================  ===================  ===================================================
-``simple``        ``SimpleDDP``        broadcast at start; after backward, all_reduce and divide every gradient
-``ga``            ``GradAccumDDP``     ``no_sync()``: only the last micro-batch's backward syncs
-``hook``          ``HookDDP``          sync each gradient from its post-accumulate-grad hook, during backward
-``hook-async``    ``AsyncHookDDP``     the same with ``async_op=True``: wait once, in finish
-``bucket``        ``BucketDDP``        one all_reduce per bucket of gradients (flatten, sum, copy back)
-``bucket-async``  ``AsyncBucketDDP``   buckets in flight while backward goes on
-``halves``        ``HalvesDDP``        the ladder's bucket-async, each bucket summed by a reduce-scatter
-                                       then an all-gather (notebook 06)
-================  ===================  ===================================================
-
-and one comm hook, :func:`fp16_compress_hook` (``check_hook(..., like="fp16")``).
-
-These classes keep what the checker needs and nothing more: no checks of the
-model across ranks, no unused parameters (see :mod:`minddp.stages.checks` and
-:mod:`minddp.ddp` for those). Their autograd hooks hold the wrapper strongly,
-which is fine for a wrapper that lives as long as its model (the ladder's
-:mod:`~minddp.stages.hook` says when it is not).
+The stages in :mod:`minddp.stages` send every gradient through the comm-hook layer, so that every
+stage takes fp16 or PowerSGD; an exercise asks only for the idea, written straight on
+``dist.broadcast`` and ``dist.all_reduce``. These are those answers, one class per stage
+(:data:`STAGES`: ``SimpleDDP`` for ``like="simple"``, then ``GradAccumDDP``, ``HookDDP``,
+``AsyncHookDDP``, ``BucketDDP``, ``AsyncBucketDDP``, ``HalvesDDP``), each building on the one before
+as the ladder does, and one comm hook, :func:`fp16_compress_hook` (``like="fp16"``);
+:func:`minddp.exercises.check` measures a learner's version against the one ``like=`` names. They keep
+only what the checker needs. ``notebooks/README.md`` (*The model answers*) tables what each adds.
 
 Example::
 

@@ -2,37 +2,20 @@
 
 One rank's loop (:class:`FaultTolerantTrainer`), each idea in its own lines:
 
-1. **quorum**: before step ``s`` ask the coordinator (:mod:`minddp.ft.coordinator`)
-   who trains it. Everyone live asks; the members come back sorted, and this
-   rank's index among them is its rank in the group.
-2. **a new group at the new world size** when the quorum's tag changed (a
-   member left or came, or the last step failed): the old group is destroyed
-   (it may be broken) and a gloo group of ``len(members)`` ranks is built
-   through the coordinator's store under the new tag; the ``ddp`` stage is
-   wrapped around the model again, on that group.
-3. **heal**: members at an older step than the others (a rank started
-   again; its state is its fresh init) receive the live state, parameters,
-   optimizer state and step, from the first member at the newest step, over
-   the new group (send/recv of the serialized state: no file). They are then
-   bit for bit what their peers are.
-4. **the step**: this rank's shard of the step's global batch. The shard
-   follows the world size: with ``w`` members, member ``r`` takes rows
-   ``[r*B/w, (r+1)*B/w)`` of the global batch of ``B`` examples, so the
-   examples of a lost rank are not lost: the survivors split the whole global
-   batch between them, and a retried step trains on the same examples. The
-   gradient average divides by ``w`` (the ``ddp`` stage's ``allreduce_hook``
-   on the new group).
-5. **should_commit**: every member votes whether its step went through; the
-   coordinator answers ``commit`` only if all did. Then, and only then, the
-   optimizer steps. A **discarded** step drops its gradients: parameters and
-   optimizer state are exactly as before it, on every rank, and the step is
-   tried again by the next quorum.
+1. **quorum**: ask the coordinator (:mod:`minddp.ft.coordinator`) who trains step ``s``;
+2. **a new group at the new world size** when the quorum's tag changed, the ``ddp`` stage wrapped on it;
+3. **heal**: a member at an older step receives the live state from the first member at the newest step;
+4. **the step**: this member's shard of the step's global batch (the survivors split a lost rank's rows);
+5. **should_commit**: the optimizer steps only if every member's step went through; a discarded step
+   leaves parameters and optimizer state as they were, and the next quorum tries it again.
 
-Any exception inside steps 2-4 (a peer died in the all_reduce, a group that
-cannot be built, an injected fault) makes this rank vote "not ok", destroy
-its group at once (so peers waiting in a collective with it fail now, not
-after the timeout) and go back to 1. The same step failing
-:data:`MAX_ATTEMPTS` times in a row is a real error, raised with its cause.
+An exception in 2-4 makes this rank vote "not ok", destroy its group at once and go back to 1; the
+same step failing :data:`MAX_ATTEMPTS` times in a row is raised with its cause.
+``docs/fault-tolerance.md`` (*What one step does*) tells each step in full.
+
+Example (a coordinator and several ranks, so not run by the doctests; the train command runs it)::
+
+    $ python -m minddp.train --stage ft --world-size 3 --steps 40 --hang-timeout 3 --inject kill@5:1
 """
 
 from __future__ import annotations

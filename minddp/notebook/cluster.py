@@ -1,35 +1,18 @@
 """A set of persistent local ranks that run notebook cells: start, run, release, restart, stop.
 
-The notebook process owns the cluster; the ranks are the processes it
-started (see :mod:`minddp.notebook.worker`), and it ends only those, by pid.
+The notebook process owns the cluster; the ranks are the processes it started
+(:mod:`minddp.notebook.worker`), and it ends only those, by pid. Running a cell:
 
-Running a cell:
+1. the cell goes to every selected rank, which runs it in its own namespace, kept from cell to cell;
+2. one report per rank comes back (output, value, figures, or the exception); what the ranks print
+   goes to ``on_stream(rank, "stdout" | "stderr", text)`` as it is printed;
+3. after a failure (or a rank dead, ``timeout_s`` passed, an interrupt) the other ranks get ``grace_s``,
+   then are released in escalating steps: (a) every idle rank destroys its process group, so a peer
+   blocked in a gloo collective with it fails at once; (b) after ``release_s``, SIGINT; (c) two seconds
+   later, the ranks are ended by pid and the cluster restarts: fresh ranks, state lost;
+4. every rank builds a fresh process group and keeps its namespace (or the cluster restarts as in 3c).
 
-1. The cell (source code, or a pickled call) goes to the command queue of
-   every selected rank; each rank runs it in its own namespace, which
-   persists from cell to cell.
-2. The cluster gathers one report per rank: stdout, stderr, the value of a
-   trailing expression, figures, or the exception with its traceback. While
-   it waits, what the ranks print arrives as it is printed and goes to
-   ``on_stream(rank, "stdout" | "stderr", text)`` if given (the magics use
-   it for a live view of long cells).
-3. When a rank fails (or dies, or the cell runs past ``timeout_s``, or the
-   user interrupts), the other ranks get ``grace_s`` to finish. Ranks still
-   running are then usually blocked in a collective with the failed rank,
-   which will never arrive. The cluster releases them in escalating steps:
-
-   a. every idle rank destroys its process group; with gloo this closes its
-      connections, so a blocked peer's collective fails at once
-      ("Connection closed by peer") and that rank reports too;
-   b. ranks still running after ``release_s`` get SIGINT (a cell busy in
-      Python code stops with ``KeyboardInterrupt``);
-   c. ranks still running two seconds later are ended by pid and the whole
-      cluster is restarted: fresh ranks, **state lost**, said in the report.
-
-4. After any failure, every rank builds a fresh process group (under a new
-   key prefix in the same store), so the next cell starts from a clean
-   group *and keeps the namespaces* (the model built earlier is still there).
-   If a rank cannot rejoin, the cluster restarts as in 3c.
+``notebooks/README.md`` (*How the notebooks run*) tells each step in full.
 
 Example (not run by the doctests: it starts two rank processes; ``tests/test_notebook_runner.py``
 does)::
@@ -111,7 +94,7 @@ class Cluster:
 
     ``backend`` and ``timeout_s`` mean what they mean for :func:`minddp.runtime.launch.launch`
     (``auto``: gloo on CPU, NCCL with a GPU per rank, ranks sharing GPUs over gloo). ``grace_s`` and
-    ``release_s`` pace step 3 of the module docstring.
+    ``release_s`` pace step 3 of the module docstring (in full: ``notebooks/README.md``).
     """
 
     def __init__(

@@ -1,43 +1,18 @@
 """What the step-through notebooks share: one workload, one set of settings, one way to run a stage.
 
-Every notebook trains the same thing, so that a number in one notebook means
-what it means in the next:
+Every notebook that trains uses the offline ``small-llama`` preset on the offline paraphrase task,
+16 examples per rank per micro-batch, with :data:`SETTINGS` (3 micro-batches per step, AdamW, 4 MiB
+buckets, seed 314), so that a number in one notebook means what it means in the next. A
+:class:`Trainee` is one stage (wrapped by :func:`minddp.ladder.wrap`) training it on this rank, alive
+between cells; three ways to look at it:
 
-* **workload**: the offline ``small-llama`` preset (a 5 M-parameter Llama
-  sequence classifier, :func:`minddp.train.models.build_model`) on the offline
-  paraphrase task (:func:`minddp.train.data.prepare_data`), 16 examples per rank
-  per micro-batch (the benchmark's ``small`` preset). On a CPU core its
-  forward and backward take hundreds of milliseconds, so computation
-  dominates a step, as it does in real training, and the stages differ in
-  how they fit communication around it;
-* **settings** (:data:`SETTINGS`): 3 micro-batches per optimizer step for
-  every stage (the train command's default), AdamW, buckets of 4 MiB for the
-  bucketed stages and torch's DDP, seed 314.
+1. :meth:`Trainee.look`: one step under the profiler, read in memory (all_reduce calls and bytes,
+   how many started during a backward, what the step did after the last backward);
+2. :func:`race`: trainees take turns, one step each, for a few rounds; a step's time is its slowest rank's;
+3. :meth:`Trainee.profile`: steps under :class:`minddp.runtime.profiling.StepProfiler`, traces on disk.
 
-A :class:`Trainee` is one stage training that workload on this rank (build the
-seeded model, wrap it with :func:`minddp.ladder.wrap`, the one wrapping
-function, torch's DDP included; its own AdamW; its own copy of the same data
-stream, so every trainee sees the same batches). It stays alive on the ranks
-between cells. Three ways to look at it:
-
-1. :meth:`Trainee.look`: one step under the profiler, read in memory: the
-   all_reduce calls and bytes (:mod:`minddp.analysis.live`, the same count for
-   every stage and for torch's DDP), how many started *during* a backward,
-   how long the last backward took and how long the step went on after it;
-   over an emulated link (``Trainee(stage, link="1gbit")``), each message's
-   modeled transfer and where the training thread waited for it;
-2. :func:`race`: several trainees take turns, one step each, the ranks
-   starting every step together, for a few rounds; a step's time is its
-   slowest rank's. Taking turns keeps a machine whose speed drifts from
-   deciding a comparison;
-3. :meth:`Trainee.profile`: steps under :class:`minddp.runtime.profiling.StepProfiler`,
-   traces written where :func:`minddp.analysis.analyze_run` reads them.
-
-:func:`say` and friends turn the results into sentences, so that the
-notebooks' prose about a run is computed from that run, never typed in;
-:func:`claim` prints a sentence the notebook asserts about the run (a ✓), or
-fails the cell if the run no longer bears it out; :func:`picture` draws a
-look's step on one time axis (:mod:`minddp.analysis.timeline`).
+:func:`say` and friends turn results into sentences, :func:`claim` asserts one about the run, and
+:func:`picture` draws a look's step. ``notebooks/README.md`` (*One workload for every notebook*) says why.
 
 Example (inside ``%%distributed`` cells, on every rank of a notebook's cluster: not run by the
 doctests, which have one rank; the notebooks run it)::

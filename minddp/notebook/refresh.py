@@ -4,28 +4,18 @@
     python -m minddp.notebook.refresh 03 05              # those whose name starts so
     python -m minddp.notebook.refresh --check            # run and check, write nothing
 
-The source of each notebook is ``notebooks/NN_name.py``, a plain Python file
-in jupytext's *percent* format (``# %%`` starts a code cell, ``# %% [markdown]``
-a markdown cell; cell metadata such as tags go on the ``# %%`` line). The
-``.ipynb`` beside it is its pair: the same cells, plus the outputs of a real
-run. Edit the ``.py`` (or the ``.ipynb`` in Jupyter, with jupytext installed:
-it keeps the pair in sync), then run this command, which:
+A notebook's source is ``notebooks/NN_name.py`` (jupytext's *percent* format); the ``.ipynb``
+beside it is its pair, the same cells plus the outputs of a real run. This command:
 
 1. reads the ``.py`` with jupytext;
-2. executes it top to bottom in a fresh kernel (nbclient; working directory
-   ``notebooks/``; this checkout first on the kernel's ``PYTHONPATH``), as a
-   reader would;
-3. checks the cells that fail on purpose: a cell tagged ``raises-exception``
-   must fail, with an error whose traceback contains the text in its
+2. executes it top to bottom in a fresh kernel (nbclient, in ``notebooks/``, this checkout first
+   on the kernel's ``PYTHONPATH``);
+3. checks that each cell tagged ``raises-exception`` fails with the text of its
    ``minddp.expected_error`` metadata; any other error stops the run;
-4. writes the ``.ipynb`` (cell ids stable, so a re-run diffs only where
-   something changed) and prints how long the notebook took.
+4. writes the ``.ipynb`` (cell ids stable) and prints how long the notebook took.
 
-``tests/test_notebooks.py`` runs steps 1-3 for every notebook and checks that
-every pair is in sync and that the saved outputs come from one top-to-bottom
-run of the source (execution counts 1, 2, 3, ... over the code cells).
-
-A failing-on-purpose cell in a ``.py`` source::
+``notebooks/README.md`` (*Sources and pairs*, *The format*) shows the format and what
+``tests/test_notebooks.py`` checks. A failing-on-purpose cell in a ``.py`` source::
 
     # %% tags=["raises-exception"] minddp={"expected_error": "parameters are not in sync"}
     # %%distributed

@@ -1,22 +1,16 @@
 """Show a stage's own code, and what changed from the stage before, straight from the package.
 
-The notebooks never copy code into a cell: they show the code that runs,
-with :func:`inspect.getsource`, so a change to :mod:`minddp.stages` shows up
-in the notebooks at their next run.
+The notebooks never copy code into a cell: :func:`show_source` shows the code that runs
+(:func:`inspect.getsource`), so a change to :mod:`minddp.stages` shows up at their next run.
+"What changed" (:func:`stage_diff`, :func:`show_diff`) is a diff of **behaviour**, not of files:
 
-"What changed" is not a diff of two files: each stage file holds only what
-its idea overrides, so two files have little text in common. It is a diff of
-**behaviour**, method by method (:func:`stage_diff`):
+1. every method (and class attribute) of each stage is resolved as Python resolves it (the first
+   class in the MRO that defines it);
+2. one resolved to the same function in both stages is listed as unchanged, one in only one stage is
+   shown whole, one that resolves to two functions as a unified diff;
+3. a new version that calls ``super()`` is marked: the old one still runs inside it.
 
-1. for each stage, resolve every method (and class attribute) the stage's
-   classes define, the way Python does (the first class in the MRO that
-   defines it): that is the code that runs when the loop calls it;
-2. a method resolved to the same function in both stages is unchanged
-   (listed by name); one that exists in only one stage is shown whole, as
-   added or removed; one that resolves to different functions is shown as a
-   unified diff (:mod:`difflib`) of the two sources;
-3. a new version that calls ``super()`` is marked: the old version still
-   runs, inside the new one.
+``notebooks/README.md`` (*How the notebooks run*) says why.
 
 Example::
 

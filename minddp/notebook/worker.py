@@ -1,27 +1,17 @@
 """One persistent rank of a notebook cluster: wait for a cell, run it, report, repeat.
 
-:func:`minddp.runtime.launch.launch` runs one function per rank and ends the ranks.
-A notebook needs ranks that *stay*, so that ``model`` built in one cell is
-still there in the next. Each worker is a process that:
+:func:`minddp.runtime.launch.launch` runs one function per rank and ends the ranks; a notebook needs
+ranks that *stay*, so that ``model`` built in one cell is still there in the next. Each worker:
 
-1. joins the default process group through :func:`minddp.runtime.launch.join_group`
-   (same rendezvous, backend and timeout as every other minddp entry point)
-   and fills a namespace with ``torch``, ``dist``, ``rank``, ``world_size``
-   and ``device``, like the blog's nbdistributed cells;
-2. waits for a command on its own queue: a cell to run, a request to destroy
-   its process group (the parent uses that to release peers stuck in a
-   collective with a rank that failed), a request to build a fresh group,
-   or the order to stop;
-3. runs a cell in the namespace with stdout/stderr captured (and passed
-   on as they are written, for a live view of long cells), evaluates a
-   trailing expression like a notebook does, and renders open matplotlib
-   figures to PNG;
-4. sends one report per cell back to the parent, the exception with its
-   traceback included, and goes back to step 2.
+1. joins the default process group (:func:`minddp.runtime.launch.join_group`) and fills a namespace
+   with ``torch``, ``dist``, ``rank``, ``world_size`` and ``device``;
+2. waits on its own queue for a cell, a request to destroy or rebuild its group, or the order to stop;
+3. runs a cell (:func:`run_cell`: output captured and passed on live, a trailing expression
+   evaluated, figures rendered to PNG);
+4. sends one report back, the exception included, and goes back to step 2.
 
-A watchdog thread ends the worker when the process that started the cluster
-is gone (a kernel killed with SIGKILL runs no clean-up), so no rank outlives
-its notebook.
+A watchdog thread ends it when the process that started the cluster is gone.
+``notebooks/README.md`` (*How the notebooks run*) tells the whole cycle.
 
 Example::
 

@@ -1,27 +1,15 @@
 """Profiler traces per rank and per stage, laid out for comparison.
 
-Layout (what ``python -m minddp.analyze traces/<run>`` reads)::
+A run's traces go to ``traces/<run-name>/<stage>/rank<r>.pt.trace.json`` (with the stage's
+``config.json`` beside them and the run's ``summary.json`` above), where ``python -m minddp.analyze
+traces/<run>`` reads them. :class:`StepProfiler` takes a rank's trace the blog's way:
 
-    traces/<run-name>/
-        <stage>/config.json              the run's settings (written by rank 0)
-        <stage>/rank0.pt.trace.json      one Chrome/Perfetto trace per rank
-        <stage>/rank1.pt.trace.json
-        summary.json                     losses, accuracy, timings of every stage
+1. profile the CPU (and CUDA on a GPU rank), with shapes and memory;
+2. one warm-up step, then ``active`` recorded steps; later steps run unprofiled;
+3. export the trace when the active steps are done, through a temporary file checked complete and
+   then renamed: a full disk loses the trace, not the run (:attr:`StepProfiler.error` says why).
 
-How a trace is taken (the blog's recipe):
-
-1. profile the CPU, and CUDA when the rank computes on a GPU; record shapes
-   and memory;
-2. schedule: one warm-up step (the profiler runs but discards it, so the
-   first step's one-off costs stay out), then ``active`` recorded steps; any
-   later steps run unprofiled;
-3. the training loop calls :meth:`StepProfiler.step` after every step; when
-   the active steps are done, the trace is exported to
-   ``rank<r>.pt.trace.json`` (``.gz`` if asked), through a temporary file in
-   the same folder that is checked complete and then renamed: a full disk
-   leaves no partial file behind, and training goes on (the trace is lost,
-   not the run; :attr:`StepProfiler.error` says why, and the train command
-   reports it at the end).
+``docs/analysis.md`` (*Where the traces come from*) shows the layout and each step in full.
 
 Example::
 

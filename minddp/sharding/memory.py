@@ -1,33 +1,12 @@
 """Memory per rank, measured from the tensors a rank holds, beside the ZeRO paper's formulas.
 
-What one rank holds during a training step, by kind, each counted from the
-tensors themselves (the distinct storages behind them, so a shard that is a
-view into a full parameter counts once):
-
-* **parameters**: the module's parameters as it holds them at rest (whole
-  for ``ddp``/``zero1``; shards for ``fsdp``) and any full copies a stage
-  keeps beside them (``zero2``'s full parameters);
-* **gradients**: their ``.grad`` once the step's gradients are synchronised,
-  just before ``optimizer.step()``;
-* **optimizer state**: the optimizer's state tensors just after the step
-  (a ZeRO-1 optimizer's: its local optimizer's);
-* **activations**: the most bytes autograd saved for backward during one
-  forward (through a saved-tensor hook), without the parameters' own storage;
-* **gathered**: FSDP's full parameters of the units gathered at the same time,
-  at their peak.
-
-The formulas (the notes' and the ZeRO paper's, for ``Ψ`` trainable fp32
-parameters, Adam's two moments, ``N`` ranks): DDP ``16Ψ``; ZeRO-1
-``8Ψ + 8Ψ/N``; ZeRO-2 ``4Ψ + 12Ψ/N``; FSDP ``16Ψ/N`` for what its units hold,
-plus ``16`` bytes per parameter it leaves replicated, plus the gathered units.
-:func:`formula_bytes` computes them; ``docs/sharding.md`` explains where
-measured and formula part (a few step counters, the padding of uneven
-chunks, DDP's gradient buckets, which are communication buffers and not counted
-here).
-
-``python -m minddp.bench.memory`` (:mod:`minddp.bench.memory`) measures ``ddp``, ``zero1``, ``zero2`` and
-``fsdp`` at 2, 3 and 4 ranks and plots them; the train command prints the
-same numbers for the stages it ran (:class:`Probe`).
+:class:`Probe` counts what one rank holds during a training step, by kind (parameters, gradients,
+optimizer state, activations, FSDP's gathered units), from the tensors themselves: distinct
+storages, so a shard that is a view into a full parameter counts once. :func:`formula_bytes` gives
+the formulas for ``Ψ`` fp32 parameters with Adam on ``N`` ranks (DDP ``16Ψ``, ZeRO-1 ``8Ψ + 8Ψ/N``,
+ZeRO-2 ``4Ψ + 12Ψ/N``, FSDP ``16Ψ/N`` plus what it leaves replicated). ``docs/sharding.md``
+(*Memory per rank*) says what each kind counts, and where measured and formula part;
+``python -m minddp.bench.memory`` measures the sharded rungs at 2, 3 and 4 ranks.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 

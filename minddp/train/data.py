@@ -1,35 +1,15 @@
 """Sentence-pair data for the train command, and each rank's shard of every global batch.
 
-The task is the blog's: GLUE MRPC, "is sentence 2 a paraphrase of sentence 1?"
-(columns ``sentence1``, ``sentence2``, ``label``). Three sources, one schema:
-
-* ``glue/mrpc``: the real data set through ``datasets``, when the hub can be
-  reached (checked with a short connection attempt first, so an offline
-  machine never hangs on it; it then says so and uses ``synthetic``);
-* a local path: any data set in the MRPC schema that ``datasets`` loads
-  (a ``save_to_disk`` folder, a folder of ``train``/``validation`` csv,
-  json or parquet files, or one such file, of which 10% is held out);
-* ``synthetic`` (the offline default): generated paraphrase pairs, see
-  :func:`synthetic_pairs`.
-
-Preparing the data, done once before any rank starts:
-
-1. load the pairs (train and a held-out split);
-2. get a tokenizer: the model's own for a hub/local model, else a word-level
-   one built on the spot from the training sentences with ``tokenizers``
-   (no download, deterministic);
-3. tokenize each pair as ``[BOS] sentence1 [SEP] sentence2 [SEP]``,
-   truncated to ``max_seq_len``.
-
-Sharding (:class:`ShardSampler`, the semantics of torch's
-``DistributedSampler`` with ``drop_last=True``): every epoch the training set
-is shuffled with ``seed + epoch``; the tail that does not fill a whole global
-batch is dropped, so every rank takes the same number of steps; rank ``r``
-takes every ``world``-th example from offset ``r``. So each global batch of
-``batch_size * world`` examples is split into disjoint per-rank shards, the
-same ones for every stage, and ``single`` (one process, world 1, batch
-``batch_size * world``) sees exactly their union. Batches are padded to the
-longest sequence, rounded up to a multiple of 8 (as in the blog).
+The task is the blog's, GLUE MRPC: "is sentence 2 a paraphrase of sentence 1?" (columns
+``sentence1``, ``sentence2``, ``label``), from ``glue/mrpc`` (the hub, when it can be reached), a
+local path in the same schema, or ``synthetic`` (the offline default, :func:`synthetic_pairs`).
+:func:`prepare_data`, once before any rank starts, (1) loads the pairs, (2) gets a tokenizer (the
+model's own, or a word-level one built on the spot) and (3) tokenizes each pair as
+``[BOS] sentence1 [SEP] sentence2 [SEP]``. :class:`ShardSampler` gives each rank its shard with the
+semantics of torch's ``DistributedSampler(drop_last=True)``, so each global batch is split into
+disjoint per-rank shards whose union is what ``single`` sees; :func:`step_batches` yields a rank's
+micro-batches of every step. ``docs/ladder.md`` (*What every stage trains*) says how each source
+loads and how the shards are cut.
 
 Example::
 

@@ -1,37 +1,15 @@
 """Models to train: any Hugging Face sequence classifier, or a tiny offline Llama.
 
-The train command fine-tunes a *sequence classifier*: a decoder-only language
-model whose last non-padding token feeds a small classification head (what
-``AutoModelForSequenceClassification`` builds for Llama-family models).
-
-Two kinds of ``--model``:
-
-* an **offline preset** (:data:`OFFLINE_PRESETS`), the same architecture
-  family as the blog's SmolLM2 (Llama), built from a config with a seeded
-  random init, no download:
-
-  - ``tiny-llama`` (the offline default): about 80 k parameters with the
-    offline vocabulary; a training step takes milliseconds per rank on one
-    CPU core, so the step is mostly Python and communication;
-  - ``small-llama``: about 5 M parameters (7 layers of width 256, tied
-    embeddings), where compute dominates a CPU step, as it does in real
-    training (the benchmark's ``small`` preset, with 16 x 64 tokens per rank);
-  - ``medium-llama``: about 25 M parameters (9 layers of width 512);
-  - ``smollm2-360m``: the blog's SmolLM2-360M architecture (362 M parameters, 32 layers of width
-    960), random weights: the GPU preset that runs offline (``--model smollm2-360m --dtype bf16``).
-* a Hugging Face model id or a local directory, loaded with
-  ``AutoModelForSequenceClassification.from_pretrained(..., num_labels=2)``.
-  The blog's checkpoint is ``HuggingFaceTB/SmolLM2-360M-Instruct`` with ``--dtype bf16``.
-
-Building a model:
-
-1. seed torch's generator, so every process builds the very same weights
-   (the stages broadcast rank 0's weights anyway; the baselines ``single``
-   and ``torch`` rely on the seed alone);
-2. build the tiny config, or load the pretrained weights;
-3. tell the model which token id is padding: Llama classifiers pool the last
-   token that is *not* padding, so they must know the padding id;
-4. cast to the requested dtype.
+The train command fine-tunes a *sequence classifier*: a decoder-only language model whose last
+non-padding token feeds a small classification head. ``--model`` takes an offline preset
+(:data:`OFFLINE_PRESETS`: ``tiny-llama``, the offline default, about 80 k parameters; ``small-llama``,
+about 5 M, where compute dominates a CPU step; ``medium-llama``; ``smollm2-360m``, the blog's
+architecture with random weights), built with a seeded random init and no download; or a Hugging
+Face model id or local directory (``AutoModelForSequenceClassification.from_pretrained``).
+:func:`build_model` (1) seeds torch's generator, so every process builds the very same weights,
+(2) builds the preset's config or loads the weights, (3) tells the model its padding id, which
+its pooling needs, and (4) casts it to the requested dtype. ``docs/ladder.md`` (*What every stage
+trains*) says more.
 
 Example::
 
