@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from minddp.ft.faults import Fault, parse_faults
@@ -44,3 +46,22 @@ def test_parse_faults():
         Fault("coord", 15),
     ]
     assert parse_faults(None) == [] and parse_faults("") == []
+
+
+@pytest.mark.timeout(180)
+def test_the_train_command_trains_through_a_killed_rank(tmp_path, capfd):
+    # The user's path, end to end: python -m minddp.train --stage ft --inject kill@2:1 (run in this process).
+    # The launcher starts rank 1 again; the run commits every step, says one line for the fault, and the
+    # summary holds a loss per committed step.
+    from minddp.train import run as train
+
+    out = tmp_path / "summary.json"
+    argv = ["--stage", "ft", "--inject", "kill@2:1", "--steps", "5", "--no-profile", "--batch-size", "4"]
+    argv += ["--max-seq-len", "16", "--eval-examples", "16", "--no-progress", "--hang-timeout", "5"]
+    rc = train.main(argv + ["--trace-dir", str(tmp_path), "--summary-json", str(out)])
+    err = capfd.readouterr().err
+    assert rc == 0, err[-2000:]
+    faults = [line for line in err.splitlines() if line.startswith("minddp.train: fault ")]
+    assert len(faults) == 1 and "kill" in faults[0], err[-2000:]
+    assert "minddp.train: stage ft: 5 steps committed" in err, err[-2000:]
+    assert len(json.loads(out.read_text())["stages"]["ft"]["losses"]) == 5
