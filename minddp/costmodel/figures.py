@@ -7,7 +7,7 @@ per stage, the step the model predicts on each of several links beside the measu
 
 Example (on one rank; a tiny run with a link, profiled)::
 
-    >>> import os, tempfile
+    >>> import os, tempfile, json
     >>> from minddp.comm.link import Link; from minddp.comm.wire import Wire
     >>> from minddp.ladder import make_optimizer, wrap; from minddp.ladder.loop import train_step
     >>> from minddp.runtime.profiling import StepProfiler
@@ -22,7 +22,6 @@ Example (on one rank; a tiny run with a link, profiled)::
     >>> link.annotate_trace(prof.path)                            # transfers placed: one a profiled step
     2
     >>> link.close()
-    >>> import json
     >>> with open(os.path.join(run.name, "bucket-async", "config.json"), "w") as f:
     ...     json.dump({"stage": "bucket-async", "link": "1gbit"}, f)
     >>> from minddp.costmodel.figures import ladder_on_link, predicted_ladder

@@ -7,7 +7,7 @@ transfers, gloo's real collectives and the loop's wait ranges; from them, per st
 1. **waits**: each message's wait point (its first ``wait()``, else the stage's rule,
    :data:`~minddp.costmodel.step.TRACED_WAITS`);
 2. **the compute clock**: time since the step began minus the waiting before it;
-3. **messages**: hand-over and wait point on that clock, bytes, and ``real`` (the real collective's time);
+3. **messages**: hand-over and wait point on that clock, bytes, ``real`` (real end minus hand-over);
 4. ``late``: the median delay of the emulation's delivery.
 
 Example (on one rank; a tiny run with a link, profiled)::
