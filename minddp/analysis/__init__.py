@@ -1,26 +1,17 @@
 """Trace analysis and stage-vs-stage comparison, as pandas DataFrames.
 
-The blog judges each stage by HolisticTraceAnalysis's views: where time goes
-(compute / non-compute / idle), how much communication hides behind
-computation, and what kind of work ran. This package gives those numbers for
-a whole run, on whatever hardware recorded it:
+The numbers the blog reads off HolisticTraceAnalysis (time breakdown, overlap, kind of work), for a
+whole run on whatever hardware recorded it (docs/analysis.md says what each means):
 
-1. **load** the run folder (:mod:`.events`), refusing broken or mixed traces
-   with a :class:`TraceError` that says what to do;
-2. **route** each stage: GPU traces to HTA (:mod:`.gpu`), CPU/gloo traces to
-   minddp's own analysis (:mod:`.cpu`); both fill the same columns, with the
-   same definitions (:mod:`.metrics`, ``docs/analysis.md``);
-3. **tabulate**: one row per (stage, rank) in :attr:`RunAnalysis.summary`,
-   the mean over ranks per stage side by side in :attr:`RunAnalysis.stages`,
-   plus per-step numbers, the kernel-type breakdown, and for CPU traces a
-   timeline of one step: each bucket's launch and all_reduce
-   (:attr:`RunAnalysis.buckets`) and the step's forward, backward, finish and
-   optimizer spans (:attr:`RunAnalysis.phases`).
+1. **load** the run folder (:mod:`.events`), refusing broken or mixed traces with a :class:`TraceError`;
+2. **route** each stage: GPU traces to HTA (:mod:`.gpu`), CPU/gloo traces to :mod:`.cpu`; both fill
+   the same columns, with the same definitions (:mod:`.metrics`);
+3. **tabulate**: per (stage, rank) :attr:`RunAnalysis.summary`, per stage :attr:`RunAnalysis.stages`,
+   per-step numbers, the kernel-type breakdown, and for CPU traces one step's buckets and phases.
 
 Example (on one rank; the trace of a tiny run)::
 
-    >>> import os, tempfile
-    >>> import torch.distributed as dist
+    >>> import os, tempfile, torch.distributed as dist
     >>> from minddp.runtime.profiling import StepProfiler
     >>> run = tempfile.TemporaryDirectory()                     # a run folder: one stage, one rank
     >>> with StepProfiler(os.path.join(run.name, "simple"), rank=0, total_steps=3, active=2) as prof:

@@ -1,6 +1,7 @@
-"""minddp's own analysis of CPU/gloo traces, where HolisticTraceAnalysis cannot go.
+"""minddp's own analysis of CPU/gloo traces, where HolisticTraceAnalysis (GPU kernels only) cannot go.
 
-HTA reads GPU kernels; a CPU trace has none. The same quantities are in the CPU events:
+The same quantities are in the CPU events (``docs/analysis.md``, "How a CPU trace is read", says how
+each is matched):
 
 1. **threads**: a thread that runs ``gloo:*`` (or the link's ``minddp.link:*``) ranges is a comm
    thread; every other is a training thread;
@@ -11,12 +12,9 @@ HTA reads GPU kernels; a CPU trace has none. The same quantities are in the CPU 
 5. **buckets**: each ``minddp.bucket_launch#<i>`` range matched to the collectives it queued;
 6. **phases** of :func:`minddp.ladder.loop.train_step`: forward, backward, finish, optimizer.
 
-How each is matched, step by step: ``docs/analysis.md`` (How a CPU trace is read).
-
 Example (on one rank; the trace of a tiny run)::
 
-    >>> import os, tempfile
-    >>> import torch.distributed as dist
+    >>> import os, tempfile, torch.distributed as dist
     >>> from minddp.runtime.profiling import StepProfiler
     >>> run = tempfile.TemporaryDirectory()                     # a run folder: one stage, one rank
     >>> with StepProfiler(os.path.join(run.name, "simple"), rank=0, total_steps=3, active=2) as prof:

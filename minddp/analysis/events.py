@@ -1,25 +1,17 @@
 """Finding and loading a run's traces, and refusing what cannot be analysed.
 
-A run folder, as ``python -m minddp.train --profile`` writes it::
+A run folder (``python -m minddp.train`` writes it; docs/analysis.md shows the layout) holds
+``<stage>/rank<r>.pt.trace.json[.gz]`` and ``<stage>/config.json``. Loading stops at the first
+problem with a :class:`TraceError` that names it and says what to do:
 
-    traces/<run>/<stage>/rank<r>.pt.trace.json[.gz]   one Chrome/Kineto trace per rank
-    traces/<run>/<stage>/config.json                  the run's config (stage, world_size, ...)
-
-Loading checks, in order, and stops at the first problem with a
-:class:`TraceError` that names it and says what to do:
-
-1. the folder exists and holds at least one stage folder with rank traces
-   (a folder that *is* a stage folder is accepted too);
+1. the folder holds at least one stage folder with rank traces (or *is* a stage folder);
 2. every trace file parses (a truncated ``.json`` or ``.gz`` is named);
-3. the traces belong together: every stage's ``config.json`` names the same
-   run, the rank files match the config's ``world_size``, and the ranks of one
-   stage were recorded at the same time (their time ranges overlap), which
-   is how traces copied in from another run give themselves away.
+3. the traces belong together: the stages' ``config.json`` name the same run, the rank files match
+   its ``world_size``, and one stage's ranks were recorded at the same time (their ranges overlap).
 
 Example (on one rank; the trace of a tiny run)::
 
-    >>> import os, tempfile
-    >>> import torch.distributed as dist
+    >>> import os, tempfile, torch.distributed as dist
     >>> from minddp.runtime.profiling import StepProfiler
     >>> run = tempfile.TemporaryDirectory()                     # a run folder: one stage, one rank
     >>> with StepProfiler(os.path.join(run.name, "simple"), rank=0, total_steps=3, active=2) as prof:

@@ -1,46 +1,16 @@
 """Collectives counted from a profiler still in memory: calls started, and bytes the backend moved.
 
-The trace analysis (:mod:`~minddp.analysis.cpu`) reads exported trace files.
-A notebook that only wants "how many all_reduces did this step make, and how
-many bytes" can ask the profiler object directly, for any stage and for
-torch's DDP alike (torch's C++ reducer is invisible to minddp's traffic meter,
-not to the profiler):
+The trace analysis (:mod:`~minddp.analysis.cpu`) reads exported trace files; a notebook that only
+wants "how many all_reduces did this step make, and how many bytes" asks the profiler object, for
+any stage and torch's DDP alike. docs/analysis.md, "Counting without a trace", gives each step in full:
 
-1. a **call** is a ``c10d::allreduce_`` op: the moment a rank hands a tensor
-   to the process group (for an async op, the start, not the end);
-2. its **bytes** are those of the backend's own range (``gloo:all_reduce`` on
-   CPU, ``nccl:all_reduce`` on GPU), ``numel × element size`` from the shapes
-   and dtypes ``record_shapes=True`` stores, as in :mod:`~minddp.analysis.steps`;
-3. for one step of :func:`minddp.ladder.loop.train_step` (:func:`step_view`): a
-   micro-batch is a ``minddp.forward_backward`` range, its **backward** the
-   span from the first to the last ``autograd::engine::evaluate_function``
-   inside it (a comm hook that blocks runs inside those nodes, so it makes
-   the backward longer); a call started inside a backward overlaps it, or
-   at least interleaves with it; the **tail** is the time from the end of the
-   last backward to the start of the ``minddp.optimizer_step`` range: what the
-   step spent finishing the sync after the gradients were computed;
-4. the sharded stages' **all-gathers** are counted apart
-   (``c10d::_allgather_base_`` calls, ``gloo:all_gather`` bytes of their
-   input, what this rank sent): the parameters that travel back. On gloo
-   their reduce-scatters are all_reduces (:meth:`minddp.comm.wire.Wire.reduce_scatter`),
-   counted with the calls above. Other all-gathers (``c10d::allgather_``: the
-   stages' check that every rank's forwards used the same parameters, a few
-   bytes once a step, :mod:`minddp.stages.checks`) are counted apart as
-   ``small_gathers``;
-5. the step as a **row** of :mod:`minddp.analysis.timeline` (forward,
-   backward, each message, the optimizer); over an emulated link
-   (:mod:`minddp.comm.link`) the messages are the link's modeled transfers,
-   and the row adds the training thread's **waits** (from its first
-   ``wait()`` on a message to the message's delivery), with ``link_ms`` (the
-   modeled time of every message, added up: it depends on the sizes and the
-   link only), ``waited_ms`` (how long the training thread stood waiting:
-   for the link, for the other rank, for a core), ``exposed_ms`` (the part of
-   that which was the link's modeled transfer: from each first wait to the
-   message's modeled end; what the link alone cost the step) and
-   ``waits_in_backward`` (how many waits began during a backward). A wait is
-   known when the training thread waits on the link's own Future; torch's
-   C++ reducer waits on a Future chained to it, so its waits are not seen
-   (``waits`` is 0).
+1. a **call** is a ``c10d::allreduce_`` op (for an async op, its start);
+2. its **bytes**, ``numel × element size`` of the backend's ``gloo:``/``nccl:all_reduce`` range;
+3. for one step of :func:`minddp.ladder.loop.train_step` (:func:`step_view`): each micro-batch's
+   **backward**, the calls started inside one, and the **tail** before the optimizer step;
+4. the sharded stages' **all-gathers**, and the stages' small check gathers, counted apart;
+5. the step as a **row** of :mod:`minddp.analysis.timeline`; over an emulated link with the training
+   thread's **waits** and ``link_ms``, ``waited_ms``, ``exposed_ms``, ``waits_in_backward``.
 
 Example (on one rank)::
 

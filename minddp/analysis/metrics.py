@@ -1,28 +1,15 @@
 """The metric definitions, on plain time intervals, shared by the CPU and GPU paths.
 
-A trace reduces to three sets of ``(start, end)`` intervals per rank, all in
-microseconds:
-
-* the **window**: the time under study (the profiled steps on CPU; first to
-  last kernel on GPU, as HolisticTraceAnalysis does);
-* **compute**: when the rank computes (``aten::`` ops on the training
-  threads on CPU; computation kernels on GPU);
-* **comm**: when a collective is running (``gloo:*`` ranges on gloo's worker
-  threads on CPU, and an emulated link's ``minddp.link:*`` transfers; NCCL
-  kernels on GPU).
-
-From them, with ``|X|`` the length of the union of the intervals of ``X``:
+A trace reduces to three sets of ``(start, end)`` intervals per rank, in microseconds: the
+**window** under study, **compute** and **comm** (docs/analysis.md, "The three interval sets", says
+what each is on CPU and on GPU). With ``|X|`` the length of the union of the intervals of ``X``:
 
 1. ``compute_time = |compute ∩ window|``;
 2. ``non_compute_time = |(comm ∖ compute) ∩ window|`` (busy, but not computing);
-3. ``idle_time = |window| - |(compute ∪ comm) ∩ window|`` (nothing at all);
-   so the three add up to ``|window|``, and each ``*_pctg`` is its share of it;
-4. ``comm_comp_overlap_pctg = 100 · |comm ∩ compute| / |comm|``: the share of
-   communication hidden behind computation (0 when there is no comm).
+3. ``idle_time = |window| - |(compute ∪ comm) ∩ window|``; the three add up to ``|window|``;
+4. ``comm_comp_overlap_pctg = 100 · |comm ∩ compute| / |comm|`` (0 when there is no comm).
 
-These are HolisticTraceAnalysis's definitions (``get_temporal_breakdown``,
-``get_comm_comp_overlap``), written on intervals so that they also apply where
-HTA cannot go. See ``docs/analysis.md``.
+These are HolisticTraceAnalysis's definitions, written on intervals so they apply where HTA cannot go.
 
 Example::
 

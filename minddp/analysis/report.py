@@ -1,26 +1,18 @@
 """The report: an HTML page and PNG plots in the run folder.
 
-1. ``temporal_breakdown.png``: per stage, stacked compute / non-compute / idle
-   share of the profiled time (HTA's temporal breakdown);
+1. ``temporal_breakdown.png``: per stage, stacked compute / non-compute / idle share (HTA's temporal breakdown);
 2. ``overlap.png``: per stage, the share of comm hidden behind compute;
-3. ``comm.png``: per stage, collective calls per step (all_reduce, all_gather,
-   reduce_scatter) and comm time per step;
-4. ``bucket_timeline.png``: one step of rank 0 of every stage, torch's DDP
-   included, on **one** time axis (ms from the step's start), a row per
-   stage: the forward and backward of each micro-batch as pale and darker
-   bands, a tick when each bucket was handed to the wire, a bar while its
-   collective ran (a sharded stage's all-gathers too), the optimizer step, and the end of the step. A bar after
-   the last backward band is communication the step waited for; bars inside
-   a band that grew longer than the other stages' are interleaved (backward
-   waited for them); bars inside a band of normal length overlap it;
+3. ``comm.png``: per stage, collective calls per step (all_reduce, all_gather, reduce_scatter) and comm time per step;
+4. ``bucket_timeline.png``: one step of rank 0 of every stage, torch's DDP included, on **one** time axis: each
+   micro-batch's forward and backward, each bucket's hand-over and collective, the optimizer step
+   (docs/analysis.md, "One step on one time axis", says how to read it);
 5. ``report.html``: the side-by-side table, the plots, and the per-rank table.
 
 With two runs (``--compare``) the bar plots show both runs' bars side by side.
 
 Example (on one rank; the trace of a tiny run)::
 
-    >>> import os, tempfile
-    >>> import torch.distributed as dist
+    >>> import os, tempfile, torch.distributed as dist
     >>> from minddp.runtime.profiling import StepProfiler
     >>> run = tempfile.TemporaryDirectory()                     # a run folder: one stage, one rank
     >>> with StepProfiler(os.path.join(run.name, "simple"), rank=0, total_steps=3, active=2) as prof:

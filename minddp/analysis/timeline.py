@@ -1,27 +1,16 @@
 """One picture of a step, for every place that draws one: compute, each message, the waits, on one time axis.
 
-A **step row** is a plain dict of spans in milliseconds from the start of the
-step (so a row can come from a trace file, :func:`rows_from_analysis`, or from a
-profiler still in memory, :func:`minddp.analysis.live.step_view`):
+A **step row** is a plain dict of spans in milliseconds from the step's start, from a trace file
+(:func:`rows_from_analysis`) or a profiler in memory (:func:`minddp.analysis.live.step_view`):
 
 * ``forward``, ``backward``: ``[(start, end), ...]``, one per micro-batch;
-* ``messages``: ``[(start, end), ...]``, while each collective ran (on an
-  emulated link: its modeled transfer; on loopback: gloo's range);
-* ``sent``: ``[t, ...]``, when each message was handed to the wire;
-* ``waits``: ``[(start, end), ...]``, when the training thread stood still
-  waiting for a message (known on an emulated link, which notes each wait);
-* ``finish``, ``optimizer``: the spans of
-  ``finish_gradient_synchronization()`` and of ``optimizer.step()``;
-* ``end``: when the step ended;
-* ``label``: the row's name on the axis; ``stage``: the stage (default: the
-  label), which names the drawn spans (``gid`` ``backward:<stage>``...), so a
-  figure can be checked as well as looked at.
+* ``messages``: while each collective ran (on an emulated link: its modeled transfer); ``sent``: when
+  each was handed to the wire; ``waits``: when the training thread stood still waiting for one;
+* ``finish``, ``optimizer``: the spans of ``finish_gradient_synchronization()`` and ``optimizer.step()``;
+* ``end``: when the step ended; ``label``: the row's name; ``stage``: names the drawn spans.
 
-:func:`draw_steps` draws rows one above the other on a shared axis; a row
-with ``faded=True`` is drawn pale (the stage before, for comparison). Every
-drawing in the notebooks goes through it, so a colour means the same thing
-everywhere: pale blue forward, blue backward, orange a message on the wire,
-red the training thread waiting, green the optimizer step.
+:func:`draw_steps` draws rows one above the other on a shared axis (``faded=True``: pale), in the
+colours every notebook shares (docs/analysis.md, "One step on one time axis").
 
 Example::
 

@@ -1,41 +1,14 @@
 """From per-rank step times and traces to one row per configuration, a table, a CSV/JSON and a chart.
 
-How each column is computed (``docs/benchmarks.md`` repeats this for readers):
+The columns (docs/benchmarks.md, "Method", defines each in full):
 
-1. **step time**: a step is as slow as its slowest rank, so per step index
-   take the maximum over ranks; then the median, quartiles and min/max over
-   all timed steps of all rounds (warm-up steps are never timed);
-2. **ratio**: median over the median of torch's DDP with the same hook, same run,
-   with a 90 % bootstrap interval (:func:`ratio_interval`: resample whole
-   launches, then whole rounds within them, the same ones for both
-   configurations, 1000 times, seeded): how sure the ratio is, including the
-   drift from round to round and the luck of each launch of the ranks;
-3. **exposed comm**: median minus the median of the same stage with
-   ``noop_hook`` (no communication at all), same run: the communication time
-   the stage failed to hide. Negative values are noise;
-4. **overlap %**: the share of collective time that ran while the rank
-   computed (``comm_comp_overlap_pctg``'s definition), pooled over every
-   rank and every round's profiled steps: total hidden comm time over total
-   comm time. ``overlap_min_pct``/``overlap_max_pct`` are the lowest and
-   highest of the per-round values (ranks pooled): how much it swings;
-5. **all_reduce calls and bytes per step** (payload bytes, as handed to
-   all_reduce), mean over timed steps: minddp's stages through the
-   :data:`minddp.comm.wire.traffic` meter (source ``wire``); torch's DDP
-   with a hook by wrapping ``torch.distributed.all_reduce``, which its
-   Python hooks call (source ``hook``,
-   :func:`minddp.bench.worker.counting_torch_all_reduce`); torch's DDP with
-   no hook (plain averaging, its C++ default) from the ``gloo:all_reduce``
-   ranges of the profiled steps (source ``trace``; none without profiling);
-6. **training-thread CPU**: per step, the CPU time of the thread that runs
-   forward, backward, hooks and optimizer (mean over ranks), then the
-   median: the host work of a step without the time spent waiting for the
-   other rank or a free core, so Python overhead shows even where the
-   wall time is too noisy to;
-7. **peak memory**: the high-water of tensor bytes a configuration
-   allocates from building it (model, wrapper, buckets, optimizer) through
-   ``1 + profile_steps`` steps, max over ranks
-   (:func:`minddp.bench.worker.fresh_peak_bytes`: the profiler's ``[memory]``
-   events on CPU, ``torch.cuda.max_memory_allocated`` on GPU).
+1. **step time**: per step the slowest rank; median, quartiles, min/max over all timed steps;
+2. **ratio**: median over torch's DDP's with the same hook, with a 90 % interval (:func:`ratio_interval`);
+3. **exposed comm**: median minus the same stage's with ``noop_hook``;
+4. **overlap %**: hidden over total collective time, pooled over ranks and rounds, with the rounds' range;
+5. **all_reduce calls and bytes per step**, from the wire's meter, a wrapped all_reduce or the trace;
+6. **training-thread CPU**: the median over steps of the ranks' mean thread CPU time;
+7. **peak memory**: the high-water of tensor bytes from building a configuration through its steps.
 
 Example (one rank's samples, made by hand: three timed steps of torch's DDP and of ``ddp``)::
 

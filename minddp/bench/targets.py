@@ -1,49 +1,20 @@
 """The performance targets minddp holds itself to, checked on one benchmark run.
 
-Each target compares rows of the same run (so machine noise hits both
-sides), and is skipped when the run lacks a configuration it needs:
+Each target compares rows of the same run and is skipped when the run lacks a configuration it needs
+(docs/benchmarks.md, "Method", gives each in full, with the same numbers):
 
-1. median step time against torch's DDP: ``ddp`` ≤ 1.05 × on the tiny
-   default model, ≤ 1.03 × where compute dominates (``--preset small`` or
-   ``medium``; 1.00 is the aim, 1.03 counts as met); ``bucket-async`` ≤ 1.10 ×
-   on every preset (it is the plain teaching stage);
-2. ``ddp`` exposes no more communication than torch's DDP (exposed comm =
-   step − the same stage with ``noop_hook``), and hides at least as large a
-   share of it (overlap %), judged like for like: against torch averaging
-   through its own Python ``allreduce_hook`` (``torch+pyhook``), since
-   minddp's hook runs in Python too (the project stays readable Python, not
-   C++). In context (a row marked ``context:``, not a target): the same
-   comparison with torch's C++ default, whose ``noop_hook`` run calls a Python
-   hook per bucket its default does not;
-3. PowerSGD rank 1: at least 20 × fewer bytes per step than plain
-   averaging, and a step ≤ 1.10 × torch's own ``powerSGD_hook``;
-4. ``ddp`` with ``gradient_as_bucket_view``: peak memory per rank ≤ torch's
-   with the same flag + 10 %;
-5. the blog's ordering: ``simple`` is the slowest distributed stage and
-   ``bucket-async`` the fastest of the blog's six;
-6. the sharded rungs (``--stages sharded``): ``zero2`` step ≤ 1.10 × ``ddp``
-   and its overlap ≥ ``ddp``'s; ``fsdp`` step ≤ 1.30 × ``ddp``; ``zero1``
-   step ≤ torch's ``ZeroRedundancyOptimizer`` (``torch-zero1``); ``fsdp``'s
-   prefetched all-gathers travel while it computes (overlap > 0);
-7. the blog's overlap: each stage that does not wait in backward hides more
-   of its communication than its blocking twin (``hook-async`` > ``hook``,
-   ``bucket-async`` > ``bucket``).
+1. median step against torch's DDP: ``ddp`` ≤ 1.05 × (≤ 1.03 × where compute dominates),
+   ``bucket-async`` ≤ 1.10 ×;
+2. ``ddp`` exposes no more communication than ``torch+pyhook`` and hides at least as large a share;
+3. PowerSGD rank 1: ≥ 20 × fewer bytes than averaging, step ≤ 1.10 × torch's ``powerSGD_hook``;
+4. ``ddp+gabv``'s peak memory ≤ torch's + 10 %;
+5. the blog's ordering: ``simple`` slowest, ``bucket-async`` fastest of the blog's six;
+6. the sharded rungs against ``ddp`` and torch's ZeRO-1, and ``fsdp``'s overlap > 0;
+7. each async stage hides more than its blocking twin.
 
-The tests check what the code guarantees about overlap, by the order of
-events (a collective handed over before compute that runs before its wait:
-``tests/test_sharding_overlap.py``, ``tests/test_link.py``); how much of the
-wire time that actually hides depends on how the OS schedules gloo's threads
-beside the ranks, so the amount is judged here, on a quiet machine.
-
-Each target is judged on the run's point values (``met``), and, where the
-run has the raw samples, with a 90 % interval of the same quantity that
-resamples whole launches and rounds, paired across the configurations compared
-(:func:`minddp.bench.report.paired_bootstrap`). The ``verdict`` is then
-
-* ``yes``: the point value meets the target;
-* ``no``: it misses, and so does the whole interval: a real miss on this run;
-* ``within noise``: it misses, but the interval reaches the target: this run
-  cannot tell a miss from a pass (a second run may well judge it the other way).
+The ``verdict`` is ``yes`` when the point value meets the target, ``no`` when it and its whole 90 %
+interval (:func:`minddp.bench.report.paired_bootstrap`) miss, ``within noise`` when it misses but the
+interval reaches the target (docs/benchmarks.md, "The ratios").
 
 Example (rows of one rank's samples, made by hand: torch's DDP and ``ddp``, three timed steps each)::
 

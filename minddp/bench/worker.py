@@ -1,39 +1,19 @@
 """Inside one rank: train every configuration, alternating, and time each step.
 
-1. **build** every configuration once: the same seeded model, wrapped as the
-   configuration says (:func:`~minddp.bench.configs.wrap`), with its own AdamW
-   and its own copy of this rank's data stream (same batches for all);
-2. **rounds**: in each round the configurations take turns *step by step*:
-   every configuration runs one step, then every configuration runs the
-   next, ``warmup`` untimed steps and then ``steps`` timed ones
-   (:func:`minddp.ladder.loop.train_step`, the loop the train command uses), the
-   ranks meeting at a barrier before each step. Two configurations being
-   compared are thus measured within a second of each other, on the same
-   batch (every configuration reads the same data stream); the machine's
-   state drifts on a scale of seconds, and in blocks of 10 steps per
-   configuration it decided more of a ratio than the code did. The turn
-   order is shuffled afresh each round, with a seed (the same on every
-   rank), so no configuration always runs right after the same neighbour.
-   Each timed step records its wall time, the CPU time of the training
-   thread (``time.thread_time``: the host work of the step, Python hooks
-   included, without the time spent waiting), and what the configuration's
-   own :class:`~minddp.comm.wire.Traffic` meter counted (minddp's hooks send
-   through a metered :class:`~minddp.comm.wire.Wire`; torch's hooks bypass it:
-   :func:`counting_torch_all_reduce` counts them; torch's default, with no
-   hook, is counted from the traces of step 3);
-3. **profile** (optional), in every round, after the timed steps, for each
-   configuration in the round's order: ``1 + profile_steps`` more steps
-   under the profiler (the first is its warm-up); the trace goes to
-   ``<trace_dir>/<config>/rank<r>.pt.trace.json`` (each round overwrites
-   it, so the last round's stays for :mod:`minddp.analysis` and trace
-   viewers), and this rank reads back how much of its communication ran
-   during compute (:func:`minddp.analysis.overlap_parts`). Overlap on a
-   shared CPU swings from step to step; sampling it in every round keeps
-   one noisy moment from deciding a configuration's number;
-4. **memory** (after the rounds, when ``measure_memory``; one launch of
-   several is enough, it does not depend on timing): each configuration is
-   built afresh under the profiler and runs the same steps, for its memory
-   high-water (:func:`fresh_peak_bytes`).
+docs/benchmarks.md, "Method", says why it is done this way; the steps:
+
+1. **build** every configuration once: the same seeded model, wrapped as it says
+   (:func:`~minddp.bench.configs.wrap`), its own AdamW and its own copy of this rank's data stream;
+2. **rounds**: the configurations take turns *step by step* (``warmup`` untimed steps, then ``steps``
+   timed ones of :func:`minddp.ladder.loop.train_step`, a barrier before each), in a seeded order
+   shuffled each round; each timed step records its wall time, the training thread's CPU time and
+   its wire's :class:`~minddp.comm.wire.Traffic` (torch's hooks: :func:`counting_torch_all_reduce`;
+   torch's default, with no hook, from the traces of step 3);
+3. **profile** (optional), each round after the timed steps: ``1 + profile_steps`` steps under the
+   profiler to ``<trace_dir>/<config>/rank<r>.pt.trace.json``, read back for the overlap
+   (:func:`minddp.analysis.overlap_parts`);
+4. **memory** (after the rounds, when ``measure_memory``): each configuration built afresh under the
+   profiler, for its high-water (:func:`fresh_peak_bytes`).
 
 Example (one rank: torch's DDP with its Python ``allreduce_hook``, counted)::
 

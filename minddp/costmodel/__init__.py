@@ -1,41 +1,18 @@
 """The step-time model: what a stage's step becomes on another network, another bucket cap, more ranks.
 
-Communication costs a step only where the training thread must wait for it.
-The model separates the two: a **profile** of one step with the waiting
-taken out (compute time, and when each message was handed over and needed
-back), and a **link** (:mod:`minddp.comm.link`: ``α``, ``β`` and the ring
-cost of each collective). Replaying the one on the other predicts the step
-time, the exposed communication and the overlap.
-
-Where the profile comes from:
-
-* :mod:`.trace`: a profiled step of a run with ``--link`` (any link;
-  ``loopback`` adds no delay), read from its trace: the model's own input
-  for a stage, a cap and a rank count that were run;
-* :mod:`.compute`: a compute profile (measured by :func:`~.compute.probe` on
-  the bare model, or given as a speed for a model's size) and the stage's
-  rules: for caps, stages and rank counts that were not run.
-
-What uses it:
-
-* :mod:`.step`: the profile, and :func:`~.step.predict` (the replay);
-* :mod:`.auto`: ``--bucket-cap-mb auto``;
-* ``python -m minddp.model validate`` (:mod:`.validate`): predicted against
-  measured on the emulated link, every stage, 2-4 ranks, links and caps;
-* ``python -m minddp.model project`` (:mod:`.project`): 2 … 1024 ranks on
-  real links, and the blog's 4 × T4 setting;
-* ``python -m minddp.model predict RUN`` (:mod:`.predict`): a run's profiled
-  steps replayed on other links and rank counts.
-
-``docs/scaling.md`` explains the model, its validation and the projections.
+Communication costs a step only where the training thread must wait for it, so the model replays a
+**profile** of one step with the waiting taken out (:mod:`.step`; read from a run's trace by
+:mod:`.trace`, or built from compute timings by :mod:`.compute`) on a **link** (:mod:`minddp.comm.link`)
+and predicts the step time, the exposed communication and the overlap (:func:`~.step.predict`). Its
+users: ``--bucket-cap-mb auto`` (:mod:`.auto`) and ``python -m minddp.model validate | project |
+predict`` (:mod:`.validate`, :mod:`.project`, :mod:`.predict`). docs/scaling.md, section 3, explains
+the model, its validation and the projections.
 
 Example (on one rank; a tiny run with a link, profiled, then replayed on 8 ranks)::
 
     >>> import os, tempfile
-    >>> from minddp.comm.link import Link
-    >>> from minddp.comm.wire import Wire
-    >>> from minddp.ladder import make_optimizer, wrap
-    >>> from minddp.ladder.loop import train_step
+    >>> from minddp.comm.link import Link; from minddp.comm.wire import Wire
+    >>> from minddp.ladder import make_optimizer, wrap; from minddp.ladder.loop import train_step
     >>> from minddp.runtime.profiling import StepProfiler
     >>> link = Link("1gbit"); wire = Wire(None, link=link)        # every message through the emulated link
     >>> model = wrap("bucket-async", torch.nn.Linear(256, 256), bucket_cap_mb=25, wire=wire)

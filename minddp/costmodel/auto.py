@@ -1,33 +1,17 @@
 """``--bucket-cap-mb auto``: the cap the step-time model predicts fastest, chosen at the start of a run.
 
-A bucket cap trades two costs. Small buckets leave early, so most of the
-communication hides behind the rest of backward, but every bucket pays the
-link's per-message cost (``2(N−1)·α`` for a ring all_reduce) and the host's
-(the hook, the launch). Large buckets pay those few times, but the last one
-is only ready at the very end of backward, and all of its transfer is
-exposed. Where the balance lies depends on the model (how big its gradients
-are and when they become ready), the number of ranks and the link, so it is
-measured rather than guessed:
+Small buckets hide behind the rest of backward but each pays the per-message cost; large ones pay it
+rarely but leave the last bucket's transfer exposed. Where the balance lies depends on the model, the
+ranks and the link, so it is measured (docs/scaling.md, "Bucket cap: what-if, and
+``--bucket-cap-mb auto``", says why the rule is what it is):
 
-1. **probe** (:func:`~minddp.costmodel.compute.probe`): a few forward/backward
-   passes of the bare model on this run's first micro-batches, timing when
-   each gradient is ready; the host's cost per message and per byte; the
-   real network's all_reduce (every rank takes part);
-2. **predict** the stage's step for caps from 0.025 to 100 MiB
-   (:data:`CANDIDATES`, plus "one bucket"), each as the plan it gives
-   (:func:`~minddp.costmodel.compute.synthesize`, :func:`~minddp.costmodel.step.predict`)
-   on the run's link (without ``--link``: this machine's network, as probed);
-3. **choose** the fastest plan; among plans within :data:`NEAR` (3 %) of
-   it, the one with the fewest buckets, named by the smallest cap that gives
-   it; rank 0's choice is broadcast, so every rank builds the same buckets.
-   3 % because the model cannot rank plans closer than that: its median
-   error against measured steps is about 5 % (``python -m minddp.model
-   validate``), and two probes of the same model moved the fastest plan
-   between 0.1 and 0.5 MiB when the predictions were that close. Fewer
-   buckets, because the cost the probe most often misses is per message (the
-   stage's own Python around each bucket, gloo's small-message time);
-4. **say** which cap, its buckets, its predicted step, and the caps either
-   side, on one line.
+1. **probe** the bare model on this run's first micro-batches (:func:`~minddp.costmodel.compute.probe`;
+   every rank takes part);
+2. **predict** the stage's step for each cap in :data:`CANDIDATES` (plus "one bucket") on the run's
+   link (without ``--link``: this machine's network, as probed);
+3. **choose** the fastest plan; among plans within :data:`NEAR` (3 %) of it, the one with the fewest
+   buckets, named by the smallest cap that gives it; rank 0's choice is broadcast;
+4. **say** which cap, its buckets, its predicted step, and the caps either side, on one line.
 
 Example::
 

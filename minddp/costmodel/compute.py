@@ -1,50 +1,13 @@
 """A stage's step built from compute timings alone: for bucket caps never run, and for clusters never seen.
 
-A profiled step (:mod:`minddp.costmodel.trace`) answers for the stage, cap and
-rank count it was taken at. To ask "what if the cap were 1 MiB?" or "what
-at 512 GPUs?", the model builds the step instead, from a
-:class:`ComputeProfile`: what one micro-batch costs without any
-communication, and when in its backward each parameter's gradient is ready.
-
-**Measured** (:func:`probe`, on the ranks, before the stage is built): a few
-forward/backward passes of the bare model with a post-accumulate-grad hook on
-every parameter that notes the time; the optimizer step timed on a copy of
-the parameters; the host cost of handing a bucket to the comm layer (the
-hook's Python, the launch) and of copying bytes (flatten, write back); and
-the real network's own all_reduce time at two sizes (``a + b·bytes``: the
-floor an emulated link never goes below).
-
-**Given** (:func:`from_throughput`): a parameter list and a compute speed
-(e.g. a GPU's achieved FLOP/s), with gradients assumed ready in reverse
-registration order, spread over backward in proportion to their size.
-
-**Built** (:func:`synthesize`): the stage's rules as in the ladder:
-
-* ``simple`` syncs every micro-batch, ``ga`` the last; both after backward,
-  one message per gradient (last layers first), each waited for at once;
-* ``hook`` / ``hook-async``: one message per gradient, at its ready time in the
-  last backward; ``hook`` waits at once, ``hook-async`` after backward;
-* ``bucket`` / ``bucket-async`` / ``ddp`` / ``torch``: the bucket plan of
-  :func:`~minddp.stages.bucket_plan.plan_buckets` (ddp and torch over the
-  observed ready order, as their rebuilt plan); a bucket leaves when its last
-  gradient is ready; ``bucket`` waits at once, the others after backward;
-* ``zero1``: ``ddp``'s step, then the optimizer on ``1/world`` of the
-  elements, then one all-gather per 25 MiB of parameters (in registration
-  order, as :class:`~minddp.sharding.ZeroRedundancyOptimizer` plans them),
-  all waited for before the step ends;
-* ``zero2``: ``bucket-async``'s buckets as reduce-scatters, the optimizer on
-  ``1/world``; the next step's forward starts one all-gather per bucket (the
-  first layers' bucket first) and waits for each just before the first layer
-  that uses one of its parameters (``used``): the all-gathers of a step are
-  placed at the start of the same step, as the trace shows them.
-
-``fsdp`` is not built: its messages follow its units (the transformer
-blocks), which a compute profile does not know; the model reads it from a
-profiled step instead (:mod:`minddp.costmodel.trace`).
-
-Every hand-over costs ``per_message`` of host time, and a bucket's flatten
-``per_byte`` per byte (both stretch the compute clock, as they do on the
-training thread); after the sync, the write-back and the optimizer.
+A profiled step (:mod:`minddp.costmodel.trace`) answers only for the stage, cap and rank count it was
+taken at; for "what if the cap were 1 MiB?" or "what at 512 GPUs?" the model builds the step from a
+:class:`ComputeProfile`: what one micro-batch costs without communication, and when in its backward
+each gradient is ready. It is **measured** (:func:`probe`: the bare model's forward/backward with a
+hook per parameter, the optimizer step, the host's cost per message and per byte, the real network's
+all_reduce at two sizes) or **given** (:func:`from_throughput`: parameters and a compute speed), and
+:func:`synthesize` **builds** the step by the stage's rules (every stage but ``fsdp``, whose units a
+compute profile does not know). docs/scaling.md, "a compute profile", lists the rules stage by stage.
 
 Example::
 

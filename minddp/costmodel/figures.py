@@ -1,23 +1,15 @@
 """Figures for the notebooks: the ladder on a slow link, measured and predicted.
 
-Two figures, each from a run folder written by
-``python -m minddp.train --stage all --link <link>`` (or from the model alone):
-
-* :func:`ladder_on_link`: per stage, where the step's time goes (compute,
-  communication the step waited for, idle) and how much of the communication
-  hid behind compute: the blog's temporal-breakdown and overlap charts, for
-  the stages run on the emulated link;
-* :func:`predicted_ladder`: per stage, the step the model predicts from the
-  run's profiled steps on each of several links, beside the run's measured
-  step: what the same code would do on a faster or slower network.
+From a run folder of ``python -m minddp.train --stage all --link <link>``: :func:`ladder_on_link`,
+per stage, where the step's time goes (compute, waited-for communication, idle) and how much of the
+communication hid behind compute (the blog's breakdown and overlap charts); :func:`predicted_ladder`,
+per stage, the step the model predicts on each of several links beside the measured one.
 
 Example (on one rank; a tiny run with a link, profiled)::
 
-    >>> import os, tempfile
-    >>> from minddp.comm.link import Link
-    >>> from minddp.comm.wire import Wire
-    >>> from minddp.ladder import make_optimizer, wrap
-    >>> from minddp.ladder.loop import train_step
+    >>> import os, tempfile, json
+    >>> from minddp.comm.link import Link; from minddp.comm.wire import Wire
+    >>> from minddp.ladder import make_optimizer, wrap; from minddp.ladder.loop import train_step
     >>> from minddp.runtime.profiling import StepProfiler
     >>> link = Link("1gbit"); wire = Wire(None, link=link)        # every message through the emulated link
     >>> model = wrap("bucket-async", torch.nn.Linear(256, 256), bucket_cap_mb=25, wire=wire)
@@ -30,7 +22,6 @@ Example (on one rank; a tiny run with a link, profiled)::
     >>> link.annotate_trace(prof.path)                            # transfers placed: one a profiled step
     2
     >>> link.close()
-    >>> import json
     >>> with open(os.path.join(run.name, "bucket-async", "config.json"), "w") as f:
     ...     json.dump({"stage": "bucket-async", "link": "1gbit"}, f)
     >>> from minddp.costmodel.figures import ladder_on_link, predicted_ladder

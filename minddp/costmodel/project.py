@@ -1,36 +1,15 @@
 """``python -m minddp.model project``: each stage's step at 2 … 1024 ranks on real links, from a compute profile.
 
-Data parallelism keeps the work per rank fixed (weak scaling): more ranks,
-same step compute, more ranks on the ring. Only the communication changes, so
-a step measured (or estimated) once predicts the whole ladder at any size:
+Data parallelism keeps the work per rank fixed (weak scaling): only the communication changes with
+the rank count, so one compute profile predicts the whole ladder at any size. docs/scaling.md,
+section 5, numbers the same steps and shows the results:
 
-1. **a compute profile** (:class:`~minddp.costmodel.compute.ComputeProfile`), either
-   *given* (``--setting blog``: the blog's SmolLM2-360M in bf16 on MRPC, 16
-   examples of about 88 tokens per micro-batch, 3 micro-batches, at
-   ``--tflops`` achieved per GPU; or any ``--model`` of the offline presets
-   with ``--tflops``), or *measured* here (``--measure``: the offline model
-   probed on this CPU, one process);
-2. **each stage's step** built from it (:func:`~minddp.costmodel.compute.synthesize`:
-   the stage's rules, the bucket plan at ``--bucket-cap-mb``) and replayed on
-   each link at each rank count (:func:`~minddp.costmodel.step.predict`), as on a
-   real network (no emulation floor, no delivery delay);
-3. **report** per (link, stage, ranks): step time, **scaling efficiency**
-   (compute alone / step: 1.0 is perfect weak scaling; throughput is
-   ``ranks × efficiency`` times one rank's), communication share (time on
-   the link / step), exposed share (the blog's "non-compute" time / step),
-   overlap. ``projection.md``/``.csv``, and ``projection.png``: efficiency
-   against ranks, one panel per link, one line per stage; and the link
-   bandwidth each stage needs to keep 90 % efficiency at each rank count
-   (with ``--latency-us`` per hop): what to buy, or which stage to use.
-
-With ``--setting blog`` the report ends with the blog's 4 × T4 numbers beside
-the projection for that setting (4 ranks, ``pcie-t4``), and how the compute
-speed the blog's own percentages imply compares with the one assumed.
-
-What a projection leaves out is what the link model leaves out (contention,
-topology: beyond one node the slowest hop, not a uniform ring, sets the
-pace; NCCL's trees for small messages), plus compute slowing down while
-communication runs (NCCL's kernels share the GPU).
+1. **a compute profile** (:class:`~minddp.costmodel.compute.ComputeProfile`), *given* (``--setting
+   blog``, or ``--model`` with ``--tflops``) or *measured* here (``--measure``);
+2. **each stage's step** built from it (:func:`~minddp.costmodel.compute.synthesize`) and replayed on
+   each link at each rank count (:func:`~minddp.costmodel.step.predict`), as on a real network;
+3. **report** per (link, stage, ranks): step time, scaling efficiency, communication, exposed and
+   overlap shares, and the bandwidth each stage needs for 90 % efficiency (``projection.md``/``.csv``/``.png``).
 
 Example::
 

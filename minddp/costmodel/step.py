@@ -1,43 +1,20 @@
 """One training step as the model sees it, and what it becomes on another network.
 
-**The profile** (:class:`StepProfile`). Take one step of a stage and remove
-every moment the training thread stood waiting for the network. What is left
-is *compute time* (the forward, the backward, the hooks' Python, the copies,
-the optimizer), and on that clock each message the step sent has:
+**The profile** (:class:`StepProfile`): one step of a stage with every moment the training thread
+waited for the network taken out (its *compute time*), and on that clock each message's hand-over
+``at``, first need ``wait_at`` (the same moment for a stage that waits right away, later for one that
+keeps going), ``nbytes``, ``kind``, and ``real``, the real collective's time (the floor under any
+emulated link). **The prediction** (:func:`predict`) replays it on a link, event by event, with one
+clock for the training thread and one for the NIC:
 
-* ``at``: when the training thread handed it to the network;
-* ``wait_at``: when the training thread first needed it back: the same moment
-  for a stage that waits right away (``simple``, ``ga``, ``hook``, ``bucket``),
-  later for one that keeps going (``hook-async`` and ``bucket-async`` wait in
-  ``finish_gradient_synchronization``; ``ddp`` and torch's DDP at the end of
-  backward);
-* its ``nbytes`` and collective ``kind``, and ``real``: how long the real
-  collective took on the network the profile was taken on (the floor under
-  any emulated link, see :mod:`minddp.comm.link`).
-
-**The prediction** (:func:`predict`) replays the step on a link, event by
-event in compute-time order, with one clock for the training thread and one
-for the NIC:
-
-1. a *send* at compute time ``at`` happens at wall time ``at + shift`` (``shift``:
-   the waiting so far); the NIC starts it when it is free, carries it for the
-   link's modeled time (:meth:`~minddp.comm.link.LinkSpec.seconds`), and it is
-   done when that transfer has ended and the real collective has too, plus
-   ``late`` (the emulation's delivery delay; 0 for a real network);
-2. a *wait* at compute time ``wait_at``: if the message is not done yet, the
-   training thread stands still until it is: ``shift`` grows by the gap;
+1. a *send* at compute time ``at`` happens at wall time ``at + shift`` (the waiting so far); the NIC
+   carries it when free for the link's modeled time; it is done when that and the real collective
+   have ended, plus ``late`` (the emulation's delivery delay; 0 for a real network);
+2. a *wait* at ``wait_at`` on a message not yet done stands still until it is: ``shift`` grows;
 3. the step takes ``compute + shift``.
 
-From the same replay: **exposed communication** = ``shift`` (the time the
-step stood still), **communication time** = the time at least one message
-was on the link (union of transfer intervals), **overlap** = the share of
-communication time during which the training thread was not waiting
-(HolisticTraceAnalysis's ``comm_comp_overlap``), and the **communication
-share** = communication time / step time.
-
-What the replay leaves out: compute does not slow down while the network
-works (on a GPU, NCCL's kernels take SMs; on a CPU, gloo takes cores), and
-messages never reorder.
+The same replay gives the exposed communication, the time on the link, the overlap and the
+communication share; docs/scaling.md, section 3, defines them and says what the replay leaves out.
 
 Example::
 

@@ -1,45 +1,20 @@
 """A :class:`~minddp.costmodel.step.StepProfile` from a profiled step: the trace of a run with ``--link``.
 
-A run with a link (any link, ``loopback`` included: it adds no delay, only
-the ranges) leaves in each rank's trace what the model needs, per profiled
-step (``ProfilerStep#N``):
+A run with a link (``loopback`` included: it adds no delay) leaves per profiled step the link's
+transfers, gloo's real collectives and the loop's wait ranges; from them, per step
+(docs/scaling.md, "Reading a profile from a trace", says which ranges and why):
 
-* ``minddp.link:<kind>`` transfers (:meth:`minddp.comm.link.Link.annotate_trace`):
-  per message its bytes, when it was handed over, when its modeled transfer
-  ended, and when it was delivered;
-* ``gloo:<kind>`` ranges on gloo's thread: when the real collective ended
-  (the n-th message is the n-th real collective of its kind and size: gloo
-  runs them in the order they were queued; a reduce-scatter runs as an
-  all_reduce on gloo);
-* ``minddp.finish_gradient_synchronization`` (the loop's range) and the
-  ``minddp.bucket_launch`` ranges: where an async stage waits.
-
-From them, per step:
-
-1. **waits** (wall clock): each message is needed back at its *wait point*
-   and the stage stands still from there to its delivery, if later. The
-   wait point is the message's first ``wait()`` where the link noted one
-   (``waited_ts``: the sharded stages wait on the link's Futures
-   themselves); otherwise the stage's rule (:data:`~minddp.costmodel.step.TRACED_WAITS`):
-   its hand-over for a stage that waits right away, and for one that waits
-   later the start of ``finish_gradient_synchronization`` (for ``ddp``,
-   ``zero1`` and torch's DDP, which wait at the end of backward, the end of
-   the last launch);
-2. **the compute clock**: a moment's compute time is its time since the step
-   began minus the waiting before it; the step's ``compute`` is the step's
-   length minus all waiting;
-3. **messages**: hand-over and wait point on that clock, bytes, and ``real``
-   = the real collective's end minus the hand-over (never below 0);
-4. ``late`` = the median, over the step's messages, of delivery minus the
-   later of modeled end and real end: how late the emulation delivers.
+1. **waits**: each message's wait point (its first ``wait()``, else the stage's rule,
+   :data:`~minddp.costmodel.step.TRACED_WAITS`);
+2. **the compute clock**: time since the step began minus the waiting before it;
+3. **messages**: hand-over and wait point on that clock, bytes, ``real`` (real end minus hand-over);
+4. ``late``: the median delay of the emulation's delivery.
 
 Example (on one rank; a tiny run with a link, profiled)::
 
     >>> import os, tempfile
-    >>> from minddp.comm.link import Link
-    >>> from minddp.comm.wire import Wire
-    >>> from minddp.ladder import make_optimizer, wrap
-    >>> from minddp.ladder.loop import train_step
+    >>> from minddp.comm.link import Link; from minddp.comm.wire import Wire
+    >>> from minddp.ladder import make_optimizer, wrap; from minddp.ladder.loop import train_step
     >>> from minddp.runtime.profiling import StepProfiler
     >>> link = Link("1gbit"); wire = Wire(None, link=link)        # every message through the emulated link
     >>> model = wrap("bucket-async", torch.nn.Linear(256, 256), bucket_cap_mb=25, wire=wire)

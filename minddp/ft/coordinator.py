@@ -1,33 +1,19 @@
 """The coordinator ("lighthouse"): who is in, and whether a step counts. It outlives any training rank.
 
-A process of its own (started by :mod:`minddp.ft.launch`) that hosts a
-TCPStore and, in one loop, answers two questions for the ranks:
+A process of its own (started by :mod:`minddp.ft.launch`) that hosts a TCPStore and, in one loop,
+answers two questions for the ranks (docs/fault-tolerance.md, "What one step does", gives the keys,
+liveness and restarts in full):
 
-1. **quorum**: a rank that is about to train step ``s`` posts
-   ``req/<slot> = {id, step}`` and waits for ``quorum/<slot>/<id>`` (``id``:
-   incarnation.sequence, unique per request). The
-   lighthouse answers once every *live* slot has asked: the members are the
-   slots that asked, sorted; a member's group rank is its index there. The
-   quorum gets a new tag (``e<epoch>q<id>``) when the members changed or a
-   step was discarded since the last one: the ranks then build a fresh
-   process group under that tag (the old one may be broken).
-2. **should_commit**: after its backward a rank posts
-   ``vote/<slot> = {quorum, members, step, ok}`` and waits for
-   ``decision/<quorum>/<step>``: ``commit`` once every member voted ok,
-   ``discard`` as soon as one voted not ok or one is no longer live. One
-   process decides, so every rank reads the same answer: a step counts on all
-   ranks or on none.
+1. **quorum**: a rank about to train step ``s`` posts ``req/<slot>`` and waits for its answer, given
+   once every *live* slot has asked: the members are the slots that asked, sorted (a member's group
+   rank is its index), under a new tag when the members changed or a step was discarded;
+2. **should_commit**: after its backward a rank posts ``vote/<slot>`` and waits for the decision:
+   ``commit`` once every member voted ok, ``discard`` as soon as one voted not ok or is no longer live.
+   One process decides, so a step counts on all ranks or on none.
 
-A slot is *live* while its heartbeat (``beat/<slot>``, bumped every
-:data:`BEAT_S` by a thread in the rank) keeps changing within ``hang_s``, and
-the launcher has not posted ``gone/<slot>`` for that incarnation (a process
-that exited is known at once; a frozen one only by its silence). A slot whose
-beat went silent is *evicted*: the launcher hears of it and ends that process.
-
-Nothing here survives a restart of the lighthouse, and nothing needs to: the
-ranks post their request or vote again to the new one (a vote carries its
-quorum's members, so the new lighthouse can decide it), and the new epoch's
-tags name new groups.
+A slot is *live* while its heartbeat (``beat/<slot>``, every :data:`BEAT_S`) keeps changing within
+``hang_s`` and the launcher has not reported it gone; a silent one is *evicted*. Nothing here survives
+a restart of the lighthouse, and nothing needs to: the ranks post their request or vote again.
 """
 
 from __future__ import annotations

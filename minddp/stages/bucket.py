@@ -1,12 +1,9 @@
 """Stage ``bucket``: fewer, bigger messages.
 
-Builds on ``hook``. Every collective pays a fixed cost before its bytes move; buckets pay it a few
-times a step instead of once per parameter: 1. at construction, **plan** the buckets
-(:func:`~minddp.stages.bucket_plan.plan_buckets`: reverse order, ``bucket_cap_mb`` each); 2. the
-autograd hook counts each gradient in its bucket and, at the bucket's last one, **flattens** them
-into one buffer for the comm hook; 3. the average is **copied** back slice by slice. Buckets that
-did not fill (a parameter without gradient) are sent by :meth:`finish_gradient_synchronization`. The
-change::
+Builds on ``hook``: each collective's fixed cost is paid per bucket, not per parameter (docs/ladder.md,
+"``bucket``", steps 1-3): 1. **plan** the buckets (:func:`~minddp.stages.bucket_plan.plan_buckets`);
+2. at a bucket's last gradient, **flatten** it for the comm hook; 3. **copy** the average back. Unfilled
+buckets are sent by :meth:`finish_gradient_synchronization`. The change::
 
          def _grad_ready(self, param: nn.Parameter) -> None:
     -            bucket = GradBucket(i, param.grad.reshape(-1), [param], is_last=i == len(self.index) - 1)
@@ -26,8 +23,6 @@ Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
     >>> model(torch.ones(3, 4)).sum().backward()       # one all_reduce, inside backward
     >>> model.module.bias.grad
     tensor([3., 3.])
-
-More: ``docs/ladder.md``.
 """
 
 from __future__ import annotations
