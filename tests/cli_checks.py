@@ -1,6 +1,10 @@
-"""What every CLI error looks like, for the tests of train, bench and analyze: a usage line, then one error line."""
+"""For the tests of the commands: the small run they train, and what every CLI error looks like (a usage line,
+then one error line)."""
 
 from __future__ import annotations
+
+#: A train command run small enough for a test: 4 examples x 2 micro-batches per rank, 32 tokens, 16 to evaluate.
+SMALL_RUN = "--batch-size 4 --grad-accum 2 --max-seq-len 32 --eval-examples 16 --no-progress".split()
 
 
 def usage_error(err: str, prog: str, fragment: str = "") -> str:

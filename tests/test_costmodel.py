@@ -23,6 +23,7 @@ import json
 import pytest
 import torch
 import torch.distributed as dist
+from cli_checks import SMALL_RUN
 
 from minddp import launch
 from minddp.comm.link import LinkSpec
@@ -523,15 +524,7 @@ def test_train_with_a_link_and_an_auto_cap_then_predict_from_its_traces(tmp_path
             "100mbit",
             "--bucket-cap-mb",
             "auto",
-            "--batch-size",
-            "4",
-            "--grad-accum",
-            "2",
-            "--max-seq-len",
-            "32",
-            "--eval-examples",
-            "16",
-            "--no-progress",
+            *SMALL_RUN,
             "--trace-dir",
             str(tmp_path),
             "--run-name",

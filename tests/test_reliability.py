@@ -17,6 +17,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from cli_checks import SMALL_RUN
 from processes import run_torchrun
 from torch import nn
 
@@ -164,15 +165,7 @@ def test_train_cli_reports_a_killed_rank_in_one_line_with_exit_1(monkeypatch, ca
             "--steps",
             "5",
             "--no-profile",
-            "--batch-size",
-            "4",
-            "--grad-accum",
-            "2",
-            "--max-seq-len",
-            "32",
-            "--eval-examples",
-            "16",
-            "--no-progress",
+            *SMALL_RUN,
             "--timeout",
             str(TIMEOUT_S),
             "--checkpoint-dir",

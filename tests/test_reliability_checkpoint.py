@@ -20,7 +20,7 @@ import signal
 import pytest
 import torch
 import torch.distributed as dist
-from cli_checks import usage_error
+from cli_checks import SMALL_RUN, usage_error
 from torch import nn
 
 from minddp import RankError, launch
@@ -36,15 +36,7 @@ COMMON = [
     "--save-every",
     "3",
     "--no-profile",
-    "--batch-size",
-    "4",
-    "--grad-accum",
-    "2",
-    "--max-seq-len",
-    "32",
-    "--eval-examples",
-    "16",
-    "--no-progress",
+    *SMALL_RUN,
     "--seed",
     "3",
     "--hook",

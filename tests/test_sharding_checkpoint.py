@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import toy_models
+from cli_checks import SMALL_RUN
 
 from minddp import launch
 from minddp.ladder import make_optimizer, wrap
@@ -167,15 +168,7 @@ COMMON = [
     "--stage",
     "fsdp",
     "--no-profile",
-    "--batch-size",
-    "4",
-    "--grad-accum",
-    "2",
-    "--max-seq-len",
-    "32",
-    "--eval-examples",
-    "16",
-    "--no-progress",
+    *SMALL_RUN,
     "--seed",
     "5",
     "--timeout",

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_checks import usage_error
+from cli_checks import SMALL_RUN, usage_error
 from processes import run_torchrun
 
 from minddp.train import run as train
@@ -25,15 +25,7 @@ from minddp.train.data import ShardSampler
 
 FIXTURE = str(Path(__file__).parent / "data" / "mrpc_tiny")
 TINY = [
-    "--batch-size",
-    "4",
-    "--grad-accum",
-    "2",
-    "--max-seq-len",
-    "32",
-    "--eval-examples",
-    "16",
-    "--no-progress",
+    *SMALL_RUN,
     "--seed",
     "3",
 ]
