@@ -11,14 +11,10 @@ whole run on whatever hardware recorded it (docs/analysis.md says what each mean
 
 Example (on one rank; the trace of a tiny run)::
 
-    >>> import os, tempfile, torch.distributed as dist
-    >>> from minddp.runtime.profiling import StepProfiler
+    >>> import os, tempfile
+    >>> from minddp.runtime.profiling import tiny_run
     >>> run = tempfile.TemporaryDirectory()                     # a run folder: one stage, one rank
-    >>> with StepProfiler(os.path.join(run.name, "simple"), rank=0, total_steps=3, active=2) as prof:
-    ...     for step in range(3):                               # a step: a matmul, two all_reduces
-    ...         g = torch.ones(64, 64) @ torch.ones(64, 64)
-    ...         dist.all_reduce(g); dist.all_reduce(torch.ones(10))
-    ...         prof.step()
+    >>> _ = tiny_run(run.name)                                  # 3 steps, 2 recorded: a matmul, two all_reduces
     >>> from minddp.analysis import analyze_run
     >>> result = analyze_run(run.name)
     >>> result.stages[["allreduce_calls_per_step", "allreduce_bytes_per_step"]]   # 64·64·4 + 10·4 bytes

@@ -11,14 +11,10 @@ problem with a :class:`TraceError` that names it and says what to do:
 
 Example (on one rank; the trace of a tiny run)::
 
-    >>> import os, tempfile, torch.distributed as dist
-    >>> from minddp.runtime.profiling import StepProfiler
+    >>> import os, tempfile
+    >>> from minddp.runtime.profiling import tiny_run
     >>> run = tempfile.TemporaryDirectory()                     # a run folder: one stage, one rank
-    >>> with StepProfiler(os.path.join(run.name, "simple"), rank=0, total_steps=3, active=2) as prof:
-    ...     for step in range(3):                               # a step: a matmul, two all_reduces
-    ...         g = torch.ones(64, 64) @ torch.ones(64, 64)
-    ...         dist.all_reduce(g); dist.all_reduce(torch.ones(10))
-    ...         prof.step()
+    >>> _ = tiny_run(run.name)                                  # 3 steps, 2 recorded: a matmul, two all_reduces
     >>> run_traces = load_run(run.name)
     >>> sorted(run_traces.stages), sorted(run_traces.stages["simple"].ranks)
     (['simple'], [0])

@@ -8,20 +8,9 @@ per stage, the step the model predicts on each of several links beside the measu
 Example (on one rank; a tiny run with a link, profiled)::
 
     >>> import os, tempfile, json
-    >>> from minddp.comm.link import Link; from minddp.comm.wire import Wire
-    >>> from minddp.ladder import make_optimizer, wrap; from minddp.ladder.loop import train_step
-    >>> from minddp.runtime.profiling import StepProfiler
-    >>> link = Link("1gbit"); wire = Wire(None, link=link)        # every message through the emulated link
-    >>> model = wrap("bucket-async", torch.nn.Linear(256, 256), bucket_cap_mb=25, wire=wire)
-    >>> opt = make_optimizer("bucket-async", model, torch.optim.SGD, wire=wire, lr=0.01)
+    >>> from minddp.costmodel.trace import tiny_run_on_link
     >>> run = tempfile.TemporaryDirectory()
-    >>> with StepProfiler(os.path.join(run.name, "bucket-async"), 0, total_steps=3, active=2, memory=False) as prof:
-    ...     for step in range(3):                                     # one warm-up step, two profiled
-    ...         _ = train_step(model, opt, [torch.ones(8, 256)], lambda m, x: m(x).sum())
-    ...         prof.step()
-    >>> link.annotate_trace(prof.path)                            # transfers placed: one a profiled step
-    2
-    >>> link.close()
+    >>> path = tiny_run_on_link(run.name, "1gbit")                # bucket-async, 3 steps, its messages on 1gbit
     >>> with open(os.path.join(run.name, "bucket-async", "config.json"), "w") as f:
     ...     json.dump({"stage": "bucket-async", "link": "1gbit"}, f)
     >>> from minddp.costmodel.figures import ladder_on_link, predicted_ladder

@@ -12,22 +12,10 @@ transfers, gloo's real collectives and the loop's wait ranges; from them, per st
 
 Example (on one rank; a tiny run with a link, profiled)::
 
-    >>> import os, tempfile
-    >>> from minddp.comm.link import Link; from minddp.comm.wire import Wire
-    >>> from minddp.ladder import make_optimizer, wrap; from minddp.ladder.loop import train_step
-    >>> from minddp.runtime.profiling import StepProfiler
-    >>> link = Link("1gbit"); wire = Wire(None, link=link)        # every message through the emulated link
-    >>> model = wrap("bucket-async", torch.nn.Linear(256, 256), bucket_cap_mb=25, wire=wire)
-    >>> opt = make_optimizer("bucket-async", model, torch.optim.SGD, wire=wire, lr=0.01)
+    >>> import tempfile
     >>> run = tempfile.TemporaryDirectory()
-    >>> with StepProfiler(os.path.join(run.name, "bucket-async"), 0, total_steps=3, active=2, memory=False) as prof:
-    ...     for step in range(3):                                     # one warm-up step, two profiled
-    ...         _ = train_step(model, opt, [torch.ones(8, 256)], lambda m, x: m(x).sum())
-    ...         prof.step()
-    >>> link.annotate_trace(prof.path)                            # transfers placed: one a profiled step
-    2
-    >>> link.close()
-    >>> profiles = step_profiles(prof.path, "bucket-async", world=1)
+    >>> path = tiny_run_on_link(run.name, "1gbit")      # bucket-async, 3 steps, its messages on 1gbit (see its code)
+    >>> profiles = step_profiles(path, "bucket-async", world=1)
     >>> len(profiles), [(m.kind, m.nbytes) for m in profiles[0].messages]   # one bucket: 256·256 + 256 floats
     (2, [('all_reduce', 263168)])
     >>> typical(profiles) in profiles                             # a real step, not an average
@@ -36,6 +24,7 @@ Example (on one rank; a tiny run with a link, profiled)::
 
 from __future__ import annotations
 
+import os
 import statistics
 from pathlib import Path
 
@@ -167,3 +156,29 @@ def typical(profiles: list[StepProfile]) -> StepProfile:
 
 
 __all__ = ["ProfileError", "step_profiles", "typical"]
+
+
+def tiny_run_on_link(folder: str, link: str = "1gbit", stage: str = "bucket-async") -> str:
+    """A tiny profiled run of ``stage`` on this rank with every message through an emulated ``link``: 3 steps
+    (one warm-up, two recorded) of a 256 x 256 linear layer, one bucket each, and the link's transfers placed in
+    the trace (:meth:`minddp.comm.link.Link.annotate_trace`), saved as ``<folder>/<stage>/``. Returns the trace's
+    path: what :func:`step_profiles` reads."""
+    import torch
+
+    from minddp.comm.link import Link
+    from minddp.comm.wire import Wire
+    from minddp.ladder import make_optimizer, wrap
+    from minddp.ladder.loop import train_step
+    from minddp.runtime.profiling import StepProfiler
+
+    emulated = Link(link)
+    wire = Wire(None, link=emulated)
+    model = wrap(stage, torch.nn.Linear(256, 256), bucket_cap_mb=25, wire=wire)
+    optimizer = make_optimizer(stage, model, torch.optim.SGD, wire=wire, lr=0.01)
+    with StepProfiler(os.path.join(folder, stage), 0, total_steps=3, active=2, memory=False) as prof:
+        for _ in range(3):
+            train_step(model, optimizer, [torch.ones(8, 256)], lambda m, x: m(x).sum())
+            prof.step()
+    emulated.annotate_trace(prof.path)
+    emulated.close()
+    return prof.path

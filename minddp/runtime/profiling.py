@@ -153,3 +153,18 @@ class StepProfiler:
     def __exit__(self, *exc) -> None:
         if self._prof is not None:
             self._prof.__exit__(*exc)
+
+
+def tiny_run(folder: str, stage: str = "simple") -> str:
+    """A tiny profiled run on this rank, to read a trace without training anything: 3 steps (one warm-up, two
+    recorded), each a 64 x 64 matmul and two all_reduces (16,384 and 40 bytes), saved as ``<folder>/<stage>/``,
+    the layout of a run folder. Returns the trace's path."""
+    import torch
+    import torch.distributed as dist
+
+    with StepProfiler(os.path.join(folder, stage), rank=dist.get_rank(), total_steps=3, active=2) as prof:
+        for _ in range(3):
+            dist.all_reduce(torch.ones(64, 64) @ torch.ones(64, 64))
+            dist.all_reduce(torch.ones(10))
+            prof.step()
+    return prof.path
