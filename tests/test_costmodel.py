@@ -509,7 +509,7 @@ def test_the_sharded_stages_are_replayed_from_the_waits_the_link_notes(tmp_path)
 
 def test_train_with_a_link_and_an_auto_cap_then_predict_from_its_traces(tmp_path):
     from minddp.analysis import analyze_run
-    from minddp.costmodel.predict import predict_run
+    from minddp.costmodel.runs import predict_run
     from minddp.train import run as train
 
     rc = train.main(

@@ -160,3 +160,31 @@ def test_the_checks_catch_a_crossing_a_cycle_and_imports_inside_functions():
     run = MODULES["minddp.train.run"].read_text()
     assert "            from minddp.analysis.__main__ import main as analyze_main" in run
     assert "minddp.analysis.__main__" in GRAPH["minddp.train.run"]
+
+
+def clashes_in(init: Path) -> list[str]:
+    """Names a package's ``__init__`` binds to something other than its module of the same name."""
+    modules = {p.stem for p in init.parent.glob("*.py") if p.name != "__init__.py"}
+    modules |= {p.name for p in init.parent.iterdir() if (p / "__init__.py").exists()}
+    package = init.parent.relative_to(PACKAGE.parent).as_posix().replace("/", ".")
+    found = []
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.ImportFrom):
+            for a in node.names:
+                bound = a.asname or a.name
+                the_module = (node.module == package or node.level == 1 and not node.module) and a.name == bound
+                if bound in modules and not the_module:
+                    found.append(f"{package}.{bound}")
+        elif isinstance(node, ast.Assign):
+            found += [f"{package}.{t.id}" for t in node.targets if isinstance(t, ast.Name) and t.id in modules]
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in modules:
+            found.append(f"{package}.{node.name}")
+    return found
+
+
+def test_no_package_binds_a_name_one_of_its_modules_has():
+    # `from minddp.costmodel import predict` gave the function or the module predict.py, depending on whether
+    # something had imported the module first (Python then rebinds the package's attribute to it): an order the
+    # suite's two workers change from run to run. A package's names and its modules' must differ.
+    clashes = [c for init in sorted(PACKAGE.rglob("__init__.py")) for c in clashes_in(init)]
+    assert not clashes, "a package binds a name that is also one of its modules: " + ", ".join(clashes)

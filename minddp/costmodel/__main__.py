@@ -8,7 +8,7 @@ def main(argv=None) -> int:
     commands = {
         "validate": "minddp.costmodel.validate",
         "project": "minddp.costmodel.project",
-        "predict": "minddp.costmodel.predict",
+        "predict": "minddp.costmodel.runs",
     }
     if not argv or argv[0] not in commands:
         print(

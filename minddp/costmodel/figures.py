@@ -68,7 +68,7 @@ def predicted_ladder(run, links: list[str], ax=None):
     """Predicted step per stage on each link (from the run's profiled steps), and the run's own. Returns the figure."""
     import matplotlib.pyplot as plt
 
-    from minddp.costmodel.predict import predict_run
+    from minddp.costmodel.runs import predict_run
 
     run = Path(run)
     rows = predict_run(run, links, [], real_network=False)
