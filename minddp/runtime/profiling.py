@@ -162,9 +162,12 @@ def tiny_run(folder: str, stage: str = "simple") -> str:
     import torch
     import torch.distributed as dist
 
+    from minddp.runtime.device import message_device
+
+    device = message_device()  # the CPU on gloo, as the examples run
     with StepProfiler(os.path.join(folder, stage), rank=dist.get_rank(), total_steps=3, active=2) as prof:
         for _ in range(3):
-            dist.all_reduce(torch.ones(64, 64) @ torch.ones(64, 64))
-            dist.all_reduce(torch.ones(10))
+            dist.all_reduce(torch.ones(64, 64, device=device) @ torch.ones(64, 64, device=device))
+            dist.all_reduce(torch.ones(10, device=device))
             prof.step()
     return prof.path
