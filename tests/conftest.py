@@ -29,3 +29,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(item.path.name))
     rank = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: the rest keep their order
+
+
+@pytest.fixture(scope="session", autouse=True)
+def rank_server():
+    """This process's process server, started as the train command starts its own: importing what its ranks need.
+
+    The first launch in a process starts the server that forks every later rank (``rank_context``). Started here
+    with the train command's imports (``rank_imports``), it spares every rank of every test those seconds of
+    imports, whichever test launches first.
+    """
+    from minddp.runtime.launch import rank_imports
+    from minddp.runtime.processes import rank_context
+    from minddp.train.run import train_rank
+
+    rank_context(rank_imports(train_rank))

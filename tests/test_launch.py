@@ -458,3 +458,51 @@ def test_stall_watchdog_ends_hung_ranks_but_not_working_ones():
     assert "no rank made progress for 3 s" in str(info.value) and info.value.step == 1
     # 6 steps of 0.5 s = 3 s in all, longer than stall_s, but every step is progress.
     assert launch(keeps_reporting, 6, world_size=2, stall_s=2) == [6, 6]
+
+
+PRELOAD_CHECK = """
+import json, sys
+import torch
+
+touched = []  # torch.cuda's entry points that may initialize CUDA: a process that forks ranks must call none
+for name in ("is_available", "device_count", "init", "_lazy_init", "current_device", "set_device"):
+    real = getattr(torch.cuda, name)
+    setattr(torch.cuda, name, lambda *a, _n=name, _real=real, **k: touched.append(_n) or _real(*a, **k))
+
+from minddp.runtime.launch import launch, rank_imports
+from minddp.runtime.processes import RANK_IMPORTS, rank_context
+from minddp.train.run import train_rank  # the train command's ranks run this
+
+imports = [*RANK_IMPORTS, *rank_imports(train_rank)]
+for module in imports:
+    __import__(module)  # what the server does when it starts
+touched_by_imports = list(touched)
+rank_context(rank_imports(train_rank))  # this process's server, as the train command starts it
+import user_module
+
+print(json.dumps({
+    "imports": imports,
+    "touched": touched_by_imports,
+    "user": rank_imports(user_module.loaded),
+    "in_rank": launch(user_module.loaded, imports, world_size=1)[0],
+}))
+"""
+
+
+def test_ranks_fork_with_the_train_commands_imports_and_none_of_them_touches_cuda(tmp_path):
+    """The process server imports what the train command's ranks need (minddp.runtime.launch.rank_imports), so
+    that each rank of each stage does not import it again; a module imported there must not initialize CUDA
+    (a process that forks ranks must not), nor is a user's module imported there."""
+    (tmp_path / "user_module.py").write_text(
+        "import sys\n\ndef loaded(names):\n    return [n for n in names if n in sys.modules]\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    out = subprocess.run(
+        [sys.executable, "-c", PRELOAD_CHECK], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    got = __import__("json").loads(out.stdout.strip().splitlines()[-1])
+    assert "minddp.train.run" in got["imports"] and "transformers.models.llama.modeling_llama" in got["imports"]
+    assert got["touched"] == []
+    assert got["user"] == []  # a user's function: its module is imported in the rank, never in the server
+    assert got["in_rank"] == got["imports"]  # forked with every one already imported

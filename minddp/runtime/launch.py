@@ -195,7 +195,7 @@ def launch(
 
     # Step 1: a rendezvous store on a port the OS chose, owned by this process.
     store = open_store(world_size, timeout_s)
-    ctx = rank_context()
+    ctx = rank_context(rank_imports(fn))
     results: queue.Queue = ctx.Queue()
     procs: list = []
     ok = False
@@ -228,6 +228,18 @@ def launch(
             end_processes(procs, grace_s=3.0 if ok else 0.5)
             held = []  # noqa: F841 - the lambda reads this variable: it no longer reaches the store
             del store
+
+
+def rank_imports(fn: Callable[..., Any]) -> list[str]:
+    """The modules a rank running ``fn`` imports, for the process server to import once (:func:`rank_context`).
+
+    That is ``fn``'s module and the modules it lists in ``RANK_IMPORTS``, for minddp's own functions only: a
+    user's module might start threads or touch the GPU when imported, which a process that forks ranks must not.
+    """
+    module = getattr(fn, "__module__", None) or ""
+    if not module.startswith("minddp."):
+        return []
+    return [module, *getattr(sys.modules.get(module), "RANK_IMPORTS", ())]
 
 
 def _start_ranks(

@@ -27,17 +27,27 @@ import signal
 import sys
 import threading
 import time
+from typing import Sequence
 
 import torch.multiprocessing as mp
 
+#: What every rank imports: the server imports it once, before it forks any rank.
+RANK_IMPORTS = ("torch", "torch.distributed", "minddp.runtime.launch")
 
-def rank_context():
+
+def rank_context(imports: Sequence[str] = ()):
     """Processes for ranks: forked from a server that has imported torch once.
 
     A fresh interpreter per rank ("spawn") pays torch's import (seconds) at
     every launch; the forkserver pays it once per parent and forks ranks from
-    a clean, single-threaded process that never touched CUDA, which is as
-    safe as spawn. Platforms without fork use spawn.
+    a clean process that has only imported modules and never touched CUDA,
+    which is as safe as spawn. Platforms without fork use spawn.
+
+    ``imports`` names more modules the ranks will import (what the launched
+    function needs: :func:`minddp.runtime.launch.rank_imports`); the server
+    imports them too, so that a rank of each launch does not pay them again.
+    The first call in a process starts the server with its list; later calls
+    reuse that server, whose ranks import what it lacks themselves.
 
     The server (and multiprocessing's resource tracker, started with it) is
     started here with Ctrl-C, SIGTERM and SIGHUP blocked: a signal sent to
@@ -55,7 +65,7 @@ def rank_context():
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "minddp.runtime.launch"])
+    ctx.set_forkserver_preload([*RANK_IMPORTS, *imports])  # read when the server starts: the first call
     from multiprocessing import forkserver, resource_tracker
 
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, HELPER_BLOCKED)  # inherited through fork and exec

@@ -64,6 +64,10 @@ from minddp.train.models import DTYPES, OFFLINE_PRESETS, build_model, resolve_mo
 
 PROG = "minddp.train"
 
+#: What the ranks import besides this module (:func:`minddp.runtime.launch.rank_imports`): the offline presets'
+#: model class, which takes seconds to import; the process server imports it once for every stage's ranks.
+RANK_IMPORTS = ("transformers.models.llama.modeling_llama",)
+
 
 def say(message: str) -> None:
     """One line to stderr, on a line of its own (after a progress bar), on rank 0 only under torchrun."""
