@@ -6,8 +6,9 @@ Two launched runs, shared by the tests below (launching is the slow part):
   ``stop`` past the hang bound, the coordinator's restart) and two kills in
   consecutive steps. Each fault's step first waits for the whole world
   (``full_world_at``), so every fault meets three ranks whatever the machine's
-  speed; after it the survivors go on at the smaller world until the
-  restarted rank is back.
+  speed; after it the survivors commit a step at the smaller world before the
+  dead rank is started again (``restart_after_steps=1``), however fast it
+  would start.
 * ``oracle``: 2 slots, one killed at step 3 and started again two committed
   steps later (so steps 3 and 4 run on one rank), a raise at 5; its committed steps are
   replayed in this process, single-process, from the recorded world sizes
@@ -46,6 +47,7 @@ def chaos():
         digests=True,
         full_world_at=(2, 5, 8, 14),
         rejoin_before_end=True,
+        restart_after_steps=1,  # a dead rank is back only after a step without it: the world shrinks by design
         run_timeout_s=240,
     )
 
