@@ -42,13 +42,9 @@ _GATHER = re.compile(r"^minddp\.all_gather_launch#(\d+)$")
 COMM_PREFIXES = ("gloo:", "minddp.link:")
 
 
-def is_comm(e: dict) -> bool:
-    return e["name"].startswith(COMM_PREFIXES)
-
-
 #: The events the CPU path reads, by family: the name prefixes of each. An event is filed under the
-#: first family its name starts with; every other event (most ``cpu_op``s of a trace are ``aten::``, but
-#: the profiler records many more) is read only where the whole trace is needed.
+#: first family its name starts with (so ``minddp.link:*`` is comm, not ``minddp.``); the others (python
+#: frames, the profiler's own ranges, ...) are in no family.
 FAMILIES = {
     "aten": ("aten::",),  # compute (step 3)
     "comm": COMM_PREFIXES,  # gloo's collectives, the link's transfers (steps 1, 3, 4)
