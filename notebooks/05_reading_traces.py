@@ -252,7 +252,7 @@ from minddp.costmodel.figures import ladder_on_link
 
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
 linked = analyze_run(LINKED)
-ladder_on_link(LINKED).savefig(LINKED / "ladder_on_link.png", bbox_inches="tight")
+ladder_on_link(LINKED, analysis=linked).savefig(LINKED / "ladder_on_link.png", bbox_inches="tight")
 display(Image(filename=LINKED / "ladder_on_link.png"))
 linked.stages.assign(step_ms=linked.stages["step_time_us"] / 1e3)[
     ["step_ms", "compute_pctg", "non_compute_pctg", "idle_pctg", "comm_comp_overlap_pctg", "allreduce_calls_per_step"]

@@ -33,6 +33,43 @@ def test_interval_algebra_matches_a_brute_force_grid():
         assert metrics.length(a + b) == len(ca | cb)
 
 
+def _runs(cells):
+    """Oracle: a set of unit cells as its maximal runs of consecutive cells, ``(start, end)`` in floats."""
+    out = []
+    for t in sorted(cells):
+        if out and out[-1][1] == t:
+            out[-1][1] = t + 1
+        else:
+            out.append([t, t + 1])
+    return [(float(s), float(e)) for s, e in out]
+
+
+def test_interval_sets_are_exactly_the_covered_cells_and_stay_merged():
+    # integer ends, so each result is exactly the runs of cells it covers (touching intervals joined);
+    # up to 12 intervals a set, so one interval of b often spans several of a and the other way round
+    rng = random.Random(1)
+    for _ in range(300):
+
+        def rand():
+            out = []
+            for _ in range(rng.randint(0, 12)):
+                s = rng.randint(0, 40)
+                out.append((s, s + rng.randint(-2, 8)))  # some empty or reversed: dropped
+            return out
+
+        a, b = rand(), rand()
+        ca, cb = _cover(a, 60), _cover(b, 60)
+        for got, cells in [
+            (metrics.merge(a), ca),
+            (metrics.intersect(a, b), ca & cb),
+            (metrics.subtract(a, b), ca - cb),
+            (metrics.subtract(b, a), cb - ca),
+        ]:
+            assert got == _runs(cells)
+            assert metrics.merge(got) == got  # merged already, merge gives it back unchanged
+            assert metrics.merge(list(got)) == got  # and sorting it afresh finds the same
+
+
 def test_half_covered_comm_is_50_percent_overlap():
     assert metrics.overlap_pct(comm=[(0, 10)], compute=[(5, 20)]) == 50.0
     assert metrics.overlap_pct(comm=[(0, 10)], compute=[]) == 0.0

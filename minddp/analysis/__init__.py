@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from minddp.analysis import cpu, gpu
-from minddp.analysis.events import Run, TraceError, load_run
+from minddp.analysis.events import Run, TraceError, gc_paused, load_run
 from minddp.analysis.steps import per_step
 
 #: The columns both paths fill, in display order.
@@ -97,6 +97,11 @@ def stage_sort_key(name: str):
 
 def analyze_run(path) -> RunAnalysis:
     """Steps 1-3 for the run folder ``path`` (``traces/<run>``, or one stage folder of it)."""
+    with gc_paused():  # millions of event objects, no cycles: see events.gc_paused
+        return _analyze_run(path)
+
+
+def _analyze_run(path) -> RunAnalysis:
     run = load_run(path)  # step 1
     summary, steps, kernels, buckets, phases = [], [], [], [], []
     for name in sorted(run.stages, key=stage_sort_key):

@@ -42,8 +42,35 @@ _GATHER = re.compile(r"^minddp\.all_gather_launch#(\d+)$")
 COMM_PREFIXES = ("gloo:", "minddp.link:")
 
 
-def is_comm(e: dict) -> bool:
-    return e["name"].startswith(COMM_PREFIXES)
+#: The events the CPU path reads, by family: the name prefixes of each. An event is filed under the
+#: first family its name starts with (so ``minddp.link:*`` is comm, not ``minddp.``); the others (python
+#: frames, the profiler's own ranges, ...) are in no family.
+FAMILIES = {
+    "aten": ("aten::",),  # compute (step 3)
+    "comm": COMM_PREFIXES,  # gloo's collectives, the link's transfers (steps 1, 3, 4)
+    "minddp": ("minddp.",),  # the ranges minddp's own code records (steps 5, 6)
+    "c10d": ("c10d::",),  # the collectives as the training thread queues them (step 5)
+    "autograd": ("autograd::engine::evaluate_function",),  # backward nodes (step 6)
+    "steps": ("ProfilerStep#",),  # step 2
+}
+
+
+def families(trace: RankTrace) -> dict[str, list[dict]]:
+    """The trace's events sorted into :data:`FAMILIES` in one pass, each list in trace order.
+
+    Computed once per trace (kept in ``trace.derived``): every later step filters one short list
+    instead of scanning the whole trace again.
+    """
+    if "families" not in trace.derived:
+        found = {family: [] for family in FAMILIES}
+        for e in trace.events:
+            name = e["name"]
+            for family, prefixes in FAMILIES.items():
+                if name.startswith(prefixes):
+                    found[family].append(e)
+                    break
+        trace.derived["families"] = found
+    return trace.derived["families"]
 
 
 def rank_intervals(trace: RankTrace) -> RankIntervals:
@@ -54,17 +81,14 @@ def rank_intervals(trace: RankTrace) -> RankIntervals:
 
 
 def _rank_intervals(trace: RankTrace) -> RankIntervals:
-    comm_threads = {e["tid"] for e in trace.events if is_comm(e)}  # step 1
-    steps = step_windows(trace.events, comm_threads)  # step 2
-    compute = [
-        (e["ts"], end_of(e))
-        for e in trace.events  # step 3
-        if e["name"].startswith("aten::") and e.get("tid") not in comm_threads
-    ]
-    comm = [(e["ts"], end_of(e)) for e in trace.events if is_comm(e)]
+    family = families(trace)
+    comm_threads = {e["tid"] for e in family["comm"]}  # step 1
+    steps = step_windows(trace.events, comm_threads, candidates=family["steps"])  # step 2
+    compute = [(e["ts"], end_of(e)) for e in family["aten"] if e.get("tid") not in comm_threads]  # step 3
+    comm = [(e["ts"], end_of(e)) for e in family["comm"]]
 
     def named(prefix: str) -> list[dict]:
-        return sorted((e for e in trace.events if e["name"].startswith(prefix)), key=lambda e: e["ts"])
+        return sorted((e for e in family["comm"] if e["name"].startswith(prefix)), key=lambda e: e["ts"])
 
     return RankIntervals(
         steps,
@@ -81,8 +105,9 @@ def rank_metrics(trace: RankTrace) -> dict:
     """One row of the summary table: breakdown, overlap and per-step numbers for one rank."""
     iv = rank_intervals(trace)
     window = [(s, e) for _, s, e in iv.steps]
-    row = metrics.breakdown(window, iv.compute, iv.comm)
-    row["comm_comp_overlap_pctg"] = metrics.overlap_pct(metrics.intersect(iv.comm, window), iv.compute)
+    compute, comm = metrics.merge(iv.compute), metrics.merge(iv.comm)  # merged once, for both
+    row = metrics.breakdown(window, compute, comm)
+    row["comm_comp_overlap_pctg"] = metrics.overlap_pct(metrics.intersect(comm, window), compute)
     row.update(per_step_means(iv))
     return row
 
@@ -104,17 +129,18 @@ def bucket_timeline(trace: RankTrace, step: int | None = None) -> list[dict]:
     """
     iv = rank_intervals(trace)
     number, s0, s1 = _pick_step(iv, trace, step)
+    family = families(trace)
 
     def queued_calls(name: str) -> list[dict]:
         return sorted(
-            (e for e in trace.events if e["name"] == name and e["tid"] not in iv.comm_threads), key=lambda e: e["ts"]
+            (e for e in family["c10d"] if e["name"] == name and e["tid"] not in iv.comm_threads), key=lambda e: e["ts"]
         )
 
     queued, gathers = queued_calls("c10d::allreduce_"), queued_calls("c10d::_allgather_base_")
     # an all-gather is queued with (output, input) and runs with its input: match on the input's size
     runs = {**_match_queued_to_runs(queued, iv.allreduces), **_match_queued_to_runs(gathers, iv.allgathers, 1)}
     ranges = sorted(
-        (e for e in trace.events if _LAUNCH.match(e["name"]) or _GATHER.match(e["name"])), key=lambda e: e["ts"]
+        (e for e in family["minddp"] if _LAUNCH.match(e["name"]) or _GATHER.match(e["name"])), key=lambda e: e["ts"]
     )
     launches = [
         (
@@ -132,10 +158,10 @@ def bucket_timeline(trace: RankTrace, step: int | None = None) -> list[dict]:
             (q, (str(i), str(numel_of((q.get("args", {}).get("Input Dims") or [[]])[0])), "", "reducer"))
             for i, q in enumerate(mine)
         ]
-    transfers = {e["args"]["seq"]: e for e in trace.events if e["name"].startswith("minddp.link:")}
+    transfers = {e["args"]["seq"]: e for e in family["comm"] if e["name"].startswith("minddp.link:")}
     sent = [
         (e, int(e["name"].rpartition("#")[2]))
-        for e in trace.events
+        for e in family["minddp"]
         if e["name"].startswith("minddp.link_send#") and e.get("tid") not in iv.comm_threads
     ]
     rows = []
@@ -175,14 +201,19 @@ def step_phases(trace: RankTrace, step: int | None = None) -> list[dict]:
     """Step 6: forward, backward, finish and optimizer spans of one step (µs from the step's start)."""
     iv = rank_intervals(trace)
     number, s0, s1 = _pick_step(iv, trace, step)
-    inside = [e for e in trace.events if s0 <= e["ts"] < s1 and e.get("tid") not in iv.comm_threads]
-    nodes = sorted((e["ts"], end_of(e)) for e in inside if e["name"].startswith("autograd::engine::evaluate_function"))
+    family = families(trace)
+
+    def inside(name: str) -> list[dict]:  # the step's events of ``name``'s family on training threads
+        return [e for e in family[name] if s0 <= e["ts"] < s1 and e.get("tid") not in iv.comm_threads]
+
+    nodes = sorted((e["ts"], end_of(e)) for e in inside("autograd"))
+    own = inside("minddp")  # minddp's own ranges, in trace order
     rows = []
 
     def add(phase: str, micro: int | None, start: float, end: float) -> None:
         rows.append({"step": number, "phase": phase, "micro": micro, "start_us": start - s0, "end_us": end - s0})
 
-    micro_batches = sorted((e["ts"], end_of(e)) for e in inside if e["name"] == "minddp.forward_backward")
+    micro_batches = sorted((e["ts"], end_of(e)) for e in own if e["name"] == "minddp.forward_backward")
     for i, (start, end) in enumerate(micro_batches):
         backward = [(a, b) for a, b in nodes if start <= a <= end]
         if backward:
@@ -190,7 +221,7 @@ def step_phases(trace: RankTrace, step: int | None = None) -> list[dict]:
             add("forward", i, start, first)
             add("backward", i, first, max(b for _, b in backward))
     for name, phase in (("minddp.finish_gradient_synchronization", "finish"), ("minddp.optimizer_step", "optimizer")):
-        for e in inside:
+        for e in own:
             if e["name"] == name:
                 add(phase, None, e["ts"], end_of(e))
     add("step", None, s0, s1)
@@ -215,7 +246,7 @@ def _match_queued_to_runs(queued: list[dict], runs: list[dict], which: int = 0) 
 def kernel_breakdown(trace: RankTrace) -> list[dict]:
     """The CPU twin of HTA's kernel-type breakdown: time in compute only, comm only, and both."""
     iv = rank_intervals(trace)
-    window = [(s, e) for _, s, e in iv.steps]
+    window = metrics.merge((s, e) for _, s, e in iv.steps)
     compute, comm = metrics.intersect(iv.compute, window), metrics.intersect(iv.comm, window)
     both = metrics.length(metrics.intersect(compute, comm))
     parts = {

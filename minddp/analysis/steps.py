@@ -71,11 +71,15 @@ ELEMENT_SIZE = {
 }
 
 
-def step_windows(events: list[dict], skip_tids=frozenset()) -> list[tuple[int, float, float]]:
-    """Step 1: ``(N, start, end)`` of each ``ProfilerStep#N``; without any, the whole span is one step."""
+def step_windows(events: list[dict], skip_tids=frozenset(), candidates=None) -> list[tuple[int, float, float]]:
+    """Step 1: ``(N, start, end)`` of each ``ProfilerStep#N``; without any, the whole span is one step.
+
+    ``candidates``: the events among ``events`` that may be steps (every ``ProfilerStep#`` range),
+    when the caller has them at hand; then only the fallback reads all of ``events``.
+    """
     steps = sorted(
         (int(m.group(1)), e["ts"], end_of(e))
-        for e in events
+        for e in (events if candidates is None else candidates)
         if e.get("tid") not in skip_tids and (m := _STEP.match(e["name"]))
     )
     if not steps:
@@ -103,6 +107,7 @@ def bytes_of(e: dict) -> int:
 def per_step(iv: RankIntervals) -> list[dict]:
     """Steps 1-4: for each profiled step, its time, all_reduce calls and bytes, and comm time."""
     rows = []
+    comm = metrics.merge(iv.comm)  # once, not once a step
     for number, start, end in iv.steps:
         row = {"step": number, "step_time_us": end - start}
         for kind, events in (
@@ -113,7 +118,7 @@ def per_step(iv: RankIntervals) -> list[dict]:
             calls = [e for e in events if start <= e["ts"] < end]
             row[f"{kind}_calls"] = len(calls)
             row[f"{kind}_bytes"] = sum(bytes_of(e) for e in calls)
-        row["comm_time_us"] = metrics.length(metrics.intersect(iv.comm, [(start, end)]))
+        row["comm_time_us"] = metrics.length(metrics.intersect(comm, [(start, end)]))
         rows.append(row)
     return rows
 

@@ -16,6 +16,9 @@ Example (on one rank; a tiny run with a link, profiled)::
     >>> from minddp.costmodel.figures import ladder_on_link, predicted_ladder
     >>> ladder_on_link(run.name).axes[0].get_title()
     'the ladder on 1gbit (measured)'
+    >>> from minddp.analysis import analyze_run                   # analysed already: pass it, read the traces once
+    >>> ladder_on_link(run.name, analysis=analyze_run(run.name)).axes[0].get_title()
+    'the ladder on 1gbit (measured)'
     >>> fig = predicted_ladder(run.name, links=["100mbit", "1gbit", "10gbit"])
     >>> [t.get_text() for t in fig.axes[0].get_xticklabels()], len(fig.axes[0].patches)   # 2 bars a link
     (['bucket-async'], 6)
@@ -35,14 +38,18 @@ def _link_of(run: Path) -> str:
     return "no link"
 
 
-def ladder_on_link(run, ax=None):
-    """Stacked shares of the step (compute / non-compute / idle) per stage, overlap % on top. Returns the figure."""
+def ladder_on_link(run, ax=None, analysis=None):
+    """Stacked shares of the step (compute / non-compute / idle) per stage, overlap % on top. Returns the figure.
+
+    ``analysis``: the run's :func:`~minddp.analysis.analyze_run` result, when the caller has it already
+    (its traces are then not read a second time); ``run`` (the folder) still names the link.
+    """
     import matplotlib.pyplot as plt
 
     from minddp.analysis import analyze_run
 
     run = Path(run)
-    stages = analyze_run(run).stages
+    stages = (analysis if analysis is not None else analyze_run(run)).stages
     stages = stages.drop(index=[s for s in ("single",) if s in stages.index])
     if ax is None:
         _, ax = plt.subplots(figsize=(1.1 * len(stages) + 2, 3.6))
