@@ -14,18 +14,19 @@ def _cover(intervals, grid):
     return {t for s, e in intervals for t in range(grid) if s <= t and t + 1 <= e}
 
 
+def _random_set(rng, most, last_start, lengths):
+    """Up to ``most`` intervals with integer ends, starting in 0..last_start, of a length drawn from ``lengths``."""
+    out = []
+    for _ in range(rng.randint(0, most)):
+        s = rng.randint(0, last_start)
+        out.append((s, s + rng.randint(*lengths)))
+    return out
+
+
 def test_interval_algebra_matches_a_brute_force_grid():
     rng = random.Random(0)
     for _ in range(200):
-
-        def rand():
-            out = []
-            for _ in range(rng.randint(0, 5)):
-                s = rng.randint(0, 30)
-                out.append((s, s + rng.randint(0, 10)))
-            return out
-
-        a, b = rand(), rand()
+        a, b = _random_set(rng, 5, 30, (0, 10)), _random_set(rng, 5, 30, (0, 10))
         ca, cb = _cover(a, 50), _cover(b, 50)
         assert metrics.length(a) == len(ca)
         assert metrics.length(metrics.intersect(a, b)) == len(ca & cb)
@@ -49,15 +50,8 @@ def test_interval_sets_are_exactly_the_covered_cells_and_stay_merged():
     # up to 12 intervals a set, so one interval of b often spans several of a and the other way round
     rng = random.Random(1)
     for _ in range(300):
-
-        def rand():
-            out = []
-            for _ in range(rng.randint(0, 12)):
-                s = rng.randint(0, 40)
-                out.append((s, s + rng.randint(-2, 8)))  # some empty or reversed: dropped
-            return out
-
-        a, b = rand(), rand()
+        # lengths from -2: some empty or reversed, which are dropped
+        a, b = _random_set(rng, 12, 40, (-2, 8)), _random_set(rng, 12, 40, (-2, 8))
         ca, cb = _cover(a, 60), _cover(b, 60)
         for got, cells in [
             (metrics.merge(a), ca),
