@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from minddp.runtime.cli import described
 from minddp.runtime.device import choose, current_device, gpu_count
 
 STEPS, MICRO, ROWS, LR = 4, 2, 8, 0.1  # optimizer steps, micro-batches per step, rows per rank per micro-batch
@@ -318,7 +319,7 @@ def run(quick: bool = False, say=print) -> list[Check]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minddp.doctor", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m minddp.doctor", description=described(__doc__))
     parser.add_argument("--quick", action="store_true", help="the first configuration only, no profiled run")
     args = parser.parse_args(argv)
     start = time.perf_counter()

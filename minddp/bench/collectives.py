@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from minddp.runtime import compat
-from minddp.runtime.cli import Parser, UsageError
+from minddp.runtime.cli import Parser, UsageError, described
 from minddp.runtime.device import current_device, message_device, synchronize
 
 PROG = "minddp.bench collectives"
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     from minddp.comm.link import parse_links
     from minddp.runtime.launch import RankError, launch
 
-    p = Parser(prog="python -m minddp.bench collectives", description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m minddp.bench collectives", description=described(__doc__))
     p.add_argument(
         "--links",
         default="1gbit",

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minddp.runtime.cli import Parser, UsageError, fail, number
+from minddp.runtime.cli import Parser, UsageError, described, fail, number
 
 PROG = "minddp.bench overhead"
 
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = Parser(
         prog="python -m minddp.bench overhead",
-        description=__doc__.split("\n")[0],
+        description=described(__doc__),
         usage="python -m minddp.bench overhead [--stage NAME[,...]] [--blocks N] [--world-size N[,...]] [options]",
     )
     p.add_argument(

@@ -286,9 +286,9 @@ def measured_here(model_name: str) -> tuple[ComputeProfile, str]:
 
 def main(argv: list[str]) -> int:
     from minddp.comm.link import parse_links
-    from minddp.runtime.cli import Parser, UsageError
+    from minddp.runtime.cli import Parser, UsageError, described
 
-    p = Parser(prog="python -m minddp.model project", description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m minddp.model project", description=described(__doc__))
     p.add_argument("--setting", choices=["blog"], default=None, help="the blog's model, batch and GPUs (module doc)")
     p.add_argument("--measure", action="store_true", help="probe --model on this CPU instead of a given speed")
     p.add_argument("--model", default="tiny-llama", help="offline preset to measure or size (with --tflops)")

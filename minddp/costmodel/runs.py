@@ -51,9 +51,9 @@ def predict_run(run: Path, links: list[str], ranks: list[int], real_network: boo
 
 def main(argv: list[str]) -> int:
     from minddp.comm.link import parse_links
-    from minddp.runtime.cli import Parser
+    from minddp.runtime.cli import Parser, described
 
-    p = Parser(prog="python -m minddp.model predict", description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m minddp.model predict", description=described(__doc__))
     p.add_argument("run", help="a run folder written by python -m minddp.train --link ... (traces/<run>)")
     p.add_argument("--links", default="100mbit,1gbit,10gbit,100gbit-ib")
     p.add_argument("--ranks", default="", help="comma list of rank counts besides the run's own")

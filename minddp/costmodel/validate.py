@@ -433,12 +433,12 @@ def plots(rows: list[dict], per_world: dict[int, list[dict]], links: list[str], 
 
 def main(argv: list[str]) -> int:
     from minddp.bench.report import machine
-    from minddp.runtime.cli import Parser, UsageError
+    from minddp.runtime.cli import Parser, UsageError, described
     from minddp.runtime.launch import RankError, launch
     from minddp.train.config import parse_args
     from minddp.train.run import prepare
 
-    p = Parser(prog="python -m minddp.model validate", description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m minddp.model validate", description=described(__doc__))
     p.add_argument("--world-sizes", default="2,3,4", help="comma list of rank counts, one launch each")
     p.add_argument(
         "--links",

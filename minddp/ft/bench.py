@@ -31,6 +31,7 @@ import torch
 from minddp.ft.faults import Fault
 from minddp.ft.launch import launch_ft
 from minddp.ft.task import ToyTask
+from minddp.runtime.cli import described
 
 KINDS = ("kill", "raise", "stop", "kill", "raise", "coord")
 
@@ -150,7 +151,7 @@ def projection(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minddp.ft.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m minddp.ft.bench", description=described(__doc__))
     p.add_argument("--faults", type=int, default=24, help="faults to inject (cycling kill, raise, stop, coord)")
     p.add_argument("--every", type=int, default=4, help="steps between two faults")
     p.add_argument("--world-size", type=int, default=3)

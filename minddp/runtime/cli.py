@@ -149,3 +149,13 @@ _bar = [False]
 def bar_drawn(drawn: bool) -> None:
     """Say whether a progress bar may be on stderr now (the train command's ranks draw one)."""
     _bar[0] = drawn
+
+
+def described(doc: str) -> str:
+    """A command's ``--help`` description: its module docstring's first line, less a leading rST ``name``: label.
+
+    >>> described("``python -m minddp.doctor``: does this machine run minddp, and how?\\n\\nMore.")
+    'does this machine run minddp, and how?'
+    """
+    first = doc.strip().splitlines()[0]
+    return first.split(": ", 1)[1] if first.startswith("``") and "``: " in first else first
