@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,18 @@ def descendants(pid: int) -> set[int]:
                 found.add(child)
                 todo.append(child)
     return found
+
+
+def free_port() -> int:
+    """A TCP port on this machine that the OS has just handed out (so two jobs never pick the same one)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_args(*rest: str, nproc: int = 2) -> list[str]:
+    """torchrun's arguments for a job of ``nproc`` workers on this machine, on a free port, then ``rest``."""
+    return ["--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *rest]
 
 
 def run_torchrun(args: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:

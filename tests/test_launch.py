@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -11,7 +10,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from processes import run_torchrun
+from processes import run_torchrun, torchrun_args
 
 from minddp import RankError, launch
 
@@ -322,12 +321,6 @@ def test_bad_world_size():
         launch(rank_info, "x", world_size=0)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_joins_a_torchrun_job_again_and_again(tmp_path):
     # Three launches in one torchrun job, as `python -m minddp.train --stage all` makes: each must
     # build a working group (an earlier version hung on the second one, rejoining torchrun's store).
@@ -345,7 +338,7 @@ def test_joins_a_torchrun_job_again_and_again(tmp_path):
             json.dump(out, f)
     """)
     )
-    proc = run_torchrun(["--nproc-per-node", "2", "--master-port", str(free_port()), str(script)], timeout=180)
+    proc = run_torchrun(torchrun_args(str(script)), timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     import json
 
@@ -393,7 +386,7 @@ def test_a_torchrun_launch_leaves_no_group_threads_behind(tmp_path):
             json.dump(seen, f)
     """)
     )
-    proc = run_torchrun(["--nproc-per-node", "2", "--master-port", str(free_port()), str(script)], timeout=180)
+    proc = run_torchrun(torchrun_args(str(script)), timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     import json
 

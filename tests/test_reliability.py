@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from cli_checks import SMALL_RUN
-from processes import run_torchrun
+from processes import run_torchrun, torchrun_args
 from torch import nn
 
 from minddp import RankError, launch
@@ -305,11 +305,9 @@ def test_under_torchrun_a_stuck_peer_is_named_within_the_timeout_with_its_step(t
         launch(stuck_rank1_at_step2, timeout_s=5)
     """)
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    args = torchrun_args(str(script))
     start = time.monotonic()
-    proc = run_torchrun(["--nproc-per-node", "2", "--master-port", str(port), str(script)], timeout=110)
+    proc = run_torchrun(args, timeout=110)
     # rank 1 sleeps 120 s after start-up: a job that ended before 100 s did not wait for it (a quiet machine
     # takes about 15 s, most of it start-up)
     assert proc.returncode != 0 and time.monotonic() - start < 100

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from processes import descendants, run_torchrun
+from processes import descendants, run_torchrun, torchrun_args
 from rank_faults import train_rank_with_fault
 
 from minddp import RankError, launch
@@ -184,12 +183,6 @@ def test_a_rank_idle_outside_a_collective_is_named_with_its_stack():
     assert "threading_event_that_never_fires" in err.traceback  # where its training thread was
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 TORCHRUN_JOB = """
 import os, signal, sys, time
 sys.path.insert(0, {tests!r})
@@ -223,7 +216,7 @@ def _job(tmp_path) -> str:
 @pytest.mark.timeout(120)
 def test_under_torchrun_a_stopped_rank_is_named_and_the_job_ends_within_the_bound(tmp_path):
     proc = run_torchrun(
-        ["--nproc-per-node", "2", "--master-port", str(_free_port()), _job(tmp_path), str(tmp_path), "stop"],
+        torchrun_args(_job(tmp_path), str(tmp_path), "stop"),
         timeout=110,
     )
     ended = time.time()
@@ -243,13 +236,7 @@ def test_killing_the_torchrun_agent_leaves_no_worker(tmp_path):
             sys.executable,
             "-m",
             "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            str(_free_port()),
-            _job(tmp_path),
-            str(tmp_path),
-            "run",
+            *torchrun_args(_job(tmp_path), str(tmp_path), "run"),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

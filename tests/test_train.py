@@ -10,14 +10,13 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from cli_checks import SMALL_RUN, usage_error
-from processes import run_torchrun
+from processes import run_torchrun, torchrun_args
 
 from minddp.train import run as train
 from minddp.train.config import stage_choices
@@ -122,23 +121,11 @@ def test_real_data_path_loss_goes_down_and_matches_single(fixture_runs):
     assert runs["bucket-async"]["stages"]["bucket-async"]["all_reduce_calls_per_step"] >= 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_torchrun_matches_world_size_2(fixture_runs, tmp_path):
     runs, common = fixture_runs
     out = tmp_path / "torchrun.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    args = [
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(_free_port()),
+    args = torchrun_args(
         "-m",
         "minddp.train",
         "--stage",
@@ -146,7 +133,7 @@ def test_torchrun_matches_world_size_2(fixture_runs, tmp_path):
         *common,
         "--summary-json",
         str(out),
-    ]
+    )
     proc = run_torchrun(args, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())
@@ -160,13 +147,7 @@ def test_stage_all_under_torchrun_trains_every_stage(tmp_path):
     # One torchrun job runs one launch per stage (an earlier launcher hung on the second).
     out = tmp_path / "all.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    args = [
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(_free_port()),
+    args = torchrun_args(
         "-m",
         "minddp.train",
         "--stage",
@@ -177,7 +158,7 @@ def test_stage_all_under_torchrun_trains_every_stage(tmp_path):
         *TINY,
         "--summary-json",
         str(out),
-    ]
+    )
     proc = run_torchrun(args, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())
