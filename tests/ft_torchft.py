@@ -32,6 +32,10 @@ def run_torchft(
 
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=2000)
     init_lock = threading.Lock()
+    # Both replicas' Managers exist, and heartbeat, before either asks for its first quorum: the lighthouse then
+    # waits for both (join_timeout_ms) and step 0 has both. Else a replica built first could commit step 0 alone
+    # and the other, joining at step 1, be healed from it: a survivor that never ran step 0 (seen once under load).
+    built = threading.Barrier(num_replicas)
     failed = {"done": False, "at": None}
 
     def replica(replica_id: int) -> dict:
@@ -39,12 +43,12 @@ def run_torchft(
         while True:
             attempts += 1
             try:
-                return replica_main(replica_id)
+                return replica_main(replica_id, first=attempts == 1)
             except InjectedFailure:
                 if attempts > 3:
                     raise
 
-    def replica_main(replica_id: int) -> dict:
+    def replica_main(replica_id: int, first: bool) -> dict:
         store = torch.distributed.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
         with init_lock:
             model = task.build_model()
@@ -70,6 +74,9 @@ def run_torchft(
             connect_timeout=timedelta(seconds=10),
         )
         try:
+            if first:
+                built.wait(timeout=60)
+                time.sleep(0.5)  # five heartbeat intervals (the Manager's default, 100 ms) for both to be heard
             ddp = DistributedDataParallel(manager, model) if use_ddp else model
             opt = Optimizer(manager, optimizer)
             worlds, t_commit, attempts = {}, {}, {}
