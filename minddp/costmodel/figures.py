@@ -1,9 +1,13 @@
 """Figures for the notebooks: the ladder on a slow link, measured and predicted.
 
 From a run folder of ``python -m minddp.train --stage all --link <link>``: :func:`ladder_on_link`,
-per stage, where the step's time goes (compute, waited-for communication, idle) and how much of the
-communication hid behind compute (the blog's breakdown and overlap charts); :func:`predicted_ladder`,
-per stage, the step the model predicts on each of several links beside the measured one.
+per stage, where the step's time goes (compute, non-compute: only communication running, idle) and how
+much of the communication hid behind compute (the blog's breakdown and overlap charts);
+:func:`predicted_ladder`, per stage, the step the model predicts on each of several links beside the
+measured one. :func:`bucket_sweep`: exposed communication against the bucket cap, the model's curves beside
+measured caps, with the three costs of a plan (:mod:`minddp.costmodel.buckets`) under it. Colours as in
+every step picture (:mod:`minddp.analysis.timeline`): orange is communication, red the training thread
+waiting for it (exposed).
 
 Example (on one rank; a tiny run with a link, profiled)::
 
@@ -22,6 +26,13 @@ Example (on one rank; a tiny run with a link, profiled)::
     >>> fig = predicted_ladder(run.name, links=["100mbit", "1gbit", "10gbit"])
     >>> [t.get_text() for t in fig.axes[0].get_xticklabels()], len(fig.axes[0].patches)   # 2 bars a link
     (['bucket-async'], 6)
+    >>> from minddp.costmodel.buckets import plan_costs
+    >>> from minddp.costmodel.compute import ComputeProfile
+    >>> cp = ComputeProfile(nbytes=[4_000_000] * 4, forward=0.02, backward=0.04, ready=[0.04, 0.03, 0.02, 0.01])
+    >>> curve = [plan_costs(cp, "bucket-async", cap, "1gbit", 2) for cap in (1, 4, 8, 16)]
+    >>> fig = bucket_sweep({"model": curve}, measured=[(4, 70.0, "measured")], per_gradient={"hook-async": 40.0})
+    >>> [ax.get_ylabel() for ax in fig.axes]
+    ['exposed communication (ms)', 'ms']
 """
 
 from __future__ import annotations
@@ -57,7 +68,7 @@ def ladder_on_link(run, ax=None, analysis=None):
     bottom = [0.0] * len(names)
     for column, label, color in [
         ("compute_pctg", "compute", "#4c72b0"),
-        ("non_compute_pctg", "waiting for communication", "#dd8452"),
+        ("non_compute_pctg", "non-compute: only communication running", "#dd8452"),
         ("idle_pctg", "idle", "#cccccc"),
     ]:
         values = list(stages[column])
@@ -107,4 +118,41 @@ def predicted_ladder(run, links: list[str], ax=None):
     return ax.figure
 
 
-__all__ = ["ladder_on_link", "predicted_ladder"]
+def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, title: str = ""):
+    """Exposed communication against the cap (top) and the three costs of each plan (below). Returns the figure.
+
+    ``curves``: label -> [:class:`~minddp.costmodel.buckets.PlanCosts`, one per cap] (the first curve's costs
+    are drawn below); ``measured``: ``(cap MiB, exposed ms, label)`` points; ``per_gradient``: label ->
+    exposed ms, drawn as horizontal lines (a stage without buckets has no cap).
+    """
+    import matplotlib.pyplot as plt
+
+    fig, (top, low) = plt.subplots(2, 1, figsize=(8, 6.2), sharex=True, height_ratios=[3, 2])
+    styles = ["-", "--", ":"]
+    for (label, costs), style in zip(curves.items(), styles):
+        top.plot([c.cap_mb for c in costs], [1e3 * c.exposed for c in costs], style, color="#d62728", label=label)
+    markers = {}
+    for cap, ms, label in measured:
+        markers.setdefault(label, "osD^"[len(markers) % 4])
+        top.plot([cap], [ms], markers[label], color="#d62728", mfc="white" if len(markers) > 1 else "#d62728")
+        top.plot([], [], markers[label], color="#d62728", label=label)
+    for (label, ms), style in zip((per_gradient or {}).items(), styles):
+        top.axhline(ms, color="#555555", ls=style, lw=1, label=label)
+    top.set(xscale="log", ylabel="exposed communication (ms)", ylim=(0, None))
+    top.legend(fontsize=7, loc="upper left")
+    top.set_title(title, fontsize=9)
+    costs = next(iter(curves.values()))
+    caps = [c.cap_mb for c in costs]
+    for values, label, color in [
+        ([1e3 * c.fixed for c in costs], "per-message cost: buckets × 2(n−1)·α", "#8172b3"),
+        ([1e3 * c.first_at for c in costs], "first bucket leaves, into the last backward", "#4c72b0"),
+        ([1e3 * c.tail for c in costs], "last bucket's transfer, after backward", "#dd8452"),
+    ]:
+        low.plot(caps, values, "-", color=color, label=label)
+    low.set(xlabel="bucket cap (MiB, log scale)", ylabel="ms", ylim=(0, None))
+    low.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+__all__ = ["ladder_on_link", "predicted_ladder", "bucket_sweep"]

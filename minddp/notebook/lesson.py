@@ -68,14 +68,15 @@ def data():
     )
 
 
-def make_model(seed: int | None = None) -> torch.nn.Module:
+def make_model(seed: int | None = None, name: str | None = None) -> torch.nn.Module:
     """The same weights in every process that passes the same seed (default: the settings' seed), on this
-    rank's device (:func:`minddp.runtime.device.current_device`: a GPU where the ranks have one, else the CPU)."""
+    rank's device (:func:`minddp.runtime.device.current_device`: a GPU where the ranks have one, else the CPU);
+    ``name``: another offline preset than the settings' (the same data)."""
     from minddp.train.models import build_model
 
     d = data()
     return build_model(
-        SETTINGS.model,
+        name or SETTINGS.model,
         vocab_size=d.vocab_size,
         pad_token_id=d.pad_token_id,
         seed=SETTINGS.seed if seed is None else seed,
@@ -144,6 +145,8 @@ class Trainee:
     (a preset such as ``"1gbit"``, :mod:`minddp.comm.link`): every collective
     of the stage goes over that emulated network (torch's DDP through minddp's
     hook of the same name), and its profiled traces show the link's transfers.
+    ``bucket_cap_mb`` (``None``: torch's default) and ``model`` (an offline
+    preset) replace the settings' for this trainee only.
     """
 
     def __init__(
@@ -154,6 +157,8 @@ class Trainee:
         measure_error: bool = False,
         warmup: int | None = None,
         link: str | None = None,
+        bucket_cap_mb: float | None = SETTINGS.bucket_cap_mb,
+        model: str = SETTINGS.model,
     ):
         from minddp.comm.link import as_link
         from minddp.comm.wire import Traffic, Wire
@@ -165,9 +170,9 @@ class Trainee:
         wire = Wire(None, traffic=self.traffic, link=self.link)
         self.model = wrap(
             stage,
-            make_model(),
+            make_model(name=model),
             hook=hook,
-            bucket_cap_mb=SETTINGS.bucket_cap_mb,
+            bucket_cap_mb=bucket_cap_mb,
             wire=wire,
             powersgd_options=powersgd_options,
             measure=self.traffic if measure_error else None,
