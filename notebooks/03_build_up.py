@@ -553,8 +553,8 @@ lesson.look_table(looks)
 # %% [markdown]
 # ## The bucket lesson: when do buckets pay?
 #
-# Compare `hook-async` and `bucket-async` in the table above: the same bytes, 66 messages against
-# a few, both sent during the last backward, both waited for once. Which left more of the link's
+# Compare `hook-async` and `bucket-async` in the table above: the same bytes, one message per
+# gradient against one per bucket, both sent during the last backward, both waited for once. Which left more of the link's
 # time exposed, and why? A bucketed stage trades three things against a per-gradient one (an
 # all_reduce of m bytes between n ranks takes 2(n−1)·α + 2(n−1)/n · m·β on the link):
 #

@@ -92,6 +92,8 @@ PACKAGE = os.path.dirname(minddp.__file__)
 # Then every budget in lines as ruff formats them (120 columns; tests/test_style.py): a call that does not fit on
 # one line takes one line per argument. Counted before the formatter: simple 171, ga 191, hook 222, hook-async
 # 237, bucket 286, bucket-async 264, ddp 588, zero1 788, zero2 439, fsdp 440; after it: the budgets below - 1.
+# ddp +1 and zero1 +1 (its reader reads ddp): torch's first-bucket cap, read from torch's own knob
+# (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES) when the DDP is built, as torch reads it (ddp/plan.torch_caps).
 BUDGETS = {
     "simple": 179,
     "ga": 199,
@@ -99,8 +101,8 @@ BUDGETS = {
     "hook-async": 247,
     "bucket": 297,
     "bucket-async": 273,
-    "ddp": 667,
-    "zero1": 907,
+    "ddp": 668,
+    "zero1": 908,
     "zero2": 459,
     "fsdp": 459,
 }

@@ -32,7 +32,7 @@ Example (on one rank; a tiny run with a link, profiled)::
     >>> curve = [plan_costs(cp, "bucket-async", cap, "1gbit", 2) for cap in (1, 4, 8, 16)]
     >>> fig = bucket_sweep({"model": curve}, measured=[(4, 70.0, "measured")], per_gradient={"hook-async": 40.0})
     >>> [ax.get_ylabel() for ax in fig.axes]
-    ['exposed communication (ms)', 'ms']
+    ['exposed communication (ms)', 'ms (log scale)']
 """
 
 from __future__ import annotations
@@ -131,11 +131,18 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
     styles = ["-", "--", ":"]
     for (label, costs), style in zip(curves.items(), styles):
         top.plot([c.cap_mb for c in costs], [1e3 * c.exposed for c in costs], style, color="#d62728", label=label)
-    markers = {}
+    markers: dict[str, str] = {}
     for cap, ms, label in measured:
-        markers.setdefault(label, "osD^"[len(markers) % 4])
-        top.plot([cap], [ms], markers[label], color="#d62728", mfc="white" if len(markers) > 1 else "#d62728")
-        top.plot([], [], markers[label], color="#d62728", label=label)
+        first = label not in markers
+        marker = markers.setdefault(label, "osD^"[len(markers) % 4])
+        top.plot(
+            [cap],
+            [ms],
+            marker,
+            color="#d62728",
+            mfc="white" if marker != "o" else "#d62728",
+            label=label if first else None,
+        )
     for (label, ms), style in zip((per_gradient or {}).items(), styles):
         top.axhline(ms, color="#555555", ls=style, lw=1, label=label)
     top.set(xscale="log", ylabel="exposed communication (ms)", ylim=(0, None))
@@ -149,7 +156,7 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
         ([1e3 * c.tail for c in costs], "last bucket's transfer, after backward", "#dd8452"),
     ]:
         low.plot(caps, values, "-", color=color, label=label)
-    low.set(xlabel="bucket cap (MiB, log scale)", ylabel="ms", ylim=(0, None))
+    low.set(xlabel="bucket cap (MiB, log scale)", ylabel="ms (log scale)", yscale="log")
     low.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig

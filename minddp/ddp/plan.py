@@ -36,11 +36,13 @@ from minddp.stages.bucket_plan import DEFAULT_CAP_MB, MB, plan_buckets
 
 
 def torch_caps(bucket_cap_mb: float | None) -> tuple[float, float | None]:
-    """Step 0: ``(cap, first bucket's cap or None)`` as torch's DDP sets them from its ``bucket_cap_mb``."""
-    if bucket_cap_mb is not None:
-        return bucket_cap_mb, None
-    first = dist._DEFAULT_FIRST_BUCKET_BYTES / MB  # torch's own knob, which a user may set before building the DDP
-    return DEFAULT_CAP_MB, (first if first < DEFAULT_CAP_MB else None)  # torch: a first cap only when smaller
+    """Step 0: ``(cap, first bucket's cap or None)`` as torch's DDP sets them from its ``bucket_cap_mb``.
+
+    At the default, the first cap is torch's own knob, read now as torch reads it when it builds its DDP.
+    """
+    return (
+        (bucket_cap_mb, None) if bucket_cap_mb is not None else (DEFAULT_CAP_MB, dist._DEFAULT_FIRST_BUCKET_BYTES / MB)
+    )
 
 
 def plan_first_iteration_like_torch(
