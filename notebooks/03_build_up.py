@@ -640,9 +640,10 @@ cause = {
     f"won back {saved:.1f} ms",
     "tail": f"its last bucket's {b['tail_ms']:.1f} ms on the link, against hook-async's {h['tail_ms']:.1f} ms",
 }
+compared = f"{abs(more):.0f} ms {'more' if more > 0 else 'less'} of the link's time exposed than"
 lesson.say(
-    f"So bucket-async left {abs(more):.0f} ms {'more' if more > 0 else 'less'} of the link's time exposed than "
-    f"hook-async ({b['exposed (waited), ms']:.0f} against {h['exposed (waited), ms']:.0f} ms). Its link was done "
+    f"So bucket-async left {compared if round(abs(more)) else 'as much of the link time exposed as'} hook-async "
+    f"({b['exposed (waited), ms']:.0f} against {h['exposed (waited), ms']:.0f} ms). Its link was done "
     f"{abs(b['end_ms']):.0f} ms {'after' if b['end_ms'] >= 0 else 'before'} backward ended, an end set by its "
     + {"start": "first message", "tail": "last message"}.get(b["limit"], b["limit"])
     + (f": {cause[b['limit']]}." if b["limit"] in cause else ".")
@@ -673,9 +674,10 @@ from minddp.costmodel.figures import bucket_sweep
 from minddp.costmodel.project import cp_scaled
 
 swept = {lesson.SETTINGS.bucket_cap_mb: looks["bucket-async"]}
-for cap in (0.5, 1, 2, 8, 32, None):
-    swept[cap] = lesson.Trainee("bucket-async", link=LINK, bucket_cap_mb=cap).look()
-bare = probe(lesson.make_model(), next(lesson.step_batches()), lesson.loss_fn, repeats=1)  # every rank takes part
+for cap in (0.5, 1, 2, 8, 32, None):  # one profiled step each, without a warm-up step: the counts hold from the first
+    swept[cap] = lesson.Trainee("bucket-async", link=LINK, bucket_cap_mb=cap, warmup=0).look()
+# the last micro-batch's backward is the one that sends: one micro-batch, timed twice after a warm-up pass
+bare = probe(lesson.make_model(), next(lesson.step_batches())[-1:], lesson.loss_fn, repeats=2, measure_network=False)
 this_run = statistics.median(v["last_backward_ms"] for v in swept.values()) / 1e3
 cp = cp_scaled(bare, this_run / bare.backward)  # the bare model's timings at this run's speed
 grid = [0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32]
@@ -695,12 +697,14 @@ lesson.say(
     f"One bucket (32 MiB) leaves only when backward ends: {one['exposed_ms']:.0f} of its {one['link_ms']:.0f} ms on "
     "the link were exposed."
 )
-best = min(swept, key=lambda c: swept[c]["exposed_ms"])
+least = min(v["exposed_ms"] for v in swept.values())
+best = [c for c, v in swept.items() if v["exposed_ms"] < least + 0.5]  # within half a millisecond: as printed
 lesson.say(
     f"torch's default (None) makes {default.messages} buckets here, a first one of {default.first_gradients} "
     f"gradients and a last one of {default.last_bytes / 2**20:.1f} MiB, whose transfer ({1e3 * default.tail:.0f} ms) "
     f"comes after backward: it exposed {swept[None]['exposed_ms']:.0f} ms. Of the caps measured, "
-    f"{'None' if best is None else f'{best:g} MiB'} exposed the least, {swept[best]['exposed_ms']:.0f} ms; "
+    + ", ".join("None" if c is None else f"{c:g} MiB" for c in best)
+    + f" exposed the least, {least:.0f} ms; "
     f"hook-async {looks['hook-async']['exposed_ms']:.0f} ms. The model, at this run's speed, gives "
     f"{1e3 * min(c.exposed for c in model):.0f} ms at its best cap "
     f"({min(model, key=lambda c: c.exposed).cap_mb:g} MiB) and {1e3 * per_gradient.exposed:.0f} ms per gradient."
@@ -781,7 +785,9 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         f"({len(params)} gradient tensors, {sync_bytes / 2**20:.1f} MiB, a backward of {1e3 * backward_s:.0f} ms): "
         f"{blog_links[name].describe()}; a cap of {cap:.2f} MiB."
     )
-    for stage in ladder6:  # one profiled step each, no warm-up: the claims below hold from the first step
+    # one profiled step each, no warm-up: the claims below hold from the first step. At 1024 ranks simple, which
+    # pays every message's fixed cost three times a step and waits for each, would take longest: it is left out.
+    for stage in ladder6 if name == "4 × T4" else ladder6[1:]:
         v = lesson.Trainee(stage, link=blog_links[name], bucket_cap_mb=cap, model=model_name, warmup=0).look()
         blog_runs[name, stage] = on_the_link(v["row"]) | {"exposed (waited), ms": v["exposed_ms"], "calls": v["calls"]}
 
@@ -794,7 +800,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # %%
 # %%distributed
 t4 = {s: blog_runs["4 × T4", s] for s in ladder6}
-far = {s: blog_runs["1024 ranks", s] for s in ladder6}
+far = {s: blog_runs["1024 ranks", s] for s in ladder6[1:]}
 for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
     lesson.say(
         f"At {name}, overlap: "
@@ -805,13 +811,13 @@ for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
     )
 # simple sends every message after its backward, in finish, and waits for each: none runs while it computes
 lesson.claim(
-    t4["simple"]["overlap_pct"] <= 1 and far["simple"]["overlap_pct"] <= 1,
-    "simple overlaps nothing with computation, in both settings (the blog: 0 %).",
+    t4["simple"]["overlap_pct"] <= 1,
+    "simple overlaps nothing with computation (the blog: 0 %).",
 )
 # the link's modeled times: ga sends simple's messages once per step instead of once per micro-batch
 lesson.claim(
-    all(abs(r["simple"]["link_ms"] - k * r["ga"]["link_ms"]) < 1e-6 * r["simple"]["link_ms"] for r in (t4, far)),
-    f"ga's messages need 1/{k} of simple's time on the link, in both settings.",
+    abs(t4["simple"]["link_ms"] - k * t4["ga"]["link_ms"]) < 1e-6 * t4["simple"]["link_ms"],
+    f"ga's messages need 1/{k} of simple's time on the link.",
 )
 # At 4 × T4 one sync's bytes take a fraction of a backward and a message's fixed cost almost nothing: both
 # async rungs send during backward and hide most of it; the rungs that wait hide only what the hooks' own
@@ -824,9 +830,12 @@ lesson.claim(
     "0 % for simple, ga and hook, about 90 % for the async hooks and buckets).",
 )
 gap = t4["bucket-async"]["exposed (waited), ms"] - t4["hook-async"]["exposed (waited), ms"]
+compared = (
+    f"{abs(gap):.1f} ms {'more' if gap > 0 else 'less'} exposed than" if round(abs(gap), 1) else "as much exposed as"
+)
 lesson.say(
-    f"Between them, at 4 × T4: bucket-async left {abs(gap):.1f} ms {'more' if gap > 0 else 'less'} exposed than "
-    f"hook-async, of {t4['bucket-async']['link_ms']:.0f} ms on the link: its last bucket takes "
+    f"Between them, at 4 × T4: bucket-async left {compared} hook-async, of "
+    f"{t4['bucket-async']['link_ms']:.0f} ms on the link: its last bucket takes "
     f"{t4['bucket-async']['tail_ms']:.1f} ms after backward, hook-async's last gradient "
     f"{t4['hook-async']['tail_ms']:.1f} ms, and the {t4['hook-async']['messages'] - t4['bucket-async']['messages']} "
     f"fewer messages save {blog_links['4 × T4'].seconds('all_reduce', 0, world_size) * 1e3 * (t4['hook-async']['messages'] - t4['bucket-async']['messages']):.1f} ms. "
@@ -834,12 +843,12 @@ lesson.say(
 )
 # At 1024 ranks the fixed costs of hook-async's messages add up to several backwards (printed below), while
 # the buckets pay a few: the margins are whole backwards, on any machine.
-others = [s for s in ladder6 if s != "bucket-async"]
+others = [s for s in far if s != "bucket-async"]
 lesson.claim(
     all(far["bucket-async"]["overlap_pct"] > far[s]["overlap_pct"] + 20 for s in others)
     and all(far["bucket-async"]["exposed (waited), ms"] < far[s]["exposed (waited), ms"] for s in others),
-    "At 1024 ranks, bucket-async overlaps the most and leaves the least exposed of the blog's stages: the "
-    "blog's headline.",
+    "At 1024 ranks, bucket-async overlaps the most and leaves the least exposed of the blog's stages (simple, "
+    "left out, overlaps nothing: every message of it is sent after backward and waited for): the blog's headline.",
 )
 for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
     one = blog_links[name].seconds("all_reduce", 0, world_size) * 1e3  # 2(n−1)·α on that link
