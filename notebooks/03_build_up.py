@@ -554,9 +554,10 @@ lesson.look_table(looks)
 # ## The bucket lesson: when do buckets pay?
 #
 # Compare `hook-async` and `bucket-async` in the table above: the same bytes, one message per
-# gradient against one per bucket, both sent during the last backward, both waited for once. Which left more of the link's
-# time exposed, and why? A bucketed stage trades three things against a per-gradient one (an
-# all_reduce of m bytes between n ranks takes 2(n−1)·α + 2(n−1)/n · m·β on the link):
+# gradient against one per bucket, both sent during the last backward, both waited for once. Which
+# left more of the link's time exposed, and why? A bucketed stage trades three things against a
+# per-gradient one (an all_reduce of m bytes between n ranks takes 2(n−1)·α + 2(n−1)/n · m·β on
+# the link):
 #
 # 1. **per message**: every all_reduce pays 2(n−1)·α however few its bytes; buckets pay it once per
 #    bucket instead of once per gradient tensor;
@@ -674,7 +675,7 @@ from minddp.costmodel.figures import bucket_sweep
 from minddp.costmodel.project import cp_scaled
 
 swept = {lesson.SETTINGS.bucket_cap_mb: looks["bucket-async"]}
-for cap in (0.5, 1, 2, 8, 32, None):  # one profiled step each, without a warm-up step: the counts hold from the first
+for cap in (0.5, 2, 8, None):  # one profiled step each, no warm-up step: the counts hold from the first
     swept[cap] = lesson.Trainee("bucket-async", link=LINK, bucket_cap_mb=cap, warmup=0).look()
 # the last micro-batch's backward is the one that sends: one micro-batch, timed twice after a warm-up pass
 bare = probe(lesson.make_model(), next(lesson.step_batches())[-1:], lesson.loss_fn, repeats=2, measure_network=False)
@@ -691,11 +692,6 @@ lesson.claim(
     "Each cap sent the buckets its plan has: "
     + ", ".join(f"{'None' if c is None else f'{c:g} MiB'}: {v['calls']}" for c, v in swept.items())
     + ".",
-)
-one = swept[32]  # 32 MiB holds the whole model: one bucket, handed over when backward ends
-lesson.say(
-    f"One bucket (32 MiB) leaves only when backward ends: {one['exposed_ms']:.0f} of its {one['link_ms']:.0f} ms on "
-    "the link were exposed."
 )
 least = min(v["exposed_ms"] for v in swept.values())
 best = [c for c, v in swept.items() if v["exposed_ms"] < least + 0.5]  # within half a millisecond: as printed
@@ -748,9 +744,11 @@ sweep_table.round(1)
 # * **the blog's 4 × T4 over PCIe** (`pcie-t4`): the blog's ratio of communication to backward
 #   compute. Every stage of the blog, on this notebook's workload;
 # * **the blog's model at 1024 ranks** on 100 Gbit/s InfiniBand (`100gbit-ib`): every all_reduce now
-#   makes 2(n−1) hops, so one message's fixed cost is far larger against the backward. On
-#   `deep-llama`, an offline preset with SmolLM2's 32 layers at CPU size, so also its count of
-#   gradient tensors (`minddp.train.models`).
+#   makes 2(n−1) hops, so one message's fixed cost grows with n against the backward (the cell
+#   prints both settings' ratios). On `deep-llama`, an offline preset with SmolLM2's 32 layers at
+#   CPU size, so also its count of gradient tensors (`minddp.train.models`). Only `hook-async` and
+#   the bucketed rungs run there: the rungs that wait for each message at once would stand still for
+#   every one of hundreds of fixed costs, seconds a step.
 #
 # The bucketed stages get the blog's number of buckets: its 25 MiB cap cuts SmolLM2's gradients into
 # a number of buckets, and the cap below cuts each model into as many. The cell prints the numbers.
@@ -760,22 +758,28 @@ sweep_table.round(1)
 import statistics
 
 from minddp.costmodel.buckets import link_like, on_the_link, ratios
-from minddp.costmodel.compute import plan_for
+from minddp.costmodel.compute import plan_for, probe
+from minddp.costmodel.figures import settings_ladder
 from minddp.costmodel.project import blog_profile
 
 blog = blog_profile()
 blog_buckets = len(plan_for(blog, "bucket-async", 25))
 SETTINGS_OF = {"4 × T4": ("pcie-t4", 4, lesson.SETTINGS.model), "1024 ranks": ("100gbit-ib", 1024, "deep-llama")}
 ladder6 = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
+# At 1024 ranks the rungs that wait for each message at once (simple, ga, hook) would stand still for every one
+# of their hundreds of fixed costs, for seconds a step; how they fare is no question (they overlap nothing), so
+# only the bucketed rungs and hook-async run there.
+RUN = {"4 × T4": ladder6, "1024 ranks": ["hook-async", "bucket", "bucket-async"]}
 blog_runs, blog_links, backward_of = {}, {}, {}
 for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     bytes_ratio, message_ratio = ratios(blog, link_name, ranks)
-    floor = (
-        looks["single"] if model_name == lesson.SETTINGS.model else lesson.Trainee("single", model=model_name).look()
-    )
-    backward_s = statistics.mean(floor["backward_ms"]) / 1e3
+    model = lesson.make_model(name=model_name)
+    # this machine's backward of one micro-batch, timed on the bare model (the last micro-batch of a step)
+    backward_s = probe(
+        model, next(lesson.step_batches())[-1:], lesson.loss_fn, repeats=2, measure_network=False
+    ).backward
     backward_of[name] = 1e3 * backward_s
-    params = [p for p in lesson.make_model(name=model_name).parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
     sync_bytes = sum(p.numel() * p.element_size() for p in params)
     blog_links[name] = link_like(f"blog at {name}", backward_s, sync_bytes, bytes_ratio, message_ratio, world_size)
     cap = 25 * sync_bytes / blog.total_bytes  # the blog's 25 MiB, scaled to this model: as many buckets
@@ -785,22 +789,25 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         f"({len(params)} gradient tensors, {sync_bytes / 2**20:.1f} MiB, a backward of {1e3 * backward_s:.0f} ms): "
         f"{blog_links[name].describe()}; a cap of {cap:.2f} MiB."
     )
-    # one profiled step each, no warm-up: the claims below hold from the first step. At 1024 ranks simple, which
-    # pays every message's fixed cost three times a step and waits for each, would take longest: it is left out.
-    for stage in ladder6 if name == "4 × T4" else ladder6[1:]:
+    for stage in RUN[name]:  # one profiled step each, no warm-up: the claims below hold from the first step
         v = lesson.Trainee(stage, link=blog_links[name], bucket_cap_mb=cap, model=model_name, warmup=0).look()
         blog_runs[name, stage] = on_the_link(v["row"]) | {"exposed (waited), ms": v["exposed_ms"], "calls": v["calls"]}
 
 # %% [markdown]
-# The picture the blog draws, for each setting: the share of each stage's communication that ran while
+# The blog's two measures, for each setting: the share of each stage's communication that ran while
 # the training thread computed (*overlap*, HolisticTraceAnalysis's measure, with the link's modeled
 # transfers as communication and a forward, a backward or the optimizer, not waiting, as compute), and
-# the link time the step stood waiting for.
+# the link time the step stood waiting for (the blog's *non-compute* time).
 
 # %%
 # %%distributed
 t4 = {s: blog_runs["4 × T4", s] for s in ladder6}
-far = {s: blog_runs["1024 ranks", s] for s in ladder6[1:]}
+far = {s: blog_runs["1024 ranks", s] for s in RUN["1024 ranks"]}
+if rank == 0:
+    settings_ladder(
+        {"the blog's 4 × T4": t4, "the blog's model at 1024 ranks": far},
+        title=f"The blog's stages in two of its settings, on links sized to this machine ({world_size} ranks)",
+    )
 for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
     lesson.say(
         f"At {name}, overlap: "
@@ -847,8 +854,8 @@ others = [s for s in far if s != "bucket-async"]
 lesson.claim(
     all(far["bucket-async"]["overlap_pct"] > far[s]["overlap_pct"] + 20 for s in others)
     and all(far["bucket-async"]["exposed (waited), ms"] < far[s]["exposed (waited), ms"] for s in others),
-    "At 1024 ranks, bucket-async overlaps the most and leaves the least exposed of the blog's stages (simple, "
-    "left out, overlaps nothing: every message of it is sent after backward and waited for): the blog's headline.",
+    "At 1024 ranks, bucket-async overlaps the most and leaves the least exposed of the rungs that ran there: the "
+    "blog's headline (simple, ga and hook wait for each message as soon as it is sent, as at 4 × T4 above).",
 )
 for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
     one = blog_links[name].seconds("all_reduce", 0, world_size) * 1e3  # 2(n−1)·α on that link

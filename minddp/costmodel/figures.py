@@ -5,7 +5,8 @@ per stage, where the step's time goes (compute, non-compute: only communication 
 much of the communication hid behind compute (the blog's breakdown and overlap charts);
 :func:`predicted_ladder`, per stage, the step the model predicts on each of several links beside the
 measured one. :func:`bucket_sweep`: exposed communication against the bucket cap, the model's curves beside
-measured caps, with the three costs of a plan (:mod:`minddp.costmodel.buckets`) under it. Colours as in
+measured caps, with the three costs of a plan (:mod:`minddp.costmodel.buckets`) under it;
+:func:`settings_ladder`: overlap and waiting per stage in several settings. Colours as in
 every step picture (:mod:`minddp.analysis.timeline`): orange is communication, red the training thread
 waiting for it (exposed).
 
@@ -33,6 +34,10 @@ Example (on one rank; a tiny run with a link, profiled)::
     >>> fig = bucket_sweep({"model": curve}, measured=[(4, 70.0, "measured")], per_gradient={"hook-async": 40.0})
     >>> [ax.get_ylabel() for ax in fig.axes]
     ['exposed communication (ms)', 'ms (log scale)']
+    >>> runs = {"hook-async": {"overlap_pct": 99.0, "exposed (waited), ms": 0.0},
+    ...         "bucket-async": {"overlap_pct": 90.0, "exposed (waited), ms": 4.0}}
+    >>> len(settings_ladder({"here": runs, "there": runs}).axes[0].patches)     # a bar per stage and setting
+    4
 """
 
 from __future__ import annotations
@@ -162,4 +167,32 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
     return fig
 
 
-__all__ = ["ladder_on_link", "predicted_ladder", "bucket_sweep"]
+def settings_ladder(settings: dict, title: str = ""):
+    """Per stage, overlap (top) and the link time the step waited for (below), one bar per setting.
+
+    ``settings``: setting name -> {stage -> a dict with ``overlap_pct`` and ``exposed (waited), ms``}, as
+    :func:`minddp.costmodel.buckets.on_the_link` and a look give them. Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+
+    stages = list(dict.fromkeys(s for runs in settings.values() for s in runs))
+    fig, (top, low) = plt.subplots(2, 1, figsize=(1.3 * len(stages) + 2.5, 5.4), sharex=True)
+    width = 0.8 / len(settings)
+    for j, (name, runs) in enumerate(settings.items()):
+        xs = [i + (j - (len(settings) - 1) / 2) * width for i in range(len(stages))]
+        color = ["#4c72b0", "#8172b3", "#55a868"][j % 3]
+        top.bar(xs, [runs[s]["overlap_pct"] if s in runs else 0 for s in stages], width, color=color, label=name)
+        low.bar(xs, [runs[s]["exposed (waited), ms"] if s in runs else 0 for s in stages], width, color=color)
+        for x, s in zip(xs, stages):
+            if s not in runs:
+                top.annotate("not run", (x, 2), ha="center", fontsize=6, rotation=90)
+    top.set(ylabel="overlap: % of communication\nunder compute", ylim=(0, 105))
+    top.set_title(title, fontsize=9)
+    top.legend(fontsize=7, loc="upper left")
+    low.set(ylabel="waited for the link (ms, log)", yscale="symlog")
+    low.set_xticks(range(len(stages)), stages, rotation=20)
+    fig.tight_layout()
+    return fig
+
+
+__all__ = ["ladder_on_link", "predicted_ladder", "bucket_sweep", "settings_ladder"]
