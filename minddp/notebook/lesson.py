@@ -99,9 +99,9 @@ def describe() -> str:
     )
 
 
-def step_batches(whole: bool = False):
+def step_batches(whole: bool = False, grad_accum: int | None = None):
     """This rank's micro-batches, step after step, on this rank's device; ``whole=True``: the global batch
-    (every rank's shard)."""
+    (every rank's shard); ``grad_accum``: micro-batches per step, if not the settings'."""
     from minddp.train.data import step_batches as batches
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -110,7 +110,7 @@ def step_batches(whole: bool = False):
         steps = batches(
             d.train,
             batch_size=SETTINGS.batch_size * world,
-            grad_accum=SETTINGS.grad_accum,
+            grad_accum=grad_accum or SETTINGS.grad_accum,
             num_replicas=1,
             rank=0,
             seed=SETTINGS.seed,
@@ -120,7 +120,7 @@ def step_batches(whole: bool = False):
         steps = batches(
             d.train,
             batch_size=SETTINGS.batch_size,
-            grad_accum=SETTINGS.grad_accum,
+            grad_accum=grad_accum or SETTINGS.grad_accum,
             num_replicas=world,
             rank=rank,
             seed=SETTINGS.seed,
@@ -145,8 +145,8 @@ class Trainee:
     (a preset such as ``"1gbit"``, :mod:`minddp.comm.link`): every collective
     of the stage goes over that emulated network (torch's DDP through minddp's
     hook of the same name), and its profiled traces show the link's transfers.
-    ``bucket_cap_mb`` (``None``: torch's default) and ``model`` (an offline
-    preset) replace the settings' for this trainee only.
+    ``bucket_cap_mb`` (``None``: torch's default), ``model`` (an offline
+    preset) and ``grad_accum`` replace the settings' for this trainee only.
     """
 
     def __init__(
@@ -159,6 +159,7 @@ class Trainee:
         link: str | None = None,
         bucket_cap_mb: float | None = SETTINGS.bucket_cap_mb,
         model: str = SETTINGS.model,
+        grad_accum: int = SETTINGS.grad_accum,
     ):
         from minddp.comm.link import as_link
         from minddp.comm.wire import Traffic, Wire
@@ -179,7 +180,7 @@ class Trainee:
         )
         # the stage's optimizer: ZeRO-1's sharded one, the shards of zero2 and fsdp (minddp.ladder.make_optimizer)
         self.optimizer = make_optimizer(stage, self.model, torch.optim.AdamW, hook=hook, wire=wire, lr=SETTINGS.lr)
-        self.batches = step_batches()
+        self.batches = step_batches(grad_accum=grad_accum)
         self.losses: list[float] = []  #: the global batch's loss, every step taken
         self.wire: list[dict] = []  #: minddp's traffic meter, every step taken
         for _ in range(SETTINGS.warmup if warmup is None else warmup):
