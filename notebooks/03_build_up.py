@@ -778,7 +778,7 @@ sweep_table.round(1)
 import statistics
 
 from minddp.costmodel.buckets import link_like, on_the_link, ratios
-from minddp.costmodel.compute import plan_for, probe
+from minddp.costmodel.compute import plan_for
 from minddp.costmodel.figures import settings_ladder
 from minddp.costmodel.project import blog_profile
 from minddp.runtime.device import message_device
@@ -795,9 +795,12 @@ blog_runs, blog_links, backward_of = {}, {}, {}
 for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     bytes_ratio, message_ratio = ratios(blog, link_name, ranks)
     model = lesson.make_model(name=model_name)
-    # this machine's backward of one micro-batch, timed on the bare model (the last micro-batch of a step); the
-    # slowest rank's, so that every rank builds the same link
-    timed = probe(model, next(lesson.step_batches())[-1:], lesson.loss_fn, repeats=2, measure_network=False).backward
+    # this machine's backward of one micro-batch, timed as the runs below are (a profiled step of `single`: the
+    # profiler slows a step down, a model of many small operations most); the slowest rank's, so that every rank
+    # builds the same link
+    accum = lesson.SETTINGS.grad_accum if name == "4 × T4" else 1
+    floor = looks["single"] if name == "4 × T4" else lesson.Trainee("single", model=model_name, grad_accum=1).look()
+    timed = statistics.mean(floor["backward_ms"]) / 1e3
     slowest = torch.tensor([timed], dtype=torch.float64, device=message_device())
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     backward_s = slowest.item()
@@ -814,7 +817,6 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     )
     # one profiled step each, no warm-up: the claims below hold from the first step. At 1024 ranks one micro-batch
     # a step: every rung there syncs once a step, after the last, and the profiler reads a third of the events.
-    accum = lesson.SETTINGS.grad_accum if name == "4 × T4" else 1
     for stage in RUN[name]:
         v = lesson.Trainee(
             stage, link=blog_links[name], bucket_cap_mb=cap, model=model_name, warmup=0, grad_accum=accum
