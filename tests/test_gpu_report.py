@@ -14,6 +14,7 @@ import ast
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -23,7 +24,7 @@ import pytest
 from processes import descendants
 
 from minddp.doctor import gpu_report
-from minddp.doctor.gpu_report import STEPS, Settings, Step, bench_argv, prune_traces, run_report
+from minddp.doctor.gpu_report import STEPS, WHEELS, Settings, Step, bench_argv, prune_traces, run_report
 from minddp.ladder import STAGES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,6 +113,7 @@ def test_the_bench_step_asks_for_the_three_at_one_rank_on_the_model_asked(tmp_pa
         ns, cfg, configs = parse(bench_argv(settings, dtype))
         assert [c.name for c in configs] == ["ddp", "bucket-async", "torch"]
         assert (cfg.world_size, cfg.model, cfg.dtype, ns.rounds, ns.launches) == (1, model, dtype, settings.rounds, 1)
+        assert cfg.bucket_cap_mb == (settings.bucket_cap_mb or 0.1)  # torch's 25 MiB on the 360M model
 
 
 def test_only_one_stages_traces_are_kept_when_all_would_not_fit(dry_run, tmp_path, monkeypatch):
@@ -148,3 +150,16 @@ def test_a_step_over_its_limit_is_cut_with_all_it_started_and_the_next_still_run
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     assert [(r["step"], r["status"]) for r in summary["steps"]] == [("tests", "timed out"), ("env", "ok")]
     assert code == 1 and any(c.startswith("finish step tests (timed out: cut at 3 s") for c in summary["could_not"])
+
+
+def test_the_device_command_in_the_docs_installs_the_wheels_alone_and_runs_this_report():
+    section = (ROOT / "docs" / "devices.md").read_text().split("## How to run it on a lent GPU")[1].split("\n## ")[0]
+    command = [line.strip() for line in section.splitlines() if line.strip().startswith("python3 -m pip install")]
+    assert len(command) == 1 and len(command[0]) <= 2000, command  # the device tool's limit on a command
+    install, report = command[0].split(" || exit; ")
+    assert "--no-index --no-deps" in install and install.endswith(
+        "--target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site"
+    )
+    ns = gpu_report.build_parser().parse_args(shlex.split(report.split("python3 -m minddp.doctor ")[1].split(";")[0]))
+    assert ns.gpu_report == "/tmp/gpu-report" and ns.tar == "$OUT/gpu-report.tgz" and not ns.quick
+    assert all(f"{name}=={version}" in section for name, version in WHEELS.items())

@@ -139,6 +139,7 @@ class Settings:
     steps_per_round: int = 10
     warmup: int = 3
     sizes: list[str] = field(default_factory=list)  # batch and sequence options for train and bench
+    bucket_cap_mb: float | None = 25.0  # the bench's buckets: torch's default (None: the train command's 0.1)
     train_stages: str = "all"
     train_world_size: int = 2
     train_steps: int = 4
@@ -156,6 +157,7 @@ class Settings:
             model="tiny-llama",
             dtype="fp32",
             sizes=["--batch-size", "4", "--grad-accum", "2", "--max-seq-len", "32"],
+            bucket_cap_mb=None,
             rounds=1,
             steps_per_round=1,
             warmup=0,
@@ -270,6 +272,7 @@ def bench_argv(s: Settings, dtype: str) -> list[str]:
         "--out",
         os.path.join(s.folder, "bench"),
         *s.sizes,
+        *(["--bucket-cap-mb", str(s.bucket_cap_mb)] if s.bucket_cap_mb else []),
     ]
 
 
@@ -396,7 +399,11 @@ def step_analyze(s: Settings) -> dict:
             out["notes"].append(f"{name}: {read['analysis_error']}")
             out["ok"] = False
         elif name == "run" and result is not None:
-            out["report"] = str(write_report([result], path))
+            try:
+                out["report"] = str(write_report([result], path))  # report.html and its plots, to look at
+            except Exception as exc:  # noqa: BLE001 - the numbers above stand without the page
+                out["notes"].append(f"report page: {type(exc).__name__}: {exc}")
+                out["ok"] = False
         print(f"{name} ({path}): " + json.dumps(read.get("analysis", read["own"]), default=str)[:2000], flush=True)
     return out
 
