@@ -64,6 +64,8 @@ def environment() -> list[str]:
     nccl = "not in this torch"
     if dist.is_nccl_available() and torch.cuda.is_available():
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    elif dist.is_nccl_available():
+        nccl = "in this torch, no GPU to run it on"
     lines.append(f"NCCL {nccl}, gloo {'yes' if dist.is_gloo_available() else 'no'}")
     gpus = gpu_count()
     names = ", ".join(torch.cuda.get_device_name(i) for i in range(gpus)) if gpus else "none"

@@ -89,8 +89,9 @@ GPU_TESTS = [
 ]
 #: The doctor step runs this test's command already.
 DOCTOR_TEST = "tests/test_gpu.py::test_the_doctor_passes_on_this_gpu_machine"
-#: Traces brought back: ``--keep-stage`` always, then other stages while all of them stay under this.
-TRACE_BYTES = 12 * 2**20
+#: Traces brought back: ``keep_stage``'s always, then other stages' while all stay under this (the packed folder must stay
+#: under the 16 MiB a lent machine brings back in one file).
+TRACE_BYTES = 8 * 2**20
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ STEPS = {
         Step("doctor", "every rung and hook against one process, at each placement", 180, 60),
         Step("bench", "ddp, bucket-async and torch's DDP at 1 rank: medians, ratios", 180, 60),
         Step("train", "every stage for a few profiled steps", 150, 45),
-        Step("analyze", "the traces read by minddp's analysis and by HTA", 90, 20),
+        Step("analyze", "the traces read by minddp's analysis and by HTA", 120, 20),
         Step("tests", "tests/test_gpu.py and the suite's GPU-relevant files", 240, 30),
     )
 }
@@ -249,29 +250,9 @@ def step_doctor(s: Settings) -> dict:
 def bench_argv(s: Settings, dtype: str) -> list[str]:
     """The benchmark's command line for step 3."""
     return [
-        "--stage",
-        "ddp,bucket-async,torch",
-        "--variants",
-        "none",
-        "--model",
-        s.model,
-        "--dtype",
-        dtype,
-        "--world-size",
-        "1",
-        "--launches",
-        "1",
-        "--rounds",
-        str(s.rounds),
-        "--steps-per-round",
-        str(s.steps_per_round),
-        "--warmup",
-        str(s.warmup),
-        "--profile-steps",
-        "0",
-        "--out",
-        os.path.join(s.folder, "bench"),
-        *s.sizes,
+        *f"--stage ddp,bucket-async,torch --variants none --model {s.model} --dtype {dtype} --world-size 1".split(),
+        *f"--launches 1 --rounds {s.rounds} --steps-per-round {s.steps_per_round} --warmup {s.warmup}".split(),
+        *["--profile-steps", "0", "--out", os.path.join(s.folder, "bench"), *s.sizes],
         *(["--bucket-cap-mb", str(s.bucket_cap_mb)] if s.bucket_cap_mb else []),
     ]
 
@@ -317,22 +298,9 @@ def step_train(s: Settings) -> dict:
     from minddp.train.run import main
 
     argv = [
-        "--stage",
-        s.train_stages,
-        "--steps",
-        str(s.train_steps),
-        "--profile-steps",
-        str(s.profile_steps),
-        "--world-size",
-        str(s.train_world_size),
-        "--trace-dir",
-        str(run_folder(s).parent),
-        "--run-name",
-        run_folder(s).name,
-        "--eval-examples",
-        "16",
-        "--no-progress",
-        *s.sizes,
+        *f"--stage {s.train_stages} --steps {s.train_steps} --profile-steps {s.profile_steps}".split(),
+        *f"--world-size {s.train_world_size} --eval-examples 16 --no-progress".split(),
+        *["--trace-dir", str(run_folder(s).parent), "--run-name", run_folder(s).name, *s.sizes],
     ]
     print("python -m minddp.train " + " ".join(argv), flush=True)
     code = main(argv)
@@ -364,10 +332,10 @@ def read_folder(path: Path) -> dict:
     from minddp.analysis import analyze_run
     from minddp.analysis.events import load_run
 
-    run = load_run(path)
+    run = load_run(path)  # once: both readings take it
     out = {"own": {name: own_reading(stage) for name, stage in run.stages.items()}}
     try:
-        result = analyze_run(path)
+        result = analyze_run(run)
         out["analysis"] = json.loads(result.stages.reset_index().to_json(orient="records"))
         out["sources"] = sorted(set(result.summary["source"]))
         out["result"] = result
@@ -414,7 +382,8 @@ def step_tests(s: Settings) -> dict:
         return {"ok": None, "why": f"no tests/ beside the package ({ROOT}): run from a clone"}
     report = Path(s.folder, "results", "tests.xml")
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs"]
-    argv += ["-n", str(max(0, min(4, (os.cpu_count() or 1) // 2 if len(s.tests) > 1 else 0)))]
+    workers = min(4, (os.cpu_count() or 1) // 2) if len(s.tests) > 1 else 0  # xdist workers: a few, or none
+    argv += ["-n", str(workers)]
     argv += ["--junitxml", str(report), *s.tests]
     if "doctor" in s.steps and any(t.startswith(DOCTOR_TEST.split("::")[0]) for t in s.tests):
         argv += ["--deselect", DOCTOR_TEST]  # the doctor step ran the same command
