@@ -89,8 +89,8 @@ GPU_TESTS = [
 ]
 #: The doctor step runs this test's command already.
 DOCTOR_TEST = "tests/test_gpu.py::test_the_doctor_passes_on_this_gpu_machine"
-#: Traces brought back: ``keep_stage``'s always, then other stages' while all stay under this (the packed folder must stay
-#: under the 16 MiB a lent machine brings back in one file).
+#: Traces brought back: ``keep_stage``'s always, then other stages' while all stay under this (the packed
+#: folder must stay under the 16 MiB a lent machine brings back in one file).
 TRACE_BYTES = 8 * 2**20
 
 
