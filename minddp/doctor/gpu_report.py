@@ -96,6 +96,8 @@ TRACE_BYTES = 8 * 2**20
 
 @dataclass(frozen=True)
 class Step:
+    """One step of the report: its name, what it checks (one line), and its time limits."""
+
     name: str
     what: str
     limit_s: int  # the longest it may run
