@@ -213,13 +213,6 @@ lesson.claim(
 )
 
 # %% [markdown]
-# **Bytes.** Call m the bytes of one rank's tensor. In the ring every rank sends 2 (n − 1) chunks of
-# m / n bytes, 2 (n − 1) / n · m in all, and receives as much: less than 2 m, whatever the number of
-# ranks. In the star, ranks 1 to n − 1 send their tensor once and receive the sum once (m each way),
-# but rank 0 receives n − 1 whole tensors and sends n − 1 sums back: (n − 1) · m each way, n / 2
-# times a ring rank's bytes, and everybody waits for it. The cell counts both from the records and
-# checks them against these formulas.
-#
 # **Notation**, the one every notebook and doc of minddp uses from here on:
 #
 # | symbol | meaning | unit |
@@ -230,6 +223,13 @@ lesson.claim(
 # | β | the time per byte on a link, 1 / B | seconds per byte |
 # | B | a link's bandwidth, when one is named (`1gbit`: 1 Gbit/s = 125 MB/s) | bytes per second |
 # | overlap | the share of communication time during which compute runs (notebook 05 measures it) | % |
+#
+# **Bytes.** m here is the bytes of one rank's tensor. In the ring every rank sends 2 (n − 1) chunks of
+# m / n bytes, 2 (n − 1) / n · m in all, and receives as much: less than 2 m, whatever the number of
+# ranks. In the star, ranks 1 to n − 1 send their tensor once and receive the sum once (m each way),
+# but rank 0 receives n − 1 whole tensors and sends n − 1 sums back: (n − 1) · m each way, n / 2
+# times a ring rank's bytes, and everybody waits for it. The cell counts both from the records and
+# checks them against these formulas.
 #
 # **Time.** The α-β model prices one message of m bytes at α + β · m. In one exchange a rank sends a
 # message and receives another at the same time (each direction of a link has its own wire), so the
