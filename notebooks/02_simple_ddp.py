@@ -185,7 +185,7 @@ lesson.claim(largest <= 1e-4 * scale, "SimpleDDP's averaged gradient is the sing
 from minddp.bench.worker import counting_torch_all_reduce  # wraps dist.all_reduce: counts calls and bytes
 from minddp.comm.wire import Traffic
 
-STEPS = 4
+STEPS = 3
 ddp.zero_grad(set_to_none=True)
 single.zero_grad(set_to_none=True)
 start = flat(single.parameters())
