@@ -22,13 +22,13 @@
 # 1. **same start**: every copy has the same parameters;
 # 2. **same update**: every copy applies the same gradient, the average over ranks.
 #
-# We break both on purpose and watch a check fail; then we write `SimpleDDP`, the whole idea in a
-# dozen lines of `torch.distributed` (a broadcast, an all_reduce, a division), check it against one
+# We break both on purpose and watch a check fail; then we write `SimpleDDP`, the whole idea in one
+# short class on `torch.distributed` (a broadcast, an all_reduce, a division), check it against one
 # process on the global batch, and watch two replicas drift apart when the average is left out.
 # Last, the ladder's own `SimpleDDP` (`minddp.stages`), the same idea with what every later stage
 # needs around it, and why. At the end it is your turn, and a checker runs your code on real ranks.
 #
-# Every notebook from here on trains the same workload with the same settings
+# Every notebook from here to `06` trains the same workload with the same settings
 # (`minddp.notebook.lesson`), so that a number in one notebook means what it means in the next: a
 # small Llama-architecture classifier on a generated paraphrase task, nothing downloaded. The cell
 # below prints what it is.
@@ -132,7 +132,7 @@ check_in_sync(ddp.parameters(), "parameters")
 #
 # Each rank runs forward and backward on its own shard (the `lesson` data gives every rank a
 # different slice of the same global batch), so each holds a different gradient. If the ranks
-# stepped now, their models would drift apart again. Expected to fail:
+# stepped now, their models would drift apart again (section 5 shows how far). Expected to fail:
 
 # %% tags=["raises-exception"] minddp={"expected_error": "gradients are not in sync"}
 # %%distributed
