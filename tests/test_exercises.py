@@ -74,7 +74,15 @@ MISTAKES = [
     (wrong.Summed, "simple", "summed, not averaged"),
     (wrong.NeverSynced, "simple", "gradients were not synchronized"),
     (wrong.Unfinished, "simple", "raised NotImplementedError in finish_gradient_synchronization"),
-    (solutions.SimpleDDP, "ga", "wrong number of collectives: 18 all_reduce calls in step 1, where 'ga' makes 6"),
+    (solutions.SimpleDDP, "ga", "your stage has no no_sync(), so it syncs after every micro-batch: 18 all_reduce"),
+    (
+        wrong.NoOpNoSync,
+        "ga",
+        "no_sync() did not stop the sync: 18 all_reduce calls in step 1 of 3 micro-batches, "
+        "where 'ga' makes 6: 12 of them came from the micro-batches run inside no_sync()",
+    ),
+    (wrong.DecidesInFinish, "ga", "no_sync() did not stop the sync"),
+    (wrong.NoSyncNeverRestored, "ga", "no_sync() left the sync off after its with-block"),
     (wrong.IncomingGradient, "hook", "the incoming gradient of the last micro-batch was synced"),
     (wrong.IgnoresNoSync, "hook", "came from the micro-batches run inside no_sync()"),
     (wrong.AfterBackward, "hook", "started in finish_gradient_synchronization(), after backward"),
@@ -121,6 +129,9 @@ HOOK_MISTAKES = [
     (wrong.hook_stays_fp16, "float16 tensor"),
     (wrong.hook_not_compressed, "sent 4 bytes per gradient value (float32), the model answer 2"),
     (wrong.hook_waits, "not a torch.futures.Future"),
+    (wrong.hook_divides_after_the_sum, "divide before the sum, or the float16 sum overflows"),
+    (wrong.hook_blocks, "waited for its all_reduce before returning (the Future it returned was already complete)"),
+    (wrong.hook_waits_on_its_work, "waited for its all_reduce before returning"),
 ]
 
 
