@@ -298,3 +298,41 @@ def hook_waits_on_its_work(process_group, bucket):
     work = dist.all_reduce(compressed, async_op=True)
     work.wait()
     return work.get_future().then(lambda f: f.value()[0].to(torch.float32))
+
+
+# -------------------------------------------------------------------------------- shard (notebook 07)
+def shard_keeps_its_rows(batch, rank, world):
+    """Notebook 07's question 3: each rank keeps its rows of the first world (3 ranks), whatever the world now."""
+    x, y = batch
+    lo, hi = rank * len(x) // 3, (rank + 1) * len(x) // 3
+    return x[lo:hi], y[lo:hi]
+
+
+def shard_floor_sized(batch, rank, world):
+    """len(x) // world rows each: the remainder (a row at world 3 of 10 rows) is never trained."""
+    x, y = batch
+    n = len(x) // world
+    return x[rank * n : (rank + 1) * n], y[rank * n : (rank + 1) * n]
+
+
+def shard_overlapping(batch, rank, world):
+    """One row too many per rank: each boundary row is trained by two ranks."""
+    x, y = batch
+    lo, hi = rank * len(x) // world, min(len(x), (rank + 1) * len(x) // world + 1)
+    return x[lo:hi], y[lo:hi]
+
+
+def shard_strided(batch, rank, world):
+    """A right answer, written otherwise: every world-th row from this rank's index."""
+    x, y = batch
+    return x[rank::world], y[rank::world]
+
+
+def shard_unfinished(batch, rank, world):
+    """Notebook 07's skeleton, not filled in yet."""
+    raise NotImplementedError("this rank's rows")
+
+
+def shard_returns_the_batch(batch, rank, world):
+    """Every rank trains the whole batch (the ranks' gradients are then all the same, and the split gone)."""
+    return batch
