@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from minddp import launch
 from minddp.exercises import solutions
+from minddp.exercises.harness import accepted_options
 from minddp.ladder import STAGES, make_optimizer, wrap
 from minddp.ladder.loop import train_step
 from minddp.stages import GradAccumDDP
@@ -92,9 +93,7 @@ def _cases():
 
     def answer(cls):
         def build(module):
-            wrapped = cls(
-                module, **({"bucket_cap_mb": 0.001} if "bucket_cap_mb" in cls.__init__.__code__.co_varnames else {})
-            )
+            wrapped = cls(module, **accepted_options(cls, {"bucket_cap_mb": 0.001}))
             return wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.1)
 
         return build
