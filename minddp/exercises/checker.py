@@ -123,8 +123,11 @@ def check_hook(
     """Check a comm hook ``hook(state, bucket) -> Future[Tensor]`` against the model answer ``like``.
 
     The hook is called on a bucket of known gradients (state ``None``: the
-    default group), then trains minddp's ``bucket-async`` stage beside torch's
-    DDP running torch's own hook of that name and a single process.
+    default group), noting whether it waited for its collective before it
+    returned (a blocking hook), then on a bucket of large gradients whose
+    float16 sum over the ranks overflows (a hook that divides after the sum
+    returns ``inf``), then trains minddp's ``bucket-async`` stage beside
+    torch's DDP running torch's own hook of that name and a single process.
     """
     if like not in solutions.HOOKS:
         raise ValueError(f"like={like!r}: choose one of {', '.join(solutions.HOOKS)}")

@@ -7,8 +7,10 @@ For a stage (:func:`check_stage_on_rank`):
 
 1. **reference**: train the model answer named by ``like``, counting its collectives;
 2. **start**: a different seed on every rank; all must then hold rank 0's weights;
-3. **steps**: every ``.grad`` after ``finish_gradient_synchronization()`` compared with the average
-   over ranks and the usual mistakes; the step's events recorded in order (:class:`Events`);
+3. **steps**: driven as the ladder's loop drives any stage (``finish_gradient_synchronization()``
+   after every backward, ``no_sync()`` around all but the last); every ``.grad`` after the step's
+   last finish compared with the average over ranks and the usual mistakes; the step's events
+   recorded in order (:class:`Events`);
 4. **oracles**: the parameters against a single process and torch's DDP;
 5. **report**: one JSON line (``MARK`` + the report), even when the learner's code raised.
 
