@@ -23,9 +23,51 @@ Example (4 KiB weights, 64 B biases; a cap of 4 KiB = 1/256 MiB)::
 
 from __future__ import annotations
 
+import math
+from numbers import Real
+
 import torch
 
 MB = 1024 * 1024
+
+
+def check_bucket_cap_mb(bucket_cap_mb) -> None:
+    """Refuse, in one line, a ``bucket_cap_mb`` that is not a finite number of MiB above 0 (``None`` is fine).
+
+    The one check every constructor that takes a cap runs (the bucketed stages through :func:`plan_buckets`,
+    ``ddp``, ``zero2``, torch's DDP as :func:`minddp.ladder.wrap` builds it), refusing what the train command's
+    ``--bucket-cap-mb`` refuses: 0, negatives, ``nan`` and infinity, and also a string or a bool.
+
+    Example::
+
+        >>> check_bucket_cap_mb(25), check_bucket_cap_mb(None)
+        (None, None)
+        >>> check_bucket_cap_mb("25")
+        Traceback (most recent call last):
+        TypeError: bucket_cap_mb must be a number of MiB (or None: one bucket), got '25' (a str): pass bucket_cap_mb=25
+    """
+    if bucket_cap_mb is None:
+        return
+    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, Real):
+        hint = f"bucket_cap_mb={bucket_cap_mb.strip()}" if _numeric(bucket_cap_mb) else "a number such as 25"
+        raise TypeError(
+            f"bucket_cap_mb must be a number of MiB (or None: one bucket), got {bucket_cap_mb!r} "
+            f"(a {type(bucket_cap_mb).__name__}): pass {hint}"
+        )
+    if not math.isfinite(bucket_cap_mb) or bucket_cap_mb <= 0:
+        raise ValueError(
+            f"bucket_cap_mb must be a finite number of MiB above 0, got {bucket_cap_mb!r}: pass a size such as 25 "
+            "(torch's default), or None for one bucket"
+        )
+
+
+def _numeric(text) -> bool:
+    """Is ``text`` a string that reads as a number (``"25"``)?"""
+    try:
+        float(text)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(text, str)
 
 
 def plan_buckets(
@@ -37,8 +79,7 @@ def plan_buckets(
     (torch's DDP uses 1 MiB when ``bucket_cap_mb`` is left at its default), so
     the first all_reduce starts as early as possible.
     """
-    if bucket_cap_mb is not None and not bucket_cap_mb > 0:
-        raise ValueError(f"bucket_cap_mb must be > 0 or None, got {bucket_cap_mb!r}")
+    check_bucket_cap_mb(bucket_cap_mb)
     open_buckets: dict[tuple, list[int]] = {}  # (dtype, device) -> bucket being filled
     open_bytes: dict[tuple, int] = {}
     n_closed: dict[tuple, int] = {}  # buckets closed so far, per (dtype, device)
