@@ -135,7 +135,8 @@ def print_tables(results) -> None:
         table[header] = (table[header] * factor).round(1)
     print(f"\nrun {result.run}: stages side by side, means over ranks of the profiled steps (calls per step)")
     print(table.to_string())
-    print(STARRED + "; every column: --report (report.html, stages.csv)")
+    print(STARRED)
+    print("every column, and the figures: add --report (report.html, stages.csv)")
 
 
 if __name__ == "__main__":

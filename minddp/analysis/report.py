@@ -274,6 +274,10 @@ def _range(median: float, low: float, high: float, fmt: str = ".1f") -> str:
     return f"{median:{fmt}} ({low:{fmt}}–{high:{fmt}})"
 
 
+def _percent(value: float) -> str:
+    return "–" if value != value else f"{value:.0f} %"  # NaN: the trace names no backward (a GPU trace)
+
+
 def _of(row, name: str) -> str:
     """``row[name]`` with its spread: ``median (min–max)``."""
     return _range(row[name], row[f"{name}_min"], row[f"{name}_max"])
@@ -301,7 +305,7 @@ def verdict_lines(result) -> list[str]:
             f"{r['rank_exposed']:>2} {r['stage']:<13}"
             f"{_of(r, 'exposed_ms'):>22}"
             f"{_of(r, 'step_ms'):>24}{r['rank_step']:>8}"
-            f"{r['in_backward_pct']:>17.0f}%"
+            f"{_percent(r['in_backward_pct']):>18}"
         )
     for r in table.to_dict("records"):
         lines += textwrap.wrap(f"{r['stage']}: {r['why']}", 120, subsequent_indent="    ")
@@ -345,7 +349,7 @@ def _verdict_html(result) -> list[str]:
             f"<tr data-stage='{html.escape(r['stage'])}'><td>{r['rank_exposed']}</td><td class='text'><b>"
             f"{html.escape(r['stage'])}</b></td><td>{_of(r, 'exposed_ms')}"
             f"</td><td>{_of(r, 'step_ms')}</td><td>{r['rank_step']}</td>"
-            f"<td>{r['in_backward_pct']:.0f}</td><td class='why'>{html.escape(r['why'])}</td></tr>"
+            f"<td>{_percent(r['in_backward_pct'])}</td><td class='why'>{html.escape(r['why'])}</td></tr>"
         )
     parts.append("</table>")
     if any(result.summary["device"] == "cpu"):

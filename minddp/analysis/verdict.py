@@ -118,7 +118,7 @@ def stage_spread(result, columns: list[str] | None = None) -> pd.DataFrame:
     present = [c for c in (columns or SPREAD_COLUMNS) if c in steps.columns]
     per_step = steps.groupby(["stage", "step"], sort=False)[present].mean()  # the ranks, step by step
     spread = per_step.groupby(level="stage", sort=False).agg(["median", "min", "max"])
-    spread["steps"] = per_step.groupby(level="stage", sort=False).size()
+    spread[("steps", "")] = per_step.groupby(level="stage", sort=False).size()
     return spread.reindex(sorted(spread.index, key=stage_sort_key))
 
 
@@ -136,7 +136,7 @@ def ranking(result) -> pd.DataFrame:
         comm = s[("comm_time_us", "median")]
         if not comm > 0:
             continue
-        row = {"stage": stage, "steps": int(s["steps"].iloc[0]) if hasattr(s["steps"], "iloc") else int(s["steps"])}
+        row = {"stage": stage, "steps": int(s[("steps", "")])}
         for name, column in (("exposed", "exposed_comm_us"), ("step", "step_time_us"), ("comm", "comm_time_us")):
             for stat, suffix in (("median", ""), ("min", "_min"), ("max", "_max")):
                 row[f"{name}_ms{suffix}"] = s[(column, stat)] / 1e3
@@ -189,7 +189,9 @@ def why(row: dict, calls: dict[str, float]) -> str:
     parts = {r: row.get(r.replace("_us", "_ms"), float("nan")) for r in REGIONS}
     parts = {r: v for r, v in parts.items() if v == v}  # NaN: a GPU trace, no phases
     if not parts:
-        return f"{head}; {exposed:.1f} of its {comm:.1f} ms of messages in flight were exposed (no phases on GPU)."
+        return (
+            f"{head}; {exposed:.1f} of its {comm:.1f} ms of messages in flight were exposed (no phases in the trace)."
+        )
     during = row["in_backward_pct"]
     where = max(parts, key=parts.get)
     sentence = f"{head}; {during:.0f} % of its {comm:.1f} ms of messages in flight ran during backward; "
