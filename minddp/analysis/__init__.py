@@ -31,8 +31,7 @@ import pandas as pd
 
 from minddp.analysis import cpu, gpu
 from minddp.analysis.events import Run, TraceError, gc_paused, load_run
-from minddp.analysis.steps import per_step
-from minddp.analysis.verdict import step_anatomy
+from minddp.analysis.steps import per_step, step_anatomy
 
 #: The columns both paths fill, in display order.
 SUMMARY_COLUMNS = [

@@ -31,8 +31,8 @@ import torch
 MB = 1024 * 1024
 
 
-def check_bucket_cap_mb(bucket_cap_mb) -> None:
-    """Refuse, in one line, a ``bucket_cap_mb`` that is not a finite number of MiB above 0 (``None`` is fine).
+def check_bucket_cap_mb(cap) -> None:
+    """Refuse, in one line, a ``bucket_cap_mb`` (``cap``) that is not a finite number of MiB above 0 (``None`` is fine).
 
     The one check every constructor that takes a cap runs (the bucketed stages through :func:`plan_buckets`,
     ``ddp``, ``zero2``, torch's DDP as :func:`minddp.ladder.wrap` builds it), refusing what the train command's
@@ -46,28 +46,25 @@ def check_bucket_cap_mb(bucket_cap_mb) -> None:
         Traceback (most recent call last):
         TypeError: bucket_cap_mb must be a number of MiB (or None: one bucket), got '25' (a str): pass bucket_cap_mb=25
     """
-    if bucket_cap_mb is None:
-        return
-    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, Real):
-        hint = f"bucket_cap_mb={bucket_cap_mb.strip()}" if _numeric(bucket_cap_mb) else "a number such as 25"
-        raise TypeError(
-            f"bucket_cap_mb must be a number of MiB (or None: one bucket), got {bucket_cap_mb!r} "
-            f"(a {type(bucket_cap_mb).__name__}): pass {hint}"
-        )
-    if not math.isfinite(bucket_cap_mb) or bucket_cap_mb <= 0:
-        raise ValueError(
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, Real) or not 0 < cap < math.inf):
+        raise _refusal(cap)
+
+
+def _refusal(bucket_cap_mb) -> Exception:
+    """The one-line error :func:`check_bucket_cap_mb` raises: what was given, and what to pass instead."""
+    if isinstance(bucket_cap_mb, Real) and not isinstance(bucket_cap_mb, bool):
+        return ValueError(
             f"bucket_cap_mb must be a finite number of MiB above 0, got {bucket_cap_mb!r}: pass a size such as 25 "
             "(torch's default), or None for one bucket"
         )
-
-
-def _numeric(text) -> bool:
-    """Is ``text`` a string that reads as a number (``"25"``)?"""
     try:
-        float(text)
-    except (TypeError, ValueError):
-        return False
-    return isinstance(text, str)
+        hint = f"bucket_cap_mb={float(bucket_cap_mb):g}" if isinstance(bucket_cap_mb, str) else "a number such as 25"
+    except ValueError:
+        hint = "a number such as 25"
+    return TypeError(
+        f"bucket_cap_mb must be a number of MiB (or None: one bucket), got {bucket_cap_mb!r} "
+        f"(a {type(bucket_cap_mb).__name__}): pass {hint}"
+    )
 
 
 def plan_buckets(
