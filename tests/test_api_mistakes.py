@@ -18,6 +18,7 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
+from test_doctests import one_rank_group  # noqa: F401 - a fixture: a gloo world of one process
 
 import minddp
 from minddp.runtime import launch as launch_module
@@ -94,15 +95,6 @@ def test_launch_refuses_a_function_of_an_interactive_session(monkeypatch, no_ran
         minddp.launch(main.train, world_size=2)
 
 
-@pytest.fixture(scope="module")
-def one_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def _cli_refuses(value) -> bool:
     """The train command's parser, asked the same value as text (its oracle for a bad cap)."""
     from minddp.train.config import ConfigError, parse_args
@@ -126,8 +118,9 @@ def _constructors():
     }
 
 
+@pytest.mark.usefixtures("one_rank_group")
 @pytest.mark.parametrize("cap", [0, -1, math.nan, math.inf, "25", True], ids=repr)
-def test_every_constructor_refuses_a_bad_bucket_cap_in_one_line(one_rank_group, capsys, cap):
+def test_every_constructor_refuses_a_bad_bucket_cap_in_one_line(capsys, cap):
     if not isinstance(cap, (str, bool)):
         assert _cli_refuses(cap)  # the CLI refuses it too: the same rule
         capsys.readouterr()
@@ -139,7 +132,8 @@ def test_every_constructor_refuses_a_bad_bucket_cap_in_one_line(one_rank_group, 
         assert repr(cap) in text and ("pass bucket_cap_mb=25" in text if cap == "25" else "pass " in text), name
 
 
-def test_every_constructor_takes_a_good_bucket_cap(one_rank_group):
+@pytest.mark.usefixtures("one_rank_group")
+def test_every_constructor_takes_a_good_bucket_cap():
     assert not _cli_refuses(0.5)
     for name, build in _constructors().items():
         for cap in (0.5, 25, None):
