@@ -24,6 +24,7 @@ Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
 from __future__ import annotations
 
+import textwrap
 from typing import Iterable
 
 import torch
@@ -200,10 +201,11 @@ def format_summary(measured: dict[str, dict], world: int) -> str:
             f"{state / mib:>9.3f}{formula / mib:>9.3f}{m['activations'] / mib:>9.3f}"
             f"{m['gathered'] / mib:>10.3f}"
         )
-    lines.append(
+    lines += textwrap.wrap(  # a console's 120 columns
         "state = params + grads + optim; formula = the ZeRO formula for it with AdamW (ddp 16Ψ, zero1 "
         "8Ψ+8Ψ/N, zero2 4Ψ+12Ψ/N, fsdp 16Ψ/N + its replicated parameters); act = activations saved "
-        "for backward; gathered = FSDP's full units at their peak"
+        "for backward; gathered = FSDP's full units at their peak",
+        120,
     )
     return "\n".join(lines)
 
