@@ -27,15 +27,19 @@ def _model() -> nn.Module:
     return nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(3)])  # each: a matrix, a vector
 
 
+def _under(prof, step, *args):
+    with prof:
+        step(*args)
+
+
 def _hooks_over_a_link(hooks: list[str]) -> dict:
     import torch.distributed as dist
 
-    from minddp.analysis import live
     from minddp.comm.link import Link
     from minddp.comm.wire import Wire
     from minddp.ladder import wrap
     from minddp.ladder.loop import train_step
-    from minddp.notebook.lesson import buckets_of
+    from minddp.notebook.lesson import buckets_of, profiled_step
 
     g = torch.Generator().manual_seed(dist.get_rank())
     micro = [(torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g)) for _ in range(2)]
@@ -58,12 +62,7 @@ def _hooks_over_a_link(hooks: list[str]) -> dict:
         opt = torch.optim.SGD(wrapped.parameters(), lr=0.01)
         for _ in range(2):  # PowerSGD compresses from the third step on
             train_step(wrapped, opt, micro, loss_fn)
-        link.log.clear()
-        link.waits.clear()
-        prof = live.profiler()
-        with prof:
-            train_step(wrapped, opt, micro, loss_fn)
-        view = live.step_view(prof, link=link)
+        view = profiled_step(lambda prof: _under(prof, train_step, wrapped, opt, micro, loss_fn), link)
         view["sent"] = [(m["kind"], m["bytes"]) for m in link.log]
         view["buckets"] = buckets_of(wrapped)
         view["exposed_link_ms"] = exposed_link_ms(view)

@@ -219,15 +219,7 @@ class Trainee:
     def look(self) -> dict:
         """Step 1 of the module doc: one step under the profiler, read in memory (every rank's view); over an
         emulated link, with the link's transfers and this rank's waits (:func:`minddp.analysis.live.step_view`)."""
-        from minddp.analysis import live
-
-        if self.link is not None:
-            self.link.log.clear()
-            self.link.waits.clear()
-        prof = live.profiler()
-        self.step(watch=prof)
-        seen = live.step_view(prof, link=self.link)
-        seen["sent"] = sent_by_collective(prof)
+        seen = profiled_step(lambda prof: self.step(watch=prof), self.link)
         seen["buckets"] = buckets_of(self.model)
         seen["row"].update(stage=self.stage, label=self.stage)
         return seen
@@ -261,6 +253,22 @@ class Trainee:
 
     def flat_parameters(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self.model.parameters()])
+
+
+def profiled_step(step, link=None) -> dict:
+    """What :meth:`Trainee.look` reads of one step: ``step(prof)`` runs it with the profiler ``prof`` around the
+    training step; returns :func:`minddp.analysis.live.step_view` over ``link`` (its log and waits emptied first,
+    so they hold this step's only), with ``sent`` (:func:`sent_by_collective`)."""
+    from minddp.analysis import live
+
+    if link is not None:
+        link.log.clear()
+        link.waits.clear()
+    prof = live.profiler()
+    step(prof)
+    seen = live.step_view(prof, link=link)
+    seen["sent"] = sent_by_collective(prof)
+    return seen
 
 
 #: The backends' ranges of one point-to-point send, whose input is what went out.
