@@ -196,8 +196,8 @@ steps.round(3)
 # emulated 1 Gbit/s link: the real all_reduce still runs, and its Future completes no earlier than
 # the link's α-β model says the message arrives, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of
 # m bytes. Each hook gets a fresh trainee without the error measurement (its extra exact all_reduce
-# waits inside the backward and would change the timing), takes as many steps as PowerSGD needs to
-# start compressing, and one profiled step is read:
+# waits inside the backward and would change the timing) and a warm-up step (PowerSGD as many as it
+# needs to start compressing), and one profiled step is read:
 #
 # * *link ms*: the modelled time of the step's messages on the link, from their sizes alone (the
 #   same on any machine);
@@ -219,7 +219,7 @@ linked = {
         "bucket-async",
         hook=name,
         powersgd_options=options,
-        warmup=HOOKS["powersgd"]["start_powerSGD_iter"],  # PowerSGD compresses from the next step on
+        warmup=(options or {}).get("start_powerSGD_iter"),  # PowerSGD compresses from the next step on
         link=LINK,
     )
     for name, options in HOOKS.items()

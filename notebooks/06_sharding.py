@@ -82,10 +82,11 @@ show_source(ring_all_reduce)
 # %% [markdown]
 # What each costs, in the α-β model (α the fixed cost of one message, β the time per byte, m the
 # bytes of the tensor, n ranks): each pass is `n − 1` messages carrying `(n − 1)/n · m` bytes per
-# rank, `(n − 1) α + (n − 1)/n · m β`, and the all_reduce is both. So ZeRO-2, which reduce-scatters the gradients and later
-# all-gathers the parameters, moves the bytes DDP moves; FSDP gathers the parameters twice, for
-# the forward and again for the backward. For this workload's gradients, per synced backward
-# (one micro-batch; what a step with several micro-batches adds is counted further down):
+# rank, `(n − 1) α + (n − 1)/n · m β`, and the all_reduce is both. So ZeRO-2, which
+# reduce-scatters the gradients and later all-gathers the parameters, moves the bytes DDP moves;
+# FSDP gathers the parameters twice, for the forward and again for the backward. For this
+# workload's gradients, per synced backward (one micro-batch; what a step with several
+# micro-batches adds is counted further down):
 
 # %%
 # %%distributed
@@ -349,11 +350,11 @@ lesson.claim(
     f"moves ddp's bytes, {lesson.mib(total['zero2'])} a step, where zero1, which all-reduces whole gradients and "
     f"then all-gathers, moves 1.5 times as many ({lesson.mib(total['zero1'])}).",
 )
-f_sent = rings["fsdp"]["sent"]
+f_sent, whole_kept = rings["fsdp"]["sent"], {id(p) for _, _, p in trainees["fsdp"].model.replicated}
 lesson.say(
     f"fsdp sent {lesson.mib(f_sent['reduce_scatter'])} reduce-scattering its units' gradients, "
-    f"{f_sent.get('all_reduce', 0) / 1024:.0f} KiB all-reducing the {len({id(p) for _, _, p in trainees['fsdp'].model.replicated})} "
-    f"parameters it leaves whole, and {lesson.mib(f_sent['all_gather'])} gathering units: "
+    f"{f_sent.get('all_reduce', 0) / 1024:.0f} KiB all-reducing the {len(whole_kept)} parameters it leaves whole, "
+    f"and {lesson.mib(f_sent['all_gather'])} gathering units: "
     f"{total['fsdp'] / whole:.1f} times ddp's bytes, the price of holding a unit at a time."
 )
 on_wire.round(2)
