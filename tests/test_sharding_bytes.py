@@ -4,7 +4,7 @@ On gloo, torch's transport sends a reduce-scatter as an all_reduce, so what ZeRO
 is seen only through a transport whose messages are its own: the ring (``minddp.collectives``), each
 collective in a profiler range of its name (``lesson.labelled``), every message counted from gloo's
 own send range (``lesson.sent_by_collective``), as notebook 06 does. Three ranks, so that no factor
-of the α-β count is 1.
+of the α-β count is 1; a small model of blocks (no Hugging Face import), FSDP's units its blocks.
 
 The oracle is the α-β count of bytes each rank sends, from the parameter sizes alone: a ring
 all_reduce of m bytes sends ``2 (n - 1)/n · m``, a reduce-scatter or an all-gather ``(n - 1)/n · m``.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from minddp.runtime.launch import launch
 
@@ -24,35 +25,55 @@ WORLD = 3
 STAGES = ["ddp", "zero1", "zero2", "fsdp"]
 
 
+class Blocks(nn.Module):
+    """A stem, three blocks (FSDP's units: the elements of a ModuleList) and a head; sizes the ranks do not
+    divide evenly, so the padding is exercised."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(7, 31)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(31, 31), nn.Tanh()) for _ in range(3))
+        self.head = nn.Linear(31, 2)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
 def _sent_through_the_ring(stages: list[str]) -> dict:
     import torch.distributed as dist
 
-    from minddp.analysis import live
     from minddp.collectives import TRANSPORTS
     from minddp.comm.wire import Wire
     from minddp.ladder import make_optimizer, wrap
     from minddp.ladder.loop import train_step
-    from minddp.notebook.lesson import labelled, sent_by_collective
-    from minddp.train.models import build_model
+    from minddp.notebook.lesson import labelled, profiled_step
 
     g = torch.Generator().manual_seed(dist.get_rank())
-    batch = [
-        {"input_ids": torch.randint(1, 92, (4, 16), generator=g), "labels": torch.randint(0, 2, (4,), generator=g)}
-    ]
+    batch = [(torch.randn(8, 7, generator=g), torch.randn(8, 2, generator=g))]
+
+    def loss_fn(m, b):
+        return ((m(b[0]) - b[1]) ** 2).mean()
+
+    def step_under(prof):
+        with prof:
+            train_step(wrapped, optimizer, batch, loss_fn)
+
     out = {}
     for stage in stages:
-        model = build_model("tiny-llama", vocab_size=92, pad_token_id=0, seed=0)
-        sizes = [p.numel() for p in model.parameters() if p.requires_grad]
+        torch.manual_seed(0)
+        model = Blocks()
+        sizes = [p.numel() for p in model.parameters()]
         wire = Wire(None, transport=labelled(TRANSPORTS["ring"]))
         wrapped = wrap(stage, model, bucket_cap_mb=0.1, wire=wire)
         optimizer = make_optimizer(stage, model, torch.optim.AdamW, wire=wire, lr=1e-3)
-        train_step(wrapped, optimizer, batch, lambda m, b: m(**b).loss)  # zero2 gathers at the next step's start
-        prof = live.profiler()
-        with prof:
-            train_step(wrapped, optimizer, batch, lambda m, b: m(**b).loss)
+        train_step(wrapped, optimizer, batch, loss_fn)  # zero2 gathers at the next step's start
+        sent = profiled_step(step_under)["sent"]
         units = [sum(u.numels) for u in getattr(wrapped, "units", [])]
-        replicated = sum(p.numel() for _, _, p in getattr(wrapped, "replicated", []) if p.requires_grad)
-        out[stage] = {"sent": sent_by_collective(prof), "sizes": sizes, "units": units, "replicated": replicated}
+        replicated = sum(p.numel() for _, _, p in getattr(wrapped, "replicated", []))
+        out[stage] = {"sent": sent, "sizes": sizes, "units": units, "replicated": replicated}
     return out
 
 
