@@ -92,16 +92,18 @@ PACKAGE = os.path.dirname(minddp.__file__)
 # Then every budget in lines as ruff formats them (120 columns; tests/test_style.py): a call that does not fit on
 # one line takes one line per argument. Counted before the formatter: simple 171, ga 191, hook 222, hook-async
 # 237, bucket 286, bucket-async 264, ddp 588, zero1 788, zero2 439, fsdp 440; after it: the budgets below - 1.
+#: bucket, bucket-async, zero2 +1 and ddp, zero1 +3 for bucket_cap_mb refused in one line as the CLI refuses it
+#: (stages/bucket_plan.check_bucket_cap_mb: its 3 lines, in plan_buckets' place of its own 2-line check; ddp calls it).
 BUDGETS = {
     "simple": 179,
     "ga": 199,
     "hook": 232,
     "hook-async": 247,
-    "bucket": 297,
-    "bucket-async": 273,
-    "ddp": 667,
-    "zero1": 907,
-    "zero2": 459,
+    "bucket": 298,
+    "bucket-async": 274,
+    "ddp": 670,
+    "zero1": 910,
+    "zero2": 460,
     "fsdp": 459,
 }
 TEACHING = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]

@@ -36,6 +36,7 @@ from minddp.ddp.reducer import Reducer
 from minddp.runtime import compat
 from minddp.runtime.envflags import env_flag
 from minddp.runtime.nested import map_tensors
+from minddp.stages.bucket_plan import check_bucket_cap_mb
 from minddp.stages.checks import check_same_model
 from minddp.stages.grad_accum import GradAccumDDP
 
@@ -64,6 +65,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         group = resolve_group(process_group)
         self._device = _check_devices(module, device_ids, output_device)
         _check_trainable(module)
+        check_bucket_cap_mb(bucket_cap_mb)
         self.module = module
         self.process_group = group
         self.device_ids, self.output_device = device_ids, output_device
