@@ -136,9 +136,14 @@ def test_compare_takes_two_folders_of_traces_as_one_row(tmp_path, sample):
     write_trace(theirs / "trace.json", half_covered_step())
     assert main(["--compare", str(mine), str(theirs)]) == 0
     table = compare_runs(*one_row([sample_result, analyze_run(mine)]))
-    assert list(table.index) == ["hta-gpu-traces vs mine"]
-    row = table.loc["hta-gpu-traces vs mine", "comm_comp_overlap_pctg"]
+    assert list(table.index) == ["traces"]  # the runs are the folders, each one stage: one row
+    row = table.loc["traces", "comm_comp_overlap_pctg"]
     assert row["hta-gpu-traces"] == overlap["comp_comm_overlap_pctg"].mean() and row["mine"] == 50.0
+    stages = [analyze_run(mine), analyze_run(theirs)]
+    for result, name in zip(stages, ("ddp", "bucket")):  # two stages of train runs: named by both
+        result.stages.rename(index={"theirs": name, "mine": name}, inplace=True)
+        result.summary["stage"] = name
+    assert list(compare_runs(*one_row(stages)).index) == ["ddp vs bucket"]
 
 
 def test_a_train_runs_stage_folder_keeps_its_names(tmp_path):

@@ -94,14 +94,16 @@ def build_parser() -> Parser:
 
 
 def one_row(results: list) -> list:
-    """Two runs of one stage each, named differently (two folders of traces, two stages): one stage, "A vs B".
+    """Two runs of one stage each, named differently, compared as one stage: two stage folders (``ddp vs
+    bucket``), or two folders of traces, whose one stage is named as the folder (``traces``: the runs are A and B).
 
     Runs of several stages are compared stage by stage, as they are.
     """
     names = [list(r.stages.index) for r in results]
     if any(len(n) != 1 for n in names) or names[0] == names[1]:
         return results
-    label = f"{names[0][0]} vs {names[1][0]}"
+    bare = all(n[0] == r.run.split(":", 1)[-1] for n, r in zip(names, results))
+    label = "traces" if bare else f"{names[0][0]} vs {names[1][0]}"
 
     def relabel(frame):
         if "stage" in frame.columns:
