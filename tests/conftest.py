@@ -14,7 +14,7 @@ import pytest
 
 # The longest tests first, so that neither worker ends with a long one still to run (seconds on a quiet
 # 2-core machine: the notebooks' own runs, each tens of seconds to a minute and a half).
-FIRST = ["test_notebooks.py", "test_train.py", "test_bench.py", "test_doctor.py"]
+FIRST = ["test_notebooks.py", "test_train.py", "test_bench.py", "test_gpu_report.py"]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -97,13 +97,14 @@ def stage_sort_key(name: str):
 
 
 def analyze_run(path) -> RunAnalysis:
-    """Steps 1-3 for the run folder ``path`` (``traces/<run>``, or one stage folder of it)."""
+    """Steps 1-3 for the run folder ``path`` (``traces/<run>``, one stage folder of it, any folder of rank
+    traces), or for a :class:`Run` loaded already."""
     with gc_paused():  # millions of event objects, no cycles: see events.gc_paused
         return _analyze_run(path)
 
 
 def _analyze_run(path) -> RunAnalysis:
-    run = load_run(path)  # step 1
+    run = path if isinstance(path, Run) else load_run(path)  # step 1
     summary, steps, kernels, buckets, phases = [], [], [], [], []
     for name in sorted(run.stages, key=stage_sort_key):
         stage = run.stages[name]

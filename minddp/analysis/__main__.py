@@ -1,7 +1,10 @@
 """The analysis CLI: ``python -m minddp.analyze traces/<run> [--report] [--compare RUN_A RUN_B]``.
 
 1. analyse each run folder (GPU traces through HTA, CPU/gloo traces through
-   minddp's own analysis: :mod:`minddp.analysis`);
+   minddp's own analysis: :mod:`minddp.analysis`); a run folder is one the train
+   command wrote, or any folder of per-rank profiler traces
+   (:mod:`minddp.analysis.events` finds them and their ranks); two folders of one
+   stage each are compared as one stage (:func:`one_row`);
 2. print, in at most 120 columns, the verdict (the stages ranked by exposed
    communication and step time, with their spread and why: :mod:`minddp.analysis.verdict`)
    and the stages side by side; with ``--compare``, what changed between the runs
@@ -16,6 +19,7 @@ Example::
 
     $ python -m minddp.analyze traces/demo --report
     $ python -m minddp.analyze --compare traces/allreduce traces/powersgd --report
+    $ python -m minddp.analyze my_torch_traces/     # rank traces of any torch job, named anyhow
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ EXAMPLES = [
     "python -m minddp.analyze traces/demo                 # the stages of one run side by side",
     "python -m minddp.analyze traces/demo --report        # and report.html + PNG plots in traces/demo",
     "python -m minddp.analyze --compare traces/allreduce traces/powersgd --report",
+    "python -m minddp.analyze my_traces/          # any folder of per-rank torch profiler traces (*.json[.gz])",
+    "python -m minddp.analyze --compare my_traces/ traces/demo/ddp   # one folder of traces against one stage",
 ]
 
 
@@ -64,13 +70,19 @@ def build_parser() -> Parser:
     p = Parser(
         prog="python -m minddp.analyze",
         usage="python -m minddp.analyze (RUN | --compare RUN_A RUN_B) [--report]",
-        description="Trace metrics of a run written by python -m minddp.train (GPU traces through "
-        "HolisticTraceAnalysis, CPU traces through minddp's own analysis). Bad input exits "
-        "with code 2.",
+        description="Trace metrics of a run written by python -m minddp.train, or of any folder of "
+        "per-rank torch profiler traces (GPU traces through HolisticTraceAnalysis, CPU traces through "
+        "minddp's own analysis). Bad input exits with code 2.",
         examples=EXAMPLES,
     )
     what = p.add_argument_group("what to analyse (one of)")
-    what.add_argument("run", nargs="?", metavar="RUN", help="a run folder, traces/<run> (or one stage folder of it)")
+    what.add_argument(
+        "run",
+        nargs="?",
+        metavar="RUN",
+        help="a run folder, traces/<run> (or one stage folder of it), or any folder of per-rank profiler traces "
+        "(the rank of each from its distributedInfo, else from rank<N> in its name)",
+    )
     what.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="put two runs side by side")
     out = p.add_argument_group("outputs")
     out.add_argument(
@@ -79,6 +91,30 @@ def build_parser() -> Parser:
         help="write report.html and PNG plots into the run folder (with --compare: into RUN_A/compare-<RUN_B>/)",
     )
     return p
+
+
+def one_row(results: list) -> list:
+    """Two runs of one stage each, named differently, compared as one stage: two stage folders (``ddp vs
+    bucket``), or two folders of traces, whose one stage is named as the folder (``traces``: the runs are A and B).
+
+    Runs of several stages are compared stage by stage, as they are.
+    """
+    names = [list(r.stages.index) for r in results]
+    if any(len(n) != 1 for n in names) or names[0] == names[1]:
+        return results
+    bare = all(n[0] == r.run.split(":", 1)[-1] for n, r in zip(names, results))
+    label = "traces" if bare else f"{names[0][0]} vs {names[1][0]}"
+
+    def relabel(frame):
+        if "stage" in frame.columns:
+            frame = frame.assign(stage=label)
+        return frame.rename(index={frame.index[0]: label}) if frame.index.name == "stage" and len(frame) else frame
+
+    tables = ("summary", "stages", "per_step", "kernels", "buckets", "phases")
+    return [
+        replace(r, configs={label: c for c in r.configs.values()}, **{t: relabel(getattr(r, t)) for t in tables})
+        for r in results
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             results = [analyze_run(p) for p in args.compare]
             if results[0].run == results[1].run:  # same name: tell them apart in tables and legends
                 results = [replace(r, run=f"{tag}:{r.run}") for tag, r in zip("AB", results)]
+            results = one_row(results)
             out_dir = Path(args.compare[0]) / f"compare-{Path(args.compare[1]).name}"
         else:
             results = [analyze_run(args.run)]

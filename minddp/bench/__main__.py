@@ -47,6 +47,7 @@ EXAMPLES = [
 #: Options the benchmark shares with the train command: the same flag, metavar, type and meaning.
 SHARED = (
     "model",
+    "dtype",
     "batch_size",
     "grad_accum",
     "max_seq_len",
@@ -375,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m minddp.bench " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": machine(),
         "model": cfg.model,
+        "dtype": cfg.dtype,
         "data": data.source,
         "world_size": cfg.world_size,
         "backend": placement.backend,
