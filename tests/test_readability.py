@@ -19,10 +19,11 @@ import there lowers nothing), reads those files whole. The measure is their
 non-blank lines, docstrings and comments included (package ``__init__`` files
 aside; the imports in them are followed). The traced path misses what this
 one sees: a module on the path for one function whose other 150 lines the
-reader still has to page past (it was how the device rule, 171 lines, the
-torch-release shims, 64, and the Wire's sharded collectives joined the path
-of ``simple`` through ``stages/checks.py``, ``comm/send.py`` and the wire:
-519 lines in 6 modules became 766 in 10, ``bucket-async`` 939 in 13).
+reader still has to page past. That is how the device rule (171 lines) and
+the torch-release shims (64) joined the path of ``simple``, through the wire
+the default hook sent through and the broadcast, and the walker over nested
+values (35) through the graph check: 519 lines in 6 modules became 766 in
+10, and ``bucket-async`` 939 in 13.
 
 **The layering that keeps both short.** The teaching stages import only the
 comm layer's plain calls, ``minddp/comm/plain.py``: ``broadcast`` (a complex
@@ -34,16 +35,17 @@ gradient or a mask built on the model's device, which is a device the group
 serves wherever the gradients can be summed at all. The ``Wire`` (a ``Group``
 with a meter, a transport, a link, and the sharded stages' reduce-scatter and
 all-gather, where the device rule and the release shims are consulted) comes
-in only when a user hands one over as the hook's state. So:
+in only when a user hands one over as the hook's state.
 
-* import closure (non-blank lines; the first number is the issue's target):
-  ``simple`` 350 (measured 337 in 7 modules: ``simple.py``, the two checks
-  with the graph walk and the one walker over nested values it uses,
-  ``GradBucket``, ``send``, ``plain.py``); ``ga`` 395 (382); ``hook`` 450
-  (438); ``hook-async`` 490 (477); ``bucket`` 580 (553: it reads ``hook.py``
-  too); ``bucket-async`` 580 (510 in 10: one class on ``ga``). The room
-  above ``bucket`` and ``bucket-async`` is for torch's first-bucket rule in
-  ``bucket_plan.py`` (about 15 lines, issue 39);
+**The import-closure budgets** (non-blank lines; measured in brackets):
+``simple`` 350 (339 in 7 modules: ``simple.py``, the two checks with the
+graph walk and the one walker over nested values it uses, ``GradBucket``,
+``send``, ``plain.py``); ``ga`` 395 (384); ``hook`` 450 (440); ``hook-async``
+490 (479); ``bucket`` 580 (555: it reads ``hook.py`` too); ``bucket-async``
+580 (512 in 10: one class on ``ga``). ``simple``'s and ``bucket-async``'s are
+the targets of issue 39; the stages between have about 11 lines of room, and
+``bucket`` and ``bucket-async`` more, for torch's first-bucket rule in
+``bucket_plan.py`` (about 15 lines, issue 39).
 
 **The traced budgets** (code lines), and why:
 
