@@ -71,14 +71,12 @@ class Group:
 
 def resolve_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
     """``None`` means the default (world) group; the one place that says so."""
-    if group is not None:
-        return group
-    if not dist.is_initialized():
+    if group is None and not dist.is_initialized():
         raise RuntimeError(
             "torch.distributed is not initialised: start ranks with minddp.launch(...) "
             "or torchrun, or call torch.distributed.init_process_group first"
         )
-    return dist.group.WORLD
+    return dist.group.WORLD if group is None else group
 
 
 def when_done(work, value) -> torch.futures.Future:
