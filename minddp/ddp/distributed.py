@@ -29,11 +29,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from minddp.comm.wire import resolve_group
+from minddp.comm.plain import broadcast, resolve_group
 from minddp.ddp.buffers import broadcast_coalesced
 from minddp.ddp.join import ShadowingJoinHook, highest_rank
 from minddp.ddp.reducer import Reducer
-from minddp.runtime import compat
 from minddp.runtime.envflags import env_flag
 from minddp.runtime.nested import map_tensors
 from minddp.stages.bucket_plan import check_bucket_cap_mb
@@ -80,7 +79,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         check_same_model(module, group)  # step 1
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
-                compat.broadcast(tensor, group_src=0, group=group)
+                broadcast(tensor, group_src=0, group=group)
         self.reducer = self._make_reducer()
         #: The submodules holding buffers, found once (as torch lists its buffers once): walking every
         #: submodule before each synced step costs ~1 µs a module, and most models have no buffers at all.

@@ -5,12 +5,13 @@ Every release-dependent call in minddp goes through here, one function each:
 * :func:`all_gather_single`, :func:`reduce_scatter_single`: torch 2.13 renamed
   ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` (and warns on the old names); the new
   name where torch has it, else the old one, looked up on each call;
-* :func:`broadcast`: a complex tensor sent as its real view (2.6's gloo refuses complex);
 * :func:`allreduce_options` (``asyncOp`` where it exists), :func:`clone_store` (``Store.clone()``
   or a second client), :func:`meta_device` (``torch._dynamo`` imported first, for 2.6),
   :func:`input_dtypes` (the profiler's dtypes on any release), :data:`TORCH_FULLY_SHARD_ON_CPU`.
 
-Each difference, release by release, and what was run: ``docs/torch-versions.md``.
+Each difference, release by release, and what was run: ``docs/torch-versions.md``. One difference is
+handled where the teaching stages read it instead: a complex tensor is broadcast as its real view (2.6's
+gloo refuses complex) by :func:`minddp.comm.plain.broadcast` itself, in its own two lines.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
@@ -40,12 +41,6 @@ def reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, async
     """``output`` = this rank's chunk of ``input`` reduced over ranks (torch's ``reduce_scatter_single``)."""
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     return scatter(output, input, op=op, group=group, async_op=async_op)
-
-
-def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
-    """``tensor`` = rank ``src``'s (global) or group rank ``group_src``'s ``tensor``, complex ones too."""
-    wire = torch.view_as_real(tensor) if tensor.is_complex() else tensor  # same memory: ``tensor`` is written
-    return dist.broadcast(wire, src=src, group=group, async_op=async_op, group_src=group_src)
 
 
 def meta_device() -> torch.device:
