@@ -12,7 +12,8 @@ liveness and restarts in full):
    One process decides, so a step counts on all ranks or on none.
 
 A slot is *live* while its heartbeat (``beat/<slot>``, every :data:`BEAT_S`) keeps changing within
-``hang_s`` and the launcher has not reported it gone; a silent one is *evicted*. Nothing here survives
+``hang_s`` and the launcher has not reported it gone (through a queue: the lighthouse writes ``gone/<slot>``
+itself); a silent one is *evicted*. The store listens on the loopback address only. Nothing here survives
 a restart of the lighthouse, and nothing needs to: the ranks post their request or vote again.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import sys
 import time
@@ -42,27 +44,36 @@ def lighthouse_main(
     events,
     parent_pid: int,
     full_world_at: tuple[int, ...] = (),
+    gone=None,
+    stderr=None,
 ) -> None:
-    """The coordinator's process: host the store on ``port`` (0: the OS picks), answer until killed."""
-    from minddp.runtime.processes import HELPER_BLOCKED, watch_parent
+    """The coordinator's process: host the store on ``port`` (0: the OS picks), answer until killed.
 
+    ``gone``: a queue of ``(slot, incarnation)`` whose process the launcher saw exit; ``stderr``: a pipe to
+    the launcher's filter (:class:`~minddp.runtime.processes.StderrFilter`).
+    """
+    from minddp.runtime.processes import HELPER_BLOCKED, use_stderr, watch_parent
+
+    if stderr is not None:
+        use_stderr(stderr)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)
     watch_parent(parent_pid, None)
     store = _serve(port)
     events.put(("listening", epoch, store.port, time.time()))
-    Lighthouse(store, max_world, hang_s, epoch, min_replicas, events.put, full_world_at).run()
+    Lighthouse(store, max_world, hang_s, epoch, min_replicas, events.put, full_world_at, gone).run()
 
 
 def _serve(port: int) -> dist.TCPStore:
-    """The store on ``port``; after a restart the old port may be in TIME_WAIT a moment: retry for 5 s."""
+    """The store on ``port``, on the loopback address only; after a restart the old server may hold the port a
+    moment: retry for 5 s."""
+    from minddp.runtime.loopback import loopback_store
+
     deadline = time.monotonic() + 5.0
     while True:
         try:
-            return dist.TCPStore(
-                "127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
-            )
-        except (RuntimeError, dist.DistError) as exc:
+            return loopback_store(port, timeout=timedelta(seconds=30))
+        except (OSError, RuntimeError, dist.DistError) as exc:
             if time.monotonic() > deadline:
                 print(
                     f"minddp.ft lighthouse: cannot listen on port {port} ({exc}); end the process holding it",
@@ -85,8 +96,10 @@ class Lighthouse:
         min_replicas: int,
         say,
         full_world_at: tuple[int, ...] = (),
+        gone=None,
     ):
         self.store, self.slots, self.hang_s, self.epoch = store, range(max_world), hang_s, epoch
+        self.notices = gone  # (slot, incarnation) the launcher saw exit, written here as gone/<slot>
         self.min_replicas, self.say = min_replicas, say
         # Steps whose first attempt waits for the whole world (a test's script: each fault then meets a full
         # world, and a restarted rank is back before the end, whatever the machine's speed).
@@ -104,6 +117,7 @@ class Lighthouse:
             self.store.compare_set(key, "", "")
         while True:
             now = time.monotonic()
+            self.post_gone()
             self.seen = dict(zip(keys, (v.decode() or None for v in self.store.multi_get(keys))))
             self.read_beats(now)
             self.form_quorum(now)
@@ -111,6 +125,15 @@ class Lighthouse:
             time.sleep(POLL_S)
 
     # -- liveness ------------------------------------------------------------------------------------
+
+    def post_gone(self) -> None:
+        """``gone/<slot>`` for each rank process the launcher saw exit (the survivors need not wait out hang_s)."""
+        while self.notices is not None:
+            try:
+                slot, incarnation = self.notices.get_nowait()
+            except queue.Empty:
+                return
+            self.store.set(f"gone/{slot}", str(incarnation))
 
     def read_beats(self, now: float) -> None:
         for slot in self.slots:

@@ -61,7 +61,7 @@ def load_torch_data(source: str | IO[bytes]) -> Any:
 
 def _refused(message: str) -> str:
     """What torch's data-only reader refused, from its (long) message: ``names builtins.open``."""
-    found = re.search(r"GLOBAL ([\w.]+)", message)  # "Unsupported global: GLOBAL x.y", "unsupported GLOBAL x.y whose ..."
+    found = re.search(r"GLOBAL ([\w.]+)", message)  # "Unsupported global: GLOBAL x.y", "... GLOBAL x.y whose ..."
     if found:
         return f"names {found.group(1)}"
     found = re.search(r"WeightsUnpickler error: ([^\n.]*)", message)
