@@ -46,11 +46,13 @@ def lighthouse_main(
     full_world_at: tuple[int, ...] = (),
     gone=None,
     stderr=None,
+    plan=None,
 ) -> None:
     """The coordinator's process: host the store on ``port`` (0: the OS picks), answer until killed.
 
     ``gone``: a queue of ``(slot, incarnation)`` whose process the launcher saw exit; ``stderr``: a pipe to
-    the launcher's filter (:class:`~minddp.runtime.processes.StderrFilter`).
+    the launcher's filter (:class:`~minddp.runtime.processes.StderrFilter`); ``plan``: the run's faults
+    (:class:`~minddp.ft.faults.FaultPlan`), for ``coord@STEP``.
     """
     from minddp.runtime.processes import HELPER_BLOCKED, use_stderr, watch_parent
 
@@ -61,7 +63,19 @@ def lighthouse_main(
     watch_parent(parent_pid, None)
     store = _serve(port)
     events.put(("listening", epoch, store.port, time.time()))
-    Lighthouse(store, max_world, hang_s, epoch, min_replicas, events.put, full_world_at, gone).run()
+    lighthouse = Lighthouse(store, max_world, hang_s, epoch, min_replicas, events.put, full_world_at, gone)
+    lighthouse.plan, lighthouse.sent = plan, _flush(events)
+    lighthouse.run()
+
+
+def _flush(events):
+    """Wait until everything put on ``events`` is in its pipe (a queue's own thread writes it)."""
+
+    def flush() -> None:
+        events.close()
+        events.join_thread()
+
+    return flush
 
 
 def _serve(port: int) -> dist.TCPStore:
@@ -110,6 +124,7 @@ class Lighthouse:
         self.answered: dict[int, int] = {}  # slot -> last request seq answered
         self.decided: set[tuple[str, int]] = set()
         self.quorum_id, self.members, self.dirty = 0, None, True
+        self.plan, self.sent = None, lambda: None  # the run's faults (coord@STEP), and how to flush what it said
 
     def run(self) -> None:
         keys = [f"{kind}/{slot}" for kind in ("beat", "req", "vote", "gone") for slot in self.slots]
@@ -237,6 +252,20 @@ class Lighthouse:
             self.decided.add((tag, step))
             self.dirty |= verdict == "discard"
             self.say(("decision", tag, step, verdict, sorted(ok), time.time()))
+            if verdict == "commit":
+                self.fault_after(step)
+
+    def fault_after(self, step: int) -> None:
+        """``coord@STEP+1``: once ``step`` is committed, die as a killed machine does (the launcher starts another).
+
+        Itself, at this point: it decides nothing after ``step``, and what it said (``step``'s decision) reaches the
+        launcher first; a coordinator killed from outside might have decided the next step already, unheard.
+        """
+        index = None if self.plan is None else self.plan.due("coord", step + 1, None)
+        if index is not None:
+            self.plan.fire(index)  # marked fired, with the time
+            self.sent()
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def _activity(self, slot: int) -> tuple:
         return self._get(f"req/{slot}"), self._get(f"vote/{slot}")

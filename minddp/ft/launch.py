@@ -12,8 +12,8 @@ trains through: this process
    out the hang bound) and, with ``restart``, started again as the next
    incarnation of its slot, which the survivors then heal; a rank the
    coordinator evicted (silent: frozen) is ended by its pid, then treated the
-   same; ``coord@STEP`` kills the coordinator once step STEP-1 is committed
-   and starts a new one on the same port;
+   same; a coordinator that exited (``coord@STEP``: it kills itself once it
+   has committed step STEP-1) is started again on the same port;
 4. returns every slot's result and a one-line report per fault
    (:func:`fault_report`).
 
@@ -119,11 +119,10 @@ def launch_ft(
         quiet = StderrFilter(expected_connection_noise)
         try:
             lighthouse, port, gone = _start_lighthouse(
-                ctx, 0, world_size, hang_s, epoch, events, timeline, full_from, quiet
+                ctx, 0, world_size, hang_s, epoch, events, timeline, full_from, quiet, plan
             )  # step 1
             for slot in range(world_size):  # step 2
                 procs[slot] = _start_rank(ctx, payload, slot, 0, port, plan, results, quiet)
-            coord_faults = [i for i, f in enumerate(plan.faults) if f.kind == "coord"]
             deadline = time.monotonic() + run_timeout_s
             while len(done) < world_size:  # step 3
                 if waiting and not procs:
@@ -136,6 +135,9 @@ def launch_ft(
                         f"minddp.ft: the run did not finish within {run_timeout_s:.0f} s "
                         f"(slots done: {sorted(done)}); see the events for the last step"
                     )
+                # coord@STEP, or a crash: a new coordinator on the same port, once the old one's events (it sent
+                # them all before it died) are handled below
+                lighthouse_gone = lighthouse.exitcode is not None
                 for event in _drain(events):
                     timeline.append(event)
                     if (
@@ -155,15 +157,12 @@ def launch_ft(
                             done[slot] = None
                     if event[0] == "decision" and event[3] == "commit":
                         committed = max(committed, event[2] + 1)
-                        for i in [i for i in coord_faults if plan.faults[i].step == event[2] + 1]:
-                            coord_faults.remove(i)
-                            plan.fired_at[i] = time.time()
-                            lighthouse.kill()  # the coordinator's own restart
-                            lighthouse.join(5.0)
-                            epoch += 1
-                            lighthouse, _, gone = _start_lighthouse(
-                                ctx, port, world_size, hang_s, epoch, events, timeline, full_from, quiet
-                            )
+                if lighthouse_gone:
+                    timeline.append(("coordinator exited", epoch, lighthouse.exitcode, time.time()))
+                    epoch += 1
+                    lighthouse, _, gone = _start_lighthouse(
+                        ctx, port, world_size, hang_s, epoch, events, timeline, full_from, quiet, plan
+                    )
                 for kind, slot, inc, body in _drain(results):
                     if kind == "log":
                         attempts.append((slot, inc, body))
@@ -213,13 +212,13 @@ def launch_ft(
     )
 
 
-def _start_lighthouse(ctx, port, world_size, hang_s, epoch, events, timeline, full_from, quiet):
+def _start_lighthouse(ctx, port, world_size, hang_s, epoch, events, timeline, full_from, quiet, plan):
     """The coordinator's process, its port, and the queue of exits to tell it (one per coordinator: one killed
     while reading would hold the queue's lock forever)."""
     gone, stderr = ctx.Queue(), quiet.writer()
     p = ctx.Process(
         target=lighthouse_main,
-        args=(port, world_size, hang_s, epoch, 1, events, os.getpid(), full_from, gone, stderr),
+        args=(port, world_size, hang_s, epoch, 1, events, os.getpid(), full_from, gone, stderr, plan),
         name=f"minddp-ft-lighthouse{epoch}",
         daemon=True,
     )
