@@ -377,3 +377,46 @@ def test_every_part_of_a_real_checkpoint_is_plain_data(runs):
     ckpt = torch.load(runs["a"] / f"{STAGE}.pt", weights_only=True)
     shares = [torch.load(io.BytesIO(b), weights_only=True) for b in ckpt["ranks"]]
     assert all(share["hook_state"] is not None and "numpy" in share["rng"] for share in shares)
+
+
+#: Where the package unpickles with code allowed, and why no one but its own processes can write what it reads
+#: there: each reads what a parent and the processes it started send each other through pipes.
+TRUSTED_CHANNELS = {
+    ("minddp/runtime/launch.py", "pickle.loads"): "the function and arguments, from the launcher's process arguments",
+    ("minddp/runtime/launch.py", "torch.load"): "a rank's result, through the launcher's queue",
+    ("minddp/ft/launch.py", "pickle.loads"): "the task, from the ft launcher's process arguments",
+    ("minddp/ft/launch.py", "torch.load"): "a rank's result, through the ft launcher's queue",
+    ("minddp/notebook/worker.py", "pickle.loads"): "a cell's function (cloudpickle), through the kernel's queue",
+    ("minddp/notebook/cluster.py", "torch.load"): "a cell's value, through a rank's queue",
+}
+
+
+def test_nothing_in_the_package_unpickles_with_code_allowed_but_its_own_pipes():
+    # The oracle is the source itself: every call that unpickles with code allowed (pickle.load/loads,
+    # cloudpickle's, torch.load without weights_only=True, numpy's allow_pickle, pandas' read_pickle) is one of
+    # the channels above. A new one fails here until it reads as data or is shown to be such a channel.
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    found = set()
+    for path in sorted((root / "minddp").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                continue
+            owner = node.func.value.id if isinstance(node.func.value, ast.Name) else ""
+            name = f"{owner}.{node.func.attr}"
+            kwargs = {k.arg: k.value for k in node.keywords}
+            weights_only = kwargs.get("weights_only")
+            unsafe = (
+                name in ("pickle.load", "pickle.loads", "cloudpickle.load", "cloudpickle.loads", "pd.read_pickle")
+                or (name == "torch.load" and not (isinstance(weights_only, ast.Constant) and weights_only.value))
+                or (
+                    node.func.attr == "load"
+                    and isinstance(kwargs.get("allow_pickle"), ast.Constant)
+                    and kwargs["allow_pickle"].value
+                )
+            )
+            if unsafe:
+                found.add((str(path.relative_to(root)), name))
+    assert found == set(TRUSTED_CHANNELS), sorted(found ^ set(TRUSTED_CHANNELS))
