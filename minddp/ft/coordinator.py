@@ -256,16 +256,17 @@ class Lighthouse:
                 self.fault_after(step)
 
     def fault_after(self, step: int) -> None:
-        """``coord@STEP+1``: once ``step`` is committed, die as a killed machine does (the launcher starts another).
+        """``coord@STEP+1``: once ``step`` is committed, stop answering; the launcher, told, kills and replaces it.
 
-        Itself, at this point: it decides nothing after ``step``, and what it said (``step``'s decision) reaches the
-        launcher first; a coordinator killed from outside might have decided the next step already, unheard.
+        It stops here, not where the launcher's kill happens to find it: killed from outside a moment later, it
+        might have decided the next step already, unheard (the ranks acting on a decision the launcher never saw).
         """
         index = None if self.plan is None else self.plan.due("coord", step + 1, None)
         if index is not None:
             self.plan.fire(index)  # marked fired, with the time
-            self.sent()
-            os.kill(os.getpid(), signal.SIGKILL)
+            self.sent()  # step's decision reaches the launcher, which then kills this process
+            while True:
+                time.sleep(3600)
 
     def _activity(self, slot: int) -> tuple:
         return self._get(f"req/{slot}"), self._get(f"vote/{slot}")

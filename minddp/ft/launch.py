@@ -12,8 +12,9 @@ trains through: this process
    out the hang bound) and, with ``restart``, started again as the next
    incarnation of its slot, which the survivors then heal; a rank the
    coordinator evicted (silent: frozen) is ended by its pid, then treated the
-   same; a coordinator that exited (``coord@STEP``: it kills itself once it
-   has committed step STEP-1) is started again on the same port;
+   same; ``coord@STEP``: the coordinator stops answering once it has committed
+   step STEP-1, and is killed and started again on the same port (as one
+   that exited by itself);
 4. returns every slot's result and a one-line report per fault
    (:func:`fault_report`).
 
@@ -123,6 +124,7 @@ def launch_ft(
             )  # step 1
             for slot in range(world_size):  # step 2
                 procs[slot] = _start_rank(ctx, payload, slot, 0, port, plan, results, quiet)
+            coord_faults = [i for i, f in enumerate(plan.faults) if f.kind == "coord"]
             deadline = time.monotonic() + run_timeout_s
             while len(done) < world_size:  # step 3
                 if waiting and not procs:
@@ -135,8 +137,8 @@ def launch_ft(
                         f"minddp.ft: the run did not finish within {run_timeout_s:.0f} s "
                         f"(slots done: {sorted(done)}); see the events for the last step"
                     )
-                # coord@STEP, or a crash: a new coordinator on the same port, once the old one's events (it sent
-                # them all before it died) are handled below
+                # a coordinator that crashed, or that coord@STEP stopped (below): a new one on the same port, once the
+                # old one's events are handled
                 lighthouse_gone = lighthouse.exitcode is not None
                 for event in _drain(events):
                     timeline.append(event)
@@ -157,6 +159,11 @@ def launch_ft(
                             done[slot] = None
                     if event[0] == "decision" and event[3] == "commit":
                         committed = max(committed, event[2] + 1)
+                        for i in [i for i in coord_faults if plan.faults[i].step == event[2] + 1]:
+                            coord_faults.remove(i)  # it stopped answering once it committed that step (it fired)
+                            lighthouse.kill()
+                            lighthouse.join(5.0)
+                            lighthouse_gone = True
                 if lighthouse_gone:
                     timeline.append(("coordinator exited", epoch, lighthouse.exitcode, time.time()))
                     epoch += 1
