@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from processes import run_torchrun, torchrun_args
+from processes import run_torchrun, session_processes, torchrun_args
 
 from minddp import RankError, launch
 
@@ -108,7 +108,9 @@ def test_ending_the_launcher_ends_its_ranks(tmp_path, sig, status):
     # SIGTERM to the launcher (timeout, a scheduler) left both ranks running their function to the end.
     script = tmp_path / "job.py"
     script.write_text(WAIT_FOREVER)
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)], stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     pid_files = [tmp_path / f"rank{r}.pid" for r in range(2)]
     ranks = []
     try:
@@ -120,6 +122,8 @@ def test_ending_the_launcher_ends_its_ranks(tmp_path, sig, status):
         ranks = [int(f.read_text()) for f in pid_files]
         os.kill(proc.pid, sig)
         assert proc.wait(timeout=30) == status
+        if sig == signal.SIGTERM:  # the launcher ended everything it started before it exited: ranks, process
+            assert session_processes(proc.pid) == []  # server, resource tracker (SIGKILL leaves them a moment)
         deadline = time.monotonic() + 15  # SIGKILL: each rank notices within its 1 s check
         while any(pid_alive(pid) for pid in ranks) and time.monotonic() < deadline:
             time.sleep(0.2)

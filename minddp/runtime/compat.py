@@ -6,7 +6,8 @@ Every release-dependent call in minddp goes through here, one function each:
   ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` (and warns on the old names); the new
   name where torch has it, else the old one, looked up on each call;
 * :func:`allreduce_options` (``asyncOp`` where it exists), :func:`clone_store` (``Store.clone()``
-  or a second client), :func:`meta_device` (``torch._dynamo`` imported first, for 2.6),
+  or a second client), :func:`store_on_socket` (a store server on a bound socket: 2.6's libuv
+  server cannot take one), :func:`meta_device` (``torch._dynamo`` imported first, for 2.6),
   :func:`input_dtypes` (the profiler's dtypes on any release), :data:`TORCH_FULLY_SHARD_ON_CPU`.
 
 Each difference, release by release, and what was run: ``docs/torch-versions.md``. One difference is
@@ -69,6 +70,25 @@ def clone_store(store: dist.Store) -> dist.Store:
         f"torch {torch.__version__} cannot open a second connection to a {type(store).__name__} "
         f"(no Store.clone): pass a TCPStore, or use torch 2.13 or later"
     )
+
+
+def store_on_socket(host: str, port: int, fd: int, **options) -> dist.TCPStore:
+    """A ``TCPStore`` server on the listening socket ``fd`` (it takes ``fd`` over), with ``options`` as torch's.
+
+    torch's default (libuv) server takes a socket from 2.8 on (pytorch#150215); before, it refuses one
+    ("does not support initialization with an listen fd", logged as an error) before it touches it, and the
+    other server, which takes one, is used.
+    """
+    if TORCH_LIBUV_TAKES_A_SOCKET:
+        try:
+            return dist.TCPStore(host, port, is_master=True, master_listen_fd=fd, **options)
+        except NotImplementedError:  # a build without it after all: the socket is still ours to hand on
+            pass
+    return dist.TCPStore(host, port, is_master=True, master_listen_fd=fd, use_libuv=False, **options)
+
+
+#: Does torch's libuv store server take an already-bound socket? (From torch 2.8; 2.6 and 2.7 refuse it.)
+TORCH_LIBUV_TAKES_A_SOCKET = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 8)
 
 
 def tcp_client(store: dist.TCPStore) -> dist.TCPStore:

@@ -3,7 +3,8 @@
 A data-parallel program is the same code in N processes ("ranks") that meet through a rendezvous and
 talk through collectives. This module does that set-up and its clean-up:
 
-1. the parent opens a rendezvous store on a port the OS picks (two launches never collide);
+1. the parent opens a rendezvous store on a port the OS picks (two launches never collide), on the
+   loopback address only, as every connection of the ranks (:mod:`minddp.runtime.loopback`);
 2. it starts one child per rank; each joins the store, builds the process group (gloo on CPU, NCCL
    with one GPU per rank: :mod:`minddp.runtime.device`) and calls ``fn(*args, **kwargs)``;
 3. each child sends back its result, or its exception with the traceback, and leaves its group;
@@ -38,7 +39,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from minddp.runtime import compat, hang
+from minddp.runtime import compat, hang, loopback
 from minddp.runtime.cli import fresh_line
 from minddp.runtime.device import DEFAULT_TIMEOUT_S, Placement, choose, timeout_delta, use
 from minddp.runtime.processes import (
@@ -194,14 +195,14 @@ def launch(
     hang_s = hang_bound(hang_s, timeout_s)
 
     payload = sendable(fn, args, kwargs)  # before any rank starts: a function the ranks cannot get is one line
-    # Step 1: a rendezvous store on a port the OS chose, owned by this process.
-    store = open_store(world_size, timeout_s)
-    ctx = rank_context(rank_imports(fn))
-    results: queue.Queue = ctx.Queue()
     procs: list = []
     ok = False
-    with stop_signals():  # step 5
+    with stop_signals():  # step 5 (from here on a stop ends what is started, the process server included)
+        # Step 1: a rendezvous store on a port the OS chose, owned by this process.
+        store = open_store(world_size, timeout_s)
         try:
+            ctx = rank_context(rank_imports(fn))
+            results: queue.Queue = ctx.Queue()
             _start_ranks(ctx, procs, payload, world_size, store.port, placement, timeout_s, results)  # step 2
             # Step 4: gather, watching for a hung rank (minddp.runtime.hang).
             # (A function over `held`, not the store: the traceback of a RankError keeps _collect_results's
@@ -503,10 +504,8 @@ def _prepare_rank(local_rank: int, local_world: int, placement: Placement) -> No
 
 
 def open_store(world_size: int, timeout_s: float | None = None) -> dist.TCPStore:
-    """Step 1: the rendezvous store, on a port the OS picks, owned by the calling process."""
-    return dist.TCPStore(
-        "127.0.0.1", 0, world_size, is_master=True, timeout=timeout_delta(timeout_s), wait_for_workers=False
-    )
+    """Step 1: the rendezvous store, on a port the OS picks, on the loopback address, owned by the calling process."""
+    return loopback.loopback_store(0, world_size, timeout_delta(timeout_s))
 
 
 def join_group(
@@ -522,7 +521,7 @@ def join_group(
     if not isinstance(placement, Placement):  # a backend name: the launcher's rule (minddp.runtime.device)
         placement = choose(placement, local_world_size=world_size)
     _prepare_rank(rank, world_size, placement)
-    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout_delta(timeout_s))
+    store = dist.TCPStore(loopback.loopback_host(), port, world_size, is_master=False, timeout=timeout_delta(timeout_s))
     global _rank_store
     _rank_store = store
     if prefix:
@@ -540,8 +539,9 @@ def _set_rank_env(rank: int, world_size: int, port: int) -> None:
             "LOCAL_RANK": str(rank),
             "WORLD_SIZE": str(world_size),
             "LOCAL_WORLD_SIZE": str(world_size),
-            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_ADDR": loopback.loopback_host(),
             "MASTER_PORT": str(port),
+            **loopback.rank_env(),  # gloo's and NCCL's own connections on the loopback interface too
         }
     )
 
