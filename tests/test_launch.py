@@ -317,7 +317,7 @@ def test_a_script_without_a_main_guard_is_told_how_to_fix_it(tmp_path):
     script.write_text("from minddp import launch\n\ndef f():\n    return 1\n\nprint(launch(f, world_size=2))\n")
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode != 0
-    assert 'under `if __name__ == "__main__":`' in proc.stderr, proc.stderr[-2000:]
+    assert 'put the launch under if __name__ == "__main__":' in proc.stderr, proc.stderr[-2000:]
 
 
 def test_bad_world_size():
