@@ -29,17 +29,26 @@
 
 # %%
 # %%distributed
-print(f"hello from rank {rank} of {world_size}, computing on {device}")
+import os
+
+pid = os.getpid()  # this rank's process, for later
+print(f"hello from rank {rank} of {world_size} (pid {pid}), computing on {device}")
 dist.get_rank(), dist.get_world_size()
 
 # %% [markdown]
-# Variables persist on each rank. Here every rank makes a different tensor, then `all_reduce` sums them: afterwards every rank holds the same total.
+# Variables persist on each rank. Here every rank makes a different tensor (on its `device`: a collective carries tensors that live where its backend works), then `all_reduce` sums them: afterwards every rank holds the same total.
+#
+# A sentence about a run is only as good as its check. The notebooks state theirs with `lesson.claim(holds, sentence)` (`minddp.notebook.lesson`): it prints the sentence once, with a ✓, when it holds, and fails the cell on any rank where it does not. So a notebook re-run on another machine cannot show a sentence its own numbers contradict.
 
 # %%
 # %%distributed
-t = torch.tensor([1.0, 2.0]) * (rank + 1)
+from minddp.notebook import lesson
+
+t = torch.tensor([1.0, 2.0], device=device) * (rank + 1)
 print("before:", t)
 dist.all_reduce(t)
+total = sum(torch.tensor([1.0, 2.0], device=device) * (r + 1) for r in range(world_size))
+lesson.claim(torch.equal(t, total), f"every rank holds the sum of the {world_size} ranks' tensors")
 t
 
 # %% [markdown]
@@ -55,20 +64,34 @@ ax.set_title("t[0] on rank 0")
 plt.show()
 
 # %% [markdown]
-# When one rank fails, the cell fails with that rank's traceback. Here rank 1 raises before the `all_reduce`, so rank 0 would wait forever for its partner; the runner releases it within seconds and rebuilds the process group, keeping every rank's variables. (The cell is tagged `raises-exception`: Jupyter's *Run All* goes on past it, and the test that runs this notebook checks that it fails with this error.)
+# When one rank fails, the cell fails with that rank's traceback. Here rank 1 raises before the `all_reduce`, so rank 0 would wait forever for its partner; the runner gives it a one-second grace, then releases it (it closes the failed rank's end of the process group, which ends rank 0's wait), and rebuilds the process group, keeping every rank's variables. Each rank notes how long it spent in the cell. (The cell is tagged `raises-exception`: Jupyter's *Run All* goes on past it, and the test that runs this notebook checks that it fails with this error.)
 
 # %% tags=["raises-exception"] minddp={"expected_error": "rank 1 gives up before the collective"}
 # %%distributed
-if rank == 1:
-    raise ValueError("rank 1 gives up before the collective")
-dist.all_reduce(t)
+import time
+
+start = time.perf_counter()
+try:
+    if rank == 1:
+        raise ValueError("rank 1 gives up before the collective")
+    dist.all_reduce(t)
+finally:
+    in_cell = time.perf_counter() - start  # rank 0: waiting in the all_reduce until the runner released it
 
 # %% [markdown]
 # The ranks are still the same processes, `t` is still there, and collectives work again:
 
 # %%
 # %%distributed
+lesson.say(f"rank 0 spent {in_cell:.1f} s in the failed cell, waiting for rank 1, before the runner released it.")
+# The runner's grace is 1 s and the release ends a gloo wait at once; 10 s leaves room for a loaded machine.
+lesson.claim(in_cell < 10, "the runner released the waiting rank within seconds")
+lesson.claim(os.getpid() == pid, "every rank is still the process it was at the start (the same pid)")
+before = t.clone()
 dist.all_reduce(t)
+lesson.claim(
+    torch.equal(t, world_size * before), f"the all_reduce works again: `t` ({before.tolist()}) is summed over the ranks"
+)
 t
 
 # %%

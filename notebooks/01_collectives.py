@@ -24,8 +24,9 @@
 # Point-to-point messages come first, then the collectives, where every rank of the group takes
 # part in the same call. Two of them carry the whole of data parallelism: `broadcast` (every rank
 # starts from the same weights) and `all_reduce` (every rank applies the same averaged gradient);
-# the next notebook builds exactly that. At the end, the ring all_reduce that gloo and NCCL run is
-# drawn step by step from the messages four ranks really sent.
+# the next notebook builds exactly that. At the end, a ring all_reduce (one of the algorithms gloo and
+# NCCL run) is drawn step by step from the messages four ranks really sent, priced with the cost
+# model and the notation every later notebook uses.
 
 # %%
 # %load_ext minddp.notebook
@@ -166,7 +167,7 @@ print("ring:", x.tolist(), "| equal to dist.all_reduce:", torch.equal(x, expecte
 # whom, how many bytes, which chunk, and what every chunk held just before. A chunk's value then
 # says whose shares it already holds (5 = 1 + 4: ranks 0 and 2; 15: all four). The *star*
 # (`naive_all_reduce`: every rank sends its whole tensor to rank 0, which sends the sum back) is
-# watched the same way.
+# watched the same way, and the ring once more on a 4 KiB tensor, for the cost model below.
 
 # %%
 # %%distributed
@@ -174,68 +175,143 @@ from minddp.collectives.watch import watch
 
 ring = watch("ring", numel=4 * 65536)  # 65536 float32 per chunk: 1 MiB per rank, recorded on every rank
 star = watch("naive", numel=4 * 65536)
-assert all(r["ok"] for r in ring + star)  # both leave the sum of all four marks everywhere
+tiny = watch("ring", numel=4 * 256)  # 4 KiB per rank: the size of a small gradient, for the cost model below
+assert all(r["ok"] for r in ring + star + tiny)  # each leaves the sum of every rank's mark everywhere
 
 # %% [markdown]
 # The drawing is made from those records, one row per step. In the **reduce-scatter** (first three
 # rows) every rank sends one chunk (outlined) to its neighbour, which adds it into its own copy: a
 # chunk picks up one more rank's share at every hop, and after n − 1 = 3 steps each rank holds one
 # chunk that is complete ("all"), a different one on each rank. In the **all-gather** (next three)
-# the complete chunks go around once more, each one overwriting the neighbour's partial copy.
+# the complete chunks go around once more, each one overwriting the neighbour's partial copy. The
+# cell checks each of these sentences against the records.
 
 # %%
 # %%rank 0
 import matplotlib.pyplot as plt
-from minddp.collectives.watch import draw_ring
+from minddp.collectives.watch import draw_ring, ranks_in
+from minddp.notebook import lesson
 
+n, full = world_size, 2**world_size - 1  # n ranks; a chunk marked 2**n - 1 holds every rank's share
 draw_ring(ring)
 plt.show()
+lesson.claim(
+    all(
+        len(ranks_in(r["steps"][s]["before"][r["steps"][s]["chunks"][0]])) == s + 1 for r in ring for s in range(n - 1)
+    ),
+    "in the reduce-scatter, the chunk a rank sends at step s holds s shares: one more at every hop",
+)
+complete = [[c for c, mark in enumerate(r["steps"][n - 1]["before"]) if mark == full] for r in ring]
+lesson.claim(
+    all(len(c) == 1 for c in complete) and len({c[0] for c in complete}) == n,
+    f"after the n − 1 = {n - 1} reduce-scatter steps each rank holds exactly one complete chunk, a different "
+    f"one on each rank ({', '.join(f'rank {r}: chunk {c[0]}' for r, c in enumerate(complete))})",
+)
+lesson.claim(
+    all(r["after"] == [full] * n for r in ring),
+    f"after the {n - 1} all-gather steps every rank holds all {n} chunks complete",
+)
 
 # %% [markdown]
-# **Bytes.** In the ring every rank sends 2 (n − 1) chunks of B / n bytes: 2 (n − 1) / n · B in all,
-# whatever the number of ranks (less than 2 B). In the star, every rank sends and receives B once,
-# but rank 0 receives n − 1 whole tensors and sends n − 1 back: its link carries n times a ring
-# rank's bytes, and everybody waits for it. The cell counts both from the records and checks them
-# against those formulas.
+# **Notation**, the one every notebook and doc of minddp uses from here on:
 #
-# **Time.** The α-β model prices one message at α (the fixed cost of a hop: latency, software)
-# plus β per byte (the link's speed). Each rank's messages go one after the other, and the
-# all_reduce is done when the busiest rank is. The cell prices what each rank really sent on
-# three of `minddp.comm.link`'s links, and checks the ring against the link model's formula,
-# 2 (n − 1) α + 2 (n − 1) / n · B / bandwidth.
+# | symbol | meaning | unit |
+# | --- | --- | --- |
+# | n | the number of ranks | |
+# | m | the size of a message or of the tensor being reduced | bytes |
+# | α | the fixed cost of one message, whatever its size: latency, software | seconds |
+# | β | the time per byte on a link, 1 / B | seconds per byte |
+# | B | a link's bandwidth, when one is named (`1gbit`: 1 Gbit/s = 125 MB/s) | bytes per second |
+# | overlap | the share of communication time during which compute runs (notebook 05 measures it) | % |
+#
+# **Bytes.** m here is the bytes of one rank's tensor. In the ring every rank sends 2 (n − 1) chunks of
+# m / n bytes, 2 (n − 1) / n · m in all, and receives as much: less than 2 m, whatever the number of
+# ranks. In the star, ranks 1 to n − 1 send their tensor once and receive the sum once (m each way),
+# but rank 0 receives n − 1 whole tensors and sends n − 1 sums back: (n − 1) · m each way, n / 2
+# times a ring rank's bytes, and everybody waits for it. The cell counts both from the records and
+# checks them against these formulas.
+#
+# **Time.** The α-β model prices one message of m bytes at α + β · m. In one exchange a rank sends a
+# message and receives another at the same time (each direction of a link has its own wire), so the
+# larger of the two counts. A rank's exchanges go one after the other, and the all_reduce is done when
+# the busiest rank is. A ring rank makes 2 (n − 1) exchanges of m / n bytes each way:
+# 2 (n − 1) α + 2 (n − 1) / n · m β. The star's rank 0 makes as many exchanges, each of a whole tensor
+# and in one direction only (it must receive every tensor before it can send the sum back):
+# 2 (n − 1) α + 2 (n − 1) · m β. The same α term; the star's β term is n times the ring's. The cell
+# prices what each rank really sent on three of `minddp.comm.link`'s links and checks both formulas.
 
 # %%
 # %%rank 0
 from minddp.collectives.watch import draw_bytes, seconds
 from minddp.comm.link import PRESETS
 
-MiB, n, B = 2**20, world_size, ring[0]["numel"] * 4  # B: the bytes of one rank's tensor
-assert all(r["sent"] == r["received"] == 2 * (n - 1) * B // n for r in ring)
-assert star[0]["sent"] == star[0]["received"] == (n - 1) * B
-assert all(r["sent"] == r["received"] == B for r in star[1:])
-print(f"{'':8}{'ring: sent (MiB)':>18}{'star: sent (MiB)':>18}{'star: received (MiB)':>22}")
+MiB, m = 2**20, ring[0]["numel"] * 4  # m: the bytes of one rank's float32 tensor
+lesson.claim(
+    all(r["sent"] == r["received"] == 2 * (n - 1) * m // n for r in ring),
+    f"ring: every rank sent and received 2 (n − 1) / n · m = {2 * (n - 1) * m / n / MiB:g} MiB (m = {m / MiB:g} MiB)",
+)
+lesson.claim(
+    star[0]["sent"] == star[0]["received"] == (n - 1) * m and all(r["sent"] == r["received"] == m for r in star[1:]),
+    f"star: rank 0 sent and received (n − 1) · m = {(n - 1) * m / MiB:g} MiB each way, every other rank "
+    f"m = {m / MiB:g} MiB",
+)
+lesson.claim(
+    star[0]["sent"] / ring[0]["sent"] == n / 2,
+    f"so the star's rank 0 moved n / 2 = {n / 2:g} times a ring rank's bytes each way",
+)
+print(f"\n{'':8}{'ring: sent (MiB)':>18}{'star: sent (MiB)':>18}{'star: received (MiB)':>22}")
 for r, s in zip(ring, star):
     print(f"rank {r['rank']:<3}{r['sent'] / MiB:>18.2f}{s['sent'] / MiB:>18.2f}{s['received'] / MiB:>22.2f}")
 draw_bytes(ring, star)
 plt.show()
 
-print(f"\nα-β time of one all_reduce of {B / MiB:g} MiB on {n} ranks, priced from the messages above:")
-print(f"{'link':12}{'α (µs)':>8}{'bandwidth (Gbit/s)':>20}{'ring (ms)':>11}{'star (ms)':>11}{'star / ring':>13}")
+exchanges = 2 * (n - 1)
+lesson.claim(
+    all(len(r["steps"]) == exchanges for r in ring) and len(star[0]["steps"]) == exchanges,
+    f"every ring rank and the star's rank 0 made 2 (n − 1) = {exchanges} exchanges",
+)
+print(f"\nα-β time of one all_reduce of m = {m / MiB:g} MiB on n = {n} ranks, priced from the messages above,")
+print(f"and of a ring all_reduce of {tiny[0]['numel'] * 4 // 1024} KiB (the α term's share of it):")
+print(
+    f"{'link':10}{'α (µs)':>8}{'B (Gbit/s)':>12}{'m β / α':>9}{'ring (ms)':>11}{'star (ms)':>11}"
+    f"{'star / ring':>13}{'4 KiB: α share':>16}"
+)
+rows = {}
 for name in ("1gbit", "10gbit", "pcie-t4"):
     link = PRESETS[name]
-    t_ring, t_star = seconds(ring, link), seconds(star, link)
-    assert abs(t_ring - link.seconds("all_reduce", B, n)) <= 1e-9 * t_ring  # the ring formula, to rounding
-    assert t_star > t_ring  # the same number of messages, n times the bytes at rank 0
-    print(
-        f"{name:12}{link.latency * 1e6:>8.0f}{link.bandwidth * 8 / 1e9:>20g}{t_ring * 1e3:>11.2f}"
-        f"{t_star * 1e3:>11.2f}{t_star / t_ring:>13.1f}"
+    alpha, beta = link.latency, 1 / link.bandwidth
+    t_ring, t_star, t_tiny = seconds(ring, link), seconds(star, link), seconds(tiny, link)
+    rows[name] = dict(
+        ring=(t_ring, exchanges * alpha + exchanges / n * m * beta),  # (priced from the records, formula)
+        star=(t_star, exchanges * alpha + exchanges * m * beta),
+        link=(t_ring, link.seconds("all_reduce", m, n)),  # the link model's own ring formula
+        ratio=t_star / t_ring,
+        alpha_share=exchanges * alpha / t_tiny,
     )
+    print(
+        f"{name:10}{alpha * 1e6:>8.0f}{link.bandwidth * 8 / 1e9:>12g}{m * beta / alpha:>9.0f}{t_ring * 1e3:>11.2f}"
+        f"{t_star * 1e3:>11.2f}{t_star / t_ring:>13.1f}{rows[name]['alpha_share']:>15.0%}"
+    )
+# The records' prices and the formulas add the same terms in another order: equal to float rounding.
+lesson.claim(
+    all(abs(a - b) <= 1e-9 * b for row in rows.values() for a, b in (row["ring"], row["star"], row["link"])),
+    "on every link the prices of the recorded messages equal the formulas above (and the link model's ring formula)",
+)
+lesson.claim(
+    all(1 < row["ratio"] < n for row in rows.values()),
+    f"on every link the star is slower than the ring, and less than n = {n} times slower",
+)
+lesson.claim(
+    all(row["alpha_share"] > 0.5 for row in rows.values()),
+    "for the 4 KiB tensor the α term is more than half of the ring's time on every link",
+)
 
 # %% [markdown]
-# Both make 2 (n − 1) messages on the busiest rank, so both pay 2 (n − 1) α; the star's messages
-# carry whole tensors, the ring's one chunk each. For large tensors the star nears n times slower, and
-# gets worse with every rank added; the ring's bandwidth term stays under 2 B / bandwidth. For tiny
-# tensors α dominates both: that is why DDP packs gradients into buckets (notebook 03).
+# The star's ratio to the ring is (α + m β) / (α + m β / n): never n, nearing n as m β outgrows α
+# (the column m β / α), and every added rank makes it larger, where the ring's β term stays under
+# 2 m β. For small tensors it is the other way round: α, paid 2 (n − 1) times in a row, makes most
+# of the time, whatever the link. That is why DDP packs many gradients into one message, a *bucket*
+# (notebook 03 measures when that wins).
 
 # %% [markdown]
 # ## `barrier`: wait for everyone
@@ -247,11 +323,20 @@ for name in ("1gbit", "10gbit", "pcie-t4"):
 # %%distributed
 import time
 
+from minddp.notebook import lesson
+
 start = time.perf_counter()
 if rank == 1:
     time.sleep(0.5)
+arrived = time.time()  # the wall clock: one clock for all the ranks of this machine
 dist.barrier()
+left = time.time()
 print(f"rank {rank} left the barrier after {time.perf_counter() - start:.1f} s")
+everyone = [None] * world_size
+dist.all_gather_object(everyone, (arrived, left))
+lesson.claim(
+    all(left >= everyone[1][0] for _, left in everyone), "no rank left the barrier before rank 1 had arrived at it"
+)
 
 # %% [markdown]
 # Next: `02_simple_ddp` uses `broadcast` and `all_reduce` to turn one training process into data

@@ -22,10 +22,13 @@
 # 1. **same start**: every copy has the same parameters;
 # 2. **same update**: every copy applies the same gradient, the average over ranks.
 #
-# We break both on purpose, watch a check fail, and then let `minddp.stages.SimpleDDP` fix them.
-# At the end it is your turn: you write `SimpleDDP`, and a checker runs it on real ranks.
+# We break both on purpose and watch a check fail; then we write `SimpleDDP`, the whole idea in one
+# short class on `torch.distributed` (a broadcast, an all_reduce, a division), check it against one
+# process on the global batch, and watch two replicas drift apart when the average is left out.
+# Last, the ladder's own `SimpleDDP` (`minddp.stages`), the same idea with what every later stage
+# needs around it, and why. At the end it is your turn, and a checker runs your code on real ranks.
 #
-# Every notebook from here on trains the same workload with the same settings
+# Every notebook from here to `06` trains the same workload with the same settings
 # (`minddp.notebook.lesson`), so that a number in one notebook means what it means in the next: a
 # small Llama-architecture classifier on a generated paraphrase task, nothing downloaded. The cell
 # below prints what it is.
@@ -37,7 +40,6 @@
 # %%
 # %%distributed
 from minddp.notebook import lesson
-from minddp.stages import SimpleDDP
 from minddp.ladder.loop import train_step
 
 
@@ -55,6 +57,20 @@ def check_in_sync(tensors, what):
     print(f"all {len(tensors)} {what} equal rank 0's")
 
 
+def flat(parameters):
+    return torch.cat([p.detach().reshape(-1) for p in parameters])
+
+
+def apart(module):
+    """How far the replicas are apart: the largest distance (L2 norm) from a rank's parameters to rank 0's."""
+    mine = flat(module.parameters())
+    rank0 = mine.clone()
+    dist.broadcast(rank0, src=0)
+    distance = (mine - rank0).norm().reshape(1)
+    dist.all_reduce(distance, op=dist.ReduceOp.MAX)  # the same number on every rank
+    return distance.item()
+
+
 lesson.say(lesson.describe())
 
 # %% [markdown]
@@ -70,21 +86,44 @@ model = lesson.make_model(seed=lesson.SETTINGS.seed + rank)
 check_in_sync(model.parameters(), "parameters")
 
 # %% [markdown]
-# ## 2. `SimpleDDP` broadcasts rank 0's parameters
+# ## 2. `SimpleDDP`, the whole idea
 #
-# Wrapping the model broadcasts every parameter and buffer from rank 0 (step 1 of the class
-# docstring). Here is the constructor, the real code of `minddp/stages/simple.py`; then the same
-# check, which now passes on every rank. (`check_same_model` first makes sure every rank built the
-# same architecture: a broadcast between two different models would hang or mix up tensors.)
-
-# %%
-from minddp.notebook.source import show_source
-from minddp.stages import SimpleDDP
-
-show_source(SimpleDDP.__init__)
+# A wrapper around the model, with one job for each condition:
+#
+# 1. **same start**: when it is built, it broadcasts every parameter and buffer from rank 0, so
+#    every rank overwrites its own random start with rank 0's;
+# 2. **same update**: after `backward()`, `finish_gradient_synchronization()` all_reduces each
+#    gradient, which leaves the *sum* over the ranks on every rank, and divides it by the number of
+#    ranks: the average.
+#
+# Forward is the model's own. The cell defines the class on every rank, wraps the model, and checks
+# again: the parameters now agree.
 
 # %%
 # %%distributed
+from torch import nn
+
+
+class SimpleDDP(nn.Module):
+    """Same start: rank 0's weights everywhere. Same update: every gradient averaged over the ranks."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        with torch.no_grad():  # the broadcast writes into parameters that require grad
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor, src=0)  # 1. rank 0's values, on every rank
+
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+    def finish_gradient_synchronization(self):  # call after backward()
+        for param in self.module.parameters():
+            if param.grad is not None:
+                dist.all_reduce(param.grad)  # 2. the sum over the ranks...
+                param.grad /= dist.get_world_size()  # ...divided: the average
+
+
 ddp = SimpleDDP(model)
 check_in_sync(ddp.parameters(), "parameters")
 
@@ -93,7 +132,7 @@ check_in_sync(ddp.parameters(), "parameters")
 #
 # Each rank runs forward and backward on its own shard (the `lesson` data gives every rank a
 # different slice of the same global batch), so each holds a different gradient. If the ranks
-# stepped now, their models would drift apart again. Expected to fail:
+# stepped now, their models would drift apart again (section 5 shows how far). Expected to fail:
 
 # %% tags=["raises-exception"] minddp={"expected_error": "gradients are not in sync"}
 # %%distributed
@@ -105,38 +144,10 @@ check_in_sync([p.grad for p in ddp.parameters()], "gradients")
 # %% [markdown]
 # ## 4. Averaging the gradients
 #
-# `finish_gradient_synchronization()` hands every gradient to the *comm hook*, waits for the
-# result and writes it back. The default hook, `allreduce_hook`, divides by the world size and
-# all_reduces (sums): the average. Both are below; the division sits in the hook.
-#
-# Three names in this code carry no idea of their own; each is here once, and means the same in
-# every later stage:
-#
-# * `GradBucket(index, flat_tensor, parameters, is_last)`: what a comm hook is handed, with
-#   torch's names (`minddp/comm/grad_bucket.py`). Here a bucket holds one gradient, flattened;
-#   `bucket` (in `03_build_up`) puts several in one;
-# * `send(hook, state, bucket)`: `hook(state, bucket)` inside a named profiler range, so that a
-#   trace shows when each bucket was handed to the network (`minddp/comm/send.py`). The hook
-#   returns a Future at once; `.wait()` is this stage's choice to wait for it right away;
-# * `self.parameters_used.check()` (`ParameterUse`, set up in the constructor): before the first
-#   gradient is sent, all the ranks check that their forwards used the same parameters; if one
-#   rank skipped a layer, the ranks would pair unrelated gradients in their all_reduces, so the
-#   check stops them with a message instead (`minddp/stages/checks.py`).
-#
-# In the constructor, `compat.broadcast` is `torch.distributed.broadcast` under the argument names
-# every torch release from 2.6 to 2.15 accepts (`minddp/runtime/compat.py`).
-
-# %%
-from minddp.comm.default_hooks import allreduce_hook
-
-show_source(SimpleDDP.finish_gradient_synchronization)
-show_source(allreduce_hook)
-
-# %% [markdown]
-# The global batch's loss is the mean of the shard losses (the shards are the same size), so this
-# average is exactly the gradient one process would compute on the whole global batch. The next
-# cell checks that too: every rank also builds the same model in one process (rank 0's seed) and
-# runs the whole global batch through it.
+# The global batch's loss is the mean of the shard losses (the shards are the same size), so the
+# average of the shards' gradients is the gradient one process would compute on the whole global
+# batch. The next cell averages, checks that the ranks agree, and checks that claim too: every rank
+# also builds the same model in one process (rank 0's seed) and runs the whole global batch through it.
 
 # %%
 # %%distributed
@@ -149,63 +160,215 @@ lesson.loss_fn(single, whole[0]).backward()
 largest = max((p.grad - q.grad).abs().max().item() for p, q in zip(ddp.module.parameters(), single.parameters()))
 scale = max(q.grad.abs().max().item() for q in single.parameters())
 lesson.say(
-    f"Largest difference to the single-process gradient: {largest:.1e}, against gradients up to "
-    f"{scale:.1e}: the same up to float rounding (the shards and the global batch are padded "
-    f"differently, so the sums run in a different order)."
+    f"Largest difference to the single-process gradient: {largest:.1e}, against gradients up to {scale:.1e}. "
+    "The shards and the global batch are padded differently, so the float32 sums run in another order."
 )
-assert largest <= 1e-4 * scale
+# Another order of a float32 sum moves it by a few units of float32's 1.2e-7 per term added; 1e-4 of the largest
+# gradient is ~800 of them, and a wrong average (a sum, a missing rank) is off by a factor, not by 1e-4.
+lesson.claim(largest <= 1e-4 * scale, "SimpleDDP's averaged gradient is the single process's, up to float rounding")
 
 # %% [markdown]
-# ## 5. Training stays in sync
+# ## 5. Training: in sync with the average, drifting apart without it
 #
 # With the same start and the same update, training keeps the replicas identical.
 # `minddp.ladder.loop.train_step` is the loop every stage shares: forward and backward for each
 # micro-batch, `finish_gradient_synchronization()`, `optimizer.step()`. `SimpleDDP` has no
-# `no_sync()`, so the loop has it sync after every micro-batch's backward. A metered hook counts
-# what goes over the wire (`Wire(None, traffic=...)`), and the single process trains beside it on the
-# global batches.
+# `no_sync()` to skip a sync, so it averages after every micro-batch's backward. The cell trains it
+# for a few steps beside the single process on the global batches, measures after every step how far
+# apart the ranks' parameters are, and counts the all_reduce calls (by wrapping `dist.all_reduce`).
+#
+# Then the same without the average: every rank starts from the same weights (rank 0's seed, so no
+# broadcast is needed) and trains the bare model on its own shards, each stepping on its own gradient.
 
 # %%
 # %%distributed
-from minddp.comm.default_hooks import allreduce_hook
-from minddp.comm.wire import Traffic, Wire
+from minddp.bench.worker import counting_torch_all_reduce  # wraps dist.all_reduce: counts calls and bytes
+from minddp.comm.wire import Traffic
 
-traffic = Traffic()
-ddp.register_comm_hook(Wire(None, traffic=traffic), allreduce_hook)
+STEPS = 3
 ddp.zero_grad(set_to_none=True)
 single.zero_grad(set_to_none=True)
-start = [p.detach().clone() for p in single.parameters()]
+start = flat(single.parameters())
 opt = torch.optim.AdamW(ddp.parameters(), lr=lesson.SETTINGS.lr)
 opt_single = torch.optim.AdamW(single.parameters(), lr=lesson.SETTINGS.lr)
 mine, everyone = lesson.step_batches(), lesson.step_batches(whole=True)
-calls = []
-for step in range(3):
-    traffic.reset()
-    train_step(ddp, opt, next(mine), lesson.loss_fn)
+traffic = Traffic()
+averaged, moved = [apart(ddp)], [0.0]
+for step in range(STEPS):
+    with counting_torch_all_reduce(traffic):
+        train_step(ddp, opt, next(mine), lesson.loss_fn)
     train_step(single, opt_single, next(everyone), lesson.loss_fn)
-    calls.append(traffic.calls)
+    averaged.append(apart(ddp))
+    moved.append((flat(single.parameters()) - start).norm().item())
+
+alone = lesson.make_model()  # rank 0's start, on every rank
+opt_alone = torch.optim.AdamW(alone.parameters(), lr=lesson.SETTINGS.lr)
+batches = lesson.step_batches()  # the same shards as SimpleDDP's
+drifted = [apart(alone)]
+for step in range(STEPS):
+    train_step(alone, opt_alone, next(batches), lesson.loss_fn)  # no wrapper: no average
+    drifted.append(apart(alone))
+
 check_in_sync(ddp.parameters(), "parameters")
-flat = lambda params: torch.cat([p.detach().reshape(-1) for p in params])
-moved = (flat(single.parameters()) - torch.cat([s.reshape(-1) for s in start])).norm().item()
-apart = (flat(ddp.module.parameters()) - flat(single.parameters())).norm().item()
+off = (flat(ddp.module.parameters()) - flat(single.parameters())).norm().item()
 tensors = sum(1 for p in ddp.parameters() if p.requires_grad)
+k = lesson.SETTINGS.grad_accum
 lesson.say(
-    f"After {len(calls)} steps the single process's parameters moved by {moved:.2e} (the norm of the change); "
-    f"SimpleDDP's are {apart:.1e} from them, {apart / moved:.1e} of that.",
-    f"SimpleDDP made {calls[-1]} all_reduce calls a step: one per parameter tensor ({tensors}) after each of "
-    f"the {lesson.SETTINGS.grad_accum} micro-batches ({tensors * lesson.SETTINGS.grad_accum}).",
+    f"After {STEPS} steps the single process's parameters moved {moved[-1]:.2e} from the start (the norm of the "
+    f"change); SimpleDDP's are {off:.1e} from the single process's, {off / moved[-1]:.1e} of that. Without the "
+    f"average the two replicas are {drifted[-1]:.2e} apart, {drifted[-1] / moved[-1]:.0%} of it.",
+    "Distance between the ranks after each step: averaged "
+    + ", ".join(f"{d:g}" for d in averaged[1:])
+    + "; not averaged "
+    + ", ".join(f"{d:.3g}" for d in drifted[1:])
+    + ".",
 )
-assert apart <= 1e-2 * moved
+# The averaged replicas: every rank receives the same all_reduce result (the collective's contract) and applies
+# the same deterministic AdamW update to the same weights, so they stay equal to the bit.
+lesson.claim(
+    all(d == 0 for d in averaged),
+    f"with the average, the replicas stayed exactly equal: distance 0 at all {STEPS} steps",
+)
+# Without it, each rank adds its own update every step; the smallest growth printed above is far beyond rounding.
+lesson.claim(
+    drifted[0] == 0 and all(b > a for a, b in zip(drifted, drifted[1:])),
+    "without it, the replicas started equal and grew further apart at every step",
+)
+# The unaveraged replicas end about 1.25 times as far apart as the single process moved; rounding moves that by
+# ~1e-5 (the line above), so the claim does not depend on the machine.
+lesson.claim(
+    drifted[-1] > moved[-1],
+    "after the last step they are farther apart from each other than the single process moved from the start",
+)
+# Adam divides each gradient by its own running size: a rounding difference in a tiny gradient can move its update
+# by a good part of the learning rate, so the parameters differ more than the gradients did. Still far from a drift:
+# 1e-2 of the distance moved is hundreds of times what rounding leaves here, and the unaveraged drift exceeds 1.
+lesson.claim(off <= 1e-2 * moved[-1], "SimpleDDP trains as the single process does on the global batch, up to rounding")
+lesson.claim(
+    traffic.calls == STEPS * k * tensors,
+    f"SimpleDDP made {traffic.calls // STEPS} all_reduce calls a step: one per gradient tensor ({tensors}) after each of "
+    f"the {k} micro-batches, {lesson.mib(traffic.bytes / STEPS)} a step",
+)
+
+# %%
+# %%rank 0
+import matplotlib.pyplot as plt
+
+fig, ax = plt.subplots(figsize=(7, 3.2))
+steps = range(STEPS + 1)
+ax.plot(steps, drifted, "o-", color="crimson", label="no average: each rank steps on its own gradient")
+ax.plot(steps, averaged, "o-", color="tab:green", label="SimpleDDP: the average (distance exactly 0)")
+ax.plot(steps, moved, "--", color="gray", label="for scale: how far the single process moved from the start")
+ax.set_xlabel("optimizer step")
+ax.set_ylabel("parameter distance\n(L2 norm of the difference)")
+ax.set_title(f"Two replicas from the same start, {world_size} ranks, {lesson.SETTINGS.model}", fontsize=10)
+ax.set_xticks(list(steps))
+ax.legend(fontsize=8, frameon=False)
+fig.tight_layout()
+plt.show()
 
 # %% [markdown]
-# What to look for: the replicas are equal to the bit (the check compares with `torch.equal`), and
-# they follow the single process up to float rounding. (Adam divides each gradient by its own
-# running size, so for the tiniest gradients a rounding difference can change an update by a
-# good part of the learning rate: that is why the two drift apart a little faster than the
-# gradients differ.) And `SimpleDDP` pays for its simplicity:
-# it syncs every gradient after every micro-batch, although only the sum over the whole step
-# matters. `03_build_up` removes that cost, and then others, one idea per stage.
+# What to look for: the averaged replicas are equal to the bit (the distance is exactly zero, and the
+# check compares with `torch.equal`), and they follow the single process up to float rounding. The
+# replicas left to themselves part further with every step (nothing pulls them back), until they are
+# farther apart than the single process moved from its start. And `SimpleDDP` pays for its
+# simplicity: it sends every gradient after every micro-batch, although only the sum over the whole
+# step matters. `03_build_up` removes that cost, and then others, one idea per stage.
 #
+# ## 6. The ladder's `SimpleDDP`: the same idea, and what every stage needs around it
+#
+# `minddp.stages.SimpleDDP` is the first rung of the ladder that `03_build_up` climbs. It keeps the two
+# steps above and adds three things, each for a reason that shows later:
+#
+# * **a comm hook.** `finish_gradient_synchronization()` does not call `all_reduce` itself: it hands
+#   each gradient, wrapped in a `GradBucket` (torch's type for what a hook receives), to
+#   `hook(state, bucket)`, which returns a Future of the averaged gradient. The default hook,
+#   `allreduce_hook`, divides by the number of ranks and all_reduces: the same average, the division
+#   first (so that a 16-bit sum cannot overflow). Every later stage keeps this one call and changes
+#   only *when* it is made and how many gradients one bucket holds, so `04_comm_hooks` sends any
+#   stage's gradients in fp16 or through PowerSGD by registering another hook, and a hook's state
+#   can be a `Wire` that counts calls and bytes;
+# * **a profiler range.** `send(hook, state, bucket)` is `hook(state, bucket)` inside a range named
+#   `minddp.bucket_launch#<index>`, so a trace shows when each gradient was handed to the network
+#   (minddp's trace analysis and step-time model read these ranges);
+# * **two checks that turn a hang into an error.** Ranks that disagree on what they send do not fail
+#   cleanly: a broadcast or an all_reduce between tensors that do not match waits forever or mixes
+#   one layer's gradient into another's. So at construction every rank's parameter names, shapes and
+#   dtypes are compared (`check_same_model`), and before the first gradient of a step is sent, the
+#   parameters each rank's forward used (`ParameterUse`); a mismatch raises the same error on every
+#   rank.
+#
+# It also takes a `process_group` (all ranks by default), as torch's DDP does. Its `broadcast` and
+# the default hook come from `minddp/comm/plain.py`, the plain calls every stage makes: the broadcast
+# is `torch.distributed.broadcast`, with a complex tensor sent as its real view (torch 2.6's gloo
+# refuses complex ones). The code, then the default hook:
+
+# %%
+from minddp import stages
+from minddp.comm.default_hooks import allreduce_hook
+from minddp.notebook.source import show_source
+
+show_source(stages.SimpleDDP)
+show_source(allreduce_hook)
+
+# %% [markdown]
+# The cell below wraps one model in both versions, the ladder's with its default hook in a metered
+# `Wire`, runs one micro-batch's backward, and lets the ladder's version average under the profiler.
+# Then it puts the rank's own gradients back and lets the version above average them: the two
+# averages are compared, and the meter and the profile are read.
+
+# %%
+# %%distributed
+from minddp import stages
+from minddp.comm.default_hooks import allreduce_hook
+from minddp.comm.wire import Traffic, Wire
+
+net = lesson.make_model()
+ladder, plain = stages.SimpleDDP(net), SimpleDDP(net)  # two wrappers of one model: one set of gradients
+meter = Traffic()
+ladder.register_comm_hook(Wire(None, traffic=meter), allreduce_hook)  # the default hook, metered
+lesson.loss_fn(ladder, next(lesson.step_batches())[0]).backward()
+local = [p.grad.clone() for p in net.parameters()]  # this rank's own gradients
+with torch.profiler.profile() as prof:
+    ladder.finish_gradient_synchronization()
+by_hook = [p.grad.clone() for p in net.parameters()]
+for p, g in zip(net.parameters(), local):
+    p.grad.copy_(g)
+plain.finish_gradient_synchronization()
+
+tensors = [p for p in net.parameters() if p.requires_grad]
+launches = [e for e in prof.events() if e.name.startswith("minddp.bucket_launch#")]
+largest = max((a - p.grad).abs().max().item() for a, p in zip(by_hook, net.parameters()))
+biggest = torch.tensor([max(g.abs().max().item() for g in local)], device=device)
+dist.all_reduce(biggest, op=dist.ReduceOp.MAX)  # the largest gradient on any rank
+eps = torch.finfo(torch.float32).eps
+lesson.claim(
+    meter.calls == len(tensors) and meter.bytes == sum(4 * p.numel() for p in tensors),
+    f"the meter counted one all_reduce per gradient tensor ({meter.calls}), {lesson.mib(meter.bytes)}: "
+    "every float32 gradient once",
+)
+lesson.claim(
+    len(launches) == len(tensors),
+    f"the profile holds one minddp.bucket_launch range per gradient ({len(launches)})",
+)
+# Dividing before the sum or after it rounds differently: each of the n terms and the sum round once, so the two
+# averages may differ by about n float32 epsilons of the largest gradient (with 2 ranks, halving is exact: 0).
+lesson.claim(
+    largest <= world_size * eps * biggest.item(),
+    f"the hook's average is the plain version's (largest difference {largest:.1e}, float32 rounding allows "
+    f"{world_size * eps * biggest.item():.1e})",
+)
+
+# %% [markdown]
+# And a check at work: rank 1 builds a model with one output more than rank 0's. The plain version
+# would hand the backend two weights of different sizes in one broadcast; the ladder's refuses on
+# every rank, saying why (expected to fail):
+
+# %% tags=["raises-exception"] minddp={"expected_error": "expects the same model across all ranks"}
+# %%distributed
+stages.SimpleDDP(torch.nn.Linear(8, 2 + rank).to(device))
+
+# %% [markdown]
 # ## Your turn: write `SimpleDDP`
 #
 # Fill in the two methods below with plain `torch.distributed` calls (`dist.broadcast`,

@@ -551,17 +551,14 @@ def test_train_with_a_link_and_an_auto_cap_then_predict_from_its_traces(tmp_path
     stages = analyze_run(tmp_path / "r").stages
     assert stages.loc["bucket-async", "comm_time_per_step_us"] > 0
     rows = predict_run(tmp_path / "r", ["100mbit", "1gbit"], [8], real_network=False)
-    # A slower link never gives a shorter step; it gives a longer one only where a wait was left exposed, which
-    # the machine's speed decides (a slow machine hides a short transfer, and its own gloo collectives, kept here
-    # as a floor, can outlast both links alike). The time on the link itself is the model's alone: strictly.
-    bare = predict_run(tmp_path / "r", ["100mbit", "1gbit"], [8], real_network=True)
     for stage in ("bucket-async", "zero2"):
         by = {(r["ranks"], r["link"]): r for r in rows if r["stage"] == stage}
-        alone = {(r["ranks"], r["link"]): r for r in bare if r["stage"] == stage}
         assert set(by) == {(2, "100mbit"), (2, "1gbit"), (8, "100mbit"), (8, "1gbit")}
+        # A slower link: every message takes longer, so the step is never shorter. It may be equal: where the
+        # profiled compute (slow on a loaded machine) hides even the 100mbit link's messages, the step is compute.
+        assert by[(2, "100mbit")]["comm_ms"] > by[(2, "1gbit")]["comm_ms"]
         assert by[(2, "100mbit")]["step_ms"] >= by[(2, "1gbit")]["step_ms"]
-        assert alone[(2, "100mbit")]["comm_ms"] > alone[(2, "1gbit")]["comm_ms"]  # a slower link, longer transfers
-        assert alone[(8, "100mbit")]["comm_ms"] > alone[(2, "100mbit")]["comm_ms"]  # more ranks, more ring hops
+        assert by[(8, "100mbit")]["comm_ms"] > by[(2, "100mbit")]["comm_ms"]  # more ranks, more ring hops
 
 
 def test_auto_says_the_cap_is_unused_by_a_stage_that_does_not_bucket():

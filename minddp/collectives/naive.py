@@ -10,11 +10,13 @@ Reduce-scatter and all-gather go the same way: rank 0 collects everything,
 then sends each rank what it should end with (its chunk of the sum; the
 whole gathered tensor).
 
-Cost model. Ranks ``r > 0`` send and receive ``bytes`` once each, but rank 0
-receives ``(n - 1) · bytes`` and sends ``(n - 1) · bytes``: its link carries
-``2 (n - 1) · bytes``, ``n`` times the ring's ``2 (n - 1) / n · bytes``, and
-the others wait on it. Latency is ``2 (n - 1)`` sequential messages at rank 0,
-the same count as the ring, but with whole tensors instead of chunks.
+Cost model (notebook 01's notation: ``n`` ranks, a tensor of ``m`` bytes,
+``α`` per message, ``β`` per byte). Ranks ``r > 0`` send and receive ``m``
+once each, but rank 0 receives ``(n - 1) · m`` and sends ``(n - 1) · m``:
+``n / 2`` times a ring rank's ``2 (n - 1) / n · m`` each way, and the others
+wait on it. Its ``2 (n - 1)`` messages, the ring's count, each carry a whole
+tensor one way (it receives everything before it sends), so it takes
+``2 (n - 1) α + 2 (n - 1) · m β``: ``n`` times the ring's ``β`` term.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
