@@ -37,16 +37,16 @@
 #    of showing prose that the numbers beside it deny;
 # 5. **your turn**: write the stage yourself; `check` runs it on real ranks and says what is wrong.
 #
-# **The network.** Two ranks on one machine talk over loopback, where moving this model's
-# gradients costs a few milliseconds, less than the machine's own noise: timed on loopback, the
-# later stages cannot be told apart (`docs/benchmarks.md` tries, with many rounds and intervals).
-# So every message here goes over an **emulated 1 Gbit/s link** (`minddp.comm.link`): the real
-# all_reduce still runs, so every result is exact, but it completes no earlier than the same
-# all_reduce would on Gigabit Ethernet, one message at a time, as a network card sends them. That
-# time is *modeled* (a fixed cost α per hop plus bytes over bandwidth, printed below): the same on
-# every run and every machine, so the sentences about it hold anywhere. The training thread is
-# not held up by the emulation, so a stage that computes while a message travels hides the
-# message, as on a real network.
+# **The network.** Two ranks on one machine talk over loopback, where what a message costs depends
+# on the machine (its cores, what else runs on it) and changes from run to run (`05_reading_traces`
+# measures it). So every message here goes over an **emulated 1 Gbit/s link**
+# (`minddp.comm.link`): the real all_reduce still runs, so every result is exact, but it completes
+# no earlier than the same all_reduce would on Gigabit Ethernet, one message at a time, as a
+# network card sends them. That time is *modeled*: the same on every run and every machine, so the
+# sentences about it hold anywhere. The notation is `01_collectives`'s: α is the fixed cost of one
+# message (one hop of a ring), β the time per byte (1/B for a bandwidth of B bytes/s), n the number
+# of ranks, m a message's size in bytes. The training thread is not held up by the emulation, so a
+# stage that computes while a message travels hides the message, as on a real network.
 #
 # Every stage trains the same model on the same batches with the same settings, printed below.
 
@@ -70,10 +70,10 @@ def meet(stage, before=None):
 
 
 lesson.say(lesson.describe())
-fixed, per_mib = (LINK.seconds("all_reduce", n, world_size) * 1e3 for n in (0, 2**20))
+fixed, per_mib = (LINK.seconds("all_reduce", m, world_size) * 1e3 for m in (0, 2**20))
 lesson.say(
-    f"The emulated link: {LINK.describe()}. One all_reduce of n bytes between {world_size} ranks takes "
-    f"2(N−1)·α + 2(N−1)/N · n/β: {fixed:.1f} ms plus {per_mib - fixed:.1f} ms per MiB."
+    f"The emulated link: {LINK.describe()}. One all_reduce of m bytes between n = {world_size} ranks takes "
+    f"2(n−1)·α + 2(n−1)/n · m·β: {fixed:.1f} ms plus {per_mib - fixed:.1f} ms per MiB."
 )
 
 # %%
@@ -93,11 +93,14 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # ## The floor: no communication at all (`single`)
 #
 # Here each rank trains its own shard and never talks to the other: not data parallelism (the
-# replicas drift apart), but the time a step would take if syncing were free. Everything a stage
-# costs beyond it is communication and waiting. The picture is its step: the forward (pale) and
-# backward (blue) of each micro-batch, then the optimizer (green); the black line is the end of
-# the step. The stages below add messages (orange, on the wire) and waits (red: the training
-# thread standing still until a message is back).
+# replicas drift apart), but the same computation as every stage below, with no message at all.
+# The stages add messages and waiting to it; how much, each cell below reads on the link's own
+# clock (its modeled transfers and the training thread's waits), because a step timed on a machine
+# shared with other work moves from one step to the next (the last table compares the steps).
+# The picture is its step: the forward (pale) and backward (blue) of each micro-batch, then the
+# optimizer (green); the black line is the end of the step. The stages below add messages
+# (orange, on the wire) and waits (red: the training thread standing still until a message is
+# back).
 
 # %%
 # %%distributed
@@ -334,12 +337,16 @@ check(solutions.AsyncHookDDP, like="hook-async")
 # ## `bucket`: fewer, bigger messages
 #
 # Every collective pays a fixed cost before its bytes move (a round trip, waking a thread, a kernel
-# launch). One all_reduce per parameter pays it once per parameter tensor. Buckets pay it a few
-# times: at construction the parameters are grouped, in reverse order (backward produces the last
-# layers' gradients first), into buckets of about `bucket_cap_mb` (torch's rule, `plan_buckets`);
-# in the hook each parameter is counted in its bucket, and when the bucket's last gradient is in,
-# the bucket is flattened into one buffer and sent in one call; when the average is back, each
-# slice is copied into its parameter's `.grad`. Like `hook`, this stage waits for each bucket.
+# launch): α per message. One all_reduce per parameter pays it once per parameter tensor. Buckets
+# pay it a few times: at construction the parameters are grouped, in reverse order (backward
+# produces the last layers' gradients first), into buckets of about `bucket_cap_mb` (torch's rule,
+# `plan_buckets`); in the hook each parameter is counted in its bucket, and when the bucket's last
+# gradient is in, the bucket is flattened into one buffer and sent in one call; when the average is
+# back, each slice is copied into its parameter's `.grad`. Like `hook`, this stage waits for each
+# bucket. One more line is torch's: left at its default (`bucket_cap_mb=None`: 25 MiB), the first
+# bucket is capped at 1 MiB, so that the first all_reduce can start early in backward. A cap given,
+# as the settings printed at the top give one, is every bucket's cap, the first's too, as in torch;
+# the bucket lesson at the end measures both.
 
 # %%
 show_source(STAGES["bucket"])
@@ -365,12 +372,12 @@ lesson.claim(
 )
 
 # %% [markdown]
-# What to look for: a few wide messages instead of many thin ones. Between two ranks on Gigabit
-# Ethernet a message's fixed cost is small next to its bytes, so buckets save little link time
-# here; the fixed cost grows with the ranks (2(N−1)·α per all_reduce), and on GPUs each call also
-# pays a kernel launch and NCCL's setup, which is where the blog's buckets pay off. The diff shows
-# what `bucket` takes from `hook` (the waiting `_sent`) rather than from `hook-async`: it waits
-# for each bucket inside backward; the next stage removes the wait again.
+# What to look for: a few wide messages instead of many thin ones. The cell above computes what
+# that saves on this link: 2(n−1)·α per message not sent. That saving grows with the ranks (an
+# all_reduce makes 2(n−1) hops) and with the number of gradient tensors; what buckets cost in
+# return is the bucket lesson's subject, after the side-by-side. The diff shows what `bucket` takes
+# from `hook` (the waiting `_sent`) rather than from `hook-async`: it waits for each bucket inside
+# backward; the next stage removes the wait again.
 #
 # ### Your turn: `bucket`
 #
@@ -523,6 +530,14 @@ lesson.claim(
     "Each of the three ideas cut the exposed time on this link: accumulation (simple → ga), not waiting "
     "inside backward (hook → hook-async, bucket → bucket-async).",
 )
+steps = {s: looks[s]["row"]["end"] for s in looks}
+shorter = [s for s in steps if s != "single" and steps[s] < steps["single"]]
+lesson.say(
+    f"Steps, one each, on a machine shared with other work: single's took {steps['single']:.0f} ms; "
+    + (f"longer than {', '.join(shorter)}'s, which did the same computation and more; " if shorter else "")
+    + f"from one step to the next the same work took {min(steps.values()):.0f} to {max(steps.values()):.0f} ms "
+    "here, which is why the sentences above compare the link's clock and not the steps."
+)
 
 # %%
 # %%rank 0
@@ -532,11 +547,354 @@ lesson.look_table(looks)
 # How to read it: every stage computes the same thing on the same batches, so the stages differ
 # by their communication and their waiting, not by their arithmetic. `ga` divides the
 # traffic by the number of micro-batches; the hook stages move the messages into the backward;
-# the async stages stop waiting for them there; the buckets divide the number of messages. On this
-# link, between two ranks, the buckets' saving in link time is small (their fixed cost per message
-# is small); on GPUs, where every call also pays a kernel launch, it is not. `05_reading_traces`
-# reads the same stages from trace files, with the blog's metrics, and ends with what each idea
-# bought here beside what it bought on the blog's GPUs.
+# the async stages stop waiting for them there; the buckets divide the number of messages. Whether
+# that last idea pays is the next section's question.
+
+# %% [markdown]
+# ## The bucket lesson: when do buckets pay?
+#
+# Compare `hook-async` and `bucket-async` in the table above: the same bytes, one message per
+# gradient against one per bucket, both sent during the last backward, both waited for once. Which
+# left more of the link's time exposed, and why? A bucketed stage trades three things against a
+# per-gradient one (an all_reduce of m bytes between n ranks takes 2(n−1)·α + 2(n−1)/n · m·β on
+# the link):
+#
+# 1. **per message**: every all_reduce pays 2(n−1)·α however few its bytes; buckets pay it once per
+#    bucket instead of once per gradient tensor;
+# 2. **the first bucket's late start**: nothing goes to the link before the first bucket's last
+#    gradient is ready, while a per-gradient stage sends its first gradient at once;
+# 3. **the last bucket's tail**: the last bucket is ready only when backward ends, so all of its
+#    transfer comes after backward; a per-gradient stage's last message is one tensor.
+#
+# The link carries one message at a time, so it is done at the latest of, over the messages k:
+# "message k handed over, then k and every message after it carried back to back"
+# (`minddp.costmodel.buckets.queue_end`). Message 1 gives the *start-limited* end (the late start,
+# then all the link's work); the last message the *tail-limited* one. The training thread waits
+# for what is left after backward. The cell reads all of it from the two profiled steps above, and
+# when each gradient is ready from the bare model, timed here (a profiled step's first hand-over
+# also holds the wait for the other rank at the teaching stages' once-a-step check of the
+# parameters used).
+
+# %%
+# %%distributed
+import pandas as pd
+
+from minddp.costmodel.buckets import on_the_link
+from minddp.costmodel.compute import probe
+from minddp.stages.bucket_plan import plan_buckets
+
+alpha_ms = LINK.seconds("all_reduce", 0, world_size) * 1e3  # 2(n−1)·α: one message's fixed cost on the link
+why = {
+    s: on_the_link(looks[s]["row"]) | {"exposed (waited), ms": looks[s]["exposed_ms"]}
+    for s in looks
+    if s in ("hook-async", "bucket-async")
+}
+h, b = why["hook-async"], why["bucket-async"]
+bare_model = lesson.make_model()
+trainable = [p for p in bare_model.parameters() if p.requires_grad]
+first_bucket = plan_buckets(trainable, lesson.SETTINGS.bucket_cap_mb)[0]
+in_first = len(first_bucket)  # gradients the first bucket waits for
+# When each gradient is ready in backward, timed on the bare model (the step-time model's probe, minddp.costmodel):
+# the profiled steps' own hand-over times also hold, at a step's first send, the wait for the other rank at the
+# teaching stages' once-a-step check of the parameters used.
+# the last micro-batch's backward is the one that sends: one micro-batch, timed twice after a warm-up pass
+bare = probe(bare_model, next(lesson.step_batches())[-1:], lesson.loss_fn, repeats=2, measure_network=False)
+first_ready, bucket_ready = 1e3 * min(bare.ready), 1e3 * max(bare.ready[i] for i in first_bucket)
+saved = (h["messages"] - b["messages"]) * alpha_ms
+lesson.claim(
+    abs(h["link_ms"] - b["link_ms"] - saved) < 1e-6 * h["link_ms"],
+    f"Per message: bucket-async sent {b['messages']} messages instead of {h['messages']}, which saved "
+    f"{h['messages'] - b['messages']} × {alpha_ms:.2f} ms = {saved:.1f} ms of the link's {h['link_ms']:.0f} ms.",
+)
+# counted from the plan: the first bucket's last gradient is the in_first-th one backward produces
+lesson.claim(
+    in_first > 1,
+    f"Late start: hook-async sends each gradient as it is ready, bucket-async its first bucket when all {in_first} "
+    f"of its gradients are: on the bare model here, the first gradient is ready {first_ready:.0f} ms into a backward "
+    f"of {1e3 * bare.backward:.0f} ms, the first bucket's last {bucket_ready:.0f} ms in.",
+)
+# modeled: the last message's bytes over the link, the same on every machine
+lesson.claim(
+    b["tail_ms"] > h["tail_ms"],
+    f"Tail: bucket-async's last bucket takes {b['tail_ms']:.1f} ms on the link after backward, hook-async's "
+    f"last gradient {h['tail_ms']:.1f} ms.",
+)
+table = (
+    pd.DataFrame(why)
+    .T[
+        [
+            "messages",
+            "link_ms",
+            "first_ms",
+            "start_end_ms",
+            "tail_ms",
+            "tail_end_ms",
+            "end_ms",
+            "limit",
+            "exposed (waited), ms",
+        ]
+    ]
+    .rename(
+        columns={
+            "link_ms": "link work, ms",
+            "first_ms": "first message handed over, ms into the last backward",
+            "start_end_ms": "start-limited end, ms after backward",
+            "tail_ms": "last message's transfer, ms",
+            "tail_end_ms": "tail-limited end, ms after backward",
+            "end_ms": "link done, ms after backward",
+            "limit": "set by",
+        }
+    )
+)
+more = b["exposed (waited), ms"] - h["exposed (waited), ms"]
+cause = {
+    "start": f"its first bucket left {abs(b['first_ms'] - h['first_ms']):.0f} ms "
+    f"{'after' if b['first_ms'] >= h['first_ms'] else 'before'} hook-async's first message, and its fewer messages "
+    f"won back {saved:.1f} ms",
+    "tail": f"its last bucket's {b['tail_ms']:.1f} ms on the link, against hook-async's {h['tail_ms']:.1f} ms",
+}
+compared = f"{abs(more):.0f} ms {'more' if more > 0 else 'less'} of the link's time exposed than"
+lesson.say(
+    f"So bucket-async left {compared if round(abs(more)) else 'as much of the link time exposed as'} hook-async "
+    f"({b['exposed (waited), ms']:.0f} against {h['exposed (waited), ms']:.0f} ms). Its link was done "
+    f"{abs(b['end_ms']):.0f} ms {'after' if b['end_ms'] >= 0 else 'before'} backward ended, an end set by its "
+    + {"start": "first message", "tail": "last message"}.get(b["limit"], b["limit"])
+    + (f": {cause[b['limit']]}." if b["limit"] in cause else ".")
+)
+
+# %%
+# %%rank 0
+table.round(1)
+
+# %% [markdown]
+# ### The cap, swept
+#
+# The cap decides all three costs: a small cap makes many small buckets (many fixed costs, an early
+# first bucket, a short tail), a large one a few large buckets. Below, `bucket-async` is measured at
+# other caps on the same link (`None` is torch's default: 25 MiB buckets after a first one of
+# 1 MiB), beside the step-time model (`minddp.costmodel`, `docs/scaling.md`): the bare model is timed
+# on these ranks (`probe`: when each gradient is ready in backward), its times are scaled to this
+# run's backward, and each plan is replayed on the link. The lower panel shows the three costs of
+# each plan, from the model.
+
+# %%
+# %%distributed
+import statistics
+
+from minddp.costmodel.buckets import plan_costs
+from minddp.costmodel.compute import plan_for, probe
+from minddp.costmodel.figures import bucket_sweep
+from minddp.costmodel.project import cp_scaled
+
+swept = {lesson.SETTINGS.bucket_cap_mb: looks["bucket-async"]}
+for cap in (0.5, 2, 8, None):  # one profiled step each, no warm-up step: the counts hold from the first
+    swept[cap] = lesson.Trainee("bucket-async", link=LINK, bucket_cap_mb=cap, warmup=0).look()
+this_run = statistics.median(v["last_backward_ms"] for v in swept.values()) / 1e3
+cp = cp_scaled(bare, this_run / bare.backward)  # the bare model's timings at this run's speed
+grid = [0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32]
+model = [plan_costs(cp, "bucket-async", c, LINK, world_size) for c in grid]
+small_first = [plan_costs(cp, "bucket-async", c, LINK, world_size, first_mb=1) for c in grid if c > 1]
+per_gradient = plan_costs(cp, "hook-async", None, LINK, world_size)
+default = plan_costs(cp, "bucket-async", None, LINK, world_size)
+# counts: each run's all_reduce calls against its plan (the plan is computed, the calls are counted)
+lesson.claim(
+    all(v["calls"] == len(plan_for(cp, "bucket-async", c)) for c, v in swept.items()),
+    "Each cap sent the buckets its plan has: "
+    + ", ".join(f"{'None' if c is None else f'{c:g} MiB'}: {v['calls']}" for c, v in swept.items())
+    + ".",
+)
+least = min(v["exposed_ms"] for v in swept.values())
+best = [c for c, v in swept.items() if v["exposed_ms"] < least + 0.5]  # within half a millisecond: as printed
+lesson.say(
+    f"torch's default (None) makes {default.messages} buckets here, a first one of {default.first_gradients} "
+    f"gradients and a last one of {default.last_bytes / 2**20:.1f} MiB, whose transfer ({1e3 * default.tail:.0f} ms) "
+    f"comes after backward: it exposed {swept[None]['exposed_ms']:.0f} ms. Of the caps measured, "
+    + ", ".join("None" if c is None else f"{c:g} MiB" for c in best)
+    + f" exposed the least, {least:.0f} ms; "
+    f"hook-async {looks['hook-async']['exposed_ms']:.0f} ms. The model, at this run's speed, gives "
+    f"{1e3 * min(c.exposed for c in model):.0f} ms at its best cap "
+    f"({min(model, key=lambda c: c.exposed).cap_mb:g} MiB) and {1e3 * per_gradient.exposed:.0f} ms per gradient."
+)
+here = lesson.SETTINGS.bucket_cap_mb
+at_cap = next(c for c in model if c.cap_mb == here)
+with_first = plan_costs(cp, "bucket-async", here, LINK, world_size, first_mb=1)
+lesson.say(
+    f"At {here:g} MiB, a first bucket of 1 MiB (torch's rule at its default cap) would let the first message leave "
+    f"{1e3 * with_first.first_at:.0f} ms into backward instead of {1e3 * at_cap.first_at:.0f} ms, and it moves every "
+    f"bucket boundary after it (last bucket {with_first.last_bytes / 2**20:.1f} MiB instead of "
+    f"{at_cap.last_bytes / 2**20:.1f}): the model gives {1e3 * with_first.exposed:.0f} ms exposed against "
+    f"{1e3 * at_cap.exposed:.0f} ms."
+)
+if rank == 0:
+    bucket_sweep(
+        {"model: every bucket ≤ the cap": model, "model: a first bucket of 1 MiB, then the cap": small_first},
+        measured=[
+            (25 if c is None else c, v["exposed_ms"], "measured" if c else "measured, torch's default (None)")
+            for c, v in swept.items()
+        ],
+        per_gradient={
+            "hook-async, measured": looks["hook-async"]["exposed_ms"],
+            "hook-async, model": 1e3 * per_gradient.exposed,
+        },
+        title=f"bucket-async on {LINK.name}, {world_size} ranks: exposed communication against the cap",
+    )
+sweep_table = pd.DataFrame(
+    {
+        f"{c.cap_mb:g} MiB": c.row()
+        | {"exposed, ms (measured)": swept[c.cap_mb]["exposed_ms"] if c.cap_mb in swept else None}
+        for c in model
+    }
+).T
+
+# %%
+# %%rank 0
+sweep_table.round(1)
+
+# %% [markdown]
+# ### Two settings of the blog, at this machine's speed
+#
+# Which rung wins depends on two ratios: how long one sync's bytes take against one backward, and
+# how long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
+# emulated link that keeps both ratios of a given setting for the model at hand, from this machine's
+# own backward: a faster machine gets a faster link, so a setting keeps its shape on any machine.
+# Two settings, both from the blog's run as the step-time model rebuilds it (`python -m
+# minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16 gradients, 3 TFLOP/s
+# achieved on each T4, which is what the blog's own non-compute shares imply):
+#
+# * **the blog's 4 × T4 over PCIe** (`pcie-t4`): the blog's ratio of communication to backward
+#   compute. Every stage of the blog, on this notebook's workload;
+# * **the blog's model at 1024 ranks** on 100 Gbit/s InfiniBand (`100gbit-ib`): every all_reduce now
+#   makes 2(n−1) hops, so one message's fixed cost grows with n against the backward (the cell
+#   prints both settings' ratios). On `deep-llama`, an offline preset with SmolLM2's 32 layers at
+#   CPU size, so also its count of gradient tensors (`minddp.train.models`). Only `hook-async` and
+#   the bucketed rungs run there, one micro-batch a step (each syncs once a step anyway): the rungs
+#   that wait for each message at once would stand still for every one of hundreds of fixed costs.
+#
+# The bucketed stages get the blog's number of buckets: its 25 MiB cap cuts SmolLM2's gradients into
+# a number of buckets, and the cap below cuts each model into as many. The cell prints the numbers.
+
+# %%
+# %%distributed
+import statistics
+
+from minddp.costmodel.buckets import link_like, on_the_link, ratios
+from minddp.costmodel.compute import plan_for
+from minddp.costmodel.figures import settings_ladder
+from minddp.costmodel.project import blog_profile
+from minddp.runtime.device import message_device
+
+blog = blog_profile()
+blog_buckets = len(plan_for(blog, "bucket-async", 25))
+SETTINGS_OF = {"4 × T4": ("pcie-t4", 4, lesson.SETTINGS.model), "1024 ranks": ("100gbit-ib", 1024, "deep-llama")}
+ladder6 = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
+# At 1024 ranks the rungs that wait for each message at once (simple, ga, hook) would stand still for every one
+# of their hundreds of fixed costs, for seconds a step; how they fare is no question (they overlap nothing), so
+# only the bucketed rungs and hook-async run there.
+RUN = {"4 × T4": ladder6, "1024 ranks": ["hook-async", "bucket", "bucket-async"]}
+blog_runs, blog_links, backward_of = {}, {}, {}
+for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
+    bytes_ratio, message_ratio = ratios(blog, link_name, ranks)
+    model = lesson.make_model(name=model_name)
+    # this machine's backward of one micro-batch, timed as the runs below are (a profiled step of `single`: the
+    # profiler slows a step down, a model of many small operations most); the slowest rank's, so that every rank
+    # builds the same link
+    accum = lesson.SETTINGS.grad_accum if name == "4 × T4" else 1
+    floor = looks["single"] if name == "4 × T4" else lesson.Trainee("single", model=model_name, grad_accum=1).look()
+    timed = statistics.mean(floor["backward_ms"]) / 1e3
+    slowest = torch.tensor([timed], dtype=torch.float64, device=message_device())
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    backward_s = slowest.item()
+    backward_of[name] = 1e3 * backward_s
+    params = [p for p in model.parameters() if p.requires_grad]
+    sync_bytes = sum(p.numel() * p.element_size() for p in params)
+    blog_links[name] = link_like(f"blog at {name}", backward_s, sync_bytes, bytes_ratio, message_ratio, world_size)
+    cap = 25 * sync_bytes / blog.total_bytes  # the blog's 25 MiB, scaled to this model: as many buckets
+    lesson.say(
+        f"The blog at {name} ({link_name}, {ranks} ranks): one sync's bytes take {bytes_ratio:.2f} backwards, one "
+        f"message's fixed cost {message_ratio:.1e} of one; {blog_buckets} buckets of 25 MiB. Here, for {model_name} "
+        f"({len(params)} gradient tensors, {sync_bytes / 2**20:.1f} MiB, a backward of {1e3 * backward_s:.0f} ms): "
+        f"{blog_links[name].describe()}; a cap of {cap:.2f} MiB."
+    )
+    # one profiled step each, no warm-up: the claims below hold from the first step. At 1024 ranks one micro-batch
+    # a step: every rung there syncs once a step, after the last, and the profiler reads a third of the events.
+    for stage in RUN[name]:
+        v = lesson.Trainee(
+            stage, link=blog_links[name], bucket_cap_mb=cap, model=model_name, warmup=0, grad_accum=accum
+        ).look()
+        blog_runs[name, stage] = on_the_link(v["row"]) | {"exposed (waited), ms": v["exposed_ms"], "calls": v["calls"]}
+
+# %% [markdown]
+# The blog's two measures, for each setting: the share of each stage's communication that ran while
+# the training thread computed (*overlap*, HolisticTraceAnalysis's measure, with the link's modeled
+# transfers as communication and a forward, a backward or the optimizer, not waiting, as compute), and
+# the link time the step stood waiting for (the blog's *non-compute* time).
+
+# %%
+# %%distributed
+t4 = {s: blog_runs["4 × T4", s] for s in ladder6}
+far = {s: blog_runs["1024 ranks", s] for s in RUN["1024 ranks"]}
+if rank == 0:
+    settings_ladder(
+        {"the blog's 4 × T4": t4, "the blog's model at 1024 ranks": far},
+        title=f"The blog's stages in two of its settings, on links sized to this machine ({world_size} ranks)",
+    )
+for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
+    lesson.say(
+        f"At {name}, overlap: "
+        + ", ".join(f"{s} {r['overlap_pct']:.0f} %" for s, r in runs.items())
+        + "; exposed (waited): "
+        + ", ".join(f"{s} {r['exposed (waited), ms']:.0f} ms" for s, r in runs.items())
+        + "."
+    )
+# simple sends every message after its backward, in finish, and waits for each: none runs while it computes
+lesson.claim(
+    t4["simple"]["overlap_pct"] <= 1,
+    "simple overlaps nothing with computation (the blog: 0 %).",
+)
+# the link's modeled times: ga sends simple's messages once per step instead of once per micro-batch
+lesson.claim(
+    abs(t4["simple"]["link_ms"] - k * t4["ga"]["link_ms"]) < 1e-6 * t4["simple"]["link_ms"],
+    f"ga's messages need 1/{k} of simple's time on the link.",
+)
+# At 4 × T4 one sync's bytes take a fraction of a backward and a message's fixed cost almost nothing: both
+# async rungs send during backward and hide most of it; the rungs that wait hide only what the hooks' own
+# work between a send and its wait covers. Margins of tens of points: not a timing race.
+blocking = ("simple", "ga", "hook", "bucket")
+lesson.claim(
+    min(t4[s]["overlap_pct"] for s in ("hook-async", "bucket-async")) >= 75
+    and max(t4[s]["overlap_pct"] for s in blocking) < min(t4[s]["overlap_pct"] for s in ("hook-async", "bucket-async")),
+    "At 4 × T4, the two async rungs overlap the most, each at least 75 %: the blog's ordering (the blog: "
+    "0 % for simple, ga and hook, about 90 % for the async hooks and buckets).",
+)
+gap = t4["bucket-async"]["exposed (waited), ms"] - t4["hook-async"]["exposed (waited), ms"]
+compared = (
+    f"{abs(gap):.1f} ms {'more' if gap > 0 else 'less'} exposed than" if round(abs(gap), 1) else "as much exposed as"
+)
+lesson.say(
+    f"Between them, at 4 × T4: bucket-async left {compared} hook-async, of "
+    f"{t4['bucket-async']['link_ms']:.0f} ms on the link: its last bucket takes "
+    f"{t4['bucket-async']['tail_ms']:.1f} ms after backward, hook-async's last gradient "
+    f"{t4['hook-async']['tail_ms']:.1f} ms, and the {t4['hook-async']['messages'] - t4['bucket-async']['messages']} "
+    f"fewer messages save {blog_links['4 × T4'].seconds('all_reduce', 0, world_size) * 1e3 * (t4['hook-async']['messages'] - t4['bucket-async']['messages']):.1f} ms. "
+    "(The blog saw no clear difference between these two.)"
+)
+# At 1024 ranks the fixed costs of hook-async's messages add up to several backwards (printed below), while
+# the buckets pay a few: the margins are whole backwards, on any machine.
+others = [s for s in far if s != "bucket-async"]
+lesson.claim(
+    all(far["bucket-async"]["overlap_pct"] > far[s]["overlap_pct"] + 20 for s in others)
+    and all(far["bucket-async"]["exposed (waited), ms"] < far[s]["exposed (waited), ms"] for s in others),
+    "At 1024 ranks, bucket-async overlaps the most and leaves the least exposed of the rungs that ran there: the "
+    "blog's headline (simple, ga and hook wait for each message as soon as it is sent, as at 4 × T4 above).",
+)
+for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
+    one = blog_links[name].seconds("all_reduce", 0, world_size) * 1e3  # 2(n−1)·α on that link
+    h, b = runs["hook-async"], runs["bucket-async"]
+    lesson.say(
+        f"Why, at {name}: hook-async's {h['messages']} messages cost {h['messages'] * one:.1f} ms in fixed costs "
+        f"alone, {h['messages'] * one / backward_of[name]:.2f} of a backward ({backward_of[name]:.0f} ms); "
+        f"bucket-async's {b['messages']} cost {b['messages'] * one:.1f} ms."
+    )
 
 # %%
 # %dist_shutdown

@@ -134,9 +134,11 @@ display(Image(filename=RUN / "temporal_breakdown.png"), Image(filename=RUN / "ov
 # %%
 s = result.stages
 synced = [st for st in s.index if st != "single"]
+least = s.loc[synced, "compute_pctg"].idxmin()
 lesson.say(
-    f"Computation is {s['compute_pctg'].min():.0f}–{s['compute_pctg'].max():.0f} % of every stage's profiled "
-    f"step (the floor, single: {s.loc['single', 'compute_pctg']:.0f} %): this workload is dominated by compute.",
+    f"Computation is {s.loc[synced, 'compute_pctg'].min():.0f}–{s.loc[synced, 'compute_pctg'].max():.0f} % of the "
+    f"synced stages' profiled steps (the floor, single: {s.loc['single', 'compute_pctg']:.0f} %); the least, "
+    f"{least}, spends {100 - s.loc[least, 'compute_pctg']:.0f} % of its step communicating or waiting, on loopback.",
     f"Non-compute ranges from {s.loc[synced, 'non_compute_pctg'].min():.1f} % "
     f"({s.loc[synced, 'non_compute_pctg'].idxmin()}) to {s.loc[synced, 'non_compute_pctg'].max():.1f} % "
     f"({s.loc[synced, 'non_compute_pctg'].idxmax()}), overlap from "
@@ -173,7 +175,12 @@ result.kernels.pivot_table(index="stage", columns="kernel_type", values="percent
 #   one holds the backward up until it is done;
 # * **overlapping** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the band, bars
 #   running on while backward goes on, and whatever is still running when backward ends waited for
-#   in finish (for torch's DDP and `ddp`, inside `loss.backward()`).
+#   before the optimizer step: in finish for the ladder's stages; for torch's DDP and `ddp`, at the
+#   end of `loss.backward()`, after its last gradient (the table below says how long after).
+#
+# The colours are every step picture's: orange is communication (here a message on the wire; in
+# the breakdowns above, the share of the step when only communication ran), red the training thread
+# standing still for it.
 
 # %%
 fig = plot_timeline(result, RUN / "bucket_timeline.png")
@@ -181,8 +188,8 @@ display(Image(filename=RUN / "bucket_timeline.png"))
 
 # %% [markdown]
 # The numbers behind the plot, stage by stage: how many buckets each sent in this step, how many
-# were handed to the wire while a backward was still running, and how long after the last backward
-# the last all_reduce ended.
+# were handed to the wire while a backward was still running, how long after the last backward's
+# last gradient the last all_reduce ended, and how long before the optimizer step it did.
 
 # %%
 phases, buckets = result.phases[result.phases["rank"] == 0], result.buckets[result.buckets["rank"] == 0]
@@ -197,6 +204,10 @@ for stage in [st for st in result.stages.index if st != "single"]:
         "sent during a backward": during,
         "last backward, ms": (backward["end_us"].iloc[-1] - backward["start_us"].iloc[-1]) / 1e3,
         "last all_reduce ended, ms after the last backward": (b["comm_end_us"].max() - last_end) / 1e3,
+        "... and ms before the optimizer step": (
+            p.loc[p["phase"] == "optimizer", "start_us"].min() - b["comm_end_us"].max()
+        )
+        / 1e3,
         "step, ms": p.loc[p["phase"] == "step", "end_us"].max() / 1e3,
     }
 pd.DataFrame(rows).T.round(1)
@@ -238,18 +249,25 @@ buckets[buckets["stage"] == "bucket-async"].drop(columns=["rank", "stage"]).roun
 # %% [markdown]
 # ## The ladder on a slower network
 #
-# Over loopback, moving this model's gradients between two ranks on one machine costs a few
-# milliseconds, less than the machine's own noise over one step. On a cluster's network it is
-# another matter, and that is where the blog's story comes from. The first cell also profiled the
-# blog's six stages with every collective over the **emulated 1 Gbit/s link** that `03_build_up`
-# introduced (`minddp.comm.link`: the real all_reduce runs, and completes no earlier than the
-# modeled transfer). The link's transfers are in the traces as `minddp.link:all_reduce` ranges on
-# a thread of their own (the row "minddp link" in Perfetto), and the analysis counts them as
-# communication.
+# On loopback, what a message costs is set by this machine: its two cores, shared by both ranks'
+# training threads and gloo's threads, and whatever else runs on it (the cell below says how much
+# that was here). A cluster's network has costs of its own, the same on every run. The first cell
+# also profiled the blog's six stages with every collective over the **emulated 1 Gbit/s link** that
+# `03_build_up` introduced (`minddp.comm.link`: the real all_reduce runs, and completes no earlier
+# than the modeled transfer). The link's transfers are in the traces as `minddp.link:all_reduce`
+# ranges on a thread of their own (the row "minddp link" in Perfetto), and the analysis counts them
+# as communication.
 
 # %%
 from minddp.costmodel.figures import ladder_on_link
 
+r = result.stages
+above = (r.loc["simple", "step_time_us"] - r.loc["single", "step_time_us"]) / 1e3
+lesson.say(
+    f"On loopback, here, simple's profiled step took {abs(above):.0f} ms {'more' if above > 0 else 'less'} than "
+    f"single's, and its non-compute share was {r.loc['simple', 'non_compute_pctg']:.0f} %, ga's "
+    f"{r.loc['ga', 'non_compute_pctg']:.0f} %."
+)
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
 linked = analyze_run(LINKED)
 ladder_on_link(LINKED, analysis=linked).savefig(LINKED / "ladder_on_link.png", bbox_inches="tight")
@@ -278,7 +296,7 @@ t, r = linked.stages, result.stages
 
 
 def link_ms(stage):
-    """The modeled time of the stage's all_reduces on the link: a fixed cost per call, plus the bytes."""
+    """The modeled time of the stage's all_reduces on the link: a fixed cost 2(n−1)·α per call, plus the bytes."""
     calls, n_bytes = t.loc[stage, "allreduce_calls_per_step"], t.loc[stage, "allreduce_bytes_per_step"]
     fixed = link.seconds("all_reduce", 0, world)
     return 1e3 * (calls * fixed + link.seconds("all_reduce", n_bytes, world) - fixed)
@@ -336,25 +354,33 @@ lesson.claim(
     f"by their fixed cost only: {link_ms('hook-async') - link_ms('bucket-async'):.1f} ms of "
     f"{link_ms('hook-async'):.0f} ms.",
 )
+ov = t["comm_comp_overlap_pctg"]
+lesson.say(
+    f"On the link, bucket-async's overlap was {ov['bucket-async']:.0f} %, hook-async's {ov['hook-async']:.0f} %: "
+    f"the buckets hid {'more' if ov['bucket-async'] > ov['hook-async'] else 'less'} of their communication "
+    "(03's bucket lesson takes the difference apart)."
+)
 
 # %% [markdown]
 # Why the shares differ from the blog's (the counts and the link time are exact; the shares come
 # from one step each, on a 2-core machine shared with other work, and move from run to run):
 #
 # * **where communication runs**: on a GPU, NCCL's kernels run on their own stream beside the
-#   compute kernels, so communication can hide behind computation almost entirely (~90 %). Here
-#   the two ranks, their training threads and gloo's threads share two CPU cores: a collective
-#   needs a core that the backward is using, so less of it hides;
+#   compute kernels, so communication can hide behind computation almost entirely (the blog: ~90 %).
+#   Here the two ranks, their training threads and gloo's threads share two CPU cores: a collective
+#   needs a core that the backward may be using;
 # * **what a communication range holds**: a `gloo:*` range also lasts while gloo waits for the
 #   other rank to arrive, so a rank that is ahead counts its peer's lateness as communication;
-# * **how dear the network is**: on loopback, moving this model's gradients costs milliseconds,
-#   so non-compute is small before any idea is applied, and the ideas move it within the noise. On
-#   the emulated link, communication costs what it would on Gigabit Ethernet and the ideas show;
-#   03 checks, on every run, that each idea cut the time the link left exposed;
-# * **buckets**: their saving is a fixed cost per message. On the link it is α = 50 µs per hop,
-#   small next to the bytes; on the blog's GPUs it was also small once gradient accumulation had
-#   cut the syncs, and the blog found no clear difference either. Buckets pay where messages are
-#   many and cheap to start, at many ranks (the fixed cost grows with them: `docs/scaling.md`).
+# * **how dear the network is**: on loopback, what a message costs is set by this machine and what
+#   else runs on it (the sentence above the link's chart); on the emulated link, communication
+#   costs what it would on Gigabit Ethernet, the same on every run, and 03 checks, on every run,
+#   that each idea cut the time the link left exposed;
+# * **buckets**: what they save is the fixed cost 2(n−1)·α of each message they do not send (the
+#   last claim above computes it on this link). What they cost in return, a first bucket that
+#   leaves late in backward and a last bucket whose whole transfer comes after it, is the bucket
+#   lesson at the end of `03_build_up`: both measured on this link, the cap swept beside the
+#   step-time model, and the two async rungs compared in two of the blog's settings, its 4 × T4 and
+#   its model at 1024 ranks, where every message makes 2(n−1) hops (`docs/scaling.md`).
 #
 # For what the same stages would do at other link speeds and at 8 to 1024 ranks, see
 # `docs/scaling.md` (`python -m minddp.model project`).

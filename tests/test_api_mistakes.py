@@ -137,4 +137,4 @@ def test_every_constructor_takes_a_good_bucket_cap():
     assert not _cli_refuses(0.5)
     for name, build in _constructors().items():
         for cap in (0.5, 25, None):
-            build(cap)  # a real cap, an int, and None (torch's default, or one bucket) build
+            build(cap)  # a real cap, an int, and None (torch's default) build

@@ -134,3 +134,83 @@ def test_first_iteration_plan_matches_torchs_ddp():
         default = cap_mb is None
         got = plan_first_iteration_like_torch(ps, 25.0 if default else cap_mb, 1.0 if default else None, find_unused)
         assert got == expected, (cap_mb, find_unused, got, expected)
+
+
+def _chain():
+    """12 weights of 256 KiB, no biases: backward finishes them strictly in reverse order, so every DDP sees
+    the same gradient order and plans buckets from it alone."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(256, 256, bias=False) for _ in range(12)])
+
+
+def _plans_after_rebuild(cap_mb):
+    """The buckets of each stage at ``cap_mb`` (None: the default), and those torch's DDP hands its comm hook
+    in its third backward, after it rebuilt its plan from the order it saw (one rank)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    from minddp.ladder import build_stage
+
+    kw = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
+    out = {}
+    for stage in ("bucket", "bucket-async", "zero2"):
+        model = _chain()
+        wrapped = build_stage(stage, model, **kw)
+        where = {id(p): i for i, p in enumerate(model.parameters())}
+        if stage == "zero2":  # it holds its shards in the module: number its full parameters
+            where = {id(p): i for i, p in enumerate(wrapped.full)}
+        out[stage] = [[where[id(p)] for p in bucket] for bucket in wrapped.buckets]
+    model, seen = _chain(), []
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+
+    def hook(state, bucket):
+        seen.append([index[id(p)] for p in bucket.parameters()])
+        return allreduce_hook(state, bucket)
+
+    ddp = DistributedDataParallel(model, **kw)
+    ddp.register_comm_hook(None, hook)
+    ours = build_stage("ddp", _chain(), **kw)
+    for _ in range(3):
+        seen.clear()
+        for wrapped in (ddp, ours):
+            wrapped(torch.ones(2, 256)).sum().backward()
+    out["ddp"] = [list(b) for b in ours.reducer.plan]
+    return {"torch": seen, **out}
+
+
+def _on_one_rank():
+    from torch.nn.parallel import DistributedDataParallel
+
+    return {
+        "torch's default cap": DistributedDataParallel(torch.nn.Linear(2, 2)).bucket_bytes_cap,
+        **{cap: _plans_after_rebuild(cap) for cap in (None, 0.5)},
+    }
+
+
+@pytest.fixture(scope="module")
+def on_one_rank():
+    from minddp.runtime.launch import launch
+
+    return launch(_on_one_rank, world_size=1, backend="gloo", timeout_s=120)[0]
+
+
+def test_the_default_caps_are_torchs(on_one_rank):
+    """The stages' default (``bucket_cap_mb=None``) is torch's DDP's: 25 MiB, and a first bucket of
+    ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``; the oracles are torch's own constant and its DDP's cap."""
+    from minddp.stages.bucket_plan import DEFAULT_CAP_MB, FIRST_BUCKET_MB
+
+    assert FIRST_BUCKET_MB * MB == dist._DEFAULT_FIRST_BUCKET_BYTES
+    assert on_one_rank["torch's default cap"] == DEFAULT_CAP_MB * MB
+
+
+@pytest.mark.parametrize("cap_mb", [None, 0.5])
+def test_the_bucketed_stages_and_ddp_plan_as_torchs_ddp(on_one_rank, cap_mb):
+    """Left at None, the first bucket holds 1 MiB (4 weights of 256 KiB) and the rest shares one 25 MiB bucket;
+    a cap given is every bucket's: torch's rule, in every bucketed stage, ``zero2`` and ``ddp``; the oracle is
+    torch's DDP after its rebuild."""
+    plans = dict(on_one_rank[cap_mb])
+    want = plans.pop("torch")
+    pairs = [[11, 10], [9, 8], [7, 6], [5, 4], [3, 2], [1, 0]]
+    assert want == ([[11, 10, 9, 8], [7, 6, 5, 4, 3, 2, 1, 0]] if cap_mb is None else pairs)
+    for stage, got in plans.items():
+        assert got == want, stage

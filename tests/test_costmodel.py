@@ -158,6 +158,12 @@ def _net():
     )
 
 
+def _wide():
+    """Six layers of 1 MiB weights: torch's default cap makes a 1 MiB first bucket, then one of the rest."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(6)])
+
+
 def _cp(params, ready=None, **kw) -> ComputeProfile:
     n = len(params)
     return ComputeProfile(
@@ -171,18 +177,19 @@ def _cp(params, ready=None, **kw) -> ComputeProfile:
 
 def _plans_on_rank():
     from minddp.costmodel.compute import zero1_gather_plan
-    from minddp.ddp.plan import plan_from_order
+    from minddp.ddp.plan import plan_from_order, torch_caps
     from minddp.ladder import build_stage
     from minddp.sharding import ZeroRedundancyOptimizer
 
     out = {}
-    for cap in (0.01, 0.3, 1.0):
-        model = _net()
+    for cap in (0.01, 0.3, 1.0, None):  # None: torch's default, 25 MiB after a first bucket of 1 MiB
+        net = _net if cap else _wide
+        model = net()
         params = list(model.parameters())
         where = {id(p): i for i, p in enumerate(params)}
         cp = _cp(params)
         stage = build_stage("bucket-async", model, bucket_cap_mb=cap)
-        zero2 = build_stage("zero2", _net(), bucket_cap_mb=cap)
+        zero2 = build_stage("zero2", net(), bucket_cap_mb=cap)
         full = list(zero2.shard)  # its full parameters, in registration order
         zero2_where = {id(p): i for i, p in enumerate(full)}
         out[cap] = {
@@ -190,7 +197,7 @@ def _plans_on_rank():
                 [[where[id(p)] for p in bucket] for bucket in stage.buckets],
                 plan_for(cp, "bucket-async", cap),
             ),
-            "ddp": (plan_from_order(params, cp.ready_order(), cap, None), plan_for(cp, "ddp", cap)),
+            "ddp": (plan_from_order(params, cp.ready_order(), *torch_caps(cap)), plan_for(cp, "ddp", cap)),
             "zero2": (
                 [[zero2_where[id(p)] for p in bucket] for bucket in zero2.buckets],
                 plan_for(_cp(full), "zero2", cap),
@@ -208,13 +215,16 @@ def _plans_on_rank():
 
 
 def test_the_model_plans_the_buckets_the_stages_build():
-    for cap, by_stage in launch(_plans_on_rank, world_size=1)[0].items():
+    plans = launch(_plans_on_rank, world_size=1)[0]
+    for cap, by_stage in plans.items():
         if cap == "zero1 all-gathers":
             theirs, ours = by_stage
             assert ours == theirs and len(ours) > 1
             continue
         for stage, (theirs, ours) in by_stage.items():
             assert ours == theirs, (stage, cap)
+    # torch's default: the last layer's weight and bias (1 MiB and more) alone, then the rest in one bucket
+    assert plans[None]["bucket-async"][0] == [[11, 10], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]]
 
 
 def test_auto_picks_one_bucket_when_messages_are_dear_and_small_ones_when_bytes_are():
@@ -592,3 +602,82 @@ def test_bench_collectives_never_beats_its_link_and_its_fit_gives_a_link_back(tm
         assert f["alpha_us"] == pytest.approx(spec.latency * 1e6, rel=1e-9), f
         assert f["r2"] == pytest.approx(1.0, abs=1e-9), f
     assert "| gloo | all_reduce | 2 |" in (tmp_path / "collectives.md").read_text()
+
+
+# -- the bucket lesson: the three costs, the one-NIC queue, links sized to a machine ------------------------
+
+
+def test_the_queue_end_is_a_fifo_nic():
+    """``queue_end`` against the NIC simulated message by message (free = max(free, sent) + duration)."""
+    import random
+
+    from minddp.costmodel.buckets import queue_end
+
+    rng = random.Random(1)
+    for _ in range(200):
+        sent = sorted(rng.uniform(0, 50) for _ in range(rng.randint(1, 12)))
+        durations = [rng.uniform(0.1, 10) for _ in sent]
+        free = float("-inf")
+        for t, d in zip(sent, durations):
+            free = max(free, t) + d
+        end, k = queue_end(sent, durations)
+        assert end == pytest.approx(free)
+        assert end == pytest.approx(sent[k] + sum(durations[k:]))  # message k set it
+
+
+def test_the_three_costs_of_a_plan_worked_by_hand():
+    """Four 1 kB gradients, ready at 10, 20, 30, 40 ms of a 40 ms backward, on SLOW (a 2-rank all_reduce of
+    n kB takes n ms, no fixed cost), then on a link whose messages cost 5 ms each and bytes nothing.
+
+    SLOW, per gradient (hook-async): 1 ms each, sent at 10..40, hidden but the last: 1 ms exposed. One bucket
+    of 4 kB: sent at 40, all 4 ms after backward. A first bucket of 1.5 kB: 2 gradients, leaving at 20.
+    5 ms a message: per gradient, sends at 10, 20, 30, 40 take 5 ms each, the last ends 5 ms after backward;
+    one bucket too: the per-message cost is 20 ms against 5, but at this spacing it hides."""
+    from minddp.costmodel.buckets import plan_costs
+
+    cp = ComputeProfile(nbytes=[1000] * 4, forward=0.01, backward=0.04, ready=[0.04, 0.03, 0.02, 0.01])
+    per_gradient = plan_costs(cp, "hook-async", None, SLOW, 2)
+    one = plan_costs(cp, "bucket-async", 1, SLOW, 2)
+    assert (per_gradient.messages, one.messages) == (4, 1)
+    assert (per_gradient.first_at, one.first_at) == pytest.approx((10 * MS, 40 * MS))
+    assert (per_gradient.tail, one.tail, per_gradient.link, one.link) == pytest.approx((MS, 4 * MS, 4 * MS, 4 * MS))
+    assert (per_gradient.exposed, one.exposed) == pytest.approx((MS, 4 * MS))
+    assert one.first_gradients == 4 and one.last_bytes == 4000 and per_gradient.fixed == 0
+    first = plan_costs(cp, "bucket-async", 1, SLOW, 2, first_mb=1500 / 2**20)
+    assert (first.messages, first.first_gradients) == (2, 2) and first.first_at == pytest.approx(20 * MS)
+    dear = LinkSpec("dear", bandwidth=1e15, latency=2.5 * MS)  # 2(n−1)·α = 5 ms a message at 2 ranks
+    per_gradient, one = plan_costs(cp, "hook-async", None, dear, 2), plan_costs(cp, "bucket-async", 1, dear, 2)
+    assert (per_gradient.fixed, one.fixed) == pytest.approx((20 * MS, 5 * MS))
+    assert (per_gradient.exposed, one.exposed) == pytest.approx((5 * MS, 5 * MS), abs=1e-6)
+
+
+def test_a_link_sized_to_a_backward_keeps_both_ratios():
+    """``link_like``'s link gives back, through the link's own formula, the ratios it was asked for."""
+    from minddp.costmodel.buckets import link_like, ratios
+
+    for world in (2, 4):
+        link = link_like("x", backward_s=0.2, sync_bytes=20_000_000, bytes_ratio=0.25, message_ratio=0.01, world=world)
+        cp = ComputeProfile(nbytes=[20_000_000], forward=0.1, backward=0.2, ready=[0.2])
+        assert ratios(cp, link, world) == pytest.approx((0.25, 0.01))
+
+
+def test_a_step_on_the_link_in_the_blogs_terms():
+    """``on_the_link`` on hand-made steps: a stage that waits for each message at once hides nothing; an
+    async one hides what ran during its backward."""
+    from minddp.costmodel.buckets import on_the_link
+
+    blocking = {
+        "forward": [(0, 10)],
+        "backward": [(10, 40)],
+        "optimizer": [(50, 55)],
+        "waits": [(20, 25), (30, 35)],  # each message waited for as soon as it was handed over
+        "messages": [(20, 25), (30, 35)],
+        "sent": [20.0, 30.0],
+    }
+    seen = on_the_link(blocking)
+    assert (seen["link_ms"], seen["hidden_ms"], seen["overlap_pct"]) == (10.0, 0.0, 0.0)
+    after = dict(blocking, backward=[(10, 20)], messages=[(25, 30), (30, 35)], waits=[(25, 35)], sent=[25.0, 26.0])
+    assert on_the_link(after)["overlap_pct"] == 0.0  # sent after backward (simple): nothing to hide behind
+    overlapped = dict(blocking, waits=[(40, 45)], messages=[(20, 30), (30, 45)])
+    seen = on_the_link(overlapped)
+    assert (seen["hidden_ms"], seen["exposed_ms"], seen["end_ms"], seen["limit"]) == (20.0, 5.0, 5.0, "start")

@@ -4,9 +4,10 @@ On one machine two ranks talk over loopback, where communication is nearly free 
 lessons (why buckets, why overlap) barely show. A :class:`Link` puts a network of a given speed
 under the comm layer, so that a laptop shows what a 1 Gbit/s cluster, or four PCIe GPUs, would do.
 
-1. **the cost model** (:meth:`LinkSpec.seconds`): a link is ``β``, each port's bandwidth per
-   direction, and ``α``, the cost of one hop; collectives are rings (an all_reduce of ``S`` bytes
-   over ``N`` ranks takes ``2(N−1)/N · S/β + 2(N−1)·α``);
+1. **the cost model** (:meth:`LinkSpec.seconds`): a link is ``B``, each port's bandwidth per
+   direction (bytes/s; ``β = 1/B``, the time per byte), and ``α``, the fixed cost of one message (one
+   hop of a ring); collectives are rings (an all_reduce of ``m`` bytes over ``n`` ranks takes
+   ``2(n−1)·α + 2(n−1)/n · m·β``);
 2. **the emulation** (:meth:`Link.carry`): the real collective still runs, so every result is exact;
    the link's own thread (one NIC per rank) carries the messages one at a time and completes each
    Future no earlier than its modeled transfer has ended;
@@ -50,7 +51,8 @@ COLLECTIVES = {"all_reduce": (2, 2), "reduce_scatter": (1, 1), "all_gather": (1,
 
 @dataclass(frozen=True)
 class LinkSpec:
-    """A network by its two numbers: ``bandwidth`` β (bytes/s per rank and direction), ``latency`` α (s per hop)."""
+    """A network by its two numbers: ``bandwidth`` B (bytes/s per rank and direction; β = 1/B s per byte),
+    ``latency`` α (s per message, one hop of a ring)."""
 
     name: str
     bandwidth: float

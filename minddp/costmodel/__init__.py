@@ -4,9 +4,10 @@ Communication costs a step only where the training thread must wait for it, so t
 **profile** of one step with the waiting taken out (:mod:`.step`; read from a run's trace by
 :mod:`.trace`, or built from compute timings by :mod:`.compute`) on a **link** (:mod:`minddp.comm.link`)
 and predicts the step time, the exposed communication and the overlap (:func:`~.step.predict`). Its
-users: ``--bucket-cap-mb auto`` (:mod:`.auto`) and ``python -m minddp.model validate | project |
-predict`` (:mod:`.validate`, :mod:`.project`, :mod:`.predict`). docs/scaling.md, section 3, explains
-the model, its validation and the projections.
+users: ``--bucket-cap-mb auto`` (:mod:`.auto`), ``python -m minddp.model validate | project |
+predict`` (:mod:`.validate`, :mod:`.project`, :mod:`.runs`), and the bucket lesson of
+``notebooks/03_build_up.py`` (:mod:`.buckets`: what a bucket plan costs, links sized to a machine).
+docs/scaling.md, section 3, explains the model, its validation and the projections.
 
 Example (on one rank; a tiny run with a link, profiled, then replayed on 8 ranks)::
 

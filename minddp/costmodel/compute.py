@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minddp.costmodel.step import WAITS, Message, StepProfile
-from minddp.stages.bucket_plan import plan_buckets
+from minddp.stages.bucket_plan import DEFAULT_CAP_MB, FIRST_BUCKET_MB, plan_buckets
 
 MB = 1024 * 1024
 #: The stages that send one message per gradient: no buckets, so no cap.
@@ -76,13 +76,22 @@ class ComputeProfile:
         return sorted(range(len(self.ready)), key=lambda i: (self.ready[i], -i))
 
 
-def plan_for(cp: ComputeProfile, stage: str, bucket_cap_mb: float | None) -> list[list[int]]:
-    """The buckets ``stage`` would form (indices into the parameters), as in :mod:`minddp.stages.bucket_plan`."""
+def plan_for(
+    cp: ComputeProfile, stage: str, bucket_cap_mb: float | None, first_bucket_mb: float | None = None
+) -> list[list[int]]:
+    """The buckets ``stage`` would form (indices into the parameters), as in :mod:`minddp.stages.bucket_plan`.
+
+    ``bucket_cap_mb`` as the stages and torch's DDP take it: ``None`` is torch's default (25 MiB, the first
+    bucket 1 MiB); a cap given is every bucket's, unless ``first_bucket_mb`` caps the first (a what-if: torch
+    does that only at its default, with ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``).
+    """
     if stage in PER_GRADIENT:
         return [[i] for i in reversed(range(len(cp.nbytes)))]
+    if bucket_cap_mb is None:
+        bucket_cap_mb, first_bucket_mb = DEFAULT_CAP_MB, FIRST_BUCKET_MB
     order = list(reversed(range(len(cp.nbytes)))) if stage in ("bucket", "bucket-async", "zero2") else cp.ready_order()
     sized = [_Sized(cp.nbytes[i]) for i in order]  # plan_buckets reads numel and element_size: bytes
-    plan = plan_buckets(list(reversed(sized)), bucket_cap_mb)
+    plan = plan_buckets(list(reversed(sized)), bucket_cap_mb, first_bucket_mb)
     backwards = list(reversed(order))
     return [[backwards[j] for j in bucket] for bucket in plan]
 
@@ -109,14 +118,16 @@ def zero1_gather_plan(cp: ComputeProfile) -> list[list[int]]:
     return plan_buckets([_Sized(n) for n in cp.nbytes], BUCKET_CAP_MB)
 
 
-def synthesize(cp: ComputeProfile, stage: str, bucket_cap_mb: float | None, world: int) -> StepProfile:
-    """The step ``stage`` would take with these compute timings (module doc)."""
+def synthesize(
+    cp: ComputeProfile, stage: str, bucket_cap_mb: float | None, world: int, first_bucket_mb: float | None = None
+) -> StepProfile:
+    """The step ``stage`` would take with these compute timings (module doc; the caps as :func:`plan_for`'s)."""
     if stage not in WAITS:
         raise ValueError(
             f"the model builds the stages {', '.join(WAITS)}; got {stage!r}"
             + (" (fsdp is read from a profiled step: python -m minddp.model predict)" if stage == "fsdp" else "")
         )
-    plan = plan_for(cp, stage, bucket_cap_mb)
+    plan = plan_for(cp, stage, bucket_cap_mb, first_bucket_mb)
     bytes_of = [sum(cp.nbytes[i] for i in bucket) for bucket in plan]
     bucketed = stage not in PER_GRADIENT
     gradients = "reduce_scatter" if stage == "zero2" else "all_reduce"
@@ -167,7 +178,9 @@ def synthesize(cp: ComputeProfile, stage: str, bucket_cap_mb: float | None, worl
         for m in messages[first:]:
             m.wait_at = t
         t += cp.per_byte * cp.total_bytes * (world - 1) / world  # the others' parts copied in
-    return StepProfile(stage, world, t, messages, 0.0, f"synthesized ({stage}, cap {bucket_cap_mb})")
+    return StepProfile(
+        stage, world, t, messages, 0.0, f"synthesized ({stage}, cap {bucket_cap_mb}, first {first_bucket_mb})"
+    )
 
 
 # -- measured ---------------------------------------------------------------------------------------------

@@ -1,9 +1,14 @@
 """Figures for the notebooks: the ladder on a slow link, measured and predicted.
 
 From a run folder of ``python -m minddp.train --stage all --link <link>``: :func:`ladder_on_link`,
-per stage, where the step's time goes (compute, waited-for communication, idle) and how much of the
-communication hid behind compute (the blog's breakdown and overlap charts); :func:`predicted_ladder`,
-per stage, the step the model predicts on each of several links beside the measured one.
+per stage, where the step's time goes (compute, non-compute: only communication running, idle) and how
+much of the communication hid behind compute (the blog's breakdown and overlap charts);
+:func:`predicted_ladder`, per stage, the step the model predicts on each of several links beside the
+measured one. :func:`bucket_sweep`: exposed communication against the bucket cap, the model's curves beside
+measured caps, with the three costs of a plan (:mod:`minddp.costmodel.buckets`) under it;
+:func:`settings_ladder`: overlap and waiting per stage in several settings. Colours as in
+every step picture (:mod:`minddp.analysis.timeline`): orange is communication, red the training thread
+waiting for it (exposed).
 
 Example (on one rank; a tiny run with a link, profiled)::
 
@@ -22,6 +27,17 @@ Example (on one rank; a tiny run with a link, profiled)::
     >>> fig = predicted_ladder(run.name, links=["100mbit", "1gbit", "10gbit"])
     >>> [t.get_text() for t in fig.axes[0].get_xticklabels()], len(fig.axes[0].patches)   # 2 bars a link
     (['bucket-async'], 6)
+    >>> from minddp.costmodel.buckets import plan_costs
+    >>> from minddp.costmodel.compute import ComputeProfile
+    >>> cp = ComputeProfile(nbytes=[4_000_000] * 4, forward=0.02, backward=0.04, ready=[0.04, 0.03, 0.02, 0.01])
+    >>> curve = [plan_costs(cp, "bucket-async", cap, "1gbit", 2) for cap in (1, 4, 8, 16)]
+    >>> fig = bucket_sweep({"model": curve}, measured=[(4, 70.0, "measured")], per_gradient={"hook-async": 40.0})
+    >>> [ax.get_ylabel() for ax in fig.axes]
+    ['exposed communication (ms)', 'ms (log scale)']
+    >>> runs = {"hook-async": {"overlap_pct": 99.0, "exposed (waited), ms": 0.0},
+    ...         "bucket-async": {"overlap_pct": 90.0, "exposed (waited), ms": 4.0}}
+    >>> len(settings_ladder({"here": runs, "there": runs}).axes[0].patches)     # a bar per stage and setting
+    4
 """
 
 from __future__ import annotations
@@ -57,7 +73,7 @@ def ladder_on_link(run, ax=None, analysis=None):
     bottom = [0.0] * len(names)
     for column, label, color in [
         ("compute_pctg", "compute", "#4c72b0"),
-        ("non_compute_pctg", "waiting for communication", "#dd8452"),
+        ("non_compute_pctg", "non-compute: only communication running", "#dd8452"),
         ("idle_pctg", "idle", "#cccccc"),
     ]:
         values = list(stages[column])
@@ -107,4 +123,76 @@ def predicted_ladder(run, links: list[str], ax=None):
     return ax.figure
 
 
-__all__ = ["ladder_on_link", "predicted_ladder"]
+def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, title: str = ""):
+    """Exposed communication against the cap (top) and the three costs of each plan (below). Returns the figure.
+
+    ``curves``: label -> [:class:`~minddp.costmodel.buckets.PlanCosts`, one per cap] (the first curve's costs
+    are drawn below); ``measured``: ``(cap MiB, exposed ms, label)`` points; ``per_gradient``: label ->
+    exposed ms, drawn as horizontal lines (a stage without buckets has no cap).
+    """
+    import matplotlib.pyplot as plt
+
+    fig, (top, low) = plt.subplots(2, 1, figsize=(8, 6.2), sharex=True, height_ratios=[3, 2])
+    styles = ["-", "--", ":"]
+    for (label, costs), style in zip(curves.items(), styles):
+        top.plot([c.cap_mb for c in costs], [1e3 * c.exposed for c in costs], style, color="#d62728", label=label)
+    markers: dict[str, str] = {}
+    for cap, ms, label in measured:
+        first = label not in markers
+        marker = markers.setdefault(label, "osD^"[len(markers) % 4])
+        top.plot(
+            [cap],
+            [ms],
+            marker,
+            color="#d62728",
+            mfc="white" if marker != "o" else "#d62728",
+            label=label if first else None,
+        )
+    for (label, ms), style in zip((per_gradient or {}).items(), styles):
+        top.axhline(ms, color="#555555", ls=style, lw=1, label=label)
+    top.set(xscale="log", ylabel="exposed communication (ms)", ylim=(0, None))
+    top.legend(fontsize=7, loc="upper left")
+    top.set_title(title, fontsize=9)
+    costs = next(iter(curves.values()))
+    caps = [c.cap_mb for c in costs]
+    for values, label, color in [
+        ([1e3 * c.fixed for c in costs], "per-message cost: buckets × 2(n−1)·α", "#8172b3"),
+        ([1e3 * c.first_at for c in costs], "first bucket leaves, into the last backward", "#4c72b0"),
+        ([1e3 * c.tail for c in costs], "last bucket's transfer, after backward", "#dd8452"),
+    ]:
+        low.plot(caps, values, "-", color=color, label=label)
+    low.set(xlabel="bucket cap (MiB, log scale)", ylabel="ms (log scale)", yscale="log")
+    low.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def settings_ladder(settings: dict, title: str = ""):
+    """Per stage, overlap (top) and the link time the step waited for (below), one bar per setting.
+
+    ``settings``: setting name -> {stage -> a dict with ``overlap_pct`` and ``exposed (waited), ms``}, as
+    :func:`minddp.costmodel.buckets.on_the_link` and a look give them. Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+
+    stages = list(dict.fromkeys(s for runs in settings.values() for s in runs))
+    fig, (top, low) = plt.subplots(2, 1, figsize=(1.3 * len(stages) + 2.5, 5.4), sharex=True)
+    width = 0.8 / len(settings)
+    for j, (name, runs) in enumerate(settings.items()):
+        xs = [i + (j - (len(settings) - 1) / 2) * width for i in range(len(stages))]
+        color = ["#4c72b0", "#8172b3", "#55a868"][j % 3]
+        top.bar(xs, [runs[s]["overlap_pct"] if s in runs else 0 for s in stages], width, color=color, label=name)
+        low.bar(xs, [runs[s]["exposed (waited), ms"] if s in runs else 0 for s in stages], width, color=color)
+        for x, s in zip(xs, stages):
+            if s not in runs:
+                top.annotate("not run", (x, 2), ha="center", fontsize=6, rotation=90)
+    top.set(ylabel="overlap: % of communication\nunder compute", ylim=(0, 105))
+    top.set_title(title, fontsize=9)
+    top.legend(fontsize=7, loc="upper left")
+    low.set(ylabel="waited for the link (ms, log)", yscale="symlog")
+    low.set_xticks(range(len(stages)), stages, rotation=20)
+    fig.tight_layout()
+    return fig
+
+
+__all__ = ["ladder_on_link", "predicted_ladder", "bucket_sweep", "settings_ladder"]

@@ -32,15 +32,13 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from minddp.comm.plain import broadcast, resolve_group
 from minddp.ddp.buffers import broadcast_coalesced
 from minddp.ddp.join import ShadowingJoinHook, highest_rank
+from minddp.ddp.plan import torch_caps
 from minddp.ddp.reducer import Reducer
 from minddp.runtime.envflags import env_flag
 from minddp.runtime.nested import map_tensors
 from minddp.stages.bucket_plan import check_bucket_cap_mb
 from minddp.stages.checks import check_same_model
 from minddp.stages.grad_accum import GradAccumDDP
-
-DEFAULT_BUCKET_CAP_MB = 25.0
-DEFAULT_FIRST_BUCKET_CAP_MB = 1.0
 
 
 class DistributedDataParallel(nn.Module, Joinable):
@@ -71,8 +69,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
-        self.bucket_cap_mb = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
-        self.first_bucket_cap_mb = DEFAULT_FIRST_BUCKET_CAP_MB if bucket_cap_mb is None else None
+        self.bucket_cap_mb, self.first_bucket_cap_mb = torch_caps(bucket_cap_mb)
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
         self._divide_by_initial_world_size = True  # uneven inputs (join): divide by the world, as torch

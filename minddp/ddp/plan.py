@@ -1,9 +1,12 @@
 """The production DDP's bucket plans: torch's first-iteration plan, and the plan rebuilt from observed order.
 
 :mod:`minddp.stages.bucket` plans once, from registration order. torch's DDP, and so this one, does
-two things more, to train bit for bit like torch from the first step and to launch buckets as early
+three things more, to train bit for bit like torch from the first step and to launch buckets as early
 as the real gradient order allows:
 
+0. **the caps** (:func:`torch_caps`): ``bucket_cap_mb`` left at ``None`` means 25 MiB buckets and a first
+   bucket of ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`` (1 MiB), read when the DDP is built, as torch
+   reads it; a cap given is every bucket's, the first's too (the teaching stages apply the same rule);
 1. **the first iteration** (:func:`plan_first_iteration_like_torch`): one bucket per (dtype, device)
    in registration order (capped buckets, launched last-filled first, with ``find_unused_parameters``);
 2. **the rebuild**, once, at the forward after the first synced backward: rank 0 broadcasts the order
@@ -14,6 +17,8 @@ Why the first plan decides the rounding: ``docs/ddp.md`` (The bucket plans).
 
 Example (4 KiB weights, 64 B biases)::
 
+    >>> torch_caps(None), torch_caps(4)
+    ((25.0, 1.0), (4, None))
     >>> params = [torch.zeros(32, 32), torch.zeros(16), torch.zeros(32, 32), torch.zeros(16)]
     >>> plan_first_iteration_like_torch(params, 25, 1, find_unused_parameters=False)
     [[0, 1, 2, 3]]
@@ -27,7 +32,17 @@ import torch
 import torch.distributed as dist
 
 from minddp.runtime.device import message_device
-from minddp.stages.bucket_plan import plan_buckets
+from minddp.stages.bucket_plan import DEFAULT_CAP_MB, MB, plan_buckets
+
+
+def torch_caps(bucket_cap_mb: float | None) -> tuple[float, float | None]:
+    """Step 0: ``(cap, first bucket's cap or None)`` as torch's DDP sets them from its ``bucket_cap_mb``.
+
+    At the default, the first cap is torch's own knob, read now as torch reads it when it builds its DDP.
+    """
+    return (
+        (bucket_cap_mb, None) if bucket_cap_mb is not None else (DEFAULT_CAP_MB, dist._DEFAULT_FIRST_BUCKET_BYTES / MB)
+    )
 
 
 def plan_first_iteration_like_torch(

@@ -69,14 +69,15 @@ def data():
     )
 
 
-def make_model(seed: int | None = None) -> torch.nn.Module:
+def make_model(seed: int | None = None, name: str | None = None) -> torch.nn.Module:
     """The same weights in every process that passes the same seed (default: the settings' seed), on this
-    rank's device (:func:`minddp.runtime.device.current_device`: a GPU where the ranks have one, else the CPU)."""
+    rank's device (:func:`minddp.runtime.device.current_device`: a GPU where the ranks have one, else the CPU);
+    ``name``: another offline preset than the settings' (the same data)."""
     from minddp.train.models import build_model
 
     d = data()
     return build_model(
-        SETTINGS.model,
+        name or SETTINGS.model,
         vocab_size=d.vocab_size,
         pad_token_id=d.pad_token_id,
         seed=SETTINGS.seed if seed is None else seed,
@@ -99,9 +100,9 @@ def describe() -> str:
     )
 
 
-def step_batches(whole: bool = False):
+def step_batches(whole: bool = False, grad_accum: int | None = None):
     """This rank's micro-batches, step after step, on this rank's device; ``whole=True``: the global batch
-    (every rank's shard)."""
+    (every rank's shard); ``grad_accum``: micro-batches per step, if not the settings'."""
     from minddp.train.data import step_batches as batches
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -110,7 +111,7 @@ def step_batches(whole: bool = False):
         steps = batches(
             d.train,
             batch_size=SETTINGS.batch_size * world,
-            grad_accum=SETTINGS.grad_accum,
+            grad_accum=grad_accum or SETTINGS.grad_accum,
             num_replicas=1,
             rank=0,
             seed=SETTINGS.seed,
@@ -120,7 +121,7 @@ def step_batches(whole: bool = False):
         steps = batches(
             d.train,
             batch_size=SETTINGS.batch_size,
-            grad_accum=SETTINGS.grad_accum,
+            grad_accum=grad_accum or SETTINGS.grad_accum,
             num_replicas=world,
             rank=rank,
             seed=SETTINGS.seed,
@@ -149,6 +150,8 @@ class Trainee:
     ``"ring"``): the stage's collectives are written from point-to-point
     messages, each in a range naming its collective (:func:`labelled`), so a
     look counts the bytes they really sent (``look()["sent"]``).
+    ``bucket_cap_mb`` (``None``: torch's default), ``model`` (an offline
+    preset) and ``grad_accum`` replace the settings' for this trainee only.
     """
 
     def __init__(
@@ -160,6 +163,9 @@ class Trainee:
         warmup: int | None = None,
         link: str | None = None,
         transport: str | None = None,
+        bucket_cap_mb: float | None = SETTINGS.bucket_cap_mb,
+        model: str = SETTINGS.model,
+        grad_accum: int = SETTINGS.grad_accum,
     ):
         from minddp.collectives import TRANSPORTS
         from minddp.comm.link import as_link
@@ -173,16 +179,16 @@ class Trainee:
         wire = Wire(None, transport=sends, traffic=self.traffic, link=self.link)
         self.model = wrap(
             stage,
-            make_model(),
+            make_model(name=model),
             hook=hook,
-            bucket_cap_mb=SETTINGS.bucket_cap_mb,
+            bucket_cap_mb=bucket_cap_mb,
             wire=wire,
             powersgd_options=powersgd_options,
             measure=self.traffic if measure_error else None,
         )
         # the stage's optimizer: ZeRO-1's sharded one, the shards of zero2 and fsdp (minddp.ladder.make_optimizer)
         self.optimizer = make_optimizer(stage, self.model, torch.optim.AdamW, hook=hook, wire=wire, lr=SETTINGS.lr)
-        self.batches = step_batches()
+        self.batches = step_batches(grad_accum=grad_accum)
         self.losses: list[float] = []  #: the global batch's loss, every step taken
         self.wire: list[dict] = []  #: minddp's traffic meter, every step taken
         for _ in range(SETTINGS.warmup if warmup is None else warmup):

@@ -45,8 +45,8 @@ from minddp.stages.bucket_async import AsyncBucketDDP
 class Zero2DDP(AsyncBucketDDP):
     """bucket-async whose buckets are reduce-scattered into per-rank gradient shards (module doc)."""
 
-    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = 25):
-        super().__init__(module, process_group, bucket_cap_mb)  # broadcast, autograd hooks, bucket plan
+    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = None):
+        super().__init__(module, process_group, bucket_cap_mb)  # broadcast, autograd hooks, bucket plan (torch's rule)
         self.comm_hook = reduce_scatter_hook
         wire = Wire.of(process_group)
         self.world, self.rank = wire.size(), wire.group.rank()

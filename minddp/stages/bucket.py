@@ -32,18 +32,21 @@ from torch import nn
 
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
-from minddp.stages.bucket_plan import plan_buckets
+from minddp.stages.bucket_plan import DEFAULT_CAP_MB, FIRST_BUCKET_MB, plan_buckets
 from minddp.stages.hook import HookDDP
 
 
 class BucketDDP(HookDDP):
     """Coalesce gradients into flat buckets; one comm-hook call per bucket."""
 
-    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = 25):
+    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = None):
         super().__init__(module, process_group)
         params = [p for p in module.parameters() if p.requires_grad]
         self.bucket_cap_mb = bucket_cap_mb
-        self.buckets = [[params[i] for i in b] for b in plan_buckets(params, bucket_cap_mb)]  # step 1
+        # torch's rule: left at None, buckets of 25 MiB but a first one (the last layers) of 1 MiB, so that the
+        # first all_reduce starts early in backward; a cap given is every bucket's (docs/ladder.md, "The bucket lesson")
+        cap, first = (DEFAULT_CAP_MB, FIRST_BUCKET_MB) if bucket_cap_mb is None else (bucket_cap_mb, None)
+        self.buckets = [[params[i] for i in b] for b in plan_buckets(params, cap, first)]  # step 1
         self.bucket_of = {p: b for b, members in enumerate(self.buckets) for p in members}
         self.waiting = [len(members) for members in self.buckets]  # gradients each bucket waits for
 

@@ -36,7 +36,7 @@ from torch import nn
 
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
-from minddp.stages.bucket_plan import plan_buckets
+from minddp.stages.bucket_plan import DEFAULT_CAP_MB, FIRST_BUCKET_MB, plan_buckets
 from minddp.stages.grad_accum import GradAccumDDP
 
 
@@ -49,11 +49,14 @@ class AsyncBucketDDP(GradAccumDDP):
     and copy each average back into ``.grad``.
     """
 
-    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = 25):
+    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = None):
         super().__init__(module, process_group)  # ga: broadcast, checks, no_sync
         params = [p for p in module.parameters() if p.requires_grad]
         self.bucket_cap_mb = bucket_cap_mb
-        self.buckets = [[params[i] for i in b] for b in plan_buckets(params, bucket_cap_mb)]  # step 1
+        # torch's rule: left at None, buckets of 25 MiB but a first one (the last layers) of 1 MiB, so that the
+        # first all_reduce starts early in backward; a cap given is every bucket's (docs/ladder.md, "The bucket lesson")
+        cap, first = (DEFAULT_CAP_MB, FIRST_BUCKET_MB) if bucket_cap_mb is None else (bucket_cap_mb, None)
+        self.buckets = [[params[i] for i in b] for b in plan_buckets(params, cap, first)]  # step 1
         self.bucket_of = {p: b for b, members in enumerate(self.buckets) for p in members}
         self.waiting = [len(members) for members in self.buckets]  # gradients each bucket waits for
         self.in_flight: list[tuple[GradBucket, torch.futures.Future]] = []  # sent, not yet waited for

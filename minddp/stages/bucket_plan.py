@@ -8,7 +8,11 @@ Rules (the ones torch's DDP applies; a test checks the plan against torch's own
 2. close the current bucket as soon as it holds ``bucket_cap_mb`` (MiB, a float) or more, so a
    bucket overshoots the cap by at most its last parameter;
 3. ``bucket_cap_mb=None`` means no cap: everything in one bucket;
-4. parameters of different dtype or device never share a bucket (a flat buffer has one of each).
+4. parameters of different dtype or device never share a bucket (a flat buffer has one of each);
+5. ``first_bucket_cap_mb``, if given, caps the first bucket of each dtype instead: torch's DDP, left at its
+   default cap (:data:`DEFAULT_CAP_MB`), makes its first bucket :data:`FIRST_BUCKET_MB` (1 MiB), so that the
+   first all_reduce starts early in backward rather than after 25 MiB of gradients (``docs/ladder.md``,
+   "The bucket lesson").
 
 Example (4 KiB weights, 64 B biases; a cap of 4 KiB = 1/256 MiB)::
 
@@ -19,6 +23,8 @@ Example (4 KiB weights, 64 B biases; a cap of 4 KiB = 1/256 MiB)::
     [[3, 2], [1, 0]]
     >>> plan_buckets([w1, b1.double(), w2, b2], bucket_cap_mb=None)     # one dtype per bucket
     [[3, 2, 0], [1]]
+    >>> plan_buckets([w1, b1, w2, b2], bucket_cap_mb=1, first_bucket_cap_mb=1 / 1024)   # a 1 KiB first bucket
+    [[3, 2], [1, 0]]
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ from numbers import Real
 import torch
 
 MB = 1024 * 1024
+#: torch's DDP when ``bucket_cap_mb`` is left out (``None``): buckets of 25 MiB...
+DEFAULT_CAP_MB = 25.0
+#: ...except the first, of 1 MiB: ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`` (a test compares them).
+FIRST_BUCKET_MB = 1.0
 
 
 def check_bucket_cap_mb(cap) -> None:
@@ -44,7 +54,7 @@ def check_bucket_cap_mb(cap) -> None:
         (None, None)
         >>> check_bucket_cap_mb("25")
         Traceback (most recent call last):
-        TypeError: bucket_cap_mb must be a number of MiB (or None: one bucket), got '25' (a str): pass bucket_cap_mb=25
+        TypeError: bucket_cap_mb must be a number of MiB or None (the default), got '25' (a str): pass bucket_cap_mb=25
     """
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, Real) or not 0 < cap < math.inf):
         raise _refusal(cap)
@@ -55,14 +65,14 @@ def _refusal(bucket_cap_mb) -> Exception:
     if isinstance(bucket_cap_mb, Real) and not isinstance(bucket_cap_mb, bool):
         return ValueError(
             f"bucket_cap_mb must be a finite number of MiB above 0, got {bucket_cap_mb!r}: pass a size such as 25 "
-            "(torch's default), or None for one bucket"
+            "(torch's default cap), or None for torch's default"
         )
     try:
         hint = f"bucket_cap_mb={float(bucket_cap_mb):g}" if isinstance(bucket_cap_mb, str) else "a number such as 25"
     except ValueError:
         hint = "a number such as 25"
     return TypeError(
-        f"bucket_cap_mb must be a number of MiB (or None: one bucket), got {bucket_cap_mb!r} "
+        f"bucket_cap_mb must be a number of MiB or None (the default), got {bucket_cap_mb!r} "
         f"(a {type(bucket_cap_mb).__name__}): pass {hint}"
     )
 
@@ -70,12 +80,7 @@ def _refusal(bucket_cap_mb) -> Exception:
 def plan_buckets(
     params: list[torch.Tensor], bucket_cap_mb: float | None, first_bucket_cap_mb: float | None = None
 ) -> list[list[int]]:
-    """Group parameter indices into buckets; returns indices into ``params``.
-
-    ``first_bucket_cap_mb`` lets the first bucket of each dtype be smaller
-    (torch's DDP uses 1 MiB when ``bucket_cap_mb`` is left at its default), so
-    the first all_reduce starts as early as possible.
-    """
+    """Group parameter indices into buckets (rules 1-5 of the module doc); returns indices into ``params``."""
     check_bucket_cap_mb(bucket_cap_mb)
     open_buckets: dict[tuple, list[int]] = {}  # (dtype, device) -> bucket being filled
     open_bytes: dict[tuple, int] = {}
@@ -84,16 +89,16 @@ def plan_buckets(
 
     def cap_bytes(key: tuple) -> float:
         if bucket_cap_mb is None:
-            return float("inf")  # step 3
+            return float("inf")  # rule 3
         first = first_bucket_cap_mb is not None and n_closed.get(key, 0) == 0
-        return int((first_bucket_cap_mb if first else bucket_cap_mb) * MB)  # whole bytes, as torch
+        return int((first_bucket_cap_mb if first else bucket_cap_mb) * MB)  # rule 5; whole bytes, as torch
 
-    for index in reversed(range(len(params))):  # step 1
+    for index in reversed(range(len(params))):  # rule 1
         p = params[index]
-        key = (p.dtype, p.device)  # step 4
+        key = (p.dtype, p.device)  # rule 4
         open_buckets.setdefault(key, []).append(index)
         open_bytes[key] = open_bytes.get(key, 0) + p.numel() * p.element_size()
-        if open_bytes[key] >= cap_bytes(key):  # step 2
+        if open_bytes[key] >= cap_bytes(key):  # rule 2
             closed.append(open_buckets.pop(key))
             open_bytes[key] = 0
             n_closed[key] = n_closed.get(key, 0) + 1

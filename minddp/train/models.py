@@ -3,7 +3,8 @@
 The train command fine-tunes a *sequence classifier*: a decoder-only language model whose last
 non-padding token feeds a small classification head. ``--model`` takes an offline preset
 (:data:`OFFLINE_PRESETS`: ``tiny-llama``, the offline default, about 80 k parameters; ``small-llama``,
-about 5 M, where compute dominates a CPU step; ``medium-llama``; ``smollm2-360m``, the blog's
+about 5 M, where compute dominates a CPU step; ``medium-llama``; ``deep-llama``, 32 narrow layers with
+SmolLM2's 291 gradient tensors; ``smollm2-360m``, the blog's
 architecture with random weights), built with a seeded random init and no download; or a Hugging
 Face model id or local directory (``AutoModelForSequenceClassification.from_pretrained``).
 :func:`build_model` (1) seeds torch's generator, so every process builds the very same weights,
@@ -57,6 +58,17 @@ OFFLINE_PRESETS = {
         intermediate_size=1408,
         num_hidden_layers=9,
         num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    ),
+    # SmolLM2-360M's 32 layers at CPU size: its count of gradient tensors (291: 32 × 9, the embedding, the final
+    # norm, the classifier), each small, for the bucket lesson (notebooks/03_build_up.py): many messages per sync.
+    "deep-llama": dict(
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=32,
+        num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
         tie_word_embeddings=True,
