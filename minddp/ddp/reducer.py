@@ -210,6 +210,13 @@ class Reducer:
                 "results, e.g. a gradient penalty alone): make the loss use the outputs too (e.g. add "
                 "0 * output.sum()), as torch's DDP requires"
             )
+        frozen = [n for n in self.unfinished if not self.params[self.names.index(n)].requires_grad]
+        if frozen:  # not unused: frozen after the wrapper was built, which find_unused_parameters does not fix
+            raise RuntimeError(
+                f"parameters {frozen} have requires_grad=False on rank {dist.get_rank(self.group)}, but required grad "
+                "when DistributedDataParallel was built, so this rank sent zeros for them: set requires_grad before "
+                "wrapping, the same on every rank (find_unused_parameters=True does not fix a frozen parameter)"
+            )
         if self.unfinished:
             raise RuntimeError(
                 "Expected to have finished reduction in the prior iteration before starting a new one. "

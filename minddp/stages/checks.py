@@ -34,7 +34,9 @@ from minddp.stages.graph import parameters_reached
 
 def check_same_model(module: nn.Module, group: dist.ProcessGroup | None) -> None:
     """Step 1: raise on every rank unless all ranks hold parameters of the same names, shapes, dtypes."""
-    mine = [(name, tuple(p.shape), str(p.dtype).replace("torch.", "")) for name, p in module.named_parameters()]
+    mine = [
+        (n, tuple(p.shape), str(p.dtype).replace("torch.", ""), p.requires_grad) for n, p in module.named_parameters()
+    ]
     everyone: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, mine, group=group)
     reference = everyone[0]
@@ -44,12 +46,13 @@ def check_same_model(module: nn.Module, group: dist.ProcessGroup | None) -> None
                 f"DistributedDataParallel expects the same model across all ranks, but rank {rank} has "
                 f"{len(theirs)} parameters while rank 0 has {len(reference)}: build the same model on every rank"
             )
-        for (n0, s0, d0), (n, s, d) in zip(reference, theirs):
-            if (n0, s0, d0) != (n, s, d):
+        for (n0, s0, d0, g0), (n, s, d, g) in zip(reference, theirs):
+            if (n0, s0, d0, g0) != (n, s, d, g):
                 raise RuntimeError(
                     f"DistributedDataParallel expects the same model across all ranks: parameter {n!r} on "
-                    f"rank {rank} has shape {list(s)} dtype {d}, but rank 0's {n0!r} has shape {list(s0)} "
-                    f"dtype {d0} (size mismatch); build the same model (same config) on every rank"
+                    f"rank {rank} has shape {list(s)} dtype {d} requires_grad={g}, but rank 0's {n0!r} has shape "
+                    f"{list(s0)} dtype {d0} requires_grad={g0} ({'requires_grad' if g != g0 else 'size'} mismatch); "
+                    "build the same model (same config, the same parameters frozen) on every rank before wrapping"
                 )
 
 

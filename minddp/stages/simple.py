@@ -34,6 +34,7 @@ from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
 from minddp.runtime import compat
 from minddp.stages.checks import ParameterUse, check_same_model
+from minddp.stages.debug import watch
 
 
 class SimpleDDP(nn.Module):
@@ -50,6 +51,7 @@ class SimpleDDP(nn.Module):
         # How gradients travel: plain averaging unless another hook is registered (once, as torch allows).
         self.comm_hook, self.comm_state, self.hook_registered = allreduce_hook, process_group, False
         self.parameters_used = ParameterUse(module, process_group)
+        self.watch = watch(self, module, process_group)  # MINDDP_DEBUG=1: docs/debugging.md; else None
 
     def register_comm_hook(self, state, hook) -> None:
         """Send gradients through ``hook(state, bucket) -> Future[Tensor]`` instead of plain averaging; once."""
