@@ -17,10 +17,10 @@ stages' too: :mod:`minddp.stages.debug`. More: ``docs/debugging.md``.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> from minddp import DistributedDataParallel
-    >>> ddp = DistributedDataParallel(torch.nn.Linear(4, 2), debug=True)
-    >>> type(ddp.reducer).__name__
-    'DebugReducer'
+    >>> bucket = torch.ones(3)
+    >>> checked_sum(bucket, torch.distributed.group.WORLD)     # every rank's bucket summed in place
+    >>> bucket
+    tensor([1., 1., 1.])
 """
 
 from __future__ import annotations

@@ -186,14 +186,6 @@ def install() -> None:
         sys.excepthook = note_error
 
 
-def start(flag: bool | None = None) -> bool:
-    """Debug mode for a wrapper built with ``debug=flag`` (None: ``MINDDP_DEBUG``); installs the check when on."""
-    on = debug.turn_on(flag)
-    if on:
-        install()
-    return on
-
-
 # -- step 3: compare ---------------------------------------------------------------------------------------
 
 

@@ -48,13 +48,11 @@ def enabled() -> bool:
 def turn_on(flag: bool | None) -> bool:
     """A wrapper's ``debug=`` argument: True turns debug mode on for this process, None follows the environment.
 
-    Returns whether debug mode is now on (the caller then installs the collective check:
-    :func:`minddp.runtime.collective_check.start` does both).
+    Returns whether this wrapper runs in debug mode (``debug=False``: this one does not).
     """
     global _forced
-    if flag:
-        _forced = True
-    return bool(flag) if flag is not None else enabled()
+    _forced = True if flag else _forced
+    return enabled() if flag is None else flag
 
 
 def at_step(step: int) -> None:

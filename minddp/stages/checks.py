@@ -4,8 +4,8 @@ Two ranks that disagree on what they send do not fail cleanly: they hang, or sum
 gradient with another's and silently diverge. So the stages check, each with one small collective,
 and raise the same error on every rank:
 
-1. :func:`check_same_model`, at construction: every rank's parameters (name, shape, dtype)
-   all-gathered and compared;
+1. :func:`check_same_model`, at construction: every rank's parameters (name, shape, dtype,
+   ``requires_grad``: a layer frozen on some ranks would pair unrelated gradients) all-gathered and compared;
 2. :class:`ParameterUse`, once per synced step: each forward notes locally which parameters its
    graph reaches; before the step's first gradient is sent, the notes are all-gathered and a
    parameter used on some ranks only is named (such a model needs ``find_unused_parameters=True``).
@@ -33,9 +33,9 @@ from minddp.stages.graph import parameters_reached
 
 
 def check_same_model(module: nn.Module, group: dist.ProcessGroup | None) -> None:
-    """Step 1: raise on every rank unless all ranks hold parameters of the same names, shapes, dtypes."""
+    """Step 1: raise on every rank unless all ranks hold parameters of the same names, shapes, dtypes, requires_grad."""
     mine = [
-        (n, tuple(p.shape), str(p.dtype).replace("torch.", ""), p.requires_grad) for n, p in module.named_parameters()
+        (n, tuple(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad) for n, p in module.named_parameters()
     ]
     everyone: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, mine, group=group)

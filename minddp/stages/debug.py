@@ -25,7 +25,7 @@ Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
     >>> watch(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), None) is None    # MINDDP_DEBUG unset: nothing
     True
     >>> fingerprints([torch.ones(3), None], torch.device("cpu"))             # the bits of 1.0 (0x3f800000) x 3
-    tensor([3195011072,          0])
+    tensor([3196059648,          0])
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ _hooked: list = []
 
 def watch(wrapper: nn.Module, module: nn.Module, group, flag: bool | None = None) -> "Watch | None":
     """Debug mode's checks for ``wrapper`` around ``module`` (``flag``: a ``debug=`` argument); None when off."""
-    return Watch(wrapper, module, group) if collective_check.start(flag) else None
+    return Watch(wrapper, module, group) if debug.turn_on(flag) else None
 
 
 def fingerprints(tensors: list, device: torch.device) -> torch.Tensor:
@@ -71,6 +71,7 @@ class Watch:
     """The checks of one wrapper (module doc, steps 1-3), run from hooks: the wrapper's code is unchanged."""
 
     def __init__(self, wrapper: nn.Module, module: nn.Module, group):
+        collective_check.install()  # the script's collectives, and the wrapper's, are checked from now on
         self.wrapper = weakref.ref(wrapper)
         self.name = type(wrapper).__name__
         self.group = dist.group.WORLD if group is None else group
