@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import sys
 
 import torch
@@ -116,7 +117,52 @@ def train(kind: str, impl: str, steps: int = STEPS) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()])
 
 
+def record(kinds: list[str], bound_s: float = 90.0) -> None:
+    """Print a markdown table: what each script does under torchrun with torch's DDP and with minddp's in debug mode.
+
+    Each job is bounded (``bound_s``); a job still running then is ended (every process it started) and
+    recorded as a hang. ``docs/debugging.md`` holds the table this printed.
+    """
+    import os
+    import subprocess
+    import time
+
+    from processes import run_torchrun, torchrun_args
+
+    print("| script | torch's DDP | minddp's DDP, `MINDDP_DEBUG=1` |\n|---|---|---|")
+    for kind in kinds:
+        cells = []
+        for impl, flag in (("torch", "0"), ("minddp", "1")):
+            env = dict(os.environ, MINDDP_DEBUG=flag, PYTHONPATH=os.pathsep.join(sys.path))
+            start = time.monotonic()
+            try:
+                done = run_torchrun(torchrun_args(__file__, kind, impl), timeout=bound_s, env=env)
+                cells.append(_outcome(done.returncode, done.stdout + done.stderr, time.monotonic() - start))
+            except subprocess.TimeoutExpired:
+                cells.append(f"still running after {bound_s:.0f} s: hangs (ended by the recorder)")
+        print(f"| `{kind}`: {KINDS[kind]} | " + " | ".join(cells) + " |", flush=True)
+
+
+def _outcome(code: int, output: str, seconds: float) -> str:
+    """A job's exit and the line that says why (minddp's debug line, else the last error), or what it left."""
+    lines = [line.split("]: ", 1)[-1].strip() for line in output.splitlines()]
+    said = [line.split("DebugError: ", 1)[-1] for line in lines if "minddp debug (rank" in line]
+    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception)\b.*: ", line)]
+    sums = set(re.findall(r"rank \d+: done, parameter checksum (\S+)", output))
+    if said or errors:
+        why = said[0] if said else errors[-1]
+        why = why if len(why) <= 300 else why[:297] + "..."
+    elif len(sums) > 1:
+        why = "nothing said; the ranks end with different parameters"
+    else:
+        why = "nothing said; the ranks end with the same parameters"
+    return f"exit {code}: {why.replace('|', '/')}"
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--record":  # python tests/debug_bugs.py --record [kind ...]
+        record(sys.argv[2:] or list(KINDS))
+        sys.exit(0)
     kind, impl = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "minddp"
     dist.init_process_group("gloo")
     params = train(kind, impl)
