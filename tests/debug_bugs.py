@@ -146,7 +146,7 @@ def record(kinds: list[str], bound_s: float = 90.0) -> None:
 def _outcome(code: int, output: str, seconds: float) -> str:
     """A job's exit and the line that says why (minddp's debug line, else the last error), or what it left."""
     lines = [line.split("]: ", 1)[-1].strip() for line in output.splitlines()]
-    said = [line.split("DebugError: ", 1)[-1] for line in lines if "minddp debug (rank" in line]
+    said = [line[line.index("minddp debug (rank") :] for line in lines if "minddp debug (rank" in line]
     errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception)\b.*: ", line)]
     sums = set(re.findall(r"rank \d+: done, parameter checksum (\S+)", output))
     if said or errors:

@@ -17,6 +17,8 @@ the flag as a user sets it, on an unchanged script.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import subprocess
@@ -65,8 +67,39 @@ def every_script() -> dict:
     )
     os.environ["MINDDP_DEBUG"] = "1"
     out |= {(impl, kind): outcome(kind, impl) for impl, kind in FLAGGED}
+    out["late partner"] = late_partner()
     out["minddp", "uneven"] = outcome("uneven", "minddp")  # last: rank 1 leaves the world
     return out
+
+
+class Told(io.StringIO):
+    """This rank's stderr, which also tells the store once something was written to it."""
+
+    def __init__(self, store):
+        super().__init__()
+        self.store = store
+
+    def write(self, text: str) -> int:
+        self.store.set("said", "1")
+        return super().write(text)
+
+
+def late_partner() -> dict:
+    """Rank 1 joins an all_reduce only once rank 0, waiting in its check, has said so: the line, then the sum."""
+    store = c10d._get_process_group_store(dist.group.WORLD)
+    before, collective_check.SAY_AFTER_S = collective_check.SAY_AFTER_S, 0.5
+    told = Told(store)
+    try:
+        total = torch.ones(1)
+        if dist.get_rank() == 0:
+            with contextlib.redirect_stderr(told):
+                dist.all_reduce(total)
+        else:
+            store.wait(["said"])  # not a timing: rank 1 arrives after rank 0's line, whatever the machine's speed
+            dist.all_reduce(total)
+    finally:
+        collective_check.SAY_AFTER_S = before
+    return {"said": told.getvalue(), "total": total.item()}
 
 
 @pytest.fixture(scope="module")
@@ -201,3 +234,14 @@ def test_the_flag_under_torchrun_on_an_unchanged_script_names_a_rank_that_ended_
     assert said, done.stderr[-3000:]
     left = r"rank 1 left its training loop and the process group \(destroy_process_group at .*debug_bugs\.py:\d+"
     assert re.search(left + r", after step 2\) while rank 0 is in a step", said[0]), said[0]
+
+
+def test_a_partner_late_for_a_collective_is_said_once_then_the_collective_runs(runs):
+    said, total = runs[0]["late partner"]["said"], runs[0]["late partner"]["total"]
+    line = said.strip()
+    assert "\n" not in line and line.startswith("minddp debug (rank 0): waiting for a collective: rank 0 has waited"), (
+        said
+    )
+    assert re.search(r"in all_reduce\(float32\[1\], op=SUM\) at tests/test_debug\.py:\d+", line), line
+    assert "rank 1 has not reached collective #" in line and "rank 1's last was #" in line, line
+    assert total == 2.0 and runs[1]["late partner"]["total"] == 2.0  # then it ran, on both ranks

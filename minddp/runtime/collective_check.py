@@ -321,9 +321,8 @@ class _Channel:
             for rank, call in zip(missing, self._read([self.slot(mine.seq, r) for r in missing])):
                 if call is not None and call.seq == mine.seq:
                     got[rank] = call
-                elif call is not None:
-                    self.last[rank] = call
             if len(got) == self.size:
+                self.last = got  # each partner's latest call, for the line about a late one
                 return got
             now = time.monotonic()
             if now >= next_look:
@@ -460,22 +459,30 @@ def where_called() -> tuple[str | None, str | None]:
     Frames inside torch and this module are skipped; a frame inside minddp makes the call minddp's (a
     wrapper's step); the first frame outside minddp, torch and the standard library is the script's.
     """
-    frame, ours = sys._getframe(1), None
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if not path.startswith(_TORCH) and path not in (__file__, "<string>"):  # <string>: python -c, a fork
-            if not path.startswith(_MINDDP) and not path.startswith(_STDLIB):
-                break
-            if ours is None and path.startswith(_MINDDP):
-                ours = frame
-        frame = frame.f_back
+    frame, ours = script_frame(sys._getframe(1))
     script = _at(frame) if frame is not None else None
     if ours is None:
         return script, None
     return script, getattr(_local, "label", None) or f"minddp's {ours.f_code.co_name} ({_at(ours)})"
 
 
+def script_frame(frame):
+    """(the first frame from ``frame`` outward that is the script's, the first that is minddp's), either None."""
+    ours = None
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not path.startswith(_TORCH) and path not in (__file__, "<string>"):  # <string>: python -c, a fork
+            if not path.startswith(_MINDDP) and not path.startswith(_STDLIB):
+                return frame, ours
+            if ours is None and path.startswith(_MINDDP):
+                ours = frame
+        frame = frame.f_back
+    return None, ours
+
+
 def _at(frame) -> str:
+    if frame.f_code.co_filename.startswith("<"):  # a notebook cell, an interactive line: no file
+        return f"{frame.f_code.co_filename}:{frame.f_lineno}"
     path = os.path.abspath(frame.f_code.co_filename)
     if path.startswith(_MINDDP):
         path = os.path.relpath(path, os.path.dirname(_MINDDP.rstrip(os.sep)))

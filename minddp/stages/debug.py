@@ -30,6 +30,7 @@ Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
 from __future__ import annotations
 
+import sys
 import warnings
 import weakref
 
@@ -311,7 +312,12 @@ class Watch:
         )
 
     def _warn(self, line: str) -> None:
-        warnings.warn(debug.DebugWarning(line), stacklevel=4)
+        """Warn, pointing at the script's line (the optimizer step or forward it was found in), not minddp's."""
+        frame, _ = collective_check.script_frame(sys._getframe(1))
+        if frame is None:
+            warnings.warn(debug.DebugWarning(line), stacklevel=2)
+        else:
+            warnings.warn_explicit(debug.DebugWarning(line), None, frame.f_code.co_filename, frame.f_lineno)
 
 
 def _before_optimizer_step(optimizer, args, kwargs) -> None:
