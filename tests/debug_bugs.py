@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import signal
 import sys
 
 import torch
@@ -117,6 +118,18 @@ def train(kind: str, impl: str, steps: int = STEPS) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()])
 
 
+#: The recorded runs: (column title, DDP, environment).
+RECORDED = [
+    ("torch's DDP", "torch", {"MINDDP_DEBUG": "0"}),
+    (
+        "torch's DDP, `TORCH_DISTRIBUTED_DEBUG=DETAIL`",
+        "torch",
+        {"MINDDP_DEBUG": "0", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+    ),
+    ("minddp's DDP, `MINDDP_DEBUG=1`", "minddp", {"MINDDP_DEBUG": "1"}),
+]
+
+
 def record(kinds: list[str], bound_s: float = 90.0) -> None:
     """Print a markdown table: what each script does under torchrun with torch's DDP and with minddp's in debug mode.
 
@@ -125,38 +138,47 @@ def record(kinds: list[str], bound_s: float = 90.0) -> None:
     """
     import os
     import subprocess
-    import time
 
     from processes import run_torchrun, torchrun_args
 
-    print("| script | torch's DDP | minddp's DDP, `MINDDP_DEBUG=1` |\n|---|---|---|")
+    print("| script | " + " | ".join(title for title, _, _ in RECORDED) + " |")
+    print("|---" * (len(RECORDED) + 1) + "|")
     for kind in kinds:
         cells = []
-        for impl, flag in (("torch", "0"), ("minddp", "1")):
-            env = dict(os.environ, MINDDP_DEBUG=flag, PYTHONPATH=os.pathsep.join(sys.path))
-            start = time.monotonic()
+        for _, impl, extra in RECORDED:
+            env = dict(os.environ, **extra, PYTHONPATH=os.pathsep.join(sys.path))
             try:
                 done = run_torchrun(torchrun_args(__file__, kind, impl), timeout=bound_s, env=env)
-                cells.append(_outcome(done.returncode, done.stdout + done.stderr, time.monotonic() - start))
+                cells.append(_outcome(done.returncode, done.stdout + done.stderr))
             except subprocess.TimeoutExpired:
                 cells.append(f"still running after {bound_s:.0f} s: hangs (ended by the recorder)")
         print(f"| `{kind}`: {KINDS[kind]} | " + " | ".join(cells) + " |", flush=True)
 
 
-def _outcome(code: int, output: str, seconds: float) -> str:
-    """A job's exit and the line that says why (minddp's debug line, else the last error), or what it left."""
-    lines = [line.split("]: ", 1)[-1].strip() for line in output.splitlines()]
-    said = [line[line.index("minddp debug (rank") :] for line in lines if "minddp debug (rank" in line]
-    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception)\b.*: ", line)]
+def _outcome(code: int, output: str) -> str:
+    """A job's exit and why: minddp's debug line, else each rank's last error, else how the ranks' parameters end."""
+    said = [line[line.index("minddp debug (rank") :] for line in output.splitlines() if "minddp debug (rank" in line]
+    last: dict[str, str] = {}
+    for rank, line in re.findall(r"^\[rank(\d+)\]: (.*)$", output, re.M):
+        if re.match(r"^[\w.]*(Error|Exception)\b.*: ", line):
+            last[rank] = line
+    if not last:  # a crash without a Python error: torchrun's summary says each rank's exit code (-N: signal N)
+        codes = re.findall(r"rank\s*: (\d+).*?\n.*?exitcode\s*: (-?\d+)", output)
+        last = {rank: f"died of {signal.Signals(-int(c)).name}" for rank, c in codes if int(c) < 0}
     sums = set(re.findall(r"rank \d+: done, parameter checksum (\S+)", output))
-    if said or errors:
-        why = said[0] if said else errors[-1]
-        why = why if len(why) <= 300 else why[:297] + "..."
+    if said:
+        why = _short(said[0])
+    elif last:
+        why = "; ".join(f"rank {rank}: {_short(line, 220)}" for rank, line in sorted(last.items()))
     elif len(sums) > 1:
         why = "nothing said; the ranks end with different parameters"
     else:
         why = "nothing said; the ranks end with the same parameters"
     return f"exit {code}: {why.replace('|', '/')}"
+
+
+def _short(line: str, most: int = 300) -> str:
+    return line if len(line) <= most else line[: most - 3] + "..."
 
 
 if __name__ == "__main__":

@@ -113,7 +113,7 @@ class Call:
 
     @property
     def text(self) -> str:
-        return f"{self.op}({', '.join(t if n in ('tensor', 'args') else f'{n}={t}' for n, t in self.args)})"
+        return f"{self.op}({', '.join(t if n == 'tensor' else f'{n}={t}' for n, t in self.args)})"
 
     def said(self) -> str:
         step = "" if self.step is None else f" (step {self.step})"

@@ -108,6 +108,7 @@ class Watch:
 
     def _before_forward(self, wrapper, inputs) -> None:
         self.inside = True
+        self.label_before = collective_check.relabel(f"{self.name}'s forward")
         self.syncing = torch.is_grad_enabled() and getattr(wrapper, "require_backward_grad_sync", True)
         if not torch.is_grad_enabled():
             return
@@ -117,9 +118,12 @@ class Watch:
         self.notes &= ~_NO_SYNC  # the step's last forward decides
         self.step = max(self.step + 1, self.steps_taken)
         debug.at_step(self.step)
-        self.label_before = collective_check.relabel(f"{self.name}'s forward")
         if not self._paused():
-            self._forward_check()
+            try:
+                self._forward_check()
+            except BaseException:  # no forward follows: leave as after one
+                self._after_forward(wrapper, inputs, None)
+                raise
 
     def _after_forward(self, wrapper, inputs, outputs) -> None:
         self.inside = False
@@ -240,7 +244,7 @@ class Watch:
                 debug.finding(
                     "every rank is reading the same data",
                     f"the local gradients (before averaging) were bit-identical on every rank in steps "
-                    f"{step - SAME_DATA_STEPS + 1} to {step}, so the ranks compute one batch {dist.get_world_size()}"
+                    f"{step - SAME_DATA_STEPS + 1} to {step}, so the ranks compute one batch {self.group.size()}"
                     " times: most likely no DistributedSampler or shard (or the same seed for a random loader)",
                     "give each rank its own part of the data: DataLoader(dataset, sampler=DistributedSampler("
                     "dataset)) and sampler.set_epoch(epoch) each epoch",
