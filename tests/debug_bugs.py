@@ -165,15 +165,17 @@ def _outcome(code: int, output: str) -> str:
     if not last:  # a crash without a Python error: torchrun's summary says each rank's exit code (-N: signal N)
         codes = re.findall(r"rank\s*: (\d+).*?\n.*?exitcode\s*: (-?\d+)", output)
         last = {rank: f"died of {signal.Signals(-int(c)).name}" for rank, c in codes if int(c) < 0}
-    sums = set(re.findall(r"rank \d+: done, parameter checksum (\S+)", output))
+    sums = re.findall(r"rank \d+: done, parameter checksum (-?[\d.]+)", output)  # the ranks' lines may interleave
     if said:
         why = _short(said[0])
     elif last:
         why = "; ".join(f"rank {rank}: {_short(line, 220)}" for rank, line in sorted(last.items()))
-    elif len(sums) > 1:
-        why = "nothing said; the ranks end with different parameters"
+    elif len(sums) < 2:
+        why = "nothing said"
+    elif len(set(sums)) > 1:
+        why = "nothing said; the ranks end with different parameters or buffers"
     else:
-        why = "nothing said; the ranks end with the same parameters"
+        why = "nothing said; the ranks end with the same parameters and buffers"
     return f"exit {code}: {why.replace('|', '/')}"
 
 

@@ -18,6 +18,7 @@ the flag as a user sets it, on an unchanged script.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import os
 import re
@@ -62,6 +63,7 @@ def outcome(kind: str, impl: str) -> dict:
 def every_script() -> dict:
     out = {("torch", kind): outcome(kind, "torch") for kind in COMPLETE}
     out |= {("off", kind): outcome(kind, "minddp") for kind in COMPLETE}
+    out["debug code run in a step while off"] = debug_code_in_a_step()
     out["installed while off"] = bool(collective_check._originals) or any(  # torch's own functions, untouched
         getattr(dist, name) is not getattr(c10d, name) for name in collective_check.CHECKED if hasattr(c10d, name)
     )
@@ -70,6 +72,31 @@ def every_script() -> dict:
     out["late partner"] = late_partner()
     out["minddp", "uneven"] = outcome("uneven", "minddp")  # last: rank 1 leaves the world
     return out
+
+
+def debug_code_in_a_step() -> set[str]:
+    """The files of debug mode that one training step runs while it is off (the answer must be: none)."""
+    from minddp import build_stage
+    from minddp.ddp import debug as ddp_debug
+    from minddp.runtime import debug as switch
+    from minddp.stages import debug as model_checks
+
+    ours = {inspect.getsourcefile(m) for m in (switch, collective_check, model_checks, ddp_debug)}
+    ran: set[str] = set()
+    for stage in ("ddp", "bucket-async"):
+        torch.manual_seed(0)
+        wrapped = build_stage(stage, debug_bugs.Net())
+        optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+        for i, (x, y) in enumerate(debug_bugs.batches("none", dist.get_rank(), 2)):
+            if i == 1:  # the second step (the first rebuilds ddp's plan): every function it calls
+                sys.setprofile(lambda frame, event, arg: ran.add(frame.f_code.co_filename) if event == "call" else None)
+            try:
+                torch.nn.functional.mse_loss(wrapped(x), y).backward()
+                wrapped.finish_gradient_synchronization()
+                optimizer.step()
+            finally:
+                sys.setprofile(None)
+    return {os.path.basename(path) for path in ran & ours}
 
 
 class Told(io.StringIO):
@@ -122,6 +149,7 @@ def lines(runs, impl: str, kind: str, warning: bool = False) -> str:
 def test_off_nothing_is_installed_and_every_script_trains_bit_for_bit_like_torch(runs):
     for rank, r in enumerate(runs):
         assert r["installed while off"] is False
+        assert r["debug code run in a step while off"] == set()  # free when off: not one of its functions runs
         for kind in COMPLETE:
             ours, theirs = r["off", kind], r["torch", kind]
             assert ours["error"] is None and theirs["error"] is None, (kind, ours["error"], theirs["error"])
