@@ -7,6 +7,8 @@ own so the ranks can import them by name.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -67,6 +69,32 @@ class Unfinished(solutions.SimpleDDP):
 
     def finish_gradient_synchronization(self):
         raise NotImplementedError("average every gradient")
+
+
+# -------------------------------------------------------------------------------- ga
+class NoOpNoSync(solutions.GradAccumDDP):
+    """no_sync() that does nothing: every micro-batch's backward syncs."""
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        yield
+
+
+class NoSyncNeverRestored(solutions.GradAccumDDP):
+    """no_sync() turns the sync off and never turns it back on: the last micro-batch does not sync either."""
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.require_backward_grad_sync = False
+        yield
+
+
+class DecidesInFinish(solutions.GradAccumDDP):
+    """Reads the flag in finish instead of forward: finish runs after the with-block, when the flag is on again."""
+
+    def finish_gradient_synchronization(self):
+        if self.require_backward_grad_sync:
+            solutions.SimpleDDP.finish_gradient_synchronization(self)
 
 
 # -------------------------------------------------------------------------------- hook
@@ -246,3 +274,65 @@ def hook_waits(process_group, bucket):
     compressed = bucket.buffer().to(torch.float16).div_(dist.get_world_size())
     dist.all_reduce(compressed)
     return compressed.to(torch.float32)
+
+
+def hook_divides_after_the_sum(process_group, bucket):
+    """Sums in float16, then divides: right on small gradients, inf where the float16 sum overflows."""
+    compressed = bucket.buffer().to(torch.float16)
+    fut = dist.all_reduce(compressed, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].to(torch.float32).div_(dist.get_world_size()))
+
+
+def hook_blocks(process_group, bucket):
+    """Waits for its all_reduce inside the hook, then hands back an already-completed Future."""
+    compressed = bucket.buffer().to(torch.float16).div_(dist.get_world_size())
+    dist.all_reduce(compressed)  # blocking: backward stands still here
+    done = torch.futures.Future()
+    done.set_result(compressed.to(torch.float32))
+    return done
+
+
+def hook_waits_on_its_work(process_group, bucket):
+    """async_op=True, then work.wait() before returning the work's Future: still blocking."""
+    compressed = bucket.buffer().to(torch.float16).div_(dist.get_world_size())
+    work = dist.all_reduce(compressed, async_op=True)
+    work.wait()
+    return work.get_future().then(lambda f: f.value()[0].to(torch.float32))
+
+
+# -------------------------------------------------------------------------------- shard (notebook 07)
+def shard_keeps_its_rows(batch, rank, world):
+    """Notebook 07's question 3: each rank keeps its rows of the first world (3 ranks), whatever the world now."""
+    x, y = batch
+    lo, hi = rank * len(x) // 3, (rank + 1) * len(x) // 3
+    return x[lo:hi], y[lo:hi]
+
+
+def shard_floor_sized(batch, rank, world):
+    """len(x) // world rows each: the remainder (a row at world 3 of 10 rows) is never trained."""
+    x, y = batch
+    n = len(x) // world
+    return x[rank * n : (rank + 1) * n], y[rank * n : (rank + 1) * n]
+
+
+def shard_overlapping(batch, rank, world):
+    """One row too many per rank: each boundary row is trained by two ranks."""
+    x, y = batch
+    lo, hi = rank * len(x) // world, min(len(x), (rank + 1) * len(x) // world + 1)
+    return x[lo:hi], y[lo:hi]
+
+
+def shard_strided(batch, rank, world):
+    """A right answer, written otherwise: every world-th row from this rank's index."""
+    x, y = batch
+    return x[rank::world], y[rank::world]
+
+
+def shard_unfinished(batch, rank, world):
+    """Notebook 07's skeleton, not filled in yet."""
+    raise NotImplementedError("this rank's rows")
+
+
+def shard_returns_the_batch(batch, rank, world):
+    """Every rank trains the whole batch (the ranks' gradients are then all the same, and the split gone)."""
+    return batch

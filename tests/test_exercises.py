@@ -18,6 +18,7 @@ import torch
 
 import minddp.stages as ladder
 from minddp.exercises import check, check_hook, checker, solutions
+from minddp.exercises.lost_rank import check_shards
 
 TIMEOUT = 8.0  # seconds a collective may wait: the hang case waits this long, the others never do
 
@@ -74,7 +75,15 @@ MISTAKES = [
     (wrong.Summed, "simple", "summed, not averaged"),
     (wrong.NeverSynced, "simple", "gradients were not synchronized"),
     (wrong.Unfinished, "simple", "raised NotImplementedError in finish_gradient_synchronization"),
-    (solutions.SimpleDDP, "ga", "wrong number of collectives: 18 all_reduce calls in step 1, where 'ga' makes 6"),
+    (solutions.SimpleDDP, "ga", "your stage has no no_sync(), so it syncs after every micro-batch: 18 all_reduce"),
+    (
+        wrong.NoOpNoSync,
+        "ga",
+        "no_sync() did not stop the sync: 18 all_reduce calls in step 1 of 3 micro-batches, "
+        "where 'ga' makes 6: 12 of them came from the micro-batches run inside no_sync()",
+    ),
+    (wrong.DecidesInFinish, "ga", "no_sync() did not stop the sync"),
+    (wrong.NoSyncNeverRestored, "ga", "no_sync() left the sync off after its with-block"),
     (wrong.IncomingGradient, "hook", "the incoming gradient of the last micro-batch was synced"),
     (wrong.IgnoresNoSync, "hook", "came from the micro-batches run inside no_sync()"),
     (wrong.AfterBackward, "hook", "started in finish_gradient_synchronization(), after backward"),
@@ -121,6 +130,9 @@ HOOK_MISTAKES = [
     (wrong.hook_stays_fp16, "float16 tensor"),
     (wrong.hook_not_compressed, "sent 4 bytes per gradient value (float32), the model answer 2"),
     (wrong.hook_waits, "not a torch.futures.Future"),
+    (wrong.hook_divides_after_the_sum, "divide before the sum, or the float16 sum overflows"),
+    (wrong.hook_blocks, "waited for its all_reduce before returning (the Future it returned was already complete)"),
+    (wrong.hook_waits_on_its_work, "waited for its all_reduce before returning"),
 ]
 
 
@@ -129,6 +141,31 @@ HOOK_MISTAKES = [
 def test_each_hook_mistake_is_named(hook, named):
     v = check_hook(hook, like="fp16", timeout_s=TIMEOUT)
     assert not v.ok and named in v.line, v.line
+
+
+SHARD_ANSWERS = [solutions.ft_shard, wrong.shard_strided]
+SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, what happened to them
+    (wrong.shard_keeps_its_rows, "at world 2, rows 6-9 were trained by no rank"),
+    (wrong.shard_floor_sized, "at world 3, row 9 was trained by no rank"),
+    (wrong.shard_overlapping, "at world 3, rows 3, 6 were trained by more than one rank"),
+    (wrong.shard_returns_the_batch, "at world 3, rows 0-9 were trained by more than one rank"),
+    (wrong.shard_unfinished, "your shard raised NotImplementedError for rank 0 of world 3"),
+]
+
+
+@pytest.mark.timeout(300)
+def test_the_shard_exercise_names_each_wrong_split_from_one_run_through_a_lost_rank():
+    """Notebook 07: every function trained in one run of the ft rung (3 ranks, rank 1 killed at step 2),
+    each against a single process on the whole batch; the right splits (the model answer, a strided one)
+    pass, each wrong one is named by the rows it lost or doubled, at the world where it did."""
+    verdicts = check_shards(SHARD_ANSWERS + [fn for fn, _ in SHARD_MISTAKES])
+    assert all("\n" not in v.line for v in verdicts)
+    for v in verdicts[: len(SHARD_ANSWERS)]:
+        assert v.ok and "worlds 3 → 2 → 3" in v.line, v.line
+    for v, (fn, named) in zip(verdicts[len(SHARD_ANSWERS) :], SHARD_MISTAKES):
+        assert not v.ok and v.line.startswith("✗ shard:") and named in v.line, (fn.__name__, v.line)
+    # What the ranks' own checks cannot see: a lost row leaves the ranks identical.
+    assert "though the 3 ranks agree bit for bit" in verdicts[len(SHARD_ANSWERS)].line
 
 
 def test_bad_arguments_say_what_to_pass():

@@ -29,14 +29,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from minddp.comm.wire import resolve_group
+from minddp.comm.plain import broadcast, resolve_group
 from minddp.ddp.buffers import broadcast_coalesced
 from minddp.ddp.debug import DebugReducer
 from minddp.ddp.join import ShadowingJoinHook, highest_rank
 from minddp.ddp.reducer import Reducer
-from minddp.runtime import compat
 from minddp.runtime.envflags import env_flag
 from minddp.runtime.nested import map_tensors
+from minddp.stages.bucket_plan import check_bucket_cap_mb
 from minddp.stages.checks import check_same_model
 from minddp.stages.debug import watch
 from minddp.stages.grad_accum import GradAccumDDP
@@ -67,6 +67,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         group = resolve_group(process_group)
         self._device = _check_devices(module, device_ids, output_device)
         _check_trainable(module)
+        check_bucket_cap_mb(bucket_cap_mb)
         self.module = module
         self.process_group = group
         self.device_ids, self.output_device = device_ids, output_device
@@ -81,7 +82,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         check_same_model(module, group)  # step 1
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
-                compat.broadcast(tensor, group_src=0, group=group)
+                broadcast(tensor, group_src=0, group=group)
         #: Debug mode's checks (None: off; on with MINDDP_DEBUG=1 or debug=True): docs/debugging.md.
         self.watch = watch(self, module, group, debug)
         self.reducer = self._make_reducer()

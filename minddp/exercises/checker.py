@@ -123,8 +123,11 @@ def check_hook(
     """Check a comm hook ``hook(state, bucket) -> Future[Tensor]`` against the model answer ``like``.
 
     The hook is called on a bucket of known gradients (state ``None``: the
-    default group), then trains minddp's ``bucket-async`` stage beside torch's
-    DDP running torch's own hook of that name and a single process.
+    default group), noting whether it waited for its collective before it
+    returned (a blocking hook), then on a bucket of large gradients whose
+    float16 sum over the ranks overflows (a hook that divides after the sum
+    returns ``inf``), then trains minddp's ``bucket-async`` stage beside
+    torch's DDP running torch's own hook of that name and a single process.
     """
     if like not in solutions.HOOKS:
         raise ValueError(f"like={like!r}: choose one of {', '.join(solutions.HOOKS)}")
@@ -202,7 +205,13 @@ def _hook_verdict(like: str, reports: dict, timeout_s: float) -> Verdict:
             f"{mine['relative_error']:.1e} (float16 rounding allows up to {first['error_bound']:.1e}; "
             f"the model answer: "
             f"{ref['relative_error']:.1e}), sending "
-            f"{mine['bytes'] / mine['numel']:.0f} bytes per value; in the bucket-async stage it trains like torch's "
+            f"{mine['bytes'] / mine['numel']:.0f} bytes per value, returning before its all_reduce was waited for; "
+            + (
+                f"gradients of about {first['large_gradient']:.0f}, whose float16 sum overflows, came back finite; "
+                if first.get("large_gradient")
+                else ""
+            )
+            + f"in the bucket-async stage it trains like torch's "
             f"DDP with torch's {like} hook (largest parameter difference {d_torch:.1e}), and {d_single:.1e} from a "
             f"single process without compression"
         ),
@@ -312,6 +321,12 @@ def _stage_finding(f: dict, report: dict) -> str:
             f"parameters differ from a single process on the global batch after step {f['step']} "
             f"(largest difference {value:.2g} in '{name}'), although every gradient was the average"
         )
+    if f["kind"] == "left_off":
+        return (
+            f"no_sync() left the sync off after its with-block, so the last micro-batch of step {f['step']} did "
+            "not sync either (require_backward_grad_sync is still False): set it back to what it was when the "
+            "block ends (in a finally)"
+        )
     names = _names_text(f["names"], f.get("n_params"))
     at = f" at step {f['step']}" + (f" on {_ranks_text(f['ranks'])}" if len(f["ranks"]) < world else "")
     if f["kind"] == "other":
@@ -354,15 +369,20 @@ def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
         early_m = sum(m[f"{kind}{i}"] for kind in ("backward", "finish") for i in range(1, k))
         early_r = sum(r[f"{kind}{i}"] for kind in ("backward", "finish") for i in range(1, k))
         if total_m != total_r:
-            head = (
-                f"wrong number of collectives: {total_m} all_reduce calls in step {step}, where '{like}' "
-                f"makes {total_r}"
-            )
+            calls = calls_text(kinds_m[step - 1]) if step <= len(kinds_m) else f"{total_m} all_reduce calls"
+            made = f"{calls} in step {step} of {k} micro-batches, where '{like}' makes {total_r}"
+            if early_m > early_r and not report.get("has_no_sync"):
+                return (
+                    f"your stage has no no_sync(), so it syncs after every micro-batch: {made}; write no_sync() "
+                    "(stage ga's idea): the micro-batches run inside it only accumulate"
+                )
             if early_m > early_r:
                 return (
-                    head + f": {early_m} of them came from the micro-batches run inside no_sync(), which "
-                    "should only accumulate; sync once, after the last micro-batch"
+                    f"no_sync() did not stop the sync: {made}: {early_m} of them came from the micro-batches run "
+                    "inside no_sync(), which must only accumulate (their forward notes that the coming backward "
+                    "does not sync; finish_gradient_synchronization() runs after every backward, theirs too)"
                 )
+            head = f"wrong number of collectives: {made}"
             if like.startswith("bucket") or like == "halves":
                 return head + f" (one per bucket: the plan for bucket_cap_mb={cap} has {total_r} buckets)"
             return head
@@ -414,6 +434,19 @@ def _hook_finding(f: dict, report: dict) -> str:
         return (
             f"your hook's average is off by {f['error']:.2%} of the gradient, where float16 rounding allows at "
             f"most {f['bound']:.2%}"
+        )
+    if kind == "overflow":
+        return (
+            f"your hook's average came back inf or nan for {f['values']} of {f['numel']} gradients of about "
+            f"{report['large_gradient']:.0f} each (below float16's largest, 65504, but not their sum over "
+            f"{report['world']} ranks): divide before the sum, or the float16 sum overflows"
+        )
+    if kind == "blocked":
+        return (
+            "your hook waited for its all_reduce before returning"
+            + (" (the Future it returned was already complete)" if f.get("done") else "")
+            + ": backward stands still inside a blocking hook; return the all_reduce's Future at once "
+            "(async_op=True, .then(...)) and let the stage wait for it"
         )
     if kind == "bytes":
         n = f["numel"]

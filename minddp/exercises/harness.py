@@ -7,8 +7,10 @@ For a stage (:func:`check_stage_on_rank`):
 
 1. **reference**: train the model answer named by ``like``, counting its collectives;
 2. **start**: a different seed on every rank; all must then hold rank 0's weights;
-3. **steps**: every ``.grad`` after ``finish_gradient_synchronization()`` compared with the average
-   over ranks and the usual mistakes; the step's events recorded in order (:class:`Events`);
+3. **steps**: driven as the ladder's loop drives any stage (``finish_gradient_synchronization()``
+   after every backward, ``no_sync()`` around all but the last); every ``.grad`` after the step's
+   last finish compared with the average over ranks and the usual mistakes; the step's events
+   recorded in order (:class:`Events`);
 4. **oracles**: the parameters against a single process and torch's DDP;
 5. **report**: one JSON line (``MARK`` + the report), even when the learner's code raised.
 
@@ -164,7 +166,8 @@ class Events(TorchDispatchMode):
       ``finish2``: the checker's own marks around each backward and finish;
     * ``("ready", name)``: autograd has accumulated the gradient of parameter
       ``name`` (a post-accumulate-grad hook the checker registered *before*
-      the stage's own, so it fires first);
+      the stage's own, so it fires first; none without a ``module``: a comm
+      hook's probe);
     * ``("launch", kind)``: the stage started a collective (``all_reduce``,
       ``reduce_scatter``, ``all_gather``) of floating-point tensors: every
       ``dist.*`` collective goes through the dispatcher on the calling
@@ -178,11 +181,11 @@ class Events(TorchDispatchMode):
     ``ready``, however fast the network.
     """
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module | None = None):
         super().__init__()
         self.log: list[tuple[str, str | None]] = []
         self.active = False
-        for name, p in module.named_parameters():
+        for name, p in module.named_parameters() if module is not None else ():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda _p, name=name: self._note("ready", name))
 
@@ -274,25 +277,31 @@ def run_step(
 ) -> dict:
     """Step 3: one optimizer step as :func:`minddp.ladder.loop.train_step` drives any stage, its events recorded.
 
-    Returns the gradients after finish, the collectives started in each phase
-    (``backward1``..``backwardK``, ``finish1``..), per kind, and the messages
-    in flight while backward computed (:func:`summarize`).
+    As a user's script: the micro-batches but the last inside ``no_sync()``
+    (where the stage has one), ``finish_gradient_synchronization()`` after
+    every backward (where it exists), so whether a backward syncs is the
+    stage's own decision. Returns the gradients after finish, the collectives
+    started in each phase (``backward1``..``backwardK``, ``finish1``..), per
+    kind, the messages in flight while backward computed (:func:`summarize`),
+    and whether ``no_sync()`` left torch's flag ``require_backward_grad_sync``
+    off after its with-block (``left_off``).
     """
     k = len(micro)
     no_sync = getattr(model, "no_sync", None)
     finish = getattr(model, "finish_gradient_synchronization", None)
     names = [f"backward{i + 1}" for i in range(k)] + [f"finish{i + 1}" for i in range(k)]
+    left_off = False
     with events.recording():
         for i, (shard, _) in enumerate(micro):
-            last = i == k - 1
+            quiet = no_sync is not None and i < k - 1
             progress.phase = f"running the forward of step {step}, micro-batch {i + 1}"
-            ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
-            with ctx:
+            with no_sync() if quiet else contextlib.nullcontext():
                 loss = loss_of(model, shard) / k
                 progress.phase = f"running the backward of step {step}, micro-batch {i + 1}"
                 with events.phase(f"backward{i + 1}"):
                     loss.backward()
-            if finish is not None and (last or no_sync is None):
+            left_off = left_off or (quiet and getattr(model, "require_backward_grad_sync", True) is False)
+            if finish is not None:
                 progress.phase = f"running finish_gradient_synchronization() in step {step}, after micro-batch {i + 1}"
                 with events.phase(f"finish{i + 1}"):
                     finish()
@@ -302,7 +311,7 @@ def run_step(
     progress.phase = f"stepping the optimizer in step {step}"
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return {"grads": grads, **summary}
+    return {"grads": grads, "left_off": left_off, "has_no_sync": no_sync is not None, **summary}
 
 
 def grads_of(module: nn.Module) -> dict:
@@ -449,7 +458,7 @@ def check_stage_on_rank(stage_cls, like: str | None, options: dict, steps: int, 
 def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, checker, compare: bool) -> dict:
     """Steps 2-4 for one class: returns counts per step, and with ``compare`` the first finding."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    out: dict = {"counts": [], "kinds": [], "in_flight": [], "finding": None, "checked_steps": 0}
+    out: dict = {"counts": [], "kinds": [], "in_flight": [], "finding": None, "checked_steps": 0, "has_no_sync": False}
     module = make_net(seed=rank)  # a different init on every rank: the broadcast must fix it
     events = Events(module)  # its hooks before the stage's: they fire first
     progress.phase = "building your stage"
@@ -473,6 +482,7 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
         record = run_step(model, optimizer, module, micro, progress, step, events)
         for key in ("counts", "kinds", "in_flight"):
             out[key].append(record[key])
+        out["has_no_sync"] = record["has_no_sync"]
         if not compare:
             continue
         progress.phase = f"comparing the gradients of step {step} (the checker)"
@@ -481,6 +491,8 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
         everyone: list = [None] * world
         dist.all_gather_object(everyone, kinds, group=checker)
         out["finding"] = gradient_finding(everyone, step, record, local, averaged)
+        if out["finding"] is not None and record["left_off"]:  # the cause, where the stage shows it (torch's flag)
+            out["finding"] = {"kind": "left_off", "step": step, "ranks": list(range(world))}
         if out["finding"] is None:
             oracle_step(single, single_opt, micro, global_batch=True)
             oracle_step(reference_ddp, reference_opt, micro, global_batch=False)
@@ -561,7 +573,6 @@ def parameter_finding(module, single, torch_module, step: int, checker) -> tuple
 # ------------------------------------------------------------------------------------------ hooks
 def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
     """The comm-hook check (module doc): a probe on known gradients, then training beside torch's DDP."""
-    from minddp.comm.grad_bucket import GradBucket
 
     rank, world = dist.get_rank(), dist.get_world_size()
     checker = dist.new_group(backend="gloo")
@@ -579,18 +590,22 @@ def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
             dist.all_reduce(magnitude, group=checker)
             magnitude /= world
             report["error_bound"] = fp16_error_bound(exact, magnitude, world)
+            big = overflow_values(world, g)  # 1.5 × float16's largest value in sum: only dividing first fits
+            report["large_gradient"] = large_gradient(world) if world > 1 else None
             probes = {}
             for who, fn in (("reference", solutions.HOOKS[like]), ("yours", hook)):
                 progress.phase = "calling your hook on one bucket" if who == "yours" else "calling the model answer"
-                param = nn.Parameter(torch.zeros(1000, device="cpu"))  # the checker runs on the CPU
-                bucket = GradBucket(0, values.clone(), [param], is_last=True)
-                with live.profiler() as prof, SentBytes() as sent:
-                    fut = fn(None, bucket)
-                    value = fut.wait() if isinstance(fut, torch._C.Future) else fut  # torch.futures.Future's base
-                # SentBytes sees every dist.* collective, at the call; the profiler's backend range also sees
-                # one started through a ProcessGroup object directly, but may miss one (see SentBytes): either
-                # can only undercount, so the larger is what was sent
-                probes[who] = probe_result(fut, value, exact, max(sent.nbytes, live.backend_bytes(prof)), sent.dtypes)
+                fut, value, sent, blocked = call_hook(fn, values)
+                probes[who] = probe_result(fut, value, exact, *sent)
+                probes[who]["blocked"] = blocked
+                if world > 1 and probes[who]["tensor"] is not None:  # the same on every rank: code, not data
+                    progress.phase = (
+                        f"calling {'your hook' if who == 'yours' else 'the model answer'} on large gradients"
+                    )
+                    _, value, _, _ = call_hook(fn, big)
+                    probes[who]["overflow"] = (
+                        int((~torch.isfinite(value.float())).sum()) if value.shape == big.shape else 0
+                    )
             report["probe"] = probes["yours"]
             report["reference_probe"] = probes["reference"]
             mine = probes["yours"]
@@ -607,6 +622,58 @@ def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
     finally:
         with contextlib.suppress(Exception):
             dist.destroy_process_group(checker)
+
+
+def call_hook(fn, values: torch.Tensor):
+    """Step 1 of the hook check: ``fn(None, bucket)`` on a bucket of ``values``, its Future waited for.
+
+    Returns the Future (or whatever the hook returned), its value, what it sent
+    (bytes, dtypes) and whether the hook *blocked*: waited for a collective
+    it had started before it returned (:class:`Events`: the order of events,
+    not a clock): ``None`` if it did not, else ``"done"`` or ``"pending"``, as its
+    Future was when it returned.
+    """
+    from minddp.comm.grad_bucket import GradBucket
+
+    param = nn.Parameter(torch.zeros(values.numel(), device="cpu"))  # the checker runs on the CPU
+    bucket = GradBucket(0, values.clone(), [param], is_last=True)
+    events = Events()
+    with live.profiler() as prof, SentBytes() as sent, events.recording():
+        fut = fn(None, bucket)
+        until_return = list(events.log)
+        done = isinstance(fut, torch._C.Future) and fut.done()
+        value = fut.wait() if isinstance(fut, torch._C.Future) else fut  # torch.futures.Future's base
+    launched = [i for i, (what, _) in enumerate(until_return) if what == "launch"]
+    blocked = bool(launched) and any(what == "wait" for what, _ in until_return[launched[0] :])
+    # SentBytes sees every dist.* collective, at the call; the profiler's backend range also sees one started
+    # through a ProcessGroup object directly, but may miss one (see SentBytes): either can only undercount, so
+    # the larger is what was sent
+    return (
+        fut,
+        value,
+        (max(sent.nbytes, live.backend_bytes(prof)), sent.dtypes),
+        ("done" if done else "pending") if blocked else None,
+    )
+
+
+def overflow_values(world: int, g: torch.Generator) -> torch.Tensor:
+    """Gradients each below float16's largest value (65504) whose sum over ``world`` ranks is above it.
+
+    Each is ``1.5 · 65504 / world`` within ±10 %, all positive: the sum over ranks is
+    at least 1.35 × 65504, so a hook that sums in float16 and divides after gets
+    ``inf`` whatever the order of the additions; divided first, the sum is the
+    average, at most 1.65 × 65504 / world ≤ 65504 for ``world`` ≥ 2.
+    """
+    return large_gradient(world) * (0.9 + 0.2 * torch.rand(1000, generator=g))
+
+
+#: float16's largest finite value.
+FP16_MAX = 65504.0
+
+
+def large_gradient(world: int) -> float:
+    """The typical value of :func:`overflow_values`: ``1.5 · 65504 / world``."""
+    return 1.5 * FP16_MAX / world
 
 
 def probe_result(fut, value, exact: torch.Tensor, sent: int, sent_dtypes: list[str] = ()) -> dict:
@@ -692,8 +759,12 @@ def hook_finding(mine: dict, reference: dict, world: int, bound: float) -> dict 
     # a sum is off from the average by world − 1 times the average: far beyond any rounding (world > 1)
     if mine["summed_error"] < 0.01 and world > 1:
         return {"kind": "summed", "error": error}
+    if mine.get("overflow"):
+        return {"kind": "overflow", "values": mine["overflow"], "numel": mine["numel"]}
     if error > bound:
         return {"kind": "error", "error": error, "bound": bound}
+    if mine.get("blocked"):
+        return {"kind": "blocked", "done": mine["blocked"] == "done"}
     if mine["bytes"] > reference["bytes"]:
         return {
             "kind": "bytes",

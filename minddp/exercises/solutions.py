@@ -5,7 +5,8 @@ stage takes fp16 or PowerSGD; an exercise asks only for the idea, written straig
 ``dist.broadcast`` and ``dist.all_reduce``. These are those answers, one class per stage
 (:data:`STAGES`: ``SimpleDDP`` for ``like="simple"``, then ``GradAccumDDP``, ``HookDDP``,
 ``AsyncHookDDP``, ``BucketDDP``, ``AsyncBucketDDP``, ``HalvesDDP``), each building on the one before
-as the ladder does, and one comm hook, :func:`fp16_compress_hook` (``like="fp16"``);
+as the ladder does, one comm hook, :func:`fp16_compress_hook` (``like="fp16"``), and notebook 07's
+:func:`ft_shard` (:func:`minddp.exercises.check_shard`);
 :func:`minddp.exercises.check` measures a learner's version against the one ``like=`` names. They keep
 only what the checker needs. ``notebooks/README.md`` (*The model answers*) tables what each adds.
 
@@ -200,6 +201,18 @@ def fp16_compress_hook(process_group, bucket) -> torch.futures.Future:
     return fut.then(lambda done: done.value()[0].to(buffer.dtype))  # step 3
 
 
+def ft_shard(batch, rank: int, world: int):
+    """This rank's rows of a step's global batch, when ``world`` ranks train it now (notebook 07).
+
+    Rows ``[rank·B/world, (rank+1)·B/world)`` of the ``B`` rows: consecutive, as even as integer
+    division makes them, every row to exactly one of the ``world`` ranks of the moment, so the
+    survivors of a lost rank train its rows too.
+    """
+    x, y = batch
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
+    return x[lo:hi], y[lo:hi]
+
+
 #: ``like=`` name -> model answer.
 STAGES = {
     "simple": SimpleDDP,
@@ -223,6 +236,7 @@ __all__ = [
     "AsyncBucketDDP",
     "HalvesDDP",
     "fp16_compress_hook",
+    "ft_shard",
     "STAGES",
     "HOOKS",
 ]

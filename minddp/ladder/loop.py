@@ -1,19 +1,22 @@
 """One training step that drives every stage (and torch's DDP, and no wrapper at all).
 
-The contract every stage shares:
+The contract every stage shares, driven as a user's script would drive it:
 
 1. for each micro-batch but the last, forward and backward inside
-   ``model.no_sync()`` so gradients only accumulate locally;
-2. the last micro-batch's backward syncs (during backward for the hook and
-   bucket stages, afterwards for ``simple``/``ga``);
-3. ``model.finish_gradient_synchronization()`` completes the sync (torch's
-   DDP and minddp's ``ddp`` stage do this by themselves at the end of
-   backward, so the call is skipped where the method does not exist).
-   A wrapper with no ``no_sync()`` (stage ``simple``, like the blog's first
-   DDP) cannot skip a sync, so it syncs after *every* micro-batch's
-   backward: the result is the same (averaging is linear, and averaging an
-   already averaged gradient changes nothing), the traffic is ``k`` times
-   larger, and that is exactly the cost stage ``ga`` removes;
+   ``model.no_sync()`` where the wrapper has one: the *stage* then decides
+   that these backwards only accumulate locally;
+2. backward (the hook and bucket stages send during it);
+3. ``model.finish_gradient_synchronization()`` after *every* backward, where
+   the method exists (torch's DDP has none: it finishes at the end of
+   backward by itself). After a backward run inside ``no_sync()`` the stage's
+   own finish does nothing: no collective, no wait, no check, the
+   accumulated gradient untouched; so ``ga`` sends ``k`` times fewer messages
+   than ``simple`` because of its ``no_sync``, not because of this loop. A
+   wrapper with no ``no_sync()`` (stage ``simple``, like the blog's first
+   DDP) cannot skip a sync, so it syncs after every micro-batch: the result
+   is the same (averaging is linear, and averaging an already averaged
+   gradient changes nothing), the traffic is ``k`` times larger, and that is
+   exactly the cost stage ``ga`` removes;
 4. ``optimizer.step()`` then ``optimizer.zero_grad()``.
 
 Each micro-batch's loss is divided by the number of micro-batches, so the
@@ -48,15 +51,15 @@ def train_step(
     no_sync = getattr(model, "no_sync", None)
     finish = getattr(model, "finish_gradient_synchronization", None)
     for i, batch in enumerate(micro_batches):
-        last = i == k - 1
-        ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()  # step 1
-        with ctx, torch.profiler.record_function("minddp.forward_backward"):
-            loss = loss_fn(model, batch) / k
-            loss.backward()  # step 2
+        quiet = no_sync is not None and i < k - 1
+        with no_sync() if quiet else contextlib.nullcontext():  # step 1
+            with torch.profiler.record_function("minddp.forward_backward"):
+                loss = loss_fn(model, batch) / k
+                loss.backward()  # step 2
         total += loss.detach().item()
-        if finish is not None and (last or no_sync is None):
+        if finish is not None:
             with torch.profiler.record_function("minddp.finish_gradient_synchronization"):
-                finish()  # step 3
+                finish()  # step 3: every backward; the stage knows whether it synced
     with torch.profiler.record_function("minddp.optimizer_step"):
         optimizer.step()  # step 4
         optimizer.zero_grad(set_to_none=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,17 +62,29 @@ def read_source(source: Path):
 def execute(source: Path, timeout_s: int = 600):
     """Steps 1-3: the executed notebook and how long it took (seconds); raises :class:`NotebookError`."""
     import nbclient
+    from jupyter_client.manager import KernelManager
 
     nb = read_source(source)
     path = os.environ.get("PYTHONPATH", "")
     if str(ROOT) not in path.split(os.pathsep):  # the kernel imports this checkout
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), path) if p)
+
+    # The kernel talks to this process over Unix sockets (ipc), not TCP: nothing of a refresh listens on a port.
+    class UnixSocketKernel(KernelManager):  # nbclient builds (and shuts down) the kernel's manager from this class
+        def __init__(self, **kwargs):
+            super().__init__(transport="ipc", ip=os.path.join(sockets, "kernel"), **kwargs)
+
     client = nbclient.NotebookClient(
-        nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(source.parent)}}
+        nb,
+        kernel_manager_class=UnixSocketKernel,
+        timeout=timeout_s,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(source.parent)}},
     )
     start = time.monotonic()
     try:
-        client.execute()
+        with tempfile.TemporaryDirectory() as sockets:
+            client.execute()
     except nbclient.exceptions.CellExecutionError as exc:
         raise NotebookError(f"{source.name}: a cell failed that is not tagged raises-exception:\n{exc}") from None
     took = time.monotonic() - start

@@ -77,8 +77,8 @@ class AsyncBucketDDP(GradAccumDDP):
 
     def finish_gradient_synchronization(self) -> None:
         """Send the buckets that did not fill (zeros where a gradient is missing), wait for all (step 3)."""
-        self.parameters_used.check()  # if no gradient came at all, nothing was checked yet
-        if self.sync_this_backward:
+        if self.sync_this_backward:  # after a no_sync() backward: nothing in flight, nothing to check
+            self.parameters_used.check()  # if no gradient came at all, nothing was checked yet
             for b, waiting in enumerate(self.waiting):
                 if waiting > 0:
                     self._send_bucket(b)

@@ -34,9 +34,8 @@ from minddp.stages.graph import parameters_reached
 
 def check_same_model(module: nn.Module, group: dist.ProcessGroup | None) -> None:
     """Step 1: raise on every rank unless all ranks hold parameters of the same names, shapes, dtypes, requires_grad."""
-    mine = [
-        (n, tuple(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad) for n, p in module.named_parameters()
-    ]
+    # str(p.dtype)[6:]: "float32", without "torch."
+    mine = [(n, tuple(p.shape), str(p.dtype)[6:], p.requires_grad) for n, p in module.named_parameters()]
     everyone: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, mine, group=group)
     reference = everyone[0]

@@ -1,7 +1,9 @@
 """What debug mode checks on a wrapped model at each step: replicas, gradients, data, ``requires_grad``.
 
-A wrapper asks for it with one line, ``self.watch = watch(self, module, group)``; with debug mode off
-(``MINDDP_DEBUG`` unset) that returns None and nothing else happens. On, a :class:`Watch` hooks the
+A wrapper is watched with one line, ``wrapper.watch = watch(wrapper, module, group)`` (the production
+DDP's constructor; the ladder's :func:`~minddp.ladder.build_stage` for the teaching stages, whose own
+files stay as they teach); with debug mode off (``MINDDP_DEBUG`` unset) that returns None and nothing
+else happens. On, a :class:`Watch` hooks the
 wrapper, its module's submodules and parameters, and every optimizer that steps them, and at each
 step compares, across ranks, a fingerprint of each tensor (the sum of its bits: any change of any
 value changes it, in practice) with one small all_gather; a full comparison runs only on a mismatch:
@@ -96,9 +98,12 @@ class Watch:
         for name, sub in module.named_modules():
             label = f"submodule {name!r}" if name else "the wrapped module"
             handles.append(sub.register_forward_pre_hook(self._direct_call(label)))
-        handles += [
-            p.register_post_accumulate_grad_hook(self._grad_ready(i)) for i, (_, p) in enumerate(self.trainable)
-        ]
+        for i, (_, p) in enumerate(self.trainable):
+            handle = p.register_post_accumulate_grad_hook(self._grad_ready(i))
+            # First among the parameter's hooks: a stage built before this watch registered its own, which
+            # average the gradient in place (hook) or send it (hook-async); this one must see it local.
+            handle.hooks_dict_ref().move_to_end(handle.id, last=False)
+            handles.append(handle)
         weakref.finalize(wrapper, _remove, handles)  # the module may outlive its wrapper: its hooks go with it
         _watches.add(self)
         if not _hooked:

@@ -68,4 +68,5 @@ class HookDDP(GradAccumDDP):
 
     def finish_gradient_synchronization(self) -> None:
         """Nothing left to do: every gradient was averaged during backward."""
-        self.parameters_used.check()  # only if no gradient at all came in this backward
+        if self.sync_this_backward:  # after a no_sync() backward: nothing at all
+            self.parameters_used.check()  # only if no gradient at all came in this backward
