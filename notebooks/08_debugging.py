@@ -97,6 +97,7 @@ print(f"rank {rank}: debug mode on, {sum(p.numel() for p in Net().parameters())}
 # `load_state_dict` on rank 0 only, an optimizer with another learning rate on one rank. Here rank 1
 # nudges one weight after step 1. Under torch's DDP the loop runs to the end without a word:
 
+
 # %%
 # %%distributed
 def drifting_loop(ddp, model, optimizer, steps=4):
