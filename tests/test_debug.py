@@ -273,3 +273,17 @@ def test_a_partner_late_for_a_collective_is_said_once_then_the_collective_runs(r
     assert re.search(r"in all_reduce\(float32\[1\], op=SUM\) at tests/test_debug\.py:\d+", line), line
     assert "rank 1 has not reached collective #" in line and "rank 1's last was #" in line, line
     assert total == 2.0 and runs[1]["late partner"]["total"] == 2.0  # then it ran, on both ranks
+
+
+def test_the_debug_benchmark_times_each_stage_with_and_without_debug_mode(capsys):
+    """``python -m minddp.bench.debug``, smallest run: a row per stage with both medians and their ratio."""
+    from minddp.bench import debug as bench_debug
+
+    assert bench_debug.main(["--preset", "tiny", "--stage", "ddp", "--rounds", "2", "--steps-per-round", "1"]) == 0
+    table = capsys.readouterr().out
+    row = re.search(r"^\| ddp \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \(([\d.]+)–([\d.]+)\) \|$", table, re.M)
+    assert row, table
+    plain, on, ratio = (float(row.group(k)) for k in (1, 2, 3))
+    # The ratio is of the two medians shown: they are rounded to 0.05 ms each way, the ratio to 0.0005.
+    assert abs(ratio - on / plain) <= ratio * (0.05 / on + 0.05 / plain) + 0.0005, table
+    assert "steps timed per configuration: 2" in table

@@ -7,7 +7,7 @@ can hold a wrapper built with it and one without, and turn it on only for the st
    (the train command's, as ``python -m minddp.bench`` builds it): once in debug mode (its checks
    hooked in, its collectives checked), once plain;
 2. **rounds**: the configurations take turns step by step (``--warmup`` untimed steps, then
-   ``--steps`` timed ones of :func:`minddp.ladder.loop.train_step`, a barrier before each), in an
+   ``--steps-per-round`` timed ones of :func:`minddp.ladder.loop.train_step`, a barrier before each), in an
    order shuffled each round, debug mode on for exactly the steps of the debug configuration; a
    step's time is its slowest rank's;
 3. **report**: each configuration's median step, and debug over plain with a 90 % interval that
@@ -114,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="small", help="tiny, small (default) or medium: python -m minddp.bench's")
     p.add_argument("--stage", "--stages", dest="stages", default="ddp", help="comma list of minddp stages (ddp)")
     p.add_argument("--rounds", type=number(int, low=1), default=6, help="rounds of turns (default 6)")
-    p.add_argument("--steps", type=number(int, low=1), default=5, help="timed steps per configuration per round")
+    p.add_argument(
+        "--steps-per-round", type=number(int, low=1), default=5, help="timed steps per configuration per round (5)"
+    )
     p.add_argument("--warmup", type=number(int, low=0), default=1, help="untimed steps per round first")
     try:
         from minddp.bench.__main__ import PRESETS
@@ -133,7 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     load, start = os.getloadavg()[0], time.perf_counter()
     try:
         times = launch(
-            debug_rank, stages, cfg, data, ns.rounds, ns.steps, ns.warmup, world_size=cfg.world_size, backend=placement
+            debug_rank,
+            stages,
+            cfg,
+            data,
+            ns.rounds,
+            ns.steps_per_round,
+            ns.warmup,
+            world_size=cfg.world_size,
+            backend=placement,
         )[0]
     except RankError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
@@ -143,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": f"python -m {PROG} " + " ".join(sys.argv[1:] if argv is None else argv),
         "preset": f"{ns.preset} ({cfg.model}, batch {cfg.batch_size} x {cfg.max_seq_len} tokens per rank, "
         f"{cfg.grad_accum} micro-batches, {cfg.world_size} ranks)",
-        "steps timed per configuration": ns.rounds * ns.steps,
+        "steps timed per configuration": ns.rounds * ns.steps_per_round,
         "load (1 min) before / after": f"{load:.2f} / {os.getloadavg()[0]:.2f}",
         "wall": f"{time.perf_counter() - start:.0f} s",
     }
