@@ -143,15 +143,22 @@ PACKAGE = os.path.dirname(minddp.__file__)
 # measured + 5, bucket and bucket-async + 14 and + 15 (the first-bucket rule lands in bucket_plan.py beside this).
 # ddp +1 and zero1 +1 (its reader reads ddp): torch's first-bucket cap, read from torch's own knob
 # (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES) when the DDP is built, as torch reads it (ddp/plan.torch_caps).
+# Debug mode (MINDDP_DEBUG, docs/debugging.md), off on this path: the ladder's build_stage asks the switch for every
+# teaching stage (runtime/debug.enabled and envflags.env_flag, +4; the stages' own files unchanged), and the model
+# check compares requires_grad too (+1): simple 155 -> 160, ga 175 -> 180, hook 209 -> 214, hook-async 224 -> 229
+# (budgets measured + 5 as before); ddp 669 -> 671 and zero1 909 -> 911: the constructor's `debug` argument, its
+# watch, the reducer's choice and the pickling refusal (+6), the switch it reads (stages/debug.watch,
+# runtime/debug.turn_on and enabled: +8) and the model check (+1), less the unfinished-reduction messages, which
+# moved to ddp/guard.py, where a normal step does not run them (-13). On the merge of both: ddp and zero1 take both.
 BUDGETS = {
-    "simple": 160,
-    "ga": 180,
-    "hook": 214,
-    "hook-async": 229,
+    "simple": 165,
+    "ga": 185,
+    "hook": 219,
+    "hook-async": 234,
     "bucket": 290,
     "bucket-async": 266,
-    "ddp": 671,
-    "zero1": 911,
+    "ddp": 673,
+    "zero1": 913,
     "zero2": 460,
     "fsdp": 456,
 }

@@ -11,7 +11,8 @@ training and for speed, kept apart so the ladder stays readable:
 * :mod:`~minddp.ddp.plan`: torch's first-iteration plan and the rebuild;
 * :mod:`~minddp.ddp.fast`: the built-in average sent the way torch's C++
   reducer sends it (cached views, torch's rounding, no per-call checks);
-* :mod:`~minddp.ddp.guard`: cross-rank guards (settings, plan, NaN/Inf);
+* :mod:`~minddp.ddp.guard`: cross-rank guards (settings, plan, NaN/Inf, why a reduction did not finish);
+* :mod:`~minddp.ddp.debug`: the reducer in debug mode (``MINDDP_DEBUG=1``): its collectives checked and labelled;
 * :mod:`~minddp.ddp.buffers`: ``broadcast_buffers``.
 
 ``docs/ddp.md`` maps each part to the teaching stage that introduced it.

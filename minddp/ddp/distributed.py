@@ -31,6 +31,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from minddp.comm.plain import broadcast, resolve_group
 from minddp.ddp.buffers import broadcast_coalesced
+from minddp.ddp.debug import DebugReducer
 from minddp.ddp.join import ShadowingJoinHook, highest_rank
 from minddp.ddp.plan import torch_caps
 from minddp.ddp.reducer import Reducer
@@ -38,6 +39,7 @@ from minddp.runtime.envflags import env_flag
 from minddp.runtime.nested import map_tensors
 from minddp.stages.bucket_plan import check_bucket_cap_mb
 from minddp.stages.checks import check_same_model
+from minddp.stages.debug import watch
 from minddp.stages.grad_accum import GradAccumDDP
 
 
@@ -56,6 +58,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
         check_consistency: bool | None = None,
+        debug: bool | None = None,
     ):
         nn.Module.__init__(self)
         Joinable.__init__(self)
@@ -77,12 +80,14 @@ class DistributedDataParallel(nn.Module, Joinable):
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 broadcast(tensor, group_src=0, group=group)
+        #: Debug mode's checks (None: off; on with MINDDP_DEBUG=1 or debug=True): docs/debugging.md.
+        self.watch = watch(self, module, group, debug)
         self.reducer = self._make_reducer()
         #: The submodules holding buffers, found once (as torch lists its buffers once): walking every
         #: submodule before each synced step costs ~1 µs a module, and most models have no buffers at all.
         self._buffer_owners = [m for m in module.modules() if m._buffers]
-        #: Per-step cross-rank check of plan and launch order (None: on when MINDDP_DEBUG=1).
-        self.check_consistency = env_flag("MINDDP_DEBUG") if check_consistency is None else check_consistency
+        #: Per-step cross-rank check of plan and launch order (None: on in debug mode).
+        self.check_consistency = self.watch is not None if check_consistency is None else check_consistency
         #: Raise on every rank when an averaged gradient holds NaN/Inf (``MINDDP_CHECK_FINITE=1``).
         self.check_finite = env_flag("MINDDP_CHECK_FINITE")
         if static_graph:
@@ -90,7 +95,7 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     def _make_reducer(self) -> Reducer:
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
-        return Reducer(
+        return (Reducer if self.watch is None else DebugReducer)(
             [p for _, p in named],
             [n for n, _ in named],
             self.process_group,
@@ -130,6 +135,8 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     def __getstate__(self) -> dict:
         """Everything but the process group and the reducer (neither can be pickled; both are rebuilt)."""
+        if self.watch is not None:
+            raise RuntimeError("a minddp.DistributedDataParallel in debug mode cannot be pickled: save ddp.module")
         if self.process_group is not dist.group.WORLD:
             raise RuntimeError(
                 "pickling (copy.deepcopy, torch.save) a minddp.DistributedDataParallel works only "

@@ -18,7 +18,13 @@ every rank:
    ``MINDDP_CHECK_FINITE=1``): the *averaged* bucket is checked for NaN/Inf.
    A NaN on any rank makes the sum non-finite on every rank, so every rank
    raises at the same bucket without an extra collective, and each says
-   whether its own gradient was already non-finite.
+   whether its own gradient was already non-finite;
+4. :func:`unfinished_reduction`, at the forward after a synced backward that
+   left parameters without a gradient: which cause, and its fix (a loss that
+   missed the outputs, a parameter frozen after wrapping, an unused one).
+
+Debug mode (``MINDDP_DEBUG=1``) turns guard 2 on and adds the checks of
+:mod:`minddp.ddp.debug` and :mod:`minddp.stages.debug`.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
@@ -128,3 +134,30 @@ def finite_check(bucket_index: int, names: list[str], local_finite: bool, rank: 
             )
 
     return check
+
+
+def unfinished_reduction(missing: list[str], frozen: list[str], find_unused: bool, rank: int) -> RuntimeError:
+    """Step 4: the error for parameters ``missing`` a gradient in the last synced backward, by cause.
+
+    ``frozen`` are those among them that no longer require grad: frozen after the wrapper was built,
+    which ``find_unused_parameters`` does not fix (it would average this rank's zeros in).
+    """
+    prior = "Expected to have finished reduction in the prior iteration before starting a new one. "
+    if find_unused:  # the flag is on: the backward missed the outputs
+        return RuntimeError(
+            prior + f"Parameters {missing} received no gradient on rank {rank}, and that backward did not go "
+            "through the forward's outputs (a loss built only from autograd.grad's results, e.g. a gradient "
+            "penalty alone): make the loss use the outputs too (e.g. add 0 * output.sum()), as torch's DDP requires"
+        )
+    if frozen:
+        return RuntimeError(
+            prior + f"Parameters {frozen} have requires_grad=False on rank {rank}, but required grad when "
+            "DistributedDataParallel was built, so this rank sent zeros for them: set requires_grad before wrapping, "
+            "the same on every rank (find_unused_parameters=True does not fix a frozen parameter)"
+        )
+    return RuntimeError(
+        prior + "Your module has parameters that were not used in producing loss: "
+        f"{missing} received no gradient on rank {rank}. Pass find_unused_parameters=True to "
+        "minddp.DistributedDataParallel (as to torch's), or make every parameter contribute to the loss (make sure "
+        "all forward outputs are used in it)"
+    )

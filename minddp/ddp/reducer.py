@@ -39,7 +39,13 @@ from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import launch_label
 from minddp.comm.wire import Wire
 from minddp.ddp.fast import BucketLayout, builtin_average, named_range
-from minddp.ddp.guard import check_consistency, check_same_settings, describe_hook_state, finite_check
+from minddp.ddp.guard import (
+    check_consistency,
+    check_same_settings,
+    describe_hook_state,
+    finite_check,
+    unfinished_reduction,
+)
 from minddp.ddp.plan import agree_on_order, plan_first_iteration_like_torch, plan_from_order
 from minddp.runtime.device import message_device
 from minddp.stages.graph import parameters_reached, tensors_in
@@ -202,22 +208,9 @@ class Reducer:
                 hooks.pop(key, None)
 
     def check_prior_reduction_finished(self) -> None:
-        if self.unfinished and self.find_unused_parameters:  # the flag is on: the backward missed the outputs
-            raise RuntimeError(
-                "Expected to have finished reduction in the prior iteration before starting a new one. "
-                f"Parameters {self.unfinished} received no gradient on rank {dist.get_rank(self.group)}, and that "
-                "backward did not go through the forward's outputs (a loss built only from autograd.grad's "
-                "results, e.g. a gradient penalty alone): make the loss use the outputs too (e.g. add "
-                "0 * output.sum()), as torch's DDP requires"
-            )
-        if self.unfinished:
-            raise RuntimeError(
-                "Expected to have finished reduction in the prior iteration before starting a new one. "
-                "Your module has parameters that were not used in producing loss: "
-                f"{self.unfinished} received no gradient on rank {dist.get_rank(self.group)}. "
-                "Pass find_unused_parameters=True to minddp.DistributedDataParallel (as to torch's), or make "
-                "every parameter contribute to the loss (make sure all forward outputs are used in it)"
-            )
+        if self.unfinished:  # the last synced backward left parameters without a gradient: say why (guard.py)
+            frozen = [n for n in self.unfinished if not self.params[self.names.index(n)].requires_grad]
+            raise unfinished_reduction(self.unfinished, frozen, self.find_unused_parameters, dist.get_rank(self.group))
 
     def prepare_for_backward(self, outputs: Any) -> None:
         """The coming backward syncs; with ``find_unused_parameters``, note what its graph will not reach."""

@@ -36,11 +36,13 @@ from minddp.comm.registry import make_hook
 from minddp.comm.send import hook_name, send
 from minddp.comm.wire import Traffic, Wire
 from minddp.ddp import DistributedDataParallel
+from minddp.runtime import debug
 from minddp.sharding import FullyShardedDataParallel, Zero2DDP, ZeroRedundancyOptimizer
 from minddp.sharding.fsdp import blocks_of
 from minddp.sharding.hooks import sharded_hook
 from minddp.stages import AsyncBucketDDP, AsyncHookDDP, BucketDDP, GradAccumDDP, HookDDP, SimpleDDP
 from minddp.stages.bucket_plan import check_bucket_cap_mb
+from minddp.stages.debug import watch
 
 #: Stage name -> wrapper class, in reading order.
 STAGES: dict[str, type[nn.Module]] = {
@@ -56,6 +58,8 @@ STAGES: dict[str, type[nn.Module]] = {
     "fsdp": FullyShardedDataParallel,
 }
 
+#: The teaching stages (:mod:`minddp.stages`), in reading order.
+TEACHING = ("simple", "ga", "hook", "hook-async", "bucket", "bucket-async")
 #: Stages whose optimizer is wrapped in ``ZeroRedundancyOptimizer`` (ZeRO-1): gradients averaged whole.
 SHARDED_OPTIMIZER = ("zero1",)
 #: Stages whose gradients travel by reduce-scatter (their comm hooks: :func:`~minddp.sharding.hooks.sharded_hook`).
@@ -84,7 +88,10 @@ def build_stage(name: str, module: nn.Module, process_group=None, **options) -> 
     cls = STAGES[name]
     accepted = inspect.signature(cls.__init__).parameters
     kwargs = {k: v for k, v in options.items() if k in accepted}
-    return cls(module, process_group=process_group, **kwargs)
+    wrapped = cls(module, process_group=process_group, **kwargs)
+    if name in TEACHING and debug.enabled():  # MINDDP_DEBUG=1: docs/debugging.md's model checks (ddp: its own)
+        wrapped.watch = watch(wrapped, module, process_group)
+    return wrapped
 
 
 def torch_hook(name: str, **powersgd_options):

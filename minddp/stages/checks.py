@@ -4,8 +4,8 @@ Two ranks that disagree on what they send do not fail cleanly: they hang, or sum
 gradient with another's and silently diverge. So the stages check, each with one small collective,
 and raise the same error on every rank:
 
-1. :func:`check_same_model`, at construction: every rank's parameters (name, shape, dtype)
-   all-gathered and compared;
+1. :func:`check_same_model`, at construction: every rank's parameters (name, shape, dtype,
+   ``requires_grad``: a layer frozen on some ranks would pair unrelated gradients) all-gathered and compared;
 2. :class:`ParameterUse`, once per synced step: each forward notes locally which parameters its
    graph reaches; before the step's first gradient is sent, the notes are all-gathered and a
    parameter used on some ranks only is named (such a model needs ``find_unused_parameters=True``).
@@ -33,8 +33,9 @@ from minddp.stages.graph import parameters_reached
 
 
 def check_same_model(module: nn.Module, group: dist.ProcessGroup | None) -> None:
-    """Step 1: raise on every rank unless all ranks hold parameters of the same names, shapes, dtypes."""
-    mine = [(name, tuple(p.shape), str(p.dtype).replace("torch.", "")) for name, p in module.named_parameters()]
+    """Step 1: raise on every rank unless all ranks hold parameters of the same names, shapes, dtypes, requires_grad."""
+    # str(p.dtype)[6:]: "float32", without "torch."
+    mine = [(n, tuple(p.shape), str(p.dtype)[6:], p.requires_grad) for n, p in module.named_parameters()]
     everyone: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, mine, group=group)
     reference = everyone[0]
@@ -44,12 +45,13 @@ def check_same_model(module: nn.Module, group: dist.ProcessGroup | None) -> None
                 f"DistributedDataParallel expects the same model across all ranks, but rank {rank} has "
                 f"{len(theirs)} parameters while rank 0 has {len(reference)}: build the same model on every rank"
             )
-        for (n0, s0, d0), (n, s, d) in zip(reference, theirs):
-            if (n0, s0, d0) != (n, s, d):
+        for (n0, s0, d0, g0), (n, s, d, g) in zip(reference, theirs):
+            if (n0, s0, d0, g0) != (n, s, d, g):
                 raise RuntimeError(
                     f"DistributedDataParallel expects the same model across all ranks: parameter {n!r} on "
-                    f"rank {rank} has shape {list(s)} dtype {d}, but rank 0's {n0!r} has shape {list(s0)} "
-                    f"dtype {d0} (size mismatch); build the same model (same config) on every rank"
+                    f"rank {rank} has shape {list(s)} dtype {d} requires_grad={g}, but rank 0's {n0!r} has shape "
+                    f"{list(s0)} dtype {d0} requires_grad={g0} ({'requires_grad' if g != g0 else 'size'} mismatch); "
+                    "build the same model (same config, the same parameters frozen) on every rank before wrapping"
                 )
 
 

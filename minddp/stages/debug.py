@@ -1,0 +1,372 @@
+"""What debug mode checks on a wrapped model at each step: replicas, gradients, data, ``requires_grad``.
+
+A wrapper is watched with one line, ``wrapper.watch = watch(wrapper, module, group)`` (the production
+DDP's constructor; the ladder's :func:`~minddp.ladder.build_stage` for the teaching stages, whose own
+files stay as they teach); with debug mode off (``MINDDP_DEBUG`` unset) that returns None and nothing
+else happens. On, a :class:`Watch` hooks the
+wrapper, its module's submodules and parameters, and every optimizer that steps them, and at each
+step compares, across ranks, a fingerprint of each tensor (the sum of its bits: any change of any
+value changes it, in practice) with one small all_gather; a full comparison runs only on a mismatch:
+
+1. **forward check**, before each forward that will sync: ``requires_grad`` (a layer frozen on some
+   ranks), the parameters (replicas that drifted apart since the last step) and the buffers a wrapper
+   does not broadcast each step;
+2. **step check**, before each ``optimizer.step()`` over the wrapped parameters: the gradients, which
+   averaging made equal on every rank. Gradients that differ were never averaged (the module called
+   directly, a backward inside ``no_sync()``) or were used by some ranks' forward only; local
+   gradients bit-identical on every rank, step after step, mean every rank read the same data;
+3. a finding is one line on every rank (:func:`minddp.runtime.debug.finding`): an error, except for
+   buffers and data (warnings, once: they do not corrupt the model).
+
+Every rank decides from the same gathered table, so every rank raises at the same point and the
+extra all_gather of a full comparison is always paired. Inside ``join()`` the checks pause: a joined
+rank takes no steps. What each finding means: ``docs/debugging.md``.
+
+Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
+
+    >>> watch(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), None) is None    # MINDDP_DEBUG unset: nothing
+    True
+    >>> fingerprints([torch.ones(3), None], torch.device("cpu"))             # the bits of 1.0 (0x3f800000) x 3
+    tensor([3196059648,          0])
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from minddp.runtime import collective_check, debug
+from minddp.runtime.device import message_device
+
+#: Local gradients bit-identical on every rank this many steps in a row: every rank reads the same data.
+SAME_DATA_STEPS = 3
+_INTS = {1: torch.int8, 2: torch.int16}  # wider elements are read as int32 words
+#: Bits of the step check's notes: the step's last forward ran in no_sync(); a forward bypassed the wrapper;
+#: every trainable parameter's local gradient was fingerprinted (a synced backward computed them all).
+_NO_SYNC, _DIRECT, _ALL_LOCAL = 1, 2, 4
+_watches: weakref.WeakSet = weakref.WeakSet()
+_hooked: list = []
+
+
+def watch(wrapper: nn.Module, module: nn.Module, group, flag: bool | None = None) -> "Watch | None":
+    """Debug mode's checks for ``wrapper`` around ``module`` (``flag``: a ``debug=`` argument); None when off."""
+    return Watch(wrapper, module, group) if debug.turn_on(flag) else None
+
+
+def fingerprints(tensors: list, device: torch.device) -> torch.Tensor:
+    """The sum of each tensor's bits as integers (0 for None): equal tensors give equal sums."""
+    sums = [
+        t.detach().reshape(-1).view(_INTS.get(t.element_size(), torch.int32)).sum(dtype=torch.int64).to(device)
+        if t is not None
+        else torch.zeros((), dtype=torch.int64, device=device)
+        for t in tensors
+    ]
+    return torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64, device=device)
+
+
+class Watch:
+    """The checks of one wrapper (module doc, steps 1-3), run from hooks: the wrapper's code is unchanged."""
+
+    def __init__(self, wrapper: nn.Module, module: nn.Module, group):
+        collective_check.install()  # the script's collectives, and the wrapper's, are checked from now on
+        self.wrapper = weakref.ref(wrapper)
+        self.name = type(wrapper).__name__
+        self.group = dist.group.WORLD if group is None else group
+        self.device = message_device(self.group)
+        self.named = list(module.named_parameters())
+        self.trainable = [(n, p) for n, p in self.named if p.requires_grad]
+        self.ids = {id(p) for _, p in self.trainable}
+        self.module = module
+        self.step, self.steps_taken, self.same_data = -1, 0, 0
+        self.inside = False  # in the wrapper's forward
+        self.notes, self.direct_at = 0, ""
+        self.arrived: set[int] = set()  # trainable parameters whose gradient this step's backwards computed
+        self.local: dict[int, torch.Tensor] = {}  # their fingerprints before averaging (synced backwards only)
+        self.syncing = False
+        self.warned: set[str] = set()
+        self.label_before = None
+        handles = [
+            wrapper.register_forward_pre_hook(self._before_forward),
+            wrapper.register_forward_hook(self._after_forward),
+        ]
+        for name, sub in module.named_modules():
+            label = f"submodule {name!r}" if name else "the wrapped module"
+            handles.append(sub.register_forward_pre_hook(self._direct_call(label)))
+        for i, (_, p) in enumerate(self.trainable):
+            handle = p.register_post_accumulate_grad_hook(self._grad_ready(i))
+            # First among the parameter's hooks: a stage built before this watch registered its own, which
+            # average the gradient in place (hook) or send it (hook-async); this one must see it local.
+            handle.hooks_dict_ref().move_to_end(handle.id, last=False)
+            handles.append(handle)
+        weakref.finalize(wrapper, _remove, handles)  # the module may outlive its wrapper: its hooks go with it
+        _watches.add(self)
+        if not _hooked:
+            _hooked.append(register_optimizer_step_pre_hook(_before_optimizer_step))
+
+    # -- hooks: what this rank did since the last step -----------------------------------------------
+
+    def _before_forward(self, wrapper, inputs) -> None:
+        self.inside = True
+        self.label_before = collective_check.relabel(f"{self.name}'s forward")
+        self.syncing = torch.is_grad_enabled() and getattr(wrapper, "require_backward_grad_sync", True)
+        if not torch.is_grad_enabled():
+            return
+        if not self.syncing:
+            self.notes |= _NO_SYNC
+            return
+        self.notes &= ~_NO_SYNC  # the step's last forward decides
+        self.step = max(self.step + 1, self.steps_taken)
+        debug.at_step(self.step)
+        if not self._paused():
+            try:
+                self._forward_check()
+            except BaseException:  # no forward follows: leave as after one
+                self._after_forward(wrapper, inputs, None)
+                raise
+
+    def _after_forward(self, wrapper, inputs, outputs) -> None:
+        self.inside = False
+        collective_check.relabel(self.label_before)
+
+    def _direct_call(self, name: str):
+        def noted(module, inputs) -> None:
+            if not self.inside and torch.is_grad_enabled() and not self.notes & _DIRECT:  # the first one says it
+                self.notes |= _DIRECT
+                self.syncing = False
+                self.direct_at = f"{name} was called directly at {collective_check.where_called()[0] or '?'}"
+
+        return noted
+
+    def _grad_ready(self, i: int):
+        def ready(param: nn.Parameter) -> None:
+            self.arrived.add(i)
+            if self.syncing:
+                self.local[i] = fingerprints([param.grad], self.device)[0]
+
+        return ready
+
+    def _paused(self) -> bool:
+        wrapper = self.wrapper()
+        return wrapper is None or getattr(getattr(wrapper, "_join_config", None), "enable", False)
+
+    # -- step 1: the forward check ------------------------------------------------------------------------
+
+    def _forward_check(self) -> None:
+        wrapper = self.wrapper()
+        buffers = [] if getattr(wrapper, "broadcast_buffers", False) else list(self.module.named_buffers())
+        flags = torch.tensor([p.requires_grad for _, p in self.named], dtype=torch.int64, device=self.device)
+        params = fingerprints([p for _, p in self.named], self.device)
+        row = torch.cat([flags, params, fingerprints([b for _, b in buffers], self.device)])
+        table = self._gather(row, "forward check")
+        n = len(self.named)
+        flags, params, bufs = table[:, :n], table[:, n : 2 * n], table[:, 2 * n :]
+        if (i := _first_difference(flags)) is not None:
+            raise debug.DebugError(self._frozen(i, flags[:, i]))
+        if (i := _first_difference(params)) is not None:
+            raise debug.DebugError(self._drifted(i, params))
+        if (i := _first_difference(bufs)) is not None and "buffers" not in self.warned:
+            self.warned.add("buffers")
+            self._warn(self._buffers_differ(buffers, bufs, wrapper))
+
+    def _frozen(self, i: int, flags: torch.Tensor) -> str:
+        name = self.named[i][0]
+        yes, no = _where_value(flags, 1), _where_value(flags, 0)
+        return debug.finding(
+            "requires_grad differs across ranks",
+            f"parameter {name!r} requires grad on ranks {yes} but not on ranks {no} at step {self.step}, so the "
+            "ranks would send different gradients (this is not an unused parameter)",
+            f"freeze (requires_grad_(False)) or unfreeze {name!r} on every rank, before wrapping the model; "
+            "find_unused_parameters=True does not fix this",
+            dist.get_rank(),
+        )
+
+    def _drifted(self, i: int, params: torch.Tensor) -> str:
+        name, tensor = self.named[i]
+        others = [self.named[j][0] for j in _differences(params) if j != i]
+        return debug.finding(
+            "replicas drifted apart",
+            f"parameter {name!r} differs across ranks at step {self.step}, before its forward ("
+            f"{self._compare(tensor, params[:, i])}){_and_more(others)}: it changed on some ranks only since "
+            f"{'the wrapper was built' if self.step == 0 else f'step {self.step - 1}'}: an in-place edit or "
+            "load_state_dict on some ranks, or an optimizer with other settings (lr, weight decay) on some ranks",
+            "change parameters the same way on every rank (or broadcast them from rank 0 after the change), and "
+            "give every rank the same optimizer",
+            dist.get_rank(),
+        )
+
+    def _buffers_differ(self, buffers: list, bufs: torch.Tensor, wrapper) -> str:
+        differ = [buffers[j][0] for j in _differences(bufs)]
+        names = ", ".join(repr(n) for n in differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
+        why = (
+            "broadcast_buffers=False keeps each rank's own"
+            if hasattr(wrapper, "broadcast_buffers")
+            else f"{self.name} broadcasts buffers only when it is built"
+        )
+        return debug.finding(
+            "buffers differ across ranks",
+            f"{'buffer' if len(differ) == 1 else 'buffers'} {names} {'differs' if len(differ) == 1 else 'differ'} "
+            f"across ranks at step {self.step} ({why}): each rank evaluates and checkpoints its own statistics",
+            "pass broadcast_buffers=True (rank 0's buffers before each step, torch's default), or convert the "
+            "model with torch.nn.SyncBatchNorm.convert_sync_batchnorm",
+            dist.get_rank(),
+        )
+
+    # -- step 2: the step check -----------------------------------------------------------------------
+
+    def step_check(self) -> None:
+        """Before ``optimizer.step()``: the gradients it will use, compared across ranks."""
+        if self._paused():
+            return
+        step = max(self.step, self.steps_taken)
+        grads = [p.grad for _, p in self.trainable]
+        present = torch.tensor([g is not None for g in grads], dtype=torch.int64, device=self.device)
+        arrived = torch.tensor([i in self.arrived for i in range(len(grads))], dtype=torch.int64, device=self.device)
+        zero = torch.zeros((), dtype=torch.int64, device=self.device)
+        local = torch.stack([self.local.get(i, zero) for i in range(len(grads))]) if grads else present
+        complete = _ALL_LOCAL if len(self.local) == len(grads) else 0
+        notes = torch.tensor([self.notes | complete], dtype=torch.int64, device=self.device)
+        row = torch.cat([notes, present, fingerprints(grads, self.device), arrived, local])
+        self.arrived, self.local, self.steps_taken = set(), {}, step + 1
+        self.notes &= _NO_SYNC
+        table = self._gather(row, "step check")
+        n = len(grads)
+        present, sums, arrived, local = (table[:, 1 + k * n : 1 + (k + 1) * n] for k in range(4))
+        i = _first_difference(torch.cat([present, sums], dim=1))
+        if i is not None:
+            i %= n
+            raise debug.DebugError(self._not_averaged(i, step, present[:, i], arrived[:, i], sums[:, i], table))
+        everyone_computed = bool((table[:, 0] & _ALL_LOCAL).all()) and n > 0
+        self.same_data = self.same_data + 1 if everyone_computed and _first_difference(local) is None else 0
+        if self.same_data >= SAME_DATA_STEPS and "data" not in self.warned:
+            self.warned.add("data")
+            self._warn(
+                debug.finding(
+                    "every rank is reading the same data",
+                    f"the local gradients (before averaging) were bit-identical on every rank in steps "
+                    f"{step - SAME_DATA_STEPS + 1} to {step}, so the ranks compute one batch {self.group.size()}"
+                    " times: most likely no DistributedSampler or shard (or the same seed for a random loader)",
+                    "give each rank its own part of the data: DataLoader(dataset, sampler=DistributedSampler("
+                    "dataset)) and sampler.set_epoch(epoch) each epoch",
+                    dist.get_rank(),
+                )
+            )
+
+    def _not_averaged(self, i, step, present, arrived, sums, table) -> str:
+        name, param = self.trainable[i]
+        if len(set(arrived.tolist())) > 1:
+            return debug.finding(
+                "a parameter unused on some ranks",
+                f"parameter {name!r} got a gradient on ranks {_where_value(arrived, 1)} but not on ranks "
+                f"{_where_value(arrived, 0)} in step {step}: the forward did not use it there (a branch taken on "
+                "some ranks only), so its gradient was not averaged over every rank",
+                "pass find_unused_parameters=True to the wrapper (it then averages zeros in for the ranks that did "
+                "not use it), or use every parameter on every rank",
+                dist.get_rank(),
+            )
+        notes = 0
+        for rank_notes in table[:, 0].tolist():  # what any rank's forwards were
+            notes |= rank_notes
+        if notes & _DIRECT:
+            why = (
+                f"the forward did not go through the wrapper ({self.direct_at or 'a submodule was called directly'}), "
+                "so backward left each rank's own gradient"
+            )
+            fix = "call the wrapper (model(x), not model.module(x) or a submodule) for every forward of a step"
+        elif notes & _NO_SYNC:
+            why = "the step's last backward ran inside no_sync(), which only accumulates each rank's own gradient"
+            fix = "run the last micro-batch of each step (forward and backward) outside `with model.no_sync():`"
+        else:
+            why = (
+                "they were never averaged (simple and ga average in finish_gradient_synchronization()) or were "
+                "changed on some ranks after averaging (clipped by a rank's own norm, edited)"
+            )
+            fix = "average before optimizer.step() and change gradients only in the same way on every rank"
+        if bool(present.all()):
+            compared = self._compare(param.grad, sums)
+        else:
+            compared = f"present on ranks {_where_value(present, 1)} only"
+        return debug.finding(
+            "gradients never averaged",
+            f"the gradient of {name!r} differs across ranks at optimizer.step() in step {step} ({compared}): {why}",
+            fix,
+            dist.get_rank(),
+        )
+
+    # -- the cross-rank table and the full comparison ------------------------------------------------
+
+    def _gather(self, row: torch.Tensor, what: str) -> torch.Tensor:
+        rows = [torch.empty_like(row) for _ in range(self.group.size())]
+        with collective_check.labelled(f"minddp debug's {what} of {self.name}"):
+            dist.all_gather(rows, row, group=self.group)
+        return torch.stack(rows).cpu()
+
+    def _compare(self, tensor: torch.Tensor, sums: torch.Tensor) -> str:
+        """Every rank's ``tensor`` gathered, and how far each group of ranks is from rank 0's (the full comparison)."""
+        values = [torch.empty_like(tensor) for _ in range(self.group.size())]
+        with collective_check.labelled(f"minddp debug's full comparison of {self.name}"):
+            dist.all_gather(values, tensor.detach().contiguous(), group=self.group)
+        reference = values[0].double()
+        largest = max(float((v.double() - reference).abs().max()) for v in values)
+        differ = [r for r in range(len(values)) if int(sums[r]) != int(sums[0])]
+        agree = [r for r in _where_value(sums, int(sums[0])) if r != 0]
+        also = f"; {_ranks(agree)} as rank 0" if agree else ""
+        return (
+            f"{_ranks(differ)} {'differs' if len(differ) == 1 else 'differ'} from rank 0 by up to {largest:.3g}{also}"
+        )
+
+    def _warn(self, line: str) -> None:
+        """Warn, pointing at the script's line (the optimizer step or forward it was found in), not minddp's."""
+        frame, _ = collective_check.script_frame(sys._getframe(1))
+        if frame is None:
+            warnings.warn(debug.DebugWarning(line), stacklevel=2)
+        else:
+            warnings.warn_explicit(debug.DebugWarning(line), None, frame.f_code.co_filename, frame.f_lineno)
+
+
+def _before_optimizer_step(optimizer, args, kwargs) -> None:
+    """torch's global optimizer hook: the step check of every watch whose parameters this optimizer steps."""
+    if not _watches:
+        return
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for w in list(_watches):
+        if w.ids & stepped:
+            w.step_check()
+
+
+def _remove(handles: list) -> None:
+    for handle in handles:
+        handle.remove()
+
+
+def _first_difference(table: torch.Tensor) -> int | None:
+    """The first column whose value is not the same in every row (rank)."""
+    differ = _differences(table)
+    return differ[0] if differ else None
+
+
+def _differences(table: torch.Tensor) -> list[int]:
+    if table.numel() == 0:
+        return []
+    return (table.min(0).values != table.max(0).values).nonzero().view(-1).tolist()
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+
+
+def _where_value(column: torch.Tensor, value: int) -> list[int]:
+    return (column == value).nonzero().view(-1).tolist()
+
+
+def _and_more(names: list[str]) -> str:
+    if not names:
+        return ""
+    return (
+        f"; {len(names)} more differ too ({', '.join(repr(n) for n in names[:3])}{', ...' if len(names) > 3 else ''})"
+    )

@@ -1,0 +1,289 @@
+"""``MINDDP_DEBUG=1``: each classic data-parallel bug named in one line on every rank, nothing hangs.
+
+The scripts are ``tests/debug_bugs.py``: one ordinary DDP training script, the bug chosen by name.
+One 2-rank world runs them all (each bug's error caught inside the ranks: every check raises on every
+rank before the collective it guards, so the world stays usable for the next script):
+
+1. **without the flag**, the scripts that run to the end, under torch's DDP and minddp's: nothing of
+   debug mode is installed, and the final parameters are bit for bit torch's (the oracle);
+2. **with the flag**, every bug: the line says the cause, the tensor or call, the rank(s) and the step,
+   on every rank; the scripts without a bug (``none``, ``join``) say nothing;
+3. last, ``uneven``: a rank leaves the world while the other is in a step.
+
+What torch's DDP does on each (silent, a hang, or an error without the cause) is recorded once in
+``docs/debugging.md`` (``python tests/debug_bugs.py --record``), not asserted. One torchrun job checks
+the flag as a user sets it, on an unchanged script.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import os
+import re
+import subprocess
+import sys
+import warnings
+
+import debug_bugs
+import pytest
+import torch
+import torch.distributed as dist
+from processes import run_torchrun, torchrun_args
+from torch.distributed import distributed_c10d as c10d
+
+from minddp import launch
+from minddp.runtime import collective_check
+
+#: Scripts that run to the end under torch's DDP: compared bit for bit without the flag.
+COMPLETE = ["none", "drift", "buffers", "direct", "no_sync", "same-data", "join"]
+#: (wrapper, script) run with the flag; "minddp" is minddp.DistributedDataParallel, the rest teaching stages.
+FLAGGED = [("minddp", kind) for kind in debug_bugs.KINDS if kind != "uneven"] + [
+    ("ga", "no_sync"),
+    ("bucket-async", "drift"),
+    ("bucket-async", "frozen-late"),
+    ("hook", "uneven-barrier"),
+    ("simple", "coll-shape"),
+]
+
+
+def outcome(kind: str, impl: str) -> dict:
+    """Run one script on this rank: its error (one line per rank), its debug-mode warnings, its parameters."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            params, error = debug_bugs.train(kind, impl), None
+        except Exception as exc:  # every check raises on every rank, before the collective it guards
+            params, error = None, f"{type(exc).__name__}: {exc}"
+    said = [str(w.message) for w in caught if str(w.message).startswith("minddp debug")]
+    return {"params": params, "error": error, "warnings": said}
+
+
+def every_script() -> dict:
+    out = {("torch", kind): outcome(kind, "torch") for kind in COMPLETE}
+    out |= {("off", kind): outcome(kind, "minddp") for kind in COMPLETE}
+    out["debug code run in a step while off"] = debug_code_in_a_step()
+    out["installed while off"] = bool(collective_check._originals) or any(  # torch's own functions, untouched
+        getattr(dist, name) is not getattr(c10d, name) for name in collective_check.CHECKED if hasattr(c10d, name)
+    )
+    os.environ["MINDDP_DEBUG"] = "1"
+    out |= {(impl, kind): outcome(kind, impl) for impl, kind in FLAGGED}
+    out["late partner"] = late_partner()
+    out["minddp", "uneven"] = outcome("uneven", "minddp")  # last: rank 1 leaves the world
+    return out
+
+
+def debug_code_in_a_step() -> set[str]:
+    """The files of debug mode that one training step runs while it is off (the answer must be: none)."""
+    from minddp import build_stage
+    from minddp.ddp import debug as ddp_debug
+    from minddp.runtime import debug as switch
+    from minddp.stages import debug as model_checks
+
+    ours = {inspect.getsourcefile(m) for m in (switch, collective_check, model_checks, ddp_debug)}
+    ran: set[str] = set()
+    for stage in ("ddp", "bucket-async"):
+        torch.manual_seed(0)
+        wrapped = build_stage(stage, debug_bugs.Net())
+        optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+        for i, (x, y) in enumerate(debug_bugs.batches("none", dist.get_rank(), 2)):
+            if i == 1:  # the second step (the first rebuilds ddp's plan): every function it calls
+                sys.setprofile(lambda frame, event, arg: ran.add(frame.f_code.co_filename) if event == "call" else None)
+            try:
+                torch.nn.functional.mse_loss(wrapped(x), y).backward()
+                wrapped.finish_gradient_synchronization()
+                optimizer.step()
+            finally:
+                sys.setprofile(None)
+    return {os.path.basename(path) for path in ran & ours}
+
+
+class Told(io.StringIO):
+    """This rank's stderr, which also tells the store once something was written to it."""
+
+    def __init__(self, store):
+        super().__init__()
+        self.store = store
+
+    def write(self, text: str) -> int:
+        self.store.set("said", "1")
+        return super().write(text)
+
+
+def late_partner() -> dict:
+    """Rank 1 joins an all_reduce only once rank 0, waiting in its check, has said so: the line, then the sum."""
+    store = c10d._get_process_group_store(dist.group.WORLD)
+    before, collective_check.SAY_AFTER_S = collective_check.SAY_AFTER_S, 0.5
+    told = Told(store)
+    try:
+        total = torch.ones(1)
+        if dist.get_rank() == 0:
+            with contextlib.redirect_stderr(told):
+                dist.all_reduce(total)
+        else:
+            store.wait(["said"])  # not a timing: rank 1 arrives after rank 0's line, whatever the machine's speed
+            dist.all_reduce(total)
+    finally:
+        collective_check.SAY_AFTER_S = before
+    return {"said": told.getvalue(), "total": total.item()}
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[dict]:
+    return launch(every_script, world_size=2, timeout_s=60)
+
+
+def lines(runs, impl: str, kind: str, warning: bool = False) -> str:
+    """The line every rank said (checked: each rank said it, with its own rank, the same words); returned once."""
+    said = [r[impl, kind]["warnings"][0] if warning else r[impl, kind]["error"] for r in runs]
+    assert all(s is not None for s in said), (impl, kind, said)
+    bodies = set()
+    for rank, line in enumerate(said):
+        assert f"minddp debug (rank {rank}): " in line and "\n" not in line, line
+        bodies.add(line.split(f"(rank {rank}): ", 1)[1])
+    assert len(bodies) == 1, said  # every rank says the same
+    return bodies.pop()
+
+
+def test_off_nothing_is_installed_and_every_script_trains_bit_for_bit_like_torch(runs):
+    for rank, r in enumerate(runs):
+        assert r["installed while off"] is False
+        assert r["debug code run in a step while off"] == set()  # free when off: not one of its functions runs
+        for kind in COMPLETE:
+            ours, theirs = r["off", kind], r["torch", kind]
+            assert ours["error"] is None and theirs["error"] is None, (kind, ours["error"], theirs["error"])
+            assert torch.equal(ours["params"], theirs["params"]), (kind, rank)
+            assert ours["warnings"] == [], ours["warnings"]
+
+
+def test_scripts_without_a_bug_say_nothing_and_train_as_without_the_flag(runs):
+    for r in runs:
+        for kind in ("none", "join"):  # join: uneven batches handled (every check pauses while a rank has joined)
+            assert r["minddp", kind]["error"] is None and r["minddp", kind]["warnings"] == [], r["minddp", kind]
+            assert torch.equal(r["minddp", kind]["params"], r["torch", kind]["params"])
+
+
+def test_1_replicas_that_drift_apart_name_the_tensor_step_ranks_and_difference(runs):
+    for impl in ("minddp", "bucket-async"):
+        line = lines(runs, impl, "drift")
+        # rank 1 added 1e-3 to head.weight[0, 0] after step 1's update: found before step 2's forward
+        assert line.startswith("replicas drifted apart: parameter 'head.weight' differs across ranks at step 2"), line
+        assert "rank 1 differs from rank 0 by up to 0.001" in line, line
+        assert "Fix: " in line
+    line = lines(runs, "minddp", "buffers", warning=True)  # a warning: the run goes on
+    assert line.startswith("buffers differ across ranks: buffers 'norm.running_mean', 'norm.running_var'"), line
+    assert "broadcast_buffers=False" in line and "SyncBatchNorm" in line
+    assert all(r["minddp", "buffers"]["error"] is None for r in runs)
+
+
+def test_2_gradients_never_averaged_say_why_the_module_called_directly_or_no_sync(runs):
+    line = lines(runs, "minddp", "direct")
+    assert line.startswith("gradients never averaged: the gradient of 'encoder.weight' differs across ranks"), line
+    assert "in step 0" in line and "rank 1 differs from rank 0" in line
+    assert re.search(r"the wrapped module was called directly at tests/debug_bugs\.py:\d+", line), line
+    assert "Fix: call the wrapper (model(x), not model.module(x)" in line
+    for impl in ("minddp", "ga"):
+        line = lines(runs, impl, "no_sync")
+        assert line.startswith("gradients never averaged: the gradient of 'encoder.weight'") and "in step 3" in line
+        assert "inside no_sync()" in line and "outside `with model.no_sync():`" in line, line
+
+
+def test_3_every_rank_reading_the_same_data_is_a_warning_with_the_likely_cause(runs):
+    line = lines(runs, "minddp", "same-data", warning=True)
+    assert line.startswith("every rank is reading the same data: the local gradients (before averaging) were"), line
+    assert "bit-identical on every rank in steps 0 to 2" in line and "DistributedSampler" in line
+    for r in runs:  # it trains on: the same parameters as without the flag
+        assert torch.equal(r["minddp", "same-data"]["params"], r["off", "same-data"]["params"])
+        assert r["minddp", "none"]["warnings"] == []  # different data per rank: no warning
+
+
+@pytest.mark.parametrize(
+    "kind, how, rank0, rank1",
+    [
+        ("coll-shape", "another shape", "all_reduce(float32[2], op=SUM)", "all_reduce(float32[1], op=SUM)"),
+        ("coll-dtype", "another dtype", "all_reduce(float32[1], op=SUM)", "all_reduce(int64[1], op=SUM)"),
+        ("coll-op", "another op", "all_reduce(float32[1], op=SUM)", "broadcast(float32[1], root=0)"),
+        ("coll-missing", "another op", "all_reduce(float32[1], op=SUM)", "all_gather("),
+    ],
+)
+def test_4_mismatched_collectives_name_each_ranks_call_and_source_line(runs, kind, how, rank0, rank1):
+    line = lines(runs, "minddp", kind)
+    assert line.startswith("mismatched collectives: collective #") and f"differs across ranks ({how})" in line, line
+    first = re.search(r"rank 0 (.*?) at tests/debug_bugs\.py:(\d+)", line)
+    assert first and first.group(1) == rank0, line  # the script's own call, and its line
+    assert f"rank 1 {rank1}" in line, line
+    if kind == "coll-missing":  # rank 1 made no such call: its next collective is minddp's step check
+        assert "in minddp debug's step check of DistributedDataParallel (step 0)" in line, line
+    assert "(a collective made on some ranks only, e.g. under `if rank == 0:`" in line
+    assert lines(runs, "simple", "coll-shape").startswith("mismatched collectives:")  # under a teaching stage too
+
+
+def test_5_uneven_inputs_name_the_rank_that_left_and_the_step(runs):
+    for impl in ("minddp", "hook"):
+        line = lines(runs, impl, "uneven-barrier")
+        assert line.startswith("uneven inputs: rank 1 left the training loop after step 2"), line
+        assert re.search(r"barrier\(\) at tests/debug_bugs\.py:\d+ \(step 2\)", line), line
+        assert "while rank 0 is in a step:" in line and "(step 3)" in line
+        assert "DistributedSampler(..., drop_last=True)" in line and "model.join()" in line
+    # a rank that left the world altogether: rank 0 names it at once, rank 1 trained its 3 steps
+    r0, r1 = (r["minddp", "uneven"] for r in runs)
+    assert r1["error"] is None
+    assert r0["error"].startswith("DebugError: minddp debug (rank 0): uneven inputs: rank 1 left its training loop"), r0
+    # rank 1 said so on its way out: rank 0 names it from that, not from the 60 s timeout running out
+    assert "after step 2" in r0["error"] and "(step 3)" in r0["error"], r0["error"]
+
+
+def test_6_requires_grad_that_differs_is_told_apart_from_a_parameter_unused_on_some_ranks(runs):
+    for impl in ("minddp", "bucket-async"):
+        line = lines(runs, impl, "frozen-late")  # frozen on rank 0 after wrapping
+        assert line.startswith("requires_grad differs across ranks: parameter 'head.weight' requires grad on ranks [1]")
+        assert "not on ranks [0] at step 1" in line and "find_unused_parameters=True does not fix this" in line
+    for r in runs:  # frozen on rank 0 before wrapping: the model check, with or without the flag
+        error = r["minddp", "frozen"]["error"]
+        assert "'head.weight'" in error and "(requires_grad mismatch)" in error, error
+        assert "the same parameters frozen" in error
+    line = lines(runs, "minddp", "unused")
+    assert line.startswith("a parameter unused on some ranks: parameter 'extra.weight' got a gradient on ranks [0]")
+    assert "Fix: pass find_unused_parameters=True" in line
+
+
+def test_the_flag_under_torchrun_on_an_unchanged_script_names_a_rank_that_ended_early():
+    """The user's way: ``MINDDP_DEBUG=1 torchrun ... script.py``; rank 1 runs out of data and ends its script."""
+    script = os.path.join(os.path.dirname(__file__), "debug_bugs.py")
+    env = dict(os.environ, MINDDP_DEBUG="1", PYTHONPATH=os.pathsep.join(sys.path))
+    try:
+        done = run_torchrun(torchrun_args(script, "uneven", "minddp"), timeout=120, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the job hung")
+    assert done.returncode != 0, done.stdout
+    assert "rank 1: done" in done.stdout, done.stdout
+    said = [line for line in done.stderr.splitlines() if "minddp debug (rank 0): uneven inputs" in line]
+    assert said, done.stderr[-3000:]
+    left = r"rank 1 left its training loop and the process group \(destroy_process_group at .*debug_bugs\.py:\d+"
+    assert re.search(left + r", after step 2\) while rank 0 is in a step", said[0]), said[0]
+
+
+def test_a_partner_late_for_a_collective_is_said_once_then_the_collective_runs(runs):
+    said, total = runs[0]["late partner"]["said"], runs[0]["late partner"]["total"]
+    line = said.strip()
+    assert "\n" not in line and line.startswith("minddp debug (rank 0): waiting for a collective: rank 0 has waited"), (
+        said
+    )
+    assert re.search(r"in all_reduce\(float32\[1\], op=SUM\) at tests/test_debug\.py:\d+", line), line
+    assert "rank 1 has not reached collective #" in line and "rank 1's last was #" in line, line
+    assert total == 2.0 and runs[1]["late partner"]["total"] == 2.0  # then it ran, on both ranks
+
+
+def test_the_debug_benchmark_times_each_stage_with_and_without_debug_mode(capsys):
+    """``python -m minddp.bench.debug``, smallest run: a row per stage with both medians and their ratio."""
+    from minddp.bench import debug as bench_debug
+
+    assert bench_debug.main(["--preset", "tiny", "--stage", "ddp", "--rounds", "2", "--steps-per-round", "1"]) == 0
+    table = capsys.readouterr().out
+    row = re.search(r"^\| ddp \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \(([\d.]+)–([\d.]+)\) \|$", table, re.M)
+    assert row, table
+    plain, on, ratio = (float(row.group(k)) for k in (1, 2, 3))
+    # The ratio is of the two medians shown: they are rounded to 0.05 ms each way, the ratio to 0.0005.
+    assert abs(ratio - on / plain) <= ratio * (0.05 / on + 0.05 / plain) + 0.0005, table
+    assert "steps timed per configuration: 2" in table
