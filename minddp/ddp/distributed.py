@@ -37,6 +37,7 @@ from minddp.runtime import compat
 from minddp.runtime.envflags import env_flag
 from minddp.runtime.nested import map_tensors
 from minddp.stages.checks import check_same_model
+from minddp.stages.compiling import eager_under_compile, split_at_buckets
 from minddp.stages.grad_accum import GradAccumDDP
 
 DEFAULT_BUCKET_CAP_MB = 25.0
@@ -80,6 +81,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             for tensor in [*module.parameters(), *module.buffers()]:
                 compat.broadcast(tensor, group_src=0, group=group)
         self.reducer = self._make_reducer()
+        eager_under_compile(self)  # torch.compile(ddp) compiles the module, not this forward (docs/ddp.md)
         #: The submodules holding buffers, found once (as torch lists its buffers once): walking every
         #: submodule before each synced step costs ~1 µs a module, and most models have no buffers at all.
         self._buffer_owners = [m for m in module.modules() if m._buffers]
@@ -168,7 +170,17 @@ class DistributedDataParallel(nn.Module, Joinable):
     no_sync = GradAccumDDP.no_sync
 
     def forward(self, *inputs, **kwargs):
-        """Step 2, then the module's forward."""
+        """Step 2, then the module's forward (compiled: its graph cut where buckets fill; docs/ddp.md, *Compiled*)."""
+        will_sync, inputs, kwargs = self._before_module(inputs, kwargs)
+        with split_at_buckets(self.bucket_cap_mb):
+            outputs = self.module(*inputs, **kwargs)
+        if will_sync:
+            self.reducer.prepare_for_backward(outputs)
+        return outputs
+
+    @compat.run_eagerly  # Python even inside torch.compile(ddp), which compiles the module only
+    def _before_module(self, inputs: tuple, kwargs: dict) -> tuple[bool, tuple, dict]:
+        """Step 2 up to the module's call: whether the coming backward syncs, and the inputs on the module's device."""
         reducer = self.reducer
         will_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         if will_sync:
@@ -187,10 +199,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.require_forward_param_sync = will_sync  # torch's rule: next forward broadcasts only after a sync
         if self.device_ids:
             inputs, kwargs = map_tensors(lambda t: t.to(self._device, non_blocking=True), (inputs, kwargs))
-        outputs = self.module(*inputs, **kwargs)
-        if will_sync:
-            reducer.prepare_for_backward(outputs)
-        return outputs
+        return will_sync, inputs, kwargs
 
     def _sync_buffers(self, joined: bool = False) -> None:
         """``broadcast_buffers``: rank 0's buffers; under join(), the highest rank still training's (as torch)."""

@@ -48,6 +48,17 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
     return dist.broadcast(wire, src=src, group=group, async_op=async_op, group_src=group_src)
 
 
+def skip_frames(fn) -> None:
+    """Dynamo runs ``fn``'s own frames as Python and compiles the frames they call (``recursive=False``'s skip)."""
+    from torch._dynamo.decorators import skip  # Dynamo takes seconds to import: only once a wrapper is built
+
+    skip(fn)
+
+
+#: Decorator: Dynamo never compiles the function or anything it calls; Dynamo is imported at the first call.
+run_eagerly = torch._disable_dynamo
+
+
 def meta_device() -> torch.device:
     """``torch.device("meta")``, to build a model under ``with``, with torch._dynamo imported first (torch 2.6)."""
     import torch._dynamo  # noqa: F401  (its import-time tensor ops fail under a meta default device in 2.6)

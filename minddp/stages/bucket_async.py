@@ -37,6 +37,7 @@ from torch import nn
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
 from minddp.stages.bucket_plan import plan_buckets
+from minddp.stages.compiling import split_at_buckets
 from minddp.stages.grad_accum import GradAccumDDP
 
 
@@ -60,6 +61,11 @@ class AsyncBucketDDP(GradAccumDDP):
         me = weakref.ref(self)  # as hook.py: autograd's C++ side holds the hooks, so hold us weakly
         handles = [p.register_post_accumulate_grad_hook(lambda p: me()._grad_ready(p)) for p in params]
         weakref.finalize(self, lambda: [h.remove() for h in handles])
+
+    def forward(self, *inputs, **kwargs):
+        """Under ``torch.compile``, the module's graph is cut where buckets fill, so they go out during backward."""
+        with split_at_buckets(self.bucket_cap_mb):  # compiling.py
+            return super().forward(*inputs, **kwargs)
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         if self.sync_this_backward:  # step 2

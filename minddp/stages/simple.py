@@ -34,6 +34,7 @@ from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
 from minddp.runtime import compat
 from minddp.stages.checks import ParameterUse, check_same_model
+from minddp.stages.compiling import eager_under_compile
 
 
 class SimpleDDP(nn.Module):
@@ -50,6 +51,7 @@ class SimpleDDP(nn.Module):
         # How gradients travel: plain averaging unless another hook is registered (once, as torch allows).
         self.comm_hook, self.comm_state, self.hook_registered = allreduce_hook, process_group, False
         self.parameters_used = ParameterUse(module, process_group)
+        eager_under_compile(self)  # torch.compile(stage) compiles the module, not the stage's forward
 
     def register_comm_hook(self, state, hook) -> None:
         """Send gradients through ``hook(state, bucket) -> Future[Tensor]`` instead of plain averaging; once."""

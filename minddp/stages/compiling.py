@@ -1,0 +1,76 @@
+"""What ``torch.compile`` sees of a stage: its own lines run eagerly, its module compiled, cut where buckets fill.
+
+A wrapper's forward is bookkeeping (does this backward sync, which parameters did it use) around one
+call of the user's module; the gradients travel during backward. Under ``torch.compile``, in either
+pattern (``stage(torch.compile(model))``, as nanoGPT does, or ``torch.compile(stage)``):
+
+1. **the wrapper's own lines run eagerly** (:func:`eager_under_compile`, at construction): Dynamo
+   skips that frame and compiles the frames it calls, the module's. So ``torch.compile(stage)`` has
+   no graph break of minddp's making, as torch's DDP marks its own forward's context;
+2. **the compiled graph is cut where buckets fill** (:func:`split_at_buckets`, around the module's
+   call): a compiled graph's backward is *one* autograd node, which hands over every gradient at its
+   end, so no bucket could be sent before all of backward is done. Dynamo cuts the graph into pieces
+   of about ``bucket_cap_mb`` of parameters, counted in reverse order of use (its ``DDPOptimizer``,
+   ``torch/_dynamo/backends/distributed.py``), and compiles each piece apart: each piece's backward
+   hands over its gradients, their buckets are sent, and the earlier pieces' backward runs meanwhile.
+   Dynamo does this while a DDP module is *active* (torch's DDP marks itself so during its forward);
+   a minddp stage marks its bucket size the same way.
+
+torch's DDPOptimizer makes its first piece 1 MiB (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``,
+the first bucket of torch's DDP) and refuses a ``bucket_cap_mb`` below that; minddp lowers the first
+piece to the cap instead. Where the pieces fall and why: ``docs/ddp.md`` (*Compiled*).
+
+Example (what Dynamo reads while the stage's module runs)::
+
+    >>> from torch.nn.parallel import DistributedDataParallel as TorchDDP
+    >>> with split_at_buckets(bucket_cap_mb=0.25):
+    ...     TorchDDP._get_active_ddp_module().bucket_bytes_cap, torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+    (262144, 262144)
+    >>> TorchDDP._get_active_ddp_module() is None       # only during the call
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+from minddp.runtime import compat
+from minddp.stages.bucket_plan import MB
+
+
+def eager_under_compile(wrapper: nn.Module) -> None:
+    """Step 1: Dynamo skips the frames of the wrapper's own ``forward`` methods and compiles the frames they call."""
+    for cls in type(wrapper).__mro__:
+        if cls.__module__.startswith("minddp.") and "forward" in vars(cls):
+            compat.skip_frames(vars(cls)["forward"])
+
+
+@dataclass(frozen=True)
+class ActiveBuckets:
+    """What Dynamo reads of the active DDP module: the size of its buckets, in bytes (torch's attribute name)."""
+
+    bucket_bytes_cap: int
+
+
+@contextlib.contextmanager
+def split_at_buckets(bucket_cap_mb: float | None):
+    """Step 2: while the module runs, Dynamo cuts each graph it compiles into pieces of ``bucket_cap_mb``.
+
+    ``None`` (one bucket, no cap) cuts nothing. Nothing changes for a module that is not compiled.
+    """
+    if bucket_cap_mb is None:
+        yield
+        return
+    cap = int(bucket_cap_mb * MB)  # whole bytes, as the buckets (bucket_plan.py)
+    before = TorchDDP._active_ddp_module, dist._DEFAULT_FIRST_BUCKET_BYTES
+    TorchDDP._active_ddp_module = ActiveBuckets(cap)
+    dist._DEFAULT_FIRST_BUCKET_BYTES = min(before[1], cap)  # torch's first piece, or the cap where it is smaller
+    try:
+        yield
+    finally:
+        TorchDDP._active_ddp_module, dist._DEFAULT_FIRST_BUCKET_BYTES = before
