@@ -74,3 +74,10 @@ def split_at_buckets(bucket_cap_mb: float | None):
         yield
     finally:
         TorchDDP._active_ddp_module, dist._DEFAULT_FIRST_BUCKET_BYTES = before
+
+
+def is_compiled(module: nn.Module) -> bool:
+    """Is ``module`` a ``torch.compile(model)``? Dynamo then traces the hooks of the modules inside it too."""
+    from torch._dynamo.eval_frame import OptimizedModule  # imported by torch.compile already, if it is one
+
+    return isinstance(module, OptimizedModule)

@@ -58,7 +58,7 @@ from minddp.runtime.profiling import StepProfiler, write_json
 from minddp.sharding.hooks import check_name
 from minddp.sharding.memory import Probe, format_summary
 from minddp.train import checkpoint, outputs, sharded_checkpoint
-from minddp.train.config import ConfigError, TrainConfig, build_parser, parse_args
+from minddp.train.config import ConfigError, TrainConfig, build_parser, compile_unavailable, parse_args
 from minddp.train.data import DataError, Encoded, PreparedData, evaluate, prepare_data, step_batches
 from minddp.train.models import DTYPES, OFFLINE_PRESETS, build_model, resolve_model
 
@@ -226,8 +226,10 @@ def build(cfg: TrainConfig, stage: str, data: PreparedData) -> RankRun:
             model, stage, probe_batches, _loss, link, device, say=say if rank == 0 else None
         )
     wire = None if single else Wire(None, TRANSPORTS[cfg.collective], traffic, link)
+    # --compile: as nanoGPT, the model compiled, then wrapped; the model itself is what is saved and evaluated
+    compiled = torch.compile(model, backend=cfg.compile_backend) if cfg.compile else model
     wrapped = wrap(
-        stage, model, hook=cfg.hook, bucket_cap_mb=bucket_cap_mb, powersgd_options=cfg.powersgd_options(), wire=wire
+        stage, compiled, hook=cfg.hook, bucket_cap_mb=bucket_cap_mb, powersgd_options=cfg.powersgd_options(), wire=wire
     )
     optimizer = make_optimizer(stage, model, torch.optim.AdamW, hook=cfg.hook, wire=wire, lr=cfg.lr)
     checkpoints = Checkpoints(cfg, stage, replicas, wrapped, model, optimizer)
@@ -636,6 +638,11 @@ def _main(argv: list[str] | None) -> int:
                     say(f"skipping --stage torch: {reason}")
                     skipped[stage] = reason
                     continue
+            reason = compile_unavailable(stage, cfg.bucket_cap_mb) if cfg.compile else None
+            if reason:  # in --stage all or sharded (named, it is refused before: config.validate)
+                say(f"skipping --stage {stage}: {reason}")
+                skipped[stage] = reason
+                continue
             try:
                 result = run_stage(cfg, stage, data, run_dir, placement)
             except RankError as exc:
