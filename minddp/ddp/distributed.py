@@ -172,7 +172,7 @@ class DistributedDataParallel(nn.Module, Joinable):
     def forward(self, *inputs, **kwargs):
         """Step 2, then the module's forward (compiled: its graph cut where buckets fill; docs/ddp.md, *Compiled*)."""
         will_sync, inputs, kwargs = self._before_module(inputs, kwargs)
-        with split_at_buckets(self.bucket_cap_mb):
+        with split_at_buckets(self.bucket_cap_mb, self.first_bucket_cap_mb):
             outputs = self.module(*inputs, **kwargs)
         if will_sync:
             self.reducer.prepare_for_backward(outputs)

@@ -17,8 +17,9 @@ pattern (``stage(torch.compile(model))``, as nanoGPT does, or ``torch.compile(st
    a minddp stage marks its bucket size the same way.
 
 torch's DDPOptimizer makes its first piece 1 MiB (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``,
-the first bucket of torch's DDP) and refuses a ``bucket_cap_mb`` below that; minddp lowers the first
-piece to the cap instead. Where the pieces fall and why: ``docs/ddp.md`` (*Compiled*).
+the first bucket of torch's DDP at its default cap), whatever the cap, and refuses a ``bucket_cap_mb``
+below that. minddp makes each piece the size of a bucket, the first one included, so bucket *k* is
+full when piece *k*'s backward ends. Where the pieces fall and why: ``docs/ddp.md`` (*Compiled*).
 
 Example (what Dynamo reads while the stage's module runs)::
 
@@ -58,18 +59,20 @@ class ActiveBuckets:
 
 
 @contextlib.contextmanager
-def split_at_buckets(bucket_cap_mb: float | None):
-    """Step 2: while the module runs, Dynamo cuts each graph it compiles into pieces of ``bucket_cap_mb``.
+def split_at_buckets(bucket_cap_mb: float | None, first_bucket_cap_mb: float | None = None):
+    """Step 2: while the module runs, Dynamo cuts each graph it compiles into pieces the size of the buckets.
 
-    ``None`` (one bucket, no cap) cuts nothing. Nothing changes for a module that is not compiled.
+    ``bucket_cap_mb`` as the stage's buckets, ``first_bucket_cap_mb`` its first bucket's (``None``: the
+    same); ``bucket_cap_mb=None`` (one bucket) cuts nothing. A module that is not compiled sees no change.
     """
     if bucket_cap_mb is None:
         yield
         return
     cap = int(bucket_cap_mb * MB)  # whole bytes, as the buckets (bucket_plan.py)
+    first = cap if first_bucket_cap_mb is None else int(first_bucket_cap_mb * MB)
     before = TorchDDP._active_ddp_module, dist._DEFAULT_FIRST_BUCKET_BYTES
     TorchDDP._active_ddp_module = ActiveBuckets(cap)
-    dist._DEFAULT_FIRST_BUCKET_BYTES = min(before[1], cap)  # torch's first piece, or the cap where it is smaller
+    dist._DEFAULT_FIRST_BUCKET_BYTES = first  # DDPOptimizer's first piece: the first bucket, as the others
     try:
         yield
     finally:
