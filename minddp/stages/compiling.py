@@ -34,7 +34,7 @@ Example (what Dynamo reads while the stage's module runs)::
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch.distributed as dist
 from torch import nn
@@ -51,13 +51,6 @@ def eager_under_compile(wrapper: nn.Module) -> None:
             compat.skip_frames(vars(cls)["forward"])
 
 
-@dataclass(frozen=True)
-class ActiveBuckets:
-    """What Dynamo reads of the active DDP module: the size of its buckets, in bytes (torch's attribute name)."""
-
-    bucket_bytes_cap: int
-
-
 @contextlib.contextmanager
 def split_at_buckets(bucket_cap_mb: float | None, first_bucket_cap_mb: float | None = None):
     """Step 2: while the module runs, Dynamo cuts each graph it compiles into pieces the size of the buckets.
@@ -71,7 +64,7 @@ def split_at_buckets(bucket_cap_mb: float | None, first_bucket_cap_mb: float | N
     cap = int(bucket_cap_mb * MB)  # whole bytes, as the buckets (bucket_plan.py)
     first = cap if first_bucket_cap_mb is None else int(first_bucket_cap_mb * MB)
     before = TorchDDP._active_ddp_module, dist._DEFAULT_FIRST_BUCKET_BYTES
-    TorchDDP._active_ddp_module = ActiveBuckets(cap)
+    TorchDDP._active_ddp_module = SimpleNamespace(bucket_bytes_cap=cap)  # all Dynamo reads of torch's DDP
     dist._DEFAULT_FIRST_BUCKET_BYTES = first  # DDPOptimizer's first piece: the first bucket, as the others
     try:
         yield
