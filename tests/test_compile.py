@@ -48,8 +48,12 @@ class MLP(nn.Module):
         return self.head(x)
 
 
-def train(wrap, compile_how: str | None, steps: int = STEPS, split: bool = True, graph_break: bool = False):
-    """``steps`` SGD steps on this rank's batches; the parameters, Dynamo's counts, the last step's events."""
+def train(wrap, compile_how: str | None, steps=STEPS, split=True, graph_break=False, evaluate=False):
+    """``steps`` SGD steps on this rank's batches; the parameters, Dynamo's counts, the last step's events.
+
+    ``evaluate``: then one forward of the model itself, with no wrapper and no gradient (as the train
+    command evaluates).
+    """
     import torch._dynamo
     from torch._dynamo.utils import counters
 
@@ -75,8 +79,12 @@ def train(wrap, compile_how: str | None, steps: int = STEPS, split: bool = True,
         optimizer.zero_grad()
     events = [(e.time_range.start, e.name) for e in prof.events() if e.thread == _training_thread(prof)]
     torch._dynamo.config.optimize_ddp = True
+    if evaluate:
+        with torch.no_grad():
+            model(torch.ones(2, WIDTH))  # zero2 holds shards at rest: its hooks give the model full ones here
+    full = getattr(wrapped, "full_parameters", None)  # zero2: every rank's shards, gathered
     return {
-        "params": [p.detach().clone() for p in model.parameters()],
+        "params": [p.detach().clone() for p in (full().values() if full else model.parameters())],
         "breaks": sum(counters["graph_break"].values()),
         "pieces": counters["aot_autograd"]["total"],  # compiled graphs: pieces of the cut graph
         "sent_before_last_matmul": _sent_before_last_matmul(events),
@@ -106,20 +114,22 @@ def _sent_before_last_matmul(events) -> bool | None:
 def on_rank() -> dict:
     from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-    from minddp import AsyncBucketDDP, BucketDDP, DistributedDataParallel
+    from minddp import AsyncBucketDDP, BucketDDP, DistributedDataParallel, Zero2DDP
 
     cap = 1.0  # MiB: torch's DDPOptimizer refuses less
     out = {
         "eager": train(lambda m: DistributedDataParallel(m, bucket_cap_mb=cap), None),
         "ddp(compiled)": train(lambda m: DistributedDataParallel(m, bucket_cap_mb=cap), "model"),
         "torch(compiled)": train(lambda m: TorchDDP(m, bucket_cap_mb=cap), "model"),
-        "compiled(ddp)": train(lambda m: DistributedDataParallel(m, bucket_cap_mb=cap), "wrapper"),
         "ddp(compiled), no cut": train(lambda m: DistributedDataParallel(m, bucket_cap_mb=cap), "model", split=False),
+        # the wrapper compiled, around a model with a break of its own (a no-op for the values)
+        "compiled(ddp)": train(lambda m: DistributedDataParallel(m, bucket_cap_mb=cap), "wrapper", graph_break=True),
+        "model alone": train(lambda m: m, "wrapper", steps=1, graph_break=True),
         # below torch's smallest cap, where torch refuses to compile its DDP
         "compiled(bucket-async)": train(lambda m: AsyncBucketDDP(m, bucket_cap_mb=0.5), "wrapper"),
         "compiled(bucket)": train(lambda m: BucketDDP(m, bucket_cap_mb=0.5), "wrapper"),
-        "model alone, a break": train(lambda m: m, "wrapper", steps=1, graph_break=True),
-        "compiled(ddp), a break": train(lambda m: DistributedDataParallel(m), "wrapper", steps=1, graph_break=True),
+        # zero2 around a compiled model: the all-gather finished before the compiled forward; then evaluated eagerly
+        "zero2(compiled)": train(lambda m: Zero2DDP(m, bucket_cap_mb=cap), "model", evaluate=True),
     }
     try:
         train(lambda m: TorchDDP(m, bucket_cap_mb=0.5), "model", steps=1)
@@ -127,8 +137,8 @@ def on_rank() -> dict:
     except Exception as exc:  # noqa: BLE001 - what torch raises is the point
         out["torch below 1 MiB"] = str(exc)
     for result in out.values():
-        if isinstance(result, dict):
-            result.pop("params") if dist.get_rank() else None
+        if isinstance(result, dict) and dist.get_rank():
+            result.pop("params", None)
     return out
 
 
@@ -151,20 +161,21 @@ def test_compiled_bucketed_stages_train_as_torchs_compiled_ddp(runs):
     # buckets group the same element-wise average differently: on 2 ranks every grouping gives the same bits
     assert same_bits(runs["compiled(bucket-async)"], runs["torch(compiled)"])
     assert same_bits(runs["compiled(bucket)"], runs["torch(compiled)"])
+    # zero2: the same average, reduce-scattered (each rank sums the same two values per element)
+    assert same_bits(runs["zero2(compiled)"], runs["torch(compiled)"])
 
 
 def test_no_graph_break_of_minddps_making(runs):
-    for name in ("ddp(compiled)", "compiled(ddp)", "compiled(bucket-async)", "compiled(bucket)"):
+    for name in ("ddp(compiled)", "compiled(bucket-async)", "compiled(bucket)", "zero2(compiled)"):
         assert runs[name]["breaks"] == 0, name
     # the user's own break is counted once, as when the model is compiled alone
-    assert runs["model alone, a break"]["breaks"] == 1
-    assert runs["compiled(ddp), a break"]["breaks"] == runs["model alone, a break"]["breaks"]
+    assert runs["model alone"]["breaks"] == 1
+    assert runs["compiled(ddp)"]["breaks"] == runs["model alone"]["breaks"]
 
 
 def test_the_graph_is_cut_where_buckets_fill(runs):
     # 4 MiB of weights at 1 MiB: DDPOptimizer's pieces, the same for minddp and torch
     assert runs["ddp(compiled)"]["pieces"] == runs["torch(compiled)"]["pieces"] > 1
-    assert runs["compiled(ddp)"]["pieces"] == runs["torch(compiled)"]["pieces"]
     assert runs["ddp(compiled), no cut"]["pieces"] == 1
     # below 1 MiB torch refuses to compile its DDP; minddp cuts there too (each 1 MiB layer a piece of its own)
     assert "First bucket should be smaller" in runs["torch below 1 MiB"]
@@ -172,7 +183,68 @@ def test_the_graph_is_cut_where_buckets_fill(runs):
 
 
 def test_buckets_leave_while_compiled_backward_still_computes(runs):
-    for name in ("ddp(compiled)", "compiled(ddp)", "torch(compiled)", "compiled(bucket-async)", "eager"):
+    for name in (
+        "ddp(compiled)",
+        "compiled(ddp)",
+        "torch(compiled)",
+        "compiled(bucket-async)",
+        "zero2(compiled)",
+        "eager",
+    ):
         assert runs[name]["sent_before_last_matmul"] is True, name
     # the control: one compiled backward hands every gradient over at its end
     assert runs["ddp(compiled), no cut"]["sent_before_last_matmul"] is False
+
+
+# -- refused before any rank starts: one line, the cause and the fix ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, cause",
+    [
+        (["--compile", "--stage", "torch"], "its DDPOptimizer refuses caps below 1 MiB"),
+        (["--compile", "--stage", "torch", "--bucket-cap-mb", "auto"], "its DDPOptimizer refuses caps below 1 MiB"),
+        (["--compile", "--stage", "ddp,fsdp"], "minddp's fsdp does not compile"),
+        (["--compile-backend", "eager"], "--compile-backend has no effect without --compile"),
+        (["--compile", "--compile-backend", "nope"], "--compile-backend"),
+    ],
+)
+def test_train_refuses_what_does_not_compile_before_any_rank(argv, cause, capsys, monkeypatch):
+    from cli_checks import usage_error
+
+    from minddp.train import run as train
+
+    monkeypatch.setattr(train, "launch", lambda *a, **k: pytest.fail("a rank was started for bad input"))
+    assert train.main(argv) == 2
+    usage_error(capsys.readouterr().err, "train", cause)
+
+
+@pytest.mark.parametrize(
+    "argv, cause",
+    [
+        (["--compile", "--stage", "ddp,torch"], "its DDPOptimizer refuses caps below 1 MiB"),
+        (["--compile", "--stage", "ddp", "--variants", "powersgd"], "drop powersgd from --variants"),
+        (["--compile", "--stage", "ddp,torch-fsdp", "--bucket-cap-mb", "1"], "drop torch-fsdp from --stage"),
+        (["--compile", "--stage", "sharded", "--bucket-cap-mb", "1"], "minddp's fsdp does not compile"),
+    ],
+)
+def test_bench_refuses_what_does_not_compile_before_any_rank(argv, cause, capsys):
+    from cli_checks import usage_error
+
+    from minddp.bench.__main__ import main
+
+    assert main(argv) == 2
+    usage_error(capsys.readouterr().err, "bench", cause)
+
+
+def test_stage_all_skips_what_does_not_compile_saying_why():
+    from minddp.runtime.device import choose
+    from minddp.train.config import parse_args
+    from minddp.train.run import skip_reason
+
+    cfg, cpu = parse_args(["--stage", "all", "--compile"]), choose("gloo", 2)
+    reasons = {stage: skip_reason(cfg, stage, cpu) for stage in cfg.stages()}
+    assert [s for s, why in reasons.items() if why] == ["fsdp", "torch"]
+    assert reasons["fsdp"].startswith("minddp's fsdp does not compile")
+    assert reasons["torch"].startswith("torch's DDP does not compile with --bucket-cap-mb 0.1")
+    assert not any(skip_reason(parse_args(["--stage", "all"]), stage, cpu) for stage in cfg.stages())  # eager: none

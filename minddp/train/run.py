@@ -467,6 +467,17 @@ def run_name(cfg: TrainConfig, source: str) -> str:
     )
 
 
+def skip_reason(cfg: TrainConfig, stage: str, placement: Placement) -> str | None:
+    """Why this run skips ``stage`` (one line), or None: a hook torch's DDP cannot run here; with ``--compile``,
+    a stage that does not compile, in ``--stage all`` or ``sharded`` (named, it is refused earlier: config.validate)."""
+    if stage == "torch" and not cfg.link:  # with a link: minddp's hook (ladder.wrap)
+        cap = None if cfg.bucket_cap_mb == "auto" else cfg.bucket_cap_mb
+        reason = torch_hook_unavailable(cfg.hook, placement.backend, cap, placement.device_type)
+        if reason:
+            return reason
+    return compile_unavailable(stage, cfg.bucket_cap_mb) if cfg.compile else None
+
+
 def check_combination(cfg: TrainConfig) -> None:
     """Contradictions between options that argparse cannot see."""
     if cfg.analyze and not profiling(cfg):
@@ -623,23 +634,8 @@ def _main(argv: list[str] | None) -> int:
     bar_drawn(cfg.progress)
     try:
         for stage in cfg.stages():  # step 3
-            if stage == "torch":
-                reason = (
-                    None
-                    if cfg.link
-                    else torch_hook_unavailable(  # with a link: minddp's hook (ladder.wrap)
-                        cfg.hook,
-                        placement.backend,
-                        None if cfg.bucket_cap_mb == "auto" else cfg.bucket_cap_mb,
-                        placement.device_type,
-                    )
-                )
-                if reason:
-                    say(f"skipping --stage torch: {reason}")
-                    skipped[stage] = reason
-                    continue
-            reason = compile_unavailable(stage, cfg.bucket_cap_mb) if cfg.compile else None
-            if reason:  # in --stage all or sharded (named, it is refused before: config.validate)
+            reason = skip_reason(cfg, stage, placement)
+            if reason:
                 say(f"skipping --stage {stage}: {reason}")
                 skipped[stage] = reason
                 continue
