@@ -5,8 +5,9 @@ call of the user's module; the gradients travel during backward. Under ``torch.c
 pattern (``stage(torch.compile(model))``, as nanoGPT does, or ``torch.compile(stage)``):
 
 1. **the wrapper's own lines run eagerly** (:func:`eager_under_compile`, at construction): Dynamo
-   skips that frame and compiles the frames it calls, the module's. So ``torch.compile(stage)`` has
-   no graph break of minddp's making, as torch's DDP marks its own forward's context;
+   skips its ``forward`` frames and compiles the frames they call, the module's; what else they call
+   (the graph walk) is marked ``compat.run_eagerly``, as torch's DDP marks its forward's context. So
+   ``torch.compile(stage)`` has no graph break of minddp's making;
 2. **the compiled graph is cut where buckets fill** (:func:`split_at_buckets`, around the module's
    call): a compiled graph's backward is *one* autograd node, which hands over every gradient at its
    end, so no bucket could be sent before all of backward is done. Dynamo cuts the graph into pieces
