@@ -298,9 +298,10 @@ plt.show()
 #   parameters each rank's forward used (`ParameterUse`); a mismatch raises the same error on every
 #   rank.
 #
-# It also takes a `process_group` (all ranks by default), as torch's DDP does, and its broadcast goes
-# through a thin wrapper that takes the argument names every torch release from 2.6 on accepts. The
-# code, then the default hook:
+# It also takes a `process_group` (all ranks by default), as torch's DDP does. Its `broadcast` and
+# the default hook come from `minddp/comm/plain.py`, the plain calls every stage makes: the broadcast
+# is `torch.distributed.broadcast`, with a complex tensor sent as its real view (torch 2.6's gloo
+# refuses complex ones). The code, then the default hook:
 
 # %%
 from minddp import stages

@@ -39,6 +39,12 @@
 #   extra exact all_reduce beside the hook, not counted as traffic);
 # * how far each hook's parameters end up from plain averaging's, relative to how far plain
 #   averaging moved them.
+#
+# Then each hook sends over an **emulated 1 Gbit/s link** (`minddp.comm.link`, as in notebooks 03
+# and 05), where fewer bytes become less time: how long its messages take on the link, how much of
+# that the step stood waiting for, and on which links PowerSGD's extra messages cost more than its
+# saved bytes. The notation is notebook 01's: n ranks, m bytes of a message, α the fixed cost of a
+# message, β the time per byte (1 / B, B the link's bandwidth).
 
 # %%
 # %load_ext minddp.notebook
@@ -99,20 +105,28 @@ table.round(4)
 import torch
 
 err = table["grad error (relative)"]
-lesson.say(
-    f"fp16 and bf16 send {table.loc['fp16', 'bytes vs allreduce']:.2f} and "
-    f"{table.loc['bf16', 'bytes vs allreduce']:.2f} of plain averaging's bytes.",
-    f"Their errors, {err['fp16']:.1e} and {err['bf16']:.1e}, follow from their formats: a float16 keeps "
-    f"steps of {torch.finfo(torch.float16).eps:.1e} relative to a number, a bfloat16 "
-    f"{torch.finfo(torch.bfloat16).eps:.1e} (fewer mantissa bits, for float32's range).",
+eps = {
+    name: torch.finfo(getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[name])).eps for name in ("fp16", "bf16")
+}
+lesson.claim(
+    table.loc["fp16", "bytes vs allreduce"] == table.loc["bf16", "bytes vs allreduce"] == 0.5,
+    "fp16 and bf16 send exactly half of plain averaging's bytes, in as many calls: 2 bytes a value instead of 4.",
+)
+# Each 16-bit hook rounds every value twice (the cast, then the sum of n = 2 terms), each time by at most half
+# a step (eps / 2), so its relative error is at most eps; bfloat16's step is 8x float16's.
+lesson.claim(
+    err["fp16"] <= eps["fp16"] and err["bf16"] <= eps["bf16"] and err["fp16"] < err["bf16"],
+    f"Their errors, {err['fp16']:.1e} and {err['bf16']:.1e}, stay within their formats' steps: a float16 keeps "
+    f"steps of {eps['fp16']:.1e} relative to a number, a bfloat16 {eps['bf16']:.1e} (fewer mantissa bits, for "
+    f"float32's range), so bf16's error is the larger.",
 )
 
 # %% [markdown]
 # ## PowerSGD, step by step
 #
-# PowerSGD is the one hook whose numbers need explaining: the calls go *up*, the bytes come down a
-# long way, and its gradient error is large. The cell below shows its traffic and error at every
-# step, beside plain averaging's.
+# PowerSGD is the one hook whose numbers need explaining: its calls, its bytes and its gradient error
+# all move, and not in the same direction. The cell below shows its traffic and error at every step,
+# beside plain averaging's.
 
 # %%
 # %%rank 0
@@ -130,23 +144,36 @@ steps = pd.DataFrame(
 )
 buckets = lesson.buckets_of(a.model)
 last = steps.iloc[-1]
-lesson.say(
+early, late = steps.iloc[:start_iter], steps.iloc[start_iter:]
+# plain averaging through PowerSGD's first steps is allreduce_hook itself: the same division and sum as the
+# exact average it is compared with, so its error is 0 up to float32's rounding of one sum (1e-6 is ~10 eps)
+lesson.claim(
+    (early["powersgd calls"] == early["allreduce calls"]).all()
+    and (early["powersgd KiB"] == early["allreduce KiB"]).all()
+    and (early["powersgd relative error"] < 1e-6).all(),
     f"For the first {start_iter} steps PowerSGD is plain averaging (start_powerSGD_iter={start_iter}): the same "
     f"calls and bytes, no error.",
-    f"Then it makes {int(last['powersgd calls'])} calls a step for {buckets} buckets, "
-    f"{last['powersgd calls'] / buckets:g} per bucket, where plain averaging makes {int(last['allreduce calls'])}: "
-    f"one for the tensors it leaves uncompressed (biases, norm weights: vectors have no low-rank form), one "
-    f"for all the bucket's P factors, one for all its Q factors, which need the averaged P first.",
+)
+lesson.claim(
+    (late["powersgd calls"] == 3 * buckets).all() and (late["allreduce calls"] == buckets).all(),
+    f"Then it makes {int(last['powersgd calls'])} calls a step for {buckets} buckets, 3 per bucket, where plain "
+    f"averaging makes {int(last['allreduce calls'])}: one for the tensors it leaves uncompressed (biases, norm "
+    f"weights: vectors have no low-rank form), one for all the bucket's P factors, one for all its Q factors, "
+    f"which need the averaged P first.",
+)
+lesson.say(
     f"Those carry {last['powersgd KiB'] / last['allreduce KiB']:.3f} of the bytes "
     f"({last['allreduce KiB'] / last['powersgd KiB']:.0f} times fewer).",
-    f"Its relative gradient error, once compressing, ranged from {steps['powersgd relative error'].iloc[start_iter:].min():.2f} "
-    f"to {steps['powersgd relative error'].iloc[start_iter:].max():.2f}.",
+    f"Its relative gradient error, once compressing, ranged from {late['powersgd relative error'].min():.2f} "
+    f"to {late['powersgd relative error'].max():.2f}: at least "
+    f"{late['powersgd relative error'].min() / err['bf16']:.0f} times bf16's",
+    "and above 1 at some steps." if late["powersgd relative error"].max() > 1 else "and below 1 at every step.",
 )
 steps.round(3)
 
 # %% [markdown]
-# Why can PowerSGD's error be so large, even above 1 (an "average" farther from the true average
-# than the average is from zero)? Two reasons, both by design:
+# Why can PowerSGD's error be so large, and why can it exceed 1 (an "average" farther from the true
+# average than the average is from zero)? Two reasons, both by design:
 #
 # * matrix rank 1 keeps one direction per gradient matrix: most of a single step's gradient is
 #   dropped;
@@ -162,6 +189,197 @@ steps.round(3)
 # steps cannot show the long-run convergence; `python -m minddp.train --stage bucket-async --hook
 # powersgd --powersgd-rank 1` trains for as long as you like with one hook, and `python -m
 # minddp.analyze --compare RUN_A RUN_B` puts two such runs side by side.
+#
+# ## Over a link: from bytes to time
+#
+# Bytes are what compression saves; time is what a step pays. Each hook now trains over the
+# emulated 1 Gbit/s link: the real all_reduce still runs, and its Future completes no earlier than
+# the link's α-β model says the message arrives, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of
+# m bytes. Each hook gets a fresh trainee without the error measurement (its extra exact all_reduce
+# waits inside the backward and would change the timing) and a warm-up step (PowerSGD as many as it
+# needs to start compressing), and one profiled step is read:
+#
+# * *link ms*: the modelled time of the step's messages on the link, from their sizes alone (the
+#   same on any machine);
+# * *exposed link ms*: the part of that time during which the training thread stood still for the
+#   sync: in `finish_gradient_synchronization()` after the last backward, or waiting inside a hook
+#   (PowerSGD waits for each bucket's summed P before it computes Q). It never exceeds *link ms*,
+#   and it is measured here: how much of the link's time a backward hides depends on how long this
+#   machine takes for it;
+# * *step ms*: the whole step, measured once on this machine (shown, not compared: PowerSGD's own
+#   matrix products are part of it, and compute speed differs from machine to machine).
+
+# %%
+# %%distributed
+from minddp.comm.link import parse_link
+
+LINK = parse_link("1gbit")
+linked = {
+    name: lesson.Trainee(
+        "bucket-async",
+        hook=name,
+        powersgd_options=options,
+        warmup=(options or {}).get("start_powerSGD_iter"),  # PowerSGD compresses from the next step on
+        link=LINK,
+    )
+    for name, options in HOOKS.items()
+}
+on_link = {name: t.look() for name, t in linked.items()}
+sent = {name: [(m["kind"], m["bytes"]) for m in t.link.log] for name, t in linked.items()}  # the step's messages
+lesson.say(f"The emulated link: {LINK.describe()}.")
+
+# %%
+# %%rank 0
+n = world_size
+per_message = LINK.seconds("all_reduce", 0, n) * 1e3  # 2(n − 1) α: the fixed cost of one all_reduce, ms
+timed = pd.DataFrame(
+    {
+        name: {
+            "messages": v["calls"],
+            "KiB sent": v["bytes"] / 1024,
+            "link ms (modelled)": v["link_ms"],
+            "exposed link ms (measured)": lesson.exposed_link_ms(v),
+            "step ms (measured)": v["row"]["end"],
+        }
+        for name, v in on_link.items()
+    }
+).T
+plain, fp16, psgd = (timed.loc[h] for h in ("allreduce", "fp16", "powersgd"))
+fixed = {h: timed.loc[h, "messages"] * per_message for h in timed.index}
+lesson.claim(
+    abs(fp16["link ms (modelled)"] - fixed["fp16"] - (plain["link ms (modelled)"] - fixed["allreduce"]) / 2)
+    < 1e-9 * plain["link ms (modelled)"],
+    f"On the link, half the bytes is half the time: fp16 and bf16 take {fp16['link ms (modelled)']:.1f} ms against "
+    f"plain averaging's {plain['link ms (modelled)']:.1f} ms; only the fixed cost of their "
+    f"{int(fp16['messages'])} messages, {fixed['fp16']:.1f} ms, is not halved.",
+)
+last_bucket = LINK.seconds(*sent["allreduce"][-1], n) * 1e3
+row = on_link["allreduce"]["row"]
+lesson.claim(
+    psgd["link ms (modelled)"] < last_bucket and psgd["messages"] == 3 * plain["messages"],
+    f"PowerSGD's {int(psgd['messages'])} messages take {psgd['link ms (modelled)']:.1f} ms, "
+    f"{fixed['powersgd']:.1f} ms of it fixed cost (3 times as many messages). Plain averaging's last bucket "
+    f"alone, {lesson.mib(sent['allreduce'][-1][1])} handed to the wire "
+    f"{row['backward'][-1][1] - row['sent'][-1]:.1f} ms before the last backward ended, takes "
+    f"{last_bucket:.1f} ms.",
+)
+# exposed link time is link time the thread waited through (module lesson, exposed_link_ms): never more
+lesson.claim(
+    (timed["exposed link ms (measured)"] <= timed["link ms (modelled)"] + 1e-9).all(),
+    f"So on any machine PowerSGD leaves at most {psgd['link ms (modelled)']:.1f} ms of the link's time exposed. "
+    f"Here the step stood still for {psgd['exposed link ms (measured)']:.1f} ms of it, for "
+    f"{plain['exposed link ms (measured)']:.1f} ms of plain averaging's {plain['link ms (modelled)']:.0f} ms and "
+    f"{fp16['exposed link ms (measured)']:.1f} ms of fp16's {fp16['link ms (modelled)']:.0f} ms (measured: a faster "
+    f"backward hides less of the link's time).",
+)
+timed.round(1)
+
+# %% [markdown]
+# ## Where each wins: messages against bytes
+#
+# PowerSGD pays the fixed cost α three times a bucket where plain averaging pays it once, and saves
+# almost all of the bytes. Per step, with k all_reduces of M bytes in all, the link takes
+#
+# `T = k · 2(n − 1) α + 2(n − 1)/n · M β`,
+#
+# so PowerSGD (k′ messages, M′ bytes) is the faster exactly when its saved bytes outweigh its extra
+# messages, `2(n − 1)/n · (M − M′) β > 2(n − 1)(k′ − k) α`. Read for the bandwidth, the ranks and
+# the size of a bucket:
+#
+# * **bandwidth**: PowerSGD wins below `B* = (M − M′) / (n (k′ − k) α)`;
+# * **ranks**: PowerSGD wins below `n* = (M − M′) / ((k′ − k) α B)`: around a ring every message's α
+#   is paid 2(n − 1) times, while each rank's bytes stay under 2M whatever n;
+# * **model size**, through its buckets: a bucket of m bytes, compressed to r · m, pays two extra
+#   messages, so compressing it pays only for `m > m* = 2 n α B / (1 − r)`. A model smaller than one
+#   such bucket loses; a larger one, cut into buckets larger than m*, wins bucket by bucket.
+#
+# The cell prices this step's messages (the sizes recorded above) on every preset link with the
+# link's own model, and computes the three crossovers from the counts and bytes.
+
+# %%
+# %%rank 0
+import matplotlib.pyplot as plt
+from minddp.comm.link import GBIT, PRESETS, LinkSpec
+
+HOOK_NAMES = {"allreduce": "plain averaging", "fp16": "fp16 / bf16", "powersgd": "PowerSGD"}
+k, M = int(plain["messages"]), sum(m for _, m in sent["allreduce"])
+k2, M2 = int(psgd["messages"]), sum(m for _, m in sent["powersgd"])
+r = M2 / M
+
+
+def step_link_ms(hook, spec):
+    return sum(spec.seconds(kind, m, n) for kind, m in sent[hook]) * 1e3
+
+
+def crossover(alpha):
+    return (M - M2) / (n * (k2 - k) * alpha)  # B*, bytes/s
+
+
+links = {name: spec for name, spec in PRESETS.items() if name != "loopback"}
+wins = pd.DataFrame(
+    {
+        name: {
+            "α (µs)": spec.latency * 1e6,
+            "B (Gbit/s)": spec.bandwidth / GBIT,
+            **{f"{HOOK_NAMES[h]}, link ms": step_link_ms(h, spec) for h in HOOK_NAMES},
+            "B* (Gbit/s)": crossover(spec.latency) / GBIT,
+            "n*": (M - M2) / ((k2 - k) * spec.latency * spec.bandwidth),
+            "m* (KiB)": 2 * n * spec.latency * spec.bandwidth / (1 - r) / 1024,
+        }
+        for name, spec in links.items()
+    }
+).T
+faster = {name: step_link_ms("powersgd", spec) < step_link_ms("allreduce", spec) for name, spec in links.items()}
+lesson.claim(
+    all(faster[name] == (spec.bandwidth < crossover(spec.latency)) for name, spec in links.items()),
+    f"With k = {k}, M = {lesson.mib(M)} for plain averaging and k′ = {k2}, M′ = {M2 / 1024:.0f} KiB for PowerSGD, "
+    f"the link's own prices agree with B* on every preset: PowerSGD's messages take less time on "
+    f"{', '.join(nm for nm in links if faster[nm]) or 'none'}; plain averaging's on "
+    f"{', '.join(nm for nm in links if not faster[nm]) or 'none'}.",
+)
+tie = LinkSpec("B*", crossover(LINK.latency), LINK.latency)
+lesson.claim(
+    abs(step_link_ms("powersgd", tie) - step_link_ms("allreduce", tie)) < 1e-9 * step_link_ms("allreduce", tie),
+    f"At {LINK.name}'s α = {LINK.latency * 1e6:g} µs the two tie at B* = {tie.bandwidth / GBIT:.0f} Gbit/s, "
+    f"{tie.bandwidth / LINK.bandwidth:.0f} times {LINK.name}; at {LINK.name}'s bandwidth they would tie at "
+    f"n* = {wins.loc[LINK.name, 'n*']:.0f} ranks, and a bucket pays for its compression from m* = "
+    f"{wins.loc[LINK.name, 'm* (KiB)']:.0f} KiB (these buckets: {lesson.SETTINGS.bucket_cap_mb:g} MiB).",
+)
+
+fig, ax = plt.subplots(figsize=(8, 4))
+bandwidths = [GBIT * 10 ** (e / 20) for e in range(-20, 81)]  # 0.1 Gbit/s to 10 Tbit/s
+for alpha, style in ((LINK.latency, "-"), (PRESETS["nvlink"].latency, ":")):
+    for hook, color in zip(HOOK_NAMES, ("#4c72b0", "#dd8452", "#55a868")):
+        ax.plot(
+            [b / GBIT for b in bandwidths],
+            [step_link_ms(hook, LinkSpec("", b, alpha)) for b in bandwidths],
+            style,
+            color=color,
+            label=f"{HOOK_NAMES[hook]}, α = {alpha * 1e6:g} µs",
+        )
+    ax.axvline(crossover(alpha) / GBIT, color="grey", ls=style, lw=0.8)
+    ax.annotate(f" B*, α = {alpha * 1e6:g} µs", (crossover(alpha) / GBIT, 3e2), fontsize=7, color="grey")
+ax.set(xscale="log", yscale="log", xlabel="bandwidth B (Gbit/s)", ylabel="link ms per step (modelled)")
+presets = ax.secondary_xaxis("top")  # the preset links' bandwidths
+presets.set_xticks([spec.bandwidth / GBIT for spec in links.values()], list(links), rotation=90, fontsize=7)
+ax.set_title(
+    "This step's messages on links of every bandwidth (grey: B*, where PowerSGD and plain averaging tie)", fontsize=9
+)
+ax.legend(fontsize=7, loc="lower left")
+fig.tight_layout()
+plt.show()
+wins.round(2)
+
+# %% [markdown]
+# What the link's model leaves out, each on PowerSGD's side of the ledger: its own compute (the
+# matrix products and the orthogonalization, inside *step ms* above); the wait for the summed P
+# before Q can be computed, inside the backward; and the error feedback's memory, one more
+# gradient-sized tensor per rank. Real libraries also change α's count: NCCL sends small messages
+# along a tree, whose α term grows like log n, not 2(n − 1). So B*, n* and m* say where the link's
+# times tie, an upper bound on where PowerSGD pays off; fp16 and bf16 never lose on the link (the
+# same messages, half the bytes).
+#
+# ## torch compatibility
 #
 # The hooks are torch-compatible: `register_comm_hook(state, hook)` on any minddp stage takes
 # `minddp.comm.default_hooks` and `minddp.comm.powerSGD_hook` functions *or* torch's own

@@ -22,8 +22,8 @@
 # The ZeRO rungs keep DDP's computation (every rank runs the whole forward and backward on its own
 # shard of the batch) and stop repeating the *state*:
 #
-# * `zero1`: each rank keeps the optimizer state of `1/N` of every parameter, steps that part,
-#   and the updated parameters are all-gathered;
+# * `zero1`: each rank keeps the optimizer state of `1/n` of every parameter (n ranks), steps that
+#   part, and the updated parameters are all-gathered;
 # * `zero2`: the gradients are *reduce-scattered* instead of all-reduced, so each rank only
 #   ever receives the part of the average it steps;
 # * `fsdp`: the parameters are sharded too, and each block of the model is gathered just before
@@ -31,7 +31,8 @@
 #
 # Two collectives do the work: the reduce-scatter and the all-gather. We start with them, on the
 # two ranks, then train the notebooks' workload with the four stages side by side and measure
-# what each rank holds.
+# what each rank holds, in fp32 and computing in bf16. The notation is notebook 01's: n ranks, m
+# bytes of a message or tensor, α the fixed cost of one message, β the time per byte.
 
 # %%
 # %load_ext minddp.notebook
@@ -46,7 +47,7 @@ lesson.say(lesson.describe())
 # %% [markdown]
 # ## All_reduce is a reduce-scatter and an all-gather
 #
-# A **reduce-scatter** sums a tensor over the ranks and leaves each rank one `1/N` piece of the
+# A **reduce-scatter** sums a tensor over the ranks and leaves each rank one `1/n` piece of the
 # sum. An **all-gather** is the opposite move: each rank brings a piece and everyone ends with all
 # of them. One after the other, they are an all_reduce. Here minddp's ring versions (written from
 # `send`/`recv`) on every rank, checked against gloo's all_reduce:
@@ -79,21 +80,22 @@ from minddp.notebook.source import show_source
 show_source(ring_all_reduce)
 
 # %% [markdown]
-# What each costs, in the α-β model (α the latency of one message, β seconds per byte, `B` the
-# bytes of the tensor, `N` ranks): each pass is `N − 1` messages carrying `(N − 1)/N · B` bytes per
-# rank, and the all_reduce is both. So ZeRO-2, which reduce-scatters the gradients and later
-# all-gathers the parameters, moves the bytes DDP moves; FSDP gathers the parameters twice, for
-# the forward and again for the backward. For this workload's gradients, per synced backward
-# (one micro-batch; what a step with several micro-batches adds is counted further down):
+# What each costs, in the α-β model (α the fixed cost of one message, β the time per byte, m the
+# bytes of the tensor, n ranks): each pass is `n − 1` messages carrying `(n − 1)/n · m` bytes per
+# rank, `(n − 1) α + (n − 1)/n · m β`, and the all_reduce is both. So ZeRO-2, which
+# reduce-scatters the gradients and later all-gathers the parameters, moves the bytes DDP moves;
+# FSDP gathers the parameters twice, for the forward and again for the backward. For this
+# workload's gradients, per synced backward (one micro-batch; what a step with several
+# micro-batches adds is counted further down):
 
 # %%
 # %%distributed
 from minddp.train.models import count_parameters
 
-B = count_parameters(lesson.make_model()) * 4  # float32 bytes of the whole model
-one_pass = (world - 1) / world * B
+m = count_parameters(lesson.make_model()) * 4  # float32 bytes of the whole model
+one_pass = (world - 1) / world * m
 lesson.say(
-    f"B = {lesson.mib(B)}; at {world} ranks each pass sends {lesson.mib(one_pass)} per rank, in "
+    f"m = {lesson.mib(m)}; at n = {world} ranks each pass sends {lesson.mib(one_pass)} per rank, in "
     f"{world - 1} message(s): all_reduce {lesson.mib(2 * one_pass)} (DDP), reduce-scatter + all-gather "
     f"{lesson.mib(2 * one_pass)} (ZeRO-2), reduce-scatter + two all-gathers {lesson.mib(3 * one_pass)} (FSDP)."
 )
@@ -105,7 +107,7 @@ lesson.say(
 # `minddp.ZeroRedundancyOptimizer`; `zero2` and `fsdp` replace the module's parameters by this
 # rank's shards, so the optimizer built over `model.parameters()` holds state for the shards only
 # (`minddp.ladder.make_optimizer` builds each stage's). One step of each is measured by
-# `minddp.bench.memory.Probe`, from the tensors the rank holds: parameters, gradients just
+# `minddp.sharding.memory.Probe`, from the tensors the rank holds: parameters, gradients just
 # before the optimizer steps, optimizer state just after, the activations autograd saved, and
 # FSDP's gathered blocks at their peak.
 
@@ -126,18 +128,18 @@ for name, t in trainees.items():
 import pandas as pd
 
 rows = {}
-for name, m in memory.items():
-    state = m["parameters"] + m["gradients"] + m["optimizer"]
-    formula = formula_bytes(name, m["psi"], world, m["replicated"] if name == "fsdp" else 0)
+for name, got in memory.items():
+    state = got["parameters"] + got["gradients"] + got["optimizer"]
+    formula = formula_bytes(name, got["psi"], world, got["replicated"])
     rows[name] = {
-        "parameters MiB": m["parameters"] / 2**20,
-        "gradients MiB": m["gradients"] / 2**20,
-        "optimizer MiB": m["optimizer"] / 2**20,
+        "parameters MiB": got["parameters"] / 2**20,
+        "gradients MiB": got["gradients"] / 2**20,
+        "optimizer MiB": got["optimizer"] / 2**20,
         "model state MiB": state / 2**20,
         "formula MiB": formula / 2**20,
         "measured / formula": state / formula,
-        "activations MiB": m["activations"] / 2**20,
-        "gathered (peak) MiB": m["gathered"] / 2**20,
+        "activations MiB": got["activations"] / 2**20,
+        "gathered (peak) MiB": got["gathered"] / 2**20,
     }
 table = pd.DataFrame(rows).T
 lesson.say(
@@ -150,17 +152,92 @@ lesson.say(
 table.round(3)
 
 # %% [markdown]
-# The formulas (for `Ψ` float32 parameters with Adam, `N` ranks): DDP `16Ψ` (4 bytes of parameter, 4
-# of gradient, 8 of Adam state per parameter); ZeRO-1 `8Ψ + 8Ψ/N`; ZeRO-2 `4Ψ + 12Ψ/N`; FSDP
-# `16Ψ/N` for what it shards, plus 16 bytes per parameter it leaves whole: here the embeddings, the
-# final norm and the classifier, which are outside every block (`docs/sharding.md` explains every
-# difference). The activations are the same in every column: each stage runs the same forward on
-# the same batch. Sharding saves model state, not activations.
+# The formulas, for `Ψ` float32 parameters with Adam on n ranks: each parameter costs 4 bytes of
+# parameter, 4 of gradient and 8 of Adam's two moments, and each rung divides one more of the three
+# among the ranks: DDP `16Ψ`; ZeRO-1 (optimizer state) `8Ψ + 8Ψ/n`; ZeRO-2 (and gradients)
+# `4Ψ + 12Ψ/n`; FSDP (and parameters) `16Ψ/n` for what it shards, plus 16 bytes per parameter it
+# leaves whole: here the embeddings, the final norm and the classifier, which are outside every
+# block (`docs/sharding.md` explains every difference). The activations are the same in every
+# column: each stage runs the same forward on the same batch. Sharding saves model state, not
+# activations.
+#
+# ## bf16 compute with fp32 master weights
+#
+# The blog, and most training today, computes the forward and backward in bf16 and keeps an fp32
+# copy of the weights for the optimizer: a bf16 weight keeps about 3 significant digits, so an update
+# of lr × gradient, far smaller than the weight, would round away. The ZeRO paper counts it as 2 bytes
+# of 16-bit parameter, 2 of 16-bit gradient and K = 12 bytes of optimizer state (the fp32 master
+# copy, 4, and Adam's moments, 8): still `16Ψ` for DDP, but now 12 of the 16 bytes are optimizer
+# state, which ZeRO-1 already shards: ZeRO-1 `4Ψ + 12Ψ/n`, ZeRO-2 `2Ψ + 14Ψ/n`, FSDP `16Ψ/n`.
+#
+# minddp's FSDP computes in bf16 with `compute_dtype=torch.bfloat16`, as torch's `fully_shard` does
+# with a `MixedPrecisionPolicy`: the fp32 shards *are* the master weights, gathered and cast to bf16
+# just before a unit runs, and the gradients come back to the shards in fp32. So it keeps what fp32
+# FSDP keeps (`16Ψ/n`, as both formulas say, split 4 + 4 + 8 instead of 2 + 2 + 12), and bf16 shrinks
+# what lives only during the step: the gathered units and the activations. The cell measures it.
+# (minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`: their bf16 rows are the formulas.)
+
+# %%
+# %%distributed
+from minddp.ladder import build_stage
+from minddp.ladder.loop import train_step
+from minddp.sharding.fsdp import blocks_of
+
+net = lesson.make_model()
+fsdp16 = build_stage("fsdp", net, compute_dtype=torch.bfloat16, shard=blocks_of(net))  # a unit per block
+optimizer16 = torch.optim.AdamW(fsdp16.parameters(), lr=lesson.SETTINGS.lr)  # over the fp32 shards
+probe = Probe(fsdp16, net, optimizer16)
+train_step(fsdp16, optimizer16, next(lesson.step_batches()), lesson.loss_fn)
+memory["fsdp bf16"] = probe.result()
+
+# %%
+# %%rank 0
+from minddp.bench.memory import plot, row
+from minddp.sharding.memory import PRECISIONS
+
+measured = [dict(row(world, s, memory[s]), label=s) for s in STAGES]
+measured.append(dict(row(world, "fsdp:bf16", memory["fsdp bf16"]), label="fsdp\ncomputing in bf16"))
+plot(measured, title=f"Memory per rank on {world} ranks, measured (bars) beside the formulas (lines)")
+held = {r["label"]: r["parameters"] + r["gradients"] + r["optimizer"] for r in measured}
+f32, f16 = memory["fsdp"], memory["fsdp bf16"]
+lesson.claim(
+    held["fsdp\ncomputing in bf16"] == held["fsdp"],
+    f"fsdp computing in bf16 keeps the same model state as in fp32, {held['fsdp'] / 2**20:.1f} MiB: its fp32 "
+    f"shards are the master weights.",
+)
+# the same units gathered, 2 bytes a value instead of 4: exactly half. The activations: most saved tensors are
+# bf16 now, some stay fp32 (what the model computes in fp32) or integer: less, but not exactly half
+lesson.claim(
+    2 * f16["gathered"] == f32["gathered"] and f16["activations"] < f32["activations"],
+    f"Its gathered units hold half the bytes, {lesson.mib(f16['gathered'])} against {lesson.mib(f32['gathered'])} at "
+    f"their peak, and its activations {f16['activations'] / f32['activations']:.2f} of fp32's "
+    f"({lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}).",
+)
+formulas = pd.DataFrame(
+    {
+        r["stage"]: {
+            "fp32 formula MiB": r["formula"] / 2**20,
+            "bf16 + fp32 masters formula MiB": r["formula_mixed"] / 2**20,
+            "measured, fp32 MiB": held[r["label"]] / 2**20,
+            "measured, computing in bf16 MiB": held["fsdp\ncomputing in bf16"] / 2**20
+            if r["stage"] == "fsdp"
+            else None,
+        }
+        for r in measured[: len(STAGES)]
+    }
+).T
+mixed_saves = formulas["fp32 formula MiB"] - formulas["bf16 + fp32 masters formula MiB"]
+lesson.say(
+    f"Bytes per parameter (parameter, gradient, optimizer): fp32 {PRECISIONS['fp32']}, bf16 with fp32 masters "
+    f"{PRECISIONS['bf16-mixed']}. By the ZeRO paper's accounting the 16-bit copies would save zero1 "
+    f"{mixed_saves['zero1']:.1f} MiB and zero2 {mixed_saves['zero2']:.1f} MiB a rank here, ddp and fsdp nothing."
+)
+formulas.round(2)
 
 # %% [markdown]
 # ## ZeRO-1: an optimizer that steps its own part
 #
-# Every parameter is cut, flattened, into `N` chunks; rank `r` keeps the optimizer state of chunk
+# Every parameter is cut, flattened, into n chunks; rank `r` keeps the optimizer state of chunk
 # `r` of every parameter. Cutting *every* tensor (not handing whole tensors to ranks) keeps the
 # ranks' shares equal to a few elements:
 
@@ -212,7 +289,7 @@ show_diff(AsyncBucketDDP, Zero2DDP, context=2)
 
 # %%
 # %%distributed
-looks = {s: trainees[s].look() for s in ("ddp", "zero2", "fsdp")}
+looks = {s: trainees[s].look() for s in STAGES}
 k = lesson.SETTINGS.grad_accum
 for s, v in looks.items():
     lesson.say(
@@ -241,6 +318,48 @@ lesson.claim(
 )
 
 # %% [markdown]
+# ## ZeRO-2's saving, observed
+#
+# gloo hides the saving, so the four stages now send through minddp's own ring
+# (`minddp.collectives`, plugged into each stage's wire as its *transport*): every collective is
+# written from point-to-point messages, and the profiler records each message gloo sends with the
+# tensor it carried. What one rank really put on the wire in one step, by the collective the
+# message served:
+
+# %%
+# %%distributed
+rings = {s: lesson.Trainee(s, transport="ring").look() for s in STAGES}  # one step before: zero2 gathers first
+
+# %%
+# %%rank 0
+KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+on_wire = pd.DataFrame({s: {f"{c} MiB": v["sent"].get(c, 0) / 2**20 for c in KINDS} for s, v in rings.items()}).T
+on_wire["total MiB"] = on_wire.sum(axis=1)
+whole = rings["ddp"]["sent"]["all_reduce"]  # a ring all_reduce: 2 (n − 1)/n · m
+total = {s: sum(v["sent"].values()) for s, v in rings.items()}
+z2 = rings["zero2"]["sent"]
+# padding each parameter's chunks to equal length adds fewer than n elements per parameter: far under 0.1 %
+lesson.claim(
+    abs(z2["reduce_scatter"] - whole / 2) < 1e-3 * whole,
+    f"zero2's reduce-scatter sent {lesson.mib(z2['reduce_scatter'])}, half of ddp's all_reduce "
+    f"({lesson.mib(whole)}): each rank receives only the part of the average it steps.",
+)
+lesson.claim(
+    abs(total["zero2"] - whole) < 1e-3 * whole and abs(total["zero1"] - 1.5 * whole) < 1e-3 * whole,
+    f"Its all-gather of the updated parameters sends the other half ({lesson.mib(z2['all_gather'])}), so zero2 "
+    f"moves ddp's bytes, {lesson.mib(total['zero2'])} a step, where zero1, which all-reduces whole gradients and "
+    f"then all-gathers, moves 1.5 times as many ({lesson.mib(total['zero1'])}).",
+)
+f_sent, whole_kept = rings["fsdp"]["sent"], {id(p) for _, _, p in trainees["fsdp"].model.replicated}
+lesson.say(
+    f"fsdp sent {lesson.mib(f_sent['reduce_scatter'])} reduce-scattering its units' gradients, "
+    f"{f_sent.get('all_reduce', 0) / 1024:.0f} KiB all-reducing the {len(whole_kept)} parameters it leaves whole, "
+    f"and {lesson.mib(f_sent['all_gather'])} gathering units: "
+    f"{total['fsdp'] / whole:.1f} times ddp's bytes, the price of holding a unit at a time."
+)
+on_wire.round(2)
+
+# %% [markdown]
 # ## FSDP: gather each block just before it runs
 #
 # Each block of the model (each element of its `nn.ModuleList`) is a *unit*. Before a unit's
@@ -253,22 +372,76 @@ lesson.claim(
 # %%
 # %%distributed
 fsdp = trainees["fsdp"].model
-lesson.say(
+unit_bytes = max(sum(u.numels) for u in fsdp.units) * 4  # one unit's full fp32 parameters
+# two units, each padded by fewer than n elements per parameter: within 0.1 %
+lesson.claim(
+    abs(memory["fsdp"]["gathered"] - 2 * unit_bytes) < 1e-3 * unit_bytes,
     f"{len(fsdp.units)} units ({type(fsdp.units[0].module).__name__}), "
     f"{len({id(p) for _, _, p in fsdp.replicated})} replicated parameters; at most "
-    f"{lesson.mib(memory['fsdp']['gathered'])} of full parameters held at once (a unit and the one "
-    f"prefetched), against {lesson.mib(memory['ddp']['parameters'])} for the whole model."
+    f"{lesson.mib(memory['fsdp']['gathered'])} of full parameters held at once, two units' worth (the one "
+    f"running and the one prefetched), against {lesson.mib(memory['ddp']['parameters'])} for the whole model.",
 )
 
 # %% [markdown]
 # ## The sharded rungs on one time axis
 #
-# `ddp` and the three sharded stages, one profiled step each, read from their traces with
-# `minddp.analysis` and drawn as `03_build_up` drew the DDP ladder: forward and backward of each
-# micro-batch, each collective while it ran (all_reduces and all-gathers), the optimizer step.
-# ZeRO-1's all-gathers come after its optimizer step; zero2's at the start of the step, when the
-# first forward needs the parameters its last step updated; FSDP's all through the forwards and
-# the backwards.
+# `ddp` and the three sharded stages, the step each of the looks above recorded, drawn as
+# `03_build_up` drew the DDP ladder: forward and backward of each micro-batch, every collective
+# while it ran (all_reduces, all-gathers), the optimizer step. Where each stage's messages start is
+# counted below the picture.
+
+# %%
+# %%rank 0
+PHASES = ("forward", "backward", "finish", "optimizer")
+
+
+def phase_of(t, row):
+    """The phase of the step running at time t (ms), or "between" (between the phases)."""
+    return next((ph for ph in PHASES if any(a <= t <= b for a, b in row[ph])), "between")
+
+
+started = {}
+for s in STAGES:
+    v = looks[s]
+    v["row"]["label"] = f"{s}\n{len(v['row']['messages'])} messages"
+    started[s] = pd.Series([phase_of(a, v["row"]) for a, _ in v["row"]["messages"]]).value_counts()
+lesson.picture(looks, None, rows=STAGES, title="ddp and the sharded rungs, one step each (rank 0)")
+lesson.claim(
+    all(
+        len(looks[s]["row"]["messages"]) == looks[s]["calls"] + looks[s]["gathers"] + looks[s]["small_gathers"]
+        for s in STAGES
+    ),
+    "Each row draws every collective its look counted: "
+    + ", ".join(
+        f"{s} {looks[s]['calls']} all_reduce + {looks[s]['gathers'] + looks[s]['small_gathers']} all-gather"
+        for s in STAGES
+    )
+    + ".",
+)
+starts = pd.DataFrame(started).T.reindex(columns=[*PHASES, "between"]).fillna(0).astype(int)
+z1, z2, fs = looks["zero1"], looks["zero2"], looks["fsdp"]
+lesson.claim(
+    starts.loc["zero1", "optimizer"] == z1["gathers"],
+    f"zero1's {z1['gathers']} all-gather(s) of parameters run inside its optimizer step, at its end "
+    f"(ZeroRedundancyOptimizer.step above: step the chunks, then all-gather).",
+)
+# where a collective runs is the code's: zero2 waits for each bucket's gather before the module that holds it
+# runs its forward, fsdp for a unit's gather before the unit runs, zero1 for its gather inside step()
+lesson.claim(
+    starts.loc["zero2", "forward"] >= z2["gathers"] and z2["calls_in_backward"] == z2["calls"],
+    f"zero2's {z2['gathers']} all-gathers start in the first forward, which needs the parameters the last step "
+    f"updated; its {z2['calls']} reduce-scatters are handed over in the backward.",
+)
+lesson.claim(
+    starts.loc["fsdp", "forward"] + starts.loc["fsdp", "backward"] >= fs["gathers"],
+    f"fsdp's {fs['gathers']} all-gathers start all through the forwards and the backwards.",
+)
+starts
+
+# %% [markdown]
+# Then one step of each under the profiler with its trace on disk, read by `minddp.analysis` as
+# notebook 05 reads the ladder's: calls per step, the time communication took, and how much of it
+# ran while compute ran (the overlap).
 
 # %%
 # %%distributed
@@ -284,16 +457,18 @@ for s in STAGES:
 # %%
 # %%rank 0
 from minddp.analysis import analyze_run
-from minddp.analysis.timeline import draw_steps, rows_from_analysis
 
 sharded = analyze_run(trace_dir)
-draw_steps(rows_from_analysis(sharded), title="ddp and the sharded rungs, one step each on one time axis (rank 0)")
 table = sharded.stages.assign(comm_ms_per_step=sharded.stages["comm_time_per_step_us"] / 1e3)
-z = looks["zero2"]
 lesson.claim(
-    table.loc["zero2", "allgather_calls_per_step"] == z["gathers"] + z["small_gathers"],
-    f"The trace's {table.loc['zero2', 'allgather_calls_per_step']:.0f} all-gathers of zero2 are the look's "
-    f"{looks['zero2']['gathers']} of parameters and its {looks['zero2']['small_gathers']} check.",
+    all(
+        table.loc[s, "allreduce_calls_per_step"] == looks[s]["calls"]
+        and table.loc[s, "allgather_calls_per_step"] == looks[s]["gathers"] + looks[s]["small_gathers"]
+        for s in STAGES
+    ),
+    "The traces count the same collectives as the looks, stage by stage "
+    f"(zero2's {table.loc['zero2', 'allgather_calls_per_step']:.0f} all-gathers: its {z2['gathers']} of "
+    f"parameters and its {z2['small_gathers']} check).",
 )
 table[["allreduce_calls_per_step", "allgather_calls_per_step", "comm_ms_per_step", "comm_comp_overlap_pctg"]].round(1)
 
@@ -302,8 +477,8 @@ table[["allreduce_calls_per_step", "allgather_calls_per_step", "comm_ms_per_step
 #
 # Sharding changes what each rank keeps, never what is computed: after the same steps every stage
 # holds the same model. The sharded stages' parameters are shards, so `full_parameters()`
-# gathers them whole for the comparison. First every trainee takes the steps it is behind (the
-# looks and traces above took a few more steps of some), then the four take turns, one step each,
+# gathers them whole for the comparison. First every trainee takes the steps it is behind, if any
+# (the cell says), so that all have taken the same steps, then the four take turns, one step each,
 # for two rounds.
 
 
@@ -316,9 +491,13 @@ def whole(t):
 
 
 behind = max(len(t.losses) for t in trainees.values())
+caught_up = {s: behind - len(t.losses) for s, t in trainees.items() if len(t.losses) < behind}
 for t in trainees.values():
     while len(t.losses) < behind:
         t.step()
+lesson.say(
+    "Steps taken to catch up: " + (", ".join(f"{s} {k}" for s, k in caught_up.items()) or "none, all were level") + "."
+)
 times = lesson.race(trainees, rounds=2)
 reference = whole(trainees["ddp"])
 for s in STAGES[1:]:

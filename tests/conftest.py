@@ -14,15 +14,20 @@ import pytest
 
 # The longest tests first, so that neither worker ends with a long one still to run (seconds on a quiet
 # 2-core machine: the notebooks' own runs, each tens of seconds to a minute and a half).
-FIRST = ["test_notebooks.py", "test_train.py", "test_bench.py", "test_doctor.py"]
+FIRST = ["test_notebooks.py", "test_train.py", "test_bench.py", "test_gpu_report.py"]
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``-n 2 --dist loadgroup``, pyproject's addopts) a file runs on one worker.
 
     A file's module-scoped fixtures launch their ranks once that way (a test file split over two workers
     would launch them twice); the notebooks, one test each and the longest of all, are spread one by one.
     Without xdist (``-p no:xdist``) the marks do nothing and the order is the only change.
+
+    ``tryfirst``: each xdist worker turns the ``xdist_group`` marks into node ids in its own
+    ``pytest_collection_modifyitems``, which pluggy would otherwise call before this one (it was registered
+    later): the marks came too late, every test was scheduled alone, and a module's fixtures ran on both workers.
     """
     for item in items:
         if item.path.name != "test_notebooks.py":

@@ -4,6 +4,7 @@ as a terminal starts them, pipes that nobody reads."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -123,3 +124,87 @@ def fill_pipe(write_fd: int) -> int:
     finally:
         os.close(fd)
     return n
+
+
+#: A line of torch's C++ side: a c10 log line (``[W1127 11:25:02.03 TCPStore.cpp:106] ...``) or its native stack.
+CXX_LINE = re.compile(r"\.(?:cpp|cc|h|hpp):\d+\]|^frame #\d+: |^Exception raised from |<omitting python frames>")
+
+
+class fd_captured:
+    """``with fd_captured(2) as cap:``: what this process and the processes it starts write to file descriptor
+    ``fd`` inside the block, in ``cap.text`` afterwards (a module fixture's run, where pytest's capfd is not).
+
+    Ranks forked from the process server (``rank_context``) write where the *server's* stderr goes, which was
+    this process's when the server started (the session's first launch, pytest's own capture file): the bytes
+    added to that file meanwhile are taken too, so the text is everything a run's processes wrote.
+    """
+
+    def __init__(self, fd: int = 2):
+        self.fd, self.text = fd, ""
+
+    def __enter__(self):
+        import tempfile
+        from multiprocessing import forkserver
+
+        self._file = tempfile.TemporaryFile()
+        self._saved = os.dup(self.fd)
+        os.dup2(self._file.fileno(), self.fd)
+        self._server = None
+        server = getattr(forkserver._forkserver, "_forkserver_pid", None)
+        if self.fd == 2 and server is not None and Path(f"/proc/{server}/fd/2").is_file():  # not a pipe or terminal
+            self._server = open(f"/proc/{server}/fd/2", "rb")
+            self._server.seek(0, os.SEEK_END)
+        return self
+
+    def __exit__(self, *exc):
+        os.dup2(self._saved, self.fd)
+        os.close(self._saved)
+        self._file.seek(0)
+        self.text = self._file.read().decode(errors="replace")
+        self._file.close()
+        if self._server is not None:
+            self.text += self._server.read().decode(errors="replace")
+            self._server.close()
+        if exc[0] is not None:  # the run failed: show what it said
+            sys.stderr.write(self.text[-4000:])
+
+
+def listening_sockets(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket process ``pid`` holds open in the listening state, from the kernel's own
+    tables as that process sees them (``/proc/PID/net/tcp*``: its network namespace, which psutil does not read)."""
+    import ipaddress
+
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = row.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != "0A" or inode not in inodes:  # 0A: TCP_LISTEN
+                continue
+            address, port = local.split(":")
+            raw = bytes.fromhex(address)
+            # the kernel prints each 32-bit word in host order (little-endian here)
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            found.append((str(ipaddress.ip_address(raw)), int(port, 16)))
+    return found
+
+
+def session_processes(sid: int) -> list[int]:
+    """Every live process of session ``sid`` (a command started with ``start_new_session=True``: its own pid)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == sid and _alive(int(entry)):
+                    found.append(int(entry))
+            except OSError:  # gone meanwhile
+                continue
+    return found

@@ -94,10 +94,10 @@ def test_ranks_a_moment_apart_are_one_run_and_hours_apart_are_refused(tmp_path):
         _check_recorded_together(tmp_path, {0: trace(0, 0.0), 1: trace(1, 3600e6)})
 
 
-def test_printed_tables_read_in_ms_mib_and_percent(tmp_path, capsys):
-    """One format for numbers in what minddp prints: the analysis table's µs columns are printed in ms, its
-    bytes in MiB, its shares in %, each unit in the header, and the values scaled accordingly (the stored
-    DataFrame, the oracle here, keeps HTA's µs)."""
+def test_printed_tables_read_in_ms_and_percent_within_120_columns(tmp_path, capsys):
+    """One format for numbers in what minddp prints: the console's µs columns are printed in ms and its shares in %,
+    each unit in the header, the values scaled accordingly (the stored DataFrame, the oracle here, keeps HTA's µs),
+    every line within 120 columns; the wide table, with bytes in MiB, is what the files hold."""
     from minddp.analysis import analyze_run
     from minddp.analysis.report import readable
 
@@ -105,9 +105,13 @@ def test_printed_tables_read_in_ms_mib_and_percent(tmp_path, capsys):
     _good_stage(run / "simple")
     assert main([str(run)]) == 0
     out = capsys.readouterr().out
-    assert "step time (ms)" in out and "compute (%)" in out and "allreduce per step (MiB)" in out, out
+    assert "step ms" in out and "compute %" in out and "comm ms" in out, out
     assert "_us" not in out and "_pctg" not in out, out
+    assert max(len(line) for line in out.splitlines()) <= 120, out
     stages = analyze_run(str(run)).stages
+    row = next(line for line in out.splitlines() if line.startswith("simple "))
+    # step 100 µs -> 0.1 ms; compute 40 % (40 of 100 µs); comm 40 µs -> 0.0 ms at one decimal
+    assert row.split()[1:3] == [f"{stages.loc['simple', 'step_time_us'] / 1000:.1f}", "40.0"], row
     shown = readable(stages)
     assert shown.loc["simple", "step time (ms)"] == stages.loc["simple", "step_time_us"] / 1000
     assert shown.loc["simple", "allreduce per step (MiB)"] == stages.loc["simple", "allreduce_bytes_per_step"] / 2**20

@@ -10,9 +10,7 @@ from analysis_fixtures import half_covered_step, write_stage
 
 from minddp.analysis import SUMMARY_COLUMNS, analyze_run
 
-GPU_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "hta-gpu-traces"
-if not GPU_TRACES.exists():
-    GPU_TRACES = Path("/work/shared/data/hta-gpu-traces")
+GPU_TRACES = Path(__file__).resolve().parent / "data" / "hta-gpu-traces"  # HTA's sample, copied (its README)
 
 
 def test_gpu_trace_gives_htas_numbers_in_the_cpu_columns(tmp_path):

@@ -18,7 +18,10 @@ machine, not here.
 
 import json
 import os
+import re
+import shutil
 import struct
+import subprocess
 
 import pytest
 import torch
@@ -179,15 +182,26 @@ def test_bucket_timeline_shows_async_buckets_leaving_before_backward_ends(run_di
     assert len(a) > 1 and a["ready_us"].iloc[-1] > a["launched_us"].iloc[0]
 
 
+@pytest.fixture(scope="module")
+def report(run_dir):
+    """``python -m minddp.analyze RUN --report`` on the run: the page's text and what the console printed."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main([str(run_dir), "--report"]) == 0
+    return (run_dir / "report.html").read_text(), out.getvalue()
+
+
 def _png_size(path):
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
     return struct.unpack(">II", data[16:24])
 
 
-def test_report_and_compare_write_pngs_and_html(run_dir, capsys):
-    assert main([str(run_dir), "--report"]) == 0
-    html = (run_dir / "report.html").read_text()
+def test_report_and_compare_write_pngs_and_html(run_dir, report, capsys):
+    html, _ = report
     for name in ("temporal_breakdown.png", "overlap.png", "comm.png", "bucket_timeline.png"):
         width, height = _png_size(run_dir / name)
         assert 400 <= width <= 3000 and 250 <= height <= 3000, (name, width, height)
@@ -199,3 +213,100 @@ def test_report_and_compare_write_pngs_and_html(run_dir, capsys):
     out = capsys.readouterr().out
     assert "A:allstages" in out and "B:allstages" in out
     _png_size(run_dir / "compare-allstages" / "overlap.png")
+
+
+def _exposed_by_hand(run_dir) -> dict[str, float]:
+    """Per stage: the median over the profiled steps (ranks averaged step by step) of |comm in the step| minus
+    |comm under compute in the step|, in ms: exposed communication, computed here from the intervals alone."""
+    import statistics
+
+    from minddp.analysis import metrics
+    from minddp.analysis.cpu import rank_intervals
+    from minddp.analysis.events import load_run
+
+    out = {}
+    for stage, traces in load_run(run_dir).stages.items():
+        per_step: dict[int, list[float]] = {}
+        for trace in traces.ranks.values():
+            iv = rank_intervals(trace)
+            for number, start, end in iv.steps:
+                comm = metrics.intersect(iv.comm, [(start, end)])
+                hidden = metrics.intersect(comm, iv.compute)
+                per_step.setdefault(number, []).append(metrics.length(comm) - metrics.length(hidden))
+        out[stage] = statistics.median(statistics.mean(v) for v in per_step.values()) / 1e3
+    return out
+
+
+def test_report_opens_with_the_verdict_ranked_by_the_measured_exposed_communication(run_dir, report):
+    page, printed = report
+    verdict = page.index("class='verdict'")
+    assert verdict < page.index("<figure>") and page.index("<figure>") == page.index(
+        "<figure><img src='bucket_timeline"
+    )
+    table = page[page.index("<table class='ranking'", verdict) : page.index("</table>", verdict)]
+    rows = re.findall(r"<tr data-stage='([^']+)'><td>(\d+)</td>.*?<td>([\d.]+) \(.*?<td class='why'>(.*?)</td>", table)
+    shown = [stage for stage, *_ in rows]
+    assert sorted(shown) == sorted(STAGES)
+    by_hand = _exposed_by_hand(run_dir)
+    assert shown == sorted(STAGES, key=by_hand.get)  # the order printed is the order of the numbers measured
+    for stage, place, median, why in rows:
+        assert abs(float(median) - by_hand[stage]) <= 0.05 + 1e-9, (stage, median, by_hand[stage])  # printed at .1f
+        assert int(place) == shown.index(stage) + 1
+    whys = {stage: why for stage, *_, why in rows}
+    for stage in ("simple", "hook", "hook-async"):
+        assert whys[stage].startswith("22 all_reduces"), whys[stage]  # one per parameter: 10 x (weight, bias) + 2
+    for stage in ("simple", "ga"):  # their code sends after backward: none of their messages ran during it
+        assert "; 0 % of its" in whys[stage], whys[stage]
+    assert "On a CPU (gloo)" in page and "On a CPU (gloo)" in printed
+    console = printed.splitlines()
+    assert max(len(line) for line in console) <= 120
+    assert [line.split()[1] for line in console if re.match(r"^\s*\d+ \S", line)][: len(STAGES)] == shown
+
+
+def _browser() -> str | None:
+    return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+
+
+#: Written into a copy of the page: once every image has loaded, each one's box and natural size, as JSON.
+_MEASURE = """<script>window.addEventListener('load', () => {
+  const boxes = [...document.images].map(i => { const r = i.getBoundingClientRect();
+    return {src: i.getAttribute('src'), left: r.left, right: r.right, width: r.width, natural: i.naturalWidth}; });
+  const pre = document.createElement('pre'); pre.id = 'boxes';
+  pre.textContent = JSON.stringify({inner: window.innerWidth, boxes: boxes}); document.body.appendChild(pre);
+});</script>"""
+
+
+@pytest.mark.parametrize("width", [1280, 1920])
+def test_every_figure_of_the_report_is_whole_in_a_browser(run_dir, report, tmp_path, width):
+    """Headless Chromium renders the page; every image loaded and lies inside the window, at both common widths."""
+    browser = _browser()
+    if browser is None:
+        pytest.skip("no Chromium to render the page with (Debian: apt-get install chromium; .ci/run installs it)")
+    page, _ = report
+    probe = run_dir / f"report-probe-{width}.html"  # beside the page, so its images load as they do for a reader
+    probe.write_text(page.replace("</body>", _MEASURE + "</body>"), encoding="utf-8")
+    command = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        f"--window-size={width},1000",
+        "--virtual-time-budget=10000",
+        "--dump-dom",
+        probe.as_uri(),
+    ]
+    dom = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+    found = re.search(r"<pre id=\"boxes\">(.*?)</pre>", dom, re.S)
+    assert found, dom[-2000:]
+    measured = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    images = {b["src"]: b for b in measured["boxes"]}
+    assert set(images) == {"bucket_timeline.png", "temporal_breakdown.png", "overlap.png", "comm.png"}
+    for src, box in images.items():
+        assert box["natural"] > 0, src  # the file loaded
+        assert 0 <= box["left"] and box["right"] <= measured["inner"] and box["width"] > 300, (src, box, measured)

@@ -478,3 +478,20 @@ def test_overhead_bad_input_is_a_usage_line_and_one_error_line_exit_2(argv, frag
     )
     assert proc.returncode == 2
     usage_error(proc.stderr, "bench overhead", fragment)
+
+
+def test_quick_is_a_smoke_run_that_measures_but_judges_nothing(tmp_path, capsys):
+    """--quick (1 round of 3 steps) prints its table and says it judges no target: no verdict, no interval."""
+    out = tmp_path / "quick"
+    small = ["--batch-size", "2", "--grad-accum", "1", "--max-seq-len", "16", "--profile-steps", "0"]
+    assert main(["--quick", "--stages", "ddp,torch", "--variants", "none", *small, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "smoke run: targets not judged" in printed
+    assert "| target |" not in printed and "within noise" not in printed  # no Targets table, no verdict
+    assert "CI" not in printed and "rounds)" not in printed  # no interval named in the header ...
+    rows = [line.split(" | ") for line in printed.splitlines() if line.startswith("| ddp ")]
+    assert rows and "(" not in rows[0][4] and "(" not in rows[0][6], rows  # ... nor shown in a cell
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["targets"] == [] and saved["meta"]["smoke_run"].startswith("smoke run: targets not judged")
+    assert all(r["ratio_lo"] is None and r["median_ms"] > 0 for r in saved["rows"])  # measured, not judged
+    assert "smoke run: targets not judged" in (out / "results.md").read_text()

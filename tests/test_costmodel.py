@@ -544,7 +544,10 @@ def test_train_with_a_link_and_an_auto_cap_then_predict_from_its_traces(tmp_path
     for stage in ("bucket-async", "zero2"):
         by = {(r["ranks"], r["link"]): r for r in rows if r["stage"] == stage}
         assert set(by) == {(2, "100mbit"), (2, "1gbit"), (8, "100mbit"), (8, "1gbit")}
-        assert by[(2, "100mbit")]["step_ms"] > by[(2, "1gbit")]["step_ms"]  # a slower link, a longer step
+        # A slower link: every message takes longer, so the step is never shorter. It may be equal: where the
+        # profiled compute (slow on a loaded machine) hides even the 100mbit link's messages, the step is compute.
+        assert by[(2, "100mbit")]["comm_ms"] > by[(2, "1gbit")]["comm_ms"]
+        assert by[(2, "100mbit")]["step_ms"] >= by[(2, "1gbit")]["step_ms"]
         assert by[(8, "100mbit")]["comm_ms"] > by[(2, "100mbit")]["comm_ms"]  # more ranks, more ring hops
 
 

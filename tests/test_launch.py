@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from processes import run_torchrun, torchrun_args
+from processes import run_torchrun, session_processes, torchrun_args
 
 from minddp import RankError, launch
 
@@ -108,7 +108,9 @@ def test_ending_the_launcher_ends_its_ranks(tmp_path, sig, status):
     # SIGTERM to the launcher (timeout, a scheduler) left both ranks running their function to the end.
     script = tmp_path / "job.py"
     script.write_text(WAIT_FOREVER)
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)], stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     pid_files = [tmp_path / f"rank{r}.pid" for r in range(2)]
     ranks = []
     try:
@@ -120,6 +122,8 @@ def test_ending_the_launcher_ends_its_ranks(tmp_path, sig, status):
         ranks = [int(f.read_text()) for f in pid_files]
         os.kill(proc.pid, sig)
         assert proc.wait(timeout=30) == status
+        if sig == signal.SIGTERM:  # the launcher ended everything it started before it exited: ranks, process
+            assert session_processes(proc.pid) == []  # server, resource tracker (SIGKILL leaves them a moment)
         deadline = time.monotonic() + 15  # SIGKILL: each rank notices within its 1 s check
         while any(pid_alive(pid) for pid in ranks) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -313,7 +317,7 @@ def test_a_script_without_a_main_guard_is_told_how_to_fix_it(tmp_path):
     script.write_text("from minddp import launch\n\ndef f():\n    return 1\n\nprint(launch(f, world_size=2))\n")
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode != 0
-    assert 'under `if __name__ == "__main__":`' in proc.stderr, proc.stderr[-2000:]
+    assert 'put the launch under if __name__ == "__main__":' in proc.stderr, proc.stderr[-2000:]
 
 
 def test_bad_world_size():

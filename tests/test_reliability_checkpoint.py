@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import signal
 
 import pytest
@@ -74,7 +75,7 @@ def die_during_second_save(cfg, stage, data, folder, note):
 
 
 def _rank_share(ckpt: dict, rank: int) -> dict:
-    return torch.load(io.BytesIO(ckpt["ranks"][rank]), weights_only=False)
+    return torch.load(io.BytesIO(ckpt["ranks"][rank]), weights_only=True)  # plain data (see the last tests)
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +160,9 @@ def test_resumed_run_equals_the_uninterrupted_one_bitwise(runs):
         for memory in ("error_dict", "p_memory_dict", "q_memory_dict"):
             assert ha[memory].keys() == hc[memory].keys()
             assert all(torch.equal(ha[memory][k], hc[memory][k]) for k in ha[memory])
-        assert torch.equal(_rank_share(a, rank)["rng"]["torch"], _rank_share(c, rank)["rng"]["torch"])
+        assert ha["rng"] == hc["rng"]  # PowerSGD's numpy generator, as plain values
+        ra, rc = _rank_share(a, rank)["rng"], _rank_share(c, rank)["rng"]
+        assert torch.equal(ra["torch"], rc["torch"]) and ra["numpy"] == rc["numpy"]
 
 
 @pytest.mark.parametrize(
@@ -285,3 +288,136 @@ def test_save_gathers_every_ranks_share_and_restores_its_rng(tmp_path):
     path = str(tmp_path / "two.pt")
     out = launch(save_and_load_on_ranks, path, world_size=2, timeout_s=30)
     assert out == [(7, [0.0], True), (7, [1.0], True)]
+
+
+# -- a checkpoint is data: a crafted one never runs ---------------------------------------------------------
+
+
+class RunsWhenUnpickled:
+    """What a crafted checkpoint carries: unpickled with code allowed, it creates the folder ``path``.
+
+    That folder is the oracle: had anything in the file run, it would exist.
+    """
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def _save_alone(state: dict, folder) -> None:
+    """``dcp.save`` in this process, without a group (torch 2.6 takes no ``no_dist`` and assumes it)."""
+    import inspect
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    kwargs = {"no_dist": True} if "no_dist" in inspect.signature(dcp.save).parameters else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, checkpoint_id=str(folder), **kwargs)
+
+
+def _crafted(kind: str, tmp_path, runs) -> tuple[str, list[str]]:
+    """A crafted --resume path of ``kind`` and the command's stage options; its code would create tmp/ran."""
+    from minddp.train import sharded_checkpoint
+
+    code = RunsWhenUnpickled(tmp_path / "ran")
+    if kind == "whole file":  # the payload is the file torch.load reads
+        path = tmp_path / "crafted.pt"
+        torch.save({"format": "minddp-checkpoint/2", "step": 3, "model": code}, path)
+        return str(path), COMMON
+    if kind == "a rank's share":  # a real checkpoint, one rank's share swapped: read in the launcher by check_contents
+        real = torch.load(runs["a"] / f"{STAGE}.pt", weights_only=True)
+        share = io.BytesIO()
+        torch.save({"rng": code, "hook_state": None, "losses": []}, share)
+        real["ranks"][1] = share.getvalue()
+        torch.save(real, tmp_path / "swapped.pt")
+        return str(tmp_path / "swapped.pt"), COMMON
+    folder = tmp_path / "zero1"
+    sharded = ["--stage", "zero1", "--steps", "6", "--no-profile", *SMALL_RUN]
+    meta = {"format": sharded_checkpoint.FORMAT, "step": 3, "config": {}, "world_size": 1}
+    if kind == "sharded .metadata":  # DCP's own index of the folder, a pickle DCP reads with pickle.load
+        folder.mkdir()
+        (folder / ".metadata").write_bytes(pickle.dumps(code))
+    else:  # a value DCP stores with torch.save and reads with torch.load(weights_only=False)
+        _save_alone({"model": {"w": torch.ones(2)}, "ranks": {"0": code}}, folder)
+    (folder / sharded_checkpoint.META).write_text(json.dumps(meta))
+    return str(folder), sharded
+
+
+@pytest.mark.parametrize("kind", ["whole file", "a rank's share", "sharded .metadata", "sharded value"])
+def test_a_crafted_checkpoint_never_runs_and_is_refused_in_one_line_before_any_rank(
+    kind, runs, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(train, "launch", lambda *a, **k: pytest.fail("a rank was started"))
+    path, argv = _crafted(kind, tmp_path, runs)
+    assert train.main(argv + ["--resume", path, "--checkpoint-dir", str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "ran").exists()  # the oracle: its code would have made this folder
+    error = usage_error(
+        capsys.readouterr().err, "train", "was refused unread (nothing in it ran): it names posix.mkdir"
+    )
+    assert error.endswith(("--save-every", "--save-every with a sharded stage")), error  # and the fix
+
+
+def test_a_raw_pickle_is_refused_by_its_format_before_it_is_read(tmp_path, capsys, monkeypatch):
+    # Not a zip archive: never handed to an unpickler at all.
+    monkeypatch.setattr(train, "launch", lambda *a, **k: pytest.fail("a rank was started"))
+    raw = tmp_path / "raw.pkl"
+    raw.write_bytes(pickle.dumps(RunsWhenUnpickled(tmp_path / "ran")))
+    assert train.main(COMMON + ["--resume", str(raw), "--checkpoint-dir", str(tmp_path)]) == 2
+    assert not (tmp_path / "ran").exists()
+    usage_error(capsys.readouterr().err, "train", "is not a checkpoint (not a file torch.save wrote: no zip archive)")
+
+
+def test_every_part_of_a_real_checkpoint_is_plain_data(runs):
+    # What makes the data-only reading possible: the file, and every rank's share (RNG states, PowerSGD's memory
+    # and its numpy generator), load with torch's weights_only reader and nothing added to its list of globals.
+    ckpt = torch.load(runs["a"] / f"{STAGE}.pt", weights_only=True)
+    shares = [torch.load(io.BytesIO(b), weights_only=True) for b in ckpt["ranks"]]
+    assert all(share["hook_state"] is not None and "numpy" in share["rng"] for share in shares)
+
+
+#: Where the package unpickles with code allowed, and why no one but its own processes can write what it reads
+#: there: each reads what a parent and the processes it started send each other through pipes.
+TRUSTED_CHANNELS = {
+    ("minddp/runtime/launch.py", "pickle.loads"): "the function and arguments, from the launcher's process arguments",
+    ("minddp/runtime/launch.py", "torch.load"): "a rank's result, through the launcher's queue",
+    ("minddp/ft/launch.py", "pickle.loads"): "the task, from the ft launcher's process arguments",
+    ("minddp/ft/launch.py", "torch.load"): "a rank's result, through the ft launcher's queue",
+    ("minddp/notebook/worker.py", "pickle.loads"): "a cell's function (cloudpickle), through the kernel's queue",
+    ("minddp/notebook/cluster.py", "torch.load"): "a cell's value, through a rank's queue",
+    ("minddp/exercises/lost_rank.py", "cloudpickle.loads"): "a learner's shard function, in the ft launcher's task",
+}
+
+
+def test_nothing_in_the_package_unpickles_with_code_allowed_but_its_own_pipes():
+    # The oracle is the source itself: every call that unpickles with code allowed (pickle.load/loads,
+    # cloudpickle's, torch.load without weights_only=True, numpy's allow_pickle, pandas' read_pickle) is one of
+    # the channels above. A new one fails here until it reads as data or is shown to be such a channel.
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    found = set()
+    for path in sorted((root / "minddp").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                continue
+            owner = node.func.value.id if isinstance(node.func.value, ast.Name) else ""
+            name = f"{owner}.{node.func.attr}"
+            kwargs = {k.arg: k.value for k in node.keywords}
+            weights_only = kwargs.get("weights_only")
+            unsafe = (
+                name in ("pickle.load", "pickle.loads", "cloudpickle.load", "cloudpickle.loads", "pd.read_pickle")
+                or (name == "torch.load" and not (isinstance(weights_only, ast.Constant) and weights_only.value))
+                or (
+                    node.func.attr == "load"
+                    and isinstance(kwargs.get("allow_pickle"), ast.Constant)
+                    and kwargs["allow_pickle"].value
+                )
+            )
+            if unsafe:
+                found.add((str(path.relative_to(root)), name))
+    assert found == set(TRUSTED_CHANNELS), sorted(found ^ set(TRUSTED_CHANNELS))

@@ -98,6 +98,11 @@ def test_progress_a_finished_rank_and_a_held_up_monitor_reset_the_clock():
     # stalled: nobody moves for stall_s, whatever the counts (the old last line of defence)
     verdict, t = _feed(Detector(hang_s=None, stall_s=6), [{0: _beat(t), 1: _beat(t)} for t in range(12)])
     assert verdict.rule == "stalled" and verdict.ranks == [0, 1] and t == 7
+    # nobody moves, and nobody beats either (the machine ran neither process): starved, not stuck, no verdict
+    assert _feed(Detector(hang_s=None, stall_s=6), [{0: _beat(min(t, 2)), 1: _beat(min(t, 2))} for t in range(12)]) == (
+        None,
+        None,
+    )
 
 
 # -- a stopped rank, on the local launcher (through the train command) and under torchrun --------------

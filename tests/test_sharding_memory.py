@@ -1,10 +1,13 @@
 """Memory per rank, measured from the tensors, matches the ZeRO formulas (2 and 3 ranks, tiny offline Llama).
 
 The oracle is arithmetic: ``Ψ`` trainable fp32 parameters with AdamW hold
-DDP ``16Ψ``, ZeRO-1 ``8Ψ + 8Ψ/N``, ZeRO-2 ``4Ψ + 12Ψ/N``, FSDP ``16Ψ/N`` for
-its units plus 16 bytes per replicated parameter. What may separate the
+DDP ``16Ψ``, ZeRO-1 ``8Ψ + 8Ψ/n``, ZeRO-2 ``4Ψ + 12Ψ/n``, FSDP ``16Ψ/n`` for
+its units plus 16 bytes per replicated parameter (n ranks). What may separate the
 measurement from it (``docs/sharding.md``): Adam's step counters (4 bytes a
-tensor) and the padding of uneven chunks; both stay far under 1 %.
+tensor) and the padding of uneven chunks; both stay far under 1 %. FSDP computing
+in bf16 (``compute_dtype``) keeps its fp32 shards as the master weights, so it
+meets the same formula, with its gathered units half the bytes. The mixed-precision
+formulas are checked against the ZeRO paper's, written out.
 """
 
 from __future__ import annotations
@@ -13,21 +16,23 @@ import pytest
 
 from minddp import launch
 from minddp.bench.memory import measure_rank
-from minddp.sharding.memory import STAGES, formula_bytes
+from minddp.sharding.memory import STAGES, formula_bytes, formula_parts
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"{w}ranks")
 def measured(request):
     world = request.param
-    return world, launch(measure_rank, "tiny-llama", list(STAGES), world_size=world, backend="gloo", timeout_s=180)
+    stages = [*STAGES, "fsdp:bf16"]
+    return world, launch(measure_rank, "tiny-llama", stages, world_size=world, backend="gloo", timeout_s=180)
 
 
 def test_model_state_bytes_match_the_formulas_within_one_percent(measured):
     world, per_rank = measured
     for rank, stages in enumerate(per_rank):
-        for stage, m in stages.items():
+        for name, m in stages.items():
+            stage = name.partition(":")[0]  # fsdp:bf16 keeps fp32 masters: the fp32 formula
             state = m["parameters"] + m["gradients"] + m["optimizer"]
-            expected = formula_bytes(stage, m["psi"], world, m["replicated"] if stage == "fsdp" else 0)
+            expected = formula_bytes(stage, m["psi"], world, m["replicated"])
             assert abs(state / expected - 1) < 0.01, f"rank {rank} {stage}: {state} B measured, {expected:.0f} formula"
 
 
@@ -40,9 +45,42 @@ def test_each_rung_holds_less_and_for_the_reason_it_says(measured):
     assert m["fsdp"]["gathered"] > 0 and all(m[s]["gathered"] == 0 for s in ("ddp", "zero1", "zero2"))
 
 
+def test_fsdp_computing_in_bf16_keeps_fp32_state_and_gathers_half_the_bytes(measured):
+    """compute_dtype=bf16: the same fp32 shards, gradients and Adam state; the units are gathered in bf16, 2 bytes
+    a value where fp32 takes 4 (the same units, the same padding: exactly half); fewer bytes saved for backward."""
+    _, per_rank = measured
+    for m in per_rank:
+        fp32, bf16 = m["fsdp"], m["fsdp:bf16"]
+        assert {k: bf16[k] for k in ("parameters", "gradients", "optimizer")} == {
+            k: fp32[k] for k in ("parameters", "gradients", "optimizer")
+        }
+        assert 2 * bf16["gathered"] == fp32["gathered"] > 0
+        assert 0 < bf16["activations"] < fp32["activations"]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_the_formulas_are_the_zero_papers_in_both_precisions(world):
+    """The ZeRO paper (Rajbhandari et al., 2020, fig. 1), Ψ parameters, n ranks: fp32 Adam 4 + 4 + 8 bytes a
+    parameter, mixed precision 2 + 2 + K with K = 12; P_os, P_os+g, P_os+g+p shard one more kind each."""
+    psi, n, rep = 1_000_003, world, 5_000
+    fp32 = {"ddp": 16 * psi, "zero1": 8 * psi + 8 * psi / n, "zero2": 4 * psi + 12 * psi / n, "fsdp": 16 * psi / n}
+    mixed = {"ddp": 16 * psi, "zero1": 4 * psi + 12 * psi / n, "zero2": 2 * psi + 14 * psi / n, "fsdp": 16 * psi / n}
+    for stage in STAGES:
+        assert formula_bytes(stage, psi, n) == pytest.approx(fp32[stage], rel=1e-12)
+        assert formula_bytes(stage, psi, n, precision="bf16-mixed") == pytest.approx(mixed[stage], rel=1e-12)
+        if stage != "fsdp":  # only fsdp keeps parameters whole outside its units
+            assert formula_bytes(stage, psi, n, rep) == formula_bytes(stage, psi, n)
+    assert formula_bytes("fsdp", psi, n, rep) == pytest.approx(16 * (psi - rep) / n + 16 * rep, rel=1e-12)
+    assert formula_parts("zero2", psi, n, precision="bf16-mixed") == pytest.approx(
+        {"parameters": 2 * psi, "gradients": 2 * psi / n, "optimizer": 12 * psi / n}, rel=1e-12
+    )
+    with pytest.raises(ValueError, match="choose one of fp32, bf16-mixed"):
+        formula_bytes("ddp", psi, n, precision="fp8")
+
+
 def test_activations_are_measured_and_the_same_forward_saves_the_same(measured):
     """Every stage runs the same forward on the same batch, so autograd saves the same activations
     (FSDP's saved-tensor hook swaps out only its parameters, which are not activations)."""
     _, per_rank = measured
-    acts = {stage: m["activations"] for stage, m in per_rank[0].items()}
+    acts = {stage: per_rank[0][stage]["activations"] for stage in STAGES}
     assert acts["ddp"] > 0 and len(set(acts.values())) == 1, acts

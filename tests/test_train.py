@@ -100,7 +100,10 @@ def test_every_stage_end_to_end_writes_traces_and_config(tmp_path):
     assert calls["ga"] == calls["hook"] == calls["hook-async"]
     # simple has no no_sync(): it syncs after each of the 2 micro-batches, which is what ga saves
     assert calls["simple"] == 2 * calls["ga"]
-    nbytes = table["allreduce_bytes_per_step"]
+    # the gradient's bytes: all_reduced, or reduce-scattered by the sharded stages (all_reduces on gloo, counted
+    # as reduce-scatters from their launch ranges)
+    nbytes = table["allreduce_bytes_per_step"] + table["reducescatter_bytes_per_step"]
+    assert table.loc["zero2", "allreduce_calls_per_step"] == 0 < table.loc["zero2", "reducescatter_calls_per_step"]
     assert nbytes["ga"] > 0 and nbytes["simple"] == 2 * nbytes["ga"]
     assert all(nbytes[s] == nbytes["ga"] for s in expected if s not in ("single", "simple"))
 

@@ -25,13 +25,13 @@ Example (on one rank; the trace of a tiny run)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 from minddp.analysis import cpu, gpu
 from minddp.analysis.events import Run, TraceError, gc_paused, load_run
-from minddp.analysis.steps import per_step
+from minddp.analysis.steps import per_step, step_anatomy
 
 #: The columns both paths fill, in display order.
 SUMMARY_COLUMNS = [
@@ -89,6 +89,7 @@ class RunAnalysis:
     kernels: pd.DataFrame  # kernel-type breakdown per stage
     buckets: pd.DataFrame  # per-bucket timeline of one step, per (stage, rank)
     phases: pd.DataFrame  # forward/backward/finish/optimizer spans of that step, per (stage, rank)
+    configs: dict = field(default_factory=dict)  # stage -> its config.json (what the run was asked to do)
 
 
 def stage_sort_key(name: str):
@@ -96,17 +97,19 @@ def stage_sort_key(name: str):
 
 
 def analyze_run(path) -> RunAnalysis:
-    """Steps 1-3 for the run folder ``path`` (``traces/<run>``, or one stage folder of it)."""
+    """Steps 1-3 for the run folder ``path`` (``traces/<run>``, one stage folder of it, any folder of rank
+    traces), or for a :class:`Run` loaded already."""
     with gc_paused():  # millions of event objects, no cycles: see events.gc_paused
         return _analyze_run(path)
 
 
 def _analyze_run(path) -> RunAnalysis:
-    run = load_run(path)  # step 1
+    run = path if isinstance(path, Run) else load_run(path)  # step 1
     summary, steps, kernels, buckets, phases = [], [], [], [], []
     for name in sorted(run.stages, key=stage_sort_key):
         stage = run.stages[name]
         on_gpu = any(gpu.is_gpu_trace(t) for t in stage.ranks.values())  # step 2
+        every_step = {}  # rank -> the phases of every profiled step (CPU traces), for the verdict
         if on_gpu:
             rows, kernel_rows = gpu.analyze_stage(stage)
             intervals = {r: gpu.rank_intervals(t) for r, t in stage.ranks.items()}
@@ -117,6 +120,7 @@ def _analyze_run(path) -> RunAnalysis:
             for r, t in stage.ranks.items():
                 buckets += [dict(b, stage=name, rank=r) for b in cpu.bucket_timeline(t)]
                 phases += [dict(p, stage=name, rank=r) for p in cpu.step_phases(t)]
+                every_step[r] = [p for n, _, _ in intervals[r].steps for p in cpu.step_phases(t, n)]
         tag = {
             "run": run.name,
             "stage": name,
@@ -125,7 +129,8 @@ def _analyze_run(path) -> RunAnalysis:
         }
         summary += [dict(row, **tag) for row in rows]  # step 3
         for r, iv in intervals.items():
-            steps += [dict(s, stage=name, rank=r) for s in per_step(iv)]
+            anatomy = {a["step"]: a for a in step_anatomy(iv, every_step.get(r, []))}
+            steps += [dict(s, **anatomy[s["step"]], stage=name, rank=r) for s in per_step(iv)]
         kernels += [dict(k, stage=name) for k in kernel_rows]
     summary_df = pd.DataFrame(summary, columns=SUMMARY_COLUMNS)
     stages_df = summary_df.groupby("stage", sort=False)[STAGE_COLUMNS].mean(numeric_only=True)
@@ -137,6 +142,7 @@ def _analyze_run(path) -> RunAnalysis:
         pd.DataFrame(kernels),
         pd.DataFrame(buckets),
         pd.DataFrame(phases),
+        {name: stage.config for name, stage in run.stages.items()},
     )
 
 

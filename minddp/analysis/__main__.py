@@ -1,9 +1,14 @@
 """The analysis CLI: ``python -m minddp.analyze traces/<run> [--report] [--compare RUN_A RUN_B]``.
 
 1. analyse each run folder (GPU traces through HTA, CPU/gloo traces through
-   minddp's own analysis: :mod:`minddp.analysis`);
-2. print the stages side by side (with ``--compare``: metric by metric, run A
-   next to run B);
+   minddp's own analysis: :mod:`minddp.analysis`); a run folder is one the train
+   command wrote, or any folder of per-rank profiler traces
+   (:mod:`minddp.analysis.events` finds them and their ranks); two folders of one
+   stage each are compared as one stage (:func:`one_row`);
+2. print, in at most 120 columns, the verdict (the stages ranked by exposed
+   communication and step time, with their spread and why: :mod:`minddp.analysis.verdict`)
+   and the stages side by side; with ``--compare``, what changed between the runs
+   (settings, then A, B, Δ and B/A per stage and number: :mod:`minddp.analysis.compare`);
 3. with ``--report``, write ``report.html`` and PNG plots into the run folder
    (with ``--compare``, into RUN_A's folder under ``compare-<B>/``).
 
@@ -14,6 +19,7 @@ Example::
 
     $ python -m minddp.analyze traces/demo --report
     $ python -m minddp.analyze --compare traces/allreduce traces/powersgd --report
+    $ python -m minddp.analyze my_torch_traces/     # rank traces of any torch job, named anyhow
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 from minddp.runtime.cli import Parser, UsageError, fail
 
 PROG = "minddp.analyze"
+#: The side-by-side columns the console prints (120 columns at most); report.html and stages.csv hold them all.
 SHOWN = [
     "step_time_us",
     "compute_pctg",
@@ -32,17 +39,30 @@ SHOWN = [
     "idle_pctg",
     "comm_comp_overlap_pctg",
     "allreduce_calls_per_step",
-    "allreduce_bytes_per_step",
-    "allgather_calls_per_step",
     "reducescatter_calls_per_step",
+    "allgather_calls_per_step",
     "comm_time_per_step_us",
 ]
+#: Their console headers, short enough to fit (the files spell them out).
+SHORT = {
+    "step_time_us": "step ms",
+    "compute_pctg": "compute %",
+    "non_compute_pctg": "non-comp %",
+    "idle_pctg": "idle %",
+    "comm_comp_overlap_pctg": "overlap %",
+    "allreduce_calls_per_step": "all_reduce",
+    "reducescatter_calls_per_step": "red-scat*",
+    "allgather_calls_per_step": "all_gather",
+    "comm_time_per_step_us": "comm ms",
+}
 
 
 EXAMPLES = [
     "python -m minddp.analyze traces/demo                 # the stages of one run side by side",
     "python -m minddp.analyze traces/demo --report        # and report.html + PNG plots in traces/demo",
     "python -m minddp.analyze --compare traces/allreduce traces/powersgd --report",
+    "python -m minddp.analyze my_traces/          # any folder of per-rank torch profiler traces (*.json[.gz])",
+    "python -m minddp.analyze --compare my_traces/ traces/demo/ddp   # one folder of traces against one stage",
 ]
 
 
@@ -50,13 +70,19 @@ def build_parser() -> Parser:
     p = Parser(
         prog="python -m minddp.analyze",
         usage="python -m minddp.analyze (RUN | --compare RUN_A RUN_B) [--report]",
-        description="Trace metrics of a run written by python -m minddp.train (GPU traces through "
-        "HolisticTraceAnalysis, CPU traces through minddp's own analysis). Bad input exits "
-        "with code 2.",
+        description="Trace metrics of a run written by python -m minddp.train, or of any folder of "
+        "per-rank torch profiler traces (GPU traces through HolisticTraceAnalysis, CPU traces through "
+        "minddp's own analysis). Bad input exits with code 2.",
         examples=EXAMPLES,
     )
     what = p.add_argument_group("what to analyse (one of)")
-    what.add_argument("run", nargs="?", metavar="RUN", help="a run folder, traces/<run> (or one stage folder of it)")
+    what.add_argument(
+        "run",
+        nargs="?",
+        metavar="RUN",
+        help="a run folder, traces/<run> (or one stage folder of it), or any folder of per-rank profiler traces "
+        "(the rank of each from its distributedInfo, else from rank<N> in its name)",
+    )
     what.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="put two runs side by side")
     out = p.add_argument_group("outputs")
     out.add_argument(
@@ -65,6 +91,30 @@ def build_parser() -> Parser:
         help="write report.html and PNG plots into the run folder (with --compare: into RUN_A/compare-<RUN_B>/)",
     )
     return p
+
+
+def one_row(results: list) -> list:
+    """Two runs of one stage each, named differently, compared as one stage: two stage folders (``ddp vs
+    bucket``), or two folders of traces, whose one stage is named as the folder (``traces``: the runs are A and B).
+
+    Runs of several stages are compared stage by stage, as they are.
+    """
+    names = [list(r.stages.index) for r in results]
+    if any(len(n) != 1 for n in names) or names[0] == names[1]:
+        return results
+    bare = all(n[0] == r.run.split(":", 1)[-1] for n, r in zip(names, results))
+    label = "traces" if bare else f"{names[0][0]} vs {names[1][0]}"
+
+    def relabel(frame):
+        if "stage" in frame.columns:
+            frame = frame.assign(stage=label)
+        return frame.rename(index={frame.index[0]: label}) if frame.index.name == "stage" and len(frame) else frame
+
+    tables = ("summary", "stages", "per_step", "kernels", "buckets", "phases")
+    return [
+        replace(r, configs={label: c for c in r.configs.values()}, **{t: relabel(getattr(r, t)) for t in tables})
+        for r in results
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,9 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("give one run folder, or --compare RUN_A RUN_B")
     except UsageError as exc:
         return fail(PROG, exc, parser)
-    import pandas as pd
-
-    from minddp.analysis import TraceError, analyze_run, compare_runs
+    from minddp.analysis import TraceError, analyze_run
     from minddp.analysis.report import write_report
 
     try:
@@ -86,26 +134,46 @@ def main(argv: list[str] | None = None) -> int:
             results = [analyze_run(p) for p in args.compare]
             if results[0].run == results[1].run:  # same name: tell them apart in tables and legends
                 results = [replace(r, run=f"{tag}:{r.run}") for tag, r in zip("AB", results)]
-            table = compare_runs(*results)
+            results = one_row(results)
             out_dir = Path(args.compare[0]) / f"compare-{Path(args.compare[1]).name}"
         else:
             results = [analyze_run(args.run)]
-            table = results[0].stages
             out_dir = Path(args.run)
     except TraceError as exc:
         return fail(PROG, exc, parser)
-    from minddp.analysis.report import readable
-
-    with pd.option_context("display.width", 250, "display.max_columns", 50):  # step 2
-        if args.compare:
-            print(readable(table[[c for c in table.columns if c[0] in SHOWN]]).round(2).to_string())
-        else:
-            print(f"run {results[0].run}: stages side by side (mean over ranks)")
-            print(readable(table[SHOWN]).round(2).to_string())
+    print_tables(results)  # step 2
     if args.report:  # step 3
         page = write_report(results, out_dir)
         print(f"report: {page}")
     return 0
+
+
+def print_tables(results) -> None:
+    """Step 2, at most 120 columns: one run's verdict and side-by-side table, or two runs' differences."""
+    from minddp.analysis.compare import STARRED, config_changes, difference, difference_text
+    from minddp.analysis.report import verdict_lines
+
+    if len(results) == 2:
+        a, b = results
+        changes = config_changes(a.configs, b.configs)
+        print(f"what changed from A = {a.run} to B = {b.run}:")
+        for key, va, vb in changes:
+            print(f"  {key}: {va} -> {vb}")
+        if not changes:
+            print("  no setting differs" if a.configs or b.configs else "  neither run has a config.json")
+        print(difference_text(difference(a, b), a.run, b.run))
+        print("the same per run, and the figures: add --report")
+        return
+    result = results[0]
+    print("\n".join(verdict_lines(result)))
+    table = result.stages[SHOWN].rename(columns=SHORT)
+    for column in SHOWN:
+        header, factor = SHORT[column], 1e-3 if column.endswith("_us") else 1.0
+        table[header] = (table[header] * factor).round(1)
+    print(f"\nrun {result.run}: stages side by side, means over ranks of the profiled steps (calls per step)")
+    print(table.to_string())
+    print(STARRED)
+    print("every column, and the figures: add --report (report.html, stages.csv)")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ each is matched):
 2. **steps**: the ``ProfilerStep#N`` ranges;
 3. **compute**: ``aten::*`` ops on training threads; **comm**: the collective ranges on comm
    threads (and the link's transfers);
-4. **calls and bytes**: one per ``gloo:*`` collective, bytes from its recorded shapes;
+4. **calls and bytes**: one per ``gloo:*`` collective, bytes from its recorded shapes; an all_reduce queued by a
+   ``reduce_scatter_hook`` launch is a reduce-scatter (gloo runs the sharded stages' reduce-scatters so);
 5. **buckets**: each ``minddp.bucket_launch#<i>`` range matched to the collectives it queued;
 6. **phases** of :func:`minddp.ladder.loop.train_step`: forward, backward, finish, optimizer.
 
@@ -90,15 +91,40 @@ def _rank_intervals(trace: RankTrace) -> RankIntervals:
     def named(prefix: str) -> list[dict]:
         return sorted((e for e in family["comm"] if e["name"].startswith(prefix)), key=lambda e: e["ts"])
 
+    allreduces, scattered = _reduce_scatters_run_as_all_reduce(family, named("gloo:all_reduce"), comm_threads)
     return RankIntervals(
         steps,
         compute,
         comm,
-        named("gloo:all_reduce"),
+        allreduces,
         comm_threads,
         named("gloo:all_gather"),
-        named("gloo:reduce_scatter"),
+        sorted(named("gloo:reduce_scatter") + scattered, key=lambda e: e["ts"]),
     )
+
+
+def _reduce_scatters_run_as_all_reduce(family, allreduces: list[dict], comm_threads) -> tuple[list[dict], list[dict]]:
+    """Step 4's kinds: ``(all_reduces, reduce-scatters)`` among the ``gloo:all_reduce`` ranges.
+
+    On gloo a sharded stage's reduce-scatter runs as an all_reduce of the whole bucket
+    (:meth:`minddp.comm.wire.Wire.reduce_scatter`); its launch range says ``hook=reduce_scatter_hook``. The
+    all_reduces queued inside such a range are reduce-scatters, counted (and their bytes, the whole input, as the
+    wire's meter counts them) as such.
+    """
+    launches = [
+        (e["ts"], end_of(e))
+        for e in family["minddp"]
+        if (m := _LAUNCH.match(e["name"])) and "reduce_scatter" in m.group(4) and e.get("tid") not in comm_threads
+    ]
+    if not launches:
+        return allreduces, []
+    queued = sorted(
+        (e for e in family["c10d"] if e["name"] == "c10d::allreduce_" and e.get("tid") not in comm_threads),
+        key=lambda e: e["ts"],
+    )
+    runs = _match_queued_to_runs(queued, allreduces)
+    scattered = {id(runs[id(q)]) for q in queued if id(q) in runs and any(s <= q["ts"] <= e for s, e in launches)}
+    return [e for e in allreduces if id(e) not in scattered], [e for e in allreduces if id(e) in scattered]
 
 
 def rank_metrics(trace: RankTrace) -> dict:

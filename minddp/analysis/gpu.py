@@ -5,9 +5,10 @@ the numbers HTA would give them:
 
 1. **route**: a trace with GPU kernel events is a GPU trace (:func:`is_gpu_trace`);
    anything else goes to :mod:`minddp.analysis.cpu` (HTA raises on it);
-2. **HTA**: ``TraceAnalysis`` wants a folder of rank traces and nothing else
-   (it would try to parse ``config.json``), so the stage's rank files are
-   linked into a scratch folder and HTA is pointed there;
+2. **HTA**: ``TraceAnalysis`` gets the stage's rank files by rank, as
+   :mod:`minddp.analysis.events` found them (HTA would otherwise read every
+   file of the folder, ``config.json`` too, and take a trace without
+   ``distributedInfo`` for rank 0);
 3. **rename**: ``get_temporal_breakdown`` and ``get_comm_comp_overlap`` are
    renamed to the columns the CPU path fills (same definitions, see
    :mod:`minddp.analysis.metrics`); ``get_gpu_kernel_breakdown`` is kept;
@@ -30,11 +31,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
-import tempfile
+import sys
 import warnings
 
-from minddp.analysis.events import RankTrace, StageTraces
+from minddp.analysis.events import RankTrace, StageTraces, TraceError
 from minddp.analysis.steps import RankIntervals, end_of, per_step_means, step_windows
 
 _KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -97,55 +99,59 @@ def rank_intervals(trace: RankTrace) -> RankIntervals:
 
 
 @contextlib.contextmanager
-def _rank_folder(stage: StageTraces):
-    """Step 2: a scratch folder holding only the stage's rank traces (as links)."""
-    with tempfile.TemporaryDirectory(prefix="minddp-hta-") as tmp:
-        for rank, trace in stage.ranks.items():
-            suffix = ".json.gz" if trace.path.name.endswith(".gz") else ".json"
-            os.symlink(trace.path.resolve(), os.path.join(tmp, f"rank{rank}{suffix}"))
-        yield tmp
-
-
-@contextlib.contextmanager
 def _quiet():
-    """HTA's progress prints and its pandas deprecation warnings are not the user's business."""
-    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        yield
+    """HTA's progress prints and its pandas deprecation warnings are not the user's business.
+
+    HTA parses ranks in child processes, which print straight to the standard output's file: that is
+    pointed at ``/dev/null`` while HTA runs (and Python's ``sys.stdout`` with it); its logger, which
+    reports each file parsed as a warning, says only errors meanwhile.
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    hta_log = logging.getLogger("hta")
+    level = hta_log.level
+    hta_log.setLevel(logging.ERROR)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", RuntimeWarning)  # its 0 / 0 overlap where no NCCL kernel ran: NaN, as meant
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        hta_log.setLevel(level)
 
 
-def hta_analysis(folder: str):
-    """HTA's ``TraceAnalysis`` on ``folder``, its progress chatter kept off the user's terminal."""
-    from hta.trace_analysis import TraceAnalysis  # imported here: HTA is slow to import
-
+def hta_analysis(trace_files: dict[int, str]):
+    """HTA's ``TraceAnalysis`` on ``{rank: trace file}``, its progress chatter kept off the user's terminal."""
+    try:
+        from hta.trace_analysis import TraceAnalysis  # imported here: HTA is slow to import
+    except ImportError as exc:
+        raise TraceError(
+            f"GPU traces are read through HolisticTraceAnalysis, which cannot be imported here ({exc}): "
+            "pip install holistictraceanalysis (without internet: docs/devices.md, the wheels to carry)"
+        ) from None
     with _quiet():
-        return TraceAnalysis(trace_dir=folder)
-
-
-def _trace_of(stage: StageTraces, rank: int) -> RankTrace:
-    """HTA names ranks by the trace's ``distributedInfo``; minddp by the file name. Usually the same."""
-    for trace in stage.ranks.values():
-        if trace.meta.get("distributedInfo", {}).get("rank") == rank:
-            return trace
-    return stage.ranks[rank]
+        return TraceAnalysis(trace_files=dict(trace_files))
 
 
 def analyze_stage(stage: StageTraces) -> tuple[list[dict], list[dict]]:
     """Steps 2-4 for one stage: summary rows (one per rank) and kernel-breakdown rows."""
-    with _rank_folder(stage) as folder:
-        analysis = hta_analysis(folder)
-        with _quiet():
-            temporal = analysis.get_temporal_breakdown(visualize=False)
-            overlap = analysis.get_comm_comp_overlap(visualize=False)
-            kernel_types, _ = analysis.get_gpu_kernel_breakdown(visualize=False)
+    analysis = hta_analysis({rank: str(t.path.resolve()) for rank, t in stage.ranks.items()})
+    with _quiet():
+        temporal = analysis.get_temporal_breakdown(visualize=False)
+        overlap = analysis.get_comm_comp_overlap(visualize=False)
+        kernel_types, _ = analysis.get_gpu_kernel_breakdown(visualize=False)
     merged = temporal.merge(overlap[["rank", "comp_comm_overlap_pctg"]], on="rank")  # step 3
     rows = []
     for record in merged.to_dict("records"):
         rank = int(record["rank"])
         row = {mine: float(record[theirs]) for theirs, mine in HTA_COLUMNS.items()}
         row["rank"] = rank
-        row.update(per_step_means(rank_intervals(_trace_of(stage, rank))))  # step 4
+        row.update(per_step_means(rank_intervals(stage.ranks[rank])))  # step 4
         rows.append(row)
     kernels = [
         {"kernel_type": r["kernel_type"], "sum": float(r["sum"]), "percentage": float(r["percentage"])}

@@ -1,14 +1,19 @@
-"""The report: an HTML page and PNG plots in the run folder.
+"""The report: an HTML page and PNG plots in the run folder, the answer first.
 
-1. ``temporal_breakdown.png``: per stage, stacked compute / non-compute / idle share (HTA's temporal breakdown);
-2. ``overlap.png``: per stage, the share of comm hidden behind compute;
-3. ``comm.png``: per stage, collective calls per step (all_reduce, all_gather, reduce_scatter) and comm time per step;
-4. ``bucket_timeline.png``: one step of rank 0 of every stage, torch's DDP included, on **one** time axis: each
-   micro-batch's forward and backward, each bucket's hand-over and collective, the optimizer step
-   (docs/analysis.md, "One step on one time axis", says how to read it);
-5. ``report.html``: the side-by-side table, the plots, and the per-rank table.
+1. **the verdict** (:mod:`minddp.analysis.verdict`): the stages ranked by exposed communication and by step
+   time, each with its spread over the profiled steps and one sentence saying why, and one line on what
+   the numbers mean on a CPU;
+2. ``bucket_timeline.png``, right under it: one step of rank 0 of every stage, torch's DDP included, on
+   **one** time axis: each micro-batch's forward and backward, each bucket's hand-over and collective, the
+   optimizer step (docs/analysis.md, "One step on one time axis", says how to read it);
+3. ``temporal_breakdown.png``: per stage, stacked compute / non-compute / idle share (HTA's temporal breakdown);
+4. ``overlap.png``: per stage, the share of comm hidden behind compute, with its spread over the steps;
+5. ``comm.png``: per stage, collective calls per step by kind, and communication time per step;
+6. ``report.html``: all of it, a caption under every figure saying what to look for, then the tables.
 
-With two runs (``--compare``) the bar plots show both runs' bars side by side.
+With two runs (``--compare``) the page opens with what changed (settings, and one table of A, B, Δ and
+B/A: :mod:`minddp.analysis.compare`) and the bar plots show both runs side by side. Every figure is at
+most 1100 px wide and the page scales it to the window, so none is cut at any width.
 
 Example (on one rank; the trace of a tiny run)::
 
@@ -34,6 +39,8 @@ matplotlib.use("Agg")  # files only: never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 
 _COLORS = {"compute": "#4c72b0", "non_compute": "#dd8452", "idle": "#c7c7c7"}
+#: The widest figure, in inches at 100 dpi: 1100 px, inside a 1280 px window with the page's margins.
+MAX_WIDTH_IN = 11.0
 
 
 def _stage_labels(results) -> list[str]:
@@ -43,94 +50,118 @@ def _stage_labels(results) -> list[str]:
     return sorted(names, key=stage_sort_key)
 
 
-def _grouped_bars(ax, results, stages, column, ylabel):
+def _width(stages, results, per_bar: float = 0.9) -> float:
+    return min(MAX_WIDTH_IN, max(7.0, 1.5 + per_bar * len(stages) * len(results)))
+
+
+def _offsets(results, stages):
     width = 0.8 / len(results)
-    for i, r in enumerate(results):
-        values = [r.stages[column].get(s, float("nan")) for s in stages]
-        xs = [j + (i - (len(results) - 1) / 2) * width for j in range(len(stages))]
-        ax.bar(xs, values, width, label=r.run)
-    ax.set_xticks(range(len(stages)), stages, rotation=20)
-    ax.set_ylabel(ylabel)
-    if len(results) > 1:
-        ax.legend(fontsize=8)
+    return width, [[j + (i - (len(results) - 1) / 2) * width for j in range(len(stages))] for i in range(len(results))]
+
+
+def _legend_below(ax, ncol: int) -> None:
+    """The legend under the axis, inside the figure (never beside it, where a page would cut it off)."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=ncol, fontsize=8, frameon=False)
 
 
 def plot_temporal(results, path: Path) -> None:
-    """Step 1."""
+    """Step 3."""
     stages = _stage_labels(results)
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(stages) * len(results)), 4))
-    width = 0.8 / len(results)
+    fig, ax = plt.subplots(figsize=(_width(stages, results), 4.4))
+    width, xs = _offsets(results, stages)
     for i, r in enumerate(results):
-        xs = [j + (i - (len(results) - 1) / 2) * width for j in range(len(stages))]
         bottom = [0.0] * len(stages)
         for part in ("compute", "non_compute", "idle"):
             vals = [r.stages[f"{part}_pctg"].get(s, 0.0) for s in stages]
+            label = {"compute": "compute", "non_compute": "non-compute (comm, nothing computing)", "idle": "idle"}
             ax.bar(
-                xs,
+                xs[i],
                 vals,
                 width,
                 bottom=bottom,
                 color=_COLORS[part],
                 edgecolor="white",
-                label=part.replace("_", "-") if i == 0 else None,
+                label=label[part] if i == 0 else None,
                 hatch="//" if i else None,
             )
             bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_xticks(range(len(stages)), stages, rotation=20)
-    ax.set_ylabel("% of profiled time")
+    ax.set_ylabel("% of the profiled steps' time")
     ax.set_ylim(0, 100)
     runs = " vs ".join(r.run + (" (hatched)" if i else "") for i, r in enumerate(results))
-    ax.set_title(f"Temporal breakdown per stage: {runs}")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.set_title(f"Where the profiled time went, per stage: {runs}", fontsize=10)
+    _legend_below(ax, 4)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
+def _spread(result, column: str, factor: float = 1.0):
+    """Per stage of ``result``: (median, min, max) of a per-step number over the profiled steps."""
+    from minddp.analysis.verdict import stage_spread
+
+    spread = stage_spread(result, [column])
+    return {s: tuple(spread.loc[s, (column, k)] * factor for k in ("median", "min", "max")) for s in spread.index}
+
+
+def _bars_with_spread(ax, results, stages, column: str, factor: float = 1.0) -> None:
+    """Medians over the profiled steps, whiskers from the least to the most of them; one bar per run."""
+    width, xs = _offsets(results, stages)
+    for i, r in enumerate(results):
+        sp = _spread(r, column, factor)
+        nan = (float("nan"),) * 3
+        med = [sp.get(s, nan)[0] for s in stages]
+        err = [
+            [m - sp.get(s, nan)[1] for s, m in zip(stages, med)],
+            [sp.get(s, nan)[2] - m for s, m in zip(stages, med)],
+        ]
+        ax.bar(xs[i], med, width, yerr=err, capsize=3, label=r.run, hatch="//" if i else None, edgecolor="white")
+    ax.set_xticks(range(len(stages)), stages, rotation=20)
+
+
 def plot_overlap(results, path: Path) -> None:
-    """Step 2."""
+    """Step 4: the median over the profiled steps of each step's overlap, and its spread (min–max)."""
     stages = _stage_labels(results)
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(stages)), 4))
-    _grouped_bars(ax, results, stages, "comm_comp_overlap_pctg", "% of comm time under compute")
-    ax.set_title("Computation-communication overlap per stage")
+    fig, ax = plt.subplots(figsize=(_width(stages, results), 4.2))
+    _bars_with_spread(ax, results, stages, "overlap_pctg")
+    ax.set_ylabel("% of message time with compute beside it")
+    ax.set_ylim(0, 100)
+    ax.set_title("Overlap per stage: median of the profiled steps (whiskers: least to most)", fontsize=10)
+    if len(results) > 1:
+        _legend_below(ax, len(results))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
 def plot_comm(results, path: Path) -> None:
-    """Step 3."""
+    """Step 5: calls per step, stacked by kind (each run its own bar), above communication time per step."""
+    from minddp.analysis.verdict import KINDS
+
     stages = _stage_labels(results)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(max(10, 2 * len(stages)), 4))
-    calls = [
-        _summed(r, ["allreduce_calls_per_step", "allgather_calls_per_step", "reducescatter_calls_per_step"])
-        for r in results
-    ]
-    _grouped_bars(a, calls, stages, "collective_calls_per_step", "collective calls per step")
-    a.set_title("all_reduce + all_gather + reduce_scatter calls per step")
-    results_ms = [_scaled(r, "comm_time_per_step_us", 1e-3) for r in results]
-    _grouped_bars(b, results_ms, stages, "comm_time_per_step_us", "ms per step")
-    b.set_title("Communication time per step")
+    fig, (a, b) = plt.subplots(2, 1, figsize=(_width(stages, results), 7.4))
+    width, xs = _offsets(results, stages)
+    colors = {"allreduce": "#4c72b0", "reducescatter": "#937860", "allgather": "#55a868"}
+    for i, r in enumerate(results):
+        bottom = [0.0] * len(stages)
+        for kind, words in KINDS.items():
+            vals = [r.stages[f"{kind}_calls_per_step"].get(s, 0.0) for s in stages]
+            label = words if i == 0 else None
+            a.bar(xs[i], vals, width, bottom=bottom, color=colors[kind], label=label, hatch="//" if i else None)
+            bottom = [x + v for x, v in zip(bottom, vals)]
+    a.set_xticks(range(len(stages)), stages, rotation=20)
+    a.set_ylabel("calls per profiled step")
+    runs = "" if len(results) == 1 else f" ({results[1].run} hatched)"
+    a.set_title(f"Collective calls per step, by kind{runs}", fontsize=10)
+    _legend_below(a, 3)
+    _bars_with_spread(b, results, stages, "comm_time_us", 1e-3)
+    b.set_ylabel("ms per step")
+    b.set_title("Communication in flight per step: median (whiskers: least to most of the steps)", fontsize=10)
+    if len(results) > 1:
+        _legend_below(b, len(results))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-def _summed(result, columns, name="collective_calls_per_step"):
-    from copy import copy
-
-    out = copy(result)
-    present = [c for c in columns if c in result.stages.columns]
-    out.stages = result.stages.assign(**{name: result.stages[present].sum(axis=1)})
-    return out
-
-
-def _scaled(result, column, factor):
-    from copy import copy
-
-    out = copy(result)
-    out.stages = result.stages.assign(**{column: result.stages[column] * factor})
-    return out
 
 
 def plot_timeline(result, path: Path | None = None, rank: int = 0):
@@ -150,7 +181,7 @@ def plot_timeline(result, path: Path | None = None, rank: int = 0):
     fig = draw_steps(
         rows,
         title=f"One step of every stage, on one time axis: run {result.run} (profiled step {step}, rank {rank})",
-        width=11,
+        width=MAX_WIDTH_IN,
     )
     if path is not None:
         fig.savefig(path, dpi=100)
@@ -192,44 +223,259 @@ def readable(table):
     return out.rename(columns=renames, level=0 if isinstance(table.columns[0], tuple) else None)
 
 
+#: What to look for in each figure: the caption printed under it.
+CAPTIONS = {
+    "bucket_timeline": (
+        "Where the orange bars (messages on the wire) sit against the blue backward bands is the story: inside "
+        "them, communication runs beside backward (bucket-async, ddp, torch; the sharded stages' gathers); after "
+        "them, the step waits (simple after every micro-batch, ga after the last); the black tick is when a "
+        "bucket was handed to the wire, the vertical line the step's end. The stages were profiled one after "
+        "another: compare shapes, and read the forward bands (the same work everywhere) for how much the "
+        "machine's speed moved between them."
+    ),
+    "temporal_breakdown": (
+        "Blue is the training thread inside aten ops; orange a message in flight while nothing computes (the "
+        "exposed communication of the verdict, as a share); grey neither: on a CPU, the Python around the ops "
+        "(hooks, the optimizer's loop, the autograd engine) and waits with no message in flight. single's grey "
+        "is that Python: it has no communication at all."
+    ),
+    "overlap": (
+        "The share of each stage's message time with compute beside it, the median of its profiled steps; the "
+        "whisker runs from the least to the most of them. On a CPU it measures who got a core as much as the "
+        "stage's design: rank two stages only where their whiskers do not overlap. On a GPU it is the blog's "
+        "overlap (NCCL kernels under compute kernels)."
+    ),
+    "comm": (
+        "Top: collective calls per step by kind. Buckets cut the all_reduce calls (hook to bucket), accumulation "
+        "divides them by the micro-batches (simple to ga), the sharded stages add all_gathers, and on gloo their "
+        "reduce-scatters run as all_reduces of the whole bucket. Bottom: time with a message in flight per step, "
+        "not bytes on a wire: on a CPU it includes waiting for the other rank and for a core."
+    ),
+}
+
+_STYLE = (
+    "body{font-family:sans-serif;margin:1.5em;max-width:1180px} img{max-width:100%;height:auto;display:block}"
+    " figure{margin:1em 0 2em 0} figcaption{font-size:14px;color:#333;max-width:1100px}"
+    " table{border-collapse:collapse;font-size:13px;margin-bottom:1em} td,th{border:1px solid #ccc;padding:3px 6px}"
+    " td{text-align:right;white-space:nowrap} td.text,th.text{text-align:left} .why{text-align:left;white-space:normal}"
+    " tr.noise td{color:#888} .headline{font-size:16px} .cpu{color:#555;font-size:13px}"
+    " .scroll{overflow-x:auto;max-width:100%}"
+)
+
+
+def _doc_link(name: str) -> str:
+    """``docs/<name>`` as a link to the file where the docs are installed beside the package, else as text."""
+    path = Path(__file__).resolve().parents[2] / "docs" / name
+    label = f"docs/{name}"
+    return f"<a href='{path.as_uri()}'>{label}</a>" if path.exists() else label
+
+
+def _range(median: float, low: float, high: float, fmt: str = ".1f") -> str:
+    return f"{median:{fmt}} ({low:{fmt}}–{high:{fmt}})"
+
+
+def _percent(value: float) -> str:
+    return "–" if value != value else f"{value:.0f} %"  # NaN: the trace names no backward (a GPU trace)
+
+
+def _of(row, name: str) -> str:
+    """``row[name]`` with its spread: ``median (min–max)``."""
+    return _range(row[name], row[f"{name}_min"], row[f"{name}_max"])
+
+
+def verdict_lines(result) -> list[str]:
+    """The verdict as plain lines of at most 120 characters: the ranking's table, one line per stage, the CPU line."""
+    import textwrap
+
+    from minddp.analysis.verdict import CPU_MEANING, ranking
+
+    table = ranking(result)
+    if table.empty:
+        return [f"run {result.run}: no stage communicated in its profiled steps: nothing to rank"]
+    steps = int(table["steps"].max())
+    lines = textwrap.wrap(
+        f"run {result.run}: stages ranked by exposed communication (a message in flight while the training thread "
+        f"computes nothing), per step, median (min–max) over the {steps} profiled steps; # step = rank by step time",
+        120,
+    ) + [
+        f"{'#':>2} {'stage':<13}{'exposed comm (ms)':>22}{'step (ms)':>24}{'# step':>8}{'comm in backward':>18}",
+    ]
+    for r in table.to_dict("records"):
+        lines.append(
+            f"{r['rank_exposed']:>2} {r['stage']:<13}"
+            f"{_of(r, 'exposed_ms'):>22}"
+            f"{_of(r, 'step_ms'):>24}{r['rank_step']:>8}"
+            f"{_percent(r['in_backward_pct']):>18}"
+        )
+    for r in table.to_dict("records"):
+        lines += textwrap.wrap(f"{r['stage']}: {r['why']}", 120, subsequent_indent="    ")
+    if any(result.summary["device"] == "cpu"):
+        lines += textwrap.wrap(CPU_MEANING, 120)
+    return lines
+
+
+def _verdict_html(result) -> list[str]:
+    from minddp.analysis.verdict import CPU_MEANING, ranking, stage_spread
+
+    table = ranking(result)
+    run = html.escape(result.run)
+    if table.empty:
+        return [f"<section class='verdict'><h2>Verdict: {run}</h2><p>No stage communicated: nothing to rank.</p>"]
+    least, most = table.iloc[0], table.iloc[-1]
+    fast = table.sort_values("rank_step").iloc[0]
+    slow = table.sort_values("rank_step").iloc[-1]
+    spread = stage_spread(result, ["step_time_us"])
+    reference = ""
+    if "single" in spread.index:
+        single = [spread.loc["single", ("step_time_us", k)] / 1e3 for k in ("median", "min", "max")]
+        reference = f" Without communication, <b>single</b> (one process, the global batch): {_range(*single)} ms."
+    parts = [
+        f"<section class='verdict' id='verdict-{run}'><h2>Verdict: {run}</h2>",
+        "<p class='headline'>"
+        f"Least exposed communication: <b>{least['stage']}</b>, {_of(least, 'exposed_ms')} ms a step; "
+        f"most: <b>{most['stage']}</b>, {most['exposed_ms']:.1f} ms. "
+        f"Fastest step: <b>{fast['stage']}</b>, {_of(fast, 'step_ms')} ms; "
+        f"slowest: <b>{slow['stage']}</b>, {slow['step_ms']:.1f} ms.{reference}</p>",
+        "<p>Exposed communication is the time a message was in flight while the training thread computed "
+        "nothing: the trace's stand-in for a step minus the same stage's with <code>noop_hook</code> (which "
+        "<code>python -m minddp.bench</code> measures). Each number is the median over the profiled steps "
+        "(ranks averaged step by step), with the least and the most of them in brackets.</p>",
+        f"<table class='ranking' id='ranking-{run}'><tr><th>#</th><th class='text'>stage</th>"
+        "<th>exposed comm per step (ms)</th><th>step (ms)</th><th># by step time</th>"
+        "<th>messages during backward (%)</th><th class='text'>why (from the trace)</th></tr>",
+    ]
+    for r in table.to_dict("records"):
+        parts.append(
+            f"<tr data-stage='{html.escape(r['stage'])}'><td>{r['rank_exposed']}</td><td class='text'><b>"
+            f"{html.escape(r['stage'])}</b></td><td>{_of(r, 'exposed_ms')}"
+            f"</td><td>{_of(r, 'step_ms')}</td><td>{r['rank_step']}</td>"
+            f"<td>{_percent(r['in_backward_pct'])}</td><td class='why'>{html.escape(r['why'])}</td></tr>"
+        )
+    parts.append("</table>")
+    if any(result.summary["device"] == "cpu"):
+        parts.append(
+            f"<p class='cpu'>{html.escape(CPU_MEANING).replace('docs/analysis.md', _doc_link('analysis.md'))}</p>"
+        )
+    return parts + ["</section>"]
+
+
+def _changes_html(ra, rb) -> list[str]:
+    from minddp.analysis.compare import STARRED, config_changes, difference, number_text, same_text
+
+    a, b = html.escape(ra.run), html.escape(rb.run)
+    changes = config_changes(ra.configs, rb.configs)
+    parts = [f"<section id='changes'><h2>What changed: A = {a}, B = {b}</h2>"]
+    if not ra.configs and not rb.configs:
+        parts.append("<p>Neither run has a config.json: its settings are unknown.</p>")
+    elif changes:
+        parts.append("<ul id='settings'>")
+        parts += [
+            f"<li><code>{html.escape(k)}</code>: {html.escape(va)} → {html.escape(vb)}</li>" for k, va, vb in changes
+        ]
+        parts.append("</ul>")
+    else:
+        parts.append("<p>No setting differs: what differs below is the runs' own variation.</p>")
+    table = difference(ra, rb)
+    only = table[table["number"] == ""]
+    if len(only):
+        parts.append(
+            "<p>"
+            + "; ".join(f"<b>{html.escape(s)}</b> {html.escape(n)}" for s, n in zip(only["stage"], only["note"]))
+            + " (not compared).</p>"
+        )
+
+    def spread_text(r, run):
+        return f"{number_text(r[run])} ({number_text(r[run + '_min'])}–{number_text(r[run + '_max'])})"
+
+    parts.append(
+        "<p>Per stage and number: the median over each run's profiled steps (least–most in brackets), "
+        "Δ = B − A and B/A; <span style='color:#888'>grey rows</span> are within spread: the two runs' ranges "
+        "overlap, so their own step-to-step variation covers the difference.</p>"
+        "<div class='scroll'><table id='difference'><tr><th class='text'>stage</th><th class='text'>number</th>"
+        f"<th>A: {a}</th><th>B: {b}</th><th>Δ = B − A</th><th>B/A</th><th class='text'>note</th></tr>"
+    )
+    for r in table[~table["note"].isin(["same", "only in A", "only in B"])].to_dict("records"):
+        ratio = "–" if r["ratio"] != r["ratio"] else f"{r['ratio']:.2f}"
+        parts.append(
+            f"<tr class='{'noise' if r['note'] else ''}'><td class='text'>{html.escape(r['stage'])}</td>"
+            f"<td class='text'>{html.escape(r['number'])}</td><td>{spread_text(r, 'A')}</td>"
+            f"<td>{spread_text(r, 'B')}</td><td>{'+' if r['delta'] > 0 else ''}{number_text(r['delta'])}</td>"
+            f"<td>{ratio}</td>"
+            f"<td class='text'>{html.escape(r['note'])}</td></tr>"
+        )
+    parts += ["</table></div>", f"<p class='cpu'>{html.escape(same_text(table))}; {html.escape(STARRED)}</p></section>"]
+    return parts
+
+
+def _figure(name: str, key: str) -> str:
+    return (
+        f"<figure><img src='{name}' alt='{html.escape(name)}'>"
+        f"<figcaption>{html.escape(CAPTIONS[key])}</figcaption></figure>"
+    )
+
+
+def _table_html(table, index: bool = True) -> str:
+    """A table for reading (units in the headers), one header row, whole numbers shown whole."""
+    out = readable(table).round(3)
+    if index:
+        out = out.reset_index()
+    for column in out.columns:
+        if column == "steps" or str(column).endswith("calls per step") or column == "rank":
+            if out[column].dropna().apply(float.is_integer if out[column].dtype.kind == "f" else bool).all():
+                out[column] = out[column].astype("Int64")
+    return f"<div class='scroll'>{out.to_html(index=False)}</div>"
+
+
 def write_report(results, folder) -> Path:
-    """Steps 1-5 into ``folder``; returns the HTML page's path."""
+    """Steps 1-6 into ``folder``; returns the HTML page's path."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    images = []
+    timelines = []
+    for r in results:
+        name = "bucket_timeline.png" if len(results) == 1 else f"bucket_timeline_{r.run}.png"
+        fig = plot_timeline(r, folder / name)
+        if fig is not None:
+            plt.close(fig)
+            timelines.append(name)
     for name, plot in (
         ("temporal_breakdown.png", plot_temporal),
         ("overlap.png", plot_overlap),
         ("comm.png", plot_comm),
     ):
         plot(results, folder / name)
-        images.append(name)
-    for r in results:
-        name = "bucket_timeline.png" if len(results) == 1 else f"bucket_timeline_{r.run}.png"
-        fig = plot_timeline(r, folder / name)
-        if fig is not None:
-            plt.close(fig)
-            images.append(name)
     title = "minddp trace analysis: " + " vs ".join(r.run for r in results)
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-        "<style>body{font-family:sans-serif;margin:2em} table{border-collapse:collapse;font-size:13px}"
-        " td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}</style></head><body>",
+        f"<style>{_STYLE}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
-        "<p>Metric definitions: docs/analysis.md. Times in ms, bytes in MiB, shares in % (of the profiled "
-        "time, or of communication time for overlap), each in its column's header.</p>",
     ]
+    if len(results) == 2:
+        parts += _changes_html(*results)
     for r in results:
-        parts += [f"<h2>Stages side by side: {html.escape(r.run)}</h2>", readable(r.stages).round(3).to_html()]
-    parts += [f"<h2>{html.escape(img[:-4].replace('_', ' '))}</h2><img src='{img}' alt='{img}'>" for img in images]
+        parts += _verdict_html(r)
+    parts.append("<h2>One step of every stage, on one time axis</h2>")
+    parts += [_figure(name, "bucket_timeline") for name in timelines]
+    for name, heading in (
+        ("temporal_breakdown", "Where the time went"),
+        ("overlap", "Overlap: how much of the communication had compute beside it"),
+        ("comm", "What was sent"),
+    ):
+        parts += [f"<h2>{heading}</h2>", _figure(f"{name}.png", name)]
+    parts.append(
+        f"<h2>The numbers</h2><p>Definitions: {_doc_link('analysis.md')}. Times in ms, bytes in MiB, shares in % "
+        "(of the profiled steps' time, or of communication time for overlap), each in its column's header; "
+        "every number here is over the <b>profiled</b> steps (the train command's summary gives the median of "
+        "<b>all</b> steps, unprofiled, so it differs).</p>"
+    )
     for r in results:
-        parts += [f"<h2>Per rank: {html.escape(r.run)}</h2>", readable(r.summary).round(3).to_html(index=False)]
+        parts += [f"<h3>Stages side by side: {html.escape(r.run)} (means over ranks)</h3>", _table_html(r.stages)]
+    for r in results:
+        parts += [f"<h3>Per rank: {html.escape(r.run)}</h3>", _table_html(r.summary, index=False)]
         if not r.kernels.empty:
-            parts += [
-                f"<h2>Kernel-type breakdown: {html.escape(r.run)}</h2>",
-                readable(r.kernels).round(3).to_html(index=False),
-            ]
+            parts += [f"<h3>Kernel-type breakdown: {html.escape(r.run)}</h3>", _table_html(r.kernels, index=False)]
     parts.append("</body></html>")
     page = folder / "report.html"
     page.write_text("\n".join(parts), encoding="utf-8")
+    if len(results) == 1:
+        readable(results[0].stages).to_csv(folder / "stages.csv")  # the wide table the console leaves out
     return page

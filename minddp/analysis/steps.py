@@ -133,3 +133,52 @@ def per_step_means(iv: RankIntervals) -> dict:
     means["comm_time_per_step_us"] = sum(r["comm_time_us"] for r in rows) / n
     means["step_time_us"] = sum(r["step_time_us"] for r in rows) / n
     return means
+
+
+#: Where exposed communication can fall in a step (step 1), as the columns and the words that name them.
+REGIONS = {
+    "exposed_forward_us": "in forward, before its ops had anything to compute beside it (parameters gathered)",
+    "exposed_backward_us": "inside backward, while no op computed (a hook waiting for its message, or its Python)",
+    "exposed_between_us": "between micro-batches, after each backward (a sync per micro-batch)",
+    "exposed_tail_us": "after the last backward, waiting for the last messages before the optimizer",
+    "exposed_optimizer_us": "in and after the optimizer step (e.g. parameters all-gathered after it)",
+}
+
+
+def step_anatomy(iv, phases: list[dict]) -> list[dict]:
+    """Steps 1-3 for every profiled step of one rank; ``phases``: :func:`~minddp.analysis.cpu.step_phases` rows of
+    those steps (µs from each step's start; empty for a GPU trace)."""
+    comm, compute = metrics.merge(iv.comm), metrics.merge(iv.compute)  # once, not once a step
+    rows = []
+    for number, s0, s1 in iv.steps:
+        mine = [p for p in phases if p["step"] == number]
+
+        def spans(phase, mine=mine, s0=s0):
+            return metrics.merge((s0 + p["start_us"], s0 + p["end_us"]) for p in mine if p["phase"] == phase)
+
+        in_step = metrics.intersect(comm, [(s0, s1)])
+        exposed = metrics.subtract(in_step, compute)  # step 1
+        hidden = metrics.length(metrics.intersect(in_step, compute))
+        total = metrics.length(in_step)
+        row = {
+            "step": number,
+            "exposed_comm_us": metrics.length(exposed),
+            "overlap_pctg": 100.0 * hidden / total if total > 0 else 0.0,  # step 3
+        }
+        backward, forward, optimizer = spans("backward"), spans("forward"), spans("optimizer")
+        if backward:
+            end = backward[-1][1]
+            opt_start = optimizer[0][0] if optimizer and optimizer[0][0] >= end else s1
+            parts = {
+                "exposed_forward_us": forward,
+                "exposed_backward_us": backward,
+                "exposed_between_us": metrics.subtract([(s0, end)], metrics.merge(backward + forward)),
+                "exposed_tail_us": [(end, opt_start)],
+                "exposed_optimizer_us": [(opt_start, s1)],
+            }
+            row.update({k: metrics.length(metrics.intersect(exposed, v)) for k, v in parts.items()})
+            row["comm_in_backward_us"] = metrics.length(metrics.intersect(in_step, backward))  # step 2
+            before_opt = [e for s, e in in_step if s < opt_start]
+            row["tail_us"] = max(0.0, max(before_opt, default=end) - end)
+        rows.append(row)
+    return rows

@@ -13,6 +13,11 @@ from minddp.bench.targets import check_targets, targets_markdown
 from minddp.runtime.cli import Parser, UsageError, fail, number
 
 PROG = "minddp.bench"
+#: What a --quick run says instead of its targets' verdicts.
+SMOKE = (
+    "smoke run: targets not judged (--quick times 3 steps in 1 round: no interval, no verdict; "
+    "drop --quick for the benchmark)"
+)
 #: ``--preset``: model and per-rank batch (examples x tokens) in one word.
 PRESETS = {
     "tiny": {"model": "tiny-llama", "batch_size": 8, "max_seq_len": 64},
@@ -43,6 +48,7 @@ EXAMPLES = [
 #: Options the benchmark shares with the train command: the same flag, metavar, type and meaning.
 SHARED = (
     "model",
+    "dtype",
     "batch_size",
     "grad_accum",
     "max_seq_len",
@@ -147,7 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
         "every round, hence fewer than train's 5 (0 = none)",
     )
     long.add_argument(
-        "--quick", action="store_true", help="1 launch, 1 round, 3 steps per round, 1 warm-up, 1 profiled step"
+        "--quick",
+        action="store_true",
+        help="a smoke run: 1 launch, 1 round, 3 steps per round, 1 warm-up, 1 profiled step; it measures and "
+        "prints, but judges no target and shows no interval (too few steps for either)",
     )
     shared = p.add_argument_group("model and ranks (as in python -m minddp.train)")
     defaults = TrainConfig()
@@ -405,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m minddp.bench " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": machine(),
         "model": cfg.model,
+        "dtype": cfg.dtype,
         "data": data.source,
         "world_size": cfg.world_size,
         "backend": placement.backend,
@@ -425,11 +435,17 @@ def main(argv: list[str] | None = None) -> int:
         "preset": ns.preset,
         "wall_s": round(time.perf_counter() - start, 1),
     }
-    targets = check_targets(rows, ns.preset, compiled=cfg.compile)
+    if ns.quick:  # one round of 3 steps: enough to see it run, too few to judge a target or bound an interval
+        meta["smoke_run"] = SMOKE
+        for row in rows:
+            row["ratio_lo"] = row["ratio_hi"] = None
+    targets = [] if ns.quick else check_targets(rows, ns.preset, compiled=cfg.compile)
     paths = write_outputs(rows, out, meta, targets, targets_markdown(targets) if targets else "")
     print(markdown_table(rows))
     if targets:
         print("\n" + targets_markdown(targets))
+    if ns.quick:
+        print("\n" + SMOKE)
     print(f"{PROG}: wrote {', '.join(paths.values())}", file=sys.stderr)
     return 0
 

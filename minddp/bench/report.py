@@ -21,7 +21,7 @@ Example (one rank's samples, made by hand: three timed steps of torch's DDP and 
     >>> [(r["config"], r["median_ms"], round(r["ratio_to_torch"], 3), r["overlap_pct"]) for r in rows]
     [('torch', 11.0, 1.0, 50.0), ('ddp', 10.5, 0.955, 60.0)]
     >>> print(markdown_table(rows).splitlines()[-1])
-    | ddp | 10.50 | 10.25–10.75 | 10.00–11.00 | 0.955 (0.92–1.00) | – | 60.0 (60–60) | 5.25 | 2.0 | 0.004 | – |
+    | ddp | 10.50 | 10.25–10.75 | 10.00–11.00 | 0.955 (0.92–1.00) | – | 60.0 | 5.25 | 2.0 | 0.004 | – |
 """
 
 from __future__ import annotations
@@ -309,13 +309,17 @@ def _ratio_cell(r: dict) -> str:
 def _overlap_cell(r: dict) -> str:
     if r["overlap_pct"] is None:
         return "–"
+    if r.get("rounds", 1) < 2:  # one round: its range is the value itself, no spread to show
+        return f"{r['overlap_pct']:.1f}"
     return f"{r['overlap_pct']:.1f} ({r['overlap_min_pct']:.0f}–{r['overlap_max_pct']:.0f})"
 
 
 def markdown_table(rows: list[dict]) -> str:
+    ci = " (90 % CI)" if any(r.get("ratio_lo") is not None for r in rows) else ""  # none: no interval to name
+    ranges = ", rounds" if any(r.get("rounds", 1) > 1 for r in rows) else ""
     head = (
-        "| config | step, median (ms) | step, IQR (ms) | step, min–max (ms) | step × torch (90 % CI) "
-        "| exposed comm (ms) | overlap of comm by compute (%, rounds) | train-thread CPU (ms) "
+        f"| config | step, median (ms) | step, IQR (ms) | step, min–max (ms) | step × torch{ci} "
+        f"| exposed comm (ms) | overlap of comm by compute (%{ranges}) | train-thread CPU (ms) "
         "| all_reduce calls per step | all_reduce per step (MiB) | peak memory (MiB) |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -346,6 +350,8 @@ def write_outputs(
         f.write(f"# minddp benchmark {meta.get('date', '')}\n\n{markdown_table(rows)}\n\n")
         if targets_md:
             f.write(f"## Targets\n\n{targets_md}\n\n")
+        if meta.get("smoke_run"):
+            f.write(f"**{meta['smoke_run']}**\n\n")
         f.write("".join(f"- {k}: {v}\n" for k, v in meta.items()))
     with open(paths["csv"], "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")  # raw step times: JSON only
@@ -359,33 +365,54 @@ def write_outputs(
 
 
 def plot(rows: list[dict], path: str, meta: dict) -> None:
-    """Median step time with IQR whiskers per configuration, and exposed comm beside it."""
+    """Median step time with IQR whiskers per configuration, and exposed comm beside it.
+
+    Colours: torch's DDP red, minddp's stages blue, ``noop_hook`` runs grey (the legend says so); a row
+    whose exposed communication was not measured (no ``noop_hook`` twin in the run) says "not measured"
+    instead of drawing a bar of zero.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     names = [r["config"] for r in rows][::-1]
     by = {r["config"]: r for r in rows}
     med = [by[n]["median_ms"] for n in names]
     err = [[by[n]["median_ms"] - by[n]["q1_ms"] for n in names], [by[n]["q3_ms"] - by[n]["median_ms"] for n in names]]
-    colors = ["tab:red" if by[n]["stage"] == "torch" else "tab:grey" if "noop" in n else "tab:blue" for n in names]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 0.32 * len(names) + 1.8), sharey=True)
+    kinds = {"tab:red": "torch's DDP", "tab:blue": "minddp", "tab:grey": "with noop_hook (no communication)"}
+    colors = ["tab:grey" if "noop" in n else "tab:red" if by[n]["stage"] == "torch" else "tab:blue" for n in names]
+    height = 0.32 * len(names) + 2.4
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, height), sharey=True)
     ax1.barh(names, med, xerr=err, color=colors, capsize=2)
     ax1.set_xlabel("step time, median (whiskers: IQR), ms")
+    handles = [Patch(color=c, label=label) for c, label in kinds.items() if c in colors]
     torch_row = by.get("torch")
     if torch_row:
-        ax1.axvline(torch_row["median_ms"], color="tab:red", lw=0.8, ls="--", label="torch DDP median")
-        ax1.legend(loc="lower right", fontsize=8)
-    exposed = [by[n]["exposed_comm_ms"] or 0.0 for n in names]
-    ax2.barh(names, exposed, color=colors)
+        handles.append(ax1.axvline(torch_row["median_ms"], color="tab:red", lw=0.8, ls="--", label="torch DDP median"))
+    measured = [by[n]["exposed_comm_ms"] for n in names]
+    ax2.barh(names, [0.0 if m is None else m for m in measured], color=colors)
+    for y, m in enumerate(measured):
+        if m is None:
+            ax2.text(
+                0.01,
+                y,
+                "not measured (no noop_hook run)",
+                transform=ax2.get_yaxis_transform(),
+                va="center",
+                fontsize=7,
+                color="#666",
+            )
     ax2.set_xlabel("exposed comm = step − same stage with noop_hook, ms")
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+    smoke = " — smoke run, targets not judged" if meta.get("smoke_run") else ""
     fig.suptitle(
         f"minddp vs torch DDP — {meta.get('model', '')}, {meta.get('world_size', '')} ranks, "
-        f"{meta.get('backend', '')} ({meta.get('date', '')})",
+        f"{meta.get('backend', '')} ({meta.get('date', '')}){smoke}",
         fontsize=10,
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.45 / height, 1, 1))  # the legend's row below the axes
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

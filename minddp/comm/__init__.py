@@ -3,7 +3,9 @@
 ``hook(state, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]`` as
 in torch. Modules mirror ``torch.distributed.algorithms.ddp_comm_hooks``:
 :mod:`default_hooks`, :mod:`powerSGD_hook`, :mod:`debugging_hooks`;
-:mod:`registry` names them for the CLI, :mod:`wire` meters what they send.
+:mod:`registry` names them for the CLI, :mod:`wire` meters and reroutes what they send.
+The teaching stages import only :mod:`plain` (``broadcast``, the default
+``allreduce_hook``), :mod:`grad_bucket` and :mod:`send`: ``docs/layout.md``.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 

@@ -3,7 +3,8 @@
 Torch's signature ``hook(state, bucket) -> Future[Tensor]``; the state is the process group (``None``
 = the default group) or a :class:`~minddp.comm.wire.Wire` around one.
 
-* :func:`allreduce_hook`: divide by the world size, sum across ranks: what every stage does by default;
+* :func:`allreduce_hook`: divide by the world size, sum across ranks: what every stage does by default
+  (it lives in :mod:`minddp.comm.plain`, the teaching stages' short path, and is the same function here);
 * :func:`fp16_compress_hook` / :func:`bf16_compress_hook`: the same in 16 bits, half the bytes;
 * :func:`fp16_compress_wrapper` / :func:`bf16_compress_wrapper`: that cast around *any* hook.
 
@@ -28,18 +29,17 @@ import torch
 import torch.distributed as dist
 
 from minddp.comm.grad_bucket import GradBucket
+from minddp.comm.plain import allreduce_hook
 from minddp.comm.wire import Wire
 
-
-def allreduce_hook(process_group: dist.ProcessGroup | Wire | None, bucket: GradBucket) -> torch.futures.Future:
-    """Average the bucket across ranks: divide by the world size, then sum.
-
-    Dividing *before* summing keeps large gradients from overflowing in low
-    precision, and costs the same as dividing after.
-    """
-    wire = Wire.of(process_group)
-    tensor = bucket.buffer().div_(wire.size())
-    return wire.all_reduce(tensor)
+__all__ = [
+    "allreduce_hook",
+    "fp16_compress_hook",
+    "bf16_compress_hook",
+    "fp16_compress_wrapper",
+    "bf16_compress_wrapper",
+    "check_real_floating",
+]
 
 
 def check_real_floating(bucket: GradBucket, hook_name: str) -> None:

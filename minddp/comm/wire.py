@@ -1,7 +1,8 @@
 """The wire: a process group as the comm hooks see it, with how its sums travel and who counts them.
 
-A comm hook's state is, as in torch, a process group (``None`` = the default group). minddp also
-accepts a :class:`Wire` there: the same group plus, passed explicitly rather than set process-wide,
+A comm hook's state is, as in torch, a process group (``None`` = the default group), which the plain
+hook sees as a :class:`~minddp.comm.plain.Group`. minddp also accepts a :class:`Wire` there: a ``Group``
+plus, passed explicitly rather than set process-wide,
 
 * a **transport**: ``None`` for torch's own collectives, or one written from point-to-point messages
   (:data:`minddp.collectives.TRANSPORTS`), to watch a ring all_reduce carry real gradients;
@@ -9,9 +10,11 @@ accepts a :class:`Wire` there: the same group plus, passed explicitly rather tha
   (``numel * element_size`` of the whole tensor: what a ring moves per rank is a multiple of it);
 * a **link** (:class:`~minddp.comm.link.Link`): an emulated network under the real collective.
 
-Every minddp hook sends through ``Wire.of(state).all_reduce(tensor)``, and the sharded stages
-through :meth:`Wire.reduce_scatter` and :meth:`Wire.all_gather`, so any of them can be metered or
-rerouted.
+Every minddp hook sends through ``Wire.of(state).all_reduce(tensor)`` (the plain hook through
+``Group.of(state)``, which a ``Wire`` is), and the sharded stages through :meth:`Wire.reduce_scatter`
+and :meth:`Wire.all_gather`, so any of them can be metered or rerouted. Those two are where the device
+rule (which backend carries a tensor: ``minddp.runtime.device``) and torch's release differences
+(``minddp.runtime.compat``) come in; the teaching stages' path, ``minddp/comm/plain.py``, needs neither.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
@@ -33,6 +36,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from minddp.comm.plain import Group, when_done
 from minddp.runtime import compat
 from minddp.runtime.device import backends_by_device
 
@@ -40,18 +44,6 @@ from minddp.runtime.device import backends_by_device
 #: transport that also has ``reduce_scatter(output, input, group)`` and ``all_gather(output, input, group)``
 #: (:class:`minddp.collectives.Transport`) carries the sharded stages' collectives too.
 Transport = Callable[[torch.Tensor, dist.ProcessGroup], None]
-
-
-def resolve_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
-    """``None`` means the default (world) group; the one place that says so."""
-    if group is not None:
-        return group
-    if not dist.is_initialized():
-        raise RuntimeError(
-            "torch.distributed is not initialised: start ranks with minddp.launch(...) "
-            "or torchrun, or call torch.distributed.init_process_group first"
-        )
-    return dist.group.WORLD
 
 
 @dataclass
@@ -99,10 +91,10 @@ class Traffic:
         self.by_dtype, self.by_op = {}, {}
 
 
-class Wire:
+class Wire(Group):
     """A process group, how its collectives travel (``transport``) and who counts them (``traffic``)."""
 
-    __slots__ = ("group", "transport", "traffic", "link")
+    __slots__ = ("transport", "traffic", "link")
 
     def __init__(
         self,
@@ -111,32 +103,25 @@ class Wire:
         traffic: Traffic | None = None,
         link=None,
     ):
-        self.group = resolve_group(group)
+        super().__init__(group)
         self.transport = transport
         self.traffic = traffic
         self.link = link
 
-    @staticmethod
-    def of(state) -> "Wire":
-        """The wire a hook's state stands for: a ``Wire`` as it is, a group (or ``None``) as a plain wire."""
-        return state if isinstance(state, Wire) else Wire(state)
-
-    def size(self) -> int:
-        return self.group.size()
+    # of(state) and size() come from Group: ``Wire.of(state)`` is ``state`` if it is a Wire, else ``Wire(state)``
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.futures.Future:
         """Start summing ``tensor`` in place across the group; a Future of ``tensor`` once summed.
 
         With torch's transport the call returns at once and the sum runs on the
-        backend's own threads (that is what lets communication overlap the rest
-        of backward). A point-to-point transport runs here and now and hands back
-        a completed Future. With a link, the Future completes once the link
-        has carried the message too.
+        backend's own threads (:meth:`Group.all_reduce`). A point-to-point
+        transport runs here and now and hands back a completed Future. With a
+        link, the Future completes once the link has carried the message too.
         """
         if self.traffic is not None:
             self.traffic.record(tensor)
         if self.transport is None:  # summed in place (a complex tensor travels as its real view)
-            fut = _when_done(dist.all_reduce(tensor, group=self.group, async_op=True), tensor)
+            fut = super().all_reduce(tensor)
         else:
             self.transport(tensor, self.group)
             fut = _done(tensor)
@@ -159,13 +144,15 @@ class Wire:
             self.traffic.record(input, "reduce_scatter")
         if self.transport is None and backends_by_device(self.group).get(input.device.type) == "gloo":
             mine = input.view(-1).chunk(self.size())[self.group.rank()]
-            fut = _when_done(
-                dist.all_reduce(input, group=self.group, async_op=True),
-                output,
-                then=lambda: output.view(-1).copy_(mine),
-            )
+
+            def keep_mine(done: torch.futures.Future) -> torch.Tensor:
+                done.value()  # raises here if the sum failed
+                output.view(-1).copy_(mine)
+                return output
+
+            fut = dist.all_reduce(input, group=self.group, async_op=True).get_future().then(keep_mine)
         elif self.transport is None:
-            fut = _when_done(compat.reduce_scatter_single(output, input, group=self.group, async_op=True), output)
+            fut = when_done(compat.reduce_scatter_single(output, input, group=self.group, async_op=True), output)
         else:
             self.transport.reduce_scatter(output, input, self.group)
             fut = _done(output)
@@ -195,21 +182,6 @@ class Wire:
         transport = getattr(self.transport, "__name__", "torch")
         link = "" if self.link is None else f", link={self.link.spec.name}"
         return f"Wire(size={self.size()}, transport={transport}, metered={self.traffic is not None}{link})"
-
-
-def _when_done(work, value, then=None) -> torch.futures.Future:
-    """A Future of ``value`` once the collective ``work`` has finished (and ``then()`` has run, if given).
-
-    The Future raises on ``wait()`` if the collective failed.
-    """
-
-    def finished(done: torch.futures.Future):
-        done.value()
-        if then is not None:
-            then()
-        return value
-
-    return work.get_future().then(finished)
 
 
 def _done(value) -> torch.futures.Future:

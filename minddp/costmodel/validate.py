@@ -539,10 +539,25 @@ def main(argv: list[str]) -> int:
     return report(per_world, links, caps, meta, out, ns.calibration)
 
 
+#: What a saved ``raw.pkl`` may name: the step-time model's own records (numbers, strings and lists inside).
+RAW_GLOBALS = {
+    ("minddp.costmodel.step", "StepProfile"),
+    ("minddp.costmodel.step", "Message"),
+    ("minddp.costmodel.compute", "ComputeProfile"),
+}
+
+
 def rejudge(raw: str, out: str, argv: list[str], calibration: str) -> int:
-    """``--rejudge``: step 5 again on saved profiles and times."""
-    with open(raw, "rb") as f:
-        saved = pickle.load(f)
+    """``--rejudge``: step 5 again on saved profiles and times (the file read as data: nothing in it runs)."""
+    from minddp.runtime.untrusted import NotData, load_pickle_data, refusal
+
+    try:
+        with open(raw, "rb") as f:
+            saved = load_pickle_data(f, lambda module, name: (module, name) in RAW_GLOBALS)
+    except NotData as exc:
+        fix = "give the raw.pkl that python -m minddp.model validate wrote"
+        print(f"minddp.model validate: error: {refusal(raw, exc, fix)}", file=sys.stderr)
+        return 2
     for ranks in saved["per_world"].values():  # saved before zero2 had picks too: {link: cap} were bucket-async's
         for rank in ranks:
             if rank["picks"] and not isinstance(next(iter(rank["picks"].values())), dict):

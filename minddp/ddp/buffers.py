@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from minddp.runtime import compat
+from minddp.comm.plain import broadcast
 
 
 @torch.no_grad()
@@ -33,6 +33,6 @@ def broadcast_coalesced(tensors: list[torch.Tensor], group: dist.ProcessGroup, s
         by_dtype.setdefault(t.dtype, []).append(t)
     for same in by_dtype.values():
         flat = torch.cat([t.reshape(-1) for t in same])
-        compat.broadcast(flat, group_src=src, group=group)
+        broadcast(flat, group_src=src, group=group)
         for t, value in zip(same, flat.split([t.numel() for t in same])):
             t.copy_(value.view_as(t))

@@ -29,13 +29,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from minddp.comm.wire import resolve_group
+from minddp.comm.plain import broadcast, resolve_group
 from minddp.ddp.buffers import broadcast_coalesced
 from minddp.ddp.join import ShadowingJoinHook, highest_rank
 from minddp.ddp.reducer import Reducer
-from minddp.runtime import compat
 from minddp.runtime.envflags import env_flag
 from minddp.runtime.nested import map_tensors
+from minddp.stages.bucket_plan import check_bucket_cap_mb
 from minddp.stages.checks import check_same_model
 from minddp.stages.compiling import eager_under_compile, split_at_buckets
 from minddp.stages.grad_accum import GradAccumDDP
@@ -65,6 +65,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         group = resolve_group(process_group)
         self._device = _check_devices(module, device_ids, output_device)
         _check_trainable(module)
+        check_bucket_cap_mb(bucket_cap_mb)
         self.module = module
         self.process_group = group
         self.device_ids, self.output_device = device_ids, output_device
@@ -79,7 +80,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         check_same_model(module, group)  # step 1
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
-                compat.broadcast(tensor, group_src=0, group=group)
+                broadcast(tensor, group_src=0, group=group)
         self.reducer = self._make_reducer()
         eager_under_compile(self)  # torch.compile(ddp) compiles the module, not this forward (docs/ddp.md)
         #: The submodules holding buffers, found once (as torch lists its buffers once): walking every
@@ -178,7 +179,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             self.reducer.prepare_for_backward(outputs)
         return outputs
 
-    @compat.run_eagerly  # Python even inside torch.compile(ddp), which compiles the module only
+    @torch._disable_dynamo  # Python, even in torch.compile(ddp): Dynamo compiles the module only
     def _before_module(self, inputs: tuple, kwargs: dict) -> tuple[bool, tuple, dict]:
         """Step 2 up to the module's call: whether the coming backward syncs, and the inputs on the module's device."""
         reducer = self.reducer

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import JoinHook
 
-from minddp.runtime import compat
+from minddp.comm.plain import broadcast
 
 
 class ShadowingJoinHook(JoinHook):
@@ -52,7 +52,7 @@ class ShadowingJoinHook(JoinHook):
         source = highest_rank(ddp.process_group, is_last_joiner, ddp._device)
         with torch.no_grad():
             for tensor in [*ddp.module.parameters(), *(ddp.module.buffers() if ddp.broadcast_buffers else [])]:
-                compat.broadcast(tensor, group_src=source, group=ddp.process_group)
+                broadcast(tensor, group_src=source, group=ddp.process_group)
 
 
 def highest_rank(group: dist.ProcessGroup, candidate: bool, device: torch.device) -> int:

@@ -41,7 +41,6 @@ from minddp.comm.wire import Wire
 from minddp.ddp.fast import BucketLayout, builtin_average, named_range
 from minddp.ddp.guard import check_consistency, check_same_settings, describe_hook_state, finite_check
 from minddp.ddp.plan import agree_on_order, plan_first_iteration_like_torch, plan_from_order
-from minddp.runtime import compat
 from minddp.runtime.device import message_device
 from minddp.stages.graph import parameters_reached, tensors_in
 
@@ -220,7 +219,7 @@ class Reducer:
                 "every parameter contribute to the loss (make sure all forward outputs are used in it)"
             )
 
-    @compat.run_eagerly  # a graph walk and tensor hooks: Python even inside torch.compile(ddp)
+    @torch._disable_dynamo  # a graph walk and tensor hooks: Python, even in torch.compile(ddp)
     def prepare_for_backward(self, outputs: Any) -> None:
         """The coming backward syncs; with ``find_unused_parameters``, note what its graph will not reach."""
         self.expect_hooks = True

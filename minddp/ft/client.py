@@ -19,6 +19,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from minddp.ft.coordinator import BEAT_S
+from minddp.runtime.loopback import loopback_host
 
 
 class CoordinatorLost(RuntimeError):
@@ -111,7 +112,7 @@ class Coordinator:
                         self._post_again(f"vote/{self.slot}", self.last_vote)
                 posted = False
         raise CoordinatorLost(
-            f"minddp.ft rank {self.slot}: the coordinator (127.0.0.1:{self.port}) gave no answer "
+            f"minddp.ft rank {self.slot}: the coordinator (port {self.port}) gave no answer "
             f"to {key} for {self.timeout_s:.0f} s; restart the lighthouse, or give launch_ft a longer "
             "coordinator_timeout_s"
         )
@@ -134,7 +135,7 @@ class Coordinator:
         while True:
             try:
                 return dist.TCPStore(
-                    "127.0.0.1",
+                    loopback_host(),
                     self.port,
                     is_master=False,
                     timeout=timedelta(seconds=1),
@@ -143,7 +144,7 @@ class Coordinator:
             except (RuntimeError, dist.DistError):
                 if time.monotonic() > deadline:
                     raise CoordinatorLost(
-                        f"minddp.ft rank {self.slot}: cannot reach the coordinator at 127.0.0.1:"
+                        f"minddp.ft rank {self.slot}: cannot reach the coordinator at {loopback_host()} port "
                         f"{self.port} for {self.timeout_s:.0f} s; is the lighthouse running?"
                     )
                 time.sleep(0.05)

@@ -12,7 +12,8 @@ liveness and restarts in full):
    One process decides, so a step counts on all ranks or on none.
 
 A slot is *live* while its heartbeat (``beat/<slot>``, every :data:`BEAT_S`) keeps changing within
-``hang_s`` and the launcher has not reported it gone; a silent one is *evicted*. Nothing here survives
+``hang_s`` and the launcher has not reported it gone (through a queue: the lighthouse writes ``gone/<slot>``
+itself); a silent one is *evicted*. The store listens on the loopback address only. Nothing here survives
 a restart of the lighthouse, and nothing needs to: the ranks post their request or vote again.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import sys
 import time
@@ -42,27 +44,50 @@ def lighthouse_main(
     events,
     parent_pid: int,
     full_world_at: tuple[int, ...] = (),
+    gone=None,
+    stderr=None,
+    plan=None,
 ) -> None:
-    """The coordinator's process: host the store on ``port`` (0: the OS picks), answer until killed."""
-    from minddp.runtime.processes import HELPER_BLOCKED, watch_parent
+    """The coordinator's process: host the store on ``port`` (0: the OS picks), answer until killed.
 
+    ``gone``: a queue of ``(slot, incarnation)`` whose process the launcher saw exit; ``stderr``: a pipe to
+    the launcher's filter (:class:`~minddp.runtime.processes.StderrFilter`); ``plan``: the run's faults
+    (:class:`~minddp.ft.faults.FaultPlan`), for ``coord@STEP``.
+    """
+    from minddp.runtime.processes import HELPER_BLOCKED, use_stderr, watch_parent
+
+    if stderr is not None:
+        use_stderr(stderr)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)
     watch_parent(parent_pid, None)
     store = _serve(port)
     events.put(("listening", epoch, store.port, time.time()))
-    Lighthouse(store, max_world, hang_s, epoch, min_replicas, events.put, full_world_at).run()
+    lighthouse = Lighthouse(store, max_world, hang_s, epoch, min_replicas, events.put, full_world_at, gone)
+    lighthouse.plan, lighthouse.sent = plan, _flush(events)
+    lighthouse.run()
+
+
+def _flush(events):
+    """Wait until everything put on ``events`` is in its pipe (a queue's own thread writes it)."""
+
+    def flush() -> None:
+        events.close()
+        events.join_thread()
+
+    return flush
 
 
 def _serve(port: int) -> dist.TCPStore:
-    """The store on ``port``; after a restart the old port may be in TIME_WAIT a moment: retry for 5 s."""
+    """The store on ``port``, on the loopback address only; after a restart the old server may hold the port a
+    moment: retry for 5 s."""
+    from minddp.runtime.loopback import loopback_store
+
     deadline = time.monotonic() + 5.0
     while True:
         try:
-            return dist.TCPStore(
-                "127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
-            )
-        except (RuntimeError, dist.DistError) as exc:
+            return loopback_store(port, timeout=timedelta(seconds=30))
+        except (OSError, RuntimeError, dist.DistError) as exc:
             if time.monotonic() > deadline:
                 print(
                     f"minddp.ft lighthouse: cannot listen on port {port} ({exc}); end the process holding it",
@@ -85,8 +110,10 @@ class Lighthouse:
         min_replicas: int,
         say,
         full_world_at: tuple[int, ...] = (),
+        gone=None,
     ):
         self.store, self.slots, self.hang_s, self.epoch = store, range(max_world), hang_s, epoch
+        self.notices = gone  # (slot, incarnation) the launcher saw exit, written here as gone/<slot>
         self.min_replicas, self.say = min_replicas, say
         # Steps whose first attempt waits for the whole world (a test's script: each fault then meets a full
         # world, and a restarted rank is back before the end, whatever the machine's speed).
@@ -97,6 +124,7 @@ class Lighthouse:
         self.answered: dict[int, int] = {}  # slot -> last request seq answered
         self.decided: set[tuple[str, int]] = set()
         self.quorum_id, self.members, self.dirty = 0, None, True
+        self.plan, self.sent = None, lambda: None  # the run's faults (coord@STEP), and how to flush what it said
 
     def run(self) -> None:
         keys = [f"{kind}/{slot}" for kind in ("beat", "req", "vote", "gone") for slot in self.slots]
@@ -104,6 +132,7 @@ class Lighthouse:
             self.store.compare_set(key, "", "")
         while True:
             now = time.monotonic()
+            self.post_gone()
             self.seen = dict(zip(keys, (v.decode() or None for v in self.store.multi_get(keys))))
             self.read_beats(now)
             self.form_quorum(now)
@@ -111,6 +140,15 @@ class Lighthouse:
             time.sleep(POLL_S)
 
     # -- liveness ------------------------------------------------------------------------------------
+
+    def post_gone(self) -> None:
+        """``gone/<slot>`` for each rank process the launcher saw exit (the survivors need not wait out hang_s)."""
+        while self.notices is not None:
+            try:
+                slot, incarnation = self.notices.get_nowait()
+            except queue.Empty:
+                return
+            self.store.set(f"gone/{slot}", str(incarnation))
 
     def read_beats(self, now: float) -> None:
         for slot in self.slots:
@@ -214,6 +252,21 @@ class Lighthouse:
             self.decided.add((tag, step))
             self.dirty |= verdict == "discard"
             self.say(("decision", tag, step, verdict, sorted(ok), time.time()))
+            if verdict == "commit":
+                self.fault_after(step)
+
+    def fault_after(self, step: int) -> None:
+        """``coord@STEP+1``: once ``step`` is committed, stop answering; the launcher, told, kills and replaces it.
+
+        It stops here, not where the launcher's kill happens to find it: killed from outside a moment later, it
+        might have decided the next step already, unheard (the ranks acting on a decision the launcher never saw).
+        """
+        index = None if self.plan is None else self.plan.due("coord", step + 1, None)
+        if index is not None:
+            self.plan.fire(index)  # marked fired, with the time
+            self.sent()  # step's decision reaches the launcher, which then kills this process
+            while True:
+                time.sleep(3600)
 
     def _activity(self, slot: int) -> tuple:
         return self._get(f"req/{slot}"), self._get(f"vote/{slot}")

@@ -7,8 +7,9 @@
   silent slot, and the launcher ends the process;
 * ``raise``: the rank's gradient collective raises instead of sending (a
   transient network error); the rank stays and the step is tried again;
-* ``coord``: the launcher kills the lighthouse once step STEP-1 is committed
-  and starts a new one on the same port.
+* ``coord``: the lighthouse stops answering once it has committed step STEP-1
+  (its events sent first); the launcher, told, kills it and starts a new one on
+  the same port.
 
 Each fault fires once, on the first attempt of STEP by any incarnation of
 SLOT: a flag in memory shared with the launcher is set *before* it fires (a

@@ -12,8 +12,9 @@ trains through: this process
    out the hang bound) and, with ``restart``, started again as the next
    incarnation of its slot, which the survivors then heal; a rank the
    coordinator evicted (silent: frozen) is ended by its pid, then treated the
-   same; ``coord@STEP`` kills the coordinator once step STEP-1 is committed
-   and starts a new one on the same port;
+   same; ``coord@STEP``: the coordinator stops answering once it has committed
+   step STEP-1, and is killed and started again on the same port (as one
+   that exited by itself);
 4. returns every slot's result and a one-line report per fault
    (:func:`fault_report`).
 
@@ -33,21 +34,23 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
 from minddp.ft.coordinator import lighthouse_main
 from minddp.ft.faults import Fault, FaultPlan
+from minddp.runtime.loopback import rank_env
 from minddp.runtime.processes import (
     HELPER_BLOCKED,
+    StderrFilter,
     Stopped,
     end_processes,
+    expected_connection_noise,
     rank_context,
     say_safely,
     stop_reason,
     stop_signals,
+    use_stderr,
     watch_parent,
 )
 
@@ -97,9 +100,6 @@ def launch_ft(
     (a rank still starting) is ended: the job is done.
     """
     full_from = tuple(sorted({*full_world_at, *([steps - 1] if rejoin_before_end else [])}))
-    ctx = rank_context()
-    plan = FaultPlan(list(faults), ctx)
-    events, results = ctx.Queue(), ctx.Queue()
     payload = pickle.dumps((task, steps, hang_s, coordinator_timeout_s, digests))
     procs: dict[int, object] = {}  # slot -> its current process
     incarnation = {slot: 0 for slot in range(world_size)}
@@ -112,13 +112,18 @@ def launch_ft(
     done: dict[int, dict] = {}
     t_start = time.time()
     with stop_signals():
+        ctx = rank_context()  # inside: a stop while the process server starts still ends it (processes.end_helpers)
+        plan = FaultPlan(list(faults), ctx)
+        events, results = ctx.Queue(), ctx.Queue()
+        # The ranks' and the coordinator's stderr, without torch's C++ warnings about the connections the faults
+        # break on purpose: one line per fault is what the user reads (step 4); anything else passes.
+        quiet = StderrFilter(expected_connection_noise)
         try:
-            lighthouse, port = _start_lighthouse(
-                ctx, 0, world_size, hang_s, epoch, events, timeline, full_from
+            lighthouse, port, gone = _start_lighthouse(
+                ctx, 0, world_size, hang_s, epoch, events, timeline, full_from, quiet, plan
             )  # step 1
-            notice = _Notices(port)
             for slot in range(world_size):  # step 2
-                procs[slot] = _start_rank(ctx, payload, slot, 0, port, plan, results)
+                procs[slot] = _start_rank(ctx, payload, slot, 0, port, plan, results, quiet)
             coord_faults = [i for i, f in enumerate(plan.faults) if f.kind == "coord"]
             deadline = time.monotonic() + run_timeout_s
             while len(done) < world_size:  # step 3
@@ -132,6 +137,9 @@ def launch_ft(
                         f"minddp.ft: the run did not finish within {run_timeout_s:.0f} s "
                         f"(slots done: {sorted(done)}); see the events for the last step"
                     )
+                # a coordinator that crashed, or that coord@STEP stopped (below): a new one on the same port, once the
+                # old one's events are handled
+                lighthouse_gone = lighthouse.exitcode is not None
                 for event in _drain(events):
                     timeline.append(event)
                     if (
@@ -152,15 +160,16 @@ def launch_ft(
                     if event[0] == "decision" and event[3] == "commit":
                         committed = max(committed, event[2] + 1)
                         for i in [i for i in coord_faults if plan.faults[i].step == event[2] + 1]:
-                            coord_faults.remove(i)
-                            plan.fired_at[i] = time.time()
-                            lighthouse.kill()  # the coordinator's own restart
+                            coord_faults.remove(i)  # it stopped answering once it committed that step (it fired)
+                            lighthouse.kill()
                             lighthouse.join(5.0)
-                            epoch += 1
-                            lighthouse, _ = _start_lighthouse(
-                                ctx, port, world_size, hang_s, epoch, events, timeline, full_from
-                            )
-                            notice = _Notices(port)
+                            lighthouse_gone = True
+                if lighthouse_gone:
+                    timeline.append(("coordinator exited", epoch, lighthouse.exitcode, time.time()))
+                    epoch += 1
+                    lighthouse, _, gone = _start_lighthouse(
+                        ctx, port, world_size, hang_s, epoch, events, timeline, full_from, quiet, plan
+                    )
                 for kind, slot, inc, body in _drain(results):
                     if kind == "log":
                         attempts.append((slot, inc, body))
@@ -177,7 +186,7 @@ def launch_ft(
                         if _take_result(results, done, slot, attempts):
                             continue
                         timeline.append(("exited", slot, incarnation[slot], time.time()))
-                        notice.gone(slot, incarnation[slot])
+                        gone.put((slot, incarnation[slot]))  # the coordinator marks it gone
                         if not restart:
                             del procs[slot]
                             done[slot] = None
@@ -188,7 +197,7 @@ def launch_ft(
                     if committed >= after:
                         del waiting[slot]
                         incarnation[slot] += 1
-                        procs[slot] = _start_rank(ctx, payload, slot, incarnation[slot], port, plan, results)
+                        procs[slot] = _start_rank(ctx, payload, slot, incarnation[slot], port, plan, results, quiet)
                         timeline.append(("restarted", slot, incarnation[slot], time.time()))
                 time.sleep(0.02)
         except (KeyboardInterrupt, Stopped) as exc:
@@ -197,6 +206,7 @@ def launch_ft(
             raise
         finally:
             end_processes([*procs.values(), *([lighthouse] if lighthouse else [])], grace_s=1.0)
+            quiet.close()  # what they wrote last, passed on before this returns
     timeline.extend(_drain(events))
     attempts.extend((s, inc, body) for kind, s, inc, body in _drain(results) if kind == "log")
     return FTRun(
@@ -209,14 +219,18 @@ def launch_ft(
     )
 
 
-def _start_lighthouse(ctx, port, world_size, hang_s, epoch, events, timeline, full_from):
+def _start_lighthouse(ctx, port, world_size, hang_s, epoch, events, timeline, full_from, quiet, plan):
+    """The coordinator's process, its port, and the queue of exits to tell it (one per coordinator: one killed
+    while reading would hold the queue's lock forever)."""
+    gone, stderr = ctx.Queue(), quiet.writer()
     p = ctx.Process(
         target=lighthouse_main,
-        args=(port, world_size, hang_s, epoch, 1, events, os.getpid(), full_from),
+        args=(port, world_size, hang_s, epoch, 1, events, os.getpid(), full_from, gone, stderr, plan),
         name=f"minddp-ft-lighthouse{epoch}",
         daemon=True,
     )
     p.start()
+    stderr.close()  # the lighthouse holds its own copy: its end of the pipe ends with it
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -229,24 +243,8 @@ def _start_lighthouse(ctx, port, world_size, hang_s, epoch, events, timeline, fu
             continue
         timeline.append(event)
         if event[0] == "listening" and event[1] == epoch:
-            return p, event[2]
+            return p, event[2], gone
     raise FaultTolerantRunError("minddp.ft: the coordinator did not start within 30 s; is the machine overloaded?")
-
-
-class _Notices:
-    """The launcher's line to the coordinator: ``gone/<slot>`` the moment a rank's process has exited."""
-
-    def __init__(self, port: int):
-        self.port, self.store = port, None
-
-    def gone(self, slot: int, incarnation: int) -> None:
-        try:
-            self.store = self.store or dist.TCPStore(
-                "127.0.0.1", self.port, is_master=False, timeout=timedelta(seconds=2), wait_for_workers=False
-            )
-            self.store.set(f"gone/{slot}", str(incarnation))
-        except (RuntimeError, dist.DistError):  # no coordinator this moment: its hang bound will notice
-            self.store = None
 
 
 def _drain(q) -> list:
@@ -269,24 +267,28 @@ def _take_result(results, done, slot, attempts) -> bool:
     return slot in done
 
 
-def _start_rank(ctx, payload, slot, incarnation, port, plan, results):
+def _start_rank(ctx, payload, slot, incarnation, port, plan, results, quiet):
+    stderr = quiet.writer()
     p = ctx.Process(
         target=_rank_main,
-        args=(payload, list(sys.path), slot, incarnation, port, plan, results, os.getpid()),
+        args=(payload, list(sys.path), slot, incarnation, port, plan, results, os.getpid(), stderr),
         name=f"minddp-ft-rank{slot}.{incarnation}",
         daemon=True,
     )
     p.start()
+    stderr.close()  # the rank holds its own copy
     return p
 
 
-def _rank_main(payload, parent_path, slot, incarnation, port, plan, results, launcher_pid):
+def _rank_main(payload, parent_path, slot, incarnation, port, plan, results, launcher_pid, stderr):
     """Inside a rank: train through faults, send back the result (or the error that ended it)."""
+    use_stderr(stderr)  # through the launcher's filter (StderrFilter)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher ends the ranks on Ctrl-C
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)
     watch_parent(launcher_pid, f"minddp.ft rank {slot}: the launcher (pid {launcher_pid}) is gone; ending this rank")
     sys.path[:] = parent_path
-    os.environ.update({"RANK": str(slot), "MINDDP_FT_SLOT": str(slot)})
+    # gloo's connections on the loopback interface, as the coordinator's store (minddp.runtime.loopback)
+    os.environ.update({"RANK": str(slot), "MINDDP_FT_SLOT": str(slot), **rank_env()})
     torch.set_num_threads(1)  # one thread: results that do not depend on the core count, and ranks that share
     try:
         from minddp.ft.client import Coordinator
@@ -321,7 +323,8 @@ def fault_report(run: FTRun) -> list[str]:
             lines.append(f"{fault}: never fired (the run ended before step {fault.step})")
             continue
         after = [d for d in decisions if d[5] >= t]
-        commit = next((d for d in after if d[3] == "commit"), None)
+        # the first commit of the fault's step or a later one (a new coordinator first re-decides the step before)
+        commit = next((d for d in after if d[3] == "commit" and d[2] >= fault.step), None)
         lost = [d for d in after if commit is None or d[5] <= commit[5]]
         lost = [d for d in lost if d[3] == "discard"]
         what = {

@@ -40,6 +40,7 @@ from minddp.sharding import FullyShardedDataParallel, Zero2DDP, ZeroRedundancyOp
 from minddp.sharding.fsdp import blocks_of
 from minddp.sharding.hooks import sharded_hook
 from minddp.stages import AsyncBucketDDP, AsyncHookDDP, BucketDDP, GradAccumDDP, HookDDP, SimpleDDP
+from minddp.stages.bucket_plan import check_bucket_cap_mb
 
 #: Stage name -> wrapper class, in reading order.
 STAGES: dict[str, type[nn.Module]] = {
@@ -163,6 +164,7 @@ def wrap(
     if stage == "torch":
         from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
+        check_bucket_cap_mb(bucket_cap_mb)  # torch's DDP takes 0, -1 or "25" without a word
         device = next(model.parameters()).device
         wrapped = TorchDDP(
             model,

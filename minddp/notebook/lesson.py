@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -144,6 +145,10 @@ class Trainee:
     (a preset such as ``"1gbit"``, :mod:`minddp.comm.link`): every collective
     of the stage goes over that emulated network (torch's DDP through minddp's
     hook of the same name), and its profiled traces show the link's transfers.
+    ``transport`` (a name of :data:`minddp.collectives.TRANSPORTS`, e.g.
+    ``"ring"``): the stage's collectives are written from point-to-point
+    messages, each in a range naming its collective (:func:`labelled`), so a
+    look counts the bytes they really sent (``look()["sent"]``).
     """
 
     def __init__(
@@ -154,7 +159,9 @@ class Trainee:
         measure_error: bool = False,
         warmup: int | None = None,
         link: str | None = None,
+        transport: str | None = None,
     ):
+        from minddp.collectives import TRANSPORTS
         from minddp.comm.link import as_link
         from minddp.comm.wire import Traffic, Wire
         from minddp.ladder import make_optimizer, wrap
@@ -162,7 +169,8 @@ class Trainee:
         self.stage, self.hook = stage, hook
         self.traffic = Traffic()
         self.link = None if stage == "single" else as_link(link)  # one emulated NIC for all of this stage's sends
-        wire = Wire(None, traffic=self.traffic, link=self.link)
+        sends = labelled(TRANSPORTS[transport]) if transport is not None else None
+        wire = Wire(None, transport=sends, traffic=self.traffic, link=self.link)
         self.model = wrap(
             stage,
             make_model(),
@@ -211,14 +219,7 @@ class Trainee:
     def look(self) -> dict:
         """Step 1 of the module doc: one step under the profiler, read in memory (every rank's view); over an
         emulated link, with the link's transfers and this rank's waits (:func:`minddp.analysis.live.step_view`)."""
-        from minddp.analysis import live
-
-        if self.link is not None:
-            self.link.log.clear()
-            self.link.waits.clear()
-        prof = live.profiler()
-        self.step(watch=prof)
-        seen = live.step_view(prof, link=self.link)
+        seen = profiled_step(lambda prof: self.step(watch=prof), self.link)
         seen["buckets"] = buckets_of(self.model)
         seen["row"].update(stage=self.stage, label=self.stage)
         return seen
@@ -252,6 +253,78 @@ class Trainee:
 
     def flat_parameters(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self.model.parameters()])
+
+
+def profiled_step(step, link=None) -> dict:
+    """What :meth:`Trainee.look` reads of one step: ``step(prof)`` runs it with the profiler ``prof`` around the
+    training step; returns :func:`minddp.analysis.live.step_view` over ``link`` (its log and waits emptied first,
+    so they hold this step's only), with ``sent`` (:func:`sent_by_collective`)."""
+    from minddp.analysis import live
+
+    if link is not None:
+        link.log.clear()
+        link.waits.clear()
+    prof = live.profiler()
+    step(prof)
+    seen = live.step_view(prof, link=link)
+    seen["sent"] = sent_by_collective(prof)
+    return seen
+
+
+#: The backends' ranges of one point-to-point send, whose input is what went out.
+SEND_RANGES = ("gloo:send", "nccl:send")
+
+
+def labelled(transport):
+    """``transport`` (a :class:`minddp.collectives.Transport`) with each call in a profiler range
+    ``minddp.transport:<collective>``, so :func:`sent_by_collective` can tell whose sends were whose."""
+    from minddp.collectives import Transport
+
+    def named(kind, run):
+        def call(*args):
+            with torch.profiler.record_function(f"minddp.transport:{kind}"):
+                run(*args)
+
+        return call
+
+    return Transport(
+        transport.name,
+        named("all_reduce", transport.all_reduce),
+        named("reduce_scatter", transport.reduce_scatter),
+        named("all_gather", transport.all_gather),
+    )
+
+
+def sent_by_collective(prof) -> dict[str, int]:
+    """Bytes this rank's point-to-point sends carried, from the backend's own send ranges (the tensor it was
+    handed), by the collective whose :func:`labelled` range holds them; ``{}`` when nothing went point to point."""
+    from minddp.analysis.steps import ELEMENT_SIZE
+    from minddp.runtime import compat
+
+    events = prof.events()
+    spans = [
+        (e.time_range.start, e.time_range.end, e.name.partition(":")[2])
+        for e in events
+        if e.name.startswith("minddp.transport:")
+    ]
+    dtypes, sent = compat.input_dtypes(prof), {}
+    for e in events:
+        if e.name in SEND_RANGES and e.input_shapes and e.input_shapes[0]:
+            kind = next((k for a, b, k in spans if a <= e.time_range.start <= b), "other")
+            size = ELEMENT_SIZE.get(str((dtypes.get(e.id) or ["float"])[0]), 4)
+            sent[kind] = sent.get(kind, 0) + math.prod(e.input_shapes[0]) * size
+    return sent
+
+
+def exposed_link_ms(look: dict) -> float:
+    """The link's modelled transfer time during which the training thread stood still for the sync: inside a
+    wait the link saw, or in ``finish_gradient_synchronization()`` (where a stage waits on a Future chained to
+    the link's, whose wait the link cannot see: a compressing hook's). Never more than the link's time."""
+    from minddp.analysis import metrics
+
+    row = look["row"]
+    waiting = metrics.merge([*row["waits"], *row["finish"]])
+    return metrics.length(metrics.intersect(metrics.merge(row["messages"]), waiting))
 
 
 def buckets_of(model) -> int | None:

@@ -5,12 +5,14 @@ Every release-dependent call in minddp goes through here, one function each:
 * :func:`all_gather_single`, :func:`reduce_scatter_single`: torch 2.13 renamed
   ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` (and warns on the old names); the new
   name where torch has it, else the old one, looked up on each call;
-* :func:`broadcast`: a complex tensor sent as its real view (2.6's gloo refuses complex);
 * :func:`allreduce_options` (``asyncOp`` where it exists), :func:`clone_store` (``Store.clone()``
-  or a second client), :func:`meta_device` (``torch._dynamo`` imported first, for 2.6),
+  or a second client), :func:`store_on_socket` (a store server on a bound socket: 2.6's libuv
+  server cannot take one), :func:`meta_device` (``torch._dynamo`` imported first, for 2.6),
   :func:`input_dtypes` (the profiler's dtypes on any release), :data:`TORCH_FULLY_SHARD_ON_CPU`.
 
-Each difference, release by release, and what was run: ``docs/torch-versions.md``.
+Each difference, release by release, and what was run: ``docs/torch-versions.md``. One difference is
+handled where the teaching stages read it instead: a complex tensor is broadcast as its real view (2.6's
+gloo refuses complex) by :func:`minddp.comm.plain.broadcast` itself, in its own two lines.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
@@ -42,23 +44,6 @@ def reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, async
     return scatter(output, input, op=op, group=group, async_op=async_op)
 
 
-def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
-    """``tensor`` = rank ``src``'s (global) or group rank ``group_src``'s ``tensor``, complex ones too."""
-    wire = torch.view_as_real(tensor) if tensor.is_complex() else tensor  # same memory: ``tensor`` is written
-    return dist.broadcast(wire, src=src, group=group, async_op=async_op, group_src=group_src)
-
-
-def skip_frames(fn) -> None:
-    """Dynamo runs ``fn``'s own frames as Python and compiles the frames they call (``recursive=False``'s skip)."""
-    from torch._dynamo.decorators import skip  # Dynamo takes seconds to import: only once a wrapper is built
-
-    skip(fn)
-
-
-#: Decorator: Dynamo never compiles the function or anything it calls; Dynamo is imported at the first call.
-run_eagerly = torch._disable_dynamo
-
-
 def meta_device() -> torch.device:
     """``torch.device("meta")``, to build a model under ``with``, with torch._dynamo imported first (torch 2.6)."""
     import torch._dynamo  # noqa: F401  (its import-time tensor ops fail under a meta default device in 2.6)
@@ -85,6 +70,25 @@ def clone_store(store: dist.Store) -> dist.Store:
         f"torch {torch.__version__} cannot open a second connection to a {type(store).__name__} "
         f"(no Store.clone): pass a TCPStore, or use torch 2.13 or later"
     )
+
+
+def store_on_socket(host: str, port: int, fd: int, **options) -> dist.TCPStore:
+    """A ``TCPStore`` server on the listening socket ``fd`` (it takes ``fd`` over), with ``options`` as torch's.
+
+    torch's default (libuv) server takes a socket from 2.8 on (pytorch#150215); before, it refuses one
+    ("does not support initialization with an listen fd", logged as an error) before it touches it, and the
+    other server, which takes one, is used.
+    """
+    if TORCH_LIBUV_TAKES_A_SOCKET:
+        try:
+            return dist.TCPStore(host, port, is_master=True, master_listen_fd=fd, **options)
+        except NotImplementedError:  # a build without it after all: the socket is still ours to hand on
+            pass
+    return dist.TCPStore(host, port, is_master=True, master_listen_fd=fd, use_libuv=False, **options)
+
+
+#: Does torch's libuv store server take an already-bound socket? (From torch 2.8; 2.6 and 2.7 refuse it.)
+TORCH_LIBUV_TAKES_A_SOCKET = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 8)
 
 
 def tcp_client(store: dist.TCPStore) -> dist.TCPStore:

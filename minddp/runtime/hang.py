@@ -408,6 +408,10 @@ class Detector:
     def _stalled(self, running: dict[int, _Seen], now: float) -> Verdict | None:
         if self.stall_s is None or self.quiet_since is None or now - self.quiet_since <= self.stall_s:
             return None
+        # Stuck, not starved: every rank's counter moved more than stall_s into the quiet. A process that did not
+        # run at all (a machine too busy to schedule it) beat no more than it progressed: no verdict on it.
+        if any(s.alive_at - self.quiet_since <= self.stall_s for s in running.values()):
+            return None
         ranks = sorted(running)
         why = {
             r: (

@@ -3,7 +3,8 @@
 A data-parallel program is the same code in N processes ("ranks") that meet through a rendezvous and
 talk through collectives. This module does that set-up and its clean-up:
 
-1. the parent opens a rendezvous store on a port the OS picks (two launches never collide);
+1. the parent opens a rendezvous store on a port the OS picks (two launches never collide), on the
+   loopback address only, as every connection of the ranks (:mod:`minddp.runtime.loopback`);
 2. it starts one child per rank; each joins the store, builds the process group (gloo on CPU, NCCL
    with one GPU per rank: :mod:`minddp.runtime.device`) and calls ``fn(*args, **kwargs)``;
 3. each child sends back its result, or its exception with the traceback, and leaves its group;
@@ -38,7 +39,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from minddp.runtime import compat, hang
+from minddp.runtime import compat, hang, loopback
 from minddp.runtime.cli import fresh_line
 from minddp.runtime.device import DEFAULT_TIMEOUT_S, Placement, choose, timeout_delta, use
 from minddp.runtime.processes import (
@@ -193,17 +194,16 @@ def launch(
     say_placement(placement)
     hang_s = hang_bound(hang_s, timeout_s)
 
-    # Step 1: a rendezvous store on a port the OS chose, owned by this process.
-    store = open_store(world_size, timeout_s)
-    ctx = rank_context(rank_imports(fn))
-    results: queue.Queue = ctx.Queue()
+    payload = sendable(fn, args, kwargs)  # before any rank starts: a function the ranks cannot get is one line
     procs: list = []
     ok = False
-    with stop_signals():  # step 5
+    with stop_signals():  # step 5 (from here on a stop ends what is started, the process server included)
+        # Step 1: a rendezvous store on a port the OS chose, owned by this process.
+        store = open_store(world_size, timeout_s)
         try:
-            _start_ranks(
-                ctx, procs, pickle.dumps((fn, args, kwargs)), world_size, store.port, placement, timeout_s, results
-            )  # step 2
+            ctx = rank_context(rank_imports(fn))
+            results: queue.Queue = ctx.Queue()
+            _start_ranks(ctx, procs, payload, world_size, store.port, placement, timeout_s, results)  # step 2
             # Step 4: gather, watching for a hung rank (minddp.runtime.hang).
             # (A function over `held`, not the store: the traceback of a RankError keeps _collect_results's
             # locals alive, and the store must go below, so that its port is free once launch returns.)
@@ -228,6 +228,79 @@ def launch(
             end_processes(procs, grace_s=3.0 if ok else 0.5)
             held = []  # noqa: F841 - the lambda reads this variable: it no longer reaches the store
             del store
+
+
+def sendable(fn: Callable[..., Any], args: tuple, kwargs: dict) -> bytes:
+    """``(fn, args, kwargs)`` as the bytes each rank unpickles, or a one-line refusal naming the fix.
+
+    A rank is a fresh process: it imports ``fn`` by module and name, and on the way it runs the launching
+    script again as a module. So, before any rank starts:
+
+    1. a lambda or a function defined inside another (a closure) has no importable name: refused;
+    2. a function of ``__main__`` when ``__main__`` is no file (a notebook, ``python -c``, the REPL), or one
+       defined inside the script's ``if __name__ == "__main__":`` block (which a rank skips): refused;
+    3. a script that calls ``launch`` at its top level without ``if __name__ == "__main__":`` would launch
+       again in every rank: refused, naming the script's line;
+    4. ``fn``, ``args`` or ``kwargs`` that pickle cannot carry: refused, naming pickle's reason.
+
+    Example::
+
+        >>> sendable(lambda: 0, (), {})
+        Traceback (most recent call last):
+        TypeError: minddp.launch cannot send <lambda> to the ranks: it is a lambda, ... define it with def ...
+    """
+    name = getattr(fn, "__qualname__", repr(fn))
+    refuse = f"minddp.launch cannot send {name} to the ranks: "
+    fix = 'define it with def at the top level of a module (or of a script, above its if __name__ == "__main__": block)'
+    main = sys.modules.get("__main__")
+    script = getattr(main, "__file__", None)
+
+    def under_guard(line: int) -> bool:  # inside the script's top-level if __name__ == "__main__": (unreadable: yes)
+        import ast
+
+        try:
+            with open(script, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+        except (OSError, SyntaxError, ValueError):
+            return True
+        return any(
+            isinstance(node, ast.If)
+            and {"__name__", "__main__"} <= {getattr(n, "id", getattr(n, "value", None)) for n in ast.walk(node.test)}
+            and node.lineno <= line <= (node.end_lineno or node.lineno)
+            for node in tree.body
+        )
+
+    if "<lambda>" in name:  # step 1
+        raise TypeError(f"{refuse}it is a lambda, and a rank imports the function by its name; {fix}")
+    if "<locals>" in name:
+        raise TypeError(f"{refuse}it is defined inside another function, and a rank imports it by its name; {fix}")
+    if getattr(fn, "__module__", None) == "__main__" and script is None:  # step 2
+        raise TypeError(
+            f"{refuse}it is defined in an interactive session (a notebook, python -c, the REPL), which a rank "
+            "cannot import; move it into a .py file and import it from there"
+        )
+    code = getattr(fn, "__code__", None)
+    if getattr(fn, "__module__", None) == "__main__" and code and under_guard(code.co_firstlineno):
+        raise TypeError(
+            f'{refuse}it is defined inside if __name__ == "__main__":, which a rank does not run when it imports '
+            f"{script}; {fix}"
+        )
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is vars(main or sys)):
+        frame = frame.f_back
+    if script is not None and frame is not None and not under_guard(frame.f_lineno):  # step 3
+        raise RuntimeError(
+            f"minddp.launch is called at the top level of {script} (line {frame.f_lineno}) without "
+            'if __name__ == "__main__":, so every rank would run the script and launch again; '
+            'put the launch under if __name__ == "__main__":'
+        )
+    try:  # step 4
+        return pickle.dumps((fn, args, kwargs))
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise TypeError(
+            f"{refuse}pickle cannot carry it or its arguments ({str(exc).splitlines()[0]}); pass module-level "
+            "functions and plain data (tensors, numbers, strings, lists, dicts)"
+        ) from None
 
 
 def rank_imports(fn: Callable[..., Any]) -> list[str]:
@@ -431,10 +504,8 @@ def _prepare_rank(local_rank: int, local_world: int, placement: Placement) -> No
 
 
 def open_store(world_size: int, timeout_s: float | None = None) -> dist.TCPStore:
-    """Step 1: the rendezvous store, on a port the OS picks, owned by the calling process."""
-    return dist.TCPStore(
-        "127.0.0.1", 0, world_size, is_master=True, timeout=timeout_delta(timeout_s), wait_for_workers=False
-    )
+    """Step 1: the rendezvous store, on a port the OS picks, on the loopback address, owned by the calling process."""
+    return loopback.loopback_store(0, world_size, timeout_delta(timeout_s))
 
 
 def join_group(
@@ -450,7 +521,7 @@ def join_group(
     if not isinstance(placement, Placement):  # a backend name: the launcher's rule (minddp.runtime.device)
         placement = choose(placement, local_world_size=world_size)
     _prepare_rank(rank, world_size, placement)
-    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout_delta(timeout_s))
+    store = dist.TCPStore(loopback.loopback_host(), port, world_size, is_master=False, timeout=timeout_delta(timeout_s))
     global _rank_store
     _rank_store = store
     if prefix:
@@ -468,8 +539,9 @@ def _set_rank_env(rank: int, world_size: int, port: int) -> None:
             "LOCAL_RANK": str(rank),
             "WORLD_SIZE": str(world_size),
             "LOCAL_WORLD_SIZE": str(world_size),
-            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_ADDR": loopback.loopback_host(),
             "MASTER_PORT": str(port),
+            **loopback.rank_env(),  # gloo's and NCCL's own connections on the loopback interface too
         }
     )
 

@@ -12,7 +12,12 @@
 * :func:`stop_signals`: in the process that owns a run, Ctrl-C, SIGTERM and
   SIGHUP raise an exception once (:class:`Stopped` for the last two), so that
   its ``finally`` blocks end what it started, and the process exits with the
-  signal's status (130, 143, 129).
+  signal's status (130, 143, 129);
+* :func:`end_helpers`: the process server and multiprocessing's resource
+  tracker, ended and waited for when the process that started them exits
+  (however it exits, short of SIGKILL), so that nothing of a run outlives it;
+* :class:`StderrFilter`: the stderr of processes it starts, passed on without
+  torch's warnings about connections a run broke on purpose.
 
 Example (inside a rank: it ends the process when the launcher goes, so the doctests do not run it)::
 
@@ -23,11 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import selectors
 import signal
 import sys
 import threading
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch.multiprocessing as mp
 
@@ -73,9 +80,78 @@ def rank_context(imports: Sequence[str] = ()):
         resource_tracker.ensure_running()  # (no-op once running) it unblocks SIGINT, SIGTERM here when it starts:
         signal.pthread_sigmask(signal.SIG_BLOCK, HELPER_BLOCKED)  # block again for the server
         forkserver.ensure_running()
+        _end_helpers_at_exit()  # before a signal held back meanwhile can end this process
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a signal that came meanwhile is delivered now
     return ctx
+
+
+_at_exit: list = []  # the exit hook, once registered (per process)
+
+
+def _end_helpers_at_exit() -> None:
+    """Have :func:`end_helpers` run when this process exits: after multiprocessing's own exit work.
+
+    That work (its ``atexit`` function) lets go of queues and locks, and each
+    tells the resource tracker, which would be started again were it already
+    ended; a finalizer of lowest priority runs after all of it.
+    """
+    from multiprocessing import util
+
+    if not _at_exit or _at_exit[0] != os.getpid():
+        _at_exit[:] = [os.getpid()]
+        util.Finalize(None, _end_helpers_on_exit, exitpriority=-100)
+
+
+def _end_helpers_on_exit() -> None:
+    if threading.current_thread() is threading.main_thread():
+        for sig in STOP_SIGNALS:  # exiting already: a second Ctrl-C must not cut the wait short with a traceback
+            signal.signal(sig, signal.SIG_IGN)
+    end_helpers()
+
+
+def end_helpers(wait_s: float = 2.0) -> None:
+    """End the process server and the resource tracker this process started, and wait for them (both bounded).
+
+    Each is asked the way multiprocessing itself asks (its pipe from this
+    process closed: the server stops, the tracker cleans up and stops) and
+    waited for; one still there after ``wait_s`` (the server may be importing
+    torch, which it finishes before it looks at its pipe) gets SIGKILL, since
+    both ignore the stop signals (:func:`rank_context`), and is reaped. A
+    later :func:`rank_context` starts new ones.
+    """
+    from multiprocessing import forkserver, resource_tracker, util
+
+    server = forkserver._forkserver
+    pid, alive_fd = getattr(server, "_forkserver_pid", None), getattr(server, "_forkserver_alive_fd", None)
+    if pid is not None and alive_fd is not None:
+        address = getattr(server, "_forkserver_address", None)
+        server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
+        os.close(alive_fd)
+        _reap(pid, wait_s)
+        if address and not util.is_abstract_socket_namespace(address):
+            with contextlib.suppress(OSError):
+                os.unlink(address)
+    tracker = resource_tracker._resource_tracker
+    pid, fd = getattr(tracker, "_pid", None), getattr(tracker, "_fd", None)
+    if pid is not None and fd is not None:
+        tracker._pid = tracker._fd = None
+        os.close(fd)
+        _reap(pid, wait_s)
+
+
+def _reap(pid: int, wait_s: float) -> None:
+    """Wait up to ``wait_s`` for child ``pid`` to exit, then SIGKILL it and wait for that."""
+    deadline = time.monotonic() + wait_s
+    try:
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return
+            time.sleep(0.005)
+    except ChildProcessError:  # already reaped
+        pass
 
 
 #: Signals the process server and resource tracker never see (see rank_context); ranks unblock them.
@@ -240,3 +316,135 @@ def stops_deferred():
         signum = _deferred[0]
         _deferred.clear()
         raise _stop_exception(signum)
+
+
+# -- the stderr of processes a run starts ---------------------------------------------------------------------
+
+#: How torch's C++ side (c10 logging) starts a warning or error line, with the rank prefix torch may put first:
+#: ``[rank1]:[W1127 11:25:02.036715427 TCPStore.cpp:106] [c10d] ...``.
+_CPP_LOG = re.compile(r"^(?:\[rank\d+\]:)?\[[WE][^\]]*?\b[\w.]+\.(?:cpp|cc|hpp|h):\d+\] ")
+#: ... and what one says about a connection that broke, was refused, or timed out.
+_CONNECTION = re.compile(
+    r"Broken pipe|Connection (?:reset|closed|refused)|(?:recv|send)\w* failed|failed to (?:connect|recv|send)|timed out"
+)
+#: The lines the C++ side puts after such a message: the exception's origin and its native stack.
+_CPP_TRAIL = re.compile(r"^(?:\[rank\d+\]:)?(?:Exception raised from |frame #\d+: |<omitting python frames>)")
+
+
+def expected_connection_noise(line: str) -> bool:
+    """Whether ``line`` starts torch's C++ message about a connection that broke (``TCPStore.cpp ... failed``)."""
+    return bool(_CPP_LOG.match(line) and _CONNECTION.search(line))
+
+
+class StderrFilter:
+    """The stderr of the processes a run starts, passed on to this process's stderr without expected noise.
+
+    ``expected(line)`` says which C++ messages to drop (with the lines that follow one: "Exception raised from",
+    "frame #N", up to the blank line that ends it); everything else passes unchanged, in order per process, so an
+    unexpected error shows its cause. Each child gets its own pipe (:meth:`writer`, handed to it in its arguments)
+    and puts it in place of its stderr (:func:`use_stderr`); one thread here reads them all.
+    ``MINDDP_TORCH_WARNINGS=1`` passes everything.
+
+    Example::
+
+        >>> quiet = StderrFilter(expected_connection_noise)
+        >>> pipe = quiet.writer()                      # ctx.Process(target=..., args=(pipe, ...)).start()
+        >>> quiet.close()
+    """
+
+    def __init__(self, expected: Callable[[str], bool], out_fd: int = 2):
+        from minddp.runtime.envflags import env_flag
+
+        self.expected = (lambda line: False) if env_flag("MINDDP_TORCH_WARNINGS") else expected
+        self.out_fd = os.dup(out_fd)  # where this process's stderr is now (a notebook's, pytest's capture)
+        self.dropped = 0
+        self._closing: float | None = None  # set by close(): read until then, at most
+        self._selector = selectors.DefaultSelector()
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._thread = threading.Thread(target=self._run, name="minddp-stderr-filter", daemon=True)
+        self._thread.start()
+
+    def writer(self):
+        """A pipe for one child's stderr: pass it in the child's arguments; this process keeps only the read end."""
+        import multiprocessing
+
+        read, write = multiprocessing.Pipe(duplex=False)
+        os.set_blocking(read.fileno(), False)
+        with self._lock:
+            self._selector.register(read.fileno(), selectors.EVENT_READ, _Stream(read))
+        os.write(self._wake_w, b"\0")  # the thread looks at its list again
+        return write
+
+    def close(self, wait_s: float = 2.0) -> None:
+        """Pass on what the children wrote (each pipe to its end, at most ``wait_s``), then stop reading."""
+        self._closing = time.monotonic() + wait_s
+        os.write(self._wake_w, b"\0")
+        self._thread.join(wait_s + 1.0)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                streams = [k for k in self._selector.get_map().values() if k.data is not None]
+            if self._closing is not None and (not streams or time.monotonic() > self._closing):
+                break
+            for key, _ in self._selector.select(timeout=0.1):
+                if key.data is None:
+                    os.read(self._wake_r, 4096)
+                    continue
+                try:
+                    chunk = os.read(key.fd, 65536)
+                except BlockingIOError:
+                    continue
+                if not chunk:  # every copy of the write end is closed: that process is gone
+                    with self._lock:
+                        self._selector.unregister(key.fd)
+                    self._emit(key.data.feed(b"", end=True))
+                    key.data.pipe.close()
+                else:
+                    self._emit(key.data.feed(chunk))
+        with self._lock:
+            for key in list(self._selector.get_map().values()):
+                if key.data is not None:
+                    self._emit(key.data.feed(b"", end=True))
+                    key.data.pipe.close()
+            self._selector.close()
+        for fd in (self._wake_r, self._wake_w, self.out_fd):  # here, once nothing writes to them any more
+            os.close(fd)
+
+    def _emit(self, lines: list[str]) -> None:
+        out = []
+        for line, stream in lines:
+            if stream.dropping and (_CPP_TRAIL.match(line) or line.strip() == ""):
+                stream.dropping = line.strip() != ""  # the blank line ends the message
+                continue
+            stream.dropping = False
+            if self.expected(line):
+                stream.dropping, self.dropped = True, self.dropped + 1
+                continue
+            out.append(line)
+        if out:
+            with contextlib.suppress(OSError):  # a stderr that is gone is no second error
+                os.write(self.out_fd, "".join(out).encode(errors="replace"))
+
+
+class _Stream:
+    """One child's pipe: its unfinished last line, and whether a dropped message is still going on."""
+
+    def __init__(self, pipe):
+        self.pipe, self.partial, self.dropping = pipe, b"", False
+
+    def feed(self, chunk: bytes, end: bool = False) -> list[tuple[str, "_Stream"]]:
+        data = self.partial + chunk
+        *lines, self.partial = data.split(b"\n")
+        if end and self.partial:
+            lines, self.partial = [*lines, self.partial], b""
+        return [(line.decode(errors="replace") + "\n", self) for line in lines]
+
+
+def use_stderr(pipe) -> None:
+    """In a child: send its stderr (file descriptor 2: Python's and torch's C++ side's) into ``pipe``."""
+    sys.stderr.flush()
+    os.dup2(pipe.fileno(), 2)
+    pipe.close()

@@ -44,6 +44,41 @@ def quiet_kineto() -> None:
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 
+#: Whether this process has spent the allocator's first warning (hush_allocator_warning).
+_hushed = False
+
+
+def hush_allocator_warning() -> None:
+    """Spend, silently, the one warning per process of torch's CPU allocator under memory profiling.
+
+    A tensor allocated before a memory profile starts and freed during it makes the allocator print
+    ``CPUAllocator.cpp: Memory block of unknown size was allocated before the profiling started`` on
+    stderr: once per process (then every 1000th time), on every rank of every stage, through
+    the progress bars. It says the trace lacks those frees, which the analysis never reads. So, once per
+    process, such a free happens here, in a profile of nothing, while stderr points to ``/dev/null``: the
+    allocator's count is then past its first warning. Any other stderr output in those microseconds is lost.
+    """
+    global _hushed
+    if _hushed:
+        return
+    _hushed = True
+    import sys
+
+    import torch
+
+    early = torch.ones(256)  # allocated before the profile starts ...
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+            del early  # ... freed inside it: the warning, into /dev/null
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def trace_path(folder: str, rank: int, gzip: bool = False) -> str:
     return os.path.join(folder, f"rank{rank}.pt.trace.json" + (".gz" if gzip else ""))
 
@@ -100,6 +135,8 @@ class StepProfiler:
         warmup = 1 if total_steps > 1 else 0  # a 1-step run has nothing to warm up with
         self.active = max(1, min(active, total_steps - warmup))
         quiet_kineto()
+        if enabled and memory:
+            hush_allocator_warning()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])  # step 1
         self._prof = (
             profile(

@@ -37,9 +37,9 @@ import torch
 from torch import nn
 
 from minddp.comm.grad_bucket import GradBucket
+from minddp.comm.plain import broadcast
 from minddp.comm.send import send
 from minddp.comm.wire import Wire
-from minddp.runtime import compat
 from minddp.runtime.nested import map_tensors
 from minddp.sharding.hooks import reduce_scatter_hook
 from minddp.sharding.shards import chunk_range, chunk_size, pack_rank_major, split_block, unpack_rank_major
@@ -132,7 +132,7 @@ class FullyShardedDataParallel(nn.Module):
         check_same_model(module, self.wire.group)  # step 1
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
-                compat.broadcast(tensor, group_src=0, group=self.wire.group)
+                broadcast(tensor, group_src=0, group=self.wire.group)
         self.units = self._make_units(module, as_unit_predicate(shard))
         owned = {id(s) for unit in self.units for s in unit.shards}
         self.replicated = [

@@ -2,10 +2,21 @@
 
 :class:`Probe` counts what one rank holds during a training step, by kind (parameters, gradients,
 optimizer state, activations, FSDP's gathered units), from the tensors themselves: distinct
-storages, so a shard that is a view into a full parameter counts once. :func:`formula_bytes` gives
-the formulas for ``Ψ`` fp32 parameters with Adam on ``N`` ranks (DDP ``16Ψ``, ZeRO-1 ``8Ψ + 8Ψ/N``,
-ZeRO-2 ``4Ψ + 12Ψ/N``, FSDP ``16Ψ/N`` plus what it leaves replicated). ``docs/sharding.md``
-(*Memory per rank*) says what each kind counts, and where measured and formula part;
+storages, so a shard that is a view into a full parameter counts once. :func:`formula_parts` gives
+the ZeRO paper's model state per rank for ``Ψ`` parameters with Adam on ``n`` ranks, in either
+precision of :data:`PRECISIONS`:
+
+1. **bytes per parameter** of each kind: fp32 ``4 + 4 + 8`` (parameter, gradient, Adam's two
+   moments); bf16 compute with fp32 master weights ``2 + 2 + 12`` (16-bit parameter and
+   gradient; the optimizer keeps the fp32 master copy and the two moments: the paper's ``K = 12``);
+2. **what each rung shards** (divides by ``n``): ``ddp`` nothing, ``zero1`` the optimizer state,
+   ``zero2`` that and the gradients, ``fsdp`` all three (its replicated parameters stay whole).
+
+So fp32: DDP ``16Ψ``, ZeRO-1 ``8Ψ + 8Ψ/n``, ZeRO-2 ``4Ψ + 12Ψ/n``, FSDP ``16Ψ/n``; bf16 with fp32
+masters: DDP ``16Ψ``, ZeRO-1 ``4Ψ + 12Ψ/n``, ZeRO-2 ``2Ψ + 14Ψ/n``, FSDP ``16Ψ/n``.
+``docs/sharding.md`` (*Memory per rank*) says what each kind counts, where measured and formula
+part, and why minddp's ``compute_dtype`` (like torch's autocast and FSDP2's mixed precision) keeps
+the fp32 parameters as the master copy, so its model state follows the fp32 row;
 ``python -m minddp.bench.memory`` measures the sharded rungs at 2, 3 and 4 ranks.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
@@ -24,6 +35,7 @@ Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
 from __future__ import annotations
 
+import textwrap
 from typing import Iterable
 
 import torch
@@ -193,31 +205,59 @@ def format_summary(measured: dict[str, dict], world: int) -> str:
     lines = ["memory per rank (MiB, rank 0, measured from the tensors on the last step)", head, "-" * len(head)]
     for stage, m in measured.items():
         kind = stage if stage in STAGES else "ddp"  # every other stage keeps DDP's full copies
-        formula = formula_bytes(kind, m["psi"], world, m["replicated"] if kind == "fsdp" else 0)
+        formula = formula_bytes(kind, m["psi"], world, m["replicated"])
         state = m["parameters"] + m["gradients"] + m["optimizer"]
         lines.append(
             f"{stage:<13}{m['parameters'] / mib:>9.3f}{m['gradients'] / mib:>9.3f}{m['optimizer'] / mib:>9.3f}"
             f"{state / mib:>9.3f}{formula / mib:>9.3f}{m['activations'] / mib:>9.3f}"
             f"{m['gathered'] / mib:>10.3f}"
         )
-    lines.append(
+    lines += textwrap.wrap(  # a console's 120 columns
         "state = params + grads + optim; formula = the ZeRO formula for it with AdamW (ddp 16Ψ, zero1 "
-        "8Ψ+8Ψ/N, zero2 4Ψ+12Ψ/N, fsdp 16Ψ/N + its replicated parameters); act = activations saved "
-        "for backward; gathered = FSDP's full units at their peak"
+        "8Ψ+8Ψ/n, zero2 4Ψ+12Ψ/n, fsdp 16Ψ/n + its replicated parameters; n ranks); act = activations saved "
+        "for backward; gathered = FSDP's full units at their peak",
+        120,
     )
     return "\n".join(lines)
 
 
-def formula_bytes(stage: str, psi: int, world: int, replicated: int = 0) -> float:
-    """Model-state bytes per rank by the ZeRO formulas: ``Ψ`` trainable fp32 parameters with Adam, ``world`` ranks.
+#: Bytes per parameter of (parameters, gradients, optimizer state) with Adam: fp32 throughout, or bf16 compute
+#: with fp32 master weights kept by the optimizer (the ZeRO paper's mixed precision, K = 12).
+PRECISIONS = {"fp32": (4, 4, 8), "bf16-mixed": (2, 2, 12)}
+#: Which kinds each rung divides among the ranks (the ZeRO paper's P_os, P_os+g, P_os+g+p).
+SHARDED = {
+    "ddp": (),
+    "zero1": ("optimizer",),
+    "zero2": ("optimizer", "gradients"),
+    "fsdp": ("optimizer", "gradients", "parameters"),
+}
+
+
+def formula_parts(stage: str, psi: int, world: int, replicated: int = 0, precision: str = "fp32") -> dict[str, float]:
+    """Model-state bytes per rank by kind, by the ZeRO formulas (module doc, steps 1-2).
+
+    ``replicated``: parameters FSDP keeps whole on every rank (outside its units), every kind of them whole;
+    the other rungs ignore it.
+
+    Example (Ψ = 1000 parameters on 4 ranks)::
+
+        >>> formula_parts("zero2", 1000, 4)
+        {'parameters': 4000.0, 'gradients': 1000.0, 'optimizer': 2000.0}
+        >>> formula_parts("zero2", 1000, 4, precision="bf16-mixed")
+        {'parameters': 2000.0, 'gradients': 500.0, 'optimizer': 3000.0}
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    whole = replicated if stage == "fsdp" else 0
+    return {
+        kind: float(per * ((psi - whole) / world if kind in SHARDED[stage] else psi - whole) + per * whole)
+        for kind, per in zip(("parameters", "gradients", "optimizer"), PRECISIONS[precision])
+    }
+
+
+def formula_bytes(stage: str, psi: int, world: int, replicated: int = 0, precision: str = "fp32") -> float:
+    """Model-state bytes per rank by the ZeRO formulas: the sum of :func:`formula_parts`.
 
     ``replicated``: parameters FSDP keeps whole on every rank (outside its units), 16 bytes each.
     """
-    n = world
-    formulas = {
-        "ddp": 16 * psi,
-        "zero1": 8 * psi + 8 * psi / n,
-        "zero2": 4 * psi + 12 * psi / n,
-        "fsdp": 16 * (psi - replicated) / n + 16 * replicated,
-    }
-    return formulas[stage]
+    return sum(formula_parts(stage, psi, world, replicated, precision).values())

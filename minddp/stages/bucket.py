@@ -33,7 +33,7 @@ from torch import nn
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
 from minddp.stages.bucket_plan import plan_buckets
-from minddp.stages.compiling import split_at_buckets
+from minddp.stages.compiling import eager_under_compile, split_at_buckets
 from minddp.stages.hook import HookDDP
 
 
@@ -47,6 +47,7 @@ class BucketDDP(HookDDP):
         self.buckets = [[params[i] for i in b] for b in plan_buckets(params, bucket_cap_mb)]  # step 1
         self.bucket_of = {p: b for b, members in enumerate(self.buckets) for p in members}
         self.waiting = [len(members) for members in self.buckets]  # gradients each bucket waits for
+        eager_under_compile(self)  # torch.compile(stage) compiles the module, not these forwards
 
     def forward(self, *inputs, **kwargs):
         """Under ``torch.compile``, the module's graph is cut where buckets fill, so they go out during backward."""

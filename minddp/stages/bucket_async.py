@@ -37,7 +37,7 @@ from torch import nn
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
 from minddp.stages.bucket_plan import plan_buckets
-from minddp.stages.compiling import split_at_buckets
+from minddp.stages.compiling import eager_under_compile, split_at_buckets
 from minddp.stages.grad_accum import GradAccumDDP
 
 
@@ -61,6 +61,7 @@ class AsyncBucketDDP(GradAccumDDP):
         me = weakref.ref(self)  # as hook.py: autograd's C++ side holds the hooks, so hold us weakly
         handles = [p.register_post_accumulate_grad_hook(lambda p: me()._grad_ready(p)) for p in params]
         weakref.finalize(self, lambda: [h.remove() for h in handles])
+        eager_under_compile(self)  # torch.compile(stage) compiles the module, not these forwards
 
     def forward(self, *inputs, **kwargs):
         """Under ``torch.compile``, the module's graph is cut where buckets fill, so they go out during backward."""

@@ -23,9 +23,48 @@ Example (4 KiB weights, 64 B biases; a cap of 4 KiB = 1/256 MiB)::
 
 from __future__ import annotations
 
+import math
+from numbers import Real
+
 import torch
 
 MB = 1024 * 1024
+
+
+def check_bucket_cap_mb(cap) -> None:
+    """Refuse, in one line, a ``bucket_cap_mb`` (``cap``) that is not a finite number of MiB above 0 (``None`` is fine).
+
+    The one check every constructor that takes a cap runs (the bucketed stages through :func:`plan_buckets`,
+    ``ddp``, ``zero2``, torch's DDP as :func:`minddp.ladder.wrap` builds it), refusing what the train command's
+    ``--bucket-cap-mb`` refuses: 0, negatives, ``nan`` and infinity, and also a string or a bool.
+
+    Example::
+
+        >>> check_bucket_cap_mb(25), check_bucket_cap_mb(None)
+        (None, None)
+        >>> check_bucket_cap_mb("25")
+        Traceback (most recent call last):
+        TypeError: bucket_cap_mb must be a number of MiB (or None: one bucket), got '25' (a str): pass bucket_cap_mb=25
+    """
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, Real) or not 0 < cap < math.inf):
+        raise _refusal(cap)
+
+
+def _refusal(bucket_cap_mb) -> Exception:
+    """The one-line error :func:`check_bucket_cap_mb` raises: what was given, and what to pass instead."""
+    if isinstance(bucket_cap_mb, Real) and not isinstance(bucket_cap_mb, bool):
+        return ValueError(
+            f"bucket_cap_mb must be a finite number of MiB above 0, got {bucket_cap_mb!r}: pass a size such as 25 "
+            "(torch's default), or None for one bucket"
+        )
+    try:
+        hint = f"bucket_cap_mb={float(bucket_cap_mb):g}" if isinstance(bucket_cap_mb, str) else "a number such as 25"
+    except ValueError:
+        hint = "a number such as 25"
+    return TypeError(
+        f"bucket_cap_mb must be a number of MiB (or None: one bucket), got {bucket_cap_mb!r} "
+        f"(a {type(bucket_cap_mb).__name__}): pass {hint}"
+    )
 
 
 def plan_buckets(
@@ -37,8 +76,7 @@ def plan_buckets(
     (torch's DDP uses 1 MiB when ``bucket_cap_mb`` is left at its default), so
     the first all_reduce starts as early as possible.
     """
-    if bucket_cap_mb is not None and not bucket_cap_mb > 0:
-        raise ValueError(f"bucket_cap_mb must be > 0 or None, got {bucket_cap_mb!r}")
+    check_bucket_cap_mb(bucket_cap_mb)
     open_buckets: dict[tuple, list[int]] = {}  # (dtype, device) -> bucket being filled
     open_bytes: dict[tuple, int] = {}
     n_closed: dict[tuple, int] = {}  # buckets closed so far, per (dtype, device)

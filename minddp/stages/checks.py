@@ -29,7 +29,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minddp.runtime import compat
 from minddp.stages.graph import parameters_reached
 
 
@@ -62,7 +61,7 @@ class ParameterUse:
         self.group = group
         self.reached: set[int] | None = None  # None: no forward since the last check
 
-    @compat.run_eagerly  # under torch.compile too: the graph walk is Python (stages/compiling.py)
+    @torch._disable_dynamo  # the graph walk stays Python under torch.compile, as torch's DDP's (docs/ddp.md)
     def saw(self, outputs: Any) -> None:
         """After a forward: note the parameters its graph reaches (no message; a forward without grad notes none)."""
         if torch.is_grad_enabled():

@@ -29,12 +29,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minddp.comm.default_hooks import allreduce_hook
 from minddp.comm.grad_bucket import GradBucket
+from minddp.comm.plain import allreduce_hook, broadcast
 from minddp.comm.send import send
-from minddp.runtime import compat
 from minddp.stages.checks import ParameterUse, check_same_model
-from minddp.stages.compiling import eager_under_compile
 
 
 class SimpleDDP(nn.Module):
@@ -47,11 +45,10 @@ class SimpleDDP(nn.Module):
         check_same_model(module, process_group)  # a broadcast between different models hangs
         with torch.no_grad():  # step 1
             for tensor in [*module.parameters(), *module.buffers()]:
-                compat.broadcast(tensor, group_src=0, group=process_group)
+                broadcast(tensor, group_src=0, group=process_group)
         # How gradients travel: plain averaging unless another hook is registered (once, as torch allows).
         self.comm_hook, self.comm_state, self.hook_registered = allreduce_hook, process_group, False
         self.parameters_used = ParameterUse(module, process_group)
-        eager_under_compile(self)  # torch.compile(stage) compiles the module, not the stage's forward
 
     def register_comm_hook(self, state, hook) -> None:
         """Send gradients through ``hook(state, bucket) -> Future[Tensor]`` instead of plain averaging; once."""

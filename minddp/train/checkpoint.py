@@ -9,9 +9,11 @@ A checkpoint must survive the crash it exists for, so a save (on every rank):
    and ``fsync``\\ s the folder;
 4. meets the other ranks at a **barrier**: "the run passed step N" implies "step N is on disk".
 
-:func:`load_checkpoint` refuses, in one line naming cause and fix, a file that is not a checkpoint,
-is truncated, or does not fit the run (parameters, world size, :data:`MUST_MATCH` settings).
-What a crash leaves behind, and the tests: ``docs/reliability.md`` (Checkpoints).
+:func:`load_checkpoint` reads a file as data only (:mod:`minddp.runtime.untrusted`: nothing in it
+runs, whoever made it), and refuses, in one line naming cause and fix, a file that is not a
+checkpoint, asks to run code, is truncated, or does not fit the run (parameters, world size,
+:data:`MUST_MATCH` settings). What a crash leaves behind, and the tests: ``docs/reliability.md``
+(Checkpoints).
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
@@ -37,10 +39,16 @@ import torch.distributed as dist
 from torch import nn
 
 from minddp.runtime.nested import map_tensors
-from minddp.train.rng import rng_state, set_rng_state
+from minddp.runtime.untrusted import NotData, load_torch_data, refusal
+from minddp.train.rng import as_data, from_data, rng_state, set_rng_state
 
-#: Marks the file as ours; bump when the layout changes.
-FORMAT = "minddp-checkpoint/1"
+#: Marks the file as ours; bump when the layout changes. (/2: every rank's share is plain data, so the whole file
+#: loads with code disallowed; /1 held numpy objects.)
+FORMAT = "minddp-checkpoint/2"
+#: How a file torch.save wrote begins (a zip archive's first entry); a truncated one still does, and reads as damaged.
+ZIP_MAGIC = b"PK\x03\x04"
+#: The fix a refusal of a file that is not a checkpoint ends with.
+GIVE_A_FILE = "give a file written by python -m minddp.train --save-every"
 
 #: Config fields a resumed run must share with the saved one: they decide the model, the data order
 #: or the shape of the per-rank hook state. (``steps``, ``lr``, ``timeout``, profiling may change.)
@@ -93,7 +101,8 @@ def _hook_fields(hook_state: Any) -> dict | None:
 def _rank_state(hook_state: Any, extra: dict) -> bytes:
     """This rank's share, serialised (gathering bytes keeps tensors off the collective's device)."""
     buf = io.BytesIO()
-    torch.save({"rng": rng_state(), "hook_state": _to_cpu(_hook_fields(hook_state)), **_to_cpu(extra)}, buf)
+    share = {"rng": rng_state(), "hook_state": as_data(_to_cpu(_hook_fields(hook_state))), **_to_cpu(extra)}
+    torch.save(share, buf)
     return buf.getvalue()
 
 
@@ -196,6 +205,9 @@ def save_checkpoint(
 def read_checkpoint(path: str) -> dict:
     """The checkpoint at ``path`` as saved, or :class:`CheckpointError` saying why it cannot be used.
 
+    The format first: a file ``torch.save`` did not write is refused before it is read. Then the
+    file and every rank's share are read as data (:func:`~minddp.runtime.untrusted.load_torch_data`):
+    a file that asks to run code is refused, and nothing in it runs.
     A folder is a sharded stage's checkpoint (:mod:`minddp.train.sharded_checkpoint`): its ``step`` and
     ``config`` are read, and ``sharded`` is set (it loads at any world size).
     """
@@ -208,8 +220,17 @@ def read_checkpoint(path: str) -> dict:
             raise CheckpointError(str(exc)) from None
     if not os.path.isfile(path):
         raise CheckpointError(f"--resume {path!r}: no such file; give a checkpoint written with --save-every")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head != ZIP_MAGIC:  # torch.save writes a zip archive; anything else is not ours, and is not read
+        raise CheckpointError(
+            f"{path!r} is not a checkpoint (not a file torch.save wrote: no zip archive); "
+            "give a file written by python -m minddp.train --save-every"
+        )
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = load_torch_data(path)
+    except NotData as exc:
+        raise CheckpointError(refusal(path, exc, GIVE_A_FILE)) from None
     except (pickle.UnpicklingError, UnicodeDecodeError) as exc:  # not a torch file at all (text, random bytes)
         raise CheckpointError(
             f"{path!r} is not a checkpoint (not a file torch.save wrote: {_first_line(exc)}); "
@@ -222,12 +243,25 @@ def read_checkpoint(path: str) -> dict:
             f"checkpoint {path!r} is corrupt or truncated ({_first_line(exc)}); resume from an "
             "earlier checkpoint or start afresh"
         ) from None
+    if isinstance(ckpt, dict) and ckpt.get("format") == "minddp-checkpoint/1":
+        raise CheckpointError(
+            f"{path!r} was written by an older minddp (format minddp-checkpoint/1, whose per-rank state loads only "
+            f"with code allowed); start afresh, or resume it with the minddp that wrote it"
+        )
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(
             f"{path!r} is not a minddp checkpoint (expected format {FORMAT}); give a file "
             "written by python -m minddp.train --save-every"
         )
     return ckpt
+
+
+def _share(ckpt: dict, path: str, rank: int) -> dict:
+    """Rank ``rank``'s share of the checkpoint, read as data (its numpy values rebuilt)."""
+    try:
+        return from_data(load_torch_data(io.BytesIO(ckpt["ranks"][rank])))
+    except NotData as exc:
+        raise CheckpointError(refusal(path, exc, GIVE_A_FILE)) from None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -300,8 +334,10 @@ def check_contents(ckpt: dict, path: str, params: int) -> None:
     try:
         state = ckpt["optimizer"]
         saved_params = sum(len(g["params"]) for g in state["param_groups"])
-        shares = [torch.load(io.BytesIO(b), map_location="cpu", weights_only=False) for b in ckpt["ranks"]]
+        shares = [_share(ckpt, path, r) for r in range(len(ckpt["ranks"]))]
         missing = [r for r, share in enumerate(shares) if not {"rng", "hook_state"} <= set(share)]
+    except CheckpointError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any damage inside the file: one line
         raise CheckpointError(
             f"checkpoint {path!r} is damaged inside ({_first_line(exc)}); resume from an "
@@ -328,7 +364,7 @@ def load_checkpoint(path: str, *, model: nn.Module, config: dict, rank: int = 0)
     check_run(ckpt, path, config)
     check_model(ckpt, path, model)
     model.load_state_dict(ckpt["model"])
-    ckpt["rank"] = torch.load(io.BytesIO(ckpt["ranks"][rank]), map_location="cpu", weights_only=False)
+    ckpt["rank"] = _share(ckpt, path, rank)
     return ckpt
 
 

@@ -215,7 +215,8 @@ def _load_local(path: str):
             os.path.join(path, "dataset_info.json")
         ):
             return datasets.load_from_disk(path)
-        return datasets.load_dataset(path)
+        # A folder's files as data: never a loading script in it (datasets before 4.0 ran one; from 4.0 it cannot)
+        return datasets.load_dataset(path, trust_remote_code=False)
     except DataError:
         raise
     except Exception as exc:  # datasets raises many types; the user needs one line, with the real cause

@@ -266,7 +266,7 @@ def train_steps(
         start_step=first,
     )
     global_batch = run.batch_size * cfg.grad_accum * run.replicas
-    times, calls, nbytes, probe = [], [], [], None  # the probe measures memory on the last step
+    times, calls, nbytes, by_op, probe = [], [], [], [], None  # the probe measures memory on the last step
     profiler = StepProfiler(
         stage_dir,
         rank,
@@ -291,6 +291,7 @@ def train_steps(
             times.append(time.perf_counter() - start)
             calls.append(run.traffic.calls)
             nbytes.append(run.traffic.bytes)
+            by_op.append({op: n for op, (n, _) in run.traffic.by_op.items()})  # calls by kind
             losses.append(loss)
             profiler.step()
             run.checkpoints.after_step(step + 1, losses)
@@ -307,6 +308,7 @@ def train_steps(
         "step_times_s": times,
         "all_reduce_calls": calls,
         "all_reduce_bytes": nbytes,
+        "calls_by_op": by_op,
         "losses": losses,
         "global_batch": global_batch,
         "trace": profiler.written,
@@ -406,12 +408,18 @@ def run_stage(cfg: TrainConfig, stage: str, data: PreparedData, folder: str, pla
 
 
 def summarize(result: dict) -> dict:
-    """Numbers for the table: final loss, accuracy, median step time, throughput, traffic per step."""
+    """Numbers for the table: final loss, accuracy, median step time, throughput, traffic per step.
+
+    ``all_reduce_*_per_step`` count every collective the hooks sent (its old name); ``calls_per_step_by_op`` splits
+    the calls by kind (``all_reduce``, ``reduce_scatter``, ``all_gather``).
+    """
     losses, times = result["losses"], result["step_times_s"]
     tail = losses[-min(10, len(losses)) :]
     steady = times[1:] or times  # the first step pays one-off costs
     median = statistics.median(steady)
     metered = result["metered"]
+    steps = result.get("calls_by_op") or []
+    kinds = sorted({op for step in steps for op in step})
     return {
         "final_loss": sum(tail) / len(tail),
         "accuracy": result["accuracy"],
@@ -419,24 +427,37 @@ def summarize(result: dict) -> dict:
         "samples_per_s": result["global_batch"] / median,
         "all_reduce_calls_per_step": statistics.mean(result["all_reduce_calls"]) if metered else None,
         "all_reduce_bytes_per_step": statistics.mean(result["all_reduce_bytes"]) if metered else None,
+        "calls_per_step_by_op": {op: statistics.mean(s.get(op, 0) for s in steps) for op in kinds} if metered else None,
         "trace": result["trace"],
     }
 
 
 def format_table(rows: dict[str, dict]) -> str:
-    head = f"{'stage':<13}{'loss*':>8}{'acc (%)':>9}{'step (ms)':>11}{'samples/s':>11}{'AR calls':>10}{'AR (MiB)':>10}"
+    """The summary table (at most 120 columns): the step is the median of **all** steps, unprofiled ones included;
+    collectives are counted per step by kind, through minddp's hook layer."""
+    head = (
+        f"{'stage':<13}{'loss*':>8}{'acc (%)':>9}{'step (ms)':>11}{'samples/s':>11}"
+        f"{'all_reduce':>12}{'red-scat*':>11}{'all_gather':>12}{'MiB/step':>10}"
+    )
     lines = [head, "-" * len(head)]
     for stage, s in rows.items():
-        calls = "-" if s["all_reduce_calls_per_step"] is None else f"{s['all_reduce_calls_per_step']:.1f}"
+        by_op = s.get("calls_per_step_by_op")
+        counts = [
+            "-" if by_op is None else f"{by_op.get(op, 0.0):.1f}"
+            for op in ("all_reduce", "reduce_scatter", "all_gather")
+        ]
         mib = "-" if s["all_reduce_bytes_per_step"] is None else f"{s['all_reduce_bytes_per_step'] / 2**20:.3f}"
         lines.append(
             f"{stage:<13}{s['final_loss']:>8.4f}{s['accuracy'] * 100:>9.1f}{s['median_step_s'] * 1e3:>11.1f}"
-            f"{s['samples_per_s']:>11.0f}{calls:>10}{mib:>10}"
+            f"{s['samples_per_s']:>11.0f}{counts[0]:>12}{counts[1]:>11}{counts[2]:>12}{mib:>10}"
         )
-    lines.append(
-        "loss* = mean of the last 10 steps; acc = held-out accuracy; step = median step time; "
-        "AR = all_reduce per step through minddp's hook layer ('-': torch's DDP, not metered)"
-    )
+    lines += [
+        "loss* = mean of the last 10 steps; acc = held-out accuracy; step = median over all steps "
+        "(analyze: profiled ones)",
+        "calls per step by kind and MiB per step (all kinds), through minddp's hook layer "
+        "('-': torch's DDP, not metered)",
+        "* reduce-scatter: on gloo it runs as an all_reduce of the whole bucket",
+    ]
     return "\n".join(lines)
 
 

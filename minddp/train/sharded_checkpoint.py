@@ -11,7 +11,12 @@ saves what it holds, and DCP maps who saved which part of which tensor, so a che
    ``minddp.json``;
 3. **load** (:func:`load`): the same description for *this* run's ranks, filled by ``dcp.load``.
 
-More: ``docs/sharding.md`` (Checkpoints).
+Everything a folder holds is read as data (:mod:`minddp.runtime.untrusted`): DCP writes its
+``.metadata`` with ``pickle`` and reads it back with ``pickle.load``, and reads non-tensor values with
+``torch.load(..., weights_only=False)``; here the metadata goes through an unpickler that knows only
+DCP's own record types (:class:`DataReader`), and every value through torch's data-only reader
+(:class:`DataPlanner`). :func:`read_checkpoint` reads all but the tensors before any rank starts, so a
+folder that asks to run code is refused then, unread. More: ``docs/sharding.md`` (Checkpoints).
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
@@ -27,21 +32,35 @@ Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import inspect
 import io
 import json
 import os
 import shutil
+import sys
+import warnings
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-FORMAT = "minddp-sharded-checkpoint/1"
+from minddp.runtime.untrusted import NotData, load_pickle_data, load_torch_data, refusal
+from minddp.train.rng import from_data
+
+#: /2: each rank's extras are plain data (numpy's random state included), so the folder loads with code
+#: disallowed; /1 held numpy objects.
+FORMAT = "minddp-sharded-checkpoint/2"
 META = "minddp.json"
+#: The fix a refusal of a folder that is not a sharded checkpoint ends with.
+GIVE_A_FOLDER = "give a folder written by python -m minddp.train --save-every with a sharded stage"
 
 
 def sharded_sizes(wrapped: nn.Module, model: nn.Module, optimizer) -> dict[int, int]:
@@ -123,18 +142,136 @@ def save(
 
 
 def read_meta(path: str) -> dict:
-    """``minddp.json`` of a sharded checkpoint (format, step, config, world_size); ValueError if there is none."""
+    """``minddp.json`` of a sharded checkpoint (format, step, config, world_size); ValueError if there is none.
+
+    The format first (a JSON file: nothing in it runs); then everything else but the tensors is read
+    as data (:func:`read_rank_extras`): a folder that asks to run code raises a ValueError, unread.
+    """
+    meta = _meta(path)
+    try:
+        read_rank_extras(path, sorted(saved_ranks(path)))  # a rank missing is check_contents's to name
+    except NotData as exc:
+        raise ValueError(refusal(path, exc, GIVE_A_FOLDER)) from None
+    except MemoryError:
+        raise
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - a damaged folder fails in many ways: one line
+        first = (str(exc).splitlines() or [""])[0][:200]
+        raise ValueError(
+            f"checkpoint {path!r} is corrupt or truncated ({type(exc).__name__}: {first}); "
+            "resume from an earlier checkpoint or start afresh"
+        ) from None
+    return meta
+
+
+def _meta(path: str) -> dict:
+    """``minddp.json`` alone, its format checked."""
     try:
         with open(os.path.join(path, META)) as f:
             meta = json.load(f)
     except (OSError, ValueError) as exc:
         raise ValueError(
-            f"{path!r} is not a minddp sharded checkpoint ({type(exc).__name__}); give a folder "
-            "written by python -m minddp.train --save-every with a sharded stage"
+            f"{path!r} is not a minddp sharded checkpoint ({type(exc).__name__}); {GIVE_A_FOLDER}"
         ) from None
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{path!r} is not a minddp sharded checkpoint (format {meta.get('format')!r})")
+    found = meta.get("format") if isinstance(meta, dict) else None
+    if found == "minddp-sharded-checkpoint/1":
+        raise ValueError(
+            f"{path!r} was written by an older minddp (format {found}, whose per-rank state loads only with code "
+            "allowed); start afresh, or resume it with the minddp that wrote it"
+        )
+    if found != FORMAT:
+        raise ValueError(f"{path!r} is not a minddp sharded checkpoint (format {found!r})")
     return meta
+
+
+# -- reading a folder as data ------------------------------------------------------------------------
+
+#: Where DCP's own record types live: its ``.metadata`` may name their dataclasses and enums, nothing else there.
+_DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+#: The other globals a ``.metadata`` names: sizes, a layout by its name, the folder's path.
+_METADATA_GLOBALS = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    *(
+        (module, cls)
+        for module in ("pathlib", "pathlib._local")
+        for cls in ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")
+    ),
+    ("collections", "OrderedDict"),
+}
+
+
+def _metadata_global(module: str, name: str) -> bool:
+    """Whether DCP's ``.metadata`` may name ``module.name``: its records, torch's dtypes, a size, a path."""
+    if module in _DCP_MODULES:
+        found = vars(sys.modules[module]).get(name)  # a plain look-up: no import, no attribute hook
+        return isinstance(found, type) and (dataclasses.is_dataclass(found) or issubclass(found, enum.Enum))
+    if module == "torch" and name != "Size":
+        return isinstance(vars(torch).get(name), (torch.dtype, torch.layout, torch.memory_format))
+    return (module, name) in _METADATA_GLOBALS
+
+
+class DataReader(dcp.FileSystemReader):
+    """DCP's file reader, with its ``.metadata`` unpickled as data: DCP's record types and nothing else."""
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        rank = kwargs.get("rank")  # torch 2.13 may read one rank's metadata; 2.6 takes no arguments
+        name = ".metadata" if rank is None else f"__{rank}.metadata"
+        with self.fs.create_stream(self.fs.concat_path(self.path, name), "rb") as f:
+            metadata = load_pickle_data(f, _metadata_global)
+        if not isinstance(metadata, Metadata):
+            raise NotData(f"its {name} holds a {type(metadata).__name__}, not DCP's metadata")
+        if getattr(metadata, "storage_meta", None) is None:  # as DCP's own reader does
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class DataPlanner(DefaultLoadPlanner):
+    """DCP's load planner, with every non-tensor value (DCP: ``torch.load(weights_only=False)``) read as data."""
+
+    refused: NotData | None = None  # what a value asked to run (DCP wraps the exception; the caller re-raises this)
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        try:
+            data = load_torch_data(value)
+        except NotData as exc:
+            self.refused = exc
+            raise
+        # Handed back to DCP's own placement code as a file of what was just read: plain data, written here,
+        # so DCP's torch.load of it rebuilds those values and nothing else.
+        plain = io.BytesIO()
+        torch.save(data, plain)
+        plain.seek(0)
+        super().load_bytes(read_item, plain)
+
+
+def _metadata(path: str) -> Metadata:
+    return DataReader(path).read_metadata()
+
+
+def read_rank_extras(path: str, ranks) -> dict[int, dict]:
+    """The extras (RNG states, losses) of ``ranks`` as saved, read as data in this process (no group needed)."""
+    state = {"ranks": {str(r): b"" for r in ranks}}
+    _load(state, path, alone=True)
+    return {int(r): from_data(load_torch_data(io.BytesIO(blob))) for r, blob in state["ranks"].items()}
+
+
+def _load(state: dict, path: str, alone: bool = False) -> None:
+    """``dcp.load`` of ``state`` from ``path``, as data; ``alone``: in this process only, without a group."""
+    reader, planner = DataReader(path), DataPlanner()
+    kwargs = {}
+    if alone and "no_dist" in inspect.signature(dcp.load).parameters:
+        kwargs["no_dist"] = True
+    elif alone and dist.is_initialized():  # torch 2.6 loads alone only where no group exists
+        raise RuntimeError("read_rank_extras reads alone: call it before the process group is made")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # alone: "assuming the intent is to load in a single process" (it is)
+            dcp.load(state, checkpoint_id=path, storage_reader=reader, planner=planner, **kwargs)
+    except CheckpointException:  # DCP wraps what its reader or planner raised (a BaseException)
+        if planner.refused is not None:
+            raise planner.refused from None
+        raise
 
 
 def check_shapes(path: str, here: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
@@ -142,11 +279,7 @@ def check_shapes(path: str, here: dict[str, tuple[tuple[int, ...], torch.dtype]]
 
     A chunked tensor is saved flattened, so sizes are compared by element count.
     """
-    saved = {
-        k[len("model.") :]: v
-        for k, v in dcp.FileSystemReader(path).read_metadata().state_dict_metadata.items()
-        if k.startswith("model.")
-    }
+    saved = {k[len("model.") :]: v for k, v in _metadata(path).state_dict_metadata.items() if k.startswith("model.")}
     if saved.keys() != here.keys():
         only_saved, only_here = sorted(saved.keys() - here.keys()), sorted(here.keys() - saved.keys())
         raise ValueError(
@@ -165,7 +298,7 @@ def check_shapes(path: str, here: dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 def saved_ranks(path: str) -> set[int]:
     """The ranks whose own extras (RNG, losses) the checkpoint holds."""
-    keys = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    keys = _metadata(path).state_dict_metadata
     return {int(k.split(".", 1)[1]) for k in keys if k.startswith("ranks.")}
 
 
@@ -175,9 +308,9 @@ def load(path: str, wrapped: nn.Module, model: nn.Module, optimizer) -> tuple[in
     The extras (and RNG states) are this rank's if the saving run had it,
     else rank ``r % saved world size``'s.
     """
-    meta = read_meta(path)
+    meta = _meta(path)
     mesh = _mesh(wrapped, optimizer)
-    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    saved = _metadata(path).state_dict_metadata
     state = _state_dict(wrapped, model, optimizer, mesh)
     sizes = sharded_sizes(wrapped, model, optimizer)
     for name, t in _named_optimizer_params(model, optimizer):  # a fresh optimizer has no state yet
@@ -198,7 +331,7 @@ def load(path: str, wrapped: nn.Module, model: nn.Module, optimizer) -> tuple[in
     rank = dist.get_rank()
     mine = str(rank if rank < meta["world_size"] else rank % meta["world_size"])
     state["ranks"] = {mine: b""}
-    dcp.load(state, checkpoint_id=path)
+    _load(state, path)
     with torch.no_grad():
         for name, t in model.state_dict(keep_vars=True).items():
             loaded = state["model"][name]
@@ -220,5 +353,4 @@ def load(path: str, wrapped: nn.Module, model: nn.Module, optimizer) -> tuple[in
         group.update(saved_group)
     if hasattr(wrapped, "gather_parameters"):
         wrapped.gather_parameters()  # zero2: the full parameters from the loaded shards
-    ranks = torch.load(io.BytesIO(state["ranks"][mine]), map_location="cpu", weights_only=False)
-    return meta["step"], ranks
+    return meta["step"], from_data(load_torch_data(io.BytesIO(state["ranks"][mine])))

@@ -11,10 +11,14 @@ One command for a new machine (a laptop, a hosted notebook with one GPU, a box w
    HolisticTraceAnalysis;
 4. a table of what passed and how long it took; exit status 1 if anything failed.
 
+For a GPU machine lent for a few minutes, ``--gpu-report DIR`` runs these checks and the rest of the GPU
+path (benchmark, profiled stages read by HTA, the GPU tests) within a time budget (:mod:`.gpu_report`).
+
 Example::
 
     $ python -m minddp.doctor            # about half a minute on a 2-core laptop
     $ python -m minddp.doctor --quick    # the ladder at the first configuration only
+    $ python -m minddp.doctor --gpu-report gpu-report --tar gpu-report.tgz   # a lent GPU: minutes, all of it
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import platform
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
@@ -60,6 +64,8 @@ def environment() -> list[str]:
     nccl = "not in this torch"
     if dist.is_nccl_available() and torch.cuda.is_available():
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    elif dist.is_nccl_available():
+        nccl = "in this torch, no GPU to run it on"
     lines.append(f"NCCL {nccl}, gloo {'yes' if dist.is_gloo_available() else 'no'}")
     gpus = gpu_count()
     names = ", ".join(torch.cuda.get_device_name(i) for i in range(gpus)) if gpus else "none"
@@ -321,6 +327,12 @@ def run(quick: bool = False, say=print) -> list[Check]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minddp.doctor", description=described(__doc__))
     parser.add_argument("--quick", action="store_true", help="the first configuration only, no profiled run")
+    parser.add_argument(
+        "--json", metavar="FILE", help="also write the checks to FILE (one object per row of the table)"
+    )
+    gpu = parser.add_argument_group("a lent GPU machine (minddp.doctor.gpu_report; --gpu-report DIR --help)")
+    gpu.add_argument("--gpu-report", metavar="DIR", help="check the whole GPU path in minutes, everything into DIR")
+    gpu.add_argument("--gpu-wheels", metavar="DIR", help="download the wheels a GPU machine without internet needs")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
@@ -329,13 +341,13 @@ def main(argv: list[str] | None = None) -> int:
         print("minddp.doctor: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
     print(table(checks))
+    if args.json:
+        from minddp.runtime.profiling import write_json
+
+        write_json(args.json, [asdict(c) for c in checks])
     failed = [c for c in checks if c.ok is False]
     print(
         f"{len(checks) - len(failed)} of {len(checks)} checks passed or skipped, {len(failed)} failed, "
         f"in {time.perf_counter() - start:.0f} s"
     )
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

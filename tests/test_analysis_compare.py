@@ -1,0 +1,105 @@
+"""``--compare`` answers "what changed": the settings that differ, one table of A, B, Δ and B/A, noise marked.
+
+Two runs made by hand (analysis_fixtures), so every number is known without the code under test: each profiled
+step is 100 µs long, computes during its first 40 µs, and has one all_reduce in flight from 20 µs to ``end``; its
+exposed communication (in flight, nothing computing) is ``end - 40`` µs. Run B differs from run A by its link
+(config.json) and, by hand:
+
+* ``simple``: A's two steps expose 20 and 30 µs, B's 40 and 50: the ranges do not meet, a real change of +20 µs;
+* ``bucket``: A's 20 and 30, B's 25 and 35: the ranges overlap, so the +5 µs is within the runs' own spread;
+* ``hook`` is in A only, ``ddp`` in B only: named, never a NaN row;
+* step times (100 µs) and calls (1 all_reduce of 10 floats) are equal at every step: left out as the same.
+"""
+
+from __future__ import annotations
+
+import re
+
+from analysis_fixtures import GLOO, write_stage, x
+
+from minddp.analysis import analyze_run
+from minddp.analysis.__main__ import main
+from minddp.analysis.compare import config_changes, difference
+
+
+def _steps(ends: list[float], offset: float) -> list[dict]:
+    events = []
+    for n, end in enumerate(ends, start=1):
+        o = offset + 1000.0 * n
+        events += [
+            x(f"ProfilerStep#{n}", o, 100),
+            x("aten::mm", o, 40),
+            x("gloo:all_reduce", o + 20, end - 20, tid=GLOO, **{"Input Dims": [[10]], "Input type": ["float"]}),
+        ]
+    return events
+
+
+def _run(folder, stages: dict[str, list[float]], link):
+    for stage, ends in stages.items():
+        ranks = {0: _steps(ends, 0.0), 1: _steps(ends, 1.0)}
+        write_stage(folder / stage, ranks, stage=stage, world_size=2, run_name=folder.name, link=link)
+    return folder
+
+
+def _runs(tmp_path):
+    a = _run(tmp_path / "plain", {"simple": [60, 70], "bucket": [60, 70], "hook": [60, 70]}, None)
+    b = _run(tmp_path / "linked", {"simple": [80, 90], "bucket": [65, 75], "ddp": [60, 70]}, "1gbit")
+    return a, b
+
+
+def test_compare_names_the_change_and_prints_a_b_delta_ratio(tmp_path, capsys):
+    a, b = _runs(tmp_path)
+    assert main(["--compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 120, out
+    assert "link: None -> 1gbit" in out and "run_name" not in out  # the setting, not the run's name
+    assert re.search(r"hook\s+\(only in A: not compared\)", out) and re.search(r"ddp\s+\(only in B", out), out
+    assert "nan" not in out.lower()
+    assert re.search(r"A\s+B\s+Δ = B − A\s+B/A", out), out
+    rows = [line.split() for line in out.splitlines() if "exposed comm (ms)" in line]
+    # (stage,) number, A, B, Δ, B/A, note: medians 25 and 45 µs, then 25 and 30 µs, in ms
+    assert rows[0][:1] == ["simple"] and rows[0][-4:] == ["0.025", "0.045", "+0.02", "1.80"], rows
+    assert rows[1][:1] == ["bucket"] and rows[1][-6:] == ["0.025", "0.03", "+0.005", "1.20", "within", "spread"]
+    assert not [line for line in out.splitlines() if "step (ms)" in line and "left out" not in line]
+    assert "left out, the same at every step of both runs: step (ms)" in " ".join(out.split())
+
+
+def test_difference_table_and_changes_against_the_hand_computed_numbers(tmp_path):
+    a, b = (analyze_run(p) for p in _runs(tmp_path))
+    assert config_changes(a.configs, b.configs) == [("link", "None", "1gbit")]
+    table = difference(a, b)
+    only = dict(zip(table.loc[table["number"] == "", "stage"], table.loc[table["number"] == "", "note"]))
+    assert only == {"hook": "only in A", "ddp": "only in B"}
+    exposed = table[table["number"] == "exposed comm (ms)"].set_index("stage")
+    assert exposed.loc["simple", ["A", "A_min", "A_max", "B", "B_min", "B_max"]].tolist() == [
+        0.025,
+        0.02,
+        0.03,
+        0.045,
+        0.04,
+        0.05,
+    ]
+    assert abs(exposed.loc["simple", "delta"] - 0.02) < 1e-12 and exposed.loc["simple", "note"] == ""
+    assert exposed.loc["bucket", "note"] == "within spread"
+    step = table[table["number"] == "step (ms)"].set_index("stage")
+    assert (step["note"] == "same").all() and (step["ratio"] == 1.0).all()
+
+
+def test_compare_report_page_has_the_changes_and_the_difference_table(tmp_path, capsys):
+    a, b = _runs(tmp_path)
+    assert main(["--compare", str(a), str(b), "--report"]) == 0
+    page = (a / f"compare-{b.name}" / "report.html").read_text()
+    changes = page[page.index("id='changes'") : page.index("id='difference'")]
+    assert "<code>link</code>: None → 1gbit" in changes
+    assert "<b>hook</b> only in A" in changes and "<b>ddp</b> only in B" in changes
+    head = page[page.index("id='difference'") : page.index("</tr>", page.index("id='difference'"))]
+    assert [re.sub("<[^>]+>", "", c) for c in re.findall(r"<th[^>]*>(.*?)</th>", head)] == [
+        "stage",
+        "number",
+        "A: plain",
+        "B: linked",
+        "Δ = B − A",
+        "B/A",
+        "note",
+    ]
+    assert page.index("id='changes'") < page.index("class='verdict'")  # what changed comes first
