@@ -40,7 +40,6 @@ from minddp.comm.wire import Wire
 from minddp.sharding.hooks import reduce_scatter_hook
 from minddp.sharding.shards import chunk_range, chunk_size, pack_rank_major, split_block, unpack_rank_major
 from minddp.stages.bucket_async import AsyncBucketDDP
-from minddp.stages.compiling import is_compiled
 
 
 class Zero2DDP(AsyncBucketDDP):
@@ -70,7 +69,8 @@ class Zero2DDP(AsyncBucketDDP):
         self.gathering: dict[int, tuple] = {}  # bucket -> (its parameters, receiving buffer, Future), in flight
         self.holding_full = False  # the module holds the full parameters (in a forward), not the shards
         self.lent = False  # ... because the module was called on its own (``_module_forward``)
-        self.compiled = is_compiled(module)  # torch.compile(model): Dynamo traces the layers' hooks (step 4) too
+        # torch.compile(model): Dynamo traces the layers' hooks (step 4) too (torch.compile imported OptimizedModule)
+        self.compiled = isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
         self._hold("shard")
         me = weakref.ref(self)
         # Step 4: each module that holds parameters waits for their buckets just before its forward.

@@ -1,24 +1,15 @@
-"""What ``torch.compile`` sees of a bucketed stage: its bookkeeping run as Python, its module compiled and cut.
+"""What ``torch.compile`` sees of a bucketed stage: its forward run as Python, its module compiled and cut.
 
-1. :func:`eager_under_compile`, at construction: Dynamo skips the frames of the wrapper's ``forward``
-   methods (its bookkeeping; the graph walk they call is ``torch._disable_dynamo``'s) and compiles the
-   frames they call, the module's: ``torch.compile(stage)`` has no graph break of minddp's making;
-2. :func:`split_at_buckets`, around the module's call: a compiled backward is one autograd node that
-   hands over every gradient at its end, so Dynamo's ``DDPOptimizer`` cuts the graph into pieces of a
-   bucket each, compiled apart, as it does for torch's DDP: while the module runs, the stage is the
-   *active DDP module* Dynamo reads ``bucket_bytes_cap`` from. Each piece's backward then hands over its
-   bucket, sent while the pieces before it compute. torch makes the first piece 1 MiB whatever the cap
-   (and refuses a smaller cap); here the first piece is the first bucket, so bucket *k* is full when
-   piece *k*'s backward ends.
+1. :func:`eager_under_compile` (at construction): Dynamo skips the stage's ``forward`` frames and compiles
+   what they call, the module: no graph break of minddp's making in ``torch.compile(stage)``;
+2. :func:`split_at_buckets` (around the module's call): Dynamo's ``DDPOptimizer`` cuts the compiled graph
+   into pieces of a bucket each, as for torch's DDP, so each bucket is sent once its piece's backward ends.
 
-Why, and the limits: ``docs/ddp.md`` (*Compiled*).
+Why, and the limits: ``docs/ddp.md`` (*Compiled*). Example::
 
-Example (what Dynamo reads while the stage's module runs)::
-
-    >>> from torch.nn.parallel import DistributedDataParallel as TorchDDP
-    >>> with split_at_buckets(bucket_cap_mb=0.25):
-    ...     TorchDDP._get_active_ddp_module().bucket_bytes_cap, torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
-    (262144, 262144)
+    >>> with split_at_buckets(bucket_cap_mb=0.25):     # what Dynamo reads while the module runs
+    ...     torch.nn.parallel.DistributedDataParallel._get_active_ddp_module().bucket_bytes_cap
+    262144
 """
 
 from __future__ import annotations
@@ -59,10 +50,3 @@ def split_at_buckets(bucket_cap_mb: float | None, first_bucket_cap_mb: float | N
         yield
     finally:
         TorchDDP._active_ddp_module, dist._DEFAULT_FIRST_BUCKET_BYTES = before
-
-
-def is_compiled(module: nn.Module) -> bool:
-    """Is ``module`` a ``torch.compile(model)``? Dynamo then traces the hooks of the modules inside it too."""
-    from torch._dynamo.eval_frame import OptimizedModule  # imported by torch.compile already, if it is one
-
-    return isinstance(module, OptimizedModule)
