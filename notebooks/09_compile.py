@@ -199,8 +199,9 @@ lesson.claim(
 # wrapper's own Python first (which backward syncs, the graph walk of `find_unused_parameters`, the
 # end-of-backward callback). A graph break is a place where Dynamo stops the graph, runs Python,
 # and starts a new one: each costs a compiled piece and guards, and would put cuts where no bucket
-# ends. minddp's wrappers run their own lines eagerly and let Dynamo compile only the module, so
-# their count is the model's own. torch's DDP, compiled whole, breaks on its own code.
+# ends. minddp's `ddp` (and the bucketed stages) run their own lines eagerly and let Dynamo compile
+# only the module, so their count is the model's own. torch's DDP, compiled whole, breaks on its own
+# code.
 
 
 # %%
