@@ -40,6 +40,7 @@ EXAMPLES = [
     "python -m minddp.bench --preset small --stage bucket-async,ddp,torch --variants none",
     "python -m minddp.bench --preset small --stage sharded --variants noop   # the sharded rungs and their targets",
     "python -m minddp.bench --pool results/bench-A results/bench-B   # two saved runs judged as one",
+    "python -m minddp.bench --compile --preset small --stage ddp,torch --variants noop --bucket-cap-mb 1",
     "python -m minddp.bench overhead      # host CPU per no_sync and sync micro-batch, ddp vs torch's DDP",
     "python -m minddp.bench collectives   # collective times over sizes and their alpha-beta fits",
 ]
@@ -57,6 +58,8 @@ SHARED = (
     "backend",
     "timeout",
     "hang_timeout",
+    "compile",
+    "compile_backend",
 )
 
 
@@ -227,12 +230,17 @@ def parse(argv: list[str] | None):
             setattr(ns, flag, value)
     train_args = ["--no-profile", "--no-progress"]
     for flag in SHARED:
-        if getattr(ns, flag) is not None:
-            train_args += ["--" + flag.replace("_", "-"), str(getattr(ns, flag))]
+        value = getattr(ns, flag)
+        if isinstance(value, bool):  # --x / --no-x
+            train_args.append(("--" if value else "--no-") + flag.replace("_", "-"))
+        elif value is not None:
+            train_args += ["--" + flag.replace("_", "-"), str(value)]
     try:
         cfg = parse_args(train_args)
     except ConfigError as exc:
         raise UsageError(str(exc).replace("minddp.train", PROG)) from None
+    if cfg.compile:
+        variants = check_compiled(stages, variants, cfg.bucket_cap_mb, named=ns.variants != ",".join(VARIANTS))
     if cfg.bucket_cap_mb == "auto":
         raise UsageError(
             "--bucket-cap-mb auto chooses a cap at the start of a training run (python -m minddp.train); "
@@ -254,6 +262,33 @@ def parse(argv: list[str] | None):
             "drop --link"
         )
     return ns, cfg, bench_configs(stages, variants)
+
+
+def check_compiled(stages: list[str], variants: list[str], bucket_cap_mb, named: bool) -> list[str]:
+    """``--compile``: the variants to run (all compiled, with one cap: they share the compiled graph), or a refusal.
+
+    Dynamo caches a compiled graph by the model's code, so the configurations of a run (one model class)
+    all run the graph the first one compiled, cut at its cap: the same kernels for every one, and so the
+    same cap for every one. PowerSGD's configurations have a cap of their own: left out of the default
+    variants, refused when ``named``.
+    """
+    from minddp.train.config import compile_unavailable
+
+    if "powersgd" in variants and not named:
+        variants = [v for v in variants if v != "powersgd"]
+    if "powersgd" in variants:
+        raise UsageError(
+            "--compile --variants powersgd: its configurations use their own 25 MiB cap, while every "
+            "configuration of a run shares one compiled graph, cut at one cap; drop powersgd from --variants"
+        )
+    for stage in stages:
+        if stage == "torch-fsdp":
+            raise UsageError("--compile: torch's fully_shard is not benchmarked compiled; drop torch-fsdp from --stage")
+        reason = compile_unavailable("torch" if stage == "torch-zero1" else stage, bucket_cap_mb)
+        if reason is not None:
+            fix = "give --bucket-cap-mb 1 or more" if stage.startswith("torch") else f"drop {stage} from --stage"
+            raise UsageError(f"--compile: {reason}; {fix}, or drop --compile")
+    return variants
 
 
 def launch_shares(rounds: int, launches: int) -> list[int]:
@@ -287,7 +322,10 @@ def pool_main(folders: list[str], out: str | None) -> int:
         raise UsageError(
             f"--pool: the runs used different presets ({sorted(map(str, presets))}); pool runs of one preset"
         )
-    targets = check_targets(rows, presets.pop())
+    compiled = {bool(m.get("compile")) for m in metas}
+    if len(compiled) > 1:
+        raise UsageError("--pool: some runs were compiled (--compile) and some not; pool runs of one kind")
+    targets = check_targets(rows, presets.pop(), compiled=compiled.pop())
     print(markdown_table(rows) + "\n\n" + targets_markdown(targets))
     if out:
         meta = {
@@ -392,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_seq_len": cfg.max_seq_len,
         "bucket_cap_mb": cfg.bucket_cap_mb,
         "link": cfg.link,
+        "compile": cfg.compile_backend if cfg.compile else None,
         "load_avg_1min_before_after": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}",
         "preset": ns.preset,
         "wall_s": round(time.perf_counter() - start, 1),
@@ -400,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         meta["smoke_run"] = SMOKE
         for row in rows:
             row["ratio_lo"] = row["ratio_hi"] = None
-    targets = [] if ns.quick else check_targets(rows, ns.preset)
+    targets = [] if ns.quick else check_targets(rows, ns.preset, compiled=cfg.compile)
     paths = write_outputs(rows, out, meta, targets, targets_markdown(targets) if targets else "")
     print(markdown_table(rows))
     if targets:

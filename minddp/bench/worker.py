@@ -103,7 +103,8 @@ def bench_rank(
         model.train()
         traffic = Traffic()
         wire = None if config.stage.startswith("torch") else Wire(None, traffic=traffic)
-        wrapped = wrap(config, model, cfg, wire=wire, link=link)
+        compiled = torch.compile(model, backend=cfg.compile_backend) if cfg.compile else model  # as train's
+        wrapped = wrap(config, compiled, cfg, wire=wire, link=link)
         batches = step_batches(data.train, cfg.batch_size, cfg.grad_accum, world, rank, cfg.seed, data.pad_token_id)
         meter = (lambda: counting_torch_all_reduce(traffic)) if config.stage == "torch" else contextlib.nullcontext
         return wrapped, optimizer(config, model, cfg, wire, link), batches, meter, traffic

@@ -40,6 +40,7 @@ from minddp.runtime.nested import map_tensors
 from minddp.stages.bucket_plan import check_bucket_cap_mb
 from minddp.stages.checks import check_same_model
 from minddp.stages.debug import watch
+from minddp.stages.compiling import eager_under_compile, split_at_buckets
 from minddp.stages.grad_accum import GradAccumDDP
 
 
@@ -83,6 +84,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         #: Debug mode's checks (None: off; on with MINDDP_DEBUG=1 or debug=True): docs/debugging.md.
         self.watch = watch(self, module, group, debug)
         self.reducer = self._make_reducer()
+        eager_under_compile(self)  # torch.compile(ddp) compiles the module, not this forward (docs/ddp.md)
         #: The submodules holding buffers, found once (as torch lists its buffers once): walking every
         #: submodule before each synced step costs ~1 µs a module, and most models have no buffers at all.
         self._buffer_owners = [m for m in module.modules() if m._buffers]
@@ -173,7 +175,17 @@ class DistributedDataParallel(nn.Module, Joinable):
     no_sync = GradAccumDDP.no_sync
 
     def forward(self, *inputs, **kwargs):
-        """Step 2, then the module's forward."""
+        """Step 2, then the module's forward (compiled: its graph cut where buckets fill; docs/ddp.md, *Compiled*)."""
+        will_sync, inputs, kwargs = self._before_module(inputs, kwargs)
+        with split_at_buckets(self.bucket_cap_mb, self.first_bucket_cap_mb):
+            outputs = self.module(*inputs, **kwargs)
+        if will_sync:
+            self.reducer.prepare_for_backward(outputs)
+        return outputs
+
+    @torch._disable_dynamo  # Python, even in torch.compile(ddp): Dynamo compiles the module only
+    def _before_module(self, inputs: tuple, kwargs: dict) -> tuple[bool, tuple, dict]:
+        """Step 2 up to the module's call: whether the coming backward syncs, and the inputs on the module's device."""
         reducer = self.reducer
         will_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         if will_sync:
@@ -192,10 +204,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.require_forward_param_sync = will_sync  # torch's rule: next forward broadcasts only after a sync
         if self.device_ids:
             inputs, kwargs = map_tensors(lambda t: t.to(self._device, non_blocking=True), (inputs, kwargs))
-        outputs = self.module(*inputs, **kwargs)
-        if will_sync:
-            reducer.prepare_for_backward(outputs)
-        return outputs
+        return will_sync, inputs, kwargs
 
     def _sync_buffers(self, joined: bool = False) -> None:
         """``broadcast_buffers``: rank 0's buffers; under join(), the highest rank still training's (as torch)."""

@@ -212,6 +212,7 @@ class Reducer:
             frozen = [n for n in self.unfinished if not self.params[self.names.index(n)].requires_grad]
             raise unfinished_reduction(self.unfinished, frozen, self.find_unused_parameters, dist.get_rank(self.group))
 
+    @torch._disable_dynamo  # a graph walk and tensor hooks: Python, even in torch.compile(ddp)
     def prepare_for_backward(self, outputs: Any) -> None:
         """The coming backward syncs; with ``find_unused_parameters``, note what its graph will not reach."""
         self.expect_hooks = True

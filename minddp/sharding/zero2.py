@@ -69,6 +69,8 @@ class Zero2DDP(AsyncBucketDDP):
         self.gathering: dict[int, tuple] = {}  # bucket -> (its parameters, receiving buffer, Future), in flight
         self.holding_full = False  # the module holds the full parameters (in a forward), not the shards
         self.lent = False  # ... because the module was called on its own (``_module_forward``)
+        # torch.compile(model): Dynamo traces the layers' hooks (step 4) too (torch.compile imported OptimizedModule)
+        self.compiled = isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
         self._hold("shard")
         me = weakref.ref(self)
         # Step 4: each module that holds parameters waits for their buckets just before its forward.
@@ -77,9 +79,11 @@ class Zero2DDP(AsyncBucketDDP):
         for owner in holders.values():
             buckets = sorted({self.bucket_of[p] for o, _, p in self.places if o is owner})
             handles.append(owner.register_forward_pre_hook(lambda m, args, b=buckets: me()._wait_for(b)))
-        # Called on its own (say, to evaluate), the module takes its full parameters for the forward too.
-        handles.append(module.register_forward_pre_hook(lambda m, args: me()._module_forward(starts=True)))
-        handles.append(module.register_forward_hook(lambda m, args, out: me()._module_forward(starts=False)))
+        # Called on its own (say, to evaluate), the module takes its full parameters for the forward too; a
+        # compiled one's model as well (evaluated eagerly; in the compiled forward these hooks find it full).
+        whole = module._orig_mod if self.compiled else module
+        handles.append(whole.register_forward_pre_hook(lambda m, args: me()._module_forward(starts=True)))
+        handles.append(whole.register_forward_hook(lambda m, args, out: me()._module_forward(starts=False)))
         weakref.finalize(self, lambda: [h.remove() for h in handles])  # as hook.py's autograd hooks
 
     def _hold(self, which: str) -> None:
@@ -89,8 +93,8 @@ class Zero2DDP(AsyncBucketDDP):
         self.holding_full = which == "full"
 
     def forward(self, *inputs, **kwargs):
-        if self.stale:
-            self.gather_parameters(wait=False)  # step 4
+        if self.stale:  # step 4; a compiled module's hooks find the gather done (stages/compiling.py)
+            self.gather_parameters(wait=self.compiled)
         self._hold("full")
         try:
             return super().forward(*inputs, **kwargs)  # the module's forward and the checks see them too

@@ -37,6 +37,7 @@ from torch import nn
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
 from minddp.stages.bucket_plan import DEFAULT_CAP_MB, FIRST_BUCKET_MB, plan_buckets
+from minddp.stages.compiling import eager_under_compile, split_at_buckets
 from minddp.stages.grad_accum import GradAccumDDP
 
 
@@ -55,14 +56,20 @@ class AsyncBucketDDP(GradAccumDDP):
         self.bucket_cap_mb = bucket_cap_mb
         # torch's rule: left at None, buckets of 25 MiB but a first one (the last layers) of 1 MiB, so that the
         # first all_reduce starts early in backward; a cap given is every bucket's (docs/ladder.md, "The bucket lesson")
-        cap, first = (DEFAULT_CAP_MB, FIRST_BUCKET_MB) if bucket_cap_mb is None else (bucket_cap_mb, None)
-        self.buckets = [[params[i] for i in b] for b in plan_buckets(params, cap, first)]  # step 1
+        self.caps = (DEFAULT_CAP_MB, FIRST_BUCKET_MB) if bucket_cap_mb is None else (bucket_cap_mb, None)
+        self.buckets = [[params[i] for i in b] for b in plan_buckets(params, *self.caps)]  # step 1
         self.bucket_of = {p: b for b, members in enumerate(self.buckets) for p in members}
         self.waiting = [len(members) for members in self.buckets]  # gradients each bucket waits for
         self.in_flight: list[tuple[GradBucket, torch.futures.Future]] = []  # sent, not yet waited for
         me = weakref.ref(self)  # as hook.py: autograd's C++ side holds the hooks, so hold us weakly
         handles = [p.register_post_accumulate_grad_hook(lambda p: me()._grad_ready(p)) for p in params]
         weakref.finalize(self, lambda: [h.remove() for h in handles])
+        eager_under_compile(self)  # torch.compile(stage) compiles the module, not these forwards
+
+    def forward(self, *inputs, **kwargs):
+        """Under ``torch.compile``, the module's graph is cut where buckets fill, so they go out during backward."""
+        with split_at_buckets(*self.caps):  # compiling.py: cut where this stage's buckets end
+            return super().forward(*inputs, **kwargs)
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         if self.sync_this_backward:  # step 2

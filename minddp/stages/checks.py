@@ -63,6 +63,7 @@ class ParameterUse:
         self.group = group
         self.reached: set[int] | None = None  # None: no forward since the last check
 
+    @torch._disable_dynamo  # the graph walk stays Python under torch.compile, as torch's DDP's (docs/ddp.md)
     def saw(self, outputs: Any) -> None:
         """After a forward: note the parameters its graph reaches (no message; a forward without grad notes none)."""
         if torch.is_grad_enabled():

@@ -56,6 +56,9 @@ def stage_choices() -> list[str]:
 #: ``--stage sharded``: the sharded ladder as one comparison, from DDP up (docs/sharding.md).
 SHARDED_LADDER = ["ddp", "zero1", "zero2", "fsdp"]
 
+#: ``--compile-backend``: torch.compile's backends that need nothing beyond torch (Inductor on a CPU: a C++ compiler).
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+
 
 def hook_choices() -> list[str]:
     from minddp.comm.registry import hook_names
@@ -202,6 +205,21 @@ class TrainConfig:
         group="what",
         metavar="NAME",
         type=_one_of(lambda: list(DTYPES)),
+    )
+    compile: bool = _opt(
+        False,
+        "compile the model with torch.compile, then wrap it in the stage (as nanoGPT does); the bucketed "
+        "stages and ddp cut the compiled graph where their buckets fill, so buckets still go out during "
+        "backward (docs/ddp.md, Compiled). Not for fsdp and ft",
+        group="what",
+    )
+    compile_backend: str = _opt(
+        "inductor",
+        "torch.compile's backend with --compile: inductor (torch's default: generated kernels, the slowest to "
+        "compile), aot_eager (traced, run as eager: eager's exact results) or eager",
+        group="what",
+        metavar="NAME",
+        type=_one_of(lambda: list(COMPILE_BACKENDS)),
     )
     dataset: str = _opt(
         "synthetic",
@@ -566,8 +584,33 @@ def validate(cfg: TrainConfig, explicit_batch_size: bool = True) -> None:
         raise ConfigError(
             "--link has no effect with --stage single (one process sends nothing); drop it or pick a distributed stage"
         )
+    if cfg.compile_backend != "inductor" and not cfg.compile:
+        raise ConfigError("--compile-backend has no effect without --compile; add --compile or drop it")
+    if cfg.compile and cfg.stage not in ("all", "sharded"):  # named: refused; in all or sharded: skipped (run.py)
+        for stage in stages:
+            reason = compile_unavailable(stage, cfg.bucket_cap_mb)
+            if reason is not None:
+                fix = "give --bucket-cap-mb 1 or more" if stage == "torch" else f"drop --stage {stage}"
+                raise ConfigError(f"--compile: {reason}; {fix}, or drop --compile")
     if stages == ["single"] and cfg.collective != "torch":
         raise ConfigError(
             "--collective has no effect with --stage single (one process sends nothing); "
             "drop it or pick a distributed stage"
         )
+
+
+def compile_unavailable(stage: str, bucket_cap_mb: float | str | None) -> str | None:
+    """Why ``stage`` cannot train compiled (one line), or None if it can (docs/ddp.md, *Compiled*)."""
+    if stage == "fsdp":
+        return (
+            "minddp's fsdp does not compile: it gathers each unit in module hooks and a saved-tensor hook, where "
+            "Dynamo breaks the graph at every unit and recompiles every step (zero2 shards and compiles)"
+        )
+    if stage == "ft":
+        return "ft does not compile: its ranks restart and rejoin mid-run, and each would compile again"
+    if stage == "torch" and (bucket_cap_mb == "auto" or bucket_cap_mb < 1):
+        return (
+            f"torch's DDP does not compile with --bucket-cap-mb {bucket_cap_mb}: its DDPOptimizer refuses caps "
+            "below 1 MiB ('First bucket should be smaller/equal to other buckets'; minddp's stages take any cap)"
+        )
+    return None

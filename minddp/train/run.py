@@ -58,7 +58,7 @@ from minddp.runtime.profiling import StepProfiler, write_json
 from minddp.sharding.hooks import check_name
 from minddp.sharding.memory import Probe, format_summary
 from minddp.train import checkpoint, outputs, sharded_checkpoint
-from minddp.train.config import ConfigError, TrainConfig, build_parser, parse_args
+from minddp.train.config import ConfigError, TrainConfig, build_parser, compile_unavailable, parse_args
 from minddp.train.data import DataError, Encoded, PreparedData, evaluate, prepare_data, step_batches
 from minddp.train.models import DTYPES, OFFLINE_PRESETS, build_model, resolve_model
 
@@ -226,8 +226,10 @@ def build(cfg: TrainConfig, stage: str, data: PreparedData) -> RankRun:
             model, stage, probe_batches, _loss, link, device, say=say if rank == 0 else None
         )
     wire = None if single else Wire(None, TRANSPORTS[cfg.collective], traffic, link)
+    # --compile: as nanoGPT, the model compiled, then wrapped; the model itself is what is saved and evaluated
+    compiled = torch.compile(model, backend=cfg.compile_backend) if cfg.compile else model
     wrapped = wrap(
-        stage, model, hook=cfg.hook, bucket_cap_mb=bucket_cap_mb, powersgd_options=cfg.powersgd_options(), wire=wire
+        stage, compiled, hook=cfg.hook, bucket_cap_mb=bucket_cap_mb, powersgd_options=cfg.powersgd_options(), wire=wire
     )
     optimizer = make_optimizer(stage, model, torch.optim.AdamW, hook=cfg.hook, wire=wire, lr=cfg.lr)
     checkpoints = Checkpoints(cfg, stage, replicas, wrapped, model, optimizer)
@@ -486,6 +488,17 @@ def run_name(cfg: TrainConfig, source: str) -> str:
     )
 
 
+def skip_reason(cfg: TrainConfig, stage: str, placement: Placement) -> str | None:
+    """Why this run skips ``stage`` (one line), or None: a hook torch's DDP cannot run here; with ``--compile``,
+    a stage that does not compile, in ``--stage all`` or ``sharded`` (named, it is refused earlier: config.validate)."""
+    if stage == "torch" and not cfg.link:  # with a link: minddp's hook (ladder.wrap)
+        cap = None if cfg.bucket_cap_mb == "auto" else cfg.bucket_cap_mb
+        reason = torch_hook_unavailable(cfg.hook, placement.backend, cap, placement.device_type)
+        if reason:
+            return reason
+    return compile_unavailable(stage, cfg.bucket_cap_mb) if cfg.compile else None
+
+
 def check_combination(cfg: TrainConfig) -> None:
     """Contradictions between options that argparse cannot see."""
     if cfg.analyze and not profiling(cfg):
@@ -642,21 +655,11 @@ def _main(argv: list[str] | None) -> int:
     bar_drawn(cfg.progress)
     try:
         for stage in cfg.stages():  # step 3
-            if stage == "torch":
-                reason = (
-                    None
-                    if cfg.link
-                    else torch_hook_unavailable(  # with a link: minddp's hook (ladder.wrap)
-                        cfg.hook,
-                        placement.backend,
-                        None if cfg.bucket_cap_mb == "auto" else cfg.bucket_cap_mb,
-                        placement.device_type,
-                    )
-                )
-                if reason:
-                    say(f"skipping --stage torch: {reason}")
-                    skipped[stage] = reason
-                    continue
+            reason = skip_reason(cfg, stage, placement)
+            if reason:
+                say(f"skipping --stage {stage}: {reason}")
+                skipped[stage] = reason
+                continue
             try:
                 result = run_stage(cfg, stage, data, run_dir, placement)
             except RankError as exc:
