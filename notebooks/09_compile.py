@@ -27,8 +27,9 @@
 # (`torch/_dynamo/backends/distributed.py`) **cuts the compiled graph into pieces** of about one
 # bucket of parameters each, counted from the end of the forward, and compiles each piece apart.
 # Backward then runs piece after piece; each piece hands over its gradients, their bucket is sent,
-# and the pieces before it keep computing meanwhile. minddp's bucketed stages and `ddp` present
-# their buckets to Dynamo the same way (`minddp/stages/compiling.py`).
+# and the pieces before it keep computing meanwhile. minddp's `ddp` presents its buckets to Dynamo
+# the same way (`minddp/stages/compiling.py`), and so do the bucketed stages when the train command
+# builds them around a compiled model.
 #
 # This notebook shows one step of `ddp` three ways on one time axis, eager, compiled without the
 # cut and compiled with it; then where the cuts fall; then the graph breaks. The model is a small
@@ -199,8 +200,8 @@ lesson.claim(
 # wrapper's own Python first (which backward syncs, the graph walk of `find_unused_parameters`, the
 # end-of-backward callback). A graph break is a place where Dynamo stops the graph, runs Python,
 # and starts a new one: each costs a compiled piece and guards, and would put cuts where no bucket
-# ends. minddp's `ddp` (and the bucketed stages) run their own lines eagerly and let Dynamo compile
-# only the module, so their count is the model's own. torch's DDP, compiled whole, breaks on its own
+# ends. minddp's `ddp` runs its own lines eagerly and lets Dynamo compile only the module, so its
+# count is the model's own. torch's DDP, compiled whole, breaks on its own
 # code.
 
 
@@ -233,8 +234,10 @@ lesson.claim(
 # ## What to take away
 #
 # * Compile the model, then wrap it (`model = torch.compile(model)`, then the stage): minddp's
-#   `ddp`, `bucket` and `bucket-async` (and `zero1`, `zero2`) cut the compiled graph where their
-#   buckets fill, so buckets leave during backward as in eager. `torch.compile(ddp)` works too.
+#   `ddp` (and `zero1`, `zero2`) cut the compiled graph where their buckets fill, so buckets leave
+#   during backward as in eager. `torch.compile(ddp)` works too. The teaching stages `bucket` and
+#   `bucket-async` do the same when built by name (`minddp.ladder.build_stage`, as `--compile` does)
+#   or passed through `compile_ready`; their own files stay free of it.
 # * The per-parameter stages (`hook`, `hook-async`) ask for no cut: compiled, their gradients
 #   arrive at the end of backward. `fsdp` is not compiled (its hooks gather every unit).
 # * Below 1 MiB buckets torch refuses to compile its DDP; minddp cuts there too.

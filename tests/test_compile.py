@@ -115,6 +115,8 @@ def on_rank() -> dict:
     from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
     from minddp import AsyncBucketDDP, BucketDDP, DistributedDataParallel, Zero2DDP
+    from minddp.ladder import build_stage
+    from minddp.stages.compiling import compile_ready
 
     cap = 1.0  # MiB: torch's DDPOptimizer refuses less
     out = {
@@ -126,8 +128,12 @@ def on_rank() -> dict:
         "compiled(ddp)": train(lambda m: DistributedDataParallel(m, bucket_cap_mb=cap), "wrapper", graph_break=True),
         "model alone": train(lambda m: m, "wrapper", steps=1, graph_break=True),
         # below torch's smallest cap, where torch refuses to compile its DDP
-        "compiled(bucket-async)": train(lambda m: AsyncBucketDDP(m, bucket_cap_mb=0.5), "wrapper"),
-        "compiled(bucket)": train(lambda m: BucketDDP(m, bucket_cap_mb=0.5), "wrapper"),
+        # the teaching stages: made compile_ready by hand (torch.compile(stage)) or by build_stage (as --compile)
+        "compiled(bucket-async)": train(lambda m: compile_ready(AsyncBucketDDP(m, bucket_cap_mb=0.5)), "wrapper"),
+        "compiled(bucket)": train(lambda m: compile_ready(BucketDDP(m, bucket_cap_mb=0.5)), "wrapper"),
+        "bucket-async(compiled)": train(lambda m: build_stage("bucket-async", m, bucket_cap_mb=0.5), "model"),
+        # the control: built by its class and compiled whole, a teaching stage is not cut (one piece per graph)
+        "compiled(plain bucket-async)": train(lambda m: AsyncBucketDDP(m, bucket_cap_mb=0.5), "wrapper"),
         # zero2 around a compiled model: the all-gather finished before the compiled forward; then evaluated eagerly
         "zero2(compiled)": train(lambda m: Zero2DDP(m, bucket_cap_mb=cap), "model", evaluate=True),
     }
@@ -161,12 +167,15 @@ def test_compiled_bucketed_stages_train_as_torchs_compiled_ddp(runs):
     # buckets group the same element-wise average differently: on 2 ranks every grouping gives the same bits
     assert same_bits(runs["compiled(bucket-async)"], runs["torch(compiled)"])
     assert same_bits(runs["compiled(bucket)"], runs["torch(compiled)"])
+    assert same_bits(runs["bucket-async(compiled)"], runs["torch(compiled)"])
+    assert same_bits(runs["compiled(plain bucket-async)"], runs["torch(compiled)"])  # uncut: the same values
     # zero2: the same average, reduce-scattered (each rank sums the same two values per element)
     assert same_bits(runs["zero2(compiled)"], runs["torch(compiled)"])
 
 
 def test_no_graph_break_of_minddps_making(runs):
-    for name in ("ddp(compiled)", "compiled(bucket-async)", "compiled(bucket)", "zero2(compiled)"):
+    made_ready = ("compiled(bucket-async)", "compiled(bucket)", "bucket-async(compiled)")
+    for name in ("ddp(compiled)", *made_ready, "zero2(compiled)"):
         assert runs[name]["breaks"] == 0, name
     # the user's own break is counted once, as when the model is compiled alone
     assert runs["model alone"]["breaks"] == 1
@@ -180,6 +189,9 @@ def test_the_graph_is_cut_where_buckets_fill(runs):
     # below 1 MiB torch refuses to compile its DDP; minddp cuts there too (each 1 MiB layer a piece of its own)
     assert "First bucket should be smaller" in runs["torch below 1 MiB"]
     assert runs["compiled(bucket-async)"]["pieces"] == runs["compiled(bucket)"]["pieces"] == DEPTH
+    assert runs["bucket-async(compiled)"]["pieces"] == DEPTH
+    # without compile_ready nothing presents the buckets to Dynamo: the model's graph stays whole
+    assert runs["compiled(plain bucket-async)"]["pieces"] == 1
 
 
 def test_buckets_leave_while_compiled_backward_still_computes(runs):
@@ -188,12 +200,14 @@ def test_buckets_leave_while_compiled_backward_still_computes(runs):
         "compiled(ddp)",
         "torch(compiled)",
         "compiled(bucket-async)",
+        "bucket-async(compiled)",
         "zero2(compiled)",
         "eager",
     ):
         assert runs[name]["sent_before_last_matmul"] is True, name
     # the control: one compiled backward hands every gradient over at its end
     assert runs["ddp(compiled), no cut"]["sent_before_last_matmul"] is False
+    assert runs["compiled(plain bucket-async)"]["sent_before_last_matmul"] is False  # a stage not compile_ready
 
 
 # -- refused before any rank starts: one line, the cause and the fix ------------------------------------------

@@ -150,21 +150,21 @@ PACKAGE = os.path.dirname(minddp.__file__)
 # watch, the reducer's choice and the pickling refusal (+6), the switch it reads (stages/debug.watch,
 # runtime/debug.turn_on and enabled: +8) and the model check (+1), less the unfinished-reduction messages, which
 # moved to ddp/guard.py, where a normal step does not run them (-13). On the merge of both: ddp and zero1 take both.
-# Then torch.compile (merged after debug mode: its +22 to +25 on top of the budgets above) (issue 43, stages/compiling.py, docs/ddp.md *Compiled*): the bucketed stages, ddp, zero1 and
-# zero2 +23 to +25 on the traced path (the frames of their forwards skipped by Dynamo at construction, the module
-# called inside split_at_buckets, the cut at their buckets; zero2 waits for a compiled model's all-gather first) and
-# bucket, bucket-async +46 on the import closure (compiling.py, 39 lines, and the forward that asks for the cut);
-# the other teaching stages +0 (their graph walk is torch._disable_dynamo's: one decorator line, no import).
+# Then torch.compile (issue 43, stages/compiling.py, docs/ddp.md *Compiled*): ddp, zero1 and zero2 +22 to +25 on the
+# traced path (the frames of their forwards skipped by Dynamo at construction, the module called inside
+# split_at_buckets; zero2 waits for a compiled model's all-gather first). The teaching stages' files do not ask
+# for it (compiling.compile_ready, called by ladder.build_stage for a compiled module): bucket 290 -> 288 and
+# bucket-async 266 -> 263 (measured + 5: self.caps, the plan's caps kept for compile_ready), their closures +0.
 BUDGETS = {
     "simple": 165,
     "ga": 185,
     "hook": 219,
     "hook-async": 234,
-    "bucket": 313,
-    "bucket-async": 289,
+    "bucket": 288,
+    "bucket-async": 263,
     "ddp": 698,
     "zero1": 938,
-    "zero2": 485,
+    "zero2": 482,
     "fsdp": 456,
 }
 #: Non-blank lines of the import closure of each teaching stage's module (measure 2 of the module docstring).
@@ -173,8 +173,8 @@ CLOSURE_BUDGETS = {
     "ga": 395,
     "hook": 450,
     "hook-async": 490,
-    "bucket": 651,
-    "bucket-async": 626,
+    "bucket": 601,
+    "bucket-async": 580,
 }
 TEACHING = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 

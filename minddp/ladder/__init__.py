@@ -42,6 +42,7 @@ from minddp.sharding.fsdp import blocks_of
 from minddp.sharding.hooks import sharded_hook
 from minddp.stages import AsyncBucketDDP, AsyncHookDDP, BucketDDP, GradAccumDDP, HookDDP, SimpleDDP
 from minddp.stages.bucket_plan import check_bucket_cap_mb
+from minddp.stages.compiling import compile_ready
 from minddp.stages.debug import watch
 
 #: Stage name -> wrapper class, in reading order.
@@ -81,7 +82,9 @@ def build_stage(name: str, module: nn.Module, process_group=None, **options) -> 
     """Wrap ``module`` in stage ``name``; options a stage does not take are ignored.
 
     So one call site can pass ``bucket_cap_mb`` to every stage and only the
-    bucketed ones use it.
+    bucketed ones use it. A teaching stage around a compiled module (``torch.compile(model)``,
+    as ``--compile`` does) is made :func:`~minddp.stages.compiling.compile_ready`: the module's
+    graph is cut where its buckets end (``ddp`` and the sharded stages do that themselves).
     """
     if name not in STAGES:
         raise ValueError(f"unknown stage {name!r}: choose one of {', '.join(STAGES)}")
@@ -89,6 +92,8 @@ def build_stage(name: str, module: nn.Module, process_group=None, **options) -> 
     accepted = inspect.signature(cls.__init__).parameters
     kwargs = {k: v for k, v in options.items() if k in accepted}
     wrapped = cls(module, process_group=process_group, **kwargs)
+    if name in TEACHING and hasattr(module, "_orig_mod"):  # torch.compile(module): cut where buckets end
+        compile_ready(wrapped)
     if name in TEACHING and debug.enabled():  # MINDDP_DEBUG=1: docs/debugging.md's model checks (ddp: its own)
         wrapped.watch = watch(wrapped, module, process_group)
     return wrapped

@@ -40,6 +40,7 @@ from minddp.comm.wire import Wire
 from minddp.sharding.hooks import reduce_scatter_hook
 from minddp.sharding.shards import chunk_range, chunk_size, pack_rank_major, split_block, unpack_rank_major
 from minddp.stages.bucket_async import AsyncBucketDDP
+from minddp.stages.compiling import eager_under_compile, split_at_buckets
 
 
 class Zero2DDP(AsyncBucketDDP):
@@ -69,6 +70,7 @@ class Zero2DDP(AsyncBucketDDP):
         self.gathering: dict[int, tuple] = {}  # bucket -> (its parameters, receiving buffer, Future), in flight
         self.holding_full = False  # the module holds the full parameters (in a forward), not the shards
         self.lent = False  # ... because the module was called on its own (``_module_forward``)
+        eager_under_compile(self)  # torch.compile(zero2) compiles the module, not these forwards (stages/compiling.py)
         # torch.compile(model): Dynamo traces the layers' hooks (step 4) too (torch.compile imported OptimizedModule)
         self.compiled = isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
         self._hold("shard")
@@ -97,7 +99,8 @@ class Zero2DDP(AsyncBucketDDP):
             self.gather_parameters(wait=self.compiled)
         self._hold("full")
         try:
-            return super().forward(*inputs, **kwargs)  # the module's forward and the checks see them too
+            with split_at_buckets(*self.caps):  # compiled, the module's graph is cut where buckets end
+                return super().forward(*inputs, **kwargs)  # the module's forward and the checks see them too
         finally:
             self._wait_for(list(self.gathering))  # buckets no layer asked for (unused parameters)
             self._hold("shard")

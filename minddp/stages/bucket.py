@@ -33,7 +33,6 @@ from torch import nn
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
 from minddp.stages.bucket_plan import DEFAULT_CAP_MB, FIRST_BUCKET_MB, plan_buckets
-from minddp.stages.compiling import eager_under_compile, split_at_buckets
 from minddp.stages.hook import HookDDP
 
 
@@ -50,12 +49,6 @@ class BucketDDP(HookDDP):
         self.buckets = [[params[i] for i in b] for b in plan_buckets(params, *self.caps)]  # step 1
         self.bucket_of = {p: b for b, members in enumerate(self.buckets) for p in members}
         self.waiting = [len(members) for members in self.buckets]  # gradients each bucket waits for
-        eager_under_compile(self)  # torch.compile(stage) compiles the module, not these forwards
-
-    def forward(self, *inputs, **kwargs):
-        """Under ``torch.compile``, the module's graph is cut where buckets fill, so they go out during backward."""
-        with split_at_buckets(*self.caps):  # compiling.py: cut where this stage's buckets end
-            return super().forward(*inputs, **kwargs)
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         if self.sync_this_backward:  # step 2

@@ -37,7 +37,6 @@ from torch import nn
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
 from minddp.stages.bucket_plan import DEFAULT_CAP_MB, FIRST_BUCKET_MB, plan_buckets
-from minddp.stages.compiling import eager_under_compile, split_at_buckets
 from minddp.stages.grad_accum import GradAccumDDP
 
 
@@ -64,12 +63,6 @@ class AsyncBucketDDP(GradAccumDDP):
         me = weakref.ref(self)  # as hook.py: autograd's C++ side holds the hooks, so hold us weakly
         handles = [p.register_post_accumulate_grad_hook(lambda p: me()._grad_ready(p)) for p in params]
         weakref.finalize(self, lambda: [h.remove() for h in handles])
-        eager_under_compile(self)  # torch.compile(stage) compiles the module, not these forwards
-
-    def forward(self, *inputs, **kwargs):
-        """Under ``torch.compile``, the module's graph is cut where buckets fill, so they go out during backward."""
-        with split_at_buckets(*self.caps):  # compiling.py: cut where this stage's buckets end
-            return super().forward(*inputs, **kwargs)
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         if self.sync_this_backward:  # step 2

@@ -1,9 +1,13 @@
-"""What ``torch.compile`` sees of a bucketed stage: its forward run as Python, its module compiled and cut.
+"""What ``torch.compile`` sees of a wrapper: its forward run as Python, its module compiled and cut.
 
-1. :func:`eager_under_compile` (at construction): Dynamo skips the stage's ``forward`` frames and compiles
-   what they call, the module: no graph break of minddp's making in ``torch.compile(stage)``;
+1. :func:`eager_under_compile` (at construction): Dynamo skips the wrapper's ``forward`` frames and compiles
+   what they call, the module: no graph break of minddp's making in ``torch.compile(wrapper)``;
 2. :func:`split_at_buckets` (around the module's call): Dynamo's ``DDPOptimizer`` cuts the compiled graph
    into pieces of a bucket each, as for torch's DDP, so each bucket is sent once its piece's backward ends.
+
+``ddp`` and ``zero2`` take both steps themselves. The teaching stages stay plain: their files show the
+idea, not this; :func:`compile_ready` gives one both steps, and :func:`minddp.ladder.build_stage` calls it
+when the module it wraps is compiled (as ``--compile`` does).
 
 Why, and the limits: ``docs/ddp.md`` (*Compiled*). Example::
 
@@ -50,3 +54,23 @@ def split_at_buckets(bucket_cap_mb: float | None, first_bucket_cap_mb: float | N
         yield
     finally:
         TorchDDP._active_ddp_module, dist._DEFAULT_FIRST_BUCKET_BYTES = before
+
+
+def compile_ready(stage: nn.Module) -> nn.Module:
+    """Steps 1 and 2 for a teaching stage: call it before ``torch.compile(stage)``, or wrap a compiled module.
+
+    A bucketed stage (one with ``caps``, its bucket caps) has its module's graph cut where its buckets end.
+    """
+    from torch._dynamo.decorators import skip
+
+    eager_under_compile(stage)
+    caps = getattr(stage, "caps", None)
+    if caps is not None:
+        forward = stage.forward
+
+        def cut_forward(*inputs, **kwargs):
+            with split_at_buckets(*caps):
+                return forward(*inputs, **kwargs)
+
+        stage.forward = skip(cut_forward)  # this frame runs as Python too
+    return stage
