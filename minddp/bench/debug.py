@@ -58,7 +58,9 @@ def debug_rank(stages: list[str], cfg, data, rounds: int, steps: int, warmup: in
             runs[stage, on] = (wrap(config, model, cfg), optimizer(config, model, cfg), batches)
             times[stage, on] = []
     debug._forced = False
-    slowest = torch.zeros(1, dtype=torch.float64)
+    slowest = torch.zeros(
+        1, dtype=torch.float64, device=device
+    )  # the slowest rank's time, all_reduced (NCCL: on the GPU)
     for r in range(rounds):  # step 2
         order = random.Random(f"{cfg.seed}/{r}").sample(list(runs), len(runs))
         for i in range(warmup + steps):
