@@ -150,10 +150,34 @@ def test_overlap_pools_ranks_and_rounds_as_one_ratio():
         (["--rounds", "2", "--launches", "3"], "--launches (3) must not exceed --rounds (2)"),
     ],
 )
-def test_bad_input_is_a_usage_line_and_one_error_line_exit_2(argv, fragment):
+def test_bad_input_is_a_usage_line_and_one_error_line_exit_2(argv, fragment, capsys):
+    code, err = _in_process(argv, capsys)
+    assert code == 2
+    usage_error(err, "bench", fragment)
+
+
+def _in_process(argv: list[str], capsys) -> tuple[int, str]:
+    """The bench's ``main`` called here as ``python -m minddp.bench`` calls it: (exit code, stderr). The shell's own
+    process is run once for each entry point (:func:`test_from_the_shell_bad_input_exits_2_in_the_process_itself`):
+    a fresh interpreter per case only paid for importing torch again."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's refusals
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, prog, fragment",
+    [
+        (["--stages", "ddp,nope"], "bench", "argument --stage/--stages: unknown stage nope"),
+        (["overhead", "--accum", "1"], "bench overhead", "argument --accum: must be at least 2"),
+    ],
+)
+def test_from_the_shell_bad_input_exits_2_in_the_process_itself(argv, prog, fragment):
     proc = subprocess.run([sys.executable, "-m", "minddp.bench", *argv], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    usage_error(proc.stderr, "bench", fragment)
+    usage_error(proc.stderr, prog, fragment)
 
 
 def _row(config, median, **kw):
@@ -472,12 +496,10 @@ def test_overhead_run_writes_both_micro_batches_per_configuration(tmp_path):
         (["--world-size", "1,x"], "--world-size: '1,x' is not a comma list"),
     ],
 )
-def test_overhead_bad_input_is_a_usage_line_and_one_error_line_exit_2(argv, fragment):
-    proc = subprocess.run(
-        [sys.executable, "-m", "minddp.bench", "overhead", *argv], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 2
-    usage_error(proc.stderr, "bench overhead", fragment)
+def test_overhead_bad_input_is_a_usage_line_and_one_error_line_exit_2(argv, fragment, capsys):
+    code, err = _in_process(["overhead", *argv], capsys)
+    assert code == 2
+    usage_error(err, "bench overhead", fragment)
 
 
 def test_quick_is_a_smoke_run_that_measures_but_judges_nothing(tmp_path, capsys):
