@@ -28,6 +28,7 @@ import torch
 from processes import CXX_LINE, fd_captured
 
 from minddp.ft import ToyTask, launch_ft, parse_faults
+from minddp.ft.launch import FaultTolerantRunError
 
 CHAOS = "kill@2:1,raise@5:2,stop@8:0,coord@11,kill@14:1,kill@15:2"
 CHAOS_STEPS = 19
@@ -219,3 +220,54 @@ def test_matches_a_single_process_on_the_committed_steps(oracle_run):
         torch.set_num_threads(threads)
     for slot in (0, 1):
         assert_same_state(final_state(run.results[slot]), expected)
+
+
+# -- the end of a run: a finished rank is never taken for a frozen one, and nothing waits for a rank not needed --
+
+
+def test_a_rank_slower_to_finish_than_the_hang_bound_is_not_evicted_and_its_result_arrives():
+    # A rank's final state is serialised after its last step (a large model's takes a while). It used to stop
+    # beating first: on a loaded machine a teardown longer than the hang bound had the lighthouse evict every
+    # finished rank, the launcher end them by pid with their results unsent, and the run end "every rank is
+    # down" (CI, notebook 07's checker). Here each rank's state takes twice the hang bound to serialise.
+    from ft_tasks import SlowFinishTask
+
+    run = launch_ft(SlowFinishTask(pause_s=2 * HANG_S), 3, world_size=2, hang_s=HANG_S, run_timeout_s=120)
+    assert sorted(run.results) == [0, 1]
+    assert all(run.results[s]["incarnation"] == 0 and run.results[s]["step"] == 3 for s in (0, 1))
+    assert not [e for e in run.events if e[0] in ("evict", "ended", "exited", "restarted")], run.events
+    assert_same_state(final_state(run.results[0]), final_state(run.results[1]))
+
+
+def test_a_rank_still_waiting_to_restart_when_the_last_step_commits_does_not_hold_the_run():
+    # Slot 1 dies in the last step and may start again only two committed steps later: the survivor commits the
+    # last step alone and the job is done (it used to wait for slot 1 until run_timeout_s).
+    run = launch_ft(
+        ToyTask(),
+        4,
+        world_size=2,
+        faults=parse_faults("kill@3:1"),
+        hang_s=HANG_S,
+        full_world_at=(3,),
+        restart_after_steps=2,
+        run_timeout_s=120,
+    )
+    assert sorted(run.results) == [0] and run.results[0]["step"] == 4
+    assert not [e for e in run.events if e[0] == "restarted"]
+
+
+def test_every_rank_down_with_none_allowed_to_start_says_how_each_ended():
+    with pytest.raises(FaultTolerantRunError) as err:
+        launch_ft(
+            ToyTask(),
+            4,
+            world_size=2,
+            faults=parse_faults("kill@1:0,kill@1:1"),
+            hang_s=HANG_S,
+            restart_after_steps=1,
+            run_timeout_s=120,
+        )
+    line = str(err.value)
+    assert "\n" not in line
+    assert "every rank is down (slot 0 exited with code -9 at step 1; slot 1 exited with code -9 at step 1)" in line
+    assert line.endswith("lower restart_after_steps")

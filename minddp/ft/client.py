@@ -18,7 +18,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from minddp.ft.coordinator import BEAT_S
+from minddp.ft.coordinator import BEAT_S, DONE
 from minddp.runtime.loopback import loopback_host
 
 
@@ -72,8 +72,15 @@ class Coordinator:
         self._beating.set()
         self._beater.start()
 
-    def stop(self) -> None:
+    def finish(self) -> None:
+        """This rank is done: its beats stop, and it says so (the lighthouse will not take it for a frozen one)."""
         self._beating.clear()
+        if self._beater.is_alive():
+            self._beater.join(timeout=1.0)
+        try:
+            self.store.set(f"beat/{self.slot}", f"{self.incarnation}:{DONE}")
+        except (RuntimeError, dist.DistError):
+            pass  # the lighthouse is gone: nobody is left to take this rank's silence for a freeze
 
     def quorum(self, step: int) -> Quorum:
         """Ask to train ``step``; block until the lighthouse names the members (everyone live has asked)."""

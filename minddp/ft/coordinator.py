@@ -13,8 +13,9 @@ liveness and restarts in full):
 
 A slot is *live* while its heartbeat (``beat/<slot>``, every :data:`BEAT_S`) keeps changing within
 ``hang_s`` and the launcher has not reported it gone (through a queue: the lighthouse writes ``gone/<slot>``
-itself); a silent one is *evicted*. The store listens on the loopback address only. Nothing here survives
-a restart of the lighthouse, and nothing needs to: the ranks post their request or vote again.
+itself); a silent one is *evicted*, unless its last beat says it is done (:data:`DONE`). The store listens
+on the loopback address only. Nothing here survives a restart of the lighthouse, and nothing needs to: the
+ranks post their request or vote again.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ import torch.distributed as dist
 
 #: Seconds between two heartbeats of a rank.
 BEAT_S = 0.05
+#: What a rank's last beat says once it has handed in its result (``beat/<slot>`` = ``<incarnation>:done``): a
+#: finished rank, neither live nor ever evicted, however long its process then takes to exit.
+DONE = "done"
 #: Seconds between two looks of the lighthouse at the store (one multi_get of every slot's keys).
 POLL_S = 0.002
 
@@ -98,6 +102,11 @@ def _serve(port: int) -> dist.TCPStore:
             time.sleep(0.1)
 
 
+def finished(beat: str) -> bool:
+    """A beat that says its rank is done (:data:`DONE`)."""
+    return beat.endswith(f":{DONE}")
+
+
 class Lighthouse:
     """The loop: read beats, requests and votes; write quorums and decisions; tell the launcher."""
 
@@ -161,7 +170,7 @@ class Lighthouse:
                 )  # a request or vote: alive
             if beat is not None and (slot not in self.beats or self.beats[slot][0] != beat):
                 self.beats[slot] = (beat, now, self._activity(slot))
-            if beat is not None and not self.live(slot, now) and not self.gone(slot, beat):
+            if beat is not None and not self.live(slot, now) and not self.gone(slot, beat) and not finished(beat):
                 key = f"{slot}:{beat.split(':')[0]}"
                 if key not in self.evicted:  # silent: frozen or stuck; the launcher ends it
                     self.evicted.add(key)
@@ -175,7 +184,7 @@ class Lighthouse:
         if slot not in self.beats:  # never heard: a rank still starting, or (new lighthouse) reconnecting
             return False
         beat, changed, _ = self.beats[slot]
-        return now - changed < self.hang_s and not self.gone(slot, beat)
+        return now - changed < self.hang_s and not self.gone(slot, beat) and not finished(beat)
 
     def dead(self, slot: int, now: float) -> bool:
         """Known gone, silent past the hang bound, or (to a new lighthouse) never heard within it."""

@@ -12,9 +12,10 @@ trains through: this process
    out the hang bound) and, with ``restart``, started again as the next
    incarnation of its slot, which the survivors then heal; a rank the
    coordinator evicted (silent: frozen) is ended by its pid, then treated the
-   same; ``coord@STEP``: the coordinator stops answering once it has committed
-   step STEP-1, and is killed and started again on the same port (as one
-   that exited by itself);
+   same (a rank hands in its result before its beats stop, then says it is
+   done: however long it takes to exit, it is never evicted); ``coord@STEP``:
+   the coordinator stops answering once it has committed step STEP-1, and is
+   killed and started again on the same port (as one that exited by itself);
 4. returns every slot's result and a one-line report per fault
    (:func:`fault_report`).
 
@@ -109,6 +110,7 @@ def launch_ft(
     attempts: list[tuple[int, int, dict]] = []  # (slot, incarnation, entry) of every attempt a rank reported
     committed = 0  # steps committed so far
     waiting: dict[int, int] = {}  # slot -> committed steps after which it is started again
+    fate: dict[int, str] = {}  # slot -> how its last process ended (for the message when every rank is down)
     done: dict[int, dict] = {}
     t_start = time.time()
     with stop_signals():
@@ -129,8 +131,9 @@ def launch_ft(
             while len(done) < world_size:  # step 3
                 if waiting and not procs:
                     raise FaultTolerantRunError(
-                        "minddp.ft: every rank is down and none may start before more "
-                        "steps are committed; lower restart_after_steps"
+                        f"minddp.ft: every rank is down ({'; '.join(f'slot {s} {fate[s]}' for s in sorted(fate))}) "
+                        f"and none may start before more steps are committed (at {committed}); lower "
+                        "restart_after_steps"
                     )
                 if time.monotonic() > deadline:
                     raise FaultTolerantRunError(
@@ -140,6 +143,17 @@ def launch_ft(
                 # a coordinator that crashed, or that coord@STEP stopped (below): a new one on the same port, once the
                 # old one's events are handled
                 lighthouse_gone = lighthouse.exitcode is not None
+                # results first: a rank that handed in its result is done, whatever the events below say of it
+                for kind, slot, inc, body in _drain(results):
+                    if kind == "log":
+                        attempts.append((slot, inc, body))
+                    elif kind == "ok":
+                        done[slot] = torch.load(io.BytesIO(body), weights_only=False)
+                    else:
+                        raise FaultTolerantRunError(
+                            body.strip().splitlines()[-1] + f"\n(rank {slot}, incarnation "
+                            f"{inc}; its traceback:)\n{body}"
+                        )
                 for event in _drain(events):
                     timeline.append(event)
                     if (
@@ -149,6 +163,7 @@ def launch_ft(
                         and event[2] == incarnation[event[1]]
                     ):
                         procs[event[1]].kill()  # frozen: ended by its pid, then restarted below
+                        fate[event[1]] = f"evicted at step {committed} (silent for {hang_s:g} s)"
                         timeline.append(("ended", event[1], event[2], time.time()))
                     if event[0] == "quorum":
                         members_of[event[1]] = event[2]
@@ -156,6 +171,9 @@ def launch_ft(
                         for slot in [s for s in procs if s not in members_of.get(event[1], ())]:
                             procs[slot].kill()  # still starting when the job ended: not needed
                             del procs[slot]
+                            done[slot] = None
+                        for slot in list(waiting):  # down when the job ended: not started again
+                            del waiting[slot]
                             done[slot] = None
                     if event[0] == "decision" and event[3] == "commit":
                         committed = max(committed, event[2] + 1)
@@ -170,22 +188,13 @@ def launch_ft(
                     lighthouse, _, gone = _start_lighthouse(
                         ctx, port, world_size, hang_s, epoch, events, timeline, full_from, quiet, plan
                     )
-                for kind, slot, inc, body in _drain(results):
-                    if kind == "log":
-                        attempts.append((slot, inc, body))
-                    elif kind == "ok":
-                        done[slot] = torch.load(io.BytesIO(body), weights_only=False)
-                    else:
-                        raise FaultTolerantRunError(
-                            body.strip().splitlines()[-1] + f"\n(rank {slot}, incarnation "
-                            f"{inc}; its traceback:)\n{body}"
-                        )
                 for slot, p in list(procs.items()):
                     if p.exitcode is not None and slot not in done:
                         time.sleep(0.05)  # its result may be in flight
                         if _take_result(results, done, slot, attempts):
                             continue
                         timeline.append(("exited", slot, incarnation[slot], time.time()))
+                        fate.setdefault(slot, f"exited with code {p.exitcode} at step {committed}")
                         gone.put((slot, incarnation[slot]))  # the coordinator marks it gone
                         if not restart:
                             del procs[slot]
@@ -198,6 +207,7 @@ def launch_ft(
                         del waiting[slot]
                         incarnation[slot] += 1
                         procs[slot] = _start_rank(ctx, payload, slot, incarnation[slot], port, plan, results, quiet)
+                        fate.pop(slot, None)
                         timeline.append(("restarted", slot, incarnation[slot], time.time()))
                 time.sleep(0.02)
         except (KeyboardInterrupt, Stopped) as exc:
@@ -304,13 +314,17 @@ def _rank_main(payload, parent_path, slot, incarnation, port, plan, results, lau
             hang_s=hang_s,
             digests=digests,
             on_entry=lambda entry: results.put(("log", slot, incarnation, entry)),
+            on_result=lambda out: results.put(("ok", slot, incarnation, _saved(out))),  # before its beats stop
         )
-        out = trainer.run()
-        buf = io.BytesIO()
-        torch.save(out, buf)
-        results.put(("ok", slot, incarnation, buf.getvalue()))
+        trainer.run()
     except BaseException:  # noqa: BLE001 - everything must reach the launcher
         results.put(("error", slot, incarnation, traceback.format_exc()))
+
+
+def _saved(out: dict) -> bytes:
+    buf = io.BytesIO()
+    torch.save(out, buf)
+    return buf.getvalue()
 
 
 def fault_report(run: FTRun) -> list[str]:

@@ -54,6 +54,7 @@ class FaultTolerantTrainer:
         hang_s: float = 10.0,
         digests: bool = False,
         on_entry=None,
+        on_result=None,
     ):
         self.task, self.steps, self.coordinator, self.plan = task, steps, coordinator, plan
         self.slot, self.hang_s, self.digests = coordinator.slot, hang_s, digests
@@ -64,6 +65,7 @@ class FaultTolerantTrainer:
         self.ddp = None
         self.log: list[dict] = []  # one entry per attempted step
         self.on_entry = on_entry  # told each entry as it is made (the launcher's timeline)
+        self.on_result = on_result  # handed the result while this rank still beats (the launcher's copy)
         self.healed_bytes = 0
         self.raise_in_collective = None  # a ``raise@STEP:RANK`` fault due in this step's collective
 
@@ -108,9 +110,9 @@ class FaultTolerantTrainer:
                     f"minddp.ft rank {self.slot}: step {self.step} failed {failures} times in a "
                     f"row (last: {last_error}); this is no transient fault, fix its cause"
                 )
-        self.coordinator.stop()
-        self.drop_group()
-        return {
+        # The result is made and handed over while the heartbeat still runs, and only then does this rank say
+        # it is done: a slow serialisation or teardown is neither taken for a frozen rank nor loses the result.
+        result = {
             "slot": self.slot,
             "incarnation": self.coordinator.incarnation,
             "step": self.step,
@@ -118,6 +120,11 @@ class FaultTolerantTrainer:
             "state": self.state_bytes(),
             "healed_bytes": self.healed_bytes,
         }
+        if self.on_result is not None:
+            self.on_result(result)
+        self.coordinator.finish()
+        self.drop_group()
+        return result
 
     # -- 2. the group at the new world size ----------------------------------------------------------
 
