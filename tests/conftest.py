@@ -13,8 +13,12 @@ os.environ["MINDDP_BACKEND"] = "gloo"
 import pytest
 
 # The longest tests first, so that neither worker ends with a long one still to run (seconds on a quiet
-# 2-core machine: the notebooks' own runs, each tens of seconds to a minute and a half).
-FIRST = ["test_notebooks.py", "test_train.py", "test_bench.py", "test_gpu_report.py"]
+# 2-core machine: the notebooks' own runs, each tens of seconds to two minutes; the GPU report's dry run, one).
+# pyproject's addopts keep this order (--no-loadscope-reorder: xdist would otherwise put the files with the
+# most tests first, and so every notebook, one test each, last).
+FIRST = ["test_notebooks.py", "test_gpu_report.py", "test_train.py", "test_bench.py"]
+#: The notebooks by their run's length, longest first (the rest follow in their order).
+LONGEST_NOTEBOOKS = ["03_build_up", "06_sharding", "04_comm_hooks", "05_reading_traces", "02_simple_ddp"]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -33,7 +37,9 @@ def pytest_collection_modifyitems(config, items):
         if item.path.name != "test_notebooks.py":
             item.add_marker(pytest.mark.xdist_group(item.path.name))
     rank = {name: i for i, name in enumerate(FIRST)}
+    runs = {f"test_notebook_runs_top_to_bottom[{name}]": i for i, name in enumerate(LONGEST_NOTEBOOKS)}
     items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: the rest keep their order
+    items.sort(key=lambda item: runs.get(item.name, len(runs)))  # the longest notebooks before all else
 
 
 @pytest.fixture(scope="session", autouse=True)

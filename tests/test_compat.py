@@ -198,13 +198,34 @@ def test_a_transformers_model_builds_on_the_meta_device():
     assert proc.stdout.strip().splitlines()[-1] == "['meta']"
 
 
-def test_profiler_events_give_their_input_dtypes():
-    """compat.input_dtypes: the dtypes of a profiled op's inputs, on every release (2.6 has no
-    FunctionEvent.input_dtypes), which minddp's byte counts need to see fp16 compression."""
+def test_profiler_events_are_torchs_events_with_their_input_dtypes():
+    """compat.profiler_events: the events torch's ``prof.events()`` gives (its FunctionEvents, the oracle: same
+    names, times, threads, ids, input shapes), read without building torch's event tree, and with the dtypes of
+    each op's inputs on every release (2.6 has no FunctionEvent.input_dtypes), which minddp's byte counts need to
+    see fp16 compression. A range of the user's, ops, and the autograd engine's nodes."""
+    x = torch.ones(8, 8, dtype=torch.float16, requires_grad=True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
-        torch.ones(3, dtype=torch.float16).add(torch.ones(3, dtype=torch.float16))
-    add = [e for e in prof.events() if e.name == "aten::add"]
-    assert len(add) == 1 and compat.input_dtypes(prof)[add[0].id][:2] == ["c10::Half", "c10::Half"]
+        with torch.profiler.record_function("minddp.link_send#3"):
+            y = x.add(torch.ones(8, 8, dtype=torch.float16))
+        y.float().sum().backward()
+    ours = compat.profiler_events(prof)
+    assert ours is compat.profiler_events(prof)  # read once per profiler
+
+    def fields(e):
+        return (e.name, e.time_range.start, e.time_range.end, e.thread, e.id, [list(s) for s in e.input_shapes])
+
+    theirs = [fields(e) for e in prof.events()]
+    assert theirs and sorted(theirs) == sorted(fields(e) for e in ours if fields(e) in theirs)  # each of torch's
+    for extra in [e for e in ours if fields(e) not in theirs]:  # ... and only what torch folds into its parent
+        assert any(
+            o is not extra
+            and (o.name, o.thread) == (extra.name, extra.thread)
+            and o.time_range.start <= extra.time_range.start <= extra.time_range.end <= o.time_range.end
+            for o in ours
+        ), fields(extra)  # an op dispatched again inside itself (aten::sum here): one event to torch, two here
+    assert any(e.name.startswith("autograd::engine::evaluate_function") for e in ours)
+    add = [e for e in ours if e.name == "aten::add"]
+    assert len(add) == 1 and add[0].input_dtypes[:2] == ["c10::Half", "c10::Half"]
 
 
 def test_nothing_but_the_shim_calls_torch_2_13_names():

@@ -48,15 +48,15 @@ def profiler(record_shapes: bool = True) -> torch.profiler.profile:
 
 def calls(prof) -> list:
     """Step 1: the ``c10d::allreduce_`` events, by start time."""
-    return sorted((e for e in prof.events() if e.name == CALL), key=lambda e: e.time_range.start)
+    return sorted((e for e in compat.profiler_events(prof) if e.name == CALL), key=lambda e: e.time_range.start)
 
 
 def backend_bytes(prof, ranges: tuple = BACKEND_RANGES) -> int:
     """Step 2: bytes of every all_reduce (or other ``ranges``) the backend ran."""
-    total, dtypes = 0, compat.input_dtypes(prof)
-    for e in prof.events():
+    total = 0
+    for e in compat.profiler_events(prof):
         if e.name in ranges and e.input_shapes and e.input_shapes[0]:
-            dtype = (dtypes.get(e.id) or ["float"])[0]
+            dtype = (e.input_dtypes or ["float"])[0]
             total += math.prod(e.input_shapes[0]) * ELEMENT_SIZE.get(str(dtype), 4)
     return total
 
@@ -67,13 +67,13 @@ def collectives(prof) -> dict:
 
 
 def _ranges(prof, name: str) -> list[tuple[float, float]]:
-    return sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.name == name)
+    return sorted((e.time_range.start, e.time_range.end) for e in compat.profiler_events(prof) if e.name == name)
 
 
 def step_view(prof, link=None) -> dict:
     """Step 3 for one profiled ``train_step``: calls, bytes, calls during a backward, last backward, tail (ms);
     and ``row``, the step as :mod:`minddp.analysis.timeline` draws it (step 5, with ``link``)."""
-    events = prof.events()
+    events = compat.profiler_events(prof)
     backward_nodes = [e for e in events if e.name.startswith("autograd::engine::evaluate_function")]
     spans, forwards = [], []
     for start, end in _ranges(prof, "minddp.forward_backward"):

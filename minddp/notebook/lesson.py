@@ -307,17 +307,17 @@ def sent_by_collective(prof) -> dict[str, int]:
     from minddp.analysis.steps import ELEMENT_SIZE
     from minddp.runtime import compat
 
-    events = prof.events()
+    events = compat.profiler_events(prof)
     spans = [
         (e.time_range.start, e.time_range.end, e.name.partition(":")[2])
         for e in events
         if e.name.startswith("minddp.transport:")
     ]
-    dtypes, sent = compat.input_dtypes(prof), {}
+    sent = {}
     for e in events:
         if e.name in SEND_RANGES and e.input_shapes and e.input_shapes[0]:
             kind = next((k for a, b, k in spans if a <= e.time_range.start <= b), "other")
-            size = ELEMENT_SIZE.get(str((dtypes.get(e.id) or ["float"])[0]), 4)
+            size = ELEMENT_SIZE.get(str((e.input_dtypes or ["float"])[0]), 4)
             sent[kind] = sent.get(kind, 0) + math.prod(e.input_shapes[0]) * size
     return sent
 
