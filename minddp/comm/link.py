@@ -332,7 +332,7 @@ class Link:
             )
         tmp = path + ".tmp"
         with opener(tmp, "wt", encoding="utf-8") as f:
-            json.dump(trace, f)
+            f.write(json.dumps(trace))  # (json.dump streams through the pure-Python encoder: several times slower)
         os.replace(tmp, path)
         return len(placed)
 
