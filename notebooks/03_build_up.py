@@ -878,14 +878,18 @@ lesson.say(
     f"fewer messages save {blog_links['4 × T4'].seconds('all_reduce', 0, world_size) * 1e3 * (t4['hook-async']['messages'] - t4['bucket-async']['messages']):.1f} ms. "
     "(The blog saw no clear difference between these two.)"
 )
-# At 1024 ranks the fixed costs of hook-async's messages add up to several backwards (printed below), while
-# the buckets pay a few: the margins are whole backwards, on any machine.
-others = [s for s in far if s != "bucket-async"]
+# At 1024 ranks the fixed costs of hook-async's messages add up to several backwards of `single`'s (printed
+# below), while the buckets pay a few: on the link's modeled clock, whatever the machine's load. How much of
+# them hook-async then hides depends on how long its own backward lasts, which its hundreds of sends stretch,
+# the more so on a loaded machine (47 % overlap on a quiet one, 78 % beside the test suite): the overlap and
+# exposed time of the two async rungs are printed above, not claimed. bucket waits for each message as soon
+# as it is sent: it hides only the hooks' work between a send and its wait, tens of points below bucket-async.
+h, b = far["hook-async"], far["bucket-async"]
 lesson.claim(
-    all(far["bucket-async"]["overlap_pct"] > far[s]["overlap_pct"] + 20 for s in others)
-    and all(far["bucket-async"]["exposed (waited), ms"] < far[s]["exposed (waited), ms"] for s in others),
-    "At 1024 ranks, bucket-async overlaps the most and leaves the least exposed of the rungs that ran there: the "
-    "blog's headline (simple, ga and hook wait for each message as soon as it is sent, as at 4 × T4 above).",
+    h["link_ms"] > b["link_ms"] and b["overlap_pct"] > far["bucket"]["overlap_pct"] + 50,
+    "At 1024 ranks, hook-async's messages keep the link busier than bucket-async's (their fixed costs, below: "
+    "the blog's headline at scale), and bucket-async, sending while backward computes, overlaps far more than "
+    "bucket, which waits for each message as soon as it is sent.",
 )
 for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
     one = blog_links[name].seconds("all_reduce", 0, world_size) * 1e3  # 2(n−1)·α on that link
