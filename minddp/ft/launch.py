@@ -143,17 +143,7 @@ def launch_ft(
                 # a coordinator that crashed, or that coord@STEP stopped (below): a new one on the same port, once the
                 # old one's events are handled
                 lighthouse_gone = lighthouse.exitcode is not None
-                # results first: a rank that handed in its result is done, whatever the events below say of it
-                for kind, slot, inc, body in _drain(results):
-                    if kind == "log":
-                        attempts.append((slot, inc, body))
-                    elif kind == "ok":
-                        done[slot] = torch.load(io.BytesIO(body), weights_only=False)
-                    else:
-                        raise FaultTolerantRunError(
-                            body.strip().splitlines()[-1] + f"\n(rank {slot}, incarnation "
-                            f"{inc}; its traceback:)\n{body}"
-                        )
+                _take_results(results, done, attempts)  # first: a rank that handed in its result is done
                 for event in _drain(events):
                     timeline.append(event)
                     if (
@@ -191,7 +181,8 @@ def launch_ft(
                 for slot, p in list(procs.items()):
                     if p.exitcode is not None and slot not in done:
                         time.sleep(0.05)  # its result may be in flight
-                        if _take_result(results, done, slot, attempts):
+                        _take_results(results, done, attempts)
+                        if slot in done:
                             continue
                         timeline.append(("exited", slot, incarnation[slot], time.time()))
                         fate.setdefault(slot, f"exited with code {p.exitcode} at step {committed}")
@@ -218,7 +209,7 @@ def launch_ft(
             end_processes([*procs.values(), *([lighthouse] if lighthouse else [])], grace_s=1.0)
             quiet.close()  # what they wrote last, passed on before this returns
     timeline.extend(_drain(events))
-    attempts.extend((s, inc, body) for kind, s, inc, body in _drain(results) if kind == "log")
+    _take_results(results, done, attempts)  # the last entries (every slot's result is in)
     return FTRun(
         {s: r for s, r in done.items() if r is not None},
         timeline,
@@ -266,15 +257,18 @@ def _drain(q) -> list:
             return out
 
 
-def _take_result(results, done, slot, attempts) -> bool:
-    for kind, s, inc, body in _drain(results):
+def _take_results(results, done: dict, attempts: list) -> None:
+    """What the ranks sent so far: each attempt's entry, each finished slot's result (read as data: plain values
+    and bytes), or the error that ended a rank before its result (raised with its traceback)."""
+    for kind, slot, inc, body in _drain(results):
         if kind == "log":
-            attempts.append((s, inc, body))
+            attempts.append((slot, inc, body))
         elif kind == "ok":
-            done[s] = torch.load(io.BytesIO(body), weights_only=False)
-        else:
-            raise FaultTolerantRunError(body.strip().splitlines()[-1])
-    return slot in done
+            done[slot] = torch.load(io.BytesIO(body), weights_only=True)
+        elif done.get(slot) is None:  # (after its result, a slot's teardown loses nothing: not the run's error)
+            raise FaultTolerantRunError(
+                body.strip().splitlines()[-1] + f"\n(rank {slot}, incarnation {inc}; its traceback:)\n{body}"
+            )
 
 
 def _start_rank(ctx, payload, slot, incarnation, port, plan, results, quiet):
