@@ -385,7 +385,6 @@ TRUSTED_CHANNELS = {
     ("minddp/runtime/launch.py", "pickle.loads"): "the function and arguments, from the launcher's process arguments",
     ("minddp/runtime/launch.py", "torch.load"): "a rank's result, through the launcher's queue",
     ("minddp/ft/launch.py", "pickle.loads"): "the task, from the ft launcher's process arguments",
-    ("minddp/ft/launch.py", "torch.load"): "a rank's result, through the ft launcher's queue",
     ("minddp/notebook/worker.py", "pickle.loads"): "a cell's function (cloudpickle), through the kernel's queue",
     ("minddp/notebook/cluster.py", "torch.load"): "a cell's value, through a rank's queue",
     ("minddp/exercises/lost_rank.py", "cloudpickle.loads"): "a learner's shard function, in the ft launcher's task",
