@@ -435,7 +435,7 @@ EXAMPLES = [
     "python -m minddp.train --stage bucket-async            # offline default: tiny-llama, 2 ranks on CPU",
     "python -m minddp.train --stage all --steps 30          # every stage in turn, same data and seeds",
     "python -m minddp.train --stage ddp --hook powersgd --save-every 100",
-    "python -m minddp.train --stage ddp --resume checkpoints/ddp.pt --steps 2000",
+    "python -m minddp.train --stage ddp --hook powersgd --resume checkpoints/ddp.pt --steps 2000",
     "torchrun --nproc-per-node 4 -m minddp.train --model HuggingFaceTB/SmolLM2-360M-Instruct --dtype bf16 "
     "--dataset glue/mrpc --batch-size 16 --steps 6",
 ]
