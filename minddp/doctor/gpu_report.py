@@ -737,19 +737,12 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--gpu-wheels", metavar="DIR", help=f"download the wheels to carry ({', '.join(WHEELS)})")
     what.add_argument("--step", nargs=2, metavar=("NAME", "DIR"), help=argparse.SUPPRESS)
     p.add_argument("--quick", action="store_true", help="the smallest settings (the dry-run test's)")
+    every = sum(step.limit_s for step in STEPS.values())
+    budget = "seconds for all steps; a step starts only while the later steps' floors still fit"
+    p.add_argument("--budget", type=number(float, low=60), help=f"{budget} (default: each its own limit, {every} s)")
+    size = "the folder's size in MiB: the ddp traces stay, the other stages' only while it fits"
     p.add_argument(
-        "--budget",
-        type=number(float, low=60),
-        default=None,
-        help="seconds for all steps; a step starts only while the later steps' floors still fit (default: every "
-        f"step its own limit, {sum(step.limit_s for step in STEPS.values())} s for all six)",
-    )
-    p.add_argument(
-        "--max-mib",
-        type=number(float, low=1),
-        default=DEFAULT_MAX_MIB,
-        help="the folder's size in MiB: the ddp traces stay, the other stages' only while it fits "
-        f"(default {DEFAULT_MAX_MIB:g}; what a machine brings back may be less)",
+        "--max-mib", type=number(float, low=1), default=DEFAULT_MAX_MIB, help=f"{size} (default %(default)g)"
     )
     p.add_argument(
         "--steps", default=",".join(STEPS), help=f"comma list of steps to run, in order (default {','.join(STEPS)})"
