@@ -189,7 +189,7 @@ def plan_api(world: int) -> dict:
     import torch.distributed as dist
 
     rank, out = dist.get_rank(), {}
-    batches = toy_models.global_batches("mlp", 3, 4 * world)
+    batches = [toy_models.shard(b, rank, world) for b in toy_models.global_batches("mlp", 2, 4 * world)]
 
     def ddp():
         wrapped = DistributedDataParallel(toy_models.build("mlp", seed=0), bucket_cap_mb=0.001)
@@ -197,22 +197,27 @@ def plan_api(world: int) -> dict:
         return wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.1)
 
     first, opt = ddp()
-    out["before"] = first.settle_bucket_plan()
+    out["before"] = first.reducer.settled_plan()
     out["first"] = first.bucket_plan
-    for batch in batches[:2]:
-        train_step(first, opt, [toy_models.shard(batch, rank, world)], toy_models.loss_fn)
-    out["settled"] = first.settle_bucket_plan()
-    second, opt = ddp()
-    second.load_bucket_plan(out["settled"])
-    train_step(second, opt, [toy_models.shard(batches[2], rank, world)], toy_models.loss_fn)
-    out["kept"] = second.bucket_plan
+    for batch in batches:
+        train_step(first, opt, [batch], toy_models.loss_fn)
+    out["settled"] = first.reducer.settled_plan()
+    # a fresh wrapper keeps a loaded plan through the steps after which it would rebuild: the saved one, and
+    # one in registration order (the opposite of the order gradients come in, which a rebuild would follow)
+    out["registration"] = [[i] for i, p in enumerate(first.module.parameters()) if p.requires_grad]
+    for name, plan in (("settled", out["settled"]), ("registration", out["registration"])):
+        second, opt = ddp()
+        second.bucket_plan = plan
+        for batch in batches:
+            train_step(second, opt, [batch], toy_models.loss_fn)
+        out[f"kept {name}"] = (second.bucket_plan, plan)
     for bad in ([[0]], [[0, 0], *out["settled"]], [[]], "0,1", [[i for b in out["settled"] for i in b], [99]]):
         try:
-            ddp()[0].load_bucket_plan(bad)
+            ddp()[0].bucket_plan = bad
         except ValueError as exc:
             out.setdefault("bad", []).append(str(exc))
     try:
-        second.load_bucket_plan(out["settled"])
+        second.bucket_plan = out["settled"]
     except RuntimeError as exc:
         out["late"] = str(exc)
     return out
@@ -222,8 +227,12 @@ def test_a_loaded_plan_is_kept_without_a_rebuild_and_a_plan_that_does_not_fit_is
     for out in launch(plan_api, 2, world_size=2):
         assert out["before"] is None  # nothing settled before a synced step
         assert out["settled"] != out["first"] and len(out["settled"]) > 1  # the rebuild happened
-        assert out["kept"] == out["settled"]
+        assert out["settled"] != out["registration"]  # so the second plan is not what a rebuild would make
+        assert (
+            out["kept settled"][0] == out["kept settled"][1]
+            and out["kept registration"][0] == out["kept registration"][1]
+        )
         assert len(out["bad"]) == 5 and all(
             m.startswith("this bucket plan does not fit the model") and "\n" not in m for m in out["bad"]
         ), out["bad"]
-        assert out["late"].startswith("load_bucket_plan() comes before the first training step")
+        assert out["late"].startswith("a saved bucket plan is set before the first training step")

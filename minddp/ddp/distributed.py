@@ -162,25 +162,10 @@ class DistributedDataParallel(nn.Module, Joinable):
         for name, value in settings.items():
             setattr(self.reducer, name, value)
 
-    @property
-    def bucket_plan(self) -> list[list[int]]:
-        """The current buckets, as indices into the trainable parameters (``module.parameters()`` order)."""
-        return self.reducer.plan
-
-    def settle_bucket_plan(self) -> list[list[int]] | None:
-        """The bucket plan every later step uses, to save with a checkpoint (on every rank, between steps).
-
-        None before the first synced step. The one rebuild torch's DDP makes at
-        the next forward is made now if still to come (a broadcast: every rank
-        calls this). Saved with a per-bucket hook memory (PowerSGD's), it lets
-        :meth:`load_bucket_plan` give the resumed run the buckets that memory
-        was made for (docs/ddp.md, *Checkpoints*).
-        """
-        return self.reducer.settled_plan()
-
-    def load_bucket_plan(self, plan: list[list[int]]) -> None:
-        """Start from a plan :meth:`settle_bucket_plan` saved, before the first step: those buckets, no rebuild."""
-        self.reducer.load_plan(plan)
+    #: The current buckets, as indices into the trainable parameters (``module.parameters()`` order). Set, before
+    #: the first step, to a plan saved with a checkpoint (``reducer.settled_plan()``): those buckets, no rebuild
+    #: (docs/ddp.md, *Checkpoints*).
+    bucket_plan = property(lambda self: self.reducer.plan, lambda self, plan: self.reducer.load_plan(plan))
 
     def register_comm_hook(self, state, hook) -> None:
         """Send buckets through ``hook(state, bucket) -> Future[Tensor]`` (torch's signature); once, before training."""

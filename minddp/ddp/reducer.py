@@ -184,7 +184,7 @@ class Reducer:
         a per-bucket memory saved beside the plan (PowerSGD's) fits its buckets.
         """
         if self.synced_steps or self.pending:
-            raise RuntimeError("load_bucket_plan() comes before the first training step; build a new wrapper to use it")
+            raise RuntimeError("a saved bucket plan is set before the first training step; build a new wrapper for it")
         _check_plan(plan, self.params)
         self.set_plan([list(bucket) for bucket in plan])
         self.rebuilt = True

@@ -46,6 +46,7 @@ from minddp.comm.link import Link
 from minddp.comm.powerSGD_hook import check_start_iter
 from minddp.comm.wire import Traffic, Wire
 from minddp.costmodel.auto import choose_bucket_cap
+from minddp.ddp import DistributedDataParallel
 from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER, make_optimizer, torch_hook, wrap
 from minddp.ladder.loop import train_step
 from minddp.runtime.cli import bar_drawn, fail, fresh_line
@@ -162,7 +163,7 @@ class Checkpoints:
             ckpt = checkpoint.load_checkpoint(path, model=self.model, config=self.config, rank=dist.get_rank())
             checkpoint.restore(ckpt, optimizer=self.optimizer, hook_state=self.hook_state)
             first, mine = ckpt["step"], ckpt["rank"]
-        if hasattr(self.wrapped, "load_bucket_plan"):
+        if isinstance(self.wrapped, DistributedDataParallel):
             self._load_bucket_plan(path, mine.get("bucket_plan"))
         return first, list(mine["losses"])
 
@@ -176,15 +177,15 @@ class Checkpoints:
                 )
             return  # a stateless hook: the first plan and its rebuild, as a fresh wrapper
         try:
-            self.wrapped.load_bucket_plan(plan)
+            self.wrapped.bucket_plan = plan
         except ValueError as exc:
             raise checkpoint.CheckpointError(f"checkpoint {path!r}: {exc}") from None
 
     def _extra(self, losses: list[float]) -> dict:
         """This rank's values besides model and optimizer (collective for ``ddp``/``zero1``: every rank calls)."""
         extra = {"losses": losses}
-        if hasattr(self.wrapped, "settle_bucket_plan"):
-            extra["bucket_plan"] = self.wrapped.settle_bucket_plan()
+        if isinstance(self.wrapped, DistributedDataParallel):
+            extra["bucket_plan"] = self.wrapped.reducer.settled_plan()
         if self.sharded:  # the whole file keeps the hook state beside the RNG already (checkpoint._rank_state)
             extra["hook_state"] = checkpoint.hook_state_data(self.hook_state)
         return extra
