@@ -13,10 +13,11 @@ os.environ["MINDDP_BACKEND"] = "gloo"
 import pytest
 
 # The longest tests first, so that neither worker ends with a long one still to run (seconds on a quiet
-# 2-core machine: the notebooks' own runs, each tens of seconds to two minutes; the GPU report's dry run, one).
+# 2-core machine: the notebooks' own runs, each tens of seconds to two minutes; the GPU report's dry run, one;
+# the resume runs, about two).
 # pyproject's addopts keep this order (--no-loadscope-reorder: xdist would otherwise put the files with the
 # most tests first, and so every notebook, one test each, last).
-FIRST = ["test_notebooks.py", "test_gpu_report.py", "test_train.py", "test_bench.py"]
+FIRST = ["test_notebooks.py", "test_gpu_report.py", "test_train.py", "test_bench.py", "test_resume.py"]
 #: The notebooks by their run's length, longest first (the rest follow in their order).
 LONGEST_NOTEBOOKS = ["03_build_up", "06_sharding", "04_comm_hooks", "05_reading_traces", "02_simple_ddp"]
 

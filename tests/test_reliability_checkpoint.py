@@ -173,7 +173,7 @@ def test_resumed_run_equals_the_uninterrupted_one_bitwise(runs):
         (["--seed", "4"], "--seed 3 there, 4 here"),
         (["--steps", "3"], "is at step 6 already; give --steps above 6"),
         (["--stage", "all"], "pick that --stage instead of 'all'"),
-        (["--stage", "ddp"], "rebuilds its buckets after its first step"),
+        (["--stage", "ddp"], "--stage 'bucket-async' there, 'ddp' here"),
     ],
 )
 def test_a_checkpoint_of_another_run_is_refused_in_one_line_before_any_rank(runs, extra, cause, capsys, monkeypatch):

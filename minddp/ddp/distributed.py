@@ -162,10 +162,10 @@ class DistributedDataParallel(nn.Module, Joinable):
         for name, value in settings.items():
             setattr(self.reducer, name, value)
 
-    @property
-    def bucket_plan(self) -> list[list[int]]:
-        """The current buckets, as indices into the trainable parameters (``module.parameters()`` order)."""
-        return self.reducer.plan
+    #: The current buckets, as indices into the trainable parameters (``module.parameters()`` order). Set, before
+    #: the first step, to a plan saved with a checkpoint (``reducer.settled_plan()``): those buckets, no rebuild
+    #: (docs/ddp.md, *Checkpoints*).
+    bucket_plan = property(lambda self: self.reducer.plan, lambda self, plan: self.reducer.load_plan(plan))
 
     def register_comm_hook(self, state, hook) -> None:
         """Send buckets through ``hook(state, bucket) -> Future[Tensor]`` (torch's signature); once, before training."""

@@ -164,6 +164,31 @@ class Reducer:
         if order is not None:
             self.set_plan(plan_from_order(self.params, order, self.bucket_cap_mb, self.first_bucket_cap_mb))
 
+    def settled_plan(self) -> list[list[int]] | None:
+        """The plan every later step sends (for a checkpoint); None before the first synced step (call on every rank).
+
+        The one rebuild comes at the forward after the first synced backward; a
+        save between the two does it now (the same broadcast, so the same plan
+        on every rank), so what a checkpoint keeps is what the next step sends.
+        """
+        if self.synced_steps == 0:
+            return None
+        self.maybe_rebuild()
+        return [list(bucket) for bucket in self.plan]
+
+    def load_plan(self, plan: list[list[int]]) -> None:
+        """Start from a :meth:`settled_plan` saved by a run of this model: its buckets from the first step, no rebuild.
+
+        No rebuild because the saved run did its one rebuild before the plan was
+        saved (with ``find_unused_parameters`` there is none, in torch as here):
+        a per-bucket memory saved beside the plan (PowerSGD's) fits its buckets.
+        """
+        if self.synced_steps or self.pending:
+            raise RuntimeError("a saved bucket plan is set before the first training step; build a new wrapper for it")
+        _check_plan(plan, self.params)
+        self.set_plan([list(bucket) for bucket in plan])
+        self.rebuilt = True
+
     def register_comm_hook(self, state, hook) -> None:
         """Send buckets through ``hook(state, bucket)``; minddp's own ``allreduce_hook`` is the built-in."""
         if not callable(hook):
@@ -445,6 +470,25 @@ class Reducer:
 
     def work_in_flight(self) -> bool:
         return bool(self.pending)
+
+
+def _check_plan(plan, params: list[nn.Parameter]) -> None:
+    """A one-line ValueError unless ``plan`` puts each of ``params`` in one bucket, of one dtype and device."""
+    n = len(params)
+    ok = isinstance(plan, (list, tuple)) and all(
+        isinstance(b, (list, tuple)) and b and all(isinstance(i, int) and 0 <= i < n for i in b) for b in plan
+    )
+    if not ok or sorted(i for b in plan for i in b) != list(range(n)):
+        raise ValueError(
+            f"this bucket plan does not fit the model: a plan lists each of its {n} trainable parameters "
+            "(indices 0..n-1) in exactly one non-empty bucket; load the plan saved by a run of this model"
+        )
+    mixed = [b for b, bucket in enumerate(plan) if len({(params[i].dtype, params[i].device) for i in bucket}) > 1]
+    if mixed:
+        raise ValueError(
+            f"this bucket plan does not fit the model: bucket {mixed[0]} mixes dtypes or devices; "
+            "load the plan saved by a run of this model"
+        )
 
 
 def _weak_method(method):

@@ -11,14 +11,15 @@ One command for a new machine (a laptop, a hosted notebook with one GPU, a box w
    HolisticTraceAnalysis;
 4. a table of what passed and how long it took; exit status 1 if anything failed.
 
-For a GPU machine lent for a few minutes, ``--gpu-report DIR`` runs these checks and the rest of the GPU
-path (benchmark, profiled stages read by HTA, the GPU tests) within a time budget (:mod:`.gpu_report`).
+On a GPU machine (one's own, or one lent for a few minutes), ``--gpu-report DIR`` runs these checks and the
+rest of the GPU path (benchmark, profiled stages read by HTA, the GPU tests) within a time budget
+(:mod:`.gpu_report`).
 
 Example::
 
     $ python -m minddp.doctor            # about half a minute on a 2-core laptop
     $ python -m minddp.doctor --quick    # the ladder at the first configuration only
-    $ python -m minddp.doctor --gpu-report gpu-report --tar gpu-report.tgz   # a lent GPU: minutes, all of it
+    $ python -m minddp.doctor --gpu-report gpu-report --tar gpu-report.tgz   # on a GPU: minutes, all of it
 """
 
 from __future__ import annotations
@@ -330,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--json", metavar="FILE", help="also write the checks to FILE (one object per row of the table)"
     )
-    gpu = parser.add_argument_group("a lent GPU machine (minddp.doctor.gpu_report; --gpu-report DIR --help)")
+    gpu = parser.add_argument_group("on a GPU machine (minddp.doctor.gpu_report; --gpu-report DIR --help)")
     gpu.add_argument("--gpu-report", metavar="DIR", help="check the whole GPU path in minutes, everything into DIR")
     gpu.add_argument("--gpu-wheels", metavar="DIR", help="download the wheels a GPU machine without internet needs")
     args = parser.parse_args(argv)

@@ -1,8 +1,9 @@
-"""``python -m minddp.doctor --gpu-report DIR``: a few minutes on a GPU, one command, everything brought back.
+"""``python -m minddp.doctor --gpu-report DIR``: the whole GPU path checked in minutes, one command, one folder.
 
-A lent GPU machine gives minutes, one chance, no internet and maybe no HTA. This command checks the
-whole GPU path there and leaves everything in one folder. Each step runs in a process of its own and
-is cut at its time limit (it is reported, and the next step runs), all within ``--budget`` seconds:
+For anyone with a GPU (a workstation, a hosted notebook, a machine lent for a few minutes without
+internet or HTA): this command checks the whole GPU path there and leaves everything in one folder.
+Each step runs in a process of its own and is cut at its time limit (it is reported, and the next step
+runs), all within ``--budget`` seconds (default: every step its own limit):
 
 1. ``env``: versions, the GPUs, NCCL, bf16, what ``auto`` places where, and which packages are missing
    (with how to add each);
@@ -15,14 +16,17 @@ is cut at its time limit (it is reported, and the next step runs), all within ``
 4. ``train``: ``--stage all`` for a few profiled steps;
 5. ``analyze``: those traces read by minddp's own analysis and by HTA, and HTA's sample GPU traces
    (``tests/data/hta-gpu-traces``) read by both, so HTA is checked even where the run's traces are CPU ones;
-6. ``tests``: ``tests/test_gpu.py`` and the suite's other files that behave differently where CUDA is;
+6. ``tests``: ``tests/test_gpu.py`` and the suite's other files that behave differently where CUDA is
+   (``--tests`` picks others), from the clone of minddp this command runs from; run from an installed
+   package (which ships no tests) the step is skipped, saying so;
 7. ``summary.json`` (every step's result, figures, what was skipped and why), ``report.txt``, each step's
-   log, the traces of one stage (``--keep-stage``; more while they fit), and one line saying what could
-   not be done and why. ``--tar FILE`` packs the folder into one file.
+   log, the traces of one stage (``ddp``), the others' while the folder stays under ``--max-mib``, and one
+   line saying what could not be done and why. ``--tar FILE`` packs the folder into one file.
 
 Without a GPU (``CUDA_VISIBLE_DEVICES=`` or a CPU build of torch) the same command is a dry run: every
 step but the CUDA ones, on the CPU. ``--gpu-wheels DIR`` downloads the wheels a machine without internet
-must be given (:data:`WHEELS`); ``docs/devices.md`` (*How to run it on a lent GPU*) has the one-line command.
+must be given (:data:`WHEELS`); ``docs/devices.md`` (*How to run it on a lent GPU*) has the command sized to
+one lender's limits (its budget, what it brings back), given as options: nothing here assumes a machine.
 
 Example (how a step's time limit comes out of what is left of the budget)::
 
@@ -37,6 +41,8 @@ Example (how a step's time limit comes out of what is left of the budget)::
     True
 
     $ python -m minddp.doctor --gpu-report gpu-report                                  # about 6 minutes on one GPU
+    $ python -m minddp.doctor --gpu-report r --budget 300 --max-mib 12 --tar r.tgz     # 5 minutes, 12 MiB at most
+    $ python -m minddp.doctor --gpu-report r --steps env,tests --tests tests/test_gpu.py
     $ CUDA_VISIBLE_DEVICES= python -m minddp.doctor --gpu-report /tmp/dry --quick      # the dry run, smallest
 """
 
@@ -46,6 +52,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -56,14 +63,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 PROG = "minddp.doctor --gpu-report"
-#: The folder that holds the ``minddp`` package (a clone's root, with ``tests/`` beside it).
-ROOT = Path(__file__).resolve().parents[2]
+#: The folder that holds the running ``minddp`` package: a clone's root, or an installation's site-packages.
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 #: The torch releases minddp declares (pyproject.toml, docs/torch-versions.md).
 TORCH_RANGE = ((2, 6), (2, 15))
-#: The Python a lent GPU machine runs (``/work/.library/device/KINDS.md``: its image has 3.12).
-GPU_PYTHON = "3.12"
 #: What a GPU machine without internet must be given, pinned to the versions this suite runs with: HTA and
-#: the two packages it imports that such images lack (pure-Python wheels; the rest minddp needs is there).
+#: the two packages it imports that GPU images often lack (pure-Python wheels).
 WHEELS = {"holistictraceanalysis": "0.5.0", "plotly": "7.1.0", "pydot": "4.0.1"}
 #: Modules the steps import: (module, pip name, what needs it).
 PACKAGES = [
@@ -89,9 +94,22 @@ GPU_TESTS = [
 ]
 #: The doctor step runs this test's command already.
 DOCTOR_TEST = "tests/test_gpu.py::test_the_doctor_passes_on_this_gpu_machine"
-#: Traces brought back: ``keep_stage``'s always, then other stages' while all stay under this (the packed
-#: folder must stay under the 16 MiB a lent machine brings back in one file).
-TRACE_BYTES = 8 * 2**20
+#: ``--max-mib``'s default: the folder's size, above which other stages' traces are dropped (``keep_stage``'s stay).
+DEFAULT_MAX_MIB = 64.0
+
+
+def find_checkout(folder: Path = PACKAGE_PARENT) -> Path | None:
+    """The root of the clone of minddp the running package is part of; None for an installed package.
+
+    A clone's root holds ``pyproject.toml`` naming the project ``minddp`` and ``tests/`` beside the package;
+    a wheel installs the package alone (into site-packages, where a ``tests/`` folder may be another's).
+    """
+    try:
+        project = (folder / "pyproject.toml").read_text()
+    except OSError:
+        return None
+    named = re.search(r'^name\s*=\s*"minddp"\s*$', project, re.M)
+    return folder if named and (folder / "tests").is_dir() and (folder / "minddp").is_dir() else None
 
 
 @dataclass(frozen=True)
@@ -134,7 +152,9 @@ class Settings:
     """What the steps run (the full run on a GPU; ``quick``: the smallest, for the dry-run test)."""
 
     folder: str
-    budget_s: float = 470.0  # 7 min 50 s: under 8 minutes with the packing
+    budget_s: float | None = None  # None: every step its own limit (:meth:`budget`)
+    max_mib: float = DEFAULT_MAX_MIB  # the folder's size, above which other stages' traces go (:func:`prune_traces`)
+    checkout: str | None = field(default_factory=lambda: _str(find_checkout()))  # the tests' clone (None: none)
     quick: bool = False  # the smallest settings (:meth:`smallest`)
     model: str = "smollm2-360m"
     dtype: str = "bf16"
@@ -151,11 +171,14 @@ class Settings:
     tests: list[str] = field(default_factory=lambda: list(GPU_TESTS))
     steps: list[str] = field(default_factory=lambda: list(STEPS))
 
+    def budget(self) -> float:
+        """``budget_s``, or the sum of the chosen steps' own limits."""
+        return self.budget_s if self.budget_s is not None else float(sum(STEPS[n].limit_s for n in self.steps))
+
     @classmethod
     def smallest(cls, folder: str, **kw) -> Settings:
         """The dry run's settings: the tiny model on small batches, one round of one step, one stage, one test file."""
-        return cls(
-            folder,
+        small = dict(
             quick=True,
             model="tiny-llama",
             dtype="fp32",
@@ -168,8 +191,12 @@ class Settings:
             train_steps=2,
             profile_steps=1,
             tests=["tests/test_gpu.py"],
-            **kw,
         )
+        return cls(folder, **{**small, **kw})
+
+
+def _str(path: Path | None) -> str | None:
+    return None if path is None else str(path)
 
 
 # ------------------------------------------------------------------------------------------ the steps
@@ -351,11 +378,15 @@ def step_analyze(s: Settings) -> dict:
     from minddp.analysis.report import write_report
 
     out: dict = {"ok": True, "notes": []}
-    sample = ROOT / "tests" / "data" / "hta-gpu-traces"
-    for name, path in (("run", run_folder(s)), ("hta_sample", sample)):
+    folders = [("run", run_folder(s))]
+    if s.checkout is None:  # the sample lives in the clone's tests/
+        out["notes"].append("hta_sample: minddp runs from an installed package, without HTA's sample traces")
+    else:
+        folders.append(("hta_sample", Path(s.checkout, "tests", "data", "hta-gpu-traces")))
+    for name, path in folders:
         if not path.is_dir():
             out["notes"].append(f"{name}: no traces at {path}")
-            out["ok"] = out["ok"] and name == "hta_sample"  # the sample is absent outside a clone
+            out["ok"] = False
             continue
         try:
             read = read_folder(path)
@@ -379,9 +410,9 @@ def step_analyze(s: Settings) -> dict:
 
 
 def step_tests(s: Settings) -> dict:
-    """Step 6: pytest on the GPU-relevant files (a clone's ``tests/``), results from its JUnit XML."""
-    if not (ROOT / "tests").is_dir():
-        return {"ok": None, "why": f"no tests/ beside the package ({ROOT}): run from a clone"}
+    """Step 6: pytest on ``s.tests`` in the clone this runs from, results from its JUnit XML."""
+    if s.checkout is None:
+        return {"ok": None, "why": no_tests_here()}
     report = Path(s.folder, "results", "tests.xml")
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs"]
     workers = min(4, (os.cpu_count() or 1) // 2) if len(s.tests) > 1 else 0  # xdist workers: a few, or none
@@ -390,8 +421,16 @@ def step_tests(s: Settings) -> dict:
     if "doctor" in s.steps and any(t.startswith(DOCTOR_TEST.split("::")[0]) for t in s.tests):
         argv += ["--deselect", DOCTOR_TEST]  # the doctor step ran the same command
     print(" ".join(argv), flush=True)
-    code = subprocess.run(argv, cwd=ROOT).returncode
+    code = subprocess.run(argv, cwd=s.checkout).returncode
     return {"ok": code == 0, "exit": code, "command": " ".join(argv[1:]), **junit_counts(report)}
+
+
+def no_tests_here() -> str:
+    """Why the tests step cannot run: minddp is an installed package here, and a package ships no tests."""
+    return (
+        f"minddp runs from an installed package ({PACKAGE_PARENT / 'minddp'}), which ships no tests: run the "
+        "report from a clone of minddp (its root as the current folder) to run them"
+    )
 
 
 def junit_counts(path: Path) -> dict:
@@ -447,9 +486,9 @@ def write_json(path: Path, payload) -> None:
 
 
 def child_env() -> dict:
-    """The steps' environment: this tree first on the path, output unbuffered, and ``auto`` as a user gets it."""
+    """The steps' environment: this minddp first on the path, output unbuffered, and ``auto`` as a user gets it."""
     env = {k: v for k, v in os.environ.items() if k != "MINDDP_BACKEND"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_PARENT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -489,7 +528,7 @@ def launch_step(name: str, s: Settings, limit_s: int, index: int) -> dict:
                 [sys.executable, "-m", "minddp.doctor.gpu_report", "--step", name, s.folder],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                cwd=ROOT,
+                cwd=s.checkout or s.folder,  # not a folder holding another minddp: -m would import that one
                 env=child_env(),
                 start_new_session=True,  # its own group: cut with everything it started
             )
@@ -515,7 +554,8 @@ def launch_step(name: str, s: Settings, limit_s: int, index: int) -> dict:
 
 
 def prune_traces(s: Settings) -> list[str]:
-    """Keep ``keep_stage``'s rank traces, then other stages' while all kept stay under :data:`TRACE_BYTES`."""
+    """Keep ``keep_stage``'s rank traces, then other stages' (in the ladder's order) while the whole folder stays
+    under ``s.max_mib`` (as the steps left it: ``summary.json`` and ``report.txt``, a few hundred kB, come after)."""
     from minddp.analysis import stage_sort_key
     from minddp.analysis.events import rank_files
 
@@ -524,16 +564,22 @@ def prune_traces(s: Settings) -> list[str]:
         return []
     stages = {d.name: list(rank_files(d).values()) for d in folder.iterdir() if d.is_dir() and rank_files(d)}
     order = sorted(stages, key=lambda n: (n != s.keep_stage, stage_sort_key(n)))
-    kept, size = [], 0
+    traces = sum(p.stat().st_size for paths in stages.values() for p in paths)
+    size = folder_bytes(Path(s.folder)) - traces  # everything but the traces
+    kept = []
     for name in order:
         more = sum(p.stat().st_size for p in stages[name])
-        if name == s.keep_stage or size + more <= TRACE_BYTES:
+        if name == s.keep_stage or size + more <= s.max_mib * 2**20:
             kept.append(name)
             size += more
         else:
             for p in stages[name]:
                 p.unlink()
     return kept
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 def could_not(rows: list[dict]) -> list[str]:
@@ -589,7 +635,7 @@ def run_report(s: Settings) -> int:
     """Steps 1-7: every step in turn within the budget, then the summary, the pruned traces, the one line."""
     from minddp.runtime.processes import Stopped, stop_reason, stop_signals
 
-    start = time.monotonic()
+    start, budget = time.monotonic(), s.budget()
     Path(s.folder).mkdir(parents=True, exist_ok=True)
     write_json(Path(s.folder, "settings.json"), asdict(s))
     for stale in Path(s.folder, "results").glob("*.json"):
@@ -599,7 +645,7 @@ def run_report(s: Settings) -> int:
     with stop_signals():
         for index, name in enumerate(s.steps, 1):
             step = STEPS[name]
-            limit = time_for(step, s.budget_s - (time.monotonic() - start), s.steps[index:])
+            limit = time_for(step, budget - (time.monotonic() - start), s.steps[index:])
             if stopped is not None or limit is None:
                 why = stop_reason(stopped) if stopped is not None else "no time left in the budget"
                 rows.append({"step": name, "status": "not run", "seconds": 0.0, "limit_s": None, "why": why})
@@ -621,8 +667,13 @@ def run_report(s: Settings) -> int:
                 say(f"    | {line}")
     kept = prune_traces(s)
     wall = time.monotonic() - start
-    lines = summary_lines(rows, wall, s.budget_s)
+    lines = summary_lines(rows, wall, budget)
     missing = could_not(rows)
+    size = folder_bytes(Path(s.folder))
+    if size > s.max_mib * 2**20:  # the kept stage's traces, or the other outputs, are over it by themselves
+        missing.append(
+            f"keep the folder under --max-mib {s.max_mib:g} (it is {size / 2**20:.1f} MiB, traces of {kept})"
+        )
     lines.append("could not: " + ("; ".join(missing) if missing else "nothing: every step ran and passed"))
     summary = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -650,8 +701,14 @@ def pack(folder: str, tar: str) -> str:
     return tar
 
 
-def download_wheels(folder: str, python: str = GPU_PYTHON) -> int:
-    """``--gpu-wheels DIR``: the wheels of :data:`WHEELS` for a Linux x86-64 machine's ``python``, into ``DIR``."""
+def this_python() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def download_wheels(folder: str, python: str | None = None) -> int:
+    """``--gpu-wheels DIR``: the wheels of :data:`WHEELS` for a Linux x86-64 machine's ``python`` (default: this
+    one's version), into ``DIR``."""
+    python = python or this_python()
     platforms = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
     argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
     argv += ["--python-version", python, "--implementation", "cp", "-d", folder]
@@ -671,7 +728,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = Parser(
         prog="python -m minddp.doctor --gpu-report",
-        usage="python -m minddp.doctor --gpu-report DIR [--quick] [--budget S] [--tar FILE] | --gpu-wheels DIR",
+        usage="python -m minddp.doctor --gpu-report DIR [--quick] [--budget S] [--max-mib N] [--steps LIST] "
+        "[--tests LIST] [--tar FILE] | --gpu-wheels DIR [--python X.Y]",
         description=described(__doc__),
     )
     what = p.add_mutually_exclusive_group(required=True)
@@ -679,15 +737,50 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--gpu-wheels", metavar="DIR", help=f"download the wheels to carry ({', '.join(WHEELS)})")
     what.add_argument("--step", nargs=2, metavar=("NAME", "DIR"), help=argparse.SUPPRESS)
     p.add_argument("--quick", action="store_true", help="the smallest settings (the dry-run test's)")
-    p.add_argument("--budget", type=number(float, low=60), default=None, help="seconds for all steps (default 470)")
+    every = sum(step.limit_s for step in STEPS.values())
+    budget = "seconds for all steps; a step starts only while the later steps' floors still fit"
+    p.add_argument("--budget", type=number(float, low=60), help=f"{budget} (default: each its own limit, {every} s)")
+    size = "the folder's size in MiB: the ddp traces stay, the other stages' only while it fits"
+    p.add_argument(
+        "--max-mib", type=number(float, low=1), default=DEFAULT_MAX_MIB, help=f"{size} (default %(default)g)"
+    )
     p.add_argument(
         "--steps", default=",".join(STEPS), help=f"comma list of steps to run, in order (default {','.join(STEPS)})"
+    )
+    p.add_argument(
+        "--tests",
+        metavar="LIST",
+        default=None,
+        help="comma list of the tests step's pytest files or node ids, in the clone this runs from (default: "
+        "the suite's GPU-relevant files; --quick: tests/test_gpu.py)",
     )
     p.add_argument("--model", default=None, help="the bench's model (default smollm2-360m; --quick: tiny-llama)")
     p.add_argument("--dtype", default=None, help="the bench's dtype (default bf16; --quick: fp32)")
     p.add_argument("--tar", metavar="FILE", default=None, help="also pack DIR into FILE (.tar.gz)")
-    p.add_argument("--python", default=GPU_PYTHON, help=f"--gpu-wheels: the Python version (default {GPU_PYTHON})")
+    p.add_argument(
+        "--python",
+        default=None,
+        help=f"--gpu-wheels: the GPU machine's Python, X.Y (default this one's, {this_python()})",
+    )
     return p
+
+
+def chosen_tests(text: str, steps: list[str]) -> list[str]:
+    """``--tests``: the comma list, each file checked in the clone this runs from (a UsageError names one missing)."""
+    from minddp.runtime.cli import UsageError
+
+    tests = [t.strip() for t in text.split(",") if t.strip()]
+    if not tests:
+        raise UsageError("--tests: an empty list; give pytest files or node ids, or drop the tests step with --steps")
+    if "tests" not in steps:
+        raise UsageError("--tests has no effect without the tests step; add it to --steps or drop --tests")
+    root = find_checkout()
+    if root is None:
+        raise UsageError(f"--tests: {no_tests_here()}")
+    missing = [t for t in tests if not (root / t.split("::")[0]).exists()]
+    if missing:
+        raise UsageError(f"--tests: no {missing[0]} in {root}; give paths relative to the clone's root (tests/...)")
+    return tests
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -708,8 +801,9 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--steps: unknown {unknown or 'empty list'}; choose from {','.join(STEPS)}")
         folder = os.path.abspath(ns.gpu_report)
         extra = {k: v for k, v in (("model", ns.model), ("dtype", ns.dtype)) if v is not None}
-        if ns.budget is not None:
-            extra["budget_s"] = ns.budget
+        extra.update(budget_s=ns.budget, max_mib=ns.max_mib)
+        if ns.tests is not None:
+            extra["tests"] = chosen_tests(ns.tests, steps)
         s = Settings.smallest(folder, steps=steps, **extra) if ns.quick else Settings(folder, steps=steps, **extra)
     except UsageError as exc:
         return fail(PROG, exc, parser)

@@ -124,8 +124,9 @@ def launch_ft(
             lighthouse, port, gone = _start_lighthouse(
                 ctx, 0, world_size, hang_s, epoch, events, timeline, full_from, quiet, plan
             )  # step 1
+            interfaces = rank_env()  # gloo's connections: loopback, as the coordinator's store, or the user's choice
             for slot in range(world_size):  # step 2
-                procs[slot] = _start_rank(ctx, payload, slot, 0, port, plan, results, quiet)
+                procs[slot] = _start_rank(ctx, payload, slot, 0, port, plan, results, quiet, interfaces)
             coord_faults = [i for i, f in enumerate(plan.faults) if f.kind == "coord"]
             deadline = time.monotonic() + run_timeout_s
             while len(done) < world_size:  # step 3
@@ -197,7 +198,9 @@ def launch_ft(
                     if committed >= after:
                         del waiting[slot]
                         incarnation[slot] += 1
-                        procs[slot] = _start_rank(ctx, payload, slot, incarnation[slot], port, plan, results, quiet)
+                        procs[slot] = _start_rank(
+                            ctx, payload, slot, incarnation[slot], port, plan, results, quiet, interfaces
+                        )
                         fate.pop(slot, None)
                         timeline.append(("restarted", slot, incarnation[slot], time.time()))
                 time.sleep(0.02)
@@ -271,11 +274,11 @@ def _take_results(results, done: dict, attempts: list) -> None:
             )
 
 
-def _start_rank(ctx, payload, slot, incarnation, port, plan, results, quiet):
+def _start_rank(ctx, payload, slot, incarnation, port, plan, results, quiet, interfaces):
     stderr = quiet.writer()
     p = ctx.Process(
         target=_rank_main,
-        args=(payload, list(sys.path), slot, incarnation, port, plan, results, os.getpid(), stderr),
+        args=(payload, list(sys.path), slot, incarnation, port, plan, results, os.getpid(), stderr, interfaces),
         name=f"minddp-ft-rank{slot}.{incarnation}",
         daemon=True,
     )
@@ -284,15 +287,15 @@ def _start_rank(ctx, payload, slot, incarnation, port, plan, results, quiet):
     return p
 
 
-def _rank_main(payload, parent_path, slot, incarnation, port, plan, results, launcher_pid, stderr):
+def _rank_main(payload, parent_path, slot, incarnation, port, plan, results, launcher_pid, stderr, interfaces):
     """Inside a rank: train through faults, send back the result (or the error that ended it)."""
     use_stderr(stderr)  # through the launcher's filter (StderrFilter)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher ends the ranks on Ctrl-C
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)
     watch_parent(launcher_pid, f"minddp.ft rank {slot}: the launcher (pid {launcher_pid}) is gone; ending this rank")
     sys.path[:] = parent_path
-    # gloo's connections on the loopback interface, as the coordinator's store (minddp.runtime.loopback)
-    os.environ.update({"RANK": str(slot), "MINDDP_FT_SLOT": str(slot), **rank_env()})
+    # gloo's connections as the launcher chose (minddp.runtime.loopback.rank_env)
+    os.environ.update({"RANK": str(slot), "MINDDP_FT_SLOT": str(slot), **interfaces})
     torch.set_num_threads(1)  # one thread: results that do not depend on the core count, and ranks that share
     try:
         from minddp.ft.client import Coordinator

@@ -41,6 +41,7 @@ import torch
 from minddp.notebook.worker import worker_main
 from minddp.runtime.device import choose
 from minddp.runtime.launch import RankError, open_store
+from minddp.runtime.loopback import rank_env
 from minddp.runtime.processes import end_processes, rank_context
 
 
@@ -129,6 +130,7 @@ class Cluster:
         self._commands = [ctx.Queue() for _ in range(self.world_size)]
         self._generation, self._aborted = 0, False
         self._procs = []
+        interfaces = rank_env()  # the ranks' own connections: loopback, or the interface the user set
         for rank in range(self.world_size):
             p = ctx.Process(
                 target=worker_main,
@@ -143,6 +145,7 @@ class Cluster:
                     list(sys.path),
                     self._commands[rank],
                     self._reports,
+                    interfaces,
                 ),
                 daemon=False,  # a daemon could not start processes (e.g. DataLoader workers)
             )

@@ -40,8 +40,9 @@ from minddp.runtime.processes import HELPER_BLOCKED, watch_parent
 MPL_BACKEND = "module://minddp.notebook.mpl_backend"
 
 
-def worker_main(rank, world_size, port, placement, timeout_s, parent_pid, parent_path, commands, reports):
-    """Steps 1-4 for one rank; ``commands`` is this rank's queue, ``reports`` is shared."""
+def worker_main(rank, world_size, port, placement, timeout_s, parent_pid, parent_path, commands, reports, interfaces):
+    """Steps 1-4 for one rank; ``commands`` is this rank's queue, ``reports`` is shared; ``interfaces``: the
+    kernel's :func:`~minddp.runtime.loopback.rank_env`."""
     sys.path[:] = parent_path
     os.environ["MPLBACKEND"] = MPL_BACKEND  # before any cell imports matplotlib
     watch_parent(parent_pid, exit_code=0)
@@ -59,7 +60,7 @@ def worker_main(rank, world_size, port, placement, timeout_s, parent_pid, parent
     # Step 1: join and prepare the namespace the cells see.
     generation = 0
     try:
-        join_group(rank, world_size, port, placement, timeout_s, prefix=f"nb{generation}/")
+        join_group(rank, world_size, port, placement, timeout_s, prefix=f"nb{generation}/", interfaces=interfaces)
     except BaseException:  # noqa: BLE001 - the parent must hear why the rank never came up
         reports.put(("failed", rank, os.getpid(), traceback.format_exc()))
         return

@@ -9,6 +9,7 @@ Every release-dependent call in minddp goes through here, one function each:
   or a second client), :func:`store_on_socket` (a store server on a bound socket: 2.6's libuv
   server cannot take one), :func:`meta_device` (``torch._dynamo`` imported first, for 2.6),
   :func:`profiler_events` (a profiler's events, with their inputs' dtypes on any release),
+  :func:`weights_only_refusal` (what torch's data-only reader refused, told by where it was raised),
   :data:`TORCH_FULLY_SHARD_ON_CPU`.
 
 Each difference, release by release, and what was run: ``docs/torch-versions.md``. One difference is
@@ -25,6 +26,8 @@ Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 """
 
 from __future__ import annotations
+
+import pickle
 
 import torch
 import torch.distributed as dist
@@ -90,6 +93,34 @@ def store_on_socket(host: str, port: int, fd: int, **options) -> dist.TCPStore:
 
 #: Does torch's libuv store server take an already-bound socket? (From torch 2.8; 2.6 and 2.7 refuse it.)
 TORCH_LIBUV_TAKES_A_SOCKET = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 8)
+
+
+#: The module of torch's data-only unpickler (``torch.load(..., weights_only=True)``), in every release 2.6 .. 2.15.
+WEIGHTS_ONLY_UNPICKLER = "torch._weights_only_unpickler"
+
+
+def weights_only_refusal(exc: BaseException) -> pickle.UnpicklingError | None:
+    """The error torch's data-only reader raised when it refused a file, if ``exc`` (from ``torch.load``) is one.
+
+    Told by where it was raised, not by its wording: the reader raises a ``pickle.UnpicklingError`` from
+    inside its own module, and ``torch.load`` raises another one, reworded, ``from None``, which keeps the
+    first as its ``__context__``. A damaged archive fails elsewhere (the zip reader), and is not one.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, pickle.UnpicklingError) and _raised_in(exc, WEIGHTS_ONLY_UNPICKLER):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _raised_in(exc: BaseException, module: str) -> bool:
+    """Whether the innermost frame of ``exc``'s traceback (where it was raised) is code of ``module``."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__") == module
 
 
 def tcp_client(store: dist.TCPStore) -> dist.TCPStore:

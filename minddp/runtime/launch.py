@@ -203,7 +203,8 @@ def launch(
         try:
             ctx = rank_context(rank_imports(fn))
             results: queue.Queue = ctx.Queue()
-            _start_ranks(ctx, procs, payload, world_size, store.port, placement, timeout_s, results)  # step 2
+            interfaces = loopback.rank_env()  # the ranks' own connections: loopback, or the user's interface
+            _start_ranks(ctx, procs, payload, world_size, store.port, placement, timeout_s, results, interfaces)
             # Step 4: gather, watching for a hung rank (minddp.runtime.hang).
             # (A function over `held`, not the store: the traceback of a RankError keeps _collect_results's
             # locals alive, and the store must go below, so that its port is free once launch returns.)
@@ -324,6 +325,7 @@ def _start_ranks(
     placement: Placement,
     timeout_s: float | None,
     results: queue.Queue,
+    interfaces: dict[str, str],
 ) -> None:
     """Step 2 of :func:`launch`: one child process per rank, each added to ``procs`` as soon as it exists."""
     for rank in range(world_size):
@@ -332,7 +334,18 @@ def _start_ranks(
                 target=_child_main,
                 name=f"minddp-rank{rank}",
                 daemon=True,
-                args=(payload, list(sys.path), rank, world_size, port, placement, timeout_s, results, os.getpid()),
+                args=(
+                    payload,
+                    list(sys.path),
+                    rank,
+                    world_size,
+                    port,
+                    placement,
+                    timeout_s,
+                    results,
+                    os.getpid(),
+                    interfaces,
+                ),
             )
             p.start()
             procs.append(p)
@@ -509,15 +522,22 @@ def open_store(world_size: int, timeout_s: float | None = None) -> dist.TCPStore
 
 
 def join_group(
-    rank: int, world_size: int, port: int, placement: Placement | str, timeout_s: float | None = None, prefix: str = ""
+    rank: int,
+    world_size: int,
+    port: int,
+    placement: Placement | str,
+    timeout_s: float | None = None,
+    prefix: str = "",
+    interfaces: dict[str, str] | None = None,
 ) -> None:
     """Inside a local rank: set the launcher's environment and build the default group.
 
     ``prefix`` namespaces the keys in the store, so ranks that destroyed their
     group can build a fresh one through the same store (the notebook runner
     does this after a failed cell); :func:`launch` uses the empty prefix.
+    ``interfaces``: what the launcher's :func:`~minddp.runtime.loopback.rank_env` chose (None: set already).
     """
-    _set_rank_env(rank, world_size, port)
+    _set_rank_env(rank, world_size, port, interfaces)
     if not isinstance(placement, Placement):  # a backend name: the launcher's rule (minddp.runtime.device)
         placement = choose(placement, local_world_size=world_size)
     _prepare_rank(rank, world_size, placement)
@@ -531,7 +551,7 @@ def join_group(
     )
 
 
-def _set_rank_env(rank: int, world_size: int, port: int) -> None:
+def _set_rank_env(rank: int, world_size: int, port: int, interfaces: dict[str, str] | None) -> None:
     os.environ.update(
         {
             _CHILD_FLAG: str(rank),
@@ -541,12 +561,12 @@ def _set_rank_env(rank: int, world_size: int, port: int) -> None:
             "LOCAL_WORLD_SIZE": str(world_size),
             "MASTER_ADDR": loopback.loopback_host(),
             "MASTER_PORT": str(port),
-            **loopback.rank_env(),  # gloo's and NCCL's own connections on the loopback interface too
+            **(interfaces or {}),  # gloo's and NCCL's own connections, as the launcher chose (loopback.rank_env)
         }
     )
 
 
-def _child_main(payload, parent_path, rank, world_size, port, placement, timeout_s, results, launcher_pid):
+def _child_main(payload, parent_path, rank, world_size, port, placement, timeout_s, results, launcher_pid, interfaces):
     """Step 3, inside the rank: join, run (beating: minddp.runtime.hang), report, always destroy the group."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # step 5: Ctrl-C is the launcher's to handle; it ends the ranks
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)  # the process server's mask (rank_context)
@@ -558,7 +578,7 @@ def _child_main(payload, parent_path, rank, world_size, port, placement, timeout
         launcher_pid, f"minddp rank {rank}: the launcher (pid {launcher_pid}) is gone; ending this rank"
     )  # step 5
     sys.path[:] = parent_path  # unpickle fn the way the parent would import it
-    _set_rank_env(rank, world_size, port)  # before unpickling: imports may read RANK
+    _set_rank_env(rank, world_size, port, interfaces)  # before unpickling: imports may read RANK
     beat = None
     try:
         fn, args, kwargs = pickle.loads(payload)

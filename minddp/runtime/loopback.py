@@ -7,9 +7,11 @@ What a local run opens to connections (``docs/reliability.md``, *What listens wh
    is given, so :func:`loopback_store` binds the socket itself, on ``127.0.0.1`` (``::1`` where a
    machine has no IPv4 loopback), and hands torch the bound socket (``master_listen_fd``);
 2. the **ranks' own connections** (gloo's pairs, NCCL's bootstrap): each backend binds the address
-   the machine's hostname resolves to, often the network's; :func:`rank_env` names the loopback
-   interface for both (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``), set in every rank the local
-   launchers start, before its group exists.
+   the machine's hostname resolves to, often the network's; :func:`rank_env`, called by the local
+   launchers, names the loopback interface for both (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``),
+   handed to every rank they start and set there before its group exists. A value the user set
+   is kept, and the launcher says so in one line (the connections may then leave the machine);
+   so it does when no interface carries the loopback address, naming what to set.
 
 Under torchrun none of this applies: the rendezvous and interfaces are what the user set up.
 
@@ -27,11 +29,13 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import sys
 from datetime import timedelta
 
 import torch.distributed as dist
 
 from minddp.runtime import compat
+from minddp.runtime.cli import fresh_line
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,14 +61,30 @@ def loopback_store(
         sock.bind((host, port))
         sock.listen(socket.SOMAXCONN)
         port = sock.getsockname()[1]
-        return compat.store_on_socket(
-            host,
-            port,
-            os.dup(sock.fileno()),  # the store owns (and closes) its copy; ours closes here
-            world_size=world_size,
-            timeout=timeout or timedelta(seconds=300),
-            wait_for_workers=wait_for_workers,
-        )
+        fd = os.dup(sock.fileno())  # the store owns (and closes) this copy; ours closes here
+        try:
+            return compat.store_on_socket(
+                host,
+                port,
+                fd,
+                world_size=world_size,
+                timeout=timeout or timedelta(seconds=300),
+                wait_for_workers=wait_for_workers,
+            )
+        except BaseException:
+            _close_if_still(fd, sock)  # not taken over: it would stay open (and listening) for ever
+            raise
+
+
+def _close_if_still(fd: int, sock: socket.socket) -> None:
+    """Close ``fd`` if it is still a copy of ``sock`` (a store that failed may have closed it already, and the
+    number been reused since: that file is someone else's)."""
+    try:
+        mine, now = os.fstat(sock.fileno()), os.fstat(fd)
+    except OSError:  # closed already
+        return
+    if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+        os.close(fd)
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,7 +99,41 @@ def loopback_interface() -> str | None:
     return None
 
 
-def rank_env() -> dict[str, str]:
-    """The environment a local rank gets so that its backend's connections stay on the loopback interface."""
+#: The variables that name the interface of each backend's own connections (gloo's, NCCL's).
+IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+_said: set[str] = set()  # the lines rank_env said in this process (a run of several stages launches often)
+
+
+def rank_env(environ=None) -> dict[str, str]:
+    """The environment a local rank gets so that its backend's connections stay on the loopback interface.
+
+    Called by a launcher, which hands the result to its ranks. A variable set in ``environ``
+    (``os.environ``) is the user's choice and is kept, with one line on stderr naming the interface it
+    picks; without an interface that carries the loopback address a variable the user did not set is
+    left out, with one line saying so and what to set. Each line once per process.
+    """
+    environ = os.environ if environ is None else environ
     interface = loopback_interface()
-    return {} if interface is None else {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface}
+    env = {name: environ[name] for name in IFNAME_VARIABLES if environ.get(name)}
+    chosen = sorted(f"{name}={value}" for name, value in env.items() if value != interface)
+    if chosen:
+        _say_once(
+            f"the ranks' own connections use the interface set in {' and '.join(chosen)}, not the loopback "
+            f"interface ({interface or 'none found'}): they may be reachable from the network; unset it to keep "
+            "this local run on this machine"
+        )
+    missing = [name for name in IFNAME_VARIABLES if name not in env]
+    if interface is None and missing:
+        _say_once(
+            f"no network interface carries the loopback address {loopback_host()}, so gloo and NCCL bind the "
+            "address this machine's name resolves to (possibly the network's); set "
+            f"{' and '.join(missing)} to the loopback interface's name (lo on Linux, lo0 on macOS)"
+        )
+    return {**{name: interface for name in missing if interface is not None}, **env}
+
+
+def _say_once(line: str) -> None:
+    if line not in _said:
+        _said.add(line)
+        print(f"{fresh_line()}minddp: {line}", file=sys.stderr, flush=True)

@@ -39,6 +39,8 @@ from typing import IO, Any, Callable
 
 import torch
 
+from minddp.runtime import compat
+
 
 class NotData(ValueError):
     """A file that asks to run code (or holds what no data file holds); ``str()`` says what, in one line."""
@@ -50,22 +52,27 @@ def refusal(path: str, exc: NotData, fix: str) -> str:
 
 
 def load_torch_data(source: str | IO[bytes]) -> Any:
-    """What ``torch.save`` wrote to ``source`` (a path or a binary file), on the CPU, read as data only."""
+    """What ``torch.save`` wrote to ``source`` (a path or a binary file), on the CPU, read as data only.
+
+    A refusal of torch's data-only reader is told by where it was raised (:func:`~minddp.runtime.compat.
+    weights_only_refusal`), not by its wording, which torch may change; any other error is a damaged file's.
+    """
     try:
         return torch.load(source, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        if "weights only" not in str(exc).lower():  # not torch's data-only refusal: a damaged file
+        refused = compat.weights_only_refusal(exc)
+        if refused is None:  # not torch's data-only refusal: a damaged file
             raise
-        raise NotData(f"it {_refused(str(exc))}, which a data file never needs") from None
+        raise NotData(f"it {_refused(str(refused))}, which a data file never needs") from None
 
 
 def _refused(message: str) -> str:
-    """What torch's data-only reader refused, from its (long) message: ``names builtins.open``."""
+    """What torch's data-only reader refused, from its message (only to name it): ``names builtins.open``."""
     found = re.search(r"GLOBAL ([\w.]+)", message)  # "Unsupported global: GLOBAL x.y", "... GLOBAL x.y whose ..."
     if found:
         return f"names {found.group(1)}"
-    found = re.search(r"WeightsUnpickler error: ([^\n.]*)", message)
-    return f"holds what torch's data-only reader refuses ({found.group(1) if found else 'see torch.load'})"
+    first = (message.strip().splitlines() or ["see torch.load"])[0][:200]
+    return f"holds what torch's data-only reader refuses ({first})"
 
 
 def load_pickle_data(file: IO[bytes], allowed: Callable[[str, str], bool]) -> Any:

@@ -98,10 +98,15 @@ def _hook_fields(hook_state: Any) -> dict | None:
     return {k: v for k, v in fields.items() if k != "process_group"} if isinstance(fields, dict) else fields
 
 
+def hook_state_data(hook_state: Any) -> Any:
+    """What a checkpoint keeps of a comm hook's state: its fields on the CPU, as plain data (None: stateless)."""
+    return as_data(_to_cpu(_hook_fields(hook_state)))
+
+
 def _rank_state(hook_state: Any, extra: dict) -> bytes:
     """This rank's share, serialised (gathering bytes keeps tensors off the collective's device)."""
     buf = io.BytesIO()
-    share = {"rng": rng_state(), "hook_state": as_data(_to_cpu(_hook_fields(hook_state))), **_to_cpu(extra)}
+    share = {"rng": rng_state(), "hook_state": hook_state_data(hook_state), **_to_cpu(extra)}
     torch.save(share, buf)
     return buf.getvalue()
 
@@ -276,6 +281,11 @@ def check_run(ckpt: dict, path: str, config: dict) -> None:
             f"checkpoint {path!r} was saved by {ranks} ranks, this run has "
             f"{config['world_size']}; resume with --world-size {ranks}"
         )
+    if ckpt.get("sharded") and "powersgd" in str(config.get("hook")) and ranks != config.get("world_size", ranks):
+        raise CheckpointError(
+            f"checkpoint {path!r} was saved by {ranks} ranks, this run has {config['world_size']}; PowerSGD's "
+            f"memory (error feedback, P and Q) is each rank's own, so resume with --world-size {ranks}"
+        )
     differs = [
         f"--{k.replace('_', '-')} {ckpt['config'].get(k)!r} there, {config[k]!r} here"
         for k in MUST_MATCH
@@ -371,21 +381,25 @@ def load_checkpoint(path: str, *, model: nn.Module, config: dict, rank: int = 0)
 def restore(ckpt: dict, *, optimizer: torch.optim.Optimizer, hook_state: Any = None) -> None:
     """Put the optimizer, this rank's hook state and RNG streams back as they were at the save."""
     optimizer.load_state_dict(ckpt["optimizer"])  # moves state to the parameters' device
-    fields = ckpt["rank"]["hook_state"]
+    restore_hook_state(hook_state, ckpt["rank"]["hook_state"], _device_of(optimizer))
+    set_rng_state(ckpt["rank"]["rng"])
+
+
+def restore_hook_state(hook_state: Any, fields: Any, device: torch.device) -> None:
+    """Put a comm hook's state back from what :func:`hook_state_data` saved (numpy values rebuilt), on ``device``."""
     if (fields is None) != (_hook_fields(hook_state) is None):
         raise CheckpointError(
             "the checkpoint's comm hook state does not fit this run's hook; resume with the --hook it was saved with"
         )
     if fields is not None:
         group = getattr(hook_state, "process_group", None)
-        fields = map_tensors(lambda t: t.to(_device_of(optimizer)), fields)
+        fields = map_tensors(lambda t: t.to(device), fields)
         if hasattr(hook_state, "__setstate__"):
             hook_state.__setstate__(fields)
         else:
             hook_state.__dict__.update(fields)
         if group is not None:
             hook_state.process_group = group  # keep the live group; a file cannot hold one
-    set_rng_state(ckpt["rank"]["rng"])
 
 
 def _device_of(optimizer: torch.optim.Optimizer) -> torch.device:

@@ -435,7 +435,7 @@ EXAMPLES = [
     "python -m minddp.train --stage bucket-async            # offline default: tiny-llama, 2 ranks on CPU",
     "python -m minddp.train --stage all --steps 30          # every stage in turn, same data and seeds",
     "python -m minddp.train --stage ddp --hook powersgd --save-every 100",
-    "python -m minddp.train --stage ddp --resume checkpoints/ddp.pt --steps 2000",
+    "python -m minddp.train --stage ddp --hook powersgd --resume checkpoints/ddp.pt --steps 2000",
     "torchrun --nproc-per-node 4 -m minddp.train --model HuggingFaceTB/SmolLM2-360M-Instruct --dtype bf16 "
     "--dataset glue/mrpc --batch-size 16 --steps 6",
 ]
@@ -532,12 +532,20 @@ def validate(cfg: TrainConfig, explicit_batch_size: bool = True) -> None:
             )
     if cfg.resume is not None and len(stages) > 1:
         raise ConfigError(f"--resume continues one stage's run; pick that --stage instead of {cfg.stage!r}")
-    if cfg.resume is not None and cfg.stage in ("ddp", "torch") and "powersgd" in cfg.hook:
-        raise ConfigError(
-            f"--resume with --stage {cfg.stage} and a PowerSGD hook is not supported: that stage "
-            "rebuilds its buckets after its first step, so the saved per-bucket PowerSGD memory "
-            "would not fit them; resume with --stage bucket-async (or another hook)"
-        )
+    if cfg.resume is not None and "powersgd" in cfg.hook:
+        if cfg.stage == "torch":
+            raise ConfigError(
+                "--resume with --stage torch and a PowerSGD hook is not supported: torch's DDP rebuilds its "
+                "buckets after the first step of every run and takes no saved plan, so the saved per-bucket "
+                "PowerSGD memory would not fit them; resume with --stage ddp (which starts from the saved plan)"
+            )
+        if cfg.bucket_cap_mb == "auto" and cfg.stage in ("bucket", "bucket-async"):
+            raise ConfigError(
+                f"--resume with --bucket-cap-mb auto and a PowerSGD hook is not supported on --stage {cfg.stage}: "
+                "auto picks the cap from this run's own timing, so the buckets may differ from those the saved "
+                "PowerSGD memory was made for; give the cap the saved run chose (bucket_cap_mb_used in its "
+                "config.json), or use --stage ddp (which saves its bucket plan)"
+            )
     from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER
 
     sharded = stages[0] in SHARDED_OPTIMIZER + SHARDED_GRADIENTS  # their checkpoints are folders (DCP)

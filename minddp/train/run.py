@@ -46,6 +46,7 @@ from minddp.comm.link import Link
 from minddp.comm.powerSGD_hook import check_start_iter
 from minddp.comm.wire import Traffic, Wire
 from minddp.costmodel.auto import choose_bucket_cap
+from minddp.ddp import DistributedDataParallel
 from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER, make_optimizer, torch_hook, wrap
 from minddp.ladder.loop import train_step
 from minddp.runtime.cli import bar_drawn, fail, fresh_line
@@ -131,7 +132,9 @@ class Checkpoints:
 
     The replicated stages write one file that every rank can load (rank 0 writes it); the sharded
     ones (zero1, zero2, fsdp) write a folder in which each rank saves its part
-    (:mod:`minddp.train.sharded_checkpoint`).
+    (:mod:`minddp.train.sharded_checkpoint`). Each rank's part also keeps its comm hook's state
+    (PowerSGD's memory) and, for ``ddp`` and ``zero1``, the bucket plan that memory was made for,
+    which the resumed wrapper starts from (docs/ddp.md, *Checkpoints*).
     """
 
     def __init__(
@@ -148,17 +151,44 @@ class Checkpoints:
         self.config = checkpoint_config(cfg, stage, replicas)
         self.wrapped, self.model, self.optimizer = wrapped, model, optimizer
         self.hook_state = getattr(wrapped, "minddp_hook_state", None)  # PowerSGD's memory, say
+        self.device = next(model.parameters()).device
 
     def resume(self, path: str) -> tuple[int, list[float]]:
         """Load ``path`` into the model, optimizer, hook state and RNGs: the step to go on from, the losses so far."""
         if self.sharded:
             first, mine = sharded_checkpoint.load(path, self.wrapped, self.model, self.optimizer)
+            checkpoint.restore_hook_state(self.hook_state, mine.get("hook_state"), self.device)
             checkpoint.set_rng_state(mine["rng"])
-            return first, list(mine["losses"])
-        # every rank loads the same weights, so the replicas stay identical
-        ckpt = checkpoint.load_checkpoint(path, model=self.model, config=self.config, rank=dist.get_rank())
-        checkpoint.restore(ckpt, optimizer=self.optimizer, hook_state=self.hook_state)
-        return ckpt["step"], list(ckpt["rank"]["losses"])
+        else:  # every rank loads the same weights, so the replicas stay identical
+            ckpt = checkpoint.load_checkpoint(path, model=self.model, config=self.config, rank=dist.get_rank())
+            checkpoint.restore(ckpt, optimizer=self.optimizer, hook_state=self.hook_state)
+            first, mine = ckpt["step"], ckpt["rank"]
+        if isinstance(self.wrapped, DistributedDataParallel):
+            self._load_bucket_plan(path, mine.get("bucket_plan"))
+        return first, list(mine["losses"])
+
+    def _load_bucket_plan(self, path: str, plan: list[list[int]] | None) -> None:
+        """``ddp``/``zero1``: start from the saved plan, so the saved per-bucket hook memory fits its buckets."""
+        if plan is None:
+            if checkpoint.hook_state_data(self.hook_state) is not None:  # a file of a minddp that saved no plan
+                raise checkpoint.CheckpointError(
+                    f"checkpoint {path!r} holds no bucket plan, so its per-bucket comm hook memory would not "
+                    "fit this wrapper's buckets; start afresh, or resume with the minddp that wrote it"
+                )
+            return  # a stateless hook: the first plan and its rebuild, as a fresh wrapper
+        try:
+            self.wrapped.bucket_plan = plan
+        except ValueError as exc:
+            raise checkpoint.CheckpointError(f"checkpoint {path!r}: {exc}") from None
+
+    def _extra(self, losses: list[float]) -> dict:
+        """This rank's values besides model and optimizer (collective for ``ddp``/``zero1``: every rank calls)."""
+        extra = {"losses": losses}
+        if isinstance(self.wrapped, DistributedDataParallel):
+            extra["bucket_plan"] = self.wrapped.reducer.settled_plan()
+        if self.sharded:  # the whole file keeps the hook state beside the RNG already (checkpoint._rank_state)
+            extra["hook_state"] = checkpoint.hook_state_data(self.hook_state)
+        return extra
 
     def after_step(self, done: int, losses: list[float]) -> None:
         """Save after every ``--save-every``-th step (``done`` steps are complete)."""
@@ -172,7 +202,7 @@ class Checkpoints:
                 self.optimizer,
                 step=done,
                 config=self.config,
-                extra={"losses": losses},
+                extra=self._extra(losses),
             )
         else:
             checkpoint.save_checkpoint(
@@ -182,7 +212,7 @@ class Checkpoints:
                 step=done,
                 config=self.config,
                 hook_state=self.hook_state,
-                extra={"losses": losses},
+                extra=self._extra(losses),
             )
 
 
