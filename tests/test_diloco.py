@@ -185,6 +185,21 @@ def schedule(steps: int, **options) -> list[tuple]:
     return events
 
 
+def foreign_state() -> str:
+    """The message of loading a DiLoCo state saved from a model with other parameter names."""
+    small = torch.nn.Linear(8, 8)
+    state = DiLoCo(small, torch.optim.SGD(small.parameters(), lr=0.1), None, 2).state_dict()
+    model = build_model()
+    diloco = DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), None, 2)
+    before = [s.clone() for s in diloco.synced[0]]
+    try:
+        diloco.load_state_dict(state)
+    except ValueError as exc:
+        assert all(torch.equal(a, b) for a, b in zip(before, diloco.synced[0]))  # nothing changed
+        return str(exc)
+    return "loaded"
+
+
 def on_ranks() -> dict:
     return {
         "ddp": ddp_equivalence(steps=5),
@@ -194,6 +209,7 @@ def on_ranks() -> dict:
             steps=14, stop=5, options=dict(sync_every=6, fragments=3, fragment_sync_delay=1, fragment_update_alpha=0.25)
         ),
         "schedule": schedule(12, sync_every=6, fragments=3, fragment_sync_delay=1),
+        "foreign": foreign_state(),
     }
 
 
@@ -288,6 +304,11 @@ def test_fragments_take_turns_each_sent_tau_steps_before_it_lands(ranks):
 
 
 # -- refusals, before anything is sent ------------------------------------------------------------------
+
+
+def test_a_state_of_another_model_is_refused_before_anything_changes(ranks):
+    for rank in ranks:
+        assert "this state is of another model" in rank["foreign"] and "0.weight" in rank["foreign"]
 
 
 def refusal(**overrides) -> str:

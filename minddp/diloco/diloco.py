@@ -66,7 +66,8 @@ from torch import nn
 
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
-from minddp.diloco.fragments import check_not_sharded, check_optimizer, check_schedule, split_fragments
+from minddp.diloco import state
+from minddp.diloco.fragments import check_schedule, outer_per_fragment, split_fragments
 from minddp.diloco.local_sgd import LocalSGD
 
 #: DiLoCo's outer optimizer (the paper's, and torchft's examples'): ``torch.optim.SGD`` with these settings.
@@ -99,29 +100,13 @@ class DiLoCo(LocalSGD):
         count = fragments if isinstance(fragments, int) else len(fragments)
         check_schedule(sync_every, count, fragment_sync_delay, fragment_update_alpha)  # one line, every rank
         self.fragments = split_fragments(module, fragments)
-        self.outer = self._outer_optimizers(module, outer_optimizer)
+        if outer_optimizer is None:
+            outer_optimizer = torch.optim.SGD([p for f in self.fragments for p in f], **OUTER_DEFAULTS)
+        self.outer = outer_per_fragment(outer_optimizer, self.fragments)
         super().__init__(module, inner_optimizer, sync_every, process_group)  # same start, the optimizer hook
         self.period, self.delay, self.alpha = sync_every // count, fragment_sync_delay, fragment_update_alpha
         self.synced = [[p.detach().clone() for p in params] for params in self.fragments]  # step 1
         self.in_flight: tuple[int, torch.futures.Future] | None = None
-
-    def _outer_optimizers(self, module: nn.Module, outer) -> list[torch.optim.Optimizer]:
-        """One outer optimizer per fragment (the same one for all when one is given), each checked."""
-        if outer is None:
-            outer = torch.optim.SGD([p for f in self.fragments for p in f], **OUTER_DEFAULTS)
-        if isinstance(outer, (list, tuple)):
-            if len(outer) != len(self.fragments):
-                raise ValueError(
-                    f"{len(outer)} outer optimizers for {len(self.fragments)} fragments: give one per fragment, "
-                    "or one over the whole model"
-                )
-            for i, (optimizer, params) in enumerate(zip(outer, self.fragments)):
-                check_optimizer(optimizer, params, f"the outer optimizer of fragment {i}", exact=True)
-            check_not_sharded(*outer)
-            return list(outer)
-        check_optimizer(outer, [p for f in self.fragments for p in f], "the outer optimizer", exact=True)
-        check_not_sharded(outer)
-        return [outer] * len(self.fragments)
 
     def _after_step(self, optimizer, args, kwargs) -> None:
         """Steps 4-5: in each turn of ``period`` inner steps, send its fragment τ steps before the end, apply at it."""
@@ -185,48 +170,10 @@ class DiLoCo(LocalSGD):
 
         With the model's and the inner optimizer's state it resumes bit for bit. Between syncs every replica's
         weights are its own, so each rank saves and loads its own; and load them *after* building the DiLoCo,
-        whose same start broadcasts rank 0's weights.
+        whose same start broadcasts rank 0's weights. (:mod:`minddp.diloco.state`.)
         """
-        names = {p: n for n, p in self.module.named_parameters()}
-        in_flight = None
-        if self.in_flight is not None:
-            in_flight = {"fragment": self.in_flight[0], "average": self.in_flight[1].wait().clone()}
-            self.in_flight = (self.in_flight[0], _done(in_flight["average"]))
-        return {
-            **super().state_dict(),
-            "synced": {
-                names[p]: s.clone()
-                for params, synced in zip(self.fragments, self.synced)
-                for p, s in zip(params, synced)
-            },
-            "outer": [o.state_dict() for o in _distinct(self.outer)],
-            "in_flight": in_flight,
-        }
+        return state.saved(self, super().state_dict())
 
-    def load_state_dict(self, state: dict) -> None:
-        names = {p: n for n, p in self.module.named_parameters()}
-        wanted = {names[p] for params in self.fragments for p in params}
-        if set(state["synced"]) != wanted:
-            raise ValueError(
-                f"this state is of another model: its synced weights are {sorted(set(state['synced']) ^ wanted)[:3]} "
-                "where the model differs; load a state saved from the same model and fragments"
-            )
-        super().load_state_dict(state)
-        for params, synced in zip(self.fragments, self.synced):
-            for p, s in zip(params, synced):
-                s.copy_(state["synced"][names[p]])
-        for optimizer, saved in zip(_distinct(self.outer), state["outer"]):
-            optimizer.load_state_dict(saved)
-        flight = state["in_flight"]
-        self.in_flight = None if flight is None else (flight["fragment"], _done(flight["average"].clone()))
-
-
-def _distinct(optimizers: list) -> list:
-    """Each optimizer once, in order (one outer optimizer may serve every fragment)."""
-    return list({id(o): o for o in optimizers}.values())
-
-
-def _done(value) -> torch.futures.Future:
-    future: torch.futures.Future = torch.futures.Future()
-    future.set_result(value)
-    return future
+    def load_state_dict(self, saved: dict) -> None:
+        state.load(self, saved)  # checked whole first: nothing is changed by a state of another model
+        super().load_state_dict(saved)

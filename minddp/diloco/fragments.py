@@ -8,8 +8,9 @@ divergence; the train command asks the same functions before it starts any rank.
    (K); the delay τ below the fragment period H/K (one fragment in flight at a time); α in [0, 1];
 2. :func:`split_fragments`: K contiguous runs of the trainable parameters, in the model's order, of
    about equal size (or the fragments a torchft user names as modules, checked to cover the model once);
-3. :func:`check_optimizer`: an optimizer over exactly the parameters it must step; :func:`check_not_sharded`:
-   no sharded model or optimizer (every replica holds all of its weights).
+3. :func:`check_optimizer`: an optimizer over exactly the parameters it must step (:func:`outer_per_fragment`:
+   DiLoCo's outer one, for each fragment); :func:`check_not_sharded`: no sharded model or optimizer (every
+   replica holds all of its weights).
 
 Example::
 
@@ -61,7 +62,8 @@ def check_schedule(sync_every, fragments: int = 1, delay=0, alpha=0.0, names: di
     if not _whole(delay, 0) or delay >= period:
         raise ValueError(
             f"{d}={delay!r} is not a whole number of steps below the fragment period {h}/{k} = {period}: "
-            f"a fragment's message must land before the next one leaves (one in flight); give 0 to {period - 1}"
+            f"a fragment's message must land before the next one leaves (one in flight); give 0"
+            + (f" to {period - 1}" if period > 1 else "")
         )
     if isinstance(alpha, bool) or not isinstance(alpha, Real) or not 0.0 <= alpha <= 1.0:
         raise ValueError(
@@ -138,6 +140,23 @@ def check_optimizer(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]
             f"{list(missing[0].shape)}): they would be reset to the synced weights at every sync and never move; "
             "build it over model.parameters() (or the fragment's)"
         )
+
+
+def outer_per_fragment(outer, fragments: list[list[nn.Parameter]]) -> list[torch.optim.Optimizer]:
+    """Step 3: DiLoCo's outer optimizer for each fragment: the one given for all, or one each (torchft's form)."""
+    if not isinstance(outer, (list, tuple)):
+        check_optimizer(outer, [p for f in fragments for p in f], "the outer optimizer", exact=True)
+        check_not_sharded(outer)
+        return [outer] * len(fragments)
+    if len(outer) != len(fragments):
+        raise ValueError(
+            f"{len(outer)} outer optimizers for {len(fragments)} fragments: give one per fragment, "
+            "or one over the whole model"
+        )
+    for i, (optimizer, params) in enumerate(zip(outer, fragments)):
+        check_optimizer(optimizer, params, f"the outer optimizer of fragment {i}", exact=True)
+    check_not_sharded(*outer)
+    return list(outer)
 
 
 def check_not_sharded(*objects) -> None:
