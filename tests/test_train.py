@@ -88,6 +88,10 @@ def test_every_stage_end_to_end_writes_traces_and_config(tmp_path):
             assert has_all_reduce == (stage != "single"), (stage, r)
         s = summary["stages"][stage]
         assert 0.0 <= s["accuracy"] <= 1.0 and len(s["losses"]) == 3
+        # every stage's metrics file: each step's loss as the summary has it, the held-out measurement at the end
+        lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        assert [line["loss"] for line in lines if line["kind"] == "step"] == s["losses"]
+        assert [(e["step"], e["accuracy"]) for e in lines if e["kind"] == "eval"] == [(3, s["accuracy"])]
     assert (tmp_path / "all" / "summary.json").exists()
     # --analyze ran on this very run; the call counts it reads from the traces follow the stages' designs
     # (the timing relations are asserted in tests/test_analysis_stages.py on a larger model).

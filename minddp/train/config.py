@@ -695,7 +695,7 @@ def check_slow_links(cfg: TrainConfig, stages: list[str]) -> None:
             continue
         if any(s in takers for s in stages):
             continue
-        sharded = [s for s in stages if s in SHARDED_OPTIMIZER + SHARDED_GRADIENTS]
+        sharded = [s for s in stages if s in SHARDED_OPTIMIZER + SHARDED_GRADIENTS and cfg.stage != "all"]
         if sharded:
             raise ConfigError(
                 f"{flag} with --stage {sharded[0]}: local SGD and DiLoCo keep the whole model on every replica and "

@@ -13,9 +13,12 @@ What one run does:
    global batch; under ``torchrun`` this process is one rank of the job);
    each rank builds the same seeded model, wraps it in the stage, and trains
    on its shard of every global batch with :func:`minddp.ladder.loop.train_step`,
-   under the profiler for the first steps; it then measures held-out accuracy;
+   under the profiler for the first steps (``local-sgd`` and ``diloco`` train the model
+   unwrapped and sync in the optimizer's post-hook: :func:`minddp.ladder.slow_link`); it
+   measures the held-out loss and accuracy every ``--eval-every`` steps and at the end;
 4. **report**: a summary table on rank 0, ``summary.json`` and each stage's
-   ``config.json`` beside the traces, and optionally ``python -m minddp.analyze``.
+   ``config.json`` and ``metrics.jsonl`` (every step's loss, the held-out measurements:
+   :mod:`minddp.train.metrics`) beside the traces, and optionally ``python -m minddp.analyze``.
    The table comes first and each file is written on its own, so one that
    cannot be written (a full disk) is named and hides nothing; the exit code
    is then 1, as for a failed rank (whose table of finished stages is kept too).
