@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 
 import torch
 from torch import nn
@@ -54,7 +53,7 @@ def run_torchft(
     (the whole model) or one per layer; ``diloco``: ``fragment_sync_delay`` and ``fragment_update_alpha``.
     Returns each replica's final parameters and the number of steps its Manager committed.
     """
-    from torchft import Manager, ProcessGroupGloo
+    from ft_torchft import replica_manager
     from torchft.coordination import LighthouseServer
     from torchft.local_sgd import DiLoCo, LocalSGD
 
@@ -62,27 +61,18 @@ def run_torchft(
     lock = threading.Lock()
 
     def replica(replica_id: int) -> dict:
-        store = torch.distributed.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
         with lock:
             model = build_model()
         inner = build_inner(model)
-        pg = ProcessGroupGloo(timeout=timedelta(seconds=30))
-        manager = Manager(
-            pg=pg,
-            min_replica_size=2,
-            load_state_dict=lambda sd: model.load_state_dict(sd["model"]),
+        pg, manager = replica_manager(
+            replica_id,
+            lighthouse,
             state_dict=lambda: {"model": model.state_dict()},
-            replica_id=str(replica_id),
-            store_addr="localhost",
-            store_port=store.port,
-            rank=0,
-            world_size=1,
-            lighthouse_addr=lighthouse.address(),
-            use_async_quorum=False,
+            load_state_dict=lambda sd: model.load_state_dict(sd["model"]),
+            min_replica_size=2,
+            pg_timeout_s=30,
+            timeout_s=30,
             init_sync=False,
-            timeout=timedelta(seconds=30),
-            quorum_timeout=timedelta(seconds=60),
-            connect_timeout=timedelta(seconds=30),
         )
         try:
             if kind == "local_sgd":

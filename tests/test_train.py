@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_checks import SMALL_RUN, usage_error
+from cli_checks import SMALL_RUN, refused_before_any_rank, usage_error
 from processes import run_torchrun, torchrun_args
 
 from minddp.train import run as train
@@ -206,12 +206,7 @@ def test_stage_all_under_torchrun_trains_every_stage(tmp_path):
     ],
 )
 def test_bad_input_is_a_usage_line_and_one_error_line_exit_2_before_any_rank(argv, cause, capsys, monkeypatch):
-    def no_launch(*a, **k):
-        raise AssertionError("a rank was started for bad input")
-
-    monkeypatch.setattr(train, "launch", no_launch)
-    assert train.main(argv) == 2
-    usage_error(capsys.readouterr().err, "train", cause)
+    refused_before_any_rank(argv, cause, capsys, monkeypatch)
 
 
 @pytest.mark.parametrize(
