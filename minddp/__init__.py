@@ -4,10 +4,12 @@ Start with :mod:`minddp.stages` (the build-up, one idea per file),
 :mod:`minddp.comm` (the comm hooks every stage sends through) and
 :mod:`minddp.launch` (starting ranks); the production
 :class:`DistributedDataParallel` lives in :mod:`minddp.ddp`. The sharded rungs after it
-(ZeRO-1, ZeRO-2, FSDP) are in :mod:`minddp.sharding`.
+(ZeRO-1, ZeRO-2, FSDP) are in :mod:`minddp.sharding`; the rungs for slow links, which sync every H
+steps instead of every step (:class:`LocalSGD`, :class:`DiLoCo`), in :mod:`minddp.diloco`.
 """
 
 from minddp.ddp import DistributedDataParallel
+from minddp.diloco import DiLoCo, LocalSGD
 from minddp.ladder import STAGES, build_stage
 from minddp.runtime import collective_check, debug
 from minddp.runtime.launch import RankError, launch
@@ -34,4 +36,6 @@ __all__ = [
     "ZeroRedundancyOptimizer",
     "Zero2DDP",
     "FullyShardedDataParallel",
+    "LocalSGD",
+    "DiLoCo",
 ]

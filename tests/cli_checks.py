@@ -17,3 +17,16 @@ def usage_error(err: str, prog: str, fragment: str = "") -> str:
     assert error.startswith(f"minddp.{prog}: error: ") and fragment in error, err
     assert "Traceback" not in err
     return error
+
+
+def refused_before_any_rank(argv: list[str], cause: str, capsys, monkeypatch) -> None:
+    """``python -m minddp.train argv`` exits 2 with a usage line and one error line holding ``cause``, and starts no
+    rank (its ``launch`` is replaced by one that fails the test)."""
+    from minddp.train import run as train
+
+    def no_launch(*a, **k):
+        raise AssertionError("a rank was started for bad input")
+
+    monkeypatch.setattr(train, "launch", no_launch)
+    assert train.main(argv) == 2
+    usage_error(capsys.readouterr().err, "train", cause)

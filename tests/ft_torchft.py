@@ -27,7 +27,7 @@ def run_torchft(
     task, steps: int, fail_at: int, fail_replica: int = 1, num_replicas: int = 2, use_ddp: bool = True
 ) -> dict:
     """``use_ddp``: torchft's DistributedDataParallel; else each gradient through ``manager.allreduce``."""
-    from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+    from torchft import DistributedDataParallel, Optimizer
     from torchft.coordination import LighthouseServer
 
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=2000)
@@ -49,29 +49,19 @@ def run_torchft(
                     raise
 
     def replica_main(replica_id: int, first: bool) -> dict:
-        store = torch.distributed.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
         with init_lock:
             model = task.build_model()
         optimizer = task.build_optimizer(model)
-        pg = ProcessGroupGloo(timeout=timedelta(seconds=5))
-        manager = Manager(
-            pg=pg,
-            min_replica_size=1,
+        pg, manager = replica_manager(
+            replica_id,
+            lighthouse,
+            state_dict=lambda: {"model": model.state_dict(), "optim": optimizer.state_dict()},
             load_state_dict=lambda sd: (
                 model.load_state_dict(sd["model"]),
                 optimizer.load_state_dict(sd["optim"]),
             ),
-            state_dict=lambda: {"model": model.state_dict(), "optim": optimizer.state_dict()},
-            replica_id=str(replica_id),
-            store_addr="localhost",
-            store_port=store.port,
-            rank=0,
-            world_size=1,
-            lighthouse_addr=lighthouse.address(),
-            use_async_quorum=False,
-            timeout=timedelta(seconds=10),
-            quorum_timeout=timedelta(seconds=30),
-            connect_timeout=timedelta(seconds=10),
+            min_replica_size=1,
+            pg_timeout_s=5,
         )
         try:
             if first:
@@ -119,3 +109,40 @@ def run_torchft(
         torch.set_num_threads(threads)
         lighthouse.shutdown()
     return {"replicas": results, "failed_at": failed["at"]}
+
+
+def replica_manager(
+    replica_id: int,
+    lighthouse,
+    state_dict,
+    load_state_dict,
+    min_replica_size: int,
+    pg_timeout_s: float = 5,
+    timeout_s: float = 10,
+    **options,
+):
+    """``(process group, Manager)`` of one replica group of one rank, as torchft's integration tests build them:
+    gloo, its own store on loopback, the lighthouse's address, synchronous quorums; ``options`` for the Manager."""
+    from torchft import Manager, ProcessGroupGloo
+
+    store = torch.distributed.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+    pg = ProcessGroupGloo(timeout=timedelta(seconds=pg_timeout_s))
+    manager = Manager(
+        pg=pg,
+        min_replica_size=min_replica_size,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        replica_id=str(replica_id),
+        store_addr="localhost",
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        lighthouse_addr=lighthouse.address(),
+        use_async_quorum=False,
+        timeout=timedelta(seconds=timeout_s),
+        quorum_timeout=timedelta(seconds=3 * timeout_s),
+        connect_timeout=timedelta(seconds=timeout_s),
+        **options,
+    )
+    manager.minddp_store = store  # the store lives as long as the Manager
+    return pg, manager

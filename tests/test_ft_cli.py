@@ -60,7 +60,7 @@ def test_the_train_command_trains_through_faults_saying_one_line_each_and_nothin
 
     out = tmp_path / "summary.json"
     faults = "kill@2:1,raise@3:0,coord@4"
-    argv = ["--stage", "ft", "--inject", faults, "--steps", "6", "--no-profile", "--batch-size", "4"]
+    argv = ["--stage", "ft", "--inject", faults, "--steps", "6", "--run-name", "ft", "--batch-size", "4"]
     argv += ["--max-seq-len", "16", "--eval-examples", "16", "--no-progress", "--hang-timeout", "5"]
     with fd_captured(2) as stderr:  # this process's and its ranks' (tests/processes.py)
         rc = train.main(argv + ["--trace-dir", str(tmp_path), "--summary-json", str(out)])
@@ -70,4 +70,8 @@ def test_the_train_command_trains_through_faults_saying_one_line_each_and_nothin
     assert [line.split()[2].rstrip(":") for line in lines] == faults.split(","), err[-2000:]
     assert "minddp.train: stage ft: 6 steps committed" in err, err[-2000:]
     assert not [line for line in err.splitlines() if CXX_LINE.search(line)], err[-3000:]
-    assert len(json.loads(out.read_text())["stages"]["ft"]["losses"]) == 6
+    losses = json.loads(out.read_text())["stages"]["ft"]["losses"]
+    assert len(losses) == 6
+    metrics = [json.loads(line) for line in (tmp_path / "ft" / "ft" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["loss"] for m in metrics if m["kind"] == "step"] == losses  # the metrics file, ft's too
+    assert [m["step"] for m in metrics if m["kind"] == "eval"] == [6]

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minddp"
 LAYERS = [
     ("runtime", ["minddp.runtime"]),
     ("comm", ["minddp.comm", "minddp.collectives"]),
-    ("rungs", ["minddp.stages", "minddp.ddp", "minddp.sharding"]),
+    ("rungs", ["minddp.stages", "minddp.ddp", "minddp.sharding", "minddp.diloco"]),
     ("ladder", ["minddp.ladder"]),
     ("fault tolerance", ["minddp.ft"]),
     ("analysis", ["minddp.analysis", "minddp.costmodel"]),

@@ -120,7 +120,7 @@ import torch
 
 import minddp
 from minddp import ZeroRedundancyOptimizer, launch
-from minddp.ladder import SHARDED_OPTIMIZER, STAGES, build_stage, make_optimizer
+from minddp.ladder import SHARDED_OPTIMIZER, SLOW_LINKS, STAGES, build_stage, make_optimizer
 from minddp.ladder.loop import train_step
 
 PACKAGE = os.path.dirname(minddp.__file__)
@@ -155,7 +155,14 @@ PACKAGE = os.path.dirname(minddp.__file__)
 # split_at_buckets; zero2 waits for a compiled model's all-gather first). The teaching stages' files do not ask
 # for it (compiling.compile_ready, called by ladder.build_stage for a compiled module): bucket 290 -> 288 and
 # bucket-async 266 -> 263 (measured + 5: self.caps, the plan's caps kept for compile_ready), their closures +0.
+# The slow-link rungs (minddp.diloco, issue 50), measured + 5: local-sgd 177 (local_sgd.py 56, its checks in
+# diloco/fragments.py 56: the schedule, the optimizer over the model's parameters, no sharding; simple's plain path
+# and its model check, 65) and diloco 295 (diloco.py 85, local_sgd.py read whole as its base, and fragments.py 89:
+# the split into fragments and the outer optimizers' checks join the path). Their closures: 529 and 748 (diloco's
+# docstring, its checkpoint state in diloco/state.py: 67).
 BUDGETS = {
+    "local-sgd": 182,
+    "diloco": 300,
     "simple": 165,
     "ga": 185,
     "hook": 219,
@@ -169,6 +176,8 @@ BUDGETS = {
 }
 #: Non-blank lines of the import closure of each teaching stage's module (measure 2 of the module docstring).
 CLOSURE_BUDGETS = {
+    "local-sgd": 535,
+    "diloco": 755,
     "simple": 350,
     "ga": 395,
     "hook": 450,
@@ -177,6 +186,8 @@ CLOSURE_BUDGETS = {
     "bucket-async": 580,
 }
 TEACHING = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
+#: Every rung by name: the stages that wrap the model, and the slow-link rungs that wrap the loop.
+RUNGS = {**STAGES, **SLOW_LINKS}
 
 
 def code_lines(path: str, first: int = 1, last: int | None = None) -> set[tuple[str, int]]:
@@ -220,13 +231,24 @@ def reached_functions(stage: str) -> set[tuple[str, int, int]]:
 
     sys.setprofile(profile)
     try:
-        wrapped = build_stage(stage, model, bucket_cap_mb=0.0001)
-        # after wrapping: the sharded stages' shards, ZeRO-1's sharded optimizer (its step is on the path)
-        optimizer = make_optimizer(stage, model, torch.optim.SGD, lr=0.1)
-        for _ in range(2):
-            train_step(wrapped, optimizer, batches, lambda m, x: m(x).pow(2).mean())
+        if stage in SLOW_LINKS:  # the loop they wrap, through two syncs (diloco: two fragments, τ = 1, α = 0.5)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            options = dict(fragments=2, fragment_sync_delay=1, fragment_update_alpha=0.5) if stage == "diloco" else {}
+            with SLOW_LINKS[stage](model, optimizer, sync_every=4, **options):
+                for _ in range(8):
+                    train_step(model, optimizer, batches, lambda m, x: m(x).pow(2).mean())
+        else:
+            wrapped = build_stage(stage, model, bucket_cap_mb=0.0001)
+            # after wrapping: the sharded stages' shards, ZeRO-1's sharded optimizer (its step is on the path)
+            optimizer = make_optimizer(stage, model, torch.optim.SGD, lr=0.1)
+            for _ in range(2):
+                train_step(wrapped, optimizer, batches, lambda m, x: m(x).pow(2).mean())
     finally:
         sys.setprofile(None)
+    return _functions(seen)
+
+
+def _functions(seen: set) -> set[tuple[str, int, int]]:
     functions = set()
     for code in seen:
         try:
@@ -243,11 +265,11 @@ def measure_on_rank(stages: list[str]) -> dict:
 
 @pytest.fixture(scope="module")
 def reached():
-    return launch(measure_on_rank, list(STAGES), world_size=2, timeout_s=120)[0]
+    return launch(measure_on_rank, list(RUNGS), world_size=2, timeout_s=120)[0]
 
 
 def read_lines(stage: str, functions) -> set[tuple[str, int]]:
-    files = stage_files(STAGES[stage])
+    files = stage_files(RUNGS[stage])
     if stage in SHARDED_OPTIMIZER:  # ZeRO-1's idea is its optimizer: read its file whole
         files = files | {inspect.getsourcefile(ZeroRedundancyOptimizer)}
     lines = set().union(*(code_lines(f) for f in files))
@@ -311,7 +333,7 @@ def import_closure(module: str, root: str = os.path.dirname(PACKAGE)) -> dict[st
 
 @pytest.mark.parametrize("stage", list(CLOSURE_BUDGETS))
 def test_the_files_a_stage_imports_fit_its_budget(stage):
-    closure = import_closure(STAGES[stage].__module__)
+    closure = import_closure(RUNGS[stage].__module__)
     lines = sum(closure.values())
     assert lines <= CLOSURE_BUDGETS[stage], (
         f"stage {stage!r}: following its imports reads {lines} lines in {len(closure)} modules, over its budget "
@@ -408,8 +430,26 @@ def test_each_teaching_file_shows_its_mechanism_in_its_own_code():
     assert own <= set(vars(cls))
 
 
+def test_each_slow_link_rung_shows_its_mechanism_in_its_own_code():
+    from minddp.diloco import diloco, local_sgd
+
+    # local-sgd: the same start, a post-hook on the optimizer's step, every H-th step one flat bucket of the
+    # weights to the comm hook, the mean copied back
+    cls = local_sgd.LocalSGD
+    assert {"broadcast", "register_step_post_hook"} <= calls_in(cls.__init__)
+    assert {"cat", "GradBucket", "send", "wait", "copy_"} <= calls_in(cls._average)
+    # diloco: the pseudo-gradient (synced - local) sent without a wait; landed: the synced weights restored, the
+    # average as their gradient, the outer step, the new synced weights kept, the local ones mixed in with lerp
+    cls = diloco.DiLoCo
+    assert issubclass(cls, local_sgd.LocalSGD)
+    assert {"cat", "GradBucket", "send"} <= calls_in(cls._send) and "wait" not in calls_in(cls._send)
+    assert "(s - p.detach())" in inspect.getsource(cls._send)  # the sign: synced minus local
+    assert {"wait", "copy_", "_outer_step", "lerp_"} <= calls_in(cls._apply)
+    assert "step" in calls_in(cls._outer_step)
+
+
 def test_teaching_files_hold_no_speed_tricks():
-    from minddp import sharding, stages
+    from minddp import diloco, sharding, stages
 
     tricks = [
         "_RecordFunctionFast",
@@ -425,6 +465,7 @@ def test_teaching_files_hold_no_speed_tricks():
         os.path.join(os.path.dirname(sharding.__file__), p)  # the sharded rungs that teach
         for p in ("zero1.py", "zero2.py", "shards.py", "hooks.py")
     ]
+    teaching += [os.path.join(os.path.dirname(diloco.__file__), p) for p in ("local_sgd.py", "diloco.py")]
     for path in teaching:
         source = open(path).read()
         found = [t for t in tricks if t in source]
@@ -466,6 +507,8 @@ def test_each_stage_subclasses_the_one_before():
 # -- each stage's docstring shows its change as a diff, and the diff is true -----------------------------
 
 BUILDS_ON = {
+    "local-sgd": "simple",
+    "diloco": "local-sgd",
     "ga": "simple",
     "hook": "ga",
     "hook-async": "hook",
@@ -495,7 +538,7 @@ def diff_in_docstring(cls: type) -> list[str]:
 
 @pytest.mark.parametrize("stage", list(BUILDS_ON))
 def test_each_stage_docstring_names_the_rung_it_builds_on_and_its_diff_is_true(stage):
-    cls, before = STAGES[stage], STAGES[BUILDS_ON[stage]]
+    cls, before = RUNGS[stage], RUNGS[BUILDS_ON[stage]]
     doc = sys.modules[cls.__module__].__doc__
     assert f"Builds on ``{BUILDS_ON[stage]}``" in doc, doc[:300]
     new = {code_of(x) for x in inspect.getsource(sys.modules[cls.__module__]).splitlines()}

@@ -300,5 +300,5 @@ def test_a_trace_that_cannot_be_written_is_named_and_the_results_are_kept(tmp_pa
     ]
     assert "minddp.train: stage bucket-async: rank 0's trace was not written" in out.err
     stage_dir = tmp_path / "traces" / "run" / "bucket-async"
-    assert sorted(os.listdir(stage_dir)) == ["config.json"]  # the partial traces were removed
+    assert sorted(os.listdir(stage_dir)) == ["config.json", "metrics.jsonl"]  # the partial traces were removed
     assert saved["stages"]["bucket-async"]["trace"] is None

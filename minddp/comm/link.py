@@ -87,6 +87,14 @@ PRESETS: dict[str, LinkSpec] = {
     "100gbit-ib": LinkSpec("100gbit-ib", 100 * GBIT, 5e-6, "100 Gbit/s InfiniBand (EDR), RDMA"),
     "pcie-t4": LinkSpec("pcie-t4", 7e9, 10e-6, "T4 GPUs in one machine over PCIe 3.0 x16, no NVLink"),
     "nvlink": LinkSpec("nvlink", 200e9, 5e-6, "A100-class NVLink through NVSwitch"),
+    # The links DiLoCo is for. wan: two cloud regions a continent apart; one TCP flow between instances outside a
+    # placement group gets 5 Gbit/s (AWS EC2 User Guide, "Amazon EC2 instance network bandwidth"), and
+    # us-east-1 <-> us-west-2 measures about 55-90 ms round trip (cloudping.co's published region matrix), so
+    # ~35 ms one way, per hop. home: a home broadband line, whose upload is what a ring is limited by; the US
+    # median fixed line measured 22.6 Mbit/s up and 14 ms to the nearest test server at the end of 2022 (Ookla
+    # Speedtest Global Index), so two homes apart are ~20 ms one way.
+    "wan": LinkSpec("wan", 5 * GBIT, 35e-3, "a WAN between datacenters: two cloud regions a continent apart"),
+    "home": LinkSpec("home", 0.02 * GBIT, 20e-3, "a home broadband line (its upload: 20 Mbit/s)"),
     "loopback": LinkSpec(
         "loopback",
         math.inf,

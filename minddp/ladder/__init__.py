@@ -7,7 +7,9 @@ teaching stages of :mod:`minddp.stages`, then the production ``ddp``
 :class:`~minddp.sharding.ZeroRedundancyOptimizer`, :data:`SHARDED_OPTIMIZER`;
 ZeRO-1 works with any rung, as torch's pairs with torch's DDP), ``zero2`` and
 ``fsdp``. ``single`` (one process on the global batch, no wrapper) and
-``torch`` (torch's own DDP) are the baselines (:data:`BASELINES`).
+``torch`` (torch's own DDP) are the baselines (:data:`BASELINES`). The rungs for slow links,
+``local-sgd`` and ``diloco`` (:mod:`minddp.diloco`, :data:`SLOW_LINKS`), sync the weights every few
+steps instead of the gradients every step: they wrap the loop, not the model (:func:`slow_link`).
 
 :func:`wrap` is the one way the train command, the benchmark and the
 notebooks put a model into a stage (or torch's DDP) with a comm hook by name,
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import inspect
 
+import torch
 from torch import nn
 
 from minddp.comm.link import as_link
@@ -36,6 +39,7 @@ from minddp.comm.registry import make_hook
 from minddp.comm.send import hook_name, send
 from minddp.comm.wire import Traffic, Wire
 from minddp.ddp import DistributedDataParallel
+from minddp.diloco import DiLoCo, LocalSGD
 from minddp.runtime import debug
 from minddp.sharding import FullyShardedDataParallel, Zero2DDP, ZeroRedundancyOptimizer
 from minddp.sharding.fsdp import blocks_of
@@ -71,6 +75,12 @@ BASELINES = ("single", "torch")
 
 #: Runs with a launcher of their own that trains through a lost rank (:mod:`minddp.ft`); named, never in ``all``.
 FAULT_TOLERANT = ("ft",)
+
+#: Rungs that sync the weights every H optimizer steps, not the gradients every step (:mod:`minddp.diloco`): a
+#: context manager around the loop (:func:`slow_link`), the model trained unwrapped; named, never in ``all``.
+SLOW_LINKS: dict[str, type] = {"local-sgd": LocalSGD, "diloco": DiLoCo}
+#: The comm hooks they send through: the stateless ones (PowerSGD's memory follows gradients step by step).
+SLOW_LINK_HOOKS = ("allreduce", "fp16", "bf16", "noop")
 
 
 def register_stage(name: str, cls: type[nn.Module]) -> None:
@@ -241,10 +251,58 @@ def make_optimizer(
     return optimizer_class(model.parameters(), **defaults)
 
 
+def slow_link(
+    stage: str,
+    model: nn.Module,
+    optimizer,
+    sync_every: int,
+    *,
+    outer_lr: float = 0.7,
+    outer_momentum: float = 0.9,
+    fragments: int = 1,
+    fragment_delay: int = 0,
+    fragment_alpha: float = 0.0,
+    hook: str = "allreduce",
+    wire: Wire | None = None,
+    link=None,
+):
+    """The :data:`SLOW_LINKS` rung ``stage`` around ``model`` and its (inner) ``optimizer``, its messages sent
+    through the comm hook ``hook`` on ``wire`` (with ``link``, over that emulated network), as :func:`wrap`'s.
+
+    ``diloco``'s outer optimizer is SGD with ``outer_lr`` and ``outer_momentum`` (Nesterov when there is
+    momentum: the defaults are DiLoCo's); ``local-sgd`` takes no outer option.
+    """
+    if hook not in SLOW_LINK_HOOKS:
+        raise ValueError(
+            f"{stage} sends its weights or pseudo-gradients through {', '.join(SLOW_LINK_HOOKS)}, not {hook!r}: "
+            "PowerSGD's error feedback and warm start follow gradients step by step; pick one of those"
+        )
+    if stage == "local-sgd":
+        rung = LocalSGD(model, optimizer, sync_every)
+    elif stage == "diloco":
+        params = [p for p in model.parameters() if p.requires_grad]
+        outer = torch.optim.SGD(params, lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0)
+        rung = DiLoCo(
+            model,
+            optimizer,
+            outer,
+            sync_every,
+            fragments=fragments,
+            fragment_sync_delay=fragment_delay,
+            fragment_update_alpha=fragment_alpha,
+        )
+    else:
+        raise ValueError(f"unknown slow-link rung {stage!r}: choose one of {', '.join(SLOW_LINKS)}")
+    rung.register_comm_hook(*make_hook(hook, _linked(wire, link)))
+    return rung
+
+
 __all__ = [
     "STAGES",
     "BASELINES",
     "FAULT_TOLERANT",
+    "SLOW_LINKS",
+    "SLOW_LINK_HOOKS",
     "SHARDED_OPTIMIZER",
     "SHARDED_GRADIENTS",
     "build_stage",
@@ -252,4 +310,5 @@ __all__ = [
     "torch_hook",
     "wrap",
     "make_optimizer",
+    "slow_link",
 ]

@@ -85,12 +85,17 @@ def trace_path(folder: str, rank: int, gzip: bool = False) -> str:
 
 def write_json(path: str, payload: dict) -> None:
     """Write ``payload`` as JSON, atomically: the file is complete, or not there (and no partial file is left)."""
+    write_text(path, json.dumps(payload, indent=2, default=str))
+
+
+def write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (through a temporary file in the same folder, renamed when whole)."""
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
     try:
         with open(tmp, "w") as f:
-            json.dump(payload, f, indent=2, default=str)
+            f.write(text)
         os.replace(tmp, path)
     finally:
         _remove(tmp)

@@ -80,6 +80,7 @@ GROUPS = {
     "ranks": "ranks and failures",
     "outputs": "profiling and outputs",
     "checkpoints": "checkpoints",
+    "slow": "slow links: --stage local-sgd and diloco (docs/diloco.md)",
 }
 
 _count = number(int, low=1)
@@ -93,9 +94,9 @@ def stage_list(allowed=None):
 
     def parse(text: str) -> str:
         names = [n.strip() for n in text.split(",") if n.strip()]
-        from minddp.ladder import FAULT_TOLERANT  # named only, never part of 'all'
+        from minddp.ladder import FAULT_TOLERANT, SLOW_LINKS  # named only, never part of 'all'
 
-        known = allowed() if allowed else stage_choices() + ["sharded", *FAULT_TOLERANT]
+        known = allowed() if allowed else stage_choices() + ["sharded", *SLOW_LINKS, *FAULT_TOLERANT]
         unknown = [n for n in names if n not in known]
         if not names or unknown:
             raise argparse.ArgumentTypeError(
@@ -159,7 +160,8 @@ class TrainConfig:
         "what syncs the gradients: a minddp stage ({stages}), 'single' (one process on the "
         "global batch), 'torch' (torch's "
         "DistributedDataParallel), a comma list of them, 'all' (each in turn, same data and seeds) or "
-        "'sharded' (ddp, zero1, zero2, fsdp in turn)",
+        "'sharded' (ddp, zero1, zero2, fsdp in turn); named only: 'local-sgd' and 'diloco' (sync the weights every "
+        "--sync-every steps, for slow links) and 'ft' (trains through a lost rank)",
         group="what",
         metavar="NAME[,...]",
         type=stage_list(),
@@ -185,7 +187,8 @@ class TrainConfig:
         None,
         "emulate a network under every gradient collective (results unchanged, completion "
         "delayed to the modeled time): a preset (100mbit, 1gbit, 10gbit, 100gbit-ib, pcie-t4, "
-        "nvlink, loopback) or 'bandwidth,latency' such as 2.5gbit,40us; see docs/scaling.md",
+        "nvlink, loopback; wan and home for the slow-link stages) or 'bandwidth,latency' such as 2.5gbit,40us; "
+        "see docs/scaling.md",
         group="comm",
         metavar="LINK",
         type=_link,
@@ -266,7 +269,19 @@ class TrainConfig:
         type=number(int, low=0, high=2**32 - 1),
     )
     eval_examples: int = _opt(
-        500, "held-out examples to measure accuracy on (0 = the whole split)", group="steps", metavar="N", type=_count0
+        500,
+        "held-out examples to measure loss and accuracy on (0 = the whole split)",
+        group="steps",
+        metavar="N",
+        type=_count0,
+    )
+    eval_every: int = _opt(
+        0,
+        "measure the held-out loss and accuracy every N optimizer steps as well as at the end (0 = at the end "
+        "only); each measurement is a line of the stage's metrics.jsonl",
+        group="steps",
+        metavar="N",
+        type=_count0,
     )
     # communication
     bucket_cap_mb: float = _opt(
@@ -400,6 +415,54 @@ class TrainConfig:
         metavar="FILE",
     )
 
+    # slow links
+    sync_every: int | None = _opt(
+        None,
+        "--stage local-sgd and diloco: optimizer steps each replica takes alone between syncs, H (default 10)",
+        group="slow",
+        metavar="H",
+        type=_count,
+    )
+    outer_lr: float | None = _opt(
+        None,
+        "--stage diloco: the outer SGD's learning rate (default 0.7, DiLoCo's; 1 with --outer-momentum 0 is plain "
+        "averaging, local SGD)",
+        group="slow",
+        metavar="X",
+        type=_positive,
+    )
+    outer_momentum: float | None = _opt(
+        None,
+        "--stage diloco: the outer SGD's Nesterov momentum, below 1 (default 0.9, DiLoCo's; 0 = none)",
+        group="slow",
+        metavar="X",
+        type=number(float, low=0),
+    )
+    fragments: int | None = _opt(
+        None,
+        "--stage diloco: streaming DiLoCo's fragments K, synced in turn, one every H/K steps (default 1: the "
+        "whole model at once); H must be a multiple of K",
+        group="slow",
+        metavar="K",
+        type=_count,
+    )
+    fragment_delay: int | None = _opt(
+        None,
+        "--stage diloco: inner steps a fragment's message travels under before it is applied, tau, below H/K "
+        "(default 0)",
+        group="slow",
+        metavar="N",
+        type=_count0,
+    )
+    fragment_alpha: float | None = _opt(
+        None,
+        "--stage diloco: the local weights' share when a fragment's synced weights land, alpha in [0, 1] "
+        "(default 0: the synced weights)",
+        group="slow",
+        metavar="X",
+        type=number(float),
+    )
+
     # -- derived, filled in by validate() --------------------------------------------------------
 
     def stages(self) -> list[str]:
@@ -436,6 +499,7 @@ EXAMPLES = [
     "python -m minddp.train --stage all --steps 30          # every stage in turn, same data and seeds",
     "python -m minddp.train --stage ddp --hook powersgd --save-every 100",
     "python -m minddp.train --stage ddp --hook powersgd --resume checkpoints/ddp.pt --steps 2000",
+    "python -m minddp.train --stage diloco --sync-every 20 --link wan   # talk every 20 steps, over a WAN",
     "torchrun --nproc-per-node 4 -m minddp.train --model HuggingFaceTB/SmolLM2-360M-Instruct --dtype bf16 "
     "--dataset glue/mrpc --batch-size 16 --steps 6",
 ]
@@ -600,10 +664,80 @@ def validate(cfg: TrainConfig, explicit_batch_size: bool = True) -> None:
             if reason is not None:
                 fix = "give --bucket-cap-mb 1 or more" if stage == "torch" else f"drop --stage {stage}"
                 raise ConfigError(f"--compile: {reason}; {fix}, or drop --compile")
+    check_slow_links(cfg, stages)
     if stages == ["single"] and cfg.collective != "torch":
         raise ConfigError(
             "--collective has no effect with --stage single (one process sends nothing); "
             "drop it or pick a distributed stage"
+        )
+
+
+#: The slow-link options, their defaults (DiLoCo's), and which stages take them (docs/diloco.md).
+SLOW_LINK_OPTIONS = {
+    "sync_every": (10, ("local-sgd", "diloco")),
+    "outer_lr": (0.7, ("diloco",)),
+    "outer_momentum": (0.9, ("diloco",)),
+    "fragments": (1, ("diloco",)),
+    "fragment_delay": (0, ("diloco",)),
+    "fragment_alpha": (0.0, ("diloco",)),
+}
+#: How :func:`minddp.diloco.fragments.check_schedule` names them on the command line.
+SLOW_LINK_FLAGS = {
+    "sync_every": "--sync-every",
+    "fragments": "--fragments",
+    "delay": "--fragment-delay",
+    "alpha": "--fragment-alpha",
+}
+
+
+def check_slow_links(cfg: TrainConfig, stages: list[str]) -> None:
+    """The slow-link options: given only to the stages that take them, a schedule that can run, a hook they send
+    through; the defaults filled in for a run that trains one of them."""
+    from minddp.diloco.fragments import check_schedule
+    from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER, SLOW_LINK_HOOKS
+
+    for name, (default, takers) in SLOW_LINK_OPTIONS.items():
+        flag = "--" + name.replace("_", "-")
+        if getattr(cfg, name) is None:
+            setattr(cfg, name, default if any(s in takers for s in stages) else None)
+            continue
+        if any(s in takers for s in stages):
+            continue
+        sharded = [s for s in stages if s in SHARDED_OPTIMIZER + SHARDED_GRADIENTS and cfg.stage != "all"]
+        if sharded:
+            raise ConfigError(
+                f"{flag} with --stage {sharded[0]}: local SGD and DiLoCo keep the whole model on every replica and "
+                f"sync it every H steps, {sharded[0]} shards it and syncs every step; they do not combine: "
+                f"pick --stage {' or '.join(takers)}"
+            )
+        raise ConfigError(f"{flag} applies to --stage {' and '.join(takers)} only; add one of them or drop {flag}")
+    if cfg.sync_every is None:  # no slow-link stage in this run
+        return
+    slow = [s for s in stages if s in SLOW_LINK_OPTIONS["sync_every"][1]]
+    try:
+        check_schedule(
+            cfg.sync_every,
+            cfg.fragments or 1,
+            cfg.fragment_delay or 0,
+            0.0 if cfg.fragment_alpha is None else cfg.fragment_alpha,
+            names=SLOW_LINK_FLAGS,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if cfg.outer_momentum is not None and cfg.outer_momentum >= 1:
+        raise ConfigError(
+            f"--outer-momentum {cfg.outer_momentum:g} is not below 1: the outer step would never forget; give 0 "
+            "to 0.99 (DiLoCo's is 0.9)"
+        )
+    if cfg.hook not in SLOW_LINK_HOOKS:
+        raise ConfigError(
+            f"--hook {cfg.hook} with --stage {slow[0]}: its messages go through {', '.join(SLOW_LINK_HOOKS)} only "
+            "(PowerSGD's error feedback and warm start follow gradients step by step); pick one of those"
+        )
+    if cfg.resume is not None or cfg.save_every:
+        raise ConfigError(
+            f"--stage {slow[0]} does not take --save-every or --resume yet: between syncs every replica's weights are "
+            "its own, and a checkpoint holds rank 0's; drop them (DiLoCo.state_dict() resumes in a script of your own)"
         )
 
 

@@ -439,7 +439,7 @@ def eval_batches(data: Encoded, batch_size: int, num_replicas: int, rank: int, p
 
 
 @torch.no_grad()
-def evaluate(
+def held_out(
     model: nn.Module,
     data: Encoded,
     replicas: int,
@@ -447,19 +447,20 @@ def evaluate(
     device: torch.device,
     pad_token_id: int,
     batch_size: int = 64,
-) -> float:
-    """Accuracy on the held-out split; each rank scores a disjoint share, counts are summed."""
+) -> dict:
+    """Loss (mean cross-entropy) and accuracy on the held-out split, and how many examples they are over.
+
+    Each rank scores a disjoint share with the weights it holds; the sums are added across ranks.
+    """
     model.eval()
-    counts = torch.zeros(2, dtype=torch.float64, device=device)
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # correct, cross-entropy, examples
     for batch in eval_batches(data, batch_size, replicas, rank, pad_token_id):
         batch = {k: v.to(device) for k, v in batch.items()}
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        counts += torch.tensor(
-            [(logits.argmax(-1) == batch["labels"]).sum().item(), len(batch["labels"])],
-            dtype=torch.float64,
-            device=device,
-        )
+        loss = torch.nn.functional.cross_entropy(logits.double(), batch["labels"], reduction="sum")
+        correct = (logits.argmax(-1) == batch["labels"]).sum()
+        sums += torch.stack([correct.double(), loss, torch.tensor(len(batch["labels"]), device=device).double()])
     if replicas > 1:
-        dist.all_reduce(counts)
+        dist.all_reduce(sums)
     model.train()
-    return float(counts[0] / counts[1])
+    return {"loss": float(sums[1] / sums[2]), "accuracy": float(sums[0] / sums[2]), "examples": int(sums[2])}

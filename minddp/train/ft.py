@@ -63,7 +63,7 @@ class TrainTask:
 
 def run_ft_stage(cfg, data, folder: str, say) -> dict:
     """Train through ``cfg.inject``; one line per fault; the summary row of the train command."""
-    from minddp.train.data import evaluate
+    from minddp.train.data import held_out
 
     hang_s = cfg.hang_timeout or 10.0
     run = launch_ft(
@@ -86,7 +86,7 @@ def run_ft_stage(cfg, data, folder: str, say) -> dict:
     task = TrainTask(cfg, data)
     model = task.build_model()
     model.load_state_dict(torch.load(io.BytesIO(any_slot["state"]), weights_only=True)["model"])
-    accuracy = evaluate(model, data.eval, 1, 0, torch.device("cpu"), data.pad_token_id)
+    final = held_out(model, data.eval, 1, 0, torch.device("cpu"), data.pad_token_id)
     discarded = sum(1 for e in run.events if e[0] == "decision" and e[3] == "discard")
     say(
         f"stage ft: {len(committed)} steps committed, {discarded} attempt(s) discarded, "
@@ -97,7 +97,8 @@ def run_ft_stage(cfg, data, folder: str, say) -> dict:
         "stage": "ft",
         "losses": losses,
         "step_times_s": times,
-        "accuracy": accuracy,
+        "accuracy": final["accuracy"],
+        "evals": [{"step": len(losses), **final}],
         "all_reduce_calls": [],
         "all_reduce_bytes": [],
         "global_batch": task.batch,

@@ -13,9 +13,12 @@ What one run does:
    global batch; under ``torchrun`` this process is one rank of the job);
    each rank builds the same seeded model, wraps it in the stage, and trains
    on its shard of every global batch with :func:`minddp.ladder.loop.train_step`,
-   under the profiler for the first steps; it then measures held-out accuracy;
+   under the profiler for the first steps (``local-sgd`` and ``diloco`` train the model
+   unwrapped and sync in the optimizer's post-hook: :func:`minddp.ladder.slow_link`); it
+   measures the held-out loss and accuracy every ``--eval-every`` steps and at the end;
 4. **report**: a summary table on rank 0, ``summary.json`` and each stage's
-   ``config.json`` beside the traces, and optionally ``python -m minddp.analyze``.
+   ``config.json`` and ``metrics.jsonl`` (every step's loss, the held-out measurements:
+   :mod:`minddp.train.metrics`) beside the traces, and optionally ``python -m minddp.analyze``.
    The table comes first and each file is written on its own, so one that
    cannot be written (a full disk) is named and hides nothing; the exit code
    is then 1, as for a failed rank (whose table of finished stages is kept too).
@@ -47,7 +50,8 @@ from minddp.comm.powerSGD_hook import check_start_iter
 from minddp.comm.wire import Traffic, Wire
 from minddp.costmodel.auto import choose_bucket_cap
 from minddp.ddp import DistributedDataParallel
-from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER, make_optimizer, torch_hook, wrap
+from minddp.diloco import DiLoCo, LocalSGD
+from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER, SLOW_LINKS, make_optimizer, slow_link, torch_hook, wrap
 from minddp.ladder.loop import train_step
 from minddp.runtime.cli import bar_drawn, fail, fresh_line
 from minddp.runtime.compat import meta_device
@@ -60,7 +64,9 @@ from minddp.sharding.hooks import check_name
 from minddp.sharding.memory import Probe, format_summary
 from minddp.train import checkpoint, outputs, sharded_checkpoint
 from minddp.train.config import ConfigError, TrainConfig, build_parser, compile_unavailable, parse_args
-from minddp.train.data import DataError, Encoded, PreparedData, evaluate, prepare_data, step_batches
+from minddp.train.data import DataError, Encoded, PreparedData, held_out, prepare_data, step_batches
+from minddp.train.metrics import FILENAME as METRICS_FILE
+from minddp.train.metrics import write_metrics
 from minddp.train.models import DTYPES, OFFLINE_PRESETS, build_model, resolve_model
 
 PROG = "minddp.train"
@@ -233,6 +239,7 @@ class RankRun:
     bucket_cap_mb: float | None
     bucket_cap_why: str | None
     checkpoints: Checkpoints
+    rung: LocalSGD | DiLoCo | None = None  # --stage local-sgd / diloco: what syncs, in the optimizer's post-hook
 
 
 def build(cfg: TrainConfig, stage: str, data: PreparedData) -> RankRun:
@@ -247,7 +254,8 @@ def build(cfg: TrainConfig, stage: str, data: PreparedData) -> RankRun:
     link = None if single or cfg.link is None else Link(cfg.link)
     model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed, cfg.dtype).to(device)
     model.train()
-    bucket_cap_mb, why = (None if single and cfg.bucket_cap_mb == "auto" else cfg.bucket_cap_mb), None
+    slow = stage in SLOW_LINKS  # no buckets: the whole model (or a fragment) travels every --sync-every steps
+    bucket_cap_mb, why = (None if slow or (single and cfg.bucket_cap_mb == "auto") else cfg.bucket_cap_mb), None
     if bucket_cap_mb == "auto":
         probe_batches = step_batches(
             data.train, batch_size, cfg.grad_accum, replicas, shard, cfg.seed, data.pad_token_id
@@ -258,10 +266,33 @@ def build(cfg: TrainConfig, stage: str, data: PreparedData) -> RankRun:
     wire = None if single else Wire(None, TRANSPORTS[cfg.collective], traffic, link)
     # --compile: as nanoGPT, the model compiled, then wrapped; the model itself is what is saved and evaluated
     compiled = torch.compile(model, backend=cfg.compile_backend) if cfg.compile else model
-    wrapped = wrap(
-        stage, compiled, hook=cfg.hook, bucket_cap_mb=bucket_cap_mb, powersgd_options=cfg.powersgd_options(), wire=wire
-    )
-    optimizer = make_optimizer(stage, model, torch.optim.AdamW, hook=cfg.hook, wire=wire, lr=cfg.lr)
+    rung = None
+    if slow:  # each replica trains alone, unwrapped; the rung syncs in its optimizer's post-hook
+        wrapped = compiled
+        optimizer = make_optimizer(stage, model, torch.optim.AdamW, lr=cfg.lr)
+        rung = slow_link(
+            stage,
+            model,
+            optimizer,
+            cfg.sync_every,
+            outer_lr=cfg.outer_lr,
+            outer_momentum=cfg.outer_momentum,
+            fragments=cfg.fragments,
+            fragment_delay=cfg.fragment_delay,
+            fragment_alpha=cfg.fragment_alpha,
+            hook=cfg.hook,
+            wire=wire,
+        )
+    else:
+        wrapped = wrap(
+            stage,
+            compiled,
+            hook=cfg.hook,
+            bucket_cap_mb=bucket_cap_mb,
+            powersgd_options=cfg.powersgd_options(),
+            wire=wire,
+        )
+        optimizer = make_optimizer(stage, model, torch.optim.AdamW, hook=cfg.hook, wire=wire, lr=cfg.lr)
     checkpoints = Checkpoints(cfg, stage, replicas, wrapped, model, optimizer)
     return RankRun(
         stage,
@@ -277,6 +308,7 @@ def build(cfg: TrainConfig, stage: str, data: PreparedData) -> RankRun:
         bucket_cap_mb,
         why,
         checkpoints,
+        rung,
     )
 
 
@@ -297,6 +329,7 @@ def train_steps(
     )
     global_batch = run.batch_size * cfg.grad_accum * run.replicas
     times, calls, nbytes, by_op, probe = [], [], [], [], None  # the probe measures memory on the last step
+    syncs, evals = [], []  # the slow-link rung's outer syncs so far, after each step; held-out measurements
     profiler = StepProfiler(
         stage_dir,
         rank,
@@ -312,7 +345,9 @@ def train_steps(
             report_step(step)  # a failure report then says where it happened
             micro = [{k: v.to(run.device) for k, v in b.items()} for b in next(batches)]
             run.traffic.reset()
-            probe = Probe(run.wrapped, run.model, run.optimizer) if step == cfg.steps - 1 and not single else None
+            # (not the slow-link rungs: their synced weights and outer state are not among what the probe sees)
+            last = step == cfg.steps - 1 and not single and run.rung is None
+            probe = Probe(run.wrapped, run.model, run.optimizer) if last else None
             synchronize(run.device)
             start = time.perf_counter()
             with torch.profiler.record_function(f"minddp.train_step#{step}"):
@@ -323,6 +358,9 @@ def train_steps(
             nbytes.append(run.traffic.bytes)
             by_op.append({op: n for op, (n, _) in run.traffic.by_op.items()})  # calls by kind
             losses.append(loss)
+            syncs.append(None if run.rung is None else run.rung.syncs)
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:  # the last: train_rank
+                evals.append({"step": step + 1, **measure(run, data)})
             profiler.step()
             run.checkpoints.after_step(step + 1, losses)
             if bar is not None:
@@ -330,6 +368,8 @@ def train_steps(
                 bar.update()
     if bar is not None:
         bar.close()
+    if run.rung is not None:
+        run.rung.close()  # a fragment still in flight is waited for: no collective left behind
     if run.link is not None:
         if profiler.written:
             run.link.annotate_trace(profiler.written)  # the link's transfers, as ranges on a thread of their own
@@ -340,6 +380,9 @@ def train_steps(
         "all_reduce_bytes": nbytes,
         "calls_by_op": by_op,
         "losses": losses,
+        "first_step": first,
+        "outer_syncs": syncs if run.rung is not None else None,
+        "evals": evals,
         "global_batch": global_batch,
         "trace": profiler.written,
         "trace_error": profiler.error,
@@ -368,7 +411,8 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
     if run.replicas > 1:  # each rank's loss is its shard's mean; the global batch's is their mean
         dist.all_reduce(mean_losses)
         mean_losses /= run.replicas
-    accuracy = evaluate(run.model, data.eval, run.replicas, run.shard, run.device, data.pad_token_id)
+    final = measure(run, data)
+    out["evals"].append({"step": cfg.steps, **final})
     error = out.pop("trace_error")
     trace_errors = [error]
     if world > 1 and profiling(cfg):  # every rank's export failure reaches rank 0's report
@@ -378,7 +422,7 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
         **out,
         "stage": stage,
         "losses": mean_losses.tolist(),
-        "accuracy": accuracy,
+        "accuracy": final["accuracy"],
         "ranks": run.replicas,
         "metered": stage != "torch" or run.link is not None,
         "folder": folder,
@@ -386,6 +430,16 @@ def train_rank(cfg: TrainConfig, stage: str, data: PreparedData, folder: str) ->
         "bucket_cap_why": run.bucket_cap_why,
         "trace_errors": {r: e for r, e in enumerate(trace_errors) if e},
     }
+
+
+def measure(run: RankRun, data: PreparedData) -> dict:
+    """The held-out loss and accuracy of the weights each rank holds now (each scores its share of the split).
+
+    The slow-link rungs' replicas hold the same weights right after a whole-model sync (``diloco`` with one
+    fragment and no delay, ``local-sgd``); between syncs, or with fragments in turn, each scores with its own.
+    """
+    with torch.profiler.record_function("minddp.held_out"):
+        return held_out(run.model, data.eval, run.replicas, run.shard, run.device, data.pad_token_id)
 
 
 def profiling(cfg: TrainConfig) -> bool:
@@ -440,8 +494,10 @@ def run_stage(cfg: TrainConfig, stage: str, data: PreparedData, folder: str, pla
 def summarize(result: dict) -> dict:
     """Numbers for the table: final loss, accuracy, median step time, throughput, traffic per step.
 
-    ``all_reduce_*_per_step`` count every collective the hooks sent (its old name); ``calls_per_step_by_op`` splits
-    the calls by kind (``all_reduce``, ``reduce_scatter``, ``all_gather``).
+    ``all_reduce_*_per_step`` count every collective the hooks sent (its old name), per optimizer step;
+    ``calls_per_step_by_op`` splits the calls by kind (``all_reduce``, ``reduce_scatter``, ``all_gather``);
+    ``outer_syncs``: the syncs a slow-link rung took (fragment syncs for ``diloco``; ``None`` for the other stages);
+    ``held_out_loss``: the held-out mean cross-entropy at the end.
     """
     losses, times = result["losses"], result["step_times_s"]
     tail = losses[-min(10, len(losses)) :]
@@ -458,6 +514,8 @@ def summarize(result: dict) -> dict:
         "all_reduce_calls_per_step": statistics.mean(result["all_reduce_calls"]) if metered else None,
         "all_reduce_bytes_per_step": statistics.mean(result["all_reduce_bytes"]) if metered else None,
         "calls_per_step_by_op": {op: statistics.mean(s.get(op, 0) for s in steps) for op in kinds} if metered else None,
+        "outer_syncs": (result.get("outer_syncs") or [None])[-1],
+        "held_out_loss": result["evals"][-1]["loss"] if result.get("evals") else None,
         "trace": result["trace"],
     }
 
@@ -467,7 +525,7 @@ def format_table(rows: dict[str, dict]) -> str:
     collectives are counted per step by kind, through minddp's hook layer."""
     head = (
         f"{'stage':<13}{'loss*':>8}{'acc (%)':>9}{'step (ms)':>11}{'samples/s':>11}"
-        f"{'all_reduce':>12}{'red-scat*':>11}{'all_gather':>12}{'MiB/step':>10}"
+        f"{'all_reduce':>12}{'red-scat*':>11}{'all_gather':>12}{'MiB/step':>10}{'syncs':>7}"
     )
     lines = [head, "-" * len(head)]
     for stage, s in rows.items():
@@ -477,9 +535,10 @@ def format_table(rows: dict[str, dict]) -> str:
             for op in ("all_reduce", "reduce_scatter", "all_gather")
         ]
         mib = "-" if s["all_reduce_bytes_per_step"] is None else f"{s['all_reduce_bytes_per_step'] / 2**20:.3f}"
+        syncs = "-" if s.get("outer_syncs") is None else str(s["outer_syncs"])
         lines.append(
             f"{stage:<13}{s['final_loss']:>8.4f}{s['accuracy'] * 100:>9.1f}{s['median_step_s'] * 1e3:>11.1f}"
-            f"{s['samples_per_s']:>11.0f}{counts[0]:>12}{counts[1]:>11}{counts[2]:>12}{mib:>10}"
+            f"{s['samples_per_s']:>11.0f}{counts[0]:>12}{counts[1]:>11}{counts[2]:>12}{mib:>10}{syncs:>7}"
         )
     lines += [
         "loss* = mean of the last 10 steps; acc = held-out accuracy; step = median over all steps "
@@ -488,6 +547,8 @@ def format_table(rows: dict[str, dict]) -> str:
         "('-': torch's DDP, not metered)",
         "* reduce-scatter: on gloo it runs as an all_reduce of the whole bucket",
     ]
+    if any(s.get("outer_syncs") is not None for s in rows.values()):
+        lines.append("syncs = the outer syncs of local-sgd and diloco (diloco: one per fragment sent and applied)")
     return "\n".join(lines)
 
 
@@ -608,7 +669,8 @@ def check_outputs(cfg: TrainConfig, run_dir: str | None = None, shapes: dict | N
             )
             peak = max(peak, kept + ranks * writing)
             kept += ranks * one
-        plan.folder("--trace-dir", run_dir or cfg.trace_dir, need=max(peak, kept) + 64 * 1024 * len(stages))
+        metrics = 256 * cfg.steps  # a stage's metrics.jsonl: a line of about 130 bytes per step
+        plan.folder("--trace-dir", run_dir or cfg.trace_dir, need=max(peak, kept) + (64 * 1024 + metrics) * len(stages))
     if cfg.save_every and rank0:
         size = outputs.checkpoint_bytes(param_bytes, cfg.effective_world_size(), "powersgd" in cfg.hook)
         replaced = sum(os.path.getsize(p) for p in (checkpoint_path(cfg, s) for s in stages) if os.path.isfile(p))
@@ -645,9 +707,9 @@ def write_outputs(cfg: TrainConfig, summary: dict, run_dir: str, lost: list[str]
         _write_or_note(path, summary, what, lost)
 
 
-def _write_or_note(path: str, payload: dict, what: str, lost: list[str]) -> None:
+def _write_or_note(path: str, payload: dict, what: str, lost: list[str], write=write_json) -> None:
     try:
-        write_json(path, payload)
+        write(path, payload)
     except OSError as exc:
         lost.append(f"{what} {path!r} was not written ({exc.strerror or exc})")
 
@@ -698,6 +760,14 @@ def _main(argv: list[str] | None) -> int:
                 break
             run_dir = result["folder"]  # under torchrun: rank 0's choice
             results[stage], rows[stage] = result, summarize(result)
+            if profiling(cfg) and rank0:  # beside the traces: every step's loss and the held-out measurements
+                _write_or_note(
+                    os.path.join(run_dir, stage, METRICS_FILE),
+                    result,
+                    f"stage {stage}'s {METRICS_FILE}",
+                    lost,
+                    write=write_metrics,
+                )
             if profiling(cfg) and rank0:
                 _write_or_note(
                     os.path.join(run_dir, stage, "config.json"),
@@ -732,7 +802,15 @@ def _main(argv: list[str] | None) -> int:
         "data_source": data.source,
         "run_dir": run_dir if profiling(cfg) else None,
         "skipped": skipped,
-        "stages": {s: {**rows[s], "losses": results[s]["losses"], "memory": results[s].get("memory")} for s in rows},
+        "stages": {
+            s: {
+                **rows[s],
+                "losses": results[s]["losses"],
+                "evals": results[s].get("evals"),
+                "memory": results[s].get("memory"),
+            }
+            for s in rows
+        },
         "failed": failed,
         "not_written": lost,
     }
