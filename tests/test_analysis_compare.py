@@ -2,7 +2,7 @@
 
 Two runs made by hand (analysis_fixtures), so every number is known without the code under test: each profiled
 step is 100 µs long, computes during its first 40 µs, and has one all_reduce in flight from 20 µs to ``end``; its
-exposed communication (in flight, nothing computing) is ``end - 40`` µs. Run B differs from run A by its link
+non-compute time (in flight, nothing computing) is ``end - 40`` µs. Run B differs from run A by its link
 (config.json) and, by hand:
 
 * ``simple``: A's two steps expose 20 and 30 µs, B's 40 and 50: the ranges do not meet, a real change of +20 µs;
@@ -52,11 +52,11 @@ def test_compare_names_the_change_and_prints_a_b_delta_ratio(tmp_path, capsys):
     assert main(["--compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 120, out
-    assert "link: None -> 1gbit" in out and "run_name" not in out  # the setting, not the run's name
-    assert re.search(r"hook\s+\(only in A: not compared\)", out) and re.search(r"ddp\s+\(only in B", out), out
+    assert "link: None → 1gbit" in out and "run_name" not in out  # the setting, not the run's name
+    assert "Not compared: hook only in A, ddp only in B." in out, out
     assert "nan" not in out.lower()
     assert re.search(r"A\s+B\s+Δ = B − A\s+B/A", out), out
-    rows = [line.split() for line in out.splitlines() if "exposed comm (ms)" in line]
+    rows = [line.split() for line in out.splitlines() if "non-compute (ms)" in line]
     # (stage,) number, A, B, Δ, B/A, note: medians 25 and 45 µs, then 25 and 30 µs, in ms
     assert rows[0][:1] == ["simple"] and rows[0][-4:] == ["0.025", "0.045", "+0.02", "1.80"], rows
     assert rows[1][:1] == ["bucket"] and rows[1][-6:] == ["0.025", "0.03", "+0.005", "1.20", "within", "spread"]
@@ -70,7 +70,7 @@ def test_difference_table_and_changes_against_the_hand_computed_numbers(tmp_path
     table = difference(a, b)
     only = dict(zip(table.loc[table["number"] == "", "stage"], table.loc[table["number"] == "", "note"]))
     assert only == {"hook": "only in A", "ddp": "only in B"}
-    exposed = table[table["number"] == "exposed comm (ms)"].set_index("stage")
+    exposed = table[table["number"] == "non-compute (ms)"].set_index("stage")
     assert exposed.loc["simple", ["A", "A_min", "A_max", "B", "B_min", "B_max"]].tolist() == [
         0.025,
         0.02,
@@ -93,11 +93,12 @@ def test_compare_report_page_has_the_changes_and_the_difference_table(tmp_path, 
     assert "<code>link</code>: None → 1gbit" in changes
     assert "<b>hook</b> only in A" in changes and "<b>ddp</b> only in B" in changes
     head = page[page.index("id='difference'") : page.index("</tr>", page.index("id='difference'"))]
+    assert "A = plain, B = linked" in changes
     assert [re.sub("<[^>]+>", "", c) for c in re.findall(r"<th[^>]*>(.*?)</th>", head)] == [
         "stage",
         "number",
-        "A: plain",
-        "B: linked",
+        "A",
+        "B",
         "Δ = B − A",
         "B/A",
         "note",
