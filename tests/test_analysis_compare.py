@@ -104,3 +104,50 @@ def test_compare_report_page_has_the_changes_and_the_difference_table(tmp_path, 
         "note",
     ]
     assert page.index("id='changes'") < page.index("class='verdict'")  # what changed comes first
+
+
+def test_a_run_named_with_quotes_angles_ampersands_and_spaces_reaches_the_page_as_its_name(tmp_path, capsys):
+    """A run's name is its folder's: ``a "b" <c> & d's``, and so is a stage's. On the compare page (whose step
+    pictures are named after the runs) every image's address is percent-encoded and loads the file written, and
+    the headings, headlines and tables name the run and the stage as written, read back by the standard library's
+    HTML parser (the oracle)."""
+    from html.parser import HTMLParser
+    from urllib.parse import unquote
+
+    from analysis_fixtures import linked_step
+
+    odd, plain = tmp_path / 'a "b" <c> & d\'s', tmp_path / "plain"
+    stage = "my <i> stage & 'its' \"twin\""  # a stage is named after its folder too (no slash, then)
+    for folder in (odd, plain):
+        for name in ("hook", stage):
+            events = {0: linked_step(), 1: linked_step(1.0)}
+            write_stage(folder / name, events, stage=name, world_size=2, run_name=folder.name)
+    assert main(["--compare", str(odd), str(plain), "--report"]) == 0
+    capsys.readouterr()
+    out = odd / "compare-plain"
+
+    class Page(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.images, self.headings, self.tags, self.text, self._in = [], [], [], [], None
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append(tag)
+            if tag == "img":
+                self.images.append(dict(attrs))
+            self._in = tag if tag in ("h1", "h2") else None
+
+        def handle_data(self, data):
+            self.text.append(data)
+            if self._in:
+                self.headings.append(data)
+
+    page = Page()
+    page.feed((out / "report.html").read_text())
+    sources = [image["src"] for image in page.images]
+    assert any(odd.name in unquote(s) for s in sources), sources  # the run's own step picture is on the page
+    for src in sources:
+        assert re.fullmatch(r"[A-Za-z0-9._~%/-]+", src), src  # an address: nothing a browser must guess at
+        assert (out / unquote(src)).is_file(), src
+    assert f"Verdict: {odd.name}" in page.headings and "c" not in page.tags  # the name as text, never a tag
+    assert stage in page.text and "i" not in page.tags  # in the verdict's headline and tables, as written
