@@ -179,44 +179,41 @@ def test_a_live_step_over_a_link_measures_with_the_same_functions():
     assert (both["waited_ms"], both["exposed_ms"]) == pytest.approx((seen["waited_ms"], seen["exposed_ms"]))
 
 
-def _package_modules():
-    return sorted((ROOT / "minddp").rglob("*.py"))
+def _other_nodes():
+    """``(place, node)`` for every syntax node of every package module but metrics.py."""
+    home = ROOT / "minddp" / "analysis" / "metrics.py"
+    for path in sorted((ROOT / "minddp").rglob("*.py")):
+        if path != home:
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                yield f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}", node
 
 
 def test_no_module_but_metrics_turns_spans_into_a_time():
     """The interval algebra's ``length`` (a set of spans -> the time it covers) is where every measured time comes
     from: outside metrics.py no module calls or imports it, so none can compute a measure a second way."""
-    home = ROOT / "minddp" / "analysis" / "metrics.py"
     found = []
-    for path in _package_modules():
-        if path == home:
-            continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Attribute) and node.attr == "length" and getattr(node.value, "id", "") == "metrics":
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-            if isinstance(node, ast.ImportFrom) and node.module == "minddp.analysis.metrics":
-                found += [f"{path.relative_to(ROOT)}:{node.lineno}" for a in node.names if a.name == "length"]
+    for place, node in _other_nodes():
+        if isinstance(node, ast.Attribute) and node.attr == "length" and getattr(node.value, "id", "") == "metrics":
+            found.append(place)
+        if isinstance(node, ast.ImportFrom) and node.module == "minddp.analysis.metrics":
+            found += [place for a in node.names if a.name == "length"]
     assert not found, f"a time computed outside minddp.analysis.metrics: {found}"
 
 
 def test_a_function_named_after_a_measure_hands_over_to_metrics():
     """Outside metrics.py, a function or property named like a measure (a look's, the step-time model's) calls the
     one in metrics (``metrics.<name>``) rather than computing it again."""
-    home = ROOT / "minddp" / "analysis" / "metrics.py"
     names = set(MEASURES) | {"non_compute_pct", "pooled_overlap_pct", "overlap_parts"}
     found = []
-    for path in _package_modules():
-        if path == home:
-            continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.FunctionDef) and node.name in names:
-                called = {
-                    n.func.attr
-                    for n in ast.walk(node)
-                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in names
-                }
-                if not called:
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    for place, node in _other_nodes():
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            called = {
+                n.func.attr
+                for n in ast.walk(node)
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in names
+            }
+            if not called:
+                found.append(f"{place} {node.name}")
     assert not found, f"a measure defined again: {found}"
 
 

@@ -35,6 +35,17 @@ NUMBERS = {
     **{f"{k.key}_bytes": (f"{k.name} (MiB){'*' if k.starred else ''}", 2.0**-20) for k in KINDS},
 }
 
+#: The difference table's columns (step 4): header, console width, and whether it holds text (else numbers).
+TABLE = [
+    ("stage", 13, True),
+    ("number", 23, True),
+    ("A", 10, False),
+    ("B", 10, False),
+    ("Δ = B − A", 10, False),
+    ("B/A", 6, False),
+    ("note", 0, True),
+]
+
 
 def _settings(configs: dict[str, dict]) -> dict[str, set[str]]:
     values: dict[str, set[str]] = {}
@@ -144,15 +155,7 @@ def changes_block(ra, rb) -> Block:
         "Δ = B − A and B/A; a note 'within spread' (greyed on the page) says the two runs' ranges overlap, so their "
         "own step-to-step variation covers the difference."
     )
-    columns = [
-        Column("stage", 13, left=True),
-        Column("number", 23, left=True),
-        Column("A", 10),
-        Column("B", 10),
-        Column("Δ = B − A", 10),
-        Column("B/A", 6),
-        Column("note", left=True),
-    ]
+    columns = [Column(header, width, left=left) for header, width, left in TABLE]
     rows, last = [], None
     for r in table[~table["note"].isin(["same", "only in A", "only in B"])].to_dict("records"):
         stage = r["stage"] if r["stage"] != last else ""
