@@ -156,7 +156,7 @@ def link_sets(events: list[dict]) -> tuple[list[metrics.Interval], list[metrics.
 #: name them; inside backward it is the *interleaved* measure.
 REGIONS = {
     "non_compute_forward_us": "in forward, before its ops had anything to compute beside it (parameters gathered)",
-    "interleaved_us": "inside backward, while no op computed (a hook waiting for its message, or its Python)",
+    "interleaved_us": "inside backward, while no op computed (interleaved: a hook waiting for its message, or Python)",
     "non_compute_between_us": "between micro-batches, after each backward (a sync per micro-batch)",
     "non_compute_tail_us": "after the last backward, waiting for the last messages before the optimizer",
     "non_compute_optimizer_us": "in and after the optimizer step (e.g. parameters all-gathered after it)",
