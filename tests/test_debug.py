@@ -33,8 +33,9 @@ import torch.distributed as dist
 from processes import run_torchrun, torchrun_args
 from torch.distributed import distributed_c10d as c10d
 
+import minddp.debug
 from minddp import launch
-from minddp.runtime import collective_check
+from minddp.debug import collective_check
 
 #: Scripts that run to the end under torch's DDP: compared bit for bit without the flag.
 COMPLETE = ["none", "drift", "buffers", "direct", "no_sync", "same-data", "join"]
@@ -67,7 +68,7 @@ def every_script() -> dict:
     out["installed while off"] = bool(collective_check._originals) or any(  # torch's own functions, untouched
         getattr(dist, name) is not getattr(c10d, name) for name in collective_check.CHECKED if hasattr(c10d, name)
     )
-    os.environ["MINDDP_DEBUG"] = "1"
+    minddp.debug.enable()  # as MINDDP_DEBUG=1 when the ranks import minddp
     out |= {(impl, kind): outcome(kind, impl) for impl, kind in FLAGGED}
     out["late partner"] = late_partner()
     out["minddp", "uneven"] = outcome("uneven", "minddp")  # last: rank 1 leaves the world
@@ -77,11 +78,10 @@ def every_script() -> dict:
 def debug_code_in_a_step() -> set[str]:
     """The files of debug mode that one training step runs while it is off (the answer must be: none)."""
     from minddp import build_stage
-    from minddp.ddp import debug as ddp_debug
-    from minddp.runtime import debug as switch
-    from minddp.stages import debug as model_checks
+    from minddp.ddp import debug_reducer
 
-    ours = {inspect.getsourcefile(m) for m in (switch, collective_check, model_checks, ddp_debug)}
+    package = os.path.dirname(inspect.getsourcefile(collective_check))  # minddp/debug: every module of debug mode
+    ours = {os.path.join(package, name) for name in os.listdir(package)} | {inspect.getsourcefile(debug_reducer)}
     ran: set[str] = set()
     for stage in ("ddp", "bucket-async"):
         torch.manual_seed(0)

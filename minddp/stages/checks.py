@@ -2,7 +2,7 @@
 
 Two ranks that disagree on what they send do not fail cleanly: they hang, or sum one layer's
 gradient with another's and silently diverge. So the stages check, each with one small collective,
-and raise the same error on every rank:
+and raise the same one-line finding on every rank (a :class:`~minddp.debug.findings.CrossRankError`):
 
 1. :func:`check_same_model`, at construction: every rank's parameters (name, shape, dtype,
    ``requires_grad``: a layer frozen on some ranks would pair unrelated gradients) all-gathered and compared;
@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from minddp.debug.findings import CrossRankError, finding
 from minddp.stages.graph import parameters_reached
 
 
@@ -40,19 +41,24 @@ def check_same_model(module: nn.Module, group: dist.ProcessGroup | None) -> None
     dist.all_gather_object(everyone, mine, group=group)
     reference = everyone[0]
     for rank, theirs in enumerate(everyone[1:], start=1):
-        if len(theirs) != len(reference):
-            raise RuntimeError(
-                f"DistributedDataParallel expects the same model across all ranks, but rank {rank} has "
-                f"{len(theirs)} parameters while rank 0 has {len(reference)}: build the same model on every rank"
+        if theirs == reference:
+            continue
+        what = f"rank {rank} has {len(theirs)} parameters while rank 0 has {len(reference)}"
+        if len(theirs) == len(reference):  # the first parameter that differs
+            (n0, s0, d0, g0), (n, s, d, g) = next((a, b) for a, b in zip(reference, theirs) if a != b)
+            what = (
+                f"parameter {n!r} on rank {rank} has shape {list(s)} dtype {d} requires_grad={g}, but rank 0's "
+                f"{n0!r} has shape {list(s0)} dtype {d0} requires_grad={g0} "
+                f"({'requires_grad' if g != g0 else 'size'} mismatch)"
             )
-        for (n0, s0, d0, g0), (n, s, d, g) in zip(reference, theirs):
-            if (n0, s0, d0, g0) != (n, s, d, g):
-                raise RuntimeError(
-                    f"DistributedDataParallel expects the same model across all ranks: parameter {n!r} on "
-                    f"rank {rank} has shape {list(s)} dtype {d} requires_grad={g}, but rank 0's {n0!r} has shape "
-                    f"{list(s0)} dtype {d0} requires_grad={g0} ({'requires_grad' if g != g0 else 'size'} mismatch); "
-                    "build the same model (same config, the same parameters frozen) on every rank before wrapping"
-                )
+        raise CrossRankError(
+            finding(
+                "DistributedDataParallel expects the same model across all ranks",
+                what,
+                "build the same model (same config, the same parameters frozen) on every rank before wrapping",
+                dist.get_rank(),
+            )
+        )
 
 
 class ParameterUse:
@@ -63,11 +69,10 @@ class ParameterUse:
         self.group = group
         self.reached: set[int] | None = None  # None: no forward since the last check
 
-    @torch._disable_dynamo  # the graph walk stays Python under torch.compile, as torch's DDP's (docs/ddp.md)
     def saw(self, outputs: Any) -> None:
         """After a forward: note the parameters its graph reaches (no message; a forward without grad notes none)."""
-        if torch.is_grad_enabled():
-            self.reached = (self.reached or set()) | parameters_reached(outputs)
+        if torch.is_grad_enabled():  # the graph walk stays Python under torch.compile, as torch's DDP's (docs/ddp.md)
+            self.reached = (self.reached or set()) | torch.compiler.disable(parameters_reached)(outputs)
 
     def check(self) -> None:
         """Raise on every rank unless the forwards since the last check reached the same parameters everywhere.
@@ -89,9 +94,13 @@ class ParameterUse:
             where = "; ".join(
                 f"{self.named[i][0]!r} on ranks {everyone[:, i].nonzero().view(-1).tolist()} only" for i in differ[:4]
             )
-            raise RuntimeError(
-                f"the forwards of this step used different parameters on different ranks ({where}"
-                f"{'; ...' if len(differ) > 4 else ''}), so the ranks would send different gradients and pair "
-                "unrelated tensors in their all_reduces; take the same branches on every rank, or use "
-                "minddp.DistributedDataParallel(..., find_unused_parameters=True), which handles such models"
+            raise CrossRankError(
+                finding(
+                    "the forwards of this step used different parameters on different ranks",
+                    f"{where}{'; ...' if len(differ) > 4 else ''}: the ranks would send different gradients and pair "
+                    "unrelated tensors in their all_reduces",
+                    "take the same branches on every rank, or use minddp.DistributedDataParallel(..., "
+                    "find_unused_parameters=True), which handles such models",
+                    dist.get_rank(),
+                )
             )
