@@ -398,13 +398,14 @@ def group_after_one_destroyed() -> dict:
     """A group made after another was destroyed starts its own count of collectives, on every rank.
 
     CPython gives a new object the id of a freed one, on one rank and not on another; forced here on rank 0
-    by handing the check an ``id`` that gives every object the same one, as a reused id does the two groups.
+    by handing the check an ``id`` that gives every object the destroyed group's, as a reused id would.
     """
     old = dist.new_group([0, 1])
     dist.all_reduce(torch.ones(1), group=old)  # the old group's collective #0
+    reused = id(old)
     dist.destroy_process_group(old)
     if dist.get_rank() == 0:
-        collective_check.id = lambda obj: 0  # a module's global shadows the builtin
+        collective_check.id = lambda obj: reused  # a module's global shadows the builtin
     total, error = torch.ones(1), []
     try:
         new = dist.new_group([0, 1])
