@@ -51,14 +51,9 @@ def check_same_model(module: nn.Module, group: dist.ProcessGroup | None) -> None
                 f"{n0!r} has shape {list(s0)} dtype {d0} requires_grad={g0} "
                 f"({'requires_grad' if g != g0 else 'size'} mismatch)"
             )
-        raise CrossRankError(
-            finding(
-                "DistributedDataParallel expects the same model across all ranks",
-                what,
-                "build the same model (same config, the same parameters frozen) on every rank before wrapping",
-                dist.get_rank(),
-            )
-        )
+        cause = "DistributedDataParallel expects the same model across all ranks"
+        fix = "build the same model (same config, the same parameters frozen) on every rank before wrapping"
+        raise CrossRankError(finding(cause, what, fix, dist.get_rank()))
 
 
 class ParameterUse:
@@ -94,13 +89,7 @@ class ParameterUse:
             where = "; ".join(
                 f"{self.named[i][0]!r} on ranks {everyone[:, i].nonzero().view(-1).tolist()} only" for i in differ[:4]
             )
-            raise CrossRankError(
-                finding(
-                    "the forwards of this step used different parameters on different ranks",
-                    f"{where}{'; ...' if len(differ) > 4 else ''}: the ranks would send different gradients and pair "
-                    "unrelated tensors in their all_reduces",
-                    "take the same branches on every rank, or use minddp.DistributedDataParallel(..., "
-                    "find_unused_parameters=True), which handles such models",
-                    dist.get_rank(),
-                )
-            )
+            cause = "the forwards of this step used different parameters on different ranks"
+            what = f"{where}{'; ...' if len(differ) > 4 else ''}: the ranks would send different gradients"
+            fix = "take the same branches on every rank, or use minddp's DDP with find_unused_parameters=True"
+            raise CrossRankError(finding(cause, what, fix, dist.get_rank()))
