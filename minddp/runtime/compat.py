@@ -157,8 +157,9 @@ def process_group_store(group) -> dist.Store:
 
 
 def join_enabled(joinable) -> bool:
-    """Is ``joinable`` (a ``torch.distributed.algorithms.Joinable``) inside an enabled ``Join`` context now?
+    """Has ``joinable`` (a ``torch.distributed.algorithms.Joinable``) been given to an enabled ``Join``?
 
-    torch keeps it private, on the joinable (``_join_config.enable``); a joinable never joined has none.
+    torch keeps it private, on the joinable (``_join_config.enable``, left set when the ``with`` block ends);
+    an object that is no joinable has none: False.
     """
     return bool(getattr(getattr(joinable, "_join_config", None), "enable", False))

@@ -23,6 +23,7 @@ Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -63,11 +64,13 @@ class ParameterUse:
         self.named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
         self.group = group
         self.reached: set[int] | None = None  # None: no forward since the last check
+        # saw() stays Python under torch.compile, as torch's DDP's graph walk (docs/ddp.md): Dynamo skips it
+        self.saw = functools.partial(torch.compiler.disable(ParameterUse.note), self)
 
-    def saw(self, outputs: Any) -> None:
-        """After a forward: note the parameters its graph reaches (no message; a forward without grad notes none)."""
-        if torch.is_grad_enabled():  # the graph walk stays Python under torch.compile, as torch's DDP's (docs/ddp.md)
-            self.reached = (self.reached or set()) | torch.compiler.disable(parameters_reached)(outputs)
+    def note(self, outputs: Any) -> None:
+        """After a forward (as ``saw``): note the parameters its graph reaches (no message; without grad, none)."""
+        if torch.is_grad_enabled():
+            self.reached = (self.reached or set()) | parameters_reached(outputs)
 
     def check(self) -> None:
         """Raise on every rank unless the forwards since the last check reached the same parameters everywhere.
