@@ -39,7 +39,7 @@ from torch.distributed import distributed_c10d as c10d
 import minddp.debug
 from minddp import DistributedDataParallel, build_stage, launch
 from minddp.debug import collective_check
-from minddp.debug.watch import P, fingerprints
+from minddp.debug.watch import ROOT, RUN, RUN_PRIME, RUN_ROOT, P, fingerprints
 from minddp.ladder import TEACHING
 from minddp.runtime.compat import process_group_store
 
@@ -536,13 +536,10 @@ def test_a_stage_built_by_its_class_is_watched_as_one_built_by_name(risky):
 def test_the_fingerprint_is_the_words_weighted_by_place_and_sees_swapped_elements_and_rows():
     torch.manual_seed(0)
     matrix = torch.randn(6, 5)
-    for tensor in (matrix, matrix.to(torch.bfloat16), torch.arange(-7, 9, dtype=torch.int8), torch.zeros(0)):
-        words = (
-            tensor.numpy().tobytes() if tensor.dtype != torch.bfloat16 else tensor.view(torch.int16).numpy().tobytes()
-        )
-        width = 1 if tensor.element_size() == 1 else 2
-        values = [int.from_bytes(words[i : i + width], "little", signed=True) for i in range(0, len(words), width)]
-        expected = sum(v * pow(7, i, P) for i, v in enumerate(values)) % P  # the definition, in Python's integers
+    for tensor in (matrix, matrix.to(torch.bfloat16), torch.arange(-7, 9, dtype=torch.int8), torch.randn(3 * RUN + 7)):
+        words = tensor.view(torch.int8 if tensor.element_size() == 1 else torch.int16).reshape(-1).tolist()
+        # the definition, in Python's integers: word i weighted by RUN_ROOT**(i % RUN) and by ROOT**(i // RUN)
+        expected = sum(w * pow(RUN_ROOT, i % RUN, RUN_PRIME) * pow(ROOT, i // RUN, P) for i, w in enumerate(words)) % P
         assert int(fingerprints([tensor], torch.device("cpu"))[0]) == expected, tensor.dtype
     swapped_rows, swapped_pair = matrix[[1, 0, 2, 3, 4, 5]], matrix.clone().view(-1)
     swapped_pair[[3, 17]] = swapped_pair[[17, 3]]

@@ -7,7 +7,7 @@ replicas (the six teaching stages, ``ddp``), puts a :class:`Watch` on it; a shar
 different shards by design. A :class:`Watch` hooks the wrapper, its module's submodules and parameters,
 and (its own hook, removed with the wrapper) every optimizer that steps them, and at each step
 compares, across ranks, a fingerprint of each tensor (:func:`fingerprints`: integer, exact, changed by
-any change of a value or of its place) with one small all_gather; a full comparison runs only on a
+any one value changed, and by two values swapped) with one small all_gather; a full comparison runs only on a
 mismatch:
 
 1. **forward check**, before each forward that will sync: ``requires_grad`` (a layer frozen on some
@@ -28,8 +28,8 @@ Inside ``join()`` the checks pause: a joined rank takes no steps. What each find
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> fingerprints([torch.ones(3), None], torch.device("cpu"))   # 1.0: the words 0, 16256; 16256 * (7 + 7**3 + 7**5)
-    tensor([278904192,         0])
+    >>> fingerprints([torch.ones(3), None], torch.device("cpu"))  # 1.0: words 0, 16256 (16256 * 48846)
+    tensor([794040576,         0])
 """
 
 from __future__ import annotations
@@ -54,9 +54,12 @@ SAME_DATA_STEPS = 3
 #: Bits of the step check's notes: the step's last forward ran in no_sync(); a forward bypassed the wrapper;
 #: every trainable parameter's local gradient was fingerprinted (a synced backward computed them all).
 _NO_SYNC, _DIRECT, _ALL_LOCAL = 1, 2, 4
-#: The fingerprint: a tensor's 16-bit words w_i as the sum of w_i * ROOT**i modulo the prime P, CHUNK words at a time.
-P, ROOT, CHUNK = 2**31 - 1, 7, 1 << 20  # 7 is a primitive root of P: ROOT**i repeats only every P - 1 words
-_powers: dict = {}  # device -> ROOT**k mod P for k < CHUNK
+#: The fingerprint (:func:`fingerprints`): a tensor's 16-bit words, the i-th weighted by RUN_ROOT**(i % RUN) modulo
+#: RUN_PRIME (distinct in a run: RUN_ROOT is a primitive root) and by ROOT**(i // RUN) modulo the prime P, summed mod P.
+P, ROOT = 2**31 - 1, 7
+RUN, RUN_PRIME, RUN_ROOT = 65520, 65521, 17  # a word times its weight fits int32: 2**15 * 65520 < 2**31
+BLOCK = 256  # runs summed at once: a product of 64 MiB at most
+_weights: dict = {}  # device -> the weights of a run's words, RUN_ROOT**k mod RUN_PRIME (int32)
 
 
 def checks_for(wrapper: nn.Module) -> "Watch | None":
@@ -71,11 +74,12 @@ def checks_for(wrapper: nn.Module) -> "Watch | None":
 
 
 def fingerprints(tensors: list, device: torch.device) -> torch.Tensor:
-    """Each tensor's fingerprint, on ``device`` (0 for None): sum of w_i * 7**i mod 2**31 - 1 over its 16-bit words.
+    """Each tensor's fingerprint, on ``device`` (0 for None): its 16-bit words, each weighted by its place, summed.
 
-    Integer and exact on every device, in any order of summation (every partial sum fits in 63 bits): equal
-    tensors give equal fingerprints; any one word changed changes it (a word is less than P); two different
-    words swapped change it unless they lie a multiple of P - 1 words apart (2**31 - 2: 4 GiB).
+    Integer and exact on every device, in any order of summation (a product fits 31 bits, a run's sum 47, a sum
+    modulo P 62): equal tensors give equal fingerprints; one word changed always changes it (a weight is not 0
+    modulo P); two different words swapped within a run of 65520 words (128 KiB) always change it (the weights of
+    a run differ); any other change goes unseen only by a coincidence of about one in 2**31.
     """
     prints = [
         _fingerprint(t).to(device) if t is not None else torch.zeros((), dtype=torch.int64, device=device)
@@ -86,25 +90,25 @@ def fingerprints(tensors: list, device: torch.device) -> torch.Tensor:
 
 def _fingerprint(tensor: torch.Tensor) -> torch.Tensor:
     words = tensor.detach().reshape(-1).view(torch.int8 if tensor.element_size() == 1 else torch.int16)
-    powers = _powers_on(words.device)
-    total = torch.zeros((), dtype=torch.int64, device=words.device)
-    for start in range(0, words.numel(), CHUNK):
-        part = words[start : start + CHUNK].to(torch.int64)  # |word| < 2**15: a product < 2**46, a sum < 2**51
-        part.mul_(powers[: part.numel()]).remainder_(P)
-        total = (total + part.sum().remainder(P) * pow(ROOT, start, P)) % P  # < 2**62
+    weights, device = _weights_on(words.device), words.device
+    runs, tail = divmod(words.numel(), RUN)
+    total = torch.zeros((), dtype=torch.int64, device=device)
+    for first in range(0, runs, BLOCK):
+        block = words[first * RUN : min(first + BLOCK, runs) * RUN].view(-1, RUN)
+        sums = (block * weights).sum(dim=1).remainder_(P)  # int32 products, each run's sum in int64
+        shift = torch.tensor([pow(ROOT, run, P) for run in range(first, first + len(sums))], device=device)
+        total = (total + (sums * shift).remainder_(P).sum()) % P
+    if tail:
+        last = (words[runs * RUN :] * weights[:tail]).sum().remainder(P)
+        total = (total + last * pow(ROOT, runs, P)) % P
     return total
 
 
-def _powers_on(device: torch.device) -> torch.Tensor:
-    """ROOT**k mod P for k < CHUNK, on ``device`` (made once: by squaring, exact in 64-bit integers)."""
-    if device not in _powers:
-        k = torch.arange(CHUNK, dtype=torch.int64, device=device)
-        table, base = torch.ones(CHUNK, dtype=torch.int64, device=device), ROOT
-        for bit in range(CHUNK.bit_length() - 1):
-            table = torch.where((k >> bit) & 1 == 1, table * base % P, table)
-            base = base * base % P
-        _powers[device] = table
-    return _powers[device]
+def _weights_on(device: torch.device) -> torch.Tensor:
+    if device not in _weights:
+        weights = [pow(RUN_ROOT, k, RUN_PRIME) for k in range(RUN)]
+        _weights[device] = torch.tensor(weights, dtype=torch.int32, device=device)
+    return _weights[device]
 
 
 class Watch:
