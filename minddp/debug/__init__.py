@@ -65,7 +65,11 @@ def enable() -> None:
 
 
 def disable() -> None:
-    """Debug mode off from now on: nothing is checked (the wrappers watched so far pause); :func:`enable` resumes."""
+    """Debug mode off from now on: nothing is checked (the wrappers watched so far pause); :func:`enable` resumes.
+
+    A ``minddp.DistributedDataParallel`` built in debug mode keeps its bucket-plan guard (``check_consistency``,
+    a setting of its own: set it False to stop it) and its labelled reducer.
+    """
     switch.checks = None
 
 

@@ -182,6 +182,8 @@ class Watch:
 
     def _grad_ready(self, i: int):
         def ready(param: nn.Parameter) -> None:
+            if not switch.enabled():  # paused (minddp.debug.disable)
+                return
             collective_check.in_step_of(self)  # backward may run on another thread: its collectives are ours
             self.arrived.add(i)
             if self.syncing:
