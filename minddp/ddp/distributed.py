@@ -31,16 +31,16 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from minddp.comm.plain import broadcast, resolve_group
 from minddp.ddp.buffers import broadcast_coalesced
-from minddp.ddp.debug import DebugReducer
+from minddp.ddp.debug_reducer import DebugReducer
 from minddp.ddp.join import ShadowingJoinHook, highest_rank
 from minddp.ddp.plan import torch_caps
 from minddp.ddp.reducer import Reducer
+from minddp.debug.switch import attach
 from minddp.runtime.envflags import env_flag
 from minddp.runtime.nested import map_tensors
 from minddp.stages.bucket_plan import check_bucket_cap_mb
 from minddp.stages.checks import check_same_model
 from minddp.stages.compiling import eager_under_compile, split_at_buckets
-from minddp.stages.debug import watch
 from minddp.stages.grad_accum import GradAccumDDP
 
 
@@ -59,7 +59,6 @@ class DistributedDataParallel(nn.Module, Joinable):
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
         check_consistency: bool | None = None,
-        debug: bool | None = None,
     ):
         nn.Module.__init__(self)
         Joinable.__init__(self)
@@ -81,8 +80,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 broadcast(tensor, group_src=0, group=group)
-        #: Debug mode's checks (None: off; on with MINDDP_DEBUG=1 or debug=True): docs/debugging.md.
-        self.watch = watch(self, module, group, debug)
+        #: Debug mode's checks (None: off; on with MINDDP_DEBUG=1 or minddp.debug.enable()): docs/debugging.md.
+        self.watch = attach(self)
         self.reducer = self._make_reducer()
         eager_under_compile(self)  # torch.compile(ddp) compiles the module, not this forward (docs/ddp.md)
         #: The submodules holding buffers, found once (as torch lists its buffers once): walking every

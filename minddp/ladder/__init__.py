@@ -40,14 +40,12 @@ from minddp.comm.send import hook_name, send
 from minddp.comm.wire import Traffic, Wire
 from minddp.ddp import DistributedDataParallel
 from minddp.diloco import DiLoCo, LocalSGD
-from minddp.runtime import debug
 from minddp.sharding import FullyShardedDataParallel, Zero2DDP, ZeroRedundancyOptimizer
 from minddp.sharding.fsdp import blocks_of
 from minddp.sharding.hooks import sharded_hook
 from minddp.stages import AsyncBucketDDP, AsyncHookDDP, BucketDDP, GradAccumDDP, HookDDP, SimpleDDP
 from minddp.stages.bucket_plan import check_bucket_cap_mb
 from minddp.stages.compiling import compile_ready
-from minddp.stages.debug import watch
 
 #: Stage name -> wrapper class, in reading order.
 STAGES: dict[str, type[nn.Module]] = {
@@ -104,8 +102,6 @@ def build_stage(name: str, module: nn.Module, process_group=None, **options) -> 
     wrapped = cls(module, process_group=process_group, **kwargs)
     if name in TEACHING and hasattr(module, "_orig_mod"):  # torch.compile(module): cut where buckets end
         compile_ready(wrapped)
-    if name in TEACHING and debug.enabled():  # MINDDP_DEBUG=1: docs/debugging.md's model checks (ddp: its own)
-        wrapped.watch = watch(wrapped, module, process_group)
     return wrapped
 
 

@@ -40,6 +40,7 @@ from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.plain import broadcast
 from minddp.comm.send import send
 from minddp.comm.wire import Wire
+from minddp.debug.switch import attach
 from minddp.runtime.nested import map_tensors
 from minddp.sharding.hooks import reduce_scatter_hook
 from minddp.sharding.shards import chunk_range, chunk_size, pack_rank_major, split_block, unpack_rank_major
@@ -122,6 +123,8 @@ class FullyShardedDataParallel(nn.Module):
     :class:`~minddp.comm.wire.Wire` (to meter or reroute the collectives).
     """
 
+    sharded = True  # each rank holds its own shard: debug mode compares its collectives only (minddp/debug)
+
     def __init__(self, module: nn.Module, *, process_group=None, compute_dtype: torch.dtype | None = None, shard=None):
         super().__init__()
         self.module = module
@@ -133,6 +136,7 @@ class FullyShardedDataParallel(nn.Module):
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 broadcast(tensor, group_src=0, group=self.wire.group)
+        attach(self)  # debug mode's collective check, while it is on (minddp/debug)
         self.units = self._make_units(module, as_unit_predicate(shard))
         owned = {id(s) for unit in self.units for s in unit.shards}
         self.replicated = [

@@ -46,6 +46,8 @@ from minddp.stages.compiling import eager_under_compile, split_at_buckets
 class Zero2DDP(AsyncBucketDDP):
     """bucket-async whose buckets are reduce-scattered into per-rank gradient shards (module doc)."""
 
+    sharded = True  # each rank steps its own shard: debug mode compares its collectives only (minddp/debug)
+
     def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = None):
         super().__init__(module, process_group, bucket_cap_mb)  # broadcast, autograd hooks, bucket plan (torch's rule)
         self.comm_hook = reduce_scatter_hook

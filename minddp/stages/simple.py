@@ -32,6 +32,7 @@ from torch import nn
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.plain import allreduce_hook, broadcast
 from minddp.comm.send import send
+from minddp.debug.switch import attach
 from minddp.stages.checks import ParameterUse, check_same_model
 
 
@@ -49,6 +50,7 @@ class SimpleDDP(nn.Module):
         # How gradients travel: plain averaging unless another hook is registered (once, as torch allows).
         self.comm_hook, self.comm_state, self.hook_registered = allreduce_hook, process_group, False
         self.parameters_used = ParameterUse(module, process_group)
+        attach(self)  # debug mode's checks, while it is on (minddp/debug); nothing when off
 
     def register_comm_hook(self, state, hook) -> None:
         """Send gradients through ``hook(state, bucket) -> Future[Tensor]`` instead of plain averaging; once."""
