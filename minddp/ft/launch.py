@@ -26,6 +26,7 @@ that rank's line. Everything is bounded by ``run_timeout_s``.
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import pickle
@@ -156,6 +157,8 @@ def launch_ft(
                         procs[event[1]].kill()  # frozen: ended by its pid, then restarted below
                         fate[event[1]] = f"evicted at step {committed} (silent for {hang_s:g} s)"
                         timeline.append(("ended", event[1], event[2], time.time()))
+                    if event[0] == "lost":
+                        raise FaultTolerantRunError(_state_lost(event, hang_s))
                     if event[0] == "quorum":
                         members_of[event[1]] = event[2]
                     if event[0] == "decision" and event[3] == "commit" and event[2] == steps - 1:
@@ -251,6 +254,21 @@ def _start_lighthouse(ctx, port, world_size, hang_s, epoch, events, timeline, fu
     raise FaultTolerantRunError("minddp.ft: the coordinator did not start within 30 s; is the machine overloaded?")
 
 
+def _state_lost(event: tuple, hang_s: float) -> str:
+    """The line for the coordinator's ``lost``: every rank that held the trained state is gone."""
+    _, newest, how, _ = event
+    holders = ", ".join(f"slot {s}" for s in sorted(how))
+    fates = ", ".join(f"slot {s} {how[s]}" for s in sorted(how))
+    line = (
+        f"minddp.ft: no rank holds the trained state any more (after step {newest - 1} its holders were {holders}: "
+        f"{fates}); the ranks started again would train from step 0, so the run stops here; keep one holder alive "
+        "through each fault (a larger world, or faults in different steps)"
+    )
+    if "evicted" in how.values():
+        line += f"; a rank silent for the hang bound ({hang_s:g} s) was evicted: if it was only slow, raise it"
+    return line
+
+
 def _drain(q) -> list:
     out = []
     while True:
@@ -313,6 +331,10 @@ def _rank_main(payload, parent_path, slot, incarnation, port, plan, results, lau
             on_entry=lambda entry: results.put(("log", slot, incarnation, entry)),
             on_result=lambda out: results.put(("ok", slot, incarnation, _saved(out))),  # before its beats stop
         )
+        # What this process imported and built lives as long as it: out of the cycle collector's sight, a full
+        # collection (the rung makes some at each failed step) no longer walks it while holding the GIL, which on a
+        # loaded machine kept the heartbeat thread silent for seconds (a live rank evicted).
+        gc.freeze()
         trainer.run()
     except BaseException:  # noqa: BLE001 - everything must reach the launcher
         results.put(("error", slot, incarnation, traceback.format_exc()))
