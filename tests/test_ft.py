@@ -324,9 +324,11 @@ def test_a_ranks_full_collection_walks_only_what_it_made_since_it_started(frozen
         assert walked < frozen, (frozen, walked)
 
 
-def test_every_rank_holding_the_state_lost_at_once_stops_the_run_rather_than_start_over():
-    # Both ranks die in step 1: the ranks started again hold nothing. They used to train from step 0 again,
-    # committing step 0 twice and saying nothing; the run now stops with one line.
+@pytest.mark.parametrize("restart_after_steps", [0, 1])
+def test_every_rank_holding_the_state_lost_at_once_stops_the_run_rather_than_start_over(restart_after_steps):
+    # Both ranks die in step 1, after step 0 was committed: the ranks started again hold nothing. They used to
+    # train from step 0 again (committing step 0 twice, saying nothing), or, told to wait for a commit that no
+    # rank was left to make, end "every rank is down ...; lower restart_after_steps", which led to the former.
     with pytest.raises(FaultTolerantRunError) as err:
         launch_ft(
             ToyTask(),
@@ -334,29 +336,16 @@ def test_every_rank_holding_the_state_lost_at_once_stops_the_run_rather_than_sta
             world_size=2,
             faults=parse_faults("kill@1:0,kill@1:1"),
             hang_s=HANG_S,
-            run_timeout_s=120,
-        )
-    line = str(err.value)
-    assert "\n" not in line
-    assert "no rank holds the trained state any more (after step 0 its holders were slot 0, slot 1: " in line
-    assert "slot 0 exited" in line and "slot 1 exited" in line
-    assert "would train from step 0" in line
-
-
-def test_every_rank_down_with_none_allowed_to_start_says_how_each_ended():
-    with pytest.raises(FaultTolerantRunError) as err:
-        launch_ft(
-            ToyTask(),
-            4,
-            world_size=2,
-            faults=parse_faults("kill@1:0,kill@1:1"),
-            hang_s=HANG_S,
-            restart_after_steps=1,
+            restart_after_steps=restart_after_steps,
             run_timeout_s=120,
         )
     line = str(err.value)
     assert "\n" not in line
     # (the step is the launcher's count of committed steps when it saw the exit: the kills' step or the one before,
     # as the coordinator's news of step 0's commit and the processes' exits reach it in either order)
-    assert re.search(r"every rank is down \(slot 0 exited with code -9 at step [01]; slot 1 exited with code -9 ", line)
-    assert line.endswith("lower restart_after_steps")
+    assert re.search(
+        r"no rank holds the trained state any more: after step 0 its holders were slot 0, slot 1 \(slot 0 exited "
+        r"with code -9 at step [01]; slot 1 exited with code -9 at step [01]\), and ranks started again would "
+        r"train from step 0; the run stops here; keep one holder alive through each fault",
+        line,
+    ), line

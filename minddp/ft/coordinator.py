@@ -269,7 +269,7 @@ class Lighthouse:
         if self.said_lost or any(self.holds(slot) for slot in self.holders):
             return
         self.said_lost = True
-        how = {slot: "evicted" if f"{slot}:{inc}" in self.evicted else "exited" for slot, inc in self.holders.items()}
+        how = {s: (inc, "evicted" if f"{s}:{inc}" in self.evicted else "exited") for s, inc in self.holders.items()}
         self.say(("lost", self.newest, how, time.time()))
 
     # -- 2. should_commit ----------------------------------------------------------------------------
