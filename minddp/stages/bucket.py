@@ -32,7 +32,7 @@ from torch import nn
 
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
-from minddp.stages.bucket_plan import DEFAULT_CAP_MB, FIRST_BUCKET_MB, plan_buckets
+from minddp.stages.bucket_plan import bucket_caps, plan_buckets
 from minddp.stages.hook import HookDDP
 
 
@@ -45,7 +45,7 @@ class BucketDDP(HookDDP):
         self.bucket_cap_mb = bucket_cap_mb
         # torch's rule: left at None, buckets of 25 MiB but a first one (the last layers) of 1 MiB, so that the
         # first all_reduce starts early in backward; a cap given is every bucket's (docs/ladder.md, "The bucket lesson")
-        self.caps = (DEFAULT_CAP_MB, FIRST_BUCKET_MB) if bucket_cap_mb is None else (bucket_cap_mb, None)
+        self.caps = bucket_caps(bucket_cap_mb)
         self.buckets = [[params[i] for i in b] for b in plan_buckets(params, *self.caps)]  # step 1
         self.bucket_of = {p: b for b, members in enumerate(self.buckets) for p in members}
         self.waiting = [len(members) for members in self.buckets]  # gradients each bucket waits for
