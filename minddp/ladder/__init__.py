@@ -32,7 +32,7 @@ from torch import nn
 
 from minddp.comm.link import as_link
 from minddp.comm.measure import error_measured
-from minddp.comm.registry import make_hook
+from minddp.comm.registry import make_hook, torch_hook
 from minddp.comm.send import hook_name, send
 from minddp.comm.wire import Traffic, Wire
 from minddp.ddp import DistributedDataParallel
@@ -99,27 +99,6 @@ def build_stage(name: str, module: nn.Module, process_group=None, **options) -> 
     return wrapped
 
 
-def torch_hook(name: str, **powersgd_options):
-    """``(state, hook)`` of torch's own comm hook called ``name`` (minddp's names, e.g. ``fp16+powersgd``)."""
-    from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks, default_hooks, powerSGD_hook
-
-    hooks = {
-        "allreduce": default_hooks.allreduce_hook,
-        "fp16": default_hooks.fp16_compress_hook,
-        "bf16": default_hooks.bf16_compress_hook,
-        "noop": debugging_hooks.noop_hook,
-        "powersgd": powerSGD_hook.powerSGD_hook,
-        "batched-powersgd": powerSGD_hook.batched_powerSGD_hook,
-    }
-    wrappers = {"fp16": default_hooks.fp16_compress_wrapper, "bf16": default_hooks.bf16_compress_wrapper}
-    wrapper, _, base = name.rpartition("+")
-    if base not in hooks or (wrapper and wrapper not in wrappers):
-        raise ValueError(f"torch has no comm hook matching {name!r}")
-    hook = wrappers[wrapper](hooks[base]) if wrapper else hooks[base]
-    state = powerSGD_hook.PowerSGDState(process_group=None, **powersgd_options) if "powersgd" in base else None
-    return state, hook
-
-
 def in_launch_range(hook):
     """``hook`` called through :func:`~minddp.comm.send.send`: in the named range the analysis reads."""
 
@@ -171,7 +150,7 @@ def wrap(
     """
     if stage == "single":
         return model
-    psgd = powersgd_options if "powersgd" in hook else {}
+    psgd = (powersgd_options or {}) if "powersgd" in hook else {}
     wire = _linked(wire, link)
     if stage == "torch":
         from torch.nn.parallel import DistributedDataParallel as TorchDDP
@@ -185,10 +164,10 @@ def wrap(
             gradient_as_bucket_view=gradient_as_bucket_view,
         )
         if wire is not None and wire.link is not None:
-            state, fn = make_hook(hook, wire, **(psgd or {}))
+            state, fn = make_hook(hook, wire, **psgd)
             wrapped.register_comm_hook(state, in_launch_range(fn))
         else:
-            state, fn = torch_hook(hook, **(psgd or {}))
+            state, fn = torch_hook(hook, **psgd)
             if hook != "allreduce" or python_hook:
                 wrapped.register_comm_hook(state, fn)
     else:
@@ -199,7 +178,7 @@ def wrap(
             gradient_as_bucket_view=gradient_as_bucket_view,
             shard=blocks_of(model),
         )  # fsdp's units: the transformer's blocks
-        state, fn = sharded_hook(hook, wire) if stage in SHARDED_GRADIENTS else make_hook(hook, wire, **(psgd or {}))
+        state, fn = sharded_hook(hook, wire) if stage in SHARDED_GRADIENTS else make_hook(hook, wire, **psgd)
         wrapped.register_comm_hook(state, fn if measure is None else error_measured(fn, measure))
     wrapped.minddp_hook_state = state
     return wrapped
@@ -249,7 +228,6 @@ __all__ = [
     "SHARDED_GRADIENTS",
     "build_stage",
     "register_stage",
-    "torch_hook",
     "wrap",
     "make_optimizer",
 ]

@@ -44,9 +44,10 @@ from torch import nn
 from minddp.collectives import TRANSPORTS
 from minddp.comm.link import Link
 from minddp.comm.powerSGD_hook import check_start_iter
+from minddp.comm.registry import torch_hook
 from minddp.comm.wire import Traffic, Wire
 from minddp.costmodel.auto import choose_bucket_cap
-from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER, make_optimizer, torch_hook, wrap
+from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER, make_optimizer, wrap
 from minddp.ladder.loop import train_step
 from minddp.runtime.cli import bar_drawn, fail, fresh_line
 from minddp.runtime.compat import meta_device
