@@ -15,8 +15,9 @@ training and for speed, kept apart so the ladder stays readable:
 * :mod:`~minddp.ddp.debug`: the reducer in debug mode (``MINDDP_DEBUG=1``): its collectives checked and labelled;
 * :mod:`~minddp.ddp.buffers`: ``broadcast_buffers``.
 
-Under ``torch.compile`` the module's graph is cut where its buckets fill (:mod:`minddp.stages.compiling`,
-``docs/ddp.md``, *Compiled*); the teaching stages get that from ``compile_ready``, outside their files.
+Under ``torch.compile`` the module's graph is cut where its buckets fill (:mod:`minddp.runtime.compiling`,
+``docs/ddp.md``, *Compiled*); the teaching stages get that from ``minddp.ladder.compile_ready``, outside their
+files.
 
 ``docs/ddp.md`` maps each part to the teaching stage that introduced it.
 """

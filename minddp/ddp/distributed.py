@@ -35,11 +35,11 @@ from minddp.ddp.debug import DebugReducer
 from minddp.ddp.join import ShadowingJoinHook, highest_rank
 from minddp.ddp.plan import torch_caps
 from minddp.ddp.reducer import Reducer
+from minddp.runtime.compiling import eager_under_compile, split_at_buckets
 from minddp.runtime.envflags import env_flag
 from minddp.runtime.nested import map_tensors
 from minddp.stages.bucket_plan import check_bucket_cap_mb
 from minddp.stages.checks import check_same_model
-from minddp.stages.compiling import eager_under_compile, split_at_buckets
 from minddp.stages.debug import watch
 from minddp.stages.grad_accum import GradAccumDDP
 

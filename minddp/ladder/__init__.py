@@ -37,12 +37,12 @@ from minddp.comm.send import hook_name, send
 from minddp.comm.wire import Traffic, Wire
 from minddp.ddp import DistributedDataParallel
 from minddp.runtime import debug
+from minddp.runtime.compiling import eager_under_compile, split_at_buckets
 from minddp.sharding import FullyShardedDataParallel, Zero2DDP, ZeroRedundancyOptimizer
 from minddp.sharding.fsdp import blocks_of
 from minddp.sharding.hooks import sharded_hook
 from minddp.stages import AsyncBucketDDP, AsyncHookDDP, BucketDDP, GradAccumDDP, HookDDP, SimpleDDP
-from minddp.stages.bucket_plan import check_bucket_cap_mb
-from minddp.stages.compiling import compile_ready
+from minddp.stages.bucket_plan import bucket_caps, check_bucket_cap_mb
 from minddp.stages.debug import watch
 
 #: Stage name -> wrapper class, in reading order.
@@ -83,7 +83,7 @@ def build_stage(name: str, module: nn.Module, process_group=None, **options) -> 
 
     So one call site can pass ``bucket_cap_mb`` to every stage and only the
     bucketed ones use it. A teaching stage around a compiled module (``torch.compile(model)``,
-    as ``--compile`` does) is made :func:`~minddp.stages.compiling.compile_ready`: the module's
+    as ``--compile`` does) is made :func:`compile_ready`: the module's
     graph is cut where its buckets end (``ddp`` and the sharded stages do that themselves).
     """
     if name not in STAGES:
@@ -97,6 +97,29 @@ def build_stage(name: str, module: nn.Module, process_group=None, **options) -> 
     if name in TEACHING and debug.enabled():  # MINDDP_DEBUG=1: docs/debugging.md's model checks (ddp: its own)
         wrapped.watch = watch(wrapped, module, process_group)
     return wrapped
+
+
+def compile_ready(stage: nn.Module) -> nn.Module:
+    """A teaching stage as ``torch.compile`` should see it: call it before ``torch.compile(stage)``, or around a
+    compiled module (:func:`build_stage` does).
+
+    Its ``forward`` frames run as Python (:func:`~minddp.runtime.compiling.eager_under_compile`), and a bucketed
+    stage has its module's graph cut where its buckets end (:func:`~minddp.runtime.compiling.split_at_buckets`,
+    at the caps the stage planned with: :func:`~minddp.stages.bucket_plan.bucket_caps`). The stages' own files
+    stay plain; ``ddp`` and ``zero2`` do this themselves.
+    """
+    from torch._dynamo.decorators import skip  # Dynamo takes seconds to import: not before it is asked for
+
+    eager_under_compile(stage)
+    if isinstance(stage, (BucketDDP, AsyncBucketDDP)):
+        forward, caps = stage.forward, bucket_caps(stage.bucket_cap_mb)
+
+        def cut_forward(*inputs, **kwargs):
+            with split_at_buckets(*caps):
+                return forward(*inputs, **kwargs)
+
+        stage.forward = skip(cut_forward)  # this frame runs as Python too
+    return stage
 
 
 def in_launch_range(hook):
@@ -227,6 +250,7 @@ __all__ = [
     "SHARDED_OPTIMIZER",
     "SHARDED_GRADIENTS",
     "build_stage",
+    "compile_ready",
     "register_stage",
     "wrap",
     "make_optimizer",

@@ -37,10 +37,10 @@ from torch import nn
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
 from minddp.comm.wire import Wire
+from minddp.runtime.compiling import eager_under_compile, split_at_buckets
 from minddp.sharding.hooks import reduce_scatter_hook
 from minddp.sharding.shards import chunk_range, chunk_size, pack_rank_major, split_block, unpack_rank_major
 from minddp.stages.bucket_async import AsyncBucketDDP
-from minddp.stages.compiling import eager_under_compile, split_at_buckets
 
 
 class Zero2DDP(AsyncBucketDDP):
@@ -70,7 +70,7 @@ class Zero2DDP(AsyncBucketDDP):
         self.gathering: dict[int, tuple] = {}  # bucket -> (its parameters, receiving buffer, Future), in flight
         self.holding_full = False  # the module holds the full parameters (in a forward), not the shards
         self.lent = False  # ... because the module was called on its own (``_module_forward``)
-        eager_under_compile(self)  # torch.compile(zero2) compiles the module, not these forwards (stages/compiling.py)
+        eager_under_compile(self)  # torch.compile(zero2) compiles the module, not these forwards (runtime/compiling.py)
         # torch.compile(model): Dynamo traces the layers' hooks (step 4) too (torch.compile imported OptimizedModule)
         self.compiled = isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
         self._hold("shard")
@@ -95,7 +95,7 @@ class Zero2DDP(AsyncBucketDDP):
         self.holding_full = which == "full"
 
     def forward(self, *inputs, **kwargs):
-        if self.stale:  # step 4; a compiled module's hooks find the gather done (stages/compiling.py)
+        if self.stale:  # step 4; a compiled module's hooks find the gather done (runtime/compiling.py)
             self.gather_parameters(wait=self.compiled)
         self._hold("full")
         try:
