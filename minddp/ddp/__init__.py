@@ -6,6 +6,7 @@ training and for speed, kept apart so the ladder stays readable:
 
 * :mod:`~minddp.ddp.distributed`: the module (torch's constructor, forward,
   ``no_sync``, ``register_comm_hook``);
+* :mod:`~minddp.ddp.base`: what it shares with ``fsdp`` (the same start, ``no_sync``), not a teaching class;
 * :mod:`~minddp.ddp.reducer`: buckets reduced during backward, in order,
   finished inside ``backward()``; unused parameters; bucket views;
 * :mod:`~minddp.ddp.plan`: torch's first-iteration plan and the rebuild;
