@@ -24,20 +24,18 @@ Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
     True
 """
 
-from __future__ import annotations
-
 import contextlib
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from minddp.comm.plain import broadcast
 from minddp.stages.checks import check_same_model
 
 
-def same_start(module: nn.Module, group: dist.ProcessGroup | None) -> None:
-    """Step 1: raise on every rank unless all hold the same model, then give every rank rank 0's tensors."""
+def same_start(module: nn.Module, group) -> None:
+    """Step 1: raise on every rank of ``group`` (a process group, None: all) unless all hold the same model, then
+    give every rank rank 0's tensors."""
     check_same_model(module, group)  # a broadcast between different models hangs
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:

@@ -12,7 +12,7 @@ Rules (the ones torch's DDP applies; a test checks the plan against torch's own
 5. ``first_bucket_cap_mb``, if given, caps the first bucket of each dtype instead: torch's DDP, left at its
    default cap (:data:`DEFAULT_CAP_MB`), makes its first bucket :data:`FIRST_BUCKET_MB` (1 MiB), so that the
    first all_reduce starts early in backward rather than after 25 MiB of gradients (``docs/ladder.md``,
-   "The bucket lesson"); :func:`bucket_caps` is that rule, the one every bucketed wrapper applies.
+   "The bucket lesson"); :func:`bucket_caps` is that rule, for every bucketed wrapper.
 
 Example (4 KiB weights, 64 B biases; a cap of 4 KiB = 1/256 MiB)::
 
@@ -25,8 +25,6 @@ Example (4 KiB weights, 64 B biases; a cap of 4 KiB = 1/256 MiB)::
     [[3, 2, 0], [1]]
     >>> plan_buckets([w1, b1, w2, b2], bucket_cap_mb=1, first_bucket_cap_mb=1 / 1024)   # a 1 KiB first bucket
     [[3, 2], [1, 0]]
-    >>> bucket_caps(None), bucket_caps(4)                                  # rule 5: (cap, first bucket's cap)
-    ((25.0, 1.0), (4, None))
 """
 
 from __future__ import annotations
@@ -44,11 +42,7 @@ FIRST_BUCKET_MB = 1.0
 
 
 def bucket_caps(bucket_cap_mb: float | None, first_bucket_mb: float = FIRST_BUCKET_MB) -> tuple[float, float | None]:
-    """Rule 5: ``(every bucket's cap, the first bucket's cap or None)`` for ``bucket_cap_mb`` as torch's DDP takes it.
-
-    Left at ``None``: :data:`DEFAULT_CAP_MB` buckets, the first of ``first_bucket_mb`` (the production DDP passes
-    torch's own knob, read when it is built); a cap given is every bucket's, the first's too.
-    """
+    """Rule 5: ``(cap, first bucket's cap)``; ``(25, first_bucket_mb)`` at None, else ``(bucket_cap_mb, None)``."""
     return (DEFAULT_CAP_MB, first_bucket_mb) if bucket_cap_mb is None else (bucket_cap_mb, None)
 
 
