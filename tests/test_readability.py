@@ -3,7 +3,9 @@
 Two measures, each on a budget, because each catches what the other cannot.
 
 **1. The traced path.** A learner follows one training step of a stage: build
-it, forward, backward, finish the sync. What they must read is (a) every file
+it (by its class, as a learner does: what the ladder's ``build_stage`` adds
+around a teaching stage, the profiler range and debug mode's switch, is the
+script's side), forward, backward, finish the sync. What they must read is (a) every file
 that defines the stage's class or one of its minddp base classes, whole, and
 (b) every other minddp function that step actually runs (the hook, the
 bucket, the checks...), found by tracing the step with ``sys.setprofile``.
@@ -29,7 +31,9 @@ values (35) through the graph check: 519 lines in 6 modules became 766 in
 comm layer's plain calls, ``minddp/comm/plain.py``: ``broadcast`` (a complex
 tensor as its real view: torch 2.6's gloo refuses complex, two lines),
 ``allreduce_hook`` (divide, then ``Group.all_reduce``, torch's all_reduce with
-a Future), with ``GradBucket`` and ``send``. Nothing on that path needs the
+a Future), with ``GradBucket``; a stage calls its hook plainly (the profiler
+range the trace analysis reads, ``comm/send.py``, is put around the hook by the
+ladder, not by the stage). Nothing on that path needs the
 device rule: every tensor the teaching stages send is a parameter, a buffer, a
 gradient or a mask built on the model's device, which is a device the group
 serves wherever the gradients can be summed at all. The ``Wire`` (a ``Group``
@@ -38,61 +42,60 @@ all-gather, where the device rule and the release shims are consulted) comes
 in only when a user hands one over as the hook's state.
 
 **The import-closure budgets** (non-blank lines; measured in brackets):
-``simple`` 350 (337 in 7 modules: ``simple.py``, the two checks with the
+``simple`` 327 (317 in 6 modules: ``simple.py``, the two checks with the
 graph walk and the one walker over nested values it uses, ``GradBucket``,
-``send``, ``plain.py``); ``ga`` 395 (382); ``hook`` 450 (439); ``hook-async``
-490 (478); ``bucket-async`` 580 (540 in 10: one class on ``ga``); ``bucket``
-605 (584: built on ``hook``, it reads ``hook.py`` too, and the longest
-path). ``simple``'s and ``bucket-async``'s are the targets of issue 39; the
-others have about 10 lines of room, and the two bucketed stages more, for
-torch's first-bucket rule in ``bucket_plan.py`` (about 15 lines, issue 39).
+``plain.py``); ``ga`` 372 (362); ``hook`` 425 (415); ``hook-async``
+469 (459); ``bucket`` 583 (573); ``bucket-async`` 618 (608 in 11: every
+stage on its line, as ``hook-async`` reads ``hook``, and its own 35 lines;
+540 in 10 while it was one class on ``ga``). About 10 lines of room each.
 Both bucketed paths read the plan's ``bucket_cap_mb`` check (30 lines: the
-one-line refusals every constructor that takes a cap shares).
+one-line refusals every constructor that takes a cap shares) and torch's
+first-bucket rule (``bucket_caps``).
 
 **The traced budgets** (code lines), and why:
 
-* ``simple``: 160 (measured 155; 178 while the default hook sent through the
+* ``simple``: 150 (measured 145; 178 while the default hook sent through the
   whole ``Wire`` and the broadcast through ``runtime/compat.py``: the plain
   path is 23 lines shorter on every teaching stage). The blog's first DDP is
   about 20 lines (broadcast, then for each gradient all_reduce and divide);
   ``simple.py`` itself is 34 with its imports. What every stage shares and a
   learner should read once comes on top: the comm-hook layer's plain path
-  (``GradBucket``, ``allreduce_hook``, the ``Group`` it sends through,
-  ``send``'s profiler range), about 45 lines, and the two checks that turn a
+  (``GradBucket``, ``allreduce_hook``, the ``Group`` it sends through),
+  about 35 lines, and the two checks that turn a
   hang or a silent divergence into an error (same model; same parameters
   used, noted after each forward and compared once a step, with the graph
   walk and the walker over nested outputs), about 75. A second
   ``register_comm_hook`` is refused (torch's one-hook rule), which every
   teaching stage inherits;
 * each later teaching stage adds its own idea on top of the one before:
-  ``ga`` 180 (175; +20: ``no_sync``), ``hook`` 214 (209; +34: autograd hooks, weakly
-  held), ``hook-async`` 229 (224; +15: keep the futures), ``bucket`` 290 (276;
-  +67 over ``hook``: the plan and its ``bucket_cap_mb`` check, flatten, copy back, unfilled buckets),
-  ``bucket-async`` 266 (251; it was 298 of 301 while it inherited from both ``bucket`` and
-  ``hook-async``: now one class on ``ga`` that holds its hooks, buckets and kept futures, so a
-  reader reads ``bucket_async.py``, 47 lines, instead of ``hook.py``, ``hook_async.py`` and
-  ``bucket.py``, 29 + 9 + 40, and no method resolution order). A few lines of room each, so a stage
-  cannot quietly grow plumbing that is not its idea; ``bucket`` and ``bucket-async`` have 15, for the
-  first-bucket rule that lands in ``bucket_plan.py`` beside this;
-* ``ddp`` (production, read by those who want torch's parity): 670 (measured 669; 537 when
-  set). It reuses the ladder's ideas and adds the reducer (in-order launch,
+  ``ga`` 170 (165; +20: ``no_sync``), ``hook`` 200 (195; +30: autograd hooks, weakly
+  held), ``hook-async`` 225 (220; +25: keep the futures, and refuse a forward while some are kept),
+  ``bucket`` 278 (273; +78 over ``hook``: the plan, torch's first-bucket rule and the ``bucket_cap_mb``
+  check, flatten, copy back, unfilled buckets, a forgotten finish refused), ``bucket-async`` 293 (288:
+  ``bucket``'s path and its own 15 lines, the futures kept as ``hook-async`` keeps them; 298 of 301
+  while it inherited from both ``bucket`` and ``hook-async``, 251 while it was one class on ``ga``
+  holding the hooks and the plan again, for the production rungs' sake). A few lines of room each, so
+  a stage cannot quietly grow plumbing that is not its idea;
+* ``ddp`` (production, read by those who want torch's parity): 706 (measured 705; 537 when
+  set; its own base, ``ddp/base.py``, read whole, in place of ``ga``'s ``no_sync``). It reuses the
+  ladder's ideas and adds the reducer (in-order launch,
   end of backward, unused parameters, bucket views), torch's plans, the fast
   path and the guards (about 450 lines), and what drop-in fidelity needs on
   the same path (``static_graph``, the ``join`` notification, pickling: about
   85); the budget keeps it from sprawling, not from existing. Code a normal
   step does not run (the joined rank's shadowing in ``ddp/join.py``) is not
   on the sync path and is not counted.
-* the sharded rungs. ``zero1``: 910 (measured 909; 736 when set): ``ddp``'s path (the
+* the sharded rungs. ``zero1``: 946 (measured 945; 736 when set): ``ddp``'s path (the
   wrapper ZeRO-1 is trained with, as torch pairs its ZeRO with its DDP) plus
   ``sharding/zero1.py`` read whole (its optimizer is the idea: the plan, the
   local optimizer over chunks, the step and the bucketed all-gather, ~95
   lines; the torch-format state dict, ~70);
-  ``zero2``: 460 (measured 452; 471 of 472 before ``bucket-async`` became one class):
+  ``zero2``: 522 (measured 521; 471 of 472 before ``bucket-async`` became one class, 477 while it was):
   ``bucket-async``'s path plus ``zero2.py``
   (shards as the module's parameters and the swap, the rank-major send, a
   shard written back, the all-gather overlapped with the next forward: 110),
   the chunk layout (``shards.py``, 34) and the wire's reduce-scatter and
-  all-gather; ``fsdp`` (production, like ``ddp``): 456 (measured 451; 418 when set; 452 measured
+  all-gather; ``fsdp`` (production, like ``ddp``): 459 (measured 458 with ``ddp/base.py``; 418 when set; 452 measured
   before its memory measurement moved out to ``sharding/memory.py``, 440 after), most of
   it ``fsdp.py`` (units, the saved-tensor notes, prefetch, the per-unit
   autograd function, no_sync, whole tensors in and out: about 300).
