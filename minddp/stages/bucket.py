@@ -4,7 +4,7 @@ Builds on ``hook``: each collective's fixed cost is paid per bucket, not per par
 "``bucket``", steps 1-3): 1. **plan** the buckets (:func:`~minddp.stages.bucket_plan.plan_buckets`);
 2. at a bucket's last gradient, **flatten** it for the comm hook; 3. **copy** the average back. Unfilled
 buckets are sent by :meth:`finish_gradient_synchronization`, which sets the counts back (a forward that
-finds them not back is refused: :func:`~minddp.stages.checks.check_finished`). The change::
+records a graph while they are not is refused: :func:`~minddp.stages.checks.check_finished`). The change::
 
          def _grad_ready(self, param: nn.Parameter) -> None:
     -            bucket = GradBucket(i, param.grad.reshape(-1), [param], is_last=i == len(self.index) - 1)

@@ -4,8 +4,8 @@ Builds on ``hook``, with one change: the comm hook's Future is kept, not waited 
 computes the earlier layers' gradients while the later ones travel (1.); just before
 ``optimizer.step()``, :meth:`finish_gradient_synchronization` waits for every kept Future once and
 writes each average back (2.). Real overlap; the cost left is one message per parameter, which
-``bucket`` attacks. A forward that finds a Future still kept is refused (finish was never called:
-:func:`~minddp.stages.checks.check_finished`). The change::
+``bucket`` attacks. A forward that records a graph while a Future is still kept is refused (finish was
+never called: :func:`~minddp.stages.checks.check_finished`). The change::
 
          def _sent(self, bucket: GradBucket, future: torch.futures.Future) -> None:
     -        self._write_back(bucket, future.wait())
