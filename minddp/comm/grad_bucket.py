@@ -1,13 +1,9 @@
 """GradBucket: what a communication hook is handed.
 
-A bucket is a flat 1-D tensor (``buffer()``) holding the gradients of a few
-parameters back to back, and the parameters themselves, so a hook can see the
-gradients one by one again (``gradients()``: views into the buffer, in the
-bucket's parameter order). Stages that sync one parameter at a time hand a
-hook a bucket of one parameter whose buffer *is* that parameter's ``.grad``
-viewed flat; bucketed stages hand it a bucket of many. The method names are
-``torch.distributed.GradBucket``'s, so a hook written for torch's DDP runs on
-minddp's stages unchanged, and the other way round.
+A flat 1-D tensor (``buffer()``) holding a few parameters' gradients back to back, and those parameters
+(``gradients()``: views of the buffer, one per parameter). A per-parameter stage's bucket holds one parameter;
+a bucketed stage's, many. The method names are ``torch.distributed.GradBucket``'s: a hook written for torch's
+DDP runs on minddp's stages unchanged, and the other way round.
 
 Example::
 

@@ -4,11 +4,9 @@
 2. :func:`allreduce_hook`, the comm hook a stage uses unless told otherwise: divide a bucket of gradients by
    the world size, start summing it across ranks (:meth:`Group.all_reduce`), hand back the Future at once.
 
-A hook's state is, as in torch, a process group (``None``: the default one); :class:`Group` is that group
-as a hook sees it. A :class:`~minddp.comm.wire.Wire` is a ``Group`` that also meters, reroutes or delays
-what it carries, and carries the sharded stages' collectives: it is there, not on this path, that the
-device rule (``minddp.runtime.device``) and torch's release differences (``minddp.runtime.compat``) are
-consulted. Why this path needs neither: ``docs/layout.md``.
+A hook's state is, as in torch, a process group (``None``: the default); :class:`Group` is that group as a
+hook sees it. A :class:`~minddp.comm.wire.Wire` is a ``Group`` that also meters and delays what it carries; it
+consults the device rule and torch's release differences, so this path needs neither (``docs/layout.md``).
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 

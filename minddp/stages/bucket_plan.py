@@ -47,39 +47,20 @@ def bucket_caps(bucket_cap_mb: float | None, first_bucket_mb: float = FIRST_BUCK
 
 
 def check_bucket_cap_mb(cap) -> None:
-    """Refuse, in one line, a ``bucket_cap_mb`` (``cap``) that is not a finite number of MiB above 0 (``None`` is fine).
+    """Refuse in one line what ``--bucket-cap-mb`` refuses (0, negatives, nan, inf) and a str or bool; None is fine.
 
-    The one check every constructor that takes a cap runs (the bucketed stages through :func:`plan_buckets`,
-    ``ddp``, ``zero2``, torch's DDP as :func:`minddp.ladder.wrap` builds it), refusing what the train command's
-    ``--bucket-cap-mb`` refuses: 0, negatives, ``nan`` and infinity, and also a string or a bool.
-
-    Example::
-
-        >>> check_bucket_cap_mb(25), check_bucket_cap_mb(None)
-        (None, None)
-        >>> check_bucket_cap_mb("25")
-        Traceback (most recent call last):
-        TypeError: bucket_cap_mb must be a number of MiB or None (the default), got '25' (a str): pass bucket_cap_mb=25
+    Every constructor that takes a cap runs it (the bucketed stages, ``ddp``, ``zero2``, :func:`minddp.ladder.wrap`).
     """
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, Real) or not 0 < cap < math.inf):
         raise _refusal(cap)
 
 
-def _refusal(bucket_cap_mb) -> Exception:
-    """The one-line error :func:`check_bucket_cap_mb` raises: what was given, and what to pass instead."""
-    if isinstance(bucket_cap_mb, Real) and not isinstance(bucket_cap_mb, bool):
-        return ValueError(
-            f"bucket_cap_mb must be a finite number of MiB above 0, got {bucket_cap_mb!r}: pass a size such as 25 "
-            "(torch's default cap), or None for torch's default"
-        )
-    try:
-        hint = f"bucket_cap_mb={float(bucket_cap_mb):g}" if isinstance(bucket_cap_mb, str) else "a number such as 25"
-    except ValueError:
-        hint = "a number such as 25"
-    return TypeError(
-        f"bucket_cap_mb must be a number of MiB or None (the default), got {bucket_cap_mb!r} "
-        f"(a {type(bucket_cap_mb).__name__}): pass {hint}"
-    )
+def _refusal(cap) -> Exception:
+    """The one line: what was given and what to pass (a positive number typed as a string: that number)."""
+    text = cap.strip() if isinstance(cap, str) else ""
+    hint = text if text.replace(".", "", 1).isdigit() and float(text) > 0 else "25 (torch's default cap)"
+    kind = ValueError if isinstance(cap, Real) and not isinstance(cap, bool) else TypeError
+    return kind(f"bucket_cap_mb must be a finite number of MiB above 0 or None, got {cap!r}: pass bucket_cap_mb={hint}")
 
 
 def plan_buckets(

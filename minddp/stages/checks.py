@@ -1,17 +1,10 @@
 """The two checks the teaching stages make, so that a mistake is an error and not a hang.
 
-Two ranks that disagree on what they send do not fail cleanly: they hang, or sum one layer's
-gradient with another's and silently diverge. So the stages check, each with one small collective,
-and raise the same one-line finding on every rank (a :class:`~minddp.debug.findings.CrossRankError`):
-
-1. :func:`check_same_model`, at construction: every rank's parameters (name, shape, dtype,
-   ``requires_grad``: a layer frozen on some ranks would pair unrelated gradients) all-gathered and compared;
-2. :class:`ParameterUse`, once per synced step: each forward notes locally which parameters its
-   graph reaches; before the step's first gradient is sent, the notes are all-gathered and a
-   parameter used on some ranks only is named (such a model needs ``find_unused_parameters=True``).
-
-Why before the first send, and what only the production DDP checks: ``docs/ladder.md``. A third needs no
-collective: :func:`check_finished` (a forgotten ``finish_gradient_synchronization()``, refused).
+Ranks that disagree on what they send hang, or sum one layer's gradient with another's. So the stages
+check, each with one small collective, and raise one line on every rank (a ``CrossRankError``):
+1. :func:`check_same_model`, at construction: every rank's parameters (name, shape, dtype, ``requires_grad``);
+2. :class:`ParameterUse`, per synced step, before its first send: the parameters each rank's forwards reached.
+:func:`check_finished` needs no collective (a forgotten finish, refused). Why: ``docs/ladder.md``.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 

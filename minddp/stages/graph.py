@@ -1,13 +1,8 @@
 """What a backward from a forward's outputs will reach: the parameters in the autograd graph.
 
-After a forward, each output tensor points (``grad_fn``) at the graph that
-produced it. Walking that graph back from the outputs finds every
-``AccumulateGrad`` node, and each such node holds a leaf tensor (a
-parameter) that a backward from those outputs would give a gradient to.
-A parameter *not* found is one this forward did not use.
-
-The outputs may be nested: tuples, lists, dicts, and dataclasses (Hugging
-Face models return ``ModelOutput``, a dataclass that is also a dict).
+Walking back from the outputs' ``grad_fn`` finds every ``AccumulateGrad`` node: each holds a parameter a
+backward from those outputs would reach. A parameter not found is one this forward did not use. The outputs
+may be nested (tuples, lists, dicts, dataclasses such as Hugging Face's ``ModelOutput``).
 
 Example::
 
