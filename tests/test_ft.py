@@ -344,8 +344,8 @@ def test_every_rank_holding_the_state_lost_at_once_stops_the_run_rather_than_sta
     # (the step is the launcher's count of committed steps when it saw the exit: the kills' step or the one before,
     # as the coordinator's news of step 0's commit and the processes' exits reach it in either order)
     assert re.search(
-        r"no rank holds the trained state any more: after step 0 its holders were slot 0, slot 1 \(slot 0 exited "
-        r"with code -9 at step [01]; slot 1 exited with code -9 at step [01]\), and ranks started again would "
+        r"no process holds the trained state any more: after step 0 its holders were slot 0, slot 1 \(slot 0 exited "
+        r"with code -9 at step [01]; slot 1 exited with code -9 at step [01]\), and processes started again would "
         r"train from step 0; the run stops here; keep one holder alive through each fault",
         line,
     ), line

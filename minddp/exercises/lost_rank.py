@@ -24,7 +24,7 @@ Example (a lighthouse and 3 ranks: not run by the doctests)::
 
     >>> from minddp.exercises import check_shard, solutions
     >>> check_shard(solutions.ft_shard)                       # doctest: +SKIP
-    ✓ shard: through a lost rank (worlds 3 → 2 → 3 over 6 committed steps...
+    ✓ shard: through a lost process (worlds 3 → 2 → 3 over 6 committed steps...
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def check_shards(shards: list, *, steps: int = 6, timeout_s: float = 180.0) -> l
     if not run_these:
         return verdicts
     task = Lanes([cloudpickle.dumps(shards[i]) for i in run_these], steps)
-    print(f"(training {len(run_these)} shard function(s) in one run of the ft rung on {WORLD} ranks through {FAULT})")
+    print(f"(training {len(run_these)} shard function(s) in one run of the ft rung on {WORLD} slots through {FAULT})")
     try:  # step 2
         run = launch_ft(
             task,
@@ -306,7 +306,7 @@ def verdict(fn, mine: dict, oracle: dict, committed, task: Lanes, run, blind: bo
         discarded = len({(e["tag"], e["step"]) for _, _, e in run.entries if not e["committed"]})
         return Verdict(
             True,
-            f"✓ shard: through a lost rank (worlds {path} over {len(committed)} committed steps, {discarded} "
+            f"✓ shard: through a lost process (worlds {path} over {len(committed)} committed steps, {discarded} "
             f"attempt(s) discarded) every committed step trained each of the {ROWS} rows of its global batch once: "
             f"the parameters match a single process on the whole batch (largest difference {d_single:.1e}, float32 "
             f"rounding: the ranks add their parts where one process adds all rows; tolerance "
@@ -334,7 +334,7 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
     left = f"the parameters left a single process on the whole batch (by {difference:.2g})"
     if blind:  # what the ranks' own checks cannot see
         left += (
-            f", though the ranks' own checks all pass (the {WORLD} ranks end identical bit for bit, every attempt's "
+            f", though the ranks' own checks all pass (the {WORLD} slots end identical bit for bit, every attempt's "
             "members started it from the same state, every discarded attempt changed nothing)"
         )
     for step, world in committed:

@@ -141,7 +141,7 @@ def launch_ft(
             while len(done) < world_size:  # step 3
                 if waiting and not procs:  # every rank is down: no step can be committed to end the wait
                     waiting = dict.fromkeys(waiting, committed)  # so they start now (below); if the state went
-                    # with them, the coordinator says so and the run stops (no rank holds the trained state)
+                    # with them, the coordinator says so and the run stops (no process holds the trained state)
                 if time.monotonic() > deadline:
                     raise FaultTolerantRunError(
                         f"minddp.ft: the run did not finish within {run_timeout_s:.0f} s "
@@ -266,8 +266,8 @@ def _state_lost(event: tuple, hang_s: float, ended: dict) -> str:
     holders = ", ".join(f"slot {s}" for s in sorted(how))
     fates = "; ".join(f"slot {s} {ended.get((s, inc), gone)}" for s, (inc, gone) in sorted(how.items()))
     line = (
-        f"minddp.ft: no rank holds the trained state any more: after step {newest - 1} its holders were {holders} "
-        f"({fates}), and ranks started again would train from step 0; the run stops here; keep one holder alive "
+        f"minddp.ft: no process holds the trained state any more: after step {newest - 1} its holders were {holders} "
+        f"({fates}), and processes started again would train from step 0; the run stops here; keep one holder alive "
         "through each fault (a larger world, or faults in different steps)"
     )
     if any(gone == "evicted" for _, gone in how.values()):

@@ -41,6 +41,7 @@ class FaultOutcome:
     restart_s: float | None  # kill, stop: to the launcher starting the slot's next process
     rejoin_s: float | None  # kill, stop: to the quorum that heals that process
     healed_at: int | None  # the step it was healed at
+    rejoin_steps: dict | None  # slot -> the step each member of that quorum asked to train (the new process: 0)
 
 
 def fault_outcomes(run) -> list[FaultOutcome]:
@@ -50,7 +51,7 @@ def fault_outcomes(run) -> list[FaultOutcome]:
     out = []
     for fault, t in zip(run.faults, run.fired_at):
         if t is None:
-            out.append(FaultOutcome(fault, None, None, None, None, 0, None, None, None, None, None, None))
+            out.append(FaultOutcome(fault, None, None, None, None, 0, None, None, None, None, None, None, None))
             continue
         after = [d for d in decisions if d[5] >= t]
         # the first commit of the fault's step or a later one (a new coordinator first re-decides the step before)
@@ -83,6 +84,7 @@ def fault_outcomes(run) -> list[FaultOutcome]:
                 None if restart_t is None else restart_t - t,
                 None if rejoin is None else rejoin[4] - t,
                 None if rejoin is None else max(rejoin[3].values()),
+                None if rejoin is None else dict(sorted(rejoin[3].items())),
             )
         )
     return out
