@@ -121,9 +121,15 @@ lesson.claim(
     raised.exit_s is None and raised.world == 3,
     "raise: no process ended; slot 2 voted no, asked for the next quorum itself, and step 9 was committed at world 3",
 )
+
+
+def apart(d):  # a difference of two times, in words
+    return f"{abs(d):.2f} s {'later' if d >= 0 else 'earlier'}"
+
+
 print(
-    f"the kill's new quorum came {kill.quorum_s - raised.quorum_s:.2f} s later than the raise's, its commit "
-    f"{kill.recovery_s - raised.recovery_s:.2f} s later"
+    f"the kill's new quorum came {apart(kill.quorum_s - raised.quorum_s)} than the raise's, its commit "
+    f"{apart(kill.recovery_s - raised.recovery_s)}"
 )
 print(
     f"rejoin {kill.rejoin_s:.2f} s: {kill.restart_s:.2f} s until the launcher started slot 1 again (after one step "
@@ -153,8 +159,8 @@ print(run.timeline())
 #   slots 0 and 2, ranks 0 and 1 of a new group of 2, and step 4 was trained again on the same
 #   global batch, split in two;
 # * the launcher started slot 1 again: a new process, freshly initialised, at step 0. It asked to
-#   train step 0 while its peers asked for a later step, so it was **healed** (`H` or `h` on the
-#   timeline), and from then on trained with them at world 3 (step 9 waits for the whole world, so
+#   train step 0 while its peers asked for a later step, so it was **healed** (`H` on the
+#   timeline, or `h` when the attempt it was healed in was then discarded), and from then on trained with them at world 3 (step 9 waits for the whole world, so
 #   it is back by then whatever the machine's speed);
 # * in step 9 slot 2's all_reduce raised: slot 2 stayed, but the attempt was discarded on every
 #   member, and step 9 was tried again by a new group of the same three slots.
@@ -317,8 +323,8 @@ check_shard(solutions.ft_shard)
 # processes with each other or with themselves, never with the data, and every member takes the
 # same step, from the same state, on the same (too few) rows. Only a comparison with a single
 # process on the whole batch sees the loss. A split by slot instead (each process keeping its own
-# rows of the first world, as torchft's sampler keeps each replica group's share) loses a third
-# too: the dead slot's rows 3-5 (computed in the same cell).
+# rows of the first world, as torchft's sampler keeps each replica group's share) loses rows
+# too: the dead slot's rows 3-5, 3 of the 10 (computed in the same cell).
 #
 # </details>
 
