@@ -29,7 +29,7 @@ from torch import nn
 
 from minddp.analysis import analyze_run
 from minddp.analysis.__main__ import main
-from minddp.ladder import build_stage
+from minddp.ladder import build_stage, options_for
 from minddp.ladder.loop import train_step
 from minddp.runtime.launch import launch
 
@@ -42,7 +42,7 @@ def _profile_rank(stage, out, steps, grad_accum):
 
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(10)], nn.Linear(256, 1))
-    ddp = build_stage(stage, model, bucket_cap_mb=0.6)
+    ddp = build_stage(stage, model, **options_for(stage, bucket_cap_mb=0.6))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     rank = dist.get_rank()
     gen = torch.Generator().manual_seed(rank)

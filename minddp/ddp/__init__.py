@@ -6,6 +6,7 @@ training and for speed, kept apart so the ladder stays readable:
 
 * :mod:`~minddp.ddp.distributed`: the module (torch's constructor, forward,
   ``no_sync``, ``register_comm_hook``);
+* :mod:`~minddp.ddp.base`: what it shares with ``fsdp`` (the same start, ``no_sync``), not a teaching class;
 * :mod:`~minddp.ddp.reducer`: buckets reduced during backward, in order,
   finished inside ``backward()``; unused parameters; bucket views;
 * :mod:`~minddp.ddp.plan`: torch's first-iteration plan and the rebuild;
@@ -16,8 +17,9 @@ training and for speed, kept apart so the ladder stays readable:
   mode's room's: :mod:`minddp.debug.ddp_guards`);
 * :mod:`~minddp.ddp.buffers`: ``broadcast_buffers``.
 
-Under ``torch.compile`` the module's graph is cut where its buckets fill (:mod:`minddp.stages.compiling`,
-``docs/ddp.md``, *Compiled*); the teaching stages get that from ``compile_ready``, outside their files.
+Under ``torch.compile`` the module's graph is cut where its buckets fill (:mod:`minddp.runtime.compiling`,
+``docs/ddp.md``, *Compiled*); the teaching stages get that from ``minddp.ladder.compile_ready``, outside their
+files.
 
 ``docs/ddp.md`` maps each part to the teaching stage that introduced it.
 """

@@ -10,7 +10,8 @@ and raise the same one-line finding on every rank (a :class:`~minddp.debug.findi
    graph reaches; before the step's first gradient is sent, the notes are all-gathered and a
    parameter used on some ranks only is named (such a model needs ``find_unused_parameters=True``).
 
-Why before the first send, and what only the production DDP checks: ``docs/ladder.md``.
+Why before the first send, and what only the production DDP checks: ``docs/ladder.md``. A third needs no
+collective: :func:`check_finished` (a forgotten ``finish_gradient_synchronization()``, refused).
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
@@ -96,3 +97,12 @@ class ParameterUse:
             what = f"{where}{'; ...' if len(differ) > 4 else ''}: the ranks would send different gradients"
             fix = "take the same branches on every rank, or use minddp's DDP with find_unused_parameters=True"
             raise CrossRankError(finding(cause, what, fix, dist.get_rank()))
+
+
+def check_finished(finished: bool) -> None:
+    """At a forward that records a graph: raise unless the last synced backward was finished (nothing left kept)."""
+    if torch.is_grad_enabled() and not finished:  # torch's words for its DDP's case, then the fix
+        raise RuntimeError(
+            "Expected to have finished reduction in the prior iteration before starting a new one: call "
+            "model.finish_gradient_synchronization() after every backward (before optimizer.step())"
+        )

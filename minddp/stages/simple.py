@@ -31,7 +31,6 @@ from torch import nn
 
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.plain import allreduce_hook, broadcast
-from minddp.comm.send import send
 from minddp.debug.switch import attach
 from minddp.stages.checks import ParameterUse, check_same_model
 
@@ -69,5 +68,5 @@ class SimpleDDP(nn.Module):
         params = [p for p in self.module.parameters() if p.grad is not None]
         for index, param in enumerate(reversed(params)):  # backward made the last layers' first
             bucket = GradBucket(index, param.grad.reshape(-1), [param], is_last=index == len(params) - 1)
-            average = send(self.comm_hook, self.comm_state, bucket).wait()
+            average = self.comm_hook(self.comm_state, bucket).wait()
             param.grad.copy_(average.view_as(param.grad))
