@@ -255,15 +255,15 @@ def my_shard(batch, rank, world):
 check_shard(my_shard)
 
 # %% [markdown]
-# Stuck? The cell below shows a model answer (`minddp.exercises.solutions.ft_shard`) and the
-# checker's verdict on it. Its output is collapsed in Jupyter: click it to show them.
+# Stuck? The cell below shows a model answer (`minddp.exercises.solutions.ft_shard`); its output
+# is collapsed in Jupyter: click it to show it. The checker's verdict on it is printed by the
+# notebook's last code cell, which checks it and question 3's split below in one run of the rung.
 
 # %% jupyter={"outputs_hidden": true}
 from minddp.exercises import solutions
 from minddp.notebook.source import show_source
 
 show_source(solutions.ft_shard)
-check_shard(solutions.ft_shard)
 
 # %% [markdown]
 # ## More to try
@@ -281,7 +281,7 @@ check_shard(solutions.ft_shard)
 #    nothing) would still pass?
 #
 # Model answers, each hidden under its number (click to open it); the three cells after them run
-# questions 1, 2 and 3, in order.
+# questions 1, 2 and 3, in order (the third checks the exercise's model answer too, in the same run).
 #
 # <details><summary>1. A frozen process</summary>
 #
@@ -368,6 +368,9 @@ lesson.claim(
 
 
 # %% jupyter={"source_hidden": true}
+from minddp.exercises import check_shards
+
+
 def rows_of_the_first_world(batch, rank, world):
     """Question 3's split: rows [r·B/3, (r+1)·B/3) of the rank r it is given, 3 where `world` belongs."""
     x, y = batch
@@ -375,8 +378,10 @@ def rows_of_the_first_world(batch, rank, world):
     return x[lo:hi], y[lo:hi]
 
 
-first_world = check_shard(rows_of_the_first_world)
-print(first_world)
+answer, first_world = check_shards([solutions.ft_shard, rows_of_the_first_world])  # one run, one lane each
+print("the exercise's model answer:", answer)
+lesson.claim(answer.ok, "the model answer trains every row once at every world")
+print("question 3's split:", first_world)
 lesson.claim(
     not first_world.ok and "at world 2, rows 6-9 were trained by no rank" in first_world.line,
     "the split of the first world lost rows 6-9 of every 10-row batch trained at world 2",
