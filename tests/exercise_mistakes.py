@@ -8,6 +8,8 @@ own so the ranks can import them by name.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 
 import torch
 import torch.distributed as dist
@@ -344,3 +346,37 @@ def shard_reads_the_group_rank(batch, rank, world):
     rank, world = dist.get_rank(), dist.get_world_size()
     lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
     return x[lo:hi], y[lo:hi]
+
+
+def shard_reads_the_slot(batch, rank, world):
+    """torchrun's habit: the environment's RANK, which the ft launcher sets to the process's slot."""
+    x, y = batch
+    rank = int(os.environ["RANK"])
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
+    return x[lo:hi], y[lo:hi]
+
+
+def shard_slot_or_rank(batch, rank, world):
+    """The environment's RANK where there is one (on the ranks: the slot), else the rank it is given."""
+    x, y = batch
+    rank = int(os.environ.get("RANK", rank))
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
+    return x[lo:hi], y[lo:hi]
+
+
+_calls = itertools.count()
+
+
+def shard_shuffled_each_call(batch, rank, world):
+    """A new random order at every call, as torch.randperm from the global generator gives (here seeded by a call
+    counter, so the case is deterministic: two calls, two orders, as with the global generator)."""
+    x, y = batch
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(next(_calls)))
+    rows = order[rank * len(x) // world : (rank + 1) * len(x) // world]
+    return x[rows], y[rows]
+
+
+def shard_ignores_rank(batch, rank, world):
+    """The right size for the world, but every rank takes the first rows."""
+    x, y = batch
+    return x[: len(x) // world], y[: len(x) // world]

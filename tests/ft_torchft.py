@@ -24,13 +24,20 @@ class InjectedFailure(Exception):
 
 
 def run_torchft(
-    task, steps: int, fail_at: int, fail_replica: int = 1, num_replicas: int = 2, use_ddp: bool = True
+    task,
+    steps: int,
+    fail_at: int,
+    fail_replica: int = 1,
+    num_replicas: int = 2,
+    use_ddp: bool = True,
+    join_timeout_ms: int = 2000,
 ) -> dict:
-    """``use_ddp``: torchft's DistributedDataParallel; else each gradient through ``manager.allreduce``."""
+    """``use_ddp``: torchft's DistributedDataParallel; else each gradient through ``manager.allreduce``.
+    ``join_timeout_ms``: how long torchft's lighthouse waits for replicas to join a quorum."""
     from torchft import DistributedDataParallel, Optimizer
     from torchft.coordination import LighthouseServer
 
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=2000)
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=join_timeout_ms)
     init_lock = threading.Lock()
     # Both replicas' Managers exist, and heartbeat, before either asks for its first quorum: the lighthouse then
     # waits for both (join_timeout_ms) and step 0 has both. Else a replica built first could commit step 0 alone
@@ -146,3 +153,43 @@ def replica_manager(
     )
     manager.minddp_store = store  # the store lives as long as the Manager
     return pg, manager
+
+
+def side_by_side(runs: int, join_timeouts_ms: list[int], steps: int = 8, fail_at: int = 3) -> None:
+    """The recovery (docs/fault-tolerance.md: from the fault to the commit of its step) of the test's fault under
+    torchft, for each lighthouse join timeout, and under minddp (``kill@3:1``), ``runs`` times each, alternating."""
+    import statistics
+
+    from minddp.ft import ToyTask, fault_outcomes, launch_ft, parse_faults
+
+    seen: dict[str, list[float]] = {}
+    for _ in range(runs):
+        for ms in join_timeouts_ms:
+            out = run_torchft(ToyTask(seed=3), steps, fail_at=fail_at, use_ddp=False, join_timeout_ms=ms)
+            survivor = out["replicas"][0]
+            seen.setdefault(f"torchft, join_timeout_ms={ms}", []).append(
+                survivor["t_commit"][fail_at] - out["failed_at"]
+            )
+        ours = launch_ft(
+            ToyTask(seed=3),
+            steps,
+            world_size=2,
+            faults=parse_faults(f"kill@{fail_at}:1"),
+            hang_s=5.0,
+            full_world_at=(fail_at,),
+            rejoin_before_end=True,
+            run_timeout_s=120,
+        )
+        seen.setdefault("minddp, kill@3:1", []).append(fault_outcomes(ours)[0].recovery_s)
+    for name, values in seen.items():
+        print(f"{name}: {', '.join(f'{v:.2f}' for v in values)} s (median {statistics.median(values):.2f} s)")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    p = argparse.ArgumentParser(description=side_by_side.__doc__)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--join-timeout-ms", type=int, nargs="+", default=[2000, 200])
+    args = p.parse_args()
+    side_by_side(args.runs, args.join_timeout_ms)

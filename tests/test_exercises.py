@@ -155,6 +155,14 @@ SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, wh
     (wrong.shard_returns_the_batch, "at world 3, rows 0-9 were trained by more than one rank"),
     (wrong.shard_unfinished, "your shard raised NotImplementedError for rank 0 of world 3"),
     (wrong.shard_reads_the_group_rank, "your shard reads torch.distributed.get_rank() and get_world_size()"),
+    (wrong.shard_reads_the_slot, "your shard reads the environment (os.environ), where the launcher's RANK is"),
+    (wrong.shard_slot_or_rank, "your shard reads the environment (os.environ), where the launcher's RANK is"),
+    (wrong.shard_shuffled_each_call, "shard(batch, 0, 3) gave rows "),
+    (wrong.shard_ignores_rank, "at world 3, rows 3-9 were trained by no rank and rows 0-2 by more than one"),
+]
+SHARD_MATCHES_THE_RUNG = [  # what a right answer's verdict says of the rung's own split
+    "your split gives every rank the rows the ft rung's own split gives it",
+    "your split differs from the ft rung's own (rank 0 of world 3: your rows 0, 3, 6, 9, the rung's rows 0-2)",
 ]
 
 
@@ -165,12 +173,13 @@ def test_the_shard_exercise_names_each_wrong_split_from_one_run_through_a_lost_r
     pass, each wrong one is named by the rows it lost or doubled, at the world where it did."""
     verdicts = check_shards(SHARD_ANSWERS + [fn for fn, _ in SHARD_MISTAKES])
     assert all("\n" not in v.line for v in verdicts)
-    for v in verdicts[: len(SHARD_ANSWERS)]:
-        assert v.ok and "worlds 3 → 2 → 3" in v.line, v.line
+    for v, rung in zip(verdicts, SHARD_MATCHES_THE_RUNG):
+        assert v.ok and "worlds 3 → 2 → 3" in v.line and rung in v.line, v.line
     for v, (fn, named) in zip(verdicts[len(SHARD_ANSWERS) :], SHARD_MISTAKES):
         assert not v.ok and v.line.startswith("✗ shard:") and named in v.line, (fn.__name__, v.line)
-    # What the ranks' own checks cannot see: a lost row leaves the ranks identical.
-    assert "though the 3 ranks agree bit for bit" in verdicts[len(SHARD_ANSWERS)].line
+    # What the ranks' own checks cannot see: a lost row leaves the ranks identical, each attempt started from one
+    # state, each discard changing nothing.
+    assert "though the ranks' own checks all pass" in verdicts[len(SHARD_ANSWERS)].line
 
 
 def test_bad_arguments_say_what_to_pass():

@@ -12,13 +12,14 @@ the global batch, torch's own DDP on the same shards) and names the first thing 
 exception, a hang, a missing broadcast, gradients that are not the average over ranks, parameters
 that leave the oracles, the wrong kind, number or place of collectives against the model answer named
 by ``like``, or an async rung that waits. :func:`check_hook` does the same for a comm hook
-(``like="fp16"``), and :func:`check_shard` for notebook 07's split of the global batch among the
-ranks of the moment, through a lost rank (:mod:`minddp.exercises.lost_rank`). The model answers are
-in :mod:`minddp.exercises.solutions`, the rank side in :mod:`minddp.exercises.harness`;
-``notebooks/README.md`` (*Exercises and their checker*) lists every finding and how each is told.
+(``like="fp16"``), and :func:`check_shard` (:func:`check_shards`: several in one run) for notebook
+07's split of the global batch among the ranks of the moment, through a lost rank
+(:mod:`minddp.exercises.lost_rank`). The model answers are in :mod:`minddp.exercises.solutions`, the
+rank side in :mod:`minddp.exercises.harness`; ``notebooks/README.md`` (*Exercises and their
+checker*) lists every finding and how each is told.
 """
 
 from minddp.exercises.checker import Verdict, check, check_hook, shutdown
-from minddp.exercises.lost_rank import check_shard
+from minddp.exercises.lost_rank import check_shard, check_shards
 
-__all__ = ["check", "check_hook", "check_shard", "Verdict", "shutdown"]
+__all__ = ["check", "check_hook", "check_shard", "check_shards", "Verdict", "shutdown"]

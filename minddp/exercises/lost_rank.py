@@ -5,40 +5,45 @@ batch with ``shard(batch, rank, world)``, where ``world`` is the size of the quo
 after a rank is lost, the survivors must split the whole batch among themselves, or its rows are
 never trained. :func:`check_shard` checks a learner's ``shard``:
 
-1. **first, here**: call it for every rank of the worlds the run will meet; an exception or a value
-   that is not ``(x rows, y rows)`` of the batch is named at once, before any rank starts;
+1. **first, here**: a function that reads the process group's rank (``dist.get_rank()``) or the
+   environment (``os.environ``, where ``RANK`` is the process's slot) is refused; then it is called
+   twice for every rank of the worlds the run will meet: an exception, a value that is not
+   ``(x rows, y rows)`` of the batch, or two calls that disagree is named at once, before any rank
+   starts;
 2. **on real ranks, through a fault**: one run of the ft rung (:func:`minddp.ft.launch_ft`, 3
    ranks, ``kill@2:1``: the world goes 3 → 2, then 3 again once the killed rank is back, healed) of
-   a task with one small model per shard function (:class:`Lanes`): the ft rung's own split (lane 0)
-   and the learner's, side by side, so one run checks them all;
+   a task with one small model per shard function (:class:`Lanes`), so one run checks them all;
 3. **oracle**: a single process trained on every step's whole global batch, in this process. A
    split that trains every row exactly once, at every world, matches it up to float32 rounding;
-4. **verdict**: the parameters against the oracle and against lane 0; where they differ, which rows
-   of the global batch no rank trained (or two did), at which world, from the worlds the run's
-   committed steps had.
+4. **verdict**: the parameters against the oracle; where they differ, which rows of the global
+   batch no rank trained (or two did), at which world, from the worlds the run's committed steps
+   had, and whether the ranks' own checks (identical states, one start per attempt, discards that
+   change nothing) saw anything; where they match, whether the split is the ft rung's own.
 
 Example (a lighthouse and 3 ranks: not run by the doctests)::
 
     >>> from minddp.exercises import check_shard, solutions
     >>> check_shard(solutions.ft_shard)                       # doctest: +SKIP
-    ✓ shard: through a lost rank (worlds 3 → 2 → 3 over 6 committed steps...
+    ✓ shard: through a lost process (worlds 3 → 2 → 3 over 6 committed steps...
 """
 
 from __future__ import annotations
 
 import io
+import os
 import types
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from minddp.ft import ToyTask, launch_ft, parse_faults
+from minddp.ft import ToyTask, consistency, launch_ft, parse_faults
 
 #: Rows in a global batch: 10 splits unevenly at world 3 (3, 3, 4), so the remainder matters.
 ROWS = 10
 #: SGD's learning rate: an error in the gradient shows in the parameters at once (no Adam normalising it).
 LR = 0.05
-FAULT = "kill@2:1"  # rank 1 dies in step 2, after its forward: the survivors' all_reduce fails
+FAULT = "kill@2:1"  # slot 1 dies in step 2, after its forward: the survivors' all_reduce fails
 WORLD = 3
 
 
@@ -95,7 +100,7 @@ class LaneModels(nn.Module):
 
 
 def rung_shard(batch, rank: int, world: int):
-    """Lane 0: the ft rung's own split (:meth:`minddp.ft.ToyTask.shard`), without its row count."""
+    """The ft rung's own split (:meth:`minddp.ft.ToyTask.shard`), without its row count."""
     x, y, _ = ToyTask.shard(None, batch, rank, world)
     return x, y
 
@@ -123,8 +128,8 @@ def check_shards(shards: list, *, steps: int = 6, timeout_s: float = 180.0) -> l
     run_these = [i for i, v in enumerate(verdicts) if v is None]
     if not run_these:
         return verdicts
-    task = Lanes([cloudpickle.dumps(f) for f in [rung_shard, *(shards[i] for i in run_these)]], steps)
-    print(f"(training {len(run_these)} shard function(s) in one run of the ft rung on {WORLD} ranks through {FAULT})")
+    task = Lanes([cloudpickle.dumps(shards[i]) for i in run_these], steps)
+    print(f"(training {len(run_these)} shard function(s) in one run of the ft rung on {WORLD} slots through {FAULT})")
     try:  # step 2
         run = launch_ft(
             task,
@@ -132,6 +137,7 @@ def check_shards(shards: list, *, steps: int = 6, timeout_s: float = 180.0) -> l
             world_size=WORLD,
             faults=parse_faults(FAULT),
             hang_s=5.0,
+            digests=True,  # the ranks' own checks (minddp.ft.report.consistency), for the verdict
             full_world_at=(0, 2),  # the first step and the fault's meet the whole world
             rejoin_before_end=True,  # ... and the killed rank is back, healed, for the last step
             restart_after_steps=1,  # after at least one step committed without it
@@ -143,19 +149,19 @@ def check_shards(shards: list, *, steps: int = 6, timeout_s: float = 180.0) -> l
             verdicts[i] = Verdict(False, f"✗ shard: the run could not go on ({line})")
         return verdicts
     committed = committed_worlds(run)
-    by_slot = [lane_parameters(run.results[slot], len(run_these) + 1) for slot in sorted(run.results)]
-    lanes = by_slot[0]
+    lanes = lane_parameters(next(iter(run.results.values())), len(run_these))
     oracle = single_process(task, steps)  # step 3
-    for lane, i in enumerate(run_these, start=1):  # step 4
-        agree = all(all(torch.equal(other[lane][k], v) for k, v in lanes[lane].items()) for other in by_slot[1:])
-        verdicts[i] = verdict(shards[i], lanes[lane], lanes[0], oracle, committed, task, run, agree)
+    checks = consistency(run)
+    blind = checks.identical and checks.one_start and checks.discards_kept  # the ranks' checks see nothing wrong
+    for lane, i in enumerate(run_these):  # step 4
+        verdicts[i] = verdict(shards[i], lanes[lane], oracle, committed, task, run, blind)
     return verdicts
 
 
 def preflight(fn, batch) -> str | None:
-    """Step 1: what is wrong with ``fn`` (it reads a process group's rank) or with its values for every rank of
-    worlds 3, 2 and 1 (``None``: nothing)."""
-    read = reads_group(fn)
+    """Step 1: what is wrong with ``fn`` (it reads a process group's rank, or the environment's) or with its values
+    for every rank of worlds 3, 2 and 1, each asked twice (``None``: nothing)."""
+    read = reads(fn, dist, GROUP_READS)
     if read:
         return (
             f"your shard reads torch.distributed.{' and '.join(f'{name}()' for name in read)} (the process "
@@ -163,42 +169,61 @@ def preflight(fn, batch) -> str | None:
             "step's quorum and their number: the checker calls shard outside any group, and a group's rank is "
             "that index only where the group is rebuilt at each quorum (as minddp's rung does)"
         )
+    read = reads(fn, os, ENVIRONMENT_READS)
+    if read:
+        return (
+            f"your shard reads the environment (os.{' and os.'.join(read)}), where the launcher's RANK is the "
+            "process's slot, the place it was started in, which stays the same when the world shrinks: after slot 1 "
+            "is lost, slots 0 and 2 train world 2 as its ranks 0 and 1, and a split by RANK gives slot 2 the rows "
+            "of a rank 2 that world 2 does not have; split by the rank and world it is given"
+        )
     x = batch[0]
     for world in range(WORLD, 0, -1):
         for rank in range(world):
-            try:
-                out = fn(batch, rank, world)
-            except Exception as exc:  # noqa: BLE001 - the learner's code: any error is the verdict
-                return f"your shard raised {type(exc).__name__} for rank {rank} of world {world}: {exc}"
-            if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(torch.is_tensor(t) for t in out)):
+            outs = []
+            for _ in range(2):  # twice: every rank calls it on its own, and again when a step is tried again
+                try:
+                    out = fn(batch, rank, world)
+                except Exception as exc:  # noqa: BLE001 - the learner's code: any error is the verdict
+                    return f"your shard raised {type(exc).__name__} for rank {rank} of world {world}: {exc}"
+                if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(torch.is_tensor(t) for t in out)):
+                    return (
+                        f"shard(batch, {rank}, {world}) returned {type(out).__name__}, not (x, y): return this "
+                        "rank's rows of the batch's inputs and of its targets"
+                    )
+                if rows_of(out[0], x) is None or len(out[0]) != len(out[1]):
+                    return (
+                        f"shard(batch, {rank}, {world}) returned x that is not rows of the batch's x (or x and y of "
+                        "different lengths): return x[rows], y[rows] of the same rows"
+                    )
+                outs.append(sorted(rows_of(out[0], x)))
+            if outs[0] != outs[1]:
                 return (
-                    f"shard(batch, {rank}, {world}) returned {type(out).__name__}, not (x, y): return this "
-                    "rank's rows of the batch's inputs and of its targets"
-                )
-            if rows_of(out[0], x) is None or len(out[0]) != len(out[1]):
-                return (
-                    f"shard(batch, {rank}, {world}) returned x that is not rows of the batch's x (or x and y of "
-                    "different lengths): return x[rows], y[rows] of the same rows"
+                    f"shard(batch, {rank}, {world}) gave {rows_named(outs[0]) if outs[0] else 'no rows'} on one call "
+                    f"and {rows_named(outs[1]) if outs[1] else 'no rows'} on the next, with the same arguments: each "
+                    "rank calls shard on its own (and again when a step is tried again), so the ranks agree on a "
+                    "split only if it depends on nothing but (batch, rank, world); seed a shuffle from those (e.g. a "
+                    "torch.Generator seeded with the same number in every rank), not from the global generator"
                 )
     return None
 
 
-#: What a shard must not read: the process group's rank and size (it is given the quorum's).
+#: What a shard must not read: the process group's rank and size (it is given the quorum's) ...
 GROUP_READS = ("get_rank", "get_world_size")
+#: ... nor the environment, where the launcher's ``RANK`` is the process's slot, not its rank in the quorum of now.
+ENVIRONMENT_READS = ("environ", "getenv")
 
 
-def reads_group(fn) -> list[str]:
-    """Which of :data:`GROUP_READS` ``fn``'s code names, as ``dist.get_rank()`` or as an imported name, in itself or
-    in a function defined inside it."""
-    import torch.distributed as dist
-
+def reads(fn, module, names: tuple[str, ...]) -> list[str]:
+    """Which of ``names`` (attributes of ``module``) ``fn``'s code reads, as ``module.name`` or as an imported
+    name, in itself or in a function defined inside it."""
     code = getattr(fn, "__code__", None)
     if code is None:
         return []
-    codes, names = [code], set()
+    codes, used = [code], set()
     while codes:
         c = codes.pop()
-        names.update(c.co_names)
+        used.update(c.co_names)
         codes += [k for k in c.co_consts if isinstance(k, types.CodeType)]
     bound = {**getattr(fn, "__globals__", {})}
     for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
@@ -206,11 +231,8 @@ def reads_group(fn) -> list[str]:
             bound[name] = cell.cell_contents
         except ValueError:  # a cell not assigned yet
             pass
-    read = set()
-    for name in names:
-        value = bound.get(name)
-        read.update(g for g in GROUP_READS if name == g or value is getattr(dist, g))
-    return [g for g in GROUP_READS if g in read]
+    read = {n for name in used for n in names if name == n or bound.get(name) is getattr(module, n)}
+    return [n for n in names if n in read]
 
 
 def rows_of(part: torch.Tensor, whole: torch.Tensor) -> list[int] | None:
@@ -228,7 +250,7 @@ def rows_of(part: torch.Tensor, whole: torch.Tensor) -> list[int] | None:
 
 def committed_worlds(run) -> list[tuple[int, int]]:
     """``(step, world)`` of every committed step, in step order."""
-    worlds = {e["step"]: len(e["members"]) for _, _, e in run.attempts if e["committed"]}
+    worlds = {e["step"]: len(e["members"]) for _, _, e in run.entries if e["committed"]}
     return sorted(worlds.items())
 
 
@@ -273,30 +295,48 @@ def tolerance(oracle: dict) -> float:
     return 1e-4 * (1 + max(float(v.abs().max()) for v in oracle.values()))
 
 
-def verdict(fn, mine: dict, rung: dict, oracle: dict, committed, task: Lanes, run, agree: bool):
-    """Step 4 for one lane (``agree``: every rank ended with the same parameters in it, bit for bit)."""
+def verdict(fn, mine: dict, oracle: dict, committed, task: Lanes, run, blind: bool):
+    """Step 4 for one lane (``blind``: the ranks' own checks all passed, :func:`minddp.ft.report.consistency`)."""
     from minddp.exercises.checker import Verdict
 
-    d_single, d_rung = largest_difference(mine, oracle), largest_difference(mine, rung)
+    d_single = largest_difference(mine, oracle)
     if d_single <= tolerance(oracle):
         worlds = [w for _, w in committed]
         path = " → ".join(str(w) for i, w in enumerate(worlds) if i == 0 or w != worlds[i - 1])
-        discarded = len({(e["tag"], e["step"]) for _, _, e in run.attempts if not e["committed"]})
+        discarded = len({(e["tag"], e["step"]) for _, _, e in run.entries if not e["committed"]})
         return Verdict(
             True,
-            f"✓ shard: through a lost rank (worlds {path} over {len(committed)} committed steps, {discarded} "
+            f"✓ shard: through a lost process (worlds {path} over {len(committed)} committed steps, {discarded} "
             f"attempt(s) discarded) every committed step trained each of the {ROWS} rows of its global batch once: "
-            f"the parameters match a single process on the whole batch (largest difference {d_single:.1e}) and "
-            f"the ft rung's own split ({d_rung:.1e})",
+            f"the parameters match a single process on the whole batch (largest difference {d_single:.1e}, float32 "
+            f"rounding: the ranks add their parts where one process adds all rows; tolerance "
+            f"{tolerance(oracle):.1e}); {compared_with_the_rung(fn, task.global_batch(0))}",
         )
-    return Verdict(False, "✗ shard: " + coverage_problem(fn, committed, task, d_single, agree))
+    return Verdict(False, "✗ shard: " + coverage_problem(fn, committed, task, d_single, blind))
 
 
-def coverage_problem(fn, committed, task: Lanes, difference: float, agree: bool) -> str:
+def compared_with_the_rung(fn, batch) -> str:
+    """Whether ``fn`` gives every rank of worlds 3, 2, 1 the rows the rung's own split gives it (or where not)."""
+    x = batch[0]
+    for world in range(WORLD, 0, -1):
+        for rank in range(world):
+            yours, rung = (sorted(rows_of(split(batch, rank, world)[0], x)) for split in (fn, rung_shard))
+            if yours != rung:
+                return (
+                    f"your split differs from the ft rung's own (rank {rank} of world {world}: your "
+                    f"{rows_named(yours) if yours else 'no rows'}, the rung's {rows_named(rung)}), and is as right"
+                )
+    return "your split gives every rank the rows the ft rung's own split gives it"
+
+
+def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool) -> str:
     """Which rows no rank trained (or several did), at the first world where the split was wrong."""
     left = f"the parameters left a single process on the whole batch (by {difference:.2g})"
-    if agree:  # what the ranks' own checks (identical states) cannot see
-        left += f", though the {WORLD} ranks agree bit for bit"
+    if blind:  # what the ranks' own checks cannot see
+        left += (
+            f", though the ranks' own checks all pass (the {WORLD} slots end identical bit for bit, every attempt's "
+            "members started it from the same state, every discarded attempt changed nothing)"
+        )
     for step, world in committed:
         x = task.global_batch(step)[0]
         count, sizes = [0] * ROWS, []
@@ -314,6 +354,11 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, agree: bool)
                 f"rank took {ROWS} // {world} = {floor} rows, so the remainder of the floor division, "
                 f"{rows_named(missing)}, went to no rank, and {left}: spread the remainder over the ranks (e.g. "
                 "rank r takes rows r·B // world up to (r+1)·B // world)"
+            )
+        if missing and twice:
+            return (
+                f"at world {world}, {rows_text(missing)} trained by no rank and {rows_named(twice)} by more than one "
+                f"(of the global batch's {ROWS}), so {left}: give each row to exactly one rank, by rank and world"
             )
         if missing:
             return (

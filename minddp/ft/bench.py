@@ -6,17 +6,19 @@ slots with a fault every ``--every`` steps, cycling through ``kill``,
 whole world, so every fault meets a full world); one fault-free run of the
 same steps for the throughput baseline. It prints, as Markdown:
 
-1. per fault kind: count, median and worst time from the fault to the next
-   committed step, attempts discarded, and time until the lost rank was back
-   (healed);
+1. per fault kind: count; the median time from the fault to the first discard
+   and to the first new quorum; the recovery (from the fault to the first commit
+   of its step or a later one: median, mean, worst); attempts discarded; the
+   rejoin (until the lost slot's new process was healed: median, mean), each as
+   :mod:`minddp.ft.report` defines it;
 2. throughput: committed steps per second with and without faults;
 3. heal memory: bytes of the serialized state one heal sends (parameters +
    AdamW's two moments + step) for the toy model and for the train command's
    offline model;
 4. a projection: the fraction of a large run's time lost to failures, with
    checkpoint-restart (lost work since the last checkpoint + a restart) and
-   with fault tolerance (the measured recovery), for a failure rate per
-   GPU-hour given as a parameter.
+   with fault tolerance (the mean recovery and rejoin measured here), for a
+   failure rate per GPU-hour given as a parameter, and the break-even recovery.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 
 from minddp.ft.faults import Fault
 from minddp.ft.launch import launch_ft
+from minddp.ft.report import cold_start_s, fault_outcomes
 from minddp.ft.task import ToyTask
 from minddp.runtime.cli import described
 
@@ -64,41 +67,6 @@ def measure(n: int, every: int, world: int, hang_s: float, compute_s: float) -> 
     return {"faults": faults, "run": run, "clean": clean, "clean_s": clean_s, "steps": steps}
 
 
-def recoveries(run) -> list[dict]:
-    """Per fault: seconds to the next commit, attempts discarded, seconds until the lost rank was healed."""
-    decisions = [e for e in run.events if e[0] == "decision"]
-    quorums = [e for e in run.events if e[0] == "quorum"]
-    out = []
-    for fault, t in zip(run.faults, run.fired_at):
-        if t is None:
-            continue
-        commit = next((d for d in decisions if d[5] >= t and d[3] == "commit"), None)
-        lost = sum(1 for d in decisions if d[5] >= t and d[3] == "discard" and (commit is None or d[5] <= commit[5]))
-        back = None
-        if fault.kind in ("kill", "stop"):
-            rejoin = next(
-                (q for q in quorums if q[4] > t and fault.slot in q[2] and q[3][fault.slot] < max(q[3].values())),
-                None,
-            )
-            back = None if rejoin is None else rejoin[4] - t
-        out.append(
-            {
-                "kind": fault.kind,
-                "went_on_s": None if commit is None else commit[5] - t,
-                "lost": lost,
-                "back_s": back,
-            }
-        )
-    return out
-
-
-def first_commit_s(run) -> float:
-    """Cold start: from the coordinator listening to the first committed step (what a restart costs here)."""
-    start = next(e[3] for e in run.events if e[0] == "listening")
-    first = next(e[5] for e in run.events if e[0] == "decision" and e[3] == "commit")
-    return first - start
-
-
 def heal_bytes() -> dict[str, int]:
     """Bytes one heal sends: the serialized (model, AdamW state, step), after a step (the moments exist)."""
     from minddp.train.models import OFFLINE_MODEL, build_model
@@ -123,7 +91,6 @@ def projection(
     recovery_s: float,
     rejoin_s: float,
     restart_s: float,
-    step_s: float,
     rate: float,
     interval_min: float,
     gpus: list[int],
@@ -132,9 +99,11 @@ def projection(
 
     checkpoint-restart loses, per failure, the work since the last checkpoint
     (half the interval on average) plus a restart (``restart_s``); fault
-    tolerance loses the recovery (``recovery_s``: the step discarded and the
-    group rebuilt, all ranks idle) plus one rank's share of the time until the
-    replacement is back (``rejoin_s / gpus``: the others keep training).
+    tolerance loses the recovery (``recovery_s``, the mean: every rank waits
+    through it, the step trained again included) plus one rank's share of the
+    time until the replacement is back (``rejoin_s / gpus``, the mean: the
+    others keep training). Both inputs are this machine's; see :func:`main`'s
+    break-even line for how far a recovery at scale may grow.
     """
     rows = [
         "| GPUs | failures / h | checkpoint-restart: time lost | fault-tolerant: time lost | ratio |",
@@ -145,9 +114,16 @@ def projection(
         cr = per_hour * (interval_min * 60 / 2 + restart_s) / 3600
         ft = per_hour * (recovery_s + rejoin_s / n) / 3600
         rows.append(
-            f"| {n} | {per_hour:.3g} | {min(cr, 1):.2%} | {min(ft, 1):.2%} | {cr / ft if ft else float('inf'):.0f}x |"
+            f"| {n} | {per_hour:.3g} | {100 * min(cr, 1):.3g}% | {100 * min(ft, 1):.3g}% "
+            f"| {cr / ft if ft else float('inf'):.0f}x |"
         )
     return rows
+
+
+def seconds(values: list) -> str:
+    """``median`` of the values that exist, as a table cell."""
+    values = [v for v in values if v is not None]
+    return f"{statistics.median(values):.2f} s" if values else "-"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,57 +142,62 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint-minutes", type=float, default=30.0, help="checkpoint interval for the projection")
     args = p.parse_args(argv)
     m = measure(args.faults, args.every, args.world_size, args.hang_timeout, args.compute_s)
-    run, rec = m["run"], recoveries(m["run"])
+    run = m["run"]
+    outcomes = [o for o in fault_outcomes(run) if o.recovery_s is not None]
     print(
-        f"## Recovery over {len(rec)} injected faults ({args.world_size} ranks, toy task, hang bound "
+        f"## Recovery over {len(outcomes)} injected faults ({args.world_size} ranks, toy task, hang bound "
         f"{args.hang_timeout:g} s)\n"
     )
-    print("| fault | n | to next commit: median | worst | attempts discarded | lost rank back (healed): median |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "Seconds from the fault to: the first discard (`discard`), the first new quorum (`quorum`), the first "
+        "commit of its step or a later one (`recovery`), the lost slot's new process healed (`rejoin`).\n"
+    )
+    print(
+        "| fault | n | discard: median | quorum: median | recovery: median | mean | worst "
+        "| attempts discarded | rejoin: median | mean |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for kind in ("kill", "raise", "stop", "coord", "all"):
-        rows = [r for r in rec if kind in (r["kind"], "all") and r["went_on_s"] is not None]
+        rows = [o for o in outcomes if kind in (o.fault.kind, "all")]
         if not rows:
             continue
-        went = [r["went_on_s"] for r in rows]
-        back = [r["back_s"] for r in rows if r["back_s"] is not None]
+        went = [o.recovery_s for o in rows]
+        back = [o.rejoin_s for o in rows if o.rejoin_s is not None]
         print(
-            f"| {kind} | {len(rows)} | {statistics.median(went):.2f} s | {max(went):.2f} s | "
-            f"{sum(r['lost'] for r in rows)} | {f'{statistics.median(back):.2f} s' if back else '-'} |"
+            f"| {kind} | {len(rows)} | {seconds([o.discard_s for o in rows])} | {seconds([o.quorum_s for o in rows])} "
+            f"| {statistics.median(went):.2f} s | {statistics.fmean(went):.2f} s | {max(went):.2f} s "
+            f"| {sum(o.discarded for o in rows)} | {seconds(back)} "
+            f"| {f'{statistics.fmean(back):.2f} s' if back else '-'} |"
         )
     ft_s = run.wall_s
-    clean_step = m["clean_s"] / m["steps"]
     print(
         f"\nThroughput over {m['steps']} committed steps: fault-free {m['steps'] / m['clean_s']:.2f} steps/s "
-        f"({m['clean_s']:.1f} s); with {len(rec)} faults {m['steps'] / ft_s:.2f} steps/s ({ft_s:.1f} s, each "
-        f"fault's step waiting for the whole world first): {(ft_s - m['clean_s']) / len(rec):.2f} s lost per fault."
+        f"({m['clean_s']:.1f} s); with {len(outcomes)} faults {m['steps'] / ft_s:.2f} steps/s ({ft_s:.1f} s, each "
+        f"fault's step waiting for the whole world first): {(ft_s - m['clean_s']) / len(outcomes):.2f} s of wall "
+        "time added per fault."
     )
-    restart = first_commit_s(m["clean"])
+    restart = cold_start_s(m["clean"])
     print(f"Cold start (coordinator up to first committed step, {args.world_size} ranks): {restart:.2f} s.\n")
     print("## Heal memory (bytes one heal sends = one extra serialized copy on sender and receiver)\n")
     print("| model | parameter bytes | heal payload |")
     print("|---|---:|---:|")
     for name, (payload, params) in heal_bytes().items():
         print(f"| {name} | {params:,} | {payload:,} ({payload / params:.2f}x) |")
-    all_went = [r["went_on_s"] for r in rec if r["went_on_s"] is not None]
-    backs = [r["back_s"] for r in rec if r["back_s"] is not None]
+    recovery = statistics.fmean(o.recovery_s for o in outcomes)
+    backs = [o.rejoin_s for o in outcomes if o.rejoin_s is not None]
+    rejoin = statistics.fmean(backs) if backs else 0.0
     print(
-        f"\n## Projection: failure rate {args.rate:g} per GPU-hour, "
-        f"checkpoint every {args.checkpoint_minutes:g} "
-        f"min, restart {restart:.1f} s, recovery {statistics.median(all_went):.2f} s, rejoin "
-        f"{statistics.median(backs) if backs else 0:.1f} s (as measured here)\n"
+        f"\n## Projection: failure rate {args.rate:g} per GPU-hour, checkpoint every {args.checkpoint_minutes:g} "
+        f"min, restart {restart:.1f} s (the cold start), recovery {recovery:.2f} s and rejoin {rejoin:.2f} s (the "
+        "means above); time lost as a fraction of wall time\n"
     )
+    gpus = [8, 512, 4096, 16384, 100_000]
+    print("\n".join(projection(recovery, rejoin, restart, args.rate, args.checkpoint_minutes, gpus)))
+    even = args.checkpoint_minutes * 60 / 2 + restart - rejoin / gpus[0]
     print(
-        "\n".join(
-            projection(
-                statistics.median(all_went),
-                statistics.median(backs) if backs else 0.0,
-                restart,
-                clean_step,
-                args.rate,
-                args.checkpoint_minutes,
-                [8, 512, 4096, 16384, 100_000],
-            )
-        )
+        f"\nBreak-even: at every size above, fault tolerance loses less than checkpoint-restart while its recovery "
+        f"takes under {even:.0f} s per failure (half the checkpoint interval plus a restart, less one rank's share of "
+        f"the rejoin at {gpus[0]} GPUs), {even / recovery:.0f} times the recovery measured here.\n"
     )
     for line in run.report():
         print(f"    {line}")

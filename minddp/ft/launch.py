@@ -17,7 +17,7 @@ trains through: this process
    the coordinator stops answering once it has committed step STEP-1, and is
    killed and started again on the same port (as one that exited by itself);
 4. returns every slot's result and a one-line report per fault
-   (:func:`fault_report`).
+   (:func:`minddp.ft.report.fault_report`).
 
 Ctrl-C, SIGTERM or SIGHUP end every process it started, by pid, and say so.
 A rank that raises a real error (not a fault it can retry) ends the run with
@@ -41,6 +41,7 @@ import torch
 
 from minddp.ft.coordinator import lighthouse_main
 from minddp.ft.faults import Fault, FaultPlan
+from minddp.ft.report import fault_report, timeline
 from minddp.runtime.loopback import rank_env
 from minddp.runtime.processes import (
     HELPER_BLOCKED,
@@ -70,10 +71,16 @@ class FTRun:
     faults: list[Fault] = field(default_factory=list)
     fired_at: list[float | None] = field(default_factory=list)
     wall_s: float = 0.0
-    attempts: list[tuple[int, int, dict]] = field(default_factory=list)  # (slot, incarnation, entry), as reported
+    entries: list[tuple[int, int, dict]] = field(default_factory=list)  # (slot, incarnation, entry), as reported:
+    # one entry per member and attempt (an attempt: one quorum's try at one step; minddp.ft.report)
 
     def report(self) -> list[str]:
+        """One line per fault (:func:`minddp.ft.report.fault_report`)."""
         return fault_report(self)
+
+    def timeline(self) -> str:
+        """The attempts, slot by slot (:func:`minddp.ft.report.timeline`)."""
+        return timeline(self)
 
 
 def launch_ft(
@@ -109,7 +116,7 @@ def launch_ft(
     lighthouse, epoch, port = None, 0, 0
     timeline: list[tuple] = []
     members_of: dict[str, list[int]] = {}  # quorum tag -> its members
-    attempts: list[tuple[int, int, dict]] = []  # (slot, incarnation, entry) of every attempt a rank reported
+    entries: list[tuple[int, int, dict]] = []  # (slot, incarnation, entry) of every attempt a rank reported
     committed = 0  # steps committed so far
     waiting: dict[int, int] = {}  # slot -> committed steps after which it is started again
     ended: dict[tuple[int, int], str] = {}  # (slot, incarnation) -> how that process ended (for the run's error)
@@ -134,7 +141,7 @@ def launch_ft(
             while len(done) < world_size:  # step 3
                 if waiting and not procs:  # every rank is down: no step can be committed to end the wait
                     waiting = dict.fromkeys(waiting, committed)  # so they start now (below); if the state went
-                    # with them, the coordinator says so and the run stops (no rank holds the trained state)
+                    # with them, the coordinator says so and the run stops (no process holds the trained state)
                 if time.monotonic() > deadline:
                     raise FaultTolerantRunError(
                         f"minddp.ft: the run did not finish within {run_timeout_s:.0f} s "
@@ -143,7 +150,7 @@ def launch_ft(
                 # a coordinator that crashed, or that coord@STEP stopped (below): a new one on the same port, once the
                 # old one's events are handled
                 lighthouse_gone = lighthouse.exitcode is not None
-                _take_results(results, done, attempts)  # first: a rank that handed in its result is done
+                _take_results(results, done, entries)  # first: a rank that handed in its result is done
                 for event in _drain(events):
                     timeline.append(event)
                     if (
@@ -183,7 +190,7 @@ def launch_ft(
                 for slot, p in list(procs.items()):
                     if p.exitcode is not None and slot not in done:
                         time.sleep(0.05)  # its result may be in flight
-                        _take_results(results, done, attempts)
+                        _take_results(results, done, entries)
                         if slot in done:
                             continue
                         timeline.append(("exited", slot, incarnation[slot], time.time()))
@@ -214,14 +221,14 @@ def launch_ft(
             end_processes([*procs.values(), *([lighthouse] if lighthouse else [])], grace_s=1.0)
             quiet.close()  # what they wrote last, passed on before this returns
     timeline.extend(_drain(events))
-    _take_results(results, done, attempts)  # the last entries (every slot's result is in)
+    _take_results(results, done, entries)  # the last entries (every slot's result is in)
     return FTRun(
         {s: r for s, r in done.items() if r is not None},
         timeline,
         list(plan.faults),
         [plan.when(i) for i in range(len(plan.faults))],
         time.time() - t_start,
-        attempts,
+        entries,
     )
 
 
@@ -259,8 +266,8 @@ def _state_lost(event: tuple, hang_s: float, ended: dict) -> str:
     holders = ", ".join(f"slot {s}" for s in sorted(how))
     fates = "; ".join(f"slot {s} {ended.get((s, inc), gone)}" for s, (inc, gone) in sorted(how.items()))
     line = (
-        f"minddp.ft: no rank holds the trained state any more: after step {newest - 1} its holders were {holders} "
-        f"({fates}), and ranks started again would train from step 0; the run stops here; keep one holder alive "
+        f"minddp.ft: no process holds the trained state any more: after step {newest - 1} its holders were {holders} "
+        f"({fates}), and processes started again would train from step 0; the run stops here; keep one holder alive "
         "through each fault (a larger world, or faults in different steps)"
     )
     if any(gone == "evicted" for _, gone in how.values()):
@@ -277,12 +284,12 @@ def _drain(q) -> list:
             return out
 
 
-def _take_results(results, done: dict, attempts: list) -> None:
+def _take_results(results, done: dict, entries: list) -> None:
     """What the ranks sent so far: each attempt's entry, each finished slot's result (read as data: plain values
     and bytes), or the error that ended a rank before its result (raised with its traceback)."""
     for kind, slot, inc, body in _drain(results):
         if kind == "log":
-            attempts.append((slot, inc, body))
+            entries.append((slot, inc, body))
         elif kind == "ok":
             done[slot] = torch.load(io.BytesIO(body), weights_only=True)
         elif done.get(slot) is None:  # (after its result, a slot's teardown loses nothing: not the run's error)
@@ -343,41 +350,3 @@ def _saved(out: dict) -> bytes:
     buf = io.BytesIO()
     torch.save(out, buf)
     return buf.getvalue()
-
-
-def fault_report(run: FTRun) -> list[str]:
-    """One line per fault: what failed, when, how long until a step was committed again, attempts lost."""
-    decisions = [e for e in run.events if e[0] == "decision"]
-    quorums = [e for e in run.events if e[0] == "quorum"]
-    lines = []
-    for fault, t in zip(run.faults, run.fired_at):
-        if t is None:
-            lines.append(f"{fault}: never fired (the run ended before step {fault.step})")
-            continue
-        after = [d for d in decisions if d[5] >= t]
-        # the first commit of the fault's step or a later one (a new coordinator first re-decides the step before)
-        commit = next((d for d in after if d[3] == "commit" and d[2] >= fault.step), None)
-        lost = [d for d in after if commit is None or d[5] <= commit[5]]
-        lost = [d for d in lost if d[3] == "discard"]
-        what = {
-            "kill": f"rank {fault.slot} killed (SIGKILL)",
-            "stop": f"rank {fault.slot} frozen (SIGSTOP)",
-            "raise": f"rank {fault.slot}'s all_reduce raised",
-            "coord": "coordinator killed and restarted",
-        }
-        world = next((len(q[2]) for q in reversed(quorums) if commit is not None and q[1] == commit[1]), None)
-        back = ""
-        if fault.slot is not None and fault.kind in ("kill", "stop"):
-            rejoin = next(
-                (q for q in quorums if q[4] > t and fault.slot in q[2] and q[3][fault.slot] < max(q[3].values())),
-                None,
-            )
-            if rejoin is not None:
-                healed_at = max(rejoin[3].values())
-                back = f"; rank {fault.slot} back, healed at step {healed_at}, {rejoin[4] - t:.2f} s after"
-        went_on = "never" if commit is None else f"{commit[5] - t:.2f} s later (step {commit[2]}, world {world})"
-        lines.append(
-            f"{fault}: {what[fault.kind]} at step {fault.step}; training went on {went_on}; "
-            f"{len(lost)} attempt(s) discarded{back}"
-        )
-    return lines

@@ -77,7 +77,7 @@ def run_ft_stage(cfg, data, folder: str, say) -> dict:
     for line in run.report():
         say(f"fault {line}")
     committed = {}
-    for slot, _, e in run.attempts:
+    for slot, _, e in run.entries:
         if e["committed"]:
             committed.setdefault(e["step"], []).append(e)
     losses = [sum(e["loss"] for e in committed[s]) / len(committed[s]) for s in sorted(committed)]
