@@ -41,9 +41,10 @@
 # %% [markdown]
 # Every rank sets the switch, as `MINDDP_DEBUG=1` on the command line would, and gets the same small
 # model, its own batches (a different random stream per rank: its shard of the data), a helper that
-# reads how far the replicas are apart (for the runs where nothing else would tell us), and the two
-# helpers that run a script each way: `torch_does` (debug mode off; each rank's outcome in a line) and
-# `minddp_says` (the line debug mode raised, or nothing).
+# reads how far the replicas are apart (for the runs where nothing else would tell us), and the
+# helpers that run a script each way: `torch_does` (debug mode off; each rank's outcome in a line, and
+# `torch_drifts` for the bugs torch trains through), `minddp_says` (the line debug mode raised, checked
+# on every rank) and `fixed` (the corrected script: nothing said, the replicas equal).
 
 # %%
 # %%distributed
@@ -127,8 +128,8 @@ def torch_does(script, waits=False) -> list[str]:
     return everyone
 
 
-def minddp_says(script) -> str | None:
-    """Run ``script()`` in debug mode; the one line it raised on this rank (rank 0's printed), else None."""
+def minddp_says(script, cause: str, verdict: str = "debug mode stopped every rank") -> None:
+    """Run ``script()`` in debug mode; print the line it raised (rank 0's), and claim every rank raised ``cause``."""
     try:
         script()
     except minddp.debug.DebugError as finding:
@@ -136,7 +137,25 @@ def minddp_says(script) -> str | None:
     else:
         line = None
     lesson.say(line or "minddp said nothing")
-    return line
+    lesson.claim(line is not None and cause in line, verdict)
+
+
+def torch_drifts(script) -> None:
+    """``script(model, ddp, optimizer)`` on torch's DDP: it says nothing, and the replicas end apart."""
+    model, *rest = build(TorchDDP)
+    said = torch_does(lambda group: script(model, *rest))
+    gap = apart(model)
+    lesson.claim(
+        said == ["said nothing"] * world_size and gap > 0,
+        f"torch's DDP trained without a word, and its replicas now differ by up to {gap:.1e}",
+    )
+
+
+def fixed(script, fix: str, **corrected) -> None:
+    """``script(model, ddp, optimizer, **corrected)`` in debug mode: nothing said, and the replicas agree."""
+    model, *rest = build()
+    script(model, *rest, **corrected)
+    lesson.claim(apart(model) == 0, f"the fix: {fix}, debug mode says nothing and the replicas agree")
 
 
 print(f"rank {rank}: debug mode on, {sum(p.numel() for p in Net().parameters())} parameters")
@@ -166,21 +185,11 @@ def drifting_loop(model, ddp, optimizer, edit=True):
                 model.head.weight[0, 0] += 1e-3  # the bug: one rank edits its replica
 
 
-torch_model, *rest = build(TorchDDP)
-said = torch_does(lambda group: drifting_loop(torch_model, *rest))
-gap = apart(torch_model)
-lesson.claim(
-    said == ["said nothing"] * world_size and gap > 0,
-    f"torch's DDP trained 4 steps without a word, and its replicas now differ by up to {gap:.1e}",
+torch_drifts(drifting_loop)
+minddp_says(
+    lambda: drifting_loop(*build()), "replicas drifted apart: parameter 'head.weight' differs across ranks at step 2"
 )
-line = minddp_says(lambda: drifting_loop(*build()))
-lesson.claim(
-    line is not None and "replicas drifted apart" in line and "at step 2" in line,
-    "debug mode stopped every rank at step 2",
-)
-model, *rest = build()
-drifting_loop(model, *rest, edit=False)
-lesson.claim(apart(model) == 0, "the fix: without the edit, debug mode says nothing and the replicas agree")
+fixed(drifting_loop, "without the edit", edit=False)
 
 # %% [markdown]
 # ## 2. Gradients that were never averaged
@@ -200,18 +209,9 @@ def one_step(model, ddp, optimizer, through_wrapper=False):
     optimizer.step()
 
 
-torch_model, *rest = build(TorchDDP)
-said = torch_does(lambda group: one_step(torch_model, *rest))
-gap = apart(torch_model)
-lesson.claim(
-    said == ["said nothing"] * world_size and gap > 0,
-    f"torch's DDP stepped without a word, and its replicas now differ by up to {gap:.1e}",
-)
-line = minddp_says(lambda: one_step(*build()))
-lesson.claim(line is not None and "the forward did not go through the wrapper" in line, "debug mode stopped every rank")
-model, *rest = build()
-one_step(model, *rest, through_wrapper=True)
-lesson.claim(apart(model) == 0, "the fix: through the wrapper, debug mode says nothing and the replicas agree")
+torch_drifts(one_step)
+minddp_says(lambda: one_step(*build()), "the forward did not go through the wrapper")
+fixed(one_step, "through the wrapper", through_wrapper=True)
 
 # %% [markdown]
 # The other way to get there: gradient accumulation with every micro-batch inside `no_sync()`,
@@ -229,18 +229,9 @@ def accumulate(model, ddp, optimizer, last_syncs=False):
     optimizer.step()
 
 
-torch_model, *rest = build(TorchDDP)
-said = torch_does(lambda group: accumulate(torch_model, *rest))
-gap = apart(torch_model)
-lesson.claim(
-    said == ["said nothing"] * world_size and gap > 0,
-    f"torch's DDP stepped without a word, and its replicas now differ by up to {gap:.1e}",
-)
-line = minddp_says(lambda: accumulate(*build()))
-lesson.claim(line is not None and "inside no_sync()" in line, "debug mode stopped every rank")
-model, *rest = build()
-accumulate(model, *rest, last_syncs=True)
-lesson.claim(apart(model) == 0, "the fix: the last micro-batch synced, debug mode says nothing and the replicas agree")
+torch_drifts(accumulate)
+minddp_says(lambda: accumulate(*build()), "the step's last backward ran inside no_sync()")
+fixed(accumulate, "the last micro-batch synced", last_syncs=True)
 
 # %% [markdown]
 # ## 3. Every rank reading the same data
@@ -290,8 +281,11 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 logged = [0.5, 0.9] if rank == 0 else [0.5]  # the bug: loss and accuracy on rank 0, the loss alone on rank 1
 said = torch_does(lambda group: dist.all_reduce(torch.tensor(logged, device=device), group=group), waits=True)
 lesson.claim(all("Timed out" in s for s in said), f"under torch both ranks waited, until the {WAIT_S} s timeout")
-line = minddp_says(lambda: dist.all_reduce(torch.tensor(logged, device=device)))
-lesson.claim(line is not None and "(another shape)" in line, "debug mode stopped both ranks before the collective")
+minddp_says(
+    lambda: dist.all_reduce(torch.tensor(logged, device=device)),
+    "mismatched collectives",
+    "debug mode stopped both ranks before the collective",
+)
 metrics = torch.tensor([0.5, 0.9], device=device)
 dist.all_reduce(metrics)
 lesson.claim(
@@ -322,11 +316,8 @@ lesson.claim(
     "Timed out" in said[0] and said[1] == "said nothing",
     f"under torch rank 0 waited until the {WAIT_S} s timeout; rank 1 stepped on without a word",
 )
-line = minddp_says(lambda: log_loss(*build()))
-lesson.claim(line is not None and "(another op)" in line, "debug mode stopped both ranks before the collective")
-model, *rest = build()
-log_loss(model, *rest, everywhere=True)
-lesson.claim(apart(model) == 0, "the fix: the loss logged on every rank, nothing said, the replicas agree")
+minddp_says(lambda: log_loss(*build()), "mismatched collectives", "debug mode stopped both ranks before the collective")
+fixed(log_loss, "the loss logged on every rank", everywhere=True)
 
 # %% [markdown]
 # ## 5. Uneven inputs
@@ -352,10 +343,7 @@ def uneven(model, ddp, optimizer, group=None):
 
 said = torch_does(lambda group: uneven(*build(TorchDDP, process_group=group), group=group), waits=True)
 lesson.claim(all("Timed out" in s for s in said), f"under torch both ranks waited, until the {WAIT_S} s timeout")
-line = minddp_says(lambda: uneven(*build()))
-lesson.claim(
-    line is not None and "uneven inputs: rank 1 left the training loop" in line, "debug mode stopped both ranks"
-)
+minddp_says(lambda: uneven(*build()), "uneven inputs: rank 1 left the training loop after step 2")
 model, ddp, optimizer = build()
 with ddp.join():
     for step in range(4 if rank == 0 else 3):
@@ -398,8 +386,9 @@ lesson.claim(
     f"under torch rank 0 failed at its second forward, naming unused parameters; rank 1 waited until the "
     f"{WAIT_S} s timeout",
 )
-line = minddp_says(lambda: freeze_on_rank_0(DistributedDataParallel))
-lesson.claim(line is not None and "requires_grad differs across ranks" in line, "debug mode stopped both ranks")
+minddp_says(
+    lambda: freeze_on_rank_0(DistributedDataParallel), "requires_grad differs across ranks: parameter 'head.weight'"
+)
 model = freeze_on_rank_0(DistributedDataParallel, everywhere=True)
 lesson.claim(apart(model) == 0, "the fix: frozen on every rank, nothing is said and the replicas agree")
 
@@ -416,8 +405,8 @@ lesson.claim(
     f"under torch rank 1 failed at its second forward, naming unused parameters; rank 0 waited until the "
     f"{WAIT_S} s timeout",
 )
-line = minddp_says(lambda: train(*build(extra=True), 1, use_extra=rank == 0))  # the bug: a branch on rank 0 only
-lesson.claim(line is not None and "Fix: pass find_unused_parameters=True" in line, "debug mode stopped both ranks")
+# the bug: a branch on rank 0 only
+minddp_says(lambda: train(*build(extra=True), 1, use_extra=rank == 0), "Fix: pass find_unused_parameters=True")
 model, *rest = build(extra=True, find_unused_parameters=True)
 train(model, *rest, 3, use_extra=rank == 0)
 lesson.claim(apart(model) == 0, "the fix: with find_unused_parameters=True nothing is said, the replicas agree")
