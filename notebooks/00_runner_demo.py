@@ -38,7 +38,12 @@ dist.get_rank(), dist.get_world_size()
 # %% [markdown]
 # Variables persist on each rank. Here every rank makes a different tensor (on its `device`: a collective carries tensors that live where its backend works), then `all_reduce` sums them: afterwards every rank holds the same total.
 #
-# A sentence about a run is only as good as its check. The notebooks state theirs with `lesson.claim(holds, sentence)` (`minddp.notebook.lesson`): it prints the sentence once, with a ✓, when it holds, and fails the cell on any rank where it does not. So a notebook re-run on another machine cannot show a sentence its own numbers contradict.
+# A sentence about a run is only as good as its check. The notebooks state theirs in two ways (`minddp.notebook.lesson`):
+#
+# * `lesson.claim(holds, sentence)` asserts it: it prints the sentence once, with a ✓, when it holds, and fails the cell on any rank where it does not. A ✓ sentence is what the runner guarantees: a re-run (the test suite re-runs every notebook) whose numbers no longer bear it out stops there instead of saving it. The notebooks claim only what holds on any machine under any load: orders, counts, values the code guarantees.
+# * `lesson.say(...)` prints a sentence the cell composes from the run's own values (a time measured here, which of two runs was faster): its numbers and comparisons are computed, so they are true of the run shown, and a re-run prints its own. Nothing asserts them: a direction that could come out either way on another machine or under load is said this way, never claimed.
+#
+# Nothing else is checked: the prose of the markdown cells and the printed tables are not verdicts.
 
 # %%
 # %%distributed

@@ -75,34 +75,51 @@ lesson.say(
 
 # %% [markdown]
 # The ranks are done; the analysis runs here, in the notebook's own process. One row per (stage,
-# rank) first: the two ranks of a stage should tell a similar story.
+# rank) first, with the step and the time backward ran (every micro-batch's). The two ranks of a
+# stage do the same work, yet their shares need not agree: a gloo `all_reduce` range lasts until both
+# ranks have arrived, so the rank that reaches a collective first counts its wait for the other as
+# communication, while nothing computes. One rank waiting for the other is itself what a
+# synchronizing step costs when the ranks are not in step; the cell below says where it was largest.
 
 # %%
+import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Image, display
-from minddp.analysis import analyze_run
-from minddp.analysis.report import plot_overlap, plot_temporal, plot_timeline
+from minddp.analysis import analyze_run, metrics
+from minddp.analysis.names import HEADERS
+from minddp.analysis.report import plot_timeline
 from minddp.notebook import lesson
 
 RUN = lesson.trace_dir("05_reading_traces")
 result = analyze_run(RUN)
+
+
+def backward_ms(run) -> pd.Series:
+    """The time backward ran in the profiled step, every micro-batch's, per (stage, rank), in ms."""
+    b = run.phases[run.phases["phase"] == "backward"]
+    return (b["end_us"] - b["start_us"]).groupby([b["stage"], b["rank"]]).sum() / 1e3
+
+
 per_rank = result.summary.assign(
     step_ms=result.summary["step_time_us"] / 1e3,
+    backward_ms=[
+        backward_ms(result).get((st, r), 0.0) for st, r in zip(result.summary["stage"], result.summary["rank"])
+    ],
     allreduce_MiB_per_step=result.summary["allreduce_bytes_per_step"] / 2**20,
 )
-per_rank[
-    [
-        "stage",
-        "rank",
-        "step_ms",
-        "compute_pctg",
-        "non_compute_pctg",
-        "idle_pctg",
-        "comm_comp_overlap_pctg",
-        "allreduce_calls_per_step",
-        "allreduce_MiB_per_step",
-    ]
-].round(1)
+columns = ["stage", "rank", "step_ms", "backward_ms", "compute_pctg", "non_compute_pctg", "idle_pctg"]
+shown = columns + ["comm_comp_overlap_pctg", "allreduce_calls_per_step", "allreduce_MiB_per_step"]
+display(per_rank[shown].rename(columns=HEADERS).round(1))  # each measure's column under the measure's name
+nc = per_rank.pivot(index="stage", columns="rank", values="non_compute_pctg").drop(index="single")
+widest = (nc[0] - nc[1]).abs().idxmax()
+waiter = int(nc.loc[widest].idxmax())
+lesson.say(
+    f"The ranks disagree most for {widest}: non-compute {nc.loc[widest, 0]:.1f} % of the step on rank 0, "
+    f"{nc.loc[widest, 1]:.1f} % on rank 1: rank {waiter}'s gloo ranges stayed open while it computed nothing, "
+    f"waiting inside the all_reduces for rank {1 - waiter} to arrive (or for a free core), which rank {1 - waiter} "
+    "hardly did. The mean of the two "
+    f"({nc.loc[widest].mean():.1f} %) describes neither rank; the figures below show each rank's own."
+)
 
 # %% [markdown]
 # ## Temporal breakdown and overlap
@@ -118,6 +135,9 @@ per_rank[
 # * **overlap** is the share of communication time during which the training thread computed
 #   (the definition above).
 #
+# These are the measures `01_collectives` defines (`docs/analysis.md`: one function each in
+# `minddp.analysis.metrics`); the analysis computes them with those functions.
+#
 # The caveat that decides how to read the communication numbers: a `gloo:all_reduce` range lasts
 # from the moment gloo's thread picks the collective up until it is done, and that includes
 # *waiting for the other rank* to arrive at the same collective and *waiting for a free core*
@@ -127,16 +147,33 @@ per_rank[
 # which run side by side.
 
 # %%
-plot_temporal([result], RUN / "temporal_breakdown.png")
-plot_overlap([result], RUN / "overlap.png")
-display(Image(filename=RUN / "temporal_breakdown.png"), Image(filename=RUN / "overlap.png"))
+stages = list(result.stages.index)
+fig, axes = plt.subplots(1, 2, figsize=(12, 3.6), sharex=True)
+colors = {0: "#937860", 1: "#da8bc3"}  # the ranks: not orange, which is communication in every chart
+for ax, column, label in (
+    (axes[0], "non_compute_pctg", "non-compute, % of the step"),
+    (axes[1], "comm_comp_overlap_pctg", "overlap, % of communication time"),
+):
+    table = per_rank.pivot(index="stage", columns="rank", values=column).loc[stages]
+    for r in table.columns:
+        ax.bar(
+            [i + 0.4 * (r - 0.5) for i in range(len(stages))], table[r], width=0.4, label=f"rank {r}", color=colors[r]
+        )
+    ax.set_ylabel(label)
+    ax.set_xticks(range(len(stages)), stages, rotation=35, ha="right")
+    ax.set_ylim(0, 100)
+axes[0].legend()
+fig.suptitle("Each rank's own share, one profiled step per stage (loopback)")
+fig.savefig(RUN / "per_rank.png", bbox_inches="tight")
+plt.close(fig)
+display(Image(filename=RUN / "per_rank.png"))
 
 # %%
-s = result.stages
+s = result.stages  # the mean of the two ranks
 synced = [st for st in s.index if st != "single"]
 least = s.loc[synced, "compute_pctg"].idxmin()
 lesson.say(
-    f"Computation is {s.loc[synced, 'compute_pctg'].min():.0f}–{s.loc[synced, 'compute_pctg'].max():.0f} % of the "
+    f"Averaged over the two ranks, computation is {s.loc[synced, 'compute_pctg'].min():.0f}–{s.loc[synced, 'compute_pctg'].max():.0f} % of the "
     f"synced stages' profiled steps (the floor, single: {s.loc['single', 'compute_pctg']:.0f} %); the least, "
     f"{least}, spends {100 - s.loc[least, 'compute_pctg']:.0f} % of its step communicating or waiting, on loopback.",
     f"Non-compute ranges from {s.loc[synced, 'non_compute_pctg'].min():.1f} % "
@@ -154,7 +191,9 @@ lesson.say(
 # percentages: read them as a rough ranking, and look at the timeline below, which shows the
 # mechanism itself.
 #
-# HTA's kernel-type view splits the profiled time the same way (percent of rank 0's profiled time):
+# HTA's kernel-type view splits rank 0's *non-idle* time, the time something computed or
+# communicated (the idle time left out, so `single` is 100 % computation), into computation alone,
+# communication alone, and both at once; in % of that time:
 
 # %%
 result.kernels.pivot_table(index="stage", columns="kernel_type", values="percentage", sort=False).round(1)
@@ -179,48 +218,81 @@ result.kernels.pivot_table(index="stage", columns="kernel_type", values="percent
 #   end of `loss.backward()`, after its last gradient (the table below says how long after).
 #
 # The colours are every step picture's: orange is communication (here a message on the wire; in
-# the breakdowns above, the share of the step when only communication ran), red the training thread
-# standing still for it.
+# the breakdowns above, the share of the step when only communication ran). These loopback traces
+# record no link, so no wait is drawn (on an emulated link, `03_build_up` marks the training thread's
+# waits in red).
 
 # %%
 fig = plot_timeline(result, RUN / "bucket_timeline.png")
 display(Image(filename=RUN / "bucket_timeline.png"))
 
 # %% [markdown]
-# The numbers behind the plot, stage by stage: how many buckets each sent in this step, how many
-# were handed to the wire while a backward was still running, how long after the last backward's
-# last gradient the last all_reduce ended, and how long before the optimizer step it did.
+# The numbers behind the plot, stage by stage (rank 0): how many buckets each sent in this step, how
+# many were handed to the wire while a backward was still running, how long the last backward ran,
+# the *tail* (how long after the last backward's end the last all_reduce before the optimizer ended:
+# the verdict's `tail_us`, `docs/analysis.md`), and the step.
 
 # %%
 phases, buckets = result.phases[result.phases["rank"] == 0], result.buckets[result.buckets["rank"] == 0]
+tails = result.per_step[result.per_step["rank"] == 0].groupby("stage")["tail_us"].last() / 1e3
 rows = {}
 for stage in [st for st in result.stages.index if st != "single"]:
     p, b = phases[phases["stage"] == stage], buckets[buckets["stage"] == stage]
     backward = p[p["phase"] == "backward"]
     during = sum(((backward["start_us"] <= t) & (t <= backward["end_us"])).any() for t in b["ready_us"])
-    last_end = backward["end_us"].max()
     rows[stage] = {
         "buckets sent": len(b),
         "sent during a backward": during,
         "last backward, ms": (backward["end_us"].iloc[-1] - backward["start_us"].iloc[-1]) / 1e3,
-        "last all_reduce ended, ms after the last backward": (b["comm_end_us"].max() - last_end) / 1e3,
-        "... and ms before the optimizer step": (
-            p.loc[p["phase"] == "optimizer", "start_us"].min() - b["comm_end_us"].max()
-        )
-        / 1e3,
+        "tail, ms": tails[stage],
         "step, ms": p.loc[p["phase"] == "step", "end_us"].max() / 1e3,
     }
-pd.DataFrame(rows).T.round(1)
+anatomy = pd.DataFrame(rows).T
+anatomy.round(1)
 
 # %%
 forward = phases[phases["phase"] == "forward"]
 per_stage = forward.groupby("stage")["end_us"].sum() - forward.groupby("stage")["start_us"].sum()
+last_bw = anatomy["last backward, ms"]
+quiet = [st for st in anatomy.index if anatomy.loc[st, "sent during a backward"] == 0]
+busy = [st for st in anatomy.index if anatomy.loc[st, "sent during a backward"] > 0]
+spread = per_stage.max() / per_stage.min()
+stretch = last_bw[busy].median() / last_bw[quiet].median()
+longer = last_bw[busy].min() > last_bw[quiet].max() and stretch > spread
 lesson.say(
     f"The forward passes, the same work in every stage, took {per_stage.min() / 1e3:.0f}–"
-    f"{per_stage.max() / 1e3:.0f} ms per step across the stages: the stages were profiled one after the "
-    f"other, and that spread is how much the machine's speed moved meanwhile. Compare the shapes of the rows, "
-    f"not their lengths; what each idea changed in time is measured on the emulated link, in 03_build_up "
-    f"and at the end of this notebook."
+    f"{per_stage.max() / 1e3:.0f} ms per step across the stages ({spread:.1f} ×): the stages were profiled one "
+    f"after the other, and that spread is how much the machine's speed moved meanwhile.",
+    f"The last backward is the same work too, yet it took {last_bw[quiet].min():.0f}–{last_bw[quiet].max():.0f} ms "
+    f"in {' and '.join(quiet)}, which send nothing during it, and {last_bw[busy].min():.0f}–"
+    f"{last_bw[busy].max():.0f} ms in the stages that send during it (the medians {stretch:.1f} × apart): "
+    + (
+        "more than the machine's speed moved, so the sending itself made backward longer. hook and bucket wait "
+        "for each message inside it; the other stages do not wait, but gloo's threads carrying their "
+        "messages share this machine's two cores with both ranks' backward."
+        if longer
+        else "no more than the machine's speed moved, so this run cannot tell what the sending cost."
+    ),
+)
+ga, ha = anatomy.loc["ga"], anatomy.loc["hook-async"]
+lesson.say(
+    f"What hiding cost the compute here: ga sends its {ga['buckets sent']:.0f} messages after its last backward, "
+    f"and its last all_reduce ended {ga['tail, ms']:.0f} ms after it; hook-async sends the same messages during "
+    f"backward, and its tail was {ha['tail, ms']:.0f} ms. Its last backward took {ha['last backward, ms']:.0f} ms "
+    f"against ga's {ga['last backward, ms']:.0f}: "
+    + (
+        f"of the {ga['tail, ms'] - ha['tail, ms']:.0f} ms taken off the tail, "
+        f"{ha['last backward, ms'] - ga['last backward, ms']:.0f} came back as backward time, gloo's threads "
+        "carrying the messages having run on the two cores backward computes on"
+        if ha["last backward, ms"] > ga["last backward, ms"] and longer
+        else "longer, but the machine's speed moved as much from stage to stage (above), so this run cannot say "
+        "how much of that the sending cost"
+        if ha["last backward, ms"] > ga["last backward, ms"]
+        else "no longer, on this run"
+    )
+    + f"; its step took {ha['step, ms']:.0f} ms against ga's {ga['step, ms']:.0f}. "
+    "On a GPU the collectives run as NCCL kernels on a stream of their own while backward's kernels keep "
+    "computing, so the same move shortens the step by about what it takes off the tail."
 )
 late = buckets[buckets["comm_end_us"] > buckets["step_end_us"]]
 if len(late):
@@ -272,9 +344,26 @@ LINKED = lesson.trace_dir("05_reading_traces_1gbit")
 linked = analyze_run(LINKED)
 ladder_on_link(LINKED, analysis=linked).savefig(LINKED / "ladder_on_link.png", bbox_inches="tight")
 display(Image(filename=LINKED / "ladder_on_link.png"))
-linked.stages.assign(step_ms=linked.stages["step_time_us"] / 1e3)[
-    ["step_ms", "compute_pctg", "non_compute_pctg", "idle_pctg", "comm_comp_overlap_pctg", "allreduce_calls_per_step"]
-].round(1)
+on_link = linked.per_step.groupby("stage")[["waited_us", "exposed_us"]].mean() / 1e3  # mean of the two ranks
+on_link = linked.stages.assign(
+    step_ms=linked.stages["step_time_us"] / 1e3,
+    backward_ms=backward_ms(linked).groupby(level="stage").mean(),
+    waited_ms=on_link["waited_us"],
+    exposed_ms=on_link["exposed_us"],
+)[
+    ["step_ms", "backward_ms", "compute_pctg", "non_compute_pctg", "idle_pctg", "comm_comp_overlap_pctg"]
+    + ["waited_ms", "exposed_ms", "allreduce_calls_per_step"]
+]
+display(on_link.rename(columns={**HEADERS, "waited_ms": "waited (ms)", "exposed_ms": "exposed (ms)"}).round(1))
+ha = on_link.loc["hook-async"]
+lesson.say(
+    f"On this link hook-async's overlap was {ha['comm_comp_overlap_pctg']:.0f} % and its exposed time "
+    f"{ha['exposed_ms']:.0f} ms (the mean of the two ranks, each by its one function in minddp.analysis.metrics). "
+    "Both describe the same step: exposed counts only the link's modeled transfers that the training thread "
+    "stood waiting through (the measure 03 reports), while overlap is the share of all communication time, gloo's "
+    "ranges and the link's transfers, during which something computed; a gloo range that waits for the other "
+    "rank, or runs after backward while the thread is not yet waiting, lowers the overlap without being exposed."
+)
 
 # %% [markdown]
 # ## What each idea bought, here and on the blog's GPUs
@@ -289,6 +378,7 @@ linked.stages.assign(step_ms=linked.stages["step_time_us"] / 1e3)[
 # them.
 
 # %%
+import torch
 from minddp.comm.link import parse_link
 
 link, world = parse_link("1gbit"), int(linked.summary["rank"].nunique())
@@ -296,10 +386,12 @@ t, r = linked.stages, result.stages
 
 
 def link_ms(stage):
-    """The modeled time of the stage's all_reduces on the link: a fixed cost 2(n−1)·α per call, plus the bytes."""
-    calls, n_bytes = t.loc[stage, "allreduce_calls_per_step"], t.loc[stage, "allreduce_bytes_per_step"]
-    fixed = link.seconds("all_reduce", 0, world)
-    return 1e3 * (calls * fixed + link.seconds("all_reduce", n_bytes, world) - fixed)
+    """The stage's *link time* (metrics.link_time): each all_reduce of rank 0's step modeled on the link, in ms."""
+    sent = linked.buckets[(linked.buckets["rank"] == 0) & (linked.buckets["stage"] == stage)]
+    size = {d: torch.empty(0, dtype=getattr(torch, d)).element_size() for d in sent["dtype"].unique()}
+    return 1e3 * metrics.link_time(
+        link, [("all_reduce", n * size[d], world) for n, d in zip(sent["numel"], sent["dtype"])]
+    )
 
 
 def sent_in_backward(run, stage):
@@ -325,10 +417,13 @@ summary = pd.DataFrame(
             "stages": arrow(pair, "{}"),
             "all_reduce calls/step": arrow(t.loc[pair, "allreduce_calls_per_step"]),
             "sent during a backward": arrow(sent_in_backward(linked, s) for s in pair),
-            "link ms (modeled, 1 Gbit/s)": arrow(link_ms(s) for s in pair),
+            "link time, ms (modeled, 1 Gbit/s)": arrow(link_ms(s) for s in pair),
+            "step, ms (1 Gbit/s)": arrow(on_link.loc[pair, "step_ms"]),
+            "backward, ms (1 Gbit/s)": arrow(on_link.loc[pair, "backward_ms"]),
             "non-compute % (loopback)": arrow(r.loc[pair, "non_compute_pctg"], "{:.1f}"),
             "non-compute % (1 Gbit/s)": arrow(t.loc[pair, "non_compute_pctg"], "{:.1f}"),
             "overlap % (1 Gbit/s)": arrow(t.loc[pair, "comm_comp_overlap_pctg"]),
+            "exposed, ms (1 Gbit/s)": arrow(on_link.loc[pair, "exposed_ms"]),
             "blog, 4 × T4: non-compute": blog_nc,
             "blog, 4 × T4: overlap": blog_ov,
         }
@@ -373,8 +468,11 @@ lesson.say(
 #   other rank to arrive, so a rank that is ahead counts its peer's lateness as communication;
 # * **how dear the network is**: on loopback, what a message costs is set by this machine and what
 #   else runs on it (the sentence above the link's chart); on the emulated link, communication
-#   costs what it would on Gigabit Ethernet, the same on every run, and 03 checks, on every run,
-#   that each idea cut the time the link left exposed;
+#   costs what it would on Gigabit Ethernet, the same on every run. 03 measures each stage's
+#   exposed time on this link and asserts what its code guarantees (where each stage sends and
+#   waits, accumulation's 1/k of the link time, async hooks exposing less than hooks that wait); its
+#   exposed times need not fall rung by rung: hook can expose as much as ga (it waits for each
+#   message inside backward), and bucket-async more than hook-async (03's bucket lesson says why);
 # * **buckets**: what they save is the fixed cost 2(n−1)·α of each message they do not send (the
 #   last claim above computes it on this link). What they cost in return, a first bucket that
 #   leaves late in backward and a last bucket whose whole transfer comes after it, is the bucket

@@ -26,7 +26,8 @@
 #   part, and the updated parameters are all-gathered;
 # * `zero2`: the gradients are *reduce-scattered* instead of all-reduced, so each rank only
 #   ever receives the part of the average it steps;
-# * `fsdp`: the parameters are sharded too, and each block of the model is gathered just before
+# * `fsdp`: the parameters are sharded too, and each block of the model (a *unit*: what fsdp gathers
+#   and drops as one, here a decoder layer) is gathered just before
 #   it runs and dropped after.
 #
 # Two collectives do the work: the reduce-scatter and the all-gather. We start with them, on the
@@ -280,7 +281,7 @@ show_diff(AsyncBucketDDP, Zero2DDP, context=2)
 
 # %% [markdown]
 # A profiled step (all its micro-batches), read in memory: the all_reduce calls and the bytes
-# handed to them, how many started while a backward ran, and the all-gathers that bring the
+# handed to them, how many were handed over while a backward ran, and the all-gathers that bring the
 # parameters back, with what this rank sent for them. Two things make gloo's counts differ from
 # the α-β count above: minddp's reduce-scatter travels as an all_reduce on gloo (gloo's own hands
 # back no Future: `docs/sharding.md`), so it sends the whole all_reduce's bytes, not half; and once
@@ -293,7 +294,7 @@ looks = {s: trainees[s].look() for s in STAGES}
 k = lesson.SETTINGS.grad_accum
 for s, v in looks.items():
     lesson.say(
-        f"{s}: {v['calls']} all_reduce calls ({v['calls_in_backward']} started during a backward) handed "
+        f"{s}: {v['calls']} all_reduce calls ({v['calls_in_backward']} handed over during a backward) handed "
         f"{lesson.mib(v['bytes'])}; {v['gathers']} all-gathers of parameters, this rank sending "
         f"{lesson.mib((world - 1) * v['gather_bytes'])}; {v['small_gathers']} small all_gather (the check)."
     )
@@ -436,12 +437,25 @@ lesson.claim(
     starts.loc["fsdp", "forward"] + starts.loc["fsdp", "backward"] >= fs["gathers"],
     f"fsdp's {fs['gathers']} all-gathers start all through the forwards and the backwards.",
 )
+only_all_reduces = [s for s in STAGES if looks[s]["gathers"] + looks[s]["small_gathers"] == starts.loc[s, "optimizer"]]
+lesson.say(
+    "The table below counts when each message started running on gloo's thread (a bar's left end), not when it was "
+    "handed over (a tick; the counts of the cell before): gloo takes a message up when its thread is free, so one "
+    "handed over late in a backward can start after it has ended ('between'). Where every message outside the "
+    "optimizer step is an all_reduce ("
+    + ", ".join(only_all_reduces)
+    + "), all_reduces handed over during a backward, against those that started during one: "
+    + ", ".join(f"{s} {looks[s]['calls_in_backward']} against {starts.loc[s, 'backward']}" for s in only_all_reduces)
+    + "."
+)
 starts
 
 # %% [markdown]
 # Then one step of each under the profiler with its trace on disk, read by `minddp.analysis` as
-# notebook 05 reads the ladder's: calls per step, the time communication took, and how much of it
-# ran while compute ran (the overlap).
+# notebook 05 reads the ladder's, with the measures `01_collectives` defines (`docs/analysis.md`):
+# calls per step, the time communication was *in flight* (a gloo range open, its waits included),
+# and its *overlap* (the share of that time during which something computed), beside the step and
+# the time backward ran.
 
 # %%
 # %%distributed
@@ -457,6 +471,7 @@ for s in STAGES:
 # %%
 # %%rank 0
 from minddp.analysis import analyze_run
+from minddp.analysis.names import HEADERS
 
 sharded = analyze_run(trace_dir)
 table = sharded.stages.assign(comm_ms_per_step=sharded.stages["comm_time_per_step_us"] / 1e3)
@@ -471,15 +486,38 @@ lesson.claim(
     f"(zero2's {table.loc['zero2', 'allgather_calls_per_step']:.0f} all-gathers: its {z2['gathers']} of "
     f"parameters and its {z2['small_gathers']} check).",
 )
-table[
-    [
-        "allreduce_calls_per_step",
-        "reducescatter_calls_per_step",
-        "allgather_calls_per_step",
-        "comm_ms_per_step",
-        "comm_comp_overlap_pctg",
+bw = sharded.phases[(sharded.phases["phase"] == "backward")]
+table = table.assign(
+    step_ms=sharded.stages["step_time_us"] / 1e3,
+    backward_ms=(bw["end_us"] - bw["start_us"]).groupby(bw["stage"]).sum()
+    / 1e3
+    / bw.groupby("stage")["rank"].nunique(),
+)
+more = table.loc["zero1", "comm_ms_per_step"] > table.loc["ddp", "comm_ms_per_step"]
+lesson.say(
+    f"zero1 puts 1.5 times ddp's bytes on the wire (the count above); its communication was in flight "
+    f"{table.loc['zero1', 'comm_ms_per_step']:.0f} ms a step against ddp's {table.loc['ddp', 'comm_ms_per_step']:.0f}. "
+    "On loopback a gloo range's length is set less by its bytes (a copy in memory) than by its waits, for the other "
+    "rank to reach the same collective and for a free core among the two that both ranks' training threads and "
+    "gloo's threads share, so the time in flight need not follow the bytes"
+    + ("" if more else ": here zero1's was the shorter")
+    + ". On a network the bytes would cost their time, and zero1's extra all-gather would show."
+)
+(
+    table[
+        [
+            "step_ms",
+            "backward_ms",
+            "allreduce_calls_per_step",
+            "reducescatter_calls_per_step",
+            "allgather_calls_per_step",
+            "comm_ms_per_step",
+            "comm_comp_overlap_pctg",
+        ]
     ]
-].round(1)
+    .rename(columns={"comm_ms_per_step": HEADERS["comm_time_per_step_us"], **HEADERS})
+    .round(1)
+)
 
 # %% [markdown]
 # ## The same training, whatever the rung

@@ -18,9 +18,15 @@
 #
 # A data-parallel script can be wrong in ways a single process never is, and torch's DDP says little
 # about them: replicas that drift apart train on in silence, a collective with another shape on one
-# rank hangs, a rank that runs out of data leaves the others waiting. We break DDP on purpose, six
-# ways, and read the one line that debug mode prints on every rank for each: the cause, the tensor
-# or call, the rank(s), the step, and the fix. Then we fix each bug and watch the line go away.
+# rank waits for a partner that never comes, a rank that runs out of data leaves the others waiting.
+# We break DDP on purpose, six ways, and for each bug run three things on the two ranks:
+#
+# 1. **torch's DDP**, debug mode off: what it says. Where it would wait, it runs on a process group
+#    whose timeout is a few seconds, so the wait ends (a real job waits 30 minutes, gloo's default);
+# 2. **minddp's DDP in debug mode**: the one line it raises on every rank, caught and printed alone
+#    (rank 0's; each rank raises its own, and the cell checks that every rank did): the cause, the
+#    tensor or call, the rank(s), the step, and the fix;
+# 3. **the fix**: the same script corrected, in debug mode, which then says nothing.
 #
 # Debug mode is off unless asked for: `MINDDP_DEBUG=1 torchrun ... train.py` (or
 # `minddp.debug.enable()`); off, it installs nothing and costs nothing.
@@ -34,13 +40,18 @@
 
 # %% [markdown]
 # Every rank sets the switch, as `MINDDP_DEBUG=1` on the command line would, and gets the same small
-# model, its own batches (a different random stream per rank: its shard of the data), and a helper
-# that reads how far the replicas are apart, for the runs where nothing else would tell us.
+# model, its own batches (a different random stream per rank: its shard of the data), a helper that
+# reads how far the replicas are apart (for the runs where nothing else would tell us), and the
+# helpers that run a script each way: `torch_does` (debug mode off; each rank's outcome in a line, and
+# `torch_drifts` for the bugs torch trains through), `minddp_says` (the line debug mode raised, checked
+# on every rank) and `fixed` (the corrected script: nothing said, the replicas equal).
 
 # %%
 # %%distributed
 import contextlib
+import time
 import warnings
+from datetime import timedelta
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
@@ -50,6 +61,7 @@ from minddp import DistributedDataParallel
 from minddp.notebook import lesson
 
 minddp.debug.enable()  # what `MINDDP_DEBUG=1 torchrun ...` does for every rank when it imports minddp
+WAIT_S = 3  # torch's waits end here: the calls that must succeed before them take milliseconds
 
 
 class Net(nn.Module):
@@ -75,6 +87,14 @@ def batch(step, same_on_every_rank=False):
     return torch.randn(6, 8, generator=g).to(device), torch.randn(6, 4, generator=g).to(device)
 
 
+def train(model, ddp, optimizer, steps, **forward):
+    for step in range(steps):
+        x, y = batch(step)
+        nn.functional.mse_loss(ddp(x, **forward), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
 def apart(model) -> float:
     """The largest difference between this rank's parameters and rank 0's (0: the replicas agree)."""
     mine = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -85,6 +105,59 @@ def apart(model) -> float:
     return gap.item()
 
 
+def torch_does(script, waits=False) -> list[str]:
+    """Run ``script(group)`` with debug mode off; every rank's outcome, each said in a line.
+
+    ``group``: the default group, or with ``waits`` a new one whose collectives give up after ``WAIT_S``.
+    """
+    minddp.debug.disable()
+    group = dist.new_group(timeout=timedelta(seconds=WAIT_S)) if waits else None
+    start = time.perf_counter()
+    try:
+        script(group)
+        mine = "said nothing"
+    except RuntimeError as error:  # torch's and gloo's errors: the first line, as a user reads it
+        first = str(error).strip().splitlines()[0]
+        mine = f"{type(error).__name__} after {time.perf_counter() - start:.1f} s: {first[:150]}"
+    finally:
+        minddp.debug.enable()
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, mine)
+    for r, outcome in enumerate(everyone):
+        lesson.say(f"torch's DDP, rank {r}: {outcome}")
+    return everyone
+
+
+def minddp_says(script, cause: str, verdict: str = "debug mode stopped every rank") -> None:
+    """Run ``script()`` in debug mode; print the line it raised (rank 0's), and claim every rank raised ``cause``."""
+    try:
+        script()
+    except minddp.debug.DebugError as finding:
+        line = str(finding)
+    else:
+        line = None
+    lesson.say(line or "minddp said nothing")
+    lesson.claim(line is not None and cause in line, verdict)
+
+
+def torch_drifts(script) -> None:
+    """``script(model, ddp, optimizer)`` on torch's DDP: it says nothing, and the replicas end apart."""
+    model, *rest = build(TorchDDP)
+    said = torch_does(lambda group: script(model, *rest))
+    gap = apart(model)
+    lesson.claim(
+        said == ["said nothing"] * world_size and gap > 0,
+        f"torch's DDP trained without a word, and its replicas now differ by up to {gap:.1e}",
+    )
+
+
+def fixed(script, fix: str, **corrected) -> None:
+    """``script(model, ddp, optimizer, **corrected)`` in debug mode: nothing said, and the replicas agree."""
+    model, *rest = build()
+    script(model, *rest, **corrected)
+    lesson.claim(apart(model) == 0, f"the fix: {fix}, debug mode says nothing and the replicas agree")
+
+
 print(f"rank {rank}: debug mode on, {sum(p.numel() for p in Net().parameters())} parameters")
 
 # %% [markdown]
@@ -93,79 +166,72 @@ print(f"rank {rank}: debug mode on, {sum(p.numel() for p in Net().parameters())}
 # DDP keeps the replicas equal by starting them equal and giving each the same averaged gradient.
 # Anything that changes a parameter on some ranks only breaks that for good: an in-place edit, a
 # `load_state_dict` on rank 0 only, an optimizer with another learning rate on one rank. Here rank 1
-# nudges one weight after step 1. Under torch's DDP the loop runs to the end without a word:
+# nudges one weight after step 1. In debug mode, before each forward that will sync, every rank sends
+# a fingerprint of each parameter (its bits, weighted by place) in one small all_gather; on a mismatch
+# the first differing tensor is compared in full, and every rank stops at the same point. The fix:
+# change parameters the same way on every rank (here: not at all).
 
 
 # %%
 # %%distributed
-def drifting_loop(ddp, model, optimizer, steps=4):
-    for step in range(steps):
+def drifting_loop(model, ddp, optimizer, edit=True):
+    for step in range(4):
         x, y = batch(step)
         nn.functional.mse_loss(ddp(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
-        if step == 1 and rank == 1:
+        if edit and step == 1 and rank == 1:
             with torch.no_grad():
                 model.head.weight[0, 0] += 1e-3  # the bug: one rank edits its replica
 
 
-model, ddp, optimizer = build(TorchDDP)
-drifting_loop(ddp, model, optimizer)
-gap = apart(model)
-lesson.claim(gap > 0, f"torch's DDP trained 4 steps without an error, and its replicas now differ by up to {gap:.1e}")
-
-# %% [markdown]
-# The same loop on `minddp.DistributedDataParallel` in debug mode. Before each forward that will sync,
-# every rank sends a fingerprint of each parameter (its bits, weighted by place) in one small all_gather; on a
-# mismatch the first differing tensor is compared in full. Every rank stops at the same point, with
-# the same line:
-
-# %% tags=["raises-exception"] minddp={"expected_error": "replicas drifted apart: parameter 'head.weight' differs across ranks at step 2"}
-# %%distributed
-model, ddp, optimizer = build()
-drifting_loop(ddp, model, optimizer)
+torch_drifts(drifting_loop)
+minddp_says(
+    lambda: drifting_loop(*build()), "replicas drifted apart: parameter 'head.weight' differs across ranks at step 2"
+)
+fixed(drifting_loop, "without the edit", edit=False)
 
 # %% [markdown]
 # ## 2. Gradients that were never averaged
 #
 # DDP averages the gradients of a backward whose forward went through the wrapper. Call the module
 # itself (`ddp.module(x)`, or a submodule of it) and backward leaves each rank its own gradient; the
-# optimizer then steps each replica its own way. torch's DDP says nothing; minddp checks, before
-# each `optimizer.step()` over the wrapped parameters, that the gradients are equal on every rank,
-# and says why they are not:
+# optimizer then steps each replica its own way. minddp checks, before each `optimizer.step()` over
+# the wrapped parameters, that the gradients are equal on every rank, and says why they are not. The
+# fix: call the wrapper.
 
-# %% tags=["raises-exception"] minddp={"expected_error": "gradients never averaged: the gradient of 'encoder.weight' differs across ranks"}
+
+# %%
 # %%distributed
-model, ddp, optimizer = build()
-x, y = batch(0)
-nn.functional.mse_loss(ddp.module(x), y).backward()  # the bug: the module, not the wrapper
-optimizer.step()
+def one_step(model, ddp, optimizer, through_wrapper=False):
+    x, y = batch(0)
+    nn.functional.mse_loss((ddp if through_wrapper else ddp.module)(x), y).backward()  # the bug: ddp.module
+    optimizer.step()
+
+
+torch_drifts(one_step)
+minddp_says(lambda: one_step(*build()), "the forward did not go through the wrapper")
+fixed(one_step, "through the wrapper", through_wrapper=True)
 
 # %% [markdown]
 # The other way to get there: gradient accumulation with every micro-batch inside `no_sync()`,
 # the last one included. `no_sync()` only accumulates; the micro-batch that ends a step must sync.
+# The fix: the last micro-batch outside `no_sync()`.
 
-# %% tags=["raises-exception"] minddp={"expected_error": "the step's last backward ran inside no_sync()"}
-# %%distributed
-model, ddp, optimizer = build()
-for micro in range(3):
-    with ddp.no_sync():  # the bug: the last micro-batch too
-        x, y = batch(micro)
-        nn.functional.mse_loss(ddp(x), y).backward()
-optimizer.step()
-
-# %% [markdown]
-# The fix: the last micro-batch outside `no_sync()`. The check passes, and it found nothing to say:
 
 # %%
 # %%distributed
-model, ddp, optimizer = build()
-for micro in range(3):
-    with ddp.no_sync() if micro < 2 else contextlib.nullcontext():
-        x, y = batch(micro)
-        nn.functional.mse_loss(ddp(x), y).backward()
-optimizer.step()
-lesson.claim(apart(model) == 0, "after the step every replica holds the same parameters")
+def accumulate(model, ddp, optimizer, last_syncs=False):
+    for micro in range(3):
+        with contextlib.nullcontext() if last_syncs and micro == 2 else ddp.no_sync():  # the bug: all 3 inside
+            x, y = batch(micro)
+            nn.functional.mse_loss(ddp(x), y).backward()
+    optimizer.step()
+
+
+torch_drifts(accumulate)
+minddp_says(lambda: accumulate(*build()), "the step's last backward ran inside no_sync()")
+fixed(accumulate, "the last micro-batch synced", last_syncs=True)
 
 # %% [markdown]
 # ## 3. Every rank reading the same data
@@ -173,76 +239,111 @@ lesson.claim(apart(model) == 0, "after the step every replica holds the same par
 # Without a `DistributedSampler` (or any other shard), every rank reads the same batches: nothing is
 # corrupted, the world just computes one batch twice. Debug mode sees it from the local gradients,
 # fingerprinted before they are averaged: bit-identical on every rank three steps in a row. It is a
-# warning, and training goes on:
+# warning, and training goes on. The fix: a shard per rank.
+
 
 # %%
 # %%distributed
-model, ddp, optimizer = build()
-with warnings.catch_warnings(record=True) as said:
-    warnings.simplefilter("always")
-    for step in range(4):
-        x, y = batch(step, same_on_every_rank=True)  # the bug: no shard per rank
-        nn.functional.mse_loss(ddp(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-lines = [str(w.message) for w in said if "minddp debug" in str(w.message)]
-print(lines[0])
+def read(model, ddp, optimizer, same=True) -> list[str]:
+    """Four steps; debug mode's warnings."""
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for step in range(4):
+            x, y = batch(step, same_on_every_rank=same)  # the bug: no shard per rank
+            nn.functional.mse_loss(ddp(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return [str(w.message) for w in said if "minddp debug" in str(w.message)]
+
+
+torch_warned = []
+said = torch_does(lambda group: torch_warned.extend(read(*build(TorchDDP))))
+lesson.claim(
+    said == ["said nothing"] * world_size and torch_warned == [], "torch's DDP trained the 4 steps without a word"
+)
+lines = read(*build())
+lesson.say(lines[0] if lines else "minddp said nothing")
 lesson.claim(len(lines) == 1, "debug mode warned once, and the 4 steps ran to the end")
+lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, debug mode says nothing")
 
 # %% [markdown]
 # ## 4. Mismatched collectives, the script's own included
 #
 # A script's own collectives must match across ranks too: the same op, shape and dtype, in the same
-# order. Here rank 0 logs two metrics and rank 1 one. Under torch, gloo pairs an all_reduce of 2 values
-# with one of 1 and waits (the recorded runs in `docs/debugging.md` show what each such script does
-# under torch's DDP; a notebook cell would wait as long). In debug mode every `torch.distributed`
-# collective is compared across ranks on a side channel (the process group's store) before it is
-# sent, so both ranks stop at once, naming each rank's call and the line it came from:
+# order. Here rank 0 logs two metrics and rank 1 one. Under torch, gloo pairs an all_reduce of 2
+# values with one of 1 and both ranks wait, until the group's timeout. In debug mode every
+# `torch.distributed` collective is compared across ranks on a side channel (the process group's
+# store) before it is sent, so both ranks stop at once, naming each rank's call and the line it came
+# from. The fix: the same metrics on every rank.
 
-# %% tags=["raises-exception"] minddp={"expected_error": "mismatched collectives"}
+# %%
 # %%distributed
-metrics = torch.tensor([0.5, 0.9] if rank == 0 else [0.5], device=device)  # the bug: loss, accuracy on rank 0 only
+logged = [0.5, 0.9] if rank == 0 else [0.5]  # the bug: loss and accuracy on rank 0, the loss alone on rank 1
+said = torch_does(lambda group: dist.all_reduce(torch.tensor(logged, device=device), group=group), waits=True)
+lesson.claim(all("Timed out" in s for s in said), f"under torch both ranks waited, until the {WAIT_S} s timeout")
+minddp_says(
+    lambda: dist.all_reduce(torch.tensor(logged, device=device)),
+    "mismatched collectives",
+    "debug mode stopped both ranks before the collective",
+)
+metrics = torch.tensor([0.5, 0.9], device=device)
 dist.all_reduce(metrics)
+lesson.claim(
+    torch.equal(metrics, 2 * torch.tensor([0.5, 0.9], device=device)),
+    "the fix: the same two metrics on every rank, summed, and nothing said",
+)
 
 # %% [markdown]
 # A collective made on some ranks only is the same bug seen one call later: rank 0 logs its loss
 # with an all_reduce that rank 1 never makes, so rank 0's all_reduce meets whatever rank 1 sends next
-# (here the step check's all_gather):
+# (under torch nothing: it waits; in debug mode, the step check's all_gather). The fix: log on every
+# rank (or log rank 0's loss without a collective).
 
-# %% tags=["raises-exception"] minddp={"expected_error": "another op"}
+
+# %%
 # %%distributed
-model, ddp, optimizer = build()
-x, y = batch(0)
-loss = nn.functional.mse_loss(ddp(x), y)
-loss.backward()
-if rank == 0:  # the bug: a collective on rank 0 only
-    dist.all_reduce(loss.detach().reshape(1))
-optimizer.step()
+def log_loss(model, ddp, optimizer, group=None, everywhere=False):
+    x, y = batch(0)
+    loss = nn.functional.mse_loss(ddp(x), y)
+    loss.backward()
+    if everywhere or rank == 0:  # the bug: a collective on rank 0 only
+        dist.all_reduce(loss.detach().reshape(1), group=group)
+    optimizer.step()
+
+
+said = torch_does(lambda group: log_loss(*build(TorchDDP, process_group=group), group=group), waits=True)
+lesson.claim(
+    "Timed out" in said[0] and said[1] == "said nothing",
+    f"under torch rank 0 waited until the {WAIT_S} s timeout; rank 1 stepped on without a word",
+)
+minddp_says(lambda: log_loss(*build()), "mismatched collectives", "debug mode stopped both ranks before the collective")
+fixed(log_loss, "the loss logged on every rank", everywhere=True)
 
 # %% [markdown]
 # ## 5. Uneven inputs
 #
 # Rank 1 has one batch fewer. It leaves its loop and waits at the script's final barrier, while rank
-# 0 starts a step whose collectives rank 1 will never make. torch's DDP waits until the timeout. Debug
-# mode sees a rank in a step on one side and a rank out of its loop on the other:
+# 0 starts a step whose collectives rank 1 will never make. Under torch both wait, until the timeout.
+# Debug mode sees a rank in a step on one side and a rank out of its loop on the other. The fix is
+# the one the line names: `model.join()`, which has a rank that ran out shadow the collectives of
+# the others' steps (or equal batches per rank: `DistributedSampler(..., drop_last=True)`). Debug
+# mode's checks pause while a rank has joined.
 
-# %% tags=["raises-exception"] minddp={"expected_error": "uneven inputs: rank 1 left the training loop after step 2"}
-# %%distributed
-model, ddp, optimizer = build()
-for step in range(4 if rank == 0 else 3):  # the bug: rank 1 runs out of data first
-    x, y = batch(step)
-    nn.functional.mse_loss(ddp(x), y).backward()
-    optimizer.step()
-    optimizer.zero_grad()
-dist.barrier()
-
-# %% [markdown]
-# The fix is the one the line names: `model.join()`, which has a rank that ran out shadow the
-# collectives of the others' steps (or equal batches per rank: `DistributedSampler(...,
-# drop_last=True)`). Debug mode's checks pause while a rank has joined; nothing is said:
 
 # %%
 # %%distributed
+def uneven(model, ddp, optimizer, group=None):
+    for step in range(4 if rank == 0 else 3):  # the bug: rank 1 runs out of data first
+        x, y = batch(step)
+        nn.functional.mse_loss(ddp(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    dist.barrier(group=group)
+
+
+said = torch_does(lambda group: uneven(*build(TorchDDP, process_group=group), group=group), waits=True)
+lesson.claim(all("Timed out" in s for s in said), f"under torch both ranks waited, until the {WAIT_S} s timeout")
+minddp_says(lambda: uneven(*build()), "uneven inputs: rank 1 left the training loop after step 2")
 model, ddp, optimizer = build()
 with ddp.join():
     for step in range(4 if rank == 0 else 3):
@@ -251,7 +352,7 @@ with ddp.join():
         optimizer.step()
         optimizer.zero_grad()
 dist.barrier()
-lesson.claim(apart(model) == 0, "with join() both ranks end with the same parameters")
+lesson.claim(apart(model) == 0, "the fix: under join() nothing is said and both ranks end with the same parameters")
 
 # %% [markdown]
 # ## 6. A layer frozen on some ranks is not an unused parameter
@@ -259,39 +360,56 @@ lesson.claim(apart(model) == 0, "with join() both ranks end with the same parame
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only (here after wrapping) makes the ranks disagree on what they
 # send; `find_unused_parameters=True` would average rank 0's zeros in. Debug mode compares
-# `requires_grad` across ranks before each step:
+# `requires_grad` across ranks before each step. Under torch, the rank that has every gradient sends
+# and waits; the other fails at its next forward, naming unused parameters. The fix: freeze the layer
+# on every rank, before wrapping.
 
-# %% tags=["raises-exception"] minddp={"expected_error": "requires_grad differs across ranks: parameter 'head.weight'"}
-# %%distributed
-model, ddp, optimizer = build()
-if rank == 0:
-    model.head.requires_grad_(False)  # the bug: frozen on one rank
-x, y = batch(0)
-nn.functional.mse_loss(ddp(x), y).backward()
-
-# %% [markdown]
-# A branch of the model taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
-# *is* the fix: the line says so.
-
-# %% tags=["raises-exception"] minddp={"expected_error": "Fix: pass find_unused_parameters=True"}
-# %%distributed
-model, ddp, optimizer = build(extra=True)
-x, y = batch(0)
-nn.functional.mse_loss(ddp(x, use_extra=rank == 0), y).backward()  # the bug: a branch on rank 0 only
-optimizer.step()
-
-# %% [markdown]
-# With the flag the same forward trains, and the replicas stay one model:
 
 # %%
 # %%distributed
-model, ddp, optimizer = build(extra=True, find_unused_parameters=True)
-for step in range(3):
-    x, y = batch(step)
-    nn.functional.mse_loss(ddp(x, use_extra=rank == 0), y).backward()
-    optimizer.step()
-    optimizer.zero_grad()
-lesson.claim(apart(model) == 0, "with find_unused_parameters=True the replicas agree after 3 steps")
+def freeze_on_rank_0(wrap, everywhere=False):
+    torch.manual_seed(0)
+    model = Net().to(device)
+    if everywhere:
+        model.head.requires_grad_(False)  # the fix: frozen on every rank, before wrapping
+    ddp = wrap(model)
+    if rank == 0 and not everywhere:
+        model.head.requires_grad_(False)  # the bug: frozen on one rank, after wrapping
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    train(model, ddp, optimizer, steps=2)
+    return model
+
+
+said = torch_does(lambda group: freeze_on_rank_0(lambda m: TorchDDP(m, process_group=group)), waits=True)
+lesson.claim(
+    "Expected to have finished reduction" in said[0] and "Timed out" in said[1],
+    f"under torch rank 0 failed at its second forward, naming unused parameters; rank 1 waited until the "
+    f"{WAIT_S} s timeout",
+)
+minddp_says(
+    lambda: freeze_on_rank_0(DistributedDataParallel), "requires_grad differs across ranks: parameter 'head.weight'"
+)
+model = freeze_on_rank_0(DistributedDataParallel, everywhere=True)
+lesson.claim(apart(model) == 0, "the fix: frozen on every rank, nothing is said and the replicas agree")
+
+# %% [markdown]
+# A branch of the model taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
+# *is* the fix: the line says so. Under torch, rank 0 (the one with the branch's gradient) sends and
+# waits; rank 1 fails at its next forward.
+
+# %%
+# %%distributed
+said = torch_does(lambda group: train(*build(TorchDDP, extra=True, process_group=group), 2, use_extra=rank == 0), True)
+lesson.claim(
+    "Timed out" in said[0] and "Expected to have finished reduction" in said[1],
+    f"under torch rank 1 failed at its second forward, naming unused parameters; rank 0 waited until the "
+    f"{WAIT_S} s timeout",
+)
+# the bug: a branch on rank 0 only
+minddp_says(lambda: train(*build(extra=True), 1, use_extra=rank == 0), "Fix: pass find_unused_parameters=True")
+model, *rest = build(extra=True, find_unused_parameters=True)
+train(model, *rest, 3, use_extra=rank == 0)
+lesson.claim(apart(model) == 0, "the fix: with find_unused_parameters=True nothing is said, the replicas agree")
 
 # %% [markdown]
 # ## What it costs, and where to read more
@@ -299,8 +417,8 @@ lesson.claim(apart(model) == 0, "with find_unused_parameters=True the replicas a
 # Off, debug mode is not there at all: no hook, no message, the same bits and speed. On, each
 # collective costs a few store round trips, each step two small all_gathers and a pass over the
 # parameters and gradients; `docs/benchmarks.md` has the measured cost per step. `docs/debugging.md`
-# has each check, what torch's DDP does on each bug (recorded under torchrun), and what debug mode
-# does not see.
+# has each check, what torch's DDP does on each bug as a script under torchrun (recorded), and what
+# debug mode does not see.
 
 # %%
 # %dist_shutdown

@@ -44,12 +44,14 @@
 
 # %%
 # %%distributed
+import pandas as pd
 import torch._dynamo
 from torch import nn
 from torch._dynamo.utils import counters
 
 from minddp import DistributedDataParallel
-from minddp.analysis import live
+from minddp.analysis import live, metrics
+from minddp.analysis.timeline import row_measures
 from minddp.ladder.loop import train_step
 from minddp.notebook import lesson
 
@@ -126,7 +128,10 @@ lesson.say(
 # Backward is drawn where it computes: eager, node after node; compiled, one bar per compiled piece.
 # The gaps between them are the `AccumulateGrad` nodes, where the reducer's hooks copy gradients
 # into buckets and send full ones. The lengths of the bars are one step of a shared 2-core CPU;
-# the order of the events is what the cut changes, and what the sentences below count.
+# the order of the events is what the cut changes, and what the claims below count. The table
+# beside it gives each way's step, the time its backward computed (the blue bars), and two of the
+# measures `01_collectives` defines (`docs/analysis.md`): *in flight* (time gloo's `all_reduce` ran,
+# its wait for the other rank included) and *overlap* (the share of it during which rank 0 computed).
 
 # %%
 # %%distributed
@@ -150,6 +155,45 @@ lesson.claim(
 )
 same = all(torch.equal(v["params"], looks["eager"]["params"]) for v in looks.values())
 lesson.claim(same, "The three trainings end with the same parameters, to the bit (aot_eager runs eager's operations).")
+
+table = {}
+for label, v in looks.items():
+    measured = row_measures(v["row"])  # each measure by its one function in minddp.analysis.metrics
+    table[label] = {
+        "step, ms": v["row"]["end"],
+        "backward computing, ms": metrics.length(v["row"]["backward"]),
+        "in flight, ms": measured["in_flight_ms"],
+        "overlap, %": measured["overlap_pct"],
+    }
+lesson.say(pd.DataFrame(table).T.round(1).to_string())
+# timings of one step on a shared machine: said from the run, never asserted (load can reorder them)
+cut_, whole = table["compiled, cut"], table["compiled, no cut"]
+slowest = max(table, key=lambda label: table[label]["step, ms"])
+costs = [
+    f"{what} {cut_[column]:.0f} ms against {whole[column]:.0f} ms without the cut"
+    for what, column in (
+        ("backward computed for", "backward computing, ms"),
+        ("its messages were in flight", "in flight, ms"),
+    )
+    if cut_[column] > whole[column]
+]
+verdict = "saved more than it cost" if cut_["step, ms"] < whole["step, ms"] else "cost more than it saved"
+lesson.say(
+    f"On this run the step with the overlap back took {cut_['step, ms']:.0f} ms against {whole['step, ms']:.0f} ms "
+    "compiled without the cut, "
+    + ("the slowest of the three" if slowest == "compiled, cut" else f"and {slowest} was the slowest")
+    + f": the overlap {verdict} here."
+    + (
+        " Hiding is not free on this machine: with the cut, " + " and ".join(costs) + ". Its two cores run both "
+        "ranks' backward and gloo's threads alike (and other jobs' work), so a bucket sent while backward computes "
+        "waits for a core (and for the other rank), and takes the core from backward when it gets one."
+        if costs
+        else ""
+    )
+    + " On a GPU, backward's kernels run on the GPU while NCCL carries the buckets on a stream of its own, so "
+    "the overlap takes the messages' time off the step without slowing backward."
+)
+
 
 # %% [markdown]
 # ## Where the cuts fall
@@ -186,12 +230,31 @@ lesson.claim(
     f"The compiled graph is cut into {len(cut)} pieces, which together hand over all {2 * DEPTH + 2} "
     "parameters, each once.",
 )
-# bucket k's parameters all lie in pieces 0 to k: it is full when piece k's backward ends (docs/ddp.md, Compiled)
+piece_of = {name: i for i, piece in enumerate(cut) for name in piece}
+homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
+# bucket k's parameters all lie in one piece, in backward order: it is full when that piece's backward ends
 lesson.claim(
-    all(set(bucket) <= set(sum(cut[: k + 1], [])) for k, bucket in enumerate(buckets)),
-    "Every bucket k is full once the backward of piece k has ended: pieces and buckets are cut at the same "
-    f"size ({CAP:g} MiB), the first included, so bucket k leaves before piece k + 1 computes.",
+    all(len(home) == 1 for home in homes) and [h[0] for h in homes] == sorted(h[0] for h in homes),
+    "Every bucket lies within one piece, in backward order: each bucket is full once the backward of its piece "
+    "has ended, so it leaves before the next piece computes.",
 )
+size = {n.removeprefix("_orig_mod."): p.numel() * p.element_size() for n, p in ddp.module.named_parameters()}
+cap = int(CAP * 2**20)
+for i in range(len(cut)):
+    inside = [k for k, home in enumerate(homes) if home == [i]]
+    if len(inside) > 1:
+        first, rest = inside[0], inside[1:]
+        lesson.say(
+            f"{len(cut)} pieces but {len(buckets)} buckets, both cut at {CAP:g} MiB ({cap} bytes), because they "
+            "close at different grains. A piece is cut between operations of the graph, so a layer's weight and "
+            "bias (one matrix multiply and add) always share a piece; a bucket closes at the parameter whose "
+            f"gradient brings it to the cap. In piece {i}, bucket {first} ({', '.join(buckets[first])}) reached "
+            f"{sum(size[n] for n in buckets[first])} bytes, "
+            + ("the cap exactly" if sum(size[n] for n in buckets[first]) == cap else "past the cap")
+            + ", so the gradients that came after it ("
+            + "; ".join(f"{', '.join(buckets[k])}: {sum(size[n] for n in buckets[k])} bytes" for k in rest)
+            + f") opened bucket {rest[0]}{'' if len(rest) == 1 else ' and on'}."
+        )
 
 # %% [markdown]
 # ## Graph breaks
@@ -231,6 +294,45 @@ lesson.claim(
 )
 
 # %% [markdown]
+# ## Buckets below 1 MiB
+#
+# Dynamo's cut makes its first piece 1 MiB (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`), as
+# torch's DDP makes its first bucket, and refuses a cap below it. minddp gives Dynamo the first piece
+# itself (the cap, when one is given), so a smaller cap compiles. Both on a small model at 0.5 MiB:
+
+
+# %%
+# %%distributed
+def compile_at(wrap, cap_mb: float) -> str:
+    """One training step of a compiled two-layer model wrapped at ``cap_mb``: what happened, in a line."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 1))
+    try:
+        train_step(wrap(model, cap_mb), torch.optim.SGD(model.parameters(), lr=0.01), next(batches()), loss_fn)
+    except Exception as error:  # what torch raises, said in one line
+        return f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
+    return "compiled and trained a step"
+
+
+small = {
+    "torch's DDP": compile_at(
+        lambda m, cap: torch.compile(torch.nn.parallel.DistributedDataParallel(m, bucket_cap_mb=cap), backend=BACKEND),
+        0.5,
+    ),
+    "minddp's ddp": compile_at(
+        lambda m, cap: DistributedDataParallel(torch.compile(m, backend=BACKEND), bucket_cap_mb=cap), 0.5
+    ),
+}
+for who, outcome in small.items():
+    lesson.say(f"{who} at bucket_cap_mb=0.5: {outcome}")
+lesson.claim(
+    small["torch's DDP"].startswith("AssertionError: First bucket") and small["minddp's ddp"].startswith("compiled"),
+    "Below its 1 MiB first piece torch's DDP does not compile (Dynamo's cut asserts); minddp's ddp compiles and "
+    "trains there.",
+)
+
+# %% [markdown]
 # ## What to take away
 #
 # * Compile the model, then wrap it (`model = torch.compile(model)`, then the stage): minddp's
@@ -240,7 +342,7 @@ lesson.claim(
 #   or passed through `compile_ready`; their own files stay free of it.
 # * The per-parameter stages (`hook`, `hook-async`) ask for no cut: compiled, their gradients
 #   arrive at the end of backward. `fsdp` is not compiled (its hooks gather every unit).
-# * Below 1 MiB buckets torch refuses to compile its DDP; minddp cuts there too.
+# * Below 1 MiB buckets torch's DDP does not compile (the run above); minddp's compiles and cuts there too.
 # * The train command and the benchmark take `--compile` (`--compile-backend aot_eager` for quick
 #   runs). `docs/ddp.md` (*Compiled*) gives the details, the limits and why minddp uses Dynamo's
 #   cut rather than compiled autograd.
