@@ -60,7 +60,9 @@ class LocalSGD:
 
     ``syncs`` counts the averages taken, ``sent_bytes`` the bytes handed to the comm hook (what the
     default hook sends; a compressing hook sends fewer, which a metered ``Wire`` counts). Leaving the
-    ``with`` block removes the optimizer hook.
+    ``with`` block removes the optimizer hook. ``same_start=False`` skips step 1 (no collective at
+    construction): the replicas are built the same already (one seed, as torchft's ``init_sync=False``),
+    or a fault-tolerant sync heals them (:mod:`minddp.ft.diloco`).
     """
 
     role = "the optimizer"  # how the messages name the optimizer it is given
@@ -71,16 +73,19 @@ class LocalSGD:
         optimizer: torch.optim.Optimizer,
         sync_every: int,
         process_group: dist.ProcessGroup | None = None,
+        *,
+        same_start: bool = True,
     ):
         check_schedule(sync_every)  # before any collective: a bad value is the same error on every rank
         check_not_sharded(module, optimizer)
         self.module, self.optimizer, self.sync_every, self.process_group = module, optimizer, sync_every, process_group
         self.params = trainable(module)
         check_optimizer(optimizer, self.params, self.role, exact=False)
-        check_same_model(module, process_group)  # a broadcast between different models hangs
-        with torch.no_grad():  # step 1
-            for tensor in [*module.parameters(), *module.buffers()]:
-                broadcast(tensor, group_src=0, group=process_group)
+        if same_start:  # (False: built the same already, or healed by a fault-tolerant sync: minddp.ft.diloco)
+            check_same_model(module, process_group)  # a broadcast between different models hangs
+            with torch.no_grad():  # step 1
+                for tensor in [*module.parameters(), *module.buffers()]:
+                    broadcast(tensor, group_src=0, group=process_group)
         self.comm_hook, self.comm_state, self.hook_registered = allreduce_hook, process_group, False
         self.steps = self.syncs = self.sent_bytes = 0
         self.hook_handle = optimizer.register_step_post_hook(self._after_step)  # step 2
