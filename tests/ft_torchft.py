@@ -106,7 +106,7 @@ def run_manager_diloco(task, syncs: int, sync_every: int, fail_at: int, fail_rep
     """
     from torchft.coordination import LighthouseServer
 
-    from minddp.ft.diloco import replica_state
+    from minddp.ft.diloco import replica_state, sync_now
     from minddp.ft.manager import ManagerDiLoCo
 
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=30000)
@@ -137,7 +137,7 @@ def run_manager_diloco(task, syncs: int, sync_every: int, fail_at: int, fail_rep
                 before_collective=lambda sync: fault(replica_id, sync),
             )
             if not first:
-                rung.diloco.sync()  # healed at the survivor's next sync (its retry of the failed one)
+                sync_now(rung.diloco)  # healed at the survivor's next sync (its retry of the failed one)
             while manager.current_step() < syncs:
                 shard = task.shard(task.global_batch(rung.diloco.steps), replica_id, world)
                 inner.zero_grad()

@@ -215,7 +215,7 @@ def on_rank(names: list[str], seed: int, steps: int, batch: int, lr: float, eval
 
 def run(names: list[str], seeds: int, replicas: int, steps: int, batch: int, lr: float, eval_every: int, say) -> dict:
     """Every configuration for every seed; the curves by configuration, one per seed."""
-    from minddp import launch
+    from minddp.runtime.launch import launch
 
     curves: dict[str, list[dict]] = {name: [] for name in names}
     for seed in range(seeds):

@@ -119,18 +119,6 @@ class DiLoCo(LocalSGD):
             if into == 0:
                 self._apply(turn)
 
-    def sync(self) -> None:
-        """Sync the whole model now, between two periods: what a replica that joins a fault-tolerant run does
-        first (:mod:`minddp.ft.diloco`: its sync heals it, then it takes the outer step with the others)."""
-        if len(self.fragments) > 1 or self.delay or self.steps % self.sync_every or self.in_flight is not None:
-            raise RuntimeError(
-                "DiLoCo.sync() syncs the whole model between two periods: build it with one fragment and no delay, "
-                f"and call it after a multiple of sync_every={self.sync_every} steps (here {self.steps})"
-            )
-        with torch.no_grad():
-            self._send(0)
-            self._apply(0)
-
     def _send(self, turn: int) -> None:
         """Step 2 (and 4): start averaging this fragment's pseudo-gradient; keep its Future, do not wait."""
         params, synced = self.fragments[turn], self.synced[turn]

@@ -9,7 +9,9 @@ Read in this order:
   size, heal from a peer, the ``ddp`` stage's step, commit or discard;
 * :mod:`minddp.ft.launch`: starts the lighthouse and the ranks, restarts the
   ranks that die, injects faults (:mod:`minddp.ft.faults`), reports each;
-* :mod:`minddp.ft.task`: what is trained (a task gives the global batch of any step).
+* :mod:`minddp.ft.task`: what is trained (a task gives the global batch of any step);
+* :mod:`minddp.ft.diloco`: DiLoCo on the rung, one quorum per outer sync (``launch_ft(..., diloco=...)``),
+  and :mod:`minddp.ft.manager`: the same sync under torchft's own ``Manager`` and lighthouse.
 
 The other stages keep the classic contract: a rank that dies ends the run.
 """

@@ -19,7 +19,7 @@ comm hook through which :class:`minddp.DiLoCo` sends its pseudo-gradient (:class
    a new quorum **and the same pseudo-gradient**: the survivors keep their H inner steps (torchft restores
    the synced weights instead, and the round is lost).
 
-A replica started again (incarnation > 0) syncs first (:meth:`minddp.DiLoCo.sync`), before it trains: it
+A replica started again (incarnation > 0) syncs first (:func:`sync_now`), before it trains: it
 waits in the quorum for the survivors' next sync, is healed there and takes the outer step with them.
 
 The same sync runs under torchft's own ``Manager`` and lighthouse (:mod:`minddp.ft.manager`): one
@@ -45,6 +45,19 @@ from minddp.diloco.state import done
 from minddp.ft.client import Coordinator
 from minddp.ft.faults import FaultPlan
 from minddp.ft.rung import FaultTolerantTrainer, digest, optimizer_tensors
+
+
+def sync_now(diloco: DiLoCo) -> None:
+    """Sync the whole model now, between two periods, as after a period's last inner step: what a replica that
+    joins does first (its sync heals it, then it takes the outer step with the others). One fragment, no delay."""
+    if len(diloco.fragments) > 1 or diloco.delay or diloco.steps % diloco.sync_every or diloco.in_flight is not None:
+        raise RuntimeError(
+            "a replica joins at a whole-model sync between two periods: one fragment, no delay, "
+            f"after a multiple of sync_every={diloco.sync_every} steps (here {diloco.steps})"
+        )
+    with torch.no_grad():
+        diloco._send(0)  # (the rung's own two halves of a sync, as its optimizer hook calls them)
+        diloco._apply(0)
 
 
 def outer_sgd(model: torch.nn.Module, outer_lr: float, outer_momentum: float) -> torch.optim.SGD:
@@ -125,7 +138,7 @@ class FaultTolerantDiLoCo(FaultTolerantTrainer):
     def train(self) -> None:
         """Inner steps on this replica's shard; every ``sync_every``-th, DiLoCo's hook runs steps 1-4."""
         if self.joining:
-            self.diloco.sync()  # waits for the survivors' next sync, is healed there, takes the outer step
+            sync_now(self.diloco)  # waits for the survivors' next sync, is healed there, takes the outer step
         while self.step < self.steps:
             shard = self.task.shard(self.task.global_batch(self.diloco.steps), self.slot, self.world_size)
             self.optimizer.zero_grad()

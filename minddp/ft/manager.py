@@ -26,7 +26,7 @@ Example (a lighthouse and several replicas, so not run by the doctests)::
                               min_replica_size=1, use_async_quorum=False, ...)
     rung = ManagerDiLoCo(manager, model, inner, None, sync_every=50, joining=restarted)
     if restarted:
-        rung.diloco.sync()                     # healed at the others' next sync
+        sync_now(rung.diloco)                  # healed at the others' next sync
     for batch in batches: ...                  # an ordinary loop; every 50th inner.step() syncs
 """
 
@@ -50,7 +50,7 @@ class ManagerDiLoCo:
     """DiLoCo around ``model`` and ``inner``, each outer sync run by ``manager`` (steps 1-3).
 
     ``joining``: this replica was started again and holds nothing yet (it syncs first, with
-    ``rung.diloco.sync()``, and adds nothing to that sync). ``before_collective(sync)``: called before each
+    :func:`~minddp.ft.diloco.sync_now`, and adds nothing to that sync). ``before_collective(sync)``: called before each
     all_reduce with the number of syncs committed so far (where a test injects a failure). ``log``: one
     ``(sync, members, joined, committed)`` per attempt.
     """
