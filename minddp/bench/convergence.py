@@ -357,6 +357,7 @@ def build_parser():
 
     parser = Parser(
         prog=PROG,
+        usage=f"{PROG} [options]",
         description=described(__doc__),
         examples=[
             f"{PROG} --seeds 5 --out docs/diloco           # every run of docs/diloco.md (~40 min, 2 cores)",
