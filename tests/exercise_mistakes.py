@@ -339,80 +339,81 @@ def shard_returns_the_batch(batch, rank, world):
 
 
 # -------------------------------------------------------------------------------- notebook 10: DiLoCo
-# The wrong ideas written as a learner would (one flat vector, the average taken as sum then divide or the
-# other way round), not the checker's own candidates: the verdicts must name them by what they compute.
+# The wrong ideas written as a learner would (one flat vector, the mean taken as halves summed or as a sum then
+# divided), not the checker's own candidates: the verdicts must name them by what they compute.
 
 
-def _flat_mean(tensors, halve_first: bool):
+def _flat_mean(tensors, halve_first: bool = False, divide: bool = True):
     flat = torch.cat([t.reshape(-1) for t in tensors])
     if halve_first:
         flat /= dist.get_world_size()
     dist.all_reduce(flat)
-    return flat if halve_first else flat / dist.get_world_size()
+    parts = (flat if halve_first or not divide else flat / dist.get_world_size()).split([t.numel() for t in tensors])
+    return [part.view_as(t) for part, t in zip(parts, tensors)]
 
 
-def _unflatten(flat, like):
-    return [part.view_as(t) for part, t in zip(flat.split([t.numel() for t in like]), like)]
+def _outer(params, synced, outer, pseudo, restore: bool = True, keep: bool = True) -> None:
+    """The outer step with ``pseudo`` as the gradient: from the synced weights (``restore``), kept (``keep``)."""
+    with torch.no_grad():
+        for p, s, g in zip(params, synced, pseudo):
+            if restore:
+                p.copy_(s)
+            p.grad = g.clone()
+    outer.step()
+    if keep:
+        with torch.no_grad():
+            for p, s in zip(params, synced):
+                s.copy_(p)
 
 
 def outer_sync_flat(params, synced, outer):
     """A right answer, written otherwise: one flat all_reduce of the halves."""
     with torch.no_grad():
-        mean = _unflatten(_flat_mean([s - p for p, s in zip(params, synced)], halve_first=True), params)
-        for p, s, g in zip(params, synced, mean):
-            p.copy_(s)
-            p.grad = g.clone()
-    outer.step()
-    with torch.no_grad():
-        for p, s in zip(params, synced):
-            s.copy_(p)
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)], halve_first=True)
+    _outer(params, synced, outer, pseudo)
 
 
 def outer_sync_local_minus_synced(params, synced, outer):
     """The pseudo-gradient as 'what the replica learnt' (local - synced), stepped as if it were a gradient."""
     with torch.no_grad():
-        mean = _unflatten(_flat_mean([p - s for p, s in zip(params, synced)], halve_first=False), params)
-        for p, s, g in zip(params, synced, mean):
-            p.copy_(s)
-            p.grad = g.clone()
-    outer.step()
-    with torch.no_grad():
-        for p, s in zip(params, synced):
-            s.copy_(p)
+        pseudo = _flat_mean([p - s for p, s in zip(params, synced)])
+    _outer(params, synced, outer, pseudo)
 
 
 def outer_sync_from_local(params, synced, outer):
     """The averaged pseudo-gradient handed to the outer optimizer while the parameters still hold the local ones."""
     with torch.no_grad():
-        mean = _unflatten(_flat_mean([s - p for p, s in zip(params, synced)], halve_first=False), params)
-        for p, g in zip(params, mean):
-            p.grad = g.clone()
-    outer.step()
-    with torch.no_grad():
-        for p, s in zip(params, synced):
-            s.copy_(p)
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
+    _outer(params, synced, outer, pseudo, restore=False)
 
 
 def outer_sync_averages_weights(params, synced, outer):
     """'DiLoCo' as the mean of the replicas' weights (local SGD): the outer optimizer never steps."""
     with torch.no_grad():
-        for p, mean in zip(params, _unflatten(_flat_mean(list(params), halve_first=False), params)):
+        for p, s, mean in zip(params, synced, _flat_mean(list(params))):
             p.copy_(mean)
-        for p, s in zip(params, synced):
-            s.copy_(p)
+            s.copy_(mean)
 
 
 def outer_sync_not_averaged(params, synced, outer):
     """Each replica steps with its own pseudo-gradient: nothing is sent."""
     with torch.no_grad():
-        for p, s in zip(params, synced):
-            g = s - p
-            p.copy_(s)
-            p.grad = g
-    outer.step()
+        pseudo = [s - p for p, s in zip(params, synced)]
+    _outer(params, synced, outer, pseudo)
+
+
+def outer_sync_summed(params, synced, outer):
+    """all_reduce sums: the pseudo-gradients added up over the replicas, never divided."""
     with torch.no_grad():
-        for p, s in zip(params, synced):
-            s.copy_(p)
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)], divide=False)
+    _outer(params, synced, outer, pseudo)
+
+
+def outer_sync_keeps_the_first_start(params, synced, outer):
+    """Right until the end, where the new weights never become the synced ones."""
+    with torch.no_grad():
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)], halve_first=True)
+    _outer(params, synced, outer, pseudo, keep=False)
 
 
 def outer_sync_unfinished(params, synced, outer):
@@ -432,27 +433,3 @@ def schedule_at_the_end_of_the_turn(step, sync_every, fragments, delay):
     """Sent when the turn ends, not delay steps before: no step left to overlap the message with."""
     period = sync_every // fragments
     return (step - 1) // period % fragments if step % period == 0 else None
-
-
-def outer_sync_summed(params, synced, outer):
-    """all_reduce sums: the pseudo-gradients added up over the replicas, never divided."""
-    with torch.no_grad():
-        for p, s in zip(params, synced):
-            g = s - p
-            dist.all_reduce(g)
-            p.copy_(s)
-            p.grad = g
-    outer.step()
-    with torch.no_grad():
-        for p, s in zip(params, synced):
-            s.copy_(p)
-
-
-def outer_sync_keeps_the_first_start(params, synced, outer):
-    """Right until the end, where the new weights never become the synced ones."""
-    with torch.no_grad():
-        mean = _unflatten(_flat_mean([s - p for p, s in zip(params, synced)], halve_first=True), params)
-        for p, s, g in zip(params, synced, mean):
-            p.copy_(s)
-            p.grad = g.clone()
-    outer.step()

@@ -352,19 +352,18 @@ def write(results: dict, folder: str) -> list[str]:
 PROG = "python -m minddp.bench.convergence"
 
 
+#: The examples of ``--help``.
+EXAMPLES = [
+    f"{PROG} --seeds 5 --out docs/diloco           # every run of docs/diloco.md (~40 min, 2 cores)",
+    f"{PROG} --steps 200 --seeds 1 --configs ddp,diloco-h10 --out /tmp/conv   # a quick look",
+    f"{PROG} --plot docs/diloco                    # the figures and table again from the saved curves",
+]
+
+
 def build_parser():
     from minddp.runtime.cli import Parser, described, number
 
-    parser = Parser(
-        prog=PROG,
-        usage=f"{PROG} [options]",
-        description=described(__doc__),
-        examples=[
-            f"{PROG} --seeds 5 --out docs/diloco           # every run of docs/diloco.md (~40 min, 2 cores)",
-            f"{PROG} --steps 200 --seeds 1 --configs ddp,diloco-h10 --out /tmp/conv   # a quick look",
-            f"{PROG} --plot docs/diloco                    # the figures and table again from the saved curves",
-        ],
-    )
+    parser = Parser(prog=PROG, usage=f"{PROG} [options]", description=described(__doc__), examples=EXAMPLES)
     parser.add_argument(
         "--configs",
         metavar="LIST",

@@ -129,18 +129,17 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The examples of ``--help``.
+EXAMPLES = [
+    f"{PROG}                                  # wan and home: H = 20, 2 fragments, delay 5",
+    f"{PROG} --links home --out results/slow  # one link; the table also in results/slow",
+]
+
+
 def build_parser():
     from minddp.runtime.cli import Parser, described, number
 
-    parser = Parser(
-        prog=PROG,
-        usage=f"{PROG} [options]",
-        description=described(__doc__),
-        examples=[
-            f"{PROG}                                  # wan and home: H = 20, 2 fragments, delay 5",
-            f"{PROG} --links home --out results/slow  # one link; the table also in results/slow",
-        ],
-    )
+    parser = Parser(prog=PROG, usage=f"{PROG} [options]", description=described(__doc__), examples=EXAMPLES)
     parser.add_argument("--links", metavar="LIST", default="wan,home", help="emulated links (presets or B,latency)")
     parser.add_argument("--steps", metavar="N", type=number(int, low=2), default=60, help="steps of each run")
     parser.add_argument("--sync-every", metavar="N", type=number(int, low=1), default=20, help="DiLoCo's H")

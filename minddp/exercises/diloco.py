@@ -6,11 +6,11 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
 
 1. **yours**: a small network trains 3 rounds of H inner steps (AdamW, each rank on its own data), your
    sync after each; the weights and the synced weights after every sync are kept;
-2. **the candidates**, from the same start on the checker's own group: DiLoCo's sync
-   (:func:`~minddp.exercises.solutions.outer_sync`, itself checked against :class:`minddp.DiLoCo` by the
-   tests) and the wrong ideas (:data:`MISTAKES`): the pseudo-gradient's sign flipped, the outer step taken
-   from the local weights instead of the restored synced ones, plain averaging called DiLoCo, the
-   pseudo-gradients summed, the synced weights never updated;
+2. **the candidates**, from the same start on the checker's own group (:func:`candidate`): DiLoCo's sync
+   (checked against :class:`minddp.DiLoCo` by the tests, as is the model answer
+   :func:`~minddp.exercises.solutions.outer_sync`) and the wrong ideas (:data:`MISTAKES`): the
+   pseudo-gradient's sign flipped, the outer step taken from the local weights instead of the restored
+   synced ones, plain averaging called DiLoCo, the pseudo-gradients summed, the synced weights never updated;
 3. **verdict**: a raise or a hang first, then the candidate yours matches (:func:`close`), named with
    what to change, then replicas that disagree after a sync, then the first difference from DiLoCo's.
 
@@ -30,6 +30,7 @@ Example (2 checker ranks, a few seconds: not run by the doctests)::
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.distributed as dist
@@ -43,102 +44,62 @@ SCHEDULE = {"sync_every": 6, "fragments": 3, "delay": 1}
 INNER_LR = 0.05
 
 
-# -- the wrong ideas, written as a learner would ------------------------------------------------------------
+# -- the wrong ideas: DiLoCo's sync with one idea changed ---------------------------------------------------
 
 
-def _mean_over(tensors: list[torch.Tensor], group) -> list[torch.Tensor]:
-    for t in tensors:
-        dist.all_reduce(t, group=group)
-        t /= dist.get_world_size(group)
-    return tensors
-
-
-def sign_flipped(params, synced, outer, group=None):
-    """The pseudo-gradient as local − synced: the outer step goes the way the replicas did not."""
+def candidate(params, synced, outer, group=None, *, sign=1, restore=True, divide=True, keep=True, weights=False):
+    """DiLoCo's sync with one idea changed: ``sign=-1`` averages local − synced; ``restore=False`` steps from the
+    local weights; ``divide=False`` sums; ``keep=False`` never updates the synced weights; ``weights=True``
+    averages the weights themselves (local SGD) and never steps the outer optimizer."""
+    world = dist.get_world_size(group)
     with torch.no_grad():
-        pseudo = _mean_over([p - s for p, s in zip(params, synced)], group)
-        for p, s, g in zip(params, synced, pseudo):
-            p.copy_(s)
-            p.grad = g
-    outer.step()
-    with torch.no_grad():
-        for p, s in zip(params, synced):
-            s.copy_(p)
-
-
-def from_local(params, synced, outer, group=None):
-    """The outer step taken from the local weights: the synced ones are never put back first."""
-    with torch.no_grad():
-        pseudo = _mean_over([s - p for p, s in zip(params, synced)], group)
-        for p, g in zip(params, pseudo):
-            p.grad = g
-    outer.step()
-    with torch.no_grad():
-        for p, s in zip(params, synced):
-            s.copy_(p)
-
-
-def plain_averaging(params, synced, outer, group=None):
-    """The mean of the local weights (local SGD), no outer optimizer: what DiLoCo improves on."""
-    with torch.no_grad():
-        for p, mean in zip(params, _mean_over([p.detach().clone() for p in params], group)):
-            p.copy_(mean)
-        for p, s in zip(params, synced):
-            s.copy_(p)
-
-
-def summed(params, synced, outer, group=None):
-    """The pseudo-gradients summed over the replicas, not averaged."""
-    with torch.no_grad():
-        pseudo = [s - p for p, s in zip(params, synced)]
-        for g in pseudo:
-            dist.all_reduce(g, group=group)
-        for p, s, g in zip(params, synced, pseudo):
-            p.copy_(s)
-            p.grad = g
-    outer.step()
-    with torch.no_grad():
-        for p, s in zip(params, synced):
-            s.copy_(p)
-
-
-def stale_synced(params, synced, outer, group=None):
-    """DiLoCo's step, but the synced weights are never updated: every pseudo-gradient measured from the start."""
-    with torch.no_grad():
-        pseudo = _mean_over([s - p for p, s in zip(params, synced)], group)
-        for p, s, g in zip(params, synced, pseudo):
-            p.copy_(s)
-            p.grad = g
-    outer.step()
+        sent = [p.detach().clone() if weights else sign * (s - p) for p, s in zip(params, synced)]
+        for t in sent:
+            dist.all_reduce(t, group=group)
+            if divide:
+                t /= world
+        for p, s, t in zip(params, synced, sent):
+            if weights:
+                p.copy_(t)
+                continue
+            if restore:
+                p.copy_(s)
+            p.grad = t
+    if not weights:
+        outer.step()
+    if keep:
+        with torch.no_grad():
+            for p, s in zip(params, synced):
+                s.copy_(p)
 
 
 #: name -> (the wrong idea, what the verdict says).
 MISTAKES = {
     "sign": (
-        sign_flipped,
+        functools.partial(candidate, sign=-1),
         "the pseudo-gradient points the wrong way: you averaged local − synced, DiLoCo averages synced − local (a "
         "gradient points against the step taken), so the outer step moved the weights away from what the replicas "
         "learnt; flip it",
     ),
     "from_local": (
-        from_local,
+        functools.partial(candidate, restore=False),
         "the outer step started from the local weights: put the synced weights back in the parameters "
         "(p.copy_(synced)) before outer.step(); the averaged pseudo-gradient already holds what the replicas "
         "learnt, and stepping from this replica's own weights counts its progress twice and the replicas drift apart",
     ),
     "averaging": (
-        plain_averaging,
+        functools.partial(candidate, weights=True),
         "that is plain averaging (local SGD: the mean of the local weights, an outer SGD with lr 1 and no "
         "momentum), not DiLoCo: hand the averaged pseudo-gradient to the outer optimizer as .grad and let it step "
         "from the synced weights (its Nesterov momentum is what DiLoCo adds)",
     ),
     "summed": (
-        summed,
+        functools.partial(candidate, divide=False),
         "the pseudo-gradients were summed, not averaged: divide by the world size after the all_reduce (forgot "
         "the division)",
     ),
     "stale": (
-        stale_synced,
+        functools.partial(candidate, keep=False),
         "the synced weights were never updated: after outer.step() copy the new weights into synced, or every "
         "pseudo-gradient is measured from the first start",
     ),
@@ -208,51 +169,50 @@ def outer_sync_finding(mine: list[dict], candidates: dict[str, list[dict]], ever
     return {"kind": "other", "sync": ROUNDS, "what": "params", "diff": float("nan"), "tensor": 0}
 
 
-def check_outer_sync_on_rank(fn) -> None:
-    """Steps 1-3 on this rank; one report line (:data:`minddp.exercises.harness.MARK`)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+@contextlib.contextmanager
+def checking(fn):
+    """Around either check on a rank: a group of the checker's own, one report printed whatever happens."""
     checker = dist.new_group(backend="gloo")
     progress = harness.Progress()
-    report: dict = {"rank": rank, "world": world, "finding": None}
+    report: dict = {"rank": dist.get_rank(), "world": dist.get_world_size(), "finding": None}
     try:
         with harness.reporting(progress, harness.stage_files(fn), report):
-            progress.phase = "running your outer_sync"
-            mine = rounds_with(fn, rank, None)
-            progress.phase = "running the candidates"
-            candidates = {"diloco": rounds_with(solutions.outer_sync, rank, checker)}
-            candidates.update({name: rounds_with(wrong, rank, checker) for name, (wrong, _) in MISTAKES.items()})
-            everyone: list = [None] * world
-            dist.all_gather_object(everyone, mine, group=checker)
-            report["finding"] = outer_sync_finding(mine, candidates, everyone)
-            if report["finding"] is None:
-                report["max_diff"] = max(
-                    float((a - b).abs().max()) for m, t in zip(mine, candidates["diloco"]) for a, b in
-                    zip(m["params"], t["params"])
-                )  # fmt: skip
+            yield checker, progress, report
     finally:
         with contextlib.suppress(Exception):
             dist.destroy_process_group(checker)
+
+
+def check_outer_sync_on_rank(fn) -> None:
+    """Steps 1-3 on this rank; one report line (:data:`minddp.exercises.harness.MARK`)."""
+    with checking(fn) as (checker, progress, report):
+        rank = report["rank"]
+        progress.phase = "running your outer_sync"
+        mine = rounds_with(fn, rank, None)
+        progress.phase = "running the candidates"
+        candidates = {"diloco": rounds_with(candidate, rank, checker)}
+        candidates.update({name: rounds_with(wrong, rank, checker) for name, (wrong, _) in MISTAKES.items()})
+        everyone: list = [None] * report["world"]
+        dist.all_gather_object(everyone, mine, group=checker)
+        report["finding"] = outer_sync_finding(mine, candidates, everyone)
+        if report["finding"] is None:
+            right = candidates["diloco"]
+            report["max_diff"] = max(
+                float((a - b).abs().max()) for m, t in zip(mine, right) for a, b in zip(m["params"], t["params"])
+            )
 
 
 def check_schedule_on_rank(fn) -> None:
     """The schedule on this rank for two periods, gathered; one report line."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    checker = dist.new_group(backend="gloo")
-    progress = harness.Progress()
-    report: dict = {"rank": rank, "world": world, "finding": None}
-    try:
-        with harness.reporting(progress, harness.stage_files(fn), report):
-            progress.phase = "calling your fragment_to_send"
-            h, k, tau = SCHEDULE["sync_every"], SCHEDULE["fragments"], SCHEDULE["delay"]
-            mine = [fn(step, h, k, tau) for step in range(1, 2 * h + 1)]
-            answer = [solutions.fragment_to_send(step, h, k, tau) for step in range(1, 2 * h + 1)]
-            everyone: list = [None] * world
-            dist.all_gather_object(everyone, mine, group=checker)
-            report["finding"] = schedule_finding(everyone, answer)
-            report["schedule"] = mine
-    finally:
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group(checker)
+    with checking(fn) as (checker, progress, report):
+        progress.phase = "calling your fragment_to_send"
+        h, k, tau = SCHEDULE["sync_every"], SCHEDULE["fragments"], SCHEDULE["delay"]
+        mine = [fn(step, h, k, tau) for step in range(1, 2 * h + 1)]
+        answer = [solutions.fragment_to_send(step, h, k, tau) for step in range(1, 2 * h + 1)]
+        everyone: list = [None] * report["world"]
+        dist.all_gather_object(everyone, mine, group=checker)
+        report["finding"] = schedule_finding(everyone, answer)
+        report["schedule"] = mine
 
 
 def schedule_finding(everyone: list[list], answer: list) -> dict | None:

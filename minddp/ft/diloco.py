@@ -43,7 +43,6 @@ import torch.distributed as dist
 from minddp.diloco import OUTER_DEFAULTS, DiLoCo
 from minddp.diloco.state import done
 from minddp.ft.client import Coordinator
-from minddp.ft.faults import FaultPlan
 from minddp.ft.rung import FaultTolerantTrainer, digest, optimizer_tensors
 
 
@@ -113,19 +112,15 @@ class FaultTolerantDiLoCo(FaultTolerantTrainer):
         task,
         steps: int,
         coordinator: Coordinator,
-        plan: FaultPlan | None = None,
-        hang_s: float = 10.0,
-        digests: bool = False,
-        on_entry=None,
-        on_result=None,
-        *,
+        *args,
         sync_every: int,
         world_size: int,
         outer_lr: float = OUTER_DEFAULTS["lr"],
         outer_momentum: float = OUTER_DEFAULTS["momentum"],
         fragment_update_alpha: float = 0.0,
+        **kwargs,
     ):
-        super().__init__(task, steps, coordinator, plan, hang_s, digests, on_entry, on_result)
+        super().__init__(task, steps, coordinator, *args, **kwargs)  # the fault plan, the bounds, the callbacks
         self.world_size = world_size
         outer = outer_sgd(self.model, outer_lr, outer_momentum)
         # no same start: every replica builds the task's seeded model, and one started again is healed
