@@ -276,62 +276,71 @@ def markdown(rows: list[dict], floor: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: How each configuration is drawn: its family's colour, darker for larger H.
+#: How each configuration is drawn: its family's colour, its H by the line (10 solid, 50 dash-dot, 100 dashed);
+#: the outer learning rates swept, in purple, dotted.
 FAMILIES = {"ddp": "black", "single": "grey", "local-sgd": "tab:orange", "diloco": "tab:blue", "streaming": "tab:green"}
+LINES = {None: "-", 10: "-", 50: "-.", 100: "--"}
 
 
-def _style(name: str) -> dict:
+def _style(name: str, config: dict) -> dict:
+    if "outer_lr" in config:
+        return {"color": "tab:purple", "linestyle": ":", "linewidth": 1.0 + config["outer_lr"]}
     family = next(f for f in sorted(FAMILIES, key=len, reverse=True) if name.startswith(f))
-    dashed = "-lr" in name
-    return {"color": FAMILIES[family], "linestyle": "--" if dashed or family == "single" else "-"}
+    return {"color": FAMILIES[family], "linestyle": "--" if family == "single" else LINES[config.get("sync_every")]}
 
 
 def plot(results: dict, folder: str) -> list[str]:
-    """The held-out loss against inner steps and against bytes sent (mean over seeds, min-max shaded)."""
+    """The held-out loss against inner steps and against bytes sent (mean over seeds; against steps, min-max
+    shaded): the whole run on the left, its second half enlarged on the right."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves, floor = results["curves"], results["floor"]
+    curves, floor, configs = results["curves"], results["floor"], results["configs"]
+    seeds = len(next(iter(curves.values())))
     written = []
     for x_key, label, filename in (
         ("step", "inner steps (optimizer steps of each replica)", "loss_vs_steps.png"),
         ("bytes", "bytes each replica sent to the all_reduce (log scale)", "loss_vs_bytes.png"),
     ):
-        fig, ax = plt.subplots(figsize=(9, 5.5))
-        for name, runs in curves.items():
-            xs = runs[0][x_key]
-            ys = list(zip(*[r["loss"] for r in runs]))
-            mean = [statistics.mean(v) for v in ys]
-            style = _style(name)
-            alpha = 1.0 if "-lr" not in name else 0.6
+        fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
+        for ax, zoom in zip(axes, (False, True)):
+            ends = []
+            for name, runs in curves.items():
+                half = len(runs[0]["step"]) // 2 if zoom else 0
+                xs = runs[0][x_key][half:]
+                ys = list(zip(*[r["loss"][half:] for r in runs]))
+                mean = [statistics.mean(v) for v in ys]
+                style = _style(name, configs.get(name, {}))
+                if x_key == "bytes":
+                    points = [(x, y) for x, y in zip(xs, mean) if x > 0]
+                    if points:  # (one replica alone sends nothing: no point on this axis)
+                        ax.plot(*zip(*points), label=name, **style)
+                else:
+                    ax.plot(xs, mean, label=name, **style)
+                    ax.fill_between(xs, [min(v) for v in ys], [max(v) for v in ys], color=style["color"], alpha=0.1)
+                ends.append(mean[-1])
+            ax.axhline(floor, color="red", linewidth=0.8, linestyle=":", label=f"entropy floor {floor:.3f}")
             if x_key == "bytes":
-                points = [(x, y) for x, y in zip(xs, mean) if x > 0]
-                if not points:  # sends nothing: its final loss as a marker at the left edge
-                    continue
-                ax.plot(*zip(*points), label=name, alpha=alpha, **style)
+                ax.set_xscale("log")
+            ax.set_xlabel(label)
+            ax.set_ylabel("held-out loss (nats, exact)")
+            if zoom:
+                ax.set_ylim(floor - 0.005, max(ends) + 0.1 * (max(ends) - floor) + 0.01)
+                ax.set_title("the second half, enlarged", fontsize=10)
             else:
-                ax.plot(xs, mean, label=name, alpha=alpha, **style)
-                ax.fill_between(xs, [min(v) for v in ys], [max(v) for v in ys], color=style["color"], alpha=0.12)
-        ax.axhline(floor, color="red", linewidth=0.8, linestyle=":", label=f"entropy floor {floor:.3f}")
-        if x_key == "bytes":
-            ax.set_xscale("log")
-        ax.set_xlabel(label)
-        ax.set_ylabel("held-out loss (nats, exact)")
-        top = max(statistics.mean(r["loss"][len(r["loss"]) // 10] for r in runs) for runs in curves.values())
-        ax.set_ylim(floor - 0.02, top + 0.05)
-        seeds = len(next(iter(curves.values())))
-        ax.set_title(
-            f"{results['replicas']} replicas, {results['steps']} steps, batch {results['batch']} per replica, "
-            f"{seeds} seeds (line: mean; band: min-max)",
-            fontsize=10,
-        )
-        ax.legend(fontsize=8, ncol=2)
-        ax.grid(alpha=0.3)
+                ax.set_ylim(floor - 0.02, floor + 0.75)
+                ax.set_title(
+                    f"{results['replicas']} replicas, {results['steps']} steps, batch {results['batch']} per "
+                    f"replica, {seeds} seeds (line: mean; band: min-max)",
+                    fontsize=10,
+                )
+                ax.legend(fontsize=7.5, ncol=2)
+            ax.grid(alpha=0.3)
         path = os.path.join(folder, filename)
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=100)
         plt.close(fig)
         written.append(path)
     return written
