@@ -352,3 +352,17 @@ def _diloco_beside_the_answers() -> dict:
         expected = [(s, solutions.fragment_to_send(s, h, k, tau)) for s in range(1, 2 * h + 1)]
         agree &= seen == [(s, f) for s, f in expected if f is not None]
     return {"same_weights": same, "schedules_agree": agree}
+
+
+@pytest.mark.timeout(180)
+def test_a_learners_raise_in_a_fresh_checkers_first_check_leaves_it_working():
+    """Fresh checker ranks, and the learner's unfinished sync first: one rank raises and the runner releases its
+    peer by interrupting it. That peer was once in its first optimizer step's lazy imports (torch._dynamo), left
+    half-imported, and the model answer's check that followed failed with "partially initialized module"
+    (notebook 10's run). The candidates now run first, in lockstep over the checker's group."""
+    checker.shutdown()
+    checker.ranks(2, TIMEOUT)
+    v = check_outer_sync(wrong.outer_sync_unfinished, timeout_s=TIMEOUT)
+    assert not v.ok and "raised NotImplementedError" in v.line, v.line
+    v = check_outer_sync(solutions.outer_sync, timeout_s=TIMEOUT)
+    assert v.ok, v.line

@@ -4,13 +4,13 @@
 replica after its H-th inner step: ``params`` the model's (local) weights, ``synced`` the weights of
 the last sync (copies), ``outer`` the outer optimizer over ``params``. On the checker's 2 ranks:
 
-1. **yours**: a small network trains 3 rounds of H inner steps (AdamW, each rank on its own data), your
-   sync after each; the weights and the synced weights after every sync are kept;
-2. **the candidates**, from the same start on the checker's own group (:func:`candidate`): DiLoCo's sync
+1. **the candidates** (first), from the same start on the checker's own group (:func:`candidate`): a small
+   network trains 3 rounds of H inner steps (AdamW, each rank on its own data) with DiLoCo's sync
    (checked against :class:`minddp.DiLoCo` by the tests, as is the model answer
    :func:`~minddp.exercises.solutions.outer_sync`) and the wrong ideas (:data:`MISTAKES`): the
    pseudo-gradient's sign flipped, the outer step taken from the local weights instead of the restored
    synced ones, plain averaging called DiLoCo, the pseudo-gradients summed, the synced weights never updated;
+2. **yours**: the same rounds with your sync after each; the weights and synced weights after every sync;
 3. **verdict**: a raise or a hang first, then the candidate yours matches (:func:`close`), named with
    what to change, then replicas that disagree after a sync, then the first difference from DiLoCo's.
 
@@ -187,11 +187,13 @@ def check_outer_sync_on_rank(fn) -> None:
     """Steps 1-3 on this rank; one report line (:data:`minddp.exercises.harness.MARK`)."""
     with checking(fn) as (checker, progress, report):
         rank = report["rank"]
-        progress.phase = "running your outer_sync"
-        mine = rounds_with(fn, rank, None)
+        # the candidates first: a rank whose learner's code raises releases its peer by interrupting it, and an
+        # interrupted first optimizer step (its lazy imports) would leave this worker broken for the next check
         progress.phase = "running the candidates"
         candidates = {"diloco": rounds_with(candidate, rank, checker)}
         candidates.update({name: rounds_with(wrong, rank, checker) for name, (wrong, _) in MISTAKES.items()})
+        progress.phase = "running your outer_sync"
+        mine = rounds_with(fn, rank, None)
         everyone: list = [None] * report["world"]
         dist.all_gather_object(everyone, mine, group=checker)
         report["finding"] = outer_sync_finding(mine, candidates, everyone)
