@@ -8,20 +8,18 @@ Start with :mod:`minddp.stages` (the build-up, one idea per file),
 steps instead of every step (:class:`LocalSGD`, :class:`DiLoCo`), in :mod:`minddp.diloco`.
 """
 
+from minddp import debug  # debug mode: MINDDP_DEBUG=1 (read here) or minddp.debug.enable() (docs/debugging.md)
 from minddp.ddp import DistributedDataParallel
 from minddp.diloco import DiLoCo, LocalSGD
 from minddp.ladder import STAGES, build_stage
-from minddp.runtime import collective_check, debug
 from minddp.runtime.launch import RankError, launch
 from minddp.sharding import FullyShardedDataParallel, Zero2DDP, ZeroRedundancyOptimizer
 from minddp.stages import AsyncBucketDDP, AsyncHookDDP, BucketDDP, GradAccumDDP, HookDDP, SimpleDDP
 
 __version__ = "0.1.0"
 
-if debug.enabled():  # MINDDP_DEBUG=1: the script's collectives are checked from the first (docs/debugging.md)
-    collective_check.install()
-
 __all__ = [
+    "debug",
     "launch",
     "RankError",
     "STAGES",

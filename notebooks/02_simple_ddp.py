@@ -278,7 +278,7 @@ plt.show()
 # ## 6. The ladder's `SimpleDDP`: the same idea, and what every stage needs around it
 #
 # `minddp.stages.SimpleDDP` is the first rung of the ladder that `03_build_up` climbs. It keeps the two
-# steps above and adds three things, each for a reason that shows later:
+# steps above and adds two things, and the ladder that builds it a third, each for a reason that shows later:
 #
 # * **a comm hook.** `finish_gradient_synchronization()` does not call `all_reduce` itself: it hands
 #   each gradient, wrapped in a `GradBucket` (torch's type for what a hook receives), to
@@ -288,9 +288,10 @@ plt.show()
 #   only *when* it is made and how many gradients one bucket holds, so `04_comm_hooks` sends any
 #   stage's gradients in fp16 or through PowerSGD by registering another hook, and a hook's state
 #   can be a `Wire` that counts calls and bytes;
-# * **a profiler range.** `send(hook, state, bucket)` is `hook(state, bucket)` inside a range named
-#   `minddp.bucket_launch#<index>`, so a trace shows when each gradient was handed to the network
-#   (minddp's trace analysis and step-time model read these ranges);
+# * **a profiler range** (the ladder's: the stage calls its hook plainly). `in_launch_range(hook)` is
+#   the hook with each call inside a range named `minddp.bucket_launch#<index>`, so a trace shows when
+#   each gradient was handed to the network (minddp's trace analysis and step-time model read these
+#   ranges); `minddp.ladder.build_stage` and `wrap` register a stage's hook that way;
 # * **two checks that turn a hang into an error.** Ranks that disagree on what they send do not fail
 #   cleanly: a broadcast or an all_reduce between tensors that do not match waits forever or mixes
 #   one layer's gradient into another's. So at construction every rank's parameter names, shapes and
@@ -321,12 +322,13 @@ show_source(allreduce_hook)
 # %%distributed
 from minddp import stages
 from minddp.comm.default_hooks import allreduce_hook
+from minddp.comm.send import in_launch_range
 from minddp.comm.wire import Traffic, Wire
 
 net = lesson.make_model()
 ladder, plain = stages.SimpleDDP(net), SimpleDDP(net)  # two wrappers of one model: one set of gradients
 meter = Traffic()
-ladder.register_comm_hook(Wire(None, traffic=meter), allreduce_hook)  # the default hook, metered
+ladder.register_comm_hook(Wire(None, traffic=meter), in_launch_range(allreduce_hook))  # metered, in its range
 lesson.loss_fn(ladder, next(lesson.step_batches())[0]).backward()
 local = [p.grad.clone() for p in net.parameters()]  # this rank's own gradients
 with torch.profiler.profile() as prof:

@@ -412,10 +412,10 @@ check(solutions.BucketDDP, like="bucket")
 # %% [markdown]
 # ## `bucket-async`: buckets in flight while backward goes on
 #
-# Nothing new to write: `bucket`'s buckets with `hook-async`'s not-waiting. The stage is one class
-# on `ga` that holds the whole mechanism, so it reads top to bottom: plan, autograd hooks, count,
-# send and keep the Future, wait once, copy back. This is the shape of torch's DDP: few messages,
-# each overlapping the rest of backward.
+# Nothing new to write: `bucket`'s buckets with `hook-async`'s not-waiting. The stage is `bucket`
+# plus that one idea, in two methods, as `hook-async` is `hook` plus it: keep each bucket's Future,
+# wait for them all in finish. This is the shape of torch's DDP: few messages, each overlapping the
+# rest of backward.
 
 # %%
 show_source(STAGES["bucket-async"])

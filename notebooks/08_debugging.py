@@ -23,7 +23,7 @@
 # or call, the rank(s), the step, and the fix. Then we fix each bug and watch the line go away.
 #
 # Debug mode is off unless asked for: `MINDDP_DEBUG=1 torchrun ... train.py` (or
-# `minddp.DistributedDataParallel(model, debug=True)`); off, it installs nothing and costs nothing.
+# `minddp.debug.enable()`); off, it installs nothing and costs nothing.
 # What each check does and costs: `docs/debugging.md`.
 #
 # The bugs do not need a large model: a two-layer network on random data, a few steps, is enough.
@@ -40,18 +40,16 @@
 # %%
 # %%distributed
 import contextlib
-import os
 import warnings
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
+import minddp.debug
 from minddp import DistributedDataParallel
 from minddp.notebook import lesson
-from minddp.runtime import collective_check
 
-os.environ["MINDDP_DEBUG"] = "1"  # as `MINDDP_DEBUG=1 torchrun ...` sets it for every rank
-collective_check.install()  # what `import minddp` does when the variable is set before it
+minddp.debug.enable()  # what `MINDDP_DEBUG=1 torchrun ...` does for every rank when it imports minddp
 
 
 class Net(nn.Module):
@@ -118,7 +116,7 @@ lesson.claim(gap > 0, f"torch's DDP trained 4 steps without an error, and its re
 
 # %% [markdown]
 # The same loop on `minddp.DistributedDataParallel` in debug mode. Before each forward that will sync,
-# every rank sends a fingerprint of each parameter (the sum of its bits) in one small all_gather; on a
+# every rank sends a fingerprint of each parameter (its bits, weighted by place) in one small all_gather; on a
 # mismatch the first differing tensor is compared in full. Every rank stops at the same point, with
 # the same line:
 

@@ -28,7 +28,7 @@
 # bucket of parameters each, counted from the end of the forward, and compiles each piece apart.
 # Backward then runs piece after piece; each piece hands over its gradients, their bucket is sent,
 # and the pieces before it keep computing meanwhile. minddp's `ddp` presents its buckets to Dynamo
-# the same way (`minddp/stages/compiling.py`), and so do the bucketed stages when the train command
+# the same way (`minddp/runtime/compiling.py`), and so do the bucketed stages when the train command
 # builds them around a compiled model.
 #
 # This notebook shows one step of `ddp` three ways on one time axis, eager, compiled without the

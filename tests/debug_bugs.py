@@ -85,6 +85,10 @@ def train(kind: str, impl: str, steps: int = STEPS) -> torch.Tensor:
         from torch.nn.parallel import DistributedDataParallel as DDP
     elif impl == "minddp":
         from minddp import DistributedDataParallel as DDP
+    elif impl.startswith("class:"):  # a stage built by its class (``class:simple`` is SimpleDDP(model))
+        from minddp.ladder import STAGES
+
+        DDP = STAGES[impl.removeprefix("class:")]
     else:  # a teaching stage (``ga``, ``bucket-async``, ...), which averages in finish_gradient_synchronization()
         from minddp import build_stage
 

@@ -29,7 +29,7 @@ from torch import nn
 
 from minddp.analysis import analyze_run
 from minddp.analysis.__main__ import main
-from minddp.ladder import build_stage
+from minddp.ladder import build_stage, options_for
 from minddp.ladder.loop import train_step
 from minddp.runtime.launch import launch
 
@@ -42,7 +42,7 @@ def _profile_rank(stage, out, steps, grad_accum):
 
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(10)], nn.Linear(256, 1))
-    ddp = build_stage(stage, model, bucket_cap_mb=0.6)
+    ddp = build_stage(stage, model, **options_for(stage, bucket_cap_mb=0.6))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     rank = dist.get_rank()
     gen = torch.Generator().manual_seed(rank)
@@ -215,9 +215,9 @@ def test_report_and_compare_write_pngs_and_html(run_dir, report, capsys):
     _png_size(run_dir / "compare-allstages" / "overlap.png")
 
 
-def _exposed_by_hand(run_dir) -> dict[str, float]:
+def _non_compute_by_hand(run_dir) -> dict[str, float]:
     """Per stage: the median over the profiled steps (ranks averaged step by step) of |comm in the step| minus
-    |comm under compute in the step|, in ms: exposed communication, computed here from the intervals alone."""
+    |comm under compute in the step|, in ms: the non-compute time, computed here from the intervals alone."""
     import statistics
 
     from minddp.analysis import metrics
@@ -237,7 +237,7 @@ def _exposed_by_hand(run_dir) -> dict[str, float]:
     return out
 
 
-def test_report_opens_with_the_verdict_ranked_by_the_measured_exposed_communication(run_dir, report):
+def test_report_opens_with_the_verdict_ranked_by_the_measured_non_compute_time(run_dir, report):
     page, printed = report
     verdict = page.index("class='verdict'")
     assert verdict < page.index("<figure>") and page.index("<figure>") == page.index(
@@ -247,7 +247,7 @@ def test_report_opens_with_the_verdict_ranked_by_the_measured_exposed_communicat
     rows = re.findall(r"<tr data-stage='([^']+)'><td>(\d+)</td>.*?<td>([\d.]+) \(.*?<td class='why'>(.*?)</td>", table)
     shown = [stage for stage, *_ in rows]
     assert sorted(shown) == sorted(STAGES)
-    by_hand = _exposed_by_hand(run_dir)
+    by_hand = _non_compute_by_hand(run_dir)
     assert shown == sorted(STAGES, key=by_hand.get)  # the order printed is the order of the numbers measured
     for stage, place, median, why in rows:
         assert abs(float(median) - by_hand[stage]) <= 0.05 + 1e-9, (stage, median, by_hand[stage])  # printed at .1f

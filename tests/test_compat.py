@@ -11,7 +11,10 @@ called is the one that torch has (the new one where there is one), ``op``,
 no deprecation warning (2.13 warns on every call of an old name). Also
 ``compat.allreduce_options``: ``AllreduceOptions.asyncOp`` set where torch has
 the field (2.6 has not); ``compat.clone_store``: a second connection to the
-rendezvous store (``Store.clone`` is not in 2.6).
+rendezvous store (``Store.clone`` is not in 2.6); the private names debug mode
+reads, each through its guarded function: ``compat.process_group_store`` (the
+store a group met on: what one rank sets there, the other reads) and
+``compat.join_enabled`` (what ``Join`` set on a joinable).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from minddp import launch
+from minddp import DistributedDataParallel, launch
 from minddp.runtime import compat
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -246,3 +249,37 @@ def test_nothing_but_the_shim_calls_torch_2_13_names():
         if direct.search(line)
     ]
     assert len(files) > 50 and found == [], found
+
+
+def private_names_through_compat() -> dict:
+    store = compat.process_group_store(dist.group.WORLD)
+    if dist.get_rank() == 0:
+        store.set("compat/said", "by rank 0")
+    said = store.get("compat/said").decode()  # waits for rank 0's key: the one store both ranks met on
+    ddp = DistributedDataParallel(torch.nn.Linear(2, 2))
+    states = {"built": compat.join_enabled(ddp)}
+    ddp.join()  # a Join made (not entered: no collective) sets the joinable's config
+    states["in an enabled Join"] = compat.join_enabled(ddp)
+    ddp.join(enable=False)
+    states["in a disabled Join"] = compat.join_enabled(ddp)
+    states["not a joinable"] = compat.join_enabled(torch.nn.Linear(2, 2))
+    return {"said": said, "states": states}
+
+
+def test_the_private_names_debug_mode_reads_come_through_compat():
+    for got in launch(private_names_through_compat, world_size=2, timeout_s=60):
+        assert got["said"] == "by rank 0"
+        assert got["states"] == {
+            "built": False,
+            "in an enabled Join": True,
+            "in a disabled Join": False,
+            "not a joinable": False,
+        }
+
+
+def test_a_torch_without_the_process_group_store_is_one_line_naming_the_way_out(monkeypatch):
+    from torch.distributed import distributed_c10d
+
+    monkeypatch.delattr(distributed_c10d, "_get_process_group_store")
+    with pytest.raises(RuntimeError, match=r"no longer exposes a process group's store .* turn MINDDP_DEBUG off"):
+        compat.process_group_store(None)

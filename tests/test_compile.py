@@ -115,8 +115,7 @@ def on_rank() -> dict:
     from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
     from minddp import AsyncBucketDDP, BucketDDP, DistributedDataParallel, Zero2DDP
-    from minddp.ladder import build_stage
-    from minddp.stages.compiling import compile_ready
+    from minddp.ladder import build_stage, compile_ready
 
     cap = 1.0  # MiB: torch's DDPOptimizer refuses less
     out = {

@@ -675,9 +675,10 @@ def test_a_step_on_the_link_in_the_blogs_terms():
         "sent": [20.0, 30.0],
     }
     seen = on_the_link(blocking)
-    assert (seen["link_ms"], seen["hidden_ms"], seen["overlap_pct"]) == (10.0, 0.0, 0.0)
+    assert (seen["link_ms"], seen["non_compute_ms"], seen["overlap_pct"]) == (10.0, 10.0, 0.0)
     after = dict(blocking, backward=[(10, 20)], messages=[(25, 30), (30, 35)], waits=[(25, 35)], sent=[25.0, 26.0])
     assert on_the_link(after)["overlap_pct"] == 0.0  # sent after backward (simple): nothing to hide behind
     overlapped = dict(blocking, waits=[(40, 45)], messages=[(20, 30), (30, 45)])
     seen = on_the_link(overlapped)
-    assert (seen["hidden_ms"], seen["exposed_ms"], seen["end_ms"], seen["limit"]) == (20.0, 5.0, 5.0, "start")
+    # 20 of the 25 ms on the link ran while backward computed: 80 % overlap, 5 ms non-compute (waited for)
+    assert (seen["overlap_pct"], seen["non_compute_ms"], seen["end_ms"], seen["limit"]) == (80.0, 5.0, 5.0, "start")

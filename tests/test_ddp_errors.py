@@ -7,7 +7,6 @@ so a caught error leaves the process group usable for the next case).
 
 from __future__ import annotations
 
-import os
 import time
 
 import ddp_models
@@ -15,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+import minddp.debug
 from minddp import DistributedDataParallel, launch
 
 
@@ -61,7 +61,7 @@ def errors_on_rank() -> dict:
     out["unused_steps_done"] = steps_done
 
     # The consistency guard: rank 1's plan has the twin weights' buckets swapped (same sizes, wrong sums).
-    os.environ["MINDDP_DEBUG"] = "1"
+    minddp.debug.enable()
     for desync in (False, True):
         torch.manual_seed(0)
         guarded = DistributedDataParallel(Twins(), bucket_cap_mb=1e-6)
@@ -73,7 +73,7 @@ def errors_on_rank() -> dict:
             plan[a], plan[b] = plan[b], plan[a]
         guarded.reducer.set_plan(plan)
         out[f"guard_desync={desync}"] = caught(lambda: guarded(torch.randn(2, 8)).sum().backward())
-    del os.environ["MINDDP_DEBUG"]
+    minddp.debug.disable()
     return out
 
 

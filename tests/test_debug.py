@@ -18,12 +18,14 @@ the flag as a user sets it, on an unchanged script.
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import io
 import os
 import re
 import subprocess
 import sys
+import threading
 import warnings
 
 import debug_bugs
@@ -31,10 +33,15 @@ import pytest
 import torch
 import torch.distributed as dist
 from processes import run_torchrun, torchrun_args
+from torch import nn
 from torch.distributed import distributed_c10d as c10d
 
-from minddp import launch
-from minddp.runtime import collective_check
+import minddp.debug
+from minddp import DistributedDataParallel, build_stage, launch
+from minddp.debug import collective_check
+from minddp.debug.watch import ROOT, RUN, RUN_PRIME, RUN_ROOT, P, fingerprints
+from minddp.ladder import TEACHING
+from minddp.runtime.compat import process_group_store
 
 #: Scripts that run to the end under torch's DDP: compared bit for bit without the flag.
 COMPLETE = ["none", "drift", "buffers", "direct", "no_sync", "same-data", "join"]
@@ -67,7 +74,7 @@ def every_script() -> dict:
     out["installed while off"] = bool(collective_check._originals) or any(  # torch's own functions, untouched
         getattr(dist, name) is not getattr(c10d, name) for name in collective_check.CHECKED if hasattr(c10d, name)
     )
-    os.environ["MINDDP_DEBUG"] = "1"
+    minddp.debug.enable()  # as MINDDP_DEBUG=1 when the ranks import minddp
     out |= {(impl, kind): outcome(kind, impl) for impl, kind in FLAGGED}
     out["late partner"] = late_partner()
     out["minddp", "uneven"] = outcome("uneven", "minddp")  # last: rank 1 leaves the world
@@ -77,11 +84,10 @@ def every_script() -> dict:
 def debug_code_in_a_step() -> set[str]:
     """The files of debug mode that one training step runs while it is off (the answer must be: none)."""
     from minddp import build_stage
-    from minddp.ddp import debug as ddp_debug
-    from minddp.runtime import debug as switch
-    from minddp.stages import debug as model_checks
+    from minddp.ddp import debug_reducer
 
-    ours = {inspect.getsourcefile(m) for m in (switch, collective_check, model_checks, ddp_debug)}
+    package = os.path.dirname(inspect.getsourcefile(collective_check))  # minddp/debug: every module of debug mode
+    ours = {os.path.join(package, name) for name in os.listdir(package)} | {inspect.getsourcefile(debug_reducer)}
     ran: set[str] = set()
     for stage in ("ddp", "bucket-async"):
         torch.manual_seed(0)
@@ -100,29 +106,34 @@ def debug_code_in_a_step() -> set[str]:
 
 
 class Told(io.StringIO):
-    """This rank's stderr, which also tells the store once something was written to it."""
+    """This rank's stderr, which also tells the store (under ``key``) once something was written to it."""
 
-    def __init__(self, store):
+    def __init__(self, store, key: str):
         super().__init__()
-        self.store = store
+        self.store, self.key = store, key
 
     def write(self, text: str) -> int:
-        self.store.set("said", "1")
+        self.store.set(self.key, "1")
         return super().write(text)
 
 
-def late_partner() -> dict:
-    """Rank 1 joins an all_reduce only once rank 0, waiting in its check, has said so: the line, then the sum."""
-    store = c10d._get_process_group_store(dist.group.WORLD)
+def late_partner(key: str = "said", late_because=None) -> dict:
+    """Rank 1 joins an all_reduce only once rank 0, waiting in its check, has said so: the line, then the sum.
+
+    ``late_because``: what rank 1 does first (why it is late).
+    """
+    store = process_group_store(dist.group.WORLD)
     before, collective_check.SAY_AFTER_S = collective_check.SAY_AFTER_S, 0.5
-    told = Told(store)
+    told = Told(store, key)
     try:
         total = torch.ones(1)
         if dist.get_rank() == 0:
             with contextlib.redirect_stderr(told):
                 dist.all_reduce(total)
         else:
-            store.wait(["said"])  # not a timing: rank 1 arrives after rank 0's line, whatever the machine's speed
+            if late_because is not None:
+                late_because()
+            store.wait([key])  # not a timing: rank 1 arrives after rank 0's line, whatever the machine's speed
             dist.all_reduce(total)
     finally:
         collective_check.SAY_AFTER_S = before
@@ -287,3 +298,286 @@ def test_the_debug_benchmark_times_each_stage_with_and_without_debug_mode(capsys
     # The ratio is of the two medians shown: they are rounded to 0.05 ms each way, the ratio to 0.0005.
     assert abs(ratio - on / plain) <= ratio * (0.05 / on + 0.05 / plain) + 0.0005, table
     assert "steps timed per configuration: 2" in table
+
+
+# -- the risks issue 48 found in debug mode by reading, each fixed: one more world -----------------------------
+
+#: The bound on a wait the fixed code never makes (a thread joined, a posted call awaited); not a timing.
+BOUND_S = 60
+#: (stage, script) built by the stage's class, not by name: the same checks either way.
+BY_CLASS = [(stage, "drift") for stage in TEACHING] + [(stage, "none") for stage in (*TEACHING, "zero2", "fsdp")]
+
+
+def risks() -> dict:
+    """One 2-rank world, debug mode on from its start (``minddp.debug.enable()``), each risk as a script meets it."""
+    minddp.debug.enable()
+    store = process_group_store(dist.group.WORLD)
+    if dist.get_rank() == 1:
+        store.set("rank 1 is in debug mode", "1")
+    else:
+        store.wait(["rank 1 is in debug mode"])  # so rank 0's line below is about a rank that is in it
+    out = {"slow partner": late_partner("slow")}  # first: rank 1 has made no collective since it turned it on
+    out["debug code run by a step after the wrappers went"] = debug_code_after_the_wrappers_went()
+    out["two groups, two threads"] = two_groups_two_threads()
+    out["a group made after one was destroyed"] = group_after_one_destroyed()
+    out["a forward that raised"] = after_a_forward_that_raised()
+    out["two wrappers"] = two_wrappers()
+    out |= {("class:" + stage, kind): outcome(kind, "class:" + stage) for stage, kind in BY_CLASS}
+    out |= {("slow link", fragments): slow_link_rungs(fragments) for fragments in ("same", "rank 1: one")}
+    minddp.debug.disable()
+    out["off", "drift"] = outcome("drift", "class:simple")
+    minddp.debug.enable()
+    out["failed thread"] = late_partner("failed", late_because=a_thread_fails)  # last: its marker stays
+    return out
+
+
+def debug_code_after_the_wrappers_went() -> set[str]:
+    """A watched stage trains a step and is dropped: the files of debug mode an optimizer step runs afterwards."""
+    torch.manual_seed(0)
+    model = build_stage("simple", debug_bugs.Net())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = debug_bugs.batches("none", dist.get_rank(), 1)[0]
+    nn.functional.mse_loss(model(x), y).backward()
+    model.finish_gradient_synchronization()
+    optimizer.step()
+    del model
+    gc.collect()  # the wrapper is gone, and with it every hook its watch registered
+    plain = nn.Linear(2, 2)
+    plain(torch.ones(1, 2)).sum().backward()
+    other = torch.optim.SGD(plain.parameters(), lr=0.1)
+    package = os.path.dirname(inspect.getsourcefile(collective_check))
+    ran: set[str] = set()
+    sys.setprofile(lambda frame, event, arg: ran.add(frame.f_code.co_filename) if event == "call" else None)
+    try:
+        other.step()
+    finally:
+        sys.setprofile(None)
+    return {os.path.basename(path) for path in ran if path.startswith(package)}
+
+
+def two_groups_two_threads() -> dict:
+    """Two threads, each all_reducing on a group of its own; rank 0 starts on group 0, rank 1 on group 1.
+
+    Each rank starts its second thread once its first has posted its call (and so waits for the other rank's
+    post): with one lock for every group held through that wait, each rank's first thread would keep its second
+    from posting the call the other rank's first thread waits for.
+    """
+    groups = [dist.new_group([0, 1]), dist.new_group([0, 1])]
+    posted = {g.group_name: threading.Event() for g in groups}
+    post = collective_check._Channel.post
+    results: dict = {}
+
+    def post_and_tell(channel, call) -> None:
+        post(channel, call)
+        if channel.name in posted:
+            posted[channel.name].set()
+
+    def reduce(i: int) -> None:
+        total = torch.full((1,), float(i + 1))
+        try:
+            dist.all_reduce(total, group=groups[i])
+            results[i] = total.item()
+        except Exception as exc:
+            results[i] = f"{type(exc).__name__}: {exc}"
+
+    collective_check._Channel.post = post_and_tell
+    try:
+        first, second = (0, 1) if dist.get_rank() == 0 else (1, 0)
+        threads = [threading.Thread(target=reduce, args=(first,), daemon=True)]
+        threads[0].start()
+        posted[groups[first].group_name].wait(BOUND_S)
+        threads.append(threading.Thread(target=reduce, args=(second,), daemon=True))
+        threads[1].start()
+        for thread in threads:
+            thread.join(BOUND_S)
+    finally:
+        collective_check._Channel.post = post
+    return dict(results)
+
+
+def group_after_one_destroyed() -> dict:
+    """A group made after another was destroyed starts its own count of collectives, on every rank.
+
+    CPython gives a new object the id of a freed one, on one rank and not on another; forced here on rank 0
+    by handing the check an ``id`` that gives every object the destroyed group's, as a reused id would.
+    """
+    old = dist.new_group([0, 1])
+    dist.all_reduce(torch.ones(1), group=old)  # the old group's collective #0
+    reused = id(old)
+    dist.destroy_process_group(old)
+    if dist.get_rank() == 0:
+        collective_check.id = lambda obj: reused  # a module's global shadows the builtin
+    total, error = torch.ones(1), []
+    try:
+        new = dist.new_group([0, 1])
+
+        def reduce() -> None:
+            try:
+                dist.all_reduce(total, group=new)
+            except Exception as exc:
+                error.append(f"{type(exc).__name__}: {exc}")
+
+        thread = threading.Thread(target=reduce, daemon=True)
+        thread.start()
+        thread.join(BOUND_S)
+    finally:
+        vars(collective_check).pop("id", None)
+    return {"total": total.item(), "error": error[0] if error else None, "finished": not thread.is_alive()}
+
+
+def after_a_forward_that_raised() -> str:
+    """A forward that raised and was caught (an out-of-memory retry), then a step in which rank 0 makes a
+    collective of its own where rank 1 finishes the step: the line, which says where each call was made."""
+    torch.manual_seed(0)
+    model = build_stage("ga", debug_bugs.Net())
+    x, y = debug_bugs.batches("none", dist.get_rank(), 1)[0]
+    try:
+        model(torch.ones(6, 3))  # not the model's width: its first layer raises
+    except RuntimeError:
+        pass
+    nn.functional.mse_loss(model(x), y).backward()
+    try:
+        dist.all_reduce(torch.ones(2)) if dist.get_rank() == 0 else model.finish_gradient_synchronization()
+    except minddp.debug.DebugError as exc:
+        return str(exc)
+    return "nothing said"
+
+
+def two_wrappers() -> str:
+    """Two models: one trained 3 steps, one built after; rank 0 sends the first's gradients, rank 1 the second's."""
+    torch.manual_seed(0)
+    first = DistributedDataParallel(debug_bugs.Net())
+    optimizer = torch.optim.SGD(first.parameters(), lr=0.1)
+    batches = debug_bugs.batches("none", dist.get_rank(), 4)
+    for x, y in batches[:3]:
+        nn.functional.mse_loss(first(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    second = DistributedDataParallel(nn.Linear(8, 3))  # its step 0 is the first's step 3
+    x, _ = batches[3]
+    outputs = first(x), second(x)  # the second's forward last, on both ranks
+    try:
+        outputs[dist.get_rank()].sum().backward()
+    except Exception as exc:  # raised in a gradient hook, through autograd
+        return str(exc)
+    return "nothing said"
+
+
+def slow_link_rungs(fragments: str) -> dict:
+    """LocalSGD then streaming DiLoCo (H = 4, two fragments, τ = 1; rank 1 one fragment if ``fragments`` says so), each
+    rank on its own batches: what debug mode says (their replicas differ between syncs by design)."""
+    from minddp import DiLoCo, LocalSGD
+
+    rank, said, error = dist.get_rank(), [], None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            for rung in (LocalSGD, DiLoCo):
+                torch.manual_seed(0)
+                model = debug_bugs.Net()
+                inner = torch.optim.SGD(model.parameters(), lr=0.1)
+                count = 1 if fragments == "rank 1: one" and rank == 1 else 2
+                options = dict(fragments=count, fragment_sync_delay=1) if rung is DiLoCo else {}
+                with rung(model, inner, sync_every=4, **options):
+                    for x, y in debug_bugs.batches("none", rank, 4):
+                        nn.functional.mse_loss(model(x), y).backward()
+                        inner.step()
+                        inner.zero_grad()
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    said = [str(w.message) for w in caught if str(w.message).startswith("minddp debug")]
+    return {"error": error, "warnings": said}
+
+
+def a_thread_fails() -> None:
+    def load() -> None:
+        raise ValueError("the loader broke")
+
+    thread = threading.Thread(target=load, name="loader")
+    thread.start()
+    thread.join()
+
+
+@pytest.fixture(scope="module")
+def risky() -> list[dict]:
+    return launch(risks, world_size=2, timeout_s=BOUND_S)
+
+
+def test_a_rank_in_debug_mode_that_is_late_is_said_late_not_off(risky):
+    line = risky[0]["slow partner"]["said"].strip()
+    assert line.startswith("minddp debug (rank 0): waiting for a collective:") and "rank 1 has not reached" in line
+    assert "not in debug mode" not in line, line  # it turned debug mode on before rank 0 started waiting
+    assert risky[0]["slow partner"]["total"] == risky[1]["slow partner"]["total"] == 2.0
+
+
+def test_an_error_on_a_rank_s_worker_thread_is_named_to_the_partners_waiting_for_it(risky):
+    line = risky[0]["failed thread"]["said"].strip()
+    assert "rank 1 had an uncaught ValueError in thread 'loader': the loader broke" in line, line
+    assert risky[0]["failed thread"]["total"] == risky[1]["failed thread"]["total"] == 2.0
+
+
+def test_two_threads_on_two_groups_in_another_order_on_each_rank_both_finish(risky):
+    for r in risky:
+        assert r["two groups, two threads"] == {0: 2.0, 1: 4.0}, r["two groups, two threads"]
+
+
+def test_a_group_made_after_a_destroyed_one_counts_its_collectives_from_zero(risky):
+    for r in risky:
+        assert r["a group made after one was destroyed"] == {"total": 2.0, "error": None, "finished": True}, r
+
+
+def test_a_forward_that_raised_leaves_the_next_calls_said_where_they_are_made(risky):
+    line = risky[1]["a forward that raised"]
+    assert line.startswith("minddp debug (rank 1): mismatched collectives:"), line
+    assert re.search(r"rank 1 all_gather\(.*\) at .* in minddp's check \(minddp/stages/checks\.py:\d+\)", line), line
+    assert "GradAccumDDP's forward" not in line, line  # the forward that raised is over
+
+
+def test_each_wrapper_counts_its_own_steps(risky):
+    line = risky[0]["two wrappers"]
+    assert "mismatched collectives" in line, line
+    # rank 0 sends the first model's bucket in its step 3; rank 1 starts the second's first backward, in its step 0
+    bucket = r"in DDP's bucket 0 of 1 \(head.bias, .*?\)"
+    assert re.search(r"rank 0 all_reduce\(float32\[\d+\], op=SUM\) at \S+ " + bucket + r" \(step 3\); rank 1 ", line), (
+        line
+    )
+    assert re.search(r"; rank 1 \w+\(.*?\) at \S+ in DDP's bucket 0 of 1 \(weight, bias\) \(step 0\)\. Fix", line), line
+
+
+def test_an_optimizer_step_after_the_watched_wrappers_are_gone_runs_nothing_of_debug_mode(risky):
+    for r in risky:
+        assert r["debug code run by a step after the wrappers went"] == set()
+
+
+def test_a_stage_built_by_its_class_is_watched_as_one_built_by_name(risky):
+    for stage in TEACHING:
+        line = lines(risky, "class:" + stage, "drift")
+        assert line.startswith("replicas drifted apart: parameter 'head.weight' differs across ranks at step 2"), line
+    for r in risky:
+        for stage in (*TEACHING, "zero2", "fsdp"):  # the sharded ones: their collectives checked, nothing to say
+            assert r["class:" + stage, "none"]["error"] is None, (stage, r["class:" + stage, "none"])
+            assert r["class:" + stage, "none"]["warnings"] == [], (stage, r["class:" + stage, "none"])
+        assert r["off", "drift"]["error"] is None  # minddp.debug.disable(): nothing is checked
+
+
+def test_the_slow_link_rungs_are_checked_by_their_collectives_not_by_their_replicas(risky):
+    for r in risky:  # each replica trains alone between syncs: no drift said, no warning
+        assert r["slow link", "same"] == {"error": None, "warnings": []}, r["slow link", "same"]
+    # rank 1 streams one fragment where rank 0 streams two: their first pseudo-gradients differ in size
+    for rank, r in enumerate(risky):
+        line = r["slow link", "rank 1: one"]["error"]
+        assert line.startswith(f"DebugError: minddp debug (rank {rank}): mismatched collectives:"), line
+
+
+def test_the_fingerprint_is_the_words_weighted_by_place_and_sees_swapped_elements_and_rows():
+    torch.manual_seed(0)
+    matrix = torch.randn(6, 5)
+    for tensor in (matrix, matrix.to(torch.bfloat16), torch.arange(-7, 9, dtype=torch.int8), torch.randn(3 * RUN + 7)):
+        words = tensor.view(torch.int8 if tensor.element_size() == 1 else torch.int16).reshape(-1).tolist()
+        # the definition, in Python's integers: word i weighted by RUN_ROOT**(i % RUN) and by ROOT**(i // RUN)
+        expected = sum(w * pow(RUN_ROOT, i % RUN, RUN_PRIME) * pow(ROOT, i // RUN, P) for i, w in enumerate(words)) % P
+        assert int(fingerprints([tensor], torch.device("cpu"))[0]) == expected, tensor.dtype
+    swapped_rows, swapped_pair = matrix[[1, 0, 2, 3, 4, 5]], matrix.clone().view(-1)
+    swapped_pair[[3, 17]] = swapped_pair[[17, 3]]
+    prints = fingerprints([matrix, swapped_rows, swapped_pair.view(6, 5), matrix.clone()], torch.device("cpu"))
+    assert len(set(prints[:3].tolist())) == 3 and prints[0] == prints[3], prints

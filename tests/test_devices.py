@@ -198,7 +198,7 @@ class PerDeviceGloo(Placement):
 
 
 def _train_in_per_device_group(stages):
-    from minddp.ladder import build_stage, make_optimizer
+    from minddp.ladder import build_stage, make_optimizer, options_for
     from minddp.ladder.loop import train_step
 
     assert dist.get_backend() == "cpu:gloo,cuda:gloo"
@@ -208,7 +208,7 @@ def _train_in_per_device_group(stages):
     for stage, options in stages:
         inner = toy_models.build("tied", seed=rank)  # different weights per rank: the broadcast fixes it
         names = [name for name, _ in inner.named_parameters()]
-        model = build_stage(stage, inner, bucket_cap_mb=0.0001, **options)
+        model = build_stage(stage, inner, **options_for(stage, bucket_cap_mb=0.0001), **options)
         opt = make_optimizer(stage, model, torch.optim.SGD, lr=0.1)
         for batch in batches:
             train_step(model, opt, [toy_models.shard(batch, rank, world)], toy_models.loss_fn)

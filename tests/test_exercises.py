@@ -146,10 +146,15 @@ def test_each_hook_mistake_is_named(hook, named):
 SHARD_ANSWERS = [solutions.ft_shard, wrong.shard_strided]
 SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, what happened to them
     (wrong.shard_keeps_its_rows, "at world 2, rows 6-9 were trained by no rank"),
-    (wrong.shard_floor_sized, "at world 3, row 9 was trained by no rank"),
+    (
+        wrong.shard_floor_sized,
+        "at world 3, row 9 was trained by no rank (of the global batch's 10): each rank took 10 // 3 = 3 rows, so "
+        "the remainder of the floor division, row 9, went to no rank",
+    ),
     (wrong.shard_overlapping, "at world 3, rows 3, 6 were trained by more than one rank"),
     (wrong.shard_returns_the_batch, "at world 3, rows 0-9 were trained by more than one rank"),
     (wrong.shard_unfinished, "your shard raised NotImplementedError for rank 0 of world 3"),
+    (wrong.shard_reads_the_group_rank, "your shard reads torch.distributed.get_rank() and get_world_size()"),
 ]
 
 

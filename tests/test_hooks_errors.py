@@ -51,6 +51,30 @@ def test_registry_names_and_errors():
         make_hook("powersgd", rank=2)
 
 
+def test_torch_hook_reads_the_same_table_as_make_hook():
+    """Every name minddp's registry takes is torch's hook of that name (oracle: torch's own modules), with the
+    same state and the same refusals."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as torch_default
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
+
+    from minddp.comm.registry import torch_hook
+
+    for name in hook_names():
+        (state, theirs), (_, ours) = torch_hook(name), make_hook(name)
+        assert theirs.__module__.startswith("torch.distributed.algorithms.ddp_comm_hooks."), (name, theirs)
+        assert ours.__module__.startswith("minddp.comm."), (name, ours)
+        if "+" not in name:
+            assert theirs.__name__ == ours.__name__, name
+        assert isinstance(state, torch_powersgd.PowerSGDState) == ("powersgd" in name), (name, state)
+    assert torch_hook("bf16")[1] is torch_default.bf16_compress_hook
+    state, _ = torch_hook("powersgd", matrix_approximation_rank=3, start_powerSGD_iter=None)
+    assert state.matrix_approximation_rank == 3 and state.start_powerSGD_iter == 1_000  # None = torch's default
+    with pytest.raises(ValueError, match="unknown hook 'powersdg'"):
+        torch_hook("powersdg")
+    with pytest.raises(TypeError, match="unknown PowerSGD option"):
+        torch_hook("powersgd", rank=2)
+
+
 def test_grad_bucket_gradients_are_views_of_the_buffer():
     w, b = torch.nn.Parameter(torch.ones(2, 3)), torch.nn.Parameter(torch.zeros(3))
     bucket = GradBucket(0, torch.arange(9.0), [w, b], is_last=True)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-from minddp.ladder import build_stage
+from minddp.ladder import build_stage, options_for
 from minddp.ladder.loop import train_step
 
 IN, HID1, HID2, OUT = 16, 32, 24, 8
@@ -48,7 +48,7 @@ def wrap(stage: str, model: nn.Module, state=None, hook=None, bucket_cap_mb=None
     if stage == "torch":
         ddp = TorchDDP(model, bucket_cap_mb=bucket_cap_mb or 25)
     else:
-        ddp = build_stage(stage, model, bucket_cap_mb=bucket_cap_mb)
+        ddp = build_stage(stage, model, **options_for(stage, bucket_cap_mb=bucket_cap_mb))
     if hook is not None:
         ddp.register_comm_hook(state, hook)
     return ddp

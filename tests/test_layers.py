@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minddp"
 #: Bottom to top. A module belongs to the longest prefix listed; it may import its own layer and lower ones.
 LAYERS = [
     ("runtime", ["minddp.runtime"]),
+    ("debug", ["minddp.debug"]),
     ("comm", ["minddp.comm", "minddp.collectives"]),
     ("rungs", ["minddp.stages", "minddp.ddp", "minddp.sharding", "minddp.diloco"]),
     ("ladder", ["minddp.ladder"]),

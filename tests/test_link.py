@@ -214,11 +214,11 @@ def _event_order(stage: str, link: Link) -> list[tuple[str, int]]:
     """
     from minddp.comm.default_hooks import allreduce_hook
     from minddp.comm.wire import Wire
-    from minddp.ladder import build_stage
+    from minddp.ladder import build_stage, options_for
 
     events: list[tuple[str, int]] = []
     model = _model()
-    wrapped = build_stage(stage, model, bucket_cap_mb=0.001)
+    wrapped = build_stage(stage, model, **options_for(stage, bucket_cap_mb=0.001))
     state = Wire(None, link=link)
 
     def watched(state, bucket):

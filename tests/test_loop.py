@@ -71,6 +71,30 @@ def test_the_loop_calls_finish_after_every_backward():
         assert model.log == expected, model.log
 
 
+def test_the_loop_reads_the_loss_off_its_device_once_a_step(monkeypatch):
+    """One host read per step, however many micro-batches (each read is a host sync on a GPU), and the mean loss
+    it returns is the one read micro-batch by micro-batch (the oracle: each loss's ``.item()`` summed in order as
+    Python sums floats, which a float64 sum in the same order matches to the bit)."""
+    reads = []
+    for name in ("item", "__float__", "tolist"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _o=original, _n=name: reads.append(_n) or _o(t, *a))
+    torch.manual_seed(0)
+    model, batches = torch.nn.Linear(3, 1), [torch.randn(4, 3) for _ in range(5)]
+
+    def loss_fn(m, x):
+        return m(x).pow(2).mean()
+
+    expected = 0.0
+    with torch.no_grad():
+        for batch in batches:
+            expected += (loss_fn(model, batch) / len(batches)).item()
+    reads.clear()
+    got = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batches, loss_fn)
+    assert len(reads) == 1, reads
+    assert got == expected and type(got) is float
+
+
 # -- every stage on 2 ranks ---------------------------------------------------------------------------------
 
 

@@ -3,7 +3,9 @@
 Two measures, each on a budget, because each catches what the other cannot.
 
 **1. The traced path.** A learner follows one training step of a stage: build
-it, forward, backward, finish the sync. What they must read is (a) every file
+it (by its class, as a learner does: what the ladder's ``build_stage`` adds
+around a teaching stage, the profiler range and debug mode's switch, is the
+script's side), forward, backward, finish the sync. What they must read is (a) every file
 that defines the stage's class or one of its minddp base classes, whole, and
 (b) every other minddp function that step actually runs (the hook, the
 bucket, the checks...), found by tracing the step with ``sys.setprofile``.
@@ -29,7 +31,9 @@ values (35) through the graph check: 519 lines in 6 modules became 766 in
 comm layer's plain calls, ``minddp/comm/plain.py``: ``broadcast`` (a complex
 tensor as its real view: torch 2.6's gloo refuses complex, two lines),
 ``allreduce_hook`` (divide, then ``Group.all_reduce``, torch's all_reduce with
-a Future), with ``GradBucket`` and ``send``. Nothing on that path needs the
+a Future), with ``GradBucket``; a stage calls its hook plainly (the profiler
+range the trace analysis reads, ``comm/send.py``, is put around the hook by the
+ladder, not by the stage). Nothing on that path needs the
 device rule: every tensor the teaching stages send is a parameter, a buffer, a
 gradient or a mask built on the model's device, which is a device the group
 serves wherever the gradients can be summed at all. The ``Wire`` (a ``Group``
@@ -38,61 +42,61 @@ all-gather, where the device rule and the release shims are consulted) comes
 in only when a user hands one over as the hook's state.
 
 **The import-closure budgets** (non-blank lines; measured in brackets):
-``simple`` 350 (337 in 7 modules: ``simple.py``, the two checks with the
+``simple`` 327 (317 in 6 modules: ``simple.py``, the two checks with the
 graph walk and the one walker over nested values it uses, ``GradBucket``,
-``send``, ``plain.py``); ``ga`` 395 (382); ``hook`` 450 (439); ``hook-async``
-490 (478); ``bucket-async`` 580 (540 in 10: one class on ``ga``); ``bucket``
-605 (584: built on ``hook``, it reads ``hook.py`` too, and the longest
-path). ``simple``'s and ``bucket-async``'s are the targets of issue 39; the
-others have about 10 lines of room, and the two bucketed stages more, for
-torch's first-bucket rule in ``bucket_plan.py`` (about 15 lines, issue 39).
+``plain.py``); ``ga`` 372 (362); ``hook`` 425 (415); ``hook-async``
+469 (459); ``bucket`` 583 (573); ``bucket-async`` 618 (608 in 11: every
+stage on its line, as ``hook-async`` reads ``hook``, and its own 35 lines;
+540 in 10 while it was one class on ``ga``). About 10 lines of room each.
 Both bucketed paths read the plan's ``bucket_cap_mb`` check (30 lines: the
-one-line refusals every constructor that takes a cap shares).
+one-line refusals every constructor that takes a cap shares) and torch's
+first-bucket rule (``bucket_caps``).
 
 **The traced budgets** (code lines), and why:
 
-* ``simple``: 160 (measured 155; 178 while the default hook sent through the
+* ``simple``: 150 (measured 145; 178 while the default hook sent through the
   whole ``Wire`` and the broadcast through ``runtime/compat.py``: the plain
   path is 23 lines shorter on every teaching stage). The blog's first DDP is
   about 20 lines (broadcast, then for each gradient all_reduce and divide);
   ``simple.py`` itself is 34 with its imports. What every stage shares and a
   learner should read once comes on top: the comm-hook layer's plain path
-  (``GradBucket``, ``allreduce_hook``, the ``Group`` it sends through,
-  ``send``'s profiler range), about 45 lines, and the two checks that turn a
+  (``GradBucket``, ``allreduce_hook``, the ``Group`` it sends through),
+  about 35 lines, and the two checks that turn a
   hang or a silent divergence into an error (same model; same parameters
   used, noted after each forward and compared once a step, with the graph
   walk and the walker over nested outputs), about 75. A second
   ``register_comm_hook`` is refused (torch's one-hook rule), which every
   teaching stage inherits;
 * each later teaching stage adds its own idea on top of the one before:
-  ``ga`` 180 (175; +20: ``no_sync``), ``hook`` 214 (209; +34: autograd hooks, weakly
-  held), ``hook-async`` 229 (224; +15: keep the futures), ``bucket`` 290 (276;
-  +67 over ``hook``: the plan and its ``bucket_cap_mb`` check, flatten, copy back, unfilled buckets),
-  ``bucket-async`` 266 (251; it was 298 of 301 while it inherited from both ``bucket`` and
-  ``hook-async``: now one class on ``ga`` that holds its hooks, buckets and kept futures, so a
-  reader reads ``bucket_async.py``, 47 lines, instead of ``hook.py``, ``hook_async.py`` and
-  ``bucket.py``, 29 + 9 + 40, and no method resolution order). A few lines of room each, so a stage
-  cannot quietly grow plumbing that is not its idea; ``bucket`` and ``bucket-async`` have 15, for the
-  first-bucket rule that lands in ``bucket_plan.py`` beside this;
-* ``ddp`` (production, read by those who want torch's parity): 670 (measured 669; 537 when
-  set). It reuses the ladder's ideas and adds the reducer (in-order launch,
+  ``ga`` 170 (165; +20: ``no_sync``), ``hook`` 200 (195; +30: autograd hooks, weakly
+  held), ``hook-async`` 225 (220; +25: keep the futures, and refuse a forward while some are kept),
+  ``bucket`` 278 (273; +78 over ``hook``: the plan, torch's first-bucket rule and the ``bucket_cap_mb``
+  check, flatten, copy back, unfilled buckets, a forgotten finish refused), ``bucket-async`` 293 (288:
+  ``bucket``'s path and its own 15 lines, the futures kept as ``hook-async`` keeps them; 298 of 301
+  while it inherited from both ``bucket`` and ``hook-async``, 251 while it was one class on ``ga``
+  holding the hooks and the plan again, for the production rungs' sake). A few lines of room each, so
+  a stage cannot quietly grow plumbing that is not its idea;
+* ``ddp`` (production, read by those who want torch's parity): 706 (measured 705; 537 when
+  set; its own base, ``ddp/base.py``, read whole, in place of ``ga``'s ``no_sync``). It reuses the
+  ladder's ideas and adds the reducer (in-order launch,
   end of backward, unused parameters, bucket views), torch's plans, the fast
   path and the guards (about 450 lines), and what drop-in fidelity needs on
   the same path (``static_graph``, the ``join`` notification, pickling: about
   85); the budget keeps it from sprawling, not from existing. Code a normal
   step does not run (the joined rank's shadowing in ``ddp/join.py``) is not
   on the sync path and is not counted.
-* the sharded rungs. ``zero1``: 910 (measured 909; 736 when set): ``ddp``'s path (the
+* the sharded rungs. ``zero1``: 946 (measured 945; 736 when set): ``ddp``'s path (the
   wrapper ZeRO-1 is trained with, as torch pairs its ZeRO with its DDP) plus
   ``sharding/zero1.py`` read whole (its optimizer is the idea: the plan, the
   local optimizer over chunks, the step and the bucketed all-gather, ~95
   lines; the torch-format state dict, ~70);
-  ``zero2``: 460 (measured 452; 471 of 472 before ``bucket-async`` became one class):
+  ``zero2``: 522 (measured 521; 471 of 472 before ``bucket-async`` became one class, 477 while it was):
   ``bucket-async``'s path plus ``zero2.py``
   (shards as the module's parameters and the swap, the rank-major send, a
   shard written back, the all-gather overlapped with the next forward: 110),
   the chunk layout (``shards.py``, 34) and the wire's reduce-scatter and
-  all-gather; ``fsdp`` (production, like ``ddp``): 456 (measured 451; 418 when set; 452 measured
+  all-gather; ``fsdp`` (production, like ``ddp``): 461 (measured 458 with ``ddp/base.py``, +2 for
+  ``attach(self)`` and its import; 418 when set; 452 measured
   before its memory measurement moved out to ``sharding/memory.py``, 440 after), most of
   it ``fsdp.py`` (units, the saved-tensor notes, prefetch, the per-unit
   autograd function, no_sync, whole tensors in and out: about 300).
@@ -120,7 +124,7 @@ import torch
 
 import minddp
 from minddp import ZeroRedundancyOptimizer, launch
-from minddp.ladder import SHARDED_OPTIMIZER, SLOW_LINKS, STAGES, build_stage, make_optimizer
+from minddp.ladder import SHARDED_OPTIMIZER, SLOW_LINKS, STAGES, make_optimizer, options_for
 from minddp.ladder.loop import train_step
 
 PACKAGE = os.path.dirname(minddp.__file__)
@@ -160,30 +164,54 @@ PACKAGE = os.path.dirname(minddp.__file__)
 # and its model check, 65) and diloco 295 (diloco.py 85, local_sgd.py read whole as its base, and fragments.py 89:
 # the split into fragments and the outer optimizers' checks join the path). Their closures: 529 and 748 (diloco's
 # docstring, its checkpoint state in diloco/state.py: 67).
+# Debug mode in one room (issue 48, minddp/debug): every constructor calls the switch's attach (2 lines) instead of
+# build_stage and ddp asking the switch and the watch (the teaching stages -3, ddp and zero1 -4: 161 -> 158,
+# 698 -> 694), the checks' findings in one line each (shorter); zero2 +2 and fsdp +5 (its constructor's call, its
+# import, `sharded = True`): fsdp 452 -> 457, its budget 456 -> 461. The other budgets stay as they were.
+# Then issue 48 (stages/ holds the stages): a stage calls its hook plainly, the ladder wraps it in the profiler
+# range (comm/send.py off the path), and a stage is measured built by its class, as a learner builds it (what
+# build_stage adds, the range and debug mode's switch, is the ladder's): simple 161 -> 145, ga 181 -> 165, hook
+# 215 -> 195 (its hooks' handles kept and removed in 2 lines, not 5); hook-async 230 -> 220 and bucket 283 -> 273
+# with the refusal of a forgotten finish (stages/checks.check_finished and a forward each, +10) and the one
+# first-bucket rule (bucket_plan.bucket_caps, +2). bucket-async 258 -> 288: bucket's path and its own two
+# methods (15 lines), as hook-async is hook's and 15 (it was one class on ga so that zero2 could lean on it); zero2
+# 477 -> 521 with it (bucket.py and hook.py read whole). ddp 698 -> 705, zero1 938 -> 945, fsdp 452 -> 458: their
+# own base (ddp/base.py, read whole: the same start and no_sync, 20 lines with its imports) in place of ga's
+# no_sync and the start written in each. Budgets: measured + 5 (teaching), + 1 (the others).
+# Then debug mode in one room and the stages reshaped, merged: the closures +22 for debug mode's switch and finding
+# form; on the traced path (a stage built by its class; attach() a no-op while debug mode is off) zero2 524 and
+# fsdp 463 (their constructors' attach and its import on each side of the merge).
+# Then the slow-link rungs merged with both: LocalSGD attaches debug mode too (its import, `sharded = True`, the
+# call: +3) and main's stages/checks and findings: local-sgd 185, diloco 304; closures 574 and 794 (debug/switch.py
+# 9, debug/findings.py 10). Budgets: measured + 5, closures measured + 10.
 BUDGETS = {
-    "local-sgd": 182,
-    "diloco": 300,
-    "simple": 165,
-    "ga": 185,
-    "hook": 219,
-    "hook-async": 234,
-    "bucket": 288,
-    "bucket-async": 263,
-    "ddp": 698,
-    "zero1": 938,
-    "zero2": 482,
-    "fsdp": 456,
+    "local-sgd": 190,
+    "diloco": 309,
+    "simple": 150,
+    "ga": 170,
+    "hook": 200,
+    "hook-async": 225,
+    "bucket": 278,
+    "bucket-async": 293,
+    "ddp": 706,
+    "zero1": 946,
+    "zero2": 525,
+    "fsdp": 464,
 }
 #: Non-blank lines of the import closure of each teaching stage's module (measure 2 of the module docstring).
+#: Issue 48: comm/send.py (30) off every path; simple 340 -> 317, ga 385 -> 362, hook 442 -> 415, hook-async
+#: 481 -> 459 (+the refusal of a forgotten finish), bucket 596 -> 573; bucket-async 552 -> 608, bucket's closure
+#: and its own 35 lines (not 580: send was 30 lines and compile support already off this path, and reading
+#: bucket.py and hook.py costs 121 lines where the one class on ga cost 80). Budgets: measured + about 10.
 CLOSURE_BUDGETS = {
-    "local-sgd": 535,
-    "diloco": 755,
-    "simple": 350,
-    "ga": 395,
-    "hook": 450,
-    "hook-async": 490,
-    "bucket": 601,
-    "bucket-async": 580,
+    "local-sgd": 584,
+    "diloco": 804,
+    "simple": 349,
+    "ga": 394,
+    "hook": 447,
+    "hook-async": 491,
+    "bucket": 605,
+    "bucket-async": 640,
 }
 TEACHING = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 #: Every rung by name: the stages that wrap the model, and the slow-link rungs that wrap the loop.
@@ -238,7 +266,9 @@ def reached_functions(stage: str) -> set[tuple[str, int, int]]:
                 for _ in range(8):
                     train_step(model, optimizer, batches, lambda m, x: m(x).pow(2).mean())
         else:
-            wrapped = build_stage(stage, model, bucket_cap_mb=0.0001)
+            # built by its class, as a learner builds it: build_stage's additions (the named profiler range around a
+            # teaching stage's hook, debug mode's switch) are the ladder's, the script's side
+            wrapped = STAGES[stage](model, **options_for(stage, bucket_cap_mb=0.0001))
             # after wrapping: the sharded stages' shards, ZeRO-1's sharded optimizer (its step is on the path)
             optimizer = make_optimizer(stage, model, torch.optim.SGD, lr=0.1)
             for _ in range(2):
@@ -344,6 +374,9 @@ def test_the_files_a_stage_imports_fit_its_budget(stage):
 def test_the_teaching_path_imports_neither_the_device_rule_nor_the_release_shims():
     """What the plain path leaves to the Wire and the production rungs (module docstring, "the layering")."""
     kept_out = {"minddp.runtime.device", "minddp.runtime.compat", "minddp.comm.wire", "minddp.collectives"}
+    # nor the profiler range the trace analysis reads (comm/send.py: the ladder wraps a stage's hook in it), nor
+    # compile support (runtime/compiling.py: the ladder's compile_ready)
+    kept_out |= {"minddp.comm.send", "minddp.runtime.compiling"}
     for stage in TEACHING:
         closure = set(import_closure(STAGES[stage].__module__))
         assert not closure & kept_out, (stage, sorted(closure & kept_out))
@@ -396,8 +429,9 @@ def test_each_teaching_file_shows_its_mechanism_in_its_own_code():
     from minddp.comm import default_hooks, plain
     from minddp.stages import bucket, bucket_async, grad_accum, hook, hook_async, simple
 
-    # simple: the broadcast, a GradBucket per gradient handed to the hook, wait, write back
-    assert {"broadcast", "GradBucket", "send", "wait", "copy_"} <= calls_in(simple.SimpleDDP)
+    # simple: the broadcast, a GradBucket per gradient handed to the hook (called plainly: the profiler range
+    # the analysis reads is the ladder's), wait, write back
+    assert {"broadcast", "GradBucket", "comm_hook", "wait", "copy_"} <= calls_in(simple.SimpleDDP)
     # the default hook (torch's name for it, in default_hooks too) divides by the world size and all_reduces,
     # visibly; the plain group calls torch's all_reduce, and the broadcast torch's broadcast
     assert default_hooks.allreduce_hook is plain.allreduce_hook
@@ -415,19 +449,15 @@ def test_each_teaching_file_shows_its_mechanism_in_its_own_code():
     assert "wait" in calls_in(hook_async.AsyncHookDDP.finish_gradient_synchronization)
     # bucket: plans, flattens into one buffer, copies each slice back
     assert "plan_buckets" in calls_in(bucket.BucketDDP.__init__)
-    assert {"cat", "GradBucket", "send"} <= calls_in(bucket.BucketDDP._send_bucket)
+    assert {"cat", "GradBucket", "comm_hook"} <= calls_in(bucket.BucketDDP._send_bucket)
     assert {"split", "copy_"} <= calls_in(bucket.BucketDDP._write_back)
-    # bucket-async: one class on ga, read top to bottom: its own plan, autograd hooks, flatten and send
-    # without waiting, one wait per bucket in finish, copy back (no second parent, no method from elsewhere)
+    # bucket-async: bucket plus hook-async's one idea, in its own two methods: keep the Futures, wait in finish
     cls = bucket_async.AsyncBucketDDP
-    assert cls.__bases__ == (grad_accum.GradAccumDDP,)
-    assert {"plan_buckets", "register_post_accumulate_grad_hook"} <= calls_in(cls.__init__)
-    assert {"cat", "GradBucket", "send"} <= calls_in(cls._send_bucket)
-    assert "wait" not in calls_in(cls._send_bucket)
-    assert {"wait", "_write_back", "_send_bucket"} <= calls_in(cls.finish_gradient_synchronization)
-    assert {"split", "copy_"} <= calls_in(cls._write_back)
-    own = {"__init__", "_grad_ready", "_send_bucket", "finish_gradient_synchronization", "_write_back"}
-    assert own <= set(vars(cls))
+    assert cls.__bases__ == (bucket.BucketDDP,)
+    assert "wait" not in calls_in(cls._sent) and "append" in calls_in(cls._sent)
+    assert {"wait", "_write_back"} <= calls_in(cls.finish_gradient_synchronization)
+    assert {k for k, v in vars(cls).items() if callable(v)} == {"__init__", "_sent", "finish_gradient_synchronization"}
+    assert grad_accum.GradAccumDDP in cls.__mro__
 
 
 def test_each_slow_link_rung_shows_its_mechanism_in_its_own_code():
@@ -498,10 +528,24 @@ def bucket_async_class():
 def test_each_stage_subclasses_the_one_before():
     order = [STAGES[n] for n in TEACHING]
     assert issubclass(order[1], order[0]) and issubclass(order[2], order[1])
-    assert issubclass(order[3], order[2]) and issubclass(order[4], order[2])
-    # bucket-async: one class on ga (the start, the checks, no_sync), so it reads without the MRO
-    assert order[5].__mro__[1:4] == (order[1], order[0], torch.nn.Module)
-    assert not issubclass(STAGES["ddp"], order[0])  # the production DDP owns a reducer instead
+    # hook-async on hook, bucket on hook, bucket-async on bucket: each one parent, the one it changes
+    assert order[3].__bases__ == (order[2],) and order[4].__bases__ == (order[2],)
+    assert order[5].__bases__ == (order[4],)
+
+
+def test_the_production_wrappers_take_nothing_from_a_teaching_class():
+    """ddp and fsdp have their own base (ddp/base.py): no teaching class among their bases, and no method or
+    attribute of theirs is code written in a teaching file (once: ``no_sync = GradAccumDDP.no_sync``)."""
+    for name in ("ddp", "fsdp"):
+        cls = STAGES[name]
+        assert not any(c.__module__.startswith("minddp.stages.") for c in cls.__mro__), (name, cls.__mro__)
+        borrowed = [
+            k
+            for c in cls.__mro__
+            for k, v in vars(c).items()
+            if (getattr(getattr(v, "__wrapped__", v), "__module__", None) or "").startswith("minddp.stages.")
+        ]
+        assert not borrowed, (name, borrowed)
 
 
 # -- each stage's docstring shows its change as a diff, and the diff is true -----------------------------

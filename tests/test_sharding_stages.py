@@ -21,7 +21,7 @@ import torch.distributed as dist
 import toy_models
 
 from minddp import FullyShardedDataParallel, launch
-from minddp.ladder import build_stage
+from minddp.ladder import build_stage, options_for
 from minddp.ladder.loop import train_step
 from minddp.sharding.fsdp import blocks_of
 from minddp.sharding.shards import chunk_range, chunk_size
@@ -66,7 +66,7 @@ def wrap(variant: str, model_name: str, model, compute_dtype=None):
         return FullyShardedDataParallel(
             model, shard=units_of(model_name, model) if units else None, compute_dtype=compute_dtype
         )
-    return build_stage(stage, model, bucket_cap_mb=0.001)
+    return build_stage(stage, model, **options_for(stage, bucket_cap_mb=0.001))
 
 
 def full_flat(wrapped, model) -> torch.Tensor:

@@ -18,7 +18,7 @@ import toy_models
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from minddp import DistributedDataParallel, ZeroRedundancyOptimizer, launch
-from minddp.ladder import build_stage
+from minddp.ladder import build_stage, options_for
 from minddp.ladder.loop import train_step
 from minddp.sharding.memory import optimizer_state_bytes
 
@@ -56,7 +56,7 @@ def train(model_name: str, opt_name: str, wrapper: str, accum: int = 1, zero: st
     elif wrapper == "ddp-like-torch":  # torch's default buckets: gloo then sums in the same order
         wrapped = DistributedDataParallel(model)
     else:
-        wrapped = build_stage(wrapper, model, bucket_cap_mb=0.001)
+        wrapped = build_stage(wrapper, model, **options_for(wrapper, bucket_cap_mb=0.001))
     cls, kw = OPTIMIZERS[opt_name]
     if zero == "torch":
         from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero

@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 from minddp import RankError, launch
 from minddp.comm.default_hooks import allreduce_hook
 from minddp.comm.wire import Traffic
-from minddp.ladder import STAGES, build_stage, wrap
+from minddp.ladder import STAGES, build_stage, options_for, wrap
 
 TEACHING = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 
@@ -43,7 +43,7 @@ def unused_everywhere(stage) -> dict:
     ddp = (
         TorchDDP(model, find_unused_parameters=True)
         if stage == "torch"
-        else build_stage(stage, model, bucket_cap_mb=0.0001)
+        else build_stage(stage, model, **options_for(stage, bucket_cap_mb=0.0001))
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for step in range(3):
@@ -71,7 +71,7 @@ def test_a_parameter_no_rank_uses_trains_like_torch_find_unused_parameters(stage
 
 def used_on_one_rank(stage):
     torch.manual_seed(0)
-    ddp = build_stage(stage, SkipsABranch(per_rank=True), bucket_cap_mb=0.0001)
+    ddp = build_stage(stage, SkipsABranch(per_rank=True), **options_for(stage, bucket_cap_mb=0.0001))
     ddp(torch.randn(2, 4)).sum().backward()
     ddp.finish_gradient_synchronization()
 
@@ -150,3 +150,76 @@ def test_stages_need_a_process_group():
         build_stage("simple", torch.nn.Linear(1, 1))
     with pytest.raises(RuntimeError, match="not initialised: start ranks with minddp.launch"):
         build_stage("ddp", torch.nn.Linear(1, 1))
+
+
+# -- a forgotten finish_gradient_synchronization() ------------------------------------------------------------
+
+#: The stages that keep something between backward and finish (hook-async: Futures; the bucketed stages and
+#: zero2: each bucket's count), where a forgotten finish carries into the next step.
+KEEPING = ["hook-async", "bucket", "bucket-async", "zero2"]
+
+
+def _two_layers():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+
+
+def finish_left_out(stage: str) -> dict:
+    """A synced backward without its finish, then the next forwards; then the finish the message asks for."""
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(dist.get_rank()))
+    ddp = build_stage(stage, _two_layers())
+    ddp(x).sum().backward()  # finish_gradient_synchronization() left out
+    out = {}
+    with torch.no_grad():
+        ddp(x)  # records no graph: evaluation between backward and finish is no new step
+    for what in ("next forward", "no_sync forward"):
+        try:
+            quiet = getattr(ddp, "no_sync", None) if what == "no_sync forward" else None  # simple has none
+            with quiet() if quiet is not None else torch.enable_grad():
+                ddp(x)
+            out[what] = "accepted"
+        except RuntimeError as e:
+            out[what] = str(e)
+    ddp.finish_gradient_synchronization()  # the call added: the stage trains on, as one that never missed it
+    fresh = build_stage(stage, _two_layers())
+    for wrapped in (ddp, fresh):
+        wrapped.zero_grad(set_to_none=True)
+        wrapped(x).sum().backward()
+        wrapped.finish_gradient_synchronization()
+    out["same as a fresh one"] = all(torch.equal(a.grad, b.grad) for a, b in zip(ddp.parameters(), fresh.parameters()))
+    return out
+
+
+@pytest.mark.parametrize("stage", TEACHING + ["zero2"])
+def test_a_forgotten_finish_is_refused_at_the_next_forward_on_every_rank(stage):
+    """torch's DDP finishes at the end of backward and raises "Expected to have finished reduction in the prior
+    iteration" for its own unfinished case; the stages that keep work for finish refuse a forward that records a
+    graph until finish was called (before: a bucket counted twice was never sent again, silently)."""
+    for out in launch(finish_left_out, stage, world_size=2, timeout_s=60):
+        if stage in KEEPING:
+            for what in ("next forward", "no_sync forward"):
+                assert out[what].startswith("Expected to have finished reduction in the prior iteration"), out
+                assert "call model.finish_gradient_synchronization() after every backward" in out[what], out
+        else:  # simple, ga and hook keep nothing between backward and finish: nothing to carry over
+            assert out["next forward"] == out["no_sync forward"] == "accepted", out
+        assert out["same as a fresh one"], out
+
+
+def test_build_stage_refuses_an_option_the_stage_does_not_take():
+    """No process group is needed: the option is refused before the stage is built (before: ignored)."""
+    with pytest.raises(
+        TypeError,
+        match=r"stage 'bucket' takes no option 'bucket_cap' \(did you mean 'bucket_cap_mb'\?\): it takes bucket_cap_mb",
+    ):
+        build_stage("bucket", torch.nn.Linear(1, 1), bucket_cap=1)
+    with pytest.raises(TypeError, match="stage 'simple' takes no option 'bucket_cap_mb': it takes none"):
+        build_stage("simple", torch.nn.Linear(1, 1), bucket_cap_mb=1)
+    with pytest.raises(TypeError, match="stage 'fsdp' takes no option 'bucket_cap_mb': it takes compute_dtype, shard"):
+        build_stage("fsdp", torch.nn.Linear(1, 1), bucket_cap_mb=1)
+    # one call site for every stage picks each one's options; a name no stage takes is still refused
+    assert options_for("simple", bucket_cap_mb=4) == {} and options_for("zero2", bucket_cap_mb=4) == {
+        "bucket_cap_mb": 4
+    }
+    assert options_for("fsdp", bucket_cap_mb=4, shard=None) == {"shard": None}
+    with pytest.raises(TypeError, match="no stage takes the option 'bucket_cap' \\(did you mean 'bucket_cap_mb'\\?\\)"):
+        options_for("simple", bucket_cap=4)

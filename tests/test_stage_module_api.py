@@ -5,7 +5,7 @@ import toy_models
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from minddp import launch
-from minddp.ladder import SHARDED_GRADIENTS, STAGES, build_stage
+from minddp.ladder import SHARDED_GRADIENTS, STAGES, build_stage, options_for
 
 
 def module_api():
@@ -14,7 +14,7 @@ def module_api():
     ref_state = reference.state_dict()
     for name in STAGES:
         model = toy_models.build("bn", 0)
-        ddp = build_stage(name, model, bucket_cap_mb=0.0005)
+        ddp = build_stage(name, model, **options_for(name, bucket_cap_mb=0.0005))
         state = ddp.state_dict()
         # zero2 and fsdp hold this rank's shards under the parameters' names (as torch's FSDP holds
         # DTensors); whole, they are the model's
@@ -49,7 +49,9 @@ def freed_after_training():
     gone = {}
     for name in [*STAGES, "torch"]:
         model = toy_models.build("bn", 0)
-        ddp = TorchDDP(model) if name == "torch" else build_stage(name, model, bucket_cap_mb=0.0005)
+        ddp = (
+            TorchDDP(model) if name == "torch" else build_stage(name, model, **options_for(name, bucket_cap_mb=0.0005))
+        )
         toy_models.loss_fn(ddp, toy_models.global_batches("bn", 1, 4)[0]).backward()
         if name != "torch":
             ddp.finish_gradient_synchronization()

@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 from minddp import launch
 from minddp.comm.default_hooks import allreduce_hook
 from minddp.comm.wire import Traffic, Wire
-from minddp.ladder import STAGES, build_stage
+from minddp.ladder import STAGES, build_stage, options_for
 from minddp.ladder.loop import train_step
 from minddp.stages import plan_buckets
 
@@ -57,7 +57,7 @@ def flat_params(model) -> torch.Tensor:
 def wrap(stage: str, model, traffic: Traffic):
     if stage == "torch":
         return TorchDDP(model, bucket_cap_mb=BUCKET_CAP_MB)
-    wrapped = build_stage(stage, model, bucket_cap_mb=BUCKET_CAP_MB)
+    wrapped = build_stage(stage, model, **options_for(stage, bucket_cap_mb=BUCKET_CAP_MB))
     wrapped.register_comm_hook(Wire(None, traffic=traffic), allreduce_hook)  # the default hook, metered
     return wrapped
 

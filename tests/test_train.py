@@ -66,6 +66,8 @@ def test_every_stage_end_to_end_writes_traces_and_config(tmp_path):
             "all",
             "--trace-gzip",
             "--analyze",
+            "--bucket-cap-mb",  # the bucketed stages take it, the others are built without it
+            "4",
             *TINY,
         ],
         tmp_path,
@@ -86,6 +88,11 @@ def test_every_stage_end_to_end_writes_traces_and_config(tmp_path):
             assert any(n.startswith("minddp.train_step#") for n in names), (stage, r)
             has_all_reduce = any("all_reduce" in n or "allreduce" in n for n in names)
             assert has_all_reduce == (stage != "single"), (stage, r)
+            # every minddp stage's buckets in the named ranges the analysis reads, named after the hook it sends
+            # through (the teaching stages' wrapped in them by the ladder; ddp, zero2 and fsdp name their own)
+            launched = {n.rpartition(" hook=")[2] for n in names if n.startswith("minddp.bucket_launch#")}
+            hook = "reduce_scatter_hook" if stage in ("zero2", "fsdp") else "allreduce_hook"
+            assert launched == (set() if stage in ("single", "torch") else {hook}), (stage, r, launched)
         s = summary["stages"][stage]
         assert 0.0 <= s["accuracy"] <= 1.0 and len(s["losses"]) == 3
         # every stage's metrics file: each step's loss as the summary has it, the held-out measurement at the end

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from minddp.analysis import cpu, gpu
-from minddp.analysis.events import Run, TraceError, gc_paused, load_run
-from minddp.analysis.steps import per_step, step_anatomy
+from minddp.analysis import cpu, gpu, metrics
+from minddp.analysis.events import Run, TraceError, gc_paused, load_run, read_trace
+from minddp.analysis.names import KINDS, STAGE_ORDER, stage_sort_key
+from minddp.analysis.steps import per_step, per_step_means, step_anatomy
 
 #: The columns both paths fill, in display order.
 SUMMARY_COLUMNS = [
@@ -50,32 +51,11 @@ SUMMARY_COLUMNS = [
     "non_compute_pctg",
     "idle_pctg",
     "comm_comp_overlap_pctg",
-    "allreduce_calls_per_step",
-    "allreduce_bytes_per_step",
-    "allgather_calls_per_step",
-    "allgather_bytes_per_step",
-    "reducescatter_calls_per_step",
-    "reducescatter_bytes_per_step",
+    *(f"{kind.key}_{what}_per_step" for kind in KINDS for what in ("calls", "bytes")),
     "comm_time_per_step_us",
 ]
 #: The per-stage comparison: means over ranks of these.
 STAGE_COLUMNS = SUMMARY_COLUMNS[5:]
-
-#: Stages in reading order (the build-up), then anything else alphabetically.
-STAGE_ORDER = [
-    "single",
-    "simple",
-    "ga",
-    "hook",
-    "hook-async",
-    "bucket",
-    "bucket-async",
-    "ddp",
-    "zero1",
-    "zero2",
-    "fsdp",
-    "torch",
-]
 
 
 @dataclass
@@ -90,10 +70,6 @@ class RunAnalysis:
     buckets: pd.DataFrame  # per-bucket timeline of one step, per (stage, rank)
     phases: pd.DataFrame  # forward/backward/finish/optimizer spans of that step, per (stage, rank)
     configs: dict = field(default_factory=dict)  # stage -> its config.json (what the run was asked to do)
-
-
-def stage_sort_key(name: str):
-    return (STAGE_ORDER.index(name), "") if name in STAGE_ORDER else (len(STAGE_ORDER), name)
 
 
 def analyze_run(path) -> RunAnalysis:
@@ -148,25 +124,19 @@ def _analyze_run(path) -> RunAnalysis:
 
 def _intervals_of(trace_file, rank: int):
     """One rank's trace file as intervals, through the GPU or the CPU path (step 2)."""
-    from minddp.analysis.events import read_trace
-
     trace = read_trace(trace_file, rank)
     return (gpu if gpu.is_gpu_trace(trace) else cpu).rank_intervals(trace)
 
 
 def overlap_parts(trace_file, rank: int) -> tuple[float, float]:
-    """``(hidden, comm)`` in µs for one rank's trace: comm time during compute, and all comm time.
+    """:func:`minddp.analysis.metrics.overlap_parts` of one rank's trace over its profiled steps, in µs:
+    communication under compute, and all communication; ``100 * under / comm`` is ``comm_comp_overlap_pctg``.
 
-    Over the profiled steps, with the definitions of :mod:`.metrics`, so that
-    ``100 * hidden / comm`` is ``comm_comp_overlap_pctg``. Kept as two sums so
-    that several traces (ranks, rounds of a benchmark) pool into one honest
-    ratio instead of an average of ratios.
+    Two sums, so that several traces (ranks, rounds of a benchmark) pool into one honest ratio
+    (:func:`~minddp.analysis.metrics.pooled_overlap_pct`) instead of an average of ratios.
     """
-    from minddp.analysis import metrics
-
     iv = _intervals_of(trace_file, rank)
-    comm = metrics.intersect(iv.comm, [(s, e) for _, s, e in iv.steps])
-    return metrics.length(metrics.intersect(comm, iv.compute)), metrics.length(comm)
+    return metrics.overlap_parts(iv.comm, iv.compute, [(s, e) for _, s, e in iv.steps])
 
 
 def trace_traffic(trace_file, rank: int) -> tuple[float, float]:
@@ -174,8 +144,6 @@ def trace_traffic(trace_file, rank: int) -> tuple[float, float]:
 
     For code whose collectives no Python meter sees (torch's C++ reducer).
     """
-    from minddp.analysis.steps import per_step_means
-
     means = per_step_means(_intervals_of(trace_file, rank))
     return means["allreduce_calls_per_step"], means["allreduce_bytes_per_step"]
 
@@ -207,4 +175,6 @@ __all__ = [
     "load_run",
     "SUMMARY_COLUMNS",
     "STAGE_COLUMNS",
+    "STAGE_ORDER",
+    "stage_sort_key",
 ]

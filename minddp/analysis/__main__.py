@@ -5,10 +5,11 @@
    command wrote, or any folder of per-rank profiler traces
    (:mod:`minddp.analysis.events` finds them and their ranks); two folders of one
    stage each are compared as one stage (:func:`one_row`);
-2. print, in at most 120 columns, the verdict (the stages ranked by exposed
-   communication and step time, with their spread and why: :mod:`minddp.analysis.verdict`)
+2. print, in at most 120 columns, the verdict (the stages ranked by non-compute
+   time and step time, with their spread and why: :mod:`minddp.analysis.verdict`)
    and the stages side by side; with ``--compare``, what changed between the runs
    (settings, then A, B, Δ and B/A per stage and number: :mod:`minddp.analysis.compare`);
+   each the same block the report's page shows (:mod:`minddp.analysis.blocks`);
 3. with ``--report``, write ``report.html`` and PNG plots into the run folder
    (with ``--compare``, into RUN_A's folder under ``compare-<B>/``).
 
@@ -28,33 +29,22 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from minddp.analysis.names import KINDS, STARRED
 from minddp.runtime.cli import Parser, UsageError, fail
 
 PROG = "minddp.analyze"
-#: The side-by-side columns the console prints (120 columns at most); report.html and stages.csv hold them all.
-SHOWN = [
-    "step_time_us",
-    "compute_pctg",
-    "non_compute_pctg",
-    "idle_pctg",
-    "comm_comp_overlap_pctg",
-    "allreduce_calls_per_step",
-    "reducescatter_calls_per_step",
-    "allgather_calls_per_step",
-    "comm_time_per_step_us",
-]
-#: Their console headers, short enough to fit (the files spell them out).
+#: The side-by-side columns the console prints (120 columns at most), with their console headers, short enough to
+#: fit (report.html and stages.csv hold every column, spelled out).
 SHORT = {
     "step_time_us": "step ms",
     "compute_pctg": "compute %",
     "non_compute_pctg": "non-comp %",
     "idle_pctg": "idle %",
     "comm_comp_overlap_pctg": "overlap %",
-    "allreduce_calls_per_step": "all_reduce",
-    "reducescatter_calls_per_step": "red-scat*",
-    "allgather_calls_per_step": "all_gather",
+    **{f"{kind.key}_calls_per_step": kind.short for kind in KINDS},
     "comm_time_per_step_us": "comm ms",
 }
+SHOWN = list(SHORT)
 
 
 EXAMPLES = [
@@ -150,22 +140,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_tables(results) -> None:
     """Step 2, at most 120 columns: one run's verdict and side-by-side table, or two runs' differences."""
-    from minddp.analysis.compare import STARRED, config_changes, difference, difference_text
-    from minddp.analysis.report import verdict_lines
+    from minddp.analysis.blocks import console_lines
+    from minddp.analysis.compare import changes_block
+    from minddp.analysis.verdict import verdict_block
 
     if len(results) == 2:
-        a, b = results
-        changes = config_changes(a.configs, b.configs)
-        print(f"what changed from A = {a.run} to B = {b.run}:")
-        for key, va, vb in changes:
-            print(f"  {key}: {va} -> {vb}")
-        if not changes:
-            print("  no setting differs" if a.configs or b.configs else "  neither run has a config.json")
-        print(difference_text(difference(a, b), a.run, b.run))
+        print("\n".join(console_lines(changes_block(*results))))
         print("the same per run, and the figures: add --report")
         return
     result = results[0]
-    print("\n".join(verdict_lines(result)))
+    print("\n".join(console_lines(verdict_block(result))))
     table = result.stages[SHOWN].rename(columns=SHORT)
     for column in SHOWN:
         header, factor = SHORT[column], 1e-3 if column.endswith("_us") else 1.0

@@ -7,7 +7,8 @@
 3. **numbers**: per stage in both, each per-step number's median over the profiled steps in A and in B
    (ranks averaged step by step: :func:`minddp.analysis.verdict.stage_spread`), ``Δ = B − A``, ``B/A``; a Δ
    whose two runs' ranges (min–max over their profiled steps) overlap is marked ``within spread``: the runs'
-   own step-to-step variation covers it.
+   own step-to-step variation covers it;
+4. **one block** (:func:`changes_block`) of all three, which the console and the page render alike.
 
 Example (the settings of two runs, as their config.json files hold them)::
 
@@ -17,28 +18,33 @@ Example (the settings of two runs, as their config.json files hold them)::
 
 from __future__ import annotations
 
-import textwrap
-
 import pandas as pd
+
+from minddp.analysis.blocks import Block, Cell, Column, Row, Table
+from minddp.analysis.names import KINDS, MEASURES, STARRED, stage_sort_key
+from minddp.analysis.verdict import stage_spread
 
 #: config.json keys that say where or under which name a run was written, not how it ran (step 1).
 NOT_SETTINGS = {"run_name", "run", "trace_dir", "stage", "summary_json", "analyze", "progress", "checkpoint_dir"}
 
 #: The numbers compared (step 3): per-step column -> (what the table prints, factor from the stored unit).
 NUMBERS = {
-    "step_time_us": ("step (ms)", 1e-3),
-    "exposed_comm_us": ("exposed comm (ms)", 1e-3),
-    "comm_time_us": ("comm in flight (ms)", 1e-3),
-    "overlap_pctg": ("overlap (%)", 1.0),
-    "allreduce_calls": ("all_reduce calls", 1.0),
-    "reducescatter_calls": ("reduce-scatter calls*", 1.0),
-    "allgather_calls": ("all_gather calls", 1.0),
-    "allreduce_bytes": ("all_reduce (MiB)", 2.0**-20),
-    "reducescatter_bytes": ("reduce-scatter (MiB)*", 2.0**-20),
-    "allgather_bytes": ("all_gather (MiB)", 2.0**-20),
+    **{c: MEASURES[c] for c in ("step_time_us", "non_compute_us", "comm_time_us", "overlap_pctg")},
+    **{c: MEASURES[c] for c in ("waited_us", "exposed_us")},
+    **{f"{k.key}_calls": (f"{k.name} calls{'*' if k.starred else ''}", 1.0) for k in KINDS},
+    **{f"{k.key}_bytes": (f"{k.name} (MiB){'*' if k.starred else ''}", 2.0**-20) for k in KINDS},
 }
-#: The footnote of the starred rows.
-STARRED = "* on gloo a reduce-scatter runs as an all_reduce of the whole bucket (Wire.reduce_scatter)"
+
+#: The difference table's columns (step 4): header, console width, and whether it holds text (else numbers).
+TABLE = [
+    ("stage", 13, True),
+    ("number", 23, True),
+    ("A", 10, False),
+    ("B", 10, False),
+    ("Δ = B − A", 10, False),
+    ("B/A", 6, False),
+    ("note", 0, True),
+]
 
 
 def _settings(configs: dict[str, dict]) -> dict[str, set[str]]:
@@ -65,13 +71,11 @@ def difference(ra, rb) -> pd.DataFrame:
     """Steps 2-3: one row per (stage, number) for stages in both runs, one row per stage in one run only.
 
     Columns: ``stage``, ``number``, ``A``, ``A_min``, ``A_max``, ``B``, ``B_min``, ``B_max``, ``delta``, ``ratio``,
-    ``note`` (``same``: equal at every step of both runs, ``within spread``, ``only in A``, ``only in B``, or
-    empty), in reading order of the stages.
-    Numbers that are 0 in both runs (an all_gather count of a stage that gathers nothing) are left out.
+    ``note`` (``same``: equal at every step of both runs, ``within spread``, ``only in A``, ``only in B``,
+    ``not measured in A``/``B``, or empty), in reading order of the stages.
+    Numbers that are 0 in both runs (an all_gather count of a stage that gathers nothing), or that neither run's
+    trace gives (waited and exposed time without a link), are left out.
     """
-    from minddp.analysis import stage_sort_key
-    from minddp.analysis.verdict import stage_spread
-
     sa, sb = stage_spread(ra, list(NUMBERS)), stage_spread(rb, list(NUMBERS))
     rows = []
     for stage in sorted(set(sa.index) | set(sb.index), key=stage_sort_key):
@@ -83,10 +87,11 @@ def difference(ra, rb) -> pd.DataFrame:
                 continue
             a = [sa.loc[stage, (column, s)] * factor for s in ("median", "min", "max")]
             b = [sb.loc[stage, (column, s)] * factor for s in ("median", "min", "max")]
-            if a[0] == 0 and b[0] == 0 and a[2] == 0 and b[2] == 0:
+            if a[0] == 0 and b[0] == 0 and a[2] == 0 and b[2] == 0 or a[0] != a[0] and b[0] != b[0]:
                 continue
             overlap = max(a[1], b[1]) <= min(a[2], b[2])
             same = a == b and a[1] == a[2]  # the same value at every step of both runs (a count)
+            unmeasured = "not measured in A" if a[0] != a[0] else "not measured in B" if b[0] != b[0] else ""
             rows.append(
                 {
                     "stage": stage,
@@ -99,7 +104,7 @@ def difference(ra, rb) -> pd.DataFrame:
                     "B_max": b[2],
                     "delta": b[0] - a[0],
                     "ratio": b[0] / a[0] if a[0] else float("nan"),
-                    "note": "same" if same else "within spread" if overlap else "",
+                    "note": unmeasured or ("same" if same else "within spread" if overlap else ""),
                 }
             )
     return pd.DataFrame(
@@ -122,28 +127,49 @@ def same_text(table: pd.DataFrame) -> str:
 
 
 def number_text(x: float) -> str:
-    """A number at a precision that keeps small ones visible: ``126.4``, ``0.305``, ``2e-05``."""
+    """A number at a precision that keeps small ones visible: ``126.4``, ``0.305``, ``2e-05``; ``–``: not known."""
+    if x != x:
+        return "–"
     if x == 0:
         return "0"
     return f"{x:.1f}" if abs(x) >= 100 else f"{x:.2f}" if abs(x) >= 1 else f"{x:.3g}"
 
 
-def difference_text(table: pd.DataFrame, label_a: str, label_b: str) -> str:
-    """The difference table as fixed-width lines of at most 120 characters (the console's form)."""
-    head = f"{'stage':<13}{'number':<24}{'A':>10}{'B':>10}{'Δ = B − A':>11}{'B/A':>8}  note"
-    lines = [f"A = {label_a}, B = {label_b}; medians over each run's profiled steps", head, "-" * len(head)]
-    last = None
-    for r in table[table["note"] != "same"].to_dict("records"):
+def changes_block(ra, rb) -> Block:
+    """Steps 1-4 for two :class:`~minddp.analysis.RunAnalysis` results: the settings that changed, the stages in
+    one run only, and the difference table (its noise greyed on the page), as one block."""
+    block = Block("changes", f"What changed: A = {ra.run}, B = {rb.run}")
+    changes = config_changes(ra.configs, rb.configs)
+    if not ra.configs and not rb.configs:
+        block.paragraphs.append("Neither run has a config.json: its settings are unknown.")
+    elif not changes:
+        block.paragraphs.append("No setting differs: what differs below is the runs' own variation.")
+    block.items = [f"``{key}``: {va} → {vb}" for key, va, vb in changes]
+    table = difference(ra, rb)
+    only = table[table["note"].isin(["only in A", "only in B"])]
+    if len(only):
+        named = ", ".join(f"**{s}** {n}" for s, n in zip(only["stage"], only["note"]))
+        block.paragraphs.append(f"Not compared: {named}.")
+    block.paragraphs.append(
+        "Per stage and number: the median over each run's profiled steps (on the page, least–most in brackets), "
+        "Δ = B − A and B/A; a note 'within spread' (greyed on the page) says the two runs' ranges overlap, so their "
+        "own step-to-step variation covers the difference."
+    )
+    columns = [Column(header, width, left=left) for header, width, left in TABLE]
+    rows, last = [], None
+    for r in table[~table["note"].isin(["same", "only in A", "only in B"])].to_dict("records"):
         stage = r["stage"] if r["stage"] != last else ""
         last = r["stage"]
-        if not r["number"]:
-            lines.append(f"{stage:<13}{'(' + r['note'] + ': not compared)':<24}")
-            continue
-        ratio = "–" if r["ratio"] != r["ratio"] else f"{r['ratio']:.2f}"
-        a, b, delta = (number_text(r[k]) for k in ("A", "B", "delta"))
+        cells = [Cell(stage), Cell(r["number"])]
+        for run in ("A", "B"):
+            low, high = (number_text(r[run + end]) for end in ("_min", "_max"))
+            cells.append(Cell(number_text(r[run]), f"{low}–{high}" if r[run] == r[run] else ""))
         sign = "+" if r["delta"] > 0 else ""
-        lines.append(f"{stage:<13}{r['number']:<24}{a:>10}{b:>10}{sign + delta:>11}{ratio:>8}  {r['note']}")
-    lines += textwrap.wrap(same_text(table), 120)
+        ratio = "–" if r["ratio"] != r["ratio"] else f"{r['ratio']:.2f}"
+        cells += [Cell(sign + number_text(r["delta"])), Cell(ratio), Cell(r["note"])]
+        rows.append(Row(cells, css="noise" if r["note"] else ""))
+    block.table = Table(columns, rows, id="difference")
+    block.notes.append(same_text(table))
     if any(str(n).endswith("*") for n in table["number"]):
-        lines.append(STARRED)
-    return "\n".join(lines)
+        block.notes.append(STARRED)
+    return block

@@ -33,7 +33,7 @@ import re
 
 from minddp.analysis import metrics
 from minddp.analysis.events import RankTrace
-from minddp.analysis.steps import RankIntervals, end_of, numel_of, per_step_means, step_windows
+from minddp.analysis.steps import RankIntervals, end_of, link_sets, numel_of, per_step_means, step_windows
 
 _LAUNCH = re.compile(r"^minddp\.bucket_launch#(\d+) numel=(\d+) dtype=(\S+) hook=(\S+)$")
 _GATHER = re.compile(r"^minddp\.all_gather_launch#(\d+)$")
@@ -92,6 +92,7 @@ def _rank_intervals(trace: RankTrace) -> RankIntervals:
         return sorted((e for e in family["comm"] if e["name"].startswith(prefix)), key=lambda e: e["ts"])
 
     allreduces, scattered = _reduce_scatters_run_as_all_reduce(family, named("gloo:all_reduce"), comm_threads)
+    link, waits = link_sets(family["comm"])
     return RankIntervals(
         steps,
         compute,
@@ -100,6 +101,8 @@ def _rank_intervals(trace: RankTrace) -> RankIntervals:
         comm_threads,
         named("gloo:all_gather"),
         sorted(named("gloo:reduce_scatter") + scattered, key=lambda e: e["ts"]),
+        link,
+        waits,
     )
 
 
@@ -133,7 +136,7 @@ def rank_metrics(trace: RankTrace) -> dict:
     window = [(s, e) for _, s, e in iv.steps]
     compute, comm = metrics.merge(iv.compute), metrics.merge(iv.comm)  # merged once, for both
     row = metrics.breakdown(window, compute, comm)
-    row["comm_comp_overlap_pctg"] = metrics.overlap_pct(metrics.intersect(comm, window), compute)
+    row["comm_comp_overlap_pctg"] = metrics.overlap_pct(comm, compute, window)
     row.update(per_step_means(iv))
     return row
 
@@ -270,14 +273,14 @@ def _match_queued_to_runs(queued: list[dict], runs: list[dict], which: int = 0) 
 
 
 def kernel_breakdown(trace: RankTrace) -> list[dict]:
-    """The CPU twin of HTA's kernel-type breakdown: time in compute only, comm only, and both."""
+    """The CPU twin of HTA's kernel-type breakdown: time in compute only, comm only (non-compute), and both."""
     iv = rank_intervals(trace)
-    window = metrics.merge((s, e) for _, s, e in iv.steps)
-    compute, comm = metrics.intersect(iv.compute, window), metrics.intersect(iv.comm, window)
-    both = metrics.length(metrics.intersect(compute, comm))
+    window = [(s, e) for _, s, e in iv.steps]
+    times = metrics.breakdown(window, iv.compute, iv.comm)
+    both, _ = metrics.overlap_parts(iv.comm, iv.compute, window)
     parts = {
-        "COMPUTATION": metrics.length(compute) - both,
-        "COMMUNICATION": metrics.length(comm) - both,
+        "COMPUTATION": times["compute_time_us"] - both,
+        "COMMUNICATION": times["non_compute_time_us"],
         "COMPUTATION overlapping COMMUNICATION": both,
     }
     total = sum(parts.values()) or 1.0

@@ -37,7 +37,7 @@ import sys
 import warnings
 
 from minddp.analysis.events import RankTrace, StageTraces, TraceError
-from minddp.analysis.steps import RankIntervals, end_of, per_step_means, step_windows
+from minddp.analysis.steps import RankIntervals, end_of, link_sets, per_step_means, step_windows
 
 _KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -87,6 +87,7 @@ def rank_intervals(trace: RankTrace) -> RankIntervals:
             key=lambda e: e["ts"],
         )
 
+    link, waits = link_sets(cpu_events)
     return RankIntervals(
         step_windows(cpu_events),
         compute,
@@ -95,6 +96,8 @@ def rank_intervals(trace: RankTrace) -> RankIntervals:
         set(),
         named("all_gather", "allgather"),
         named("reduce_scatter"),
+        link,
+        waits,
     )
 
 

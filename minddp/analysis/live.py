@@ -10,7 +10,8 @@ any stage and torch's DDP alike. docs/analysis.md, "Counting without a trace", g
    **backward**, the calls started inside one, and the **tail** before the optimizer step;
 4. the sharded stages' **all-gathers**, and the stages' small check gathers, counted apart;
 5. the step as a **row** of :mod:`minddp.analysis.timeline`; over an emulated link with the training
-   thread's **waits** and ``link_ms``, ``waited_ms``, ``exposed_ms``, ``waits_in_backward``.
+   thread's **waits** and ``link_ms`` (*link time*), ``waited_ms`` (*waited*), ``exposed_ms`` (*exposed*),
+   ``waits_in_backward``, each measure by its function in :mod:`minddp.analysis.metrics`.
 
 Example (on one rank)::
 
@@ -27,6 +28,7 @@ import math
 
 import torch
 
+from minddp.analysis import metrics
 from minddp.analysis.steps import ELEMENT_SIZE
 from minddp.runtime import compat
 
@@ -125,8 +127,9 @@ def _on_link(events, link, row: dict, t0: float, backwards: list) -> dict:
     The link logs each message in ``perf_counter`` seconds; the
     ``minddp.link_send#<n>`` marker recorded when message ``n`` was handed over
     places it on the profiler's clock (the median offset, as
-    :meth:`minddp.comm.link.Link.annotate_trace` does). A wait is the time from
-    the first ``wait()`` on a message (``Link.waits``) to its delivery.
+    :meth:`minddp.comm.link.Link.annotate_trace` does). A message is drawn from the
+    start of its modeled transfer to its modeled end; a wait runs from the first
+    ``wait()`` on a message (``Link.waits``) to its delivery.
     """
     import statistics
 
@@ -134,6 +137,7 @@ def _on_link(events, link, row: dict, t0: float, backwards: list) -> dict:
         int(e.name.rpartition("#")[2]): e.time_range.start for e in events if e.name.startswith("minddp.link_send#")
     }
     log = [m for m in link.log if m["seq"] in markers]
+    row["link"] = link.spec.name
     if not log:
         return {"link_ms": 0.0, "waited_ms": 0.0, "exposed_ms": 0.0, "waits": 0, "waits_in_backward": 0}
     offset = statistics.median(markers[m["seq"]] - m["handed_over"] * 1e6 for m in log)
@@ -146,20 +150,10 @@ def _on_link(events, link, row: dict, t0: float, backwards: list) -> dict:
     waits = sorted((at(link.waits[m["seq"]]), at(m["delivered"])) for m in log if m["seq"] in link.waits)
     row["waits"] = [(s, e) for s, e in waits if e > s]
     back = [((s - t0) / 1e3, (e - t0) / 1e3) for s, e in backwards]
-    exposed = [(at(link.waits[m["seq"]]), at(m["modeled_end"])) for m in log if m["seq"] in link.waits]
     return {
-        "link_ms": sum(link.seconds(m["kind"], m["bytes"], m["ranks"]) * 1e3 for m in log),  # the model's
-        "waited_ms": _union(row["waits"]),
-        "exposed_ms": _union((s, e) for s, e in exposed if e > s),
+        "link_ms": 1e3 * metrics.link_time(link, [(m["kind"], m["bytes"], m["ranks"]) for m in log]),
+        "waited_ms": metrics.waited(row["waits"]),
+        "exposed_ms": metrics.exposed(row["messages"], row["waits"]),
         "waits": len(waits),
         "waits_in_backward": sum(any(s <= w <= e for s, e in back) for w, _ in waits),
     }
-
-
-def _union(spans) -> float:
-    total, reach = 0.0, float("-inf")
-    for s, e in sorted(spans):
-        if e > reach:
-            total += e - max(s, reach)
-            reach = e
-    return total

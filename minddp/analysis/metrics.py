@@ -1,15 +1,30 @@
-"""The metric definitions, on plain time intervals, shared by the CPU and GPU paths.
+"""The measures, one function each, on plain time intervals: the one definition every table, figure and notebook uses.
 
-A trace reduces to three sets of ``(start, end)`` intervals per rank, in microseconds: the
-**window** under study, **compute** and **comm** (docs/analysis.md, "The three interval sets", says
-what each is on CPU and on GPU). With ``|X|`` the length of the union of the intervals of ``X``:
+A step reduces to sets of ``(start, end)`` intervals (docs/analysis.md, "The three interval sets", says what
+each is on CPU and on GPU; :func:`minddp.analysis.timeline.row_sets` reads them off a step row): the **window**
+under study, **compute**, **comm** (communication in flight), and where they are known the step's **backward**
+spans, the training thread's **waits** for communication, and an emulated **link**'s modeled transfers. With
+``|X|`` the length of the union of the intervals of ``X``, the measures (docs/analysis.md, "The measures": name,
+definition, function, unit):
 
-1. ``compute_time = |compute ∩ window|``;
-2. ``non_compute_time = |(comm ∖ compute) ∩ window|`` (busy, but not computing);
-3. ``idle_time = |window| - |(compute ∪ comm) ∩ window|``; the three add up to ``|window|``;
-4. ``comm_comp_overlap_pctg = 100 · |comm ∩ compute| / |comm|`` (0 when there is no comm).
+1. **in flight**, :func:`in_flight`: ``|comm ∩ window|``;
+2. **non-compute**, :func:`non_compute`: ``|(comm ∖ compute) ∩ window|``, communication in flight while nothing
+   computes; over ``|window|`` it is HolisticTraceAnalysis's non-compute share (:func:`breakdown`);
+3. **overlap**, :func:`overlap_pct`: ``100 · |comm ∩ compute ∩ window| / |comm ∩ window|`` (0 without comm);
+   pooled over several steps or ranks as one ratio of sums (:func:`overlap_parts`, :func:`pooled_overlap_pct`);
+4. **interleaved**, :func:`interleaved`: ``|(comm ∖ compute) ∩ backward|``, the non-compute time inside backward:
+   communication between two pieces of backward's compute, in the training thread's order, with none beside it;
+5. **waited**, :func:`waited`: ``|waits ∩ window|``, the training thread standing still for communication;
+6. **exposed**, :func:`exposed`: ``|link ∩ waits ∩ window|``, the link's modeled transfers the training thread
+   waited through: the step time the link adds against the same stage with a free link (exact where the real
+   collectives take no time of their own; from two runs it is their steps' difference, from the step-time model
+   its replay's waiting, :func:`minddp.costmodel.step.predict`);
+7. **link time**, :func:`link_time`: the modeled transfer time of the step's messages, from their sizes alone.
 
-These are HolisticTraceAnalysis's definitions, written on intervals so they apply where HTA cannot go.
+The temporal breakdown (:func:`breakdown`) splits the window into compute, non-compute and idle, as HTA does.
+These are HolisticTraceAnalysis's definitions where HTA has one, written on intervals so that they apply where
+HTA cannot go. Below them, the interval algebra every measure is written in: :func:`merge`, :func:`length`,
+:func:`intersect`, :func:`subtract`.
 
 Example::
 
@@ -17,6 +32,8 @@ Example::
     {'total_time_us': 10.0, 'compute_time_us': 4.0, 'non_compute_time_us': 4.0, 'idle_time_us': 2.0, ...}
     >>> overlap_pct(comm=[(0, 10)], compute=[(5, 20)])   # half of the comm is covered
     50.0
+    >>> waited(waits=[(6, 9)]), exposed(link=[(2, 8)], waits=[(6, 9)])   # waited 3, 2 of them for the link
+    (3.0, 2.0)
 """
 
 from __future__ import annotations
@@ -92,15 +109,30 @@ def subtract(a: Iterable[Interval], b: Iterable[Interval]) -> list[Interval]:
     return Disjoint(out)  # gaps between disjoint intervals, within disjoint intervals
 
 
+def _within(intervals: Iterable[Interval], window: Iterable[Interval] | None) -> list[Interval]:
+    return merge(intervals) if window is None else intersect(intervals, window)
+
+
+def in_flight(comm: Iterable[Interval], window: Iterable[Interval] | None = None) -> float:
+    """Step 1, **in flight**: ``|comm ∩ window|``, the time communication was in flight (the whole of it without
+    ``window``)."""
+    return length(_within(comm, window))
+
+
+def non_compute(window: Iterable[Interval], compute: Iterable[Interval], comm: Iterable[Interval]) -> float:
+    """Step 2, **non-compute**: ``|(comm ∖ compute) ∩ window|``, communication in flight while nothing computes."""
+    return length(subtract(_within(comm, window), compute))
+
+
 def breakdown(window: Iterable[Interval], compute: Iterable[Interval], comm: Iterable[Interval]) -> dict:
-    """Steps 1-3: the temporal breakdown of ``window`` into compute / non-compute / idle."""
+    """The temporal breakdown of ``window`` into compute / non-compute (step 2) / idle, in time and in % of it."""
     window = merge(window)
     compute = intersect(compute, window)
     comm = intersect(comm, window)
     total = length(window)
-    compute_t = length(compute)  # step 1
-    non_compute_t = length(subtract(comm, compute))  # step 2
-    idle_t = total - length(compute + comm)  # step 3
+    compute_t = length(compute)
+    non_compute_t = non_compute(window, compute, comm)
+    idle_t = total - length(compute + comm)
 
     def pct(x: float) -> float:
         return 100.0 * x / total if total > 0 else float("nan")
@@ -116,10 +148,47 @@ def breakdown(window: Iterable[Interval], compute: Iterable[Interval], comm: Ite
     }
 
 
-def overlap_pct(comm: Iterable[Interval], compute: Iterable[Interval]) -> float:
-    """Step 4: the share (in %) of communication time during which compute also runs."""
-    comm = merge(comm)
-    total = length(comm)
-    if total == 0:
-        return 0.0  # nothing to hide; HTA gives NaN here, which a table cannot compare
-    return 100.0 * length(intersect(comm, compute)) / total
+def overlap_parts(
+    comm: Iterable[Interval], compute: Iterable[Interval], window: Iterable[Interval] | None = None
+) -> tuple[float, float]:
+    """Step 3's two sums: ``(|comm ∩ compute ∩ window|, |comm ∩ window|)``, communication under compute and all of
+    it. Kept apart so that several steps, ranks or rounds pool into one ratio (:func:`pooled_overlap_pct`)."""
+    comm = _within(comm, window)
+    return length(intersect(comm, compute)), length(comm)
+
+
+def pooled_overlap_pct(parts: Iterable[tuple[float, float]]) -> float:
+    """Step 3 over several :func:`overlap_parts`: all communication under compute over all of it, in %; 0 where
+    nothing was in flight (HTA gives NaN there, which a table cannot compare)."""
+    parts = list(parts)
+    total = sum(c for _, c in parts)
+    return 100.0 * sum(u for u, _ in parts) / total if total > 0 else 0.0
+
+
+def overlap_pct(
+    comm: Iterable[Interval], compute: Iterable[Interval], window: Iterable[Interval] | None = None
+) -> float:
+    """Step 3, **overlap**: the share (in %) of communication time during which compute also runs."""
+    return pooled_overlap_pct([overlap_parts(comm, compute, window)])
+
+
+def interleaved(comm: Iterable[Interval], compute: Iterable[Interval], backward: Iterable[Interval]) -> float:
+    """Step 4, **interleaved**: ``|(comm ∖ compute) ∩ backward|``, the non-compute time inside backward."""
+    return non_compute(backward, compute, comm)
+
+
+def waited(waits: Iterable[Interval], window: Iterable[Interval] | None = None) -> float:
+    """Step 5, **waited**: ``|waits ∩ window|``, the time the training thread stood still for communication."""
+    return length(_within(waits, window))
+
+
+def exposed(link: Iterable[Interval], waits: Iterable[Interval], window: Iterable[Interval] | None = None) -> float:
+    """Step 6, **exposed**: ``|link ∩ waits ∩ window|``, the link's modeled transfers the training thread waited
+    through (module doc: the step time the link adds)."""
+    return length(intersect(_within(link, window), waits))
+
+
+def link_time(link, messages: Iterable[tuple[str, float, int]]) -> float:
+    """Step 7, **link time**, in seconds: each ``(kind, bytes, ranks)`` message's modeled transfer on ``link`` (a
+    :class:`minddp.comm.link.LinkSpec` or :class:`~minddp.comm.link.Link`), added up: the link's own work."""
+    return sum(link.seconds(kind, nbytes, ranks) for kind, nbytes, ranks in messages)

@@ -1,19 +1,22 @@
 """The report: an HTML page and PNG plots in the run folder, the answer first.
 
-1. **the verdict** (:mod:`minddp.analysis.verdict`): the stages ranked by exposed communication and by step
-   time, each with its spread over the profiled steps and one sentence saying why, and one line on what
-   the numbers mean on a CPU;
+1. **the verdict** (:mod:`minddp.analysis.verdict`): the stages ranked by non-compute time and by step
+   time, each with its spread over the profiled steps and one sentence saying why, and what the numbers
+   mean (on a CPU too); the same block the console prints (:mod:`minddp.analysis.blocks`);
 2. ``bucket_timeline.png``, right under it: one step of rank 0 of every stage, torch's DDP included, on
    **one** time axis: each micro-batch's forward and backward, each bucket's hand-over and collective, the
    optimizer step (docs/analysis.md, "One step on one time axis", says how to read it);
 3. ``temporal_breakdown.png``: per stage, stacked compute / non-compute / idle share (HTA's temporal breakdown);
-4. ``overlap.png``: per stage, the share of comm hidden behind compute, with its spread over the steps;
-5. ``comm.png``: per stage, collective calls per step by kind, and communication time per step;
-6. ``report.html``: all of it, a caption under every figure saying what to look for, then the tables.
+4. ``overlap.png``: per stage, the overlap (the share of communication time with compute beside it), with its
+   spread over the steps;
+5. ``comm.png``: per stage, collective calls per step by kind, and communication in flight per step;
+6. ``report.html``: all of it, a caption under every figure saying what to look for, then the tables. Every
+   name taken from the file system (a run's, a stage's, an image's) reaches the page escaped, an image's
+   address percent-encoded.
 
 With two runs (``--compare``) the page opens with what changed (settings, and one table of A, B, Δ and
-B/A: :mod:`minddp.analysis.compare`) and the bar plots show both runs side by side. Every figure is at
-most 1100 px wide and the page scales it to the window, so none is cut at any width.
+B/A: :mod:`minddp.analysis.compare`, the block the console prints) and the bar plots show both runs side by
+side. Every figure is at most 1100 px wide and the page scales it to the window, so none is cut at any width.
 
 Example (on one rank; the trace of a tiny run)::
 
@@ -32,11 +35,18 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
+from urllib.parse import quote
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only: never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
+
+from minddp.analysis.blocks import html_lines  # noqa: E402
+from minddp.analysis.compare import changes_block  # noqa: E402
+from minddp.analysis.names import HEADERS, KINDS, MEASURES, stage_sort_key  # noqa: E402
+from minddp.analysis.timeline import draw_steps, rows_from_analysis  # noqa: E402
+from minddp.analysis.verdict import stage_spread, verdict_block  # noqa: E402
 
 _COLORS = {"compute": "#4c72b0", "non_compute": "#dd8452", "idle": "#c7c7c7"}
 #: The widest figure, in inches at 100 dpi: 1100 px, inside a 1280 px window with the page's margins.
@@ -44,8 +54,6 @@ MAX_WIDTH_IN = 11.0
 
 
 def _stage_labels(results) -> list[str]:
-    from minddp.analysis import stage_sort_key
-
     names = {s for r in results for s in r.stages.index}
     return sorted(names, key=stage_sort_key)
 
@@ -73,7 +81,7 @@ def plot_temporal(results, path: Path) -> None:
         bottom = [0.0] * len(stages)
         for part in ("compute", "non_compute", "idle"):
             vals = [r.stages[f"{part}_pctg"].get(s, 0.0) for s in stages]
-            label = {"compute": "compute", "non_compute": "non-compute (comm, nothing computing)", "idle": "idle"}
+            label = {"compute": "compute", "non_compute": "non-compute (in flight, nothing computing)", "idle": "idle"}
             ax.bar(
                 xs[i],
                 vals,
@@ -98,8 +106,6 @@ def plot_temporal(results, path: Path) -> None:
 
 def _spread(result, column: str, factor: float = 1.0):
     """Per stage of ``result``: (median, min, max) of a per-step number over the profiled steps."""
-    from minddp.analysis.verdict import stage_spread
-
     spread = stage_spread(result, [column])
     return {s: tuple(spread.loc[s, (column, k)] * factor for k in ("median", "min", "max")) for s in spread.index}
 
@@ -124,7 +130,7 @@ def plot_overlap(results, path: Path) -> None:
     stages = _stage_labels(results)
     fig, ax = plt.subplots(figsize=(_width(stages, results), 4.2))
     _bars_with_spread(ax, results, stages, "overlap_pctg")
-    ax.set_ylabel("% of message time with compute beside it")
+    ax.set_ylabel("overlap (% of the time in flight\nwith compute beside it)")
     ax.set_ylim(0, 100)
     ax.set_title("Overlap per stage: median of the profiled steps (whiskers: least to most)", fontsize=10)
     if len(results) > 1:
@@ -135,27 +141,24 @@ def plot_overlap(results, path: Path) -> None:
 
 
 def plot_comm(results, path: Path) -> None:
-    """Step 5: calls per step, stacked by kind (each run its own bar), above communication time per step."""
-    from minddp.analysis.verdict import KINDS
-
+    """Step 5: calls per step, stacked by kind (each run its own bar), above communication in flight per step."""
     stages = _stage_labels(results)
     fig, (a, b) = plt.subplots(2, 1, figsize=(_width(stages, results), 7.4))
     width, xs = _offsets(results, stages)
-    colors = {"allreduce": "#4c72b0", "reducescatter": "#937860", "allgather": "#55a868"}
     for i, r in enumerate(results):
         bottom = [0.0] * len(stages)
-        for kind, words in KINDS.items():
-            vals = [r.stages[f"{kind}_calls_per_step"].get(s, 0.0) for s in stages]
-            label = words if i == 0 else None
-            a.bar(xs[i], vals, width, bottom=bottom, color=colors[kind], label=label, hatch="//" if i else None)
+        for kind in KINDS:
+            vals = [r.stages[f"{kind.key}_calls_per_step"].get(s, 0.0) for s in stages]
+            label = kind.label if i == 0 else None
+            a.bar(xs[i], vals, width, bottom=bottom, color=kind.color, label=label, hatch="//" if i else None)
             bottom = [x + v for x, v in zip(bottom, vals)]
     a.set_xticks(range(len(stages)), stages, rotation=20)
     a.set_ylabel("calls per profiled step")
     runs = "" if len(results) == 1 else f" ({results[1].run} hatched)"
     a.set_title(f"Collective calls per step, by kind{runs}", fontsize=10)
     _legend_below(a, 3)
-    _bars_with_spread(b, results, stages, "comm_time_us", 1e-3)
-    b.set_ylabel("ms per step")
+    _bars_with_spread(b, results, stages, "comm_time_us", MEASURES["comm_time_us"][1])
+    b.set_ylabel(HEADERS["comm_time_per_step_us"])
     b.set_title("Communication in flight per step: median (whiskers: least to most of the steps)", fontsize=10)
     if len(results) > 1:
         _legend_below(b, len(results))
@@ -172,8 +175,6 @@ def plot_timeline(result, path: Path | None = None, rank: int = 0):
     ``gid`` is ``backward:<stage>`` (one per micro-batch), so the figure can
     be checked as well as looked at.
     """
-    from minddp.analysis.timeline import draw_steps, rows_from_analysis
-
     rows = rows_from_analysis(result, rank)
     if not rows:
         return None
@@ -200,10 +201,11 @@ UNITS = {
 
 
 def readable_name(column: str) -> tuple[str, float]:
-    """``comm_time_per_step_us`` -> (``comm time per step (ms)``, 1e-3): the header to print and the factor."""
+    """``comm_time_per_step_us`` -> (``comm in flight per step (ms)``, 1e-3): the header to print and the factor; a
+    measure's column is named by its measure (:data:`~minddp.analysis.names.HEADERS`)."""
     for ending, (unit, factor) in UNITS.items():
         if column.endswith(ending):
-            return column[: -len(ending)].replace("_", " ") + unit, factor
+            return HEADERS.get(column, column[: -len(ending)].replace("_", " ") + unit), factor
     return column.replace("_", " "), 1.0
 
 
@@ -235,14 +237,14 @@ CAPTIONS = {
     ),
     "temporal_breakdown": (
         "Blue is the training thread inside aten ops; orange a message in flight while nothing computes (the "
-        "exposed communication of the verdict, as a share); grey neither: on a CPU, the Python around the ops "
+        "non-compute time of the verdict, as a share); grey neither: on a CPU, the Python around the ops "
         "(hooks, the optimizer's loop, the autograd engine) and waits with no message in flight. single's grey "
         "is that Python: it has no communication at all."
     ),
     "overlap": (
-        "The share of each stage's message time with compute beside it, the median of its profiled steps; the "
-        "whisker runs from the least to the most of them. On a CPU it measures who got a core as much as the "
-        "stage's design: rank two stages only where their whiskers do not overlap. On a GPU it is the blog's "
+        "Overlap: the share of each stage's time in flight with compute beside it, the median of its profiled "
+        "steps; the whisker runs from the least to the most of them. On a CPU it measures who got a core as much "
+        "as the stage's design: rank two stages only where their whiskers do not overlap. On a GPU it is the blog's "
         "overlap (NCCL kernels under compute kernels)."
     ),
     "comm": (
@@ -270,146 +272,15 @@ def _doc_link(name: str) -> str:
     return f"<a href='{path.as_uri()}'>{label}</a>" if path.exists() else label
 
 
-def _range(median: float, low: float, high: float, fmt: str = ".1f") -> str:
-    return f"{median:{fmt}} ({low:{fmt}}–{high:{fmt}})"
-
-
-def _percent(value: float) -> str:
-    return "–" if value != value else f"{value:.0f} %"  # NaN: the trace names no backward (a GPU trace)
-
-
-def _of(row, name: str) -> str:
-    """``row[name]`` with its spread: ``median (min–max)``."""
-    return _range(row[name], row[f"{name}_min"], row[f"{name}_max"])
-
-
-def verdict_lines(result) -> list[str]:
-    """The verdict as plain lines of at most 120 characters: the ranking's table, one line per stage, the CPU line."""
-    import textwrap
-
-    from minddp.analysis.verdict import CPU_MEANING, ranking
-
-    table = ranking(result)
-    if table.empty:
-        return [f"run {result.run}: no stage communicated in its profiled steps: nothing to rank"]
-    steps = int(table["steps"].max())
-    lines = textwrap.wrap(
-        f"run {result.run}: stages ranked by exposed communication (a message in flight while the training thread "
-        f"computes nothing), per step, median (min–max) over the {steps} profiled steps; # step = rank by step time",
-        120,
-    ) + [
-        f"{'#':>2} {'stage':<13}{'exposed comm (ms)':>22}{'step (ms)':>24}{'# step':>8}{'comm in backward':>18}",
-    ]
-    for r in table.to_dict("records"):
-        lines.append(
-            f"{r['rank_exposed']:>2} {r['stage']:<13}"
-            f"{_of(r, 'exposed_ms'):>22}"
-            f"{_of(r, 'step_ms'):>24}{r['rank_step']:>8}"
-            f"{_percent(r['in_backward_pct']):>18}"
-        )
-    for r in table.to_dict("records"):
-        lines += textwrap.wrap(f"{r['stage']}: {r['why']}", 120, subsequent_indent="    ")
-    if any(result.summary["device"] == "cpu"):
-        lines += textwrap.wrap(CPU_MEANING, 120)
-    return lines
-
-
-def _verdict_html(result) -> list[str]:
-    from minddp.analysis.verdict import CPU_MEANING, ranking, stage_spread
-
-    table = ranking(result)
-    run = html.escape(result.run)
-    if table.empty:
-        return [f"<section class='verdict'><h2>Verdict: {run}</h2><p>No stage communicated: nothing to rank.</p>"]
-    least, most = table.iloc[0], table.iloc[-1]
-    fast = table.sort_values("rank_step").iloc[0]
-    slow = table.sort_values("rank_step").iloc[-1]
-    spread = stage_spread(result, ["step_time_us"])
-    reference = ""
-    if "single" in spread.index:
-        single = [spread.loc["single", ("step_time_us", k)] / 1e3 for k in ("median", "min", "max")]
-        reference = f" Without communication, <b>single</b> (one process, the global batch): {_range(*single)} ms."
-    parts = [
-        f"<section class='verdict' id='verdict-{run}'><h2>Verdict: {run}</h2>",
-        "<p class='headline'>"
-        f"Least exposed communication: <b>{least['stage']}</b>, {_of(least, 'exposed_ms')} ms a step; "
-        f"most: <b>{most['stage']}</b>, {most['exposed_ms']:.1f} ms. "
-        f"Fastest step: <b>{fast['stage']}</b>, {_of(fast, 'step_ms')} ms; "
-        f"slowest: <b>{slow['stage']}</b>, {slow['step_ms']:.1f} ms.{reference}</p>",
-        "<p>Exposed communication is the time a message was in flight while the training thread computed "
-        "nothing: the trace's stand-in for a step minus the same stage's with <code>noop_hook</code> (which "
-        "<code>python -m minddp.bench</code> measures). Each number is the median over the profiled steps "
-        "(ranks averaged step by step), with the least and the most of them in brackets.</p>",
-        f"<table class='ranking' id='ranking-{run}'><tr><th>#</th><th class='text'>stage</th>"
-        "<th>exposed comm per step (ms)</th><th>step (ms)</th><th># by step time</th>"
-        "<th>messages during backward (%)</th><th class='text'>why (from the trace)</th></tr>",
-    ]
-    for r in table.to_dict("records"):
-        parts.append(
-            f"<tr data-stage='{html.escape(r['stage'])}'><td>{r['rank_exposed']}</td><td class='text'><b>"
-            f"{html.escape(r['stage'])}</b></td><td>{_of(r, 'exposed_ms')}"
-            f"</td><td>{_of(r, 'step_ms')}</td><td>{r['rank_step']}</td>"
-            f"<td>{_percent(r['in_backward_pct'])}</td><td class='why'>{html.escape(r['why'])}</td></tr>"
-        )
-    parts.append("</table>")
-    if any(result.summary["device"] == "cpu"):
-        parts.append(
-            f"<p class='cpu'>{html.escape(CPU_MEANING).replace('docs/analysis.md', _doc_link('analysis.md'))}</p>"
-        )
-    return parts + ["</section>"]
-
-
-def _changes_html(ra, rb) -> list[str]:
-    from minddp.analysis.compare import STARRED, config_changes, difference, number_text, same_text
-
-    a, b = html.escape(ra.run), html.escape(rb.run)
-    changes = config_changes(ra.configs, rb.configs)
-    parts = [f"<section id='changes'><h2>What changed: A = {a}, B = {b}</h2>"]
-    if not ra.configs and not rb.configs:
-        parts.append("<p>Neither run has a config.json: its settings are unknown.</p>")
-    elif changes:
-        parts.append("<ul id='settings'>")
-        parts += [
-            f"<li><code>{html.escape(k)}</code>: {html.escape(va)} → {html.escape(vb)}</li>" for k, va, vb in changes
-        ]
-        parts.append("</ul>")
-    else:
-        parts.append("<p>No setting differs: what differs below is the runs' own variation.</p>")
-    table = difference(ra, rb)
-    only = table[table["number"] == ""]
-    if len(only):
-        parts.append(
-            "<p>"
-            + "; ".join(f"<b>{html.escape(s)}</b> {html.escape(n)}" for s, n in zip(only["stage"], only["note"]))
-            + " (not compared).</p>"
-        )
-
-    def spread_text(r, run):
-        return f"{number_text(r[run])} ({number_text(r[run + '_min'])}–{number_text(r[run + '_max'])})"
-
-    parts.append(
-        "<p>Per stage and number: the median over each run's profiled steps (least–most in brackets), "
-        "Δ = B − A and B/A; <span style='color:#888'>grey rows</span> are within spread: the two runs' ranges "
-        "overlap, so their own step-to-step variation covers the difference.</p>"
-        "<div class='scroll'><table id='difference'><tr><th class='text'>stage</th><th class='text'>number</th>"
-        f"<th>A: {a}</th><th>B: {b}</th><th>Δ = B − A</th><th>B/A</th><th class='text'>note</th></tr>"
-    )
-    for r in table[~table["note"].isin(["same", "only in A", "only in B"])].to_dict("records"):
-        ratio = "–" if r["ratio"] != r["ratio"] else f"{r['ratio']:.2f}"
-        parts.append(
-            f"<tr class='{'noise' if r['note'] else ''}'><td class='text'>{html.escape(r['stage'])}</td>"
-            f"<td class='text'>{html.escape(r['number'])}</td><td>{spread_text(r, 'A')}</td>"
-            f"<td>{spread_text(r, 'B')}</td><td>{'+' if r['delta'] > 0 else ''}{number_text(r['delta'])}</td>"
-            f"<td>{ratio}</td>"
-            f"<td class='text'>{html.escape(r['note'])}</td></tr>"
-        )
-    parts += ["</table></div>", f"<p class='cpu'>{html.escape(same_text(table))}; {html.escape(STARRED)}</p></section>"]
-    return parts
+def _doc_links() -> dict[str, str]:
+    return {"docs/analysis.md": _doc_link("analysis.md")}
 
 
 def _figure(name: str, key: str) -> str:
+    """An image of the page: its address percent-encoded (a run's name, from a folder, may hold a quote or a
+    space), its alternative text escaped."""
     return (
-        f"<figure><img src='{name}' alt='{html.escape(name)}'>"
+        f"<figure><img src='{html.escape(quote(name))}' alt='{html.escape(name)}'>"
         f"<figcaption>{html.escape(CAPTIONS[key])}</figcaption></figure>"
     )
 
@@ -449,10 +320,11 @@ def write_report(results, folder) -> Path:
         f"<style>{_STYLE}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
     ]
+    links = _doc_links()
     if len(results) == 2:
-        parts += _changes_html(*results)
+        parts += html_lines(changes_block(*results), links)
     for r in results:
-        parts += _verdict_html(r)
+        parts += html_lines(verdict_block(r), links)
     parts.append("<h2>One step of every stage, on one time axis</h2>")
     parts += [_figure(name, "bucket_timeline") for name in timelines]
     for name, heading in (

@@ -7,19 +7,27 @@ A **step row** is a plain dict of spans in milliseconds from the step's start, f
 * ``messages``: while each collective ran (on an emulated link: its modeled transfer); ``sent``: when
   each was handed to the wire; ``waits``: when the training thread stood still waiting for one;
 * ``finish``, ``optimizer``: the spans of ``finish_gradient_synchronization()`` and ``optimizer.step()``;
-* ``end``: when the step ended; ``label``: the row's name; ``stage``: names the drawn spans.
+* ``end``: when the step ended; ``label``: the row's name; ``stage``: names the drawn spans;
+* ``link``: the emulated link's name, where the messages are its modeled transfers and the waits are known.
 
 :func:`draw_steps` draws rows one above the other on a shared axis (``faded=True``: pale), in the
-colours every notebook shares (docs/analysis.md, "One step on one time axis").
+colours every notebook shares (docs/analysis.md, "One step on one time axis"). :func:`row_sets` reads a row
+as the interval sets the measures are defined on, and :func:`row_measures` gives its measures, each through
+its one function in :mod:`minddp.analysis.metrics`.
 
 Example::
 
     >>> row = {"label": "hook", "forward": [(0, 40)], "backward": [(40, 120)], "messages": [(60, 70)],
     ...        "sent": [60], "waits": [(60, 70)], "finish": [], "optimizer": [(121, 130)], "end": 130}
     >>> fig = draw_steps([row])
+    >>> row_measures(row)["non_compute_ms"], row_measures(row)["interleaved_ms"]   # the wait inside backward
+    (10.0, 10.0)
 """
 
 from __future__ import annotations
+
+from minddp.analysis import metrics
+from minddp.analysis.names import stage_sort_key
 
 COLORS = {
     "forward": "#deebf7",
@@ -92,8 +100,6 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
 
 def rows_from_analysis(result, rank: int = 0) -> list[dict]:
     """The rows of every stage of a :class:`~minddp.analysis.RunAnalysis` (its CPU timeline), one per stage."""
-    from minddp.analysis import stage_sort_key
-
     phases, buckets = result.phases, result.buckets
     if phases.empty:
         return []
@@ -126,3 +132,42 @@ def rows_from_analysis(result, rank: int = 0) -> list[dict]:
             }
         )
     return rows
+
+
+def row_sets(row: dict) -> dict:
+    """A step row's interval sets, in ms, as the measures read them (:mod:`minddp.analysis.metrics`):
+
+    * ``window``: the step, from 0 to its end; ``comm``: its messages; ``backward``: its backward spans;
+    * ``compute``: a forward, a backward or the optimizer, while the training thread is not waiting;
+    * ``waits`` and ``link`` (the messages, the link's modeled transfers) where the row is on a link
+      (``row["link"]``), else None: a row of backend ranges does not know its waits.
+    """
+    waits = row.get("waits", [])
+    on_link = bool(row.get("link"))
+    return {
+        "window": [(0.0, row.get("end", 0.0))],
+        "compute": metrics.subtract(row["forward"] + row["backward"] + row.get("optimizer", []), waits),
+        "comm": metrics.merge(row.get("messages", [])),
+        "backward": metrics.merge(row["backward"]),
+        "waits": metrics.merge(waits) if on_link else None,
+        "link": metrics.merge(row.get("messages", [])) if on_link else None,
+    }
+
+
+def row_measures(row: dict) -> dict:
+    """The measures of one step row (ms, %), each by its function in :mod:`minddp.analysis.metrics`: ``in_flight_ms``,
+    ``non_compute_ms``, ``overlap_pct``, ``interleaved_ms``, and on a link ``waited_ms`` and ``exposed_ms`` (NaN
+    elsewhere). The messages' whole time counts, the part after the step's end too (a link still carrying)."""
+    sets = row_sets(row)
+    everything = [
+        (min([0.0, *(s for s, _ in sets["comm"])]), max([row.get("end", 0.0), *(e for _, e in sets["comm"])]))
+    ]
+    nan = float("nan")
+    return {
+        "in_flight_ms": metrics.in_flight(sets["comm"]),
+        "non_compute_ms": metrics.non_compute(everything, sets["compute"], sets["comm"]),
+        "overlap_pct": metrics.overlap_pct(sets["comm"], sets["compute"]),
+        "interleaved_ms": metrics.interleaved(sets["comm"], sets["compute"], sets["backward"]),
+        "waited_ms": nan if sets["waits"] is None else metrics.waited(sets["waits"]),
+        "exposed_ms": nan if sets["waits"] is None else metrics.exposed(sets["link"], sets["waits"]),
+    }

@@ -1,6 +1,6 @@
 """``python -m minddp.bench.debug``: what debug mode (``MINDDP_DEBUG=1``) costs a training step.
 
-A benchmark, not a test. Debug mode is a switch of the process (``minddp.runtime.debug``), so one run
+A benchmark, not a test. Debug mode is a switch of the process (``minddp.debug.enable``/``disable``), so one run
 can hold a wrapper built with it and one without, and turn it on only for the steps of the first:
 
 1. **build**, on every rank, each ``--stage`` twice from the same seeded model of the ``--preset``
@@ -39,25 +39,25 @@ PROG = "minddp.bench.debug"
 
 def debug_rank(stages: list[str], cfg, data, rounds: int, steps: int, warmup: int) -> dict:
     """Steps 1-2 on this rank: ``{(stage, debug on): [slowest rank's step seconds, ...]}``, round after round."""
+    from minddp import debug
     from minddp.bench.configs import BenchConfig, optimizer, wrap
     from minddp.bench.worker import _loss
     from minddp.ladder.loop import train_step
-    from minddp.runtime import debug
     from minddp.runtime.device import current_device, synchronize
     from minddp.train.data import step_batches
     from minddp.train.models import build_model
 
     device, rank, world = current_device(), dist.get_rank(), dist.get_world_size()
-    runs, times = {}, {}
+    was_on, runs, times = debug.enabled(), {}, {}
     for stage in stages:  # step 1
         for on in (False, True):
-            debug._forced = on  # the switch as the wrapper is built: its checks are hooked in, or not
+            debug.enable() if on else debug.disable()  # as the wrapper is built: its checks are hooked in, or not
             model = build_model(cfg.model, data.vocab_size, data.pad_token_id, cfg.seed, cfg.dtype).to(device)
             config = BenchConfig(stage, stage)
             batches = step_batches(data.train, cfg.batch_size, cfg.grad_accum, world, rank, cfg.seed, data.pad_token_id)
             runs[stage, on] = (wrap(config, model, cfg), optimizer(config, model, cfg), batches)
             times[stage, on] = []
-    debug._forced = False
+    debug.disable()
     slowest = torch.zeros(
         1, dtype=torch.float64, device=device
     )  # the slowest rank's time, all_reduced (NCCL: on the GPU)
@@ -68,16 +68,16 @@ def debug_rank(stages: list[str], cfg, data, rounds: int, steps: int, warmup: in
                 wrapped, opt, batches = runs[key]
                 micro = [{k: v.to(device) for k, v in b.items()} for b in next(batches)]
                 dist.barrier()
-                debug._forced = key[1]
+                debug.enable() if key[1] else debug.disable()
                 start = time.perf_counter()
                 train_step(wrapped, opt, micro, _loss)
                 synchronize(device)
                 slowest[0] = time.perf_counter() - start
-                debug._forced = False
+                debug.disable()
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
                 if i >= warmup:
                     times[key].append(slowest.item())
-    debug._forced = None
+    debug.enable() if was_on else debug.disable()
     return times
 
 

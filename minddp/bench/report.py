@@ -5,7 +5,8 @@ The columns (docs/benchmarks.md, "Method", defines each in full):
 1. **step time**: per step the slowest rank; median, quartiles, min/max over all timed steps;
 2. **ratio**: median over torch's DDP's with the same hook, with a 90 % interval (:func:`ratio_interval`);
 3. **exposed comm**: median minus the same stage's with ``noop_hook``;
-4. **overlap %**: hidden over total collective time, pooled over ranks and rounds, with the rounds' range;
+4. **overlap %**: collective time under compute over all of it, pooled over ranks and rounds
+   (:func:`minddp.analysis.metrics.pooled_overlap_pct`), with the rounds' range;
 5. **all_reduce calls and bytes per step**, from the wire's meter, a wrapped all_reduce or the trace;
 6. **training-thread CPU**: the median over steps of the ranks' mean thread CPU time;
 7. **peak memory**: the high-water of tensor bytes from building a configuration through its steps.
@@ -31,6 +32,8 @@ import json
 import os
 import platform
 import statistics
+
+from minddp.analysis.metrics import pooled_overlap_pct
 
 COLUMNS = [
     "config",
@@ -88,18 +91,12 @@ def round_parts(per_rank_overlap: list[list[tuple[float, float]]]) -> list[tuple
     return [(sum(h for h, _ in r), sum(c for _, c in r)) for r in zip(*per_rank_overlap)]
 
 
-def pooled_pct(parts: list[tuple[float, float]]) -> float:
-    """Step 4: total hidden over total comm, in %; no communication at all (``noop_hook``) is 0 %."""
-    comm = sum(c for _, c in parts)
-    return 100.0 * sum(h for h, _ in parts) / comm if comm > 0 else 0.0
-
-
 def overlap_of_rounds(parts: list[tuple[float, float]]) -> tuple:
     """Step 4 from per-round ``(hidden, comm)`` (ranks already summed); ``(None, None, None)`` without any."""
     if not parts:
         return None, None, None
-    per_round = [pooled_pct([p]) for p in parts]
-    return pooled_pct(parts), min(per_round), max(per_round)
+    per_round = [pooled_overlap_pct([p]) for p in parts]
+    return pooled_overlap_pct(parts), min(per_round), max(per_round)
 
 
 def summarize(configs, per_rank: list[dict], rounds: int = 1) -> list[dict]:

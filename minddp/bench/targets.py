@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import statistics
 
-from minddp.bench.report import launches_of, paired_bootstrap, pooled_pct
+from minddp.analysis.metrics import pooled_overlap_pct
+from minddp.bench.report import launches_of, paired_bootstrap
 
 BLOG_STAGES = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 #: Marks a row that is not one of the targets but puts one in context (judged the same way).
@@ -127,7 +128,9 @@ def check_targets(rows: list[dict], preset: str | None = None, compiled: bool = 
                 f"{a['overlap_max_pct']:.0f} vs {t['overlap_min_pct']:.0f}–{t['overlap_max_pct']:.0f})",
                 a["overlap_pct"] >= t["overlap_pct"],
             ),
-            lambda a, t: _bootstrap([a, t], "overlap_rounds", lambda x, y: pooled_pct(x) - pooled_pct(y)),
+            lambda a, t: _bootstrap(
+                [a, t], "overlap_rounds", lambda x, y: pooled_overlap_pct(x) - pooled_overlap_pct(y)
+            ),
             lambda lo, hi: hi >= 0,
             "ddp − torch, points",
         )
@@ -210,7 +213,9 @@ def check_targets(rows: list[dict], preset: str | None = None, compiled: bool = 
                     f"{a['overlap_pct']:.1f} vs {b['overlap_pct']:.1f} %",
                     a["overlap_pct"] > b["overlap_pct"],
                 ),
-                lambda a, b: _bootstrap([a, b], "overlap_rounds", lambda x, y: pooled_pct(x) - pooled_pct(y)),
+                lambda a, b: _bootstrap(
+                    [a, b], "overlap_rounds", lambda x, y: pooled_overlap_pct(x) - pooled_overlap_pct(y)
+                ),
                 lambda lo, hi: hi > 0,
                 f"{stage} − {blocking}, points",
             )
@@ -219,7 +224,9 @@ def check_targets(rows: list[dict], preset: str | None = None, compiled: bool = 
             "zero2 overlap ≥ ddp's",
             ["zero2", "ddp"],
             lambda a, d: (f"{a['overlap_pct']:.1f} vs {d['overlap_pct']:.1f} %", a["overlap_pct"] >= d["overlap_pct"]),
-            lambda a, d: _bootstrap([a, d], "overlap_rounds", lambda x, y: pooled_pct(x) - pooled_pct(y)),
+            lambda a, d: _bootstrap(
+                [a, d], "overlap_rounds", lambda x, y: pooled_overlap_pct(x) - pooled_overlap_pct(y)
+            ),
             lambda lo, hi: hi >= 0,
             "zero2 − ddp, points",
         )

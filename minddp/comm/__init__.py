@@ -5,7 +5,8 @@ in torch. Modules mirror ``torch.distributed.algorithms.ddp_comm_hooks``:
 :mod:`default_hooks`, :mod:`powerSGD_hook`, :mod:`debugging_hooks`;
 :mod:`registry` names them for the CLI, :mod:`wire` meters and reroutes what they send.
 The teaching stages import only :mod:`plain` (``broadcast``, the default
-``allreduce_hook``), :mod:`grad_bucket` and :mod:`send`: ``docs/layout.md``.
+``allreduce_hook``) and :mod:`grad_bucket`; :mod:`send` is the named profiler
+range the ladder wraps their hook in: ``docs/layout.md``.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 

@@ -36,15 +36,15 @@ Example (two 4 MB gradients, ready 10 ms into a 40 ms backward and at its end; 1
     >>> row = {"forward": [(0, 10)], "backward": [(10, 30)], "optimizer": [(36, 40)], "waits": [(30, 36)],
     ...        "messages": [(20, 26), (26, 36)], "sent": [20.0, 25.0]}   # a profiled step, in ms
     >>> seen = on_the_link(row)
-    >>> seen["link_ms"], seen["hidden_ms"], seen["first_ms"], seen["end_ms"], seen["limit"]
-    (16.0, 10.0, 10.0, 6.0, 'start')
+    >>> seen["link_ms"], seen["overlap_pct"], seen["first_ms"], seen["end_ms"], seen["limit"]
+    (16.0, 62.5, 10.0, 6.0, 'start')
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minddp.analysis import metrics
+from minddp.analysis.timeline import row_measures
 from minddp.comm.link import LinkSpec, parse_link
 from minddp.costmodel.compute import ComputeProfile, plan_for, synthesize
 from minddp.costmodel.step import predict
@@ -54,25 +54,23 @@ def on_the_link(row: dict) -> dict:
     """One profiled step over an emulated link (a row of :mod:`minddp.analysis.timeline`, ms) in the blog's
     terms and in the terms of the module doc.
 
-    * ``link_ms``: the link's modeled transfers; ``hidden_ms``: the part of them while the training thread
-      computed (a forward, a backward or the optimizer, not waiting): HolisticTraceAnalysis's overlap, with the
-      link's transfers as communication; ``overlap_pct`` = hidden / link; ``exposed_ms`` = link − hidden;
+    * the step's measures, :func:`minddp.analysis.timeline.row_measures`: ``overlap_pct`` (of the link's
+      transfers, against compute: a forward, a backward or the optimizer, not waiting), ``non_compute_ms`` (the
+      transfers' time while nothing computed), ``interleaved_ms``, and where the row knows its waits
+      (``row["link"]``) ``waited_ms`` and ``exposed_ms``; ``link_ms``: the transfers' time in flight, the link's
+      work;
     * ``first_ms``: the first hand-over, after the last backward began; ``tail_ms``: the last message's own
       transfer; ``start_end_ms`` / ``tail_end_ms``: when the link would be done if message 1 / the last one
       set its end (:func:`queue_end`), after the end of the last backward; ``limit``: which did.
     """
-    compute = metrics.subtract(row["forward"] + row["backward"] + row["optimizer"], row["waits"])
-    link = metrics.length(row["messages"])
-    hidden = metrics.length(metrics.intersect(row["messages"], compute))
+    measures = row_measures(row)
     start, end = row["backward"][-1]
     sent = sorted(row["sent"])
     durations = [e - s for s, e in sorted(row["messages"])]
     done, which = queue_end(sent, durations)
     return {
-        "link_ms": link,
-        "hidden_ms": hidden,
-        "exposed_ms": link - hidden,
-        "overlap_pct": 100 * hidden / link if link else 0.0,
+        **measures,
+        "link_ms": measures["in_flight_ms"],
         "messages": len(sent),
         "first_ms": sent[0] - start if sent else 0.0,
         "tail_ms": durations[-1] if durations else 0.0,

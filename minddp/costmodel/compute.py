@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minddp.costmodel.step import WAITS, Message, StepProfile
-from minddp.stages.bucket_plan import DEFAULT_CAP_MB, FIRST_BUCKET_MB, plan_buckets
+from minddp.stages.bucket_plan import bucket_caps, plan_buckets
 
 MB = 1024 * 1024
 #: The stages that send one message per gradient: no buckets, so no cap.
@@ -81,17 +81,17 @@ def plan_for(
 ) -> list[list[int]]:
     """The buckets ``stage`` would form (indices into the parameters), as in :mod:`minddp.stages.bucket_plan`.
 
-    ``bucket_cap_mb`` as the stages and torch's DDP take it: ``None`` is torch's default (25 MiB, the first
-    bucket 1 MiB); a cap given is every bucket's, unless ``first_bucket_mb`` caps the first (a what-if: torch
-    does that only at its default, with ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``).
+    ``bucket_cap_mb`` as the stages and torch's DDP take it (:func:`~minddp.stages.bucket_plan.bucket_caps`):
+    ``None`` is torch's default (25 MiB, the first bucket 1 MiB); a cap given is every bucket's, unless
+    ``first_bucket_mb`` caps the first (a what-if: torch does that only at its default, with
+    ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``).
     """
     if stage in PER_GRADIENT:
         return [[i] for i in reversed(range(len(cp.nbytes)))]
-    if bucket_cap_mb is None:
-        bucket_cap_mb, first_bucket_mb = DEFAULT_CAP_MB, FIRST_BUCKET_MB
+    bucket_cap_mb, first = bucket_caps(bucket_cap_mb)
     order = list(reversed(range(len(cp.nbytes)))) if stage in ("bucket", "bucket-async", "zero2") else cp.ready_order()
     sized = [_Sized(cp.nbytes[i]) for i in order]  # plan_buckets reads numel and element_size: bytes
-    plan = plan_buckets(list(reversed(sized)), bucket_cap_mb, first_bucket_mb)
+    plan = plan_buckets(list(reversed(sized)), bucket_cap_mb, first if first_bucket_mb is None else first_bucket_mb)
     backwards = list(reversed(order))
     return [[backwards[j] for j in bucket] for bucket in plan]
 

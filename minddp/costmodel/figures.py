@@ -1,14 +1,14 @@
 """Figures for the notebooks: the ladder on a slow link, measured and predicted.
 
 From a run folder of ``python -m minddp.train --stage all --link <link>``: :func:`ladder_on_link`,
-per stage, where the step's time goes (compute, non-compute: only communication running, idle) and how
-much of the communication hid behind compute (the blog's breakdown and overlap charts);
+per stage, where the step's time goes (compute, non-compute: only communication running, idle) and its
+overlap (the share of the communication with compute beside it: the blog's breakdown and overlap charts);
 :func:`predicted_ladder`, per stage, the step the model predicts on each of several links beside the
 measured one. :func:`bucket_sweep`: exposed communication against the bucket cap, the model's curves beside
 measured caps, with the three costs of a plan (:mod:`minddp.costmodel.buckets`) under it;
-:func:`settings_ladder`: overlap and waiting per stage in several settings. Colours as in
-every step picture (:mod:`minddp.analysis.timeline`): orange is communication, red the training thread
-waiting for it (exposed).
+:func:`settings_ladder`: overlap and exposed time per stage in several settings. Every axis is named by the
+measure it shows (docs/analysis.md, "The measures"). Colours as in every step picture
+(:mod:`minddp.analysis.timeline`): orange is communication, red the training thread waiting for it.
 
 Example (on one rank; a tiny run with a link, profiled)::
 
@@ -33,9 +33,9 @@ Example (on one rank; a tiny run with a link, profiled)::
     >>> curve = [plan_costs(cp, "bucket-async", cap, "1gbit", 2) for cap in (1, 4, 8, 16)]
     >>> fig = bucket_sweep({"model": curve}, measured=[(4, 70.0, "measured")], per_gradient={"hook-async": 40.0})
     >>> [ax.get_ylabel() for ax in fig.axes]
-    ['exposed communication (ms)', 'ms (log scale)']
-    >>> runs = {"hook-async": {"overlap_pct": 99.0, "exposed (waited), ms": 0.0},
-    ...         "bucket-async": {"overlap_pct": 90.0, "exposed (waited), ms": 4.0}}
+    ['exposed (ms per step)', 'ms (log scale)']
+    >>> runs = {"hook-async": {"overlap_pct": 99.0, "exposed_ms": 0.0},
+    ...         "bucket-async": {"overlap_pct": 90.0, "exposed_ms": 4.0}}
     >>> len(settings_ladder({"here": runs, "there": runs}).axes[0].patches)     # a bar per stage and setting
     4
 """
@@ -55,7 +55,7 @@ def _link_of(run: Path) -> str:
 
 
 def ladder_on_link(run, ax=None, analysis=None):
-    """Stacked shares of the step (compute / non-compute / idle) per stage, overlap % on top. Returns the figure.
+    """Stacked shares of the step (compute / non-compute / idle) per stage, the overlap on top. Returns the figure.
 
     ``analysis``: the run's :func:`~minddp.analysis.analyze_run` result, when the caller has it already
     (its traces are then not read a second time); ``run`` (the folder) still names the link.
@@ -80,7 +80,7 @@ def ladder_on_link(run, ax=None, analysis=None):
         ax.bar(names, values, bottom=bottom, label=label, color=color)
         bottom = [b + v for b, v in zip(bottom, values)]
     for x, overlap in enumerate(stages["comm_comp_overlap_pctg"]):
-        ax.annotate(f"{overlap:.0f} %\nhidden", (x, 101), ha="center", va="bottom", fontsize=7)
+        ax.annotate(f"{overlap:.0f} %\noverlap", (x, 101), ha="center", va="bottom", fontsize=7)
     ax.set(ylim=(0, 118), ylabel="% of the step", title=f"the ladder on {_link_of(run)} (measured)")
     ax.tick_params(axis="x", rotation=30)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -116,7 +116,7 @@ def predicted_ladder(run, links: list[str], ax=None):
         )
     ax.set_xticks(range(len(stages)), stages, rotation=30)
     ax.set(
-        ylabel="step (ms); hatched: waiting for the link",
+        ylabel="step (ms); hatched: exposed",
         title=f"the same steps on other links (profiled on {_link_of(run)})",
     )
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -150,7 +150,7 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
         )
     for (label, ms), style in zip((per_gradient or {}).items(), styles):
         top.axhline(ms, color="#555555", ls=style, lw=1, label=label)
-    top.set(xscale="log", ylabel="exposed communication (ms)", ylim=(0, None))
+    top.set(xscale="log", ylabel="exposed (ms per step)", ylim=(0, None))
     top.legend(fontsize=7, loc="upper left")
     top.set_title(title, fontsize=9)
     costs = next(iter(curves.values()))
@@ -168,10 +168,10 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
 
 
 def settings_ladder(settings: dict, title: str = ""):
-    """Per stage, overlap (top) and the link time the step waited for (below), one bar per setting.
+    """Per stage, overlap (top) and exposed time (below: the link time the step waited through), one bar per setting.
 
-    ``settings``: setting name -> {stage -> a dict with ``overlap_pct`` and ``exposed (waited), ms``}, as
-    :func:`minddp.costmodel.buckets.on_the_link` and a look give them. Returns the figure.
+    ``settings``: setting name -> {stage -> a dict with ``overlap_pct`` and ``exposed_ms``}, as
+    :func:`minddp.costmodel.buckets.on_the_link` gives them for a look's row. Returns the figure.
     """
     import matplotlib.pyplot as plt
 
@@ -182,14 +182,14 @@ def settings_ladder(settings: dict, title: str = ""):
         xs = [i + (j - (len(settings) - 1) / 2) * width for i in range(len(stages))]
         color = ["#4c72b0", "#8172b3", "#55a868"][j % 3]
         top.bar(xs, [runs[s]["overlap_pct"] if s in runs else 0 for s in stages], width, color=color, label=name)
-        low.bar(xs, [runs[s]["exposed (waited), ms"] if s in runs else 0 for s in stages], width, color=color)
+        low.bar(xs, [runs[s]["exposed_ms"] if s in runs else 0 for s in stages], width, color=color)
         for x, s in zip(xs, stages):
             if s not in runs:
                 top.annotate("not run", (x, 2), ha="center", fontsize=6, rotation=90)
-    top.set(ylabel="overlap: % of communication\nunder compute", ylim=(0, 105))
+    top.set(ylabel="overlap (% of the time\nin flight under compute)", ylim=(0, 105))
     top.set_title(title, fontsize=9)
     top.legend(fontsize=7, loc="upper left")
-    low.set(ylabel="waited for the link (ms, log)", yscale="symlog")
+    low.set(ylabel="exposed (ms per step, log)", yscale="symlog")
     low.set_xticks(range(len(stages)), stages, rotation=20)
     fig.tight_layout()
     return fig

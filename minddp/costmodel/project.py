@@ -152,12 +152,12 @@ def bandwidth_table(
 
 
 def implied_tflops(cp: ComputeProfile, tflops: float, link: str, ranks: int, stage: str, share_pct: float) -> float:
-    """The compute speed at which ``stage``'s predicted exposed share would be ``share_pct`` (bisection)."""
+    """The compute speed at which ``stage``'s predicted non-compute share would be ``share_pct`` (bisection)."""
     lo, hi = 0.01, 1000.0
     for _ in range(60):
         mid = (lo * hi) ** 0.5
         scaled = cp_scaled(cp, tflops / mid)
-        share = predict(synthesize(scaled, stage, None, ranks).on_real_network(), link).exposed_share_pct
+        share = predict(synthesize(scaled, stage, None, ranks).on_real_network(), link).non_compute_pct
         lo, hi = (mid, hi) if share < share_pct else (lo, mid)  # faster compute -> larger share
     return (lo * hi) ** 0.5
 
@@ -182,7 +182,7 @@ def blog_comparison(cp: ComputeProfile, tflops: float) -> str:
         f"## Beside the blog (SmolLM2-360M, bf16, 16 × ~{BLOG['tokens_per_example']} tokens, 3 micro-batches, "
         f"{n} × T4, link {link}, {tflops:g} TFLOP/s assumed)",
         "",
-        "| stage | blog: non-compute (% of step) | predicted exposed comm (% of step) "
+        "| stage | blog: non-compute (% of step) | predicted non-compute (% of step) "
         "| blog: overlap of comm by compute (%) | predicted overlap of comm by compute (%) "
         "| predicted step (s) | TFLOP/s that would give the blog's % |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -195,10 +195,10 @@ def blog_comparison(cp: ComputeProfile, tflops: float) -> str:
             link,
         )
         share, overlap = BLOG_NUMBERS.get(stage, (None, None))
-        # where nothing overlaps, the exposed share is comm / (comm + compute): it pins the compute speed down
+        # where nothing overlaps, the non-compute share is comm / (comm + compute): it pins the compute speed down
         implied = f"{implied_tflops(cp, tflops, link, n, stage, share):.1f}" if share and WAITS[stage] == "now" else "-"
         lines.append(
-            f"| {stage} | {'-' if share is None else f'~{share}'} | {p.exposed_share_pct:.1f} | "
+            f"| {stage} | {'-' if share is None else f'~{share}'} | {p.non_compute_pct:.1f} | "
             f"{'-' if overlap is None else f'~{overlap}'} | {p.overlap_pct:.0f} | {p.step:.2f} | {implied} |"
         )
     return "\n".join(lines) + "\n"

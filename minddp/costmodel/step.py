@@ -13,8 +13,10 @@ clock for the training thread and one for the NIC:
 2. a *wait* at ``wait_at`` on a message not yet done stands still until it is: ``shift`` grows;
 3. the step takes ``compute + shift``.
 
-The same replay gives the exposed communication, the time on the link, the overlap and the
-communication share; docs/scaling.md, section 3, defines them and says what the replay leaves out.
+The same replay gives the exposed time (the waiting it added: the step against the same stage on a free
+link), the time on the link, the overlap and the non-compute and communication shares, each by its function
+in :mod:`minddp.analysis.metrics`, with the replay's compute everything but its waits; docs/scaling.md,
+section 3, defines them and says what the replay leaves out.
 
 Example::
 
@@ -106,21 +108,26 @@ class Prediction:
     waits: list[tuple[float, float]]
     transfers: list[tuple[float, float]]
 
+    def _compute(self) -> list[tuple[float, float]]:
+        """The replay's compute: every moment from its first to its last event that is not a wait."""
+        ends = [e for _, e in self.transfers]
+        return metrics.subtract([(0.0, max([self.step, *ends]))], self.waits)
+
     @property
     def overlap_pct(self) -> float:
-        if self.comm <= 0:
-            return 0.0
-        hidden = self.comm - metrics.length(metrics.intersect(self.transfers, self.waits))
-        return 100.0 * hidden / self.comm
+        """*Overlap*: the share of the transfers' time during which the replay computed (did not wait)."""
+        return metrics.overlap_pct(self.transfers, self._compute())
 
     @property
     def comm_share_pct(self) -> float:
         return 100.0 * self.comm / self.step if self.step > 0 else 0.0
 
     @property
-    def exposed_share_pct(self) -> float:
-        """The blog's "non-compute" share: the time the step stood waiting, over the step."""
-        return 100.0 * self.exposed / self.step if self.step > 0 else 0.0
+    def non_compute_pct(self) -> float:
+        """The blog's *non-compute* share: transfers while nothing computed, over the step; in the replay, where
+        every moment that is not a wait computes, it is the exposed time over the step."""
+        window = [(0.0, self.step)]
+        return 100.0 * metrics.non_compute(window, self._compute(), self.transfers) / self.step if self.step else 0.0
 
     def row(self) -> dict:
         return {
@@ -130,7 +137,7 @@ class Prediction:
             "comm_ms": 1e3 * self.comm,
             "overlap_pct": self.overlap_pct,
             "comm_share_pct": self.comm_share_pct,
-            "exposed_share_pct": self.exposed_share_pct,
+            "non_compute_pct": self.non_compute_pct,
         }
 
 
@@ -160,7 +167,7 @@ def predict(profile: StepProfile, link: LinkSpec | str, world: int | None = None
         step=profile.compute + shift,
         compute=profile.compute,
         exposed=shift,  # step 3
-        comm=metrics.length(transfers),
+        comm=metrics.in_flight(transfers),
         waits=waits,
         transfers=transfers,
     )

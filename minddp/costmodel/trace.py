@@ -121,7 +121,7 @@ def _one_step(stage, world, s0, s1, mine, real_end, finishes, launches, source) 
     waits = metrics.merge([(w, max(w, d)) for w, d in zip(wait_points, delivered)])
 
     def clock(t: float) -> float:  # step 2
-        return (t - s0 - metrics.length(metrics.intersect(waits, [(s0, t)]))) / 1e6
+        return (t - s0 - metrics.waited(waits, [(s0, t)])) / 1e6
 
     messages, late = [], []
     for t, h, w, d in zip(mine, handed, wait_points, delivered):

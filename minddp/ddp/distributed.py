@@ -1,7 +1,8 @@
 """``minddp.DistributedDataParallel``: a drop-in for ``torch.nn.parallel.DistributedDataParallel``.
 
 Built the way torch builds it: a module that owns a :class:`~minddp.ddp.reducer.Reducer`, not a
-subclass of the teaching stages. Each part comes from the stage that introduced the idea:
+subclass of the teaching stages (what it shares with ``fsdp``, the same start and ``no_sync``, is
+:mod:`minddp.ddp.base`). Each part comes from the stage that introduced the idea:
 
 1. **construction**: the same model on every rank (checked, as ``simple``), rank 0's parameters and
    buffers broadcast; the reducer plans buckets (``bucket``) from torch's first-iteration plan;
@@ -29,22 +30,21 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from minddp.comm.plain import broadcast, resolve_group
+from minddp.comm.plain import resolve_group
+from minddp.ddp.base import DataParallelBase, same_start
 from minddp.ddp.buffers import broadcast_coalesced
-from minddp.ddp.debug import DebugReducer
+from minddp.ddp.debug_reducer import DebugReducer
 from minddp.ddp.join import ShadowingJoinHook, highest_rank
 from minddp.ddp.plan import torch_caps
 from minddp.ddp.reducer import Reducer
+from minddp.debug.switch import attach
+from minddp.runtime.compiling import eager_under_compile, split_at_buckets
 from minddp.runtime.envflags import env_flag
 from minddp.runtime.nested import map_tensors
 from minddp.stages.bucket_plan import check_bucket_cap_mb
-from minddp.stages.checks import check_same_model
-from minddp.stages.compiling import eager_under_compile, split_at_buckets
-from minddp.stages.debug import watch
-from minddp.stages.grad_accum import GradAccumDDP
 
 
-class DistributedDataParallel(nn.Module, Joinable):
+class DistributedDataParallel(DataParallelBase, Joinable):
     """torch's DDP: same constructor, same behaviour (module doc, steps 1-3)."""
 
     def __init__(
@@ -59,9 +59,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
         check_consistency: bool | None = None,
-        debug: bool | None = None,
     ):
-        nn.Module.__init__(self)
+        DataParallelBase.__init__(self)
         Joinable.__init__(self)
         group = resolve_group(process_group)
         self._device = _check_devices(module, device_ids, output_device)
@@ -77,12 +76,9 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
         self._divide_by_initial_world_size = True  # uneven inputs (join): divide by the world, as torch
-        check_same_model(module, group)  # step 1
-        with torch.no_grad():
-            for tensor in [*module.parameters(), *module.buffers()]:
-                broadcast(tensor, group_src=0, group=group)
-        #: Debug mode's checks (None: off; on with MINDDP_DEBUG=1 or debug=True): docs/debugging.md.
-        self.watch = watch(self, module, group, debug)
+        same_start(module, group)  # step 1
+        #: Debug mode's checks (None: off; on with MINDDP_DEBUG=1 or minddp.debug.enable()): docs/debugging.md.
+        self.watch = attach(self)
         self.reducer = self._make_reducer()
         eager_under_compile(self)  # torch.compile(ddp) compiles the module, not this forward (docs/ddp.md)
         #: The submodules holding buffers, found once (as torch lists its buffers once): walking every
@@ -170,9 +166,6 @@ class DistributedDataParallel(nn.Module, Joinable):
     def register_comm_hook(self, state, hook) -> None:
         """Send buckets through ``hook(state, bucket) -> Future[Tensor]`` (torch's signature); once, before training."""
         self.reducer.register_comm_hook(state, hook)
-
-    #: Accumulate gradients locally for the backwards of forwards run inside: ``ga``'s own ``no_sync``.
-    no_sync = GradAccumDDP.no_sync
 
     def forward(self, *inputs, **kwargs):
         """Step 2, then the module's forward (compiled: its graph cut where buckets fill; docs/ddp.md, *Compiled*)."""

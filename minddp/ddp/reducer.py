@@ -39,14 +39,14 @@ from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import launch_label
 from minddp.comm.wire import Wire
 from minddp.ddp.fast import BucketLayout, builtin_average, named_range
-from minddp.ddp.guard import (
+from minddp.ddp.plan import agree_on_order, plan_first_iteration_like_torch, plan_from_order
+from minddp.debug.ddp_guards import (
     check_consistency,
     check_same_settings,
     describe_hook_state,
     finite_check,
     unfinished_reduction,
 )
-from minddp.ddp.plan import agree_on_order, plan_first_iteration_like_torch, plan_from_order
 from minddp.runtime.device import message_device
 from minddp.stages.graph import parameters_reached, tensors_in
 

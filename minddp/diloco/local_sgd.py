@@ -51,6 +51,7 @@ from torch import nn
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.plain import allreduce_hook, broadcast
 from minddp.comm.send import send
+from minddp.debug.switch import attach
 from minddp.diloco.fragments import check_not_sharded, check_optimizer, check_schedule, trainable
 from minddp.stages.checks import check_same_model
 
@@ -66,6 +67,7 @@ class LocalSGD:
     """
 
     role = "the optimizer"  # how the messages name the optimizer it is given
+    sharded = True  # each replica trains alone between syncs: debug mode compares its collectives only (minddp/debug)
 
     def __init__(
         self,
@@ -89,6 +91,7 @@ class LocalSGD:
         self.comm_hook, self.comm_state, self.hook_registered = allreduce_hook, process_group, False
         self.steps = self.syncs = self.sent_bytes = 0
         self.hook_handle = optimizer.register_step_post_hook(self._after_step)  # step 2
+        attach(self)  # debug mode's collective check, while it is on (minddp/debug); nothing when off
 
     def register_comm_hook(self, state, hook) -> None:
         """Send through ``hook(state, bucket) -> Future[Tensor]`` instead of plain averaging; once, as the stages."""

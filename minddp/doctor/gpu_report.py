@@ -349,9 +349,8 @@ def own_reading(stage) -> list[dict]:
     for rank, trace in sorted(stage.ranks.items()):
         reader = gpu if gpu.is_gpu_trace(trace) else cpu
         iv = reader.rank_intervals(trace)
-        comm = metrics.intersect(iv.comm, [(s, e) for _, s, e in iv.steps])
         row = {"rank": rank, "device": "gpu" if reader is gpu else "cpu", **per_step_means(iv)}
-        row["overlap_pctg"] = metrics.overlap_pct(comm, iv.compute)
+        row["overlap_pctg"] = metrics.overlap_pct(iv.comm, iv.compute, [(s, e) for _, s, e in iv.steps])
         rows.append(row)
     return rows
 

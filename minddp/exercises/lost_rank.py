@@ -17,7 +17,7 @@ never trained. :func:`check_shard` checks a learner's ``shard``:
    of the global batch no rank trained (or two did), at which world, from the worlds the run's
    committed steps had.
 
-Example (a lighthouse and 3 ranks, tens of seconds: not run by the doctests)::
+Example (a lighthouse and 3 ranks: not run by the doctests)::
 
     >>> from minddp.exercises import check_shard, solutions
     >>> check_shard(solutions.ft_shard)                       # doctest: +SKIP
@@ -27,6 +27,7 @@ Example (a lighthouse and 3 ranks, tens of seconds: not run by the doctests)::
 from __future__ import annotations
 
 import io
+import types
 
 import torch
 from torch import nn
@@ -123,7 +124,7 @@ def check_shards(shards: list, *, steps: int = 6, timeout_s: float = 180.0) -> l
     if not run_these:
         return verdicts
     task = Lanes([cloudpickle.dumps(f) for f in [rung_shard, *(shards[i] for i in run_these)]], steps)
-    print(f"(training {len(run_these)} shard function(s) on {WORLD} ranks through {FAULT}: tens of seconds)")
+    print(f"(training {len(run_these)} shard function(s) in one run of the ft rung on {WORLD} ranks through {FAULT})")
     try:  # step 2
         run = launch_ft(
             task,
@@ -152,7 +153,16 @@ def check_shards(shards: list, *, steps: int = 6, timeout_s: float = 180.0) -> l
 
 
 def preflight(fn, batch) -> str | None:
-    """Step 1: what is wrong with ``fn``'s values for every rank of worlds 3, 2 and 1 (``None``: nothing)."""
+    """Step 1: what is wrong with ``fn`` (it reads a process group's rank) or with its values for every rank of
+    worlds 3, 2 and 1 (``None``: nothing)."""
+    read = reads_group(fn)
+    if read:
+        return (
+            f"your shard reads torch.distributed.{' and '.join(f'{name}()' for name in read)} (the process "
+            "group's): split by the rank and world it is given, this rank's index among the members of this "
+            "step's quorum and their number: the checker calls shard outside any group, and a group's rank is "
+            "that index only where the group is rebuilt at each quorum (as minddp's rung does)"
+        )
     x = batch[0]
     for world in range(WORLD, 0, -1):
         for rank in range(world):
@@ -171,6 +181,36 @@ def preflight(fn, batch) -> str | None:
                     "different lengths): return x[rows], y[rows] of the same rows"
                 )
     return None
+
+
+#: What a shard must not read: the process group's rank and size (it is given the quorum's).
+GROUP_READS = ("get_rank", "get_world_size")
+
+
+def reads_group(fn) -> list[str]:
+    """Which of :data:`GROUP_READS` ``fn``'s code names, as ``dist.get_rank()`` or as an imported name, in itself or
+    in a function defined inside it."""
+    import torch.distributed as dist
+
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    codes, names = [code], set()
+    while codes:
+        c = codes.pop()
+        names.update(c.co_names)
+        codes += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+    bound = {**getattr(fn, "__globals__", {})}
+    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+        try:
+            bound[name] = cell.cell_contents
+        except ValueError:  # a cell not assigned yet
+            pass
+    read = set()
+    for name in names:
+        value = bound.get(name)
+        read.update(g for g in GROUP_READS if name == g or value is getattr(dist, g))
+    return [g for g in GROUP_READS if g in read]
 
 
 def rows_of(part: torch.Tensor, whole: torch.Tensor) -> list[int] | None:
@@ -259,12 +299,22 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, agree: bool)
         left += f", though the {WORLD} ranks agree bit for bit"
     for step, world in committed:
         x = task.global_batch(step)[0]
-        count = [0] * ROWS
+        count, sizes = [0] * ROWS, []
         for rank in range(world):
-            for row in rows_of(fn(task.global_batch(step), rank, world)[0], x) or []:
+            rows = rows_of(fn(task.global_batch(step), rank, world)[0], x) or []
+            sizes.append(len(rows))
+            for row in rows:
                 count[row] += 1
         missing = [r for r, c in enumerate(count) if c == 0]
         twice = [r for r, c in enumerate(count) if c > 1]
+        floor = ROWS // world
+        if missing and not twice and sizes == [floor] * world and len(missing) == ROWS - floor * world:
+            return (
+                f"at world {world}, {rows_text(missing)} trained by no rank (of the global batch's {ROWS}): each "
+                f"rank took {ROWS} // {world} = {floor} rows, so the remainder of the floor division, "
+                f"{rows_named(missing)}, went to no rank, and {left}: spread the remainder over the ranks (e.g. "
+                "rank r takes rows r·B // world up to (r+1)·B // world)"
+            )
         if missing:
             return (
                 f"at world {world}, {rows_text(missing)} trained by no rank (of the global batch's {ROWS}), so "
@@ -282,9 +332,14 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, agree: bool)
 
 def rows_text(rows: list[int]) -> str:
     """``[6, 7, 8, 9]`` -> ``rows 6-9 were``; ``[2, 5]`` -> ``rows 2, 5 were``; ``[9]`` -> ``row 9 was``."""
+    return rows_named(rows) + (" was" if len(rows) == 1 else " were")
+
+
+def rows_named(rows: list[int]) -> str:
+    """``[6, 7, 8, 9]`` -> ``rows 6-9``; ``[2, 5]`` -> ``rows 2, 5``; ``[9]`` -> ``row 9``."""
     runs, start = [], rows[0]
     for a, b in zip(rows, rows[1:] + [None]):
         if b != a + 1:
             runs.append(str(start) if start == a else f"{start}-{a}")
             start = b
-    return f"row {rows[0]} was" if len(rows) == 1 else f"rows {', '.join(runs)} were"
+    return f"row {rows[0]}" if len(rows) == 1 else f"rows {', '.join(runs)}"

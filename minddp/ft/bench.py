@@ -186,10 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     ft_s = run.wall_s
     clean_step = m["clean_s"] / m["steps"]
     print(
-        f"\nThroughput: fault-free {m['steps'] / m['clean_s']:.1f} committed steps/s ({m['clean_s']:.1f} s); "
-        f"with {len(rec)} faults {m['steps'] / ft_s:.1f} steps/s ({ft_s:.1f} s, each fault's step waiting "
-        f"for the "
-        f"whole world first): {(ft_s - m['clean_s']) / len(rec):.2f} s lost per fault."
+        f"\nThroughput over {m['steps']} committed steps: fault-free {m['steps'] / m['clean_s']:.2f} steps/s "
+        f"({m['clean_s']:.1f} s); with {len(rec)} faults {m['steps'] / ft_s:.2f} steps/s ({ft_s:.1f} s, each "
+        f"fault's step waiting for the whole world first): {(ft_s - m['clean_s']) / len(rec):.2f} s lost per fault."
     )
     restart = first_commit_s(m["clean"])
     print(f"Cold start (coordinator up to first committed step, {args.world_size} ranks): {restart:.2f} s.\n")

@@ -93,7 +93,9 @@ class Coordinator:
 
     def should_commit(self, quorum: Quorum, step: int, ok: bool) -> bool:
         """Vote on ``step`` (``ok``: nothing failed here); True only if every member's step went through."""
-        vote = json.dumps({"quorum": quorum.tag, "members": quorum.members, "step": step, "ok": ok})
+        vote = json.dumps(
+            {"quorum": quorum.tag, "members": quorum.members, "step": step, "ok": ok, "incarnation": self.incarnation}
+        )
         self.last_vote = vote
         return self._ask(f"vote/{self.slot}", vote, f"decision/{quorum.tag}/{step}") == "commit"
 

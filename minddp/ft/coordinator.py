@@ -16,6 +16,13 @@ A slot is *live* while its heartbeat (``beat/<slot>``, every :data:`BEAT_S`) kee
 itself); a silent one is *evicted*, unless its last beat says it is done (:data:`DONE`). The store listens
 on the loopback address only. Nothing here survives a restart of the lighthouse, and nothing needs to: the
 ranks post their request or vote again.
+
+The trained state lives in the ranks only, so the lighthouse keeps who *holds* it: the members of the newest
+committed step, each as the incarnation that voted. It never lets the state go: a silent holder is evicted only
+while another holder is live (the last one is waited for, however long: evicting it would lose every committed
+step), and no quorum trains a step older than the newest committed one. Should every holder be gone all the
+same (their processes exited), it says so (``lost``) and the launcher stops the run rather than train from
+step 0 again. (A new lighthouse learns the holders at its first commit.)
 """
 
 from __future__ import annotations
@@ -133,6 +140,8 @@ class Lighthouse:
         self.answered: dict[int, int] = {}  # slot -> last request seq answered
         self.decided: set[tuple[str, int]] = set()
         self.quorum_id, self.members, self.dirty = 0, None, True
+        self.newest, self.holders = 0, {}  # steps committed; slot -> the incarnation that holds that state
+        self.said_lost = False
         self.plan, self.sent = None, lambda: None  # the run's faults (coord@STEP), and how to flush what it said
 
     def run(self) -> None:
@@ -172,7 +181,7 @@ class Lighthouse:
                 self.beats[slot] = (beat, now, self._activity(slot))
             if beat is not None and not self.live(slot, now) and not self.gone(slot, beat) and not finished(beat):
                 key = f"{slot}:{beat.split(':')[0]}"
-                if key not in self.evicted:  # silent: frozen or stuck; the launcher ends it
+                if key not in self.evicted and not self.last_holder(slot, now):  # silent: frozen; the launcher ends it
                     self.evicted.add(key)
                     self.say(("evict", slot, int(beat.split(":")[0]), time.time()))
 
@@ -185,6 +194,23 @@ class Lighthouse:
             return False
         beat, changed, _ = self.beats[slot]
         return now - changed < self.hang_s and not self.gone(slot, beat) and not finished(beat)
+
+    def holds(self, slot: int) -> bool:
+        """The incarnation of ``slot`` that holds the trained state is still there (not exited, evicted, replaced)."""
+        beat = self._get(f"beat/{slot}")
+        inc = self.holders.get(slot)
+        return (
+            inc is not None
+            and beat is not None
+            and int(beat.split(":")[0]) == inc
+            and not self.gone(slot, beat)
+            and f"{slot}:{inc}" not in self.evicted
+        )
+
+    def last_holder(self, slot: int, now: float) -> bool:
+        """``slot`` holds the state and no other holder is live or done: evicting it would lose the state."""
+        others = [o for o in self.holders if o != slot and self.holds(o)]
+        return self.holds(slot) and not any(self.live(o, now) or finished(self._get(f"beat/{o}")) for o in others)
 
     def dead(self, slot: int, now: float) -> bool:
         """Known gone, silent past the hang bound, or (to a new lighthouse) never heard within it."""
@@ -213,6 +239,9 @@ class Lighthouse:
         if not asking or not live <= set(asking) or len(asking) < self.min_replicas:
             return  # wait until every live slot asks
         step = max(r["step"] for r in asking.values())
+        if step < self.newest:  # nobody asking holds the newest state: wait for a holder, never train steps again
+            self.state_lost()
+            return
         if step in self.full_world_at:
             if len(asking) < len(self.slots):
                 return
@@ -235,6 +264,14 @@ class Lighthouse:
             self.store.set(f"quorum/{slot}/{req['id']}", json.dumps({"tag": tag, "members": members, "steps": steps}))
             self.answered[slot] = req["id"]
 
+    def state_lost(self) -> None:
+        """If every holder of the state is gone, tell the launcher (once): nothing can bring the state back."""
+        if self.said_lost or any(self.holds(slot) for slot in self.holders):
+            return
+        self.said_lost = True
+        how = {s: (inc, "evicted" if f"{s}:{inc}" in self.evicted else "exited") for s, inc in self.holders.items()}
+        self.say(("lost", self.newest, how, time.time()))
+
     # -- 2. should_commit ----------------------------------------------------------------------------
 
     def decide_votes(self, now: float) -> None:
@@ -246,7 +283,8 @@ class Lighthouse:
             vote = json.loads(vote)
             key = (vote["quorum"], vote["step"])
             if key not in self.decided:
-                ballots.setdefault(key, {"members": vote["members"], "ok": {}})["ok"][slot] = vote["ok"]
+                ballot = ballots.setdefault(key, {"members": vote["members"], "ok": {}, "incarnation": {}})
+                ballot["ok"][slot], ballot["incarnation"][slot] = vote["ok"], vote["incarnation"]
         for (tag, step), ballot in ballots.items():
             members, ok = ballot["members"], ballot["ok"]
             if not all(ok.values()):
@@ -262,7 +300,15 @@ class Lighthouse:
             self.dirty |= verdict == "discard"
             self.say(("decision", tag, step, verdict, sorted(ok), time.time()))
             if verdict == "commit":
+                self.hold(step, ballot["incarnation"])
                 self.fault_after(step)
+
+    def hold(self, step: int, incarnations: dict[int, int]) -> None:
+        """``step`` committed: its members (as the incarnations that voted) hold the newest state."""
+        if step + 1 > self.newest:
+            self.newest, self.holders = step + 1, {}
+        if step + 1 == self.newest:
+            self.holders.update(incarnations)
 
     def fault_after(self, step: int) -> None:
         """``coord@STEP+1``: once ``step`` is committed, stop answering; the launcher, told, kills and replaces it.

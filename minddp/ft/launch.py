@@ -26,6 +26,7 @@ that rank's line. Everything is bounded by ``run_timeout_s``.
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import pickle
@@ -101,7 +102,8 @@ def launch_ft(
     speed); ``rejoin_before_end`` adds the last step (a restarted rank is then
     back, healed, before the run ends). ``restart_after_steps``: a rank that
     died is started again only once that many more steps are committed (a
-    machine that takes a while to come back; the survivors train meanwhile).
+    machine that takes a while to come back; the survivors train meanwhile),
+    or at once when every rank is down (no step can be committed then).
     Once the last step is committed, a process that is not one of its members
     (a rank still starting) is ended: the job is done.
     """
@@ -116,7 +118,7 @@ def launch_ft(
     attempts: list[tuple[int, int, dict]] = []  # (slot, incarnation, entry) of every attempt a rank reported
     committed = 0  # steps committed so far
     waiting: dict[int, int] = {}  # slot -> committed steps after which it is started again
-    fate: dict[int, str] = {}  # slot -> how its last process ended (for the message when every rank is down)
+    ended: dict[tuple[int, int], str] = {}  # (slot, incarnation) -> how that process ended (for the run's error)
     done: dict[int, dict] = {}
     t_start = time.time()
     with stop_signals():
@@ -136,12 +138,9 @@ def launch_ft(
             coord_faults = [i for i, f in enumerate(plan.faults) if f.kind == "coord"]
             deadline = time.monotonic() + run_timeout_s
             while len(done) < world_size:  # step 3
-                if waiting and not procs:
-                    raise FaultTolerantRunError(
-                        f"minddp.ft: every rank is down ({'; '.join(f'slot {s} {fate[s]}' for s in sorted(fate))}) "
-                        f"and none may start before more steps are committed (at {committed}); lower "
-                        "restart_after_steps"
-                    )
+                if waiting and not procs:  # every rank is down: no step can be committed to end the wait
+                    waiting = dict.fromkeys(waiting, committed)  # so they start now (below); if the state went
+                    # with them, the coordinator says so and the run stops (no rank holds the trained state)
                 if time.monotonic() > deadline:
                     raise FaultTolerantRunError(
                         f"minddp.ft: the run did not finish within {run_timeout_s:.0f} s "
@@ -160,8 +159,10 @@ def launch_ft(
                         and event[2] == incarnation[event[1]]
                     ):
                         procs[event[1]].kill()  # frozen: ended by its pid, then restarted below
-                        fate[event[1]] = f"evicted at step {committed} (silent for {hang_s:g} s)"
+                        ended[event[1], event[2]] = f"evicted at step {committed} (silent for {hang_s:g} s)"
                         timeline.append(("ended", event[1], event[2], time.time()))
+                    if event[0] == "lost":
+                        raise FaultTolerantRunError(_state_lost(event, hang_s, ended))
                     if event[0] == "quorum":
                         members_of[event[1]] = event[2]
                     if event[0] == "decision" and event[3] == "commit" and event[2] == steps - 1:
@@ -192,7 +193,9 @@ def launch_ft(
                         if slot in done:
                             continue
                         timeline.append(("exited", slot, incarnation[slot], time.time()))
-                        fate.setdefault(slot, f"exited with code {p.exitcode} at step {committed}")
+                        ended.setdefault(
+                            (slot, incarnation[slot]), f"exited with code {p.exitcode} at step {committed}"
+                        )
                         gone.put((slot, incarnation[slot]))  # the coordinator marks it gone
                         if not restart:
                             del procs[slot]
@@ -207,7 +210,6 @@ def launch_ft(
                         procs[slot] = _start_rank(
                             ctx, payload, slot, incarnation[slot], port, plan, results, quiet, interfaces
                         )
-                        fate.pop(slot, None)
                         timeline.append(("restarted", slot, incarnation[slot], time.time()))
                 time.sleep(0.02)
         except (KeyboardInterrupt, Stopped) as exc:
@@ -255,6 +257,21 @@ def _start_lighthouse(ctx, port, world_size, hang_s, epoch, events, timeline, fu
         if event[0] == "listening" and event[1] == epoch:
             return p, event[2], gone
     raise FaultTolerantRunError("minddp.ft: the coordinator did not start within 30 s; is the machine overloaded?")
+
+
+def _state_lost(event: tuple, hang_s: float, ended: dict) -> str:
+    """The line for the coordinator's ``lost``: every rank that held the trained state is gone."""
+    _, newest, how, _ = event
+    holders = ", ".join(f"slot {s}" for s in sorted(how))
+    fates = "; ".join(f"slot {s} {ended.get((s, inc), gone)}" for s, (inc, gone) in sorted(how.items()))
+    line = (
+        f"minddp.ft: no rank holds the trained state any more: after step {newest - 1} its holders were {holders} "
+        f"({fates}), and ranks started again would train from step 0; the run stops here; keep one holder alive "
+        "through each fault (a larger world, or faults in different steps)"
+    )
+    if any(gone == "evicted" for _, gone in how.values()):
+        line += f"; a rank silent for the hang bound ({hang_s:g} s) was evicted: if it was only slow, raise the bound"
+    return line
 
 
 def _drain(q) -> list:
@@ -321,6 +338,10 @@ def _rank_main(payload, parent_path, slot, incarnation, port, plan, results, lau
             on_result=lambda out: results.put(("ok", slot, incarnation, _saved(out))),  # before its beats stop
             **(diloco or {}),
         )
+        # What this process imported and built lives as long as it: out of the cycle collector's sight, a full
+        # collection (the rung makes some at each failed step) no longer walks it while holding the GIL, which on a
+        # loaded machine kept the heartbeat thread silent for seconds (a live rank evicted).
+        gc.freeze()
         trainer.run()
     except BaseException:  # noqa: BLE001 - everything must reach the launcher
         results.put(("error", slot, incarnation, traceback.format_exc()))

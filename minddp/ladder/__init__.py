@@ -28,6 +28,7 @@ Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
 from __future__ import annotations
 
+import difflib
 import inspect
 
 import torch
@@ -35,19 +36,17 @@ from torch import nn
 
 from minddp.comm.link import as_link
 from minddp.comm.measure import error_measured
-from minddp.comm.registry import make_hook
-from minddp.comm.send import hook_name, send
+from minddp.comm.registry import make_hook, torch_hook
+from minddp.comm.send import in_launch_range
 from minddp.comm.wire import Traffic, Wire
 from minddp.ddp import DistributedDataParallel
 from minddp.diloco import DiLoCo, LocalSGD
-from minddp.runtime import debug
+from minddp.runtime.compiling import eager_under_compile, split_at_buckets
 from minddp.sharding import FullyShardedDataParallel, Zero2DDP, ZeroRedundancyOptimizer
 from minddp.sharding.fsdp import blocks_of
 from minddp.sharding.hooks import sharded_hook
 from minddp.stages import AsyncBucketDDP, AsyncHookDDP, BucketDDP, GradAccumDDP, HookDDP, SimpleDDP
-from minddp.stages.bucket_plan import check_bucket_cap_mb
-from minddp.stages.compiling import compile_ready
-from minddp.stages.debug import watch
+from minddp.stages.bucket_plan import bucket_caps, check_bucket_cap_mb
 
 #: Stage name -> wrapper class, in reading order.
 STAGES: dict[str, type[nn.Module]] = {
@@ -89,55 +88,90 @@ def register_stage(name: str, cls: type[nn.Module]) -> None:
 
 
 def build_stage(name: str, module: nn.Module, process_group=None, **options) -> nn.Module:
-    """Wrap ``module`` in stage ``name``; options a stage does not take are ignored.
+    """Wrap ``module`` in stage ``name``, with ``options`` (keywords of its class: :func:`stage_options`).
 
-    So one call site can pass ``bucket_cap_mb`` to every stage and only the
-    bucketed ones use it. A teaching stage around a compiled module (``torch.compile(model)``,
-    as ``--compile`` does) is made :func:`~minddp.stages.compiling.compile_ready`: the module's
+    An option the stage does not take is refused, naming those it takes: a call site that passes the
+    same options to every stage picks each stage's with :func:`options_for`. A teaching stage's comm
+    hook (its default until another is registered; :func:`wrap` registers any other the same way) is
+    called inside the named profiler range the trace analysis reads
+    (:func:`~minddp.comm.send.in_launch_range`). A teaching stage around a compiled module
+    (``torch.compile(model)``, as ``--compile`` does) is made :func:`compile_ready`: the module's
     graph is cut where its buckets end (``ddp`` and the sharded stages do that themselves).
     """
-    if name not in STAGES:
-        raise ValueError(f"unknown stage {name!r}: choose one of {', '.join(STAGES)}")
-    cls = STAGES[name]
-    accepted = inspect.signature(cls.__init__).parameters
-    kwargs = {k: v for k, v in options.items() if k in accepted}
-    wrapped = cls(module, process_group=process_group, **kwargs)
+    taken = stage_options(name)
+    unknown = _unknown(options, taken)
+    if unknown:
+        raise TypeError(
+            f"stage {name!r} takes no option {unknown}: it takes {', '.join(taken) or 'none'} (to pass the same "
+            "options to every stage, pick each one's with minddp.ladder.options_for)"
+        )
+    wrapped = STAGES[name](module, process_group=process_group, **options)
+    if name in TEACHING:  # each call of its hook in the range the analysis reads (the stage's files stay plain)
+        wrapped.comm_hook = in_launch_range(wrapped.comm_hook)
     if name in TEACHING and hasattr(module, "_orig_mod"):  # torch.compile(module): cut where buckets end
         compile_ready(wrapped)
-    if name in TEACHING and debug.enabled():  # MINDDP_DEBUG=1: docs/debugging.md's model checks (ddp: its own)
-        wrapped.watch = watch(wrapped, module, process_group)
     return wrapped
 
 
-def torch_hook(name: str, **powersgd_options):
-    """``(state, hook)`` of torch's own comm hook called ``name`` (minddp's names, e.g. ``fp16+powersgd``)."""
-    from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks, default_hooks, powerSGD_hook
+def stage_options(name: str) -> tuple[str, ...] | None:
+    """The options stage ``name`` takes: its class's keywords after the module and ``process_group``.
 
-    hooks = {
-        "allreduce": default_hooks.allreduce_hook,
-        "fp16": default_hooks.fp16_compress_hook,
-        "bf16": default_hooks.bf16_compress_hook,
-        "noop": debugging_hooks.noop_hook,
-        "powersgd": powerSGD_hook.powerSGD_hook,
-        "batched-powersgd": powerSGD_hook.batched_powerSGD_hook,
-    }
-    wrappers = {"fp16": default_hooks.fp16_compress_wrapper, "bf16": default_hooks.bf16_compress_wrapper}
-    wrapper, _, base = name.rpartition("+")
-    if base not in hooks or (wrapper and wrapper not in wrappers):
-        raise ValueError(f"torch has no comm hook matching {name!r}")
-    hook = wrappers[wrapper](hooks[base]) if wrapper else hooks[base]
-    state = powerSGD_hook.PowerSGDState(process_group=None, **powersgd_options) if "powersgd" in base else None
-    return state, hook
+    None for a class that takes any (``**kwargs``).
+    """
+    if name not in STAGES:
+        raise ValueError(f"unknown stage {name!r}: choose one of {', '.join(STAGES)}")
+    parameters = list(inspect.signature(STAGES[name].__init__).parameters.values())[2:]  # after self and module
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return tuple(p.name for p in parameters if p.name != "process_group" and p.kind is not p.VAR_POSITIONAL)
 
 
-def in_launch_range(hook):
-    """``hook`` called through :func:`~minddp.comm.send.send`: in the named range the analysis reads."""
+def options_for(name: str, **options) -> dict:
+    """Of ``options``, the ones stage ``name`` takes: one call site can pass ``bucket_cap_mb`` to every stage.
 
-    def sent(state, bucket):
-        return send(hook, state, bucket)
+    An option no stage takes (a typo) is refused, as :func:`build_stage` refuses one its stage does not take.
+    """
+    every = [stage_options(stage) for stage in STAGES]
+    known = sorted({option for taken in every if taken is not None for option in taken})
+    unknown = _unknown(options, None if None in every else known)
+    if unknown:
+        raise TypeError(f"no stage takes the option {unknown}: the stages' options are {', '.join(known)}")
+    taken = stage_options(name)
+    return {k: v for k, v in options.items() if taken is None or k in taken}
 
-    sent.__name__ = hook_name(hook)
-    return sent
+
+def _unknown(options: dict, taken) -> str:
+    """The names in ``options`` not in ``taken`` (None: any is), quoted, each with the taken one it is nearest."""
+    if taken is None:
+        return ""
+    return ", ".join(
+        repr(k) + "".join(f" (did you mean {m!r}?)" for m in difflib.get_close_matches(k, taken, n=1))
+        for k in options
+        if k not in taken
+    )
+
+
+def compile_ready(stage: nn.Module) -> nn.Module:
+    """A teaching stage as ``torch.compile`` should see it: call it before ``torch.compile(stage)``, or around a
+    compiled module (:func:`build_stage` does).
+
+    Its ``forward`` frames run as Python (:func:`~minddp.runtime.compiling.eager_under_compile`), and a bucketed
+    stage has its module's graph cut where its buckets end (:func:`~minddp.runtime.compiling.split_at_buckets`,
+    at the caps the stage planned with: :func:`~minddp.stages.bucket_plan.bucket_caps`). The stages' own files
+    stay plain; ``ddp`` and ``zero2`` do this themselves.
+    """
+    from torch._dynamo.decorators import skip  # Dynamo takes seconds to import: not before it is asked for
+
+    eager_under_compile(stage)
+    if isinstance(stage, BucketDDP):
+        forward, caps = stage.forward, bucket_caps(stage.bucket_cap_mb)
+
+        def cut_forward(*inputs, **kwargs):
+            with split_at_buckets(*caps):
+                return forward(*inputs, **kwargs)
+
+        stage.forward = skip(cut_forward)  # this frame runs as Python too
+    return stage
 
 
 def wrap(
@@ -163,6 +197,8 @@ def wrap(
       ``wire`` (a meter, a transport; ``None``: a plain wire on the default
       group). minddp's ``allreduce_hook`` is registered too: it is every
       stage's default, and on ``ddp`` it selects the fast built-in average.
+      A teaching stage's hook is registered inside its named profiler range
+      (:func:`~minddp.comm.send.in_launch_range`), as :func:`build_stage` does.
 
     ``link`` (a :class:`~minddp.comm.link.Link`, a preset name or
     ``bandwidth,latency``) puts an emulated network under every gradient
@@ -181,7 +217,7 @@ def wrap(
     """
     if stage == "single":
         return model
-    psgd = powersgd_options if "powersgd" in hook else {}
+    psgd = (powersgd_options or {}) if "powersgd" in hook else {}
     wire = _linked(wire, link)
     if stage == "torch":
         from torch.nn.parallel import DistributedDataParallel as TorchDDP
@@ -195,22 +231,20 @@ def wrap(
             gradient_as_bucket_view=gradient_as_bucket_view,
         )
         if wire is not None and wire.link is not None:
-            state, fn = make_hook(hook, wire, **(psgd or {}))
+            state, fn = make_hook(hook, wire, **psgd)
             wrapped.register_comm_hook(state, in_launch_range(fn))
         else:
-            state, fn = torch_hook(hook, **(psgd or {}))
+            state, fn = torch_hook(hook, **psgd)
             if hook != "allreduce" or python_hook:
                 wrapped.register_comm_hook(state, fn)
     else:
-        wrapped = build_stage(
-            stage,
-            model,
-            bucket_cap_mb=bucket_cap_mb,
-            gradient_as_bucket_view=gradient_as_bucket_view,
-            shard=blocks_of(model),
-        )  # fsdp's units: the transformer's blocks
-        state, fn = sharded_hook(hook, wire) if stage in SHARDED_GRADIENTS else make_hook(hook, wire, **(psgd or {}))
-        wrapped.register_comm_hook(state, fn if measure is None else error_measured(fn, measure))
+        options = options_for(
+            stage, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view, shard=blocks_of(model)
+        )  # each where it applies; fsdp's units: the transformer's blocks
+        wrapped = build_stage(stage, model, **options)
+        state, fn = sharded_hook(hook, wire) if stage in SHARDED_GRADIENTS else make_hook(hook, wire, **psgd)
+        fn = fn if measure is None else error_measured(fn, measure)
+        wrapped.register_comm_hook(state, in_launch_range(fn) if stage in TEACHING else fn)  # named, as build_stage
     wrapped.minddp_hook_state = state
     return wrapped
 
@@ -306,8 +340,10 @@ __all__ = [
     "SHARDED_OPTIMIZER",
     "SHARDED_GRADIENTS",
     "build_stage",
+    "stage_options",
+    "options_for",
+    "compile_ready",
     "register_stage",
-    "torch_hook",
     "wrap",
     "make_optimizer",
     "slow_link",

@@ -20,7 +20,9 @@ The contract every stage shares, driven as a user's script would drive it:
 4. ``optimizer.step()`` then ``optimizer.zero_grad()``.
 
 Each micro-batch's loss is divided by the number of micro-batches, so the
-accumulated gradient is the gradient of the mean loss over all of them.
+accumulated gradient is the gradient of the mean loss over all of them. The
+mean loss returned is summed where the losses are and read once, after the
+step: one host sync per step, not one per micro-batch.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
@@ -47,7 +49,7 @@ def train_step(
 ) -> float:
     """Run one optimizer step over ``micro_batches``; return the mean loss (a float)."""
     k = len(micro_batches)
-    total = 0.0
+    total = 0.0  # summed on the loss's device, in float64 as Python sums floats: read once, at the end of the step
     no_sync = getattr(model, "no_sync", None)
     finish = getattr(model, "finish_gradient_synchronization", None)
     for i, batch in enumerate(micro_batches):
@@ -56,11 +58,11 @@ def train_step(
             with torch.profiler.record_function("minddp.forward_backward"):
                 loss = loss_fn(model, batch) / k
                 loss.backward()  # step 2
-        total += loss.detach().item()
+        total = total + loss.detach().double()  # no .item() here: a host sync per micro-batch on a GPU
         if finish is not None:
             with torch.profiler.record_function("minddp.finish_gradient_synchronization"):
                 finish()  # step 3: every backward; the stage knows whether it synced
     with torch.profiler.record_function("minddp.optimizer_step"):
         optimizer.step()  # step 4
         optimizer.zero_grad(set_to_none=True)
-    return total
+    return float(total)  # the one host sync of the step

@@ -323,14 +323,13 @@ def sent_by_collective(prof) -> dict[str, int]:
 
 
 def exposed_link_ms(look: dict) -> float:
-    """The link's modelled transfer time during which the training thread stood still for the sync: inside a
-    wait the link saw, or in ``finish_gradient_synchronization()`` (where a stage waits on a Future chained to
-    the link's, whose wait the link cannot see: a compressing hook's). Never more than the link's time."""
+    """*Exposed* (:func:`minddp.analysis.metrics.exposed`), counting ``finish_gradient_synchronization()`` as
+    waiting too: there a stage waits on a Future chained to the link's, whose wait the link cannot see (a
+    compressing hook's). Never more than the link's time."""
     from minddp.analysis import metrics
 
     row = look["row"]
-    waiting = metrics.merge([*row["waits"], *row["finish"]])
-    return metrics.length(metrics.intersect(metrics.merge(row["messages"]), waiting))
+    return metrics.exposed(row["messages"], [*row["waits"], *row["finish"]])
 
 
 def buckets_of(model) -> int | None:

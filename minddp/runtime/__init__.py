@@ -5,8 +5,8 @@ down), :mod:`~minddp.runtime.processes` (process trees and stop signals), :mod:`
 (naming a stuck rank), :mod:`~minddp.runtime.device` (gloo/CPU, gloo on shared GPUs or NCCL, and
 where a message lives), :mod:`~minddp.runtime.compat` (the torch 2.6-2.15 differences),
 :mod:`~minddp.runtime.envflags`, :mod:`~minddp.runtime.profiling` (a rank's trace),
-:mod:`~minddp.runtime.cli` (the conventions every command-line tool shares), and debug mode's switch
-(:mod:`~minddp.runtime.debug`) and its check of every collective (:mod:`~minddp.runtime.collective_check`).
+:mod:`~minddp.runtime.cli` (the conventions every command-line tool shares). Debug mode, the layer
+above, has its own room: :mod:`minddp.debug`.
 
 What it may import: torch and the standard library, and other runtime modules; nothing else of
 minddp (tests/test_layers.py checks it).

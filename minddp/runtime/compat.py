@@ -9,8 +9,10 @@ Every release-dependent call in minddp goes through here, one function each:
   or a second client), :func:`store_on_socket` (a store server on a bound socket: 2.6's libuv
   server cannot take one), :func:`meta_device` (``torch._dynamo`` imported first, for 2.6),
   :func:`profiler_events` (a profiler's events, with their inputs' dtypes on any release),
+  :data:`TORCH_FULLY_SHARD_ON_CPU`;
+* torch's private names minddp reads, each behind a guard that names what is missing:
   :func:`weights_only_refusal` (what torch's data-only reader refused, told by where it was raised),
-  :data:`TORCH_FULLY_SHARD_ON_CPU`.
+  :func:`process_group_store` (the store a group met on), :func:`join_enabled` (inside ``Join``?).
 
 Each difference, release by release, and what was run: ``docs/torch-versions.md``. One difference is
 handled where the teaching stages read it instead: a complex tensor is broadcast as its real view (2.6's
@@ -170,3 +172,25 @@ def profiler_events(prof) -> list[ProfiledEvent]:
         cached = [ProfiledEvent(k, start) for k in results.events()]
         prof._minddp_events = cached
     return cached
+
+
+def process_group_store(group) -> dist.Store:
+    """The store ``group``'s ranks met on (torch keeps it private: ``distributed_c10d._get_process_group_store``)."""
+    from torch.distributed import distributed_c10d
+
+    get = getattr(distributed_c10d, "_get_process_group_store", None)
+    if get is None:
+        raise RuntimeError(
+            f"torch {torch.__version__} no longer exposes a process group's store (_get_process_group_store), which "
+            "debug mode's collective check posts on: turn MINDDP_DEBUG off, or use a torch from 2.6 to 2.15"
+        )
+    return get(group)
+
+
+def join_enabled(joinable) -> bool:
+    """Has ``joinable`` (a ``torch.distributed.algorithms.Joinable``) been given to an enabled ``Join``?
+
+    torch keeps it private, on the joinable (``_join_config.enable``, left set when the ``with`` block ends);
+    an object that is no joinable has none: False.
+    """
+    return bool(getattr(getattr(joinable, "_join_config", None), "enable", False))

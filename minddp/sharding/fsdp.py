@@ -37,14 +37,13 @@ import torch
 from torch import nn
 
 from minddp.comm.grad_bucket import GradBucket
-from minddp.comm.plain import broadcast
 from minddp.comm.send import send
 from minddp.comm.wire import Wire
+from minddp.ddp.base import DataParallelBase, same_start
+from minddp.debug.switch import attach
 from minddp.runtime.nested import map_tensors
 from minddp.sharding.hooks import reduce_scatter_hook
 from minddp.sharding.shards import chunk_range, chunk_size, pack_rank_major, split_block, unpack_rank_major
-from minddp.stages.checks import check_same_model
-from minddp.stages.grad_accum import GradAccumDDP
 
 
 @dataclass
@@ -115,12 +114,14 @@ def blocks_of(model: nn.Module) -> Callable[[nn.Module], bool]:
     return (lambda m: id(m) in items) if items else (lambda m: m is model)
 
 
-class FullyShardedDataParallel(nn.Module):
+class FullyShardedDataParallel(DataParallelBase):
     """ZeRO-3: units of parameters gathered for their forward and backward, gradients reduce-scattered.
 
     ``shard=None`` makes the whole module one unit. ``process_group`` may be a
     :class:`~minddp.comm.wire.Wire` (to meter or reroute the collectives).
     """
+
+    sharded = True  # each rank holds its own shard: debug mode compares its collectives only (minddp/debug)
 
     def __init__(self, module: nn.Module, *, process_group=None, compute_dtype: torch.dtype | None = None, shard=None):
         super().__init__()
@@ -129,10 +130,8 @@ class FullyShardedDataParallel(nn.Module):
         self.world, self.rank = self.wire.size(), self.wire.group.rank()
         self.compute_dtype = compute_dtype
         self.comm_hook, self.comm_state, self.hook_registered = reduce_scatter_hook, self.wire, False
-        check_same_model(module, self.wire.group)  # step 1
-        with torch.no_grad():
-            for tensor in [*module.parameters(), *module.buffers()]:
-                broadcast(tensor, group_src=0, group=self.wire.group)
+        same_start(module, self.wire.group)  # step 1
+        attach(self)  # debug mode's collective check, while it is on (minddp/debug)
         self.units = self._make_units(module, as_unit_predicate(shard))
         owned = {id(s) for unit in self.units for s in unit.shards}
         self.replicated = [
@@ -363,10 +362,6 @@ class FullyShardedDataParallel(nn.Module):
                 unit.gathering[1].wait()
                 unit.gathering = None
             self._free(unit)
-
-    #: ``ga``'s ``no_sync()``: backwards of forwards run inside keep each unit's full gradients; the next synced one
-    #: reduces.
-    no_sync = GradAccumDDP.no_sync
 
     def register_comm_hook(self, state, hook) -> None:
         """Reduce-scatter by ``hook(state, bucket)`` (:mod:`minddp.sharding.hooks`); ``state`` carries the gathers."""

@@ -5,10 +5,19 @@ asks the network for just that part. Four changes: 1. each trainable parameter's
 becomes a *shard*, an ``nn.Parameter`` viewing the full one, which the optimizer steps; 2. a full
 bucket is laid out rank-major and reduce-scattered, its full gradients dropped; 3. each shard gets
 its chunk of the average as ``.grad``; 4. the next forward all-gathers the parameters bucket by
-bucket, each layer waiting only for its own. Memory, hooks, ``no_sync``: ``docs/sharding.md``. The
-change::
+bucket, each layer waiting only for its own. Memory, hooks, ``no_sync``: ``docs/sharding.md``.
 
-    -class AsyncBucketDDP(GradAccumDDP):
+Why a subclass of the teaching class rather than a base of its own: everything but those four changes is
+``bucket-async``'s (the same start, the checks, ``no_sync``, the plan by torch's rule, the autograd hooks
+held weakly, the count, the kept Futures, the refusal of an unfinished step), and a base of its own would
+write all of it again. It overrides only methods each stage overrides in turn (``forward``,
+``_send_bucket``, ``_write_back``, ``finish_gradient_synchronization``), adds its forward hooks to the
+stage's ``handles`` (removed with it, as the autograd hooks are), and asks for nothing a teaching file
+keeps only for it: its cap for ``torch.compile`` comes from the one rule (``bucket_caps``), and its
+buckets are labelled for the trace analysis by :func:`~minddp.comm.send.send` here, not by the stage.
+The change::
+
+    -class AsyncBucketDDP(BucketDDP):
     +class Zero2DDP(AsyncBucketDDP):
          def _send_bucket(self, b: int) -> None:
     +        flat = pack_rank_major(grads, self.world)
@@ -37,14 +46,17 @@ from torch import nn
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
 from minddp.comm.wire import Wire
+from minddp.runtime.compiling import eager_under_compile, split_at_buckets
 from minddp.sharding.hooks import reduce_scatter_hook
 from minddp.sharding.shards import chunk_range, chunk_size, pack_rank_major, split_block, unpack_rank_major
 from minddp.stages.bucket_async import AsyncBucketDDP
-from minddp.stages.compiling import eager_under_compile, split_at_buckets
+from minddp.stages.bucket_plan import bucket_caps
 
 
 class Zero2DDP(AsyncBucketDDP):
     """bucket-async whose buckets are reduce-scattered into per-rank gradient shards (module doc)."""
+
+    sharded = True  # each rank steps its own shard: debug mode compares its collectives only (minddp/debug)
 
     def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = None):
         super().__init__(module, process_group, bucket_cap_mb)  # broadcast, autograd hooks, bucket plan (torch's rule)
@@ -70,23 +82,21 @@ class Zero2DDP(AsyncBucketDDP):
         self.gathering: dict[int, tuple] = {}  # bucket -> (its parameters, receiving buffer, Future), in flight
         self.holding_full = False  # the module holds the full parameters (in a forward), not the shards
         self.lent = False  # ... because the module was called on its own (``_module_forward``)
-        eager_under_compile(self)  # torch.compile(zero2) compiles the module, not these forwards (stages/compiling.py)
+        eager_under_compile(self)  # torch.compile(zero2) compiles the module, not these forwards (runtime/compiling.py)
         # torch.compile(model): Dynamo traces the layers' hooks (step 4) too (torch.compile imported OptimizedModule)
         self.compiled = isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
         self._hold("shard")
-        me = weakref.ref(self)
+        me = weakref.ref(self)  # held weakly and removed with the wrapper, as its autograd hooks (hook.py)
         # Step 4: each module that holds parameters waits for their buckets just before its forward.
         holders = {id(owner): owner for owner, _, _ in self.places}
-        handles = []
         for owner in holders.values():
             buckets = sorted({self.bucket_of[p] for o, _, p in self.places if o is owner})
-            handles.append(owner.register_forward_pre_hook(lambda m, args, b=buckets: me()._wait_for(b)))
+            self.handles.append(owner.register_forward_pre_hook(lambda m, args, b=buckets: me()._wait_for(b)))
         # Called on its own (say, to evaluate), the module takes its full parameters for the forward too; a
         # compiled one's model as well (evaluated eagerly; in the compiled forward these hooks find it full).
         whole = module._orig_mod if self.compiled else module
-        handles.append(whole.register_forward_pre_hook(lambda m, args: me()._module_forward(starts=True)))
-        handles.append(whole.register_forward_hook(lambda m, args, out: me()._module_forward(starts=False)))
-        weakref.finalize(self, lambda: [h.remove() for h in handles])  # as hook.py's autograd hooks
+        self.handles.append(whole.register_forward_pre_hook(lambda m, args: me()._module_forward(starts=True)))
+        self.handles.append(whole.register_forward_hook(lambda m, args, out: me()._module_forward(starts=False)))
 
     def _hold(self, which: str) -> None:
         """Put the shards (at rest) or the full parameters (during a forward) in the module."""
@@ -95,11 +105,11 @@ class Zero2DDP(AsyncBucketDDP):
         self.holding_full = which == "full"
 
     def forward(self, *inputs, **kwargs):
-        if self.stale:  # step 4; a compiled module's hooks find the gather done (stages/compiling.py)
+        if self.stale:  # step 4; a compiled module's hooks find the gather done (runtime/compiling.py)
             self.gather_parameters(wait=self.compiled)
         self._hold("full")
         try:
-            with split_at_buckets(*self.caps):  # compiled, the module's graph is cut where buckets end
+            with split_at_buckets(*bucket_caps(self.bucket_cap_mb)):  # compiled: the graph cut where buckets end
                 return super().forward(*inputs, **kwargs)  # the module's forward and the checks see them too
         finally:
             self._wait_for(list(self.gathering))  # buckets no layer asked for (unused parameters)
@@ -126,7 +136,7 @@ class Zero2DDP(AsyncBucketDDP):
         for p in members:
             p.grad = None
         bucket = GradBucket(b, flat, members, is_last=b == len(self.buckets) - 1)
-        self.in_flight.append((bucket, send(self.comm_hook, self.comm_state, bucket)))  # as bucket-async
+        self._sent(bucket, send(self.comm_hook, self.comm_state, bucket))  # kept, as bucket-async; a named range
 
     def _write_back(self, bucket: GradBucket, shard_average: torch.Tensor) -> None:
         """Step 3: this rank's chunk of each averaged gradient becomes its shard's ``.grad``."""

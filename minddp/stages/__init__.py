@@ -1,8 +1,10 @@
 """The build-up of data parallelism, one idea per file.
 
-Read in this order; each class overrides only what its idea needs. The
-production ``ddp`` stage lives apart, in :mod:`minddp.ddp`, where torch
-parity and speed may cost readability:
+Read in this order; each class overrides only what its idea needs, and this
+package holds only what a learner reads with them (the bucket plan, the checks,
+the graph walk). The production ``ddp`` stage lives apart, in :mod:`minddp.ddp`,
+where torch parity and speed may cost readability, and takes nothing from these
+classes:
 
 ================  =============================  =======================================================
 name              class                          the one idea it adds
@@ -12,7 +14,7 @@ name              class                          the one idea it adds
 ``hook``          ``HookDDP``                    sync each grad from an autograd hook, during backward
 ``hook-async``    ``AsyncHookDDP``               the same, without waiting: overlap
 ``bucket``        ``BucketDDP``                  one all_reduce per bucket of grads, not per grad
-``bucket-async``  ``AsyncBucketDDP``             buckets sent while backward goes on
+``bucket-async``  ``AsyncBucketDDP``             ``hook-async``'s change on buckets: sent while backward goes on
 ``ddp``           ``DistributedDataParallel``    torch's DDP, in its own package (:mod:`minddp.ddp`): drop-in,
                                                  automatic finish, rebuilt plan, unused parameters, bucket views
 ================  =============================  =======================================================

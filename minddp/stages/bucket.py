@@ -3,7 +3,8 @@
 Builds on ``hook``: each collective's fixed cost is paid per bucket, not per parameter (docs/ladder.md,
 "``bucket``", steps 1-3): 1. **plan** the buckets (:func:`~minddp.stages.bucket_plan.plan_buckets`);
 2. at a bucket's last gradient, **flatten** it for the comm hook; 3. **copy** the average back. Unfilled
-buckets are sent by :meth:`finish_gradient_synchronization`. The change::
+buckets are sent by :meth:`finish_gradient_synchronization`, which sets the counts back (a forward that
+records a graph while they are not is refused: :func:`~minddp.stages.checks.check_finished`). The change::
 
          def _grad_ready(self, param: nn.Parameter) -> None:
     -            bucket = GradBucket(i, param.grad.reshape(-1), [param], is_last=i == len(self.index) - 1)
@@ -31,8 +32,8 @@ import torch
 from torch import nn
 
 from minddp.comm.grad_bucket import GradBucket
-from minddp.comm.send import send
-from minddp.stages.bucket_plan import DEFAULT_CAP_MB, FIRST_BUCKET_MB, plan_buckets
+from minddp.stages.bucket_plan import bucket_caps, plan_buckets
+from minddp.stages.checks import check_finished
 from minddp.stages.hook import HookDDP
 
 
@@ -42,13 +43,14 @@ class BucketDDP(HookDDP):
     def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = None):
         super().__init__(module, process_group)
         params = [p for p in module.parameters() if p.requires_grad]
-        self.bucket_cap_mb = bucket_cap_mb
-        # torch's rule: left at None, buckets of 25 MiB but a first one (the last layers) of 1 MiB, so that the
-        # first all_reduce starts early in backward; a cap given is every bucket's (docs/ladder.md, "The bucket lesson")
-        self.caps = (DEFAULT_CAP_MB, FIRST_BUCKET_MB) if bucket_cap_mb is None else (bucket_cap_mb, None)
-        self.buckets = [[params[i] for i in b] for b in plan_buckets(params, *self.caps)]  # step 1
+        self.bucket_cap_mb = bucket_cap_mb  # None: torch's 25 MiB, the first bucket 1 MiB (docs/ladder.md)
+        self.buckets = [[params[i] for i in b] for b in plan_buckets(params, *bucket_caps(bucket_cap_mb))]  # step 1
         self.bucket_of = {p: b for b, members in enumerate(self.buckets) for p in members}
         self.waiting = [len(members) for members in self.buckets]  # gradients each bucket waits for
+
+    def forward(self, *inputs, **kwargs):
+        check_finished(self.waiting == [len(members) for members in self.buckets])  # counts back: the last step done
+        return super().forward(*inputs, **kwargs)
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         if self.sync_this_backward:  # step 2
@@ -62,7 +64,7 @@ class BucketDDP(HookDDP):
         members = self.buckets[b]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in members])
         bucket = GradBucket(b, flat, members, is_last=b == len(self.buckets) - 1)
-        self._sent(bucket, send(self.comm_hook, self.comm_state, bucket))
+        self._sent(bucket, self.comm_hook(self.comm_state, bucket))
 
     def _write_back(self, bucket: GradBucket, average: torch.Tensor) -> None:
         pieces = average.view(-1).split([p.numel() for p in bucket.parameters()])  # step 3

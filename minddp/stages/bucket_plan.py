@@ -12,7 +12,7 @@ Rules (the ones torch's DDP applies; a test checks the plan against torch's own
 5. ``first_bucket_cap_mb``, if given, caps the first bucket of each dtype instead: torch's DDP, left at its
    default cap (:data:`DEFAULT_CAP_MB`), makes its first bucket :data:`FIRST_BUCKET_MB` (1 MiB), so that the
    first all_reduce starts early in backward rather than after 25 MiB of gradients (``docs/ladder.md``,
-   "The bucket lesson").
+   "The bucket lesson"); :func:`bucket_caps` is that rule, for every bucketed wrapper.
 
 Example (4 KiB weights, 64 B biases; a cap of 4 KiB = 1/256 MiB)::
 
@@ -39,6 +39,11 @@ MB = 1024 * 1024
 DEFAULT_CAP_MB = 25.0
 #: ...except the first, of 1 MiB: ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`` (a test compares them).
 FIRST_BUCKET_MB = 1.0
+
+
+def bucket_caps(bucket_cap_mb: float | None, first_bucket_mb: float = FIRST_BUCKET_MB) -> tuple[float, float | None]:
+    """Rule 5: ``(cap, first bucket's cap)``; ``(25, first_bucket_mb)`` at None, else ``(bucket_cap_mb, None)``."""
+    return (DEFAULT_CAP_MB, first_bucket_mb) if bucket_cap_mb is None else (bucket_cap_mb, None)
 
 
 def check_bucket_cap_mb(cap) -> None:

@@ -2,7 +2,7 @@
 
 Two ranks that disagree on what they send do not fail cleanly: they hang, or sum one layer's
 gradient with another's and silently diverge. So the stages check, each with one small collective,
-and raise the same error on every rank:
+and raise the same one-line finding on every rank (a :class:`~minddp.debug.findings.CrossRankError`):
 
 1. :func:`check_same_model`, at construction: every rank's parameters (name, shape, dtype,
    ``requires_grad``: a layer frozen on some ranks would pair unrelated gradients) all-gathered and compared;
@@ -10,7 +10,8 @@ and raise the same error on every rank:
    graph reaches; before the step's first gradient is sent, the notes are all-gathered and a
    parameter used on some ranks only is named (such a model needs ``find_unused_parameters=True``).
 
-Why before the first send, and what only the production DDP checks: ``docs/ladder.md``.
+Why before the first send, and what only the production DDP checks: ``docs/ladder.md``. A third needs no
+collective: :func:`check_finished` (a forgotten ``finish_gradient_synchronization()``, refused).
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
@@ -23,12 +24,14 @@ Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from minddp.debug.findings import CrossRankError, finding
 from minddp.stages.graph import parameters_reached
 
 
@@ -40,19 +43,19 @@ def check_same_model(module: nn.Module, group: dist.ProcessGroup | None) -> None
     dist.all_gather_object(everyone, mine, group=group)
     reference = everyone[0]
     for rank, theirs in enumerate(everyone[1:], start=1):
-        if len(theirs) != len(reference):
-            raise RuntimeError(
-                f"DistributedDataParallel expects the same model across all ranks, but rank {rank} has "
-                f"{len(theirs)} parameters while rank 0 has {len(reference)}: build the same model on every rank"
+        if theirs == reference:
+            continue
+        what = f"rank {rank} has {len(theirs)} parameters while rank 0 has {len(reference)}"
+        if len(theirs) == len(reference):  # the first parameter that differs
+            (n0, s0, d0, g0), (n, s, d, g) = next((a, b) for a, b in zip(reference, theirs) if a != b)
+            what = (
+                f"parameter {n!r} on rank {rank} has shape {list(s)} dtype {d} requires_grad={g}, but rank 0's "
+                f"{n0!r} has shape {list(s0)} dtype {d0} requires_grad={g0} "
+                f"({'requires_grad' if g != g0 else 'size'} mismatch)"
             )
-        for (n0, s0, d0, g0), (n, s, d, g) in zip(reference, theirs):
-            if (n0, s0, d0, g0) != (n, s, d, g):
-                raise RuntimeError(
-                    f"DistributedDataParallel expects the same model across all ranks: parameter {n!r} on "
-                    f"rank {rank} has shape {list(s)} dtype {d} requires_grad={g}, but rank 0's {n0!r} has shape "
-                    f"{list(s0)} dtype {d0} requires_grad={g0} ({'requires_grad' if g != g0 else 'size'} mismatch); "
-                    "build the same model (same config, the same parameters frozen) on every rank before wrapping"
-                )
+        cause = "DistributedDataParallel expects the same model across all ranks"
+        fix = "build the same model (same config, the same parameters frozen) on every rank before wrapping"
+        raise CrossRankError(finding(cause, what, fix, dist.get_rank()))
 
 
 class ParameterUse:
@@ -62,10 +65,11 @@ class ParameterUse:
         self.named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
         self.group = group
         self.reached: set[int] | None = None  # None: no forward since the last check
+        # saw() stays Python under torch.compile, as torch's DDP's graph walk (docs/ddp.md): Dynamo skips it
+        self.saw = functools.partial(torch.compiler.disable(ParameterUse.note), self)
 
-    @torch._disable_dynamo  # the graph walk stays Python under torch.compile, as torch's DDP's (docs/ddp.md)
-    def saw(self, outputs: Any) -> None:
-        """After a forward: note the parameters its graph reaches (no message; a forward without grad notes none)."""
+    def note(self, outputs: Any) -> None:
+        """After a forward (as ``saw``): note the parameters its graph reaches (no message; without grad, none)."""
         if torch.is_grad_enabled():
             self.reached = (self.reached or set()) | parameters_reached(outputs)
 
@@ -89,9 +93,16 @@ class ParameterUse:
             where = "; ".join(
                 f"{self.named[i][0]!r} on ranks {everyone[:, i].nonzero().view(-1).tolist()} only" for i in differ[:4]
             )
-            raise RuntimeError(
-                f"the forwards of this step used different parameters on different ranks ({where}"
-                f"{'; ...' if len(differ) > 4 else ''}), so the ranks would send different gradients and pair "
-                "unrelated tensors in their all_reduces; take the same branches on every rank, or use "
-                "minddp.DistributedDataParallel(..., find_unused_parameters=True), which handles such models"
-            )
+            cause = "the forwards of this step used different parameters on different ranks"
+            what = f"{where}{'; ...' if len(differ) > 4 else ''}: the ranks would send different gradients"
+            fix = "take the same branches on every rank, or use minddp's DDP with find_unused_parameters=True"
+            raise CrossRankError(finding(cause, what, fix, dist.get_rank()))
+
+
+def check_finished(finished: bool) -> None:
+    """At a forward that records a graph: raise unless the last synced backward was finished (nothing left kept)."""
+    if torch.is_grad_enabled() and not finished:  # torch's words for its DDP's case, then the fix
+        raise RuntimeError(
+            "Expected to have finished reduction in the prior iteration before starting a new one: call "
+            "model.finish_gradient_synchronization() after every backward (before optimizer.step())"
+        )

@@ -5,12 +5,12 @@ Builds on ``ga``. The last layer's gradient is final long before the first layer
 once the backward's contribution is *added* into ``.grad``); 2. the hook hands the comm hook a
 bucket of that one parameter; 3. and waits for it there, inside backward. Communication interleaves
 with backward but does not overlap it: autograd stands still while we wait (``hook-async`` removes
-the wait). The hooks hold the wrapper weakly (``docs/ladder.md`` says why). The change::
+the wait). The hooks hold the wrapper weakly, and go with it (``docs/ladder.md`` says why). The change::
 
          def __init__(self, module: nn.Module, process_group=None):
-    +            p.register_post_accumulate_grad_hook(lambda p: me()._grad_ready(p))  # step 1
+    +        self.handles = [p.register_post_accumulate_grad_hook(lambda p: me()._grad_ready(p)) for p in params]
     +    def _grad_ready(self, param: nn.Parameter) -> None:
-    +            self._sent(bucket, send(self.comm_hook, self.comm_state, bucket))
+    +            self._sent(bucket, self.comm_hook(self.comm_state, bucket))
     +    def _sent(self, bucket: GradBucket, future: torch.futures.Future) -> None:
     +        self._write_back(bucket, future.wait())
          def finish_gradient_synchronization(self) -> None:
@@ -32,7 +32,6 @@ import torch
 from torch import nn
 
 from minddp.comm.grad_bucket import GradBucket
-from minddp.comm.send import send
 from minddp.stages.grad_accum import GradAccumDDP
 
 
@@ -43,12 +42,9 @@ class HookDDP(GradAccumDDP):
         super().__init__(module, process_group)
         params = [p for p in module.parameters() if p.requires_grad]
         self.index = {p: i for i, p in enumerate(reversed(params))}  # bucket index: last layers first
-        me = weakref.ref(self)
-        handles = [
-            p.register_post_accumulate_grad_hook(lambda p: me()._grad_ready(p))  # step 1
-            for p in params
-        ]
-        weakref.finalize(self, lambda: [h.remove() for h in handles])
+        me = weakref.ref(self)  # autograd keeps the hooks; they must not keep the wrapper
+        self.handles = [p.register_post_accumulate_grad_hook(lambda p: me()._grad_ready(p)) for p in params]  # step 1
+        weakref.finalize(self, lambda handles: [h.remove() for h in handles], self.handles)  # removed with the wrapper
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         """Step 2: autograd has finished ``param``'s gradient for this backward."""
@@ -56,7 +52,7 @@ class HookDDP(GradAccumDDP):
             self.parameters_used.check()  # before the first send of the step (a no-op after it)
             i = self.index[param]
             bucket = GradBucket(i, param.grad.reshape(-1), [param], is_last=i == len(self.index) - 1)
-            self._sent(bucket, send(self.comm_hook, self.comm_state, bucket))
+            self._sent(bucket, self.comm_hook(self.comm_state, bucket))
 
     def _sent(self, bucket: GradBucket, future: torch.futures.Future) -> None:
         """Step 3: wait for the average here, inside backward."""

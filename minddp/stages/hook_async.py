@@ -4,7 +4,8 @@ Builds on ``hook``, with one change: the comm hook's Future is kept, not waited 
 computes the earlier layers' gradients while the later ones travel (1.); just before
 ``optimizer.step()``, :meth:`finish_gradient_synchronization` waits for every kept Future once and
 writes each average back (2.). Real overlap; the cost left is one message per parameter, which
-``bucket`` attacks. The change::
+``bucket`` attacks. A forward that records a graph while a Future is still kept is refused (finish was
+never called: :func:`~minddp.stages.checks.check_finished`). The change::
 
          def _sent(self, bucket: GradBucket, future: torch.futures.Future) -> None:
     -        self._write_back(bucket, future.wait())
@@ -31,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from minddp.comm.grad_bucket import GradBucket
+from minddp.stages.checks import check_finished
 from minddp.stages.hook import HookDDP
 
 
@@ -40,6 +42,10 @@ class AsyncHookDDP(HookDDP):
     def __init__(self, module, process_group=None):
         super().__init__(module, process_group)
         self.in_flight: list[tuple[GradBucket, torch.futures.Future]] = []
+
+    def forward(self, *inputs, **kwargs):
+        check_finished(not self.in_flight)  # no Future kept: the last step was finished
+        return super().forward(*inputs, **kwargs)
 
     def _sent(self, bucket: GradBucket, future: torch.futures.Future) -> None:
         self.in_flight.append((bucket, future))  # step 1: no wait, backward goes on

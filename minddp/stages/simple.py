@@ -31,7 +31,7 @@ from torch import nn
 
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.plain import allreduce_hook, broadcast
-from minddp.comm.send import send
+from minddp.debug.switch import attach
 from minddp.stages.checks import ParameterUse, check_same_model
 
 
@@ -49,6 +49,7 @@ class SimpleDDP(nn.Module):
         # How gradients travel: plain averaging unless another hook is registered (once, as torch allows).
         self.comm_hook, self.comm_state, self.hook_registered = allreduce_hook, process_group, False
         self.parameters_used = ParameterUse(module, process_group)
+        attach(self)  # debug mode's checks, while it is on (minddp/debug); nothing when off
 
     def register_comm_hook(self, state, hook) -> None:
         """Send gradients through ``hook(state, bucket) -> Future[Tensor]`` instead of plain averaging; once."""
@@ -67,5 +68,5 @@ class SimpleDDP(nn.Module):
         params = [p for p in self.module.parameters() if p.grad is not None]
         for index, param in enumerate(reversed(params)):  # backward made the last layers' first
             bucket = GradBucket(index, param.grad.reshape(-1), [param], is_last=index == len(params) - 1)
-            average = send(self.comm_hook, self.comm_state, bucket).wait()
+            average = self.comm_hook(self.comm_state, bucket).wait()
             param.grad.copy_(average.view_as(param.grad))

@@ -47,11 +47,12 @@ from torch import nn
 from minddp.collectives import TRANSPORTS
 from minddp.comm.link import Link
 from minddp.comm.powerSGD_hook import check_start_iter
+from minddp.comm.registry import torch_hook
 from minddp.comm.wire import Traffic, Wire
 from minddp.costmodel.auto import choose_bucket_cap
 from minddp.ddp import DistributedDataParallel
 from minddp.diloco import DiLoCo, LocalSGD
-from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER, SLOW_LINKS, make_optimizer, slow_link, torch_hook, wrap
+from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER, SLOW_LINKS, make_optimizer, slow_link, wrap
 from minddp.ladder.loop import train_step
 from minddp.runtime.cli import bar_drawn, fail, fresh_line
 from minddp.runtime.compat import meta_device

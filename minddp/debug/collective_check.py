@@ -13,11 +13,19 @@ This is the same idea, on the public API of every torch from 2.6 to 2.15:
    op, root), and where: the script's file:line, minddp's label for its own calls, the step;
 3. **compare** on the default group's store: each rank posts its call under the group's sequence
    number and reads the others' (one write, one read when they agree); a difference raises
-   :class:`~minddp.runtime.debug.DebugError` on every rank, naming each rank's call and line;
+   :class:`~minddp.debug.findings.DebugError` on every rank, naming each rank's call and line. Each
+   group has its own sequence and its own lock, held from the post until the collective is sent: the
+   calls of one group go out in the order they were compared, and a thread waiting on one group never
+   holds up another group's;
 4. **wait, bounded**: while a partner has not posted, the rank polls. A partner that left the group
    or ended its process (it posts that on its way out) is named at once: *uneven inputs* when this
-   rank waits in a training step; one that is late gets a line after :data:`SAY_AFTER_S`; the wait
-   ends at the store's timeout, never later.
+   rank waits in a training step; one that is late gets a line after :data:`SAY_AFTER_S`, which says
+   whether it is in debug mode at all (a rank says so when it turns debug mode on, or joins the group
+   with it on) and any error that ended one of its threads; the wait ends at the store's timeout,
+   never later.
+
+The step a call is said in is the step of the wrapper it belongs to (:func:`in_step_of`): each
+wrapper's :class:`~minddp.debug.watch.Watch` counts its own.
 
 What each finding means and how to fix it: ``docs/debugging.md``. Example (one rank here; under
 :func:`minddp.launch` every rank runs the same)::
@@ -44,7 +52,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from minddp.runtime import debug
+from minddp.debug import switch
+from minddp.debug.findings import DebugError, finding
+from minddp.runtime.compat import process_group_store
 
 #: The ``torch.distributed`` functions checked (those a release lacks are skipped). Point-to-point
 #: messages (send, recv) are not: their two sides are different calls by design.
@@ -91,10 +101,15 @@ SLOTS = 4  # each rank's posts cycle through this many keys: a slot is reused on
 _TORCH = os.path.dirname(torch.__file__) + os.sep
 _MINDDP = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+#: Who says a finding of debug mode (:func:`~minddp.debug.findings.finding`'s ``by``).
+BY = "minddp debug"
 _originals: dict[str, object] = {}
-_local = threading.local()  # .inside: a checked collective is running; .label: minddp's name for the next ones
-_lock = threading.RLock()
-_channels: dict[int, "_Channel"] = {}
+#: Per thread: .inside (a checked collective is running), .label (minddp's name for the next ones), .counter
+#: (a weak reference to the wrapper's watch whose step this thread is in).
+_local = threading.local()
+_latest: list = [None, None]  # the watch that last began a step here (a weak reference, for other threads), its step
+_registry = threading.Lock()  # guards _channels and install(), never held while waiting
+_channels: dict[str, "_Channel"] = {}  # by group name: a destroyed group's channel is dropped with it
 _exit_reason: list[str] = []
 
 
@@ -165,9 +180,13 @@ def relabel(label: str | None) -> str | None:
 
 
 def install() -> None:
-    """Step 1: wrap ``torch.distributed``'s collectives (once per process; a wrapper passes through while off)."""
-    with _lock:
+    """Step 1: wrap ``torch.distributed``'s collectives (once per process; a wrapper passes through while off).
+
+    And say this rank is in debug mode (:func:`say_on`), now if its group exists, else when it joins one.
+    """
+    with _registry:
         if _originals:
+            say_on()
             return
         for name in CHECKED:
             fn = getattr(dist, name, None)
@@ -176,37 +195,69 @@ def install() -> None:
                 setattr(dist, name, _checked(name, fn))
         _originals["destroy_process_group"] = dist.destroy_process_group
         dist.destroy_process_group = _leaving(dist.destroy_process_group)
+        _originals["init_process_group"] = dist.init_process_group
+        dist.init_process_group = _joining(dist.init_process_group)
         atexit.register(_at_exit)
-        previous = sys.excepthook
+        before, before_thread = sys.excepthook, threading.excepthook
 
         def note_error(kind, value, tb):
-            _exit_reason.append(f"an uncaught {kind.__name__}: {str(value).splitlines()[0] if str(value) else ''}")
-            previous(kind, value, tb)
+            _note_error(f"an uncaught {kind.__name__}{_first_line(value)}")
+            before(kind, value, tb)
 
-        sys.excepthook = note_error
+        def note_thread_error(args):
+            if args.exc_type is not SystemExit:  # a thread's sys.exit() is no failure
+                name = getattr(args.thread, "name", "?")
+                _note_error(f"an uncaught {args.exc_type.__name__} in thread {name!r}{_first_line(args.exc_value)}")
+            before_thread(args)
+
+        sys.excepthook, threading.excepthook = note_error, note_thread_error
+    say_on()
+
+
+def say_on() -> None:
+    """Tell this rank's partners it is in debug mode (so a late partner is told apart from one not in it)."""
+    if switch.enabled() and dist.is_initialized():
+        _store().set(f"on/{dist.get_rank()}", "1")
+
+
+def in_step_of(watch) -> None:
+    """This thread now works in the step of ``watch``'s wrapper (:class:`~minddp.debug.watch.Watch`): say it."""
+    _local.counter = _latest[0] = watch.ref
+    _latest[1] = watch.step  # kept after the wrapper is gone (a rank that left its loop says its last step)
+
+
+def current_step() -> int | None:
+    """The step of the wrapper this thread works for (else the wrapper that began a step last); None before any."""
+    ref = getattr(_local, "counter", None) or _latest[0]
+    watch = None if ref is None else ref()
+    step = _latest[1] if watch is None else watch.step
+    return None if step is None or step < 0 else step
 
 
 # -- step 3: compare ---------------------------------------------------------------------------------------
 
 
 def check(call: Call, group) -> None:
-    """Post ``call`` under its group's next sequence number, wait for every partner's, raise on a difference."""
+    """Post ``call`` under its group's next sequence number, wait for every partner's, raise on a difference.
+
+    The caller holds the group's lock (:func:`_checked` holds it until the collective is sent).
+    """
     channel = _channel(group)
     if channel is None:  # a one-rank group, or one this rank is not in
         return
-    with _lock:
+    with channel.lock:
         call.seq = channel.seq
         channel.seq += 1
         channel.post(call)
         everyone = channel.gather(call)
     if any(_key(c) != _key(call) for c in everyone.values()):
-        raise debug.DebugError(_mismatch(everyone, channel))
+        raise DebugError(_mismatch(everyone, channel))
 
 
 def _checked(name: str, fn):
     @functools.wraps(fn)
     def checked(*args, **kwargs):
-        if getattr(_local, "inside", False) or not debug.enabled() or not dist.is_initialized():
+        if getattr(_local, "inside", False) or not switch.enabled() or not dist.is_initialized():
             return fn(*args, **kwargs)
         _local.inside = True
         try:
@@ -217,9 +268,14 @@ def _checked(name: str, fn):
             script, ours = where_called()
             call.where = " in ".join(part for part in (script, ours) if part) or "?"
             call.ours = ours is not None
-            call.step = debug.current_step()
-            check(call, _group_of(fn, args, kwargs))
-            return fn(*args, **kwargs)
+            call.step = current_step()
+            group = _group_of(fn, args, kwargs)
+            channel = _channel(group)
+            if channel is None:
+                return fn(*args, **kwargs)
+            with channel.lock:  # this group's calls go out in the order they were compared; other groups' meanwhile
+                check(call, group)
+                return fn(*args, **kwargs)
         finally:
             _local.inside = False
 
@@ -247,7 +303,7 @@ def _mismatch(everyone: dict[int, Call], channel: "_Channel") -> str:
     left = _left_loop(calls)
     if left is not None:
         behind, ahead = left
-        return debug.finding(
+        return finding(
             "uneven inputs",
             f"{_ranks(behind)} left the training loop after step {calls[behind[0]].step}: "
             f"{'its' if len(behind) == 1 else 'their'} collective #{calls[0].seq}{on} is "
@@ -255,13 +311,15 @@ def _mismatch(everyone: dict[int, Call], channel: "_Channel") -> str:
             f"{calls[ahead[0]].said()}",
             UNEVEN_FIX,
             channel.global_rank,
+            BY,
         )
-    return debug.finding(
+    return finding(
         "mismatched collectives",
         f"collective #{calls[0].seq}{on} differs across ranks ({how}): {said}",
         "make the same collectives on every rank, in the same order, with the same op, shapes and dtypes "
         "(a collective made on some ranks only, e.g. under `if rank == 0:`, pairs with the next one of the others)",
         channel.global_rank,
+        BY,
     )
 
 
@@ -292,10 +350,9 @@ def _ranks(ranks: list[int]) -> str:
 
 
 class _Channel:
-    """One process group's posts: its sequence number, its members, the store they meet on."""
+    """One process group's posts: its sequence number, its members, the store they meet on, its lock."""
 
     def __init__(self, group):
-        self.group_id = id(group)
         self.name = group.group_name
         self.rank, self.size = dist.get_rank(group), group.size()
         self.global_rank = dist.get_rank()
@@ -304,7 +361,8 @@ class _Channel:
         self.store = _store()
         self.seen: set[str] = set()  # keys known to exist (a read of an absent key would block)
         self.last: dict[int, Call] = {}
-        self.store.set(f"on/{self.global_rank}", "1")
+        self.lock = threading.RLock()  # one call of this group at a time, from its post until it is sent
+        say_on()  # this rank was in debug mode before it joined the group (a script's own init, unwrapped)
 
     def slot(self, seq: int, rank: int) -> str:
         return f"post/{self.name}/{seq % SLOTS}/{rank}"
@@ -347,58 +405,65 @@ class _Channel:
         for rank in missing:
             gone = _marker(self.store, f"left/{self.global_ranks[rank]}")
             if gone is not None:
-                raise debug.DebugError(self._left(mine, rank, gone))
+                raise DebugError(self._left(mine, rank, gone))
         last = "; ".join(
             f"rank {r}'s last was #{self.last[r].seq} {self.last[r].said()}"
             if r in self.last
             else f"rank {r} made none"
             for r in missing
         )
+        failed = [(r, _said(self.store, f"failed/{self.global_ranks[r]}")) for r in missing]
+        last += "".join(f"; rank {r} had {what}" for r, what in failed if what is not None)
         off = [r for r in missing if not self.store.check([f"on/{self.global_ranks[r]}"])]
-        if off:
-            last += f" ({_ranks(off)} never turned debug mode on: set MINDDP_DEBUG=1 for every rank)"
+        if off:  # a rank says so when it turns debug mode on, or joins the group with it on (say_on)
+            verb = "is" if len(off) == 1 else "are"
+            last += f" ({_ranks(off)} {verb} not in debug mode: set MINDDP_DEBUG=1 for every rank)"
         what = f"{_ranks(missing)} {'has' if len(missing) == 1 else 'have'} not reached collective #{mine.seq}"
         if waited >= SAY_AFTER_S and not said:
-            line = debug.finding(
+            line = finding(
                 "waiting for a collective",
                 f"rank {self.rank} has waited {waited:.0f} s in {mine.said()}: {what}; {last}",
                 "if a rank skipped this collective (one made under `if rank == ...:`), make it on every rank; "
                 "if it is still computing, this line is only news",
                 self.global_rank,
+                BY,
             )
             print(line, file=sys.stderr, flush=True)
         if waited >= self.store.timeout.total_seconds():
-            raise debug.DebugError(
-                debug.finding(
+            raise DebugError(
+                finding(
                     "a collective no partner made",
                     f"{what} within the store's timeout ({self.store.timeout}), while rank {self.rank} is in "
                     f"{mine.said()}; {last}",
                     "make every collective on every rank; a rank still computing needs a longer timeout",
                     self.global_rank,
+                    BY,
                 )
             )
 
     def _left(self, mine: Call, rank: int, gone: dict) -> str:
         how = f"{gone['how']} at {gone['where']}" + ("" if gone["step"] is None else f", after step {gone['step']}")
         if mine.ours and mine.step is not None:
-            return debug.finding(
+            return finding(
                 "uneven inputs",
                 f"rank {rank} left its training loop and the process group ({how}) while rank {self.rank} is in "
                 f"a step: {mine.said()}",
                 UNEVEN_FIX,
                 self.global_rank,
+                BY,
             )
-        return debug.finding(
+        return finding(
             "a collective no partner made",
             f"rank {rank} left the process group ({how}) before collective #{mine.seq}, which rank {self.rank} makes: "
             f"{mine.said()}",
             "make every collective on every rank, and end every rank's loop at the same step",
             self.global_rank,
+            BY,
         )
 
 
 def _store():
-    return dist.PrefixStore("minddp-debug/", c10d._get_process_group_store(dist.group.WORLD))
+    return dist.PrefixStore("minddp-debug/", process_group_store(dist.group.WORLD))
 
 
 def _world_name() -> str:
@@ -409,36 +474,57 @@ def _channel(group) -> _Channel | None:
     group = dist.group.WORLD if group is None else group
     if group is c10d.GroupMember.NON_GROUP_MEMBER or group.size() < 2:
         return None
-    with _lock:
-        channel = _channels.get(id(group))
+    name = group.group_name  # unique among the groups alive in this process (an id() may be reused)
+    with _registry:
+        channel = _channels.get(name)
         if channel is None:
-            channel = _channels[id(group)] = _Channel(group)
+            channel = _channels[name] = _Channel(group)
         return channel
 
 
 def _marker(store, key: str) -> dict | None:
-    return json.loads(store.get(key)) if store.check([key]) else None
+    said = _said(store, key)
+    return None if said is None else json.loads(said)
+
+
+def _said(store, key: str) -> str | None:
+    return store.get(key).decode() if store.check([key]) else None
+
+
+def _joining(fn):
+    """``init_process_group`` that then says this rank is in debug mode, if it is (:func:`say_on`)."""
+
+    @functools.wraps(fn)
+    def init_process_group(*args, **kwargs):
+        fn(*args, **kwargs)
+        say_on()
+
+    return init_process_group
 
 
 def _leaving(fn):
-    """``destroy_process_group`` that first posts where and when this rank left (for partners still waiting)."""
+    """``destroy_process_group`` that first posts where and when this rank left (for partners still waiting).
+
+    Another group's channel goes with it: a group made later starts its own sequence, whatever its name or id.
+    """
 
     @functools.wraps(fn)
     def destroy_process_group(group=None):
         if group in (None, dist.group.WORLD) and dist.is_initialized() and _channels:
             script, ours = where_called()
             _say_left("destroy_process_group", script or ours or "?")
+        elif group not in (None, dist.group.WORLD):
+            with _registry:
+                _channels.pop(getattr(group, "group_name", None), None)
         return fn(group)
 
     return destroy_process_group
 
 
 def _say_left(how: str, where: str) -> None:
-    with _lock:
+    with _registry:
         try:
-            _store().set(
-                f"left/{dist.get_rank()}", json.dumps({"how": how, "where": where, "step": debug.current_step()})
-            )
+            _store().set(f"left/{dist.get_rank()}", json.dumps({"how": how, "where": where, "step": current_step()}))
         except Exception:  # the store may be gone already (its owner ended): nobody is left to tell
             pass
         _channels.clear()
@@ -448,6 +534,21 @@ def _at_exit() -> None:
     if dist.is_initialized() and _channels:
         how = "its process ended" + (f" with {_exit_reason[-1]}" if _exit_reason else "")
         _say_left(how, "exit")
+
+
+def _note_error(what: str) -> None:
+    """An error no one caught, on any thread: kept for the line at exit, and told to the partners now."""
+    _exit_reason.append(what)
+    if switch.enabled() and dist.is_initialized():
+        try:
+            _store().set(f"failed/{dist.get_rank()}", what)
+        except Exception:  # the store may be gone: the line at exit still says it
+            pass
+
+
+def _first_line(error) -> str:
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f": {text}" if text else ""
 
 
 # -- where a call was made -------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 The teaching stages check that ranks hold the same model and use the same
 parameters (:mod:`minddp.stages.checks`). Real training scripts go wrong in
 more ways, each of which would otherwise pair the wrong tensors in a
-collective, hang, or train on garbage. Each guard raises the same error on
-every rank:
+collective, hang, or train on garbage. Guards 1 to 3 raise the same one-line
+finding on every rank (:func:`minddp.debug.findings.finding`; guards 1 and 2 as
+a :class:`~minddp.debug.findings.CrossRankError`, a ``RuntimeError``):
 
 1. :func:`check_same_settings`, once, just before the first bucket is sent:
    all ranks all-gather their comm hook (and its state's settings) and
@@ -21,10 +22,12 @@ every rank:
    whether its own gradient was already non-finite;
 4. :func:`unfinished_reduction`, at the forward after a synced backward that
    left parameters without a gradient: which cause, and its fix (a loss that
-   missed the outputs, a parameter frozen after wrapping, an unused one).
+   missed the outputs, a parameter frozen after wrapping, an unused one). Not a
+   cross-rank check (this rank's own gradients): it starts with torch's words,
+   which users search for.
 
 Debug mode (``MINDDP_DEBUG=1``) turns guard 2 on and adds the checks of
-:mod:`minddp.ddp.debug` and :mod:`minddp.stages.debug`.
+:mod:`minddp.ddp.debug_reducer` and :mod:`minddp.debug.watch`.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
@@ -38,6 +41,8 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+
+from minddp.debug.findings import CrossRankError, finding
 
 
 def describe_hook_state(state) -> str | None:
@@ -74,10 +79,13 @@ def check_same_settings(settings: dict, group: dist.ProcessGroup) -> None:
         if theirs.get(key) != everyone[0].get(key)
     ]
     if diffs:
-        raise RuntimeError(
-            "minddp: ranks send gradients differently, so their all_reduces would mix unrelated tensors: "
-            + "; ".join(diffs)
-            + ". Give every rank the same comm hook and bucket_cap_mb"
+        raise CrossRankError(
+            finding(
+                "ranks send gradients differently, so their all_reduces would mix unrelated tensors",
+                "; ".join(diffs),
+                "give every rank the same comm hook and bucket_cap_mb",
+                dist.get_rank(),
+            )
         )
 
 
@@ -109,11 +117,15 @@ def check_consistency(
             diffs.append(f"launch order: rank {rank} {list(order)}, rank 0 {list(order0)}")
     if diffs:
         local = "; ".join(f"bucket {b}: {[names[i] for i in bucket]}" for b, bucket in enumerate(plan))
-        raise RuntimeError(
-            "minddp consistency guard: ranks disagree on the bucket plan or launch order, so their all_reduces "
-            "would mix different gradients: " + " | ".join(diffs) + f" | this rank (rank {dist.get_rank(group)}) "
-            f"plans {local}. Every rank must build the same model and register the same parameters in the same "
-            "order (and must not change requires_grad on one rank only)"
+        raise CrossRankError(
+            finding(
+                "ranks disagree on the bucket plan or launch order, so their all_reduces would mix different gradients",
+                " | ".join(diffs) + f" | this rank (rank {dist.get_rank(group)} of its group) plans {local}",
+                "build the same model on every rank and register the same parameters in the same order (and do "
+                "not change requires_grad on one rank only)",
+                dist.get_rank(),
+                "minddp consistency guard",
+            )
         )
 
 
@@ -128,9 +140,14 @@ def finite_check(bucket_index: int, names: list[str], local_finite: bool, rank: 
                 else "this rank's own gradient was finite, so another rank sent the NaN/Inf"
             )
             raise FloatingPointError(
-                f"minddp check_finite: the averaged gradient of bucket {bucket_index} ({', '.join(names[:4])}"
-                f"{', ...' if len(names) > 4 else ''}) contains NaN or Inf on rank {rank}; {here}. Look for a "
-                "diverging loss (lower the learning rate, clip gradients) or bad input on that rank"
+                finding(
+                    "NaN or Inf in an averaged gradient",
+                    f"the averaged gradient of bucket {bucket_index} ({', '.join(names[:4])}"
+                    f"{', ...' if len(names) > 4 else ''}) contains NaN or Inf on rank {rank}; {here}",
+                    "look for a diverging loss (lower the learning rate, clip gradients) or bad input on that rank",
+                    rank,
+                    "minddp check_finite",
+                )
             )
 
     return check

@@ -1,12 +1,15 @@
 """What debug mode checks on a wrapped model at each step: replicas, gradients, data, ``requires_grad``.
 
-A wrapper is watched with one line, ``wrapper.watch = watch(wrapper, module, group)`` (the production
-DDP's constructor; the ladder's :func:`~minddp.ladder.build_stage` for the teaching stages, whose own
-files stay as they teach); with debug mode off (``MINDDP_DEBUG`` unset) that returns None and nothing
-else happens. On, a :class:`Watch` hooks the
-wrapper, its module's submodules and parameters, and every optimizer that steps them, and at each
-step compares, across ranks, a fingerprint of each tensor (the sum of its bits: any change of any
-value changes it, in practice) with one small all_gather; a full comparison runs only on a mismatch:
+Every wrapper's constructor calls :func:`minddp.debug.switch.attach`; while debug mode is on, that calls
+:func:`checks_for`, which installs the collective check and, on a wrapper whose ranks hold whole
+replicas (the six teaching stages, ``ddp``), puts a :class:`Watch` on it; a sharded wrapper
+(``sharded = True``: ``zero2``, ``fsdp``; ``local-sgd`` and ``diloco``, whose replicas differ between
+syncs) gets the collective check only, since its ranks hold different values by design. A
+:class:`Watch` hooks the wrapper, its module's submodules and parameters,
+and (its own hook, removed with the wrapper) every optimizer that steps them, and at each step
+compares, across ranks, a fingerprint of each tensor (:func:`fingerprints`: integer, exact, changed by
+any one value changed, and by two values swapped) with one small all_gather; a full comparison runs only on a
+mismatch:
 
 1. **forward check**, before each forward that will sync: ``requires_grad`` (a layer frozen on some
    ranks), the parameters (replicas that drifted apart since the last step) and the buffers a wrapper
@@ -15,19 +18,19 @@ value changes it, in practice) with one small all_gather; a full comparison runs
    averaging made equal on every rank. Gradients that differ were never averaged (the module called
    directly, a backward inside ``no_sync()``) or were used by some ranks' forward only; local
    gradients bit-identical on every rank, step after step, mean every rank read the same data;
-3. a finding is one line on every rank (:func:`minddp.runtime.debug.finding`): an error, except for
+3. a finding is one line on every rank (:func:`minddp.debug.findings.finding`): an error, except for
    buffers and data (warnings, once: they do not corrupt the model).
 
-Every rank decides from the same gathered table, so every rank raises at the same point and the
-extra all_gather of a full comparison is always paired. Inside ``join()`` the checks pause: a joined
-rank takes no steps. What each finding means: ``docs/debugging.md``.
+Each watch counts its wrapper's steps; the collectives made in them are said with that count
+(:func:`minddp.debug.collective_check.in_step_of`). Every rank decides from the same gathered table, so
+every rank raises at the same point and the extra all_gather of a full comparison is always paired.
+Inside ``join()`` the checks pause: a joined rank takes no steps. What each finding means:
+``docs/debugging.md``.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
-    >>> watch(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), None) is None    # MINDDP_DEBUG unset: nothing
-    True
-    >>> fingerprints([torch.ones(3), None], torch.device("cpu"))             # the bits of 1.0 (0x3f800000) x 3
-    tensor([3196059648,          0])
+    >>> fingerprints([torch.ones(3), None], torch.device("cpu"))  # 1.0: words 0, 16256 (16256 * 48846)
+    tensor([794040576,         0])
 """
 
 from __future__ import annotations
@@ -41,41 +44,79 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from minddp.runtime import collective_check, debug
+from minddp.debug import collective_check, switch
+from minddp.debug.collective_check import BY
+from minddp.debug.findings import DebugError, DebugWarning, finding
+from minddp.runtime.compat import join_enabled
 from minddp.runtime.device import message_device
 
 #: Local gradients bit-identical on every rank this many steps in a row: every rank reads the same data.
 SAME_DATA_STEPS = 3
-_INTS = {1: torch.int8, 2: torch.int16}  # wider elements are read as int32 words
 #: Bits of the step check's notes: the step's last forward ran in no_sync(); a forward bypassed the wrapper;
 #: every trainable parameter's local gradient was fingerprinted (a synced backward computed them all).
 _NO_SYNC, _DIRECT, _ALL_LOCAL = 1, 2, 4
-_watches: weakref.WeakSet = weakref.WeakSet()
-_hooked: list = []
+#: The fingerprint (:func:`fingerprints`): a tensor's 16-bit words, the i-th weighted by RUN_ROOT**(i % RUN) modulo
+#: RUN_PRIME (distinct in a run: RUN_ROOT is a primitive root) and by ROOT**(i // RUN) modulo the prime P, summed mod P.
+P, ROOT = 2**31 - 1, 7
+RUN, RUN_PRIME, RUN_ROOT = 65520, 65521, 17  # a word times its weight fits int32: 2**15 * 65520 < 2**31
+BLOCK = 256  # runs summed at once: a product of 64 MiB at most
+_weights: dict = {}  # device -> the weights of a run's words, RUN_ROOT**k mod RUN_PRIME (int32)
 
 
-def watch(wrapper: nn.Module, module: nn.Module, group, flag: bool | None = None) -> "Watch | None":
-    """Debug mode's checks for ``wrapper`` around ``module`` (``flag``: a ``debug=`` argument); None when off."""
-    return Watch(wrapper, module, group) if debug.turn_on(flag) else None
+def checks_for(wrapper: nn.Module) -> "Watch | None":
+    """What :func:`~minddp.debug.switch.attach` does while debug mode is on: the collective check, and a watch.
+
+    None for a sharded wrapper (its ranks hold different shards: only its collectives can be compared).
+    """
+    collective_check.install()  # the script's collectives, and the wrapper's, are checked from now on
+    if getattr(wrapper, "sharded", False):
+        return None
+    return Watch(wrapper, wrapper.module, wrapper.process_group)
 
 
 def fingerprints(tensors: list, device: torch.device) -> torch.Tensor:
-    """The sum of each tensor's bits as integers (0 for None): equal tensors give equal sums."""
-    sums = [
-        t.detach().reshape(-1).view(_INTS.get(t.element_size(), torch.int32)).sum(dtype=torch.int64).to(device)
-        if t is not None
-        else torch.zeros((), dtype=torch.int64, device=device)
+    """Each tensor's fingerprint, on ``device`` (0 for None): its 16-bit words, each weighted by its place, summed.
+
+    Integer and exact on every device, in any order of summation (a product fits 31 bits, a run's sum 47, a sum
+    modulo P 62): equal tensors give equal fingerprints; one word changed always changes it (a weight is not 0
+    modulo P); two different words swapped within a run of 65520 words (128 KiB) always change it (the weights of
+    a run differ); any other change goes unseen only by a coincidence of about one in 2**31.
+    """
+    prints = [
+        _fingerprint(t).to(device) if t is not None else torch.zeros((), dtype=torch.int64, device=device)
         for t in tensors
     ]
-    return torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64, device=device)
+    return torch.stack(prints) if prints else torch.zeros(0, dtype=torch.int64, device=device)
+
+
+def _fingerprint(tensor: torch.Tensor) -> torch.Tensor:
+    words = tensor.detach().reshape(-1).view(torch.int8 if tensor.element_size() == 1 else torch.int16)
+    weights, device = _weights_on(words.device), words.device
+    runs, tail = divmod(words.numel(), RUN)
+    total = torch.zeros((), dtype=torch.int64, device=device)
+    for first in range(0, runs, BLOCK):
+        block = words[first * RUN : min(first + BLOCK, runs) * RUN].view(-1, RUN)
+        sums = (block * weights).sum(dim=1).remainder_(P)  # int32 products, each run's sum in int64
+        shift = torch.tensor([pow(ROOT, run, P) for run in range(first, first + len(sums))], device=device)
+        total = (total + (sums * shift).remainder_(P).sum()) % P
+    if tail:
+        last = (words[runs * RUN :] * weights[:tail]).sum().remainder(P)
+        total = (total + last * pow(ROOT, runs, P)) % P
+    return total
+
+
+def _weights_on(device: torch.device) -> torch.Tensor:
+    if device not in _weights:
+        weights = [pow(RUN_ROOT, k, RUN_PRIME) for k in range(RUN)]
+        _weights[device] = torch.tensor(weights, dtype=torch.int32, device=device)
+    return _weights[device]
 
 
 class Watch:
     """The checks of one wrapper (module doc, steps 1-3), run from hooks: the wrapper's code is unchanged."""
 
     def __init__(self, wrapper: nn.Module, module: nn.Module, group):
-        collective_check.install()  # the script's collectives, and the wrapper's, are checked from now on
-        self.wrapper = weakref.ref(wrapper)
+        self.wrapper, self.ref = weakref.ref(wrapper), weakref.ref(self)
         self.name = type(wrapper).__name__
         self.group = dist.group.WORLD if group is None else group
         self.device = message_device(self.group)
@@ -93,25 +134,25 @@ class Watch:
         self.label_before = None
         handles = [
             wrapper.register_forward_pre_hook(self._before_forward),
-            wrapper.register_forward_hook(self._after_forward),
+            # always_call: after a forward that raised too (an out-of-memory retry), so nothing stays "inside"
+            wrapper.register_forward_hook(self._after_forward, always_call=True),
+            register_optimizer_step_pre_hook(self._before_optimizer_step),  # this watch's, removed with it
         ]
         for name, sub in module.named_modules():
             label = f"submodule {name!r}" if name else "the wrapped module"
             handles.append(sub.register_forward_pre_hook(self._direct_call(label)))
-        for i, (_, p) in enumerate(self.trainable):
-            handle = p.register_post_accumulate_grad_hook(self._grad_ready(i))
-            # First among the parameter's hooks: a stage built before this watch registered its own, which
-            # average the gradient in place (hook) or send it (hook-async); this one must see it local.
-            handle.hooks_dict_ref().move_to_end(handle.id, last=False)
-            handles.append(handle)
+        # The wrapper's constructor attaches debug mode before it registers hooks of its own (its reducer, the
+        # hook stages' averaging), so these run first on each gradient and see it local, before any average.
+        handles += [
+            p.register_post_accumulate_grad_hook(self._grad_ready(i)) for i, (_, p) in enumerate(self.trainable)
+        ]
         weakref.finalize(wrapper, _remove, handles)  # the module may outlive its wrapper: its hooks go with it
-        _watches.add(self)
-        if not _hooked:
-            _hooked.append(register_optimizer_step_pre_hook(_before_optimizer_step))
 
     # -- hooks: what this rank did since the last step -----------------------------------------------
 
     def _before_forward(self, wrapper, inputs) -> None:
+        if not switch.enabled():  # turned off since this wrapper was built (minddp.debug.disable)
+            return
         self.inside = True
         self.label_before = collective_check.relabel(f"{self.name}'s forward")
         self.syncing = torch.is_grad_enabled() and getattr(wrapper, "require_backward_grad_sync", True)
@@ -122,17 +163,14 @@ class Watch:
             return
         self.notes &= ~_NO_SYNC  # the step's last forward decides
         self.step = max(self.step + 1, self.steps_taken)
-        debug.at_step(self.step)
+        collective_check.in_step_of(self)  # this wrapper's step: the collectives made now say it
         if not self._paused():
-            try:
-                self._forward_check()
-            except BaseException:  # no forward follows: leave as after one
-                self._after_forward(wrapper, inputs, None)
-                raise
+            self._forward_check()  # if it raises, the forward hook still runs (always_call)
 
     def _after_forward(self, wrapper, inputs, outputs) -> None:
-        self.inside = False
-        collective_check.relabel(self.label_before)
+        if self.inside:
+            self.inside = False
+            collective_check.relabel(self.label_before)
 
     def _direct_call(self, name: str):
         def noted(module, inputs) -> None:
@@ -145,6 +183,9 @@ class Watch:
 
     def _grad_ready(self, i: int):
         def ready(param: nn.Parameter) -> None:
+            if not switch.enabled():  # paused (minddp.debug.disable)
+                return
+            collective_check.in_step_of(self)  # backward may run on another thread: its collectives are ours
             self.arrived.add(i)
             if self.syncing:
                 self.local[i] = fingerprints([param.grad], self.device)[0]
@@ -153,7 +194,7 @@ class Watch:
 
     def _paused(self) -> bool:
         wrapper = self.wrapper()
-        return wrapper is None or getattr(getattr(wrapper, "_join_config", None), "enable", False)
+        return wrapper is None or join_enabled(wrapper) or not switch.enabled()
 
     # -- step 1: the forward check ------------------------------------------------------------------------
 
@@ -167,9 +208,9 @@ class Watch:
         n = len(self.named)
         flags, params, bufs = table[:, :n], table[:, n : 2 * n], table[:, 2 * n :]
         if (i := _first_difference(flags)) is not None:
-            raise debug.DebugError(self._frozen(i, flags[:, i]))
+            raise DebugError(self._frozen(i, flags[:, i]))
         if (i := _first_difference(params)) is not None:
-            raise debug.DebugError(self._drifted(i, params))
+            raise DebugError(self._drifted(i, params))
         if (i := _first_difference(bufs)) is not None and "buffers" not in self.warned:
             self.warned.add("buffers")
             self._warn(self._buffers_differ(buffers, bufs, wrapper))
@@ -177,19 +218,20 @@ class Watch:
     def _frozen(self, i: int, flags: torch.Tensor) -> str:
         name = self.named[i][0]
         yes, no = _where_value(flags, 1), _where_value(flags, 0)
-        return debug.finding(
+        return finding(
             "requires_grad differs across ranks",
             f"parameter {name!r} requires grad on ranks {yes} but not on ranks {no} at step {self.step}, so the "
             "ranks would send different gradients (this is not an unused parameter)",
             f"freeze (requires_grad_(False)) or unfreeze {name!r} on every rank, before wrapping the model; "
             "find_unused_parameters=True does not fix this",
             dist.get_rank(),
+            BY,
         )
 
     def _drifted(self, i: int, params: torch.Tensor) -> str:
         name, tensor = self.named[i]
         others = [self.named[j][0] for j in _differences(params) if j != i]
-        return debug.finding(
+        return finding(
             "replicas drifted apart",
             f"parameter {name!r} differs across ranks at step {self.step}, before its forward ("
             f"{self._compare(tensor, params[:, i])}){_and_more(others)}: it changed on some ranks only since "
@@ -198,6 +240,7 @@ class Watch:
             "change parameters the same way on every rank (or broadcast them from rank 0 after the change), and "
             "give every rank the same optimizer",
             dist.get_rank(),
+            BY,
         )
 
     def _buffers_differ(self, buffers: list, bufs: torch.Tensor, wrapper) -> str:
@@ -208,21 +251,29 @@ class Watch:
             if hasattr(wrapper, "broadcast_buffers")
             else f"{self.name} broadcasts buffers only when it is built"
         )
-        return debug.finding(
+        return finding(
             "buffers differ across ranks",
             f"{'buffer' if len(differ) == 1 else 'buffers'} {names} {'differs' if len(differ) == 1 else 'differ'} "
             f"across ranks at step {self.step} ({why}): each rank evaluates and checkpoints its own statistics",
             "pass broadcast_buffers=True (rank 0's buffers before each step, torch's default), or convert the "
             "model with torch.nn.SyncBatchNorm.convert_sync_batchnorm",
             dist.get_rank(),
+            BY,
         )
 
     # -- step 2: the step check -----------------------------------------------------------------------
+
+    def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
+        """torch's optimizer step pre-hook (one per watch): the step check, if ``optimizer`` steps this model."""
+        if self.ids.isdisjoint(id(p) for group in optimizer.param_groups for p in group["params"]):
+            return
+        self.step_check()
 
     def step_check(self) -> None:
         """Before ``optimizer.step()``: the gradients it will use, compared across ranks."""
         if self._paused():
             return
+        collective_check.in_step_of(self)
         step = max(self.step, self.steps_taken)
         grads = [p.grad for _, p in self.trainable]
         present = torch.tensor([g is not None for g in grads], dtype=torch.int64, device=self.device)
@@ -240,13 +291,13 @@ class Watch:
         i = _first_difference(torch.cat([present, sums], dim=1))
         if i is not None:
             i %= n
-            raise debug.DebugError(self._not_averaged(i, step, present[:, i], arrived[:, i], sums[:, i], table))
+            raise DebugError(self._not_averaged(i, step, present[:, i], arrived[:, i], sums[:, i], table))
         everyone_computed = bool((table[:, 0] & _ALL_LOCAL).all()) and n > 0
         self.same_data = self.same_data + 1 if everyone_computed and _first_difference(local) is None else 0
         if self.same_data >= SAME_DATA_STEPS and "data" not in self.warned:
             self.warned.add("data")
             self._warn(
-                debug.finding(
+                finding(
                     "every rank is reading the same data",
                     f"the local gradients (before averaging) were bit-identical on every rank in steps "
                     f"{step - SAME_DATA_STEPS + 1} to {step}, so the ranks compute one batch {self.group.size()}"
@@ -254,13 +305,14 @@ class Watch:
                     "give each rank its own part of the data: DataLoader(dataset, sampler=DistributedSampler("
                     "dataset)) and sampler.set_epoch(epoch) each epoch",
                     dist.get_rank(),
+                    BY,
                 )
             )
 
     def _not_averaged(self, i, step, present, arrived, sums, table) -> str:
         name, param = self.trainable[i]
         if len(set(arrived.tolist())) > 1:
-            return debug.finding(
+            return finding(
                 "a parameter unused on some ranks",
                 f"parameter {name!r} got a gradient on ranks {_where_value(arrived, 1)} but not on ranks "
                 f"{_where_value(arrived, 0)} in step {step}: the forward did not use it there (a branch taken on "
@@ -268,6 +320,7 @@ class Watch:
                 "pass find_unused_parameters=True to the wrapper (it then averages zeros in for the ranks that did "
                 "not use it), or use every parameter on every rank",
                 dist.get_rank(),
+                BY,
             )
         notes = 0
         for rank_notes in table[:, 0].tolist():  # what any rank's forwards were
@@ -291,11 +344,12 @@ class Watch:
             compared = self._compare(param.grad, sums)
         else:
             compared = f"present on ranks {_where_value(present, 1)} only"
-        return debug.finding(
+        return finding(
             "gradients never averaged",
             f"the gradient of {name!r} differs across ranks at optimizer.step() in step {step} ({compared}): {why}",
             fix,
             dist.get_rank(),
+            BY,
         )
 
     # -- the cross-rank table and the full comparison ------------------------------------------------
@@ -324,19 +378,9 @@ class Watch:
         """Warn, pointing at the script's line (the optimizer step or forward it was found in), not minddp's."""
         frame, _ = collective_check.script_frame(sys._getframe(1))
         if frame is None:
-            warnings.warn(debug.DebugWarning(line), stacklevel=2)
+            warnings.warn(DebugWarning(line), stacklevel=2)
         else:
-            warnings.warn_explicit(debug.DebugWarning(line), None, frame.f_code.co_filename, frame.f_lineno)
-
-
-def _before_optimizer_step(optimizer, args, kwargs) -> None:
-    """torch's global optimizer hook: the step check of every watch whose parameters this optimizer steps."""
-    if not _watches:
-        return
-    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    for w in list(_watches):
-        if w.ids & stepped:
-            w.step_check()
+            warnings.warn_explicit(DebugWarning(line), None, frame.f_code.co_filename, frame.f_lineno)
 
 
 def _remove(handles: list) -> None:

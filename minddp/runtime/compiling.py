@@ -5,9 +5,11 @@
 2. :func:`split_at_buckets` (around the module's call): Dynamo's ``DDPOptimizer`` cuts the compiled graph
    into pieces of a bucket each, as for torch's DDP, so each bucket is sent once its piece's backward ends.
 
-``ddp`` and ``zero2`` take both steps themselves. The teaching stages stay plain: their files show the
-idea, not this; :func:`compile_ready` gives one both steps, and :func:`minddp.ladder.build_stage` calls it
-when the module it wraps is compiled (as ``--compile`` does).
+Torch-level mechanism (Dynamo's frame skip, the active DDP module Dynamo reads), so it lives in the
+runtime, below every wrapper, and knows none of them: ``ddp`` and ``zero2`` take both steps themselves;
+the teaching stages stay plain (their files show the idea, not this) and
+:func:`minddp.ladder.compile_ready` gives one both steps, called by :func:`minddp.ladder.build_stage` when
+the module it wraps is compiled (as ``--compile`` does).
 
 Why, and the limits: ``docs/ddp.md`` (*Compiled*). Example::
 
@@ -25,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-from minddp.stages.bucket_plan import MB
+MB = 1024 * 1024  # the caps are in MiB, as every wrapper takes them
 
 
 def eager_under_compile(wrapper: nn.Module) -> None:
@@ -54,23 +56,3 @@ def split_at_buckets(bucket_cap_mb: float | None, first_bucket_cap_mb: float | N
         yield
     finally:
         TorchDDP._active_ddp_module, dist._DEFAULT_FIRST_BUCKET_BYTES = before
-
-
-def compile_ready(stage: nn.Module) -> nn.Module:
-    """Steps 1 and 2 for a teaching stage: call it before ``torch.compile(stage)``, or wrap a compiled module.
-
-    A bucketed stage (one with ``caps``, its bucket caps) has its module's graph cut where its buckets end.
-    """
-    from torch._dynamo.decorators import skip
-
-    eager_under_compile(stage)
-    caps = getattr(stage, "caps", None)
-    if caps is not None:
-        forward = stage.forward
-
-        def cut_forward(*inputs, **kwargs):
-            with split_at_buckets(*caps):
-                return forward(*inputs, **kwargs)
-
-        stage.forward = skip(cut_forward)  # this frame runs as Python too
-    return stage

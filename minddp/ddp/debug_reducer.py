@@ -1,8 +1,10 @@
 """The production DDP in debug mode: its reducer's collectives checked and labelled like the script's own.
 
-``minddp.DistributedDataParallel`` built with debug mode on (``MINDDP_DEBUG=1`` or ``debug=True``)
-owns a :class:`DebugReducer` instead of a :class:`~minddp.ddp.reducer.Reducer`; off, nothing here
-runs. The differences, each for the collective check (:mod:`minddp.runtime.collective_check`):
+``minddp.DistributedDataParallel`` built with debug mode on (``MINDDP_DEBUG=1`` or
+``minddp.debug.enable()``) owns a :class:`DebugReducer` instead of a :class:`~minddp.ddp.reducer.Reducer`;
+off, nothing here runs. It lives beside the reducer, not in :mod:`minddp.debug`: it overrides the
+reducer's own steps, so it changes with them. The differences, each for the collective check
+(:mod:`minddp.debug.collective_check`):
 
 1. **the fast path goes through the check**: the built-in average hands its sum to
    ``torch.distributed.all_reduce`` (:func:`checked_sum`, a ``Wire`` transport) instead of the
@@ -13,7 +15,7 @@ runs. The differences, each for the collective check (:mod:`minddp.runtime.colle
    tensors the others were sending (and the check adds the step).
 
 The checks of the model itself (replicas, gradients, data, ``requires_grad``) are the teaching
-stages' too: :mod:`minddp.stages.debug`. More: ``docs/debugging.md``.
+stages' too: :mod:`minddp.debug.watch`. More: ``docs/debugging.md``.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
@@ -31,7 +33,7 @@ import torch.distributed as dist
 from minddp.comm.default_hooks import allreduce_hook
 from minddp.comm.wire import Wire
 from minddp.ddp.reducer import Reducer
-from minddp.runtime import collective_check
+from minddp.debug import collective_check
 
 
 def checked_sum(tensor: torch.Tensor, group: dist.ProcessGroup) -> None:
