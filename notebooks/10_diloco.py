@@ -147,10 +147,10 @@ lesson.claim(
 )
 
 # %% [markdown]
-# One short run on 2 replicas says little about which learns better: the differences are small and
-# one seed's noise can reverse them. `python -m minddp.bench.convergence` runs every rung on 4
-# replicas, 2000 steps, 5 seeds, and its results are committed (`docs/diloco/convergence.json`);
-# the figures below are drawn from that file, not run here.
+# That is one seed of a short run on 2 replicas, a single sample of each rung. To compare them,
+# `python -m minddp.bench.convergence` runs every rung on 4 replicas, 2000 steps, 5 seeds, and its
+# results are committed (`docs/diloco/convergence.json`); the figures below are drawn from that
+# file, not run here, with each rung's spread over the seeds beside its mean.
 
 # %%
 import json
