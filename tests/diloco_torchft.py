@@ -12,7 +12,6 @@ built from the same seed, as torchft's ``init_sync=False`` is for).
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
@@ -53,14 +52,14 @@ def run_torchft(
     (the whole model) or one per layer; ``diloco``: ``fragment_sync_delay`` and ``fragment_update_alpha``.
     Returns each replica's final parameters and the number of steps its Manager committed.
     """
-    from ft_torchft import replica_manager
+    from ft_torchft import in_threads, replica_manager
     from torchft.coordination import LighthouseServer
     from torchft.local_sgd import DiLoCo, LocalSGD
 
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=10000)
     lock = threading.Lock()
 
-    def replica(replica_id: int) -> dict:
+    def replica(replica_id: int, first: bool) -> dict:
         with lock:
             model = build_model()
         inner = build_inner(model)
@@ -89,11 +88,4 @@ def run_torchft(
             pg.abort()
             manager.shutdown(wait=False)
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread, as every rank of minddp's run: the same kernels, the same sums
-    try:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            return list(pool.map(replica, range(2)))
-    finally:
-        torch.set_num_threads(threads)
-        lighthouse.shutdown()
+    return in_threads(replica, 2, lighthouse)  # one torch thread, as every rank of minddp's run: the same sums

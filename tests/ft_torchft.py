@@ -45,16 +45,6 @@ def run_torchft(
     built = threading.Barrier(num_replicas)
     failed = {"done": False, "at": None}
 
-    def replica(replica_id: int) -> dict:
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                return replica_main(replica_id, first=attempts == 1)
-            except InjectedFailure:
-                if attempts > 3:
-                    raise
-
     def replica_main(replica_id: int, first: bool) -> dict:
         with init_lock:
             model = task.build_model()
@@ -107,15 +97,92 @@ def run_torchft(
             pg.abort()  # as a process that died: its connections close, peers fail at once
             manager.shutdown(wait=False)
 
+    results = in_threads(replica_main, num_replicas, lighthouse)
+    return {"replicas": results, "failed_at": failed["at"]}
+
+
+def run_manager_diloco(task, syncs: int, sync_every: int, fail_at: int, fail_replica: int = 1, world: int = 2):
+    """minddp's DiLoCo with its syncs under torchft's Manager (:class:`minddp.ft.manager.ManagerDiLoCo`): each
+    replica trains its shard of every global batch of ``task``; replica ``fail_replica`` raises at sync ``fail_at``
+    before its all_reduce (its peer then waits in it) and starts again, fresh, healed at the next sync.
+
+    The lighthouse waits for both replicas before every quorum (``min_replicas=2``): no sync is ever committed by
+    two quorums of one replica each, whatever the threads' speed; the survivor's retried sync has the returning
+    replica in it, healed, adding nothing. Returns each replica's log (every incarnation's attempts:
+    ``(sync, members, joined, committed)``) and final state.
+    """
+    from torchft.coordination import LighthouseServer
+
+    from minddp.ft.diloco import replica_state, sync_now
+    from minddp.ft.manager import ManagerDiLoCo
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=30000)
+    init_lock, failed = threading.Lock(), {"done": False}
+    logs = {replica_id: [] for replica_id in range(world)}  # every incarnation's attempts, the failed one's too
+
+    def fault(replica_id: int, sync: int) -> None:
+        if replica_id == fail_replica and sync == fail_at and not failed["done"]:
+            failed["done"] = True
+            raise InjectedFailure(f"replica {replica_id} fails at sync {sync}")
+
+    def replica_main(replica_id: int, first: bool) -> dict:
+        with init_lock:
+            model = task.build_model()
+        inner = task.build_optimizer(model)
+        pg, manager = replica_manager(
+            replica_id, lighthouse, None, None, min_replica_size=1, pg_timeout_s=5, init_sync=False
+        )
+        rung = None
+        try:
+            rung = ManagerDiLoCo(
+                manager,
+                model,
+                inner,
+                None,
+                sync_every,
+                joining=not first,
+                before_collective=lambda sync: fault(replica_id, sync),
+            )
+            if not first:
+                sync_now(rung.diloco)  # healed at the survivor's next sync (its retry of the failed one)
+            while manager.current_step() < syncs:
+                shard = task.shard(task.global_batch(rung.diloco.steps), replica_id, world)
+                inner.zero_grad()
+                task.loss(model, shard, world).backward()
+                inner.step()  # every sync_every-th: the sync, under the Manager
+            return {"state": {**replica_state(model, inner, rung.diloco), "step": manager.current_step()}}
+        finally:
+            logs[replica_id].extend([] if rung is None else rung.log)
+            pg.abort()  # as a process that died: its connections close, peers fail at once
+            manager.shutdown(wait=False)
+
+    results = in_threads(replica_main, world, lighthouse)
+    return [{**result, "log": logs[replica_id]} for replica_id, result in enumerate(results)]
+
+
+def in_threads(replica_main, num_replicas: int, lighthouse) -> list:
+    """``replica_main(replica_id, first)`` of each replica in a thread of its own (one torch thread, as a rank);
+    one that raises :class:`InjectedFailure` starts again (``first=False``), as a restarted replica group.
+    The lighthouse is shut down at the end."""
+
+    def replica(replica_id: int):
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                return replica_main(replica_id, first=attempts == 1)
+            except InjectedFailure:
+                if attempts > 3:
+                    raise
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with ThreadPoolExecutor(max_workers=num_replicas) as pool:
-            results = list(pool.map(replica, range(num_replicas)))
+            return list(pool.map(replica, range(num_replicas)))
     finally:
         torch.set_num_threads(threads)
         lighthouse.shutdown()
-    return {"replicas": results, "failed_at": failed["at"]}
 
 
 def replica_manager(

@@ -323,6 +323,7 @@ def risks() -> dict:
     out["a forward that raised"] = after_a_forward_that_raised()
     out["two wrappers"] = two_wrappers()
     out |= {("class:" + stage, kind): outcome(kind, "class:" + stage) for stage, kind in BY_CLASS}
+    out |= {("slow link", fragments): slow_link_rungs(fragments) for fragments in ("same", "rank 1: one")}
     minddp.debug.disable()
     out["off", "drift"] = outcome("drift", "class:simple")
     minddp.debug.enable()
@@ -462,6 +463,32 @@ def two_wrappers() -> str:
     return "nothing said"
 
 
+def slow_link_rungs(fragments: str) -> dict:
+    """LocalSGD then streaming DiLoCo (H = 4, two fragments, τ = 1; rank 1 one fragment if ``fragments`` says so), each
+    rank on its own batches: what debug mode says (their replicas differ between syncs by design)."""
+    from minddp import DiLoCo, LocalSGD
+
+    rank, said, error = dist.get_rank(), [], None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            for rung in (LocalSGD, DiLoCo):
+                torch.manual_seed(0)
+                model = debug_bugs.Net()
+                inner = torch.optim.SGD(model.parameters(), lr=0.1)
+                count = 1 if fragments == "rank 1: one" and rank == 1 else 2
+                options = dict(fragments=count, fragment_sync_delay=1) if rung is DiLoCo else {}
+                with rung(model, inner, sync_every=4, **options):
+                    for x, y in debug_bugs.batches("none", rank, 4):
+                        nn.functional.mse_loss(model(x), y).backward()
+                        inner.step()
+                        inner.zero_grad()
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    said = [str(w.message) for w in caught if str(w.message).startswith("minddp debug")]
+    return {"error": error, "warnings": said}
+
+
 def a_thread_fails() -> None:
     def load() -> None:
         raise ValueError("the loader broke")
@@ -531,6 +558,15 @@ def test_a_stage_built_by_its_class_is_watched_as_one_built_by_name(risky):
             assert r["class:" + stage, "none"]["error"] is None, (stage, r["class:" + stage, "none"])
             assert r["class:" + stage, "none"]["warnings"] == [], (stage, r["class:" + stage, "none"])
         assert r["off", "drift"]["error"] is None  # minddp.debug.disable(): nothing is checked
+
+
+def test_the_slow_link_rungs_are_checked_by_their_collectives_not_by_their_replicas(risky):
+    for r in risky:  # each replica trains alone between syncs: no drift said, no warning
+        assert r["slow link", "same"] == {"error": None, "warnings": []}, r["slow link", "same"]
+    # rank 1 streams one fragment where rank 0 streams two: their first pseudo-gradients differ in size
+    for rank, r in enumerate(risky):
+        line = r["slow link", "rank 1: one"]["error"]
+        assert line.startswith(f"DebugError: minddp debug (rank {rank}): mismatched collectives:"), line
 
 
 def test_the_fingerprint_is_the_words_weighted_by_place_and_sees_swapped_elements_and_rows():

@@ -42,6 +42,8 @@ from minddp.ladder import build_stage
 
 U64 = 2.0**-53
 PLAIN_OUTER = {"lr": 1.0, "momentum": 0.0}
+#: Streaming DiLoCo as the replay below plays it: the model's three layers are its three fragments.
+STREAMED, STREAMED_STEPS = {"sync_every": 6, "fragments": 3, "fragment_sync_delay": 1}, 14
 
 
 def tolerance(params: list[torch.Tensor], steps: int) -> float:
@@ -185,6 +187,16 @@ def schedule(steps: int, **options) -> list[tuple]:
     return events
 
 
+def streamed(steps: int, alpha: float) -> list[torch.Tensor]:
+    """Streaming DiLoCo (3 fragments, H = 6, tau = 1, AdamW inside, the default outer SGD): the final weights."""
+    model = build_model()
+    inner = torch.optim.AdamW(model.parameters(), lr=0.02)
+    with DiLoCo(model, inner, None, **STREAMED, fragment_update_alpha=alpha):
+        for step in range(steps):
+            inner_step(model, inner, step, dist.get_rank())
+    return snapshot(model)
+
+
 def foreign_state() -> str:
     """The message of loading a DiLoCo state saved from a model with other parameter names."""
     small = torch.nn.Linear(8, 8)
@@ -210,6 +222,7 @@ def on_ranks() -> dict:
         ),
         "schedule": schedule(12, sync_every=6, fragments=3, fragment_sync_delay=1),
         "foreign": foreign_state(),
+        "streamed": {alpha: streamed(STREAMED_STEPS, alpha) for alpha in (0.0, 0.5)},
     }
 
 
@@ -283,6 +296,46 @@ def test_the_pseudo_gradient_goes_through_the_comm_hook_in_fp16(ranks):
         assert out["sent"] == 2 * params * 4  # handed to the hook: fp32
         assert out["traffic"]["calls"] == 2 and out["traffic"]["by_dtype"] == {"float16": 2 * params * 2}
         assert all(torch.equal(a, b) for a, b in zip(out["params"], expected))
+
+
+def replay_streaming(steps: int, alpha: float) -> list[torch.Tensor]:
+    """One process plays both replicas of :func:`streamed` with plain tensors, as the papers write DiLoCo: in each
+    turn of H/K steps its fragment's pseudo-gradient (synced - local) leaves tau steps before the turn ends (each
+    replica's halved, the halves summed: the default hook's mean); at the end the outer SGD steps the *synced*
+    weights with it, and each replica's weights become (1 - alpha) * synced + alpha * its local ones."""
+    models = [build_model(), build_model()]
+    inners = [torch.optim.AdamW(m.parameters(), lr=0.02) for m in models]
+    layers = [[list(layer.parameters()) for layer in m] for m in models]  # [replica][fragment] -> tensors
+    synced = [[p.detach().clone().requires_grad_(True) for p in fragment] for fragment in layers[0]]
+    outers = [torch.optim.SGD(fragment, lr=0.7, momentum=0.9, nesterov=True) for fragment in synced]
+    period, tau, in_flight = STREAMED["sync_every"] // 3, STREAMED["fragment_sync_delay"], None
+    for step in range(1, steps + 1):
+        for replica, (model, inner) in enumerate(zip(models, inners)):
+            inner_step(model, inner, step - 1, replica)
+        turn = (step - 1) // period % 3
+        if step % period == period - tau:  # leaves: the mean of what each replica learnt, as a gradient
+            in_flight = [
+                sum((w.detach() - r[turn][i].detach()) / 2 for r in layers) for i, w in enumerate(synced[turn])
+            ]
+        if step % period == 0:  # lands: the outer step from the synced weights, then the mix
+            for w, mean in zip(synced[turn], in_flight):
+                w.grad = mean
+            outers[turn].step()
+            with torch.no_grad():
+                for replica in layers:
+                    for p, w in zip(replica[turn], synced[turn]):
+                        p.copy_(w.detach().lerp(p.detach(), alpha))
+    return [p.detach().clone() for p in models[0].parameters()]
+
+
+def test_streaming_diloco_is_the_papers_update_sign_and_mix_included(ranks):
+    # torchft's users met both bugs this checks (meta-pytorch/torchft#233): an outer step taken in the direction of
+    # local - synced (away from what the replicas learnt), and the mix written as an out-of-place lerp whose result
+    # was dropped (alpha had no effect). The replay writes the update as the papers do; rank 0 holds its replica.
+    for alpha in (0.0, 0.5):
+        expected = replay_streaming(STREAMED_STEPS, alpha)
+        assert all(torch.equal(a, b) for a, b in zip(ranks[0]["streamed"][alpha], expected)), f"alpha {alpha}"
+    assert not all(torch.equal(a, b) for a, b in zip(ranks[0]["streamed"][0.0], ranks[0]["streamed"][0.5]))
 
 
 def test_a_state_saved_with_a_fragment_in_flight_resumes_bit_for_bit(ranks):

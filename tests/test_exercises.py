@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import minddp.stages as ladder
-from minddp.exercises import check, check_hook, checker, solutions
+from minddp.exercises import check, check_fragment_schedule, check_hook, check_outer_sync, checker, solutions
 from minddp.exercises.lost_rank import check_shards
 
 TIMEOUT = 8.0  # seconds a collective may wait: the hang case waits this long, the others never do
@@ -284,3 +284,99 @@ def _sent_on_rank():
         dist.broadcast(torch.ones(1, dtype=torch.int64), src=0)
     dist.all_reduce(torch.ones(10))  # after: not counted
     return sent.nbytes, sorted(set(sent.dtypes))
+
+
+# -- notebook 10: DiLoCo's outer sync and streaming DiLoCo's schedule ----------------------------------------------
+
+OUTER_SYNC_ANSWERS = [solutions.outer_sync, wrong.outer_sync_flat]
+OUTER_SYNC_MISTAKES = [  # each wrong idea, and the words its verdict must hold
+    (wrong.outer_sync_local_minus_synced, "the pseudo-gradient points the wrong way"),
+    (wrong.outer_sync_from_local, "the outer step started from the local weights"),
+    (wrong.outer_sync_averages_weights, "that is plain averaging (local SGD"),
+    (wrong.outer_sync_not_averaged, "the replicas hold different weights after sync 1"),
+    (wrong.outer_sync_summed, "the pseudo-gradients were summed, not averaged"),
+    (wrong.outer_sync_keeps_the_first_start, "the synced weights were never updated"),
+    (wrong.outer_sync_unfinished, "your code raised NotImplementedError in outer_sync_unfinished"),
+]
+
+
+@pytest.mark.timeout(240)
+def test_the_outer_sync_exercise_passes_diloco_and_names_each_wrong_idea():
+    for answer in OUTER_SYNC_ANSWERS:
+        v = check_outer_sync(answer, timeout_s=TIMEOUT)
+        assert v.ok and v.line.startswith("✓ outer sync: after 3 syncs"), v.line
+    for fn, named in OUTER_SYNC_MISTAKES:
+        v = check_outer_sync(fn, timeout_s=TIMEOUT)
+        assert "\n" not in v.line and not v.ok and v.line.startswith("✗ outer sync:") and named in v.line, v.line
+
+
+@pytest.mark.timeout(120)
+def test_the_schedule_exercise_names_a_schedule_that_differs_across_replicas():
+    v = check_fragment_schedule(solutions.fragment_to_send, timeout_s=TIMEOUT)
+    assert v.ok and "fragment 0 after step 1, fragment 1 after step 3, fragment 2 after step 5" in v.line, v.line
+    v = check_fragment_schedule(wrong.schedule_by_rank, timeout_s=TIMEOUT)
+    assert not v.ok and "the schedule differs across replicas: after step 1 (rank 0: 0; rank 1: 1)" in v.line, v.line
+    v = check_fragment_schedule(wrong.schedule_at_the_end_of_the_turn, timeout_s=TIMEOUT)
+    assert not v.ok and "after step 1 yours sends None, streaming DiLoCo sends 0" in v.line, v.line
+
+
+def test_the_model_answers_are_what_minddp_diloco_does():
+    """The candidates' yardstick is itself checked: solutions.outer_sync gives minddp.DiLoCo's weights after
+    every sync (the same kernels, the same sums: bit for bit), and solutions.fragment_to_send is the schedule
+    DiLoCo keeps (read off a comm hook that records each fragment it is handed, at which inner step)."""
+    from minddp.runtime.launch import launch
+
+    for rank in launch(_diloco_beside_the_answers, world_size=2, timeout_s=120):
+        assert rank["same_weights"] and rank["schedules_agree"], rank
+
+
+def _diloco_beside_the_answers() -> dict:
+    import torch.distributed as dist
+
+    from minddp import DiLoCo
+    from minddp.comm.default_hooks import allreduce_hook
+    from minddp.exercises import diloco, harness
+
+    torch.set_num_threads(1)
+    rank = dist.get_rank()
+    answer = diloco.rounds_with(solutions.outer_sync, rank, None)
+    model = harness.make_net(0)
+    inner = torch.optim.AdamW(model.parameters(), lr=diloco.INNER_LR)
+    outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    same = True
+    with DiLoCo(model, inner, outer, diloco.SYNC_EVERY, same_start=False) as rung:
+        for step in range(diloco.ROUNDS * diloco.SYNC_EVERY):
+            diloco.inner_step(model, inner, step, rank)
+            if (step + 1) % diloco.SYNC_EVERY == 0:
+                mine = answer[(step + 1) // diloco.SYNC_EVERY - 1]["params"]
+                same &= all(torch.equal(a, b) for a, b in zip(model.parameters(), mine))
+    agree = True
+    for h, k, tau in [(6, 3, 1), (8, 2, 0), (12, 4, 2)]:
+        seen, at = [], [0]
+        model = harness.make_net(0)
+        inner = torch.optim.SGD(model.parameters(), lr=0.01)
+        rung = DiLoCo(model, inner, None, h, fragments=k, fragment_sync_delay=tau, same_start=False)
+        rung.register_comm_hook(
+            None, lambda state, bucket: seen.append((at[0], bucket.index())) or allreduce_hook(state, bucket)
+        )
+        with rung:
+            for step in range(1, 2 * h + 1):
+                at[0] = step
+                diloco.inner_step(model, inner, step, rank)
+        expected = [(s, solutions.fragment_to_send(s, h, k, tau)) for s in range(1, 2 * h + 1)]
+        agree &= seen == [(s, f) for s, f in expected if f is not None]
+    return {"same_weights": same, "schedules_agree": agree}
+
+
+@pytest.mark.timeout(180)
+def test_a_learners_raise_in_a_fresh_checkers_first_check_leaves_it_working():
+    """Fresh checker ranks, and the learner's unfinished sync first: one rank raises and the runner releases its
+    peer by interrupting it. That peer was once in its first optimizer step's lazy imports (torch._dynamo), left
+    half-imported, and the model answer's check that followed failed with "partially initialized module"
+    (notebook 10's run). The candidates now run first, in lockstep over the checker's group."""
+    checker.shutdown()
+    checker.ranks(2, TIMEOUT)
+    v = check_outer_sync(wrong.outer_sync_unfinished, timeout_s=TIMEOUT)
+    assert not v.ok and "raised NotImplementedError" in v.line, v.line
+    v = check_outer_sync(solutions.outer_sync, timeout_s=TIMEOUT)
+    assert v.ok, v.line

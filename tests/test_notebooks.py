@@ -28,7 +28,7 @@ SOURCES = refresh.sources()
 
 
 def test_every_notebook_has_its_source():
-    assert [p.name[:2] for p in SOURCES] == ["00", "01", "02", "03", "04", "05", "06", "07", "08", "09"]
+    assert [p.name[:2] for p in SOURCES] == ["00", "01", "02", "03", "04", "05", "06", "07", "08", "09", "10"]
     paired = {p.with_suffix(".ipynb").name for p in SOURCES}
     assert {p.name for p in refresh.NOTEBOOKS.glob("*.ipynb")} == paired
 

@@ -1,5 +1,5 @@
 """``python -m minddp.train --stage local-sgd`` and ``--stage diloco``: the flags, the refusals, the summary, the
-metrics file and the fragments in the traces.
+metrics file, the fragments in the traces, and ``--save-every``/``--resume`` bit for bit.
 
 One run trains both stages (4 steps, H = 4; diloco streamed: 2 fragments, τ = 1, α = 0.5) over the ``wan``
 link. The oracles are the schedule the options define (which step sends, which step applies, how many
@@ -11,12 +11,16 @@ rung computes is checked against DDP, torch and torchft in ``tests/test_diloco.p
 from __future__ import annotations
 
 import gzip
+import io
 import json
 
 import pytest
-from cli_checks import SMALL_RUN, refused_before_any_rank
+import torch
+from cli_checks import SMALL_RUN, refused_before_any_rank, usage_error
 
+from minddp.runtime.untrusted import load_torch_data
 from minddp.train import run as train
+from minddp.train.checkpoint import read_checkpoint
 
 STEPS = 4
 ARGV = [
@@ -104,7 +108,6 @@ def test_the_traces_show_when_each_fragment_left_and_landed(run):
         (["--stage", "local-sgd", "--outer-lr", "1"], "--outer-lr applies to --stage diloco only"),
         (["--stage", "all", "--sync-every", "4"], "--sync-every applies to"),
         (["--stage", "diloco", "--hook", "powersgd"], "--hook powersgd with --stage diloco"),
-        (["--stage", "local-sgd", "--save-every", "2"], "--stage local-sgd does not take --save-every or --resume"),
     ],
 )
 def test_bad_slow_link_options_are_refused_before_any_rank(argv, cause, capsys, monkeypatch):
@@ -118,3 +121,75 @@ def test_the_slow_link_stages_are_named_only_never_in_all():
     cfg = parse_args(["--stage", "ddp,diloco"])
     assert cfg.stages() == ["ddp", "diloco"] and cfg.sync_every == 10 and cfg.fragment_alpha == 0.0
     assert parse_args(["--stage", "ddp"]).sync_every is None  # no slow-link stage: nothing filled in
+
+
+# -- checkpoints: each replica's own state, resumed bit for bit -------------------------------------------------
+
+#: H = 4 in 2 fragments, tau = 1: fragment 0 leaves at steps 1 and 5, fragment 1 at step 3, each lands a step
+#: later; saved after step 3, fragment 1 is in flight.
+RESUME = ["--sync-every", "4", "--seed", "3", "--no-profile", *SMALL_RUN]
+STREAMED = ["--fragments", "2", "--fragment-delay", "1", "--fragment-alpha", "0.5"]
+SAVED_AT, RESUME_STEPS = 3, 6
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """A: 6 steps straight, saved at 6; B: 3 steps, saved (a fragment in flight); C: B resumed to 6, saved."""
+    tmp = tmp_path_factory.mktemp("slow_resume")
+
+    def main(*argv):
+        assert train.main([*RESUME, *argv]) == 0
+
+    both = ["--stage", "local-sgd,diloco", *STREAMED]
+    main(*both, "--steps", str(RESUME_STEPS), "--save-every", str(RESUME_STEPS), "--checkpoint-dir", str(tmp / "a"),
+         "--summary-json", str(tmp / "a.json"))  # fmt: skip
+    main(*both, "--steps", str(SAVED_AT), "--save-every", str(SAVED_AT), "--checkpoint-dir", str(tmp / "b"))
+    for stage, options in (("local-sgd", []), ("diloco", STREAMED)):
+        main("--stage", stage, *options, "--steps", str(RESUME_STEPS), "--save-every", str(RESUME_STEPS),
+             "--resume", str(tmp / "b" / f"{stage}.pt"), "--checkpoint-dir", str(tmp / "c"),
+             "--summary-json", str(tmp / f"c-{stage}.json"))  # fmt: skip
+    return tmp
+
+
+def replicas(path) -> list[dict]:
+    """Every rank's replica state in a checkpoint (its weights, inner optimizer, rung state), read as data."""
+    return [load_torch_data(io.BytesIO(share))["replica"] for share in read_checkpoint(str(path))["ranks"]]
+
+
+def same(a, b) -> bool:
+    """Equal to the bit: tensors by ``torch.equal``, containers element by element, anything else by ``==``."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_a_checkpoint_holds_each_replicas_weights_synced_weights_outer_state_and_the_fragment_in_flight(resumed):
+    local, diloco = replicas(resumed / "b" / "local-sgd.pt"), replicas(resumed / "b" / "diloco.pt")
+    assert len(diloco) == 2
+    # between syncs the replicas' weights and inner optimizers differ: each rank keeps its own
+    assert not same(diloco[0]["model"], diloco[1]["model"]) and not same(local[0]["inner"], local[1]["inner"])
+    for rank in diloco:  # what torchft's users missed: the synced weights and the outer momentum; and a message
+        assert sorted(rank["rung"]["synced"]) == sorted(rank["model"])
+        assert rank["rung"]["outer"][0]["state"]  # fragment 0 was applied at step 2: its momentum exists
+        assert rank["rung"]["in_flight"]["fragment"] == 1 and rank["rung"]["steps"] == SAVED_AT
+    assert same(diloco[0]["rung"]["synced"], diloco[1]["rung"]["synced"])  # what the replicas agree on
+
+
+@pytest.mark.parametrize("stage", ["local-sgd", "diloco"])
+def test_resumed_equals_the_uninterrupted_run_bit_for_bit(resumed, stage):
+    straight = json.loads((resumed / "a.json").read_text())["stages"][stage]
+    again = json.loads((resumed / f"c-{stage}.json").read_text())["stages"][stage]
+    assert again["losses"] == straight["losses"] and again["outer_syncs"] == straight["outer_syncs"]
+    a, c = replicas(resumed / "a" / f"{stage}.pt"), replicas(resumed / "c" / f"{stage}.pt")
+    assert all(same(x, y) for x, y in zip(a, c))
+
+
+def test_a_checkpoint_of_another_schedule_is_refused_in_one_line(resumed, capsys):
+    saved = resumed / "b" / "diloco.pt"
+    argv = [*RESUME, "--stage", "diloco", *STREAMED, "--sync-every", "8", "--steps", "6", "--resume", str(saved)]
+    assert train.main([*argv, "--checkpoint-dir", str(resumed / "d")]) == 2
+    usage_error(capsys.readouterr().err, "train", "--sync-every 4 there, 8 here")

@@ -21,11 +21,13 @@ finite averages, why a reduction did not finish). The teaching stages' own two c
 
 **One switch, one call.** Debug mode is on for the whole process or not at all: ``MINDDP_DEBUG=1`` in
 the environment when minddp is imported, or :func:`enable` (and :func:`disable`) at any time. Every
-wrapper's constructor (the six teaching stages through ``SimpleDDP``, ``ddp``, ``zero2``, ``fsdp``)
-calls :func:`~minddp.debug.switch.attach` once, so what is watched depends only on the wrapper, never on
-how it was built: while debug mode is on, each gets the collective check, and a wrapper whose ranks hold
-whole replicas also gets a :class:`~minddp.debug.watch.Watch` (a sharded one, ``sharded = True``, holds
-a different shard on each rank: only its collectives can be compared). A wrapper built while debug mode
+wrapper's constructor (the six teaching stages through ``SimpleDDP``, ``ddp``, ``zero2``, ``fsdp``,
+``local-sgd`` and ``diloco`` through ``LocalSGD``) calls :func:`~minddp.debug.switch.attach` once, so
+what is watched depends only on the wrapper, never on how it was built: while debug mode is on, each gets
+the collective check, and a wrapper whose ranks hold the same replica also gets a
+:class:`~minddp.debug.watch.Watch` (``sharded = True`` says they differ by design: a sharded one holds a
+different shard on each rank, local SGD's replicas differ between syncs; only its collectives can be
+compared). A wrapper built while debug mode
 is off is not watched; one built while it was on pauses its checks while it is off.
 
 **Why the switch is a module of its own, and so short.** A learner reads every file a teaching stage's

@@ -3,8 +3,9 @@
 Every wrapper's constructor calls :func:`minddp.debug.switch.attach`; while debug mode is on, that calls
 :func:`checks_for`, which installs the collective check and, on a wrapper whose ranks hold whole
 replicas (the six teaching stages, ``ddp``), puts a :class:`Watch` on it; a sharded wrapper
-(``sharded = True``: ``zero2``, ``fsdp``) gets the collective check only, since its ranks hold
-different shards by design. A :class:`Watch` hooks the wrapper, its module's submodules and parameters,
+(``sharded = True``: ``zero2``, ``fsdp``; ``local-sgd`` and ``diloco``, whose replicas differ between
+syncs) gets the collective check only, since its ranks hold different values by design. A
+:class:`Watch` hooks the wrapper, its module's submodules and parameters,
 and (its own hook, removed with the wrapper) every optimizer that steps them, and at each step
 compares, across ranks, a fingerprint of each tensor (:func:`fingerprints`: integer, exact, changed by
 any one value changed, and by two values swapped) with one small all_gather; a full comparison runs only on a

@@ -96,6 +96,7 @@ class DiLoCo(LocalSGD):
         fragment_sync_delay: int = 0,
         fragment_update_alpha: float = 0.0,
         process_group: dist.ProcessGroup | None = None,
+        same_start: bool = True,
     ):
         count = fragments if isinstance(fragments, int) else len(fragments)
         check_schedule(sync_every, count, fragment_sync_delay, fragment_update_alpha)  # one line, every rank
@@ -103,7 +104,7 @@ class DiLoCo(LocalSGD):
         if outer_optimizer is None:
             outer_optimizer = torch.optim.SGD([p for f in self.fragments for p in f], **OUTER_DEFAULTS)
         self.outer = outer_per_fragment(outer_optimizer, self.fragments)
-        super().__init__(module, inner_optimizer, sync_every, process_group)  # same start, the optimizer hook
+        super().__init__(module, inner_optimizer, sync_every, process_group, same_start=same_start)  # the hook
         self.period, self.delay, self.alpha = sync_every // count, fragment_sync_delay, fragment_update_alpha
         self.synced = [[p.detach().clone() for p in params] for params in self.fragments]  # step 1
         self.in_flight: tuple[int, torch.futures.Future] | None = None

@@ -51,6 +51,7 @@ from torch import nn
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.plain import allreduce_hook, broadcast
 from minddp.comm.send import send
+from minddp.debug.switch import attach
 from minddp.diloco.fragments import check_not_sharded, check_optimizer, check_schedule, trainable
 from minddp.stages.checks import check_same_model
 
@@ -60,10 +61,13 @@ class LocalSGD:
 
     ``syncs`` counts the averages taken, ``sent_bytes`` the bytes handed to the comm hook (what the
     default hook sends; a compressing hook sends fewer, which a metered ``Wire`` counts). Leaving the
-    ``with`` block removes the optimizer hook.
+    ``with`` block removes the optimizer hook. ``same_start=False`` skips step 1 (no collective at
+    construction): the replicas are built the same already (one seed, as torchft's ``init_sync=False``),
+    or a fault-tolerant sync heals them (:mod:`minddp.ft.diloco`).
     """
 
     role = "the optimizer"  # how the messages name the optimizer it is given
+    sharded = True  # each replica trains alone between syncs: debug mode compares its collectives only (minddp/debug)
 
     def __init__(
         self,
@@ -71,19 +75,23 @@ class LocalSGD:
         optimizer: torch.optim.Optimizer,
         sync_every: int,
         process_group: dist.ProcessGroup | None = None,
+        *,
+        same_start: bool = True,
     ):
         check_schedule(sync_every)  # before any collective: a bad value is the same error on every rank
         check_not_sharded(module, optimizer)
         self.module, self.optimizer, self.sync_every, self.process_group = module, optimizer, sync_every, process_group
         self.params = trainable(module)
         check_optimizer(optimizer, self.params, self.role, exact=False)
-        check_same_model(module, process_group)  # a broadcast between different models hangs
-        with torch.no_grad():  # step 1
-            for tensor in [*module.parameters(), *module.buffers()]:
-                broadcast(tensor, group_src=0, group=process_group)
+        if same_start:  # (False: built the same already, or healed by a fault-tolerant sync: minddp.ft.diloco)
+            check_same_model(module, process_group)  # a broadcast between different models hangs
+            with torch.no_grad():  # step 1
+                for tensor in [*module.parameters(), *module.buffers()]:
+                    broadcast(tensor, group_src=0, group=process_group)
         self.comm_hook, self.comm_state, self.hook_registered = allreduce_hook, process_group, False
         self.steps = self.syncs = self.sent_bytes = 0
         self.hook_handle = optimizer.register_step_post_hook(self._after_step)  # step 2
+        attach(self)  # debug mode's collective check, while it is on (minddp/debug); nothing when off
 
     def register_comm_hook(self, state, hook) -> None:
         """Send through ``hook(state, bucket) -> Future[Tensor]`` instead of plain averaging; once, as the stages."""

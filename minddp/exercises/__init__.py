@@ -14,12 +14,23 @@ that leave the oracles, the wrong kind, number or place of collectives against t
 by ``like``, or an async rung that waits. :func:`check_hook` does the same for a comm hook
 (``like="fp16"``), and :func:`check_shard` (:func:`check_shards`: several in one run) for notebook
 07's split of the global batch among the ranks of the moment, through a lost rank
-(:mod:`minddp.exercises.lost_rank`). The model answers are in :mod:`minddp.exercises.solutions`, the
-rank side in :mod:`minddp.exercises.harness`; ``notebooks/README.md`` (*Exercises and their
-checker*) lists every finding and how each is told.
+(:mod:`minddp.exercises.lost_rank`); :func:`check_outer_sync` and :func:`check_fragment_schedule` notebook 10's
+DiLoCo sync and streaming schedule (:mod:`minddp.exercises.diloco`). The model answers are in
+:mod:`minddp.exercises.solutions`, the rank side in :mod:`minddp.exercises.harness`; ``notebooks/README.md``
+(*Exercises and their checker*) lists every finding and how each is told.
 """
 
 from minddp.exercises.checker import Verdict, check, check_hook, shutdown
+from minddp.exercises.diloco import check_fragment_schedule, check_outer_sync
 from minddp.exercises.lost_rank import check_shard, check_shards
 
-__all__ = ["check", "check_hook", "check_shard", "check_shards", "Verdict", "shutdown"]
+__all__ = [
+    "check",
+    "check_hook",
+    "check_shard",
+    "check_shards",
+    "check_outer_sync",
+    "check_fragment_schedule",
+    "Verdict",
+    "shutdown",
+]

@@ -5,8 +5,9 @@ stage takes fp16 or PowerSGD; an exercise asks only for the idea, written straig
 ``dist.broadcast`` and ``dist.all_reduce``. These are those answers, one class per stage
 (:data:`STAGES`: ``SimpleDDP`` for ``like="simple"``, then ``GradAccumDDP``, ``HookDDP``,
 ``AsyncHookDDP``, ``BucketDDP``, ``AsyncBucketDDP``, ``HalvesDDP``), each building on the one before
-as the ladder does, one comm hook, :func:`fp16_compress_hook` (``like="fp16"``), and notebook 07's
-:func:`ft_shard` (:func:`minddp.exercises.check_shard`);
+as the ladder does, one comm hook, :func:`fp16_compress_hook` (``like="fp16"``), notebook 07's
+:func:`ft_shard` (:func:`minddp.exercises.check_shard`), and notebook 10's :func:`outer_sync` and
+:func:`fragment_to_send` (:mod:`minddp.exercises.diloco`);
 :func:`minddp.exercises.check` measures a learner's version against the one ``like=`` names. They keep
 only what the checker needs. ``notebooks/README.md`` (*The model answers*) tables what each adds.
 
@@ -214,6 +215,34 @@ def ft_shard(batch, rank: int, world: int):
 
 
 #: ``like=`` name -> model answer.
+def outer_sync(params, synced, outer, group=None) -> None:
+    """Notebook 10: DiLoCo's outer sync, after the H-th inner step on every replica
+    (:func:`minddp.exercises.check_outer_sync`): the pseudo-gradient synced − local averaged over the
+    replicas, the synced weights put back, the outer optimizer stepped, the result kept as the new synced."""
+    with torch.no_grad():
+        pseudo = [s - p for p, s in zip(params, synced)]  # the way a gradient points
+        for g in pseudo:
+            dist.all_reduce(g, group=group)
+            g /= dist.get_world_size(group)
+        for p, s, g in zip(params, synced, pseudo):
+            p.copy_(s)  # the outer step starts from the weights every replica agreed on
+            p.grad = g
+    outer.step()
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            s.copy_(p)
+
+
+def fragment_to_send(step: int, sync_every: int, fragments: int, delay: int) -> int | None:
+    """Notebook 10: the fragment whose pseudo-gradient leaves after inner step ``step`` (1, 2, ...), or ``None``
+    (:func:`minddp.exercises.check_fragment_schedule`): a turn of ``sync_every // fragments`` steps per fragment,
+    fragment 0 first, each sent ``delay`` steps before its turn ends; from the step alone, so every replica agrees."""
+    period = sync_every // fragments
+    if step % period != (period - delay) % period:
+        return None
+    return (step - 1) // period % fragments
+
+
 STAGES = {
     "simple": SimpleDDP,
     "ga": GradAccumDDP,

@@ -12,6 +12,8 @@ Read in this order:
 * :mod:`minddp.ft.task`: what is trained (a task gives the global batch of any step);
 * :mod:`minddp.ft.report`: what a run did (each fault's recovery and rejoin, the timeline, the ranks'
   bitwise checks), one definition per measure, and the words they use (slot, rank, attempt, holder).
+* :mod:`minddp.ft.diloco`: DiLoCo on the rung, one quorum per outer sync (``launch_ft(..., diloco=...)``),
+  and :mod:`minddp.ft.manager`: the same sync under torchft's own ``Manager`` and lighthouse.
 
 The other stages keep the classic contract: a rank that dies ends the run.
 """

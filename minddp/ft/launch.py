@@ -96,8 +96,13 @@ def launch_ft(
     full_world_at: tuple[int, ...] = (),
     rejoin_before_end: bool = False,
     restart_after_steps: int = 0,
+    diloco: dict | None = None,
 ) -> FTRun:
     """Train ``task`` for ``steps`` committed steps on ``world_size`` slots through ``faults``.
+
+    ``diloco``: DiLoCo instead of DDP (:mod:`minddp.ft.diloco`), with these options
+    (``sync_every`` and those of :class:`~minddp.ft.diloco.FaultTolerantDiLoCo`); a step is then
+    an outer sync, and the faults' steps name syncs.
 
     ``full_world_at``: steps whose first attempt waits for every slot (a test's
     script, so that each fault meets a full world whatever the machine's
@@ -110,7 +115,8 @@ def launch_ft(
     (a rank still starting) is ended: the job is done.
     """
     full_from = tuple(sorted({*full_world_at, *([steps - 1] if rejoin_before_end else [])}))
-    payload = pickle.dumps((task, steps, hang_s, coordinator_timeout_s, digests))
+    rung = None if diloco is None else {**diloco, "world_size": world_size}
+    payload = pickle.dumps((task, steps, hang_s, coordinator_timeout_s, digests, rung))
     procs: dict[int, object] = {}  # slot -> its current process
     incarnation = {slot: 0 for slot in range(world_size)}
     lighthouse, epoch, port = None, 0, 0
@@ -323,11 +329,12 @@ def _rank_main(payload, parent_path, slot, incarnation, port, plan, results, lau
     torch.set_num_threads(1)  # one thread: results that do not depend on the core count, and ranks that share
     try:
         from minddp.ft.client import Coordinator
+        from minddp.ft.diloco import FaultTolerantDiLoCo
         from minddp.ft.rung import FaultTolerantTrainer
 
-        task, steps, hang_s, coordinator_timeout_s, digests = pickle.loads(payload)
+        task, steps, hang_s, coordinator_timeout_s, digests, diloco = pickle.loads(payload)
         coordinator = Coordinator(port, slot, incarnation, coordinator_timeout_s)
-        trainer = FaultTolerantTrainer(
+        trainer = (FaultTolerantTrainer if diloco is None else FaultTolerantDiLoCo)(
             task,
             steps,
             coordinator,
@@ -336,6 +343,7 @@ def _rank_main(payload, parent_path, slot, incarnation, port, plan, results, lau
             digests=digests,
             on_entry=lambda entry: results.put(("log", slot, incarnation, entry)),
             on_result=lambda out: results.put(("ok", slot, incarnation, _saved(out))),  # before its beats stop
+            **(diloco or {}),
         )
         # What this process imported and built lives as long as it: out of the cycle collector's sight, a full
         # collection (the rung makes some at each failed step) no longer walks it while holding the GIL, which on a

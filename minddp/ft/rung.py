@@ -71,45 +71,7 @@ class FaultTolerantTrainer:
 
     def run(self) -> dict:
         self.coordinator.start_beating()
-        failures, last_error = 0, None
-        while self.step < self.steps:
-            quorum = self.coordinator.quorum(self.step)  # 1. who is in
-            entry = {
-                "step": quorum.max_step,
-                "tag": quorum.tag,
-                "members": quorum.members,
-                "t0": time.time(),
-                "healed": False,
-            }
-            try:
-                if quorum.tag != self.group_tag:
-                    entry["healed"] = self.rebuild_group(quorum)  # 2. the new world, 3. heal
-                entry["before"] = self.state_digest()
-                entry["loss"] = self.forward_backward(quorum)  # 4. the step
-                ok = True
-            except Exception as exc:  # noqa: BLE001 - any failure of this attempt: vote no, try again
-                entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-                last_error, entry["t_error"] = entry["error"], time.time()
-                ok = False
-            if not ok:  # (out of the except block: its traceback no longer holds the group)
-                self.drop_group()  # now: peers waiting in a collective with this rank fail at once
-            committed = self.coordinator.should_commit(quorum, quorum.max_step, ok)  # 5. all or nothing
-            if committed:
-                self.optimizer.step()
-                self.step += 1
-            self.optimizer.zero_grad(set_to_none=True)  # a discarded step: dropped
-            entry.update(ok=ok, committed=committed, t1=time.time())
-            if self.digests and not committed:
-                entry["after_discard"] = self.state_digest()
-            self.log.append(entry)
-            if self.on_entry is not None:
-                self.on_entry(entry)
-            failures = 0 if committed else failures + 1
-            if failures >= MAX_ATTEMPTS:
-                raise StepFailedAgain(
-                    f"minddp.ft rank {self.slot}: step {self.step} failed {failures} times in a "
-                    f"row (last: {last_error}); this is no transient fault, fix its cause"
-                )
+        self.train()
         # The result is made and handed over while the heartbeat still runs, and only then does this rank say
         # it is done: a slow serialisation or teardown is neither taken for a frozen rank nor loses the result.
         result = {
@@ -126,12 +88,68 @@ class FaultTolerantTrainer:
         self.drop_group()
         return result
 
+    def train(self) -> None:
+        """``steps`` committed steps of the ``ddp`` stage: the optimizer steps only on a commit (step 5)."""
+        while self.step < self.steps:
+            self.until_committed(self.forward_backward, self.optimizer.step, self.drop_gradients)
+
+    def drop_gradients(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)  # after a discarded attempt too: its gradients are dropped
+
+    def until_committed(self, work, on_commit=None, after_attempt=None):
+        """Steps 1-5 until one attempt is committed; ``work(quorum, entry)``'s value of that attempt.
+
+        ``on_commit()`` runs once the attempt is committed, before the step count moves; ``after_attempt()``
+        after every attempt, committed or not.
+        """
+        failures, last_error = 0, None
+        while True:
+            quorum = self.coordinator.quorum(self.step)  # 1. who is in
+            entry = {
+                "step": quorum.max_step,
+                "tag": quorum.tag,
+                "members": quorum.members,
+                "t0": time.time(),
+                "healed": False,
+            }
+            try:
+                if quorum.tag != self.group_tag:
+                    entry["healed"] = self.rebuild_group(quorum)  # 2. the new world, 3. heal
+                entry["before"] = self.state_digest()
+                value = work(quorum, entry)  # 4. the step
+                ok = True
+            except Exception as exc:  # noqa: BLE001 - any failure of this attempt: vote no, try again
+                entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+                last_error, entry["t_error"] = entry["error"], time.time()
+                ok = False
+            if not ok:  # (out of the except block: its traceback no longer holds the group)
+                self.drop_group()  # now: peers waiting in a collective with this rank fail at once
+            committed = self.coordinator.should_commit(quorum, quorum.max_step, ok)  # 5. all or nothing
+            if committed:
+                if on_commit is not None:
+                    on_commit()
+                self.step += 1
+            if after_attempt is not None:
+                after_attempt()
+            entry.update(ok=ok, committed=committed, t1=time.time())
+            if self.digests and not committed:
+                entry["after_discard"] = self.state_digest()
+            self.log.append(entry)
+            if self.on_entry is not None:
+                self.on_entry(entry)
+            if committed:
+                return value
+            failures += 1
+            if failures >= MAX_ATTEMPTS:
+                raise StepFailedAgain(
+                    f"minddp.ft rank {self.slot}: step {self.step} failed {failures} times in a "
+                    f"row (last: {last_error}); this is no transient fault, fix its cause"
+                )
+
     # -- 2. the group at the new world size ----------------------------------------------------------
 
     def rebuild_group(self, quorum: Quorum) -> bool:
         """Drop the old group and wrapper; build a gloo group of the members, heal, wrap. True if healed."""
-        from minddp.ladder import build_stage
-
         self.drop_group()
         store = dist.PrefixStore(f"group/{quorum.tag}", self.coordinator.store)
         dist.init_process_group(
@@ -142,10 +160,16 @@ class FaultTolerantTrainer:
             timeout=timedelta(seconds=self.hang_s),
         )
         healed = self.heal(quorum)  # 3. before wrapping: the wrapper broadcasts rank 0's state, maybe a stale one
-        self.ddp = build_stage("ddp", self.model)
-        self.ddp.register_comm_hook(None, self.collective)
+        self.wrap()
         self.group_tag = quorum.tag
         return healed
+
+    def wrap(self) -> None:
+        """The ``ddp`` stage on the new group, its gradients averaged through :meth:`collective`."""
+        from minddp.ladder import build_stage
+
+        self.ddp = build_stage("ddp", self.model)
+        self.ddp.register_comm_hook(None, self.collective)
 
     def drop_group(self) -> None:
         self.ddp, self.group_tag = None, None
@@ -193,21 +217,30 @@ class FaultTolerantTrainer:
 
     # -- 4. the step -----------------------------------------------------------------------------------
 
-    def forward_backward(self, quorum: Quorum) -> float:
+    def forward_backward(self, quorum: Quorum, entry: dict) -> float:
         """This member's shard of the global batch; backward averages the gradients over the group."""
         shard = self.task.shard(self.task.global_batch(self.step), quorum.rank, quorum.world)
         loss = self.task.loss(self.ddp, shard, quorum.world)
-        self.fault_due("kill") or self.fault_due("stop")  # peers are now waiting in the all_reduce
-        self.raise_in_collective = None if self.plan is None else self.plan.due("raise", self.step, self.slot)
+        self.faults_before_collective()  # peers are now waiting in the all_reduce
         loss.backward()
-        return float(loss.detach())
+        entry["loss"] = float(loss.detach())
+        return entry["loss"]
+
+    def faults_before_collective(self) -> None:
+        """``kill``/``stop`` now (the peers wait in the collective); ``raise`` armed for the collective itself."""
+        self.fault_due("kill") or self.fault_due("stop")
+        self.raise_in_collective = None if self.plan is None else self.plan.due("raise", self.step, self.slot)
 
     def collective(self, state, bucket):
         """The ``ddp`` stage's comm hook: plain averaging, or the injected fault ``raise@STEP:RANK``."""
+        self.raise_if_armed()
+        return allreduce_hook(state, bucket)
+
+    def raise_if_armed(self) -> None:
+        """The fault ``raise@STEP:RANK`` armed for this step's collective: raised now, once."""
         if self.raise_in_collective is not None:
             index, self.raise_in_collective = self.raise_in_collective, None
             self.plan.fire(index)
-        return allreduce_hook(state, bucket)
 
     def fault_due(self, kind: str) -> bool:
         index = None if self.plan is None else self.plan.due(kind, self.step, self.slot)
@@ -219,10 +252,17 @@ class FaultTolerantTrainer:
         """A hash of every byte of the parameters and optimizer state (for the tests' bitwise checks)."""
         if not self.digests:
             return None
-        h = hashlib.sha256()
-        for t in self.model.state_dict().values():
-            h.update(t.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
-        for state in self.optimizer.state_dict()["state"].values():
-            for v in state.values():
-                h.update(torch.as_tensor(v).reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
+        return digest([*self.model.state_dict().values(), *optimizer_tensors(self.optimizer)])
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every value of an optimizer's state (moments, step counts), as tensors, in its order."""
+    return [torch.as_tensor(v) for state in optimizer.state_dict()["state"].values() for v in state.values()]
+
+
+def digest(tensors: list[torch.Tensor]) -> str:
+    """A sha256 of every byte of ``tensors``, in order."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

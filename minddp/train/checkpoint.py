@@ -68,6 +68,9 @@ MUST_MATCH = (
     "powersgd_min_compression_rate",
     "powersgd_error_feedback",
     "powersgd_warm_start",
+    "sync_every",
+    "fragments",
+    "fragment_delay",
 )
 
 

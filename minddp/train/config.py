@@ -734,11 +734,6 @@ def check_slow_links(cfg: TrainConfig, stages: list[str]) -> None:
             f"--hook {cfg.hook} with --stage {slow[0]}: its messages go through {', '.join(SLOW_LINK_HOOKS)} only "
             "(PowerSGD's error feedback and warm start follow gradients step by step); pick one of those"
         )
-    if cfg.resume is not None or cfg.save_every:
-        raise ConfigError(
-            f"--stage {slow[0]} does not take --save-every or --resume yet: between syncs every replica's weights are "
-            "its own, and a checkpoint holds rank 0's; drop them (DiLoCo.state_dict() resumes in a script of your own)"
-        )
 
 
 def compile_unavailable(stage: str, bucket_cap_mb: float | str | None) -> str | None:

@@ -59,12 +59,20 @@ from minddp.runtime.compat import meta_device
 from minddp.runtime.device import DEFAULT_TIMEOUT_S, Placement, choose, current_device, synchronize
 from minddp.runtime.hang import DEFAULT_HANG_S
 from minddp.runtime.launch import RankError, in_torchrun, launch, report_step, watch_torchrun_agent
+from minddp.runtime.nested import map_tensors
 from minddp.runtime.processes import Stopped, say_safely, stop_reason, stop_signals
 from minddp.runtime.profiling import StepProfiler, write_json
 from minddp.sharding.hooks import check_name
 from minddp.sharding.memory import Probe, format_summary
 from minddp.train import checkpoint, outputs, sharded_checkpoint
-from minddp.train.config import ConfigError, TrainConfig, build_parser, compile_unavailable, parse_args
+from minddp.train.config import (
+    SLOW_LINK_OPTIONS,
+    ConfigError,
+    TrainConfig,
+    build_parser,
+    compile_unavailable,
+    parse_args,
+)
 from minddp.train.data import DataError, Encoded, PreparedData, held_out, prepare_data, step_batches
 from minddp.train.metrics import FILENAME as METRICS_FILE
 from minddp.train.metrics import write_metrics
@@ -125,8 +133,10 @@ def _loss(model: nn.Module, batch: dict) -> torch.Tensor:
 
 
 def checkpoint_config(cfg: TrainConfig, stage: str, replicas: int) -> dict:
-    """The settings a checkpoint records (and a resume must match): this stage, its number of ranks."""
-    return {**cfg.to_dict(), "stage": stage, "world_size": replicas}
+    """The settings a checkpoint records (and a resume must match): this stage, its number of ranks; of the slow-link
+    options those this stage takes (a local-sgd run saved beside a streamed diloco resumes without --fragments)."""
+    unused = {name: None for name, (_, takers) in SLOW_LINK_OPTIONS.items() if stage not in takers}
+    return {**cfg.to_dict(), "stage": stage, "world_size": replicas, **unused}
 
 
 def checkpoint_path(cfg: TrainConfig, stage: str) -> str:
@@ -141,7 +151,10 @@ class Checkpoints:
     ones (zero1, zero2, fsdp) write a folder in which each rank saves its part
     (:mod:`minddp.train.sharded_checkpoint`). Each rank's part also keeps its comm hook's state
     (PowerSGD's memory) and, for ``ddp`` and ``zero1``, the bucket plan that memory was made for,
-    which the resumed wrapper starts from (docs/ddp.md, *Checkpoints*).
+    which the resumed wrapper starts from (docs/ddp.md, *Checkpoints*). The slow-link stages
+    (``local-sgd``, ``diloco``) write the one file too, and each rank's part holds that replica's own
+    weights, inner optimizer and rung state (the synced weights, the outer optimizer's state, a
+    fragment in flight): between syncs every replica's are its own (docs/diloco.md, *Checkpoints*).
     """
 
     def __init__(
@@ -152,8 +165,10 @@ class Checkpoints:
         wrapped: nn.Module,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
+        rung: LocalSGD | DiLoCo | None = None,
     ):
         self.sharded = stage in SHARDED_OPTIMIZER + SHARDED_GRADIENTS
+        self.rung = rung
         self.path, self.every = checkpoint_path(cfg, stage), cfg.save_every
         self.config = checkpoint_config(cfg, stage, replicas)
         self.wrapped, self.model, self.optimizer = wrapped, model, optimizer
@@ -170,6 +185,8 @@ class Checkpoints:
             ckpt = checkpoint.load_checkpoint(path, model=self.model, config=self.config, rank=dist.get_rank())
             checkpoint.restore(ckpt, optimizer=self.optimizer, hook_state=self.hook_state)
             first, mine = ckpt["step"], ckpt["rank"]
+        if self.rung is not None:  # this replica's own weights, inner optimizer, synced weights and outer state
+            self._load_replica(path, mine.get("replica"))
         if isinstance(self.wrapped, DistributedDataParallel):
             self._load_bucket_plan(path, mine.get("bucket_plan"))
         return first, list(mine["losses"])
@@ -188,9 +205,28 @@ class Checkpoints:
         except ValueError as exc:
             raise checkpoint.CheckpointError(f"checkpoint {path!r}: {exc}") from None
 
+    def _load_replica(self, path: str, replica: dict | None) -> None:
+        if replica is None:
+            raise checkpoint.CheckpointError(
+                f"checkpoint {path!r} holds no replica state (it was not saved by --stage local-sgd or diloco); "
+                "resume it with the stage it was saved by"
+            )
+        self.model.load_state_dict(replica["model"])
+        self.optimizer.load_state_dict(replica["inner"])
+        try:
+            self.rung.load_state_dict(map_tensors(lambda t: t.to(self.device), replica["rung"]))
+        except ValueError as exc:
+            raise checkpoint.CheckpointError(f"checkpoint {path!r}: {exc}") from None
+
     def _extra(self, losses: list[float]) -> dict:
         """This rank's values besides model and optimizer (collective for ``ddp``/``zero1``: every rank calls)."""
         extra = {"losses": losses}
+        if self.rung is not None:  # each replica's own: between syncs its weights and inner state are its alone
+            extra["replica"] = {
+                "model": self.model.state_dict(),
+                "inner": self.optimizer.state_dict(),
+                "rung": self.rung.state_dict(),
+            }
         if isinstance(self.wrapped, DistributedDataParallel):
             extra["bucket_plan"] = self.wrapped.reducer.settled_plan()
         if self.sharded:  # the whole file keeps the hook state beside the RNG already (checkpoint._rank_state)
@@ -294,7 +330,7 @@ def build(cfg: TrainConfig, stage: str, data: PreparedData) -> RankRun:
             wire=wire,
         )
         optimizer = make_optimizer(stage, model, torch.optim.AdamW, hook=cfg.hook, wire=wire, lr=cfg.lr)
-    checkpoints = Checkpoints(cfg, stage, replicas, wrapped, model, optimizer)
+    checkpoints = Checkpoints(cfg, stage, replicas, wrapped, model, optimizer, rung)
     return RankRun(
         stage,
         replicas,

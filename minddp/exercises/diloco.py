@@ -1,0 +1,299 @@
+"""Notebook 10's exercises: DiLoCo's outer sync, and streaming DiLoCo's fragment schedule, checked on real ranks.
+
+:func:`check_outer_sync` checks a learner's ``outer_sync(params, synced, outer)``, called on every
+replica after its H-th inner step: ``params`` the model's (local) weights, ``synced`` the weights of
+the last sync (copies), ``outer`` the outer optimizer over ``params``. On the checker's 2 ranks:
+
+1. **the candidates** (first), from the same start on the checker's own group (:func:`candidate`): a small
+   network trains 3 rounds of H inner steps (AdamW, each rank on its own data) with DiLoCo's sync
+   (checked against :class:`minddp.DiLoCo` by the tests, as is the model answer
+   :func:`~minddp.exercises.solutions.outer_sync`) and the wrong ideas (:data:`MISTAKES`): the
+   pseudo-gradient's sign flipped, the outer step taken from the local weights instead of the restored
+   synced ones, plain averaging called DiLoCo, the pseudo-gradients summed, the synced weights never updated;
+2. **yours**: the same rounds with your sync after each; the weights and synced weights after every sync;
+3. **verdict**: a raise or a hang first, then the candidate yours matches (:func:`close`), named with
+   what to change, then replicas that disagree after a sync, then the first difference from DiLoCo's.
+
+:func:`check_fragment_schedule` checks ``fragment_to_send(step, sync_every, fragments, delay)``: which
+fragment's pseudo-gradient leaves after inner step ``step`` (1, 2, ...), or ``None``. Each rank calls it
+for two periods; a schedule that differs across replicas is named first (they would sum different
+fragments, or wait for ever), then the first step where it differs from streaming DiLoCo's
+(:func:`~minddp.exercises.solutions.fragment_to_send`, the schedule :class:`minddp.DiLoCo` keeps).
+
+Example (2 checker ranks, a few seconds: not run by the doctests)::
+
+    >>> from minddp.exercises import check_outer_sync, solutions
+    >>> check_outer_sync(solutions.outer_sync)                 # doctest: +SKIP
+    ✓ outer sync: after 3 syncs of 3 inner steps on 2 ranks ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+import torch.distributed as dist
+
+from minddp.exercises import harness, solutions
+from minddp.exercises.checker import Verdict, _problem, _run
+
+ROUNDS, SYNC_EVERY = 3, 3
+#: The schedule checked: H = 6 in 3 fragments of 2 steps, each sent 1 step before it is applied, for 2 periods.
+SCHEDULE = {"sync_every": 6, "fragments": 3, "delay": 1}
+INNER_LR = 0.05
+
+
+# -- the wrong ideas: DiLoCo's sync with one idea changed ---------------------------------------------------
+
+
+def candidate(params, synced, outer, group=None, *, sign=1, restore=True, divide=True, keep=True, weights=False):
+    """DiLoCo's sync with one idea changed: ``sign=-1`` averages local − synced; ``restore=False`` steps from the
+    local weights; ``divide=False`` sums; ``keep=False`` never updates the synced weights; ``weights=True``
+    averages the weights themselves (local SGD) and never steps the outer optimizer."""
+    world = dist.get_world_size(group)
+    with torch.no_grad():
+        sent = [p.detach().clone() if weights else sign * (s - p) for p, s in zip(params, synced)]
+        for t in sent:
+            dist.all_reduce(t, group=group)
+            if divide:
+                t /= world
+        for p, s, t in zip(params, synced, sent):
+            if weights:
+                p.copy_(t)
+                continue
+            if restore:
+                p.copy_(s)
+            p.grad = t
+    if not weights:
+        outer.step()
+    if keep:
+        with torch.no_grad():
+            for p, s in zip(params, synced):
+                s.copy_(p)
+
+
+#: name -> (the wrong idea, what the verdict says).
+MISTAKES = {
+    "sign": (
+        functools.partial(candidate, sign=-1),
+        "the pseudo-gradient points the wrong way: you averaged local − synced, DiLoCo averages synced − local (a "
+        "gradient points against the step taken), so the outer step moved the weights away from what the replicas "
+        "learnt; flip it",
+    ),
+    "from_local": (
+        functools.partial(candidate, restore=False),
+        "the outer step started from the local weights: put the synced weights back in the parameters "
+        "(p.copy_(synced)) before outer.step(); the averaged pseudo-gradient already holds what the replicas "
+        "learnt, and stepping from this replica's own weights counts its progress twice and the replicas drift apart",
+    ),
+    "averaging": (
+        functools.partial(candidate, weights=True),
+        "that is plain averaging (local SGD: the mean of the local weights, an outer SGD with lr 1 and no "
+        "momentum), not DiLoCo: hand the averaged pseudo-gradient to the outer optimizer as .grad and let it step "
+        "from the synced weights (its Nesterov momentum is what DiLoCo adds)",
+    ),
+    "summed": (
+        functools.partial(candidate, divide=False),
+        "the pseudo-gradients were summed, not averaged: divide by the world size after the all_reduce (forgot "
+        "the division)",
+    ),
+    "stale": (
+        functools.partial(candidate, keep=False),
+        "the synced weights were never updated: after outer.step() copy the new weights into synced, or every "
+        "pseudo-gradient is measured from the first start",
+    ),
+}
+
+
+# -- on every rank --------------------------------------------------------------------------------------------
+
+
+def inner_step(model: torch.nn.Module, inner: torch.optim.Optimizer, step: int, rank: int) -> None:
+    """One inner step of replica ``rank`` on its own data of ``step``."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x, y = (
+        torch.randn(harness.PER_RANK, harness.IN, generator=g),
+        torch.randn(harness.PER_RANK, harness.OUT, generator=g),
+    )
+    inner.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    inner.step()
+
+
+def rounds_with(sync, rank: int, group) -> list[dict]:
+    """Steps 1-2: ROUNDS rounds of SYNC_EVERY inner steps from the same start, ``sync`` after each."""
+    model = harness.make_net(0)  # the same network on every rank
+    params = list(model.parameters())
+    inner = torch.optim.AdamW(params, lr=INNER_LR)
+    outer = torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
+    synced = [p.detach().clone() for p in params]
+    history = []
+    for r in range(ROUNDS):
+        for t in range(SYNC_EVERY):
+            inner_step(model, inner, r * SYNC_EVERY + t, rank)
+        if group is None:
+            sync(params, synced, outer)
+        else:
+            sync(params, synced, outer, group=group)
+        history.append({"params": [p.detach().clone() for p in params], "synced": [s.clone() for s in synced]})
+    return history
+
+
+def close(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    """``a`` is ``b`` up to float32 rounding (:func:`minddp.exercises.harness.close` on each tensor).
+
+    A learner may average in another order (divide before or after the sum), a few float32 roundings
+    per sync, carried through 3 rounds of AdamW; 1e-4 of each tensor's norm is far above that and far
+    below any two candidates' distance (a flipped sign, a missing restore: the outer step's own size).
+    """
+    return len(a) == len(b) and all(harness.close(x, y) for x, y in zip(a, b))
+
+
+def outer_sync_finding(mine: list[dict], candidates: dict[str, list[dict]], everyone: list) -> dict | None:
+    """Step 3 on one rank: the first thing wrong, or ``None`` for DiLoCo's sync."""
+    right = candidates["diloco"]
+    for name in ["diloco", *MISTAKES]:  # (from_local leaves the replicas apart: named before that is)
+        theirs = candidates[name]
+        if all(close(m["params"], t["params"]) and close(m["synced"], t["synced"]) for m, t in zip(mine, theirs)):
+            return None if name == "diloco" else {"kind": name}
+    for r, rounds in enumerate(zip(*everyone)):
+        if not all(close(x["params"], rounds[0]["params"]) for x in rounds[1:]):
+            return {"kind": "ranks_differ", "sync": r + 1}
+    for r, (m, t) in enumerate(zip(mine, right)):
+        for what in ("params", "synced"):
+            if not close(m[what], t[what]):
+                diffs = [float((a - b).abs().max()) for a, b in zip(m[what], t[what])]
+                worst = max(range(len(diffs)), key=diffs.__getitem__)
+                return {"kind": "other", "sync": r + 1, "what": what, "diff": diffs[worst], "tensor": worst}
+    return {"kind": "other", "sync": ROUNDS, "what": "params", "diff": float("nan"), "tensor": 0}
+
+
+@contextlib.contextmanager
+def checking(fn):
+    """Around either check on a rank: a group of the checker's own, one report printed whatever happens."""
+    checker = dist.new_group(backend="gloo")
+    progress = harness.Progress()
+    report: dict = {"rank": dist.get_rank(), "world": dist.get_world_size(), "finding": None}
+    try:
+        with harness.reporting(progress, harness.stage_files(fn), report):
+            yield checker, progress, report
+    finally:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group(checker)
+
+
+def check_outer_sync_on_rank(fn) -> None:
+    """Steps 1-3 on this rank; one report line (:data:`minddp.exercises.harness.MARK`)."""
+    with checking(fn) as (checker, progress, report):
+        rank = report["rank"]
+        # the candidates first: a rank whose learner's code raises releases its peer by interrupting it, and an
+        # interrupted first optimizer step (its lazy imports) would leave this worker broken for the next check
+        progress.phase = "running the candidates"
+        candidates = {"diloco": rounds_with(candidate, rank, checker)}
+        candidates.update({name: rounds_with(wrong, rank, checker) for name, (wrong, _) in MISTAKES.items()})
+        progress.phase = "running your outer_sync"
+        mine = rounds_with(fn, rank, None)
+        everyone: list = [None] * report["world"]
+        dist.all_gather_object(everyone, mine, group=checker)
+        report["finding"] = outer_sync_finding(mine, candidates, everyone)
+        if report["finding"] is None:
+            right = candidates["diloco"]
+            report["max_diff"] = max(
+                float((a - b).abs().max()) for m, t in zip(mine, right) for a, b in zip(m["params"], t["params"])
+            )
+
+
+def check_schedule_on_rank(fn) -> None:
+    """The schedule on this rank for two periods, gathered; one report line."""
+    with checking(fn) as (checker, progress, report):
+        progress.phase = "calling your fragment_to_send"
+        h, k, tau = SCHEDULE["sync_every"], SCHEDULE["fragments"], SCHEDULE["delay"]
+        mine = [fn(step, h, k, tau) for step in range(1, 2 * h + 1)]
+        answer = [solutions.fragment_to_send(step, h, k, tau) for step in range(1, 2 * h + 1)]
+        everyone: list = [None] * report["world"]
+        dist.all_gather_object(everyone, mine, group=checker)
+        report["finding"] = schedule_finding(everyone, answer)
+        report["schedule"] = mine
+
+
+def schedule_finding(everyone: list[list], answer: list) -> dict | None:
+    for step, sends in enumerate(zip(*everyone), start=1):
+        if len(set(map(repr, sends))) > 1:
+            return {"kind": "differs", "step": step, "sends": list(sends)}
+    for step, (mine, right) in enumerate(zip(everyone[0], answer), start=1):
+        if mine != right:
+            return {"kind": "wrong", "step": step, "mine": mine, "right": right}
+    return None
+
+
+# -- in the notebook ------------------------------------------------------------------------------------------
+
+
+def check_outer_sync(fn, *, world_size: int = 2, timeout_s: float = 20.0) -> Verdict:
+    """Check ``outer_sync(params, synced, outer)`` (module doc) on ``world_size`` ranks; one :class:`Verdict`."""
+    if not callable(fn):
+        raise TypeError(f"check_outer_sync() takes a function outer_sync(params, synced, outer), got {fn!r}")
+    reports = _run(check_outer_sync_on_rank, (fn,), world_size, timeout_s)
+    name = "outer sync"
+    problem = _problem(name, reports, timeout_s, _outer_sync_text)
+    if problem:
+        return Verdict(False, problem, reports)
+    first = reports[min(reports)]
+    return Verdict(
+        True,
+        f"✓ {name}: after {ROUNDS} syncs of {SYNC_EVERY} inner steps on {first['world']} ranks, your weights and "
+        f"synced weights are DiLoCo's (largest difference {first['max_diff']:.1e}): the pseudo-gradient synced − "
+        "local averaged over the replicas, the outer SGD (0.7, momentum 0.9, Nesterov) stepped from the synced "
+        "weights, the result kept as the new synced weights",
+        reports,
+    )
+
+
+def _outer_sync_text(f: dict, report: dict) -> str:
+    if f["kind"] in MISTAKES:
+        return MISTAKES[f["kind"]][1]
+    if f["kind"] == "ranks_differ":
+        return (
+            f"the replicas hold different weights after sync {f['sync']}: average the pseudo-gradient over the "
+            "ranks (dist.all_reduce, then divide by the world size) so that every replica takes the same outer step"
+        )
+    return (
+        f"your {f['what']} differ from DiLoCo's after sync {f['sync']} (largest difference {f['diff']:.2g} in "
+        f"tensor {f['tensor']}) and match none of the usual mistakes"
+    )
+
+
+def check_fragment_schedule(fn, *, world_size: int = 2, timeout_s: float = 20.0) -> Verdict:
+    """Check ``fragment_to_send(step, sync_every, fragments, delay)`` (module doc); one :class:`Verdict`."""
+    if not callable(fn):
+        raise TypeError(f"check_fragment_schedule() takes a function fragment_to_send(step, ...), got {fn!r}")
+    reports = _run(check_schedule_on_rank, (fn,), world_size, timeout_s)
+    name = "fragment schedule"
+    problem = _problem(name, reports, timeout_s, _schedule_text)
+    if problem:
+        return Verdict(False, problem, reports)
+    sends = [(s, k) for s, k in enumerate(reports[min(reports)]["schedule"], start=1) if k is not None]
+    h, k, tau = SCHEDULE["sync_every"], SCHEDULE["fragments"], SCHEDULE["delay"]
+    return Verdict(
+        True,
+        f"✓ {name}: with H = {h}, {k} fragments and a delay of {tau}, every replica sends "
+        + ", ".join(f"fragment {f} after step {s}" for s, f in sends)
+        + f": one fragment every {h // k} steps, in turn, each {tau} step(s) before its turn ends, the same on "
+        "every replica",
+        reports,
+    )
+
+
+def _schedule_text(f: dict, report: dict) -> str:
+    if f["kind"] == "differs":
+        who = "; ".join(f"rank {r}: {s!r}" for r, s in enumerate(f["sends"]))
+        return (
+            f"the schedule differs across replicas: after step {f['step']} ({who}); the replicas would sum "
+            "different fragments' pseudo-gradients (or one would wait for ever): decide from the step alone, "
+            "never from the rank"
+        )
+    return (
+        f"after step {f['step']} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: a turn is "
+        "sync_every // fragments steps, fragment 0 first, each sent delay steps before its turn ends"
+    )

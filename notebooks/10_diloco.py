@@ -1,0 +1,421 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 10 · Slow links: local SGD → DiLoCo → streaming DiLoCo
+#
+# Every rung so far sends every gradient every step. Between two datacenters, or over a home
+# connection, that all_reduce takes longer than the step itself, and the GPUs stand idle. The answer
+# the field converged on is to **talk rarely**: each replica trains alone for H optimizer steps, then
+# the replicas sync.
+#
+# 1. **Local SGD**: every H steps, average the weights (`minddp.LocalSGD`);
+# 2. **DiLoCo** (Douillard et al., 2023): every H steps, average the *pseudo-gradient* (the synced
+#    weights minus the local ones), put the synced weights back, and let an outer optimizer (SGD with
+#    Nesterov momentum) step with it (`minddp.DiLoCo`);
+# 3. **Streaming DiLoCo** (2025): the model in fragments that sync in turn, each fragment's message
+#    sent τ inner steps before it is needed, so it travels while the replica keeps computing.
+#
+# The task is the one `python -m minddp.bench.convergence` measures: language modelling of a Markov
+# chain over 32 tokens whose entropy floor, and any model's held-out loss, are known exactly
+# (`minddp.bench.convergence.MarkovTask`). Two ranks, one replica each.
+
+# %%
+# %load_ext minddp.notebook
+# %dist_init --world-size 2
+
+# %%
+# %%distributed
+import torch
+
+from minddp import DiLoCo, LocalSGD
+from minddp.bench.convergence import MarkovTask, build_student
+from minddp.comm.default_hooks import allreduce_hook
+from minddp.comm.wire import Traffic, Wire
+from minddp.notebook import lesson
+
+torch.manual_seed(0)
+task = MarkovTask()
+chains = task.chains(seed=0, replica=rank, batch=32)  # each replica its own chains
+
+
+def inner_step(model, inner):
+    context, token = next(chains)
+    inner.zero_grad()
+    torch.nn.functional.cross_entropy(model(context), token).backward()
+    inner.step()  # the slow-link rungs act in its post-hook
+
+
+def fingerprint(model) -> float:
+    """One number per replica's weights: equal on two ranks only if (almost surely) the weights are."""
+    return float(sum((p.detach().double() * (i + 1)).sum() for i, p in enumerate(model.parameters())))
+
+
+def everyone(value):
+    values = [None] * world_size
+    torch.distributed.all_gather_object(values, value)
+    return values
+
+
+lesson.say(
+    f"the chain's entropy floor: {task.floor:.4f} nats; a model that knows nothing scores "
+    f"{torch.log(torch.tensor(32.0)):.4f} (log 32)"
+)
+
+# %% [markdown]
+# ## Local SGD: weights every H steps
+#
+# `LocalSGD(model, optimizer, sync_every=H)` wraps an ordinary loop: a post-hook on the optimizer
+# counts the steps and, after every H-th, averages the weights over the replicas. Between two syncs
+# each replica follows its own data, so the replicas drift apart; right after a sync they are one
+# model again.
+
+# %%
+# %%distributed
+H = 10
+model = build_student(seed=0)
+inner = torch.optim.AdamW(model.parameters(), lr=3e-3)
+traffic = Traffic()
+rung = LocalSGD(model, inner, sync_every=H)
+rung.register_comm_hook(Wire(None, traffic=traffic), allreduce_hook)
+seen = {}
+with rung:
+    for step in range(1, 2 * H + 1):
+        inner_step(model, inner)
+        if step in (H - 5, H, 2 * H - 5, 2 * H):
+            seen[step] = everyone(fingerprint(model))
+params = sum(p.numel() for p in model.parameters())
+for step, prints in seen.items():
+    lesson.say(f"after step {step:2d}: the two replicas' fingerprints {prints[0]:.6f} and {prints[1]:.6f}")
+lesson.claim(
+    all((prints[0] == prints[1]) == (step % H == 0) for step, prints in seen.items()),
+    "between syncs the replicas differ; right after each sync (steps 10 and 20) they hold the same weights",
+)
+lesson.claim(
+    rung.syncs == 2 and traffic.calls == 2 and traffic.bytes == 2 * params * 4,
+    f"in 20 steps local SGD sent 2 messages of the whole model ({params} float32 values each), where DDP would "
+    "send one every step",
+)
+
+# %% [markdown]
+# ## DiLoCo: an outer optimizer on what the replicas learnt
+#
+# Averaging the weights is the same as taking the synced weights θ and stepping them by the mean of
+# `θ − local` with learning rate 1 and no momentum. DiLoCo keeps that quantity, the **pseudo-gradient**
+# (it points the way a gradient does: against the step the replica took), and gives it to a real
+# optimizer: SGD with lr 0.7 and Nesterov momentum 0.9 by default. The change from `local_sgd.py` to
+# `diloco.py` is a handful of lines:
+
+# %%
+import inspect
+
+from minddp.diloco import diloco
+
+print(inspect.getdoc(diloco).split("The change::")[1].split("Example")[0].rstrip())
+
+# %% [markdown]
+# With outer SGD(lr 1, no momentum) DiLoCo *is* local SGD (`tests/test_diloco.py` checks both against
+# torch's `PeriodicModelAverager`); the momentum is what it adds. One run of each on the two
+# ranks, DDP beside them, from the same start on the same chains (300 steps, H = 10):
+
+# %%
+# %%distributed
+from minddp.bench.convergence import train_config
+
+runs = {name: train_config(name, task, seed=0, steps=300, batch=32, lr=3e-3, eval_every=100) for name in
+        ("ddp", "local-sgd-h10", "diloco-h10")}  # fmt: skip
+for name, run in runs.items():
+    lesson.say(
+        f"{name:>14}: held-out loss {run['loss'][-1]:.4f} after 300 steps, {run['bytes'][-1] / 1e6:.2f} MB sent "
+        f"by each replica"
+    )
+lesson.claim(
+    runs["ddp"]["bytes"][-1] == 10 * runs["diloco-h10"]["bytes"][-1] == 10 * runs["local-sgd-h10"]["bytes"][-1],
+    "with H = 10 both rungs send exactly 10 times fewer bytes than DDP",
+)
+
+# %% [markdown]
+# That is one seed of a short run on 2 replicas, a single sample of each rung. To compare them,
+# `python -m minddp.bench.convergence` runs every rung on 4 replicas, 2000 steps, 5 seeds, and its
+# results are committed (`docs/diloco/convergence.json`); the figures below are drawn from that
+# file, not run here, with each rung's spread over the seeds beside its mean.
+
+# %%
+import json
+import statistics
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+results = json.loads(Path("../docs/diloco/convergence.json").read_text())
+curves, floor = results["curves"], results["floor"]
+
+
+def final(name):
+    return [c["loss"][-1] for c in curves[name]]
+
+
+fig, ax = plt.subplots(figsize=(8, 4.5))
+for name, colour in [("ddp", "black"), ("local-sgd-h10", "tab:orange"), ("local-sgd-h100", "tab:orange"),
+                     ("diloco-h10", "tab:blue"), ("diloco-h100", "tab:blue"), ("streaming-h100", "tab:green")]:  # fmt: skip
+    sent = [statistics.mean(v) for v in zip(*[c["bytes"] for c in curves[name]])]
+    loss = [statistics.mean(v) for v in zip(*[c["loss"] for c in curves[name]])]
+    pts = [(b, lo) for b, lo in zip(sent, loss) if b > 0]
+    ax.plot(*zip(*pts), color=colour, linestyle="--" if "100" in name else "-", label=name)
+ax.axhline(floor, color="red", linestyle=":", linewidth=0.8, label="entropy floor")
+ax.set(xscale="log", xlabel="bytes each replica sent (log)", ylabel="held-out loss (nats)", ylim=(floor - 0.02, 2.6))
+ax.set_title(
+    f"{results['replicas']} replicas, {results['steps']} steps, mean of {len(curves['ddp'])} seeds", fontsize=9
+)
+ax.legend(fontsize=8)
+plt.show()
+spread = {n: (min(final(n)), max(final(n))) for n in curves}
+for name in ("ddp", "single", "local-sgd-h10", "diloco-h10", "local-sgd-h100", "diloco-h100", "streaming-h100"):
+    low, high = spread[name]
+    print(f"{name:>15}: final held-out loss {statistics.mean(final(name)):.4f} (seeds: {low:.4f} to {high:.4f})")
+
+# %% [markdown]
+# Read off the same file: at each H, how many times fewer bytes than DDP each rung sent, how far
+# DiLoCo's loss ended from DDP's, and in how many seeds it ended below local SGD's.
+
+# %%
+from minddp.notebook import lesson
+
+ddp_bytes = statistics.mean(c["bytes"][-1] for c in curves["ddp"])
+for h in (10, 50, 100):
+    dl, ls = f"diloco-h{h}", f"local-sgd-h{h}"
+    fewer = ddp_bytes / statistics.mean(c["bytes"][-1] for c in curves[dl])
+    gap = 100 * (statistics.mean(final(dl)) - statistics.mean(final("ddp"))) / statistics.mean(final("ddp"))
+    ahead = sum(d < lo for d, lo in zip(final(dl), final(ls)))
+    lesson.say(
+        f"H = {h:3d}: {fewer:.0f}× fewer bytes than DDP; DiLoCo's loss {gap:+.1f} % from DDP's; below local "
+        f"SGD's in {ahead} of {len(final(dl))} seeds"
+    )
+lesson.claim(
+    all(round(ddp_bytes / statistics.mean(c["bytes"][-1] for c in curves[f"diloco-h{h}"])) == h for h in (10, 50, 100)),
+    "each rung sends H times fewer bytes than DDP",
+)
+lesson.claim(
+    all(max(final(f"local-sgd-h{h}")) < min(final("single")) for h in (10, 50, 100)),
+    "local SGD ends below one replica alone (a quarter of the data) at every H, in every seed",
+)
+lesson.claim(
+    all(all(d > lo for d, lo in zip(final(f"diloco-h{h}"), final(f"local-sgd-h{h}"))) for h in (50, 100)),
+    "at H = 50 and 100, DiLoCo with the paper's outer optimizer (SGD 0.7, Nesterov momentum 0.9) ends behind "
+    "local SGD in every seed: at this small scale the outer momentum costs, the opposite of the paper's result",
+)
+closest = min((n for n in curves if n != "ddp"), key=lambda n: statistics.mean(final(n)))
+lesson.claim(
+    closest == "streaming-h100", "of all the runs that talk rarely, streaming DiLoCo (H = 100) ends closest to DDP"
+)
+
+# %% [markdown]
+# `docs/diloco.md` (*Convergence*) has both figures (loss against steps and against bytes), the
+# table and the outer learning rate swept at H = 100, with what they do and do not show.
+#
+# ### Your turn: DiLoCo's outer sync
+#
+# Write the sync DiLoCo runs after the H-th inner step, on every replica: `params` are the model's
+# (local) weights, `synced` the weights of the last sync (copies), `outer` the outer optimizer over
+# `params`. Average the pseudo-gradient over the replicas, put the synced weights back, let `outer`
+# step, and keep the result as the new synced weights. `check_outer_sync` trains a small network on
+# 2 real ranks with your sync and names what is wrong: the pseudo-gradient's sign, an outer step
+# from the local weights instead of the restored synced ones, plain averaging called DiLoCo, a
+# missing division. As it stands the cell raises `NotImplementedError`, and the checker says so.
+
+# %%
+import torch.distributed as dist
+
+from minddp.exercises import check_outer_sync
+
+
+def my_outer_sync(params, synced, outer):
+    # Your turn: average (synced - local) over the ranks, put the synced weights back, outer.step(), keep them.
+    raise NotImplementedError("average the pseudo-gradient, step the outer optimizer from the synced weights")
+
+
+check_outer_sync(my_outer_sync)
+
+# %% [markdown]
+# Stuck? The model answer (`minddp.exercises.solutions.outer_sync`; its input is hidden, click to
+# show it) and what the checker says about it:
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true}
+from minddp.exercises import solutions
+from minddp.notebook.source import show_source
+
+show_source(solutions.outer_sync)
+print(check_outer_sync(solutions.outer_sync))
+
+# %% [markdown]
+# ## Streaming DiLoCo: fragments that travel while the replica computes
+#
+# A whole-model sync still stops every replica for the time the model takes on the link. Streaming
+# DiLoCo cuts the model into K fragments (`fragments=K`) that take turns, one every H/K steps, so a
+# sync moves 1/K of the model; and each fragment's pseudo-gradient leaves `fragment_sync_delay` (τ)
+# inner steps *before* its turn ends. Its Future is kept; the τ steps run while it travels; at the
+# end of the turn the outer step uses it, and the new synced weights are mixed with the local ones
+# that kept training: `(1 − α)·synced + α·local` (`fragment_update_alpha`).
+#
+# Below, one rank's inner steps under the profiler, over an emulated link of 10 Mbit/s and 40 ms per
+# hop (a slow home connection between two houses): H = 16, 2 fragments (a turn of 8 steps), τ = 6.
+# Each inner step is its forward (pale), backward (blue) and optimizer step (green); the orange bars
+# are the fragments' messages on the emulated link, each handed over (tick) in an optimizer step's
+# post-hook. Where the training thread waits (red, inside the optimizer step that applies a fragment),
+# it waits until the message is delivered: its time on the link, or the other rank reaching the same
+# send later, whichever ends last (on a busy machine, often the second).
+
+# %%
+# %%distributed
+from minddp.analysis import live
+from minddp.analysis.timeline import draw_steps
+from minddp.comm.link import Link
+from minddp.ladder.loop import train_step
+
+SYNC, FRAGMENTS, TAU = 16, 2, 6
+model = build_student(seed=0)
+inner = torch.optim.AdamW(model.parameters(), lr=3e-3)
+link = Link("10mbit,40ms")
+streamed = DiLoCo(model, inner, None, SYNC, fragments=FRAGMENTS, fragment_sync_delay=TAU, fragment_update_alpha=0.5)
+streamed.register_comm_hook(Wire(None, link=link), allreduce_hook)
+big = task.chains(seed=1, replica=rank, batch=512)  # a heavier inner step, so that the picture is readable
+
+
+def loss_fn(m, batch):
+    return torch.nn.functional.cross_entropy(m(batch[0]), batch[1])
+
+
+with streamed:
+    for _ in range(SYNC // FRAGMENTS):  # warm-up: half a period
+        train_step(model, inner, [next(big)], loss_fn)
+    with live.profiler() as prof:
+        for _ in range(SYNC):  # one period: each fragment leaves once and lands once
+            train_step(model, inner, [next(big)], loss_fn)
+view = live.step_view(prof, link)
+events = sorted(prof.events(), key=lambda e: e.time_range.start)
+order = [e.name for e in events if e.name.startswith(("minddp.fragment_", "minddp.optimizer_step"))]
+link.close()
+if rank == 0:
+    row = dict(view["row"], label="rank 0", stage="streaming DiLoCo")
+    draw_steps(
+        [row], title="streaming DiLoCo: 16 inner steps, 2 fragments, each sent 6 steps before it lands", width=11
+    )
+
+# %%
+# %%distributed
+sends = [i for i, n in enumerate(order) if n.startswith("minddp.fragment_send")]
+applies = [i for i, n in enumerate(order) if n.startswith("minddp.fragment_apply")]
+between = [sum(order[j] == "minddp.optimizer_step" for j in range(s, a)) for s, a in zip(sends, applies)]
+sizes = [sum(p.numel() * p.element_size() for p in fragment) for fragment in streamed.fragments]
+lesson.say(
+    f"{len(view['row']['messages'])} messages on the link, the fragments' "
+    + " and ".join(
+        f"{n / 1e3:.0f} kB ({link.seconds('all_reduce', n, world_size) * 1e3:.0f} ms modeled)" for n in sizes
+    )
+    + f"; the training thread stood waiting for them {view['waited_ms']:.0f} ms in all"
+)
+lesson.claim(
+    len(sends) == len(applies) == FRAGMENTS and all(n == TAU for n in between),
+    f"each fragment's message was handed over, then {TAU} more inner steps ran before the step that applied it "
+    "(the order of events on the training thread)",
+)
+
+# %% [markdown]
+# Whether the message has arrived by then depends on the link and the step's length: the orange bars
+# against the steps drawn beside them say it for this run. The step-time model says it for any link.
+#
+# ### Your turn: the fragment schedule
+#
+# Write `fragment_to_send(step, sync_every, fragments, delay)`: the fragment whose pseudo-gradient
+# leaves after inner step `step` (1, 2, ...), or `None`. A turn is `sync_every // fragments` steps,
+# fragment 0 first, each fragment sent `delay` steps before its turn ends. The checker runs it on 2
+# real ranks and compares: a schedule that differs across replicas is named first (their all_reduces
+# would pair different fragments, or one would wait for ever).
+
+# %%
+from minddp.exercises import check_fragment_schedule
+
+
+def my_fragment_to_send(step, sync_every, fragments, delay):
+    # Your turn: which fragment leaves after `step`? The same answer on every replica.
+    raise NotImplementedError("the fragment, or None")
+
+
+check_fragment_schedule(my_fragment_to_send)
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true}
+show_source(solutions.fragment_to_send)
+print(check_fragment_schedule(solutions.fragment_to_send))
+
+# %% [markdown]
+# ## The link that makes DDP impossible and DiLoCo fine
+#
+# The step-time model (`minddp.costmodel.slow_link`) replays one period of H inner steps on a link:
+# compute as measured or assumed, each fragment's message handed over when its schedule says and
+# waited for at its turn's end. Its **compute utilisation** is Streaming DiLoCo's measure: the share
+# of the time a replica computes. Here for a model of SmolLM2-360M's size (fp32 pseudo-gradients and
+# gradients, 1.44 GB), 2 replicas, 16 k tokens per step at 300 TFLOP/s (an H100 at about a third of
+# its bf16 peak): DDP, DiLoCo with H = 100, and streaming DiLoCo with 4 fragments and τ = 10, on
+# each preset link, the widest first.
+
+# %%
+from minddp.comm.link import PRESETS
+from minddp.costmodel.compute import from_throughput
+from minddp.costmodel.slow_link import ddp_step, per_step
+
+PARAMS, TOKENS, FLOPS = 360_000_000, 16_384, 300e12
+cp = from_throughput([4 * PARAMS // 32] * 32, PARAMS, TOKENS, FLOPS, micro_batches=1)  # 32 layers' gradients
+links = sorted(["nvlink", "100gbit-ib", "10gbit", "1gbit", "wan", "home"], key=lambda n: -PRESETS[n].bandwidth)
+table = {}
+for name in links:
+    table[name] = {
+        "ddp": ddp_step(cp, name),
+        "diloco": per_step(cp, name, sync_every=100),
+        "streaming": per_step(cp, name, sync_every=100, fragments=[4 * PARAMS // 4] * 4, delay=10),
+    }
+print(f"compute per step: {table['nvlink']['ddp']['compute_s'] * 1e3:.0f} ms")
+print(f"{'link':>11} | {'DDP':>15} | {'DiLoCo H=100':>15} | {'streaming, K=4':>15}   (step time, utilisation)")
+for name, row in table.items():
+    print(f"{name:>11} | " + " | ".join(f"{r['step_s']:7.3f} s {100 * r['utilisation']:4.0f} %" for r in row.values()))
+first = next(name for name in links if table[name]["ddp"]["utilisation"] < 0.05)
+spec = PRESETS[first]
+lesson.claim(
+    table[first]["streaming"]["utilisation"] > 0.9,
+    f"'{first}' ({spec.bandwidth * 8 / 1e9:g} Gbit/s, {spec.latency * 1e3:g} ms per hop: {spec.about}) is the widest "
+    f"of these links where DDP computes less than 5 % of the time ({100 * table[first]['ddp']['utilisation']:.1f} %), "
+    f"and streaming DiLoCo still more than 90 % ({100 * table[first]['streaming']['utilisation']:.0f} %)",
+)
+lesson.claim(
+    table["home"]["streaming"]["utilisation"] < 0.05,
+    "on a home connection even H = 100 is not enough for a model of this size (streaming DiLoCo computes "
+    f"{100 * table['home']['streaming']['utilisation']:.0f} % of the time): it needs a larger H, fewer bytes "
+    "(a 16-bit hook halves them) or a smaller model",
+)
+
+# %% [markdown]
+# `docs/benchmarks.md` (*Slow links*) measures DDP, DiLoCo and streaming DiLoCo on the emulated
+# `wan` and `home` links beside this model's prediction.
+#
+# ## What to take away
+#
+# * Local SGD and DiLoCo send H times fewer bytes than DDP; DiLoCo's outer momentum is what it adds
+#   to plain averaging. Whether that costs loss is measured, not assumed: `docs/diloco.md`.
+# * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
+# * Streaming DiLoCo sends one fragment at a time, τ steps early, so the message travels under the
+#   replica's own compute; the schedule is a function of the step alone, the same on every replica.
+# * On the fault-tolerant rung, DiLoCo takes one quorum per outer sync (`docs/fault-tolerance.md`).
+
+# %%
+# %dist_shutdown
