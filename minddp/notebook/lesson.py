@@ -322,16 +322,6 @@ def sent_by_collective(prof) -> dict[str, int]:
     return sent
 
 
-def exposed_link_ms(look: dict) -> float:
-    """*Exposed* (:func:`minddp.analysis.metrics.exposed`), counting ``finish_gradient_synchronization()`` as
-    waiting too: there a stage waits on a Future chained to the link's, whose wait the link cannot see (a
-    compressing hook's). Never more than the link's time."""
-    from minddp.analysis import metrics
-
-    row = look["row"]
-    return metrics.exposed(row["messages"], [*row["waits"], *row["finish"]])
-
-
 def buckets_of(model) -> int | None:
     """How many gradient buckets a minddp stage sends a step (per-parameter stages: one per parameter).
 
