@@ -90,8 +90,8 @@ def test_fp16_halves_the_bytes_term_and_powersgd_pays_three_messages_a_bucket(lo
 
 def test_every_message_is_seen_waited_for_whatever_the_hook_chains(looks):
     """fp16 hands back a Future chained by .then (its cast back), PowerSGD one collected from several: the
-    stage's wait on it is the training thread's wait for each of the bucket's messages (comm/send.py), as
-    the plain hook's direct wait is; the count follows from the code, not the machine."""
+    stage's wait on it is the training thread's wait for each of the bucket's messages (the ladder registers the
+    hook through comm/link.waits_seen), as the plain hook's direct wait is; the count follows from the code."""
     for seen in looks:
         for hook, v in seen.items():
             assert v["waits"] == v["calls"] > 0, (hook, v["waits"], v["calls"])

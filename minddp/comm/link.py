@@ -214,6 +214,20 @@ def handed_over():
             outer.extend(inner)
 
 
+def waits_seen(hook):
+    """``hook``, whose Future's first ``wait()`` is noted as the first wait for every message it handed over
+    (:func:`handed_over`, :func:`waited_through`): what the ladder registers on a teaching stage (send.py stays
+    plain, off this module)."""
+
+    def seen(state, bucket):
+        with handed_over() as messages:
+            future = hook(state, bucket)
+        return waited_through(future, messages)
+
+    seen.__name__ = getattr(hook, "__name__", type(hook).__name__)  # the user's hook's name, in a trace and an error
+    return seen
+
+
 def waited_through(future: torch.futures.Future, messages: list) -> torch.futures.Future:
     """``future`` (a comm hook's, for a bucket whose ``messages`` it handed over: :func:`handed_over`), whose first
     ``wait()`` is noted as the first wait for each of them; ``future`` itself when there are none."""

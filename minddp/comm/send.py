@@ -7,9 +7,7 @@ it started. The production wrappers label their own sends (``zero2`` and ``fsdp`
 the DDP's reducer names its ranges by :func:`launch_label`). The teaching stages call their hook
 plainly, and the ladder, which registers it, registers it as :func:`in_launch_range` (``hook``, inside
 the range): so every trace of a stage the train command, the benchmark or a notebook builds carries the
-ranges, while a learner's path has none of this. Over an emulated link, the Future :func:`send` hands back notes
-the training thread's first wait for every message the hook handed over (:func:`minddp.comm.link.waited_through`),
-so a hook that chains or collects Futures (fp16's cast back, PowerSGD's) is seen waited for as the plain one is.
+ranges, while a learner's path has none of this.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
@@ -28,7 +26,6 @@ from __future__ import annotations
 import torch
 
 from minddp.comm.grad_bucket import GradBucket
-from minddp.comm.link import handed_over, waited_through
 
 
 def hook_name(hook) -> str:
@@ -44,9 +41,8 @@ def launch_label(bucket: GradBucket, hook) -> str:
 
 def send(hook, state, bucket: GradBucket) -> torch.futures.Future:
     """Start ``hook``'s communication for ``bucket``; return its Future without waiting."""
-    with torch.profiler.record_function(launch_label(bucket, hook)), handed_over() as messages:
-        future = hook(state, bucket)
-    return waited_through(future, messages)
+    with torch.profiler.record_function(launch_label(bucket, hook)):
+        return hook(state, bucket)
 
 
 def in_launch_range(hook):
