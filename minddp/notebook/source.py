@@ -16,7 +16,7 @@ Example::
 
     >>> from minddp.ladder import STAGES
     >>> print(stage_diff(STAGES["hook"], STAGES["hook-async"]))
-    --- HookDDP.__init__  (minddp/stages/hook.py)
+    --- HookDDP.__init__  (minddp/stages/hook.py): kept, it runs where the line marked ' ' calls it
     +++ AsyncHookDDP.__init__  (minddp/stages/hook_async.py)
     ...
     --- HookDDP._sent  (minddp/stages/hook.py)
