@@ -53,8 +53,8 @@ print(f"rank {rank} holds {t.tolist()}")
 # ## Non-blocking: `isend` / `irecv`
 #
 # The `i` versions return at once with a *work* handle; the transfer runs in the background, and
-# `wait()` blocks until it is finished. In between, a rank can compute: this is the seed of
-# overlapping communication with computation, which the later DDP stages are built on.
+# `wait()` blocks until it is finished. In between, a rank can compute while its message travels:
+# the seed of what the later DDP stages call *overlap* (defined, with the other measures, at the end).
 
 # %%
 # %%distributed
@@ -113,7 +113,11 @@ print("reduce ->", t.item(), "| gather ->", gathered)
 #
 # The collective at the heart of DDP: after backward, each rank has the gradient of *its* shard;
 # `all_reduce` leaves the sum on every rank, and dividing by the world size gives the average
-# gradient: the gradient of the whole global batch.
+# gradient. That average is the gradient of the whole global batch when the loss is a mean over
+# examples and every rank's shard holds as many examples: then the global batch's mean loss is the
+# mean of the shards' mean losses. With shards of different sizes (a last, shorter batch; uneven
+# shards, as in `07_fault_tolerance`) each rank's gradient needs the weight of its share of the
+# examples instead of 1 / n.
 
 # %%
 # %%distributed
@@ -218,11 +222,15 @@ lesson.claim(
 # | symbol | meaning | unit |
 # | --- | --- | --- |
 # | n | the number of ranks | |
-# | m | the size of a message or of the tensor being reduced | bytes |
+# | m | the bytes of the tensor one collective reduces, on one rank (a ring sends it as n messages of m / n bytes) | bytes |
 # | α | the fixed cost of one message, whatever its size: latency, software | seconds |
 # | β | the time per byte on a link, 1 / B | seconds per byte |
-# | B | a link's bandwidth, when one is named (`1gbit`: 1 Gbit/s = 125 MB/s) | bytes per second |
-# | overlap | the share of communication time during which compute runs (notebook 05 measures it) | % |
+# | B | a link's bandwidth, when one is named (`1gbit`: 1 Gbit/s = 125 MB/s); the tables print it in Gbit/s | bytes per second |
+# | k | the micro-batches of one optimizer step (`03_build_up`: gradient accumulation) | |
+#
+# Each letter keeps this one meaning in every notebook; a message's size, when it is not m, is written
+# out (m / n). The measures of time, *waited*, *exposed*, *overlap* and the rest, are defined at the end
+# of this notebook, before any notebook uses them.
 #
 # **Bytes.** m here is the bytes of one rank's tensor. In the ring every rank sends 2 (n − 1) chunks of
 # m / n bytes, 2 (n − 1) / n · m in all, and receives as much: less than 2 m, whatever the number of
@@ -231,7 +239,7 @@ lesson.claim(
 # times a ring rank's bytes, and everybody waits for it. The cell counts both from the records and
 # checks them against these formulas.
 #
-# **Time.** The α-β model prices one message of m bytes at α + β · m. In one exchange a rank sends a
+# **Time.** The α-β model prices one message of s bytes at α + β · s. In one exchange a rank sends a
 # message and receives another at the same time (each direction of a link has its own wire), so the
 # larger of the two counts. A rank's exchanges go one after the other, and the all_reduce is done when
 # the busiest rank is. A ring rank makes 2 (n − 1) exchanges of m / n bytes each way:
@@ -337,6 +345,121 @@ dist.all_gather_object(everyone, (arrived, left))
 lesson.claim(
     all(left >= everyone[1][0] for _, left in everyone), "no rank left the barrier before rank 1 had arrived at it"
 )
+
+# %% [markdown]
+# ## The measures: one word, one number
+#
+# The later notebooks ask one question of every stage: while its gradients travel, what does the
+# training step do? Seven words answer it, each naming one measure, computed by one function of
+# `minddp.analysis.metrics` that every notebook, the trace report and the benchmark call (the table is
+# also `docs/analysis.md`'s). Each reads sets of time intervals of one step: *compute* C (forward,
+# backward, optimizer: the training thread working), *communication in flight* M (a collective
+# started and not yet done, as the backend reports it), the step's *backward* (from its start to its
+# end, waits inside it included), the training thread's *waits* T (from a `wait()` on a message to the
+# message's arrival) and, on an emulated link, the link's *transfers* L (each message's modeled time
+# on the wire, `minddp.comm.link`). |X| is the time X covers.
+#
+# | measure | definition | function | unit |
+# | --- | --- | --- | --- |
+# | in flight | \|M\|: communication started and not done (on a CPU it includes gloo waiting for the other rank and for a core) | `in_flight` | ms a step |
+# | non-compute | \|M ∖ C\|: communication in flight while the thread computes nothing (over the step's length: the non-compute share) | `non_compute` | ms a step (share: %) |
+# | overlap | \|M ∩ C\| / \|M\|: the share of the in-flight time during which compute runs too | `overlap_pct` | % of in flight |
+# | interleaved | the non-compute time inside backward: the backward stopping for a message, then going on | `interleaved` | ms a step |
+# | waited | \|T\|: the thread standing still for communication (the link, the other rank, a free core) | `waited` | ms a step |
+# | exposed | \|L ∩ T\|: the link's transfer time the thread stood waiting through, the step time the link adds against a free link | `exposed` | ms a step |
+# | link time | the sum of the messages' modeled transfers, from their sizes alone: the same on every machine | `link_time` | ms a step |
+#
+# The cell below builds two made-up steps, each sending two messages of 1 MiB over the 1 Gbit/s link,
+# and computes every measure of both with those functions. In the first, the backward *waits* for each
+# message where it sends it (the `hook` stage of `03_build_up`); in the second it sends and goes on,
+# waiting once after backward (`hook-async`), and gloo's range outlives the link's transfer by the
+# time the other rank took to join.
+
+# %%
+import matplotlib.pyplot as plt
+
+from minddp.analysis import metrics
+from minddp.comm.link import PRESETS
+from minddp.notebook import lesson
+
+LINK, n, MIB = PRESETS["1gbit"], 2, 2**20
+carry = 1e3 * LINK.seconds("all_reduce", MIB, n)  # ms: one 1 MiB all_reduce between 2 ranks on the link
+steps = {  # every interval in ms from the step's start
+    "waits inside backward": dict(
+        window=[(0, 92)],
+        compute=[(0, 40), (52, 70), (82, 92)],  # forward and backward, stopped by two waits, then the optimizer
+        backward=[(20, 82)],
+        comm=[(40, 52), (70, 82)],
+        link=[(40, 40 + carry), (70, 70 + carry)],
+        waits=[(40, 52), (70, 82)],
+    ),
+    "waits once, after backward": dict(
+        window=[(0, 90)],
+        compute=[(0, 70), (80, 90)],
+        backward=[(20, 70)],
+        comm=[(40, 50), (60, 80)],  # the second message's range lasts until the other rank has joined it
+        link=[(40, 40 + carry), (60, 60 + carry)],
+        waits=[(70, 80)],
+    ),
+}
+table = {}
+for name, x in steps.items():
+    table[name] = {
+        "step ms": x["window"][0][1],
+        "backward ms": sum(end - start for start, end in x["backward"]),
+        "in flight ms": metrics.in_flight(x["comm"], x["window"]),
+        "non-compute ms": metrics.non_compute(x["window"], x["compute"], x["comm"]),
+        "overlap %": metrics.overlap_pct(x["comm"], x["compute"], x["window"]),
+        "interleaved ms": metrics.interleaved(x["comm"], x["compute"], x["backward"]),
+        "waited ms": metrics.waited(x["waits"], x["window"]),
+        "exposed ms": metrics.exposed(x["link"], x["waits"], x["window"]),
+        "link time ms": 1e3 * metrics.link_time(LINK, [("all_reduce", MIB, n)] * 2),
+    }
+
+fig, axes = plt.subplots(2, 1, figsize=(8, 3.6), sharex=True)
+rows = [("compute", "tab:blue"), ("comm", "tab:orange"), ("link", "tab:brown"), ("waits", "crimson")]
+for ax, (name, x) in zip(axes, steps.items()):
+    for y, (key, colour) in enumerate(rows):
+        ax.broken_barh([(s, e - s) for s, e in x[key]], (y - 0.35, 0.7), color=colour)
+    ax.axvspan(*x["backward"][0], color="0.9", zorder=0)
+    ax.set_yticks(range(len(rows)), ["compute C", "in flight M", "link L", "waits T"], fontsize=8)
+    ax.set_title(f"{name} (grey: the backward)", fontsize=9)
+axes[-1].set_xlabel("ms from the step's start")
+fig.tight_layout()
+plt.show()
+
+import pandas as pd
+
+display(pd.DataFrame(table).T.round(1))
+a, b = table.values()
+lesson.say(
+    f"The same two messages, {a['link time ms']:.1f} ms of link time in both steps. Waiting where it sends, the "
+    f"first step waited {a['waited ms']:.1f} ms, all of it inside its backward (interleaved "
+    f"{a['interleaved ms']:.1f} ms): {a['exposed ms']:.1f} ms for the link, the rest for the other rank; it overlaps "
+    f"{a['overlap %']:.0f} %. Sending and going on, the second overlaps {b['overlap %']:.0f} % and is "
+    f"{b['exposed ms']:.1f} ms exposed, yet it waited {b['waited ms']:.1f} ms: for the other rank, after the link "
+    "was done. That is why the notebooks print several measures: each answers another question."
+)
+lesson.claim(
+    abs(a["exposed ms"] - a["link time ms"]) < 1e-9  # interval lengths against a sum: equal up to rounding
+    and a["interleaved ms"] == a["waited ms"] == a["non-compute ms"],
+    "waiting where it sends, the thread waits through all of the link's time, inside backward",
+)
+lesson.claim(
+    b["exposed ms"] == 0 < b["waited ms"] and b["interleaved ms"] == 0 < b["overlap %"] < 100,
+    "sending and going on exposes none of the link's time, yet waits, and overlaps less than 100 %: a gloo range "
+    "that waits for the other rank counts as in flight, and the wait after backward is not compute",
+)
+
+# %% [markdown]
+# Where two measures disagree for one stage they answer different questions. *Exposed* asks what the
+# link cost the step: time the link was still carrying a message the thread needed. *Waited* adds
+# the waits for the other rank and for a free core, which no faster link would remove. *Overlap* and
+# *non-compute* are read from a trace of the backend's ranges (notebook `05_reading_traces`), which
+# last as long as the backend's work, its own waits included, so a stage that exposes nothing can
+# still show far less than 100 % overlap. And a stage that hides its messages has not made them
+# free: on a CPU the compute and gloo's threads share the same cores (`03_build_up` measures what
+# that costs).
 
 # %% [markdown]
 # Next: `02_simple_ddp` uses `broadcast` and `all_reduce` to turn one training process into data

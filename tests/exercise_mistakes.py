@@ -180,6 +180,35 @@ class BucketAsyncWaitsInSend(solutions.BucketDDP):
         self.in_flight.clear()
 
 
+class AsyncNeverWaits(solutions.AsyncHookDDP):
+    """Starts each all_reduce in the hook, then divides in finish without waiting: a race with the network."""
+
+    def finish_gradient_synchronization(self):
+        for param, _ in self.in_flight:
+            param.grad /= dist.get_world_size()
+        self.in_flight.clear()
+
+
+class AsyncWaitsForTheLastOnly(solutions.AsyncHookDDP):
+    """Waits for the last all_reduce only, as if they arrived in order (gloo may run several at once)."""
+
+    def finish_gradient_synchronization(self):
+        if self.in_flight:  # finish runs after the no_sync() micro-batches too, with nothing in flight
+            self.in_flight[-1][1].wait()
+        for param, _ in self.in_flight:
+            param.grad /= dist.get_world_size()
+        self.in_flight.clear()
+
+
+class BucketAsyncNeverWaits(solutions.AsyncBucketDDP):
+    """Copies each bucket's flat buffer back in finish without waiting for its all_reduce."""
+
+    def finish_gradient_synchronization(self):
+        for grads, flat, _ in self.in_flight:
+            self._write_back(grads, flat / dist.get_world_size())
+        self.in_flight.clear()
+
+
 class BucketAsyncSummed(solutions.AsyncBucketDDP):
     """Waits for every bucket in finish but copies back the sum, not the average."""
 

@@ -96,6 +96,17 @@ MISTAKES = [
     (wrong.BucketAsyncWaitsInSend, "bucket-async", "nothing travelled while backward computed"),
     (solutions.BucketDDP, "bucket-async", "nothing travelled while backward computed"),
     (wrong.BucketAsyncSummed, "bucket-async", "forgot the division"),
+    (wrong.AsyncNeverWaits, "hook-async", "6 of the 6 all_reduce calls started in step 1 were never waited for"),
+    (
+        wrong.AsyncWaitsForTheLastOnly,
+        "hook-async",
+        "5 of the 6 all_reduce calls started in step 1 were never waited for",
+    ),
+    (
+        wrong.BucketAsyncNeverWaits,
+        "bucket-async",
+        "2 of the 2 all_reduce calls started in step 1 were never waited for",
+    ),
     (wrong.HalvesPlainAllReduce, "halves", "other collectives: 2 all_reduce calls in step 1"),
     (wrong.HalvesNotWrittenBack, "halves", "divided by the world size but never summed over ranks"),
 ]

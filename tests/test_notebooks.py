@@ -115,3 +115,17 @@ def test_what_changed_between_two_stages_is_read_from_the_package():
     unchanged = diff.splitlines()[-1]
     assert unchanged.startswith("# unchanged:") and "_grad_ready" in unchanged and "_sent" not in unchanged
     assert "calls super()" in diff  # hook-async's finish runs hook's inside it
+
+
+def test_a_method_that_calls_super_is_shown_extended_not_replaced():
+    """HookDDP.__init__ runs SimpleDDP.__init__ (its broadcast included) through super(): its diff removes no line of
+    it, marks the super() call as kept, and every other line as added (issue 49: a diff true to the code)."""
+    from minddp.ladder import STAGES
+    from minddp.notebook.source import stage_diff
+
+    init = stage_diff(STAGES["ga"], STAGES["hook"]).split("\n\n")[0]
+    assert init.startswith("--- SimpleDDP.__init__") and "+++ HookDDP.__init__" in init
+    body = [line for line in init.splitlines()[2:] if not line.startswith("#")]
+    assert not any(line.startswith("-") for line in body)  # the broadcast still runs: not shown as removed
+    assert [line for line in body if line.startswith(" ")] == ["     super().__init__(module, process_group)"]
+    assert all(line.startswith(("+", " ")) for line in body)

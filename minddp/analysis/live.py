@@ -7,7 +7,8 @@ any stage and torch's DDP alike. docs/analysis.md, "Counting without a trace", g
 1. a **call** is a ``c10d::allreduce_`` op (for an async op, its start);
 2. its **bytes**, ``numel × element size`` of the backend's ``gloo:``/``nccl:all_reduce`` range;
 3. for one step of :func:`minddp.ladder.loop.train_step` (:func:`step_view`): each micro-batch's
-   **backward**, the calls started inside one, and the **tail** before the optimizer step;
+   **backward**, the calls started inside one, the **tail** before the optimizer step, and the time the
+   teaching stages' once-a-step **check** of the parameters used held the training thread (``check_ms``);
 4. the sharded stages' **all-gathers**, and the stages' small check gathers, counted apart;
 5. the step as a **row** of :mod:`minddp.analysis.timeline`; over an emulated link with the training
    thread's **waits** and ``link_ms`` (*link time*), ``waited_ms`` (*waited*), ``exposed_ms`` (*exposed*),
@@ -96,6 +97,7 @@ def step_view(prof, link=None) -> dict:
         "gathers": sum(1 for e in events if e.name == GATHER_CALL),  # step 4
         "gather_bytes": backend_bytes(prof, GATHER_RANGES),
         "small_gathers": sum(1 for e in events if e.name == SMALL_GATHER_CALL),
+        "check_ms": metrics.waited(_checks(events)) / 1e3,  # the thread stood still there for a message
     }
     t0 = forwards[0][0] if forwards else 0.0  # step 5
 
@@ -119,6 +121,19 @@ def step_view(prof, link=None) -> dict:
         view.update(_on_link(events, link, row, t0, spans))
     view["row"] = row
     return view
+
+
+def _checks(events) -> list[tuple[float, float]]:
+    """The stages' once-a-step check gathers (:data:`SMALL_GATHER_CALL`), each from its call to the end of the
+    backend's gather it started: the training thread waits for it there, for the other rank too (µs)."""
+    ranges = sorted((e.time_range.start, e.time_range.end) for e in events if e.name in GATHER_RANGES)
+    out = []
+    for e in events:
+        if e.name == SMALL_GATHER_CALL:
+            start = e.time_range.start
+            ends = [end for _, end in ranges if end >= start]
+            out.append((start, min(ends) if ends else e.time_range.end))
+    return out
 
 
 def _on_link(events, link, row: dict, t0: float, backwards: list) -> dict:

@@ -12,7 +12,10 @@ under the comm layer, so that a laptop shows what a 1 Gbit/s cluster, or four PC
    the link's own thread (one NIC per rank) carries the messages one at a time and completes each
    Future no earlier than its modeled transfer has ended;
 3. **in a trace** (:meth:`Link.annotate_trace`): the transfers as ``minddp.link:<collective>``
-   ranges.
+   ranges, and when the training thread first waited for each (:attr:`Link.waits`): a ``wait()`` on
+   the Future :meth:`Link.carry` returned, or on the Future a comm hook returned for a bucket whose
+   messages it handed over (:func:`handed_over`, :func:`waited_through`: a hook that chains
+   ``.then`` or collects several Futures hands back one the link never sees).
 
 What the model leaves out, what the emulation guarantees, the presets: ``docs/scaling.md`` §1.
 
@@ -39,6 +42,7 @@ import statistics
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -175,18 +179,70 @@ class _Message:
 
 
 class _Delivery(torch.futures.Future):
-    """The Future :meth:`Link.carry` hands back while a profiler runs: it notes its first ``wait()``."""
+    """A Future whose ``wait()`` is the first wait for each of its messages (``(waits, seq)`` pairs: a link's
+    :attr:`Link.waits` and the message's number), noted there: what :meth:`Link.carry` hands back while a
+    profiler runs, and :func:`waited_through`'s."""
 
-    def __init__(self, waits: dict, seq: int):
+    def __init__(self, messages: list[tuple[dict, int]]):
         super().__init__()
-        self._waits, self._seq = waits, seq
+        self._messages = messages
 
     def wait(self):
-        if self._seq not in self._waits:  # the first time the caller needed it: on both clocks
-            self._waits[self._seq] = time.perf_counter()
-            with torch.profiler.record_function(f"minddp.link_wait#{self._seq}"):
-                pass
+        now = time.perf_counter()
+        for waits, seq in self._messages:
+            if seq not in waits:  # the first time the caller needed it: on both clocks
+                waits[seq] = now
+                with torch.profiler.record_function(f"minddp.link_wait#{seq}"):
+                    pass
         return super().wait()
+
+
+_handing = threading.local()
+
+
+@contextmanager
+def handed_over():
+    """The messages :meth:`Link.carry` logs on this thread inside the block, as ``(waits, seq)`` pairs (for
+    :func:`waited_through`); nested blocks' messages are their outer block's too."""
+    outer = getattr(_handing, "messages", None)
+    _handing.messages = []
+    try:
+        yield _handing.messages
+    finally:
+        inner, _handing.messages = _handing.messages, outer
+        if outer is not None:
+            outer.extend(inner)
+
+
+def waits_seen(hook):
+    """``hook``, whose Future's first ``wait()`` is noted as the first wait for every message it handed over
+    (:func:`handed_over`, :func:`waited_through`): what the ladder registers on a teaching stage (send.py stays
+    plain, off this module)."""
+
+    def seen(state, bucket):
+        with handed_over() as messages:
+            future = hook(state, bucket)
+        return waited_through(future, messages)
+
+    seen.__name__ = getattr(hook, "__name__", type(hook).__name__)  # the user's hook's name, in a trace and an error
+    return seen
+
+
+def waited_through(future: torch.futures.Future, messages: list) -> torch.futures.Future:
+    """``future`` (a comm hook's, for a bucket whose ``messages`` it handed over: :func:`handed_over`), whose first
+    ``wait()`` is noted as the first wait for each of them; ``future`` itself when there are none."""
+    if not messages:
+        return future
+    out = _Delivery(list(messages))
+
+    def settle(done: torch.futures.Future) -> None:
+        try:
+            out.set_result(done.value())
+        except Exception as exc:  # the hook's Future failed: so does this one
+            out.set_exception(exc)
+
+    future.add_done_callback(settle)
+    return out
 
 
 class Link:
@@ -223,7 +279,9 @@ class Link:
         if logged:  # the marker that places this message on the trace's clock (annotate_trace)
             with torch.profiler.record_function(f"minddp.link_send#{seq}"):
                 pass
-        done = _Delivery(self.waits, seq) if logged else torch.futures.Future()
+        done = _Delivery([(self.waits, seq)]) if logged else torch.futures.Future()
+        if logged and getattr(_handing, "messages", None) is not None:
+            _handing.messages.append((self.waits, seq))
         self._start_thread()
         self._inbox.put(_Message(seq, kind, nbytes, world, handed_over, real, done, logged))
         return done

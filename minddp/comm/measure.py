@@ -1,14 +1,20 @@
-"""How much a compressing hook changes the gradient: ||g - ĝ|| / ||g||, measured beside it.
+"""How much a compressing hook changes the gradient: ||g - ĝ|| / ||g||, measured beside it, and bounded.
 
 :func:`error_measured` wraps any hook. For each bucket it
 
 1. copies the uncompressed gradient (before the hook touches the buffer) and
-   averages that copy *exactly*, straight through torch, waiting for it here
-   (not counted by the wire's meter: it is measurement, not training
+   averages that copy *exactly*, straight through torch, with the mean of the
+   ranks' magnitudes ``|g|`` beside it in the same all_reduce, waiting for it
+   here (not counted by the wire's meter: it is measurement, not training
    traffic; and waiting keeps the comparison below free of any second Future);
 2. runs the wrapped hook as usual;
 3. when the hook's result is in, adds ||ĝ - g||² and ||g||² to ``traffic``
-   and hands back that result, untouched.
+   (and the magnitudes' sums that :func:`rounding_bound` reads) and hands back
+   that result, untouched.
+
+:func:`rounding_bound` is the most a 16-bit average can be off by rounding alone, derived from the
+operation: the exercise checker judges a learner's fp16 hook by it, and notebook 04 checks the
+package's fp16 and bf16 hooks against it.
 
 Nothing of this runs unless the hook is wrapped, so measuring costs nothing
 when it is not asked for.
@@ -29,6 +35,7 @@ Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.distributed as dist
@@ -49,8 +56,10 @@ def error_measured(hook, traffic: Traffic):
     @functools.wraps(hook)
     def measured(state, bucket: GradBucket) -> torch.futures.Future:
         group = _group_of(state)
-        exact = bucket.buffer().to(torch.float32, copy=True).div_(group.size())  # step 1
-        dist.all_reduce(exact, group=group)
+        flat = bucket.buffer().to(torch.float32, copy=True)
+        both = torch.cat([flat, flat.abs()]).div_(group.size())  # step 1: the average and the mean magnitude
+        dist.all_reduce(both, group=group)
+        exact, magnitude = both.split(flat.numel())
         fut = hook(state, bucket)  # step 2
 
         def compare(done: torch.futures.Future):  # step 3
@@ -58,9 +67,40 @@ def error_measured(hook, traffic: Traffic):
             got = result[0] if isinstance(result, list) else result
             traffic.error_sq += float((got.float().view(-1) - exact).pow(2).sum())
             traffic.norm_sq += float(exact.pow(2).sum())
+            traffic.magnitude_sq += float(magnitude.pow(2).sum())
+            traffic.magnitude_sum += float(magnitude.sum())
+            traffic.values += magnitude.numel()
             return result
 
         return fut.then(compare)
 
     measured.__name__ = f"error_measured({getattr(hook, '__name__', 'hook')})"
     return measured
+
+
+def _gamma(n: int, u: float) -> float:
+    """Higham's γ_n = n·u / (1 − n·u): the relative error bound of n roundings in a row, in any order."""
+    return n * u / (1 - n * u)
+
+
+def rounding_bound(dtype: torch.dtype, world: int, magnitude_sq: float, magnitude_sum: float, values: int) -> float:
+    """The most ||ĝ − g|| can be when ĝ averages ``world`` float32 gradients in ``dtype`` (float16, bfloat16).
+
+    Divide by ||g|| for the relative error. Derived from the operation, for any
+    order of the sum (gloo's, a BLAS's: any machine): each value is rounded at
+    most ``world + 1`` times, by the cast to ``dtype``, the division by the
+    world size (before or after the sum) and the ``world − 1`` additions (the
+    cast back to float32 is exact). Each rounding is off by at most
+    ``u = eps / 2`` of its result, or by half the spacing of ``dtype``'s
+    subnormals where the result is below its smallest normal. So element ``i``
+    is off by at most ``b_i = γ_{world+1}(u) · m_i + (world + 1) · tiny``,
+    where ``m_i`` is the mean of the ranks' ``|g_i|`` (the terms of a sum can
+    cancel: its error scales with their magnitudes, not with the average), plus
+    ``γ_{world+1}(2**-24) · m_i`` for the float32 average it is compared with.
+    The norm of the ``b_i`` bounds ||ĝ − g||; it needs only the sums of ``m_i²``,
+    of ``m_i`` and the number of values (``||b||² = γ² Σm² + 2γ·c Σm + N c²``).
+    """
+    info = torch.finfo(dtype)
+    gamma = _gamma(world + 1, info.eps / 2) + _gamma(world + 1, torch.finfo(torch.float32).eps / 2)
+    c = (world + 1) * info.smallest_normal * info.eps / 2  # half the subnormal spacing, per rounding
+    return math.sqrt(gamma**2 * magnitude_sq + 2 * gamma * c * magnitude_sum + values * c**2)

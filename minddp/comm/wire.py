@@ -54,7 +54,9 @@ class Traffic:
 
     ``error_sq``/``norm_sq`` accumulate ||g - ĝ||² and ||g||² when a hook is
     wrapped in :func:`minddp.comm.measure.error_measured` (an extra exact
-    all_reduce per bucket, which is *not* counted here).
+    all_reduce per bucket, which is *not* counted here), and ``magnitude_sq``,
+    ``magnitude_sum``, ``values`` what :func:`minddp.comm.measure.rounding_bound`
+    needs of the ranks' mean magnitudes ``m_i``: Σ m_i², Σ m_i and their number.
     """
 
     calls: int = 0
@@ -63,6 +65,9 @@ class Traffic:
     by_op: dict = field(default_factory=dict)
     error_sq: float = 0.0
     norm_sq: float = 0.0
+    magnitude_sq: float = 0.0
+    magnitude_sum: float = 0.0
+    values: int = 0
 
     def record(self, tensor: torch.Tensor, op: str = "all_reduce") -> None:
         nbytes = tensor.numel() * tensor.element_size()
@@ -84,10 +89,17 @@ class Traffic:
             "by_dtype": by_dtype,
             "by_op": {op: list(v) for op, v in self.by_op.items()},
             "relative_error": self.relative_error(),
+            "norm": self.norm_sq**0.5,
+            "magnitudes": {
+                "magnitude_sq": self.magnitude_sq,
+                "magnitude_sum": self.magnitude_sum,
+                "values": self.values,
+            },
         }
 
     def reset(self) -> None:
         self.calls, self.bytes, self.error_sq, self.norm_sq = 0, 0, 0.0, 0.0
+        self.magnitude_sq, self.magnitude_sum, self.values = 0.0, 0.0, 0
         self.by_dtype, self.by_op = {}, {}
 
 

@@ -111,6 +111,13 @@ class PlanCosts:
     exposed: float  # predicted: the training thread waits this long for the link
     overlap_pct: float
     step: float
+    #: the link's queue (:func:`queue_end`, the buckets handed over when ready): done this long after backward ends,
+    #: an end set by message ``set_by`` (0: the first) of ``messages``, ready ``set_by_ready`` before backward ends,
+    #: after which it and the messages behind it need ``set_by_carry`` on the link
+    done_after: float = 0.0
+    set_by: int = 0
+    set_by_ready: float = 0.0
+    set_by_carry: float = 0.0
 
     @property
     def fixed(self) -> float:
@@ -143,6 +150,9 @@ def plan_costs(
     sizes = [sum(cp.nbytes[i] for i in bucket) for bucket in plan]
     first, last = min(range(len(plan)), key=ready.__getitem__), max(range(len(plan)), key=ready.__getitem__)
     p = predict(synthesize(cp, stage, cap_mb, world, first_mb).on_real_network(), spec)
+    order = sorted(range(len(plan)), key=ready.__getitem__)
+    durations = [spec.seconds("all_reduce", sizes[i], world) for i in order]
+    done, k = queue_end([ready[i] for i in order], durations)
     return PlanCosts(
         stage=stage,
         cap_mb=cap_mb,
@@ -157,6 +167,10 @@ def plan_costs(
         exposed=p.exposed,
         overlap_pct=p.overlap_pct,
         step=p.step,
+        done_after=done - cp.backward,
+        set_by=k,
+        set_by_ready=cp.backward - ready[order[k]],
+        set_by_carry=sum(durations[k:]),
     )
 
 

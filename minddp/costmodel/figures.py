@@ -186,10 +186,16 @@ def settings_ladder(settings: dict, title: str = ""):
         for x, s in zip(xs, stages):
             if s not in runs:
                 top.annotate("not run", (x, 2), ha="center", fontsize=6, rotation=90)
+                low.annotate("not run", (x, 0.1), ha="center", fontsize=6, rotation=90)
+            else:  # the value on every bar: a 0 has no bar on a log axis
+                low.annotate(
+                    f"{runs[s]['exposed_ms']:.0f}", (x, runs[s]["exposed_ms"]), ha="center", va="bottom", fontsize=7
+                )
     top.set(ylabel="overlap (% of the time\nin flight under compute)", ylim=(0, 105))
     top.set_title(title, fontsize=9)
     top.legend(fontsize=7, loc="upper left")
-    low.set(ylabel="exposed (ms per step, log)", yscale="symlog")
+    highest = max([r["exposed_ms"] for runs in settings.values() for r in runs.values()] + [1.0])
+    low.set(ylabel="exposed (ms per step, log)", yscale="symlog", ylim=(0, 4 * highest))  # room above every bar
     low.set_xticks(range(len(stages)), stages, rotation=20)
     fig.tight_layout()
     return fig

@@ -13,7 +13,9 @@
    :func:`~minddp.exercises.harness.check_hook_on_rank`;
 3. **read**: every rank prints one report (also when it failed); the reports
    are turned into one :class:`Verdict`, the first problem found in this
-   order: a rank that raised, a rank that hung, the start (broadcast), the
+   order: a rank that raised, a rank that hung, the start (broadcast), a
+   collective the step never waited for (from the order of calls: whether its
+   sum arrived in time is a race, so the race's outcome is not judged), the
    gradients, the parameters, the kinds, number and place of the collectives,
    and whether messages travelled while backward computed (an async rung's
    idea, from the order of events the ranks recorded, not from timings).
@@ -320,6 +322,15 @@ def _stage_finding(f: dict, report: dict) -> str:
         return (
             f"parameters differ from a single process on the global batch after step {f['step']} "
             f"(largest difference {value:.2g} in '{name}'), although every gradient was the average"
+        )
+    if f["kind"] == "never_waited":
+        unwaited = sum(f["unwaited"].values())
+        return (
+            f"{unwaited} of the {calls_text(f['launched'])} started in step {f['step']} were never waited for (by the "
+            "end of its last finish_gradient_synchronization(), no wait() on them or on their Futures): each sum "
+            "lands in its tensor whenever the network delivers it, before or after optimizer.step() reads .grad, so "
+            "a run passes or fails by a race; wait() for every one in finish_gradient_synchronization(), then divide "
+            "and write back"
         )
     if f["kind"] == "left_off":
         return (

@@ -34,7 +34,7 @@ import inspect
 import torch
 from torch import nn
 
-from minddp.comm.link import as_link
+from minddp.comm.link import as_link, waits_seen
 from minddp.comm.measure import error_measured
 from minddp.comm.registry import make_hook, torch_hook
 from minddp.comm.send import in_launch_range
@@ -107,7 +107,7 @@ def build_stage(name: str, module: nn.Module, process_group=None, **options) -> 
         )
     wrapped = STAGES[name](module, process_group=process_group, **options)
     if name in TEACHING:  # each call of its hook in the range the analysis reads (the stage's files stay plain)
-        wrapped.comm_hook = in_launch_range(wrapped.comm_hook)
+        wrapped.comm_hook = waits_seen(in_launch_range(wrapped.comm_hook))  # and its waits seen over a link
     if name in TEACHING and hasattr(module, "_orig_mod"):  # torch.compile(module): cut where buckets end
         compile_ready(wrapped)
     return wrapped
@@ -244,7 +244,9 @@ def wrap(
         wrapped = build_stage(stage, model, **options)
         state, fn = sharded_hook(hook, wire) if stage in SHARDED_GRADIENTS else make_hook(hook, wire, **psgd)
         fn = fn if measure is None else error_measured(fn, measure)
-        wrapped.register_comm_hook(state, in_launch_range(fn) if stage in TEACHING else fn)  # named, as build_stage
+        wrapped.register_comm_hook(
+            state, waits_seen(in_launch_range(fn)) if stage in TEACHING else fn
+        )  # as build_stage
     wrapped.minddp_hook_state = state
     return wrapped
 

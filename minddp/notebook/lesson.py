@@ -322,16 +322,6 @@ def sent_by_collective(prof) -> dict[str, int]:
     return sent
 
 
-def exposed_link_ms(look: dict) -> float:
-    """*Exposed* (:func:`minddp.analysis.metrics.exposed`), counting ``finish_gradient_synchronization()`` as
-    waiting too: there a stage waits on a Future chained to the link's, whose wait the link cannot see (a
-    compressing hook's). Never more than the link's time."""
-    from minddp.analysis import metrics
-
-    row = look["row"]
-    return metrics.exposed(row["messages"], [*row["waits"], *row["finish"]])
-
-
 def buckets_of(model) -> int | None:
     """How many gradient buckets a minddp stage sends a step (per-parameter stages: one per parameter).
 
@@ -403,8 +393,17 @@ def say_look(looks: dict, stage: str, before: str | None = None) -> None:
         say(
             f"On the emulated link its messages took {v['link_ms']:.0f} ms (modeled). The training thread waited "
             f"{v['waited_ms']:.0f} ms for them ({v['waits_in_backward']} of its {v['waits']} waits began inside a "
-            f"backward); {v['exposed_ms']:.0f} ms of that was the link's own time left exposed, the rest waiting "
-            f"for the other rank or a free core."
+            f"backward); {v['exposed_ms']:.0f} ms of that was the link's own time (exposed)"
+            + (
+                ", the rest waiting for the other rank or a free core."
+                if v["waited_ms"] - v["exposed_ms"] >= 0.5
+                else "."
+            )
+        )
+    if "last_backward_ms" in v and v["row"]["end"]:
+        say(
+            f"Its last backward took {v['last_backward_ms']:.0f} ms and the step {v['row']['end']:.0f} ms (measured, "
+            "one step on a machine shared with other work)."
         )
     if before is not None and before in looks and looks[before]["calls"]:
         b = looks[before]
@@ -428,11 +427,12 @@ def look_table(looks: dict):
         "all_reduce calls": lambda v: v["calls"],
         "MiB to all_reduce": lambda v: round(v["bytes"] / 2**20, 1),
         "sent during a backward": lambda v: v["calls_in_backward"],
-        "link ms (modeled)": lambda v: round(v["link_ms"], 1),
-        "exposed link ms": lambda v: round(v["exposed_ms"], 1) if v["waits"] else "–",
+        "link time, ms (modeled)": lambda v: round(v["link_ms"], 1),
+        "exposed, ms": lambda v: round(v["exposed_ms"], 1) if v["waits"] else "–",
         "waits in a backward": lambda v: v["waits_in_backward"] if v["waits"] else "–",
-        "waited ms (measured)": lambda v: round(v["waited_ms"]) if v["waits"] else "–",
-        "step ms (one step)": lambda v: round(v["row"]["end"]),
+        "waited, ms": lambda v: round(v["waited_ms"]) if v["waits"] else "–",
+        "last backward, ms": lambda v: round(v["last_backward_ms"]),
+        "step, ms": lambda v: round(v["row"]["end"]),
     }
     rows = {}
     for name, v in looks.items():
@@ -440,7 +440,9 @@ def look_table(looks: dict):
         for column, value in columns.items():
             try:
                 rows[name][column] = (
-                    value(v) if v["calls"] or column.startswith(("all_", "MiB", "sent", "step")) else "–"
+                    value(v)
+                    if v["calls"] or column.startswith(("all_", "MiB", "sent", "step", "last backward"))
+                    else "–"
                 )
             except KeyError:  # a look without a link
                 rows[name][column] = "–"

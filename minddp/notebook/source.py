@@ -16,7 +16,7 @@ Example::
 
     >>> from minddp.ladder import STAGES
     >>> print(stage_diff(STAGES["hook"], STAGES["hook-async"]))
-    --- HookDDP.__init__  (minddp/stages/hook.py)
+    --- HookDDP.__init__  (minddp/stages/hook.py): kept, it runs where the line marked ' ' calls it
     +++ AsyncHookDDP.__init__  (minddp/stages/hook_async.py)
     ...
     --- HookDDP._sent  (minddp/stages/hook.py)
@@ -114,10 +114,16 @@ def stage_diff(before: type, after: type, context: int | None = None) -> str:
             new = _brief(new)
         label_a = f"{a[name][0].__name__}.{name}  ({where(a[name][0])})" if name in a else "(not in the stage before)"
         label_b = f"{b[name][0].__name__}.{name}  ({where(b[name][0])})" if name in b else "(removed)"
-        keep = max(len(old), len(new)) if context is None else context
-        diff = "".join(difflib.unified_diff(old, new, label_a, label_b, n=keep))
-        if name in b and "super()" in "".join(new) and name in a:
-            diff += f"# {b[name][0].__name__}.{name} calls super(): the version above still runs, inside it\n"
+        if name in a and any(f"super().{name}(" in line for line in new):  # extended, not replaced: nothing removed
+            diff = f"--- {label_a}: kept, it runs where the line marked ' ' calls it\n+++ {label_b}\n" + "".join(
+                (" " if f"super().{name}(" in line else "+") + line for line in new
+            )
+            diff += (
+                f"# {b[name][0].__name__}.{name} calls super(): {a[name][0].__name__}.{name} still runs, inside it\n"
+            )
+        else:
+            keep = max(len(old), len(new)) if context is None else context
+            diff = "".join(difflib.unified_diff(old, new, label_a, label_b, n=keep))
         parts.append(diff)
     unchanged = f"# unchanged: {', '.join(same)}\n" if same else ""
     return "\n".join(parts) + ("\n" if parts else "") + unchanged
