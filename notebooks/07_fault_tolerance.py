@@ -157,10 +157,10 @@ lesson.claim(
 )
 
 # %% [markdown]
-# So the survivors go on within tenths of a second, where a new process takes seconds to start,
-# and a restart from a checkpoint starts every process again (it is not run here): it would pay a
-# start like the fresh one above, plus reading the checkpoint and training again every step since
-# it.
+# So the survivors go on sooner than a single new process can start (the last line above, with this
+# run's numbers), while a restart from a checkpoint starts every process again (it is not run here):
+# it would pay a start like the fresh one above, plus reading the checkpoint and training again
+# every step since it.
 #
 # The run's timeline: one column per attempt, in order, and one row per slot; under them the step,
 # the world size and each new group; then what each mark means (only the marks that appear).
@@ -413,7 +413,7 @@ from minddp.exercises import check_shards
 
 
 def rows_of_the_first_world(batch, rank, world):
-    """Question 3's split: rows [r·B/3, (r+1)·B/3) of the rank r it is given, 3 where `world` belongs."""
+    """Question 3's split: rows r·B // 3 up to (r+1)·B // 3 of the rank r it is given, 3 where `world` belongs."""
     x, y = batch
     lo, hi = rank * len(x) // 3, (rank + 1) * len(x) // 3
     return x[lo:hi], y[lo:hi]

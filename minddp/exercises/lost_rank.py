@@ -349,8 +349,8 @@ def verdict(fn, mine: dict, oracle: dict, committed, task: Lanes, run, blind: bo
             f"attempt(s) discarded) every committed step trained each of the {ROWS} rows of its global batch once: "
             f"the parameters match a single process on the whole batch (largest difference {d_single:.1e}, float32 "
             f"rounding: the ranks add their parts where one process adds all rows; tolerance "
-            f"{tolerance(oracle):.1e}); each row goes to exactly one rank at every world 1..{WORLD} for batches of "
-            f"{', '.join(map(str, OTHER_ROWS))} rows too (checked here, without ranks); "
+            f"{tolerance(oracle):.1e}); each row goes to exactly one rank at world 1 too, and at every world for "
+            f"batches of {' and '.join(map(str, OTHER_ROWS))} rows (checked here, without ranks); "
             f"{compared_with_the_rung(fn, task.global_batch(0))}",
         )
     return Verdict(False, "✗ shard: " + coverage_problem(fn, committed, task, d_single, blind))
