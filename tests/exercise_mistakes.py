@@ -411,6 +411,50 @@ def shard_ignores_rank(batch, rank, world):
     return x[: len(x) // world], y[: len(x) // world]
 
 
+def _slot():
+    return int(os.environ["RANK"])
+
+
+def shard_slot_through_a_helper(batch, rank, world):
+    """The environment's RANK, read in a helper function of the learner's own, not in shard itself."""
+    x, y = batch
+    lo, hi = _slot() * len(x) // world, (_slot() + 1) * len(x) // world
+    return x[lo:hi], y[lo:hi]
+
+
+def _group_rank():
+    return dist.get_rank()
+
+
+def shard_group_rank_through_a_helper(batch, rank, world):
+    """The process group's rank, read in a helper function of the learner's own."""
+    x, y = batch
+    lo, hi = _group_rank() * len(x) // world, (_group_rank() + 1) * len(x) // world
+    return x[lo:hi], y[lo:hi]
+
+
+def shard_of_ten_rows(batch, rank, world):
+    """The rung's split of a batch of exactly 10 rows, hard-coded: right for the checker's run, wrong for others."""
+    x, y = batch
+    rows = list(range(rank * 10 // world, (rank + 1) * 10 // world))
+    return x[rows], y[rows]
+
+
+def shard_wrong_alone(batch, rank, world):
+    """The rung's split at worlds 3 and 2; alone (world 1), half the batch: a world the checker's run never has."""
+    x, y = batch
+    hi = len(x) // 2 if world == 1 else (rank + 1) * len(x) // world
+    lo = rank * len(x) // world
+    return x[lo:hi], y[lo:hi]
+
+
+def shard_numpy(batch, rank, world):
+    """The right rows, returned as numpy arrays."""
+    x, y = batch
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
+    return x[lo:hi].numpy(), y[lo:hi].numpy()
+
+
 # -------------------------------------------------------------------------------- notebook 10: DiLoCo
 # The wrong ideas written as a learner would (one flat vector, the mean taken as halves summed or as a sum then
 # divided), not the checker's own candidates: the verdicts must name them by what they compute.

@@ -170,6 +170,12 @@ SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, wh
     (wrong.shard_slot_or_rank, "your shard reads the environment (os.environ), where the launcher's RANK is"),
     (wrong.shard_shuffled_each_call, "shard(batch, 0, 3) gave rows "),
     (wrong.shard_ignores_rank, "at world 3, rows 3-9 were trained by no rank and rows 0-2 by more than one"),
+    # right on the run's 10-row batches at worlds 3 and 2, wrong where the run does not go: checked after it
+    (
+        wrong.shard_of_ten_rows,
+        "with a global batch of 11 rows (the run's have 10), at world 3, row 10 was trained by no rank",
+    ),
+    (wrong.shard_wrong_alone, "at world 1 (which the run's committed steps did not have), rows 5-9 were trained by no"),
 ]
 SHARD_MATCHES_THE_RUNG = [  # what a right answer's verdict says of the rung's own split
     "your split gives every rank the rows the ft rung's own split gives it",
@@ -191,6 +197,21 @@ def test_the_shard_exercise_names_each_wrong_split_from_one_run_through_a_lost_r
     # What the ranks' own checks cannot see: a lost row leaves the ranks identical, each attempt started from one
     # state, each discard changing nothing.
     assert "though the ranks' own checks all pass" in verdicts[len(SHARD_ANSWERS)].line
+
+
+SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
+    (wrong.shard_slot_through_a_helper, "your shard reads the environment (os.environ), where the launcher's RANK is"),
+    (wrong.shard_group_rank_through_a_helper, "your shard reads torch.distributed.get_rank() (the process group's)"),
+    (wrong.shard_numpy, "returned a tuple of ndarray, ndarray, not of tensors: return x[rows], y[rows] of the batch's"),
+]
+
+
+@pytest.mark.parametrize("fn,named", SHARD_REFUSED, ids=[m[0].__name__ for m in SHARD_REFUSED])
+def test_the_shard_checker_names_a_read_through_a_helper_and_parts_that_are_not_tensors(fn, named):
+    """Refused before the run (no ranks start): the rank read in a helper function the shard calls is named as the
+    read it is (not as the KeyError or the missing group it raises here), and numpy parts as not tensors."""
+    (v,) = check_shards([fn])
+    assert not v.ok and v.line.startswith("✗ shard:") and named in v.line, v.line
 
 
 def test_bad_arguments_say_what_to_pass():

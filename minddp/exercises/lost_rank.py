@@ -6,7 +6,8 @@ after a rank is lost, the survivors must split the whole batch among themselves,
 never trained. :func:`check_shard` checks a learner's ``shard``:
 
 1. **first, here**: a function that reads the process group's rank (``dist.get_rank()``) or the
-   environment (``os.environ``, where ``RANK`` is the process's slot) is refused; then it is called
+   environment (``os.environ``, where ``RANK`` is the process's slot), itself or in a function of its own
+   module that it calls, is refused; then it is called
    twice for every rank of the worlds the run will meet: an exception, a value that is not
    ``(x rows, y rows)`` of the batch, or two calls that disagree is named at once, before any rank
    starts;
@@ -18,7 +19,9 @@ never trained. :func:`check_shard` checks a learner's ``shard``:
 4. **verdict**: the parameters against the oracle; where they differ, which rows of the global
    batch no rank trained (or two did), at which world, from the worlds the run's committed steps
    had, and whether the ranks' own checks (identical states, one start per attempt, discards that
-   change nothing) saw anything; where they match, whether the split is the ft rung's own.
+   change nothing) saw anything; where they match, whether every row goes to exactly one rank where the
+   run does not go (world 1; batches of 11 and 12 rows, at every world), then whether the split is the ft
+   rung's own.
 
 Example (a lighthouse and 3 ranks: not run by the doctests)::
 
@@ -185,11 +188,19 @@ def preflight(fn, batch) -> str | None:
                 try:
                     out = fn(batch, rank, world)
                 except Exception as exc:  # noqa: BLE001 - the learner's code: any error is the verdict
-                    return f"your shard raised {type(exc).__name__} for rank {rank} of world {world}: {exc}"
-                if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(torch.is_tensor(t) for t in out)):
+                    return f"your shard raised {type(exc).__name__} for rank {rank} of world {world}: {exc}" + (
+                        RANK_READ_AT_RUN_TIME if rank_read(exc) else ""
+                    )
+                if not (isinstance(out, (tuple, list)) and len(out) == 2):
                     return (
                         f"shard(batch, {rank}, {world}) returned {type(out).__name__}, not (x, y): return this "
                         "rank's rows of the batch's inputs and of its targets"
+                    )
+                if not all(torch.is_tensor(t) for t in out):
+                    return (
+                        f"shard(batch, {rank}, {world}) returned a {type(out).__name__} of "
+                        f"{', '.join(type(t).__name__ for t in out)}, not of tensors: return x[rows], y[rows] of the "
+                        "batch's tensors (the rung's loss and all_reduce take torch tensors)"
                     )
                 if rows_of(out[0], x) is None or len(out[0]) != len(out[1]):
                     return (
@@ -208,6 +219,21 @@ def preflight(fn, batch) -> str | None:
     return None
 
 
+#: Said after an exception that a read of the launcher's environment or of a process group raises outside the ranks.
+RANK_READ_AT_RUN_TIME = (
+    " (a read of the launcher's RANK or WORLD_SIZE, or of a process group's rank: the checker calls shard outside "
+    "the ranks, and on the ranks RANK is the slot, not the index in the quorum of now; split by the rank and world "
+    "shard is given)"
+)
+
+
+def rank_read(exc: Exception) -> bool:
+    """``exc`` is what reading the environment's RANK/WORLD_SIZE, or a process group that is not there, raises."""
+    return (isinstance(exc, KeyError) and exc.args and exc.args[0] in ("RANK", "WORLD_SIZE", "LOCAL_RANK")) or (
+        "process group has not been initialized" in str(exc)
+    )
+
+
 #: What a shard must not read: the process group's rank and size (it is given the quorum's) ...
 GROUP_READS = ("get_rank", "get_world_size")
 #: ... nor the environment, where the launcher's ``RANK`` is the process's slot, not its rank in the quorum of now.
@@ -216,22 +242,32 @@ ENVIRONMENT_READS = ("environ", "getenv")
 
 def reads(fn, module, names: tuple[str, ...]) -> list[str]:
     """Which of ``names`` (attributes of ``module``) ``fn``'s code reads, as ``module.name`` or as an imported
-    name, in itself or in a function defined inside it."""
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return []
-    codes, used = [code], set()
-    while codes:
-        c = codes.pop()
-        used.update(c.co_names)
-        codes += [k for k in c.co_consts if isinstance(k, types.CodeType)]
-    bound = {**getattr(fn, "__globals__", {})}
-    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
-        try:
-            bound[name] = cell.cell_contents
-        except ValueError:  # a cell not assigned yet
-            pass
-    read = {n for name in used for n in names if name == n or bound.get(name) is getattr(module, n)}
+    name, in itself, in a function defined inside it, or in a function of its own module that it calls (and so
+    on: a helper ``def r(): return int(os.environ["RANK"])`` is a read of the environment all the same)."""
+    read, seen, todo = set(), set(), [fn]
+    while todo:
+        f = todo.pop()
+        code = getattr(f, "__code__", None)
+        if code is None or code in seen:
+            continue
+        seen.add(code)
+        codes, used = [code], set()
+        while codes:
+            c = codes.pop()
+            used.update(c.co_names + c.co_freevars)
+            codes += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+        bound = {**getattr(f, "__globals__", {})}
+        for name, cell in zip(code.co_freevars, getattr(f, "__closure__", None) or ()):
+            try:
+                bound[name] = cell.cell_contents
+            except ValueError:  # a cell not assigned yet
+                pass
+        read |= {n for name in used for n in names if name == n or bound.get(name) is getattr(module, n)}
+        todo += [  # the learner's own functions it calls (library code is not the learner's to change)
+            bound[name]
+            for name in used
+            if isinstance(bound.get(name), types.FunctionType) and bound[name].__module__ == fn.__module__
+        ]
     return [n for n in names if n in read]
 
 
@@ -302,6 +338,9 @@ def verdict(fn, mine: dict, oracle: dict, committed, task: Lanes, run, blind: bo
     d_single = largest_difference(mine, oracle)
     if d_single <= tolerance(oracle):
         worlds = [w for _, w in committed]
+        elsewhere = unchecked_coverage(fn, set(worlds))
+        if elsewhere:
+            return Verdict(False, f"✗ shard: the run's committed steps were right, but {elsewhere}")
         path = " → ".join(str(w) for i, w in enumerate(worlds) if i == 0 or w != worlds[i - 1])
         discarded = len({(e["tag"], e["step"]) for _, _, e in run.entries if not e["committed"]})
         return Verdict(
@@ -310,9 +349,52 @@ def verdict(fn, mine: dict, oracle: dict, committed, task: Lanes, run, blind: bo
             f"attempt(s) discarded) every committed step trained each of the {ROWS} rows of its global batch once: "
             f"the parameters match a single process on the whole batch (largest difference {d_single:.1e}, float32 "
             f"rounding: the ranks add their parts where one process adds all rows; tolerance "
-            f"{tolerance(oracle):.1e}); {compared_with_the_rung(fn, task.global_batch(0))}",
+            f"{tolerance(oracle):.1e}); each row goes to exactly one rank at world 1 too, and at every world for "
+            f"batches of {' and '.join(map(str, OTHER_ROWS))} rows (checked here, without ranks); "
+            f"{compared_with_the_rung(fn, task.global_batch(0))}",
         )
     return Verdict(False, "✗ shard: " + coverage_problem(fn, committed, task, d_single, blind))
+
+
+#: Batch sizes checked besides the run's (without ranks): a split must follow len(x), not a fixed count.
+OTHER_ROWS = (11, 12)
+
+
+def coverage(fn, batch, world: int) -> tuple[list[int], list[int], list[int]]:
+    """How ``fn`` splits ``batch`` among ``world`` ranks: rows no rank takes, rows several take, each rank's count."""
+    x = batch[0]
+    count, sizes = [0] * len(x), []
+    for rank in range(world):
+        rows = rows_of(fn(batch, rank, world)[0], x) or []
+        sizes.append(len(rows))
+        for row in rows:
+            count[row] += 1
+    return [r for r, c in enumerate(count) if c == 0], [r for r, c in enumerate(count) if c > 1], sizes
+
+
+def unchecked_coverage(fn, run_worlds: set) -> str | None:
+    """Where the run cannot show it: a world its committed steps did not have, or a batch of another size, at
+    which ``fn`` gives a row to no rank or to several (``None``: every row to exactly one rank)."""
+    for rows in (ROWS, *OTHER_ROWS):
+        batch = ToyTask(global_batch=rows).global_batch(0)
+        for world in range(WORLD, 0, -1):
+            if rows == ROWS and world in run_worlds:
+                continue  # the run's parameters showed it
+            missing, twice, _ = coverage(fn, batch, world)
+            where = (
+                f"at world {world} (which the run's committed steps did not have)"
+                if rows == ROWS
+                else f"with a global batch of {rows} rows (the run's have {ROWS}), at world {world}"
+            )
+            if missing:
+                return (
+                    f"{where}, {rows_text(missing)} trained by no rank"
+                    + (f" and {rows_named(twice)} by more than one" if twice else "")
+                    + ": split len(x) rows, whatever it is, among the `world` ranks it is given"
+                )
+            if twice:
+                return f"{where}, {rows_text(twice)} trained by more than one rank: give each row to exactly one rank"
+    return None
 
 
 def compared_with_the_rung(fn, batch) -> str:
@@ -331,22 +413,14 @@ def compared_with_the_rung(fn, batch) -> str:
 
 def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool) -> str:
     """Which rows no rank trained (or several did), at the first world where the split was wrong."""
-    left = f"the parameters left a single process on the whole batch (by {difference:.2g})"
+    left = f"the parameters differ from a single process's on the whole batch (largest difference {difference:.2g})"
     if blind:  # what the ranks' own checks cannot see
         left += (
             f", though the ranks' own checks all pass (the {WORLD} slots end identical bit for bit, every attempt's "
             "members started it from the same state, every discarded attempt changed nothing)"
         )
     for step, world in committed:
-        x = task.global_batch(step)[0]
-        count, sizes = [0] * ROWS, []
-        for rank in range(world):
-            rows = rows_of(fn(task.global_batch(step), rank, world)[0], x) or []
-            sizes.append(len(rows))
-            for row in rows:
-                count[row] += 1
-        missing = [r for r, c in enumerate(count) if c == 0]
-        twice = [r for r, c in enumerate(count) if c > 1]
+        missing, twice, sizes = coverage(fn, task.global_batch(step), world)
         floor = ROWS // world
         if missing and not twice and sizes == [floor] * world and len(missing) == ROWS - floor * world:
             return (
