@@ -28,7 +28,7 @@ from cli_checks import SMALL_RUN
 from minddp import launch
 from minddp.comm.link import LinkSpec
 from minddp.costmodel.compute import ComputeProfile, plan_for, synthesize
-from minddp.costmodel.step import Message, StepProfile, predict
+from minddp.costmodel.step import WAITS, Message, StepProfile, predict
 from minddp.costmodel.trace import step_profiles
 
 MS = 1e-3
@@ -484,7 +484,8 @@ def test_replaying_a_profiled_step_on_its_own_link_gives_its_length(tmp_path):
         for stage, got in rank.items():
             for predicted, measured, bound in got["own"]:
                 assert abs(predicted - measured) <= bound, (stage, predicted, measured, bound, got)
-            assert min(got["exposed"]) > 0, (stage, got)  # the link's time shows in the steps
+            if WAITS[stage] == "now":  # each message waited for as it is sent: its whole transfer is exposed
+                assert min(got["exposed"]) > 0, (stage, got)  # (a later wait can find it delivered, under load)
 
 
 def test_the_sharded_stages_are_replayed_from_the_waits_the_link_notes(tmp_path):
@@ -508,7 +509,8 @@ def test_the_sharded_stages_are_replayed_from_the_waits_the_link_notes(tmp_path)
         for stage, got in rank.items():
             for predicted, measured, bound in got["own"]:
                 assert abs(predicted - measured) <= bound, (stage, predicted, measured, bound, got)
-            assert min(got["exposed"]) > 0, (stage, got)
+            # they wait later than they send: a slow compute (a loaded machine) can hide a whole transfer, so
+            # no exposed time is promised; the replay's length and its wait points are
             assert got["wait_order"] == [], (stage, got["wait_order"])  # the replay waits where the stage did
             if stage in built:
                 assert all(sent == built[stage] for sent in got["sent"]), (stage, got["sent"], built[stage])
@@ -554,11 +556,21 @@ def test_train_with_a_link_and_an_auto_cap_then_predict_from_its_traces(tmp_path
     for stage in ("bucket-async", "zero2"):
         by = {(r["ranks"], r["link"]): r for r in rows if r["stage"] == stage}
         assert set(by) == {(2, "100mbit"), (2, "1gbit"), (8, "100mbit"), (8, "1gbit")}
-        # A slower link: every message takes longer, so the step is never shorter. It may be equal: where the
-        # profiled compute (slow on a loaded machine) hides even the 100mbit link's messages, the step is compute.
-        assert by[(2, "100mbit")]["comm_ms"] > by[(2, "1gbit")]["comm_ms"]
-        assert by[(2, "100mbit")]["step_ms"] >= by[(2, "1gbit")]["step_ms"]
-        assert by[(8, "100mbit")]["comm_ms"] > by[(2, "100mbit")]["comm_ms"]  # more ranks, more ring hops
+        # Each row is the median step's, and each profiled message keeps this machine's own collective time as
+        # a floor (real_network=False): on a loaded machine that floor can exceed both links' transfer times, so
+        # the rows may tie. What the model guarantees is per profile, on the link alone (real_network=True):
+        # a slower link and more ring hops make every transfer longer, so the time in flight grows strictly and
+        # the step never shrinks.
+        for path in sorted((tmp_path / "r" / stage).glob("rank*.pt.trace.json*")):
+            rank = int(path.name[4:].split(".")[0])
+            for profile in (p.on_real_network() for p in step_profiles(path, stage, 2, rank)):
+                slow, fast, wide = (
+                    predict(profile, "100mbit"),
+                    predict(profile, "1gbit"),
+                    predict(profile, "100mbit", 8),
+                )
+                assert slow.comm > fast.comm and slow.step >= fast.step, (stage, rank, slow.row(), fast.row())
+                assert wide.comm > slow.comm and wide.step >= slow.step, (stage, rank, wide.row(), slow.row())
 
 
 def test_auto_says_the_cap_is_unused_by_a_stage_that_does_not_bucket():
