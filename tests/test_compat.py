@@ -26,6 +26,7 @@ outside ``runtime/compat.py`` (checked on the lines the package held before).
 from __future__ import annotations
 
 import datetime
+import importlib
 import os
 import re
 import subprocess
@@ -389,8 +390,10 @@ def test_ddp_optimizer_caps_only_around_a_compiled_module_and_restored():
     """The oracle: the two names Dynamo's DDPOptimizer reads, read directly (test_compile.py checks the cut)."""
     before = read_caps()
     model = torch.nn.Linear(2, 2)
-    with compat.ddp_optimizer_caps(model, 5, 3):
-        assert read_caps() == before  # an eager module: torch untouched
+    importlib.import_module("torch._dynamo")  # imported: a compiled call could be running
+
+    with compat.ddp_optimizer_caps(model, 5, 3):  # an eager module: torch untouched where the callback is read
+        assert read_caps() == (before if compat.READS_FRAME_CALLBACK else (5, 3))
     with compat.ddp_optimizer_caps(torch.compile(model), 5, 3):
         assert read_caps() == (5, 3)
         with pytest.raises(KeyError):
@@ -411,6 +414,7 @@ def test_ddp_optimizer_caps_without_the_frame_callback_takes_every_call_for_a_co
     import torch._dynamo  # noqa: F401  (a compiled call could be running)
 
     monkeypatch.setattr(compat, "_FRAME_CALLBACK", None)
+    monkeypatch.setattr(compat, "READS_FRAME_CALLBACK", False)
     with pytest.warns(RuntimeWarning, match=r"has no torch._C._dynamo.eval_frame.get_eval_frame_callback, "):
         with compat.ddp_optimizer_caps(torch.nn.Linear(2, 2), 5, 3):
             assert read_caps() == (5, 3)

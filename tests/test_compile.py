@@ -282,11 +282,16 @@ def torch_globals_in_forwards() -> dict:
 def test_ddp_sets_torchs_bucket_globals_only_around_a_compiled_module():
     """An eager forward leaves torch's globals alone; around a compiled module they hold ddp's caps (2 MiB, the first
     bucket's too: a cap given is every bucket's, as ddp plans) and are restored after."""
+    from minddp.runtime.compat import READS_FRAME_CALLBACK
+
+    caps = (2 * 1024 * 1024, 2 * 1024 * 1024)
     for seen in launch(torch_globals_in_forwards, world_size=2, timeout_s=120):
         untouched = seen["untouched"]
         assert untouched == (None, 1024 * 1024)  # torch's own values, as imported
-        assert seen["eager"] == seen["after eager"] == seen["after compiled"] == untouched
-        assert seen["compiled"] == (2 * 1024 * 1024, 2 * 1024 * 1024)
+        assert seen["after eager"] == seen["after compiled"] == untouched
+        assert seen["compiled"] == caps
+        # before 2.13 an eager forward cannot be told from one inside torch.compile(ddp) (compat.py says why)
+        assert seen["eager"] == (untouched if READS_FRAME_CALLBACK else caps)
 
 
 # -- refused before any rank starts: one line, the cause and the fix ------------------------------------------

@@ -289,6 +289,13 @@ def uncompiled(module):
 #: Dynamo's reader of its frame callback (private, in torch's C module, loaded with torch): the callback is set only
 #: while a compiled call runs. None where torch has none.
 _FRAME_CALLBACK = _attribute(torch._C, "_dynamo.eval_frame.get_eval_frame_callback")
+#: Is it safe to read inside a compiled call? Checked on 2.13; torch 2.6's frees the callback it returns
+#: (a crash), and the releases before 2.13 are taken as 2.6: there every forward after Dynamo's import is taken for a
+#: compiled one (the same values; torch's bucket globals set and restored around it, as minddp did before).
+READS_FRAME_CALLBACK = _FRAME_CALLBACK is not None and tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (
+    2,
+    13,
+)
 
 
 @contextlib.contextmanager
@@ -308,7 +315,7 @@ def ddp_optimizer_caps(module, bucket_bytes: int, first_bucket_bytes: int):
     if not compiling and "torch._dynamo" in sys.modules:  # else nothing was compiled in this process yet
         if _FRAME_CALLBACK is None:
             warnings.warn(LACKS["get_eval_frame_callback"], RuntimeWarning, stacklevel=3)
-        compiling = _FRAME_CALLBACK is None or bool(_FRAME_CALLBACK())  # None: eager; False: runs what it compiled
+        compiling = not READS_FRAME_CALLBACK or bool(_FRAME_CALLBACK())  # None: eager; False: runs compiled code
     if compiling and not (hasattr(torch_ddp, "_active_ddp_module") and hasattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES")):
         warnings.warn(LACKS["_active_ddp_module"], RuntimeWarning, stacklevel=3)
         compiling = False

@@ -73,7 +73,22 @@ def eager_twin(cls: type) -> type:
     for name in marked:
         setattr(twin, name, torch.compiler.disable(getattr(cls, name)))
     twin.eager_twin_of = cls
+    twin.__reduce_ex__ = _pickled_as_built  # a twin has no name to import: pickled as ``cls``, twinned when loaded
     return twin
+
+
+def _pickled_as_built(wrapper: nn.Module, protocol: int):
+    """``copy.deepcopy`` and ``torch.save`` of a wrapper on its eager twin: its class's own state, rebuilt by
+    :func:`_built_again`."""
+    return _built_again, (type(wrapper).eager_twin_of, wrapper.__getstate__())
+
+
+def _built_again(cls: type, state: dict) -> nn.Module:
+    """A pickled wrapper loaded: an instance of ``cls`` with ``state``, moved to its eager twin again."""
+    wrapper = cls.__new__(cls)
+    wrapper.__setstate__(state)
+    eager_under_compile(wrapper)
+    return wrapper
 
 
 def _minddp(cls: type) -> bool:
