@@ -47,6 +47,8 @@ from dataclasses import dataclass
 
 import torch
 
+from minddp.runtime import compat
+
 #: Bytes per second of one Gbit/s.
 GBIT = 1e9 / 8
 #: The collectives the model knows: kind -> (hops in units of N-1, payload crossings in units of (N-1)/N).
@@ -274,7 +276,7 @@ class Link:
         """
         nbytes = payload if isinstance(payload, int) else payload.numel() * payload.element_size()
         seq = next(self._seq)
-        logged = torch.autograd.profiler._is_profiler_enabled
+        logged = compat.profiler_on()
         handed_over = time.perf_counter()
         if logged:  # the marker that places this message on the trace's clock (annotate_trace)
             with torch.profiler.record_function(f"minddp.link_send#{seq}"):

@@ -83,8 +83,8 @@ def plan_for(
 
     ``bucket_cap_mb`` as the stages and torch's DDP take it (:func:`~minddp.stages.bucket_plan.bucket_caps`):
     ``None`` is torch's default (25 MiB, the first bucket 1 MiB); a cap given is every bucket's, unless
-    ``first_bucket_mb`` caps the first (a what-if: torch does that only at its default, with
-    ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``).
+    ``first_bucket_mb`` caps the first (a what-if: torch does that only at its default, with its
+    own first-bucket size, :func:`~minddp.runtime.compat.default_first_bucket_bytes`).
     """
     if stage in PER_GRADIENT:
         return [[i] for i in reversed(range(len(cp.nbytes)))]

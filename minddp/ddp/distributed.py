@@ -38,7 +38,8 @@ from minddp.ddp.join import ShadowingJoinHook, highest_rank
 from minddp.ddp.plan import torch_caps
 from minddp.ddp.reducer import Reducer
 from minddp.debug.switch import attach
-from minddp.runtime.compiling import eager_under_compile, split_at_buckets
+from minddp.runtime import compat
+from minddp.runtime.compiling import eager_under_compile, runs_as_python, split_at_buckets
 from minddp.runtime.envflags import env_flag
 from minddp.runtime.nested import map_tensors
 from minddp.stages.bucket_plan import check_bucket_cap_mb
@@ -83,7 +84,7 @@ class DistributedDataParallel(DataParallelBase, Joinable):
         eager_under_compile(self)  # torch.compile(ddp) compiles the module, not this forward (docs/ddp.md)
         #: The submodules holding buffers, found once (as torch lists its buffers once): walking every
         #: submodule before each synced step costs ~1 µs a module, and most models have no buffers at all.
-        self._buffer_owners = [m for m in module.modules() if m._buffers]
+        self._buffer_owners = [m for m in module.modules() if next(m.buffers(recurse=False), None) is not None]
         #: Per-step cross-rank check of plan and launch order (None: on in debug mode).
         self.check_consistency = self.watch is not None if check_consistency is None else check_consistency
         #: Raise on every rank when an averaged gradient holds NaN/Inf (``MINDDP_CHECK_FINITE=1``).
@@ -170,13 +171,13 @@ class DistributedDataParallel(DataParallelBase, Joinable):
     def forward(self, *inputs, **kwargs):
         """Step 2, then the module's forward (compiled: its graph cut where buckets fill; docs/ddp.md, *Compiled*)."""
         will_sync, inputs, kwargs = self._before_module(inputs, kwargs)
-        with split_at_buckets(self.bucket_cap_mb, self.first_bucket_cap_mb):
+        with split_at_buckets(self.module, self.bucket_cap_mb, self.first_bucket_cap_mb):
             outputs = self.module(*inputs, **kwargs)
         if will_sync:
-            self.reducer.prepare_for_backward(outputs)
+            self._after_module(outputs)
         return outputs
 
-    @torch._disable_dynamo  # Python, even in torch.compile(ddp): Dynamo compiles the module only
+    @runs_as_python  # even in torch.compile(ddp): Dynamo compiles the module only
     def _before_module(self, inputs: tuple, kwargs: dict) -> tuple[bool, tuple, dict]:
         """Step 2 up to the module's call: whether the coming backward syncs, and the inputs on the module's device."""
         reducer = self.reducer
@@ -192,12 +193,17 @@ class DistributedDataParallel(DataParallelBase, Joinable):
             reducer.maybe_rebuild()
         reducer.hooks_for(will_sync)  # no Python hook per parameter in a backward that does not sync
         self._sync_buffers()
-        if self._join_config.enable:  # tell the joined ranks whether this step's backward syncs
+        if compat.join_enabled(self):  # tell the joined ranks whether this step's backward syncs
             dist.all_reduce(torch.tensor([int(will_sync)], device=self._device), group=self.process_group)
         self.require_forward_param_sync = will_sync  # torch's rule: next forward broadcasts only after a sync
         if self.device_ids:
             inputs, kwargs = map_tensors(lambda t: t.to(self._device, non_blocking=True), (inputs, kwargs))
         return will_sync, inputs, kwargs
+
+    @runs_as_python  # a graph walk and tensor hooks
+    def _after_module(self, outputs) -> None:
+        """Step 2 after the module: the coming backward syncs (with ``find_unused_parameters``, what it will skip)."""
+        self.reducer.prepare_for_backward(outputs)
 
     def _sync_buffers(self, joined: bool = False) -> None:
         """``broadcast_buffers``: rank 0's buffers; under join(), the highest rank still training's (as torch)."""
@@ -207,7 +213,7 @@ class DistributedDataParallel(DataParallelBase, Joinable):
             and self.process_group.size() > 1
             and self.require_forward_param_sync
         ):
-            source = highest_rank(self.process_group, not joined, self._device) if self._join_config.enable else 0
+            source = highest_rank(self.process_group, not joined, self._device) if compat.join_enabled(self) else 0
             broadcast_coalesced(self._buffers_now(), self.process_group, source)
 
     def _buffers_now(self) -> list[torch.Tensor]:
@@ -217,8 +223,8 @@ class DistributedDataParallel(DataParallelBase, Joinable):
         """
         seen, buffers = set(), []
         for owner in self._buffer_owners:
-            for buffer in owner._buffers.values():
-                if buffer is not None and id(buffer) not in seen:
+            for buffer in owner.buffers(recurse=False):
+                if id(buffer) not in seen:
                     seen.add(id(buffer))
                     buffers.append(buffer)
         return buffers

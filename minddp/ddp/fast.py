@@ -33,11 +33,6 @@ import torch.distributed as dist
 from minddp.comm.wire import Wire
 from minddp.runtime import compat
 
-try:  # the same named range as torch.profiler.record_function, entered and left in C++
-    from torch._C._profiler import _RecordFunctionFast as _named_range
-except ImportError:  # pragma: no cover - older torch
-    _named_range = torch.profiler.record_function
-
 
 class BucketLayout:
     """Where each parameter's gradient lives inside a bucket's flat buffer (step 1)."""
@@ -91,8 +86,8 @@ def scale_like_torch(layout: BucketLayout, buffer: torch.Tensor, world: int) -> 
         buffer.div_(world)
     else:  # some slots are .grad, some copies (unused parameters)
         views = layout.views(buffer)
-        torch._foreach_div_([v for v, a in zip(views, aliased) if a], world)
-        torch._foreach_mul_([v for v, a in zip(views, aliased) if not a], 1.0 / world)
+        compat.foreach_div_([v for v, a in zip(views, aliased) if a], world)
+        compat.foreach_mul_([v for v, a in zip(views, aliased) if not a], 1.0 / world)
 
 
 _SUM = compat.allreduce_options(dist.ReduceOp.SUM)  # the caller waits on the Future (on GPUs: NCCL's own stream)
@@ -133,6 +128,6 @@ def builtin_average(
 
 def named_range(label):
     """A profiler range named ``label()`` while a profiler records; a null context (label not built) otherwise."""
-    if torch.autograd.profiler._is_profiler_enabled:
-        return _named_range(label())
+    if compat.profiler_on():
+        return compat.fast_range(label())
     return contextlib.nullcontext()

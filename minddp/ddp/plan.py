@@ -6,8 +6,8 @@ as the real gradient order allows:
 
 0. **the caps** (:func:`torch_caps`): the teaching stages' rule (:func:`~minddp.stages.bucket_plan.bucket_caps`:
    ``bucket_cap_mb`` left at ``None`` means 25 MiB buckets and a smaller first one; a cap given is every
-   bucket's), the first bucket's cap read from ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`` (1 MiB) when
-   the DDP is built, as torch reads it;
+   bucket's), the first bucket's cap read from torch's own knob (1 MiB, through
+   :func:`~minddp.runtime.compat.default_first_bucket_bytes`) when the DDP is built, as torch reads it;
 1. **the first iteration** (:func:`plan_first_iteration_like_torch`): one bucket per (dtype, device)
    in registration order (capped buckets, launched last-filled first, with ``find_unused_parameters``);
 2. **the rebuild**, once, at the forward after the first synced backward: rank 0 broadcasts the order
@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from minddp.runtime import compat
 from minddp.runtime.device import message_device
 from minddp.stages.bucket_plan import MB, bucket_caps, plan_buckets
 
@@ -41,7 +42,7 @@ def torch_caps(bucket_cap_mb: float | None) -> tuple[float, float | None]:
 
     At the default, the first cap is torch's own knob, read now as torch reads it when it builds its DDP.
     """
-    return bucket_caps(bucket_cap_mb, dist._DEFAULT_FIRST_BUCKET_BYTES / MB)
+    return bucket_caps(bucket_cap_mb, compat.default_first_bucket_bytes() / MB)
 
 
 def plan_first_iteration_like_torch(

@@ -47,6 +47,7 @@ from minddp.debug.ddp_guards import (
     finite_check,
     unfinished_reduction,
 )
+from minddp.runtime import compat
 from minddp.runtime.device import message_device
 from minddp.stages.graph import parameters_reached, tensors_in
 
@@ -126,7 +127,7 @@ class Reducer:
         self.handles = [p.register_post_accumulate_grad_hook(on_grad_ready) for p in params]
         weakref.finalize(self, _remove_all, self.handles)
         # Where each hook sits (its parameter's hook dict and key), to take it out and put it back (hooks_for).
-        self.hook_slots = [(h.hooks_dict_ref(), h.id) for h in self.handles]
+        self.hook_slots = compat.hook_slots(self.handles)
         self.hook_fn = on_grad_ready
         self.hooks_live = True
 
@@ -225,19 +226,13 @@ class Reducer:
         if live == self.hooks_live:
             return
         self.hooks_live = live
-        if live:
-            for hooks, key in self.hook_slots:
-                hooks[key] = self.hook_fn
-        else:
-            for hooks, key in self.hook_slots:
-                hooks.pop(key, None)
+        compat.put_hooks(self.hook_slots, self.hook_fn if live else None)
 
     def check_prior_reduction_finished(self) -> None:
         if self.unfinished:  # the last synced backward left parameters without a gradient: say why (guard.py)
             frozen = [n for n in self.unfinished if not self.params[self.names.index(n)].requires_grad]
             raise unfinished_reduction(self.unfinished, frozen, self.find_unused_parameters, dist.get_rank(self.group))
 
-    @torch._disable_dynamo  # a graph walk and tensor hooks: Python, even in torch.compile(ddp)
     def prepare_for_backward(self, outputs: Any) -> None:
         """The coming backward syncs; with ``find_unused_parameters``, note what its graph will not reach."""
         self.expect_hooks = True
@@ -262,7 +257,7 @@ class Reducer:
         if progress.started:
             return
         progress.started, progress.through_outputs = True, through_outputs
-        torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
+        compat.at_backward_end(self._finalize_backward)
 
     def _on_grad_ready(self, param: nn.Parameter) -> None:
         if self.searching_unused():  # no_sync backwards count as use too; only read then
@@ -310,7 +305,7 @@ class Reducer:
             for view, grad in zip(views, grads):
                 view.zero_() if grad is None else view.copy_(grad)
         else:
-            torch._foreach_copy_(views, grads)  # one call for the whole bucket, not one per gradient
+            compat.foreach_copy_(views, grads)  # one call for the whole bucket, not one per gradient
         if not self.settings_checked:  # once, before the first collective of the first sync
             check_same_settings(self.settings(), self.group)
             self.settings_checked = True
@@ -336,7 +331,7 @@ class Reducer:
     def _run_hook(self, bucket: GradBucket) -> torch.futures.Future:
         with named_range(lambda: launch_label(bucket, self.hook)):
             future = self.hook(self.state, bucket)
-        if not isinstance(future, torch._C.Future):  # torch.futures.Future wraps torch._C.Future
+        if not isinstance(future, compat.future_type()):  # a collective's own Future, or a torch.futures.Future
             raise TypeError(
                 f"comm hook {getattr(self.hook, '__name__', self.hook)} returned {type(future).__name__}, not a "
                 "torch.futures.Future; return the future of the collective (e.g. dist.all_reduce(..., "
@@ -433,7 +428,7 @@ class Reducer:
                 if param.grad is not None and not there
             ]
             if pairs:
-                torch._foreach_copy_([g for g, _ in pairs], [v for _, v in pairs])  # one call per bucket
+                compat.foreach_copy_([g for g, _ in pairs], [v for _, v in pairs])  # one call per bucket
 
     def shadow_backward(self) -> None:
         """A joined rank's part in a step of the others: every collective of a synced backward, with zeros.

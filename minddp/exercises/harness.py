@@ -35,10 +35,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from minddp.analysis import live
 from minddp.exercises import solutions
+from minddp.runtime import compat
+
+TorchDispatchMode = compat.dispatch_mode_base()
 
 MARK = "minddp.exercises.report "
 #: SGD, no momentum: a gradient that is off shows in the parameters at once (Adam would hide a factor).
@@ -147,14 +149,7 @@ def reporting(progress: Progress, files: set[str], report: dict):
 
 # ------------------------------------------------------------------------------------------ events
 #: The collectives a stage may start, by the dispatcher's op name, and the name the verdicts use.
-COLLECTIVES = {
-    "c10d.allreduce_.default": "all_reduce",
-    "c10d.allreduce_coalesced_.default": "all_reduce",
-    "c10d._reduce_scatter_base_.default": "reduce_scatter",
-    "c10d.reduce_scatter_.default": "reduce_scatter",
-    "c10d._allgather_base_.default": "all_gather",
-    "c10d.allgather_.default": "all_gather",
-}
+COLLECTIVES = {op: kind for op, (kind, _) in compat.DISPATCHED_COLLECTIVES.items() if kind != "broadcast"}
 
 
 class Events(TorchDispatchMode):
@@ -238,7 +233,8 @@ class Events(TorchDispatchMode):
     @contextlib.contextmanager
     def recording(self):
         """Record one step: the dispatch mode on, ``wait()`` of works and futures noted (restored after)."""
-        work_wait, work_future, future_wait = dist.Work.wait, dist.Work.get_future, torch._C.Future.wait
+        future = compat.future_type()
+        work_wait, work_future, future_wait = dist.Work.wait, dist.Work.get_future, future.wait
         events = self
 
         def waited_work(self, *args, **kwargs):
@@ -260,12 +256,12 @@ class Events(TorchDispatchMode):
             return future_wait(self, *args, **kwargs)
 
         self.log, self.works, self.waited, self.futures, self.active = [], [], set(), [], True
-        dist.Work.wait, dist.Work.get_future, torch._C.Future.wait = waited_work, future_of_work, waited_future
+        dist.Work.wait, dist.Work.get_future, future.wait = waited_work, future_of_work, waited_future
         try:
             with self:
                 yield self
         finally:
-            dist.Work.wait, dist.Work.get_future, torch._C.Future.wait = work_wait, work_future, future_wait
+            dist.Work.wait, dist.Work.get_future, future.wait = work_wait, work_future, future_wait
             self.active = False
 
 
@@ -715,8 +711,8 @@ def call_hook(fn, values: torch.Tensor):
     with live.profiler() as prof, SentBytes() as sent, events.recording():
         fut = fn(None, bucket)
         until_return = list(events.log)
-        done = isinstance(fut, torch._C.Future) and fut.done()
-        value = fut.wait() if isinstance(fut, torch._C.Future) else fut  # torch.futures.Future's base
+        done = isinstance(fut, compat.future_type()) and fut.done()
+        value = fut.wait() if isinstance(fut, compat.future_type()) else fut  # torch.futures.Future's base too
     launched = [i for i, (what, _) in enumerate(until_return) if what == "launch"]
     blocked = bool(launched) and any(what == "wait" for what, _ in until_return[launched[0] :])
     # SentBytes sees every dist.* collective, at the call; the profiler's backend range also sees one started
@@ -753,7 +749,7 @@ def large_gradient(world: int) -> float:
 def probe_result(fut, value, exact: torch.Tensor, sent: int, sent_dtypes: list[str] = ()) -> dict:
     out = {
         "returned": type(fut).__name__,
-        "is_future": isinstance(fut, torch._C.Future),
+        "is_future": isinstance(fut, compat.future_type()),
         "bytes": sent,
         "sent_dtypes": sorted(set(sent_dtypes)),
         "numel": exact.numel(),
@@ -824,15 +820,7 @@ def hook_finding(mine: dict, reference: dict, world: int, bound: float) -> dict 
 
 
 #: What each collective sends, by the dispatcher's op name: the argument that holds this rank's tensors.
-_SENT_ARGUMENT = {
-    "c10d.allreduce_.default": 0,
-    "c10d.broadcast_.default": 0,
-    "c10d.allgather_.default": 1,
-    "c10d._allgather_base_.default": 1,
-    "c10d.reduce_scatter_.default": 1,
-    "c10d._reduce_scatter_base_.default": 1,
-    "c10d.allreduce_coalesced_.default": 0,
-}
+_SENT_ARGUMENT = {op: argument for op, (_, argument) in compat.DISPATCHED_COLLECTIVES.items()}
 
 
 class SentBytes(TorchDispatchMode):

@@ -41,6 +41,7 @@ from minddp.comm.send import in_launch_range
 from minddp.comm.wire import Traffic, Wire
 from minddp.ddp import DistributedDataParallel
 from minddp.diloco import DiLoCo, LocalSGD
+from minddp.runtime import compat
 from minddp.runtime.compiling import eager_under_compile, split_at_buckets
 from minddp.sharding import FullyShardedDataParallel, Zero2DDP, ZeroRedundancyOptimizer
 from minddp.sharding.fsdp import blocks_of
@@ -108,7 +109,7 @@ def build_stage(name: str, module: nn.Module, process_group=None, **options) -> 
     wrapped = STAGES[name](module, process_group=process_group, **options)
     if name in TEACHING:  # each call of its hook in the range the analysis reads (the stage's files stay plain)
         wrapped.comm_hook = waits_seen(in_launch_range(wrapped.comm_hook))  # and its waits seen over a link
-    if name in TEACHING and hasattr(module, "_orig_mod"):  # torch.compile(module): cut where buckets end
+    if name in TEACHING and compat.is_compiled(module):  # torch.compile(module): cut where buckets end
         compile_ready(wrapped)
     return wrapped
 
@@ -160,17 +161,15 @@ def compile_ready(stage: nn.Module) -> nn.Module:
     at the caps the stage planned with: :func:`~minddp.stages.bucket_plan.bucket_caps`). The stages' own files
     stay plain; ``ddp`` and ``zero2`` do this themselves.
     """
-    from torch._dynamo.decorators import skip  # Dynamo takes seconds to import: not before it is asked for
-
     eager_under_compile(stage)
     if isinstance(stage, BucketDDP):
         forward, caps = stage.forward, bucket_caps(stage.bucket_cap_mb)
 
         def cut_forward(*inputs, **kwargs):
-            with split_at_buckets(*caps):
+            with split_at_buckets(stage.module, *caps):
                 return forward(*inputs, **kwargs)
 
-        stage.forward = skip(cut_forward)  # this frame runs as Python too
+        stage.forward = torch.compiler.disable(cut_forward, recursive=False)  # this frame runs as Python too
     return stage
 
 

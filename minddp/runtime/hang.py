@@ -35,6 +35,7 @@ import traceback
 from collections import deque
 from dataclasses import dataclass, field
 
+from minddp.runtime import compat
 from minddp.runtime.device import env_seconds
 
 #: Seconds between two beats of a rank (and between two looks of the monitor).
@@ -108,18 +109,6 @@ def _thread_cpu_clock(ident: int | None):
     return read
 
 
-def _default_group_seq() -> int | None:
-    """Collectives this rank has launched on the default group (torch counts them for gloo and NCCL)."""
-    import torch.distributed as dist
-
-    try:
-        if not dist.is_initialized():
-            return None
-        return int(dist.distributed_c10d._get_default_group()._get_sequence_number_for_group())
-    except Exception:  # noqa: BLE001 - a backend without the count: the "behind" rule just cannot apply
-        return None
-
-
 class Heartbeat:
     """Step 1, inside a rank: a daemon thread that writes this rank's :class:`Beat` every ``every_s``.
 
@@ -161,7 +150,7 @@ class Heartbeat:
         """The default group exists (its collective count can be read) or is about to go."""
         with self._lock:
             if not live:
-                self._seq = _default_group_seq()  # keep the last count: the group is going away
+                self._seq = compat.default_group_sequence()  # keep the last count: the group is going away
             self._group_live = live
 
     # the thread
@@ -194,7 +183,7 @@ class Heartbeat:
     def _publish(self) -> None:  # holds self._lock
         self._n += 1
         if self._group_live:
-            self._seq = _default_group_seq()
+            self._seq = compat.default_group_sequence()
         beat = Beat(self._n, self._step, self._seq, self._cpu(), os.getpid(), self._host, self._phase)
         try:
             self.store.set(_BEAT_KEY.format(self.rank), beat.encode())

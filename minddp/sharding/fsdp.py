@@ -41,6 +41,7 @@ from minddp.comm.send import send
 from minddp.comm.wire import Wire
 from minddp.ddp.base import DataParallelBase, same_start
 from minddp.debug.switch import attach
+from minddp.runtime import compat
 from minddp.runtime.nested import map_tensors
 from minddp.sharding.hooks import reduce_scatter_hook
 from minddp.sharding.shards import chunk_range, chunk_size, pack_rank_major, split_block, unpack_rank_major
@@ -137,8 +138,8 @@ class FullyShardedDataParallel(DataParallelBase):
         self.replicated = [
             (owner, name, p)
             for owner in module.modules()
-            for name, p in owner._parameters.items()
-            if p is not None and id(p) not in owned
+            for name, p in owner.named_parameters(recurse=False, remove_duplicate=False)
+            if id(p) not in owned
         ]
         me = weakref.ref(self)
         self.handles = []
@@ -164,10 +165,9 @@ class FullyShardedDataParallel(DataParallelBase):
         holders: dict[int, list[tuple[nn.Module, str]]] = {}
         params: dict[int, nn.Parameter] = {}
         for owner in module.modules():
-            for name, p in owner._parameters.items():
-                if p is not None:
-                    holders.setdefault(id(p), []).append((owner, name))
-                    params[id(p)] = p
+            for name, p in owner.named_parameters(recurse=False, remove_duplicate=False):
+                holders.setdefault(id(p), []).append((owner, name))
+                params[id(p)] = p
         members: dict[int, list[int]] = {id(u): [] for u in candidates}
         subtree = {id(u): {id(m) for m in u.modules()} for u in candidates}
         for pid, places in holders.items():
@@ -187,7 +187,7 @@ class FullyShardedDataParallel(DataParallelBase):
                 shards.append(shard)
                 shapes.append(p.shape)
                 for owner, name in holders[pid]:
-                    owner._parameters[name] = shard  # at rest the module holds the shard
+                    compat.parameter_dict(owner)[name] = shard  # at rest the module holds the shard
                     places.append((owner, name, i))
             units.append(Unit(len(units), u, shards, shapes, places, accumulated=[None] * len(shards)))
         return units
@@ -220,12 +220,12 @@ class FullyShardedDataParallel(DataParallelBase):
         cast = {}
         for owner, name, p in self.replicated:
             cast.setdefault(id(p), p.to(self.compute_dtype) if p.is_floating_point() else p)
-            owner._parameters[name] = cast[id(p)]
+            compat.parameter_dict(owner)[name] = cast[id(p)]
         try:
             yield
         finally:
             for owner, name, p in self.replicated:
-                owner._parameters[name] = p
+                compat.parameter_dict(owner)[name] = p
 
     def _before_forward(self, unit: Unit) -> None:
         """Step 2: gather (or take the prefetched gather), put the full parameters in, prefetch the next unit."""
@@ -234,12 +234,12 @@ class FullyShardedDataParallel(DataParallelBase):
         self._prefetch(unit, +1)
         full = Unshard.apply(self, unit, *unit.shards)
         for owner, name, i in unit.places:
-            owner._parameters[name] = full[i]
+            compat.parameter_dict(owner)[name] = full[i]
 
     def _after_forward(self, unit: Unit) -> None:
         """Step 3: the shards back in, the full parameters dropped (the saved-tensor hook kept notes instead)."""
         for owner, name, i in unit.places:
-            owner._parameters[name] = unit.shards[i]
+            compat.parameter_dict(owner)[name] = unit.shards[i]
         if torch.is_grad_enabled() and unit.index == self.forward_order[-1]:
             return  # the backward starts with the last unit: keep it gathered rather than gather it again
         self._free(unit)
@@ -312,10 +312,10 @@ class FullyShardedDataParallel(DataParallelBase):
     # -- steps 5-6: backward ---------------------------------------------------------------------------
 
     def _backward_started(self) -> None:
-        """Queue step 6 at the end of this backward (the private call torch's DDP and ours use)."""
+        """Queue step 6 at the end of this backward (as torch's DDP and ours do)."""
         if not self.callback_queued:
             self.callback_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self.finish_gradient_synchronization)
+            compat.at_backward_end(self.finish_gradient_synchronization)
 
     def _unit_backward_done(self, unit: Unit, grads: tuple) -> None:
         """Step 5: the unit's gradients, cast to the master dtype, reduce-scattered without waiting."""

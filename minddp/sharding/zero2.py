@@ -46,6 +46,7 @@ from torch import nn
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.send import send
 from minddp.comm.wire import Wire
+from minddp.runtime import compat
 from minddp.runtime.compiling import eager_under_compile, split_at_buckets
 from minddp.sharding.hooks import reduce_scatter_hook
 from minddp.sharding.shards import chunk_range, chunk_size, pack_rank_major, split_block, unpack_rank_major
@@ -75,7 +76,10 @@ class Zero2DDP(AsyncBucketDDP):
             self.shard[p] = nn.Parameter(p.detach().view(-1)[start:end])  # a view: steps land in p
         # Every place the module holds a parameter (a tied one is held twice), to swap full and shard.
         self.places = [
-            (owner, name, p) for owner in module.modules() for name, p in owner._parameters.items() if p in self.shard
+            (owner, name, p)
+            for owner in module.modules()
+            for name, p in owner.named_parameters(recurse=False, remove_duplicate=False)
+            if p in self.shard
         ]
         self.had_grad: set[nn.Parameter] = set()
         self.stale = False  # True after a sync: the next forward all-gathers first
@@ -83,8 +87,7 @@ class Zero2DDP(AsyncBucketDDP):
         self.holding_full = False  # the module holds the full parameters (in a forward), not the shards
         self.lent = False  # ... because the module was called on its own (``_module_forward``)
         eager_under_compile(self)  # torch.compile(zero2) compiles the module, not these forwards (runtime/compiling.py)
-        # torch.compile(model): Dynamo traces the layers' hooks (step 4) too (torch.compile imported OptimizedModule)
-        self.compiled = isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
+        self.compiled = compat.is_compiled(module)  # torch.compile(model): Dynamo traces the layers' hooks (step 4) too
         self._hold("shard")
         me = weakref.ref(self)  # held weakly and removed with the wrapper, as its autograd hooks (hook.py)
         # Step 4: each module that holds parameters waits for their buckets just before its forward.
@@ -94,14 +97,14 @@ class Zero2DDP(AsyncBucketDDP):
             self.handles.append(owner.register_forward_pre_hook(lambda m, args, b=buckets: me()._wait_for(b)))
         # Called on its own (say, to evaluate), the module takes its full parameters for the forward too; a
         # compiled one's model as well (evaluated eagerly; in the compiled forward these hooks find it full).
-        whole = module._orig_mod if self.compiled else module
+        whole = compat.uncompiled(module)
         self.handles.append(whole.register_forward_pre_hook(lambda m, args: me()._module_forward(starts=True)))
         self.handles.append(whole.register_forward_hook(lambda m, args, out: me()._module_forward(starts=False)))
 
     def _hold(self, which: str) -> None:
         """Put the shards (at rest) or the full parameters (during a forward) in the module."""
         for owner, name, p in self.places:
-            owner._parameters[name] = self.shard[p] if which == "shard" else p
+            compat.parameter_dict(owner)[name] = self.shard[p] if which == "shard" else p
         self.holding_full = which == "full"
 
     def forward(self, *inputs, **kwargs):
@@ -109,7 +112,8 @@ class Zero2DDP(AsyncBucketDDP):
             self.gather_parameters(wait=self.compiled)
         self._hold("full")
         try:
-            with split_at_buckets(*bucket_caps(self.bucket_cap_mb)):  # compiled: the graph cut where buckets end
+            # compiled: the graph cut where buckets end
+            with split_at_buckets(self.module, *bucket_caps(self.bucket_cap_mb)):
                 return super().forward(*inputs, **kwargs)  # the module's forward and the checks see them too
         finally:
             self._wait_for(list(self.gathering))  # buckets no layer asked for (unused parameters)

@@ -37,7 +37,7 @@ import torch
 MB = 1024 * 1024
 #: torch's DDP when ``bucket_cap_mb`` is left out (``None``): buckets of 25 MiB...
 DEFAULT_CAP_MB = 25.0
-#: ...except the first, of 1 MiB: ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`` (a test compares them).
+#: ...except the first, of 1 MiB: torch's own first-bucket size, which a test compares with this.
 FIRST_BUCKET_MB = 1.0
 
 

@@ -52,6 +52,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
+from minddp.runtime import compat
 from minddp.runtime.untrusted import NotData, load_pickle_data, load_torch_data, refusal
 from minddp.train.rng import from_data
 
@@ -190,7 +191,7 @@ _DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.chec
 #: The other globals a ``.metadata`` names: sizes, a layout by its name, the folder's path.
 _METADATA_GLOBALS = {
     ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),
+    compat.PICKLED_LAYOUT,
     *(
         (module, cls)
         for module in ("pathlib", "pathlib._local")
