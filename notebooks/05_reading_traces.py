@@ -340,7 +340,8 @@ optimizer_ms = (optimizer["end_us"] - optimizer["start_us"]) / 1e3
 lesson.say(
     f"The optimizer step, the same AdamW update in every stage, took {optimizer_ms.min():.0f}–"
     f"{optimizer_ms.max():.0f} ms, the longest in {optimizer_ms.idxmax()}: the same work, at the machine's speed "
-    f"of the moment. The gap before it is mostly the stage's tail (the table: ddp's {anatomy.loc['ddp', 'tail, ms']:.0f} ms, "
+    f"of the moment. The gap before it is mostly the stage's tail "
+    f"(the table: ddp's {anatomy.loc['ddp', 'tail, ms']:.0f} ms, "
     "the end of `loss.backward()` waiting for its last buckets)."
 )
 late = buckets[buckets["comm_end_us"] > buckets["step_end_us"]]
