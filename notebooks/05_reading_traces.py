@@ -33,7 +33,8 @@
 # They answer different questions over different totals: a stage can overlap 90 % of its
 # communication and still spend 10 % of its step in non-compute time, or overlap none and spend 1 %.
 # Neither is the time the step lost to communication: on these CPU traces a message is "in flight"
-# also while gloo waits for the other rank or for a core (below). Then **one step of every stage on one time axis**, and at the end **what each
+# also while gloo waits for the other rank or for a core (below). Then **one step of every stage on
+# one time axis**, and at the end **what each
 # idea bought**, here and on the blog's GPUs.
 #
 # HTA reads GPU traces only; on these CPU traces `minddp.analysis` computes the same metrics from
@@ -373,9 +374,10 @@ buckets[buckets["stage"] == "bucket-async"].drop(columns=["rank", "stage"]).roun
 # %% [markdown]
 # ## The ladder on a slower network
 #
-# On loopback, what a message costs is set by this machine: its two cores, shared by both ranks'
+# On loopback, what a message costs is set by this machine: its cores, shared by both ranks'
 # training threads and gloo's threads, and whatever else runs on it (the first cell printed the
-# cores and the load the profiling ran under; the cell below compares simple with single). A cluster's network has costs of its own, the same on every run. The first cell
+# cores and the load the profiling ran under; the cell below compares simple with single). A
+# cluster's network has costs of its own, the same on every run. The first cell
 # also profiled the blog's six stages with every collective over the **emulated 1 Gbit/s link** that
 # `03_build_up` introduced (`minddp.comm.link`: the real all_reduce runs, and completes no earlier
 # than the modeled transfer). The link's transfers are in the traces as `minddp.link:all_reduce`
@@ -529,7 +531,8 @@ lesson.claim(
 ov, ex = t["comm_comp_overlap_pctg"], on_link["exposed_ms"]
 lesson.say(
     f"On the link, bucket-async's overlap was {ov['bucket-async']:.0f} %, hook-async's {ov['hook-async']:.0f} %: "
-    f"the buckets' messages were in flight beside compute for a {'larger' if ov['bucket-async'] > ov['hook-async'] else 'smaller'} "
+    "the buckets' messages were in flight beside compute for a "
+    f"{'larger' if ov['bucket-async'] > ov['hook-async'] else 'smaller'} "
     f"share of their time; their exposed time was {ex['bucket-async']:.1f} ms against {ex['hook-async']:.1f} ms "
     "(03's bucket lesson takes the difference apart)."
 )
@@ -571,7 +574,8 @@ lesson.say(
 #   else runs on it (the sentence above the link's chart); on the emulated link, communication
 #   costs what it would on Gigabit Ethernet, the same on every run. 03 measures each stage's
 #   exposed time on this link and asserts what its code guarantees (where each stage sends and
-#   waits, accumulation's 1/k of the link time for k micro-batches a step, async hooks exposing less than hooks that wait); its
+#   waits, accumulation's 1/k of the link time for k micro-batches a step, async hooks exposing less
+#   than hooks that wait); its
 #   exposed times need not fall rung by rung: hook can expose as much as ga (it waits for each
 #   message inside backward), and bucket-async more than hook-async (03's bucket lesson says why);
 # * **buckets**: what they save is the fixed cost 2(n−1)·α of each message they do not send, for n
