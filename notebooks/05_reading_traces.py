@@ -153,7 +153,7 @@ lesson.say(
 # The caveat that decides how to read the communication numbers: a `gloo:all_reduce` range lasts
 # from the moment gloo's thread picks the collective up until it is done, and that includes
 # *waiting for the other rank* to arrive at the same collective and *waiting for a free core*
-# (two ranks, their training threads and gloo's threads share two cores). So most of a `gloo:*`
+# (two ranks, their training threads and gloo's threads share this machine's cores). So most of a `gloo:*`
 # range is often gloo's thread waiting, not moving bytes (in flight and non-compute, though no byte
 # moves), and a low overlap on a CPU says as much about the
 # cores as about the stage. On GPUs the same metrics read NCCL kernels against compute kernels,
@@ -304,7 +304,7 @@ lesson.say(
     + (
         "more than the machine's speed moved, so the sending itself made backward longer. hook and bucket wait "
         "for each message inside it; the other stages do not wait, but gloo's threads carrying their "
-        "messages share this machine's two cores with both ranks' backward."
+        "messages share this machine's cores with both ranks' backward."
         if longer
         else "no more than the machine's speed moved, so this run cannot tell what the sending cost."
     )
@@ -328,7 +328,7 @@ lesson.say(
     f"{ga['last backward, ms']:.0f}, and its step {ha['step, ms']:.0f} ms against ga's {ga['step, ms']:.0f}: "
     + (
         "its backward longer by more than the machine's speed moved (above), so part of that is gloo's threads "
-        "carrying the messages on the two cores backward computes on"
+        "carrying the messages on the cores backward computes on"
         if ha["last backward, ms"] > ga["last backward, ms"] and longer
         else "the two stages ran one after the other at the machine's speed of the moment (the forward spread "
         "above), so neither difference measures what moving the messages into backward saved or cost"
