@@ -565,7 +565,7 @@ lesson.say(
 # to run):
 #
 # * **where communication runs**: on a GPU, NCCL's kernels run on their own stream beside the
-#   compute kernels, so communication can hide behind computation almost entirely (the blog: ~90 %).
+#   compute kernels, so computation can overlap communication almost entirely (the blog: ~90 % overlap).
 #   Here the two ranks, their training threads and gloo's threads share this machine's CPU cores (as
 #   many as printed above): a collective needs a core that the backward may be using;
 # * **what a communication range holds**: a `gloo:*` range also lasts while gloo waits for the
