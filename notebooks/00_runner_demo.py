@@ -18,7 +18,8 @@
 #
 # Data parallelism is one program running in several processes (*ranks*) that talk through collectives. `minddp.notebook` starts those ranks once and keeps them alive, so every cell below can run on every rank and each rank keeps its variables from cell to cell.
 #
-# On a laptop the ranks use the CPU and gloo; on a machine with a GPU per rank the same cells use NCCL.
+# The runner picks the backend: gloo on the CPU, as on a laptop (and in the run saved here: the first
+# output below names it), NCCL where every rank has a GPU of its own; the cells stay the same.
 
 # %%
 # %load_ext minddp.notebook
@@ -50,6 +51,7 @@ dist.get_rank(), dist.get_world_size()
 from minddp.notebook import lesson
 
 t = torch.tensor([1.0, 2.0], device=device) * (rank + 1)
+mine = t.clone()  # this rank's tensor before the collective
 print("before:", t)
 dist.all_reduce(t)
 total = sum(torch.tensor([1.0, 2.0], device=device) * (r + 1) for r in range(world_size))
@@ -57,19 +59,21 @@ lesson.claim(torch.equal(t, total), f"every rank holds the sum of the {world_siz
 t
 
 # %% [markdown]
-# `%%rank 0` runs a cell on rank 0 only, for example to draw a plot once. Figures are sent back as images.
+# `%%rank 0` runs a cell on rank 0 only, for example to draw a plot once: here rank 0's `t[0]` before and
+# after the `all_reduce`. Figures are sent back as images.
 
 # %%
 # %%rank 0
 import matplotlib.pyplot as plt
 
 fig, ax = plt.subplots(figsize=(4, 2.5))
-ax.bar(["before", "after all_reduce"], [1.0, t[0].item()])
+ax.bar(["before", "after all_reduce"], [mine[0].item(), t[0].item()])
+ax.set_ylabel("value of t[0]")
 ax.set_title("t[0] on rank 0")
 plt.show()
 
 # %% [markdown]
-# When one rank fails, the cell fails with that rank's traceback. Here rank 1 raises before the `all_reduce`, so rank 0 would wait forever for its partner; the runner gives it a one-second grace, then releases it (it closes the failed rank's end of the process group, which ends rank 0's wait), and rebuilds the process group, keeping every rank's variables. Each rank notes how long it spent in the cell. (The cell is tagged `raises-exception`: Jupyter's *Run All* goes on past it, and the test that runs this notebook checks that it fails with this error.)
+# When one rank fails, the cell fails with that rank's traceback. Here rank 1 raises before the `all_reduce`, so rank 0 would wait forever for its partner. Once rank 1's failure reaches the runner, it gives rank 0 a one-second grace, then releases it: it closes the failed rank's end of the process group, which makes rank 0's `all_reduce` raise, so the error names rank 0 as failing too. Then every rank builds a fresh process group, keeping its variables. Each rank notes how long it spent in the cell. (The cell is tagged `raises-exception`: Jupyter's *Run All* goes on past it, and the test that runs this notebook checks that it fails with this error.)
 
 # %% tags=["raises-exception"] minddp={"expected_error": "rank 1 gives up before the collective"}
 # %%distributed
@@ -88,9 +92,11 @@ finally:
 
 # %%
 # %%distributed
-lesson.say(f"rank 0 spent {in_cell:.1f} s in the failed cell, waiting for rank 1, before the runner released it.")
-# The runner's grace is 1 s and the release ends a gloo wait at once; 10 s leaves room for a loaded machine.
-lesson.claim(in_cell < 10, "the runner released the waiting rank within seconds")
+lesson.say(
+    f"rank 0 spent {in_cell:.1f} s in the failed cell, waiting for rank 1, before the runner released it: the "
+    "runner's 1 s grace, and before and after it the time rank 1's failure took to reach the runner and the "
+    "release to reach rank 0 (longer on a busy machine)."
+)
 lesson.claim(os.getpid() == pid, "every rank is still the process it was at the start (the same pid)")
 before = t.clone()
 dist.all_reduce(t)
@@ -98,6 +104,11 @@ lesson.claim(
     torch.equal(t, world_size * before), f"the all_reduce works again: `t` ({before.tolist()}) is summed over the ranks"
 )
 t
+
+# %% [markdown]
+# `%dist_status` names the ranks' backend and counts the *restarts*: the times the runner had to end the
+# ranks and start fresh ones (their variables lost) because releasing them was not enough. The failure
+# above was released without one.
 
 # %%
 # %dist_status

@@ -18,20 +18,23 @@
 #
 # Each rank can record a profiler trace of its steps (open one in https://ui.perfetto.dev, or
 # `chrome://tracing`). This notebook profiles one step of every stage of the DDP ladder
-# (`03_build_up`), torch's DDP and the no-communication floor included, on the workload and
+# (`03_build_up`), torch's DDP and `single` (one rank's work, no communication) included, on the workload and
 # settings every notebook shares, then reads the traces with `minddp.analysis` the way the blog
 # this course follows reads its GPU traces with HolisticTraceAnalysis (HTA). Two of its numbers
 # both describe communication meeting computation; this notebook keeps HTA's names, and gives
-# each one meaning only:
+# each one meaning only (`docs/analysis.md`'s vocabulary table defines every measure named here, each
+# computed by its one function in `minddp.analysis.metrics`):
 #
-# * **non-compute** (HTA's temporal breakdown, `non_compute_pctg`): the share of the profiled time
-#   when communication ran *and nothing computed*: communication the step could not hide;
-# * **overlap** (HTA's `comm_comp_overlap_pctg`): the share of *communication* time during which
-#   computation ran too: communication hidden. Only this one is called overlap here.
+# * **non-compute** (HTA's temporal breakdown, `non_compute_pctg`): the share of the profiled step
+#   when communication was in flight *and the training thread computed nothing*;
+# * **overlap** (HTA's `comm_comp_overlap_pctg`): the share of the time communication was *in flight*
+#   during which computation ran too. Only this one is called overlap here.
 #
-# They answer different questions over different totals: a stage can hide 90 % of its
-# communication (overlap) and still spend 10 % of its step on the rest (non-compute), or hide
-# none and spend 1 %. Then **one step of every stage on one time axis**, and at the end **what each
+# They answer different questions over different totals: a stage can overlap 90 % of its
+# communication and still spend 10 % of its step in non-compute time, or overlap none and spend 1 %.
+# Neither is the time the step lost to communication: on these CPU traces a message is "in flight"
+# also while gloo waits for the other rank or for a core (below). Then **one step of every stage on
+# one time axis**, and at the end **what each
 # idea bought**, here and on the blog's GPUs.
 #
 # HTA reads GPU traces only; on these CPU traces `minddp.analysis` computes the same metrics from
@@ -43,6 +46,7 @@
 
 # %%
 # %%distributed
+import os
 import shutil
 from minddp.ladder import SHARDED_GRADIENTS, SHARDED_OPTIMIZER, STAGES
 from minddp.notebook import lesson
@@ -67,7 +71,9 @@ for stage in blog:
     lesson.Trainee(stage, warmup=0, link="1gbit").profile(LINKED, steps=1)
 lesson.say(
     f"Profiled one step of each of: {', '.join(blog)} over an emulated 1gbit link, into "
-    f"{LINKED.relative_to(lesson.ROOT)}."
+    f"{LINKED.relative_to(lesson.ROOT)}.",
+    f"This machine has {os.cpu_count()} CPU cores; its load average (processes running or waiting for a core, "
+    f"over the last 1, 5 and 15 min) was {', '.join(f'{x:.1f}' for x in os.getloadavg())} when the profiling ended.",
 )
 
 # %%
@@ -77,9 +83,10 @@ lesson.say(
 # The ranks are done; the analysis runs here, in the notebook's own process. One row per (stage,
 # rank) first, with the step and the time backward ran (every micro-batch's). The two ranks of a
 # stage do the same work, yet their shares need not agree: a gloo `all_reduce` range lasts until both
-# ranks have arrived, so the rank that reaches a collective first counts its wait for the other as
-# communication, while nothing computes. One rank waiting for the other is itself what a
-# synchronizing step costs when the ranks are not in step; the cell below says where it was largest.
+# ranks have arrived, so on the rank that reaches a collective first, the range stays open while the
+# other comes: communication in flight, and non-compute time while its training thread computes nothing.
+# Ranks out of step are themselves a cost of a synchronizing step; the cell below says where the two
+# ranks differed most.
 
 # %%
 import matplotlib.pyplot as plt
@@ -109,7 +116,9 @@ per_rank = result.summary.assign(
 )
 columns = ["stage", "rank", "step_ms", "backward_ms", "compute_pctg", "non_compute_pctg", "idle_pctg"]
 shown = columns + ["comm_comp_overlap_pctg", "allreduce_calls_per_step", "allreduce_MiB_per_step"]
-display(per_rank[shown].rename(columns=HEADERS).round(1))  # each measure's column under the measure's name
+NAMES = {**HEADERS, "step_ms": "step (ms)", "backward_ms": "backward (ms)", "compute_pctg": "compute (%)"}
+NAMES |= {"idle_pctg": "idle (%)", "allreduce_calls_per_step": "all_reduce calls", "allreduce_MiB_per_step": "MiB sent"}
+display(per_rank[shown].rename(columns=NAMES).round(1))  # each column under its measure's name
 nc = per_rank.pivot(index="stage", columns="rank", values="non_compute_pctg").drop(index="single")
 widest = (nc[0] - nc[1]).abs().idxmax()
 waiter = int(nc.loc[widest].idxmax())
@@ -118,7 +127,9 @@ lesson.say(
     f"{nc.loc[widest, 1]:.1f} % on rank 1: rank {waiter}'s gloo ranges stayed open while it computed nothing, "
     f"waiting inside the all_reduces for rank {1 - waiter} to arrive (or for a free core), which rank {1 - waiter} "
     "hardly did. The mean of the two "
-    f"({nc.loc[widest].mean():.1f} %) describes neither rank; the figures below show each rank's own."
+    f"({nc.loc[widest].mean():.1f} %) describes neither rank. Below, the chart and the ranges are each "
+    "rank's own; the timeline and its table show rank 0; the link's chart and tables give the mean of the two "
+    "ranks, and say so."
 )
 
 # %% [markdown]
@@ -130,19 +141,21 @@ lesson.say(
 #   optimizer, the stages' copies into and out of buckets);
 # * **non-compute** is time when only communication ran: one of gloo's threads was inside a
 #   `gloo:*` range while the training thread computed nothing;
-# * **idle** is the rest: the training thread waited (for a Future, a peer, a lock) and no
-#   collective was running either;
-# * **overlap** is the share of communication time during which the training thread computed
-#   (the definition above).
+# * **idle** is the rest, when neither ran: the training thread's Python between `aten::` ops
+#   (`single` has it too, with no communication at all), and its waits for a Future or a lock while no
+#   collective was in flight;
+# * **overlap** is the share of the time communication was in flight during which the training
+#   thread computed (the definition above).
 #
-# These are the measures `01_collectives` defines (`docs/analysis.md`: one function each in
+# These are measures of `docs/analysis.md`'s vocabulary table (one function each in
 # `minddp.analysis.metrics`); the analysis computes them with those functions.
 #
 # The caveat that decides how to read the communication numbers: a `gloo:all_reduce` range lasts
 # from the moment gloo's thread picks the collective up until it is done, and that includes
 # *waiting for the other rank* to arrive at the same collective and *waiting for a free core*
-# (two ranks, their training threads and gloo's threads share two cores). So most of a `gloo:*`
-# range is often waiting, not moving bytes, and a low overlap on a CPU says as much about the
+# (two ranks, their training threads and gloo's threads share this machine's cores). So most of a `gloo:*`
+# range is often gloo's thread waiting, not moving bytes (in flight and non-compute, though no byte
+# moves), and a low overlap on a CPU says as much about the
 # cores as about the stage. On GPUs the same metrics read NCCL kernels against compute kernels,
 # which run side by side.
 
@@ -169,18 +182,23 @@ plt.close(fig)
 display(Image(filename=RUN / "per_rank.png"))
 
 # %%
-s = result.stages  # the mean of the two ranks
-synced = [st for st in s.index if st != "single"]
-least = s.loc[synced, "compute_pctg"].idxmin()
+own = per_rank[per_rank["stage"] != "single"].set_index(["stage", "rank"])  # each rank's own numbers
+alone = per_rank[per_rank["stage"] == "single"]
+
+
+def at(column, pick):
+    """The (stage, rank) where `column` is least (pick="idxmin") or most, with its value."""
+    st, rk = getattr(own[column], pick)()
+    return f"{own.loc[(st, rk), column]:.1f} % ({st}, rank {rk})"
+
+
 lesson.say(
-    f"Averaged over the two ranks, computation is {s.loc[synced, 'compute_pctg'].min():.0f}–{s.loc[synced, 'compute_pctg'].max():.0f} % of the "
-    f"synced stages' profiled steps (the floor, single: {s.loc['single', 'compute_pctg']:.0f} %); the least, "
-    f"{least}, spends {100 - s.loc[least, 'compute_pctg']:.0f} % of its step communicating or waiting, on loopback.",
-    f"Non-compute ranges from {s.loc[synced, 'non_compute_pctg'].min():.1f} % "
-    f"({s.loc[synced, 'non_compute_pctg'].idxmin()}) to {s.loc[synced, 'non_compute_pctg'].max():.1f} % "
-    f"({s.loc[synced, 'non_compute_pctg'].idxmax()}), overlap from "
-    f"{s.loc[synced, 'comm_comp_overlap_pctg'].min():.0f} % ({s.loc[synced, 'comm_comp_overlap_pctg'].idxmin()}) "
-    f"to {s.loc[synced, 'comm_comp_overlap_pctg'].max():.0f} % ({s.loc[synced, 'comm_comp_overlap_pctg'].idxmax()}).",
+    f"Rank by rank, computation is {own['compute_pctg'].min():.0f}–{own['compute_pctg'].max():.0f} % of the synced "
+    f"stages' profiled steps ({alone['compute_pctg'].min():.0f}–{alone['compute_pctg'].max():.0f} % in single, "
+    f"which sends nothing: the rest of its step is idle). The least is {at('compute_pctg', 'idxmin')}: the rest "
+    "of that step is non-compute time plus idle time.",
+    f"Non-compute ranges from {at('non_compute_pctg', 'idxmin')} to {at('non_compute_pctg', 'idxmax')}, overlap "
+    f"from {at('comm_comp_overlap_pctg', 'idxmin')} to {at('comm_comp_overlap_pctg', 'idxmax')}.",
 )
 
 # %% [markdown]
@@ -193,23 +211,39 @@ lesson.say(
 #
 # HTA's kernel-type view splits rank 0's *non-idle* time, the time something computed or
 # communicated (the idle time left out, so `single` is 100 % computation), into computation alone,
-# communication alone, and both at once; in % of that time:
+# communication alone, and both at once; in % of that non-idle time. Its third column is not overlap
+# (overlap divides the same time by the time in flight instead), as the sentence above the table shows.
 
 # %%
-result.kernels.pivot_table(index="stage", columns="kernel_type", values="percentage", sort=False).round(1)
+kinds = {"COMPUTATION": "compute only", "COMMUNICATION": "communication only"}
+kinds["COMPUTATION overlapping COMMUNICATION"] = "both at once"
+both = result.kernels.set_index(["stage", "kernel_type"])["percentage"]
+lesson.say(
+    f"ddp's rank 0, for one: both at once is {both[('ddp', 'COMPUTATION overlapping COMMUNICATION')]:.1f} % of its "
+    f"non-idle time, and its overlap {own.loc[('ddp', 0), 'comm_comp_overlap_pctg']:.1f} % of its time in flight."
+)
+result.kernels.pivot_table(index="stage", columns="kernel_type", values="percentage", sort=False).rename(
+    columns=kinds
+).round(1)
 
 # %% [markdown]
 # ## One step of every stage, on one time axis
 #
 # One row per stage, one shared axis in milliseconds from the start of the profiled step (rank 0).
 # In each row: the forward (pale) and backward (darker) of each micro-batch, a tick when a bucket
-# was handed to the wire, a bar while its all_reduce ran (per-parameter stages send one "bucket"
-# per parameter), the finish and optimizer ranges under them, and the end of the step.
+# was *handed to the wire* (its gradients all there, its hook called: `ready_us` in the tables
+# below), an orange bar while its all_reduce ran (per-parameter stages send one "bucket" per
+# parameter; where dozens of narrow bars crowd, their black edges and ticks merge into dark blocks),
+# the finish (purple) and optimizer (green) ranges after the last backward, in the same lane, and the
+# end of the step.
 #
 # Three shapes to tell apart:
 #
 # * **waiting after backward** (`simple` after every micro-batch, `ga` after the last): the ticks
-#   and bars come after the last backward band, and the step ends only when they are done;
+#   and bars come after the last backward band, and the step ends only when they are done. The
+#   finish range can start with a stretch that holds no bar: before its first all_reduce, the finish
+#   checks that both ranks' forwards used the same parameters (`minddp.stages.checks`: a few bytes
+#   all-gathered, which waits for the other rank to arrive);
 # * **interleaving** (`hook`, `bucket`): ticks and bars inside the last backward band, but each
 #   one holds the backward up until it is done;
 # * **overlapping** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the band, bars
@@ -218,7 +252,7 @@ result.kernels.pivot_table(index="stage", columns="kernel_type", values="percent
 #   end of `loss.backward()`, after its last gradient (the table below says how long after).
 #
 # The colours are every step picture's: orange is communication (here a message on the wire; in
-# the breakdowns above, the share of the step when only communication ran). These loopback traces
+# the chart of the link further down, the non-compute share). These loopback traces
 # record no link, so no wait is drawn (on an emulated link, `03_build_up` marks the training thread's
 # waits in red).
 
@@ -228,7 +262,7 @@ display(Image(filename=RUN / "bucket_timeline.png"))
 
 # %% [markdown]
 # The numbers behind the plot, stage by stage (rank 0): how many buckets each sent in this step, how
-# many were handed to the wire while a backward was still running, how long the last backward ran,
+# many were handed to the wire (`ready_us`) while a backward was still running, how long the last backward ran,
 # the *tail* (how long after the last backward's end the last all_reduce before the optimizer ended:
 # the verdict's `tail_us`, `docs/analysis.md`), and the step.
 
@@ -263,36 +297,53 @@ lesson.say(
     f"The forward passes, the same work in every stage, took {per_stage.min() / 1e3:.0f}–"
     f"{per_stage.max() / 1e3:.0f} ms per step across the stages ({spread:.1f} ×): the stages were profiled one "
     f"after the other, and that spread is how much the machine's speed moved meanwhile.",
-    f"The last backward is the same work too, yet it took {last_bw[quiet].min():.0f}–{last_bw[quiet].max():.0f} ms "
+    f"The last backward computes the same gradients in every stage (hook and bucket also wait inside it for "
+    f"each message), and it took {last_bw[quiet].min():.0f}–{last_bw[quiet].max():.0f} ms "
     f"in {' and '.join(quiet)}, which send nothing during it, and {last_bw[busy].min():.0f}–"
     f"{last_bw[busy].max():.0f} ms in the stages that send during it (the medians {stretch:.1f} × apart): "
     + (
         "more than the machine's speed moved, so the sending itself made backward longer. hook and bucket wait "
         "for each message inside it; the other stages do not wait, but gloo's threads carrying their "
-        "messages share this machine's two cores with both ranks' backward."
+        "messages share this machine's cores with both ranks' backward."
         if longer
         else "no more than the machine's speed moved, so this run cannot tell what the sending cost."
+    )
+    + f" The shortest last backward was {last_bw.idxmin()}'s ({last_bw.min():.0f} ms)"
+    + (
+        ", though it waits inside its backward for every message: the machine's speed of the moment weighs more."
+        if last_bw.idxmin() in ("hook", "bucket")
+        else "."
     ),
 )
 ga, ha = anatomy.loc["ga"], anatomy.loc["hook-async"]
+ga_bw = phases[(phases["stage"] == "ga") & (phases["phase"] == "backward")]["end_us"].max()
+ga_sent = buckets[buckets["stage"] == "ga"]
 lesson.say(
-    f"What hiding cost the compute here: ga sends its {ga['buckets sent']:.0f} messages after its last backward, "
-    f"and its last all_reduce ended {ga['tail, ms']:.0f} ms after it; hook-async sends the same messages during "
-    f"backward, and its tail was {ha['tail, ms']:.0f} ms. Its last backward took {ha['last backward, ms']:.0f} ms "
-    f"against ga's {ga['last backward, ms']:.0f}: "
+    f"ga sends its {ga['buckets sent']:.0f} messages after its last backward: its tail was {ga['tail, ms']:.0f} ms. "
+    f"Its first message was handed to the wire {(ga_sent['ready_us'].min() - ga_bw) / 1e3:.0f} ms after the "
+    "backward ended (the finish first runs the parameter check, whose all_gather waits for the other rank), and "
+    f"its all_reduces ran {(ga_sent['comm_end_us'].max() - ga_sent['comm_start_us'].min()) / 1e3:.0f} ms from "
+    f"the first one's start to the last one's end. hook-async sends the same messages during backward, and its "
+    f"tail was {ha['tail, ms']:.0f} ms. Its last backward took {ha['last backward, ms']:.0f} ms against ga's "
+    f"{ga['last backward, ms']:.0f}, and its step {ha['step, ms']:.0f} ms against ga's {ga['step, ms']:.0f}: "
     + (
-        f"of the {ga['tail, ms'] - ha['tail, ms']:.0f} ms taken off the tail, "
-        f"{ha['last backward, ms'] - ga['last backward, ms']:.0f} came back as backward time, gloo's threads "
-        "carrying the messages having run on the two cores backward computes on"
+        "its backward longer by more than the machine's speed moved (above), so part of that is gloo's threads "
+        "carrying the messages on the cores backward computes on"
         if ha["last backward, ms"] > ga["last backward, ms"] and longer
-        else "longer, but the machine's speed moved as much from stage to stage (above), so this run cannot say "
-        "how much of that the sending cost"
-        if ha["last backward, ms"] > ga["last backward, ms"]
-        else "no longer, on this run"
+        else "the two stages ran one after the other at the machine's speed of the moment (the forward spread "
+        "above), so neither difference measures what moving the messages into backward saved or cost"
     )
-    + f"; its step took {ha['step, ms']:.0f} ms against ga's {ga['step, ms']:.0f}. "
-    "On a GPU the collectives run as NCCL kernels on a stream of their own while backward's kernels keep "
-    "computing, so the same move shortens the step by about what it takes off the tail."
+    + ". On a GPU the collectives run as NCCL kernels on a stream of their own beside backward's kernels, so "
+    "there the tail can shrink without slowing backward's compute (the blog's reading; no GPU run here)."
+)
+optimizer = phases[phases["phase"] == "optimizer"].set_index("stage")
+optimizer_ms = (optimizer["end_us"] - optimizer["start_us"]) / 1e3
+lesson.say(
+    f"The optimizer step, the same AdamW update in every stage, took {optimizer_ms.min():.0f}–"
+    f"{optimizer_ms.max():.0f} ms, the longest in {optimizer_ms.idxmax()}: the same work, at the machine's speed "
+    f"of the moment. The gap before it is mostly the stage's tail "
+    f"(the table: ddp's {anatomy.loc['ddp', 'tail, ms']:.0f} ms, "
+    "the end of `loss.backward()` waiting for its last buckets)."
 )
 late = buckets[buckets["comm_end_us"] > buckets["step_end_us"]]
 if len(late):
@@ -307,38 +358,57 @@ else:
 
 # %% [markdown]
 # The table of one stage's buckets, as `RunAnalysis.buckets` holds it (times in µs from the start of
-# the step; `ready_us`: handed to the hook, `launched_us`: the hook returned, `comm_*`: gloo ran the
-# all_reduce):
+# the step; `ready_us`: handed to the wire, its hook called, `launched_us`: the hook returned,
+# `comm_*`: gloo ran the all_reduce):
 
 # %%
 buckets[buckets["stage"] == "bucket-async"].drop(columns=["rank", "stage"]).round(0)
 
 # %% [markdown]
 # The same analysis from a shell, with an HTML report and these plots in the run folder:
-# `python -m minddp.analyze traces/notebooks/05_reading_traces --report`. On GPU traces the
+# `python -m minddp.analyze traces/notebooks/05_reading_traces --report`. The first cell writes that
+# folder afresh each time the notebook runs, so it holds your last run's traces, and the command gives
+# that run's numbers (these outputs' run, only where the folder came with them). On GPU traces the
 # breakdown and overlap come from HTA itself.
 
 # %% [markdown]
 # ## The ladder on a slower network
 #
-# On loopback, what a message costs is set by this machine: its two cores, shared by both ranks'
-# training threads and gloo's threads, and whatever else runs on it (the cell below says how much
-# that was here). A cluster's network has costs of its own, the same on every run. The first cell
+# On loopback, what a message costs is set by this machine: its cores, shared by both ranks'
+# training threads and gloo's threads, and whatever else runs on it (the first cell printed the
+# cores and the load the profiling ran under; the cell below compares simple with single). A
+# cluster's network has costs of its own, the same on every run. The first cell
 # also profiled the blog's six stages with every collective over the **emulated 1 Gbit/s link** that
 # `03_build_up` introduced (`minddp.comm.link`: the real all_reduce runs, and completes no earlier
 # than the modeled transfer). The link's transfers are in the traces as `minddp.link:all_reduce`
 # ranges on a thread of their own (the row "minddp link" in Perfetto), and the analysis counts them
 # as communication.
+#
+# The link's trace also records when the training thread stood still for a message, which a loopback
+# trace cannot, so two more measures appear (`docs/analysis.md`): **waited**, the time the training
+# thread stood waiting for a message (for the link, the other rank or a core), and **exposed**, the
+# part of that wait during which the link's modeled transfer was still running: what the link itself
+# cost the step. Neither is gloo's thread waiting inside a range, which counts as in flight.
 
 # %%
 from minddp.costmodel.figures import ladder_on_link
 
 r = result.stages
 above = (r.loc["simple", "step_time_us"] - r.loc["single", "step_time_us"]) / 1e3
+noise = per_rank.loc[per_rank["stage"] == "single", "step_ms"].agg(["min", "max"])
 lesson.say(
-    f"On loopback, here, simple's profiled step took {abs(above):.0f} ms {'more' if above > 0 else 'less'} than "
-    f"single's, and its non-compute share was {r.loc['simple', 'non_compute_pctg']:.0f} %, ga's "
-    f"{r.loc['ga', 'non_compute_pctg']:.0f} %."
+    f"On loopback, here, simple's profiled step (mean of the two ranks) took {abs(above):.0f} ms "
+    f"{'more' if above > 0 else 'less'} than single's, while single's two ranks, doing the same work without "
+    f"communicating, took {noise['min']:.0f} and {noise['max']:.0f} ms: "
+    + (
+        "simple, which communicates, was the faster: the machine's speed moved more between the two stages than "
+        "communication cost, so loopback steps cannot price communication here."
+        if above < 0
+        else "the machine's own variation outweighs what communication added, so loopback steps cannot price it here."
+        if noise["max"] - noise["min"] >= above
+        else "more than single's ranks differ by, though the stages ran one after the other, so part of it can be "
+        "the machine's speed moving between them."
+    ),
 )
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
 linked = analyze_run(LINKED)
@@ -354,28 +424,37 @@ on_link = linked.stages.assign(
     ["step_ms", "backward_ms", "compute_pctg", "non_compute_pctg", "idle_pctg", "comm_comp_overlap_pctg"]
     + ["waited_ms", "exposed_ms", "allreduce_calls_per_step"]
 ]
-display(on_link.rename(columns={**HEADERS, "waited_ms": "waited (ms)", "exposed_ms": "exposed (ms)"}).round(1))
+means = {"waited_ms": "waited (ms)", "exposed_ms": "exposed (ms)", "allreduce_calls_per_step": "all_reduce calls"}
+display(on_link.rename(columns=NAMES | means).round(1))  # every column the mean of the two ranks
 ha = on_link.loc["hook-async"]
 lesson.say(
-    f"On this link hook-async's overlap was {ha['comm_comp_overlap_pctg']:.0f} % and its exposed time "
-    f"{ha['exposed_ms']:.0f} ms (the mean of the two ranks, each by its one function in minddp.analysis.metrics). "
-    "Both describe the same step: exposed counts only the link's modeled transfers that the training thread "
-    "stood waiting through (the measure 03 reports), while overlap is the share of all communication time, gloo's "
-    "ranges and the link's transfers, during which something computed; a gloo range that waits for the other "
-    "rank, or runs after backward while the thread is not yet waiting, lowers the overlap without being exposed."
+    "The chart and the table give the mean of the two ranks.",
+    f"On this link hook-async's overlap was {ha['comm_comp_overlap_pctg']:.0f} %, its non-compute "
+    f"{ha['non_compute_pctg']:.1f} % of the step, its waited time {ha['waited_ms']:.1f} ms and its exposed time "
+    f"{ha['exposed_ms']:.1f} ms (each by its one function in minddp.analysis.metrics). "
+    "All describe the same step: exposed counts only the link's modeled transfers that the training thread "
+    "stood waiting through (the measure 03 reports); waited, all its standing still for a message; non-compute, "
+    "every moment a message was in flight (gloo's ranges and the link's transfers) while nothing computed, "
+    "gloo's waits for the other rank and for a core included; overlap, the share of the time in flight during "
+    "which something computed. A gloo range that waits for the other rank, or runs after backward while the "
+    "thread is not yet waiting, adds non-compute time and lowers the overlap without being exposed.",
 )
 
 # %% [markdown]
 # ## What each idea bought, here and on the blog's GPUs
 #
-# The blog this course follows measured its ladder on four T4 GPUs: its first DDP spent ~15 % of
-# the GPU time not computing, with 0 % overlap; gradient accumulation brought non-compute to ~5 %,
-# still 0 % overlap; hooks that wait for each all_reduce only interleaved (0 % overlap); async hooks
-# brought non-compute to ~2 % with ~90 % overlap; buckets made no clear difference on top of that.
-# Below, the same ideas on this machine, from the traces of this notebook: the counts (exact), the
-# link's modeled time (exact: from the calls and bytes), and HTA's two shares, on loopback and on
-# the emulated link, for one profiled step each. The blog's columns are its figures, as it states
-# them.
+# The blog this course follows measured its ladder on four T4 GPUs (its run, not one of this
+# notebook's; its figures as it states them): its first DDP spent ~15 % of the GPU time not
+# computing, with 0 % overlap; gradient accumulation brought non-compute to ~5 %, still 0 % overlap;
+# hooks that wait for each all_reduce only interleaved (0 % overlap); async hooks brought
+# non-compute to ~2 % with ~90 % overlap; buckets made no clear difference on top of that.
+# Below, the same ideas on this machine, from the traces of this notebook, each idea as the step from
+# one stage to the next: the counts (exact), the link's modeled time (exact: from the calls and
+# bytes), the step and the backward on the link, non-compute on loopback and on the link, overlap and
+# exposed on the link, for one profiled step each (the mean of the two ranks). The stages ran one
+# after the other, so their step and backward times carry the machine's speed of each moment:
+# `docs/analysis.md` compares times only from steps taken in turns (`03_build_up` does). The cell
+# under the table says how far the speed moved during this run.
 
 # %%
 import torch
@@ -449,31 +528,58 @@ lesson.claim(
     f"by their fixed cost only: {link_ms('hook-async') - link_ms('bucket-async'):.1f} ms of "
     f"{link_ms('hook-async'):.0f} ms.",
 )
-ov = t["comm_comp_overlap_pctg"]
+ov, ex = t["comm_comp_overlap_pctg"], on_link["exposed_ms"]
 lesson.say(
     f"On the link, bucket-async's overlap was {ov['bucket-async']:.0f} %, hook-async's {ov['hook-async']:.0f} %: "
-    f"the buckets hid {'more' if ov['bucket-async'] > ov['hook-async'] else 'less'} of their communication "
+    "the buckets' messages were in flight beside compute for a "
+    f"{'larger' if ov['bucket-async'] > ov['hook-async'] else 'smaller'} "
+    f"share of their time; their exposed time was {ex['bucket-async']:.1f} ms against {ex['hook-async']:.1f} ms "
     "(03's bucket lesson takes the difference apart)."
+)
+fw = linked.phases[(linked.phases["rank"] == 0) & (linked.phases["phase"] == "forward")]
+fw_ms = (fw["end_us"] - fw["start_us"]).groupby(fw["stage"]).sum() / 1e3
+most_link = max(link_ms(st) for _, pair, *_ in ideas for st in pair)
+slower = [idea for idea, pair, *_ in ideas if on_link.loc[pair[1], "step_ms"] > on_link.loc[pair[0], "step_ms"]]
+lesson.say(
+    f"On the link the forward passes, the same work in every stage, took {fw_ms.min():.0f}–{fw_ms.max():.0f} ms "
+    f"per step (rank 0): they moved by {fw_ms.max() - fw_ms.min():.0f} ms from stage to stage, against a link time "
+    f"of at most {most_link:.0f} ms a step, "
+    + (
+        "so the step and backward rows follow the machine's speed more than the ideas. "
+        if fw_ms.max() - fw_ms.min() > most_link
+        else "yet the stages ran one after the other, so the step and backward rows still carry the machine's "
+        "speed of each moment. "
+    )
+    + (
+        f"In this run {len(slower)} of the {len(ideas)} ideas came out with a slower step ({'; '.join(slower)}), "
+        "which by itself says nothing about them: "
+        if slower
+        else "In this run every idea came out with a faster step, which by itself says nothing about them: "
+    )
+    + "what each idea did is in the counts, the link time, where the messages were sent and the exposed time."
 )
 
 # %% [markdown]
 # Why the shares differ from the blog's (the counts and the link time are exact; the shares come
-# from one step each, on a 2-core machine shared with other work, and move from run to run):
+# from one step each, on the machine whose cores and load the first cell printed, and move from run
+# to run):
 #
 # * **where communication runs**: on a GPU, NCCL's kernels run on their own stream beside the
-#   compute kernels, so communication can hide behind computation almost entirely (the blog: ~90 %).
-#   Here the two ranks, their training threads and gloo's threads share two CPU cores: a collective
-#   needs a core that the backward may be using;
+#   compute kernels, so computation can overlap communication almost entirely (the blog: ~90 % overlap).
+#   Here the two ranks, their training threads and gloo's threads share this machine's CPU cores (as
+#   many as printed above): a collective needs a core that the backward may be using;
 # * **what a communication range holds**: a `gloo:*` range also lasts while gloo waits for the
 #   other rank to arrive, so a rank that is ahead counts its peer's lateness as communication;
 # * **how dear the network is**: on loopback, what a message costs is set by this machine and what
 #   else runs on it (the sentence above the link's chart); on the emulated link, communication
 #   costs what it would on Gigabit Ethernet, the same on every run. 03 measures each stage's
 #   exposed time on this link and asserts what its code guarantees (where each stage sends and
-#   waits, accumulation's 1/k of the link time, async hooks exposing less than hooks that wait); its
+#   waits, accumulation's 1/k of the link time for k micro-batches a step, async hooks exposing less
+#   than hooks that wait); its
 #   exposed times need not fall rung by rung: hook can expose as much as ga (it waits for each
 #   message inside backward), and bucket-async more than hook-async (03's bucket lesson says why);
-# * **buckets**: what they save is the fixed cost 2(n−1)·α of each message they do not send (the
+# * **buckets**: what they save is the fixed cost 2(n−1)·α of each message they do not send, for n
+#   ranks and a link whose every hop costs α before its bytes (its latency; `01_collectives`) (the
 #   last claim above computes it on this link). What they cost in return, a first bucket that
 #   leaves late in backward and a last bucket whose whole transfer comes after it, is the bucket
 #   lesson at the end of `03_build_up`: both measured on this link, the cap swept beside the
