@@ -37,7 +37,8 @@
 # Steps count from 0, in the loops and in debug mode's lines: "after step 1" is after the second step.
 #
 # Where a line names a place in this notebook, `<In [N], rank R>:L` is line L (the `%%distributed`
-# line is line 1) of the cell shown as `In [N]`, as rank R ran it.
+# line is line 1) of the cell Jupyter shows as `In [N]` (run top to bottom: the N-th code cell), as
+# rank R ran it.
 #
 # Debug mode is off unless asked for: `MINDDP_DEBUG=1 torchrun ... train.py` (or
 # `minddp.debug.enable()`); off, it installs nothing and costs nothing.
@@ -189,7 +190,8 @@ print(f"rank {rank}: debug mode on, {sum(p.numel() for p in Net().parameters())}
 # nudges one weight after step 1 (the second step). In debug mode, before each forward that will sync
 # (the *forward check*), every rank all-gathers one small row of integers: for each parameter its
 # `requires_grad` flag and a fingerprint (its bits, weighted by place; `docs/debugging.md` says what a
-# fingerprint is sure to see), so with this model's 4 parameter tensors a row of 8, `int64[8]`. On a
+# fingerprint is sure to see), so with this model's 4 parameter tensors (and no buffers) a row of 8,
+# `int64[8]`. On a
 # mismatch the first differing tensor is compared in full, and every rank stops at the same point.
 # Before each `optimizer.step()` the *step check* gathers another row, `int64[17]` here: a word of
 # notes, then per parameter whether it has a gradient, the gradient's fingerprint, whether its
@@ -303,9 +305,9 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 #
 # The line numbers the call: *collective #N* is the group's sequence number, counting from 0 the
 # group's collectives that debug mode has checked (here the default group's, since debug mode was
-# turned on in the set-up cell: the earlier sections' count too, torch's runs with it off do not). A call is said as op(shapes): for an
-# all_gather, the output list and then the input, so `all_gather(2 × int64[17], int64[17])` gathers a
-# row of 17 from each of the 2 ranks.
+# turned on in the set-up cell: the earlier sections' count too, torch's runs with it off do not).
+# A call is said as op(shapes): for an all_gather, the output list and then the input, so
+# `all_gather(2 × int64[17], int64[17])` gathers a row of 17 from each of the 2 ranks.
 
 # %%
 # %%distributed
@@ -398,8 +400,9 @@ lesson.claim(apart(model) == 0, "the fix: under join() nothing is said and both 
 # send; `find_unused_parameters=True` would average rank 0's zeros in. Debug mode compares
 # `requires_grad` across ranks before each forward (the forward check). Under torch, the rank that has
 # every gradient sends and waits; the other fails at its next forward, saying its module has
-# parameters not used in producing loss, and their indices, and leaves, so the waiting rank fails too
-# ("Connection closed by peer"). The fix: freeze the layer on every rank, before wrapping.
+# parameters not used in producing loss, and their indices (counted from 0 in the model's order: 2
+# and 3 are `head.weight` and `head.bias`), and leaves, so the waiting rank fails too ("Connection
+# closed by peer"). The fix: freeze the layer on every rank, before wrapping.
 
 
 # %%
@@ -431,7 +434,8 @@ lesson.claim(apart(model) == 0, "the fix: frozen on every rank, nothing is said 
 # %% [markdown]
 # A branch of the model taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
 # *is* the fix: the line says so. Under torch, rank 0 (the one with the branch's gradient) sends and
-# waits; rank 1 fails at its next forward, and when it leaves, rank 0 fails too.
+# waits; rank 1 fails at its next forward (indices 4 and 5: `extra.weight`, `extra.bias`), and when
+# it leaves, rank 0 fails too.
 
 # %%
 # %%distributed
