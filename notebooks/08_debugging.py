@@ -127,23 +127,25 @@ def torch_does(script) -> list[str]:
     when it raises: a partner waiting on it then fails at once ("Connection closed by peer").
     """
     minddp.debug.disable()
+    # the short group is made right after the other, whose making the ranks leave together
     groups = [dist.new_group(), dist.new_group(timeout=timedelta(seconds=WAIT_S))]
     start = time.perf_counter()
     try:
         script(*groups)
         mine = "said nothing"
-    except RuntimeError as error:  # torch's and gloo's errors: the first line, as a user reads it
+    except RuntimeError as error:  # torch's and gloo's errors: the lines the docstring names
         lines = str(error).strip().splitlines()
         said = ". ".join(lines[0].split(". ")[:2]) + "".join(f" ({x.strip()})" for x in lines if "indices" in x)
         mine = f"{type(error).__name__} after {time.perf_counter() - start:.1f} s: {said}"
-        groups = [dist.destroy_process_group(g) for g in groups]  # this rank's process would end here
+        for g in groups:
+            dist.destroy_process_group(g)  # where this rank's process would end
+        groups = []
     finally:
         minddp.debug.enable()
     everyone = [None] * world_size
     dist.all_gather_object(everyone, mine)
     for g in groups:
-        if g is not None:
-            dist.destroy_process_group(g)
+        dist.destroy_process_group(g)
     for r, outcome in enumerate(everyone):
         lesson.say(f"torch, rank {r}: {outcome}")
     return everyone
