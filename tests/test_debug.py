@@ -581,3 +581,29 @@ def test_the_fingerprint_is_the_words_weighted_by_place_and_sees_swapped_element
     swapped_pair[[3, 17]] = swapped_pair[[17, 3]]
     prints = fingerprints([matrix, swapped_rows, swapped_pair.view(6, 5), matrix.clone()], torch.device("cpu"))
     assert len(set(prints[:3].tolist())) == 3 and prints[0] == prints[3], prints
+
+
+def test_the_fingerprint_guarantee_is_per_16_bit_word_and_a_float32_is_two_words():
+    # docs/debugging.md, *What it does not see*: one word changed always shows, two different words swapped within
+    # a run always show; a float32 is two words, and a change to both can leave the sum as it was.
+    weights = [pow(RUN_ROOT, k, RUN_PRIME) for k in range(RUN)]
+    assert 0 not in weights and len(set(weights)) == RUN  # the two facts each "always" rests on
+    torch.manual_seed(0)
+    words = torch.randint(-(2**15), 2**15, (2 * RUN + 9,), dtype=torch.int16)
+    base = int(fingerprints([words], torch.device("cpu"))[0])
+    for i in (0, 1, RUN - 1, RUN, RUN + 1, 2 * RUN + 8):
+        for value in (-(2**15), -1, 0, 1, 2**15 - 1):  # the extremes of a word, and its neighbours of 0
+            changed = words.clone()
+            changed[i] = value
+            if value != int(words[i]):
+                assert int(fingerprints([changed], torch.device("cpu"))[0]) != base, (i, value)
+    for i, j in ((0, 1), (0, RUN - 1), (RUN, 2 * RUN - 1), (RUN + 3, RUN + 4)):
+        swapped = words.clone()
+        swapped[[i, j]] = swapped[[j, i]]
+        assert int(words[i]) != int(words[j])
+        assert int(fingerprints([swapped], torch.device("cpu"))[0]) != base, (i, j)
+    # Not per value: 1.0 is the words (0, 16256), weights 1 and 17; +17 on the first and -1 on the second cancel.
+    one = torch.tensor([1.0])
+    other = torch.tensor([17, 16255], dtype=torch.int16).view(torch.float32)
+    assert other.item() != one.item() and abs(other.item() - 0.99609476) < 1e-7, other.item()
+    assert torch.equal(fingerprints([one], torch.device("cpu")), fingerprints([other], torch.device("cpu")))

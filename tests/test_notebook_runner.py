@@ -69,7 +69,7 @@ def test_cluster_state_output_failures_and_restart():
             cluster.run("if rank == 1:\n    raise ValueError('boom on one rank')\ndist.all_reduce(t)")
         err = info.value
         assert err.rank == 1 and err.exc_type == "ValueError"
-        assert "boom on one rank" in err.traceback and 'File "<rank1 cell' in err.traceback
+        assert "boom on one rank" in err.traceback and 'File "<cell 6, rank 1>", line 2' in err.traceback
         assert err.outputs[0].note and "rank 1 failed" in err.outputs[0].note
         # Same processes, same state, and a fresh group that works.
         assert cluster.pids == pids
@@ -174,6 +174,14 @@ def test_kernel_magics_and_kernel_restart_leave_nothing_behind():
         live = [i for i, m in enumerate(msgs) if kinds[i] == "stream" and "[rank 0] tick 2" in m["content"]["text"]]
         final = [i for i, m in enumerate(msgs) if kinds[i] == "stream" and m["content"]["text"] == "[rank 0]\n"]
         assert live and final and live[0] < kinds.index("clear_output") < final[0], kinds
+        # A traceback names the cell as the notebook shows it, In [N], and counts its lines from the magic's.
+        failed = []
+        reply = kc.execute_interactive(
+            "%%distributed\nx = 1\nraise ValueError('here')", timeout=120, output_hook=failed.append
+        )
+        said = "".join(m["content"].get("evalue", "") for m in failed if m["msg_type"] == "error")
+        count = reply["content"]["execution_count"]
+        assert f'File "<In [{count}], rank 0>", line 3' in said, said
         out = execute("%%rank [1]\nrank")
         assert "[rank 0]" not in "".join(c.get("text", "") for c in out)
         out = execute("%%rank 7\nrank")
@@ -186,6 +194,10 @@ def test_kernel_magics_and_kernel_restart_leave_nothing_behind():
         out = execute("rank + 100")
         texts = "".join(c.get("text", "") + c.get("data", {}).get("text/plain", "") for c in out)
         assert all(f"[rank {r}]" in texts and str(100 + r) in texts for r in range(2))
+        failed = []
+        reply = kc.execute_interactive("x = 1\nraise ValueError('here')", timeout=120, output_hook=failed.append)
+        said = "".join(m["content"].get("evalue", "") for m in failed if m["msg_type"] == "error")
+        assert f'File "<In [{reply["content"]["execution_count"]}], rank 0>", line 2' in said, said  # no magic line
         execute("%dist_mode off")
         out = execute(
             "import os\nfrom minddp.notebook import current_cluster\nprint(current_cluster().pids, os.getpid())"

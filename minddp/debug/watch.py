@@ -8,7 +8,7 @@ syncs) gets the collective check only, since its ranks hold different values by 
 :class:`Watch` hooks the wrapper, its module's submodules and parameters,
 and (its own hook, removed with the wrapper) every optimizer that steps them, and at each step
 compares, across ranks, a fingerprint of each tensor (:func:`fingerprints`: integer, exact, changed by
-any one value changed, and by two values swapped) with one small all_gather; a full comparison runs only on a
+any one 16-bit word changed, and by two words swapped) with one small all_gather; a full comparison runs only on a
 mismatch:
 
 1. **forward check**, before each forward that will sync: ``requires_grad`` (a layer frozen on some
@@ -80,7 +80,9 @@ def fingerprints(tensors: list, device: torch.device) -> torch.Tensor:
     Integer and exact on every device, in any order of summation (a product fits 31 bits, a run's sum 47, a sum
     modulo P 62): equal tensors give equal fingerprints; one word changed always changes it (a weight is not 0
     modulo P); two different words swapped within a run of 65520 words (128 KiB) always change it (the weights of
-    a run differ); any other change goes unseen only by a coincidence of about one in 2**31.
+    a run differ). Not per value: a float32 is two words, and changes to both that cancel in the sum go unseen
+    (1.0 and 0.99609476 at the start of a tensor); any other change goes unseen only when its weighted sum is a
+    multiple of P, about one in 2**31 for changes not built for it.
     """
     prints = [
         _fingerprint(t).to(device) if t is not None else torch.zeros((), dtype=torch.int64, device=device)

@@ -207,6 +207,7 @@ class Cluster:
         timeout_s: float | None = None,
         raise_errors: bool = True,
         on_stream: Callable[[int, str, str], None] | None = None,
+        name: str | None = None,
         **kwargs: Any,
     ) -> list[RankOutput]:
         """Run code (a string, in each rank's persistent namespace) or ``cell(*args, **kwargs)``.
@@ -215,7 +216,9 @@ class Cluster:
         fails, raises :class:`CellError` (its ``outputs`` hold every rank's
         report) unless ``raise_errors`` is false. ``timeout_s`` bounds this
         cell; an overdue cell is released like a failure (step 3). ``on_stream``
-        sees the ranks' output live (step 2).
+        sees the ranks' output live (step 2). ``name`` is how tracebacks and debug mode's lines name the
+        cell, ``<name, rank R>`` (the magics pass the notebook's ``In [N]``); by default ``cell N``, N
+        counting this cluster's cells.
         """
         if not self.running:
             raise RuntimeError("the cluster is not running: call start() (in a notebook: %dist_init)")
@@ -226,7 +229,7 @@ class Cluster:
         # Step 1.
         self._cell += 1
         for rank in selected:
-            self._commands[rank].put(("run", self._cell, body))
+            self._commands[rank].put(("run", self._cell, (body, name or f"cell {self._cell}")))
         outputs = self._collect_replies(self._cell, selected, timeout_s, on_stream)
         # Root causes first (RankError.rank is the first entry), released ranks after.
         failed = {o.rank: o for o in sorted(outputs, key=lambda o: (o.note is not None, o.rank)) if not o.ok}

@@ -40,6 +40,7 @@ from minddp.notebook.cluster import Cluster
 from minddp.notebook.display import LiveView, show
 
 _cluster: Cluster | None = None
+_AUTO = "--dist-mode"  # the magic line %dist_mode on puts above a plain cell (not a line of the cell)
 
 
 def current_cluster() -> Cluster | None:
@@ -94,7 +95,7 @@ class DistributedMagics(Magics):
     @cell_magic
     def distributed(self, line: str, cell: str) -> None:
         """Run this cell on every rank."""
-        self._run(cell, None)
+        self._run(cell, None, magic_line=line.strip() != _AUTO)
 
     @cell_magic
     def rank(self, line: str, cell: str) -> None:
@@ -135,12 +136,17 @@ class DistributedMagics(Magics):
         DistributedMagics.auto = word == "on"
         print(f"Distributed mode {word}: cells run {'on every rank' if DistributedMagics.auto else 'here'}.")
 
-    def _run(self, cell: str, ranks: list[int] | None) -> None:
+    def _run(self, cell: str, ranks: list[int] | None, magic_line: bool = True) -> None:
+        """Run ``cell`` on ``ranks``, named as the notebook shows it: ``In [N]``, its lines counted from the
+        magic's line (``%dist_mode on`` cells have none), so a traceback's ``<In [N], rank R>``, line L is
+        the line a reader finds."""
         outputs = None
+        name = f"In [{self.shell.execution_count}]"  # IPython numbers the running cell so, until it ends
+        cell = "\n" * magic_line + cell
         # Live lines only where a front end can clear them again (a notebook, not a terminal).
         live = LiveView() if type(self.shell).__name__ == "ZMQInteractiveShell" else None
         try:
-            outputs = self._require().run(cell, ranks=ranks, on_stream=live.write if live else None)
+            outputs = self._require().run(cell, ranks=ranks, on_stream=live.write if live else None, name=name)
         except Exception as exc:
             outputs = getattr(exc, "outputs", None)
             if live:
@@ -165,7 +171,7 @@ def _auto_transform(lines: list[str]) -> list[str]:
     first = next((ln for ln in lines if ln.strip()), "")
     if not first or first.lstrip().startswith(("%", "!")):
         return lines
-    return ["%%distributed\n", *lines]
+    return [f"%%distributed {_AUTO}\n", *lines]
 
 
 def load_ipython_extension(ip) -> None:

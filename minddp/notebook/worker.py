@@ -16,7 +16,7 @@ A watchdog thread ends it when the process that started the cluster is gone.
 Example::
 
     >>> # started by minddp.notebook.Cluster; a cell reaches it as
-    >>> run_cell("x = rank * 10\\nx + 1", {"rank": 0}, "<rank0 cell 1>")["value_repr"]
+    >>> run_cell("x = rank * 10\\nx + 1", {"rank": 0}, "<In [3], rank 0>")["value_repr"]
     '1'
 """
 
@@ -99,8 +99,9 @@ def worker_main(rank, world_size, port, placement, timeout_s, parent_pid, parent
             def send(stream: str, text: str, cell_id=cell_id) -> None:  # live output, as it is printed
                 reports.put(("stream", rank, cell_id, stream, text))
 
+            body, name = body  # name: the notebook's "In [N]" (or "cell N"), so a traceback names a cell one can find
             try:
-                report = run_cell(body, namespace, f"<rank{rank} cell {cell_id}>", send)
+                report = run_cell(body, namespace, f"<{name}, rank {rank}>", send)
             finally:
                 running.clear()
             reports.put(("done", rank, cell_id, report))
