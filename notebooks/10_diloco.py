@@ -164,8 +164,8 @@ lesson.say(
 # results are committed (`docs/diloco/convergence.json`); the figure and the numbers below are read
 # from that file, not run here. Its runs: `ddp` (the global batch every step); `single` (one replica
 # alone: a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100);
-# `streaming-h100` (streaming DiLoCo, the last section's rung: H = 100, its settings printed under the
-# figure); and DiLoCo at H = 100 with other outer learning rates. The figure draws each run's mean over
+# `streaming-h100` (streaming DiLoCo, the rung after the first exercise: H = 100, its settings printed
+# under the figure); and DiLoCo at H = 100 with other outer learning rates. The figure draws each run's mean over
 # the seeds at H = 10 and 100 (H = 50 lies between them: its numbers are printed); its y axis stops at
 # 2.6 nats so that the ends can be told apart, so every curve's first evaluations are above it. The
 # lines under it give each run's final loss with its range over the seeds, and its excess over the
@@ -210,7 +210,7 @@ for name in ("ddp", "single", *(f"{r}-h{h}" for h in (10, 50, 100) for r in ("lo
 streaming = results["configs"]["streaming-h100"]
 print(
     f"streaming-h100: H = {streaming['sync_every']}, {streaming['fragments']} fragments, τ = "
-    f"{streaming['fragment_delay']}, α = {streaming['fragment_alpha']} (the outer optimizer DiLoCo's)"
+    f"{streaming['fragment_delay']}, α = {streaming['fragment_alpha']}, DiLoCo's outer SGD (0.7, Nesterov momentum 0.9)"
 )
 
 # %% [markdown]
@@ -403,7 +403,8 @@ if rank == 0:
     unique = dict(zip(labels, handles))
     ax.legend(unique.values(), unique.keys(), loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7, ncol=5,
               frameon=False)  # fmt: skip
-    ax.set_title(ax.get_title(), fontsize=9, pad=30)
+    ax.set_title(ax.get_title(), fontsize=9, pad=30)  # above the legend's two lines
+    fig.set_size_inches(11, 2.0)
     fig.tight_layout()
 
 # %%
@@ -433,7 +434,7 @@ lesson.say(
 )
 for s, a in zip(sends, applies):
     lesson.say(
-        f"{order[s].rpartition('#')[0].removeprefix('minddp.')} #{order[s].rpartition('#')[2]}: handed over in step "
+        f"fragment {order[s].rpartition('#')[2]}'s message: handed over in step "
         f"{step_of(s)}'s post-hook; steps {step_of(s) + 1} to {step_of(a)} ({step_of(a) - step_of(s)}) ran while it "
         f"travelled; step {step_of(a)}'s post-hook applied it"
     )

@@ -495,12 +495,7 @@ def outer_sync_forgets_the_step(params, synced, outer):
 
 def outer_sync_keeps_before_the_step(params, synced, outer):
     """The synced weights 'updated' right after the restore, before outer.step(): they never change."""
-    with torch.no_grad():
-        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
-        for p, s, g in zip(params, synced, pseudo):
-            p.copy_(s)
-            p.grad = g.clone()
-            s.copy_(p)
+    outer_sync_forgets_the_step(params, synced, outer)  # everything up to the step, the synced copy included
     outer.step()
 
 

@@ -327,7 +327,7 @@ def test_the_schedule_exercise_names_a_schedule_that_differs_across_replicas():
 
 
 @pytest.mark.timeout(120)
-def test_the_schedule_exercise_tells_tau_before_the_end_from_tau_after_the_start():
+def test_the_fragment_schedule_exercise_tells_tau_before_the_end_from_tau_after_the_start():
     """With H = 6, 3 fragments and τ = 1 a turn is 2 steps, and "τ before the end" is step 1 of the turn, as is
     "τ after the start" and "the turn's first step": both wrong schedules once passed. Notebook 10's own H = 16,
     2 fragments, τ = 6 tells them apart (step 2 of each turn of 8, against 6 and 1)."""
