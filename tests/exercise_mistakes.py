@@ -533,6 +533,45 @@ def outer_sync_keeps_the_first_start(params, synced, outer):
     _outer(params, synced, outer, pseudo, keep=False)
 
 
+def outer_sync_forgets_the_grad(params, synced, outer):
+    """The average computed and the synced weights put back, but never handed over as .grad: the outer step
+    takes whatever the last inner backward left there."""
+    with torch.no_grad():
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
+        for p, s in zip(params, synced):
+            p.copy_(s)
+    del pseudo
+    outer.step()
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            s.copy_(p)
+
+
+def outer_sync_restores_first(params, synced, outer):
+    """The synced weights put back first, then synced − local taken: zero, so the outer step never moves."""
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            p.copy_(s)
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
+    _outer(params, synced, outer, pseudo)
+
+
+def outer_sync_forgets_the_step(params, synced, outer):
+    """Everything but outer.step(): the restored synced weights are kept as they were."""
+    with torch.no_grad():
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
+        for p, s, g in zip(params, synced, pseudo):
+            p.copy_(s)
+            p.grad = g.clone()
+            s.copy_(p)
+
+
+def outer_sync_keeps_before_the_step(params, synced, outer):
+    """The synced weights 'updated' right after the restore, before outer.step(): they never change."""
+    outer_sync_forgets_the_step(params, synced, outer)  # everything up to the step, the synced copy included
+    outer.step()
+
+
 def outer_sync_unfinished(params, synced, outer):
     """Notebook 10's skeleton, not filled in yet."""
     raise NotImplementedError("average the pseudo-gradient, step the outer optimizer from the synced weights")
@@ -544,6 +583,18 @@ def schedule_by_rank(step, sync_every, fragments, delay):
     if step % period != (period - delay) % period:
         return None
     return ((step - 1) // period + dist.get_rank()) % fragments
+
+
+def schedule_delay_after_the_turn_starts(step, sync_every, fragments, delay):
+    """Sent delay steps after the turn starts, not delay steps before it ends (the same only when 2·delay is a turn)."""
+    period = sync_every // fragments
+    return (step - 1) // period % fragments if step % period == delay % period else None
+
+
+def schedule_ignores_the_delay(step, sync_every, fragments, delay):
+    """Sent after the first step of every turn, whatever the delay."""
+    period = sync_every // fragments
+    return (step - 1) // period % fragments if step % period == 1 % period else None
 
 
 def schedule_at_the_end_of_the_turn(step, sync_every, fragments, delay):

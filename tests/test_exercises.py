@@ -328,6 +328,10 @@ OUTER_SYNC_MISTAKES = [  # each wrong idea, and the words its verdict must hold
     (wrong.outer_sync_not_averaged, "the replicas hold different weights after sync 1"),
     (wrong.outer_sync_summed, "the pseudo-gradients were summed, not averaged"),
     (wrong.outer_sync_keeps_the_first_start, "the synced weights were never updated"),
+    (wrong.outer_sync_keeps_before_the_step, "the synced weights were never updated (or were copied before"),
+    (wrong.outer_sync_forgets_the_grad, "the outer step used the last inner gradient"),
+    (wrong.outer_sync_restores_first, "the outer step did not move the weights"),
+    (wrong.outer_sync_forgets_the_step, "the outer step did not move the weights"),
     (wrong.outer_sync_unfinished, "your code raised NotImplementedError in outer_sync_unfinished"),
 ]
 
@@ -346,10 +350,25 @@ def test_the_outer_sync_exercise_passes_diloco_and_names_each_wrong_idea():
 def test_the_schedule_exercise_names_a_schedule_that_differs_across_replicas():
     v = check_fragment_schedule(solutions.fragment_to_send, timeout_s=TIMEOUT)
     assert v.ok and "fragment 0 after step 1, fragment 1 after step 3, fragment 2 after step 5" in v.line, v.line
+    assert "delay of 6 (turns of 8 steps): fragment 0 after step 2, fragment 1 after step 10" in v.line, v.line
     v = check_fragment_schedule(wrong.schedule_by_rank, timeout_s=TIMEOUT)
-    assert not v.ok and "the schedule differs across replicas: after step 1 (rank 0: 0; rank 1: 1)" in v.line, v.line
+    differs = "the schedule differs across replicas: with H = 6, 3 fragments and a delay of 1, after step 1 (rank 0: 0"
+    assert not v.ok and differs in v.line, v.line
     v = check_fragment_schedule(wrong.schedule_at_the_end_of_the_turn, timeout_s=TIMEOUT)
     assert not v.ok and "after step 1 yours sends None, streaming DiLoCo sends 0" in v.line, v.line
+
+
+@pytest.mark.timeout(120)
+def test_the_fragment_schedule_exercise_tells_tau_before_the_end_from_tau_after_the_start():
+    """With H = 6, 3 fragments and τ = 1 a turn is 2 steps, and "τ before the end" is step 1 of the turn, as is
+    "τ after the start" and "the turn's first step": both wrong schedules once passed. Notebook 10's own H = 16,
+    2 fragments, τ = 6 tells them apart (step 2 of each turn of 8, against 6 and 1)."""
+    v = check_fragment_schedule(wrong.schedule_delay_after_the_turn_starts, timeout_s=TIMEOUT)
+    named = "with H = 16, 2 fragments and a delay of 6, after step 2 yours sends None, streaming DiLoCo sends 0"
+    assert not v.ok and named in v.line and "8 − 6 = 2" in v.line, v.line
+    v = check_fragment_schedule(wrong.schedule_ignores_the_delay, timeout_s=TIMEOUT)
+    named = "with H = 16, 2 fragments and a delay of 6, after step 1 yours sends 0, streaming DiLoCo sends None"
+    assert not v.ok and named in v.line, v.line
 
 
 def test_the_model_answers_are_what_minddp_diloco_does():

@@ -16,8 +16,8 @@ weights: local SGD. The outer momentum is what DiLoCo adds.
 
 **Streaming** (Streaming DiLoCo, arXiv 2501.18512; ``fragments``, ``fragment_sync_delay``,
 ``fragment_update_alpha``): the model is cut into K fragments (:func:`~minddp.diloco.fragments.split_fragments`)
-that take turns, one every H/K inner steps, so a sync moves 1/K of the model and each fragment still
-syncs once every H steps:
+that take turns, one every H/K inner steps, so a sync moves about 1/K of the model (runs of whole tensors:
+one large tensor makes them unequal) and each fragment still syncs once every H steps:
 
 4. a fragment's pseudo-gradient is sent τ inner steps *before* its turn ends, and its Future kept:
    those τ steps run while it travels (one fragment in flight at a time: τ < H/K);
@@ -36,12 +36,13 @@ them in host memory). The change::
 
     -        bucket = GradBucket(0, torch.cat([p.detach().reshape(-1) for p in params]), params, is_last=True)
     +        pseudo = torch.cat([(s - p.detach()).reshape(-1) for p, s in zip(params, synced)])  # step 2
-    +        self.in_flight = (turn, send(self.comm_hook, self.comm_state, bucket))  # step 4
+    +        bucket = GradBucket(turn, pseudo, params, is_last=turn == len(self.fragments) - 1)  # turn: the fragment
+    +        self.in_flight = (turn, send(self.comm_hook, self.comm_state, bucket))  # step 4: the hook averages it
     -            param.copy_(mean.view_as(param))
-    +            param.copy_(weights)  # step 3
-    +            param.grad = mean.view_as(param)
-    +        self._outer_step(turn)
-    +            weights.copy_(param)
+    +            param.copy_(weights)  # step 3: weights, the synced ones
+    +            param.grad = mean.view_as(param)  # mean: the averaged pseudo-gradient
+    +        self._outer_step(turn)  # the outer optimizer steps this fragment
+    +            weights.copy_(param)  # the new synced weights
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 

@@ -9,16 +9,19 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
    (checked against :class:`minddp.DiLoCo` by the tests, as is the model answer
    :func:`~minddp.exercises.solutions.outer_sync`) and the wrong ideas (:data:`MISTAKES`): the
    pseudo-gradient's sign flipped, the outer step taken from the local weights instead of the restored
-   synced ones, plain averaging called DiLoCo, the pseudo-gradients summed, the synced weights never updated;
+   synced ones, plain averaging called DiLoCo, the pseudo-gradients summed, the synced weights never updated,
+   the outer step taken with the last inner gradient (no ``p.grad = g``), an outer step that never moves
+   (no ``outer.step()``, or a pseudo-gradient taken after the restore, zero);
 2. **yours**: the same rounds with your sync after each; the weights and synced weights after every sync;
 3. **verdict**: a raise or a hang first, then the candidate yours matches (:func:`close`), named with
    what to change, then replicas that disagree after a sync, then the first difference from DiLoCo's.
 
 :func:`check_fragment_schedule` checks ``fragment_to_send(step, sync_every, fragments, delay)``: which
 fragment's pseudo-gradient leaves after inner step ``step`` (1, 2, ...), or ``None``. Each rank calls it
-for two periods; a schedule that differs across replicas is named first (they would sum different
-fragments, or wait for ever), then the first step where it differs from streaming DiLoCo's
-(:func:`~minddp.exercises.solutions.fragment_to_send`, the schedule :class:`minddp.DiLoCo` keeps).
+for two periods of every schedule in :data:`SCHEDULES`; a schedule that differs across replicas is named
+first (they would sum different fragments, or wait for ever), then the first schedule and step where it
+differs from streaming DiLoCo's (:func:`~minddp.exercises.solutions.fragment_to_send`, the schedule
+:class:`minddp.DiLoCo` keeps).
 
 Example (2 checker ranks, a few seconds: not run by the doctests)::
 
@@ -39,18 +42,39 @@ from minddp.exercises import harness, solutions
 from minddp.exercises.checker import Verdict, _problem, _run
 
 ROUNDS, SYNC_EVERY = 3, 3
-#: The schedule checked: H = 6 in 3 fragments of 2 steps, each sent 1 step before it is applied, for 2 periods.
-SCHEDULE = {"sync_every": 6, "fragments": 3, "delay": 1}
+#: The schedules checked, two periods each: H = 6 in 3 fragments of 2 steps, each sent 1 step before its turn ends;
+#: notebook 10's H = 16 in 2 fragments of 8 steps, τ = 6 (where "τ steps before the end" is not "τ steps after the
+#: start" nor "1 step after the start"); and τ = 0, sent as its turn ends.
+SCHEDULES = [
+    {"sync_every": 6, "fragments": 3, "delay": 1},
+    {"sync_every": 16, "fragments": 2, "delay": 6},
+    {"sync_every": 12, "fragments": 4, "delay": 0},
+]
 INNER_LR = 0.05
 
 
 # -- the wrong ideas: DiLoCo's sync with one idea changed ---------------------------------------------------
 
 
-def candidate(params, synced, outer, group=None, *, sign=1, restore=True, divide=True, keep=True, weights=False):
+def candidate(
+    params,
+    synced,
+    outer,
+    group=None,
+    *,
+    sign=1,
+    restore=True,
+    divide=True,
+    keep=True,
+    weights=False,
+    grad=True,
+    step=True,
+):
     """DiLoCo's sync with one idea changed: ``sign=-1`` averages local − synced; ``restore=False`` steps from the
     local weights; ``divide=False`` sums; ``keep=False`` never updates the synced weights; ``weights=True``
-    averages the weights themselves (local SGD) and never steps the outer optimizer."""
+    averages the weights themselves (local SGD) and never steps the outer optimizer; ``grad=False`` never hands
+    the average to the outer optimizer (it steps with the last inner gradient); ``step=False`` never lets the outer
+    optimizer move the restored weights (the pseudo-gradient taken after the restore is zero, or no outer.step())."""
     world = dist.get_world_size(group)
     with torch.no_grad():
         sent = [p.detach().clone() if weights else sign * (s - p) for p, s in zip(params, synced)]
@@ -64,8 +88,9 @@ def candidate(params, synced, outer, group=None, *, sign=1, restore=True, divide
                 continue
             if restore:
                 p.copy_(s)
-            p.grad = t
-    if not weights:
+            if grad:
+                p.grad = t
+    if step and not weights:
         outer.step()
     if keep:
         with torch.no_grad():
@@ -100,8 +125,20 @@ MISTAKES = {
     ),
     "stale": (
         functools.partial(candidate, keep=False),
-        "the synced weights were never updated: after outer.step() copy the new weights into synced, or every "
-        "pseudo-gradient is measured from the first start",
+        "the synced weights were never updated (or were copied before outer.step()): after outer.step() copy the "
+        "new weights into synced, or every pseudo-gradient is measured from the first start",
+    ),
+    "inner_grad": (
+        functools.partial(candidate, grad=False),
+        "the outer step used the last inner gradient, not the pseudo-gradient: set each p.grad to the averaged "
+        "pseudo-gradient (p.grad = g) before outer.step(), or the outer optimizer steps with what the last "
+        "backward left in .grad",
+    ),
+    "no_move": (
+        functools.partial(candidate, step=False),
+        "the outer step did not move the weights (every sync ends on the last synced weights): either outer.step() "
+        "was never called, or the pseudo-gradient was taken after the synced weights were put back (synced − "
+        "local is then zero); compute synced − local first, then restore, set .grad, step",
     ),
 }
 
@@ -208,22 +245,30 @@ def check_schedule_on_rank(fn) -> None:
     """The schedule on this rank for two periods, gathered; one report line."""
     with checking(fn) as (checker, progress, report):
         progress.phase = "calling your fragment_to_send"
-        h, k, tau = SCHEDULE["sync_every"], SCHEDULE["fragments"], SCHEDULE["delay"]
-        mine = [fn(step, h, k, tau) for step in range(1, 2 * h + 1)]
-        answer = [solutions.fragment_to_send(step, h, k, tau) for step in range(1, 2 * h + 1)]
+        mine = [[fn(step, *_args(s)) for step in range(1, 2 * s["sync_every"] + 1)] for s in SCHEDULES]
+        answer = [
+            [solutions.fragment_to_send(step, *_args(s)) for step in range(1, 2 * s["sync_every"] + 1)]
+            for s in SCHEDULES
+        ]
         everyone: list = [None] * report["world"]
         dist.all_gather_object(everyone, mine, group=checker)
         report["finding"] = schedule_finding(everyone, answer)
         report["schedule"] = mine
 
 
-def schedule_finding(everyone: list[list], answer: list) -> dict | None:
-    for step, sends in enumerate(zip(*everyone), start=1):
-        if len(set(map(repr, sends))) > 1:
-            return {"kind": "differs", "step": step, "sends": list(sends)}
-    for step, (mine, right) in enumerate(zip(everyone[0], answer), start=1):
-        if mine != right:
-            return {"kind": "wrong", "step": step, "mine": mine, "right": right}
+def _args(schedule: dict) -> tuple[int, int, int]:
+    return schedule["sync_every"], schedule["fragments"], schedule["delay"]
+
+
+def schedule_finding(everyone: list[list[list]], answer: list[list]) -> dict | None:
+    """The first schedule (index ``at``) and step where the ranks disagree, else where rank 0's differs, else None."""
+    for at, (theirs, right) in enumerate(zip(zip(*everyone), answer)):
+        for step, sends in enumerate(zip(*theirs), start=1):
+            if len(set(map(repr, sends))) > 1:
+                return {"kind": "differs", "at": at, "step": step, "sends": list(sends)}
+        for step, (mine, want) in enumerate(zip(theirs[0], right), start=1):
+            if mine != want:
+                return {"kind": "wrong", "at": at, "step": step, "mine": mine, "right": want}
     return None
 
 
@@ -273,27 +318,32 @@ def check_fragment_schedule(fn, *, world_size: int = 2, timeout_s: float = 20.0)
     problem = _problem(name, reports, timeout_s, _schedule_text)
     if problem:
         return Verdict(False, problem, reports)
-    sends = [(s, k) for s, k in enumerate(reports[min(reports)]["schedule"], start=1) if k is not None]
-    h, k, tau = SCHEDULE["sync_every"], SCHEDULE["fragments"], SCHEDULE["delay"]
+    said = []
+    for schedule, mine in zip(SCHEDULES, reports[min(reports)]["schedule"]):
+        h, k, tau = _args(schedule)
+        sends = ", ".join(f"fragment {f} after step {s}" for s, f in enumerate(mine, start=1) if f is not None)
+        said.append(f"with H = {h}, {k} fragments and a delay of {tau} (turns of {h // k} steps): {sends}")
     return Verdict(
         True,
-        f"✓ {name}: with H = {h}, {k} fragments and a delay of {tau}, every replica sends "
-        + ", ".join(f"fragment {f} after step {s}" for s, f in sends)
-        + f": one fragment every {h // k} steps, in turn, each {tau} step(s) before its turn ends, the same on "
-        "every replica",
+        f"✓ {name}: every replica sends " + "; ".join(said) + ": one fragment per turn, in turn, each delay steps "
+        "before its turn ends, the same on every replica",
         reports,
     )
 
 
 def _schedule_text(f: dict, report: dict) -> str:
+    h, k, tau = _args(SCHEDULES[f["at"]])
+    where = f"with H = {h}, {k} fragments and a delay of {tau}, after step {f['step']}"
     if f["kind"] == "differs":
         who = "; ".join(f"rank {r}: {s!r}" for r, s in enumerate(f["sends"]))
         return (
-            f"the schedule differs across replicas: after step {f['step']} ({who}); the replicas would sum "
+            f"the schedule differs across replicas: {where} ({who}); the replicas would sum "
             "different fragments' pseudo-gradients (or one would wait for ever): decide from the step alone, "
             "never from the rank"
         )
+    turn = h // k
     return (
-        f"after step {f['step']} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: a turn is "
-        "sync_every // fragments steps, fragment 0 first, each sent delay steps before its turn ends"
+        f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: a turn is sync_every // "
+        f"fragments = {turn} steps, fragment 0 first, each sent delay steps before its turn ends (here after step "
+        f"{turn} − {tau} = {turn - tau} of each turn)"
     )
