@@ -218,6 +218,58 @@ def _halves_padding_kept(tensor, group):
     all_gather_single(padded, piece, group=group)
 
 
+def _halves_not_padded(tensor, group):
+    """Forgets step 1: hands the flat tensor, whatever its length, to the two collectives."""
+    flat = tensor.reshape(-1)
+    piece = flat.new_empty(flat.numel() // dist.get_world_size(group))
+    reduce_scatter_single(piece, flat, group=group)
+    all_gather_single(flat, piece, group=group)
+
+
+def _halves_averaged(tensor, group):
+    """Divides by the world size after the sum, as an all_reduce hook would: the hook has divided already."""
+    n = dist.get_world_size(group)
+    flat = tensor.reshape(-1)
+    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % n))
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor) / n)
+
+
+def _halves_rebound(tensor, group):
+    """Step 4 as a rebinding of the name: ``tensor`` (the caller's) is never written."""
+    n = dist.get_world_size(group)
+    flat = tensor.reshape(-1)
+    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % n))
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor = padded[: flat.numel()].view_as(tensor)  # noqa: F841 (the mistake: a new name, not a copy)
+
+
+def _halves_not_waited(tensor, group):
+    """Starts both collectives with async_op=True and copies before either is waited for."""
+    n = dist.get_world_size(group)
+    flat = tensor.reshape(-1)
+    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % n))
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group, async_op=True)
+    all_gather_single(padded, piece, group=group, async_op=True)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
+def _halves_in_two(tensor, group):
+    """Right sums, but each half of the bucket sent on its own: two reduce-scatters and two all-gathers."""
+    n = dist.get_world_size(group)
+    for part in tensor.reshape(-1).tensor_split(2):
+        padded = torch.nn.functional.pad(part, (0, -part.numel() % n))
+        piece = padded.new_empty(padded.numel() // n)
+        reduce_scatter_single(piece, padded, group=group)
+        all_gather_single(padded, piece, group=group)
+        part.copy_(padded[: part.numel()])
+
+
 class _Halves(stages.AsyncBucketDDP):
     transport = None
 
@@ -236,6 +288,30 @@ class HalvesNotWrittenBack(_Halves):
     """Notebook 06's HalvesDDP with a transport that never copies the sum into the tensor."""
 
     transport = staticmethod(_halves_padding_kept)
+
+
+class HalvesNotPadded(_Halves):
+    """Notebook 06's HalvesDDP with a transport that does not pad to a multiple of the world size."""
+
+    transport = staticmethod(_halves_not_padded)
+
+
+class HalvesAveraged(_Halves):
+    """Notebook 06's HalvesDDP with a transport that divides by the world size (the hook divides already)."""
+
+    transport = staticmethod(_halves_averaged)
+
+
+class HalvesRebound(_Halves):
+    """Notebook 06's HalvesDDP with a transport that rebinds ``tensor`` instead of copying into it."""
+
+    transport = staticmethod(_halves_rebound)
+
+
+class HalvesNotWaited(_Halves):
+    """Notebook 06's HalvesDDP with a transport that never waits for its async collectives."""
+
+    transport = staticmethod(_halves_not_waited)
 
 
 # -------------------------------------------------------------------------------- fp16 hook
@@ -477,3 +553,9 @@ def schedule_at_the_end_of_the_turn(step, sync_every, fragments, delay):
     """Sent when the turn ends, not delay steps before: no step left to overlap the message with."""
     period = sync_every // fragments
     return (step - 1) // period % fragments if step % period == 0 else None
+
+
+class HalvesInTwo(_Halves):
+    """Notebook 06's HalvesDDP with a transport that makes two of each collective per bucket."""
+
+    transport = staticmethod(_halves_in_two)
