@@ -107,8 +107,8 @@ MISTAKES = [
         wrong.HalvesInTwo,
         "halves",
         "wrong number of collectives: 4 all_gather and 4 reduce_scatter calls in step 1 of 3 micro-batches, where "
-        "'halves' makes 4 (one reduce_scatter_single and one all_gather_single per bucket: the plan for "
-        "bucket_cap_mb=0.001 has 2 buckets)",
+        "'halves' makes 2 all_gather and 2 reduce_scatter calls (one reduce_scatter_single and one all_gather_single "
+        "per bucket: the plan for bucket_cap_mb=0.001 has 2 buckets)",
     ),
 ]
 

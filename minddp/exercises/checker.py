@@ -402,7 +402,10 @@ def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
         early_r = sum(r[f"{kind}{i}"] for kind in ("backward", "finish") for i in range(1, k))
         if total_m != total_r:
             calls = calls_text(kinds_m[step - 1]) if step <= len(kinds_m) else f"{total_m} all_reduce calls"
-            made = f"{calls} in step {step} of {k} micro-batches, where '{like}' makes {total_r}"
+            theirs = kinds_r[step - 1] if step <= len(kinds_r) else {}
+            made = f"{calls} in step {step} of {k} micro-batches, where '{like}' makes " + (
+                calls_text(theirs) if len(theirs) > 1 else str(total_r)  # several kinds: each one's count
+            )
             if early_m > early_r and not report.get("has_no_sync"):
                 return (
                     f"your stage has no no_sync(), so it syncs after every micro-batch: {made}; write no_sync() "
