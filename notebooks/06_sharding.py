@@ -164,7 +164,7 @@ table.round(3)
 # leaves whole: here the embeddings, the final norm and the classifier, which are outside every
 # block (`docs/sharding.md` explains every difference). The activations are the same in every
 # row: each stage runs the same forward on the same batch. Sharding saves model state, not
-# activations, and here the activations are larger than any sharded stage's model state.
+# activations: here they weigh about what zero1's whole model state does, and more than zero2's or fsdp's.
 #
 # ## bf16 compute with fp32 master weights
 #
