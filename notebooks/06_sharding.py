@@ -85,9 +85,11 @@ show_source(ring_all_reduce)
 # bytes of the tensor, n ranks): each pass is `n − 1` messages carrying `(n − 1)/n · m` bytes per
 # rank, `(n − 1) α + (n − 1)/n · m β`, and the all_reduce is both. So ZeRO-2, which
 # reduce-scatters the gradients and later all-gathers the parameters, moves the bytes DDP moves;
-# FSDP gathers the parameters twice, for the forward and again for the backward. For this
-# workload's gradients, per synced backward (one micro-batch; what a step with several
-# micro-batches adds is counted further down):
+# FSDP gathers each block's parameters for the forward and again for the backward, so at most two
+# all-gathers of the model per micro-batch (the count in the FSDP section below is a little less: the
+# last block is still gathered when the backward starts, and the parameters outside every block
+# are never gathered). For this workload's gradients, per synced backward (one micro-batch; what a
+# step with several micro-batches adds is counted further down):
 
 # %%
 # %%distributed
@@ -98,16 +100,18 @@ one_pass = (world - 1) / world * m
 lesson.say(
     f"m = {lesson.mib(m)}; at n = {world} ranks each pass sends {lesson.mib(one_pass)} per rank, in "
     f"{world - 1} message(s): all_reduce {lesson.mib(2 * one_pass)} (DDP), reduce-scatter + all-gather "
-    f"{lesson.mib(2 * one_pass)} (ZeRO-2), reduce-scatter + two all-gathers {lesson.mib(3 * one_pass)} (FSDP)."
+    f"{lesson.mib(2 * one_pass)} (ZeRO-2), reduce-scatter + at most two all-gathers {lesson.mib(3 * one_pass)} (FSDP)."
 )
 
 # %% [markdown]
 # ## The four stages side by side
 #
 # `ddp` is the production DDP; `zero1` is the same wrapper with its optimizer sharded by
-# `minddp.ZeroRedundancyOptimizer`; `zero2` and `fsdp` replace the module's parameters by this
-# rank's shards, so the optimizer built over `model.parameters()` holds state for the shards only
-# (`minddp.ladder.make_optimizer` builds each stage's). One step of each is measured by
+# `minddp.ZeroRedundancyOptimizer`; `zero2` and `fsdp` hand out this rank's shards as the model's
+# parameters, so the optimizer built over `model.parameters()` holds state for the shards only
+# (`minddp.ladder.make_optimizer` builds each stage's). What each keeps differs: `zero2` keeps the
+# whole parameters too (its shards are views into them: the table's parameters column is ddp's),
+# `fsdp` keeps only the shards and gathers the rest when a block runs. One step of each is measured by
 # `minddp.sharding.memory.Probe`, from the tensors the rank holds: parameters, gradients just
 # before the optimizer steps, optimizer state just after, the activations autograd saved, and
 # FSDP's gathered blocks at their peak.
@@ -159,14 +163,16 @@ table.round(3)
 # `4Ψ + 12Ψ/n`; FSDP (and parameters) `16Ψ/n` for what it shards, plus 16 bytes per parameter it
 # leaves whole: here the embeddings, the final norm and the classifier, which are outside every
 # block (`docs/sharding.md` explains every difference). The activations are the same in every
-# column: each stage runs the same forward on the same batch. Sharding saves model state, not
-# activations.
+# row: each stage runs the same forward on the same batch. Sharding saves model state, not
+# activations: here they weigh about what zero1's whole model state does, and more than zero2's or fsdp's.
 #
 # ## bf16 compute with fp32 master weights
 #
-# The blog, and most training today, computes the forward and backward in bf16 and keeps an fp32
-# copy of the weights for the optimizer: a bf16 weight keeps about 3 significant digits, so an update
-# of lr × gradient, far smaller than the weight, would round away. The ZeRO paper counts it as 2 bytes
+# The blog post this project's build-up follows (*First Steps With Distributed Data Parallelism and
+# PyTorch Profiling*, README), and most training today, computes the forward and backward in bf16 and
+# keeps an fp32 copy of the weights for the optimizer: a bf16 number has 8 significant bits (2 to 3
+# decimal digits), so an update of lr × gradient, far smaller than the weight, would round away (the
+# cell after next adds 0.001 to a bf16 1.0). The ZeRO paper counts it as 2 bytes
 # of 16-bit parameter, 2 of 16-bit gradient and K = 12 bytes of optimizer state (the fp32 master
 # copy, 4, and Adam's moments, 8): still `16Ψ` for DDP, but now 12 of the 16 bytes are optimizer
 # state, which ZeRO-1 already shards: ZeRO-1 `4Ψ + 12Ψ/n`, ZeRO-2 `2Ψ + 14Ψ/n`, FSDP `16Ψ/n`.
@@ -175,7 +181,8 @@ table.round(3)
 # with a `MixedPrecisionPolicy`: the fp32 shards *are* the master weights, gathered and cast to bf16
 # just before a unit runs, and the gradients come back to the shards in fp32. So it keeps what fp32
 # FSDP keeps (`16Ψ/n`, as both formulas say, split 4 + 4 + 8 instead of 2 + 2 + 12), and bf16 shrinks
-# what lives only during the step: the gathered units and the activations. The cell measures it.
+# what lives only during the step: the gathered units and the activations. The cells below measure
+# both; the figure draws the model state and the gathered units, the activations are printed above it.
 # (minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`: their bf16 rows are the formulas.)
 
 # %%
@@ -213,6 +220,18 @@ lesson.claim(
     f"Its gathered units hold half the bytes, {lesson.mib(f16['gathered'])} against {lesson.mib(f32['gathered'])} at "
     f"their peak, and its activations {f16['activations'] / f32['activations']:.2f} of fp32's "
     f"({lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}).",
+)
+lesson.say(
+    f"The figure leaves the activations out: fsdp's {lesson.mib(f32['activations'])} in fp32 "
+    f"({lesson.mib(f16['activations'])} computing in bf16) are "
+    + ("more" if f32["activations"] > held["fsdp"] else "less")
+    + f" than its whole model state, {lesson.mib(held['fsdp'])}."
+)
+one = torch.tensor(1.0, dtype=torch.bfloat16)
+lesson.claim(
+    one + 0.001 == one and torch.tensor(1.0) + 0.001 != 1.0,
+    "In bf16, 1 + 0.001 is 1 (the update rounds away); in fp32 it is "
+    f"{(torch.tensor(1.0) + 0.001).item():.4f}: why the masters stay fp32.",
 )
 formulas = pd.DataFrame(
     {
@@ -268,8 +287,24 @@ show_source(ZeroRedundancyOptimizer._all_gather)
 # %% [markdown]
 # ## ZeRO-2: reduce-scatter the gradients
 #
-# `zero2` is `bucket-async` with four changes. The package says which methods changed (the changed
-# lines of each, with two lines around them; `minddp/sharding/zero2.py` has the whole file):
+# `zero2` is `bucket-async` with four changes, numbered as steps in its code:
+#
+# 1. each parameter is cut into n chunks, and this rank's chunk becomes a *shard*: a parameter of its
+#    own, a view into the whole one (`__init__`);
+# 2. a full bucket's gradients are packed rank by rank and handed to a reduce-scatter hook instead of
+#    the all_reduce, and the whole gradients are dropped (`_send_bucket`);
+# 3. this rank's piece of the averaged bucket becomes its shards' `.grad` (`_write_back`): the
+#    optimizer steps the shards only;
+# 4. before the next forward, the stepped shards are all-gathered back into the whole parameters,
+#    each module waiting for its own bucket's gather just before it runs (`gather_parameters`,
+#    `_wait_for`, the forward pre-hooks in `__init__`).
+#
+# The other new members are plumbing around these four: which tensors the module holds (`_hold`:
+# the shards at rest, the whole parameters during a forward), the module called without the wrapper
+# (`_module_forward`, `lent`), `torch.compile` (`eager_under_compile`, `compiled`, `split_at_buckets`),
+# and reading the model whole (`full_parameters`, `full_state_dict`). The package says which methods
+# changed (the changed lines of each, with two lines around them; `minddp/sharding/zero2.py` has the
+# whole file):
 
 # %%
 # %%rank 0
@@ -280,42 +315,54 @@ from minddp.stages import AsyncBucketDDP
 show_diff(AsyncBucketDDP, Zero2DDP, context=2)
 
 # %% [markdown]
-# A profiled step (all its micro-batches), read in memory: the all_reduce calls and the bytes
-# handed to them, how many were handed over while a backward ran, and the all-gathers that bring the
-# parameters back, with what this rank sent for them. Two things make gloo's counts differ from
-# the α-β count above: minddp's reduce-scatter travels as an all_reduce on gloo (gloo's own hands
-# back no Future: `docs/sharding.md`), so it sends the whole all_reduce's bytes, not half; and once
-# a step `zero2`, built on the teaching stages, all-gathers a few bytes to check that every rank's
+# A stage's *look* (`Trainee.look()`): one step (all its micro-batches) under the profiler, read
+# in memory (`minddp.analysis.live`), every collective counted with the bytes *handed* to it (the
+# tensors this rank gave it; what actually goes on the wire is measured in the next section). It
+# gives the gradient collectives and how many were handed over while a backward ran, and the
+# all-gathers that bring the parameters back. On gloo every gradient collective is an all_reduce:
+# gloo has a reduce-scatter (the exercise at the end calls it, and waits for it), but its work
+# hands back no Future to chain the write-back to, so a bucket could not stay in flight while
+# backward goes on (`docs/sharding.md`). minddp's wire therefore runs zero2's and fsdp's
+# reduce-scatters as all_reduces of the whole bucket and keeps this rank's piece; the look counts
+# them among the all_reduce calls, the traces further down name them reduce-scatters. And once a
+# step `zero2`, built on the teaching stages, all-gathers a few bytes to check that every rank's
 # forwards used the same parameters (`minddp/stages/checks.py`), counted apart below.
 
 # %%
 # %%distributed
 looks = {s: trainees[s].look() for s in STAGES}
-k = lesson.SETTINGS.grad_accum
+accum = lesson.SETTINGS.grad_accum
 for s, v in looks.items():
     lesson.say(
-        f"{s}: {v['calls']} all_reduce calls ({v['calls_in_backward']} handed over during a backward) handed "
-        f"{lesson.mib(v['bytes'])}; {v['gathers']} all-gathers of parameters, this rank sending "
-        f"{lesson.mib((world - 1) * v['gather_bytes'])}; {v['small_gathers']} small all_gather (the check)."
+        f"{s}: {v['calls']} gradient collectives (all_reduce calls on gloo; {v['calls_in_backward']} handed over "
+        f"during a backward), handed {lesson.mib(v['bytes'])}; {v['gathers']} all-gathers of parameters, handed "
+        f"{lesson.mib(v['gather_bytes'])}; {v['small_gathers']} small all_gather (the check)."
     )
 z, f = looks["zero2"], looks["fsdp"]
 lesson.claim(
     z["bytes"] == looks["ddp"]["bytes"],
-    "zero2 hands its gradients to the wire whole, as ddp does: on gloo "
-    "its reduce-scatter is an all_reduce, which sends both passes.",
+    f"zero2 hands its gradient collectives ddp's bytes, {lesson.mib(z['bytes'])}, the whole gradients (a "
+    "reduce-scatter is handed the whole bucket too; on gloo it runs as an all_reduce of it): what each sends is "
+    "measured on the ring below.",
 )
 # padding every parameter's chunks to equal length adds under `world` elements per parameter: far under 0.1 %
 lesson.claim(
     abs((world - 1) * z["gather_bytes"] - one_pass) < 1e-3 * one_pass,
-    f"zero2's all-gathers send one pass of the model, {lesson.mib(one_pass)} per rank, as the α-β count above says.",
+    f"zero2's all-gathers are handed this rank's shard, {lesson.mib(z['gather_bytes'])}; a ring all-gather sends "
+    f"n − 1 = {world - 1} times what it is handed, one pass of the model, {lesson.mib(one_pass)} per rank, as the "
+    "α-β count above says.",
 )
 units = len(trainees["fsdp"].model.units)
+passes = (world - 1) * f["gather_bytes"] / one_pass
+outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 lesson.claim(
-    f["gathers"] == k * (2 * units - 1),
+    f["gathers"] == accum * (2 * units - 1) and passes / accum < 2,
     f"fsdp gathers each of its {units} units for the forward of each of "
-    f"the {k} micro-batches, and all but the last again for its backward (the backward starts with the last "
-    f"unit, still gathered): {k} × {2 * units - 1} = {f['gathers']} all-gathers, "
-    f"{(world - 1) * f['gather_bytes'] / one_pass:.1f} passes of the model a step.",
+    f"the {accum} micro-batches, and all but the last again for its backward (the backward starts with the last "
+    f"unit, still gathered): {accum} × {2 * units - 1} = {f['gathers']} all-gathers, handed "
+    f"{lesson.mib(f['gather_bytes'])}: {passes:.2f} passes of the model a step, {passes / accum:.2f} a micro-batch, "
+    f"under the two of the α-β count: the last unit is not gathered again and the {outside} parameters outside "
+    "the units are never gathered.",
 )
 
 # %% [markdown]
@@ -329,7 +376,8 @@ lesson.claim(
 
 # %%
 # %%distributed
-rings = {s: lesson.Trainee(s, transport="ring").look() for s in STAGES}  # one step before: zero2 gathers first
+# Trainee() takes one step before the look: the looked-at step of zero2 then starts by gathering the stepped shards
+rings = {s: lesson.Trainee(s, transport="ring").look() for s in STAGES}
 
 # %%
 # %%rank 0
@@ -386,10 +434,10 @@ lesson.claim(
 # %% [markdown]
 # ## The sharded rungs on one time axis
 #
-# `ddp` and the three sharded stages, the step each of the looks above recorded, drawn as
+# `ddp` and the three sharded stages, the step each stage's look above recorded, drawn as
 # `03_build_up` drew the DDP ladder: forward and backward of each micro-batch, every collective
 # while it ran (all_reduces, all-gathers), the optimizer step. Where each stage's messages start is
-# counted below the picture.
+# counted in the table the cell prints (above the picture).
 
 # %%
 # %%rank 0
@@ -414,7 +462,8 @@ lesson.claim(
     ),
     "Each row draws every collective its look counted: "
     + ", ".join(
-        f"{s} {looks[s]['calls']} all_reduce + {looks[s]['gathers'] + looks[s]['small_gathers']} all-gather"
+        f"{s} {looks[s]['calls']} gradient (all_reduce on gloo) + "
+        f"{looks[s]['gathers'] + looks[s]['small_gathers']} all-gather"
         for s in STAGES
     )
     + ".",
@@ -431,7 +480,7 @@ lesson.claim(
 lesson.claim(
     starts.loc["zero2", "forward"] >= z2["gathers"] and z2["calls_in_backward"] == z2["calls"],
     f"zero2's {z2['gathers']} all-gathers start in the first forward, which needs the parameters the last step "
-    f"updated; its {z2['calls']} reduce-scatters are handed over in the backward.",
+    f"updated; its {z2['calls']} reduce-scatters (run as all_reduces) are handed over in the backward.",
 )
 lesson.claim(
     starts.loc["fsdp", "forward"] + starts.loc["fsdp", "backward"] >= fs["gathers"],
@@ -440,7 +489,7 @@ lesson.claim(
 only_all_reduces = [s for s in STAGES if looks[s]["gathers"] + looks[s]["small_gathers"] == starts.loc[s, "optimizer"]]
 lesson.say(
     "The table below counts when each message started running on gloo's thread (a bar's left end), not when it was "
-    "handed over (a tick; the counts of the cell before): gloo takes a message up when its thread is free, so one "
+    "handed over (a tick; the looks' counts, in the ZeRO-2 section): gloo takes a message up when its thread is free, so one "
     "handed over late in a backward can start after it has ended ('between'). Where every message outside the "
     "optimizer step is an all_reduce ("
     + ", ".join(only_all_reduces)
@@ -454,8 +503,9 @@ starts
 # Then one step of each under the profiler with its trace on disk, read by `minddp.analysis` as
 # notebook 05 reads the ladder's, with the measures `01_collectives` defines (`docs/analysis.md`):
 # calls per step, the time communication was *in flight* (a gloo range open, its waits included),
-# and its *overlap* (the share of that time during which something computed), beside the step and
-# the time backward ran.
+# and its *overlap* (the share of the time in flight during which compute ran too: here the
+# training thread inside an `aten::` op), beside the step and the time backward ran (from its first
+# to its last autograd op, so with whatever the stage does inside it).
 
 # %%
 # %%distributed
@@ -493,15 +543,30 @@ table = table.assign(
     / 1e3
     / bw.groupby("stage")["rank"].nunique(),
 )
-more = table.loc["zero1", "comm_ms_per_step"] > table.loc["ddp", "comm_ms_per_step"]
+flight = table["comm_ms_per_step"]
+by_overlap = table["comm_comp_overlap_pctg"].sort_values(ascending=False)
 lesson.say(
-    f"zero1 puts 1.5 times ddp's bytes on the wire (the count above); its communication was in flight "
-    f"{table.loc['zero1', 'comm_ms_per_step']:.0f} ms a step against ddp's {table.loc['ddp', 'comm_ms_per_step']:.0f}. "
-    "On loopback a gloo range's length is set less by its bytes (a copy in memory) than by its waits, for the other "
-    "rank to reach the same collective and for a free core among the two that both ranks' training threads and "
-    "gloo's threads share, so the time in flight need not follow the bytes"
-    + ("" if more else ": here zero1's was the shorter")
-    + ". On a network the bytes would cost their time, and zero1's extra all-gather would show."
+    "Overlap, most to least: "
+    + ", ".join(f"{s} {v:.1f} %" for s, v in by_overlap.items())
+    + f": {by_overlap.index[0]}'s messages were the most often in flight while the training thread computed."
+)
+lesson.say(
+    f"The ring count above puts zero1's bytes on the wire at 1.5 times ddp's and zero2's at ddp's; their "
+    f"communication was in flight {flight['zero1']:.0f} and {flight['zero2']:.0f} ms a step against ddp's "
+    f"{flight['ddp']:.0f} ("
+    + ", ".join(f"{s} {'longer' if flight[s] > flight['ddp'] else 'shorter'}" for s in ("zero1", "zero2"))
+    + "). On loopback a gloo range's length is set less by its bytes (a copy in memory) than by its waits, for the "
+    "other rank to reach the same collective and for a free core among the two that both ranks' training threads "
+    "and gloo's threads share, so the time in flight need not follow the bytes. On a network the bytes would cost "
+    "their time, and zero1's extra all-gather would show."
+)
+lesson.say(
+    f"Every stage computes the same forward and backward, yet backward ran from {table['backward_ms'].min():.0f} ms "
+    f"({table['backward_ms'].idxmin()}) to {table['backward_ms'].max():.0f} ms ({table['backward_ms'].idxmax()}): "
+    "the span holds what each stage does inside it (fsdp's gathers and their waits, the buckets' copies) and every "
+    "wait for a core, and the stages were profiled one after the other under a changing load. fsdp's step took "
+    f"{table.loc['fsdp', 'step_ms'] / table.loc['ddp', 'step_ms']:.1f} times ddp's in these profiled steps; the "
+    "next section sets the step times beside those of other steps."
 )
 (
     table[
@@ -543,7 +608,7 @@ for t in trainees.values():
     while len(t.losses) < behind:
         t.step()
 lesson.say(
-    "Steps taken to catch up: " + (", ".join(f"{s} {k}" for s, k in caught_up.items()) or "none, all were level") + "."
+    "Steps taken to catch up: " + (", ".join(f"{s} {n}" for s, n in caught_up.items()) or "none, all were level") + "."
 )
 times = lesson.race(trainees, rounds=2)
 reference = whole(trainees["ddp"])
@@ -555,9 +620,37 @@ for s in STAGES[1:]:
     )
 
 # %% [markdown]
-# Two rounds on a shared machine decide nothing about speed; `python -m minddp.bench --preset small
-# --stage sharded` runs the comparison properly, beside torch's own `ZeroRedundancyOptimizer` and
-# `fully_shard`, and `docs/sharding.md` has its figures.
+# This notebook has now timed each stage's step three times, three different steps: the look's (one
+# step under the in-memory profiler, drawn on the time axis), the trace's (one step under the
+# profiler writing to disk, after a warm-up step) and the median of the two unprofiled steps just
+# taken in turns:
+
+# %%
+# %%rank 0
+steps = pd.DataFrame(
+    {
+        "look, one step (ms)": {s: looks[s]["row"]["end"] for s in STAGES},
+        "trace, profiled step (ms)": table["step_ms"],
+        "in turns, median (ms)": {s: lesson.median(times[s]) for s in STAGES},
+    }
+).loc[STAGES]
+orders = {c: " < ".join(steps[c].sort_values().index) for c in steps.columns}
+lesson.say(
+    "Fastest to slowest: "
+    + "; ".join(f"{c.split(',')[0]} {o}" for c, o in orders.items())
+    + (
+        ": the three orders agree."
+        if len(set(orders.values())) == 1
+        else ": the orders differ. A profiler slows a stage by how many operations it records, and the load on "
+        "the machine moved between one stage's step and the next."
+    )
+)
+steps.round(0)
+
+# %% [markdown]
+# Only steps taken in turns compare stages, and two rounds on a shared machine decide nothing about
+# speed; `python -m minddp.bench --preset small --stage sharded` runs the comparison properly, beside
+# torch's own `ZeroRedundancyOptimizer` and `fully_shard`, and `docs/sharding.md` has its figures.
 
 # %% [markdown]
 # ## Your turn: all_reduce from its two halves
@@ -570,6 +663,10 @@ for s in STAGES[1:]:
 # cell plugs your function into a `Wire` as its *transport*, so the `bucket-async` stage sums its
 # buckets with it, and `check` trains that stage beside a single process and torch's DDP, and
 # against the model answer (`like="halves"`): one reduce-scatter and one all-gather per bucket.
+# The hook (`allreduce_hook`) divides each bucket by the world size before it hands it over, so
+# `my_all_reduce` only sums. Pass `group=group` to both collectives: the checker's two ranks are
+# the whole world, so it cannot tell a call that left the group out (and would sum over every rank
+# of a larger job) from one that passed it.
 
 # %%
 import torch

@@ -237,14 +237,49 @@ def _halves_plain_all_reduce(tensor, group):
     dist.all_reduce(tensor, group=group)
 
 
-def _halves_padding_kept(tensor, group):
-    """Reduce-scatter and all-gather right, then forgets to write the sum back into ``tensor``."""
+def _halves_summed(tensor, group, async_op=False):
+    """Steps 1-3 of the model answer, right: the flat tensor padded, reduce-scattered and all-gathered in place."""
     n = dist.get_world_size(group)
     flat = tensor.reshape(-1)
     padded = torch.nn.functional.pad(flat, (0, -flat.numel() % n))
     piece = padded.new_empty(padded.numel() // n)
-    reduce_scatter_single(piece, padded, group=group)
-    all_gather_single(padded, piece, group=group)
+    reduce_scatter_single(piece, padded, group=group, async_op=async_op)
+    all_gather_single(padded, piece, group=group, async_op=async_op)
+    return padded[: flat.numel()].view_as(tensor)
+
+
+def _halves_padding_kept(tensor, group):
+    """Reduce-scatter and all-gather right, then forgets to write the sum back into ``tensor``."""
+    _halves_summed(tensor, group)
+
+
+def _halves_not_padded(tensor, group):
+    """Forgets step 1: hands the flat tensor, whatever its length, to the two collectives."""
+    flat = tensor.reshape(-1)
+    piece = flat.new_empty(flat.numel() // dist.get_world_size(group))
+    reduce_scatter_single(piece, flat, group=group)
+    all_gather_single(flat, piece, group=group)
+
+
+def _halves_averaged(tensor, group):
+    """Divides by the world size after the sum, as an all_reduce hook would: the hook has divided already."""
+    tensor.copy_(_halves_summed(tensor, group) / dist.get_world_size(group))
+
+
+def _halves_rebound(tensor, group):
+    """Step 4 as a rebinding of the name: ``tensor`` (the caller's) is never written."""
+    tensor = _halves_summed(tensor, group)  # noqa: F841 (the mistake: a new name, not a copy)
+
+
+def _halves_not_waited(tensor, group):
+    """Starts both collectives with async_op=True and copies before either is waited for."""
+    tensor.copy_(_halves_summed(tensor, group, async_op=True))
+
+
+def _halves_in_two(tensor, group):
+    """Right sums, but each half of the bucket sent on its own: two reduce-scatters and two all-gathers."""
+    for part in tensor.reshape(-1).tensor_split(2):
+        part.copy_(_halves_summed(part, group))
 
 
 class _Halves(stages.AsyncBucketDDP):
@@ -255,16 +290,19 @@ class _Halves(stages.AsyncBucketDDP):
         self.register_comm_hook(Wire(process_group, transport=type(self).transport), allreduce_hook)
 
 
-class HalvesPlainAllReduce(_Halves):
-    """Notebook 06's HalvesDDP with a transport that calls dist.all_reduce."""
+def _halves_with(name: str, transport) -> type:
+    """Notebook 06's HalvesDDP with ``transport`` (its docstring names the mistake), importable as ``name``."""
+    doc = f"Notebook 06's HalvesDDP whose transport {transport.__doc__[0].lower()}{transport.__doc__[1:]}"
+    return type(name, (_Halves,), {"transport": staticmethod(transport), "__doc__": doc, "__module__": __name__})
 
-    transport = staticmethod(_halves_plain_all_reduce)
 
-
-class HalvesNotWrittenBack(_Halves):
-    """Notebook 06's HalvesDDP with a transport that never copies the sum into the tensor."""
-
-    transport = staticmethod(_halves_padding_kept)
+HalvesPlainAllReduce = _halves_with("HalvesPlainAllReduce", _halves_plain_all_reduce)
+HalvesNotWrittenBack = _halves_with("HalvesNotWrittenBack", _halves_padding_kept)
+HalvesNotPadded = _halves_with("HalvesNotPadded", _halves_not_padded)
+HalvesAveraged = _halves_with("HalvesAveraged", _halves_averaged)
+HalvesRebound = _halves_with("HalvesRebound", _halves_rebound)
+HalvesNotWaited = _halves_with("HalvesNotWaited", _halves_not_waited)
+HalvesInTwo = _halves_with("HalvesInTwo", _halves_in_two)
 
 
 # -------------------------------------------------------------------------------- fp16 hook

@@ -115,3 +115,20 @@ def test_the_timeline_puts_every_stage_on_one_axis_with_its_backward(result, tmp
         assert (tmp_path / "timeline.png").stat().st_size > 10_000
     finally:
         plt.close(fig)
+
+
+def test_the_legend_names_only_what_can_be_seen():
+    # Notebook 06's figure: a finish range of a few microseconds on a step of seconds is drawn under a pixel wide;
+    # its legend entry named a purple no one could find. A row with a visible finish keeps the entry.
+    from minddp.analysis.timeline import draw_steps
+
+    def labels(finish):
+        row = {"label": "s", "forward": [(0, 400)], "backward": [(400, 900)], "finish": finish, "end": 1000}
+        fig = draw_steps([row])
+        names = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        plt.close(fig)
+        return names
+
+    assert "finish (sync ends)" not in labels([(900, 900.01)])  # 1/100000 of the axis
+    assert "finish (sync ends)" in labels([(900, 950)])  # 1/20 of it
+    assert {"forward", "backward", "step ends"} <= set(labels([]))

@@ -108,7 +108,19 @@ MISTAKES = [
         "2 of the 2 all_reduce calls started in step 1 were never waited for",
     ),
     (wrong.HalvesPlainAllReduce, "halves", "other collectives: 2 all_reduce calls in step 1"),
-    (wrong.HalvesNotWrittenBack, "halves", "divided by the world size but never summed over ranks"),
+    # notebook 06's transport: the hook has divided already, and the tensor handed over is what must hold the sum
+    (wrong.HalvesNotWrittenBack, "halves", "left the sum out of the tensor it was handed; write it into that tensor"),
+    (wrong.HalvesRebound, "halves", "rebinding the name or returning the sum does not reach the caller"),
+    (wrong.HalvesNotWaited, "halves", "started with async_op=True, wait() on each before copying"),
+    (wrong.HalvesAveraged, "halves", "allreduce_hook divides each bucket before it hands it to your transport"),
+    (wrong.HalvesNotPadded, "halves", "multiple of the world size: pad it first"),
+    (
+        wrong.HalvesInTwo,
+        "halves",
+        "wrong number of collectives: 4 all_gather and 4 reduce_scatter calls in step 1 of 3 micro-batches, where "
+        "'halves' makes 2 all_gather and 2 reduce_scatter calls (one reduce_scatter_single and one all_gather_single "
+        "per bucket: the plan for bucket_cap_mb=0.001 has 2 buckets)",
+    ),
 ]
 
 

@@ -45,12 +45,14 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
 
     if ax is None:
         _, ax = plt.subplots(figsize=(width, 0.6 + 0.62 * len(rows)))
-    right = 0.0
+    right = max([0.0, *(r.get("end", 0.0) for r in rows), *(e for r in rows for _, e in r.get("messages", []))])
     for y, row in enumerate(rows):
         alpha, stage = 0.3 if row.get("faded") else 1.0, row.get("stage", row["label"])
 
         def bars(key, y0, h, color, row=row, y=y, alpha=alpha, stage=stage, **kw):
             spans = [(s, max(e - s, 0.0)) for s, e in row.get(key, [])]
+            if not any(w >= right / 500 for _, w in spans):  # under a pixel wide: drawn, but not in the legend
+                kw["label"] = "_" + kw.get("label", "")
             if spans:
                 ax.broken_barh(spans, (y + y0, h), facecolors=color, alpha=alpha, **kw).set_gid(f"{key}:{stage}")
 
@@ -72,7 +74,6 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
             )
         end = row.get("end", 0.0)
         ax.plot([end, end], [y - 0.45, y + 0.45], color="black", lw=1.2, alpha=alpha, label="step ends")
-        right = max([right, end, *(e for _, e in row.get("messages", []))])
     ax.set_yticks(range(len(rows)), [r["label"] for r in rows], fontsize=8)
     for tick, row in zip(ax.get_yticklabels(), rows):
         tick.set_alpha(0.45 if row.get("faded") else 1.0)

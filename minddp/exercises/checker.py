@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import linecache
+import re
 from dataclasses import dataclass, field
 
 from minddp.exercises import harness, solutions
@@ -154,9 +155,9 @@ def _run(fn, args: tuple, world_size: int, timeout_s: float) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ verdicts
-def _problem(name: str, reports: dict, timeout_s: float, describe) -> str | None:
+def _problem(name: str, reports: dict, timeout_s: float, describe, like: str | None = None) -> str | None:
     """Step 3's first checks, shared by stages and hooks: raised, hung, then the ranks' own finding."""
-    trouble = _trouble(name, reports, timeout_s)
+    trouble = _trouble(name, reports, timeout_s, like)
     if trouble:
         return trouble
     first = reports[min(reports)]
@@ -165,7 +166,7 @@ def _problem(name: str, reports: dict, timeout_s: float, describe) -> str | None
 
 def _stage_verdict(name: str, like: str | None, reports: dict, timeout_s: float, cap: float) -> Verdict:
     first = reports[min(reports)]
-    problem = _problem(name, reports, timeout_s, _stage_finding)
+    problem = _problem(name, reports, timeout_s, lambda f, report: _stage_finding(f, report, like), like)
     counts = None if problem else _counts_problem(first, like, cap)
     if problem or counts:
         return Verdict(False, problem or f"✗ {name}: " + counts, reports)
@@ -221,7 +222,7 @@ def _hook_verdict(like: str, reports: dict, timeout_s: float) -> Verdict:
     )
 
 
-def _trouble(name: str, reports: dict, timeout_s: float) -> str | None:
+def _trouble(name: str, reports: dict, timeout_s: float, like: str | None = None) -> str | None:
     """Step 3's first two checks: a rank that raised, a rank that hung (or gave no report)."""
     lost = [r for r, rep in reports.items() if "lost" in rep]
     errors = {r: rep["error"] for r, rep in reports.items() if rep.get("error")}
@@ -231,9 +232,9 @@ def _trouble(name: str, reports: dict, timeout_s: float) -> str | None:
         e = raised[r]
         ranks = _ranks_text(sorted(raised))
         where = _where_text(e)
-        return (
-            f"✗ {name}: your code raised {e['type']}{where} on {ranks}, while {e['phase']}: "
-            f"{e['message'] or '(no message)'}"
+        message = _BACKEND_PREFIX.sub("", e["message"] or "").strip() or "(no message)"
+        return f"✗ {name}: your code raised {e['type']}{where} on {ranks}, while {e['phase']}: {message}" + _raise_hint(
+            like, where, message
         )
     if errors or lost:
         stuck = {r: e for r, e in errors.items() if e.get("where")}
@@ -253,6 +254,21 @@ def _trouble(name: str, reports: dict, timeout_s: float) -> str | None:
         phases = "; ".join(f"rank {r} while {e['phase']}" for r, e in errors.items())
         return f"✗ {name}: a rank hung: {phases} (a collective timed out after {timeout_s:.0f} s)"
     return None
+
+
+#: The prefix a backend's own check puts before its message (``[rank0]:[F1129 12:13:27.65 ProcessGroupGloo.cpp:1537]``).
+_BACKEND_PREFIX = re.compile(r"^(\[rank\d+\]:)?\[[A-Z]\d{4} [\d:.]+ [^\]]+\]\s*")
+
+
+def _raise_hint(like: str | None, where: str, message: str) -> str:
+    """What to do about an error that a model answer's step prevents (notebook 06: the padding)."""
+    collective = "reduce_scatter_single" in where or "all_gather_single" in where
+    if like == "halves" and collective and re.search(r"shape|size|divisib", message, re.IGNORECASE):
+        return (
+            " (both collectives want the flattened tensor's length to be a multiple of the world size: pad it "
+            "first, then cut the padding off when you copy the sum back)"
+        )
+    return ""
 
 
 def _where_text(error: dict) -> str:
@@ -299,7 +315,22 @@ GRADIENT_MESSAGES = {
 }
 
 
-def _stage_finding(f: dict, report: dict) -> str:
+#: Gradient findings as a transport exercise means them, by ``like``: there the hook (``allreduce_hook``) divides
+#: each bucket before it hands it to the learner's function, which only sums ``tensor`` in place.
+TRANSPORT_MESSAGES = {
+    "halves": {
+        "unsummed": "the buckets came back divided by the world size but not summed over ranks ({names}): your "
+        "transport (my_all_reduce) left the sum out of the tensor it was handed; write it into that tensor in "
+        "place, tensor.copy_(...) (rebinding the name or returning the sum does not reach the caller), and only "
+        "after both collectives have finished (started with async_op=True, wait() on each before copying)",
+        "divided_twice": "gradients were divided by the world size twice ({names}): allreduce_hook divides each "
+        "bucket before it hands it to your transport (my_all_reduce), which must only sum: take the division "
+        "out of it",
+    }
+}
+
+
+def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
     world = report["world"]
     if f["kind"] == "broadcast":
         whose = _ranks_text(f["ranks"])
@@ -346,7 +377,8 @@ def _stage_finding(f: dict, report: dict) -> str:
             f"gradients differ from the average over ranks{at} ({names}; largest difference {value:.2g} in "
             f"'{name}') and match none of the usual mistakes"
         )
-    return GRADIENT_MESSAGES[f["kind"]].format(names=names, world=world) + at
+    messages = {**GRADIENT_MESSAGES, **TRANSPORT_MESSAGES.get(like, {})}
+    return messages[f["kind"]].format(names=names, world=world) + at
 
 
 def calls_text(kinds: dict) -> str:
@@ -381,7 +413,10 @@ def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
         early_r = sum(r[f"{kind}{i}"] for kind in ("backward", "finish") for i in range(1, k))
         if total_m != total_r:
             calls = calls_text(kinds_m[step - 1]) if step <= len(kinds_m) else f"{total_m} all_reduce calls"
-            made = f"{calls} in step {step} of {k} micro-batches, where '{like}' makes {total_r}"
+            theirs = kinds_r[step - 1] if step <= len(kinds_r) else {}
+            made = f"{calls} in step {step} of {k} micro-batches, where '{like}' makes " + (
+                calls_text(theirs) if len(theirs) > 1 else str(total_r)  # several kinds: each one's count
+            )
             if early_m > early_r and not report.get("has_no_sync"):
                 return (
                     f"your stage has no no_sync(), so it syncs after every micro-batch: {made}; write no_sync() "
@@ -394,8 +429,14 @@ def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
                     "does not sync; finish_gradient_synchronization() runs after every backward, theirs too)"
                 )
             head = f"wrong number of collectives: {made}"
-            if like.startswith("bucket") or like == "halves":
+            if like.startswith("bucket"):
                 return head + f" (one per bucket: the plan for bucket_cap_mb={cap} has {total_r} buckets)"
+            if like == "halves":  # each bucket: one reduce-scatter and one all-gather
+                per = len(kinds_r[step - 1]) if step <= len(kinds_r) else 2
+                return (
+                    head + f" (one reduce_scatter_single and one all_gather_single per bucket: the plan for "
+                    f"bucket_cap_mb={cap} has {total_r // per} buckets)"
+                )
             return head
         if r[f"backward{k}"] > 0 and m[f"backward{k}"] == 0:
             return (
