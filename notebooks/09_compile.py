@@ -29,10 +29,10 @@
 # Backward then runs piece after piece; each piece hands over its gradients, their bucket is sent,
 # and the pieces before it keep computing meanwhile. minddp's `ddp` presents its buckets to Dynamo
 # the same way (`minddp/runtime/compiling.py`), and so do the bucketed stages when the train command
-# builds them around a compiled model.
+# builds them around a compiled model (`tests/test_compile.py` checks those).
 #
 # This notebook shows one step of `ddp` three ways on one time axis, eager, compiled without the
-# cut and compiled with it; then where the cuts fall; then the graph breaks. The model is a small
+# cut and compiled with it; then where the cuts fall; then the graph breaks; then buckets below 1 MiB. The model is a small
 # MLP of our own class (eight 1 MiB layers), not the shared workload: it compiles quickly (the first
 # cell prints how long its compiling step took), and its layers make the pieces easy to name. The
 # backend is `aot_eager`: the graph is traced and cut as with Inductor, then run with eager's own aten
