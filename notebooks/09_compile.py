@@ -29,14 +29,15 @@
 # Backward then runs piece after piece; each piece hands over its gradients, their bucket is sent,
 # and the pieces before it keep computing meanwhile. minddp's `ddp` presents its buckets to Dynamo
 # the same way (`minddp/runtime/compiling.py`), and so do the bucketed stages when the train command
-# builds them around a compiled model.
+# builds them around a compiled model (`tests/test_compile.py` checks those).
 #
 # This notebook shows one step of `ddp` three ways on one time axis, eager, compiled without the
-# cut and compiled with it; then where the cuts fall; then the graph breaks. The model is a small
-# MLP of our own class (eight 1 MiB layers), not the shared workload: compiling it takes seconds on
-# a CPU where the Llama takes minutes, and its layers make the pieces easy to name. The backend is
-# `aot_eager`: the graph is traced and cut as with Inductor, then run as eager, so all three
-# trainings give the same bits.
+# cut and compiled with it; then where the cuts fall; then the graph breaks; then buckets below 1 MiB. The model is a small
+# MLP of our own class (eight 1 MiB layers), not the shared workload: it compiles quickly (the first
+# cell prints how long its compiling step took), and its layers make the pieces easy to name. The
+# backend is `aot_eager`: the graph is traced and cut as with Inductor, then run with eager's own aten
+# operations, fused into none (Inductor's kernels would fuse them), so all three trainings give the
+# same bits, and compiling is not meant to make the step faster here.
 
 # %%
 # %load_ext minddp.notebook
@@ -44,6 +45,10 @@
 
 # %%
 # %%distributed
+import os
+import tempfile
+import time
+
 import pandas as pd
 import torch._dynamo
 from torch import nn
@@ -51,18 +56,20 @@ from torch._dynamo.utils import counters
 
 from minddp import DistributedDataParallel
 from minddp.analysis import live, metrics
-from minddp.analysis.timeline import row_measures
+from minddp.analysis.cpu import rank_metrics
+from minddp.analysis.events import read_trace
 from minddp.ladder.loop import train_step
 from minddp.notebook import lesson
 
 WIDTH, DEPTH, CAP, BACKEND = 512, 8, 2.0, "aot_eager"  # 1 MiB weights, buckets of 2 MiB
+PIECE = "autograd::engine::evaluate_function: CompiledFunctionBackward"  # the backward of one compiled piece
 
 
 class MLP(nn.Module):
-    def __init__(self):
+    def __init__(self, depth: int = DEPTH):
         super().__init__()
         torch.manual_seed(0)
-        self.layers = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(DEPTH))
+        self.layers = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(depth))
         self.head = nn.Linear(WIDTH, 1)
 
     def forward(self, x):
@@ -81,6 +88,23 @@ def loss_fn(model, x):
     return model(x).square().mean()
 
 
+def trace_measures(prof) -> dict:
+    """*In flight* (ms) and *overlap* (%) of the profiled step as docs/analysis.md defines them, read off its trace by
+    the code of ``python -m minddp.analyze``: comm is gloo's ranges, compute the training thread's aten ops."""
+    with tempfile.TemporaryDirectory() as folder:
+        prof.export_chrome_trace(f"{folder}/rank{rank}.json")
+        measured = rank_metrics(read_trace(f"{folder}/rank{rank}.json", rank))
+    return {"in flight, ms": measured["comm_time_per_step_us"] / 1e3, "overlap, %": measured["comm_comp_overlap_pctg"]}
+
+
+def phases(row) -> dict:
+    """Each phase of a step row: ``name -> (ms, whether a message was in flight during it)``."""
+    (f1, f2), (b1, b2), optimizer = row["forward"], row["backward"], row["optimizer"][-1]
+    spans = {"forward 1": f1, "backward 1": b1, "forward 2": f2, "backward 2": b2}
+    spans.update({"until the optimizer": (b2[1], optimizer[0]), "optimizer": optimizer})
+    return {name: (e - s, bool(metrics.intersect([(s, e)], row["messages"]))) for name, (s, e) in spans.items()}
+
+
 def one_step(compiled: bool, cut: bool = True):
     """ddp on a fresh MLP, compiled or not (the cut on or off), two warm-up steps, then one profiled step."""
     torch._dynamo.reset()  # every MLP shares Dynamo's cache (one class, one code): start each anew
@@ -88,15 +112,25 @@ def one_step(compiled: bool, cut: bool = True):
     model = MLP()
     ddp = DistributedDataParallel(torch.compile(model, backend=BACKEND) if compiled else model, bucket_cap_mb=CAP)
     optimizer, data = torch.optim.SGD(model.parameters(), lr=0.01), batches()
-    for _ in range(2):  # the first compiles; the second runs on the plan rebuilt from the first's order
-        train_step(ddp, optimizer, next(data), loss_fn)
+    started = time.perf_counter()
+    train_step(ddp, optimizer, next(data), loss_fn)  # the first step compiles
+    first_step_s = time.perf_counter() - started
+    train_step(ddp, optimizer, next(data), loss_fn)  # the second runs on the plan rebuilt from the first's order
     with live.profiler() as prof:
         train_step(ddp, optimizer, next(data), loss_fn)
     torch._dynamo.config.optimize_ddp = True
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
-    first_send = next(e.time_range.start for e in events if e.name == live.CALL)
+    sends = [e.time_range.start for e in events if e.name == live.CALL]
     view = live.step_view(prof)
-    view["matmuls_after_first_send"] = sum(e.name == "aten::mm" and e.time_range.start > first_send for e in events)
+    view.update(trace_measures(prof), first_step_s=first_step_s, phases=phases(view["row"]))
+    view["matmuls_after_first_send"] = sum(e.name == "aten::mm" and e.time_range.start > sends[0] for e in events)
+    view["matmuls"] = sum(e.name in ("aten::mm", "aten::addmm") for e in events)
+    view["aten_ops"] = sum(e.name.startswith("aten::") for e in events)
+    # the compiled pieces' backward in the second micro-batch (the first runs inside no_sync: nothing is sent)
+    last = max(e.time_range.start for e in events if e.name == "minddp.forward_backward")
+    nodes = [(e.time_range.start, e.time_range.end) for e in events if e.name == PIECE and e.time_range.start > last]
+    view["pieces_ended_at_send"] = [sum(end <= t for _, end in nodes) for t in sends]
+    view["pieces_begun_at_send"] = [sum(start <= t for start, _ in nodes) for t in sends]
     # backward as the computing nodes only (a compiled piece is one): not the AccumulateGrad nodes after them,
     # where the reducer's hooks copy gradients into buckets and send them
     t0 = min(e.time_range.start for e in events if e.name == "minddp.forward_backward")
@@ -105,6 +139,9 @@ def one_step(compiled: bool, cut: bool = True):
         for e in events
         if e.name.startswith("autograd::engine::evaluate_function") and "AccumulateGrad" not in e.name
     ]
+    view["finish_ms"] = max(e - s for s, e in view["row"]["finish"])
+    # a span under 1 % of the step is too short to see: not drawn, so not named in the legend (said below)
+    view["row"]["finish"] = [(s, e) for s, e in view["row"]["finish"] if e - s >= 0.01 * view["row"]["end"]]
     view["buckets"] = [[ddp.reducer.names[i].removeprefix("_orig_mod.") for i in b] for b in ddp.bucket_plan]
     view["params"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return ddp, view
@@ -118,6 +155,15 @@ lesson.say(
     f"ddp on {world_size} ranks, an MLP of {DEPTH} layers of {WIDTH}×{WIDTH} (1 MiB of float32 weights each) and "
     f"a head, buckets of {CAP:g} MiB, two micro-batches a step; compiled with the {BACKEND} backend."
 )
+lesson.say(
+    f"This machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} over the last minute (both ranks, "
+    "gloo's threads and every other process share those cores)."
+)
+lesson.say(
+    f"The first step of the compiled MLP with the cut, which compiles it, took {looks['compiled, cut']['first_step_s']:.1f} s "
+    f"(eager's first step: {looks['eager']['first_step_s']:.2f} s)."
+)
+
 
 # %% [markdown]
 # ## One step, three ways, on one time axis
@@ -127,11 +173,23 @@ lesson.say(
 # was handed to the wire, a bar while gloo ran its `all_reduce`, then the optimizer step (green).
 # Backward is drawn where it computes: eager, node after node; compiled, one bar per compiled piece.
 # The gaps between them are the `AccumulateGrad` nodes, where the reducer's hooks copy gradients
-# into buckets and send full ones. The lengths of the bars are one step of a shared 2-core CPU;
-# the order of the events is what the cut changes, and what the claims below count. The table
-# beside it gives each way's step, the time its backward computed (the blue bars), and two of the
-# measures `01_collectives` defines (`docs/analysis.md`): *in flight* (time gloo's `all_reduce` ran,
-# its wait for the other rank included) and *overlap* (the share of it during which rank 0 computed).
+# into buckets and send full ones. The lengths of the bars are one step on the machine printed
+# above, its cores shared with everything else that runs; the order of the events is what the cut
+# changes, and what the claims below count. Above the figure, two tables. The first gives each way's
+# step, the time its backward computed (the blue bars), and two of the measures of
+# `docs/analysis.md`, read off the step's trace by the code of `python -m minddp.analyze`: *in flight*
+# (the time gloo's `all_reduce` ranges ran, their wait for the other rank and for a core included) and
+# *overlap* (the share of that time during which the training thread ran an `aten::` op: forward,
+# backward, the optimizer and the reducer's copies into buckets alike: without the cut, the first
+# buckets travel while the reducer copies the later ones, so that step can show overlap with no
+# backward beside its messages). The last column, named apart for that reason, is the time in flight
+# beside backward's compute alone (the blue bars): the overlap the cut brings back. The second splits each step
+# into its phases, marking those during which a message was in flight: a phase with nothing in flight
+# in both ways is where the two steps can be compared with the messages left out.
+#
+# On a GPU, which this notebook does not run on, the cut is expected to pay: backward's kernels run
+# on the GPU while NCCL carries the buckets on a stream of its own, so a message in flight does not
+# take compute from backward the way it can take a core here.
 
 # %%
 # %%distributed
@@ -154,44 +212,82 @@ lesson.claim(
     "run: the overlap is back.",
 )
 same = all(torch.equal(v["params"], looks["eager"]["params"]) for v in looks.values())
-lesson.claim(same, "The three trainings end with the same parameters, to the bit (aot_eager runs eager's operations).")
+lesson.claim(
+    same, "The three trainings end with the same parameters, to the bit (aot_eager computes with eager's aten ops)."
+)
+lesson.say(
+    f"finish_gradient_synchronization took at most {max(v['finish_ms'] for v in looks.values()):.2f} ms in any of "
+    + (
+        "the three: under 1 % of a step, too short to see, so not drawn."
+        if not any(v["row"]["finish"] for v in looks.values())
+        else "the three (the purple bars)."
+    )
+)
 
-table = {}
-for label, v in looks.items():
-    measured = row_measures(v["row"])  # each measure by its one function in minddp.analysis.metrics
-    table[label] = {
+table = {
+    label: {
         "step, ms": v["row"]["end"],
         "backward computing, ms": metrics.length(v["row"]["backward"]),
-        "in flight, ms": measured["in_flight_ms"],
-        "overlap, %": measured["overlap_pct"],
+        "in flight, ms": v["in flight, ms"],
+        "overlap, %": v["overlap, %"],
+        "in flight beside the blue bars, ms": metrics.in_flight(v["row"]["messages"], v["row"]["backward"]),
     }
+    for label, v in looks.items()
+}
 lesson.say(pd.DataFrame(table).T.round(1).to_string())
-# timings of one step on a shared machine: said from the run, never asserted (load can reorder them)
-cut_, whole = table["compiled, cut"], table["compiled, no cut"]
-slowest = max(table, key=lambda label: table[label]["step, ms"])
-costs = [
-    f"{what} {cut_[column]:.0f} ms against {whole[column]:.0f} ms without the cut"
-    for what, column in (
-        ("backward computed for", "backward computing, ms"),
-        ("its messages were in flight", "in flight, ms"),
-    )
-    if cut_[column] > whole[column]
-]
-verdict = "saved more than it cost" if cut_["step, ms"] < whole["step, ms"] else "cost more than it saved"
+lesson.say("\nEach phase of the step, ms (• a message was in flight during it):")
+marked = {
+    label: {name: f"{ms:.1f}{' •' if busy else ''}" for name, (ms, busy) in v["phases"].items()}
+    for label, v in looks.items()
+}
+lesson.say(pd.DataFrame(marked).T.to_string())
+
+# timings of one step on a shared machine: said from the run, never asserted (the load can reorder them)
+step = {label: v["row"]["end"] for label, v in looks.items()}
+fastest = min(step, key=step.get)
+matmuls, ops = ({label: v[key] for label, v in looks.items()} for key in ("matmuls", "aten_ops"))
+forward_1 = ", ".join(f"{v['phases']['forward 1'][0]:.0f}" for v in looks.values())
 lesson.say(
-    f"On this run the step with the overlap back took {cut_['step, ms']:.0f} ms against {whole['step, ms']:.0f} ms "
-    "compiled without the cut, "
-    + ("the slowest of the three" if slowest == "compiled, cut" else f"and {slowest} was the slowest")
-    + f": the overlap {verdict} here."
+    f"\nThe {fastest} step was the shortest here: {step[fastest]:.0f} ms, against "
+    + " and ".join(f"{s:.0f} ms ({label})" for label, s in step.items() if label != fastest)
     + (
-        " Hiding is not free on this machine: with the cut, " + " and ".join(costs) + ". Its two cores run both "
-        "ranks' backward and gloo's threads alike (and other jobs' work), so a bucket sent while backward computes "
-        "waits for a core (and for the other rank), and takes the core from backward when it gets one."
-        if costs
-        else ""
+        ". aot_eager can be slower than eager on a CPU: "
+        if fastest == "eager"
+        else ". aot_eager does not make eager's work faster on a CPU, so that comes from the load and the messages: "
     )
-    + " On a GPU, backward's kernels run on the GPU while NCCL carries the buckets on a stream of its own, so "
-    "the overlap takes the messages' time off the step without slowing backward."
+    + (
+        f"every way ran the same {matmuls['eager']} matrix multiplies"
+        if len(set(matmuls.values())) == 1
+        else "the matrix multiplies: " + ", ".join(f"{label} {n}" for label, n in matmuls.items())
+    )
+    + "; aot_eager fuses none of them (Inductor would) and adds work of its own around them: more aten ops in the "
+    "step ("
+    + ", ".join(f"{label} {n}" for label, n in ops.items())
+    + "), AOTAutograd's wrappers around each compiled piece, Dynamo's guards before each call. On a CPU nothing "
+    "pays that back. Each way also ran at its own moment of the machine's load: the first micro-batch's forward, "
+    f"the same operations in all three, took {forward_1} ms."
+)
+cut_, whole = looks["compiled, cut"]["phases"], looks["compiled, no cut"]["phases"]
+quiet = [name for name in cut_ if not cut_[name][1] and not whole[name][1]]
+q_cut, q_whole = (sum(p[name][0] for name in quiet) for p in (cut_, whole))
+(b_cut, _), (b_whole, _) = cut_["backward 2"], whole["backward 2"]
+(w_cut, _), (w_whole, _) = cut_["until the optimizer"], whole["until the optimizer"]
+lesson.say(
+    f"With the cut the step took {step['compiled, cut']:.0f} ms, against {step['compiled, no cut']:.0f} ms without "
+    f"it. In the phases where neither had a message in flight ({', '.join(quiet)}) it took {q_cut:.0f} ms against "
+    f"{q_whole:.0f} ms ({q_cut / q_whole:.2f}×): there the cut's messages cannot be the cause, only the machine's "
+    f"speed at the time. The second backward, with messages in flight, took {b_cut:.0f} ms against {b_whole:.0f} ms "
+    f"({b_cut / b_whole:.2f}×)"
+    + (
+        ", slowed more than the quiet phases: consistent with a send taking a core from backward (the "
+        f"{os.cpu_count()} cores run both ranks' backward and gloo's threads), which one step on a loaded machine "
+        "cannot tell from the load's swings"
+        if b_cut / b_whole > q_cut / q_whole
+        else ", slowed no more than the quiet phases: this run does not show the sends taking cores from backward"
+    )
+    + f". From the end of backward to the optimizer, the step waited {w_cut:.0f} ms for its last messages against "
+    f"{w_whole:.0f} ms. A message's time in flight includes gloo waiting for the other rank and for a core: rank "
+    "0's trace alone cannot say which."
 )
 
 
@@ -236,7 +332,15 @@ homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
 lesson.claim(
     all(len(home) == 1 for home in homes) and [h[0] for h in homes] == sorted(h[0] for h in homes),
     "Every bucket lies within one piece, in backward order: each bucket is full once the backward of its piece "
-    "has ended, so it leaves before the next piece computes.",
+    "has ended.",
+)
+# program order on the training thread in the profiled step above: holds on any machine
+ended, begun = (looks["compiled, cut"][key] for key in ("pieces_ended_at_send", "pieces_begun_at_send"))
+lesson.claim(
+    ended == begun == [home[0] + 1 for home in homes],
+    "In the profiled step each bucket was handed to the wire (its tick) after the backward of its piece ended and "
+    "before the next piece's began. Handed over is not carried: when gloo ran its all_reduce (its bar) was up to "
+    "the cores and the other rank.",
 )
 size = {n.removeprefix("_orig_mod."): p.numel() * p.element_size() for n, p in ddp.module.named_parameters()}
 cap = int(CAP * 2**20)
@@ -298,51 +402,65 @@ lesson.claim(
 #
 # Dynamo's cut makes its first piece 1 MiB (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`), as
 # torch's DDP makes its first bucket, and refuses a cap below it. minddp gives Dynamo the first piece
-# itself (the cap, when one is given), so a smaller cap compiles. Both on a small model at 0.5 MiB:
+# itself (the cap, when one is given) around the module it wraps. Each wrapper, both ways (the model
+# compiled, then wrapped; the wrapper compiled), at 0.5 MiB on an MLP of two 1 MiB layers and the
+# head, one training step each:
 
 
 # %%
 # %%distributed
-def compile_at(wrap, cap_mb: float) -> str:
-    """One training step of a compiled two-layer model wrapped at ``cap_mb``: what happened, in a line."""
+SMALL = 0.5  # MiB
+
+
+def compile_at(wrapper, model_first: bool) -> str:
+    """One training step of a two-layer MLP, compiled and wrapped at ``SMALL`` MiB: what happened, in a line."""
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 1))
+    counters.clear()
+    model = MLP(depth=2)
+    if model_first:
+        wrapped = wrapper(torch.compile(model, backend=BACKEND), bucket_cap_mb=SMALL)
+    else:
+        wrapped = torch.compile(wrapper(model, bucket_cap_mb=SMALL), backend=BACKEND)
     try:
-        train_step(wrap(model, cap_mb), torch.optim.SGD(model.parameters(), lr=0.01), next(batches()), loss_fn)
+        train_step(wrapped, torch.optim.SGD(model.parameters(), lr=0.01), next(batches()), loss_fn)
     except Exception as error:  # what torch raises, said in one line
         return f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
-    return "compiled and trained a step"
+    return f"trained a step; the graph was compiled in {counters['aot_autograd']['total']} pieces"
 
 
-small = {
-    "torch's DDP": compile_at(
-        lambda m, cap: torch.compile(torch.nn.parallel.DistributedDataParallel(m, bucket_cap_mb=cap), backend=BACKEND),
-        0.5,
-    ),
-    "minddp's ddp": compile_at(
-        lambda m, cap: DistributedDataParallel(torch.compile(m, backend=BACKEND), bucket_cap_mb=cap), 0.5
-    ),
-}
-for who, outcome in small.items():
-    lesson.say(f"{who} at bucket_cap_mb=0.5: {outcome}")
+wrappers = {"torch's DDP": torch.nn.parallel.DistributedDataParallel, "minddp's ddp": DistributedDataParallel}
+ways = {"the model compiled, then wrapped": True, "the wrapper compiled": False}
+small = {(who, way): compile_at(wrapper, first) for who, wrapper in wrappers.items() for way, first in ways.items()}
+for (who, way), outcome in small.items():
+    lesson.say(f"{who}, {way}, bucket_cap_mb={SMALL:g}: {outcome}")
+refused = "AssertionError: First bucket"
 lesson.claim(
-    small["torch's DDP"].startswith("AssertionError: First bucket") and small["minddp's ddp"].startswith("compiled"),
-    "Below its 1 MiB first piece torch's DDP does not compile (Dynamo's cut asserts); minddp's ddp compiles and "
-    "trains there.",
+    all(small["torch's DDP", way].startswith(refused) for way in ways),
+    "Below its 1 MiB first piece torch's DDP does not compile, either way (Dynamo's cut asserts).",
+)
+lesson.claim(
+    all(
+        small["minddp's ddp", way].startswith("trained") and int(small["minddp's ddp", way].split()[-2]) > 1
+        for way in ways
+    ),
+    "minddp's ddp trains there, either way, its graph cut in pieces.",
 )
 
 # %% [markdown]
 # ## What to take away
 #
 # * Compile the model, then wrap it (`model = torch.compile(model)`, then the stage): minddp's
-#   `ddp` (and `zero1`, `zero2`) cut the compiled graph where their buckets fill, so buckets leave
-#   during backward as in eager. `torch.compile(ddp)` works too. The teaching stages `bucket` and
-#   `bucket-async` do the same when built by name (`minddp.ladder.build_stage`, as `--compile` does)
-#   or passed through `compile_ready`; their own files stay free of it.
-# * The per-parameter stages (`hook`, `hook-async`) ask for no cut: compiled, their gradients
-#   arrive at the end of backward. `fsdp` is not compiled (its hooks gather every unit).
-# * Below 1 MiB buckets torch's DDP does not compile (the run above); minddp's compiles and cuts there too.
+#   `ddp` cuts the compiled graph where its buckets fill, so buckets leave during backward as in eager
+#   (the runs above). `tests/test_compile.py` shows the same order of events for `zero2` around a
+#   compiled model, and for the teaching stages `bucket` and `bucket-async` built by name
+#   (`minddp.ladder.build_stage`, as `--compile` does) or passed through `compile_ready`; their own
+#   files stay free of it. `torch.compile(ddp)` trains too (the graph breaks above, at 2 MiB).
+# * The per-parameter stages (`hook`, `hook-async`) ask for no cut (`compile_ready` cuts only the
+#   bucketed stages, `minddp/ladder/__init__.py`): compiled, their gradients arrive at the end of
+#   backward, as in the row without the cut above. The train command refuses `--compile`
+#   for `fsdp` in one line (`tests/test_compile.py`).
+# * Below 1 MiB buckets torch's DDP does not compile (the runs above); minddp's `ddp` does, either
+#   way, and cuts there.
 # * The train command and the benchmark take `--compile` (`--compile-backend aot_eager` for quick
 #   runs). `docs/ddp.md` (*Compiled*) gives the details, the limits and why minddp uses Dynamo's
 #   cut rather than compiled autograd.
