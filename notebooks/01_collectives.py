@@ -132,7 +132,8 @@ grad / world_size
 # `all_gather` gives every rank every rank's tensor. `reduce_scatter` is the opposite: each rank
 # ends up with the *sum* of one chunk. The cell uses its one-tensor form, `reduce_scatter_single`:
 # the whole vector in, this rank's chunk (summed over the ranks) out. (It comes from
-# `minddp.runtime.compat`, which calls whichever name this torch release gives it; its docstring says which.)
+# `minddp.runtime.compat`, which calls whichever name this torch release gives it:
+# `dist.reduce_scatter_single`, or `dist.reduce_scatter_tensor` in older releases.)
 #
 # Running a `reduce_scatter` then an `all_gather` is an `all_reduce`: that is how the ring algorithm
 # used by NCCL and gloo works, and `minddp.collectives.ring_all_reduce` writes it from plain
@@ -204,8 +205,8 @@ lesson.claim(
     all(
         len(ranks_in(r["steps"][s]["before"][r["steps"][s]["chunks"][0]])) == s + 1 for r in ring for s in range(n - 1)
     ),
-    "in the reduce-scatter, the chunk a rank sends at its 1st, 2nd, 3rd step holds 1, 2, 3 ranks' shares: one more "
-    "at every hop",
+    f"in the reduce-scatter, the chunk a rank sends at its steps 1 to {n - 1} holds 1 to {n - 1} ranks' shares: "
+    "one more at every hop",
 )
 complete = [[c for c, mark in enumerate(r["steps"][n - 1]["before"]) if mark == all_marks] for r in ring]
 lesson.claim(
