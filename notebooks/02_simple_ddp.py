@@ -393,8 +393,9 @@ stages.SimpleDDP(torch.nn.Linear(8, 2 + rank).to(device))
 # (a small network, a few steps of a few micro-batches, a different random start on every rank)
 # beside a single process on the global batch and torch's own DDP, and says in one line what is
 # wrong, or that it matches: a missing broadcast, gradients summed instead of averaged, a rank
-# left waiting in a collective the other never made (reported as "a rank hung": the checker gives up
-# after a timeout, so your notebook never hangs), the wrong number of collectives.
+# left waiting in a collective the other never made, or both ranks in one they made with different
+# arguments such as `src=rank` (each reported as "a rank hung", with where: the checker gives up after
+# a timeout, so your notebook never hangs), the wrong number of collectives.
 #
 # As it stands the cell raises `NotImplementedError`, and the checker says so.
 
