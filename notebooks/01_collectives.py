@@ -53,8 +53,9 @@ print(f"rank {rank} holds {t.tolist()}")
 # ## Non-blocking: `isend` / `irecv`
 #
 # The `i` versions return at once with a *work* handle; the transfer runs in the background, and
-# `wait()` blocks until it is finished. In between, a rank can compute while its message travels:
-# the seed of what the later DDP stages call *overlap* (defined, with the other measures, at the end).
+# `wait()` blocks until it is finished. In between, the rank is free to compute (the cell multiplies
+# two small matrices there, without timing anything): work done while a transfer is still running is
+# the seed of what the later DDP stages call *overlap* (defined, and measured, at the end).
 
 # %%
 # %%distributed
@@ -117,7 +118,7 @@ print("reduce ->", t.item(), "| gather ->", gathered)
 # examples and every rank's shard holds as many examples: then the global batch's mean loss is the
 # mean of the shards' mean losses. With shards of different sizes (a last, shorter batch; uneven
 # shards, as in `07_fault_tolerance`) each rank's gradient needs the weight of its share of the
-# examples instead of 1 / n.
+# examples instead of 1 / (the number of ranks).
 
 # %%
 # %%distributed
@@ -129,10 +130,10 @@ grad / world_size
 # ## `all_gather` and `reduce_scatter`: the two halves of a ring all_reduce
 #
 # `all_gather` gives every rank every rank's tensor. `reduce_scatter` is the opposite: each rank
-# ends up with the *sum* of one chunk. The cell uses its one-tensor form, `reduce_scatter_single`
-# (the whole vector in, this rank's chunk out) from `minddp.runtime.compat`, which calls torch's name for it
-# (`dist.reduce_scatter_single` from torch 2.13, `dist.reduce_scatter_tensor` before): gloo has
-# that form from torch 2.6 on, and the list form `dist.reduce_scatter` only in later releases.
+# ends up with the *sum* of one chunk. The cell uses its one-tensor form, `reduce_scatter_single`:
+# the whole vector in, this rank's chunk (summed over the ranks) out. (It comes from
+# `minddp.runtime.compat`, which calls whichever name this torch release gives it:
+# `dist.reduce_scatter_single`, or `dist.reduce_scatter_tensor` in older releases.)
 #
 # Running a `reduce_scatter` then an `all_gather` is an `all_reduce`: that is how the ring algorithm
 # used by NCCL and gloo works, and `minddp.collectives.ring_all_reduce` writes it from plain
@@ -169,7 +170,8 @@ print("ring:", x.tolist(), "| equal to dist.all_reduce:", torch.equal(x, expecte
 # (`minddp.collectives.watch`) runs it on a 1 MiB tensor in which every rank has written its
 # *mark*, 2<sup>rank</sup> (1, 2, 4, 8), and writes down every message the ring's own code sends: to
 # whom, how many bytes, which chunk, and what every chunk held just before. A chunk's value then
-# says whose shares it already holds (5 = 1 + 4: ranks 0 and 2; 15: all four). The *star*
+# says whose shares it already holds: 9 = 1 + 8 holds ranks 0's and 3's, drawn "0+3" in the figure;
+# 15 holds all four, drawn "all". The *star*
 # (`naive_all_reduce`: every rank sends its whole tensor to rank 0, which sends the sum back) is
 # watched the same way, and the ring once more on a 4 KiB tensor, for the cost model below.
 
@@ -185,7 +187,7 @@ assert all(r["ok"] for r in ring + star + tiny)  # each leaves the sum of every 
 # %% [markdown]
 # The drawing is made from those records, one row per step. In the **reduce-scatter** (first three
 # rows) every rank sends one chunk (outlined) to its neighbour, which adds it into its own copy: a
-# chunk picks up one more rank's share at every hop, and after n − 1 = 3 steps each rank holds one
+# chunk picks up one more rank's share at every hop, and after 3 steps (one fewer than the ranks) each rank holds one
 # chunk that is complete ("all"), a different one on each rank. In the **all-gather** (next three)
 # the complete chunks go around once more, each one overwriting the neighbour's partial copy. The
 # cell checks each of these sentences against the records.
@@ -196,23 +198,24 @@ import matplotlib.pyplot as plt
 from minddp.collectives.watch import draw_ring, ranks_in
 from minddp.notebook import lesson
 
-n, full = world_size, 2**world_size - 1  # n ranks; a chunk marked 2**n - 1 holds every rank's share
+n, all_marks = world_size, 2**world_size - 1  # n ranks; a chunk marked 2**n - 1 holds every rank's share
 draw_ring(ring)
 plt.show()
 lesson.claim(
     all(
         len(ranks_in(r["steps"][s]["before"][r["steps"][s]["chunks"][0]])) == s + 1 for r in ring for s in range(n - 1)
     ),
-    "in the reduce-scatter, the chunk a rank sends at step s holds s shares: one more at every hop",
+    f"in the reduce-scatter, the chunk a rank sends at its steps 1 to {n - 1} holds 1 to {n - 1} ranks' shares: "
+    "one more at every hop",
 )
-complete = [[c for c, mark in enumerate(r["steps"][n - 1]["before"]) if mark == full] for r in ring]
+complete = [[c for c, mark in enumerate(r["steps"][n - 1]["before"]) if mark == all_marks] for r in ring]
 lesson.claim(
     all(len(c) == 1 for c in complete) and len({c[0] for c in complete}) == n,
     f"after the n − 1 = {n - 1} reduce-scatter steps each rank holds exactly one complete chunk, a different "
     f"one on each rank ({', '.join(f'rank {r}: chunk {c[0]}' for r, c in enumerate(complete))})",
 )
 lesson.claim(
-    all(r["after"] == [full] * n for r in ring),
+    all(r["after"] == [all_marks] * n for r in ring),
     f"after the {n - 1} all-gather steps every rank holds all {n} chunks complete",
 )
 
@@ -222,7 +225,7 @@ lesson.claim(
 # | symbol | meaning | unit |
 # | --- | --- | --- |
 # | n | the number of ranks | |
-# | m | the bytes of the tensor one collective reduces, on one rank (a ring sends it as n messages of m / n bytes) | bytes |
+# | m | the bytes of the tensor one collective reduces, on one rank (a ring cuts it into n chunks of m / n bytes) | bytes |
 # | α | the fixed cost of one message, whatever its size: latency, software | seconds |
 # | β | the time per byte on a link, 1 / B | seconds per byte |
 # | B | a link's bandwidth, when one is named (`1gbit`: 1 Gbit/s = 125 MB/s); the tables print it in Gbit/s | bytes per second |
@@ -232,14 +235,14 @@ lesson.claim(
 # out (m / n). The measures of time, *waited*, *exposed*, *overlap* and the rest, are defined at the end
 # of this notebook, before any notebook uses them.
 #
-# **Bytes.** m here is the bytes of one rank's tensor. In the ring every rank sends 2 (n − 1) chunks of
-# m / n bytes, 2 (n − 1) / n · m in all, and receives as much: less than 2 m, whatever the number of
+# **Bytes.** m here is the bytes of one rank's tensor. In the ring every rank sends 2 (n − 1) messages, each
+# one chunk of m / n bytes, 2 (n − 1) / n · m in all, and receives as much: less than 2 m, whatever the number of
 # ranks. In the star, ranks 1 to n − 1 send their tensor once and receive the sum once (m each way),
 # but rank 0 receives n − 1 whole tensors and sends n − 1 sums back: (n − 1) · m each way, n / 2
 # times a ring rank's bytes, and everybody waits for it. The cell counts both from the records and
 # checks them against these formulas.
 #
-# **Time.** The α-β model prices one message of s bytes at α + β · s. In one exchange a rank sends a
+# **Time.** The α-β model prices one message of x bytes at α + β · x. In one exchange a rank sends a
 # message and receives another at the same time (each direction of a link has its own wire), so the
 # larger of the two counts. A rank's exchanges go one after the other, and the all_reduce is done when
 # the busiest rank is. A ring rank makes 2 (n − 1) exchanges of m / n bytes each way:
@@ -324,8 +327,10 @@ lesson.claim(
 # %% [markdown]
 # ## `barrier`: wait for everyone
 #
-# No data moves; every rank waits until all have arrived. Here rank 1 is slow, and rank 0 waits for
-# it at the barrier.
+# No data moves; every rank waits until all have arrived. Here rank 1 sleeps 0.5 s before it
+# arrives, and every other rank waits for it at the barrier. Each rank prints when it arrived and left,
+# on the wall clock the ranks of this machine share, counted from rank 1's arrival (the ranks do not
+# start a cell at the same instant, so a rank's own stopwatch would mix in when its cell began).
 
 # %%
 # %%distributed
@@ -333,15 +338,15 @@ import time
 
 from minddp.notebook import lesson
 
-start = time.perf_counter()
 if rank == 1:
     time.sleep(0.5)
 arrived = time.time()  # the wall clock: one clock for all the ranks of this machine
 dist.barrier()
 left = time.time()
-print(f"rank {rank} left the barrier after {time.perf_counter() - start:.1f} s")
 everyone = [None] * world_size
 dist.all_gather_object(everyone, (arrived, left))
+slow = everyone[1][0]  # when rank 1 arrived
+print(f"rank {rank} arrived {arrived - slow:+.2f} s and left {left - slow:+.2f} s from rank 1's arrival")
 lesson.claim(
     all(left >= everyone[1][0] for _, left in everyone), "no rank left the barrier before rank 1 had arrived at it"
 )
@@ -366,11 +371,12 @@ lesson.claim(
 # | overlap | \|M ∩ C\| / \|M\|: the share of the in-flight time during which compute runs too | `overlap_pct` | % of in flight |
 # | interleaved | the non-compute time inside backward: the backward stopping for a message, then going on | `interleaved` | ms a step |
 # | waited | \|T\|: the thread standing still for communication (the link, the other rank, a free core) | `waited` | ms a step |
-# | exposed | \|L ∩ T\|: the link's transfer time the thread stood waiting through, the step time the link adds against a free link | `exposed` | ms a step |
+# | exposed | \|L ∩ T\|: the link's transfer time the thread stood waiting through (where the collectives take no time of their own beyond the link's, this is also the step time the link adds against a free link) | `exposed` | ms a step |
 # | link time | the sum of the messages' modeled transfers, from their sizes alone: the same on every machine | `link_time` | ms a step |
 #
-# The cell below builds two made-up steps, each sending two messages of 1 MiB over the 1 Gbit/s link,
-# and computes every measure of both with those functions. In the first, the backward *waits* for each
+# The cell below builds two made-up steps on n = 2 ranks (not the four above), each sending two
+# all_reduces of 1 MiB over the 1 Gbit/s link: with n = 2 one costs 2 α + m β of link time, less than
+# the n = 4 ring's price in the table above. It computes every measure of both with those functions. In the first, the backward *waits* for each
 # message where it sends it (the `hook` stage of `03_build_up`); in the second it sends and goes on,
 # waiting once after backward (`hook-async`), and gloo's range outlives the link's transfer by the
 # time the other rank took to join.
@@ -433,7 +439,8 @@ import pandas as pd
 display(pd.DataFrame(table).T.round(1))
 a, b = table.values()
 lesson.say(
-    f"The same two messages, {a['link time ms']:.1f} ms of link time in both steps. Waiting where it sends, the "
+    f"The same two all_reduces of 1 MiB between n = {n} ranks, {carry:.1f} ms each, {a['link time ms']:.1f} ms of "
+    "link time in both steps. Waiting where it sends, the "
     f"first step waited {a['waited ms']:.1f} ms, all of it inside its backward (interleaved "
     f"{a['interleaved ms']:.1f} ms): {a['exposed ms']:.1f} ms for the link, the rest for the other rank; it overlaps "
     f"{a['overlap %']:.0f} %. Sending and going on, the second overlaps {b['overlap %']:.0f} % and is "
@@ -457,7 +464,7 @@ lesson.claim(
 # the waits for the other rank and for a free core, which no faster link would remove. *Overlap* and
 # *non-compute* are read from a trace of the backend's ranges (notebook `05_reading_traces`), which
 # last as long as the backend's work, its own waits included, so a stage that exposes nothing can
-# still show far less than 100 % overlap. And a stage that hides its messages has not made them
+# still show far less than 100 % overlap. And a stage that exposes nothing has not made its messages
 # free: on a CPU the compute and gloo's threads share the same cores (`03_build_up` measures what
 # that costs).
 

@@ -50,6 +50,18 @@ class Summed(solutions.SimpleDDP):
             dist.all_reduce(p.grad)
 
 
+class Flattened(solutions.SimpleDDP):
+    """Averages right, but in one all_reduce of every gradient flattened together (the bucket stages' idea)."""
+
+    def finish_gradient_synchronization(self):
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(part.view_as(g))
+
+
 class NeverSynced(solutions.SimpleDDP):
     """Broadcasts at the start, then never talks again."""
 
@@ -639,3 +651,14 @@ def schedule_at_the_end_of_the_turn(step, sync_every, fragments, delay):
     """Sent when the turn ends, not delay steps before: no step left to overlap the message with."""
     period = sync_every // fragments
     return (step - 1) // period % fragments if step % period == 0 else None
+
+
+class BroadcastFromOwnRank(solutions.SimpleDDP):
+    """Broadcasts with src=rank: every rank thinks it is the source, so none receives rank 0's weights."""
+
+    def __init__(self, module, process_group=None):
+        nn.Module.__init__(self)
+        self.module, self.process_group = module, process_group
+        with torch.no_grad():
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor, src=dist.get_rank())

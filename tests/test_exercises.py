@@ -74,6 +74,8 @@ MISTAKES = [
     (wrong.ParametersOnly, "simple", "the buffers were not broadcast"),
     (wrong.Summed, "simple", "summed, not averaged"),
     (wrong.NeverSynced, "simple", "gradients were not synchronized"),
+    (wrong.Flattened, "simple", "'simple' makes one all_reduce per gradient tensor at every sync"),
+    (wrong.BroadcastFromOwnRank, "simple", "every rank made this collective and none finished it"),
     (wrong.Unfinished, "simple", "raised NotImplementedError in finish_gradient_synchronization"),
     (solutions.SimpleDDP, "ga", "your stage has no no_sync(), so it syncs after every micro-batch: 18 all_reduce"),
     (

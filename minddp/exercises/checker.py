@@ -242,6 +242,12 @@ def _trouble(name: str, reports: dict, timeout_s: float, like: str | None = None
         if stuck:
             parts = [f"rank {r} waited {timeout_s:.0f} s{_where_text(e)} while {e['phase']}" for r, e in stuck.items()]
             gone = "; ".join(f"rank {r} had gone on to {e['phase']}" for r, e in others.items())
+            if not others and not lost and len({_where_text(e) for e in stuck.values()}) == 1:
+                return (
+                    f"✗ {name}: a rank hung: {'; '.join(parts)}: every rank made this collective and none finished "
+                    "it, so its arguments do not match across the ranks (a src or dst that differs between the "
+                    "ranks, such as src=rank, or tensors of different sizes); every rank must pass the same ones"
+                )
             return (
                 f"✗ {name}: a rank hung: {'; '.join(parts)}, in a collective that not every rank made"
                 f"{' (' + gone + ')' if gone else ''}; every rank must make the same collectives in the same order"
@@ -437,7 +443,10 @@ def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
                     head + f" (one reduce_scatter_single and one all_gather_single per bucket: the plan for "
                     f"bucket_cap_mb={cap} has {total_r // per} buckets)"
                 )
-            return head
+            return head + (
+                f" ('{like}' makes one all_reduce per gradient tensor at every sync; packing several gradients into "
+                "one message is the bucket stages' idea)"
+            )
         if r[f"backward{k}"] > 0 and m[f"backward{k}"] == 0:
             return (
                 f"every all_reduce started in finish_gradient_synchronization(), after backward; '{like}' "
