@@ -136,7 +136,8 @@ def test_a_rank_that_hangs_is_named_within_the_timeout():
 
 HOOK_MISTAKES = [
     (wrong.hook_sum_only, "forgot the division"),
-    (wrong.hook_divided_twice, "where float16 rounding allows at most"),
+    (wrong.hook_divided_twice, "your hook divided by the world size twice: its average is 1/2 of the true one"),
+    (wrong.hook_bfloat16, "your hook sent bfloat16, not float16"),
     (wrong.hook_raw_future, "holds a list of 1, not one tensor"),
     (wrong.hook_stays_fp16, "float16 tensor"),
     (wrong.hook_not_compressed, "sent 4 bytes per gradient value (float32), the model answer 2"),

@@ -441,6 +441,17 @@ def _hook_finding(f: dict, report: dict) -> str:
         return "the ranks got different results from your hook: every rank must end with the same average"
     if kind == "summed":
         return "your hook returns the sum over ranks, not the average: divide by the world size (forgot the division)"
+    if kind == "divided_twice":
+        return (
+            f"your hook divided by the world size twice: its average is 1/{report['world']} of the true one "
+            f"(off by {f['error']:.2%}); divide once, before the sum"
+        )
+    if kind == "dtype":
+        return (
+            f"your hook sent {', '.join(f['sent_dtypes'])}, not float16: as few bytes, but bfloat16 keeps 8 bits of "
+            f"precision to float16's 11, so its rounding error is about 8 times float16's (here off by "
+            f"{f['error']:.2%}, where float16 rounding allows at most {f['bound']:.2%}); cast to torch.float16"
+        )
     if kind == "error":
         return (
             f"your hook's average is off by {f['error']:.2%} of the gradient, where float16 rounding allows at "

@@ -766,6 +766,7 @@ def probe_result(fut, value, exact: torch.Tensor, sent: int, sent_dtypes: list[s
         v = value.detach().float()
         out["relative_error"] = float((v - exact).norm() / exact.norm())
         out["summed_error"] = float((v - exact * dist.get_world_size()).norm() / exact.norm())
+        out["twice_error"] = float((v - exact / dist.get_world_size()).norm() / exact.norm())
         out["tensor"] = v
     return out
 
@@ -802,8 +803,14 @@ def hook_finding(mine: dict, reference: dict, world: int, bound: float) -> dict 
     # a sum is off from the average by world − 1 times the average: far beyond any rounding (world > 1)
     if mine["summed_error"] < 0.01 and world > 1:
         return {"kind": "summed", "error": error}
+    # divided twice: off from the average by 1 − 1/world of it, as far beyond rounding (world > 1)
+    if mine.get("twice_error", 1.0) < 0.01 and world > 1:
+        return {"kind": "divided_twice", "error": error}
     if mine.get("overflow"):
         return {"kind": "overflow", "values": mine["overflow"], "numel": mine["numel"]}
+    other = [d for d in mine.get("sent_dtypes", []) if d != "float16"]
+    if other and mine["bytes"] <= reference["bytes"]:  # as few bytes, in another 16-bit type (bfloat16)
+        return {"kind": "dtype", "sent_dtypes": other, "error": error, "bound": bound}
     if error > bound:
         return {"kind": "error", "error": error, "bound": bound}
     if mine.get("blocked"):
