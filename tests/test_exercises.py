@@ -87,6 +87,12 @@ MISTAKES = [
     (wrong.IncomingGradient, "hook", "the incoming gradient of the last micro-batch was synced"),
     (wrong.IgnoresNoSync, "hook", "came from the micro-batches run inside no_sync()"),
     (wrong.AfterBackward, "hook", "started in finish_gradient_synchronization(), after backward"),
+    (
+        wrong.ReadsTheFlagInBackward,
+        "hook",
+        "no_sync() did not stop the sync in step 2, whose micro-batches ran only their forward inside no_sync()",
+    ),
+    (wrong.BucketCountNotReset, "bucket", "step 2 started no collective at all, where step 1 did"),
     (wrong.AsyncSummed, "hook-async", "forgot the division"),
     (wrong.AsyncWaitsInHook, "hook-async", "nothing travelled while backward computed"),
     (solutions.HookDDP, "hook-async", "nothing travelled while backward computed"),

@@ -340,6 +340,13 @@ def _stage_finding(f: dict, report: dict) -> str:
         )
     names = _names_text(f["names"], f.get("n_params"))
     at = f" at step {f['step']}" + (f" on {_ranks_text(f['ranks'])}" if len(f["ranks"]) < world else "")
+    kinds = report.get("kinds") or []
+    if f["kind"] == "local" and 1 < f["step"] <= len(kinds) and kinds[0] and not kinds[f["step"] - 1]:
+        return (
+            f"gradients were not synchronized{at} ({names}): step {f['step']} started no collective at all, where "
+            "step 1 did: your stage keeps something from one step to the next that was not reset (a bucket's count "
+            "of the gradients it still waits for, a list, a flag): set it back when the bucket is sent"
+        )
     if f["kind"] == "other":
         value, name = f["largest"]
         return (
@@ -386,6 +393,13 @@ def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
                 return (
                     f"your stage has no no_sync(), so it syncs after every micro-batch: {made}; write no_sync() "
                     "(stage ga's idea): the micro-batches run inside it only accumulate"
+                )
+            if early_m > early_r and harness.forward_decides(step):
+                return (
+                    f"no_sync() did not stop the sync in step {step}, whose micro-batches ran only their forward "
+                    f"inside no_sync() and their backward after it: {made}: {early_m} of them came from those "
+                    "micro-batches; the forward decides (note require_backward_grad_sync in sync_this_backward "
+                    "there), not the flag read during backward"
                 )
             if early_m > early_r:
                 return (

@@ -317,13 +317,21 @@ def summarize(log: list, phases: list[str]) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ one step
+def forward_decides(step: int) -> bool:
+    """Whether :func:`run_step` runs only the forwards inside ``no_sync()`` in ``step`` (even steps), their
+    backwards after the with-block: torch's rule, the forward decides whether the backward syncs."""
+    return step % 2 == 0
+
+
 def run_step(
     model: nn.Module, optimizer, module: nn.Module, micro, progress: Progress, step: int, events: Events
 ) -> dict:
     """Step 3: one optimizer step as :func:`minddp.ladder.loop.train_step` drives any stage, its events recorded.
 
     As a user's script: the micro-batches but the last inside ``no_sync()``
-    (where the stage has one), ``finish_gradient_synchronization()`` after
+    (where the stage has one: forward and backward inside it in odd steps, only
+    the forward in even ones, whose backward follows the with-block: the forward
+    decides whether its backward syncs), ``finish_gradient_synchronization()`` after
     every backward (where it exists), so whether a backward syncs is the
     stage's own decision. Returns the gradients after finish, the collectives
     started in each phase (``backward1``..``backwardK``, ``finish1``..), per
@@ -338,15 +346,23 @@ def run_step(
     finish = getattr(model, "finish_gradient_synchronization", None)
     names = [f"backward{i + 1}" for i in range(k)] + [f"finish{i + 1}" for i in range(k)]
     left_off = False
+    decides = forward_decides(step)
     with events.recording():
         for i, (shard, _) in enumerate(micro):
             quiet = no_sync is not None and i < k - 1
-            progress.phase = f"running the forward of step {step}, micro-batch {i + 1}"
-            with no_sync() if quiet else contextlib.nullcontext():
-                loss = loss_of(model, shard) / k
+
+            def backward(i=i):
                 progress.phase = f"running the backward of step {step}, micro-batch {i + 1}"
                 with events.phase(f"backward{i + 1}"):
                     loss.backward()
+
+            progress.phase = f"running the forward of step {step}, micro-batch {i + 1}"
+            with no_sync() if quiet else contextlib.nullcontext():
+                loss = loss_of(model, shard) / k
+                if not decides:
+                    backward()
+            if decides:
+                backward()
             left_off = left_off or (quiet and getattr(model, "require_backward_grad_sync", True) is False)
             if finish is not None:
                 progress.phase = f"running finish_gradient_synchronization() in step {step}, after micro-batch {i + 1}"
