@@ -646,7 +646,7 @@ lesson.look_table(looks)
 # How to read it: every stage computes the same thing on the same batches, so by design the
 # stages differ by their communication and their waiting, not by their arithmetic. Their step
 # times above do not show even that: the stages ran in turn on two shared cores, and the
-# machine's other work moved each step by more than any stage's communication (the same
+# machine's other work moved the steps by as much as the stages' communication, or more (the same
 # backward takes different times in different rows; `single`, which sends nothing, need not be
 # the fastest). Step times compare only from steps taken in turns (`docs/analysis.md`); read
 # the communication columns. `ga` divides the

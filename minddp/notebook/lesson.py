@@ -388,7 +388,7 @@ def say_look(looks: dict, stage: str, before: str | None = None) -> None:
         say(
             f"On the emulated link its messages took {v['link_ms']:.0f} ms (modeled). Its waits are not seen: "
             "torch's C++ reducer waits on a Future of its own, chained to the link's, at the end of backward inside "
-            "the autograd engine, where this picture draws no span (a blank before the optimizer)."
+            "the autograd engine, where this picture draws no wait."
         )
     elif "link_ms" in v:
         say(
