@@ -396,7 +396,7 @@ lesson.claim(
     f"{wins.loc[LINK.name, 'm* (KiB)']:.0f} KiB (these buckets: {lesson.SETTINGS.bucket_cap_mb:g} MiB).",
 )
 
-fig, ax = plt.subplots(figsize=(8, 4))
+fig, ax = plt.subplots(figsize=(10, 4))
 bandwidths = [GBIT * 10 ** (e / 20) for e in range(-40, 81)]  # 0.01 Gbit/s to 10 Tbit/s: every preset
 for alpha, style in ((LINK.latency, "-"), (PRESETS["nvlink"].latency, ":")):
     for hook, color in zip(HOOK_NAMES, ("#4c72b0", "#dd8452", "#55a868")):
@@ -427,7 +427,7 @@ ax.set_title(
     "averaging tie), markers at each preset's own α",
     fontsize=9,
 )
-ax.legend(fontsize=7, loc="lower left")
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside: no marker hidden
 fig.tight_layout()
 plt.show()
 wins.round(2)
