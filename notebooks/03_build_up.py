@@ -136,14 +136,17 @@ lesson.claim(
 lesson.claim(
     v["calls_in_backward"] == 0 == v["waits_in_backward"],
     "No message is sent, and none waited for, "
-    "while a backward runs: each sync starts when its backward is over, and the step waits for all of it.",
+    "while a backward runs: none starts before its backward is over, and the step waits for all of them.",
 )
 
 # %% [markdown]
 # What to look for: three bursts of messages, one after each backward, each waited for (red)
-# before the next micro-batch may start. `simple` has no `no_sync()`, so the loop syncs
-# after every micro-batch, although only the sum over the step is needed. Your version of this
-# stage was the exercise of `02_simple_ddp`.
+# before the next micro-batch may start. A burst may start well after its backward ends, and the
+# red can last longer than the messages' link time: before sending, the rank may run the stage's
+# check of the parameters used (it gathers from the other rank), and gloo's all_reduce waits for
+# the other rank to reach the same message; on shared cores either rank can be late. `simple` has
+# no `no_sync()`, so the loop syncs after every micro-batch, although only the sum over the step
+# is needed. Your version of this stage was the exercise of `02_simple_ddp`.
 #
 # ## `ga`: gradient accumulation, `no_sync()`
 #
@@ -198,7 +201,9 @@ lesson.say(
 # Write `no_sync()`, `forward()` and `finish_gradient_synchronization()` on top of the model answer
 # of `simple` (`solutions.SimpleDDP`, plain `torch.distributed`). The checker trains it with
 # several micro-batches per step, so it sees whether the micro-batches inside `no_sync()` stayed
-# quiet.
+# quiet. It trains a small network of its own (three linear layers: 6 parameter tensors), so the
+# counts it prints are that network's, not the runs' above. Why each stage is built the way it is:
+# `docs/ladder.md`.
 
 
 # %%
@@ -274,8 +279,11 @@ from minddp.analysis.timeline import row_measures
 m = row_measures(v["row"])
 lesson.say(
     f"Interleaved: {m['interleaved_ms']:.0f} ms of the backward stood still for a message in flight. Its overlap is "
-    f"{m['overlap_pct']:.0f} % (the share of the link time during which the thread was not waiting): the hook's own "
-    "lines between handing a message over and waiting for it, not backward's arithmetic."
+    f"{m['overlap_pct']:.0f} %. *Overlap* (01_collectives's measure, used for every stage below) is the share of the "
+    "link's time during which the training thread computed: inside a forward, a backward or the optimizer, and not "
+    "waiting. In these pictures the hook's own lines run inside backward, so they count; here they are all of it (the "
+    "lines between handing a message over and waiting for it), not backward's arithmetic. A profiler trace "
+    "(05_profiling) counts only aten:: ops as compute, so it gives the hook's Python no overlap."
 )
 
 # %% [markdown]
@@ -355,10 +363,11 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: messages on the wire while the backward goes on, no red inside it, and
-# only what was still travelling when backward ended waited for at the end. That is *overlap*.
-# On two ranks sharing two CPU cores the real gloo all_reduce also needs a core, so the measured
-# waits include some waiting for the other rank and for a core; *exposed* counts the
-# network's part only.
+# only what was still travelling when backward ended waited for at the end: the messages sent
+# while backward computed are what *overlap* (the share of the link's time during which the thread
+# computed) counts. On two ranks sharing two CPU cores the real gloo all_reduce also needs a core,
+# so the measured waits include waiting for the other rank (to reach the same message) and for a
+# core, and can exceed the link's whole time; *exposed* counts the network's part only.
 #
 # ### Your turn: `hook-async`
 #
@@ -376,7 +385,8 @@ class MyAsyncHookDDP(solutions.HookDDP):
         raise NotImplementedError("_grad_ready()")
 
     def finish_gradient_synchronization(self):
-        # Your turn: wait for each one, divide its gradient by the world size, then forget them.
+        # Your turn: wait for each one, then forget them (divide by the world size once: before the send,
+        # as the idea above does, or here after the wait, not both).
         raise NotImplementedError("finish_gradient_synchronization()")
 
 
@@ -481,8 +491,8 @@ check(solutions.BucketDDP, like="bucket")
 #
 # Nothing new to write: `bucket`'s buckets with `hook-async`'s not-waiting. The stage is `bucket`
 # plus that one idea, in two methods, as `hook-async` is `hook` plus it: keep each bucket's Future,
-# wait for them all in finish. This is the shape of torch's DDP: few messages, each overlapping the
-# rest of backward.
+# wait for them all in finish. This is the shape of torch's DDP: few messages, each but the last
+# overlapping the rest of backward (the last is ready only when backward ends).
 
 # %%
 show_source(STAGES["bucket-async"])
@@ -611,8 +621,7 @@ back = {s: looks[s]["last_backward_ms"] for s in looks}
 lesson.say(
     "What hiding cost the compute on this machine. The last backward, which sends the messages, took "
     f"{back['ga']:.0f} ms in ga (it sends nothing while it runs), {back['hook-async']:.0f} ms in hook-async and "
-    f"{back['bucket-async']:.0f} ms in bucket-async (sending while it computes: "
-    f"{back['hook-async'] / back['ga']:.1f} and {back['bucket-async'] / back['ga']:.1f} times ga's), "
+    f"{back['bucket-async']:.0f} ms in bucket-async (both sending while it computes), "
     f"{back['hook']:.0f} ms in hook and {back['bucket']:.0f} ms in bucket (whose waits are inside it). "
     + (
         "So what the async rungs hid was not free: two ranks share two cores here with gloo's threads and the "
@@ -634,8 +643,13 @@ lesson.say(
 lesson.look_table(looks)
 
 # %% [markdown]
-# How to read it: every stage computes the same thing on the same batches, so the stages differ
-# by their communication and their waiting, not by their arithmetic. `ga` divides the
+# How to read it: every stage computes the same thing on the same batches, so by design the
+# stages differ by their communication and their waiting, not by their arithmetic. Their step
+# times above do not show even that: the stages ran in turn on two shared cores, and the
+# machine's other work moved the steps by as much as the stages' communication, or more (the same
+# backward takes different times in different rows; `single`, which sends nothing, need not be
+# the fastest). Step times compare only from steps taken in turns (`docs/analysis.md`); read
+# the communication columns. `ga` divides the
 # traffic by the number of micro-batches; the hook stages move the messages into the backward;
 # the async stages stop waiting for them there; the buckets divide the number of messages. Whether
 # that last idea pays is the next section's question.
@@ -644,7 +658,8 @@ lesson.look_table(looks)
 # ## The bucket lesson: when do buckets pay?
 #
 # Compare `hook-async` and `bucket-async` in the table above: the same bytes, one message per
-# gradient against one per bucket, both sent during the last backward, both waited for once. Which
+# gradient against one per bucket, both sent during the last backward, each message waited for
+# once, in finish, after backward. Which
 # left more of the link's time exposed, and why? A bucketed stage trades three things against a
 # per-gradient one (an all_reduce of m bytes between n ranks takes 2(n−1)·α + 2(n−1)/n · m·β on
 # the link):
@@ -656,8 +671,8 @@ lesson.look_table(looks)
 # 3. **the last bucket's tail**: the last bucket is ready only when backward ends, so all of its
 #    transfer comes after backward; a per-gradient stage's last message is one tensor.
 #
-# The link carries one message at a time, so it is done at the latest of, over the messages k:
-# "message k handed over, then k and every message after it carried back to back"
+# The link carries one message at a time, so it is done at the latest of, over the messages i:
+# "message i handed over, then i and every message after it carried back to back"
 # (`minddp.costmodel.buckets.queue_end`). Message 1 gives the *start-limited* end (the late start,
 # then all the link's work); the last message the *tail-limited* one. The training thread waits
 # for what is left after backward. The cell reads all of it from the two profiled steps above, and
@@ -702,7 +717,9 @@ lesson.claim(
 check = {s: looks[s]["check_ms"] for s in why}
 lesson.say(
     f"In the profiled steps the first message left {h['first_ms']:.0f} ms (hook-async) and {b['first_ms']:.0f} ms "
-    f"(bucket-async) into the last backward. Before its first send of a step, a teaching stage checks that every rank's "
+    f"(bucket-async) into the last backward ({looks['hook-async']['last_backward_ms']:.0f} and "
+    f"{looks['bucket-async']['last_backward_ms']:.0f} ms long): other backwards than the bare model's above, timed "
+    "apart under the machine's load, so their times need not agree. Before its first send of a step, a teaching stage checks that every rank's "
     f"forwards used the same parameters (a small all_gather, once a step, which waits for the other rank to reach "
     f"it): that check held the thread {check['hook-async']:.0f} and {check['bucket-async']:.0f} ms of it, a cost "
     "of its own, which torch's DDP does not pay (it has no such check by default)."
@@ -732,9 +749,9 @@ table = (
         columns={
             "link_ms": "link work, ms",
             "first_ms": "first message handed over, ms into the last backward",
-            "start_end_ms": "start-limited end, ms after backward",
+            "start_end_ms": "start-limited end, ms after backward (< 0: before)",
             "tail_ms": "last message's transfer, ms",
-            "tail_end_ms": "tail-limited end, ms after backward",
+            "tail_end_ms": "tail-limited end, ms after backward (< 0: before)",
             "end_ms": "link done, ms after backward",
             "limit": "set by",
             "exposed_ms": "exposed, ms",
@@ -750,12 +767,12 @@ def set_by(stage):
     end = row["backward"][-1][1]
     sent = sorted(row["sent"])
     durations = [e - s for s, e in sorted(row["messages"])]
-    done, k = queue_end(sent, durations)
+    done, i = queue_end(sent, durations)
     return (
         f"{stage}'s link was done {abs(done - end):.0f} ms {'after' if done >= end else 'before'} its backward ended, "
-        f"an end set by its message {k + 1} of {len(sent)}, handed over {abs(end - sent[k]):.0f} ms "
-        f"{'before' if sent[k] <= end else 'after'} the end of backward, after which it and the messages behind it "
-        f"needed {sum(durations[k:]):.0f} ms on the link back to back"
+        f"an end set by its message {i + 1} of {len(sent)}, handed over {abs(end - sent[i]):.0f} ms "
+        f"{'before' if sent[i] <= end else 'after'} the end of backward, after which it and the messages behind it "
+        f"needed {sum(durations[i:]):.0f} ms on the link back to back"
     )
 
 
@@ -776,7 +793,7 @@ lesson.say(
 
 # %%
 # %%rank 0
-table.round(1)
+table.infer_objects().round(1)
 
 # %% [markdown]
 # ### The cap, swept
@@ -784,7 +801,7 @@ table.round(1)
 # The cap decides all three costs: a small cap makes many small buckets (many fixed costs, an early
 # first bucket, a short tail), a large one a few large buckets. Below, `bucket-async` is measured at
 # other caps on the same link (`None` is torch's default: 25 MiB buckets after a first one of
-# 1 MiB), beside the step-time model (`minddp.costmodel`, `docs/scaling.md`): the bare model is timed
+# 1 MiB), and the step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap: the bare model is timed
 # on these ranks (`probe`: when each gradient is ready in backward), its times are scaled to this
 # run's backward, and each plan is replayed on the link. The lower panel shows the three costs of
 # each plan, from the model.
@@ -823,9 +840,15 @@ lesson.say(
     f"comes after backward: it exposed {swept[None]['exposed_ms']:.0f} ms. Of the caps measured, "
     + ", ".join("None" if c is None else f"{c:g} MiB" for c in best)
     + f" exposed the least, {least:.0f} ms; "
-    f"hook-async {looks['hook-async']['exposed_ms']:.0f} ms. The model, at this run's speed, gives "
-    f"{1e3 * min(c.exposed for c in model):.0f} ms at its best cap "
-    f"({min(model, key=lambda c: c.exposed).cap_mb:g} MiB) and {1e3 * per_gradient.exposed:.0f} ms per gradient."
+    f"hook-async {looks['hook-async']['exposed_ms']:.0f} ms. The model, at this run's speed (a backward of "
+    f"{1e3 * this_run:.0f} ms, the median of these runs'), gives {1e3 * min(c.exposed for c in model):.1f} ms at its "
+    "best cap ("
+    + ", ".join(f"{c.cap_mb:g}" for c in model if c.exposed < min(x.exposed for x in model) + 5e-5)
+    + f" MiB) and {1e3 * per_gradient.exposed:.1f} ms per gradient. The model and the measurements are two "
+    "different numbers, compared in the table below cap by cap: the model replays the bare model's gradient times "
+    "on the link, scaled to one backward; a measured step is one profiled step, whose backward and hand-overs move "
+    "with the machine's load and wait for the other rank. Read the model for why a cap costs what it does, the "
+    "measurements for what one step cost."
 )
 here = lesson.SETTINGS.bucket_cap_mb
 at_cap = next(c for c in model if c.cap_mb == here)
@@ -867,9 +890,9 @@ if rank == 0:
             (25 if c is None else c, v["exposed_ms"], "measured" if c else "measured, torch's default (None)")
             for c, v in swept.items()
         ],
-        per_gradient={
-            "hook-async, measured": looks["hook-async"]["exposed_ms"],
-            "hook-async, model": 1e3 * per_gradient.exposed,
+        per_gradient={  # the value in the label: a line at 0 lies on the axis
+            f"hook-async, measured ({looks['hook-async']['exposed_ms']:.1f} ms)": looks["hook-async"]["exposed_ms"],
+            f"hook-async, model ({1e3 * per_gradient.exposed:.1f} ms)": 1e3 * per_gradient.exposed,
         },
         title=f"bucket-async on {LINK.name}, {world_size} ranks: exposed communication against the cap",
     )
@@ -883,7 +906,7 @@ sweep_table = pd.DataFrame(
 
 # %%
 # %%rank 0
-sweep_table.round(1)
+sweep_table.infer_objects().round(1)
 
 # %% [markdown]
 # ### Two settings of the blog, at this machine's speed
@@ -966,7 +989,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         v = lesson.Trainee(
             stage, link=blog_links[name], bucket_cap_mb=cap, model=model_name, warmup=0, grad_accum=accum
         ).look()
-        blog_runs[name, stage] = on_the_link(v["row"]) | {"calls": v["calls"]}
+        blog_runs[name, stage] = on_the_link(v["row"]) | {"calls": v["calls"], "backward_ms": v["last_backward_ms"]}
     lesson.say(
         f"{name}: bucket-async sent {blog_runs[name, 'bucket-async']['calls']} buckets a step (the blog's {blog_buckets})."
     )
@@ -986,7 +1009,7 @@ far = {s: blog_runs["like 1024 ranks", s] for s in RUN["like 1024 ranks"]}
 if rank == 0:
     settings_ladder(
         {"2 ranks, a link like the blog's 4 × T4": t4, "2 ranks, a link like its model at 1024 ranks": far},
-        title=f"The blog's stages in two of its settings, on links sized to this machine ({world_size} ranks)",
+        title=f"The blog's stages on links sized like its 4 × T4 run and its model at 1024 ranks ({world_size} ranks here)",
     )
 for name, runs in (("like 4 × T4", t4), ("like 1024 ranks", far)):
     lesson.say(
@@ -1014,8 +1037,9 @@ lesson.claim(
 blocking = ("simple", "ga", "hook", "bucket")
 lesson.claim(
     max(t4[s]["overlap_pct"] for s in blocking) < min(t4[s]["overlap_pct"] for s in ("hook-async", "bucket-async")),
-    "Like 4 × T4, the two async rungs overlap the most: the blog's ordering (the blog: 0 % for simple, ga and hook, "
-    "about 90 % for the async hooks and buckets).",
+    "Like 4 × T4, the two async rungs overlap the most: the blog's ordering. The blog read its overlap from traces, "
+    "where a hook's Python is not compute: 0 % for simple, ga and hook, about 90 % for the async hooks; here the "
+    "hooks' own lines count, so the rungs that wait overlap a little.",
 )
 gap = t4["bucket-async"]["exposed_ms"] - t4["hook-async"]["exposed_ms"]
 compared = (
@@ -1072,8 +1096,11 @@ lesson.say(
     "of the link's work for one message per gradient, so fewer messages save little, and a bucket still waits for "
     f"its last gradient and carries its bytes after it. On 2 ranks with a link like 1024 ranks' bucket-async left "
     f"{against(far_b, far_h)}: there one message per gradient pays {far['hook-async']['messages'] * one_far:.0f} ms of "
-    f"fixed costs, {far['hook-async']['messages'] * one_far / backward_of['like 1024 ranks']:.1f} backwards, which "
-    "no backward can hide, and the buckets pay a few of them."
+    f"fixed costs, {far['hook-async']['messages'] * one_far / backward_of['like 1024 ranks']:.1f} of single's "
+    f"backwards ({backward_of['like 1024 ranks']:.0f} ms), and the buckets pay a few of them. No backward of single's "
+    "length can hide them: what hook-async hid, it hid inside its own backward (in this run "
+    f"{far['hook-async']['backward_ms']:.0f} ms, {far['hook-async']['overlap_pct']:.0f} % overlap, "
+    f"{far['hook-async']['exposed_ms']:.0f} ms exposed)."
 )
 
 # %%

@@ -187,8 +187,8 @@ steps.round(3)
 # Why can PowerSGD's error be so large, and why can it exceed 1 (an "average" farther from the true
 # average than the average is from zero)? Two reasons, both by design:
 #
-# * matrix rank 1 keeps one direction per gradient matrix: most of a single step's gradient is
-#   dropped;
+# * matrix rank 1 keeps one direction per gradient matrix: the rest of each matrix is dropped at
+#   that step (how much of the whole gradient that is, the relative error column says step by step);
 # * with error feedback, what was dropped is added to the *next* step's gradient before
 #   compressing. So the hook's output approximates this step's gradient *plus* what earlier steps
 #   left behind, while the error column compares it with this step's gradient alone. The dropped
@@ -219,9 +219,11 @@ steps.round(3)
 #   cast back) or collects several (PowerSGD's) hands back one the link never sees; the stage's wait on it counts
 #   as the wait for every message the hook handed over (`minddp.comm.link.waited_through`), so every hook is
 #   measured as plain averaging is, and as in `03_build_up`. It never exceeds *link ms*, and it is measured here:
-#   how much of the link's time a backward hides depends on how long this machine takes for it (plain averaging
-#   here is `03_build_up`'s `bucket-async`: the same measure by the same function, from another step, so its
-#   value differs from 03's by that step's backward);
+#   how much of the link's time a backward hides depends on how long this machine takes for it, and a
+#   transfer that outlasts backward is exposed only while the thread stands waiting for it: if the thread
+#   reaches its wait late (other Python after backward, a busy core), the link's time before that is neither
+#   hidden by compute nor exposed. Plain averaging here is `03_build_up`'s `bucket-async`, the same measure by
+#   the same function, but from another step: the two values need not agree;
 # * *waited ms* (*waited*, `metrics.waited`): all the time the thread stood waiting for messages: for the link,
 #   and for the other rank or a free core;
 # * *last backward ms* and *step ms*: the backward that sends, and the whole step, measured once on this
@@ -291,8 +293,33 @@ lesson.claim(
     f"So on any machine PowerSGD leaves at most {psgd['link ms (modelled)']:.1f} ms of the link's time exposed. "
     f"Here the step stood still for {psgd['exposed ms (measured)']:.1f} ms of it, for "
     f"{plain['exposed ms (measured)']:.1f} ms of plain averaging's {plain['link ms (modelled)']:.0f} ms and "
-    f"{fp16['exposed ms (measured)']:.1f} ms of fp16's {fp16['link ms (modelled)']:.0f} ms (measured: a faster "
-    f"backward hides less of the link's time).",
+    f"{fp16['exposed ms (measured)']:.1f} ms of fp16's {fp16['link ms (modelled)']:.0f} ms (measured, one step).",
+)
+back_end = row["backward"][-1][1]
+late = [s for s, _ in row["waits"] if s >= back_end]
+busy_after = max(e for _, e in row["messages"]) - back_end
+lesson.say(
+    f"Plain averaging's link carried for {busy_after:.1f} ms after its last backward ended; its thread "
+    + (
+        f"began waiting {min(late) - back_end:.1f} ms after backward's end, so it stood still "
+        f"through {plain['exposed ms (measured)']:.1f} ms of the link's time (exposed) and waited "
+        f"{plain['waited ms (measured)']:.1f} ms in all (the rest for the other rank or a core)."
+        if late
+        else "did not wait after backward."
+    )
+)
+less = [
+    h
+    for h in timed.index
+    if h != "allreduce" and timed.loc[h, "exposed ms (measured)"] < plain["exposed ms (measured)"] - 0.05
+]
+lesson.say(
+    "Exposed, in this one step each: "
+    + ", ".join(f"{h} {timed.loc[h, 'exposed ms (measured)']:.1f} ms" for h in timed.index)
+    + f". Fewer bytes left less exposed than plain averaging for {', '.join(less) or 'no hook'}"
+    + f"; bf16 and fp16 send the same bytes and left {timed.loc['bf16', 'exposed ms (measured)']:.1f} and "
+    f"{fp16['exposed ms (measured)']:.1f} ms exposed: beyond the bytes, one step's exposed time depends on when its "
+    "backward ends and when its thread reaches its waits."
 )
 timed.round(1)
 
@@ -311,9 +338,10 @@ timed.round(1)
 # * **bandwidth**: PowerSGD wins below `B* = (M − M′) / (n (c′ − c) α)`;
 # * **ranks**: PowerSGD wins below `n* = (M − M′) / ((c′ − c) α B)`: around a ring every message's α
 #   is paid 2(n − 1) times, while each rank's bytes stay under 2M whatever n;
-# * **model size**, through its buckets: a bucket of m bytes, compressed to r · m, pays two extra
-#   messages, so compressing it pays only for `m > m* = 2 n α B / (1 − r)`. A model smaller than one
-#   such bucket loses; a larger one, cut into buckets larger than m*, wins bucket by bucket.
+# * **model size**, through its buckets: a bucket of m bytes, compressed to q · m (q = M′/M, the
+#   compression ratio; not PowerSGD's matrix rank), pays two extra messages, so compressing it pays
+#   only for `m > m* = 2 n α B / (1 − q)`. A model smaller than one such bucket loses; a larger
+#   one, cut into buckets larger than m*, wins bucket by bucket.
 #
 # The cell prices this step's messages (the sizes recorded above) on every preset link with the
 # link's own model, and computes the three crossovers from the counts and bytes.
@@ -326,7 +354,7 @@ from minddp.comm.link import GBIT, PRESETS, LinkSpec
 HOOK_NAMES = {"allreduce": "plain averaging", "fp16": "fp16 / bf16", "powersgd": "PowerSGD"}
 c, M = int(plain["messages"]), sum(m for _, m in sent["allreduce"])
 c2, M2 = int(psgd["messages"]), sum(m for _, m in sent["powersgd"])
-r = M2 / M
+q = M2 / M  # the compression ratio (not PowerSGD's matrix rank)
 
 
 def step_link_ms(hook, spec):
@@ -346,7 +374,7 @@ wins = pd.DataFrame(
             **{f"{HOOK_NAMES[h]}, link ms": step_link_ms(h, spec) for h in HOOK_NAMES},
             "B* (Gbit/s)": crossover(spec.latency) / GBIT,
             "n*": (M - M2) / ((c2 - c) * spec.latency * spec.bandwidth),
-            "m* (KiB)": 2 * n * spec.latency * spec.bandwidth / (1 - r) / 1024,
+            "m* (KiB)": 2 * n * spec.latency * spec.bandwidth / (1 - q) / 1024,
         }
         for name, spec in links.items()
     }
@@ -368,8 +396,8 @@ lesson.claim(
     f"{wins.loc[LINK.name, 'm* (KiB)']:.0f} KiB (these buckets: {lesson.SETTINGS.bucket_cap_mb:g} MiB).",
 )
 
-fig, ax = plt.subplots(figsize=(8, 4))
-bandwidths = [GBIT * 10 ** (e / 20) for e in range(-20, 81)]  # 0.1 Gbit/s to 10 Tbit/s
+fig, ax = plt.subplots(figsize=(10, 4))
+bandwidths = [GBIT * 10 ** (e / 20) for e in range(-40, 81)]  # 0.01 Gbit/s to 10 Tbit/s: every preset
 for alpha, style in ((LINK.latency, "-"), (PRESETS["nvlink"].latency, ":")):
     for hook, color in zip(HOOK_NAMES, ("#4c72b0", "#dd8452", "#55a868")):
         ax.plot(
@@ -382,12 +410,24 @@ for alpha, style in ((LINK.latency, "-"), (PRESETS["nvlink"].latency, ":")):
     ax.axvline(crossover(alpha) / GBIT, color="grey", ls=style, lw=0.8)
     ax.annotate(f" B*, α = {alpha * 1e6:g} µs", (crossover(alpha) / GBIT, 3e2), fontsize=7, color="grey")
 ax.set(xscale="log", yscale="log", xlabel="bandwidth B (Gbit/s)", ylabel="link ms per step (modelled)")
+for hook, marker in (("allreduce", "o"), ("powersgd", "^")):  # each preset at its own α, not the lines' two
+    ax.scatter(
+        [spec.bandwidth / GBIT for spec in links.values()],
+        [step_link_ms(hook, spec) for spec in links.values()],
+        marker=marker,
+        facecolors="none",
+        edgecolors="black",
+        zorder=3,
+        label=f"{HOOK_NAMES[hook]}, each preset at its own α",
+    )
 presets = ax.secondary_xaxis("top")  # the preset links' bandwidths
 presets.set_xticks([spec.bandwidth / GBIT for spec in links.values()], list(links), rotation=90, fontsize=7)
 ax.set_title(
-    "This step's messages on links of every bandwidth (grey: B*, where PowerSGD and plain averaging tie)", fontsize=9
+    "This step's messages on links of every bandwidth: lines at two α's (grey: B*, where PowerSGD and plain "
+    "averaging tie), markers at each preset's own α",
+    fontsize=9,
 )
-ax.legend(fontsize=7, loc="lower left")
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside: no marker hidden
 fig.tight_layout()
 plt.show()
 wins.round(2)
@@ -397,9 +437,11 @@ wins.round(2)
 # matrix products and the orthogonalization, inside *step ms* above); the wait for the summed P
 # before Q can be computed, inside the backward; and the error feedback's memory, one more
 # gradient-sized tensor per rank. Real libraries also change α's count: NCCL sends small messages
-# along a tree, whose α term grows like log n, not 2(n − 1). So B*, n* and m* say where the link's
-# times tie, an upper bound on where PowerSGD pays off; fp16 and bf16 never lose on the link (the
-# same messages, half the bytes).
+# along a tree, whose α term grows like log n, not 2(n − 1). A smaller α term makes PowerSGD's
+# extra messages cheaper, so on a tree each crossover moves in PowerSGD's favour: it wins up to a
+# higher bandwidth than B*, on more ranks than n*, from smaller buckets than m*. B*, n* and m*
+# are where a ring's times tie: where PowerSGD pays off at least. fp16 and bf16 never lose on
+# the link (the same messages, half the bytes).
 #
 # ## torch compatibility
 #

@@ -89,6 +89,12 @@ MISTAKES = [
     (wrong.IncomingGradient, "hook", "the incoming gradient of the last micro-batch was synced"),
     (wrong.IgnoresNoSync, "hook", "came from the micro-batches run inside no_sync()"),
     (wrong.AfterBackward, "hook", "started in finish_gradient_synchronization(), after backward"),
+    (
+        wrong.ReadsTheFlagInBackward,
+        "hook",
+        "no_sync() did not stop the sync in step 2, whose micro-batches ran only their forward inside no_sync()",
+    ),
+    (wrong.BucketCountNotReset, "bucket", "step 2 started no collective at all, where step 1 did"),
     (wrong.AsyncSummed, "hook-async", "forgot the division"),
     (wrong.AsyncWaitsInHook, "hook-async", "nothing travelled while backward computed"),
     (solutions.HookDDP, "hook-async", "nothing travelled while backward computed"),
@@ -150,7 +156,8 @@ def test_a_rank_that_hangs_is_named_within_the_timeout():
 
 HOOK_MISTAKES = [
     (wrong.hook_sum_only, "forgot the division"),
-    (wrong.hook_divided_twice, "where float16 rounding allows at most"),
+    (wrong.hook_divided_twice, "your hook divided by the world size twice: its average is 1/2 of the true one"),
+    (wrong.hook_bfloat16, "your hook sent bfloat16, not float16"),
     (wrong.hook_raw_future, "holds a list of 1, not one tensor"),
     (wrong.hook_stays_fp16, "float16 tensor"),
     (wrong.hook_not_compressed, "sent 4 bytes per gradient value (float32), the model answer 2"),

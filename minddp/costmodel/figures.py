@@ -187,11 +187,14 @@ def settings_ladder(settings: dict, title: str = ""):
             if s not in runs:
                 top.annotate("not run", (x, 2), ha="center", fontsize=6, rotation=90)
                 low.annotate("not run", (x, 0.1), ha="center", fontsize=6, rotation=90)
-            else:  # the value on every bar: a 0 has no bar on a log axis
+            else:  # the value on every bar: a 0 has no bar (on the log axis, or an overlap of 0 %)
+                top.annotate(
+                    f"{runs[s]['overlap_pct']:.0f}", (x, runs[s]["overlap_pct"]), ha="center", va="bottom", fontsize=7
+                )
                 low.annotate(
                     f"{runs[s]['exposed_ms']:.0f}", (x, runs[s]["exposed_ms"]), ha="center", va="bottom", fontsize=7
                 )
-    top.set(ylabel="overlap (% of the time\nin flight under compute)", ylim=(0, 105))
+    top.set(ylabel="overlap (% of the time\nin flight under compute)", ylim=(0, 115))
     top.set_title(title, fontsize=9)
     top.legend(fontsize=7, loc="upper left")
     highest = max([r["exposed_ms"] for runs in settings.values() for r in runs.values()] + [1.0])

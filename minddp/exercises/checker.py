@@ -377,6 +377,13 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
         )
     names = _names_text(f["names"], f.get("n_params"))
     at = f" at step {f['step']}" + (f" on {_ranks_text(f['ranks'])}" if len(f["ranks"]) < world else "")
+    kinds = report.get("kinds") or []
+    if f["kind"] == "local" and 1 < f["step"] <= len(kinds) and kinds[0] and not kinds[f["step"] - 1]:
+        return (
+            f"gradients were not synchronized{at} ({names}): step {f['step']} started no collective at all, where "
+            "step 1 did: your stage keeps something from one step to the next that was not reset (a bucket's count "
+            "of the gradients it still waits for, a list, a flag): set it back when the bucket is sent"
+        )
     if f["kind"] == "other":
         value, name = f["largest"]
         return (
@@ -427,6 +434,13 @@ def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
                 return (
                     f"your stage has no no_sync(), so it syncs after every micro-batch: {made}; write no_sync() "
                     "(stage ga's idea): the micro-batches run inside it only accumulate"
+                )
+            if early_m > early_r and harness.forward_decides(step):
+                return (
+                    f"no_sync() did not stop the sync in step {step}, whose micro-batches ran only their forward "
+                    f"inside no_sync() and their backward after it: {made}: {early_m} of them came from those "
+                    "micro-batches; the forward decides (note require_backward_grad_sync in sync_this_backward "
+                    "there), not the flag read during backward"
                 )
             if early_m > early_r:
                 return (
@@ -491,6 +505,17 @@ def _hook_finding(f: dict, report: dict) -> str:
         return "the ranks got different results from your hook: every rank must end with the same average"
     if kind == "summed":
         return "your hook returns the sum over ranks, not the average: divide by the world size (forgot the division)"
+    if kind == "divided_twice":
+        return (
+            f"your hook divided by the world size twice: its average is 1/{report['world']} of the true one "
+            f"(off by {f['error']:.2%}); divide once, before the sum"
+        )
+    if kind == "dtype":
+        return (
+            f"your hook sent {', '.join(f['sent_dtypes'])}, not float16: as few bytes, but bfloat16 keeps 8 bits of "
+            f"precision to float16's 11, so its rounding error is about 8 times float16's (here off by "
+            f"{f['error']:.2%}, where float16 rounding allows at most {f['bound']:.2%}); cast to torch.float16"
+        )
     if kind == "error":
         return (
             f"your hook's average is off by {f['error']:.2%} of the gradient, where float16 rounding allows at "

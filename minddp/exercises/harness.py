@@ -317,13 +317,21 @@ def summarize(log: list, phases: list[str]) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ one step
+def forward_decides(step: int) -> bool:
+    """Whether :func:`run_step` runs only the forwards inside ``no_sync()`` in ``step`` (even steps), their
+    backwards after the with-block: torch's rule, the forward decides whether the backward syncs."""
+    return step % 2 == 0
+
+
 def run_step(
     model: nn.Module, optimizer, module: nn.Module, micro, progress: Progress, step: int, events: Events
 ) -> dict:
     """Step 3: one optimizer step as :func:`minddp.ladder.loop.train_step` drives any stage, its events recorded.
 
     As a user's script: the micro-batches but the last inside ``no_sync()``
-    (where the stage has one), ``finish_gradient_synchronization()`` after
+    (where the stage has one: forward and backward inside it in odd steps, only
+    the forward in even ones, whose backward follows the with-block: the forward
+    decides whether its backward syncs), ``finish_gradient_synchronization()`` after
     every backward (where it exists), so whether a backward syncs is the
     stage's own decision. Returns the gradients after finish, the collectives
     started in each phase (``backward1``..``backwardK``, ``finish1``..), per
@@ -338,15 +346,23 @@ def run_step(
     finish = getattr(model, "finish_gradient_synchronization", None)
     names = [f"backward{i + 1}" for i in range(k)] + [f"finish{i + 1}" for i in range(k)]
     left_off = False
+    decides = forward_decides(step)
     with events.recording():
         for i, (shard, _) in enumerate(micro):
             quiet = no_sync is not None and i < k - 1
-            progress.phase = f"running the forward of step {step}, micro-batch {i + 1}"
-            with no_sync() if quiet else contextlib.nullcontext():
-                loss = loss_of(model, shard) / k
+
+            def backward(i=i):
                 progress.phase = f"running the backward of step {step}, micro-batch {i + 1}"
                 with events.phase(f"backward{i + 1}"):
                     loss.backward()
+
+            progress.phase = f"running the forward of step {step}, micro-batch {i + 1}"
+            with no_sync() if quiet else contextlib.nullcontext():
+                loss = loss_of(model, shard) / k
+                if not decides:
+                    backward()
+            if decides:
+                backward()
             left_off = left_off or (quiet and getattr(model, "require_backward_grad_sync", True) is False)
             if finish is not None:
                 progress.phase = f"running finish_gradient_synchronization() in step {step}, after micro-batch {i + 1}"
@@ -766,6 +782,7 @@ def probe_result(fut, value, exact: torch.Tensor, sent: int, sent_dtypes: list[s
         v = value.detach().float()
         out["relative_error"] = float((v - exact).norm() / exact.norm())
         out["summed_error"] = float((v - exact * dist.get_world_size()).norm() / exact.norm())
+        out["twice_error"] = float((v - exact / dist.get_world_size()).norm() / exact.norm())
         out["tensor"] = v
     return out
 
@@ -802,8 +819,14 @@ def hook_finding(mine: dict, reference: dict, world: int, bound: float) -> dict 
     # a sum is off from the average by world − 1 times the average: far beyond any rounding (world > 1)
     if mine["summed_error"] < 0.01 and world > 1:
         return {"kind": "summed", "error": error}
+    # divided twice: off from the average by 1 − 1/world of it, as far beyond rounding (world > 1)
+    if mine.get("twice_error", 1.0) < 0.01 and world > 1:
+        return {"kind": "divided_twice", "error": error}
     if mine.get("overflow"):
         return {"kind": "overflow", "values": mine["overflow"], "numel": mine["numel"]}
+    other = [d for d in mine.get("sent_dtypes", []) if d != "float16"]
+    if other and mine["bytes"] <= reference["bytes"]:  # as few bytes, in another 16-bit type (bfloat16)
+        return {"kind": "dtype", "sent_dtypes": other, "error": error, "bound": bound}
     if error > bound:
         return {"kind": "error", "error": error, "bound": bound}
     if mine.get("blocked"):

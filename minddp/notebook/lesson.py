@@ -387,7 +387,8 @@ def say_look(looks: dict, stage: str, before: str | None = None) -> None:
     if "link_ms" in v and v["calls"] and not v["waits"]:
         say(
             f"On the emulated link its messages took {v['link_ms']:.0f} ms (modeled). Its waits are not seen: "
-            "torch's C++ reducer waits on a Future of its own, chained to the link's."
+            "torch's C++ reducer waits on a Future of its own, chained to the link's, at the end of backward inside "
+            "the autograd engine, where this picture draws no wait."
         )
     elif "link_ms" in v:
         say(
@@ -395,7 +396,8 @@ def say_look(looks: dict, stage: str, before: str | None = None) -> None:
             f"{v['waited_ms']:.0f} ms for them ({v['waits_in_backward']} of its {v['waits']} waits began inside a "
             f"backward); {v['exposed_ms']:.0f} ms of that was the link's own time (exposed)"
             + (
-                ", the rest waiting for the other rank or a free core."
+                ", the rest waiting for the other rank or a free core: a wait ends when the real all_reduce "
+                "between the ranks is done, which needs the other rank to have reached the same message."
                 if v["waited_ms"] - v["exposed_ms"] >= 0.5
                 else "."
             )
