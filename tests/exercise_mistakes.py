@@ -304,11 +304,6 @@ def _halves_rebound(tensor, group):
     tensor = _halves_summed(tensor, group)  # noqa: F841 (the mistake: a new name, not a copy)
 
 
-def _halves_not_waited(tensor, group):
-    """Starts both collectives with async_op=True and copies before either is waited for."""
-    tensor.copy_(_halves_summed(tensor, group, async_op=True))
-
-
 def _halves_in_two(tensor, group):
     """Right sums, but each half of the bucket sent on its own: two reduce-scatters and two all-gathers."""
     for part in tensor.reshape(-1).tensor_split(2):
@@ -334,7 +329,6 @@ HalvesNotWrittenBack = _halves_with("HalvesNotWrittenBack", _halves_padding_kept
 HalvesNotPadded = _halves_with("HalvesNotPadded", _halves_not_padded)
 HalvesAveraged = _halves_with("HalvesAveraged", _halves_averaged)
 HalvesRebound = _halves_with("HalvesRebound", _halves_rebound)
-HalvesNotWaited = _halves_with("HalvesNotWaited", _halves_not_waited)
 HalvesInTwo = _halves_with("HalvesInTwo", _halves_in_two)
 
 

@@ -119,7 +119,6 @@ MISTAKES = [
     # notebook 06's transport: the hook has divided already, and the tensor handed over is what must hold the sum
     (wrong.HalvesNotWrittenBack, "halves", "left the sum out of the tensor it was handed; write it into that tensor"),
     (wrong.HalvesRebound, "halves", "rebinding the name or returning the sum does not reach the caller"),
-    (wrong.HalvesNotWaited, "halves", "started with async_op=True, wait() on each before copying"),
     (wrong.HalvesAveraged, "halves", "allreduce_hook divides each bucket before it hands it to your transport"),
     (wrong.HalvesNotPadded, "halves", "multiple of the world size: pad it first"),
     (
