@@ -118,7 +118,7 @@ def committed_syncs(entries: list[tuple[int, dict]]) -> list[tuple[list[int], li
 
 
 def entries(run) -> list[tuple[int, dict]]:
-    return [(slot, e) for slot, _, e in run.attempts]
+    return [(slot, e) for slot, _, e in run.entries]
 
 
 def final(run, slot: int) -> dict:
@@ -142,7 +142,7 @@ def test_every_sync_is_committed_once_and_the_lost_replica_costs_the_survivor_no
 
 
 def test_the_returning_replica_is_healed_and_adds_nothing_to_its_first_sync(run):
-    back = [e for slot, inc, e in run.attempts if slot == 1 and inc > 0]
+    back = [e for slot, inc, e in run.entries if slot == 1 and inc > 0]
     assert back and back[0]["healed"]  # its first attempt received the state
     first_commit = next(e for e in back if e["committed"])
     assert first_commit["joined"] and first_commit["participants"] == 1  # the survivor's round only
