@@ -20,8 +20,10 @@
 # starts from the last checkpoint. At scale failures are routine: the pre-training of Llama 3 405B
 # saw 419 unexpected interruptions in 54 days on 16,384 GPUs, one every 3.1 hours (54 × 24 / 419;
 # *The Llama 3 Herd of Models*, Meta, 2024, arXiv:2407.21783, section 3.3.4), and each one costs
-# the work since that checkpoint plus a restart. The `ft` rung (`minddp/ft/`, after torchft) keeps
-# training instead, each step in five parts (numbered as in `docs/fault-tolerance.md`):
+# the work since that checkpoint plus a restart. The `ft` rung (`minddp/ft/`, after torchft; a *rung*
+# is one stage of minddp's ladder, `minddp/ladder/`, the stages notebooks 02 and 03 climb one idea at
+# a time: this one is the `ddp` stage plus what follows) keeps training instead, each step in five
+# parts (numbered as in `docs/fault-tolerance.md`):
 #
 # 1. a **quorum**: a small coordinator (the *lighthouse*, a process of its own) answers who trains
 #    this step;
@@ -49,6 +51,8 @@
 # * a process's **rank** is its index among the members of the quorum of now (its rank in the group
 #   built for that quorum): after slot 1 is lost, slots 0 and 2 are ranks 0 and 1 of world 2;
 # * an **attempt** is one quorum's try at one step, committed or discarded on all its members;
+# * a quorum's **tag** names the group built for it: the lighthouse gives a new tag, so the members
+#   build a new group, when the members changed or a step was discarded since the last quorum;
 # * a **holder** is a process that holds the trained state: a member of the newest committed step.
 
 # %% [markdown]
@@ -59,17 +63,19 @@
 # step standing in for compute). What each setting does:
 #
 # * `faults`: `kill@4:1`, slot 1 SIGKILLs itself in step 4 after its forward, while the others wait
-#   for it in the all_reduce; `raise@9:2`, slot 2's all_reduce raises in step 9 (slot 2 stays);
+#   for it in the all_reduce; `raise@11:2`, slot 2's all_reduce raises in step 11 (slot 2 stays);
 # * `hang_s=5.0`, the **hang bound**: the group's collective timeout, and how long the lighthouse lets
 #   a slot's heartbeat (sent every 50 ms) be silent before it evicts the slot (question 1 below);
-# * `full_world_at=(4, 9)`: the first attempt of steps 4 and 9 waits for all three slots, so each
-#   fault meets a full world whatever the machine's speed;
+# * `full_world_at=(4, 9)`: the first attempt of steps 4 and 9 waits for all three slots, whatever
+#   the machine's speed: the kill meets a full world, and slot 1 is back, healed, in step 9, before
+#   the raise of step 11 (so the heal and the raise each show on their own);
 # * `restart_after_steps=1`: the launcher starts a killed slot again only once a step was committed
 #   without it, so the run shows training at world 2;
 # * `rejoin_before_end=True`: the last step waits for all three slots too, so the run does not end
 #   before the killed slot is back;
-# * `digests=True`: before each attempt, and after each discarded one, every member records a
-#   sha256 of its parameters and optimizer state (the checks further down).
+# * `digests=True`: every member records a sha256 of its parameters and optimizer state just before
+#   each attempt's step (its *before* digest: once the attempt's group is built and any heal done),
+#   and again after each discarded attempt (the checks further down).
 #
 # `run.report()` gives one line per fault: its **recovery**, seconds from the fault to the first
 # commit of its step or a later one, and, for a fault that ended a process, its **rejoin**, seconds
@@ -83,7 +89,7 @@ run = launch_ft(
     ToyTask(compute_s=0.01),
     14,
     world_size=3,
-    faults=parse_faults("kill@4:1,raise@9:2"),
+    faults=parse_faults("kill@4:1,raise@11:2"),
     hang_s=5.0,
     full_world_at=(4, 9),
     restart_after_steps=1,
@@ -96,8 +102,9 @@ for line in run.report():
 
 # %% [markdown]
 # Where each recovery's time went, from the lighthouse's and the launcher's events: the first
-# discard (the failure known to every member), the first new quorum (the members agreed again; a
-# new group follows), and the commit. A kill needs one thing a raise does not: the lighthouse forms
+# discard (the lighthouse's decision that the attempt does not count, the answer each member that
+# voted reads; a killed process never learns it), the first new quorum (the members agreed again;
+# a new group follows), and the commit. A kill needs one thing a raise does not: the lighthouse forms
 # a quorum without slot 1 only once slot 1 counts as gone, when the launcher reports its process's
 # exit (or after `hang_s` of silence), and once both survivors have asked again. The launcher polls
 # its processes every 20 ms and, on an exit, first waits a fixed 50 ms for a result that may be in
@@ -105,55 +112,56 @@ for line in run.report():
 # again after recording their discarded attempt (its digest). The events time the exit and the
 # quorum, not the steps between them, so the cell below prints that gap without splitting it. This
 # is one run on a shared machine: `docs/fault-tolerance.md`'s benchmark gives medians over many
-# faults. The rejoin is split the same way: the wait until the launcher starts the slot again, then
-# the new process's start up to the quorum that heals it.
+# faults. The recovery's moments are printed in whole milliseconds, each gap the difference of the
+# two values as printed. The rejoin is split the same way: the wait until the launcher starts the slot
+# again, then the new process's start up to the quorum that heals it (seconds, to two decimals, the
+# two parts adding up to the whole as printed).
 
 # %%
 from minddp.ft import cold_start_s, fault_outcomes
 
 kill, raised = fault_outcomes(run)
+
+
+def ms(seconds):  # the recovery's moments, in whole milliseconds; a gap below is a difference of these
+    return round(seconds * 1000)
+
+
 for o in (kill, raised):
     print(
-        f"{o.fault}: discard {o.discard_s:.2f} s, new quorum {o.quorum_s:.2f} s, commit of step "
-        f"{o.committed_step} {o.recovery_s:.2f} s after the fault"
+        f"{o.fault}: discard {ms(o.discard_s)} ms, new quorum {ms(o.quorum_s)} ms, commit of step "
+        f"{o.committed_step} {ms(o.recovery_s)} ms after the fault"
     )
 lesson.claim(
     kill.exit_s is not None and kill.exit_s <= kill.quorum_s,
-    f"kill: the launcher saw slot 1's process exit {kill.exit_s:.3f} s after the kill, and only then did the "
-    f"quorum without it form ({kill.quorum_s:.3f} s)",
+    f"kill: the launcher saw slot 1's process exit {ms(kill.exit_s)} ms after the kill (its 50 ms wait included), "
+    f"and only then did the quorum without it form ({ms(kill.quorum_s)} ms)",
 )
 lesson.claim(
-    raised.exit_s is None and raised.world == 3,
-    "raise: no process ended; slot 2 voted no, asked for the next quorum itself, and step 9 was committed at world 3",
-)
-
-
-def apart(a, b):  # a - b of two times as printed (2 decimals), in words
-    d = round(a, 2) - round(b, 2)
-    return f"{abs(d):.2f} s {'later' if d >= 0 else 'earlier'}"
-
-
-print(
-    f"the kill's new quorum came {apart(kill.quorum_s, kill.discard_s)} than its discard, "
-    f"{apart(kill.quorum_s, kill.exit_s)} than the exit the launcher recorded ({kill.exit_s:.2f} s, its 50 ms "
-    f"wait included); the raise's {apart(raised.quorum_s, raised.discard_s)} than its discard"
+    raised.exit_s is None and raised.world == 3 and raised.committed_step == 11,
+    "raise: no process ended; slot 2 voted no, asked for the next quorum itself, and step 11 was committed at world 3",
 )
 print(
-    f"rejoin {kill.rejoin_s:.2f} s: {kill.restart_s:.2f} s until the launcher started slot 1 again (after one step "
-    f"committed without it: restart_after_steps=1), then {kill.rejoin_s - kill.restart_s:.2f} s "
-    f"({(kill.rejoin_s - kill.restart_s) / kill.rejoin_s:.0%} of it) from the new process's start to the quorum "
-    "that healed it"
+    f"the kill's new quorum came {ms(kill.quorum_s) - ms(kill.discard_s)} ms after its discard, "
+    f"{ms(kill.quorum_s) - ms(kill.exit_s)} ms after the exit the launcher recorded; the raise's "
+    f"{ms(raised.quorum_s) - ms(raised.discard_s)} ms after its discard"
 )
-cold = cold_start_s(run)
+rejoin, restart = round(kill.rejoin_s, 2), round(kill.restart_s, 2)  # as printed: the parts add up to the whole
+start_to_heal = rejoin - restart
+print(
+    f"rejoin {rejoin:.2f} s: {restart:.2f} s until the launcher started slot 1 again (after one step committed "
+    f"without it: restart_after_steps=1), then {start_to_heal:.2f} s ({start_to_heal / rejoin:.0%} of it) from the "
+    "new process's start to the quorum that healed it"
+)
+cold = round(cold_start_s(run), 2)
 print(
     f"a fresh start of this run (the lighthouse listening to the first committed step: the lighthouse and three "
     f"processes started at once on this machine's cores, the first quorum, group and step) took {cold:.2f} s"
 )
 lesson.claim(
-    max(kill.recovery_s, raised.recovery_s) < min(kill.rejoin_s - kill.restart_s, cold),
-    f"each recovery ({kill.recovery_s:.2f} s, {raised.recovery_s:.2f} s: no process started) took less than one "
-    f"process's start to its heal ({kill.rejoin_s - kill.restart_s:.2f} s) and less than the fresh start "
-    f"({cold:.2f} s)",
+    max(kill.recovery_s, raised.recovery_s) < min(start_to_heal, cold),
+    f"each recovery ({ms(kill.recovery_s)} ms, {ms(raised.recovery_s)} ms: no process started) took less than one "
+    f"process's start to its heal ({start_to_heal:.2f} s) and less than the fresh start ({cold:.2f} s)",
 )
 
 # %% [markdown]
@@ -176,12 +184,13 @@ print(run.timeline())
 #   slots 0 and 2 (ranks 0 and 1 of a new group of 2: their order among the members), and step 4
 #   was trained again and committed at world 2;
 # * the launcher started slot 1 again: a new process, freshly initialised, at step 0. It asked to
-#   train step 0 while its peers asked for a later step, so it was **healed** (marked `H` when the
-#   attempt it was healed in was committed, `h` when that attempt was then discarded: the cell below
-#   says which this run shows), and from then on trained with them at world 3 (step 9 waits for the
-#   whole world, so it is back by then whatever the machine's speed);
-# * in step 9 slot 2's all_reduce raised: slot 2 stayed, but the attempt was discarded on every
-#   member, and step 9 was tried again by a new group of the same three slots.
+#   train step 0 while its peers asked for a later step, so it was **healed**: in the new group of
+#   that quorum, before the step, it received parameters, optimizer state and step from a peer,
+#   then trained that step with them, and the attempt was committed (`H`). From then on it trained
+#   with them at world 3 (step 9 waits for the whole world, so it is back by then whatever the
+#   machine's speed);
+# * in step 11 slot 2's all_reduce raised: slot 2 stayed, but the attempt was discarded on every
+#   member, and step 11 was tried again by a new group of the same three slots.
 
 # %%
 entries = [(slot, e) for slot, _, e in run.entries]  # one entry per member and attempt
@@ -209,34 +218,32 @@ lesson.claim(
     f"slot 1's new process asked for step 0 and its peers for step {kill.healed_at}: it was healed there, after "
     "step 4 was committed without it (restart_after_steps=1) and no later than step 9 (full_world_at)",
 )
-heals = [e for slot, e in entries if slot == 1 and e["healed"]]
-mark = "H" if heals[0]["committed"] else "h"
+heals = [(slot, e["step"], e["committed"]) for slot, e in entries if e["healed"]]
 lesson.claim(
-    [e["step"] for e in heals] == [kill.healed_at],
-    f"slot 1 was healed once, at step {kill.healed_at}: `{mark}` on the timeline (that attempt "
-    f"{'committed' if mark == 'H' else 'then discarded'})",
+    heals == [(1, kill.healed_at, True)],
+    f"slot 1 was healed once, at step {kill.healed_at}, and that attempt was committed: `H` on the timeline "
+    "(no other process was healed)",
 )
 lesson.claim(
     all(len(e["members"]) == 3 for _, e in entries if e["step"] >= kill.healed_at),
     f"from step {kill.healed_at} on, every attempt had all three slots",
 )
-tags = [{e["tag"] for _, e in at(9, committed)} for committed in (False, True)]
+tags = [{e["tag"] for _, e in at(11, committed)} for committed in (False, True)]
 lesson.claim(
-    {slot for slot, _ in at(9, False)} == {0, 1, 2} and len(at(9, True)) == 3 and all(len(t) == 1 for t in tags),
-    "step 9: discarded on all three slots after slot 2's all_reduce raised, then committed by all three",
+    {slot for slot, _ in at(11, False)} == {0, 1, 2} and len(at(11, True)) == 3 and all(len(t) == 1 for t in tags),
+    "step 11: discarded on all three slots after slot 2's all_reduce raised, then committed by all three",
 )
-lesson.claim(tags[0] != tags[1], "and the retry of step 9 ran in a new group, of the same three members")
+lesson.claim(tags[0] != tags[1], "and the retry of step 11 ran in a new group (a new tag), of the same three members")
 
 # %% [markdown]
 # Three more properties, checked on the parameters and the optimizer's state (AdamW's moments and
 # step count): the slots end identical (their final states compared tensor by tensor), every member
 # of an attempt started its step from the same state (healed processes included), and a discarded
 # attempt's step changed nothing (the sha256 digests the run recorded: `consistency` in
-# `minddp/ft/report.py`). Each member takes an attempt's "before" digest once its group is built and
-# any heal done, just before the step: a heal is not undone when its attempt is discarded (a slot
-# healed in an attempt that was then discarded, `h`, is not healed again in the retry: the cell
-# checks it where the run has one), and what the third check compares is the state from after the
-# heal to after the discard.
+# `minddp/ft/report.py`). The second and third checks read the *before* digest set out with the
+# run's settings above (taken just before the step, after any heal): the second compares the
+# members' before digests of each attempt, the third each member's before digest of a discarded
+# attempt with its digest after the discard.
 
 # %%
 from minddp.ft import consistency
@@ -252,14 +259,6 @@ lesson.claim(
     f"each of the {checks.discarded} discarded attempts left every byte of each of its members as it was when its "
     f"step began ({checks.discarded_entries} member entries in all)",
 )
-discarded_heals = [(slot, e) for slot, e in entries if e["healed"] and not e["committed"]]
-for slot, e in discarded_heals:  # the retry of that step on the same slot: from the healed state, no second heal
-    retry = next(r for s, r in entries if s == slot and r["step"] == e["step"] and r["committed"])
-    lesson.claim(
-        retry["before"] == e["after_discard"] and not retry["healed"],
-        f"slot {slot}'s heal at step {e['step']} stayed through the discard of its attempt: the retry began from "
-        "the bytes the discarded attempt left, with no second heal",
-    )
 
 # %% [markdown]
 # ## Your turn: split the batch among the ranks of now
@@ -279,11 +278,13 @@ for slot, e in discarded_heals:  # the retry of that step on the same slot: from
 # step's whole batch. Where they differ, it names the rows no rank trained (and the remainder, when
 # a floor division dropped it), or that two did, and at which world. Where they match, it also
 # checks, without ranks, that each row goes to exactly one rank where the run does not go: world 1,
-# and batches of 11 and 12 rows.
+# and every other batch of 1 to 12 rows at worlds 3, 2 and 1 (a split right for 10 rows can fail
+# for 4: `x.chunk(3)` of 4 rows makes only 2 pieces).
 #
 # Before anything runs, it refuses a function that reads the environment (`os.environ`,
 # `os.getenv`: the launcher's `RANK` is the slot, not the rank of now) or the process group
-# (`dist.get_rank()`, `dist.get_world_size()`), in itself or in a function of yours it calls.
+# (`dist.get_rank()`, `dist.get_world_size()`), in itself, in a function of yours it calls, or
+# through a global of yours set from one (`SLOT = int(os.environ.get("RANK", 0))` in a cell).
 # Reading the group would give the right rank in this rung, whose groups are built afresh for each
 # quorum with the members in order, but not in a design that keeps its group across a change of
 # members, and the checker calls `shard` outside any group: split by the `rank` and `world` given.
@@ -306,7 +307,9 @@ check_shard(my_shard)
 # %% [markdown]
 # Stuck? The cell below shows a model answer (`minddp.exercises.solutions.ft_shard`); its output
 # is collapsed in Jupyter: click it to show it. The checker's verdict on it is printed by the
-# notebook's last code cell, which checks it and question 3's split below in one run of the rung.
+# notebook's last code cell, which checks it and question 3's split below in one run of the rung:
+# `check_shards` trains each function it is given in its own *lane*, a copy of the small model that
+# only that function's rows train, so one run checks them all.
 
 # %% jupyter={"outputs_hidden": true}
 from minddp.exercises import solutions
@@ -335,14 +338,16 @@ show_source(solutions.ft_shard)
 #
 # <details><summary>1. A frozen process</summary>
 #
-# A killed process closes its sockets, and the launcher sees it exit and tells the lighthouse at
-# once (the kill's recovery above). A frozen process (`SIGSTOP`) keeps its
-# sockets open and says nothing: its peers wait in their all_reduce until the group's timeout
-# (`hang_s`: the rung builds each group with it), and the lighthouse evicts the slot only once its
-# heartbeat has been silent for `hang_s`. Prediction: a little over `hang_s` (5 s in the run
-# above; this notebook does not run the frozen case), since the last heartbeat comes at most one
-# beat, 50 ms, before the freeze, unless the machine starved that thread; then the new quorum and
-# step 4 trained again, as after the kill. The benchmark in
+# A killed process closes its sockets, so its peers' all_reduce fails with no timeout to wait out
+# (the kill's discard above); the launcher, which looks at its processes every 20 ms and then waits
+# 50 ms for a result that may be in flight, tells the lighthouse that the process is gone (the
+# kill's exit time, printed after the run). A frozen
+# process (`SIGSTOP`) keeps its sockets open and says nothing: its peers wait in their all_reduce
+# until the group's timeout (`hang_s`: the rung builds each group with it), and the lighthouse
+# evicts the slot only once its heartbeat has been silent for `hang_s`. Prediction: a little over
+# `hang_s` (5 s in the run above; this notebook does not run the frozen case), since the last
+# heartbeat comes at most one beat, 50 ms, before the freeze, unless the machine starved that
+# thread; then the new quorum and step 4 trained again, as after the kill. The benchmark in
 # `docs/fault-tolerance.md` measured it with a 2 s bound: 4 frozen processes, recovery 2.07 s
 # (median; discarded at 2.02 s), the bound plus a few hundredths. Halving `hang_s` halves the
 # bound, and makes a live process that is merely slow (a loaded machine, a long step) likelier to
@@ -357,9 +362,9 @@ show_source(solutions.ft_shard)
 # slot is started again and healed from a survivor. The launcher starts slot 1 again only after a
 # step committed without it, and a start takes seconds (the rejoin above), so slot 1 is likely not
 # back when slot 2 dies in step 5: the world would then go down to 1, slot 0 training alone on the
-# whole batch. (A prediction: this notebook runs only the three-kill case below.) Killing all three in the same step leaves no
-# holder: in this design, as in torchft's, the trained state lives only in the training processes,
-# so nothing is left to heal from. A design that keeps a copy elsewhere (a checkpoint on disk, or a
+# whole batch. (A prediction: this notebook runs only the three-kill case below.) Killing all three
+# in the same step leaves no holder: in this design, as in torchft's, the trained state lives only
+# in the training processes, so nothing is left to heal from. A design that keeps a copy elsewhere (a checkpoint on disk, or a
 # replica of the state outside the training processes) could bring it back; this kind of fault
 # tolerance keeps the state only as long as one holder lives. The processes started again would
 # hold a fresh initialisation, so minddp stops the run with one line rather than train the
@@ -419,7 +424,7 @@ def rows_of_the_first_world(batch, rank, world):
     return x[lo:hi], y[lo:hi]
 
 
-answer, first_world = check_shards([solutions.ft_shard, rows_of_the_first_world])  # one run, one lane each
+answer, first_world = check_shards([solutions.ft_shard, rows_of_the_first_world])  # one run, a lane each
 print("the exercise's model answer:", answer)
 lesson.claim(answer.ok, "the model answer trains every row once at every world")
 print("question 3's split:", first_world)

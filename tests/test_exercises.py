@@ -10,6 +10,7 @@ serves every case (the checker keeps its ranks between checks).
 
 from __future__ import annotations
 
+import textwrap
 import time
 
 import exercise_mistakes as wrong
@@ -196,6 +197,12 @@ SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, wh
         "with a global batch of 11 rows (the run's have 10), at world 3, row 10 was trained by no rank",
     ),
     (wrong.shard_wrong_alone, "at world 1 (which the run's committed steps did not have), rows 5-9 were trained by no"),
+    (  # right on 10, 11 and 12 rows; chunk gives fewer pieces than ranks where B rows do not fill them
+        wrong.shard_chunked,
+        "with a global batch of 4 rows (the run's have 10), at world 3, your shard raised IndexError for rank 2 of "
+        "world 3: tuple index out of range (chunk(world) cuts pieces of ceil(B / world) rows, so 4 rows at world 3 "
+        "make 2 pieces of at most 2, fewer than the 3 ranks",
+    ),
 ]
 SHARD_MATCHES_THE_RUNG = [  # what a right answer's verdict says of the rung's own split
     "your split gives every rank the rows the ft rung's own split gives it",
@@ -223,6 +230,11 @@ SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
     (wrong.shard_slot_through_a_helper, "your shard reads the environment (os.environ), where the launcher's RANK is"),
     (wrong.shard_group_rank_through_a_helper, "your shard reads torch.distributed.get_rank() (the process group's)"),
     (wrong.shard_numpy, "returned a tuple of ndarray, ndarray, not of tensors: return x[rows], y[rows] of the batch's"),
+    (
+        wrong.shard_slot_from_a_global,
+        "your shard reads the environment (os.environ) through SLOT, a global its module set when it ran "
+        '(`SLOT = int(os.environ.get("RANK", 0))`), where the launcher\'s RANK is',
+    ),
 ]
 
 
@@ -232,6 +244,29 @@ def test_the_shard_checker_names_a_read_through_a_helper_and_parts_that_are_not_
     read it is (not as the KeyError or the missing group it raises here), and numpy parts as not tensors."""
     (v,) = check_shards([fn])
     assert not v.ok and v.line.startswith("✗ shard:") and named in v.line, v.line
+
+
+def test_the_shard_checker_refuses_a_slot_read_into_a_global_in_an_earlier_notebook_cell():
+    """In a notebook the global is set in one cell and read by the shard defined in another: the checker finds the
+    assignment in the kernel's record of the cells run (``In``, which IPython keeps in the namespace the cells run
+    in; here two cells run the same way, by exec in one namespace), and refuses before any run."""
+    first = 'import os\n\nSLOT = int(os.environ.get("RANK", 0))  # the launcher\'s RANK, where there is one\n'
+    second = textwrap.dedent(
+        """\
+        def my_shard(batch, rank, world):
+            x, y = batch
+            lo, hi = SLOT * len(x) // world, (SLOT + 1) * len(x) // world
+            return x[lo:hi], y[lo:hi]
+        """
+    )
+    kernel = {"__name__": "__main__", "In": [""]}
+    for cell in (first, second):
+        kernel["In"].append(cell)
+        exec(cell, kernel)
+    (v,) = check_shards([kernel["my_shard"]])
+    assert not v.ok and "your shard reads the environment (os.environ) through SLOT, a global its module" in v.line, (
+        v.line
+    )
 
 
 def test_bad_arguments_say_what_to_pass():

@@ -6,8 +6,9 @@ after a rank is lost, the survivors must split the whole batch among themselves,
 never trained. :func:`check_shard` checks a learner's ``shard``:
 
 1. **first, here**: a function that reads the process group's rank (``dist.get_rank()``) or the
-   environment (``os.environ``, where ``RANK`` is the process's slot), itself or in a function of its own
-   module that it calls, is refused; then it is called
+   environment (``os.environ``, where ``RANK`` is the process's slot), itself, in a function of its own
+   module that it calls, or through a global of its module set from one (``SLOT = int(os.environ["RANK"])``),
+   is refused; then it is called
    twice for every rank of the worlds the run will meet: an exception, a value that is not
    ``(x rows, y rows)`` of the batch, or two calls that disagree is named at once, before any rank
    starts;
@@ -20,8 +21,8 @@ never trained. :func:`check_shard` checks a learner's ``shard``:
    batch no rank trained (or two did), at which world, from the worlds the run's committed steps
    had, and whether the ranks' own checks (identical states, one start per attempt, discards that
    change nothing) saw anything; where they match, whether every row goes to exactly one rank where the
-   run does not go (world 1; batches of 11 and 12 rows, at every world), then whether the split is the ft
-   rung's own.
+   run does not go (world 1; every other batch of 1 to 12 rows, at every world: ``x.chunk(world)[rank]``
+   fails at 4 rows and world 3, where chunk makes 2 pieces), then whether the split is the ft rung's own.
 
 Example (a lighthouse and 3 ranks: not run by the doctests)::
 
@@ -32,8 +33,11 @@ Example (a lighthouse and 3 ranks: not run by the doctests)::
 
 from __future__ import annotations
 
+import ast
+import inspect
 import io
 import os
+import sys
 import types
 
 import torch
@@ -164,58 +168,67 @@ def check_shards(shards: list, *, steps: int = 6, timeout_s: float = 180.0) -> l
 def preflight(fn, batch) -> str | None:
     """Step 1: what is wrong with ``fn`` (it reads a process group's rank, or the environment's) or with its values
     for every rank of worlds 3, 2 and 1, each asked twice (``None``: nothing)."""
-    read = reads(fn, dist, GROUP_READS)
+    read, through = reads(fn, dist, GROUP_READS)
     if read:
         return (
-            f"your shard reads torch.distributed.{' and '.join(f'{name}()' for name in read)} (the process "
+            f"your shard reads torch.distributed.{' and '.join(f'{name}()' for name in read)}{through} (the process "
             "group's): split by the rank and world it is given, this rank's index among the members of this "
             "step's quorum and their number: the checker calls shard outside any group, and a group's rank is "
             "that index only where the group is rebuilt at each quorum (as minddp's rung does)"
         )
-    read = reads(fn, os, ENVIRONMENT_READS)
+    read, through = reads(fn, os, ENVIRONMENT_READS)
     if read:
         return (
-            f"your shard reads the environment (os.{' and os.'.join(read)}), where the launcher's RANK is the "
-            "process's slot, the place it was started in, which stays the same when the world shrinks: after slot 1 "
-            "is lost, slots 0 and 2 train world 2 as its ranks 0 and 1, and a split by RANK gives slot 2 the rows "
-            "of a rank 2 that world 2 does not have; split by the rank and world it is given"
+            f"your shard reads the environment (os.{' and os.'.join(read)}){through}, where the launcher's RANK is "
+            "the process's slot, the place it was started in, which stays the same when the world shrinks: after "
+            "slot 1 is lost, slots 0 and 2 train world 2 as its ranks 0 and 1, and a split by RANK gives slot 2 the "
+            "rows of a rank 2 that world 2 does not have; split by the rank and world it is given"
         )
-    x = batch[0]
     for world in range(WORLD, 0, -1):
-        for rank in range(world):
-            outs = []
-            for _ in range(2):  # twice: every rank calls it on its own, and again when a step is tried again
-                try:
-                    out = fn(batch, rank, world)
-                except Exception as exc:  # noqa: BLE001 - the learner's code: any error is the verdict
-                    return f"your shard raised {type(exc).__name__} for rank {rank} of world {world}: {exc}" + (
-                        RANK_READ_AT_RUN_TIME if rank_read(exc) else ""
-                    )
-                if not (isinstance(out, (tuple, list)) and len(out) == 2):
-                    return (
-                        f"shard(batch, {rank}, {world}) returned {type(out).__name__}, not (x, y): return this "
-                        "rank's rows of the batch's inputs and of its targets"
-                    )
-                if not all(torch.is_tensor(t) for t in out):
-                    return (
-                        f"shard(batch, {rank}, {world}) returned a {type(out).__name__} of "
-                        f"{', '.join(type(t).__name__ for t in out)}, not of tensors: return x[rows], y[rows] of the "
-                        "batch's tensors (the rung's loss and all_reduce take torch tensors)"
-                    )
-                if rows_of(out[0], x) is None or len(out[0]) != len(out[1]):
-                    return (
-                        f"shard(batch, {rank}, {world}) returned x that is not rows of the batch's x (or x and y of "
-                        "different lengths): return x[rows], y[rows] of the same rows"
-                    )
-                outs.append(sorted(rows_of(out[0], x)))
-            if outs[0] != outs[1]:
-                return (
-                    f"shard(batch, {rank}, {world}) gave {rows_named(outs[0]) if outs[0] else 'no rows'} on one call "
-                    f"and {rows_named(outs[1]) if outs[1] else 'no rows'} on the next, with the same arguments: each "
-                    "rank calls shard on its own (and again when a step is tried again), so the ranks agree on a "
-                    "split only if it depends on nothing but (batch, rank, world); seed a shuffle from those (e.g. a "
-                    "torch.Generator seeded with the same number in every rank), not from the global generator"
+        problem = values_problem(fn, batch, world)
+        if problem:
+            return problem
+    return None
+
+
+def values_problem(fn, batch, world: int) -> str | None:
+    """What is wrong with ``fn``'s values for the ranks of ``world`` on ``batch``, each rank asked twice: an
+    exception, something other than (x rows, y rows) of the batch, or two calls that disagree (``None``: nothing)."""
+    x = batch[0]
+    for rank in range(world):
+        outs = []
+        for _ in range(2):  # twice: every rank calls it on its own, and again when a step is tried again
+            try:
+                out = fn(batch, rank, world)
+            except Exception as exc:  # noqa: BLE001 - the learner's code: any error is the verdict
+                return f"your shard raised {type(exc).__name__} for rank {rank} of world {world}: {exc}" + (
+                    RANK_READ_AT_RUN_TIME if rank_read(exc) else ""
                 )
+            if not (isinstance(out, (tuple, list)) and len(out) == 2):
+                return (
+                    f"shard(batch, {rank}, {world}) returned {type(out).__name__}, not (x, y): return this "
+                    "rank's rows of the batch's inputs and of its targets"
+                )
+            if not all(torch.is_tensor(t) for t in out):
+                return (
+                    f"shard(batch, {rank}, {world}) returned a {type(out).__name__} of "
+                    f"{', '.join(type(t).__name__ for t in out)}, not of tensors: return x[rows], y[rows] of the "
+                    "batch's tensors (the rung's loss and all_reduce take torch tensors)"
+                )
+            if rows_of(out[0], x) is None or len(out[0]) != len(out[1]):
+                return (
+                    f"shard(batch, {rank}, {world}) returned x that is not rows of the batch's x (or x and y of "
+                    "different lengths): return x[rows], y[rows] of the same rows"
+                )
+            outs.append(sorted(rows_of(out[0], x)))
+        if outs[0] != outs[1]:
+            return (
+                f"shard(batch, {rank}, {world}) gave {rows_named(outs[0]) if outs[0] else 'no rows'} on one call "
+                f"and {rows_named(outs[1]) if outs[1] else 'no rows'} on the next, with the same arguments: each "
+                "rank calls shard on its own (and again when a step is tried again), so the ranks agree on a "
+                "split only if it depends on nothing but (batch, rank, world); seed a shuffle from those (e.g. a "
+                "torch.Generator seeded with the same number in every rank), not from the global generator"
+            )
     return None
 
 
@@ -240,11 +253,14 @@ GROUP_READS = ("get_rank", "get_world_size")
 ENVIRONMENT_READS = ("environ", "getenv")
 
 
-def reads(fn, module, names: tuple[str, ...]) -> list[str]:
+def reads(fn, module, names: tuple[str, ...]) -> tuple[list[str], str]:
     """Which of ``names`` (attributes of ``module``) ``fn``'s code reads, as ``module.name`` or as an imported
     name, in itself, in a function defined inside it, or in a function of its own module that it calls (and so
-    on: a helper ``def r(): return int(os.environ["RANK"])`` is a read of the environment all the same)."""
-    read, seen, todo = set(), set(), [fn]
+    on: a helper ``def r(): return int(os.environ["RANK"])`` is a read of the environment all the same); and, in
+    words, the module-level globals it reads them through: a global whose assignment read them when the module
+    ran (``SLOT = int(os.environ.get("RANK", 0))``, then ``SLOT`` in ``fn``), found in its module's source."""
+    read, seen, todo, via = set(), set(), [fn], []
+    sources = ModuleSources()
     while todo:
         f = todo.pop()
         code = getattr(f, "__code__", None)
@@ -262,13 +278,91 @@ def reads(fn, module, names: tuple[str, ...]) -> list[str]:
                 bound[name] = cell.cell_contents
             except ValueError:  # a cell not assigned yet
                 pass
-        read |= {n for name in used for n in names if name == n or bound.get(name) is getattr(module, n)}
-        todo += [  # the learner's own functions it calls (library code is not the learner's to change)
-            bound[name]
-            for name in used
-            if isinstance(bound.get(name), types.FunctionType) and bound[name].__module__ == fn.__module__
-        ]
-    return [n for n in names if n in read]
+        read |= read_among(used, bound, module, names)
+        todo += own_functions(used, bound, fn)
+        module_level = getattr(f, "__globals__", {})
+        values = [name for name in used if name in module_level and is_value(bound[name])]
+        done_values: set[str] = set()
+        while values:  # module-level values: what the assignments that made them read
+            name = values.pop()
+            if name in done_values:
+                continue
+            done_values.add(name)
+            for statement, expression in sources.assignments(f, name):
+                expr_used = {n.id for n in ast.walk(expression) if isinstance(n, ast.Name)}
+                expr_used |= {n.attr for n in ast.walk(expression) if isinstance(n, ast.Attribute)}
+                found = read_among(expr_used, bound, module, names)
+                if found:
+                    read |= found
+                    via.append(f"{name}, a global its module set when it ran (`{statement}`)")
+                todo += own_functions(expr_used, bound, fn)
+                values += [n for n in expr_used if n in bound and is_value(bound[n])]
+    through = f" through {' and '.join(dict.fromkeys(via))}" if via else ""
+    return [n for n in names if n in read], through
+
+
+def read_among(used: set, bound: dict, module, names: tuple[str, ...]) -> set:
+    """Which of ``names`` the names ``used`` are: by name, or bound to ``module``'s attribute of that name."""
+    return {n for name in used for n in names if name == n or bound.get(name) is getattr(module, n)}
+
+
+def own_functions(used: set, bound: dict, fn) -> list:
+    """The learner's own functions among the names ``used`` (library code is not the learner's to change)."""
+    return [
+        bound[name]
+        for name in used
+        if isinstance(bound.get(name), types.FunctionType) and bound[name].__module__ == fn.__module__
+    ]
+
+
+def is_value(value) -> bool:
+    """A module-level value whose assignment may have read something (not a module, function or class)."""
+    return not isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type))
+
+
+class ModuleSources:
+    """The top-level assignments of a function's module, from its source: a file's, or a notebook's cells
+    (IPython keeps each cell's input, as run, in the kernel's namespace as ``In``)."""
+
+    def __init__(self):
+        self.trees: dict[int, list[tuple[str, ast.Module]]] = {}
+
+    def parsed(self, f) -> list[tuple[str, ast.Module]]:
+        namespace = getattr(f, "__globals__", {})
+        if id(namespace) not in self.trees:
+            cells = namespace.get("In")
+            texts = [c for c in cells if isinstance(c, str)] if isinstance(cells, list) else []
+            if not texts:
+                try:
+                    texts = [inspect.getsource(sys.modules[f.__module__])]
+                except (KeyError, TypeError, OSError):  # no module, or no source (a built-in, an exec'd string)
+                    texts = []
+            trees = []
+            for text in texts:
+                try:
+                    trees.append((text, ast.parse(text)))
+                except SyntaxError:
+                    pass
+            self.trees[id(namespace)] = trees
+        return self.trees[id(namespace)]
+
+    def assignments(self, f, name: str):
+        """``(statement's first line, assigned expression)`` of each top-level assignment to ``name``."""
+        for text, tree in self.parsed(f):
+            statements = list(tree.body)
+            while statements:
+                node = statements.pop()
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    continue  # their bodies run when called, not when the module runs
+                if isinstance(node, ast.Assign):
+                    targets = node.targets
+                elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+                    targets = [node.target]
+                else:
+                    targets = []
+                if any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t)):
+                    yield (ast.get_source_segment(text, node) or name).splitlines()[0], node.value
+                statements += [c for c in ast.iter_child_nodes(node) if isinstance(c, ast.stmt)]
 
 
 def rows_of(part: torch.Tensor, whole: torch.Tensor) -> list[int] | None:
@@ -350,14 +444,16 @@ def verdict(fn, mine: dict, oracle: dict, committed, task: Lanes, run, blind: bo
             f"the parameters match a single process on the whole batch (largest difference {d_single:.1e}, float32 "
             f"rounding: the ranks add their parts where one process adds all rows; tolerance "
             f"{tolerance(oracle):.1e}); each row goes to exactly one rank at world 1 too, and at every world for "
-            f"batches of {' and '.join(map(str, OTHER_ROWS))} rows (checked here, without ranks); "
+            f"batches of {min(OTHER_ROWS)} to {max(OTHER_ROWS)} rows (checked here, without ranks); "
             f"{compared_with_the_rung(fn, task.global_batch(0))}",
         )
     return Verdict(False, "✗ shard: " + coverage_problem(fn, committed, task, d_single, blind))
 
 
-#: Batch sizes checked besides the run's (without ranks): a split must follow len(x), not a fixed count.
-OTHER_ROWS = (11, 12)
+#: Batch sizes checked besides the run's (without ranks), every one from 1 to 12 rows: a split must follow len(x),
+#: not a fixed count, and give each row a rank whatever the count (torch's chunk makes pieces of ceil(B / world) rows,
+#: so 4 rows at world 3 are only 2 pieces: rank 2 has none). The larger first, then down to 1 row.
+OTHER_ROWS = (11, 12, *range(ROWS - 1, 0, -1))
 
 
 def coverage(fn, batch, world: int) -> tuple[list[int], list[int], list[int]]:
@@ -380,21 +476,42 @@ def unchecked_coverage(fn, run_worlds: set) -> str | None:
         for world in range(WORLD, 0, -1):
             if rows == ROWS and world in run_worlds:
                 continue  # the run's parameters showed it
-            missing, twice, _ = coverage(fn, batch, world)
             where = (
                 f"at world {world} (which the run's committed steps did not have)"
                 if rows == ROWS
                 else f"with a global batch of {rows} rows (the run's have {ROWS}), at world {world}"
             )
+            problem = None if rows == ROWS else values_problem(fn, batch, world)  # (the run's batch: step 1 did)
+            if problem:
+                return f"{where}, {problem}{chunk_note(fn, rows, world)}"
+            missing, twice, _ = coverage(fn, batch, world)
             if missing:
                 return (
                     f"{where}, {rows_text(missing)} trained by no rank"
                     + (f" and {rows_named(twice)} by more than one" if twice else "")
                     + ": split len(x) rows, whatever it is, among the `world` ranks it is given"
+                    + chunk_note(fn, rows, world)
                 )
             if twice:
-                return f"{where}, {rows_text(twice)} trained by more than one rank: give each row to exactly one rank"
+                return (
+                    f"{where}, {rows_text(twice)} trained by more than one rank: give each row to exactly one rank"
+                    + chunk_note(fn, rows, world)
+                )
     return None
+
+
+def chunk_note(fn, rows: int, world: int) -> str:
+    """Why ``fn`` went wrong at ``rows`` rows and ``world`` ranks, if it calls torch's chunk and chunk gives fewer
+    pieces than ranks there (``""`` otherwise)."""
+    size = -(-rows // world)  # chunk's piece: ceil(rows / world) rows, the last one shorter
+    pieces = -(-rows // size)
+    if pieces >= world or not reads(fn, torch, ("chunk",))[0]:
+        return ""
+    return (
+        f" (chunk(world) cuts pieces of ceil(B / world) rows, so {rows} rows at world {world} make {pieces} piece"
+        f"{'s' if pieces > 1 else ''} of at most {size}, fewer than the {world} ranks: rank {pieces} and above get "
+        "no piece; torch.tensor_split(x, world) always gives `world` pieces, some of them empty)"
+    )
 
 
 def compared_with_the_rung(fn, batch) -> str:

@@ -35,7 +35,7 @@ class FaultOutcome:
     committed_step: int | None  # the step of that commit
     world: int | None  # that commit's world size
     discarded: int  # attempts discarded from the fault to that commit
-    discard_s: float | None  # to the coordinator's first discard (the failure known to every member)
+    discard_s: float | None  # to the coordinator's first discard (its decision, read by each member that voted)
     quorum_s: float | None  # to the first new quorum (the members agreed again, a new group to build)
     exit_s: float | None  # kill, stop: to the launcher seeing the process exit
     restart_s: float | None  # kill, stop: to the launcher starting the slot's next process
