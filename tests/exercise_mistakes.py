@@ -541,13 +541,16 @@ def _flat_mean(tensors, halve_first: bool = False, divide: bool = True):
     return [part.view_as(t) for part, t in zip(parts, tensors)]
 
 
-def _outer(params, synced, outer, pseudo, restore: bool = True, keep: bool = True) -> None:
-    """The outer step with ``pseudo`` as the gradient: from the synced weights (``restore``), kept (``keep``)."""
+def _outer(params, synced, outer, pseudo, restore: bool = True, keep: bool = True, clear: bool = False) -> None:
+    """The outer step with ``pseudo`` as the gradient: from the synced weights (``restore``), kept (``keep``);
+    ``clear``: ``outer.zero_grad()`` between setting the gradients and the step."""
     with torch.no_grad():
         for p, s, g in zip(params, synced, pseudo):
             if restore:
                 p.copy_(s)
             p.grad = g.clone()
+    if clear:
+        outer.zero_grad()
     outer.step()
     if keep:
         with torch.no_grad():
@@ -670,14 +673,7 @@ def outer_sync_zero_grad_after_setting(params, synced, outer):
     """Right, but with the training loop's habit: outer.zero_grad() just before outer.step() clears what was set."""
     with torch.no_grad():
         pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
-        for p, s, g in zip(params, synced, pseudo):
-            p.copy_(s)
-            p.grad = g.clone()
-    outer.zero_grad()
-    outer.step()
-    with torch.no_grad():
-        for p, s in zip(params, synced):
-            s.copy_(p)
+    _outer(params, synced, outer, pseudo, clear=True)
 
 
 def outer_sync_without_no_grad(params, synced, outer):
