@@ -119,8 +119,11 @@ lesson.claim(
 # `θ − local` with learning rate 1 and no momentum. DiLoCo keeps that quantity, the **pseudo-gradient**
 # (it points the way a gradient does: against the step the replica took), and gives it to a real
 # optimizer: SGD with lr 0.7 and Nesterov momentum 0.9 by default. `diloco.py`'s own list of what it
-# does, then the change from `local_sgd.py` (`-` its lines, `+` diloco.py's; the comments' step
-# numbers are the list's; steps 4 to 6 are the streaming version, further down):
+# does (steps 1 to 3; its steps 4 to 6 are streaming DiLoCo's, printed in that section below), then the
+# change from `local_sgd.py` (`-` its lines, `+` diloco.py's; the comments' step numbers are the list's).
+# The lines are the streaming version's too, which cuts the model into fragments that take turns; here
+# the model is one fragment, so `turn` is always 0, and the comm hook's Future, kept in `in_flight`,
+# is waited for in the same post-hook (the H-th step's) that sent it:
 
 # %%
 import inspect
@@ -129,7 +132,7 @@ from minddp.diloco import diloco
 
 doc = inspect.getdoc(diloco)
 print(doc[doc.index("1. **synced") : doc.index("With outer SGD")].rstrip())
-print(doc.split("The change::")[1].split("Example")[0].rstrip())
+print(doc.split("post-hook, the H-th step's)::")[1].split("Example")[0].rstrip())
 
 # %% [markdown]
 # With outer SGD(lr 1, no momentum) DiLoCo *is* local SGD (`tests/test_diloco.py` checks both against
@@ -258,15 +261,22 @@ lesson.claim(
 )
 for lr in ("0.3", "0.5", "0.7", "1"):
     name = "diloco-h100" if lr == "0.7" else f"diloco-h100-lr{lr}"
-    lesson.say(f"DiLoCo at H = 100, outer lr {lr:>3}, momentum 0.9: {statistics.mean(final(name)):.4f}")
-lesson.say(f"local SGD at H = 100 (an outer lr of 1, no momentum): {statistics.mean(final('local-sgd-h100')):.4f}")
+    low, high = min(final(name)), max(final(name))
+    lesson.say(
+        f"DiLoCo at H = 100, outer lr {lr:>3}, momentum 0.9: mean {statistics.mean(final(name)):.4f} "
+        f"(seeds: {low:.4f} to {high:.4f})"
+    )
+local = final("local-sgd-h100")
+lesson.say(
+    f"local SGD at H = 100 (an outer lr of 1, no momentum): mean {statistics.mean(local):.4f} (seeds: "
+    f"{min(local):.4f} to {max(local):.4f})"
+)
 sweep = ["diloco-h100-lr0.3", "diloco-h100-lr0.5", "diloco-h100", "diloco-h100-lr1"]
 lesson.claim(
-    all(d > lo for d, lo in zip(final("diloco-h100-lr1"), final("local-sgd-h100")))
-    and min(statistics.mean(final(n)) for n in sweep) > max(final("local-sgd-h100")),
-    "DiLoCo with outer lr 1 differs from local SGD in the momentum alone and ends behind it in every seed, and no "
-    "outer lr from 0.3 to 1 (momentum kept) reaches local SGD's worst seed: at this small scale the outer "
-    "momentum costs, the opposite of what the paper reports at its scale",
+    all(d > lo for d, lo in zip(final("diloco-h100-lr1"), local)) and min(min(final(n)) for n in sweep) > max(local),
+    "DiLoCo with outer lr 1 differs from local SGD in the momentum alone and ends behind it in every seed, and "
+    "every seed of every outer lr from 0.3 to 1 (momentum kept) ends above local SGD's worst seed: at this small "
+    "scale the outer momentum costs, the opposite of what the paper reports at its scale",
 )
 closest = min((n for n in curves if n != "ddp"), key=lambda n: statistics.mean(final(n)))
 lesson.claim(
@@ -275,7 +285,7 @@ lesson.claim(
     f"{streaming['fragment_delay']}, α = {streaming['fragment_alpha']}) ends closest to DDP ({excess(closest):.3f} "
     f"above the floor, against DiLoCo's {excess('diloco-h100'):.3f} at the same H); it differs from DiLoCo in two "
     "things at once, the fragments sent early and in turn, and α keeping part of the local progress at each "
-    "landing: which of the two helps was not separated",
+    "outer step: which of the two helps was not separated",
 )
 
 # %% [markdown]
@@ -290,10 +300,12 @@ lesson.claim(
 # step, and keep the result as the new synced weights. `check_outer_sync` trains a small network on
 # 2 real ranks with your sync and names what is wrong: the pseudo-gradient's sign, an outer step
 # from the local weights instead of the restored synced ones, plain averaging called DiLoCo, a
-# missing division, synced weights never updated, an outer step that uses the last inner gradient
-# (no `p.grad = ...`), an outer step that does not move (no `outer.step()`, or the pseudo-gradient
-# taken after the restore), replicas left apart (nothing averaged). As it stands the cell raises
-# `NotImplementedError`, and the checker says so.
+# missing division, synced weights never updated (or copied before the outer step), synced weights
+# that are the parameters themselves (`synced[i] = p`), an outer step that uses the last inner
+# gradient (no `p.grad = ...`), an outer step that does not move and why (no `outer.step()`, its
+# `.grad` cleared by `outer.zero_grad()`, the pseudo-gradient taken after the restore, the restore
+# after the step), replicas left apart (nothing averaged), an in-place copy outside
+# `torch.no_grad()`. As it stands the cell raises `NotImplementedError`, and the checker says so.
 
 # %%
 import torch.distributed as dist
@@ -329,12 +341,21 @@ print(check_outer_sync(solutions.outer_sync))
 # pseudo-gradient leaves `fragment_sync_delay` (τ) inner steps *before* its turn ends. Its Future is
 # kept; the τ steps run while it travels; at the end of the turn the outer step uses it, and the new
 # synced weights are mixed with the local ones that kept training: `(1 − α)·synced + α·local`
-# (`fragment_update_alpha`).
-#
-# Below, one rank's 16 inner steps under the profiler (one period, after half a period of warm-up),
-# over an emulated link of 10 Mbit/s and 40 ms per hop (half the bandwidth and twice the latency of
-# the `home` preset of the last section, so that each message lasts about one inner step): H = 16,
-# 2 fragments (a turn of 8 steps), τ = 6. Each inner step is its forward (pale), backward (blue) and
+# (`fragment_update_alpha`). Two letters here are Streaming DiLoCo's own: K counts fragments and α
+# mixes weights, where notebook 01's α is a message's fixed cost and 06's K the bytes of optimizer
+# state per parameter. `diloco.py`'s steps 4 to 6, the rest of its list:
+
+# %%
+print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rstrip())
+
+# %% [markdown]
+# Below, one rank's inner steps 9 to 24 under the profiler (one period of 16 steps, after half a
+# period of warm-up, steps 1 to 8; steps are counted from the run's first, as the exercise below
+# counts them), over an emulated link of 10 Mbit/s and 40 ms per hop (half the bandwidth and twice
+# the latency of the `home` preset of the last section, so that a message stays on the link long
+# enough to be seen beside the steps; how many steps it spans, the lines under the figure say):
+# H = 16, 2 fragments (a turn of 8 steps: fragment 0's turn is steps 1 to 8, 17 to 24, fragment 1's
+# steps 9 to 16), τ = 6. Each inner step is its forward (pale), backward (blue) and
 # optimizer step (green); grey is the loop sampling the next batch. The orange bars are the
 # fragments' messages on the emulated link (their modeled transfer), each **handed over** (tick) in an
 # optimizer step's post-hook; the triangles mark where each fragment is **applied**, in the post-hook
@@ -369,8 +390,9 @@ def sample():
         return [next(big)]
 
 
+WARM = SYNC // FRAGMENTS  # steps 1 to 8, before the profiler: half a period
 with streamed:
-    for _ in range(SYNC // FRAGMENTS):  # warm-up: half a period
+    for _ in range(WARM):
         train_step(model, inner, sample(), loss_fn)
     with live.profiler() as prof:
         for _ in range(SYNC):  # one period: each fragment is handed over once and applied once
@@ -391,15 +413,17 @@ applied = [s for s, _ in spans("minddp.fragment_apply")]
 if rank == 0:
     row = dict(view["row"], label="rank 0", stage="streaming DiLoCo")
     fig = draw_steps(
-        [row], title="streaming DiLoCo: 16 inner steps, 2 fragments, each handed over 6 steps before it is applied",
+        [row],
+        title=f"streaming DiLoCo: inner steps {WARM + 1} to {WARM + SYNC}, {FRAGMENTS} fragments, each handed over "
+        f"{TAU} steps before it is applied",
         width=11,
-    )  # fmt: skip
+    )
     ax = fig.axes[0]
     ax.broken_barh([(s, e - s) for s, e in sampling], (-0.40, 0.40), facecolors="0.7", label="sampling the batch")
     ax.plot(applied, [-0.44] * len(applied), "v", color="black", markersize=6, label="fragment applied")
-    ax.set_xlabel("ms since the first of the 16 inner steps started", fontsize=8)
+    ax.set_xlabel(f"ms since step {WARM + 1} started", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
-    labels = ["the 16 steps end" if x == "step ends" else x for x in labels]
+    labels = [f"step {WARM + SYNC} ends" if x == "step ends" else x for x in labels]
     unique = dict(zip(labels, handles))
     ax.legend(unique.values(), unique.keys(), loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7, ncol=5,
               frameon=False)  # fmt: skip
@@ -415,8 +439,8 @@ sends = [i for i, n in enumerate(order) if n.startswith("minddp.fragment_send")]
 applies = [i for i, n in enumerate(order) if n.startswith("minddp.fragment_apply")]
 
 
-def step_of(i):  # the inner step (1 = the window's first) whose optimizer step holds event i
-    return sum(n == "minddp.optimizer_step" for n in order[: i + 1])
+def step_of(i):  # the inner step (counted from the run's first) whose optimizer step holds event i
+    return WARM + sum(n == "minddp.optimizer_step" for n in order[: i + 1])
 
 
 sizes = [sum(p.numel() * p.element_size() for p in fragment) for fragment in streamed.fragments]
@@ -443,12 +467,14 @@ lesson.claim(
     f"each fragment's message was handed over, then the next {TAU} = τ inner steps ran, the last of them applying "
     "it in its post-hook (the order of events on the training thread)",
 )
-ends = [e for _, e in view["row"]["optimizer"]]  # where each of the 16 steps ends, ms
+ends = [e for _, e in view["row"]["optimizer"]]  # where each of the window's 16 steps ends, ms
+lesson.say(f"the window's {len(ends)} inner steps took {ends[-1] / len(ends):.0f} ms each on average")
 for (start, end), s in zip(view["row"]["messages"], sends):
-    under = sum(1 for e in ends[step_of(s) :] if e < end) + 1  # the first step to end after the transfer
+    under = sum(1 for e in ends[step_of(s) - WARM :] if e < end) + 1  # the first step to end after the transfer
     lesson.say(
-        f"the message handed over in step {step_of(s)} was on the link {end - start:.0f} ms (modeled), done before "
-        f"step {step_of(s) + under} ended; step {step_of(s) + TAU} applied it"
+        f"the message handed over in step {step_of(s)} was on the link {end - start:.0f} ms (modeled): delivered "
+        f"before step {step_of(s) + under} ended, within the {under}{'st' if under == 1 else 'nd' if under == 2 else 'th'}"
+        f" step after the hand-over; step {step_of(s) + TAU} applied it"
     )
 lesson.say(f"the training thread stood waiting for the messages {view['waited_ms']:.0f} ms in all")
 window = view["row"]["end"]

@@ -559,13 +559,16 @@ def _flat_mean(tensors, halve_first: bool = False, divide: bool = True):
     return [part.view_as(t) for part, t in zip(parts, tensors)]
 
 
-def _outer(params, synced, outer, pseudo, restore: bool = True, keep: bool = True) -> None:
-    """The outer step with ``pseudo`` as the gradient: from the synced weights (``restore``), kept (``keep``)."""
+def _outer(params, synced, outer, pseudo, restore: bool = True, keep: bool = True, clear: bool = False) -> None:
+    """The outer step with ``pseudo`` as the gradient: from the synced weights (``restore``), kept (``keep``);
+    ``clear``: ``outer.zero_grad()`` between setting the gradients and the step."""
     with torch.no_grad():
         for p, s, g in zip(params, synced, pseudo):
             if restore:
                 p.copy_(s)
             p.grad = g.clone()
+    if clear:
+        outer.zero_grad()
     outer.step()
     if keep:
         with torch.no_grad():
@@ -662,6 +665,49 @@ def outer_sync_keeps_before_the_step(params, synced, outer):
     outer.step()
 
 
+def outer_sync_restores_after_the_step(params, synced, outer):
+    """The outer step taken from the local weights, then the synced weights put back over its result."""
+    with torch.no_grad():
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
+        for p, g in zip(params, pseudo):
+            p.grad = g.clone()
+    outer.step()
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            p.copy_(s)
+            s.copy_(p)
+
+
+def outer_sync_aliases_synced(params, synced, outer):
+    """Right, but the new synced weights kept as the parameters themselves (p.detach() shares p's storage)."""
+    with torch.no_grad():
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
+    _outer(params, synced, outer, pseudo, keep=False)
+    for i, p in enumerate(params):
+        synced[i] = p.detach()
+
+
+def outer_sync_zero_grad_after_setting(params, synced, outer):
+    """Right, but with the training loop's habit: outer.zero_grad() just before outer.step() clears what was set."""
+    with torch.no_grad():
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
+    _outer(params, synced, outer, pseudo, clear=True)
+
+
+def outer_sync_without_no_grad(params, synced, outer):
+    """The model answer without torch.no_grad(): the in-place copy into a parameter that requires grad raises."""
+    pseudo = [s - p for p, s in zip(params, synced)]
+    for g in pseudo:
+        dist.all_reduce(g)
+        g /= dist.get_world_size()
+    for p, s, g in zip(params, synced, pseudo):
+        p.copy_(s)
+        p.grad = g
+    outer.step()
+    for p, s in zip(params, synced):
+        s.copy_(p)
+
+
 def outer_sync_unfinished(params, synced, outer):
     """Notebook 10's skeleton, not filled in yet."""
     raise NotImplementedError("average the pseudo-gradient, step the outer optimizer from the synced weights")
@@ -685,6 +731,12 @@ def schedule_ignores_the_delay(step, sync_every, fragments, delay):
     """Sent after the first step of every turn, whatever the delay."""
     period = sync_every // fragments
     return (step - 1) // period % fragments if step % period == 1 % period else None
+
+
+def schedule_without_the_modulo(step, sync_every, fragments, delay):
+    """The turn's number sent as the fragment: right for one period, then fragments K, K+1, ... that do not exist."""
+    period = sync_every // fragments
+    return (step - 1) // period if step % period == (period - delay) % period else None
 
 
 def schedule_at_the_end_of_the_turn(step, sync_every, fragments, delay):

@@ -385,8 +385,12 @@ OUTER_SYNC_MISTAKES = [  # each wrong idea, and the words its verdict must hold
     (wrong.outer_sync_keeps_the_first_start, "the synced weights were never updated"),
     (wrong.outer_sync_keeps_before_the_step, "the synced weights were never updated (or were copied before"),
     (wrong.outer_sync_forgets_the_grad, "the outer step used the last inner gradient"),
-    (wrong.outer_sync_restores_first, "the outer step did not move the weights"),
-    (wrong.outer_sync_forgets_the_step, "the outer step did not move the weights"),
+    (wrong.outer_sync_restores_first, "the outer step did not move the weights: its .grad was zero"),
+    (wrong.outer_sync_forgets_the_step, "the outer step did not move the weights: outer.step() was never called"),
+    (wrong.outer_sync_restores_after_the_step, "the synced weights were put back after outer.step()"),
+    (wrong.outer_sync_aliases_synced, "synced holds the parameters themselves"),
+    (wrong.outer_sync_zero_grad_after_setting, "outer.zero_grad() after p.grad = g"),
+    (wrong.outer_sync_without_no_grad, "inside torch.no_grad()"),
     (wrong.outer_sync_unfinished, "your code raised NotImplementedError in outer_sync_unfinished"),
 ]
 
@@ -411,6 +415,9 @@ def test_the_schedule_exercise_names_a_schedule_that_differs_across_replicas():
     assert not v.ok and differs in v.line, v.line
     v = check_fragment_schedule(wrong.schedule_at_the_end_of_the_turn, timeout_s=TIMEOUT)
     assert not v.ok and "after step 1 yours sends None, streaming DiLoCo sends 0" in v.line, v.line
+    v = check_fragment_schedule(wrong.schedule_without_the_modulo, timeout_s=TIMEOUT)
+    named = "after step 7 yours sends 3, streaming DiLoCo sends 0: there is no fragment 3 (3 fragments: 0 to 2)"
+    assert not v.ok and named in v.line and "% fragments" in v.line, v.line
 
 
 @pytest.mark.timeout(120)

@@ -32,16 +32,17 @@ differences: one outer optimizer may serve every fragment (only the fragment who
 ``.grad`` during its step, so the others keep their weights and state; torchft's DiLoCo would step
 them too with the inner gradients they still hold, so its users give one outer optimizer per fragment,
 which this class takes as well), and the synced weights stay on the parameters' device (torchft keeps
-them in host memory). The change::
+them in host memory). The change (written for streaming; without it the model is one fragment, ``turn`` is 0, and
+the Future kept in ``in_flight`` is waited for in the same post-hook, the H-th step's)::
 
     -        bucket = GradBucket(0, torch.cat([p.detach().reshape(-1) for p in params]), params, is_last=True)
     +        pseudo = torch.cat([(s - p.detach()).reshape(-1) for p, s in zip(params, synced)])  # step 2
-    +        bucket = GradBucket(turn, pseudo, params, is_last=turn == len(self.fragments) - 1)  # turn: the fragment
-    +        self.in_flight = (turn, send(self.comm_hook, self.comm_state, bucket))  # step 4: the hook averages it
+    +        bucket = GradBucket(turn, pseudo, params, is_last=turn == len(self.fragments) - 1)  # turn: 0, one fragment
+    +        self.in_flight = (turn, send(self.comm_hook, self.comm_state, bucket))  # the hook averages it: a Future
     -            param.copy_(mean.view_as(param))
     +            param.copy_(weights)  # step 3: weights, the synced ones
-    +            param.grad = mean.view_as(param)  # mean: the averaged pseudo-gradient
-    +        self._outer_step(turn)  # the outer optimizer steps this fragment
+    +            param.grad = mean.view_as(param)  # mean: the averaged pseudo-gradient, the Future's result
+    +        self._outer_step(turn)  # the outer optimizer steps
     +            weights.copy_(param)  # the new synced weights
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::

@@ -10,18 +10,21 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
    :func:`~minddp.exercises.solutions.outer_sync`) and the wrong ideas (:data:`MISTAKES`): the
    pseudo-gradient's sign flipped, the outer step taken from the local weights instead of the restored
    synced ones, plain averaging called DiLoCo, the pseudo-gradients summed, the synced weights never updated,
-   the outer step taken with the last inner gradient (no ``p.grad = g``), an outer step that never moves
-   (no ``outer.step()``, or a pseudo-gradient taken after the restore, zero);
-2. **yours**: the same rounds with your sync after each; the weights and synced weights after every sync;
-3. **verdict**: a raise or a hang first, then the candidate yours matches (:func:`close`), named with
-   what to change, then replicas that disagree after a sync, then the first difference from DiLoCo's.
+   the outer step taken with the last inner gradient (no ``p.grad = g``), an outer step that never moves;
+2. **yours**: the same rounds with your sync after each; the weights and synced weights after every sync, what
+   the outer optimizer saw (:class:`NotedSGD`) and whether ``synced`` shares the parameters' storage;
+3. **verdict**: a raise or a hang first (an in-place change to a parameter outside ``torch.no_grad()`` named as
+   such), then the candidate yours matches (:func:`close`), named with what to change (an outer step that never
+   moves by its cause, :data:`NO_MOVE`: no ``outer.step()``, its ``.grad`` cleared by ``zero_grad()``, a zero
+   pseudo-gradient taken after the restore, the restore after the step), then ``synced`` aliased to the
+   parameters, then replicas that disagree after a sync, then the first difference from DiLoCo's.
 
 :func:`check_fragment_schedule` checks ``fragment_to_send(step, sync_every, fragments, delay)``: which
 fragment's pseudo-gradient leaves after inner step ``step`` (1, 2, ...), or ``None``. Each rank calls it
 for two periods of every schedule in :data:`SCHEDULES`; a schedule that differs across replicas is named
 first (they would sum different fragments, or wait for ever), then the first schedule and step where it
 differs from streaming DiLoCo's (:func:`~minddp.exercises.solutions.fragment_to_send`, the schedule
-:class:`minddp.DiLoCo` keeps).
+:class:`minddp.DiLoCo` keeps), a fragment number past the last (no ``% fragments``) named as such.
 
 Example (2 checker ranks, a few seconds: not run by the doctests)::
 
@@ -143,6 +146,65 @@ MISTAKES = {
 }
 
 
+#: A sync that ends where no_move's does, told apart by what the outer optimizer saw (:class:`NotedSGD`): the kind
+#: -> what the verdict says after "the outer step did not move the weights" (or instead of it).
+NO_MOVE = {
+    "never_stepped": "the outer step did not move the weights: outer.step() was never called; call it after setting "
+    "each p.grad to the averaged pseudo-gradient",
+    "grads_cleared": "the outer step did not move the weights: when outer.step() ran every .grad was None or zero, "
+    "cleared by outer.zero_grad() after p.grad = g (zero_grad sets each .grad to None, so the step skips every "
+    "parameter); set p.grad last, right before outer.step() (zero_grad is not needed: p.grad = g replaces the old "
+    "gradient)",
+    "zero_pseudo": "the outer step did not move the weights: its .grad was zero, the pseudo-gradient taken after the "
+    "synced weights were put back (synced − local is then zero); compute synced − local first, then restore, set "
+    ".grad, step",
+    "restored_after": "the synced weights were put back after outer.step(), over its result (every sync ends on the "
+    "last synced weights): put them back before outer.step(), which then moves them, and keep what it leaves",
+}
+
+#: A sync whose new synced weights share the parameters' storage (after it, ``s`` and ``p`` are one tensor).
+ALIASED = (
+    "synced holds the parameters themselves (synced[i] = p, p.detach() or p.data share p's storage), so the next "
+    "pseudo-gradient synced − local is zero on every replica and nothing is averaged again (the replicas drift "
+    "apart): copy the values in place, s.copy_(p), inside torch.no_grad()"
+)
+
+#: What the checker adds to the error of an in-place update of a parameter outside ``torch.no_grad()``.
+NO_GRAD_HINT = (
+    " (the parameters require grad, so autograd refuses an in-place change to them: do the sync's copies and "
+    "divisions inside torch.no_grad(), as an optimizer's step does; outer.step() may stay outside it)"
+)
+
+
+class NotedSGD(torch.optim.SGD):
+    """DiLoCo's outer SGD (0.7, momentum 0.9, Nesterov), noting what a sync does with it: each ``zero_grad()`` and,
+    at each ``step()``, whether the ``.grad`` it finds is set, zero or ``None``, and whether the parameters hold
+    ``start`` (the synced weights the sync began with: put back before the step)."""
+
+    def __init__(self, params):
+        super().__init__(params, lr=0.7, momentum=0.9, nesterov=True)
+        self.notes: list[str] = []
+        self.start: list[torch.Tensor] = []
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.notes.append("zero_grad")
+        super().zero_grad(set_to_none)
+
+    def step(self, closure=None):
+        params = [p for group in self.param_groups for p in group["params"]]
+        grads = [p.grad for p in params]
+        seen = (
+            "none"
+            if all(g is None for g in grads)
+            else "zero"
+            if all(g is None or not g.any() for g in grads)
+            else "set"
+        )
+        restored = all(p.equal(s) for p, s in zip(params, self.start))
+        self.notes.append(f"step:{seen}:{'restored' if restored else 'local'}")
+        return super().step(closure)
+
+
 # -- on every rank --------------------------------------------------------------------------------------------
 
 
@@ -163,18 +225,30 @@ def rounds_with(sync, rank: int, group) -> list[dict]:
     model = harness.make_net(0)  # the same network on every rank
     params = list(model.parameters())
     inner = torch.optim.AdamW(params, lr=INNER_LR)
-    outer = torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
+    outer = NotedSGD(params)
     synced = [p.detach().clone() for p in params]
     history = []
     for r in range(ROUNDS):
         for t in range(SYNC_EVERY):
             inner_step(model, inner, r * SYNC_EVERY + t, rank)
+        outer.notes, outer.start = [], [s.clone() for s in synced]
         if group is None:
             sync(params, synced, outer)
         else:
             sync(params, synced, outer, group=group)
-        history.append({"params": [p.detach().clone() for p in params], "synced": [s.clone() for s in synced]})
+        history.append(
+            {
+                "params": [p.detach().clone() for p in params],
+                "synced": [s.clone() for s in synced],
+                "outer": outer.notes,
+                "aliased": any(_shares(s, p) for s in synced for p in params),
+            }
+        )
     return history
+
+
+def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def close(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
@@ -193,7 +267,12 @@ def outer_sync_finding(mine: list[dict], candidates: dict[str, list[dict]], ever
     for name in ["diloco", *MISTAKES]:  # (from_local leaves the replicas apart: named before that is)
         theirs = candidates[name]
         if all(close(m["params"], t["params"]) and close(m["synced"], t["synced"]) for m, t in zip(mine, theirs)):
-            return None if name == "diloco" else {"kind": name}
+            if name == "diloco":
+                return None
+            return {"kind": no_move_cause(mine[0]["outer"]) if name == "no_move" else name}
+    aliased = next((r for r, m in enumerate(mine) if m["aliased"]), None)
+    if aliased is not None:
+        return {"kind": "aliased", "sync": aliased + 1}
     for r, rounds in enumerate(zip(*everyone)):
         if not all(close(x["params"], rounds[0]["params"]) for x in rounds[1:]):
             return {"kind": "ranks_differ", "sync": r + 1}
@@ -204,6 +283,19 @@ def outer_sync_finding(mine: list[dict], candidates: dict[str, list[dict]], ever
                 worst = max(range(len(diffs)), key=diffs.__getitem__)
                 return {"kind": "other", "sync": r + 1, "what": what, "diff": diffs[worst], "tensor": worst}
     return {"kind": "other", "sync": ROUNDS, "what": "params", "diff": float("nan"), "tensor": 0}
+
+
+def no_move_cause(notes: list[str]) -> str:
+    """Why a sync's outer step did not move the weights, from what its outer optimizer saw (:class:`NotedSGD`)."""
+    steps = [n.split(":") for n in notes if n.startswith("step:")]
+    if not steps:
+        return "never_stepped"
+    _, grad, where = steps[0]
+    if grad == "none" or (grad == "zero" and "zero_grad" in notes[: notes.index(":".join(steps[0]))]):
+        return "grads_cleared"
+    if grad == "zero":
+        return "zero_pseudo"
+    return "restored_after" if where == "local" else "no_move"
 
 
 @contextlib.contextmanager
@@ -275,15 +367,29 @@ def schedule_finding(everyone: list[list[list]], answer: list[list]) -> dict | N
 # -- in the notebook ------------------------------------------------------------------------------------------
 
 
+def _checked(fn, on_rank, name: str, shape: str, describe, world_size: int, timeout_s: float):
+    """Both checks' first steps: ``fn`` called on ``world_size`` ranks by ``on_rank``; its reports, and the
+    failing :class:`Verdict` (a raise, a hang, the ranks' finding described by ``describe``) or ``None``."""
+    if not callable(fn):
+        raise TypeError(f"check_{name.replace(' ', '_')}() takes a function {shape}, got {fn!r}")
+    reports = _run(on_rank, (fn,), world_size, timeout_s)
+    problem = _problem(name, reports, timeout_s, describe)
+    if problem and any(NO_GRAD_MESSAGE in (r.get("error") or {}).get("message", "") for r in reports.values()):
+        problem += NO_GRAD_HINT
+    return reports, (Verdict(False, problem, reports) if problem else None)
+
+
+#: The start of autograd's error for an in-place change to a parameter (a leaf that requires grad).
+NO_GRAD_MESSAGE = "a leaf Variable that requires grad is being used in an in-place operation"
+
+
 def check_outer_sync(fn, *, world_size: int = 2, timeout_s: float = 20.0) -> Verdict:
     """Check ``outer_sync(params, synced, outer)`` (module doc) on ``world_size`` ranks; one :class:`Verdict`."""
-    if not callable(fn):
-        raise TypeError(f"check_outer_sync() takes a function outer_sync(params, synced, outer), got {fn!r}")
-    reports = _run(check_outer_sync_on_rank, (fn,), world_size, timeout_s)
     name = "outer sync"
-    problem = _problem(name, reports, timeout_s, _outer_sync_text)
-    if problem:
-        return Verdict(False, problem, reports)
+    shape = "outer_sync(params, synced, outer)"
+    reports, failed = _checked(fn, check_outer_sync_on_rank, name, shape, _outer_sync_text, world_size, timeout_s)
+    if failed is not None:
+        return failed
     first = reports[min(reports)]
     return Verdict(
         True,
@@ -298,6 +404,10 @@ def check_outer_sync(fn, *, world_size: int = 2, timeout_s: float = 20.0) -> Ver
 def _outer_sync_text(f: dict, report: dict) -> str:
     if f["kind"] in MISTAKES:
         return MISTAKES[f["kind"]][1]
+    if f["kind"] in NO_MOVE:
+        return NO_MOVE[f["kind"]]
+    if f["kind"] == "aliased":
+        return f"after sync {f['sync']}, " + ALIASED
     if f["kind"] == "ranks_differ":
         return (
             f"the replicas hold different weights after sync {f['sync']}: average the pseudo-gradient over the "
@@ -311,13 +421,11 @@ def _outer_sync_text(f: dict, report: dict) -> str:
 
 def check_fragment_schedule(fn, *, world_size: int = 2, timeout_s: float = 20.0) -> Verdict:
     """Check ``fragment_to_send(step, sync_every, fragments, delay)`` (module doc); one :class:`Verdict`."""
-    if not callable(fn):
-        raise TypeError(f"check_fragment_schedule() takes a function fragment_to_send(step, ...), got {fn!r}")
-    reports = _run(check_schedule_on_rank, (fn,), world_size, timeout_s)
     name = "fragment schedule"
-    problem = _problem(name, reports, timeout_s, _schedule_text)
-    if problem:
-        return Verdict(False, problem, reports)
+    shape = "fragment_to_send(step, sync_every, fragments, delay)"
+    reports, failed = _checked(fn, check_schedule_on_rank, name, shape, _schedule_text, world_size, timeout_s)
+    if failed is not None:
+        return failed
     said = []
     for schedule, mine in zip(SCHEDULES, reports[min(reports)]["schedule"]):
         h, k, tau = _args(schedule)
@@ -342,6 +450,12 @@ def _schedule_text(f: dict, report: dict) -> str:
             "never from the rank"
         )
     turn = h // k
+    if isinstance(f["mine"], int) and not 0 <= f["mine"] < k:
+        return (
+            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: there is no fragment "
+            f"{f['mine']} ({k} fragments: 0 to {k - 1}); after the last fragment's turn the next period starts again "
+            "at fragment 0, so the fragment is the turn's number modulo the fragments (turn % fragments)"
+        )
     return (
         f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: a turn is sync_every // "
         f"fragments = {turn} steps, fragment 0 first, each sent delay steps before its turn ends (here after step "
