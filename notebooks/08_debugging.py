@@ -183,7 +183,9 @@ def say_each(line: str | None, took: float, how: str) -> list:
     dist.all_gather_object(everyone, (line, took))
     own = everyone[0][0]
     lesson.say(own or "minddp said nothing")
-    told = [f"rank 0 {how} it after {everyone[0][1]:.2f} s" if own else f"rank 0 ran {everyone[0][1]:.2f} s"]
+    told = [
+        f"rank 0's line came after {everyone[0][1]:.2f} s" if own else f"rank 0 said nothing in {everyone[0][1]:.2f} s"
+    ]
     for r, (said, took) in enumerate(everyone[1:], start=1):
         if said is None:
             told.append(f"rank {r} said nothing in {took:.2f} s")
@@ -452,11 +454,11 @@ lesson.claim(apart(model) == 0, "the fix: under join() nothing is said and both 
 # send, and `find_unused_parameters=True` does not fix it: torch's DDP then averages rank 0's zeros
 # in, as the cell's last torch run shows (no error, rank 1's gradient of the layer half its own, the
 # replicas apart). Debug mode compares `requires_grad` across ranks before each forward (the forward
-# check). Under torch, the rank that has
-# every gradient sends and waits; the other fails at its next forward, saying its module has
-# parameters not used in producing loss, and their indices (counted from 0 in the model's order: 2
-# and 3 are `head.weight` and `head.bias`), and leaves, so the waiting rank fails too ("Connection
-# closed by peer", or reset). The fix: freeze the layer on every rank, before wrapping.
+# check). Under torch, the rank that has every gradient sends and waits; the other fails at its next
+# forward, saying its module has parameters not used in producing loss, and their indices (counted
+# from 0 in the model's order: 2 and 3 are `head.weight` and `head.bias`), and leaves, so the waiting
+# rank fails too ("Connection closed by peer", or reset). The fix: freeze the layer on every rank,
+# before wrapping.
 
 
 # %%
