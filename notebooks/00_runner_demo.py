@@ -73,7 +73,7 @@ ax.set_title("t[0] on rank 0")
 plt.show()
 
 # %% [markdown]
-# When one rank fails, the cell fails with that rank's traceback. Here rank 1 raises before the `all_reduce`, so rank 0 would wait forever for its partner. Once rank 1's failure reaches the runner, it gives rank 0 a one-second grace, then releases it: it closes the failed rank's end of the process group, which makes rank 0's `all_reduce` raise, so the error names rank 0 as failing too. Then every rank builds a fresh process group, keeping its variables. Each rank notes how long it spent in the cell. (The cell is tagged `raises-exception`: Jupyter's *Run All* goes on past it, and the test that runs this notebook checks that it fails with this error.)
+# When one rank fails, the cell fails with that rank's traceback. Here rank 1 raises before the `all_reduce`, so rank 0 would wait in it for a partner that never comes. Once rank 1's failure reaches the runner, it gives rank 0 a one-second grace, then releases it: it closes the failed rank's end of the process group, which makes rank 0's `all_reduce` raise, so the error names rank 0 as failing too. Then every rank builds a fresh process group, keeping its variables. Each rank notes how long it spent in the cell (the next cell prints both). (The cell is tagged `raises-exception`: Jupyter's *Run All* goes on past it, and the test that runs this notebook checks that it fails with this error.)
 
 # %% tags=["raises-exception"] minddp={"expected_error": "rank 1 gives up before the collective"}
 # %%distributed
@@ -88,20 +88,24 @@ finally:
     in_cell = time.perf_counter() - start  # rank 0: waiting in the all_reduce until the runner released it
 
 # %% [markdown]
-# The ranks are still the same processes, `t` is still there, and collectives work again:
+# The ranks are still the same processes, `t` is still there, and collectives work again (the cell then
+# gathers the times each rank noted):
 
 # %%
 # %%distributed
-lesson.say(
-    f"rank 0 spent {in_cell:.1f} s in the failed cell, waiting for rank 1, before the runner released it: the "
-    "runner's 1 s grace, and before and after it the time rank 1's failure took to reach the runner and the "
-    "release to reach rank 0 (longer on a busy machine)."
-)
 lesson.claim(os.getpid() == pid, "every rank is still the process it was at the start (the same pid)")
 before = t.clone()
 dist.all_reduce(t)
 lesson.claim(
     torch.equal(t, world_size * before), f"the all_reduce works again: `t` ({before.tolist()}) is summed over the ranks"
+)
+spent = [None] * world_size
+dist.all_gather_object(spent, in_cell)  # each rank's time in the failed cell, to rank 0 for the sentence
+lesson.say(
+    f"In the failed cell, rank 1 spent {spent[1]:.1f} s: it raised before the collective. Rank 0 spent "
+    f"{spent[0]:.1f} s, blocked in its all_reduce until the runner released it: the runner's 1 s grace, and "
+    "before and after it the time rank 1's failure took to reach the runner and the release to reach rank 0 "
+    "(longer on a busy machine)."
 )
 t
 

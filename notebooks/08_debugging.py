@@ -24,14 +24,18 @@
 #
 # 1. **torch**, debug mode off: what torch's DDP says (or, for the script's own collectives, torch's
 #    `dist.all_reduce`). A call that no partner will ever match runs on a process group whose timeout
-#    is 3 s, so the wait ends (a real job waits 30 minutes, gloo's default); a rank that fails leaves
-#    its groups, as a job's process ends when it raises, so a partner waiting on it fails at once;
+#    is 3 s, so the wait ends (a real job waits as long as its group's timeout: the set-up cell prints
+#    torch's default); a rank that fails leaves its groups, as a job's process ends when it raises, so
+#    a partner waiting on it fails then;
 # 2. **minddp in debug mode**: minddp's DDP for the model's bugs, and for the script's own
-#    collectives the collective check alone (no wrapper needed). What it says is one line on every
-#    rank, printed alone (rank 0's; each rank says its own, and the cell checks that every rank did):
-#    the cause, the tensor or call, the rank(s), the step, and the fix. For eight bugs the line is an
-#    error that stops every rank at the same point; for a bug that spoils nothing (section 3, every
-#    rank reading the same data) it is a warning, said once, and training goes on;
+#    collectives the *collective check* alone (no wrapper needed: every `torch.distributed`
+#    collective is compared across ranks before it is sent; section 4 shows how). What it says is one
+#    line on every rank: the cell prints rank 0's alone, then whether each other rank raised the same
+#    finding, and after how long (a line that differs in more than where it names its own rank is
+#    printed too), and checks that every rank raised it. The line names the cause, the tensor or
+#    call, the rank(s), the step, and the fix. For eight bugs the line is an error that stops every
+#    rank before the collective or the step it would spoil; for a bug that spoils nothing (section 3,
+#    every rank reading the same data) it is a warning, said once, and training goes on;
 # 3. **the fix**: the same script corrected, in debug mode, which then says nothing.
 #
 # Steps count from 0, in the loops and in debug mode's lines: "after step 1" is after the second step.
@@ -41,7 +45,8 @@
 # rank R ran it.
 #
 # Debug mode is off unless asked for: `MINDDP_DEBUG=1 torchrun ... train.py` (or
-# `minddp.debug.enable()`); off, it installs nothing and costs nothing.
+# `minddp.debug.enable()`); a process that never turns it on installs none of it (the last section
+# shows what a wrapper built with it off lacks, and times a few steps both ways).
 # What each check does and costs: `docs/debugging.md`.
 #
 # The bugs do not need a large model: a two-layer network on random data, a few steps, is enough.
@@ -57,7 +62,8 @@
 # helpers that run a script each way: `torch_does` (debug mode off; each rank's outcome in a line: the
 # error's first two sentences, and the parameter indices when torch lists them; and
 # `torch_drifts` for the bugs torch trains through), `minddp_says` (the line debug mode raised, checked
-# on every rank) and `fixed` (the corrected script: nothing said, the replicas equal).
+# on every rank) and `fixed` (the corrected script: nothing said, the replicas equal). `torch_does` and
+# `minddp_says` note how long each rank ran until it raised (or finished).
 
 # %%
 # %%distributed
@@ -66,15 +72,18 @@ import time
 import warnings
 from datetime import timedelta
 
+from torch.distributed.constants import default_pg_timeout
+
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import minddp.debug
 from minddp import DistributedDataParallel
 from minddp.notebook import lesson
+from minddp.runtime.launch import peer_gone
 
 minddp.debug.enable()  # what `MINDDP_DEBUG=1 torchrun ...` does for every rank when it imports minddp
-WAIT_S = 3  # torch's waits for a call no partner will match end here (the calls that pair have no such limit)
+WAIT_S = 3  # torch's waits for a call no partner will match end here (the calls that pair keep torch's default)
 
 
 class Net(nn.Module):
@@ -136,7 +145,7 @@ def torch_does(script) -> list[str]:
     except RuntimeError as error:  # torch's and gloo's errors: the lines the docstring names
         lines = str(error).strip().splitlines()
         said = ". ".join(lines[0].split(". ")[:2]) + "".join(f" ({x.strip()})" for x in lines if "indices" in x)
-        mine = f"{type(error).__name__} after {time.perf_counter() - start:.1f} s: {said}"
+        mine = f"{type(error).__name__} after {time.perf_counter() - start:.2f} s: {said}"
         for g in groups:
             dist.destroy_process_group(g)  # where this rank's process would end
         groups = []
@@ -151,22 +160,45 @@ def torch_does(script) -> list[str]:
     return everyone
 
 
-def peer_left(said: str) -> bool:
-    """Did this rank fail because its partner's process left? gloo says the connection was closed by the peer, or
-    reset by it when the socket was torn down first: which of the two comes is the operating system's timing."""
-    return "Connection closed by peer" in said or "Connection reset by peer" in said
-
-
 def minddp_says(script, cause: str, verdict: str = "debug mode stopped every rank") -> None:
-    """Run ``script()`` in debug mode; print the line it raised (rank 0's), and claim every rank raised ``cause``."""
+    """Run ``script()`` in debug mode; print the line rank 0 raised, alone, then each rank's time and whether the
+    others raised the same finding (a line that differs in more than its rank is printed), and claim every rank
+    raised ``cause``."""
+    start = time.perf_counter()
     try:
         script()
     except minddp.debug.DebugError as finding:
         line = str(finding)
     else:
         line = None
-    lesson.say(line or "minddp said nothing")
-    lesson.claim(line is not None and cause in line, verdict)
+    everyone = say_each(line, time.perf_counter() - start, "raised")
+    lesson.claim(all(said is not None and cause in said for said in everyone), verdict)
+
+
+def say_each(line: str | None, took: float, how: str) -> list:
+    """Every rank's ``line`` (None: it said nothing) and ``took`` s: rank 0's line printed alone, then in a line of
+    its own when each rank ``how`` (raised, warned) its line, and whether it was rank 0's finding (a rank's line
+    that differs in more than where it names its own rank is printed); returns every rank's line."""
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, (line, took))
+    own = everyone[0][0]
+    lesson.say(own or "minddp said nothing")
+    told = [
+        f"rank 0's line came after {everyone[0][1]:.2f} s" if own else f"rank 0 said nothing in {everyone[0][1]:.2f} s"
+    ]
+    for r, (said, took) in enumerate(everyone[1:], start=1):
+        if said is None:
+            told.append(f"rank {r} said nothing in {took:.2f} s")
+        elif (mine := said.replace(f"(rank {r}): ", "(rank 0): ", 1)) == own:
+            told.append(f"rank {r} {how} the same finding after {took:.2f} s")
+        elif mine.replace(f", rank {r}>", ", rank 0>") == own:  # it names the place in its own copy of the cell
+            told.append(
+                f"rank {r} {how} the same finding, naming the place as `<In [N], rank {r}>`, after {took:.2f} s"
+            )
+        else:
+            told.append(f"rank {r} {how} after {took:.2f} s: {said}")
+    lesson.say(f"({'; '.join(told)})")
+    return [said for said, _ in everyone]
 
 
 def torch_drifts(script) -> None:
@@ -176,7 +208,7 @@ def torch_drifts(script) -> None:
     gap = apart(model)
     lesson.claim(
         said == ["said nothing"] * world_size and gap > 0,
-        f"torch's DDP trained without a word, and its replicas now differ by up to {gap:.1e}",
+        f"torch's DDP trained without a word, and its replicas' parameters now differ by up to {gap:.1e}",
     )
 
 
@@ -188,6 +220,10 @@ def fixed(script, fix: str, **corrected) -> None:
 
 
 print(f"rank {rank}: debug mode on, {sum(p.numel() for p in Net().parameters())} parameters")
+lesson.say(
+    f"A call no partner will match gives up after {WAIT_S} s here; torch's default timeout for a gloo group, "
+    f"which the calls that pair keep, is {default_pg_timeout.total_seconds() / 60:g} minutes."
+)
 
 # %% [markdown]
 # ## 1. Replicas that drift apart
@@ -234,6 +270,10 @@ fixed(drifting_loop, "without the edit", edit=False)
 # optimizer then steps each replica its own way. minddp checks, before each `optimizer.step()` over
 # the wrapped parameters, that the gradients are equal on every rank, and says why they are not. The
 # fix: call the wrapper.
+#
+# Two gaps are printed here and in the next cell, and they measure different things: torch's line
+# says how far the replicas' *parameters* ended apart after the step; debug mode's line says how far
+# one tensor's *gradients* are apart at `optimizer.step()`, which it stops before any parameter moves.
 
 
 # %%
@@ -296,9 +336,10 @@ said = torch_does(lambda group, short: torch_warned.extend(read(*build(TorchDDP)
 lesson.claim(
     said == ["said nothing"] * world_size and torch_warned == [], "torch's DDP trained the 4 steps without a word"
 )
+start = time.perf_counter()
 lines = read(*build())
-lesson.say(lines[0] if lines else "minddp said nothing")
-lesson.claim(len(lines) == 1, "debug mode warned once, and the 4 steps ran to the end")
+everyone = say_each(lines[0] if lines else None, time.perf_counter() - start, "warned")
+lesson.claim(len(lines) == 1, "debug mode warned once on every rank, and the 4 steps ran to the end")
 lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, debug mode says nothing")
 
 # %% [markdown]
@@ -308,14 +349,18 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # order. Here rank 0 logs two metrics and rank 1 one. Under torch, gloo pairs an all_reduce of 2
 # values with one of 1 and both ranks wait, until the group's timeout. In debug mode every
 # `torch.distributed` collective is compared across ranks on a side channel (the default group's
-# store, a key-value table every rank reaches) before it is sent, so both ranks stop at once, naming
-# each rank's call and the line it came from. The fix: the same metrics on every rank.
+# store, a key-value table every rank reaches) before it is sent (the *collective check*), so both
+# ranks stop before the mismatched all_reduce is sent (their times are printed under the line, beside
+# torch's), naming each rank's call and the line it came from. The fix: the same metrics on every rank.
 #
 # The line numbers the call: *collective #N* is the group's sequence number, counting from 0 the
 # group's collectives that debug mode has checked (here the default group's, since debug mode was
 # turned on in the set-up cell: the earlier sections' count too, torch's runs with it off do not).
 # A call is said as op(shapes): for an all_gather, the output list and then the input, so
-# `all_gather(2 × int64[17], int64[17])` gathers a row of 17 from each of the 2 ranks.
+# `all_gather(2 × int64[17], int64[17])` gathers a row of 17 from each of the 2 ranks. Then the step:
+# `(step 0)` for a call made in a wrapper's step (from its forward to its `optimizer.step()`), and
+# `(after step N)` for a script's own call made once the last step a wrapper took had ended. This
+# cell's all_reduce is outside any loop: the last step was section 3's last (its loop's step 3).
 
 # %%
 # %%distributed
@@ -365,8 +410,9 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 #
 # Rank 1 has one batch fewer. It leaves its loop and waits at the script's final barrier, while rank
 # 0 starts a step whose collectives rank 1 will never make. Under torch both wait: rank 1 in its
-# barrier until the timeout (3 s here), and when it fails and leaves, rank 0's step fails with
-# "Connection closed by peer"; neither says which rank ran out, or when.
+# barrier until the timeout (3 s here), and when it fails and leaves, rank 0's step fails with gloo's
+# "Connection closed by peer" (or "reset by peer": the operating system's timing decides which);
+# neither says which rank ran out, or when.
 # Debug mode sees a rank in a step on one side and a rank out of its loop on the other. The fix is
 # the one the line names: `model.join()`, which has a rank that ran out shadow the collectives of
 # the others' steps (or equal batches per rank: `DistributedSampler(..., drop_last=True)`). Debug
@@ -386,7 +432,7 @@ def uneven(model, ddp, optimizer, group=None):
 
 said = torch_does(lambda group, short: uneven(*build(TorchDDP, process_group=group), group=short))
 lesson.claim(
-    peer_left(said[0]) and "Timed out" in said[1],
+    peer_gone(said[0]) and "Timed out" in said[1],
     f"under torch rank 1 waited in its barrier until the {WAIT_S} s timeout, and rank 0 in step 3 until rank 1 left",
 )
 minddp_says(lambda: uneven(*build()), "uneven inputs: rank 1 left the training loop after step 2")
@@ -405,12 +451,14 @@ lesson.claim(apart(model) == 0, "the fix: under join() nothing is said and both 
 #
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only (here after wrapping) makes the ranks disagree on what they
-# send; `find_unused_parameters=True` would average rank 0's zeros in. Debug mode compares
-# `requires_grad` across ranks before each forward (the forward check). Under torch, the rank that has
-# every gradient sends and waits; the other fails at its next forward, saying its module has
-# parameters not used in producing loss, and their indices (counted from 0 in the model's order: 2
-# and 3 are `head.weight` and `head.bias`), and leaves, so the waiting rank fails too ("Connection
-# closed by peer"). The fix: freeze the layer on every rank, before wrapping.
+# send, and `find_unused_parameters=True` does not fix it: torch's DDP then averages rank 0's zeros
+# in, as the cell's last torch run shows (no error, rank 1's gradient of the layer half its own, the
+# replicas apart). Debug mode compares `requires_grad` across ranks before each forward (the forward
+# check). Under torch, the rank that has every gradient sends and waits; the other fails at its next
+# forward, saying its module has parameters not used in producing loss, and their indices (counted
+# from 0 in the model's order: 2 and 3 are `head.weight` and `head.bias`), and leaves, so the waiting
+# rank fails too ("Connection closed by peer", or reset). The fix: freeze the layer on every rank,
+# before wrapping.
 
 
 # %%
@@ -430,7 +478,7 @@ def freeze_on_rank_0(wrap, everywhere=False):
 
 said = torch_does(lambda group, short: freeze_on_rank_0(lambda m: TorchDDP(m, process_group=group)))
 lesson.claim(
-    "not used in producing loss" in said[0] and "indices" in said[0] and peer_left(said[1]),
+    "not used in producing loss" in said[0] and "indices" in said[0] and peer_gone(said[1]),
     "under torch rank 0 failed at its second forward, naming unused parameters by index; rank 1 waited until it left",
 )
 minddp_says(
@@ -438,6 +486,41 @@ minddp_says(
 )
 model = freeze_on_rank_0(DistributedDataParallel, everywhere=True)
 lesson.claim(apart(model) == 0, "the fix: frozen on every rank, nothing is said and the replicas agree")
+
+
+def zeros_averaged_in(group):
+    """torch's DDP with find_unused_parameters=True, the head frozen on rank 0 after wrapping, 2 steps: the model,
+    and the size of the head's averaged gradient against this rank's own at step 0 (an unwrapped copy's)."""
+    torch.manual_seed(0)
+    model, own = Net().to(device), Net().to(device)
+    own.load_state_dict(model.state_dict())
+    ddp = TorchDDP(model, process_group=group, find_unused_parameters=True)
+    if rank == 0:
+        model.head.requires_grad_(False)  # the bug again
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    x, y = batch(0)
+    nn.functional.mse_loss(own(x), y).backward()
+    nn.functional.mse_loss(ddp(x), y).backward()
+    share = (model.head.weight.grad.norm() / own.head.weight.grad.norm()).item()
+    optimizer.step()
+    optimizer.zero_grad()
+    train(model, ddp, optimizer, steps=1)
+    return model, share
+
+
+runs = []
+said = torch_does(lambda group, short: runs.append(zeros_averaged_in(group)))
+((model, share),) = runs
+gap, shares = apart(model), [None] * world_size
+dist.all_gather_object(shares, share)
+# Rank 1's two head gradients (through the wrapper, and the copy's) are float32 sums of the same 6 rows' products,
+# at worst in another order: apart by ~6 roundings (6 × 6e-8 relative) at most, far inside 1e-5; halving is exact.
+lesson.claim(
+    said == ["said nothing"] * world_size and gap > 0 and abs(shares[1] - 0.5) < 1e-5,
+    f"with find_unused_parameters=True torch's DDP raised nothing; rank 1's head.weight gradient was {shares[1]:.3f}"
+    " × its own (its own averaged with rank 0's zeros), and the replicas' parameters ended apart by up to "
+    f"{gap:.1e}",
+)
 
 # %% [markdown]
 # A branch of the model taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
@@ -449,7 +532,7 @@ lesson.claim(apart(model) == 0, "the fix: frozen on every rank, nothing is said 
 # %%distributed
 said = torch_does(lambda group, short: train(*build(TorchDDP, extra=True, process_group=group), 2, use_extra=rank == 0))
 lesson.claim(
-    peer_left(said[0]) and "not used in producing loss" in said[1] and "indices" in said[1],
+    peer_gone(said[0]) and "not used in producing loss" in said[1] and "indices" in said[1],
     "under torch rank 1 failed at its second forward, naming unused parameters by index; rank 0 waited until it left",
 )
 # the bug: a branch on rank 0 only
@@ -461,9 +544,15 @@ lesson.claim(apart(model) == 0, "the fix: with find_unused_parameters=True nothi
 # %% [markdown]
 # ## What it costs, and where to read more
 #
-# Off, debug mode is not there at all: no hook, no message, the same bits and speed. On, each
-# collective first costs one store write and one read of the partners' posts when they have posted
-# (the read repeats, 0.1 ms to 5 ms apart, while one has not); each step adds the two small
+# A process that never turns debug mode on installs none of it: no hook, no message, no check
+# (`tests/test_debug.py` checks that in processes started without the flag). This
+# notebook turned it on in its set-up cell, so here *off* (`minddp.debug.disable()`) means paused: a
+# wrapper built while it is off gets no watch and the plain reducer, and the script's collectives pass
+# the check's wrapper untouched. The cell shows what a wrapper built each way has, that debug mode
+# changes no bit of what training computes (it only watches), and times 5 steps each way, once.
+#
+# On, each collective first costs one store write and one read of the partners' posts when they have
+# posted (the read repeats, 0.1 ms to 5 ms apart, while one has not); each step adds the two small
 # all_gathers (forward check, step check) with a fingerprint pass over the parameters and the
 # gradients, and a fingerprint of each local gradient. minddp's DDP also compares its bucket plan and
 # launch order across ranks each step (one more small gather) and sends its buckets one at a time,
@@ -471,6 +560,41 @@ lesson.claim(apart(model) == 0, "the fix: with find_unused_parameters=True nothi
 # cheaper fingerprint only (`docs/benchmarks.md`, *Debug mode*). `docs/debugging.md` has each check,
 # what torch's DDP does on each bug as a script under torchrun (recorded), and what debug mode does
 # not see.
+
+
+# %%
+# %%distributed
+def five_steps(on: bool):
+    """5 steps of the correct script with debug mode on or off: the wrapper, the parameters, the time."""
+    (minddp.debug.enable if on else minddp.debug.disable)()
+    model, ddp, optimizer = build()
+    dist.barrier()
+    start = time.perf_counter()
+    train(model, ddp, optimizer, steps=5)
+    took = torch.tensor([time.perf_counter() - start])
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slower rank's
+    minddp.debug.enable()
+    return ddp, [p.detach().clone() for p in model.parameters()], took.item()
+
+
+(off, off_params, off_s), (on, on_params, on_s) = five_steps(False), five_steps(True)
+lesson.claim(
+    off.watch is None
+    and type(off.reducer).__name__ == "Reducer"
+    and not off.check_consistency
+    and on.watch is not None
+    and on.check_consistency,
+    f"built with debug mode off, the wrapper has no watch, the plain reducer ({type(off.reducer).__name__}), and no "
+    f"per-step plan check; built with it on: a watch, the {type(on.reducer).__name__}, the plan check",
+)
+lesson.claim(
+    all(torch.equal(a, b) for a, b in zip(off_params, on_params)),
+    "off or on, the same 5 steps end with bit-identical parameters on every rank",
+)
+lesson.say(
+    f"5 steps took {off_s * 1e3:.0f} ms with debug mode off and {on_s * 1e3:.0f} ms on "
+    f"({on_s / off_s:.1f} ×; the slower rank's time, one run each, on a machine shared with other work)."
+)
 
 # %%
 # %dist_shutdown

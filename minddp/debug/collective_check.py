@@ -25,7 +25,9 @@ This is the same idea, on the public API of every torch from 2.6 to 2.15:
    never later.
 
 The step a call is said in is the step of the wrapper it belongs to (:func:`in_step_of`): each
-wrapper's :class:`~minddp.debug.watch.Watch` counts its own.
+wrapper's :class:`~minddp.debug.watch.Watch` counts its own. A script's own call made once that step
+had ended (its optimizer step checked, or the wrapper gone: a metric logged after the loop) is said
+*after* it: ``(after step 3)``.
 
 What each finding means and how to fix it: ``docs/debugging.md``. Example (one rank here; under
 :func:`minddp.launch` every rank runs the same)::
@@ -124,6 +126,7 @@ class Call:
     where: str = ""  # file:line in the script, and minddp's label when minddp made the call
     ours: bool = False  # made by minddp (a wrapper's step), not by the script itself
     step: int | None = None
+    after: bool = False  # the script's own call, made once ``step`` had ended (between steps, after the loop)
     seq: int = -1
 
     @property
@@ -131,7 +134,7 @@ class Call:
         return f"{self.op}({', '.join(t if n == 'tensor' else f'{n}={t}' for n, t in self.args)})"
 
     def said(self) -> str:
-        step = "" if self.step is None else f" (step {self.step})"
+        step = "" if self.step is None else f" ({'after ' if self.after else ''}step {self.step})"
         return f"{self.text} at {self.where}{step}"
 
 
@@ -226,12 +229,23 @@ def in_step_of(watch) -> None:
     _latest[1] = watch.step  # kept after the wrapper is gone (a rank that left its loop says its last step)
 
 
+def _watch():
+    """The watch of the wrapper this thread works for (else the one that began a step last); None if gone."""
+    ref = getattr(_local, "counter", None) or _latest[0]
+    return None if ref is None else ref()
+
+
 def current_step() -> int | None:
     """The step of the wrapper this thread works for (else the wrapper that began a step last); None before any."""
-    ref = getattr(_local, "counter", None) or _latest[0]
-    watch = None if ref is None else ref()
+    watch = _watch()
     step = _latest[1] if watch is None else watch.step
     return None if step is None or step < 0 else step
+
+
+def step_ended() -> bool:
+    """Has the step :func:`current_step` names ended: its optimizer step checked, or its wrapper gone?"""
+    watch = _watch()
+    return watch is None or watch.steps_taken > watch.step
 
 
 # -- step 3: compare ---------------------------------------------------------------------------------------
@@ -269,6 +283,7 @@ def _checked(name: str, fn):
             call.where = " in ".join(part for part in (script, ours) if part) or "?"
             call.ours = ours is not None
             call.step = current_step()
+            call.after = not call.ours and call.step is not None and step_ended()
             group = _group_of(fn, args, kwargs)
             channel = _channel(group)
             if channel is None:

@@ -119,12 +119,23 @@ class RankError(RuntimeError):
         return (RankError, (self.errors, self.exc_types, self.steps))
 
 
+#: How the backends say a partner's process went: gloo's connection closed or reset by the peer (which of the
+#: two comes is the operating system's timing), a write to it broken, NCCL's communicator aborted.
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted")
+
+
+def peer_gone(message: str) -> bool:
+    """Does an error's ``message`` say the backend lost a partner's process (it ended or left the group)?
+
+    >>> peer_gone("[pair.cc:553] Connection closed by peer [127.0.0.1]:908"), peer_gone("Timed out waiting 3000ms")
+    (True, False)
+    """
+    return any(s in message for s in _PEER_GONE)
 
 
 def _is_echo(exc: BaseException) -> bool:
     """Did this rank fail only because a peer vanished (an echo, not the cause)?"""
-    return isinstance(exc, dist.DistError) or any(s in str(exc) for s in _PEER_GONE)
+    return isinstance(exc, dist.DistError) or peer_gone(str(exc))
 
 
 #: The last step this rank announced (for the note a failing rank's exception gets).
