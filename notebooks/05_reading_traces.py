@@ -157,7 +157,7 @@ lesson.say(
 # * **non-compute** is time when only communication ran: one of gloo's threads was inside a
 #   `gloo:*` range while the training thread computed nothing;
 # * **idle** is the rest, when neither ran: mostly the training thread's Python between `aten::` ops
-#   (`single`, which never communicates, has as much of it as the other stages);
+#   (`single`, which never communicates, has idle time too);
 # * **overlap** is the share of the time in flight during which compute ran too (the definition
 #   above). `single` sends nothing, so it has no time in flight to divide by: its overlap is 0 by the
 #   definition's convention (`docs/analysis.md`: 0 without communication), not a measured 0.
@@ -334,7 +334,7 @@ lesson.say(
     + (
         ", though it waits inside its backward for every message: the machine's speed of the moment weighs more."
         if last_bw.idxmin() in ("hook", "bucket")
-        else f", and its loss.backward() returned only {anatomy.loc[last_bw.idxmin(), 'tail, ms']:.0f} ms after its "
+        else f", and its loss.backward() returned {anatomy.loc[last_bw.idxmin(), 'tail, ms']:.0f} ms after its "
         "last gradient, when its last buckets were done (the tail)."
         if last_bw.idxmin() in ("ddp", "torch")
         else "."
@@ -582,18 +582,28 @@ lesson.claim(
     f"by their fixed cost only: {link_ms('hook-async') - link_ms('bucket-async'):.1f} ms of "
     f"{link_ms('hook-async'):.0f} ms.",
 )
-ov, ex = t["comm_comp_overlap_pctg"], on_link["exposed_ms"]
+ov, ex = mine["comm_comp_overlap_pctg"], on_link["exposed_ms"]
+rose = [ov[("bucket-async", rk)] > ov[("hook-async", rk)] for rk in range(world)]
 lesson.say(
-    f"On the link (the mean of the two ranks), bucket-async's overlap was {ov['bucket-async']:.0f} %, hook-async's "
-    f"{ov['hook-async']:.0f} %: the buckets' messages were in flight beside compute for a "
-    f"{'larger' if ov['bucket-async'] > ov['hook-async'] else 'smaller'} share of their time. "
+    "On the link, bucket-async's overlap was "
+    + " and ".join(f"{ov[('bucket-async', rk)]:.0f} % on rank {rk}" for rk in range(world))
+    + ", hook-async's "
+    + " and ".join(f"{ov[('hook-async', rk)]:.0f} %" for rk in range(world))
+    + ": "
     + (
-        f"Both exposed {ex['hook-async']:.1f} ms of link time, so in this step exposed time shows no difference "
-        "between them; 03's bucket lesson measures the two in turns, and says when buckets expose more."
+        f"the buckets' messages were in flight beside compute for a {'larger' if rose[0] else 'smaller'} share of "
+        "their time on both ranks. "
+        if len(set(rose)) == 1
+        else "larger on one rank, smaller on the other, so one step does not say which overlaps more. "
+    )
+    + (
+        f"Both exposed {ex['hook-async']:.1f} ms of link time (the mean of the ranks), so in this step exposed time "
+        "shows no difference between them; 03's bucket lesson measures the two in turns, and says when buckets "
+        "expose more."
         if round(ex["bucket-async"], 1) == round(ex["hook-async"], 1)
         else f"bucket-async exposed {ex['bucket-async']:.1f} ms of link time against hook-async's "
-        f"{ex['hook-async']:.1f} ms, {'more' if ex['bucket-async'] > ex['hook-async'] else 'less'}; 03's bucket "
-        "lesson measures the two in turns and takes the difference apart."
+        f"{ex['hook-async']:.1f} ms (the mean of the ranks), {'more' if ex['bucket-async'] > ex['hook-async'] else 'less'}; "
+        "03's bucket lesson measures the two in turns and takes the difference apart."
     )
 )
 fw = linked.phases[(linked.phases["rank"] == 0) & (linked.phases["phase"] == "forward")]
