@@ -181,7 +181,7 @@ def plot_timeline(result, path: Path | None = None, rank: int = 0):
     step = int(result.phases["step"].iloc[0])
     fig = draw_steps(
         rows,
-        title=f"One step of every stage, on one time axis: run {result.run} (profiled step {step}, rank {rank})",
+        title=f"One step of each stage, on one time axis: run {result.run} (profiled step {step}, rank {rank})",
         width=MAX_WIDTH_IN,
     )
     if path is not None:
