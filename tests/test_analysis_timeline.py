@@ -132,3 +132,20 @@ def test_the_legend_names_only_what_can_be_seen():
     assert "finish (sync ends)" not in labels([(900, 900.01)])  # 1/100000 of the axis
     assert "finish (sync ends)" in labels([(900, 950)])  # 1/20 of it
     assert {"forward", "backward", "step ends"} <= set(labels([]))
+
+
+def test_the_legend_says_what_an_orange_bar_is():
+    # Notebook 09's figure: its orange bars are gloo's all_reduce ranges, which include the wait for the other rank
+    # and for a core, and the legend called them "message on the wire". Only an emulated link's modeled transfer is.
+    from minddp.analysis.timeline import draw_steps
+
+    def labels(**extra):
+        row = {"label": "s", "forward": [(0, 40)], "backward": [(40, 90)], "messages": [(60, 95)], "end": 100}
+        fig = draw_steps([dict(row, **extra)])
+        names = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        plt.close(fig)
+        return names
+
+    gloo, link = labels(), labels(link="1gbit")
+    assert "collective in flight (its waits included)" in gloo and "message on the wire" not in gloo
+    assert "message on the wire" in link and "collective in flight (its waits included)" not in link

@@ -4,8 +4,9 @@ A **step row** is a plain dict of spans in milliseconds from the step's start, f
 (:func:`rows_from_analysis`) or a profiler in memory (:func:`minddp.analysis.live.step_view`):
 
 * ``forward``, ``backward``: ``[(start, end), ...]``, one per micro-batch;
-* ``messages``: while each collective ran (on an emulated link: its modeled transfer); ``sent``: when
-  each was handed to the wire; ``waits``: when the training thread stood still waiting for one;
+* ``messages``: while each collective ran, its waits for the other ranks and for a core included (on an
+  emulated link: its modeled transfer, the legend's "message on the wire"); ``sent``: when each was handed
+  to the wire; ``waits``: when the training thread stood still waiting for one;
 * ``finish``, ``optimizer``: the spans of ``finish_gradient_synchronization()`` and ``optimizer.step()``;
 * ``end``: when the step ended; ``label``: the row's name; ``stage``: names the drawn spans;
 * ``link``: the emulated link's name, where the messages are its modeled transfers and the waits are known.
@@ -61,7 +62,8 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
         bars("waits", -0.40, 0.40, COLORS["wait"], label="training thread waits")
         bars("optimizer", -0.40, 0.40, COLORS["optimizer"], label="optimizer step")
         bars("finish", -0.02, 0.06, COLORS["finish"], label="finish (sync ends)")
-        bars("messages", 0.06, 0.30, COLORS["message"], label="message on the wire", edgecolor="#a0522d", linewidth=0.5)
+        wire = "message on the wire" if row.get("link") else "collective in flight (its waits included)"
+        bars("messages", 0.06, 0.30, COLORS["message"], label=wire, edgecolor="#a0522d", linewidth=0.5)
         if row.get("sent"):
             ax.plot(
                 row["sent"],
