@@ -369,6 +369,13 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             "a run passes or fails by a race; wait() for every one in finish_gradient_synchronization(), then divide "
             "and write back"
         )
+    if f["kind"] == "waited_again":
+        return (
+            f"finish_gradient_synchronization() in step {f['step']} waited again for {calls_text(f['waited_again'])} "
+            f"started in step {f['step'] - 1} or before: the list of messages in flight was never emptied, so it "
+            "grows every step and each finish goes over every earlier step's messages again (dividing or writing "
+            "back gradients once more); empty it after the waits (self.in_flight.clear())"
+        )
     if f["kind"] == "left_off":
         return (
             f"no_sync() left the sync off after its with-block, so the last micro-batch of step {f['step']} did "
