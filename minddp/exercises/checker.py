@@ -15,7 +15,8 @@
    are turned into one :class:`Verdict`, the first problem found in this
    order: a rank that raised, a rank that hung, the start (broadcast), a
    collective the step never waited for (from the order of calls: whether its
-   sum arrived in time is a race, so the race's outcome is not judged), the
+   sum arrived in time is a race, so the race's outcome is not judged), a wait
+   again for an earlier step's collective (a list in flight never emptied), the
    gradients, the parameters, the kinds, number and place of the collectives,
    and whether messages travelled while backward computed (an async rung's
    idea, from the order of events the ranks recorded, not from timings).
