@@ -21,7 +21,9 @@
 # *what* is computed (the test suite checks every stage against a single process and torch's DDP,
 # and you can check your own versions here).
 #
-# Each section has the same five parts:
+# Each stage of the ladder, `simple` to `bucket-async`, has a section of the same five parts; the two
+# that close it, `ddp` (minddp's production DDP) and `torch` (torch's own), have the run and its
+# picture only (their code is a package, not a few lines to diff or write):
 #
 # 1. **the idea**, in words and in the few plain `torch.distributed` lines that carry it;
 # 2. **the code**: the stage's own class, as it is in `minddp/stages/`, and **what changed** from
@@ -30,7 +32,8 @@
 #    the gradient goes through the comm hook (`self.comm_hook(self.comm_state, GradBucket(...))`,
 #    which returns a Future: `04_comm_hooks` swaps it for compression); before the first send of a
 #    step, every rank checks that its forwards used the same parameters (`parameters_used.check()`,
-#    one small all_gather a step: a cost of its own, measured in the bucket lesson); and a stage
+#    one all_gather of a few bytes a step, which waits for the other rank to reach it: a cost of its
+#    own, measured in the bucket lesson); and a stage
 #    that keeps Futures refuses a step whose last one was not finished (`check_finished`);
 # 3. **a run on real ranks**: the stage is built on both ranks with the workload every notebook
 #    shares, takes one warm-up step, then one step under the profiler, read in memory
@@ -50,12 +53,21 @@
 # no earlier than the same all_reduce would on Gigabit Ethernet, one message at a time, as a
 # network card sends them. That time is *modeled*: the same on every run and every machine, so the
 # sentences about it hold anywhere. The notation is `01_collectives`'s: α is the fixed cost of one
-# message (one hop of a ring), β the time per byte (1/B for a bandwidth of B bytes/s), n the number
-# of ranks, m the bytes of the tensor one all_reduce reduces (here one message: a gradient or a
-# bucket), k the micro-batches of a step; the measures (*link time*, *waited*, *exposed*, *overlap*,
-# *interleaved*) are defined at the end of `01_collectives`, and each number here is computed by
-# its function there. The training thread is not held up by the emulation, so a
-# stage that computes while a message travels hides the message, as on a real network.
+# of 01's messages (one hop of a ring), β the time per byte (1/B for a bandwidth of B bytes/s), n the
+# number of ranks, m the bytes of the tensor one all_reduce reduces, k the micro-batches of a step.
+# One word differs: here a **message** is one all_reduce handed to the link (a gradient, or a
+# bucket of them), which makes 2(n−1) of 01's hops, so its fixed cost is 2(n−1)·α. The measures
+# (*link time*, *waited*, *exposed*, *overlap*, *interleaved*) are defined at the end of
+# `01_collectives`, and each number here is computed by its function there, with the link's modeled
+# transfers as the communication in flight. The training thread is not held up by the emulation, so
+# a stage that computes while a message travels hides the message, as on a real network.
+#
+# Three things are called a hook. `hook` in code type is a stage (the third below). A *grad hook*
+# is the function autograd calls when a parameter's gradient is ready
+# (`register_post_accumulate_grad_hook`): `hook` and every stage after it sync from one. The *comm
+# hook* is the function a stage hands a gradient or bucket to for the all_reduce (`04_comm_hooks`).
+# Likewise *the network* is the neural network every stage trains; the *step-time model*
+# (`minddp.costmodel`) is the replay of a step on the link that the bucket lesson uses.
 #
 # Every stage trains the same model on the same batches with the same settings, printed below.
 
@@ -79,10 +91,12 @@ def meet(stage, before=None):
 
 
 lesson.say(lesson.describe())
+lesson.say(lesson.machine())
 fixed, per_mib = (LINK.seconds("all_reduce", m, world_size) * 1e3 for m in (0, 2**20))
 lesson.say(
     f"The emulated link: {LINK.describe()}. One all_reduce of m bytes between n = {world_size} ranks takes "
-    f"2(n−1)·α + 2(n−1)/n · m·β: {fixed:.1f} ms plus {per_mib - fixed:.1f} ms per MiB."
+    f"2(n−1)·α + 2(n−1)/n · m·β: {fixed:.1f} ms of fixed cost (2(n−1) hops of α = {LINK.latency * 1e6:g} µs) "
+    f"plus {per_mib - fixed:.1f} ms per MiB."
 )
 
 # %%
@@ -155,15 +169,21 @@ lesson.claim(
 # gradient as syncing after every one. Inside `with model.no_sync():` a forward records that its
 # backward must not sync; the last micro-batch runs outside the block. The decision is taken in
 # `forward`, as in torch, so the *forward* of a micro-batch must be inside `no_sync()`. The idea,
-# in a training step of k micro-batches:
+# in a training step of k micro-batches, as the ladder's loop (`minddp.ladder.loop.train_step`)
+# and the checker drive every stage:
 #
 # ```python
-# for batch in micro_batches[:-1]:
-#     with model.no_sync():                  # forward and backward, no message
-#         loss_fn(model, batch).backward()
-# loss_fn(model, micro_batches[-1]).backward()
-# model.finish_gradient_synchronization()   # one sync a step: every accumulated gradient, once
+# for i, batch in enumerate(micro_batches):
+#     last = i == len(micro_batches) - 1
+#     with model.no_sync() if not last else contextlib.nullcontext():
+#         loss_fn(model, batch).backward()          # the forward records whether this backward syncs
+#     model.finish_gradient_synchronization()       # after every backward: syncs only after the last
 # ```
+#
+# The loop calls `finish_gradient_synchronization()` after every backward, outside the with-block
+# (so does the checker, which in some steps also runs only the forward inside it, the backward after),
+# so finish cannot ask `no_sync()` whether to sync: it reads what the forward recorded. One sync a
+# step: every accumulated gradient, once, after the last micro-batch.
 
 # %%
 show_source(STAGES["ga"])
@@ -185,10 +205,14 @@ lesson.claim(
     v["calls_in_backward"] == 0 == v["waits_in_backward"],
     "Like simple, it sends and waits only after a backward is over: no computation runs while its messages travel.",
 )
+from minddp.analysis.timeline import row_measures
+
 lesson.say(
     f"Of its {v['link_ms']:.0f} ms on the link, {v['exposed_ms']:.0f} ms were exposed: the thread waits for each "
-    f"message as soon as the hook has handed it over, and the other {v['link_ms'] - v['exposed_ms']:.0f} ms passed "
-    "while it was still in the hook, between handing a message over and waiting for it."
+    f"message as soon as the comm hook has handed it over, and the other {v['link_ms'] - v['exposed_ms']:.0f} ms "
+    "passed in the stage's own lines between handing a message over and waiting for it: neither exposed "
+    f"(the thread was not waiting) nor overlapped (ga syncs in finish, after backward: its overlap is "
+    f"{row_measures(v['row'])['overlap_pct']:.0f} %)."
 )
 
 # %% [markdown]
@@ -200,8 +224,8 @@ lesson.say(
 #
 # Write `no_sync()`, `forward()` and `finish_gradient_synchronization()` on top of the model answer
 # of `simple` (`solutions.SimpleDDP`, plain `torch.distributed`). The checker trains it with
-# several micro-batches per step, so it sees whether the micro-batches inside `no_sync()` stayed
-# quiet. It trains a small network of its own (three linear layers: 6 parameter tensors), so the
+# several micro-batches per step, calling finish after every backward as the loop above does, so it
+# sees whether the micro-batches inside `no_sync()` stayed quiet. It trains a small network of its own (three linear layers: 6 parameter tensors), so the
 # counts it prints are that network's, not the runs' above. Why each stage is built the way it is:
 # `docs/ladder.md`.
 
@@ -240,7 +264,7 @@ check(solutions.GradAccumDDP, like="ga")
 # The last layer's gradient is final long before the first layer's is computed. A
 # *post-accumulate-grad hook* on each parameter fires right after autograd has added this
 # backward's contribution into `param.grad`: the accumulated gradient, the one to sync (a plain
-# tensor hook would hand over only the incoming gradient of this micro-batch). The hook sends the
+# tensor hook would hand over only the incoming gradient of this micro-batch). This grad hook sends the
 # gradient and, in this stage, waits for the result before backward may go on: communication
 # *interleaves* with backward, but backward stands still while it waits. (The hooks reach the
 # wrapper through `weakref`: autograd keeps them on its C++ side, where Python's garbage collector
@@ -274,16 +298,23 @@ lesson.claim(
     "And the training thread waits for each of them right there, inside the backward: communication is "
     "*interleaved* with the backward, which stops for every message and then goes on.",
 )
-from minddp.analysis.timeline import row_measures
-
 m = row_measures(v["row"])
 lesson.say(
-    f"Interleaved: {m['interleaved_ms']:.0f} ms of the backward stood still for a message in flight. Its overlap is "
-    f"{m['overlap_pct']:.0f} %. *Overlap* (01_collectives's measure, used for every stage below) is the share of the "
-    "link's time during which the training thread computed: inside a forward, a backward or the optimizer, and not "
-    "waiting. In these pictures the hook's own lines run inside backward, so they count; here they are all of it (the "
-    "lines between handing a message over and waiting for it), not backward's arithmetic. A profiler trace "
-    "(05_profiling) counts only aten:: ops as compute, so it gives the hook's Python no overlap."
+    f"*Interleaved* (01's measure, the non-compute time inside backward, with the link's transfers as the "
+    f"communication in flight): {m['interleaved_ms']:.0f} ms of the backward passed with a message on the link and "
+    f"the thread not computing. The backward stood still far longer: its thread waited {v['waited_ms']:.0f} ms, "
+    f"{v['waited_ms'] - v['exposed_ms']:.0f} ms of it after the link had delivered, for the other rank to reach the "
+    "same all_reduce or for a core. A profiler trace counts gloo's own ranges as in flight, and they last until both "
+    "ranks are done, so read from a trace (`05_reading_traces`) interleaved takes in most of those waits too."
+)
+lesson.say(
+    f"*Overlap* (01's measure, used for every stage below, again over the link's transfers): {m['overlap_pct']:.0f} "
+    "%, the share of the link's time during which the training thread computed (inside a forward, a backward or the "
+    "optimizer, and not waiting). hook's grad hooks run inside backward, so the stage's lines between handing a "
+    f"message over and waiting for it count as compute: they are all of this {m['overlap_pct']:.0f} %, not "
+    f"backward's arithmetic (ga runs the same lines in finish, after backward: "
+    f"{row_measures(looks['ga']['row'])['overlap_pct']:.0f} %). A trace gives the same function gloo's ranges as "
+    "the communication and only aten:: ops as compute, so its overlap for a stage differs from this one."
 )
 
 # %% [markdown]
@@ -322,7 +353,7 @@ check(solutions.HookDDP, like="hook")
 # %% [markdown]
 # ## `hook-async`: start each all_reduce and keep going
 #
-# One change: the hook keeps the all_reduce's Future instead of waiting on it, and backward goes
+# One change: the grad hook keeps the all_reduce's Future instead of waiting on it, and backward goes
 # on computing the earlier layers while gloo (or NCCL) moves the later layers' gradients. Every
 # Future is waited for once, in `finish_gradient_synchronization()`, just before the optimizer
 # step. That is real *overlap*: communication hidden behind computation. The idea:
@@ -365,7 +396,8 @@ lesson.claim(
 # What to look for: messages on the wire while the backward goes on, no red inside it, and
 # only what was still travelling when backward ended waited for at the end: the messages sent
 # while backward computed are what *overlap* (the share of the link's time during which the thread
-# computed) counts. On two ranks sharing two CPU cores the real gloo all_reduce also needs a core,
+# computed) counts. On two ranks sharing this machine's few cores (printed at the top) the real gloo
+# all_reduce also needs a core,
 # so the measured waits include waiting for the other rank (to reach the same message) and for a
 # core, and can exceed the link's whole time; *exposed* counts the network's part only.
 #
@@ -400,10 +432,11 @@ check(solutions.AsyncHookDDP, like="hook-async")
 # ## `bucket`: fewer, bigger messages
 #
 # Every collective pays a fixed cost before its bytes move (a round trip, waking a thread, a kernel
-# launch): α per message. One all_reduce per parameter pays it once per parameter tensor. Buckets
+# launch): 2(n−1)·α per all_reduce, α for each of its 2(n−1) hops. One all_reduce per parameter pays
+# it once per parameter tensor. Buckets
 # pay it a few times: at construction the parameters are grouped, in reverse order (backward
 # produces the last layers' gradients first), into buckets of about `bucket_cap_mb` (torch's rule,
-# `plan_buckets`); in the hook each parameter is counted in its bucket, and when the bucket's last
+# `plan_buckets`); in the grad hook each parameter is counted in its bucket, and when the bucket's last
 # gradient is in, the bucket is flattened into one buffer and sent in one call; when the average is
 # back, each slice is copied into its parameter's `.grad`. Like `hook`, this stage waits for each
 # bucket. One more line is torch's: left at its default (`bucket_cap_mb=None`: 25 MiB), the first
@@ -441,7 +474,7 @@ lesson.claim(
 )
 lesson.claim(
     abs(b["link_ms"] - v["link_ms"] - (b["calls"] - v["calls"]) * alpha) < 1e-6 * b["link_ms"],
-    f"On the link that saves {b['calls'] - v['calls']} messages' fixed cost, {alpha:.1f} ms each: "
+    f"On the link that saves {b['calls'] - v['calls']} all_reduces' fixed cost, 2(n−1)·α = {alpha:.1f} ms each: "
     f"{b['link_ms'] - v['link_ms']:.1f} ms of {b['link_ms']:.0f} ms.",
 )
 lesson.claim(
@@ -518,7 +551,10 @@ lesson.claim(
 # ### Your turn: `bucket-async`
 #
 # Start each bucket's all_reduce without waiting, and finish them all in
-# `finish_gradient_synchronization()`.
+# `finish_gradient_synchronization()`. Build on the model answer `solutions.BucketDDP` (its source
+# is shown above, under `bucket`'s exercise), not on the ladder's stage shown in this section: its
+# helper is `_write_back(grads, average)`, which copies the averaged flat buffer into the bucket's
+# gradient tensors `grads`, where the stage's `_write_back(bucket, ...)` takes a bucket index.
 
 
 # %%
@@ -528,11 +564,12 @@ class MyAsyncBucketDDP(solutions.BucketDDP):
         self.in_flight = []  # what finish needs for each bucket sent
 
     def _send_bucket(self, b):
-        # Your turn: flatten bucket b, start its all_reduce with async_op=True, keep what finish needs.
+        # Your turn: flatten bucket b's gradients, start its all_reduce with async_op=True, and keep what finish
+        # needs: the gradient tensors, the flat buffer and the work.
         raise NotImplementedError("_send_bucket()")
 
     def finish_gradient_synchronization(self):
-        # Your turn: wait for every bucket, divide, copy each slice back into its .grad; then forget them.
+        # Your turn: wait for every bucket, then self._write_back(grads, flat / world size); then empty the list.
         raise NotImplementedError("finish_gradient_synchronization()")
 
 
@@ -564,6 +601,21 @@ v = looks["ddp"]
 lesson.claim(
     v["calls"] == v["calls_in_backward"] and v["waits_in_backward"] == 0,
     "ddp sends every bucket from inside the backward and waits for none of them there, as bucket-async does.",
+)
+a = looks["bucket-async"]
+lesson.say(
+    f"Of the same {v['link_ms']:.0f} ms on the link, ddp left {v['exposed_ms']:.0f} ms exposed and waited "
+    f"{v['waited_ms']:.0f} ms in all, bucket-async {a['exposed_ms']:.0f} and {a['waited_ms']:.0f} ms; ddp's last "
+    f"backward took {v['last_backward_ms']:.0f} ms, bucket-async's {a['last_backward_ms']:.0f} ms: "
+    + (
+        "backwards within 10 % of each other, so their lengths do not explain the difference. "
+        if abs(v["last_backward_ms"] / a["last_backward_ms"] - 1) <= 0.1 or abs(v["exposed_ms"] - a["exposed_ms"]) < 0.5
+        else "the shorter backward left the link less time to carry its buckets under compute. "
+        if (v["last_backward_ms"] < a["last_backward_ms"]) == (v["exposed_ms"] > a["exposed_ms"])
+        else "the order of the backwards does not explain the order of the exposed times. "
+    )
+    + "ddp makes no check of the parameters used, which bucket-async's backward pays before its first send (the "
+    "bucket lesson measures it); one step each, under the machine's load: a shape, not a ranking."
 )
 
 # %% [markdown]
@@ -602,40 +654,62 @@ lesson.picture(
 ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 e = {s: looks[s]["exposed_ms"] for s in ladder}
 lesson.say("Exposed, down the ladder: " + ", ".join(f"{s} {e[s]:.0f} ms" for s in ladder) + ".")
-# simple and ga, hook and bucket wait for each message as soon as it is sent, so they stand through nearly all
-# of its link time (hundreds of ms); the async rungs wait once, after a backward of hundreds of ms that the
-# messages travel under; a loaded machine only lengthens that backward. Margins of 100 ms and more, not a race.
+# simple and ga, hook and bucket wait for each message as soon as it is sent, so they stand through most of their
+# link time (the table's link column: 159 to 496 ms a step, modeled, the same on every machine; ga's is a third of
+# simple's); the async rungs wait once, after a backward that the messages travel under (seconds long here); a
+# loaded machine only lengthens that backward. Margins of a hundred ms and more in every run, not a race.
 lesson.claim(
     e["ga"] < e["simple"] and e["hook-async"] < e["hook"] and e["bucket-async"] < e["bucket"],
     "Two of the ideas cut the exposed time on this link: accumulation (simple → ga), and not waiting "
     "inside backward (hook → hook-async, bucket → bucket-async).",
 )
+link = {s: looks[s]["link_ms"] for s in ladder}
+
+
+def than(a, b):
+    """Stage a's exposed time against stage b's, in words (within half a millisecond: as much)."""
+    return f"{'more than' if e[a] > e[b] + 0.5 else 'less than' if e[a] < e[b] - 0.5 else 'as much as'} {b}'s"
+
+
 lesson.say(
     f"The other two ideas are not about the exposed time on this link. hook moves ga's waiting into the backward "
-    f"(exposed: ga {e['ga']:.0f} ms, hook {e['hook']:.0f} ms; the same messages, each waited for as soon as it is "
-    f"sent, so neither hides them), which is what lets hook-async stop waiting. Buckets cut the number of messages: "
-    f"bucket-async exposed {e['bucket-async']:.0f} ms, hook-async {e['hook-async']:.0f} ms; the bucket lesson below "
-    "says why, and when buckets win."
+    f"(exposed: ga {e['ga']:.0f} ms, hook {e['hook']:.0f} ms, of the same {link['ga']:.0f} ms on the link): both "
+    "wait for every message as soon as its comm hook has handed it over, so neither hides a message behind "
+    f"backward's arithmetic. The rest of their link time ({link['ga'] - e['ga']:.0f} and "
+    f"{link['hook'] - e['hook']:.0f} ms) passed in the stage's own lines between a hand-over and its wait, which "
+    "the overlap counts for hook (its grad hooks run inside backward) and not for ga (it syncs in finish). That move "
+    "is what lets hook-async stop waiting. Buckets cut the number of messages. Here bucket exposed "
+    f"{e['bucket']:.0f} ms, {than('bucket', 'hook')} (of its {link['bucket']:.0f} ms on the link, "
+    f"{link['bucket'] - e['bucket']:.0f} ms passed in those lines: {looks['bucket']['calls']} hand-overs instead of "
+    f"{looks['hook']['calls']}), and bucket-async {e['bucket-async']:.0f} ms, {than('bucket-async', 'hook-async')}; "
+    "the bucket lesson below says why, and when buckets win."
 )
 back = {s: looks[s]["last_backward_ms"] for s in looks}
+
+
+def against_ga(s):
+    d = back[s] / back["ga"] - 1
+    return f"{back[s]:.0f} ms in {s}, {abs(d):.0%} {'longer' if d >= 0 else 'shorter'} than ga's"
+
+
+quiet = ("ga", "hook", "bucket")  # rungs whose backward sends nothing to hide
 lesson.say(
-    "What hiding cost the compute on this machine. The last backward, which sends the messages, took "
-    f"{back['ga']:.0f} ms in ga (it sends nothing while it runs), {back['hook-async']:.0f} ms in hook-async and "
-    f"{back['bucket-async']:.0f} ms in bucket-async (both sending while it computes), "
-    f"{back['hook']:.0f} ms in hook and {back['bucket']:.0f} ms in bucket (whose waits are inside it). "
+    f"What hiding cost the compute on this machine. The last backward, which sends the messages, took "
+    f"{back['ga']:.0f} ms in ga (it sends nothing while it runs); {against_ga('hook-async')}; "
+    f"{against_ga('bucket-async')} (both sending while it computes); in hook and bucket, whose waits are inside "
+    f"it, {back['hook']:.0f} and {back['bucket']:.0f} ms. "
     + (
-        "So what the async rungs hid was not free: two ranks share two cores here with gloo's threads and the "
-        "link's, the messages they hide take cores from the backward that hides them, and their Python hooks run "
-        "between its operators. "
+        "Both async backwards came out more than 10 % longer than ga's: what they hid was not free. "
         if min(back["hook-async"], back["bucket-async"]) > 1.1 * back["ga"]
-        else "One step each cannot show what hiding cost here: on this run the machine's other work moved the "
-        f"backwards more than that cost ({' and '.join(s for s in ('hook-async', 'bucket-async') if back[s] <= 1.1 * back['ga'])}'s "
-        "backward, hiding messages, came out no longer than ga's). Two ranks share "
-        "two cores here with gloo's threads, so the messages a backward hides do take cores from it; "
-        "`05_reading_traces` measures each stage's backward from traces. "
+        else "With one step each, on a machine shared with other work, that is no measure of what hiding cost: "
+        f"the rungs whose backward hides nothing took {min(back[s] for s in quiet):.0f} to "
+        f"{max(back[s] for s in quiet):.0f} ms. "
     )
-    + "On a GPU the backward runs on the GPU and NCCL moves the bytes on its own stream (a few of the GPU's cores), so "
-    "hiding costs the compute little; that is the setting the blog measured."
+    + f"This machine's {lesson.cores()} cores serve both ranks, gloo's threads and the link's, so the messages a "
+    "backward hides take cores from it, and the async rungs' grad hooks run Python between its operators; "
+    "`05_reading_traces` measures each stage's backward from traces. On a GPU the backward runs on the GPU and "
+    "NCCL moves the bytes on its own stream (a few of the GPU's cores), so hiding costs the compute little; that is "
+    "the setting the blog measured."
 )
 
 # %%
@@ -645,7 +719,7 @@ lesson.look_table(looks)
 # %% [markdown]
 # How to read it: every stage computes the same thing on the same batches, so by design the
 # stages differ by their communication and their waiting, not by their arithmetic. Their step
-# times above do not show even that: the stages ran in turn on two shared cores, and the
+# times above do not show even that: the stages ran in turn on this machine's shared cores, and the
 # machine's other work moved the steps by as much as the stages' communication, or more (the same
 # backward takes different times in different rows; `single`, which sends nothing, need not be
 # the fastest). Step times compare only from steps taken in turns (`docs/analysis.md`); read
@@ -674,11 +748,13 @@ lesson.look_table(looks)
 # The link carries one message at a time, so it is done at the latest of, over the messages i:
 # "message i handed over, then i and every message after it carried back to back"
 # (`minddp.costmodel.buckets.queue_end`). Message 1 gives the *start-limited* end (the late start,
-# then all the link's work); the last message the *tail-limited* one. The training thread waits
-# for what is left after backward. The cell reads all of it from the two profiled steps above, and
-# when each gradient is ready from the bare model, timed here: a profiled step's first hand-over
-# also comes after the teaching stages' once-a-step check of the parameters used, which waits for
-# the other rank; the cell measures that check and names it apart.
+# then all the link's work); the last message the *tail-limited* one. What the link still carries
+# after backward is the most a step can expose: the thread stands waiting for it only from when it
+# reaches its wait in finish, so the link's time before that is neither under compute nor exposed.
+# The cell reads all of it from the two profiled steps above, and when each gradient is ready from
+# the *bare network* (the same network with no wrapper, no hooks, no messages), timed here: a
+# profiled step's first hand-over also comes after the teaching stages' once-a-step check of the
+# parameters used, which waits for the other rank; the cell measures that check and names it apart.
 
 # %%
 # %%distributed
@@ -695,7 +771,7 @@ bare_model = lesson.make_model()
 trainable = [p for p in bare_model.parameters() if p.requires_grad]
 first_bucket = plan_buckets(trainable, lesson.SETTINGS.bucket_cap_mb)[0]
 in_first = len(first_bucket)  # gradients the first bucket waits for
-# When each gradient is ready in backward, timed on the bare model (the step-time model's probe, minddp.costmodel):
+# When each gradient is ready in backward, timed on the bare network (the step-time model's probe, minddp.costmodel):
 # the profiled steps' own hand-over times also hold, at a step's first send, the wait for the other rank at the
 # teaching stages' once-a-step check of the parameters used.
 # the last micro-batch's backward is the one that sends: one micro-batch, timed twice after a warm-up pass
@@ -711,16 +787,16 @@ lesson.claim(
 lesson.claim(
     in_first > 1,
     f"Late start: hook-async sends each gradient as it is ready, bucket-async its first bucket when all {in_first} "
-    f"of its gradients are: on the bare model here, the first gradient is ready {first_ready:.0f} ms into a backward "
+    f"of its gradients are: on the bare network here, the first gradient is ready {first_ready:.0f} ms into a backward "
     f"of {1e3 * bare.backward:.0f} ms, the first bucket's last {bucket_ready:.0f} ms in.",
 )
 check = {s: looks[s]["check_ms"] for s in why}
 lesson.say(
     f"In the profiled steps the first message left {h['first_ms']:.0f} ms (hook-async) and {b['first_ms']:.0f} ms "
     f"(bucket-async) into the last backward ({looks['hook-async']['last_backward_ms']:.0f} and "
-    f"{looks['bucket-async']['last_backward_ms']:.0f} ms long): other backwards than the bare model's above, timed "
+    f"{looks['bucket-async']['last_backward_ms']:.0f} ms long): other backwards than the bare network's above, timed "
     "apart under the machine's load, so their times need not agree. Before its first send of a step, a teaching stage checks that every rank's "
-    f"forwards used the same parameters (a small all_gather, once a step, which waits for the other rank to reach "
+    f"forwards used the same parameters (an all_gather of a few bytes, once a step, which waits for the other rank to reach "
     f"it): that check held the thread {check['hook-async']:.0f} and {check['bucket-async']:.0f} ms of it, a cost "
     "of its own, which torch's DDP does not pay (it has no such check by default)."
 )
@@ -761,9 +837,9 @@ table = (
 more = b["exposed_ms"] - h["exposed_ms"]
 
 
-def set_by(stage):
-    """Which message set the end of the stage's link after its last backward, in words (queue_end's rule)."""
-    row = looks[stage]["row"]
+def set_by(stage, row):
+    """Which message set the end of the stage's link after its last backward, in words (queue_end's rule), and when
+    its thread reached its wait."""
     end = row["backward"][-1][1]
     sent = sorted(row["sent"])
     durations = [e - s for s, e in sorted(row["messages"])]
@@ -772,7 +848,17 @@ def set_by(stage):
         f"{stage}'s link was done {abs(done - end):.0f} ms {'after' if done >= end else 'before'} its backward ended, "
         f"an end set by its message {i + 1} of {len(sent)}, handed over {abs(end - sent[i]):.0f} ms "
         f"{'before' if sent[i] <= end else 'after'} the end of backward, after which it and the messages behind it "
-        f"needed {sum(durations[i:]):.0f} ms on the link back to back"
+        f"needed {sum(durations[i:]):.0f} ms on the link back to back" + reached(row)
+    )
+
+
+def reached(row):
+    lag = lesson.wait_after_backward(row)
+    return (
+        f"; its thread reached its wait {lag:.0f} ms after backward ended, and stood through "
+        f"{row_measures(row)['exposed_ms']:.0f} ms of the link's time (exposed)"
+        if lag is not None
+        else "; its thread began no wait after backward"
     )
 
 
@@ -784,7 +870,8 @@ verdict = (
     else f"tied with hook-async on this link: {b['exposed_ms']:.0f} against {h['exposed_ms']:.0f} ms exposed"
 )
 lesson.say(
-    f"So bucket-async {verdict}. {set_by('bucket-async')}; {set_by('hook-async')}. The fixed costs the buckets "
+    f"So bucket-async {verdict}. {set_by('bucket-async', looks['bucket-async']['row'])}. "
+    f"{set_by('hook-async', looks['hook-async']['row'])}. The fixed costs the buckets "
     f"saved are {saved:.1f} ms, {saved / h['link_ms']:.0%} of the link's work: on this link a message's bytes cost "
     "far more than its fixed cost, so fewer messages save little, while every bucket's bytes wait for its last "
     "gradient and the last bucket's travel after backward. Buckets win where the fixed costs are a large share of the "
@@ -801,10 +888,10 @@ table.infer_objects().round(1)
 # The cap decides all three costs: a small cap makes many small buckets (many fixed costs, an early
 # first bucket, a short tail), a large one a few large buckets. Below, `bucket-async` is measured at
 # other caps on the same link (`None` is torch's default: 25 MiB buckets after a first one of
-# 1 MiB), and the step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap: the bare model is timed
+# 1 MiB), and the step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap: the bare network is timed
 # on these ranks (`probe`: when each gradient is ready in backward), its times are scaled to this
 # run's backward, and each plan is replayed on the link. The lower panel shows the three costs of
-# each plan, from the model.
+# each plan, from the step-time model.
 
 # %%
 # %%distributed
@@ -819,7 +906,7 @@ swept = {lesson.SETTINGS.bucket_cap_mb: looks["bucket-async"]}
 for cap in (0.5, 2, 8, None):  # one profiled step each, no warm-up step: the counts hold from the first
     swept[cap] = lesson.Trainee("bucket-async", link=LINK, bucket_cap_mb=cap, warmup=0).look()
 this_run = statistics.median(v["last_backward_ms"] for v in swept.values()) / 1e3
-cp = cp_scaled(bare, this_run / bare.backward)  # the bare model's timings at this run's speed
+cp = cp_scaled(bare, this_run / bare.backward)  # the bare network's timings at this run's speed
 grid = [0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32]
 model = [plan_costs(cp, "bucket-async", c, LINK, world_size) for c in grid]
 small_first = [plan_costs(cp, "bucket-async", c, LINK, world_size, first_mb=1) for c in grid if c > 1]
@@ -840,15 +927,42 @@ lesson.say(
     f"comes after backward: it exposed {swept[None]['exposed_ms']:.0f} ms. Of the caps measured, "
     + ", ".join("None" if c is None else f"{c:g} MiB" for c in best)
     + f" exposed the least, {least:.0f} ms; "
-    f"hook-async {looks['hook-async']['exposed_ms']:.0f} ms. The model, at this run's speed (a backward of "
+    f"hook-async {looks['hook-async']['exposed_ms']:.0f} ms. The step-time model, at this run's speed (a backward of "
     f"{1e3 * this_run:.0f} ms, the median of these runs'), gives {1e3 * min(c.exposed for c in model):.1f} ms at its "
     "best cap ("
     + ", ".join(f"{c.cap_mb:g}" for c in model if c.exposed < min(x.exposed for x in model) + 5e-5)
-    + f" MiB) and {1e3 * per_gradient.exposed:.1f} ms per gradient. The model and the measurements are two "
-    "different numbers, compared in the table below cap by cap: the model replays the bare model's gradient times "
-    "on the link, scaled to one backward; a measured step is one profiled step, whose backward and hand-overs move "
-    "with the machine's load and wait for the other rank. Read the model for why a cap costs what it does, the "
-    "measurements for what one step cost."
+    + f" MiB) and {1e3 * per_gradient.exposed:.1f} ms per gradient."
+)
+modeled = {c: 1e3 * (default if c is None else next(x for x in model if x.cap_mb == c)).exposed for c in swept}
+below = [c for c in swept if swept[c]["exposed_ms"] < modeled[c]]
+named = {c: "None" if c is None else f"{c:g} MiB" for c in swept}
+capped = sorted(c for c in swept if c is not None)
+rank_of = {  # the capped runs ranked by exposed time, measured and modeled (ties within half a ms: one rank)
+    how: [sum(x[d] < x[c] - 0.5 for d in capped) for c in capped]
+    for how, x in (("measured", {c: swept[c]["exposed_ms"] for c in capped}), ("model", modeled))
+}
+lags = [lag for v in swept.values() if (lag := lesson.wait_after_backward(v["row"])) is not None]
+lesson.say(
+    "Measured against the step-time model, cap by cap: "
+    + ", ".join(f"{named[c]} {swept[c]['exposed_ms']:.1f} against {modeled[c]:.1f} ms" for c in swept)
+    + (
+        ". Every cap measured exposed less than the model gives for it"
+        if len(below) == len(swept)
+        else f". {len(below)} of the {len(swept)} caps measured exposed less than the model gives"
+    )
+    + (
+        ", and the measured caps do not rank as the model's do. "
+        if rank_of["measured"] != rank_of["model"]
+        else ", and the measured caps rank as the model's do. "
+    )
+    + "The model replays the bare network's gradient times scaled to one backward of "
+    f"{1e3 * this_run:.0f} ms, and its thread waits from the moment backward ends; the measured steps' last "
+    f"backwards took {min(v['last_backward_ms'] for v in swept.values()):.0f} to "
+    f"{max(v['last_backward_ms'] for v in swept.values()):.0f} ms, and their threads reached their wait "
+    + (f"{min(lags):.0f} to {max(lags):.0f} ms after backward ended" if lags else "never after backward")
+    + " (the finish's Python, a busy core): the link's time before that is neither hidden nor exposed. Read the "
+    "model for why a cap costs what it does (its tail, its start, its fixed costs: the lower panel), not for what "
+    "one profiled step here exposed."
 )
 here = lesson.SETTINGS.bucket_cap_mb
 at_cap = next(c for c in model if c.cap_mb == here)
@@ -885,14 +999,17 @@ lesson.say(
 )
 if rank == 0:
     bucket_sweep(
-        {"model: every bucket ≤ the cap": model, "model: a first bucket of 1 MiB, then the cap": small_first},
+        {
+            "step-time model: every bucket ≤ the cap": model,
+            "step-time model: a first bucket of 1 MiB, then the cap": small_first,
+        },
         measured=[
             (25 if c is None else c, v["exposed_ms"], "measured" if c else "measured, torch's default (None)")
             for c, v in swept.items()
         ],
         per_gradient={  # the value in the label: a line at 0 lies on the axis
             f"hook-async, measured ({looks['hook-async']['exposed_ms']:.1f} ms)": looks["hook-async"]["exposed_ms"],
-            f"hook-async, model ({1e3 * per_gradient.exposed:.1f} ms)": 1e3 * per_gradient.exposed,
+            f"hook-async, step-time model ({1e3 * per_gradient.exposed:.1f} ms)": 1e3 * per_gradient.exposed,
         },
         title=f"bucket-async on {LINK.name}, {world_size} ranks: exposed communication against the cap",
     )
@@ -909,20 +1026,21 @@ sweep_table = pd.DataFrame(
 sweep_table.infer_objects().round(1)
 
 # %% [markdown]
-# ### Two settings of the blog, at this machine's speed
+# ### Two settings from the blog's numbers, at this machine's speed
 #
 # Which rung wins depends on two ratios: how long one sync's bytes take against one backward, and
 # how long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
-# emulated link that keeps both ratios of a given setting for the model at hand, from this machine's
+# emulated link that keeps both ratios of a given setting for the network at hand, from this machine's
 # own backward: a faster machine gets a faster link, so a setting keeps its shape on any machine.
-# Two settings, both from the blog's run as the step-time model rebuilds it (`python -m
+# Two settings, both built from the blog's run as the step-time model rebuilds it (`python -m
 # minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16 gradients, 3 TFLOP/s
 # achieved on each T4, which is what the blog's own non-compute shares imply):
 #
 # * **like 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`), its ratio of communication to backward
 #   compute. Every stage of the blog, on this notebook's workload;
-# * **like 1024 ranks**: the blog's model on 1024 ranks over 100 Gbit/s InfiniBand (`100gbit-ib`), a
-#   setting the blog did not run (its claims are about its 4 T4s): every all_reduce now
+# * **like 1024 ranks**: the blog's network on 1024 ranks over 100 Gbit/s InfiniBand (`100gbit-ib`),
+#   a setting the blog did not run (its claims are about its 4 T4s), only the step-time model
+#   rebuilt from its run: every all_reduce now
 #   makes 2(n−1) hops, so one message's fixed cost grows with n against the backward (the cell
 #   prints both settings' ratios). On `deep-llama`, an offline preset with SmolLM2's 32 layers at
 #   CPU size, so also its count of gradient tensors (`minddp.train.models`). Only `hook-async` and
@@ -930,7 +1048,7 @@ sweep_table.infer_objects().round(1)
 #   that wait for each message at once would stand still for every one of hundreds of fixed costs.
 #
 # Both run here on **2 ranks**: what is scaled is the link, sized so that this machine's backward meets
-# it as the blog's would meet the real one. The bucketed stages get a cap that cuts each model into
+# it as the blog's would meet the real one. The bucketed stages get a cap that cuts each network into
 # about as many buckets as the blog's 25 MiB cuts SmolLM2 (as near as the model's gradient tensors
 # allow: the cell prints the count each run sent, the one the sentences below use).
 
@@ -973,13 +1091,14 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     backward_of[name] = 1e3 * backward_s
     params = [p for p in model.parameters() if p.requires_grad]
     sync_bytes = sum(p.numel() * p.element_size() for p in params)
-    blog_links[name] = link_like(
-        f"sized {name} (the blog's)", backward_s, sync_bytes, bytes_ratio, message_ratio, world_size
-    )
+    blog_links[name] = link_like(f"sized {name}", backward_s, sync_bytes, bytes_ratio, message_ratio, world_size)
     cap = 25 * sync_bytes / blog.total_bytes  # the blog's 25 MiB, scaled to this model: as many buckets
     lesson.say(
-        f"The blog's setting {name.removeprefix('like ')} ({link_name}, {ranks} ranks): one sync's bytes take {bytes_ratio:.2f} backwards, one "
-        f"message's fixed cost {message_ratio:.1e} of one; {blog_buckets} buckets of 25 MiB. Here, for {model_name} "
+        f"{name[0].upper() + name[1:]}: "
+        + ("the blog's run" if ranks == 4 else "the blog's network at a scale the blog did not run")
+        + f" ({link_name}, {ranks} ranks), as the step-time model rebuilds it: one sync's bytes take "
+        f"{bytes_ratio:.2f} backwards, one message's fixed cost {message_ratio:.1e} of one; {blog_buckets} buckets "
+        f"of 25 MiB. Here, for {model_name} "
         f"({len(params)} gradient tensors, {sync_bytes / 2**20:.1f} MiB, a backward of {1e3 * backward_s:.0f} ms): "
         f"{blog_links[name].describe()}, between 2 ranks; a cap of {cap:.2f} MiB."
     )
@@ -989,16 +1108,22 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         v = lesson.Trainee(
             stage, link=blog_links[name], bucket_cap_mb=cap, model=model_name, warmup=0, grad_accum=accum
         ).look()
-        blog_runs[name, stage] = on_the_link(v["row"]) | {"calls": v["calls"], "backward_ms": v["last_backward_ms"]}
+        blog_runs[name, stage] = on_the_link(v["row"]) | {
+            "calls": v["calls"],
+            "backward_ms": v["last_backward_ms"],
+            "row": v["row"],
+        }
     lesson.say(
-        f"{name}: bucket-async sent {blog_runs[name, 'bucket-async']['calls']} buckets a step (the blog's {blog_buckets})."
+        f"{name[0].upper() + name[1:]}: bucket-async sent {blog_runs[name, 'bucket-async']['calls']} buckets a step "
+        f"(the blog's network at 25 MiB: {blog_buckets})."
     )
 
 # %% [markdown]
-# Two measures for each setting (`01_collectives`'s): *overlap*, the share of the link's time during
-# which the training thread computed (HolisticTraceAnalysis's measure, which the blog reads, with the
-# link's modeled transfers in flight as communication and a forward, a backward or the optimizer, not
-# waiting, as compute), and *exposed*, the link time the step stood waiting through. The blog's other
+# Two measures for each setting (`01_collectives`'s, by its functions): *overlap*, the share of the
+# link's time during which the training thread computed (the link's modeled transfers in flight as
+# communication, a forward, a backward or the optimizer, not waiting, as compute; the blog read the
+# same ratio with HolisticTraceAnalysis from its traces, over NCCL kernels and compute kernels), and
+# *exposed*, the link time the step stood waiting through. The blog's other
 # number, non-compute time, is a share of the step read from a trace (`05_reading_traces`); exposed
 # is the part of it the link causes, without the waits for the other rank and for a core.
 
@@ -1008,8 +1133,9 @@ t4 = {s: blog_runs["like 4 × T4", s] for s in ladder6}
 far = {s: blog_runs["like 1024 ranks", s] for s in RUN["like 1024 ranks"]}
 if rank == 0:
     settings_ladder(
-        {"2 ranks, a link like the blog's 4 × T4": t4, "2 ranks, a link like its model at 1024 ranks": far},
-        title=f"The blog's stages on links sized like its 4 × T4 run and its model at 1024 ranks ({world_size} ranks here)",
+        {"2 ranks, a link like the blog's 4 × T4": t4, "2 ranks, a link like its network at 1024 ranks": far},
+        title=f"The blog's stages on links sized like its 4 × T4 run and like its network at 1024 ranks (not run by "
+        f"the blog), {world_size} ranks here",
     )
 for name, runs in (("like 4 × T4", t4), ("like 1024 ranks", far)):
     lesson.say(
@@ -1039,19 +1165,25 @@ lesson.claim(
     max(t4[s]["overlap_pct"] for s in blocking) < min(t4[s]["overlap_pct"] for s in ("hook-async", "bucket-async")),
     "Like 4 × T4, the two async rungs overlap the most: the blog's ordering. The blog read its overlap from traces, "
     "where a hook's Python is not compute: 0 % for simple, ga and hook, about 90 % for the async hooks; here the "
-    "hooks' own lines count, so the rungs that wait overlap a little.",
+    "grad hooks' own lines inside backward count, so the rungs that wait overlap a little.",
 )
 gap = t4["bucket-async"]["exposed_ms"] - t4["hook-async"]["exposed_ms"]
 compared = (
     f"{abs(gap):.1f} ms {'more' if gap > 0 else 'less'} exposed than" if round(abs(gap), 1) else "as much exposed as"
 )
+fewer = t4["hook-async"]["messages"] - t4["bucket-async"]["messages"]
 lesson.say(
     f"Between them, like 4 × T4: bucket-async left {compared} hook-async, of "
-    f"{t4['bucket-async']['link_ms']:.0f} ms on the link: its last bucket takes "
-    f"{t4['bucket-async']['tail_ms']:.1f} ms after backward, hook-async's last gradient "
-    f"{t4['hook-async']['tail_ms']:.1f} ms, and the {t4['hook-async']['messages'] - t4['bucket-async']['messages']} "
-    f"fewer messages save {blog_links['like 4 × T4'].seconds('all_reduce', 0, world_size) * 1e3 * (t4['hook-async']['messages'] - t4['bucket-async']['messages']):.1f} ms. "
-    "(The blog saw no clear difference between these two.)"
+    f"{t4['bucket-async']['link_ms']:.0f} ms on the link. The {fewer} fewer messages save "
+    f"{blog_links['like 4 × T4'].seconds('all_reduce', 0, world_size) * 1e3 * fewer:.1f} ms, and the tail "
+    f"{'favours hook-async' if t4['bucket-async']['tail_ms'] > t4['hook-async']['tail_ms'] else 'favours bucket-async'} "
+    f"(bucket-async's last bucket takes {t4['bucket-async']['tail_ms']:.1f} ms after backward, hook-async's last "
+    f"gradient {t4['hook-async']['tail_ms']:.1f} ms); what set the exposed times is when each link was done and when "
+    f"each thread reached its wait. {set_by('bucket-async', t4['bucket-async']['row'])}. "
+    f"{set_by('hook-async', t4['hook-async']['row'])}. Their last backwards took "
+    f"{t4['bucket-async']['backward_ms']:.0f} and {t4['hook-async']['backward_ms']:.0f} ms, against the "
+    f"{backward_of['like 4 × T4']:.0f} ms the link was sized from (one step each, under the machine's load). "
+    "(The blog, on its GPUs, saw no clear difference between these two.)"
 )
 # At 1024 ranks the fixed costs of hook-async's messages add up to several backwards of `single`'s (printed
 # below), while the buckets pay a few: on the link's modeled clock, whatever the machine's load. How much of
@@ -1091,7 +1223,10 @@ def against(bucketed, per_gradient):
 
 
 lesson.say(
-    f"Buckets, in the end. On this notebook's 1 Gbit/s link bucket-async left {against(here_b, here_h)}: one "
+    f"Buckets, in the end. On this notebook's 1 Gbit/s link, at the settings' {here:g} MiB cap, bucket-async left "
+    f"{against(here_b, here_h)} (of the caps swept above, "
+    + ", ".join(named[c] for c in best)
+    + f" left the least, {least:.0f} ms): one "
     f"message's fixed cost is {alpha_ms:.2f} ms there, {alpha_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0%} "
     "of the link's work for one message per gradient, so fewer messages save little, and a bucket still waits for "
     f"its last gradient and carries its bytes after it. On 2 ranks with a link like 1024 ranks' bucket-async left "

@@ -43,8 +43,11 @@
 # Then each hook sends over an **emulated 1 Gbit/s link** (`minddp.comm.link`, as in notebooks 03
 # and 05), where fewer bytes become less time: how long its messages take on the link, how much of
 # that the step stood waiting for, and on which links PowerSGD's extra messages cost more than its
-# saved bytes. The notation is notebook 01's: n ranks, m bytes of a message, α the fixed cost of a
-# message, β the time per byte (1 / B, B the link's bandwidth).
+# saved bytes. The notation is notebook 01's: n ranks, m the bytes one all_reduce reduces, α the
+# fixed cost of one of 01's messages (one hop of a ring), β the time per byte (1 / B, B the link's
+# bandwidth). One word differs, as in `03_build_up`: here a **message** is one all_reduce (a bucket,
+# or PowerSGD's P or Q factors), which makes 2(n − 1) hops around the ring, so its fixed cost is
+# 2(n − 1) α. `M` is a gradient matrix (PowerSGD's), never a number of bytes.
 
 # %%
 # %load_ext minddp.notebook
@@ -70,6 +73,7 @@ start = trainees["allreduce"].flat_parameters()  # every trainee starts from the
 assert all(torch.equal(t.flat_parameters(), start) for t in trainees.values())
 lesson.race(trainees, rounds=STEPS)  # the hooks take turns, one step each
 lesson.say(lesson.describe())
+lesson.say(lesson.machine())
 lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 
 # %% [markdown]
@@ -98,6 +102,14 @@ for name, t in trainees.items():
         "loss (last step)": t.losses[-1],
     }
 table = pd.DataFrame(rows).T
+dist_ = table["param distance (relative)"]
+loss = table["loss (last step)"]
+order = list(loss.sort_values(ascending=False).index)
+lesson.say(
+    f"After {STEPS} steps, the parameters ended this far from plain averaging's, in units of how far plain averaging "
+    f"moved them: fp16 {dist_['fp16']:.4f}, bf16 {dist_['bf16']:.4f}, powersgd {dist_['powersgd']:.4f}. The last "
+    f"step's loss, highest first: " + ", ".join(f"{h} {loss[h]:.4f}" for h in order) + "."
+)
 table.round(4)
 
 # %%
@@ -177,8 +189,9 @@ lesson.say(
     f"Those carry {last['powersgd KiB'] / last['allreduce KiB']:.3f} of the bytes "
     f"({last['allreduce KiB'] / last['powersgd KiB']:.0f} times fewer).",
     f"Its relative gradient error, once compressing, ranged from {late['powersgd relative error'].min():.2f} "
-    f"to {late['powersgd relative error'].max():.2f}: at least "
-    f"{late['powersgd relative error'].min() / err['bf16']:.0f} times bf16's",
+    f"to {late['powersgd relative error'].max():.2f}: at each of those steps at least "
+    f"{min(p.wire[i]['relative_error'] / trainees['bf16'].wire[i]['relative_error'] for i in range(start_iter, len(p.wire))):.0f} "
+    "times bf16's at the same step,",
     "and above 1 at some steps." if late["powersgd relative error"].max() > 1 else "and below 1 at every step.",
 )
 steps.round(3)
@@ -188,17 +201,19 @@ steps.round(3)
 # average than the average is from zero)? Two reasons, both by design:
 #
 # * matrix rank 1 keeps one direction per gradient matrix: the rest of each matrix is dropped at
-#   that step (how much of the whole gradient that is, the relative error column says step by step);
+#   that step (at the first step that compresses, the relative error column is how much of the
+#   whole gradient that is; from the next step on it is more than that, for the second reason);
 # * with error feedback, what was dropped is added to the *next* step's gradient before
 #   compressing. So the hook's output approximates this step's gradient *plus* what earlier steps
 #   left behind, while the error column compares it with this step's gradient alone. The dropped
 #   parts are sent later instead of never: over many steps the updates add up to nearly what plain
-#   averaging would have applied, which is why PowerSGD trains well despite per-step errors like
-#   these (Vogels et al., 2019).
+#   averaging would have applied, which is why Vogels et al. (2019) find that PowerSGD trains to
+#   plain averaging's accuracy despite per-step errors like these. The five steps here cannot show
+#   that.
 #
 # What the short run here can show is the effect on the parameters: the *param distance* column of
-# the first table compares each hook's parameters with plain averaging's after the same steps. A few
-# steps cannot show the long-run convergence; `python -m minddp.train --stage bucket-async --hook
+# the first table compares each hook's parameters with plain averaging's after the same steps (the
+# sentence under that table reads it). A few steps cannot show the long-run convergence; `python -m minddp.train --stage bucket-async --hook
 # powersgd --powersgd-rank 1` trains for as long as you like with one hook, and `python -m
 # minddp.analyze --compare RUN_A RUN_B` puts two such runs side by side.
 #
@@ -228,8 +243,9 @@ steps.round(3)
 #   and for the other rank or a free core;
 # * *last backward ms* and *step ms*: the backward that sends, and the whole step, measured once on this
 #   machine (shown, not compared: PowerSGD's own matrix products are part of the step, and compute speed
-#   differs from machine to machine). Time hidden behind the backward is not free here: on two cores the
-#   backward shares them with gloo's threads (`03_build_up` measures what that costs).
+#   differs from machine to machine). Time hidden behind the backward need not be free here: the
+#   backward shares this machine's cores (printed at the top) with gloo's threads (`03_build_up`
+#   prints each stage's last backward beside the others; `05_reading_traces` reads them from traces).
 
 # %%
 # %%distributed
@@ -291,7 +307,7 @@ lesson.claim(
 lesson.claim(
     (timed["exposed ms (measured)"] <= timed["link ms (modelled)"] + 1e-9).all(),
     f"So on any machine PowerSGD leaves at most {psgd['link ms (modelled)']:.1f} ms of the link's time exposed. "
-    f"Here the step stood still for {psgd['exposed ms (measured)']:.1f} ms of it, for "
+    f"Here the thread stood waiting through {psgd['exposed ms (measured)']:.1f} ms of it (exposed), through "
     f"{plain['exposed ms (measured)']:.1f} ms of plain averaging's {plain['link ms (modelled)']:.0f} ms and "
     f"{fp16['exposed ms (measured)']:.1f} ms of fp16's {fp16['link ms (modelled)']:.0f} ms (measured, one step).",
 )
@@ -321,24 +337,41 @@ lesson.say(
     f"{fp16['exposed ms (measured)']:.1f} ms exposed: beyond the bytes, one step's exposed time depends on when its "
     "backward ends and when its thread reaches its waits."
 )
+psgd_look = on_link["powersgd"]
+most = timed["waited ms (measured)"].idxmax()
+lesson.say(
+    "Waited, in this one step each: "
+    + ", ".join(f"{h} {timed.loc[h, 'waited ms (measured)']:.1f} ms" for h in timed.index)
+    + f"; the longest, {most}'s. PowerSGD's thread began {psgd_look['waits_in_backward']} of its "
+    f"{psgd_look['waits']} waits inside a backward"
+    + (
+        ": each bucket's hook waits there for its summed P before it computes Q, and that wait lasts until the other "
+        "rank has reached the same all_reduce"
+        if psgd_look["waits_in_backward"]
+        else ""
+    )
+    + f"; {psgd['exposed ms (measured)']:.1f} ms of its {psgd['waited ms (measured)']:.1f} ms was the link's own "
+    "time (exposed)."
+)
 timed.round(1)
 
 # %% [markdown]
 # ## Where each wins: messages against bytes
 #
-# PowerSGD pays the fixed cost α three times a bucket where plain averaging pays it once, and saves
-# almost all of the bytes. Per step, with c all_reduces of M bytes in all, the link takes
+# PowerSGD pays an all_reduce's fixed cost, 2(n − 1) α, three times a bucket where plain averaging
+# pays it once, and saves almost all of the bytes. Per step, with c all_reduces of S bytes in all
+# (S: a step's bytes, not PowerSGD's matrix M), the link takes
 #
-# `T = c · 2(n − 1) α + 2(n − 1)/n · M β`,
+# `T = c · 2(n − 1) α + 2(n − 1)/n · S β`,
 #
-# so PowerSGD (c′ messages, M′ bytes) is the faster exactly when its saved bytes outweigh its extra
-# messages, `2(n − 1)/n · (M − M′) β > 2(n − 1)(c′ − c) α`. Read for the bandwidth, the ranks and
+# so PowerSGD (c′ messages, S′ bytes) is the faster exactly when its saved bytes outweigh its extra
+# messages, `2(n − 1)/n · (S − S′) β > 2(n − 1)(c′ − c) α`. Read for the bandwidth, the ranks and
 # the size of a bucket:
 #
-# * **bandwidth**: PowerSGD wins below `B* = (M − M′) / (n (c′ − c) α)`;
-# * **ranks**: PowerSGD wins below `n* = (M − M′) / ((c′ − c) α B)`: around a ring every message's α
-#   is paid 2(n − 1) times, while each rank's bytes stay under 2M whatever n;
-# * **model size**, through its buckets: a bucket of m bytes, compressed to q · m (q = M′/M, the
+# * **bandwidth**: PowerSGD wins below `B* = (S − S′) / (n (c′ − c) α)`;
+# * **ranks**: PowerSGD wins below `n* = (S − S′) / ((c′ − c) α B)`: around a ring every message's α
+#   is paid 2(n − 1) times, while each rank's bytes stay under 2S whatever n;
+# * **model size**, through its buckets: a bucket of m bytes, compressed to q · m (q = S′/S, the
 #   compression ratio; not PowerSGD's matrix rank), pays two extra messages, so compressing it pays
 #   only for `m > m* = 2 n α B / (1 − q)`. A model smaller than one such bucket loses; a larger
 #   one, cut into buckets larger than m*, wins bucket by bucket.
@@ -352,9 +385,9 @@ import matplotlib.pyplot as plt
 from minddp.comm.link import GBIT, PRESETS, LinkSpec
 
 HOOK_NAMES = {"allreduce": "plain averaging", "fp16": "fp16 / bf16", "powersgd": "PowerSGD"}
-c, M = int(plain["messages"]), sum(m for _, m in sent["allreduce"])
-c2, M2 = int(psgd["messages"]), sum(m for _, m in sent["powersgd"])
-q = M2 / M  # the compression ratio (not PowerSGD's matrix rank)
+c, S = int(plain["messages"]), sum(m for _, m in sent["allreduce"])
+c2, S2 = int(psgd["messages"]), sum(m for _, m in sent["powersgd"])
+q = S2 / S  # the compression ratio (not PowerSGD's matrix rank)
 
 
 def step_link_ms(hook, spec):
@@ -362,18 +395,18 @@ def step_link_ms(hook, spec):
 
 
 def crossover(alpha):
-    return (M - M2) / (n * (c2 - c) * alpha)  # B*, bytes/s
+    return (S - S2) / (n * (c2 - c) * alpha)  # B*, bytes/s
 
 
 links = {name: spec for name, spec in PRESETS.items() if name != "loopback"}
 wins = pd.DataFrame(
     {
         name: {
-            "α (µs)": spec.latency * 1e6,
+            "α per hop (µs)": spec.latency * 1e6,
             "bandwidth (Gbit/s)": spec.bandwidth / GBIT,
             **{f"{HOOK_NAMES[h]}, link ms": step_link_ms(h, spec) for h in HOOK_NAMES},
             "B* (Gbit/s)": crossover(spec.latency) / GBIT,
-            "n*": (M - M2) / ((c2 - c) * spec.latency * spec.bandwidth),
+            "n*": (S - S2) / ((c2 - c) * spec.latency * spec.bandwidth),
             "m* (KiB)": 2 * n * spec.latency * spec.bandwidth / (1 - q) / 1024,
         }
         for name, spec in links.items()
@@ -382,10 +415,18 @@ wins = pd.DataFrame(
 faster = {name: step_link_ms("powersgd", spec) < step_link_ms("allreduce", spec) for name, spec in links.items()}
 lesson.claim(
     all(faster[name] == (spec.bandwidth < crossover(spec.latency)) for name, spec in links.items()),
-    f"With c = {c}, M = {lesson.mib(M)} for plain averaging and c′ = {c2}, M′ = {M2 / 1024:.0f} KiB for PowerSGD, "
+    f"With c = {c}, S = {lesson.mib(S)} for plain averaging and c′ = {c2}, S′ = {S2 / 1024:.0f} KiB for PowerSGD, "
     f"the link's own prices agree with B* on every preset: PowerSGD's messages take less time on "
     f"{', '.join(nm for nm in links if faster[nm]) or 'none'}; plain averaging's on "
-    f"{', '.join(nm for nm in links if not faster[nm]) or 'none'}.",
+    + (
+        ", ".join(
+            f"{nm} ({step_link_ms('allreduce', links[nm]):.3f} against {step_link_ms('powersgd', links[nm]):.3f} ms)"
+            for nm in links
+            if not faster[nm]
+        )
+        or "none"
+    )
+    + ".",
 )
 tie = LinkSpec("B*", crossover(LINK.latency), LINK.latency)
 lesson.claim(
@@ -430,18 +471,19 @@ ax.set_title(
 ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside: no marker hidden
 fig.tight_layout()
 plt.show()
-wins.round(2)
+wins.round(3)
 
 # %% [markdown]
-# What the link's model leaves out, each on PowerSGD's side of the ledger: its own compute (the
-# matrix products and the orthogonalization, inside *step ms* above); the wait for the summed P
-# before Q can be computed, inside the backward; and the error feedback's memory, one more
-# gradient-sized tensor per rank. Real libraries also change α's count: NCCL sends small messages
-# along a tree, whose α term grows like log n, not 2(n − 1). A smaller α term makes PowerSGD's
-# extra messages cheaper, so on a tree each crossover moves in PowerSGD's favour: it wins up to a
-# higher bandwidth than B*, on more ranks than n*, from smaller buckets than m*. B*, n* and m*
-# are where a ring's times tie: where PowerSGD pays off at least. fp16 and bf16 never lose on
-# the link (the same messages, half the bytes).
+# What the link's model (*link ms*) leaves out, each on PowerSGD's side of the ledger: its own
+# compute (the matrix products and the orthogonalization, inside *step ms* above); the wait for the
+# summed P before Q can be computed, inside the backward (measured above: all of it in *waited ms*,
+# the part the link was still carrying in *exposed ms*, none in *link ms*); and the error
+# feedback's memory, one more gradient-sized tensor per rank. This notebook models a ring only.
+# Real libraries may also count α differently (NCCL can send small messages along a tree, whose
+# fixed cost grows like log n rather than 2(n − 1)); if the α term shrinks and the bytes' term
+# stays, the formulas above say each crossover moves in PowerSGD's favour (a higher B*, a larger
+# n*, a smaller m*). Nothing here measures a tree. fp16 and bf16 never lose on the link (the same
+# messages, half the bytes).
 #
 # ## torch compatibility
 #

@@ -241,6 +241,40 @@ class BucketAsyncSummed(solutions.AsyncBucketDDP):
         self.in_flight.clear()
 
 
+class AsyncNeverCleared(solutions.AsyncHookDDP):
+    """Waits for every all_reduce and divides after the wait, but never empties the list: the next step's finish
+    waits again for the last step's works and divides their parameters' gradients again."""
+
+    def finish_gradient_synchronization(self):
+        for param, work in self.in_flight:
+            work.wait()
+            param.grad /= dist.get_world_size()
+
+
+class AsyncDividesFirstNeverCleared(solutions.AsyncHookDDP):
+    """Divides in the hook before the send (the idea's way), waits for every one in finish, never empties the list:
+    the gradients come out right, and each finish waits again for every earlier step's all_reduces."""
+
+    def _grad_ready(self, param):
+        if self.sync_this_backward:
+            param.grad /= dist.get_world_size()
+            self.in_flight.append((param, dist.all_reduce(param.grad, async_op=True)))
+
+    def finish_gradient_synchronization(self):
+        for _, work in self.in_flight:
+            work.wait()
+
+
+class BucketAsyncNeverCleared(solutions.AsyncBucketDDP):
+    """Waits for every bucket and writes it back, but never empties the list: the gradients come out right (the
+    last step's tensors it writes into again were replaced by zero_grad), and the list grows every step."""
+
+    def finish_gradient_synchronization(self):
+        for grads, flat, work in self.in_flight:
+            work.wait()
+            self._write_back(grads, flat / dist.get_world_size())
+
+
 class HookDoesNotWait(solutions.AsyncHookDDP):
     """Asked for 'hook' (wait in the hook), writes hook-async: the messages travel on during backward."""
 

@@ -116,6 +116,11 @@ MISTAKES = [
         "bucket-async",
         "2 of the 2 all_reduce calls started in step 1 were never waited for",
     ),
+    # a list of messages in flight never emptied: the next finish waits again for the last step's works (an order
+    # of calls the code fixes, whatever the network's speed), named whether or not the gradients come out right
+    (wrong.AsyncNeverCleared, "hook-async", "waited again for 6 all_reduce calls started in step 1"),
+    (wrong.AsyncDividesFirstNeverCleared, "hook-async", "waited again for 6 all_reduce calls started in step 1"),
+    (wrong.BucketAsyncNeverCleared, "bucket-async", "waited again for 2 all_reduce calls started in step 1"),
     (wrong.HalvesPlainAllReduce, "halves", "other collectives: 2 all_reduce calls in step 1"),
     # notebook 06's transport: the hook has divided already, and the tensor handed over is what must hold the sum
     (wrong.HalvesNotWrittenBack, "halves", "left the sum out of the tensor it was handed; write it into that tensor"),

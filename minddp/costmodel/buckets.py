@@ -127,11 +127,11 @@ class PlanCosts:
     def row(self) -> dict:
         return {
             "buckets": self.messages,
-            "per-message cost, ms": 1e3 * self.fixed,
+            "fixed costs, ms (buckets × 2(n−1)·α)": 1e3 * self.fixed,
             "first message leaves, ms into backward": 1e3 * self.first_at,
             "last message's transfer, ms": 1e3 * self.tail,
             "link, ms": 1e3 * self.link,
-            "exposed, ms (model)": 1e3 * self.exposed,
+            "exposed, ms (step-time model)": 1e3 * self.exposed,
         }
 
 

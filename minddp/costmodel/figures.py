@@ -156,7 +156,7 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
     costs = next(iter(curves.values()))
     caps = [c.cap_mb for c in costs]
     for values, label, color in [
-        ([1e3 * c.fixed for c in costs], "per-message cost: buckets × 2(n−1)·α", "#8172b3"),
+        ([1e3 * c.fixed for c in costs], "fixed costs: buckets × 2(n−1)·α", "#8172b3"),
         ([1e3 * c.first_at for c in costs], "first bucket leaves, into the last backward", "#4c72b0"),
         ([1e3 * c.tail for c in costs], "last bucket's transfer, after backward", "#dd8452"),
     ]:

@@ -15,7 +15,8 @@
    are turned into one :class:`Verdict`, the first problem found in this
    order: a rank that raised, a rank that hung, the start (broadcast), a
    collective the step never waited for (from the order of calls: whether its
-   sum arrived in time is a race, so the race's outcome is not judged), the
+   sum arrived in time is a race, so the race's outcome is not judged), a wait
+   again for an earlier step's collective (a list in flight never emptied), the
    gradients, the parameters, the kinds, number and place of the collectives,
    and whether messages travelled while backward computed (an async rung's
    idea, from the order of events the ranks recorded, not from timings).
@@ -368,6 +369,13 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             "lands in its tensor whenever the network delivers it, before or after optimizer.step() reads .grad, so "
             "a run passes or fails by a race; wait() for every one in finish_gradient_synchronization(), then divide "
             "and write back"
+        )
+    if f["kind"] == "waited_again":
+        return (
+            f"finish_gradient_synchronization() in step {f['step']} waited again for {calls_text(f['waited_again'])} "
+            f"started in step {f['step'] - 1} or before: the list of messages in flight was never emptied, so it "
+            "grows every step and each finish goes over every earlier step's messages again (dividing or writing "
+            "back gradients once more); empty it after the waits (self.in_flight.clear())"
         )
     if f["kind"] == "left_off":
         return (

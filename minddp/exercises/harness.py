@@ -183,6 +183,12 @@ class Events(TorchDispatchMode):
     them. So a launch is *never waited for* only when the stage's code makes no
     wait that could be for it: a fact of the code's order, whatever the
     network's speed.
+
+    The launches of the steps recorded before are kept too (``earlier``): a
+    wait on one of their works, or on a Future one of them gave, is a wait
+    *again* for an earlier step's collective (``waited_again``, by kind): a
+    list of messages in flight never emptied, which the next finish goes
+    over again. That too is the code's order, whatever the network's speed.
     """
 
     def __init__(self, module: nn.Module | None = None):
@@ -191,6 +197,8 @@ class Events(TorchDispatchMode):
         self.works: list[tuple[str, object]] = []  #: (kind, work) of each launch, in order (work None: not known)
         self.waited: set[int] = set()  #: indices into ``works`` of those a wait was seen for
         self.futures: list[tuple] = []  #: (future, index into ``works``) of each ``Work.get_future()``
+        self.earlier: list[tuple[str, list]] = []  #: (kind, [its work, its Futures]) of the steps recorded before
+        self.again: set[int] = set()  #: indices into ``earlier`` of those this step waited for again
         self.active = False
         for name, p in module.named_parameters() if module is not None else ():
             if p.requires_grad:
@@ -226,6 +234,19 @@ class Events(TorchDispatchMode):
         if self.active:
             self.waited.update([index] if index is not None else range(len(self.works)))
 
+    def _again(self, waited) -> bool:
+        """Whether ``waited`` (a work or a Future) is an earlier step's launch (class doc); if so, counted."""
+        where = next((i for i, (_, xs) in enumerate(self.earlier) if any(x is waited for x in xs)), None)
+        if where is not None and self.active:
+            self.again.add(where)
+        return where is not None
+
+    @property
+    def waited_again(self) -> dict[str, int]:
+        """Kind -> how many of the earlier steps' launches this step waited for again (each counted once)."""
+        kinds = [self.earlier[i][0] for i in sorted(self.again)]
+        return {kind: kinds.count(kind) for kind in dict.fromkeys(kinds)}
+
     def unwaited(self) -> list[str]:
         """The kinds of the launches no wait could be for (class doc), in launch order."""
         return [kind for i, (kind, _) in enumerate(self.works) if i not in self.waited]
@@ -240,7 +261,9 @@ class Events(TorchDispatchMode):
         def waited_work(self, *args, **kwargs):
             events._note("wait", None)
             index = events._index(self)
-            if index is not None or any(w is None for _, w in events.works):  # else another work: for none
+            if index is None and events._again(self):
+                pass  # an earlier step's work: a wait for none of this step's
+            elif index is not None or any(w is None for _, w in events.works):  # else another work: for none
                 events._waited_for(index)
             return work_wait(self, *args, **kwargs)
 
@@ -252,10 +275,19 @@ class Events(TorchDispatchMode):
 
         def waited_future(self, *args, **kwargs):
             events._note("wait", None)
-            events._waited_for(next((i for f, i in events.futures if f is self), None))
+            index = next((i for f, i in events.futures if f is self), None)
+            if index is not None or not events._again(self):
+                events._waited_for(index)
             return future_wait(self, *args, **kwargs)
 
+        # the last step's launches (and their works' Futures) become earlier ones
+        self.earlier += [
+            (kind, [w, *(f for f, j in self.futures if j == i)])
+            for i, (kind, w) in enumerate(self.works)
+            if w is not None
+        ]
         self.log, self.works, self.waited, self.futures, self.active = [], [], set(), [], True
+        self.again = set()
         dist.Work.wait, dist.Work.get_future, future.wait = waited_work, future_of_work, waited_future
         try:
             with self:
@@ -372,6 +404,7 @@ def run_step(
     grads = grads_of(module)
     summary = summarize(events.log, names)
     summary["unwaited"] = events.unwaited()
+    summary["waited_again"] = dict(events.waited_again)
     progress.phase = f"stepping the optimizer in step {step}"
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -551,7 +584,9 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
             continue
         progress.phase = f"comparing the gradients of step {step} (the checker)"
         out["finding"] = never_waited_finding(record["unwaited"], record["kinds"], step, checker)
-        if out["finding"] is not None:  # its gradients are a race's outcome: nothing more to compare
+        if out["finding"] is None:  # a list never emptied: named before its gradients, right or wrong
+            out["finding"] = waited_again_finding(record["waited_again"], step, checker)
+        if out["finding"] is not None:  # its gradients are a race's outcome, or the list's: nothing more to compare
             out["checked_steps"] = step
             break
         synced = [record["counts"][f"backward{i + 1}"] + record["counts"][f"finish{i + 1}"] > 0 for i in range(accum)]
@@ -587,6 +622,18 @@ def never_waited_finding(unwaited: list[str], kinds: dict, step: int, checker) -
     if not worst:
         return None
     return {"kind": "never_waited", "step": step, "unwaited": worst, "launched": kinds}
+
+
+def waited_again_finding(waited_again: dict, step: int, checker) -> dict | None:
+    """Step 3's second verdict: waits on an earlier step's collectives (:class:`Events`, ``waited_again``), on any
+    rank: the stage keeps its list of messages in flight from one step to the next. The gradients may still come
+    out right (the tensors written into again were replaced by ``zero_grad``), so it is named from the order."""
+    everyone: list = [None] * dist.get_world_size(checker)
+    dist.all_gather_object(everyone, waited_again, group=checker)
+    worst = max(everyone, key=lambda c: sum(c.values()))
+    if not worst:
+        return None
+    return {"kind": "waited_again", "step": step, "waited_again": worst}
 
 
 def start_finding(module: nn.Module, checker) -> dict | None:

@@ -100,6 +100,23 @@ def describe() -> str:
     )
 
 
+def cores() -> int:
+    """The CPU cores this process may run on (its affinity where the system has one), shared by every rank here."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def machine() -> str:
+    """The machine the ranks share, in one sentence: its cores and where the ranks compute."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    where = "on the CPU" if current_device().type == "cpu" else f"on {current_device().type} devices"
+    return (
+        f"This machine: {cores()} CPU cores, shared by the {world} ranks, their gloo threads and the emulated "
+        f"link's thread; the ranks compute {where}."
+    )
+
+
 def step_batches(whole: bool = False, grad_accum: int | None = None):
     """This rank's micro-batches, step after step, on this rank's device; ``whole=True``: the global batch
     (every rank's shard); ``grad_accum``: micro-batches per step, if not the settings'."""
@@ -419,6 +436,14 @@ def say_look(looks: dict, stage: str, before: str | None = None) -> None:
                 else "."
             )
         )
+
+
+def wait_after_backward(row: dict) -> float | None:
+    """ms from the end of a step row's last backward to the first wait that began after it (the thread reaching
+    its wait in finish), ``None`` if none did: the link's time before that is neither under compute nor exposed."""
+    end = row["backward"][-1][1]
+    late = [s for s, _ in row.get("waits", []) if s >= end]
+    return min(late) - end if late else None
 
 
 def look_table(looks: dict):
