@@ -212,8 +212,9 @@ lesson.claim(
 # run's numbers), while a restart from a checkpoint starts every process again (it is not run here):
 # it would pay more than the cold start above (which begins after the interpreter and torch's import:
 # a restart pays those too), plus reading the checkpoint and training again every step since it.
-# This run's cold start is not split further here: why three processes take longer to their first
-# step than one new process to its heal is not measured by these events.
+# The events do not split the cold start further (the three processes' starts, then the first
+# quorum, group and step), so this run does not say how it compares, part by part, with one new
+# process's start to its heal.
 #
 # The run's timeline: one column per attempt, in order, and one row per slot; under them the step,
 # the world size and each new group; then what each mark means (only the marks that appear).

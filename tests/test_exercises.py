@@ -221,7 +221,7 @@ def test_the_shard_exercise_names_each_wrong_split_from_one_run_through_a_lost_r
         assert v.ok and "worlds 3 → 2 → 3" in v.line and rung in v.line, v.line
     for v, (fn, named) in zip(verdicts[len(SHARD_ANSWERS) :], SHARD_MISTAKES):
         assert not v.ok and v.line.startswith("✗ shard:") and named in v.line, (fn.__name__, v.line)
-    # What the ranks' own checks cannot see: a lost row leaves the ranks identical, each attempt started from one
+    # What the processes' own checks cannot see: a lost row leaves the ranks identical, each attempt started from one
     # state, each discard changing nothing.
     assert "though the processes' own checks all pass" in verdicts[len(SHARD_ANSWERS)].line
 

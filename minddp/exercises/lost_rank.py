@@ -144,7 +144,7 @@ def check_shards(shards: list, *, steps: int = 6, timeout_s: float = 180.0) -> l
             world_size=WORLD,
             faults=parse_faults(FAULT),
             hang_s=5.0,
-            digests=True,  # the ranks' own checks (minddp.ft.report.consistency), for the verdict
+            digests=True,  # the processes' own checks (minddp.ft.report.consistency), for the verdict
             full_world_at=(0, 2),  # the first step and the fault's meet the whole world
             rejoin_before_end=True,  # ... and the killed rank is back, healed, for the last step
             restart_after_steps=1,  # after at least one step committed without it
@@ -460,7 +460,7 @@ def tolerance(oracle: dict) -> float:
 
 
 def verdict(fn, mine: dict, oracle: dict, committed, task: Lanes, run, blind: bool):
-    """Step 4 for one lane (``blind``: the ranks' own checks all passed, :func:`minddp.ft.report.consistency`)."""
+    """Step 4 for one lane (``blind``: the processes' own checks all passed, :func:`minddp.ft.report.consistency`)."""
     from minddp.exercises.checker import Verdict
 
     d_single = largest_difference(mine, oracle)
