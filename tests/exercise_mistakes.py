@@ -568,6 +568,20 @@ def shard_chunked(batch, rank, world):
     return x.chunk(world)[rank], y.chunk(world)[rank]
 
 
+def shard_targets_misaligned(batch, rank, world):
+    """x's rows and y's rows of the same count, but not the same rows: y taken from the batch shifted by one."""
+    x, y = batch
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
+    return x[lo:hi], y.roll(1, 0)[lo:hi]
+
+
+def shard_all_to_rank_zero(batch, rank, world):
+    """Every row to rank 0, none to the others: each row trained once, but the work not split."""
+    x, y = batch
+    rows = slice(None) if rank == 0 else slice(0, 0)
+    return x[rows], y[rows]
+
+
 #: The environment's RANK read once, when this module ran (on a rank, the launcher's RANK: the process's slot).
 SLOT = int(os.environ.get("RANK", 0))
 

@@ -226,9 +226,9 @@ def test_the_shard_exercise_names_each_wrong_split_from_one_run_through_a_lost_r
         assert v.ok and "worlds 3 → 2 → 3" in v.line and rung in v.line, v.line
     for v, (fn, named) in zip(verdicts[len(SHARD_ANSWERS) :], SHARD_MISTAKES):
         assert not v.ok and v.line.startswith("✗ shard:") and named in v.line, (fn.__name__, v.line)
-    # What the ranks' own checks cannot see: a lost row leaves the ranks identical, each attempt started from one
+    # What the processes' own checks cannot see: a lost row leaves the ranks identical, each attempt started from one
     # state, each discard changing nothing.
-    assert "though the ranks' own checks all pass" in verdicts[len(SHARD_ANSWERS)].line
+    assert "though the processes' own checks all pass" in verdicts[len(SHARD_ANSWERS)].line
 
 
 SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
@@ -239,6 +239,14 @@ SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
         wrong.shard_slot_from_a_global,
         "your shard reads the environment (os.environ) through SLOT, a global its module set when it ran "
         '(`SLOT = int(os.environ.get("RANK", 0))`), where the launcher\'s RANK is',
+    ),
+    (
+        wrong.shard_targets_misaligned,
+        "shard(batch, 0, 3) returned x rows 0-2 with y rows 9, 0-1: y[i] must be the target of x[i]",
+    ),
+    (
+        wrong.shard_all_to_rank_zero,
+        "at world 3, rank 0 took all 10 rows and ranks 1, 2 none: each row is trained once, but the work is not split",
     ),
 ]
 

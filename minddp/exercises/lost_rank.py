@@ -10,8 +10,8 @@ never trained. :func:`check_shard` checks a learner's ``shard``:
    module that it calls, or through a global of its module set from one (``SLOT = int(os.environ["RANK"])``),
    is refused; then it is called
    twice for every rank of the worlds the run will meet: an exception, a value that is not
-   ``(x rows, y rows)`` of the batch, or two calls that disagree is named at once, before any rank
-   starts;
+   ``(x rows, y rows)`` of the batch (y's rows the same as x's), two calls that disagree, or a split
+   that leaves a rank idle while another takes its rows, is named at once, before any rank starts;
 2. **on real ranks, through a fault**: one run of the ft rung (:func:`minddp.ft.launch_ft`, 3
    ranks, ``kill@2:1``: the world goes 3 → 2, then 3 again once the killed rank is back, healed) of
    a task with one small model per shard function (:class:`Lanes`), so one run checks them all;
@@ -19,7 +19,7 @@ never trained. :func:`check_shard` checks a learner's ``shard``:
    split that trains every row exactly once, at every world, matches it up to float32 rounding;
 4. **verdict**: the parameters against the oracle; where they differ, which rows of the global
    batch no rank trained (or two did), at which world, from the worlds the run's committed steps
-   had, and whether the ranks' own checks (identical states, one start per attempt, discards that
+   had, and whether the processes' own checks (identical states, one start per attempt, discards that
    change nothing) saw anything; where they match, whether every row goes to exactly one rank where the
    run does not go (world 1; every other batch of 1 to 12 rows, at every world: ``x.chunk(world)[rank]``
    fails at 4 rows and world 3, where chunk makes 2 pieces), then whether the split is the ft rung's own.
@@ -144,7 +144,7 @@ def check_shards(shards: list, *, steps: int = 6, timeout_s: float = 180.0) -> l
             world_size=WORLD,
             faults=parse_faults(FAULT),
             hang_s=5.0,
-            digests=True,  # the ranks' own checks (minddp.ft.report.consistency), for the verdict
+            digests=True,  # the processes' own checks (minddp.ft.report.consistency), for the verdict
             full_world_at=(0, 2),  # the first step and the fault's meet the whole world
             rejoin_before_end=True,  # ... and the killed rank is back, healed, for the last step
             restart_after_steps=1,  # after at least one step committed without it
@@ -188,6 +188,32 @@ def preflight(fn, batch) -> str | None:
         problem = values_problem(fn, batch, world)
         if problem:
             return problem
+    return idle_problem(fn, (ROWS,))
+
+
+def idle_problem(fn, row_counts) -> str | None:
+    """Where ``fn`` leaves a rank with no rows though the batch has a row for every rank (``None``: nowhere): each
+    row trained once, yet the work not split (the idle ranks compute nothing and the step takes as long as one
+    process on the whole batch). Batches of fewer rows than ranks leave some rank empty in any split."""
+    for rows in row_counts:
+        batch = ToyTask(global_batch=rows).global_batch(0)
+        for world in range(WORLD, 1, -1):
+            sizes = coverage(fn, batch, world)[2]
+            idle = [r for r, n in enumerate(sizes) if n == 0]
+            if rows < world or not idle:
+                continue
+            busy = [r for r, n in enumerate(sizes) if n]
+            took = (
+                f"rank {busy[0]} took all {rows} rows"
+                if len(busy) == 1
+                else f"ranks {', '.join(map(str, busy))} took {', '.join(str(sizes[r]) for r in busy)} rows"
+            )
+            where = f"at world {world}" + ("" if rows == ROWS else f", with a global batch of {rows} rows")
+            return (
+                f"{where}, {took} and rank{'s' if len(idle) > 1 else ''} {', '.join(map(str, idle))} none: each row is "
+                "trained once, but the work is not split (the idle ranks compute nothing, and a step takes as long "
+                f"as one process on the whole batch); give each of the {world} ranks about len(x) / world rows"
+            )
     return None
 
 
@@ -220,7 +246,15 @@ def values_problem(fn, batch, world: int) -> str | None:
                     f"shard(batch, {rank}, {world}) returned x that is not rows of the batch's x (or x and y of "
                     "different lengths): return x[rows], y[rows] of the same rows"
                 )
-            outs.append(sorted(rows_of(out[0], x)))
+            x_rows, y_rows = rows_of(out[0], x), rows_of(out[1], batch[1])
+            if y_rows != x_rows:
+                return (
+                    f"shard(batch, {rank}, {world}) returned x {rows_named(x_rows) if x_rows else 'no rows'} with y "
+                    f"{rows_named(y_rows) if y_rows else 'that is not rows of the batch'}: y[i] must be the target of "
+                    "x[i], so take the same rows of both (x[rows], y[rows]); each rank would train its inputs "
+                    "against other rows' targets"
+                )
+            outs.append(sorted(x_rows))
         if outs[0] != outs[1]:
             return (
                 f"shard(batch, {rank}, {world}) gave {rows_named(outs[0]) if outs[0] else 'no rows'} on one call "
@@ -426,13 +460,14 @@ def tolerance(oracle: dict) -> float:
 
 
 def verdict(fn, mine: dict, oracle: dict, committed, task: Lanes, run, blind: bool):
-    """Step 4 for one lane (``blind``: the ranks' own checks all passed, :func:`minddp.ft.report.consistency`)."""
+    """Step 4 for one lane (``blind``: the processes' own checks all passed, :func:`minddp.ft.report.consistency`)."""
     from minddp.exercises.checker import Verdict
 
     d_single = largest_difference(mine, oracle)
     if d_single <= tolerance(oracle):
         worlds = [w for _, w in committed]
         elsewhere = unchecked_coverage(fn, set(worlds))
+        elsewhere = elsewhere or idle_problem(fn, OTHER_ROWS)
         if elsewhere:
             return Verdict(False, f"✗ shard: the run's committed steps were right, but {elsewhere}")
         path = " → ".join(str(w) for i, w in enumerate(worlds) if i == 0 or w != worlds[i - 1])
@@ -442,7 +477,7 @@ def verdict(fn, mine: dict, oracle: dict, committed, task: Lanes, run, blind: bo
             f"✓ shard: through a lost process (worlds {path} over {len(committed)} committed steps, {discarded} "
             f"attempt(s) discarded) every committed step trained each of the {ROWS} rows of its global batch once: "
             f"the parameters match a single process on the whole batch (largest difference {d_single:.1e}, float32 "
-            f"rounding: the ranks add their parts where one process adds all rows; tolerance "
+            f"rounding: the ranks of each world add their parts where one process adds all rows; tolerance "
             f"{tolerance(oracle):.1e}); each row goes to exactly one rank at world 1 too, and at every world for "
             f"batches of {min(OTHER_ROWS)} to {max(OTHER_ROWS)} rows (checked here, without ranks); "
             f"{compared_with_the_rung(fn, task.global_batch(0))}",
@@ -531,10 +566,10 @@ def compared_with_the_rung(fn, batch) -> str:
 def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool) -> str:
     """Which rows no rank trained (or several did), at the first world where the split was wrong."""
     left = f"the parameters differ from a single process's on the whole batch (largest difference {difference:.2g})"
-    if blind:  # what the ranks' own checks cannot see
+    if blind:  # what the processes' own checks cannot see
         left += (
-            f", though the ranks' own checks all pass (the {WORLD} slots end identical bit for bit, every attempt's "
-            "members started it from the same state, every discarded attempt changed nothing)"
+            f", though the processes' own checks all pass (the {WORLD} slots end identical bit for bit, every "
+            "attempt's members started it from the same state, every discarded attempt changed nothing)"
         )
     for step, world in committed:
         missing, twice, sizes = coverage(fn, task.global_batch(step), world)

@@ -7,8 +7,8 @@ trains through: this process
 1. starts the coordinator (:mod:`minddp.ft.coordinator`) in a process of its
    own, and learns its port;
 2. starts one rank per slot (:mod:`minddp.ft.rung`);
-3. watches, every 20 ms: a rank process that exited without a result is
-   posted ``gone`` to the coordinator at once (so the survivors need not wait
+3. watches, in passes with a 20 ms sleep between them: a rank process that exited without a result is
+   posted ``gone`` to the coordinator after a 50 ms wait for a result in flight (so the survivors need not wait
    out the hang bound) and, with ``restart``, started again as the next
    incarnation of its slot, which the survivors then heal; a rank the
    coordinator evicted (silent: frozen) is ended by its pid, then treated the
@@ -56,6 +56,13 @@ from minddp.runtime.processes import (
     use_stderr,
     watch_parent,
 )
+
+#: The launcher's sleep between two passes over its processes (each pass also takes results and drains events, so
+#: a pass comes less often than this: it is not a bound on how soon an exit is seen).
+PASS_SLEEP_S = 0.02
+#: How long the launcher waits, once it sees a process exited, for a result that may be in flight before it
+#: records the exit and tells the coordinator.
+EXIT_WAIT_S = 0.05
 
 
 class FaultTolerantRunError(RuntimeError):
@@ -195,7 +202,7 @@ def launch_ft(
                     )
                 for slot, p in list(procs.items()):
                     if p.exitcode is not None and slot not in done:
-                        time.sleep(0.05)  # its result may be in flight
+                        time.sleep(EXIT_WAIT_S)  # its result may be in flight
                         _take_results(results, done, entries)
                         if slot in done:
                             continue
@@ -218,7 +225,7 @@ def launch_ft(
                             ctx, payload, slot, incarnation[slot], port, plan, results, quiet, interfaces
                         )
                         timeline.append(("restarted", slot, incarnation[slot], time.time()))
-                time.sleep(0.02)
+                time.sleep(PASS_SLEEP_S)
         except (KeyboardInterrupt, Stopped) as exc:
             end_processes([*procs.values(), *([lighthouse] if lighthouse else [])], grace_s=0.0)
             say_safely(f"minddp.ft: {stop_reason(exc)}; the ranks and the coordinator were ended")

@@ -37,7 +37,7 @@ class FaultOutcome:
     discarded: int  # attempts discarded from the fault to that commit
     discard_s: float | None  # to the coordinator's first discard (its decision, read by each member that voted)
     quorum_s: float | None  # to the first new quorum (the members agreed again, a new group to build)
-    exit_s: float | None  # kill, stop: to the launcher seeing the process exit
+    exit_s: float | None  # kill, stop: to the launcher recording the process's exit (after it saw it and waited)
     restart_s: float | None  # kill, stop: to the launcher starting the slot's next process
     rejoin_s: float | None  # kill, stop: to the quorum that heals that process
     healed_at: int | None  # the step it was healed at
