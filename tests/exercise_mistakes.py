@@ -270,11 +270,16 @@ def _halves_plain_all_reduce(tensor, group):
     dist.all_reduce(tensor, group=group)
 
 
-def _halves_summed(tensor, group, async_op=False):
-    """Steps 1-3 of the model answer, right: the flat tensor padded, reduce-scattered and all-gathered in place."""
+def _padded(tensor, group):
+    """Step 1 of the model answer: ``(flat, padded, n)``, the flat tensor padded to a multiple of the world size."""
     n = dist.get_world_size(group)
     flat = tensor.reshape(-1)
-    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % n))
+    return flat, torch.nn.functional.pad(flat, (0, -flat.numel() % n)), n
+
+
+def _halves_summed(tensor, group, async_op=False):
+    """Steps 1-3 of the model answer, right: the flat tensor padded, reduce-scattered and all-gathered in place."""
+    flat, padded, n = _padded(tensor, group)
     piece = padded.new_empty(padded.numel() // n)
     reduce_scatter_single(piece, padded, group=group, async_op=async_op)
     all_gather_single(padded, piece, group=group, async_op=async_op)
@@ -311,9 +316,7 @@ def _halves_not_waited(tensor, group):
 
 def _halves_not_gathered(tensor, group):
     """Forgets step 3: reduce-scatters, then copies the padded tensor back, where only this rank's piece is summed."""
-    n = dist.get_world_size(group)
-    flat = tensor.reshape(-1)
-    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % n))
+    flat, padded, n = _padded(tensor, group)
     piece = padded.new_empty(padded.numel() // n)
     reduce_scatter_single(piece, padded, group=group)
     tensor.copy_(padded[: flat.numel()].view_as(tensor))
@@ -321,9 +324,7 @@ def _halves_not_gathered(tensor, group):
 
 def _halves_piece_unpadded(tensor, group):
     """Pads right, but sizes ``piece`` from the unpadded length (numel // n): one element short on odd buckets."""
-    n = dist.get_world_size(group)
-    flat = tensor.reshape(-1)
-    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % n))
+    flat, padded, n = _padded(tensor, group)
     piece = padded.new_empty(flat.numel() // n)
     reduce_scatter_single(piece, padded, group=group)
     all_gather_single(padded, piece, group=group)
