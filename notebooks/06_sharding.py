@@ -22,7 +22,7 @@
 # The ZeRO rungs keep DDP's computation (every rank runs the whole forward and backward on its own
 # shard of the batch) and stop repeating the *state*:
 #
-# * `zero1`: each rank keeps the optimizer state of `1/n` of every parameter (n ranks), steps that
+# * `zero1`: each rank keeps the optimizer state of `1/n` of every parameter tensor (n ranks), steps that
 #   part, and the updated parameters are all-gathered;
 # * `zero2`: the gradients are *reduce-scattered* instead of all-reduced, so each rank only
 #   ever receives the part of the average it steps;
@@ -277,7 +277,7 @@ formulas.round(2)
 # ## ZeRO-1: an optimizer that steps its own part
 #
 # Every parameter is cut, flattened, into n chunks; rank `r` keeps the optimizer state of chunk
-# `r` of every parameter. Cutting *every* tensor (not handing whole tensors to ranks) keeps the
+# `r` of every parameter tensor. Cutting *every* tensor (not handing whole tensors to ranks) keeps the
 # ranks' shares equal to a few elements:
 
 # %%
