@@ -22,13 +22,14 @@
 # The ZeRO rungs keep DDP's computation (every rank runs the whole forward and backward on its own
 # shard of the batch) and stop repeating the *state*:
 #
-# * `zero1`: each rank keeps the optimizer state of `1/n` of every parameter (n ranks), steps that
+# * `zero1`: each rank keeps the optimizer state of `1/n` of every parameter tensor (n ranks), steps that
 #   part, and the updated parameters are all-gathered;
 # * `zero2`: the gradients are *reduce-scattered* instead of all-reduced, so each rank only
 #   ever receives the part of the average it steps;
 # * `fsdp`: the parameters are sharded too, and each block of the model (a *unit*: what fsdp gathers
-#   and drops as one, here a decoder layer) is gathered just before
-#   it runs and dropped after.
+#   and drops as one, here a decoder layer) is gathered only around its own forward and backward: a
+#   unit's gather starts while the unit before it runs (a *prefetch*, one unit ahead), and the
+#   gathered parameters are dropped once the unit has run.
 #
 # Two collectives do the work: the reduce-scatter and the all-gather. We start with them, on the
 # two ranks, then train the notebooks' workload with the four stages side by side and measure
@@ -83,13 +84,14 @@ show_source(ring_all_reduce)
 # %% [markdown]
 # What each costs, in the α-β model (α the fixed cost of one message, β the time per byte, m the
 # bytes of the tensor, n ranks): each pass is `n − 1` messages carrying `(n − 1)/n · m` bytes per
-# rank, `(n − 1) α + (n − 1)/n · m β`, and the all_reduce is both. So ZeRO-2, which
-# reduce-scatters the gradients and later all-gathers the parameters, moves the bytes DDP moves;
-# FSDP gathers each block's parameters for the forward and again for the backward, so at most two
-# all-gathers of the model per micro-batch (the count in the FSDP section below is a little less: the
-# last block is still gathered when the backward starts, and the parameters outside every block
-# are never gathered). For this workload's gradients, per synced backward (one micro-batch; what a
-# step with several micro-batches adds is counted further down):
+# rank, `(n − 1) α + (n − 1)/n · m β`, and the all_reduce is both. Per optimizer step, with its
+# micro-batches accumulated and the gradients synced once: DDP all-reduces them once; ZeRO-2
+# reduce-scatters them once and all-gathers the stepped parameters once, the bytes DDP moves;
+# ZeRO-1 all-reduces them and then all-gathers, one pass more. FSDP reduce-scatters once too, but
+# it gathers each unit's parameters for every micro-batch's forward and again for its backward:
+# at most two passes of the model per micro-batch (the count in the FSDP section below is a
+# little less: the last unit is still gathered when the backward starts, and the parameter tensors
+# outside every unit are never gathered). For this workload's step:
 
 # %%
 # %%distributed
@@ -97,10 +99,14 @@ from minddp.train.models import count_parameters
 
 m = count_parameters(lesson.make_model()) * 4  # float32 bytes of the whole model
 one_pass = (world - 1) / world * m
+accum = lesson.SETTINGS.grad_accum  # micro-batches per optimizer step
+fsdp_most = (1 + 2 * accum) * one_pass  # one reduce-scatter, at most two all-gathers per micro-batch
 lesson.say(
     f"m = {lesson.mib(m)}; at n = {world} ranks each pass sends {lesson.mib(one_pass)} per rank, in "
-    f"{world - 1} message(s): all_reduce {lesson.mib(2 * one_pass)} (DDP), reduce-scatter + all-gather "
-    f"{lesson.mib(2 * one_pass)} (ZeRO-2), reduce-scatter + at most two all-gathers {lesson.mib(3 * one_pass)} (FSDP)."
+    f"{world - 1} message(s). Per step of {accum} micro-batches: DDP's all_reduce {lesson.mib(2 * one_pass)}, "
+    f"ZeRO-2's reduce-scatter + all-gather {lesson.mib(2 * one_pass)}, ZeRO-1's all_reduce + all-gather "
+    f"{lesson.mib(3 * one_pass)}, FSDP's reduce-scatter + at most 2 × {accum} passes of all-gathers "
+    f"{lesson.mib(fsdp_most)} ({fsdp_most / (2 * one_pass):.1f} times DDP's)."
 )
 
 # %% [markdown]
@@ -111,10 +117,10 @@ lesson.say(
 # parameters, so the optimizer built over `model.parameters()` holds state for the shards only
 # (`minddp.ladder.make_optimizer` builds each stage's). What each keeps differs: `zero2` keeps the
 # whole parameters too (its shards are views into them: the table's parameters column is ddp's),
-# `fsdp` keeps only the shards and gathers the rest when a block runs. One step of each is measured by
-# `minddp.sharding.memory.Probe`, from the tensors the rank holds: parameters, gradients just
-# before the optimizer steps, optimizer state just after, the activations autograd saved, and
-# FSDP's gathered blocks at their peak.
+# `fsdp` keeps only the shards and gathers a unit's whole parameters around its run. One step of
+# each is measured by `minddp.sharding.memory.Probe`, from the tensors the rank holds: parameters,
+# gradients just before the optimizer steps, optimizer state just after, the activations autograd
+# saved, and FSDP's gathered units at their peak.
 
 # %%
 # %%distributed
@@ -132,9 +138,9 @@ for name, t in trainees.items():
 # %%rank 0
 import pandas as pd
 
-rows = {}
+rows, state_of = {}, {}
 for name, got in memory.items():
-    state = got["parameters"] + got["gradients"] + got["optimizer"]
+    state = state_of[name] = got["parameters"] + got["gradients"] + got["optimizer"]
     formula = formula_bytes(name, got["psi"], world, got["replicated"])
     rows[name] = {
         "parameters MiB": got["parameters"] / 2**20,
@@ -147,23 +153,35 @@ for name, got in memory.items():
         "gathered (peak) MiB": got["gathered"] / 2**20,
     }
 table = pd.DataFrame(rows).T
+off = {s: v - formula_bytes(s, memory[s]["psi"], world, memory[s]["replicated"]) for s, v in state_of.items()}
+tensors = sum(p.requires_grad for p in trainees["ddp"].model.module.parameters())
 lesson.say(
-    f"Ψ = {memory['ddp']['psi']:,} trainable parameters. Model state per rank: ddp "
-    f"{table.loc['ddp', 'model state MiB']:.1f} MiB, zero1 {table.loc['zero1', 'model state MiB']:.1f}, zero2 "
-    f"{table.loc['zero2', 'model state MiB']:.1f}, fsdp {table.loc['fsdp', 'model state MiB']:.1f} plus "
-    f"{table.loc['fsdp', 'gathered (peak) MiB']:.1f} MiB of blocks gathered at once; each within "
-    f"{100 * (table['measured / formula'] - 1).abs().max():.2f} % of its formula."
+    f"Ψ = {memory['ddp']['psi']:,} trainable parameter values (elements) in {tensors} parameter tensors. Model "
+    f"state per rank: ddp {table.loc['ddp', 'model state MiB']:.1f} MiB, zero1 "
+    f"{table.loc['zero1', 'model state MiB']:.1f}, zero2 {table.loc['zero2', 'model state MiB']:.1f}, fsdp "
+    f"{table.loc['fsdp', 'model state MiB']:.1f} plus {table.loc['fsdp', 'gathered (peak) MiB']:.1f} MiB of units "
+    "gathered at once. Above its formula: "
+    + ", ".join(f"{s} {b:,.0f} bytes" for s, b in off.items())
+    + " (the table rounds the ratio to 3 decimals)."
+)
+# AdamW keeps a step count beside its two moments: a float32 scalar per parameter tensor it steps (a shard is one)
+lesson.claim(
+    all(b == 4 * tensors for b in off.values()),
+    f"Each stage holds its formula's bytes plus AdamW's step count, a 4-byte scalar per parameter tensor "
+    f"({tensors} × 4 = {4 * tensors} bytes), which the formulas leave out.",
 )
 table.round(3)
 
 # %% [markdown]
-# The formulas, for `Ψ` float32 parameters with Adam on n ranks: each parameter costs 4 bytes of
-# parameter, 4 of gradient and 8 of Adam's two moments, and each rung divides one more of the three
-# among the ranks: DDP `16Ψ`; ZeRO-1 (optimizer state) `8Ψ + 8Ψ/n`; ZeRO-2 (and gradients)
-# `4Ψ + 12Ψ/n`; FSDP (and parameters) `16Ψ/n` for what it shards, plus 16 bytes per parameter it
-# leaves whole: here the embeddings, the final norm and the classifier, which are outside every
-# block (`docs/sharding.md` explains every difference). The activations are the same in every
-# row: each stage runs the same forward on the same batch. Sharding saves model state, not
+# The formulas, for `Ψ` float32 parameter values (elements, as the ZeRO paper counts them; a
+# *parameter tensor* is one of the model's tensors) with Adam on n ranks: each value costs 4 bytes
+# of parameter, 4 of gradient and 8 of Adam's two moments, and each rung divides one more of the
+# three among the ranks: DDP `16Ψ`; ZeRO-1 (optimizer state) `8Ψ + 8Ψ/n`; ZeRO-2 (and gradients)
+# `4Ψ + 12Ψ/n`; FSDP (and parameters) `16Ψₛ/n + 16Ψᵣ`, where `Ψᵣ` counts the values of the
+# parameter tensors it leaves whole on every rank (here the embeddings, the final norm and the
+# classifier, outside every unit) and `Ψₛ = Ψ − Ψᵣ` those it shards (`docs/sharding.md` explains
+# every difference). The activations column holds one value for every row: each stage runs the
+# same forward on the same batch. Sharding saves model state, not
 # activations: here they weigh about what zero1's whole model state does, and more than zero2's or fsdp's.
 #
 # ## bf16 compute with fp32 master weights
@@ -175,12 +193,13 @@ table.round(3)
 # cell after next adds 0.001 to a bf16 1.0). The ZeRO paper counts it as 2 bytes
 # of 16-bit parameter, 2 of 16-bit gradient and K = 12 bytes of optimizer state (the fp32 master
 # copy, 4, and Adam's moments, 8): still `16Ψ` for DDP, but now 12 of the 16 bytes are optimizer
-# state, which ZeRO-1 already shards: ZeRO-1 `4Ψ + 12Ψ/n`, ZeRO-2 `2Ψ + 14Ψ/n`, FSDP `16Ψ/n`.
+# state, which ZeRO-1 already shards: ZeRO-1 `4Ψ + 12Ψ/n`, ZeRO-2 `2Ψ + 14Ψ/n`, FSDP
+# `16Ψₛ/n + 16Ψᵣ` as before.
 #
 # minddp's FSDP computes in bf16 with `compute_dtype=torch.bfloat16`, as torch's `fully_shard` does
 # with a `MixedPrecisionPolicy`: the fp32 shards *are* the master weights, gathered and cast to bf16
 # just before a unit runs, and the gradients come back to the shards in fp32. So it keeps what fp32
-# FSDP keeps (`16Ψ/n`, as both formulas say, split 4 + 4 + 8 instead of 2 + 2 + 12), and bf16 shrinks
+# FSDP keeps (`16Ψₛ/n + 16Ψᵣ`, as both formulas say, split 4 + 4 + 8 instead of 2 + 2 + 12), and bf16 shrinks
 # what lives only during the step: the gathered units and the activations. The cells below measure
 # both; the figure draws the model state and the gathered units, the activations are printed above it.
 # (minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`: their bf16 rows are the formulas.)
@@ -248,7 +267,7 @@ formulas = pd.DataFrame(
 ).T
 mixed_saves = formulas["fp32 formula MiB"] - formulas["bf16 + fp32 masters formula MiB"]
 lesson.say(
-    f"Bytes per parameter (parameter, gradient, optimizer): fp32 {PRECISIONS['fp32']}, bf16 with fp32 masters "
+    f"Bytes per parameter value (parameter, gradient, optimizer): fp32 {PRECISIONS['fp32']}, bf16 with fp32 masters "
     f"{PRECISIONS['bf16-mixed']}. By the ZeRO paper's accounting the 16-bit copies would save zero1 "
     f"{mixed_saves['zero1']:.1f} MiB and zero2 {mixed_saves['zero2']:.1f} MiB a rank here, ddp and fsdp nothing."
 )
@@ -258,7 +277,7 @@ formulas.round(2)
 # ## ZeRO-1: an optimizer that steps its own part
 #
 # Every parameter is cut, flattened, into n chunks; rank `r` keeps the optimizer state of chunk
-# `r` of every parameter. Cutting *every* tensor (not handing whole tensors to ranks) keeps the
+# `r` of every parameter tensor. Cutting *every* tensor (not handing whole tensors to ranks) keeps the
 # ranks' shares equal to a few elements:
 
 # %%
@@ -330,7 +349,12 @@ show_diff(AsyncBucketDDP, Zero2DDP, context=2)
 
 # %%
 # %%distributed
-looks = {s: trainees[s].look() for s in STAGES}
+import os
+
+looks, load = {}, {}  # load: the machine's 1-minute load average as each stage's look ended
+for s in STAGES:
+    looks[s] = trainees[s].look()
+    load[("look", s)] = os.getloadavg()[0]
 accum = lesson.SETTINGS.grad_accum
 for s, v in looks.items():
     lesson.say(
@@ -345,7 +369,7 @@ lesson.claim(
     "reduce-scatter is handed the whole bucket too; on gloo it runs as an all_reduce of it): what each sends is "
     "measured on the ring below.",
 )
-# padding every parameter's chunks to equal length adds under `world` elements per parameter: far under 0.1 %
+# padding every parameter's chunks to equal length adds under `world` elements per parameter tensor: far under 0.1 %
 lesson.claim(
     abs((world - 1) * z["gather_bytes"] - one_pass) < 1e-3 * one_pass,
     f"zero2's all-gathers are handed this rank's shard, {lesson.mib(z['gather_bytes'])}; a ring all-gather sends "
@@ -361,7 +385,7 @@ lesson.claim(
     f"the {accum} micro-batches, and all but the last again for its backward (the backward starts with the last "
     f"unit, still gathered): {accum} × {2 * units - 1} = {f['gathers']} all-gathers, handed "
     f"{lesson.mib(f['gather_bytes'])}: {passes:.2f} passes of the model a step, {passes / accum:.2f} a micro-batch, "
-    f"under the two of the α-β count: the last unit is not gathered again and the {outside} parameters outside "
+    f"under the two of the α-β count: the last unit is not gathered again and the {outside} parameter tensors outside "
     "the units are never gathered.",
 )
 
@@ -376,8 +400,9 @@ lesson.claim(
 
 # %%
 # %%distributed
-# Trainee() takes one step before the look: the looked-at step of zero2 then starts by gathering the stepped shards
-rings = {s: lesson.Trainee(s, transport="ring").look() for s in STAGES}
+# zero2 takes one step before its look, so that the looked-at step starts by gathering the stepped shards; the
+# others send the same bytes in their first step
+rings = {s: lesson.Trainee(s, transport="ring", warmup=int(s == "zero2")).look() for s in STAGES}
 
 # %%
 # %%rank 0
@@ -387,7 +412,7 @@ on_wire["total MiB"] = on_wire.sum(axis=1)
 whole = rings["ddp"]["sent"]["all_reduce"]  # a ring all_reduce: 2 (n − 1)/n · m
 total = {s: sum(v["sent"].values()) for s, v in rings.items()}
 z2 = rings["zero2"]["sent"]
-# padding each parameter's chunks to equal length adds fewer than n elements per parameter: far under 0.1 %
+# padding each parameter's chunks to equal length adds fewer than n elements per parameter tensor: far under 0.1 %
 lesson.claim(
     abs(z2["reduce_scatter"] - whole / 2) < 1e-3 * whole,
     f"zero2's reduce-scatter sent {lesson.mib(z2['reduce_scatter'])}, half of ddp's all_reduce "
@@ -400,16 +425,20 @@ lesson.claim(
     f"then all-gathers, moves 1.5 times as many ({lesson.mib(total['zero1'])}).",
 )
 f_sent, whole_kept = rings["fsdp"]["sent"], {id(p) for _, _, p in trainees["fsdp"].model.replicated}
-lesson.say(
+# one reduce-scatter pass, at most two gathering passes per micro-batch (the α-β count's bound); the tensors left
+# whole are all-reduced (two passes of their bytes), which the bound's gathers, a whole unit under it, more than cover
+lesson.claim(
+    total["fsdp"] <= fsdp_most,
     f"fsdp sent {lesson.mib(f_sent['reduce_scatter'])} reduce-scattering its units' gradients, "
-    f"{f_sent.get('all_reduce', 0) / 1024:.0f} KiB all-reducing the {len(whole_kept)} parameters it leaves whole, "
-    f"and {lesson.mib(f_sent['all_gather'])} gathering units: "
-    f"{total['fsdp'] / whole:.1f} times ddp's bytes, the price of holding a unit at a time."
+    f"{f_sent.get('all_reduce', 0) / 1024:.0f} KiB all-reducing the {len(whole_kept)} parameter tensors it leaves "
+    f"whole, and {lesson.mib(f_sent['all_gather'])} gathering units: {lesson.mib(total['fsdp'])} a step, "
+    f"{total['fsdp'] / whole:.1f} times ddp's bytes, within the α-β count's {lesson.mib(fsdp_most)} for "
+    f"{accum} micro-batches: the price of holding a unit at a time.",
 )
 on_wire.round(2)
 
 # %% [markdown]
-# ## FSDP: gather each block just before it runs
+# ## FSDP: gather each unit around its run
 #
 # Each block of the model (each element of its `nn.ModuleList`) is a *unit*. Before a unit's
 # forward its shards are all-gathered into full parameters, and the next unit's gather is started
@@ -422,11 +451,11 @@ on_wire.round(2)
 # %%distributed
 fsdp = trainees["fsdp"].model
 unit_bytes = max(sum(u.numels) for u in fsdp.units) * 4  # one unit's full fp32 parameters
-# two units, each padded by fewer than n elements per parameter: within 0.1 %
+# two units, each padded by fewer than n elements per parameter tensor: within 0.1 %
 lesson.claim(
     abs(memory["fsdp"]["gathered"] - 2 * unit_bytes) < 1e-3 * unit_bytes,
     f"{len(fsdp.units)} units ({type(fsdp.units[0].module).__name__}), "
-    f"{len({id(p) for _, _, p in fsdp.replicated})} replicated parameters; at most "
+    f"{len({id(p) for _, _, p in fsdp.replicated})} replicated parameter tensors; at most "
     f"{lesson.mib(memory['fsdp']['gathered'])} of full parameters held at once, two units' worth (the one "
     f"running and the one prefetched), against {lesson.mib(memory['ddp']['parameters'])} for the whole model.",
 )
@@ -436,8 +465,9 @@ lesson.claim(
 #
 # `ddp` and the three sharded stages, the step each stage's look above recorded, drawn as
 # `03_build_up` drew the DDP ladder: forward and backward of each micro-batch, every collective
-# while it ran (all_reduces, all-gathers), the optimizer step. Where each stage's messages start is
-# counted in the table the cell prints (above the picture).
+# from the moment gloo's thread took it up to its end (orange; the all-gathers hatched over it),
+# which includes its waits for the other rank and for a free core, and the optimizer step. Where
+# each stage's messages start is counted in the table the cell prints (above the picture).
 
 # %%
 # %%rank 0
@@ -454,7 +484,8 @@ for s in STAGES:
     v = looks[s]
     v["row"]["label"] = f"{s}\n{len(v['row']['messages'])} messages"
     started[s] = pd.Series([phase_of(a, v["row"]) for a, _ in v["row"]["messages"]]).value_counts()
-lesson.picture(looks, None, rows=STAGES, title="ddp and the sharded rungs, one step each (rank 0)")
+figure = lesson.picture(looks, None, rows=STAGES, title="ddp and the sharded rungs, one step each (rank 0)")
+lesson.mark_gathers(figure, looks, STAGES)  # the all-gathers hatched apart from the gradient collectives
 lesson.claim(
     all(
         len(looks[s]["row"]["messages"]) == looks[s]["calls"] + looks[s]["gathers"] + looks[s]["small_gathers"]
@@ -517,6 +548,7 @@ if rank == 0:
 dist.barrier()
 for s in STAGES:
     trainees[s].profile(trace_dir)
+    load[("trace", s)] = os.getloadavg()[0]
 
 # %%
 # %%rank 0
@@ -548,7 +580,8 @@ by_overlap = table["comm_comp_overlap_pctg"].sort_values(ascending=False)
 lesson.say(
     "Overlap, most to least: "
     + ", ".join(f"{s} {v:.1f} %" for s, v in by_overlap.items())
-    + f": {by_overlap.index[0]}'s messages were the most often in flight while the training thread computed."
+    + f": of the time its communication was in flight, {by_overlap.index[0]} spent the largest share with the "
+    "training thread computing too."
 )
 lesson.say(
     f"The ring count above puts zero1's bytes on the wire at 1.5 times ddp's and zero2's at ddp's; their "
@@ -557,16 +590,19 @@ lesson.say(
     + ", ".join(f"{s} {'longer' if flight[s] > flight['ddp'] else 'shorter'}" for s in ("zero1", "zero2"))
     + "). On loopback a gloo range's length is set less by its bytes (a copy in memory) than by its waits, for the "
     "other rank to reach the same collective and for a free core among the two that both ranks' training threads "
-    "and gloo's threads share, so the time in flight need not follow the bytes. On a network the bytes would cost "
-    "their time, and zero1's extra all-gather would show."
+    "and gloo's threads share, so the time in flight need not follow the bytes. On a network, where each byte "
+    "costs its β, the α-β count predicts zero1's extra all-gather would cost its pass of the model; this run does "
+    "not measure a network."
 )
 lesson.say(
     f"Every stage computes the same forward and backward, yet backward ran from {table['backward_ms'].min():.0f} ms "
     f"({table['backward_ms'].idxmin()}) to {table['backward_ms'].max():.0f} ms ({table['backward_ms'].idxmax()}): "
     "the span holds what each stage does inside it (fsdp's gathers and their waits, the buckets' copies) and every "
-    "wait for a core, and the stages were profiled one after the other under a changing load. fsdp's step took "
-    f"{table.loc['fsdp', 'step_ms'] / table.loc['ddp', 'step_ms']:.1f} times ddp's in these profiled steps; the "
-    "next section sets the step times beside those of other steps."
+    "wait for a core, and the stages were profiled one after the other, the machine's 1-minute load average "
+    "after each profile "
+    + ", ".join(f"{s} {load[('trace', s)]:.1f}" for s in STAGES)
+    + f". fsdp's step took {table.loc['fsdp', 'step_ms'] / table.loc['ddp', 'step_ms']:.1f} times ddp's in these "
+    "profiled steps; a table further down sets them beside the looks' steps."
 )
 (
     table[
@@ -589,9 +625,8 @@ lesson.say(
 #
 # Sharding changes what each rank keeps, never what is computed: after the same steps every stage
 # holds the same model. The sharded stages' parameters are shards, so `full_parameters()`
-# gathers them whole for the comparison. First every trainee takes the steps it is behind, if any
-# (the cell says), so that all have taken the same steps, then the four take turns, one step each,
-# for two rounds.
+# gathers them whole for the comparison, once every trainee has taken the same steps (one that is
+# behind takes the steps it lacks first; the cell says how many).
 
 
 # %%
@@ -610,47 +645,47 @@ for t in trainees.values():
 lesson.say(
     "Steps taken to catch up: " + (", ".join(f"{s} {n}" for s, n in caught_up.items()) or "none, all were level") + "."
 )
-times = lesson.race(trainees, rounds=2)
 reference = whole(trainees["ddp"])
 for s in STAGES[1:]:
     lesson.say(
         f"{s}: largest parameter difference from ddp after {len(trainees[s].losses)} steps "
-        f"{(whole(trainees[s]) - reference).abs().max().item():.1e}; median step "
-        f"{lesson.median(times[s]):.0f} ms (ddp {lesson.median(times['ddp']):.0f} ms)."
+        f"{(whole(trainees[s]) - reference).abs().max().item():.1e}."
     )
 
 # %% [markdown]
-# This notebook has now timed each stage's step three times, three different steps: the look's (one
-# step under the in-memory profiler, drawn on the time axis), the trace's (one step under the
-# profiler writing to disk, after a warm-up step) and the median of the two unprofiled steps just
-# taken in turns:
+# This notebook has timed each stage's step twice, two different steps: the look's (one step under
+# the in-memory profiler, which starts recording at the step's first operation; drawn on the time
+# axis above) and the trace's (one step under the profiler writing to disk, after a warm-up step
+# under it), each beside the machine's load as it ended:
 
 # %%
 # %%rank 0
 steps = pd.DataFrame(
     {
         "look, one step (ms)": {s: looks[s]["row"]["end"] for s in STAGES},
+        "load after the look": {s: load[("look", s)] for s in STAGES},
         "trace, profiled step (ms)": table["step_ms"],
-        "in turns, median (ms)": {s: lesson.median(times[s]) for s in STAGES},
+        "load after the trace": {s: load[("trace", s)] for s in STAGES},
     }
 ).loc[STAGES]
-orders = {c: " < ".join(steps[c].sort_values().index) for c in steps.columns}
+apart = steps["look, one step (ms)"] / steps["trace, profiled step (ms)"]
+orders = {c: " < ".join(steps[c].sort_values().index) for c in steps.columns if c.endswith("(ms)")}
 lesson.say(
     "Fastest to slowest: "
     + "; ".join(f"{c.split(',')[0]} {o}" for c, o in orders.items())
-    + (
-        ": the three orders agree."
-        if len(set(orders.values())) == 1
-        else ": the orders differ. A profiler slows a stage by how many operations it records, and the load on "
-        "the machine moved between one stage's step and the next."
-    )
+    + (": the two orders agree" if len(set(orders.values())) == 1 else ": the orders differ")
+    + f". The look's step took {apart.min():.1f} to {apart.max():.1f} times the trace's, stage by stage: "
+    "other steps, another profiler's start, a load average that went from "
+    f"{min(load.values()):.1f} to {max(load.values()):.1f} on a machine whose {os.cpu_count()} cores the two "
+    "ranks share with whatever else runs. This run does not tell these causes apart, so neither column "
+    "ranks the stages' speed."
 )
-steps.round(0)
+steps.round(1)
 
 # %% [markdown]
-# Only steps taken in turns compare stages, and two rounds on a shared machine decide nothing about
-# speed; `python -m minddp.bench --preset small --stage sharded` runs the comparison properly, beside
-# torch's own `ZeroRedundancyOptimizer` and `fully_shard`, and `docs/sharding.md` has its figures.
+# `python -m minddp.bench --preset small --stage sharded` compares the stages' speed properly, many
+# steps each, beside torch's own `ZeroRedundancyOptimizer` and `fully_shard`, and
+# `docs/sharding.md` has its figures.
 
 # %% [markdown]
 # ## Your turn: all_reduce from its two halves

@@ -304,11 +304,16 @@ def _halves_plain_all_reduce(tensor, group):
     dist.all_reduce(tensor, group=group)
 
 
-def _halves_summed(tensor, group, async_op=False):
-    """Steps 1-3 of the model answer, right: the flat tensor padded, reduce-scattered and all-gathered in place."""
+def _padded(tensor, group):
+    """Step 1 of the model answer: ``(flat, padded, n)``, the flat tensor padded to a multiple of the world size."""
     n = dist.get_world_size(group)
     flat = tensor.reshape(-1)
-    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % n))
+    return flat, torch.nn.functional.pad(flat, (0, -flat.numel() % n)), n
+
+
+def _halves_summed(tensor, group, async_op=False):
+    """Steps 1-3 of the model answer, right: the flat tensor padded, reduce-scattered and all-gathered in place."""
+    flat, padded, n = _padded(tensor, group)
     piece = padded.new_empty(padded.numel() // n)
     reduce_scatter_single(piece, padded, group=group, async_op=async_op)
     all_gather_single(padded, piece, group=group, async_op=async_op)
@@ -338,6 +343,28 @@ def _halves_rebound(tensor, group):
     tensor = _halves_summed(tensor, group)  # noqa: F841 (the mistake: a new name, not a copy)
 
 
+def _halves_not_waited(tensor, group):
+    """Starts both collectives with async_op=True and copies before either is waited for."""
+    tensor.copy_(_halves_summed(tensor, group, async_op=True))
+
+
+def _halves_not_gathered(tensor, group):
+    """Forgets step 3: reduce-scatters, then copies the padded tensor back, where only this rank's piece is summed."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
+def _halves_piece_unpadded(tensor, group):
+    """Pads right, but sizes ``piece`` from the unpadded length (numel // n): one element short on odd buckets."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(flat.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
 def _halves_in_two(tensor, group):
     """Right sums, but each half of the bucket sent on its own: two reduce-scatters and two all-gathers."""
     for part in tensor.reshape(-1).tensor_split(2):
@@ -364,6 +391,9 @@ HalvesNotPadded = _halves_with("HalvesNotPadded", _halves_not_padded)
 HalvesAveraged = _halves_with("HalvesAveraged", _halves_averaged)
 HalvesRebound = _halves_with("HalvesRebound", _halves_rebound)
 HalvesInTwo = _halves_with("HalvesInTwo", _halves_in_two)
+HalvesNotWaited = _halves_with("HalvesNotWaited", _halves_not_waited)
+HalvesNotGathered = _halves_with("HalvesNotGathered", _halves_not_gathered)
+HalvesPieceUnpadded = _halves_with("HalvesPieceUnpadded", _halves_piece_unpadded)
 
 
 # -------------------------------------------------------------------------------- fp16 hook

@@ -126,7 +126,17 @@ MISTAKES = [
     (wrong.HalvesNotWrittenBack, "halves", "left the sum out of the tensor it was handed; write it into that tensor"),
     (wrong.HalvesRebound, "halves", "rebinding the name or returning the sum does not reach the caller"),
     (wrong.HalvesAveraged, "halves", "allreduce_hook divides each bucket before it hands it to your transport"),
-    (wrong.HalvesNotPadded, "halves", "multiple of the world size: pad it first"),
+    (wrong.HalvesNotPadded, "halves", "is not a multiple of the world size, 2: both collectives want"),
+    # a verdict from the sizes the collective was handed: the padding is right, the piece is sized from the tensor
+    (wrong.HalvesPieceUnpadded, "halves", "the piece is the wrong size, 161 elements where each rank's piece of 324"),
+    # from the order of calls, not from what the race left in the tensor (which differs from run to run)
+    (
+        wrong.HalvesNotWaited,
+        "halves",
+        "all 4 collectives your transport (my_all_reduce) started in step 1 (2 all_gather and 2 reduce_scatter "
+        "calls) were never waited for before it returned",
+    ),
+    (wrong.HalvesNotGathered, "halves", "your transport (my_all_reduce) made no all-gather (2 reduce_scatter calls"),
     (
         wrong.HalvesInTwo,
         "halves",

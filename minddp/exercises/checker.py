@@ -234,9 +234,8 @@ def _trouble(name: str, reports: dict, timeout_s: float, like: str | None = None
         ranks = _ranks_text(sorted(raised))
         where = _where_text(e)
         message = _BACKEND_PREFIX.sub("", e["message"] or "").strip() or "(no message)"
-        return f"✗ {name}: your code raised {e['type']}{where} on {ranks}, while {e['phase']}: {message}" + _raise_hint(
-            like, where, message
-        )
+        hint = _raise_hint(like, where, message, e.get("sizes"), reports[r].get("world"))
+        return f"✗ {name}: your code raised {e['type']}{where} on {ranks}, while {e['phase']}: {message}" + hint
     if errors or lost:
         stuck = {r: e for r, e in errors.items() if e.get("where")}
         others = {r: e for r, e in errors.items() if r not in stuck}
@@ -267,15 +266,28 @@ def _trouble(name: str, reports: dict, timeout_s: float, like: str | None = None
 _BACKEND_PREFIX = re.compile(r"^(\[rank\d+\]:)?\[[A-Z]\d{4} [\d:.]+ [^\]]+\]\s*")
 
 
-def _raise_hint(like: str | None, where: str, message: str) -> str:
-    """What to do about an error that a model answer's step prevents (notebook 06: the padding)."""
+def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, world: int | None) -> str:
+    """What to do about an error that a model answer's step prevents (notebook 06: the padding, the piece's size),
+    from the sizes the refused collective was handed (``sizes``, the rank's :class:`~harness.Events`)."""
     collective = "reduce_scatter_single" in where or "all_gather_single" in where
-    if like == "halves" and collective and re.search(r"shape|size|divisib", message, re.IGNORECASE):
-        return (
-            " (both collectives want the flattened tensor's length to be a multiple of the world size: pad it "
-            "first, then cut the padding off when you copy the sum back)"
-        )
-    return ""
+    if like != "halves" or not collective or not re.search(r"shape|size|divisib|check failed", message, re.I):
+        return ""
+    pad = (
+        "both collectives want the flattened tensor's length to be a multiple of the world size: pad it first, then "
+        "cut the padding off when you copy the sum back)"
+    )
+    if not (sizes and world):
+        return " (" + pad
+    # the whole (padded) tensor is a reduce-scatter's input and an all-gather's output; the piece, the other one
+    scatter = sizes["kind"] == "reduce_scatter"
+    whole, piece = (sizes["input"], sizes["output"]) if scatter else (sizes["output"], sizes["input"])
+    if whole % world:
+        return f" (the tensor handed over, {whole} elements, is not a multiple of the world size, {world}: " + pad
+    return (
+        f" (the padded tensor, {whole} elements, is a multiple of the world size, {world}: the piece is the wrong "
+        f"size, {piece} elements where each rank's piece of {whole} is {whole // world}: make it "
+        "padded.numel() // world_size long, from the padded length, not the tensor's own)"
+    )
 
 
 def _where_text(error: dict) -> str:
@@ -328,8 +340,7 @@ TRANSPORT_MESSAGES = {
     "halves": {
         "unsummed": "the buckets came back divided by the world size but not summed over ranks ({names}): your "
         "transport (my_all_reduce) left the sum out of the tensor it was handed; write it into that tensor in "
-        "place, tensor.copy_(...) (rebinding the name or returning the sum does not reach the caller), and only "
-        "after both collectives have finished (started with async_op=True, wait() on each before copying)",
+        "place, tensor.copy_(...) (rebinding the name or returning the sum does not reach the caller)",
         "divided_twice": "gradients were divided by the world size twice ({names}): allreduce_hook divides each "
         "bucket before it hands it to your transport (my_all_reduce), which must only sum: take the division "
         "out of it",
@@ -360,6 +371,18 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
         return (
             f"parameters differ from a single process on the global batch after step {f['step']} "
             f"(largest difference {value:.2g} in '{name}'), although every gradient was the average"
+        )
+    if f["kind"] == "never_waited" and like in TRANSPORT_MESSAGES:
+        unwaited, launched = sum(f["unwaited"].values()), sum(f["launched"].values())
+        which = f"all {launched}" if unwaited == launched else f"{unwaited} of the {launched}"
+        return (
+            f"{which} collectives your transport (my_all_reduce) started in step {f['step']} "
+            f"({calls_text(f['launched'])}) were never waited for before it returned: with async_op=True a "
+            "collective runs on while your code goes on, so the all-gather may send a piece not yet summed and the "
+            "copy may read a tensor not yet gathered, and a run passes or fails by a race; the transport must "
+            "return with the sum in tensor (the Wire hands the hook a finished Future at once, so no later wait is "
+            "for them): call .wait() on the reduce-scatter's work before the all-gather and on the all-gather's "
+            "before the copy, or leave async_op out"
         )
     if f["kind"] == "never_waited":
         unwaited = sum(f["unwaited"].values())
@@ -398,8 +421,41 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             f"gradients differ from the average over ranks{at} ({names}; largest difference {value:.2g} in "
             f"'{name}') and match none of the usual mistakes"
         )
+    missing = _missing_kinds(report, like, f["step"], names, at)
+    if missing:
+        return missing
     messages = {**GRADIENT_MESSAGES, **TRANSPORT_MESSAGES.get(like, {})}
     return messages[f["kind"]].format(names=names, world=world) + at
+
+
+#: A transport exercise's collective left out, by ``like`` and kind: what the gradients lack without it.
+MISSING_KINDS = {
+    (
+        "halves",
+        "all_gather",
+    ): "the buckets came back wrong{at} ({names}) and your transport (my_all_reduce) made no all-gather "
+    "({made}): after reduce_scatter_single each rank holds only its own 1/{world} piece of the sum, the rest of the "
+    "padded tensor is still its own values; all_gather_single(padded, piece, group=group) brings every rank's piece "
+    "into place before you copy the sum into tensor",
+    (
+        "halves",
+        "reduce_scatter",
+    ): "the buckets came back wrong{at} ({names}) and your transport (my_all_reduce) made no "
+    "reduce-scatter ({made}): an all-gather only collects pieces, nothing sums them; reduce_scatter_single(piece, "
+    "padded, group=group) first, to leave this rank's piece of the sum in piece",
+}
+
+
+def _missing_kinds(report: dict, like: str | None, step: int, names: str, at: str) -> str | None:
+    """Wrong gradients from a transport that left out one of the model answer's collectives: named as that."""
+    mine, theirs = report.get("kinds") or [], report.get("reference_kinds") or []
+    if step > min(len(mine), len(theirs)):
+        return None
+    made = f"{calls_text(mine[step - 1])}, where '{like}' makes {calls_text(theirs[step - 1])}"
+    for kind in sorted(set(theirs[step - 1]) - set(mine[step - 1])):
+        if (like, kind) in MISSING_KINDS:
+            return MISSING_KINDS[(like, kind)].format(names=names, made=made, world=report["world"], at=at)
+    return None
 
 
 def calls_text(kinds: dict) -> str:

@@ -37,6 +37,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from minddp.analysis import live
+from minddp.comm.wire import Wire
 from minddp.exercises import solutions
 from minddp.runtime import compat
 
@@ -132,6 +133,7 @@ def error_report(exc: BaseException, progress: Progress, files: set[str]) -> dic
         or "connection closed" in lowered
         or "connection reset" in lowered,
         "traceback": traceback.format_exc(limit=-6),
+        "sizes": getattr(exc, "collective", None),  # a collective's sizes, where it refused them (Events)
     }
 
 
@@ -182,7 +184,10 @@ class Events(TorchDispatchMode):
     waiting for any of the works launched before it, and counts for all of
     them. So a launch is *never waited for* only when the stage's code makes no
     wait that could be for it: a fact of the code's order, whatever the
-    network's speed.
+    network's speed. A launch made inside a Wire's *transport* (notebook 06's
+    ``my_all_reduce``) can be waited for only inside it: the Wire hands the
+    hook a completed Future as soon as the transport returns, so a wait after
+    that (the stage waiting for its bucket) is for none of the transport's own.
 
     The launches of the steps recorded before are kept too (``earlier``): a
     wait on one of their works, or on a Future one of them gave, is a wait
@@ -197,6 +202,7 @@ class Events(TorchDispatchMode):
         self.works: list[tuple[str, object]] = []  #: (kind, work) of each launch, in order (work None: not known)
         self.waited: set[int] = set()  #: indices into ``works`` of those a wait was seen for
         self.futures: list[tuple] = []  #: (future, index into ``works``) of each ``Work.get_future()``
+        self.sealed: set[int] = set()  #: indices into ``works`` launched in a transport that has returned (class doc)
         self.earlier: list[tuple[str, list]] = []  #: (kind, [its work, its Futures]) of the steps recorded before
         self.again: set[int] = set()  #: indices into ``earlier`` of those this step waited for again
         self.active = False
@@ -221,7 +227,12 @@ class Events(TorchDispatchMode):
         counted = kind is not None and _carries_floats(args[_SENT_ARGUMENT[str(func)]])
         if counted:
             self._note("launch", kind)
-        out = func(*args, **(kwargs or {}))
+        try:
+            out = func(*args, **(kwargs or {}))
+        except RuntimeError as exc:  # what it was handed, for the verdict to say which size is off
+            if counted and all(isinstance(t, torch.Tensor) for t in args[:2]):
+                exc.collective = {"kind": kind, "output": args[0].numel(), "input": args[1].numel()}
+            raise
         if counted and self.active:
             self.works.append((kind, _work_of(out)))
         return out
@@ -232,7 +243,16 @@ class Events(TorchDispatchMode):
     def _waited_for(self, index: int | None) -> None:
         """A wait for launch ``index``; ``None``: for some launch before now, so for each of them."""
         if self.active:
-            self.waited.update([index] if index is not None else range(len(self.works)))
+            self.waited.update(({index} if index is not None else set(range(len(self.works)))) - self.sealed)
+
+    @contextlib.contextmanager
+    def transport(self):
+        """Around a Wire's transport call: what it launched and did not wait for by its return stays unwaited."""
+        start = len(self.works)
+        try:
+            yield
+        finally:
+            self.sealed.update(i for i in range(start, len(self.works)) if i not in self.waited)
 
     def _again(self, waited) -> bool:
         """Whether ``waited`` (a work or a Future) is an earlier step's launch (class doc); if so, counted."""
@@ -280,20 +300,32 @@ class Events(TorchDispatchMode):
                 events._waited_for(index)
             return future_wait(self, *args, **kwargs)
 
+        def sealing(method):
+            def call(wire, *args, **kwargs):
+                with events.transport() if wire.transport is not None else contextlib.nullcontext():
+                    return method(wire, *args, **kwargs)
+
+            return call
+
+        sends = {name: getattr(Wire, name) for name in ("all_reduce", "reduce_scatter", "all_gather")}
         # the last step's launches (and their works' Futures) become earlier ones
         self.earlier += [
             (kind, [w, *(f for f, j in self.futures if j == i)])
             for i, (kind, w) in enumerate(self.works)
             if w is not None
         ]
-        self.log, self.works, self.waited, self.futures, self.active = [], [], set(), [], True
+        self.log, self.works, self.waited, self.futures, self.active, self.sealed = [], [], set(), [], True, set()
         self.again = set()
         dist.Work.wait, dist.Work.get_future, future.wait = waited_work, future_of_work, waited_future
+        for name, method in sends.items():
+            setattr(Wire, name, sealing(method))
         try:
             with self:
                 yield self
         finally:
             dist.Work.wait, dist.Work.get_future, future.wait = work_wait, work_future, future_wait
+            for name, method in sends.items():
+                setattr(Wire, name, method)
             self.active = False
 
 

@@ -491,6 +491,34 @@ def picture(looks: dict, stage: str, before: str | None = None, rows: list[str] 
     return draw_steps(drawn, title=title or None, width=9 if rows is None else 11)
 
 
+def mark_gathers(fig, looks: dict, rows: list[str]) -> None:
+    """Notebook 06: over :func:`picture`'s rows, the all-gathers hatched apart from the gradient collectives (the
+    look's ``gather_spans``), with a legend entry of their own; rank 0 draws."""
+    if fig is None:
+        return
+    ax = fig.axes[0]
+    for y, name in enumerate(rows):
+        spans = [(a, b - a) for a, b in looks[name].get("gather_spans", [])]
+        if spans:
+            ax.broken_barh(
+                spans,
+                (y + 0.06, 0.30),
+                facecolors="#fdd0a2",
+                edgecolor="#a0522d",
+                linewidth=0.5,
+                hatch="////",
+                label="all-gather in flight",
+            )
+    handles, labels = ax.get_legend_handles_labels()
+    # without an emulated link a message's bar is gloo's range, its waits for the other rank and a core included
+    wire = {"message on the wire": "collective in flight (its waits included)"}
+    unique = {wire.get(label, label): h for label, h in zip(labels, handles) if not label.startswith("_")}
+    columns = min(len(unique), 5)
+    ax.legend(unique.values(), unique.keys(), loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7, ncol=columns)
+    ax.get_legend().set_frame_on(False)
+    ax.set_title(ax.get_title(), fontsize=9, pad=8 + 11 * -(-len(unique) // columns))
+
+
 def claim(holds: bool, text: str) -> None:
     """A sentence the notebook asserts about the run it shows: printed with a tick if it holds, else the cell fails.
 
