@@ -41,7 +41,7 @@ dist.get_rank(), dist.get_world_size()
 #
 # A sentence about a run is only as good as its check. The notebooks state theirs in two ways (`minddp.notebook.lesson`):
 #
-# * `lesson.claim(holds, sentence)` asserts it: it prints the sentence once, with a ✓, when it holds, and fails the cell on any rank where it does not. A ✓ sentence is what the runner guarantees: a re-run (the test suite re-runs every notebook) whose numbers no longer bear it out stops there instead of saving it. The notebooks claim only what holds on any machine under any load: orders, counts, values the code guarantees.
+# * `lesson.claim(holds, sentence)` asserts it: it prints the sentence once, with a ✓, when it holds, and fails the cell on any rank where it does not. A ✓ sentence is asserted by the cell that prints it: a re-run (the test suite re-runs every notebook) whose numbers no longer bear it out stops there instead of saving it. The notebooks claim only what holds on any machine under any load: orders, counts, values the code guarantees.
 # * `lesson.say(...)` prints a sentence the cell composes from the run's own values (a time measured here, which of two runs was faster): its numbers and comparisons are computed, so they are true of the run shown, and a re-run prints its own. Nothing asserts them: a direction that could come out either way on another machine or under load is said this way, never claimed.
 #
 # Nothing else is checked: the prose of the markdown cells and the printed tables are not verdicts.
@@ -73,7 +73,7 @@ ax.set_title("t[0] on rank 0")
 plt.show()
 
 # %% [markdown]
-# When one rank fails, the cell fails with that rank's traceback. Here rank 1 raises before the `all_reduce`, so rank 0 would wait in it for a partner that never comes. Once rank 1's failure reaches the runner, it gives rank 0 a one-second grace, then releases it: it closes the failed rank's end of the process group, which makes rank 0's `all_reduce` raise, so the error names rank 0 as failing too. Then every rank builds a fresh process group, keeping its variables. Each rank notes how long it spent in the cell (the next cell prints both). (The cell is tagged `raises-exception`: Jupyter's *Run All* goes on past it, and the test that runs this notebook checks that it fails with this error.)
+# When one rank fails, the cell fails with that rank's traceback. Here rank 1 raises before the `all_reduce`, so rank 0 would wait in it for a partner that never comes. Once rank 1's failure reaches the runner, it gives rank 0 a one-second grace, then releases it: on the runner's word, the failed rank closes its end of the process group, which makes rank 0's `all_reduce` raise. Below the cell, rank 0's label shows the runner's note `(released because rank 1 failed)`; the error that follows is rank 1's traceback (the runner's heading, `rank 1 failed (ranks [0] failed too)`, names rank 0 as failing too, and its file name says rank 1's copy of the cell); rank 0's own exception, gloo's error from its released `all_reduce`, is not shown. Then every rank builds a fresh process group, keeping its variables. Each rank notes how long it spent in the cell (the next cell prints both). (The cell is tagged `raises-exception`: Jupyter's *Run All* goes on past it, and the test that runs this notebook checks that it fails with this error.)
 
 # %% tags=["raises-exception"] minddp={"expected_error": "rank 1 gives up before the collective"}
 # %%distributed
@@ -103,9 +103,10 @@ spent = [None] * world_size
 dist.all_gather_object(spent, in_cell)  # each rank's time in the failed cell, to rank 0 for the sentence
 lesson.say(
     f"In the failed cell, rank 1 spent {spent[1]:.1f} s: it raised before the collective. Rank 0 spent "
-    f"{spent[0]:.1f} s, blocked in its all_reduce until the runner released it: the runner's 1 s grace, and "
-    "before and after it the time rank 1's failure took to reach the runner and the release to reach rank 0 "
-    "(longer on a busy machine)."
+    f"{spent[0]:.1f} s, blocked in its all_reduce until the runner released it. That is the runner's grace "
+    "(`grace_s`, 1 s unless set otherwise) and everything else between rank 1's raise and rank 0's error, "
+    "which this notebook does not time apart: the runner noticing the failure (it looks every 0.1 s), rank 1 "
+    "closing its gloo group (the release), and rank 0's gloo noticing the closed connection."
 )
 t
 

@@ -19,7 +19,7 @@
 # A data-parallel script can be wrong in ways a single process never is, and torch's DDP says little
 # about them: replicas that drift apart train on in silence, a collective with another shape on one
 # rank meets its partner's but the two never match, so both wait; a rank that runs out of data leaves
-# the others waiting. We break DDP on purpose: nine bugs in six sections, and for each bug we run three
+# the others waiting. We break DDP on purpose: nine bugs in six sections, and for each bug we run (at least) these three
 # things on the two ranks:
 #
 # 1. **torch**, debug mode off: what torch's DDP says (or, for the script's own collectives, torch's
@@ -32,11 +32,13 @@
 #    collective is compared across ranks before it is sent; section 4 shows how). What it says is one
 #    line on every rank: the cell prints rank 0's alone, then whether each other rank raised the same
 #    finding, and after how long (a line that differs in more than where it names its own rank is
-#    printed too), and checks that every rank raised it. The line names the cause, the tensor or
+#    printed too), and checks that every rank raised it (section 3's finding is a warning: there each rank *warns*). The line names the cause, the tensor or
 #    call, the rank(s), the step, and the fix. For eight bugs the line is an error that stops every
 #    rank before the collective or the step it would spoil; for a bug that spoils nothing (section 3,
 #    every rank reading the same data) it is a warning, said once, and training goes on;
-# 3. **the fix**: the same script corrected, in debug mode, which then says nothing.
+# 3. **the fix**: the script corrected, in debug mode, which then says nothing (section 4's first fix is
+#    the script's metrics made the same on every rank, run as a plain `dist.all_reduce`). Section 6's first
+#    bug gets a fourth run: torch's DDP with `find_unused_parameters=True`, the flag a learner tries first.
 #
 # Steps count from 0, in the loops and in debug mode's lines: "after step 1" is after the second step.
 #
@@ -59,15 +61,18 @@
 # Every rank sets the switch, as `MINDDP_DEBUG=1` on the command line would, and gets the same small
 # model, its own batches (a different random stream per rank: its shard of the data), a helper that
 # reads how far the replicas are apart (for the runs where nothing else would tell us), and the
-# helpers that run a script each way: `torch_does` (debug mode off; each rank's outcome in a line: the
-# error's first two sentences, and the parameter indices when torch lists them; and
+# helpers that run a script each way: `torch_does` (debug mode off; whether each rank raised, in a line: the
+# error's first two sentences, and the parameter indices when torch lists them, or "raised nothing"; a warning
+# torch prints is not caught, it appears under the cell as torch printed it; and
 # `torch_drifts` for the bugs torch trains through), `minddp_says` (the line debug mode raised, checked
 # on every rank) and `fixed` (the corrected script: nothing said, the replicas equal). `torch_does` and
-# `minddp_says` note how long each rank ran until it raised (or finished).
+# `minddp_says` note how long each rank ran until it raised (or finished); section 3's warning is timed the
+# same way, until the warning appeared (read at the end of the step that raised it).
 
 # %%
 # %%distributed
 import contextlib
+import re
 import time
 import warnings
 from datetime import timedelta
@@ -80,6 +85,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 import minddp.debug
 from minddp import DistributedDataParallel
 from minddp.notebook import lesson
+from minddp.debug.watch import fingerprints
 from minddp.runtime.launch import peer_gone
 
 minddp.debug.enable()  # what `MINDDP_DEBUG=1 torchrun ...` does for every rank when it imports minddp
@@ -128,8 +134,9 @@ def apart(model) -> float:
 
 
 def torch_does(script) -> list[str]:
-    """Run ``script(group, short)`` with debug mode off; every rank's outcome, each said in a line (an error: its
-    first two sentences, and the line naming the parameter indices if it has one).
+    """Run ``script(group, short)`` with debug mode off; whether each rank raised, each said in a line (an error: its
+    first two sentences, and the line naming the parameter indices if it has one); each rank's time until it raised
+    (or finished) is left in ``torch_took``.
 
     ``group``: a new group for the calls that pair, without a short limit; ``short``: one whose calls give up after
     ``WAIT_S``, for the calls no partner will ever match. A rank that fails leaves both, as a job's process ends
@@ -141,29 +148,34 @@ def torch_does(script) -> list[str]:
     start = time.perf_counter()
     try:
         script(*groups)
-        mine = "said nothing"
+        mine, took = "raised nothing", time.perf_counter() - start
     except RuntimeError as error:  # torch's and gloo's errors: the lines the docstring names
         lines = str(error).strip().splitlines()
         said = ". ".join(lines[0].split(". ")[:2]) + "".join(f" ({x.strip()})" for x in lines if "indices" in x)
-        mine = f"{type(error).__name__} after {time.perf_counter() - start:.2f} s: {said}"
+        took = time.perf_counter() - start
+        mine = f"{type(error).__name__} after {took:.2f} s: {said}"
         for g in groups:
             dist.destroy_process_group(g)  # where this rank's process would end
         groups = []
     finally:
         minddp.debug.enable()
     everyone = [None] * world_size
-    dist.all_gather_object(everyone, mine)
+    dist.all_gather_object(everyone, (mine, took))
     for g in groups:
         dist.destroy_process_group(g)
-    for r, outcome in enumerate(everyone):
+    for r, (outcome, _) in enumerate(everyone):
         lesson.say(f"torch, rank {r}: {outcome}")
-    return everyone
+    torch_took[:] = [took for _, took in everyone]
+    return [outcome for outcome, _ in everyone]
+
+
+torch_took: list[float] = []  # each rank's time in torch_does's last run
 
 
 def minddp_says(script, cause: str, verdict: str = "debug mode stopped every rank") -> None:
-    """Run ``script()`` in debug mode; print the line rank 0 raised, alone, then each rank's time and whether the
-    others raised the same finding (a line that differs in more than its rank is printed), and claim every rank
-    raised ``cause``."""
+    """Run ``script()`` in debug mode; print the line rank 0 raised, alone, then each rank's time until it raised and
+    whether the others raised the same finding (a line that differs in more than its rank is printed), claim every
+    rank raised ``cause``, and return each rank's time."""
     start = time.perf_counter()
     try:
         script()
@@ -172,13 +184,15 @@ def minddp_says(script, cause: str, verdict: str = "debug mode stopped every ran
     else:
         line = None
     everyone = say_each(line, time.perf_counter() - start, "raised")
-    lesson.claim(all(said is not None and cause in said for said in everyone), verdict)
+    lesson.claim(all(said is not None and cause in said for said, _ in everyone), verdict)
+    return [took for _, took in everyone]
 
 
 def say_each(line: str | None, took: float, how: str) -> list:
-    """Every rank's ``line`` (None: it said nothing) and ``took`` s: rank 0's line printed alone, then in a line of
-    its own when each rank ``how`` (raised, warned) its line, and whether it was rank 0's finding (a rank's line
-    that differs in more than where it names its own rank is printed); returns every rank's line."""
+    """Every rank's ``line`` (None: it said nothing) and ``took`` s (until it came): rank 0's line printed alone,
+    then in a line of its own when each rank ``how`` (raised, warned) its line, and whether it was rank 0's finding
+    (a rank's line that differs in more than where it names its own rank is printed); returns every rank's
+    ``(line, took)``."""
     everyone = [None] * world_size
     dist.all_gather_object(everyone, (line, took))
     own = everyone[0][0]
@@ -192,13 +206,12 @@ def say_each(line: str | None, took: float, how: str) -> list:
         elif (mine := said.replace(f"(rank {r}): ", "(rank 0): ", 1)) == own:
             told.append(f"rank {r} {how} the same finding after {took:.2f} s")
         elif mine.replace(f", rank {r}>", ", rank 0>") == own:  # it names the place in its own copy of the cell
-            told.append(
-                f"rank {r} {how} the same finding, naming the place as `<In [N], rank {r}>`, after {took:.2f} s"
-            )
+            place = re.search(rf"<In \[\d+\], rank {r}>", said).group()
+            told.append(f"rank {r} {how} the same finding, naming the place as `{place}`, after {took:.2f} s")
         else:
             told.append(f"rank {r} {how} after {took:.2f} s: {said}")
     lesson.say(f"({'; '.join(told)})")
-    return [said for said, _ in everyone]
+    return everyone
 
 
 def torch_drifts(script) -> None:
@@ -207,7 +220,7 @@ def torch_drifts(script) -> None:
     said = torch_does(lambda group, short: script(model, *rest))
     gap = apart(model)
     lesson.claim(
-        said == ["said nothing"] * world_size and gap > 0,
+        said == ["raised nothing"] * world_size and gap > 0,
         f"torch's DDP trained without a word, and its replicas' parameters now differ by up to {gap:.1e}",
     )
 
@@ -271,9 +284,10 @@ fixed(drifting_loop, "without the edit", edit=False)
 # the wrapped parameters, that the gradients are equal on every rank, and says why they are not. The
 # fix: call the wrapper.
 #
-# Two gaps are printed here and in the next cell, and they measure different things: torch's line
-# says how far the replicas' *parameters* ended apart after the step; debug mode's line says how far
-# one tensor's *gradients* are apart at `optimizer.step()`, which it stops before any parameter moves.
+# Two gaps are printed here and in the next cell, and they measure different things: the ✓ line
+# under torch's run (the notebook's own `apart()`, since torch says nothing) says how far the replicas'
+# *parameters* ended apart after the step; debug mode's line says how far one tensor's *gradients* are
+# apart at `optimizer.step()`, which it stops before any parameter moves.
 
 
 # %%
@@ -319,8 +333,9 @@ fixed(accumulate, "the last micro-batch synced", last_syncs=True)
 
 # %%
 # %%distributed
-def read(model, ddp, optimizer, same=True) -> list[str]:
-    """Four steps; debug mode's warnings."""
+def read(model, ddp, optimizer, same=True, start=None) -> list[tuple[str, float]]:
+    """Four steps; debug mode's warnings, each with the time from ``start`` to the end of the step it came in."""
+    start, heard = start or time.perf_counter(), []
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         for step in range(4):
@@ -328,17 +343,19 @@ def read(model, ddp, optimizer, same=True) -> list[str]:
             nn.functional.mse_loss(ddp(x), y).backward()
             optimizer.step()
             optimizer.zero_grad()
-    return [str(w.message) for w in said if "minddp debug" in str(w.message)]
+            heard += [(str(w.message), time.perf_counter() - start) for w in said[len(heard) :]]
+    return [(line, took) for line, took in heard if "minddp debug" in line]
 
 
 torch_warned = []
 said = torch_does(lambda group, short: torch_warned.extend(read(*build(TorchDDP))))
 lesson.claim(
-    said == ["said nothing"] * world_size and torch_warned == [], "torch's DDP trained the 4 steps without a word"
+    said == ["raised nothing"] * world_size and torch_warned == [],
+    "torch's DDP trained the 4 steps, raising nothing and warning nothing",
 )
 start = time.perf_counter()
-lines = read(*build())
-everyone = say_each(lines[0] if lines else None, time.perf_counter() - start, "warned")
+lines = read(*build(), start=start)
+say_each(*(lines[0] if lines else (None, time.perf_counter() - start)), "warned")
 lesson.claim(len(lines) == 1, "debug mode warned once on every rank, and the 4 steps ran to the end")
 lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, debug mode says nothing")
 
@@ -347,15 +364,20 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 #
 # A script's own collectives must match across ranks too: the same op, shape and dtype, in the same
 # order. Here rank 0 logs two metrics and rank 1 one. Under torch, gloo pairs an all_reduce of 2
-# values with one of 1 and both ranks wait, until the group's timeout. In debug mode every
+# values with one of 1 and both ranks wait, until the group's timeout ends a wait. In debug mode every
 # `torch.distributed` collective is compared across ranks on a side channel (the default group's
 # store, a key-value table every rank reaches) before it is sent (the *collective check*), so both
-# ranks stop before the mismatched all_reduce is sent (their times are printed under the line, beside
-# torch's), naming each rank's call and the line it came from. The fix: the same metrics on every rank.
+# ranks stop before the mismatched all_reduce is sent, naming each rank's call and the line it came
+# from. Torch's times are in the "torch, rank r" lines, debug mode's under its line; a sentence after
+# them puts the two side by side. The fix: the same metrics on every rank.
 #
 # The line numbers the call: *collective #N* is the group's sequence number, counting from 0 the
 # group's collectives that debug mode has checked (here the default group's, since debug mode was
 # turned on in the set-up cell: the earlier sections' count too, torch's runs with it off do not).
+# Few of them are the bugs' own: most are the notebook's plumbing on the default group, each
+# `apart()`'s broadcast and all_reduce, the `all_gather_object` by which `torch_does` and `say_each`
+# collect every rank's line, each minddp wrapper's collectives at construction, and each step's
+# checks (the forward and step checks' all_gathers, the plan check's `all_gather_object`).
 # A call is said as op(shapes): for an all_gather, the output list and then the input, so
 # `all_gather(2 × int64[17], int64[17])` gathers a row of 17 from each of the 2 ranks. Then the step:
 # `(step 0)` for a call made in a wrapper's step (from its forward to its `optimizer.step()`), and
@@ -366,11 +388,22 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # %%distributed
 logged = [0.5, 0.9] if rank == 0 else [0.5]  # the bug: loss and accuracy on rank 0, the loss alone on rank 1
 said = torch_does(lambda group, short: dist.all_reduce(torch.tensor(logged, device=device), group=short))
-lesson.claim(all("Timed out" in s for s in said), f"under torch both ranks waited, until the {WAIT_S} s timeout")
-minddp_says(
+waited = list(torch_took)
+# The first rank to time out leaves its groups; the other, if still waiting, then fails as its partner leaves.
+lesson.claim(
+    all("Timed out" in s or peer_gone(s) for s in said)
+    and any("Timed out" in s and took >= WAIT_S for s, took in zip(said, waited)),
+    f"under torch no rank's all_reduce completed: each failed, at least one at the {WAIT_S} s timeout "
+    "(a rank that had not timed out yet fails when its partner leaves)",
+)
+stopped = minddp_says(
     lambda: dist.all_reduce(torch.tensor(logged, device=device)),
     "mismatched collectives",
     "debug mode stopped both ranks before the collective",
+)
+lesson.say(
+    f"Under torch the ranks gave up after {' and '.join(f'{t:.2f}' for t in waited)} s; in debug mode they stopped "
+    f"after {' and '.join(f'{t:.2f}' for t in stopped)} s, as soon as both had posted their calls."
 )
 metrics = torch.tensor([0.5, 0.9], device=device)
 dist.all_reduce(metrics)
@@ -399,8 +432,8 @@ def log_loss(model, ddp, optimizer, group=None, everywhere=False):
 
 said = torch_does(lambda group, short: log_loss(*build(TorchDDP, process_group=group), group=short))
 lesson.claim(
-    "Timed out" in said[0] and said[1] == "said nothing",
-    f"under torch rank 0 waited until the {WAIT_S} s timeout; rank 1 stepped on without a word",
+    "Timed out" in said[0] and said[1] == "raised nothing",
+    f"under torch rank 0 waited until the {WAIT_S} s timeout; rank 1 stepped on, raising nothing",
 )
 minddp_says(lambda: log_loss(*build()), "mismatched collectives", "debug mode stopped both ranks before the collective")
 fixed(log_loss, "the loss logged on every rank", everywhere=True)
@@ -413,10 +446,12 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # barrier until the timeout (3 s here), and when it fails and leaves, rank 0's step fails with gloo's
 # "Connection closed by peer" (or "reset by peer": the operating system's timing decides which);
 # neither says which rank ran out, or when.
-# Debug mode sees a rank in a step on one side and a rank out of its loop on the other. The fix is
-# the one the line names: `model.join()`, which has a rank that ran out shadow the collectives of
-# the others' steps (or equal batches per rank: `DistributedSampler(..., drop_last=True)`). Debug
-# mode's checks pause while a rank has joined.
+# Debug mode sees a rank in a step on one side and a rank out of its loop on the other. The line
+# names three fixes: the same number of batches on every rank (`DistributedSampler(...,
+# drop_last=True)`, or every rank stopping at the shortest rank's count), or training under
+# `with model.join():`, which has a rank that ran out shadow the collectives of the others' steps.
+# The cell uses the last. Under `join()` debug mode's model checks pause (a joined rank takes no
+# steps), and the joined rank's shadow collectives are checked like any others.
 
 
 # %%
@@ -453,8 +488,10 @@ lesson.claim(apart(model) == 0, "the fix: under join() nothing is said and both 
 # fixes. A layer frozen on rank 0 only (here after wrapping) makes the ranks disagree on what they
 # send, and `find_unused_parameters=True` does not fix it: torch's DDP then averages rank 0's zeros
 # in, as the cell's last torch run shows (no error, rank 1's gradient of the layer half its own, the
-# replicas apart). Debug mode compares `requires_grad` across ranks before each forward (the forward
-# check). Under torch, the rank that has every gradient sends and waits; the other fails at its next
+# replicas apart). All torch says there is a warning printed on rank 1 (below the cell, on stderr):
+# that `find_unused_parameters=True` found no unused parameter in the forward. It saw that rank 1 used
+# every parameter; it never saw that the ranks disagree. Debug mode compares `requires_grad` across
+# ranks before each forward (the forward check). Under torch, the rank that has every gradient sends and waits; the other fails at its next
 # forward, saying its module has parameters not used in producing loss, and their indices (counted
 # from 0 in the model's order: 2 and 3 are `head.weight` and `head.bias`), and leaves, so the waiting
 # rank fails too ("Connection closed by peer", or reset). The fix: freeze the layer on every rank,
@@ -516,7 +553,7 @@ dist.all_gather_object(shares, share)
 # Rank 1's two head gradients (through the wrapper, and the copy's) are float32 sums of the same 6 rows' products,
 # at worst in another order: apart by ~6 roundings (6 × 6e-8 relative) at most, far inside 1e-5; halving is exact.
 lesson.claim(
-    said == ["said nothing"] * world_size and gap > 0 and abs(shares[1] - 0.5) < 1e-5,
+    said == ["raised nothing"] * world_size and gap > 0 and abs(shares[1] - 0.5) < 1e-5,
     f"with find_unused_parameters=True torch's DDP raised nothing; rank 1's head.weight gradient was {shares[1]:.3f}"
     " × its own (its own averaged with rank 0's zeros), and the replicas' parameters ended apart by up to "
     f"{gap:.1e}",
@@ -546,20 +583,32 @@ lesson.claim(apart(model) == 0, "the fix: with find_unused_parameters=True nothi
 #
 # A process that never turns debug mode on installs none of it: no hook, no message, no check
 # (`tests/test_debug.py` checks that in processes started without the flag). This
-# notebook turned it on in its set-up cell, so here *off* (`minddp.debug.disable()`) means paused: a
-# wrapper built while it is off gets no watch and the plain reducer, and the script's collectives pass
-# the check's wrapper untouched. The cell shows what a wrapper built each way has, that debug mode
-# changes no bit of what training computes (it only watches), and times 5 steps each way, once.
+# notebook turned it on in its set-up cell, so here *off* (`minddp.debug.disable()`) means paused.
+# What a wrapper built while it is on has, and one built while it is off lacks, are three things: a
+# *watch* (the object that runs the forward check and the step check for that wrapper), the
+# `DebugReducer` (the *reducer* is the part of the wrapper that averages the gradients in buckets;
+# debug mode's version sends each bucket through `torch.distributed`, checked, one at a time), and the
+# *plan check* (the per-step comparison of the bucket plan and launch order, below). The script's
+# collectives pass the collective check's wrapper untouched while it is off. The cell shows what a
+# wrapper built each way has, that debug mode changes no bit of what training computes (it only
+# watches), and times 5 steps each way, once.
 #
 # On, each collective first costs one store write and one read of the partners' posts when they have
-# posted (the read repeats, 0.1 ms to 5 ms apart, while one has not); each step adds the two small
-# all_gathers (forward check, step check) with a fingerprint pass over the parameters and the
-# gradients, and a fingerprint of each local gradient. minddp's DDP also compares its bucket plan and
-# launch order across ranks each step (one more small gather) and sends its buckets one at a time,
-# waiting for each, so it overlaps less. What that costs a whole step was measured with an earlier,
-# cheaper fingerprint only (`docs/benchmarks.md`, *Debug mode*). `docs/debugging.md` has each check,
-# what torch's DDP does on each bug as a script under torchrun (recorded), and what debug mode does
-# not see.
+# posted (plus, the first time a slot is read, a check that it exists; the read repeats, 0.1 ms to
+# 5 ms apart, while one has not); each step adds the two small all_gathers (forward check, step check)
+# with a fingerprint pass over the parameters and the gradients, and a fingerprint of each local
+# gradient. minddp's DDP also runs the plan check each step, an `all_gather_object` (each rank's plan
+# pickled, then two collectives: the sizes, then the bytes, each with its own collective check), and
+# sends its buckets one at a time, waiting for each, so no bucket travels while backward computes.
+#
+# The cell's timing is a whole step of this 212-parameter model on a shared CPU, where a step is a few
+# milliseconds of compute and what debug mode adds is fixed costs, per tensor fingerprinted and per
+# extra collective, whatever the tensors' sizes; the cell times the fingerprints apart and says what
+# share of the added time they are. `docs/debugging.md`
+# (*Off, it is not there*) gives the benchmark's whole-step cost on larger presets, measured with an
+# earlier, cheaper fingerprint, and the weighted fingerprint's cost per tensor; the three measure
+# different things and are not one ratio. It also has each check, what torch's DDP does on each bug as
+# a script under torchrun (recorded), and what debug mode does not see.
 
 
 # %%
@@ -578,6 +627,11 @@ def five_steps(on: bool):
 
 
 (off, off_params, off_s), (on, on_params, on_s) = five_steps(False), five_steps(True)
+passes, tensors = 20, list(on.module.parameters())
+start = time.perf_counter()
+for _ in range(passes):
+    fingerprints(tensors, device)
+one_pass = (time.perf_counter() - start) / passes  # this rank's time to fingerprint the model's 4 tensors once
 lesson.claim(
     off.watch is None
     and type(off.reducer).__name__ == "Reducer"
@@ -591,9 +645,19 @@ lesson.claim(
     all(torch.equal(a, b) for a, b in zip(off_params, on_params)),
     "off or on, the same 5 steps end with bit-identical parameters on every rank",
 )
+added, prints = (on_s - off_s) / 5, 3 * one_pass  # a step fingerprints the parameters, gradients, local gradients
+share = (
+    f"{prints / added:.0%} of what debug mode added a step; the rest is its other costs (the extra collectives, the "
+    "store's round trips, one bucket at a time) and this shared machine's noise"
+    if added > 0
+    else "more than debug mode added a step in this run (its other costs hid in the timing's noise)"
+)
 lesson.say(
-    f"5 steps took {off_s * 1e3:.0f} ms with debug mode off and {on_s * 1e3:.0f} ms on "
-    f"({on_s / off_s:.1f} ×; the slower rank's time, one run each, on a machine shared with other work)."
+    f"5 steps took {off_s * 1e3:.0f} ms with debug mode off and {on_s * 1e3:.0f} ms on (the slower rank's time, "
+    f"one run each, on a machine shared with other work): {off_s / 5 * 1e3:.1f} and {on_s / 5 * 1e3:.1f} ms a step, "
+    f"{on_s / off_s:.1f} times as long. Fingerprinting the model's 4 tensors once took {one_pass * 1e3:.2f} ms on "
+    f"rank 0; the three passes of a step, {prints * 1e3:.1f} ms, are {share}. On a model this small both are costs "
+    "per tensor and per call, not per number, so this ratio says nothing of a real model's step."
 )
 
 # %%
