@@ -43,7 +43,7 @@ class SimpleDDP(nn.Module):
         super().__init__()
         self.module = module
         self.process_group = process_group
-        with torch.no_grad():  # an in-place write into a parameter that requires grad
+        with torch.no_grad():  # rank 0's values are no part of training: keep autograd out of the write
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor, src=0, group=process_group)
 
