@@ -25,8 +25,9 @@ Example (the model answer passes; a learner's class that sums instead of averagi
 
     >>> from minddp.exercises import solutions
     >>> shutdown()                                                # no checker ranks yet
-    >>> verdict = check(solutions.SimpleDDP, like="simple")       # 2 real ranks, a few seconds
+    >>> verdict = check(solutions.SimpleDDP, like="simple")       # 2 real ranks, then 3: a few seconds
     (starting 2 ranks for the checker; they stay for the next checks)
+    (starting 3 ranks for the checker; they stay for the next checks)
     >>> verdict.ok, verdict.line[:9]
     (True, '✓ simple:')
 """

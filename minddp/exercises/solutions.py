@@ -15,9 +15,10 @@ Example::
 
     >>> from minddp.exercises import check, solutions
     >>> from minddp.exercises.checker import shutdown
-    >>> shutdown()                                      # a fresh pair of checker ranks
-    >>> check(solutions.BucketDDP, like="bucket")       # 2 real ranks, a few seconds
+    >>> shutdown()                                      # fresh checker ranks
+    >>> check(solutions.BucketDDP, like="bucket")       # 2 real ranks, then 3 (it passed): a few seconds
     (starting 2 ranks for the checker; they stay for the next checks)
+    (starting 3 ranks for the checker; they stay for the next checks)
     ✓ bucket: ...
 """
 
