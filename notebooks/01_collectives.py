@@ -24,9 +24,11 @@
 # Point-to-point messages come first, then the collectives, where every rank of the group takes
 # part in the same call. Two of them carry the whole of data parallelism: `broadcast` (every rank
 # starts from the same weights) and `all_reduce` (every rank applies the same averaged gradient);
-# the next notebook builds exactly that. At the end, a ring all_reduce (one of the algorithms gloo and
-# NCCL run) is drawn step by step from the messages four ranks really sent, priced with the cost
-# model and the notation every later notebook uses.
+# the next notebook builds exactly that. Then a ring all_reduce (one of the algorithms gloo and NCCL
+# run) is drawn step by step from the messages four ranks really sent, and priced with the cost model
+# and the notation every later notebook uses. Last come `barrier`, and the words every later notebook
+# uses for communication meeting computation (*waited*, *exposed*, *overlap* and the rest), each with
+# its definition and the function that computes it.
 
 # %%
 # %load_ext minddp.notebook
@@ -53,9 +55,11 @@ print(f"rank {rank} holds {t.tolist()}")
 # ## Non-blocking: `isend` / `irecv`
 #
 # The `i` versions return at once with a *work* handle; the transfer runs in the background, and
-# `wait()` blocks until it is finished. In between, the rank is free to compute (the cell multiplies
-# two small matrices there, without timing anything): work done while a transfer is still running is
-# the seed of what the later DDP stages call *overlap* (defined, and measured, at the end).
+# `wait()` blocks until it is finished. In between, the rank is free to compute: the cell multiplies
+# two small matrices there. Nothing here is timed, so whether the 12-byte message was still on its way
+# while they multiplied is not shown. Computing while gradients travel is what the later DDP stages
+# are built for; the share of a transfer's time that had compute beside it is the measure *overlap*,
+# defined with the others at the end of this notebook.
 
 # %%
 # %%distributed
@@ -64,7 +68,7 @@ peer = rank ^ 1  # the other rank of the pair: 0 <-> 1, 2 <-> 3
 send_work = dist.isend(t.clone(), dst=peer)  # both ranks send and receive at the same time
 received = torch.empty(3, device=device)
 recv_work = dist.irecv(received, src=peer)
-busy = (torch.randn(64, 64) @ torch.randn(64, 64)).sum()  # work done while the message travels
+busy = (torch.randn(64, 64) @ torch.randn(64, 64)).sum()  # free to compute before wait() (not timed)
 send_work.wait()
 recv_work.wait()
 print(f"rank {rank} got {received.tolist()} from rank {peer}")
@@ -99,7 +103,8 @@ chunk
 # ## `reduce` and `gather`: everything to one rank
 #
 # `reduce` sums (or takes the max, ...) every rank's tensor *into rank 0's*; `gather` collects the
-# tensors side by side on rank 0. The other ranks' buffers are not meaningful afterwards.
+# tensors side by side on rank 0. Only rank 0's buffer is defined afterwards: the others hold whatever
+# the backend's algorithm left in them, and the cell says what that was here.
 
 # %%
 # %%distributed
@@ -108,6 +113,21 @@ dist.reduce(t, dst=0, op=dist.ReduceOp.SUM)
 gathered = [torch.zeros(1, device=device) for _ in range(world_size)] if rank == 0 else None
 dist.gather(torch.tensor([rank * 100.0], device=device), gather_list=gathered, dst=0)
 print("reduce ->", t.item(), "| gather ->", gathered)
+
+from minddp.notebook import lesson
+
+left = [None] * world_size
+dist.all_gather_object(left, t.item())  # what reduce left in every rank's buffer
+partial = all(left[r] == sum(q + 1.0 for q in range(r, world_size)) for r in range(1, world_size))
+lesson.say(
+    f"Ranks 1 to {world_size - 1} were left "
+    + (
+        "partial sums (rank r: the values of rank r and the ranks above it): the steps of this backend's "
+        "algorithm, not the result, and another backend may leave something else."
+        if partial
+        else "values that are not the sum: only rank 0's buffer holds the result."
+    )
+)
 
 # %% [markdown]
 # ## `all_reduce`: everybody gets the sum
@@ -131,9 +151,7 @@ grad / world_size
 #
 # `all_gather` gives every rank every rank's tensor. `reduce_scatter` is the opposite: each rank
 # ends up with the *sum* of one chunk. The cell uses its one-tensor form, `reduce_scatter_single`:
-# the whole vector in, this rank's chunk (summed over the ranks) out. (It comes from
-# `minddp.runtime.compat`, which calls whichever name this torch release gives it:
-# `dist.reduce_scatter_single`, or `dist.reduce_scatter_tensor` in older releases.)
+# the whole vector in, this rank's chunk (summed over the ranks) out.
 #
 # Running a `reduce_scatter` then an `all_gather` is an `all_reduce`: that is how the ring algorithm
 # used by NCCL and gloo works, and `minddp.collectives.ring_all_reduce` writes it from plain
@@ -145,7 +163,7 @@ everyone = [torch.zeros(2, device=device) for _ in range(world_size)]
 dist.all_gather(everyone, torch.full((2,), float(rank), device=device))
 print("all_gather ->", [e.tolist() for e in everyone])
 
-from minddp.runtime.compat import reduce_scatter_single
+from minddp.runtime.compat import reduce_scatter_single  # torch's own name for it depends on the release
 
 full = torch.arange(2.0 * world_size, device=device) + 10 * rank  # each rank's full vector
 mine = torch.zeros(2, device=device)
@@ -166,14 +184,15 @@ print("ring:", x.tolist(), "| equal to dist.all_reduce:", torch.equal(x, expecte
 # ## Watching the ring
 #
 # `ring_all_reduce` cuts the tensor into as many chunks as there are ranks and passes them around
-# the ring 0 → 1 → 2 → 3 → 0: every rank talks only to its right-hand neighbour. `watch`
+# the ring 0 → 1 → 2 → 3 → 0: every rank sends only to its right-hand neighbour, and so receives only
+# from its left-hand one. `watch`
 # (`minddp.collectives.watch`) runs it on a 1 MiB tensor in which every rank has written its
 # *mark*, 2<sup>rank</sup> (1, 2, 4, 8), and writes down every message the ring's own code sends: to
 # whom, how many bytes, which chunk, and what every chunk held just before. A chunk's value then
 # says whose shares it already holds: 9 = 1 + 8 holds ranks 0's and 3's, drawn "0+3" in the figure;
 # 15 holds all four, drawn "all". The *star*
 # (`naive_all_reduce`: every rank sends its whole tensor to rank 0, which sends the sum back) is
-# watched the same way, and the ring once more on a 4 KiB tensor, for the cost model below.
+# watched the same way, and both once more on a 4 KiB tensor, for the cost model below.
 
 # %%
 # %%distributed
@@ -182,15 +201,19 @@ from minddp.collectives.watch import watch
 ring = watch("ring", numel=4 * 65536)  # 65536 float32 per chunk: 1 MiB per rank, recorded on every rank
 star = watch("naive", numel=4 * 65536)
 tiny = watch("ring", numel=4 * 256)  # 4 KiB per rank: the size of a small gradient, for the cost model below
-assert all(r["ok"] for r in ring + star + tiny)  # each leaves the sum of every rank's mark everywhere
+tiny_star = watch("naive", numel=4 * 256)
+assert all(r["ok"] for r in ring + star + tiny + tiny_star)  # each leaves the sum of every rank's mark everywhere
 
 # %% [markdown]
-# The drawing is made from those records, one row per step. In the **reduce-scatter** (first three
-# rows) every rank sends one chunk (outlined) to its neighbour, which adds it into its own copy: a
-# chunk picks up one more rank's share at every hop, and after 3 steps (one fewer than the ranks) each rank holds one
-# chunk that is complete ("all"), a different one on each rank. In the **all-gather** (next three)
-# the complete chunks go around once more, each one overwriting the neighbour's partial copy. The
-# cell checks each of these sentences against the records.
+# The drawing is made from those records, one row per step. A row shows every rank's chunks as they
+# were *just before* that step's message, so a sum sent at one step first shows in the next row; the
+# chunk a rank sends at that step is outlined in red, and the red line beneath says where it goes. The
+# darker a chunk's green, the more ranks' shares it holds (the darkest: all of them). In the
+# **reduce-scatter** (first three rows) every rank sends one chunk to its neighbour, which adds it into
+# its own copy: a chunk picks up one more rank's share at every hop, and after 3 steps (one fewer than
+# the ranks) each rank holds one chunk that is complete ("all"), a different one on each rank. In the
+# **all-gather** (next three) the complete chunks go around once more, each one overwriting the
+# neighbour's partial copy. The cell checks each of these sentences against the records.
 
 # %%
 # %%rank 0
@@ -213,6 +236,25 @@ lesson.claim(
     all(len(c) == 1 for c in complete) and len({c[0] for c in complete}) == n,
     f"after the n − 1 = {n - 1} reduce-scatter steps each rank holds exactly one complete chunk, a different "
     f"one on each rank ({', '.join(f'rank {r}: chunk {c[0]}' for r, c in enumerate(complete))})",
+)
+exchanges = 2 * (n - 1)
+
+
+def held(r, s):
+    """What rank r's chunks held just before its exchange s (after the last one: at the end)."""
+    return ring[r]["steps"][s]["before"] if s < exchanges else ring[r]["after"]
+
+
+lesson.claim(
+    all(
+        held(r["rank"], s)[c] == all_marks  # the chunk sent is complete
+        and held(r["steps"][s]["to"], s)[c] != all_marks  # the neighbour's copy was partial
+        and held(r["steps"][s]["to"], s + 1)[c] == all_marks  # and is complete once the message is in
+        for r in ring
+        for s in range(n - 1, exchanges)
+        for c in r["steps"][s]["chunks"]
+    ),
+    "in the all-gather, every chunk a rank sends is complete, and it overwrites its neighbour's partial copy",
 )
 lesson.claim(
     all(r["after"] == [all_marks] * n for r in ring),
@@ -276,32 +318,35 @@ for r, s in zip(ring, star):
 draw_bytes(ring, star)
 plt.show()
 
-exchanges = 2 * (n - 1)
 lesson.claim(
     all(len(r["steps"]) == exchanges for r in ring) and len(star[0]["steps"]) == exchanges,
     f"every ring rank and the star's rank 0 made 2 (n − 1) = {exchanges} exchanges",
 )
 print(f"\nα-β time of one all_reduce of m = {m / MiB:g} MiB on n = {n} ranks, priced from the messages above,")
-print(f"and of a ring all_reduce of {tiny[0]['numel'] * 4 // 1024} KiB (the α term's share of it):")
+kib = tiny[0]["numel"] * 4 // 1024
+print(f"and of one all_reduce of {kib} KiB (the α term's share of the ring's time, and the star against the ring):")
 print(
     f"{'link':10}{'α (µs)':>8}{'B (Gbit/s)':>12}{'m β / α':>9}{'ring (ms)':>11}{'star (ms)':>11}"
-    f"{'star / ring':>13}{'4 KiB: α share':>16}"
+    f"{'star / ring':>13}{f'{kib} KiB: α share':>16}{f'{kib} KiB: star / ring':>21}"
 )
 rows = {}
 for name in ("1gbit", "10gbit", "pcie-t4"):
     link = PRESETS[name]
     alpha, beta = link.latency, 1 / link.bandwidth
     t_ring, t_star, t_tiny = seconds(ring, link), seconds(star, link), seconds(tiny, link)
+    t_tiny_star = seconds(tiny_star, link)
     rows[name] = dict(
         ring=(t_ring, exchanges * alpha + exchanges / n * m * beta),  # (priced from the records, formula)
         star=(t_star, exchanges * alpha + exchanges * m * beta),
         link=(t_ring, link.seconds("all_reduce", m, n)),  # the link model's own ring formula
         ratio=t_star / t_ring,
         alpha_share=exchanges * alpha / t_tiny,
+        tiny_ratio=t_tiny_star / t_tiny,
     )
     print(
         f"{name:10}{alpha * 1e6:>8.0f}{link.bandwidth * 8 / 1e9:>12g}{m * beta / alpha:>9.0f}{t_ring * 1e3:>11.2f}"
         f"{t_star * 1e3:>11.2f}{t_star / t_ring:>13.1f}{rows[name]['alpha_share']:>15.0%}"
+        f"{rows[name]['tiny_ratio']:>21.2f}"
     )
 # The records' prices and the formulas add the same terms in another order: equal to float rounding.
 lesson.claim(
@@ -314,15 +359,22 @@ lesson.claim(
 )
 lesson.claim(
     all(row["alpha_share"] > 0.5 for row in rows.values()),
-    "for the 4 KiB tensor the α term is more than half of the ring's time on every link",
+    f"for the {kib} KiB tensor the α term is more than half of the ring's time on every link",
+)
+# (α + x β) / (α + x β / n) grows with the bytes x: a smaller tensor brings the star nearer the ring, never below it.
+lesson.claim(
+    all(1 < row["tiny_ratio"] < row["ratio"] for row in rows.values()),
+    f"for the {kib} KiB tensor the star is nearer the ring than for the {m / MiB:g} MiB one on every link, "
+    "and still slower",
 )
 
 # %% [markdown]
 # The star's ratio to the ring is (α + m β) / (α + m β / n): never n, nearing n as m β outgrows α
 # (the column m β / α), and every added rank makes it larger, where the ring's β term stays under
-# 2 m β. For small tensors it is the other way round: α, paid 2 (n − 1) times in a row, makes most
-# of the time, whatever the link. That is why DDP packs many gradients into one message, a *bucket*
-# (notebook 03 measures when that wins).
+# 2 m β. For a small tensor the β terms shrink and the α term, 2 (n − 1) α for both, makes most of the
+# time (the α share column): the star comes nearer the ring (the last column), and what an all_reduce
+# costs is mostly how many messages it sends, not how many bytes. That is why DDP packs many gradients
+# into one message, a *bucket* (notebook 03 measures when that wins).
 
 # %% [markdown]
 # ## `barrier`: wait for everyone
@@ -355,31 +407,36 @@ lesson.claim(
 # ## The measures: one word, one number
 #
 # The later notebooks ask one question of every stage: while its gradients travel, what does the
-# training step do? Seven words answer it, each naming one measure, computed by one function of
-# `minddp.analysis.metrics` that every notebook, the trace report and the benchmark call (the table is
-# also `docs/analysis.md`'s). Each reads sets of time intervals of one step: *compute* C (forward,
-# backward, optimizer: the training thread working), *communication in flight* M (a collective
-# started and not yet done, as the backend reports it), the step's *backward* (from its start to its
-# end, waits inside it included), the training thread's *waits* T (from a `wait()` on a message to the
-# message's arrival) and, on an emulated link, the link's *transfers* L (each message's modeled time
-# on the wire, `minddp.comm.link`). |X| is the time X covers.
+# training step do? Eight words answer it, each naming one measure, computed by one function of
+# `minddp.analysis.metrics` that every notebook, the trace report and the benchmark call; the table is
+# `docs/analysis.md`'s, word for word (a test checks it). Seven of them read sets of time intervals of
+# one step: its *window* W (from the step's start to its end), *compute* C (forward, backward,
+# optimizer: the training thread working), *communication in flight* M (a collective started and not
+# yet done, as the backend reports it), the step's *backward* (from its start to its end, waits inside
+# it included), the training thread's *waits* T (from a `wait()` on a message to the message's arrival)
+# and, on an emulated link, the link's *transfers* L (each message's modeled time on the wire,
+# `minddp.comm.link`). |X| is the time X covers. The eighth, *comm cost*, is read off two runs
+# instead (the same stage with and without sending), so the made-up steps below cannot show it.
 #
-# | measure | definition | function | unit |
+# | name | definition | function | unit |
 # | --- | --- | --- | --- |
-# | in flight | \|M\|: communication started and not done (on a CPU it includes gloo waiting for the other rank and for a core) | `in_flight` | ms a step |
-# | non-compute | \|M ∖ C\|: communication in flight while the thread computes nothing (over the step's length: the non-compute share) | `non_compute` | ms a step (share: %) |
-# | overlap | \|M ∩ C\| / \|M\|: the share of the in-flight time during which compute runs too | `overlap_pct` | % of in flight |
-# | interleaved | the non-compute time inside backward: the backward stopping for a message, then going on | `interleaved` | ms a step |
-# | waited | \|T\|: the thread standing still for communication (the link, the other rank, a free core) | `waited` | ms a step |
-# | exposed | \|L ∩ T\|: the link's transfer time the thread stood waiting through (where the collectives take no time of their own beyond the link's, this is also the step time the link adds against a free link) | `exposed` | ms a step |
-# | link time | the sum of the messages' modeled transfers, from their sizes alone: the same on every machine | `link_time` | ms a step |
+# | in flight | the time communication was in flight, `\|M ∩ W\|`; on a CPU it includes gloo waiting for the other rank and for a free core | `metrics.in_flight(comm, window)` | ms per step |
+# | non-compute | communication in flight while the training thread computes nothing, `\|(M ∖ C) ∩ W\|`: HolisticTraceAnalysis's (HTA's) non-compute time; over `\|W\|`, its non-compute share | `metrics.non_compute(window, compute, comm)` | ms per step (its share: % of the step) |
+# | overlap | the share of the time in flight during which compute runs too, `100 · \|M ∩ C ∩ W\| / \|M ∩ W\|` (0 without communication): HTA's `comm_comp_overlap_pctg`; over several steps, ranks or rounds, one ratio of the sums (`metrics.pooled_overlap_pct`) | `metrics.overlap_pct(comm, compute, window)` | % of the time in flight |
+# | interleaved | the non-compute time inside backward, `\|(M ∖ C) ∩ backward\|`: backward stopping for a message, then going on (a hook that sends and waits). Waiting after backward is non-compute but not interleaved; computing while a message travels is neither | `metrics.interleaved(comm, compute, backward)` | ms per step |
+# | waited | the time the training thread stood still for communication, `\|T ∩ W\|`: for the link, for the other rank, for a free core. Known only where the waits are recorded (over an emulated link); elsewhere NaN, not 0 | `metrics.waited(waits, window)` | ms per step |
+# | exposed | the link's transfers the training thread stood waiting through, `\|L ∩ T ∩ W\|`: the step time the link adds against the same stage with a free link, where the collectives take no time of their own beyond the link's (a wait for the other rank or a core after the link was done is waited, not exposed). Known over an emulated link and in the replay of the step-time model (`minddp.costmodel`'s `Prediction.exposed`); a trace without a link cannot give it | `metrics.exposed(link, waits, window)` | ms per step |
+# | link time | the modeled transfer time of the step's messages on the link, from their sizes alone, added up: the same on every machine | `metrics.link_time(link, messages)` | ms per step (the function: seconds) |
+# | comm cost | the step time sending adds, from two runs: a stage's median step minus the same stage's with `noop_hook`, which sends nothing (`python -m minddp.bench`, column `comm_cost_ms`). It holds what exposed leaves out (waits for the other rank and for a core, the collectives' own work, the hooks' Python), and two medians' noise | `metrics.comm_cost(step, free_step)` | ms per step |
 #
 # The cell below builds two made-up steps on n = 2 ranks (not the four above), each sending two
 # all_reduces of 1 MiB over the 1 Gbit/s link: with n = 2 one costs 2 α + m β of link time, less than
-# the n = 4 ring's price in the table above. It computes every measure of both with those functions. In the first, the backward *waits* for each
-# message where it sends it (the `hook` stage of `03_build_up`); in the second it sends and goes on,
-# waiting once after backward (`hook-async`), and gloo's range outlives the link's transfer by the
-# time the other rank took to join.
+# the n = 4 ring's price in the table above. It computes every measure of both with those functions.
+# In the first, the backward stops at each message it sends and waits for it (a blocking hook: what
+# `03_build_up` builds as its `hook` stage), and the other rank is there at once, so each wait lasts
+# the link's transfer. In the second, the backward sends and goes on, and the step waits once, after
+# backward (what `03_build_up` builds as `hook-async`); the other rank is made up to join the second
+# message late, so gloo's range of it outlives the link's transfer.
 
 # %%
 import matplotlib.pyplot as plt
@@ -389,22 +446,24 @@ from minddp.comm.link import PRESETS
 from minddp.notebook import lesson
 
 LINK, n, MIB = PRESETS["1gbit"], 2, 2**20
-carry = 1e3 * LINK.seconds("all_reduce", MIB, n)  # ms: one 1 MiB all_reduce between 2 ranks on the link
+c = carry = 1e3 * LINK.seconds("all_reduce", MIB, n)  # ms: one 1 MiB all_reduce between 2 ranks on the link
+# Both steps: forward 0-20 ms, 50 ms of backward compute sending a message 20 ms and 40 ms into it, optimizer 10 ms.
+sent = [(40, 40 + c), (60 + c, 60 + 2 * c)]  # the first step's messages: each waited for where it is sent
 steps = {  # every interval in ms from the step's start
     "waits inside backward": dict(
-        window=[(0, 92)],
-        compute=[(0, 40), (52, 70), (82, 92)],  # forward and backward, stopped by two waits, then the optimizer
-        backward=[(20, 82)],
-        comm=[(40, 52), (70, 82)],
-        link=[(40, 40 + carry), (70, 70 + carry)],
-        waits=[(40, 52), (70, 82)],
+        window=[(0, 80 + 2 * c)],
+        compute=[(0, 40), (40 + c, 60 + c), (60 + 2 * c, 80 + 2 * c)],  # forward, backward between its waits, optimizer
+        backward=[(20, 70 + 2 * c)],
+        comm=sent,
+        link=sent,  # the other rank joins at once: gloo's range is the link's transfer
+        waits=sent,
     ),
     "waits once, after backward": dict(
         window=[(0, 90)],
         compute=[(0, 70), (80, 90)],
         backward=[(20, 70)],
-        comm=[(40, 50), (60, 80)],  # the second message's range lasts until the other rank has joined it
-        link=[(40, 40 + carry), (60, 60 + carry)],
+        comm=[(40, 40 + c), (60, 80)],  # made up: the other rank joins the second message late, at 80 ms
+        link=[(40, 40 + c), (60, 60 + c)],
         waits=[(70, 80)],
     ),
 }
@@ -438,19 +497,24 @@ import pandas as pd
 
 display(pd.DataFrame(table).T.round(1))
 a, b = table.values()
+for_link = "all of it for the link" if a["waited ms"] - a["exposed ms"] < 1e-9 else "partly for the other rank"
 lesson.say(
     f"The same two all_reduces of 1 MiB between n = {n} ranks, {carry:.1f} ms each, {a['link time ms']:.1f} ms of "
     "link time in both steps. Waiting where it sends, the "
     f"first step waited {a['waited ms']:.1f} ms, all of it inside its backward (interleaved "
-    f"{a['interleaved ms']:.1f} ms): {a['exposed ms']:.1f} ms for the link, the rest for the other rank; it overlaps "
-    f"{a['overlap %']:.0f} %. Sending and going on, the second overlaps {b['overlap %']:.0f} % and is "
-    f"{b['exposed ms']:.1f} ms exposed, yet it waited {b['waited ms']:.1f} ms: for the other rank, after the link "
-    "was done. That is why the notebooks print several measures: each answers another question."
+    f"{a['interleaved ms']:.1f} ms) and {for_link} (exposed {a['exposed ms']:.1f} ms): its backward is that much "
+    f"longer than the second's; it overlaps {a['overlap %']:.0f} %. Sending and going on, the second overlaps "
+    f"{b['overlap %']:.0f} % and is {b['exposed ms']:.1f} ms exposed, yet it waited {b['waited ms']:.1f} ms: for "
+    "the other rank, made up to join late, after the link was done. That is why the notebooks print several "
+    "measures: each answers another question."
 )
+# Interval lengths and a sum of the same floats: equal up to rounding.
 lesson.claim(
-    abs(a["exposed ms"] - a["link time ms"]) < 1e-9  # interval lengths against a sum: equal up to rounding
-    and a["interleaved ms"] == a["waited ms"] == a["non-compute ms"],
-    "waiting where it sends, the thread waits through all of the link's time, inside backward",
+    abs(a["exposed ms"] - a["link time ms"]) < 1e-9
+    and abs(a["interleaved ms"] - a["waited ms"]) < 1e-9
+    and abs(a["non-compute ms"] - a["waited ms"]) < 1e-9
+    and abs(a["backward ms"] - b["backward ms"] - a["waited ms"]) < 1e-9,
+    "waiting where it sends, the thread waits through all of the link's time, inside backward, which grows by as much",
 )
 lesson.claim(
     b["exposed ms"] == 0 < b["waited ms"] and b["interleaved ms"] == 0 < b["overlap %"] < 100,
@@ -461,12 +525,14 @@ lesson.claim(
 # %% [markdown]
 # Where two measures disagree for one stage they answer different questions. *Exposed* asks what the
 # link cost the step: time the link was still carrying a message the thread needed. *Waited* adds
-# the waits for the other rank and for a free core, which no faster link would remove. *Overlap* and
-# *non-compute* are read from a trace of the backend's ranges (notebook `05_reading_traces`), which
-# last as long as the backend's work, its own waits included, so a stage that exposes nothing can
-# still show far less than 100 % overlap. And a stage that exposes nothing has not made its messages
-# free: on a CPU the compute and gloo's threads share the same cores (`03_build_up` measures what
-# that costs).
+# the waits for the other rank and for a free core, which no faster link would remove. *Comm cost*
+# holds all that sending adds, read off two runs (`python -m minddp.bench`): the waits (the exposed
+# time among them) and the collectives' own work together, and the noise of two medians. *Overlap* and *non-compute* are read
+# from a trace of the backend's ranges (notebook `05_reading_traces`), which last as long as the
+# backend's work, its own waits included, so a stage that exposes nothing can still show less than
+# 100 % overlap, as the second step above does. And a stage that exposes nothing has not made its
+# messages free: on a CPU the compute and gloo's threads share the same cores (`03_build_up` measures
+# what that costs).
 
 # %% [markdown]
 # Next: `02_simple_ddp` uses `broadcast` and `all_reduce` to turn one training process into data

@@ -77,15 +77,15 @@ lesson.say(lesson.describe())
 # ## 1. Parameters out of sync
 #
 # Each rank builds its model with its own random initialisation (here: a different seed per rank,
-# as two processes that never set one would). Rank 0 compares with itself and passes; rank 1 fails.
-# Not every tensor differs: the norm layers' weights start at 1 whatever the seed, so they agree by
+# as two processes that never set one would). The check compares every parameter tensor with rank
+# 0's; rank 0 compares with itself and passes, rank 1 fails. Not every tensor differs: the norm layers' weights start at 1 whatever the seed, so they agree by
 # construction, and the error counts only the randomly drawn ones.
 # This cell is expected to fail (it is tagged `raises-exception`, so *Run All* goes on past it).
 
-# %% tags=["raises-exception"] minddp={"expected_error": "parameters are not in sync"}
+# %% tags=["raises-exception"] minddp={"expected_error": "parameter tensors are not in sync"}
 # %%distributed
 model = lesson.make_model(seed=lesson.SETTINGS.seed + rank)
-check_in_sync(model.parameters(), "parameters")
+check_in_sync(model.parameters(), "parameter tensors")
 
 # %% [markdown]
 # ## 2. `SimpleDDP`, the whole idea
@@ -112,7 +112,7 @@ class SimpleDDP(nn.Module):
     def __init__(self, module):
         super().__init__()
         self.module = module
-        with torch.no_grad():  # the broadcast writes into parameters that require grad
+        with torch.no_grad():  # rank 0's values are no part of training: keep autograd out of the write
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor, src=0)  # 1. rank 0's values, on every rank
 
@@ -127,7 +127,7 @@ class SimpleDDP(nn.Module):
 
 
 ddp = SimpleDDP(model)
-check_in_sync(ddp.parameters(), "parameters")
+check_in_sync(ddp.parameters(), "parameter tensors")
 
 # %% [markdown]
 # ## 3. Gradients out of sync
@@ -161,9 +161,15 @@ whole = next(lesson.step_batches(whole=True))  # the same first step, every rank
 lesson.loss_fn(single, whole[0]).backward()
 largest = max((p.grad - q.grad).abs().max().item() for p, q in zip(ddp.module.parameters(), single.parameters()))
 scale = max(q.grad.abs().max().item() for q in single.parameters())
+grads_off = (flat(p.grad for p in ddp.module.parameters()) - flat(q.grad for q in single.parameters())).norm().item()
+grads_off /= flat(q.grad for q in single.parameters()).norm().item()  # as a share of the gradient's norm
+per_rank = lesson.SETTINGS.batch_size
 lesson.say(
-    f"Largest difference to the single-process gradient: {largest:.1e}, against gradients up to {scale:.1e}. "
-    "The shards and the global batch are padded differently, so the float32 sums run in another order."
+    f"Largest difference to the single-process gradient: {largest:.1e}, against gradients up to {scale:.1e}; "
+    f"the norm of the difference is {grads_off:.1e} of the gradient's norm. The single process computes the "
+    f"gradient of the global batch's {per_rank * world_size} examples in one backward, the ranks of {per_rank} "
+    "each, and the all_reduce adds the ranks' results: the same sum in another order, which float32 rounds "
+    "differently."
 )
 # Another order of a float32 sum moves it by a few units of float32's 1.2e-7 per term added; 1e-4 of the largest
 # gradient is ~800 of them, and a wrong average (a sum, a missing rank) is off by a factor, not by 1e-4.
@@ -211,14 +217,17 @@ for step in range(STEPS):
     train_step(alone, opt_alone, next(batches), lesson.loss_fn)  # no wrapper: no average
     drifted.append(apart(alone))
 
-check_in_sync(ddp.parameters(), "parameters")
+check_in_sync(ddp.parameters(), "parameter tensors")
 off = (flat(ddp.module.parameters()) - flat(single.parameters())).norm().item()
 tensors = sum(1 for p in ddp.parameters() if p.requires_grad)
+one_sync = sum(p.numel() * p.element_size() for p in ddp.parameters() if p.requires_grad)  # every gradient once
 k = lesson.SETTINGS.grad_accum
 lesson.say(
     f"After {STEPS} steps the single process's parameters moved {moved[-1]:.2e} from the start (the norm of the "
-    f"change); SimpleDDP's are {off:.1e} from the single process's, {off / moved[-1]:.1e} of that. Without the "
-    f"average the two replicas are {drifted[-1]:.2e} apart, {drifted[-1] / moved[-1]:.0%} of it.",
+    f"change); SimpleDDP's are {off:.1e} from the single process's, {off / moved[-1]:.1e} of that: a relative "
+    f"difference {'larger' if off / moved[-1] > grads_off else 'no larger'} than the first gradients' {grads_off:.1e} "
+    "(section 4; each a norm of the difference over a norm). Without "
+    f"the average the two replicas are {drifted[-1]:.2e} apart, {drifted[-1] / moved[-1]:.0%} of it.",
     "Distance between the ranks after each step: averaged "
     + ", ".join(f"{d:g}" for d in averaged[1:])
     + "; not averaged "
@@ -242,20 +251,22 @@ lesson.claim(
 # above); rounding moves these distances by ~1e-5 of them (SimpleDDP's distance to the single process, above), so
 # the claim does not depend on the machine.
 lesson.claim(
-    all(d > m for d, m in zip(drifted[1:], moved[1:])),
+    all(drift > move for drift, move in zip(drifted[1:], moved[1:])),
     "after every step they are farther apart from each other than the single process has moved from the start",
 )
-# Adam divides each gradient by its own running size: a rounding difference in a tiny gradient can move its update
-# by a good part of the learning rate, so the parameters differ more than the gradients did. Still far from a drift:
+# The bound is loose on purpose: AdamW divides each update by a running size of its gradient, so a rounding
+# difference in a tiny gradient can move that update by a good part of the learning rate. Still far from a drift:
 # 1e-2 of the distance moved is hundreds of times what rounding leaves here, and the unaveraged drift exceeds 1.
 lesson.claim(
     off <= 1e-2 * moved[-1],
-    "SimpleDDP trains as the single process does on the global batch, up to rounding magnified by Adam",
+    "SimpleDDP trains as the single process does on the global batch, up to rounding (within 1 % of the distance "
+    "moved)",
 )
 lesson.claim(
-    traffic.calls == STEPS * k * tensors,
+    traffic.calls == STEPS * k * tensors and traffic.bytes == STEPS * k * one_sync,
     f"SimpleDDP made {traffic.calls // STEPS} all_reduce calls a step: one per gradient tensor ({tensors}) after each of "
-    f"the {k} micro-batches, {lesson.mib(traffic.bytes / STEPS)} a step",
+    f"the {k} micro-batches, {lesson.mib(traffic.bytes / STEPS)} a step, {k} times the {lesson.mib(one_sync)} of "
+    "sending every gradient once",
 )
 
 # %%
@@ -277,44 +288,43 @@ plt.show()
 
 # %% [markdown]
 # What to look for: the averaged replicas are equal to the bit (the distance is exactly zero, and the
-# check compares with `torch.equal`), and they follow the single process closely, though not to float
-# rounding alone: the first gradients agreed to ~1e-7 (section 4), the parameters after three steps
-# are ~1e-5 of the distance moved apart (the line above), because Adam divides each update by the
-# gradient's own running size, which magnifies a rounding difference in a small gradient. The replicas
-# left to themselves part further with every step (nothing pulls them back), and from the first step
-# on they are farther apart than the single process has moved from its start. And `SimpleDDP` pays for its
-# simplicity: it sends every gradient after every micro-batch, although only the sum over the whole
-# step matters. `03_build_up` removes that cost, and then others, one idea per stage.
+# check compares with `torch.equal`), and they follow the single process up to rounding: the line above
+# sets the parameters' relative difference after the last step beside the first gradients'. The
+# replicas left to themselves part further with every step (nothing pulls them back), and from the
+# first step on they are farther apart than the single process has moved from its start. And
+# `SimpleDDP` sends more than it needs: every gradient after every micro-batch, as many times the
+# bytes of one sync as there are micro-batches (the last line above), although only the sum over the
+# whole step matters. `03_build_up` changes what is sent and when, one idea per stage, and measures
+# what each idea changes.
 #
 # ## 6. The ladder's `SimpleDDP`: the same idea, and what every stage needs around it
 #
 # `minddp.stages.SimpleDDP` is the first rung of the ladder that `03_build_up` climbs. It keeps the two
-# steps above, and three things come around them, each for a reason that shows later (the class adds
-# the first and the third; the second is added where the ladder builds a stage):
+# steps above, and four things come around them, each for a reason that shows later:
 #
 # * **a comm hook.** `finish_gradient_synchronization()` does not call `all_reduce` itself: it hands
-#   each gradient, wrapped in a `GradBucket` (torch's type for what a hook receives), to
-#   `hook(state, bucket)`, which returns a Future of the averaged gradient. The default hook,
-#   `allreduce_hook`, divides by the number of ranks and all_reduces: the same average, the division
-#   first (so that a 16-bit sum cannot overflow). Every later stage keeps this one call and changes
-#   only *when* it is made and how many gradients one bucket holds, so `04_comm_hooks` sends any
-#   stage's gradients in fp16 or through PowerSGD by registering another hook, and a hook's state
-#   can be a `Wire` that counts calls and bytes;
-# * **a profiler range around each hook call.** The class calls its hook plainly; the ladder registers
-#   `in_launch_range(hook)` instead, the same hook with each call inside a range named
-#   `minddp.bucket_launch#<index>`, so a trace shows when each gradient was handed to the network
-#   (minddp's trace analysis and step-time model read these ranges);
+#   each gradient, wrapped in a `GradBucket`, to `hook(state, bucket)`, which returns a Future of the
+#   averaged gradient. (`GradBucket` is minddp's own class, `minddp/comm/grad_bucket.py`, with the
+#   method names of `torch.distributed.GradBucket`, what torch's DDP hands its hooks, so that a hook
+#   written for one runs in the other.) The default hook, `allreduce_hook`, divides by the number of
+#   ranks and all_reduces: the same average, the division first (so that a 16-bit sum cannot
+#   overflow). Every later stage keeps this one call and changes only *when* it is made and how many
+#   gradients one bucket holds, so `04_comm_hooks` sends any stage's gradients in fp16 or through
+#   PowerSGD by registering another hook;
+# * **a name in the trace for each hook call**, added where the ladder builds a stage
+#   (`in_launch_range(hook)`: a profiler range `minddp.bucket_launch#<index>` around each call), so
+#   that a trace shows when each gradient was handed to the network (`05_reading_traces`);
 # * **two checks that turn a hang into an error.** Ranks that disagree on what they send do not fail
 #   cleanly: a broadcast or an all_reduce between tensors that do not match waits forever or mixes
 #   one layer's gradient into another's. So at construction every rank's parameter names, shapes and
 #   dtypes are compared (`check_same_model`), and before the first gradient of a step is sent, the
 #   parameters each rank's forward used (`ParameterUse`); a mismatch raises the same error on every
-#   rank.
+#   rank;
+# * **debug mode's checks** (`attach(self)`, `minddp/debug`): nothing while debug mode is off, as it is
+#   here; `08_debugging` turns it on.
 #
-# It also takes a `process_group` (all ranks by default), as torch's DDP does. Its `broadcast` and
-# the default hook come from `minddp/comm/plain.py`, the plain calls every stage makes: the broadcast
-# is `torch.distributed.broadcast`, with a complex tensor sent as its real view (torch 2.6's gloo
-# refuses complex ones). The code, then the default hook:
+# It also takes a `process_group` (all ranks by default), as torch's DDP does; its `broadcast` and the
+# default hook are the plain calls of `minddp/comm/plain.py`. The code, then the default hook:
 
 # %%
 from minddp import stages
@@ -326,7 +336,8 @@ show_source(allreduce_hook)
 
 # %% [markdown]
 # The cell below wraps one model in both versions, the ladder's with its default hook in a metered
-# `Wire`, runs one micro-batch's backward, and lets the ladder's version average under the profiler.
+# `Wire` (a hook's state that counts the calls and bytes it sends) and in its trace range, runs one
+# micro-batch's backward, and lets the ladder's version average under the profiler.
 # Then it puts the rank's own gradients back and lets the version above average them: the two
 # averages are compared, and the meter and the profile are read.
 
@@ -376,11 +387,20 @@ lesson.claim(
 # %% [markdown]
 # And a check at work: rank 1 builds a model with one output more than rank 0's. The plain version
 # would hand the backend two weights of different sizes in one broadcast; the ladder's refuses on
-# every rank, saying why (expected to fail):
+# every rank, saying why. The cell prints the error each rank raised. Its words name
+# `DistributedDataParallel`: the ladder's stages share the check with `minddp.DistributedDataParallel`,
+# whose message follows torch's DDP's own.
 
-# %% tags=["raises-exception"] minddp={"expected_error": "expects the same model across all ranks"}
+# %%
 # %%distributed
-stages.SimpleDDP(torch.nn.Linear(8, 2 + rank).to(device))
+from minddp.debug.findings import CrossRankError
+
+try:
+    stages.SimpleDDP(torch.nn.Linear(8, 2 + rank).to(device))
+except CrossRankError as error:
+    print(f"{type(error).__name__}: {error}")
+else:
+    raise AssertionError("the ladder's SimpleDDP wrapped two different models without a word")
 
 # %% [markdown]
 # ## Your turn: write `SimpleDDP`
@@ -389,13 +409,18 @@ stages.SimpleDDP(torch.nn.Linear(8, 2 + rank).to(device))
 # `dist.all_reduce`, `dist.get_world_size()`), one `all_reduce` per gradient tensor as above (the
 # checker counts the collectives against the `SimpleDDP` above, so one all_reduce of all the
 # gradients flattened together, right as its average is, is reported as the wrong number of
-# collectives). `check` then trains your class on two fresh ranks
-# (a small network, a few steps of a few micro-batches, a different random start on every rank)
-# beside a single process on the global batch and torch's own DDP, and says in one line what is
-# wrong, or that it matches: a missing broadcast, gradients summed instead of averaged, a rank
-# left waiting in a collective the other never made, or both ranks in one they made with different
-# arguments such as `src=rank` (each reported as "a rank hung", with where: the checker gives up after
-# a timeout, so your notebook never hangs), the wrong number of collectives.
+# collectives). `check` then trains your class on two fresh ranks beside a single process on the
+# global batch and torch's own DDP: a few steps of a few micro-batches, a different random start on
+# every rank, and a network of its own, much smaller than the workload above (three `Linear` layers
+# and a buffer), so the all_reduce calls it counts are per tensor of *that* network (its verdict says
+# how many tensors and calls). After each step it compares every rank's `.grad` with the average over
+# the ranks, which it computes itself, and with the usual mistakes, and then the parameters with the
+# two oracles. It says in one line what is wrong, or that it matches: a missing broadcast, gradients
+# summed instead of averaged, a sum that never reached `.grad`, a rank left waiting in a collective the
+# other never made, or both ranks in one they made with different arguments such as `src=rank` (each
+# reported as "a rank hung", with where: the checker gives up after a timeout, so your notebook never
+# hangs), the wrong number of collectives. A class that passes on two ranks is checked for one more
+# step on three: a world size written as a number (`/ 2`) is right on two ranks only.
 #
 # As it stands the cell raises `NotImplementedError`, and the checker says so.
 
@@ -424,8 +449,9 @@ class MySimpleDDP(nn.Module):
 check(MySimpleDDP, like="simple")
 
 # %% [markdown]
-# Stuck? Below is a model answer (`minddp.exercises.solutions`; its input is hidden in Jupyter,
-# click to show it) and what the checker says about it.
+# Stuck? The next cell holds a model answer (`minddp.exercises.solutions`) and what the checker says
+# about it. In Jupyter the whole cell is collapsed, its code and its output (the answer is an output),
+# so as not to give it away: click the collapsed cell to open it.
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true}
 from minddp.exercises import solutions
@@ -439,7 +465,9 @@ check(solutions.SimpleDDP, like="simple")
 # the ranks against each other cannot see. Each sync leaves n times the average, and as this class
 # syncs after every micro-batch, each sync also multiplies what the earlier ones left in `.grad`:
 # with n = 2 ranks and 3 micro-batches of average gradients a1, a2, a3, a step applies
-# 8 a1 + 4 a2 + 2 a3 instead of a1 + a2 + a3. The checker compares with a single process, so it sees it:
+# 8 a1 + 4 a2 + 2 a3 instead of a1 + a2 + a3. The checker names it from the gradients, not from the
+# parameters: it computes the true average of every rank's gradient itself and compares each `.grad`,
+# as your finish left it, with that average and with the usual mistakes, the sum among them:
 
 
 # %%
@@ -453,7 +481,7 @@ class ForgotTheDivision(solutions.SimpleDDP):
 check(ForgotTheDivision, like="simple")
 
 # %% [markdown]
-# Next: `03_build_up` makes the same averaging cheaper and earlier, one idea per stage.
+# Next: `03_build_up` changes when and in what pieces the same average is sent, one idea per stage.
 
 # %%
 # %dist_shutdown

@@ -24,7 +24,7 @@ from minddp.analysis.__main__ import main
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The measures, by their function in metrics.
-MEASURES = ["in_flight", "non_compute", "overlap_pct", "interleaved", "waited", "exposed", "link_time"]
+MEASURES = ["in_flight", "non_compute", "overlap_pct", "interleaved", "waited", "exposed", "link_time", "comm_cost"]
 
 
 def _cells(intervals):
@@ -143,7 +143,7 @@ def test_the_command_and_the_report_show_the_numbers_the_functions_give(linked_r
 def test_the_report_and_the_command_call_the_measure_functions(linked_run, monkeypatch, capsys):
     """Each measure the page and the console show is computed by its function in metrics: with each one counted,
     one run of the command with --report calls every one."""
-    calls = dict.fromkeys(MEASURES[:-1], 0)
+    calls = dict.fromkeys(MEASURES[:-2], 0)  # all but link time and comm cost, which a trace does not give
     for name in calls:
         real = getattr(metrics, name)
 
@@ -217,16 +217,49 @@ def test_a_function_named_after_a_measure_hands_over_to_metrics():
     assert not found, f"a measure defined again: {found}"
 
 
-def test_the_vocabulary_table_names_each_measure_once():
-    """docs/analysis.md's table of measures: one row a measure, each naming its function in metrics, which exists;
-    every measure function of metrics has its row."""
+def _doc_table() -> list[str]:
+    """The rows of docs/analysis.md's table of measures (header and rule left out)."""
     doc = (ROOT / "docs" / "analysis.md").read_text()
     section = doc[doc.index("## The measures") :]
     section = section[: section.index("\n## ", 3)]
-    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| ---")][1:]
+    return [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| ---")][1:]
+
+
+def test_the_vocabulary_table_names_each_measure_once():
+    """docs/analysis.md's table of measures: one row a measure, each naming its function in metrics, which exists;
+    every measure function of metrics has its row."""
+    rows = _doc_table()
     named = [re.search(r"`metrics\.(\w+)\(", row).group(1) for row in rows]
     assert sorted(named) == sorted(MEASURES), named
     for name in named:
         assert callable(getattr(metrics, name))
     for row in rows:
         assert len(row.strip("|").split(" | ")) == 4, row  # name, definition, function, unit
+
+
+def test_notebook_01_holds_the_docs_table_word_for_word():
+    """One vocabulary: the table notebook 01 teaches (a markdown cell of its jupytext source) is docs/analysis.md's,
+    header and rows, so a definition cannot drift in one place only."""
+    source = (ROOT / "notebooks" / "01_collectives.py").read_text().splitlines()
+    cells = [line[2:] for line in source if line.startswith("# | ")]
+    header = "| name | definition | function | unit |"
+    assert header in cells, "notebook 01 lost its table of measures"
+    start = cells.index(header)
+    rows = [line for line in cells[start + 2 : start + 2 + len(_doc_table())]]
+    assert rows == _doc_table()
+
+
+def test_the_benchmarks_comm_cost_is_the_measure_function(monkeypatch):
+    """The benchmark's comm cost column (a stage's median step minus the same stage's with noop_hook) is computed by
+    metrics.comm_cost, not by a subtraction of its own: with the function replaced, the column follows it."""
+    from minddp.bench import report
+    from minddp.bench.configs import BenchConfig
+
+    monkeypatch.setattr(metrics, "comm_cost", lambda step, free_step: 1000 * step + free_step)  # a tell-tale
+    configs = [BenchConfig("ddp", "ddp", noop="ddp+noop"), BenchConfig("ddp+noop", "ddp", hook="noop")]
+    sample = {"cpu": [0.001] * 3, "overlap": [(1.0, 2.0)], "calls": [1] * 3, "bytes": [4] * 3}
+    rows = report.summarize(
+        configs, [{"ddp": {**sample, "times": [0.012] * 3}, "ddp+noop": {**sample, "times": [0.010] * 3}}]
+    )
+    assert rows[0]["comm_cost_ms"] == pytest.approx(1000 * 12.0 + 10.0)
+    assert rows[1]["comm_cost_ms"] is None  # no noop twin of its own

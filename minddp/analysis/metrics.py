@@ -17,9 +17,12 @@ definition, function, unit):
 5. **waited**, :func:`waited`: ``|waits ∩ window|``, the training thread standing still for communication;
 6. **exposed**, :func:`exposed`: ``|link ∩ waits ∩ window|``, the link's modeled transfers the training thread
    waited through: the step time the link adds against the same stage with a free link (exact where the real
-   collectives take no time of their own; from two runs it is their steps' difference, from the step-time model
-   its replay's waiting, :func:`minddp.costmodel.step.predict`);
-7. **link time**, :func:`link_time`: the modeled transfer time of the step's messages, from their sizes alone.
+   collectives take no time of their own; the step-time model's replay gives it on its own transfers and waits,
+   :func:`minddp.costmodel.step.predict`);
+7. **link time**, :func:`link_time`: the modeled transfer time of the step's messages, from their sizes alone;
+8. **comm cost**, :func:`comm_cost`: a stage's step time minus the same stage's with nothing sent (``noop_hook``),
+   from two runs (``python -m minddp.bench``): all that sending adds, the link and every wait and the collectives'
+   own work, where exposed is the link's part alone.
 
 The temporal breakdown (:func:`breakdown`) splits the window into compute, non-compute and idle, as HTA does.
 These are HolisticTraceAnalysis's definitions where HTA has one, written on intervals so that they apply where
@@ -186,6 +189,12 @@ def exposed(link: Iterable[Interval], waits: Iterable[Interval], window: Iterabl
     """Step 6, **exposed**: ``|link ∩ waits ∩ window|``, the link's modeled transfers the training thread waited
     through (module doc: the step time the link adds)."""
     return length(intersect(_within(link, window), waits))
+
+
+def comm_cost(step: float, free_step: float) -> float:
+    """Step 8, **comm cost**: ``step − free_step``, the step time sending adds: a stage's step against the same
+    stage's with nothing sent (``noop_hook``), two runs' medians (``python -m minddp.bench``), in their unit."""
+    return step - free_step
 
 
 def link_time(link, messages: Iterable[tuple[str, float, int]]) -> float:

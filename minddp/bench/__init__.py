@@ -7,7 +7,7 @@ A benchmark, not a test: it measures, it asserts nothing. One run:
 2. **launches** the ranks (:mod:`.worker`) ``--launches`` times, the rounds shared out over them; in
    each round every configuration (:mod:`.configs`) trains in turn, in a shuffled order, then a short
    profiled window per configuration;
-3. **reports** (:mod:`.report`) step time, ratio to torch's DDP, exposed comm, overlap, CPU time,
+3. **reports** (:mod:`.report`) step time, ratio to torch's DDP, comm cost, overlap, CPU time,
    all_reduce traffic and peak memory into ``results/bench-<date>/``, with the targets judged
    (:mod:`.targets`).
 

@@ -4,7 +4,8 @@ The columns (docs/benchmarks.md, "Method", defines each in full):
 
 1. **step time**: per step the slowest rank; median, quartiles, min/max over all timed steps;
 2. **ratio**: median over torch's DDP's with the same hook, with a 90 % interval (:func:`ratio_interval`);
-3. **exposed comm**: median minus the same stage's with ``noop_hook``;
+3. **comm cost**: median minus the same stage's with ``noop_hook`` (:func:`minddp.analysis.metrics.comm_cost`: all
+   that sending adds, not the *exposed* time of a trace over an emulated link, which is the link's part alone);
 4. **overlap %**: collective time under compute over all of it, pooled over ranks and rounds
    (:func:`minddp.analysis.metrics.pooled_overlap_pct`), with the rounds' range;
 5. **all_reduce calls and bytes per step**, from the wire's meter, a wrapped all_reduce or the trace;
@@ -33,6 +34,7 @@ import os
 import platform
 import statistics
 
+from minddp.analysis import metrics
 from minddp.analysis.metrics import pooled_overlap_pct
 
 COLUMNS = [
@@ -50,7 +52,7 @@ COLUMNS = [
     "ratio_lo",
     "ratio_hi",
     "ref",
-    "exposed_comm_ms",
+    "comm_cost_ms",
     "overlap_pct",
     "overlap_min_pct",
     "overlap_max_pct",
@@ -168,7 +170,7 @@ def derive(rows: list[dict]) -> list[dict]:
             else (None, None)
         )
         noop = by.get(row.get("noop")) if row.get("noop") else None
-        row["exposed_comm_ms"] = row["median_ms"] - noop["median_ms"] if noop else None  # step 3
+        row["comm_cost_ms"] = metrics.comm_cost(row["median_ms"], noop["median_ms"]) if noop else None  # step 3
     return rows
 
 
@@ -316,7 +318,7 @@ def markdown_table(rows: list[dict]) -> str:
     ranges = ", rounds" if any(r.get("rounds", 1) > 1 for r in rows) else ""
     head = (
         f"| config | step, median (ms) | step, IQR (ms) | step, min–max (ms) | step × torch{ci} "
-        f"| exposed comm (ms) | overlap of comm by compute (%{ranges}) | train-thread CPU (ms) "
+        f"| comm cost (ms) | overlap of comm by compute (%{ranges}) | train-thread CPU (ms) "
         "| all_reduce calls per step | all_reduce per step (MiB) | peak memory (MiB) |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -326,7 +328,7 @@ def markdown_table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['config']} | {r['median_ms']:.2f} | {r['q1_ms']:.2f}–{r['q3_ms']:.2f} "
             f"| {r['min_ms']:.2f}–{r['max_ms']:.2f} | {_ratio_cell(r)} "
-            f"| {_fmt(r['exposed_comm_ms'], '.2f')} | {_overlap_cell(r)} | {_fmt(r.get('train_cpu_ms'), '.2f')} "
+            f"| {_fmt(r['comm_cost_ms'], '.2f')} | {_overlap_cell(r)} | {_fmt(r.get('train_cpu_ms'), '.2f')} "
             f"| {calls} "
             f"| {_fmt(mib, '.3f')} | {_fmt(r['peak_mib'], '.2f')} |"
         )
@@ -362,10 +364,10 @@ def write_outputs(
 
 
 def plot(rows: list[dict], path: str, meta: dict) -> None:
-    """Median step time with IQR whiskers per configuration, and exposed comm beside it.
+    """Median step time with IQR whiskers per configuration, and the comm cost beside it.
 
     Colours: torch's DDP red, minddp's stages blue, ``noop_hook`` runs grey (the legend says so); a row
-    whose exposed communication was not measured (no ``noop_hook`` twin in the run) says "not measured"
+    whose comm cost was not measured (no ``noop_hook`` twin in the run) says "not measured"
     instead of drawing a bar of zero.
     """
     import matplotlib
@@ -388,7 +390,7 @@ def plot(rows: list[dict], path: str, meta: dict) -> None:
     torch_row = by.get("torch")
     if torch_row:
         handles.append(ax1.axvline(torch_row["median_ms"], color="tab:red", lw=0.8, ls="--", label="torch DDP median"))
-    measured = [by[n]["exposed_comm_ms"] for n in names]
+    measured = [by[n]["comm_cost_ms"] for n in names]
     ax2.barh(names, [0.0 if m is None else m for m in measured], color=colors)
     for y, m in enumerate(measured):
         if m is None:
@@ -401,7 +403,7 @@ def plot(rows: list[dict], path: str, meta: dict) -> None:
                 fontsize=7,
                 color="#666",
             )
-    ax2.set_xlabel("exposed comm = step − same stage with noop_hook, ms")
+    ax2.set_xlabel("comm cost = step − same stage with noop_hook, ms")
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
     smoke = " — smoke run, targets not judged" if meta.get("smoke_run") else ""
     fig.suptitle(

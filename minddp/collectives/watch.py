@@ -127,9 +127,11 @@ def _label(mark: int, n: int) -> str:
 def draw_ring(records: list[dict]):
     """The ring's steps, one row each: every rank's chunks (whose shares each holds), and the chunk it sends.
 
-    Rows come from the records: the marks every rank held before each of its
-    exchanges (and at the end); the outlined chunk is the one the rank
-    sent in that exchange, to the rank its ``to`` names.
+    Rows come from the records: the marks every rank held just before each of its
+    exchanges (and at the end), so a sum sent in one row first shows in the next;
+    the chunk outlined in red is the one the rank sent in that exchange, to the
+    rank its ``to`` names (the red caption); the darker a chunk's green, the more
+    ranks' shares it holds.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
@@ -190,8 +192,9 @@ def draw_ring(records: list[dict]):
     ax.set_ylim(-(rows - 1) * 1.6 - 0.6, 1.7)
     ax.axis("off")
     ax.set_title(
-        f"ring all_reduce on {n} ranks: each box is one rank's tensor in {n} chunks; a chunk's label "
-        "names the ranks whose shares it holds",
+        f"ring all_reduce on {n} ranks: each box is one rank's tensor in {n} chunks, as it was just before that "
+        "step's message;\na chunk's label names the ranks whose shares it holds (the darker, the more); outlined "
+        "in red: the chunk the rank sends, and where to",
         fontsize=8.5,
     )
     fig.tight_layout()

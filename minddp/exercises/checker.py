@@ -26,8 +26,9 @@ Example (the model answer passes; a learner's class that sums instead of averagi
 
     >>> from minddp.exercises import solutions
     >>> shutdown()                                                # no checker ranks yet
-    >>> verdict = check(solutions.SimpleDDP, like="simple")       # 2 real ranks, a few seconds
+    >>> verdict = check(solutions.SimpleDDP, like="simple")       # 2 real ranks, then 3: a few seconds
     (starting 2 ranks for the checker; they stay for the next checks)
+    (starting 3 ranks for the checker; they stay for the next checks)
     >>> verdict.ok, verdict.line[:9]
     (True, '✓ simple:')
 """
@@ -41,7 +42,7 @@ from dataclasses import dataclass, field
 
 from minddp.exercises import harness, solutions
 
-_cluster = None
+_clusters: dict = {}  #: world size -> the checker's cluster of that many ranks
 
 
 @dataclass
@@ -62,29 +63,31 @@ class Verdict:
 
 
 def ranks(world_size: int = 2, timeout_s: float = 20.0):
-    """Step 1: the checker's cluster, started (or restarted with new settings) when needed."""
-    global _cluster
+    """Step 1: the checker's cluster of ``world_size`` ranks, started (or restarted with a new timeout) when needed.
+
+    One cluster per world size is kept, so that the second check (:func:`check`, on another number of ranks)
+    does not restart the first one's ranks every time."""
     from minddp.notebook.cluster import Cluster
 
-    if (
-        _cluster is not None
-        and _cluster.running
-        and (_cluster.world_size, _cluster.timeout_s) == (world_size, timeout_s)
-    ):
-        return _cluster
-    if _cluster is not None:
-        _cluster.shutdown()
+    cluster = _clusters.get(world_size)
+    if cluster is not None and cluster.running and cluster.timeout_s == timeout_s:
+        return cluster
+    if cluster is not None:
+        cluster.shutdown()
     print(f"(starting {world_size} ranks for the checker; they stay for the next checks)", flush=True)
-    _cluster = Cluster(world_size, backend="gloo", timeout_s=timeout_s, grace_s=1.0, release_s=3.0).start()
-    return _cluster
+    cluster = Cluster(world_size, backend="gloo", timeout_s=timeout_s, grace_s=1.0, release_s=3.0).start()
+    # Fresh ranks pay for imports and torch's first calls (its DDP, the optimizer's lazy imports) in their first
+    # check: a model answer's step, here under a generous limit, pays it, so that a check's own limit (timeout_s)
+    # measures the learner's code and not the machine's load (its report is not read).
+    cluster.run(harness.check_stage_on_rank, solutions.SimpleDDP, None, {}, 1, 1, timeout_s=600, raise_errors=False)
+    _clusters[world_size] = cluster
+    return cluster
 
 
 def shutdown() -> None:
-    """Stop the checker's ranks (they also stop with the process)."""
-    global _cluster
-    if _cluster is not None:
-        _cluster.shutdown()
-        _cluster = None
+    """Stop the checker's ranks, of every world size (they also stop with the process)."""
+    while _clusters:
+        _clusters.popitem()[1].shutdown()
 
 
 def check(
@@ -95,6 +98,7 @@ def check(
     steps: int = 3,
     accum: int = 3,
     world_size: int = 2,
+    second_world_size: int | None = 3,
     timeout_s: float = 20.0,
 ) -> Verdict:
     """Train the stage class ``stage`` on ``world_size`` ranks beside a single process and torch's DDP.
@@ -106,19 +110,29 @@ def check(
     built as ``stage(module)``, plus ``bucket_cap_mb`` when its ``__init__``
     takes it (the default makes two buckets of the checker's network). A
     collective that one rank waits in for ``timeout_s`` seconds is a hang.
+
+    A stage that passes is checked once more, for one step, on
+    ``second_world_size`` ranks (``None``: not): a world size written as a number
+    (``param.grad /= 2``) is right on 2 ranks only. A wrong answer fails the first
+    check and never waits for the second.
     """
     if like is not None and like not in solutions.STAGES:
         raise ValueError(f"like={like!r}: choose one of {', '.join(solutions.STAGES)}, or None")
     if not isinstance(stage, type):
         raise TypeError(f"check() takes a stage class (e.g. check(MySimpleDDP, like='simple')), got {stage!r}")
     name = like or stage.__name__
-    reports = _run(
-        harness.check_stage_on_rank,
-        (stage, like, {"bucket_cap_mb": bucket_cap_mb}, steps, accum),
-        world_size,
-        timeout_s,
-    )
-    return _stage_verdict(name, like, reports, timeout_s, bucket_cap_mb)
+    options = {"bucket_cap_mb": bucket_cap_mb}
+    reports = _run(harness.check_stage_on_rank, (stage, like, options, steps, accum), world_size, timeout_s)
+    first = _stage_verdict(name, like, reports, timeout_s, bucket_cap_mb)
+    if not first.ok or second_world_size in (None, world_size):
+        return first
+    # Correctness only (like=None): the kinds, number and place of the collectives were judged on the first ranks.
+    again = _run(harness.check_stage_on_rank, (stage, None, options, 1, accum), second_world_size, timeout_s)
+    problem = _problem(name, again, timeout_s, lambda f, report: _stage_finding(f, report, like), like)
+    if problem:
+        where = f"on {second_world_size} ranks, after it passed on {world_size}: "
+        return Verdict(False, problem.replace(f"✗ {name}: ", f"✗ {name}: {where}", 1), again)
+    return _stage_verdict(name, like, reports, timeout_s, bucket_cap_mb, also=again[min(again)])
 
 
 def check_hook(
@@ -165,12 +179,22 @@ def _problem(name: str, reports: dict, timeout_s: float, describe, like: str | N
     return f"✗ {name}: " + describe(first["finding"], first) if first.get("finding") else None
 
 
-def _stage_verdict(name: str, like: str | None, reports: dict, timeout_s: float, cap: float) -> Verdict:
+def _stage_verdict(
+    name: str, like: str | None, reports: dict, timeout_s: float, cap: float, also: dict | None = None
+) -> Verdict:
+    """The verdict on one check's reports; ``also``: a report of the second check (on more ranks), which passed."""
     first = reports[min(reports)]
     problem = _problem(name, reports, timeout_s, lambda f, report: _stage_finding(f, report, like), like)
     counts = None if problem else _counts_problem(first, like, cap)
     if problem or counts:
         return Verdict(False, problem or f"✗ {name}: " + counts, reports)
+    tensors = f" (the checker's network: {first['tensors']} parameter tensors)" if first.get("tensors") else ""
+    again = (
+        f", and after {also['checked_steps']} step on {also['world']} ranks too (a world size written as a number "
+        "would show there)"
+        if also
+        else ""
+    )
     d_single, d_torch = first.get("max_diff", [float("nan")] * 2)
     calls = calls_text(first["kinds"][-1]) if first.get("kinds") else "no collective calls"
     same = f", as '{like}' makes" if like else ""
@@ -188,8 +212,8 @@ def _stage_verdict(name: str, like: str | None, reports: dict, timeout_s: float,
         (
             f"✓ {name}: after {first['checked_steps']} steps of {first['accum']} micro-batches "
             f"on {first['world']} ranks "
-            f"the parameters match a single process on the global batch (largest difference {d_single:.1e}) and "
-            f"torch's DDP ({d_torch:.1e}); {calls} per step{same}{travelled}"
+            f"the parameters{tensors} match a single process on the global batch (largest difference {d_single:.1e}) "
+            f"and torch's DDP ({d_torch:.1e}){again}; {calls} per step{same}{travelled}"
         ),
         reports,
     )
@@ -305,7 +329,7 @@ def _ranks_text(ranks: list[int]) -> str:
 
 def _names_text(names: list[str], total: int | None = None) -> str:
     if total is not None and len(names) == total and total > 2:
-        return f"all {total} parameters"
+        return f"all {total} parameter tensors"
     shown = ", ".join(f"'{n}'" for n in names[:3])
     return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
@@ -414,6 +438,19 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             f"gradients were not synchronized{at} ({names}): step {f['step']} started no collective at all, where "
             "step 1 did: your stage keeps something from one step to the next that was not reset (a bucket's count "
             "of the gradients it still waits for, a list, a flag): set it back when the bucket is sent"
+        )
+    if f["kind"] == "local" and f["step"] <= len(kinds) and kinds[f["step"] - 1]:
+        return (
+            f"gradients were not synchronized{at} ({names}): your stage made {calls_text(kinds[f['step'] - 1])} in "
+            f"step {f['step']}, but after finish_gradient_synchronization() each rank still holds the gradient of its "
+            "own shard: the sums went into tensors that never reached .grad (param.grad / n, or a clone, is a new "
+            "tensor; so is a bucket's flat copy); all_reduce .grad itself, in place, or copy each sum back into it"
+        )
+    if f["kind"].startswith(harness.HARD_CODED_KIND):
+        divisor = int(f["kind"][len(harness.HARD_CODED_KIND) :])
+        return (
+            f"gradients were divided by {divisor}, not by the world size ({world}) ({names}): a world size written "
+            f"as a number is right on {divisor} ranks only; divide by dist.get_world_size(){at}"
         )
     if f["kind"] == "other":
         value, name = f["largest"]

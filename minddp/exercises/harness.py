@@ -490,16 +490,23 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and float((a - b).norm()) <= 1e-4 * float(b.norm()) + 1e-7
 
 
+#: World sizes a learner may write as a number instead of asking for it (2: the notebooks' ranks, 4: notebook 01's);
+#: each is a candidate where the check runs on another number of ranks (``checker.check``'s second world size).
+HARD_CODED = (2, 4, 8)
+#: The kind of the candidate that divides by ``d`` is ``HARD_CODED_KIND + str(d)``.
+HARD_CODED_KIND = "hard_coded_"
+
+
 def candidates(local: list[dict], averaged: list[dict], world: int, synced_after: list[bool]) -> dict[str, dict]:
     """Step 3's list of usual mistakes, each as the gradient it would leave in ``.grad``.
 
     ``local[i]`` is this rank's gradient of micro-batch ``i``, ``averaged[i]``
     its average over ranks, ``synced_after[i]`` whether the stage made
     collectives in micro-batch ``i``'s backward or finish (a stage without
-    ``no_sync()`` syncs after each one). A sync that sums (or divides twice)
-    compounds over those syncs, so those candidates follow the stage's own
-    schedule: what was synced is the same on every rank, what was added since
-    is this rank's own.
+    ``no_sync()`` syncs after each one). A sync that sums (or divides twice, or
+    by a number written in the code, :data:`HARD_CODED`) compounds over those
+    syncs, so those candidates follow the stage's own schedule: what was
+    synced is the same on every rank, what was added since is this rank's own.
     """
     k = len(local)
     zero = scale(local[0], 0.0)
@@ -525,6 +532,9 @@ def candidates(local: list[dict], averaged: list[dict], world: int, synced_after
         # divided by the world size, but the sum went to a copy that never came back into .grad
         "unsummed": following_schedule(1.0 / world, summed=False),
     }
+    for divisor in HARD_CODED:  # the sum divided by a number written in the code, not by the world size
+        if divisor != world:
+            found[f"{HARD_CODED_KIND}{divisor}"] = following_schedule(world / divisor)
     if k > 1:
         earlier = zero
         for g in local[:-1]:
@@ -589,6 +599,7 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
     rank, world = dist.get_rank(), dist.get_world_size()
     out: dict = {"counts": [], "kinds": [], "in_flight": [], "finding": None, "checked_steps": 0, "has_no_sync": False}
     module = make_net(seed=rank)  # a different init on every rank: the broadcast must fix it
+    out["tensors"] = sum(1 for p in module.parameters() if p.requires_grad)  # what one sync per tensor sends
     events = Events(module)  # its hooks before the stage's: they fire first
     progress.phase = "building your stage"
     model = stage_cls(module, **accepted_options(stage_cls, options))

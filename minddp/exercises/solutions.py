@@ -15,9 +15,10 @@ Example::
 
     >>> from minddp.exercises import check, solutions
     >>> from minddp.exercises.checker import shutdown
-    >>> shutdown()                                      # a fresh pair of checker ranks
-    >>> check(solutions.BucketDDP, like="bucket")       # 2 real ranks, a few seconds
+    >>> shutdown()                                      # fresh checker ranks
+    >>> check(solutions.BucketDDP, like="bucket")       # 2 real ranks, then 3 (it passed): a few seconds
     (starting 2 ranks for the checker; they stay for the next checks)
+    (starting 3 ranks for the checker; they stay for the next checks)
     ✓ bucket: ...
 """
 
@@ -43,7 +44,7 @@ class SimpleDDP(nn.Module):
         super().__init__()
         self.module = module
         self.process_group = process_group
-        with torch.no_grad():  # an in-place write into a parameter that requires grad
+        with torch.no_grad():  # rank 0's values are no part of training: keep autograd out of the write
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor, src=0, group=process_group)
 
