@@ -709,15 +709,15 @@ NOISE = 1.0  # points of the step: a smaller change on a rank is called "about t
 
 
 def moved(column, pair, unit=" %", fmt="{:.1f}", noise=NOISE):
-    """How `column` went on each rank from pair[0] to pair[1]: "rose"/"fell" (by `noise` or more) or "about the same"."""
+    """How `column` went on each rank from pair[0] to pair[1]: rose/fell (by `noise` or more), or stayed about the same."""
     hows, values = [], []
     for rk in range(world):
         a, b = (mine.loc[(st, rk), column] for st in pair)
-        hows.append("about the same" if abs(b - a) < noise else "rose" if b > a else "fell")
-        values.append(f"rank {rk} {fmt.format(a)} → {fmt.format(b)}{unit}")
+        hows.append("stayed about the same" if abs(b - a) < noise else "rose" if b > a else "fell")
+        values.append(f"{fmt.format(a)} → {fmt.format(b)}{unit}")
     if len(set(hows)) == 1:
-        return f"{hows[0]} on both ranks ({', '.join(values)})"
-    return ", ".join(f"{how} on {value}" for how, value in zip(hows, values))
+        return f"{hows[0]} on both ranks ({', '.join(f'rank {rk} {v}' for rk, v in enumerate(values))})"
+    return ", ".join(f"{how} on rank {rk} ({v})" for rk, (how, v) in enumerate(zip(hows, values)))
 
 
 fell_from_ga = [
@@ -726,7 +726,7 @@ fell_from_ga = [
 ]
 lesson.say(
     f"Against the blog's row, on the link non-compute (a change under {NOISE:g} point of the step counted as "
-    "about the same): "
+    "staying about the same): "
     + "; ".join(f"with '{idea}' it {moved('non_compute_pctg', pair)}" for idea, pair, *_ in ideas)
     + ".",
     "The blog's non-compute fell with accumulation (~15 % → ~5 %), and with async hooks measured from ga "
