@@ -189,7 +189,10 @@ print(
     + ", ".join(f"{n} {k} against {r} ms ({k - r:+d})" for n, k, r in zip(names, parts["kill"], parts["raise"]))
 )
 largest = max(range(4), key=lambda i: abs(by_part[i]))
-print(f"the part that differs most: {names[largest]} ({by_part[largest]:+d} of the {total:+d} ms)")
+print(
+    f"the part whose difference is the largest: {names[largest]} ({by_part[largest]:+d} ms; the four parts together "
+    f"{total:+d} ms)"
+)
 rejoin, restart = round(kill.rejoin_s, 2), round(kill.restart_s, 2)  # as printed: the parts add up to the whole
 start_to_heal = rejoin - restart
 print(
