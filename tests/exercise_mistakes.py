@@ -639,6 +639,34 @@ def shard_all_to_rank_zero(batch, rank, world):
     return x[rows], y[rows]
 
 
+def shard_split_by_count(batch, rank, world):
+    """torch's split read as a count: split(world) cuts pieces of `world` rows, so the ranks take the first pieces."""
+    x, y = batch
+    return x.split(world)[rank], y.split(world)[rank]
+
+
+def shard_typo_without_parentheses(batch, rank, world):
+    """`rank+1*len(x)//world` for `(rank+1)*len(x)//world`: rank 2 of world 3 has none, and rows 4-9 go to no rank."""
+    x, y = batch
+    lo, hi = rank * len(x) // world, rank + 1 * len(x) // world
+    return x[lo:hi], y[lo:hi]
+
+
+def shard_with_its_row_count(batch, rank, world):
+    """ToyTask.shard's triple (x, y, the batch's row count) where the checker asks for the pair (x, y)."""
+    x, y = batch
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
+    return x[lo:hi], y[lo:hi], len(x)
+
+
+def shard_ceiling_sized(batch, rank, world):
+    """ceil(B / world) rows each, the last rank the rest: every row once; at 4 rows and world 3, rank 2 has none,
+    but no rank takes more than ceil(4 / 3) = 2 rows, as many as in any split of 4 rows among 3 (right)."""
+    x, y = batch
+    n = -(-len(x) // world)
+    return x[rank * n : (rank + 1) * n], y[rank * n : (rank + 1) * n]
+
+
 #: The environment's RANK read once, when this module ran (on a rank, the launcher's RANK: the process's slot).
 SLOT = int(os.environ.get("RANK", 0))
 

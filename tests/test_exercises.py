@@ -202,7 +202,7 @@ def test_each_hook_mistake_is_named(hook, named):
     assert not v.ok and named in v.line, v.line
 
 
-SHARD_ANSWERS = [solutions.ft_shard, wrong.shard_strided]
+SHARD_ANSWERS = [solutions.ft_shard, wrong.shard_strided, wrong.shard_ceiling_sized]
 SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, what happened to them
     (wrong.shard_keeps_its_rows, "at world 2, rows 6-9 were trained by no rank"),
     (
@@ -218,6 +218,17 @@ SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, wh
     (wrong.shard_slot_or_rank, "your shard reads the environment (os.environ), where the launcher's RANK is"),
     (wrong.shard_shuffled_each_call, "shard(batch, 0, 3) gave rows "),
     (wrong.shard_ignores_rank, "at world 3, rows 3-9 were trained by no rank and rows 0-2 by more than one"),
+    (  # split's argument is a piece size: named as such, with what it loses at each world, not as a floor division
+        wrong.shard_split_by_count,
+        "at world 3, row 9 was trained by no rank (of the global batch's 10): your shard takes piece `rank` of "
+        "x.split(world), but split's argument is the size of a piece, not their number: at world 3 it cuts 3-row "
+        "pieces, 4 of them, and rank r takes the r-th, so row 9 goes to no rank (at world 2: rows 4-9; at world 1: "
+        "rows 1-9)",
+    ),
+    (  # never told each row is trained once: rows 4-9 go to no rank
+        wrong.shard_typo_without_parentheses,
+        "at world 3, rows 4-9 were trained by no rank (of the global batch's 10)",
+    ),
     # right on the run's 10-row batches at worlds 3 and 2, wrong where the run does not go: checked after it
     (
         wrong.shard_of_ten_rows,
@@ -234,6 +245,7 @@ SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, wh
 SHARD_MATCHES_THE_RUNG = [  # what a right answer's verdict says of the rung's own split
     "your split gives every rank the rows the ft rung's own split gives it",
     "your split differs from the ft rung's own (rank 0 of world 3: your rows 0, 3, 6, 9, the rung's rows 0-2)",
+    "your split differs from the ft rung's own (rank 0 of world 3: your rows 0-3, the rung's rows 0-2)",
 ]
 
 
@@ -267,8 +279,15 @@ SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
         "shard(batch, 0, 3) returned x rows 0-2 with y rows 9, 0-1: y[i] must be the target of x[i]",
     ),
     (
+        wrong.shard_with_its_row_count,
+        "shard(batch, 0, 3) returned 3 values, not 2 (x, y): ToyTask.shard's third, the batch's row count, is not "
+        "the checker's",
+    ),
+    (
         wrong.shard_all_to_rank_zero,
-        "at world 3, rank 0 took all 10 rows and ranks 1, 2 none: each row is trained once, but the work is not split",
+        "at world 3, rank 0 took all 10 rows and ranks 1, 2 none: each row is trained once, but the busiest rank "
+        "takes 10 rows where an even split gives no rank more than ceil(10 / 3) = 4, and a step lasts as long as its "
+        "busiest rank (here, as long as one process on the whole batch)",
     ),
 ]
 

@@ -24,9 +24,9 @@ def test_inject_is_refused_on_a_stage_that_ends_the_run():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("kill@3", "write KIND@STEP:RANK"),
-        ("explode@3:1", "write KIND@STEP:RANK"),
-        ("kill@3:5", "rank 5 does not exist with --world-size 2"),
+        ("kill@3", "write KIND@STEP:SLOT"),
+        ("explode@3:1", "write KIND@STEP:SLOT"),
+        ("kill@3:5", "slot 5 does not exist with --world-size 2"),
     ],
 )
 def test_a_bad_fault_is_named_with_the_form(spec, message):

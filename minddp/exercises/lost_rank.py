@@ -11,7 +11,8 @@ never trained. :func:`check_shard` checks a learner's ``shard``:
    is refused; then it is called
    twice for every rank of the worlds the run will meet: an exception, a value that is not
    ``(x rows, y rows)`` of the batch (y's rows the same as x's), two calls that disagree, or a split
-   that leaves a rank idle while another takes its rows, is named at once, before any rank starts;
+   that leaves a rank idle while another takes more than an even split's ceil(B / world) rows, is named at
+   once, before any rank starts;
 2. **on real ranks, through a fault**: one run of the ft rung (:func:`minddp.ft.launch_ft`, 3
    ranks, ``kill@2:1``: the world goes 3 → 2, then 3 again once the killed rank is back, healed) of
    a task with one small model per shard function (:class:`Lanes`), so one run checks them all;
@@ -192,15 +193,18 @@ def preflight(fn, batch) -> str | None:
 
 
 def idle_problem(fn, row_counts) -> str | None:
-    """Where ``fn`` leaves a rank with no rows though the batch has a row for every rank (``None``: nowhere): each
-    row trained once, yet the work not split (the idle ranks compute nothing and the step takes as long as one
-    process on the whole batch). Batches of fewer rows than ranks leave some rank empty in any split."""
+    """Where ``fn`` trains every row once but leaves a rank idle while its busiest rank takes more rows than an
+    even split gives any rank, ceil(B / world) (``None``: nowhere). A step lasts as long as its busiest rank, so
+    such a split makes the step longer than it need be; at a few rows an even split may leave a rank idle too
+    (4 rows at world 3: 2, 2, 0 takes as long as 2, 1, 1), and that is no mistake. A split that misses a row or
+    doubles one is not judged here: the run, or :func:`unchecked_coverage`, names those rows."""
     for rows in row_counts:
         batch = ToyTask(global_batch=rows).global_batch(0)
         for world in range(WORLD, 1, -1):
-            sizes = coverage(fn, batch, world)[2]
+            missing, twice, sizes = coverage(fn, batch, world)
             idle = [r for r, n in enumerate(sizes) if n == 0]
-            if rows < world or not idle:
+            even = -(-rows // world)  # the most rows an even split gives a rank
+            if missing or twice or not idle or max(sizes) <= even:
                 continue
             busy = [r for r, n in enumerate(sizes) if n]
             took = (
@@ -211,8 +215,10 @@ def idle_problem(fn, row_counts) -> str | None:
             where = f"at world {world}" + ("" if rows == ROWS else f", with a global batch of {rows} rows")
             return (
                 f"{where}, {took} and rank{'s' if len(idle) > 1 else ''} {', '.join(map(str, idle))} none: each row is "
-                "trained once, but the work is not split (the idle ranks compute nothing, and a step takes as long "
-                f"as one process on the whole batch); give each of the {world} ranks about len(x) / world rows"
+                f"trained once, but the busiest rank takes {max(sizes)} rows where an even split gives no rank more "
+                f"than ceil({rows} / {world}) = {even}, and a step lasts as long as its busiest rank"
+                + (" (here, as long as one process on the whole batch)" if max(sizes) == rows else "")
+                + f"; give each of the {world} ranks about len(x) / world rows"
             )
     return None
 
@@ -230,7 +236,18 @@ def values_problem(fn, batch, world: int) -> str | None:
                 return f"your shard raised {type(exc).__name__} for rank {rank} of world {world}: {exc}" + (
                     RANK_READ_AT_RUN_TIME if rank_read(exc) else ""
                 )
-            if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            if isinstance(out, (tuple, list)) and len(out) != 2:
+                return (
+                    f"shard(batch, {rank}, {world}) returned {len(out)} value{'s' if len(out) != 1 else ''}, not 2 "
+                    "(x, y)"
+                    + (
+                        ": ToyTask.shard's third, the batch's row count, is not the checker's (its task weights by "
+                        f"its fixed {ROWS} rows); return only this rank's rows (x[rows], y[rows])"
+                        if len(out) == 3
+                        else ": return this rank's rows of the batch's inputs and of its targets, (x[rows], y[rows])"
+                    )
+                )
+            if not isinstance(out, (tuple, list)):
                 return (
                     f"shard(batch, {rank}, {world}) returned {type(out).__name__}, not (x, y): return this "
                     "rank's rows of the batch's inputs and of its targets"
@@ -503,6 +520,19 @@ def coverage(fn, batch, world: int) -> tuple[list[int], list[int], list[int]]:
     return [r for r, c in enumerate(count) if c == 0], [r for r, c in enumerate(count) if c > 1], sizes
 
 
+def split_by_size(fn, batch) -> bool:
+    """``fn`` gives every rank of worlds 3, 2, 1 the piece ``x.split(world)[rank]``: split's argument taken for a
+    number of pieces, where it is a piece's size (a rank past the last piece would raise: no rows counted)."""
+    rows = list(range(len(batch[0])))
+    for world in range(WORLD, 0, -1):
+        pieces = [rows[i : i + world] for i in range(0, len(rows), world)]
+        for rank in range(world):
+            yours = rows_of(fn(batch, rank, world)[0], batch[0])
+            if yours != (pieces[rank] if rank < len(pieces) else []):
+                return False
+    return True
+
+
 def unchecked_coverage(fn, run_worlds: set) -> str | None:
     """Where the run cannot show it: a world its committed steps did not have, or a batch of another size, at
     which ``fn`` gives a row to no rank or to several (``None``: every row to exactly one rank)."""
@@ -573,6 +603,18 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
         )
     for step, world in committed:
         missing, twice, sizes = coverage(fn, task.global_batch(step), world)
+        if missing and split_by_size(fn, task.global_batch(step)):
+            others = [(w, coverage(fn, task.global_batch(step), w)[0]) for w in range(WORLD, 0, -1) if w != world]
+            others_text = "; ".join(f"at world {w}: {rows_named(m)}" for w, m in others if m)
+            return (
+                f"at world {world}, {rows_text(missing)} trained by no rank (of the global batch's {ROWS}): your "
+                "shard takes piece `rank` of x.split(world), but split's argument is the size of a piece, not their "
+                f"number: at world {world} it cuts {world}-row pieces, {-(-ROWS // world)} of them, and rank r takes "
+                f"the r-th, so {rows_named(missing)} go{'es' if len(missing) == 1 else ''} to no rank"
+                + (f" ({others_text})" if others_text else "")
+                + f", and {left}: x.tensor_split(world) cuts `world` pieces (or rank r takes rows r·B // world up to "
+                "(r+1)·B // world)"
+            )
         floor = ROWS // world
         if missing and not twice and sizes == [floor] * world and len(missing) == ROWS - floor * world:
             return (

@@ -45,12 +45,12 @@ def parse_faults(text: str | None, world_size: int | None = None) -> list[Fault]
         m = _SPEC.match(item)
         if m is None:
             raise ValueError(
-                f"--inject {item!r}: write KIND@STEP:RANK with KIND one of kill, stop, raise "
+                f"--inject {item!r}: write KIND@STEP:SLOT with KIND one of kill, stop, raise "
                 "(e.g. kill@5:1), or coord@STEP"
             )
         fault = Fault("coord", int(m.group(4))) if m.group(4) else Fault(m.group(1), int(m.group(2)), int(m.group(3)))
         if world_size is not None and fault.slot is not None and fault.slot >= world_size:
-            raise ValueError(f"--inject {item!r}: rank {fault.slot} does not exist with --world-size {world_size}")
+            raise ValueError(f"--inject {item!r}: slot {fault.slot} does not exist with --world-size {world_size}")
         faults.append(fault)
     return faults
 
@@ -85,4 +85,4 @@ class FaultPlan:
 
 
 class InjectedFault(RuntimeError):
-    """A collective that raised on purpose (``raise@STEP:RANK``)."""
+    """A collective that raised on purpose (``raise@STEP:SLOT``)."""

@@ -67,7 +67,7 @@ class FaultTolerantTrainer:
         self.on_entry = on_entry  # told each entry as it is made (the launcher's timeline)
         self.on_result = on_result  # handed the result while this rank still beats (the launcher's copy)
         self.healed_bytes = 0
-        self.raise_in_collective = None  # a ``raise@STEP:RANK`` fault due in this step's collective
+        self.raise_in_collective = None  # a ``raise@STEP:SLOT`` fault due in this step's collective
 
     def run(self) -> dict:
         self.coordinator.start_beating()
@@ -232,12 +232,12 @@ class FaultTolerantTrainer:
         self.raise_in_collective = None if self.plan is None else self.plan.due("raise", self.step, self.slot)
 
     def collective(self, state, bucket):
-        """The ``ddp`` stage's comm hook: plain averaging, or the injected fault ``raise@STEP:RANK``."""
+        """The ``ddp`` stage's comm hook: plain averaging, or the injected fault ``raise@STEP:SLOT``."""
         self.raise_if_armed()
         return allreduce_hook(state, bucket)
 
     def raise_if_armed(self) -> None:
-        """The fault ``raise@STEP:RANK`` armed for this step's collective: raised now, once."""
+        """The fault ``raise@STEP:SLOT`` armed for this step's collective: raised now, once."""
         if self.raise_in_collective is not None:
             index, self.raise_in_collective = self.raise_in_collective, None
             self.plan.fire(index)
