@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from minddp.exercises import harness, solutions
 
-_cluster = None
+_clusters: dict = {}  # world size -> the checker's ranks of that size (a check at another size starts its own)
 
 
 @dataclass
@@ -61,29 +61,23 @@ class Verdict:
 
 
 def ranks(world_size: int = 2, timeout_s: float = 20.0):
-    """Step 1: the checker's cluster, started (or restarted with new settings) when needed."""
-    global _cluster
+    """Step 1: the checker's cluster of ``world_size`` ranks, started (or restarted with new settings) when needed."""
     from minddp.notebook.cluster import Cluster
 
-    if (
-        _cluster is not None
-        and _cluster.running
-        and (_cluster.world_size, _cluster.timeout_s) == (world_size, timeout_s)
-    ):
-        return _cluster
-    if _cluster is not None:
-        _cluster.shutdown()
+    cluster = _clusters.get(world_size)
+    if cluster is not None and cluster.running and cluster.timeout_s == timeout_s:
+        return cluster
+    if cluster is not None:
+        cluster.shutdown()
     print(f"(starting {world_size} ranks for the checker; they stay for the next checks)", flush=True)
-    _cluster = Cluster(world_size, backend="gloo", timeout_s=timeout_s, grace_s=1.0, release_s=3.0).start()
-    return _cluster
+    _clusters[world_size] = Cluster(world_size, backend="gloo", timeout_s=timeout_s, grace_s=1.0, release_s=3.0).start()
+    return _clusters[world_size]
 
 
 def shutdown() -> None:
     """Stop the checker's ranks (they also stop with the process)."""
-    global _cluster
-    if _cluster is not None:
-        _cluster.shutdown()
-        _cluster = None
+    while _clusters:
+        _clusters.popitem()[1].shutdown()
 
 
 def check(

@@ -72,13 +72,15 @@ def candidate(
     weights=False,
     grad=True,
     step=True,
+    world=None,
 ):
     """DiLoCo's sync with one idea changed: ``sign=-1`` averages local − synced; ``restore=False`` steps from the
     local weights; ``divide=False`` sums; ``keep=False`` never updates the synced weights; ``weights=True``
     averages the weights themselves (local SGD) and never steps the outer optimizer; ``grad=False`` never hands
     the average to the outer optimizer (it steps with the last inner gradient); ``step=False`` never lets the outer
-    optimizer move the restored weights (the pseudo-gradient taken after the restore is zero, or no outer.step())."""
-    world = dist.get_world_size(group)
+    optimizer move the restored weights (the pseudo-gradient taken after the restore is zero, or no outer.step());
+    ``world=2`` divides by a fixed 2 whatever the world size."""
+    world = world or dist.get_world_size(group)
     with torch.no_grad():
         sent = [p.detach().clone() if weights else sign * (s - p) for p, s in zip(params, synced)]
         for t in sent:
@@ -145,6 +147,14 @@ MISTAKES = {
     ),
 }
 
+#: The wrong idea that only another world size shows (run there after a sync matched DiLoCo's on 2 ranks).
+FIXED_WORLD = {
+    "fixed_world": (
+        functools.partial(candidate, world=2),
+        "the pseudo-gradient was divided by a fixed 2, which is the world size only on 2 ranks: divide by "
+        "dist.get_world_size() (a hard-coded world size)",
+    ),
+}
 
 #: A sync that ends where no_move's does, told apart by what the outer optimizer saw (:class:`NotedSGD`): the kind
 #: -> what the verdict says after "the outer step did not move the weights" (or instead of it).
@@ -264,7 +274,7 @@ def close(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 def outer_sync_finding(mine: list[dict], candidates: dict[str, list[dict]], everyone: list) -> dict | None:
     """Step 3 on one rank: the first thing wrong, or ``None`` for DiLoCo's sync."""
     right = candidates["diloco"]
-    for name in ["diloco", *MISTAKES]:  # (from_local leaves the replicas apart: named before that is)
+    for name in candidates:  # in the order run: diloco, then each mistake (from_local before ranks_differ)
         theirs = candidates[name]
         if all(close(m["params"], t["params"]) and close(m["synced"], t["synced"]) for m, t in zip(mine, theirs)):
             if name == "diloco":
@@ -312,15 +322,17 @@ def checking(fn):
             dist.destroy_process_group(checker)
 
 
-def check_outer_sync_on_rank(fn) -> None:
-    """Steps 1-3 on this rank; one report line (:data:`minddp.exercises.harness.MARK`)."""
+def check_outer_sync_on_rank(fn, every_mistake: bool = True) -> None:
+    """Steps 1-3 on this rank; one report line (:data:`minddp.exercises.harness.MARK`). ``every_mistake=False``
+    (the check at another world size, after yours matched DiLoCo's): DiLoCo's candidate alone."""
     with checking(fn) as (checker, progress, report):
         rank = report["rank"]
         # the candidates first: a rank whose learner's code raises releases its peer by interrupting it, and an
         # interrupted first optimizer step (its lazy imports) would leave this worker broken for the next check
         progress.phase = "running the candidates"
         candidates = {"diloco": rounds_with(candidate, rank, checker)}
-        candidates.update({name: rounds_with(wrong, rank, checker) for name, (wrong, _) in MISTAKES.items()})
+        others = MISTAKES if every_mistake else FIXED_WORLD
+        candidates.update({name: rounds_with(wrong, rank, checker) for name, (wrong, _) in others.items()})
         progress.phase = "running your outer_sync"
         mine = rounds_with(fn, rank, None)
         everyone: list = [None] * report["world"]
@@ -391,9 +403,21 @@ def check_outer_sync(fn, *, world_size: int = 2, timeout_s: float = 20.0) -> Ver
     if failed is not None:
         return failed
     first = reports[min(reports)]
+    # a sync that divides by a fixed 2 is DiLoCo's on 2 ranks: run it again on OTHER_WORLD ranks beside DiLoCo's
+    # alone (only an answer that passed pays for it: a few seconds, the first time to start those ranks)
+    other = world_size + 1
+    again = _run(check_outer_sync_on_rank, (fn, False), other, timeout_s)
+    trouble = _problem(name, again, timeout_s, _outer_sync_text)
+    if trouble is not None:
+        return Verdict(
+            False,
+            f"✗ {name}: on {world_size} ranks your sync is DiLoCo's, but not on {other}: " + trouble.split(": ", 1)[1],
+            again,
+        )
     return Verdict(
         True,
-        f"✓ {name}: after {ROUNDS} syncs of {SYNC_EVERY} inner steps on {first['world']} ranks, your weights and "
+        f"✓ {name}: after {ROUNDS} syncs of {SYNC_EVERY} inner steps on {first['world']} ranks (and again on {other}), "
+        "your weights and "
         f"synced weights are DiLoCo's (largest difference {first['max_diff']:.1e}): the pseudo-gradient synced − "
         "local averaged over the replicas, the outer SGD (0.7, momentum 0.9, Nesterov) stepped from the synced "
         "weights, the result kept as the new synced weights",
@@ -404,6 +428,8 @@ def check_outer_sync(fn, *, world_size: int = 2, timeout_s: float = 20.0) -> Ver
 def _outer_sync_text(f: dict, report: dict) -> str:
     if f["kind"] in MISTAKES:
         return MISTAKES[f["kind"]][1]
+    if f["kind"] in FIXED_WORLD:
+        return FIXED_WORLD[f["kind"]][1]
     if f["kind"] in NO_MOVE:
         return NO_MOVE[f["kind"]]
     if f["kind"] == "aliased":
