@@ -370,8 +370,8 @@ print(check_outer_sync(solutions.outer_sync))
 # once it holds its share: one large tensor makes them unequal, as below); and each fragment's
 # pseudo-gradient leaves `fragment_sync_delay` (τ) inner steps *before* its turn ends. Its Future is
 # kept and waited for only at the end of the turn, τ steps later: the message has those τ steps of
-# compute to arrive in (how long it actually takes depends on the link; below it arrives within the
-# first of them). At the end of the turn the outer step uses it, and the new synced weights are mixed with the local ones that kept training: `(1 − α)·synced + α·local`
+# compute to arrive in (how many of them it needs depends on the link and the step's length: the
+# lines under the figure below say it for that run). At the end of the turn the outer step uses it, and the new synced weights are mixed with the local ones that kept training: `(1 − α)·synced + α·local`
 # (`fragment_update_alpha`). Two letters here are Streaming DiLoCo's own: K counts fragments and α
 # mixes weights, where notebook 01's α is a message's fixed cost and 06's K the bytes of optimizer
 # state per parameter. `diloco.py`'s steps 4 to 6, the rest of its list:
@@ -394,14 +394,14 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # step's post-hook; the triangles mark where each fragment is **applied**, in the post-hook
 # of the optimizer step that ends its turn. If that step had to stand still until its message was
 # delivered (the link's time, or the other rank reaching the same send later, whichever ends last),
-# the wait would be drawn red: `live.step_view` reads the link's log of when `wait()` was first called
+# the wait is drawn red, over that step: `live.step_view` reads the link's log of when `wait()` was first called
 # on each message and when it was delivered, and `waited_ms` adds those waits up (*waited*,
 # `docs/analysis.md`).
 
 # %%
 # %%distributed
 from minddp.analysis import live
-from minddp.analysis.timeline import draw_steps
+from minddp.analysis.timeline import COLORS, draw_steps
 from minddp.comm.link import Link
 from minddp.ladder.loop import train_step
 
@@ -454,6 +454,8 @@ if rank == 0:
     ax = fig.axes[0]
     ax.broken_barh([(s, e - s) for s, e in sampling], (-0.40, 0.40), facecolors="0.7", label="sampling the batch")
     ax.plot(applied, [-0.44] * len(applied), "v", color="black", markersize=6, label="fragment applied")
+    waits = [(s, e - s) for s, e in view["row"]["waits"]]  # inside an optimizer step: drawn again, over its green
+    ax.broken_barh(waits, (-0.40, 0.40), facecolors=COLORS["wait"], zorder=3)
     ax.set_xlabel(f"ms since step {WARM + 1} started", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     named = {"step ends": f"step {WARM + SYNC} ends", "message on the wire": "message on the link (modeled)",
@@ -522,14 +524,14 @@ lesson.say(
 )
 held = sorted({step_of(i) for i in sends + applies})
 lengths = {WARM + 1 + i: e - s for i, (s, e) in enumerate(view["row"]["optimizer"])}
-short, long = min(lengths, key=lengths.get), max(lengths, key=lengths.get)
+plain = [v for step, v in lengths.items() if step not in held]
 width_ms = window_ms_per_px if rank == 0 else float("nan")
 lesson.say(
-    f"the optimizer steps (green, each with its post-hook) took {lengths[short]:.0f} ms (step {short}) to "
-    f"{lengths[long]:.0f} ms (step {long}); a pixel of the figure is {width_ms:.1f} ms, and "
-    f"{sum(v < width_ms for v in lengths.values())} of them are shorter. Steps {', '.join(map(str, held))} also "
-    "hand a message over or apply one; the others do the same work (AdamW over the same weights), so their spread "
-    "is time the thread did not run, not work"
+    f"the optimizer steps (green, each with its post-hook) took {min(lengths.values()):.0f} to "
+    f"{max(lengths.values()):.0f} ms; those of steps {', '.join(map(str, held))} also hand a message over or apply "
+    f"one, and the {len(plain)} others, the same work each (AdamW over the same weights), took {min(plain):.0f} to "
+    f"{max(plain):.0f} ms; a pixel of the figure is {width_ms:.1f} ms, and {sum(v < width_ms for v in lengths.values())} "
+    "of the steps are shorter (no green shows)"
 )
 window = view["row"]["end"]
 drawn = [*view["row"]["forward"], *view["row"]["backward"], *view["row"]["optimizer"], *sampling]
@@ -537,7 +539,7 @@ blank = window - metrics.length(metrics.merge([(max(s, 0.0), min(e, window)) for
 lesson.say(
     f"{blank:.0f} ms of the {window:.0f} ms ({100 * blank / window:.0f} %) are blank: in none of the drawn spans, the "
     "loop's own Python between them, and time the thread did not run (waiting for a core on a loaded machine, or "
-    "for the interpreter lock while the emulated link's thread runs); a wait for a message would be drawn red"
+    "for the interpreter lock while the emulated link's thread runs); a wait for a message is drawn red"
 )
 
 # %% [markdown]
