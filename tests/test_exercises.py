@@ -394,7 +394,7 @@ OUTER_SYNC_MISTAKES = [  # each wrong idea, and the words its verdict must hold
     (wrong.outer_sync_unfinished, "your code raised NotImplementedError in outer_sync_unfinished"),
     # learner read 10-3: a rebinding slip, a restore that aliases, an update by hand, an average on a copy, no torch
     (wrong.outer_sync_rebinds_synced, "a name rebound in your function (synced = [...]"),
-    (wrong.outer_sync_rebinds_the_division, "g = g / world makes a new tensor"),
+    (wrong.outer_sync_rebinds_the_division, "or written g = g / world, which makes a new tensor"),
     (wrong.outer_sync_restores_by_data, "the parameters were put back with p.data = s"),
     (wrong.outer_sync_by_hand, "outer.step() was never called: your sync moved the weights itself"),
     (wrong.outer_sync_averages_a_copy, "the tensor handed to p.grad is not the one all_reduce averaged"),
