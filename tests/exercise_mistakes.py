@@ -846,36 +846,121 @@ def outer_sync_unfinished(params, synced, outer):
     raise NotImplementedError("average the pseudo-gradient, step the outer optimizer from the synced weights")
 
 
+def outer_sync_rebinds_synced(params, synced, outer):
+    """Right, but the new synced weights made by rebinding the name: the caller's list is never changed."""
+    with torch.no_grad():
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
+    _outer(params, synced, outer, pseudo, keep=False)
+    synced = [p.detach().clone() for p in params]  # noqa: F841 (the mistake: a new list the caller never sees)
+
+
+def outer_sync_rebinds_the_division(params, synced, outer):
+    """all_reduce in place, then the division rebinding the loop's name: the list keeps the sums."""
+    with torch.no_grad():
+        pseudo = [s - p for p, s in zip(params, synced)]
+        for g in pseudo:
+            dist.all_reduce(g)
+            g = g / dist.get_world_size()  # noqa: PLW2901 (the mistake: a new tensor, the list keeps the sum)
+    _outer(params, synced, outer, pseudo)
+
+
+def outer_sync_restores_by_data(params, synced, outer):
+    """The synced weights put back with p.data = s: the parameter now lives in synced's storage."""
+    with torch.no_grad():
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
+        for p, s, g in zip(params, synced, pseudo):
+            p.data = s
+            p.grad = g.clone()
+    outer.step()
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            s.copy_(p)
+
+
+def outer_sync_by_hand(params, synced, outer):
+    """The outer step written by hand (plain SGD at 0.7 from the synced weights), outer.step() never called."""
+    with torch.no_grad():
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
+        for p, s, g in zip(params, synced, pseudo):
+            p.copy_(s - 0.7 * g)
+            s.copy_(p)
+
+
+def outer_sync_averages_a_copy(params, synced, outer):
+    """The all_reduce on a copy, while .grad gets the replica's own pseudo-gradient."""
+    with torch.no_grad():
+        pseudo = [s - p for p, s in zip(params, synced)]
+        for g in pseudo:
+            mean = g.clone()
+            dist.all_reduce(mean)
+            mean /= dist.get_world_size()
+    _outer(params, synced, outer, pseudo)
+
+
+def outer_sync_two_replicas(params, synced, outer):
+    """The model answer with the world size written as 2: right on 2 ranks only."""
+    with torch.no_grad():
+        pseudo = [s - p for p, s in zip(params, synced)]
+        for g in pseudo:
+            dist.all_reduce(g)
+            g /= 2
+    _outer(params, synced, outer, pseudo)
+
+
+# The model answer typed in a notebook whose kernel never imported torch (only torch.distributed as dist): the
+# function reaches the checker's ranks without a `torch`, and `torch.no_grad()` raises NameError there.
+_kernel = {"dist": dist, "__name__": __name__}
+exec(  # noqa: S102
+    "def outer_sync_without_import_torch(params, synced, outer):\n"
+    "    with torch.no_grad():\n"
+    "        pseudo = [s - p for p, s in zip(params, synced)]\n",
+    _kernel,
+)
+outer_sync_without_import_torch = _kernel["outer_sync_without_import_torch"]
+
+
+def schedule_counts_steps_from_zero(step, sync_every, fragments, delay):
+    """The turn's number as step // per_turn, as if steps counted from 0: one step late at each turn's last step."""
+    per_turn = sync_every // fragments
+    return step // per_turn % fragments if step % per_turn == (per_turn - delay) % per_turn else None
+
+
+def schedule_true_division(step, sync_every, fragments, delay):
+    """A turn's length with / instead of //: the right fragments, as floats (0.0, 1.0, ...)."""
+    per_turn = sync_every / fragments
+    return (step - 1) // per_turn % fragments if step % per_turn == (per_turn - delay) % per_turn else None
+
+
 def schedule_by_rank(step, sync_every, fragments, delay):
     """Each replica starts from its own fragment: fragment (turn + rank) % K, so no two send the same one."""
-    period = sync_every // fragments
-    if step % period != (period - delay) % period:
+    per_turn = sync_every // fragments
+    if step % per_turn != (per_turn - delay) % per_turn:
         return None
-    return ((step - 1) // period + dist.get_rank()) % fragments
+    return ((step - 1) // per_turn + dist.get_rank()) % fragments
 
 
 def schedule_delay_after_the_turn_starts(step, sync_every, fragments, delay):
     """Sent delay steps after the turn starts, not delay steps before it ends (the same only when 2·delay is a turn)."""
-    period = sync_every // fragments
-    return (step - 1) // period % fragments if step % period == delay % period else None
+    per_turn = sync_every // fragments
+    return (step - 1) // per_turn % fragments if step % per_turn == delay % per_turn else None
 
 
 def schedule_ignores_the_delay(step, sync_every, fragments, delay):
     """Sent after the first step of every turn, whatever the delay."""
-    period = sync_every // fragments
-    return (step - 1) // period % fragments if step % period == 1 % period else None
+    per_turn = sync_every // fragments
+    return (step - 1) // per_turn % fragments if step % per_turn == 1 % per_turn else None
 
 
 def schedule_without_the_modulo(step, sync_every, fragments, delay):
     """The turn's number sent as the fragment: right for one period, then fragments K, K+1, ... that do not exist."""
-    period = sync_every // fragments
-    return (step - 1) // period if step % period == (period - delay) % period else None
+    per_turn = sync_every // fragments
+    return (step - 1) // per_turn if step % per_turn == (per_turn - delay) % per_turn else None
 
 
 def schedule_at_the_end_of_the_turn(step, sync_every, fragments, delay):
     """Sent when the turn ends, not delay steps before: no step left to overlap the message with."""
-    period = sync_every // fragments
-    return (step - 1) // period % fragments if step % period == 0 else None
+    per_turn = sync_every // fragments
+    return (step - 1) // per_turn % fragments if step % per_turn == 0 else None
 
 
 class BroadcastFromOwnRank(solutions.SimpleDDP):

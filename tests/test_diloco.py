@@ -381,7 +381,10 @@ def refusal(**overrides) -> str:
     "overrides, words",
     [
         (dict(sync_every=10, fragments=3), ["sync_every=10 is not divisible by fragments=3", "such as 9"]),
-        (dict(sync_every=6, fragments=3, fragment_sync_delay=2), ["fragment_sync_delay=2", "period", "0 to 1"]),
+        (
+            dict(sync_every=6, fragments=3, fragment_sync_delay=2),
+            ["fragment_sync_delay=2", "below a turn's sync_every/fragments = 2 steps", "0 to 1"],
+        ),
         (dict(fragment_sync_delay=-1), ["fragment_sync_delay=-1", "0 to 5"]),
         (dict(fragment_update_alpha=1.5), ["fragment_update_alpha=1.5 is outside [0, 1]"]),
         (dict(fragment_update_alpha=float("nan")), ["fragment_update_alpha=nan is outside [0, 1]"]),

@@ -446,10 +446,17 @@ OUTER_SYNC_MISTAKES = [  # each wrong idea, and the words its verdict must hold
     (wrong.outer_sync_zero_grad_after_setting, "outer.zero_grad() after p.grad = g"),
     (wrong.outer_sync_without_no_grad, "inside torch.no_grad()"),
     (wrong.outer_sync_unfinished, "your code raised NotImplementedError in outer_sync_unfinished"),
+    # learner read 10-3: a rebinding slip, a restore that aliases, an update by hand, an average on a copy, no torch
+    (wrong.outer_sync_rebinds_synced, "a name rebound in your function (synced = [...]"),
+    (wrong.outer_sync_rebinds_the_division, "or written g = g / world, which makes a new tensor"),
+    (wrong.outer_sync_restores_by_data, "the parameters were put back with p.data = s"),
+    (wrong.outer_sync_by_hand, "outer.step() was never called: your sync moved the weights itself"),
+    (wrong.outer_sync_averages_a_copy, "the tensor handed to p.grad is not the one all_reduce averaged"),
+    (wrong.outer_sync_without_import_torch, "import torch in the cell that defines your function"),
 ]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 def test_the_outer_sync_exercise_passes_diloco_and_names_each_wrong_idea():
     for answer in OUTER_SYNC_ANSWERS:
         v = check_outer_sync(answer, timeout_s=TIMEOUT)
@@ -457,6 +464,24 @@ def test_the_outer_sync_exercise_passes_diloco_and_names_each_wrong_idea():
     for fn, named in OUTER_SYNC_MISTAKES:
         v = check_outer_sync(fn, timeout_s=TIMEOUT)
         assert "\n" not in v.line and not v.ok and v.line.startswith("✗ outer sync:") and named in v.line, v.line
+
+
+@pytest.mark.timeout(120)
+def test_the_outer_sync_exercise_checks_a_passing_answer_at_another_world_size():
+    """A sync that divides by a fixed 2 is DiLoCo's on 2 ranks; only a second run on 3 ranks tells it apart."""
+    v = check_outer_sync(wrong.outer_sync_two_replicas, timeout_s=TIMEOUT)
+    named = "on 2 ranks your sync is DiLoCo's, but not on 3: the pseudo-gradient was divided by a fixed 2"
+    assert not v.ok and named in v.line and "dist.get_world_size()" in v.line, v.line
+
+
+@pytest.mark.timeout(120)
+def test_the_schedule_exercise_names_steps_counted_from_zero_and_a_float_fragment():
+    v = check_fragment_schedule(wrong.schedule_counts_steps_from_zero, timeout_s=TIMEOUT)
+    named = "steps count from 1: step 3 is the last of its turn (steps 1 to 3), so the turn's number is (step − 1) //"
+    assert not v.ok and named in v.line, v.line
+    v = check_fragment_schedule(wrong.schedule_true_division, timeout_s=TIMEOUT)
+    named = "after step 1 yours sends 0.0: a fragment is a whole number"
+    assert not v.ok and named in v.line and "sync_every // fragments" in v.line, v.line
 
 
 @pytest.mark.timeout(120)

@@ -95,7 +95,7 @@ def test_the_traces_show_when_each_fragment_left_and_landed(run):
         (["--stage", "diloco", "--sync-every", "10", "--fragments", "3"], "--sync-every=10 is not divisible by"),
         (
             ["--stage", "diloco", "--sync-every", "6", "--fragments", "3", "--fragment-delay", "2"],
-            "--fragment-delay=2 is not a whole number of steps below the fragment period",
+            "--fragment-delay=2 is not a whole number of steps below a turn's",
         ),
         (["--stage", "diloco", "--fragment-alpha", "1.5"], "--fragment-alpha=1.5 is outside [0, 1]"),
         (["--stage", "diloco", "--fragment-alpha", "nan"], "argument --fragment-alpha: 'nan' is not a finite"),

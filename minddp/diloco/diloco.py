@@ -20,7 +20,8 @@ that take turns, one every H/K inner steps, so a sync moves about 1/K of the mod
 one large tensor makes them unequal) and each fragment still syncs once every H steps:
 
 4. a fragment's pseudo-gradient is sent τ inner steps *before* its turn ends, and its Future kept:
-   those τ steps run while it travels (one fragment in flight at a time: τ < H/K);
+   nothing waits for it until the turn's last step, τ steps later, so it has those steps' compute to
+   arrive in (one fragment in flight at a time: τ < H/K);
 5. at the end of its turn, step 3 for that fragment alone (the others keep their local weights);
 6. the new synced weights are mixed with the local ones that went on training meanwhile:
    ``(1 − α)·synced + α·local`` (α = 0: the synced weights, the τ steps' progress on it dropped).
@@ -32,18 +33,18 @@ differences: one outer optimizer may serve every fragment (only the fragment who
 ``.grad`` during its step, so the others keep their weights and state; torchft's DiLoCo would step
 them too with the inner gradients they still hold, so its users give one outer optimizer per fragment,
 which this class takes as well), and the synced weights stay on the parameters' device (torchft keeps
-them in host memory). The change (written for streaming; without it the model is one fragment, ``turn`` is 0, and
-the Future kept in ``in_flight`` is waited for in the same post-hook, the H-th step's)::
+them in host memory). The change (written for streaming; without it the model is one fragment, ``fragment`` is 0,
+and the Future kept in ``in_flight`` is waited for in the same post-hook, the H-th step's)::
 
     -        bucket = GradBucket(0, torch.cat([p.detach().reshape(-1) for p in params]), params, is_last=True)
     +        pseudo = torch.cat([(s - p.detach()).reshape(-1) for p, s in zip(params, synced)])  # step 2
-    +        bucket = GradBucket(turn, pseudo, params, is_last=turn == len(self.fragments) - 1)  # turn: 0, one fragment
-    +        self.in_flight = (turn, send(self.comm_hook, self.comm_state, bucket))  # the hook averages it: a Future
+    +        bucket = GradBucket(fragment, pseudo, params, is_last=fragment == len(self.fragments) - 1)
+    +        self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # step 2: a Future (step 4)
     -            param.copy_(mean.view_as(param))
     +            param.copy_(weights)  # step 3: weights, the synced ones
     +            param.grad = mean.view_as(param)  # mean: the averaged pseudo-gradient, the Future's result
-    +        self._outer_step(turn)  # the outer optimizer steps
-    +            weights.copy_(param)  # the new synced weights
+    +        self._outer_step(fragment)  # step 3: the outer optimizer steps
+    +            weights.copy_(param)  # step 3: the new synced weights
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
@@ -107,57 +108,58 @@ class DiLoCo(LocalSGD):
             outer_optimizer = torch.optim.SGD([p for f in self.fragments for p in f], **OUTER_DEFAULTS)
         self.outer = outer_per_fragment(outer_optimizer, self.fragments)
         super().__init__(module, inner_optimizer, sync_every, process_group, same_start=same_start)  # the hook
-        self.period, self.delay, self.alpha = sync_every // count, fragment_sync_delay, fragment_update_alpha
+        self.per_turn, self.delay, self.alpha = sync_every // count, fragment_sync_delay, fragment_update_alpha
         self.synced = [[p.detach().clone() for p in params] for params in self.fragments]  # step 1
         self.in_flight: tuple[int, torch.futures.Future] | None = None
 
     def _after_step(self, optimizer, args, kwargs) -> None:
-        """Steps 4-5: in each turn of ``period`` inner steps, send its fragment τ steps before the end, apply at it."""
+        """Steps 4-5: in each turn of ``per_turn`` inner steps, send its fragment τ steps before the end, apply it."""
         self.steps += 1
-        turn, into = (self.steps - 1) // self.period % len(self.fragments), self.steps % self.period
+        fragment = (self.steps - 1) // self.per_turn % len(self.fragments)  # the one whose turn it is
+        into = self.steps % self.per_turn
         with torch.no_grad():
-            if into == (self.period - self.delay) % self.period:
-                self._send(turn)
+            if into == (self.per_turn - self.delay) % self.per_turn:
+                self._send(fragment)
             if into == 0:
-                self._apply(turn)
+                self._apply(fragment)
 
-    def _send(self, turn: int) -> None:
+    def _send(self, fragment: int) -> None:
         """Step 2 (and 4): start averaging this fragment's pseudo-gradient; keep its Future, do not wait."""
-        params, synced = self.fragments[turn], self.synced[turn]
+        params, synced = self.fragments[fragment], self.synced[fragment]
         pseudo = torch.cat([(s - p.detach()).reshape(-1) for p, s in zip(params, synced)])  # step 2
-        bucket = GradBucket(turn, pseudo, params, is_last=turn == len(self.fragments) - 1)
-        with torch.profiler.record_function(f"minddp.fragment_send#{turn}"):
+        bucket = GradBucket(fragment, pseudo, params, is_last=fragment == len(self.fragments) - 1)
+        with torch.profiler.record_function(f"minddp.fragment_send#{fragment}"):
             self.sent_bytes += pseudo.numel() * pseudo.element_size()
-            self.in_flight = (turn, send(self.comm_hook, self.comm_state, bucket))  # step 4
+            self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # step 2: a Future (step 4)
 
-    def _apply(self, turn: int) -> None:
+    def _apply(self, fragment: int) -> None:
         """Steps 3, 5, 6: wait for the average, restore the synced weights, outer step, mix with α."""
         sent, future = self.in_flight
-        assert sent == turn, f"fragment {sent} in flight at fragment {turn}'s turn: the schedule is broken"
-        with torch.profiler.record_function(f"minddp.fragment_apply#{turn}"):
+        assert sent == fragment, f"fragment {sent} in flight at fragment {fragment}'s turn: the schedule is broken"
+        with torch.profiler.record_function(f"minddp.fragment_apply#{fragment}"):
             average, self.in_flight = future.wait(), None
-            params, synced = self.fragments[turn], self.synced[turn]
+            params, synced = self.fragments[fragment], self.synced[fragment]
             local = [p.detach().clone() for p in params] if self.alpha else []
             for param, weights, mean in zip(params, synced, average.split([p.numel() for p in params])):
-                param.copy_(weights)  # step 3
-                param.grad = mean.view_as(param)
-            self._outer_step(turn)
+                param.copy_(weights)  # step 3: weights, the synced ones
+                param.grad = mean.view_as(param)  # mean: the averaged pseudo-gradient, the Future's result
+            self._outer_step(fragment)  # step 3: the outer optimizer steps
             for param, weights in zip(params, synced):
-                weights.copy_(param)
+                weights.copy_(param)  # step 3: the new synced weights
             for param, mine in zip(params, local):  # step 6 (α = 0: the synced weights as they are)
                 param.lerp_(mine, self.alpha)
         self.syncs += 1
 
-    def _outer_step(self, turn: int) -> None:
+    def _outer_step(self, fragment: int) -> None:
         """The outer optimizer steps this fragment only: every other parameter's ``.grad`` is hidden meanwhile."""
-        others = [p for i, params in enumerate(self.fragments) if i != turn for p in params]
+        others = [p for i, params in enumerate(self.fragments) if i != fragment for p in params]
         hidden = [p.grad for p in others]
         for p in others:
             p.grad = None
-        self.outer[turn].step()
+        self.outer[fragment].step()
         for p, grad in zip(others, hidden):
             p.grad = grad
-        for p in self.fragments[turn]:
+        for p in self.fragments[fragment]:
             p.grad = None  # the inner loop's next backward starts from nothing, as after zero_grad()
 
     def close(self) -> None:

@@ -5,7 +5,7 @@ one line on every rank (the same values give the same error everywhere) and neve
 divergence; the train command asks the same functions before it starts any rank.
 
 1. :func:`check_schedule`: ``sync_every`` (H) a whole number of steps, divisible by the ``fragments``
-   (K); the delay τ below the fragment period H/K (one fragment in flight at a time); α in [0, 1];
+   (K); the delay τ below a turn's H/K steps (one fragment in flight at a time); α in [0, 1];
 2. :func:`split_fragments`: K contiguous runs of the trainable parameters, in the model's order, of
    about equal size (or the fragments a torchft user names as modules, checked to cover the model once);
 3. :func:`check_optimizer`: an optimizer over exactly the parameters it must step (:func:`outer_per_fragment`:
@@ -58,12 +58,12 @@ def check_schedule(sync_every, fragments: int = 1, delay=0, alpha=0.0, names: di
             f"{h}={sync_every} is not divisible by {k}={fragments}: every fragment syncs once in {h} steps, "
             f"one every {h}/{k} steps; give a multiple of {fragments} such as {low if low != sync_every else high}"
         )
-    period = sync_every // fragments
-    if not _whole(delay, 0) or delay >= period:
+    per_turn = sync_every // fragments
+    if not _whole(delay, 0) or delay >= per_turn:
         raise ValueError(
-            f"{d}={delay!r} is not a whole number of steps below the fragment period {h}/{k} = {period}: "
-            f"a fragment's message must land before the next one leaves (one in flight); give 0"
-            + (f" to {period - 1}" if period > 1 else "")
+            f"{d}={delay!r} is not a whole number of steps below a turn's {h}/{k} = {per_turn} steps: "
+            f"a fragment's message must be applied before the next one leaves (one in flight); give 0"
+            + (f" to {per_turn - 1}" if per_turn > 1 else "")
         )
     if isinstance(alpha, bool) or not isinstance(alpha, Real) or not 0.0 <= alpha <= 1.0:
         raise ValueError(

@@ -72,13 +72,15 @@ def candidate(
     weights=False,
     grad=True,
     step=True,
+    world=None,
 ):
     """DiLoCo's sync with one idea changed: ``sign=-1`` averages local − synced; ``restore=False`` steps from the
     local weights; ``divide=False`` sums; ``keep=False`` never updates the synced weights; ``weights=True``
     averages the weights themselves (local SGD) and never steps the outer optimizer; ``grad=False`` never hands
     the average to the outer optimizer (it steps with the last inner gradient); ``step=False`` never lets the outer
-    optimizer move the restored weights (the pseudo-gradient taken after the restore is zero, or no outer.step())."""
-    world = dist.get_world_size(group)
+    optimizer move the restored weights (the pseudo-gradient taken after the restore is zero, or no outer.step());
+    ``world=2`` divides by a fixed 2 whatever the world size."""
+    world = world or dist.get_world_size(group)
     with torch.no_grad():
         sent = [p.detach().clone() if weights else sign * (s - p) for p, s in zip(params, synced)]
         for t in sent:
@@ -123,13 +125,16 @@ MISTAKES = {
     ),
     "summed": (
         functools.partial(candidate, divide=False),
-        "the pseudo-gradients were summed, not averaged: divide by the world size after the all_reduce (forgot "
-        "the division)",
+        "the pseudo-gradients were summed, not averaged: divide by the world size after the all_reduce, in place "
+        "(g /= world); a division forgotten, or written g = g / world, which makes a new tensor and leaves the "
+        "summed one in your list",
     ),
     "stale": (
         functools.partial(candidate, keep=False),
         "the synced weights were never updated (or were copied before outer.step()): after outer.step() copy the "
-        "new weights into synced, or every pseudo-gradient is measured from the first start",
+        "new weights into synced in place, s.copy_(p), or every pseudo-gradient is measured from the first start; "
+        "a name rebound in your function (synced = [...], or s = p.clone() in a loop) changes nothing the caller "
+        "holds",
     ),
     "inner_grad": (
         functools.partial(candidate, grad=False),
@@ -145,6 +150,14 @@ MISTAKES = {
     ),
 }
 
+#: The wrong idea that only another world size shows (run there after a sync matched DiLoCo's on 2 ranks).
+FIXED_WORLD = {
+    "fixed_world": (
+        functools.partial(candidate, world=2),
+        "the pseudo-gradient was divided by a fixed 2, which is the world size only on 2 ranks: divide by "
+        "dist.get_world_size() (a hard-coded world size)",
+    ),
+}
 
 #: A sync that ends where no_move's does, told apart by what the outer optimizer saw (:class:`NotedSGD`): the kind
 #: -> what the verdict says after "the outer step did not move the weights" (or instead of it).
@@ -169,10 +182,31 @@ ALIASED = (
     "apart): copy the values in place, s.copy_(p), inside torch.no_grad()"
 )
 
+#: A sync whose parameters were given the synced weights' storage (after it, ``p`` lives in ``s``'s tensor).
+RESTORED_BY_DATA = (
+    "the parameters were put back with p.data = s (or p.set_(s)), so each parameter now lives in its synced "
+    "tensor: the inner steps move the synced weights too, and the next pseudo-gradient synced − local is zero: put "
+    "the synced weights back by copying their values, p.copy_(s), inside torch.no_grad()"
+)
+
+#: A sync that moved the weights without the outer optimizer (``outer.step()`` never called).
+BY_HAND = (
+    "outer.step() was never called: your sync moved the weights itself (p.copy_(...) or p -= ...), which is not "
+    "DiLoCo's outer optimizer (SGD 0.7 with Nesterov momentum 0.9: its momentum is what DiLoCo adds); set each "
+    "p.grad to the averaged pseudo-gradient and call outer.step()"
+)
+
 #: What the checker adds to the error of an in-place update of a parameter outside ``torch.no_grad()``.
 NO_GRAD_HINT = (
     " (the parameters require grad, so autograd refuses an in-place change to them: do the sync's copies and "
-    "divisions inside torch.no_grad(), as an optimizer's step does; outer.step() may stay outside it)"
+    "divisions inside torch.no_grad(), as an optimizer's step does, with torch imported in the cell that defines "
+    "your function; outer.step() may stay outside it)"
+)
+
+#: What the checker adds to a NameError for a module: the function reaches the ranks with the kernel's names only.
+IMPORT_HINT = (
+    " (your function reaches the checker's ranks with the names your notebook kernel has, and the kernel never "
+    "imported it: import {name} in the cell that defines your function)"
 )
 
 
@@ -227,24 +261,44 @@ def rounds_with(sync, rank: int, group) -> list[dict]:
     inner = torch.optim.AdamW(params, lr=INNER_LR)
     outer = NotedSGD(params)
     synced = [p.detach().clone() for p in params]
+    storages = [p.untyped_storage().data_ptr() for p in params]
     history = []
     for r in range(ROUNDS):
         for t in range(SYNC_EVERY):
             inner_step(model, inner, r * SYNC_EVERY + t, rank)
         outer.notes, outer.start = [], [s.clone() for s in synced]
-        if group is None:
-            sync(params, synced, outer)
-        else:
-            sync(params, synced, outer, group=group)
+        with _counting_all_reduce() as calls:
+            if group is None:
+                sync(params, synced, outer)
+            else:
+                sync(params, synced, outer, group=group)
         history.append(
             {
                 "params": [p.detach().clone() for p in params],
                 "synced": [s.clone() for s in synced],
                 "outer": outer.notes,
                 "aliased": any(_shares(s, p) for s in synced for p in params),
+                "moved": any(p.untyped_storage().data_ptr() != ptr for p, ptr in zip(params, storages)),
+                "all_reduces": len(calls),
             }
         )
     return history
+
+
+@contextlib.contextmanager
+def _counting_all_reduce():
+    """Within: ``dist.all_reduce`` called through the module (as ``dist.all_reduce(...)`` is) is counted."""
+    calls, real = [], dist.all_reduce
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    dist.all_reduce = counted
+    try:
+        yield calls
+    finally:
+        dist.all_reduce = real
 
 
 def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -264,7 +318,7 @@ def close(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 def outer_sync_finding(mine: list[dict], candidates: dict[str, list[dict]], everyone: list) -> dict | None:
     """Step 3 on one rank: the first thing wrong, or ``None`` for DiLoCo's sync."""
     right = candidates["diloco"]
-    for name in ["diloco", *MISTAKES]:  # (from_local leaves the replicas apart: named before that is)
+    for name in candidates:  # in the order run: diloco, then each mistake (from_local before ranks_differ)
         theirs = candidates[name]
         if all(close(m["params"], t["params"]) and close(m["synced"], t["synced"]) for m, t in zip(mine, theirs)):
             if name == "diloco":
@@ -272,10 +326,12 @@ def outer_sync_finding(mine: list[dict], candidates: dict[str, list[dict]], ever
             return {"kind": no_move_cause(mine[0]["outer"]) if name == "no_move" else name}
     aliased = next((r for r, m in enumerate(mine) if m["aliased"]), None)
     if aliased is not None:
-        return {"kind": "aliased", "sync": aliased + 1}
+        return {"kind": "restored_by_data" if mine[aliased].get("moved") else "aliased", "sync": aliased + 1}
+    if not any(n.startswith("step:") for m in mine for n in m["outer"]):
+        return {"kind": "by_hand"}
     for r, rounds in enumerate(zip(*everyone)):
         if not all(close(x["params"], rounds[0]["params"]) for x in rounds[1:]):
-            return {"kind": "ranks_differ", "sync": r + 1}
+            return {"kind": "ranks_differ", "sync": r + 1, "all_reduces": mine[r].get("all_reduces", 0)}
     for r, (m, t) in enumerate(zip(mine, right)):
         for what in ("params", "synced"):
             if not close(m[what], t[what]):
@@ -312,15 +368,17 @@ def checking(fn):
             dist.destroy_process_group(checker)
 
 
-def check_outer_sync_on_rank(fn) -> None:
-    """Steps 1-3 on this rank; one report line (:data:`minddp.exercises.harness.MARK`)."""
+def check_outer_sync_on_rank(fn, every_mistake: bool = True) -> None:
+    """Steps 1-3 on this rank; one report line (:data:`minddp.exercises.harness.MARK`). ``every_mistake=False``
+    (the check at another world size, after yours matched DiLoCo's): DiLoCo's candidate alone."""
     with checking(fn) as (checker, progress, report):
         rank = report["rank"]
         # the candidates first: a rank whose learner's code raises releases its peer by interrupting it, and an
         # interrupted first optimizer step (its lazy imports) would leave this worker broken for the next check
         progress.phase = "running the candidates"
         candidates = {"diloco": rounds_with(candidate, rank, checker)}
-        candidates.update({name: rounds_with(wrong, rank, checker) for name, (wrong, _) in MISTAKES.items()})
+        others = MISTAKES if every_mistake else FIXED_WORLD
+        candidates.update({name: rounds_with(wrong, rank, checker) for name, (wrong, _) in others.items()})
         progress.phase = "running your outer_sync"
         mine = rounds_with(fn, rank, None)
         everyone: list = [None] * report["world"]
@@ -359,6 +417,8 @@ def schedule_finding(everyone: list[list[list]], answer: list[list]) -> dict | N
             if len(set(map(repr, sends))) > 1:
                 return {"kind": "differs", "at": at, "step": step, "sends": list(sends)}
         for step, (mine, want) in enumerate(zip(theirs[0], right), start=1):
+            if mine is not None and type(mine) is not int:
+                return {"kind": "not_whole", "at": at, "step": step, "mine": mine, "right": want}
             if mine != want:
                 return {"kind": "wrong", "at": at, "step": step, "mine": mine, "right": want}
     return None
@@ -374,8 +434,12 @@ def _checked(fn, on_rank, name: str, shape: str, describe, world_size: int, time
         raise TypeError(f"check_{name.replace(' ', '_')}() takes a function {shape}, got {fn!r}")
     reports = _run(on_rank, (fn,), world_size, timeout_s)
     problem = _problem(name, reports, timeout_s, describe)
-    if problem and any(NO_GRAD_MESSAGE in (r.get("error") or {}).get("message", "") for r in reports.values()):
+    messages = [(r.get("error") or {}).get("message", "") for r in reports.values() if r]
+    if problem and any(NO_GRAD_MESSAGE in m for m in messages):
         problem += NO_GRAD_HINT
+    missing = next((m.split("'")[1] for m in messages if m.startswith("name '") and "is not defined" in m), None)
+    if problem and missing in ("torch", "dist", "nn", "functools"):
+        problem += IMPORT_HINT.format(name="torch.distributed as dist" if missing == "dist" else missing)
     return reports, (Verdict(False, problem, reports) if problem else None)
 
 
@@ -391,9 +455,21 @@ def check_outer_sync(fn, *, world_size: int = 2, timeout_s: float = 20.0) -> Ver
     if failed is not None:
         return failed
     first = reports[min(reports)]
+    # a sync that divides by a fixed 2 is DiLoCo's on 2 ranks: run it again on OTHER_WORLD ranks beside DiLoCo's
+    # alone (only an answer that passed pays for it: a few seconds, the first time to start those ranks)
+    other = world_size + 1
+    again = _run(check_outer_sync_on_rank, (fn, False), other, timeout_s)
+    trouble = _problem(name, again, timeout_s, _outer_sync_text)
+    if trouble is not None:
+        return Verdict(
+            False,
+            f"✗ {name}: on {world_size} ranks your sync is DiLoCo's, but not on {other}: " + trouble.split(": ", 1)[1],
+            again,
+        )
     return Verdict(
         True,
-        f"✓ {name}: after {ROUNDS} syncs of {SYNC_EVERY} inner steps on {first['world']} ranks, your weights and "
+        f"✓ {name}: after {ROUNDS} syncs of {SYNC_EVERY} inner steps on {first['world']} ranks (and again on {other}), "
+        "your weights and "
         f"synced weights are DiLoCo's (largest difference {first['max_diff']:.1e}): the pseudo-gradient synced − "
         "local averaged over the replicas, the outer SGD (0.7, momentum 0.9, Nesterov) stepped from the synced "
         "weights, the result kept as the new synced weights",
@@ -404,10 +480,23 @@ def check_outer_sync(fn, *, world_size: int = 2, timeout_s: float = 20.0) -> Ver
 def _outer_sync_text(f: dict, report: dict) -> str:
     if f["kind"] in MISTAKES:
         return MISTAKES[f["kind"]][1]
+    if f["kind"] in FIXED_WORLD:
+        return FIXED_WORLD[f["kind"]][1]
     if f["kind"] in NO_MOVE:
         return NO_MOVE[f["kind"]]
     if f["kind"] == "aliased":
         return f"after sync {f['sync']}, " + ALIASED
+    if f["kind"] == "restored_by_data":
+        return f"after sync {f['sync']}, " + RESTORED_BY_DATA
+    if f["kind"] == "by_hand":
+        return BY_HAND
+    if f["kind"] == "ranks_differ" and f.get("all_reduces"):
+        return (
+            f"the replicas hold different weights after sync {f['sync']}, though your sync called all_reduce "
+            f"{f['all_reduces']} time(s): the tensor handed to p.grad is not the one all_reduce averaged (a copy "
+            "averaged, or .grad set from another tensor); all_reduce the pseudo-gradient in place, divide it by the "
+            "world size and hand that same tensor to p.grad"
+        )
     if f["kind"] == "ranks_differ":
         return (
             f"the replicas hold different weights after sync {f['sync']}: average the pseudo-gradient over the "
@@ -450,6 +539,19 @@ def _schedule_text(f: dict, report: dict) -> str:
             "never from the rank"
         )
     turn = h // k
+    if f["kind"] == "not_whole":
+        return (
+            f"{where} yours sends {f['mine']!r}: a fragment is a whole number (an index into the fragments), "
+            f"streaming DiLoCo sends {f['right']!r}: a turn's length is sync_every // fragments (floor division), "
+            "not sync_every / fragments, which is a float"
+        )
+    if f["mine"] == f["step"] // turn % k and f["right"] == (f["step"] - 1) // turn % k:
+        first = (f["step"] - 1) // turn * turn + 1
+        return (
+            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: steps count from 1: step "
+            f"{f['step']} is the last of its turn (steps {first} to {first + turn - 1}), so the turn's number is "
+            f"(step − 1) // {turn}, not step // {turn}"
+        )
     if isinstance(f["mine"], int) and not 0 <= f["mine"] < k:
         return (
             f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: there is no fragment "

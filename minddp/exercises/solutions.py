@@ -238,10 +238,10 @@ def fragment_to_send(step: int, sync_every: int, fragments: int, delay: int) -> 
     """Notebook 10: the fragment whose pseudo-gradient leaves after inner step ``step`` (1, 2, ...), or ``None``
     (:func:`minddp.exercises.check_fragment_schedule`): a turn of ``sync_every // fragments`` steps per fragment,
     fragment 0 first, each sent ``delay`` steps before its turn ends; from the step alone, so every replica agrees."""
-    period = sync_every // fragments
-    if step % period != (period - delay) % period:
+    per_turn = sync_every // fragments  # steps in a turn
+    if step % per_turn != (per_turn - delay) % per_turn:
         return None
-    return (step - 1) // period % fragments
+    return (step - 1) // per_turn % fragments  # the turn's number (steps counted from 1), in turn over the fragments
 
 
 STAGES = {
