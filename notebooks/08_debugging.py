@@ -43,7 +43,8 @@
 # Steps count from 0, in the loops and in debug mode's lines: "after step 1" is after the second step.
 #
 # Where a line names a place in this notebook, `<In [N], rank R>:L` is line L (the `%%distributed`
-# line is line 1) of the cell Jupyter shows as `In [N]` (run top to bottom: the N-th code cell), as
+# line is line 1) of the cell Jupyter shows as `In [N]` (its execution count; run top to bottom, the
+# N-th code cell), as
 # rank R ran it.
 #
 # Debug mode is off unless asked for: `MINDDP_DEBUG=1 torchrun ... train.py` (or
