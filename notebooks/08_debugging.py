@@ -397,9 +397,9 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # Every checked call on the default group counts, the bugs' own and all the rest: the notebook's
 # plumbing (each `apart()`'s broadcast and `all_gather_object`, the `all_gather_object` by which
 # `torch_does` and `say_each` collect every rank's line), each minddp wrapper's collectives at
-# construction (among them a check that every rank passed the same settings), and debug mode's own
-# calls in each step: the forward and step checks' all_gathers, each gradient bucket's all_reduce,
-# and the *plan check* (minddp's DDP comparing, every step, which parameters each bucket holds and
+# construction (among them a check that every rank passed the same settings), each step's gradient
+# buckets (debug mode's reducer sends each through the checked `dist.all_reduce`), and debug mode's
+# own calls in each step: the forward and step checks' all_gathers, and the *plan check* (minddp's DDP comparing, every step, which parameters each bucket holds and
 # the order the buckets were sent in, an `all_gather_object`; the last section says more).
 # A call is said as op(shapes): for an all_gather, the output list and then the input, so
 # `all_gather(2 × int64[17], int64[17])` gathers a row of 17 from each of the 2 ranks. Then the step:
