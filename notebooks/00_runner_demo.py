@@ -42,7 +42,7 @@ dist.get_rank(), dist.get_world_size()
 # A sentence about a run is only as good as its check. The notebooks state theirs in two ways (`minddp.notebook.lesson`):
 #
 # * `lesson.claim(holds, sentence)` asserts it: it prints the sentence once, with a ✓, when it holds, and fails the cell on any rank where it does not. A ✓ sentence is asserted by the cell that prints it: a re-run (the test suite re-runs every notebook) whose numbers no longer bear it out stops there instead of saving it. The notebooks claim only what holds on any machine under any load: orders, counts, values the code guarantees.
-# * `lesson.say(...)` prints a sentence the cell composes from the run's own values (a time measured here, which of two runs was faster): its numbers and comparisons are computed, so they are true of the run shown, and a re-run prints its own. Nothing asserts them: a direction that could come out either way on another machine or under load is said this way, never claimed.
+# * `lesson.say(...)` prints a sentence the cell composes from the run's own values (a time measured here, which of two runs was faster): its numbers and comparisons are computed, so they are true of the run shown, and a re-run prints its own. Nothing asserts them: a direction that could come out either way on another machine or under load is said this way, never claimed. The rest of such a sentence (what a number is, why it came out so) is the notebook's prose, written beside the values and no more checked than the markdown.
 #
 # Nothing else is checked: the prose of the markdown cells and the printed tables are not verdicts.
 
@@ -73,7 +73,21 @@ ax.set_title("t[0] on rank 0")
 plt.show()
 
 # %% [markdown]
-# When one rank fails, the cell fails with that rank's traceback. Here rank 1 raises before the `all_reduce`, so rank 0 would wait in it for a partner that never comes. Once rank 1's failure reaches the runner, it gives rank 0 a one-second grace, then releases it: on the runner's word, the failed rank closes its end of the process group, which makes rank 0's `all_reduce` raise. Below the cell, rank 0's label shows the runner's note `(released because rank 1 failed)`; the error that follows is rank 1's traceback (the runner's heading, `rank 1 failed (ranks [0] failed too)`, names rank 0 as failing too, and its file name says rank 1's copy of the cell); rank 0's own exception, gloo's error from its released `all_reduce`, is not shown. Then every rank builds a fresh process group, keeping its variables. Each rank notes how long it spent in the cell (the next cell prints both). (The cell is tagged `raises-exception`: Jupyter's *Run All* goes on past it, and the test that runs this notebook checks that it fails with this error.)
+# When one rank fails, the cell fails with every failed rank's traceback. Here rank 1 raises before the
+# `all_reduce`, so rank 0 would wait in it for a partner that never comes. Once rank 1's failure reaches
+# the runner, it gives rank 0 a grace (`grace_s`, one second: `%dist_init` has no option to change it), then
+# releases it: on the runner's word, the failed rank closes its end of the process group, which makes
+# rank 0's `all_reduce` raise. Below the cell, rank 0's label shows the runner's note `(released because
+# rank 1 failed)`; then comes the error, as Jupyter shows it: a block per failed rank, the rank that
+# failed first on top (the errors in the order they reached the runner). `Error on rank 1: ValueError` heads rank 1's traceback, which ends in the
+# `raise`; `Error on rank 0: RuntimeError` heads rank 0's, which ends in `dist.all_reduce(t)` and gloo's
+# error from the released call (the connection closed, or reset, by its peer). A traceback names the
+# cell as `<In [N], rank R>`: the cell Jupyter shows as `In [N]` (its execution count: run top to
+# bottom, the N-th code cell run), as rank R ran it, its lines counted from the `%%distributed` line,
+# which is line 1 (so rank 1's `raise` is line 7). Then every rank builds a fresh process group,
+# keeping its variables. Each rank notes how long it spent in the cell (the next cell prints both).
+# (The cell is tagged `raises-exception`: Jupyter's *Run All* goes on past it, and the test that runs
+# this notebook checks that it fails with this error.)
 
 # %% tags=["raises-exception"] minddp={"expected_error": "rank 1 gives up before the collective"}
 # %%distributed
@@ -93,6 +107,10 @@ finally:
 
 # %%
 # %%distributed
+import inspect
+
+from minddp.notebook.cluster import Cluster
+
 lesson.claim(os.getpid() == pid, "every rank is still the process it was at the start (the same pid)")
 before = t.clone()
 dist.all_reduce(t)
@@ -101,12 +119,19 @@ lesson.claim(
 )
 spent = [None] * world_size
 dist.all_gather_object(spent, in_cell)  # each rank's time in the failed cell, to rank 0 for the sentence
+grace = inspect.signature(Cluster).parameters["grace_s"].default  # the runner's grace: %dist_init keeps the default
+rest = spent[0] - grace
+after = (
+    f"the runner's grace, {grace:g} s, and {rest:.1f} s more ({rest / grace:.1f} times the grace)"
+    if rest > 0
+    else f"less than the runner's grace ({grace:g} s): rank 0 began the cell after rank 1's report had reached the runner"
+)
 lesson.say(
     f"In the failed cell, rank 1 spent {spent[1]:.1f} s: it raised before the collective. Rank 0 spent "
-    f"{spent[0]:.1f} s, blocked in its all_reduce until the runner released it. That is the runner's grace "
-    "(`grace_s`, 1 s unless set otherwise) and everything else between rank 1's raise and rank 0's error, "
-    "which this notebook does not time apart: the runner noticing the failure (it looks every 0.1 s), rank 1 "
-    "closing its gloo group (the release), and rank 0's gloo noticing the closed connection."
+    f"{spent[0]:.1f} s in the cell, blocked in its all_reduce until the runner released it: {after}. The time "
+    "beyond the grace is not split up here: rank 1's report reaching the runner, the runner acting once the grace has "
+    "passed (it checks for reports at least every 0.1 s), rank 1 closing its gloo group (the release), and rank 0's "
+    "gloo noticing the closed connection."
 )
 t
 

@@ -22,7 +22,7 @@
 # the others waiting. We break DDP on purpose: nine bugs in six sections, and for each bug we run (at least) these three
 # things on the two ranks:
 #
-# 1. **torch**, debug mode off: what torch's DDP says (or, for the script's own collectives, torch's
+# 1. **torch**, debug mode paused: what torch's DDP says (or, for the script's own collectives, torch's
 #    `dist.all_reduce`). A call that no partner will ever match runs on a process group whose timeout
 #    is 3 s, so the wait ends (a real job waits as long as its group's timeout: the set-up cell prints
 #    torch's default); a rank that fails leaves its groups, as a job's process ends when it raises, so
@@ -43,12 +43,15 @@
 # Steps count from 0, in the loops and in debug mode's lines: "after step 1" is after the second step.
 #
 # Where a line names a place in this notebook, `<In [N], rank R>:L` is line L (the `%%distributed`
-# line is line 1) of the cell Jupyter shows as `In [N]` (run top to bottom: the N-th code cell), as
+# line is line 1) of the cell Jupyter shows as `In [N]` (its execution count; run top to bottom, the
+# N-th code cell), as
 # rank R ran it.
 #
 # Debug mode is off unless asked for: `MINDDP_DEBUG=1 torchrun ... train.py` (or
-# `minddp.debug.enable()`); a process that never turns it on installs none of it (the last section
-# shows what a wrapper built with it off lacks, and times a few steps both ways).
+# `minddp.debug.enable()`); a process that never turns it on installs none of it. This notebook turns
+# it on in its set-up cell, so its torch runs have it *paused* (`minddp.debug.disable()`): the wrappers
+# it put on `torch.distributed`'s collectives stay, passing every call through unchecked (the last
+# section shows what a wrapper built with it paused lacks, and times a few steps both ways).
 # What each check does and costs: `docs/debugging.md`.
 #
 # The bugs do not need a large model: a two-layer network on random data, a few steps, is enough.
@@ -60,10 +63,10 @@
 # %% [markdown]
 # Every rank sets the switch, as `MINDDP_DEBUG=1` on the command line would, and gets the same small
 # model, its own batches (a different random stream per rank: its shard of the data), a helper that
-# reads how far the replicas are apart (for the runs where nothing else would tell us), and the
-# helpers that run a script each way: `torch_does` (debug mode off; whether each rank raised, in a line: the
-# error's first two sentences, and the parameter indices when torch lists them, or "raised nothing"; a warning
-# torch prints is not caught, it appears under the cell as torch printed it; and
+# reads how far the replicas are apart and in which parameter (for the runs where nothing else would
+# tell us), and the helpers that run a script each way: `torch_does` (debug mode paused; whether each
+# rank raised, in a line: the error's first two sentences, and the parameter indices when torch lists
+# them, or "raised nothing"; a warning torch prints is not caught: section 6 says where it shows; and
 # `torch_drifts` for the bugs torch trains through), `minddp_says` (the line debug mode raised, checked
 # on every rank) and `fixed` (the corrected script: nothing said, the replicas equal). `torch_does` and
 # `minddp_says` note how long each rank ran until it raised (or finished); section 3's warning is timed the
@@ -124,13 +127,22 @@ def train(model, ddp, optimizer, steps, **forward):
 
 
 def apart(model) -> float:
-    """The largest difference between this rank's parameters and rank 0's (0: the replicas agree)."""
-    mine = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    """The largest difference between a rank's parameters and rank 0's (0: the replicas agree)."""
+    return apart_at(model)[0]
+
+
+def apart_at(model) -> tuple[float, str]:
+    """``apart(model)``, and the name of the parameter where that largest difference is."""
+    names, flat = zip(*[(name, p.detach().reshape(-1)) for name, p in model.named_parameters()])
+    mine = torch.cat(flat)
     rank0 = mine.clone()
     dist.broadcast(rank0, src=0)
-    gap = (mine - rank0).abs().max().reshape(1)
-    dist.all_reduce(gap, op=dist.ReduceOp.MAX)
-    return gap.item()
+    gaps = (mine - rank0).abs()
+    at = int(gaps.argmax())
+    ends = torch.tensor([t.numel() for t in flat]).cumsum(0)  # where each parameter ends in `mine`
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, (gaps[at].item(), names[int((ends <= at).sum())]))
+    return max(everyone)
 
 
 def torch_does(script) -> list[str]:
@@ -218,10 +230,11 @@ def torch_drifts(script) -> None:
     """``script(model, ddp, optimizer)`` on torch's DDP: it says nothing, and the replicas end apart."""
     model, *rest = build(TorchDDP)
     said = torch_does(lambda group, short: script(model, *rest))
-    gap = apart(model)
+    gap, where = apart_at(model)
     lesson.claim(
         said == ["raised nothing"] * world_size and gap > 0,
-        f"torch's DDP trained without a word, and its replicas' parameters now differ by up to {gap:.1e}",
+        f"torch's DDP trained without a word, and its replicas' parameters now differ by up to {gap:.1e} "
+        f"(the largest gap is in '{where}')",
     )
 
 
@@ -287,7 +300,9 @@ fixed(drifting_loop, "without the edit", edit=False)
 # Two gaps are printed here and in the next cell, and they measure different things: the ✓ line
 # under torch's run (the notebook's own `apart()`, since torch says nothing) says how far the replicas'
 # *parameters* ended apart after the step; debug mode's line says how far one tensor's *gradients* are
-# apart at `optimizer.step()`, which it stops before any parameter moves.
+# apart at `optimizer.step()`, which it stops before any parameter moves. They need not be about the
+# same tensor either: the ✓ line names the parameter with the largest gap, debug mode's line the first
+# tensor in the model's order whose gradients differ, so compare the names before the numbers.
 
 
 # %%
@@ -334,7 +349,8 @@ fixed(accumulate, "the last micro-batch synced", last_syncs=True)
 # %%
 # %%distributed
 def read(model, ddp, optimizer, same=True, start=None) -> list[tuple[str, float]]:
-    """Four steps; debug mode's warnings, each with the time from ``start`` to the end of the step it came in."""
+    """Four steps; every Python warning raised in them, each with the time from ``start`` to the end of the step it
+    came in (a warning torch's C++ code prints to stderr is not one: see section 6)."""
     start, heard = start or time.perf_counter(), []
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
@@ -344,20 +360,23 @@ def read(model, ddp, optimizer, same=True, start=None) -> list[tuple[str, float]
             optimizer.step()
             optimizer.zero_grad()
             heard += [(str(w.message), time.perf_counter() - start) for w in said[len(heard) :]]
-    return [(line, took) for line, took in heard if "minddp debug" in line]
+    return heard
 
 
 torch_warned = []
 said = torch_does(lambda group, short: torch_warned.extend(read(*build(TorchDDP))))
 lesson.claim(
     said == ["raised nothing"] * world_size and torch_warned == [],
-    "torch's DDP trained the 4 steps, raising nothing and warning nothing",
+    "torch's DDP trained the 4 steps, raising nothing and issuing no Python warning",
 )
 start = time.perf_counter()
 lines = read(*build(), start=start)
 say_each(*(lines[0] if lines else (None, time.perf_counter() - start)), "warned")
-lesson.claim(len(lines) == 1, "debug mode warned once on every rank, and the 4 steps ran to the end")
-lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, debug mode says nothing")
+lesson.claim(
+    len(lines) == 1 and lines[0][0].startswith("minddp debug"),
+    "debug mode warned once on every rank (the 4 steps' one Python warning), and the steps ran to the end",
+)
+lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, no warning at all")
 
 # %% [markdown]
 # ## 4. Mismatched collectives, the script's own included
@@ -371,17 +390,22 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # from. Torch's times are in the "torch, rank r" lines, debug mode's under its line; a sentence after
 # them puts the two side by side. The fix: the same metrics on every rank.
 #
-# The line numbers the call: *collective #N* is the group's sequence number, counting from 0 the
+# The line numbers the call: *collective #K* is the group's sequence number, counting from 0 the
 # group's collectives that debug mode has checked (here the default group's, since debug mode was
-# turned on in the set-up cell: the earlier sections' count too, torch's runs with it off do not).
-# Few of them are the bugs' own: most are the notebook's plumbing on the default group, each
-# `apart()`'s broadcast and all_reduce, the `all_gather_object` by which `torch_does` and `say_each`
-# collect every rank's line, each minddp wrapper's collectives at construction, and each step's
-# checks (the forward and step checks' all_gathers, the plan check's `all_gather_object`).
+# turned on in the set-up cell: the earlier sections' count too, torch's runs with it paused do not;
+# a collective made inside another, like the two that torch's `all_gather_object` makes, counts once).
+# Every checked call on the default group counts, the bugs' own and all the rest: the notebook's
+# plumbing (each `apart()`'s broadcast and `all_gather_object`, the `all_gather_object` by which
+# `torch_does` and `say_each` collect every rank's line), each minddp wrapper's collectives at
+# construction (among them a check that every rank passed the same settings), each step's gradient
+# buckets (debug mode's reducer sends each through the checked `dist.all_reduce`), and debug mode's
+# own calls in each step: the forward and step checks' all_gathers, and the *plan check* (minddp's DDP comparing, every step, which parameters each bucket holds and
+# the order the buckets were sent in, an `all_gather_object`; the last section says more).
 # A call is said as op(shapes): for an all_gather, the output list and then the input, so
 # `all_gather(2 × int64[17], int64[17])` gathers a row of 17 from each of the 2 ranks. Then the step:
 # `(step 0)` for a call made in a wrapper's step (from its forward to its `optimizer.step()`), and
-# `(after step N)` for a script's own call made once the last step a wrapper took had ended. This
+# `(after step S)` for a script's own call made once the last step a wrapper took had ended (K, S and
+# the N of `In [N]` are three different counts). This
 # cell's all_reduce is outside any loop: the last step was section 3's last (its loop's step 3).
 
 # %%
@@ -403,7 +427,8 @@ stopped = minddp_says(
 )
 lesson.say(
     f"Under torch the ranks gave up after {' and '.join(f'{t:.2f}' for t in waited)} s; in debug mode they stopped "
-    f"after {' and '.join(f'{t:.2f}' for t in stopped)} s, as soon as both had posted their calls."
+    f"after {' and '.join(f'{t:.2f}' for t in stopped)} s (debug mode stops a rank once it has read both ranks' posts "
+    "of the call)."
 )
 metrics = torch.tensor([0.5, 0.9], device=device)
 dist.all_reduce(metrics)
@@ -487,9 +512,13 @@ lesson.claim(apart(model) == 0, "the fix: under join() nothing is said and both 
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only (here after wrapping) makes the ranks disagree on what they
 # send, and `find_unused_parameters=True` does not fix it: torch's DDP then averages rank 0's zeros
-# in, as the cell's last torch run shows (no error, rank 1's gradient of the layer half its own, the
-# replicas apart). All torch says there is a warning printed on rank 1 (below the cell, on stderr):
-# that `find_unused_parameters=True` found no unused parameter in the forward. It saw that rank 1 used
+# in, as the cell's last torch run shows (no error, rank 1's gradient of the layer half its own in norm, the
+# replicas apart). All torch says there is a warning its C++ code prints on rank 1: that
+# `find_unused_parameters=True` found no unused parameter in the forward. It goes straight to the rank
+# process's stderr, past the runner's capture of the ranks' lines, so where it shows is up to the
+# front end: first under the cell, above `[rank 0]` and the four runs' lines, tagged
+# `[rank1]:[W...] reducer.cpp`, or only in the terminal that started Jupyter (this notebook's saved
+# runs have had it each way; look for it in both places). It saw that rank 1 used
 # every parameter; it never saw that the ranks disagree. Debug mode compares `requires_grad` across
 # ranks before each forward (the forward check). Under torch, the rank that has every gradient sends and waits; the other fails at its next
 # forward, saying its module has parameters not used in producing loss, and their indices (counted
@@ -527,7 +556,7 @@ lesson.claim(apart(model) == 0, "the fix: frozen on every rank, nothing is said 
 
 def zeros_averaged_in(group):
     """torch's DDP with find_unused_parameters=True, the head frozen on rank 0 after wrapping, 2 steps: the model,
-    and the size of the head's averaged gradient against this rank's own at step 0 (an unwrapped copy's)."""
+    and the norm of the head's averaged weight gradient against that of this rank's own at step 0 (an unwrapped copy's)."""
     torch.manual_seed(0)
     model, own = Net().to(device), Net().to(device)
     own.load_state_dict(model.state_dict())
@@ -554,8 +583,8 @@ dist.all_gather_object(shares, share)
 # at worst in another order: apart by ~6 roundings (6 × 6e-8 relative) at most, far inside 1e-5; halving is exact.
 lesson.claim(
     said == ["raised nothing"] * world_size and gap > 0 and abs(shares[1] - 0.5) < 1e-5,
-    f"with find_unused_parameters=True torch's DDP raised nothing; rank 1's head.weight gradient was {shares[1]:.3f}"
-    " × its own (its own averaged with rank 0's zeros), and the replicas' parameters ended apart by up to "
+    f"with find_unused_parameters=True torch's DDP raised nothing; the norm of rank 1's head.weight gradient was "
+    f"{shares[1]:.3f} × that of its own (its own averaged with rank 0's zeros), and the replicas' parameters ended apart by up to "
     f"{gap:.1e}",
 )
 
@@ -588,23 +617,30 @@ lesson.claim(apart(model) == 0, "the fix: with find_unused_parameters=True nothi
 # *watch* (the object that runs the forward check and the step check for that wrapper), the
 # `DebugReducer` (the *reducer* is the part of the wrapper that averages the gradients in buckets;
 # debug mode's version sends each bucket through `torch.distributed`, checked, one at a time), and the
-# *plan check* (the per-step comparison of the bucket plan and launch order, below). The script's
-# collectives pass the collective check's wrapper untouched while it is off. The cell shows what a
-# wrapper built each way has, that debug mode changes no bit of what training computes (it only
-# watches), and times 5 steps each way, once.
+# *plan check* (each step, the ranks compare their *bucket plan*, which parameters each bucket holds,
+# and their *launch order*, the order the buckets were sent in). The script's collectives pass the
+# collective check's wrapper untouched while it is off. So debug mode does more than watch: it adds
+# collectives and changes when the gradients travel. It is built to change no value the training
+# computes: the cell checks that this model's 5 steps end with bit-identical parameters either way
+# (`tests/test_debug.py` checks it for every bug-free script against torch's DDP), shows what a
+# wrapper built each way has, and times the 5 steps each way, once.
 #
 # On, each collective first costs one store write and one read of the partners' posts when they have
 # posted (plus, the first time a slot is read, a check that it exists; the read repeats, 0.1 ms to
 # 5 ms apart, while one has not); each step adds the two small all_gathers (forward check, step check)
 # with a fingerprint pass over the parameters and the gradients, and a fingerprint of each local
-# gradient. minddp's DDP also runs the plan check each step, an `all_gather_object` (each rank's plan
-# pickled, then two collectives: the sizes, then the bytes, each with its own collective check), and
-# sends its buckets one at a time, waiting for each, so no bucket travels while backward computes.
+# gradient as backward makes it, one call per tensor. minddp's DDP also runs the plan check each step,
+# an `all_gather_object` (each rank's plan pickled; torch makes two collectives inside it, the sizes
+# then the bytes, which the collective check counts and checks once, as the call it is in), and sends
+# its buckets one at a time, waiting for each, so no bucket travels while backward computes.
 #
-# The cell's timing is a whole step of this 212-parameter model on a shared CPU, where a step is a few
-# milliseconds of compute and what debug mode adds is fixed costs, per tensor fingerprinted and per
-# extra collective, whatever the tensors' sizes; the cell times the fingerprints apart and says what
-# share of the added time they are. `docs/debugging.md`
+# The cell's timing is a whole step of this 212-parameter model on a shared CPU: the forward and
+# backward, the gradients' all_reduce between the two processes, the optimizer and Python's overhead,
+# parts the cell does not time apart. On tensors this small,
+# what debug mode adds costs per call more than per number: per tensor fingerprinted and per extra
+# collective. A fingerprint is still a pass over every 16-bit word of a tensor, so on a real model its
+# cost grows with the model's size. The cell times the fingerprint calls a step makes apart and
+# estimates what share of the added time they are. `docs/debugging.md`
 # (*Off, it is not there*) gives the benchmark's whole-step cost on larger presets, measured with an
 # earlier, cheaper fingerprint, and the weighted fingerprint's cost per tensor; the three measure
 # different things and are not one ratio. It also has each check, what torch's DDP does on each bug as
@@ -627,11 +663,22 @@ def five_steps(on: bool):
 
 
 (off, off_params, off_s), (on, on_params, on_s) = five_steps(False), five_steps(True)
+
+
+def step_prints(tensors):
+    """The fingerprint calls a debug-mode step makes on a model of these parameters (its gradients' sizes alike)."""
+    fingerprints(tensors, device)  # the forward check: the parameters,
+    fingerprints([], device)  # and the buffers (this model has none)
+    for t in tensors:
+        fingerprints([t], device)  # each local gradient, as backward makes it
+    fingerprints(tensors, device)  # the step check: the averaged gradients
+
+
 passes, tensors = 20, list(on.module.parameters())
 start = time.perf_counter()
 for _ in range(passes):
-    fingerprints(tensors, device)
-one_pass = (time.perf_counter() - start) / passes  # this rank's time to fingerprint the model's 4 tensors once
+    step_prints(tensors)
+prints = (time.perf_counter() - start) / passes  # this rank's time for one step's fingerprint calls, timed apart
 lesson.claim(
     off.watch is None
     and type(off.reducer).__name__ == "Reducer"
@@ -645,19 +692,18 @@ lesson.claim(
     all(torch.equal(a, b) for a, b in zip(off_params, on_params)),
     "off or on, the same 5 steps end with bit-identical parameters on every rank",
 )
-added, prints = (on_s - off_s) / 5, 3 * one_pass  # a step fingerprints the parameters, gradients, local gradients
+added = (on_s - off_s) / 5
 share = (
-    f"{prints / added:.0%} of what debug mode added a step; the rest is its other costs (the extra collectives, the "
-    "store's round trips, one bucket at a time) and this shared machine's noise"
+    f"an estimated {prints / added:.0%} of what debug mode added a step (an estimate: the calls were timed apart "
+    "from the steps, on one rank); the cell does not time the rest apart"
     if added > 0
-    else "more than debug mode added a step in this run (its other costs hid in the timing's noise)"
+    else "more than debug mode added a step in this run: the timing's noise hid its costs"
 )
 lesson.say(
     f"5 steps took {off_s * 1e3:.0f} ms with debug mode off and {on_s * 1e3:.0f} ms on (the slower rank's time, "
     f"one run each, on a machine shared with other work): {off_s / 5 * 1e3:.1f} and {on_s / 5 * 1e3:.1f} ms a step, "
-    f"{on_s / off_s:.1f} times as long. Fingerprinting the model's 4 tensors once took {one_pass * 1e3:.2f} ms on "
-    f"rank 0; the three passes of a step, {prints * 1e3:.1f} ms, are {share}. On a model this small both are costs "
-    "per tensor and per call, not per number, so this ratio says nothing of a real model's step."
+    f"{on_s / off_s:.1f} times as long. A step's {3 + len(tensors)} fingerprint calls, timed apart on rank 0 "
+    f"({passes} times), took {prints * 1e3:.2f} ms: {share}."
 )
 
 # %%
