@@ -109,7 +109,8 @@ MISTAKES = [
         wrong.HookSyncsTwice,
         "hook",
         "your stage syncs twice: 12 all_reduce calls in step 1 of 3 micro-batches, where "
-        "'hook' makes 6: 6 from the grad hooks during the last backward and 6 more from finish_gradient_synchronization()",
+        "'hook' makes 6: 6 from the grad hooks during the last backward and 6 more from "
+        "finish_gradient_synchronization()",
     ),
     # a division between launch and wait: named from the order of the calls, whichever way the race went this run
     (
