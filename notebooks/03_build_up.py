@@ -636,7 +636,8 @@ lesson.say(
         if (v["last_backward_ms"] < a["last_backward_ms"]) == (v["exposed_ms"] > a["exposed_ms"])
         else "the order of the backwards does not explain the order of the exposed times. "
     )
-    + f"Most of ddp's wait was not the link: {v['waited_ms'] - v['exposed_ms']:.0f} ms of it came after the link had "
+    + f"{'Most' if v['waited_ms'] - v['exposed_ms'] > v['exposed_ms'] else 'Less than half'} of ddp's wait was not "
+    f"the link: {v['waited_ms'] - v['exposed_ms']:.0f} ms of it came after the link had "
     f"delivered (bucket-async: {a['waited_ms'] - a['exposed_ms']:.0f} ms), waiting for the other rank to finish the "
     "same all_reduces or for a free core; which, one profiled step cannot tell. One step each, under the machine's "
     "load: a shape, not a ranking. (ddp's waits run in its end-of-backward callback, after the last backward "
@@ -897,8 +898,8 @@ lesson.say(
     f"hook-async's {h['exposed_ms']:.0f} ms: one step, under the machine's load, not a ranking of the two. "
     f"{set_by('bucket-async', looks['bucket-async']['row'])}. {set_by('hook-async', looks['hook-async']['row'])}. "
     "What a step exposes is the link's end after backward less the time its thread took to reach its wait, and that "
-    "lag (the finish's Python, a busy core) moves by about as much as the tail from step to step: the sweep below "
-    f"shows caps with the same last transfer exposing different times. The fixed costs the buckets saved are "
+    "lag (the finish's Python, a busy core) can move by as much as the tail from step to step (the sweep below "
+    f"compares caps with the same last bucket). The fixed costs the buckets saved are "
     f"{saved:.1f} ms, {saved / h['link_ms']:.0%} of the link time: on this link a message's bytes cost far more than "
     "its fixed cost, so fewer messages save little, while the last bucket's bytes can only travel after backward (the "
     "tail above). Buckets win where the fixed costs are a large share of the link time: many ranks (2(n−1) hops a "
@@ -969,6 +970,7 @@ rank_of = {  # the capped runs ranked by exposed time, measured and modeled (tie
     for how, x in (("measured", {c: swept[c]["exposed_ms"] for c in capped}), ("model", modeled))
 }
 lags = [lag for v in swept.values() if (lag := lesson.wait_after_backward(v["row"])) is not None]
+tail_of = {c: next(x for x in model if x.cap_mb == c).tail for c in capped}  # the last bucket's transfer, s
 lesson.say(
     "Measured against the step-time model, cap by cap: "
     + ", ".join(f"{named[c]} {swept[c]['exposed_ms']:.1f} against {modeled[c]:.1f} ms" for c in swept)
@@ -987,7 +989,14 @@ lesson.say(
     f"backwards took {min(v['last_backward_ms'] for v in swept.values()):.0f} to "
     f"{max(v['last_backward_ms'] for v in swept.values()):.0f} ms, and their threads reached their wait "
     + (f"{min(lags):.0f} to {max(lags):.0f} ms after backward ended" if lags else "never after backward")
-    + " (the finish's Python, a busy core): the link's time before that is neither hidden nor exposed. Read the "
+    + " (the finish's Python, a busy core): the link's time before that is neither hidden nor exposed"
+    + "".join(
+        f"; {named[c]} and {named[d]} have the same last bucket ({1e3 * tail_of[c]:.1f} ms on the link after "
+        f"backward) and exposed {swept[c]['exposed_ms']:.1f} and {swept[d]['exposed_ms']:.1f} ms"
+        for c, d in zip(capped, capped[1:])
+        if tail_of[c] == tail_of[d] and abs(swept[c]["exposed_ms"] - swept[d]["exposed_ms"]) >= 0.5
+    )
+    + ". Read the "
     "model for why a cap costs what it does (its tail, its start, its fixed costs: the lower panel), not for what "
     "one profiled step here exposed."
 )
