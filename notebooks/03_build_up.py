@@ -21,37 +21,42 @@
 # *what* is computed (the test suite checks every stage against a single process and torch's DDP,
 # and you can check your own versions here).
 #
-# Each stage of the ladder, `simple` to `bucket-async`, has a section of the same five parts; the two
-# that close it, `ddp` (minddp's production DDP) and `torch` (torch's own), have the run and its
-# picture only (their code is a package, not a few lines to diff or write):
+# Each stage from `ga` to `bucket-async` has a section of the same five parts; `simple`, built in
+# `02_simple_ddp` (its exercise is there), has its code and its run here, and the two that close the
+# ladder, `ddp` (minddp's production DDP) and `torch` (torch's own), have the run and its picture only
+# (their code is a package, not a few lines to diff or write):
 #
-# 1. **the idea**, in words and in the few plain `torch.distributed` lines that carry it;
+# 1. **the idea**, in words, and where it is new code, in the few plain `torch.distributed` lines that
+#    carry it;
 # 2. **the code**: the stage's own class, as it is in `minddp/stages/`, and **what changed** from
 #    the stage before, method by method (a diff computed from the package, not written by hand).
 #    The ladder's classes carry the idea's lines and three things more, the same in every stage:
 #    the gradient goes through the comm hook (`self.comm_hook(self.comm_state, GradBucket(...))`,
 #    which returns a Future: `04_comm_hooks` swaps it for compression); before the first send of a
 #    step, every rank checks that its forwards used the same parameters (`parameters_used.check()`,
-#    one all_gather of a few bytes a step, which waits for the other rank to reach it: a cost of its
+#    one all_gather of a few bytes per synced backward, which waits for the other rank to reach it:
+#    `k` a step in `simple`, one in the stages that sync once a step; a cost of its
 #    own, measured in the bucket lesson); and a stage
 #    that keeps Futures refuses a step whose last one was not finished (`check_finished`);
 # 3. **a run on real ranks**: the stage is built on both ranks with the workload every notebook
 #    shares, takes one warm-up step, then one step under the profiler, read in memory
 #    (`Trainee.look`): how many all_reduce calls, how many started while a backward was running,
-#    and, message by message, when it was handed to the network, how long the network took, and
+#    and, message by message, when it was handed to the link, how long the link took, and
 #    when the training thread stood waiting for it; then **a picture** of that step on one time
 #    axis, with the stage before it faded above it;
-# 4. **what to look for**: sentences about that run, each printed with a ✓ by a cell that checks
-#    it on the run shown (`lesson.claim`): if a run ever contradicts one, the cell fails instead
-#    of showing prose that the numbers beside it deny;
+# 4. **what to look for**: sentences about that run, printed by the cell from its values. Those with
+#    a ✓ are checked on the run shown (`lesson.claim`): if a run ever contradicts one, the cell fails
+#    instead of showing prose that the numbers beside it deny. Those without a ✓ are computed from
+#    the run and hold for that run only (one step, on a machine shared with other work); a
+#    paragraph headed *What to look for* says what to see in the picture;
 # 5. **your turn**: write the stage yourself; `check` runs it on real ranks and says what is wrong.
 #
-# **The network.** Two ranks on one machine talk over loopback, where what a message costs depends
+# **The link.** Two ranks on one machine talk over loopback, where what a message costs depends
 # on the machine (its cores, what else runs on it) and changes from run to run (`05_reading_traces`
 # measures it). So every message here goes over an **emulated 1 Gbit/s link**
 # (`minddp.comm.link`): the real all_reduce still runs, so every result is exact, but it completes
-# no earlier than the same all_reduce would on Gigabit Ethernet, one message at a time, as a
-# network card sends them. That time is *modeled*: the same on every run and every machine, so the
+# no earlier than the same all_reduce would on Gigabit Ethernet, one message at a time, as one
+# Ethernet port sends them. That time is *modeled*: the same on every run and every machine, so the
 # sentences about it hold anywhere. The notation is `01_collectives`'s: α is the fixed cost of one
 # of 01's messages (one hop of a ring), β the time per byte (1/B for a bandwidth of B bytes/s), n the
 # number of ranks, m the bytes of the tensor one all_reduce reduces, k the micro-batches of a step.
@@ -60,13 +65,16 @@
 # (*link time*, *waited*, *exposed*, *overlap*, *interleaved*) are defined at the end of
 # `01_collectives`, and each number here is computed by its function there, with the link's modeled
 # transfers as the communication in flight. The training thread is not held up by the emulation, so
-# a stage that computes while a message travels hides the message, as on a real network.
+# a stage that computes while a message travels hides the message, as on a real interconnect.
 #
 # Three things are called a hook. `hook` in code type is a stage (the third below). A *grad hook*
 # is the function autograd calls when a parameter's gradient is ready
 # (`register_post_accumulate_grad_hook`): `hook` and every stage after it sync from one. The *comm
 # hook* is the function a stage hands a gradient or bucket to for the all_reduce (`04_comm_hooks`).
-# Likewise *the network* is the neural network every stage trains; the *step-time model*
+# Likewise *the network* is only ever the neural network every stage trains (what carries the messages
+# is *the link*, or the blog's *interconnect*); *backward* is the span the pictures draw, from the
+# backward's first operator to its last (a callback autograd runs after that, still inside
+# `loss.backward()`, draws after the bar, as `ddp`'s does); the *step-time model*
 # (`minddp.costmodel`) is the replay of a step on the link that the bucket lesson uses.
 #
 # Every stage trains the same model on the same batches with the same settings, printed below.
@@ -113,13 +121,14 @@ from minddp.ladder import STAGES
 from minddp.notebook.source import show_diff, show_doc, show_source
 
 # %% [markdown]
-# ## The floor: no communication at all (`single`)
+# ## No communication at all (`single`)
 #
 # Here each rank trains its own shard and never talks to the other: not data parallelism (the
 # replicas drift apart), but the same computation as every stage below, with no message at all.
-# The stages add messages and waiting to it; how much, each cell below reads on the link's own
-# clock (its modeled transfers and the training thread's waits), because a step timed on a machine
-# shared with other work moves from one step to the next (the side-by-side table shows the steps).
+# The stages add messages and waiting to the same computation; how much, each cell below reads on the
+# link's own clock (its modeled transfers and the training thread's waits), because a step timed on a
+# machine shared with other work moves from one step to the next by more than that: `single`'s step is
+# no floor for the others' step times here, and in the side-by-side table it need not be the fastest.
 # The picture is its step: the forward (pale) and backward (blue) of each micro-batch, then the
 # optimizer (green); the black line is the end of the step. The stages below add messages
 # (orange, on the wire) and waits (red: the training thread standing still until a message is
@@ -305,7 +314,8 @@ lesson.say(
     f"the thread not computing. The backward stood still far longer: its thread waited {v['waited_ms']:.0f} ms, "
     f"{v['waited_ms'] - v['exposed_ms']:.0f} ms of it after the link had delivered, for the other rank to reach the "
     "same all_reduce or for a core. A profiler trace counts gloo's own ranges as in flight, and they last until both "
-    "ranks are done, so read from a trace (`05_reading_traces`) interleaved takes in most of those waits too."
+    "ranks are done, so the same measure read from a trace (`05_reading_traces`) takes in most of those waits too: "
+    "a number of another size, for the same stage, from what counts as communication."
 )
 lesson.say(
     f"*Overlap* (01's measure, used for every stage below, again over the link's transfers): {m['overlap_pct']:.0f} "
@@ -356,7 +366,8 @@ check(solutions.HookDDP, like="hook")
 # One change: the grad hook keeps the all_reduce's Future instead of waiting on it, and backward goes
 # on computing the earlier layers while gloo (or NCCL) moves the later layers' gradients. Every
 # Future is waited for once, in `finish_gradient_synchronization()`, just before the optimizer
-# step. That is real *overlap*: communication hidden behind computation. The idea:
+# step. Messages on the link while the thread computes are what *overlap* counts: communication hidden
+# behind computation (the cell prints it). The idea:
 #
 # ```python
 # def _grad_ready(self, p):
@@ -391,15 +402,25 @@ lesson.claim(
     f"So less of the link's time is left exposed: {v['exposed_ms']:.0f} "
     f"ms against hook's {b['exposed_ms']:.0f} ms; the rest travelled while backward computed.",
 )
+m = row_measures(v["row"])
+lesson.say(
+    f"Overlap: {m['overlap_pct']:.0f} % of hook-async's link time passed with the thread computing (hook: "
+    f"{row_measures(b['row'])['overlap_pct']:.0f} %). Its waits, all in finish, lasted {v['waited_ms']:.0f} ms "
+    f"(hook's many waits {b['waited_ms']:.0f} ms in all), of which {v['exposed_ms']:.0f} ms had a message still on the "
+    "link: the rest of the red is the thread waiting for the other rank to finish the same all_reduces and for a "
+    "free core, not for the link."
+)
 
 # %% [markdown]
-# What to look for: messages on the wire while the backward goes on, no red inside it, and
-# only what was still travelling when backward ended waited for at the end: the messages sent
-# while backward computed are what *overlap* (the share of the link's time during which the thread
-# computed) counts. On two ranks sharing this machine's few cores (printed at the top) the real gloo
+# What to look for: messages on the wire while the backward goes on, no red inside it, and one
+# wait at the end, in finish. That wait lasts until every all_reduce is complete on both ranks, so
+# the red block can be long although the link delivered early (the sentence above splits it): only
+# the part of it with a message still on the link is *exposed*. The messages sent while backward
+# computed are what *overlap* (the share of the link's time during which the thread computed)
+# counts. On two ranks sharing this machine's few cores (printed at the top) the real gloo
 # all_reduce also needs a core,
 # so the measured waits include waiting for the other rank (to reach the same message) and for a
-# core, and can exceed the link's whole time; *exposed* counts the network's part only.
+# core, and can exceed the link's whole time; *exposed* counts the link's part only.
 #
 # ### Your turn: `hook-async`
 #
@@ -466,15 +487,15 @@ show_diff(STAGES["hook-async"], STAGES["bucket"])
 # %%distributed
 meet("bucket", before="hook-async")
 v, b = looks["bucket"], looks["hook-async"]
-alpha = LINK.seconds("all_reduce", 0, world_size) * 1e3  # the fixed cost of one all_reduce, ms
+per_message = LINK.seconds("all_reduce", 0, world_size) * 1e3  # one all_reduce's fixed cost, 2(n−1)·α, ms
 lesson.claim(
     v["calls"] == v["buckets"] and v["bytes"] == b["bytes"],
     f"bucket sends the same bytes in "
     f"{v['calls']} calls, one per bucket of {lesson.SETTINGS.bucket_cap_mb:g} MiB, instead of {b['calls']}.",
 )
 lesson.claim(
-    abs(b["link_ms"] - v["link_ms"] - (b["calls"] - v["calls"]) * alpha) < 1e-6 * b["link_ms"],
-    f"On the link that saves {b['calls'] - v['calls']} all_reduces' fixed cost, 2(n−1)·α = {alpha:.1f} ms each: "
+    abs(b["link_ms"] - v["link_ms"] - (b["calls"] - v["calls"]) * per_message) < 1e-6 * b["link_ms"],
+    f"On the link that saves {b['calls'] - v['calls']} all_reduces' fixed cost, 2(n−1)·α = {per_message:.1f} ms each: "
     f"{b['link_ms'] - v['link_ms']:.1f} ms of {b['link_ms']:.0f} ms.",
 )
 lesson.claim(
@@ -600,7 +621,8 @@ meet("ddp", before="bucket-async")
 v = looks["ddp"]
 lesson.claim(
     v["calls"] == v["calls_in_backward"] and v["waits_in_backward"] == 0,
-    "ddp sends every bucket from inside the backward and waits for none of them there, as bucket-async does.",
+    "ddp sends every bucket from inside the backward and waits for none of them before its last operator, as "
+    "bucket-async does.",
 )
 a = looks["bucket-async"]
 lesson.say(
@@ -614,8 +636,12 @@ lesson.say(
         if (v["last_backward_ms"] < a["last_backward_ms"]) == (v["exposed_ms"] > a["exposed_ms"])
         else "the order of the backwards does not explain the order of the exposed times. "
     )
-    + "ddp makes no check of the parameters used, which bucket-async's backward pays before its first send (the "
-    "bucket lesson measures it); one step each, under the machine's load: a shape, not a ranking."
+    + f"{'Most' if v['waited_ms'] - v['exposed_ms'] > v['exposed_ms'] else 'Less than half'} of ddp's wait was not "
+    f"the link: {v['waited_ms'] - v['exposed_ms']:.0f} ms of it came after the link had "
+    f"delivered (bucket-async: {a['waited_ms'] - a['exposed_ms']:.0f} ms), waiting for the other rank to finish the "
+    "same all_reduces or for a free core; which, one profiled step cannot tell. One step each, under the machine's "
+    "load: a shape, not a ranking. (ddp's waits run in its end-of-backward callback, after the last backward "
+    "operator, so the picture draws them after the backward bar, though they are inside `loss.backward()`.)"
 )
 
 # %% [markdown]
@@ -656,8 +682,8 @@ e = {s: looks[s]["exposed_ms"] for s in ladder}
 lesson.say("Exposed, down the ladder: " + ", ".join(f"{s} {e[s]:.0f} ms" for s in ladder) + ".")
 # simple and ga, hook and bucket wait for each message as soon as it is sent, so they stand through most of their
 # link time (the table's link column: 159 to 496 ms a step, modeled, the same on every machine; ga's is a third of
-# simple's); the async rungs wait once, after a backward that the messages travel under (seconds long here); a
-# loaded machine only lengthens that backward. Margins of a hundred ms and more in every run, not a race.
+# simple's); the async rungs wait once, after a backward that the messages travel under; a loaded machine only
+# lengthens that backward. The margins are the waiting rungs' link time, a few hundred ms modeled, not a race.
 lesson.claim(
     e["ga"] < e["simple"] and e["hook-async"] < e["hook"] and e["bucket-async"] < e["bucket"],
     "Two of the ideas cut the exposed time on this link: accumulation (simple → ga), and not waiting "
@@ -682,8 +708,11 @@ lesson.say(
     f"{e['bucket']:.0f} ms, {than('bucket', 'hook')} (of its {link['bucket']:.0f} ms on the link, "
     f"{link['bucket'] - e['bucket']:.0f} ms passed in those lines: {looks['bucket']['calls']} hand-overs instead of "
     f"{looks['hook']['calls']}), and bucket-async {e['bucket-async']:.0f} ms, {than('bucket-async', 'hook-async')}; "
-    "the bucket lesson below says why, and when buckets win."
+    "bucket, like hook, waits for each message as soon as it is handed over, so both expose most of their link time "
+    "and buckets change little there; the bucket lesson below compares the two async rungs, where they do."
 )
+ov = {s: row_measures(looks[s]["row"])["overlap_pct"] for s in ladder + ["ddp"]}
+lesson.say("Overlap, down the ladder: " + ", ".join(f"{s} {ov[s]:.0f} %" for s in ov) + ".")
 back = {s: looks[s]["last_backward_ms"] for s in looks}
 
 
@@ -706,7 +735,8 @@ lesson.say(
         f"{max(back[s] for s in quiet):.0f} ms. "
     )
     + f"This machine's {lesson.cores()} cores serve both ranks, gloo's threads and the link's, so the messages a "
-    "backward hides take cores from it, and the async rungs' grad hooks run Python between its operators; "
+    "backward hides can take cores from it, and the async rungs' grad hooks run Python between its operators "
+    "(whether that lengthened this run's backwards, one step each cannot tell); "
     "`05_reading_traces` measures each stage's backward from traces. On a GPU the backward runs on the GPU and "
     "NCCL moves the bytes on its own stream (a few of the GPU's cores), so hiding costs the compute little; that is "
     "the setting the blog measured."
@@ -748,7 +778,7 @@ lesson.look_table(looks)
 # The link carries one message at a time, so it is done at the latest of, over the messages i:
 # "message i handed over, then i and every message after it carried back to back"
 # (`minddp.costmodel.buckets.queue_end`). Message 1 gives the *start-limited* end (the late start,
-# then all the link's work); the last message the *tail-limited* one. What the link still carries
+# then all the link time); the last message the *tail-limited* one. What the link still carries
 # after backward is the most a step can expose: the thread stands waiting for it only from when it
 # reaches its wait in finish, so the link's time before that is neither under compute nor exposed.
 # The cell reads all of it from the two profiled steps above, and when each gradient is ready from
@@ -764,7 +794,7 @@ from minddp.costmodel.buckets import on_the_link, queue_end
 from minddp.costmodel.compute import probe
 from minddp.stages.bucket_plan import plan_buckets
 
-alpha_ms = LINK.seconds("all_reduce", 0, world_size) * 1e3  # 2(n−1)·α: one message's fixed cost on the link
+per_message_ms = LINK.seconds("all_reduce", 0, world_size) * 1e3  # 2(n−1)·α: one message's fixed cost on the link
 why = {s: on_the_link(looks[s]["row"]) for s in ("hook-async", "bucket-async")}  # exposed_ms: the looks' own
 h, b = why["hook-async"], why["bucket-async"]
 bare_model = lesson.make_model()
@@ -777,11 +807,11 @@ in_first = len(first_bucket)  # gradients the first bucket waits for
 # the last micro-batch's backward is the one that sends: one micro-batch, timed twice after a warm-up pass
 bare = probe(bare_model, next(lesson.step_batches())[-1:], lesson.loss_fn, repeats=2, measure_network=False)
 first_ready, bucket_ready = 1e3 * min(bare.ready), 1e3 * max(bare.ready[i] for i in first_bucket)
-saved = (h["messages"] - b["messages"]) * alpha_ms
+saved = (h["messages"] - b["messages"]) * per_message_ms
 lesson.claim(
     abs(h["link_ms"] - b["link_ms"] - saved) < 1e-6 * h["link_ms"],
     f"Per message: bucket-async sent {b['messages']} messages instead of {h['messages']}, which saved "
-    f"{h['messages'] - b['messages']} × {alpha_ms:.2f} ms = {saved:.1f} ms of the link's {h['link_ms']:.0f} ms.",
+    f"{h['messages'] - b['messages']} × {per_message_ms:.2f} ms = {saved:.1f} ms of the link's {h['link_ms']:.0f} ms.",
 )
 # counted from the plan: the first bucket's last gradient is the in_first-th one backward produces
 lesson.claim(
@@ -796,7 +826,7 @@ lesson.say(
     f"(bucket-async) into the last backward ({looks['hook-async']['last_backward_ms']:.0f} and "
     f"{looks['bucket-async']['last_backward_ms']:.0f} ms long): other backwards than the bare network's above, timed "
     "apart under the machine's load, so their times need not agree. Before its first send of a step, a teaching stage checks that every rank's "
-    f"forwards used the same parameters (an all_gather of a few bytes, once a step, which waits for the other rank to reach "
+    f"forwards used the same parameters (an all_gather of a few bytes, once per synced backward, which waits for the other rank to reach "
     f"it): that check held the thread {check['hook-async']:.0f} and {check['bucket-async']:.0f} ms of it, a cost "
     "of its own, which torch's DDP does not pay (it has no such check by default)."
 )
@@ -823,7 +853,7 @@ table = (
     ]
     .rename(
         columns={
-            "link_ms": "link work, ms",
+            "link_ms": "link time, ms",
             "first_ms": "first message handed over, ms into the last backward",
             "start_end_ms": "start-limited end, ms after backward (< 0: before)",
             "tail_ms": "last message's transfer, ms",
@@ -862,20 +892,18 @@ def reached(row):
     )
 
 
-verdict = (
-    f"lost to hook-async on this link: {b['exposed_ms']:.0f} ms exposed against {h['exposed_ms']:.0f} ms"
-    if more >= 0.5
-    else f"beat hook-async on this link: {b['exposed_ms']:.0f} ms exposed against {h['exposed_ms']:.0f} ms"
-    if more <= -0.5
-    else f"tied with hook-async on this link: {b['exposed_ms']:.0f} against {h['exposed_ms']:.0f} ms exposed"
-)
+verdict = "more" if more >= 0.5 else "less" if more <= -0.5 else "as much"
 lesson.say(
-    f"So bucket-async {verdict}. {set_by('bucket-async', looks['bucket-async']['row'])}. "
-    f"{set_by('hook-async', looks['hook-async']['row'])}. The fixed costs the buckets "
-    f"saved are {saved:.1f} ms, {saved / h['link_ms']:.0%} of the link's work: on this link a message's bytes cost "
-    "far more than its fixed cost, so fewer messages save little, while every bucket's bytes wait for its last "
-    "gradient and the last bucket's travel after backward. Buckets win where the fixed costs are a large share of the "
-    "link's work: many ranks (2(n−1) hops a message) or a fast link; the blog's settings below show one."
+    f"In this run's one profiled step each, bucket-async left {b['exposed_ms']:.0f} ms exposed, {verdict} than "
+    f"hook-async's {h['exposed_ms']:.0f} ms: one step, under the machine's load, not a ranking of the two. "
+    f"{set_by('bucket-async', looks['bucket-async']['row'])}. {set_by('hook-async', looks['hook-async']['row'])}. "
+    "What a step exposes is the link's end after backward less the time its thread took to reach its wait, and that "
+    "lag (the finish's Python, a busy core) can move by as much as the tail from step to step (the sweep below "
+    f"compares caps with the same last bucket). The fixed costs the buckets saved are "
+    f"{saved:.1f} ms, {saved / h['link_ms']:.0%} of the link time: on this link a message's bytes cost far more than "
+    "its fixed cost, so fewer messages save little, while the last bucket's bytes can only travel after backward (the "
+    "tail above). Buckets win where the fixed costs are a large share of the link time: many ranks (2(n−1) hops a "
+    "message) or a fast link; the blog's settings below show one."
 )
 
 # %%
@@ -942,6 +970,7 @@ rank_of = {  # the capped runs ranked by exposed time, measured and modeled (tie
     for how, x in (("measured", {c: swept[c]["exposed_ms"] for c in capped}), ("model", modeled))
 }
 lags = [lag for v in swept.values() if (lag := lesson.wait_after_backward(v["row"])) is not None]
+tail_of = {c: next(x for x in model if x.cap_mb == c).tail for c in capped}  # the last bucket's transfer, s
 lesson.say(
     "Measured against the step-time model, cap by cap: "
     + ", ".join(f"{named[c]} {swept[c]['exposed_ms']:.1f} against {modeled[c]:.1f} ms" for c in swept)
@@ -960,7 +989,14 @@ lesson.say(
     f"backwards took {min(v['last_backward_ms'] for v in swept.values()):.0f} to "
     f"{max(v['last_backward_ms'] for v in swept.values()):.0f} ms, and their threads reached their wait "
     + (f"{min(lags):.0f} to {max(lags):.0f} ms after backward ended" if lags else "never after backward")
-    + " (the finish's Python, a busy core): the link's time before that is neither hidden nor exposed. Read the "
+    + " (the finish's Python, a busy core): the link's time before that is neither hidden nor exposed"
+    + "".join(
+        f"; {named[c]} and {named[d]} have the same last bucket ({1e3 * tail_of[c]:.1f} ms on the link after "
+        f"backward) and exposed {swept[c]['exposed_ms']:.1f} and {swept[d]['exposed_ms']:.1f} ms"
+        for c, d in zip(capped, capped[1:])
+        if tail_of[c] == tail_of[d] and abs(swept[c]["exposed_ms"] - swept[d]["exposed_ms"]) >= 0.5
+    )
+    + ". Read the "
     "model for why a cap costs what it does (its tail, its start, its fixed costs: the lower panel), not for what "
     "one profiled step here exposed."
 )
@@ -986,16 +1022,23 @@ def queue(c):
 
 
 earlier = "helps" if with_first.exposed < at_cap.exposed else "does not help"
+two_sums = (
+    f" (the link's end comes from `queue_end` over the buckets' ready times, the exposed from the model's replay of "
+    f"the whole step, `predict`: two computations, {abs(1e3 * (with_first.done_after - with_first.exposed)):.0f} and "
+    f"{abs(1e3 * (at_cap.done_after - at_cap.exposed)):.0f} ms apart here, a difference this notebook does not take "
+    "apart; read the end for why, the exposed for how much)"
+)
 lesson.say(
     f"Why the earlier start {earlier} here. With the 1 MiB first bucket {queue(with_first)}; without it "
-    f'{queue(at_cap)}. The link\'s end is set by the latest "ready, then everything behind it back to back": an early '
+    f"{queue(at_cap)}{two_sums}. "
+    'The link\'s end is set by the latest "ready, then everything behind it back to back": an early '
     "first message shortens that only when the first message sets it (a start-limited link, one busy for most of "
     "the backward). On this link the first message does not set it: what counts is the bytes still waiting when the "
     "last buckets become ready, and the small first bucket moves every boundary behind it, which changes how many "
     "of them are ready late."
     if with_first.set_by > 0 and at_cap.set_by > 0
     else f"Why the earlier start {earlier} here. With the 1 MiB first bucket {queue(with_first)}; without it "
-    f"{queue(at_cap)}."
+    f"{queue(at_cap)}{two_sums}."
 )
 if rank == 0:
     bucket_sweep(
@@ -1030,15 +1073,18 @@ sweep_table.infer_objects().round(1)
 #
 # Which rung wins depends on two ratios: how long one sync's bytes take against one backward, and
 # how long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
-# emulated link that keeps both ratios of a given setting for the network at hand, from this machine's
-# own backward: a faster machine gets a faster link, so a setting keeps its shape on any machine.
+# emulated link that keeps both ratios of a given setting for the network at hand, against one
+# backward timed on this machine (`single`'s, from its profiled step): a faster machine gets a faster
+# link. The ratio holds for that backward only: the runs on the link take backwards of their own,
+# longer or shorter under the machine's load, and the cell prints the ratio each actually ran at.
 # Two settings, both built from the blog's run as the step-time model rebuilds it (`python -m
-# minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16 gradients, 3 TFLOP/s
-# achieved on each T4, which is what the blog's own non-compute shares imply):
+# minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16 gradients, and an
+# assumed 3 TFLOP/s achieved on each T4, which `docs/scaling.md` derives from the blog's non-compute
+# shares; this notebook does not show that derivation):
 #
 # * **like 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`), its ratio of communication to backward
 #   compute. Every stage of the blog, on this notebook's workload;
-# * **like 1024 ranks**: the blog's network on 1024 ranks over 100 Gbit/s InfiniBand (`100gbit-ib`),
+# * **like 1024 ranks**: the blog's model on 1024 ranks over 100 Gbit/s InfiniBand (`100gbit-ib`),
 #   a setting the blog did not run (its claims are about its 4 T4s), only the step-time model
 #   rebuilt from its run: every all_reduce now
 #   makes 2(n−1) hops, so one message's fixed cost grows with n against the backward (the cell
@@ -1047,8 +1093,8 @@ sweep_table.infer_objects().round(1)
 #   the bucketed rungs run there, one micro-batch a step (each syncs once a step anyway): the rungs
 #   that wait for each message at once would stand still for every one of hundreds of fixed costs.
 #
-# Both run here on **2 ranks**: what is scaled is the link, sized so that this machine's backward meets
-# it as the blog's would meet the real one. The bucketed stages get a cap that cuts each network into
+# Both run here on **2 ranks**: what is scaled is the link, sized so that `single`'s backward on this
+# machine meets it as the blog's would meet the real one. The bucketed stages get a cap that cuts each network into
 # about as many buckets as the blog's 25 MiB cuts SmolLM2 (as near as the model's gradient tensors
 # allow: the cell prints the count each run sent, the one the sentences below use).
 
@@ -1073,7 +1119,7 @@ ladder6 = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 # of their hundreds of fixed costs, for seconds a step; how they fare is no question (they overlap nothing), so
 # only the bucketed rungs and hook-async run there.
 RUN = {"like 4 × T4": ladder6, "like 1024 ranks": ["hook-async", "bucket", "bucket-async"]}
-blog_runs, blog_links, backward_of = {}, {}, {}
+blog_runs, blog_links, backward_of, bytes_of = {}, {}, {}, {}
 for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     bytes_ratio, message_ratio = ratios(blog, link_name, ranks)
     model = lesson.make_model(name=model_name)
@@ -1088,14 +1134,14 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     slowest = torch.tensor([timed], dtype=torch.float64, device=message_device())
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     backward_s = slowest.item()
-    backward_of[name] = 1e3 * backward_s
+    backward_of[name], bytes_of[name] = 1e3 * backward_s, bytes_ratio
     params = [p for p in model.parameters() if p.requires_grad]
     sync_bytes = sum(p.numel() * p.element_size() for p in params)
     blog_links[name] = link_like(f"sized {name}", backward_s, sync_bytes, bytes_ratio, message_ratio, world_size)
     cap = 25 * sync_bytes / blog.total_bytes  # the blog's 25 MiB, scaled to this model: as many buckets
     lesson.say(
         f"{name[0].upper() + name[1:]}: "
-        + ("the blog's run" if ranks == 4 else "the blog's network at a scale the blog did not run")
+        + ("the blog's run" if ranks == 4 else "the blog's model at a scale the blog did not run")
         + f" ({link_name}, {ranks} ranks), as the step-time model rebuilds it: one sync's bytes take "
         f"{bytes_ratio:.2f} backwards, one message's fixed cost {message_ratio:.1e} of one; {blog_buckets} buckets "
         f"of 25 MiB. Here, for {model_name} "
@@ -1115,14 +1161,22 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         }
     lesson.say(
         f"{name[0].upper() + name[1:]}: bucket-async sent {blog_runs[name, 'bucket-async']['calls']} buckets a step "
-        f"(the blog's network at 25 MiB: {blog_buckets})."
+        f"(the blog's model at 25 MiB: {blog_buckets})."
+    )
+    ran = [blog_runs[name, s]["backward_ms"] for s in RUN[name]]
+    lesson.say(
+        f"The link was sized from a backward of {backward_of[name]:.0f} ms; the backwards run on it took "
+        f"{min(ran):.0f} to {max(ran):.0f} ms, so there one sync's bytes took "
+        f"{bytes_ratio * backward_of[name] / max(ran):.2f} to {bytes_ratio * backward_of[name] / min(ran):.2f} "
+        f"backwards, not the setting's {bytes_ratio:.2f}: the runs below were read at those ratios."
     )
 
 # %% [markdown]
 # Two measures for each setting (`01_collectives`'s, by its functions): *overlap*, the share of the
 # link's time during which the training thread computed (the link's modeled transfers in flight as
-# communication, a forward, a backward or the optimizer, not waiting, as compute; the blog read the
-# same ratio with HolisticTraceAnalysis from its traces, over NCCL kernels and compute kernels), and
+# communication, a forward, a backward or the optimizer, not waiting, as compute; the blog's overlap
+# is another measure of the same name, read with HolisticTraceAnalysis from its traces over NCCL
+# kernels and compute kernels, where a hook's Python is not compute), and
 # *exposed*, the link time the step stood waiting through. The blog's other
 # number, non-compute time, is a share of the step read from a trace (`05_reading_traces`); exposed
 # is the part of it the link causes, without the waits for the other rank and for a core.
@@ -1133,8 +1187,8 @@ t4 = {s: blog_runs["like 4 × T4", s] for s in ladder6}
 far = {s: blog_runs["like 1024 ranks", s] for s in RUN["like 1024 ranks"]}
 if rank == 0:
     settings_ladder(
-        {"2 ranks, a link like the blog's 4 × T4": t4, "2 ranks, a link like its network at 1024 ranks": far},
-        title=f"The blog's stages on links sized like its 4 × T4 run and like its network at 1024 ranks (not run by "
+        {"2 ranks, a link like the blog's 4 × T4": t4, "2 ranks, a link like the blog's at 1024 ranks": far},
+        title=f"The blog's stages on links sized like its 4 × T4 run and like its model at 1024 ranks (not run by "
         f"the blog), {world_size} ranks here",
     )
 for name, runs in (("like 4 × T4", t4), ("like 1024 ranks", far)):
@@ -1158,14 +1212,14 @@ lesson.claim(
 # Like 4 × T4 one sync's bytes take a fraction of a backward and a message's fixed cost almost nothing: both
 # async rungs send during backward and hide what travels before it ends; the rungs that wait hide only what the
 # hooks' own lines between a send and its wait cover (a few %). How much the async rungs hide moves with the
-# machine's load (each run's backward against the one the link was sized from: 96-100 % on a quiet machine, 61 %
-# for bucket-async in a run at load 20), so the order is claimed and the shares are printed above.
+# machine's load (each run's backward against the one the link was sized from, printed above), so the order is
+# claimed and the shares are printed.
 blocking = ("simple", "ga", "hook", "bucket")
 lesson.claim(
     max(t4[s]["overlap_pct"] for s in blocking) < min(t4[s]["overlap_pct"] for s in ("hook-async", "bucket-async")),
-    "Like 4 × T4, the two async rungs overlap the most: the blog's ordering. The blog read its overlap from traces, "
-    "where a hook's Python is not compute: 0 % for simple, ga and hook, about 90 % for the async hooks; here the "
-    "grad hooks' own lines inside backward count, so the rungs that wait overlap a little.",
+    "Like 4 × T4, the two async rungs overlap the most, the order of the blog's. The blog's overlap, read from "
+    "traces where a hook's Python is not compute, was 0 % for the rungs that wait (its numbers: `docs/scaling.md`); "
+    "here the grad hooks' own lines inside backward count, so the rungs that wait overlap a little.",
 )
 gap = t4["bucket-async"]["exposed_ms"] - t4["hook-async"]["exposed_ms"]
 compared = (
@@ -1173,7 +1227,7 @@ compared = (
 )
 fewer = t4["hook-async"]["messages"] - t4["bucket-async"]["messages"]
 lesson.say(
-    f"Between them, like 4 × T4: bucket-async left {compared} hook-async, of "
+    f"Between them, like 4 × T4, in one profiled step each: bucket-async left {compared} hook-async, of "
     f"{t4['bucket-async']['link_ms']:.0f} ms on the link. The {fewer} fewer messages save "
     f"{blog_links['like 4 × T4'].seconds('all_reduce', 0, world_size) * 1e3 * fewer:.1f} ms, and the tail "
     f"{'favours hook-async' if t4['bucket-async']['tail_ms'] > t4['hook-async']['tail_ms'] else 'favours bucket-async'} "
@@ -1182,13 +1236,16 @@ lesson.say(
     f"each thread reached its wait. {set_by('bucket-async', t4['bucket-async']['row'])}. "
     f"{set_by('hook-async', t4['hook-async']['row'])}. Their last backwards took "
     f"{t4['bucket-async']['backward_ms']:.0f} and {t4['hook-async']['backward_ms']:.0f} ms, against the "
-    f"{backward_of['like 4 × T4']:.0f} ms the link was sized from (one step each, under the machine's load). "
-    "(The blog, on its GPUs, saw no clear difference between these two.)"
+    f"{backward_of['like 4 × T4']:.0f} ms the link was sized from (one step each, under the machine's load), so "
+    f"one sync's bytes took {bytes_of['like 4 × T4'] * backward_of['like 4 × T4'] / t4['bucket-async']['backward_ms']:.2f} "
+    f"and {bytes_of['like 4 × T4'] * backward_of['like 4 × T4'] / t4['hook-async']['backward_ms']:.2f} of them, "
+    f"not the blog's {bytes_of['like 4 × T4']:.2f}: a difference between these two read at other ratios than the "
+    "blog's, and from one step."
 )
 # At 1024 ranks the fixed costs of hook-async's messages add up to several backwards of `single`'s (printed
 # below), while the buckets pay a few: on the link's modeled clock, whatever the machine's load. How much of
 # them hook-async then hides depends on how long its own backward lasts, which its hundreds of sends stretch,
-# the more so on a loaded machine (47 % overlap on a quiet one, 78 % beside the test suite): the overlap and
+# the more so on a loaded machine: the overlap and
 # exposed time of the two async rungs are printed above, not claimed. bucket waits for each message as soon
 # as it is sent: it hides only the hooks' work between a send and its wait, tens of points below bucket-async.
 h, b = far["hook-async"], far["bucket-async"]
@@ -1196,8 +1253,7 @@ lesson.claim(
     h["link_ms"] > b["link_ms"],
     "Like 1024 ranks, hook-async's messages keep the link busier than bucket-async's (their fixed costs, below).",
 )
-# bucket-async's overlap against bucket's: tens of points apart on rank 0 in every run, but on rank 1 at load 20
-# the margin fell below 50 once; printed, not claimed
+# bucket-async's overlap against bucket's: how far apart moves with the load; printed, not claimed
 lesson.say(
     f"bucket-async, sending while backward computes, overlapped {b['overlap_pct']:.0f} % here, bucket, which waits for "
     f"each message as soon as it is sent, {far['bucket']['overlap_pct']:.0f} %."
@@ -1223,13 +1279,14 @@ def against(bucketed, per_gradient):
 
 
 lesson.say(
-    f"Buckets, in the end. On this notebook's 1 Gbit/s link, at the settings' {here:g} MiB cap, bucket-async left "
+    f"Buckets, in the end. On this notebook's 1 Gbit/s link, at the settings' {here:g} MiB cap, in one profiled step "
+    f"each, bucket-async left "
     f"{against(here_b, here_h)} (of the caps swept above, "
     + ", ".join(named[c] for c in best)
     + f" left the least, {least:.0f} ms): one "
-    f"message's fixed cost is {alpha_ms:.2f} ms there, {alpha_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0%} "
-    "of the link's work for one message per gradient, so fewer messages save little, and a bucket still waits for "
-    f"its last gradient and carries its bytes after it. On 2 ranks with a link like 1024 ranks' bucket-async left "
+    f"message's fixed cost is {per_message_ms:.2f} ms there, {per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0%} "
+    "of the link time for one message per gradient, so fewer messages save little, and the last bucket's bytes can "
+    f"only travel after backward. On 2 ranks with a link like 1024 ranks' bucket-async left "
     f"{against(far_b, far_h)}: there one message per gradient pays {far['hook-async']['messages'] * one_far:.0f} ms of "
     f"fixed costs, {far['hook-async']['messages'] * one_far / backward_of['like 1024 ranks']:.1f} of single's "
     f"backwards ({backward_of['like 1024 ranks']:.0f} ms), and the buckets pay a few of them. No backward of single's "

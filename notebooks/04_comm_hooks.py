@@ -41,8 +41,9 @@
 #   averaging moved them.
 #
 # Then each hook sends over an **emulated 1 Gbit/s link** (`minddp.comm.link`, as in notebooks 03
-# and 05), where fewer bytes become less time: how long its messages take on the link, how much of
-# that the step stood waiting for, and on which links PowerSGD's extra messages cost more than its
+# and 05), where fewer bytes become less link time (the modelled time of its messages); how much of
+# that a step stands waiting for depends also on when its thread reaches its wait, which the run
+# prints; and on which links PowerSGD's extra messages cost more than its
 # saved bytes. The notation is notebook 01's: n ranks, m the bytes one all_reduce reduces, α the
 # fixed cost of one of 01's messages (one hop of a ring), β the time per byte (1 / B, B the link's
 # bandwidth). One word differs, as in `03_build_up`: here a **message** is one all_reduce (a bucket,
@@ -105,10 +106,15 @@ table = pd.DataFrame(rows).T
 dist_ = table["param distance (relative)"]
 loss = table["loss (last step)"]
 order = list(loss.sort_values(ascending=False).index)
+far_ = dist_.drop("allreduce")  # plain averaging's distance from itself is 0
 lesson.say(
     f"After {STEPS} steps, the parameters ended this far from plain averaging's, in units of how far plain averaging "
     f"moved them: fp16 {dist_['fp16']:.4f}, bf16 {dist_['bf16']:.4f}, powersgd {dist_['powersgd']:.4f}. The last "
-    f"step's loss, highest first: " + ", ".join(f"{h} {loss[h]:.4f}" for h in order) + "."
+    f"step's loss, highest first: " + ", ".join(f"{h} {loss[h]:.4f}" for h in order) + ". "
+    f"{far_.idxmax()} ended the farthest, {far_.max() / far_.min():.0f} times {far_.idxmin()}'s distance; "
+    f"{order[0]}'s last loss is the highest, "
+    f"{loss[order[0]] - loss['allreduce']:+.4f} against plain averaging's (one run of {STEPS} steps: a loss this "
+    "close is a fact of the run, not a ranking of the hooks)."
 )
 table.round(4)
 
@@ -181,8 +187,9 @@ lesson.claim(
 lesson.claim(
     (late["powersgd calls"] == 3 * buckets).all() and (late["allreduce calls"] == buckets).all(),
     f"Then it makes {int(last['powersgd calls'])} calls a step for {buckets} buckets, 3 per bucket, where plain "
-    f"averaging makes {int(last['allreduce calls'])}: one for the tensors it leaves uncompressed (biases, norm "
-    f"weights: vectors have no low-rank form), one for all the bucket's P factors, one for all its Q factors, "
+    f"averaging makes {int(last['allreduce calls'])}: one for the tensors it leaves uncompressed (here the norm "
+    f"weights, vectors with no low-rank form: small-llama's linears have no bias; and any matrix too small for "
+    f"rank 1 to save bytes), one for all the bucket's P factors, one for all its Q factors, "
     f"which need the averaged P first.",
 )
 lesson.say(
@@ -202,7 +209,8 @@ steps.round(3)
 #
 # * matrix rank 1 keeps one direction per gradient matrix: the rest of each matrix is dropped at
 #   that step (at the first step that compresses, the relative error column is how much of the
-#   whole gradient that is; from the next step on it is more than that, for the second reason);
+#   whole gradient that is; from the next step on the column also holds what earlier steps left
+#   behind, for the second reason, so it can be larger or smaller than that share, as the column shows);
 # * with error feedback, what was dropped is added to the *next* step's gradient before
 #   compressing. So the hook's output approximates this step's gradient *plus* what earlier steps
 #   left behind, while the error column compares it with this step's gradient alone. The dropped
@@ -213,7 +221,7 @@ steps.round(3)
 #
 # What the short run here can show is the effect on the parameters: the *param distance* column of
 # the first table compares each hook's parameters with plain averaging's after the same steps (the
-# sentence under that table reads it). A few steps cannot show the long-run convergence; `python -m minddp.train --stage bucket-async --hook
+# sentence under that table reads it: which hook ended farthest, by how much, and its loss). A few steps cannot show the long-run convergence; `python -m minddp.train --stage bucket-async --hook
 # powersgd --powersgd-rank 1` trains for as long as you like with one hook, and `python -m
 # minddp.analyze --compare RUN_A RUN_B` puts two such runs side by side.
 #
@@ -238,7 +246,9 @@ steps.round(3)
 #   transfer that outlasts backward is exposed only while the thread stands waiting for it: if the thread
 #   reaches its wait late (other Python after backward, a busy core), the link's time before that is neither
 #   hidden by compute nor exposed. Plain averaging here is `03_build_up`'s `bucket-async`, the same measure by
-#   the same function, but from another step: the two values need not agree;
+#   the same function, but from another run and another step: exposed, waited and the last backward need not
+#   agree with 03's (waited also holds the waits for the other rank and a free core, and the backward's length,
+#   both of which move with the machine's load; one step cannot say which moved them);
 # * *waited ms* (*waited*, `metrics.waited`): all the time the thread stood waiting for messages: for the link,
 #   and for the other rank or a free core;
 # * *last backward ms* and *step ms*: the backward that sends, and the whole step, measured once on this
@@ -333,9 +343,20 @@ lesson.say(
     "Exposed, in this one step each: "
     + ", ".join(f"{h} {timed.loc[h, 'exposed ms (measured)']:.1f} ms" for h in timed.index)
     + f". Fewer bytes left less exposed than plain averaging for {', '.join(less) or 'no hook'}"
-    + f"; bf16 and fp16 send the same bytes and left {timed.loc['bf16', 'exposed ms (measured)']:.1f} and "
-    f"{fp16['exposed ms (measured)']:.1f} ms exposed: beyond the bytes, one step's exposed time depends on when its "
-    "backward ends and when its thread reaches its waits."
+    + ". "
+    + (
+        "Plain averaging left no link time exposed in this step ("
+        + (
+            f"its thread reached its wait {min(late) - back_end:.1f} ms after backward ended"
+            if late
+            else "its thread made no wait after backward"
+        )
+        + f", and its link carried for {busy_after:.1f} ms after it), so this run cannot show exposed time that "
+        "compression saves: the link time above is what fewer bytes save, on any machine."
+        if plain["exposed ms (measured)"] < 0.05
+        else "One step's exposed time depends on when its backward ends and when its thread reaches its waits, as "
+        "well as on the bytes."
+    )
 )
 psgd_look = on_link["powersgd"]
 most = timed["waited ms (measured)"].idxmax()
@@ -345,13 +366,27 @@ lesson.say(
     + f"; the longest, {most}'s. PowerSGD's thread began {psgd_look['waits_in_backward']} of its "
     f"{psgd_look['waits']} waits inside a backward"
     + (
-        ": each bucket's hook waits there for its summed P before it computes Q, and that wait lasts until the other "
-        "rank has reached the same all_reduce"
+        ": minddp's PowerSGD hook waits there for each bucket's summed P before it computes Q, and that wait lasts "
+        "until the other rank has reached the same all_reduce (a choice of this implementation, "
+        "`minddp/comm/powerSGD_hook.py`; torch's hook chains the Q all_reduce to P's Future and does not block the "
+        "backward)"
         if psgd_look["waits_in_backward"]
         else ""
     )
     + f"; {psgd['exposed ms (measured)']:.1f} ms of its {psgd['waited ms (measured)']:.1f} ms was the link's own "
     "time (exposed)."
+)
+psgd_row = psgd_look["row"]
+b_start, b_end = psgd_row["backward"][-1]
+in_backward = sum(e - s for s, e in psgd_row["waits"] if b_start <= s < b_end)
+steps_ms, backs_ms = timed["step ms (measured)"], timed["last backward ms (measured)"]
+lesson.say(
+    f"In this run PowerSGD's step took {psgd['step ms (measured)']:.0f} ms ("
+    + ("the longest" if steps_ms.idxmax() == "powersgd" else f"{steps_ms.idxmax()}'s was the longest")
+    + f"; the others {steps_ms.drop('powersgd').min():.0f} to {steps_ms.drop('powersgd').max():.0f} ms) and its last "
+    f"backward {psgd['last backward ms (measured)']:.0f} ms (the others {backs_ms.drop('powersgd').min():.0f} to "
+    f"{backs_ms.drop('powersgd').max():.0f} ms), {in_backward:.0f} ms of that backward its thread stood waiting for "
+    "the summed P's; the rest is its matrix products and the machine's load, which one step does not separate."
 )
 timed.round(1)
 
@@ -475,8 +510,9 @@ wins.round(3)
 
 # %% [markdown]
 # What the link's model (*link ms*) leaves out, each on PowerSGD's side of the ledger: its own
-# compute (the matrix products and the orthogonalization, inside *step ms* above); the wait for the
-# summed P before Q can be computed, inside the backward (measured above: all of it in *waited ms*,
+# compute (the matrix products and the orthogonalization, inside *step ms* above); in minddp's hook,
+# the wait for the summed P before Q can be computed, inside the backward (torch's hook chains Q to
+# P's Future instead, so there that wait does not hold up the backward) (measured above: all of it in *waited ms*,
 # the part the link was still carrying in *exposed ms*, none in *link ms*); and the error
 # feedback's memory, one more gradient-sized tensor per rank. This notebook models a ring only.
 # Real libraries may also count α differently (NCCL can send small messages along a tree, whose
@@ -487,7 +523,8 @@ wins.round(3)
 #
 # ## torch compatibility
 #
-# The hooks are torch-compatible: `register_comm_hook(state, hook)` on any minddp stage takes
+# The hooks are torch-compatible in their interface (one difference in when they wait: minddp's
+# PowerSGD waits for P inside the backward, above): `register_comm_hook(state, hook)` on any minddp stage takes
 # `minddp.comm.default_hooks` and `minddp.comm.powerSGD_hook` functions *or* torch's own
 # `torch.distributed.algorithms.ddp_comm_hooks` ones, and torch's DDP takes minddp's.
 #

@@ -317,6 +317,57 @@ class BucketCountNotReset(solutions.BucketDDP):
                 self._send_bucket(b)
 
 
+class HookSyncsTwice(solutions.HookDDP):
+    """'hook' without its empty finish: it inherits ga's, which sends every gradient again after the hooks did (the
+    gradients stay right: the average of an average), so every sync is made twice."""
+
+    finish_gradient_synchronization = solutions.GradAccumDDP.finish_gradient_synchronization
+
+
+class AsyncDividesInFlight(solutions.AsyncHookDDP):
+    """hook's hook with async_op=True and its division kept after the launch: it writes into p.grad while gloo may
+    still read it or write the sum over it (a race: right when the division lands first)."""
+
+    def _grad_ready(self, param):
+        if self.sync_this_backward:
+            work = dist.all_reduce(param.grad, async_op=True)
+            param.grad /= dist.get_world_size()
+            self.in_flight.append((param, work))
+
+    def finish_gradient_synchronization(self):
+        for _, work in self.in_flight:
+            work.wait()
+        self.in_flight.clear()
+
+
+class BucketAsyncDividesInFlight(solutions.AsyncBucketDDP):
+    """Divides the flat bucket right after launching its all_reduce, before the wait: a write into a tensor in
+    flight."""
+
+    def _send_bucket(self, b):
+        grads = [p.grad for p in self.buckets[b]]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        work = dist.all_reduce(flat, async_op=True)
+        flat /= dist.get_world_size()
+        self.in_flight.append((grads, flat, work))
+
+    def finish_gradient_synchronization(self):
+        for grads, flat, work in self.in_flight:
+            work.wait()
+            self._write_back(grads, flat)
+        self.in_flight.clear()
+
+
+class BucketAsyncNotCopiedBack(solutions.AsyncBucketDDP):
+    """Waits for every bucket and divides its flat copy, but never writes it back into the gradients."""
+
+    def finish_gradient_synchronization(self):
+        for _, flat, work in self.in_flight:
+            work.wait()
+            flat /= dist.get_world_size()
+        self.in_flight.clear()
+
+
 class BucketNotCopiedBack(solutions.BucketDDP):
     """Reduces a flat copy of the bucket and never writes it back into the gradients."""
 

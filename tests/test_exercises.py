@@ -113,7 +113,24 @@ MISTAKES = [
     (solutions.HookDDP, "hook-async", "nothing travelled while backward computed"),
     (wrong.HookDoesNotWait, "hook", "still in flight when backward computed its last gradient"),
     (solutions.HookDDP, "bucket", "one per bucket"),
-    (wrong.BucketNotCopiedBack, "bucket", "gradients were not synchronized"),
+    # the sums went into the flat copy and never back: named as the missing copy-back, not as a missing all_reduce
+    (wrong.BucketNotCopiedBack, "bucket", "the sums never reached .grad at step 1"),
+    (wrong.BucketAsyncNotCopiedBack, "bucket-async", "the all_reduce summed a copy (torch.cat makes one"),
+    # a finish inherited from ga syncs again after the hooks: the gradients stay right, the count names the second sync
+    (
+        wrong.HookSyncsTwice,
+        "hook",
+        "your stage syncs twice: 12 all_reduce calls in step 1 of 3 micro-batches, where "
+        "'hook' makes 6: 6 from the grad hooks during the last backward and 6 more from "
+        "finish_gradient_synchronization()",
+    ),
+    # a division between launch and wait: named from the order of the calls, whichever way the race went this run
+    (
+        wrong.AsyncDividesInFlight,
+        "hook-async",
+        "wrote into a tensor (aten.div_) while its all_reduce was still in flight",
+    ),
+    (wrong.BucketAsyncDividesInFlight, "bucket-async", "wrote into a tensor (aten.div_) while its all_reduce was"),
     (wrong.BucketAsyncWaitsInSend, "bucket-async", "nothing travelled while backward computed"),
     (solutions.BucketDDP, "bucket-async", "nothing travelled while backward computed"),
     (wrong.BucketAsyncSummed, "bucket-async", "forgot the division"),

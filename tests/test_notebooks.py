@@ -117,6 +117,24 @@ def test_what_changed_between_two_stages_is_read_from_the_package():
     assert "calls super()" in diff  # hook-async's finish runs hook's inside it
 
 
+def test_a_diff_between_stages_that_are_not_parent_and_child_says_which_method_super_reaches():
+    """BucketDDP derives from HookDDP, not from AsyncHookDDP: its diff from hook-async must not say that
+    AsyncHookDDP's __init__, finish or forward still run inside BucketDDP's (they do not; issue 49, read 3 of 03)."""
+    from minddp.ladder import STAGES
+    from minddp.notebook.source import stage_diff
+
+    before, after = STAGES["hook-async"], STAGES["bucket"]
+    assert before not in after.__mro__  # the premise: hook-async is not bucket's parent
+    diff = stage_diff(before, after)
+    for name in ("__init__", "finish_gradient_synchronization", "forward"):
+        assert f"AsyncHookDDP.{name} still runs" not in diff
+        reached = next(c for c in after.__mro__[1:] if name in vars(c))  # what super() reaches, read from the MRO
+        assert f"calls super(), which runs {reached.__name__}.{name}, not AsyncHookDDP.{name}" in diff
+    # and where the stage before IS the parent, the diff still says it runs inside
+    assert "AsyncHookDDP.finish_gradient_synchronization still runs" not in stage_diff(STAGES["hook"], before)
+    assert "HookDDP.finish_gradient_synchronization still runs, inside it" in stage_diff(STAGES["hook"], before)
+
+
 def test_a_method_that_calls_super_is_shown_extended_not_replaced():
     """HookDDP.__init__ runs SimpleDDP.__init__ (its broadcast included) through super(): its diff removes no line of
     it, marks the super() call as kept, and every other line as added (issue 49: a diff true to the code)."""

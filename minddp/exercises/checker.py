@@ -424,6 +424,14 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             "grows every step and each finish goes over every earlier step's messages again (dividing or writing "
             "back gradients once more); empty it after the waits (self.in_flight.clear())"
         )
+    if f["kind"] == "written_in_flight":
+        kind, op = f["written"][0]
+        return (
+            f"in step {f['step']} your stage wrote into a tensor ({op}) while its {kind} was still in flight: "
+            "launched with async_op=True and not yet waited for, so the network may read it before or after your "
+            "write, or write the sum over it, and a run passes or fails by a race; divide before the launch or after "
+            "the wait(), never between"
+        )
     if f["kind"] == "left_off":
         return (
             f"no_sync() left the sync off after its with-block, so the last micro-batch of step {f['step']} did "
@@ -441,10 +449,12 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
         )
     if f["kind"] == "local" and f["step"] <= len(kinds) and kinds[f["step"] - 1]:
         return (
-            f"gradients were not synchronized{at} ({names}): your stage made {calls_text(kinds[f['step'] - 1])} in "
+            f"the sums never reached .grad{at} ({names}): your stage made {calls_text(kinds[f['step'] - 1])} in "
             f"step {f['step']}, but after finish_gradient_synchronization() each rank still holds the gradient of its "
             "own shard: the sums went into tensors that never reached .grad (param.grad / n, or a clone, is a new "
-            "tensor; so is a bucket's flat copy); all_reduce .grad itself, in place, or copy each sum back into it"
+            "tensor; so is a bucket's flat copy: the all_reduce summed a copy (torch.cat makes one) that was never "
+            "written back); all_reduce .grad itself, in place, or copy each sum back into its .grad "
+            "(grad.copy_(piece.view_as(grad)))"
         )
     if f["kind"].startswith(harness.HARD_CODED_KIND):
         divisor = int(f["kind"][len(harness.HARD_CODED_KIND) :])
@@ -548,6 +558,14 @@ def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
                     f"no_sync() did not stop the sync: {made}: {early_m} of them came from the micro-batches run "
                     "inside no_sync(), which must only accumulate (their forward notes that the coming backward "
                     "does not sync; finish_gradient_synchronization() runs after every backward, theirs too)"
+                )
+            twice = m[f"finish{k}"] - r[f"finish{k}"]
+            if twice > 0 and m[f"backward{k}"] >= r[f"backward{k}"] > 0:
+                return (
+                    f"your stage syncs twice: {made}: {m[f'backward{k}']} from the grad hooks during the last "
+                    f"backward and {twice} more from finish_gradient_synchronization() after it; '{like}' syncs "
+                    "only from the hooks, so its finish must send nothing (a finish inherited from ga sends every "
+                    "gradient again: override it with one that does not)"
                 )
             head = f"wrong number of collectives: {made}"
             if like.startswith("bucket"):

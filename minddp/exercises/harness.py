@@ -205,6 +205,9 @@ class Events(TorchDispatchMode):
         self.sealed: set[int] = set()  #: indices into ``works`` launched in a transport that has returned (class doc)
         self.earlier: list[tuple[str, list]] = []  #: (kind, [its work, its Futures]) of the steps recorded before
         self.again: set[int] = set()  #: indices into ``earlier`` of those this step waited for again
+        self.flying: dict[int, set[int]] = {}  #: index into ``works`` -> storages it sends, until a wait for it
+        self.written: list[tuple[str, str]] = []  #: (kind, op) of each write into a tensor still in flight
+        self.in_callback = 0  #: inside a Future's callback, which runs after its work completed: no write races
         self.active = False
         for name, p in module.named_parameters() if module is not None else ():
             if p.requires_grad:
@@ -227,6 +230,8 @@ class Events(TorchDispatchMode):
         counted = kind is not None and _carries_floats(args[_SENT_ARGUMENT[str(func)]])
         if counted:
             self._note("launch", kind)
+        elif self.active and self.flying and not self.in_callback:
+            self._note_writes(func, args, kwargs or {})
         try:
             out = func(*args, **(kwargs or {}))
         except RuntimeError as exc:  # what it was handed, for the verdict to say which size is off
@@ -235,7 +240,17 @@ class Events(TorchDispatchMode):
             raise
         if counted and self.active:
             self.works.append((kind, _work_of(out)))
+            self.flying[len(self.works) - 1] = _storages(args[_SENT_ARGUMENT[str(func)]])
         return out
+
+    def _note_writes(self, func, args: tuple, kwargs: dict) -> None:
+        """An operator that writes into a tensor a launched collective still sends (no wait for it yet): the
+        network may read or write it at any moment until that wait, so the outcome is a race; noted by the order
+        of the calls, which the code fixes."""
+        for tensor in compat.written_tensors(func, args, kwargs):
+            hit = next((i for i, ptrs in self.flying.items() if _storages(tensor) & ptrs), None)
+            if hit is not None:
+                self.written.append((self.works[hit][0], str(func).rsplit(".", 1)[0]))
 
     def _index(self, work) -> int | None:
         return next((i for i, (_, w) in enumerate(self.works) if w is not None and w is work), None)
@@ -244,6 +259,8 @@ class Events(TorchDispatchMode):
         """A wait for launch ``index``; ``None``: for some launch before now, so for each of them."""
         if self.active:
             self.waited.update(({index} if index is not None else set(range(len(self.works)))) - self.sealed)
+            for i in [index] if index is not None else list(self.flying):
+                self.flying.pop(i, None)
 
     @contextlib.contextmanager
     def transport(self):
@@ -275,8 +292,23 @@ class Events(TorchDispatchMode):
     def recording(self):
         """Record one step: the dispatch mode on, ``wait()`` of works and futures noted (restored after)."""
         future = compat.future_type()
-        work_wait, work_future, future_wait = dist.Work.wait, dist.Work.get_future, future.wait
+        work_wait, work_future, future_wait, future_then = (
+            dist.Work.wait,
+            dist.Work.get_future,
+            future.wait,
+            future.then,
+        )
         events = self
+
+        def then(self, callback, *args, **kwargs):
+            def called_back(fut):
+                events.in_callback += 1
+                try:
+                    return callback(fut)
+                finally:
+                    events.in_callback -= 1
+
+            return future_then(self, called_back, *args, **kwargs)
 
         def waited_work(self, *args, **kwargs):
             events._note("wait", None)
@@ -315,8 +347,9 @@ class Events(TorchDispatchMode):
             if w is not None
         ]
         self.log, self.works, self.waited, self.futures, self.active, self.sealed = [], [], set(), [], True, set()
-        self.again = set()
+        self.again, self.flying, self.written = set(), {}, []
         dist.Work.wait, dist.Work.get_future, future.wait = waited_work, future_of_work, waited_future
+        future.then = then
         for name, method in sends.items():
             setattr(Wire, name, sealing(method))
         try:
@@ -324,9 +357,21 @@ class Events(TorchDispatchMode):
                 yield self
         finally:
             dist.Work.wait, dist.Work.get_future, future.wait = work_wait, work_future, future_wait
+            future.then = future_then
             for name, method in sends.items():
                 setattr(Wire, name, method)
             self.active = False
+
+
+def _storages(sent) -> set[int]:
+    """The addresses of the storages under a tensor or a (nested) list of them: two tensors share memory when
+    they share one (a view, a slice, the tensor itself)."""
+    if isinstance(sent, torch.Tensor):
+        try:
+            return {sent.untyped_storage().data_ptr()}
+        except (RuntimeError, NotImplementedError):  # no storage (a meta or wrapper tensor): nothing to share
+            return set()
+    return set().union(*(_storages(x) for x in sent)) if isinstance(sent, (list, tuple)) else set()
 
 
 def _work_of(out):
@@ -437,6 +482,7 @@ def run_step(
     summary = summarize(events.log, names)
     summary["unwaited"] = events.unwaited()
     summary["waited_again"] = dict(events.waited_again)
+    summary["written_in_flight"] = list(dict.fromkeys(events.written))
     progress.phase = f"stepping the optimizer in step {step}"
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -629,6 +675,8 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
         out["finding"] = never_waited_finding(record["unwaited"], record["kinds"], step, checker)
         if out["finding"] is None:  # a list never emptied: named before its gradients, right or wrong
             out["finding"] = waited_again_finding(record["waited_again"], step, checker)
+        if out["finding"] is None:  # a tensor written while its collective flies: its gradients are a race's
+            out["finding"] = written_in_flight_finding(record["written_in_flight"], step, checker)
         if out["finding"] is not None:  # its gradients are a race's outcome, or the list's: nothing more to compare
             out["checked_steps"] = step
             break
@@ -677,6 +725,18 @@ def waited_again_finding(waited_again: dict, step: int, checker) -> dict | None:
     if not worst:
         return None
     return {"kind": "waited_again", "step": step, "waited_again": worst}
+
+
+def written_in_flight_finding(written: list, step: int, checker) -> dict | None:
+    """Step 3's third verdict: a write into a tensor whose collective was launched and not yet waited for
+    (:class:`Events`, ``written``), on any rank. Whether the write lands before the network reads the tensor,
+    or after it wrote the sum, is a race, so it is named from the order of the calls, not from the gradients."""
+    everyone: list = [None] * dist.get_world_size(checker)
+    dist.all_gather_object(everyone, written, group=checker)
+    worst = max(everyone, key=len)
+    if not worst:
+        return None
+    return {"kind": "written_in_flight", "step": step, "written": [list(w) for w in worst]}
 
 
 def start_finding(module: nn.Module, checker) -> dict | None:

@@ -114,7 +114,9 @@ def stage_diff(before: type, after: type, context: int | None = None) -> str:
             new = _brief(new)
         label_a = f"{a[name][0].__name__}.{name}  ({where(a[name][0])})" if name in a else "(not in the stage before)"
         label_b = f"{b[name][0].__name__}.{name}  ({where(b[name][0])})" if name in b else "(removed)"
-        if name in a and any(f"super().{name}(" in line for line in new):  # extended, not replaced: nothing removed
+        reached = _super_reaches(after, b[name][0], name) if name in b else None
+        extends = name in a and any(f"super().{name}(" in line for line in new)
+        if extends and reached is not None and reached[1] is a[name][1]:  # extended, not replaced: nothing removed
             diff = f"--- {label_a}: kept, it runs where the line marked ' ' calls it\n+++ {label_b}\n" + "".join(
                 (" " if f"super().{name}(" in line else "+") + line for line in new
             )
@@ -124,9 +126,23 @@ def stage_diff(before: type, after: type, context: int | None = None) -> str:
         else:
             keep = max(len(old), len(new)) if context is None else context
             diff = "".join(difflib.unified_diff(old, new, label_a, label_b, n=keep))
+            if extends and reached is not None:  # super() reaches another class's method, not ``before``'s
+                diff += (
+                    f"# {b[name][0].__name__}.{name} calls super(), which runs {reached[0].__name__}.{name}, "
+                    f"not {a[name][0].__name__}.{name}: {after.__name__} does not derive from {before.__name__}\n"
+                )
         parts.append(diff)
     unchanged = f"# unchanged: {', '.join(same)}\n" if same else ""
     return "\n".join(parts) + ("\n" if parts else "") + unchanged
+
+
+def _super_reaches(cls: type, klass: type, name: str) -> tuple[type, object] | None:
+    """The (class, definition) that ``super().name`` inside ``klass``'s method reaches for an instance of ``cls``."""
+    mro = cls.__mro__
+    for parent in mro[mro.index(klass) + 1 :]:
+        if name in vars(parent):
+            return parent, vars(parent)[name]
+    return None
 
 
 def _brief(lines: list[str]) -> list[str]:
@@ -145,8 +161,15 @@ def _brief(lines: list[str]) -> list[str]:
 
 def show_diff(before: type, after: type, context: int | None = None) -> None:
     """Display :func:`stage_diff` as a highlighted diff."""
+    parent = ", ".join(f"`{c.__name__}`" for c in after.__bases__)
+    lineage = (
+        ""
+        if before in after.__mro__
+        else f" (`{after.__name__}` derives from {parent}, not from `{before.__name__}`: a line removed here is "
+        f"`{before.__name__}`'s and does not run in `{after.__name__}`)"
+    )
     _show_markdown(
-        f"What changed from `{before.__name__}` to `{after.__name__}`, method by method:\n\n"
+        f"What changed from `{before.__name__}` to `{after.__name__}`, method by method{lineage}:\n\n"
         f"```diff\n{stage_diff(before, after, context).rstrip()}\n```"
     )
 

@@ -496,6 +496,23 @@ def dispatch_mode_base() -> type:
     return TorchDispatchMode
 
 
+def written_tensors(func, args: tuple, kwargs: dict) -> list:
+    """The tensors an operator seen in a dispatch mode writes into: its schema's arguments marked ``(a!)`` (private:
+    ``OpOverload._schema``; an operator without a schema writes none that can be told)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return []
+    out = []
+    for i, arg in enumerate(schema.arguments):
+        info = arg.alias_info
+        if info is None or not info.is_write:
+            continue
+        value = kwargs.get(arg.name) if arg.name in kwargs else args[i] if i < len(args) else None
+        items = value if isinstance(value, (list, tuple)) else [value]
+        out += [t for t in items if isinstance(t, torch.Tensor)]
+    return out
+
+
 #: The collectives by the name the dispatcher gives their op (``str(func)`` in a dispatch mode), each with its kind
 #: and the position of the argument that holds the tensors this rank sends. ``_allgather_base_`` and
 #: ``_reduce_scatter_base_`` are torch's private ops behind ``all_gather_single`` / ``reduce_scatter_single``
