@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from minddp.exercises import harness, solutions
 
-_cluster = None
+_clusters: dict = {}  #: world size -> the checker's cluster of that many ranks (halves keeps one of 2 and one of 3)
 
 
 @dataclass
@@ -62,29 +62,23 @@ class Verdict:
 
 
 def ranks(world_size: int = 2, timeout_s: float = 20.0):
-    """Step 1: the checker's cluster, started (or restarted with new settings) when needed."""
-    global _cluster
+    """Step 1: the checker's cluster of ``world_size`` ranks, started (or restarted with a new timeout) when needed."""
     from minddp.notebook.cluster import Cluster
 
-    if (
-        _cluster is not None
-        and _cluster.running
-        and (_cluster.world_size, _cluster.timeout_s) == (world_size, timeout_s)
-    ):
-        return _cluster
-    if _cluster is not None:
-        _cluster.shutdown()
+    cluster = _clusters.get(world_size)
+    if cluster is not None and cluster.running and cluster.timeout_s == timeout_s:
+        return cluster
+    if cluster is not None:
+        cluster.shutdown()
     print(f"(starting {world_size} ranks for the checker; they stay for the next checks)", flush=True)
-    _cluster = Cluster(world_size, backend="gloo", timeout_s=timeout_s, grace_s=1.0, release_s=3.0).start()
-    return _cluster
+    _clusters[world_size] = Cluster(world_size, backend="gloo", timeout_s=timeout_s, grace_s=1.0, release_s=3.0)
+    return _clusters[world_size].start()
 
 
 def shutdown() -> None:
     """Stop the checker's ranks (they also stop with the process)."""
-    global _cluster
-    if _cluster is not None:
-        _cluster.shutdown()
-        _cluster = None
+    while _clusters:
+        _clusters.popitem()[1].shutdown()
 
 
 def check(
@@ -104,8 +98,14 @@ def check(
     backward computes (``simple``, ``ga``, ``hook``, ``hook-async``,
     ``bucket``, ``bucket-async``, ``halves``; ``None``: correctness only). The stage is
     built as ``stage(module)``, plus ``bucket_cap_mb`` when its ``__init__``
-    takes it (the default makes two buckets of the checker's network). A
-    collective that one rank waits in for ``timeout_s`` seconds is a hang.
+    takes it (the default makes two buckets of the checker's small network,
+    of 323 and 112 values, so a stage's per-bucket calls are counted twice a
+    step and one bucket has an odd length). A collective that one rank waits
+    in for ``timeout_s`` seconds is a hang.
+
+    ``halves`` that passes on 2 ranks is checked again on 3 (:data:`HALVES_AGAIN_AT`):
+    at 2 ranks ``x % 2 == -x % 2`` for every ``x``, so padding with the wrong
+    sign, or a hard-coded 2, passes there and fails at 3.
     """
     if like is not None and like not in solutions.STAGES:
         raise ValueError(f"like={like!r}: choose one of {', '.join(solutions.STAGES)}, or None")
@@ -118,7 +118,30 @@ def check(
         world_size,
         timeout_s,
     )
-    return _stage_verdict(name, like, reports, timeout_s, bucket_cap_mb)
+    verdict = _stage_verdict(name, like, reports, timeout_s, bucket_cap_mb)
+    if like != "halves" or not verdict.ok or world_size != 2:
+        return verdict
+    again = check(
+        stage,
+        like,
+        bucket_cap_mb=bucket_cap_mb,
+        steps=steps,
+        accum=accum,
+        world_size=HALVES_AGAIN_AT,
+        timeout_s=timeout_s,
+    )
+    if not again.ok:
+        head = f"✗ {name}: "
+        return Verdict(
+            False,
+            head + f"it passed on 2 ranks, but on {HALVES_AGAIN_AT} " + again.line[len(head) :],
+            again.reports,
+        )
+    return Verdict(True, verdict.line + f"; and the same on {HALVES_AGAIN_AT} ranks", verdict.reports)
+
+
+#: The second world size ``halves`` is checked at: where ``x % n`` and ``-x % n`` differ, and n is not 2.
+HALVES_AGAIN_AT = 3
 
 
 def check_hook(
@@ -281,8 +304,31 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
     # the whole (padded) tensor is a reduce-scatter's input and an all-gather's output; the piece, the other one
     scatter = sizes["kind"] == "reduce_scatter"
     whole, piece = (sizes["input"], sizes["output"]) if scatter else (sizes["output"], sizes["input"])
+    m = sizes.get("handed")  # the bucket's own length, where the transport was handed one
+    if piece > whole:  # a reduce-scatter's output (an all-gather's input) is the smaller one: the order is wrong
+        call = "reduce_scatter_single(piece, padded)" if scatter else "all_gather_single(padded, piece)"
+        return (
+            f" (the arguments are swapped: the piece, {whole} elements, went where the padded tensor goes and the "
+            f"padded tensor, {piece} elements, where the piece goes: each call takes (output, input), so {call})"
+        )
     if whole % world:
+        if m is not None and whole == m + m % world != m + -m % world:
+            return (
+                f" (the bucket, {m} elements, was padded by {m % world} to {whole}, numel % world_size: the sign is "
+                f"wrong; pad by -numel % world_size, {-m % world} here, to {m + -m % world}; on 2 ranks the two are "
+                "always equal, so only a world size other than 2 tells them apart)"
+            )
+        if m is not None and world != 2 and whole == m + -m % 2 and whole != m:
+            return (
+                f" (the bucket, {m} elements, was padded to {whole}, a multiple of 2, not of the world size, {world}: "
+                "a hard-coded 2; take n = dist.get_world_size(group) and pad by -numel % n)"
+            )
         return f" (the tensor handed over, {whole} elements, is not a multiple of the world size, {world}: " + pad
+    if world != 2 and piece == whole // 2:
+        return (
+            f" (the piece is {piece} elements, {whole} // 2, where each rank's piece of {whole} on {world} ranks is "
+            f"{whole // world}: a hard-coded 2; divide by n = dist.get_world_size(group))"
+        )
     return (
         f" (the padded tensor, {whole} elements, is a multiple of the world size, {world}: the piece is the wrong "
         f"size, {piece} elements where each rank's piece of {whole} is {whole // world}: make it "

@@ -206,6 +206,7 @@ class Events(TorchDispatchMode):
         self.earlier: list[tuple[str, list]] = []  #: (kind, [its work, its Futures]) of the steps recorded before
         self.again: set[int] = set()  #: indices into ``earlier`` of those this step waited for again
         self.active = False
+        self.handed: int | None = None  #: the length of the tensor a running transport was handed (``transport``)
         for name, p in module.named_parameters() if module is not None else ():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda _p, name=name: self._note("ready", name))
@@ -231,7 +232,12 @@ class Events(TorchDispatchMode):
             out = func(*args, **(kwargs or {}))
         except RuntimeError as exc:  # what it was handed, for the verdict to say which size is off
             if counted and all(isinstance(t, torch.Tensor) for t in args[:2]):
-                exc.collective = {"kind": kind, "output": args[0].numel(), "input": args[1].numel()}
+                exc.collective = {
+                    "kind": kind,
+                    "output": args[0].numel(),
+                    "input": args[1].numel(),
+                    "handed": self.handed,  # the length of the tensor the transport was handed (None: no transport)
+                }
             raise
         if counted and self.active:
             self.works.append((kind, _work_of(out)))
@@ -246,12 +252,15 @@ class Events(TorchDispatchMode):
             self.waited.update(({index} if index is not None else set(range(len(self.works)))) - self.sealed)
 
     @contextlib.contextmanager
-    def transport(self):
-        """Around a Wire's transport call: what it launched and did not wait for by its return stays unwaited."""
+    def transport(self, tensor=None):
+        """Around a Wire's transport call: what it launched and did not wait for by its return stays unwaited;
+        ``handed``: the length of the ``tensor`` it was handed, while it runs."""
         start = len(self.works)
+        self.handed = tensor.numel() if isinstance(tensor, torch.Tensor) else None
         try:
             yield
         finally:
+            self.handed = None
             self.sealed.update(i for i in range(start, len(self.works)) if i not in self.waited)
 
     def _again(self, waited) -> bool:
@@ -302,7 +311,11 @@ class Events(TorchDispatchMode):
 
         def sealing(method):
             def call(wire, *args, **kwargs):
-                with events.transport() if wire.transport is not None else contextlib.nullcontext():
+                with (
+                    events.transport(args[0] if args else None)
+                    if wire.transport is not None
+                    else contextlib.nullcontext()
+                ):
                     return method(wire, *args, **kwargs)
 
             return call
