@@ -327,7 +327,10 @@ show_source(ZeroRedundancyOptimizer._all_gather)
 # The other new members are plumbing around these four: which tensors the module holds (`_hold`:
 # the shards at rest, the whole parameters during a forward), the module called without the wrapper
 # (`_module_forward`, `lent`), `torch.compile` (`eager_under_compile`, `compiled`, `split_at_buckets`),
-# and reading the model whole (`full_parameters`, `full_state_dict`). The package says which methods
+# and reading the model whole (`full_parameters`, `full_state_dict`). In the diff below, step 1 is
+# the loop marked `# step 1` in `__init__` and step 4 the hooks under `# Step 4` near its end (and
+# `gather_parameters`, `_wait_for` further down); steps 2 and 3 are `_send_bucket` and `_write_back`;
+# every other new line of `__init__`, and the members listed as plumbing, serve those four. The package says which methods
 # changed (the changed lines of each, with two lines around them; `minddp/sharding/zero2.py` has the
 # whole file):
 

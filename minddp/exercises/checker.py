@@ -121,6 +121,8 @@ def check(
     verdict = _stage_verdict(name, like, reports, timeout_s, bucket_cap_mb)
     if like != "halves" or not verdict.ok or world_size != 2:
         return verdict
+    # the second cluster's collectives get at least the default timeout: 3 ranks on a loaded machine were seen to
+    # need more than a short one for the first collective of a fresh group, and no right answer should read as a hang
     again = check(
         stage,
         like,
@@ -128,7 +130,7 @@ def check(
         steps=steps,
         accum=accum,
         world_size=HALVES_AGAIN_AT,
-        timeout_s=timeout_s,
+        timeout_s=max(timeout_s, HALVES_AGAIN_TIMEOUT_S),
     )
     if not again.ok:
         head = f"✗ {name}: "
@@ -142,6 +144,8 @@ def check(
 
 #: The second world size ``halves`` is checked at: where ``x % n`` and ``-x % n`` differ, and n is not 2.
 HALVES_AGAIN_AT = 3
+#: The least collective timeout of that second check (seconds; ``check``'s default).
+HALVES_AGAIN_TIMEOUT_S = 20.0
 
 
 def check_hook(
