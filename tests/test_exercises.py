@@ -39,8 +39,9 @@ def verdict_of(stage, like, **kw):
 
 @pytest.mark.timeout(240)
 def test_model_answers_and_the_ladder_pass():
+    passed = {}
     for like, answer in solutions.STAGES.items():
-        v = verdict_of(answer, like)
+        v = passed[like] = verdict_of(answer, like)
         assert v.ok and v.line.startswith(f"✓ {like}:"), v.line
     # The ladder's stages (which send through the comm-hook layer) are answers too.
     for like, stage in [
@@ -50,7 +51,6 @@ def test_model_answers_and_the_ladder_pass():
         ("hook-async", ladder.AsyncHookDDP),
         ("bucket", ladder.BucketDDP),
         ("bucket-async", ladder.AsyncBucketDDP),
-        ("halves", solutions.HalvesDDP),
     ]:
         v = verdict_of(stage, like)
         assert v.ok, v.line
@@ -65,7 +65,7 @@ def test_model_answers_and_the_ladder_pass():
     assert "5 of them still in flight" in verdict_of(solutions.AsyncHookDDP, "hook-async").line
     assert "1 of them still in flight" in verdict_of(solutions.AsyncBucketDDP, "bucket-async").line
     assert "in flight" not in verdict_of(solutions.HookDDP, "hook").line
-    halves = verdict_of(solutions.HalvesDDP, "halves").line
+    halves = passed["halves"].line  # solutions.HalvesDDP, checked once (at 2 ranks, then at 3)
     assert "2 all_gather and 2 reduce_scatter calls per step" in halves and "the same on 3 ranks" in halves, halves
     v = check_hook(solutions.fp16_compress_hook, like="fp16", timeout_s=TIMEOUT)
     assert v.ok and "2 bytes per value" in v.line, v.line
