@@ -633,7 +633,8 @@ lesson.say(
     f"{flight['zero2'] / flight['zero1']:.1f} times zero1's. On loopback a gloo range's length is set less by its "
     "bytes (a copy in memory) than by its waits, for the other rank to reach the same collective and for a free "
     "core among the two that both ranks' training threads and gloo's threads share, so the time in flight need "
-    "not follow the bytes (zero2 has 5 all-gathers and the check where zero1 has 1, each a wait). On a network, "
+    f"not follow the bytes (zero2 has {z2['gathers']} all-gathers and the check where zero1 has {z1['gathers']}, "
+    "each a wait). On a network, "
     "where each byte costs its β, the α-β count predicts zero1's extra all-gather would cost its pass of the "
     "model; this run does not measure a network."
 )
