@@ -20,12 +20,15 @@
 # gradients, and the optimizer's state (Adam keeps two more tensors the size of the model). The
 # ranks compute the same update from the same averaged gradients, so all of that is repeated.
 # The ZeRO rungs keep DDP's computation (every rank runs the whole forward and backward on its own
-# shard of the batch) and stop repeating the *state*:
+# part of the batch) and stop repeating the *state*. Each keeps, of a tensor it divides among the n
+# ranks, one `1/n` piece per rank, this rank's *shard* (a word this notebook keeps for that piece of
+# a tensor; the ZeRO-1 section's *chunk* and the ring's *piece* are the same part):
 #
-# * `zero1`: each rank keeps the optimizer state of `1/n` of every parameter tensor (n ranks), steps that
-#   part, and the updated parameters are all-gathered;
-# * `zero2`: the gradients are *reduce-scattered* instead of all-reduced, so each rank only
-#   ever receives the part of the average it steps;
+# * `zero1`: each rank keeps the optimizer state of its shard of every parameter tensor (n ranks), steps
+#   that shard, and the updated parameters are all-gathered;
+# * `zero2`: the gradients are *reduce-scattered* instead of all-reduced: each rank needs only the part
+#   of the average it steps, and through a reduce-scatter that is all it receives (on gloo minddp runs it
+#   as an all_reduce of the whole bucket and keeps that part: the ZeRO-2 section says why);
 # * `fsdp`: the parameters are sharded too, and each block of the model (a *unit*: what fsdp gathers
 #   and drops as one, here a decoder layer) is gathered only around its own forward and backward: a
 #   unit's gather starts while the unit before it runs (a *prefetch*, one unit ahead), and the
@@ -89,9 +92,10 @@ show_source(ring_all_reduce)
 # reduce-scatters them once and all-gathers the stepped parameters once, the bytes DDP moves;
 # ZeRO-1 all-reduces them and then all-gathers, one pass more. FSDP reduce-scatters once too, but
 # it gathers each unit's parameters for every micro-batch's forward and again for its backward:
-# at most two passes of the model per micro-batch (the count in the FSDP section below is a
-# little less: the last unit is still gathered when the backward starts, and the parameter tensors
-# outside every unit are never gathered). For this workload's step:
+# at most two passes of the model per micro-batch (the count measured in the ZeRO-2 section below,
+# where the looks count every stage's collectives, is a little less: the last unit is still gathered
+# when the backward starts, and the parameter tensors outside every unit are never gathered). For
+# this workload's step:
 
 # %%
 # %%distributed
@@ -120,7 +124,9 @@ lesson.say(
 # `fsdp` keeps only the shards and gathers a unit's whole parameters around its run. One step of
 # each is measured by `minddp.sharding.memory.Probe`, from the tensors the rank holds: parameters,
 # gradients just before the optimizer steps, optimizer state just after, the activations autograd
-# saved, and FSDP's gathered units at their peak.
+# saved (their peak, reached in one micro-batch's forward: each micro-batch's backward frees them
+# before the next forward), and FSDP's gathered units at their peak. The activations depend on the
+# batch, here the workload's above (`docs/sharding.md` measures a smaller one, and says so).
 
 # %%
 # %%distributed
@@ -321,7 +327,10 @@ show_source(ZeroRedundancyOptimizer._all_gather)
 # The other new members are plumbing around these four: which tensors the module holds (`_hold`:
 # the shards at rest, the whole parameters during a forward), the module called without the wrapper
 # (`_module_forward`, `lent`), `torch.compile` (`eager_under_compile`, `compiled`, `split_at_buckets`),
-# and reading the model whole (`full_parameters`, `full_state_dict`). The package says which methods
+# and reading the model whole (`full_parameters`, `full_state_dict`). In the diff below, step 1 is
+# the loop marked `# step 1` in `__init__` and step 4 the hooks under `# Step 4` near its end (and
+# `gather_parameters`, `_wait_for` further down); steps 2 and 3 are `_send_bucket` and `_write_back`;
+# every other new line of `__init__`, and the members listed as plumbing, serve those four. The package says which methods
 # changed (the changed lines of each, with two lines around them; `minddp/sharding/zero2.py` has the
 # whole file):
 
@@ -431,9 +440,10 @@ lesson.claim(
     total["fsdp"] <= fsdp_most,
     f"fsdp sent {lesson.mib(f_sent['reduce_scatter'])} reduce-scattering its units' gradients, "
     f"{f_sent.get('all_reduce', 0) / 1024:.0f} KiB all-reducing the {len(whole_kept)} parameter tensors it leaves "
-    f"whole, and {lesson.mib(f_sent['all_gather'])} gathering units: {lesson.mib(total['fsdp'])} a step, "
-    f"{total['fsdp'] / whole:.1f} times ddp's bytes, within the α-β count's {lesson.mib(fsdp_most)} for "
-    f"{accum} micro-batches: the price of holding a unit at a time.",
+    f"whole, and {lesson.mib(f_sent['all_gather'])} gathering units: {total['fsdp'] / 2**20:.2f} MiB a step (the "
+    f"table's total), {total['fsdp'] / whole:.1f} times ddp's bytes, within the α-β count's {lesson.mib(fsdp_most)} "
+    f"for {accum} micro-batches: the price of holding only the units that run (at most two at once, the FSDP "
+    "section counts them), not the whole model.",
 )
 on_wire.round(2)
 
@@ -442,9 +452,10 @@ on_wire.round(2)
 #
 # Each block of the model (each element of its `nn.ModuleList`) is a *unit*. Before a unit's
 # forward its shards are all-gathered into full parameters, and the next unit's gather is started
-# (a prefetch); after the forward the full parameters are dropped, and a saved-tensor hook keeps
-# a note of where autograd's saved tensors lay in them; the first note unpacked in the backward
-# gathers the unit again. The gradients of a unit arrive together, from one autograd function,
+# (a prefetch); after the forward the full parameters are dropped (all but the last unit's: the
+# backward starts with that unit, so it stays gathered), and a saved-tensor hook keeps a note of
+# where autograd's saved tensors lay in them; the first note unpacked in the backward gathers the
+# unit again. The gradients of a unit arrive together, from one autograd function,
 # and are reduce-scattered while the backward goes on.
 
 # %%
@@ -465,9 +476,13 @@ lesson.claim(
 #
 # `ddp` and the three sharded stages, the step each stage's look above recorded, drawn as
 # `03_build_up` drew the DDP ladder: forward and backward of each micro-batch, every collective
-# from the moment gloo's thread took it up to its end (orange; the all-gathers hatched over it),
-# which includes its waits for the other rank and for a free core, and the optimizer step. Where
-# each stage's messages start is counted in the table the cell prints (above the picture).
+# from the moment gloo's thread took it up to its end (orange; the all-gathers of parameters hatched
+# over it, and zero2's few-byte check cross-hatched apart: it gathers no parameters, and its bar is
+# long because it waits for the other rank to reach it), which includes its waits for the other
+# rank and for a free core, and the optimizer step. Where each stage's messages start is counted
+# in the table the cell prints (above the picture): its columns are the step's phases, *finish*
+# being `finish_gradient_synchronization` (the wait for the gradients after the last backward,
+# notebook 02's name).
 
 # %%
 # %%rank 0
@@ -513,6 +528,16 @@ lesson.claim(
     f"zero2's {z2['gathers']} all-gathers start in the first forward, which needs the parameters the last step "
     f"updated; its {z2['calls']} reduce-scatters (run as all_reduces) are handed over in the backward.",
 )
+check_at = [(phase_of(a, z2["row"]), b - a) for a, b in z2.get("check_spans", [])]
+lesson.say(
+    "zero2's cross-hatched bar is its once-a-step check, an all-gather of a few bytes, not of parameters: "
+    + "; ".join(
+        f"it was called {'in the ' + ph if ph != 'between' else 'between two phases'} and took {d:.0f} ms to its end, "
+        "waiting for the other rank"
+        for ph, d in check_at
+    )
+    + f". The table's zero2 row counts it with the {z2['calls']} gradient collectives and {z2['gathers']} gathers."
+)
 lesson.claim(
     starts.loc["fsdp", "forward"] + starts.loc["fsdp", "backward"] >= fs["gathers"],
     f"fsdp's {fs['gathers']} all-gathers start all through the forwards and the backwards.",
@@ -536,7 +561,8 @@ starts
 # calls per step, the time communication was *in flight* (a gloo range open, its waits included),
 # and its *overlap* (the share of the time in flight during which compute ran too: here the
 # training thread inside an `aten::` op), beside the step and the time backward ran (from its first
-# to its last autograd op, so with whatever the stage does inside it).
+# to its last autograd op, so with whatever the stage does inside it), summed over the step's
+# micro-batches: one backward each, so the column is the step's backwards together, not one.
 
 # %%
 # %%distributed
@@ -576,33 +602,54 @@ table = table.assign(
     / bw.groupby("stage")["rank"].nunique(),
 )
 flight = table["comm_ms_per_step"]
+# non-compute (docs/analysis.md): in flight with the training thread computing nothing, |M| - |M ∩ C|, which the
+# overlap, |M ∩ C| / |M|, gives from the two columns beside it
+table = table.assign(non_compute_ms=flight * (1 - table["comm_comp_overlap_pctg"] / 100))
 by_overlap = table["comm_comp_overlap_pctg"].sort_values(ascending=False)
+idle = table["non_compute_ms"].sort_values()
 lesson.say(
     "Overlap, most to least: "
     + ", ".join(f"{s} {v:.1f} %" for s, v in by_overlap.items())
     + f": of the time its communication was in flight, {by_overlap.index[0]} spent the largest share with the "
-    "training thread computing too."
+    "training thread computing too. A share is not a time: in flight with nothing computing (non-compute, in flight "
+    "× (1 − overlap)), least to most: "
+    + ", ".join(f"{s} {v:.0f} ms" for s, v in idle.items())
+    + f"; {by_overlap.index[0]}, first by share, left {idle[by_overlap.index[0]] / idle['ddp']:.1f} times ddp's "
+    "milliseconds in flight with nothing computing"
+    + (
+        f" (its share is of a time in flight {flight[by_overlap.index[0]] / flight['ddp']:.1f} times ddp's)."
+        if by_overlap.index[0] != "ddp"
+        else "."
+    )
 )
+handed = {s: looks[s]["bytes"] + looks[s]["gather_bytes"] for s in STAGES}  # gloo: what each stage hands over a step
 lesson.say(
-    f"The ring count above puts zero1's bytes on the wire at 1.5 times ddp's and zero2's at ddp's; their "
-    f"communication was in flight {flight['zero1']:.0f} and {flight['zero2']:.0f} ms a step against ddp's "
-    f"{flight['ddp']:.0f} ("
-    + ", ".join(f"{s} {'longer' if flight[s] > flight['ddp'] else 'shorter'}" for s in ("zero1", "zero2"))
-    + "). On loopback a gloo range's length is set less by its bytes (a copy in memory) than by its waits, for the "
-    "other rank to reach the same collective and for a free core among the two that both ranks' training threads "
-    "and gloo's threads share, so the time in flight need not follow the bytes. On a network, where each byte "
-    "costs its β, the α-β count predicts zero1's extra all-gather would cost its pass of the model; this run does "
-    "not measure a network."
+    f"These traced steps ran on gloo, like the looks, which count what each stage hands over a step: ddp "
+    f"{lesson.mib(handed['ddp'])}, zero1 {lesson.mib(handed['zero1'])}, zero2 {lesson.mib(handed['zero2'])} "
+    f"({handed['zero2'] / handed['ddp']:.1f} times ddp's, as zero1: on gloo zero2's reduce-scatters are all_reduces "
+    "of the whole bucket; only the ring run above halves them). Yet their communication was in flight "
+    f"{flight['zero1']:.0f} ms (zero1) and {flight['zero2']:.0f} ms (zero2) a step against ddp's "
+    f"{flight['ddp']:.0f}: zero1 and zero2 moved the same bytes, and zero2's time in flight was "
+    f"{flight['zero2'] / flight['zero1']:.1f} times zero1's. On loopback a gloo range's length is set less by its "
+    "bytes (a copy in memory) than by its waits, for the other rank to reach the same collective and for a free "
+    "core among the two that both ranks' training threads and gloo's threads share, so the time in flight need "
+    f"not follow the bytes (zero2 has {z2['gathers']} all-gathers and the check where zero1 has {z1['gathers']}, "
+    "each a wait). On a network, "
+    "where each byte costs its β, the α-β count predicts zero1's extra all-gather would cost its pass of the "
+    "model; this run does not measure a network."
 )
+ratio = table["step_ms"] / table.loc["ddp", "step_ms"]
 lesson.say(
-    f"Every stage computes the same forward and backward, yet backward ran from {table['backward_ms'].min():.0f} ms "
-    f"({table['backward_ms'].idxmin()}) to {table['backward_ms'].max():.0f} ms ({table['backward_ms'].idxmax()}): "
+    f"Every stage computes the same forward and backward, yet the step's {accum} backwards together ran from "
+    f"{table['backward_ms'].min():.0f} ms ({table['backward_ms'].idxmin()}) to {table['backward_ms'].max():.0f} ms "
+    f"({table['backward_ms'].idxmax()}): "
     "the span holds what each stage does inside it (fsdp's gathers and their waits, the buckets' copies) and every "
     "wait for a core, and the stages were profiled one after the other, the machine's 1-minute load average "
     "after each profile "
     + ", ".join(f"{s} {load[('trace', s)]:.1f}" for s in STAGES)
-    + f". fsdp's step took {table.loc['fsdp', 'step_ms'] / table.loc['ddp', 'step_ms']:.1f} times ddp's in these "
-    "profiled steps; a table further down sets them beside the looks' steps."
+    + ". The profiled step, against ddp's: "
+    + ", ".join(f"{s} {ratio[s]:.2f}" for s in STAGES[1:])
+    + "; a table further down sets them beside the looks' steps, and shows why one profiled step ranks no stage."
 )
 (
     table[
@@ -614,9 +661,17 @@ lesson.say(
             "allgather_calls_per_step",
             "comm_ms_per_step",
             "comm_comp_overlap_pctg",
+            "non_compute_ms",
         ]
     ]
-    .rename(columns={"comm_ms_per_step": HEADERS["comm_time_per_step_us"], **HEADERS})
+    .rename(
+        columns={
+            "comm_ms_per_step": HEADERS["comm_time_per_step_us"],
+            "non_compute_ms": "non-compute per step (ms)",
+            "backward_ms": f"{accum} backwards (ms)",
+            **HEADERS,
+        }
+    )
     .round(1)
 )
 
@@ -693,15 +748,23 @@ steps.round(1)
 # Write `my_all_reduce(tensor, group)`: sum `tensor` in place over `group` with one
 # `reduce_scatter_single` and one `all_gather_single`, torch's own collectives as `minddp.runtime.compat`
 # names them (torch 2.13 renamed `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor`;
-# `minddp.runtime.compat` calls whichever your torch has). Both want a tensor whose length
-# the world size divides: pad the flattened tensor first, and cut the padding off at the end. The
-# cell plugs your function into a `Wire` as its *transport*, so the `bucket-async` stage sums its
-# buckets with it, and `check` trains that stage beside a single process and torch's DDP, and
-# against the model answer (`like="halves"`): one reduce-scatter and one all-gather per bucket.
-# The hook (`allreduce_hook`) divides each bucket by the world size before it hands it over, so
-# `my_all_reduce` only sums. Pass `group=group` to both collectives: the checker's two ranks are
-# the whole world, so it cannot tell a call that left the group out (and would sum over every rank
-# of a larger job) from one that passed it.
+# `minddp.runtime.compat` calls whichever your torch has). Both take `(output, input)`, and both want
+# a tensor whose length the world size divides: pad the flattened tensor first, and cut the padding
+# off at the end. The cell plugs your function into a `Wire` as its *transport*, so the
+# `bucket-async` stage sums its buckets with it, and `check` trains that stage beside a single
+# process and torch's DDP, and against the model answer (`like="halves"`): one reduce-scatter and
+# one all-gather per bucket. The hook (`allreduce_hook`) divides each bucket by the world size
+# before it hands it over, so `my_all_reduce` only sums.
+#
+# What the checker runs: its own small network (three linear layers, `minddp.exercises.harness.Net`),
+# not this notebook's model, built with `bucket_cap_mb=0.001` (`check`'s default, whatever your
+# class's own default) so that it makes two buckets, one of an odd length: the verdict's count
+# of calls per step is one of each per bucket, and the odd bucket is what tests your padding. At
+# two ranks `x % 2 == -x % 2` for every `x`, so padding by `numel % n` where `-numel % n` is meant,
+# or a `2` written where the world size belongs, would pass; so an answer that passes at two ranks
+# is checked again at three, and the verdict says which it failed at. Pass `group=group` to both
+# collectives: the checker's ranks are the whole world, so it cannot tell a call that left the
+# group out (and would sum over every rank of a larger job) from one that passed it.
 
 # %%
 import torch

@@ -449,6 +449,46 @@ def _halves_in_two(tensor, group):
         part.copy_(_halves_summed(part, group))
 
 
+def _halves_pad_wrong_sign(tensor, group):
+    """Pads by ``numel % n`` where ``-numel % n`` is needed: the same at 2 ranks, one element short of a multiple
+    at 3 for the 323-element bucket (padded by 2 to 325)."""
+    n = dist.get_world_size(group)
+    flat = tensor.reshape(-1)
+    padded = torch.nn.functional.pad(flat, (0, flat.numel() % n))
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
+def _halves_two_hard_coded(tensor, group):
+    """Pads to an even length and cuts the piece at half of it: a hard-coded 2 where the world size belongs."""
+    flat = tensor.reshape(-1)
+    padded = torch.nn.functional.pad(flat, (0, flat.numel() % 2))
+    piece = padded.new_empty(padded.numel() // 2)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
+def _halves_scatter_swapped(tensor, group):
+    """Hands the reduce-scatter (input, output) where it takes (output, input)."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(padded, piece, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
+def _halves_gather_swapped(tensor, group):
+    """Hands the all-gather (input, output) where it takes (output, input)."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(piece, padded, group=group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
 class _Halves(stages.AsyncBucketDDP):
     transport = None
 
@@ -472,6 +512,10 @@ HalvesInTwo = _halves_with("HalvesInTwo", _halves_in_two)
 HalvesNotWaited = _halves_with("HalvesNotWaited", _halves_not_waited)
 HalvesNotGathered = _halves_with("HalvesNotGathered", _halves_not_gathered)
 HalvesPieceUnpadded = _halves_with("HalvesPieceUnpadded", _halves_piece_unpadded)
+HalvesPadWrongSign = _halves_with("HalvesPadWrongSign", _halves_pad_wrong_sign)
+HalvesTwoHardCoded = _halves_with("HalvesTwoHardCoded", _halves_two_hard_coded)
+HalvesScatterSwapped = _halves_with("HalvesScatterSwapped", _halves_scatter_swapped)
+HalvesGatherSwapped = _halves_with("HalvesGatherSwapped", _halves_gather_swapped)
 
 
 # -------------------------------------------------------------------------------- fp16 hook

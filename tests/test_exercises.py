@@ -42,8 +42,9 @@ def verdict_of(stage, like, **kw):
 # machine; a hang is stopped sooner by the checker's own timeouts.
 @pytest.mark.timeout(480)
 def test_model_answers_and_the_ladder_pass():
+    passed = {}
     for like, answer in solutions.STAGES.items():
-        v = verdict_of(answer, like)
+        v = passed[like] = verdict_of(answer, like)
         assert v.ok and v.line.startswith(f"✓ {like}:"), v.line
     # The ladder's stages (which send through the comm-hook layer) are answers too.
     for like, stage in [
@@ -53,7 +54,6 @@ def test_model_answers_and_the_ladder_pass():
         ("hook-async", ladder.AsyncHookDDP),
         ("bucket", ladder.BucketDDP),
         ("bucket-async", ladder.AsyncBucketDDP),
-        ("halves", solutions.HalvesDDP),
     ]:
         v = verdict_of(stage, like)
         assert v.ok, v.line
@@ -68,7 +68,8 @@ def test_model_answers_and_the_ladder_pass():
     assert "5 of them still in flight" in verdict_of(solutions.AsyncHookDDP, "hook-async").line
     assert "1 of them still in flight" in verdict_of(solutions.AsyncBucketDDP, "bucket-async").line
     assert "in flight" not in verdict_of(solutions.HookDDP, "hook").line
-    assert "2 all_gather and 2 reduce_scatter calls per step" in verdict_of(solutions.HalvesDDP, "halves").line
+    halves = passed["halves"].line  # solutions.HalvesDDP, checked once (at 2 ranks, then at 3)
+    assert "2 all_gather and 2 reduce_scatter calls per step" in halves and "on 3 ranks too" in halves, halves
     v = check_hook(solutions.fp16_compress_hook, like="fp16", timeout_s=TIMEOUT)
     assert v.ok and "2 bytes per value" in v.line, v.line
 
@@ -166,6 +167,29 @@ MISTAKES = [
         "calls) were never waited for before it returned",
     ),
     (wrong.HalvesNotGathered, "halves", "your transport (my_all_reduce) made no all-gather (2 reduce_scatter calls"),
+    # (output, input) handed as (input, output): named from the sizes, the smaller one where the larger belongs
+    (
+        wrong.HalvesScatterSwapped,
+        "halves",
+        "the arguments are swapped: the piece, 162 elements, went where the padded tensor goes and the padded tensor, "
+        "324 elements, where the piece goes: each call takes (output, input), so reduce_scatter_single(piece, padded)",
+    ),
+    (wrong.HalvesGatherSwapped, "halves", "the arguments are swapped: the piece, 162 elements, went where the padded"),
+    # right at 2 ranks (x % 2 == -x % 2 for every x), so checked again at 3, where the odd bucket of 323 needs 1
+    (
+        wrong.HalvesPadWrongSign,
+        "halves",
+        (
+            "on 3 ranks, after it passed on 2: your code raised RuntimeError in _halves_pad_wrong_sign",
+            "(the bucket, 323 elements, was padded by 2 to 325, numel % world_size: the sign is wrong; pad by "
+            "-numel % world_size, 1 here, to 324",
+        ),
+    ),
+    (
+        wrong.HalvesTwoHardCoded,
+        "halves",
+        ("on 3 ranks, after it passed on 2: your code raised RuntimeError in _halves_two_hard_coded", "a hard-coded 2"),
+    ),
     (
         wrong.HalvesInTwo,
         "halves",
@@ -180,7 +204,8 @@ MISTAKES = [
 @pytest.mark.parametrize("stage,like,named", MISTAKES, ids=[f"{m[1]}-{m[0].__name__}" for m in MISTAKES])
 def test_each_mistake_is_named(stage, like, named):
     v = verdict_of(stage, like)
-    assert not v.ok and v.line.startswith(f"✗ {like}:") and named in v.line, v.line
+    parts = named if isinstance(named, tuple) else (named,)  # a tuple: each part, with the learner's line between
+    assert not v.ok and v.line.startswith(f"✗ {like}:") and all(p in v.line for p in parts), v.line
 
 
 @pytest.mark.timeout(120)

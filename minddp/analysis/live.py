@@ -118,6 +118,7 @@ def step_view(prof, link=None) -> dict:
         "end": ((optimizer[-1][1] if optimizer else last[1]) - t0) / 1e3,
     }
     view["gather_spans"] = ms(sorted((e.time_range.start, e.time_range.end) for e in events if e.name in GATHER_RANGES))
+    view["check_spans"] = ms(_checks(events))  # the few-byte check's gathers, from the call to the gather's end
     if link is not None:
         view.update(_on_link(events, link, row, t0, spans))
     view["row"] = row

@@ -108,13 +108,18 @@ def check(
     backward computes (``simple``, ``ga``, ``hook``, ``hook-async``,
     ``bucket``, ``bucket-async``, ``halves``; ``None``: correctness only). The stage is
     built as ``stage(module)``, plus ``bucket_cap_mb`` when its ``__init__``
-    takes it (the default makes two buckets of the checker's network). A
-    collective that one rank waits in for ``timeout_s`` seconds is a hang.
+    takes it (the default makes two buckets of the checker's small network,
+    of 323 and 112 values, so a stage's per-bucket calls are counted twice a
+    step and one bucket has an odd length). A collective that one rank waits
+    in for ``timeout_s`` seconds is a hang.
 
-    A stage that passes is checked once more, for one step, on
-    ``second_world_size`` ranks (``None``: not): a world size written as a number
-    (``param.grad /= 2``) is right on 2 ranks only. A wrong answer fails the first
-    check and never waits for the second.
+    A stage that passes is checked once more, on ``second_world_size`` ranks
+    (``None``: not): a world size written as a number (``param.grad /= 2``) is
+    right on 2 ranks only, and so is ``halves``' padding with the wrong sign (at
+    2 ranks ``x % 2 == -x % 2`` for every ``x``). A wrong answer fails the first
+    check and never waits for the second. The second check judges correctness
+    only (one step), except for ``halves``, whose transport's own mistakes
+    (padding, piece sizes) only its full check names.
     """
     if like is not None and like not in solutions.STAGES:
         raise ValueError(f"like={like!r}: choose one of {', '.join(solutions.STAGES)}, or None")
@@ -127,8 +132,10 @@ def check(
     if not first.ok or second_world_size in (None, world_size):
         return first
     # Correctness only (like=None): the kinds, number and place of the collectives were judged on the first ranks.
-    again = _run(harness.check_stage_on_rank, (stage, None, options, 1, accum), second_world_size, timeout_s)
-    problem = _problem(name, again, timeout_s, lambda f, report: _stage_finding(f, report, like), like)
+    again_like, again_steps = ("halves", steps) if like == "halves" else (None, 1)
+    again = _run(harness.check_stage_on_rank, (stage, again_like, options, again_steps, accum), second_world_size,
+                 timeout_s)  # fmt: skip
+    problem = _problem(name, again, timeout_s, lambda f, report: _stage_finding(f, report, again_like), again_like)
     if problem:
         where = f"on {second_world_size} ranks, after it passed on {world_size}: "
         return Verdict(False, problem.replace(f"✗ {name}: ", f"✗ {name}: {where}", 1), again)
@@ -190,7 +197,8 @@ def _stage_verdict(
         return Verdict(False, problem or f"✗ {name}: " + counts, reports)
     tensors = f" (the checker's network: {first['tensors']} parameter tensors)" if first.get("tensors") else ""
     again = (
-        f", and after {also['checked_steps']} step on {also['world']} ranks too (a world size written as a number "
+        f", and after {also['checked_steps']} step{'s' if also['checked_steps'] != 1 else ''} on {also['world']} "
+        "ranks too (a world size written as a number "
         "would show there)"
         if also
         else ""
@@ -305,8 +313,31 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
     # the whole (padded) tensor is a reduce-scatter's input and an all-gather's output; the piece, the other one
     scatter = sizes["kind"] == "reduce_scatter"
     whole, piece = (sizes["input"], sizes["output"]) if scatter else (sizes["output"], sizes["input"])
+    m = sizes.get("handed")  # the bucket's own length, where the transport was handed one
+    if piece > whole:  # a reduce-scatter's output (an all-gather's input) is the smaller one: the order is wrong
+        call = "reduce_scatter_single(piece, padded)" if scatter else "all_gather_single(padded, piece)"
+        return (
+            f" (the arguments are swapped: the piece, {whole} elements, went where the padded tensor goes and the "
+            f"padded tensor, {piece} elements, where the piece goes: each call takes (output, input), so {call})"
+        )
     if whole % world:
+        if m is not None and whole == m + m % world != m + -m % world:
+            return (
+                f" (the bucket, {m} elements, was padded by {m % world} to {whole}, numel % world_size: the sign is "
+                f"wrong; pad by -numel % world_size, {-m % world} here, to {m + -m % world}; on 2 ranks the two are "
+                "always equal, so only a world size other than 2 tells them apart)"
+            )
+        if m is not None and world != 2 and whole == m + -m % 2 and whole != m:
+            return (
+                f" (the bucket, {m} elements, was padded to {whole}, a multiple of 2, not of the world size, {world}: "
+                "a hard-coded 2; take n = dist.get_world_size(group) and pad by -numel % n)"
+            )
         return f" (the tensor handed over, {whole} elements, is not a multiple of the world size, {world}: " + pad
+    if world != 2 and piece == whole // 2:
+        return (
+            f" (the piece is {piece} elements, {whole} // 2, where each rank's piece of {whole} on {world} ranks is "
+            f"{whole // world}: a hard-coded 2; divide by n = dist.get_world_size(group))"
+        )
     return (
         f" (the padded tensor, {whole} elements, is a multiple of the world size, {world}: the piece is the wrong "
         f"size, {piece} elements where each rank's piece of {whole} is {whole // world}: make it "

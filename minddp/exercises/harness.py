@@ -209,6 +209,7 @@ class Events(TorchDispatchMode):
         self.written: list[tuple[str, str]] = []  #: (kind, op) of each write into a tensor still in flight
         self.in_callback = 0  #: inside a Future's callback, which runs after its work completed: no write races
         self.active = False
+        self.handed: int | None = None  #: the length of the tensor a running transport was handed (``transport``)
         for name, p in module.named_parameters() if module is not None else ():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda _p, name=name: self._note("ready", name))
@@ -236,7 +237,12 @@ class Events(TorchDispatchMode):
             out = func(*args, **(kwargs or {}))
         except RuntimeError as exc:  # what it was handed, for the verdict to say which size is off
             if counted and all(isinstance(t, torch.Tensor) for t in args[:2]):
-                exc.collective = {"kind": kind, "output": args[0].numel(), "input": args[1].numel()}
+                exc.collective = {
+                    "kind": kind,
+                    "output": args[0].numel(),
+                    "input": args[1].numel(),
+                    "handed": self.handed,  # the length of the tensor the transport was handed (None: no transport)
+                }
             raise
         if counted and self.active:
             self.works.append((kind, _work_of(out)))
@@ -263,12 +269,15 @@ class Events(TorchDispatchMode):
                 self.flying.pop(i, None)
 
     @contextlib.contextmanager
-    def transport(self):
-        """Around a Wire's transport call: what it launched and did not wait for by its return stays unwaited."""
+    def transport(self, tensor=None):
+        """Around a Wire's transport call: what it launched and did not wait for by its return stays unwaited;
+        ``handed``: the length of the ``tensor`` it was handed, while it runs."""
         start = len(self.works)
+        self.handed = tensor.numel() if isinstance(tensor, torch.Tensor) else None
         try:
             yield
         finally:
+            self.handed = None
             self.sealed.update(i for i in range(start, len(self.works)) if i not in self.waited)
 
     def _again(self, waited) -> bool:
@@ -334,7 +343,11 @@ class Events(TorchDispatchMode):
 
         def sealing(method):
             def call(wire, *args, **kwargs):
-                with events.transport() if wire.transport is not None else contextlib.nullcontext():
+                with (
+                    events.transport(args[0] if args else None)
+                    if wire.transport is not None
+                    else contextlib.nullcontext()
+                ):
                     return method(wire, *args, **kwargs)
 
             return call

@@ -492,23 +492,36 @@ def picture(looks: dict, stage: str, before: str | None = None, rows: list[str] 
 
 
 def mark_gathers(fig, looks: dict, rows: list[str]) -> None:
-    """Notebook 06: over :func:`picture`'s rows, the all-gathers hatched apart from the gradient collectives (the
-    look's ``gather_spans``), with a legend entry of their own; rank 0 draws."""
+    """Notebook 06: over :func:`picture`'s rows, the all-gathers of parameters hatched apart from the gradient
+    collectives (the look's ``gather_spans``), and the few-byte check's gather (``check_spans``: a gather range that
+    ends where a check ends) cross-hatched apart from both, each with a legend entry of its own; rank 0 draws."""
     if fig is None:
         return
     ax = fig.axes[0]
     for y, name in enumerate(rows):
-        spans = [(a, b - a) for a, b in looks[name].get("gather_spans", [])]
-        if spans:
-            ax.broken_barh(
-                spans,
-                (y + 0.06, 0.30),
-                facecolors="#fdd0a2",
-                edgecolor="#a0522d",
-                linewidth=0.5,
-                hatch="////",
-                label="all-gather in flight",
-            )
+        check_ends = {round(b, 6) for _, b in looks[name].get("check_spans", [])}
+        spans = looks[name].get("gather_spans", [])
+        kinds = {
+            "all-gather of parameters in flight": (
+                [(a, b - a) for a, b in spans if round(b, 6) not in check_ends],
+                "////",
+            ),
+            "the check's few-byte all-gather in flight": (
+                [(a, b - a) for a, b in spans if round(b, 6) in check_ends],
+                "xxxx",
+            ),
+        }
+        for label, (bars, hatch) in kinds.items():
+            if bars:
+                ax.broken_barh(
+                    bars,
+                    (y + 0.06, 0.30),
+                    facecolors="#fdd0a2",
+                    edgecolor="#a0522d",
+                    linewidth=0.5,
+                    hatch=hatch,
+                    label=label,
+                )
     handles, labels = ax.get_legend_handles_labels()
     # without an emulated link a message's bar is gloo's range, its waits for the other rank and a core included
     wire = {"message on the wire": "collective in flight (its waits included)"}
