@@ -139,7 +139,7 @@ def apart_at(model) -> tuple[float, str]:
     dist.broadcast(rank0, src=0)
     gaps = (mine - rank0).abs()
     at = int(gaps.argmax())
-    ends = torch.tensor([t.numel() for t in flat]).cumsum(0)  # where each parameter ends in `mine`
+    ends = torch.tensor([t.numel() for t in flat], device=mine.device).cumsum(0)  # where each parameter ends in `mine`
     everyone = [None] * world_size
     dist.all_gather_object(everyone, (gaps[at].item(), names[int((ends <= at).sum())]))
     return max(everyone)
@@ -656,7 +656,7 @@ def five_steps(on: bool):
     dist.barrier()
     start = time.perf_counter()
     train(model, ddp, optimizer, steps=5)
-    took = torch.tensor([time.perf_counter() - start])
+    took = torch.tensor([time.perf_counter() - start], device=device)
     dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slower rank's
     minddp.debug.enable()
     return ddp, [p.detach().clone() for p in model.parameters()], took.item()
