@@ -1052,6 +1052,12 @@ def schedule_without_the_modulo(step, sync_every, fragments, delay):
     return (step - 1) // per_turn if step % per_turn == (per_turn - delay) % per_turn else None
 
 
+def schedule_turn_minus_delay(step, sync_every, fragments, delay):
+    """Sent where step % turn == turn - delay: right while delay > 0, never at 0 (step % turn stops at turn - 1)."""
+    per_turn = sync_every // fragments
+    return (step - 1) // per_turn % fragments if step % per_turn == per_turn - delay else None
+
+
 def schedule_at_the_end_of_the_turn(step, sync_every, fragments, delay):
     """Sent when the turn ends, not delay steps before: no step left to overlap the message with."""
     per_turn = sync_every // fragments

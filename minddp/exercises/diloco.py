@@ -24,7 +24,8 @@ fragment's pseudo-gradient leaves after inner step ``step`` (1, 2, ...), or ``No
 for two periods of every schedule in :data:`SCHEDULES`; a schedule that differs across replicas is named
 first (they would sum different fragments, or wait for ever), then the first schedule and step where it
 differs from streaming DiLoCo's (:func:`~minddp.exercises.solutions.fragment_to_send`, the schedule
-:class:`minddp.DiLoCo` keeps), a fragment number past the last (no ``% fragments``) named as such.
+:class:`minddp.DiLoCo` keeps), a fragment number past the last (no ``% fragments``) named as such, and so is a
+schedule silent at a delay of 0 (``step % turn == turn - delay``: ``step % turn`` never reaches ``turn``).
 
 Example (2 checker ranks, a few seconds: not run by the doctests)::
 
@@ -557,6 +558,14 @@ def _schedule_text(f: dict, report: dict) -> str:
             f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: there is no fragment "
             f"{f['mine']} ({k} fragments: 0 to {k - 1}); after the last fragment's turn the next period starts again "
             "at fragment 0, so the fragment is the turn's number modulo the fragments (turn % fragments)"
+        )
+    if tau == 0 and all(sent is None for sent in report["schedule"][f["at"]]):
+        # right at the other delays, silent at 0: the send step tested as step % turn == turn − delay
+        return (
+            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}, and with this delay of 0 yours "
+            f"sends no fragment at all: a delay of 0 sends after each turn's last step ({turn}, {2 * turn}, "
+            f"{3 * turn}, ...), where step % {turn} is 0; step % {turn} runs from 0 to {turn - 1}, so it never equals "
+            f"turn − delay = {turn}: send where step % turn == (turn − delay) % turn"
         )
     return (
         f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: a turn is sync_every // "
