@@ -366,8 +366,7 @@ print(check_outer_sync(solutions.outer_sync))
 # the model's order, closed once it holds its share: one large tensor makes them unequal, as below. Each fragment's
 # pseudo-gradient leaves `fragment_sync_delay` (τ) inner steps *before* its turn ends. Its Future is
 # kept and waited for only at the end of the turn, τ steps later: the message has those τ steps of
-# compute to arrive in (how many of them it needs depends on the link and the step's length: the
-# lines under the figure below say it for that run). At the end of the turn the outer step uses it, and the new synced weights are mixed with the local ones that kept training: `(1 − α)·synced + α·local`
+# compute to arrive in (how many of them it took in one run, the lines under the figure below say). At the end of the turn the outer step uses it, and the new synced weights are mixed with the local ones that kept training: `(1 − α)·synced + α·local`
 # (`fragment_update_alpha`). Two letters here are Streaming DiLoCo's own: K counts fragments and α
 # mixes weights, where notebook 01's α is a message's fixed cost and 06's K the bytes of optimizer
 # state per parameter. `diloco.py`'s steps 4 to 6, the rest of its list:
@@ -542,8 +541,8 @@ lesson.say(
 )
 
 # %% [markdown]
-# Whether the message has arrived by the step that applies it depends on the link and the step's
-# length: the lines above say it for this run. The last section's step-time model replays the same
+# Whether the message has arrived by the step that applies it depends on when it is delivered and on
+# the steps' lengths: the lines above say it for this run. The last section's step-time model replays the same
 # schedule for a 360 M-parameter model on preset links, and gives the step time and compute
 # utilisation that the waits leave.
 #
