@@ -1052,6 +1052,29 @@ def schedule_without_the_modulo(step, sync_every, fragments, delay):
     return (step - 1) // per_turn if step % per_turn == (per_turn - delay) % per_turn else None
 
 
+def schedule_turn_minus_delay(step, sync_every, fragments, delay):
+    """Sent where step % turn == turn - delay: right while delay > 0, never at 0 (step % turn stops at turn - 1)."""
+    per_turn = sync_every // fragments
+    return (step - 1) // per_turn % fragments if step % per_turn == per_turn - delay else None
+
+
+def schedule_next_turns_fragment(step, sync_every, fragments, delay):
+    """The fragment of the turn after this one: (step + delay) // turn, the turn the send step's τ steps reach."""
+    per_turn = sync_every // fragments
+    return (step + delay) // per_turn % fragments if step % per_turn == (per_turn - delay) % per_turn else None
+
+
+def schedule_numbered_from_one(step, sync_every, fragments, delay):
+    """Fragments numbered 1 to K: the right turns, each fragment one too high (K itself at the last turn)."""
+    per_turn = sync_every // fragments
+    return (step - 1) // per_turn % fragments + 1 if step % per_turn == (per_turn - delay) % per_turn else None
+
+
+def schedule_every_step(step, sync_every, fragments, delay):
+    """The turn's fragment after every step of the turn, not once, delay steps before its end."""
+    return (step - 1) // (sync_every // fragments) % fragments
+
+
 def schedule_at_the_end_of_the_turn(step, sync_every, fragments, delay):
     """Sent when the turn ends, not delay steps before: no step left to overlap the message with."""
     per_turn = sync_every // fragments

@@ -554,6 +554,34 @@ def test_the_fragment_schedule_exercise_tells_tau_before_the_end_from_tau_after_
     assert not v.ok and named in v.line, v.line
 
 
+@pytest.mark.timeout(120)
+def test_the_schedule_exercise_names_a_last_step_compared_with_turn_minus_delay():
+    """`step % turn == turn - delay` is right at delays 1 and 6, and at delay 0 sends nothing: step % turn runs from
+    0 to turn - 1, so the turn's last step (where a delay of 0 sends) has step % turn == 0, never turn."""
+    v = check_fragment_schedule(wrong.schedule_turn_minus_delay, timeout_s=TIMEOUT)
+    named = "with H = 12, 4 fragments and a delay of 0, after step 3 yours sends None, streaming DiLoCo sends 0"
+    assert not v.ok and named in v.line, v.line
+    assert "yours sends no fragment at all" in v.line and "step % 3 runs from 0 to 2" in v.line, v.line
+    assert "never equals turn − delay = 3" in v.line and "(turn − delay) % turn" in v.line, v.line
+
+
+@pytest.mark.timeout(120)
+def test_the_schedule_exercise_names_the_next_turns_fragment_numbers_from_one_and_a_send_every_step():
+    """Three answers whose first difference reads the same under the generic verdict (a fragment in range where
+    another is due, or one where None is): each is named from the whole schedule. The next turn's fragment and
+    fragments numbered from 1 both send 1 where 0 is due at step 1 (3 fragments); they part at the last turn
+    (0 against 3)."""
+    v = check_fragment_schedule(wrong.schedule_next_turns_fragment, timeout_s=TIMEOUT)
+    named = "after step 1 yours sends 1, streaming DiLoCo sends 0: yours sends the fragment of the turn after this one"
+    assert not v.ok and named in v.line and "not (step + delay) // 2 % 3" in v.line, v.line
+    v = check_fragment_schedule(wrong.schedule_numbered_from_one, timeout_s=TIMEOUT)
+    named = "after step 1 yours sends 1, streaming DiLoCo sends 0: yours numbers the fragments 1 to 3"
+    assert not v.ok and named in v.line and "drop the + 1" in v.line, v.line
+    v = check_fragment_schedule(wrong.schedule_every_step, timeout_s=TIMEOUT)
+    named = "after step 2 yours sends 0, streaming DiLoCo sends None: yours sends 12 fragments in these 6 turns"
+    assert not v.ok and named in v.line and "return None after every other step" in v.line, v.line
+
+
 def test_the_model_answers_are_what_minddp_diloco_does():
     """The candidates' yardstick is itself checked: solutions.outer_sync gives minddp.DiLoCo's weights after
     every sync (the same kernels, the same sums: bit for bit), and solutions.fragment_to_send is the schedule

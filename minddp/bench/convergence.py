@@ -290,8 +290,8 @@ def _style(name: str, config: dict) -> dict:
 
 
 def plot(results: dict, folder: str) -> list[str]:
-    """The held-out loss against inner steps and against bytes sent (mean over seeds; against steps, min-max
-    shaded): the whole run on the left, its second half enlarged on the right."""
+    """The held-out loss against inner steps and against bytes sent (mean over seeds, min-max shaded): the whole
+    run on the left, its second half enlarged on the right."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -313,13 +313,12 @@ def plot(results: dict, folder: str) -> list[str]:
                 ys = list(zip(*[r["loss"][half:] for r in runs]))
                 mean = [statistics.mean(v) for v in ys]
                 style = _style(name, configs.get(name, {}))
-                if x_key == "bytes":
-                    points = [(x, y) for x, y in zip(xs, mean) if x > 0]
-                    if points:  # (one replica alone sends nothing: no point on this axis)
-                        ax.plot(*zip(*points), label=name, **style)
-                else:
-                    ax.plot(xs, mean, label=name, **style)
-                    ax.fill_between(xs, [min(v) for v in ys], [max(v) for v in ys], color=style["color"], alpha=0.1)
+                keep = [i for i, x in enumerate(xs) if x > 0 or x_key == "step"]  # 0 bytes: no place on a log axis
+                if keep:  # (one replica alone sends nothing: no point against bytes)
+                    at = [xs[i] for i in keep]
+                    ax.plot(at, [mean[i] for i in keep], label=name, **style)
+                    low, high = [min(ys[i]) for i in keep], [max(ys[i]) for i in keep]
+                    ax.fill_between(at, low, high, color=style["color"], alpha=0.1)
                 ends.append(mean[-1])
             ax.axhline(floor, color="red", linewidth=0.8, linestyle=":", label=f"entropy floor {floor:.3f}")
             if x_key == "bytes":

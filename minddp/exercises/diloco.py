@@ -24,7 +24,9 @@ fragment's pseudo-gradient leaves after inner step ``step`` (1, 2, ...), or ``No
 for two periods of every schedule in :data:`SCHEDULES`; a schedule that differs across replicas is named
 first (they would sum different fragments, or wait for ever), then the first schedule and step where it
 differs from streaming DiLoCo's (:func:`~minddp.exercises.solutions.fragment_to_send`, the schedule
-:class:`minddp.DiLoCo` keeps), a fragment number past the last (no ``% fragments``) named as such.
+:class:`minddp.DiLoCo` keeps), a fragment number past the last (no ``% fragments``) named as such, and so are a
+schedule silent at a delay of 0 (``step % turn == turn - delay``: ``step % turn`` never reaches ``turn``), more
+than one send per turn, fragments numbered from 1 and the next turn's fragment (read off the whole schedule).
 
 Example (2 checker ranks, a few seconds: not run by the doctests)::
 
@@ -545,6 +547,22 @@ def _schedule_text(f: dict, report: dict) -> str:
             f"streaming DiLoCo sends {f['right']!r}: a turn's length is sync_every // fragments (floor division), "
             "not sync_every / fragments, which is a float"
         )
+    mine = report["schedule"][f["at"]]
+    right = [solutions.fragment_to_send(step, h, k, tau) for step in range(1, len(mine) + 1)]
+    sent, turns = sum(x is not None for x in mine), len(mine) // turn
+    if sent > turns:
+        return (
+            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours sends {sent} fragments "
+            f"in these {turns} turns of {turn} steps, streaming DiLoCo one per turn, after step {turn} − {tau} = "
+            f"{turn - tau} of the turn: return None after every other step"
+        )
+    sends = [(x, r) for x, r in zip(mine, right) if r is not None]
+    if all(x == r + 1 for x, r in sends) and all(x is None for x, r in zip(mine, right) if r is None):
+        return (
+            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours numbers the fragments "
+            f"1 to {k}, and they are numbered from 0 ({k} fragments: 0 to {k - 1}, indices into the fragments): "
+            "drop the + 1"
+        )
     if f["mine"] == f["step"] // turn % k and f["right"] == (f["step"] - 1) // turn % k:
         first = (f["step"] - 1) // turn * turn + 1
         return (
@@ -552,11 +570,28 @@ def _schedule_text(f: dict, report: dict) -> str:
             f"{f['step']} is the last of its turn (steps {first} to {first + turn - 1}), so the turn's number is "
             f"(step − 1) // {turn}, not step // {turn}"
         )
+    # after steps counted from 0: at a delay of 0, step // turn is (step + delay) // turn
+    if all(x == (r + 1) % k for x, r in sends) and all(x is None for x, r in zip(mine, right) if r is None):
+        first = (f["step"] - 1) // turn * turn + 1
+        return (
+            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours sends the fragment of "
+            f"the turn after this one; step {f['step']} is in the turn of steps {first} to {first + turn - 1}, "
+            f"fragment {f['right']}'s, and the fragment sent during a turn is that turn's own, applied at its end: "
+            f"(step − 1) // {turn} % {k}, not (step + delay) // {turn} % {k}"
+        )
     if isinstance(f["mine"], int) and not 0 <= f["mine"] < k:
         return (
             f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: there is no fragment "
             f"{f['mine']} ({k} fragments: 0 to {k - 1}); after the last fragment's turn the next period starts again "
             "at fragment 0, so the fragment is the turn's number modulo the fragments (turn % fragments)"
+        )
+    if tau == 0 and all(sent is None for sent in report["schedule"][f["at"]]):
+        # right at the other delays, silent at 0: the send step tested as step % turn == turn − delay
+        return (
+            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}, and with this delay of 0 yours "
+            f"sends no fragment at all: a delay of 0 sends after each turn's last step ({turn}, {2 * turn}, "
+            f"{3 * turn}, ...), where step % {turn} is 0; step % {turn} runs from 0 to {turn - 1}, so it never equals "
+            f"turn − delay = {turn}: send where step % turn == (turn − delay) % turn"
         )
     return (
         f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: a turn is sync_every // "
