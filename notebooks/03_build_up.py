@@ -837,7 +837,7 @@ more = b["exposed_ms"] - h["exposed_ms"]
 
 def set_by(stage, row):
     """Which message set the end of the stage's link after its last backward, in words (queue_end's rule), and when
-    its thread reached its wait."""
+    when its thread first stood waiting after it."""
     end = row["backward"][-1][1]
     sent = sorted(row["sent"])
     durations = [e - s for s, e in sorted(row["messages"])]
@@ -846,17 +846,13 @@ def set_by(stage, row):
         f"{stage}'s link was done {abs(done - end):.0f} ms {'after' if done >= end else 'before'} its backward ended, "
         f"an end set by its message {i + 1} of {len(sent)}, handed over {abs(end - sent[i]):.0f} ms "
         f"{'before' if sent[i] <= end else 'after'} the end of backward, after which it and the messages behind it "
-        f"needed {sum(durations[i:]):.0f} ms on the link back to back" + reached(row)
-    )
-
-
-def reached(row):
-    lag = lesson.wait_after_backward(row)
-    return (
-        f"; its thread reached its wait {lag:.0f} ms after backward ended, and stood through "
-        f"{row_measures(row)['exposed_ms']:.0f} ms of the link's time (exposed)"
-        if lag is not None
-        else "; its thread began no wait after backward"
+        f"needed {sum(durations[i:]):.0f} ms on the link back to back; "
+        + (
+            f"its thread first stood waiting {lag:.0f} ms after backward ended, and stood through "
+            f"{row_measures(row)['exposed_ms']:.0f} ms of the link's time (exposed)"
+            if (lag := lesson.wait_after_backward(row)) is not None
+            else "its thread stood waiting for nothing after backward"
+        )
     )
 
 
@@ -865,9 +861,9 @@ lesson.say(
     f"In this run's one profiled step each, bucket-async left {b['exposed_ms']:.0f} ms exposed, {verdict} than "
     f"hook-async's {h['exposed_ms']:.0f} ms: one step, under the machine's load, not a ranking of the two. "
     f"{set_by('bucket-async', looks['bucket-async']['row'])}. {set_by('hook-async', looks['hook-async']['row'])}. "
-    "What a step exposes is at most the link's end after backward less the time its thread took to reach its wait "
-    "(less where finish runs its own lines between two waits), and that time is the thread's, not the link's: it "
-    f"moves from step to step. The fixed costs the buckets saved are "
+    "What a step exposes is at most the link's end after backward less the time before its thread first stood "
+    "waiting (less where finish runs its own lines between two waits), and that time is the thread's, not the "
+    f"link's: it moves from step to step. The fixed costs the buckets saved are "
     f"{saved:.1f} ms, {saved / h['link_ms']:.0%} of the link time: on this link a message's bytes cost far more than "
     "its fixed cost, so fewer messages save little, while the last bucket's bytes can only travel after backward (the "
     "tail above). Buckets win where the fixed costs are a large share of the link time: many ranks (2(n−1) hops a "
@@ -939,7 +935,7 @@ lesson.say(
     + ". The model replays the bare network's gradient times scaled to one backward of "
     f"{1e3 * this_run:.0f} ms, its thread waiting from the moment backward ends; the measured steps' last "
     f"backwards took {min(v['last_backward_ms'] for v in swept.values()):.0f} to "
-    f"{max(v['last_backward_ms'] for v in swept.values()):.0f} ms, and their threads reached their wait "
+    f"{max(v['last_backward_ms'] for v in swept.values()):.0f} ms, and their threads first stood waiting "
     + (f"{min(lags):.0f} to {max(lags):.0f} ms after backward ended" if lags else "never after backward")
     + ". Read the model for why a cap costs what it does (its tail, its start, its fixed costs: the lower panel), "
     "not for what one profiled step here exposed."
@@ -992,9 +988,10 @@ sweep_table.infer_objects().round(1)
 # Which rung wins depends on two ratios: how long one sync's bytes take against one backward, and
 # how long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
 # emulated link that keeps both ratios of a given setting for the network at hand, against one
-# backward timed on this machine (`single`'s, from its profiled step): a faster machine gets a faster
-# link. The ratio holds for that backward only: the runs on the link take backwards of their own,
-# longer or shorter under the machine's load, and the cell prints the ratio each actually ran at.
+# backward timed on this machine (the mean of `single`'s backwards in its profiled step, on the
+# slower rank): a faster machine gets a faster link. The ratio holds for that backward only: the
+# runs on the link take backwards of their own, longer or shorter under the machine's load, and the
+# cell prints the ratios they actually ran at, which every number read from them carries.
 # Two settings, both built from the blog's run as the step-time model rebuilds it (`python -m
 # minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16 gradients, and an
 # assumed 3 TFLOP/s achieved on each T4, which `docs/scaling.md` derives from the blog's non-compute
@@ -1012,7 +1009,9 @@ sweep_table.infer_objects().round(1)
 #   that wait for each message at once would stand still for every one of hundreds of fixed costs.
 #
 # Both run here on **2 ranks**: what is scaled is the link, sized so that `single`'s backward on this
-# machine meets it as the blog's would meet the real one. The bucketed stages get a cap that cuts each network into
+# machine meets it as the blog's would meet the real one. On 2 ranks a message makes 2(n−1) = 2 hops,
+# so the α printed for a sized link is half of one message's fixed cost at the setting's ranks: at
+# 1024 ranks one hop here stands for 1023 of the real ring's. The bucketed stages get a cap that cuts each network into
 # about as many buckets as the blog's 25 MiB cuts SmolLM2 (as near as the model's gradient tensors
 # allow: the cell prints the count each run sent, the one the sentences below use).
 
@@ -1037,7 +1036,7 @@ ladder6 = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 # of their hundreds of fixed costs, for seconds a step; how they fare is no question (they overlap nothing), so
 # only the bucketed rungs and hook-async run there.
 RUN = {"like 4 × T4": ladder6, "like 1024 ranks": ["hook-async", "bucket", "bucket-async"]}
-blog_runs, blog_links, backward_of, bytes_of = {}, {}, {}, {}
+blog_runs, blog_links, backward_of, bytes_of, ran_at = {}, {}, {}, {}, {}
 for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     bytes_ratio, message_ratio = ratios(blog, link_name, ranks)
     model = lesson.make_model(name=model_name)
@@ -1063,7 +1062,8 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         + f" ({link_name}, {ranks} ranks), as the step-time model rebuilds it: one sync's bytes take "
         f"{bytes_ratio:.2f} backwards, one message's fixed cost {message_ratio:.1e} of one; {blog_buckets} buckets "
         f"of 25 MiB. Here, for {model_name} "
-        f"({len(params)} gradient tensors, {sync_bytes / 2**20:.1f} MiB, a backward of {1e3 * backward_s:.0f} ms): "
+        f"({len(params)} gradient tensors, {sync_bytes / 2**20:.1f} MiB, a backward of {1e3 * backward_s:.0f} ms, "
+        "the mean of single's in its profiled step on the slower rank): "
         f"{blog_links[name].describe()}, between 2 ranks; a cap of {cap:.2f} MiB."
     )
     # one profiled step each, no warm-up: the claims below hold from the first step. At 1024 ranks one micro-batch
@@ -1082,11 +1082,14 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         f"(the blog's model at 25 MiB: {blog_buckets})."
     )
     ran = [blog_runs[name, s]["backward_ms"] for s in RUN[name]]
+    ran_at[name] = (
+        f"{bytes_ratio * backward_of[name] / max(ran):.2f} to {bytes_ratio * backward_of[name] / min(ran):.2f} "
+        f"backwards a sync, not the setting's {bytes_ratio:.2f}"
+    )
     lesson.say(
         f"The link was sized from a backward of {backward_of[name]:.0f} ms; the backwards run on it took "
-        f"{min(ran):.0f} to {max(ran):.0f} ms, so there one sync's bytes took "
-        f"{bytes_ratio * backward_of[name] / max(ran):.2f} to {bytes_ratio * backward_of[name] / min(ran):.2f} "
-        f"backwards, not the setting's {bytes_ratio:.2f}: the runs below were read at those ratios."
+        f"{min(ran):.0f} to {max(ran):.0f} ms, so there one sync's bytes took {ran_at[name]}: the runs below were "
+        "read at those ratios."
     )
 
 # %% [markdown]
@@ -1105,13 +1108,17 @@ t4 = {s: blog_runs["like 4 × T4", s] for s in ladder6}
 far = {s: blog_runs["like 1024 ranks", s] for s in RUN["like 1024 ranks"]}
 if rank == 0:
     settings_ladder(
-        {"2 ranks, a link like the blog's 4 × T4": t4, "2 ranks, a link like the blog's at 1024 ranks": far},
-        title=f"The blog's stages on links sized like its 4 × T4 run and like its model at 1024 ranks (not run by "
-        f"the blog), {world_size} ranks here",
+        {
+            "2 ranks, a link sized like the blog's 4 × T4": t4,
+            "2 ranks, a link sized like the blog's at 1024 ranks": far,
+        },
+        title=f"The blog's stages, {world_size} ranks here, on links sized from single's backward like its 4 × T4 "
+        "run and like its model at 1024 ranks (not run by the blog)\neach run at the ratio of its own backward "
+        "(printed)",
     )
 for name, runs in (("like 4 × T4", t4), ("like 1024 ranks", far)):
     lesson.say(
-        f"{name[0].upper() + name[1:]}, overlap: "
+        f"Sized {name} (these runs at {ran_at[name]}), overlap: "
         + ", ".join(f"{s} {r['overlap_pct']:.0f} %" for s, r in runs.items())
         + "; exposed: "
         + ", ".join(f"{s} {r['exposed_ms']:.0f} ms" for s, r in runs.items())
@@ -1120,7 +1127,7 @@ for name, runs in (("like 4 × T4", t4), ("like 1024 ranks", far)):
 # simple sends every message after its backward, in finish, and waits for each: none runs while it computes
 lesson.claim(
     t4["simple"]["overlap_pct"] <= 1,
-    "simple overlaps nothing with computation (the blog: 0 %).",
+    "simple overlaps nothing with computation (the blog: about 0 %).",
 )
 # the link's modeled times: ga sends simple's messages once per step instead of once per micro-batch
 lesson.claim(
@@ -1135,41 +1142,34 @@ lesson.claim(
 blocking = ("simple", "ga", "hook", "bucket")
 lesson.claim(
     max(t4[s]["overlap_pct"] for s in blocking) < min(t4[s]["overlap_pct"] for s in ("hook-async", "bucket-async")),
-    "Like 4 × T4, the two async rungs overlap the most, the order of the blog's. The blog's overlap, read from "
-    "traces where a hook's Python is not compute, was 0 % for the rungs that wait (its numbers: `docs/scaling.md`); "
-    "here the grad hooks' own lines inside backward count, so the rungs that wait overlap a little.",
-)
-gap = t4["bucket-async"]["exposed_ms"] - t4["hook-async"]["exposed_ms"]
-compared = (
-    f"{abs(gap):.1f} ms {'more' if gap > 0 else 'less'} exposed than" if round(abs(gap), 1) else "as much exposed as"
+    "Sized like 4 × T4, the two async rungs overlap the most, the order of the blog's. The blog's overlap, read from "
+    "traces where a hook's Python is not compute, was about 0 % for simple, ga and hook (it gives none for bucket; "
+    "`docs/scaling.md`); here the grad hooks' own lines inside backward count, so the rungs that wait overlap a little.",
 )
 fewer = t4["hook-async"]["messages"] - t4["bucket-async"]["messages"]
+sized_from = bytes_of["like 4 × T4"] * backward_of["like 4 × T4"]  # one sync's bytes on the link, in ms
 lesson.say(
-    f"Between them, like 4 × T4, in one profiled step each: bucket-async left {compared} hook-async, of "
-    f"{t4['bucket-async']['link_ms']:.0f} ms on the link. The {fewer} fewer messages save "
-    f"{blog_links['like 4 × T4'].seconds('all_reduce', 0, world_size) * 1e3 * fewer:.1f} ms, and the tail "
-    f"{'favours hook-async' if t4['bucket-async']['tail_ms'] > t4['hook-async']['tail_ms'] else 'favours bucket-async'} "
-    f"(bucket-async's last bucket takes {t4['bucket-async']['tail_ms']:.1f} ms after backward, hook-async's last "
-    f"gradient {t4['hook-async']['tail_ms']:.1f} ms); what set the exposed times is when each link was done and when "
-    f"each thread reached its wait. {set_by('bucket-async', t4['bucket-async']['row'])}. "
-    f"{set_by('hook-async', t4['hook-async']['row'])}. Their last backwards took "
-    f"{t4['bucket-async']['backward_ms']:.0f} and {t4['hook-async']['backward_ms']:.0f} ms, against the "
-    f"{backward_of['like 4 × T4']:.0f} ms the link was sized from (one step each, under the machine's load), so "
-    f"one sync's bytes took {bytes_of['like 4 × T4'] * backward_of['like 4 × T4'] / t4['bucket-async']['backward_ms']:.2f} "
-    f"and {bytes_of['like 4 × T4'] * backward_of['like 4 × T4'] / t4['hook-async']['backward_ms']:.2f} of them, "
-    f"not the blog's {bytes_of['like 4 × T4']:.2f}: a difference between these two read at other ratios than the "
-    "blog's, and from one step."
+    f"Between them, sized like 4 × T4, in one profiled step each: bucket-async left "
+    f"{t4['bucket-async']['exposed_ms']:.1f} ms exposed, hook-async {t4['hook-async']['exposed_ms']:.1f} ms, of "
+    f"{t4['bucket-async']['link_ms']:.0f} and {t4['hook-async']['link_ms']:.0f} ms on the link. The {fewer} fewer "
+    f"messages save {blog_links['like 4 × T4'].seconds('all_reduce', 0, world_size) * 1e3 * fewer:.1f} ms; "
+    f"bucket-async's last bucket takes {t4['bucket-async']['tail_ms']:.1f} ms after backward, hook-async's last "
+    f"gradient {t4['hook-async']['tail_ms']:.1f} ms. Their last backwards took "
+    f"{t4['bucket-async']['backward_ms']:.0f} and {t4['hook-async']['backward_ms']:.0f} ms, so one sync's bytes took "
+    f"{sized_from / t4['bucket-async']['backward_ms']:.2f} and {sized_from / t4['hook-async']['backward_ms']:.2f} of "
+    f"them, not the blog's {bytes_of['like 4 × T4']:.2f}: a difference read at other ratios than the blog's, and "
+    "from one step."
 )
 # At 1024 ranks the fixed costs of hook-async's messages add up to several backwards of `single`'s (printed
 # below), while the buckets pay a few: on the link's modeled clock, whatever the machine's load. How much of
 # them hook-async then hides depends on how long its own backward lasts, which its hundreds of sends stretch,
 # the more so on a loaded machine: the overlap and
 # exposed time of the two async rungs are printed above, not claimed. bucket waits for each message as soon
-# as it is sent: it hides only the hooks' work between a send and its wait, tens of points below bucket-async.
+# as it is sent: its overlap is only the hooks' work between a send and its wait.
 h, b = far["hook-async"], far["bucket-async"]
 lesson.claim(
     h["link_ms"] > b["link_ms"],
-    "Like 1024 ranks, hook-async's messages keep the link busier than bucket-async's (their fixed costs, below).",
+    "Sized like 1024 ranks, hook-async's messages keep the link busier than bucket-async's (their fixed costs, below).",
 )
 # bucket-async's overlap against bucket's: how far apart moves with the load; printed, not claimed
 lesson.say(
@@ -1180,7 +1180,7 @@ for name, runs in (("like 4 × T4", t4), ("like 1024 ranks", far)):
     one = blog_links[name].seconds("all_reduce", 0, world_size) * 1e3  # 2(n−1)·α on that link
     h, b = runs["hook-async"], runs["bucket-async"]
     lesson.say(
-        f"Why, {name}: hook-async's {h['messages']} messages cost {h['messages'] * one:.1f} ms in fixed costs "
+        f"Why, sized {name}: hook-async's {h['messages']} messages cost {h['messages'] * one:.1f} ms in fixed costs "
         f"alone, {h['messages'] * one / backward_of[name]:.2f} of a backward ({backward_of[name]:.0f} ms); "
         f"bucket-async's {b['messages']} cost {b['messages'] * one:.1f} ms."
     )
@@ -1189,23 +1189,15 @@ far_h, far_b = far["hook-async"]["exposed_ms"], far["bucket-async"]["exposed_ms"
 one_far = blog_links["like 1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3
 
 
-def against(bucketed, per_gradient):
-    word = (
-        "more than" if bucketed > per_gradient + 0.5 else "less than" if bucketed < per_gradient - 0.5 else "as much as"
-    )
-    return f"{bucketed:.0f} ms exposed, {word} hook-async's {per_gradient:.0f} ms"
-
-
 lesson.say(
     f"Buckets, in the end. On this notebook's 1 Gbit/s link, at the settings' {here:g} MiB cap, in one profiled step "
-    f"each, bucket-async left "
-    f"{against(here_b, here_h)} (of the caps swept above, "
+    f"each, bucket-async left {here_b:.0f} ms exposed, hook-async {here_h:.0f} ms (of the caps swept above, "
     + ", ".join(named[c] for c in best)
     + f" left the least, {least:.0f} ms): one "
     f"message's fixed cost is {per_message_ms:.2f} ms there, {per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0%} "
     "of the link time for one message per gradient, so fewer messages save little, and the last bucket's bytes can "
-    f"only travel after backward. On 2 ranks with a link like 1024 ranks' bucket-async left "
-    f"{against(far_b, far_h)}: there one message per gradient pays {far['hook-async']['messages'] * one_far:.0f} ms of "
+    f"only travel after backward. On 2 ranks with a link sized like 1024 ranks' bucket-async left {far_b:.0f} ms "
+    f"exposed, hook-async {far_h:.0f} ms: there one message per gradient pays {far['hook-async']['messages'] * one_far:.0f} ms of "
     f"fixed costs, {far['hook-async']['messages'] * one_far / backward_of['like 1024 ranks']:.1f} of single's "
     f"backwards ({backward_of['like 1024 ranks']:.0f} ms), and the buckets pay a few of them. No backward of single's "
     "length can hide them: what hook-async hid, it hid inside its own backward (in this run "
