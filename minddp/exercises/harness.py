@@ -775,24 +775,25 @@ def written_in_flight_finding(written: list, step: int, checker) -> dict | None:
     """Step 3's third verdict: a write into a tensor whose collective was launched and not yet waited for
     (:class:`Events`, ``written``), on any rank. Whether the write lands before the network reads the tensor,
     or after it wrote the sum, is a race, so it is named from the order of the calls, not from the gradients."""
-    everyone: list = [None] * dist.get_world_size(checker)
-    dist.all_gather_object(everyone, written, group=checker)
-    worst = max(everyone, key=len)
-    if not worst:
-        return None
-    return {"kind": "written_in_flight", "step": step, "written": [list(w) for w in worst]}
+    return _in_flight_finding("written_in_flight", "written", written, step, checker)
 
 
 def read_in_flight_finding(read: list, step: int, checker) -> dict | None:
     """Step 3's fourth verdict: a read of a tensor whose collective was launched and not yet waited for
     (:class:`Events`, ``read``), on any rank. Whether it reads the rank's own values or the sum the network wrote
     is a race, so it is named from the order of the calls, not from the gradients."""
+    return _in_flight_finding("read_in_flight", "read", read, step, checker)
+
+
+def _in_flight_finding(kind: str, key: str, seen: list, step: int, checker) -> dict | None:
+    """The finding ``kind`` from the (collective kind, op) pairs ``seen`` on this rank: the longest list any rank
+    saw (the same verdict on every rank), under ``key``; ``None`` if no rank saw one."""
     everyone: list = [None] * dist.get_world_size(checker)
-    dist.all_gather_object(everyone, read, group=checker)
+    dist.all_gather_object(everyone, seen, group=checker)
     worst = max(everyone, key=len)
     if not worst:
         return None
-    return {"kind": "read_in_flight", "step": step, "read": [list(r) for r in worst]}
+    return {"kind": kind, "step": step, key: [list(x) for x in worst]}
 
 
 def start_finding(module: nn.Module, checker) -> dict | None:
