@@ -311,7 +311,7 @@ m = row_measures(v["row"])
 lesson.say(
     f"*Interleaved* (01's measure, the non-compute time inside backward, with the link's transfers as the "
     f"communication in flight): {m['interleaved_ms']:.0f} ms of the backward passed with a message on the link and "
-    f"the thread not computing. The backward stood still far longer: its thread waited {v['waited_ms']:.0f} ms, "
+    f"the thread not computing. Its thread waited {v['waited_ms']:.0f} ms, "
     f"{v['waited_ms'] - v['exposed_ms']:.0f} ms of it after the link had delivered, for the other rank to reach the "
     "same all_reduce or for a core."
 )
@@ -832,7 +832,6 @@ table = (
         }
     )
 )
-more = b["exposed_ms"] - h["exposed_ms"]
 
 
 def set_by(stage, row):
@@ -856,10 +855,9 @@ def set_by(stage, row):
     )
 
 
-verdict = "more" if more >= 0.5 else "less" if more <= -0.5 else "as much"
 lesson.say(
-    f"In this run's one profiled step each, bucket-async left {b['exposed_ms']:.0f} ms exposed, {verdict} than "
-    f"hook-async's {h['exposed_ms']:.0f} ms: one step, under the machine's load, not a ranking of the two. "
+    f"In this run's one profiled step each, bucket-async left {b['exposed_ms']:.0f} ms exposed, hook-async "
+    f"{h['exposed_ms']:.0f} ms: one step, under the machine's load, not a ranking of the two. "
     f"{set_by('bucket-async', looks['bucket-async']['row'])}. {set_by('hook-async', looks['hook-async']['row'])}. "
     "What a step exposes is at most the link's end after backward less the time before its thread first stood "
     "waiting (less where finish runs its own lines between two waits), and that time is the thread's, not the "
@@ -933,7 +931,7 @@ lesson.say(
     "Measured against the step-time model, cap by cap: "
     + ", ".join(f"{named[c]} {swept[c]['exposed_ms']:.1f} against {modeled[c]:.1f} ms" for c in swept)
     + ". The model replays the bare network's gradient times scaled to one backward of "
-    f"{1e3 * this_run:.0f} ms, its thread waiting from the moment backward ends; the measured steps' last "
+    f"{1e3 * this_run:.0f} ms; the measured steps' last "
     f"backwards took {min(v['last_backward_ms'] for v in swept.values()):.0f} to "
     f"{max(v['last_backward_ms'] for v in swept.values()):.0f} ms, and their threads first stood waiting "
     + (f"{min(lags):.0f} to {max(lags):.0f} ms after backward ended" if lags else "never after backward")
@@ -1084,7 +1082,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     ran = [blog_runs[name, s]["backward_ms"] for s in RUN[name]]
     ran_at[name] = (
         f"{bytes_ratio * backward_of[name] / max(ran):.2f} to {bytes_ratio * backward_of[name] / min(ran):.2f} "
-        f"backwards a sync, not the setting's {bytes_ratio:.2f}"
+        f"backwards, not the setting's {bytes_ratio:.2f}"
     )
     lesson.say(
         f"The link was sized from a backward of {backward_of[name]:.0f} ms; the backwards run on it took "
@@ -1118,7 +1116,7 @@ if rank == 0:
     )
 for name, runs in (("like 4 × T4", t4), ("like 1024 ranks", far)):
     lesson.say(
-        f"Sized {name} (these runs at {ran_at[name]}), overlap: "
+        f"Sized {name} (in these runs one sync's bytes took {ran_at[name]}), overlap: "
         + ", ".join(f"{s} {r['overlap_pct']:.0f} %" for s, r in runs.items())
         + "; exposed: "
         + ", ".join(f"{s} {r['exposed_ms']:.0f} ms" for s, r in runs.items())
