@@ -404,14 +404,14 @@ lesson.say(
     f"Overlap: {m['overlap_pct']:.0f} % of hook-async's link time passed with the thread computing (hook: "
     f"{row_measures(b['row'])['overlap_pct']:.0f} %). Its waits, all in finish, lasted {v['waited_ms']:.0f} ms "
     f"(hook's many waits {b['waited_ms']:.0f} ms in all), of which {v['exposed_ms']:.0f} ms had a message still on the "
-    "link: the rest of the red is the thread waiting for the other rank to finish the same all_reduces and for a "
-    "free core, not for the link."
+    f"link and {v['waited_ms'] - v['exposed_ms']:.0f} ms went to waiting for the other rank to finish the same "
+    "all_reduces or for a free core."
 )
 
 # %% [markdown]
-# What to look for: messages on the wire while the backward goes on, no red inside it, and one
-# wait at the end, in finish. That wait lasts until every all_reduce is complete on both ranks, so
-# the red block can be long although the link delivered early (the sentence above splits it): only
+# What to look for: messages on the wire while the backward goes on, no red inside it, and waiting
+# only at the end, in finish. That wait lasts until every all_reduce is complete on both ranks, so
+# a red block there can be long although the link delivered early (the sentence above splits it): only
 # the part of it with a message still on the link is *exposed*. The messages sent while backward
 # computed are what *overlap* (the share of the link's time during which the thread computed)
 # counts. On two ranks sharing this machine's few cores (printed at the top) the real gloo
@@ -654,7 +654,7 @@ def after_backward(row):
 
 lesson.say(
     f"Between the end of its last backward bar and its optimizer step, {after_backward(v['row']):.0f} ms passed with "
-    f"nothing drawn (ddp: {after_backward(looks['ddp']['row']):.0f} ms, its waits drawn there): inside "
+    f"nothing drawn (ddp: {after_backward(looks['ddp']['row']):.0f} ms, where its waits, if any, are drawn): inside "
     "`loss.backward()`, after its last operator, where torch's reducer waits for its buckets and writes them back; "
     "this picture does not take that time apart."
 )
