@@ -311,11 +311,9 @@ m = row_measures(v["row"])
 lesson.say(
     f"*Interleaved* (01's measure, the non-compute time inside backward, with the link's transfers as the "
     f"communication in flight): {m['interleaved_ms']:.0f} ms of the backward passed with a message on the link and "
-    f"the thread not computing. The backward stood still far longer: its thread waited {v['waited_ms']:.0f} ms, "
+    f"the thread not computing. Its thread waited {v['waited_ms']:.0f} ms, "
     f"{v['waited_ms'] - v['exposed_ms']:.0f} ms of it after the link had delivered, for the other rank to reach the "
-    "same all_reduce or for a core. A profiler trace counts gloo's own ranges as in flight, and they last until both "
-    "ranks are done, so the same measure read from a trace (`05_reading_traces`) takes in most of those waits too: "
-    "a number of another size, for the same stage, from what counts as communication."
+    "same all_reduce or for a core."
 )
 lesson.say(
     f"*Overlap* (01's measure, used for every stage below, again over the link's transfers): {m['overlap_pct']:.0f} "
@@ -323,8 +321,7 @@ lesson.say(
     "optimizer, and not waiting). hook's grad hooks run inside backward, so the stage's lines between handing a "
     f"message over and waiting for it count as compute: they are all of this {m['overlap_pct']:.0f} %, not "
     f"backward's arithmetic (ga runs the same lines in finish, after backward: "
-    f"{row_measures(looks['ga']['row'])['overlap_pct']:.0f} %). A trace gives the same function gloo's ranges as "
-    "the communication and only aten:: ops as compute, so its overlap for a stage differs from this one."
+    f"{row_measures(looks['ga']['row'])['overlap_pct']:.0f} %)."
 )
 
 # %% [markdown]
@@ -407,14 +404,14 @@ lesson.say(
     f"Overlap: {m['overlap_pct']:.0f} % of hook-async's link time passed with the thread computing (hook: "
     f"{row_measures(b['row'])['overlap_pct']:.0f} %). Its waits, all in finish, lasted {v['waited_ms']:.0f} ms "
     f"(hook's many waits {b['waited_ms']:.0f} ms in all), of which {v['exposed_ms']:.0f} ms had a message still on the "
-    "link: the rest of the red is the thread waiting for the other rank to finish the same all_reduces and for a "
-    "free core, not for the link."
+    f"link and {v['waited_ms'] - v['exposed_ms']:.0f} ms went to waiting for the other rank to finish the same "
+    "all_reduces or for a free core."
 )
 
 # %% [markdown]
-# What to look for: messages on the wire while the backward goes on, no red inside it, and one
-# wait at the end, in finish. That wait lasts until every all_reduce is complete on both ranks, so
-# the red block can be long although the link delivered early (the sentence above splits it): only
+# What to look for: messages on the wire while the backward goes on, no red inside it, and waiting
+# only at the end, in finish. That wait lasts until every all_reduce is complete on both ranks, so
+# a red block there can be long although the link delivered early (the sentence above splits it): only
 # the part of it with a message still on the link is *exposed*. The messages sent while backward
 # computed are what *overlap* (the share of the link's time during which the thread computed)
 # counts. On two ranks sharing this machine's few cores (printed at the top) the real gloo
@@ -462,7 +459,7 @@ check(solutions.AsyncHookDDP, like="hook-async")
 # back, each slice is copied into its parameter's `.grad`. Like `hook`, this stage waits for each
 # bucket. One more line is torch's: left at its default (`bucket_cap_mb=None`: 25 MiB), the first
 # bucket is capped at 1 MiB, so that the first all_reduce can start early in backward (whether an
-# earlier start helps depends on the link: the bucket lesson measures it). A cap given, as the
+# earlier start helps depends on the link: the bucket lesson models it). A cap given, as the
 # settings printed at the top give one, is every bucket's cap, the first's too, as in torch. The
 # idea:
 #
@@ -543,7 +540,7 @@ check(solutions.BucketDDP, like="bucket")
 # %% [markdown]
 # ## `bucket-async`: buckets in flight while backward goes on
 #
-# Nothing new to write: `bucket`'s buckets with `hook-async`'s not-waiting. The stage is `bucket`
+# No new idea: `bucket`'s buckets with `hook-async`'s not-waiting. The stage is `bucket`
 # plus that one idea, in two methods, as `hook-async` is `hook` plus it: keep each bucket's Future,
 # wait for them all in finish. This is the shape of torch's DDP: few messages, each but the last
 # overlapping the rest of backward (the last is ready only when backward ends).
@@ -627,20 +624,10 @@ lesson.claim(
 a = looks["bucket-async"]
 lesson.say(
     f"Of the same {v['link_ms']:.0f} ms on the link, ddp left {v['exposed_ms']:.0f} ms exposed and waited "
-    f"{v['waited_ms']:.0f} ms in all, bucket-async {a['exposed_ms']:.0f} and {a['waited_ms']:.0f} ms; ddp's last "
-    f"backward took {v['last_backward_ms']:.0f} ms, bucket-async's {a['last_backward_ms']:.0f} ms: "
-    + (
-        "backwards within 10 % of each other, so their lengths do not explain the difference. "
-        if abs(v["last_backward_ms"] / a["last_backward_ms"] - 1) <= 0.1 or abs(v["exposed_ms"] - a["exposed_ms"]) < 0.5
-        else "the shorter backward left the link less time to carry its buckets under compute. "
-        if (v["last_backward_ms"] < a["last_backward_ms"]) == (v["exposed_ms"] > a["exposed_ms"])
-        else "the order of the backwards does not explain the order of the exposed times. "
-    )
-    + f"{'Most' if v['waited_ms'] - v['exposed_ms'] > v['exposed_ms'] else 'Less than half'} of ddp's wait was not "
-    f"the link: {v['waited_ms'] - v['exposed_ms']:.0f} ms of it came after the link had "
-    f"delivered (bucket-async: {a['waited_ms'] - a['exposed_ms']:.0f} ms), waiting for the other rank to finish the "
-    "same all_reduces or for a free core; which, one profiled step cannot tell. One step each, under the machine's "
-    "load: a shape, not a ranking. (ddp's waits run in its end-of-backward callback, after the last backward "
+    f"{v['waited_ms']:.0f} ms in all, bucket-async {a['exposed_ms']:.0f} and {a['waited_ms']:.0f} ms; their last "
+    f"backwards took {v['last_backward_ms']:.0f} and {a['last_backward_ms']:.0f} ms. One profiled step each, under "
+    "the machine's load: a shape, not a ranking, and this run does not take the difference apart. (ddp's waits "
+    "run in its end-of-backward callback, after the last backward "
     "operator, so the picture draws them after the backward bar, though they are inside `loss.backward()`.)"
 )
 
@@ -657,6 +644,19 @@ v = looks["torch"]
 lesson.claim(
     v["calls"] == v["calls_in_backward"] == looks["ddp"]["calls"],
     "torch's DDP sends as many buckets as ddp, every one from inside the backward.",
+)
+
+
+def after_backward(row):
+    """ms from the end of a row's last backward bar to the start of its optimizer step."""
+    return row["optimizer"][0][0] - row["backward"][-1][1]
+
+
+lesson.say(
+    f"Between the end of its last backward bar and its optimizer step, {after_backward(v['row']):.0f} ms passed with "
+    f"nothing drawn (ddp: {after_backward(looks['ddp']['row']):.0f} ms, where its waits, if any, are drawn): inside "
+    "`loss.backward()`, after its last operator, where torch's reducer waits for its buckets and writes them back; "
+    "this picture does not take that time apart."
 )
 
 # %% [markdown]
@@ -690,56 +690,24 @@ lesson.claim(
     "inside backward (hook → hook-async, bucket → bucket-async).",
 )
 link = {s: looks[s]["link_ms"] for s in ladder}
-
-
-def than(a, b):
-    """Stage a's exposed time against stage b's, in words (within half a millisecond: as much)."""
-    return f"{'more than' if e[a] > e[b] + 0.5 else 'less than' if e[a] < e[b] - 0.5 else 'as much as'} {b}'s"
-
-
 lesson.say(
     f"The other two ideas are not about the exposed time on this link. hook moves ga's waiting into the backward "
-    f"(exposed: ga {e['ga']:.0f} ms, hook {e['hook']:.0f} ms, of the same {link['ga']:.0f} ms on the link): both "
-    "wait for every message as soon as its comm hook has handed it over, so neither hides a message behind "
-    f"backward's arithmetic. The rest of their link time ({link['ga'] - e['ga']:.0f} and "
-    f"{link['hook'] - e['hook']:.0f} ms) passed in the stage's own lines between a hand-over and its wait, which "
-    "the overlap counts for hook (its grad hooks run inside backward) and not for ga (it syncs in finish). That move "
-    "is what lets hook-async stop waiting. Buckets cut the number of messages. Here bucket exposed "
-    f"{e['bucket']:.0f} ms, {than('bucket', 'hook')} (of its {link['bucket']:.0f} ms on the link, "
-    f"{link['bucket'] - e['bucket']:.0f} ms passed in those lines: {looks['bucket']['calls']} hand-overs instead of "
-    f"{looks['hook']['calls']}), and bucket-async {e['bucket-async']:.0f} ms, {than('bucket-async', 'hook-async')}; "
-    "bucket, like hook, waits for each message as soon as it is handed over, so both expose most of their link time "
-    "and buckets change little there; the bucket lesson below compares the two async rungs, where they do."
+    f"(exposed: ga {e['ga']:.0f} ms, hook {e['hook']:.0f} ms, of the same {link['ga']:.0f} ms on the link), which "
+    f"is what lets hook-async stop waiting. Buckets cut the number of messages: bucket exposed {e['bucket']:.0f} ms "
+    f"(hook {e['hook']:.0f}), bucket-async {e['bucket-async']:.0f} ms (hook-async {e['hook-async']:.0f}); the bucket "
+    "lesson below takes the two async rungs apart."
 )
 ov = {s: row_measures(looks[s]["row"])["overlap_pct"] for s in ladder + ["ddp"]}
 lesson.say("Overlap, down the ladder: " + ", ".join(f"{s} {ov[s]:.0f} %" for s in ov) + ".")
 back = {s: looks[s]["last_backward_ms"] for s in looks}
-
-
-def against_ga(s):
-    d = back[s] / back["ga"] - 1
-    return f"{back[s]:.0f} ms in {s}, {abs(d):.0%} {'longer' if d >= 0 else 'shorter'} than ga's"
-
-
-quiet = ("ga", "hook", "bucket")  # rungs whose backward sends nothing to hide
 lesson.say(
-    f"What hiding cost the compute on this machine. The last backward, which sends the messages, took "
-    f"{back['ga']:.0f} ms in ga (it sends nothing while it runs); {against_ga('hook-async')}; "
-    f"{against_ga('bucket-async')} (both sending while it computes); in hook and bucket, whose waits are inside "
-    f"it, {back['hook']:.0f} and {back['bucket']:.0f} ms. "
-    + (
-        "Both async backwards came out more than 10 % longer than ga's: what they hid was not free. "
-        if min(back["hook-async"], back["bucket-async"]) > 1.1 * back["ga"]
-        else "With one step each, on a machine shared with other work, that is no measure of what hiding cost: "
-        f"the rungs whose backward hides nothing took {min(back[s] for s in quiet):.0f} to "
-        f"{max(back[s] for s in quiet):.0f} ms. "
-    )
-    + f"This machine's {lesson.cores()} cores serve both ranks, gloo's threads and the link's, so the messages a "
-    "backward hides can take cores from it, and the async rungs' grad hooks run Python between its operators "
-    "(whether that lengthened this run's backwards, one step each cannot tell); "
-    "`05_reading_traces` measures each stage's backward from traces. On a GPU the backward runs on the GPU and "
-    "NCCL moves the bytes on its own stream (a few of the GPU's cores), so hiding costs the compute little; that is "
-    "the setting the blog measured."
+    f"The last backward, which sends the messages, took {back['ga']:.0f} ms in ga (nothing sent while it runs), "
+    f"{back['hook-async']:.0f} and {back['bucket-async']:.0f} ms in hook-async and bucket-async (sending while it "
+    f"computes), {back['hook']:.0f} and {back['bucket']:.0f} ms in hook and bucket (waiting inside it). One step "
+    f"each, on {lesson.cores()} cores shared by both ranks, gloo's threads and the link's, and by other work: these "
+    "lengths do not measure what overlapping cost the compute (`05_reading_traces` reads each stage's backward from "
+    "traces). On a GPU the backward runs on the GPU and NCCL moves the bytes on its own stream: the setting the blog "
+    "measured."
 )
 
 # %%
@@ -864,12 +832,11 @@ table = (
         }
     )
 )
-more = b["exposed_ms"] - h["exposed_ms"]
 
 
 def set_by(stage, row):
     """Which message set the end of the stage's link after its last backward, in words (queue_end's rule), and when
-    its thread reached its wait."""
+    when its thread first stood waiting after it."""
     end = row["backward"][-1][1]
     sent = sorted(row["sent"])
     durations = [e - s for s, e in sorted(row["messages"])]
@@ -878,28 +845,23 @@ def set_by(stage, row):
         f"{stage}'s link was done {abs(done - end):.0f} ms {'after' if done >= end else 'before'} its backward ended, "
         f"an end set by its message {i + 1} of {len(sent)}, handed over {abs(end - sent[i]):.0f} ms "
         f"{'before' if sent[i] <= end else 'after'} the end of backward, after which it and the messages behind it "
-        f"needed {sum(durations[i:]):.0f} ms on the link back to back" + reached(row)
+        f"needed {sum(durations[i:]):.0f} ms on the link back to back; "
+        + (
+            f"its thread first stood waiting {lag:.0f} ms after backward ended, and stood through "
+            f"{row_measures(row)['exposed_ms']:.0f} ms of the link's time (exposed)"
+            if (lag := lesson.wait_after_backward(row)) is not None
+            else "its thread stood waiting for nothing after backward"
+        )
     )
 
 
-def reached(row):
-    lag = lesson.wait_after_backward(row)
-    return (
-        f"; its thread reached its wait {lag:.0f} ms after backward ended, and stood through "
-        f"{row_measures(row)['exposed_ms']:.0f} ms of the link's time (exposed)"
-        if lag is not None
-        else "; its thread began no wait after backward"
-    )
-
-
-verdict = "more" if more >= 0.5 else "less" if more <= -0.5 else "as much"
 lesson.say(
-    f"In this run's one profiled step each, bucket-async left {b['exposed_ms']:.0f} ms exposed, {verdict} than "
-    f"hook-async's {h['exposed_ms']:.0f} ms: one step, under the machine's load, not a ranking of the two. "
+    f"In this run's one profiled step each, bucket-async left {b['exposed_ms']:.0f} ms exposed, hook-async "
+    f"{h['exposed_ms']:.0f} ms: one step, under the machine's load, not a ranking of the two. "
     f"{set_by('bucket-async', looks['bucket-async']['row'])}. {set_by('hook-async', looks['hook-async']['row'])}. "
-    "What a step exposes is the link's end after backward less the time its thread took to reach its wait, and that "
-    "lag (the finish's Python, a busy core) can move by as much as the tail from step to step (the sweep below "
-    f"compares caps with the same last bucket). The fixed costs the buckets saved are "
+    "What a step exposes is at most the link's end after backward less the time before its thread first stood "
+    "waiting (less where finish runs its own lines between two waits), and that time is the thread's, not the "
+    f"link's: it moves from step to step. The fixed costs the buckets saved are "
     f"{saved:.1f} ms, {saved / h['link_ms']:.0%} of the link time: on this link a message's bytes cost far more than "
     "its fixed cost, so fewer messages save little, while the last bucket's bytes can only travel after backward (the "
     "tail above). Buckets win where the fixed costs are a large share of the link time: many ranks (2(n−1) hops a "
@@ -915,7 +877,8 @@ table.infer_objects().round(1)
 #
 # The cap decides all three costs: a small cap makes many small buckets (many fixed costs, an early
 # first bucket, a short tail), a large one a few large buckets. Below, `bucket-async` is measured at
-# other caps on the same link (`None` is torch's default: 25 MiB buckets after a first one of
+# other caps on the same link, one profiled step each with no warm-up step (the settings' cap is the
+# step above, taken after one; `None` is torch's default: 25 MiB buckets after a first one of
 # 1 MiB), and the step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap: the bare network is timed
 # on these ranks (`probe`: when each gradient is ready in backward), its times are scaled to this
 # run's backward, and each plan is replayed on the link. The lower panel shows the three costs of
@@ -962,43 +925,18 @@ lesson.say(
     + f" MiB) and {1e3 * per_gradient.exposed:.1f} ms per gradient."
 )
 modeled = {c: 1e3 * (default if c is None else next(x for x in model if x.cap_mb == c)).exposed for c in swept}
-below = [c for c in swept if swept[c]["exposed_ms"] < modeled[c]]
 named = {c: "None" if c is None else f"{c:g} MiB" for c in swept}
-capped = sorted(c for c in swept if c is not None)
-rank_of = {  # the capped runs ranked by exposed time, measured and modeled (ties within half a ms: one rank)
-    how: [sum(x[d] < x[c] - 0.5 for d in capped) for c in capped]
-    for how, x in (("measured", {c: swept[c]["exposed_ms"] for c in capped}), ("model", modeled))
-}
 lags = [lag for v in swept.values() if (lag := lesson.wait_after_backward(v["row"])) is not None]
-tail_of = {c: next(x for x in model if x.cap_mb == c).tail for c in capped}  # the last bucket's transfer, s
 lesson.say(
     "Measured against the step-time model, cap by cap: "
     + ", ".join(f"{named[c]} {swept[c]['exposed_ms']:.1f} against {modeled[c]:.1f} ms" for c in swept)
-    + (
-        ". Every cap measured exposed less than the model gives for it"
-        if len(below) == len(swept)
-        else f". {len(below)} of the {len(swept)} caps measured exposed less than the model gives"
-    )
-    + (
-        ", and the measured caps do not rank as the model's do. "
-        if rank_of["measured"] != rank_of["model"]
-        else ", and the measured caps rank as the model's do. "
-    )
-    + "The model replays the bare network's gradient times scaled to one backward of "
-    f"{1e3 * this_run:.0f} ms, and its thread waits from the moment backward ends; the measured steps' last "
+    + ". The model replays the bare network's gradient times scaled to one backward of "
+    f"{1e3 * this_run:.0f} ms; the measured steps' last "
     f"backwards took {min(v['last_backward_ms'] for v in swept.values()):.0f} to "
-    f"{max(v['last_backward_ms'] for v in swept.values()):.0f} ms, and their threads reached their wait "
+    f"{max(v['last_backward_ms'] for v in swept.values()):.0f} ms, and their threads first stood waiting "
     + (f"{min(lags):.0f} to {max(lags):.0f} ms after backward ended" if lags else "never after backward")
-    + " (the finish's Python, a busy core): the link's time before that is neither hidden nor exposed"
-    + "".join(
-        f"; {named[c]} and {named[d]} have the same last bucket ({1e3 * tail_of[c]:.1f} ms on the link after "
-        f"backward) and exposed {swept[c]['exposed_ms']:.1f} and {swept[d]['exposed_ms']:.1f} ms"
-        for c, d in zip(capped, capped[1:])
-        if tail_of[c] == tail_of[d] and abs(swept[c]["exposed_ms"] - swept[d]["exposed_ms"]) >= 0.5
-    )
-    + ". Read the "
-    "model for why a cap costs what it does (its tail, its start, its fixed costs: the lower panel), not for what "
-    "one profiled step here exposed."
+    + ". Read the model for why a cap costs what it does (its tail, its start, its fixed costs: the lower panel), "
+    "not for what one profiled step here exposed."
 )
 here = lesson.SETTINGS.bucket_cap_mb
 at_cap = next(c for c in model if c.cap_mb == here)
@@ -1008,37 +946,11 @@ lesson.say(
     f"{1e3 * with_first.first_at:.0f} ms into backward instead of {1e3 * at_cap.first_at:.0f} ms, and it moves every "
     f"bucket boundary after it (last bucket {with_first.last_bytes / 2**20:.1f} MiB instead of "
     f"{at_cap.last_bytes / 2**20:.1f}): the model gives {1e3 * with_first.exposed:.0f} ms exposed against "
-    f"{1e3 * at_cap.exposed:.0f} ms."
-)
-
-
-def queue(c):
-    """Why a plan's link ends when it does, in words (PlanCosts' queue fields, the model's times)."""
-    return (
-        f"the link is done {1e3 * c.done_after:.0f} ms after backward, an end set by bucket {c.set_by + 1} of "
-        f"{c.messages}, ready {1e3 * c.set_by_ready:.0f} ms before backward ends, after which it and the buckets behind "
-        f"it need {1e3 * c.set_by_carry:.0f} ms on the link"
-    )
-
-
-earlier = "helps" if with_first.exposed < at_cap.exposed else "does not help"
-two_sums = (
-    f" (the link's end comes from `queue_end` over the buckets' ready times, the exposed from the model's replay of "
-    f"the whole step, `predict`: two computations, {abs(1e3 * (with_first.done_after - with_first.exposed)):.0f} and "
-    f"{abs(1e3 * (at_cap.done_after - at_cap.exposed)):.0f} ms apart here, a difference this notebook does not take "
-    "apart; read the end for why, the exposed for how much)"
-)
-lesson.say(
-    f"Why the earlier start {earlier} here. With the 1 MiB first bucket {queue(with_first)}; without it "
-    f"{queue(at_cap)}{two_sums}. "
-    'The link\'s end is set by the latest "ready, then everything behind it back to back": an early '
-    "first message shortens that only when the first message sets it (a start-limited link, one busy for most of "
-    "the backward). On this link the first message does not set it: what counts is the bytes still waiting when the "
-    "last buckets become ready, and the small first bucket moves every boundary behind it, which changes how many "
-    "of them are ready late."
-    if with_first.set_by > 0 and at_cap.set_by > 0
-    else f"Why the earlier start {earlier} here. With the 1 MiB first bucket {queue(with_first)}; without it "
-    f"{queue(at_cap)}{two_sums}."
+    f"{1e3 * at_cap.exposed:.0f} ms. "
+    'The link\'s end is the latest "ready, then everything behind it back to back" (`queue_end`), so an earlier '
+    "first message can bring it forward only where the first message sets it; in the model it is set by bucket "
+    f"{with_first.set_by + 1} of {with_first.messages} with the 1 MiB first bucket, by bucket {at_cap.set_by + 1} "
+    f"of {at_cap.messages} without it."
 )
 if rank == 0:
     bucket_sweep(
@@ -1074,9 +986,10 @@ sweep_table.infer_objects().round(1)
 # Which rung wins depends on two ratios: how long one sync's bytes take against one backward, and
 # how long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
 # emulated link that keeps both ratios of a given setting for the network at hand, against one
-# backward timed on this machine (`single`'s, from its profiled step): a faster machine gets a faster
-# link. The ratio holds for that backward only: the runs on the link take backwards of their own,
-# longer or shorter under the machine's load, and the cell prints the ratio each actually ran at.
+# backward timed on this machine (the mean of `single`'s backwards in its profiled step, on the
+# slower rank): a faster machine gets a faster link. The ratio holds for that backward only: the
+# runs on the link take backwards of their own, longer or shorter under the machine's load, and the
+# cell prints the ratios they actually ran at, which every number read from them carries.
 # Two settings, both built from the blog's run as the step-time model rebuilds it (`python -m
 # minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16 gradients, and an
 # assumed 3 TFLOP/s achieved on each T4, which `docs/scaling.md` derives from the blog's non-compute
@@ -1094,7 +1007,9 @@ sweep_table.infer_objects().round(1)
 #   that wait for each message at once would stand still for every one of hundreds of fixed costs.
 #
 # Both run here on **2 ranks**: what is scaled is the link, sized so that `single`'s backward on this
-# machine meets it as the blog's would meet the real one. The bucketed stages get a cap that cuts each network into
+# machine meets it as the blog's would meet the real one. On 2 ranks a message makes 2(n−1) = 2 hops,
+# so the α printed for a sized link is half of one message's fixed cost at the setting's ranks: at
+# 1024 ranks one hop here stands for 1023 of the real ring's. The bucketed stages get a cap that cuts each network into
 # about as many buckets as the blog's 25 MiB cuts SmolLM2 (as near as the model's gradient tensors
 # allow: the cell prints the count each run sent, the one the sentences below use).
 
@@ -1119,7 +1034,7 @@ ladder6 = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 # of their hundreds of fixed costs, for seconds a step; how they fare is no question (they overlap nothing), so
 # only the bucketed rungs and hook-async run there.
 RUN = {"like 4 × T4": ladder6, "like 1024 ranks": ["hook-async", "bucket", "bucket-async"]}
-blog_runs, blog_links, backward_of, bytes_of = {}, {}, {}, {}
+blog_runs, blog_links, backward_of, bytes_of, ran_at = {}, {}, {}, {}, {}
 for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     bytes_ratio, message_ratio = ratios(blog, link_name, ranks)
     model = lesson.make_model(name=model_name)
@@ -1145,7 +1060,8 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         + f" ({link_name}, {ranks} ranks), as the step-time model rebuilds it: one sync's bytes take "
         f"{bytes_ratio:.2f} backwards, one message's fixed cost {message_ratio:.1e} of one; {blog_buckets} buckets "
         f"of 25 MiB. Here, for {model_name} "
-        f"({len(params)} gradient tensors, {sync_bytes / 2**20:.1f} MiB, a backward of {1e3 * backward_s:.0f} ms): "
+        f"({len(params)} gradient tensors, {sync_bytes / 2**20:.1f} MiB, a backward of {1e3 * backward_s:.0f} ms, "
+        "the mean of single's in its profiled step on the slower rank): "
         f"{blog_links[name].describe()}, between 2 ranks; a cap of {cap:.2f} MiB."
     )
     # one profiled step each, no warm-up: the claims below hold from the first step. At 1024 ranks one micro-batch
@@ -1164,11 +1080,14 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         f"(the blog's model at 25 MiB: {blog_buckets})."
     )
     ran = [blog_runs[name, s]["backward_ms"] for s in RUN[name]]
+    ran_at[name] = (
+        f"{bytes_ratio * backward_of[name] / max(ran):.2f} to {bytes_ratio * backward_of[name] / min(ran):.2f} "
+        f"backwards, not the setting's {bytes_ratio:.2f}"
+    )
     lesson.say(
         f"The link was sized from a backward of {backward_of[name]:.0f} ms; the backwards run on it took "
-        f"{min(ran):.0f} to {max(ran):.0f} ms, so there one sync's bytes took "
-        f"{bytes_ratio * backward_of[name] / max(ran):.2f} to {bytes_ratio * backward_of[name] / min(ran):.2f} "
-        f"backwards, not the setting's {bytes_ratio:.2f}: the runs below were read at those ratios."
+        f"{min(ran):.0f} to {max(ran):.0f} ms, so there one sync's bytes took {ran_at[name]}: the runs below were "
+        "read at those ratios."
     )
 
 # %% [markdown]
@@ -1187,13 +1106,17 @@ t4 = {s: blog_runs["like 4 × T4", s] for s in ladder6}
 far = {s: blog_runs["like 1024 ranks", s] for s in RUN["like 1024 ranks"]}
 if rank == 0:
     settings_ladder(
-        {"2 ranks, a link like the blog's 4 × T4": t4, "2 ranks, a link like the blog's at 1024 ranks": far},
-        title=f"The blog's stages on links sized like its 4 × T4 run and like its model at 1024 ranks (not run by "
-        f"the blog), {world_size} ranks here",
+        {
+            "2 ranks, a link sized like the blog's 4 × T4": t4,
+            "2 ranks, a link sized like the blog's at 1024 ranks": far,
+        },
+        title=f"The blog's stages, {world_size} ranks here, on links sized from single's backward like its 4 × T4 "
+        "run and like its model at 1024 ranks (not run by the blog)\neach run at the ratio of its own backward "
+        "(printed)",
     )
 for name, runs in (("like 4 × T4", t4), ("like 1024 ranks", far)):
     lesson.say(
-        f"{name[0].upper() + name[1:]}, overlap: "
+        f"Sized {name} (in these runs one sync's bytes took {ran_at[name]}), overlap: "
         + ", ".join(f"{s} {r['overlap_pct']:.0f} %" for s, r in runs.items())
         + "; exposed: "
         + ", ".join(f"{s} {r['exposed_ms']:.0f} ms" for s, r in runs.items())
@@ -1202,7 +1125,7 @@ for name, runs in (("like 4 × T4", t4), ("like 1024 ranks", far)):
 # simple sends every message after its backward, in finish, and waits for each: none runs while it computes
 lesson.claim(
     t4["simple"]["overlap_pct"] <= 1,
-    "simple overlaps nothing with computation (the blog: 0 %).",
+    "simple overlaps nothing with computation (the blog: about 0 %).",
 )
 # the link's modeled times: ga sends simple's messages once per step instead of once per micro-batch
 lesson.claim(
@@ -1217,41 +1140,34 @@ lesson.claim(
 blocking = ("simple", "ga", "hook", "bucket")
 lesson.claim(
     max(t4[s]["overlap_pct"] for s in blocking) < min(t4[s]["overlap_pct"] for s in ("hook-async", "bucket-async")),
-    "Like 4 × T4, the two async rungs overlap the most, the order of the blog's. The blog's overlap, read from "
-    "traces where a hook's Python is not compute, was 0 % for the rungs that wait (its numbers: `docs/scaling.md`); "
-    "here the grad hooks' own lines inside backward count, so the rungs that wait overlap a little.",
-)
-gap = t4["bucket-async"]["exposed_ms"] - t4["hook-async"]["exposed_ms"]
-compared = (
-    f"{abs(gap):.1f} ms {'more' if gap > 0 else 'less'} exposed than" if round(abs(gap), 1) else "as much exposed as"
+    "Sized like 4 × T4, the two async rungs overlap the most, the order of the blog's. The blog's overlap, read from "
+    "traces where a hook's Python is not compute, was about 0 % for simple, ga and hook (it gives none for bucket; "
+    "`docs/scaling.md`); here the grad hooks' own lines inside backward count, so the rungs that wait overlap a little.",
 )
 fewer = t4["hook-async"]["messages"] - t4["bucket-async"]["messages"]
+sized_from = bytes_of["like 4 × T4"] * backward_of["like 4 × T4"]  # one sync's bytes on the link, in ms
 lesson.say(
-    f"Between them, like 4 × T4, in one profiled step each: bucket-async left {compared} hook-async, of "
-    f"{t4['bucket-async']['link_ms']:.0f} ms on the link. The {fewer} fewer messages save "
-    f"{blog_links['like 4 × T4'].seconds('all_reduce', 0, world_size) * 1e3 * fewer:.1f} ms, and the tail "
-    f"{'favours hook-async' if t4['bucket-async']['tail_ms'] > t4['hook-async']['tail_ms'] else 'favours bucket-async'} "
-    f"(bucket-async's last bucket takes {t4['bucket-async']['tail_ms']:.1f} ms after backward, hook-async's last "
-    f"gradient {t4['hook-async']['tail_ms']:.1f} ms); what set the exposed times is when each link was done and when "
-    f"each thread reached its wait. {set_by('bucket-async', t4['bucket-async']['row'])}. "
-    f"{set_by('hook-async', t4['hook-async']['row'])}. Their last backwards took "
-    f"{t4['bucket-async']['backward_ms']:.0f} and {t4['hook-async']['backward_ms']:.0f} ms, against the "
-    f"{backward_of['like 4 × T4']:.0f} ms the link was sized from (one step each, under the machine's load), so "
-    f"one sync's bytes took {bytes_of['like 4 × T4'] * backward_of['like 4 × T4'] / t4['bucket-async']['backward_ms']:.2f} "
-    f"and {bytes_of['like 4 × T4'] * backward_of['like 4 × T4'] / t4['hook-async']['backward_ms']:.2f} of them, "
-    f"not the blog's {bytes_of['like 4 × T4']:.2f}: a difference between these two read at other ratios than the "
-    "blog's, and from one step."
+    f"Between them, sized like 4 × T4, in one profiled step each: bucket-async left "
+    f"{t4['bucket-async']['exposed_ms']:.1f} ms exposed, hook-async {t4['hook-async']['exposed_ms']:.1f} ms, of "
+    f"{t4['bucket-async']['link_ms']:.0f} and {t4['hook-async']['link_ms']:.0f} ms on the link. The {fewer} fewer "
+    f"messages save {blog_links['like 4 × T4'].seconds('all_reduce', 0, world_size) * 1e3 * fewer:.1f} ms; "
+    f"bucket-async's last bucket takes {t4['bucket-async']['tail_ms']:.1f} ms after backward, hook-async's last "
+    f"gradient {t4['hook-async']['tail_ms']:.1f} ms. Their last backwards took "
+    f"{t4['bucket-async']['backward_ms']:.0f} and {t4['hook-async']['backward_ms']:.0f} ms, so one sync's bytes took "
+    f"{sized_from / t4['bucket-async']['backward_ms']:.2f} and {sized_from / t4['hook-async']['backward_ms']:.2f} of "
+    f"them, not the blog's {bytes_of['like 4 × T4']:.2f}: a difference read at other ratios than the blog's, and "
+    "from one step."
 )
 # At 1024 ranks the fixed costs of hook-async's messages add up to several backwards of `single`'s (printed
 # below), while the buckets pay a few: on the link's modeled clock, whatever the machine's load. How much of
 # them hook-async then hides depends on how long its own backward lasts, which its hundreds of sends stretch,
 # the more so on a loaded machine: the overlap and
 # exposed time of the two async rungs are printed above, not claimed. bucket waits for each message as soon
-# as it is sent: it hides only the hooks' work between a send and its wait, tens of points below bucket-async.
+# as it is sent: its overlap is only the hooks' work between a send and its wait.
 h, b = far["hook-async"], far["bucket-async"]
 lesson.claim(
     h["link_ms"] > b["link_ms"],
-    "Like 1024 ranks, hook-async's messages keep the link busier than bucket-async's (their fixed costs, below).",
+    "Sized like 1024 ranks, hook-async's messages keep the link busier than bucket-async's (their fixed costs, below).",
 )
 # bucket-async's overlap against bucket's: how far apart moves with the load; printed, not claimed
 lesson.say(
@@ -1262,7 +1178,7 @@ for name, runs in (("like 4 × T4", t4), ("like 1024 ranks", far)):
     one = blog_links[name].seconds("all_reduce", 0, world_size) * 1e3  # 2(n−1)·α on that link
     h, b = runs["hook-async"], runs["bucket-async"]
     lesson.say(
-        f"Why, {name}: hook-async's {h['messages']} messages cost {h['messages'] * one:.1f} ms in fixed costs "
+        f"Why, sized {name}: hook-async's {h['messages']} messages cost {h['messages'] * one:.1f} ms in fixed costs "
         f"alone, {h['messages'] * one / backward_of[name]:.2f} of a backward ({backward_of[name]:.0f} ms); "
         f"bucket-async's {b['messages']} cost {b['messages'] * one:.1f} ms."
     )
@@ -1271,23 +1187,15 @@ far_h, far_b = far["hook-async"]["exposed_ms"], far["bucket-async"]["exposed_ms"
 one_far = blog_links["like 1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3
 
 
-def against(bucketed, per_gradient):
-    word = (
-        "more than" if bucketed > per_gradient + 0.5 else "less than" if bucketed < per_gradient - 0.5 else "as much as"
-    )
-    return f"{bucketed:.0f} ms exposed, {word} hook-async's {per_gradient:.0f} ms"
-
-
 lesson.say(
     f"Buckets, in the end. On this notebook's 1 Gbit/s link, at the settings' {here:g} MiB cap, in one profiled step "
-    f"each, bucket-async left "
-    f"{against(here_b, here_h)} (of the caps swept above, "
+    f"each, bucket-async left {here_b:.0f} ms exposed, hook-async {here_h:.0f} ms (of the caps swept above, "
     + ", ".join(named[c] for c in best)
     + f" left the least, {least:.0f} ms): one "
     f"message's fixed cost is {per_message_ms:.2f} ms there, {per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0%} "
     "of the link time for one message per gradient, so fewer messages save little, and the last bucket's bytes can "
-    f"only travel after backward. On 2 ranks with a link like 1024 ranks' bucket-async left "
-    f"{against(far_b, far_h)}: there one message per gradient pays {far['hook-async']['messages'] * one_far:.0f} ms of "
+    f"only travel after backward. On 2 ranks with a link sized like 1024 ranks' bucket-async left {far_b:.0f} ms "
+    f"exposed, hook-async {far_h:.0f} ms: there one message per gradient pays {far['hook-async']['messages'] * one_far:.0f} ms of "
     f"fixed costs, {far['hook-async']['messages'] * one_far / backward_of['like 1024 ranks']:.1f} of single's "
     f"backwards ({backward_of['like 1024 ranks']:.0f} ms), and the buckets pay a few of them. No backward of single's "
     "length can hide them: what hook-async hid, it hid inside its own backward (in this run "

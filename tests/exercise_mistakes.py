@@ -358,6 +358,30 @@ class BucketAsyncDividesInFlight(solutions.AsyncBucketDDP):
         self.in_flight.clear()
 
 
+class BucketAsyncReadsBeforeWait(solutions.AsyncBucketDDP):
+    """Copies each bucket back first and waits after (the two lines of finish swapped): it reads the flat buffer
+    while gloo may still write the sum into it (a race: right when the sum landed first)."""
+
+    def finish_gradient_synchronization(self):
+        for grads, flat, work in self.in_flight:
+            self._write_back(grads, flat / dist.get_world_size())
+            work.wait()
+        self.in_flight.clear()
+
+
+class AsyncDividesEveryFinish(solutions.AsyncHookDDP):
+    """Keeps only the works, and in finish divides every parameter's gradient: finish runs after the no_sync()
+    micro-batches too, so their local gradients are divided as well, with nothing summed."""
+
+    def finish_gradient_synchronization(self):
+        for _, work in self.in_flight:
+            work.wait()
+        self.in_flight.clear()
+        for p in self.module.parameters():
+            if p.grad is not None:
+                p.grad /= dist.get_world_size()
+
+
 class BucketAsyncNotCopiedBack(solutions.AsyncBucketDDP):
     """Waits for every bucket and divides its flat copy, but never writes it back into the gradients."""
 

@@ -132,6 +132,10 @@ MISTAKES = [
         "wrote into a tensor (aten.div_) while its all_reduce was still in flight",
     ),
     (wrong.BucketAsyncDividesInFlight, "bucket-async", "wrote into a tensor (aten.div_) while its all_reduce was"),
+    # finish's two lines swapped: a read of the flat buffer before its wait, named from the order of the calls
+    (wrong.BucketAsyncReadsBeforeWait, "bucket-async", "read a tensor (aten.div) while its all_reduce was still in"),
+    # finish runs after every micro-batch: dividing every .grad there divides the no_sync() micro-batches' too
+    (wrong.AsyncDividesEveryFinish, "hook-async", "divided the gradients after backwards that did not sync"),
     (wrong.BucketAsyncWaitsInSend, "bucket-async", "nothing travelled while backward computed"),
     (solutions.BucketDDP, "bucket-async", "nothing travelled while backward computed"),
     (wrong.BucketAsyncSummed, "bucket-async", "forgot the division"),

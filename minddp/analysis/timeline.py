@@ -52,8 +52,10 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
 
         def bars(key, y0, h, color, row=row, y=y, alpha=alpha, stage=stage, **kw):
             spans = [(s, max(e - s, 0.0)) for s, e in row.get(key, [])]
-            if not any(w >= right / 500 for _, w in spans):  # under a pixel wide: drawn, but not in the legend
+            if sum(w for _, w in spans) < right / 500:  # under a pixel wide in all: drawn, but not in the legend
                 kw["label"] = "_" + kw.get("label", "")
+            if not any(w >= right / 500 for _, w in spans):  # each under a pixel: an edge would hide the fill's colour
+                kw["linewidth"] = 0
             if spans:
                 ax.broken_barh(spans, (y + y0, h), facecolors=color, alpha=alpha, **kw).set_gid(f"{key}:{stage}")
 
@@ -86,7 +88,7 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))  # one entry per kind, not per row
     columns = min(len(unique), 8 if width >= 10 else 4)  # a narrow figure wraps its legend
-    ax.legend(
+    legend = ax.legend(
         unique.values(),
         unique.keys(),
         loc="lower left",
@@ -95,6 +97,8 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
         ncol=columns,
         frameon=False,
     )
+    for handle in getattr(legend, "legend_handles", None) or getattr(legend, "legendHandles", []):
+        handle.set_alpha(1.0)  # a kind drawn only in a faded row: its swatch in the row's full colour
     if title:
         ax.set_title(title, fontsize=9, pad=8 + 11 * -(-len(unique) // columns))
     ax.figure.tight_layout()

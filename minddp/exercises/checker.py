@@ -386,6 +386,9 @@ GRADIENT_MESSAGES = {
     "last_only": "only the last micro-batch's gradient is left ({names}): the earlier micro-batches' gradients "
     "were dropped; let autograd accumulate into .grad and sync that once",
     "none": "{names} had no gradient after finish_gradient_synchronization() (.grad is None)",
+    "divided_unsynced": "finish_gradient_synchronization() divided the gradients after backwards that did not sync "
+    "({names}): it runs after every micro-batch, the no_sync() ones too, where nothing was sent; divide only what "
+    "you sent (the gradients in your list of works), or divide before the send",
 }
 
 
@@ -463,6 +466,8 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             "write, or write the sum over it, and a run passes or fails by a race; divide before the launch or after "
             "the wait(), never between"
         )
+    if f["kind"] == "read_in_flight":
+        return _read_in_flight_text(f)
     if f["kind"] == "left_off":
         return (
             f"no_sync() left the sync off after its with-block, so the last micro-batch of step {f['step']} did "
@@ -504,6 +509,16 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
         return missing
     messages = {**GRADIENT_MESSAGES, **TRANSPORT_MESSAGES.get(like, {})}
     return messages[f["kind"]].format(names=names, world=world) + at
+
+
+def _read_in_flight_text(f: dict) -> str:
+    """A read of a tensor whose collective was launched and not yet waited for (harness ``read_in_flight``)."""
+    kind, op = f["read"][0]
+    return (
+        f"in step {f['step']} your stage read a tensor ({op}) while its {kind} was still in flight: launched with "
+        "async_op=True and not yet waited for, so the read may see this rank's own values or the sum, and a run "
+        "passes or fails by a race; wait() for the collective first, then read the tensor (divide, copy back)"
+    )
 
 
 #: A transport exercise's collective left out, by ``like`` and kind: what the gradients lack without it.

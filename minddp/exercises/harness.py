@@ -207,6 +207,7 @@ class Events(TorchDispatchMode):
         self.again: set[int] = set()  #: indices into ``earlier`` of those this step waited for again
         self.flying: dict[int, set[int]] = {}  #: index into ``works`` -> storages it sends, until a wait for it
         self.written: list[tuple[str, str]] = []  #: (kind, op) of each write into a tensor still in flight
+        self.read: list[tuple[str, str]] = []  #: (kind, op) of each read of a tensor still in flight
         self.in_callback = 0  #: inside a Future's callback, which runs after its work completed: no write races
         self.active = False
         self.handed: int | None = None  #: the length of the tensor a running transport was handed (``transport``)
@@ -233,6 +234,7 @@ class Events(TorchDispatchMode):
             self._note("launch", kind)
         elif self.active and self.flying and not self.in_callback:
             self._note_writes(func, args, kwargs or {})
+            self._note_reads(func, args, kwargs or {})
         try:
             out = func(*args, **(kwargs or {}))
         except RuntimeError as exc:  # what it was handed, for the verdict to say which size is off
@@ -257,6 +259,15 @@ class Events(TorchDispatchMode):
             hit = next((i for i, ptrs in self.flying.items() if _storages(tensor) & ptrs), None)
             if hit is not None:
                 self.written.append((self.works[hit][0], str(func).rsplit(".", 1)[0]))
+
+    def _note_reads(self, func, args: tuple, kwargs: dict) -> None:
+        """An operator that reads a tensor a launched collective still sends (no wait for it yet): the network
+        writes the sum into it at some moment before that wait, so what is read (the rank's own values or the sum)
+        is a race; noted by the order of the calls, which the code fixes."""
+        for tensor in compat.read_tensors(func, args, kwargs):
+            hit = next((i for i, ptrs in self.flying.items() if _storages(tensor) & ptrs), None)
+            if hit is not None:
+                self.read.append((self.works[hit][0], str(func).rsplit(".", 1)[0]))
 
     def _index(self, work) -> int | None:
         return next((i for i, (_, w) in enumerate(self.works) if w is not None and w is work), None)
@@ -360,7 +371,7 @@ class Events(TorchDispatchMode):
             if w is not None
         ]
         self.log, self.works, self.waited, self.futures, self.active, self.sealed = [], [], set(), [], True, set()
-        self.again, self.flying, self.written = set(), {}, []
+        self.again, self.flying, self.written, self.read = set(), {}, [], []
         dist.Work.wait, dist.Work.get_future, future.wait = waited_work, future_of_work, waited_future
         future.then = then
         for name, method in sends.items():
@@ -496,6 +507,7 @@ def run_step(
     summary["unwaited"] = events.unwaited()
     summary["waited_again"] = dict(events.waited_again)
     summary["written_in_flight"] = list(dict.fromkeys(events.written))
+    summary["read_in_flight"] = list(dict.fromkeys(events.read))
     progress.phase = f"stepping the optimizer in step {step}"
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -591,6 +603,8 @@ def candidates(local: list[dict], averaged: list[dict], world: int, synced_after
         # divided by the world size, but the sum went to a copy that never came back into .grad
         "unsummed": following_schedule(1.0 / world, summed=False),
     }
+    if not all(synced_after):  # every finish divided .grad, the finishes after a backward that did not sync too
+        found["divided_unsynced"] = divided_every_finish(local, averaged, world, synced_after)
     for divisor in HARD_CODED:  # the sum divided by a number written in the code, not by the world size
         if divisor != world:
             found[f"{HARD_CODED_KIND}{divisor}"] = following_schedule(world / divisor)
@@ -603,6 +617,21 @@ def candidates(local: list[dict], averaged: list[dict], world: int, synced_after
         found["incoming_summed"] = add(earlier, scale(averaged[-1], world))
         found["last_only"] = local[-1]  # the earlier micro-batches were lost
     return found
+
+
+def divided_every_finish(local: list[dict], averaged: list[dict], world: int, synced_after: list[bool]) -> dict:
+    """The gradient a stage leaves that divides every ``.grad`` by the world size in every finish: after a backward
+    that did not sync, this rank's own gradient divided; after one that synced, the sum of what every rank held
+    divided (the average over ranks of it). ``mine``: what this rank holds; ``mean``: the average over ranks of
+    what each holds (averaging is linear, so the same sum of ``averaged``)."""
+    mine = mean = scale(local[0], 0.0)
+    for i in range(len(local)):
+        mine, mean = add(mine, local[i]), add(mean, averaged[i])
+        if synced_after[i]:
+            mine = mean
+        else:
+            mine, mean = scale(mine, 1.0 / world), scale(mean, 1.0 / world)
+    return mine
 
 
 def classify(grads: dict, found: dict[str, dict]) -> dict[str, str]:
@@ -690,6 +719,8 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
             out["finding"] = waited_again_finding(record["waited_again"], step, checker)
         if out["finding"] is None:  # a tensor written while its collective flies: its gradients are a race's
             out["finding"] = written_in_flight_finding(record["written_in_flight"], step, checker)
+        if out["finding"] is None:  # a tensor read while its collective flies: what was read is a race's
+            out["finding"] = read_in_flight_finding(record["read_in_flight"], step, checker)
         if out["finding"] is not None:  # its gradients are a race's outcome, or the list's: nothing more to compare
             out["checked_steps"] = step
             break
@@ -744,12 +775,25 @@ def written_in_flight_finding(written: list, step: int, checker) -> dict | None:
     """Step 3's third verdict: a write into a tensor whose collective was launched and not yet waited for
     (:class:`Events`, ``written``), on any rank. Whether the write lands before the network reads the tensor,
     or after it wrote the sum, is a race, so it is named from the order of the calls, not from the gradients."""
+    return _in_flight_finding("written_in_flight", "written", written, step, checker)
+
+
+def read_in_flight_finding(read: list, step: int, checker) -> dict | None:
+    """Step 3's fourth verdict: a read of a tensor whose collective was launched and not yet waited for
+    (:class:`Events`, ``read``), on any rank. Whether it reads the rank's own values or the sum the network wrote
+    is a race, so it is named from the order of the calls, not from the gradients."""
+    return _in_flight_finding("read_in_flight", "read", read, step, checker)
+
+
+def _in_flight_finding(kind: str, key: str, seen: list, step: int, checker) -> dict | None:
+    """The finding ``kind`` from the (collective kind, op) pairs ``seen`` on this rank: the longest list any rank
+    saw (the same verdict on every rank), under ``key``; ``None`` if no rank saw one."""
     everyone: list = [None] * dist.get_world_size(checker)
-    dist.all_gather_object(everyone, written, group=checker)
+    dist.all_gather_object(everyone, seen, group=checker)
     worst = max(everyone, key=len)
     if not worst:
         return None
-    return {"kind": "written_in_flight", "step": step, "written": [list(w) for w in worst]}
+    return {"kind": kind, "step": step, key: [list(x) for x in worst]}
 
 
 def start_finding(module: nn.Module, checker) -> dict | None:

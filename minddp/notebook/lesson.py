@@ -527,8 +527,12 @@ def mark_gathers(fig, looks: dict, rows: list[str]) -> None:
     wire = {"message on the wire": "collective in flight (its waits included)"}
     unique = {wire.get(label, label): h for label, h in zip(labels, handles) if not label.startswith("_")}
     columns = min(len(unique), 5)
-    ax.legend(unique.values(), unique.keys(), loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7, ncol=columns)
-    ax.get_legend().set_frame_on(False)
+    legend = ax.legend(
+        unique.values(), unique.keys(), loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7, ncol=columns
+    )
+    legend.set_frame_on(False)
+    for handle in getattr(legend, "legend_handles", None) or getattr(legend, "legendHandles", []):
+        handle.set_alpha(1.0)  # a kind drawn only in a faded row: its swatch in the row's full colour
     ax.set_title(ax.get_title(), fontsize=9, pad=8 + 11 * -(-len(unique) // columns))
 
 

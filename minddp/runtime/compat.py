@@ -513,6 +513,23 @@ def written_tensors(func, args: tuple, kwargs: dict) -> list:
     return out
 
 
+def read_tensors(func, args: tuple, kwargs: dict) -> list:
+    """The tensors an operator seen in a dispatch mode reads the values of: its schema's tensor arguments with no
+    alias annotation (``(a!)`` marks a write, ``(a)`` a view, which reads nothing; private: ``OpOverload._schema``;
+    an operator without a schema reads none that can be told)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return []
+    out = []
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None:
+            continue
+        value = kwargs.get(arg.name) if arg.name in kwargs else args[i] if i < len(args) else None
+        items = value if isinstance(value, (list, tuple)) else [value]
+        out += [t for t in items if isinstance(t, torch.Tensor)]
+    return out
+
+
 #: The collectives by the name the dispatcher gives their op (``str(func)`` in a dispatch mode), each with its kind
 #: and the position of the argument that holds the tensors this rank sends. ``_allgather_base_`` and
 #: ``_reduce_scatter_base_`` are torch's private ops behind ``all_gather_single`` / ``reduce_scatter_single``
