@@ -30,9 +30,9 @@
 # order: piece 0 is the forward's last layers, which backward runs first). When a piece's backward
 # ends, its gradients are handed over, each bucket they fill goes to gloo (a piece can fill two), and
 # the pieces backward runs after it, the forward's earlier layers, compute meanwhile. minddp's `ddp`
-# presents its buckets to Dynamo the same way (`minddp/runtime/compiling.py`), and so do the bucketed
-# stages when the train command builds them around a compiled model (`tests/test_compile.py` checks
-# those).
+# presents its buckets to Dynamo too (`minddp/runtime/compiling.py`), with its own first piece (*Buckets
+# below 1 MiB* says how it differs), and so do the bucketed stages when the train command builds them
+# around a compiled model (`tests/test_compile.py` checks those).
 #
 # This notebook shows one step of `ddp` three ways on one time axis, eager, compiled without the
 # cut and compiled with it; then where the cuts fall; then the graph breaks; then buckets below
@@ -47,9 +47,10 @@
 # core included), *overlap* (the share of the time in flight during which an `aten::` op ran on a
 # thread of the rank that runs no gloo range: the training thread here, as `minddp.analysis.cpu`
 # counts it) and *backward overlap* (the share of the time in flight during which backward computed:
-# the same function, `metrics.overlap_parts`, with backward's computing nodes as the compute). The
-# ladder's idea, and what compiling takes away, is the backward overlap. A share is of a time: each is
-# printed beside the milliseconds in flight it is a share of.
+# the same function, `metrics.overlap_parts`, with the training thread's aten ops inside backward's
+# nodes as the compute; backward's *nodes* are its autograd nodes other than `AccumulateGrad`). The
+# ladder's idea, and what compiling takes away, is the backward overlap. In this notebook *computed*
+# always means an aten op ran; a node's span is not its compute.
 #
 # Two words, kept apart: a bucket is *handed over* (to gloo: the tick in the figure) when its last
 # gradient is copied in; it is *in flight* while gloo's `all_reduce` runs on it (the orange bar).
@@ -112,47 +113,24 @@ def trace_measures(prof) -> dict:
     return {"in flight, ms": measured["comm_time_per_step_us"] / 1e3, "overlap, %": measured["comm_comp_overlap_pctg"]}
 
 
-def phases(row, computing, ops, copies) -> dict:
+def phases(row, nodes, ops) -> dict:
     """The phases of a step row, in order, tiling it from its start to its end: ``name -> {"span": (start, end),
-    "ms": its length, "in flight": whether a message was in flight during it, "no op": ms in which the training
-    thread ran no aten op, "computing": ms in which a backward computing node ran, "computing ops": ms in which
-    one ran an aten op, "copies": ms of AccumulateGrad nodes}``. A backward runs from its first computing node to
-    its last (``computing``, one span per micro-batch: the blue bars and the gaps between them); "after backward N"
-    from there to the next forward or to the optimizer step (the last AccumulateGrad nodes, where the reducer
-    copies gradients into buckets and hands them over, and the wait for the last messages)."""
-    (f1, f2), (b1, b2), optimizer = row["forward"], computing, row["optimizer"][-1]
+    "ms": its length, "in flight": whether a message was in flight during it, "nodes ops": ms in which one of
+    backward's nodes ran an aten op}``. A backward runs from its first node to its last (``nodes``, one span per
+    micro-batch: the blue bars and the gaps between them); "after backward N" from there to the next forward or to
+    the optimizer step."""
+    (f1, f2), (b1, b2), optimizer = row["forward"], nodes, row["optimizer"][-1]
     spans = {"forward 1": f1, "backward 1": b1, "after backward 1": (b1[1], f2[0]), "forward 2": f2}
     spans.update({"backward 2": b2, "after backward 2": (b2[1], optimizer[0]), "optimizer": optimizer})
-    out = {}
-    for name, (s, e) in spans.items():
-        window = [(s, e)]
-        out[name] = {
+    return {
+        name: {
             "span": (s, e),
             "ms": e - s,
-            "in flight": bool(metrics.intersect(window, row["messages"])),
-            "no op": e - s - metrics.length(metrics.intersect(window, ops)),
-            "computing": metrics.length(metrics.intersect(window, row["backward"])),
-            "computing ops": metrics.length(metrics.intersect(metrics.intersect(window, row["backward"]), ops)),
-            "copies": metrics.length(metrics.intersect(window, copies)),
+            "in flight": bool(metrics.intersect([(s, e)], row["messages"])),
+            "nodes ops": metrics.length(metrics.intersect(metrics.intersect([(s, e)], row["backward"]), ops)),
         }
-    return out
-
-
-def longest_stall(events, main: int, ms, end: float) -> dict:
-    """The longest stretch of the step in which the training thread ``main`` ran no aten op, and the innermost
-    autograd node or compiled region around it (``None``: between nodes, inside none)."""
-    ops = [ms(e.time_range.start, e.time_range.end) for e in events if e.thread == main and e.name.startswith("aten::")]
-    s, e = max(metrics.subtract([(0.0, end)], ops), key=lambda x: x[1] - x[0])
-    around = [
-        x
-        for x in events
-        if x.thread == main
-        and x.name.startswith(("autograd::engine::evaluate_function", "Torch-Compiled Region"))
-        and ms(x.time_range.start, x.time_range.end)[0] <= s
-        and ms(x.time_range.start, x.time_range.end)[1] >= e
-    ]
-    inner = min(around, key=lambda x: x.time_range.end - x.time_range.start).name if around else None
-    return {"span": (s, e), "ms": e - s, "inside": inner}
+        for name, (s, e) in spans.items()
+    }
 
 
 def one_step(compiled: bool, cut: bool = True):
@@ -169,7 +147,7 @@ def one_step(compiled: bool, cut: bool = True):
     with live.profiler() as prof:
         train_step(ddp, optimizer, next(data), loss_fn)
     torch._dynamo.config.optimize_ddp = True
-    load = os.getloadavg()[0]  # the load average of the minute the profiled step ended in
+    load = os.getloadavg()[0]  # the 1-minute load average as the profiled step ended
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     handovers = [e.time_range.start for e in events if e.name == live.CALL]  # each bucket handed to gloo
     view = live.step_view(prof)
@@ -177,20 +155,17 @@ def one_step(compiled: bool, cut: bool = True):
     view["matmuls_after_first_handover"] = sum(
         e.name == "aten::mm" and e.time_range.start > handovers[0] for e in events
     )
-    view["matmuls"] = sum(e.name in ("aten::mm", "aten::addmm") for e in events)
-    view["aten_ops"] = sum(e.name.startswith("aten::") for e in events)
     # the compiled pieces' backward in the second micro-batch (the first runs inside no_sync: nothing is handed over)
     micro = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == "minddp.forward_backward")
-    nodes = [
+    second = [
         (e.time_range.start, e.time_range.end) for e in events if e.name == PIECE and e.time_range.start > micro[-1][0]
     ]
-    view["pieces"] = len(nodes)
-    view["pieces_ended_at_handover"] = [sum(end <= t for _, end in nodes) for t in handovers]
-    view["pieces_begun_at_handover"] = [sum(start <= t for start, _ in nodes) for t in handovers]
-    # backward as the computing nodes only (a compiled piece is one): not the AccumulateGrad nodes after them,
-    # where the reducer's hooks copy gradients into buckets and hand them over
+    view["pieces_ended_at_handover"] = [sum(end <= t for _, end in second) for t in handovers]
+    view["pieces_begun_at_handover"] = [sum(start <= t for start, _ in second) for t in handovers]
+    # backward's nodes: every autograd node but AccumulateGrad (a compiled piece is one), not the AccumulateGrad
+    # nodes after them, where the reducer's hooks copy gradients into buckets and hand them over
     node = "autograd::engine::evaluate_function"
-    computing = [
+    nodes = [
         (e.time_range.start, e.time_range.end)
         for e in events
         if e.name.startswith(node) and "AccumulateGrad" not in e.name
@@ -200,20 +175,19 @@ def one_step(compiled: bool, cut: bool = True):
     def ms(start, end):
         return (start - micro[0][0]) / 1e3, (end - micro[0][0]) / 1e3
 
-    view["row"]["backward"] = [ms(s, e) for s, e in computing]
+    view["row"]["backward"] = [ms(s, e) for s, e in nodes]
     ops = [ms(e.time_range.start, e.time_range.end) for e in events if e.thread == main and e.name.startswith("aten::")]
-    copies = [
-        ms(e.time_range.start, e.time_range.end) for e in events if e.name == f"{node}: torch::autograd::AccumulateGrad"
-    ]
-    spans = [[(s, e) for s, e in computing if a <= s <= b] for a, b in micro]
-    view["phases"] = phases(view["row"], [ms(min(s for s, _ in c), max(e for _, e in c)) for c in spans], ops, copies)
-    view["stall"] = longest_stall(events, main, ms, view["row"]["end"])
-    view["stall"]["in flight"] = metrics.in_flight(view["row"]["messages"], [view["stall"]["span"]])
-    under, total = metrics.overlap_parts(view["row"]["messages"], view["row"]["backward"], [(0.0, view["row"]["end"])])
+    spans = [[(s, e) for s, e in nodes if a <= s <= b] for a, b in micro]
+    backwards = [(min(s for s, _ in c), max(e for _, e in c)) for c in spans]  # first node's start to last's end
+    view["phases"] = phases(view["row"], [ms(a, b) for a, b in backwards], ops)
+    mm = [e.time_range.start for e in events if e.name == "aten::mm"]
+    view["mm_per_backward"] = [sum(a <= t <= b for t in mm) for a, b in backwards]
+    # backward computed: the training thread's aten ops inside backward's nodes
+    computed = metrics.intersect(view["row"]["backward"], ops)
+    under, total = metrics.overlap_parts(view["row"]["messages"], computed, [(0.0, view["row"]["end"])])
     view["backward overlap, ms"], view["backward overlap, %"] = under, metrics.pooled_overlap_pct([(under, total)])
     finish = max(view["row"]["finish"], key=lambda x: x[1] - x[0])  # ddp's finish_gradient_synchronization
     view["finish_ms"] = finish[1] - finish[0]
-    view["finish_no_op_ms"] = view["finish_ms"] - metrics.length(metrics.intersect([finish], ops))
     # a span under 1 % of the step is too short to see: not drawn, so not named in the legend (said below)
     view["row"]["finish"] = [(s, e) for s, e in view["row"]["finish"] if e - s >= 0.01 * view["row"]["end"]]
     view["buckets"] = [[ddp.reducer.names[i].removeprefix("_orig_mod.") for i in b] for b in ddp.bucket_plan]
@@ -238,8 +212,8 @@ lesson.say(
     f"a head, buckets of {CAP:g} MiB, two micro-batches a step; compiled with the {BACKEND} backend."
 )
 lesson.say(
-    f"This machine: {os.cpu_count()} cores, shared by both ranks, gloo's threads and every other process; the load "
-    "average of the minute in which each profiled step ended: "
+    f"This machine: {os.cpu_count()} cores, shared by both ranks, gloo's threads and every other process; the "
+    "1-minute load average when each profiled step ended: "
     + each({label: v["load"] for label, v in looks.items()}, unit="", digits=1)
     + "."
 )
@@ -253,39 +227,32 @@ lesson.say(
 # %% [markdown]
 # ## One step, three ways, on one time axis
 #
-# Each row is the profiled step of one way, rank 0: the forward (pale) and backward (blue) of each
-# micro-batch (the first runs inside `no_sync()`, so only the second hands buckets over), a tick when
-# a bucket was handed over to gloo, an orange bar while gloo's `all_reduce` range ran (in flight: its
-# waits for the other rank and for a core included, so not only time on the wire), then the optimizer
-# step (green). Backward is drawn where it computes: eager, node after node; compiled, one bar per
-# compiled piece. Between its bars are the `AccumulateGrad` nodes (in the second micro-batch the
-# reducer's hooks there copy gradients into buckets and hand full ones over; in the first they only
-# add each gradient into `.grad`), and stretches in which the training thread ran no aten op at all:
-# a *stall*, measured below, where no forward or backward bar is drawn and nothing is computed (the
-# thread waiting for a message, or for a core, or running Python that calls no op: the trace does
-# not say which). Bars or ticks closer together than a pixel of the figure (about a thousandth of
-# its time axis) draw as one, and a bar shorter than a pixel does not show. The lengths of the bars
-# are one step on the machine printed above, its cores shared with everything else that runs; the
-# order of the events is what the cut changes, and what the claims below count.
+# Each row is the profiled step of one way, rank 0: the forward (pale) and backward's nodes (blue) of
+# each micro-batch (the first runs inside `no_sync()`, so only the second hands buckets over), a tick
+# when a bucket was handed over, an orange bar while gloo's `all_reduce` range ran (in flight: its
+# waits for the other rank and for a core included), then the optimizer step (green). A blue bar is a
+# node's span (eager: one per operation; compiled: one per piece), not its compute: inside it the
+# training thread may run no aten op for a while, and the first table says how long aten ops ran.
+# Between the blue bars are the `AccumulateGrad` nodes (in the second micro-batch the reducer's hooks
+# there copy gradients into buckets and hand full ones over; in the first they only add each gradient
+# into `.grad`). Bars or ticks closer together than a pixel of the figure (about a thousandth of its
+# time axis) draw as one, and a bar shorter than a pixel does not show. The lengths of the bars are
+# one step on the machine printed above, its cores shared with everything else that runs; the order
+# of the events is what the cut changes, and what the claims below count.
 #
-# Above the figure, three tables. The first gives each way's step, the time its backward computed
-# (the blue bars), and the three measures named at the top: *in flight* and *overlap*, read off the
-# step's trace by the code of `python -m minddp.analyze`, and *backward overlap*, from the drawn
-# row, as a share and in ms. They differ because overlap counts every `aten::` op of the training
-# thread as compute: forward, backward, the optimizer and the reducer's copies into buckets alike.
-# Without the cut, the first buckets travel while the reducer copies the later ones, so that step can
-# show overlap with no backward beside its messages; the backward overlap counts backward's
-# computing nodes only.
+# Above the figure, two tables. The first gives each way's step, the span of backward's nodes (the
+# blue bars) and the time they ran aten ops, and the three measures named at the top: *in flight* and
+# *overlap*, read off the step's trace by the code of `python -m minddp.analyze`, and *backward
+# overlap*, as a share and in ms. Overlap counts every aten op of the training thread as compute
+# (forward, backward, the optimizer and the reducer's copies into buckets alike); backward overlap
+# only those run inside backward's nodes.
 #
 # The second table splits each step into phases, which follow one another from the step's start to
-# its end: each forward; each backward, from its first computing node to its last (the blue bars
-# and the gaps between them); *after backward 1*, from there to the second forward (the first
-# micro-batch's last `AccumulateGrad` nodes); *after backward 2*, from the second backward's last
-# computing node to the optimizer step (its last `AccumulateGrad` nodes, with the reducer's copies
-# and hand-overs, and the time until the last message is done); the optimizer step. A phase marked •
-# had a message in flight during it; a phase with nothing in flight in two ways is where those two
-# steps can be compared with the messages left out. The third table gives, per phase, the
-# milliseconds in which the training thread ran no aten op: a phase's span is not its compute.
+# its end: each forward; each backward, from its first node to its last (the blue bars and the gaps
+# between them); *after backward 1*, from there to the second forward (the first micro-batch's last
+# `AccumulateGrad` nodes); *after backward 2*, from the second backward's last node to the optimizer
+# step (its last `AccumulateGrad` nodes, with the reducer's copies and hand-overs, and the time until
+# the last message is done); the optimizer step. A phase marked • had a message in flight during it.
 #
 # The cut is torch's design for GPUs, where backward's kernels run on the GPU while NCCL carries the
 # buckets on a stream of its own, so a message in flight does not take compute from backward the way
@@ -294,8 +261,12 @@ lesson.say(
 
 # %%
 # %%distributed
-lesson.picture(looks, "", rows=list(looks), title="ddp: eager, compiled without the cut, compiled with it")
-# timings of one step on a shared machine: said from the run, never asserted (the load can reorder them)
+figure = lesson.picture(looks, "", rows=list(looks), title="ddp: eager, compiled without the cut, compiled with it")
+if figure is not None:  # rank 0 draws: the legend in this notebook's words
+    for text in figure.axes[0].get_legend().get_texts():
+        text.set_text(
+            {"backward": "backward's nodes", "handed to the wire": "handed over"}.get(text.get_text(), text.get_text())
+        )
 after = {label: v["matmuls_after_first_handover"] for label, v in looks.items()}
 lesson.say(
     "Backward matrix multiplies (aten::mm) still to run when the first bucket was handed over: " + each(after, "")
@@ -316,23 +287,22 @@ lesson.claim(
     same, "The three trainings end with the same parameters, to the bit (aot_eager computes with eager's aten ops)."
 )
 drawn = sum(len(v["row"]["finish"]) for v in looks.values())
-longest = max(looks.values(), key=lambda v: v["finish_ms"])
 lesson.say(
     f"finish_gradient_synchronization took at most {max(v['finish_ms'] for v in looks.values()):.2f} ms in any of "
     + (
         "the three: under 1 % of a step, too short to see, so not drawn."
         if not drawn
         else f"the three; drawn in purple where it lasted 1 % of its step or more ({drawn} bar(s), the legend's "
-        "'finish'). In ddp it syncs nothing (the end-of-backward callback has already waited for the messages; in "
-        "the first micro-batch, inside no_sync, none was handed over): of its longest call "
-        f"({longest['finish_ms']:.2f} ms), no aten op ran for {longest['finish_no_op_ms']:.2f} ms, a stall (below)."
+        "'finish')."
     )
 )
-
+# timings of one step on a shared machine: said from the run, never asserted (the load can reorder them)
+by_phase = {label: v["phases"] for label, v in looks.items()}
 table = {
     label: {
         "step, ms": v["row"]["end"],
-        "backward computing, ms": metrics.length(v["row"]["backward"]),
+        "backward's nodes, ms": metrics.length(v["row"]["backward"]),
+        "their aten ops, ms": sum(p["nodes ops"] for p in by_phase[label].values()),
         "in flight, ms": v["in flight, ms"],
         "overlap, %": v["overlap, %"],
         "backward overlap, %": v["backward overlap, %"],
@@ -341,217 +311,52 @@ table = {
     for label, v in looks.items()
 }
 lesson.say(pd.DataFrame(table).T.round(1).to_string())
-bo = {label: (v["backward overlap, %"], v["in flight, ms"], v["backward overlap, ms"]) for label, v in looks.items()}
+bo = {label: (v["backward overlap, ms"], v["in flight, ms"]) for label, v in looks.items()}
 lesson.say(
-    "Backward overlap, as a share of each way's time in flight and in ms: "
-    + ", ".join(f"{NAMES[label]} {pct:.0f} % of {fl:.0f} ms ({under:.0f} ms)" for label, (pct, fl, under) in bo.items())
+    "Backward overlap, in ms of each way's time in flight: "
+    + ", ".join(f"{NAMES[label]} {under:.0f} of {fl:.0f} ms" for label, (under, fl) in bo.items())
     + (
-        ". The cut brought back messages travelling beside backward's compute, which compiling without it took away"
-        if bo["compiled, cut"][2] > 0 and bo["compiled, no cut"][2] == 0
-        else ". In this run no message of the cut's was in flight while its backward still computed (a gloo thread "
-        "waits for a core like every other), so the handed-over order above did not become backward overlap here"
-        if bo["compiled, cut"][2] == 0
-        else ""
+        ". Compiled, only the cut had backward's aten ops running while a message was in flight."
+        if bo["compiled, cut"][0] > 0 and bo["compiled, no cut"][0] == 0
+        else ". In this run no message of the cut's was in flight while backward's nodes ran an aten op."
+        if bo["compiled, cut"][0] == 0
+        else "."
     )
-    + f". In time: {bo['compiled, cut'][2]:.0f} ms under backward's compute with the cut against eager's "
-    f"{bo['eager'][2]:.0f} ms, shares of {bo['compiled, cut'][1]:.0f} and {bo['eager'][1]:.0f} ms in flight."
 )
 lesson.say("\nEach phase of the step, ms (• a message was in flight during it):")
 marked = {
-    label: {name: f"{p['ms']:.1f}{' •' if p['in flight'] else ''}" for name, p in v["phases"].items()}
-    for label, v in looks.items()
+    label: {name: f"{p['ms']:.1f}{' •' if p['in flight'] else ''}" for name, p in phases_.items()}
+    for label, phases_ in by_phase.items()
 }
 lesson.say(pd.DataFrame(marked).T.to_string())
-lesson.say("\nOf each phase, the ms in which rank 0's training thread ran no aten op:")
-lesson.say(
-    pd.DataFrame({label: {n: p["no op"] for n, p in v["phases"].items()} for label, v in looks.items()})
-    .T.round(1)
-    .to_string()
-)
 # the phases are cut at points of the row, each from the end of the one before: they add up to the step
 lesson.claim(
     all(abs(sum(p["ms"] for p in v["phases"].values()) - v["row"]["end"]) < 1e-6 for v in looks.values()),
     "In every way the seven phases follow one another without a gap and add up to the step.",
 )
-
-by_phase = {label: v["phases"] for label, v in looks.items()}
-
-
-def phase_at(label: str, t: float) -> str:
-    return next(name for name, p in by_phase[label].items() if p["span"][0] <= t <= p["span"][1])
-
-
-way = max(looks, key=lambda label: looks[label]["stall"]["ms"])
-stall = looks[way]["stall"]
-(s0, s1), inside = stall["span"], stall["inside"]
-home = by_phase[way][phase_at(way, s0)]
-row = looks[way]["row"]
-under = {kind: metrics.length(metrics.intersect([(s0, s1)], row[kind])) for kind in ("backward", "forward")}
-bare = stall["ms"] - under["backward"] - under["forward"]
+ran = {label: [by_phase[label][f"backward {i}"]["nodes ops"] for i in (1, 2)] for label in looks}
+mms = {n for v in looks.values() for n in v["mm_per_backward"]}
+beside = [
+    f"{NAMES[label]}'s backward {i}" for label in looks for i in (1, 2) if by_phase[label][f"backward {i}"]["in flight"]
+]
+low, high = min(min(v) for v in ran.values()), max(max(v) for v in ran.values())
 lesson.say(
-    f"\nThe longest stall (a stretch in which the training thread ran no aten op): {NAMES[way]}, "
-    f"{phase_at(way, s0)}"
-    + ("" if phase_at(way, s1) == phase_at(way, s0) else f" into {phase_at(way, s1)}")
-    + f", {s0:.0f} → {s1:.0f} ms ({stall['ms']:.0f} ms), "
+    "Backward's nodes ran aten ops for (backward 1 / backward 2, ms): "
+    + ", ".join(f"{NAMES[label]} {a:.0f} / {b:.0f}" for label, (a, b) in ran.items())
+    + f". A message was in flight beside {' and '.join(beside) or 'none of them'}. "
     + (
-        "inside no single autograd node"
-        if inside is None
-        else "inside an AccumulateGrad node (where the reducer's hook runs)"
-        if "AccumulateGrad" in inside
-        else f"inside `{inside}`"
-    )
-    + ". Nothing computed there, whatever the figure draws: "
-    + ", ".join(
-        text
-        for ms_, text in (
-            (
-                under["backward"],
-                f"{under['backward']:.0f} ms of it lie under backward's blue bars (computing nodes open, running no aten op)",
-            ),
-            (under["forward"], f"{under['forward']:.0f} ms under a forward's pale bar"),
-            (bare, f"{bare:.0f} ms where no forward or backward bar is drawn"),
+        f"Each of these six backwards ran the same {min(mms)} matrix multiplies, and their aten ops took {low:.0f} to "
+        f"{high:.0f} ms in this run (one profiled step each, at the loads printed above): "
+        if len(mms) == 1
+        else "Matrix multiplies per backward: "
+        + ", ".join(
+            f"{NAMES[label]} {v['mm_per_backward'][0]} / {v['mm_per_backward'][1]}" for label, v in looks.items()
         )
-        if ms_ >= 0.5
+        + ". "
     )
-    + f". Of {phase_at(way, s0)}'s {home['ms']:.0f} ms, "
-    + (f"backward's computing nodes ran {home['computing']:.0f} ms, " if home["computing"] else "")
-    + f"the AccumulateGrad nodes ran {home['copies']:.0f} ms, and no aten op ran for {home['no op']:.0f} ms. The trace "
-    "does not say what the thread did meanwhile: "
-    + (
-        f"a message was in flight for {stall['in flight']:.0f} ms of it, and once backward's last gradient is handed "
-        "over ddp's end-of-backward callback waits for every bucket's message (`Reducer.wait_and_write_back`, which "
-        "records no range of its own), so waiting for it is one possibility; "
-        if stall["in flight"] > 0 and phase_at(way, s0) == "after backward 2"
-        else ""
-    )
-    + f"at load {looks[way]['load']:.0f} on {os.cpu_count()} cores it may have waited for a core; Python that runs "
-    "no aten op (the autograd engine, a hook, the garbage collector) is another possibility."
+    + "one step each does not measure what a message in flight costs backward's compute here, nor whether the cut "
+    "makes a step shorter or longer. What the run shows on any machine is the order of events the claims count."
 )
-lesson.say(
-    "The second backward's span, and within it backward's computing nodes, the AccumulateGrad nodes and the time no "
-    "aten op ran, ms: "
-    + ", ".join(
-        f"{NAMES[label]} {p['ms']:.0f} / {p['computing']:.0f} / {p['copies']:.0f} / {p['no op']:.0f}"
-        for label, p in ((label, by_phase[label]["backward 2"]) for label in looks)
-    )
-    + ". A span is not compute: the table's 'backward computing' is the blue bars alone."
-)
-
-step = {label: v["row"]["end"] for label, v in looks.items()}
-idle = {label: sum(p["no op"] for p in by_phase[label].values()) for label in looks}
-order = sorted(step, key=step.get)
-matmuls, ops = ({label: v[key] for label, v in looks.items()} for key in ("matmuls", "aten_ops"))
-lesson.say(
-    "Steps, shortest first: "
-    + each({label: step[label] for label in order})
-    + " (one profiled step each, the three ways one after the other). The training thread ran no aten op for "
-    + each({label: idle[label] for label in order})
-    + " of them, and ran aten ops for "
-    + each({label: step[label] - idle[label] for label in order})
-    + ". "
-    + (
-        f"Every way ran the same {matmuls['eager']} matrix multiplies"
-        if len(set(matmuls.values())) == 1
-        else "The matrix multiplies: " + each(matmuls, unit="")
-    )
-    + " (aot_eager fuses no operation), and the compiled ways add work of their own: more aten ops ("
-    + each(ops, unit="")
-    + ") and AOTAutograd's wrapper around each compiled piece. On a CPU nothing here is meant to make a compiled "
-    "step shorter than eager's."
-)
-
-
-def where(a: str, b: str) -> str:
-    """Where ``b``'s step differs from ``a``'s, phase by phase (spans), largest first."""
-    diff = {name: by_phase[b][name]["ms"] - by_phase[a][name]["ms"] for name in by_phase[a]}
-    big = sorted(diff, key=lambda n: -abs(diff[n]))
-    return ", ".join(f"{name} {diff[name]:+.0f}" for name in big[:3]) + (
-        f"; the other {len(big) - 3} phases {sum(diff[n] for n in big[3:]):+.0f} ms together"
-    )
-
-
-d_step, d_idle = step["compiled, no cut"] - step["eager"], idle["compiled, no cut"] - idle["eager"]
-lesson.say(
-    f"Compiled without the cut against eager, by phase (spans, ms): {where('eager', 'compiled, no cut')}; the step "
-    f"{d_step:+.0f} ms. Of that, the time with no aten op on the training thread changed by {d_idle:+.0f} ms and the "
-    f"time aten ops ran by {d_step - d_idle:+.0f} ms"
-    + (
-        ": most of the difference is stall, not compute."
-        if abs(d_idle) > abs(d_step - d_idle)
-        else ": most of the difference is time aten ops ran."
-    )
-    + " The optimizer step, the same uncompiled SGD on the same parameters in all three ways, took "
-    + each({label: x["optimizer"]["ms"] for label, x in by_phase.items()}, digits=1)
-    + ", no aten op running for "
-    + each({label: x["optimizer"]["no op"] for label, x in by_phase.items()}, digits=1)
-    + " of it: that is how far the same work moved between these three steps, taken at different moments of the "
-    "machine's load. The forwards are no such yardstick: compiled, they check Dynamo's guards (once a call) and run "
-    f"AOTAutograd's wrapper around each compiled piece ({looks['compiled, cut']['pieces']} with the cut, "
-    f"{looks['compiled, no cut']['pieces']} without). One step each cannot tell the compiled ways' own work from the "
-    "load's swings."
-)
-c, w = by_phase["compiled, cut"], by_phase["compiled, no cut"]
-quiet = [name for name in c if not c[name]["in flight"] and not w[name]["in flight"]]
-q_cut, q_whole = (sum(x[name]["ms"] for name in quiet) for x in (c, w))
-r_cut, r_whole = (sum(x[name]["ms"] - x[name]["no op"] for name in quiet) for x in (c, w))
-cb, wb = c["backward 2"], w["backward 2"]
-ca, wa = c["after backward 2"], w["after backward 2"]
-pieces = looks["compiled, cut"]["pieces"], looks["compiled, no cut"]["pieces"]
-flight = {label: looks[label]["in flight, ms"] for label in NAMES}
-handed = {
-    label: {
-        name: sum(
-            by_phase[label][name]["span"][0] <= t <= by_phase[label][name]["span"][1]
-            for t in looks[label]["row"]["sent"]
-        )
-        for name in ("backward 2", "after backward 2")
-    }
-    for label in ("compiled, cut", "compiled, no cut")
-}
-longer = step["compiled, cut"] - step["compiled, no cut"]
-lesson.say(
-    f"With the cut the step took {step['compiled, cut']:.0f} ms, against {step['compiled, no cut']:.0f} ms without "
-    f"it. In the phases where neither had a message in flight ({', '.join(quiet)}) it took {q_cut:.0f} ms against "
-    f"{q_whole:.0f} ms, aten ops running {r_cut:.0f} ms against {r_whole:.0f} ms ({r_cut / r_whole:.2f}×): no message "
-    "can be the cause there; the machine's load at the time can, and so can the cut's own work "
-    f"({pieces[0]} compiled pieces in a backward against {pieces[1]}, each run through AOTAutograd's wrapper). "
-    f"The second backward's computing nodes, with the cut's messages in flight beside them, ran aten ops for "
-    f"{cb['computing ops']:.0f} ms against {wb['computing ops']:.0f} ms "
-    f"({cb['computing ops'] / wb['computing ops']:.2f}×; the nodes' spans {cb['computing']:.0f} against "
-    f"{wb['computing']:.0f} ms)"
-    + (
-        ", a larger ratio than the quiet phases' aten ops: consistent with gloo's work on a message taking a core "
-        f"from backward (the {os.cpu_count()} cores run both ranks' backward and gloo's threads), which one step on "
-        "a loaded machine cannot tell from the load's swings"
-        if cb["computing ops"] / wb["computing ops"] > r_cut / r_whole
-        else ", no larger a ratio than the quiet phases' aten ops: this run does not show gloo's work on the "
-        "messages taking cores from backward"
-    )
-    + f". The phase's span ({cb['ms']:.0f} against {wb['ms']:.0f} ms) holds different work in the two: with the cut "
-    f"the reducer copied and handed over {handed['compiled, cut']['backward 2']} bucket(s) in its AccumulateGrad nodes "
-    f"({cb['copies']:.0f} ms of them), without it {handed['compiled, no cut']['backward 2']}."
-)
-lesson.say(
-    f"After backward's last computing node the step spent {ca['ms']:.0f} ms before its optimizer step, against "
-    f"{wa['ms']:.0f} ms without the cut. That phase too holds different work: "
-    f"{handed['compiled, cut']['after backward 2']} "
-    f"hand-over(s) with the cut ({ca['copies']:.0f} ms of AccumulateGrad nodes) against "
-    f"{handed['compiled, no cut']['after backward 2']} without ({wa['copies']:.0f} ms), no aten op for "
-    f"{ca['no op']:.0f} against {wa['no op']:.0f} ms, and the time until the last message was done. The same "
-    f"buckets, of the same bytes, were in flight for {each(flight)} in all: a gloo range's time includes its wait "
-    "for the other rank to hand over the same bucket and for a core, which rank 0's trace alone cannot tell apart. "
-    "So the difference may "
-    "come from copies moved into backward 2, from messages waiting less or more, or from the load; this one step "
-    "does not say which."
-)
-lesson.say(
-    f"So in this run the step with the cut was {abs(longer):.0f} ms {'longer' if longer > 0 else 'shorter'} than "
-    f"without it, {abs(q_cut - q_whole):.0f} ms {'longer' if q_cut > q_whole else 'shorter'} in the phases where "
-    "no message of either ran. One step each, at different moments of the load, does not establish that the cut "
-    f"makes a step {'longer' if longer > 0 else 'shorter'} here; what the run shows on any machine is the order of "
-    "events the claims above count."
-)
-
 
 # %% [markdown]
 # ## Where the cuts fall
@@ -604,8 +409,7 @@ ended, begun = (looks["compiled, cut"][key] for key in ("pieces_ended_at_handove
 lesson.claim(
     ended == begun == [home[0] + 1 for home in homes],
     "In the profiled step each bucket was handed over (its tick) after the backward of its piece ended and before "
-    "the backward of the piece backward runs next began. Handed over is not carried: when gloo ran its all_reduce "
-    "(its bar) was up to the cores and the other rank.",
+    "the backward of the piece backward runs next began.",
 )
 size = {n.removeprefix("_orig_mod."): p.numel() * p.element_size() for n, p in ddp.module.named_parameters()}
 cap = int(CAP * 2**20)
@@ -728,7 +532,7 @@ for (who, way), outcome in small.items():
 refused = "AssertionError: First bucket"
 lesson.claim(
     all(small["torch's DDP", way].startswith(refused) for way in ways),
-    "Below its 1 MiB first piece torch's DDP does not compile, either way (Dynamo's cut asserts).",
+    "At a cap below Dynamo's 1 MiB first piece torch's DDP does not compile, either way (Dynamo's cut asserts).",
 )
 lesson.claim(
     all(
@@ -747,9 +551,10 @@ lesson.claim(
 #   eager and a message can travel beside backward's compute again (the claims above). The cut
 #   restores that order of events. What it does to a step's length is not settled here: on this
 #   notebook's shared CPU the first section says what one step of each showed, and no GPU was run.
-#   `tests/test_compile.py` shows the same order of events for `zero2` around a compiled model, and
-#   for the teaching stages `bucket` and `bucket-async` built by name (`minddp.ladder.build_stage`,
-#   as `--compile` does) or passed through `compile_ready`; their own files stay free of it.
+#   `tests/test_compile.py` shows the same order of events for `zero2` around a compiled model, for
+#   the teaching stage `bucket-async` built by name (`minddp.ladder.build_stage`, as `--compile`
+#   does), and for `bucket` and `bucket-async` passed through `compile_ready`; their own files stay
+#   free of it.
 # * `torch.compile(ddp)` trains too (the steps in *Graph breaks* and at 0.5 MiB; its bits against
 #   eager's are compared in `tests/test_compile.py`, not here), and adds no graph break to the
 #   model's own (the count in *Graph breaks*, at 2 MiB), where torch's DDP, compiled whole, breaks on
