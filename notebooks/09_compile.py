@@ -231,14 +231,15 @@ lesson.say(
 # each micro-batch (the first runs inside `no_sync()`, so only the second hands buckets over), a tick
 # when a bucket was handed over, an orange bar while gloo's `all_reduce` range ran (in flight: its
 # waits for the other rank and for a core included), then the optimizer step (green). A blue bar is a
-# node's span (eager: one per operation; compiled: one per piece), not its compute: inside it the
-# training thread may run no aten op for a while, and the first table says how long aten ops ran.
-# Between the blue bars are the `AccumulateGrad` nodes (in the second micro-batch the reducer's hooks
-# there copy gradients into buckets and hand full ones over; in the first they only add each gradient
-# into `.grad`). Bars or ticks closer together than a pixel of the figure (about a thousandth of its
-# time axis) draw as one, and a bar shorter than a pixel does not show. The lengths of the bars are
-# one step on the machine printed above, its cores shared with everything else that runs; the order
-# of the events is what the cut changes, and what the claims below count.
+# node's span (eager: one per operation; compiled: one per piece, after the loss's few eager ones),
+# not its compute: inside it the training thread may run no aten op for a while, and the first table
+# says how long aten ops ran. Between the blue bars are the `AccumulateGrad` nodes (in the second
+# micro-batch the reducer's hooks there copy gradients into buckets and hand full ones over; in the
+# first they only add each gradient into `.grad`). Bars or ticks closer together than a pixel of the
+# figure (about a thousandth of its time axis) draw as one, and a bar shorter than a pixel does not
+# show. The lengths of the bars are one step on the machine printed above, its cores shared with
+# everything else that runs; the order of the events is what the cut changes, and what the claims
+# below count.
 #
 # Above the figure, two tables. The first gives each way's step, the span of backward's nodes (the
 # blue bars) and the time they ran aten ops, and the three measures named at the top: *in flight* and
