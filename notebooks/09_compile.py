@@ -18,7 +18,7 @@
 #
 # Practitioners compile their model, most often as nanoGPT does: `model = torch.compile(model)`,
 # then `DDP(model)`. Compiling changes what backward looks like to autograd: the compiled forward
-# is *one* autograd node, and so is its backward, which hands over every gradient at its very end.
+# is *one* autograd node, and so is its backward, which produces every gradient at its very end.
 # A bucket can only be handed over once its last gradient is there, so with one compiled backward no
 # bucket is handed over before all of backward's compute is done, and no message can travel while
 # backward computes: what the ladder built up from `hook-async` on (`03_build_up`) is gone.
@@ -27,33 +27,26 @@
 # (`torch/_dynamo/backends/distributed.py`) **cuts the compiled graph into pieces**, closing a piece
 # once its parameters reach a bucket's bytes, counted from the end of the forward, and compiles each
 # piece apart. Backward then runs piece after piece (in this notebook pieces are numbered in that
-# order: piece 0 is the forward's last layers, which backward runs first). When a piece's backward
-# ends, its gradients are handed over, each bucket they fill goes to gloo (a piece can fill two), and
-# the pieces backward runs after it, the forward's earlier layers, compute meanwhile. minddp's `ddp`
-# presents its buckets to Dynamo too (`minddp/runtime/compiling.py`), with its own first piece (*Buckets
-# below 1 MiB* says how it differs), and so do the bucketed stages when the train command builds them
-# around a compiled model (`tests/test_compile.py` checks those).
+# order: piece 0 is the forward's last layers, which backward runs first). After a piece's backward
+# ends, the reducer copies its gradients into buckets and hands each full bucket to gloo, and the
+# pieces backward runs after it, the forward's earlier layers, can compute while it travels. minddp's `ddp` presents its buckets
+# to Dynamo too (`minddp/runtime/compiling.py`), with its own first piece (*Buckets below 1 MiB* says
+# how it differs), and so do the bucketed stages when the train command builds them around a compiled
+# model (`tests/test_compile.py` checks those).
 #
 # This notebook shows one step of `ddp` three ways on one time axis, eager, compiled without the
 # cut and compiled with it; then where the cuts fall; then the graph breaks; then buckets below
 # 1 MiB. The model is a small MLP of our own class (eight 1 MiB layers), not the shared workload:
 # its layers make the pieces easy to name, and compiling it costs one first step (the cell after
 # the one that starts the ranks prints how long it took here). The backend is `aot_eager`: the graph
-# is traced and cut as with Inductor, then run with eager's own aten operations, fused into none (so
-# all three trainings give the same bits), and compiling is not meant to make the step faster here.
+# is traced and cut as with Inductor, then run with eager's own aten operations, fused into none, so
+# all three trainings give the same bits.
 #
-# Two measures of `docs/analysis.md` appear below, and one of this notebook's own, named apart:
-# *in flight* (the time gloo's `all_reduce` ranges ran, their waits for the other rank and for a
-# core included), *overlap* (the share of the time in flight during which an `aten::` op ran on a
-# thread of the rank that runs no gloo range: the training thread here, as `minddp.analysis.cpu`
-# counts it) and *backward overlap* (the share of the time in flight during which backward computed:
-# the same function, `metrics.overlap_parts`, with the training thread's aten ops inside backward's
-# nodes as the compute; backward's *nodes* are its autograd nodes other than `AccumulateGrad`). The
-# ladder's idea, and what compiling takes away, is the backward overlap. In this notebook *computed*
-# always means an aten op ran; a node's span is not its compute.
-#
-# Two words, kept apart: a bucket is *handed over* (to gloo: the tick in the figure) when its last
-# gradient is copied in; it is *in flight* while gloo's `all_reduce` runs on it (the orange bar).
+# Words, kept apart. A bucket is *handed over* (to gloo: the tick in the figure) when the reducer
+# calls `all_reduce` on it. It is *in flight* (`docs/analysis.md`) from the start of gloo's
+# `all_reduce` range to its end (the orange bar). *In flight while backward computed* is the part of
+# that time during which the training thread ran an aten op inside one of backward's *nodes* (its
+# autograd nodes other than `AccumulateGrad`). In this notebook *computed* always means an aten op ran.
 
 # %%
 # %load_ext minddp.notebook
@@ -62,8 +55,8 @@
 # %%
 # %%distributed
 import os
-import tempfile
 import time
+import traceback
 
 import pandas as pd
 import torch._dynamo
@@ -72,8 +65,6 @@ from torch._dynamo.utils import counters
 
 from minddp import DistributedDataParallel
 from minddp.analysis import live, metrics
-from minddp.analysis.cpu import rank_metrics
-from minddp.analysis.events import read_trace
 from minddp.ladder.loop import train_step
 from minddp.notebook import lesson
 
@@ -104,21 +95,11 @@ def loss_fn(model, x):
     return model(x).square().mean()
 
 
-def trace_measures(prof) -> dict:
-    """*In flight* (ms) and *overlap* (%) of the profiled step as docs/analysis.md defines them, read off its trace by
-    the code of ``python -m minddp.analyze``: comm is gloo's ranges, compute the training thread's aten ops."""
-    with tempfile.TemporaryDirectory() as folder:
-        prof.export_chrome_trace(f"{folder}/rank{rank}.json")
-        measured = rank_metrics(read_trace(f"{folder}/rank{rank}.json", rank))
-    return {"in flight, ms": measured["comm_time_per_step_us"] / 1e3, "overlap, %": measured["comm_comp_overlap_pctg"]}
-
-
-def phases(row, nodes, ops) -> dict:
+def phases(row, nodes) -> dict:
     """The phases of a step row, in order, tiling it from its start to its end: ``name -> {"span": (start, end),
-    "ms": its length, "in flight": whether a message was in flight during it, "nodes ops": ms in which one of
-    backward's nodes ran an aten op}``. A backward runs from its first node to its last (``nodes``, one span per
-    micro-batch: the blue bars and the gaps between them); "after backward N" from there to the next forward or to
-    the optimizer step."""
+    "ms": its length, "in flight": whether a message was in flight during it}``. A backward runs from its first node
+    to its last (``nodes``, one span per micro-batch: the blue bars and the gaps between them); "after backward N"
+    from there to the next forward or to the optimizer step."""
     (f1, f2), (b1, b2), optimizer = row["forward"], nodes, row["optimizer"][-1]
     spans = {"forward 1": f1, "backward 1": b1, "after backward 1": (b1[1], f2[0]), "forward 2": f2}
     spans.update({"backward 2": b2, "after backward 2": (b2[1], optimizer[0]), "optimizer": optimizer})
@@ -127,7 +108,6 @@ def phases(row, nodes, ops) -> dict:
             "span": (s, e),
             "ms": e - s,
             "in flight": bool(metrics.intersect([(s, e)], row["messages"])),
-            "nodes ops": metrics.length(metrics.intersect(metrics.intersect([(s, e)], row["backward"]), ops)),
         }
         for name, (s, e) in spans.items()
     }
@@ -151,7 +131,7 @@ def one_step(compiled: bool, cut: bool = True):
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     handovers = [e.time_range.start for e in events if e.name == live.CALL]  # each bucket handed to gloo
     view = live.step_view(prof)
-    view.update(trace_measures(prof), first_step_s=first_step_s, load=load)
+    view.update(first_step_s=first_step_s, load=load)
     view["matmuls_after_first_handover"] = sum(
         e.name == "aten::mm" and e.time_range.start > handovers[0] for e in events
     )
@@ -175,17 +155,28 @@ def one_step(compiled: bool, cut: bool = True):
     def ms(start, end):
         return (start - micro[0][0]) / 1e3, (end - micro[0][0]) / 1e3
 
-    view["row"]["backward"] = [ms(s, e) for s, e in nodes]
+    view["row"]["backward"] = [ms(s, e) for s, e in nodes]  # drawn: one blue bar per node (step_view: per backward)
     ops = [ms(e.time_range.start, e.time_range.end) for e in events if e.thread == main and e.name.startswith("aten::")]
+    # each hand-over: the AccumulateGrad node it ran inside (or None), the gap since the last of backward's nodes
+    # ended before it, and the wait from it to the start of its gloo range (the k-th call starts the k-th range)
+    accumulate = [
+        (e.time_range.start, e.time_range.end) for e in events if e.name.startswith(node) and "AccumulateGrad" in e.name
+    ]
+    view["inside_accumulate"] = [any(s <= t <= e for s, e in accumulate) for t in handovers]
+    before = [max(e for _, e in nodes if e <= t) for t in handovers]  # the end of the last node before each tick
+    view["after_node_ms"] = [(t - b) / 1e3 for t, b in zip(handovers, before)]
+    gaps = [(b, t) for t, b in zip(handovers, before)]
+    view["gaps_ms"] = metrics.length(gaps) / 1e3
+    view["accumulate_in_gaps_ms"] = metrics.length(metrics.intersect(gaps, accumulate)) / 1e3
+    started = sorted(e.time_range.start for e in events if e.name in live.BACKEND_RANGES)
+    view["to_range_ms"] = [(s - t) / 1e3 for t, s in zip(handovers, started)]
     spans = [[(s, e) for s, e in nodes if a <= s <= b] for a, b in micro]
     backwards = [(min(s for s, _ in c), max(e for _, e in c)) for c in spans]  # first node's start to last's end
-    view["phases"] = phases(view["row"], [ms(a, b) for a, b in backwards], ops)
-    mm = [e.time_range.start for e in events if e.name == "aten::mm"]
-    view["mm_per_backward"] = [sum(a <= t <= b for t in mm) for a, b in backwards]
+    view["phases"] = phases(view["row"], [ms(a, b) for a, b in backwards])
     # backward computed: the training thread's aten ops inside backward's nodes
     computed = metrics.intersect(view["row"]["backward"], ops)
     under, total = metrics.overlap_parts(view["row"]["messages"], computed, [(0.0, view["row"]["end"])])
-    view["backward overlap, ms"], view["backward overlap, %"] = under, metrics.pooled_overlap_pct([(under, total)])
+    view["in flight while backward computed, ms"], view["in flight, ms"] = under, total
     finish = max(view["row"]["finish"], key=lambda x: x[1] - x[0])  # ddp's finish_gradient_synchronization
     view["finish_ms"] = finish[1] - finish[0]
     # a span under 1 % of the step is too short to see: not drawn, so not named in the legend (said below)
@@ -227,47 +218,42 @@ lesson.say(
 # %% [markdown]
 # ## One step, three ways, on one time axis
 #
-# Each row is the profiled step of one way, rank 0: the forward (pale) and backward's nodes (blue) of
-# each micro-batch (the first runs inside `no_sync()`, so only the second hands buckets over), a tick
-# when a bucket was handed over, an orange bar while gloo's `all_reduce` range ran (in flight: its
-# waits for the other rank and for a core included), then the optimizer step (green). A blue bar is a
-# node's span (eager: one per operation; compiled: one per piece, after the loss's few eager ones),
-# not its compute: inside it the training thread may run no aten op for a while, and the first table
-# says how long aten ops ran. Between the blue bars are the `AccumulateGrad` nodes (in the second
-# micro-batch the reducer's hooks there copy gradients into buckets and hand full ones over; in the
-# first they only add each gradient into `.grad`). Bars or ticks closer together than a pixel of the
-# figure (about a thousandth of its time axis) draw as one, and a bar shorter than a pixel does not
-# show. The lengths of the bars are one step on the machine printed above, its cores shared with
-# everything else that runs; the order of the events is what the cut changes, and what the claims
-# below count.
+# Each row is the profiled step of one way, rank 0, from its start to the black line where it ends:
+# the forward (pale) and backward's nodes (blue) of each micro-batch (the first runs inside
+# `no_sync()`, so only the second hands buckets over), a tick when a bucket was handed over, an
+# orange bar from the start of gloo's `all_reduce` range to its end, and the optimizer step (green).
+# Blue shows when one of backward's nodes ran (eager: one node per operation; compiled: one per
+# piece, after the loss's few eager ones), not when it computed. The `AccumulateGrad` nodes, where
+# the reducer's hook hands buckets over (a claim below), are not blue. Bars closer
+# together than a pixel of the figure (about a thousandth of its time axis) draw as one, so a bar
+# can hold several nodes, and a bar shorter than a pixel does not show. The lengths are one step on
+# the machine printed above, its cores shared with everything else that runs; the order of the
+# events is what the cut changes, and what the claims below count.
 #
-# Above the figure, two tables. The first gives each way's step, the span of backward's nodes (the
-# blue bars) and the time they ran aten ops, and the three measures named at the top: *in flight* and
-# *overlap*, read off the step's trace by the code of `python -m minddp.analyze`, and *backward
-# overlap*, as a share and in ms. Overlap counts every aten op of the training thread as compute
-# (forward, backward, the optimizer and the reducer's copies into buckets alike); backward overlap
-# only those run inside backward's nodes.
-#
-# The second table splits each step into phases, which follow one another from the step's start to
-# its end: each forward; each backward, from its first node to its last (the blue bars and the gaps
-# between them); *after backward 1*, from there to the second forward (the first micro-batch's last
-# `AccumulateGrad` nodes); *after backward 2*, from the second backward's last node to the optimizer
-# step (its last `AccumulateGrad` nodes, with the reducer's copies and hand-overs, and the time until
-# the last message is done); the optimizer step. A phase marked • had a message in flight during it.
+# Above the figure, the gaps between a tick and what comes before and after it, then two tables.
+# The first gives each way's step, its messages and the two measures named at the top. The second
+# splits each step into phases, which follow one another from the step's start to its end: each
+# forward; each backward, from its first node to its last (the blue bars and the gaps between
+# them); *after backward 1*, from there to the second forward; *after backward 2*, from the second
+# backward's last node to the optimizer step; the optimizer step. A phase marked • had a message in
+# flight during it.
 #
 # The cut is torch's design for GPUs, where backward's kernels run on the GPU while NCCL carries the
-# buckets on a stream of its own, so a message in flight does not take compute from backward the way
-# it can take a core here. This notebook runs no GPU: what the cut does to a GPU step is not shown
-# here.
+# buckets on a stream of its own. This notebook runs no GPU: what the cut does to a GPU step is not
+# shown here.
 
 # %%
 # %%distributed
 figure = lesson.picture(looks, "", rows=list(looks), title="ddp: eager, compiled without the cut, compiled with it")
 if figure is not None:  # rank 0 draws: the legend in this notebook's words
+    words = {
+        "backward": "backward's nodes",
+        "handed to the wire": "handed over",
+        "collective in flight (its waits included)": "in flight (gloo's all_reduce range)",
+        "finish (sync ends)": "finish_gradient_synchronization",
+    }
     for text in figure.axes[0].get_legend().get_texts():
-        text.set_text(
-            {"backward": "backward's nodes", "handed to the wire": "handed over"}.get(text.get_text(), text.get_text())
-        )
+        text.set_text(words.get(text.get_text(), text.get_text()))
 after = {label: v["matmuls_after_first_handover"] for label, v in looks.items()}
 lesson.say(
     "Backward matrix multiplies (aten::mm) still to run when the first bucket was handed over: " + each(after, "")
@@ -283,6 +269,26 @@ lesson.claim(
     "Compiled with the cut, as eager, the first bucket is handed over while backward still has matrix multiplies "
     "to run: a message can again travel while backward computes.",
 )
+# the reducer's hook runs in each parameter's AccumulateGrad node, after the gradient is accumulated
+lesson.claim(
+    all(all(v["inside_accumulate"]) for v in looks.values()),
+    "In every way each bucket was handed over inside an AccumulateGrad node, where the reducer's hook runs.",
+)
+lesson.say(
+    "Each tick came this many ms after the end of the last of backward's nodes before it (compiled with the cut: "
+    "its piece's backward): "
+    + "; ".join(f"{NAMES[label]} " + ", ".join(f"{x:.0f}" for x in v["after_node_ms"]) for label, v in looks.items())
+    + ". These gaps add up to "
+    + each({label: v["gaps_ms"] for label, v in looks.items()})
+    + "; AccumulateGrad nodes ran during "
+    + each({label: v["accumulate_in_gaps_ms"] for label, v in looks.items()})
+    + " of them."
+)
+lesson.say(
+    "Each orange bar began this many ms after its tick (not counted as in flight): "
+    + "; ".join(f"{NAMES[label]} " + ", ".join(f"{x:.0f}" for x in v["to_range_ms"]) for label, v in looks.items())
+    + "."
+)
 same = all(torch.equal(v["params"], looks["eager"]["params"]) for v in looks.values())
 lesson.claim(
     same, "The three trainings end with the same parameters, to the bit (aot_eager computes with eager's aten ops)."
@@ -293,41 +299,34 @@ lesson.say(
     + (
         "the three: under 1 % of a step, too short to see, so not drawn."
         if not drawn
-        else f"the three; drawn in purple where it lasted 1 % of its step or more ({drawn} bar(s), the legend's "
-        "'finish')."
+        else f"the three; drawn in purple where it lasted 1 % of its step or more ({drawn} bar(s))."
     )
 )
 # timings of one step on a shared machine: said from the run, never asserted (the load can reorder them)
-by_phase = {label: v["phases"] for label, v in looks.items()}
 table = {
     label: {
         "step, ms": v["row"]["end"],
-        "backward's nodes, ms": metrics.length(v["row"]["backward"]),
-        "their aten ops, ms": sum(p["nodes ops"] for p in by_phase[label].values()),
+        "messages": v["calls"],
         "in flight, ms": v["in flight, ms"],
-        "overlap, %": v["overlap, %"],
-        "backward overlap, %": v["backward overlap, %"],
-        "backward overlap, ms": v["backward overlap, ms"],
+        "in flight while backward computed, ms": v["in flight while backward computed, ms"],
     }
     for label, v in looks.items()
 }
-lesson.say(pd.DataFrame(table).T.round(1).to_string())
-bo = {label: (v["backward overlap, ms"], v["in flight, ms"]) for label, v in looks.items()}
+lesson.say(pd.DataFrame(table).T.round(1).astype({"messages": int}).to_string())
+sent = {v["bytes"] for v in looks.values()}
 lesson.say(
-    "Backward overlap, in ms of each way's time in flight: "
-    + ", ".join(f"{NAMES[label]} {under:.0f} of {fl:.0f} ms" for label, (under, fl) in bo.items())
+    (f"Each way all-reduced the same {sent.pop()} bytes. " if len(sent) == 1 else "")
     + (
-        ". Compiled, only the cut had backward's aten ops running while a message was in flight."
-        if bo["compiled, cut"][0] > 0 and bo["compiled, no cut"][0] == 0
-        else ". In this run no message of the cut's was in flight while backward's nodes ran an aten op."
-        if bo["compiled, cut"][0] == 0
-        else "."
+        "Compiled, only the cut had backward's aten ops running while a message was in flight."
+        if looks["compiled, cut"]["in flight while backward computed, ms"] > 0
+        and looks["compiled, no cut"]["in flight while backward computed, ms"] == 0
+        else ""
     )
 )
 lesson.say("\nEach phase of the step, ms (• a message was in flight during it):")
 marked = {
-    label: {name: f"{p['ms']:.1f}{' •' if p['in flight'] else ''}" for name, p in phases_.items()}
-    for label, phases_ in by_phase.items()
+    label: {name: f"{p['ms']:.1f}{' •' if p['in flight'] else ''}" for name, p in v["phases"].items()}
+    for label, v in looks.items()
 }
 lesson.say(pd.DataFrame(marked).T.to_string())
 # the phases are cut at points of the row, each from the end of the one before: they add up to the step
@@ -335,38 +334,32 @@ lesson.claim(
     all(abs(sum(p["ms"] for p in v["phases"].values()) - v["row"]["end"]) < 1e-6 for v in looks.values()),
     "In every way the seven phases follow one another without a gap and add up to the step.",
 )
-ran = {label: [by_phase[label][f"backward {i}"]["nodes ops"] for i in (1, 2)] for label in looks}
-mms = {n for v in looks.values() for n in v["mm_per_backward"]}
-beside = [
-    f"{NAMES[label]}'s backward {i}" for label in looks for i in (1, 2) if by_phase[label][f"backward {i}"]["in flight"]
-]
-low, high = min(min(v) for v in ran.values()), max(max(v) for v in ran.values())
+step = {label: v["row"]["end"] for label, v in looks.items()}
+STEP = {"eager": "eager's", "compiled, no cut": "the one compiled without the cut"}
+
+
+def than(a: str, b: str) -> str:
+    """How much shorter or longer ``a``'s step was than ``b``'s, in words."""
+    d = step[a] - step[b]
+    return f"{abs(d):.0f} ms {'longer' if d > 0 else 'shorter'} than {STEP[b]}"
+
+
 lesson.say(
-    "Backward's nodes ran aten ops for (backward 1 / backward 2, ms): "
-    + ", ".join(f"{NAMES[label]} {a:.0f} / {b:.0f}" for label, (a, b) in ran.items())
-    + f". A message was in flight beside {' and '.join(beside) or 'none of them'}. "
-    + (
-        f"Each of these six backwards ran the same {min(mms)} matrix multiplies, and their aten ops took {low:.0f} to "
-        f"{high:.0f} ms in this run (one profiled step each, at the loads printed above): "
-        if len(mms) == 1
-        else "Matrix multiplies per backward: "
-        + ", ".join(
-            f"{NAMES[label]} {v['mm_per_backward'][0]} / {v['mm_per_backward'][1]}" for label, v in looks.items()
-        )
-        + ". "
-    )
-    + "one step each does not measure what a message in flight costs backward's compute here, nor whether the cut "
-    "makes a step shorter or longer. What the run shows on any machine is the order of events the claims count."
+    f"In this run the step {NAMES['compiled, no cut']} was {than('compiled, no cut', 'eager')}, the step "
+    f"{NAMES['compiled, cut']} {than('compiled, cut', 'eager')} and {than('compiled, cut', 'compiled, no cut')}. "
+    "These are one step each on a shared machine (loads above): they do not measure whether compiling or the cut "
+    "makes a step shorter or longer, what a message in flight costs backward's compute, or why the same bytes were "
+    "in flight for different times. What holds on any machine is the order of events the claims count."
 )
 
 # %% [markdown]
 # ## Where the cuts fall
 #
 # The pieces are visible to autograd: each is a `CompiledFunctionBackward` node, and the parameters
-# whose gradients it hands over hang off it (their `AccumulateGrad` nodes). Walking the graph of one
+# whose gradients it produces hang off it (their `AccumulateGrad` nodes). Walking the graph of one
 # forward from its output lists them, in the order backward runs them. Beside them, the buckets of
 # `ddp` (`bucket_plan`, rebuilt after the first step from the order gradients arrived in, each bucket
-# listing its parameters in that order). A compiled piece hands all its gradients over at its end,
+# listing its parameters in that order). A compiled piece produces all its gradients at its end,
 # so within a piece that order is the autograd engine's order of its `AccumulateGrad` nodes, not the
 # layers' order.
 
@@ -386,7 +379,7 @@ def pieces(output) -> list[list[str]]:
 
 
 with ddp.no_sync():  # a forward whose backward will not run: nothing for the reducer to expect
-    cut = pieces(ddp(torch.randn(32, WIDTH)))  # the training's shape: Dynamo runs the compiled graph, no recompile
+    cut = pieces(ddp(torch.randn(32, WIDTH)))  # the training's shape
 buckets = looks["compiled, cut"]["buckets"]
 for i, piece in enumerate(cut):
     lesson.say(f"piece {i} (backward runs it {'first' if i == 0 else 'next'}): {', '.join(piece)}")
@@ -394,16 +387,16 @@ for i, bucket in enumerate(buckets):
     lesson.say(f"bucket {i}: {', '.join(bucket)}")
 lesson.claim(
     len(cut) > 1 and sum(map(len, cut)) == sum(map(len, buckets)) == 2 * DEPTH + 2,
-    f"The compiled graph is cut into {len(cut)} pieces, which together hand over all {2 * DEPTH + 2} "
-    "parameters, each once.",
+    f"The compiled graph is cut into {len(cut)} pieces, which together produce the gradients of all "
+    f"{2 * DEPTH + 2} parameters, each once.",
 )
 piece_of = {name: i for i, piece in enumerate(cut) for name in piece}
 homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
 # bucket k's parameters all lie in one piece, in backward order: it is full when that piece's backward ends
 lesson.claim(
     all(len(home) == 1 for home in homes) and [h[0] for h in homes] == sorted(h[0] for h in homes),
-    "Every bucket lies within one piece, in backward order: each bucket is full once the backward of its piece "
-    "has ended.",
+    "Every bucket lies within one piece, in backward order: each bucket's gradients are all there once the "
+    "backward of its piece has ended.",
 )
 # program order on the training thread in the profiled step above: holds on any machine
 ended, begun = (looks["compiled, cut"][key] for key in ("pieces_ended_at_handover", "pieces_begun_at_handover"))
@@ -456,13 +449,10 @@ lesson.say(
 # ## Graph breaks
 #
 # The other pattern compiles the wrapper itself: `torch.compile(DDP(model))`. Dynamo then meets the
-# wrapper's own Python first (which backward syncs, the graph walk of `find_unused_parameters`, the
-# end-of-backward callback). A graph break is a place where Dynamo stops the graph, runs Python,
-# and starts a new one: each costs a compiled piece and guards, and would put cuts where no bucket
-# ends. minddp's `ddp` runs its own lines eagerly and lets Dynamo compile only the module, so its
-# count is the model's own. torch's DDP, compiled whole, breaks on its own code. Each wrapper is
-# compiled around an MLP of two 1 MiB layers and the head (a break is in the wrapper's code, whatever
-# the model's depth), for one training step.
+# wrapper's own Python first. A graph break is a place where Dynamo stops the graph, runs Python, and
+# starts a new one. minddp's `ddp` runs its own lines eagerly and lets Dynamo compile only the
+# module. Each wrapper is compiled around an MLP of two 1 MiB layers and the head, for one training
+# step, and Dynamo counts the breaks.
 
 
 # %%
@@ -471,7 +461,7 @@ def breaks(wrap) -> int:
     """Dynamo's count of graph breaks in one training step of ``torch.compile(wrap(MLP(depth=2)))``."""
     torch._dynamo.reset()
     counters.clear()
-    model = MLP(depth=2)  # a break is in the wrapper's code, not the model's depth: two layers compile sooner
+    model = MLP(depth=2)  # two layers compile sooner than eight
     compiled = torch.compile(wrap(model), backend=BACKEND)
     train_step(compiled, torch.optim.SGD(model.parameters(), lr=0.01), next(batches()), loss_fn)
     return sum(counters["graph_break"].values())
@@ -494,19 +484,17 @@ lesson.claim(
 # %% [markdown]
 # ## Buckets below 1 MiB
 #
-# Dynamo's cut makes its first piece 1 MiB (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`) whatever
-# the cap, and refuses a cap below it. torch's DDP makes its first *bucket* 1 MiB only at its default
-# cap (25 MiB); with `bucket_cap_mb` given, its first bucket is the cap (2 MiB above, 0.5 MiB here),
-# so the 1 MiB first piece is Dynamo's alone, and it is what refuses the runs below. minddp gives
-# Dynamo the first piece itself (its own first bucket: the cap, when one is given) around the module
-# it wraps. Each wrapper, both ways (the model
-# compiled, then wrapped; the wrapper compiled), at 0.5 MiB on an MLP of two 1 MiB layers and the
-# head, one training step each:
+# Dynamo's cut makes its first piece 1 MiB (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`) and
+# asserts when the cap is below it. minddp gives Dynamo the first piece itself (its own
+# first bucket: the cap, when one is given) around the module it wraps. Each wrapper, both ways (the
+# model compiled, then wrapped; the wrapper compiled), at 0.5 MiB on an MLP of two 1 MiB layers and
+# the head, one training step each; a refusal is printed with the torch file that raised it:
 
 
 # %%
 # %%distributed
 SMALL = 0.5  # MiB
+TORCH = os.path.dirname(os.path.dirname(torch.__file__))  # file paths are said from torch's own folder
 
 
 def compile_at(wrapper, model_first: bool) -> str:
@@ -520,8 +508,9 @@ def compile_at(wrapper, model_first: bool) -> str:
         wrapped = torch.compile(wrapper(model, bucket_cap_mb=SMALL), backend=BACKEND)
     try:
         train_step(wrapped, torch.optim.SGD(model.parameters(), lr=0.01), next(batches()), loss_fn)
-    except Exception as error:  # what torch raises, said in one line
-        return f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
+    except Exception as error:  # what torch raises, said in one line, with the file of torch's that raised it
+        where = os.path.relpath(traceback.extract_tb(error.__traceback__)[-1].filename, TORCH)
+        return f"{type(error).__name__}: {str(error).strip().splitlines()[0]} (raised in {where})"
     return f"trained a step; the graph was compiled in {counters['aot_autograd']['total']} pieces"
 
 
@@ -532,8 +521,11 @@ for (who, way), outcome in small.items():
     lesson.say(f"{who}, {way}, bucket_cap_mb={SMALL:g}: {outcome}")
 refused = "AssertionError: First bucket"
 lesson.claim(
-    all(small["torch's DDP", way].startswith(refused) for way in ways),
-    "At a cap below Dynamo's 1 MiB first piece torch's DDP does not compile, either way (Dynamo's cut asserts).",
+    all(
+        small["torch's DDP", way].startswith(refused) and "(raised in torch/_dynamo/" in small["torch's DDP", way]
+        for way in ways
+    ),
+    "At a cap below Dynamo's 1 MiB first piece torch's DDP does not compile, either way: Dynamo's code asserts.",
 )
 lesson.claim(
     all(
@@ -547,12 +539,11 @@ lesson.claim(
 # ## What to take away
 #
 # * Compile the model, then wrap it (`model = torch.compile(model)`, then the stage): minddp's
-#   `ddp` has Dynamo cut the compiled graph where a piece's parameters reach a bucket's bytes (a
-#   piece can hold two buckets, as piece 3 above), so buckets are handed over during backward as in
-#   eager and a message can travel beside backward's compute again (the claims above). The cut
-#   restores that order of events. What it does to a step's length is not settled here: on this
-#   notebook's shared CPU the first section says what one step of each showed, and no GPU was run.
-#   `tests/test_compile.py` shows the same order of events for `zero2` around a compiled model, for
+#   `ddp` has Dynamo cut the compiled graph where a piece's parameters reach a bucket's bytes (piece
+#   3 above gives its gradients to two buckets, the second only its two biases), so buckets are
+#   handed over during backward as in eager and a message can travel beside backward's compute again
+#   (the claims above). What the cut does to a step's length is not measured here (one step each on
+#   a shared CPU, no GPU). `tests/test_compile.py` shows the same order of events for `zero2` around a compiled model, for
 #   the teaching stage `bucket-async` built by name (`minddp.ladder.build_stage`, as `--compile`
 #   does), and for `bucket` and `bucket-async` passed through `compile_ready`; their own files stay
 #   free of it.
