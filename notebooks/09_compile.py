@@ -45,14 +45,14 @@
 #
 # Words, kept apart. A bucket is *handed over* (to gloo: the tick in the figure) when the reducer
 # calls `all_reduce` on it. It is *in flight* (`docs/analysis.md`) from the start of gloo's
-# `all_reduce` range to its end (the orange bar, which can begin well after its tick; on a CPU the
-# range includes gloo waiting for the other rank and for a free core). *In flight while backward
+# `all_reduce` range to its end (the orange bar), not from the tick; on a CPU the range includes gloo
+# waiting for the other rank and for a free core. *In flight while backward
 # computed* is the time during which a message was in flight and the training thread ran an aten op
 # inside one of backward's *nodes* (its autograd nodes other than `AccumulateGrad`; a compiled piece's
 # backward is one node). In this notebook *computed* always means an aten op ran. `ddp` waits for its
-# messages once, at the end of backward: the reducer has autograd call `_finalize_backward`
-# (`minddp/ddp/reducer.py`) when backward's last node is done, and it waits there for every message,
-# so `loss.backward()` returns after the last one.
+# messages at the end of backward: the reducer has autograd call `_finalize_backward`
+# (`minddp/ddp/reducer.py`) once every node, `AccumulateGrad` included, has run, and it waits there
+# for every message, so `loss.backward()` returns after the last one.
 
 # %%
 # %load_ext minddp.notebook
@@ -222,7 +222,7 @@ after = {label: v["matmuls_after_first_handover"] for label, v in looks.items()}
 lesson.claim(
     after["compiled, no cut"] == 0,
     "Compiled without the cut, no backward matrix multiply (aten::mm) began after the first bucket was handed over: "
-    "every bucket is handed over after backward's compute.",
+    "every bucket is handed over after backward's matrix multiplies.",
 )
 lesson.claim(
     after["compiled, cut"] > 0 and after["eager"] > 0,
@@ -254,7 +254,7 @@ lesson.say(
 # `ddp` (`bucket_plan`, rebuilt after the first step from the order gradients arrived in, each bucket
 # listing its parameters in that order). A compiled piece produces all its gradients at its end,
 # so within a piece that order is the autograd engine's order of its `AccumulateGrad` nodes, not the
-# layers' order. A bucket closes at the gradient that brings it to the cap; a piece is cut between
+# layers' order. A bucket closes at the first gradient that takes it to the cap or past it; a piece is cut between
 # operations, so a layer's weight and bias share a piece, and a piece can fill more than one bucket.
 
 
