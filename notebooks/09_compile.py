@@ -16,9 +16,9 @@
 # %% [markdown]
 # # 09 · Compiled: `torch.compile` and messages during backward
 #
-# Practitioners compile their model, most often as nanoGPT does: `model = torch.compile(model)`,
-# then `DDP(model)`. Compiling changes what backward looks like to autograd: the compiled forward
-# is *one* autograd node, and so is its backward, which hands over every gradient at its very end.
+# nanoGPT compiles its model, then wraps it: `model = torch.compile(model)`, then `DDP(model)`.
+# Compiling changes what backward looks like to autograd: the compiled forward is *one* autograd
+# node, and so is its backward, which produces every gradient at its very end.
 # A bucket can only be handed over once its last gradient is there, so with one compiled backward no
 # bucket is handed over before all of backward's compute is done, and no message can travel while
 # backward computes: what the ladder built up from `hook-async` on (`03_build_up`) is gone.
@@ -27,32 +27,32 @@
 # (`torch/_dynamo/backends/distributed.py`) **cuts the compiled graph into pieces**, closing a piece
 # once its parameters reach a bucket's bytes, counted from the end of the forward, and compiles each
 # piece apart. Backward then runs piece after piece (in this notebook pieces are numbered in that
-# order: piece 0 is the forward's last layers, which backward runs first). When a piece's backward
-# ends, its gradients are handed over, each bucket they fill goes to gloo (a piece can fill two), and
-# the pieces backward runs after it, the forward's earlier layers, compute meanwhile. minddp's `ddp`
-# presents its buckets to Dynamo the same way (`minddp/runtime/compiling.py`), and so do the bucketed
-# stages when the train command builds them around a compiled model (`tests/test_compile.py` checks
-# those).
+# order: piece 0 is the forward's last layers, which backward runs first). Once a piece's backward
+# has produced its gradients, the reducer copies them into buckets and hands each full bucket to gloo
+# before the next piece's backward begins, so the pieces backward runs after it, the forward's
+# earlier layers, can compute while it travels. minddp's `ddp` presents its buckets to Dynamo too
+# (`minddp/runtime/compiling.py`), with its own first piece (*Buckets below 1 MiB* says how it
+# differs), and so do the bucketed stages when the train command builds them around a compiled
+# model (`tests/test_compile.py` checks those).
 #
 # This notebook shows one step of `ddp` three ways on one time axis, eager, compiled without the
 # cut and compiled with it; then where the cuts fall; then the graph breaks; then buckets below
 # 1 MiB. The model is a small MLP of our own class (eight 1 MiB layers), not the shared workload:
 # its layers make the pieces easy to name, and compiling it costs one first step (the cell after
 # the one that starts the ranks prints how long it took here). The backend is `aot_eager`: the graph
-# is traced and cut as with Inductor, then run with eager's own aten operations, fused into none (so
-# all three trainings give the same bits), and compiling is not meant to make the step faster here.
+# is traced and cut as with Inductor, then run with eager's own aten operations, fused into none, so
+# all three trainings give the same bits.
 #
-# Two measures of `docs/analysis.md` appear below, and one of this notebook's own, named apart:
-# *in flight* (the time gloo's `all_reduce` ranges ran, their waits for the other rank and for a
-# core included), *overlap* (the share of the time in flight during which an `aten::` op ran on a
-# thread of the rank that runs no gloo range: the training thread here, as `minddp.analysis.cpu`
-# counts it) and *backward overlap* (the share of the time in flight during which backward computed:
-# the same function, `metrics.overlap_parts`, with backward's computing nodes as the compute). The
-# ladder's idea, and what compiling takes away, is the backward overlap. A share is of a time: each is
-# printed beside the milliseconds in flight it is a share of.
-#
-# Two words, kept apart: a bucket is *handed over* (to gloo: the tick in the figure) when its last
-# gradient is copied in; it is *in flight* while gloo's `all_reduce` runs on it (the orange bar).
+# Words, kept apart. A bucket is *handed over* (to gloo: the tick in the figure) when the reducer
+# calls `all_reduce` on it. It is *in flight* (`docs/analysis.md`) from the start of gloo's
+# `all_reduce` range to its end (the orange bar), not from the tick; on a CPU the range includes gloo
+# waiting for the other rank and for a free core. *In flight while backward
+# computed* is the time during which a message was in flight and the training thread ran an aten op
+# inside one of backward's *nodes* (its autograd nodes other than `AccumulateGrad`; a compiled piece's
+# backward is one node). In this notebook *computed* always means an aten op ran. `ddp` waits for its
+# messages at the end of backward: the reducer has autograd call `_finalize_backward`
+# (`minddp/ddp/reducer.py`) once every node, `AccumulateGrad` included, has run, and it waits there
+# for every message, so `loss.backward()` returns after the last one.
 
 # %%
 # %load_ext minddp.notebook
@@ -61,18 +61,15 @@
 # %%
 # %%distributed
 import os
-import tempfile
 import time
+import traceback
 
-import pandas as pd
 import torch._dynamo
 from torch import nn
 from torch._dynamo.utils import counters
 
 from minddp import DistributedDataParallel
 from minddp.analysis import live, metrics
-from minddp.analysis.cpu import rank_metrics
-from minddp.analysis.events import read_trace
 from minddp.ladder.loop import train_step
 from minddp.notebook import lesson
 
@@ -103,58 +100,6 @@ def loss_fn(model, x):
     return model(x).square().mean()
 
 
-def trace_measures(prof) -> dict:
-    """*In flight* (ms) and *overlap* (%) of the profiled step as docs/analysis.md defines them, read off its trace by
-    the code of ``python -m minddp.analyze``: comm is gloo's ranges, compute the training thread's aten ops."""
-    with tempfile.TemporaryDirectory() as folder:
-        prof.export_chrome_trace(f"{folder}/rank{rank}.json")
-        measured = rank_metrics(read_trace(f"{folder}/rank{rank}.json", rank))
-    return {"in flight, ms": measured["comm_time_per_step_us"] / 1e3, "overlap, %": measured["comm_comp_overlap_pctg"]}
-
-
-def phases(row, computing, ops, copies) -> dict:
-    """The phases of a step row, in order, tiling it from its start to its end: ``name -> {"span": (start, end),
-    "ms": its length, "in flight": whether a message was in flight during it, "no op": ms in which the training
-    thread ran no aten op, "computing": ms in which a backward computing node ran, "computing ops": ms in which
-    one ran an aten op, "copies": ms of AccumulateGrad nodes}``. A backward runs from its first computing node to
-    its last (``computing``, one span per micro-batch: the blue bars and the gaps between them); "after backward N"
-    from there to the next forward or to the optimizer step (the last AccumulateGrad nodes, where the reducer
-    copies gradients into buckets and hands them over, and the wait for the last messages)."""
-    (f1, f2), (b1, b2), optimizer = row["forward"], computing, row["optimizer"][-1]
-    spans = {"forward 1": f1, "backward 1": b1, "after backward 1": (b1[1], f2[0]), "forward 2": f2}
-    spans.update({"backward 2": b2, "after backward 2": (b2[1], optimizer[0]), "optimizer": optimizer})
-    out = {}
-    for name, (s, e) in spans.items():
-        window = [(s, e)]
-        out[name] = {
-            "span": (s, e),
-            "ms": e - s,
-            "in flight": bool(metrics.intersect(window, row["messages"])),
-            "no op": e - s - metrics.length(metrics.intersect(window, ops)),
-            "computing": metrics.length(metrics.intersect(window, row["backward"])),
-            "computing ops": metrics.length(metrics.intersect(metrics.intersect(window, row["backward"]), ops)),
-            "copies": metrics.length(metrics.intersect(window, copies)),
-        }
-    return out
-
-
-def longest_stall(events, main: int, ms, end: float) -> dict:
-    """The longest stretch of the step in which the training thread ``main`` ran no aten op, and the innermost
-    autograd node or compiled region around it (``None``: between nodes, inside none)."""
-    ops = [ms(e.time_range.start, e.time_range.end) for e in events if e.thread == main and e.name.startswith("aten::")]
-    s, e = max(metrics.subtract([(0.0, end)], ops), key=lambda x: x[1] - x[0])
-    around = [
-        x
-        for x in events
-        if x.thread == main
-        and x.name.startswith(("autograd::engine::evaluate_function", "Torch-Compiled Region"))
-        and ms(x.time_range.start, x.time_range.end)[0] <= s
-        and ms(x.time_range.start, x.time_range.end)[1] >= e
-    ]
-    inner = min(around, key=lambda x: x.time_range.end - x.time_range.start).name if around else None
-    return {"span": (s, e), "ms": e - s, "inside": inner}
-
-
 def one_step(compiled: bool, cut: bool = True):
     """ddp on a fresh MLP, compiled or not (the cut on or off), two warm-up steps, then one profiled step."""
     torch._dynamo.reset()  # every MLP shares Dynamo's cache (one class, one code): start each anew
@@ -169,28 +114,25 @@ def one_step(compiled: bool, cut: bool = True):
     with live.profiler() as prof:
         train_step(ddp, optimizer, next(data), loss_fn)
     torch._dynamo.config.optimize_ddp = True
-    load = os.getloadavg()[0]  # the load average of the minute the profiled step ended in
+    load = os.getloadavg()[0]  # the 1-minute load average as the profiled step ended
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     handovers = [e.time_range.start for e in events if e.name == live.CALL]  # each bucket handed to gloo
     view = live.step_view(prof)
-    view.update(trace_measures(prof), first_step_s=first_step_s, load=load)
+    view.update(first_step_s=first_step_s, load=load)
     view["matmuls_after_first_handover"] = sum(
         e.name == "aten::mm" and e.time_range.start > handovers[0] for e in events
     )
-    view["matmuls"] = sum(e.name in ("aten::mm", "aten::addmm") for e in events)
-    view["aten_ops"] = sum(e.name.startswith("aten::") for e in events)
     # the compiled pieces' backward in the second micro-batch (the first runs inside no_sync: nothing is handed over)
     micro = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == "minddp.forward_backward")
-    nodes = [
+    second = [
         (e.time_range.start, e.time_range.end) for e in events if e.name == PIECE and e.time_range.start > micro[-1][0]
     ]
-    view["pieces"] = len(nodes)
-    view["pieces_ended_at_handover"] = [sum(end <= t for _, end in nodes) for t in handovers]
-    view["pieces_begun_at_handover"] = [sum(start <= t for start, _ in nodes) for t in handovers]
-    # backward as the computing nodes only (a compiled piece is one): not the AccumulateGrad nodes after them,
-    # where the reducer's hooks copy gradients into buckets and hand them over
+    view["pieces_ended_at_handover"] = [sum(end <= t for _, end in second) for t in handovers]
+    view["pieces_begun_at_handover"] = [sum(start <= t for start, _ in second) for t in handovers]
+    # backward's nodes: every autograd node but AccumulateGrad (a compiled piece is one), not the AccumulateGrad
+    # nodes after them, where the reducer's hooks copy gradients into buckets and hand them over
     node = "autograd::engine::evaluate_function"
-    computing = [
+    nodes = [
         (e.time_range.start, e.time_range.end)
         for e in events
         if e.name.startswith(node) and "AccumulateGrad" not in e.name
@@ -200,22 +142,18 @@ def one_step(compiled: bool, cut: bool = True):
     def ms(start, end):
         return (start - micro[0][0]) / 1e3, (end - micro[0][0]) / 1e3
 
-    view["row"]["backward"] = [ms(s, e) for s, e in computing]
+    view["row"]["backward"] = [ms(s, e) for s, e in nodes]  # drawn: one blue bar per node (step_view: per backward)
     ops = [ms(e.time_range.start, e.time_range.end) for e in events if e.thread == main and e.name.startswith("aten::")]
-    copies = [
-        ms(e.time_range.start, e.time_range.end) for e in events if e.name == f"{node}: torch::autograd::AccumulateGrad"
+    # each hand-over: whether it ran inside an AccumulateGrad node
+    accumulate = [
+        (e.time_range.start, e.time_range.end) for e in events if e.name.startswith(node) and "AccumulateGrad" in e.name
     ]
-    spans = [[(s, e) for s, e in computing if a <= s <= b] for a, b in micro]
-    view["phases"] = phases(view["row"], [ms(min(s for s, _ in c), max(e for _, e in c)) for c in spans], ops, copies)
-    view["stall"] = longest_stall(events, main, ms, view["row"]["end"])
-    view["stall"]["in flight"] = metrics.in_flight(view["row"]["messages"], [view["stall"]["span"]])
-    under, total = metrics.overlap_parts(view["row"]["messages"], view["row"]["backward"], [(0.0, view["row"]["end"])])
-    view["backward overlap, ms"], view["backward overlap, %"] = under, metrics.pooled_overlap_pct([(under, total)])
-    finish = max(view["row"]["finish"], key=lambda x: x[1] - x[0])  # ddp's finish_gradient_synchronization
-    view["finish_ms"] = finish[1] - finish[0]
-    view["finish_no_op_ms"] = view["finish_ms"] - metrics.length(metrics.intersect([finish], ops))
-    # a span under 1 % of the step is too short to see: not drawn, so not named in the legend (said below)
-    view["row"]["finish"] = [(s, e) for s, e in view["row"]["finish"] if e - s >= 0.01 * view["row"]["end"]]
+    view["inside_accumulate"] = [any(s <= t <= e for s, e in accumulate) for t in handovers]
+    # backward computed: the training thread's aten ops inside backward's nodes
+    computed = metrics.intersect(view["row"]["backward"], ops)
+    under, _ = metrics.overlap_parts(view["row"]["messages"], computed, [(0.0, view["row"]["end"])])
+    view["in flight while backward computed, ms"] = under
+    view["row"]["finish"] = []  # ddp waits inside backward (markdown at the top): its finish is not drawn
     view["buckets"] = [[ddp.reducer.names[i].removeprefix("_orig_mod.") for i in b] for b in ddp.bucket_plan]
     view["params"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return ddp, view
@@ -238,8 +176,8 @@ lesson.say(
     f"a head, buckets of {CAP:g} MiB, two micro-batches a step; compiled with the {BACKEND} backend."
 )
 lesson.say(
-    f"This machine: {os.cpu_count()} cores, shared by both ranks, gloo's threads and every other process; the load "
-    "average of the minute in which each profiled step ended: "
+    f"This machine: {os.cpu_count()} cores, shared by both ranks, gloo's threads and every other process; the "
+    "1-minute load average when each profiled step ended: "
     + each({label: v["load"] for label, v in looks.items()}, unit="", digits=1)
     + "."
 )
@@ -253,316 +191,71 @@ lesson.say(
 # %% [markdown]
 # ## One step, three ways, on one time axis
 #
-# Each row is the profiled step of one way, rank 0: the forward (pale) and backward (blue) of each
-# micro-batch (the first runs inside `no_sync()`, so only the second hands buckets over), a tick when
-# a bucket was handed over to gloo, an orange bar while gloo's `all_reduce` range ran (in flight: its
-# waits for the other rank and for a core included, so not only time on the wire), then the optimizer
-# step (green). Backward is drawn where it computes: eager, node after node; compiled, one bar per
-# compiled piece. Between its bars are the `AccumulateGrad` nodes (in the second micro-batch the
-# reducer's hooks there copy gradients into buckets and hand full ones over; in the first they only
-# add each gradient into `.grad`), and stretches in which the training thread ran no aten op at all:
-# a *stall*, measured below, where no forward or backward bar is drawn and nothing is computed (the
-# thread waiting for a message, or for a core, or running Python that calls no op: the trace does
-# not say which). Bars or ticks closer together than a pixel of the figure (about a thousandth of
-# its time axis) draw as one, and a bar shorter than a pixel does not show. The lengths of the bars
-# are one step on the machine printed above, its cores shared with everything else that runs; the
-# order of the events is what the cut changes, and what the claims below count.
-#
-# Above the figure, three tables. The first gives each way's step, the time its backward computed
-# (the blue bars), and the three measures named at the top: *in flight* and *overlap*, read off the
-# step's trace by the code of `python -m minddp.analyze`, and *backward overlap*, from the drawn
-# row, as a share and in ms. They differ because overlap counts every `aten::` op of the training
-# thread as compute: forward, backward, the optimizer and the reducer's copies into buckets alike.
-# Without the cut, the first buckets travel while the reducer copies the later ones, so that step can
-# show overlap with no backward beside its messages; the backward overlap counts backward's
-# computing nodes only.
-#
-# The second table splits each step into phases, which follow one another from the step's start to
-# its end: each forward; each backward, from its first computing node to its last (the blue bars
-# and the gaps between them); *after backward 1*, from there to the second forward (the first
-# micro-batch's last `AccumulateGrad` nodes); *after backward 2*, from the second backward's last
-# computing node to the optimizer step (its last `AccumulateGrad` nodes, with the reducer's copies
-# and hand-overs, and the time until the last message is done); the optimizer step. A phase marked •
-# had a message in flight during it; a phase with nothing in flight in two ways is where those two
-# steps can be compared with the messages left out. The third table gives, per phase, the
-# milliseconds in which the training thread ran no aten op: a phase's span is not its compute.
+# Each row is the profiled step of one way, rank 0, from its start to the black line where it ends:
+# the forward (pale) and backward's nodes (blue) of each micro-batch (the first runs inside
+# `no_sync()`, so only the second hands buckets over), a tick when a bucket was handed over, an
+# orange bar for each message in flight, and the optimizer step (green). Blue shows when one of
+# backward's nodes ran (eager: one node per operation; compiled: one per piece, after the loss's
+# few eager ones). The `AccumulateGrad` nodes, where the reducer's hook hands buckets over (a claim
+# below), are not blue. Bars that overlap, or lie closer together than a pixel (about a thousandth
+# of the time axis), draw as one, and a bar shorter than a pixel does not show. The lengths are one
+# step on the machine printed above, its cores shared with everything else that runs; the order of
+# the events is what the cut changes, and what the claims below count.
 #
 # The cut is torch's design for GPUs, where backward's kernels run on the GPU while NCCL carries the
-# buckets on a stream of its own, so a message in flight does not take compute from backward the way
-# it can take a core here. This notebook runs no GPU: what the cut does to a GPU step is not shown
-# here.
+# buckets on a stream of its own. This notebook runs no GPU: what the cut does to a GPU step is not
+# shown here.
 
 # %%
 # %%distributed
-lesson.picture(looks, "", rows=list(looks), title="ddp: eager, compiled without the cut, compiled with it")
-# timings of one step on a shared machine: said from the run, never asserted (the load can reorder them)
+figure = lesson.picture(looks, "", rows=list(looks), title="ddp: eager, compiled without the cut, compiled with it")
+if figure is not None:  # rank 0 draws: the legend in this notebook's words
+    words = {
+        "backward": "backward's nodes",
+        "handed to the wire": "handed over",
+        "collective in flight (its waits included)": "in flight (gloo's all_reduce range)",
+    }
+    for text in figure.axes[0].get_legend().get_texts():
+        text.set_text(words.get(text.get_text(), text.get_text()))
 after = {label: v["matmuls_after_first_handover"] for label, v in looks.items()}
-lesson.say(
-    "Backward matrix multiplies (aten::mm) still to run when the first bucket was handed over: " + each(after, "")
-)
 # orders of events on the training thread (program order), not timings: they hold on any machine
 lesson.claim(
     after["compiled, no cut"] == 0,
-    "Compiled without the cut, no bucket is handed over before the compiled backward is over: every gradient "
-    "arrives at its end, and every message comes after backward's compute.",
+    "Compiled without the cut, no backward matrix multiply (aten::mm) began after the first bucket was handed over: "
+    "every bucket is handed over after backward's matrix multiplies.",
 )
 lesson.claim(
     after["compiled, cut"] > 0 and after["eager"] > 0,
-    "Compiled with the cut, as eager, the first bucket is handed over while backward still has matrix multiplies "
-    "to run: a message can again travel while backward computes.",
+    "Compiled with the cut, as eager, backward matrix multiplies began after the first bucket was handed over: a "
+    "message can again travel while backward computes.",
 )
-same = all(torch.equal(v["params"], looks["eager"]["params"]) for v in looks.values())
+# the reducer's hook runs in each parameter's AccumulateGrad node, after the gradient is accumulated
 lesson.claim(
-    same, "The three trainings end with the same parameters, to the bit (aot_eager computes with eager's aten ops)."
+    all(all(v["inside_accumulate"]) for v in looks.values()),
+    "In every way each bucket was handed over inside an AccumulateGrad node, where the reducer's hook runs.",
 )
-drawn = sum(len(v["row"]["finish"]) for v in looks.values())
-longest = max(looks.values(), key=lambda v: v["finish_ms"])
-lesson.say(
-    f"finish_gradient_synchronization took at most {max(v['finish_ms'] for v in looks.values()):.2f} ms in any of "
-    + (
-        "the three: under 1 % of a step, too short to see, so not drawn."
-        if not drawn
-        else f"the three; drawn in purple where it lasted 1 % of its step or more ({drawn} bar(s), the legend's "
-        "'finish'). In ddp it syncs nothing (the end-of-backward callback has already waited for the messages; in "
-        "the first micro-batch, inside no_sync, none was handed over): of its longest call "
-        f"({longest['finish_ms']:.2f} ms), no aten op ran for {longest['finish_no_op_ms']:.2f} ms, a stall (below)."
-    )
-)
-
-table = {
-    label: {
-        "step, ms": v["row"]["end"],
-        "backward computing, ms": metrics.length(v["row"]["backward"]),
-        "in flight, ms": v["in flight, ms"],
-        "overlap, %": v["overlap, %"],
-        "backward overlap, %": v["backward overlap, %"],
-        "backward overlap, ms": v["backward overlap, ms"],
-    }
-    for label, v in looks.items()
-}
-lesson.say(pd.DataFrame(table).T.round(1).to_string())
-bo = {label: (v["backward overlap, %"], v["in flight, ms"], v["backward overlap, ms"]) for label, v in looks.items()}
-lesson.say(
-    "Backward overlap, as a share of each way's time in flight and in ms: "
-    + ", ".join(f"{NAMES[label]} {pct:.0f} % of {fl:.0f} ms ({under:.0f} ms)" for label, (pct, fl, under) in bo.items())
-    + (
-        ". The cut brought back messages travelling beside backward's compute, which compiling without it took away"
-        if bo["compiled, cut"][2] > 0 and bo["compiled, no cut"][2] == 0
-        else ". In this run no message of the cut's was in flight while its backward still computed (a gloo thread "
-        "waits for a core like every other), so the handed-over order above did not become backward overlap here"
-        if bo["compiled, cut"][2] == 0
-        else ""
-    )
-    + f". In time: {bo['compiled, cut'][2]:.0f} ms under backward's compute with the cut against eager's "
-    f"{bo['eager'][2]:.0f} ms, shares of {bo['compiled, cut'][1]:.0f} and {bo['eager'][1]:.0f} ms in flight."
-)
-lesson.say("\nEach phase of the step, ms (• a message was in flight during it):")
-marked = {
-    label: {name: f"{p['ms']:.1f}{' •' if p['in flight'] else ''}" for name, p in v["phases"].items()}
-    for label, v in looks.items()
-}
-lesson.say(pd.DataFrame(marked).T.to_string())
-lesson.say("\nOf each phase, the ms in which rank 0's training thread ran no aten op:")
-lesson.say(
-    pd.DataFrame({label: {n: p["no op"] for n, p in v["phases"].items()} for label, v in looks.items()})
-    .T.round(1)
-    .to_string()
-)
-# the phases are cut at points of the row, each from the end of the one before: they add up to the step
 lesson.claim(
-    all(abs(sum(p["ms"] for p in v["phases"].values()) - v["row"]["end"]) < 1e-6 for v in looks.values()),
-    "In every way the seven phases follow one another without a gap and add up to the step.",
+    all(torch.equal(v["params"], looks["eager"]["params"]) for v in looks.values()),
+    "The three trainings end with the same parameters, to the bit (aot_eager computes with eager's aten ops).",
 )
-
-by_phase = {label: v["phases"] for label, v in looks.items()}
-
-
-def phase_at(label: str, t: float) -> str:
-    return next(name for name, p in by_phase[label].items() if p["span"][0] <= t <= p["span"][1])
-
-
-way = max(looks, key=lambda label: looks[label]["stall"]["ms"])
-stall = looks[way]["stall"]
-(s0, s1), inside = stall["span"], stall["inside"]
-home = by_phase[way][phase_at(way, s0)]
-row = looks[way]["row"]
-under = {kind: metrics.length(metrics.intersect([(s0, s1)], row[kind])) for kind in ("backward", "forward")}
-bare = stall["ms"] - under["backward"] - under["forward"]
+# a time measured in one step on a shared machine: said, never asserted (the load can change it)
 lesson.say(
-    f"\nThe longest stall (a stretch in which the training thread ran no aten op): {NAMES[way]}, "
-    f"{phase_at(way, s0)}"
-    + ("" if phase_at(way, s1) == phase_at(way, s0) else f" into {phase_at(way, s1)}")
-    + f", {s0:.0f} → {s1:.0f} ms ({stall['ms']:.0f} ms), "
-    + (
-        "inside no single autograd node"
-        if inside is None
-        else "inside an AccumulateGrad node (where the reducer's hook runs)"
-        if "AccumulateGrad" in inside
-        else f"inside `{inside}`"
-    )
-    + ". Nothing computed there, whatever the figure draws: "
-    + ", ".join(
-        text
-        for ms_, text in (
-            (
-                under["backward"],
-                f"{under['backward']:.0f} ms of it lie under backward's blue bars (computing nodes open, running no aten op)",
-            ),
-            (under["forward"], f"{under['forward']:.0f} ms under a forward's pale bar"),
-            (bare, f"{bare:.0f} ms where no forward or backward bar is drawn"),
-        )
-        if ms_ >= 0.5
-    )
-    + f". Of {phase_at(way, s0)}'s {home['ms']:.0f} ms, "
-    + (f"backward's computing nodes ran {home['computing']:.0f} ms, " if home["computing"] else "")
-    + f"the AccumulateGrad nodes ran {home['copies']:.0f} ms, and no aten op ran for {home['no op']:.0f} ms. The trace "
-    "does not say what the thread did meanwhile: "
-    + (
-        f"a message was in flight for {stall['in flight']:.0f} ms of it, and once backward's last gradient is handed "
-        "over ddp's end-of-backward callback waits for every bucket's message (`Reducer.wait_and_write_back`, which "
-        "records no range of its own), so waiting for it is one possibility; "
-        if stall["in flight"] > 0 and phase_at(way, s0) == "after backward 2"
-        else ""
-    )
-    + f"at load {looks[way]['load']:.0f} on {os.cpu_count()} cores it may have waited for a core; Python that runs "
-    "no aten op (the autograd engine, a hook, the garbage collector) is another possibility."
+    "In flight while backward computed: "
+    + each({label: v["in flight while backward computed, ms"] for label, v in looks.items()}, digits=1)
+    + "."
 )
-lesson.say(
-    "The second backward's span, and within it backward's computing nodes, the AccumulateGrad nodes and the time no "
-    "aten op ran, ms: "
-    + ", ".join(
-        f"{NAMES[label]} {p['ms']:.0f} / {p['computing']:.0f} / {p['copies']:.0f} / {p['no op']:.0f}"
-        for label, p in ((label, by_phase[label]["backward 2"]) for label in looks)
-    )
-    + ". A span is not compute: the table's 'backward computing' is the blue bars alone."
-)
-
-step = {label: v["row"]["end"] for label, v in looks.items()}
-idle = {label: sum(p["no op"] for p in by_phase[label].values()) for label in looks}
-order = sorted(step, key=step.get)
-matmuls, ops = ({label: v[key] for label, v in looks.items()} for key in ("matmuls", "aten_ops"))
-lesson.say(
-    "Steps, shortest first: "
-    + each({label: step[label] for label in order})
-    + " (one profiled step each, the three ways one after the other). The training thread ran no aten op for "
-    + each({label: idle[label] for label in order})
-    + " of them, and ran aten ops for "
-    + each({label: step[label] - idle[label] for label in order})
-    + ". "
-    + (
-        f"Every way ran the same {matmuls['eager']} matrix multiplies"
-        if len(set(matmuls.values())) == 1
-        else "The matrix multiplies: " + each(matmuls, unit="")
-    )
-    + " (aot_eager fuses no operation), and the compiled ways add work of their own: more aten ops ("
-    + each(ops, unit="")
-    + ") and AOTAutograd's wrapper around each compiled piece. On a CPU nothing here is meant to make a compiled "
-    "step shorter than eager's."
-)
-
-
-def where(a: str, b: str) -> str:
-    """Where ``b``'s step differs from ``a``'s, phase by phase (spans), largest first."""
-    diff = {name: by_phase[b][name]["ms"] - by_phase[a][name]["ms"] for name in by_phase[a]}
-    big = sorted(diff, key=lambda n: -abs(diff[n]))
-    return ", ".join(f"{name} {diff[name]:+.0f}" for name in big[:3]) + (
-        f"; the other {len(big) - 3} phases {sum(diff[n] for n in big[3:]):+.0f} ms together"
-    )
-
-
-d_step, d_idle = step["compiled, no cut"] - step["eager"], idle["compiled, no cut"] - idle["eager"]
-lesson.say(
-    f"Compiled without the cut against eager, by phase (spans, ms): {where('eager', 'compiled, no cut')}; the step "
-    f"{d_step:+.0f} ms. Of that, the time with no aten op on the training thread changed by {d_idle:+.0f} ms and the "
-    f"time aten ops ran by {d_step - d_idle:+.0f} ms"
-    + (
-        ": most of the difference is stall, not compute."
-        if abs(d_idle) > abs(d_step - d_idle)
-        else ": most of the difference is time aten ops ran."
-    )
-    + " The optimizer step, the same uncompiled SGD on the same parameters in all three ways, took "
-    + each({label: x["optimizer"]["ms"] for label, x in by_phase.items()}, digits=1)
-    + ", no aten op running for "
-    + each({label: x["optimizer"]["no op"] for label, x in by_phase.items()}, digits=1)
-    + " of it: that is how far the same work moved between these three steps, taken at different moments of the "
-    "machine's load. The forwards are no such yardstick: compiled, they check Dynamo's guards (once a call) and run "
-    f"AOTAutograd's wrapper around each compiled piece ({looks['compiled, cut']['pieces']} with the cut, "
-    f"{looks['compiled, no cut']['pieces']} without). One step each cannot tell the compiled ways' own work from the "
-    "load's swings."
-)
-c, w = by_phase["compiled, cut"], by_phase["compiled, no cut"]
-quiet = [name for name in c if not c[name]["in flight"] and not w[name]["in flight"]]
-q_cut, q_whole = (sum(x[name]["ms"] for name in quiet) for x in (c, w))
-r_cut, r_whole = (sum(x[name]["ms"] - x[name]["no op"] for name in quiet) for x in (c, w))
-cb, wb = c["backward 2"], w["backward 2"]
-ca, wa = c["after backward 2"], w["after backward 2"]
-pieces = looks["compiled, cut"]["pieces"], looks["compiled, no cut"]["pieces"]
-flight = {label: looks[label]["in flight, ms"] for label in NAMES}
-handed = {
-    label: {
-        name: sum(
-            by_phase[label][name]["span"][0] <= t <= by_phase[label][name]["span"][1]
-            for t in looks[label]["row"]["sent"]
-        )
-        for name in ("backward 2", "after backward 2")
-    }
-    for label in ("compiled, cut", "compiled, no cut")
-}
-longer = step["compiled, cut"] - step["compiled, no cut"]
-lesson.say(
-    f"With the cut the step took {step['compiled, cut']:.0f} ms, against {step['compiled, no cut']:.0f} ms without "
-    f"it. In the phases where neither had a message in flight ({', '.join(quiet)}) it took {q_cut:.0f} ms against "
-    f"{q_whole:.0f} ms, aten ops running {r_cut:.0f} ms against {r_whole:.0f} ms ({r_cut / r_whole:.2f}×): no message "
-    "can be the cause there; the machine's load at the time can, and so can the cut's own work "
-    f"({pieces[0]} compiled pieces in a backward against {pieces[1]}, each run through AOTAutograd's wrapper). "
-    f"The second backward's computing nodes, with the cut's messages in flight beside them, ran aten ops for "
-    f"{cb['computing ops']:.0f} ms against {wb['computing ops']:.0f} ms "
-    f"({cb['computing ops'] / wb['computing ops']:.2f}×; the nodes' spans {cb['computing']:.0f} against "
-    f"{wb['computing']:.0f} ms)"
-    + (
-        ", a larger ratio than the quiet phases' aten ops: consistent with gloo's work on a message taking a core "
-        f"from backward (the {os.cpu_count()} cores run both ranks' backward and gloo's threads), which one step on "
-        "a loaded machine cannot tell from the load's swings"
-        if cb["computing ops"] / wb["computing ops"] > r_cut / r_whole
-        else ", no larger a ratio than the quiet phases' aten ops: this run does not show gloo's work on the "
-        "messages taking cores from backward"
-    )
-    + f". The phase's span ({cb['ms']:.0f} against {wb['ms']:.0f} ms) holds different work in the two: with the cut "
-    f"the reducer copied and handed over {handed['compiled, cut']['backward 2']} bucket(s) in its AccumulateGrad nodes "
-    f"({cb['copies']:.0f} ms of them), without it {handed['compiled, no cut']['backward 2']}."
-)
-lesson.say(
-    f"After backward's last computing node the step spent {ca['ms']:.0f} ms before its optimizer step, against "
-    f"{wa['ms']:.0f} ms without the cut. That phase too holds different work: "
-    f"{handed['compiled, cut']['after backward 2']} "
-    f"hand-over(s) with the cut ({ca['copies']:.0f} ms of AccumulateGrad nodes) against "
-    f"{handed['compiled, no cut']['after backward 2']} without ({wa['copies']:.0f} ms), no aten op for "
-    f"{ca['no op']:.0f} against {wa['no op']:.0f} ms, and the time until the last message was done. The same "
-    f"buckets, of the same bytes, were in flight for {each(flight)} in all: a gloo range's time includes its wait "
-    "for the other rank to hand over the same bucket and for a core, which rank 0's trace alone cannot tell apart. "
-    "So the difference may "
-    "come from copies moved into backward 2, from messages waiting less or more, or from the load; this one step "
-    "does not say which."
-)
-lesson.say(
-    f"So in this run the step with the cut was {abs(longer):.0f} ms {'longer' if longer > 0 else 'shorter'} than "
-    f"without it, {abs(q_cut - q_whole):.0f} ms {'longer' if q_cut > q_whole else 'shorter'} in the phases where "
-    "no message of either ran. One step each, at different moments of the load, does not establish that the cut "
-    f"makes a step {'longer' if longer > 0 else 'shorter'} here; what the run shows on any machine is the order of "
-    "events the claims above count."
-)
-
 
 # %% [markdown]
 # ## Where the cuts fall
 #
 # The pieces are visible to autograd: each is a `CompiledFunctionBackward` node, and the parameters
-# whose gradients it hands over hang off it (their `AccumulateGrad` nodes). Walking the graph of one
+# whose gradients it produces hang off it (their `AccumulateGrad` nodes). Walking the graph of one
 # forward from its output lists them, in the order backward runs them. Beside them, the buckets of
 # `ddp` (`bucket_plan`, rebuilt after the first step from the order gradients arrived in, each bucket
-# listing its parameters in that order). A compiled piece hands all its gradients over at its end,
+# listing its parameters in that order). A compiled piece produces all its gradients at its end,
 # so within a piece that order is the autograd engine's order of its `AccumulateGrad` nodes, not the
-# layers' order.
+# layers' order. A bucket closes at the first gradient that takes it to the cap or past it; a piece is cut between
+# operations, so a layer's weight and bias share a piece, and a piece can fill more than one bucket.
 
 
 # %%
@@ -580,7 +273,7 @@ def pieces(output) -> list[list[str]]:
 
 
 with ddp.no_sync():  # a forward whose backward will not run: nothing for the reducer to expect
-    cut = pieces(ddp(torch.randn(32, WIDTH)))  # the training's shape: Dynamo runs the compiled graph, no recompile
+    cut = pieces(ddp(torch.randn(32, WIDTH)))  # the training's shape
 buckets = looks["compiled, cut"]["buckets"]
 for i, piece in enumerate(cut):
     lesson.say(f"piece {i} (backward runs it {'first' if i == 0 else 'next'}): {', '.join(piece)}")
@@ -588,61 +281,32 @@ for i, bucket in enumerate(buckets):
     lesson.say(f"bucket {i}: {', '.join(bucket)}")
 lesson.claim(
     len(cut) > 1 and sum(map(len, cut)) == sum(map(len, buckets)) == 2 * DEPTH + 2,
-    f"The compiled graph is cut into {len(cut)} pieces, which together hand over all {2 * DEPTH + 2} "
-    "parameters, each once.",
+    f"The compiled graph is cut into {len(cut)} pieces, which together produce the gradients of all "
+    f"{2 * DEPTH + 2} parameters, each once.",
 )
 piece_of = {name: i for i, piece in enumerate(cut) for name in piece}
 homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
 # bucket k's parameters all lie in one piece, in backward order: it is full when that piece's backward ends
 lesson.claim(
     all(len(home) == 1 for home in homes) and [h[0] for h in homes] == sorted(h[0] for h in homes),
-    "Every bucket lies within one piece, in backward order: each bucket is full once the backward of its piece "
-    "has ended.",
+    "Every bucket lies within one piece, in backward order: each bucket's gradients are all there once the "
+    "backward of its piece has ended.",
 )
 # program order on the training thread in the profiled step above: holds on any machine
 ended, begun = (looks["compiled, cut"][key] for key in ("pieces_ended_at_handover", "pieces_begun_at_handover"))
 lesson.claim(
     ended == begun == [home[0] + 1 for home in homes],
     "In the profiled step each bucket was handed over (its tick) after the backward of its piece ended and before "
-    "the backward of the piece backward runs next began. Handed over is not carried: when gloo ran its all_reduce "
-    "(its bar) was up to the cores and the other rank.",
+    "the backward of the piece backward runs next began.",
 )
 size = {n.removeprefix("_orig_mod."): p.numel() * p.element_size() for n, p in ddp.module.named_parameters()}
-cap = int(CAP * 2**20)
-arrived = [name for bucket in buckets for name in bucket]  # the order the reducer recorded; the plan keeps it
-
-
-def closing(k: int) -> str:
-    """Bucket ``k``'s bytes against the cap, in words."""
-    n = sum(size[name] for name in buckets[k])
-    return f"{n} bytes, " + ("the cap exactly" if n == cap else "past the cap" if n > cap else "under the cap")
-
-
-one, two = [], []
-for i, piece in enumerate(cut):
-    inside = [k for k, home in enumerate(homes) if home == [i]]
-    last = max(piece, key=arrived.index)  # the piece's gradient that arrived last
-    (one if len(inside) == 1 and buckets[inside[0]][-1] == last else two).append((i, inside, last))
+shared = {i: [k for k, home in enumerate(homes) if home == [i]] for i in range(len(cut))}
 lesson.say(
-    f"{len(cut)} pieces but {len(buckets)} buckets, both cut at {CAP:g} MiB ({cap} bytes). A piece is cut between "
-    "operations of the graph, so a layer's weight and bias (one matrix multiply and add) always share a piece; a "
-    "bucket takes gradients in the order they arrived (as listed: within a piece all arrive when its backward ends, "
-    "in the order the autograd engine runs their AccumulateGrad nodes, not the layers' order) and closes at the one "
-    "that brings it to the cap. "
-    + (
-        f"In piece(s) {', '.join(str(i) for i, _, _ in one)} that gradient was the piece's last to arrive ("
-        + "; ".join(f"bucket {ks[0]} closed at {last}, {closing(ks[0])}" for _, ks, last in one)
-        + "), so each of them filled one bucket. "
-        if one
-        else ""
-    )
+    f"{len(cut)} pieces, {len(buckets)} buckets. "
     + " ".join(
-        f"In piece {i} bucket {ks[0]} ({', '.join(buckets[ks[0]])}) reached {closing(ks[0])}, before the piece's "
-        f"last gradient ({last}) arrived, so the gradients after it ("
-        + "; ".join(f"{', '.join(buckets[k])}: {sum(size[n] for n in buckets[k])} bytes" for k in ks[1:])
-        + f") opened bucket {ks[1]}{'' if len(ks) == 2 else ' and on'}: the order inside the piece made the extra "
-        "bucket."
-        for i, ks, last in two
+        f"Piece {i} fills buckets {', '.join(map(str, ks))}: bucket {ks[0]} closed at "
+        f"{sum(size[name] for name in buckets[ks[0]])} bytes (the cap: {int(CAP * 2**20)} bytes)."
+        for i, ks in shared.items()
         if len(ks) > 1
     )
 )
@@ -651,13 +315,10 @@ lesson.say(
 # ## Graph breaks
 #
 # The other pattern compiles the wrapper itself: `torch.compile(DDP(model))`. Dynamo then meets the
-# wrapper's own Python first (which backward syncs, the graph walk of `find_unused_parameters`, the
-# end-of-backward callback). A graph break is a place where Dynamo stops the graph, runs Python,
-# and starts a new one: each costs a compiled piece and guards, and would put cuts where no bucket
-# ends. minddp's `ddp` runs its own lines eagerly and lets Dynamo compile only the module, so its
-# count is the model's own. torch's DDP, compiled whole, breaks on its own code. Each wrapper is
-# compiled around an MLP of two 1 MiB layers and the head (a break is in the wrapper's code, whatever
-# the model's depth), for one training step.
+# wrapper's own Python first. A graph break is a place where Dynamo stops the graph, runs Python, and
+# starts a new one. minddp's `ddp` runs its own lines eagerly and lets Dynamo compile only the
+# module. Each wrapper is compiled around an MLP of two 1 MiB layers and the head, for one training
+# step, and Dynamo counts the breaks.
 
 
 # %%
@@ -666,7 +327,7 @@ def breaks(wrap) -> int:
     """Dynamo's count of graph breaks in one training step of ``torch.compile(wrap(MLP(depth=2)))``."""
     torch._dynamo.reset()
     counters.clear()
-    model = MLP(depth=2)  # a break is in the wrapper's code, not the model's depth: two layers compile sooner
+    model = MLP(depth=2)  # two layers compile sooner than eight
     compiled = torch.compile(wrap(model), backend=BACKEND)
     train_step(compiled, torch.optim.SGD(model.parameters(), lr=0.01), next(batches()), loss_fn)
     return sum(counters["graph_break"].values())
@@ -683,25 +344,23 @@ lesson.say(
 )
 lesson.claim(counts["minddp's ddp"] == counts["the MLP alone"], "minddp's ddp adds no graph break to the model's own.")
 lesson.claim(
-    counts["torch's DDP"] > counts["the MLP alone"], "torch's DDP, compiled whole, breaks the graph on its own code."
+    counts["torch's DDP"] > counts["the MLP alone"], "torch's DDP, compiled whole, adds graph breaks to the model's."
 )
 
 # %% [markdown]
 # ## Buckets below 1 MiB
 #
-# Dynamo's cut makes its first piece 1 MiB (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`) whatever
-# the cap, and refuses a cap below it. torch's DDP makes its first *bucket* 1 MiB only at its default
-# cap (25 MiB); with `bucket_cap_mb` given, its first bucket is the cap (2 MiB above, 0.5 MiB here),
-# so the 1 MiB first piece is Dynamo's alone, and it is what refuses the runs below. minddp gives
-# Dynamo the first piece itself (its own first bucket: the cap, when one is given) around the module
-# it wraps. Each wrapper, both ways (the model
-# compiled, then wrapped; the wrapper compiled), at 0.5 MiB on an MLP of two 1 MiB layers and the
-# head, one training step each:
+# Dynamo's cut makes its first piece 1 MiB (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`) and
+# asserts when the cap is below it. minddp gives Dynamo the first piece itself (its own
+# first bucket: the cap, when one is given) around the module it wraps. Each wrapper, both ways (the
+# model compiled, then wrapped; the wrapper compiled), at 0.5 MiB on an MLP of two 1 MiB layers and
+# the head, one training step each; a refusal is printed with the torch file that raised it:
 
 
 # %%
 # %%distributed
 SMALL = 0.5  # MiB
+TORCH = os.path.dirname(os.path.dirname(torch.__file__))  # file paths are said from torch's own folder
 
 
 def compile_at(wrapper, model_first: bool) -> str:
@@ -715,9 +374,10 @@ def compile_at(wrapper, model_first: bool) -> str:
         wrapped = torch.compile(wrapper(model, bucket_cap_mb=SMALL), backend=BACKEND)
     try:
         train_step(wrapped, torch.optim.SGD(model.parameters(), lr=0.01), next(batches()), loss_fn)
-    except Exception as error:  # what torch raises, said in one line
-        return f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
-    return f"trained a step; the graph was compiled in {counters['aot_autograd']['total']} pieces"
+    except Exception as error:  # what torch raises, said in one line, with the file of torch's that raised it
+        where = os.path.relpath(traceback.extract_tb(error.__traceback__)[-1].filename, TORCH)
+        return f"{type(error).__name__}: {str(error).strip().splitlines()[0]} (raised in {where})"
+    return "trained a step"
 
 
 wrappers = {"torch's DDP": torch.nn.parallel.DistributedDataParallel, "minddp's ddp": DistributedDataParallel}
@@ -727,39 +387,29 @@ for (who, way), outcome in small.items():
     lesson.say(f"{who}, {way}, bucket_cap_mb={SMALL:g}: {outcome}")
 refused = "AssertionError: First bucket"
 lesson.claim(
-    all(small["torch's DDP", way].startswith(refused) for way in ways),
-    "Below its 1 MiB first piece torch's DDP does not compile, either way (Dynamo's cut asserts).",
-)
-lesson.claim(
     all(
-        small["minddp's ddp", way].startswith("trained") and int(small["minddp's ddp", way].split()[-2]) > 1
+        small["torch's DDP", way].startswith(refused) and "(raised in torch/_dynamo/" in small["torch's DDP", way]
         for way in ways
     ),
-    "minddp's ddp trains there, either way, its graph cut in pieces.",
+    "At a cap below Dynamo's 1 MiB first piece torch's DDP does not compile, either way: Dynamo's code asserts.",
+)
+lesson.claim(
+    all(small["minddp's ddp", way] == "trained a step" for way in ways),
+    "minddp's ddp trains a step there, either way.",
 )
 
 # %% [markdown]
 # ## What to take away
 #
 # * Compile the model, then wrap it (`model = torch.compile(model)`, then the stage): minddp's
-#   `ddp` has Dynamo cut the compiled graph where a piece's parameters reach a bucket's bytes (a
-#   piece can hold two buckets, as piece 3 above), so buckets are handed over during backward as in
-#   eager and a message can travel beside backward's compute again (the claims above). The cut
-#   restores that order of events. What it does to a step's length is not settled here: on this
-#   notebook's shared CPU the first section says what one step of each showed, and no GPU was run.
-#   `tests/test_compile.py` shows the same order of events for `zero2` around a compiled model, and
-#   for the teaching stages `bucket` and `bucket-async` built by name (`minddp.ladder.build_stage`,
-#   as `--compile` does) or passed through `compile_ready`; their own files stay free of it.
-# * `torch.compile(ddp)` trains too (the steps in *Graph breaks* and at 0.5 MiB; its bits against
-#   eager's are compared in `tests/test_compile.py`, not here), and adds no graph break to the
-#   model's own (the count in *Graph breaks*, at 2 MiB), where torch's DDP, compiled whole, breaks on
-#   its own code.
-# * The per-parameter stages (`hook`, `hook-async`) ask for no cut (`compile_ready` cuts only the
-#   bucketed stages, `minddp/ladder/__init__.py`): compiled, their gradients arrive at the end of
-#   backward, as in the row without the cut above. The train command refuses `--compile`
-#   for `fsdp` in one line (`tests/test_compile.py`).
+#   `ddp` has Dynamo cut the compiled graph into pieces, each bucket lies within one piece, and it is
+#   handed over before the next piece's backward begins, so a message can travel beside backward's
+#   compute again (the claims above). `tests/test_compile.py` checks the same order of events for
+#   `zero2` around a compiled model and for the bucketed teaching stages built for a compiled model.
+# * `torch.compile(ddp)` trains too, and adds no graph break to the model's own (*Graph breaks*),
+#   where torch's DDP, compiled whole, adds breaks.
 # * Below 1 MiB buckets torch's DDP does not compile (the runs above, at 0.5 MiB); minddp's `ddp`
-#   does, either way, and cuts there.
+#   trains, either way.
 # * The train command and the benchmark take `--compile` (`--compile-backend aot_eager` for quick
 #   runs). `docs/ddp.md` (*Compiled*) gives the details, the limits and why minddp uses Dynamo's
 #   cut rather than compiled autograd.

@@ -199,6 +199,7 @@ def test_buckets_leave_while_compiled_backward_still_computes(runs):
         "compiled(ddp)",
         "torch(compiled)",
         "compiled(bucket-async)",
+        "compiled(bucket)",
         "bucket-async(compiled)",
         "zero2(compiled)",
         "eager",
