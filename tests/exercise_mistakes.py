@@ -762,6 +762,29 @@ def shard_ceiling_sized(batch, rank, world):
     return x[rank * n : (rank + 1) * n], y[rank * n : (rank + 1) * n]
 
 
+def shard_remainder_to_the_last(batch, rank, world):
+    """len(x) // world rows each and the last rank the rest as well: every row once, and right on the run's 10 rows
+    (3, 3, 4), but 11 rows at world 3 are 3, 3, 5, where an even split gives no rank more than ceil(11 / 3) = 4."""
+    x, y = batch
+    n = len(x) // world
+    hi = len(x) if rank == world - 1 else (rank + 1) * n
+    return x[rank * n : hi], y[rank * n : hi]
+
+
+def shard_targets_unsliced(batch, rank, world):
+    """This rank's rows of x, but all of y: the targets left whole."""
+    x, y = batch
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
+    return x[lo:hi], y
+
+
+def shard_inputs_unsliced(batch, rank, world):
+    """This rank's rows of y, but all of x: the inputs left whole."""
+    x, y = batch
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
+    return x, y[lo:hi]
+
+
 #: The environment's RANK read once, when this module ran (on a rank, the launcher's RANK: the process's slot).
 SLOT = int(os.environ.get("RANK", 0))
 

@@ -277,6 +277,13 @@ SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, wh
         "with a global batch of 11 rows (the run's have 10), at world 3, row 10 was trained by no rank",
     ),
     (wrong.shard_wrong_alone, "at world 1 (which the run's committed steps did not have), rows 5-9 were trained by no"),
+    (  # every row once at every batch size, but the floor division's whole remainder to one rank: 3, 3, 5 of 11
+        wrong.shard_remainder_to_the_last,
+        "with a global batch of 11 rows, the ranks took 3, 3, 5 rows: each row is trained once, but the busiest "
+        "rank, rank 2, takes 5 rows where an even split gives no rank more than ceil(11 / 3) = 4, and a step lasts as "
+        "long as its busiest rank; each rank took 11 // 3 = 3 rows and rank 2 the remainder of the floor division "
+        "too, 2 rows: give the remainder's rows to 2 different ranks, one each",
+    ),
     (  # right on 10, 11 and 12 rows; chunk gives fewer pieces than ranks where B rows do not fill them
         wrong.shard_chunked,
         "with a global batch of 4 rows (the run's have 10), at world 3, your shard raised IndexError for rank 2 of "
@@ -327,9 +334,17 @@ SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
     ),
     (
         wrong.shard_all_to_rank_zero,
-        "at world 3, rank 0 took all 10 rows and ranks 1, 2 none: each row is trained once, but the busiest rank "
-        "takes 10 rows where an even split gives no rank more than ceil(10 / 3) = 4, and a step lasts as long as its "
-        "busiest rank (here, as long as one process on the whole batch)",
+        "at world 3, the ranks took 10, 0, 0 rows: each row is trained once, but the busiest rank, rank 0, takes 10 "
+        "rows where an even split gives no rank more than ceil(10 / 3) = 4, and a step lasts as long as its busiest "
+        "rank (here, as long as one process on the whole batch); give each of the 3 ranks 3 or 4 rows",
+    ),
+    (
+        wrong.shard_targets_unsliced,
+        "shard(batch, 0, 3) returned x of 3 rows and y of 10: y is the whole batch's (10 rows), not this rank's",
+    ),
+    (
+        wrong.shard_inputs_unsliced,
+        "shard(batch, 0, 3) returned x of 10 rows and y of 3: x is the whole batch's (10 rows), not this rank's",
     ),
 ]
 
