@@ -25,11 +25,11 @@
 # the work since that checkpoint plus a restart. The `ft` rung (`minddp/ft/`, after torchft; a *rung*
 # is one stage of minddp's ladder, `minddp/ladder/`, the stages notebooks 02 and 03 climb one idea at
 # a time: this one is the `ddp` stage plus what follows) keeps training instead, each step in five
-# parts (numbered as in `docs/fault-tolerance.md`):
+# phases (numbered as in `docs/fault-tolerance.md`):
 #
 # 1. a **quorum**: a small coordinator (the *lighthouse*, a process of its own) answers who trains
 #    this step;
-# 2. a **new group** whenever the members changed (its size the new world's) or the last attempt at
+# 2. a **new group** whenever the members changed (its size their new number) or the last attempt at
 #    a step was discarded (a group that saw a failure may be broken: the same members build a new one);
 # 3. a process that comes back is **healed**: it receives parameters, optimizer state and step from
 #    a peer, over the group, no file;
@@ -41,9 +41,9 @@
 # Two of these promises are minddp's own, not torchft's. torchft's `DistributedSampler` gives each
 # replica group a fixed share of the data, so the examples of a group that is down are never used
 # ("this sampler is inherently lossy when used with torchft", says its docstring); here the members
-# split the whole global batch of the step (part 4). And torchft's `should_commit` is agreed within a
+# split the whole global batch of the step (phase 4). And torchft's `should_commit` is agreed within a
 # replica group, while "different replica groups may return different values" (its docstring
-# again); here one process, the lighthouse, decides for every member (part 5).
+# again); here one process, the lighthouse, decides for every member (phase 5).
 #
 # The words this notebook uses (`minddp/ft/report.py` defines each measure once):
 #
@@ -51,7 +51,8 @@
 #   process started again after a fault takes the same slot; faults name slots (`kill@4:1`: slot 1,
 #   in step 4);
 # * a process's **rank** is its index among the members of the quorum of now (its rank in the group
-#   built for that quorum): after slot 1 is lost, slots 0 and 2 are ranks 0 and 1 of world 2;
+#   built for that quorum), and the **world** is the quorum's size: after slot 1 is lost, slots 0 and
+#   2 are ranks 0 and 1 of world 2;
 # * an **attempt** is one quorum's try at one step, committed or discarded on all its members;
 # * a quorum's **tag** names the group built for it: the lighthouse gives a new tag, so the members
 #   build a new group, when the members changed or a step was discarded since the last quorum;
@@ -64,13 +65,13 @@
 # task (`ToyTask`: a small MLP regression, 12 rows per global batch, AdamW, and a 10 ms pause per
 # step standing in for compute). What each setting does:
 #
-# * `world_size=3`: three slots (the **world** further down is the size of a quorum: 3 while every
-#   slot is in, 2 after the kill);
+# * `world_size=3`: three slots (the world is 3 while every slot is in, 2 after the kill);
 # * `faults`: `kill@4:1`, slot 1 SIGKILLs itself in step 4 after its forward, before its all_reduce
 #   (the others' all_reduce cannot complete without it); `raise@11:2`, slot 2's all_reduce raises in
 #   step 11 (slot 2 stays);
 # * `hang_s=5.0`, the **hang bound**: the group's collective timeout, and how long the lighthouse lets
-#   a slot's heartbeat (sent every 50 ms) be silent before it evicts the slot (question 1 below);
+#   a slot's heartbeat (sent every 50 ms) be silent before it evicts the slot, unless the slot is the
+#   last holder of the trained state, which it never evicts (question 1 below);
 # * `full_world_at=(4, 9)`: the first attempt of steps 4 and 9 waits for all three slots, whatever
 #   the machine's speed: the kill meets a full world, and slot 1 is back, healed, in step 9, before
 #   the raise of step 11 (so the heal and the raise each show on their own);
@@ -111,35 +112,36 @@ for line in run.report():
 # after the fault, from the members' entries and the lighthouse's and the launcher's events, and
 # what the code guarantees for each part is this:
 #
-# * **fault → first member's error** (the first exception a member of the attempt caught). A
-#   raise's first error is the faulting slot's own: its all_reduce raises the fault itself, so
-#   this part is about 0 by construction. A kill's is a survivor's, since the killed process
-#   records nothing: a survivor's gloo all_reduce can err on slot 1 only once its connections to
-#   slot 1 are closed, which the kernel does as it ends the killed process (SIGKILL stops it at
-#   once; its threads, memory and files, its sockets among them, are released after that), and
-#   only once the survivor has reached its all_reduce and been given a core to see the close. The
-#   events time none of these, only their sum.
-# * **first error → discard**: that member drops its group (a garbage collection and the group's
+# * **fault to first error** (the first exception a member of the attempt caught). A raise's
+#   first error is the faulting slot's own: the fault is raised in its comm hook, so this part
+#   waits for no other process; it is the exception's way out of backward to the rung, which
+#   records it. A kill's is a survivor's, since the killed process records nothing: a survivor's
+#   gloo all_reduce can err on slot 1 only once its connections to slot 1 are closed, which the
+#   kernel does as it ends the killed process (SIGKILL stops it at once; its threads, memory and
+#   files, its sockets among them, are released after that), and only once the survivor has
+#   reached its all_reduce and been given a core to see the close. The events time none of these,
+#   only their sum.
+# * **first error to discard**: that member drops its group (a garbage collection and the group's
 #   teardown, `drop_group` in `minddp/ft/rung.py`), then votes no; the lighthouse discards the
 #   attempt at the first no.
-# * **discard → new quorum**: the members record the discarded attempt (its digest) and ask again.
+# * **discard to new quorum**: the members record the discarded attempt (its digest) and ask again.
 #   After a raise nothing else is needed. After a kill the lighthouse leaves slot 1 out only once
 #   it counts as gone: once the launcher has **recorded** its exit (or `hang_s` of silence has
 #   passed). The launcher looks at its processes in passes, each followed by 20 ms of sleep
 #   (`PASS_SLEEP_S` in `minddp/ft/launch.py`); it can see an exit only once the kernel has ended
 #   the process, and it records it 50 ms (`EXIT_WAIT_S`) after seeing it (a result may be in flight).
-# * **new quorum → commit**: the members build the quorum's new group (2 members after the kill,
-#   3 after the raise) and train the step; the events do not split the two.
+# * **new quorum to commit**: the members build the quorum's new group (2 members after the kill,
+#   3 after the raise), train the step and vote, and the lighthouse decides to commit; the events
+#   do not split these.
 #
 # The cell then splits the difference between the two recoveries over these parts. This is one
-# run of each fault on a shared machine: `docs/fault-tolerance.md`'s benchmark has the spread over
-# 24 faults, under other settings and another moment's load, and this notebook does not set its
-# numbers against those. The rejoin is split in two: the wait until the launcher starts the slot
-# again, then the new process's start up to the quorum that heals it (seconds, to two decimals,
-# the two parts adding up to the whole as printed).
+# run of each fault on a shared machine (`docs/fault-tolerance.md`'s benchmark has medians over 24
+# faults, under other settings). The rejoin is split in two: the wait until the launcher starts
+# the slot again, then the new process's start up to the quorum that heals it (seconds, to two
+# decimals, the two parts adding up to the whole as printed).
 
 # %%
-from minddp.ft import cold_start_s, fault_outcomes
+from minddp.ft import fault_outcomes
 from minddp.ft.launch import EXIT_WAIT_S
 
 kill, raised = fault_outcomes(run)
@@ -154,14 +156,14 @@ def first_error(o):  # (ms after the fault, slot) of the first error a member of
     return ms(t - o.fired), slot
 
 
-parts = {}  # fault's kind -> its parts in ms: before the first error, to the discard, to the new quorum, to the commit
+parts = {}  # fault's kind -> its parts in ms: to the first error, to the discard, to the new quorum, to the commit
 for o in (kill, raised):
     error, slot = first_error(o)
     moments = [error, ms(o.discard_s), ms(o.quorum_s), ms(o.recovery_s)]
     parts[o.fault.kind] = [b - a for a, b in zip([0, *moments], moments)]
     exit_recorded = "" if o.exit_s is None else f", exit recorded {ms(o.exit_s)} ms"
     print(
-        f"{o.fault}: first member's error {error} ms (slot {slot}'s), discard {ms(o.discard_s)} ms{exit_recorded}, "
+        f"{o.fault}: first error {error} ms (slot {slot}'s), discard {ms(o.discard_s)} ms{exit_recorded}, "
         f"new quorum {ms(o.quorum_s)} ms, commit of step {o.committed_step} {ms(o.recovery_s)} ms"
     )
 lesson.claim(
@@ -180,56 +182,46 @@ print(
     f"{first_error(kill)[0]} ms: each had waited for the kernel to end the killed process, and the events time "
     "neither that end nor when the survivors reached their all_reduce"
 )
-names = ("before the first error", "first error to discard", "discard to new quorum", "new quorum to commit")
+names = ("fault to first error", "first error to discard", "discard to new quorum", "new quorum to commit")
 total = ms(kill.recovery_s) - ms(raised.recovery_s)
-by_part = [k - r for k, r in zip(parts["kill"], parts["raise"])]
 print(
     f"the kill's recovery against the raise's, {ms(kill.recovery_s)} against {ms(raised.recovery_s)} ms "
     f"({total:+d} ms), part by part: "
     + ", ".join(f"{n} {k} against {r} ms ({k - r:+d})" for n, k, r in zip(names, parts["kill"], parts["raise"]))
 )
-largest = max(range(4), key=lambda i: abs(by_part[i]))
+start = max(ms(kill.discard_s), ms(kill.exit_s) - ms(EXIT_WAIT_S))  # the later: the discard, or the exit's sighting
 print(
-    f"the part whose difference is the largest: {names[largest]} ({by_part[largest]:+d} ms; the four parts together "
-    f"{total:+d} ms)"
+    f"of the kill's {parts['kill'][2]} ms from discard to new quorum, "
+    + (f"{ms(kill.exit_s) - start} ms ({start} to {ms(kill.exit_s)} ms)" if start < ms(kill.exit_s) else "none")
+    + " fell within the launcher's wait between seeing an exit and recording it, a constant: "
+    f"EXIT_WAIT_S = {ms(EXIT_WAIT_S)} ms in minddp/ft/launch.py"
 )
 rejoin, restart = round(kill.rejoin_s, 2), round(kill.restart_s, 2)  # as printed: the parts add up to the whole
 start_to_heal = rejoin - restart
 print(
     f"rejoin {rejoin:.2f} s: {restart:.2f} s until the launcher started slot 1 again (step 4 was committed without "
-    f"it at {kill.recovery_s:.2f} s, restart_after_steps=1; the rest is the launcher's next pass and its starting "
-    f"the process, timed once start() returns), then {start_to_heal:.2f} s ({start_to_heal / rejoin:.0%} of it) "
-    "from the new process's start to the quorum that healed it (the process is forked from a server that had "
+    f"it at {kill.recovery_s:.2f} s, restart_after_steps=1), then {start_to_heal:.2f} s ({start_to_heal / rejoin:.0%} "
+    "of it) from the new process's start to the quorum that healed it (the process is forked from a server that had "
     "imported torch already, so torch's import is not in it; its own imports, its task and model, and its first "
     "quorum request are, and the events do not split them)"
 )
 commits = {e[2]: e[5] for e in run.events if e[0] == "decision" and e[3] == "commit"}  # step -> its commit's time
-before_heal = commits[kill.healed_at - 1] - kill.fired
+before_heal = round(commits[kill.healed_at - 1] - kill.fired, 2)  # as printed, as the rejoin: the two add up to it
 print(
     f"meanwhile the survivors committed step {kill.healed_at - 1} at {before_heal:.2f} s after the kill, then waited "
-    f"{kill.rejoin_s - before_heal:.2f} s for slot 1 at step {kill.healed_at} (full_world_at): in this run that "
-    f"wait was {(kill.rejoin_s - before_heal) / kill.rejoin_s:.0%} of the rejoin"
-)
-cold = round(cold_start_s(run), 2)
-print(
-    f"a cold start of this run (docs/fault-tolerance.md's measure of the same name: from the lighthouse listening "
-    f"to the first committed step; the launcher then started the three processes, each forked from a server that "
-    f"had imported torch already, and they formed the first quorum, group and step) took {cold:.2f} s"
+    f"{rejoin - before_heal:.2f} s for slot 1 at step {kill.healed_at} (full_world_at): in this run that "
+    f"wait was {(rejoin - before_heal) / rejoin:.0%} of the rejoin"
 )
 lesson.claim(
-    max(kill.recovery_s, raised.recovery_s) < min(start_to_heal, cold),
+    max(kill.recovery_s, raised.recovery_s) < start_to_heal,
     f"each recovery ({ms(kill.recovery_s)} ms, {ms(raised.recovery_s)} ms: no process started) took less than one "
-    f"process's start to its heal ({start_to_heal:.2f} s) and less than the cold start ({cold:.2f} s)",
+    f"process's start to its heal ({start_to_heal:.2f} s)",
 )
 
 # %% [markdown]
 # So the survivors go on sooner than a single new process can start (the last line above, with this
-# run's numbers), while a restart from a checkpoint starts every process again (it is not run here):
-# it would pay more than the cold start above (which begins after the interpreter and torch's import:
-# a restart pays those too), plus reading the checkpoint and training again every step since it.
-# The events do not split the cold start further (the three processes' starts, then the first
-# quorum, group and step), so this run does not say how it compares, part by part, with one new
-# process's start to its heal.
+# run's numbers), while a restart from a checkpoint (not run here) starts every process again, then
+# reads the checkpoint and trains again every step since it.
 #
 # The run's timeline: one column per attempt, in order, and one row per slot; under them the step,
 # the world size and each new group; then what each mark means (only the marks that appear).
@@ -349,10 +341,10 @@ lesson.claim(
 # checks, without ranks, that each row goes to exactly one rank where the run does not go: world 1,
 # and every other batch of 1 to 12 rows at worlds 3, 2 and 1 (a split right for 10 rows can fail
 # for 4: `x.chunk(3)` of 4 rows makes only 2 pieces). One rule besides: a step lasts as long as
-# its busiest rank, so a split that leaves a rank idle while another takes more than an even
-# split's most, ceil(B / world) rows, is named (for the run's 10 rows before the run, for the other
-# batch sizes after it); 4 rows split 2, 2, 0 among 3 ranks pass, as no split of 4 rows among 3
-# gives its busiest rank fewer than 2. Before the run it also names y's rows that are not x's.
+# its busiest rank, and no split of `B` rows (`len(x)`) among `world` ranks gives its busiest rank
+# fewer than ceil(B / world), so a split whose busiest rank takes more is named (for the run's 10
+# rows before the run, for the other batch sizes after it). Before the run it also names y's rows
+# that are not x's.
 #
 # Before anything runs, it refuses a function that reads the environment (`os.environ`,
 # `os.getenv`: the launcher's `RANK` is the slot, not the rank of now) or the process group
@@ -523,7 +515,7 @@ print(
 
 # %% [markdown]
 # `docs/fault-tolerance.md` has the recovery over 24 faults (for each kind of fault: the discard,
-# the new quorum, the recovery, the attempts discarded and the rejoin), a kill under torchft set
-# beside one under minddp (as alike as the two designs allow, not identical, and not this
-# notebook's run: `kill@3:1` with 2 replica groups in threads), and a projection against
-# checkpoint-restart.
+# the new quorum, the recovery, the attempts discarded and the rejoin), torchft's recovery set
+# beside minddp's for one fault (not this notebook's run; as alike as the two designs allow, not
+# identical: under torchft a replica group's thread raises and aborts its group, under minddp
+# `kill@3:1` kills a slot's process), and a projection against checkpoint-restart.
