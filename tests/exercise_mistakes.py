@@ -597,6 +597,13 @@ def shard_keeps_its_rows(batch, rank, world):
     return x[lo:hi], y[lo:hi]
 
 
+def shard_rows_of_the_pair(batch, rank, world):
+    """len(batch) for the row count: the batch is the pair (x, y), so only rows 0-1 are ever split."""
+    x, y = batch
+    lo, hi = rank * len(batch) // world, (rank + 1) * len(batch) // world
+    return x[lo:hi], y[lo:hi]
+
+
 def shard_floor_sized(batch, rank, world):
     """len(x) // world rows each: the remainder (a row at world 3 of 10 rows) is never trained."""
     x, y = batch

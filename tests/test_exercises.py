@@ -246,7 +246,17 @@ def test_each_hook_mistake_is_named(hook, named):
 
 SHARD_ANSWERS = [solutions.ft_shard, wrong.shard_strided, wrong.shard_ceiling_sized]
 SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, what happened to them
-    (wrong.shard_keeps_its_rows, "at world 2, rows 6-9 were trained by no rank"),
+    (  # question 3's split: a fixed 3 where `world` belongs, named as such
+        wrong.shard_keeps_its_rows,
+        "at world 2, rows 6-9 were trained by no rank (of the global batch's 10): your shard gives each rank the same "
+        "rows at every world, those it gives at world 3, as if `world` were always 3, so at world 2 the rows of world "
+        "3's rank 2 go to no rank",
+    ),
+    (  # len(batch), the pair, for the row count
+        wrong.shard_rows_of_the_pair,
+        "at world 3, rows 2-9 were trained by no rank (of the global batch's 10): your shard splits only rows 0-1, as "
+        "many as len(batch) = 2, the pair (x, y)",
+    ),
     (
         wrong.shard_floor_sized,
         "at world 3, row 9 was trained by no rank (of the global batch's 10): each rank took 10 // 3 = 3 rows, so "

@@ -543,6 +543,28 @@ def split_by_size(fn, batch) -> bool:
     return True
 
 
+def world_ignored(fn, batch) -> bool:
+    """``fn`` gives each rank of worlds 2 and 1 the rows it gives that rank at world WORLD: a fixed count of ranks
+    where ``world`` belongs (question 3's split of notebook 07)."""
+    x = batch[0]
+    return all(
+        rows_of(fn(batch, rank, world)[0], x) == rows_of(fn(batch, rank, WORLD)[0], x)
+        for world in range(1, WORLD)
+        for rank in range(world)
+    )
+
+
+def pair_length(fn, batch) -> bool:
+    """``fn``'s ranks take, at every world, rows 0 to len(batch) - 1 together: len(batch), the pair (x, y), taken
+    for the count of rows."""
+    x = batch[0]
+    return all(
+        sorted({r for rank in range(world) for r in rows_of(fn(batch, rank, world)[0], x) or []})
+        == list(range(len(batch)))
+        for world in range(WORLD, 0, -1)
+    )
+
+
 def unchecked_coverage(fn, run_worlds: set) -> str | None:
     """Where the run cannot show it: a world its committed steps did not have, or a batch of another size, at
     which ``fn`` gives a row to no rank or to several (``None``: every row to exactly one rank)."""
@@ -612,8 +634,9 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
             "attempt's members started it from the same state, every discarded attempt changed nothing)"
         )
     for step, world in committed:
-        missing, twice, sizes = coverage(fn, task.global_batch(step), world)
-        if missing and split_by_size(fn, task.global_batch(step)):
+        batch = task.global_batch(step)
+        missing, twice, sizes = coverage(fn, batch, world)
+        if missing and split_by_size(fn, batch):
             others = [(w, coverage(fn, task.global_batch(step), w)[0]) for w in range(WORLD, 0, -1) if w != world]
             others_text = "; ".join(f"at world {w}: {rows_named(m)}" for w, m in others if m)
             return (
@@ -624,6 +647,21 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
                 + (f" ({others_text})" if others_text else "")
                 + f", and {left}: x.tensor_split(world) cuts `world` pieces (or rank r takes rows r·B // world up to "
                 "(r+1)·B // world)"
+            )
+        if missing and pair_length(fn, batch):
+            return (
+                f"at world {world}, {rows_text(missing)} trained by no rank (of the global batch's {ROWS}): your "
+                f"shard splits only rows 0-{len(batch) - 1}, as many as len(batch) = {len(batch)}, the pair (x, y), "
+                f"and {left}: the batch's rows are len(x) = {ROWS}"
+            )
+        if missing and world_ignored(fn, batch):
+            gone = list(range(world, WORLD))
+            return (
+                f"at world {world}, {rows_text(missing)} trained by no rank (of the global batch's {ROWS}): your "
+                f"shard gives each rank the same rows at every world, those it gives at world {WORLD}, as if `world` "
+                f"were always {WORLD}, so at world {world} the rows of world {WORLD}'s "
+                f"rank{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} go to no rank, and {left}: split "
+                "among the `world` ranks it is given"
             )
         floor = ROWS // world
         if missing and not twice and sizes == [floor] * world and len(missing) == ROWS - floor * world:
