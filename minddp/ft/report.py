@@ -101,7 +101,7 @@ def fault_report(run) -> list[str]:
         what = {
             "kill": f"slot {fault.slot} killed (SIGKILL)",
             "stop": f"slot {fault.slot} frozen (SIGSTOP)",
-            "raise": f"slot {fault.slot}'s all_reduce raised",
+            "raise": f"slot {fault.slot}'s comm hook raised",
             "coord": "coordinator killed and restarted",
         }[fault.kind]
         recovery = (
