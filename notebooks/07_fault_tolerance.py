@@ -65,10 +65,11 @@
 # task (`ToyTask`: a small MLP regression, 12 rows per global batch, AdamW, and a 10 ms pause per
 # step standing in for compute). What each setting does:
 #
-# * `world_size=3`: three slots (the world is 3 while every slot is in, 2 after the kill);
+# * `world_size=3`: three slots. The launcher's parameter keeps torch's name; in this notebook the
+#   **world** is always the quorum's size, at most `world_size` (2 after the kill);
 # * `faults`: `kill@4:1`, slot 1 SIGKILLs itself in step 4 after its forward, before its all_reduce
-#   (the others' all_reduce cannot complete without it); `raise@11:2`, slot 2's all_reduce raises in
-#   step 11 (slot 2 stays);
+#   (the others' all_reduce cannot complete without it); `raise@11:2`, slot 2's comm hook raises in
+#   step 11, before it starts its all_reduce (slot 2 stays);
 # * `hang_s=5.0`, the **hang bound**: the group's collective timeout, and how long the lighthouse lets
 #   a slot's heartbeat (sent every 50 ms) be silent before it evicts the slot, unless the slot is the
 #   last holder of the trained state, which it never evicts (question 1 below);
@@ -76,8 +77,7 @@
 #   the machine's speed: the kill meets a full world, and slot 1 is back, healed, in step 9, before
 #   the raise of step 11 (so the heal and the raise each show on their own);
 # * `restart_after_steps=1`: the launcher starts a killed slot again only once a step was committed
-#   without it, so the run shows training at world 2 (how long the survivors then wait at step 9 for
-#   the new process is printed after the run);
+#   without it, so the run shows training at world 2;
 # * `rejoin_before_end=True`: the last step waits for all three slots too, so the run does not end
 #   before the killed slot is back;
 # * `digests=True`: every member records a sha256 of its parameters and optimizer state just before
@@ -110,35 +110,25 @@ for line in run.report():
 # %% [markdown]
 # Where each recovery's time went. The cell below prints each fault's moments, in milliseconds
 # after the fault, from the members' entries and the lighthouse's and the launcher's events, and
-# what the code guarantees for each part is this:
+# the four parts between them:
 #
-# * **fault to first error** (the first exception a member of the attempt caught). A raise's
-#   first error is the faulting slot's own: the fault is raised in its comm hook, so this part
-#   waits for no other process; it is the exception's way out of backward to the rung, which
-#   records it. A kill's is a survivor's, since the killed process records nothing: a survivor's
-#   gloo all_reduce can err on slot 1 only once its connections to slot 1 are closed, which the
-#   kernel does as it ends the killed process (SIGKILL stops it at once; its threads, memory and
-#   files, its sockets among them, are released after that), and only once the survivor has
-#   reached its all_reduce and been given a core to see the close. The events time none of these,
-#   only their sum.
-# * **first error to discard**: that member drops its group (a garbage collection and the group's
-#   teardown, `drop_group` in `minddp/ft/rung.py`), then votes no; the lighthouse discards the
-#   attempt at the first no.
-# * **discard to new quorum**: the members record the discarded attempt (its digest) and ask again.
-#   After a raise nothing else is needed. After a kill the lighthouse leaves slot 1 out only once
-#   it counts as gone: once the launcher has **recorded** its exit (or `hang_s` of silence has
-#   passed). The launcher looks at its processes in passes, each followed by 20 ms of sleep
-#   (`PASS_SLEEP_S` in `minddp/ft/launch.py`); it can see an exit only once the kernel has ended
-#   the process, and it records it 50 ms (`EXIT_WAIT_S`) after seeing it (a result may be in flight).
-# * **new quorum to commit**: the members build the quorum's new group (2 members after the kill,
-#   3 after the raise), train the step and vote, and the lighthouse decides to commit; the events
-#   do not split these.
+# * **fault to first error** (the first exception a member of the attempt caught). After the raise
+#   it is slot 2's own exception, from its comm hook. After the kill it is a survivor's (the killed
+#   process records nothing): its all_reduce fails when its connection to slot 1 is closed or reset
+#   (the errors are printed further down). The events do not time the close.
+# * **first error to discard**: that member drops its group (`drop_group` in `minddp/ft/rung.py`),
+#   then votes no; the lighthouse discards the attempt at the first no.
+# * **discard to new quorum**: the lighthouse forms the next quorum once every live slot has asked
+#   for it, and a member asks only after its own error, its `drop_group` and its vote. After the
+#   kill, slot 1 counts as live until the launcher has recorded its exit, which it does at least
+#   50 ms after it saw the exit (a sleep of `EXIT_WAIT_S` in `minddp/ft/launch.py`).
+# * **new quorum to commit**: the members build the new group, train the step and vote, and the
+#   lighthouse decides to commit; the events do not split these.
 #
-# The cell then splits the difference between the two recoveries over these parts. This is one
-# run of each fault on a shared machine (`docs/fault-tolerance.md`'s benchmark has medians over 24
-# faults, under other settings). The rejoin is split in two: the wait until the launcher starts
-# the slot again, then the new process's start up to the quorum that heals it (seconds, to two
-# decimals, the two parts adding up to the whole as printed).
+# This is one run of each fault on a shared machine (`docs/fault-tolerance.md`'s benchmark has
+# medians over 24 faults, under other settings). The line that begins `rejoin` splits the rejoin
+# in two: until the launcher starts slot 1 again, then from the new process's start to the quorum
+# that heals it.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -176,41 +166,35 @@ lesson.claim(
     f"kill: the first error was a survivor's, and the quorum without slot {kill.fault.slot} formed only once the "
     f"launcher had recorded its exit ({ms(kill.exit_s)} ms, then the quorum at {ms(kill.quorum_s)} ms)",
 )
-print(
-    f"the launcher saw slot {kill.fault.slot}'s exit at most {ms(kill.exit_s) - ms(EXIT_WAIT_S)} ms after the kill "
-    f"(it records an exit {ms(EXIT_WAIT_S)} ms after seeing it), the first survivor's error came at "
-    f"{first_error(kill)[0]} ms: each had waited for the kernel to end the killed process, and the events time "
-    "neither that end nor when the survivors reached their all_reduce"
-)
 names = ("fault to first error", "first error to discard", "discard to new quorum", "new quorum to commit")
-total = ms(kill.recovery_s) - ms(raised.recovery_s)
+print(f"\n{'ms':<24}{'kill':>6}{'raise':>7}")
+for n, k, r in [*zip(names, parts["kill"], parts["raise"]), ("recovery", ms(kill.recovery_s), ms(raised.recovery_s))]:
+    print(f"{n:<24}{k:>6}{r:>7}")
+
+
+def than(d):  # a difference in ms, said with its direction
+    return f"{abs(d)} ms {'longer' if d >= 0 else 'shorter'}"
+
+
 print(
-    f"the kill's recovery against the raise's, {ms(kill.recovery_s)} against {ms(raised.recovery_s)} ms "
-    f"({total:+d} ms), part by part: "
-    + ", ".join(f"{n} {k} against {r} ms ({k - r:+d})" for n, k, r in zip(names, parts["kill"], parts["raise"]))
+    f"\nthe kill's recovery was {than(ms(kill.recovery_s) - ms(raised.recovery_s))} than the raise's; its first part "
+    f"alone was {than(parts['kill'][0] - parts['raise'][0])}, and its other three parts together took "
+    f"{sum(parts['kill'][1:])} ms against the raise's {sum(parts['raise'][1:])} ms"
 )
-start = max(ms(kill.discard_s), ms(kill.exit_s) - ms(EXIT_WAIT_S))  # the later: the discard, or the exit's sighting
+seen_by = ms(kill.exit_s) - ms(EXIT_WAIT_S)  # the launcher saw the exit at this moment or before (the sleep, at least)
+within = ms(kill.exit_s) - max(ms(kill.discard_s), seen_by)
 print(
-    f"of the kill's {parts['kill'][2]} ms from discard to new quorum, "
-    + (f"{ms(kill.exit_s) - start} ms ({start} to {ms(kill.exit_s)} ms)" if start < ms(kill.exit_s) else "none")
-    + " fell within the launcher's wait between seeing an exit and recording it, a constant: "
-    f"EXIT_WAIT_S = {ms(EXIT_WAIT_S)} ms in minddp/ft/launch.py"
+    f"at least {within} ms of the kill's {parts['kill'][2]} ms from discard to new quorum lay between the launcher's "
+    f"sight of slot 1's exit (at {seen_by} ms or before) and its record of it ({ms(kill.exit_s)} ms)"
+    if within > 0
+    else f"the launcher had recorded slot 1's exit ({ms(kill.exit_s)} ms) by the discard ({ms(kill.discard_s)} ms)"
 )
 rejoin, restart = round(kill.rejoin_s, 2), round(kill.restart_s, 2)  # as printed: the parts add up to the whole
 start_to_heal = rejoin - restart
 print(
     f"rejoin {rejoin:.2f} s: {restart:.2f} s until the launcher started slot 1 again (step 4 was committed without "
-    f"it at {kill.recovery_s:.2f} s, restart_after_steps=1), then {start_to_heal:.2f} s ({start_to_heal / rejoin:.0%} "
-    "of it) from the new process's start to the quorum that healed it (the process is forked from a server that had "
-    "imported torch already, so torch's import is not in it; its own imports, its task and model, and its first "
-    "quorum request are, and the events do not split them)"
-)
-commits = {e[2]: e[5] for e in run.events if e[0] == "decision" and e[3] == "commit"}  # step -> its commit's time
-before_heal = round(commits[kill.healed_at - 1] - kill.fired, 2)  # as printed, as the rejoin: the two add up to it
-print(
-    f"meanwhile the survivors committed step {kill.healed_at - 1} at {before_heal:.2f} s after the kill, then waited "
-    f"{rejoin - before_heal:.2f} s for slot 1 at step {kill.healed_at} (full_world_at): in this run that "
-    f"wait was {(rejoin - before_heal) / rejoin:.0%} of the rejoin"
+    f"it at {kill.recovery_s:.2f} s, restart_after_steps=1), then {start_to_heal:.2f} s from the new process's start "
+    "to the quorum that healed it"
 )
 lesson.claim(
     max(kill.recovery_s, raised.recovery_s) < start_to_heal,
@@ -219,9 +203,9 @@ lesson.claim(
 )
 
 # %% [markdown]
-# So the survivors go on sooner than a single new process can start (the last line above, with this
-# run's numbers), while a restart from a checkpoint (not run here) starts every process again, then
-# reads the checkpoint and trains again every step since it.
+# So in this run each recovery took less than one new process's start (the last line above); a
+# restart from a checkpoint (not run here) starts every process again, then reads the checkpoint
+# and trains again every step since it.
 #
 # The run's timeline: one column per attempt, in order, and one row per slot; under them the step,
 # the world size and each new group; then what each mark means (only the marks that appear).
@@ -242,8 +226,10 @@ print(run.timeline())
 #   then trained that step with them, and the attempt was committed (`H`). From then on it trained
 #   with them at world 3 (step 9's first attempt waits for the whole world, so it is back by then
 #   whatever the machine's speed);
-# * in step 11 slot 2's all_reduce raised: slot 2 stayed, but the attempt was discarded on every
-#   member, and step 11 was tried again by a new group of the same three slots.
+# * in step 11 slot 2's comm hook raised, before its all_reduce: slot 2 stayed, dropped its group
+#   and voted no. Slots 0 and 1 got their own error after slot 2's (the raise's first error, above),
+#   each a closed connection (printed below). The attempt was discarded on every member, and step
+#   11 was tried again by a new group of the same three slots.
 
 # %%
 entries = [(slot, e) for slot, _, e in run.entries]  # one entry per member and attempt
@@ -336,8 +322,9 @@ lesson.claim(
 # its own (the same small MLP, plain SGD so a wrong gradient shows at once, 10-row batches: 10 does
 # not split evenly among 3), and compares the parameters with a single process trained on each
 # step's whole batch. Where they differ, it names the rows no rank trained (and why, where it can
-# tell: the remainder a floor division dropped, or `x.split(world)`, whose argument is a piece's
-# size, not a count), or that two did, and at which world. Where they match, it also
+# tell: the remainder a floor division dropped; `x.split(world)`, whose argument is a piece's
+# size, not a count; the same rows at every world; `len(batch)`, the pair's length, for the row
+# count), or that two did, and at which world. Where they match, it also
 # checks, without ranks, that each row goes to exactly one rank where the run does not go: world 1,
 # and every other batch of 1 to 12 rows at worlds 3, 2 and 1 (a split right for 10 rows can fail
 # for 4: `x.chunk(3)` of 4 rows makes only 2 pieces). One rule besides: a step lasts as long as
@@ -403,13 +390,10 @@ show_source(solutions.ft_shard)
 #
 # <details><summary>1. A frozen process</summary>
 #
-# A killed process's sockets are closed by the kernel as it ends the process, so its peers'
-# all_reduce fails then, with no timeout to wait out (the kill's first error above, then its
-# discard: the survivors' group's teardown and their vote);
-# the launcher, which looks at its processes in passes 20 ms apart plus each pass's work and then
-# waits 50 ms for a result that may be in flight, tells the lighthouse that the process is gone
-# (the kill's exit time, printed after the run). A frozen
-# process (`SIGSTOP`) keeps its sockets open and says nothing: its peers wait in their all_reduce
+# A killed process's connections are closed as the kernel ends it, so its peers' all_reduce fails
+# with no timeout to wait out (the kill's first error above), and the launcher tells the lighthouse
+# the process is gone once it has seen and recorded its exit (the kill's "exit recorded" above). A
+# frozen process (`SIGSTOP`) keeps its sockets open and says nothing: its peers wait in their all_reduce
 # until the group's timeout (`hang_s`: the rung builds each group with it), and the lighthouse
 # evicts the slot only once its heartbeat has been silent for `hang_s`. Prediction: a little over
 # `hang_s` (5 s in the run above; this notebook does not run the frozen case), since the last
