@@ -107,7 +107,7 @@ def fault_report(run) -> list[str]:
         recovery = (
             f"no commit of step {fault.step} or later followed"
             if o.recovery_s is None
-            else f"recovery {o.recovery_s:.2f} s (step {o.committed_step} committed at world {o.world})"
+            else f"recovery {o.recovery_s:.3f} s (step {o.committed_step} committed at world {o.world})"
         )
         rejoin = (
             ""
