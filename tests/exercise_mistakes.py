@@ -1097,3 +1097,17 @@ class BroadcastFromOwnRank(solutions.SimpleDDP):
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor, src=dist.get_rank())
+
+
+def shard_last_row_short(batch, rank, world):
+    """An exclusive end taken one row short: `hi - 1` in a slice whose end is already excluded."""
+    x, y = batch
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world - 1
+    return x[lo:hi], y[lo:hi]
+
+
+def shard_targets_squeezed(batch, rank, world):
+    """The right rows, but y squeezed to 1-D: (rows,) where the batch's targets are (rows, 1)."""
+    x, y = batch
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
+    return x[lo:hi], y[lo:hi].squeeze()

@@ -294,6 +294,12 @@ SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, wh
         "long as its busiest rank; each rank took 11 // 3 = 3 rows and rank 2 the remainder of the floor division "
         "too, 2 rows: give the remainder's rows to 2 different ranks, one each",
     ),
+    (  # an exclusive end taken one short: each rank's last row is lost
+        wrong.shard_last_row_short,
+        "at world 3, rows 2, 5, 9 were trained by no rank (of the global batch's 10): each is the last row of a "
+        "rank's share (rank r's share ends where rank r + 1's begins, at (r+1)·B // world); your slice ends one row "
+        "before it",
+    ),
     (  # right on 10, 11 and 12 rows; chunk gives fewer pieces than ranks where B rows do not fill them
         wrong.shard_chunked,
         "with a global batch of 4 rows (the run's have 10), at world 3, your shard raised IndexError for rank 2 of "
@@ -351,6 +357,11 @@ SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
     (
         wrong.shard_targets_unsliced,
         "shard(batch, 0, 3) returned x of 3 rows and y of 10: y is the whole batch's (10 rows), not this rank's",
+    ),
+    (
+        wrong.shard_targets_squeezed,
+        "shard(batch, 0, 3) returned y of shape (3,), where the batch's y is (10, 1): rows of the batch's y, in "
+        "another shape; return y[rows] as it is, each row of shape (1,) (squeeze drops that dimension)",
     ),
     (
         wrong.shard_inputs_unsliced,

@@ -261,6 +261,14 @@ def values_problem(fn, batch, world: int) -> str | None:
                     f"{', '.join(type(t).__name__ for t in out)}, not of tensors: return x[rows], y[rows] of the "
                     "batch's tensors (the rung's loss and all_reduce take torch tensors)"
                 )
+            for name, part, whole in (("x", out[0], x), ("y", out[1], batch[1])):
+                if part.dim() != whole.dim() and rows_of(part.reshape(-1, *whole.shape[1:]), whole) is not None:
+                    return (
+                        f"shard(batch, {rank}, {world}) returned {name} of shape {shape(part)}, where the batch's "
+                        f"{name} is {shape(whole)}: rows of the batch's {name}, in another shape; return {name}[rows] "
+                        "as it is, "
+                        f"each row of shape {shape(whole[0])} (squeeze drops that dimension)"
+                    )
             if rows_of(out[0], x) is None:
                 return (
                     f"shard(batch, {rank}, {world}) returned x that is not rows of the batch's x: return x[rows], "
@@ -554,6 +562,20 @@ def world_ignored(fn, batch) -> bool:
     )
 
 
+def last_row_short(fn, batch, world: int) -> bool:
+    """``fn`` gives each rank of ``world`` the rung's rows but the last: an exclusive end taken one row short."""
+    x = batch[0]
+    return all(
+        rows_of(fn(batch, rank, world)[0], x) == sorted(rows_of(rung_shard(batch, rank, world)[0], x))[:-1]
+        for rank in range(world)
+    )
+
+
+def shape(t: torch.Tensor) -> str:
+    """``(10, 1)``, ``(3,)``: a tensor's shape as Python writes a tuple."""
+    return str(tuple(t.shape))
+
+
 def pair_length(fn, batch) -> bool:
     """``fn``'s ranks take, at every world, rows 0 to len(batch) - 1 together: len(batch), the pair (x, y), taken
     for the count of rows."""
@@ -630,7 +652,7 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
     left = f"the parameters differ from a single process's on the whole batch (largest difference {difference:.2g})"
     if blind:  # what the processes' own checks cannot see
         left += (
-            f", though the processes' own checks all pass (the {WORLD} slots end identical bit for bit, every "
+            f", though the processes' own checks all pass (the {WORLD} slots end equal, every "
             "attempt's members started it from the same state, every discarded attempt changed nothing)"
         )
     for step, world in committed:
@@ -670,6 +692,13 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
                 f"rank took {ROWS} // {world} = {floor} rows, so the remainder of the floor division, "
                 f"{rows_named(missing)}, went to no rank, and {left}: spread the remainder over the ranks (e.g. "
                 "rank r takes rows r·B // world up to (r+1)·B // world)"
+            )
+        if missing and last_row_short(fn, batch, world):
+            return (
+                f"at world {world}, {rows_text(missing)} trained by no rank (of the global batch's {ROWS}): each is "
+                "the last row of a rank's share (rank r's share ends where rank r + 1's begins, at (r+1)·B // world); "
+                f"your slice ends one row before it, and {left}: a slice x[lo:hi] already leaves out row hi, so end it "
+                "at (r+1)·B // world, not one less"
             )
         if missing and twice:
             return (
