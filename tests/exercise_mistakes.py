@@ -621,6 +621,13 @@ def shard_keeps_its_rows(batch, rank, world):
     return x[lo:hi], y[lo:hi]
 
 
+def shard_rows_of_the_pair(batch, rank, world):
+    """len(batch) for the row count: the batch is the pair (x, y), so only rows 0-1 are ever split."""
+    x, y = batch
+    lo, hi = rank * len(batch) // world, (rank + 1) * len(batch) // world
+    return x[lo:hi], y[lo:hi]
+
+
 def shard_floor_sized(batch, rank, world):
     """len(x) // world rows each: the remainder (a row at world 3 of 10 rows) is never trained."""
     x, y = batch
@@ -784,6 +791,29 @@ def shard_ceiling_sized(batch, rank, world):
     x, y = batch
     n = -(-len(x) // world)
     return x[rank * n : (rank + 1) * n], y[rank * n : (rank + 1) * n]
+
+
+def shard_remainder_to_the_last(batch, rank, world):
+    """len(x) // world rows each and the last rank the rest as well: every row once, and right on the run's 10 rows
+    (3, 3, 4), but 11 rows at world 3 are 3, 3, 5, where an even split gives no rank more than ceil(11 / 3) = 4."""
+    x, y = batch
+    n = len(x) // world
+    hi = len(x) if rank == world - 1 else (rank + 1) * n
+    return x[rank * n : hi], y[rank * n : hi]
+
+
+def shard_targets_unsliced(batch, rank, world):
+    """This rank's rows of x, but all of y: the targets left whole."""
+    x, y = batch
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
+    return x[lo:hi], y
+
+
+def shard_inputs_unsliced(batch, rank, world):
+    """This rank's rows of y, but all of x: the inputs left whole."""
+    x, y = batch
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
+    return x, y[lo:hi]
 
 
 #: The environment's RANK read once, when this module ran (on a rank, the launcher's RANK: the process's slot).
@@ -1114,3 +1144,17 @@ class BroadcastFromOwnRank(solutions.SimpleDDP):
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor, src=dist.get_rank())
+
+
+def shard_last_row_short(batch, rank, world):
+    """An exclusive end taken one row short: `hi - 1` in a slice whose end is already excluded."""
+    x, y = batch
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world - 1
+    return x[lo:hi], y[lo:hi]
+
+
+def shard_targets_squeezed(batch, rank, world):
+    """The right rows, but y squeezed to 1-D: (rows,) where the batch's targets are (rows, 1)."""
+    x, y = batch
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
+    return x[lo:hi], y[lo:hi].squeeze()

@@ -250,7 +250,17 @@ def test_each_hook_mistake_is_named(hook, named):
 
 SHARD_ANSWERS = [solutions.ft_shard, wrong.shard_strided, wrong.shard_ceiling_sized]
 SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, what happened to them
-    (wrong.shard_keeps_its_rows, "at world 2, rows 6-9 were trained by no rank"),
+    (  # question 3's split: a fixed 3 where `world` belongs, named as such
+        wrong.shard_keeps_its_rows,
+        "at world 2, rows 6-9 were trained by no rank (of the global batch's 10): your shard gives each rank the same "
+        "rows at every world, those it gives at world 3, as if `world` were always 3, so at world 2 the rows of world "
+        "3's rank 2 go to no rank",
+    ),
+    (  # len(batch), the pair, for the row count
+        wrong.shard_rows_of_the_pair,
+        "at world 3, rows 2-9 were trained by no rank (of the global batch's 10): your shard splits only rows 0-1, as "
+        "many as len(batch) = 2, the pair (x, y)",
+    ),
     (
         wrong.shard_floor_sized,
         "at world 3, row 9 was trained by no rank (of the global batch's 10): each rank took 10 // 3 = 3 rows, so "
@@ -281,6 +291,19 @@ SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, wh
         "with a global batch of 11 rows (the run's have 10), at world 3, row 10 was trained by no rank",
     ),
     (wrong.shard_wrong_alone, "at world 1 (which the run's committed steps did not have), rows 5-9 were trained by no"),
+    (  # every row once at every batch size, but the floor division's whole remainder to one rank: 3, 3, 5 of 11
+        wrong.shard_remainder_to_the_last,
+        "with a global batch of 11 rows, the ranks took 3, 3, 5 rows: each row is trained once, but the busiest "
+        "rank, rank 2, takes 5 rows where an even split gives no rank more than ceil(11 / 3) = 4, and a step lasts as "
+        "long as its busiest rank; each rank took 11 // 3 = 3 rows and rank 2 the remainder of the floor division "
+        "too, 2 rows: give the remainder's rows to 2 different ranks, one each",
+    ),
+    (  # an exclusive end taken one short: each rank's last row is lost
+        wrong.shard_last_row_short,
+        "at world 3, rows 2, 5, 9 were trained by no rank (of the global batch's 10): each is the last row of a "
+        "rank's share (rank r's share ends where rank r + 1's begins, at (r+1)·B // world); your slice ends one row "
+        "before it",
+    ),
     (  # right on 10, 11 and 12 rows; chunk gives fewer pieces than ranks where B rows do not fill them
         wrong.shard_chunked,
         "with a global batch of 4 rows (the run's have 10), at world 3, your shard raised IndexError for rank 2 of "
@@ -331,9 +354,22 @@ SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
     ),
     (
         wrong.shard_all_to_rank_zero,
-        "at world 3, rank 0 took all 10 rows and ranks 1, 2 none: each row is trained once, but the busiest rank "
-        "takes 10 rows where an even split gives no rank more than ceil(10 / 3) = 4, and a step lasts as long as its "
-        "busiest rank (here, as long as one process on the whole batch)",
+        "at world 3, the ranks took 10, 0, 0 rows: each row is trained once, but the busiest rank, rank 0, takes 10 "
+        "rows where an even split gives no rank more than ceil(10 / 3) = 4, and a step lasts as long as its busiest "
+        "rank (here, as long as one process on the whole batch); give each of the 3 ranks 3 or 4 rows",
+    ),
+    (
+        wrong.shard_targets_unsliced,
+        "shard(batch, 0, 3) returned x of 3 rows and y of 10: y is the whole batch's (10 rows), not this rank's",
+    ),
+    (
+        wrong.shard_targets_squeezed,
+        "shard(batch, 0, 3) returned y of shape (3,), where the batch's y is (10, 1): rows of the batch's y, in "
+        "another shape; return y[rows] as it is, each row of shape (1,) (squeeze drops that dimension)",
+    ),
+    (
+        wrong.shard_inputs_unsliced,
+        "shard(batch, 0, 3) returned x of 10 rows and y of 3: x is the whole batch's (10 rows), not this rank's",
     ),
 ]
 

@@ -11,8 +11,8 @@ never trained. :func:`check_shard` checks a learner's ``shard``:
    is refused; then it is called
    twice for every rank of the worlds the run will meet: an exception, a value that is not
    ``(x rows, y rows)`` of the batch (y's rows the same as x's), two calls that disagree, or a split
-   that leaves a rank idle while another takes more than an even split's ceil(B / world) rows, is named at
-   once, before any rank starts;
+   whose busiest rank takes more rows than it need (:func:`busiest_problem`), is named at once, before any
+   rank starts;
 2. **on real ranks, through a fault**: one run of the ft rung (:func:`minddp.ft.launch_ft`, 3
    ranks, ``kill@2:1``: the world goes 3 → 2, then 3 again once the killed rank is back, healed) of
    a task with one small model per shard function (:class:`Lanes`), so one run checks them all;
@@ -189,36 +189,39 @@ def preflight(fn, batch) -> str | None:
         problem = values_problem(fn, batch, world)
         if problem:
             return problem
-    return idle_problem(fn, (ROWS,))
+    return busiest_problem(fn, (ROWS,))
 
 
-def idle_problem(fn, row_counts) -> str | None:
-    """Where ``fn`` trains every row once but leaves a rank idle while its busiest rank takes more rows than an
-    even split gives any rank, ceil(B / world) (``None``: nowhere). A step lasts as long as its busiest rank, so
-    such a split makes the step longer than it need be; at a few rows an even split may leave a rank idle too
-    (4 rows at world 3: 2, 2, 0 takes as long as 2, 1, 1), and that is no mistake. A split that misses a row or
-    doubles one is not judged here: the run, or :func:`unchecked_coverage`, names those rows."""
+def busiest_problem(fn, row_counts) -> str | None:
+    """The one rule on how even a split must be: a step lasts as long as its busiest rank, and no split of B rows
+    among ``world`` ranks can give its busiest rank fewer than ceil(B / world) rows, so a split whose busiest rank
+    takes more is named, for each batch of ``row_counts`` rows at worlds 3 and 2 (``None``: nowhere). (4 rows at
+    world 3 split 2, 2, 0 pass: their busiest takes ceil(4 / 3) = 2.) A split that misses a row or doubles one is
+    not judged here: the run, or :func:`unchecked_coverage`, names those rows."""
     for rows in row_counts:
         batch = ToyTask(global_batch=rows).global_batch(0)
         for world in range(WORLD, 1, -1):
             missing, twice, sizes = coverage(fn, batch, world)
-            idle = [r for r, n in enumerate(sizes) if n == 0]
-            even = -(-rows // world)  # the most rows an even split gives a rank
-            if missing or twice or not idle or max(sizes) <= even:
+            even = -(-rows // world)  # ceil(rows / world): the fewest rows any split can give its busiest rank
+            if missing or twice or max(sizes) <= even:
                 continue
-            busy = [r for r, n in enumerate(sizes) if n]
-            took = (
-                f"rank {busy[0]} took all {rows} rows"
-                if len(busy) == 1
-                else f"ranks {', '.join(map(str, busy))} took {', '.join(str(sizes[r]) for r in busy)} rows"
-            )
+            busiest = sizes.index(max(sizes))
+            floor, remainder = divmod(rows, world)
             where = f"at world {world}" + ("" if rows == ROWS else f", with a global batch of {rows} rows")
+            if sorted(sizes) == [floor] * (world - 1) + [floor + remainder]:
+                fix = (
+                    f"each rank took {rows} // {world} = {floor} rows and rank {busiest} the remainder of the floor "
+                    f"division too, {remainder} rows: give the remainder's rows to {remainder} different ranks, one "
+                    "each (e.g. rank r takes rows r·B // world up to (r+1)·B // world)"
+                )
+            else:
+                fix = f"give each of the {world} ranks {floor}{f' or {floor + 1}' if remainder else ''} rows"
             return (
-                f"{where}, {took} and rank{'s' if len(idle) > 1 else ''} {', '.join(map(str, idle))} none: each row is "
-                f"trained once, but the busiest rank takes {max(sizes)} rows where an even split gives no rank more "
-                f"than ceil({rows} / {world}) = {even}, and a step lasts as long as its busiest rank"
+                f"{where}, the ranks took {', '.join(map(str, sizes))} rows: each row is trained once, but the "
+                f"busiest rank, rank {busiest}, takes {max(sizes)} rows where an even split gives no rank more than "
+                f"ceil({rows} / {world}) = {even}, and a step lasts as long as its busiest rank"
                 + (" (here, as long as one process on the whole batch)" if max(sizes) == rows else "")
-                + f"; give each of the {world} ranks about len(x) / world rows"
+                + f"; {fix}"
             )
     return None
 
@@ -258,10 +261,25 @@ def values_problem(fn, batch, world: int) -> str | None:
                     f"{', '.join(type(t).__name__ for t in out)}, not of tensors: return x[rows], y[rows] of the "
                     "batch's tensors (the rung's loss and all_reduce take torch tensors)"
                 )
-            if rows_of(out[0], x) is None or len(out[0]) != len(out[1]):
+            for name, part, whole in (("x", out[0], x), ("y", out[1], batch[1])):
+                if part.dim() != whole.dim() and rows_of(part.reshape(-1, *whole.shape[1:]), whole) is not None:
+                    return (
+                        f"shard(batch, {rank}, {world}) returned {name} of shape {shape(part)}, where the batch's "
+                        f"{name} is {shape(whole)}: rows of the batch's {name}, in another shape; return {name}[rows] "
+                        "as it is, "
+                        f"each row of shape {shape(whole[0])} (squeeze drops that dimension)"
+                    )
+            if rows_of(out[0], x) is None:
                 return (
-                    f"shard(batch, {rank}, {world}) returned x that is not rows of the batch's x (or x and y of "
-                    "different lengths): return x[rows], y[rows] of the same rows"
+                    f"shard(batch, {rank}, {world}) returned x that is not rows of the batch's x: return x[rows], "
+                    "y[rows] of the same rows"
+                )
+            if len(out[0]) != len(out[1]):
+                whole = {len(out[0]): "x", len(out[1]): "y"}.get(len(x))  # the one left whole, if one is
+                return (
+                    f"shard(batch, {rank}, {world}) returned x of {len(out[0])} rows and y of {len(out[1])}"
+                    + (f": {whole} is the whole batch's ({len(x)} rows), not this rank's" if whole else "")
+                    + "; take the same rows of both, (x[rows], y[rows])"
                 )
             x_rows, y_rows = rows_of(out[0], x), rows_of(out[1], batch[1])
             if y_rows != x_rows:
@@ -484,7 +502,7 @@ def verdict(fn, mine: dict, oracle: dict, committed, task: Lanes, run, blind: bo
     if d_single <= tolerance(oracle):
         worlds = [w for _, w in committed]
         elsewhere = unchecked_coverage(fn, set(worlds))
-        elsewhere = elsewhere or idle_problem(fn, OTHER_ROWS)
+        elsewhere = elsewhere or busiest_problem(fn, OTHER_ROWS)
         if elsewhere:
             return Verdict(False, f"✗ shard: the run's committed steps were right, but {elsewhere}")
         path = " → ".join(str(w) for i, w in enumerate(worlds) if i == 0 or w != worlds[i - 1])
@@ -531,6 +549,42 @@ def split_by_size(fn, batch) -> bool:
             if yours != (pieces[rank] if rank < len(pieces) else []):
                 return False
     return True
+
+
+def world_ignored(fn, batch) -> bool:
+    """``fn`` gives each rank of worlds 2 and 1 the rows it gives that rank at world WORLD: a fixed count of ranks
+    where ``world`` belongs (question 3's split of notebook 07)."""
+    x = batch[0]
+    return all(
+        rows_of(fn(batch, rank, world)[0], x) == rows_of(fn(batch, rank, WORLD)[0], x)
+        for world in range(1, WORLD)
+        for rank in range(world)
+    )
+
+
+def last_row_short(fn, batch, world: int) -> bool:
+    """``fn`` gives each rank of ``world`` the rung's rows but the last: an exclusive end taken one row short."""
+    x = batch[0]
+    return all(
+        rows_of(fn(batch, rank, world)[0], x) == sorted(rows_of(rung_shard(batch, rank, world)[0], x))[:-1]
+        for rank in range(world)
+    )
+
+
+def shape(t: torch.Tensor) -> str:
+    """``(10, 1)``, ``(3,)``: a tensor's shape as Python writes a tuple."""
+    return str(tuple(t.shape))
+
+
+def pair_length(fn, batch) -> bool:
+    """``fn``'s ranks take, at every world, rows 0 to len(batch) - 1 together: len(batch), the pair (x, y), taken
+    for the count of rows."""
+    x = batch[0]
+    return all(
+        sorted({r for rank in range(world) for r in rows_of(fn(batch, rank, world)[0], x) or []})
+        == list(range(len(batch)))
+        for world in range(WORLD, 0, -1)
+    )
 
 
 def unchecked_coverage(fn, run_worlds: set) -> str | None:
@@ -598,12 +652,13 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
     left = f"the parameters differ from a single process's on the whole batch (largest difference {difference:.2g})"
     if blind:  # what the processes' own checks cannot see
         left += (
-            f", though the processes' own checks all pass (the {WORLD} slots end identical bit for bit, every "
+            f", though the processes' own checks all pass (the {WORLD} slots end equal, every "
             "attempt's members started it from the same state, every discarded attempt changed nothing)"
         )
     for step, world in committed:
-        missing, twice, sizes = coverage(fn, task.global_batch(step), world)
-        if missing and split_by_size(fn, task.global_batch(step)):
+        batch = task.global_batch(step)
+        missing, twice, sizes = coverage(fn, batch, world)
+        if missing and split_by_size(fn, batch):
             others = [(w, coverage(fn, task.global_batch(step), w)[0]) for w in range(WORLD, 0, -1) if w != world]
             others_text = "; ".join(f"at world {w}: {rows_named(m)}" for w, m in others if m)
             return (
@@ -615,6 +670,21 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
                 + f", and {left}: x.tensor_split(world) cuts `world` pieces (or rank r takes rows r·B // world up to "
                 "(r+1)·B // world)"
             )
+        if missing and pair_length(fn, batch):
+            return (
+                f"at world {world}, {rows_text(missing)} trained by no rank (of the global batch's {ROWS}): your "
+                f"shard splits only rows 0-{len(batch) - 1}, as many as len(batch) = {len(batch)}, the pair (x, y), "
+                f"and {left}: the batch's rows are len(x) = {ROWS}"
+            )
+        if missing and world_ignored(fn, batch):
+            gone = list(range(world, WORLD))
+            return (
+                f"at world {world}, {rows_text(missing)} trained by no rank (of the global batch's {ROWS}): your "
+                f"shard gives each rank the same rows at every world, those it gives at world {WORLD}, as if `world` "
+                f"were always {WORLD}, so at world {world} the rows of world {WORLD}'s "
+                f"rank{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} go to no rank, and {left}: split "
+                "among the `world` ranks it is given"
+            )
         floor = ROWS // world
         if missing and not twice and sizes == [floor] * world and len(missing) == ROWS - floor * world:
             return (
@@ -622,6 +692,13 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
                 f"rank took {ROWS} // {world} = {floor} rows, so the remainder of the floor division, "
                 f"{rows_named(missing)}, went to no rank, and {left}: spread the remainder over the ranks (e.g. "
                 "rank r takes rows r·B // world up to (r+1)·B // world)"
+            )
+        if missing and last_row_short(fn, batch, world):
+            return (
+                f"at world {world}, {rows_text(missing)} trained by no rank (of the global batch's {ROWS}): each is "
+                "the last row of a rank's share (rank r's share ends where rank r + 1's begins, at (r+1)·B // world); "
+                f"your slice ends one row before it, and {left}: a slice x[lo:hi] already leaves out row hi, so end it "
+                "at (r+1)·B // world, not one less"
             )
         if missing and twice:
             return (

@@ -5,7 +5,7 @@
 * ``stop``: the rank SIGSTOPs itself at the same point: a frozen machine. Its
   peers' collective times out after the hang bound, the lighthouse evicts the
   silent slot, and the launcher ends the process;
-* ``raise``: the rank's gradient collective raises instead of sending (a
+* ``raise``: the rank's comm hook raises before it starts the all_reduce (a
   transient network error); the rank stays and the step is tried again;
 * ``coord``: the lighthouse stops answering once it has committed step STEP-1
   (its events sent first); the launcher, told, kills it and starts a new one on
@@ -78,7 +78,7 @@ class FaultPlan:
         elif kind == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
         elif kind == "raise":
-            raise InjectedFault(f"injected fault {self.faults[index]}: the gradient collective raised")
+            raise InjectedFault(f"injected fault {self.faults[index]}: the comm hook raised before its all_reduce")
 
     def when(self, index: int) -> float | None:
         return self.fired_at[index] or None

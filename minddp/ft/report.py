@@ -101,13 +101,13 @@ def fault_report(run) -> list[str]:
         what = {
             "kill": f"slot {fault.slot} killed (SIGKILL)",
             "stop": f"slot {fault.slot} frozen (SIGSTOP)",
-            "raise": f"slot {fault.slot}'s all_reduce raised",
+            "raise": f"slot {fault.slot}'s comm hook raised",
             "coord": "coordinator killed and restarted",
         }[fault.kind]
         recovery = (
             f"no commit of step {fault.step} or later followed"
             if o.recovery_s is None
-            else f"recovery {o.recovery_s:.2f} s (step {o.committed_step} committed at world {o.world})"
+            else f"recovery {o.recovery_s:.3f} s (step {o.committed_step} committed at world {o.world})"
         )
         rejoin = (
             ""
