@@ -147,5 +147,5 @@ def test_the_legend_says_what_an_orange_bar_is():
         return names
 
     gloo, link = labels(), labels(link="1gbit")
-    assert "collective in flight (its waits included)" in gloo and "message on the wire" not in gloo
-    assert "message on the wire" in link and "collective in flight (its waits included)" not in link
+    assert "collective in flight (held open included)" in gloo and "message on the wire" not in gloo
+    assert "message on the wire" in link and "collective in flight (held open included)" not in link

@@ -64,7 +64,7 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
         bars("waits", -0.40, 0.40, COLORS["wait"], label="training thread waits")
         bars("optimizer", -0.40, 0.40, COLORS["optimizer"], label="optimizer step")
         bars("finish", -0.02, 0.06, COLORS["finish"], label="finish (sync ends)")
-        wire = "message on the wire" if row.get("link") else "collective in flight (its waits included)"
+        wire = "message on the wire" if row.get("link") else "collective in flight (held open included)"
         bars("messages", 0.06, 0.30, COLORS["message"], label=wire, edgecolor="#a0522d", linewidth=0.5)
         if row.get("sent"):
             ax.plot(

@@ -80,8 +80,9 @@ def ladder_on_link(run, ax=None, analysis=None):
         ax.bar(names, values, bottom=bottom, label=label, color=color)
         bottom = [b + v for b, v in zip(bottom, values)]
     for x, overlap in enumerate(stages["comm_comp_overlap_pctg"]):
-        ax.annotate(f"{overlap:.0f} %\noverlap", (x, 101), ha="center", va="bottom", fontsize=7)
-    ax.set(ylim=(0, 118), ylabel="% of the step", title=f"the ladder on {_link_of(run)} (measured)")
+        shown = "<1" if 0 < overlap < 1 else f"{overlap:.0f}"  # a measured share under 1 % is not a 0
+        ax.annotate(f"{shown} %\noverlap", (x, 101), ha="center", va="bottom", fontsize=7)
+    ax.set(ylim=(0, 118), xlabel="stage", ylabel="% of the step", title=f"the ladder on {_link_of(run)} (measured)")
     ax.tick_params(axis="x", rotation=30)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return ax.figure

@@ -523,8 +523,8 @@ def mark_gathers(fig, looks: dict, rows: list[str]) -> None:
                     label=label,
                 )
     handles, labels = ax.get_legend_handles_labels()
-    # without an emulated link a message's bar is gloo's range, its waits for the other rank and a core included
-    wire = {"message on the wire": "collective in flight (its waits included)"}
+    # without an emulated link a message's bar is gloo's range, held open for the other rank and a core included
+    wire = {"message on the wire": "collective in flight (held open included)"}
     unique = {wire.get(label, label): h for label, h in zip(labels, handles) if not label.startswith("_")}
     columns = min(len(unique), 5)
     legend = ax.legend(
