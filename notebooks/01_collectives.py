@@ -58,8 +58,7 @@ print(f"rank {rank} holds {t.tolist()}")
 # `wait()` blocks until it is finished. In between, the rank is free to compute: the cell multiplies
 # two small matrices there. Nothing here is timed, so whether the 12-byte message was still on its way
 # while they multiplied is not shown. Computing while gradients travel is what the later DDP stages
-# are built for; the share of a transfer's time that had compute beside it is the measure *overlap*,
-# defined with the others at the end of this notebook.
+# are built for; the measures of it are defined at the end of this notebook.
 
 # %%
 # %%distributed
@@ -151,11 +150,14 @@ grad / world_size
 #
 # `all_gather` gives every rank every rank's tensor. `reduce_scatter` is the opposite: each rank
 # ends up with the *sum* of one chunk. The cell uses its one-tensor form, `reduce_scatter_single`:
-# the whole vector in, this rank's chunk (summed over the ranks) out.
+# the whole vector in, this rank's chunk (summed over the ranks) out. Rank q's vector is 0, 1, ..., 7
+# plus 10 q, and rank r keeps chunk r, elements 2 r and 2 r + 1: element i sums to
+# 4 i + 10 · (0 + 1 + 2 + 3) = 4 i + 60 over the four ranks, so rank 0 ends with [60, 64] and rank 3
+# with [84, 88].
 #
-# Running a `reduce_scatter` then an `all_gather` is an `all_reduce`: that is how the ring algorithm
-# used by NCCL and gloo works, and `minddp.collectives.ring_all_reduce` writes it from plain
-# `send`/`recv` so you can read it.
+# Running a `reduce_scatter` then an `all_gather` is an `all_reduce`. The *ring* algorithm, one of
+# those NCCL and gloo can choose from, does exactly that; `minddp.collectives.ring_all_reduce` writes it
+# from plain `send`/`recv` so you can read it.
 
 # %%
 # %%distributed
@@ -205,12 +207,12 @@ tiny_star = watch("naive", numel=4 * 256)
 assert all(r["ok"] for r in ring + star + tiny + tiny_star)  # each leaves the sum of every rank's mark everywhere
 
 # %% [markdown]
-# The drawing is made from those records, one row per step. A row shows every rank's chunks as they
-# were *just before* that step's message, so a sum sent at one step first shows in the next row; the
-# chunk a rank sends at that step is outlined in red, and the red line beneath says where it goes. The
+# The drawing is made from those records, one row per *exchange* (a rank sends one message and
+# receives one). A row shows every rank's chunks as they were *just before* that exchange, so a sum
+# sent in one exchange first shows in the next row; the chunk a rank sends is outlined in red, and the red line beneath says where it goes. The
 # darker a chunk's green, the more ranks' shares it holds (the darkest: all of them). In the
 # **reduce-scatter** (first three rows) every rank sends one chunk to its neighbour, which adds it into
-# its own copy: a chunk picks up one more rank's share at every hop, and after 3 steps (one fewer than
+# its own copy: a chunk picks up one more rank's share at every hop, and after 3 exchanges (one fewer than
 # the ranks) each rank holds one chunk that is complete ("all"), a different one on each rank. In the
 # **all-gather** (next three) the complete chunks go around once more, each one overwriting the
 # neighbour's partial copy. The cell checks each of these sentences against the records.
@@ -228,13 +230,13 @@ lesson.claim(
     all(
         len(ranks_in(r["steps"][s]["before"][r["steps"][s]["chunks"][0]])) == s + 1 for r in ring for s in range(n - 1)
     ),
-    f"in the reduce-scatter, the chunk a rank sends at its steps 1 to {n - 1} holds 1 to {n - 1} ranks' shares: "
+    f"in the reduce-scatter, the chunk a rank sends in its exchanges 1 to {n - 1} holds 1 to {n - 1} ranks' shares: "
     "one more at every hop",
 )
 complete = [[c for c, mark in enumerate(r["steps"][n - 1]["before"]) if mark == all_marks] for r in ring]
 lesson.claim(
     all(len(c) == 1 for c in complete) and len({c[0] for c in complete}) == n,
-    f"after the n − 1 = {n - 1} reduce-scatter steps each rank holds exactly one complete chunk, a different "
+    f"after the n − 1 = {n - 1} reduce-scatter exchanges each rank holds exactly one complete chunk, a different "
     f"one on each rank ({', '.join(f'rank {r}: chunk {c[0]}' for r, c in enumerate(complete))})",
 )
 exchanges = 2 * (n - 1)
@@ -258,7 +260,7 @@ lesson.claim(
 )
 lesson.claim(
     all(r["after"] == [all_marks] * n for r in ring),
-    f"after the {n - 1} all-gather steps every rank holds all {n} chunks complete",
+    f"after the {n - 1} all-gather exchanges every rank holds all {n} chunks complete",
 )
 
 # %% [markdown]
@@ -272,6 +274,7 @@ lesson.claim(
 # | β | the time per byte on a link, 1 / B | seconds per byte |
 # | B | a link's bandwidth, when one is named (`1gbit`: 1 Gbit/s = 125 MB/s); the tables print it in Gbit/s | bytes per second |
 # | k | the micro-batches of one optimizer step (`03_build_up`: gradient accumulation) | |
+# | W, C, M, T, L | sets of time intervals in one training step, defined at the end of this notebook; M (communication in flight) is no size, and not m | ms |
 #
 # Each letter keeps this one meaning in every notebook; a message's size, when it is not m, is written
 # out (m / n). The measures of time, *waited*, *exposed*, *overlap* and the rest, are defined at the end
@@ -370,8 +373,7 @@ lesson.claim(
 
 # %% [markdown]
 # The star's ratio to the ring is (α + m β) / (α + m β / n): never n, nearing n as m β outgrows α
-# (the column m β / α), and every added rank makes it larger, where the ring's β term stays under
-# 2 m β. For a small tensor the β terms shrink and the α term, 2 (n − 1) α for both, makes most of the
+# (the column m β / α). For a small tensor the β terms shrink and the α term, 2 (n − 1) α for both, makes most of the
 # time (the α share column): the star comes nearer the ring (the last column), and what an all_reduce
 # costs is mostly how many messages it sends, not how many bytes. That is why DDP packs many gradients
 # into one message, a *bucket* (notebook 03 measures when that wins).
@@ -409,14 +411,15 @@ lesson.claim(
 # The later notebooks ask one question of every stage: while its gradients travel, what does the
 # training step do? Eight words answer it, each naming one measure, computed by one function of
 # `minddp.analysis.metrics` that every notebook, the trace report and the benchmark call; the table is
-# `docs/analysis.md`'s, word for word (a test checks it). Seven of them read sets of time intervals of
-# one step: its *window* W (from the step's start to its end), *compute* C (forward, backward,
-# optimizer: the training thread working), *communication in flight* M (a collective started and not
-# yet done, as the backend reports it), the step's *backward* (from its start to its end, waits inside
-# it included), the training thread's *waits* T (from a `wait()` on a message to the message's arrival)
-# and, on an emulated link, the link's *transfers* L (each message's modeled time on the wire,
-# `minddp.comm.link`). |X| is the time X covers. The eighth, *comm cost*, is read off two runs
-# instead (the same stage with and without sending), so the made-up steps below cannot show it.
+# `docs/analysis.md`'s, word for word (a test checks it). Six of them read sets of time intervals of
+# one training step: its *window* W (from the step's start to its end), *compute* C (the training
+# thread working: in the forward, the backward or the optimizer), *communication in flight* M (a
+# collective started and not yet done, as the backend reports it), the step's *backward* (the phase
+# from its start to its end, the waits inside it included), the training thread's *waits* T (from a
+# `wait()` on a message until that `wait()` returns) and, on an emulated link, the link's *transfers* L
+# (each message's modeled time on the wire, `minddp.comm.link`). |X| is the time X covers. *Link time*
+# reads only the messages' sizes, and *comm cost* two runs (the same stage with and without sending),
+# so the made-up steps below cannot show comm cost.
 #
 # | name | definition | function | unit |
 # | --- | --- | --- | --- |
@@ -427,7 +430,7 @@ lesson.claim(
 # | waited | the time the training thread stood still for communication, `\|T ∩ W\|`: for the link, for the other rank, for a free core. Known only where the waits are recorded (over an emulated link); elsewhere NaN, not 0 | `metrics.waited(waits, window)` | ms per step |
 # | exposed | the link's transfers the training thread stood waiting through, `\|L ∩ T ∩ W\|`: the step time the link adds against the same stage with a free link, where the collectives take no time of their own beyond the link's (a wait for the other rank or a core after the link was done is waited, not exposed). Known over an emulated link and in the replay of the step-time model (`minddp.costmodel`'s `Prediction.exposed`); a trace without a link cannot give it | `metrics.exposed(link, waits, window)` | ms per step |
 # | link time | the modeled transfer time of the step's messages on the link, from their sizes alone, added up: the same on every machine | `metrics.link_time(link, messages)` | ms per step (the function: seconds) |
-# | comm cost | the step time sending adds, from two runs: a stage's median step minus the same stage's with `noop_hook`, which sends nothing (`python -m minddp.bench`, column `comm_cost_ms`). It holds what exposed leaves out (waits for the other rank and for a core, the collectives' own work, the hooks' Python), and two medians' noise | `metrics.comm_cost(step, free_step)` | ms per step |
+# | comm cost | the step time sending adds, from two runs: a stage's median step minus the same stage's with `noop_hook`, which sends nothing (`python -m minddp.bench`, column `comm_cost_ms`). It holds the exposed time and what exposed leaves out (waits for the other rank and for a core, the collectives' own work, the hooks' Python), and two medians' noise | `metrics.comm_cost(step, free_step)` | ms per step |
 #
 # The cell below builds two made-up steps on n = 2 ranks (not the four above), each sending two
 # all_reduces of 1 MiB over the 1 Gbit/s link: with n = 2 one costs 2 α + m β of link time, less than
@@ -447,7 +450,8 @@ from minddp.notebook import lesson
 
 LINK, n, MIB = PRESETS["1gbit"], 2, 2**20
 c = carry = 1e3 * LINK.seconds("all_reduce", MIB, n)  # ms: one 1 MiB all_reduce between 2 ranks on the link
-# Both steps: forward 0-20 ms, 50 ms of backward compute sending a message 20 ms and 40 ms into it, optimizer 10 ms.
+# Both steps: forward 0-20 ms; the backward computes 50 ms (its phase also holds the first step's waits) and sends
+# a message after 20 and after 40 ms of its compute; optimizer 10 ms.
 sent = [(40, 40 + c), (60 + c, 60 + 2 * c)]  # the first step's messages: each waited for where it is sent
 steps = {  # every interval in ms from the step's start
     "waits inside backward": dict(
@@ -525,12 +529,10 @@ lesson.claim(
 # %% [markdown]
 # Where two measures disagree for one stage they answer different questions. *Exposed* asks what the
 # link cost the step: time the link was still carrying a message the thread needed. *Waited* adds
-# the waits for the other rank and for a free core, which no faster link would remove. *Comm cost*
-# holds all that sending adds, read off two runs (`python -m minddp.bench`): the waits (the exposed
-# time among them) and the collectives' own work together, and the noise of two medians. *Overlap* and *non-compute* are read
-# from a trace of the backend's ranges (notebook `05_reading_traces`), which last as long as the
-# backend's work, its own waits included, so a stage that exposes nothing can still show less than
-# 100 % overlap, as the second step above does. And a stage that exposes nothing has not made its
+# the waits for the other rank and for a free core, which no faster link would remove. *Overlap* and
+# *non-compute* are read from a trace of the backend's ranges (notebook `05_reading_traces`), which
+# last as long as the backend's work, its own waits included, so a stage that exposes nothing can
+# still show less than 100 % overlap, as the second step above does. And a stage that exposes nothing has not made its
 # messages free: on a CPU the compute and gloo's threads share the same cores (`03_build_up` measures
 # what that costs).
 

@@ -125,7 +125,7 @@ def _label(mark: int, n: int) -> str:
 
 
 def draw_ring(records: list[dict]):
-    """The ring's steps, one row each: every rank's chunks (whose shares each holds), and the chunk it sends.
+    """The ring's exchanges, one row each: every rank's chunks (whose shares each holds), and the chunk it sends.
 
     Rows come from the records: the marks every rank held just before each of its
     exchanges (and at the end), so a sum sent in one row first shows in the next;
@@ -145,7 +145,7 @@ def draw_ring(records: list[dict]):
         y = -row * 1.6
         if row < rows - 1:
             phase = "reduce-scatter" if row < n - 1 else "all-gather"
-            name = f"{phase}\nstep {row % (n - 1) + 1} of {n - 1}"
+            name = f"{phase}\nexchange {row % (n - 1) + 1} of {n - 1}"
         else:
             name = "end"
         ax.text(-0.4, y + 0.5, name, ha="right", va="center", fontsize=8)
@@ -193,7 +193,7 @@ def draw_ring(records: list[dict]):
     ax.axis("off")
     ax.set_title(
         f"ring all_reduce on {n} ranks: each box is one rank's tensor in {n} chunks, as it was just before that "
-        "step's message;\na chunk's label names the ranks whose shares it holds (the darker, the more); outlined "
+        "exchange's message;\na chunk's label names the ranks whose shares it holds (the darker, the more); outlined "
         "in red: the chunk the rank sends, and where to",
         fontsize=8.5,
     )
