@@ -21,11 +21,11 @@
 # `%%distributed` runs on every rank, and each rank's output appears under its label
 # (`00_runner_demo` shows how the runner works).
 #
-# Point-to-point messages come first, then the collectives, where every rank of the group takes
-# part in the same call. Two of them carry the whole of data parallelism: `broadcast` (every rank
-# starts from the same weights) and `all_reduce` (every rank applies the same averaged gradient);
-# the next notebook builds exactly that. Then a ring all_reduce (one of the algorithms gloo and NCCL
-# run) is drawn step by step from the messages four ranks really sent, and priced with the cost model
+# Point-to-point messages come first, then the collectives, where every rank of the group takes part
+# in the same call. Two of them carry the whole of data parallelism: `broadcast` (every rank starts
+# from the same weights) and `all_reduce` (every rank applies the same averaged gradient); the next
+# notebook builds exactly that. Then a ring all_reduce (one of the algorithms gloo and NCCL run) is
+# drawn exchange by exchange from the messages four ranks really sent, and priced with the cost model
 # and the notation every later notebook uses. Last come `barrier`, and the words every later notebook
 # uses for communication meeting computation (*waited*, *exposed*, *overlap* and the rest), each with
 # its definition and the function that computes it.
@@ -121,8 +121,8 @@ partial = all(left[r] == sum(q + 1.0 for q in range(r, world_size)) for r in ran
 lesson.say(
     f"Ranks 1 to {world_size - 1} were left "
     + (
-        "partial sums (rank r: the values of rank r and the ranks above it): the steps of this backend's "
-        "algorithm, not the result, and another backend may leave something else."
+        "partial sums (rank r: the values of rank r and the ranks above it): what this backend's "
+        "algorithm left midway, not the result; another backend may leave something else."
         if partial
         else "values that are not the sum: only rank 0's buffer holds the result."
     )
@@ -209,13 +209,14 @@ assert all(r["ok"] for r in ring + star + tiny + tiny_star)  # each leaves the s
 # %% [markdown]
 # The drawing is made from those records, one row per *exchange* (a rank sends one message and
 # receives one). A row shows every rank's chunks as they were *just before* that exchange, so a sum
-# sent in one exchange first shows in the next row; the chunk a rank sends is outlined in red, and the red line beneath says where it goes. The
-# darker a chunk's green, the more ranks' shares it holds (the darkest: all of them). In the
-# **reduce-scatter** (first three rows) every rank sends one chunk to its neighbour, which adds it into
-# its own copy: a chunk picks up one more rank's share at every hop, and after 3 exchanges (one fewer than
-# the ranks) each rank holds one chunk that is complete ("all"), a different one on each rank. In the
-# **all-gather** (next three) the complete chunks go around once more, each one overwriting the
-# neighbour's partial copy. The cell checks each of these sentences against the records.
+# sent in one exchange first shows in the next row; the chunk a rank sends is outlined in red, and the
+# red line beneath says where it goes. The darker a chunk's green, the more ranks' shares it holds
+# (the darkest: all of them). In the **reduce-scatter** (first three rows) every rank sends one chunk
+# to its neighbour, which adds it into its own copy: a chunk picks up one more rank's share at every
+# hop, and after 3 exchanges (one fewer than the ranks) each rank holds one chunk that is complete
+# ("all"), a different one on each rank. In the **all-gather** (next three) the complete chunks go
+# around once more, each one overwriting the neighbour's partial copy. The cell checks each of these
+# sentences against the records.
 
 # %%
 # %%rank 0
@@ -372,11 +373,11 @@ lesson.claim(
 )
 
 # %% [markdown]
-# The star's ratio to the ring is (α + m β) / (α + m β / n): never n, nearing n as m β outgrows α
-# (the column m β / α). For a small tensor the β terms shrink and the α term, 2 (n − 1) α for both, makes most of the
-# time (the α share column): the star comes nearer the ring (the last column), and what an all_reduce
-# costs is mostly how many messages it sends, not how many bytes. That is why DDP packs many gradients
-# into one message, a *bucket* (notebook 03 measures when that wins).
+# The star's ratio to the ring is (α + m β) / (α + m β / n): never n, nearing n as m β outgrows α (the
+# column m β / α). For a small tensor the β terms shrink and the α term, 2 (n − 1) α for both, makes
+# most of the time (the α share column): the star comes nearer the ring (the last column), and what an
+# all_reduce costs is mostly how many messages it sends, not how many bytes. That is why DDP packs
+# many gradients into one message, a *bucket* (notebook 03 measures when that wins).
 
 # %% [markdown]
 # ## `barrier`: wait for everyone
