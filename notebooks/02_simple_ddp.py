@@ -369,12 +369,12 @@ lesson.claim(
 # averages may differ by about n float32 epsilons of the largest gradient (with 2 ranks, halving is exact: 0).
 lesson.claim(
     largest <= world_size * eps * biggest.item(),
-    f"the hook's average is the plain version's (largest difference {largest:.1e}, float32 rounding allows "
+    f"the ladder's average is the class above's (largest difference {largest:.1e}, float32 rounding allows "
     f"{world_size * eps * biggest.item():.1e})",
 )
 
 # %% [markdown]
-# And a check at work: rank 1 builds a model with one output more than rank 0's. The plain version
+# And a check at work: rank 1 builds a model with one output more than rank 0's. The class above
 # would hand the backend two weights of different sizes in one broadcast; the ladder's refuses on
 # every rank, saying why. The cell prints the error each rank raised. Its words name
 # `DistributedDataParallel`: the ladder's stages share the check with `minddp.DistributedDataParallel`,
