@@ -275,7 +275,6 @@ lesson.claim(
 # | β | the time per byte on a link, 1 / B | seconds per byte |
 # | B | a link's bandwidth, when one is named (`1gbit`: 1 Gbit/s = 125 MB/s); the tables print it in Gbit/s | bytes per second |
 # | k | the micro-batches of one optimizer step (`03_build_up`: gradient accumulation) | |
-# | W, C, M, T, L | sets of time intervals in one training step, defined at the end of this notebook; M (communication in flight) is no size, and not m | ms |
 #
 # Each letter keeps this one meaning in every notebook; a message's size, when it is not m, is written
 # out (m / n). The measures of time, *waited*, *exposed*, *overlap* and the rest, are defined at the end
@@ -417,10 +416,11 @@ lesson.claim(
 # thread working: in the forward, the backward or the optimizer), *communication in flight* M (a
 # collective started and not yet done, as the backend reports it), the step's *backward* (the phase
 # from its start to its end, the waits inside it included), the training thread's *waits* T (from a
-# `wait()` on a message until that `wait()` returns) and, on an emulated link, the link's *transfers* L
-# (each message's modeled time on the wire, `minddp.comm.link`). |X| is the time X covers. *Link time*
-# reads only the messages' sizes, and *comm cost* two runs (the same stage with and without sending),
-# so the made-up steps below cannot show comm cost.
+# `wait()` on a message until that `wait()` returns) and, on an emulated link, the link's *transfers*
+# L (each message's modeled time on the wire, `minddp.comm.link`). |X| is the time X covers. These
+# capital letters name sets of times, not sizes: M is not the m of bytes above. *Link time* reads only
+# the messages' sizes, and *comm cost* two runs (the same stage with and without sending), so the
+# made-up steps below cannot show comm cost.
 #
 # | name | definition | function | unit |
 # | --- | --- | --- | --- |
