@@ -186,7 +186,7 @@ lesson.claim(largest <= 1e-4 * scale, "SimpleDDP's averaged gradient is the sing
 # `minddp.ladder.loop.train_step` is the loop every stage shares: forward and backward for each
 # micro-batch, `finish_gradient_synchronization()`, `optimizer.step()`. `SimpleDDP` has no
 # `no_sync()` to skip a sync, so it averages after every micro-batch's backward. The cell trains it
-# for a few steps beside the single process on each step's global batch, measures after every step
+# for two steps beside the single process on each step's global batch, measures after every step
 # how far apart the ranks' parameters are, and counts the all_reduce calls (by wrapping `dist.all_reduce`).
 #
 # Then the same without the average: every rank starts from the same weights (rank 0's seed, so no
@@ -197,7 +197,7 @@ lesson.claim(largest <= 1e-4 * scale, "SimpleDDP's averaged gradient is the sing
 from minddp.bench.worker import counting_torch_all_reduce  # wraps dist.all_reduce: counts calls and bytes
 from minddp.comm.wire import Traffic
 
-STEPS = 3
+STEPS = 2  # enough to see the unaveraged replicas part further at every step
 ddp.zero_grad(set_to_none=True)
 single.zero_grad(set_to_none=True)
 start = flat(single.parameters())
