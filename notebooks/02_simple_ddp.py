@@ -242,7 +242,7 @@ lesson.say(
 # the same deterministic AdamW update to the same weights, so they stay equal to the bit.
 lesson.claim(
     all(d == 0 for d in averaged),
-    f"with the average, the replicas stayed exactly equal: distance 0 at all {STEPS} steps",
+    f"with the average, the replicas stayed exactly equal: distance 0 after each of the {STEPS} steps",
 )
 # Without it, each rank adds its own update every step; the smallest growth printed above is far beyond rounding.
 lesson.claim(
