@@ -21,11 +21,11 @@
 # `%%distributed` runs on every rank, and each rank's output appears under its label
 # (`00_runner_demo` shows how the runner works).
 #
-# Point-to-point messages come first, then the collectives, where every rank of the group takes
-# part in the same call. Two of them carry the whole of data parallelism: `broadcast` (every rank
-# starts from the same weights) and `all_reduce` (every rank applies the same averaged gradient);
-# the next notebook builds exactly that. Then a ring all_reduce (one of the algorithms gloo and NCCL
-# run) is drawn step by step from the messages four ranks really sent, and priced with the cost model
+# Point-to-point messages come first, then the collectives, where every rank of the group takes part
+# in the same call. Two of them carry the whole of data parallelism: `broadcast` (every rank starts
+# from the same weights) and `all_reduce` (every rank applies the same averaged gradient); the next
+# notebook builds exactly that. Then a ring all_reduce (one of the algorithms gloo and NCCL run) is
+# drawn exchange by exchange from the messages four ranks really sent, and priced with the cost model
 # and the notation every later notebook uses. Last come `barrier`, and the words every later notebook
 # uses for communication meeting computation (*waited*, *exposed*, *overlap* and the rest), each with
 # its definition and the function that computes it.
@@ -58,8 +58,7 @@ print(f"rank {rank} holds {t.tolist()}")
 # `wait()` blocks until it is finished. In between, the rank is free to compute: the cell multiplies
 # two small matrices there. Nothing here is timed, so whether the 12-byte message was still on its way
 # while they multiplied is not shown. Computing while gradients travel is what the later DDP stages
-# are built for; the share of a transfer's time that had compute beside it is the measure *overlap*,
-# defined with the others at the end of this notebook.
+# are built for; the measures of it are defined at the end of this notebook.
 
 # %%
 # %%distributed
@@ -89,8 +88,8 @@ t
 # ## `scatter`: rank 0 deals out one chunk per rank
 #
 # Rank 0 holds a list with one tensor per rank; every rank receives its own. (A data loader that
-# shards a global batch does the same job without communication: every rank draws the same global
-# batch and keeps its share.)
+# shards the data does the same job without communication: every rank draws the same examples and
+# keeps its share.)
 
 # %%
 # %%distributed
@@ -122,8 +121,8 @@ partial = all(left[r] == sum(q + 1.0 for q in range(r, world_size)) for r in ran
 lesson.say(
     f"Ranks 1 to {world_size - 1} were left "
     + (
-        "partial sums (rank r: the values of rank r and the ranks above it): the steps of this backend's "
-        "algorithm, not the result, and another backend may leave something else."
+        "partial sums (rank r: the values of rank r and the ranks above it): what this backend's "
+        "algorithm left midway, not the result; another backend may leave something else."
         if partial
         else "values that are not the sum: only rank 0's buffer holds the result."
     )
@@ -134,11 +133,11 @@ lesson.say(
 #
 # The collective at the heart of DDP: after backward, each rank has the gradient of *its* shard;
 # `all_reduce` leaves the sum on every rank, and dividing by the world size gives the average
-# gradient. That average is the gradient of the whole global batch when the loss is a mean over
-# examples and every rank's shard holds as many examples: then the global batch's mean loss is the
-# mean of the shards' mean losses. With shards of different sizes (a last, shorter batch; uneven
-# shards, as in `07_fault_tolerance`) each rank's gradient needs the weight of its share of the
-# examples instead of 1 / (the number of ranks).
+# gradient. That average is the gradient of the whole *global batch* (every rank's shard together)
+# when the loss is a mean over examples and every rank's shard holds as many examples: then the
+# global batch's mean loss is the mean of the shards' mean losses. With shards of different sizes (a
+# last, shorter batch; uneven shards, as in `07_fault_tolerance`) each rank's gradient needs the weight
+# of its share of the examples instead of 1 / (the number of ranks).
 
 # %%
 # %%distributed
@@ -151,11 +150,14 @@ grad / world_size
 #
 # `all_gather` gives every rank every rank's tensor. `reduce_scatter` is the opposite: each rank
 # ends up with the *sum* of one chunk. The cell uses its one-tensor form, `reduce_scatter_single`:
-# the whole vector in, this rank's chunk (summed over the ranks) out.
+# the whole vector in, this rank's chunk (summed over the ranks) out. Rank q's vector is 0, 1, ..., 7
+# plus 10 q, and rank r keeps chunk r, elements 2 r and 2 r + 1: element i sums to
+# 4 i + 10 · (0 + 1 + 2 + 3) = 4 i + 60 over the four ranks, so rank 0 ends with [60, 64] and rank 3
+# with [84, 88].
 #
-# Running a `reduce_scatter` then an `all_gather` is an `all_reduce`: that is how the ring algorithm
-# used by NCCL and gloo works, and `minddp.collectives.ring_all_reduce` writes it from plain
-# `send`/`recv` so you can read it.
+# Running a `reduce_scatter` then an `all_gather` is an `all_reduce`. The *ring* algorithm, one of
+# those NCCL and gloo can choose from, does exactly that; `minddp.collectives.ring_all_reduce` writes it
+# from plain `send`/`recv` so you can read it.
 
 # %%
 # %%distributed
@@ -205,15 +207,15 @@ tiny_star = watch("naive", numel=4 * 256)
 assert all(r["ok"] for r in ring + star + tiny + tiny_star)  # each leaves the sum of every rank's mark everywhere
 
 # %% [markdown]
-# The drawing is made from those records, one row per step. A row shows every rank's chunks as they
-# were *just before* that step's message, so a sum sent at one step first shows in the next row; the
-# chunk a rank sends at that step is outlined in red, and the red line beneath says where it goes. The
-# darker a chunk's green, the more ranks' shares it holds (the darkest: all of them). In the
-# **reduce-scatter** (first three rows) every rank sends one chunk to its neighbour, which adds it into
-# its own copy: a chunk picks up one more rank's share at every hop, and after 3 steps (one fewer than
-# the ranks) each rank holds one chunk that is complete ("all"), a different one on each rank. In the
-# **all-gather** (next three) the complete chunks go around once more, each one overwriting the
-# neighbour's partial copy. The cell checks each of these sentences against the records.
+# The drawing is made from those records, one row per *exchange* (a rank sends one message and
+# receives one at the same time). A row shows every rank's chunks as they were *just before* that
+# exchange, so a sum sent in one exchange first shows in the next row; the chunk a rank sends is
+# outlined in red, and the red text beneath says where it goes. The darker a chunk's green, the more
+# ranks' shares it holds (the darkest: all of them). In the **reduce-scatter** (first three rows) every
+# rank sends one chunk to its neighbour, which adds it into its own copy: the chunk sent holds one more
+# rank's share at every exchange, and after 3 exchanges (one fewer than the ranks) each rank holds one
+# chunk that is complete ("all"), a different one on each rank. In the **all-gather** (next three) the
+# complete chunks go around once more, each one overwriting the neighbour's partial copy.
 
 # %%
 # %%rank 0
@@ -226,15 +228,17 @@ draw_ring(ring)
 plt.show()
 lesson.claim(
     all(
-        len(ranks_in(r["steps"][s]["before"][r["steps"][s]["chunks"][0]])) == s + 1 for r in ring for s in range(n - 1)
+        len(ranks_in(r["exchanges"][s]["before"][r["exchanges"][s]["chunks"][0]])) == s + 1
+        for r in ring
+        for s in range(n - 1)
     ),
-    f"in the reduce-scatter, the chunk a rank sends at its steps 1 to {n - 1} holds 1 to {n - 1} ranks' shares: "
-    "one more at every hop",
+    f"in the reduce-scatter, the chunk a rank sends in its exchanges 1 to {n - 1} holds 1 to {n - 1} ranks' shares: "
+    "one more at every exchange",
 )
-complete = [[c for c, mark in enumerate(r["steps"][n - 1]["before"]) if mark == all_marks] for r in ring]
+complete = [[c for c, mark in enumerate(r["exchanges"][n - 1]["before"]) if mark == all_marks] for r in ring]
 lesson.claim(
     all(len(c) == 1 for c in complete) and len({c[0] for c in complete}) == n,
-    f"after the n − 1 = {n - 1} reduce-scatter steps each rank holds exactly one complete chunk, a different "
+    f"after the n − 1 = {n - 1} reduce-scatter exchanges each rank holds exactly one complete chunk, a different "
     f"one on each rank ({', '.join(f'rank {r}: chunk {c[0]}' for r, c in enumerate(complete))})",
 )
 exchanges = 2 * (n - 1)
@@ -242,23 +246,23 @@ exchanges = 2 * (n - 1)
 
 def held(r, s):
     """What rank r's chunks held just before its exchange s (after the last one: at the end)."""
-    return ring[r]["steps"][s]["before"] if s < exchanges else ring[r]["after"]
+    return ring[r]["exchanges"][s]["before"] if s < exchanges else ring[r]["after"]
 
 
 lesson.claim(
     all(
         held(r["rank"], s)[c] == all_marks  # the chunk sent is complete
-        and held(r["steps"][s]["to"], s)[c] != all_marks  # the neighbour's copy was partial
-        and held(r["steps"][s]["to"], s + 1)[c] == all_marks  # and is complete once the message is in
+        and held(r["exchanges"][s]["to"], s)[c] != all_marks  # the neighbour's copy was partial
+        and held(r["exchanges"][s]["to"], s + 1)[c] == all_marks  # and is complete once the message is in
         for r in ring
         for s in range(n - 1, exchanges)
-        for c in r["steps"][s]["chunks"]
+        for c in r["exchanges"][s]["chunks"]
     ),
     "in the all-gather, every chunk a rank sends is complete, and it overwrites its neighbour's partial copy",
 )
 lesson.claim(
     all(r["after"] == [all_marks] * n for r in ring),
-    f"after the {n - 1} all-gather steps every rank holds all {n} chunks complete",
+    f"after the {n - 1} all-gather exchanges every rank holds all {n} chunks complete",
 )
 
 # %% [markdown]
@@ -281,15 +285,16 @@ lesson.claim(
 # one chunk of m / n bytes, 2 (n − 1) / n · m in all, and receives as much: less than 2 m, whatever the number of
 # ranks. In the star, ranks 1 to n − 1 send their tensor once and receive the sum once (m each way),
 # but rank 0 receives n − 1 whole tensors and sends n − 1 sums back: (n − 1) · m each way, n / 2
-# times a ring rank's bytes, and everybody waits for it. The cell counts both from the records and
-# checks them against these formulas.
+# times a ring rank's bytes. The cell counts both from the records and checks them against these
+# formulas.
 #
 # **Time.** The α-β model prices one message of x bytes at α + β · x. In one exchange a rank sends a
 # message and receives another at the same time (each direction of a link has its own wire), so the
 # larger of the two counts. A rank's exchanges go one after the other, and the all_reduce is done when
 # the busiest rank is. A ring rank makes 2 (n − 1) exchanges of m / n bytes each way:
-# 2 (n − 1) α + 2 (n − 1) / n · m β. The star's rank 0 makes as many exchanges, each of a whole tensor
-# and in one direction only (it must receive every tensor before it can send the sum back):
+# 2 (n − 1) α + 2 (n − 1) / n · m β. The star's rank 0 makes no exchange: it receives n − 1 whole
+# tensors, then sends n − 1 sums, one *one-way message* after another (it must receive every tensor
+# before it can send the sum back), as many messages as the ring rank's exchanges:
 # 2 (n − 1) α + 2 (n − 1) · m β. The same α term; the star's β term is n times the ring's. The cell
 # prices what each rank really sent on three of `minddp.comm.link`'s links and checks both formulas.
 
@@ -318,9 +323,12 @@ for r, s in zip(ring, star):
 draw_bytes(ring, star)
 plt.show()
 
+one_way = [("in" if s["received"] else "") + ("out" if s["sent"] else "") for s in star[0]["exchanges"]]
 lesson.claim(
-    all(len(r["steps"]) == exchanges for r in ring) and len(star[0]["steps"]) == exchanges,
-    f"every ring rank and the star's rank 0 made 2 (n − 1) = {exchanges} exchanges",
+    all(len(r["exchanges"]) == exchanges and all(s["sent"] and s["received"] for s in r["exchanges"]) for r in ring)
+    and one_way == ["in"] * (n - 1) + ["out"] * (n - 1),
+    f"every ring rank made 2 (n − 1) = {exchanges} exchanges, each sending one message and receiving one; the star's "
+    f"rank 0 received {n - 1} messages, then sent {n - 1}: {exchanges} one-way messages",
 )
 print(f"\nα-β time of one all_reduce of m = {m / MiB:g} MiB on n = {n} ranks, priced from the messages above,")
 kib = tiny[0]["numel"] * 4 // 1024
@@ -369,12 +377,11 @@ lesson.claim(
 )
 
 # %% [markdown]
-# The star's ratio to the ring is (α + m β) / (α + m β / n): never n, nearing n as m β outgrows α
-# (the column m β / α), and every added rank makes it larger, where the ring's β term stays under
-# 2 m β. For a small tensor the β terms shrink and the α term, 2 (n − 1) α for both, makes most of the
-# time (the α share column): the star comes nearer the ring (the last column), and what an all_reduce
-# costs is mostly how many messages it sends, not how many bytes. That is why DDP packs many gradients
-# into one message, a *bucket* (notebook 03 measures when that wins).
+# The star's ratio to the ring is (α + m β) / (α + m β / n): never n, nearing n as m β outgrows α (the
+# column m β / α). For a small tensor the β terms shrink and the α term, 2 (n − 1) α for both, makes
+# most of the time (the α share column): the star comes nearer the ring (the last column), and what an
+# all_reduce costs is mostly how many messages it sends, not how many bytes. That is why DDP packs
+# many gradients into one message, a *bucket* (notebook 03 measures when that wins).
 
 # %% [markdown]
 # ## `barrier`: wait for everyone
@@ -409,14 +416,18 @@ lesson.claim(
 # The later notebooks ask one question of every stage: while its gradients travel, what does the
 # training step do? Eight words answer it, each naming one measure, computed by one function of
 # `minddp.analysis.metrics` that every notebook, the trace report and the benchmark call; the table is
-# `docs/analysis.md`'s, word for word (a test checks it). Seven of them read sets of time intervals of
-# one step: its *window* W (from the step's start to its end), *compute* C (forward, backward,
-# optimizer: the training thread working), *communication in flight* M (a collective started and not
-# yet done, as the backend reports it), the step's *backward* (from its start to its end, waits inside
-# it included), the training thread's *waits* T (from a `wait()` on a message to the message's arrival)
-# and, on an emulated link, the link's *transfers* L (each message's modeled time on the wire,
-# `minddp.comm.link`). |X| is the time X covers. The eighth, *comm cost*, is read off two runs
-# instead (the same stage with and without sending), so the made-up steps below cannot show it.
+# `docs/analysis.md`'s, word for word (a test checks it). Six of them read sets of time intervals of
+# one training step: its *window* W (from the step's start to its end), *compute* C (the training
+# thread working: in the forward, the backward or the optimizer), *communication in flight* M (a
+# collective started and not yet done: the backend's ranges and, on an emulated link, the link's
+# transfers), the step's *backward* (the phase from its start to its end, the waits inside it
+# included), the training thread's *waits* T (from its first `wait()` on a message to the message's
+# delivery) and, on an emulated link, the link's *transfers* L. An *emulated link* (`minddp.comm.link`)
+# delivers each message after the α-β time of its collective, counted from when this rank handed it
+# over (or the link became free): the model does not wait for the other rank. |X| is the time X covers. These
+# capital letters name sets of times, not sizes: M is not the m of bytes above. *Link time* reads only
+# the messages' sizes, and *comm cost* two runs (the same stage with and without sending), so the
+# made-up steps below cannot show comm cost.
 #
 # | name | definition | function | unit |
 # | --- | --- | --- | --- |
@@ -427,7 +438,7 @@ lesson.claim(
 # | waited | the time the training thread stood still for communication, `\|T ∩ W\|`: for the link, for the other rank, for a free core. Known only where the waits are recorded (over an emulated link); elsewhere NaN, not 0 | `metrics.waited(waits, window)` | ms per step |
 # | exposed | the link's transfers the training thread stood waiting through, `\|L ∩ T ∩ W\|`: the step time the link adds against the same stage with a free link, where the collectives take no time of their own beyond the link's (a wait for the other rank or a core after the link was done is waited, not exposed). Known over an emulated link and in the replay of the step-time model (`minddp.costmodel`'s `Prediction.exposed`); a trace without a link cannot give it | `metrics.exposed(link, waits, window)` | ms per step |
 # | link time | the modeled transfer time of the step's messages on the link, from their sizes alone, added up: the same on every machine | `metrics.link_time(link, messages)` | ms per step (the function: seconds) |
-# | comm cost | the step time sending adds, from two runs: a stage's median step minus the same stage's with `noop_hook`, which sends nothing (`python -m minddp.bench`, column `comm_cost_ms`). It holds what exposed leaves out (waits for the other rank and for a core, the collectives' own work, the hooks' Python), and two medians' noise | `metrics.comm_cost(step, free_step)` | ms per step |
+# | comm cost | the step time sending adds, from two runs: a stage's median step minus the same stage's with `noop_hook`, which sends nothing (`python -m minddp.bench`, column `comm_cost_ms`). It holds the exposed time and what exposed leaves out (waits for the other rank and for a core, the collectives' own work, the hooks' Python), and two medians' noise | `metrics.comm_cost(step, free_step)` | ms per step |
 #
 # The cell below builds two made-up steps on n = 2 ranks (not the four above), each sending two
 # all_reduces of 1 MiB over the 1 Gbit/s link: with n = 2 one costs 2 α + m β of link time, less than
@@ -436,7 +447,7 @@ lesson.claim(
 # `03_build_up` builds as its `hook` stage), and the other rank is there at once, so each wait lasts
 # the link's transfer. In the second, the backward sends and goes on, and the step waits once, after
 # backward (what `03_build_up` builds as `hook-async`); the other rank is made up to join the second
-# message late, so gloo's range of it outlives the link's transfer.
+# message late, at 80 ms, so gloo's range of it outlives this rank's transfer on the link.
 
 # %%
 import matplotlib.pyplot as plt
@@ -447,7 +458,8 @@ from minddp.notebook import lesson
 
 LINK, n, MIB = PRESETS["1gbit"], 2, 2**20
 c = carry = 1e3 * LINK.seconds("all_reduce", MIB, n)  # ms: one 1 MiB all_reduce between 2 ranks on the link
-# Both steps: forward 0-20 ms, 50 ms of backward compute sending a message 20 ms and 40 ms into it, optimizer 10 ms.
+# Both steps: forward 0-20 ms; the backward computes 50 ms (its phase also holds the first step's waits) and sends
+# a message after 20 and after 40 ms of its compute; optimizer 10 ms.
 sent = [(40, 40 + c), (60 + c, 60 + 2 * c)]  # the first step's messages: each waited for where it is sent
 steps = {  # every interval in ms from the step's start
     "waits inside backward": dict(
@@ -505,8 +517,8 @@ lesson.say(
     f"{a['interleaved ms']:.1f} ms) and {for_link} (exposed {a['exposed ms']:.1f} ms): its backward is that much "
     f"longer than the second's; it overlaps {a['overlap %']:.0f} %. Sending and going on, the second overlaps "
     f"{b['overlap %']:.0f} % and is {b['exposed ms']:.1f} ms exposed, yet it waited {b['waited ms']:.1f} ms: for "
-    "the other rank, made up to join late, after the link was done. That is why the notebooks print several "
-    "measures: each answers another question."
+    "the other rank, made up to join late, after this rank's transfer was done. That is why the notebooks print "
+    "several measures: each answers another question."
 )
 # Interval lengths and a sum of the same floats: equal up to rounding.
 lesson.claim(
@@ -525,12 +537,10 @@ lesson.claim(
 # %% [markdown]
 # Where two measures disagree for one stage they answer different questions. *Exposed* asks what the
 # link cost the step: time the link was still carrying a message the thread needed. *Waited* adds
-# the waits for the other rank and for a free core, which no faster link would remove. *Comm cost*
-# holds all that sending adds, read off two runs (`python -m minddp.bench`): the waits (the exposed
-# time among them) and the collectives' own work together, and the noise of two medians. *Overlap* and *non-compute* are read
-# from a trace of the backend's ranges (notebook `05_reading_traces`), which last as long as the
-# backend's work, its own waits included, so a stage that exposes nothing can still show less than
-# 100 % overlap, as the second step above does. And a stage that exposes nothing has not made its
+# the waits for the other rank and for a free core. *Overlap* and
+# *non-compute* are read from a trace of the backend's ranges (notebook `05_reading_traces`), which
+# last as long as the backend's work, its own waits included, so a stage that exposes nothing can
+# still show less than 100 % overlap, as the second step above does. And a stage that exposes nothing has not made its
 # messages free: on a CPU the compute and gloo's threads share the same cores (`03_build_up` measures
 # what that costs).
 

@@ -77,6 +77,16 @@ class SumsAClone(solutions.SimpleDDP):
             g /= dist.get_world_size()
 
 
+class ReducesTheParameters(solutions.SimpleDDP):
+    """all_reduces (and divides) each parameter instead of its gradient: ``.grad`` stays this rank's own."""
+
+    def finish_gradient_synchronization(self):
+        with torch.no_grad():
+            for p in self.module.parameters():
+                dist.all_reduce(p)
+                p /= dist.get_world_size()
+
+
 class Flattened(solutions.SimpleDDP):
     """Averages right, but in one all_reduce of every gradient flattened together (the bucket stages' idea)."""
 

@@ -102,14 +102,14 @@ def test_the_watched_ring_sends_what_its_doc_says_and_is_priced_by_the_link_mode
     for r in ring:
         rank = r["rank"]
         assert r["ok"] and r["after"] == [2**n - 1] * n
-        assert [s["chunks"] for s in r["steps"]] == [[(rank - s - 1) % n] for s in range(n - 1)] + [
+        assert [s["chunks"] for s in r["exchanges"]] == [[(rank - s - 1) % n] for s in range(n - 1)] + [
             [(rank - s) % n] for s in range(n - 1)
         ]
-        assert {s["to"] for s in r["steps"]} == {(rank + 1) % n} and r["sent"] == 2 * (n - 1) * chunk
+        assert {s["to"] for s in r["exchanges"]} == {(rank + 1) % n} and r["sent"] == 2 * (n - 1) * chunk
         # after the reduce-scatter (the state before the first all-gather step), chunk `rank` holds every share
-        assert ranks_in(r["steps"][n - 1]["before"][rank]) == list(range(n))
+        assert ranks_in(r["exchanges"][n - 1]["before"][rank]) == list(range(n))
         # the chunk sent at reduce-scatter step s carries s + 1 ranks' shares
-        assert [len(ranks_in(s["before"][s["chunks"][0]])) for s in r["steps"][: n - 1]] == list(range(1, n))
+        assert [len(ranks_in(s["before"][s["chunks"][0]])) for s in r["exchanges"][: n - 1]] == list(range(1, n))
     assert star[0]["sent"] == star[0]["received"] == (n - 1) * B
     assert all(r["sent"] == r["received"] == B and r["ok"] for r in star[1:])
     link = PRESETS["1gbit"]

@@ -88,6 +88,12 @@ MISTAKES = [
     ),
     (wrong.SumsANewTensor, "simple", "the sums went into tensors that never reached .grad (param.grad / n, or a"),
     (wrong.SumsAClone, "simple", "your stage made 18 all_reduce calls in step 1, but after"),
+    # the parameters summed in place of their gradients: named as that, not as a copy that never reached .grad
+    (
+        wrong.ReducesTheParameters,
+        "simple",
+        "sent the parameters themselves (all 6 parameter tensors) at step 1, not their gradients",
+    ),
     (wrong.Flattened, "simple", "'simple' makes one all_reduce per gradient tensor at every sync"),
     (wrong.BroadcastFromOwnRank, "simple", "every rank made this collective and none finished it"),
     (wrong.Unfinished, "simple", "raised NotImplementedError in finish_gradient_synchronization"),

@@ -1,4 +1,4 @@
-"""Watch a hand-written all_reduce: what every rank sends, step by step, read from the real messages.
+"""Watch a hand-written all_reduce: what every rank sends, exchange by exchange, read from the real messages.
 
 :func:`watch` runs on every rank (a ``%%distributed`` cell of notebook 01):
 
@@ -50,15 +50,15 @@ def _chunks_within(t: torch.Tensor | None, chunks: list[torch.Tensor]) -> list[i
 
 
 @contextlib.contextmanager
-def _recording(module, chunks: list[torch.Tensor], steps: list[dict]):
-    """Step 2: ``module.exchange`` writes each call into ``steps`` before making it."""
+def _recording(module, chunks: list[torch.Tensor], exchanges: list[dict]):
+    """Step 2: ``module.exchange`` writes each call into ``exchanges`` before making it."""
     real = module.exchange
 
     def nbytes(t: torch.Tensor | None) -> int:
         return 0 if t is None else t.numel() * t.element_size()
 
     def exchange(send, dst, recv, src, group):
-        steps.append(
+        exchanges.append(
             {
                 "to": dst if nbytes(send) else None,
                 "from": src if nbytes(recv) else None,
@@ -80,8 +80,9 @@ def _recording(module, chunks: list[torch.Tensor], steps: list[dict]):
 def watch(algorithm: str = "ring", numel: int = 4 * 65536, group=None) -> list[dict]:
     """Steps 1-3 (module doc), on every rank of ``group``: every rank's record, in rank order.
 
-    A record: ``rank``, ``steps`` (one dict per exchange: ``to``, ``from``,
-    ``sent`` and ``received`` bytes, ``chunks`` sent, the marks ``before``),
+    A record: ``rank``, ``exchanges`` (one dict per call of ``exchange``: ``to``,
+    ``from``, ``sent`` and ``received`` bytes, ``chunks`` sent, the marks ``before``;
+    a ring's call sends one message and receives one, the star's sends or receives one),
     ``after`` (the marks at the end), ``sent`` and ``received`` (bytes in all),
     ``chunk_bytes`` and ``ok`` (the result is the sum of every rank's mark).
     """
@@ -94,19 +95,19 @@ def watch(algorithm: str = "ring", numel: int = 4 * 65536, group=None) -> list[d
         raise ValueError(f"watch() marks each rank with a bit of a float32 (exact up to 2**24): {n} ranks is too many")
     tensor = torch.full((numel,), float(2**rank), device=current_device())  # step 1
     chunks = list(tensor.tensor_split(n))
-    steps: list[dict] = []
-    with _recording(module, chunks, steps):  # step 2
+    exchanges: list[dict] = []
+    with _recording(module, chunks, exchanges):  # step 2
         all_reduce(tensor, group)
     record = {
         "rank": rank,
         "world": n,
         "algorithm": algorithm,
         "numel": numel,
-        "steps": steps,
+        "exchanges": exchanges,
         "after": [int(c[0]) for c in chunks],
         "chunk_bytes": chunks[0].numel() * chunks[0].element_size(),
-        "sent": sum(s["sent"] for s in steps),
-        "received": sum(s["received"] for s in steps),
+        "sent": sum(s["sent"] for s in exchanges),
+        "received": sum(s["received"] for s in exchanges),
         "ok": bool((tensor == 2**n - 1).all()),
     }
     everyone: list = [None] * n
@@ -116,7 +117,9 @@ def watch(algorithm: str = "ring", numel: int = 4 * 65536, group=None) -> list[d
 
 def seconds(records: list[dict], link) -> float:
     """The α-β time of the watched all_reduce on ``link`` (a :class:`~minddp.comm.link.LinkSpec`): module doc."""
-    return max(sum(link.latency + max(s["sent"], s["received"]) / link.bandwidth for s in r["steps"]) for r in records)
+    return max(
+        sum(link.latency + max(s["sent"], s["received"]) / link.bandwidth for s in r["exchanges"]) for r in records
+    )
 
 
 def _label(mark: int, n: int) -> str:
@@ -125,7 +128,7 @@ def _label(mark: int, n: int) -> str:
 
 
 def draw_ring(records: list[dict]):
-    """The ring's steps, one row each: every rank's chunks (whose shares each holds), and the chunk it sends.
+    """The ring's exchanges, one row each: every rank's chunks (whose shares each holds), and the chunk it sends.
 
     Rows come from the records: the marks every rank held just before each of its
     exchanges (and at the end), so a sum sent in one row first shows in the next;
@@ -137,7 +140,7 @@ def draw_ring(records: list[dict]):
     from matplotlib.patches import Rectangle
 
     n = records[0]["world"]
-    rows = len(records[0]["steps"]) + 1
+    rows = len(records[0]["exchanges"]) + 1
     fig, ax = plt.subplots(figsize=(2.0 + 2.2 * n, 0.95 * rows + 0.6))
     shade = plt.get_cmap("Greens")
     width = n + 1.6  # one rank's box of n chunks, and the gap after it
@@ -145,14 +148,14 @@ def draw_ring(records: list[dict]):
         y = -row * 1.6
         if row < rows - 1:
             phase = "reduce-scatter" if row < n - 1 else "all-gather"
-            name = f"{phase}\nstep {row % (n - 1) + 1} of {n - 1}"
+            name = f"{phase}\nexchange {row % (n - 1) + 1} of {n - 1}"
         else:
             name = "end"
         ax.text(-0.4, y + 0.5, name, ha="right", va="center", fontsize=8)
         for r in records:
             x0 = r["rank"] * width
-            marks = r["steps"][row]["before"] if row < rows - 1 else r["after"]
-            sent = r["steps"][row]["chunks"] if row < rows - 1 else []
+            marks = r["exchanges"][row]["before"] if row < rows - 1 else r["after"]
+            sent = r["exchanges"][row]["chunks"] if row < rows - 1 else []
             for c, mark in enumerate(marks):
                 share = len(ranks_in(mark)) / n
                 ax.add_patch(
@@ -176,7 +179,7 @@ def draw_ring(records: list[dict]):
                     color="white" if share > 0.6 else "black",
                 )
             if sent:
-                step = r["steps"][row]
+                step = r["exchanges"][row]
                 ax.text(
                     x0 + n / 2,
                     y - 0.22,
@@ -192,9 +195,9 @@ def draw_ring(records: list[dict]):
     ax.set_ylim(-(rows - 1) * 1.6 - 0.6, 1.7)
     ax.axis("off")
     ax.set_title(
-        f"ring all_reduce on {n} ranks: each box is one rank's tensor in {n} chunks, as it was just before that "
-        "step's message;\na chunk's label names the ranks whose shares it holds (the darker, the more); outlined "
-        "in red: the chunk the rank sends, and where to",
+        f"ring all_reduce on {n} ranks: each box is one chunk, a row of {n} boxes one rank's tensor as it was just "
+        "before that exchange;\na chunk's label names the ranks whose shares it holds (the darker, the more); outlined "
+        "in red: the chunk the rank sends (where to: the red text beneath)",
         fontsize=8.5,
     )
     fig.tight_layout()

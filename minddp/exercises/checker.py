@@ -477,6 +477,12 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
     names = _names_text(f["names"], f.get("n_params"))
     at = f" at step {f['step']}" + (f" on {_ranks_text(f['ranks'])}" if len(f["ranks"]) < world else "")
     kinds = report.get("kinds") or []
+    if f["kind"] == "reduced_parameters":
+        return (
+            f"finish_gradient_synchronization() sent the parameters themselves ({names}){at}, not their "
+            "gradients: a collective was handed the parameter (dist.all_reduce(param)), so .grad kept each rank's own "
+            "gradient; all_reduce param.grad and divide it, and leave the parameters to optimizer.step()"
+        )
     if f["kind"] == "local" and 1 < f["step"] <= len(kinds) and kinds[0] and not kinds[f["step"] - 1]:
         return (
             f"gradients were not synchronized{at} ({names}): step {f['step']} started no collective at all, where "

@@ -211,6 +211,8 @@ class Events(TorchDispatchMode):
         self.in_callback = 0  #: inside a Future's callback, which runs after its work completed: no write races
         self.active = False
         self.handed: int | None = None  #: the length of the tensor a running transport was handed (``transport``)
+        self.module = module
+        self.on_parameters: list[str] = []  #: the parameters (not their gradients) a collective of this step sent
         for name, p in module.named_parameters() if module is not None else ():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda _p, name=name: self._note("ready", name))
@@ -247,9 +249,17 @@ class Events(TorchDispatchMode):
                 }
             raise
         if counted and self.active:
+            self._note_parameters(args[_SENT_ARGUMENT[str(func)]])
             self.works.append((kind, _work_of(out)))
             self.flying[len(self.works) - 1] = _storages(args[_SENT_ARGUMENT[str(func)]])
         return out
+
+    def _note_parameters(self, sent) -> None:
+        """A collective handed a parameter itself (``dist.all_reduce(param)``), not its ``.grad``: noted by name."""
+        sent_storages = _storages(sent)
+        for name, p in self.module.named_parameters() if self.module is not None else ():
+            if _storages(p) & sent_storages and name not in self.on_parameters:
+                self.on_parameters.append(name)
 
     def _note_writes(self, func, args: tuple, kwargs: dict) -> None:
         """An operator that writes into a tensor a launched collective still sends (no wait for it yet): the
@@ -371,7 +381,7 @@ class Events(TorchDispatchMode):
             if w is not None
         ]
         self.log, self.works, self.waited, self.futures, self.active, self.sealed = [], [], set(), [], True, set()
-        self.again, self.flying, self.written, self.read = set(), {}, [], []
+        self.again, self.flying, self.written, self.read, self.on_parameters = set(), {}, [], [], []
         dist.Work.wait, dist.Work.get_future, future.wait = waited_work, future_of_work, waited_future
         future.then = then
         for name, method in sends.items():
@@ -508,6 +518,7 @@ def run_step(
     summary["waited_again"] = dict(events.waited_again)
     summary["written_in_flight"] = list(dict.fromkeys(events.written))
     summary["read_in_flight"] = list(dict.fromkeys(events.read))
+    summary["on_parameters"] = list(events.on_parameters)
     progress.phase = f"stepping the optimizer in step {step}"
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -727,8 +738,11 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
         synced = [record["counts"][f"backward{i + 1}"] + record["counts"][f"finish{i + 1}"] > 0 for i in range(accum)]
         kinds = classify(record["grads"], candidates(local, averaged, world, synced))
         everyone: list = [None] * world
-        dist.all_gather_object(everyone, kinds, group=checker)
-        out["finding"] = gradient_finding(everyone, step, record, local, averaged)
+        dist.all_gather_object(everyone, (kinds, record["on_parameters"]), group=checker)
+        out["finding"] = gradient_finding([k for k, _ in everyone], step, record, local, averaged)
+        on_parameters = sorted({name for _, names in everyone for name in names})
+        if out["finding"] is not None and out["finding"]["kind"] == "local" and on_parameters:
+            out["finding"] = {**out["finding"], "kind": "reduced_parameters", "names": on_parameters}
         if out["finding"] is not None and record["left_off"]:  # the cause, where the stage shows it (torch's flag)
             out["finding"] = {"kind": "left_off", "step": step, "ranks": list(range(world))}
         if out["finding"] is None:
