@@ -122,10 +122,10 @@ lesson.claim(
 # optimizer: SGD with lr 0.7 and Nesterov momentum 0.9 by default. `diloco.py`'s own list of what it
 # does (steps 1 to 3; its steps 4 to 6 are streaming DiLoCo's, printed in that section below), then the
 # change from `local_sgd.py` (`-` its lines, `+` the lines of diloco.py's `_send` and `_apply` that
-# replace them, with their comments, which number them by the list above). The lines are the streaming version's too, which cuts the model into
-# fragments that take turns; here the model is one fragment, so `fragment` (the one whose turn it is) is
-# always 0, and the comm hook's Future, kept in `in_flight`, is waited for in the same post-hook (the
-# H-th step's) that sent it:
+# replace them, with their comments, which number them by the list above). The lines serve streaming
+# DiLoCo too, which syncs the model in parts (its section below); here the whole model is one part,
+# `fragment` is always 0, and the comm hook's Future, kept in `in_flight`, is waited for in the same
+# post-hook (the H-th step's) that sent it:
 
 # %%
 import inspect
@@ -172,16 +172,16 @@ lesson.say(
 # results are committed (`docs/diloco/convergence.json`); the figure and the numbers below are read
 # from that file, not run here. Its runs: `ddp` (the global batch every step); `single` (one replica
 # alone: a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100);
-# `streaming-h100` (streaming DiLoCo, the rung after the first exercise: H = 100, its settings printed
-# under the figure); and DiLoCo at H = 100 with other outer learning rates. The figure draws each run's mean over
-# the seeds at H = 10 and 100 (H = 50 is not drawn: its final losses are printed) against the payload
-# bytes each replica handed to the all_reduce; `single` sends nothing, so it has no place on the log
-# axis and is drawn as a grey line at its final loss. The y axis stops at 2.6 nats so that the ends can
-# be told apart, so every curve's first evaluations are above it (a mean that rises between two of
-# them is printed under the figure). The held-out loss is scored as in the
-# run above (the bench's cosine schedule, the weights the replicas agree on). The lines under the
-# figure give each run's final loss with its range over the seeds, and its excess over the floor, the
-# part of the loss a model could still lose.
+# `streaming-h100` (streaming DiLoCo, the rung after the first exercise: the model in 2 fragments
+# synced in turn, each sent τ = 5 steps before it is applied, where the new synced weights are mixed
+# with α = 0.5 of the local ones); and DiLoCo at H = 100 with other outer learning rates. The figure
+# draws each run's mean over the seeds at H = 10 and 100 (H = 50 is not drawn: its final losses are
+# printed) against the payload bytes each replica handed to the all_reduce; `single` sends nothing, so
+# it has no place on the log axis and is drawn as a grey line at its final loss. The y axis stops at
+# 2.6 nats so that the ends can be told apart. The held-out loss is scored as in the run above (the
+# bench's cosine schedule, the weights the replicas agree on). The lines under the figure give each
+# run's final loss with its range over the seeds, and its excess over the floor, the part of the loss
+# a model could still lose.
 
 # %%
 import json
@@ -231,15 +231,6 @@ for name in ("ddp", "single", *(f"{r}-h{h}" for h in (10, 50, 100) for r in ("lo
         f"{name:>15}: final held-out loss {statistics.mean(final(name)):.4f} (seeds: {low:.4f} to {high:.4f}), "
         f"{statistics.mean(final(name)) - floor:.4f} above the floor"
     )
-for name in ("ddp", "local-sgd-h10", "local-sgd-h100", "diloco-h10", "diloco-h100", "streaming-h100"):
-    at = curves[name][0]["step"]
-    mean = [statistics.mean(v) for v in zip(*[c["loss"] for c in curves[name]])]
-    for i in range(len(mean) - 1):
-        if mean[i + 1] - mean[i] > 0.001:
-            print(
-                f"{name}: the mean rises from {mean[i]:.3f} (step {at[i]}) to {mean[i + 1]:.3f} (step {at[i + 1]})"
-                + (", above the figure's 2.6" if min(mean[i], mean[i + 1]) > 2.6 else "")
-            )
 streaming = results["configs"]["streaming-h100"]
 outer = "no outer optimizer set: minddp.DiLoCo's default, " + ", ".join(f"{k} {v}" for k, v in OUTER_DEFAULTS.items())
 split = [sum(p.numel() for p in f) for f in split_fragments(build_student(seed=0), streaming["fragments"])]
@@ -314,13 +305,6 @@ lesson.claim(
     "every seed of every outer lr from 0.3 to 1 (momentum 0.9 kept) ends above local SGD's worst seed: at this "
     "small scale DiLoCo's outer optimizer with momentum 0.9 costs loss at every outer lr tried",
 )
-momentum = 0.9  # a steady pseudo-gradient g moves Nesterov SGD by lr·g/(1 − momentum) per outer step
-lesson.say(
-    f"what is not separated: with momentum {momentum} an outer step moves up to lr/(1 − {momentum}) = "
-    f"{min(sweep) / (1 - momentum):.0f} to {max(sweep) / (1 - momentum):.0f} times the pseudo-gradient, local SGD's "
-    f"1 time; no DiLoCo run has a momentum below {momentum} or an outer lr below {min(sweep)}, so whether the momentum "
-    "itself or the larger outer step costs was not measured"
-)
 closest = min((n for n in curves if n != "ddp"), key=lambda n: statistics.mean(final(n)))
 lesson.claim(
     closest == "streaming-h100",
@@ -340,10 +324,10 @@ lesson.claim(
 # Write the sync DiLoCo runs after the H-th inner step, on every replica: `params` are the model's
 # (local) weights, `synced` the weights of the last sync (copies), `outer` the outer optimizer over
 # `params`. Average the pseudo-gradient over the replicas, put the synced weights back, let `outer`
-# step, and keep the result as the new synced weights. `check_outer_sync` trains a small network on
-# 2 real ranks with your sync and, once it passes there, again on 3 (a world size written as 2 passes
-# on 2); a wrong sync gets a verdict that names its mistake. As it stands the cell raises
-# `NotImplementedError`, and the checker says so.
+# step, and keep the result as the new synced weights. `check_outer_sync` trains a small network on 2
+# real ranks with your sync and, once it passes there, again on 3 (a world size written as 2 passes on
+# 2); the usual mistakes, alone or two at once, get a verdict that names them. As it stands the cell
+# raises `NotImplementedError`, and the checker says so.
 
 # %%
 import torch
@@ -381,8 +365,7 @@ print(check_outer_sync(solutions.outer_sync))
 # 83 % and 17 % of it, in the bench's run above and in the run below. Each fragment's pseudo-gradient
 # leaves `fragment_sync_delay` (τ) inner steps *before* its turn ends. Its Future is kept and waited
 # for only at the end of the turn, τ steps later: the message has those τ steps of compute to arrive
-# in (for one run, the lines under the figure below say in which of them its modeled transfer ended,
-# and whether the step that applies it waited). At the end of the turn the outer step uses it, and the
+# in. At the end of the turn the outer step uses it, and the
 # new synced weights are mixed with the local ones that kept training: `(1 − α)·synced + α·local`
 # (`fragment_update_alpha`). Two letters here are Streaming DiLoCo's own: K counts fragments and α
 # mixes weights, where notebook 01's α is a message's fixed cost and 06's K the bytes of optimizer
@@ -395,17 +378,19 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # Below, one rank's inner steps 9 to 24 under the profiler (H = 16 steps, in which each fragment is
 # handed over once and applied once, after 8 steps of warm-up, one turn; steps are counted from the
 # run's first, as the exercise below counts them), over an emulated link of 10 Mbit/s and 40 ms per
-# hop (slower than the `home` preset of the notebook's last section: both are printed under the
-# figure): H = 16, 2 fragments (a turn of 8 steps: fragment 0's turn is steps 1 to 8, 17 to 24,
-# fragment 1's steps 9 to 16), τ = 6, α = 0.5. Each inner step is its forward (pale), backward (blue)
-# and optimizer step (green, with its post-hook; one shorter than a pixel shows no green); grey is the
-# loop sampling the next batch. The orange bars are the fragments' messages on the emulated link (their
-# modeled transfer), each **handed over** to the link (tick) in an optimizer step's post-hook; a
-# triangle marks where the post-hook of the step that ends a turn has **applied** its fragment. Red is
-# the training thread waiting for a message: from the post-hook's `wait()` to the message's delivery
-# (the link's thread stamps it once the modeled transfer is over *and* the real all_reduce has its
-# result). The lines under the figure give each message's steps, and how much of the waiting was
-# *exposed*, the link's modeled transfer still under way (`docs/analysis.md`).
+# hop: H = 16, 2 fragments (a turn of 8 steps: fragment 0's turn is steps 1 to 8, 17 to 24, fragment
+# 1's steps 9 to 16), τ = 6, α = 0.5. Whether a message arrives before the step that applies it
+# depends on how long its τ steps last against its time on the link, so this run trains on batches of
+# 512 chains (16 times the 32 above) to lengthen the inner steps. Each inner step is its forward
+# (pale), backward (blue) and optimizer step (green, with its post-hook); grey is the loop sampling
+# the next batch; blank is time the profiler recorded nothing for. The orange bars are the fragments'
+# messages on the emulated link (their modeled transfer), each **handed over** to the link (tick) in
+# an optimizer step's post-hook; a triangle marks where the post-hook of the step that ends a turn has
+# **applied** its fragment. Red is the training thread waiting for a message: from the post-hook's
+# `wait()` to the message's delivery (the link's thread stamps it once the modeled transfer is over
+# *and* the real all_reduce has its result). The lines under the figure give, for each message, the
+# time from its hand-over to the applying step's `wait()` against its time on the link, and how much
+# of any wait was *exposed*: the link's modeled transfer still under way (`docs/analysis.md`).
 
 # %%
 # %%distributed
@@ -465,7 +450,7 @@ if rank == 0:
     ax.plot(applied, [-0.44] * len(applied), "v", color="black", markersize=6, label="fragment applied")
     waits = [(s, e - s) for s, e in view["row"]["waits"]]  # inside an optimizer step: drawn again, over its green
     ax.broken_barh(waits, (-0.40, 0.40), facecolors=COLORS["wait"], zorder=3)
-    ax.set_xlabel(f"ms since step {WARM + 1} started", fontsize=8)
+    ax.set_xlabel(f"ms since step {WARM + 1}'s forward started", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     named = {"step ends": f"step {WARM + SYNC} ends", "message on the wire": "message on the link (modeled)",
              "handed to the wire": "handed to the link"}  # fmt: skip
@@ -476,12 +461,10 @@ if rank == 0:
     ax.set_title(ax.get_title(), fontsize=9, pad=30)  # above the legend's two lines
     fig.set_size_inches(11, 2.0)
     fig.tight_layout()
-    window_ms_per_px = ax.get_xlim()[1] / ax.get_window_extent().width  # at the figure's dpi, as it is shown
 
 # %%
 # %%distributed
 from minddp.analysis import metrics
-from minddp.comm.link import PRESETS
 
 sends = [i for i, n in enumerate(order) if n.startswith("minddp.fragment_send")]
 applies = [i for i, n in enumerate(order) if n.startswith("minddp.fragment_apply")]
@@ -492,17 +475,12 @@ def step_of(i):  # the inner step (counted from the run's first) whose optimizer
 
 
 sizes = [sum(p.numel() * p.element_size() for p in fragment) for fragment in streamed.fragments]
-total = sum(sizes)
 biggest = max(model.parameters(), key=lambda p: p.numel())
 lesson.say(
     "the fragments: "
-    + " and ".join(
-        f"{n / 1e3:.0f} kB ({100 * n / total:.0f} % of the model, {link.seconds('all_reduce', n, world_size) * 1e3:.0f}"
-        " ms modeled on this link)"
-        for n in sizes
-    )
-    + f": the {'×'.join(map(str, biggest.shape))} weight alone is {100 * biggest.numel() * 4 / total:.0f} % of the "
-    "model, and the first fragment closes only once it holds its half, so it takes that tensor whole"
+    + " and ".join(f"{n / 1e3:.0f} kB ({100 * n / sum(sizes):.0f} % of the model)" for n in sizes)
+    + f"; the {'×'.join(map(str, biggest.shape))} weight alone is {100 * biggest.numel() * 4 / sum(sizes):.0f} % "
+    "of the model, and fragment 0 takes it whole"
 )
 lesson.claim(
     len(sends) == len(applies) == FRAGMENTS and all(step_of(a) - step_of(s) == TAU for s, a in zip(sends, applies)),
@@ -510,89 +488,18 @@ lesson.claim(
     f"asked for its result until the post-hook of the {TAU}th = τth step after, which applied it (the order of "
     "events on the training thread)",
 )
-ends = [e for _, e in view["row"]["optimizer"]]  # where each of the window's 16 steps ends, ms
-waited_in = {}  # the applying step: its wait for the message, ms
-
-
-def nth(n):
-    return f"{n}{'st' if n == 1 else 'nd' if n == 2 else 'rd' if n == 3 else 'th'}"
-
-
-for (_, end), m, s, a in zip(view["row"]["messages"], link.log[-len(sends) :], sends, applies):
+for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     asked = link.waits[m["seq"]]  # when step a's post-hook called wait(), on the link's clock (s)
     wait = max(0.0, m["delivered"] - asked) * 1e3
     exposed = metrics.exposed([(m["start"], m["modeled_end"])], [(asked, m["delivered"])]) * 1e3
-    waited_in[step_of(a)] = wait
-    k = sum(1 for e in ends[step_of(s) - WARM - 1 :] if e < end)  # the modeled end, in the k-th step after s
-    after = (asked - m["modeled_end"]) * 1e3
     lesson.say(
-        f"fragment {order[s].rpartition('#')[2]}'s message, handed over in step {step_of(s)}: its modeled transfer "
-        f"({(m['modeled_end'] - m['start']) * 1e3:.0f} ms) ended "
-        + (
-            f"in step {step_of(s)} itself; "
-            if k == 0
-            else f"in step {step_of(s) + k}, the {nth(k)} of its {TAU} steps; "
-            if k <= TAU
-            else f"after its {TAU} steps; "
-        )
-        + f"step {step_of(a)}'s post-hook asked for it {abs(after):.0f} ms {'after' if after >= 0 else 'before'} "
-        "that end, "
-        + (
-            f"and waited {wait:.0f} ms for its delivery, {exposed:.0f} ms of them exposed"
-            if wait >= 0.5
-            else "and it had been delivered: no wait"
-        )
+        f"fragment {order[s].rpartition('#')[2]}, handed over in step {step_of(s)}: "
+        f"{(m['modeled_end'] - m['start']) * 1e3:.0f} ms on the link (modeled), {(asked - m['start']) * 1e3:.0f} ms "
+        f"of steps until step {step_of(a)}'s wait(): "
+        + (f"waited {wait:.0f} ms, {exposed:.0f} of them exposed" if wait >= 0.5 else "delivered by then, no wait")
     )
-waited, exposed = view["waited_ms"], view["exposed_ms"]
-lesson.say(
-    f"in all, the training thread waited {waited:.0f} ms for messages (waited), {exposed:.0f} ms of them while the "
-    "link's modeled transfer was still under way (exposed)"
-    + (
-        f": the other {waited - exposed:.0f} ms came after the modeled transfer had ended, so they are not the link's"
-        if waited - exposed >= 0.5
-        else ""
-    )
-)
-home = PRESETS["home"]
-lesson.say(
-    f"this run's link: {link.spec.bandwidth * 8 / 1e6:g} Mbit/s, {link.spec.latency * 1e3:g} ms per hop; the `home` "
-    f"preset of the last section: {home.bandwidth * 8 / 1e6:g} Mbit/s, {home.latency * 1e3:g} ms per hop "
-    f"({link.spec.bandwidth / home.bandwidth:g}× its bandwidth, {link.spec.latency / home.latency:g}× its latency)"
-)
-held = sorted({step_of(i) for i in sends + applies})
-lengths = {WARM + 1 + i: e - s for i, (s, e) in enumerate(view["row"]["optimizer"])}
-plain = [v for step, v in lengths.items() if step not in held]
-forwards = [e - s for s, e in view["row"]["forward"]]
-width_ms = window_ms_per_px if rank == 0 else float("nan")
-lesson.say(
-    "the optimizer steps (green, with the post-hook) that hand a message over or apply one: "
-    + ", ".join(
-        f"step {st} {lengths[st]:.0f} ms"
-        + (f" ({waited_in[st]:.0f} of them waiting)" if waited_in.get(st, 0) >= 0.5 else "")
-        for st in held
-    )
-    + f"; the {len(plain)} others {min(plain):.0f} to {max(plain):.0f} ms, and the {len(forwards)} forwards, the same "
-    f"work each, {min(forwards):.0f} to {max(forwards):.0f} ms; a pixel of the figure is {width_ms:.1f} ms, and "
-    f"{sum(v < width_ms for v in lengths.values())} of the optimizer steps are shorter (no green shows)"
-)
-window = view["row"]["end"]
-drawn = [*view["row"]["forward"], *view["row"]["backward"], *view["row"]["optimizer"], *sampling]
-gaps = metrics.subtract([(0.0, window)], drawn)
-off_link = metrics.length(metrics.subtract(gaps, view["row"]["messages"]))
-lesson.say(
-    f"{metrics.length(gaps):.0f} ms of the {window:.0f} ms ({100 * metrics.length(gaps) / window:.0f} %) are blank, in "
-    "none of the drawn spans (the run does not record what the training thread did then)"
-    + (
-        f"; {off_link:.0f} ms of them while no message was on the link (modeled): not the link's"
-        if off_link >= 0.5
-        else ""
-    )
-)
 
 # %% [markdown]
-# The last section's step-time model replays the same schedule for a 360 M-parameter model on preset
-# links, and gives the step time and compute utilisation that the waits leave.
-#
 # ### Your turn: the fragment schedule
 #
 # Write `fragment_to_send(step, sync_every, fragments, delay)`: the fragment whose pseudo-gradient
@@ -621,17 +528,15 @@ show_source(solutions.fragment_to_send)
 print(check_fragment_schedule(solutions.fragment_to_send))
 
 # %% [markdown]
-# ## Step time on slow links: where DDP stalls, and where streaming DiLoCo does too
+# ## Step time on slow links
 #
 # The step-time model (`minddp.costmodel.slow_link`) replays one period of H inner steps on a link:
 # compute as measured or assumed, each fragment's message handed over when its schedule says and
 # waited for at its turn's end. Its **compute utilisation** is Streaming DiLoCo's measure: the share
 # of the time a replica computes. Here for a model of SmolLM2-360M's size (fp32 pseudo-gradients and
 # gradients, 1.44 GB), 2 replicas, 16 k tokens per step at 300 TFLOP/s (an H100 at about a third of
-# its bf16 peak): DDP, DiLoCo with H = 100, and streaming DiLoCo with 4 fragments and τ = 10, on
-# every preset link but two, the widest first (the two left out are printed, with what they are).
-# These are the step-time model's settings, not those of the run above (H = 16, 2 fragments, τ = 6)
-# nor of the bench's streaming-h100 (H = 100, 2 fragments, τ = 5).
+# its bf16 peak): DDP, DiLoCo with H = 100, and streaming DiLoCo with H = 100, 4 fragments and τ = 10
+# (the model's own settings, not the run's above), on seven of the preset links, the widest first.
 
 # %%
 from minddp.comm.link import PRESETS
@@ -666,19 +571,14 @@ lesson.say(
     f"plain DiLoCo (H = 100, the whole model at once) computes {100 * table[first]['diloco']['utilisation']:.0f} % "
     f"of the time on '{first}': the sync stops the replica for the model's time on the link once every 100 steps"
 )
-stalled = [name for name in links if table[name]["ddp"]["utilisation"] < 0.05]
-kept = [name for name in stalled if table[name]["streaming"]["utilisation"] > 0.9]
+starved = [name for name in links if table[name]["ddp"]["utilisation"] < 0.05]
+kept = [name for name in starved if table[name]["streaming"]["utilisation"] > 0.9]
 lesson.say(
-    f"DDP computes less than 5 % of the time on {len(stalled)} of these links ({', '.join(stalled)}); streaming "
-    f"DiLoCo keeps above 90 % on {len(kept)} of them ({', '.join(kept) or 'none'}), and on the others it stalls "
-    "too: "
-    + "; ".join(
-        f"{name} {100 * table[name]['streaming']['utilisation']:.0f} % against plain DiLoCo's "
-        f"{100 * table[name]['diloco']['utilisation']:.0f} %"
-        for name in stalled
-        if name not in kept
-    )
-    + f" (left out of the table: {'; '.join(f'{n}, {PRESETS[n].about}' for n in PRESETS if n not in links)})"
+    f"DDP computes less than 5 % of the time on {len(starved)} of these links ({', '.join(starved)}); streaming "
+    f"DiLoCo more than 90 % on {len(kept)} of them ({', '.join(kept) or 'none'}); on the others "
+    + ", ".join(f"{name} {100 * table[name]['streaming']['utilisation']:.0f} %" for name in starved if name not in kept)
+    + ", against plain DiLoCo's "
+    + ", ".join(f"{100 * table[name]['diloco']['utilisation']:.0f} %" for name in starved if name not in kept)
 )
 
 
@@ -710,15 +610,13 @@ lesson.claim(
 # * Local SGD and DiLoCo send H times fewer bytes than DDP; DiLoCo's outer momentum is what it adds
 #   to plain averaging. On this small task (the bench: 4 replicas, 2000 steps, 5 seeds) DiLoCo ends
 #   behind local SGD at H = 10 in 4 of 5 seeds, at H = 50 and 100 in every seed, and at H = 100 with
-#   every outer lr tried, 0.3 to 1, momentum 0.9; whether the momentum or the larger outer step it
-#   makes costs was not separated.
+#   every outer lr tried, 0.3 to 1, momentum 0.9.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so the
 #   message has τ steps of the replica's own compute to arrive in; the schedule is a function of the
 #   step alone, the same on every replica. In the bench (H = 100, 2 fragments, τ = 5, α = 0.5) it ends
 #   closest to DDP of the runs that talk rarely; in the step-time model (H = 100, 4 fragments, τ = 10) it
 #   computes more than 90 % of the time on `wan`, where DDP computes less than 5 %.
-# * On the fault-tolerant rung, DiLoCo takes one quorum (notebook 07: the replicas that take part, as
-#   its coordinator answers) per outer sync (`docs/fault-tolerance.md`).
+
 # %%
 # %dist_shutdown

@@ -1168,3 +1168,32 @@ def shard_targets_squeezed(batch, rank, world):
     x, y = batch
     lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
     return x[lo:hi], y[lo:hi].squeeze()
+
+
+def outer_sync_flipped_from_local(params, synced, outer):
+    """Two mistakes at once: local − synced averaged, and the outer step taken from the local weights."""
+    with torch.no_grad():
+        pseudo = _flat_mean([p - s for p, s in zip(params, synced)])
+    _outer(params, synced, outer, pseudo, restore=False)
+
+
+def outer_sync_summed_and_stale(params, synced, outer):
+    """Two mistakes at once: the pseudo-gradients summed, and the synced weights never updated."""
+    with torch.no_grad():
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)], divide=False)
+    _outer(params, synced, outer, pseudo, keep=False)
+
+
+def outer_sync_with_avg(params, synced, outer):
+    """DiLoCo's sync with the average taken by the all_reduce itself (ReduceOp.AVG): right where the backend has it."""
+    with torch.no_grad():
+        pseudo = [s - p for p, s in zip(params, synced)]
+        for g in pseudo:
+            dist.all_reduce(g, op=dist.ReduceOp.AVG)
+    _outer(params, synced, outer, pseudo)
+
+
+def outer_sync_refused_avg(params, synced, outer):
+    """What outer_sync_with_avg meets on a torch whose gloo has no ReduceOp.AVG (2.6, 2.7): gloo's own refusal,
+    raised here in its words, since this torch's gloo averages."""
+    raise RuntimeError("Cannot use ReduceOp.AVG with Gloo")

@@ -562,6 +562,22 @@ def test_the_outer_sync_exercise_checks_a_passing_answer_at_another_world_size()
     assert not v.ok and named in v.line and "dist.get_world_size()" in v.line, v.line
 
 
+@pytest.mark.timeout(240)
+def test_the_outer_sync_exercise_names_two_mistakes_at_once_and_gloos_refused_average():
+    """Learner read 10-r6b: two single mistakes together matched no candidate ("match none of the usual mistakes");
+    ReduceOp.AVG, the natural average, is right where gloo has it and refused (2.6, 2.7) with gloo's words alone."""
+    v = check_outer_sync(wrong.outer_sync_flipped_from_local, timeout_s=TIMEOUT)
+    assert not v.ok and "two mistakes at once: the pseudo-gradient points the wrong way" in v.line, v.line
+    assert "; and the outer step started from the local weights" in v.line, v.line
+    v = check_outer_sync(wrong.outer_sync_summed_and_stale, timeout_s=TIMEOUT)
+    assert not v.ok and "two mistakes at once: the pseudo-gradients were summed" in v.line, v.line
+    assert "; and the synced weights were never updated" in v.line, v.line
+    v = check_outer_sync(wrong.outer_sync_with_avg, timeout_s=TIMEOUT)
+    assert v.ok or "has no ReduceOp.AVG: all_reduce with the default SUM, then divide" in v.line, v.line
+    v = check_outer_sync(wrong.outer_sync_refused_avg, timeout_s=TIMEOUT)
+    assert not v.ok and "has no ReduceOp.AVG: all_reduce with the default SUM, then divide" in v.line, v.line
+
+
 @pytest.mark.timeout(120)
 def test_the_schedule_exercise_names_steps_counted_from_zero_and_a_float_fragment():
     v = check_fragment_schedule(wrong.schedule_counts_steps_from_zero, timeout_s=TIMEOUT)
@@ -595,6 +611,8 @@ def test_the_fragment_schedule_exercise_tells_tau_before_the_end_from_tau_after_
     v = check_fragment_schedule(wrong.schedule_delay_after_the_turn_starts, timeout_s=TIMEOUT)
     named = "with H = 16, 2 fragments and a delay of 6, after step 2 yours sends None, streaming DiLoCo sends 0"
     assert not v.ok and named in v.line and "8 − 6 = 2" in v.line, v.line
+    # learner read 10-r6b: named, not the rule restated (a send one step early or late got the same text)
+    assert "yours sends each fragment delay steps after its turn starts (step % turn == delay)" in v.line, v.line
     v = check_fragment_schedule(wrong.schedule_ignores_the_delay, timeout_s=TIMEOUT)
     named = "with H = 16, 2 fragments and a delay of 6, after step 1 yours sends 0, streaming DiLoCo sends None"
     assert not v.ok and named in v.line, v.line

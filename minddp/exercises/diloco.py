@@ -14,10 +14,11 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
 2. **yours**: the same rounds with your sync after each; the weights and synced weights after every sync, what
    the outer optimizer saw (:class:`NotedSGD`) and whether ``synced`` shares the parameters' storage;
 3. **verdict**: a raise or a hang first (an in-place change to a parameter outside ``torch.no_grad()`` named as
-   such), then the candidate yours matches (:func:`close`), named with what to change (an outer step that never
-   moves by its cause, :data:`NO_MOVE`: no ``outer.step()``, its ``.grad`` cleared by ``zero_grad()``, a zero
-   pseudo-gradient taken after the restore, the restore after the step), then ``synced`` aliased to the
-   parameters, then replicas that disagree after a sync, then the first difference from DiLoCo's.
+   such, and so is gloo's refusal of ``ReduceOp.AVG`` on older torch), then the candidate yours matches
+   (:func:`close`), a single mistake before two of them at once (:data:`PAIRS`), named with what to change (an
+   outer step that never moves by its cause, :data:`NO_MOVE`: no ``outer.step()``, its ``.grad`` cleared by
+   ``zero_grad()``, a zero pseudo-gradient taken after the restore, the restore after the step), then ``synced``
+   aliased to the parameters, then replicas that disagree after a sync, then the first difference from DiLoCo's.
 
 :func:`check_fragment_schedule` checks ``fragment_to_send(step, sync_every, fragments, delay)``: which
 fragment's pseudo-gradient leaves after inner step ``step`` (1, 2, ...), or ``None``. Each rank calls it
@@ -26,7 +27,8 @@ first (they would sum different fragments, or wait for ever), then the first sch
 differs from streaming DiLoCo's (:func:`~minddp.exercises.solutions.fragment_to_send`, the schedule
 :class:`minddp.DiLoCo` keeps), a fragment number past the last (no ``% fragments``) named as such, and so are a
 schedule silent at a delay of 0 (``step % turn == turn - delay``: ``step % turn`` never reaches ``turn``), more
-than one send per turn, fragments numbered from 1 and the next turn's fragment (read off the whole schedule).
+than one send per turn, fragments numbered from 1, the next turn's fragment and a fragment sent delay steps after
+its turn starts (read off the whole schedule).
 
 Example (2 checker ranks, a few seconds: not run by the doctests)::
 
@@ -152,6 +154,15 @@ MISTAKES = {
     ),
 }
 
+#: The single mistakes that combine into another wrong sync (a pair is run only as a candidate: each pair's verdict
+#: is its two single verdicts). Averaging the weights and a step that never moves leave nothing for a second to change.
+PAIRED = ("sign", "from_local", "summed", "stale", "inner_grad")
+PAIRS = {
+    f"{a}+{b}": functools.partial(candidate, **MISTAKES[a][0].keywords, **MISTAKES[b][0].keywords)
+    for i, a in enumerate(PAIRED)
+    for b in PAIRED[i + 1 :]
+}
+
 #: The wrong idea that only another world size shows (run there after a sync matched DiLoCo's on 2 ranks).
 FIXED_WORLD = {
     "fixed_world": (
@@ -203,6 +214,13 @@ NO_GRAD_HINT = (
     " (the parameters require grad, so autograd refuses an in-place change to them: do the sync's copies and "
     "divisions inside torch.no_grad(), as an optimizer's step does, with torch imported in the cell that defines "
     "your function; outer.step() may stay outside it)"
+)
+
+#: What the checker adds to gloo's refusal of ReduceOp.AVG (older torch releases have no average on gloo).
+AVG_MESSAGE = "Cannot use ReduceOp.AVG with Gloo"
+AVG_HINT = (
+    " (this torch's gloo, the backend of the checker's CPU ranks, has no ReduceOp.AVG: all_reduce with the default "
+    "SUM, then divide by dist.get_world_size(), in place)"
 )
 
 #: What the checker adds to a NameError for a module: the function reaches the ranks with the kernel's names only.
@@ -381,6 +399,8 @@ def check_outer_sync_on_rank(fn, every_mistake: bool = True) -> None:
         candidates = {"diloco": rounds_with(candidate, rank, checker)}
         others = MISTAKES if every_mistake else FIXED_WORLD
         candidates.update({name: rounds_with(wrong, rank, checker) for name, (wrong, _) in others.items()})
+        if every_mistake:  # after every single mistake: a pair is named only when no single one matches
+            candidates.update({name: rounds_with(wrong, rank, checker) for name, wrong in PAIRS.items()})
         progress.phase = "running your outer_sync"
         mine = rounds_with(fn, rank, None)
         everyone: list = [None] * report["world"]
@@ -439,6 +459,8 @@ def _checked(fn, on_rank, name: str, shape: str, describe, world_size: int, time
     messages = [(r.get("error") or {}).get("message", "") for r in reports.values() if r]
     if problem and any(NO_GRAD_MESSAGE in m for m in messages):
         problem += NO_GRAD_HINT
+    if problem and any(AVG_MESSAGE in m for m in messages):
+        problem += AVG_HINT
     missing = next((m.split("'")[1] for m in messages if m.startswith("name '") and "is not defined" in m), None)
     if problem and missing in ("torch", "dist", "nn", "functools"):
         problem += IMPORT_HINT.format(name="torch.distributed as dist" if missing == "dist" else missing)
@@ -484,6 +506,9 @@ def _outer_sync_text(f: dict, report: dict) -> str:
         return MISTAKES[f["kind"]][1]
     if f["kind"] in FIXED_WORLD:
         return FIXED_WORLD[f["kind"]][1]
+    if f["kind"] in PAIRS:
+        first, second = f["kind"].split("+")
+        return f"two mistakes at once: {MISTAKES[first][1]}; and {MISTAKES[second][1]}"
     if f["kind"] in NO_MOVE:
         return NO_MOVE[f["kind"]]
     if f["kind"] == "aliased":
@@ -578,6 +603,15 @@ def _schedule_text(f: dict, report: dict) -> str:
             f"the turn after this one; step {f['step']} is in the turn of steps {first} to {first + turn - 1}, "
             f"fragment {f['right']}'s, and the fragment sent during a turn is that turn's own, applied at its end: "
             f"(step − 1) // {turn} % {k}, not (step + delay) // {turn} % {k}"
+        )
+    after_start = [(s - 1) // turn % k if s % turn == tau % turn else None for s in range(1, len(mine) + 1)]
+    if mine == after_start:
+        return (
+            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours sends each fragment "
+            f"delay steps after its turn starts (step % turn == delay), and it leaves delay steps before its turn "
+            f"ends, so that the step that applies it comes delay steps later: here after step {turn} − {tau} = "
+            f"{turn - tau} of each turn of {turn}, not {tau % turn or turn} (the two agree only where 2·delay is a "
+            "turn); send where step % turn == (turn − delay) % turn"
         )
     if isinstance(f["mine"], int) and not 0 <= f["mine"] < k:
         return (
