@@ -533,6 +533,13 @@ def hook_divided_twice(process_group, bucket):
     return fut.then(lambda f: f.value()[0].div_(dist.get_world_size()).to(torch.float32))
 
 
+def hook_hard_coded_two(process_group, bucket):
+    """Divides by 2, the notebooks' world size, written as a number: exact on 2 ranks, 1.5 times the average on 3."""
+    compressed = bucket.buffer().to(torch.float16).div_(2)
+    fut = dist.all_reduce(compressed, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].to(torch.float32))
+
+
 def hook_bfloat16(process_group, bucket):
     """Casts to bfloat16 instead of float16: the same bytes, about 8 times float16's rounding error."""
     compressed = bucket.buffer().to(torch.bfloat16).div_(dist.get_world_size())

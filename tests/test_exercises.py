@@ -227,6 +227,12 @@ HOOK_MISTAKES = [
     (wrong.hook_sum_only, "forgot the division"),
     (wrong.hook_divided_twice, "your hook divided by the world size twice: its average is 1/2 of the true one"),
     (wrong.hook_bfloat16, "your hook sent bfloat16, not float16"),
+    # right on the check's 2 ranks: named by the second check, on 3
+    (
+        wrong.hook_hard_coded_two,
+        "on 3 ranks, after it passed on 2: your hook divided by 2, not by the world size (3): a world size written as "
+        "a number is right on 2 ranks only; divide by dist.get_world_size(group)",
+    ),
     (wrong.hook_raw_future, "holds a list of 1, not one tensor"),
     (wrong.hook_stays_fp16, "float16 tensor"),
     (wrong.hook_not_compressed, "sent 4 bytes per gradient value (float32), the model answer 2"),

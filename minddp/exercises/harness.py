@@ -946,6 +946,10 @@ def probe_result(fut, value, exact: torch.Tensor, sent: int, sent_dtypes: list[s
         out["relative_error"] = float((v - exact).norm() / exact.norm())
         out["summed_error"] = float((v - exact * dist.get_world_size()).norm() / exact.norm())
         out["twice_error"] = float((v - exact / dist.get_world_size()).norm() / exact.norm())
+        world = dist.get_world_size()
+        out["hard_coded_errors"] = {  # divided by a number written in the code instead of the world size
+            str(d): float((v - exact * world / d).norm() / exact.norm()) for d in HARD_CODED if d != world
+        }
         out["tensor"] = v
     return out
 
@@ -985,6 +989,10 @@ def hook_finding(mine: dict, reference: dict, world: int, bound: float) -> dict 
     # divided twice: off from the average by 1 − 1/world of it, as far beyond rounding (world > 1)
     if mine.get("twice_error", 1.0) < 0.01 and world > 1:
         return {"kind": "divided_twice", "error": error}
+    # divided by d, not by the world size: off by |world / d − 1| of the average, beyond rounding (d != world)
+    for d, off in mine.get("hard_coded_errors", {}).items():
+        if off < 0.01:
+            return {"kind": f"{HARD_CODED_KIND}{d}", "error": error}
     if mine.get("overflow"):
         return {"kind": "overflow", "values": mine["overflow"], "numel": mine["numel"]}
     other = [d for d in mine.get("sent_dtypes", []) if d != "float16"]
