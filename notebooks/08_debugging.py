@@ -23,10 +23,11 @@
 # things on the two ranks:
 #
 # 1. **torch**, debug mode paused: what torch's DDP says (or, for the script's own collectives, torch's
-#    `dist.all_reduce`). A call that no partner will ever match runs on a process group whose timeout
-#    is 3 s, so the wait ends (a real job waits as long as its group's timeout: the set-up cell prints
-#    torch's default); a rank that fails leaves its groups, as a job's process ends when it raises, so
-#    a partner waiting on it fails then;
+#    `dist.all_reduce`). The script's own collectives run on a process group whose timeout is 3 s, so
+#    a wait for a partner that never comes ends there (a real job waits as long as its group's
+#    timeout); torch's DDP runs on a group of its own with torch's default timeout (the set-up cell
+#    prints it). A rank that fails leaves its groups, as a job's process ends when it raises, so a
+#    partner waiting on it, in either group, fails then;
 # 2. **minddp in debug mode**: minddp's DDP for the model's bugs, and for the script's own
 #    collectives the *collective check* alone (no wrapper needed: every `torch.distributed`
 #    collective is compared across ranks before it is sent; section 4 shows how). What it says is one
@@ -36,7 +37,7 @@
 #    call, the rank(s), the step, and the fix. For eight bugs the line is an error that stops every
 #    rank before the collective or the step it would spoil; for a bug that spoils nothing (section 3,
 #    every rank reading the same data) it is a warning, said once, and training goes on;
-# 3. **the fix**: the script corrected, in debug mode, which then says nothing (section 4's first fix is
+# 3. **the fix**: the script corrected, in debug mode, which then says nothing: no error and no warning (section 4's first fix is
 #    the script's metrics made the same on every rank, run as a plain `dist.all_reduce`). Section 6's first
 #    bug gets a fourth run: torch's DDP with `find_unused_parameters=True`, the flag a learner tries first.
 #
@@ -68,8 +69,10 @@
 # rank raised, in a line: the error's first two sentences, and the parameter indices when torch lists
 # them, or "raised nothing"; a warning torch prints is not caught: section 6 says where it shows; and
 # `torch_drifts` for the bugs torch trains through), `minddp_says` (the line debug mode raised, checked
-# on every rank) and `fixed` (the corrected script: nothing said, the replicas equal). `torch_does` and
-# `minddp_says` note how long each rank ran until it raised (or finished); section 3's warning is timed the
+# on every rank) and `fixed` (the corrected script: no debug error or warning, the replicas equal; `quiet`
+# collects the warnings for the fixes written out in full). `torch_does` and
+# `minddp_says` note how long each rank ran, from building its model and wrapper (where the script builds them) until
+# it raised (or finished; the set-up cell trains one correct step first, untimed); section 3's warning is timed the
 # same way, until the warning appeared (read at the end of the step that raised it).
 
 # %%
@@ -92,7 +95,7 @@ from minddp.debug.watch import fingerprints
 from minddp.runtime.launch import peer_gone
 
 minddp.debug.enable()  # what `MINDDP_DEBUG=1 torchrun ...` does for every rank when it imports minddp
-WAIT_S = 3  # torch's waits for a call no partner will match end here (the calls that pair keep torch's default)
+WAIT_S = 3  # under torch, the script's own collectives give up after this (torch's DDP keeps torch's default)
 
 
 class Net(nn.Module):
@@ -150,8 +153,8 @@ def torch_does(script) -> list[str]:
     first two sentences, and the line naming the parameter indices if it has one); each rank's time until it raised
     (or finished) is left in ``torch_took``.
 
-    ``group``: a new group for the calls that pair, without a short limit; ``short``: one whose calls give up after
-    ``WAIT_S``, for the calls no partner will ever match. A rank that fails leaves both, as a job's process ends
+    ``group``: a new group for torch's DDP, with torch's default timeout; ``short``: one whose calls give up after
+    ``WAIT_S``, for the script's own collectives. A rank that fails leaves both, as a job's process ends
     when it raises: a partner waiting on it then fails at once ("Connection closed by peer", or reset).
     """
     minddp.debug.disable()
@@ -227,28 +230,41 @@ def say_each(line: str | None, took: float, how: str) -> list:
 
 
 def torch_drifts(script) -> None:
-    """``script(model, ddp, optimizer)`` on torch's DDP: it says nothing, and the replicas end apart."""
+    """``script(model, ddp, optimizer)`` on torch's DDP: it raises nothing, and the replicas end apart."""
     model, *rest = build(TorchDDP)
     said = torch_does(lambda group, short: script(model, *rest))
     gap, where = apart_at(model)
     lesson.claim(
         said == ["raised nothing"] * world_size and gap > 0,
-        f"torch's DDP trained without a word, and its replicas' parameters now differ by up to {gap:.1e} "
+        f"torch's DDP trained on, raising nothing, and its replicas' parameters now differ by up to {gap:.1e} "
         f"(the largest gap is in '{where}')",
     )
+
+
+@contextlib.contextmanager
+def quiet():
+    """The block in debug mode, expected to say nothing: yields a list that holds, after it, the debug mode
+    warnings the block raised (an error would raise through)."""
+    said = []
+    with warnings.catch_warnings(record=True) as heard:
+        warnings.simplefilter("always")
+        yield said
+    said += [str(w.message) for w in heard if issubclass(w.category, minddp.debug.DebugWarning)]
 
 
 def fixed(script, fix: str, **corrected) -> None:
     """``script(model, ddp, optimizer, **corrected)`` in debug mode: nothing said, and the replicas agree."""
     model, *rest = build()
-    script(model, *rest, **corrected)
-    lesson.claim(apart(model) == 0, f"the fix: {fix}, debug mode says nothing and the replicas agree")
+    with quiet() as said:
+        script(model, *rest, **corrected)
+    lesson.claim(not said and apart(model) == 0, f"the fix: {fix}, debug mode says nothing and the replicas agree")
 
 
+train(*build(), steps=1)  # one correct step, untimed: what a process pays once is not in section 1's times
 print(f"rank {rank}: debug mode on, {sum(p.numel() for p in Net().parameters())} parameters")
 lesson.say(
-    f"A call no partner will match gives up after {WAIT_S} s here; torch's default timeout for a gloo group, "
-    f"which the calls that pair keep, is {default_pg_timeout.total_seconds() / 60:g} minutes."
+    f"Under torch, a script's own collective gives up after {WAIT_S} s here; torch's default timeout for a gloo "
+    f"group, which torch's DDP keeps here, is {default_pg_timeout.total_seconds() / 60:g} minutes."
 )
 
 # %% [markdown]
@@ -431,16 +447,18 @@ lesson.say(
     "of the call)."
 )
 metrics = torch.tensor([0.5, 0.9], device=device)
-dist.all_reduce(metrics)
+with quiet() as said:
+    dist.all_reduce(metrics)
 lesson.claim(
-    torch.equal(metrics, 2 * torch.tensor([0.5, 0.9], device=device)),
+    not said and torch.equal(metrics, 2 * torch.tensor([0.5, 0.9], device=device)),
     "the fix: the same two metrics on every rank, summed, and nothing said",
 )
 
 # %% [markdown]
 # A collective made on some ranks only is the same bug seen one call later: rank 0 logs its loss
 # with an all_reduce that rank 1 never makes, so rank 0's all_reduce meets whatever rank 1 sends next
-# (under torch nothing: it waits; in debug mode, the step check's all_gather). The fix: log on every
+# (under torch here nothing, since the script's call is on a group of its own: it waits; in debug
+# mode, the step check's all_gather). The fix: log on every
 # rank (or log rank 0's loss without a collective).
 
 
@@ -497,28 +515,30 @@ lesson.claim(
 )
 minddp_says(lambda: uneven(*build()), "uneven inputs: rank 1 left the training loop after step 2")
 model, ddp, optimizer = build()
-with ddp.join():
+with quiet() as said, ddp.join():
     for step in range(4 if rank == 0 else 3):
         x, y = batch(step)
         nn.functional.mse_loss(ddp(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
 dist.barrier()
-lesson.claim(apart(model) == 0, "the fix: under join() nothing is said and both ranks end with the same parameters")
+lesson.claim(
+    not said and apart(model) == 0, "the fix: under join() nothing is said and both ranks end with the same parameters"
+)
 
 # %% [markdown]
 # ## 6. A layer frozen on some ranks is not an unused parameter
 #
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only (here after wrapping) makes the ranks disagree on what they
-# send, and `find_unused_parameters=True` does not fix it: torch's DDP then averages rank 0's zeros
-# in, as the cell's last torch run shows (no error, rank 1's gradient of the layer half its own in norm, the
-# replicas apart). All torch says there is a warning its C++ code prints on rank 1: that
+# send, and `find_unused_parameters=True` does not fix it, as the cell's last torch run shows: no
+# error; rank 1 steps the layer with its gradient averaged with rank 0's zeros (half its own in
+# norm), while rank 0, whose layer is frozen, does not step it at all, so the replicas end apart.
+# All torch says there is a warning its C++ code prints on rank 1: that
 # `find_unused_parameters=True` found no unused parameter in the forward. It goes straight to the rank
-# process's stderr, past the runner's capture of the ranks' lines, so where it shows is up to the
-# front end: first under the cell, above `[rank 0]` and the four runs' lines, tagged
-# `[rank1]:[W...] reducer.cpp`, or only in the terminal that started Jupyter (this notebook's saved
-# runs have had it each way; look for it in both places). It saw that rank 1 used
+# process's stderr, past the runner's capture of the ranks' lines, so whether and where it shows under
+# the cell (tagged `[rank1]:[W...] reducer.cpp`) is up to the front end; it is always in the terminal
+# that started Jupyter. It saw that rank 1 used
 # every parameter; it never saw that the ranks disagree. Debug mode compares `requires_grad` across
 # ranks before each forward (the forward check). Under torch, the rank that has every gradient sends and waits; the other fails at its next
 # forward, saying its module has parameters not used in producing loss, and their indices (counted
@@ -550,8 +570,9 @@ lesson.claim(
 minddp_says(
     lambda: freeze_on_rank_0(DistributedDataParallel), "requires_grad differs across ranks: parameter 'head.weight'"
 )
-model = freeze_on_rank_0(DistributedDataParallel, everywhere=True)
-lesson.claim(apart(model) == 0, "the fix: frozen on every rank, nothing is said and the replicas agree")
+with quiet() as said:
+    model = freeze_on_rank_0(DistributedDataParallel, everywhere=True)
+lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, nothing is said and the replicas agree")
 
 
 def zeros_averaged_in(group):
@@ -584,13 +605,15 @@ dist.all_gather_object(shares, share)
 lesson.claim(
     said == ["raised nothing"] * world_size and gap > 0 and abs(shares[1] - 0.5) < 1e-5,
     f"with find_unused_parameters=True torch's DDP raised nothing; the norm of rank 1's head.weight gradient was "
-    f"{shares[1]:.3f} × that of its own (its own averaged with rank 0's zeros), and the replicas' parameters ended apart by up to "
-    f"{gap:.1e}",
+    f"{shares[1]:.3f} × that of its own (its own averaged with rank 0's zeros); rank 0 never steps its frozen head, "
+    f"and the replicas' parameters ended apart by up to {gap:.1e}",
 )
 
 # %% [markdown]
 # A branch of the model taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
-# *is* the fix: the line says so. Under torch, rank 0 (the one with the branch's gradient) sends and
+# *is* the fix: the line says so. Averaging zeros in is right here: a rank that did not take the branch
+# has a true gradient of zero for it, and every rank steps the branch with the same average (with a
+# layer frozen on one rank, that rank steps nothing). Under torch, rank 0 (the one with the branch's gradient) sends and
 # waits; rank 1 fails at its next forward (indices 4 and 5: `extra.weight`, `extra.bias`), and when
 # it leaves, rank 0 fails too.
 
@@ -604,8 +627,11 @@ lesson.claim(
 # the bug: a branch on rank 0 only
 minddp_says(lambda: train(*build(extra=True), 1, use_extra=rank == 0), "Fix: pass find_unused_parameters=True")
 model, *rest = build(extra=True, find_unused_parameters=True)
-train(model, *rest, 3, use_extra=rank == 0)
-lesson.claim(apart(model) == 0, "the fix: with find_unused_parameters=True nothing is said, the replicas agree")
+with quiet() as said:
+    train(model, *rest, 3, use_extra=rank == 0)
+lesson.claim(
+    not said and apart(model) == 0, "the fix: with find_unused_parameters=True nothing is said, the replicas agree"
+)
 
 # %% [markdown]
 # ## What it costs, and where to read more
@@ -636,10 +662,10 @@ lesson.claim(apart(model) == 0, "the fix: with find_unused_parameters=True nothi
 #
 # The cell's timing is a whole step of this 212-parameter model on a shared CPU: the forward and
 # backward, the gradients' all_reduce between the two processes, the optimizer and Python's overhead,
-# parts the cell does not time apart. On tensors this small,
-# what debug mode adds costs per call more than per number: per tensor fingerprinted and per extra
-# collective. A fingerprint is still a pass over every 16-bit word of a tensor, so on a real model its
-# cost grows with the model's size. The cell times the fingerprint calls a step makes apart and
+# parts the cell does not time apart. Its ratio is this tiny model's and says nothing of a real
+# model's step; with debug mode *off* meaning paused, a process that never turned it on is not timed.
+# A fingerprint is a pass over every 16-bit word of a tensor, so on a real model its cost grows with
+# the model's size. The cell times the fingerprint calls a step makes apart and
 # estimates what share of the added time they are. `docs/debugging.md`
 # (*Off, it is not there*) gives the benchmark's whole-step cost on larger presets, measured with an
 # earlier, cheaper fingerprint, and the weighted fingerprint's cost per tensor; the three measure
