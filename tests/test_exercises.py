@@ -234,6 +234,11 @@ HOOK_MISTAKES = [
         "a number is right on 2 ranks only; divide by dist.get_world_size(group)",
     ),
     (wrong.hook_raw_future, "holds a list of 1, not one tensor"),
+    (
+        wrong.hook_returns_local,
+        "your hook returned this rank's own gradients divided by the world size, not the all_reduce's result",
+    ),
+    (wrong.hook_reduce_op_avg, "ReduceOp.AVG"),
     (wrong.hook_stays_fp16, "float16 tensor"),
     (wrong.hook_not_compressed, "sent 4 bytes per gradient value (float32), the model answer 2"),
     (wrong.hook_waits, "not a torch.futures.Future"),

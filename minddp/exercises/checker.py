@@ -276,10 +276,9 @@ def _hook_verdict(like: str, reports: dict, timeout_s: float, also: dict | None 
     return Verdict(
         True,
         (
-            f"✓ {like} hook: it averages a bucket of {mine['numel']} values with relative error "
-            f"{mine['relative_error']:.1e} (float16 rounding allows up to {first['error_bound']:.1e}; "
-            f"the model answer: "
-            f"{ref['relative_error']:.1e}), sending "
+            f"✓ {like} hook: on {first['world']} ranks, it averages a bucket of {mine['numel']} values with "
+            f"relative error {mine['relative_error']:.1e} (float16 rounding allows up to {first['error_bound']:.1e} "
+            f"on these values; the model answer: {ref['relative_error']:.1e}), sending "
             f"{mine['bytes'] / mine['numel']:.0f} bytes per value, returning before its all_reduce was waited for; "
             + (
                 f"gradients of about {first['large_gradient']:.0f}, whose float16 sum overflows, came back finite; "
@@ -340,6 +339,11 @@ _BACKEND_PREFIX = re.compile(r"^(\[rank\d+\]:)?\[[A-Z]\d{4} [\d:.]+ [^\]]+\]\s*"
 def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, world: int | None) -> str:
     """What to do about an error that a model answer's step prevents (notebook 06: the padding, the piece's size),
     from the sizes the refused collective was handed (``sizes``, the rank's :class:`~harness.Events`)."""
+    if re.search(r"\bAVG\b", message):  # gloo before torch 2.7 refuses ReduceOp.AVG
+        return (
+            " (this backend has no ReduceOp.AVG: keep the default ReduceOp.SUM and divide by "
+            "dist.get_world_size(group) yourself, before the sum)"
+        )
     collective = "reduce_scatter_single" in where or "all_gather_single" in where
     if like != "halves" or not collective or not re.search(r"shape|size|divisib|check failed", message, re.I):
         return ""
@@ -690,6 +694,13 @@ def _hook_finding(f: dict, report: dict) -> str:
             f"your hook's Future holds a {f['dtype']} tensor of shape {f['shape']}, but the bucket is float32 of "
             "shape [1000]: hand back the averaged bucket, cast back to the bucket's dtype"
         )
+    if kind == "local":
+        return (
+            "your hook returned this rank's own gradients"
+            + (" divided by the world size" if f["divisor"] > 1 else "")
+            + ", not the all_reduce's result: it reduced a copy (a .to() or .clone() makes one) or returned another "
+            "tensor; return the reduced tensor, fut.value()[0], cast back to float32"
+        )
     if kind == "ranks_differ":
         return "the ranks got different results from your hook: every rank must end with the same average"
     if kind == "summed":
@@ -720,7 +731,8 @@ def _hook_finding(f: dict, report: dict) -> str:
         return (
             f"your hook's average came back inf or nan for {f['values']} of {f['numel']} gradients of about "
             f"{report['large_gradient']:.0f} each (below float16's largest, 65504, but not their sum over "
-            f"{report['world']} ranks): divide before the sum, or the float16 sum overflows"
+            f"{report['world']} ranks): divide before the sum, or the float16 sum overflows "
+            "(ReduceOp.AVG, too, divides after the sum: keep the default ReduceOp.SUM)"
         )
     if kind == "blocked":
         return (
