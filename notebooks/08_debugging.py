@@ -25,8 +25,8 @@
 # 1. **torch**, debug mode paused: what torch's DDP says (or, for the script's own collectives, torch's
 #    `dist.all_reduce`). The script's own collectives run on a process group whose timeout is 3 s, so
 #    a wait for a partner that never comes ends there (a real job waits as long as its group's
-#    timeout); torch's DDP runs on a group of its own with torch's default timeout (the set-up cell
-#    prints it). A rank that fails leaves its groups, as a job's process ends when it raises, so a
+#    timeout); torch's DDP, in sections 4 to 6 where a partner can leave it waiting, runs on a group
+#    of its own with torch's default timeout (the set-up cell prints it). A rank that fails leaves its groups, as a job's process ends when it raises, so a
 #    partner waiting on it, in either group, fails then;
 # 2. **minddp in debug mode**: minddp's DDP for the model's bugs, and for the script's own
 #    collectives the *collective check* alone (no wrapper needed: every `torch.distributed`
@@ -406,17 +406,9 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # from. Torch's times are in the "torch, rank r" lines, debug mode's under its line; a sentence after
 # them puts the two side by side. The fix: the same metrics on every rank.
 #
-# The line numbers the call: *collective #K* is the group's sequence number, counting from 0 the
-# group's collectives that debug mode has checked (here the default group's, since debug mode was
-# turned on in the set-up cell: the earlier sections' count too, torch's runs with it paused do not;
-# a collective made inside another, like the two that torch's `all_gather_object` makes, counts once).
-# Every checked call on the default group counts, the bugs' own and all the rest: the notebook's
-# plumbing (each `apart()`'s broadcast and `all_gather_object`, the `all_gather_object` by which
-# `torch_does` and `say_each` collect every rank's line), each minddp wrapper's collectives at
-# construction (among them a check that every rank passed the same settings), each step's gradient
-# buckets (debug mode's reducer sends each through the checked `dist.all_reduce`), and debug mode's
-# own calls in each step: the forward and step checks' all_gathers, and the *plan check* (minddp's DDP comparing, every step, which parameters each bucket holds and
-# the order the buckets were sent in, an `all_gather_object`; the last section says more).
+# The line numbers the call: *collective #K* is the group's sequence number, counting from 0 every
+# collective on the group that debug mode has checked (the notebook's own and the earlier sections'
+# included), so the two ranks' K-th calls are the ones compared.
 # A call is said as op(shapes): for an all_gather, the output list and then the input, so
 # `all_gather(2 × int64[17], int64[17])` gathers a row of 17 from each of the 2 ranks. Then the step:
 # `(step 0)` for a call made in a wrapper's step (from its forward to its `optimizer.step()`), and
@@ -654,8 +646,8 @@ lesson.claim(
 # On, each collective first costs one store write and one read of the partners' posts when they have
 # posted (plus, the first time a slot is read, a check that it exists; the read repeats, 0.1 ms to
 # 5 ms apart, while one has not); each step adds the two small all_gathers (forward check, step check)
-# with a fingerprint pass over the parameters and the gradients, and a fingerprint of each local
-# gradient as backward makes it, one call per tensor. minddp's DDP also runs the plan check each step,
+# with fingerprint calls on the parameters, the buffers and the averaged gradients, and one on each local
+# gradient as backward makes it. minddp's DDP also runs the plan check each step,
 # an `all_gather_object` (each rank's plan pickled; torch makes two collectives inside it, the sizes
 # then the bytes, which the collective check counts and checks once, as the call it is in), and sends
 # its buckets one at a time, waiting for each, so no bucket travels while backward computes.
@@ -664,8 +656,7 @@ lesson.claim(
 # backward, the gradients' all_reduce between the two processes, the optimizer and Python's overhead,
 # parts the cell does not time apart. Its ratio is this tiny model's and says nothing of a real
 # model's step; with debug mode *off* meaning paused, a process that never turned it on is not timed.
-# A fingerprint is a pass over every 16-bit word of a tensor, so on a real model its cost grows with
-# the model's size. The cell times the fingerprint calls a step makes apart and
+# The cell times the fingerprint calls a step makes apart and
 # estimates what share of the added time they are. `docs/debugging.md`
 # (*Off, it is not there*) gives the benchmark's whole-step cost on larger presets, measured with an
 # earlier, cheaper fingerprint, and the weighted fingerprint's cost per tensor; the three measure
@@ -718,18 +709,21 @@ lesson.claim(
     all(torch.equal(a, b) for a, b in zip(off_params, on_params)),
     "off or on, the same 5 steps end with bit-identical parameters on every rank",
 )
-added = (on_s - off_s) / 5
+off_ms, on_ms = round(off_s * 1e3), round(on_s * 1e3)  # as printed: every number below follows from these
+added = (on_ms - off_ms) / 5
 share = (
-    f"an estimated {prints / added:.0%} of what debug mode added a step (an estimate: the calls were timed apart "
-    "from the steps, on one rank); the cell does not time the rest apart"
+    f"an estimated {prints * 1e3 / added:.0%} of what debug mode added a step (an estimate: the calls were timed "
+    "apart from the steps, on one rank); the cell does not time the rest apart"
     if added > 0
     else "more than debug mode added a step in this run: the timing's noise hid its costs"
 )
 lesson.say(
-    f"5 steps took {off_s * 1e3:.0f} ms with debug mode off and {on_s * 1e3:.0f} ms on (the slower rank's time, "
-    f"one run each, on a machine shared with other work): {off_s / 5 * 1e3:.1f} and {on_s / 5 * 1e3:.1f} ms a step, "
-    f"{on_s / off_s:.1f} times as long. A step's {3 + len(tensors)} fingerprint calls, timed apart on rank 0 "
-    f"({passes} times), took {prints * 1e3:.2f} ms: {share}."
+    f"5 steps took {off_ms} ms with debug mode off and {on_ms} ms on (the slower rank's time, one run each, on a "
+    f"machine shared with other work): {off_ms / 5:.1f} and {on_ms / 5:.1f} ms a step, "
+    f"{on_ms / max(off_ms, 1):.1f} times as long. A step's {3 + len(tensors)} fingerprint calls (parameters, "
+    f"buffers, averaged gradients, and each of the {len(tensors)} local gradients), timed apart on rank 0 "
+    f"({passes} times), took {prints * 1e3:.2f} ms: {share}. The cell does not time how that cost grows with a "
+    "tensor's size."
 )
 
 # %%
