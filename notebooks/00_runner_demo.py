@@ -125,7 +125,7 @@ dist.all_gather_object(spent, in_cell)  # each rank's time in the failed cell, t
 grace = inspect.signature(Cluster).parameters["grace_s"].default  # the runner's grace: %dist_init keeps the default
 rest = spent[0] - grace
 after = (
-    f"the runner's grace, {grace:g} s, and {rest:.1f} s more ({rest / grace:.1f} times the grace)"
+    f"the runner's grace, {grace:g} s, and {rest:.1f} s more"
     if rest > 0
     else f"less than the runner's grace ({grace:g} s): rank 0 began the cell after rank 1's report had reached the runner"
 )
