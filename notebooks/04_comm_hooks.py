@@ -248,8 +248,8 @@ steps.round(3)
 #   reaches its wait as well as on the message's bytes. Plain averaging here is `03_build_up`'s
 #   `bucket-async`, measured by the same function in another run: one step's exposed and waited need not
 #   agree with 03's;
-# * *waited ms* (*waited*, `metrics.waited`): all the time the thread stood waiting for messages: for the link,
-#   and for the other rank or a free core;
+# * *waited ms* (*waited*, `metrics.waited`): all the time the thread stood waiting for messages, whether the
+#   link was carrying one or not;
 # * *step ms*: the whole step, measured once per hook on this machine (the cell prints the spread among the
 #   three hooks whose compute is the same).
 
