@@ -496,8 +496,7 @@ wins.round(3)
 #
 # minddp's hooks (`minddp.comm.default_hooks`, `minddp.comm.powerSGD_hook`) have torch's interface,
 # `hook(state, bucket) -> Future[Tensor]`, registered with `register_comm_hook(state, hook)` as in torch,
-# with one difference in when they wait: minddp's PowerSGD waits for P inside the backward (above). The
-# check below trains your hook in minddp's stage beside torch's own `fp16_compress_hook` in torch's DDP.
+# with one difference in when they wait: minddp's PowerSGD waits for P inside the backward (above).
 #
 # ## Your turn: an fp16 hook
 #
