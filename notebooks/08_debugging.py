@@ -25,8 +25,8 @@
 # 1. **torch**, debug mode paused: what torch's DDP says (or, for the script's own collectives, torch's
 #    `dist.all_reduce`). The script's own collectives run on a process group whose timeout is 3 s, so
 #    a wait for a partner that never comes ends there (a real job waits as long as its group's
-#    timeout); torch's DDP, in sections 4 to 6 where a partner can leave it waiting, runs on a group
-#    of its own with torch's default timeout (the set-up cell prints it). A rank that fails leaves its groups, as a job's process ends when it raises, so a
+#    timeout); torch's DDP runs on a group of its own with torch's default timeout (the set-up cell
+#    prints it). A rank that fails leaves its groups, as a job's process ends when it raises, so a
 #    partner waiting on it, in either group, fails then;
 # 2. **minddp in debug mode**: minddp's DDP for the model's bugs, and for the script's own
 #    collectives the *collective check* alone (no wrapper needed: every `torch.distributed`
@@ -231,9 +231,15 @@ def say_each(line: str | None, took: float, how: str) -> list:
 
 def torch_drifts(script) -> None:
     """``script(model, ddp, optimizer)`` on torch's DDP: it raises nothing, and the replicas end apart."""
-    model, *rest = build(TorchDDP)
-    said = torch_does(lambda group, short: script(model, *rest))
-    gap, where = apart_at(model)
+    models = []
+
+    def run(group, short):
+        model, *rest = build(TorchDDP, process_group=group)
+        models.append(model)
+        script(model, *rest)
+
+    said = torch_does(run)
+    gap, where = apart_at(models[0])
     lesson.claim(
         said == ["raised nothing"] * world_size and gap > 0,
         f"torch's DDP trained on, raising nothing, and its replicas' parameters now differ by up to {gap:.1e} "
@@ -380,7 +386,7 @@ def read(model, ddp, optimizer, same=True, start=None) -> list[tuple[str, float]
 
 
 torch_warned = []
-said = torch_does(lambda group, short: torch_warned.extend(read(*build(TorchDDP))))
+said = torch_does(lambda group, short: torch_warned.extend(read(*build(TorchDDP, process_group=group))))
 lesson.claim(
     said == ["raised nothing"] * world_size and torch_warned == [],
     "torch's DDP trained the 4 steps, raising nothing and issuing no Python warning",
