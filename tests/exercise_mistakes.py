@@ -548,8 +548,8 @@ def hook_returns_local(process_group, bucket):
 
 
 def hook_reduce_op_avg(process_group, bucket):
-    """Asks the all_reduce to average (ReduceOp.AVG) instead of dividing first: gloo refuses it before torch 2.7's
-    gloo had AVG; where it has it, the float16 sum comes before the division and overflows."""
+    """Asks the all_reduce to average (ReduceOp.AVG) instead of dividing first: gloo on torch 2.6 refuses it
+    (docs/torch-versions.md); where gloo has it (2.13), the float16 sum comes before the division and overflows."""
     compressed = bucket.buffer().to(torch.float16)
     fut = dist.all_reduce(compressed, op=dist.ReduceOp.AVG, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0].to(torch.float32))

@@ -339,7 +339,7 @@ _BACKEND_PREFIX = re.compile(r"^(\[rank\d+\]:)?\[[A-Z]\d{4} [\d:.]+ [^\]]+\]\s*"
 def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, world: int | None) -> str:
     """What to do about an error that a model answer's step prevents (notebook 06: the padding, the piece's size),
     from the sizes the refused collective was handed (``sizes``, the rank's :class:`~harness.Events`)."""
-    if re.search(r"\bAVG\b", message):  # gloo before torch 2.7 refuses ReduceOp.AVG
+    if re.search(r"\bAVG\b", message):  # gloo on torch 2.6 refuses ReduceOp.AVG (docs/torch-versions.md)
         return (
             " (this backend has no ReduceOp.AVG: keep the default ReduceOp.SUM and divide by "
             "dist.get_world_size(group) yourself, before the sum)"
