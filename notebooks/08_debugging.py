@@ -23,10 +23,11 @@
 # things on the two ranks:
 #
 # 1. **torch**, debug mode paused: what torch's DDP says (or, for the script's own collectives, torch's
-#    `dist.all_reduce`). A call that no partner will ever match runs on a process group whose timeout
-#    is 3 s, so the wait ends (a real job waits as long as its group's timeout: the set-up cell prints
-#    torch's default); a rank that fails leaves its groups, as a job's process ends when it raises, so
-#    a partner waiting on it fails then;
+#    `dist.all_reduce`). The script's own collectives run on a process group whose timeout is 3 s, so
+#    a wait for a partner that never comes ends there (a real job waits as long as its group's
+#    timeout); torch's DDP runs on a group of its own with torch's default timeout (the set-up cell
+#    prints it). A rank that fails leaves its groups, as a job's process ends when it raises, so a
+#    partner waiting on it, in either group, fails then;
 # 2. **minddp in debug mode**: minddp's DDP for the model's bugs, and for the script's own
 #    collectives the *collective check* alone (no wrapper needed: every `torch.distributed`
 #    collective is compared across ranks before it is sent; section 4 shows how). What it says is one
@@ -36,7 +37,7 @@
 #    call, the rank(s), the step, and the fix. For eight bugs the line is an error that stops every
 #    rank before the collective or the step it would spoil; for a bug that spoils nothing (section 3,
 #    every rank reading the same data) it is a warning, said once, and training goes on;
-# 3. **the fix**: the script corrected, in debug mode, which then says nothing (section 4's first fix is
+# 3. **the fix**: the script corrected, in debug mode, which then says nothing: no error and no warning (section 4's first fix is
 #    the script's metrics made the same on every rank, run as a plain `dist.all_reduce`). Section 6's first
 #    bug gets a fourth run: torch's DDP with `find_unused_parameters=True`, the flag a learner tries first.
 #
@@ -68,8 +69,10 @@
 # rank raised, in a line: the error's first two sentences, and the parameter indices when torch lists
 # them, or "raised nothing"; a warning torch prints is not caught: section 6 says where it shows; and
 # `torch_drifts` for the bugs torch trains through), `minddp_says` (the line debug mode raised, checked
-# on every rank) and `fixed` (the corrected script: nothing said, the replicas equal). `torch_does` and
-# `minddp_says` note how long each rank ran until it raised (or finished); section 3's warning is timed the
+# on every rank) and `fixed` (the corrected script: no debug error or warning, the replicas equal; `quiet`
+# collects the warnings for the fixes written out in full). `torch_does` and
+# `minddp_says` note how long each rank ran, from building its model and wrapper (where the script builds them) until
+# it raised (or finished; the set-up cell trains one correct step first, untimed); section 3's warning is timed the
 # same way, until the warning appeared (read at the end of the step that raised it).
 
 # %%
@@ -92,7 +95,7 @@ from minddp.debug.watch import fingerprints
 from minddp.runtime.launch import peer_gone
 
 minddp.debug.enable()  # what `MINDDP_DEBUG=1 torchrun ...` does for every rank when it imports minddp
-WAIT_S = 3  # torch's waits for a call no partner will match end here (the calls that pair keep torch's default)
+WAIT_S = 3  # under torch, the script's own collectives give up after this (torch's DDP keeps torch's default)
 
 
 class Net(nn.Module):
@@ -150,8 +153,8 @@ def torch_does(script) -> list[str]:
     first two sentences, and the line naming the parameter indices if it has one); each rank's time until it raised
     (or finished) is left in ``torch_took``.
 
-    ``group``: a new group for the calls that pair, without a short limit; ``short``: one whose calls give up after
-    ``WAIT_S``, for the calls no partner will ever match. A rank that fails leaves both, as a job's process ends
+    ``group``: a new group for torch's DDP, with torch's default timeout; ``short``: one whose calls give up after
+    ``WAIT_S``, for the script's own collectives. A rank that fails leaves both, as a job's process ends
     when it raises: a partner waiting on it then fails at once ("Connection closed by peer", or reset).
     """
     minddp.debug.disable()
@@ -227,28 +230,47 @@ def say_each(line: str | None, took: float, how: str) -> list:
 
 
 def torch_drifts(script) -> None:
-    """``script(model, ddp, optimizer)`` on torch's DDP: it says nothing, and the replicas end apart."""
-    model, *rest = build(TorchDDP)
-    said = torch_does(lambda group, short: script(model, *rest))
-    gap, where = apart_at(model)
+    """``script(model, ddp, optimizer)`` on torch's DDP: it raises nothing, and the replicas end apart."""
+    models = []
+
+    def run(group, short):
+        model, *rest = build(TorchDDP, process_group=group)
+        models.append(model)
+        script(model, *rest)
+
+    said = torch_does(run)
+    gap, where = apart_at(models[0])
     lesson.claim(
         said == ["raised nothing"] * world_size and gap > 0,
-        f"torch's DDP trained without a word, and its replicas' parameters now differ by up to {gap:.1e} "
+        f"torch's DDP trained on, raising nothing, and its replicas' parameters now differ by up to {gap:.1e} "
         f"(the largest gap is in '{where}')",
     )
+
+
+@contextlib.contextmanager
+def quiet():
+    """The block in debug mode, expected to say nothing: yields a list that holds, after it, the debug mode
+    warnings the block raised (an error would raise through)."""
+    said = []
+    with warnings.catch_warnings(record=True) as heard:
+        warnings.simplefilter("always")
+        yield said
+    said += [str(w.message) for w in heard if issubclass(w.category, minddp.debug.DebugWarning)]
 
 
 def fixed(script, fix: str, **corrected) -> None:
     """``script(model, ddp, optimizer, **corrected)`` in debug mode: nothing said, and the replicas agree."""
     model, *rest = build()
-    script(model, *rest, **corrected)
-    lesson.claim(apart(model) == 0, f"the fix: {fix}, debug mode says nothing and the replicas agree")
+    with quiet() as said:
+        script(model, *rest, **corrected)
+    lesson.claim(not said and apart(model) == 0, f"the fix: {fix}, debug mode says nothing and the replicas agree")
 
 
+train(*build(), steps=1)  # one correct step, untimed: what a process pays once is not in section 1's times
 print(f"rank {rank}: debug mode on, {sum(p.numel() for p in Net().parameters())} parameters")
 lesson.say(
-    f"A call no partner will match gives up after {WAIT_S} s here; torch's default timeout for a gloo group, "
-    f"which the calls that pair keep, is {default_pg_timeout.total_seconds() / 60:g} minutes."
+    f"Under torch, a script's own collective gives up after {WAIT_S} s here; torch's default timeout for a gloo "
+    f"group, which torch's DDP keeps here, is {default_pg_timeout.total_seconds() / 60:g} minutes."
 )
 
 # %% [markdown]
@@ -364,7 +386,7 @@ def read(model, ddp, optimizer, same=True, start=None) -> list[tuple[str, float]
 
 
 torch_warned = []
-said = torch_does(lambda group, short: torch_warned.extend(read(*build(TorchDDP))))
+said = torch_does(lambda group, short: torch_warned.extend(read(*build(TorchDDP, process_group=group))))
 lesson.claim(
     said == ["raised nothing"] * world_size and torch_warned == [],
     "torch's DDP trained the 4 steps, raising nothing and issuing no Python warning",
@@ -390,17 +412,9 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # from. Torch's times are in the "torch, rank r" lines, debug mode's under its line; a sentence after
 # them puts the two side by side. The fix: the same metrics on every rank.
 #
-# The line numbers the call: *collective #K* is the group's sequence number, counting from 0 the
-# group's collectives that debug mode has checked (here the default group's, since debug mode was
-# turned on in the set-up cell: the earlier sections' count too, torch's runs with it paused do not;
-# a collective made inside another, like the two that torch's `all_gather_object` makes, counts once).
-# Every checked call on the default group counts, the bugs' own and all the rest: the notebook's
-# plumbing (each `apart()`'s broadcast and `all_gather_object`, the `all_gather_object` by which
-# `torch_does` and `say_each` collect every rank's line), each minddp wrapper's collectives at
-# construction (among them a check that every rank passed the same settings), each step's gradient
-# buckets (debug mode's reducer sends each through the checked `dist.all_reduce`), and debug mode's
-# own calls in each step: the forward and step checks' all_gathers, and the *plan check* (minddp's DDP comparing, every step, which parameters each bucket holds and
-# the order the buckets were sent in, an `all_gather_object`; the last section says more).
+# The line numbers the call: *collective #K* is the group's sequence number, counting from 0 every
+# collective on the group that debug mode has checked (the notebook's own and the earlier sections'
+# included), so the two ranks' K-th calls are the ones compared.
 # A call is said as op(shapes): for an all_gather, the output list and then the input, so
 # `all_gather(2 × int64[17], int64[17])` gathers a row of 17 from each of the 2 ranks. Then the step:
 # `(step 0)` for a call made in a wrapper's step (from its forward to its `optimizer.step()`), and
@@ -431,16 +445,18 @@ lesson.say(
     "of the call)."
 )
 metrics = torch.tensor([0.5, 0.9], device=device)
-dist.all_reduce(metrics)
+with quiet() as said:
+    dist.all_reduce(metrics)
 lesson.claim(
-    torch.equal(metrics, 2 * torch.tensor([0.5, 0.9], device=device)),
+    not said and torch.equal(metrics, 2 * torch.tensor([0.5, 0.9], device=device)),
     "the fix: the same two metrics on every rank, summed, and nothing said",
 )
 
 # %% [markdown]
 # A collective made on some ranks only is the same bug seen one call later: rank 0 logs its loss
 # with an all_reduce that rank 1 never makes, so rank 0's all_reduce meets whatever rank 1 sends next
-# (under torch nothing: it waits; in debug mode, the step check's all_gather). The fix: log on every
+# (under torch here nothing, since the script's call is on a group of its own: it waits; in debug
+# mode, the step check's all_gather). The fix: log on every
 # rank (or log rank 0's loss without a collective).
 
 
@@ -497,28 +513,30 @@ lesson.claim(
 )
 minddp_says(lambda: uneven(*build()), "uneven inputs: rank 1 left the training loop after step 2")
 model, ddp, optimizer = build()
-with ddp.join():
+with quiet() as said, ddp.join():
     for step in range(4 if rank == 0 else 3):
         x, y = batch(step)
         nn.functional.mse_loss(ddp(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
 dist.barrier()
-lesson.claim(apart(model) == 0, "the fix: under join() nothing is said and both ranks end with the same parameters")
+lesson.claim(
+    not said and apart(model) == 0, "the fix: under join() nothing is said and both ranks end with the same parameters"
+)
 
 # %% [markdown]
 # ## 6. A layer frozen on some ranks is not an unused parameter
 #
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only (here after wrapping) makes the ranks disagree on what they
-# send, and `find_unused_parameters=True` does not fix it: torch's DDP then averages rank 0's zeros
-# in, as the cell's last torch run shows (no error, rank 1's gradient of the layer half its own in norm, the
-# replicas apart). All torch says there is a warning its C++ code prints on rank 1: that
+# send, and `find_unused_parameters=True` does not fix it, as the cell's last torch run shows: no
+# error; rank 1 steps the layer with its gradient averaged with rank 0's zeros (half its own in
+# norm), while rank 0, whose layer is frozen, does not step it at all, so the replicas end apart.
+# All torch says there is a warning its C++ code prints on rank 1: that
 # `find_unused_parameters=True` found no unused parameter in the forward. It goes straight to the rank
-# process's stderr, past the runner's capture of the ranks' lines, so where it shows is up to the
-# front end: first under the cell, above `[rank 0]` and the four runs' lines, tagged
-# `[rank1]:[W...] reducer.cpp`, or only in the terminal that started Jupyter (this notebook's saved
-# runs have had it each way; look for it in both places). It saw that rank 1 used
+# process's stderr, past the runner's capture of the ranks' lines, so whether and where it shows under
+# the cell (tagged `[rank1]:[W...] reducer.cpp`) is up to the front end; it is always in the terminal
+# that started Jupyter. It saw that rank 1 used
 # every parameter; it never saw that the ranks disagree. Debug mode compares `requires_grad` across
 # ranks before each forward (the forward check). Under torch, the rank that has every gradient sends and waits; the other fails at its next
 # forward, saying its module has parameters not used in producing loss, and their indices (counted
@@ -550,8 +568,9 @@ lesson.claim(
 minddp_says(
     lambda: freeze_on_rank_0(DistributedDataParallel), "requires_grad differs across ranks: parameter 'head.weight'"
 )
-model = freeze_on_rank_0(DistributedDataParallel, everywhere=True)
-lesson.claim(apart(model) == 0, "the fix: frozen on every rank, nothing is said and the replicas agree")
+with quiet() as said:
+    model = freeze_on_rank_0(DistributedDataParallel, everywhere=True)
+lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, nothing is said and the replicas agree")
 
 
 def zeros_averaged_in(group):
@@ -584,13 +603,15 @@ dist.all_gather_object(shares, share)
 lesson.claim(
     said == ["raised nothing"] * world_size and gap > 0 and abs(shares[1] - 0.5) < 1e-5,
     f"with find_unused_parameters=True torch's DDP raised nothing; the norm of rank 1's head.weight gradient was "
-    f"{shares[1]:.3f} × that of its own (its own averaged with rank 0's zeros), and the replicas' parameters ended apart by up to "
-    f"{gap:.1e}",
+    f"{shares[1]:.3f} × that of its own (its own averaged with rank 0's zeros); rank 0 never steps its frozen head, "
+    f"and the replicas' parameters ended apart by up to {gap:.1e}",
 )
 
 # %% [markdown]
 # A branch of the model taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
-# *is* the fix: the line says so. Under torch, rank 0 (the one with the branch's gradient) sends and
+# *is* the fix: the line says so. Averaging zeros in is right here: a rank that did not take the branch
+# has a true gradient of zero for it, and every rank steps the branch with the same average (with a
+# layer frozen on one rank, that rank steps nothing). Under torch, rank 0 (the one with the branch's gradient) sends and
 # waits; rank 1 fails at its next forward (indices 4 and 5: `extra.weight`, `extra.bias`), and when
 # it leaves, rank 0 fails too.
 
@@ -604,8 +625,11 @@ lesson.claim(
 # the bug: a branch on rank 0 only
 minddp_says(lambda: train(*build(extra=True), 1, use_extra=rank == 0), "Fix: pass find_unused_parameters=True")
 model, *rest = build(extra=True, find_unused_parameters=True)
-train(model, *rest, 3, use_extra=rank == 0)
-lesson.claim(apart(model) == 0, "the fix: with find_unused_parameters=True nothing is said, the replicas agree")
+with quiet() as said:
+    train(model, *rest, 3, use_extra=rank == 0)
+lesson.claim(
+    not said and apart(model) == 0, "the fix: with find_unused_parameters=True nothing is said, the replicas agree"
+)
 
 # %% [markdown]
 # ## What it costs, and where to read more
@@ -628,18 +652,17 @@ lesson.claim(apart(model) == 0, "the fix: with find_unused_parameters=True nothi
 # On, each collective first costs one store write and one read of the partners' posts when they have
 # posted (plus, the first time a slot is read, a check that it exists; the read repeats, 0.1 ms to
 # 5 ms apart, while one has not); each step adds the two small all_gathers (forward check, step check)
-# with a fingerprint pass over the parameters and the gradients, and a fingerprint of each local
-# gradient as backward makes it, one call per tensor. minddp's DDP also runs the plan check each step,
+# with fingerprint calls on the parameters, the buffers and the averaged gradients, and one on each local
+# gradient as backward makes it. minddp's DDP also runs the plan check each step,
 # an `all_gather_object` (each rank's plan pickled; torch makes two collectives inside it, the sizes
 # then the bytes, which the collective check counts and checks once, as the call it is in), and sends
 # its buckets one at a time, waiting for each, so no bucket travels while backward computes.
 #
 # The cell's timing is a whole step of this 212-parameter model on a shared CPU: the forward and
 # backward, the gradients' all_reduce between the two processes, the optimizer and Python's overhead,
-# parts the cell does not time apart. On tensors this small,
-# what debug mode adds costs per call more than per number: per tensor fingerprinted and per extra
-# collective. A fingerprint is still a pass over every 16-bit word of a tensor, so on a real model its
-# cost grows with the model's size. The cell times the fingerprint calls a step makes apart and
+# parts the cell does not time apart. Its ratio is this tiny model's and says nothing of a real
+# model's step; with debug mode *off* meaning paused, a process that never turned it on is not timed.
+# The cell times the fingerprint calls a step makes apart and
 # estimates what share of the added time they are. `docs/debugging.md`
 # (*Off, it is not there*) gives the benchmark's whole-step cost on larger presets, measured with an
 # earlier, cheaper fingerprint, and the weighted fingerprint's cost per tensor; the three measure
@@ -692,18 +715,21 @@ lesson.claim(
     all(torch.equal(a, b) for a, b in zip(off_params, on_params)),
     "off or on, the same 5 steps end with bit-identical parameters on every rank",
 )
-added = (on_s - off_s) / 5
+off_ms, on_ms = round(off_s * 1e3), round(on_s * 1e3)  # as printed: every number below follows from these
+added = (on_ms - off_ms) / 5
 share = (
-    f"an estimated {prints / added:.0%} of what debug mode added a step (an estimate: the calls were timed apart "
-    "from the steps, on one rank); the cell does not time the rest apart"
+    f"an estimated {prints * 1e3 / added:.0%} of what debug mode added a step (an estimate: the calls were timed "
+    "apart from the steps, on one rank); the cell does not time the rest apart"
     if added > 0
     else "more than debug mode added a step in this run: the timing's noise hid its costs"
 )
 lesson.say(
-    f"5 steps took {off_s * 1e3:.0f} ms with debug mode off and {on_s * 1e3:.0f} ms on (the slower rank's time, "
-    f"one run each, on a machine shared with other work): {off_s / 5 * 1e3:.1f} and {on_s / 5 * 1e3:.1f} ms a step, "
-    f"{on_s / off_s:.1f} times as long. A step's {3 + len(tensors)} fingerprint calls, timed apart on rank 0 "
-    f"({passes} times), took {prints * 1e3:.2f} ms: {share}."
+    f"5 steps took {off_ms} ms with debug mode off and {on_ms} ms on (the slower rank's time, one run each, on a "
+    f"machine shared with other work): {off_ms / 5:.1f} and {on_ms / 5:.1f} ms a step, "
+    f"{on_ms / max(off_ms, 1):.1f} times as long. A step's {3 + len(tensors)} fingerprint calls (parameters, "
+    f"buffers, averaged gradients, and each of the {len(tensors)} local gradients), timed apart on rank 0 "
+    f"({passes} times), took {prints * 1e3:.2f} ms: {share}. The cell does not time how that cost grows with a "
+    "tensor's size."
 )
 
 # %%

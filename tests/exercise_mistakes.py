@@ -567,6 +567,28 @@ def hook_divided_twice(process_group, bucket):
     return fut.then(lambda f: f.value()[0].div_(dist.get_world_size()).to(torch.float32))
 
 
+def hook_hard_coded_two(process_group, bucket):
+    """Divides by 2, the notebooks' world size, written as a number: exact on 2 ranks, 1.5 times the average on 3."""
+    compressed = bucket.buffer().to(torch.float16).div_(2)
+    fut = dist.all_reduce(compressed, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].to(torch.float32))
+
+
+def hook_returns_local(process_group, bucket):
+    """All_reduces a float16 copy but hands back its own bucket, divided: this rank's gradients, never reduced."""
+    local = bucket.buffer().div_(dist.get_world_size())
+    fut = dist.all_reduce(local.to(torch.float16), async_op=True).get_future()
+    return fut.then(lambda f: local)
+
+
+def hook_reduce_op_avg(process_group, bucket):
+    """Asks the all_reduce to average (ReduceOp.AVG) instead of dividing first: gloo on torch 2.6 refuses it
+    (docs/torch-versions.md); where gloo has it (2.13), the float16 sum comes before the division and overflows."""
+    compressed = bucket.buffer().to(torch.float16)
+    fut = dist.all_reduce(compressed, op=dist.ReduceOp.AVG, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].to(torch.float32))
+
+
 def hook_bfloat16(process_group, bucket):
     """Casts to bfloat16 instead of float16: the same bytes, about 8 times float16's rounding error."""
     compressed = bucket.buffer().to(torch.bfloat16).div_(dist.get_world_size())

@@ -237,7 +237,18 @@ HOOK_MISTAKES = [
     (wrong.hook_sum_only, "forgot the division"),
     (wrong.hook_divided_twice, "your hook divided by the world size twice: its average is 1/2 of the true one"),
     (wrong.hook_bfloat16, "your hook sent bfloat16, not float16"),
+    # right on the check's 2 ranks: named by the second check, on 3
+    (
+        wrong.hook_hard_coded_two,
+        "on 3 ranks, after it passed on 2: your hook divided by 2, not by the world size (3): a world size written as "
+        "a number is right on 2 ranks only; divide by dist.get_world_size(group)",
+    ),
     (wrong.hook_raw_future, "holds a list of 1, not one tensor"),
+    (
+        wrong.hook_returns_local,
+        "your hook returned this rank's own gradients divided by the world size, not the all_reduce's result",
+    ),
+    (wrong.hook_reduce_op_avg, "ReduceOp.AVG"),
     (wrong.hook_stays_fp16, "float16 tensor"),
     (wrong.hook_not_compressed, "sent 4 bytes per gradient value (float32), the model answer 2"),
     (wrong.hook_waits, "not a torch.futures.Future"),
@@ -245,6 +256,13 @@ HOOK_MISTAKES = [
     (wrong.hook_blocks, "waited for its all_reduce before returning (the Future it returned was already complete)"),
     (wrong.hook_waits_on_its_work, "waited for its all_reduce before returning"),
 ]
+
+
+def test_gloos_refusal_of_reduce_op_avg_gets_the_fix():
+    # torch 2.6's gloo refuses ReduceOp.AVG with this message (docs/torch-versions.md); 2.13's averages, and the
+    # hook_reduce_op_avg mistake is named by the overflow verdict instead
+    hint = checker._raise_hint("fp16", " in my_hook (line 4)", "Cannot use ReduceOp.AVG with Gloo", None, 2)
+    assert "keep the default ReduceOp.SUM and divide by dist.get_world_size(group) yourself" in hint, hint
 
 
 @pytest.mark.timeout(120)

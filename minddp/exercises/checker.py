@@ -133,17 +133,51 @@ def check(
         return first
     # Correctness only (like=None): the kinds, number and place of the collectives were judged on the first ranks.
     again_like, again_steps = ("halves", steps) if like == "halves" else (None, 1)
-    again = _run(harness.check_stage_on_rank, (stage, again_like, options, again_steps, accum), second_world_size,
-                 timeout_s)  # fmt: skip
-    problem = _problem(name, again, timeout_s, lambda f, report: _stage_finding(f, report, again_like), again_like)
-    if problem:
-        where = f"on {second_world_size} ranks, after it passed on {world_size}: "
-        return Verdict(False, problem.replace(f"✗ {name}: ", f"✗ {name}: {where}", 1), again)
+    failed, again = _again(
+        name,
+        harness.check_stage_on_rank,
+        (stage, again_like, options, again_steps, accum),
+        (world_size, second_world_size),
+        timeout_s,
+        lambda f, report: _stage_finding(f, report, again_like),
+        again_like,
+    )
+    if failed is not None:
+        return failed
     return _stage_verdict(name, like, reports, timeout_s, bucket_cap_mb, also=again[min(again)])
 
 
+def _again(name: str, fn, args: tuple, sizes: tuple[int, int], timeout_s: float, describe, like=None):
+    """The second check: ``fn(*args)`` on ``sizes[1]`` ranks, after a pass on ``sizes[0]``. Returns the failing
+    verdict, which says where it failed (``None`` when it passed there too), and the second check's reports."""
+    again = _run(fn, args, sizes[1], timeout_s)
+    problem = _problem(name, again, timeout_s, describe, like)
+    if problem:
+        where = f"on {sizes[1]} ranks, after it passed on {sizes[0]}: "
+        return Verdict(False, problem.replace(f"✗ {name}: ", f"✗ {name}: {where}", 1), again), again
+    return None, again
+
+
+def _again_text(also: dict | None) -> str:
+    """What a passing verdict adds for its second check (``also``: a rank's report of it)."""
+    if not also:
+        return ""
+    steps = also["checked_steps"]
+    return (
+        f", and after {steps} step{'s' if steps != 1 else ''} on {also['world']} ranks too (a world size written as "
+        "a number would show there)"
+    )
+
+
 def check_hook(
-    hook, like: str = "fp16", *, steps: int = 3, accum: int = 3, world_size: int = 2, timeout_s: float = 20.0
+    hook,
+    like: str = "fp16",
+    *,
+    steps: int = 3,
+    accum: int = 3,
+    world_size: int = 2,
+    second_world_size: int | None = 3,
+    timeout_s: float = 20.0,
 ) -> Verdict:
     """Check a comm hook ``hook(state, bucket) -> Future[Tensor]`` against the model answer ``like``.
 
@@ -153,13 +187,24 @@ def check_hook(
     float16 sum over the ranks overflows (a hook that divides after the sum
     returns ``inf``), then trains minddp's ``bucket-async`` stage beside
     torch's DDP running torch's own hook of that name and a single process.
+    A hook that passes is checked once more on ``second_world_size`` ranks, as
+    :func:`check` does (one training step): a divisor written as 2 is right on 2
+    ranks only.
     """
     if like not in solutions.HOOKS:
         raise ValueError(f"like={like!r}: choose one of {', '.join(solutions.HOOKS)}")
     if not callable(hook):
         raise TypeError(f"check_hook() takes a hook function hook(state, bucket), got {hook!r}")
     reports = _run(harness.check_hook_on_rank, (hook, like, steps, accum), world_size, timeout_s)
-    return _hook_verdict(like, reports, timeout_s)
+    first = _hook_verdict(like, reports, timeout_s)
+    if not first.ok or second_world_size in (None, world_size):
+        return first
+    args = (hook, like, 1, accum)
+    failed, again = _again(f"{like} hook", harness.check_hook_on_rank, args, (world_size, second_world_size),
+                           timeout_s, _hook_finding)  # fmt: skip
+    if failed is not None:
+        return failed
+    return _hook_verdict(like, reports, timeout_s, also=again[min(again)])
 
 
 def _run(fn, args: tuple, world_size: int, timeout_s: float) -> dict:
@@ -196,13 +241,7 @@ def _stage_verdict(
     if problem or counts:
         return Verdict(False, problem or f"✗ {name}: " + counts, reports)
     tensors = f" (the checker's network: {first['tensors']} parameter tensors)" if first.get("tensors") else ""
-    again = (
-        f", and after {also['checked_steps']} step{'s' if also['checked_steps'] != 1 else ''} on {also['world']} "
-        "ranks too (a world size written as a number "
-        "would show there)"
-        if also
-        else ""
-    )
+    again = _again_text(also)
     d_single, d_torch = first.get("max_diff", [float("nan")] * 2)
     calls = calls_text(first["kinds"][-1]) if first.get("kinds") else "no collective calls"
     same = f", as '{like}' makes" if like else ""
@@ -227,7 +266,7 @@ def _stage_verdict(
     )
 
 
-def _hook_verdict(like: str, reports: dict, timeout_s: float) -> Verdict:
+def _hook_verdict(like: str, reports: dict, timeout_s: float, also: dict | None = None) -> Verdict:
     problem = _problem(f"{like} hook", reports, timeout_s, _hook_finding)
     if problem:
         return Verdict(False, problem, reports)
@@ -237,10 +276,9 @@ def _hook_verdict(like: str, reports: dict, timeout_s: float) -> Verdict:
     return Verdict(
         True,
         (
-            f"✓ {like} hook: it averages a bucket of {mine['numel']} values with relative error "
-            f"{mine['relative_error']:.1e} (float16 rounding allows up to {first['error_bound']:.1e}; "
-            f"the model answer: "
-            f"{ref['relative_error']:.1e}), sending "
+            f"✓ {like} hook: on {first['world']} ranks, it averages a bucket of {mine['numel']} values with "
+            f"relative error {mine['relative_error']:.1e} (float16 rounding allows up to {first['error_bound']:.1e} "
+            f"on these values; the model answer: {ref['relative_error']:.1e}), sending "
             f"{mine['bytes'] / mine['numel']:.0f} bytes per value, returning before its all_reduce was waited for; "
             + (
                 f"gradients of about {first['large_gradient']:.0f}, whose float16 sum overflows, came back finite; "
@@ -249,7 +287,7 @@ def _hook_verdict(like: str, reports: dict, timeout_s: float) -> Verdict:
             )
             + f"in the bucket-async stage it trains like torch's "
             f"DDP with torch's {like} hook (largest parameter difference {d_torch:.1e}), and {d_single:.1e} from a "
-            f"single process without compression"
+            f"single process without compression{_again_text(also)}"
         ),
         reports,
     )
@@ -301,6 +339,11 @@ _BACKEND_PREFIX = re.compile(r"^(\[rank\d+\]:)?\[[A-Z]\d{4} [\d:.]+ [^\]]+\]\s*"
 def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, world: int | None) -> str:
     """What to do about an error that a model answer's step prevents (notebook 06: the padding, the piece's size),
     from the sizes the refused collective was handed (``sizes``, the rank's :class:`~harness.Events`)."""
+    if re.search(r"\bAVG\b", message):  # gloo on torch 2.6 refuses ReduceOp.AVG (docs/torch-versions.md)
+        return (
+            " (this backend has no ReduceOp.AVG: keep the default ReduceOp.SUM and divide by "
+            "dist.get_world_size(group) yourself, before the sum)"
+        )
     collective = "reduce_scatter_single" in where or "all_gather_single" in where
     if like != "halves" or not collective or not re.search(r"shape|size|divisib|check failed", message, re.I):
         return ""
@@ -672,6 +715,13 @@ def _hook_finding(f: dict, report: dict) -> str:
             f"your hook's Future holds a {f['dtype']} tensor of shape {f['shape']}, but the bucket is float32 of "
             "shape [1000]: hand back the averaged bucket, cast back to the bucket's dtype"
         )
+    if kind == "local":
+        return (
+            "your hook returned this rank's own gradients"
+            + (" divided by the world size" if f["divisor"] > 1 else "")
+            + ", not the all_reduce's result: it reduced a copy (a .to() or .clone() makes one) or returned another "
+            "tensor; return the reduced tensor, fut.value()[0], cast back to float32"
+        )
     if kind == "ranks_differ":
         return "the ranks got different results from your hook: every rank must end with the same average"
     if kind == "summed":
@@ -680,6 +730,12 @@ def _hook_finding(f: dict, report: dict) -> str:
         return (
             f"your hook divided by the world size twice: its average is 1/{report['world']} of the true one "
             f"(off by {f['error']:.2%}); divide once, before the sum"
+        )
+    if kind.startswith(harness.HARD_CODED_KIND):
+        divisor = int(kind[len(harness.HARD_CODED_KIND) :])
+        return (
+            f"your hook divided by {divisor}, not by the world size ({report['world']}): a world size written as a "
+            f"number is right on {divisor} ranks only; divide by dist.get_world_size(group)"
         )
     if kind == "dtype":
         return (
@@ -696,7 +752,8 @@ def _hook_finding(f: dict, report: dict) -> str:
         return (
             f"your hook's average came back inf or nan for {f['values']} of {f['numel']} gradients of about "
             f"{report['large_gradient']:.0f} each (below float16's largest, 65504, but not their sum over "
-            f"{report['world']} ranks): divide before the sum, or the float16 sum overflows"
+            f"{report['world']} ranks): divide before the sum, or the float16 sum overflows "
+            "(ReduceOp.AVG, too, divides after the sum: keep the default ReduceOp.SUM)"
         )
     if kind == "blocked":
         return (

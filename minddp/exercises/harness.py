@@ -903,7 +903,7 @@ def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
             for who, fn in (("reference", solutions.HOOKS[like]), ("yours", hook)):
                 progress.phase = "calling your hook on one bucket" if who == "yours" else "calling the model answer"
                 fut, value, sent, blocked = call_hook(fn, values)
-                probes[who] = probe_result(fut, value, exact, *sent)
+                probes[who] = probe_result(fut, value, exact, *sent, local=values)
                 probes[who]["blocked"] = blocked
                 if world > 1 and probes[who]["tensor"] is not None:  # the same on every rank: code, not data
                     progress.phase = (
@@ -983,7 +983,9 @@ def large_gradient(world: int) -> float:
     return 1.5 * FP16_MAX / world
 
 
-def probe_result(fut, value, exact: torch.Tensor, sent: int, sent_dtypes: list[str] = ()) -> dict:
+def probe_result(
+    fut, value, exact: torch.Tensor, sent: int, sent_dtypes: list[str] = (), local: torch.Tensor | None = None
+) -> dict:
     out = {
         "returned": type(fut).__name__,
         "is_future": isinstance(fut, compat.future_type()),
@@ -1004,6 +1006,14 @@ def probe_result(fut, value, exact: torch.Tensor, sent: int, sent_dtypes: list[s
         out["relative_error"] = float((v - exact).norm() / exact.norm())
         out["summed_error"] = float((v - exact * dist.get_world_size()).norm() / exact.norm())
         out["twice_error"] = float((v - exact / dist.get_world_size()).norm() / exact.norm())
+        world = dist.get_world_size()
+        out["hard_coded_errors"] = {  # divided by a number written in the code instead of the world size
+            str(d): float((v - exact * world / d).norm() / exact.norm()) for d in HARD_CODED if d != world
+        }
+        if local is not None:  # this rank's own values, un-reduced: as handed in, or divided by the world size
+            out["local_errors"] = {
+                str(d): float((v - local / d).norm() / exact.norm()) for d in (1, world) if world > 1 or d == 1
+            }
         out["tensor"] = v
     return out
 
@@ -1034,6 +1044,10 @@ def hook_finding(mine: dict, reference: dict, world: int, bound: float) -> dict 
         return {"kind": "future_value", "value": mine["value"]}
     if mine["shape"] != [mine["numel"]] or mine["dtype"] != "float32":
         return {"kind": "shape", "shape": mine["shape"], "dtype": mine["dtype"]}
+    # this rank's own gradients (÷1 or ÷world) are off from the average by far more than rounding (world > 1)
+    for d, off in mine.get("local_errors", {}).items():
+        if off < 0.01 and world > 1:
+            return {"kind": "local", "divisor": int(d)}
     if not mine.get("same_on_all_ranks", True):
         return {"kind": "ranks_differ"}
     error = mine["relative_error"]
@@ -1043,6 +1057,10 @@ def hook_finding(mine: dict, reference: dict, world: int, bound: float) -> dict 
     # divided twice: off from the average by 1 − 1/world of it, as far beyond rounding (world > 1)
     if mine.get("twice_error", 1.0) < 0.01 and world > 1:
         return {"kind": "divided_twice", "error": error}
+    # divided by d, not by the world size: off by |world / d − 1| of the average, beyond rounding (d != world)
+    for d, off in mine.get("hard_coded_errors", {}).items():
+        if off < 0.01:
+            return {"kind": f"{HARD_CODED_KIND}{d}", "error": error}
     if mine.get("overflow"):
         return {"kind": "overflow", "values": mine["overflow"], "numel": mine["numel"]}
     other = [d for d in mine.get("sent_dtypes", []) if d != "float16"]
