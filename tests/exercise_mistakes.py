@@ -471,6 +471,37 @@ def _halves_two_hard_coded(tensor, group):
     tensor.copy_(padded[: flat.numel()].view_as(tensor))
 
 
+def _halves_pad_two_hard_coded(tensor, group):
+    """A hard-coded 2 in the padding only, the piece cut for the world size: at 3 ranks the 323-element bucket,
+    padded to 324, goes through (3 divides 324 too), and the 112-element one, even, is left unpadded."""
+    n = dist.get_world_size(group)
+    flat = tensor.reshape(-1)
+    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % 2))
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
+def _halves_gathered_unpadded(tensor, group):
+    """Pads and reduce-scatters right, then all-gathers into the flat, unpadded tensor (to save the copy)."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(flat, piece, group=group)
+
+
+def _halves_world_without_group(tensor, group):
+    """The model answer, but the world size asked without the group: ``dist.get_world_size()``."""
+    n = dist.get_world_size()
+    flat = tensor.reshape(-1)
+    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % n))
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
 def _halves_scatter_swapped(tensor, group):
     """Hands the reduce-scatter (input, output) where it takes (output, input)."""
     flat, padded, n = _padded(tensor, group)
@@ -514,6 +545,9 @@ HalvesNotGathered = _halves_with("HalvesNotGathered", _halves_not_gathered)
 HalvesPieceUnpadded = _halves_with("HalvesPieceUnpadded", _halves_piece_unpadded)
 HalvesPadWrongSign = _halves_with("HalvesPadWrongSign", _halves_pad_wrong_sign)
 HalvesTwoHardCoded = _halves_with("HalvesTwoHardCoded", _halves_two_hard_coded)
+HalvesPadTwoHardCoded = _halves_with("HalvesPadTwoHardCoded", _halves_pad_two_hard_coded)
+HalvesGatheredUnpadded = _halves_with("HalvesGatheredUnpadded", _halves_gathered_unpadded)
+HalvesWorldWithoutGroup = _halves_with("HalvesWorldWithoutGroup", _halves_world_without_group)
 HalvesScatterSwapped = _halves_with("HalvesScatterSwapped", _halves_scatter_swapped)
 HalvesGatherSwapped = _halves_with("HalvesGatherSwapped", _halves_gather_swapped)
 

@@ -29,7 +29,9 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import os
 import traceback
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -154,6 +156,33 @@ def reporting(progress: Progress, files: set[str], report: dict):
 COLLECTIVES = {op: kind for op, (kind, _) in compat.DISPATCHED_COLLECTIVES.items() if kind != "broadcast"}
 
 
+#: Where torch's and minddp's own code lives: their calls are not the learner's.
+_LIBRARIES = tuple(f"{folder}{os.sep}" for folder in (Path(torch.__file__).parent, Path(__file__).parents[1]))
+
+
+class UngroupedWorldSize(RuntimeError):
+    """A transport asked ``dist.get_world_size()`` without its ``group``."""
+
+
+def _size_of_a_group(world_size):
+    """``dist.get_world_size`` for a transport's run: without a group it is refused (:class:`UngroupedWorldSize`).
+
+    The checker's ranks are the whole world, so the number would come out right here; in a job whose group is a
+    part of the world it is the world's, and the padding and the pieces would be cut for the wrong n."""
+
+    def get_world_size(group=None):
+        caller = inspect.currentframe().f_back.f_code.co_filename
+        if group is None and not caller.startswith(_LIBRARIES):  # torch's own calls (its error paths) ask so too
+            raise UngroupedWorldSize(
+                "dist.get_world_size() without group is the size of the whole world, not of the group your "
+                "transport sums over (the same here, where the checker's ranks are the whole world; smaller in a "
+                "job with several groups): ask dist.get_world_size(group)"
+            )
+        return world_size(group)
+
+    return get_world_size
+
+
 class Events(TorchDispatchMode):
     """The order of what one step does, as the stage's own thread sees it: no clock, only the order.
 
@@ -210,6 +239,8 @@ class Events(TorchDispatchMode):
         self.in_callback = 0  #: inside a Future's callback, which runs after its work completed: no write races
         self.active = False
         self.handed: int | None = None  #: the length of the tensor a running transport was handed (``transport``)
+        #: (length handed, length reduce-scattered) of each reduce-scatter a transport made: how it padded before
+        self.padded: list[tuple[int, int]] = []
         for name, p in module.named_parameters() if module is not None else ():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda _p, name=name: self._note("ready", name))
@@ -242,8 +273,11 @@ class Events(TorchDispatchMode):
                     "output": args[0].numel(),
                     "input": args[1].numel(),
                     "handed": self.handed,  # the length of the tensor the transport was handed (None: no transport)
+                    "padded_before": list(self.padded),  # how the transport padded the tensors it summed before
                 }
             raise
+        if counted and kind == "reduce_scatter" and self.handed is not None:
+            self.padded.append((self.handed, args[1].numel()))
         if counted and self.active:
             self.works.append((kind, _work_of(out)))
             self.flying[len(self.works) - 1] = _storages(args[_SENT_ARGUMENT[str(func)]])
@@ -274,9 +308,12 @@ class Events(TorchDispatchMode):
         ``handed``: the length of the ``tensor`` it was handed, while it runs."""
         start = len(self.works)
         self.handed = tensor.numel() if isinstance(tensor, torch.Tensor) else None
+        world_size = dist.get_world_size
+        dist.get_world_size = _size_of_a_group(world_size)
         try:
             yield
         finally:
+            dist.get_world_size = world_size
             self.handed = None
             self.sealed.update(i for i in range(start, len(self.works)) if i not in self.waited)
 
