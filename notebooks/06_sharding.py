@@ -32,7 +32,8 @@
 # * `fsdp`: the parameters are sharded too, and each block of the model (a *unit*: what fsdp gathers
 #   and drops as one, here a decoder layer) is gathered only around its own forward and backward: a
 #   unit's gather starts while the unit before it runs (a *prefetch*, one unit ahead), and the
-#   gathered parameters are dropped once the unit has run.
+#   gathered parameters are dropped once the unit has run (the last unit's after the backward, which
+#   starts with that unit).
 #
 # Two collectives do the work: the reduce-scatter and the all-gather. We start with them, on the
 # two ranks, then train the notebooks' workload with the four stages side by side and measure
@@ -93,7 +94,7 @@ show_source(ring_all_reduce)
 # ZeRO-1 all-reduces them and then all-gathers, one pass more. FSDP reduce-scatters once too, but
 # it gathers each unit's parameters for every micro-batch's forward and again for its backward:
 # at most two passes of the model per micro-batch (the count measured in the ZeRO-2 section below,
-# where the looks count every stage's collectives, is a little less: the last unit is still gathered
+# where one profiled step of each stage counts its collectives, is a little less: the last unit is still gathered
 # when the backward starts, and the parameter tensors outside every unit are never gathered). For
 # this workload's step:
 
@@ -321,15 +322,17 @@ show_source(ZeroRedundancyOptimizer._all_gather)
 # 3. this rank's piece of the averaged bucket becomes its shards' `.grad` (`_write_back`): the
 #    optimizer steps the shards only;
 # 4. before the next forward, the stepped shards are all-gathered back into the whole parameters,
-#    each module waiting for its own bucket's gather just before it runs (`gather_parameters`,
-#    `_wait_for`, the forward pre-hooks in `__init__`).
+#    each module waiting for its own bucket's gather just before it runs: `finish_gradient_synchronization`
+#    marks them `stale` after a sync, `forward` then calls `gather_parameters`, and the forward
+#    pre-hooks in `__init__` call `_wait_for`.
 #
 # The other new members are plumbing around these four: which tensors the module holds (`_hold`:
 # the shards at rest, the whole parameters during a forward), the module called without the wrapper
 # (`_module_forward`, `lent`), `torch.compile` (`eager_under_compile`, `compiled`, `split_at_buckets`),
 # and reading the model whole (`full_parameters`, `full_state_dict`). In the diff below, step 1 is
 # the loop marked `# step 1` in `__init__` and step 4 the hooks under `# Step 4` near its end (and
-# `gather_parameters`, `_wait_for` further down); steps 2 and 3 are `_send_bucket` and `_write_back`;
+# `finish_gradient_synchronization`, `forward`, `gather_parameters`, `_wait_for` further down); steps 2 and 3
+# are `_send_bucket` and `_write_back`;
 # every other new line of `__init__`, and the members listed as plumbing, serve those four. The package says which methods
 # changed (the changed lines of each, with two lines around them; `minddp/sharding/zero2.py` has the
 # whole file):
@@ -456,7 +459,7 @@ on_wire.round(2)
 # backward starts with that unit, so it stays gathered), and a saved-tensor hook keeps a note of
 # where autograd's saved tensors lay in them; the first note unpacked in the backward gathers the
 # unit again. The gradients of a unit arrive together, from one autograd function,
-# and are reduce-scattered while the backward goes on.
+# and are handed to a reduce-scatter then, during the backward (the time axis below says when they ran).
 
 # %%
 # %%distributed
@@ -477,12 +480,13 @@ lesson.claim(
 # `ddp` and the three sharded stages, the step each stage's look above recorded, drawn as
 # `03_build_up` drew the DDP ladder: forward and backward of each micro-batch, every collective
 # from the moment gloo's thread took it up to its end (orange; the all-gathers of parameters hatched
-# over it, and zero2's few-byte check cross-hatched apart: it gathers no parameters, and its bar is
-# long because it waits for the other rank to reach it), which includes its waits for the other
-# rank and for a free core, and the optimizer step. Where each stage's messages start is counted
-# in the table the cell prints (above the picture): its columns are the step's phases, *finish*
-# being `finish_gradient_synchronization` (the wait for the gradients after the last backward,
-# notebook 02's name).
+# over it, and zero2's few-byte check cross-hatched apart: it gathers no parameters), which includes
+# its waits for the other rank and for a free core, and the optimizer step. Where each stage's messages
+# start is counted in the table the cell prints (above the picture): its columns are the step's phases,
+# *finish* being `finish_gradient_synchronization` (notebook 02's name). ddp, zero1 and fsdp wait for
+# their gradients before it, in a callback at the end of `loss.backward()`, after its last autograd
+# operation: the blank on their phase lane between the last backward and the optimizer step (their
+# finish then finds little or nothing left to wait for).
 
 # %%
 # %%rank 0
@@ -529,14 +533,25 @@ lesson.claim(
     f"updated; its {z2['calls']} reduce-scatters (run as all_reduces) are handed over in the backward.",
 )
 check_at = [(phase_of(a, z2["row"]), b - a) for a, b in z2.get("check_spans", [])]
+axis = max(looks[s]["row"]["end"] for s in STAGES)  # the figure's time axis, ms
 lesson.say(
-    "zero2's cross-hatched bar is its once-a-step check, an all-gather of a few bytes, not of parameters: "
+    "zero2's once-a-step check, an all-gather of a few bytes, not of parameters (cross-hatched): "
     + "; ".join(
         f"it was called {'in the ' + ph if ph != 'between' else 'between two phases'} and took {d:.0f} ms to its end, "
-        "waiting for the other rank"
+        f"{100 * d / axis:.2f} % of the time axis" + (": too short to see here" if d < axis / 500 else "")
         for ph, d in check_at
     )
     + f". The table's zero2 row counts it with the {z2['calls']} gradient collectives and {z2['gathers']} gathers."
+)
+gathered = set(fs["gather_spans"])
+grads = [(a, b) for a, b in fs["row"]["messages"] if (a, b) not in gathered]  # fsdp's gradient collectives
+grad_at = pd.Series([phase_of(a, fs["row"]) for a, _ in grads]).value_counts()
+lengths = sorted((b - a for a, b in grads), reverse=True)
+lesson.say(
+    f"fsdp's {len(grads)} gradient collectives (orange, not hatched) started: "
+    + ", ".join(f"{n} {'in a ' + ph if ph != 'between' else 'between phases'}" for ph, n in grad_at.items())
+    + f"; the two longest took {lengths[0]:.0f} and {lengths[1]:.0f} ms, the other {len(lengths) - 2} "
+    f"{sum(lengths[2:]):.0f} ms together, beside {sum(b - a for a, b in gathered):.0f} ms of its gathers in flight."
 )
 lesson.claim(
     starts.loc["fsdp", "forward"] + starts.loc["fsdp", "backward"] >= fs["gathers"],
@@ -627,29 +642,26 @@ lesson.say(
     f"These traced steps ran on gloo, like the looks, which count what each stage hands over a step: ddp "
     f"{lesson.mib(handed['ddp'])}, zero1 {lesson.mib(handed['zero1'])}, zero2 {lesson.mib(handed['zero2'])} "
     f"({handed['zero2'] / handed['ddp']:.1f} times ddp's, as zero1: on gloo zero2's reduce-scatters are all_reduces "
-    "of the whole bucket; only the ring run above halves them). Yet their communication was in flight "
+    "of the whole bucket; only the ring run above halves them). Their communication was in flight "
     f"{flight['zero1']:.0f} ms (zero1) and {flight['zero2']:.0f} ms (zero2) a step against ddp's "
-    f"{flight['ddp']:.0f}: zero1 and zero2 moved the same bytes, and zero2's time in flight was "
-    f"{flight['zero2'] / flight['zero1']:.1f} times zero1's. On loopback a gloo range's length is set less by its "
-    "bytes (a copy in memory) than by its waits, for the other rank to reach the same collective and for a free "
-    "core among the two that both ranks' training threads and gloo's threads share, so the time in flight need "
-    f"not follow the bytes (zero2 has {z2['gathers']} all-gathers and the check where zero1 has {z1['gathers']}, "
-    "each a wait). On a network, "
-    "where each byte costs its β, the α-β count predicts zero1's extra all-gather would cost its pass of the "
-    "model; this run does not measure a network."
+    f"{flight['ddp']:.0f}: zero1 and zero2 handed over the same bytes, and zero2's time in flight was "
+    f"{flight['zero2'] / flight['zero1']:.1f} times zero1's. Time in flight holds the waits for the other rank and for "
+    "a core (docs/analysis.md), which a trace on gloo does not tell apart from the transfer, so it need not follow "
+    "the bytes. On a network, where each byte costs its β, the α-β count predicts zero1's extra all-gather would "
+    "cost its pass of the model; this run does not measure a network."
 )
 ratio = table["step_ms"] / table.loc["ddp", "step_ms"]
+slow = ratio.idxmax()
 lesson.say(
     f"Every stage computes the same forward and backward, yet the step's {accum} backwards together ran from "
     f"{table['backward_ms'].min():.0f} ms ({table['backward_ms'].idxmin()}) to {table['backward_ms'].max():.0f} ms "
-    f"({table['backward_ms'].idxmax()}): "
-    "the span holds what each stage does inside it (fsdp's gathers and their waits, the buckets' copies) and every "
-    "wait for a core, and the stages were profiled one after the other, the machine's 1-minute load average "
-    "after each profile "
+    f"({table['backward_ms'].idxmax()}), the stages profiled one after the other, the machine's 1-minute load "
+    "average after each profile "
     + ", ".join(f"{s} {load[('trace', s)]:.1f}" for s in STAGES)
     + ". The profiled step, against ddp's: "
     + ", ".join(f"{s} {ratio[s]:.2f}" for s in STAGES[1:])
-    + "; a table further down sets them beside the looks' steps, and shows why one profiled step ranks no stage."
+    + f"; {slow}'s look, another step, took {looks[slow]['row']['end'] / looks['ddp']['row']['end']:.2f} times "
+    "ddp's look (the table further down): one profiled step ranks no stage."
 )
 (
     table[
@@ -762,9 +774,10 @@ steps.round(1)
 # of calls per step is one of each per bucket, and the odd bucket is what tests your padding. At
 # two ranks `x % 2 == -x % 2` for every `x`, so padding by `numel % n` where `-numel % n` is meant,
 # or a `2` written where the world size belongs, would pass; so an answer that passes at two ranks
-# is checked again at three, and the verdict says which it failed at. Pass `group=group` to both
-# collectives: the checker's ranks are the whole world, so it cannot tell a call that left the
-# group out (and would sum over every rank of a larger job) from one that passed it.
+# is checked again at three, and the verdict says which it failed at. Pass `group` everywhere: to
+# `dist.get_world_size(group)`, which the checker refuses without it, and to both collectives, where
+# it cannot tell (its ranks are the whole world): a call that left the group out would sum over every
+# rank of a larger job.
 
 # %%
 import torch
