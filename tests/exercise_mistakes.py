@@ -449,6 +449,15 @@ def _halves_in_two(tensor, group):
         part.copy_(_halves_summed(part, group))
 
 
+def _summed_back(tensor, padded, n, group):
+    """Steps 2-4 of the model answer on the padded tensor a mistake made: reduce-scatter into a piece of
+    ``padded.numel() // n``, all-gather back into ``padded``, copy its first ``tensor.numel()`` into ``tensor``."""
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded[: tensor.numel()].view_as(tensor))
+
+
 def _halves_pad_wrong_sign(tensor, group):
     """Pads by ``numel % n`` where ``-numel % n`` is needed: the same at 2 ranks, one element short of a multiple
     at 3 for the 323-element bucket (padded by 2 to 325)."""
@@ -474,13 +483,8 @@ def _halves_two_hard_coded(tensor, group):
 def _halves_pad_two_hard_coded(tensor, group):
     """A hard-coded 2 in the padding only, the piece cut for the world size: at 3 ranks the 323-element bucket,
     padded to 324, goes through (3 divides 324 too), and the 112-element one, even, is left unpadded."""
-    n = dist.get_world_size(group)
     flat = tensor.reshape(-1)
-    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % 2))
-    piece = padded.new_empty(padded.numel() // n)
-    reduce_scatter_single(piece, padded, group=group)
-    all_gather_single(padded, piece, group=group)
-    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+    _summed_back(tensor, torch.nn.functional.pad(flat, (0, -flat.numel() % 2)), dist.get_world_size(group), group)
 
 
 def _halves_gathered_unpadded(tensor, group):
@@ -495,11 +499,7 @@ def _halves_world_without_group(tensor, group):
     """The model answer, but the world size asked without the group: ``dist.get_world_size()``."""
     n = dist.get_world_size()
     flat = tensor.reshape(-1)
-    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % n))
-    piece = padded.new_empty(padded.numel() // n)
-    reduce_scatter_single(piece, padded, group=group)
-    all_gather_single(padded, piece, group=group)
-    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+    _summed_back(tensor, torch.nn.functional.pad(flat, (0, -flat.numel() % n)), n, group)
 
 
 def _halves_scatter_swapped(tensor, group):

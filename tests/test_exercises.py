@@ -196,7 +196,7 @@ MISTAKES = [
         wrong.HalvesPadTwoHardCoded,
         "halves",
         (
-            "on 3 ranks, after it passed on 2: your code raised RuntimeError in _halves_pad_two_hard_coded",
+            "on 3 ranks, after it passed on 2: your code raised RuntimeError in _summed_back (line",
             "(the bucket of 323 elements was padded to 324 and this one, 112 elements, already even, was left as it "
             "is: padded to a multiple of 2, not of the world size, 3: a hard-coded 2 in the padding",
         ),
