@@ -485,8 +485,8 @@ lesson.claim(
 # start is counted in the table the cell prints (above the picture): its columns are the step's phases,
 # *finish* being `finish_gradient_synchronization` (notebook 02's name). ddp, zero1 and fsdp wait for
 # their gradients before it, in a callback at the end of `loss.backward()`, after its last autograd
-# operation: the blank on their phase lane between the last backward and the optimizer step (their
-# finish then finds little or nothing left to wait for).
+# operation, so a blank on their phase lane between the last backward and the optimizer step is that
+# wait (their finish then finds little or nothing left to wait for).
 
 # %%
 # %%rank 0
