@@ -495,6 +495,15 @@ def _halves_gathered_unpadded(tensor, group):
     all_gather_single(flat, piece, group=group)
 
 
+def _halves_padding_copied_back(tensor, group):
+    """Reduce-scatters and all-gathers the padded tensor right, then copies all of it back, padding included."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded.view_as(tensor))
+
+
 def _halves_world_without_group(tensor, group):
     """The model answer, but the world size asked without the group: ``dist.get_world_size()``."""
     n = dist.get_world_size()
@@ -547,6 +556,7 @@ HalvesPadWrongSign = _halves_with("HalvesPadWrongSign", _halves_pad_wrong_sign)
 HalvesTwoHardCoded = _halves_with("HalvesTwoHardCoded", _halves_two_hard_coded)
 HalvesPadTwoHardCoded = _halves_with("HalvesPadTwoHardCoded", _halves_pad_two_hard_coded)
 HalvesGatheredUnpadded = _halves_with("HalvesGatheredUnpadded", _halves_gathered_unpadded)
+HalvesPaddingCopiedBack = _halves_with("HalvesPaddingCopiedBack", _halves_padding_copied_back)
 HalvesWorldWithoutGroup = _halves_with("HalvesWorldWithoutGroup", _halves_world_without_group)
 HalvesScatterSwapped = _halves_with("HalvesScatterSwapped", _halves_scatter_swapped)
 HalvesGatherSwapped = _halves_with("HalvesGatherSwapped", _halves_gather_swapped)

@@ -212,6 +212,17 @@ MISTAKES = [
             "length: gather into the padded tensor",
         ),
     ),
+    # the sum copied back with its padding: torch's shape error, raised outside a collective, named as that copy
+    (
+        wrong.HalvesPaddingCopiedBack,
+        "halves",
+        (
+            "in _halves_padding_copied_back (line",
+            "tensor.copy_(padded.view_as(tensor))",
+            "(the sum was copied back with its padding: the padded tensor holds 324 elements, the tensor you were "
+            "handed 323; cut the padding off first, padded[: tensor.numel()]",
+        ),
+    ),
     # right on the checker's ranks (the whole world), wrong for a group smaller than the world: refused by the call
     (
         wrong.HalvesWorldWithoutGroup,

@@ -299,8 +299,15 @@ _BACKEND_PREFIX = re.compile(r"^(\[rank\d+\]:)?\[[A-Z]\d{4} [\d:.]+ [^\]]+\]\s*"
 
 
 def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, world: int | None) -> str:
-    """What to do about an error that a model answer's step prevents (notebook 06: the padding, the piece's size),
-    from the sizes the refused collective was handed (``sizes``, the rank's :class:`~harness.Events`)."""
+    """What to do about an error that a model answer's step prevents (notebook 06: the padding, the piece's size,
+    the padding cut off), from the sizes the refused collective was handed, or the padding the transport gave the
+    tensor it copies back (``sizes``, the rank's :class:`~harness.Events`)."""
+    if like == "halves" and sizes and sizes["kind"] == "copy_back" and re.search(r"shape|size", message, re.I):
+        return (
+            f" (the sum was copied back with its padding: the padded tensor holds {sizes['padded']} elements, the "
+            f"tensor you were handed {sizes['handed']}; cut the padding off first, padded[: tensor.numel()], then "
+            "view it as the tensor)"
+        )
     collective = "reduce_scatter_single" in where or "all_gather_single" in where
     if like != "halves" or not collective or not re.search(r"shape|size|divisib|check failed", message, re.I):
         return ""

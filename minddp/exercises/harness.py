@@ -306,12 +306,17 @@ class Events(TorchDispatchMode):
     def transport(self, tensor=None):
         """Around a Wire's transport call: what it launched and did not wait for by its return stays unwaited;
         ``handed``: the length of the ``tensor`` it was handed, while it runs."""
-        start = len(self.works)
+        start, padded = len(self.works), len(self.padded)
         self.handed = tensor.numel() if isinstance(tensor, torch.Tensor) else None
         world_size = dist.get_world_size
         dist.get_world_size = _size_of_a_group(world_size)
         try:
             yield
+        except RuntimeError as exc:  # raised outside a collective, after this call padded what it reduce-scattered
+            grown = [(a, b) for a, b in self.padded[padded:] if b != a]
+            if grown and getattr(exc, "collective", None) is None:
+                exc.collective = {"kind": "copy_back", "handed": grown[-1][0], "padded": grown[-1][1]}
+            raise
         finally:
             dist.get_world_size = world_size
             self.handed = None
