@@ -14,6 +14,7 @@ import os
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed import get_world_size  # a name of its own: HalvesWorldImported asks it without the group
 
 from minddp import stages
 from minddp.comm import Wire
@@ -511,6 +512,13 @@ def _halves_world_without_group(tensor, group):
     _summed_back(tensor, torch.nn.functional.pad(flat, (0, -flat.numel() % n)), n, group)
 
 
+def _halves_world_imported(tensor, group):
+    """The world size asked without the group through a name imported from torch.distributed, not ``dist.``."""
+    n = get_world_size()
+    flat = tensor.reshape(-1)
+    _summed_back(tensor, torch.nn.functional.pad(flat, (0, -flat.numel() % n)), n, group)
+
+
 def _halves_scatter_swapped(tensor, group):
     """Hands the reduce-scatter (input, output) where it takes (output, input)."""
     flat, padded, n = _padded(tensor, group)
@@ -558,6 +566,7 @@ HalvesPadTwoHardCoded = _halves_with("HalvesPadTwoHardCoded", _halves_pad_two_ha
 HalvesGatheredUnpadded = _halves_with("HalvesGatheredUnpadded", _halves_gathered_unpadded)
 HalvesPaddingCopiedBack = _halves_with("HalvesPaddingCopiedBack", _halves_padding_copied_back)
 HalvesWorldWithoutGroup = _halves_with("HalvesWorldWithoutGroup", _halves_world_without_group)
+HalvesWorldImported = _halves_with("HalvesWorldImported", _halves_world_imported)
 HalvesScatterSwapped = _halves_with("HalvesScatterSwapped", _halves_scatter_swapped)
 HalvesGatherSwapped = _halves_with("HalvesGatherSwapped", _halves_gather_swapped)
 

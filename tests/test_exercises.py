@@ -234,6 +234,17 @@ MISTAKES = [
             "sums over",
         ),
     ),
+    # the same through `from torch.distributed import get_world_size`: the name in the transport's globals is
+    # refused too, not only the attribute of dist
+    (
+        wrong.HalvesWorldImported,
+        "halves",
+        (
+            "your code raised UngroupedWorldSize in _halves_world_imported (line",
+            "n = get_world_size()`",
+            "dist.get_world_size() without group is the size of the whole world",
+        ),
+    ),
     (
         wrong.HalvesInTwo,
         "halves",

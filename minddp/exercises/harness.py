@@ -303,13 +303,18 @@ class Events(TorchDispatchMode):
                 self.flying.pop(i, None)
 
     @contextlib.contextmanager
-    def transport(self, tensor=None):
+    def transport(self, tensor=None, fn=None):
         """Around a Wire's transport call: what it launched and did not wait for by its return stays unwaited;
-        ``handed``: the length of the ``tensor`` it was handed, while it runs."""
+        ``handed``: the length of the ``tensor`` it was handed, while it runs. ``dist.get_world_size`` asks for
+        its group meanwhile, under that name and under any name the transport ``fn``'s module bound it to
+        (``from torch.distributed import get_world_size``)."""
         start, padded = len(self.works), len(self.padded)
         self.handed = tensor.numel() if isinstance(tensor, torch.Tensor) else None
         world_size = dist.get_world_size
         dist.get_world_size = _size_of_a_group(world_size)
+        names = getattr(fn, "__globals__", {})
+        imported = [name for name, value in names.items() if value is world_size]
+        names.update(dict.fromkeys(imported, dist.get_world_size))
         try:
             yield
         except RuntimeError as exc:  # raised outside a collective, after this call padded what it reduce-scattered
@@ -319,6 +324,7 @@ class Events(TorchDispatchMode):
             raise
         finally:
             dist.get_world_size = world_size
+            names.update(dict.fromkeys(imported, world_size))
             self.handed = None
             self.sealed.update(i for i in range(start, len(self.works)) if i not in self.waited)
 
@@ -386,7 +392,7 @@ class Events(TorchDispatchMode):
         def sealing(method):
             def call(wire, *args, **kwargs):
                 with (
-                    events.transport(args[0] if args else None)
+                    events.transport(args[0] if args else None, wire.transport)
                     if wire.transport is not None
                     else contextlib.nullcontext()
                 ):
