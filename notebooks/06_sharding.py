@@ -189,7 +189,7 @@ table.round(3)
 # classifier, outside every unit) and `Ψₛ = Ψ − Ψᵣ` those it shards (`docs/sharding.md` explains
 # every difference). The gradients column is what a rank holds when the optimizer steps. Before that,
 # zero2 and fsdp hold whole gradients too: they reduce-scatter once a step, in the last micro-batch's
-# backward (the ZeRO-2 section counts one sync's collectives a step), and accumulate the micro-batches
+# backward (the time-axis section below checks it), and accumulate the micro-batches
 # before it whole under `no_sync()`, as ddp does. So with accumulation their gradient saving holds at
 # the step's end, not through it. The activations column holds one value for every row: each stage runs the
 # same forward on the same batch. Sharding saves model state, not
@@ -341,7 +341,6 @@ show_source(ZeroRedundancyOptimizer._all_gather)
 # %%rank 0
 import inspect
 
-from IPython.display import Markdown, display
 from minddp.notebook.source import show_diff
 from minddp.sharding.zero2 import Zero2DDP
 from minddp.stages import AsyncBucketDDP
@@ -358,8 +357,8 @@ key = []
 for step, method, text in KEY_LINES:
     found = [line.strip() for line in inspect.getsource(getattr(Zero2DDP, method)).splitlines() if text in line]
     assert len(found) == 1, f"{method} has {len(found)} lines with {text!r}"
-    key.append(f"# step {step}, in {method}\n{found[0]}")
-display(Markdown("The four steps, a line each:\n\n```python\n" + "\n".join(key) + "\n```"))
+    key.append(f"  step {step}, in {method}:  {found[0]}")
+print("The four steps, a line each (minddp/sharding/zero2.py):\n" + "\n".join(key) + "\n")
 show_diff(AsyncBucketDDP, Zero2DDP, context=2)
 
 # %% [markdown]
@@ -500,11 +499,11 @@ lesson.claim(
 # gloo's thread took it up to its end, a time that also holds gloo standing by for the other rank and
 # for a free core. A tick marks when the stage handed a collective over. The table the cell prints
 # (above the picture) counts where each stage's collectives started, by the step's phases, *finish*
-# being `finish_gradient_synchronization` (notebook 02's name, purple). The training thread waits for
+# being `finish_gradient_synchronization` (notebook 02's name). The training thread waits for
 # the gradients in two places: ddp, zero1 and fsdp in a callback at the end of `loss.backward()`, after
 # its last autograd operation, so a blank on their phase lane between the last backward and the
-# optimizer step is that wait; zero2, built on bucket-async, in its finish (the purple bar before its
-# optimizer step).
+# optimizer step is that wait; zero2, built on bucket-async, in its finish (a thin purple bar on its
+# lane, drawn where it is wide enough to see).
 
 # %%
 # %%rank 0
@@ -660,8 +659,8 @@ lesson.say(
 handed = {s: looks[s]["bytes"] + looks[s]["gather_bytes"] for s in STAGES}  # gloo: what each stage hands over a step
 lesson.say(
     f"On gloo the looks count what each stage hands over a step: ddp {lesson.mib(handed['ddp'])}, zero1 "
-    f"{lesson.mib(handed['zero1'])}, zero2 {lesson.mib(handed['zero2'])} (the ring run above measured another "
-    "measure, the bytes each sends). The in-flight column need not follow the bytes handed over: a gloo range also "
+    f"{lesson.mib(handed['zero1'])}, zero2 {lesson.mib(handed['zero2'])} (the ring run above measured the bytes "
+    "each sends, another measure). The in-flight column need not follow the bytes handed over: a gloo range also "
     "holds gloo standing by for the other rank and for a core, which a trace does not tell apart from the transfer "
     "(docs/analysis.md)."
 )
