@@ -556,7 +556,7 @@ lesson.say(
     "ticks mark the gradient collectives and the gathers of parameters): "
     + "; ".join(
         f"it was called {'in the ' + ph if ph != 'between' else 'between two phases'} and took {d:.0f} ms to its end, "
-        f"{100 * d / axis:.2f} % of the time axis" + (": too narrow here to tell its hatch" if d < axis / 50 else "")
+        f"{100 * d / axis:.2f} % of the time axis"
         for ph, d in check_at
     )
     + f". The table's zero2 row counts it with the {z2['calls']} gradient collectives and {z2['gathers']} gathers."
