@@ -32,7 +32,8 @@
 # * `fsdp`: the parameters are sharded too, and each block of the model (a *unit*: what fsdp gathers
 #   and drops as one, here a decoder layer) is gathered only around its own forward and backward: a
 #   unit's gather starts while the unit before it runs (a *prefetch*, one unit ahead), and the
-#   gathered parameters are dropped once the unit has run.
+#   gathered parameters are dropped once the unit has run (the last unit's after the backward, which
+#   starts with that unit).
 #
 # Two collectives do the work: the reduce-scatter and the all-gather. We start with them, on the
 # two ranks, then train the notebooks' workload with the four stages side by side and measure
@@ -93,7 +94,7 @@ show_source(ring_all_reduce)
 # ZeRO-1 all-reduces them and then all-gathers, one pass more. FSDP reduce-scatters once too, but
 # it gathers each unit's parameters for every micro-batch's forward and again for its backward:
 # at most two passes of the model per micro-batch (the count measured in the ZeRO-2 section below,
-# where the looks count every stage's collectives, is a little less: the last unit is still gathered
+# where one profiled step of each stage counts its collectives, is a little less: the last unit is still gathered
 # when the backward starts, and the parameter tensors outside every unit are never gathered). For
 # this workload's step:
 
@@ -186,7 +187,11 @@ table.round(3)
 # `4Ψ + 12Ψ/n`; FSDP (and parameters) `16Ψₛ/n + 16Ψᵣ`, where `Ψᵣ` counts the values of the
 # parameter tensors it leaves whole on every rank (here the embeddings, the final norm and the
 # classifier, outside every unit) and `Ψₛ = Ψ − Ψᵣ` those it shards (`docs/sharding.md` explains
-# every difference). The activations column holds one value for every row: each stage runs the
+# every difference). The gradients column is what a rank holds when the optimizer steps. Before that,
+# zero2 and fsdp hold whole gradients too: they reduce-scatter once a step, in the last micro-batch's
+# backward (the time-axis section below checks it), and accumulate the micro-batches
+# before it whole under `no_sync()`, as ddp does. So with accumulation their gradient saving holds at
+# the step's end, not through it. The activations column holds one value for every row: each stage runs the
 # same forward on the same batch. Sharding saves model state, not
 # activations: here they weigh about what zero1's whole model state does, and more than zero2's or fsdp's.
 #
@@ -321,36 +326,50 @@ show_source(ZeroRedundancyOptimizer._all_gather)
 # 3. this rank's piece of the averaged bucket becomes its shards' `.grad` (`_write_back`): the
 #    optimizer steps the shards only;
 # 4. before the next forward, the stepped shards are all-gathered back into the whole parameters,
-#    each module waiting for its own bucket's gather just before it runs (`gather_parameters`,
-#    `_wait_for`, the forward pre-hooks in `__init__`).
+#    each module waiting for its own bucket's gather just before it runs: `finish_gradient_synchronization`
+#    marks them `stale` after a sync, `forward` then calls `gather_parameters`, and the forward
+#    pre-hooks in `__init__` call `_wait_for`.
 #
 # The other new members are plumbing around these four: which tensors the module holds (`_hold`:
 # the shards at rest, the whole parameters during a forward), the module called without the wrapper
 # (`_module_forward`, `lent`), `torch.compile` (`eager_under_compile`, `compiled`, `split_at_buckets`),
-# and reading the model whole (`full_parameters`, `full_state_dict`). In the diff below, step 1 is
-# the loop marked `# step 1` in `__init__` and step 4 the hooks under `# Step 4` near its end (and
-# `gather_parameters`, `_wait_for` further down); steps 2 and 3 are `_send_bucket` and `_write_back`;
-# every other new line of `__init__`, and the members listed as plumbing, serve those four. The package says which methods
-# changed (the changed lines of each, with two lines around them; `minddp/sharding/zero2.py` has the
-# whole file):
+# and reading the model whole (`full_parameters`, `full_state_dict`). The cell first prints the
+# line that does each step, found in `minddp/sharding/zero2.py`, then the diff: every method that
+# changed, its changed lines with two lines around them (the file has the whole code):
 
 # %%
 # %%rank 0
+import inspect
+
 from minddp.notebook.source import show_diff
 from minddp.sharding.zero2 import Zero2DDP
 from minddp.stages import AsyncBucketDDP
 
+KEY_LINES = [  # (step, method, the text of the line that does it)
+    ("1", "__init__", "self.shard[p] = nn.Parameter("),
+    ("2", "__init__", "self.comm_hook = reduce_scatter_hook"),
+    ("2", "_send_bucket", "flat = pack_rank_major("),
+    ("3", "_write_back", "shard.grad = piece"),
+    ("4", "forward", "self.gather_parameters("),
+    ("4", "__init__", "register_forward_pre_hook(lambda m, args, b=buckets"),
+]
+key = []
+for step, method, text in KEY_LINES:
+    found = [line.strip() for line in inspect.getsource(getattr(Zero2DDP, method)).splitlines() if text in line]
+    assert len(found) == 1, f"{method} has {len(found)} lines with {text!r}"
+    key.append(f"  step {step}, in {method}:  {found[0]}")
+print("The four steps, a line each (minddp/sharding/zero2.py):\n" + "\n".join(key) + "\n")
 show_diff(AsyncBucketDDP, Zero2DDP, context=2)
 
 # %% [markdown]
 # A stage's *look* (`Trainee.look()`): one step (all its micro-batches) under the profiler, read
 # in memory (`minddp.analysis.live`), every collective counted with the bytes *handed* to it (the
-# tensors this rank gave it; what actually goes on the wire is measured in the next section). It
+# tensors this rank gave it; what each rank sends is measured in the next section). It
 # gives the gradient collectives and how many were handed over while a backward ran, and the
 # all-gathers that bring the parameters back. On gloo every gradient collective is an all_reduce:
 # gloo has a reduce-scatter (the exercise at the end calls it, and waits for it), but its work
 # hands back no Future to chain the write-back to, so a bucket could not stay in flight while
-# backward goes on (`docs/sharding.md`). minddp's wire therefore runs zero2's and fsdp's
+# backward goes on (`docs/sharding.md`). minddp therefore runs zero2's and fsdp's
 # reduce-scatters as all_reduces of the whole bucket and keeps this rank's piece; the look counts
 # them among the all_reduce calls, the traces further down name them reduce-scatters. And once a
 # step `zero2`, built on the teaching stages, all-gathers a few bytes to check that every rank's
@@ -440,10 +459,9 @@ lesson.claim(
     total["fsdp"] <= fsdp_most,
     f"fsdp sent {lesson.mib(f_sent['reduce_scatter'])} reduce-scattering its units' gradients, "
     f"{f_sent.get('all_reduce', 0) / 1024:.0f} KiB all-reducing the {len(whole_kept)} parameter tensors it leaves "
-    f"whole, and {lesson.mib(f_sent['all_gather'])} gathering units: {total['fsdp'] / 2**20:.2f} MiB a step (the "
-    f"table's total), {total['fsdp'] / whole:.1f} times ddp's bytes, within the α-β count's {lesson.mib(fsdp_most)} "
-    f"for {accum} micro-batches: the price of holding only the units that run (at most two at once, the FSDP "
-    "section counts them), not the whole model.",
+    f"whole, and {lesson.mib(f_sent['all_gather'])} gathering units ({passes:.2f} passes of the model, the "
+    f"look's count, where the α-β bound allows {2 * accum}): {total['fsdp'] / 2**20:.2f} MiB a step (the table's "
+    f"total), {total['fsdp'] / whole:.1f} times ddp's bytes, within the bound's {lesson.mib(fsdp_most)}.",
 )
 on_wire.round(2)
 
@@ -455,8 +473,9 @@ on_wire.round(2)
 # (a prefetch); after the forward the full parameters are dropped (all but the last unit's: the
 # backward starts with that unit, so it stays gathered), and a saved-tensor hook keeps a note of
 # where autograd's saved tensors lay in them; the first note unpacked in the backward gathers the
-# unit again. The gradients of a unit arrive together, from one autograd function,
-# and are reduce-scattered while the backward goes on.
+# unit again. The gradients of a unit arrive together, from one autograd function; in the last
+# micro-batch's backward they are handed to a reduce-scatter then (the time axis below says when they ran),
+# in the others they are accumulated whole under `no_sync()`.
 
 # %%
 # %%distributed
@@ -475,14 +494,16 @@ lesson.claim(
 # ## The sharded rungs on one time axis
 #
 # `ddp` and the three sharded stages, the step each stage's look above recorded, drawn as
-# `03_build_up` drew the DDP ladder: forward and backward of each micro-batch, every collective
-# from the moment gloo's thread took it up to its end (orange; the all-gathers of parameters hatched
-# over it, and zero2's few-byte check cross-hatched apart: it gathers no parameters, and its bar is
-# long because it waits for the other rank to reach it), which includes its waits for the other
-# rank and for a free core, and the optimizer step. Where each stage's messages start is counted
-# in the table the cell prints (above the picture): its columns are the step's phases, *finish*
-# being `finish_gradient_synchronization` (the wait for the gradients after the last backward,
-# notebook 02's name).
+# `03_build_up` drew the DDP ladder: forward and backward of each micro-batch, the optimizer step,
+# and every collective in flight (orange, the all-gathers of parameters hatched): from the moment
+# gloo's thread took it up to its end, a time that also holds gloo standing by for the other rank and
+# for a free core. A tick marks when the stage handed a collective over. The table the cell prints
+# (above the picture) counts where each stage's collectives started, by the step's phases, *finish*
+# being `finish_gradient_synchronization` (notebook 02's name). The training thread waits for
+# the gradients in two places: ddp, zero1 and fsdp in a callback at the end of `loss.backward()`, after
+# its last autograd operation, so a blank on their phase lane between the last backward and the
+# optimizer step is that wait; zero2, built on bucket-async, in its finish (a thin purple bar on its
+# lane, drawn where it is wide enough to see).
 
 # %%
 # %%rank 0
@@ -497,7 +518,7 @@ def phase_of(t, row):
 started = {}
 for s in STAGES:
     v = looks[s]
-    v["row"]["label"] = f"{s}\n{len(v['row']['messages'])} messages"
+    v["row"]["label"] = f"{s}\n{len(v['row']['messages'])} collectives"
     started[s] = pd.Series([phase_of(a, v["row"]) for a, _ in v["row"]["messages"]]).value_counts()
 figure = lesson.picture(looks, None, rows=STAGES, title="ddp and the sharded rungs, one step each (rank 0)")
 lesson.mark_gathers(figure, looks, STAGES)  # the all-gathers hatched apart from the gradient collectives
@@ -529,14 +550,27 @@ lesson.claim(
     f"updated; its {z2['calls']} reduce-scatters (run as all_reduces) are handed over in the backward.",
 )
 check_at = [(phase_of(a, z2["row"]), b - a) for a, b in z2.get("check_spans", [])]
+axis = max(looks[s]["row"]["end"] for s in STAGES)  # the figure's time axis, ms
 lesson.say(
-    "zero2's cross-hatched bar is its once-a-step check, an all-gather of a few bytes, not of parameters: "
+    "zero2's once-a-step check, an all-gather of a few bytes, not of parameters (cross-hatched, with no tick: the "
+    "ticks mark the gradient collectives and the gathers of parameters): "
     + "; ".join(
         f"it was called {'in the ' + ph if ph != 'between' else 'between two phases'} and took {d:.0f} ms to its end, "
-        "waiting for the other rank"
+        f"{100 * d / axis:.2f} % of the time axis"
         for ph, d in check_at
     )
     + f". The table's zero2 row counts it with the {z2['calls']} gradient collectives and {z2['gathers']} gathers."
+)
+# both sync once a step: the micro-batches before the last accumulate under no_sync() and send nothing
+last_backward = {s: looks[s]["row"]["backward"][-1][0] for s in ("zero2", "fsdp")}
+grads = {
+    s: [a for a, b in looks[s]["row"]["messages"] if (a, b) not in set(looks[s]["gather_spans"])]
+    for s in ("zero2", "fsdp")
+}
+lesson.claim(
+    all(a >= last_backward[s] for s in grads for a in grads[s]),
+    f"zero2's {len(grads['zero2'])} and fsdp's {len(grads['fsdp'])} gradient collectives (orange, not hatched) all "
+    f"started after the last micro-batch's backward began: the {accum - 1} before it kept their gradients whole.",
 )
 lesson.claim(
     starts.loc["fsdp", "forward"] + starts.loc["fsdp", "backward"] >= fs["gathers"],
@@ -544,10 +578,10 @@ lesson.claim(
 )
 only_all_reduces = [s for s in STAGES if looks[s]["gathers"] + looks[s]["small_gathers"] == starts.loc[s, "optimizer"]]
 lesson.say(
-    "The table below counts when each message started running on gloo's thread (a bar's left end), not when it was "
-    "handed over (a tick; the looks' counts, in the ZeRO-2 section): gloo takes a message up when its thread is free, so one "
-    "handed over late in a backward can start after it has ended ('between'). Where every message outside the "
-    "optimizer step is an all_reduce ("
+    "The table below counts when each collective started running on gloo's thread (a bar's left end), not when it "
+    "was handed over (a tick; the looks' counts, in the ZeRO-2 section): gloo takes a collective up when its thread is "
+    "free, so one handed over late in a backward can start after it has ended ('between'). Where every collective "
+    "outside the optimizer step is an all_reduce ("
     + ", ".join(only_all_reduces)
     + "), all_reduces handed over during a backward, against those that started during one: "
     + ", ".join(f"{s} {looks[s]['calls_in_backward']} against {starts.loc[s, 'backward']}" for s in only_all_reduces)
@@ -556,10 +590,10 @@ lesson.say(
 starts
 
 # %% [markdown]
-# Then one step of each under the profiler with its trace on disk, read by `minddp.analysis` as
-# notebook 05 reads the ladder's, with the measures `01_collectives` defines (`docs/analysis.md`):
-# calls per step, the time communication was *in flight* (a gloo range open, its waits included),
-# and its *overlap* (the share of the time in flight during which compute ran too: here the
+# Then one step of each under the profiler with its trace on disk (another step than the one drawn
+# above: its times are not the bars'), read by `minddp.analysis` as notebook 05 reads the ladder's,
+# with the measures `01_collectives` defines (`docs/analysis.md`): calls per step, the time
+# communication was *in flight* (a gloo range open, as a bar above), and its *overlap* (the share of the time in flight during which compute ran too: here the
 # training thread inside an `aten::` op), beside the step and the time backward ran (from its first
 # to its last autograd op, so with whatever the stage does inside it), summed over the step's
 # micro-batches: one backward each, so the column is the step's backwards together, not one.
@@ -624,32 +658,18 @@ lesson.say(
 )
 handed = {s: looks[s]["bytes"] + looks[s]["gather_bytes"] for s in STAGES}  # gloo: what each stage hands over a step
 lesson.say(
-    f"These traced steps ran on gloo, like the looks, which count what each stage hands over a step: ddp "
-    f"{lesson.mib(handed['ddp'])}, zero1 {lesson.mib(handed['zero1'])}, zero2 {lesson.mib(handed['zero2'])} "
-    f"({handed['zero2'] / handed['ddp']:.1f} times ddp's, as zero1: on gloo zero2's reduce-scatters are all_reduces "
-    "of the whole bucket; only the ring run above halves them). Yet their communication was in flight "
-    f"{flight['zero1']:.0f} ms (zero1) and {flight['zero2']:.0f} ms (zero2) a step against ddp's "
-    f"{flight['ddp']:.0f}: zero1 and zero2 moved the same bytes, and zero2's time in flight was "
-    f"{flight['zero2'] / flight['zero1']:.1f} times zero1's. On loopback a gloo range's length is set less by its "
-    "bytes (a copy in memory) than by its waits, for the other rank to reach the same collective and for a free "
-    "core among the two that both ranks' training threads and gloo's threads share, so the time in flight need "
-    f"not follow the bytes (zero2 has {z2['gathers']} all-gathers and the check where zero1 has {z1['gathers']}, "
-    "each a wait). On a network, "
-    "where each byte costs its β, the α-β count predicts zero1's extra all-gather would cost its pass of the "
-    "model; this run does not measure a network."
+    f"On gloo the looks count what each stage hands over a step: ddp {lesson.mib(handed['ddp'])}, zero1 "
+    f"{lesson.mib(handed['zero1'])}, zero2 {lesson.mib(handed['zero2'])} (the ring run above measured the bytes "
+    "each sends, another measure). The in-flight column need not follow the bytes handed over: a gloo range also "
+    "holds gloo standing by for the other rank and for a core, which a trace does not tell apart from the transfer "
+    "(docs/analysis.md)."
 )
-ratio = table["step_ms"] / table.loc["ddp", "step_ms"]
 lesson.say(
     f"Every stage computes the same forward and backward, yet the step's {accum} backwards together ran from "
     f"{table['backward_ms'].min():.0f} ms ({table['backward_ms'].idxmin()}) to {table['backward_ms'].max():.0f} ms "
-    f"({table['backward_ms'].idxmax()}): "
-    "the span holds what each stage does inside it (fsdp's gathers and their waits, the buckets' copies) and every "
-    "wait for a core, and the stages were profiled one after the other, the machine's 1-minute load average "
-    "after each profile "
+    f"({table['backward_ms'].idxmax()}), the machine's 1-minute load average after each profile "
     + ", ".join(f"{s} {load[('trace', s)]:.1f}" for s in STAGES)
-    + ". The profiled step, against ddp's: "
-    + ", ".join(f"{s} {ratio[s]:.2f}" for s in STAGES[1:])
-    + "; a table further down sets them beside the looks' steps, and shows why one profiled step ranks no stage."
+    + ": one profiled step ranks no stage (the last section sets it beside the look's)."
 )
 (
     table[
@@ -678,8 +698,10 @@ lesson.say(
 # %% [markdown]
 # ## The same training, whatever the rung
 #
-# Sharding changes what each rank keeps, never what is computed: after the same steps every stage
-# holds the same model. The sharded stages' parameters are shards, so `full_parameters()`
+# Sharding changes what each rank keeps, not what is computed: after the same steps every stage
+# holds the same model, up to float rounding. At these 2 ranks the cell below finds it bit for bit
+# (a sum of two addends comes out the same in either order); at more ranks the stages add the ranks'
+# gradients in different orders, and `docs/sharding.md`'s tests at 3 ranks allow for rounding. The sharded stages' parameters are shards, so `full_parameters()`
 # gathers them whole for the comparison, once every trainee has taken the same steps (one that is
 # behind takes the steps it lacks first; the cell says how many).
 
@@ -762,9 +784,10 @@ steps.round(1)
 # of calls per step is one of each per bucket, and the odd bucket is what tests your padding. At
 # two ranks `x % 2 == -x % 2` for every `x`, so padding by `numel % n` where `-numel % n` is meant,
 # or a `2` written where the world size belongs, would pass; so an answer that passes at two ranks
-# is checked again at three, and the verdict says which it failed at. Pass `group=group` to both
-# collectives: the checker's ranks are the whole world, so it cannot tell a call that left the
-# group out (and would sum over every rank of a larger job) from one that passed it.
+# is checked again at three, and the verdict says which it failed at. Pass `group` everywhere: to
+# `dist.get_world_size(group)`, which the checker refuses without it, and to both collectives, where
+# it cannot tell (its ranks are the whole world): a call that left the group out would sum over every
+# rank of a larger job.
 
 # %%
 import torch

@@ -14,6 +14,7 @@ import os
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed import get_world_size  # a name of its own: HalvesWorldImported asks it without the group
 
 from minddp import stages
 from minddp.comm import Wire
@@ -483,6 +484,15 @@ def _halves_in_two(tensor, group):
         part.copy_(_halves_summed(part, group))
 
 
+def _summed_back(tensor, padded, n, group):
+    """Steps 2-4 of the model answer on the padded tensor a mistake made: reduce-scatter into a piece of
+    ``padded.numel() // n``, all-gather back into ``padded``, copy its first ``tensor.numel()`` into ``tensor``."""
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded[: tensor.numel()].view_as(tensor))
+
+
 def _halves_pad_wrong_sign(tensor, group):
     """Pads by ``numel % n`` where ``-numel % n`` is needed: the same at 2 ranks, one element short of a multiple
     at 3 for the 323-element bucket (padded by 2 to 325)."""
@@ -503,6 +513,44 @@ def _halves_two_hard_coded(tensor, group):
     reduce_scatter_single(piece, padded, group=group)
     all_gather_single(padded, piece, group=group)
     tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
+def _halves_pad_two_hard_coded(tensor, group):
+    """A hard-coded 2 in the padding only, the piece cut for the world size: at 3 ranks the 323-element bucket,
+    padded to 324, goes through (3 divides 324 too), and the 112-element one, even, is left unpadded."""
+    flat = tensor.reshape(-1)
+    _summed_back(tensor, torch.nn.functional.pad(flat, (0, -flat.numel() % 2)), dist.get_world_size(group), group)
+
+
+def _halves_gathered_unpadded(tensor, group):
+    """Pads and reduce-scatters right, then all-gathers into the flat, unpadded tensor (to save the copy)."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(flat, piece, group=group)
+
+
+def _halves_padding_copied_back(tensor, group):
+    """Reduce-scatters and all-gathers the padded tensor right, then copies all of it back, padding included."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded.view_as(tensor))
+
+
+def _halves_world_without_group(tensor, group):
+    """The model answer, but the world size asked without the group: ``dist.get_world_size()``."""
+    n = dist.get_world_size()
+    flat = tensor.reshape(-1)
+    _summed_back(tensor, torch.nn.functional.pad(flat, (0, -flat.numel() % n)), n, group)
+
+
+def _halves_world_imported(tensor, group):
+    """The world size asked without the group through a name imported from torch.distributed, not ``dist.``."""
+    n = get_world_size()
+    flat = tensor.reshape(-1)
+    _summed_back(tensor, torch.nn.functional.pad(flat, (0, -flat.numel() % n)), n, group)
 
 
 def _halves_scatter_swapped(tensor, group):
@@ -548,6 +596,11 @@ HalvesNotGathered = _halves_with("HalvesNotGathered", _halves_not_gathered)
 HalvesPieceUnpadded = _halves_with("HalvesPieceUnpadded", _halves_piece_unpadded)
 HalvesPadWrongSign = _halves_with("HalvesPadWrongSign", _halves_pad_wrong_sign)
 HalvesTwoHardCoded = _halves_with("HalvesTwoHardCoded", _halves_two_hard_coded)
+HalvesPadTwoHardCoded = _halves_with("HalvesPadTwoHardCoded", _halves_pad_two_hard_coded)
+HalvesGatheredUnpadded = _halves_with("HalvesGatheredUnpadded", _halves_gathered_unpadded)
+HalvesPaddingCopiedBack = _halves_with("HalvesPaddingCopiedBack", _halves_padding_copied_back)
+HalvesWorldWithoutGroup = _halves_with("HalvesWorldWithoutGroup", _halves_world_without_group)
+HalvesWorldImported = _halves_with("HalvesWorldImported", _halves_world_imported)
 HalvesScatterSwapped = _halves_with("HalvesScatterSwapped", _halves_scatter_swapped)
 HalvesGatherSwapped = _halves_with("HalvesGatherSwapped", _halves_gather_swapped)
 

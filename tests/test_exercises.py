@@ -200,6 +200,61 @@ MISTAKES = [
         "halves",
         ("on 3 ranks, after it passed on 2: your code raised RuntimeError in _halves_two_hard_coded", "a hard-coded 2"),
     ),
+    # the 2 in the padding only: at 3 ranks the odd bucket, padded to 324, goes through; the even one, left as it
+    # is, is refused: named from the padding the transport gave the bucket before
+    (
+        wrong.HalvesPadTwoHardCoded,
+        "halves",
+        (
+            "on 3 ranks, after it passed on 2: your code raised RuntimeError in _summed_back (line",
+            "(the bucket of 323 elements was padded to 324 and this one, 112 elements, already even, was left as it "
+            "is: padded to a multiple of 2, not of the world size, 3: a hard-coded 2 in the padding",
+        ),
+    ),
+    # the padding right, the all-gather into the unpadded tensor: named as the all-gather's output, not "pad it"
+    (
+        wrong.HalvesGatheredUnpadded,
+        "halves",
+        (
+            "in _halves_gathered_unpadded (line",
+            "all_gather_single(flat, piece, group=group)",
+            "(the all-gather's output is the unpadded tensor, 323 elements, while the 2 pieces fill 324, the padded "
+            "length: gather into the padded tensor",
+        ),
+    ),
+    # the sum copied back with its padding: torch's shape error, raised outside a collective, named as that copy
+    (
+        wrong.HalvesPaddingCopiedBack,
+        "halves",
+        (
+            "in _halves_padding_copied_back (line",
+            "tensor.copy_(padded.view_as(tensor))",
+            "(the sum was copied back with its padding: the padded tensor holds 324 elements, the tensor you were "
+            "handed 323; cut the padding off first, padded[: tensor.numel()]",
+        ),
+    ),
+    # right on the checker's ranks (the whole world), wrong for a group smaller than the world: refused by the call
+    (
+        wrong.HalvesWorldWithoutGroup,
+        "halves",
+        (
+            "your code raised UngroupedWorldSize in _halves_world_without_group (line",
+            "n = dist.get_world_size()`",
+            "dist.get_world_size() without group is the size of the whole world, not of the group your transport "
+            "sums over",
+        ),
+    ),
+    # the same through `from torch.distributed import get_world_size`: the name in the transport's globals is
+    # refused too, not only the attribute of dist
+    (
+        wrong.HalvesWorldImported,
+        "halves",
+        (
+            "your code raised UngroupedWorldSize in _halves_world_imported (line",
+            "n = get_world_size()`",
+            "dist.get_world_size() without group is the size of the whole world",
+        ),
+    ),
     (
         wrong.HalvesInTwo,
         "halves",

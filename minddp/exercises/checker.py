@@ -337,12 +337,19 @@ _BACKEND_PREFIX = re.compile(r"^(\[rank\d+\]:)?\[[A-Z]\d{4} [\d:.]+ [^\]]+\]\s*"
 
 
 def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, world: int | None) -> str:
-    """What to do about an error that a model answer's step prevents (notebook 06: the padding, the piece's size),
-    from the sizes the refused collective was handed (``sizes``, the rank's :class:`~harness.Events`)."""
+    """What to do about an error that a model answer's step prevents (notebook 06: the padding, the piece's size,
+    the padding cut off), from the sizes the refused collective was handed, or the padding the transport gave the
+    tensor it copies back (``sizes``, the rank's :class:`~harness.Events`)."""
     if re.search(r"\bAVG\b", message):  # gloo on torch 2.6 refuses ReduceOp.AVG (docs/torch-versions.md)
         return (
             " (this backend has no ReduceOp.AVG: keep the default ReduceOp.SUM and divide by "
             "dist.get_world_size(group) yourself, before the sum)"
+        )
+    if like == "halves" and sizes and sizes["kind"] == "copy_back" and re.search(r"shape|size", message, re.I):
+        return (
+            f" (the sum was copied back with its padding: the padded tensor holds {sizes['padded']} elements, the "
+            f"tensor you were handed {sizes['handed']}; cut the padding off first, padded[: tensor.numel()], then "
+            "view it as the tensor)"
         )
     collective = "reduce_scatter_single" in where or "all_gather_single" in where
     if like != "halves" or not collective or not re.search(r"shape|size|divisib|check failed", message, re.I):
@@ -370,10 +377,23 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
                 f"wrong; pad by -numel % world_size, {-m % world} here, to {m + -m % world}; on 2 ranks the two are "
                 "always equal, so only a world size other than 2 tells them apart)"
             )
-        if m is not None and world != 2 and whole == m + -m % 2 and whole != m:
+        # padded to a multiple of 2: this bucket (made even), or an earlier one, where this one was even already
+        before = sizes.get("padded_before") or []
+        even = before if all(b == a + -a % 2 for a, b in before) else []
+        if m is not None and world != 2 and whole == m + -m % 2 and (whole != m or any(b != a for a, b in even)):
+            a, b = (m, whole) if whole != m else next((a, b) for a, b in even if b != a)
+            this = f"the bucket of {a} elements was padded to {b}" + (
+                "" if whole != m else f" and this one, {m} elements, already even, was left as it is"
+            )
             return (
-                f" (the bucket, {m} elements, was padded to {whole}, a multiple of 2, not of the world size, {world}: "
-                "a hard-coded 2; take n = dist.get_world_size(group) and pad by -numel % n)"
+                f" ({this}: padded to a multiple of 2, not of the world size, {world}: a hard-coded 2 in the padding; "
+                "take n = dist.get_world_size(group) and pad by -numel % n)"
+            )
+        if not scatter and m is not None and whole == m and piece * world == m + -m % world:
+            return (
+                f" (the all-gather's output is the unpadded tensor, {whole} elements, while the {world} pieces fill "
+                f"{piece * world}, the padded length: gather into the padded tensor, the one you reduce-scattered, "
+                f"then copy its first {m} elements back)"
             )
         return f" (the tensor handed over, {whole} elements, is not a multiple of the world size, {world}: " + pad
     if world != 2 and piece == whole // 2:

@@ -29,7 +29,9 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import os
 import traceback
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -154,6 +156,33 @@ def reporting(progress: Progress, files: set[str], report: dict):
 COLLECTIVES = {op: kind for op, (kind, _) in compat.DISPATCHED_COLLECTIVES.items() if kind != "broadcast"}
 
 
+#: Where torch's and minddp's own code lives: their calls are not the learner's.
+_LIBRARIES = tuple(f"{folder}{os.sep}" for folder in (Path(torch.__file__).parent, Path(__file__).parents[1]))
+
+
+class UngroupedWorldSize(RuntimeError):
+    """A transport asked ``dist.get_world_size()`` without its ``group``."""
+
+
+def _size_of_a_group(world_size):
+    """``dist.get_world_size`` for a transport's run: without a group it is refused (:class:`UngroupedWorldSize`).
+
+    The checker's ranks are the whole world, so the number would come out right here; in a job whose group is a
+    part of the world it is the world's, and the padding and the pieces would be cut for the wrong n."""
+
+    def get_world_size(group=None):
+        caller = inspect.currentframe().f_back.f_code.co_filename
+        if group is None and not caller.startswith(_LIBRARIES):  # torch's own calls (its error paths) ask so too
+            raise UngroupedWorldSize(
+                "dist.get_world_size() without group is the size of the whole world, not of the group your "
+                "transport sums over (the same here, where the checker's ranks are the whole world; smaller in a "
+                "job with several groups): ask dist.get_world_size(group)"
+            )
+        return world_size(group)
+
+    return get_world_size
+
+
 class Events(TorchDispatchMode):
     """The order of what one step does, as the stage's own thread sees it: no clock, only the order.
 
@@ -213,6 +242,8 @@ class Events(TorchDispatchMode):
         self.handed: int | None = None  #: the length of the tensor a running transport was handed (``transport``)
         self.module = module
         self.on_parameters: list[str] = []  #: the parameters (not their gradients) a collective of this step sent
+        #: (length handed, length reduce-scattered) of each reduce-scatter a transport made: how it padded before
+        self.padded: list[tuple[int, int]] = []
         for name, p in module.named_parameters() if module is not None else ():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda _p, name=name: self._note("ready", name))
@@ -246,8 +277,11 @@ class Events(TorchDispatchMode):
                     "output": args[0].numel(),
                     "input": args[1].numel(),
                     "handed": self.handed,  # the length of the tensor the transport was handed (None: no transport)
+                    "padded_before": list(self.padded),  # how the transport padded the tensors it summed before
                 }
             raise
+        if counted and kind == "reduce_scatter" and self.handed is not None:
+            self.padded.append((self.handed, args[1].numel()))
         if counted and self.active:
             self._note_parameters(args[_SENT_ARGUMENT[str(func)]])
             self.works.append((kind, _work_of(out)))
@@ -290,14 +324,28 @@ class Events(TorchDispatchMode):
                 self.flying.pop(i, None)
 
     @contextlib.contextmanager
-    def transport(self, tensor=None):
+    def transport(self, tensor=None, fn=None):
         """Around a Wire's transport call: what it launched and did not wait for by its return stays unwaited;
-        ``handed``: the length of the ``tensor`` it was handed, while it runs."""
-        start = len(self.works)
+        ``handed``: the length of the ``tensor`` it was handed, while it runs. ``dist.get_world_size`` asks for
+        its group meanwhile, under that name and under any name the transport ``fn``'s module bound it to
+        (``from torch.distributed import get_world_size``)."""
+        start, padded = len(self.works), len(self.padded)
         self.handed = tensor.numel() if isinstance(tensor, torch.Tensor) else None
+        world_size = dist.get_world_size
+        dist.get_world_size = _size_of_a_group(world_size)
+        names = getattr(fn, "__globals__", {})
+        imported = [name for name, value in names.items() if value is world_size]
+        names.update(dict.fromkeys(imported, dist.get_world_size))
         try:
             yield
+        except RuntimeError as exc:  # raised outside a collective, after this call padded what it reduce-scattered
+            grown = [(a, b) for a, b in self.padded[padded:] if b != a]
+            if grown and getattr(exc, "collective", None) is None:
+                exc.collective = {"kind": "copy_back", "handed": grown[-1][0], "padded": grown[-1][1]}
+            raise
         finally:
+            dist.get_world_size = world_size
+            names.update(dict.fromkeys(imported, world_size))
             self.handed = None
             self.sealed.update(i for i in range(start, len(self.works)) if i not in self.waited)
 
@@ -365,7 +413,7 @@ class Events(TorchDispatchMode):
         def sealing(method):
             def call(wire, *args, **kwargs):
                 with (
-                    events.transport(args[0] if args else None)
+                    events.transport(args[0] if args else None, wire.transport)
                     if wire.transport is not None
                     else contextlib.nullcontext()
                 ):

@@ -523,8 +523,10 @@ def mark_gathers(fig, looks: dict, rows: list[str]) -> None:
                     label=label,
                 )
     handles, labels = ax.get_legend_handles_labels()
-    # without an emulated link a message's bar is gloo's range, held open for the other rank and a core included
-    wire = {"message on the wire": "collective in flight (held open included)"}
+    # without an emulated link a collective's bar is gloo's range, gloo standing by for the other rank and a core
+    # included: named for gloo's thread, so that in notebook 06 a wait is the training thread's only
+    on_gloo = "collective in flight on gloo's thread"
+    wire = {"message on the wire": on_gloo, "collective in flight (held open included)": on_gloo}
     unique = {wire.get(label, label): h for label, h in zip(labels, handles) if not label.startswith("_")}
     columns = min(len(unique), 5)
     legend = ax.legend(
