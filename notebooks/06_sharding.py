@@ -648,10 +648,10 @@ lesson.say(
     "training thread computing too. A share is not a time: in flight with nothing computing (non-compute, in flight "
     "× (1 − overlap)), least to most: "
     + ", ".join(f"{s} {v:.0f} ms" for s, v in idle.items())
-    + f"; {by_overlap.index[0]}, first by share, left {idle[by_overlap.index[0]] / idle['ddp']:.1f} times ddp's "
-    "milliseconds in flight with nothing computing"
     + (
-        f" (its share is of a time in flight {flight[by_overlap.index[0]] / flight['ddp']:.1f} times ddp's)."
+        f"; {by_overlap.index[0]}, first by share, left {idle[by_overlap.index[0]] / idle['ddp']:.1f} times ddp's "
+        "milliseconds in flight with nothing computing (its share is of a time in flight "
+        f"{flight[by_overlap.index[0]] / flight['ddp']:.1f} times ddp's)."
         if by_overlap.index[0] != "ddp"
         else "."
     )
