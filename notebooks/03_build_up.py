@@ -310,9 +310,7 @@ m = row_measures(v["row"])
 lesson.say(
     f"*Interleaved* (01's measure, the non-compute time inside backward, with the link's transfers as the "
     f"communication in flight): {m['interleaved_ms']:.0f} ms of the backward passed with a message on the link and "
-    f"the thread not computing. Its thread waited {v['waited_ms']:.0f} ms, "
-    f"{v['waited_ms'] - v['exposed_ms']:.0f} ms of it after the link had delivered, for the other rank to reach the "
-    "same all_reduce or for a core."
+    "the thread not computing."
 )
 lesson.say(
     f"*Overlap* (01's measure, used for every stage below, again over the link's transfers): {m['overlap_pct']:.0f} "
@@ -617,8 +615,8 @@ a = looks["bucket-async"]
 lesson.say(
     f"Of the same {v['link_ms']:.0f} ms on the link, ddp left {v['exposed_ms']:.0f} ms exposed and waited "
     f"{v['waited_ms']:.0f} ms in all, bucket-async {a['exposed_ms']:.0f} and {a['waited_ms']:.0f} ms; their last "
-    f"backwards took {v['last_backward_ms']:.0f} and {a['last_backward_ms']:.0f} ms. One profiled step each, under "
-    "the machine's load: a shape, not a ranking, and this run does not take the difference apart. (ddp's waits "
+    f"backwards took {v['last_backward_ms']:.0f} and {a['last_backward_ms']:.0f} ms. One profiled step each, not a "
+    "ranking, and this run does not take the difference apart. (ddp's waits "
     "run in its end-of-backward callback, after the last backward "
     "operator, so the picture draws them after the backward bar, though they are inside `loss.backward()`.)"
 )
@@ -657,7 +655,7 @@ lesson.say(
 # Every profiled step above, one row per stage, on one axis, and the table of their numbers
 # (units in the column names; the measures are `01_collectives`'s). *Link time* is the modeled time of
 # the step's messages; *exposed* the part of it the training thread stood waiting through; *waited* all
-# its waiting (the link, the other rank, a free core); *last backward* the backward that sends, and
+# its waiting, exposed or not; *last backward* the backward that sends, and
 # *step* the whole step, both measured once on a machine shared with other work. torch's C++ reducer
 # waits on the link's messages through a Future of its own, so its waits are not seen (–).
 
@@ -1070,7 +1068,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # kernels and compute kernels, where a hook's Python is not compute), and
 # *exposed*, the link time the step stood waiting through. The blog's other
 # number, non-compute time, is a share of the step read from a trace (`05_reading_traces`); exposed
-# is the part of it the link causes, without the waits for the other rank and for a core.
+# is the part of it with a message still on the link.
 
 # %%
 # %%distributed
