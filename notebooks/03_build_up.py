@@ -72,7 +72,8 @@
 # (`register_post_accumulate_grad_hook`): `hook` and every stage after it sync from one. The *comm
 # hook* is the function a stage hands a gradient or bucket to for the all_reduce (`04_comm_hooks`).
 # Likewise *the network* is only ever the neural network every stage trains (what carries the messages
-# is *the link*, or the blog's *interconnect*); *backward* is the span the pictures draw, from the
+# is *the link*, or the *interconnect* of the blog this notebook follows, "First Steps With Distributed Data
+# Parallelism and PyTorch Profiling" (blog.underfit.ai/ddp-profiled, `docs/scaling.md`)); *backward* is the span the pictures draw, from the
 # backward's first operator to its last (a callback autograd runs after that, still inside
 # `loss.backward()`, draws after the bar, as `ddp`'s does); the *step-time model*
 # (`minddp.costmodel`) is the replay of a step on the link that the bucket lesson uses.
@@ -131,8 +132,9 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # no floor for the others' step times here, and in the side-by-side table it need not be the fastest.
 # The picture is its step: the forward (pale) and backward (blue) of each micro-batch, then the
 # optimizer (green); the black line is the end of the step. The stages below add messages
-# (orange, on the wire) and waits (red: the training thread standing still until a message is
-# back).
+# (orange, on the wire; a tick under the row where each was handed to the wire, many ticks merging
+# into a bar) and waits (red: the training thread standing still until a message is back). A legend
+# lists every kind of mark its figure can draw, drawn or not in that step.
 
 # %%
 # %%distributed
@@ -164,10 +166,7 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: three bursts of messages, one after each backward, each waited for (red)
-# before the next micro-batch may start. A burst may start well after its backward ends, and the
-# red can last longer than the messages' link time: before sending, the rank may run the stage's
-# check of the parameters used (it gathers from the other rank), and gloo's all_reduce waits for
-# the other rank to reach the same message; on shared cores either rank can be late. `simple` has
+# before the next micro-batch may start. `simple` has
 # no `no_sync()`, so the loop syncs after every micro-batch, although only the sum over the step
 # is needed. Your version of this stage was the exercise of `02_simple_ddp`.
 #
@@ -311,9 +310,7 @@ m = row_measures(v["row"])
 lesson.say(
     f"*Interleaved* (01's measure, the non-compute time inside backward, with the link's transfers as the "
     f"communication in flight): {m['interleaved_ms']:.0f} ms of the backward passed with a message on the link and "
-    f"the thread not computing. Its thread waited {v['waited_ms']:.0f} ms, "
-    f"{v['waited_ms'] - v['exposed_ms']:.0f} ms of it after the link had delivered, for the other rank to reach the "
-    "same all_reduce or for a core."
+    "the thread not computing."
 )
 lesson.say(
     f"*Overlap* (01's measure, used for every stage below, again over the link's transfers): {m['overlap_pct']:.0f} "
@@ -326,7 +323,7 @@ lesson.say(
 
 # %% [markdown]
 # What to look for: the messages have moved into the last backward, and so have the waits: the
-# backward stops at every gradient until its all_reduce is back. The waiting has moved, not gone.
+# backward stops at every gradient until its all_reduce is back.
 #
 # ### Your turn: `hook`
 #
@@ -404,20 +401,14 @@ lesson.say(
     f"Overlap: {m['overlap_pct']:.0f} % of hook-async's link time passed with the thread computing (hook: "
     f"{row_measures(b['row'])['overlap_pct']:.0f} %). Its waits, all in finish, lasted {v['waited_ms']:.0f} ms "
     f"(hook's many waits {b['waited_ms']:.0f} ms in all), of which {v['exposed_ms']:.0f} ms had a message still on the "
-    f"link and {v['waited_ms'] - v['exposed_ms']:.0f} ms went to waiting for the other rank to finish the same "
-    "all_reduces or for a free core."
+    f"link and {v['waited_ms'] - v['exposed_ms']:.0f} ms came after the link had delivered."
 )
 
 # %% [markdown]
-# What to look for: messages on the wire while the backward goes on, no red inside it, and waiting
-# only at the end, in finish. That wait lasts until every all_reduce is complete on both ranks, so
-# a red block there can be long although the link delivered early (the sentence above splits it): only
-# the part of it with a message still on the link is *exposed*. The messages sent while backward
-# computed are what *overlap* (the share of the link's time during which the thread computed)
-# counts. On two ranks sharing this machine's few cores (printed at the top) the real gloo
-# all_reduce also needs a core,
-# so the measured waits include waiting for the other rank (to reach the same message) and for a
-# core, and can exceed the link's whole time; *exposed* counts the link's part only.
+# What to look for: messages on the wire while the backward goes on and no red inside it; any
+# waiting comes at the end, in finish. The messages sent while backward computed are what *overlap*
+# (the share of the link's time during which the thread computed) counts; only a wait with a
+# message still on the link is *exposed*.
 #
 # ### Your turn: `hook-async`
 #
@@ -601,8 +592,7 @@ check(solutions.AsyncBucketDDP, like="bucket-async")
 # ## `ddp`: torch's DDP, rebuilt
 #
 # The teaching stages stop at `bucket-async`. `minddp.DistributedDataParallel` is the stage a
-# training script uses: a drop-in for `torch.nn.parallel.DistributedDataParallel` that trains to
-# the same bits. It lives apart, in `minddp/ddp/`, built as torch builds its DDP (a module that
+# training script uses: a drop-in for `torch.nn.parallel.DistributedDataParallel`. It lives apart, in `minddp/ddp/`, built as torch builds its DDP (a module that
 # owns a reducer), because what it adds (the end of backward handled inside `loss.backward()`, a
 # bucket plan rebuilt from the order gradients really arrive in, buckets launched strictly in
 # order, unused parameters, gradients as views into the buckets) would bury the ladder's ideas.
@@ -625,8 +615,8 @@ a = looks["bucket-async"]
 lesson.say(
     f"Of the same {v['link_ms']:.0f} ms on the link, ddp left {v['exposed_ms']:.0f} ms exposed and waited "
     f"{v['waited_ms']:.0f} ms in all, bucket-async {a['exposed_ms']:.0f} and {a['waited_ms']:.0f} ms; their last "
-    f"backwards took {v['last_backward_ms']:.0f} and {a['last_backward_ms']:.0f} ms. One profiled step each, under "
-    "the machine's load: a shape, not a ranking, and this run does not take the difference apart. (ddp's waits "
+    f"backwards took {v['last_backward_ms']:.0f} and {a['last_backward_ms']:.0f} ms. One profiled step each, not a "
+    "ranking, and this run does not take the difference apart. (ddp's waits "
     "run in its end-of-backward callback, after the last backward "
     "operator, so the picture draws them after the backward bar, though they are inside `loss.backward()`.)"
 )
@@ -665,7 +655,7 @@ lesson.say(
 # Every profiled step above, one row per stage, on one axis, and the table of their numbers
 # (units in the column names; the measures are `01_collectives`'s). *Link time* is the modeled time of
 # the step's messages; *exposed* the part of it the training thread stood waiting through; *waited* all
-# its waiting (the link, the other rank, a free core); *last backward* the backward that sends, and
+# its waiting, exposed or not; *last backward* the backward that sends, and
 # *step* the whole step, both measured once on a machine shared with other work. torch's C++ reducer
 # waits on the link's messages through a Future of its own, so its waits are not seen (–).
 
@@ -683,7 +673,7 @@ lesson.say("Exposed, down the ladder: " + ", ".join(f"{s} {e[s]:.0f} ms" for s i
 # simple and ga, hook and bucket wait for each message as soon as it is sent, so they stand through most of their
 # link time (the table's link column: 159 to 496 ms a step, modeled, the same on every machine; ga's is a third of
 # simple's); the async rungs wait once, after a backward that the messages travel under; a loaded machine only
-# lengthens that backward. The margins are the waiting rungs' link time, a few hundred ms modeled, not a race.
+# lengthens that backward. The margins are the waiting rungs' link time, modeled, not a race.
 lesson.claim(
     e["ga"] < e["simple"] and e["hook-async"] < e["hook"] and e["bucket-async"] < e["bucket"],
     "Two of the ideas cut the exposed time on this link: accumulation (simple → ga), and not waiting "
@@ -783,17 +773,18 @@ lesson.claim(
 )
 # counted from the plan: the first bucket's last gradient is the in_first-th one backward produces
 lesson.claim(
-    in_first > 1,
+    in_first > 1 and bucket_ready >= first_ready,
     f"Late start: hook-async sends each gradient as it is ready, bucket-async its first bucket when all {in_first} "
     f"of its gradients are: on the bare network here, the first gradient is ready {first_ready:.0f} ms into a backward "
-    f"of {1e3 * bare.backward:.0f} ms, the first bucket's last {bucket_ready:.0f} ms in.",
+    f"of {1e3 * bare.backward:.0f} ms, the first bucket's last {bucket_ready:.0f} ms in (the sweep below scales these "
+    "times to its own runs' backward).",
 )
 check = {s: looks[s]["check_ms"] for s in why}
 lesson.say(
     f"In the profiled steps the first message left {h['first_ms']:.0f} ms (hook-async) and {b['first_ms']:.0f} ms "
     f"(bucket-async) into the last backward ({looks['hook-async']['last_backward_ms']:.0f} and "
     f"{looks['bucket-async']['last_backward_ms']:.0f} ms long): other backwards than the bare network's above, timed "
-    "apart under the machine's load, so their times need not agree. Before its first send of a step, a teaching stage checks that every rank's "
+    "apart, so their times differ. Before its first send of a step, a teaching stage checks that every rank's "
     f"forwards used the same parameters (an all_gather of a few bytes, once per synced backward, which waits for the other rank to reach "
     f"it): that check held the thread {check['hook-async']:.0f} and {check['bucket-async']:.0f} ms of it, a cost "
     "of its own, which torch's DDP does not pay (it has no such check by default)."
@@ -857,7 +848,7 @@ def set_by(stage, row):
 
 lesson.say(
     f"In this run's one profiled step each, bucket-async left {b['exposed_ms']:.0f} ms exposed, hook-async "
-    f"{h['exposed_ms']:.0f} ms: one step, under the machine's load, not a ranking of the two. "
+    f"{h['exposed_ms']:.0f} ms: one step each, not a ranking of the two. "
     f"{set_by('bucket-async', looks['bucket-async']['row'])}. {set_by('hook-async', looks['hook-async']['row'])}. "
     "What a step exposes is at most the link's end after backward less the time before its thread first stood "
     "waiting (less where finish runs its own lines between two waits), and that time is the thread's, not the "
@@ -878,8 +869,8 @@ table.infer_objects().round(1)
 # The cap decides all three costs: a small cap makes many small buckets (many fixed costs, an early
 # first bucket, a short tail), a large one a few large buckets. Below, `bucket-async` is measured at
 # other caps on the same link, one profiled step each with no warm-up step (the settings' cap is the
-# step above, taken after one; `None` is torch's default: 25 MiB buckets after a first one of
-# 1 MiB), and the step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap: the bare network is timed
+# step above, taken after one; `None` is torch's default: a first bucket at 1 MiB, then 25 MiB ones;
+# a bucket closes at the gradient that reaches its cap or passes it, so it can hold more than the cap), and the step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap: the bare network is timed
 # on these ranks (`probe`: when each gradient is ready in backward), its times are scaled to this
 # run's backward, and each plan is replayed on the link. The lower panel shows the three costs of
 # each plan, from the step-time model.
@@ -900,7 +891,6 @@ this_run = statistics.median(v["last_backward_ms"] for v in swept.values()) / 1e
 cp = cp_scaled(bare, this_run / bare.backward)  # the bare network's timings at this run's speed
 grid = [0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32]
 model = [plan_costs(cp, "bucket-async", c, LINK, world_size) for c in grid]
-small_first = [plan_costs(cp, "bucket-async", c, LINK, world_size, first_mb=1) for c in grid if c > 1]
 per_gradient = plan_costs(cp, "hook-async", None, LINK, world_size)
 default = plan_costs(cp, "bucket-async", None, LINK, world_size)
 # counts: each run's all_reduce calls against its plan (the plan is computed, the calls are counted)
@@ -926,38 +916,20 @@ lesson.say(
 )
 modeled = {c: 1e3 * (default if c is None else next(x for x in model if x.cap_mb == c)).exposed for c in swept}
 named = {c: "None" if c is None else f"{c:g} MiB" for c in swept}
-lags = [lag for v in swept.values() if (lag := lesson.wait_after_backward(v["row"])) is not None]
+below = sum(swept[c]["exposed_ms"] < modeled[c] for c in swept)
 lesson.say(
     "Measured against the step-time model, cap by cap: "
     + ", ".join(f"{named[c]} {swept[c]['exposed_ms']:.1f} against {modeled[c]:.1f} ms" for c in swept)
-    + ". The model replays the bare network's gradient times scaled to one backward of "
-    f"{1e3 * this_run:.0f} ms; the measured steps' last "
-    f"backwards took {min(v['last_backward_ms'] for v in swept.values()):.0f} to "
-    f"{max(v['last_backward_ms'] for v in swept.values()):.0f} ms, and their threads first stood waiting "
-    + (f"{min(lags):.0f} to {max(lags):.0f} ms after backward ended" if lags else "never after backward")
-    + ". Read the model for why a cap costs what it does (its tail, its start, its fixed costs: the lower panel), "
-    "not for what one profiled step here exposed."
+    + f" ({below} of {len(swept)} measured below the model). The model replays one backward of "
+    f"{1e3 * this_run:.0f} ms; the measured steps' last backwards took "
+    f"{min(v['last_backward_ms'] for v in swept.values()):.0f} to "
+    f"{max(v['last_backward_ms'] for v in swept.values()):.0f} ms. Read the model for why a cap costs what it does "
+    "(its tail, its start, its fixed costs: the lower panel), not for what one profiled step here exposed."
 )
 here = lesson.SETTINGS.bucket_cap_mb
-at_cap = next(c for c in model if c.cap_mb == here)
-with_first = plan_costs(cp, "bucket-async", here, LINK, world_size, first_mb=1)
-lesson.say(
-    f"At {here:g} MiB, a first bucket of 1 MiB (torch's rule at its default cap) would let the first message leave "
-    f"{1e3 * with_first.first_at:.0f} ms into backward instead of {1e3 * at_cap.first_at:.0f} ms, and it moves every "
-    f"bucket boundary after it (last bucket {with_first.last_bytes / 2**20:.1f} MiB instead of "
-    f"{at_cap.last_bytes / 2**20:.1f}): the model gives {1e3 * with_first.exposed:.0f} ms exposed against "
-    f"{1e3 * at_cap.exposed:.0f} ms. "
-    'The link\'s end is the latest "ready, then everything behind it back to back" (`queue_end`), so an earlier '
-    "first message can bring it forward only where the first message sets it; in the model it is set by bucket "
-    f"{with_first.set_by + 1} of {with_first.messages} with the 1 MiB first bucket, by bucket {at_cap.set_by + 1} "
-    f"of {at_cap.messages} without it."
-)
 if rank == 0:
     bucket_sweep(
-        {
-            "step-time model: every bucket ≤ the cap": model,
-            "step-time model: a first bucket of 1 MiB, then the cap": small_first,
-        },
+        {"step-time model": model},
         measured=[
             (25 if c is None else c, v["exposed_ms"], "measured" if c else "measured, torch's default (None)")
             for c, v in swept.items()
@@ -987,13 +959,12 @@ sweep_table.infer_objects().round(1)
 # how long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
 # emulated link that keeps both ratios of a given setting for the network at hand, against one
 # backward timed on this machine (the mean of `single`'s backwards in its profiled step, on the
-# slower rank): a faster machine gets a faster link. The ratio holds for that backward only: the
-# runs on the link take backwards of their own, longer or shorter under the machine's load, and the
-# cell prints the ratios they actually ran at, which every number read from them carries.
+# slower rank): a faster machine gets a faster link. The runs on the link take backwards of their
+# own: the cell prints the ratios they ran at.
 # Two settings, both built from the blog's run as the step-time model rebuilds it (`python -m
 # minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16 gradients, and an
-# assumed 3 TFLOP/s achieved on each T4, which `docs/scaling.md` derives from the blog's non-compute
-# shares; this notebook does not show that derivation):
+# assumed 3 TFLOP/s achieved on each T4, which `docs/scaling.md` takes, about a third of its fp32
+# peak, and checks against the blog's non-compute shares):
 #
 # * **like 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`), its ratio of communication to backward
 #   compute. Every stage of the blog, on this notebook's workload;
@@ -1002,7 +973,7 @@ sweep_table.infer_objects().round(1)
 #   rebuilt from its run: every all_reduce now
 #   makes 2(n−1) hops, so one message's fixed cost grows with n against the backward (the cell
 #   prints both settings' ratios). On `deep-llama`, an offline preset with SmolLM2's 32 layers at
-#   CPU size, so also its count of gradient tensors (`minddp.train.models`). Only `hook-async` and
+#   CPU size, so nearly its count of gradient tensors (the cell prints it) (`minddp.train.models`). Only `hook-async` and
 #   the bucketed rungs run there, one micro-batch a step (each syncs once a step anyway): the rungs
 #   that wait for each message at once would stand still for every one of hundreds of fixed costs.
 #
@@ -1034,7 +1005,7 @@ ladder6 = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 # of their hundreds of fixed costs, for seconds a step; how they fare is no question (they overlap nothing), so
 # only the bucketed rungs and hook-async run there.
 RUN = {"like 4 × T4": ladder6, "like 1024 ranks": ["hook-async", "bucket", "bucket-async"]}
-blog_runs, blog_links, backward_of, bytes_of, ran_at = {}, {}, {}, {}, {}
+blog_runs, blog_links, backward_of, bytes_of = {}, {}, {}, {}
 for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     bytes_ratio, message_ratio = ratios(blog, link_name, ranks)
     model = lesson.make_model(name=model_name)
@@ -1080,14 +1051,13 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         f"(the blog's model at 25 MiB: {blog_buckets})."
     )
     ran = [blog_runs[name, s]["backward_ms"] for s in RUN[name]]
-    ran_at[name] = (
-        f"{bytes_ratio * backward_of[name] / max(ran):.2f} to {bytes_ratio * backward_of[name] / min(ran):.2f} "
-        f"backwards, not the setting's {bytes_ratio:.2f}"
-    )
     lesson.say(
         f"The link was sized from a backward of {backward_of[name]:.0f} ms; the backwards run on it took "
-        f"{min(ran):.0f} to {max(ran):.0f} ms, so there one sync's bytes took {ran_at[name]}: the runs below were "
-        "read at those ratios."
+        f"{min(ran):.0f} to {max(ran):.0f} ms, so there one sync's bytes took "
+        f"{bytes_ratio * backward_of[name] / max(ran):.2f} to {bytes_ratio * backward_of[name] / min(ran):.2f} "
+        f"backwards, not the setting's {bytes_ratio:.2f}, and one message's fixed cost "
+        f"{message_ratio * backward_of[name] / max(ran):.1e} to {message_ratio * backward_of[name] / min(ran):.1e} "
+        f"of one, not {message_ratio:.1e}: the runs below were read at those ratios."
     )
 
 # %% [markdown]
@@ -1098,7 +1068,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # kernels and compute kernels, where a hook's Python is not compute), and
 # *exposed*, the link time the step stood waiting through. The blog's other
 # number, non-compute time, is a share of the step read from a trace (`05_reading_traces`); exposed
-# is the part of it the link causes, without the waits for the other rank and for a core.
+# is the part of it with a message still on the link.
 
 # %%
 # %%distributed
@@ -1116,7 +1086,7 @@ if rank == 0:
     )
 for name, runs in (("like 4 × T4", t4), ("like 1024 ranks", far)):
     lesson.say(
-        f"Sized {name} (in these runs one sync's bytes took {ran_at[name]}), overlap: "
+        f"Sized {name}, overlap: "
         + ", ".join(f"{s} {r['overlap_pct']:.0f} %" for s, r in runs.items())
         + "; exposed: "
         + ", ".join(f"{s} {r['exposed_ms']:.0f} ms" for s, r in runs.items())
@@ -1134,15 +1104,15 @@ lesson.claim(
 )
 # Like 4 × T4 one sync's bytes take a fraction of a backward and a message's fixed cost almost nothing: both
 # async rungs send during backward and hide what travels before it ends; the rungs that wait hide only what the
-# hooks' own lines between a send and its wait cover (a few %). How much the async rungs hide moves with the
-# machine's load (each run's backward against the one the link was sized from, printed above), so the order is
-# claimed and the shares are printed.
+# hooks' own lines between a send and its wait cover. How much the async rungs hide moves from run to run (each
+# run's backward against the one the link was sized from, printed above), so the order is claimed and the shares
+# are printed.
 blocking = ("simple", "ga", "hook", "bucket")
 lesson.claim(
     max(t4[s]["overlap_pct"] for s in blocking) < min(t4[s]["overlap_pct"] for s in ("hook-async", "bucket-async")),
     "Sized like 4 × T4, the two async rungs overlap the most, the order of the blog's. The blog's overlap, read from "
     "traces where a hook's Python is not compute, was about 0 % for simple, ga and hook (it gives none for bucket; "
-    "`docs/scaling.md`); here the grad hooks' own lines inside backward count, so the rungs that wait overlap a little.",
+    "`docs/scaling.md`); here the grad hooks' own lines inside backward count as compute, and they are all the rungs that wait overlap.",
 )
 fewer = t4["hook-async"]["messages"] - t4["bucket-async"]["messages"]
 sized_from = bytes_of["like 4 × T4"] * backward_of["like 4 × T4"]  # one sync's bytes on the link, in ms
@@ -1159,9 +1129,8 @@ lesson.say(
     "from one step."
 )
 # At 1024 ranks the fixed costs of hook-async's messages add up to several backwards of `single`'s (printed
-# below), while the buckets pay a few: on the link's modeled clock, whatever the machine's load. How much of
-# them hook-async then hides depends on how long its own backward lasts, which its hundreds of sends stretch,
-# the more so on a loaded machine: the overlap and
+# below), while the buckets pay a few: on the link's modeled clock. How much of them hook-async then hides
+# depends on how long its own backward lasts: the overlap and
 # exposed time of the two async rungs are printed above, not claimed. bucket waits for each message as soon
 # as it is sent: its overlap is only the hooks' work between a send and its wait.
 h, b = far["hook-async"], far["bucket-async"]
@@ -1197,10 +1166,10 @@ lesson.say(
     f"only travel after backward. On 2 ranks with a link sized like 1024 ranks' bucket-async left {far_b:.0f} ms "
     f"exposed, hook-async {far_h:.0f} ms: there one message per gradient pays {far['hook-async']['messages'] * one_far:.0f} ms of "
     f"fixed costs, {far['hook-async']['messages'] * one_far / backward_of['like 1024 ranks']:.1f} of single's "
-    f"backwards ({backward_of['like 1024 ranks']:.0f} ms), and the buckets pay a few of them. No backward of single's "
-    "length can hide them: what hook-async hid, it hid inside its own backward (in this run "
-    f"{far['hook-async']['backward_ms']:.0f} ms, {far['hook-async']['overlap_pct']:.0f} % overlap, "
-    f"{far['hook-async']['exposed_ms']:.0f} ms exposed)."
+    f"backwards ({backward_of['like 1024 ranks']:.0f} ms) and "
+    f"{far['hook-async']['messages'] * one_far / far['hook-async']['backward_ms']:.1f} of its own in this run "
+    f"({far['hook-async']['backward_ms']:.0f} ms, {far['hook-async']['overlap_pct']:.0f} % overlap), "
+    "and the buckets pay a few of them."
 )
 
 # %%

@@ -328,6 +328,18 @@ class BucketCountNotReset(solutions.BucketDDP):
                 self._send_bucket(b)
 
 
+class BucketCountsEveryBackward(solutions.BucketDDP):
+    """Counts each gradient in every backward, the no_sync() ones too, and resets the count only when it sends: the
+    count reaches zero unsent inside no_sync() and goes negative, so the syncing backward never sends."""
+
+    def _grad_ready(self, param):
+        b = self.bucket_of[param]
+        self.waiting[b] -= 1
+        if self.sync_this_backward and self.waiting[b] == 0:
+            self.waiting[b] = len(self.buckets[b])
+            self._send_bucket(b)
+
+
 class HookSyncsTwice(solutions.HookDDP):
     """'hook' without its empty finish: it inherits ga's, which sends every gradient again after the hooks did (the
     gradients stay right: the average of an average), so every sync is made twice."""

@@ -115,6 +115,12 @@ MISTAKES = [
         "no_sync() did not stop the sync in step 2, whose micro-batches ran only their forward inside no_sync()",
     ),
     (wrong.BucketCountNotReset, "bucket", "step 2 started no collective at all, where step 1 did"),
+    # a count that runs in the no_sync() backwards too: step 1 sends nothing, a step of one micro-batch syncs
+    (
+        wrong.BucketCountsEveryBackward,
+        "bucket",
+        "step 1 started no collective at all in 3 micro-batches, but a step of 1 micro-batch (no no_sync()) syncs",
+    ),
     (wrong.AsyncSummed, "hook-async", "forgot the division"),
     (wrong.AsyncWaitsInHook, "hook-async", "nothing travelled while backward computed"),
     (solutions.HookDDP, "hook-async", "nothing travelled while backward computed"),

@@ -129,7 +129,10 @@ def check(
     options = {"bucket_cap_mb": bucket_cap_mb}
     reports = _run(harness.check_stage_on_rank, (stage, like, options, steps, accum), world_size, timeout_s)
     first = _stage_verdict(name, like, reports, timeout_s, bucket_cap_mb)
-    if not first.ok or second_world_size in (None, world_size):
+    if not first.ok:
+        counted = _counted_in_no_sync(stage, options, reports, accum, world_size, timeout_s)
+        return Verdict(False, f"✗ {name}: {counted}", reports) if counted else first
+    if second_world_size in (None, world_size):
         return first
     # Correctness only (like=None): the kinds, number and place of the collectives were judged on the first ranks.
     again_like, again_steps = ("halves", steps) if like == "halves" else (None, 1)
@@ -166,6 +169,27 @@ def _again_text(also: dict | None) -> str:
     return (
         f", and after {steps} step{'s' if steps != 1 else ''} on {also['world']} ranks too (a world size written as "
         "a number would show there)"
+    )
+
+
+def _counted_in_no_sync(stage, options: dict, reports: dict, accum: int, world_size: int, timeout_s: float):
+    """Step 1 synced nothing in ``accum`` micro-batches: if a step of one micro-batch syncs, the stage keeps
+    something the no_sync() backwards changed (a count decremented in every backward, reset only when it sends,
+    reaches zero unsent inside no_sync() and never again). The one-step run is made only on this failure."""
+    report = reports[min(reports)] or {}
+    f, kinds = report.get("finding") or {}, report.get("kinds") or []
+    if accum < 2 or f.get("kind") != "local" or f.get("step") != 1 or not kinds or kinds[0]:
+        return None
+    alone = _run(harness.check_stage_on_rank, (stage, None, options, 1, 1), world_size, timeout_s)
+    one = alone[min(alone)] or {}
+    if "finding" not in one or one["finding"] or not (one.get("kinds") or [{}])[0]:
+        return None
+    return (
+        f"gradients were not synchronized: step 1 started no collective at all in {accum} micro-batches, but a step "
+        f"of 1 micro-batch (no no_sync()) syncs ({calls_text(one['kinds'][0])}): your stage changes something in the "
+        "backwards inside no_sync() that it needs in the backward that syncs; a bucket's count of the gradients it "
+        "still waits for, counted in every backward, reaches zero unsent inside no_sync() and never again: count "
+        "only when this backward syncs (inside `if self.sync_this_backward:`)"
     )
 
 

@@ -381,19 +381,6 @@ def mib(n_bytes: float) -> str:
     return f"{n_bytes / 2**20:.1f} MiB"
 
 
-def ratio(a: float, b: float) -> str:
-    """``a`` against ``b`` in words: "the same", "1/3", "0.34×"."""
-    if b == 0:
-        return "the same" if a == 0 else "more"
-    x = a / b
-    if abs(x - 1) < 1e-9:
-        return "the same"
-    for n in (2, 3, 4, 5):
-        if abs(x - 1 / n) < 1e-9:
-            return f"1/{n}"
-    return f"{x:.2f}×"
-
-
 def say_look(looks: dict, stage: str, before: str | None = None) -> None:
     """What one profiled step of ``stage`` shows, in sentences (beside the stage before, if given)."""
     v = looks[stage]
@@ -413,8 +400,7 @@ def say_look(looks: dict, stage: str, before: str | None = None) -> None:
             f"{v['waited_ms']:.0f} ms for them ({v['waits_in_backward']} of its {v['waits']} waits began inside a "
             f"backward); {v['exposed_ms']:.0f} ms of that was the link's own time (exposed)"
             + (
-                ", the rest waiting for the other rank or a free core: a wait ends when the real all_reduce "
-                "between the ranks is done, which needs the other rank to have reached the same message."
+                f", {v['waited_ms'] - v['exposed_ms']:.0f} ms after the link had delivered."
                 if v["waited_ms"] - v["exposed_ms"] >= 0.5
                 else "."
             )
@@ -427,8 +413,8 @@ def say_look(looks: dict, stage: str, before: str | None = None) -> None:
     if before is not None and before in looks and looks[before]["calls"]:
         b = looks[before]
         say(
-            f"{before} made {b['calls']} calls ({ratio(v['calls'], b['calls'])} here), {mib(b['bytes'])} "
-            f"({ratio(v['bytes'], b['bytes'])}), {b['calls_in_backward']} of them during a backward"
+            f"{before} made {b['calls']} calls (this stage {v['calls']}), {mib(b['bytes'])} "
+            f"(this stage {mib(v['bytes'])}), {b['calls_in_backward']} of them during a backward"
             + (
                 f"; {b['link_ms']:.0f} ms on the link, {b['exposed_ms']:.0f} ms of it exposed, "
                 f"{b['waits_in_backward']} waits inside a backward."
