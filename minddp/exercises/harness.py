@@ -299,19 +299,20 @@ class Events(TorchDispatchMode):
         """An operator that writes into a tensor a launched collective still sends (no wait for it yet): the
         network may read or write it at any moment until that wait, so the outcome is a race; noted by the order
         of the calls, which the code fixes."""
-        for tensor in compat.written_tensors(func, args, kwargs):
-            hit = next((i for i, ptrs in self.flying.items() if _storages(tensor) & ptrs), None)
-            if hit is not None:
-                self.written.append((self.works[hit][0], str(func).rsplit(".", 1)[0]))
+        self._note_in_flight(func, compat.written_tensors(func, args, kwargs), self.written)
 
     def _note_reads(self, func, args: tuple, kwargs: dict) -> None:
         """An operator that reads a tensor a launched collective still sends (no wait for it yet): the network
         writes the sum into it at some moment before that wait, so what is read (the rank's own values or the sum)
         is a race; noted by the order of the calls, which the code fixes."""
-        for tensor in compat.read_tensors(func, args, kwargs):
+        self._note_in_flight(func, compat.read_tensors(func, args, kwargs), self.read)
+
+    def _note_in_flight(self, func, tensors, into: list) -> None:
+        """(kind, op) into ``into`` for each of ``tensors`` that shares storage with a collective still in flight."""
+        for tensor in tensors:
             hit = next((i for i, ptrs in self.flying.items() if _storages(tensor) & ptrs), None)
             if hit is not None:
-                self.read.append((self.works[hit][0], str(func).rsplit(".", 1)[0]))
+                into.append((self.works[hit][0], str(func).rsplit(".", 1)[0]))
 
     def _index(self, work) -> int | None:
         return next((i for i, (_, w) in enumerate(self.works) if w is not None and w is work), None)
