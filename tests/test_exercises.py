@@ -271,7 +271,10 @@ MISTAKES = [
 ]
 
 
-@pytest.mark.timeout(120)
+# No per-test timeout below 600 s (pyproject's, a hang guard) on the checks: under xdist any test of this module
+# may be the first on its worker and pay for starting the checker's 2- and 3-rank clusters, minutes on a loaded
+# machine; a tighter limit would make the verdict depend on load. A hang is ended sooner by the checker's own
+# timeouts (TIMEOUT, and its runner's backstop), which test_a_rank_that_hangs_is_named_within_the_timeout bounds.
 @pytest.mark.parametrize("stage,like,named", MISTAKES, ids=[f"{m[1]}-{m[0].__name__}" for m in MISTAKES])
 def test_each_mistake_is_named(stage, like, named):
     v = verdict_of(stage, like)
@@ -279,7 +282,6 @@ def test_each_mistake_is_named(stage, like, named):
     assert not v.ok and v.line.startswith(f"✗ {like}:") and all(p in v.line for p in parts), v.line
 
 
-@pytest.mark.timeout(120)
 def test_a_rank_that_hangs_is_named_within_the_timeout():
     start = time.monotonic()
     v = verdict_of(wrong.RankZeroOnly, "simple")
@@ -289,7 +291,7 @@ def test_a_rank_that_hangs_is_named_within_the_timeout():
     # The group's timeout (TIMEOUT) ends the stuck all_reduce; the runner's backstop (checker._run) releases the
     # ranks at 2 * TIMEOUT + 30 s at the latest. Named by either, the verdict comes before that backstop plus
     # the report (well under a second): an upper bound the code sets, not a machine's speed. A checker that hung
-    # would be stopped by the test's timeout (120 s) instead.
+    # would be stopped by pytest's hang guard (600 s, pyproject.toml) instead.
     assert took < 2 * TIMEOUT + 30 + 10, took
     assert verdict_of(solutions.SimpleDDP, "simple").ok  # and the checker's ranks still work
 
@@ -326,7 +328,6 @@ def test_gloos_refusal_of_reduce_op_avg_gets_the_fix():
     assert "keep the default ReduceOp.SUM and divide by dist.get_world_size(group) yourself" in hint, hint
 
 
-@pytest.mark.timeout(120)
 @pytest.mark.parametrize("hook,named", HOOK_MISTAKES, ids=[m[0].__name__ for m in HOOK_MISTAKES])
 def test_each_hook_mistake_is_named(hook, named):
     v = check_hook(hook, like="fp16", timeout_s=TIMEOUT)
@@ -633,7 +634,6 @@ def test_the_outer_sync_exercise_passes_diloco_and_names_each_wrong_idea():
         assert "\n" not in v.line and not v.ok and v.line.startswith("✗ outer sync:") and named in v.line, v.line
 
 
-@pytest.mark.timeout(120)
 def test_the_outer_sync_exercise_checks_a_passing_answer_at_another_world_size():
     """A sync that divides by a fixed 2 is DiLoCo's on 2 ranks; only a second run on 3 ranks tells it apart."""
     v = check_outer_sync(wrong.outer_sync_two_replicas, timeout_s=TIMEOUT)
@@ -657,7 +657,6 @@ def test_the_outer_sync_exercise_names_two_mistakes_at_once_and_gloos_refused_av
     assert not v.ok and "has no ReduceOp.AVG: all_reduce with the default SUM, then divide" in v.line, v.line
 
 
-@pytest.mark.timeout(120)
 def test_the_schedule_exercise_names_steps_counted_from_zero_and_a_float_fragment():
     v = check_fragment_schedule(wrong.schedule_counts_steps_from_zero, timeout_s=TIMEOUT)
     named = "steps count from 1: step 3 is the last of its turn (steps 1 to 3), so the turn's number is (step − 1) //"
@@ -667,7 +666,6 @@ def test_the_schedule_exercise_names_steps_counted_from_zero_and_a_float_fragmen
     assert not v.ok and named in v.line and "sync_every // fragments" in v.line, v.line
 
 
-@pytest.mark.timeout(120)
 def test_the_schedule_exercise_names_a_schedule_that_differs_across_replicas():
     v = check_fragment_schedule(solutions.fragment_to_send, timeout_s=TIMEOUT)
     assert v.ok and "fragment 0 after step 1, fragment 1 after step 3, fragment 2 after step 5" in v.line, v.line
@@ -682,7 +680,6 @@ def test_the_schedule_exercise_names_a_schedule_that_differs_across_replicas():
     assert not v.ok and named in v.line and "% fragments" in v.line, v.line
 
 
-@pytest.mark.timeout(120)
 def test_the_fragment_schedule_exercise_tells_tau_before_the_end_from_tau_after_the_start():
     """With H = 6, 3 fragments and τ = 1 a turn is 2 steps, and "τ before the end" is step 1 of the turn, as is
     "τ after the start" and "the turn's first step": both wrong schedules once passed. Notebook 10's own H = 16,
@@ -697,7 +694,6 @@ def test_the_fragment_schedule_exercise_tells_tau_before_the_end_from_tau_after_
     assert not v.ok and named in v.line, v.line
 
 
-@pytest.mark.timeout(120)
 def test_the_schedule_exercise_names_a_last_step_compared_with_turn_minus_delay():
     """`step % turn == turn - delay` is right at delays 1 and 6, and at delay 0 sends nothing: step % turn runs from
     0 to turn - 1, so the turn's last step (where a delay of 0 sends) has step % turn == 0, never turn."""
@@ -708,7 +704,6 @@ def test_the_schedule_exercise_names_a_last_step_compared_with_turn_minus_delay(
     assert "never equals turn − delay = 3" in v.line and "(turn − delay) % turn" in v.line, v.line
 
 
-@pytest.mark.timeout(120)
 def test_the_schedule_exercise_names_the_next_turns_fragment_numbers_from_one_and_a_send_every_step():
     """Three answers whose first difference reads the same under the generic verdict (a fragment in range where
     another is due, or one where None is): each is named from the whole schedule. The next turn's fragment and
