@@ -18,22 +18,25 @@
 #
 # nanoGPT compiles its model, then wraps it: `model = torch.compile(model)`, then `DDP(model)`.
 # Compiling changes what backward looks like to autograd: the compiled forward is *one* autograd
-# node, and so is its backward, which produces every gradient at its very end.
-# A bucket can only be handed over once its last gradient is there, so with one compiled backward no
-# bucket is handed over before all of backward's compute is done, and no message can travel while
-# backward computes: what the ladder built up from `hook-async` on (`03_build_up`) is gone.
+# node, and so is its backward, which produces every gradient at its very end. Each gradient then
+# reaches its parameter's `AccumulateGrad` node, the autograd node that adds it into the parameter's
+# `.grad`; the reducer's hook runs there, copies the gradient into its bucket, and hands the bucket
+# over once its last gradient is there. So with one compiled backward no bucket is handed over before
+# every other node of backward has run, and no message can travel while backward computes: what the
+# ladder built up from `hook-async` on (`03_build_up`) is gone.
 #
 # torch's answer is in Dynamo: while torch's DDP runs its module, Dynamo's `DDPOptimizer`
 # (`torch/_dynamo/backends/distributed.py`) **cuts the compiled graph into pieces**, closing a piece
 # once its parameters reach a bucket's bytes, counted from the end of the forward, and compiles each
 # piece apart. Backward then runs piece after piece (in this notebook pieces are numbered in that
-# order: piece 0 is the forward's last layers, which backward runs first). Once a piece's backward
-# has produced its gradients, the reducer copies them into buckets and hands each full bucket to gloo
-# before the next piece's backward begins, so the pieces backward runs after it, the forward's
-# earlier layers, can compute while it travels. minddp's `ddp` presents its buckets to Dynamo too
-# (`minddp/runtime/compiling.py`), with its own first piece (*Buckets below 1 MiB* says how it
-# differs), and so do the bucketed stages when the train command builds them around a compiled
-# model (`tests/test_compile.py` checks those).
+# order: piece 0 is the forward's last layers, which backward runs first). A bucket whose last
+# gradient a piece produces can be handed over before the next piece's backward begins, and travel
+# while the pieces backward runs after it, the forward's earlier layers, compute. minddp's `ddp`
+# presents its buckets to Dynamo too (`minddp/runtime/compiling.py`), and so do the bucketed stages
+# when the train command builds them around a compiled model (`tests/test_compile.py` checks those).
+# minddp's first piece is its own first bucket, here the 2 MiB cap, where torch's is 1 MiB whatever
+# the cap (*Buckets below 1 MiB*): at this notebook's cap torch's DDP would cut other pieces than the
+# ones printed below.
 #
 # This notebook shows one step of `ddp` three ways on one time axis, eager, compiled without the
 # cut and compiled with it; then where the cuts fall; then the graph breaks; then buckets below
@@ -48,9 +51,9 @@
 # `all_reduce` range to its end (the orange bar), not from the tick; on a CPU the range includes gloo
 # waiting for the other rank and for a free core. *In flight while backward
 # computed* is the time during which a message was in flight and the training thread ran an aten op
-# inside one of backward's *nodes* (its autograd nodes other than `AccumulateGrad`; a compiled piece's
-# backward is one node). In this notebook *computed* always means an aten op ran. `ddp` waits for its
-# messages at the end of backward: the reducer has autograd call `_finalize_backward`
+# inside one of backward's *nodes* (its autograd nodes other than the `AccumulateGrad` ones; a
+# compiled piece's backward is one node). In this notebook *computed* always means an aten op ran.
+# `ddp` waits for its messages at the end of backward: the reducer has autograd call `_finalize_backward`
 # (`minddp/ddp/reducer.py`) once every node, `AccumulateGrad` included, has run, and it waits there
 # for every message, so `loss.backward()` returns after the last one.
 
@@ -115,45 +118,36 @@ def one_step(compiled: bool, cut: bool = True):
         train_step(ddp, optimizer, next(data), loss_fn)
     torch._dynamo.config.optimize_ddp = True
     load = os.getloadavg()[0]  # the 1-minute load average as the profiled step ended
-    events = sorted(prof.events(), key=lambda e: e.time_range.start)
-    handovers = [e.time_range.start for e in events if e.name == live.CALL]  # each bucket handed to gloo
-    view = live.step_view(prof)
+    events = prof.events()
+    view = live.step_view(prof)  # its row: the forwards, the ticks (row["sent"]), the messages, the optimizer
     view.update(first_step_s=first_step_s, load=load)
-    view["matmuls_after_first_handover"] = sum(
-        e.name == "aten::mm" and e.time_range.start > handovers[0] for e in events
-    )
+    t0 = min(e.time_range.start for e in events if e.name == "minddp.forward_backward")  # the row's zero
+    handovers = sorted(e.time_range.start for e in events if e.name == live.CALL)  # each bucket handed to gloo (µs)
+
+    def ms(picked) -> list[tuple[float, float]]:
+        """Each event's (start, end) in ms since t0, as the row is drawn."""
+        return sorted(((e.time_range.start - t0) / 1e3, (e.time_range.end - t0) / 1e3) for e in picked)
+
+    node = "autograd::engine::evaluate_function"  # one range per autograd node run
+    nodes = [e for e in events if e.name.startswith(node) and "AccumulateGrad" not in e.name]  # backward's nodes
+    accumulate = [e for e in events if e.name.startswith(node) and "AccumulateGrad" in e.name]
+    view["nodes_begun_after_first_handover"] = sum(e.time_range.start > handovers[0] for e in nodes)
+    view["inside_accumulate"] = [
+        any(e.time_range.start <= t <= e.time_range.end for e in accumulate) for t in handovers
+    ]
     # the compiled pieces' backward in the second micro-batch (the first runs inside no_sync: nothing is handed over)
-    micro = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == "minddp.forward_backward")
-    second = [
-        (e.time_range.start, e.time_range.end) for e in events if e.name == PIECE and e.time_range.start > micro[-1][0]
-    ]
-    view["pieces_ended_at_handover"] = [sum(end <= t for _, end in second) for t in handovers]
-    view["pieces_begun_at_handover"] = [sum(start <= t for start, _ in second) for t in handovers]
-    # backward's nodes: every autograd node but AccumulateGrad (a compiled piece is one), not the AccumulateGrad
-    # nodes after them, where the reducer's hooks copy gradients into buckets and hand them over
-    node = "autograd::engine::evaluate_function"
-    nodes = [
-        (e.time_range.start, e.time_range.end)
-        for e in events
-        if e.name.startswith(node) and "AccumulateGrad" not in e.name
-    ]
-    main = next(e.thread for e in events if e.name == "minddp.forward_backward")  # the training thread
-
-    def ms(start, end):
-        return (start - micro[0][0]) / 1e3, (end - micro[0][0]) / 1e3
-
-    view["row"]["backward"] = [ms(s, e) for s, e in nodes]  # drawn: one blue bar per node (step_view: per backward)
-    ops = [ms(e.time_range.start, e.time_range.end) for e in events if e.thread == main and e.name.startswith("aten::")]
-    # each hand-over: whether it ran inside an AccumulateGrad node
-    accumulate = [
-        (e.time_range.start, e.time_range.end) for e in events if e.name.startswith(node) and "AccumulateGrad" in e.name
-    ]
-    view["inside_accumulate"] = [any(s <= t <= e for s, e in accumulate) for t in handovers]
+    second = max(e.time_range.start for e in events if e.name == "minddp.forward_backward")
+    pieces = [e for e in events if e.name == PIECE and e.time_range.start > second]
+    view["pieces_ended_at_handover"] = [sum(e.time_range.end <= t for e in pieces) for t in handovers]
+    view["pieces_begun_at_handover"] = [sum(e.time_range.start <= t for e in pieces) for t in handovers]
+    # drawn: one blue bar per backward node, one grey bar per AccumulateGrad node (step_view draws one per backward)
+    view["row"].update(backward=ms(nodes), accumulate=ms(accumulate), finish=[])
     # backward computed: the training thread's aten ops inside backward's nodes
+    main = next(e.thread for e in events if e.name == "minddp.forward_backward")  # the training thread
+    ops = ms(e for e in events if e.thread == main and e.name.startswith("aten::"))
     computed = metrics.intersect(view["row"]["backward"], ops)
     under, _ = metrics.overlap_parts(view["row"]["messages"], computed, [(0.0, view["row"]["end"])])
     view["in flight while backward computed, ms"] = under
-    view["row"]["finish"] = []  # ddp waits inside backward (markdown at the top): its finish is not drawn
     view["buckets"] = [[ddp.reducer.names[i].removeprefix("_orig_mod.") for i in b] for b in ddp.bucket_plan]
     view["params"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return ddp, view
@@ -170,10 +164,11 @@ def each(values: dict, unit: str = "ms", digits: int = 0) -> str:
 looks = {}
 for label, compiled, cut in (("eager", False, True), ("compiled, no cut", True, False), ("compiled, cut", True, True)):
     ddp, looks[label] = one_step(compiled, cut)
-    looks[label]["row"].update(label=label, stage=label)
+    looks[label]["row"].update(label=f"{label}\n{looks[label]['calls']} buckets", stage=label)  # one tick each
 lesson.say(
     f"ddp on {world_size} ranks, an MLP of {DEPTH} layers of {WIDTH}×{WIDTH} (1 MiB of float32 weights each) and "
-    f"a head, buckets of {CAP:g} MiB, two micro-batches a step; compiled with the {BACKEND} backend."
+    f"a head, buckets of {CAP:g} MiB, two micro-batches a step; compiled with the {BACKEND} backend; "
+    f"torch {torch.__version__}."
 )
 lesson.say(
     f"This machine: {os.cpu_count()} cores, shared by both ranks, gloo's threads and every other process; the "
@@ -191,16 +186,20 @@ lesson.say(
 # %% [markdown]
 # ## One step, three ways, on one time axis
 #
-# Each row is the profiled step of one way, rank 0, from its start to the black line where it ends:
-# the forward (pale) and backward's nodes (blue) of each micro-batch (the first runs inside
-# `no_sync()`, so only the second hands buckets over), a tick when a bucket was handed over, an
-# orange bar for each message in flight, and the optimizer step (green). Blue shows when one of
-# backward's nodes ran (eager: one node per operation; compiled: one per piece, after the loss's
-# few eager ones). The `AccumulateGrad` nodes, where the reducer's hook hands buckets over (a claim
-# below), are not blue. Bars that overlap, or lie closer together than a pixel (about a thousandth
-# of the time axis), draw as one, and a bar shorter than a pixel does not show. The lengths are one
-# step on the machine printed above, its cores shared with everything else that runs; the order of
-# the events is what the cut changes, and what the claims below count.
+# Each row is the profiled step of one way, rank 0, from the start of its first micro-batch to the
+# black line where its optimizer step ends: the forward (pale) and backward's nodes (blue) of each
+# micro-batch (the first runs inside `no_sync()`, so only the second hands buckets over), the
+# `AccumulateGrad` nodes (grey), a tick when a bucket was handed over (the row's label says how many
+# buckets), an orange bar for each message in flight, and the optimizer step (green). Blue shows when
+# one of backward's nodes ran (eager: one node per operation; compiled: one per piece, after the
+# loss's few eager ones). Bars or ticks that overlap, or lie closer together than a pixel (about a
+# thousandth of the time axis), draw as one, and a bar shorter than a pixel does not show; white
+# within a row is time in none of these.
+#
+# The lengths, of the rows, of the bars and of the gaps, are one step each on the machine printed
+# above, and are not compared here: the green bar, for one, is the same SGD step on the same 18
+# parameters in every row. What the cut changes, and what the claims below count, is the order of
+# the events.
 #
 # The cut is torch's design for GPUs, where backward's kernels run on the GPU while NCCL carries the
 # buckets on a stream of its own. This notebook runs no GPU: what the cut does to a GPU step is not
@@ -209,25 +208,37 @@ lesson.say(
 # %%
 # %%distributed
 figure = lesson.picture(looks, "", rows=list(looks), title="ddp: eager, compiled without the cut, compiled with it")
-if figure is not None:  # rank 0 draws: the legend in this notebook's words
-    words = {
-        "backward": "backward's nodes",
-        "handed to the wire": "handed over",
-        "collective in flight (its waits included)": "in flight (gloo's all_reduce range)",
+if figure is not None:  # rank 0 draws: the AccumulateGrad nodes, the axis and the legend in this notebook's words
+    ax = figure.axes[0]
+    for y, look in enumerate(looks.values()):
+        spans = [(s, e - s) for s, e in look["row"]["accumulate"]]
+        ax.broken_barh(spans, (y - 0.40, 0.40), facecolors="#9e9e9e", label="AccumulateGrad nodes")
+    ax.set_xlabel("ms since the step's first micro-batch began", fontsize=8)
+    words = {"backward": "backward's nodes", "handed to the wire": "handed over"}
+    handles, labels = ax.get_legend_handles_labels()
+    unique = {
+        "in flight (gloo's all_reduce range)"
+        if label.startswith("collective in flight")
+        else words.get(label, label): h
+        for label, h in zip(labels, handles)
+        if not label.startswith("_")
     }
-    for text in figure.axes[0].get_legend().get_texts():
-        text.set_text(words.get(text.get_text(), text.get_text()))
-after = {label: v["matmuls_after_first_handover"] for label, v in looks.items()}
+    order = ["forward", "backward's nodes", "AccumulateGrad nodes", *unique]  # grey beside blue
+    unique = {key: unique[key] for key in dict.fromkeys(order) if key in unique}
+    ax.legend(unique.values(), unique.keys(), loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7, ncol=len(unique))
+    ax.get_legend().set_frame_on(False)
+after = {label: v["nodes_begun_after_first_handover"] for label, v in looks.items()}
+flying = {label: v["in flight while backward computed, ms"] for label, v in looks.items()}
 # orders of events on the training thread (program order), not timings: they hold on any machine
 lesson.claim(
-    after["compiled, no cut"] == 0,
-    "Compiled without the cut, no backward matrix multiply (aten::mm) began after the first bucket was handed over: "
-    "every bucket is handed over after backward's matrix multiplies.",
+    after["compiled, no cut"] == 0 and flying["compiled, no cut"] == 0,
+    "Compiled without the cut, no node of backward's began after the first bucket was handed over: every bucket "
+    "was handed over after backward's compute, and no message was in flight while backward computed.",
 )
 lesson.claim(
     after["compiled, cut"] > 0 and after["eager"] > 0,
-    "Compiled with the cut, as eager, backward matrix multiplies began after the first bucket was handed over: a "
-    "message can again travel while backward computes.",
+    "Compiled with the cut, as eager, nodes of backward's began after the first bucket was handed over: a message "
+    "can again travel while backward computes.",
 )
 # the reducer's hook runs in each parameter's AccumulateGrad node, after the gradient is accumulated
 lesson.claim(
@@ -240,9 +251,9 @@ lesson.claim(
 )
 # a time measured in one step on a shared machine: said, never asserted (the load can change it)
 lesson.say(
-    "In flight while backward computed: "
-    + each({label: v["in flight while backward computed, ms"] for label, v in looks.items()}, digits=1)
-    + "."
+    "In flight while backward computed, in this profiled step: "
+    + each({label: flying[label] for label in ("eager", "compiled, cut")}, digits=1)
+    + " (one step each: the sizes are this step's, not a ranking of the ways)."
 )
 
 # %% [markdown]
@@ -254,8 +265,11 @@ lesson.say(
 # `ddp` (`bucket_plan`, rebuilt after the first step from the order gradients arrived in, each bucket
 # listing its parameters in that order). A compiled piece produces all its gradients at its end,
 # so within a piece that order is the autograd engine's order of its `AccumulateGrad` nodes, not the
-# layers' order. A bucket closes at the first gradient that takes it to the cap or past it; a piece is cut between
-# operations, so a layer's weight and bias share a piece, and a piece can fill more than one bucket.
+# layers' order. A bucket closes at the first gradient that takes it to the cap or past it; a piece is
+# cut between operations, so a layer's weight and bias share a piece, and a piece can fill more than
+# one bucket. A bucket still open when its piece's backward ends takes the next piece's gradients
+# too, and is handed over only after that piece's backward: whether every bucket lies within one
+# piece depends on the order the gradients arrive in, and the claims below check this run's.
 
 
 # %%
@@ -277,8 +291,9 @@ with ddp.no_sync():  # a forward whose backward will not run: nothing for the re
 buckets = looks["compiled, cut"]["buckets"]
 for i, piece in enumerate(cut):
     lesson.say(f"piece {i} (backward runs it {'first' if i == 0 else 'next'}): {', '.join(piece)}")
+size = {n.removeprefix("_orig_mod."): p.numel() * p.element_size() for n, p in ddp.module.named_parameters()}
 for i, bucket in enumerate(buckets):
-    lesson.say(f"bucket {i}: {', '.join(bucket)}")
+    lesson.say(f"bucket {i} ({sum(size[name] for name in bucket)} bytes): {', '.join(bucket)}")
 lesson.claim(
     len(cut) > 1 and sum(map(len, cut)) == sum(map(len, buckets)) == 2 * DEPTH + 2,
     f"The compiled graph is cut into {len(cut)} pieces, which together produce the gradients of all "
@@ -289,8 +304,8 @@ homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
 # bucket k's parameters all lie in one piece, in backward order: it is full when that piece's backward ends
 lesson.claim(
     all(len(home) == 1 for home in homes) and [h[0] for h in homes] == sorted(h[0] for h in homes),
-    "Every bucket lies within one piece, in backward order: each bucket's gradients are all there once the "
-    "backward of its piece has ended.",
+    "In this run every bucket lies within one piece, in backward order: each bucket's gradients are all there "
+    "once the backward of its piece has ended.",
 )
 # program order on the training thread in the profiled step above: holds on any machine
 ended, begun = (looks["compiled, cut"][key] for key in ("pieces_ended_at_handover", "pieces_begun_at_handover"))
@@ -299,13 +314,14 @@ lesson.claim(
     "In the profiled step each bucket was handed over (its tick) after the backward of its piece ended and before "
     "the backward of the piece backward runs next began.",
 )
-size = {n.removeprefix("_orig_mod."): p.numel() * p.element_size() for n, p in ddp.module.named_parameters()}
 shared = {i: [k for k, home in enumerate(homes) if home == [i]] for i in range(len(cut))}
 lesson.say(
-    f"{len(cut)} pieces, {len(buckets)} buckets. "
+    f"{len(cut)} pieces, {len(buckets)} buckets, the cap {int(CAP * 2**20)} bytes. "
     + " ".join(
-        f"Piece {i} fills buckets {', '.join(map(str, ks))}: bucket {ks[0]} closed at "
-        f"{sum(size[name] for name in buckets[ks[0]])} bytes (the cap: {int(CAP * 2**20)} bytes)."
+        f"Piece {i} fills buckets {', '.join(map(str, ks))}: its gradients arrived in the order "
+        f"{', '.join(name for k in ks for name in buckets[k])}; "
+        + "; ".join(f"{buckets[k][-1]} took bucket {k} to the cap or past it" for k in ks[:-1])
+        + f", and the gradients after it went into bucket {ks[-1]}."
         for i, ks in shared.items()
         if len(ks) > 1
     )
@@ -402,10 +418,11 @@ lesson.claim(
 # ## What to take away
 #
 # * Compile the model, then wrap it (`model = torch.compile(model)`, then the stage): minddp's
-#   `ddp` has Dynamo cut the compiled graph into pieces, each bucket lies within one piece, and it is
-#   handed over before the next piece's backward begins, so a message can travel beside backward's
-#   compute again (the claims above). `tests/test_compile.py` checks the same order of events for
-#   `zero2` around a compiled model and for the bucketed teaching stages built for a compiled model.
+#   `ddp` has Dynamo cut the compiled graph into pieces, and a message can travel beside backward's
+#   compute again (the claims above; in this run every bucket lay within one piece and was handed
+#   over before the next piece's backward began). `tests/test_compile.py` checks, for `zero2` around a
+#   compiled model and for the bucketed teaching stages built for a compiled model, that the first
+#   bucket is handed over before backward's last matrix multiply.
 # * `torch.compile(ddp)` trains too, and adds no graph break to the model's own (*Graph breaks*),
 #   where torch's DDP, compiled whole, adds breaks.
 # * Below 1 MiB buckets torch's DDP does not compile (the runs above, at 0.5 MiB); minddp's `ddp`
