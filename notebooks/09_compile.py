@@ -17,8 +17,8 @@
 # # 09 · Compiled: `torch.compile` and messages during backward
 #
 # nanoGPT compiles its model, then wraps it: `model = torch.compile(model)`, then `DDP(model)`.
-# Compiling changes what backward looks like to autograd: the compiled forward is *one* autograd
-# node, and so is its backward, which produces every gradient at its very end. Each gradient then
+# Compiling changes what backward looks like to autograd: the compiled forward records *one*
+# autograd node, whose backward produces every gradient at its very end. Each gradient then
 # reaches its parameter's `AccumulateGrad` node, the autograd node that adds it into the parameter's
 # `.grad`; the reducer's hook runs there, copies the gradient into its bucket, and hands the bucket
 # over once its last gradient is there. So with one compiled backward no bucket is handed over before
@@ -269,7 +269,9 @@ lesson.say(
 # cut between operations, so a layer's weight and bias share a piece, and a piece can fill more than
 # one bucket. A bucket still open when its piece's backward ends takes the next piece's gradients
 # too, and is handed over only after that piece's backward: whether every bucket lies within one
-# piece depends on the order the gradients arrive in, and the claims below check this run's.
+# piece depends on the order the gradients arrive in, and the claims below check this run's. Each
+# way of the figure built its buckets from its own order of arrival, so the rows' bucket counts need
+# not agree; the buckets printed here are those of the compiled MLP with the cut.
 
 
 # %%
