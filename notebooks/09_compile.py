@@ -22,7 +22,7 @@
 # node is a *gradient node*: it computes gradients (eager: one per operation).
 #
 # nanoGPT compiles its model, then wraps it: `model = torch.compile(model)`, then `DDP(model)`.
-# Compiled as one graph, the forward records one gradient node, whose backward produces every
+# Compiled as one graph, the model's forward records one gradient node, whose backward produces every
 # gradient at its end. Then no bucket is handed over before that node has ended, and no message can
 # travel beside a gradient node: what the ladder built up from `hook-async` on (`03_build_up`) is
 # gone.
@@ -35,8 +35,8 @@
 # runs first). A bucket whose last gradient a piece produces can be handed over before the next
 # piece's backward begins, and travel beside the gradient nodes of the pieces backward runs after it.
 # minddp's `ddp` presents its buckets to Dynamo too (`minddp/runtime/compiling.py`). Its first piece
-# is its own first bucket, here 2 MiB, where torch's DDP makes it 1 MiB whatever the cap
-# (*Buckets below 1 MiB*).
+# closes at its own first bucket's cap, here 2 MiB, where torch's DDP closes it at 1 MiB whatever the
+# cap (*Buckets below 1 MiB*).
 #
 # This notebook shows one step of `ddp` three ways on one time axis, eager, compiled without the
 # cut and compiled with it; then where the cuts fall; then the graph breaks; then buckets below
@@ -187,12 +187,11 @@ lesson.say(
 # eager ones) and the `AccumulateGrad` nodes (grey). The first micro-batch runs inside `no_sync()`:
 # the reducer's hook is not in place, no bucket is filled or handed over, and its grey nodes are too
 # short to show. Then a tick when a bucket was handed over (the row's label says how many buckets),
-# an orange bar for each message in flight, and the optimizer step (green). Bars or ticks closer
-# together than a pixel (about a thousandth of the time axis) draw as one, and a bar shorter than a
-# pixel does not show. A tick is not the start of its bar: in this step a row's orange bars lie one
-# after another, and a bucket handed over while the message before it was in flight has its bar begin
-# where that one ends. The white after a row's last grey bar holds `_finalize_backward` waiting for the
-# messages (above); other white is time in none of these.
+# an orange bar for each message in flight, and the optimizer step (green). Bars or ticks that
+# overlap, or lie closer together than a pixel (about a thousandth of the time axis), draw as one,
+# and a bar shorter than a pixel does not show. A tick is not the start of its bar: the bar is gloo's range, which can begin
+# later. White is time in none of these; after a row's last grey bar it includes `_finalize_backward`
+# waiting for the messages (above).
 #
 # Each row is one step on the machine printed above; the cell prints each row's length and time in
 # flight, and this run does not measure what makes them differ. What the cut changes, and what the
@@ -262,9 +261,9 @@ lesson.say(
 #
 # The pieces are visible to autograd: each records one gradient node, `CompiledFunctionBackward`,
 # and the parameters whose gradients it produces hang off it (their `AccumulateGrad` nodes). Walking
-# the graph of one forward from its output lists them, in the order backward runs them. Beside them, the buckets of
-# `ddp` (`bucket_plan`, rebuilt after the first step from the order gradients arrived in, each bucket
-# listing its parameters in that order). A compiled piece produces all its gradients at its end,
+# the graph of one forward from its output lists them, in the order backward runs them. Beside them,
+# the buckets of `ddp` (`bucket_plan`, rebuilt after the first step from the order gradients arrived
+# in, each bucket listing its parameters in that order). A compiled piece produces all its gradients at its end,
 # so within a piece that order is the autograd engine's order of its `AccumulateGrad` nodes, not the
 # layers' order. A bucket closes at the first gradient that takes it to the cap or past it; a piece is
 # cut between operations, so a layer's weight and bias share a piece, and a piece can fill more than
