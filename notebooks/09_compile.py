@@ -193,9 +193,10 @@ lesson.say(
 # later. White is time in none of these; after a row's last grey bar it includes `_finalize_backward`
 # waiting for the messages (above).
 #
-# Each row is one step on the machine printed above; the cell prints each row's length and time in
-# flight, and this run does not measure what makes them differ. What the cut changes, and what the
-# claims count, is the order of the events.
+# Each row is one step on the machine printed above: the lengths of its bars and gaps are this step's,
+# and this run does not measure what makes them differ from row to row (the cell prints each row's
+# length and its time in flight). What the cut changes, and what the claims count, is the order of the
+# events.
 #
 # The cut is torch's design for GPUs, where backward's kernels run on the GPU while NCCL carries the
 # buckets on a stream of its own. This notebook runs no GPU: what the cut does to a GPU step is not
