@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 09 · Compiled: `torch.compile` and messages during backward
+# # 09 · Compiled: `torch.compile` and buckets handed over during backward
 #
 # Autograd runs backward as *nodes*, of two kinds in this notebook. A parameter's `AccumulateGrad`
 # node adds its gradient into the parameter's `.grad`; the reducer's hook runs there, copies the
@@ -23,9 +23,8 @@
 #
 # nanoGPT compiles its model, then wraps it: `model = torch.compile(model)`, then `DDP(model)`.
 # Compiled as one graph, the model's forward records one gradient node, whose backward produces every
-# gradient at its end. Then no bucket is handed over before that node has ended, and no message can
-# travel beside a gradient node: what the ladder built up from `hook-async` on (`03_build_up`) is
-# gone.
+# gradient at its end. Then no bucket is handed over before that node has ended: while messages are in
+# flight, only `AccumulateGrad` nodes are left to run.
 #
 # torch's answer is in Dynamo: while torch's DDP runs its module, Dynamo's `DDPOptimizer`
 # (`torch/_dynamo/backends/distributed.py`) **cuts the compiled graph into pieces**, closing a piece
@@ -33,26 +32,20 @@
 # piece apart: each piece records a gradient node of its own. Backward then runs piece after piece (in
 # this notebook pieces are numbered in that order: piece 0 is the forward's last layers, which backward
 # runs first). A bucket whose last gradient a piece produces can be handed over before the next
-# piece's backward begins, and travel beside the gradient nodes of the pieces backward runs after it.
-# minddp's `ddp` presents its buckets to Dynamo too (`minddp/runtime/compiling.py`). Its first piece
-# closes at its own first bucket's cap, here 2 MiB, where torch's DDP closes it at 1 MiB whatever the
-# cap (*Buckets below 1 MiB*).
+# piece's backward begins. minddp's `ddp` presents its buckets to Dynamo too
+# (`minddp/runtime/compiling.py`); its first piece closes at its first bucket's cap (`bucket_cap_mb`,
+# here 2 MiB).
 #
 # This notebook shows one step of `ddp` three ways on one time axis, eager, compiled without the
-# cut and compiled with it; then where the cuts fall; then the graph breaks; then buckets below
-# 1 MiB. The model is a small MLP of our own class (eight 1 MiB layers), not the shared workload:
+# cut and compiled with it; then where the cuts fall; then the graph breaks; then buckets of
+# 0.5 MiB. The model is a small MLP of our own class (eight 1 MiB layers), not the shared workload:
 # its layers make the pieces easy to name. The backend is `aot_eager`: the graph is traced and cut as
 # with Inductor, then run with eager's own aten operations, fused into none, so all three trainings
 # give the same bits.
 #
 # Words, kept apart. A bucket is *handed over* (to gloo: the tick in the figure) when the reducer
 # calls `all_reduce` on it. It is *in flight* (`docs/analysis.md`) from the start of gloo's
-# `all_reduce` range to its end (the orange bar), not from the tick; on a CPU the range includes gloo
-# waiting for the other rank and for a free core. *In flight beside a gradient node* is the part of
-# that time during which the training thread ran an aten op inside a gradient node. `ddp` waits for its
-# messages at the end of backward: autograd calls the reducer's `_finalize_backward`
-# (`minddp/ddp/reducer.py`) once every node, `AccumulateGrad` included, has run, and it waits there for
-# every message, so `loss.backward()` returns after the last one.
+# `all_reduce` range to its end (the orange bar), not from the tick.
 
 # %%
 # %load_ext minddp.notebook
@@ -68,7 +61,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 from minddp import DistributedDataParallel
-from minddp.analysis import live, metrics
+from minddp.analysis import live
 from minddp.ladder.loop import train_step
 from minddp.notebook import lesson
 
@@ -142,12 +135,6 @@ def one_step(compiled: bool, cut: bool = True):
     view["pieces_begun_at_handover"] = [sum(e.time_range.start <= t for e in pieces) for t in handovers]
     # drawn: one blue bar per gradient node, one grey bar per AccumulateGrad node (step_view draws one per backward)
     view["row"].update(backward=ms(nodes), accumulate=ms(accumulate), finish=[])
-    # the training thread's aten ops inside gradient nodes
-    main = next(e.thread for e in events if e.name == "minddp.forward_backward")  # the training thread
-    ops = ms(e for e in events if e.thread == main and e.name.startswith("aten::"))
-    beside = metrics.intersect(view["row"]["backward"], ops)
-    under, whole = metrics.overlap_parts(view["row"]["messages"], beside, [(0.0, view["row"]["end"])])
-    view.update(in_flight=whole, beside_gradient_nodes=under)  # ms
     view["buckets"] = [[ddp.reducer.names[i].removeprefix("_orig_mod.") for i in b] for b in ddp.bucket_plan]
     view["params"] = flat(model)
     return ddp, view
@@ -156,9 +143,9 @@ def one_step(compiled: bool, cut: bool = True):
 NAMES = {"eager": "eager", "compiled, no cut": "compiled without the cut", "compiled, cut": "compiled with the cut"}
 
 
-def each(values: dict, unit: str = "ms", digits: int = 0) -> str:
-    """``values`` (one number per way) in words: each way's name and its number, the unit once at the end."""
-    return ", ".join(f"{NAMES[label]} {x:.{digits}f}" for label, x in values.items()) + f" {unit}".rstrip()
+def each(values: dict) -> str:
+    """``values`` (one number per way) in words: each way's name and its number."""
+    return ", ".join(f"{NAMES[label]} {x:.1f}" for label, x in values.items())
 
 
 looks = {}
@@ -173,7 +160,7 @@ lesson.say(
 lesson.say(
     f"This machine: {os.cpu_count()} cores, shared by both ranks, gloo's threads and every other process; the "
     "1-minute load average when each profiled step ended: "
-    + each({label: v["load"] for label, v in looks.items()}, unit="", digits=1)
+    + each({label: v["load"] for label, v in looks.items()})
     + "."
 )
 
@@ -185,18 +172,15 @@ lesson.say(
 # black line where its optimizer step ends. For each micro-batch: the forward and the loss (pale, up
 # to backward's first node), the gradient nodes (blue; compiled: one per piece, after the loss's few
 # eager ones) and the `AccumulateGrad` nodes (grey). The first micro-batch runs inside `no_sync()`:
-# the reducer's hook is not in place, no bucket is filled or handed over, and its grey nodes are too
-# short to show. Then a tick when a bucket was handed over (the row's label says how many buckets),
-# an orange bar for each message in flight, and the optimizer step (green). Bars or ticks that
-# overlap, or lie closer together than a pixel (about a thousandth of the time axis), draw as one,
-# and a bar shorter than a pixel does not show. A tick is not the start of its bar: the bar is gloo's range, which can begin
-# later. White is time in none of these; after a row's last grey bar it includes `_finalize_backward`
-# waiting for the messages (above).
+# the reducer's hook is not in place, and no bucket is filled or handed over. Then a tick when a bucket
+# was handed over (the row's label says how many buckets), an orange bar for each message in flight,
+# and the optimizer step (green). Bars or ticks that overlap, or lie closer together than a pixel
+# (about a thousandth of the time axis), draw as one. A tick is not the start of its bar: the bar is
+# gloo's range, which can begin later. White is time in none of these.
 #
-# Each row is one step on the machine printed above: the lengths of its bars and gaps are this step's,
-# and this run does not measure what makes them differ from row to row (the cell prints each row's
-# length and its time in flight). What the cut changes, and what the claims count, is the order of the
-# events.
+# Read the figure for the order of its events, which is what the cut changes and what the claims
+# count. The lengths of its bars are one step's on the machine printed above, and this notebook does
+# not measure what they are made of.
 #
 # The cut is torch's design for GPUs, where backward's kernels run on the GPU while NCCL carries the
 # buckets on a stream of its own. This notebook runs no GPU: what the cut does to a GPU step is not
@@ -225,17 +209,15 @@ if figure is not None:  # rank 0 draws: the AccumulateGrad nodes, the axis and t
     ax.legend(unique.values(), unique.keys(), loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7, ncol=len(unique))
     ax.get_legend().set_frame_on(False)
 after = {label: v["nodes_begun_after_first_handover"] for label, v in looks.items()}
-beside = {label: v["beside_gradient_nodes"] for label, v in looks.items()}
 # orders of events on the training thread (program order), not timings: they hold on any machine
 lesson.claim(
-    after["compiled, no cut"] == 0 and beside["compiled, no cut"] == 0,
-    "Compiled without the cut, no gradient node began after the first bucket was handed over (only AccumulateGrad "
-    "nodes ran after it), and no message was in flight beside a gradient node.",
+    after["compiled, no cut"] == 0,
+    "Compiled without the cut, no gradient node began after the first bucket was handed over: only AccumulateGrad "
+    "nodes ran after it.",
 )
 lesson.claim(
     after["compiled, cut"] > 0 and after["eager"] > 0,
-    "Compiled with the cut, as eager, gradient nodes began after the first bucket was handed over: a message can "
-    "again travel beside a gradient node.",
+    "Compiled with the cut, as eager, gradient nodes began after the first bucket was handed over.",
 )
 # the reducer's hook runs in each parameter's AccumulateGrad node, after the gradient is accumulated
 lesson.claim(
@@ -246,33 +228,21 @@ lesson.claim(
     all(torch.equal(v["params"], looks["eager"]["params"]) for v in looks.values()),
     "The three trainings end with the same parameters, to the bit (aot_eager computes with eager's aten ops).",
 )
-# times measured in one step on a shared machine: said, never asserted (the load can change them)
-lesson.say(
-    "In this profiled step, the step took "
-    + each({label: v["row"]["end"] for label, v in looks.items()}, digits=1)
-    + "; messages were in flight "
-    + each({label: v["in_flight"] for label, v in looks.items()}, digits=1)
-    + ", of which beside a gradient node "
-    + each(beside, digits=1)
-    + "."
-)
 
 # %% [markdown]
 # ## Where the cuts fall
 #
 # The pieces are visible to autograd: each records one gradient node, `CompiledFunctionBackward`,
 # and the parameters whose gradients it produces hang off it (their `AccumulateGrad` nodes). Walking
-# the graph of one forward from its output lists them, in the order backward runs them. Beside them,
+# the graph of one forward from its output lists the pieces in the order backward runs them, each
+# with its parameters in the forward's order. Beside them,
 # the buckets of `ddp` (`bucket_plan`, rebuilt after the first step from the order gradients arrived
 # in, each bucket listing its parameters in that order). A compiled piece produces all its gradients at its end,
 # so within a piece that order is the autograd engine's order of its `AccumulateGrad` nodes, not the
 # layers' order. A bucket closes at the first gradient that takes it to the cap or past it; a piece is
 # cut between operations, so a layer's weight and bias share a piece, and a piece can fill more than
-# one bucket. A bucket still open when its piece's backward ends takes the next piece's gradients
-# too, and is handed over only after that piece's backward: whether every bucket lies within one
-# piece depends on the order the gradients arrive in, and the claims below check this run's. Each
-# way of the figure built its buckets from its own order of arrival, so the rows' bucket counts need
-# not agree; the buckets printed here are those of the compiled MLP with the cut.
+# one bucket. The claims below check where this run's buckets lie. The buckets printed are those of
+# the figure's third row, compiled with the cut.
 
 
 # %%
@@ -373,11 +343,9 @@ lesson.claim(
 )
 
 # %% [markdown]
-# ## Buckets below 1 MiB
+# ## Buckets of 0.5 MiB
 #
-# Under torch's DDP, Dynamo's cut makes its first piece 1 MiB
-# (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`) and asserts when the cap is below it. Each
-# wrapper, both ways (the model compiled, then wrapped; the wrapper compiled), at 0.5 MiB on an MLP of
+# Each wrapper, both ways (the model compiled, then wrapped; the wrapper compiled), at 0.5 MiB on an MLP of
 # two 1 MiB layers and the head, one training step each, its parameters compared with eager `ddp`'s
 # after the same step; a refusal is printed with the torch file that raised it:
 
@@ -422,7 +390,7 @@ lesson.claim(
         small["torch's DDP", way].startswith(refused) and "(raised in torch/_dynamo/" in small["torch's DDP", way]
         for way in ways
     ),
-    "At a cap below Dynamo's 1 MiB first piece torch's DDP does not compile, either way: Dynamo's code asserts.",
+    "At 0.5 MiB torch's DDP does not compile, either way: Dynamo's code asserts.",
 )
 lesson.claim(
     all(small["minddp's ddp", way] == "trained a step, to eager ddp's bits" for way in ways),
@@ -432,16 +400,14 @@ lesson.claim(
 # %% [markdown]
 # ## What to take away
 #
-# * Compile the model, then wrap it (`model = torch.compile(model)`, then the stage): minddp's
-#   `ddp` has Dynamo cut the compiled graph into pieces, and a message can travel beside a gradient
-#   node again (the claims above). This notebook shows that order, not a shorter step.
+# * Compile the model, then wrap it (`model = torch.compile(model)`, then `DDP(model)`): minddp's
+#   `ddp` has Dynamo cut the compiled graph into pieces, and a bucket is handed over before
+#   backward's last gradient node again (the claims above). This notebook shows that order; it does
+#   not compare the steps' lengths.
 # * `torch.compile(ddp)` trains too, and adds no graph break to the model's own (*Graph breaks*),
 #   where torch's DDP, compiled whole, adds breaks.
-# * Below 1 MiB buckets torch's DDP does not compile (the runs above, at 0.5 MiB); minddp's `ddp`
-#   trains, either way, to eager's bits.
-# * `tests/test_compile.py` checks, for `ddp` both ways, torch's DDP, `zero2` and the bucketed teaching
-#   stages around a compiled model, that the first bucket is handed over before the last `aten::mm`
-#   of backward begins.
+# * At 0.5 MiB buckets torch's DDP does not compile; minddp's `ddp` trains, either way, to eager's
+#   bits.
 # * The train command and the benchmark take `--compile` (`--compile-backend aot_eager` for quick
 #   runs). `docs/ddp.md` (*Compiled*) gives the details, the limits and why minddp uses Dynamo's
 #   cut rather than compiled autograd.
