@@ -235,14 +235,14 @@ lesson.claim(
 # The pieces are visible to autograd: each records one gradient node, `CompiledFunctionBackward`,
 # and the parameters whose gradients it produces hang off it (their `AccumulateGrad` nodes). Walking
 # the graph of one forward from its output lists the pieces in the order backward runs them, each
-# with its parameters in the forward's order. Beside them,
-# the buckets of `ddp` (`bucket_plan`, rebuilt after the first step from the order gradients arrived
-# in, each bucket listing its parameters in that order). A compiled piece produces all its gradients at its end,
-# so within a piece that order is the autograd engine's order of its `AccumulateGrad` nodes, not the
-# layers' order. A bucket closes at the first gradient that takes it to the cap or past it; a piece is
-# cut between operations, so a layer's weight and bias share a piece, and a piece can fill more than
-# one bucket. The claims below check where this run's buckets lie. The buckets printed are those of
-# the figure's third row, compiled with the cut.
+# with its parameters in the forward's order. Beside them, the buckets of `ddp` (`bucket_plan`,
+# rebuilt after the first step from the order gradients arrived in, each bucket listing its
+# parameters in that order). A compiled piece produces all its gradients at its end, so within a
+# piece that order is the autograd engine's order of its `AccumulateGrad` nodes, not the layers'
+# order. A bucket closes at the first gradient that takes it to the cap or past it; a piece is cut
+# between operations, so a layer's weight and bias share a piece, and a piece can fill more than one
+# bucket. The claims below check where this run's buckets lie. The buckets printed are those of the
+# figure's third row, compiled with the cut.
 
 
 # %%
@@ -345,9 +345,9 @@ lesson.claim(
 # %% [markdown]
 # ## Buckets of 0.5 MiB
 #
-# Each wrapper, both ways (the model compiled, then wrapped; the wrapper compiled), at 0.5 MiB on an MLP of
-# two 1 MiB layers and the head, one training step each, its parameters compared with eager `ddp`'s
-# after the same step; a refusal is printed with the torch file that raised it:
+# Each wrapper, both ways (the model compiled, then wrapped; the wrapper compiled), at 0.5 MiB on an
+# MLP of two 1 MiB layers and the head, one training step each, its parameters compared with eager
+# `ddp`'s after the same step; a refusal is printed with the torch file that raised it:
 
 
 # %%
