@@ -4,8 +4,9 @@
    compiles what they call, the module: no graph break of minddp's making in ``torch.compile(wrapper)``; the
    wrapper's methods marked :func:`runs_as_python` run as Python with all they call;
 2. :func:`split_at_buckets` (around the module's call): while the module runs compiled, Dynamo's
-   ``DDPOptimizer`` cuts its graph into pieces of a bucket each, as for torch's DDP, so each bucket is sent
-   once its piece's backward ends. An eager forward leaves torch as it is.
+   ``DDPOptimizer`` cuts its graph into pieces of at least a bucket's bytes each, as for torch's DDP, so a
+   bucket is sent once the piece that produces its last gradient has run its backward, not at the end of the
+   whole backward. An eager forward leaves torch as it is.
 
 Step 1 never touches a class. Dynamo decides by code object, for the whole process: were a class's
 ``forward`` marked, every wrapper of that class, built before or after, would run it as Python (a later
