@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import minddp.stages as ladder
-from minddp.exercises import check, check_fragment_schedule, check_hook, check_outer_sync, checker, solutions
+from minddp.exercises import check, check_fragment_schedule, check_hook, check_outer_sync, checker, lost_rank, solutions
 from minddp.exercises.lost_rank import check_shards
 
 TIMEOUT = 8.0  # seconds a collective may wait: the hang case waits this long, the others never do
@@ -457,6 +457,28 @@ SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
         "shard(batch, 0, 3) returned x of 10 rows and y of 3: x is the whole batch's (10 rows), not this rank's",
     ),
 ]
+
+
+SHARD_WRONG_ELSEWHERE = [  # right on the run's batches, wrong on another size: named without ranks, after the run
+    (  # a fixed 10 where len(x) belongs
+        wrong.shard_of_ten_rows,
+        "with a global batch of 11 rows (the run's have 10), at world 3, row 10 was trained by no rank: split len(x) "
+        "rows, whatever it is, among the `world` ranks it is given",
+    ),
+    (  # len(x) followed, but only one row of the remainder given: named as the remainder, not as a fixed count
+        wrong.shard_one_remainder_row_to_the_last,
+        "with a global batch of 11 rows (the run's have 10), at world 3, row 10 was trained by no rank: the ranks took "
+        "3, 3, 4 rows of 11 = 3 × 3 + 2, so 1 of the remainder's 2 rows (11 % 3) went to no rank",
+    ),
+]
+
+
+@pytest.mark.parametrize("fn,named", SHARD_WRONG_ELSEWHERE, ids=[m[0].__name__ for m in SHARD_WRONG_ELSEWHERE])
+def test_the_shard_checker_names_what_a_split_right_on_the_run_gets_wrong_on_other_batch_sizes(fn, named):
+    """What the checker says after a run whose committed steps (worlds 3 and 2, 10 rows) were right: a split that
+    ignores len(x) is told to follow it; one that follows it and drops part of the remainder is told so."""
+    problem = lost_rank.unchecked_coverage(fn, {3, 2})
+    assert problem is not None and named in problem, problem
 
 
 @pytest.mark.parametrize("fn,named", SHARD_REFUSED, ids=[m[0].__name__ for m in SHARD_REFUSED])

@@ -603,7 +603,15 @@ def unchecked_coverage(fn, run_worlds: set) -> str | None:
             problem = None if rows == ROWS else values_problem(fn, batch, world)  # (the run's batch: step 1 did)
             if problem:
                 return f"{where}, {problem}{chunk_note(fn, rows, world)}"
-            missing, twice, _ = coverage(fn, batch, world)
+            missing, twice, sizes = coverage(fn, batch, world)
+            floor, remainder = divmod(rows, world)
+            if missing and not twice and min(sizes) >= floor and not size_ignored(fn):
+                return (  # each rank has its floor share: some of the remainder's rows are what no rank took
+                    f"{where}, {rows_text(missing)} trained by no rank: the ranks took {', '.join(map(str, sizes))} "
+                    f"rows of {rows} = {world} × {floor} + {remainder}, so {len(missing)} of the remainder's "
+                    f"{remainder} rows ({rows} % {world}) went to no rank: give every row of the remainder to a rank "
+                    "(e.g. rank r takes rows r·B // world up to (r+1)·B // world)"
+                )
             if missing:
                 return (
                     f"{where}, {rows_text(missing)} trained by no rank"
@@ -617,6 +625,21 @@ def unchecked_coverage(fn, run_worlds: set) -> str | None:
                     + chunk_note(fn, rows, world)
                 )
     return None
+
+
+def size_ignored(fn) -> bool:
+    """``fn`` gives every rank of worlds 3, 2, 1 the same rows of every larger batch as of the run's: a fixed count
+    of rows where len(x) belongs (``False`` too where it raises on one: that is named by its values)."""
+    runs = ToyTask(global_batch=ROWS).global_batch(0)
+    try:
+        return all(
+            rows_of(fn(batch, rank, world)[0], batch[0]) == rows_of(fn(runs, rank, world)[0], runs[0])
+            for batch in (ToyTask(global_batch=rows).global_batch(0) for rows in OTHER_ROWS if rows > ROWS)
+            for world in range(WORLD, 0, -1)
+            for rank in range(world)
+        )
+    except Exception:  # noqa: BLE001 - a split that raises on a larger batch is no fixed count of rows
+        return False
 
 
 def chunk_note(fn, rows: int, world: int) -> str:
