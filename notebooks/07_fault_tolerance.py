@@ -74,10 +74,11 @@
 #   for every live slot to ask. A slot silent past the bound is evicted, unless it is the last
 #   holder of the trained state, which is never evicted (question 1 below);
 # * `full_world_at=(4, 9)`: the first attempt of steps 4 and 9 waits for all three slots, whatever
-#   the machine's speed: the kill meets a full world, and slot 1 is back, healed, in step 9, before
-#   the raise of step 11 (so the heal and the raise each show on their own);
+#   the machine's speed: the kill meets a full world, and slot 1 is back, healed, by step 9 (slots 0
+#   and 2 wait for it there if it is not back sooner), before the raise of step 11 (so the heal and
+#   the raise each show on their own);
 # * `restart_after_steps=1`: the launcher starts a killed slot again only once a step was committed
-#   without it, so the run shows training at world 2;
+#   without it, so the run shows steps committed at world 2;
 # * `rejoin_before_end=True`: the last step waits for all three slots too, so the run does not end
 #   before the killed slot is back;
 # * `digests=True`: every member records a sha256 of its parameters and optimizer state just before
@@ -110,23 +111,27 @@ for line in run.report():
 # %% [markdown]
 # Where each recovery's time went. The cell below prints each fault's moments, in milliseconds
 # after the fault, from the members' entries and the lighthouse's and the launcher's events, and
-# the four parts between them (the events time only these moments, not what lies inside a part):
+# the four parts between them. The events time only these moments; each part holds the work
+# listed here, which they do not time piece by piece:
 #
 # * **fault to first error** (the first exception a member of the attempt caught). After the raise
 #   it is slot 2's own, from its comm hook. After the kill it is a survivor's: its all_reduce fails
-#   on its closed connection to slot 1 (the errors are printed further down), so this part holds
-#   the survivors' step up to their all_reduce and the wait for that close;
-# * **first error to discard**: that member drops its group, then votes no; the lighthouse
-#   discards the attempt at the first no;
-# * **discard to next quorum**: the lighthouse answers once every live slot has asked; after the
-#   kill, slot 1 is live until the launcher has recorded its exit (`exit recorded` below);
-# * **next quorum to commit**: the members build the new group, train the step and vote, and the
+#   on its connection to slot 1, which ended with slot 1's process (the errors are printed further
+#   down), so this part holds the survivors' step up to their all_reduce and that failure;
+# * **first error to discard**: that member drops its group (a garbage collection, then the group's
+#   teardown) and votes no; the lighthouse discards the attempt at the first no;
+# * **discard to next quorum**: each member records its digest after the discard and asks for the
+#   next quorum; the lighthouse answers once every live slot has asked. After the kill, slot 1 is
+#   live until the launcher has recorded its exit (`exit recorded` below): the launcher looks at its
+#   processes in passes with a 20 ms sleep between them, and once it sees an exit it waits a fixed
+#   50 ms before recording it (`PASS_SLEEP_S`, `EXIT_WAIT_S` in `minddp/ft/launch.py`);
+# * **next quorum to commit**: each member drops its group again (a second garbage collection),
+#   builds the new one, records its digest before the step, trains the step and votes, and the
 #   lighthouse commits.
 #
-# This is one run of each fault on a shared machine (`docs/fault-tolerance.md`'s benchmark has
-# medians over 24 faults, under other settings). The kill's rejoin is printed in two parts: from
-# the kill to the launcher's restart of slot 1, and from that restart to the quorum that healed
-# the new process.
+# This is one run of each fault (`docs/fault-tolerance.md`'s benchmark has medians over 8 kills and
+# 8 raises, under other settings), and its events do not time the work inside a part, so it does
+# not say why a part took longer after one fault than after the other.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -160,29 +165,30 @@ lesson.claim(
 )
 lesson.claim(
     first_error(kill)[1] != kill.fault.slot and kill.exit_s is not None and kill.exit_s <= kill.quorum_s,
-    f"kill: the first error was a survivor's, and the quorum without slot {kill.fault.slot} came only once the "
-    f"launcher had recorded its exit ({ms(kill.exit_s)} ms, then the quorum at {ms(kill.quorum_s)} ms)",
+    f"kill: the first error was a survivor's, and the launcher recorded slot {kill.fault.slot}'s exit "
+    f"({ms(kill.exit_s)} ms) before the quorum without it ({ms(kill.quorum_s)} ms)",
 )
 names = ("fault to first error", "first error to discard", "discard to next quorum", "next quorum to commit")
 print(f"\n{'ms':<24}{'kill':>6}{'raise':>7}")
 for n, k, r in [*zip(names, parts["kill"], parts["raise"]), ("recovery", ms(kill.recovery_s), ms(raised.recovery_s))]:
     print(f"{n:<24}{k:>6}{r:>7}")
-
-
-def than(d):  # a difference in ms, said with its direction
-    return f"{abs(d)} ms {'longer' if d >= 0 else 'shorter'}"
-
-
+largest = {kind: max(zip(p, names)) for kind, p in parts.items()}  # (ms, name) of each recovery's largest part
 print(
-    f"\nthe kill's recovery was {than(ms(kill.recovery_s) - ms(raised.recovery_s))} than the raise's: "
-    f"{than(parts['kill'][0] - parts['raise'][0])} up to the first error, "
-    f"{than(sum(parts['kill'][1:]) - sum(parts['raise'][1:]))} after it"
+    f"in this run the largest part of the kill's recovery was {largest['kill'][1]} ({largest['kill'][0]} ms), "
+    f"of the raise's {largest['raise'][1]} ({largest['raise'][0]} ms)"
 )
 rejoin, restart = round(kill.rejoin_s, 2), round(kill.restart_s, 2)  # as printed: the parts add up to the whole
 restart_to_heal = rejoin - restart
+step, last = max(  # the survivors' last commit before the heal: (step, seconds after the kill)
+    (e[2], round(e[5] - kill.fired, 2))
+    for e in run.events
+    if e[0] == "decision" and e[3] == "commit" and kill.fired <= e[5] <= kill.fired + kill.rejoin_s
+)
 print(
-    f"rejoin {rejoin:.2f} s: {restart:.2f} s from the kill to the launcher's restart of slot 1, then "
-    f"{restart_to_heal:.2f} s from that restart to the quorum that healed the new process"
+    f"\nrejoin {rejoin:.2f} s: {restart:.2f} s from the kill to the launcher's restart of slot 1, then "
+    f"{restart_to_heal:.2f} s from that restart to the quorum that healed the new process. Meanwhile slots 0 and 2 "
+    f"committed steps {kill.fault.step}-{step} at world 2, the last {last:.2f} s after the kill; then "
+    f"{rejoin - last:.2f} s passed until step {kill.healed_at}'s quorum, the one that took slot 1 back"
 )
 lesson.claim(
     max(kill.recovery_s, raised.recovery_s) < restart_to_heal,
@@ -191,9 +197,9 @@ lesson.claim(
 )
 
 # %% [markdown]
-# So in this run each recovery took less time than the restarted slot 1 took from its restart to
-# its heal; a restart from a checkpoint (not run here) restarts every process, then reads the
-# checkpoint and trains again every step since it.
+# The events time no moment of slot 1's new process before the quorum that healed it, so its time
+# from restart to heal is not split further here. A restart from a checkpoint (not run here)
+# restarts every process, then reads the checkpoint and trains again every step since it.
 #
 # The run's timeline: one column per attempt, in order, and one row per slot; under them the step,
 # the world size and each new group; then what each mark means (only the marks that appear).
@@ -216,7 +222,7 @@ print(run.timeline())
 #   whatever the machine's speed);
 # * in step 11 slot 2's comm hook raised, before its all_reduce: slot 2 stayed, dropped its group
 #   and voted no. Slots 0 and 1 got their own error after slot 2's (the raise's first error, above),
-#   each a closed connection (printed below). The attempt was discarded on every member, and step
+#   each on its connection to slot 2 (printed below). The attempt was discarded on every member, and step
 #   11 was tried again by a new group of the same three slots.
 
 # %%
@@ -372,8 +378,8 @@ show_source(solutions.ft_shard)
 #
 # <details><summary>1. A frozen process</summary>
 #
-# A killed process's connections are closed as the kernel ends it, so its peers' all_reduce fails
-# on the closed connection, not on the group's timeout (the kill's errors above), and the launcher
+# A killed process's connections end with it (the kernel ends them), so its peers' all_reduce fails
+# at once on their connection to it, not on the group's timeout (the kill's errors above), and the launcher
 # tells the lighthouse the process is gone once it has recorded its exit (`exit recorded` above). A
 # frozen process (`SIGSTOP`) keeps its sockets open and says nothing: its peers wait in their all_reduce
 # until the group's timeout (`hang_s`: the rung builds each group with it), and the lighthouse
@@ -392,9 +398,9 @@ show_source(solutions.ft_shard)
 #
 # With `kill@4:1,kill@5:2` the world shrinks by one at each kill, and grows back as each killed
 # slot is started again and healed from a survivor. The launcher starts slot 1 again only after a
-# step committed without it, and in the run above it took seconds from its restart to its heal,
-# so slot 1 is likely not back when slot 2 dies in step 5: the world would then go down to 1, slot 0 training alone on the
-# whole batch. (A prediction: this notebook runs only the three-kill case below.) Killing all three
+# step committed without it, here after step 4, and in the run above it took seconds from its
+# restart to its heal: it is not back when slot 2 dies in step 5, the next step, and the world
+# goes down to 1, slot 0 training alone on the whole batch. (A prediction: this notebook runs only the three-kill case below.) Killing all three
 # in the same step leaves no holder: in this design, as in torchft's, the trained state lives only
 # in the training processes, so nothing is left to heal from. A design that keeps a copy elsewhere (a checkpoint on disk, or a
 # replica of the state outside the training processes) could bring it back; this kind of fault
