@@ -378,8 +378,8 @@ show_source(solutions.ft_shard)
 #
 # <details><summary>1. A frozen process</summary>
 #
-# A killed process's connections end with it (the kernel ends them), so its peers' all_reduce fails
-# at once on their connection to it, not on the group's timeout (the kill's errors above), and the launcher
+# A killed process's connections end with it, so its peers' all_reduce fails on their connection
+# to it, not on the group's timeout (the kill's errors above), and the launcher
 # tells the lighthouse the process is gone once it has recorded its exit (`exit recorded` above). A
 # frozen process (`SIGSTOP`) keeps its sockets open and says nothing: its peers wait in their all_reduce
 # until the group's timeout (`hang_s`: the rung builds each group with it), and the lighthouse
