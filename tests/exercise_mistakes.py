@@ -1267,6 +1267,22 @@ def shard_targets_squeezed(batch, rank, world):
     return x[lo:hi], y[lo:hi].squeeze()
 
 
+def shard_ceiling_pieces_by_hand(batch, rank, world):
+    """chunk written by hand: pieces of ceil(B / world) rows, piece `rank` taken; 4 rows at world 3 make 2 pieces,
+    and rank 2's index is past the last (an IndexError), with no call to chunk for the checker to read."""
+    x, y = batch
+    size = -(-len(x) // world)
+    return torch.split(x, size)[rank], torch.split(y, size)[rank]
+
+
+def shard_world_before_rank(batch, world, rank):
+    """The model answer's split with its last two parameters in the other order: called shard(batch, rank, world),
+    its `world` is the rank given, 0 for rank 0 (a ZeroDivisionError)."""
+    x, y = batch
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
+    return x[lo:hi], y[lo:hi]
+
+
 def outer_sync_flipped_from_local(params, synced, outer):
     """Two mistakes at once: local − synced averaged, and the outer step taken from the local weights."""
     with torch.no_grad():

@@ -456,6 +456,12 @@ SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
         wrong.shard_inputs_unsliced,
         "shard(batch, 0, 3) returned x of 10 rows and y of 3: x is the whole batch's (10 rows), not this rank's",
     ),
+    (  # (batch, world, rank): named as the order of the arguments, not only as the ZeroDivisionError it raises
+        wrong.shard_world_before_rank,
+        "your shard raised ZeroDivisionError for rank 0 of world 3: integer division or modulo by zero; called with "
+        "its last two arguments the other way round, it gives each row to exactly one rank at worlds 3, 2 and 1: "
+        "shard is called as shard(batch, rank, world), rank before world",
+    ),
 ]
 
 
@@ -469,6 +475,12 @@ SHARD_WRONG_ELSEWHERE = [  # right on the run's batches, wrong on another size: 
         wrong.shard_one_remainder_row_to_the_last,
         "with a global batch of 11 rows (the run's have 10), at world 3, row 10 was trained by no rank: the ranks took "
         "3, 3, 4 rows of 11 = 3 × 3 + 2, so 1 of the remainder's 2 rows (11 % 3) went to no rank",
+    ),
+    (  # chunk written by hand (no call to chunk to read): named by its ceil-sized pieces, fewer than the ranks
+        wrong.shard_ceiling_pieces_by_hand,
+        "with a global batch of 4 rows (the run's have 10), at world 3, your shard raised IndexError for rank 2 of "
+        "world 3: tuple index out of range (your pieces are ceil(B / world) rows, so 4 rows at world 3 make 2 pieces "
+        "of at most 2, fewer than the 3 ranks: rank 2 and above get no piece",
     ),
 ]
 

@@ -188,7 +188,7 @@ def preflight(fn, batch) -> str | None:
     for world in range(WORLD, 0, -1):
         problem = values_problem(fn, batch, world)
         if problem:
-            return problem
+            return problem + (SWAPPED if arguments_swapped(fn, batch) else "")
     return busiest_problem(fn, (ROWS,))
 
 
@@ -302,6 +302,10 @@ def values_problem(fn, batch, world: int) -> str | None:
 
 
 #: Said after an exception that a read of the launcher's environment or of a process group raises outside the ranks.
+SWAPPED = (  # a split right with its last two parameters the other way round: (batch, world, rank)
+    "; called with its last two arguments the other way round, it gives each row to exactly one rank at worlds 3, 2 "
+    "and 1: shard is called as shard(batch, rank, world), rank before world"
+)
 RANK_READ_AT_RUN_TIME = (
     " (a read of the launcher's RANK or WORLD_SIZE, or of a process group's rank: the checker calls shard outside "
     "the ranks, and on the ranks RANK is the slot, not the index in the quorum of now; split by the rank and world "
@@ -643,17 +647,49 @@ def size_ignored(fn) -> bool:
 
 
 def chunk_note(fn, rows: int, world: int) -> str:
-    """Why ``fn`` went wrong at ``rows`` rows and ``world`` ranks, if it calls torch's chunk and chunk gives fewer
-    pieces than ranks there (``""`` otherwise)."""
+    """Why ``fn`` went wrong at ``rows`` rows and ``world`` ranks, if it cuts pieces of ceil(rows / world) rows
+    (torch's chunk, or the same pieces by hand) and they are fewer than the ranks there (``""`` otherwise)."""
     size = -(-rows // world)  # chunk's piece: ceil(rows / world) rows, the last one shorter
     pieces = -(-rows // size)
-    if pieces >= world or not reads(fn, torch, ("chunk",))[0]:
+    if pieces >= world:
+        return ""
+    if reads(fn, torch, ("chunk",))[0]:
+        cut = "chunk(world) cuts pieces of ceil(B / world) rows"
+    elif ceiling_pieces(fn, rows, world, size):
+        cut = "your pieces are ceil(B / world) rows"
+    else:
         return ""
     return (
-        f" (chunk(world) cuts pieces of ceil(B / world) rows, so {rows} rows at world {world} make {pieces} piece"
-        f"{'s' if pieces > 1 else ''} of at most {size}, fewer than the {world} ranks: rank {pieces} and above get "
-        "no piece; torch.tensor_split(x, world) always gives `world` pieces, some of them empty)"
+        f" ({cut}, so {rows} rows at world {world} make {pieces} piece{'s' if pieces > 1 else ''} of at most {size}, "
+        f"fewer than the {world} ranks: rank {pieces} and above get no piece; torch.tensor_split(x, world) always "
+        "gives `world` pieces, some of them empty)"
     )
+
+
+def ceiling_pieces(fn, rows: int, world: int, size: int) -> bool:
+    """``fn`` gives rank r of ``world`` rows r·size up to (r+1)·size of a batch of ``rows`` rows, for every rank
+    that has such a piece: chunk's pieces, cut by hand."""
+    batch = ToyTask(global_batch=rows).global_batch(0)
+    try:
+        return all(
+            rows_of(fn(batch, rank, world)[0], batch[0]) == list(range(rank * size, min(rows, (rank + 1) * size)))
+            for rank in range(-(-rows // size))
+        )
+    except Exception:  # noqa: BLE001 - the learner's code: a piece that raises is not chunk's
+        return False
+
+
+def arguments_swapped(fn, batch) -> bool:
+    """``fn`` gives each row of ``batch`` to exactly one rank at worlds 3, 2 and 1 when called as
+    ``fn(batch, world, rank)``: its last two parameters in the other order."""
+
+    def swapped(b, rank, world):
+        return fn(b, world, rank)
+
+    for world in range(WORLD, 0, -1):
+        if values_problem(swapped, batch, world) is not None or any(coverage(swapped, batch, world)[:2]):
+            return False
+    return True
 
 
 def compared_with_the_rung(fn, batch) -> str:
