@@ -174,7 +174,6 @@ names = ("fault to first error", "first error to discard", "discard to next quor
 print(f"\n{'ms':<24}{'kill':>6}{'raise':>7}")
 for n, k, r in [*zip(names, parts["kill"], parts["raise"]), ("recovery", ms(kill.recovery_s), ms(raised.recovery_s))]:
     print(f"{n:<24}{k:>6}{r:>7}")
-print(f"{'world of the retry':<24}{kill.world:>6}{raised.world:>7}")
 before_exit = max(0, ms(kill.exit_s) - ms(kill.discard_s))  # the part of discard-to-quorum before the exit record
 print(
     f"after the kill, the quorum could not answer before slot 1's exit was recorded: {before_exit} of the "
