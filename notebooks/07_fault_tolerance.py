@@ -174,10 +174,11 @@ names = ("fault to first error", "first error to discard", "discard to next quor
 print(f"\n{'ms':<24}{'kill':>6}{'raise':>7}")
 for n, k, r in [*zip(names, parts["kill"], parts["raise"]), ("recovery", ms(kill.recovery_s), ms(raised.recovery_s))]:
     print(f"{n:<24}{k:>6}{r:>7}")
-before_exit = max(0, ms(kill.exit_s) - ms(kill.discard_s))  # the part of discard-to-quorum before the exit record
+waited = ms(kill.quorum_s) - ms(kill.discard_s)  # the kill's discard to next quorum
+before_exit = max(0, ms(kill.exit_s) - ms(kill.discard_s))  # the part of it before the exit record
 print(
-    f"after the kill, the quorum could not answer before slot 1's exit was recorded: {before_exit} of the "
-    f"{ms(kill.quorum_s) - ms(kill.discard_s)} ms from the discard to the next quorum came before that record"
+    f"after the kill, the quorum could not answer before slot 1's exit was recorded: of the {waited} ms from the "
+    f"discard to the next quorum, {before_exit} came before that record and {waited - before_exit} after it"
 )
 rejoin, restart = round(kill.rejoin_s, 2), round(kill.restart_s, 2)  # as printed: the parts add up to the whole
 restart_to_heal = rejoin - restart
