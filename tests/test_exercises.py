@@ -351,7 +351,12 @@ SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, wh
         "at world 3, row 9 was trained by no rank (of the global batch's 10): each rank took 10 // 3 = 3 rows, so "
         "the remainder of the floor division, row 9, went to no rank",
     ),
-    (wrong.shard_overlapping, "at world 3, rows 3, 6 were trained by more than one rank"),
+    (  # x[lo:hi+1]: named as the slice's end taken inclusive, as hi-1 is named as one row short
+        wrong.shard_overlapping,
+        "at world 3, rows 3, 6 were trained by more than one rank (of the global batch's 10): each is the first row "
+        "of a rank's share (rank r + 1's share begins where rank r's ends, at (r+1)·B // world); your slice takes it "
+        "into rank r's share too",
+    ),
     (wrong.shard_returns_the_batch, "at world 3, rows 0-9 were trained by more than one rank"),
     (wrong.shard_unfinished, "your shard raised NotImplementedError for rank 0 of world 3"),
     (wrong.shard_reads_the_group_rank, "your shard reads torch.distributed.get_rank() and get_world_size()"),
@@ -437,6 +442,12 @@ SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
         "shard(batch, 0, 3) returned 3 values, not 2 (x, y): ToyTask.shard's third, the batch's row count, is not "
         "the checker's",
     ),
+    (  # ToyTask's 12 rows hard-coded: named as a fixed count of rows, not only as an uneven split
+        wrong.shard_of_twelve_rows,
+        "at world 2, the ranks took 6, 4 rows: your shard splits a fixed 12 rows, whatever the batch holds, and this "
+        "batch has 10, so rank 0 takes 6 rows where an even split of 10 gives no rank more than ceil(10 / 2) = 5: "
+        "split len(x) rows, whatever it is",
+    ),
     (
         wrong.shard_all_to_rank_zero,
         "at world 3, the ranks took 10, 0, 0 rows: each row is trained once, but the busiest rank, rank 0, takes 10 "
@@ -491,6 +502,20 @@ def test_the_shard_checker_names_what_a_split_right_on_the_run_gets_wrong_on_oth
     ignores len(x) is told to follow it; one that follows it and drops part of the remainder is told so."""
     problem = lost_rank.unchecked_coverage(fn, {3, 2})
     assert problem is not None and named in problem, problem
+
+
+SHARD_SLICE_ENDS = [  # the rung's bounds, each slice's end moved by one row: named as the end, not only by the rows
+    (wrong.shard_last_row_short, "your slice ends one row before it"),
+    (wrong.shard_overlapping, "your slice takes it into rank r's share too"),
+]
+
+
+@pytest.mark.parametrize("fn,named", SHARD_SLICE_ENDS, ids=[m[0].__name__ for m in SHARD_SLICE_ENDS])
+def test_the_shard_checker_names_a_slice_end_moved_by_one_row(fn, named):
+    """The verdict the run's world-3 steps get (no ranks start here: the rows are the function's own): x[lo:hi-1] is
+    told its end is one short, x[lo:hi+1] that its end takes the next rank's first row."""
+    problem = lost_rank.coverage_problem(fn, [(0, 3)], lost_rank.Lanes([], 1), 0.1, blind=False)
+    assert named in problem and "a slice x[lo:hi] already leaves out row hi" in problem, problem
 
 
 @pytest.mark.parametrize("fn,named", SHARD_REFUSED, ids=[m[0].__name__ for m in SHARD_REFUSED])
