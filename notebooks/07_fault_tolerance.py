@@ -379,8 +379,8 @@ show_source(solutions.ft_shard)
 #
 # With `kill@4:1,kill@5:2` the world shrinks by one at each kill, and grows back as each killed
 # slot is started again and healed from a survivor. The launcher starts slot 1 again only after a
-# step committed without it, here after step 4, and in the run above it took seconds from its
-# restart to its heal: it is not back when slot 2 dies in step 5, the next step, and the world
+# step committed without it, here after step 4, and in the run above its new process missed the
+# next steps (the timeline's `.`): it is not back when slot 2 dies in step 5, the next step, and the world
 # goes down to 1, slot 0 training alone on the whole batch. (A prediction: this notebook runs only the three-kill case below.) Killing all three
 # in the same step leaves no holder: in this design, as in torchft's, the trained state lives only
 # in the training processes, so nothing is left to heal from. A design that keeps a copy elsewhere (a checkpoint on disk, or a
