@@ -733,10 +733,10 @@ def shard_floor_sized(batch, rank, world):
 
 
 def shard_overlapping(batch, rank, world):
-    """One row too many per rank: each boundary row is trained by two ranks."""
+    """An exclusive end taken as inclusive, x[lo:hi+1]: each boundary row is trained by two ranks."""
     x, y = batch
-    lo, hi = rank * len(x) // world, min(len(x), (rank + 1) * len(x) // world + 1)
-    return x[lo:hi], y[lo:hi]
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
+    return x[lo : hi + 1], y[lo : hi + 1]
 
 
 def shard_strided(batch, rank, world):
@@ -819,6 +819,13 @@ def shard_group_rank_through_a_helper(batch, rank, world):
     return x[lo:hi], y[lo:hi]
 
 
+def shard_of_twelve_rows(batch, rank, world):
+    """12, ToyTask's rows per global batch, hard-coded where len(x) belongs: the checker's batches have 10."""
+    x, y = batch
+    lo, hi = rank * 12 // world, (rank + 1) * 12 // world
+    return x[lo:hi], y[lo:hi]
+
+
 def shard_of_ten_rows(batch, rank, world):
     """The rung's split of a batch of exactly 10 rows, hard-coded: right for the checker's run, wrong for others."""
     x, y = batch
@@ -897,6 +904,16 @@ def shard_remainder_to_the_last(batch, rank, world):
     n = len(x) // world
     hi = len(x) if rank == world - 1 else (rank + 1) * n
     return x[rank * n : hi], y[rank * n : hi]
+
+
+def shard_one_remainder_row_to_the_last(batch, rank, world):
+    """len(x) // world rows each and one more for the last rank: right on the run's 10 rows (3, 3, 4 at world 3;
+    5, 5 at world 2), but 11 rows at world 3 leave a remainder of 2, and row 10 goes to no rank."""
+    x, y = batch
+    n = len(x) // world
+    lo = rank * n
+    hi = lo + n + (rank == world - 1)
+    return x[lo:hi], y[lo:hi]
 
 
 def shard_targets_unsliced(batch, rank, world):
@@ -1255,6 +1272,22 @@ def shard_targets_squeezed(batch, rank, world):
     x, y = batch
     lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
     return x[lo:hi], y[lo:hi].squeeze()
+
+
+def shard_ceiling_pieces_by_hand(batch, rank, world):
+    """chunk written by hand: pieces of ceil(B / world) rows, piece `rank` taken; 4 rows at world 3 make 2 pieces,
+    and rank 2's index is past the last (an IndexError), with no call to chunk for the checker to read."""
+    x, y = batch
+    size = -(-len(x) // world)
+    return torch.split(x, size)[rank], torch.split(y, size)[rank]
+
+
+def shard_world_before_rank(batch, world, rank):
+    """The model answer's split with its last two parameters in the other order: called shard(batch, rank, world),
+    its `world` is the rank given, 0 for rank 0 (a ZeroDivisionError)."""
+    x, y = batch
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
+    return x[lo:hi], y[lo:hi]
 
 
 def outer_sync_flipped_from_local(params, synced, outer):

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import minddp.stages as ladder
-from minddp.exercises import check, check_fragment_schedule, check_hook, check_outer_sync, checker, solutions
+from minddp.exercises import check, check_fragment_schedule, check_hook, check_outer_sync, checker, lost_rank, solutions
 from minddp.exercises.lost_rank import check_shards
 
 TIMEOUT = 8.0  # seconds a collective may wait: the hang case waits this long, the others never do
@@ -352,7 +352,12 @@ SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, wh
         "at world 3, row 9 was trained by no rank (of the global batch's 10): each rank took 10 // 3 = 3 rows, so "
         "the remainder of the floor division, row 9, went to no rank",
     ),
-    (wrong.shard_overlapping, "at world 3, rows 3, 6 were trained by more than one rank"),
+    (  # x[lo:hi+1]: named as the slice's end taken inclusive, as hi-1 is named as one row short
+        wrong.shard_overlapping,
+        "at world 3, rows 3, 6 were trained by more than one rank (of the global batch's 10): each is the first row "
+        "of a rank's share (rank r + 1's share begins where rank r's ends, at (r+1)·B // world); your slice takes it "
+        "into rank r's share too",
+    ),
     (wrong.shard_returns_the_batch, "at world 3, rows 0-9 were trained by more than one rank"),
     (wrong.shard_unfinished, "your shard raised NotImplementedError for rank 0 of world 3"),
     (wrong.shard_reads_the_group_rank, "your shard reads torch.distributed.get_rank() and get_world_size()"),
@@ -438,6 +443,12 @@ SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
         "shard(batch, 0, 3) returned 3 values, not 2 (x, y): ToyTask.shard's third, the batch's row count, is not "
         "the checker's",
     ),
+    (  # ToyTask's 12 rows hard-coded: named as a fixed count of rows, not only as an uneven split
+        wrong.shard_of_twelve_rows,
+        "at world 2, the ranks took 6, 4 rows: your shard splits a fixed 12 rows, whatever the batch holds, and this "
+        "batch has 10, so rank 0 takes 6 rows where an even split of 10 gives no rank more than ceil(10 / 2) = 5: "
+        "split len(x) rows, whatever it is",
+    ),
     (
         wrong.shard_all_to_rank_zero,
         "at world 3, the ranks took 10, 0, 0 rows: each row is trained once, but the busiest rank, rank 0, takes 10 "
@@ -457,7 +468,55 @@ SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
         wrong.shard_inputs_unsliced,
         "shard(batch, 0, 3) returned x of 10 rows and y of 3: x is the whole batch's (10 rows), not this rank's",
     ),
+    (  # (batch, world, rank): named as the order of the arguments, not only as the ZeroDivisionError it raises
+        wrong.shard_world_before_rank,
+        "your shard raised ZeroDivisionError for rank 0 of world 3: integer division or modulo by zero; called with "
+        "its last two arguments the other way round, it gives each row to exactly one rank at worlds 3, 2 and 1: "
+        "shard is called as shard(batch, rank, world), rank before world",
+    ),
 ]
+
+
+SHARD_WRONG_ELSEWHERE = [  # right on the run's batches, wrong on another size: named without ranks, after the run
+    (  # a fixed 10 where len(x) belongs
+        wrong.shard_of_ten_rows,
+        "with a global batch of 11 rows (the run's have 10), at world 3, row 10 was trained by no rank: split len(x) "
+        "rows, whatever it is, among the `world` ranks it is given",
+    ),
+    (  # len(x) followed, but only one row of the remainder given: named as the remainder, not as a fixed count
+        wrong.shard_one_remainder_row_to_the_last,
+        "with a global batch of 11 rows (the run's have 10), at world 3, row 10 was trained by no rank: the ranks took "
+        "3, 3, 4 rows of 11 = 3 × 3 + 2, so 1 of the remainder's 2 rows (11 % 3) went to no rank",
+    ),
+    (  # chunk written by hand (no call to chunk to read): named by its ceil-sized pieces, fewer than the ranks
+        wrong.shard_ceiling_pieces_by_hand,
+        "with a global batch of 4 rows (the run's have 10), at world 3, your shard raised IndexError for rank 2 of "
+        "world 3: tuple index out of range (your pieces are ceil(B / world) rows, so 4 rows at world 3 make 2 pieces "
+        "of at most 2, fewer than the 3 ranks: rank 2 and above get no piece",
+    ),
+]
+
+
+@pytest.mark.parametrize("fn,named", SHARD_WRONG_ELSEWHERE, ids=[m[0].__name__ for m in SHARD_WRONG_ELSEWHERE])
+def test_the_shard_checker_names_what_a_split_right_on_the_run_gets_wrong_on_other_batch_sizes(fn, named):
+    """What the checker says after a run whose committed steps (worlds 3 and 2, 10 rows) were right: a split that
+    ignores len(x) is told to follow it; one that follows it and drops part of the remainder is told so."""
+    problem = lost_rank.unchecked_coverage(fn, {3, 2})
+    assert problem is not None and named in problem, problem
+
+
+SHARD_SLICE_ENDS = [  # the rung's bounds, each slice's end moved by one row: named as the end, not only by the rows
+    (wrong.shard_last_row_short, "your slice ends one row before it"),
+    (wrong.shard_overlapping, "your slice takes it into rank r's share too"),
+]
+
+
+@pytest.mark.parametrize("fn,named", SHARD_SLICE_ENDS, ids=[m[0].__name__ for m in SHARD_SLICE_ENDS])
+def test_the_shard_checker_names_a_slice_end_moved_by_one_row(fn, named):
+    """The verdict the run's world-3 steps get (no ranks start here: the rows are the function's own): x[lo:hi-1] is
+    told its end is one short, x[lo:hi+1] that its end takes the next rank's first row."""
+    problem = lost_rank.coverage_problem(fn, [(0, 3)], lost_rank.Lanes([], 1), 0.1, blind=False)
+    assert named in problem and "a slice x[lo:hi] already leaves out row hi" in problem, problem
 
 
 @pytest.mark.parametrize("fn,named", SHARD_REFUSED, ids=[m[0].__name__ for m in SHARD_REFUSED])

@@ -188,7 +188,7 @@ def preflight(fn, batch) -> str | None:
     for world in range(WORLD, 0, -1):
         problem = values_problem(fn, batch, world)
         if problem:
-            return problem
+            return problem + (SWAPPED if arguments_swapped(fn, batch) else "")
     return busiest_problem(fn, (ROWS,))
 
 
@@ -208,6 +208,14 @@ def busiest_problem(fn, row_counts) -> str | None:
             busiest = sizes.index(max(sizes))
             floor, remainder = divmod(rows, world)
             where = f"at world {world}" + ("" if rows == ROWS else f", with a global batch of {rows} rows")
+            fixed = fixed_rows(fn)
+            if fixed is not None and fixed != rows:
+                return (
+                    f"{where}, the ranks took {', '.join(map(str, sizes))} rows: your shard splits a fixed {fixed} "
+                    f"rows, whatever the batch holds, and this batch has {rows}, so rank {busiest} takes {max(sizes)} "
+                    f"rows where an even split of {rows} gives no rank more than ceil({rows} / {world}) = {even}: "
+                    "split len(x) rows, whatever it is, among the `world` ranks it is given"
+                )
             if sorted(sizes) == [floor] * (world - 1) + [floor + remainder]:
                 fix = (
                     f"each rank took {rows} // {world} = {floor} rows and rank {busiest} the remainder of the floor "
@@ -302,6 +310,10 @@ def values_problem(fn, batch, world: int) -> str | None:
 
 
 #: Said after an exception that a read of the launcher's environment or of a process group raises outside the ranks.
+SWAPPED = (  # a split right with its last two parameters the other way round: (batch, world, rank)
+    "; called with its last two arguments the other way round, it gives each row to exactly one rank at worlds 3, 2 "
+    "and 1: shard is called as shard(batch, rank, world), rank before world"
+)
 RANK_READ_AT_RUN_TIME = (
     " (a read of the launcher's RANK or WORLD_SIZE, or of a process group's rank: the checker calls shard outside "
     "the ranks, and on the ranks RANK is the slot, not the index in the quorum of now; split by the rank and world "
@@ -524,6 +536,8 @@ def verdict(fn, mine: dict, oracle: dict, committed, task: Lanes, run, blind: bo
 #: not a fixed count, and give each row a rank whatever the count (torch's chunk makes pieces of ceil(B / world) rows,
 #: so 4 rows at world 3 are only 2 pieces: rank 2 has none). The larger first, then down to 1 row.
 OTHER_ROWS = (11, 12, *range(ROWS - 1, 0, -1))
+#: A batch larger than any count of rows a split may fix (see :func:`fixed_rows`).
+BIG_ROWS = 64
 
 
 def coverage(fn, batch, world: int) -> tuple[list[int], list[int], list[int]]:
@@ -562,13 +576,19 @@ def world_ignored(fn, batch) -> bool:
     )
 
 
-def last_row_short(fn, batch, world: int) -> bool:
-    """``fn`` gives each rank of ``world`` the rung's rows but the last: an exclusive end taken one row short."""
+def slice_end_moved(fn, batch, world: int) -> int:
+    """-1 where ``fn`` gives each rank of ``world`` the rung's rows but its last (an exclusive end taken one row
+    short, ``x[lo:hi-1]``), +1 where it gives each the rung's rows and the next rank's first (an end taken as
+    inclusive, ``x[lo:hi+1]``), 0 otherwise."""
     x = batch[0]
-    return all(
-        rows_of(fn(batch, rank, world)[0], x) == sorted(rows_of(rung_shard(batch, rank, world)[0], x))[:-1]
-        for rank in range(world)
-    )
+    mine = [rows_of(fn(batch, rank, world)[0], x) or [] for rank in range(world)]
+    rung = [sorted(rows_of(rung_shard(batch, rank, world)[0], x)) for rank in range(world)]
+    if not all(rung):
+        return 0
+    for moved in (-1, 1):
+        if all(m == list(range(r[0], min(r[-1] + 1 + moved, len(x)))) for m, r in zip(mine, rung)):
+            return moved
+    return 0
 
 
 def shape(t: torch.Tensor) -> str:
@@ -603,7 +623,15 @@ def unchecked_coverage(fn, run_worlds: set) -> str | None:
             problem = None if rows == ROWS else values_problem(fn, batch, world)  # (the run's batch: step 1 did)
             if problem:
                 return f"{where}, {problem}{chunk_note(fn, rows, world)}"
-            missing, twice, _ = coverage(fn, batch, world)
+            missing, twice, sizes = coverage(fn, batch, world)
+            floor, remainder = divmod(rows, world)
+            if missing and not twice and min(sizes) >= floor and fixed_rows(fn) is None:
+                return (  # each rank has its floor share: some of the remainder's rows are what no rank took
+                    f"{where}, {rows_text(missing)} trained by no rank: the ranks took {', '.join(map(str, sizes))} "
+                    f"rows of {rows} = {world} × {floor} + {remainder}, so {len(missing)} of the remainder's "
+                    f"{remainder} rows ({rows} % {world}) went to no rank: give every row of the remainder to a rank "
+                    "(e.g. rank r takes rows r·B // world up to (r+1)·B // world)"
+                )
             if missing:
                 return (
                     f"{where}, {rows_text(missing)} trained by no rank"
@@ -619,18 +647,80 @@ def unchecked_coverage(fn, run_worlds: set) -> str | None:
     return None
 
 
+def fixed_rows(fn) -> int | None:
+    """The number of rows ``fn`` splits whatever the batch holds: N, below BIG_ROWS, where for the run's batch and
+    every other size each rank of worlds 3, 2, 1 gets its rows of a batch of BIG_ROWS rows less those from row N on
+    (a batch of fewer than N rows may raise instead: indexing rows it does not have). ``None``: its split follows
+    len(x), or it raises on a batch of N rows or more (that is named by its values)."""
+    big = ToyTask(global_batch=BIG_ROWS).global_batch(0)
+    try:
+        shares = {
+            (world, rank): rows_of(fn(big, rank, world)[0], big[0]) or []
+            for world in range(WORLD, 0, -1)
+            for rank in range(world)
+        }
+    except Exception:  # noqa: BLE001 - the learner's code: named by its values
+        return None
+    n = 1 + max(max(rows, default=-1) for rows in shares.values())
+    if n >= BIG_ROWS:
+        return None
+    for rows in (ROWS, *OTHER_ROWS):
+        batch = ToyTask(global_batch=rows).global_batch(0)
+        try:
+            mine = {key: rows_of(fn(batch, key[1], key[0])[0], batch[0]) or [] for key in shares}
+        except Exception:  # noqa: BLE001 - the learner's code
+            if rows < n:
+                continue  # it indexes rows this batch does not have
+            return None
+        if any(mine[key] != [r for r in share if r < rows] for key, share in shares.items()):
+            return None
+    return n
+
+
 def chunk_note(fn, rows: int, world: int) -> str:
-    """Why ``fn`` went wrong at ``rows`` rows and ``world`` ranks, if it calls torch's chunk and chunk gives fewer
-    pieces than ranks there (``""`` otherwise)."""
+    """Why ``fn`` went wrong at ``rows`` rows and ``world`` ranks, if it cuts pieces of ceil(rows / world) rows
+    (torch's chunk, or the same pieces by hand) and they are fewer than the ranks there (``""`` otherwise)."""
     size = -(-rows // world)  # chunk's piece: ceil(rows / world) rows, the last one shorter
     pieces = -(-rows // size)
-    if pieces >= world or not reads(fn, torch, ("chunk",))[0]:
+    if pieces >= world:
+        return ""
+    if reads(fn, torch, ("chunk",))[0]:
+        cut = "chunk(world) cuts pieces of ceil(B / world) rows"
+    elif ceiling_pieces(fn, rows, world, size):
+        cut = "your pieces are ceil(B / world) rows"
+    else:
         return ""
     return (
-        f" (chunk(world) cuts pieces of ceil(B / world) rows, so {rows} rows at world {world} make {pieces} piece"
-        f"{'s' if pieces > 1 else ''} of at most {size}, fewer than the {world} ranks: rank {pieces} and above get "
-        "no piece; torch.tensor_split(x, world) always gives `world` pieces, some of them empty)"
+        f" ({cut}, so {rows} rows at world {world} make {pieces} piece{'s' if pieces > 1 else ''} of at most {size}, "
+        f"fewer than the {world} ranks: rank {pieces} and above get no piece; torch.tensor_split(x, world) always "
+        "gives `world` pieces, some of them empty)"
     )
+
+
+def ceiling_pieces(fn, rows: int, world: int, size: int) -> bool:
+    """``fn`` gives rank r of ``world`` rows r·size up to (r+1)·size of a batch of ``rows`` rows, for every rank
+    that has such a piece: chunk's pieces, cut by hand."""
+    batch = ToyTask(global_batch=rows).global_batch(0)
+    try:
+        return all(
+            rows_of(fn(batch, rank, world)[0], batch[0]) == list(range(rank * size, min(rows, (rank + 1) * size)))
+            for rank in range(-(-rows // size))
+        )
+    except Exception:  # noqa: BLE001 - the learner's code: a piece that raises is not chunk's
+        return False
+
+
+def arguments_swapped(fn, batch) -> bool:
+    """``fn`` gives each row of ``batch`` to exactly one rank at worlds 3, 2 and 1 when called as
+    ``fn(batch, world, rank)``: its last two parameters in the other order."""
+
+    def swapped(b, rank, world):
+        return fn(b, world, rank)
+
+    for world in range(WORLD, 0, -1):
+        if values_problem(swapped, batch, world) is not None or any(coverage(swapped, batch, world)[:2]):
+            return False
+    return True
 
 
 def compared_with_the_rung(fn, batch) -> str:
@@ -693,7 +783,7 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
                 f"{rows_named(missing)}, went to no rank, and {left}: spread the remainder over the ranks (e.g. "
                 "rank r takes rows r·B // world up to (r+1)·B // world)"
             )
-        if missing and last_row_short(fn, batch, world):
+        if missing and slice_end_moved(fn, batch, world) == -1:
             return (
                 f"at world {world}, {rows_text(missing)} trained by no rank (of the global batch's {ROWS}): each is "
                 "the last row of a rank's share (rank r's share ends where rank r + 1's begins, at (r+1)·B // world); "
@@ -709,6 +799,13 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
             return (
                 f"at world {world}, {rows_text(missing)} trained by no rank (of the global batch's {ROWS}), so "
                 f"{left}: split the whole global batch among the {world} ranks of now, by rank and world"
+            )
+        if twice and not missing and slice_end_moved(fn, batch, world) == 1:
+            return (
+                f"at world {world}, {rows_text(twice)} trained by more than one rank (of the global batch's {ROWS}): "
+                "each is the first row of a rank's share (rank r + 1's share begins where rank r's ends, at "
+                "(r+1)·B // world); your slice takes it into rank r's share too, and "
+                f"{left}: a slice x[lo:hi] already leaves out row hi, so end it at (r+1)·B // world, not one more"
             )
         if twice:
             return (

@@ -281,7 +281,7 @@ def _state_lost(event: tuple, hang_s: float, ended: dict) -> str:
     line = (
         f"minddp.ft: no process holds the trained state any more: after step {newest - 1} its holders were {holders} "
         f"({fates}), and processes started again would train from step 0; the run stops here; keep one holder alive "
-        "through each fault (a larger world, or faults in different steps)"
+        "through each fault (more slots, or faults in different steps)"
     )
     if any(gone == "evicted" for _, gone in how.values()):
         line += f"; a rank silent for the hang bound ({hang_s:g} s) was evicted: if it was only slow, raise the bound"

@@ -35,7 +35,7 @@ class FaultOutcome:
     committed_step: int | None  # the step of that commit
     world: int | None  # that commit's world size
     discarded: int  # attempts discarded from the fault to that commit
-    discard_s: float | None  # to the coordinator's first discard (its decision, read by each member that voted)
+    discard_s: float | None  # to the lighthouse's first discard (its decision, read by each member that voted)
     quorum_s: float | None  # to the first new quorum (the members agreed again, a new group to build)
     exit_s: float | None  # kill, stop: to the launcher recording the process's exit (after it saw it and waited)
     restart_s: float | None  # kill, stop: to the launcher starting the slot's next process
@@ -54,7 +54,7 @@ def fault_outcomes(run) -> list[FaultOutcome]:
             out.append(FaultOutcome(fault, None, None, None, None, 0, None, None, None, None, None, None, None))
             continue
         after = [d for d in decisions if d[5] >= t]
-        # the first commit of the fault's step or a later one (a new coordinator first re-decides the step before)
+        # the first commit of the fault's step or a later one (a new lighthouse first re-decides the step before)
         commit = next((d for d in after if d[3] == "commit" and d[2] >= fault.step), None)
         until = [d for d in after if commit is None or d[5] <= commit[5]]
         discards = [d for d in until if d[3] == "discard"]
@@ -102,7 +102,7 @@ def fault_report(run) -> list[str]:
             "kill": f"slot {fault.slot} killed (SIGKILL)",
             "stop": f"slot {fault.slot} frozen (SIGSTOP)",
             "raise": f"slot {fault.slot}'s comm hook raised",
-            "coord": "coordinator killed and restarted",
+            "coord": "lighthouse killed and restarted",
         }[fault.kind]
         recovery = (
             f"no commit of step {fault.step} or later followed"
@@ -208,7 +208,7 @@ def consistency(run) -> Consistency:
 
 
 def cold_start_s(run) -> float:
-    """Seconds from the first coordinator listening to the first committed step: what a fresh start costs here."""
+    """Seconds from the first lighthouse listening to the first committed step: what a fresh start costs here."""
     start = next(e[3] for e in run.events if e[0] == "listening")
     first = next(e[5] for e in run.events if e[0] == "decision" and e[3] == "commit")
     return first - start
