@@ -93,10 +93,9 @@ show_source(ring_all_reduce)
 # reduce-scatters them once and all-gathers the stepped parameters once, the bytes DDP moves;
 # ZeRO-1 all-reduces them and then all-gathers, one pass more. FSDP reduce-scatters once too, but
 # it gathers each unit's parameters for every micro-batch's forward and again for its backward:
-# at most two passes of the model per micro-batch (the count measured in the ZeRO-2 section below,
-# where one profiled step of each stage counts its collectives, is a little less: the last unit is still gathered
-# when the backward starts, and the parameter tensors outside every unit are never gathered). For
-# this workload's step:
+# at most two passes of the model per micro-batch (the count the ZeRO-2 section below measures, on one
+# step of each stage, is a little less: the last unit is still gathered when the backward starts, and the
+# parameter tensors outside every unit are never gathered). For this workload's step:
 
 # %%
 # %%distributed
@@ -200,8 +199,9 @@ table.round(3)
 # The blog post this project's build-up follows (*First Steps With Distributed Data Parallelism and
 # PyTorch Profiling*, README), and most training today, computes the forward and backward in bf16 and
 # keeps an fp32 copy of the weights for the optimizer: a bf16 number has 8 significant bits (2 to 3
-# decimal digits), so an update of lr × gradient, far smaller than the weight, would round away (the
-# cell after next adds 0.001 to a bf16 1.0). The ZeRO paper counts it as 2 bytes
+# decimal digits), so a small update lands rounded, and one far smaller than the weight is lost. An
+# AdamW step moves a value by roughly its learning rate (0.001 here); the cell after next adds 0.001 to
+# every value of this model, in bf16 and in fp32. The ZeRO paper counts it as 2 bytes
 # of 16-bit parameter, 2 of 16-bit gradient and K = 12 bytes of optimizer state (the fp32 master
 # copy, 4, and Adam's moments, 8): still `16Ψ` for DDP, but now 12 of the 16 bytes are optimizer
 # state, which ZeRO-1 already shards: ZeRO-1 `4Ψ + 12Ψ/n`, ZeRO-2 `2Ψ + 14Ψ/n`, FSDP
@@ -213,7 +213,8 @@ table.round(3)
 # FSDP keeps (`16Ψₛ/n + 16Ψᵣ`, as both formulas say, split 4 + 4 + 8 instead of 2 + 2 + 12), and bf16 shrinks
 # what lives only during the step: the gathered units and the activations. The cells below measure
 # both; the figure draws the model state and the gathered units, the activations are printed above it.
-# (minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`: their bf16 rows are the formulas.)
+# minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`: their bf16 formulas are in the cell's table
+# only, and the figure draws the bf16 formula (dashed) on the one bar measured computing in bf16.
 
 # %%
 # %%distributed
@@ -235,7 +236,9 @@ from minddp.sharding.memory import PRECISIONS
 
 measured = [dict(row(world, s, memory[s]), label=s) for s in STAGES]
 measured.append(dict(row(world, "fsdp:bf16", memory["fsdp bf16"]), label="fsdp\ncomputing in bf16"))
-plot(measured, title=f"Memory per rank on {world} ranks, measured (bars) beside the formulas (lines)")
+# the bf16 formula drawn only over the bar measured computing in bf16 (the others' are the table's)
+drawn = [r if r["compute_dtype"] == "bf16" else {k: v for k, v in r.items() if k != "formula_mixed"} for r in measured]
+plot(drawn, title=f"Memory per rank on {world} ranks, measured (bars) beside the formulas (lines)")
 held = {r["label"]: r["parameters"] + r["gradients"] + r["optimizer"] for r in measured}
 f32, f16 = memory["fsdp"], memory["fsdp bf16"]
 lesson.claim(
@@ -257,11 +260,17 @@ lesson.say(
     + ("more" if f32["activations"] > held["fsdp"] else "less")
     + f" than its whole model state, {lesson.mib(held['fsdp'])}."
 )
-one = torch.tensor(1.0, dtype=torch.bfloat16)
+lr = lesson.SETTINGS.lr
+values = torch.cat([p.detach().reshape(-1) for p in lesson.make_model().parameters()])  # the initial weights
+landed = {"bf16": (values.bfloat16() + lr).float() - values.bfloat16().float(), "fp32": (values + lr) - values}
+lost = landed["bf16"] == 0
+# how far the update, as it landed, is from lr: in bf16 over the values it changed, in fp32 over all
+missed = {"bf16": (landed["bf16"][~lost] - lr).abs().max() / lr, "fp32": (landed["fp32"] - lr).abs().max() / lr}
 lesson.claim(
-    one + 0.001 == one and torch.tensor(1.0) + 0.001 != 1.0,
-    "In bf16, 1 + 0.001 is 1 (the update rounds away); in fp32 it is "
-    f"{(torch.tensor(1.0) + 0.001).item():.4f}: why the masters stay fp32.",
+    bool(lost.any()) and bool((values[lost] == 1).all()) and not bool((landed["fp32"] == 0).any()),
+    f"Adding lr = {lr} to each of this model's {values.numel():,} initial parameter values: in bf16 the "
+    f"{int(lost.sum()):,} values of 1.0 do not change, and on the others the update lands off by up to "
+    f"{missed['bf16']:.0%}; in fp32 every update lands, off by at most {missed['fp32']:.3%}: why the masters stay fp32.",
 )
 formulas = pd.DataFrame(
     {
@@ -287,9 +296,11 @@ formulas.round(2)
 # %% [markdown]
 # ## ZeRO-1: an optimizer that steps its own part
 #
-# Every parameter is cut, flattened, into n chunks; rank `r` keeps the optimizer state of chunk
-# `r` of every parameter tensor. Cutting *every* tensor (not handing whole tensors to ranks) keeps the
-# ranks' shares equal to a few elements:
+# Each parameter tensor is cut, flattened, into n chunks, and rank `r` keeps the optimizer state of
+# chunk `r` of each, so the ranks' shares differ by a few elements at most. (An optimizer that is not
+# element-wise needs whole tensors: one rank then owns each, `owned_whole` in the step below; AdamW is
+# element-wise.) The stepped chunks are all-gathered in buckets of their own, of at most 25 MiB, not
+# the stage's 4 MiB gradient buckets:
 
 # %%
 # %%distributed
@@ -300,6 +311,11 @@ name, p = next((n, p) for n, p in trainees["zero1"].model.module.named_parameter
 print(
     f"rank {rank}: chunk {zero.ranges[zero.index[id(p)]][rank]} of {name}'s {p.numel():,} elements; "
     f"Adam state on this rank: {optimizer_state_bytes(zero):,} bytes"
+)
+whole_owned = sum(zero.owned_whole(p) for p in zero.params)
+lesson.say(
+    f"Parameter tensors one rank owns whole: {whole_owned} of {len(zero.params)}. All-gather buckets: "
+    f"{len(zero.buckets)}, for the whole model's {lesson.mib(m)} (the ZeRO-2 section counts the gathers)."
 )
 
 # %% [markdown]
@@ -319,14 +335,14 @@ show_source(ZeroRedundancyOptimizer._all_gather)
 #
 # `zero2` is `bucket-async` with four changes, numbered as steps in its code:
 #
-# 1. each parameter is cut into n chunks, and this rank's chunk becomes a *shard*: a parameter of its
-#    own, a view into the whole one (`__init__`);
+# 1. each parameter is cut into n chunks, and this rank's chunk, its shard, is made a parameter of its
+#    own (`self.shard[p]`), a view into the whole one (`__init__`);
 # 2. a full bucket's gradients are packed rank by rank and handed to a reduce-scatter hook instead of
 #    the all_reduce, and the whole gradients are dropped (`_send_bucket`);
 # 3. this rank's piece of the averaged bucket becomes its shards' `.grad` (`_write_back`): the
 #    optimizer steps the shards only;
 # 4. before the next forward, the stepped shards are all-gathered back into the whole parameters,
-#    each module waiting for its own bucket's gather just before it runs: `finish_gradient_synchronization`
+#    one all-gather per gradient bucket, each module waiting for its own bucket's gather just before it runs: `finish_gradient_synchronization`
 #    marks them `stale` after a sync, `forward` then calls `gather_parameters`, and the forward
 #    pre-hooks in `__init__` call `_wait_for`.
 #
@@ -371,23 +387,18 @@ show_diff(AsyncBucketDDP, Zero2DDP, context=2)
 # hands back no Future to chain the write-back to, so a bucket could not stay in flight while
 # backward goes on (`docs/sharding.md`). minddp therefore runs zero2's and fsdp's
 # reduce-scatters as all_reduces of the whole bucket and keeps this rank's piece; the look counts
-# them among the all_reduce calls, the traces further down name them reduce-scatters. And once a
-# step `zero2`, built on the teaching stages, all-gathers a few bytes to check that every rank's
-# forwards used the same parameters (`minddp/stages/checks.py`), counted apart below.
+# them among the all_reduce calls. And once a step `zero2`, built on the teaching stages, all-gathers
+# a few bytes to check that every rank's forwards used the same parameters (`minddp/stages/checks.py`),
+# counted apart below.
 
 # %%
 # %%distributed
-import os
-
-looks, load = {}, {}  # load: the machine's 1-minute load average as each stage's look ended
-for s in STAGES:
-    looks[s] = trainees[s].look()
-    load[("look", s)] = os.getloadavg()[0]
+looks = {s: trainees[s].look() for s in STAGES}
 accum = lesson.SETTINGS.grad_accum
 for s, v in looks.items():
     lesson.say(
         f"{s}: {v['calls']} gradient collectives (all_reduce calls on gloo; {v['calls_in_backward']} handed over "
-        f"during a backward), handed {lesson.mib(v['bytes'])}; {v['gathers']} all-gathers of parameters, handed "
+        f"during a backward), handed {lesson.mib(v['bytes'])}; {v['gathers']} all-gather(s) of parameters, handed "
         f"{lesson.mib(v['gather_bytes'])}; {v['small_gathers']} small all_gather (the check)."
     )
 z, f = looks["zero2"], looks["fsdp"]
@@ -552,8 +563,8 @@ lesson.claim(
 check_at = [(phase_of(a, z2["row"]), b - a) for a, b in z2.get("check_spans", [])]
 axis = max(looks[s]["row"]["end"] for s in STAGES)  # the figure's time axis, ms
 lesson.say(
-    "zero2's once-a-step check, an all-gather of a few bytes, not of parameters (cross-hatched, with no tick: the "
-    "ticks mark the gradient collectives and the gathers of parameters): "
+    "zero2's once-a-step check, an all-gather of a few bytes, not of parameters (a cross at its start, with no tick: "
+    "the ticks mark the gradient collectives and the gathers of parameters): "
     + "; ".join(
         f"it was called {'in the ' + ph if ph != 'between' else 'between two phases'} and took {d:.0f} ms to its end, "
         f"{100 * d / axis:.2f} % of the time axis"
@@ -590,112 +601,6 @@ lesson.say(
 starts
 
 # %% [markdown]
-# Then one step of each under the profiler with its trace on disk (another step than the one drawn
-# above: its times are not the bars'), read by `minddp.analysis` as notebook 05 reads the ladder's,
-# with the measures `01_collectives` defines (`docs/analysis.md`): calls per step, the time
-# communication was *in flight* (a gloo range open, as a bar above), and its *overlap* (the share of the time in flight during which compute ran too: here the
-# training thread inside an `aten::` op), beside the step and the time backward ran (from its first
-# to its last autograd op, so with whatever the stage does inside it), summed over the step's
-# micro-batches: one backward each, so the column is the step's backwards together, not one.
-
-# %%
-# %%distributed
-import shutil
-
-trace_dir = lesson.TRACE_ROOT / "06_sharding"
-if rank == 0:
-    shutil.rmtree(trace_dir, ignore_errors=True)  # a fresh run folder: the analysis refuses mixed runs
-dist.barrier()
-for s in STAGES:
-    trainees[s].profile(trace_dir)
-    load[("trace", s)] = os.getloadavg()[0]
-
-# %%
-# %%rank 0
-from minddp.analysis import analyze_run
-from minddp.analysis.names import HEADERS
-
-sharded = analyze_run(trace_dir)
-table = sharded.stages.assign(comm_ms_per_step=sharded.stages["comm_time_per_step_us"] / 1e3)
-lesson.claim(
-    all(
-        # gloo runs a reduce-scatter as an all_reduce: the looks count it among the all_reduces, the traces by kind
-        table.loc[s, "allreduce_calls_per_step"] + table.loc[s, "reducescatter_calls_per_step"] == looks[s]["calls"]
-        and table.loc[s, "allgather_calls_per_step"] == looks[s]["gathers"] + looks[s]["small_gathers"]
-        for s in STAGES
-    ),
-    "The traces count the same collectives as the looks, stage by stage "
-    f"(zero2's {table.loc['zero2', 'allgather_calls_per_step']:.0f} all-gathers: its {z2['gathers']} of "
-    f"parameters and its {z2['small_gathers']} check).",
-)
-bw = sharded.phases[(sharded.phases["phase"] == "backward")]
-table = table.assign(
-    step_ms=sharded.stages["step_time_us"] / 1e3,
-    backward_ms=(bw["end_us"] - bw["start_us"]).groupby(bw["stage"]).sum()
-    / 1e3
-    / bw.groupby("stage")["rank"].nunique(),
-)
-flight = table["comm_ms_per_step"]
-# non-compute (docs/analysis.md): in flight with the training thread computing nothing, |M| - |M ∩ C|, which the
-# overlap, |M ∩ C| / |M|, gives from the two columns beside it
-table = table.assign(non_compute_ms=flight * (1 - table["comm_comp_overlap_pctg"] / 100))
-by_overlap = table["comm_comp_overlap_pctg"].sort_values(ascending=False)
-idle = table["non_compute_ms"].sort_values()
-lesson.say(
-    "Overlap, most to least: "
-    + ", ".join(f"{s} {v:.1f} %" for s, v in by_overlap.items())
-    + f": of the time its communication was in flight, {by_overlap.index[0]} spent the largest share with the "
-    "training thread computing too. A share is not a time: in flight with nothing computing (non-compute, in flight "
-    "× (1 − overlap)), least to most: "
-    + ", ".join(f"{s} {v:.0f} ms" for s, v in idle.items())
-    + (
-        f"; {by_overlap.index[0]}, first by share, left {idle[by_overlap.index[0]] / idle['ddp']:.1f} times ddp's "
-        "milliseconds in flight with nothing computing (its share is of a time in flight "
-        f"{flight[by_overlap.index[0]] / flight['ddp']:.1f} times ddp's)."
-        if by_overlap.index[0] != "ddp"
-        else "."
-    )
-)
-handed = {s: looks[s]["bytes"] + looks[s]["gather_bytes"] for s in STAGES}  # gloo: what each stage hands over a step
-lesson.say(
-    f"On gloo the looks count what each stage hands over a step: ddp {lesson.mib(handed['ddp'])}, zero1 "
-    f"{lesson.mib(handed['zero1'])}, zero2 {lesson.mib(handed['zero2'])} (the ring run above measured the bytes "
-    "each sends, another measure). The in-flight column need not follow the bytes handed over: a gloo range also "
-    "holds gloo standing by for the other rank and for a core, which a trace does not tell apart from the transfer "
-    "(docs/analysis.md)."
-)
-lesson.say(
-    f"Every stage computes the same forward and backward, yet the step's {accum} backwards together ran from "
-    f"{table['backward_ms'].min():.0f} ms ({table['backward_ms'].idxmin()}) to {table['backward_ms'].max():.0f} ms "
-    f"({table['backward_ms'].idxmax()}), the machine's 1-minute load average after each profile "
-    + ", ".join(f"{s} {load[('trace', s)]:.1f}" for s in STAGES)
-    + ": one profiled step ranks no stage (the last section sets it beside the look's)."
-)
-(
-    table[
-        [
-            "step_ms",
-            "backward_ms",
-            "allreduce_calls_per_step",
-            "reducescatter_calls_per_step",
-            "allgather_calls_per_step",
-            "comm_ms_per_step",
-            "comm_comp_overlap_pctg",
-            "non_compute_ms",
-        ]
-    ]
-    .rename(
-        columns={
-            "comm_ms_per_step": HEADERS["comm_time_per_step_us"],
-            "non_compute_ms": "non-compute per step (ms)",
-            "backward_ms": f"{accum} backwards (ms)",
-            **HEADERS,
-        }
-    )
-    .round(1)
-)
-
-# %% [markdown]
 # ## The same training, whatever the rung
 #
 # Sharding changes what each rank keeps, not what is computed: after the same steps every stage
@@ -730,39 +635,9 @@ for s in STAGES[1:]:
     )
 
 # %% [markdown]
-# This notebook has timed each stage's step twice, two different steps: the look's (one step under
-# the in-memory profiler, which starts recording at the step's first operation; drawn on the time
-# axis above) and the trace's (one step under the profiler writing to disk, after a warm-up step
-# under it), each beside the machine's load as it ended:
-
-# %%
-# %%rank 0
-steps = pd.DataFrame(
-    {
-        "look, one step (ms)": {s: looks[s]["row"]["end"] for s in STAGES},
-        "load after the look": {s: load[("look", s)] for s in STAGES},
-        "trace, profiled step (ms)": table["step_ms"],
-        "load after the trace": {s: load[("trace", s)] for s in STAGES},
-    }
-).loc[STAGES]
-apart = steps["look, one step (ms)"] / steps["trace, profiled step (ms)"]
-orders = {c: " < ".join(steps[c].sort_values().index) for c in steps.columns if c.endswith("(ms)")}
-lesson.say(
-    "Fastest to slowest: "
-    + "; ".join(f"{c.split(',')[0]} {o}" for c, o in orders.items())
-    + (": the two orders agree" if len(set(orders.values())) == 1 else ": the orders differ")
-    + f". The look's step took {apart.min():.1f} to {apart.max():.1f} times the trace's, stage by stage: "
-    "other steps, another profiler's start, a load average that went from "
-    f"{min(load.values()):.1f} to {max(load.values()):.1f} on a machine whose {os.cpu_count()} cores the two "
-    "ranks share with whatever else runs. This run does not tell these causes apart, so neither column "
-    "ranks the stages' speed."
-)
-steps.round(1)
-
-# %% [markdown]
-# `python -m minddp.bench --preset small --stage sharded` compares the stages' speed properly, many
-# steps each, beside torch's own `ZeroRedundancyOptimizer` and `fully_shard`, and
-# `docs/sharding.md` has its figures.
+# The time axis above is one step of each stage. `python -m minddp.bench --preset small --stage sharded`
+# times the stages over many steps each, beside torch's own `ZeroRedundancyOptimizer` and `fully_shard`,
+# with the overlap of their communication by compute; `docs/sharding.md` has its tables.
 
 # %% [markdown]
 # ## Your turn: all_reduce from its two halves
