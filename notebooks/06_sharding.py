@@ -563,7 +563,7 @@ lesson.claim(
 check_at = [(phase_of(a, z2["row"]), b - a) for a, b in z2.get("check_spans", [])]
 axis = max(looks[s]["row"]["end"] for s in STAGES)  # the figure's time axis, ms
 lesson.say(
-    "zero2's once-a-step check, an all-gather of a few bytes, not of parameters (a cross at its start, with no tick: "
+    "zero2's once-a-step check, an all-gather of a few bytes, not of parameters (cross-hatched, a × at its start, with no tick: "
     "the ticks mark the gradient collectives and the gathers of parameters): "
     + "; ".join(
         f"it was called {'in the ' + ph if ph != 'between' else 'between two phases'} and took {d:.0f} ms to its end, "
