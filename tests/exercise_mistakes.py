@@ -574,6 +574,15 @@ def _halves_world_imported(tensor, group):
     _summed_back(tensor, torch.nn.functional.pad(flat, (0, -flat.numel() % n)), n, group)
 
 
+def _halves_collectives_without_group(tensor, group):
+    """The model answer, but both collectives called without ``group=``: the whole world's, not the group's."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded)
+    all_gather_single(padded, piece)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
 def _halves_scatter_swapped(tensor, group):
     """Hands the reduce-scatter (input, output) where it takes (output, input)."""
     flat, padded, n = _padded(tensor, group)
@@ -623,6 +632,7 @@ HalvesGatheredUnpadded = _halves_with("HalvesGatheredUnpadded", _halves_gathered
 HalvesPaddingCopiedBack = _halves_with("HalvesPaddingCopiedBack", _halves_padding_copied_back)
 HalvesWorldWithoutGroup = _halves_with("HalvesWorldWithoutGroup", _halves_world_without_group)
 HalvesWorldImported = _halves_with("HalvesWorldImported", _halves_world_imported)
+HalvesCollectivesWithoutGroup = _halves_with("HalvesCollectivesWithoutGroup", _halves_collectives_without_group)
 HalvesScatterSwapped = _halves_with("HalvesScatterSwapped", _halves_scatter_swapped)
 HalvesGatherSwapped = _halves_with("HalvesGatherSwapped", _halves_gather_swapped)
 

@@ -256,6 +256,16 @@ MISTAKES = [
             "sums over",
         ),
     ),
+    # the group left off the collectives: right on the checker's ranks (the whole world), refused by the call
+    (
+        wrong.HalvesCollectivesWithoutGroup,
+        "halves",
+        (
+            "your code raised UngroupedCollective in _halves_collectives_without_group (line",
+            "reduce_scatter_single(piece, padded)`",
+            "was called without group=, so it runs over the whole world",
+        ),
+    ),
     # the same through `from torch.distributed import get_world_size`: the name in the transport's globals is
     # refused too, not only the attribute of dist
     (

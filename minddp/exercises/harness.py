@@ -183,6 +183,27 @@ def _size_of_a_group(world_size):
     return get_world_size
 
 
+class UngroupedCollective(RuntimeError):
+    """A transport called a reduce-scatter or an all-gather without its ``group``."""
+
+
+def _within_a_group(collective, name: str, group_at: int):
+    """``collective`` (``dist``'s ``name``, its ``group`` at position ``group_at``) for a transport's run: without a
+    group it is refused (:class:`UngroupedCollective`); the checker's ranks are the whole world, so the sum would
+    come out right here, and over every rank of a job whose group is a part of the world."""
+
+    def call(*args, **kwargs):
+        if kwargs.get("group", args[group_at] if len(args) > group_at else None) is None:
+            raise UngroupedCollective(
+                f"{name} was called without group=, so it runs over the whole world, not over the group your "
+                "transport sums over (the same here, where the checker's ranks are the whole world; more ranks in a "
+                "job with several groups): pass group=group to both collectives"
+            )
+        return collective(*args, **kwargs)
+
+    return call
+
+
 @contextlib.contextmanager
 def _in_place_of(replacements: dict, names: dict):
     """``dist``'s functions swapped for ``replacements`` (name -> function) while it runs, in ``dist`` and under any
@@ -347,12 +368,15 @@ class Events(TorchDispatchMode):
     def transport(self, tensor=None, fn=None):
         """Around a Wire's transport call: what it launched and did not wait for by its return stays unwaited;
         ``handed``: the length of the ``tensor`` it was handed, while it runs. ``dist.get_world_size`` asks for
-        its group meanwhile, and a reduce-scatter asked to average is noted (``averaged``): both under their
-        names in ``dist`` and under any name the transport ``fn``'s module bound them to (:func:`_in_place_of`)."""
+        its group meanwhile, as do its reduce-scatters and all-gathers, and a reduce-scatter asked to average is noted
+        (``averaged``): all under their names in ``dist`` and under any name the transport ``fn``'s module bound them
+        to (:func:`_in_place_of`)."""
         start, padded = len(self.works), len(self.padded)
         self.handed = tensor.numel() if isinstance(tensor, torch.Tensor) else None
         scatters = [name for name in ("reduce_scatter_single", "reduce_scatter_tensor") if hasattr(dist, name)]
-        swaps = {name: self._noting_average(getattr(dist, name)) for name in scatters}
+        gathers = [name for name in ("all_gather_single", "all_gather_into_tensor") if hasattr(dist, name)]
+        swaps = {name: _within_a_group(self._noting_average(getattr(dist, name)), name, 3) for name in scatters}
+        swaps.update({name: _within_a_group(getattr(dist, name), name, 2) for name in gathers})
         swaps["get_world_size"] = _size_of_a_group(dist.get_world_size)
         try:
             with _in_place_of(swaps, getattr(fn, "__globals__", {})):
