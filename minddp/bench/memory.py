@@ -154,6 +154,7 @@ def plot(rows: list[dict], path: str | None = None, ax=None, title: str = "Memor
         for r in rows
     ]
     ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax.set_xlabel("stage", fontsize=8)
     ax.set_ylabel("MiB per rank")
     ax.set_ylim(0, top * 1.05)
     ax.set_title(title, fontsize=10)
