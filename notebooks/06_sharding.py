@@ -20,9 +20,9 @@
 # gradients, and the optimizer's state (Adam keeps two more tensors the size of the model). The
 # ranks compute the same update from the same averaged gradients, so all of that is repeated.
 # The ZeRO rungs keep DDP's computation (every rank runs the whole forward and backward on its own
-# part of the batch) and stop repeating the *state*. Each keeps, of a tensor it divides among the n
-# ranks, one `1/n` piece per rank, this rank's *shard* (a word this notebook keeps for that piece of
-# a tensor; the ZeRO-1 section's *chunk* and the ring's *piece* are the same part):
+# part of the batch) and stop repeating the *state*. Each keeps, of a *parameter tensor* (one of the
+# model's tensors) it divides among the n ranks, one `1/n` part per rank, this rank's *shard* (the
+# ZeRO-1 section's *chunk* is the same part):
 #
 # * `zero1`: each rank keeps the optimizer state of its shard of every parameter tensor (n ranks), steps
 #   that shard, and the updated parameters are all-gathered;
@@ -88,11 +88,14 @@ show_source(ring_all_reduce)
 # %% [markdown]
 # What each costs, in the α-β model (α the fixed cost of one message, β the time per byte, m the
 # bytes of the tensor, n ranks): each pass is `n − 1` messages carrying `(n − 1)/n · m` bytes per
-# rank, `(n − 1) α + (n − 1)/n · m β`, and the all_reduce is both. Per optimizer step, with its
-# micro-batches accumulated and the gradients synced once: DDP all-reduces them once; ZeRO-2
-# reduce-scatters them once and all-gathers the stepped parameters once, the bytes DDP moves;
-# ZeRO-1 all-reduces them and then all-gathers, one pass more. FSDP reduce-scatters once too, but
-# it gathers each unit's parameters for every micro-batch's forward and again for its backward:
+# rank, `(n − 1) α + (n − 1)/n · m β`, and the all_reduce is both. That is one collective; a stage
+# sends its gradients in several (a bucket or a unit each), so below we count only the bytes (the
+# ZeRO-2 section counts the collectives). Per optimizer step, with its micro-batches accumulated and
+# the gradients synced once: DDP all-reduces the gradients' bytes once; ZeRO-2 reduce-scatters them
+# once and all-gathers the stepped parameters once, the bytes DDP moves; ZeRO-1 all-reduces them and
+# then all-gathers, one pass more. FSDP reduce-scatters its units' gradients once too (and
+# all-reduces the few tensors it leaves whole), but it gathers each unit's parameters for every
+# micro-batch's forward and again for its backward:
 # at most two passes of the model per micro-batch (the count the ZeRO-2 section below measures, on one
 # step of each stage, is a little less: the last unit is still gathered when the backward starts, and the
 # parameter tensors outside every unit are never gathered). For this workload's step:
@@ -106,8 +109,8 @@ one_pass = (world - 1) / world * m
 accum = lesson.SETTINGS.grad_accum  # micro-batches per optimizer step
 fsdp_most = (1 + 2 * accum) * one_pass  # one reduce-scatter, at most two all-gathers per micro-batch
 lesson.say(
-    f"m = {lesson.mib(m)}; at n = {world} ranks each pass sends {lesson.mib(one_pass)} per rank, in "
-    f"{world - 1} message(s). Per step of {accum} micro-batches: DDP's all_reduce {lesson.mib(2 * one_pass)}, "
+    f"m = {lesson.mib(m)}; at n = {world} ranks each pass of the model sends {lesson.mib(one_pass)} per rank. "
+    f"Per step of {accum} micro-batches: DDP's all_reduce {lesson.mib(2 * one_pass)}, "
     f"ZeRO-2's reduce-scatter + all-gather {lesson.mib(2 * one_pass)}, ZeRO-1's all_reduce + all-gather "
     f"{lesson.mib(3 * one_pass)}, FSDP's reduce-scatter + at most 2 × {accum} passes of all-gathers "
     f"{lesson.mib(fsdp_most)} ({fsdp_most / (2 * one_pass):.1f} times DDP's)."
@@ -139,6 +142,16 @@ for name, t in trainees.items():
     probe = Probe(t.model, t.model.module, t.optimizer)
     t.step()
     memory[name] = probe.result()
+
+# %% [markdown]
+# The table below sets each stage's measured model state beside its formula. The formulas, for `Ψ`
+# float32 parameter values (elements, as the ZeRO paper counts them) with Adam on n ranks: each value
+# costs 4 bytes of parameter, 4 of gradient and 8 of Adam's two moments, and each rung divides one
+# more of the three among the ranks: DDP `16Ψ`; ZeRO-1 (optimizer state) `8Ψ + 8Ψ/n`; ZeRO-2 (and
+# gradients) `4Ψ + 12Ψ/n`; FSDP (and parameters) `16Ψₛ/n + 16Ψᵣ`, where `Ψᵣ` counts the values of the
+# parameter tensors it leaves whole on every rank (here the embeddings, the final norm and the
+# classifier, outside every unit) and `Ψₛ = Ψ − Ψᵣ` those it shards (`docs/sharding.md` explains
+# every difference).
 
 # %%
 # %%rank 0
@@ -179,14 +192,7 @@ lesson.claim(
 table.round(3)
 
 # %% [markdown]
-# The formulas, for `Ψ` float32 parameter values (elements, as the ZeRO paper counts them; a
-# *parameter tensor* is one of the model's tensors) with Adam on n ranks: each value costs 4 bytes
-# of parameter, 4 of gradient and 8 of Adam's two moments, and each rung divides one more of the
-# three among the ranks: DDP `16Ψ`; ZeRO-1 (optimizer state) `8Ψ + 8Ψ/n`; ZeRO-2 (and gradients)
-# `4Ψ + 12Ψ/n`; FSDP (and parameters) `16Ψₛ/n + 16Ψᵣ`, where `Ψᵣ` counts the values of the
-# parameter tensors it leaves whole on every rank (here the embeddings, the final norm and the
-# classifier, outside every unit) and `Ψₛ = Ψ − Ψᵣ` those it shards (`docs/sharding.md` explains
-# every difference). The gradients column is what a rank holds when the optimizer steps. Before that,
+# The gradients column is what a rank holds when the optimizer steps. Before that,
 # zero2 and fsdp hold whole gradients too: they reduce-scatter once a step, in the last micro-batch's
 # backward (the time-axis section below checks it), and accumulate the micro-batches
 # before it whole under `no_sync()`, as ddp does. So with accumulation their gradient saving holds at
@@ -196,12 +202,11 @@ table.round(3)
 #
 # ## bf16 compute with fp32 master weights
 #
-# The blog post this project's build-up follows (*First Steps With Distributed Data Parallelism and
-# PyTorch Profiling*, README), and most training today, computes the forward and backward in bf16 and
-# keeps an fp32 copy of the weights for the optimizer: a bf16 number has 8 significant bits (2 to 3
-# decimal digits), so a small update lands rounded, and one far smaller than the weight is lost. An
-# AdamW step moves a value by roughly its learning rate (0.001 here); the cell after next adds 0.001 to
-# every value of this model, in bf16 and in fp32. The ZeRO paper counts it as 2 bytes
+# Mixed-precision training computes the forward and backward in bf16 and keeps an fp32 copy of the
+# weights (the *master weights*) for the optimizer: a bf16 number has 8 significant bits (2 to 3
+# decimal digits), so a small update lands rounded, and one far smaller than the weight is lost. The
+# cell after next measures how far AdamW's first step moved this model's values, then adds the
+# learning rate to every value, in bf16 and in fp32. The ZeRO paper counts mixed precision as 2 bytes
 # of 16-bit parameter, 2 of 16-bit gradient and K = 12 bytes of optimizer state (the fp32 master
 # copy, 4, and Adam's moments, 8): still `16Ψ` for DDP, but now 12 of the 16 bytes are optimizer
 # state, which ZeRO-1 already shards: ZeRO-1 `4Ψ + 12Ψ/n`, ZeRO-2 `2Ψ + 14Ψ/n`, FSDP
@@ -213,8 +218,8 @@ table.round(3)
 # FSDP keeps (`16Ψₛ/n + 16Ψᵣ`, as both formulas say, split 4 + 4 + 8 instead of 2 + 2 + 12), and bf16 shrinks
 # what lives only during the step: the gathered units and the activations. The cells below measure
 # both; the figure draws the model state and the gathered units, the activations are printed above it.
-# minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`: their bf16 formulas are in the cell's table
-# only, and the figure draws the bf16 formula (dashed) on the one bar measured computing in bf16.
+# minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`: their bf16 formulas are in the cell's
+# table only; the figure's lines are the fp32 formulas.
 
 # %%
 # %%distributed
@@ -236,9 +241,11 @@ from minddp.sharding.memory import PRECISIONS
 
 measured = [dict(row(world, s, memory[s]), label=s) for s in STAGES]
 measured.append(dict(row(world, "fsdp:bf16", memory["fsdp bf16"]), label="fsdp\ncomputing in bf16"))
-# the bf16 formula drawn only over the bar measured computing in bf16 (the others' are the table's)
-drawn = [r if r["compute_dtype"] == "bf16" else {k: v for k, v in r.items() if k != "formula_mixed"} for r in measured]
-plot(drawn, title=f"Memory per rank on {world} ranks, measured (bars) beside the formulas (lines)")
+# the fp32 formulas only: the bf16 ones are the table's (fsdp's is the same line)
+plot(
+    [{k: v for k, v in r.items() if k != "formula_mixed"} for r in measured],
+    title=f"Memory per rank on {world} ranks, measured (bars) beside the fp32 formulas (lines)",
+)
 held = {r["label"]: r["parameters"] + r["gradients"] + r["optimizer"] for r in measured}
 f32, f16 = memory["fsdp"], memory["fsdp bf16"]
 lesson.claim(
@@ -262,6 +269,11 @@ lesson.say(
 )
 lr = lesson.SETTINGS.lr
 values = torch.cat([p.detach().reshape(-1) for p in lesson.make_model().parameters()])  # the initial weights
+stepped = torch.cat([p.detach().reshape(-1) for p in trainees["ddp"].model.module.parameters()])  # after 1 step
+lesson.say(
+    f"ddp's first AdamW step (lr = {lr}) moved this model's values by a median of "
+    f"{(stepped - values).abs().median().item() / lr:.2f} × lr."
+)
 landed = {"bf16": (values.bfloat16() + lr).float() - values.bfloat16().float(), "fp32": (values + lr) - values}
 lost = landed["bf16"] == 0
 # how far the update, as it landed, is from lr: in bf16 over the values it changed, in fp32 over all
@@ -297,10 +309,10 @@ formulas.round(2)
 # ## ZeRO-1: an optimizer that steps its own part
 #
 # Each parameter tensor is cut, flattened, into n chunks, and rank `r` keeps the optimizer state of
-# chunk `r` of each, so the ranks' shares differ by a few elements at most. (An optimizer that is not
-# element-wise needs whole tensors: one rank then owns each, `owned_whole` in the step below; AdamW is
-# element-wise.) The stepped chunks are all-gathered in buckets of their own, of at most 25 MiB, not
-# the stage's 4 MiB gradient buckets:
+# chunk `r` of each, so the ranks' chunks of one tensor differ by fewer than n elements. (An
+# optimizer that is not element-wise needs whole tensors: one rank then owns each, `owned_whole` in
+# the step below; AdamW is element-wise.) The stepped chunks are all-gathered in buckets of their
+# own, of at most 25 MiB, not the stage's 4 MiB gradient buckets:
 
 # %%
 # %%distributed
@@ -321,7 +333,8 @@ lesson.say(
 # %% [markdown]
 # Its step: hand each chunk its slice of the averaged gradient, step the local optimizer (an
 # ordinary `torch.optim.AdamW` over the chunks, which are views into the parameters), then
-# all-gather the chunks.
+# all-gather the chunks. The code numbers these steps 3 and 4; its steps 1 and 2 (plan every rank's
+# chunks, make this rank's chunks views into the parameters) run once, in `__init__`.
 
 # %%
 # %%rank 0
@@ -333,31 +346,36 @@ show_source(ZeroRedundancyOptimizer._all_gather)
 # %% [markdown]
 # ## ZeRO-2: reduce-scatter the gradients
 #
-# `zero2` is `bucket-async` with four changes, numbered as steps in its code:
+# `zero2` is `bucket-async` with four changes, numbered as steps 1 to 4 in its code (its own
+# numbering, not ZeRO-1's):
 #
 # 1. each parameter is cut into n chunks, and this rank's chunk, its shard, is made a parameter of its
 #    own (`self.shard[p]`), a view into the whole one (`__init__`);
 # 2. a full bucket's gradients are packed rank by rank and handed to a reduce-scatter hook instead of
 #    the all_reduce, and the whole gradients are dropped (`_send_bucket`);
-# 3. this rank's piece of the averaged bucket becomes its shards' `.grad` (`_write_back`): the
-#    optimizer steps the shards only;
+# 3. the reduce-scatter leaves this rank its shards' parts of the averaged bucket, back to back; each
+#    becomes its shard's `.grad` (`_write_back`): the optimizer steps the shards only;
 # 4. before the next forward, the stepped shards are all-gathered back into the whole parameters,
 #    one all-gather per gradient bucket, each module waiting for its own bucket's gather just before it runs: `finish_gradient_synchronization`
 #    marks them `stale` after a sync, `forward` then calls `gather_parameters`, and the forward
 #    pre-hooks in `__init__` call `_wait_for`.
 #
 # The other new members are plumbing around these four: which tensors the module holds (`_hold`:
-# the shards at rest, the whole parameters during a forward), the module called without the wrapper
-# (`_module_forward`, `lent`), `torch.compile` (`eager_under_compile`, `compiled`, `split_at_buckets`),
-# and reading the model whole (`full_parameters`, `full_state_dict`). The cell first prints the
-# line that does each step, found in `minddp/sharding/zero2.py`, then the diff: every method that
-# changed, its changed lines with two lines around them (the file has the whole code):
+# the shards at rest, the whole parameters during a forward), which gradients arrived (`had_grad`),
+# the module called without the wrapper (`_module_forward`, `lent`), `torch.compile`
+# (`eager_under_compile`, `compiled`, `split_at_buckets`), a profiler range around each bucket's
+# send (`send`), and reading the model whole (`full_parameters`, `full_state_dict`, `sharded`). The
+# cell prints the line that does each step, found in `minddp/sharding/zero2.py`, then the two that
+# move the data, whole: the reduce-scatter hook (step 2) and the gather (step 4); then the diff:
+# each changed method's changed lines with two lines around them, each new method's first lines
+# and its length (the file has the whole code):
 
 # %%
 # %%rank 0
 import inspect
 
 from minddp.notebook.source import show_diff
+from minddp.sharding.hooks import reduce_scatter_hook
 from minddp.sharding.zero2 import Zero2DDP
 from minddp.stages import AsyncBucketDDP
 
@@ -365,7 +383,7 @@ KEY_LINES = [  # (step, method, the text of the line that does it)
     ("1", "__init__", "self.shard[p] = nn.Parameter("),
     ("2", "__init__", "self.comm_hook = reduce_scatter_hook"),
     ("2", "_send_bucket", "flat = pack_rank_major("),
-    ("3", "_write_back", "shard.grad = piece"),
+    ("3", "_write_back", "shard.grad = chunk"),
     ("4", "forward", "self.gather_parameters("),
     ("4", "__init__", "register_forward_pre_hook(lambda m, args, b=buckets"),
 ]
@@ -375,6 +393,8 @@ for step, method, text in KEY_LINES:
     assert len(found) == 1, f"{method} has {len(found)} lines with {text!r}"
     key.append(f"  step {step}, in {method}:  {found[0]}")
 print("The four steps, a line each (minddp/sharding/zero2.py):\n" + "\n".join(key) + "\n")
+show_source(reduce_scatter_hook)
+show_source(Zero2DDP.gather_parameters)
 show_diff(AsyncBucketDDP, Zero2DDP, context=2)
 
 # %% [markdown]
@@ -427,11 +447,17 @@ lesson.claim(
     f"under the two of the α-β count: the last unit is not gathered again and the {outside} parameter tensors outside "
     "the units are never gathered.",
 )
+lesson.claim(
+    f["calls"] == units + outside,
+    f"fsdp's {f['calls']} gradient collectives: one reduce-scatter per unit ({units}) and one all_reduce per "
+    f"parameter tensor it leaves whole ({outside}).",
+)
 
 # %% [markdown]
 # ## ZeRO-2's saving, observed
 #
-# gloo hides the saving, so the four stages now send through minddp's own ring
+# gloo hides the saving (there zero2's reduce-scatters run as all_reduces, so it sends zero1's bytes:
+# the all_reduces' and the all-gathers'), so the four stages now send through minddp's own ring
 # (`minddp.collectives`, plugged into each stage's wire as its *transport*): every collective is
 # written from point-to-point messages, and the profiler records each message gloo sends with the
 # tensor it carried. What one rank really put on the wire in one step, by the collective the
@@ -514,7 +540,11 @@ lesson.claim(
 # the gradients in two places: ddp, zero1 and fsdp in a callback at the end of `loss.backward()`, after
 # its last autograd operation, so a blank on their phase lane between the last backward and the
 # optimizer step is that wait; zero2, built on bucket-async, in its finish (a thin purple bar on its
-# lane, drawn where it is wide enough to see).
+# lane, drawn where it is wide enough to see). Bars that overlap in time draw as one: the claims
+# below give the counts. Each row is one step, taken under whatever load the machine had then, so
+# the rows' lengths do not rank the stages: `python -m minddp.bench --preset small --stage sharded` times the
+# stages over many steps each, beside torch's own `ZeroRedundancyOptimizer` and `fully_shard`;
+# `docs/sharding.md` has its tables.
 
 # %%
 # %%rank 0
@@ -529,7 +559,7 @@ def phase_of(t, row):
 started = {}
 for s in STAGES:
     v = looks[s]
-    v["row"]["label"] = f"{s}\n{len(v['row']['messages'])} collectives"
+    v["row"]["label"] = s
     started[s] = pd.Series([phase_of(a, v["row"]) for a, _ in v["row"]["messages"]]).value_counts()
 figure = lesson.picture(looks, None, rows=STAGES, title="ddp and the sharded rungs, one step each (rank 0)")
 lesson.mark_gathers(figure, looks, STAGES)  # the all-gathers hatched apart from the gradient collectives
@@ -540,8 +570,8 @@ lesson.claim(
     ),
     "Each row draws every collective its look counted: "
     + ", ".join(
-        f"{s} {looks[s]['calls']} gradient (all_reduce on gloo) + "
-        f"{looks[s]['gathers'] + looks[s]['small_gathers']} all-gather"
+        f"{s} {looks[s]['calls']} gradient (all_reduce on gloo) + {looks[s]['gathers']} all-gather of parameters"
+        + (f" + {looks[s]['small_gathers']} check" if looks[s]["small_gathers"] else "")
         for s in STAGES
     )
     + ".",
@@ -560,16 +590,11 @@ lesson.claim(
     f"zero2's {z2['gathers']} all-gathers start in the first forward, which needs the parameters the last step "
     f"updated; its {z2['calls']} reduce-scatters (run as all_reduces) are handed over in the backward.",
 )
-check_at = [(phase_of(a, z2["row"]), b - a) for a, b in z2.get("check_spans", [])]
-axis = max(looks[s]["row"]["end"] for s in STAGES)  # the figure's time axis, ms
+check_at = [phase_of(a, z2["row"]) for a, _ in z2.get("check_spans", [])]
 lesson.say(
-    "zero2's once-a-step check, an all-gather of a few bytes, not of parameters (cross-hatched, a × at its start, with no tick: "
-    "the ticks mark the gradient collectives and the gathers of parameters): "
-    + "; ".join(
-        f"it was called {'in the ' + ph if ph != 'between' else 'between two phases'} and took {d:.0f} ms to its end, "
-        f"{100 * d / axis:.2f} % of the time axis"
-        for ph, d in check_at
-    )
+    "zero2's once-a-step check, an all-gather of a few bytes, not of parameters (cross-hatched, a × at its start, "
+    "with no tick: the ticks mark the gradient collectives and the gathers of parameters), was called "
+    + " and ".join("in the " + ph if ph != "between" else "between two phases" for ph in check_at)
     + f". The table's zero2 row counts it with the {z2['calls']} gradient collectives and {z2['gathers']} gathers."
 )
 # both sync once a step: the micro-batches before the last accumulate under no_sync() and send nothing
@@ -587,16 +612,10 @@ lesson.claim(
     starts.loc["fsdp", "forward"] + starts.loc["fsdp", "backward"] >= fs["gathers"],
     f"fsdp's {fs['gathers']} all-gathers start all through the forwards and the backwards.",
 )
-only_all_reduces = [s for s in STAGES if looks[s]["gathers"] + looks[s]["small_gathers"] == starts.loc[s, "optimizer"]]
 lesson.say(
     "The table below counts when each collective started running on gloo's thread (a bar's left end), not when it "
     "was handed over (a tick; the looks' counts, in the ZeRO-2 section): gloo takes a collective up when its thread is "
-    "free, so one handed over late in a backward can start after it has ended ('between'). Where every collective "
-    "outside the optimizer step is an all_reduce ("
-    + ", ".join(only_all_reduces)
-    + "), all_reduces handed over during a backward, against those that started during one: "
-    + ", ".join(f"{s} {looks[s]['calls_in_backward']} against {starts.loc[s, 'backward']}" for s in only_all_reduces)
-    + "."
+    "free, so one handed over late in a backward can start after it has ended ('between')."
 )
 starts
 
@@ -635,11 +654,6 @@ for s in STAGES[1:]:
     )
 
 # %% [markdown]
-# The time axis above is one step of each stage. `python -m minddp.bench --preset small --stage sharded`
-# times the stages over many steps each, beside torch's own `ZeroRedundancyOptimizer` and `fully_shard`,
-# with the overlap of their communication by compute; `docs/sharding.md` has its tables.
-
-# %% [markdown]
 # ## Your turn: all_reduce from its two halves
 #
 # Write `my_all_reduce(tensor, group)`: sum `tensor` in place over `group` with one
@@ -660,9 +674,9 @@ for s in STAGES[1:]:
 # two ranks `x % 2 == -x % 2` for every `x`, so padding by `numel % n` where `-numel % n` is meant,
 # or a `2` written where the world size belongs, would pass; so an answer that passes at two ranks
 # is checked again at three, and the verdict says which it failed at. Pass `group` everywhere: to
-# `dist.get_world_size(group)`, which the checker refuses without it, and to both collectives, where
-# it cannot tell (its ranks are the whole world): a call that left the group out would sum over every
-# rank of a larger job.
+# `dist.get_world_size(group)` and to both collectives. The checker refuses each call without it: its
+# ranks are the whole world, so the sum would come out right there, but a call that left the group
+# out would run over every rank of a larger job.
 
 # %%
 import torch
