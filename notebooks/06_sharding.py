@@ -20,9 +20,9 @@
 # gradients, and the optimizer's state (Adam keeps two more tensors the size of the model). The
 # ranks compute the same update from the same averaged gradients, so all of that is repeated.
 # The ZeRO rungs keep DDP's computation (every rank runs the whole forward and backward on its own
-# part of the batch) and stop repeating the *state*. Each keeps, of a tensor it divides among the n
-# ranks, one `1/n` piece per rank, this rank's *shard* (a word this notebook keeps for that piece of
-# a tensor; the ZeRO-1 section's *chunk* and the ring's *piece* are the same part):
+# part of the batch) and stop repeating the *state*. Each keeps, of a *parameter tensor* (one of the
+# model's tensors) it divides among the n ranks, one `1/n` part per rank, this rank's *shard* (the
+# ZeRO-1 section's *chunk* is the same part):
 #
 # * `zero1`: each rank keeps the optimizer state of its shard of every parameter tensor (n ranks), steps
 #   that shard, and the updated parameters are all-gathered;
@@ -88,15 +88,17 @@ show_source(ring_all_reduce)
 # %% [markdown]
 # What each costs, in the α-β model (α the fixed cost of one message, β the time per byte, m the
 # bytes of the tensor, n ranks): each pass is `n − 1` messages carrying `(n − 1)/n · m` bytes per
-# rank, `(n − 1) α + (n − 1)/n · m β`, and the all_reduce is both. Per optimizer step, with its
-# micro-batches accumulated and the gradients synced once: DDP all-reduces them once; ZeRO-2
-# reduce-scatters them once and all-gathers the stepped parameters once, the bytes DDP moves;
-# ZeRO-1 all-reduces them and then all-gathers, one pass more. FSDP reduce-scatters once too, but
-# it gathers each unit's parameters for every micro-batch's forward and again for its backward:
-# at most two passes of the model per micro-batch (the count measured in the ZeRO-2 section below,
-# where one profiled step of each stage counts its collectives, is a little less: the last unit is still gathered
-# when the backward starts, and the parameter tensors outside every unit are never gathered). For
-# this workload's step:
+# rank, `(n − 1) α + (n − 1)/n · m β`, and the all_reduce is both. That is one collective; a stage
+# sends its gradients in several (a bucket or a unit each), so below we count only the bytes (the
+# ZeRO-2 section counts the collectives). Per optimizer step, with its micro-batches accumulated and
+# the gradients synced once: DDP all-reduces the gradients' bytes once; ZeRO-2 reduce-scatters them
+# once and all-gathers the stepped parameters once, the bytes DDP moves; ZeRO-1 all-reduces them and
+# then all-gathers, one pass more. FSDP reduce-scatters its units' gradients once too (and
+# all-reduces the few tensors it leaves whole), but it gathers each unit's parameters for every
+# micro-batch's forward and again for its backward:
+# at most two passes of the model per micro-batch (the count the ZeRO-2 section below measures, on one
+# step of each stage, is a little less: the last unit is still gathered when the backward starts, and the
+# parameter tensors outside every unit are never gathered). For this workload's step:
 
 # %%
 # %%distributed
@@ -107,8 +109,8 @@ one_pass = (world - 1) / world * m
 accum = lesson.SETTINGS.grad_accum  # micro-batches per optimizer step
 fsdp_most = (1 + 2 * accum) * one_pass  # one reduce-scatter, at most two all-gathers per micro-batch
 lesson.say(
-    f"m = {lesson.mib(m)}; at n = {world} ranks each pass sends {lesson.mib(one_pass)} per rank, in "
-    f"{world - 1} message(s). Per step of {accum} micro-batches: DDP's all_reduce {lesson.mib(2 * one_pass)}, "
+    f"m = {lesson.mib(m)}; at n = {world} ranks each pass of the model sends {lesson.mib(one_pass)} per rank. "
+    f"Per step of {accum} micro-batches: DDP's all_reduce {lesson.mib(2 * one_pass)}, "
     f"ZeRO-2's reduce-scatter + all-gather {lesson.mib(2 * one_pass)}, ZeRO-1's all_reduce + all-gather "
     f"{lesson.mib(3 * one_pass)}, FSDP's reduce-scatter + at most 2 × {accum} passes of all-gathers "
     f"{lesson.mib(fsdp_most)} ({fsdp_most / (2 * one_pass):.1f} times DDP's)."
@@ -140,6 +142,16 @@ for name, t in trainees.items():
     probe = Probe(t.model, t.model.module, t.optimizer)
     t.step()
     memory[name] = probe.result()
+
+# %% [markdown]
+# The table below sets each stage's measured model state beside its formula. The formulas, for `Ψ`
+# float32 parameter values (elements, as the ZeRO paper counts them) with Adam on n ranks: each value
+# costs 4 bytes of parameter, 4 of gradient and 8 of Adam's two moments, and each rung divides one
+# more of the three among the ranks: DDP `16Ψ`; ZeRO-1 (optimizer state) `8Ψ + 8Ψ/n`; ZeRO-2 (and
+# gradients) `4Ψ + 12Ψ/n`; FSDP (and parameters) `16Ψₛ/n + 16Ψᵣ`, where `Ψᵣ` counts the values of the
+# parameter tensors it leaves whole on every rank (here the embeddings, the final norm and the
+# classifier, outside every unit) and `Ψₛ = Ψ − Ψᵣ` those it shards (`docs/sharding.md` explains
+# every difference).
 
 # %%
 # %%rank 0
@@ -180,14 +192,7 @@ lesson.claim(
 table.round(3)
 
 # %% [markdown]
-# The formulas, for `Ψ` float32 parameter values (elements, as the ZeRO paper counts them; a
-# *parameter tensor* is one of the model's tensors) with Adam on n ranks: each value costs 4 bytes
-# of parameter, 4 of gradient and 8 of Adam's two moments, and each rung divides one more of the
-# three among the ranks: DDP `16Ψ`; ZeRO-1 (optimizer state) `8Ψ + 8Ψ/n`; ZeRO-2 (and gradients)
-# `4Ψ + 12Ψ/n`; FSDP (and parameters) `16Ψₛ/n + 16Ψᵣ`, where `Ψᵣ` counts the values of the
-# parameter tensors it leaves whole on every rank (here the embeddings, the final norm and the
-# classifier, outside every unit) and `Ψₛ = Ψ − Ψᵣ` those it shards (`docs/sharding.md` explains
-# every difference). The gradients column is what a rank holds when the optimizer steps. Before that,
+# The gradients column is what a rank holds when the optimizer steps. Before that,
 # zero2 and fsdp hold whole gradients too: they reduce-scatter once a step, in the last micro-batch's
 # backward (the time-axis section below checks it), and accumulate the micro-batches
 # before it whole under `no_sync()`, as ddp does. So with accumulation their gradient saving holds at
@@ -197,11 +202,11 @@ table.round(3)
 #
 # ## bf16 compute with fp32 master weights
 #
-# The blog post this project's build-up follows (*First Steps With Distributed Data Parallelism and
-# PyTorch Profiling*, README), and most training today, computes the forward and backward in bf16 and
-# keeps an fp32 copy of the weights for the optimizer: a bf16 number has 8 significant bits (2 to 3
-# decimal digits), so an update of lr × gradient, far smaller than the weight, would round away (the
-# cell after next adds 0.001 to a bf16 1.0). The ZeRO paper counts it as 2 bytes
+# Mixed-precision training computes the forward and backward in bf16 and keeps an fp32 copy of the
+# weights (the *master weights*) for the optimizer: a bf16 number has 8 significant bits (2 to 3
+# decimal digits), so a small update lands rounded, and one far smaller than the weight is lost. The
+# cell after next measures how far AdamW's first step moved this model's values, then adds the
+# learning rate to every value, in bf16 and in fp32. The ZeRO paper counts mixed precision as 2 bytes
 # of 16-bit parameter, 2 of 16-bit gradient and K = 12 bytes of optimizer state (the fp32 master
 # copy, 4, and Adam's moments, 8): still `16Ψ` for DDP, but now 12 of the 16 bytes are optimizer
 # state, which ZeRO-1 already shards: ZeRO-1 `4Ψ + 12Ψ/n`, ZeRO-2 `2Ψ + 14Ψ/n`, FSDP
@@ -213,7 +218,8 @@ table.round(3)
 # FSDP keeps (`16Ψₛ/n + 16Ψᵣ`, as both formulas say, split 4 + 4 + 8 instead of 2 + 2 + 12), and bf16 shrinks
 # what lives only during the step: the gathered units and the activations. The cells below measure
 # both; the figure draws the model state and the gathered units, the activations are printed above it.
-# (minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`: their bf16 rows are the formulas.)
+# minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`: their bf16 formulas are in the cell's
+# table only; the figure's lines are the fp32 formulas.
 
 # %%
 # %%distributed
@@ -235,7 +241,11 @@ from minddp.sharding.memory import PRECISIONS
 
 measured = [dict(row(world, s, memory[s]), label=s) for s in STAGES]
 measured.append(dict(row(world, "fsdp:bf16", memory["fsdp bf16"]), label="fsdp\ncomputing in bf16"))
-plot(measured, title=f"Memory per rank on {world} ranks, measured (bars) beside the formulas (lines)")
+# the fp32 formulas only: the bf16 ones are the table's (fsdp's is the same line)
+plot(
+    [{k: v for k, v in r.items() if k != "formula_mixed"} for r in measured],
+    title=f"Memory per rank on {world} ranks, measured (bars) beside the fp32 formulas (lines)",
+)
 held = {r["label"]: r["parameters"] + r["gradients"] + r["optimizer"] for r in measured}
 f32, f16 = memory["fsdp"], memory["fsdp bf16"]
 lesson.claim(
@@ -257,11 +267,22 @@ lesson.say(
     + ("more" if f32["activations"] > held["fsdp"] else "less")
     + f" than its whole model state, {lesson.mib(held['fsdp'])}."
 )
-one = torch.tensor(1.0, dtype=torch.bfloat16)
+lr = lesson.SETTINGS.lr
+values = torch.cat([p.detach().reshape(-1) for p in lesson.make_model().parameters()])  # the initial weights
+stepped = torch.cat([p.detach().reshape(-1) for p in trainees["ddp"].model.module.parameters()])  # after 1 step
+lesson.say(
+    f"ddp's first AdamW step (lr = {lr}) moved this model's values by a median of "
+    f"{(stepped - values).abs().median().item() / lr:.2f} × lr."
+)
+landed = {"bf16": (values.bfloat16() + lr).float() - values.bfloat16().float(), "fp32": (values + lr) - values}
+lost = landed["bf16"] == 0
+# how far the update, as it landed, is from lr: in bf16 over the values it changed, in fp32 over all
+missed = {"bf16": (landed["bf16"][~lost] - lr).abs().max() / lr, "fp32": (landed["fp32"] - lr).abs().max() / lr}
 lesson.claim(
-    one + 0.001 == one and torch.tensor(1.0) + 0.001 != 1.0,
-    "In bf16, 1 + 0.001 is 1 (the update rounds away); in fp32 it is "
-    f"{(torch.tensor(1.0) + 0.001).item():.4f}: why the masters stay fp32.",
+    bool(lost.any()) and bool((values[lost] == 1).all()) and not bool((landed["fp32"] == 0).any()),
+    f"Adding lr = {lr} to each of this model's {values.numel():,} initial parameter values: in bf16 the "
+    f"{int(lost.sum()):,} values of 1.0 do not change, and on the others the update lands off by up to "
+    f"{missed['bf16']:.0%}; in fp32 every update lands, off by at most {missed['fp32']:.3%}: why the masters stay fp32.",
 )
 formulas = pd.DataFrame(
     {
@@ -287,9 +308,11 @@ formulas.round(2)
 # %% [markdown]
 # ## ZeRO-1: an optimizer that steps its own part
 #
-# Every parameter is cut, flattened, into n chunks; rank `r` keeps the optimizer state of chunk
-# `r` of every parameter tensor. Cutting *every* tensor (not handing whole tensors to ranks) keeps the
-# ranks' shares equal to a few elements:
+# Each parameter tensor is cut, flattened, into n chunks, and rank `r` keeps the optimizer state of
+# chunk `r` of each, so the ranks' chunks of one tensor differ by fewer than n elements. (An
+# optimizer that is not element-wise needs whole tensors: one rank then owns each, `owned_whole` in
+# the step below; AdamW is element-wise.) The stepped chunks are all-gathered in buckets of their
+# own, of at most 25 MiB, not the stage's 4 MiB gradient buckets:
 
 # %%
 # %%distributed
@@ -301,11 +324,17 @@ print(
     f"rank {rank}: chunk {zero.ranges[zero.index[id(p)]][rank]} of {name}'s {p.numel():,} elements; "
     f"Adam state on this rank: {optimizer_state_bytes(zero):,} bytes"
 )
+whole_owned = sum(zero.owned_whole(p) for p in zero.params)
+lesson.say(
+    f"Parameter tensors one rank owns whole: {whole_owned} of {len(zero.params)}. All-gather buckets: "
+    f"{len(zero.buckets)}, for the whole model's {lesson.mib(m)} (the ZeRO-2 section counts the gathers)."
+)
 
 # %% [markdown]
 # Its step: hand each chunk its slice of the averaged gradient, step the local optimizer (an
 # ordinary `torch.optim.AdamW` over the chunks, which are views into the parameters), then
-# all-gather the chunks.
+# all-gather the chunks. The code numbers these steps 3 and 4; its steps 1 and 2 (plan every rank's
+# chunks, make this rank's chunks views into the parameters) run once, in `__init__`.
 
 # %%
 # %%rank 0
@@ -317,31 +346,36 @@ show_source(ZeroRedundancyOptimizer._all_gather)
 # %% [markdown]
 # ## ZeRO-2: reduce-scatter the gradients
 #
-# `zero2` is `bucket-async` with four changes, numbered as steps in its code:
+# `zero2` is `bucket-async` with four changes, numbered as steps 1 to 4 in its code (its own
+# numbering, not ZeRO-1's):
 #
-# 1. each parameter is cut into n chunks, and this rank's chunk becomes a *shard*: a parameter of its
-#    own, a view into the whole one (`__init__`);
+# 1. each parameter is cut into n chunks, and this rank's chunk, its shard, is made a parameter of its
+#    own (`self.shard[p]`), a view into the whole one (`__init__`);
 # 2. a full bucket's gradients are packed rank by rank and handed to a reduce-scatter hook instead of
 #    the all_reduce, and the whole gradients are dropped (`_send_bucket`);
-# 3. this rank's piece of the averaged bucket becomes its shards' `.grad` (`_write_back`): the
-#    optimizer steps the shards only;
+# 3. the reduce-scatter leaves this rank its shards' parts of the averaged bucket, back to back; each
+#    becomes its shard's `.grad` (`_write_back`): the optimizer steps the shards only;
 # 4. before the next forward, the stepped shards are all-gathered back into the whole parameters,
-#    each module waiting for its own bucket's gather just before it runs: `finish_gradient_synchronization`
+#    one all-gather per gradient bucket, each module waiting for its own bucket's gather just before it runs: `finish_gradient_synchronization`
 #    marks them `stale` after a sync, `forward` then calls `gather_parameters`, and the forward
 #    pre-hooks in `__init__` call `_wait_for`.
 #
 # The other new members are plumbing around these four: which tensors the module holds (`_hold`:
-# the shards at rest, the whole parameters during a forward), the module called without the wrapper
-# (`_module_forward`, `lent`), `torch.compile` (`eager_under_compile`, `compiled`, `split_at_buckets`),
-# and reading the model whole (`full_parameters`, `full_state_dict`). The cell first prints the
-# line that does each step, found in `minddp/sharding/zero2.py`, then the diff: every method that
-# changed, its changed lines with two lines around them (the file has the whole code):
+# the shards at rest, the whole parameters during a forward), which gradients arrived (`had_grad`),
+# the module called without the wrapper (`_module_forward`, `lent`), `torch.compile`
+# (`eager_under_compile`, `compiled`, `split_at_buckets`), a profiler range around each bucket's
+# send (`send`), and reading the model whole (`full_parameters`, `full_state_dict`, `sharded`). The
+# cell prints the line that does each step, found in `minddp/sharding/zero2.py`, then the two that
+# move the data, whole: the reduce-scatter hook (step 2) and the gather (step 4); then the diff:
+# each changed method's changed lines with two lines around them, each new method's first lines
+# and its length (the file has the whole code):
 
 # %%
 # %%rank 0
 import inspect
 
 from minddp.notebook.source import show_diff
+from minddp.sharding.hooks import reduce_scatter_hook
 from minddp.sharding.zero2 import Zero2DDP
 from minddp.stages import AsyncBucketDDP
 
@@ -349,7 +383,7 @@ KEY_LINES = [  # (step, method, the text of the line that does it)
     ("1", "__init__", "self.shard[p] = nn.Parameter("),
     ("2", "__init__", "self.comm_hook = reduce_scatter_hook"),
     ("2", "_send_bucket", "flat = pack_rank_major("),
-    ("3", "_write_back", "shard.grad = piece"),
+    ("3", "_write_back", "shard.grad = chunk"),
     ("4", "forward", "self.gather_parameters("),
     ("4", "__init__", "register_forward_pre_hook(lambda m, args, b=buckets"),
 ]
@@ -359,6 +393,8 @@ for step, method, text in KEY_LINES:
     assert len(found) == 1, f"{method} has {len(found)} lines with {text!r}"
     key.append(f"  step {step}, in {method}:  {found[0]}")
 print("The four steps, a line each (minddp/sharding/zero2.py):\n" + "\n".join(key) + "\n")
+show_source(reduce_scatter_hook)
+show_source(Zero2DDP.gather_parameters)
 show_diff(AsyncBucketDDP, Zero2DDP, context=2)
 
 # %% [markdown]
@@ -371,23 +407,18 @@ show_diff(AsyncBucketDDP, Zero2DDP, context=2)
 # hands back no Future to chain the write-back to, so a bucket could not stay in flight while
 # backward goes on (`docs/sharding.md`). minddp therefore runs zero2's and fsdp's
 # reduce-scatters as all_reduces of the whole bucket and keeps this rank's piece; the look counts
-# them among the all_reduce calls, the traces further down name them reduce-scatters. And once a
-# step `zero2`, built on the teaching stages, all-gathers a few bytes to check that every rank's
-# forwards used the same parameters (`minddp/stages/checks.py`), counted apart below.
+# them among the all_reduce calls. And once a step `zero2`, built on the teaching stages, all-gathers
+# a few bytes to check that every rank's forwards used the same parameters (`minddp/stages/checks.py`),
+# counted apart below.
 
 # %%
 # %%distributed
-import os
-
-looks, load = {}, {}  # load: the machine's 1-minute load average as each stage's look ended
-for s in STAGES:
-    looks[s] = trainees[s].look()
-    load[("look", s)] = os.getloadavg()[0]
+looks = {s: trainees[s].look() for s in STAGES}
 accum = lesson.SETTINGS.grad_accum
 for s, v in looks.items():
     lesson.say(
         f"{s}: {v['calls']} gradient collectives (all_reduce calls on gloo; {v['calls_in_backward']} handed over "
-        f"during a backward), handed {lesson.mib(v['bytes'])}; {v['gathers']} all-gathers of parameters, handed "
+        f"during a backward), handed {lesson.mib(v['bytes'])}; {v['gathers']} all-gather(s) of parameters, handed "
         f"{lesson.mib(v['gather_bytes'])}; {v['small_gathers']} small all_gather (the check)."
     )
 z, f = looks["zero2"], looks["fsdp"]
@@ -416,11 +447,17 @@ lesson.claim(
     f"under the two of the α-β count: the last unit is not gathered again and the {outside} parameter tensors outside "
     "the units are never gathered.",
 )
+lesson.claim(
+    f["calls"] == units + outside,
+    f"fsdp's {f['calls']} gradient collectives: one reduce-scatter per unit ({units}) and one all_reduce per "
+    f"parameter tensor it leaves whole ({outside}).",
+)
 
 # %% [markdown]
 # ## ZeRO-2's saving, observed
 #
-# gloo hides the saving, so the four stages now send through minddp's own ring
+# gloo hides the saving (there zero2's reduce-scatters run as all_reduces, so it sends zero1's bytes:
+# the all_reduces' and the all-gathers'), so the four stages now send through minddp's own ring
 # (`minddp.collectives`, plugged into each stage's wire as its *transport*): every collective is
 # written from point-to-point messages, and the profiler records each message gloo sends with the
 # tensor it carried. What one rank really put on the wire in one step, by the collective the
@@ -503,7 +540,11 @@ lesson.claim(
 # the gradients in two places: ddp, zero1 and fsdp in a callback at the end of `loss.backward()`, after
 # its last autograd operation, so a blank on their phase lane between the last backward and the
 # optimizer step is that wait; zero2, built on bucket-async, in its finish (a thin purple bar on its
-# lane, drawn where it is wide enough to see).
+# lane, drawn where it is wide enough to see). Bars that overlap in time draw as one: the claims
+# below give the counts. Each row is one step, taken under whatever load the machine had then, so
+# the rows' lengths do not rank the stages: `python -m minddp.bench --preset small --stage sharded` times the
+# stages over many steps each, beside torch's own `ZeroRedundancyOptimizer` and `fully_shard`;
+# `docs/sharding.md` has its tables.
 
 # %%
 # %%rank 0
@@ -518,7 +559,7 @@ def phase_of(t, row):
 started = {}
 for s in STAGES:
     v = looks[s]
-    v["row"]["label"] = f"{s}\n{len(v['row']['messages'])} collectives"
+    v["row"]["label"] = s
     started[s] = pd.Series([phase_of(a, v["row"]) for a, _ in v["row"]["messages"]]).value_counts()
 figure = lesson.picture(looks, None, rows=STAGES, title="ddp and the sharded rungs, one step each (rank 0)")
 lesson.mark_gathers(figure, looks, STAGES)  # the all-gathers hatched apart from the gradient collectives
@@ -529,8 +570,8 @@ lesson.claim(
     ),
     "Each row draws every collective its look counted: "
     + ", ".join(
-        f"{s} {looks[s]['calls']} gradient (all_reduce on gloo) + "
-        f"{looks[s]['gathers'] + looks[s]['small_gathers']} all-gather"
+        f"{s} {looks[s]['calls']} gradient (all_reduce on gloo) + {looks[s]['gathers']} all-gather of parameters"
+        + (f" + {looks[s]['small_gathers']} check" if looks[s]["small_gathers"] else "")
         for s in STAGES
     )
     + ".",
@@ -549,16 +590,11 @@ lesson.claim(
     f"zero2's {z2['gathers']} all-gathers start in the first forward, which needs the parameters the last step "
     f"updated; its {z2['calls']} reduce-scatters (run as all_reduces) are handed over in the backward.",
 )
-check_at = [(phase_of(a, z2["row"]), b - a) for a, b in z2.get("check_spans", [])]
-axis = max(looks[s]["row"]["end"] for s in STAGES)  # the figure's time axis, ms
+check_at = [phase_of(a, z2["row"]) for a, _ in z2.get("check_spans", [])]
 lesson.say(
-    "zero2's once-a-step check, an all-gather of a few bytes, not of parameters (cross-hatched, with no tick: the "
-    "ticks mark the gradient collectives and the gathers of parameters): "
-    + "; ".join(
-        f"it was called {'in the ' + ph if ph != 'between' else 'between two phases'} and took {d:.0f} ms to its end, "
-        f"{100 * d / axis:.2f} % of the time axis"
-        for ph, d in check_at
-    )
+    "zero2's once-a-step check, an all-gather of a few bytes, not of parameters (cross-hatched, a × at its start, "
+    "with no tick: the ticks mark the gradient collectives and the gathers of parameters), was called "
+    + " and ".join("in the " + ph if ph != "between" else "between two phases" for ph in check_at)
     + f". The table's zero2 row counts it with the {z2['calls']} gradient collectives and {z2['gathers']} gathers."
 )
 # both sync once a step: the micro-batches before the last accumulate under no_sync() and send nothing
@@ -576,124 +612,12 @@ lesson.claim(
     starts.loc["fsdp", "forward"] + starts.loc["fsdp", "backward"] >= fs["gathers"],
     f"fsdp's {fs['gathers']} all-gathers start all through the forwards and the backwards.",
 )
-only_all_reduces = [s for s in STAGES if looks[s]["gathers"] + looks[s]["small_gathers"] == starts.loc[s, "optimizer"]]
 lesson.say(
     "The table below counts when each collective started running on gloo's thread (a bar's left end), not when it "
     "was handed over (a tick; the looks' counts, in the ZeRO-2 section): gloo takes a collective up when its thread is "
-    "free, so one handed over late in a backward can start after it has ended ('between'). Where every collective "
-    "outside the optimizer step is an all_reduce ("
-    + ", ".join(only_all_reduces)
-    + "), all_reduces handed over during a backward, against those that started during one: "
-    + ", ".join(f"{s} {looks[s]['calls_in_backward']} against {starts.loc[s, 'backward']}" for s in only_all_reduces)
-    + "."
+    "free, so one handed over late in a backward can start after it has ended ('between')."
 )
 starts
-
-# %% [markdown]
-# Then one step of each under the profiler with its trace on disk (another step than the one drawn
-# above: its times are not the bars'), read by `minddp.analysis` as notebook 05 reads the ladder's,
-# with the measures `01_collectives` defines (`docs/analysis.md`): calls per step, the time
-# communication was *in flight* (a gloo range open, as a bar above), and its *overlap* (the share of the time in flight during which compute ran too: here the
-# training thread inside an `aten::` op), beside the step and the time backward ran (from its first
-# to its last autograd op, so with whatever the stage does inside it), summed over the step's
-# micro-batches: one backward each, so the column is the step's backwards together, not one.
-
-# %%
-# %%distributed
-import shutil
-
-trace_dir = lesson.TRACE_ROOT / "06_sharding"
-if rank == 0:
-    shutil.rmtree(trace_dir, ignore_errors=True)  # a fresh run folder: the analysis refuses mixed runs
-dist.barrier()
-for s in STAGES:
-    trainees[s].profile(trace_dir)
-    load[("trace", s)] = os.getloadavg()[0]
-
-# %%
-# %%rank 0
-from minddp.analysis import analyze_run
-from minddp.analysis.names import HEADERS
-
-sharded = analyze_run(trace_dir)
-table = sharded.stages.assign(comm_ms_per_step=sharded.stages["comm_time_per_step_us"] / 1e3)
-lesson.claim(
-    all(
-        # gloo runs a reduce-scatter as an all_reduce: the looks count it among the all_reduces, the traces by kind
-        table.loc[s, "allreduce_calls_per_step"] + table.loc[s, "reducescatter_calls_per_step"] == looks[s]["calls"]
-        and table.loc[s, "allgather_calls_per_step"] == looks[s]["gathers"] + looks[s]["small_gathers"]
-        for s in STAGES
-    ),
-    "The traces count the same collectives as the looks, stage by stage "
-    f"(zero2's {table.loc['zero2', 'allgather_calls_per_step']:.0f} all-gathers: its {z2['gathers']} of "
-    f"parameters and its {z2['small_gathers']} check).",
-)
-bw = sharded.phases[(sharded.phases["phase"] == "backward")]
-table = table.assign(
-    step_ms=sharded.stages["step_time_us"] / 1e3,
-    backward_ms=(bw["end_us"] - bw["start_us"]).groupby(bw["stage"]).sum()
-    / 1e3
-    / bw.groupby("stage")["rank"].nunique(),
-)
-flight = table["comm_ms_per_step"]
-# non-compute (docs/analysis.md): in flight with the training thread computing nothing, |M| - |M ∩ C|, which the
-# overlap, |M ∩ C| / |M|, gives from the two columns beside it
-table = table.assign(non_compute_ms=flight * (1 - table["comm_comp_overlap_pctg"] / 100))
-by_overlap = table["comm_comp_overlap_pctg"].sort_values(ascending=False)
-idle = table["non_compute_ms"].sort_values()
-lesson.say(
-    "Overlap, most to least: "
-    + ", ".join(f"{s} {v:.1f} %" for s, v in by_overlap.items())
-    + f": of the time its communication was in flight, {by_overlap.index[0]} spent the largest share with the "
-    "training thread computing too. A share is not a time: in flight with nothing computing (non-compute, in flight "
-    "× (1 − overlap)), least to most: "
-    + ", ".join(f"{s} {v:.0f} ms" for s, v in idle.items())
-    + (
-        f"; {by_overlap.index[0]}, first by share, left {idle[by_overlap.index[0]] / idle['ddp']:.1f} times ddp's "
-        "milliseconds in flight with nothing computing (its share is of a time in flight "
-        f"{flight[by_overlap.index[0]] / flight['ddp']:.1f} times ddp's)."
-        if by_overlap.index[0] != "ddp"
-        else "."
-    )
-)
-handed = {s: looks[s]["bytes"] + looks[s]["gather_bytes"] for s in STAGES}  # gloo: what each stage hands over a step
-lesson.say(
-    f"On gloo the looks count what each stage hands over a step: ddp {lesson.mib(handed['ddp'])}, zero1 "
-    f"{lesson.mib(handed['zero1'])}, zero2 {lesson.mib(handed['zero2'])} (the ring run above measured the bytes "
-    "each sends, another measure). The in-flight column need not follow the bytes handed over: a gloo range also "
-    "holds gloo standing by for the other rank and for a core, which a trace does not tell apart from the transfer "
-    "(docs/analysis.md)."
-)
-lesson.say(
-    f"Every stage computes the same forward and backward, yet the step's {accum} backwards together ran from "
-    f"{table['backward_ms'].min():.0f} ms ({table['backward_ms'].idxmin()}) to {table['backward_ms'].max():.0f} ms "
-    f"({table['backward_ms'].idxmax()}), the machine's 1-minute load average after each profile "
-    + ", ".join(f"{s} {load[('trace', s)]:.1f}" for s in STAGES)
-    + ": one profiled step ranks no stage (the last section sets it beside the look's)."
-)
-(
-    table[
-        [
-            "step_ms",
-            "backward_ms",
-            "allreduce_calls_per_step",
-            "reducescatter_calls_per_step",
-            "allgather_calls_per_step",
-            "comm_ms_per_step",
-            "comm_comp_overlap_pctg",
-            "non_compute_ms",
-        ]
-    ]
-    .rename(
-        columns={
-            "comm_ms_per_step": HEADERS["comm_time_per_step_us"],
-            "non_compute_ms": "non-compute per step (ms)",
-            "backward_ms": f"{accum} backwards (ms)",
-            **HEADERS,
-        }
-    )
-    .round(1)
-)
 
 # %% [markdown]
 # ## The same training, whatever the rung
@@ -730,41 +654,6 @@ for s in STAGES[1:]:
     )
 
 # %% [markdown]
-# This notebook has timed each stage's step twice, two different steps: the look's (one step under
-# the in-memory profiler, which starts recording at the step's first operation; drawn on the time
-# axis above) and the trace's (one step under the profiler writing to disk, after a warm-up step
-# under it), each beside the machine's load as it ended:
-
-# %%
-# %%rank 0
-steps = pd.DataFrame(
-    {
-        "look, one step (ms)": {s: looks[s]["row"]["end"] for s in STAGES},
-        "load after the look": {s: load[("look", s)] for s in STAGES},
-        "trace, profiled step (ms)": table["step_ms"],
-        "load after the trace": {s: load[("trace", s)] for s in STAGES},
-    }
-).loc[STAGES]
-apart = steps["look, one step (ms)"] / steps["trace, profiled step (ms)"]
-orders = {c: " < ".join(steps[c].sort_values().index) for c in steps.columns if c.endswith("(ms)")}
-lesson.say(
-    "Fastest to slowest: "
-    + "; ".join(f"{c.split(',')[0]} {o}" for c, o in orders.items())
-    + (": the two orders agree" if len(set(orders.values())) == 1 else ": the orders differ")
-    + f". The look's step took {apart.min():.1f} to {apart.max():.1f} times the trace's, stage by stage: "
-    "other steps, another profiler's start, a load average that went from "
-    f"{min(load.values()):.1f} to {max(load.values()):.1f} on a machine whose {os.cpu_count()} cores the two "
-    "ranks share with whatever else runs. This run does not tell these causes apart, so neither column "
-    "ranks the stages' speed."
-)
-steps.round(1)
-
-# %% [markdown]
-# `python -m minddp.bench --preset small --stage sharded` compares the stages' speed properly, many
-# steps each, beside torch's own `ZeroRedundancyOptimizer` and `fully_shard`, and
-# `docs/sharding.md` has its figures.
-
-# %% [markdown]
 # ## Your turn: all_reduce from its two halves
 #
 # Write `my_all_reduce(tensor, group)`: sum `tensor` in place over `group` with one
@@ -785,9 +674,9 @@ steps.round(1)
 # two ranks `x % 2 == -x % 2` for every `x`, so padding by `numel % n` where `-numel % n` is meant,
 # or a `2` written where the world size belongs, would pass; so an answer that passes at two ranks
 # is checked again at three, and the verdict says which it failed at. Pass `group` everywhere: to
-# `dist.get_world_size(group)`, which the checker refuses without it, and to both collectives, where
-# it cannot tell (its ranks are the whole world): a call that left the group out would sum over every
-# rank of a larger job.
+# `dist.get_world_size(group)` and to both collectives. The checker refuses each call without it: its
+# ranks are the whole world, so the sum would come out right there, but a call that left the group
+# out would run over every rank of a larger job.
 
 # %%
 import torch

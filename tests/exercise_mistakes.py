@@ -463,6 +463,15 @@ def _halves_averaged(tensor, group):
     tensor.copy_(_halves_summed(tensor, group) / dist.get_world_size(group))
 
 
+def _halves_reduce_op_avg(tensor, group):
+    """Averages in the reduce-scatter (``op=ReduceOp.AVG``), the model answer otherwise: the hook has divided."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, op=dist.ReduceOp.AVG, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
 def _halves_rebound(tensor, group):
     """Step 4 as a rebinding of the name: ``tensor`` (the caller's) is never written."""
     tensor = _halves_summed(tensor, group)  # noqa: F841 (the mistake: a new name, not a copy)
@@ -565,6 +574,15 @@ def _halves_world_imported(tensor, group):
     _summed_back(tensor, torch.nn.functional.pad(flat, (0, -flat.numel() % n)), n, group)
 
 
+def _halves_collectives_without_group(tensor, group):
+    """The model answer, but both collectives called without ``group=``: the whole world's, not the group's."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded)
+    all_gather_single(padded, piece)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
 def _halves_scatter_swapped(tensor, group):
     """Hands the reduce-scatter (input, output) where it takes (output, input)."""
     flat, padded, n = _padded(tensor, group)
@@ -601,6 +619,7 @@ HalvesPlainAllReduce = _halves_with("HalvesPlainAllReduce", _halves_plain_all_re
 HalvesNotWrittenBack = _halves_with("HalvesNotWrittenBack", _halves_padding_kept)
 HalvesNotPadded = _halves_with("HalvesNotPadded", _halves_not_padded)
 HalvesAveraged = _halves_with("HalvesAveraged", _halves_averaged)
+HalvesReduceOpAvg = _halves_with("HalvesReduceOpAvg", _halves_reduce_op_avg)
 HalvesRebound = _halves_with("HalvesRebound", _halves_rebound)
 HalvesInTwo = _halves_with("HalvesInTwo", _halves_in_two)
 HalvesNotWaited = _halves_with("HalvesNotWaited", _halves_not_waited)
@@ -613,6 +632,7 @@ HalvesGatheredUnpadded = _halves_with("HalvesGatheredUnpadded", _halves_gathered
 HalvesPaddingCopiedBack = _halves_with("HalvesPaddingCopiedBack", _halves_padding_copied_back)
 HalvesWorldWithoutGroup = _halves_with("HalvesWorldWithoutGroup", _halves_world_without_group)
 HalvesWorldImported = _halves_with("HalvesWorldImported", _halves_world_imported)
+HalvesCollectivesWithoutGroup = _halves_with("HalvesCollectivesWithoutGroup", _halves_collectives_without_group)
 HalvesScatterSwapped = _halves_with("HalvesScatterSwapped", _halves_scatter_swapped)
 HalvesGatherSwapped = _halves_with("HalvesGatherSwapped", _halves_gather_swapped)
 

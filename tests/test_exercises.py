@@ -172,6 +172,12 @@ MISTAKES = [
     (wrong.HalvesNotWrittenBack, "halves", "left the sum out of the tensor it was handed; write it into that tensor"),
     (wrong.HalvesRebound, "halves", "rebinding the name or returning the sum does not reach the caller"),
     (wrong.HalvesAveraged, "halves", "allreduce_hook divides each bucket before it hands it to your transport"),
+    # the same division made by the collective: named as its op (on a torch whose gloo refuses AVG, as its refusal)
+    (
+        wrong.HalvesReduceOpAvg,
+        "halves",
+        ("ReduceOp.AVG", "allreduce_hook divided each bucket before", "keep the default ReduceOp.SUM"),
+    ),
     (wrong.HalvesNotPadded, "halves", "is not a multiple of the world size, 2: both collectives want"),
     # a verdict from the sizes the collective was handed: the padding is right, the piece is sized from the tensor
     (wrong.HalvesPieceUnpadded, "halves", "the piece is the wrong size, 161 elements where each rank's piece of 324"),
@@ -248,6 +254,16 @@ MISTAKES = [
             "n = dist.get_world_size()`",
             "dist.get_world_size() without group is the size of the whole world, not of the group your transport "
             "sums over",
+        ),
+    ),
+    # the group left off the collectives: right on the checker's ranks (the whole world), refused by the call
+    (
+        wrong.HalvesCollectivesWithoutGroup,
+        "halves",
+        (
+            "your code raised UngroupedCollective in _halves_collectives_without_group (line",
+            "reduce_scatter_single(piece, padded)`",
+            "was called without group=, so it runs over the whole world",
         ),
     ),
     # the same through `from torch.distributed import get_world_size`: the name in the transport's globals is

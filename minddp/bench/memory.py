@@ -125,7 +125,7 @@ def plot(rows: list[dict], path: str | None = None, ax=None, title: str = "Memor
 
     if ax is None:
         _, ax = plt.subplots(figsize=(max(3, 0.7 * len(rows)) + 3.6, 4))
-    top = 0.0
+    top, labelled = 0.0, set()  # each formula's legend entry on the first bar that draws it
     for x, r in enumerate(rows):
         bottom = 0.0
         for kind, color in COLORS.items():
@@ -138,8 +138,14 @@ def plot(rows: list[dict], path: str | None = None, ax=None, title: str = "Memor
         ):
             if key in r:
                 ax.plot(
-                    [x - 0.4, x + 0.4], [r[key] / 2**20] * 2, style, color=color, lw=2, label=label if x == 0 else None
+                    [x - 0.4, x + 0.4],
+                    [r[key] / 2**20] * 2,
+                    style,
+                    color=color,
+                    lw=2,
+                    label=None if key in labelled else label,
                 )
+                labelled.add(key)
         top = max(top, bottom, r.get("formula", 0) / 2**20)
     labels = [
         r.get("label")
@@ -148,6 +154,7 @@ def plot(rows: list[dict], path: str | None = None, ax=None, title: str = "Memor
         for r in rows
     ]
     ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax.set_xlabel("stage", fontsize=8)
     ax.set_ylabel("MiB per rank")
     ax.set_ylim(0, top * 1.05)
     ax.set_title(title, fontsize=10)

@@ -364,6 +364,8 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
     """What to do about an error that a model answer's step prevents (notebook 06: the padding, the piece's size,
     the padding cut off), from the sizes the refused collective was handed, or the padding the transport gave the
     tensor it copies back (``sizes``, the rank's :class:`~harness.Events`)."""
+    if re.search(r"\bAVG\b", message) and like in TRANSPORT_MESSAGES:
+        return f" (this backend has no ReduceOp.AVG, and your transport needs none: {HOOK_DIVIDED})"
     if re.search(r"\bAVG\b", message):  # gloo on torch 2.6 refuses ReduceOp.AVG (docs/torch-versions.md)
         return (
             " (this backend has no ReduceOp.AVG: keep the default ReduceOp.SUM and divide by "
@@ -478,6 +480,9 @@ GRADIENT_MESSAGES = {
     "you sent (the gradients in your list of works), or divide before the send",
 }
 
+
+#: Why a transport only sums, and what to pass its reduce-scatter (the verdicts on an average in a transport).
+HOOK_DIVIDED = "allreduce_hook divided each bucket before it handed it over; keep the default ReduceOp.SUM"
 
 #: Gradient findings as a transport exercise means them, by ``like``: there the hook (``allreduce_hook``) divides
 #: each bucket before it hands it to the learner's function, which only sums ``tensor`` in place.
@@ -600,6 +605,11 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
     missing = _missing_kinds(report, like, f["step"], names, at)
     if missing:
         return missing
+    if f["kind"] == "divided_twice" and f.get("op_avg") and like in TRANSPORT_MESSAGES:
+        return (
+            f"gradients were divided by the world size twice ({names}): your transport passed op=ReduceOp.AVG to "
+            f"its reduce-scatter, which divides the sum, and {HOOK_DIVIDED}{at}"
+        )
     messages = {**GRADIENT_MESSAGES, **TRANSPORT_MESSAGES.get(like, {})}
     return messages[f["kind"]].format(names=names, world=world) + at
 

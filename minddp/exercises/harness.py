@@ -183,6 +183,45 @@ def _size_of_a_group(world_size):
     return get_world_size
 
 
+class UngroupedCollective(RuntimeError):
+    """A transport called a reduce-scatter or an all-gather without its ``group``."""
+
+
+def _within_a_group(collective, name: str, group_at: int):
+    """``collective`` (``dist``'s ``name``, its ``group`` at position ``group_at``) for a transport's run: without a
+    group it is refused (:class:`UngroupedCollective`); the checker's ranks are the whole world, so the sum would
+    come out right here, and over every rank of a job whose group is a part of the world."""
+
+    def call(*args, **kwargs):
+        if kwargs.get("group", args[group_at] if len(args) > group_at else None) is None:
+            raise UngroupedCollective(
+                f"{name} was called without group=, so it runs over the whole world, not over the group your "
+                "transport sums over (the same here, where the checker's ranks are the whole world; more ranks in a "
+                "job with several groups): pass group=group to both collectives"
+            )
+        return collective(*args, **kwargs)
+
+    return call
+
+
+@contextlib.contextmanager
+def _in_place_of(replacements: dict, names: dict):
+    """``dist``'s functions swapped for ``replacements`` (name -> function) while it runs, in ``dist`` and under any
+    name in ``names`` (a transport's globals: ``from torch.distributed import get_world_size``) bound to the
+    original; restored after."""
+    originals = {name: getattr(dist, name) for name in replacements}
+    bound = [(key, name) for key, value in names.items() for name, f in originals.items() if value is f]
+    for name, f in replacements.items():
+        setattr(dist, name, f)
+    names.update({key: replacements[name] for key, name in bound})
+    try:
+        yield
+    finally:
+        for name, f in originals.items():
+            setattr(dist, name, f)
+        names.update({key: originals[name] for key, name in bound})
+
+
 class Events(TorchDispatchMode):
     """The order of what one step does, as the stage's own thread sees it: no clock, only the order.
 
@@ -244,6 +283,7 @@ class Events(TorchDispatchMode):
         self.on_parameters: list[str] = []  #: the parameters (not their gradients) a collective of this step sent
         #: (length handed, length reduce-scattered) of each reduce-scatter a transport made: how it padded before
         self.padded: list[tuple[int, int]] = []
+        self.averaged = False  #: a transport's reduce-scatter was asked to average (``op=ReduceOp.AVG``)
         for name, p in module.named_parameters() if module is not None else ():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda _p, name=name: self._note("ready", name))
@@ -328,27 +368,36 @@ class Events(TorchDispatchMode):
     def transport(self, tensor=None, fn=None):
         """Around a Wire's transport call: what it launched and did not wait for by its return stays unwaited;
         ``handed``: the length of the ``tensor`` it was handed, while it runs. ``dist.get_world_size`` asks for
-        its group meanwhile, under that name and under any name the transport ``fn``'s module bound it to
-        (``from torch.distributed import get_world_size``)."""
+        its group meanwhile, as do its reduce-scatters and all-gathers, and a reduce-scatter asked to average is noted
+        (``averaged``): all under their names in ``dist`` and under any name the transport ``fn``'s module bound them
+        to (:func:`_in_place_of`)."""
         start, padded = len(self.works), len(self.padded)
         self.handed = tensor.numel() if isinstance(tensor, torch.Tensor) else None
-        world_size = dist.get_world_size
-        dist.get_world_size = _size_of_a_group(world_size)
-        names = getattr(fn, "__globals__", {})
-        imported = [name for name, value in names.items() if value is world_size]
-        names.update(dict.fromkeys(imported, dist.get_world_size))
+        scatters = [name for name in ("reduce_scatter_single", "reduce_scatter_tensor") if hasattr(dist, name)]
+        gathers = [name for name in ("all_gather_single", "all_gather_into_tensor") if hasattr(dist, name)]
+        swaps = {name: _within_a_group(self._noting_average(getattr(dist, name)), name, 3) for name in scatters}
+        swaps.update({name: _within_a_group(getattr(dist, name), name, 2) for name in gathers})
+        swaps["get_world_size"] = _size_of_a_group(dist.get_world_size)
         try:
-            yield
+            with _in_place_of(swaps, getattr(fn, "__globals__", {})):
+                yield
         except RuntimeError as exc:  # raised outside a collective, after this call padded what it reduce-scattered
             grown = [(a, b) for a, b in self.padded[padded:] if b != a]
             if grown and getattr(exc, "collective", None) is None:
                 exc.collective = {"kind": "copy_back", "handed": grown[-1][0], "padded": grown[-1][1]}
             raise
         finally:
-            dist.get_world_size = world_size
-            names.update(dict.fromkeys(imported, world_size))
             self.handed = None
             self.sealed.update(i for i in range(start, len(self.works)) if i not in self.waited)
+
+    def _noting_average(self, scatter):
+        """``scatter`` (a reduce-scatter of ``dist``), noting ``op=ReduceOp.AVG`` in ``averaged``."""
+
+        def reduce_scatter(output, input, op=dist.ReduceOp.SUM, *args, **kwargs):
+            self.averaged = self.averaged or op == dist.ReduceOp.AVG
+            return scatter(output, input, op, *args, **kwargs)
+
+        return reduce_scatter
 
     def _again(self, waited) -> bool:
         """Whether ``waited`` (a work or a Future) is an earlier step's launch (class doc); if so, counted."""
@@ -568,6 +617,7 @@ def run_step(
     summary["written_in_flight"] = list(dict.fromkeys(events.written))
     summary["read_in_flight"] = list(dict.fromkeys(events.read))
     summary["on_parameters"] = list(events.on_parameters)
+    summary["averaged"] = events.averaged
     progress.phase = f"stepping the optimizer in step {step}"
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -888,6 +938,8 @@ def gradient_finding(everyone: list[dict], step: int, record: dict, local, avera
     main = max(set(kinds.values()), key=list(kinds.values()).count)
     names = [n for n, k in kinds.items() if k == main]
     finding = {"kind": main, "step": step, "ranks": sorted(wrong), "names": names, "n_params": len(everyone[0])}
+    if main == "divided_twice" and record.get("averaged"):  # the second division was the reduce-scatter's op
+        finding["op_avg"] = True
     if main == "other":
         expected = averaged[0]
         for g in averaged[1:]:

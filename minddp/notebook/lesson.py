@@ -480,10 +480,13 @@ def picture(looks: dict, stage: str, before: str | None = None, rows: list[str] 
 def mark_gathers(fig, looks: dict, rows: list[str]) -> None:
     """Notebook 06: over :func:`picture`'s rows, the all-gathers of parameters hatched apart from the gradient
     collectives (the look's ``gather_spans``), and the few-byte check's gather (``check_spans``: a gather range that
-    ends where a check ends) cross-hatched apart from both, each with a legend entry of its own; rank 0 draws."""
+    ends where a check ends) cross-hatched apart from both, with a cross at its start that shows at any width; each
+    with a legend entry of its own; rank 0 draws."""
     if fig is None:
         return
     ax = fig.axes[0]
+    check = "the check's few-byte all-gather in flight (× at its start)"
+    cross = None
     for y, name in enumerate(rows):
         check_ends = {round(b, 6) for _, b in looks[name].get("check_spans", [])}
         spans = looks[name].get("gather_spans", [])
@@ -492,10 +495,7 @@ def mark_gathers(fig, looks: dict, rows: list[str]) -> None:
                 [(a, b - a) for a, b in spans if round(b, 6) not in check_ends],
                 "////",
             ),
-            "the check's few-byte all-gather in flight": (
-                [(a, b - a) for a, b in spans if round(b, 6) in check_ends],
-                "xxxx",
-            ),
+            check: ([(a, b - a) for a, b in spans if round(b, 6) in check_ends], "xxxx"),
         }
         for label, (bars, hatch) in kinds.items():
             if bars:
@@ -508,12 +508,17 @@ def mark_gathers(fig, looks: dict, rows: list[str]) -> None:
                     hatch=hatch,
                     label=label,
                 )
+        starts = [a for a, _ in kinds[check][0]]
+        if starts:
+            (cross,) = ax.plot(starts, [y + 0.21] * len(starts), "X", color="#7f2704", markersize=7)
     handles, labels = ax.get_legend_handles_labels()
     # without an emulated link a collective's bar is gloo's range, gloo standing by for the other rank and a core
     # included: named for gloo's thread, so that in notebook 06 a wait is the training thread's only
     on_gloo = "collective in flight on gloo's thread"
     wire = {"message on the wire": on_gloo, "collective in flight (held open included)": on_gloo}
     unique = {wire.get(label, label): h for label, h in zip(labels, handles) if not label.startswith("_")}
+    if cross is not None:
+        unique[check] = (unique[check], cross)  # its swatch, the cross drawn over it
     columns = min(len(unique), 5)
     legend = ax.legend(
         unique.values(), unique.keys(), loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7, ncol=columns

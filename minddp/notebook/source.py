@@ -154,7 +154,9 @@ def _brief(lines: list[str]) -> list[str]:
             break
     after = lines[len(head) :]
     if after and after[0].lstrip().startswith(('"' * 3, "'" * 3)):
-        head.append(after[0])
+        first, quotes = after[0].rstrip(), after[0].lstrip()[:3]
+        closed = len(first.lstrip()) > 3 and first.endswith(quotes)
+        head.append(first + ("\n" if closed else f" ...{quotes}\n"))  # a longer docstring: its first line, closed
     indent = len(after[0]) - len(after[0].lstrip()) if after else 4
     return head + [" " * indent + f"...  # {len(lines)} lines in all\n"]
 

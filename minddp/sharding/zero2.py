@@ -23,7 +23,7 @@ The change::
     +        flat = pack_rank_major(grads, self.world)
          def _write_back(self, bucket: GradBucket, shard_average: torch.Tensor) -> None:
     -        pieces = average.view(-1).split([p.numel() for p in bucket.parameters()])
-    +                shard.grad = piece if shard.grad is None else shard.grad + piece
+    +                shard.grad = chunk if shard.grad is None else shard.grad + chunk
     +    def gather_parameters(self, wait: bool = True) -> None:
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
@@ -140,15 +140,15 @@ class Zero2DDP(AsyncBucketDDP):
         for p in members:
             p.grad = None
         bucket = GradBucket(b, flat, members, is_last=b == len(self.buckets) - 1)
-        self._sent(bucket, send(self.comm_hook, self.comm_state, bucket))  # kept, as bucket-async; a named range
+        self._sent(bucket, send(self.comm_hook, self.comm_state, bucket))  # the hook's call, in a named profiler range
 
     def _write_back(self, bucket: GradBucket, shard_average: torch.Tensor) -> None:
         """Step 3: this rank's chunk of each averaged gradient becomes its shard's ``.grad``."""
         members = bucket.parameters()
-        for p, piece in zip(members, split_block(shard_average, [p.numel() for p in members], self.world, self.rank)):
+        for p, chunk in zip(members, split_block(shard_average, [p.numel() for p in members], self.world, self.rank)):
             if p in self.had_grad:
                 shard = self.shard[p]
-                shard.grad = piece if shard.grad is None else shard.grad + piece
+                shard.grad = chunk if shard.grad is None else shard.grad + chunk
 
     def finish_gradient_synchronization(self) -> None:
         super().finish_gradient_synchronization()
