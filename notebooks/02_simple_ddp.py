@@ -390,7 +390,7 @@ else:
 # `dist.all_reduce`, `dist.get_world_size()`), one `all_reduce` per gradient tensor as above (the
 # checker counts the collectives against its model answer, shown further down, which makes the same
 # calls as the `SimpleDDP` above, so one all_reduce of all the gradients flattened together, right as
-# its average is, is reported as the wrong number of collectives).
+# its average is, is told right but packed into too few messages).
 # `check` then trains your class on two fresh ranks beside a single process on the global batch and
 # torch's own DDP: a few steps of a few micro-batches, plain SGD (no AdamW: an update is the learning
 # rate times the gradient, so a gradient that is off shows in the parameters), a different random
@@ -399,7 +399,7 @@ else:
 # verdict says how many tensors and calls). After each step it compares every rank's `.grad` with the
 # average over the ranks, which it computes itself, and with the usual mistakes, and then the
 # parameters with the two oracles. It says in one line what is wrong, or that it matches: a missing
-# broadcast, gradients summed instead of averaged, a sum that never reached `.grad`, the parameters
+# broadcast, gradients summed instead of averaged, rank 0's gradients broadcast instead of averaged, a sum that never reached `.grad`, the parameters
 # all_reduced instead of their gradients, a rank left
 # waiting in a collective the other never made, or both ranks in one they made with different
 # arguments such as `src=rank` (each reported as "a rank hung", with where: the checker gives up after
