@@ -24,9 +24,10 @@
 # Point-to-point messages come first, then the collectives, where every rank of the group takes part
 # in the same call. Two of them carry the whole of data parallelism: `broadcast` (every rank starts
 # from the same weights) and `all_reduce` (every rank applies the same averaged gradient); the next
-# notebook builds exactly that. Then a ring all_reduce (one of the algorithms gloo and NCCL run) is
-# drawn exchange by exchange from the messages four ranks really sent, and priced with the cost model
-# and the notation every later notebook uses. Last come `barrier`, and the words every later notebook
+# notebook builds exactly that. Then minddp's own ring all_reduce, written from plain `send`/`recv`
+# (the ring is one of the algorithms gloo and NCCL run), is drawn message by message from what four
+# ranks sent, and its messages are timed with a model of a link's cost per message and per byte, in
+# the notation every later notebook uses. Last come `barrier`, and the words every later notebook
 # uses for communication meeting computation (*waited*, *exposed*, *overlap* and the rest), each with
 # its definition and the function that computes it.
 
@@ -189,12 +190,12 @@ print("ring:", x.tolist(), "| equal to dist.all_reduce:", torch.equal(x, expecte
 # the ring 0 → 1 → 2 → 3 → 0: every rank sends only to its right-hand neighbour, and so receives only
 # from its left-hand one. `watch`
 # (`minddp.collectives.watch`) runs it on a 1 MiB tensor in which every rank has written its
-# *mark*, 2<sup>rank</sup> (1, 2, 4, 8), and writes down every message the ring's own code sends: to
+# *mark*, 2<sup>rank</sup> (1, 2, 4, 8), and writes down every message `ring_all_reduce` sends (minddp's Python, not gloo's own all_reduce): to
 # whom, how many bytes, which chunk, and what every chunk held just before. A chunk's value then
 # says whose shares it already holds: 9 = 1 + 8 holds ranks 0's and 3's, drawn "0+3" in the figure;
 # 15 holds all four, drawn "all". The *star*
 # (`naive_all_reduce`: every rank sends its whole tensor to rank 0, which sends the sum back) is
-# watched the same way, and both once more on a 4 KiB tensor, for the cost model below.
+# watched the same way, and both once more on a 4 KiB tensor, to time both sizes below.
 
 # %%
 # %%distributed
@@ -202,7 +203,7 @@ from minddp.collectives.watch import watch
 
 ring = watch("ring", numel=4 * 65536)  # 65536 float32 per chunk: 1 MiB per rank, recorded on every rank
 star = watch("naive", numel=4 * 65536)
-tiny = watch("ring", numel=4 * 256)  # 4 KiB per rank: the size of a small gradient, for the cost model below
+tiny = watch("ring", numel=4 * 256)  # 4 KiB per rank: the size of a small gradient, timed below
 tiny_star = watch("naive", numel=4 * 256)
 assert all(r["ok"] for r in ring + star + tiny + tiny_star)  # each leaves the sum of every rank's mark everywhere
 
@@ -413,8 +414,10 @@ lesson.claim(
 # %% [markdown]
 # ## The measures: one word, one number
 #
-# The later notebooks ask one question of every stage: while its gradients travel, what does the
-# training step do? Eight words answer it, each naming one measure, computed by one function of
+# The later notebooks build DDP in *stages* (`03_build_up`), each one way of sending the gradients:
+# a stage hands each gradient to a *comm hook*, the function that sends it (`02_simple_ddp` shows
+# one; `noop_hook` sends nothing). They ask one question of every stage: while its gradients travel,
+# what does the training step do? Eight words answer it, each naming one measure, computed by one function of
 # `minddp.analysis.metrics` that every notebook, the trace report and the benchmark call; the table is
 # `docs/analysis.md`'s, word for word (a test checks it). Six of them read sets of time intervals of
 # one training step: its *window* W (from the step's start to its end), *compute* C (the training
@@ -431,7 +434,7 @@ lesson.claim(
 #
 # | name | definition | function | unit |
 # | --- | --- | --- | --- |
-# | in flight | the time communication was in flight, `\|M ∩ W\|`; on a CPU it includes gloo waiting for the other rank and for a free core | `metrics.in_flight(comm, window)` | ms per step |
+# | in flight | the time communication was in flight, `\|M ∩ W\|`; on a CPU it includes the time gloo's range stays open until the other rank joins and a core is free | `metrics.in_flight(comm, window)` | ms per step |
 # | non-compute | communication in flight while the training thread computes nothing, `\|(M ∖ C) ∩ W\|`: HolisticTraceAnalysis's (HTA's) non-compute time; over `\|W\|`, its non-compute share | `metrics.non_compute(window, compute, comm)` | ms per step (its share: % of the step) |
 # | overlap | the share of the time in flight during which compute runs too, `100 · \|M ∩ C ∩ W\| / \|M ∩ W\|` (0 without communication): HTA's `comm_comp_overlap_pctg`; over several steps, ranks or rounds, one ratio of the sums (`metrics.pooled_overlap_pct`) | `metrics.overlap_pct(comm, compute, window)` | % of the time in flight |
 # | interleaved | the non-compute time inside backward, `\|(M ∖ C) ∩ backward\|`: backward stopping for a message, then going on (a hook that sends and waits). Waiting after backward is non-compute but not interleaved; computing while a message travels is neither | `metrics.interleaved(comm, compute, backward)` | ms per step |
@@ -441,13 +444,13 @@ lesson.claim(
 # | comm cost | the step time sending adds, from two runs: a stage's median step minus the same stage's with `noop_hook`, which sends nothing (`python -m minddp.bench`, column `comm_cost_ms`). It holds the exposed time and what exposed leaves out (waits for the other rank and for a core, the collectives' own work, the hooks' Python), and two medians' noise | `metrics.comm_cost(step, free_step)` | ms per step |
 #
 # The cell below builds two made-up steps on n = 2 ranks (not the four above), each sending two
-# all_reduces of 1 MiB over the 1 Gbit/s link: with n = 2 one costs 2 α + m β of link time, less than
-# the n = 4 ring's price in the table above. It computes every measure of both with those functions.
-# In the first, the backward stops at each message it sends and waits for it (a blocking hook: what
-# `03_build_up` builds as its `hook` stage), and the other rank is there at once, so each wait lasts
-# the link's transfer. In the second, the backward sends and goes on, and the step waits once, after
-# backward (what `03_build_up` builds as `hook-async`); the other rank is made up to join the second
-# message late, at 80 ms, so gloo's range of it outlives this rank's transfer on the link.
+# all_reduces of 1 MiB over the 1 Gbit/s link (with n = 2 one costs 2 α + m β of link time), and
+# computes every measure of both with those functions. In the first, the backward stops at each
+# message it sends and waits for it (`03_build_up`'s `hook` stage), and the other rank is there at
+# once, so each wait lasts the link's transfer. In the second, the backward sends and goes on, and the
+# step waits once, after backward (`03_build_up`'s `hook-async` stage); the other rank is made up to
+# join the second message late, at 80 ms, so gloo's range of it stays open past this rank's transfer
+# on the link, and so does the wait.
 
 # %%
 import matplotlib.pyplot as plt
@@ -509,40 +512,47 @@ import pandas as pd
 
 display(pd.DataFrame(table).T.round(1))
 a, b = table.values()
-for_link = "all of it for the link" if a["waited ms"] - a["exposed ms"] < 1e-9 else "partly for the other rank"
+second = steps["waits once, after backward"]
+late = second["comm"][1][1] - second["link"][1][1]  # ms the second message's range stays open after its transfer
+beside = b["overlap %"] * b["in flight ms"] / 100  # ms in flight while compute runs
 lesson.say(
-    f"The same two all_reduces of 1 MiB between n = {n} ranks, {carry:.1f} ms each, {a['link time ms']:.1f} ms of "
-    "link time in both steps. Waiting where it sends, the "
-    f"first step waited {a['waited ms']:.1f} ms, all of it inside its backward (interleaved "
-    f"{a['interleaved ms']:.1f} ms) and {for_link} (exposed {a['exposed ms']:.1f} ms): its backward is that much "
-    f"longer than the second's; it overlaps {a['overlap %']:.0f} %. Sending and going on, the second overlaps "
-    f"{b['overlap %']:.0f} % and is {b['exposed ms']:.1f} ms exposed, yet it waited {b['waited ms']:.1f} ms: for "
-    "the other rank, made up to join late, after this rank's transfer was done. That is why the notebooks print "
-    "several measures: each answers another question."
+    f"Both steps send two all_reduces of 1 MiB between n = {n} ranks, {carry:.1f} ms each: "
+    f"{a['link time ms']:.1f} ms of link time. The first waits where it sends, {a['waited ms']:.1f} ms, all "
+    f"inside its backward (interleaved {a['interleaved ms']:.1f} ms) and all for the link (exposed "
+    f"{a['exposed ms']:.1f} ms): its backward is {a['backward ms']:.1f} ms against the second's "
+    f"{b['backward ms']:.1f}. The second waits once, after backward (interleaved {b['interleaved ms']:.1f} ms), "
+    f"{b['waited ms']:.1f} ms, for the other rank and not for the link (exposed {b['exposed ms']:.1f} ms). So the "
+    f"steps differ by {a['step ms']:.1f} − {b['step ms']:.1f} = {a['waited ms']:.1f} − {b['waited ms']:.1f} ms. "
+    f"In each step the waits are its non-compute time. In flight, the second counts {b['in flight ms']:.1f} ms, "
+    f"{late:.1f} more than the first's {a['in flight ms']:.1f}: its second message's range stays open that long "
+    f"after its transfer, until the other rank joins; {beside:.1f} ms of its {b['in flight ms']:.1f} run beside "
+    f"compute (overlap {b['overlap %']:.1f} %), none of the first's (overlap {a['overlap %']:.0f} %)."
 )
 # Interval lengths and a sum of the same floats: equal up to rounding.
 lesson.claim(
     abs(a["exposed ms"] - a["link time ms"]) < 1e-9
     and abs(a["interleaved ms"] - a["waited ms"]) < 1e-9
     and abs(a["non-compute ms"] - a["waited ms"]) < 1e-9
-    and abs(a["backward ms"] - b["backward ms"] - a["waited ms"]) < 1e-9,
-    "waiting where it sends, the thread waits through all of the link's time, inside backward, which grows by as much",
+    and abs(b["non-compute ms"] - b["waited ms"]) < 1e-9
+    and abs(a["backward ms"] - b["backward ms"] - a["waited ms"]) < 1e-9
+    and abs(a["step ms"] - b["step ms"] - (a["waited ms"] - b["waited ms"])) < 1e-9,
+    "waiting where it sends, the thread waits through all of the link's time, inside backward, which grows by as "
+    "much; the steps differ by the first's waits less the second's, and in each step the waits are its non-compute "
+    "time",
 )
 lesson.claim(
     b["exposed ms"] == 0 < b["waited ms"] and b["interleaved ms"] == 0 < b["overlap %"] < 100,
-    "sending and going on exposes none of the link's time, yet waits, and overlaps less than 100 %: a gloo range "
-    "that waits for the other rank counts as in flight, and the wait after backward is not compute",
+    "sending and going on exposes none of the link's time, yet waits, and overlaps less than 100 %: gloo's range "
+    "stays open, in flight, until the other rank joins, and the wait after backward is not compute",
 )
 
 # %% [markdown]
 # Where two measures disagree for one stage they answer different questions. *Exposed* asks what the
-# link cost the step: time the link was still carrying a message the thread needed. *Waited* adds
-# the waits for the other rank and for a free core. *Overlap* and
-# *non-compute* are read from a trace of the backend's ranges (notebook `05_reading_traces`), which
-# last as long as the backend's work, its own waits included, so a stage that exposes nothing can
-# still show less than 100 % overlap, as the second step above does. And a stage that exposes nothing has not made its
-# messages free: on a CPU the compute and gloo's threads share the same cores (`03_build_up` measures
-# what that costs).
+# link cost the step: the time the link was still carrying a message the thread waited for. *Waited*
+# counts every wait of the training thread: for the link and, as in the second step, for the other
+# rank. *In flight*, *overlap* and *non-compute* read the backend's ranges (in a trace: notebook
+# `05_reading_traces`), which stay open until the backend's work is done, the other rank's late join
+# included: that is how the second step exposes nothing and still overlaps less than 100 %.
 
 # %% [markdown]
 # Next: `02_simple_ddp` uses `broadcast` and `all_reduce` to turn one training process into data

@@ -25,8 +25,8 @@
 # We break both on purpose and watch a check fail; then we write `SimpleDDP`, the whole idea in one
 # short class on `torch.distributed` (a broadcast, an all_reduce, a division), check it against one
 # process on the global batch, and watch two replicas drift apart when the average is left out.
-# Last, the ladder's own `SimpleDDP` (`minddp.stages`), the same idea with what every later stage
-# needs around it, and why. At the end it is your turn, and a checker runs your code on real ranks.
+# Last, `minddp.stages.SimpleDDP`, the first of the stages `03_build_up` builds one on another: the
+# same idea with what every later stage needs around it, and why. At the end it is your turn, and a checker runs your code on real ranks.
 #
 # Every notebook from here to `06` trains the same workload with the same settings
 # (`minddp.notebook.lesson`), so that a number in one notebook means what it means in the next: a
@@ -184,8 +184,8 @@ lesson.claim(largest <= 1e-4 * scale, "SimpleDDP's averaged gradient is the sing
 #
 # With the same start and the same update, training keeps the replicas identical.
 # `minddp.ladder.loop.train_step` is the loop every stage shares: forward and backward for each
-# micro-batch, `finish_gradient_synchronization()`, `optimizer.step()`. `SimpleDDP` has no
-# `no_sync()` to skip a sync, so it averages after every micro-batch's backward. The cell trains it
+# micro-batch, `finish_gradient_synchronization()`, `optimizer.step()`. `SimpleDDP` averages
+# at every `finish_gradient_synchronization()`, so after every micro-batch's backward. The cell trains it
 # for two steps beside the single process on each step's global batch, measures after every step
 # how far apart the ranks' parameters are, and counts the all_reduce calls (by wrapping `dist.all_reduce`).
 #
@@ -256,8 +256,8 @@ lesson.claim(
 # further (the line above prints how far). 1e-2 of the distance moved is far below the unaveraged replicas' distance.
 lesson.claim(
     off <= 1e-2 * moved[-1],
-    f"on the same global batches, SimpleDDP's parameters are {off / moved[-1]:.1e} of the distance moved from the "
-    "single process's (the check allows 1e-2)",
+    f"on the same global batches, SimpleDDP's parameters lie {off / moved[-1]:.1e} × (the distance the single "
+    "process moved) from the single process's (the check allows 1e-2)",
 )
 lesson.claim(
     traffic.calls == STEPS * k * tensors and traffic.bytes == STEPS * k * one_sync,
@@ -294,20 +294,16 @@ plt.show()
 # ## 6. The ladder's `SimpleDDP`: the same idea, and what every stage needs around it
 #
 # `minddp.stages.SimpleDDP` is the first rung of the ladder that `03_build_up` climbs. It keeps the
-# broadcast and the average above, and four things come around them, each for a reason that shows later:
+# broadcast and the average above, and three things come around them, each for a reason that shows later:
 #
 # * **a comm hook.** `finish_gradient_synchronization()` does not call `all_reduce` itself: it hands
-#   each gradient, wrapped in a `GradBucket`, to `hook(state, bucket)`, which returns a Future of the
-#   averaged gradient. (`GradBucket` is minddp's own class, `minddp/comm/grad_bucket.py`, with the
+#   each gradient, wrapped in a `GradBucket`, to `hook(state, bucket)`, which returns a *Future*
+#   (like 01's work handle: waiting on it gives the averaged gradient). (`GradBucket` is minddp's own class, `minddp/comm/grad_bucket.py`, with the
 #   method names of `torch.distributed.GradBucket`, what torch's DDP hands its hooks, so that a hook
 #   written for one runs in the other.) The default hook, `allreduce_hook`, divides by the number of
-#   ranks and all_reduces: the same average, the division first (so that a 16-bit sum cannot
-#   overflow). Every later stage keeps this one call and changes only *when* it is made and how many
+#   ranks and all_reduces: the same average, the division first. Every later stage keeps this one call and changes only *when* it is made and how many
 #   gradients one bucket holds, so `04_comm_hooks` sends any stage's gradients in fp16 or through
 #   PowerSGD by registering another hook;
-# * **a name in the trace for each hook call**, added where the ladder builds a stage
-#   (`in_launch_range(hook)`: a profiler range `minddp.bucket_launch#<index>` around each call), so
-#   that a trace shows when each gradient was handed to the network (`05_reading_traces`);
 # * **two checks that compare the ranks before any gradient is sent.** At construction every rank's
 #   parameter names, shapes and dtypes are compared (`check_same_model`, one `all_gather_object`), and
 #   at every `finish_gradient_synchronization()` (after every micro-batch, for this class) the
@@ -330,7 +326,7 @@ show_source(allreduce_hook)
 
 # %% [markdown]
 # Through its hook, the ladder's version makes the same all_reduces as the class above, one per
-# gradient, and leaves the same average; its parameter-use check adds one `all_gather` per sync, which
+# gradient (in the opposite order, the last layers' first, as backward makes them), and leaves the same average; its parameter-use check adds one `all_gather` per sync, which
 # the wrapper of `dist.all_reduce` does not count. The cell below checks both on one micro-batch's
 # backward: the ladder's version averages while the wrapper of `dist.all_reduce` of section 5 counts
 # its calls, then the rank's own gradients are put back and the class above averages them.
@@ -394,7 +390,7 @@ else:
 # `dist.all_reduce`, `dist.get_world_size()`), one `all_reduce` per gradient tensor as above (the
 # checker counts the collectives against its model answer, shown further down, which makes the same
 # calls as the `SimpleDDP` above, so one all_reduce of all the gradients flattened together, right as
-# its average is, is reported as the wrong number of collectives).
+# its average is, is told right but packed into too few messages).
 # `check` then trains your class on two fresh ranks beside a single process on the global batch and
 # torch's own DDP: a few steps of a few micro-batches, plain SGD (no AdamW: an update is the learning
 # rate times the gradient, so a gradient that is off shows in the parameters), a different random
@@ -403,7 +399,7 @@ else:
 # verdict says how many tensors and calls). After each step it compares every rank's `.grad` with the
 # average over the ranks, which it computes itself, and with the usual mistakes, and then the
 # parameters with the two oracles. It says in one line what is wrong, or that it matches: a missing
-# broadcast, gradients summed instead of averaged, a sum that never reached `.grad`, the parameters
+# broadcast, gradients summed instead of averaged, rank 0's gradients broadcast instead of averaged, a sum that never reached `.grad`, the parameters
 # all_reduced instead of their gradients, a rank left
 # waiting in a collective the other never made, or both ranks in one they made with different
 # arguments such as `src=rank` (each reported as "a rank hung", with where: the checker gives up after
@@ -451,11 +447,7 @@ check(solutions.SimpleDDP, like="simple")
 # %% [markdown]
 # The most common mistake, for the record: `all_reduce` *sums*. Forgetting the division trains
 # every replica identically (the ranks still agree!), but on a wrong gradient, which a check of
-# the ranks against each other cannot see. Each sync leaves n times the average, and as this class
-# syncs after every micro-batch, each sync also multiplies what the earlier ones left in `.grad`:
-# with n = 2 ranks and 3 micro-batches of average gradients a1, a2, a3, a step applies
-# 8 a1 + 4 a2 + 2 a3 instead of a1 + a2 + a3, the micro-batches weighted 4 : 2 : 1 where they
-# should count alike. The checker names it from the gradients, not from the
+# the ranks against each other cannot see. The checker names it from the gradients, not from the
 # parameters: it computes the true average of every rank's gradient itself and compares each `.grad`,
 # as your finish left it, with that average and with the usual mistakes, the sum among them:
 

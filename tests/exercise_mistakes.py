@@ -100,6 +100,15 @@ class Flattened(solutions.SimpleDDP):
             g.copy_(part.view_as(g))
 
 
+class BroadcastsTheGradients(solutions.SimpleDDP):
+    """Every copy applies the same gradient, but rank 0's, broadcast, instead of the average over the ranks."""
+
+    def finish_gradient_synchronization(self):
+        for p in self.module.parameters():
+            if p.grad is not None:
+                dist.broadcast(p.grad, src=0)
+
+
 class NeverSynced(solutions.SimpleDDP):
     """Broadcasts at the start, then never talks again."""
 

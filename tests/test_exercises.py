@@ -94,7 +94,14 @@ MISTAKES = [
         "simple",
         "sent the parameters themselves (all 6 parameter tensors) at step 1, not their gradients",
     ),
-    (wrong.Flattened, "simple", "'simple' makes one all_reduce per gradient tensor at every sync"),
+    # right gradients in one message: named as right but packed, not as a wrong count alone
+    (wrong.Flattened, "simple", "your gradients are right (the average over the ranks, and the parameters match"),
+    # rank 0's gradient broadcast: the ranks agree, on rank 0's shard alone (not "each rank holds its own")
+    (
+        wrong.BroadcastsTheGradients,
+        "simple",
+        "every rank holds rank 0's gradient at step 1 (all 6 parameter tensors): the ranks",
+    ),
     (wrong.BroadcastFromOwnRank, "simple", "every rank made this collective and none finished it"),
     (wrong.Unfinished, "simple", "raised NotImplementedError in finish_gradient_synchronization"),
     (solutions.SimpleDDP, "ga", "your stage has no no_sync(), so it syncs after every micro-batch: 18 all_reduce"),

@@ -27,8 +27,8 @@ Example (the model answer passes; a learner's class that sums instead of averagi
     >>> from minddp.exercises import solutions
     >>> shutdown()                                                # no checker ranks yet
     >>> verdict = check(solutions.SimpleDDP, like="simple")       # 2 real ranks, then 3: a few seconds
-    (starting 2 ranks for the checker; they stay for the next checks)
-    (starting 3 ranks for the checker; they stay for the next checks)
+    (starting 2 ranks for the checks on 2 ranks; they stay for the next ones)
+    (starting 3 ranks for the checks on 3 ranks; they stay for the next ones)
     >>> verdict.ok, verdict.line[:9]
     (True, '✓ simple:')
 """
@@ -74,7 +74,9 @@ def ranks(world_size: int = 2, timeout_s: float = 20.0):
         return cluster
     if cluster is not None:
         cluster.shutdown()
-    print(f"(starting {world_size} ranks for the checker; they stay for the next checks)", flush=True)
+    print(
+        f"(starting {world_size} ranks for the checks on {world_size} ranks; they stay for the next ones)", flush=True
+    )
     cluster = Cluster(world_size, backend="gloo", timeout_s=timeout_s, grace_s=1.0, release_s=3.0).start()
     # Fresh ranks pay for imports and torch's first calls (its DDP, the optimizer's lazy imports) in their first
     # check: a model answer's step, here under a generous limit, pays it, so that a check's own limit (timeout_s)
@@ -590,6 +592,12 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             "written back); all_reduce .grad itself, in place, or copy each sum back into its .grad "
             "(grad.copy_(piece.view_as(grad)))"
         )
+    if f["kind"] == "rank0":
+        return (
+            f"every rank holds rank 0's gradient{at} ({names}): the ranks agree, but on rank 0's shard alone, and the "
+            "other ranks' examples count for nothing: a broadcast copies one rank's tensor to the others; all_reduce "
+            "sums every rank's, then divide by the world size"
+        )
     if f["kind"].startswith(harness.HARD_CODED_KIND):
         divisor = int(f["kind"][len(harness.HARD_CODED_KIND) :])
         return (
@@ -715,6 +723,13 @@ def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
                     f"backward and {twice} more from finish_gradient_synchronization() after it; '{like}' syncs "
                     "only from the hooks, so its finish must send nothing (a finish inherited from ga sends every "
                     "gradient again: override it with one that does not)"
+                )
+            if total_m < total_r and not like.startswith("bucket") and like != "halves":
+                return (
+                    f"your gradients are right (the average over the ranks, and the parameters match a single "
+                    f"process on the global batch), but packed into fewer messages: {made}; this exercise asks for "
+                    f"one all_reduce per gradient tensor at every sync, as '{like}' makes (packing several gradients "
+                    "into one message is the bucket stages' idea, 03_build_up)"
                 )
             head = f"wrong number of collectives: {made}"
             if like.startswith("bucket"):

@@ -650,6 +650,16 @@ def mean_over_ranks(grads: dict, group) -> dict:
     return out
 
 
+def rank0_copy(grads: dict, group) -> dict:
+    """Rank 0's ``grads``, on every rank of ``group`` (what a broadcast from rank 0 leaves)."""
+    out = {}
+    for name, g in grads.items():
+        t = g.clone()
+        dist.broadcast(t, src=0, group=group)
+        out[name] = t
+    return out
+
+
 def add(a: dict, b: dict) -> dict:
     return {n: a[n] + b[n] for n in a}
 
@@ -678,7 +688,9 @@ HARD_CODED = (2, 4, 8)
 HARD_CODED_KIND = "hard_coded_"
 
 
-def candidates(local: list[dict], averaged: list[dict], world: int, synced_after: list[bool]) -> dict[str, dict]:
+def candidates(
+    local: list[dict], averaged: list[dict], world: int, synced_after: list[bool], rank0: list[dict] | None = None
+) -> dict[str, dict]:
     """Step 3's list of usual mistakes, each as the gradient it would leave in ``.grad``.
 
     ``local[i]`` is this rank's gradient of micro-batch ``i``, ``averaged[i]``
@@ -688,6 +700,9 @@ def candidates(local: list[dict], averaged: list[dict], world: int, synced_after
     by a number written in the code, :data:`HARD_CODED`) compounds over those
     syncs, so those candidates follow the stage's own schedule: what was
     synced is the same on every rank, what was added since is this rank's own.
+    ``rank0[i]`` is rank 0's gradient of micro-batch ``i``: a stage that broadcasts
+    the gradients from rank 0 leaves their sum on every rank, whatever its schedule
+    (on rank 0 that is its own, found as ``local`` first).
     """
     k = len(local)
     zero = scale(local[0], 0.0)
@@ -726,6 +741,10 @@ def candidates(local: list[dict], averaged: list[dict], world: int, synced_after
         found["incoming_only"] = averaged[-1]  # ... and written over the accumulated one
         found["incoming_summed"] = add(earlier, scale(averaged[-1], world))
         found["last_only"] = local[-1]  # the earlier micro-batches were lost
+    if rank0 is not None:  # broadcast from rank 0 instead of averaged: rank 0's own gradient everywhere
+        found["rank0"] = zero
+        for g in rank0:
+            found["rank0"] = add(found["rank0"], g)
     return found
 
 
@@ -817,6 +836,7 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
             progress.phase = f"computing the expected gradients of step {step} (the checker)"
             local = local_micro_grads(module, micro)
             averaged = [mean_over_ranks(g, checker) for g in local]
+            rank0 = [rank0_copy(g, checker) for g in local]
         record = run_step(model, optimizer, module, micro, progress, step, events)
         for key in ("counts", "kinds", "in_flight"):
             out[key].append(record[key])
@@ -835,7 +855,7 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
             out["checked_steps"] = step
             break
         synced = [record["counts"][f"backward{i + 1}"] + record["counts"][f"finish{i + 1}"] > 0 for i in range(accum)]
-        kinds = classify(record["grads"], candidates(local, averaged, world, synced))
+        kinds = classify(record["grads"], candidates(local, averaged, world, synced, rank0))
         everyone: list = [None] * world
         dist.all_gather_object(everyone, (kinds, record["on_parameters"]), group=checker)
         out["finding"] = gradient_finding([k for k, _ in everyone], step, record, local, averaged)
@@ -933,10 +953,14 @@ def gradient_finding(everyone: list[dict], step: int, record: dict, local, avera
     wrong = {r: w for r, w in wrong.items() if w}
     if not wrong:
         return None
-    first_rank = min(wrong)
-    kinds = wrong[first_rank]
-    main = max(set(kinds.values()), key=list(kinds.values()).count)
-    names = [n for n, k in kinds.items() if k == main]
+    if set(wrong.get(0, {}).values()) == {"local"} and all(
+        set(wrong.get(r, {}).values()) == {"rank0"} for r in range(1, len(everyone))
+    ):  # rank 0 kept its own gradient and every other rank got it: broadcast from rank 0, not averaged
+        main, names = "rank0", list(wrong[0])
+    else:
+        kinds = wrong[min(wrong)]
+        main = max(set(kinds.values()), key=list(kinds.values()).count)
+        names = [n for n, k in kinds.items() if k == main]
     finding = {"kind": main, "step": step, "ranks": sorted(wrong), "names": names, "n_params": len(everyone[0])}
     if main == "divided_twice" and record.get("averaged"):  # the second division was the reduce-scatter's op
         finding["op_avg"] = True

@@ -17,8 +17,8 @@ Example::
     >>> from minddp.exercises.checker import shutdown
     >>> shutdown()                                      # fresh checker ranks
     >>> check(solutions.BucketDDP, like="bucket")       # 2 real ranks, then 3 (it passed): a few seconds
-    (starting 2 ranks for the checker; they stay for the next checks)
-    (starting 3 ranks for the checker; they stay for the next checks)
+    (starting 2 ranks for the checks on 2 ranks; they stay for the next ones)
+    (starting 3 ranks for the checks on 3 ranks; they stay for the next ones)
     ✓ bucket: ...
 """
 
