@@ -30,15 +30,16 @@
 # * **overlap** (HTA's `comm_comp_overlap_pctg`): the share of the time in flight during which compute
 #   ran too (*in flight*: the time communication was under way).
 #
-# They divide by different totals: a stage can overlap 90 % of its communication and still spend 10 %
-# of its step in non-compute time. Neither is the time the step lost to communication: on these CPU
-# traces a message is "in flight" also while gloo's range is held open (below). Then **one step of each
-# stage on one time axis**, and at the end **what each idea bought**, here and on the blog's GPUs.
+# The two divide different totals and are tied by the time in flight: non-compute = (100 % − overlap)
+# × in flight (a claim below checks it for every stage and rank). Neither is the time the step lost to
+# communication: on these CPU traces communication is "in flight" also while gloo's range is held open
+# (below). Then **one step of each stage on one time axis**, and at the end **what each idea bought**,
+# here and on the blog's GPUs.
 #
 # The letters are `01_collectives`' notation: n ranks, α the fixed cost of one hop of the ring, k the
 # micro-batches of a step. A *message* here is one whole all_reduce call (a bucket's or a parameter's;
-# the timeline's row labels count them), which on a ring makes 2(n−1) hops from each rank, so its fixed
-# cost is 2(n−1)·α.
+# the tables count them as *all_reduce calls*, the timeline's row labels as messages), which on a ring
+# makes 2(n−1) hops from each rank, so its fixed cost is 2(n−1)·α.
 #
 # HTA reads GPU traces only; on these CPU traces `minddp.analysis` computes the same metrics from
 # the CPU events (definitions in `docs/analysis.md`).
@@ -138,7 +139,7 @@ display(per_rank[shown].rename(columns=NAMES).round(1))  # each column under its
 nc = per_rank.pivot(index="stage", columns="rank", values="non_compute_pctg").drop(index="single")
 widest = (nc[0] - nc[1]).abs().idxmax()
 lesson.say(
-    "all_reduce bytes: what the step's calls reduce on one rank (01's m, summed over the calls).",
+    "all_reduce bytes: the bytes the step's all_reduce calls reduce on one rank, summed over the calls.",
     f"The ranks disagree most for {widest}: non-compute {nc.loc[widest, 0]:.1f} % of the step on rank 0, "
     f"{nc.loc[widest, 1]:.1f} % on rank 1. The mean of the two ({nc.loc[widest].mean():.1f} %) describes neither "
     "rank; the tables and charts below say whose numbers they show.",
@@ -195,8 +196,8 @@ for ax, column in ((axes[0], "non_compute_pctg"), (axes[1], "comm_comp_overlap_p
     for (st, r), value in per_rank.set_index(["stage", "rank"])[column].items():  # measured, but a bar too low to see
         if st != "single" and value < 1:
             y = 0.02 * ax.get_ylim()[1]
-            ax.text(stages.index(st) + 0.4 * (r - 0.5), y, "<1 %", ha="center", va="bottom", fontsize=7, rotation=90)
-fig.suptitle("Each rank's own share, one profiled step per stage (loopback)")
+            ax.text(stages.index(st) + 0.4 * (r - 0.5), y, f"{value:.1f}", ha="center", va="bottom", fontsize=7)
+fig.suptitle("Each rank's own numbers, one profiled step per stage (loopback)")
 fig.savefig(RUN / "per_rank.png", bbox_inches="tight")
 plt.close(fig)
 display(Image(filename=RUN / "per_rank.png"))
@@ -220,12 +221,13 @@ def span(values):
 
 
 def order(column, rk):
-    """The synced stages from the most to the least `column` on rank `rk`."""
+    """The stages that communicate, from the most to the least `column` on rank `rk`."""
     return list(own[column].xs(rk, level="rank").sort_values(ascending=False).index)
 
 
 lesson.say(
-    f"Rank by rank, computation was {span(own['compute_pctg'].round(1))} of the synced stages' profiled steps, "
+    f"Rank by rank, computation was {span(own['compute_pctg'].round(1))} of the profiled step in the stages that "
+    "communicate, "
     f"{span(alone['compute_pctg'].round(1))} in single, which sends nothing. Non-compute ranges from "
     f"{at('non_compute_pctg', min)} to {at('non_compute_pctg', max)}, overlap from "
     f"{at('comm_comp_overlap_pctg', min)} to {at('comm_comp_overlap_pctg', max)}.",
@@ -236,7 +238,7 @@ ov = own["comm_comp_overlap_pctg"]
 split = ov[waiting].max() < ov[asynchronous].min()
 lesson.say(
     *(
-        f"Ranked by {name}, rank 0 orders the synced stages {' > '.join(order(column, 0))}, rank 1 "
+        f"Ranked by {name}, rank 0 orders them {' > '.join(order(column, 0))}, rank 1 "
         f"{' > '.join(order(column, 1))}: "
         + ("the same order." if order(column, 0) == order(column, 1) else "the two ranks rank them differently.")
         for name, column in (("overlap", "comm_comp_overlap_pctg"), ("non-compute", "non_compute_pctg"))
@@ -246,14 +248,19 @@ lesson.say(
     f"{ov[waiting].max():.1f} %, the asynchronous ones ({', '.join(asynchronous)}) at least "
     f"{ov[asynchronous].min():.1f} %.",
 )
+in_flight = own["comm_time_per_step_us"]  # one profiled step: the step's time in flight
+# exact by the definitions (non-compute = in flight − in flight under compute); the margin is float rounding only
+tied = ((own["non_compute_time_us"] - (1 - ov / 100) * in_flight).abs() <= 1e-9 * in_flight + 1e-3).all()
+lesson.claim(tied, "For every stage and rank, non-compute = (100 % − overlap) × in flight.")
 
 # %% [markdown]
 # `simple` and `ga` start communicating only after backward has ended, so what overlap they show is
 # some of this rank's own `aten::` ops running while one of its gloo ranges is still open (overlap sets
 # one rank's gloo ranges against that rank's own training thread only). The hook stages start
-# communicating during backward, and the async ones do not block it while they do. One profiled step
-# on a shared machine is a noisy sample of these percentages: read no finer order into them than the
-# two ranks agree on, and look at the timeline below, which shows the mechanism itself.
+# communicating during backward; the async ones' hooks do not wait for their messages (the finish waits,
+# after backward). One profiled step on a shared machine is a noisy sample of these percentages: read no
+# finer order into them than the two ranks agree on, and look at the timeline below, which shows the
+# mechanism itself.
 #
 # HTA's kernel-type view splits rank 0's *non-idle* time, the time something computed or
 # communicated (the idle time left out, so `single` is 100 % computation), into computation alone,
@@ -277,11 +284,11 @@ result.kernels.pivot_table(index="stage", columns="kernel_type", values="percent
 #
 # One row per profiled stage, one shared axis in milliseconds from the start of the profiled step (rank 0).
 # In each row: the forward (pale) and backward (darker: the span defined above) of each micro-batch,
-# a tick when a bucket was *handed to the wire* (its gradients all there: for minddp's stages its hook
-# called, for torch's DDP, which has no hook range, the reducer's `c10d::allreduce_` call; `ready_us` in
-# the tables below), an orange bar while its gloo all_reduce range was open (the legend's "collective in
-# flight (held open included)"; per-parameter stages send one "bucket" per parameter; where dozens of narrow
-# bars crowd, they merge into dark blocks; the parameter check's all_gather is not drawn), the *finish*
+# a tick when a message (a bucket's; a parameter's in the per-parameter stages) was *handed to the wire*
+# (its gradients all there: for minddp's stages its hook called, for torch's DDP, which has no hook range,
+# the reducer's `c10d::allreduce_` call; `ready_us` in the tables below), an orange bar while its gloo
+# all_reduce range was open (the legend's "collective in flight (held open included)"; where dozens of
+# narrow bars crowd, they merge into dark blocks; the parameter check's all_gather is not drawn), the *finish*
 # (purple: `finish_gradient_synchronization()`, which the training loop calls after every backward; a
 # short one is too thin to see), the optimizer (green) and the end of the step.
 #
@@ -297,20 +304,19 @@ result.kernels.pivot_table(index="stage", columns="kernel_type", values="percent
 #   `ddp` and torch's DDP).
 #
 # Whatever a stage's last all_reduce leaves after its last backward is the *tail* in the table below.
-#
-# Orange is communication in every chart here (a gloo range in this one; the non-compute share in the
-# link's chart further down).
+# The profiler numbers steps from 0: step 0 is the step `profile()` discards, so the title's and the
+# tables' step 1 is the one recorded.
 
 # %%
 fig = plot_timeline(result, RUN / "bucket_timeline.png")
 display(Image(filename=RUN / "bucket_timeline.png"))
 
 # %% [markdown]
-# The numbers behind the plot, stage by stage (rank 0): how many buckets each sent in this step, how
+# The numbers behind the plot, stage by stage (rank 0): how many messages each sent in this step, how
 # many were handed to the wire (`ready_us`) while a backward was still running, how long the last
 # backward ran (the span defined above), the *tail* (how long after the last backward's end the last
-# all_reduce before the optimizer ended: the verdict's `tail_us`, `docs/analysis.md`; for `simple` the
-# last sync's only), and the step.
+# all_reduce before the optimizer ended: the column `tail_us` of `RunAnalysis.per_step`; for `simple`
+# the last sync's only), and the step.
 
 # %%
 phases, buckets = result.phases[result.phases["rank"] == 0], result.buckets[result.buckets["rank"] == 0]
@@ -321,7 +327,7 @@ for stage in [st for st in result.stages.index if st != "single"]:
     backward = p[p["phase"] == "backward"]
     during = sum(((backward["start_us"] <= t) & (t <= backward["end_us"])).any() for t in b["ready_us"])
     rows[stage] = {
-        "buckets sent": len(b),
+        "messages sent": len(b),
         "sent during a backward": during,
         "last backward, ms": (backward["end_us"].iloc[-1] - backward["start_us"].iloc[-1]) / 1e3,
         "tail, ms": tails[stage],
@@ -333,7 +339,7 @@ anatomy.round(1)
 # %%
 forward = phases[phases["phase"] == "forward"]
 per_stage = forward.groupby("stage")["end_us"].sum() - forward.groupby("stage")["start_us"].sum()
-last_bw = anatomy["last backward, ms"]
+last_bw, tail = anatomy["last backward, ms"], anatomy["tail, ms"]
 quiet = [st for st in anatomy.index if anatomy.loc[st, "sent during a backward"] == 0]
 busy = [st for st in anatomy.index if anatomy.loc[st, "sent during a backward"] > 0]
 spread = per_stage.max() / per_stage.min()
@@ -349,16 +355,22 @@ lesson.say(
         f"each of these more than {spread:.1f} × the longest of those, so in this run sending made backward longer."
         if longer
         else f"not every one of these more than {spread:.1f} × the longest of those (the forward's spread), so this "
-        "run cannot tell what the sending cost."
+        "run cannot tell what the sending cost"
+        + (
+            f" (hook-async's, whose hooks do not wait, took {last_bw['hook-async']:.0f} ms, longer than hook's, "
+            f"{last_bw['hook']:.0f} ms, which holds hook's waits)."
+            if last_bw["hook-async"] > last_bw["hook"]
+            else "."
+        )
     ),
 )
-ga, ha = anatomy.loc["ga"], anatomy.loc["hook-async"]
-ga_sent = buckets[buckets["stage"] == "ga"]
 lesson.say(
-    f"ga sends its {ga['buckets sent']:.0f} messages after its last backward: its tail was {ga['tail, ms']:.0f} ms, "
-    f"of which its all_reduces ran {(ga_sent['comm_end_us'].max() - ga_sent['comm_start_us'].min()) / 1e3:.0f} ms "
-    "from the first one's start to the last one's end (the trace does not split the rest). hook-async sends the "
-    f"same messages during backward; its tail was {ha['tail, ms']:.0f} ms."
+    f"ga sends its {anatomy.loc['ga', 'messages sent']:.0f} messages after its last backward: its tail "
+    f"({tail['ga']:.0f} ms) runs from that backward's end to its last all_reduce's end, and holds its parameter "
+    "check's all_gather too (which runs before the first send). In the stages that send during backward, the "
+    "tail is what their all_reduces still ran after it: "
+    + "; ".join(f"{st} {tail[st]:.0f} ms" for st in busy)
+    + " in this step."
 )
 late = buckets[buckets["comm_end_us"] > buckets["step_end_us"]]
 if len(late):
@@ -369,11 +381,10 @@ if len(late):
 
 # %% [markdown]
 # The table of one stage's buckets, as `RunAnalysis.buckets` holds it: `step`, the profiled step it
-# belongs to; `order`, its place in the step's sending order; `bucket`, its index; `numel` and
-# `dtype`, what it carried; `hook`, the comm hook that sent it; `launch`, what launched it (`hook`, or
-# for torch's DDP `reducer`, whose `hook` column also reads `reducer`); times in µs from the start of
-# the step: `ready_us`,
-# handed to the wire (the hook called), `launched_us`, the hook returned (for torch's DDP both are the
+# belongs to (1, numbered as above); `order`, its place in the step's sending order; `bucket`, its
+# index; `numel` and `dtype`, what it carried; `hook`, the comm hook that sent it; `launch`, what
+# launched it (`hook`, or for torch's DDP `reducer`, whose `hook` column also reads `reducer`); times in
+# µs from the start of the step: `ready_us`, handed to the wire (the hook called), `launched_us`, the hook returned (for torch's DDP both are the
 # reducer's `c10d::allreduce_` call), `comm_*`, gloo's all_reduce range was open, `step_end_us`, the
 # step's end. The first cell's "buckets of 4 MiB" is the size at which a bucket closes: parameters join
 # it until it holds 4 MiB or more (the one that crosses the line included), so a bucket can be a little
@@ -402,14 +413,12 @@ buckets[buckets["stage"] == "bucket-async"].drop(columns=["rank", "stage"]).roun
 # The link's trace also records when the training thread stood still for a message, so two more
 # measures appear (`docs/analysis.md`): **waited**, the time the training thread stood waiting for a
 # message, whether for the link, the other rank or a core, and **exposed**, the part of that wait
-# during which the link's modeled transfer was still running.
+# during which the link's modeled transfer was still running. A rank's transfer starts when it hands the
+# message over; its wait, when the training thread calls `wait()` on it.
 
 # %%
-from types import SimpleNamespace
-
 import torch
 from minddp.comm.link import parse_link
-from minddp.costmodel.figures import ladder_on_link
 
 r = result.stages
 above = (r.loc["simple", "step_time_us"] - r.loc["single", "step_time_us"]) / 1e3
@@ -424,8 +433,8 @@ lesson.say(
         else f"single's two ranks differ by {noise['max'] - noise['min']:.0f} ms, at least as much, so loopback "
         "steps cannot price communication here."
         if noise["max"] - noise["min"] >= above
-        else "more than single's ranks differ by, though the stages ran one after the other, so part of it can be "
-        "the machine's speed moving between them."
+        else "more than single's ranks differ by; the stages ran one after the other, so part of it can be the "
+        "machine's speed moving between them."
     ),
 )
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
@@ -433,88 +442,55 @@ linked = analyze_run(LINKED)
 link, world = parse_link("1gbit"), int(linked.summary["rank"].nunique())
 
 
-def link_ms(stage):
-    """The stage's *link time* (metrics.link_time): each all_reduce of rank 0's step modeled on the link, in ms."""
-    sent = linked.buckets[(linked.buckets["rank"] == 0) & (linked.buckets["stage"] == stage)]
+def link_ms(stage, rk=0):
+    """The stage's *link time* (metrics.link_time): each all_reduce of rank `rk`'s step modeled on the link, in ms."""
+    sent = linked.buckets[(linked.buckets["rank"] == rk) & (linked.buckets["stage"] == stage)]
     size = {d: torch.empty(0, dtype=getattr(torch, d)).element_size() for d in sent["dtype"].unique()}
     return 1e3 * metrics.link_time(
         link, [("all_reduce", numel * size[d], world) for numel, d in zip(sent["numel"], sent["dtype"])]
     )
 
 
-def pooled_overlap(run) -> pd.Series:
-    """Each stage's overlap as docs/analysis.md pools it: both ranks' (and every step's) communication under
-    compute over all of their time in flight, one ratio of sums (metrics.pooled_overlap_pct)."""
-    rows = run.per_step
-    return pd.Series(
-        {
-            stage: metrics.pooled_overlap_pct(zip(g["overlap_pctg"] / 100 * g["comm_time_us"], g["comm_time_us"]))
-            for stage, g in rows.groupby("stage", sort=False)
-        }
-    )
-
-
-waits = linked.per_step.groupby("stage")[["waited_us", "exposed_us"]].mean() / 1e3  # mean of the two ranks
-on_link = linked.stages.assign(
-    step_ms=linked.stages["step_time_us"] / 1e3,
-    backward_ms=backward_ms(linked).groupby(level="stage").mean(),
-    comm_comp_overlap_pctg=pooled_overlap(linked),
-    non_compute_ms=linked.stages["non_compute_time_us"] / 1e3,
-    waited_ms=waits["waited_us"],
-    exposed_ms=waits["exposed_us"],
-    link_ms=[link_ms(st) for st in linked.stages.index],
+mine = linked.summary.set_index(["stage", "rank"])  # each rank's own numbers, one profiled step
+waits = linked.per_step.groupby(["stage", "rank"])[["waited_us", "exposed_us"]].mean() / 1e3
+on_link = pd.DataFrame(
+    {
+        "step (ms)": mine["step_time_us"] / 1e3,
+        "backward (ms)": backward_ms(linked),
+        "non-compute (%)": mine["non_compute_pctg"],
+        "overlap (%)": mine["comm_comp_overlap_pctg"],
+        "non-compute (ms)": mine["non_compute_time_us"] / 1e3,
+        "waited (ms)": waits["waited_us"],
+        "exposed (ms)": waits["exposed_us"],
+        "link time (ms)": [link_ms(st, rk) for st, rk in mine.index],
+    },
+    index=mine.index,  # the stages in reading order
 )
-pooled = linked.stages.assign(comm_comp_overlap_pctg=on_link["comm_comp_overlap_pctg"])
-chart = ladder_on_link(LINKED, analysis=SimpleNamespace(stages=pooled))  # the chart reads only `stages`
-chart.axes[0].set_title("the ladder on 1gbit (measured): shares, mean of the two ranks; overlap, pooled")
-chart.savefig(LINKED / "ladder_on_link.png", bbox_inches="tight")
-display(Image(filename=LINKED / "ladder_on_link.png"))
-on_link = on_link[
-    ["step_ms", "backward_ms", "compute_pctg", "non_compute_pctg", "idle_pctg", "comm_comp_overlap_pctg"]
-    + ["non_compute_ms", "waited_ms", "exposed_ms", "link_ms", "allreduce_calls_per_step"]
-]
-means = {"waited_ms": "waited (ms)", "exposed_ms": "exposed (ms)", "allreduce_calls_per_step": "all_reduce calls"}
-means |= {"comm_comp_overlap_pctg": "overlap (%), pooled", "link_ms": "link time (ms, rank 0)"}
-means |= {"non_compute_ms": "non-compute (ms)"}
-display(on_link.rename(columns=NAMES | means).round(1))
+display(on_link.round(1))
+blocking = ["simple", "ga", "hook", "bucket"]  # the stages that wait for every message, each as soon as it is sent
+block = on_link.loc[blocking]
+before = block["link time (ms)"] - block["exposed (ms)"]
+after = block["waited (ms)"] - block["exposed (ms)"]
+share = 100 * block["exposed (ms)"] / block["link time (ms)"]
 ha = on_link.loc["hook-async"]
-rk_ha = linked.summary[linked.summary["stage"] == "hook-async"].set_index("rank")[["non_compute_pctg"]]
-rk_ha["non_compute_ms"] = (
-    linked.summary[linked.summary["stage"] == "hook-async"].set_index("rank")["non_compute_time_us"] / 1e3
-)
-steps_ha = linked.per_step[linked.per_step["stage"] == "hook-async"].groupby("rank")[["waited_us", "exposed_us"]]
-rk_ha[["waited_ms", "exposed_ms"]] = steps_ha.mean().to_numpy() / 1e3
-
-
-def both_ranks(column, fmt="{:.0f}"):
-    """hook-async's `column` on the link, "rank 0 / rank 1"."""
-    return " / ".join(fmt.format(v) for v in rk_ha[column])
-
-
-blocking = ["simple", "ga", "hook", "bucket"]  # the stages that wait for every message
-times = on_link.loc[blocking, "waited_ms"] / on_link.loc[blocking, "link_ms"]
-against = on_link.loc[blocking, ["waited_ms", "link_ms"]]
 lesson.say(
-    "In the chart and the table every column is the mean of the two ranks, but the overlap: that is the two "
-    "ranks pooled as docs/analysis.md defines it (all their communication under compute over all their time "
-    "in flight), and the link time, which is rank 0's messages priced on the link (both ranks send the same).",
-    f"The link's modeled transfers are fixed by the messages' sizes: {on_link['link_ms'].min():.0f}–"
-    f"{on_link['link_ms'].max():.0f} ms a step here, what Gigabit Ethernet would take for them by the α-β model, "
-    f"the same on every run. The training thread's waits are not: in the stages that wait for every message "
-    f"({', '.join(blocking)}) it waited {times.min():.1f}–{times.max():.1f} × the link time "
-    f"({'; '.join(f'{st} {w:.0f} ms against {m:.0f}' for st, w, m in against.itertuples())}). "
-    "A message is delivered when both its modeled transfer and gloo's real all_reduce are done, so a wait "
-    "holds this machine's time as well as the link's.",
-    f"On this link hook-async's overlap was {ha['comm_comp_overlap_pctg']:.1f} % (pooled); rank 0 / rank 1: "
-    f"non-compute {both_ranks('non_compute_pctg', '{:.1f}')} % of the step ({both_ranks('non_compute_ms')} ms), "
-    f"waited {both_ranks('waited_ms')} ms, exposed {both_ranks('exposed_ms', '{:.1f}')} ms (each by its one "
-    "function in minddp.analysis.metrics). "
-    "All describe the same step: exposed counts only the link's modeled transfers that the training thread "
-    "stood waiting through (the measure 03 reports); waited, all its standing still for a message; non-compute, "
-    "every moment a message was in flight (gloo's ranges and the link's transfers) while nothing computed; "
-    "overlap, the share of the time in flight during which compute ran too. A gloo range held open while the "
-    "training thread is not waiting adds non-compute time and lowers the overlap without being exposed.",
+    "Every row is one rank's own numbers; the link time is that rank's messages priced on Gigabit Ethernet by "
+    "the α-β model, from their sizes alone, the same on every run.",
+    f"In the stages that wait for every message ({', '.join(blocking)}) exposed was "
+    f"{share.min():.0f}–{share.max():.0f} % of the link time: the rest of the link time "
+    f"({before.min():.0f}–{before.max():.0f} ms) is the transfers' run between the hand-over and the thread's "
+    f"`wait()`. Their waited time is exposed plus {after.min():.0f}–{after.max():.0f} ms of waiting after the "
+    "modeled transfer had ended, until the message was delivered (once gloo's real all_reduce was done too).",
+    f"hook-async's hooks do not wait, but its finish does, after backward: there rank 0 waited "
+    f"{ha.loc[0, 'waited (ms)']:.0f} ms and rank 1 {ha.loc[1, 'waited (ms)']:.0f} ms, with "
+    f"{ha.loc[0, 'exposed (ms)']:.1f} and {ha.loc[1, 'exposed (ms)']:.1f} ms exposed: "
+    + (
+        "none of its standing still was for the link's transfers, all of it for gloo's real all_reduces."
+        if ha["exposed (ms)"].max() == 0
+        else "the rest of its standing still was for gloo's real all_reduces, after the link's transfers had ended."
+    ),
 )
+
 
 # %% [markdown]
 # ## What each idea bought, here and on the blog's GPUs
@@ -526,9 +502,9 @@ lesson.say(
 # non-compute to ~2 % with ~90 % overlap; buckets made no clear difference on top of that.
 # Below, the same ideas on this machine, from the traces of this notebook, each idea as the step from
 # one stage to the next, on the link: the calls (exact, the same on both ranks), where rank 0 sent its
-# messages and their link time (exact: the modeled transfer of those calls and bytes), the step and the
-# backward (the mean of the two ranks), and non-compute, overlap and exposed, each rank's own (rank 0 /
-# rank 1), for one profiled step each. The blog compares async hooks with ga, not with hook, so the last
+# messages and their link time (exact: the modeled transfer of those calls and bytes), and the step,
+# the backward, non-compute, overlap and exposed, each rank's own (rank 0 / rank 1, the table above's
+# numbers), for one profiled step each. The blog compares async hooks with ga, not with hook, so the last
 # column takes that step too. The stages ran one after the other, so their step and backward times carry
 # the machine's speed of each moment: `docs/analysis.md` compares times only from steps taken in turns
 # (`03_build_up` does); the cell after the table's says how far the speed moved during this run. Non-compute
@@ -536,7 +512,7 @@ lesson.say(
 # others, as the loopback table's all_gather calls show).
 
 # %%
-t = linked.stages  # the mean of the two ranks
+t = linked.stages  # its calls and bytes: the same on both ranks (the first claim below)
 
 
 def sent_in_backward(run, stage):
@@ -550,13 +526,9 @@ def arrow(values, fmt="{:.0f}"):
     return " → ".join(fmt.format(v) for v in values)
 
 
-mine = linked.summary.set_index(["stage", "rank"])  # each rank's own shares on the link
-mine["exposed_ms"] = linked.per_step.groupby(["stage", "rank"])["exposed_us"].mean() / 1e3  # one profiled step
-
-
 def by_rank(column, pair, fmt="{:.1f}"):
-    """`column` on the link for each stage of `pair`, as "rank 0 / rank 1", before → after."""
-    return arrow((" / ".join(fmt.format(mine.loc[(st, rk), column]) for rk in range(world)) for st in pair), "{}")
+    """`column` of the link's table for each stage of `pair`, as "rank 0 / rank 1", before → after."""
+    return arrow((" / ".join(fmt.format(on_link.loc[(st, rk), column]) for rk in range(world)) for st in pair), "{}")
 
 
 ideas = [
@@ -574,11 +546,11 @@ summary = pd.DataFrame(
             "all_reduce calls/step (each rank)": arrow(t.loc[pair, "allreduce_calls_per_step"]),
             "sent during a backward (rank 0)": arrow(sent_in_backward(linked, s) for s in pair),
             "link time, ms (modeled, 1 Gbit/s, rank 0)": arrow(link_ms(s) for s in pair),
-            "step, ms (1 Gbit/s, mean of ranks)": arrow(on_link.loc[pair, "step_ms"]),
-            "backward, ms (1 Gbit/s, mean of ranks)": arrow(on_link.loc[pair, "backward_ms"]),
-            "non-compute % (1 Gbit/s), rank 0 / 1": by_rank("non_compute_pctg", pair),
-            "overlap % (1 Gbit/s), rank 0 / 1": by_rank("comm_comp_overlap_pctg", pair),
-            "exposed, ms (1 Gbit/s), rank 0 / 1": by_rank("exposed_ms", pair),
+            "step, ms (1 Gbit/s), rank 0 / 1": by_rank("step (ms)", pair, "{:.0f}"),
+            "backward, ms (1 Gbit/s), rank 0 / 1": by_rank("backward (ms)", pair, "{:.0f}"),
+            "non-compute % (1 Gbit/s), rank 0 / 1": by_rank("non-compute (%)", pair),
+            "overlap % (1 Gbit/s), rank 0 / 1": by_rank("overlap (%)", pair),
+            "exposed, ms (1 Gbit/s), rank 0 / 1": by_rank("exposed (ms)", pair),
             "blog, 4 × T4: non-compute": blog_nc,
             "blog, 4 × T4: overlap": blog_ov,
         }
@@ -586,7 +558,7 @@ summary = pd.DataFrame(
     }
 )
 display(summary)
-nc = mine["non_compute_pctg"].unstack("rank")
+nc = on_link["non-compute (%)"].unstack("rank")
 apart = (nc[0] - nc[1]).abs()  # how far the two ranks of one step disagree
 changes = [abs(nc.loc[b, rk] - nc.loc[a, rk]) for _, (a, b), *_ in [*ideas, as_blog] for rk in range(world)]
 lesson.say(
@@ -609,21 +581,24 @@ lesson.claim(
 )
 lesson.claim(
     calls["simple"] == k * calls["ga"] and abs(link_ms("simple") - k * link_ms("ga")) < 1e-6 * link_ms("ga"),
-    f"Accumulation divides the calls and the link time by the {k} micro-batches, exactly.",
+    f"Accumulation divides the calls and the link time by k = {k}, the micro-batches of a step, exactly.",
 )
 lesson.claim(
     sent_in_backward(linked, "ga") == 0 and sent_in_backward(linked, "hook") == calls["hook"],
     "The hooks move every message from after the backward into it.",
 )
 sent = t["allreduce_bytes_per_step"]
+fewer = calls["hook-async"] - calls["bucket-async"]
+fixed = 2 * (world - 1) * link.latency * 1e3  # one message's fixed cost 2(n−1)·α, in ms
+saved = link_ms("hook-async") - link_ms("bucket-async")
 lesson.claim(
-    calls["bucket-async"] < calls["hook-async"]
-    and sent["bucket-async"] == sent["hook-async"]
-    and link_ms("bucket-async") < link_ms("hook-async"),
+    fewer > 0 and sent["bucket-async"] == sent["hook-async"] and abs(saved - fewer * fixed) < 1e-9 * link_ms("ga"),
     f"Buckets cut the calls from {calls['hook-async']:.0f} to {calls['bucket-async']:.0f}, the bytes unchanged, "
-    f"and so the link time from {link_ms('hook-async'):.1f} to {link_ms('bucket-async'):.1f} ms.",
+    f"and so the link time from {link_ms('hook-async'):.1f} to {link_ms('bucket-async'):.1f} ms: {saved:.1f} ms, "
+    f"the fixed cost of the {fewer:.0f} messages not sent, {fewer:.0f} × 2(n−1)·α = {fewer:.0f} × {2 * (world - 1)} × "
+    f"{link.latency * 1e6:.0f} µs.",
 )
-ov, ex = mine["comm_comp_overlap_pctg"], on_link["exposed_ms"]
+ov, ex = on_link["overlap (%)"], on_link["exposed (ms)"]
 rose = [ov[("bucket-async", rk)] > ov[("hook-async", rk)] for rk in range(world)]
 lesson.say(
     "On the link, bucket-async's overlap was "
@@ -632,43 +607,33 @@ lesson.say(
     + " and ".join(f"{ov[('hook-async', rk)]:.1f} %" for rk in range(world))
     + ": "
     + (
-        f"the buckets' messages were in flight beside compute for a {'larger' if rose[0] else 'smaller'} share of "
-        "their time on both ranks. "
+        f"bucket-async's communication was in flight beside compute for a {'larger' if rose[0] else 'smaller'} "
+        "share of its time on both ranks. "
         if len(set(rose)) == 1
         else "larger on one rank, smaller on the other, so one step does not say which overlaps more. "
     )
-    + (
-        f"Both exposed {ex['hook-async']:.1f} ms of link time (the mean of the ranks), so in this step exposed time "
-        "shows no difference between them; 03's bucket lesson measures the two in turns, and says when buckets "
-        "expose more."
-        if round(ex["bucket-async"], 1) == round(ex["hook-async"], 1)
-        else f"bucket-async exposed {ex['bucket-async']:.1f} ms of link time against hook-async's "
-        f"{ex['hook-async']:.1f} ms (the mean of the ranks), {'more' if ex['bucket-async'] > ex['hook-async'] else 'less'}; "
-        "03's bucket lesson measures the two in turns and takes the difference apart."
-    )
+    + "Exposed (rank 0 / rank 1): bucket-async "
+    + " / ".join(f"{ex[('bucket-async', rk)]:.1f}" for rk in range(world))
+    + " ms, hook-async "
+    + " / ".join(f"{ex[('hook-async', rk)]:.1f}" for rk in range(world))
+    + " ms; 03's bucket lesson measures the two in turns and says when buckets expose more."
 )
 fw = linked.phases[(linked.phases["rank"] == 0) & (linked.phases["phase"] == "forward")]
 fw_ms = (fw["end_us"] - fw["start_us"]).groupby(fw["stage"]).sum() / 1e3
 most_link = max(link_ms(st) for _, pair, *_ in ideas for st in pair)
-slower = [idea for idea, pair, *_ in ideas if on_link.loc[pair[1], "step_ms"] > on_link.loc[pair[0], "step_ms"]]
 lesson.say(
     f"On the link the forward passes, the same work in every stage, took {fw_ms.min():.0f}–{fw_ms.max():.0f} ms "
-    f"per step (rank 0): they moved by {fw_ms.max() - fw_ms.min():.0f} ms from stage to stage, against a link time "
-    f"of at most {most_link:.0f} ms a step, "
+    f"per step (rank 0), a spread of {fw_ms.max() - fw_ms.min():.0f} ms across the stages, against a link time "
+    f"of at most {most_link:.0f} ms a step"
     + (
-        "so a difference in the step and backward rows can come from the machine's speed alone. "
+        ": a difference in the step and backward rows can come from the machine's speed alone. "
         if fw_ms.max() - fw_ms.min() > most_link
-        else "yet the stages ran one after the other, so the step and backward rows still carry the machine's "
+        else "; the stages ran one after the other, so the step and backward rows still carry the machine's "
         "speed of each moment. "
     )
-    + (
-        f"In this run {len(slower)} of the {len(ideas)} ideas came out with a slower step ({'; '.join(slower)}), "
-        "which by itself says nothing about them: "
-        if slower
-        else "In this run every idea came out with a faster step, which by itself says nothing about them: "
-    )
-    + "what each idea changed is in the calls, the link time and where the messages were sent."
+    + "What each idea changed is in the calls, the link time and where the messages were sent."
 )
+
 
 # %% [markdown]
 # Why the shares differ from the blog's (the counts and the link time are exact; the shares come
@@ -685,8 +650,8 @@ lesson.say(
 #   would on Gigabit Ethernet, the same on every run, but the training thread's waits hold this
 #   machine's time as well (the link's table: waited against link time). `03_build_up` measures each
 #   stage's exposed time on this link in turns, and asserts what its code guarantees;
-# * **buckets**: what they save is the fixed cost 2(n−1)·α of each message they do not send (α: the
-#   link's cost per hop before its bytes, `01_collectives`); what they cost in return, a first bucket
+# * **buckets**: what they save is the fixed cost 2(n−1)·α of each message they do not send (the
+#   buckets' claim above does the sum); what they cost in return, a first bucket
 #   that leaves late in backward and a last one whose whole transfer comes after it, is the bucket
 #   lesson at the end of `03_build_up`.
 #
