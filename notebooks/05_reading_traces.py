@@ -30,15 +30,15 @@
 # * **overlap** (HTA's `comm_comp_overlap_pctg`): the share of the time in flight during which compute
 #   ran too (*in flight*: the time communication was under way).
 #
-# The two divide different totals and are tied by the time in flight: non-compute = (100 % − overlap)
-# × in flight (a claim below checks it for every stage and rank). Neither is the time the step lost to
+# The two divide different totals and are tied by the time in flight: non-compute time = (100 % −
+# overlap) × time in flight (a claim below checks it for every stage and rank). Neither is the time the step lost to
 # communication: on these CPU traces communication is "in flight" also while gloo's range is held open
 # (below). Then **one step of each stage on one time axis**, and at the end **what each idea bought**,
 # here and on the blog's GPUs.
 #
 # The letters are `01_collectives`' notation: n ranks, α the fixed cost of one hop of the ring, k the
 # micro-batches of a step. A *message* here is one whole all_reduce call (a bucket's or a parameter's;
-# the tables count them as *all_reduce calls*, the timeline's row labels as messages), which on a ring
+# the tables' *all_reduce calls* and *messages sent* and the timeline's row labels count them), which on a ring
 # makes 2(n−1) hops from each rank, so its fixed cost is 2(n−1)·α.
 #
 # HTA reads GPU traces only; on these CPU traces `minddp.analysis` computes the same metrics from
@@ -251,7 +251,7 @@ lesson.say(
 in_flight = own["comm_time_per_step_us"]  # one profiled step: the step's time in flight
 # exact by the definitions (non-compute = in flight − in flight under compute); the margin is float rounding only
 tied = ((own["non_compute_time_us"] - (1 - ov / 100) * in_flight).abs() <= 1e-9 * in_flight + 1e-3).all()
-lesson.claim(tied, "For every stage and rank, non-compute = (100 % − overlap) × in flight.")
+lesson.claim(tied, "For every stage and rank, non-compute time = (100 % − overlap) × time in flight.")
 
 # %% [markdown]
 # `simple` and `ga` start communicating only after backward has ended, so what overlap they show is
@@ -297,7 +297,7 @@ result.kernels.pivot_table(index="stage", columns="kernel_type", values="percent
 # * **waiting after backward** (`simple` after every micro-batch, `ga` after the last): the ticks
 #   and bars come after a backward band, and the step ends only when they are done;
 # * **interleaving** (`hook`, `bucket`): ticks and bars inside the last backward band, the backward
-#   standing still while each runs;
+#   standing still while each runs (how far the last bar runs past the band is the tail, below);
 # * **asynchronous** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the band, bars
 #   running on while backward goes on; what is still running when backward ends is waited for before
 #   the optimizer step (in the finish for `hook-async` and `bucket-async`, inside `loss.backward()` for
@@ -357,9 +357,9 @@ lesson.say(
         else f"not every one of these more than {spread:.1f} × the longest of those (the forward's spread), so this "
         "run cannot tell what the sending cost"
         + (
-            f" (hook-async's, whose hooks do not wait, took {last_bw['hook-async']:.0f} ms, longer than hook's, "
-            f"{last_bw['hook']:.0f} ms, which holds hook's waits)."
-            if last_bw["hook-async"] > last_bw["hook"]
+            f" (hook-async's, whose hooks do not wait, took {last_bw['hook-async']:.0f} ms, longer than hook's "
+            f"{last_bw['hook']:.0f} ms, which include hook's waits)."
+            if round(last_bw["hook-async"]) > round(last_bw["hook"])  # as printed
             else "."
         )
     ),
@@ -384,9 +384,9 @@ if len(late):
 # belongs to (1, numbered as above); `order`, its place in the step's sending order; `bucket`, its
 # index; `numel` and `dtype`, what it carried; `hook`, the comm hook that sent it; `launch`, what
 # launched it (`hook`, or for torch's DDP `reducer`, whose `hook` column also reads `reducer`); times in
-# µs from the start of the step: `ready_us`, handed to the wire (the hook called), `launched_us`, the hook returned (for torch's DDP both are the
-# reducer's `c10d::allreduce_` call), `comm_*`, gloo's all_reduce range was open, `step_end_us`, the
-# step's end. The first cell's "buckets of 4 MiB" is the size at which a bucket closes: parameters join
+# µs from the start of the step: `ready_us`, handed to the wire (the hook called), `launched_us`, the
+# hook returned (for torch's DDP both are the reducer's `c10d::allreduce_` call), `comm_*`, gloo's
+# all_reduce range was open, `step_end_us`, the step's end. The first cell's "buckets of 4 MiB" is the size at which a bucket closes: parameters join
 # it until it holds 4 MiB or more (the one that crosses the line included), so a bucket can be a little
 # over 4 MiB (`numel` × 4 bytes of float32), and the last holds what is left:
 
@@ -599,18 +599,19 @@ lesson.claim(
     f"{link.latency * 1e6:.0f} µs.",
 )
 ov, ex = on_link["overlap (%)"], on_link["exposed (ms)"]
-rose = [ov[("bucket-async", rk)] > ov[("hook-async", rk)] for rk in range(world)]
+pairs = [(round(ov[("bucket-async", rk)], 1), round(ov[("hook-async", rk)], 1)) for rk in range(world)]  # as printed
 lesson.say(
     "On the link, bucket-async's overlap was "
-    + " and ".join(f"{ov[('bucket-async', rk)]:.1f} % on rank {rk}" for rk in range(world))
+    + " and ".join(f"{b:.1f} % on rank {rk}" for rk, (b, _) in enumerate(pairs))
     + ", hook-async's "
-    + " and ".join(f"{ov[('hook-async', rk)]:.1f} %" for rk in range(world))
+    + " and ".join(f"{h:.1f} %" for _, h in pairs)
     + ": "
     + (
-        f"bucket-async's communication was in flight beside compute for a {'larger' if rose[0] else 'smaller'} "
-        "share of its time on both ranks. "
-        if len(set(rose)) == 1
-        else "larger on one rank, smaller on the other, so one step does not say which overlaps more. "
+        "larger on both ranks. "
+        if all(b > h for b, h in pairs)
+        else "smaller on both ranks. "
+        if all(b < h for b, h in pairs)
+        else "not larger on both ranks nor smaller on both, so one step does not say which overlaps more. "
     )
     + "Exposed (rank 0 / rank 1): bucket-async "
     + " / ".join(f"{ex[('bucket-async', rk)]:.1f}" for rk in range(world))
