@@ -21,20 +21,22 @@
 # whole replica on every rank (`03_build_up`: `simple` to `bucket-async`, and `ddp`; the sharded rungs
 # are read in `06_sharding`), torch's DDP and `single` (one rank's work, no communication), on the
 # workload every notebook shares, then reads the traces with `minddp.analysis` the way the blog this
-# course follows reads its GPU traces with HolisticTraceAnalysis (HTA). It keeps two of HTA's numbers,
-# under HTA's names, each with one meaning (`docs/analysis.md` defines every measure named here, each
-# computed by its one function in `minddp.analysis.metrics`):
+# course follows reads its GPU traces with HolisticTraceAnalysis (HTA). It reads two of HTA's numbers,
+# under HTA's names (`docs/analysis.md` defines every measure named here, each computed by its one
+# function in `minddp.analysis.metrics`):
 #
 # * **non-compute** (HTA's temporal breakdown, `non_compute_pctg`): the share of the profiled step
-#   when communication was in flight *and the training thread computed nothing*;
+#   when a communication range was open *and the training thread ran no `aten::` operator*;
 # * **overlap** (HTA's `comm_comp_overlap_pctg`): the share of the time in flight during which compute
 #   ran too (*in flight*: the time communication was under way).
 #
 # The two divide different totals and are tied by the time in flight: non-compute time = (100 % −
-# overlap) × time in flight (a claim below checks it for every stage and rank). Neither is the time the step lost to
-# communication: on these CPU traces communication is "in flight" also while gloo's range is held open
-# (below). Then **one step of each stage on one time axis**, and at the end **what each idea bought**,
-# here and on the blog's GPUs.
+# overlap) × time in flight (a claim below checks it for every stage and rank of the loopback run). Neither is
+# the time the step lost to communication: non-compute also counts the training thread's own Python (its
+# hooks, the time between autograd nodes) while a range is open, and a range held open while gloo waits for
+# the other rank (below). Then **one step of each stage on one time axis**, and at the end, over an emulated
+# link, two measures of the time the thread stood still (*waited* and *exposed*) and **what each idea
+# bought**, here and on the blog's GPUs.
 #
 # The letters are `01_collectives`' notation: n ranks, α the fixed cost of one hop of the ring, k the
 # micro-batches of a step. A *message* here is one whole all_reduce call (a bucket's or a parameter's;
@@ -80,14 +82,7 @@ lesson.say(
     f"Profiled one step of each of: {', '.join(blog)} over an emulated 1gbit link, into "
     f"{LINKED.relative_to(lesson.ROOT)}.",
     f"This machine has {cores} CPU cores; its load average (processes running or ready to run, "
-    f"over the last 1, 5 and 15 min) was {', '.join(f'{x:.1f}' for x in load)} when the profiling ended: "
-    f"about {load[0] / cores:.1f} per core over the last minute. The two ranks want about one core each while "
-    "they compute (gloo's threads a little more while they communicate), "
-    + (
-        "so most of that load was other work on this machine, and the steps below ran at a speed that moved with it."
-        if load[0] > 2 * dist.get_world_size()
-        else "so the load was mostly the ranks' own: the machine was otherwise quiet."
-    ),
+    f"over the last 1, 5 and 15 min) was {', '.join(f'{x:.1f}' for x in load)} when the profiling ended.",
 )
 
 # %%
@@ -152,8 +147,9 @@ lesson.say(
 #
 # * **compute** is time when the training thread ran an `aten::` operator (forward, backward, the
 #   optimizer, the stages' copies into and out of buckets);
-# * **non-compute** is time when only communication ran: one of gloo's threads was inside a
-#   `gloo:*` range while the training thread computed nothing;
+# * **non-compute** is time when one of gloo's threads was inside a `gloo:*` range while the training
+#   thread ran no `aten::` op: it was waiting, running its own Python (hooks, the time between autograd
+#   nodes) or had no core;
 # * **idle** is the rest, when neither ran: the training thread's Python between `aten::` ops, its
 #   waits with no collective in flight, and any time it was ready to run but had no core (no output
 #   here splits idle time into these); `single`, which never communicates, has idle time too;
@@ -171,6 +167,8 @@ lesson.say(
 # flight (and as non-compute while the training thread computes nothing), so a low overlap on a CPU
 # says as much about the cores and the other rank as about the stage. On GPUs the same metrics read
 # NCCL kernels against compute kernels, which run side by side.
+#
+# The chart below draws each rank's non-compute and overlap, stage by stage, side by side.
 
 # %%
 stages = list(result.stages.index)
@@ -220,11 +218,6 @@ def span(values):
     return f"{min(values):.1f}–{max(values):.1f} %"
 
 
-def order(column, rk):
-    """The stages that communicate, from the most to the least `column` on rank `rk`."""
-    return list(own[column].xs(rk, level="rank").sort_values(ascending=False).index)
-
-
 lesson.say(
     f"Rank by rank, computation was {span(own['compute_pctg'].round(1))} of the profiled step in the stages that "
     "communicate, "
@@ -237,12 +230,6 @@ asynchronous = [st for st in ("hook-async", "bucket-async", "ddp", "torch") if s
 ov = own["comm_comp_overlap_pctg"]
 split = ov[waiting].max() < ov[asynchronous].min()
 lesson.say(
-    *(
-        f"Ranked by {name}, rank 0 orders them {' > '.join(order(column, 0))}, rank 1 "
-        f"{' > '.join(order(column, 1))}: "
-        + ("the same order." if order(column, 0) == order(column, 1) else "the two ranks rank them differently.")
-        for name, column in (("overlap", "comm_comp_overlap_pctg"), ("non-compute", "non_compute_pctg"))
-    ),
     ("What holds on both ranks is the coarse split" if split else "Not even the coarse split holds on both ranks")
     + f": the stages that wait for their messages ({', '.join(waiting)}) overlapped at most "
     f"{ov[waiting].max():.1f} %, the asynchronous ones ({', '.join(asynchronous)}) at least "
@@ -254,30 +241,11 @@ tied = ((own["non_compute_time_us"] - (1 - ov / 100) * in_flight).abs() <= 1e-9 
 lesson.claim(tied, "For every stage and rank, non-compute time = (100 % − overlap) × time in flight.")
 
 # %% [markdown]
-# `simple` and `ga` start communicating only after backward has ended, so what overlap they show is
-# some of this rank's own `aten::` ops running while one of its gloo ranges is still open (overlap sets
-# one rank's gloo ranges against that rank's own training thread only). The hook stages start
-# communicating during backward; the async ones' hooks do not wait for their messages (the finish waits,
-# after backward). One profiled step on a shared machine is a noisy sample of these percentages: read no
-# finer order into them than the two ranks agree on, and look at the timeline below, which shows the
-# mechanism itself.
-#
-# HTA's kernel-type view splits rank 0's *non-idle* time, the time something computed or
-# communicated (the idle time left out, so `single` is 100 % computation), into computation alone,
-# communication alone, and both at once; in % of that non-idle time. Its third column is not overlap
-# (overlap divides the same time by the time in flight instead), as the sentence above the table shows.
-
-# %%
-kinds = {"COMPUTATION": "compute only", "COMMUNICATION": "communication only"}
-kinds["COMPUTATION overlapping COMMUNICATION"] = "both at once"
-both = result.kernels.set_index(["stage", "kernel_type"])["percentage"]
-lesson.say(
-    f"ddp's rank 0, for one: both at once is {both[('ddp', 'COMPUTATION overlapping COMMUNICATION')]:.1f} % of its "
-    f"non-idle time, and its overlap {own.loc[('ddp', 0), 'comm_comp_overlap_pctg']:.1f} % of its time in flight."
-)
-result.kernels.pivot_table(index="stage", columns="kernel_type", values="percentage", sort=False).rename(
-    columns=kinds
-).round(1)
+# The stages that wait for each message (`simple`, `ga`, `hook`, `bucket`) still show some overlap:
+# overlap counts every `aten::` op of this rank that ran while one of its gloo ranges was open, whatever
+# the op was for, and nothing here splits it by op. The two ranks' percentages differ (the chart): one
+# profiled step is one sample, so read no finer order into them than the split both ranks show, and look
+# at the timeline below.
 
 # %% [markdown]
 # ## One step of each stage, on one time axis
@@ -296,14 +264,14 @@ result.kernels.pivot_table(index="stage", columns="kernel_type", values="percent
 #
 # * **waiting after backward** (`simple` after every micro-batch, `ga` after the last): the ticks
 #   and bars come after a backward band, and the step ends only when they are done;
-# * **interleaving** (`hook`, `bucket`): ticks and bars inside the last backward band, the backward
-#   standing still while each runs (how far the last bar runs past the band is the tail, below);
+# * **waiting inside backward** (`hook`, `bucket`): ticks and bars inside the last backward band: each
+#   hook waits for its message before backward goes on;
 # * **asynchronous** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the band, bars
-#   running on while backward goes on; what is still running when backward ends is waited for before
-#   the optimizer step (in the finish for `hook-async` and `bucket-async`, inside `loss.backward()` for
-#   `ddp` and torch's DDP).
+#   running on while backward goes on; what is still running when the band ends is waited for before
+#   the optimizer step: in the finish (purple) for `hook-async` and `bucket-async`; for `ddp` and torch's
+#   DDP at the end of the `loss.backward()` call, after the band's last autograd node, where the row is
+#   left blank (`ddp`'s gap before its optimizer step).
 #
-# Whatever a stage's last all_reduce leaves after its last backward is the *tail* in the table below.
 # The profiler numbers steps from 0: step 0 is the step `profile()` discards, so the title's and the
 # tables' step 1 is the one recorded.
 
@@ -343,7 +311,8 @@ last_bw, tail = anatomy["last backward, ms"], anatomy["tail, ms"]
 quiet = [st for st in anatomy.index if anatomy.loc[st, "sent during a backward"] == 0]
 busy = [st for st in anatomy.index if anatomy.loc[st, "sent during a backward"] > 0]
 spread = per_stage.max() / per_stage.min()
-longer = last_bw[busy].min() > spread * last_bw[quiet].max()  # every sender's longer than the forward moved
+over = int((last_bw[busy].round() > round(spread, 1) * last_bw[quiet].round().max()).sum())  # as printed
+longer = over == len(busy)  # every sender's longer than the forward moved
 lesson.say(
     f"The forward passes (rank 0), the same work in every stage, took {per_stage.min() / 1e3:.0f}–"
     f"{per_stage.max() / 1e3:.0f} ms per step across the stages ({spread:.1f} ×); the stages ran one after the other.",
@@ -354,23 +323,17 @@ lesson.say(
     + (
         f"each of these more than {spread:.1f} × the longest of those, so in this run sending made backward longer."
         if longer
-        else f"not every one of these more than {spread:.1f} × the longest of those (the forward's spread), so this "
-        "run cannot tell what the sending cost"
-        + (
-            f" (hook-async's, whose hooks do not wait, took {last_bw['hook-async']:.0f} ms, longer than hook's "
-            f"{last_bw['hook']:.0f} ms, which include hook's waits)."
-            if round(last_bw["hook-async"]) > round(last_bw["hook"])  # as printed
-            else "."
-        )
+        else f"{over} of these {len(busy)} took more than {spread:.1f} × the longest of those (the forward's spread), so "
+        "this run cannot tell what the sending cost."
     ),
 )
+ga_bw_end = phases[(phases["stage"] == "ga") & (phases["phase"] == "backward")]["end_us"].max()
+ga_first = buckets.loc[buckets["stage"] == "ga", "comm_start_us"].min()
 lesson.say(
-    f"ga sends its {anatomy.loc['ga', 'messages sent']:.0f} messages after its last backward: its tail "
-    f"({tail['ga']:.0f} ms) runs from that backward's end to its last all_reduce's end, and holds its parameter "
-    "check's all_gather too (which runs before the first send). In the stages that send during backward, the "
-    "tail is what their all_reduces still ran after it: "
-    + "; ".join(f"{st} {tail[st]:.0f} ms" for st in busy)
-    + " in this step."
+    f"ga's tail ({tail['ga']:.0f} ms) runs from its last backward's end to its last all_reduce's end; its first "
+    f"all_reduce started {(ga_first - ga_bw_end) / 1e3:.0f} ms after that backward's end (the parameter "
+    "check's all_gather, not drawn, runs before the first send). In the stages that send during backward, "
+    "the tail: " + "; ".join(f"{st} {tail[st]:.0f} ms" for st in busy) + "."
 )
 late = buckets[buckets["comm_end_us"] > buckets["step_end_us"]]
 if len(late):
@@ -380,7 +343,7 @@ if len(late):
     )
 
 # %% [markdown]
-# The table of one stage's buckets, as `RunAnalysis.buckets` holds it: `step`, the profiled step it
+# The table of one stage's buckets (rank 0's), as `RunAnalysis.buckets` holds it: `step`, the profiled step it
 # belongs to (1, numbered as above); `order`, its place in the step's sending order; `bucket`, its
 # index; `numel` and `dtype`, what it carried; `hook`, the comm hook that sent it; `launch`, what
 # launched it (`hook`, or for torch's DDP `reducer`, whose `hook` column also reads `reducer`); times in
@@ -401,9 +364,8 @@ buckets[buckets["stage"] == "bucket-async"].drop(columns=["rank", "stage"]).roun
 # %% [markdown]
 # ## The ladder on a slower network
 #
-# On loopback, what a message costs is set by this machine's cores and whatever else runs on them (the
-# first cell printed both; the cell below compares simple with single). A cluster's network has costs
-# of its own, the same on every run. The first cell also profiled the blog's six stages with their
+# On loopback there is no network to price (the cell below compares simple with single). A cluster's
+# network has costs of its own, the same on every run. The first cell also profiled the blog's six stages with their
 # gradients' all_reduces over the **emulated 1 Gbit/s link** that `03_build_up` introduced
 # (`minddp.comm.link`: the real all_reduce runs beside the modeled transfer, and the message is
 # delivered when both are done; the parameter check's all_gather does not go through the link). The
@@ -420,21 +382,17 @@ buckets[buckets["stage"] == "bucket-async"].drop(columns=["rank", "stage"]).roun
 import torch
 from minddp.comm.link import parse_link
 
-r = result.stages
-above = (r.loc["simple", "step_time_us"] - r.loc["single", "step_time_us"]) / 1e3
-noise = per_rank.loc[per_rank["stage"] == "single", "step_ms"].agg(["min", "max"])
+steps = per_rank.set_index(["stage", "rank"])["step_ms"].round()  # as printed
+above = [steps[("simple", rk)] - steps[("single", rk)] for rk in (0, 1)]
+noise = abs(steps[("single", 0)] - steps[("single", 1)])
 lesson.say(
-    f"On loopback, here, simple's profiled step (mean of the two ranks) took {abs(above):.0f} ms "
-    f"{'more' if above > 0 else 'less'} than single's, while single's two ranks, doing the same work without "
-    f"communicating, took {noise['min']:.0f} and {noise['max']:.0f} ms: "
+    f"On loopback simple's profiled step took {above[0]:.0f} ms more than single's on rank 0 and {above[1]:.0f} ms "
+    f"on rank 1, while single's two ranks, the same work without communicating, differ by {noise:.0f} ms: "
     + (
-        "simple, which communicates, was the faster, so loopback steps cannot price communication here."
-        if above < 0
-        else f"single's two ranks differ by {noise['max'] - noise['min']:.0f} ms, at least as much, so loopback "
-        "steps cannot price communication here."
-        if noise["max"] - noise["min"] >= above
-        else "more than single's ranks differ by; the stages ran one after the other, so part of it can be the "
-        "machine's speed moving between them."
+        "loopback steps cannot price communication here."
+        if noise >= min(above)
+        else "the stages ran one after the other, so part of each difference can be the machine's speed moving "
+        "between them."
     ),
 )
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
@@ -473,9 +431,10 @@ before = block["link time (ms)"] - block["exposed (ms)"]
 after = block["waited (ms)"] - block["exposed (ms)"]
 share = 100 * block["exposed (ms)"] / block["link time (ms)"]
 ha = on_link.loc["hook-async"]
+rest = (on_link["non-compute (ms)"] - on_link["waited (ms)"]).round(1)  # as printed
 lesson.say(
-    "Every row is one rank's own numbers; the link time is that rank's messages priced on Gigabit Ethernet by "
-    "the α-β model, from their sizes alone, the same on every run.",
+    "Every row is one rank's own numbers; the link time is what that rank's messages take on the modeled "
+    "Gigabit Ethernet (`metrics.link_time`), from their sizes alone, the same on every run.",
     f"In the stages that wait for every message ({', '.join(blocking)}) exposed was "
     f"{share.min():.0f}–{share.max():.0f} % of the link time: the rest of the link time "
     f"({before.min():.0f}–{before.max():.0f} ms) is the transfers' run between the hand-over and the thread's "
@@ -489,6 +448,13 @@ lesson.say(
         if ha["exposed (ms)"].max() == 0
         else "the rest of its standing still was for gloo's real all_reduces, after the link's transfers had ended."
     ),
+    (
+        f"In every row non-compute (ms) is at least waited; the rest ({rest.min():.1f}–{rest.max():.1f} ms) is time a "
+        "range was open while the training thread neither computed nor waited for a message (its own Python, or "
+        "no core)."
+        if (rest >= 0).all()
+        else f"Non-compute (ms) minus waited ranges from {rest.min():.1f} to {rest.max():.1f} ms across the rows."
+    ),
 )
 
 
@@ -498,7 +464,7 @@ lesson.say(
 # The blog this course follows measured its ladder on four T4 GPUs (its run, not one of this
 # notebook's; its figures as it states them): its first DDP spent ~15 % of the GPU time not
 # computing, with 0 % overlap; gradient accumulation brought non-compute to ~5 %, still 0 % overlap;
-# hooks that wait for each all_reduce only interleaved (0 % overlap); async hooks brought
+# hooks that wait for each all_reduce still 0 % overlap; async hooks brought
 # non-compute to ~2 % with ~90 % overlap; buckets made no clear difference on top of that.
 # Below, the same ideas on this machine, from the traces of this notebook, each idea as the step from
 # one stage to the next, on the link: the calls (exact, the same on both ranks), where rank 0 sent its
@@ -533,7 +499,7 @@ def by_rank(column, pair, fmt="{:.1f}"):
 
 ideas = [
     ("accumulate, sync once per step", ["simple", "ga"], "~15 % → ~5 %", "0 % → 0 %"),
-    ("sync from hooks, during backward", ["ga", "hook"], "~5 % → not given", "0 % → 0 % (interleaved)"),
+    ("sync from hooks, during backward", ["ga", "hook"], "~5 % → not given", "0 % → 0 %"),
     ("do not wait inside backward", ["hook", "hook-async"], "not given (from ga: last column)", "0 % → ~90 %"),
     ("buckets", ["hook-async", "bucket-async"], "no clear difference", "no clear difference"),
 ]
@@ -558,7 +524,7 @@ summary = pd.DataFrame(
     }
 )
 display(summary)
-nc = on_link["non-compute (%)"].unstack("rank")
+nc = on_link["non-compute (%)"].round(1).unstack("rank")  # as printed
 apart = (nc[0] - nc[1]).abs()  # how far the two ranks of one step disagree
 changes = [abs(nc.loc[b, rk] - nc.loc[a, rk]) for _, (a, b), *_ in [*ideas, as_blog] for rk in range(world)]
 lesson.say(
@@ -598,41 +564,41 @@ lesson.claim(
     f"the fixed cost of the {fewer:.0f} messages not sent, {fewer:.0f} × 2(n−1)·α = {fewer:.0f} × {2 * (world - 1)} × "
     f"{link.latency * 1e6:.0f} µs.",
 )
-ov, ex = on_link["overlap (%)"], on_link["exposed (ms)"]
-pairs = [(round(ov[("bucket-async", rk)], 1), round(ov[("hook-async", rk)], 1)) for rk in range(world)]  # as printed
+ov, ex = on_link["overlap (%)"].round(1), on_link["exposed (ms)"].round(1)  # as printed
+
+
+def both_ranks(column, a, b):
+    """'rose' / 'fell' where `column` moved the same way on every rank from stage a to b, else None."""
+    d = [column[(b, rk)] - column[(a, rk)] for rk in range(world)]
+    return "rose" if all(x > 0 for x in d) else "fell" if all(x < 0 for x in d) else None
+
+
+hidden = both_ranks(ex, "hook", "hook-async")
+more = both_ranks(ov, "hook-async", "bucket-async"), both_ranks(ex, "hook-async", "bucket-async")
 lesson.say(
-    "On the link, bucket-async's overlap was "
-    + " and ".join(f"{b:.1f} % on rank {rk}" for rk, (b, _) in enumerate(pairs))
-    + ", hook-async's "
-    + " and ".join(f"{h:.1f} %" for _, h in pairs)
-    + ": "
-    + (
-        "larger on both ranks. "
-        if all(b > h for b, h in pairs)
-        else "smaller on both ranks. "
-        if all(b < h for b, h in pairs)
-        else "not larger on both ranks nor smaller on both, so one step does not say which overlaps more. "
+    (
+        f"Exposed, the time the thread stood waiting through the link's transfers, {hidden} on both ranks "
+        f"from hook to hook-async ({by_rank('exposed (ms)', ['hook', 'hook-async'])} ms). "
+        if hidden
+        else ""
     )
-    + "Exposed (rank 0 / rank 1): bucket-async "
-    + " / ".join(f"{ex[('bucket-async', rk)]:.1f}" for rk in range(world))
-    + " ms, hook-async "
-    + " / ".join(f"{ex[('hook-async', rk)]:.1f}" for rk in range(world))
-    + " ms; 03's bucket lesson measures the two in turns and says when buckets expose more."
+    + (
+        f"From hook-async to bucket-async overlap rose on both ranks "
+        f"({by_rank('overlap (%)', ['hook-async', 'bucket-async'])} %) and so did exposed "
+        f"({by_rank('exposed (ms)', ['hook-async', 'bucket-async'])} ms): in this run the stage that overlapped more "
+        "stood longer waiting for the link; overlap is not the time saved."
+        if more == ("rose", "rose")
+        else "From hook-async to bucket-async overlap and exposed did not both rise on both ranks."
+    )
 )
 fw = linked.phases[(linked.phases["rank"] == 0) & (linked.phases["phase"] == "forward")]
 fw_ms = (fw["end_us"] - fw["start_us"]).groupby(fw["stage"]).sum() / 1e3
-most_link = max(link_ms(st) for _, pair, *_ in ideas for st in pair)
 lesson.say(
     f"On the link the forward passes, the same work in every stage, took {fw_ms.min():.0f}–{fw_ms.max():.0f} ms "
-    f"per step (rank 0), a spread of {fw_ms.max() - fw_ms.min():.0f} ms across the stages, against a link time "
-    f"of at most {most_link:.0f} ms a step"
-    + (
-        ": a difference in the step and backward rows can come from the machine's speed alone. "
-        if fw_ms.max() - fw_ms.min() > most_link
-        else "; the stages ran one after the other, so the step and backward rows still carry the machine's "
-        "speed of each moment. "
-    )
-    + "What each idea changed is in the calls, the link time and where the messages were sent."
+    f"per step (rank 0, {fw_ms.max() / fw_ms.min():.1f} ×): the machine's speed moved during this run, so the step "
+    "and backward rows do not say what an idea saved (hook-async → bucket-async: step "
+    f"{by_rank('step (ms)', ['hook-async', 'bucket-async'], '{:.0f}')} ms, against {saved:.1f} ms less link "
+    "time); `03_build_up` times the stages in turns."
 )
 
 
@@ -648,8 +614,8 @@ lesson.say(
 # * **what a communication range holds**: a `gloo:*` range is held open until the other rank
 #   arrives, so a rank that is ahead counts its peer's lateness as communication;
 # * **how dear the network is**: on the emulated link each message's modeled transfer takes what it
-#   would on Gigabit Ethernet, the same on every run, but the training thread's waits hold this
-#   machine's time as well (the link's table: waited against link time). `03_build_up` measures each
+#   would on Gigabit Ethernet, the same on every run, but waited holds this machine's time as well:
+#   the waits after the modeled transfer had ended (the link's table: waited minus exposed). `03_build_up` measures each
 #   stage's exposed time on this link in turns, and asserts what its code guarantees;
 # * **buckets**: what they save is the fixed cost 2(n−1)·α of each message they do not send (the
 #   buckets' claim above does the sum); what they cost in return, a first bucket
