@@ -28,7 +28,7 @@
 # * **non-compute** (HTA's temporal breakdown, `non_compute_pctg`): the share of the profiled step
 #   when a communication range was open *and the training thread ran no `aten::` operator*;
 # * **overlap** (HTA's `comm_comp_overlap_pctg`): the share of the time in flight during which compute
-#   ran too (*in flight*: the time communication was under way).
+#   ran too (*in flight*: the time a communication range was open).
 #
 # The two divide different totals and are tied by the time in flight: non-compute time = (100 % −
 # overlap) × time in flight (a claim below checks it for every stage and rank of the loopback run). Neither is
