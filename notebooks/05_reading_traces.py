@@ -243,9 +243,9 @@ lesson.claim(tied, "For every stage and rank, non-compute time = (100 % − over
 # %% [markdown]
 # The stages that wait for each message (`simple`, `ga`, `hook`, `bucket`) still show some overlap:
 # overlap counts every `aten::` op of this rank that ran while one of its gloo ranges was open, whatever
-# the op was for, and nothing here splits it by op. The two ranks' percentages differ (the chart): one
-# profiled step is one sample, so read no finer order into them than the split both ranks show, and look
-# at the timeline below.
+# the op was for, and nothing here splits it by op. The two ranks' percentages need not agree (the chart):
+# one profiled step is one sample, so read no finer order into them than both ranks show, and look at the
+# timeline below.
 
 # %% [markdown]
 # ## One step of each stage, on one time axis
@@ -270,7 +270,7 @@ lesson.claim(tied, "For every stage and rank, non-compute time = (100 % − over
 #   running on while backward goes on; what is still running when the band ends is waited for before
 #   the optimizer step: in the finish (purple) for `hook-async` and `bucket-async`; for `ddp` and torch's
 #   DDP at the end of the `loss.backward()` call, after the band's last autograd node, where the row is
-#   left blank (`ddp`'s gap before its optimizer step).
+#   left blank.
 #
 # The profiler numbers steps from 0: step 0 is the step `profile()` discards, so the title's and the
 # tables' step 1 is the one recorded.
