@@ -364,9 +364,9 @@ buckets[buckets["stage"] == "bucket-async"].drop(columns=["rank", "stage"]).roun
 # %% [markdown]
 # ## The ladder on a slower network
 #
-# On loopback there is no network to price (the cell below compares simple with single). A cluster's
-# network has costs of its own, the same on every run. The first cell also profiled the blog's six stages with their
-# gradients' all_reduces over the **emulated 1 Gbit/s link** that `03_build_up` introduced
+# On loopback the messages never leave this machine (the cell below compares simple with single). A
+# cluster's network has costs of its own, the same on every run. The first cell also profiled the blog's six
+# stages with their gradients' all_reduces over the **emulated 1 Gbit/s link** that `03_build_up` introduced
 # (`minddp.comm.link`: the real all_reduce runs beside the modeled transfer, and the message is
 # delivered when both are done; the parameter check's all_gather does not go through the link). The
 # link's transfers are in the traces as `minddp.link:all_reduce` ranges on a thread of their own, and
