@@ -464,8 +464,7 @@ lesson.say(
 # The blog this course follows measured its ladder on four T4 GPUs (its run, not one of this
 # notebook's; its figures as it states them): its first DDP spent ~15 % of the GPU time not
 # computing, with 0 % overlap; gradient accumulation brought non-compute to ~5 %, still 0 % overlap;
-# hooks that wait for each all_reduce still 0 % overlap; async hooks brought
-# non-compute to ~2 % with ~90 % overlap; buckets made no clear difference on top of that.
+# hooks that wait for each all_reduce, still 0 % overlap; async hooks brought non-compute to ~2 % with ~90 % overlap; buckets made no clear difference on top of that.
 # Below, the same ideas on this machine, from the traces of this notebook, each idea as the step from
 # one stage to the next, on the link: the calls (exact, the same on both ranks), where rank 0 sent its
 # messages and their link time (exact: the modeled transfer of those calls and bytes), and the step,
@@ -615,8 +614,8 @@ lesson.say(
 #   arrives, so a rank that is ahead counts its peer's lateness as communication;
 # * **how dear the network is**: on the emulated link each message's modeled transfer takes what it
 #   would on Gigabit Ethernet, the same on every run, but waited holds this machine's time as well:
-#   the waits after the modeled transfer had ended (the link's table: waited minus exposed). `03_build_up` measures each
-#   stage's exposed time on this link in turns, and asserts what its code guarantees;
+#   the waits after the modeled transfer had ended (the link's table: waited minus exposed). `03_build_up`
+#   measures each stage's exposed time on this link in turns, and asserts what its code guarantees;
 # * **buckets**: what they save is the fixed cost 2(n−1)·α of each message they do not send (the
 #   buckets' claim above does the sum); what they cost in return, a first bucket
 #   that leaves late in backward and a last one whose whole transfer comes after it, is the bucket
