@@ -464,7 +464,8 @@ lesson.say(
 # The blog this course follows measured its ladder on four T4 GPUs (its run, not one of this
 # notebook's; its figures as it states them): its first DDP spent ~15 % of the GPU time not
 # computing, with 0 % overlap; gradient accumulation brought non-compute to ~5 %, still 0 % overlap;
-# hooks that wait for each all_reduce, still 0 % overlap; async hooks brought non-compute to ~2 % with ~90 % overlap; buckets made no clear difference on top of that.
+# hooks that wait for each all_reduce, still 0 % overlap; async hooks brought non-compute to ~2 % with
+# ~90 % overlap; buckets made no clear difference on top of that.
 # Below, the same ideas on this machine, from the traces of this notebook, each idea as the step from
 # one stage to the next, on the link: the calls (exact, the same on both ranks), where rank 0 sent its
 # messages and their link time (exact: the modeled transfer of those calls and bytes), and the step,
