@@ -241,9 +241,9 @@ tied = ((own["non_compute_time_us"] - (1 - ov / 100) * in_flight).abs() <= 1e-9 
 lesson.claim(tied, "For every stage and rank, non-compute time = (100 % − overlap) × time in flight.")
 
 # %% [markdown]
-# The stages that wait for each message (`simple`, `ga`, `hook`, `bucket`) still show some overlap:
-# overlap counts every `aten::` op of this rank that ran while one of its gloo ranges was open, whatever
-# the op was for, and nothing here splits it by op. The two ranks' percentages need not agree (the chart):
+# Where the stages that wait for each message (`simple`, `ga`, `hook`, `bucket`) show overlap, it is
+# this rank's `aten::` ops that ran while one of its gloo ranges was open, whatever the op was for;
+# nothing here splits it by op. The two ranks' percentages need not agree (the chart):
 # one profiled step is one sample, so read no finer order into them than both ranks show, and look at the
 # timeline below.
 
