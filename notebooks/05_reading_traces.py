@@ -21,24 +21,27 @@
 # whole replica on every rank (`03_build_up`: `simple` to `bucket-async`, and `ddp`; the sharded rungs
 # are read in `06_sharding`), torch's DDP and `single` (one rank's work, no communication), on the
 # workload every notebook shares, then reads the traces with `minddp.analysis` the way the blog this
-# course follows reads its GPU traces with HolisticTraceAnalysis (HTA). It keeps two of HTA's numbers,
-# under HTA's names, each with one meaning (`docs/analysis.md` defines every measure named here, each
-# computed by its one function in `minddp.analysis.metrics`):
+# course follows reads its GPU traces with HolisticTraceAnalysis (HTA). It reads two of HTA's numbers,
+# under HTA's names (`docs/analysis.md` defines every measure named here, each computed by its one
+# function in `minddp.analysis.metrics`):
 #
 # * **non-compute** (HTA's temporal breakdown, `non_compute_pctg`): the share of the profiled step
-#   when communication was in flight *and the training thread computed nothing*;
+#   when a communication range was open *and the training thread ran no `aten::` operator*;
 # * **overlap** (HTA's `comm_comp_overlap_pctg`): the share of the time in flight during which compute
-#   ran too (*in flight*: the time communication was under way).
+#   ran too (*in flight*: the time a communication range was open).
 #
-# They divide by different totals: a stage can overlap 90 % of its communication and still spend 10 %
-# of its step in non-compute time. Neither is the time the step lost to communication: on these CPU
-# traces a message is "in flight" also while gloo's range is held open (below). Then **one step of each
-# stage on one time axis**, and at the end **what each idea bought**, here and on the blog's GPUs.
+# The two divide different totals and are tied by the time in flight: non-compute time = (100 % −
+# overlap) × time in flight (a claim below checks it for every stage and rank of the loopback run). Neither is
+# the time the step lost to communication: non-compute also counts the training thread's own Python (its
+# hooks, the time between autograd nodes) while a range is open, and a range held open while gloo waits for
+# the other rank (below). Then **one step of each stage on one time axis**, and at the end, over an emulated
+# link, two measures of the time the thread stood still (*waited* and *exposed*) and **what each idea
+# bought**, here and on the blog's GPUs.
 #
 # The letters are `01_collectives`' notation: n ranks, α the fixed cost of one hop of the ring, k the
 # micro-batches of a step. A *message* here is one whole all_reduce call (a bucket's or a parameter's;
-# the timeline's row labels count them), which on a ring makes 2(n−1) hops from each rank, so its fixed
-# cost is 2(n−1)·α.
+# the tables' *all_reduce calls* and *messages sent* and the timeline's row labels count them), which on a ring
+# makes 2(n−1) hops from each rank, so its fixed cost is 2(n−1)·α.
 #
 # HTA reads GPU traces only; on these CPU traces `minddp.analysis` computes the same metrics from
 # the CPU events (definitions in `docs/analysis.md`).
@@ -79,14 +82,7 @@ lesson.say(
     f"Profiled one step of each of: {', '.join(blog)} over an emulated 1gbit link, into "
     f"{LINKED.relative_to(lesson.ROOT)}.",
     f"This machine has {cores} CPU cores; its load average (processes running or ready to run, "
-    f"over the last 1, 5 and 15 min) was {', '.join(f'{x:.1f}' for x in load)} when the profiling ended: "
-    f"about {load[0] / cores:.1f} per core over the last minute. The two ranks want about one core each while "
-    "they compute (gloo's threads a little more while they communicate), "
-    + (
-        "so most of that load was other work on this machine, and the steps below ran at a speed that moved with it."
-        if load[0] > 2 * dist.get_world_size()
-        else "so the load was mostly the ranks' own: the machine was otherwise quiet."
-    ),
+    f"over the last 1, 5 and 15 min) was {', '.join(f'{x:.1f}' for x in load)} when the profiling ended.",
 )
 
 # %%
@@ -138,7 +134,7 @@ display(per_rank[shown].rename(columns=NAMES).round(1))  # each column under its
 nc = per_rank.pivot(index="stage", columns="rank", values="non_compute_pctg").drop(index="single")
 widest = (nc[0] - nc[1]).abs().idxmax()
 lesson.say(
-    "all_reduce bytes: what the step's calls reduce on one rank (01's m, summed over the calls).",
+    "all_reduce bytes: the bytes the step's all_reduce calls reduce on one rank, summed over the calls.",
     f"The ranks disagree most for {widest}: non-compute {nc.loc[widest, 0]:.1f} % of the step on rank 0, "
     f"{nc.loc[widest, 1]:.1f} % on rank 1. The mean of the two ({nc.loc[widest].mean():.1f} %) describes neither "
     "rank; the tables and charts below say whose numbers they show.",
@@ -151,8 +147,9 @@ lesson.say(
 #
 # * **compute** is time when the training thread ran an `aten::` operator (forward, backward, the
 #   optimizer, the stages' copies into and out of buckets);
-# * **non-compute** is time when only communication ran: one of gloo's threads was inside a
-#   `gloo:*` range while the training thread computed nothing;
+# * **non-compute** is time when one of gloo's threads was inside a `gloo:*` range while the training
+#   thread ran no `aten::` op: it was waiting, running its own Python (hooks, the time between autograd
+#   nodes) or had no core;
 # * **idle** is the rest, when neither ran: the training thread's Python between `aten::` ops, its
 #   waits with no collective in flight, and any time it was ready to run but had no core (no output
 #   here splits idle time into these); `single`, which never communicates, has idle time too;
@@ -170,6 +167,8 @@ lesson.say(
 # flight (and as non-compute while the training thread computes nothing), so a low overlap on a CPU
 # says as much about the cores and the other rank as about the stage. On GPUs the same metrics read
 # NCCL kernels against compute kernels, which run side by side.
+#
+# The chart below draws each rank's non-compute and overlap, stage by stage, side by side.
 
 # %%
 stages = list(result.stages.index)
@@ -195,8 +194,8 @@ for ax, column in ((axes[0], "non_compute_pctg"), (axes[1], "comm_comp_overlap_p
     for (st, r), value in per_rank.set_index(["stage", "rank"])[column].items():  # measured, but a bar too low to see
         if st != "single" and value < 1:
             y = 0.02 * ax.get_ylim()[1]
-            ax.text(stages.index(st) + 0.4 * (r - 0.5), y, "<1 %", ha="center", va="bottom", fontsize=7, rotation=90)
-fig.suptitle("Each rank's own share, one profiled step per stage (loopback)")
+            ax.text(stages.index(st) + 0.4 * (r - 0.5), y, f"{value:.1f}", ha="center", va="bottom", fontsize=7)
+fig.suptitle("Each rank's own numbers, one profiled step per stage (loopback)")
 fig.savefig(RUN / "per_rank.png", bbox_inches="tight")
 plt.close(fig)
 display(Image(filename=RUN / "per_rank.png"))
@@ -219,13 +218,9 @@ def span(values):
     return f"{min(values):.1f}–{max(values):.1f} %"
 
 
-def order(column, rk):
-    """The synced stages from the most to the least `column` on rank `rk`."""
-    return list(own[column].xs(rk, level="rank").sort_values(ascending=False).index)
-
-
 lesson.say(
-    f"Rank by rank, computation was {span(own['compute_pctg'].round(1))} of the synced stages' profiled steps, "
+    f"Rank by rank, computation was {span(own['compute_pctg'].round(1))} of the profiled step in the stages that "
+    "communicate, "
     f"{span(alone['compute_pctg'].round(1))} in single, which sends nothing. Non-compute ranges from "
     f"{at('non_compute_pctg', min)} to {at('non_compute_pctg', max)}, overlap from "
     f"{at('comm_comp_overlap_pctg', min)} to {at('comm_comp_overlap_pctg', max)}.",
@@ -235,53 +230,33 @@ asynchronous = [st for st in ("hook-async", "bucket-async", "ddp", "torch") if s
 ov = own["comm_comp_overlap_pctg"]
 split = ov[waiting].max() < ov[asynchronous].min()
 lesson.say(
-    *(
-        f"Ranked by {name}, rank 0 orders the synced stages {' > '.join(order(column, 0))}, rank 1 "
-        f"{' > '.join(order(column, 1))}: "
-        + ("the same order." if order(column, 0) == order(column, 1) else "the two ranks rank them differently.")
-        for name, column in (("overlap", "comm_comp_overlap_pctg"), ("non-compute", "non_compute_pctg"))
-    ),
     ("What holds on both ranks is the coarse split" if split else "Not even the coarse split holds on both ranks")
     + f": the stages that wait for their messages ({', '.join(waiting)}) overlapped at most "
     f"{ov[waiting].max():.1f} %, the asynchronous ones ({', '.join(asynchronous)}) at least "
     f"{ov[asynchronous].min():.1f} %.",
 )
+in_flight = own["comm_time_per_step_us"]  # one profiled step: the step's time in flight
+# exact by the definitions (non-compute = in flight − in flight under compute); the margin is float rounding only
+tied = ((own["non_compute_time_us"] - (1 - ov / 100) * in_flight).abs() <= 1e-9 * in_flight + 1e-3).all()
+lesson.claim(tied, "For every stage and rank, non-compute time = (100 % − overlap) × time in flight.")
 
 # %% [markdown]
-# `simple` and `ga` start communicating only after backward has ended, so what overlap they show is
-# some of this rank's own `aten::` ops running while one of its gloo ranges is still open (overlap sets
-# one rank's gloo ranges against that rank's own training thread only). The hook stages start
-# communicating during backward, and the async ones do not block it while they do. One profiled step
-# on a shared machine is a noisy sample of these percentages: read no finer order into them than the
-# two ranks agree on, and look at the timeline below, which shows the mechanism itself.
-#
-# HTA's kernel-type view splits rank 0's *non-idle* time, the time something computed or
-# communicated (the idle time left out, so `single` is 100 % computation), into computation alone,
-# communication alone, and both at once; in % of that non-idle time. Its third column is not overlap
-# (overlap divides the same time by the time in flight instead), as the sentence above the table shows.
-
-# %%
-kinds = {"COMPUTATION": "compute only", "COMMUNICATION": "communication only"}
-kinds["COMPUTATION overlapping COMMUNICATION"] = "both at once"
-both = result.kernels.set_index(["stage", "kernel_type"])["percentage"]
-lesson.say(
-    f"ddp's rank 0, for one: both at once is {both[('ddp', 'COMPUTATION overlapping COMMUNICATION')]:.1f} % of its "
-    f"non-idle time, and its overlap {own.loc[('ddp', 0), 'comm_comp_overlap_pctg']:.1f} % of its time in flight."
-)
-result.kernels.pivot_table(index="stage", columns="kernel_type", values="percentage", sort=False).rename(
-    columns=kinds
-).round(1)
+# Where the stages that wait for each message (`simple`, `ga`, `hook`, `bucket`) show overlap, it is
+# this rank's `aten::` ops that ran while one of its gloo ranges was open, whatever the op was for;
+# nothing here splits it by op. The two ranks' percentages need not agree (the chart):
+# one profiled step is one sample, so read no finer order into them than both ranks show, and look at the
+# timeline below.
 
 # %% [markdown]
 # ## One step of each stage, on one time axis
 #
 # One row per profiled stage, one shared axis in milliseconds from the start of the profiled step (rank 0).
 # In each row: the forward (pale) and backward (darker: the span defined above) of each micro-batch,
-# a tick when a bucket was *handed to the wire* (its gradients all there: for minddp's stages its hook
-# called, for torch's DDP, which has no hook range, the reducer's `c10d::allreduce_` call; `ready_us` in
-# the tables below), an orange bar while its gloo all_reduce range was open (the legend's "collective in
-# flight (held open included)"; per-parameter stages send one "bucket" per parameter; where dozens of narrow
-# bars crowd, they merge into dark blocks; the parameter check's all_gather is not drawn), the *finish*
+# a tick when a message (a bucket's; a parameter's in the per-parameter stages) was *handed to the wire*
+# (its gradients all there: for minddp's stages its hook called, for torch's DDP, which has no hook range,
+# the reducer's `c10d::allreduce_` call; `ready_us` in the tables below), an orange bar while its gloo
+# all_reduce range was open (the legend's "collective in flight (held open included)"; where dozens of
+# narrow bars crowd, they merge into dark blocks; the parameter check's all_gather is not drawn), the *finish*
 # (purple: `finish_gradient_synchronization()`, which the training loop calls after every backward; a
 # short one is too thin to see), the optimizer (green) and the end of the step.
 #
@@ -289,28 +264,27 @@ result.kernels.pivot_table(index="stage", columns="kernel_type", values="percent
 #
 # * **waiting after backward** (`simple` after every micro-batch, `ga` after the last): the ticks
 #   and bars come after a backward band, and the step ends only when they are done;
-# * **interleaving** (`hook`, `bucket`): ticks and bars inside the last backward band, the backward
-#   standing still while each runs;
+# * **waiting inside backward** (`hook`, `bucket`): ticks and bars inside the last backward band: each
+#   hook waits for its message before backward goes on;
 # * **asynchronous** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the band, bars
-#   running on while backward goes on; what is still running when backward ends is waited for before
-#   the optimizer step (in the finish for `hook-async` and `bucket-async`, inside `loss.backward()` for
-#   `ddp` and torch's DDP).
+#   running on while backward goes on; what is still running when the band ends is waited for before
+#   the optimizer step: in the finish (purple) for `hook-async` and `bucket-async`; for `ddp` and torch's
+#   DDP at the end of the `loss.backward()` call, after the band's last autograd node, where the row is
+#   left blank.
 #
-# Whatever a stage's last all_reduce leaves after its last backward is the *tail* in the table below.
-#
-# Orange is communication in every chart here (a gloo range in this one; the non-compute share in the
-# link's chart further down).
+# The profiler numbers steps from 0: step 0 is the step `profile()` discards, so the title's and the
+# tables' step 1 is the one recorded.
 
 # %%
 fig = plot_timeline(result, RUN / "bucket_timeline.png")
 display(Image(filename=RUN / "bucket_timeline.png"))
 
 # %% [markdown]
-# The numbers behind the plot, stage by stage (rank 0): how many buckets each sent in this step, how
+# The numbers behind the plot, stage by stage (rank 0): how many messages each sent in this step, how
 # many were handed to the wire (`ready_us`) while a backward was still running, how long the last
 # backward ran (the span defined above), the *tail* (how long after the last backward's end the last
-# all_reduce before the optimizer ended: the verdict's `tail_us`, `docs/analysis.md`; for `simple` the
-# last sync's only), and the step.
+# all_reduce before the optimizer ended: the column `tail_us` of `RunAnalysis.per_step`; for `simple`
+# the last sync's only), and the step.
 
 # %%
 phases, buckets = result.phases[result.phases["rank"] == 0], result.buckets[result.buckets["rank"] == 0]
@@ -321,7 +295,7 @@ for stage in [st for st in result.stages.index if st != "single"]:
     backward = p[p["phase"] == "backward"]
     during = sum(((backward["start_us"] <= t) & (t <= backward["end_us"])).any() for t in b["ready_us"])
     rows[stage] = {
-        "buckets sent": len(b),
+        "messages sent": len(b),
         "sent during a backward": during,
         "last backward, ms": (backward["end_us"].iloc[-1] - backward["start_us"].iloc[-1]) / 1e3,
         "tail, ms": tails[stage],
@@ -333,11 +307,12 @@ anatomy.round(1)
 # %%
 forward = phases[phases["phase"] == "forward"]
 per_stage = forward.groupby("stage")["end_us"].sum() - forward.groupby("stage")["start_us"].sum()
-last_bw = anatomy["last backward, ms"]
+last_bw, tail = anatomy["last backward, ms"], anatomy["tail, ms"]
 quiet = [st for st in anatomy.index if anatomy.loc[st, "sent during a backward"] == 0]
 busy = [st for st in anatomy.index if anatomy.loc[st, "sent during a backward"] > 0]
 spread = per_stage.max() / per_stage.min()
-longer = last_bw[busy].min() > spread * last_bw[quiet].max()  # every sender's longer than the forward moved
+over = int((last_bw[busy].round() > round(spread, 1) * last_bw[quiet].round().max()).sum())  # as printed
+longer = over == len(busy)  # every sender's longer than the forward moved
 lesson.say(
     f"The forward passes (rank 0), the same work in every stage, took {per_stage.min() / 1e3:.0f}–"
     f"{per_stage.max() / 1e3:.0f} ms per step across the stages ({spread:.1f} ×); the stages ran one after the other.",
@@ -348,17 +323,17 @@ lesson.say(
     + (
         f"each of these more than {spread:.1f} × the longest of those, so in this run sending made backward longer."
         if longer
-        else f"not every one of these more than {spread:.1f} × the longest of those (the forward's spread), so this "
-        "run cannot tell what the sending cost."
+        else f"{over} of these {len(busy)} took more than {spread:.1f} × the longest of those (the forward's spread), so "
+        "this run cannot tell what the sending cost."
     ),
 )
-ga, ha = anatomy.loc["ga"], anatomy.loc["hook-async"]
-ga_sent = buckets[buckets["stage"] == "ga"]
+ga_bw_end = phases[(phases["stage"] == "ga") & (phases["phase"] == "backward")]["end_us"].max()
+ga_first = buckets.loc[buckets["stage"] == "ga", "comm_start_us"].min()
 lesson.say(
-    f"ga sends its {ga['buckets sent']:.0f} messages after its last backward: its tail was {ga['tail, ms']:.0f} ms, "
-    f"of which its all_reduces ran {(ga_sent['comm_end_us'].max() - ga_sent['comm_start_us'].min()) / 1e3:.0f} ms "
-    "from the first one's start to the last one's end (the trace does not split the rest). hook-async sends the "
-    f"same messages during backward; its tail was {ha['tail, ms']:.0f} ms."
+    f"ga's tail ({tail['ga']:.0f} ms) runs from its last backward's end to its last all_reduce's end; its first "
+    f"all_reduce started {(ga_first - ga_bw_end) / 1e3:.0f} ms after that backward's end (the parameter "
+    "check's all_gather, not drawn, runs before the first send). In the stages that send during backward, "
+    "the tail: " + "; ".join(f"{st} {tail[st]:.0f} ms" for st in busy) + "."
 )
 late = buckets[buckets["comm_end_us"] > buckets["step_end_us"]]
 if len(late):
@@ -368,14 +343,13 @@ if len(late):
     )
 
 # %% [markdown]
-# The table of one stage's buckets, as `RunAnalysis.buckets` holds it: `step`, the profiled step it
-# belongs to; `order`, its place in the step's sending order; `bucket`, its index; `numel` and
-# `dtype`, what it carried; `hook`, the comm hook that sent it; `launch`, what launched it (`hook`, or
-# for torch's DDP `reducer`, whose `hook` column also reads `reducer`); times in µs from the start of
-# the step: `ready_us`,
-# handed to the wire (the hook called), `launched_us`, the hook returned (for torch's DDP both are the
-# reducer's `c10d::allreduce_` call), `comm_*`, gloo's all_reduce range was open, `step_end_us`, the
-# step's end. The first cell's "buckets of 4 MiB" is the size at which a bucket closes: parameters join
+# The table of one stage's buckets (rank 0's), as `RunAnalysis.buckets` holds it: `step`, the profiled step it
+# belongs to (1, numbered as above); `order`, its place in the step's sending order; `bucket`, its
+# index; `numel` and `dtype`, what it carried; `hook`, the comm hook that sent it; `launch`, what
+# launched it (`hook`, or for torch's DDP `reducer`, whose `hook` column also reads `reducer`); times in
+# µs from the start of the step: `ready_us`, handed to the wire (the hook called), `launched_us`, the
+# hook returned (for torch's DDP both are the reducer's `c10d::allreduce_` call), `comm_*`, gloo's
+# all_reduce range was open, `step_end_us`, the step's end. The first cell's "buckets of 4 MiB" is the size at which a bucket closes: parameters join
 # it until it holds 4 MiB or more (the one that crosses the line included), so a bucket can be a little
 # over 4 MiB (`numel` × 4 bytes of float32), and the last holds what is left:
 
@@ -390,10 +364,9 @@ buckets[buckets["stage"] == "bucket-async"].drop(columns=["rank", "stage"]).roun
 # %% [markdown]
 # ## The ladder on a slower network
 #
-# On loopback, what a message costs is set by this machine's cores and whatever else runs on them (the
-# first cell printed both; the cell below compares simple with single). A cluster's network has costs
-# of its own, the same on every run. The first cell also profiled the blog's six stages with their
-# gradients' all_reduces over the **emulated 1 Gbit/s link** that `03_build_up` introduced
+# On loopback the messages never leave this machine (the cell below compares simple with single). A
+# cluster's network has costs of its own, the same on every run. The first cell also profiled the blog's six
+# stages with their gradients' all_reduces over the **emulated 1 Gbit/s link** that `03_build_up` introduced
 # (`minddp.comm.link`: the real all_reduce runs beside the modeled transfer, and the message is
 # delivered when both are done; the parameter check's all_gather does not go through the link). The
 # link's transfers are in the traces as `minddp.link:all_reduce` ranges on a thread of their own, and
@@ -402,30 +375,24 @@ buckets[buckets["stage"] == "bucket-async"].drop(columns=["rank", "stage"]).roun
 # The link's trace also records when the training thread stood still for a message, so two more
 # measures appear (`docs/analysis.md`): **waited**, the time the training thread stood waiting for a
 # message, whether for the link, the other rank or a core, and **exposed**, the part of that wait
-# during which the link's modeled transfer was still running.
+# during which the link's modeled transfer was still running. A rank's transfer starts when it hands the
+# message over; its wait, when the training thread calls `wait()` on it.
 
 # %%
-from types import SimpleNamespace
-
 import torch
 from minddp.comm.link import parse_link
-from minddp.costmodel.figures import ladder_on_link
 
-r = result.stages
-above = (r.loc["simple", "step_time_us"] - r.loc["single", "step_time_us"]) / 1e3
-noise = per_rank.loc[per_rank["stage"] == "single", "step_ms"].agg(["min", "max"])
+steps = per_rank.set_index(["stage", "rank"])["step_ms"].round()  # as printed
+above = [steps[("simple", rk)] - steps[("single", rk)] for rk in (0, 1)]
+noise = abs(steps[("single", 0)] - steps[("single", 1)])
 lesson.say(
-    f"On loopback, here, simple's profiled step (mean of the two ranks) took {abs(above):.0f} ms "
-    f"{'more' if above > 0 else 'less'} than single's, while single's two ranks, doing the same work without "
-    f"communicating, took {noise['min']:.0f} and {noise['max']:.0f} ms: "
+    f"On loopback simple's profiled step took {above[0]:.0f} ms more than single's on rank 0 and {above[1]:.0f} ms "
+    f"on rank 1, while single's two ranks, the same work without communicating, differ by {noise:.0f} ms: "
     + (
-        "simple, which communicates, was the faster, so loopback steps cannot price communication here."
-        if above < 0
-        else f"single's two ranks differ by {noise['max'] - noise['min']:.0f} ms, at least as much, so loopback "
-        "steps cannot price communication here."
-        if noise["max"] - noise["min"] >= above
-        else "more than single's ranks differ by, though the stages ran one after the other, so part of it can be "
-        "the machine's speed moving between them."
+        "loopback steps cannot price communication here."
+        if noise >= min(above)
+        else "the stages ran one after the other, so part of each difference can be the machine's speed moving "
+        "between them."
     ),
 )
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
@@ -433,88 +400,63 @@ linked = analyze_run(LINKED)
 link, world = parse_link("1gbit"), int(linked.summary["rank"].nunique())
 
 
-def link_ms(stage):
-    """The stage's *link time* (metrics.link_time): each all_reduce of rank 0's step modeled on the link, in ms."""
-    sent = linked.buckets[(linked.buckets["rank"] == 0) & (linked.buckets["stage"] == stage)]
+def link_ms(stage, rk=0):
+    """The stage's *link time* (metrics.link_time): each all_reduce of rank `rk`'s step modeled on the link, in ms."""
+    sent = linked.buckets[(linked.buckets["rank"] == rk) & (linked.buckets["stage"] == stage)]
     size = {d: torch.empty(0, dtype=getattr(torch, d)).element_size() for d in sent["dtype"].unique()}
     return 1e3 * metrics.link_time(
         link, [("all_reduce", numel * size[d], world) for numel, d in zip(sent["numel"], sent["dtype"])]
     )
 
 
-def pooled_overlap(run) -> pd.Series:
-    """Each stage's overlap as docs/analysis.md pools it: both ranks' (and every step's) communication under
-    compute over all of their time in flight, one ratio of sums (metrics.pooled_overlap_pct)."""
-    rows = run.per_step
-    return pd.Series(
-        {
-            stage: metrics.pooled_overlap_pct(zip(g["overlap_pctg"] / 100 * g["comm_time_us"], g["comm_time_us"]))
-            for stage, g in rows.groupby("stage", sort=False)
-        }
-    )
-
-
-waits = linked.per_step.groupby("stage")[["waited_us", "exposed_us"]].mean() / 1e3  # mean of the two ranks
-on_link = linked.stages.assign(
-    step_ms=linked.stages["step_time_us"] / 1e3,
-    backward_ms=backward_ms(linked).groupby(level="stage").mean(),
-    comm_comp_overlap_pctg=pooled_overlap(linked),
-    non_compute_ms=linked.stages["non_compute_time_us"] / 1e3,
-    waited_ms=waits["waited_us"],
-    exposed_ms=waits["exposed_us"],
-    link_ms=[link_ms(st) for st in linked.stages.index],
+mine = linked.summary.set_index(["stage", "rank"])  # each rank's own numbers, one profiled step
+waits = linked.per_step.groupby(["stage", "rank"])[["waited_us", "exposed_us"]].mean() / 1e3
+on_link = pd.DataFrame(
+    {
+        "step (ms)": mine["step_time_us"] / 1e3,
+        "backward (ms)": backward_ms(linked),
+        "non-compute (%)": mine["non_compute_pctg"],
+        "overlap (%)": mine["comm_comp_overlap_pctg"],
+        "non-compute (ms)": mine["non_compute_time_us"] / 1e3,
+        "waited (ms)": waits["waited_us"],
+        "exposed (ms)": waits["exposed_us"],
+        "link time (ms)": [link_ms(st, rk) for st, rk in mine.index],
+    },
+    index=mine.index,  # the stages in reading order
 )
-pooled = linked.stages.assign(comm_comp_overlap_pctg=on_link["comm_comp_overlap_pctg"])
-chart = ladder_on_link(LINKED, analysis=SimpleNamespace(stages=pooled))  # the chart reads only `stages`
-chart.axes[0].set_title("the ladder on 1gbit (measured): shares, mean of the two ranks; overlap, pooled")
-chart.savefig(LINKED / "ladder_on_link.png", bbox_inches="tight")
-display(Image(filename=LINKED / "ladder_on_link.png"))
-on_link = on_link[
-    ["step_ms", "backward_ms", "compute_pctg", "non_compute_pctg", "idle_pctg", "comm_comp_overlap_pctg"]
-    + ["non_compute_ms", "waited_ms", "exposed_ms", "link_ms", "allreduce_calls_per_step"]
-]
-means = {"waited_ms": "waited (ms)", "exposed_ms": "exposed (ms)", "allreduce_calls_per_step": "all_reduce calls"}
-means |= {"comm_comp_overlap_pctg": "overlap (%), pooled", "link_ms": "link time (ms, rank 0)"}
-means |= {"non_compute_ms": "non-compute (ms)"}
-display(on_link.rename(columns=NAMES | means).round(1))
+display(on_link.round(1))
+blocking = ["simple", "ga", "hook", "bucket"]  # the stages that wait for every message, each as soon as it is sent
+block = on_link.loc[blocking]
+before = block["link time (ms)"] - block["exposed (ms)"]
+after = block["waited (ms)"] - block["exposed (ms)"]
+share = 100 * block["exposed (ms)"] / block["link time (ms)"]
 ha = on_link.loc["hook-async"]
-rk_ha = linked.summary[linked.summary["stage"] == "hook-async"].set_index("rank")[["non_compute_pctg"]]
-rk_ha["non_compute_ms"] = (
-    linked.summary[linked.summary["stage"] == "hook-async"].set_index("rank")["non_compute_time_us"] / 1e3
-)
-steps_ha = linked.per_step[linked.per_step["stage"] == "hook-async"].groupby("rank")[["waited_us", "exposed_us"]]
-rk_ha[["waited_ms", "exposed_ms"]] = steps_ha.mean().to_numpy() / 1e3
-
-
-def both_ranks(column, fmt="{:.0f}"):
-    """hook-async's `column` on the link, "rank 0 / rank 1"."""
-    return " / ".join(fmt.format(v) for v in rk_ha[column])
-
-
-blocking = ["simple", "ga", "hook", "bucket"]  # the stages that wait for every message
-times = on_link.loc[blocking, "waited_ms"] / on_link.loc[blocking, "link_ms"]
-against = on_link.loc[blocking, ["waited_ms", "link_ms"]]
+rest = (on_link["non-compute (ms)"] - on_link["waited (ms)"]).round(1)  # as printed
 lesson.say(
-    "In the chart and the table every column is the mean of the two ranks, but the overlap: that is the two "
-    "ranks pooled as docs/analysis.md defines it (all their communication under compute over all their time "
-    "in flight), and the link time, which is rank 0's messages priced on the link (both ranks send the same).",
-    f"The link's modeled transfers are fixed by the messages' sizes: {on_link['link_ms'].min():.0f}–"
-    f"{on_link['link_ms'].max():.0f} ms a step here, what Gigabit Ethernet would take for them by the α-β model, "
-    f"the same on every run. The training thread's waits are not: in the stages that wait for every message "
-    f"({', '.join(blocking)}) it waited {times.min():.1f}–{times.max():.1f} × the link time "
-    f"({'; '.join(f'{st} {w:.0f} ms against {m:.0f}' for st, w, m in against.itertuples())}). "
-    "A message is delivered when both its modeled transfer and gloo's real all_reduce are done, so a wait "
-    "holds this machine's time as well as the link's.",
-    f"On this link hook-async's overlap was {ha['comm_comp_overlap_pctg']:.1f} % (pooled); rank 0 / rank 1: "
-    f"non-compute {both_ranks('non_compute_pctg', '{:.1f}')} % of the step ({both_ranks('non_compute_ms')} ms), "
-    f"waited {both_ranks('waited_ms')} ms, exposed {both_ranks('exposed_ms', '{:.1f}')} ms (each by its one "
-    "function in minddp.analysis.metrics). "
-    "All describe the same step: exposed counts only the link's modeled transfers that the training thread "
-    "stood waiting through (the measure 03 reports); waited, all its standing still for a message; non-compute, "
-    "every moment a message was in flight (gloo's ranges and the link's transfers) while nothing computed; "
-    "overlap, the share of the time in flight during which compute ran too. A gloo range held open while the "
-    "training thread is not waiting adds non-compute time and lowers the overlap without being exposed.",
+    "Every row is one rank's own numbers; the link time is what that rank's messages take on the modeled "
+    "Gigabit Ethernet (`metrics.link_time`), from their sizes alone, the same on every run.",
+    f"In the stages that wait for every message ({', '.join(blocking)}) exposed was "
+    f"{share.min():.0f}–{share.max():.0f} % of the link time: the rest of the link time "
+    f"({before.min():.0f}–{before.max():.0f} ms) is the transfers' run between the hand-over and the thread's "
+    f"`wait()`. Their waited time is exposed plus {after.min():.0f}–{after.max():.0f} ms of waiting after the "
+    "modeled transfer had ended, until the message was delivered (once gloo's real all_reduce was done too).",
+    f"hook-async's hooks do not wait, but its finish does, after backward: there rank 0 waited "
+    f"{ha.loc[0, 'waited (ms)']:.0f} ms and rank 1 {ha.loc[1, 'waited (ms)']:.0f} ms, with "
+    f"{ha.loc[0, 'exposed (ms)']:.1f} and {ha.loc[1, 'exposed (ms)']:.1f} ms exposed: "
+    + (
+        "none of its standing still was for the link's transfers, all of it for gloo's real all_reduces."
+        if ha["exposed (ms)"].max() == 0
+        else "the rest of its standing still was for gloo's real all_reduces, after the link's transfers had ended."
+    ),
+    (
+        f"In every row non-compute (ms) is at least waited; the rest ({rest.min():.1f}–{rest.max():.1f} ms) is time a "
+        "range was open while the training thread neither computed nor waited for a message (its own Python, or "
+        "no core)."
+        if (rest >= 0).all()
+        else f"Non-compute (ms) minus waited ranges from {rest.min():.1f} to {rest.max():.1f} ms across the rows."
+    ),
 )
+
 
 # %% [markdown]
 # ## What each idea bought, here and on the blog's GPUs
@@ -522,13 +464,13 @@ lesson.say(
 # The blog this course follows measured its ladder on four T4 GPUs (its run, not one of this
 # notebook's; its figures as it states them): its first DDP spent ~15 % of the GPU time not
 # computing, with 0 % overlap; gradient accumulation brought non-compute to ~5 %, still 0 % overlap;
-# hooks that wait for each all_reduce only interleaved (0 % overlap); async hooks brought
-# non-compute to ~2 % with ~90 % overlap; buckets made no clear difference on top of that.
+# hooks that wait for each all_reduce, still 0 % overlap; async hooks brought non-compute to ~2 % with
+# ~90 % overlap; buckets made no clear difference on top of that.
 # Below, the same ideas on this machine, from the traces of this notebook, each idea as the step from
 # one stage to the next, on the link: the calls (exact, the same on both ranks), where rank 0 sent its
-# messages and their link time (exact: the modeled transfer of those calls and bytes), the step and the
-# backward (the mean of the two ranks), and non-compute, overlap and exposed, each rank's own (rank 0 /
-# rank 1), for one profiled step each. The blog compares async hooks with ga, not with hook, so the last
+# messages and their link time (exact: the modeled transfer of those calls and bytes), and the step,
+# the backward, non-compute, overlap and exposed, each rank's own (rank 0 / rank 1, the table above's
+# numbers), for one profiled step each. The blog compares async hooks with ga, not with hook, so the last
 # column takes that step too. The stages ran one after the other, so their step and backward times carry
 # the machine's speed of each moment: `docs/analysis.md` compares times only from steps taken in turns
 # (`03_build_up` does); the cell after the table's says how far the speed moved during this run. Non-compute
@@ -536,7 +478,7 @@ lesson.say(
 # others, as the loopback table's all_gather calls show).
 
 # %%
-t = linked.stages  # the mean of the two ranks
+t = linked.stages  # its calls and bytes: the same on both ranks (the first claim below)
 
 
 def sent_in_backward(run, stage):
@@ -550,18 +492,14 @@ def arrow(values, fmt="{:.0f}"):
     return " → ".join(fmt.format(v) for v in values)
 
 
-mine = linked.summary.set_index(["stage", "rank"])  # each rank's own shares on the link
-mine["exposed_ms"] = linked.per_step.groupby(["stage", "rank"])["exposed_us"].mean() / 1e3  # one profiled step
-
-
 def by_rank(column, pair, fmt="{:.1f}"):
-    """`column` on the link for each stage of `pair`, as "rank 0 / rank 1", before → after."""
-    return arrow((" / ".join(fmt.format(mine.loc[(st, rk), column]) for rk in range(world)) for st in pair), "{}")
+    """`column` of the link's table for each stage of `pair`, as "rank 0 / rank 1", before → after."""
+    return arrow((" / ".join(fmt.format(on_link.loc[(st, rk), column]) for rk in range(world)) for st in pair), "{}")
 
 
 ideas = [
     ("accumulate, sync once per step", ["simple", "ga"], "~15 % → ~5 %", "0 % → 0 %"),
-    ("sync from hooks, during backward", ["ga", "hook"], "~5 % → not given", "0 % → 0 % (interleaved)"),
+    ("sync from hooks, during backward", ["ga", "hook"], "~5 % → not given", "0 % → 0 %"),
     ("do not wait inside backward", ["hook", "hook-async"], "not given (from ga: last column)", "0 % → ~90 %"),
     ("buckets", ["hook-async", "bucket-async"], "no clear difference", "no clear difference"),
 ]
@@ -574,11 +512,11 @@ summary = pd.DataFrame(
             "all_reduce calls/step (each rank)": arrow(t.loc[pair, "allreduce_calls_per_step"]),
             "sent during a backward (rank 0)": arrow(sent_in_backward(linked, s) for s in pair),
             "link time, ms (modeled, 1 Gbit/s, rank 0)": arrow(link_ms(s) for s in pair),
-            "step, ms (1 Gbit/s, mean of ranks)": arrow(on_link.loc[pair, "step_ms"]),
-            "backward, ms (1 Gbit/s, mean of ranks)": arrow(on_link.loc[pair, "backward_ms"]),
-            "non-compute % (1 Gbit/s), rank 0 / 1": by_rank("non_compute_pctg", pair),
-            "overlap % (1 Gbit/s), rank 0 / 1": by_rank("comm_comp_overlap_pctg", pair),
-            "exposed, ms (1 Gbit/s), rank 0 / 1": by_rank("exposed_ms", pair),
+            "step, ms (1 Gbit/s), rank 0 / 1": by_rank("step (ms)", pair, "{:.0f}"),
+            "backward, ms (1 Gbit/s), rank 0 / 1": by_rank("backward (ms)", pair, "{:.0f}"),
+            "non-compute % (1 Gbit/s), rank 0 / 1": by_rank("non-compute (%)", pair),
+            "overlap % (1 Gbit/s), rank 0 / 1": by_rank("overlap (%)", pair),
+            "exposed, ms (1 Gbit/s), rank 0 / 1": by_rank("exposed (ms)", pair),
             "blog, 4 × T4: non-compute": blog_nc,
             "blog, 4 × T4: overlap": blog_ov,
         }
@@ -586,7 +524,7 @@ summary = pd.DataFrame(
     }
 )
 display(summary)
-nc = mine["non_compute_pctg"].unstack("rank")
+nc = on_link["non-compute (%)"].round(1).unstack("rank")  # as printed
 apart = (nc[0] - nc[1]).abs()  # how far the two ranks of one step disagree
 changes = [abs(nc.loc[b, rk] - nc.loc[a, rk]) for _, (a, b), *_ in [*ideas, as_blog] for rk in range(world)]
 lesson.say(
@@ -609,66 +547,60 @@ lesson.claim(
 )
 lesson.claim(
     calls["simple"] == k * calls["ga"] and abs(link_ms("simple") - k * link_ms("ga")) < 1e-6 * link_ms("ga"),
-    f"Accumulation divides the calls and the link time by the {k} micro-batches, exactly.",
+    f"Accumulation divides the calls and the link time by k = {k}, the micro-batches of a step, exactly.",
 )
 lesson.claim(
     sent_in_backward(linked, "ga") == 0 and sent_in_backward(linked, "hook") == calls["hook"],
     "The hooks move every message from after the backward into it.",
 )
 sent = t["allreduce_bytes_per_step"]
+fewer = calls["hook-async"] - calls["bucket-async"]
+fixed = 2 * (world - 1) * link.latency * 1e3  # one message's fixed cost 2(n−1)·α, in ms
+saved = link_ms("hook-async") - link_ms("bucket-async")
 lesson.claim(
-    calls["bucket-async"] < calls["hook-async"]
-    and sent["bucket-async"] == sent["hook-async"]
-    and link_ms("bucket-async") < link_ms("hook-async"),
+    fewer > 0 and sent["bucket-async"] == sent["hook-async"] and abs(saved - fewer * fixed) < 1e-9 * link_ms("ga"),
     f"Buckets cut the calls from {calls['hook-async']:.0f} to {calls['bucket-async']:.0f}, the bytes unchanged, "
-    f"and so the link time from {link_ms('hook-async'):.1f} to {link_ms('bucket-async'):.1f} ms.",
+    f"and so the link time from {link_ms('hook-async'):.1f} to {link_ms('bucket-async'):.1f} ms: {saved:.1f} ms, "
+    f"the fixed cost of the {fewer:.0f} messages not sent, {fewer:.0f} × 2(n−1)·α = {fewer:.0f} × {2 * (world - 1)} × "
+    f"{link.latency * 1e6:.0f} µs.",
 )
-ov, ex = mine["comm_comp_overlap_pctg"], on_link["exposed_ms"]
-rose = [ov[("bucket-async", rk)] > ov[("hook-async", rk)] for rk in range(world)]
+ov, ex = on_link["overlap (%)"].round(1), on_link["exposed (ms)"].round(1)  # as printed
+
+
+def both_ranks(column, a, b):
+    """'rose' / 'fell' where `column` moved the same way on every rank from stage a to b, else None."""
+    d = [column[(b, rk)] - column[(a, rk)] for rk in range(world)]
+    return "rose" if all(x > 0 for x in d) else "fell" if all(x < 0 for x in d) else None
+
+
+hidden = both_ranks(ex, "hook", "hook-async")
+more = both_ranks(ov, "hook-async", "bucket-async"), both_ranks(ex, "hook-async", "bucket-async")
 lesson.say(
-    "On the link, bucket-async's overlap was "
-    + " and ".join(f"{ov[('bucket-async', rk)]:.1f} % on rank {rk}" for rk in range(world))
-    + ", hook-async's "
-    + " and ".join(f"{ov[('hook-async', rk)]:.1f} %" for rk in range(world))
-    + ": "
-    + (
-        f"the buckets' messages were in flight beside compute for a {'larger' if rose[0] else 'smaller'} share of "
-        "their time on both ranks. "
-        if len(set(rose)) == 1
-        else "larger on one rank, smaller on the other, so one step does not say which overlaps more. "
+    (
+        f"Exposed, the time the thread stood waiting through the link's transfers, {hidden} on both ranks "
+        f"from hook to hook-async ({by_rank('exposed (ms)', ['hook', 'hook-async'])} ms). "
+        if hidden
+        else ""
     )
     + (
-        f"Both exposed {ex['hook-async']:.1f} ms of link time (the mean of the ranks), so in this step exposed time "
-        "shows no difference between them; 03's bucket lesson measures the two in turns, and says when buckets "
-        "expose more."
-        if round(ex["bucket-async"], 1) == round(ex["hook-async"], 1)
-        else f"bucket-async exposed {ex['bucket-async']:.1f} ms of link time against hook-async's "
-        f"{ex['hook-async']:.1f} ms (the mean of the ranks), {'more' if ex['bucket-async'] > ex['hook-async'] else 'less'}; "
-        "03's bucket lesson measures the two in turns and takes the difference apart."
+        f"From hook-async to bucket-async overlap rose on both ranks "
+        f"({by_rank('overlap (%)', ['hook-async', 'bucket-async'])} %) and so did exposed "
+        f"({by_rank('exposed (ms)', ['hook-async', 'bucket-async'])} ms): in this run the stage that overlapped more "
+        "stood longer waiting for the link; overlap is not the time saved."
+        if more == ("rose", "rose")
+        else "From hook-async to bucket-async overlap and exposed did not both rise on both ranks."
     )
 )
 fw = linked.phases[(linked.phases["rank"] == 0) & (linked.phases["phase"] == "forward")]
 fw_ms = (fw["end_us"] - fw["start_us"]).groupby(fw["stage"]).sum() / 1e3
-most_link = max(link_ms(st) for _, pair, *_ in ideas for st in pair)
-slower = [idea for idea, pair, *_ in ideas if on_link.loc[pair[1], "step_ms"] > on_link.loc[pair[0], "step_ms"]]
 lesson.say(
     f"On the link the forward passes, the same work in every stage, took {fw_ms.min():.0f}–{fw_ms.max():.0f} ms "
-    f"per step (rank 0): they moved by {fw_ms.max() - fw_ms.min():.0f} ms from stage to stage, against a link time "
-    f"of at most {most_link:.0f} ms a step, "
-    + (
-        "so a difference in the step and backward rows can come from the machine's speed alone. "
-        if fw_ms.max() - fw_ms.min() > most_link
-        else "yet the stages ran one after the other, so the step and backward rows still carry the machine's "
-        "speed of each moment. "
-    )
-    + (
-        f"In this run {len(slower)} of the {len(ideas)} ideas came out with a slower step ({'; '.join(slower)}), "
-        "which by itself says nothing about them: "
-        if slower
-        else "In this run every idea came out with a faster step, which by itself says nothing about them: "
-    )
-    + "what each idea changed is in the calls, the link time and where the messages were sent."
+    f"per step (rank 0, {fw_ms.max() / fw_ms.min():.1f} ×): the machine's speed moved during this run, so the step "
+    "and backward rows do not say what an idea saved (hook-async → bucket-async: step "
+    f"{by_rank('step (ms)', ['hook-async', 'bucket-async'], '{:.0f}')} ms, against {saved:.1f} ms less link "
+    "time); `03_build_up` times the stages in turns."
 )
+
 
 # %% [markdown]
 # Why the shares differ from the blog's (the counts and the link time are exact; the shares come
@@ -682,11 +614,11 @@ lesson.say(
 # * **what a communication range holds**: a `gloo:*` range is held open until the other rank
 #   arrives, so a rank that is ahead counts its peer's lateness as communication;
 # * **how dear the network is**: on the emulated link each message's modeled transfer takes what it
-#   would on Gigabit Ethernet, the same on every run, but the training thread's waits hold this
-#   machine's time as well (the link's table: waited against link time). `03_build_up` measures each
-#   stage's exposed time on this link in turns, and asserts what its code guarantees;
-# * **buckets**: what they save is the fixed cost 2(n−1)·α of each message they do not send (α: the
-#   link's cost per hop before its bytes, `01_collectives`); what they cost in return, a first bucket
+#   would on Gigabit Ethernet, the same on every run, but waited holds this machine's time as well:
+#   the waits after the modeled transfer had ended (the link's table: waited minus exposed). `03_build_up`
+#   measures each stage's exposed time on this link in turns, and asserts what its code guarantees;
+# * **buckets**: what they save is the fixed cost 2(n−1)·α of each message they do not send (the
+#   buckets' claim above does the sum); what they cost in return, a first bucket
 #   that leaves late in backward and a last one whose whole transfer comes after it, is the bucket
 #   lesson at the end of `03_build_up`.
 #
