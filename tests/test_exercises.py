@@ -725,6 +725,28 @@ def test_the_schedule_exercise_names_the_next_turns_fragment_numbers_from_one_an
     assert not v.ok and named in v.line and "return None after every other step" in v.line, v.line
 
 
+@pytest.mark.timeout(120)
+def test_the_outer_sync_exercise_names_the_inner_gradients_averaged():
+    """Learner read 10 (round 7) finding 11: all_reducing p.grad (the last backward's gradients) and stepping the
+    outer optimizer with them from the synced weights matched no candidate ("match none of the usual mistakes")."""
+    v = check_outer_sync(wrong.outer_sync_averages_inner_grads, timeout_s=TIMEOUT)
+    named = "the outer step used the inner gradients averaged over the replicas (the last backward's p.grad)"
+    assert not v.ok and named in v.line and "synced − local" in v.line, v.line
+
+
+@pytest.mark.timeout(120)
+def test_the_schedule_exercise_names_a_send_step_off_by_one():
+    """Learner read 10 (round 7) finding 12: a send one step early or late in every turn got the generic verdict.
+    Both are told from the whole schedule (H = 6's turns of 2 cannot tell early from late) and named as an
+    off-by-one, with H = 16's turn of 8 as the example."""
+    v = check_fragment_schedule(wrong.schedule_one_step_early, timeout_s=TIMEOUT)
+    named = "an off-by-one in the send step: yours sends each fragment one step earlier in its turn"
+    assert not v.ok and named in v.line and "after step 1 of each turn of 8, not 8 − 6 = 2" in v.line, v.line
+    v = check_fragment_schedule(wrong.schedule_one_step_late, timeout_s=TIMEOUT)
+    named = "an off-by-one in the send step: yours sends each fragment one step later in its turn"
+    assert not v.ok and named in v.line and "after step 3 of each turn of 8, not 8 − 6 = 2" in v.line, v.line
+
+
 def test_the_model_answers_are_what_minddp_diloco_does():
     """The candidates' yardstick is itself checked: solutions.outer_sync gives minddp.DiLoCo's weights after
     every sync (the same kernels, the same sums: bit for bit), and solutions.fragment_to_send is the schedule

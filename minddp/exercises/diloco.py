@@ -10,7 +10,8 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
    :func:`~minddp.exercises.solutions.outer_sync`) and the wrong ideas (:data:`MISTAKES`): the
    pseudo-gradient's sign flipped, the outer step taken from the local weights instead of the restored
    synced ones, plain averaging called DiLoCo, the pseudo-gradients summed, the synced weights never updated,
-   the outer step taken with the last inner gradient (no ``p.grad = g``), an outer step that never moves;
+   the outer step taken with the last inner gradient (no ``p.grad = g``) or with the inner gradients averaged
+   in place of the pseudo-gradient, an outer step that never moves;
 2. **yours**: the same rounds with your sync after each; the weights and synced weights after every sync, what
    the outer optimizer saw (:class:`NotedSGD`) and whether ``synced`` shares the parameters' storage;
 3. **verdict**: a raise or a hang first (an in-place change to a parameter outside ``torch.no_grad()`` named as
@@ -28,7 +29,7 @@ differs from streaming DiLoCo's (:func:`~minddp.exercises.solutions.fragment_to_
 :class:`minddp.DiLoCo` keeps), a fragment number past the last (no ``% fragments``) named as such, and so are a
 schedule silent at a delay of 0 (``step % turn == turn - delay``: ``step % turn`` never reaches ``turn``), more
 than one send per turn, fragments numbered from 1, the next turn's fragment and a fragment sent delay steps after
-its turn starts (read off the whole schedule).
+its turn starts, and a send one step early or late in every turn (an off-by-one), read off the whole schedule.
 
 Example (2 checker ranks, a few seconds: not run by the doctests)::
 
@@ -77,16 +78,21 @@ def candidate(
     grad=True,
     step=True,
     world=None,
+    inner_grads=False,
 ):
     """DiLoCo's sync with one idea changed: ``sign=-1`` averages local − synced; ``restore=False`` steps from the
     local weights; ``divide=False`` sums; ``keep=False`` never updates the synced weights; ``weights=True``
     averages the weights themselves (local SGD) and never steps the outer optimizer; ``grad=False`` never hands
     the average to the outer optimizer (it steps with the last inner gradient); ``step=False`` never lets the outer
     optimizer move the restored weights (the pseudo-gradient taken after the restore is zero, or no outer.step());
-    ``world=2`` divides by a fixed 2 whatever the world size."""
+    ``world=2`` divides by a fixed 2 whatever the world size; ``inner_grads=True`` averages the inner gradients (the
+    last backward's ``p.grad``) in place of the pseudo-gradient."""
     world = world or dist.get_world_size(group)
     with torch.no_grad():
-        sent = [p.detach().clone() if weights else sign * (s - p) for p, s in zip(params, synced)]
+        sent = [
+            p.detach().clone() if weights else p.grad.clone() if inner_grads else sign * (s - p)
+            for p, s in zip(params, synced)
+        ]
         for t in sent:
             dist.all_reduce(t, group=group)
             if divide:
@@ -145,6 +151,12 @@ MISTAKES = {
         "the outer step used the last inner gradient, not the pseudo-gradient: set each p.grad to the averaged "
         "pseudo-gradient (p.grad = g) before outer.step(), or the outer optimizer steps with what the last "
         "backward left in .grad",
+    ),
+    "averaged_inner_grads": (
+        functools.partial(candidate, inner_grads=True),
+        "the outer step used the inner gradients averaged over the replicas (the last backward's p.grad), which "
+        "is a DDP step's gradient, not the pseudo-gradient: average synced − local, what each replica moved over "
+        "its H inner steps, and hand that to p.grad",
     ),
     "no_move": (
         functools.partial(candidate, step=False),
@@ -555,6 +567,20 @@ def check_fragment_schedule(fn, *, world_size: int = 2, timeout_s: float = 20.0)
     )
 
 
+def _send_step_shift(schedules: list[list]) -> int:
+    """-1 (or +1) where every schedule sends once a turn, one step before (or after) streaming DiLoCo's send step
+    in the turn, whatever the fragment; else 0. Turns of 2 steps cannot tell the two apart: the other schedules do."""
+    for shift in (-1, 1):
+        ok = True
+        for schedule, mine in zip(SCHEDULES, schedules):
+            h, k, tau = _args(schedule)
+            turn = h // k
+            ok = ok and all((x is not None) == (s % turn == (turn - tau + shift) % turn) for s, x in enumerate(mine, 1))
+        if ok:
+            return shift
+    return 0
+
+
 def _schedule_text(f: dict, report: dict) -> str:
     h, k, tau = _args(SCHEDULES[f["at"]])
     where = f"with H = {h}, {k} fragments and a delay of {tau}, after step {f['step']}"
@@ -612,6 +638,17 @@ def _schedule_text(f: dict, report: dict) -> str:
             f"ends, so that the step that applies it comes delay steps later: here after step {turn} − {tau} = "
             f"{turn - tau} of each turn of {turn}, not {tau % turn or turn} (the two agree only where 2·delay is a "
             "turn); send where step % turn == (turn − delay) % turn"
+        )
+    shift = _send_step_shift(report["schedule"])
+    if shift:
+        lh, lk, ltau = _args(max(SCHEDULES, key=lambda x: x["sync_every"] // x["fragments"]))  # the longest turn
+        lturn = lh // lk
+        return (
+            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: an off-by-one in the send "
+            f"step: yours sends each fragment one step {'earlier' if shift < 0 else 'later'} in its turn than "
+            f"streaming DiLoCo, in every schedule (with H = {lh}, {lk} fragments and a delay of {ltau}: after step "
+            f"{(lturn - ltau + shift - 1) % lturn + 1} of each turn of {lturn}, not {lturn} − {ltau} = {lturn - ltau}):"
+            " send where step % turn == (turn − delay) % turn"
         )
     if isinstance(f["mine"], int) and not 0 <= f["mine"] < k:
         return (
