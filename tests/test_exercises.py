@@ -739,12 +739,10 @@ def test_the_schedule_exercise_names_a_send_step_off_by_one():
     """Learner read 10 (round 7) finding 12: a send one step early or late in every turn got the generic verdict.
     Both are told from the whole schedule (H = 6's turns of 2 cannot tell early from late) and named as an
     off-by-one, with H = 16's turn of 8 as the example."""
-    v = check_fragment_schedule(wrong.schedule_one_step_early, timeout_s=TIMEOUT)
-    named = "an off-by-one in the send step: yours sends each fragment one step earlier in its turn"
-    assert not v.ok and named in v.line and "after step 1 of each turn of 8, not 8 − 6 = 2" in v.line, v.line
-    v = check_fragment_schedule(wrong.schedule_one_step_late, timeout_s=TIMEOUT)
-    named = "an off-by-one in the send step: yours sends each fragment one step later in its turn"
-    assert not v.ok and named in v.line and "after step 3 of each turn of 8, not 8 − 6 = 2" in v.line, v.line
+    for fn, way, step in [(wrong.schedule_one_step_early, "earlier", 1), (wrong.schedule_one_step_late, "later", 3)]:
+        v = check_fragment_schedule(fn, timeout_s=TIMEOUT)
+        named = f"an off-by-one in the send step: yours sends each fragment one step {way} in its turn"
+        assert not v.ok and named in v.line and f"after step {step} of each turn of 8, not 8 − 6 = 2" in v.line, v.line
 
 
 def test_the_model_answers_are_what_minddp_diloco_does():
