@@ -20,8 +20,8 @@ that take turns, one every H/K inner steps, so a sync moves about 1/K of the mod
 one large tensor makes them unequal) and each fragment still syncs once every H steps:
 
 4. a fragment's pseudo-gradient is sent τ inner steps *before* its turn ends, and its Future kept:
-   nothing waits for it until the turn's last step, τ steps later, so it has those steps' compute to
-   arrive in (one fragment in flight at a time: τ < H/K);
+   nothing waits for it until the turn's last step, τ steps later, so it can travel while those steps
+   compute (one fragment in flight at a time: τ < H/K);
 5. at the end of its turn, step 3 for that fragment alone (the others keep their local weights);
 6. the new synced weights are mixed with the local ones that went on training meanwhile:
    ``(1 − α)·synced + α·local`` (α = 0: the synced weights, the τ steps' progress on it dropped).
