@@ -1310,3 +1310,25 @@ def schedule_one_step_late(step, sync_every, fragments, delay):
     """Sent one step after streaming DiLoCo's send step: turn − delay + 1 (an off-by-one in the send step)."""
     per_turn = sync_every // fragments
     return (step - 1) // per_turn % fragments if step % per_turn == (per_turn - delay + 1) % per_turn else None
+
+
+def outer_sync_fresh_outer(params, synced, outer):
+    """DiLoCo's sync with an outer SGD (0.7, Nesterov momentum 0.9) made anew at each sync, not the `outer` passed in:
+    its momentum is lost between syncs."""
+    fresh = torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
+    with torch.no_grad():
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
+        for p, s, g in zip(params, synced, pseudo):
+            p.copy_(s)
+            p.grad = g.clone()
+    fresh.step()
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            s.copy_(p)
+
+
+def schedule_late_from_zero(step, sync_every, fragments, delay):
+    """Steps made 0-based on one side only: (step − 1) % turn == turn − delay, one step late at every delay above 0
+    and silent at 0 (a remainder never reaches turn)."""
+    per_turn = sync_every // fragments
+    return (step - 1) // per_turn % fragments if (step - 1) % per_turn == per_turn - delay else None

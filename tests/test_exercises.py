@@ -745,6 +745,27 @@ def test_the_schedule_exercise_names_a_send_step_off_by_one():
         assert not v.ok and named in v.line and f"after step {step} of each turn of 8, not 8 − 6 = 2" in v.line, v.line
 
 
+@pytest.mark.timeout(120)
+def test_the_outer_sync_exercise_names_an_outer_optimizer_made_in_the_sync():
+    """Learner read 10 (round 7b) finding 9: a sync that made its own torch.optim.SGD (0.7, Nesterov 0.9) at each sync
+    and stepped it, not the `outer` passed in, was told it moved the weights by hand (p.copy_ or p -=)."""
+    v = check_outer_sync(wrong.outer_sync_fresh_outer, timeout_s=TIMEOUT)
+    named = "your sync made an optimizer of its own (torch.optim.SGD(...) inside the function) and stepped that one"
+    assert not v.ok and named in v.line and "keeps its state across syncs" in v.line, v.line
+    assert "moved the weights itself" not in v.line, v.line
+
+
+@pytest.mark.timeout(120)
+def test_the_schedule_exercise_names_an_off_by_one_silent_at_a_delay_of_0():
+    """Learner read 10 (round 7b) finding 10: (step − 1) % turn == turn − delay is one step late at delays 1 and 6 and
+    sends nothing at delay 0; the silent schedule hid the off-by-one and the verdict restated the rule."""
+    v = check_fragment_schedule(wrong.schedule_late_from_zero, timeout_s=TIMEOUT)
+    named = "an off-by-one in the send step: yours sends each fragment one step later in its turn than streaming"
+    assert not v.ok and named in v.line and "after step 3 of each turn of 8, not 8 − 6 = 2" in v.line, v.line
+    assert "with a delay of 0 (H = 12, 4 fragments) it sends no fragment at all" in v.line, v.line
+    assert "never equals turn − delay = 3" in v.line, v.line
+
+
 def test_the_model_answers_are_what_minddp_diloco_does():
     """The candidates' yardstick is itself checked: solutions.outer_sync gives minddp.DiLoCo's weights after
     every sync (the same kernels, the same sums: bit for bit), and solutions.fragment_to_send is the schedule

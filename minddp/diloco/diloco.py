@@ -12,7 +12,7 @@ al., 2023, arXiv 2311.08105; the default outer optimizer is theirs: SGD, lr 0.7,
    ``.grad``, the outer optimizer steps, and the result is the new synced weights.
 
 With outer SGD(lr=1, momentum=0) step 3 is ``synced − mean(synced − local)`` = the mean of the local
-weights: local SGD. The outer momentum is what DiLoCo adds.
+weights: local SGD. An outer learning rate and momentum of its own are what DiLoCo adds.
 
 **Streaming** (Streaming DiLoCo, arXiv 2501.18512; ``fragments``, ``fragment_sync_delay``,
 ``fragment_update_alpha``): the model is cut into K fragments (:func:`~minddp.diloco.fragments.split_fragments`)

@@ -19,7 +19,8 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
    (:func:`close`), a single mistake before two of them at once (:data:`PAIRS`), named with what to change (an
    outer step that never moves by its cause, :data:`NO_MOVE`: no ``outer.step()``, its ``.grad`` cleared by
    ``zero_grad()``, a zero pseudo-gradient taken after the restore, the restore after the step), then ``synced``
-   aliased to the parameters, then replicas that disagree after a sync, then the first difference from DiLoCo's.
+   aliased to the parameters, then a sync that stepped an optimizer of its own (made in the sync) or moved the
+   weights by hand, then replicas that disagree after a sync, then the first difference from DiLoCo's.
 
 :func:`check_fragment_schedule` checks ``fragment_to_send(step, sync_every, fragments, delay)``: which
 fragment's pseudo-gradient leaves after inner step ``step`` (1, 2, ...), or ``None``. Each rank calls it
@@ -29,7 +30,8 @@ differs from streaming DiLoCo's (:func:`~minddp.exercises.solutions.fragment_to_
 :class:`minddp.DiLoCo` keeps), a fragment number past the last (no ``% fragments``) named as such, and so are a
 schedule silent at a delay of 0 (``step % turn == turn - delay``: ``step % turn`` never reaches ``turn``), more
 than one send per turn, fragments numbered from 1, the next turn's fragment and a fragment sent delay steps after
-its turn starts, and a send one step early or late in every turn (an off-by-one), read off the whole schedule.
+its turn starts, and a send one step early or late in every turn (an off-by-one, with a schedule silent at a delay
+of 0 said beside it), read off the whole schedule.
 
 Example (2 checker ranks, a few seconds: not run by the doctests)::
 
@@ -131,7 +133,7 @@ MISTAKES = {
         functools.partial(candidate, weights=True),
         "that is plain averaging (local SGD: the mean of the local weights, an outer SGD with lr 1 and no "
         "momentum), not DiLoCo: hand the averaged pseudo-gradient to the outer optimizer as .grad and let it step "
-        "from the synced weights (its Nesterov momentum is what DiLoCo adds)",
+        "from the synced weights (an outer learning rate and momentum of its own are what DiLoCo adds)",
     ),
     "summed": (
         functools.partial(candidate, divide=False),
@@ -217,8 +219,16 @@ RESTORED_BY_DATA = (
 #: A sync that moved the weights without the outer optimizer (``outer.step()`` never called).
 BY_HAND = (
     "outer.step() was never called: your sync moved the weights itself (p.copy_(...) or p -= ...), which is not "
-    "DiLoCo's outer optimizer (SGD 0.7 with Nesterov momentum 0.9: its momentum is what DiLoCo adds); set each "
-    "p.grad to the averaged pseudo-gradient and call outer.step()"
+    "DiLoCo's outer optimizer (SGD, lr 0.7, Nesterov momentum 0.9); set each p.grad to the averaged "
+    "pseudo-gradient and call outer.step()"
+)
+
+#: A sync that made an optimizer of its own and stepped it (``outer.step()`` never called).
+OWN_OPTIMIZER = (
+    "outer.step() was never called: your sync made an optimizer of its own (torch.optim.SGD(...) inside the "
+    "function) and stepped that one; made anew at each sync, it starts every sync with no momentum, where DiLoCo's "
+    "outer momentum carries over from one sync to the next: step the outer optimizer passed in, which keeps its "
+    "state across syncs"
 )
 
 #: What the checker adds to the error of an in-place update of a parameter outside ``torch.no_grad()``.
@@ -299,7 +309,7 @@ def rounds_with(sync, rank: int, group) -> list[dict]:
         for t in range(SYNC_EVERY):
             inner_step(model, inner, r * SYNC_EVERY + t, rank)
         outer.notes, outer.start = [], [s.clone() for s in synced]
-        with _counting_all_reduce() as calls:
+        with _counting_all_reduce() as calls, _counting_optimizers() as made:
             if group is None:
                 sync(params, synced, outer)
             else:
@@ -312,6 +322,7 @@ def rounds_with(sync, rank: int, group) -> list[dict]:
                 "aliased": any(_shares(s, p) for s in synced for p in params),
                 "moved": any(p.untyped_storage().data_ptr() != ptr for p, ptr in zip(params, storages)),
                 "all_reduces": len(calls),
+                "optimizers": len(made),
             }
         )
     return history
@@ -331,6 +342,23 @@ def _counting_all_reduce():
         yield calls
     finally:
         dist.all_reduce = real
+
+
+@contextlib.contextmanager
+def _counting_optimizers():
+    """Within: each optimizer made (any ``torch.optim.Optimizer``: their ``__init__`` ends in the base class's) is
+    counted."""
+    made, real = [], torch.optim.Optimizer.__init__
+
+    def counted(self, *args, **kwargs):
+        made.append(1)
+        real(self, *args, **kwargs)
+
+    torch.optim.Optimizer.__init__ = counted
+    try:
+        yield made
+    finally:
+        torch.optim.Optimizer.__init__ = real
 
 
 def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -360,7 +388,7 @@ def outer_sync_finding(mine: list[dict], candidates: dict[str, list[dict]], ever
     if aliased is not None:
         return {"kind": "restored_by_data" if mine[aliased].get("moved") else "aliased", "sync": aliased + 1}
     if not any(n.startswith("step:") for m in mine for n in m["outer"]):
-        return {"kind": "by_hand"}
+        return {"kind": "own_optimizer" if any(m.get("optimizers") for m in mine) else "by_hand"}
     for r, rounds in enumerate(zip(*everyone)):
         if not all(close(x["params"], rounds[0]["params"]) for x in rounds[1:]):
             return {"kind": "ranks_differ", "sync": r + 1, "all_reduces": mine[r].get("all_reduces", 0)}
@@ -529,6 +557,8 @@ def _outer_sync_text(f: dict, report: dict) -> str:
         return f"after sync {f['sync']}, " + RESTORED_BY_DATA
     if f["kind"] == "by_hand":
         return BY_HAND
+    if f["kind"] == "own_optimizer":
+        return OWN_OPTIMIZER
     if f["kind"] == "ranks_differ" and f.get("all_reduces"):
         return (
             f"the replicas hold different weights after sync {f['sync']}, though your sync called all_reduce "
@@ -567,18 +597,24 @@ def check_fragment_schedule(fn, *, world_size: int = 2, timeout_s: float = 20.0)
     )
 
 
-def _send_step_shift(schedules: list[list]) -> int:
+def _send_step_shift(schedules: list[list]) -> tuple[int, bool]:
     """-1 (or +1) where every schedule sends once a turn, one step before (or after) streaming DiLoCo's send step
-    in the turn, whatever the fragment; else 0. Turns of 2 steps cannot tell the two apart: the other schedules do."""
+    in the turn, whatever the fragment; else 0. Turns of 2 steps cannot tell the two apart: the other schedules do.
+    A schedule with a delay of 0 that sends nothing is left out, and said (the second value): ``(step − 1) % turn
+    == turn − delay`` is one step late at every other delay and never reaches ``turn``."""
+    silent = [s["delay"] == 0 and all(x is None for x in mine) for s, mine in zip(SCHEDULES, schedules)]
     for shift in (-1, 1):
         ok = True
-        for schedule, mine in zip(SCHEDULES, schedules):
+        for schedule, mine, quiet in zip(SCHEDULES, schedules, silent):
             h, k, tau = _args(schedule)
             turn = h // k
-            ok = ok and all((x is not None) == (s % turn == (turn - tau + shift) % turn) for s, x in enumerate(mine, 1))
+            ok = ok and (
+                quiet
+                or all((x is not None) == (s % turn == (turn - tau + shift) % turn) for s, x in enumerate(mine, 1))
+            )
         if ok:
-            return shift
-    return 0
+            return shift, any(silent)
+    return 0, False
 
 
 def _schedule_text(f: dict, report: dict) -> str:
@@ -639,16 +675,25 @@ def _schedule_text(f: dict, report: dict) -> str:
             f"{turn - tau} of each turn of {turn}, not {tau % turn or turn} (the two agree only where 2·delay is a "
             "turn); send where step % turn == (turn − delay) % turn"
         )
-    shift = _send_step_shift(report["schedule"])
+    shift, silent = _send_step_shift(report["schedule"])
     if shift:
         lh, lk, ltau = _args(max(SCHEDULES, key=lambda x: x["sync_every"] // x["fragments"]))  # the longest turn
         lturn = lh // lk
+        zh, zk, _ = _args(next(s for s in SCHEDULES if s["delay"] == 0))
+        zturn = zh // zk
         return (
             f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: an off-by-one in the send "
             f"step: yours sends each fragment one step {'earlier' if shift < 0 else 'later'} in its turn than "
-            f"streaming DiLoCo, in every schedule (with H = {lh}, {lk} fragments and a delay of {ltau}: after step "
-            f"{(lturn - ltau + shift - 1) % lturn + 1} of each turn of {lturn}, not {lturn} − {ltau} = {lturn - ltau}):"
-            " send where step % turn == (turn − delay) % turn"
+            f"streaming DiLoCo, in every schedule{' with a delay above 0' if silent else ''} (with H = {lh}, {lk} "
+            f"fragments and a delay of {ltau}: after step {(lturn - ltau + shift - 1) % lturn + 1} of each turn of "
+            f"{lturn}, not {lturn} − {ltau} = {lturn - ltau})"
+            + (
+                f", and with a delay of 0 (H = {zh}, {zk} fragments) it sends no fragment at all: a remainder modulo "
+                f"{zturn} runs from 0 to {zturn - 1}, so it never equals turn − delay = {zturn}"
+                if silent
+                else ""
+            )
+            + ": send where step % turn == (turn − delay) % turn"
         )
     if isinstance(f["mine"], int) and not 0 <= f["mine"] < k:
         return (
