@@ -766,6 +766,16 @@ def test_the_schedule_exercise_names_an_off_by_one_silent_at_a_delay_of_0():
     assert "never equals turn − delay = 3" in v.line, v.line
 
 
+@pytest.mark.timeout(120)
+def test_the_schedule_exercise_names_a_schedule_that_ignores_the_delay():
+    """Learner read 10 (round 7, second read) finding 9: a send at every turn's end, or at every turn's start,
+    whatever the delay, got the rule restated; the verdict names the delay as ignored."""
+    for fn, where in ((wrong.schedule_at_the_end_of_the_turn, "last"), (wrong.schedule_ignores_the_delay, "first")):
+        v = check_fragment_schedule(fn, timeout_s=TIMEOUT)
+        named = f"yours ignores the delay: it sends each fragment after its turn's {where} step at every delay"
+        assert not v.ok and named in v.line and "8 − 6 = 2" in v.line, v.line
+
+
 def test_the_model_answers_are_what_minddp_diloco_does():
     """The candidates' yardstick is itself checked: solutions.outer_sync gives minddp.DiLoCo's weights after
     every sync (the same kernels, the same sums: bit for bit), and solutions.fragment_to_send is the schedule

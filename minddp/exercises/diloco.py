@@ -617,6 +617,19 @@ def _send_step_shift(schedules: list[list]) -> tuple[int, bool]:
     return 0, False
 
 
+def _delay_ignored(schedules: list[list]) -> str:
+    """ "last" (or "first") where every schedule sends each turn's fragment after the turn's last (or first) step,
+    whatever its delay; else "". Right only at a delay of 0 (or of turn − 1), so the other schedules tell."""
+    for where, at in (("last", 0), ("first", 1)):
+        if all(
+            mine
+            == [(s - 1) // (h // k) % k if s % (h // k) == at % (h // k) else None for s in range(1, len(mine) + 1)]
+            for (h, k, _), mine in zip(map(_args, SCHEDULES), schedules)
+        ):
+            return where
+    return ""
+
+
 def _schedule_text(f: dict, report: dict) -> str:
     h, k, tau = _args(SCHEDULES[f["at"]])
     where = f"with H = {h}, {k} fragments and a delay of {tau}, after step {f['step']}"
@@ -665,6 +678,15 @@ def _schedule_text(f: dict, report: dict) -> str:
             f"the turn after this one; step {f['step']} is in the turn of steps {first} to {first + turn - 1}, "
             f"fragment {f['right']}'s, and the fragment sent during a turn is that turn's own, applied at its end: "
             f"(step − 1) // {turn} % {k}, not (step + delay) // {turn} % {k}"
+        )
+    ignored = _delay_ignored(report["schedule"])
+    if ignored:
+        lh, lk, ltau = _args(max(SCHEDULES, key=lambda x: x["sync_every"] // x["fragments"]))  # the longest turn
+        return (
+            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours ignores the delay: it "
+            f"sends each fragment after its turn's {ignored} step at every delay, and it leaves delay steps before its "
+            f"turn ends (with H = {lh}, {lk} fragments and a delay of {ltau}: after step {lh // lk} − {ltau} = "
+            f"{lh // lk - ltau} of each turn of {lh // lk}): send where step % turn == (turn − delay) % turn"
         )
     after_start = [(s - 1) // turn % k if s % turn == tau % turn else None for s in range(1, len(mine) + 1)]
     if mine == after_start:
