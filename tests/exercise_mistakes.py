@@ -1346,3 +1346,51 @@ def outer_sync_refused_avg(params, synced, outer):
     """What outer_sync_with_avg meets on a torch whose gloo has no ReduceOp.AVG (2.6, 2.7): gloo's own refusal,
     raised here in its words, since this torch's gloo averages."""
     raise RuntimeError("Cannot use ReduceOp.AVG with Gloo")
+
+
+def outer_sync_averages_inner_grads(params, synced, outer):
+    """The inner gradients (what the last backward left in p.grad) averaged over the replicas, the synced weights
+    put back, and the outer optimizer stepped with them: a DDP step's gradient, not the pseudo-gradient."""
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+            p.copy_(s)
+    outer.step()
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            s.copy_(p)
+
+
+def schedule_one_step_early(step, sync_every, fragments, delay):
+    """Sent one step before streaming DiLoCo's send step: turn − delay − 1 (an off-by-one in the send step)."""
+    per_turn = sync_every // fragments
+    return (step - 1) // per_turn % fragments if step % per_turn == (per_turn - delay - 1) % per_turn else None
+
+
+def schedule_one_step_late(step, sync_every, fragments, delay):
+    """Sent one step after streaming DiLoCo's send step: turn − delay + 1 (an off-by-one in the send step)."""
+    per_turn = sync_every // fragments
+    return (step - 1) // per_turn % fragments if step % per_turn == (per_turn - delay + 1) % per_turn else None
+
+
+def outer_sync_fresh_outer(params, synced, outer):
+    """DiLoCo's sync with an outer SGD (0.7, Nesterov momentum 0.9) made anew at each sync, not the `outer` passed in:
+    its momentum is lost between syncs."""
+    fresh = torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
+    with torch.no_grad():
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
+        for p, s, g in zip(params, synced, pseudo):
+            p.copy_(s)
+            p.grad = g.clone()
+    fresh.step()
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            s.copy_(p)
+
+
+def schedule_late_from_zero(step, sync_every, fragments, delay):
+    """Steps made 0-based on one side only: (step − 1) % turn == turn − delay, one step late at every delay above 0
+    and silent at 0 (a remainder never reaches turn)."""
+    per_turn = sync_every // fragments
+    return (step - 1) // per_turn % fragments if (step - 1) % per_turn == per_turn - delay else None

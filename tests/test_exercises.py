@@ -802,6 +802,57 @@ def test_the_schedule_exercise_names_the_next_turns_fragment_numbers_from_one_an
     assert not v.ok and named in v.line and "return None after every other step" in v.line, v.line
 
 
+@pytest.mark.timeout(120)
+def test_the_outer_sync_exercise_names_the_inner_gradients_averaged():
+    """Learner read 10 (round 7) finding 11: all_reducing p.grad (the last backward's gradients) and stepping the
+    outer optimizer with them from the synced weights matched no candidate ("match none of the usual mistakes")."""
+    v = check_outer_sync(wrong.outer_sync_averages_inner_grads, timeout_s=TIMEOUT)
+    named = "the outer step used the inner gradients averaged over the replicas (the last backward's p.grad)"
+    assert not v.ok and named in v.line and "synced − local" in v.line, v.line
+
+
+@pytest.mark.timeout(120)
+def test_the_schedule_exercise_names_a_send_step_off_by_one():
+    """Learner read 10 (round 7) finding 12: a send one step early or late in every turn got the generic verdict.
+    Both are told from the whole schedule (H = 6's turns of 2 cannot tell early from late) and named as an
+    off-by-one, with H = 16's turn of 8 as the example."""
+    for fn, way, step in [(wrong.schedule_one_step_early, "earlier", 1), (wrong.schedule_one_step_late, "later", 3)]:
+        v = check_fragment_schedule(fn, timeout_s=TIMEOUT)
+        named = f"an off-by-one in the send step: yours sends each fragment one step {way} in its turn"
+        assert not v.ok and named in v.line and f"after step {step} of each turn of 8, not 8 − 6 = 2" in v.line, v.line
+
+
+@pytest.mark.timeout(120)
+def test_the_outer_sync_exercise_names_an_outer_optimizer_made_in_the_sync():
+    """Learner read 10 (round 7b) finding 9: a sync that made its own torch.optim.SGD (0.7, Nesterov 0.9) at each sync
+    and stepped it, not the `outer` passed in, was told it moved the weights by hand (p.copy_ or p -=)."""
+    v = check_outer_sync(wrong.outer_sync_fresh_outer, timeout_s=TIMEOUT)
+    named = "your sync made an optimizer of its own (torch.optim.SGD(...) inside the function) and stepped that one"
+    assert not v.ok and named in v.line and "keeps its state across syncs" in v.line, v.line
+    assert "moved the weights itself" not in v.line, v.line
+
+
+@pytest.mark.timeout(120)
+def test_the_schedule_exercise_names_an_off_by_one_silent_at_a_delay_of_0():
+    """Learner read 10 (round 7b) finding 10: (step − 1) % turn == turn − delay is one step late at delays 1 and 6 and
+    sends nothing at delay 0; the silent schedule hid the off-by-one and the verdict restated the rule."""
+    v = check_fragment_schedule(wrong.schedule_late_from_zero, timeout_s=TIMEOUT)
+    named = "an off-by-one in the send step: yours sends each fragment one step later in its turn than streaming"
+    assert not v.ok and named in v.line and "after step 3 of each turn of 8, not 8 − 6 = 2" in v.line, v.line
+    assert "with a delay of 0 (H = 12, 4 fragments) it sends no fragment at all" in v.line, v.line
+    assert "never equals turn − delay = 3" in v.line, v.line
+
+
+@pytest.mark.timeout(120)
+def test_the_schedule_exercise_names_a_schedule_that_ignores_the_delay():
+    """Learner read 10 (round 7, second read) finding 9: a send at every turn's end, or at every turn's start,
+    whatever the delay, got the rule restated; the verdict names the delay as ignored."""
+    for fn, where in ((wrong.schedule_at_the_end_of_the_turn, "last"), (wrong.schedule_ignores_the_delay, "first")):
+        v = check_fragment_schedule(fn, timeout_s=TIMEOUT)
+        named = f"yours ignores the delay: it sends each fragment after its turn's {where} step at every delay"
+        assert not v.ok and named in v.line and "8 − 6 = 2" in v.line, v.line
+
+
 def test_the_model_answers_are_what_minddp_diloco_does():
     """The candidates' yardstick is itself checked: solutions.outer_sync gives minddp.DiLoCo's weights after
     every sync (the same kernels, the same sums: bit for bit), and solutions.fragment_to_send is the schedule

@@ -11,8 +11,8 @@ al., 2023, arXiv 2311.08105; the default outer optimizer is theirs: SGD, lr 0.7,
 3. **outer step**: the weights go back to the synced ones, the averaged pseudo-gradient becomes their
    ``.grad``, the outer optimizer steps, and the result is the new synced weights.
 
-With outer SGD(lr=1, momentum=0) step 3 is ``synced − mean(synced − local)`` = the mean of the local
-weights: local SGD. The outer momentum is what DiLoCo adds.
+With outer SGD(lr=1, momentum=0) item 3 is ``synced − mean(synced − local)`` = the mean of the local
+weights: local SGD. An outer learning rate and momentum of its own are what DiLoCo adds.
 
 **Streaming** (Streaming DiLoCo, arXiv 2501.18512; ``fragments``, ``fragment_sync_delay``,
 ``fragment_update_alpha``): the model is cut into K fragments (:func:`~minddp.diloco.fragments.split_fragments`)
@@ -20,9 +20,9 @@ that take turns, one every H/K inner steps, so a sync moves about 1/K of the mod
 one large tensor makes them unequal) and each fragment still syncs once every H steps:
 
 4. a fragment's pseudo-gradient is sent τ inner steps *before* its turn ends, and its Future kept:
-   nothing waits for it until the turn's last step, τ steps later, so it has those steps' compute to
-   arrive in (one fragment in flight at a time: τ < H/K);
-5. at the end of its turn, step 3 for that fragment alone (the others keep their local weights);
+   nothing waits for it until the turn's last step, τ steps later, so it can travel during those
+   steps (one fragment in flight at a time: τ < H/K);
+5. at the end of its turn, item 3 for that fragment alone (the others keep their local weights);
 6. the new synced weights are mixed with the local ones that went on training meanwhile:
    ``(1 − α)·synced + α·local`` (α = 0: the synced weights, the τ steps' progress on it dropped).
 
@@ -37,14 +37,14 @@ them in host memory). The change (written for streaming; without it the model is
 and the Future kept in ``in_flight`` is waited for in the same post-hook, the H-th step's)::
 
     -        bucket = GradBucket(0, torch.cat([p.detach().reshape(-1) for p in params]), params, is_last=True)
-    +        pseudo = torch.cat([(s - p.detach()).reshape(-1) for p, s in zip(params, synced)])  # step 2
+    +        pseudo = torch.cat([(s - p.detach()).reshape(-1) for p, s in zip(params, synced)])  # item 2
     +        bucket = GradBucket(fragment, pseudo, params, is_last=fragment == len(self.fragments) - 1)
-    +        self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # step 2: a Future (step 4)
+    +        self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # item 2: a Future (item 4)
     -            param.copy_(mean.view_as(param))
-    +            param.copy_(weights)  # step 3: weights, the synced ones
+    +            param.copy_(weights)  # item 3: weights, the synced ones
     +            param.grad = mean.view_as(param)  # mean: the averaged pseudo-gradient, the Future's result
-    +        self._outer_step(fragment)  # step 3: the outer optimizer steps
-    +            weights.copy_(param)  # step 3: the new synced weights
+    +        self._outer_step(fragment)  # item 3: the outer optimizer steps
+    +            weights.copy_(param)  # item 3: the new synced weights
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
@@ -109,7 +109,7 @@ class DiLoCo(LocalSGD):
         self.outer = outer_per_fragment(outer_optimizer, self.fragments)
         super().__init__(module, inner_optimizer, sync_every, process_group, same_start=same_start)  # the hook
         self.per_turn, self.delay, self.alpha = sync_every // count, fragment_sync_delay, fragment_update_alpha
-        self.synced = [[p.detach().clone() for p in params] for params in self.fragments]  # step 1
+        self.synced = [[p.detach().clone() for p in params] for params in self.fragments]  # item 1
         self.in_flight: tuple[int, torch.futures.Future] | None = None
 
     def _after_step(self, optimizer, args, kwargs) -> None:
@@ -126,11 +126,11 @@ class DiLoCo(LocalSGD):
     def _send(self, fragment: int) -> None:
         """Step 2 (and 4): start averaging this fragment's pseudo-gradient; keep its Future, do not wait."""
         params, synced = self.fragments[fragment], self.synced[fragment]
-        pseudo = torch.cat([(s - p.detach()).reshape(-1) for p, s in zip(params, synced)])  # step 2
+        pseudo = torch.cat([(s - p.detach()).reshape(-1) for p, s in zip(params, synced)])  # item 2
         bucket = GradBucket(fragment, pseudo, params, is_last=fragment == len(self.fragments) - 1)
         with torch.profiler.record_function(f"minddp.fragment_send#{fragment}"):
             self.sent_bytes += pseudo.numel() * pseudo.element_size()
-            self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # step 2: a Future (step 4)
+            self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # item 2: a Future (item 4)
 
     def _apply(self, fragment: int) -> None:
         """Steps 3, 5, 6: wait for the average, restore the synced weights, outer step, mix with α."""
@@ -141,12 +141,12 @@ class DiLoCo(LocalSGD):
             params, synced = self.fragments[fragment], self.synced[fragment]
             local = [p.detach().clone() for p in params] if self.alpha else []
             for param, weights, mean in zip(params, synced, average.split([p.numel() for p in params])):
-                param.copy_(weights)  # step 3: weights, the synced ones
+                param.copy_(weights)  # item 3: weights, the synced ones
                 param.grad = mean.view_as(param)  # mean: the averaged pseudo-gradient, the Future's result
-            self._outer_step(fragment)  # step 3: the outer optimizer steps
+            self._outer_step(fragment)  # item 3: the outer optimizer steps
             for param, weights in zip(params, synced):
-                weights.copy_(param)  # step 3: the new synced weights
-            for param, mine in zip(params, local):  # step 6 (α = 0: the synced weights as they are)
+                weights.copy_(param)  # item 3: the new synced weights
+            for param, mine in zip(params, local):  # item 6 (α = 0: the synced weights as they are)
                 param.lerp_(mine, self.alpha)
         self.syncs += 1
 

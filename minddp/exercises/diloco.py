@@ -10,7 +10,8 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
    :func:`~minddp.exercises.solutions.outer_sync`) and the wrong ideas (:data:`MISTAKES`): the
    pseudo-gradient's sign flipped, the outer step taken from the local weights instead of the restored
    synced ones, plain averaging called DiLoCo, the pseudo-gradients summed, the synced weights never updated,
-   the outer step taken with the last inner gradient (no ``p.grad = g``), an outer step that never moves;
+   the outer step taken with the last inner gradient (no ``p.grad = g``) or with the inner gradients averaged
+   in place of the pseudo-gradient, an outer step that never moves;
 2. **yours**: the same rounds with your sync after each; the weights and synced weights after every sync, what
    the outer optimizer saw (:class:`NotedSGD`) and whether ``synced`` shares the parameters' storage;
 3. **verdict**: a raise or a hang first (an in-place change to a parameter outside ``torch.no_grad()`` named as
@@ -18,7 +19,8 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
    (:func:`close`), a single mistake before two of them at once (:data:`PAIRS`), named with what to change (an
    outer step that never moves by its cause, :data:`NO_MOVE`: no ``outer.step()``, its ``.grad`` cleared by
    ``zero_grad()``, a zero pseudo-gradient taken after the restore, the restore after the step), then ``synced``
-   aliased to the parameters, then replicas that disagree after a sync, then the first difference from DiLoCo's.
+   aliased to the parameters, then a sync that stepped an optimizer of its own (made in the sync) or moved the
+   weights by hand, then replicas that disagree after a sync, then the first difference from DiLoCo's.
 
 :func:`check_fragment_schedule` checks ``fragment_to_send(step, sync_every, fragments, delay)``: which
 fragment's pseudo-gradient leaves after inner step ``step`` (1, 2, ...), or ``None``. Each rank calls it
@@ -28,7 +30,8 @@ differs from streaming DiLoCo's (:func:`~minddp.exercises.solutions.fragment_to_
 :class:`minddp.DiLoCo` keeps), a fragment number past the last (no ``% fragments``) named as such, and so are a
 schedule silent at a delay of 0 (``step % turn == turn - delay``: ``step % turn`` never reaches ``turn``), more
 than one send per turn, fragments numbered from 1, the next turn's fragment and a fragment sent delay steps after
-its turn starts (read off the whole schedule).
+its turn starts, and a send one step early or late in every turn (an off-by-one, with a schedule silent at a delay
+of 0 said beside it), read off the whole schedule.
 
 Example (2 checker ranks, a few seconds: not run by the doctests)::
 
@@ -77,16 +80,21 @@ def candidate(
     grad=True,
     step=True,
     world=None,
+    inner_grads=False,
 ):
     """DiLoCo's sync with one idea changed: ``sign=-1`` averages local − synced; ``restore=False`` steps from the
     local weights; ``divide=False`` sums; ``keep=False`` never updates the synced weights; ``weights=True``
     averages the weights themselves (local SGD) and never steps the outer optimizer; ``grad=False`` never hands
     the average to the outer optimizer (it steps with the last inner gradient); ``step=False`` never lets the outer
     optimizer move the restored weights (the pseudo-gradient taken after the restore is zero, or no outer.step());
-    ``world=2`` divides by a fixed 2 whatever the world size."""
+    ``world=2`` divides by a fixed 2 whatever the world size; ``inner_grads=True`` averages the inner gradients (the
+    last backward's ``p.grad``) in place of the pseudo-gradient."""
     world = world or dist.get_world_size(group)
     with torch.no_grad():
-        sent = [p.detach().clone() if weights else sign * (s - p) for p, s in zip(params, synced)]
+        sent = [
+            p.detach().clone() if weights else p.grad.clone() if inner_grads else sign * (s - p)
+            for p, s in zip(params, synced)
+        ]
         for t in sent:
             dist.all_reduce(t, group=group)
             if divide:
@@ -125,7 +133,7 @@ MISTAKES = {
         functools.partial(candidate, weights=True),
         "that is plain averaging (local SGD: the mean of the local weights, an outer SGD with lr 1 and no "
         "momentum), not DiLoCo: hand the averaged pseudo-gradient to the outer optimizer as .grad and let it step "
-        "from the synced weights (its Nesterov momentum is what DiLoCo adds)",
+        "from the synced weights (an outer learning rate and momentum of its own are what DiLoCo adds)",
     ),
     "summed": (
         functools.partial(candidate, divide=False),
@@ -145,6 +153,12 @@ MISTAKES = {
         "the outer step used the last inner gradient, not the pseudo-gradient: set each p.grad to the averaged "
         "pseudo-gradient (p.grad = g) before outer.step(), or the outer optimizer steps with what the last "
         "backward left in .grad",
+    ),
+    "averaged_inner_grads": (
+        functools.partial(candidate, inner_grads=True),
+        "the outer step used the inner gradients averaged over the replicas (the last backward's p.grad), which "
+        "is a DDP step's gradient, not the pseudo-gradient: average synced − local, what each replica moved over "
+        "its H inner steps, and hand that to p.grad",
     ),
     "no_move": (
         functools.partial(candidate, step=False),
@@ -205,8 +219,16 @@ RESTORED_BY_DATA = (
 #: A sync that moved the weights without the outer optimizer (``outer.step()`` never called).
 BY_HAND = (
     "outer.step() was never called: your sync moved the weights itself (p.copy_(...) or p -= ...), which is not "
-    "DiLoCo's outer optimizer (SGD 0.7 with Nesterov momentum 0.9: its momentum is what DiLoCo adds); set each "
-    "p.grad to the averaged pseudo-gradient and call outer.step()"
+    "DiLoCo's outer optimizer (SGD, lr 0.7, Nesterov momentum 0.9); set each p.grad to the averaged "
+    "pseudo-gradient and call outer.step()"
+)
+
+#: A sync that made an optimizer of its own and stepped it (``outer.step()`` never called).
+OWN_OPTIMIZER = (
+    "outer.step() was never called: your sync made an optimizer of its own (torch.optim.SGD(...) inside the "
+    "function) and stepped that one; made anew at each sync, it starts every sync with no momentum, where DiLoCo's "
+    "outer momentum carries over from one sync to the next: step the outer optimizer passed in, which keeps its "
+    "state across syncs"
 )
 
 #: What the checker adds to the error of an in-place update of a parameter outside ``torch.no_grad()``.
@@ -287,7 +309,7 @@ def rounds_with(sync, rank: int, group) -> list[dict]:
         for t in range(SYNC_EVERY):
             inner_step(model, inner, r * SYNC_EVERY + t, rank)
         outer.notes, outer.start = [], [s.clone() for s in synced]
-        with _counting_all_reduce() as calls:
+        with _counting_all_reduce() as calls, _counting_optimizers() as made:
             if group is None:
                 sync(params, synced, outer)
             else:
@@ -300,6 +322,7 @@ def rounds_with(sync, rank: int, group) -> list[dict]:
                 "aliased": any(_shares(s, p) for s in synced for p in params),
                 "moved": any(p.untyped_storage().data_ptr() != ptr for p, ptr in zip(params, storages)),
                 "all_reduces": len(calls),
+                "optimizers": len(made),
             }
         )
     return history
@@ -319,6 +342,23 @@ def _counting_all_reduce():
         yield calls
     finally:
         dist.all_reduce = real
+
+
+@contextlib.contextmanager
+def _counting_optimizers():
+    """Within: each optimizer made (any ``torch.optim.Optimizer``: their ``__init__`` ends in the base class's) is
+    counted."""
+    made, real = [], torch.optim.Optimizer.__init__
+
+    def counted(self, *args, **kwargs):
+        made.append(1)
+        real(self, *args, **kwargs)
+
+    torch.optim.Optimizer.__init__ = counted
+    try:
+        yield made
+    finally:
+        torch.optim.Optimizer.__init__ = real
 
 
 def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -348,7 +388,7 @@ def outer_sync_finding(mine: list[dict], candidates: dict[str, list[dict]], ever
     if aliased is not None:
         return {"kind": "restored_by_data" if mine[aliased].get("moved") else "aliased", "sync": aliased + 1}
     if not any(n.startswith("step:") for m in mine for n in m["outer"]):
-        return {"kind": "by_hand"}
+        return {"kind": "own_optimizer" if any(m.get("optimizers") for m in mine) else "by_hand"}
     for r, rounds in enumerate(zip(*everyone)):
         if not all(close(x["params"], rounds[0]["params"]) for x in rounds[1:]):
             return {"kind": "ranks_differ", "sync": r + 1, "all_reduces": mine[r].get("all_reduces", 0)}
@@ -517,6 +557,8 @@ def _outer_sync_text(f: dict, report: dict) -> str:
         return f"after sync {f['sync']}, " + RESTORED_BY_DATA
     if f["kind"] == "by_hand":
         return BY_HAND
+    if f["kind"] == "own_optimizer":
+        return OWN_OPTIMIZER
     if f["kind"] == "ranks_differ" and f.get("all_reduces"):
         return (
             f"the replicas hold different weights after sync {f['sync']}, though your sync called all_reduce "
@@ -553,6 +595,39 @@ def check_fragment_schedule(fn, *, world_size: int = 2, timeout_s: float = 20.0)
         "before its turn ends, the same on every replica",
         reports,
     )
+
+
+def _send_step_shift(schedules: list[list]) -> tuple[int, bool]:
+    """-1 (or +1) where every schedule sends once a turn, one step before (or after) streaming DiLoCo's send step
+    in the turn, whatever the fragment; else 0. Turns of 2 steps cannot tell the two apart: the other schedules do.
+    A schedule with a delay of 0 that sends nothing is left out, and said (the second value): ``(step − 1) % turn
+    == turn − delay`` is one step late at every other delay and never reaches ``turn``."""
+    silent = [s["delay"] == 0 and all(x is None for x in mine) for s, mine in zip(SCHEDULES, schedules)]
+    for shift in (-1, 1):
+        ok = True
+        for schedule, mine, quiet in zip(SCHEDULES, schedules, silent):
+            h, k, tau = _args(schedule)
+            turn = h // k
+            ok = ok and (
+                quiet
+                or all((x is not None) == (s % turn == (turn - tau + shift) % turn) for s, x in enumerate(mine, 1))
+            )
+        if ok:
+            return shift, any(silent)
+    return 0, False
+
+
+def _delay_ignored(schedules: list[list]) -> str:
+    """ "last" (or "first") where every schedule sends each turn's fragment after the turn's last (or first) step,
+    whatever its delay; else "". Right only at a delay of 0 (or of turn − 1), so the other schedules tell."""
+    for where, at in (("last", 0), ("first", 1)):
+        if all(
+            mine
+            == [(s - 1) // (h // k) % k if s % (h // k) == at % (h // k) else None for s in range(1, len(mine) + 1)]
+            for (h, k, _), mine in zip(map(_args, SCHEDULES), schedules)
+        ):
+            return where
+    return ""
 
 
 def _schedule_text(f: dict, report: dict) -> str:
@@ -604,6 +679,15 @@ def _schedule_text(f: dict, report: dict) -> str:
             f"fragment {f['right']}'s, and the fragment sent during a turn is that turn's own, applied at its end: "
             f"(step − 1) // {turn} % {k}, not (step + delay) // {turn} % {k}"
         )
+    ignored = _delay_ignored(report["schedule"])
+    if ignored:
+        lh, lk, ltau = _args(max(SCHEDULES, key=lambda x: x["sync_every"] // x["fragments"]))  # the longest turn
+        return (
+            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours ignores the delay: it "
+            f"sends each fragment after its turn's {ignored} step at every delay, and it leaves delay steps before its "
+            f"turn ends (with H = {lh}, {lk} fragments and a delay of {ltau}: after step {lh // lk} − {ltau} = "
+            f"{lh // lk - ltau} of each turn of {lh // lk}): send where step % turn == (turn − delay) % turn"
+        )
     after_start = [(s - 1) // turn % k if s % turn == tau % turn else None for s in range(1, len(mine) + 1)]
     if mine == after_start:
         return (
@@ -612,6 +696,26 @@ def _schedule_text(f: dict, report: dict) -> str:
             f"ends, so that the step that applies it comes delay steps later: here after step {turn} − {tau} = "
             f"{turn - tau} of each turn of {turn}, not {tau % turn or turn} (the two agree only where 2·delay is a "
             "turn); send where step % turn == (turn − delay) % turn"
+        )
+    shift, silent = _send_step_shift(report["schedule"])
+    if shift:
+        lh, lk, ltau = _args(max(SCHEDULES, key=lambda x: x["sync_every"] // x["fragments"]))  # the longest turn
+        lturn = lh // lk
+        zh, zk, _ = _args(next(s for s in SCHEDULES if s["delay"] == 0))
+        zturn = zh // zk
+        return (
+            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: an off-by-one in the send "
+            f"step: yours sends each fragment one step {'earlier' if shift < 0 else 'later'} in its turn than "
+            f"streaming DiLoCo, in every schedule{' with a delay above 0' if silent else ''} (with H = {lh}, {lk} "
+            f"fragments and a delay of {ltau}: after step {(lturn - ltau + shift - 1) % lturn + 1} of each turn of "
+            f"{lturn}, not {lturn} − {ltau} = {lturn - ltau})"
+            + (
+                f", and with a delay of 0 (H = {zh}, {zk} fragments) it sends no fragment at all: a remainder modulo "
+                f"{zturn} runs from 0 to {zturn - 1}, so it never equals turn − delay = {zturn}"
+                if silent
+                else ""
+            )
+            + ": send where step % turn == (turn − delay) % turn"
         )
     if isinstance(f["mine"], int) and not 0 <= f["mine"] < k:
         return (
