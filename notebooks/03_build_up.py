@@ -32,12 +32,12 @@
 #    the stage before, method by method (a diff computed from the package, not written by hand).
 #    The ladder's classes carry the idea's lines and three things more, the same in every stage:
 #    the gradient goes through the comm hook (`self.comm_hook(self.comm_state, GradBucket(...))`,
-#    which returns a Future: `04_comm_hooks` swaps it for compression); before the first send of a
-#    step, every rank checks that its forwards used the same parameters (`parameters_used.check()`,
-#    one all_gather of a few bytes per synced backward, which waits for the other rank to reach it:
-#    `k` a step in `simple`, one in the stages that sync once a step; a cost of its
-#    own, measured in the bucket lesson); and a stage
-#    that keeps Futures refuses a step whose last one was not finished (`check_finished`);
+#    which returns a Future: `04_comm_hooks` swaps it for compression; `GradBucket` is torch's name
+#    for what a comm hook is handed, one gradient in the stages before `bucket`); before the first
+#    send of a synced backward, every rank checks that its forwards used the same parameters
+#    (`parameters_used.check()`, one all_gather of a few bytes, which waits for the other rank to
+#    reach it; the bucket lesson measures it); and from `hook-async` on, a stage refuses a step
+#    whose last sync was left unfinished (`check_finished`);
 # 3. **a run on real ranks**: the stage is built on both ranks with the workload every notebook
 #    shares, takes one warm-up step, then one step under the profiler, read in memory
 #    (`Trainee.look`): how many all_reduce calls, how many started while a backward was running,
@@ -57,7 +57,8 @@
 # (`minddp.comm.link`): the real all_reduce still runs, so every result is exact, but it completes
 # no earlier than the same all_reduce would on Gigabit Ethernet, one message at a time, as one
 # Ethernet port sends them. That time is *modeled*: the same on every run and every machine, so the
-# sentences about it hold anywhere. The notation is `01_collectives`'s: α is the fixed cost of one
+# sentences about it hold anywhere. The training thread's waits are *measured*: a wait can last past
+# the link's modeled time, while the real all_reduce on this machine is not yet done. The notation is `01_collectives`'s: α is the fixed cost of one
 # of 01's messages (one hop of a ring), β the time per byte (1/B for a bandwidth of B bytes/s), n the
 # number of ranks, m the bytes of the tensor one all_reduce reduces, k the micro-batches of a step.
 # One word differs: here a **message** is one all_reduce handed to the link (a gradient, or a
@@ -126,15 +127,16 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 #
 # Here each rank trains its own shard and never talks to the other: not data parallelism (the
 # replicas drift apart), but the same computation as every stage below, with no message at all.
-# The stages add messages and waiting to the same computation; how much, each cell below reads on the
-# link's own clock (its modeled transfers and the training thread's waits), because a step timed on a
-# machine shared with other work moves from one step to the next by more than that: `single`'s step is
-# no floor for the others' step times here, and in the side-by-side table it need not be the fastest.
+# The stages add messages and waiting to the same computation; each cell below reads them from the
+# link's modeled transfers and the training thread's recorded waits, not from step times, which on a
+# machine shared with other work move from one step to the next (`single`'s step is no floor for
+# the others' here).
 # The picture is its step: the forward (pale) and backward (blue) of each micro-batch, then the
 # optimizer (green); the black line is the end of the step. The stages below add messages
 # (orange, on the wire; a tick under the row where each was handed to the wire, many ticks merging
-# into a bar) and waits (red: the training thread standing still until a message is back). A legend
-# lists every kind of mark its figure can draw, drawn or not in that step.
+# into a bar), waits (red: the training thread standing still until a message is back) and
+# `finish_gradient_synchronization()` (a thin purple strip on the row's midline, often hidden under
+# the ticks). A legend names the kinds of mark its figure draws, except those less than a pixel wide in all.
 
 # %%
 # %%distributed
@@ -226,7 +228,8 @@ lesson.say(
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, waited for whole. The
 # micro-batches before it run straight on into each other. (The link's time is modeled, so the
-# ratio above is exact; compute times on this machine are not, and are not compared here.)
+# ratio above is exact. The compute bars are measured on a shared machine and move from step to
+# step: the two rows share an axis to show where the messages go, not which step is shorter.)
 #
 # ### Your turn: `ga`
 #
@@ -273,8 +276,8 @@ check(solutions.GradAccumDDP, like="ga")
 # *post-accumulate-grad hook* on each parameter fires right after autograd has added this
 # backward's contribution into `param.grad`: the accumulated gradient, the one to sync (a plain
 # tensor hook would hand over only the incoming gradient of this micro-batch). This grad hook sends the
-# gradient and, in this stage, waits for the result before backward may go on: communication
-# *interleaves* with backward, but backward stands still while it waits. (The hooks reach the
+# gradient and, in this stage, waits for the result before backward may go on: the messages move
+# into the backward, but the backward stands still while each travels. (The hooks reach the
 # wrapper through `weakref`: autograd keeps them on its C++ side, where Python's garbage collector
 # cannot see a cycle, so a strong reference would keep every wrapper alive; `weakref.finalize`
 # removes the hooks when the wrapper goes. Plumbing, not the idea.) The idea:
@@ -308,9 +311,13 @@ lesson.claim(
 )
 m = row_measures(v["row"])
 lesson.say(
-    f"*Interleaved* (01's measure, the non-compute time inside backward, with the link's transfers as the "
-    f"communication in flight): {m['interleaved_ms']:.0f} ms of the backward passed with a message on the link and "
-    "the thread not computing."
+    f"*Interleaved* (01's measure, with the link's transfers as the communication): {m['interleaved_ms']:.0f} ms of "
+    "the backward passed with a message on the link and the thread not computing"
+    + (
+        f", the same time as its exposed {v['exposed_ms']:.0f} ms: every wait of hook's is inside the backward."
+        if abs(m["interleaved_ms"] - v["exposed_ms"]) < 0.5
+        else f"; its exposed time, {v['exposed_ms']:.0f} ms, also counts the waits after the backward's last operator."
+    )
 )
 lesson.say(
     f"*Overlap* (01's measure, used for every stage below, again over the link's transfers): {m['overlap_pct']:.0f} "
@@ -399,9 +406,7 @@ lesson.claim(
 m = row_measures(v["row"])
 lesson.say(
     f"Overlap: {m['overlap_pct']:.0f} % of hook-async's link time passed with the thread computing (hook: "
-    f"{row_measures(b['row'])['overlap_pct']:.0f} %). Its waits, all in finish, lasted {v['waited_ms']:.0f} ms "
-    f"(hook's many waits {b['waited_ms']:.0f} ms in all), of which {v['exposed_ms']:.0f} ms had a message still on the "
-    f"link and {v['waited_ms'] - v['exposed_ms']:.0f} ms came after the link had delivered."
+    f"{row_measures(b['row'])['overlap_pct']:.0f} %)."
 )
 
 # %% [markdown]
@@ -443,7 +448,7 @@ check(solutions.AsyncHookDDP, like="hook-async")
 # Every collective pays a fixed cost before its bytes move (a round trip, waking a thread, a kernel
 # launch): 2(n−1)·α per all_reduce, α for each of its 2(n−1) hops. One all_reduce per parameter pays
 # it once per parameter tensor. Buckets
-# pay it a few times: at construction the parameters are grouped, in reverse order (backward
+# pay it once per bucket: at construction the parameters are grouped, in reverse order (backward
 # produces the last layers' gradients first), into buckets of about `bucket_cap_mb` (torch's rule,
 # `plan_buckets`); in the grad hook each parameter is counted in its bucket, and when the bucket's last
 # gradient is in, the bucket is flattened into one buffer and sent in one call; when the average is
@@ -456,10 +461,13 @@ check(solutions.AsyncHookDDP, like="hook-async")
 #
 # ```python
 # def _grad_ready(self, p):
+#     if not self.sync_this_backward:          # inside no_sync(): count nothing, send nothing
+#         return
 #     b = self.bucket_of[p]
 #     self.waiting[b] -= 1
 #     if self.waiting[b] == 0:                 # the bucket's last gradient is in: one message for all
 #         members = self.buckets[b]
+#         self.waiting[b] = len(members)       # counted afresh in the next synced backward
 #         flat = torch.cat([q.grad.reshape(-1) for q in members])
 #         dist.all_reduce(flat)
 #         flat /= dist.get_world_size()
@@ -479,7 +487,7 @@ per_message = LINK.seconds("all_reduce", 0, world_size) * 1e3  # one all_reduce'
 lesson.claim(
     v["calls"] == v["buckets"] and v["bytes"] == b["bytes"],
     f"bucket sends the same bytes in "
-    f"{v['calls']} calls, one per bucket of {lesson.SETTINGS.bucket_cap_mb:g} MiB, instead of {b['calls']}.",
+    f"{v['calls']} calls, one per bucket (cap {lesson.SETTINGS.bucket_cap_mb:g} MiB), instead of {b['calls']}.",
 )
 lesson.claim(
     abs(b["link_ms"] - v["link_ms"] - (b["calls"] - v["calls"]) * per_message) < 1e-6 * b["link_ms"],
@@ -533,8 +541,8 @@ check(solutions.BucketDDP, like="bucket")
 #
 # No new idea: `bucket`'s buckets with `hook-async`'s not-waiting. The stage is `bucket`
 # plus that one idea, in two methods, as `hook-async` is `hook` plus it: keep each bucket's Future,
-# wait for them all in finish. This is the shape of torch's DDP: few messages, each but the last
-# overlapping the rest of backward (the last is ready only when backward ends).
+# wait for them all in finish. This is the shape of torch's DDP: few messages, each sent as soon
+# as its bucket is full, while backward goes on (the last bucket is full only when backward ends).
 
 # %%
 show_source(STAGES["bucket-async"])
@@ -644,7 +652,8 @@ def after_backward(row):
 
 lesson.say(
     f"Between the end of its last backward bar and its optimizer step, {after_backward(v['row']):.0f} ms passed with "
-    f"nothing drawn (ddp: {after_backward(looks['ddp']['row']):.0f} ms, where its waits, if any, are drawn): inside "
+    f"nothing drawn on the thread's bar (ddp: {after_backward(looks['ddp']['row']):.0f} ms, where its waits, if any, "
+    "are drawn; the messages below the bar still travel in part of it): inside "
     "`loss.backward()`, after its last operator, where torch's reducer waits for its buckets and writes them back; "
     "this picture does not take that time apart."
 )
@@ -655,8 +664,9 @@ lesson.say(
 # Every profiled step above, one row per stage, on one axis, and the table of their numbers
 # (units in the column names; the measures are `01_collectives`'s). *Link time* is the modeled time of
 # the step's messages; *exposed* the part of it the training thread stood waiting through; *waited* all
-# its waiting, exposed or not; *last backward* the backward that sends, and
-# *step* the whole step, both measured once on a machine shared with other work. torch's C++ reducer
+# its waiting, exposed or not; *last backward* the backward of the step's last micro-batch (for
+# `hook` and `bucket` it holds their waits), and *step* the whole step, both measured once on a
+# machine shared with other work. torch's C++ reducer
 # waits on the link's messages through a Future of its own, so its waits are not seen (–).
 
 # %%
@@ -680,24 +690,28 @@ lesson.claim(
     "inside backward (hook → hook-async, bucket → bucket-async).",
 )
 link = {s: looks[s]["link_ms"] for s in ladder}
+more = [e[bucketed] > e[per_gradient] for bucketed, per_gradient in (("bucket", "hook"), ("bucket-async", "hook-async"))]
 lesson.say(
-    f"The other two ideas are not about the exposed time on this link. hook moves ga's waiting into the backward "
-    f"(exposed: ga {e['ga']:.0f} ms, hook {e['hook']:.0f} ms, of the same {link['ga']:.0f} ms on the link), which "
-    f"is what lets hook-async stop waiting. Buckets cut the number of messages: bucket exposed {e['bucket']:.0f} ms "
-    f"(hook {e['hook']:.0f}), bucket-async {e['bucket-async']:.0f} ms (hook-async {e['hook-async']:.0f}); the bucket "
-    "lesson below takes the two async rungs apart."
+    f"hook moves ga's waiting into the backward (exposed: ga {e['ga']:.0f} ms, hook {e['hook']:.0f} ms, of the same "
+    f"{link['ga']:.0f} ms on the link), which is what lets hook-async stop waiting. Buckets, in this run on this "
+    + {
+        (True, True): "link, left more of it exposed than one message per gradient, in both pairs",
+        (False, False): "link, left less of it exposed than one message per gradient, in both pairs",
+    }.get(tuple(more), "link, left more of it exposed in one pair and less in the other")
+    + f": bucket {e['bucket']:.0f} ms against hook's {e['hook']:.0f}, bucket-async {e['bucket-async']:.0f} ms against "
+    f"hook-async's {e['hook-async']:.0f}. The bucket lesson below says why."
 )
 ov = {s: row_measures(looks[s]["row"])["overlap_pct"] for s in ladder + ["ddp"]}
 lesson.say("Overlap, down the ladder: " + ", ".join(f"{s} {ov[s]:.0f} %" for s in ov) + ".")
 back = {s: looks[s]["last_backward_ms"] for s in looks}
 lesson.say(
-    f"The last backward, which sends the messages, took {back['ga']:.0f} ms in ga (nothing sent while it runs), "
-    f"{back['hook-async']:.0f} and {back['bucket-async']:.0f} ms in hook-async and bucket-async (sending while it "
-    f"computes), {back['hook']:.0f} and {back['bucket']:.0f} ms in hook and bucket (waiting inside it). One step "
-    f"each, on {lesson.cores()} cores shared by both ranks, gloo's threads and the link's, and by other work: these "
-    "lengths do not measure what overlapping cost the compute (`05_reading_traces` reads each stage's backward from "
-    "traces). On a GPU the backward runs on the GPU and NCCL moves the bytes on its own stream: the setting the blog "
-    "measured."
+    f"The last backward took {back['hook']:.0f} and {back['bucket']:.0f} ms in hook and bucket, which waited "
+    f"{looks['hook']['waited_ms']:.0f} and {looks['bucket']['waited_ms']:.0f} ms, every wait begun inside it; "
+    f"{back['hook-async']:.0f} and {back['bucket-async']:.0f} ms in hook-async and bucket-async, which sent while it "
+    f"computed and waited only after it; {back['ga']:.0f} ms in ga, which sent nothing during it. One step each, on "
+    f"{lesson.cores()} cores shared by both ranks, gloo's threads and the link's: these lengths do not measure what "
+    "overlapping cost the compute (`05_reading_traces` reads it from traces). On a GPU the backward runs on the GPU "
+    "and NCCL moves the bytes on its own stream: the setting the blog measured."
 )
 
 # %%
@@ -706,12 +720,10 @@ lesson.look_table(looks)
 
 # %% [markdown]
 # How to read it: every stage computes the same thing on the same batches, so by design the
-# stages differ by their communication and their waiting, not by their arithmetic. Their step
-# times above do not show even that: the stages ran in turn on this machine's shared cores, and the
-# machine's other work moved the steps by as much as the stages' communication, or more (the same
-# backward takes different times in different rows; `single`, which sends nothing, need not be
-# the fastest). Step times compare only from steps taken in turns (`docs/analysis.md`); read
-# the communication columns. `ga` divides the
+# stages differ by their communication and their waiting, not by their arithmetic. The step and
+# backward columns are one step each, measured on shared cores, and are not compared here (step
+# times compare only from steps taken in turns: `docs/analysis.md`); read the communication
+# columns. `ga` divides the
 # traffic by the number of micro-batches; the hook stages move the messages into the backward;
 # the async stages stop waiting for them there; the buckets divide the number of messages. Whether
 # that last idea pays is the next section's question.
