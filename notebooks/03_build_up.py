@@ -690,7 +690,9 @@ lesson.claim(
     "inside backward (hook → hook-async, bucket → bucket-async).",
 )
 link = {s: looks[s]["link_ms"] for s in ladder}
-more = [e[bucketed] > e[per_gradient] for bucketed, per_gradient in (("bucket", "hook"), ("bucket-async", "hook-async"))]
+more = [
+    e[bucketed] > e[per_gradient] for bucketed, per_gradient in (("bucket", "hook"), ("bucket-async", "hook-async"))
+]
 lesson.say(
     f"hook moves ga's waiting into the backward (exposed: ga {e['ga']:.0f} ms, hook {e['hook']:.0f} ms, of the same "
     f"{link['ga']:.0f} ms on the link), which is what lets hook-async stop waiting. Buckets, in this run on this "
@@ -749,7 +751,7 @@ lesson.look_table(looks)
 # "message i handed over, then i and every message after it carried back to back"
 # (`minddp.costmodel.buckets.queue_end`). Message 1 gives the *start-limited* end (the late start,
 # then all the link time); the last message the *tail-limited* one. What the link still carries
-# after backward is the most a step can expose: the thread stands waiting for it only from when it
+# after backward is the most that step can expose: the thread stands waiting for it only from when it
 # reaches its wait in finish, so the link's time before that is neither under compute nor exposed.
 # The cell reads all of it from the two profiled steps above, and when each gradient is ready from
 # the *bare network* (the same network with no wrapper, no hooks, no messages), timed here: a
@@ -860,15 +862,12 @@ def set_by(stage, row):
 
 lesson.say(
     f"In this run's one profiled step each, bucket-async left {b['exposed_ms']:.0f} ms exposed, hook-async "
-    f"{h['exposed_ms']:.0f} ms: one step each, not a ranking of the two. "
+    f"{h['exposed_ms']:.0f} ms. "
     f"{set_by('bucket-async', looks['bucket-async']['row'])}. {set_by('hook-async', looks['hook-async']['row'])}. "
-    "What a step exposes is at most the link's end after backward less the time before its thread first stood "
-    "waiting (less where finish runs its own lines between two waits), and that time is the thread's, not the "
-    f"link's: it moves from step to step. The fixed costs the buckets saved are "
-    f"{saved:.1f} ms, {saved / h['link_ms']:.0%} of the link time: on this link a message's bytes cost far more than "
-    "its fixed cost, so fewer messages save little, while the last bucket's bytes can only travel after backward (the "
-    "tail above). Buckets win where the fixed costs are a large share of the link time: many ranks (2(n−1) hops a "
-    "message) or a fast link; the blog's settings below show one."
+    f"The fixed costs the buckets saved are {saved:.1f} ms, {saved / h['link_ms']:.0%} of the link time: on this "
+    "link a message's bytes cost far more than its fixed cost, so fewer messages save little, while the last "
+    "bucket's bytes can only travel after backward (the tail above). Buckets win where the fixed costs are a large "
+    "share of the link time: the setting sized like 1024 ranks, below, is one."
 )
 
 # %%
@@ -921,22 +920,25 @@ lesson.say(
     + ", ".join("None" if c is None else f"{c:g} MiB" for c in best)
     + f" exposed the least, {least:.0f} ms; "
     f"hook-async {looks['hook-async']['exposed_ms']:.0f} ms. The step-time model, at this run's speed (a backward of "
-    f"{1e3 * this_run:.0f} ms, the median of these runs'), gives {1e3 * min(c.exposed for c in model):.1f} ms at its "
-    "best cap ("
-    + ", ".join(f"{c.cap_mb:g}" for c in model if c.exposed < min(x.exposed for x in model) + 5e-5)
-    + f" MiB) and {1e3 * per_gradient.exposed:.1f} ms per gradient."
+    f"{1e3 * this_run:.0f} ms, the median of these runs'), gives {1e3 * model[0].exposed:.1f} ms at {grid[0]:g} MiB, "
+    "the grid's smallest cap"
+    + (
+        ", its least on the grid"
+        if model[0].exposed <= min(c.exposed for c in model) + 5e-5
+        else f" (its least, {1e3 * min(c.exposed for c in model):.1f} ms, at a larger one)"
+    )
+    + f", and {1e3 * per_gradient.exposed:.1f} ms with one message per gradient."
 )
 modeled = {c: 1e3 * (default if c is None else next(x for x in model if x.cap_mb == c)).exposed for c in swept}
 named = {c: "None" if c is None else f"{c:g} MiB" for c in swept}
-below = sum(swept[c]["exposed_ms"] < modeled[c] for c in swept)
 lesson.say(
-    "Measured against the step-time model, cap by cap: "
-    + ", ".join(f"{named[c]} {swept[c]['exposed_ms']:.1f} against {modeled[c]:.1f} ms" for c in swept)
-    + f" ({below} of {len(swept)} measured below the model). The model replays one backward of "
-    f"{1e3 * this_run:.0f} ms; the measured steps' last backwards took "
-    f"{min(v['last_backward_ms'] for v in swept.values()):.0f} to "
-    f"{max(v['last_backward_ms'] for v in swept.values()):.0f} ms. Read the model for why a cap costs what it does "
-    "(its tail, its start, its fixed costs: the lower panel), not for what one profiled step here exposed."
+    "Measured, and the step-time model, cap by cap: "
+    + ", ".join(f"{named[c]} {swept[c]['exposed_ms']:.1f} and {modeled[c]:.1f} ms" for c in swept)
+    + f". The model replays one backward of {1e3 * this_run:.0f} ms and waits from its end; each measured step had "
+    f"its own backward ({min(v['last_backward_ms'] for v in swept.values()):.0f} to "
+    f"{max(v['last_backward_ms'] for v in swept.values()):.0f} ms) and its own time before its first wait. Read the "
+    "model for why a cap costs what it does (its tail, its start, its fixed costs: the lower panel), not for what one "
+    "profiled step here exposed."
 )
 here = lesson.SETTINGS.bucket_cap_mb
 if rank == 0:
@@ -1078,9 +1080,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # communication, a forward, a backward or the optimizer, not waiting, as compute; the blog's overlap
 # is another measure of the same name, read with HolisticTraceAnalysis from its traces over NCCL
 # kernels and compute kernels, where a hook's Python is not compute), and
-# *exposed*, the link time the step stood waiting through. The blog's other
-# number, non-compute time, is a share of the step read from a trace (`05_reading_traces`); exposed
-# is the part of it with a message still on the link.
+# *exposed*, the link time the step stood waiting through.
 
 # %%
 # %%distributed
@@ -1127,18 +1127,13 @@ lesson.claim(
     "`docs/scaling.md`); here the grad hooks' own lines inside backward count as compute, and they are all the rungs that wait overlap.",
 )
 fewer = t4["hook-async"]["messages"] - t4["bucket-async"]["messages"]
-sized_from = bytes_of["like 4 × T4"] * backward_of["like 4 × T4"]  # one sync's bytes on the link, in ms
 lesson.say(
     f"Between them, sized like 4 × T4, in one profiled step each: bucket-async left "
     f"{t4['bucket-async']['exposed_ms']:.1f} ms exposed, hook-async {t4['hook-async']['exposed_ms']:.1f} ms, of "
     f"{t4['bucket-async']['link_ms']:.0f} and {t4['hook-async']['link_ms']:.0f} ms on the link. The {fewer} fewer "
     f"messages save {blog_links['like 4 × T4'].seconds('all_reduce', 0, world_size) * 1e3 * fewer:.1f} ms; "
     f"bucket-async's last bucket takes {t4['bucket-async']['tail_ms']:.1f} ms after backward, hook-async's last "
-    f"gradient {t4['hook-async']['tail_ms']:.1f} ms. Their last backwards took "
-    f"{t4['bucket-async']['backward_ms']:.0f} and {t4['hook-async']['backward_ms']:.0f} ms, so one sync's bytes took "
-    f"{sized_from / t4['bucket-async']['backward_ms']:.2f} and {sized_from / t4['hook-async']['backward_ms']:.2f} of "
-    f"them, not the blog's {bytes_of['like 4 × T4']:.2f}: a difference read at other ratios than the blog's, and "
-    "from one step."
+    f"gradient {t4['hook-async']['tail_ms']:.1f} ms."
 )
 # At 1024 ranks the fixed costs of hook-async's messages add up to several backwards of `single`'s (printed
 # below), while the buckets pay a few: on the link's modeled clock. How much of them hook-async then hides
@@ -1155,33 +1150,32 @@ lesson.say(
     f"bucket-async, sending while backward computes, overlapped {b['overlap_pct']:.0f} % here, bucket, which waits for "
     f"each message as soon as it is sent, {far['bucket']['overlap_pct']:.0f} %."
 )
-for name, runs in (("like 4 × T4", t4), ("like 1024 ranks", far)):
-    one = blog_links[name].seconds("all_reduce", 0, world_size) * 1e3  # 2(n−1)·α on that link
-    h, b = runs["hook-async"], runs["bucket-async"]
-    lesson.say(
-        f"Why, sized {name}: hook-async's {h['messages']} messages cost {h['messages'] * one:.1f} ms in fixed costs "
-        f"alone, {h['messages'] * one / backward_of[name]:.2f} of a backward ({backward_of[name]:.0f} ms); "
-        f"bucket-async's {b['messages']} cost {b['messages'] * one:.1f} ms."
-    )
 here_h, here_b = looks["hook-async"]["exposed_ms"], looks["bucket-async"]["exposed_ms"]
 far_h, far_b = far["hook-async"]["exposed_ms"], far["bucket-async"]["exposed_ms"]
 one_far = blog_links["like 1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3
 
 
+def than(bucketed, per_gradient):
+    """bucket-async's exposed time against hook-async's, in words, at the printed precision."""
+    return (
+        "as much as"
+        if round(bucketed) == round(per_gradient)
+        else "more than"
+        if bucketed > per_gradient
+        else "less than"
+    )
+
+
 lesson.say(
     f"Buckets, in the end. On this notebook's 1 Gbit/s link, at the settings' {here:g} MiB cap, in one profiled step "
-    f"each, bucket-async left {here_b:.0f} ms exposed, hook-async {here_h:.0f} ms (of the caps swept above, "
-    + ", ".join(named[c] for c in best)
-    + f" left the least, {least:.0f} ms): one "
-    f"message's fixed cost is {per_message_ms:.2f} ms there, {per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0%} "
-    "of the link time for one message per gradient, so fewer messages save little, and the last bucket's bytes can "
-    f"only travel after backward. On 2 ranks with a link sized like 1024 ranks' bucket-async left {far_b:.0f} ms "
-    f"exposed, hook-async {far_h:.0f} ms: there one message per gradient pays {far['hook-async']['messages'] * one_far:.0f} ms of "
-    f"fixed costs, {far['hook-async']['messages'] * one_far / backward_of['like 1024 ranks']:.1f} of single's "
-    f"backwards ({backward_of['like 1024 ranks']:.0f} ms) and "
-    f"{far['hook-async']['messages'] * one_far / far['hook-async']['backward_ms']:.1f} of its own in this run "
-    f"({far['hook-async']['backward_ms']:.0f} ms, {far['hook-async']['overlap_pct']:.0f} % overlap), "
-    "and the buckets pay a few of them."
+    f"each, bucket-async left {than(here_b, here_h)} hook-async exposed ({here_b:.0f} against {here_h:.0f} ms): one "
+    f"message's fixed cost is {per_message_ms:.2f} ms there, "
+    f"{per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0%} of the link time for one "
+    "message per gradient, so fewer messages save little, and the last bucket's bytes can only travel after backward. "
+    f"On 2 ranks with a link sized like 1024 ranks, bucket-async left {than(far_b, far_h)} hook-async exposed "
+    f"({far_b:.0f} against {far_h:.0f} ms): there hook-async's {far['hook-async']['messages']} messages pay "
+    f"{far['hook-async']['messages'] * one_far:.0f} ms of fixed costs, bucket-async's {far['bucket-async']['messages']} "
+    f"pay {far['bucket-async']['messages'] * one_far:.0f} ms."
 )
 
 # %%
