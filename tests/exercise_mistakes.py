@@ -328,6 +328,34 @@ class BucketCountNotReset(solutions.BucketDDP):
                 self._send_bucket(b)
 
 
+class BucketSentAtFirstGradient(solutions.BucketDDP):
+    """Sends a bucket when its first gradient is in, not its last: the other members are averaged as they stood before
+    this backward added to them, and the backward then adds this rank's own last micro-batch on top."""
+
+    def _grad_ready(self, param):
+        if self.sync_this_backward:
+            b = self.bucket_of[param]
+            self.waiting[b] -= 1
+            if self.waiting[b] == len(self.buckets[b]) - 1:
+                self._send_bucket(b)
+            if self.waiting[b] == 0:
+                self.waiting[b] = len(self.buckets[b])
+
+
+class BucketAsyncSentAtFirstGradient(solutions.AsyncBucketDDP):
+    """bucket-async sending a bucket at its first gradient: the flat copy holds the other members' gradients from
+    before this backward, and finish writes their average over the gradients backward went on to accumulate."""
+
+    def _grad_ready(self, param):
+        if self.sync_this_backward:
+            b = self.bucket_of[param]
+            self.waiting[b] -= 1
+            if self.waiting[b] == len(self.buckets[b]) - 1:
+                self._send_bucket(b)
+            if self.waiting[b] == 0:
+                self.waiting[b] = len(self.buckets[b])
+
+
 class BucketCountsEveryBackward(solutions.BucketDDP):
     """Counts each gradient in every backward, the no_sync() ones too, and resets the count only when it sends: the
     count reaches zero unsent inside no_sync() and goes negative, so the syncing backward never sends."""

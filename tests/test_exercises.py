@@ -128,6 +128,8 @@ MISTAKES = [
     (solutions.HookDDP, "bucket", "one per bucket"),
     # the sums went into the flat copy and never back: named as the missing copy-back, not as a missing all_reduce
     (wrong.BucketNotCopiedBack, "bucket", "the sums never reached .grad at step 1"),
+    (wrong.BucketSentAtFirstGradient, "bucket", "sent before its last gradient was in"),
+    (wrong.BucketAsyncSentAtFirstGradient, "bucket-async", "sent before its last gradient was in"),
     (wrong.BucketAsyncNotCopiedBack, "bucket-async", "the all_reduce summed a copy (torch.cat makes one"),
     # a finish inherited from ga syncs again after the hooks: the gradients stay right, the count names the second sync
     (

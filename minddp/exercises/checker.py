@@ -472,6 +472,12 @@ GRADIENT_MESSAGES = {
     "by the world size",
     "last_only": "only the last micro-batch's gradient is left ({names}): the earlier micro-batches' gradients "
     "were dropped; let autograd accumulate into .grad and sync that once",
+    "sent_early": "a bucket was sent before its last gradient was in ({names}): these gradients were averaged as "
+    "they stood before the last backward added to them, and that backward then added this rank's own part on top; "
+    "send a bucket at its last gradient, when the count of gradients it still waits for reaches 0",
+    "sent_early_overwritten": "a bucket was sent before its last gradient was in ({names}): its flat copy held these "
+    "gradients as they stood before the last backward added to them, and writing the average back replaced what that "
+    "backward added; send a bucket at its last gradient, when the count of gradients it still waits for reaches 0",
     "none": "{names} had no gradient after finish_gradient_synchronization() (.grad is None)",
     "divided_unsynced": "finish_gradient_synchronization() divided the gradients after backwards that did not sync "
     "({names}): it runs after every micro-batch, the no_sync() ones too, where nothing was sent; divide only what "
