@@ -1174,8 +1174,10 @@ lesson.say(
     "message per gradient, so fewer messages save little, and the last bucket's bytes can only travel after backward. "
     f"On 2 ranks with a link sized like 1024 ranks, bucket-async left {than(far_b, far_h)} hook-async exposed "
     f"({far_b:.0f} against {far_h:.0f} ms): there hook-async's {far['hook-async']['messages']} messages pay "
-    f"{far['hook-async']['messages'] * one_far:.0f} ms of fixed costs, bucket-async's {far['bucket-async']['messages']} "
-    f"pay {far['bucket-async']['messages'] * one_far:.0f} ms."
+    f"{far['hook-async']['messages'] * one_far:.0f} ms of fixed costs, "
+    f"{far['hook-async']['messages'] * one_far / backward_of['like 1024 ranks']:.1f} of single's backwards "
+    f"({backward_of['like 1024 ranks']:.0f} ms), bucket-async's {far['bucket-async']['messages']} pay "
+    f"{far['bucket-async']['messages'] * one_far:.0f} ms."
 )
 
 # %%
