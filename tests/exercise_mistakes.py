@@ -346,14 +346,7 @@ class BucketAsyncSentAtFirstGradient(solutions.AsyncBucketDDP):
     """bucket-async sending a bucket at its first gradient: the flat copy holds the other members' gradients from
     before this backward, and finish writes their average over the gradients backward went on to accumulate."""
 
-    def _grad_ready(self, param):
-        if self.sync_this_backward:
-            b = self.bucket_of[param]
-            self.waiting[b] -= 1
-            if self.waiting[b] == len(self.buckets[b]) - 1:
-                self._send_bucket(b)
-            if self.waiting[b] == 0:
-                self.waiting[b] = len(self.buckets[b])
+    _grad_ready = BucketSentAtFirstGradient._grad_ready  # the same early send; _send_bucket is the async one
 
 
 class BucketCountsEveryBackward(solutions.BucketDDP):
