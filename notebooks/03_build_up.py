@@ -1168,12 +1168,12 @@ def than(bucketed, per_gradient):
 
 lesson.say(
     f"Buckets, in the end. On this notebook's 1 Gbit/s link, at the settings' {here:g} MiB cap, in one profiled step "
-    f"each, bucket-async left {than(here_b, here_h)} hook-async exposed ({here_b:.0f} against {here_h:.0f} ms): one "
+    f"each, bucket-async left {here_b:.0f} ms exposed, {than(here_b, here_h)} hook-async's {here_h:.0f} ms: one "
     f"message's fixed cost is {per_message_ms:.2f} ms there, "
     f"{per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0%} of the link time for one "
     "message per gradient, so fewer messages save little, and the last bucket's bytes can only travel after backward. "
-    f"On 2 ranks with a link sized like 1024 ranks, bucket-async left {than(far_b, far_h)} hook-async exposed "
-    f"({far_b:.0f} against {far_h:.0f} ms): there hook-async's {far['hook-async']['messages']} messages pay "
+    f"On 2 ranks with a link sized like 1024 ranks, bucket-async left {far_b:.0f} ms exposed, {than(far_b, far_h)} "
+    f"hook-async's {far_h:.0f} ms: there hook-async's {far['hook-async']['messages']} messages pay "
     f"{far['hook-async']['messages'] * one_far:.0f} ms of fixed costs, "
     f"{far['hook-async']['messages'] * one_far / backward_of['like 1024 ranks']:.1f} of single's backwards "
     f"({backward_of['like 1024 ranks']:.0f} ms), bucket-async's {far['bucket-async']['messages']} pay "
