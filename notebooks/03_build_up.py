@@ -68,7 +68,7 @@
 # transfers as the communication in flight. The training thread is not held up by the emulation, so
 # a stage that computes while a message travels hides the message, as on a real interconnect.
 #
-# Three things are called a hook. `hook` in code type is a stage (the third below). A *grad hook*
+# Three things are called a hook. `hook` in code type is a stage. A *grad hook*
 # is the function autograd calls when a parameter's gradient is ready
 # (`register_post_accumulate_grad_hook`): `hook` and every stage after it sync from one. The *comm
 # hook* is the function a stage hands a gradient or bucket to for the all_reduce (`04_comm_hooks`).
@@ -96,7 +96,13 @@ LINK, looks, k = parse_link("1gbit"), {}, lesson.SETTINGS.grad_accum
 def meet(stage, before=None):
     """Build `stage` on this rank (one warm-up step), take one profiled step over LINK, say and draw it."""
     looks[stage] = lesson.Trainee(stage, link=LINK).look()
+    looks[stage]["row"]["checks"] = looks[stage]["check_spans"]  # drawn hatched red: the thread stood there too
     lesson.say_look(looks, stage, before)
+    if looks[stage]["check_ms"] >= 0.5:
+        lesson.say(
+            f"The parameters-used check (an all_gather, not on the emulated link, so not in waited or exposed) "
+            f"held the thread {looks[stage]['check_ms']:.0f} ms more (hatched red)."
+        )
     lesson.picture(looks, stage, before, title=f"{stage}" + (f" (below) and {before} (faded)" if before else ""))
 
 
@@ -134,9 +140,9 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # The picture is its step: the forward (pale) and backward (blue) of each micro-batch, then the
 # optimizer (green); the black line is the end of the step. The stages below add messages
 # (orange, on the wire; a tick under the row where each was handed to the wire, many ticks merging
-# into a bar), waits (red: the training thread standing still until a message is back) and
-# `finish_gradient_synchronization()` (a thin purple strip on the row's midline, often hidden under
-# the ticks). A legend names the kinds of mark its figure draws, except those less than a pixel wide in all.
+# into a bar), waits (red: the training thread standing still until a message is back; hatched:
+# at the parameters-used check) and
+# `finish_gradient_synchronization()` (a thin purple strip on the row's midline). A legend names the kinds of mark its figure draws, except those less than a pixel wide in all.
 
 # %%
 # %%distributed
@@ -218,10 +224,8 @@ lesson.claim(
 from minddp.analysis.timeline import row_measures
 
 lesson.say(
-    f"Of its {v['link_ms']:.0f} ms on the link, {v['exposed_ms']:.0f} ms were exposed: the thread waits for each "
-    f"message as soon as the comm hook has handed it over, and the other {v['link_ms'] - v['exposed_ms']:.0f} ms "
-    "passed in the stage's own lines between handing a message over and waiting for it: neither exposed "
-    f"(the thread was not waiting) nor overlapped (ga syncs in finish, after backward: its overlap is "
+    f"Of its {v['link_ms']:.0f} ms on the link, {v['exposed_ms']:.0f} ms were exposed; during the other "
+    f"{v['link_ms'] - v['exposed_ms']:.0f} ms the thread was neither waiting nor computing (ga's overlap: "
     f"{row_measures(v['row'])['overlap_pct']:.0f} %)."
 )
 
@@ -322,9 +326,8 @@ lesson.say(
 lesson.say(
     f"*Overlap* (01's measure, used for every stage below, again over the link's transfers): {m['overlap_pct']:.0f} "
     "%, the share of the link's time during which the training thread computed (inside a forward, a backward or the "
-    "optimizer, and not waiting). hook's grad hooks run inside backward, so the stage's lines between handing a "
-    f"message over and waiting for it count as compute: they are all of this {m['overlap_pct']:.0f} %, not "
-    f"backward's arithmetic (ga runs the same lines in finish, after backward: "
+    "optimizer, and not waiting). hook's grad hooks run inside backward, so whatever the thread does there between "
+    "handing a message over and waiting for it counts as compute (ga, which syncs after backward: "
     f"{row_measures(looks['ga']['row'])['overlap_pct']:.0f} %)."
 )
 
@@ -400,8 +403,7 @@ lesson.claim(
 )
 lesson.claim(
     v["exposed_ms"] < b["exposed_ms"],
-    f"So less of the link's time is left exposed: {v['exposed_ms']:.0f} "
-    f"ms against hook's {b['exposed_ms']:.0f} ms; the rest travelled while backward computed.",
+    f"So less of the link's time is left exposed: {v['exposed_ms']:.0f} ms against hook's {b['exposed_ms']:.0f} ms.",
 )
 m = row_measures(v["row"])
 lesson.say(
@@ -410,8 +412,8 @@ lesson.say(
 )
 
 # %% [markdown]
-# What to look for: messages on the wire while the backward goes on and no red inside it; any
-# waiting comes at the end, in finish. The messages sent while backward computed are what *overlap*
+# What to look for: messages on the wire while the backward goes on and no plain red inside it (the
+# hatched red is the parameters-used check); the waits for messages come at the end, in finish. The messages sent while backward computed are what *overlap*
 # (the share of the link's time during which the thread computed) counts; only a wait with a
 # message still on the link is *exposed*.
 #
@@ -540,7 +542,7 @@ check(solutions.BucketDDP, like="bucket")
 # ## `bucket-async`: buckets in flight while backward goes on
 #
 # No new idea: `bucket`'s buckets with `hook-async`'s not-waiting. The stage is `bucket`
-# plus that one idea, in two methods, as `hook-async` is `hook` plus it: keep each bucket's Future,
+# plus that one idea, in a list made in `__init__` and two methods, as `hook-async` is `hook` plus it: keep each bucket's Future,
 # wait for them all in finish. This is the shape of torch's DDP: few messages, each sent as soon
 # as its bucket is full, while backward goes on (the last bucket is full only when backward ends).
 
@@ -571,7 +573,7 @@ lesson.claim(
 # `finish_gradient_synchronization()`. Build on the model answer `solutions.BucketDDP` (its source
 # is shown above, under `bucket`'s exercise), not on the ladder's stage shown in this section: its
 # helper is `_write_back(grads, average)`, which copies the averaged flat buffer into the bucket's
-# gradient tensors `grads`, where the stage's `_write_back(bucket, ...)` takes a bucket index.
+# gradient tensors `grads`.
 
 
 # %%
@@ -666,7 +668,8 @@ lesson.say(
 # the step's messages; *exposed* the part of it the training thread stood waiting through; *waited* all
 # its waiting, exposed or not; *last backward* the backward of the step's last micro-batch (for
 # `hook` and `bucket` it holds their waits), and *step* the whole step, both measured once on a
-# machine shared with other work. torch's C++ reducer
+# machine shared with other work; *at the check* the time the parameters-used check held the thread (an
+# all_gather, not on the link, so not in waited or exposed). torch's C++ reducer
 # waits on the link's messages through a Future of its own, so its waits are not seen (–).
 
 # %%
@@ -694,31 +697,38 @@ more = [
     e[bucketed] > e[per_gradient] for bucketed, per_gradient in (("bucket", "hook"), ("bucket-async", "hook-async"))
 ]
 lesson.say(
-    f"hook moves ga's waiting into the backward (exposed: ga {e['ga']:.0f} ms, hook {e['hook']:.0f} ms, of the same "
-    f"{link['ga']:.0f} ms on the link), which is what lets hook-async stop waiting. Buckets, in this run on this "
+    f"hook waits inside the backward, where ga waited after it (waited: ga {looks['ga']['waited_ms']:.0f} ms, hook "
+    f"{looks['hook']['waited_ms']:.0f} ms; exposed: ga {e['ga']:.0f} ms, hook {e['hook']:.0f} ms, of the same "
+    f"{link['ga']:.0f} ms on the link). Buckets, in this run on this "
     + {
         (True, True): "link, left more of it exposed than one message per gradient, in both pairs",
         (False, False): "link, left less of it exposed than one message per gradient, in both pairs",
     }.get(tuple(more), "link, left more of it exposed in one pair and less in the other")
     + f": bucket {e['bucket']:.0f} ms against hook's {e['hook']:.0f}, bucket-async {e['bucket-async']:.0f} ms against "
-    f"hook-async's {e['hook-async']:.0f}. The bucket lesson below says why."
+    f"hook-async's {e['hook-async']:.0f}."
 )
 ov = {s: row_measures(looks[s]["row"])["overlap_pct"] for s in ladder + ["ddp"]}
 lesson.say("Overlap, down the ladder: " + ", ".join(f"{s} {ov[s]:.0f} %" for s in ov) + ".")
 back = {s: looks[s]["last_backward_ms"] for s in looks}
+
+
+def check_in_last_backward(v):
+    """ms of the last backward during which the parameters-used check held the thread (hatched red)."""
+    b0, b1 = v["row"]["backward"][-1]
+    return sum(max(0.0, min(e, b1) - max(s, b0)) for s, e in v["check_spans"])
+
+
 lesson.say(
-    f"The last backward took {back['hook']:.0f} and {back['bucket']:.0f} ms in hook and bucket, which waited "
-    f"{looks['hook']['waited_ms']:.0f} and {looks['bucket']['waited_ms']:.0f} ms, every wait begun inside it; "
-    f"{back['hook-async']:.0f} and {back['bucket-async']:.0f} ms in hook-async and bucket-async, which sent while it "
-    f"computed and waited only after it; {back['ga']:.0f} ms in ga, which sent nothing during it. One step each, on "
-    f"{lesson.cores()} cores shared by both ranks, gloo's threads and the link's: these lengths do not measure what "
-    "overlapping cost the compute (`05_reading_traces` reads it from traces). On a GPU the backward runs on the GPU "
-    "and NCCL moves the bytes on its own stream: the setting the blog measured."
+    "The last backward holds hook's and bucket's waits for messages, and in every stage from hook on the "
+    "parameters-used check: "
+    + ", ".join(f"{s} {check_in_last_backward(looks[s]):.0f} ms" for s in ladder[2:])
+    + f". Its length is one step each, on {lesson.cores()} cores shared by both ranks, gloo's threads and the link's:"
+    " it does not measure what overlapping cost the compute (`05_reading_traces` reads that from traces)."
 )
 
 # %%
 # %%rank 0
-lesson.look_table(looks)
+lesson.look_table(looks).assign(**{"at the check, ms": [round(v["check_ms"]) for v in looks.values()]})
 
 # %% [markdown]
 # How to read it: every stage computes the same thing on the same batches, so by design the
@@ -744,8 +754,8 @@ lesson.look_table(looks)
 #    bucket instead of once per gradient tensor;
 # 2. **the first bucket's late start**: nothing goes to the link before the first bucket's last
 #    gradient is ready, while a per-gradient stage sends its first gradient as soon as it is ready;
-# 3. **the last bucket's tail**: the last bucket is ready only when backward ends, so all of its
-#    transfer comes after backward; a per-gradient stage's last message is one tensor.
+# 3. **the last bucket's tail**: the last bucket is ready only as backward ends, so its transfer
+#    comes after backward; a per-gradient stage's last message is one tensor.
 #
 # The link carries one message at a time, so it is done at the latest of, over the messages i:
 # "message i handed over, then i and every message after it carried back to back"
@@ -756,7 +766,7 @@ lesson.look_table(looks)
 # The cell reads all of it from the two profiled steps above, and when each gradient is ready from
 # the *bare network* (the same network with no wrapper, no hooks, no messages), timed here: a
 # profiled step's first hand-over also comes after the teaching stages' once-a-step check of the
-# parameters used, which waits for the other rank; the cell measures that check and names it apart.
+# parameters used; the table names the time that check held the thread.
 
 # %%
 # %%distributed
@@ -793,20 +803,17 @@ lesson.claim(
     f"of {1e3 * bare.backward:.0f} ms, the first bucket's last {bucket_ready:.0f} ms in (the sweep below scales these "
     "times to its own runs' backward).",
 )
-check = {s: looks[s]["check_ms"] for s in why}
+for s in why:
+    why[s]["check_ms"] = looks[s]["check_ms"]
 lesson.say(
     f"In the profiled steps the first message left {h['first_ms']:.0f} ms (hook-async) and {b['first_ms']:.0f} ms "
-    f"(bucket-async) into the last backward ({looks['hook-async']['last_backward_ms']:.0f} and "
-    f"{looks['bucket-async']['last_backward_ms']:.0f} ms long): other backwards than the bare network's above, timed "
-    "apart, so their times differ. Before its first send of a step, a teaching stage checks that every rank's "
-    f"forwards used the same parameters (an all_gather of a few bytes, once per synced backward, which waits for the other rank to reach "
-    f"it): that check held the thread {check['hook-async']:.0f} and {check['bucket-async']:.0f} ms of it, a cost "
-    "of its own, which torch's DDP does not pay (it has no such check by default)."
+    "(bucket-async) into the last backward, after the parameters-used check, which held the thread "
+    f'{h["check_ms"]:.0f} and {b["check_ms"]:.0f} ms of that (the table\'s column "at the check").'
 )
 # modeled: the last message's bytes over the link, the same on every machine
 lesson.claim(
     b["tail_ms"] > h["tail_ms"],
-    f"Tail: bucket-async's last bucket takes {b['tail_ms']:.1f} ms on the link after backward, hook-async's "
+    f"Tail: bucket-async's last bucket takes {b['tail_ms']:.1f} ms on the link, hook-async's "
     f"last gradient {h['tail_ms']:.1f} ms.",
 )
 table = (
@@ -815,6 +822,7 @@ table = (
         [
             "messages",
             "link_ms",
+            "check_ms",
             "first_ms",
             "start_end_ms",
             "tail_ms",
@@ -827,6 +835,7 @@ table = (
     .rename(
         columns={
             "link_ms": "link time, ms",
+            "check_ms": "at the check, ms",
             "first_ms": "first message handed over, ms into the last backward",
             "start_end_ms": "start-limited end, ms after backward (< 0: before)",
             "tail_ms": "last message's transfer, ms",
@@ -944,10 +953,7 @@ here = lesson.SETTINGS.bucket_cap_mb
 if rank == 0:
     bucket_sweep(
         {"step-time model": model},
-        measured=[
-            (25 if c is None else c, v["exposed_ms"], "measured" if c else "measured, torch's default (None)")
-            for c, v in swept.items()
-        ],
+        measured=[(c, v["exposed_ms"], "measured") for c, v in swept.items() if c is not None],  # None: printed
         per_gradient={  # the value in the label: a line at 0 lies on the axis
             f"hook-async, measured ({looks['hook-async']['exposed_ms']:.1f} ms)": looks["hook-async"]["exposed_ms"],
             f"hook-async, step-time model ({1e3 * per_gradient.exposed:.1f} ms)": 1e3 * per_gradient.exposed,
@@ -1064,14 +1070,16 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         f"{name[0].upper() + name[1:]}: bucket-async sent {blog_runs[name, 'bucket-async']['calls']} buckets a step "
         f"(the blog's model at 25 MiB: {blog_buckets})."
     )
-    ran = [blog_runs[name, s]["backward_ms"] for s in RUN[name]]
+    ran = {s: blog_runs[name, s]["backward_ms"] for s in RUN[name]}
     lesson.say(
-        f"The link was sized from a backward of {backward_of[name]:.0f} ms; the backwards run on it took "
-        f"{min(ran):.0f} to {max(ran):.0f} ms, so there one sync's bytes took "
-        f"{bytes_ratio * backward_of[name] / max(ran):.2f} to {bytes_ratio * backward_of[name] / min(ran):.2f} "
-        f"backwards, not the setting's {bytes_ratio:.2f}, and one message's fixed cost "
-        f"{message_ratio * backward_of[name] / max(ran):.1e} to {message_ratio * backward_of[name] / min(ran):.1e} "
-        f"of one, not {message_ratio:.1e}: the runs below were read at those ratios."
+        f"The link was sized from a backward of {backward_of[name]:.0f} ms. Each run's own last backward, and in it "
+        "one sync's bytes and one message's fixed cost (the ratios each run below ran at): "
+        + ", ".join(
+            f"{s} {ms:.0f} ms ({bytes_ratio * backward_of[name] / ms:.2f} and "
+            f"{message_ratio * backward_of[name] / ms:.1e})"
+            for s, ms in ran.items()
+        )
+        + f"; the setting's: {bytes_ratio:.2f} and {message_ratio:.1e}."
     )
 
 # %% [markdown]
@@ -1135,8 +1143,7 @@ lesson.say(
     f"bucket-async's last bucket takes {t4['bucket-async']['tail_ms']:.1f} ms after backward, hook-async's last "
     f"gradient {t4['hook-async']['tail_ms']:.1f} ms."
 )
-# At 1024 ranks the fixed costs of hook-async's messages add up to several backwards of `single`'s (printed
-# below), while the buckets pay a few: on the link's modeled clock. How much of them hook-async then hides
+# At 1024 ranks hook-async's messages pay many more fixed costs than the buckets: on the link's modeled clock. How much of them hook-async then hides
 # depends on how long its own backward lasts: the overlap and
 # exposed time of the two async rungs are printed above, not claimed. bucket waits for each message as soon
 # as it is sent: its overlap is only the hooks' work between a send and its wait.
@@ -1175,8 +1182,8 @@ lesson.say(
     f"On 2 ranks with a link sized like 1024 ranks, bucket-async left {far_b:.0f} ms exposed, {than(far_b, far_h)} "
     f"hook-async's {far_h:.0f} ms: there hook-async's {far['hook-async']['messages']} messages pay "
     f"{far['hook-async']['messages'] * one_far:.0f} ms of fixed costs, "
-    f"{far['hook-async']['messages'] * one_far / backward_of['like 1024 ranks']:.1f} of single's backwards "
-    f"({backward_of['like 1024 ranks']:.0f} ms), bucket-async's {far['bucket-async']['messages']} pay "
+    f"{far['hook-async']['messages'] * one_far / far['hook-async']['backward_ms']:.1f} of its own last backward "
+    f"({far['hook-async']['backward_ms']:.0f} ms), bucket-async's {far['bucket-async']['messages']} pay "
     f"{far['bucket-async']['messages'] * one_far:.0f} ms."
 )
 
