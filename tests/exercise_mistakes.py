@@ -169,6 +169,16 @@ class IncomingGradient(solutions.GradAccumDDP):
         pass
 
 
+class TensorHookOnTheMethod(solutions.HookDDP):
+    """Registers the model answer's ``_grad_ready(param)`` as a *tensor* hook: it is handed the incoming gradient,
+    whose ``.grad`` is None, so the all_reduce gets None."""
+
+    def __init__(self, module, process_group=None):
+        solutions.GradAccumDDP.__init__(self, module, process_group)
+        for p in module.parameters():
+            p.register_hook(self._grad_ready)
+
+
 class IgnoresNoSync(solutions.HookDDP):
     """Syncs from the hook in every backward, also in those of forwards run inside no_sync()."""
 

@@ -107,6 +107,7 @@ MISTAKES = [
     (wrong.DecidesInFinish, "ga", "no_sync() did not stop the sync"),
     (wrong.NoSyncNeverRestored, "ga", "no_sync() left the sync off after its with-block"),
     (wrong.IncomingGradient, "hook", "the incoming gradient of the last micro-batch was synced"),
+    (wrong.TensorHookOnTheMethod, "hook", "register_hook hands a grad hook the incoming gradient"),
     (wrong.IgnoresNoSync, "hook", "came from the micro-batches run inside no_sync()"),
     (wrong.AfterBackward, "hook", "started in finish_gradient_synchronization(), after backward"),
     (
