@@ -369,11 +369,14 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
             " (this backend has no ReduceOp.AVG: keep the default ReduceOp.SUM and divide by "
             "dist.get_world_size(group) yourself, before the sum)"
         )
-    if like in ("hook", "hook-async", "bucket", "bucket-async") and "NoneType" in message:
+    # a grad hook registered with register_hook: param.grad is the incoming gradient's .grad, None (the message's
+    # first line, torch's type check of the all_reduce's tensor, or None in arithmetic)
+    no_tensor = re.search(r"NoneType|Expected parameter `tensor` of type torch\.Tensor", message)
+    if like in ("hook", "hook-async", "bucket", "bucket-async") and no_tensor:
         return (
-            " (None where a gradient was expected: register_hook hands a grad hook the incoming gradient, a tensor "
-            "whose .grad is None; register_post_accumulate_grad_hook hands it the parameter, whose .grad is the "
-            "accumulated gradient)"
+            " (a gradient that is None: register_hook hands a grad hook the incoming gradient, a tensor whose .grad "
+            "is None; register_post_accumulate_grad_hook hands it the parameter, whose .grad is the accumulated "
+            "gradient)"
         )
     if like == "halves" and sizes and sizes["kind"] == "copy_back" and re.search(r"shape|size", message, re.I):
         return (
