@@ -32,12 +32,12 @@
 #    the stage before, method by method (a diff computed from the package, not written by hand).
 #    The ladder's classes carry the idea's lines and three things more, the same in every stage:
 #    the gradient goes through the comm hook (`self.comm_hook(self.comm_state, GradBucket(...))`,
-#    which returns a Future: `04_comm_hooks` swaps it for compression); before the first send of a
-#    step, every rank checks that its forwards used the same parameters (`parameters_used.check()`,
-#    one all_gather of a few bytes per synced backward, which waits for the other rank to reach it:
-#    `k` a step in `simple`, one in the stages that sync once a step; a cost of its
-#    own, measured in the bucket lesson); and a stage
-#    that keeps Futures refuses a step whose last one was not finished (`check_finished`);
+#    which returns a Future: `04_comm_hooks` swaps it for compression; `GradBucket` is torch's name
+#    for what a comm hook is handed, one gradient in the stages before `bucket`); before the first
+#    send of a synced backward, every rank checks that its forwards used the same parameters
+#    (`parameters_used.check()`, one all_gather of a few bytes, which waits for the other rank to
+#    reach it; the bucket lesson measures it); and from `hook-async` on, a stage refuses a step
+#    whose last sync was left unfinished (`check_finished`);
 # 3. **a run on real ranks**: the stage is built on both ranks with the workload every notebook
 #    shares, takes one warm-up step, then one step under the profiler, read in memory
 #    (`Trainee.look`): how many all_reduce calls, how many started while a backward was running,
@@ -57,7 +57,8 @@
 # (`minddp.comm.link`): the real all_reduce still runs, so every result is exact, but it completes
 # no earlier than the same all_reduce would on Gigabit Ethernet, one message at a time, as one
 # Ethernet port sends them. That time is *modeled*: the same on every run and every machine, so the
-# sentences about it hold anywhere. The notation is `01_collectives`'s: α is the fixed cost of one
+# sentences about it hold anywhere. The training thread's waits are *measured*: a wait can last past
+# the link's modeled time, while the real all_reduce on this machine is not yet done. The notation is `01_collectives`'s: α is the fixed cost of one
 # of 01's messages (one hop of a ring), β the time per byte (1/B for a bandwidth of B bytes/s), n the
 # number of ranks, m the bytes of the tensor one all_reduce reduces, k the micro-batches of a step.
 # One word differs: here a **message** is one all_reduce handed to the link (a gradient, or a
@@ -67,7 +68,7 @@
 # transfers as the communication in flight. The training thread is not held up by the emulation, so
 # a stage that computes while a message travels hides the message, as on a real interconnect.
 #
-# Three things are called a hook. `hook` in code type is a stage (the third below). A *grad hook*
+# Three things are called a hook. `hook` in code type is a stage. A *grad hook*
 # is the function autograd calls when a parameter's gradient is ready
 # (`register_post_accumulate_grad_hook`): `hook` and every stage after it sync from one. The *comm
 # hook* is the function a stage hands a gradient or bucket to for the all_reduce (`04_comm_hooks`).
@@ -95,7 +96,13 @@ LINK, looks, k = parse_link("1gbit"), {}, lesson.SETTINGS.grad_accum
 def meet(stage, before=None):
     """Build `stage` on this rank (one warm-up step), take one profiled step over LINK, say and draw it."""
     looks[stage] = lesson.Trainee(stage, link=LINK).look()
+    looks[stage]["row"]["checks"] = looks[stage]["check_spans"]  # drawn hatched red: the thread stood there too
     lesson.say_look(looks, stage, before)
+    if looks[stage]["check_ms"] >= 0.5:
+        lesson.say(
+            f"The parameters-used check (an all_gather, not on the emulated link, so not in waited or exposed) "
+            f"held the thread {looks[stage]['check_ms']:.0f} ms more (hatched red)."
+        )
     lesson.picture(looks, stage, before, title=f"{stage}" + (f" (below) and {before} (faded)" if before else ""))
 
 
@@ -126,15 +133,16 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 #
 # Here each rank trains its own shard and never talks to the other: not data parallelism (the
 # replicas drift apart), but the same computation as every stage below, with no message at all.
-# The stages add messages and waiting to the same computation; how much, each cell below reads on the
-# link's own clock (its modeled transfers and the training thread's waits), because a step timed on a
-# machine shared with other work moves from one step to the next by more than that: `single`'s step is
-# no floor for the others' step times here, and in the side-by-side table it need not be the fastest.
+# The stages add messages and waiting to the same computation; each cell below reads them from the
+# link's modeled transfers and the training thread's recorded waits, not from step times, which on a
+# machine shared with other work move from one step to the next (`single`'s step is no floor for
+# the others' here).
 # The picture is its step: the forward (pale) and backward (blue) of each micro-batch, then the
 # optimizer (green); the black line is the end of the step. The stages below add messages
 # (orange, on the wire; a tick under the row where each was handed to the wire, many ticks merging
-# into a bar) and waits (red: the training thread standing still until a message is back). A legend
-# lists every kind of mark its figure can draw, drawn or not in that step.
+# into a bar), waits (red: the training thread standing still until a message is back; hatched:
+# at the parameters-used check) and
+# `finish_gradient_synchronization()` (a thin purple strip on the row's midline). A legend names the kinds of mark its figure draws, except those less than a pixel wide in all.
 
 # %%
 # %%distributed
@@ -216,17 +224,16 @@ lesson.claim(
 from minddp.analysis.timeline import row_measures
 
 lesson.say(
-    f"Of its {v['link_ms']:.0f} ms on the link, {v['exposed_ms']:.0f} ms were exposed: the thread waits for each "
-    f"message as soon as the comm hook has handed it over, and the other {v['link_ms'] - v['exposed_ms']:.0f} ms "
-    "passed in the stage's own lines between handing a message over and waiting for it: neither exposed "
-    f"(the thread was not waiting) nor overlapped (ga syncs in finish, after backward: its overlap is "
+    f"Of its {v['link_ms']:.0f} ms on the link, {v['exposed_ms']:.0f} ms were exposed; during the other "
+    f"{v['link_ms'] - v['exposed_ms']:.0f} ms the thread was neither waiting nor computing (ga's overlap: "
     f"{row_measures(v['row'])['overlap_pct']:.0f} %)."
 )
 
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, waited for whole. The
 # micro-batches before it run straight on into each other. (The link's time is modeled, so the
-# ratio above is exact; compute times on this machine are not, and are not compared here.)
+# ratio above is exact. The compute bars are measured on a shared machine and move from step to
+# step: the two rows share an axis to show where the messages go, not which step is shorter.)
 #
 # ### Your turn: `ga`
 #
@@ -273,8 +280,8 @@ check(solutions.GradAccumDDP, like="ga")
 # *post-accumulate-grad hook* on each parameter fires right after autograd has added this
 # backward's contribution into `param.grad`: the accumulated gradient, the one to sync (a plain
 # tensor hook would hand over only the incoming gradient of this micro-batch). This grad hook sends the
-# gradient and, in this stage, waits for the result before backward may go on: communication
-# *interleaves* with backward, but backward stands still while it waits. (The hooks reach the
+# gradient and, in this stage, waits for the result before backward may go on: the messages move
+# into the backward, but the backward stands still while each travels. (The hooks reach the
 # wrapper through `weakref`: autograd keeps them on its C++ side, where Python's garbage collector
 # cannot see a cycle, so a strong reference would keep every wrapper alive; `weakref.finalize`
 # removes the hooks when the wrapper goes. Plumbing, not the idea.) The idea:
@@ -308,16 +315,19 @@ lesson.claim(
 )
 m = row_measures(v["row"])
 lesson.say(
-    f"*Interleaved* (01's measure, the non-compute time inside backward, with the link's transfers as the "
-    f"communication in flight): {m['interleaved_ms']:.0f} ms of the backward passed with a message on the link and "
-    "the thread not computing."
+    f"*Interleaved* (01's measure, with the link's transfers as the communication): {m['interleaved_ms']:.0f} ms of "
+    "the backward passed with a message on the link and the thread not computing"
+    + (
+        f", the same time as its exposed {v['exposed_ms']:.0f} ms: every wait of hook's is inside the backward."
+        if abs(m["interleaved_ms"] - v["exposed_ms"]) < 0.5
+        else f"; its exposed time, {v['exposed_ms']:.0f} ms, also counts the waits after the backward's last operator."
+    )
 )
 lesson.say(
     f"*Overlap* (01's measure, used for every stage below, again over the link's transfers): {m['overlap_pct']:.0f} "
     "%, the share of the link's time during which the training thread computed (inside a forward, a backward or the "
-    "optimizer, and not waiting). hook's grad hooks run inside backward, so the stage's lines between handing a "
-    f"message over and waiting for it count as compute: they are all of this {m['overlap_pct']:.0f} %, not "
-    f"backward's arithmetic (ga runs the same lines in finish, after backward: "
+    "optimizer, and not waiting). hook's grad hooks run inside backward, so whatever the thread does there between "
+    "handing a message over and waiting for it counts as compute (ga, which syncs after backward: "
     f"{row_measures(looks['ga']['row'])['overlap_pct']:.0f} %)."
 )
 
@@ -393,20 +403,17 @@ lesson.claim(
 )
 lesson.claim(
     v["exposed_ms"] < b["exposed_ms"],
-    f"So less of the link's time is left exposed: {v['exposed_ms']:.0f} "
-    f"ms against hook's {b['exposed_ms']:.0f} ms; the rest travelled while backward computed.",
+    f"So less of the link's time is left exposed: {v['exposed_ms']:.0f} ms against hook's {b['exposed_ms']:.0f} ms.",
 )
 m = row_measures(v["row"])
 lesson.say(
     f"Overlap: {m['overlap_pct']:.0f} % of hook-async's link time passed with the thread computing (hook: "
-    f"{row_measures(b['row'])['overlap_pct']:.0f} %). Its waits, all in finish, lasted {v['waited_ms']:.0f} ms "
-    f"(hook's many waits {b['waited_ms']:.0f} ms in all), of which {v['exposed_ms']:.0f} ms had a message still on the "
-    f"link and {v['waited_ms'] - v['exposed_ms']:.0f} ms came after the link had delivered."
+    f"{row_measures(b['row'])['overlap_pct']:.0f} %)."
 )
 
 # %% [markdown]
-# What to look for: messages on the wire while the backward goes on and no red inside it; any
-# waiting comes at the end, in finish. The messages sent while backward computed are what *overlap*
+# What to look for: messages on the wire while the backward goes on and no plain red inside it (the
+# hatched red is the parameters-used check); the waits for messages come at the end, in finish. The messages sent while backward computed are what *overlap*
 # (the share of the link's time during which the thread computed) counts; only a wait with a
 # message still on the link is *exposed*.
 #
@@ -443,7 +450,7 @@ check(solutions.AsyncHookDDP, like="hook-async")
 # Every collective pays a fixed cost before its bytes move (a round trip, waking a thread, a kernel
 # launch): 2(n−1)·α per all_reduce, α for each of its 2(n−1) hops. One all_reduce per parameter pays
 # it once per parameter tensor. Buckets
-# pay it a few times: at construction the parameters are grouped, in reverse order (backward
+# pay it once per bucket: at construction the parameters are grouped, in reverse order (backward
 # produces the last layers' gradients first), into buckets of about `bucket_cap_mb` (torch's rule,
 # `plan_buckets`); in the grad hook each parameter is counted in its bucket, and when the bucket's last
 # gradient is in, the bucket is flattened into one buffer and sent in one call; when the average is
@@ -456,10 +463,13 @@ check(solutions.AsyncHookDDP, like="hook-async")
 #
 # ```python
 # def _grad_ready(self, p):
+#     if not self.sync_this_backward:          # inside no_sync(): count nothing, send nothing
+#         return
 #     b = self.bucket_of[p]
 #     self.waiting[b] -= 1
 #     if self.waiting[b] == 0:                 # the bucket's last gradient is in: one message for all
 #         members = self.buckets[b]
+#         self.waiting[b] = len(members)       # counted afresh in the next synced backward
 #         flat = torch.cat([q.grad.reshape(-1) for q in members])
 #         dist.all_reduce(flat)
 #         flat /= dist.get_world_size()
@@ -479,7 +489,7 @@ per_message = LINK.seconds("all_reduce", 0, world_size) * 1e3  # one all_reduce'
 lesson.claim(
     v["calls"] == v["buckets"] and v["bytes"] == b["bytes"],
     f"bucket sends the same bytes in "
-    f"{v['calls']} calls, one per bucket of {lesson.SETTINGS.bucket_cap_mb:g} MiB, instead of {b['calls']}.",
+    f"{v['calls']} calls, one per bucket (cap {lesson.SETTINGS.bucket_cap_mb:g} MiB), instead of {b['calls']}.",
 )
 lesson.claim(
     abs(b["link_ms"] - v["link_ms"] - (b["calls"] - v["calls"]) * per_message) < 1e-6 * b["link_ms"],
@@ -532,9 +542,9 @@ check(solutions.BucketDDP, like="bucket")
 # ## `bucket-async`: buckets in flight while backward goes on
 #
 # No new idea: `bucket`'s buckets with `hook-async`'s not-waiting. The stage is `bucket`
-# plus that one idea, in two methods, as `hook-async` is `hook` plus it: keep each bucket's Future,
-# wait for them all in finish. This is the shape of torch's DDP: few messages, each but the last
-# overlapping the rest of backward (the last is ready only when backward ends).
+# plus that one idea, in a list made in `__init__` and two methods, as `hook-async` is `hook` plus it: keep each bucket's Future,
+# wait for them all in finish. This is the shape of torch's DDP: few messages, each sent as soon
+# as its bucket is full, while backward goes on (the last bucket is full only when backward ends).
 
 # %%
 show_source(STAGES["bucket-async"])
@@ -563,7 +573,7 @@ lesson.claim(
 # `finish_gradient_synchronization()`. Build on the model answer `solutions.BucketDDP` (its source
 # is shown above, under `bucket`'s exercise), not on the ladder's stage shown in this section: its
 # helper is `_write_back(grads, average)`, which copies the averaged flat buffer into the bucket's
-# gradient tensors `grads`, where the stage's `_write_back(bucket, ...)` takes a bucket index.
+# gradient tensors `grads`.
 
 
 # %%
@@ -644,7 +654,8 @@ def after_backward(row):
 
 lesson.say(
     f"Between the end of its last backward bar and its optimizer step, {after_backward(v['row']):.0f} ms passed with "
-    f"nothing drawn (ddp: {after_backward(looks['ddp']['row']):.0f} ms, where its waits, if any, are drawn): inside "
+    f"nothing drawn on the thread's bar (ddp: {after_backward(looks['ddp']['row']):.0f} ms, where its waits, if any, "
+    "are drawn; the messages below the bar still travel in part of it): inside "
     "`loss.backward()`, after its last operator, where torch's reducer waits for its buckets and writes them back; "
     "this picture does not take that time apart."
 )
@@ -655,8 +666,10 @@ lesson.say(
 # Every profiled step above, one row per stage, on one axis, and the table of their numbers
 # (units in the column names; the measures are `01_collectives`'s). *Link time* is the modeled time of
 # the step's messages; *exposed* the part of it the training thread stood waiting through; *waited* all
-# its waiting, exposed or not; *last backward* the backward that sends, and
-# *step* the whole step, both measured once on a machine shared with other work. torch's C++ reducer
+# its waiting, exposed or not; *last backward* the backward of the step's last micro-batch (for
+# `hook` and `bucket` it holds their waits), and *step* the whole step, both measured once on a
+# machine shared with other work; *at the check* the time the parameters-used check held the thread (an
+# all_gather, not on the link, so not in waited or exposed). torch's C++ reducer
 # waits on the link's messages through a Future of its own, so its waits are not seen (–).
 
 # %%
@@ -680,38 +693,49 @@ lesson.claim(
     "inside backward (hook → hook-async, bucket → bucket-async).",
 )
 link = {s: looks[s]["link_ms"] for s in ladder}
+more = [
+    e[bucketed] > e[per_gradient] for bucketed, per_gradient in (("bucket", "hook"), ("bucket-async", "hook-async"))
+]
 lesson.say(
-    f"The other two ideas are not about the exposed time on this link. hook moves ga's waiting into the backward "
-    f"(exposed: ga {e['ga']:.0f} ms, hook {e['hook']:.0f} ms, of the same {link['ga']:.0f} ms on the link), which "
-    f"is what lets hook-async stop waiting. Buckets cut the number of messages: bucket exposed {e['bucket']:.0f} ms "
-    f"(hook {e['hook']:.0f}), bucket-async {e['bucket-async']:.0f} ms (hook-async {e['hook-async']:.0f}); the bucket "
-    "lesson below takes the two async rungs apart."
+    f"hook waits inside the backward, where ga waited after it (waited: ga {looks['ga']['waited_ms']:.0f} ms, hook "
+    f"{looks['hook']['waited_ms']:.0f} ms; exposed: ga {e['ga']:.0f} ms, hook {e['hook']:.0f} ms, of the same "
+    f"{link['ga']:.0f} ms on the link). Buckets, in this run on this "
+    + {
+        (True, True): "link, left more of it exposed than one message per gradient, in both pairs",
+        (False, False): "link, left less of it exposed than one message per gradient, in both pairs",
+    }.get(tuple(more), "link, left more of it exposed in one pair and less in the other")
+    + f": bucket {e['bucket']:.0f} ms against hook's {e['hook']:.0f}, bucket-async {e['bucket-async']:.0f} ms against "
+    f"hook-async's {e['hook-async']:.0f}."
 )
 ov = {s: row_measures(looks[s]["row"])["overlap_pct"] for s in ladder + ["ddp"]}
 lesson.say("Overlap, down the ladder: " + ", ".join(f"{s} {ov[s]:.0f} %" for s in ov) + ".")
 back = {s: looks[s]["last_backward_ms"] for s in looks}
+
+
+def check_in_last_backward(v):
+    """ms of the last backward during which the parameters-used check held the thread (hatched red)."""
+    b0, b1 = v["row"]["backward"][-1]
+    return sum(max(0.0, min(e, b1) - max(s, b0)) for s, e in v["check_spans"])
+
+
 lesson.say(
-    f"The last backward, which sends the messages, took {back['ga']:.0f} ms in ga (nothing sent while it runs), "
-    f"{back['hook-async']:.0f} and {back['bucket-async']:.0f} ms in hook-async and bucket-async (sending while it "
-    f"computes), {back['hook']:.0f} and {back['bucket']:.0f} ms in hook and bucket (waiting inside it). One step "
-    f"each, on {lesson.cores()} cores shared by both ranks, gloo's threads and the link's, and by other work: these "
-    "lengths do not measure what overlapping cost the compute (`05_reading_traces` reads each stage's backward from "
-    "traces). On a GPU the backward runs on the GPU and NCCL moves the bytes on its own stream: the setting the blog "
-    "measured."
+    "The last backward holds hook's and bucket's waits for messages, and in every stage from hook on the "
+    "parameters-used check: "
+    + ", ".join(f"{s} {check_in_last_backward(looks[s]):.0f} ms" for s in ladder[2:])
+    + f". Its length is one step each, on {lesson.cores()} cores shared by both ranks, gloo's threads and the link's:"
+    " it does not measure what overlapping cost the compute (`05_reading_traces` reads that from traces)."
 )
 
 # %%
 # %%rank 0
-lesson.look_table(looks)
+lesson.look_table(looks).assign(**{"at the check, ms": [round(v["check_ms"]) for v in looks.values()]})
 
 # %% [markdown]
 # How to read it: every stage computes the same thing on the same batches, so by design the
-# stages differ by their communication and their waiting, not by their arithmetic. Their step
-# times above do not show even that: the stages ran in turn on this machine's shared cores, and the
-# machine's other work moved the steps by as much as the stages' communication, or more (the same
-# backward takes different times in different rows; `single`, which sends nothing, need not be
-# the fastest). Step times compare only from steps taken in turns (`docs/analysis.md`); read
-# the communication columns. `ga` divides the
+# stages differ by their communication and their waiting, not by their arithmetic. The step and
+# backward columns are one step each, measured on shared cores, and are not compared here (step
+# times compare only from steps taken in turns: `docs/analysis.md`); read the communication
+# columns. `ga` divides the
 # traffic by the number of micro-batches; the hook stages move the messages into the backward;
 # the async stages stop waiting for them there; the buckets divide the number of messages. Whether
 # that last idea pays is the next section's question.
@@ -730,19 +754,19 @@ lesson.look_table(looks)
 #    bucket instead of once per gradient tensor;
 # 2. **the first bucket's late start**: nothing goes to the link before the first bucket's last
 #    gradient is ready, while a per-gradient stage sends its first gradient as soon as it is ready;
-# 3. **the last bucket's tail**: the last bucket is ready only when backward ends, so all of its
-#    transfer comes after backward; a per-gradient stage's last message is one tensor.
+# 3. **the last bucket's tail**: the last bucket is ready only as backward ends, so its transfer
+#    comes after backward; a per-gradient stage's last message is one tensor.
 #
 # The link carries one message at a time, so it is done at the latest of, over the messages i:
 # "message i handed over, then i and every message after it carried back to back"
 # (`minddp.costmodel.buckets.queue_end`). Message 1 gives the *start-limited* end (the late start,
 # then all the link time); the last message the *tail-limited* one. What the link still carries
-# after backward is the most a step can expose: the thread stands waiting for it only from when it
+# after backward is the most that step can expose: the thread stands waiting for it only from when it
 # reaches its wait in finish, so the link's time before that is neither under compute nor exposed.
 # The cell reads all of it from the two profiled steps above, and when each gradient is ready from
 # the *bare network* (the same network with no wrapper, no hooks, no messages), timed here: a
 # profiled step's first hand-over also comes after the teaching stages' once-a-step check of the
-# parameters used, which waits for the other rank; the cell measures that check and names it apart.
+# parameters used; the table names the time that check held the thread.
 
 # %%
 # %%distributed
@@ -779,20 +803,17 @@ lesson.claim(
     f"of {1e3 * bare.backward:.0f} ms, the first bucket's last {bucket_ready:.0f} ms in (the sweep below scales these "
     "times to its own runs' backward).",
 )
-check = {s: looks[s]["check_ms"] for s in why}
+for s in why:
+    why[s]["check_ms"] = looks[s]["check_ms"]
 lesson.say(
     f"In the profiled steps the first message left {h['first_ms']:.0f} ms (hook-async) and {b['first_ms']:.0f} ms "
-    f"(bucket-async) into the last backward ({looks['hook-async']['last_backward_ms']:.0f} and "
-    f"{looks['bucket-async']['last_backward_ms']:.0f} ms long): other backwards than the bare network's above, timed "
-    "apart, so their times differ. Before its first send of a step, a teaching stage checks that every rank's "
-    f"forwards used the same parameters (an all_gather of a few bytes, once per synced backward, which waits for the other rank to reach "
-    f"it): that check held the thread {check['hook-async']:.0f} and {check['bucket-async']:.0f} ms of it, a cost "
-    "of its own, which torch's DDP does not pay (it has no such check by default)."
+    "(bucket-async) into the last backward, after the parameters-used check, which held the thread "
+    f'{h["check_ms"]:.0f} and {b["check_ms"]:.0f} ms of that (the table\'s column "at the check").'
 )
 # modeled: the last message's bytes over the link, the same on every machine
 lesson.claim(
     b["tail_ms"] > h["tail_ms"],
-    f"Tail: bucket-async's last bucket takes {b['tail_ms']:.1f} ms on the link after backward, hook-async's "
+    f"Tail: bucket-async's last bucket takes {b['tail_ms']:.1f} ms on the link, hook-async's "
     f"last gradient {h['tail_ms']:.1f} ms.",
 )
 table = (
@@ -801,6 +822,7 @@ table = (
         [
             "messages",
             "link_ms",
+            "check_ms",
             "first_ms",
             "start_end_ms",
             "tail_ms",
@@ -813,6 +835,7 @@ table = (
     .rename(
         columns={
             "link_ms": "link time, ms",
+            "check_ms": "at the check, ms",
             "first_ms": "first message handed over, ms into the last backward",
             "start_end_ms": "start-limited end, ms after backward (< 0: before)",
             "tail_ms": "last message's transfer, ms",
@@ -848,15 +871,12 @@ def set_by(stage, row):
 
 lesson.say(
     f"In this run's one profiled step each, bucket-async left {b['exposed_ms']:.0f} ms exposed, hook-async "
-    f"{h['exposed_ms']:.0f} ms: one step each, not a ranking of the two. "
+    f"{h['exposed_ms']:.0f} ms. "
     f"{set_by('bucket-async', looks['bucket-async']['row'])}. {set_by('hook-async', looks['hook-async']['row'])}. "
-    "What a step exposes is at most the link's end after backward less the time before its thread first stood "
-    "waiting (less where finish runs its own lines between two waits), and that time is the thread's, not the "
-    f"link's: it moves from step to step. The fixed costs the buckets saved are "
-    f"{saved:.1f} ms, {saved / h['link_ms']:.0%} of the link time: on this link a message's bytes cost far more than "
-    "its fixed cost, so fewer messages save little, while the last bucket's bytes can only travel after backward (the "
-    "tail above). Buckets win where the fixed costs are a large share of the link time: many ranks (2(n−1) hops a "
-    "message) or a fast link; the blog's settings below show one."
+    f"The fixed costs the buckets saved are {saved:.1f} ms, {saved / h['link_ms']:.0%} of the link time: on this "
+    "link a message's bytes cost far more than its fixed cost, so fewer messages save little, while the last "
+    "bucket's bytes can only travel after backward (the tail above). Buckets win where the fixed costs are a large "
+    "share of the link time: the setting sized like 1024 ranks, below, is one."
 )
 
 # %%
@@ -909,31 +929,31 @@ lesson.say(
     + ", ".join("None" if c is None else f"{c:g} MiB" for c in best)
     + f" exposed the least, {least:.0f} ms; "
     f"hook-async {looks['hook-async']['exposed_ms']:.0f} ms. The step-time model, at this run's speed (a backward of "
-    f"{1e3 * this_run:.0f} ms, the median of these runs'), gives {1e3 * min(c.exposed for c in model):.1f} ms at its "
-    "best cap ("
-    + ", ".join(f"{c.cap_mb:g}" for c in model if c.exposed < min(x.exposed for x in model) + 5e-5)
-    + f" MiB) and {1e3 * per_gradient.exposed:.1f} ms per gradient."
+    f"{1e3 * this_run:.0f} ms, the median of these runs'), gives {1e3 * model[0].exposed:.1f} ms at {grid[0]:g} MiB, "
+    "the grid's smallest cap"
+    + (
+        ", its least on the grid"
+        if model[0].exposed <= min(c.exposed for c in model) + 5e-5
+        else f" (its least, {1e3 * min(c.exposed for c in model):.1f} ms, at a larger one)"
+    )
+    + f", and {1e3 * per_gradient.exposed:.1f} ms with one message per gradient."
 )
 modeled = {c: 1e3 * (default if c is None else next(x for x in model if x.cap_mb == c)).exposed for c in swept}
 named = {c: "None" if c is None else f"{c:g} MiB" for c in swept}
-below = sum(swept[c]["exposed_ms"] < modeled[c] for c in swept)
 lesson.say(
-    "Measured against the step-time model, cap by cap: "
-    + ", ".join(f"{named[c]} {swept[c]['exposed_ms']:.1f} against {modeled[c]:.1f} ms" for c in swept)
-    + f" ({below} of {len(swept)} measured below the model). The model replays one backward of "
-    f"{1e3 * this_run:.0f} ms; the measured steps' last backwards took "
-    f"{min(v['last_backward_ms'] for v in swept.values()):.0f} to "
-    f"{max(v['last_backward_ms'] for v in swept.values()):.0f} ms. Read the model for why a cap costs what it does "
-    "(its tail, its start, its fixed costs: the lower panel), not for what one profiled step here exposed."
+    "Measured, and the step-time model, cap by cap: "
+    + ", ".join(f"{named[c]} {swept[c]['exposed_ms']:.1f} and {modeled[c]:.1f} ms" for c in swept)
+    + f". The model replays one backward of {1e3 * this_run:.0f} ms and waits from its end; each measured step had "
+    f"its own backward ({min(v['last_backward_ms'] for v in swept.values()):.0f} to "
+    f"{max(v['last_backward_ms'] for v in swept.values()):.0f} ms) and its own time before its first wait. Read the "
+    "model for why a cap costs what it does (its tail, its start, its fixed costs: the lower panel), not for what one "
+    "profiled step here exposed."
 )
 here = lesson.SETTINGS.bucket_cap_mb
 if rank == 0:
     bucket_sweep(
         {"step-time model": model},
-        measured=[
-            (25 if c is None else c, v["exposed_ms"], "measured" if c else "measured, torch's default (None)")
-            for c, v in swept.items()
-        ],
+        measured=[(c, v["exposed_ms"], "measured") for c, v in swept.items() if c is not None],  # None: printed
         per_gradient={  # the value in the label: a line at 0 lies on the axis
             f"hook-async, measured ({looks['hook-async']['exposed_ms']:.1f} ms)": looks["hook-async"]["exposed_ms"],
             f"hook-async, step-time model ({1e3 * per_gradient.exposed:.1f} ms)": 1e3 * per_gradient.exposed,
@@ -1050,14 +1070,16 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         f"{name[0].upper() + name[1:]}: bucket-async sent {blog_runs[name, 'bucket-async']['calls']} buckets a step "
         f"(the blog's model at 25 MiB: {blog_buckets})."
     )
-    ran = [blog_runs[name, s]["backward_ms"] for s in RUN[name]]
+    ran = {s: blog_runs[name, s]["backward_ms"] for s in RUN[name]}
     lesson.say(
-        f"The link was sized from a backward of {backward_of[name]:.0f} ms; the backwards run on it took "
-        f"{min(ran):.0f} to {max(ran):.0f} ms, so there one sync's bytes took "
-        f"{bytes_ratio * backward_of[name] / max(ran):.2f} to {bytes_ratio * backward_of[name] / min(ran):.2f} "
-        f"backwards, not the setting's {bytes_ratio:.2f}, and one message's fixed cost "
-        f"{message_ratio * backward_of[name] / max(ran):.1e} to {message_ratio * backward_of[name] / min(ran):.1e} "
-        f"of one, not {message_ratio:.1e}: the runs below were read at those ratios."
+        f"The link was sized from a backward of {backward_of[name]:.0f} ms. Each run's own last backward, and in it "
+        "one sync's bytes and one message's fixed cost (the ratios each run below ran at): "
+        + ", ".join(
+            f"{s} {ms:.0f} ms ({bytes_ratio * backward_of[name] / ms:.2f} and "
+            f"{message_ratio * backward_of[name] / ms:.1e})"
+            for s, ms in ran.items()
+        )
+        + f"; the setting's: {bytes_ratio:.2f} and {message_ratio:.1e}."
     )
 
 # %% [markdown]
@@ -1066,9 +1088,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # communication, a forward, a backward or the optimizer, not waiting, as compute; the blog's overlap
 # is another measure of the same name, read with HolisticTraceAnalysis from its traces over NCCL
 # kernels and compute kernels, where a hook's Python is not compute), and
-# *exposed*, the link time the step stood waiting through. The blog's other
-# number, non-compute time, is a share of the step read from a trace (`05_reading_traces`); exposed
-# is the part of it with a message still on the link.
+# *exposed*, the link time the step stood waiting through.
 
 # %%
 # %%distributed
@@ -1115,21 +1135,15 @@ lesson.claim(
     "`docs/scaling.md`); here the grad hooks' own lines inside backward count as compute, and they are all the rungs that wait overlap.",
 )
 fewer = t4["hook-async"]["messages"] - t4["bucket-async"]["messages"]
-sized_from = bytes_of["like 4 × T4"] * backward_of["like 4 × T4"]  # one sync's bytes on the link, in ms
 lesson.say(
     f"Between them, sized like 4 × T4, in one profiled step each: bucket-async left "
     f"{t4['bucket-async']['exposed_ms']:.1f} ms exposed, hook-async {t4['hook-async']['exposed_ms']:.1f} ms, of "
     f"{t4['bucket-async']['link_ms']:.0f} and {t4['hook-async']['link_ms']:.0f} ms on the link. The {fewer} fewer "
     f"messages save {blog_links['like 4 × T4'].seconds('all_reduce', 0, world_size) * 1e3 * fewer:.1f} ms; "
     f"bucket-async's last bucket takes {t4['bucket-async']['tail_ms']:.1f} ms after backward, hook-async's last "
-    f"gradient {t4['hook-async']['tail_ms']:.1f} ms. Their last backwards took "
-    f"{t4['bucket-async']['backward_ms']:.0f} and {t4['hook-async']['backward_ms']:.0f} ms, so one sync's bytes took "
-    f"{sized_from / t4['bucket-async']['backward_ms']:.2f} and {sized_from / t4['hook-async']['backward_ms']:.2f} of "
-    f"them, not the blog's {bytes_of['like 4 × T4']:.2f}: a difference read at other ratios than the blog's, and "
-    "from one step."
+    f"gradient {t4['hook-async']['tail_ms']:.1f} ms."
 )
-# At 1024 ranks the fixed costs of hook-async's messages add up to several backwards of `single`'s (printed
-# below), while the buckets pay a few: on the link's modeled clock. How much of them hook-async then hides
+# At 1024 ranks hook-async's messages pay many more fixed costs than the buckets: on the link's modeled clock. How much of them hook-async then hides
 # depends on how long its own backward lasts: the overlap and
 # exposed time of the two async rungs are printed above, not claimed. bucket waits for each message as soon
 # as it is sent: its overlap is only the hooks' work between a send and its wait.
@@ -1143,33 +1157,34 @@ lesson.say(
     f"bucket-async, sending while backward computes, overlapped {b['overlap_pct']:.0f} % here, bucket, which waits for "
     f"each message as soon as it is sent, {far['bucket']['overlap_pct']:.0f} %."
 )
-for name, runs in (("like 4 × T4", t4), ("like 1024 ranks", far)):
-    one = blog_links[name].seconds("all_reduce", 0, world_size) * 1e3  # 2(n−1)·α on that link
-    h, b = runs["hook-async"], runs["bucket-async"]
-    lesson.say(
-        f"Why, sized {name}: hook-async's {h['messages']} messages cost {h['messages'] * one:.1f} ms in fixed costs "
-        f"alone, {h['messages'] * one / backward_of[name]:.2f} of a backward ({backward_of[name]:.0f} ms); "
-        f"bucket-async's {b['messages']} cost {b['messages'] * one:.1f} ms."
-    )
 here_h, here_b = looks["hook-async"]["exposed_ms"], looks["bucket-async"]["exposed_ms"]
 far_h, far_b = far["hook-async"]["exposed_ms"], far["bucket-async"]["exposed_ms"]
 one_far = blog_links["like 1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3
 
 
+def than(bucketed, per_gradient):
+    """bucket-async's exposed time against hook-async's, in words, at the printed precision."""
+    return (
+        "as much as"
+        if round(bucketed) == round(per_gradient)
+        else "more than"
+        if bucketed > per_gradient
+        else "less than"
+    )
+
+
 lesson.say(
     f"Buckets, in the end. On this notebook's 1 Gbit/s link, at the settings' {here:g} MiB cap, in one profiled step "
-    f"each, bucket-async left {here_b:.0f} ms exposed, hook-async {here_h:.0f} ms (of the caps swept above, "
-    + ", ".join(named[c] for c in best)
-    + f" left the least, {least:.0f} ms): one "
-    f"message's fixed cost is {per_message_ms:.2f} ms there, {per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0%} "
-    "of the link time for one message per gradient, so fewer messages save little, and the last bucket's bytes can "
-    f"only travel after backward. On 2 ranks with a link sized like 1024 ranks' bucket-async left {far_b:.0f} ms "
-    f"exposed, hook-async {far_h:.0f} ms: there one message per gradient pays {far['hook-async']['messages'] * one_far:.0f} ms of "
-    f"fixed costs, {far['hook-async']['messages'] * one_far / backward_of['like 1024 ranks']:.1f} of single's "
-    f"backwards ({backward_of['like 1024 ranks']:.0f} ms) and "
-    f"{far['hook-async']['messages'] * one_far / far['hook-async']['backward_ms']:.1f} of its own in this run "
-    f"({far['hook-async']['backward_ms']:.0f} ms, {far['hook-async']['overlap_pct']:.0f} % overlap), "
-    "and the buckets pay a few of them."
+    f"each, bucket-async left {here_b:.0f} ms exposed, {than(here_b, here_h)} hook-async's {here_h:.0f} ms: one "
+    f"message's fixed cost is {per_message_ms:.2f} ms there, "
+    f"{per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0%} of the link time for one "
+    "message per gradient, so fewer messages save little, and the last bucket's bytes can only travel after backward. "
+    f"On 2 ranks with a link sized like 1024 ranks, bucket-async left {far_b:.0f} ms exposed, {than(far_b, far_h)} "
+    f"hook-async's {far_h:.0f} ms: there hook-async's {far['hook-async']['messages']} messages pay "
+    f"{far['hook-async']['messages'] * one_far:.0f} ms of fixed costs, "
+    f"{far['hook-async']['messages'] * one_far / far['hook-async']['backward_ms']:.1f} of its own last backward "
+    f"({far['hook-async']['backward_ms']:.0f} ms), bucket-async's {far['bucket-async']['messages']} pay "
+    f"{far['bucket-async']['messages'] * one_far:.0f} ms."
 )
 
 # %%

@@ -178,6 +178,16 @@ class IncomingGradient(solutions.GradAccumDDP):
         pass
 
 
+class TensorHookOnTheMethod(solutions.HookDDP):
+    """Registers the model answer's ``_grad_ready(param)`` as a *tensor* hook: it is handed the incoming gradient,
+    whose ``.grad`` is None, so the all_reduce gets None."""
+
+    def __init__(self, module, process_group=None):
+        solutions.GradAccumDDP.__init__(self, module, process_group)
+        for p in module.parameters():
+            p.register_hook(self._grad_ready)
+
+
 class IgnoresNoSync(solutions.HookDDP):
     """Syncs from the hook in every backward, also in those of forwards run inside no_sync()."""
 
@@ -335,6 +345,27 @@ class BucketCountNotReset(solutions.BucketDDP):
             self.waiting[b] -= 1
             if self.waiting[b] == 0:
                 self._send_bucket(b)
+
+
+class BucketSentAtFirstGradient(solutions.BucketDDP):
+    """Sends a bucket when its first gradient is in, not its last: the other members are averaged as they stood before
+    this backward added to them, and the backward then adds this rank's own last micro-batch on top."""
+
+    def _grad_ready(self, param):
+        if self.sync_this_backward:
+            b = self.bucket_of[param]
+            self.waiting[b] -= 1
+            if self.waiting[b] == len(self.buckets[b]) - 1:
+                self._send_bucket(b)
+            if self.waiting[b] == 0:
+                self.waiting[b] = len(self.buckets[b])
+
+
+class BucketAsyncSentAtFirstGradient(solutions.AsyncBucketDDP):
+    """bucket-async sending a bucket at its first gradient: the flat copy holds the other members' gradients from
+    before this backward, and finish writes their average over the gradients backward went on to accumulate."""
+
+    _grad_ready = BucketSentAtFirstGradient._grad_ready  # the same early send; _send_bucket is the async one
 
 
 class BucketCountsEveryBackward(solutions.BucketDDP):

@@ -114,6 +114,7 @@ MISTAKES = [
     (wrong.DecidesInFinish, "ga", "no_sync() did not stop the sync"),
     (wrong.NoSyncNeverRestored, "ga", "no_sync() left the sync off after its with-block"),
     (wrong.IncomingGradient, "hook", "the incoming gradient of the last micro-batch was synced"),
+    (wrong.TensorHookOnTheMethod, "hook", "register_hook hands a grad hook the incoming gradient"),
     (wrong.IgnoresNoSync, "hook", "came from the micro-batches run inside no_sync()"),
     (wrong.AfterBackward, "hook", "started in finish_gradient_synchronization(), after backward"),
     (
@@ -135,6 +136,8 @@ MISTAKES = [
     (solutions.HookDDP, "bucket", "one per bucket"),
     # the sums went into the flat copy and never back: named as the missing copy-back, not as a missing all_reduce
     (wrong.BucketNotCopiedBack, "bucket", "the sums never reached .grad at step 1"),
+    (wrong.BucketSentAtFirstGradient, "bucket", "sent before its last gradient was in"),
+    (wrong.BucketAsyncSentAtFirstGradient, "bucket-async", "sent before its last gradient was in"),
     (wrong.BucketAsyncNotCopiedBack, "bucket-async", "the all_reduce summed a copy (torch.cat makes one"),
     # a finish inherited from ga syncs again after the hooks: the gradients stay right, the count names the second sync
     (

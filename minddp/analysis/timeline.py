@@ -6,7 +6,8 @@ A **step row** is a plain dict of spans in milliseconds from the step's start, f
 * ``forward``, ``backward``: ``[(start, end), ...]``, one per micro-batch;
 * ``messages``: while each collective ran, its waits for the other ranks and for a core included (on an
   emulated link: its modeled transfer, the legend's "message on the wire"); ``sent``: when each was handed
-  to the wire; ``waits``: when the training thread stood still waiting for one;
+  to the wire; ``waits``: when the training thread stood still waiting for one; ``checks`` (optional): when it
+  stood still at a check that is no message of the row's (the teaching stages' few-byte all_gather);
 * ``finish``, ``optimizer``: the spans of ``finish_gradient_synchronization()`` and ``optimizer.step()``;
 * ``end``: when the step ended; ``label``: the row's name; ``stage``: names the drawn spans;
 * ``link``: the emulated link's name, where the messages are its modeled transfers and the waits are known.
@@ -62,8 +63,9 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
         bars("forward", -0.40, 0.40, COLORS["forward"], label="forward", edgecolor="#9ecae1", linewidth=0.4)
         bars("backward", -0.40, 0.40, COLORS["backward"], label="backward")
         bars("waits", -0.40, 0.40, COLORS["wait"], label="training thread waits")
+        bars("checks", -0.40, 0.40, COLORS["wait"], label="thread waits at a check", hatch="xxxx", edgecolor="white")
         bars("optimizer", -0.40, 0.40, COLORS["optimizer"], label="optimizer step")
-        bars("finish", -0.02, 0.06, COLORS["finish"], label="finish (sync ends)")
+        bars("finish", -0.02, 0.06, COLORS["finish"], label="finish (sync ends)", zorder=3)  # above the ticks
         wire = "message on the wire" if row.get("link") else "collective in flight (held open included)"
         bars("messages", 0.06, 0.30, COLORS["message"], label=wire, edgecolor="#a0522d", linewidth=0.5)
         if row.get("sent"):
@@ -145,7 +147,8 @@ def row_sets(row: dict) -> dict:
     """A step row's interval sets, in ms, as the measures read them (:mod:`minddp.analysis.metrics`):
 
     * ``window``: the step, from 0 to its end; ``comm``: its messages; ``backward``: its backward spans;
-    * ``compute``: a forward, a backward or the optimizer, while the training thread is not waiting;
+    * ``compute``: a forward, a backward or the optimizer, while the training thread is not waiting (for a
+      message, or at a check);
     * ``waits`` and ``link`` (the messages, the link's modeled transfers) where the row is on a link
       (``row["link"]``), else None: a row of backend ranges does not know its waits.
     """
@@ -153,7 +156,9 @@ def row_sets(row: dict) -> dict:
     on_link = bool(row.get("link"))
     return {
         "window": [(0.0, row.get("end", 0.0))],
-        "compute": metrics.subtract(row["forward"] + row["backward"] + row.get("optimizer", []), waits),
+        "compute": metrics.subtract(
+            row["forward"] + row["backward"] + row.get("optimizer", []), waits + row.get("checks", [])
+        ),
         "comm": metrics.merge(row.get("messages", [])),
         "backward": metrics.merge(row["backward"]),
         "waits": metrics.merge(waits) if on_link else None,

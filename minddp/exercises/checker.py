@@ -373,6 +373,15 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
             " (this backend has no ReduceOp.AVG: keep the default ReduceOp.SUM and divide by "
             "dist.get_world_size(group) yourself, before the sum)"
         )
+    # a grad hook registered with register_hook: param.grad is the incoming gradient's .grad, None (the message's
+    # first line, torch's type check of the all_reduce's tensor, or None in arithmetic)
+    no_tensor = re.search(r"NoneType|Expected parameter `tensor` of type torch\.Tensor", message)
+    if like in ("hook", "hook-async", "bucket", "bucket-async") and no_tensor:
+        return (
+            " (a gradient that is None: register_hook hands a grad hook the incoming gradient, a tensor whose .grad "
+            "is None; register_post_accumulate_grad_hook hands it the parameter, whose .grad is the accumulated "
+            "gradient)"
+        )
     if like == "halves" and sizes and sizes["kind"] == "copy_back" and re.search(r"shape|size", message, re.I):
         return (
             f" (the sum was copied back with its padding: the padded tensor holds {sizes['padded']} elements, the "
@@ -476,6 +485,12 @@ GRADIENT_MESSAGES = {
     "by the world size",
     "last_only": "only the last micro-batch's gradient is left ({names}): the earlier micro-batches' gradients "
     "were dropped; let autograd accumulate into .grad and sync that once",
+    "sent_early": "a bucket was sent before its last gradient was in ({names}): these gradients were averaged as "
+    "they stood before the last backward added to them, and that backward then added this rank's own part on top; "
+    "send a bucket at its last gradient, when the count of gradients it still waits for reaches 0",
+    "sent_early_overwritten": "a bucket was sent before its last gradient was in ({names}): its flat copy held these "
+    "gradients as they stood before the last backward added to them, and writing the average back replaced what that "
+    "backward added; send a bucket at its last gradient, when the count of gradients it still waits for reaches 0",
     "none": "{names} had no gradient after finish_gradient_synchronization() (.grad is None)",
     "divided_unsynced": "finish_gradient_synchronization() divided the gradients after backwards that did not sync "
     "({names}): it runs after every micro-batch, the no_sync() ones too, where nothing was sent; divide only what "

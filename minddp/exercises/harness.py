@@ -741,6 +741,13 @@ def candidates(
         found["incoming_only"] = averaged[-1]  # ... and written over the accumulated one
         found["incoming_summed"] = add(earlier, scale(averaged[-1], world))
         found["last_only"] = local[-1]  # the earlier micro-batches were lost
+        averaged_earlier = zero
+        for g in averaged[:-1]:
+            averaged_earlier = add(averaged_earlier, g)
+        # a bucket sent before its last gradient was in: its other members averaged as they stood before the last
+        # backward added to them; then that backward's own part added on top, or (written back later) lost
+        found["sent_early"] = add(averaged_earlier, local[-1])
+        found["sent_early_overwritten"] = averaged_earlier
     if rank0 is not None:  # broadcast from rank 0 instead of averaged: rank 0's own gradient everywhere
         found["rank0"] = zero
         for g in rank0:

@@ -400,7 +400,9 @@ def say_look(looks: dict, stage: str, before: str | None = None) -> None:
             f"{v['waited_ms']:.0f} ms for them ({v['waits_in_backward']} of its {v['waits']} waits began inside a "
             f"backward); {v['exposed_ms']:.0f} ms of that was the link's own time (exposed)"
             + (
-                f", {v['waited_ms'] - v['exposed_ms']:.0f} ms after the link had delivered."
+                f", {v['waited_ms'] - v['exposed_ms']:.0f} ms after the link had delivered, while the real all_reduce "
+                "on this machine was not yet done (the emulated link models the wire, not the other rank or the cores "
+                "gloo runs on)."
                 if v["waited_ms"] - v["exposed_ms"] >= 0.5
                 else "."
             )
