@@ -1284,3 +1284,17 @@ def outer_sync_refused_avg(params, synced, outer):
     """What outer_sync_with_avg meets on a torch whose gloo has no ReduceOp.AVG (2.6, 2.7): gloo's own refusal,
     raised here in its words, since this torch's gloo averages."""
     raise RuntimeError("Cannot use ReduceOp.AVG with Gloo")
+
+
+def hook_without_async_op(process_group, bucket):
+    """Leaves out async_op=True: the all_reduce blocks and returns None, which has no .get_future()."""
+    compressed = bucket.buffer().to(torch.float16).div_(dist.get_world_size())
+    fut = dist.all_reduce(compressed).get_future()
+    return fut.then(lambda f: f.value()[0].to(torch.float32))
+
+
+def hook_asks_the_state_its_size(process_group, bucket):
+    """Divides by process_group.size(): the state is None here (the default group), which has no .size()."""
+    compressed = bucket.buffer().to(torch.float16).div_(process_group.size())
+    fut = dist.all_reduce(compressed, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].to(torch.float32))
