@@ -91,7 +91,6 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 import minddp.debug
 from minddp import DistributedDataParallel
 from minddp.notebook import lesson
-from minddp.debug.watch import fingerprints
 from minddp.runtime.launch import peer_gone
 
 minddp.debug.enable()  # what `MINDDP_DEBUG=1 torchrun ...` does for every rank when it imports minddp
@@ -534,9 +533,10 @@ lesson.claim(
 # norm), while rank 0, whose layer is frozen, does not step it at all, so the replicas end apart.
 # All torch says there is a warning its C++ code prints on rank 1: that
 # `find_unused_parameters=True` found no unused parameter in the forward. It goes straight to the rank
-# process's stderr, past the runner's capture of the ranks' lines, so whether and where it shows under
-# the cell (tagged `[rank1]:[W...] reducer.cpp`) is up to the front end; it is always in the terminal
-# that started Jupyter. It saw that rank 1 used
+# process's stderr, past the runner's capture of the ranks' lines: no `[rank 1]` label comes before
+# it. Where the front end shows it at all (the saved run does, at the end of the cell's output, below
+# rank 0's lines), only its own prefix, `[rank1]:[W...] reducer.cpp`, says it is rank 1's; it is always
+# in the terminal that started Jupyter. It saw that rank 1 used
 # every parameter; it never saw that the ranks disagree. Debug mode compares `requires_grad` across
 # ranks before each forward (the forward check). Under torch, the rank that has every gradient sends and waits; the other fails at its next
 # forward, saying its module has parameters not used in producing loss, and their indices (counted
@@ -659,11 +659,10 @@ lesson.claim(
 # its buckets one at a time, waiting for each, so no bucket travels while backward computes.
 #
 # The cell's timing is a whole step of this 212-parameter model on a shared CPU: the forward and
-# backward, the gradients' all_reduce between the two processes, the optimizer and Python's overhead,
-# parts the cell does not time apart. Its ratio is this tiny model's and says nothing of a real
-# model's step; with debug mode *off* meaning paused, a process that never turned it on is not timed.
-# The cell times the fingerprint calls a step makes apart and
-# estimates what share of the added time they are. `docs/debugging.md`
+# backward, the gradients' all_reduce between the two processes, the optimizer and Python's overhead.
+# The cell does not time these parts apart, nor which of debug mode's additions above the added time is
+# made of. Its ratio is this tiny model's and says nothing of a real model's step;
+# with debug mode *off* meaning paused, a process that never turned it on is not timed. `docs/debugging.md`
 # (*Off, it is not there*) gives the benchmark's whole-step cost on larger presets, measured with an
 # earlier, cheaper fingerprint, and the weighted fingerprint's cost per tensor; the three measure
 # different things and are not one ratio. It also has each check, what torch's DDP does on each bug as
@@ -686,22 +685,6 @@ def five_steps(on: bool):
 
 
 (off, off_params, off_s), (on, on_params, on_s) = five_steps(False), five_steps(True)
-
-
-def step_prints(tensors):
-    """The fingerprint calls a debug-mode step makes on a model of these parameters (its gradients' sizes alike)."""
-    fingerprints(tensors, device)  # the forward check: the parameters,
-    fingerprints([], device)  # and the buffers (this model has none)
-    for t in tensors:
-        fingerprints([t], device)  # each local gradient, as backward makes it
-    fingerprints(tensors, device)  # the step check: the averaged gradients
-
-
-passes, tensors = 20, list(on.module.parameters())
-start = time.perf_counter()
-for _ in range(passes):
-    step_prints(tensors)
-prints = (time.perf_counter() - start) / passes  # this rank's time for one step's fingerprint calls, timed apart
 lesson.claim(
     off.watch is None
     and type(off.reducer).__name__ == "Reducer"
@@ -716,20 +699,9 @@ lesson.claim(
     "off or on, the same 5 steps end with bit-identical parameters on every rank",
 )
 off_ms, on_ms = round(off_s * 1e3), round(on_s * 1e3)  # as printed: every number below follows from these
-added = (on_ms - off_ms) / 5
-share = (
-    f"an estimated {prints * 1e3 / added:.0%} of what debug mode added a step (an estimate: the calls were timed "
-    "apart from the steps, on one rank); the cell does not time the rest apart"
-    if added > 0
-    else "more than debug mode added a step in this run: the timing's noise hid its costs"
-)
 lesson.say(
-    f"5 steps took {off_ms} ms with debug mode off and {on_ms} ms on (the slower rank's time, one run each, on a "
-    f"machine shared with other work): {off_ms / 5:.1f} and {on_ms / 5:.1f} ms a step, "
-    f"{on_ms / max(off_ms, 1):.1f} times as long. A step's {3 + len(tensors)} fingerprint calls (parameters, "
-    f"buffers, averaged gradients, and each of the {len(tensors)} local gradients), timed apart on rank 0 "
-    f"({passes} times), took {prints * 1e3:.2f} ms: {share}. The cell does not time how that cost grows with a "
-    "tensor's size."
+    f"5 steps took {off_ms} ms with debug mode off and {on_ms} ms on (the slower rank's time, one run each): "
+    f"{off_ms / 5:.1f} and {on_ms / 5:.1f} ms a step, {on_ms / max(off_ms, 1):.1f} times as long."
 )
 
 # %%
