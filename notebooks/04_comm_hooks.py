@@ -48,7 +48,8 @@
 # notebook 01's: n ranks, m the bytes one all_reduce reduces (its payload), α the fixed cost of one
 # of 01's messages (one hop of a ring), β the time per byte (1 / B, B the link's bandwidth). One
 # word differs, as in `03_build_up`: here a **message** is one all_reduce (a bucket, or PowerSGD's P
-# or Q factors), which makes 2(n − 1) hops around the ring, so its fixed cost is 2(n − 1) α. `M` is a gradient matrix (PowerSGD's), never a number of bytes.
+# or Q factors), which makes 2(n − 1) hops around the ring, so its fixed cost is 2(n − 1) α. `M` is a
+# gradient matrix (PowerSGD's), never a number of bytes.
 
 # %%
 # %load_ext minddp.notebook
@@ -224,9 +225,10 @@ steps.round(3)
 #
 # What the short run here can show is the effect on the parameters: the *param distance* column of
 # the first table compares each hook's parameters with plain averaging's after the same steps (the
-# sentence under that table reads it: which hook ended farthest, by how much, and its loss). A few steps cannot show the long-run convergence; `python -m minddp.train --stage bucket-async --hook
-# powersgd --powersgd-rank 1` trains for as long as you like with one hook, and `python -m
-# minddp.analyze --compare RUN_A RUN_B` puts two such runs side by side.
+# sentence under that table reads it: which hook ended farthest, by how much, and its loss). For the
+# long run, `python -m minddp.train --stage bucket-async --hook powersgd --powersgd-rank 1` trains
+# for as long as you like with one hook, and `python -m minddp.analyze --compare RUN_A RUN_B` puts
+# two such runs side by side.
 #
 # ## Over a link: from bytes to time
 #
@@ -459,8 +461,8 @@ wins.round(3)
 # %% [markdown]
 # What the link's model (*link ms*) leaves out: the hooks' own compute (the casts; PowerSGD's matrix
 # products and orthogonalization), which this notebook does not time apart; in minddp's PowerSGD, the
-# wait for the summed P inside the backward (the cell above prints how long this run's thread stood in
-# it); and PowerSGD's error feedback's memory, one more gradient-sized tensor per rank. This notebook
+# wait for the summed P inside the backward (the link section's sentences print how long this run's
+# thread stood in it); and PowerSGD's error feedback's memory, one more gradient-sized tensor per rank. This notebook
 # models a ring only.
 # Real libraries may also count α differently (NCCL can send small messages along a tree, whose
 # fixed cost grows like log n rather than 2(n − 1)); if the α term shrinks and the bytes' term
@@ -482,8 +484,8 @@ wins.round(3)
 # bucket's size. `check_hook` first calls your hook on a bucket of known gradients (is it a
 # Future? of one tensor? of the right size and dtype? the average, not the sum? how far off, against
 # the bound on float16 rounding derived above, `minddp.comm.measure.rounding_bound`, computed for that
-# bucket's values, so not the number printed above for this step's gradients? how many bytes?), then trains with it in the `bucket-async` stage beside torch's DDP running torch's
-# own `fp16_compress_hook`. A hook that passes on 2 ranks is checked once more on 3, where a world size
+# bucket's values, so not the number printed above for this step's gradients? how many bytes?), then
+# trains with it in the `bucket-async` stage beside torch's DDP running torch's own `fp16_compress_hook`. A hook that passes on 2 ranks is checked once more on 3, where a world size
 # written as a number (`/ 2`) no longer gives the average.
 
 # %%
