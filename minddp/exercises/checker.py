@@ -765,7 +765,7 @@ def _hook_finding(f: dict, report: dict) -> str:
             "finish with .then(lambda fut: fut.value()[0] ...)"
         )
     if kind == "shape":
-        numel = report["mine"]["numel"]
+        numel = report["probe"]["numel"]  # the bucket the hook was handed
         if f["shape"] == [numel]:  # only the dtype differs
             return (
                 f"your hook's Future holds a {f['dtype']} tensor, but the bucket is float32: cast the average back "
