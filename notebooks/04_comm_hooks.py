@@ -214,7 +214,7 @@ steps.round(3)
 # * matrix rank 1 keeps one direction per gradient matrix: the rest of each matrix is dropped at
 #   that step (at the first step that compresses, the relative error column is how much of the
 #   whole gradient that is; from the next step on the column also holds what earlier steps left
-#   behind, for the second reason, so it can be larger or smaller than that share, as the column shows);
+#   behind, for the second reason, so it can be larger or smaller than that share);
 # * with error feedback, what was dropped is added to the *next* step's gradient before
 #   compressing. So the hook's output approximates this step's gradient *plus* what earlier steps
 #   left behind, while the error column compares it with this step's gradient alone. The dropped
