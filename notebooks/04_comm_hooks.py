@@ -241,8 +241,8 @@ steps.round(3)
 # * *waited ms* (*waited*, `metrics.waited`): all the time the thread stood waiting for messages: the exposed
 #   part, and the time after the link's modelled transfers had ended, until the real all_reduce under the
 #   link had finished (the link delivers a message once both are done). A real all_reduce finishes only once
-#   the other rank has reached it too, so this part holds the wait for the other rank; the run does not time
-#   that wait apart;
+#   the other rank has reached it too, so this part holds the wait for the other rank, which the run does
+#   not time apart;
 # * *last backward ms* and *step ms*: how long the step's last backward (the one that sends) and the whole
 #   step took, measured once per hook on this machine.
 
@@ -315,8 +315,8 @@ lesson.say(
     + ", ".join(f"{h} {exposed_ms[h]:.1f} of {link_ms[h]:.1f} ms" for h in timed.index)
     + "; the rest of each hook's link time passed while its thread was not waiting. Waited in all: "
     + ", ".join(f"{h} {waited_ms[h]:.1f} ms" for h in timed.index)
-    + "; the part beyond exposed came after the link's modelled transfers had ended and holds the wait for the "
-    f"other rank. Of PowerSGD's waits, {in_backward:.0f} ms fell inside its last backward, where its hook waits for "
+    + "; the part beyond exposed came after the link's modelled transfers had ended: the wait for the real "
+    f"all_reduce, which finishes only once the other rank has reached it too. Of PowerSGD's waits, {in_backward:.0f} ms fell inside its last backward, where its hook waits for "
     "each bucket's summed P."
 )
 spread = step_ms.max() - step_ms.min()
