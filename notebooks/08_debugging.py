@@ -32,7 +32,7 @@
 #    collectives the *collective check* alone (no wrapper needed: every `torch.distributed`
 #    collective is compared across ranks before it is sent; section 4 shows how). What it says is one
 #    line on every rank: the cell prints rank 0's alone, then whether each other rank raised the same
-#    finding, and after how long (a line that differs in more than where it names its own rank is
+#    finding, and when (a line that differs in more than where it names its own rank is
 #    printed too), and checks that every rank raised it (section 3's finding is a warning: there each rank *warns*). The line names the cause, the tensor or
 #    call, the rank(s), the step, and the fix. For eight bugs the line is an error that stops every
 #    rank at the first check that sees the bug; for a bug that spoils nothing (section 3,
