@@ -410,8 +410,7 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # `torch.distributed` collective is compared across ranks on a side channel (the default group's
 # store, a key-value table every rank reaches) before it is sent (the *collective check*), so both
 # ranks stop before the mismatched all_reduce is sent, naming each rank's call and the line it came
-# from. Torch's times are in the "torch, rank r" lines, debug mode's under its line; a sentence after
-# them puts the two side by side. The fix: the same metrics on every rank.
+# from. Torch's times are in the "torch, rank r" lines, debug mode's under its line. The fix: the same metrics on every rank.
 #
 # The line numbers the call: *collective #K* is the group's sequence number, counting from 0 every
 # collective on the group that debug mode has checked (the notebook's own and the earlier sections'
@@ -435,15 +434,10 @@ lesson.claim(
     f"under torch no rank's all_reduce completed: each failed, at least one at the {WAIT_S} s timeout "
     "(a rank that had not timed out yet fails when its partner leaves)",
 )
-stopped = minddp_says(
+minddp_says(
     lambda: dist.all_reduce(torch.tensor(logged, device=device)),
     "mismatched collectives",
     "debug mode stopped both ranks before the collective",
-)
-lesson.say(
-    f"Under torch the ranks gave up after {' and '.join(f'{t:.2f}' for t in waited)} s; in debug mode they stopped "
-    f"after {' and '.join(f'{t:.2f}' for t in stopped)} s (debug mode stops a rank once it has read both ranks' posts "
-    "of the call)."
 )
 metrics = torch.tensor([0.5, 0.9], device=device)
 with quiet() as said:
