@@ -41,8 +41,8 @@ dist.get_rank(), dist.get_world_size()
 #
 # A sentence about a run is only as good as its check. The notebooks state theirs in two ways (`minddp.notebook.lesson`):
 #
-# * `lesson.claim(holds, sentence)` asserts it: every rank checks `holds`; the sentence is printed once, under rank 0's label, with a ✓, and the cell fails on any rank where it does not hold. A ✓ sentence is asserted by the cell that prints it: a re-run (the test suite re-runs every notebook) whose numbers no longer bear it out stops there instead of saving it. The notebooks claim only what holds on any machine under any load: orders, counts, values the code guarantees.
-# * `lesson.say(...)` prints a sentence the cell composes from the run's own values (a time measured here, which of two runs was faster): its numbers and comparisons are computed, so they are true of the run shown, and a re-run prints its own. Nothing asserts them: a direction that could come out either way on another machine or under load is said this way, never claimed. The rest of such a sentence (what a number is, why it came out so) is the notebook's prose, written beside the values and no more checked than the markdown.
+# * `lesson.claim(holds, sentence)` asserts it: every rank checks `holds`; the sentence is printed once, under rank 0's label, with a ✓, and the cell fails on any rank where it does not hold. A ✓ sentence is asserted by the cell that prints it: a re-run (the test suite re-runs every notebook) whose numbers no longer bear it out stops there instead of saving it. The notebooks claim orders, counts and values the code guarantees, and (notebook 08) what a timeout of seconds decides; a direction that could come out either way is said, not claimed.
+# * `lesson.say(...)` prints a sentence the cell composes from the run's own values (a time measured here, which of two runs was faster): its numbers and comparisons are computed, so they are true of the run shown, and a re-run prints its own. Nothing asserts them. The rest of such a sentence (what a number is, why it came out so) is the notebook's prose, written beside the values and no more checked than the markdown.
 #
 # Nothing else is checked: the prose of the markdown cells and the printed tables are not verdicts.
 
@@ -73,23 +73,17 @@ ax.set_title("t[0] on rank 0")
 plt.show()
 
 # %% [markdown]
-# When one rank fails, the cell fails with every failed rank's traceback. Here rank 1 raises before the
-# `all_reduce`, so rank 0 would wait in it for a partner that never comes. Once rank 1's failure reaches
-# the runner, it gives rank 0 a grace (`grace_s`, one second: `%dist_init` has no option to change it), then
-# releases it: on the runner's word, the failed rank closes its end of the process group, which makes
-# rank 0's `all_reduce` raise. Below the cell, rank 0's label shows the runner's note `(released because
-# rank 1 failed)`; then comes the error, as Jupyter shows it: a block per failed rank, the rank that
-# failed first on top (the errors in the order they reached the runner). `Error on rank 1: ValueError` heads rank 1's traceback, which ends in the
-# `raise`; `Error on rank 0: RuntimeError` heads rank 0's, whose last line of the cell is `dist.all_reduce(t)`
-# (torch's own frames follow it) and which ends in gloo's error from the released call (the connection
-# closed, or reset, by its peer). A plain-text view of the error shows only its heading and rank 1's
-# traceback. A traceback names the
-# cell as `<In [N], rank R>`: the cell Jupyter shows as `In [N]` (its execution count: run top to
-# bottom, the N-th code cell run), as rank R ran it, its lines counted from the `%%distributed` line,
-# which is line 1 (so rank 1's `raise` is line 7). Then every rank builds a fresh process group,
-# keeping its variables. Each rank notes how long it spent in the cell (the next cell prints both).
-# (The cell is tagged `raises-exception`: Jupyter's *Run All* goes on past it, and the test that runs
-# this notebook checks that it fails with this error.)
+# When one rank fails, the cell fails. Here rank 1 raises before the `all_reduce`, so rank 0 waits in
+# it for a partner that never comes, and the runner frees it: once rank 1's failure reaches the runner,
+# it waits a grace (`grace_s`, one second), then has rank 1 close its end of the process group, which
+# makes rank 0's `all_reduce` raise. Below the cell: rank 0's note `(released because rank 1 failed)`,
+# then the error, with a traceback block per failed rank, the first to fail on top (a plain-text view
+# shows only the heading and rank 1's block). Each rank notes how long it spent in the cell; the next
+# cell prints both.
+#
+# A traceback names the cell `<In [N], rank R>`: Jupyter's `In [N]`, as rank R ran it, its lines
+# counted from the `%%distributed` line (line 1), so rank 1's `raise` is line 7. The cell is tagged
+# `raises-exception`, so *Run All* goes on past it.
 
 # %% tags=["raises-exception"] minddp={"expected_error": "rank 1 gives up before the collective"}
 # %%distributed
@@ -112,7 +106,6 @@ finally:
 import inspect
 
 from minddp.notebook.cluster import Cluster
-from minddp.runtime.launch import RELEASE_WAIT_S
 
 lesson.claim(os.getpid() == pid, "every rank is still the process it was at the start (the same pid)")
 before = t.clone()
@@ -125,16 +118,13 @@ dist.all_gather_object(spent, in_cell)  # each rank's time in the failed cell, t
 grace = inspect.signature(Cluster).parameters["grace_s"].default  # the runner's grace: %dist_init keeps the default
 rest = spent[0] - grace
 after = (
-    f"the runner's grace, {grace:g} s, and {rest:.1f} s more"
+    f"the runner's grace, {grace:g} s, and {rest:.1f} s more until the release reached it"
     if rest > 0
     else f"less than the runner's grace ({grace:g} s): rank 0 began the cell after rank 1's report had reached the runner"
 )
 lesson.say(
     f"In the failed cell, rank 1 spent {spent[1]:.1f} s: it raised before the collective. Rank 0 spent "
-    f"{spent[0]:.1f} s in the cell, blocked in its all_reduce until the runner released it: {after}. This "
-    "notebook does not time apart what the time beyond the grace holds: the runner's look for reports (at most "
-    "0.1 s apart), the release (rank 1 closing its gloo group, where it waits up to "
-    f"{RELEASE_WAIT_S:g} s for the group's threads to let go) and rank 0's gloo noticing the closed connection."
+    f"{spent[0]:.1f} s in the cell, blocked in its all_reduce until the runner released it: {after}."
 )
 t
 

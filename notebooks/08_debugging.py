@@ -32,10 +32,10 @@
 #    collectives the *collective check* alone (no wrapper needed: every `torch.distributed`
 #    collective is compared across ranks before it is sent; section 4 shows how). What it says is one
 #    line on every rank: the cell prints rank 0's alone, then whether each other rank raised the same
-#    finding, and after how long (a line that differs in more than where it names its own rank is
+#    finding, and when (a line that differs in more than where it names its own rank is
 #    printed too), and checks that every rank raised it (section 3's finding is a warning: there each rank *warns*). The line names the cause, the tensor or
 #    call, the rank(s), the step, and the fix. For eight bugs the line is an error that stops every
-#    rank before the collective or the step it would spoil; for a bug that spoils nothing (section 3,
+#    rank at the first check that sees the bug; for a bug that spoils nothing (section 3,
 #    every rank reading the same data) it is a warning, said once, and training goes on;
 # 3. **the fix**: the script corrected, in debug mode, which then says nothing: no error and no warning (section 4's first fix is
 #    the script's metrics made the same on every rank, run as a plain `dist.all_reduce`). Section 6's first
@@ -62,18 +62,18 @@
 # %dist_init --world-size 2
 
 # %% [markdown]
-# Every rank sets the switch, as `MINDDP_DEBUG=1` on the command line would, and gets the same small
-# model, its own batches (a different random stream per rank: its shard of the data), a helper that
-# reads how far the replicas are apart and in which parameter (for the runs where nothing else would
-# tell us), and the helpers that run a script each way: `torch_does` (debug mode paused; whether each
-# rank raised, in a line: the error's first two sentences, and the parameter indices when torch lists
-# them, or "raised nothing"; a warning torch prints is not caught: section 6 says where it shows; and
-# `torch_drifts` for the bugs torch trains through), `minddp_says` (the line debug mode raised, checked
-# on every rank) and `fixed` (the corrected script: no debug error or warning, the replicas equal; `quiet`
-# collects the warnings for the fixes written out in full). `torch_does` and
-# `minddp_says` note how long each rank ran, from building its model and wrapper (where the script builds them) until
-# it raised (or finished; the set-up cell trains one correct step first, untimed); section 3's warning is timed the
-# same way, until the warning appeared (read at the end of the step that raised it).
+# The set-up cell turns debug mode on in every rank, as `MINDDP_DEBUG=1` would, and gives every rank
+# the same small model and its own batches (its shard). Its helpers run each section's script three
+# ways:
+#
+# * `torch_does`: debug mode paused; what each rank raised (the error's first two sentences), or
+#   "raised nothing"; `torch_drifts`, for the bugs torch trains through: how far the replicas ended apart;
+# * `minddp_says`: the line debug mode raised, checked on every rank;
+# * `fixed`: the corrected script; debug mode says nothing and the replicas are equal.
+#
+# The times they print ("0.06 s into the script", "after 3.02 s") count from the script's start, building
+# its model and wrapper included, until the rank raised (a warning: until the end of the step that
+# issued it).
 
 # %%
 # %%distributed
@@ -91,7 +91,6 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 import minddp.debug
 from minddp import DistributedDataParallel
 from minddp.notebook import lesson
-from minddp.debug.watch import fingerprints
 from minddp.runtime.launch import peer_gone
 
 minddp.debug.enable()  # what `MINDDP_DEBUG=1 torchrun ...` does for every rank when it imports minddp
@@ -149,7 +148,7 @@ def apart_at(model) -> tuple[float, str]:
 
 
 def torch_does(script) -> list[str]:
-    """Run ``script(group, short)`` with debug mode off; whether each rank raised, each said in a line (an error: its
+    """Run ``script(group, short)`` with debug mode paused; whether each rank raised, each said in a line (an error: its
     first two sentences, and the line naming the parameter indices if it has one); each rank's time until it raised
     (or finished) is left in ``torch_took``.
 
@@ -213,18 +212,20 @@ def say_each(line: str | None, took: float, how: str) -> list:
     own = everyone[0][0]
     lesson.say(own or "minddp said nothing")
     told = [
-        f"rank 0's line came after {everyone[0][1]:.2f} s" if own else f"rank 0 said nothing in {everyone[0][1]:.2f} s"
+        f"rank 0's line came {everyone[0][1]:.2f} s into the script"
+        if own
+        else f"rank 0 said nothing in {everyone[0][1]:.2f} s"
     ]
     for r, (said, took) in enumerate(everyone[1:], start=1):
         if said is None:
             told.append(f"rank {r} said nothing in {took:.2f} s")
         elif (mine := said.replace(f"(rank {r}): ", "(rank 0): ", 1)) == own:
-            told.append(f"rank {r} {how} the same finding after {took:.2f} s")
+            told.append(f"rank {r} {how} the same finding {took:.2f} s in")
         elif mine.replace(f", rank {r}>", ", rank 0>") == own:  # it names the place in its own copy of the cell
             place = re.search(rf"<In \[\d+\], rank {r}>", said).group()
-            told.append(f"rank {r} {how} the same finding, naming the place as `{place}`, after {took:.2f} s")
+            told.append(f"rank {r} {how} the same finding, naming the place as `{place}`, {took:.2f} s in")
         else:
-            told.append(f"rank {r} {how} after {took:.2f} s: {said}")
+            told.append(f"rank {r} {how} {took:.2f} s in: {said}")
     lesson.say(f"({'; '.join(told)})")
     return everyone
 
@@ -319,7 +320,7 @@ fixed(drifting_loop, "without the edit", edit=False)
 # the wrapped parameters, that the gradients are equal on every rank, and says why they are not. The
 # fix: call the wrapper.
 #
-# Two gaps are printed here and in the next cell, and they measure different things: the ✓ line
+# Each of this section's two cells prints two gaps, and they measure different things: the ✓ line
 # under torch's run (the notebook's own `apart()`, since torch says nothing) says how far the replicas'
 # *parameters* ended apart after the step; debug mode's line says how far one tensor's *gradients* are
 # apart at `optimizer.step()`, which it stops before any parameter moves. They need not be about the
@@ -409,8 +410,7 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # `torch.distributed` collective is compared across ranks on a side channel (the default group's
 # store, a key-value table every rank reaches) before it is sent (the *collective check*), so both
 # ranks stop before the mismatched all_reduce is sent, naming each rank's call and the line it came
-# from. Torch's times are in the "torch, rank r" lines, debug mode's under its line; a sentence after
-# them puts the two side by side. The fix: the same metrics on every rank.
+# from. Torch's times are in the "torch, rank r" lines, debug mode's under its line. The fix: the same metrics on every rank.
 #
 # The line numbers the call: *collective #K* is the group's sequence number, counting from 0 every
 # collective on the group that debug mode has checked (the notebook's own and the earlier sections'
@@ -434,15 +434,10 @@ lesson.claim(
     f"under torch no rank's all_reduce completed: each failed, at least one at the {WAIT_S} s timeout "
     "(a rank that had not timed out yet fails when its partner leaves)",
 )
-stopped = minddp_says(
+minddp_says(
     lambda: dist.all_reduce(torch.tensor(logged, device=device)),
     "mismatched collectives",
     "debug mode stopped both ranks before the collective",
-)
-lesson.say(
-    f"Under torch the ranks gave up after {' and '.join(f'{t:.2f}' for t in waited)} s; in debug mode they stopped "
-    f"after {' and '.join(f'{t:.2f}' for t in stopped)} s (debug mode stops a rank once it has read both ranks' posts "
-    "of the call)."
 )
 metrics = torch.tensor([0.5, 0.9], device=device)
 with quiet() as said:
@@ -491,8 +486,7 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # names three fixes: the same number of batches on every rank (`DistributedSampler(...,
 # drop_last=True)`, or every rank stopping at the shortest rank's count), or training under
 # `with model.join():`, which has a rank that ran out shadow the collectives of the others' steps.
-# The cell uses the last. Under `join()` debug mode's model checks pause (a joined rank takes no
-# steps), and the joined rank's shadow collectives are checked like any others.
+# The cell uses the last.
 
 
 # %%
@@ -534,9 +528,10 @@ lesson.claim(
 # norm), while rank 0, whose layer is frozen, does not step it at all, so the replicas end apart.
 # All torch says there is a warning its C++ code prints on rank 1: that
 # `find_unused_parameters=True` found no unused parameter in the forward. It goes straight to the rank
-# process's stderr, past the runner's capture of the ranks' lines, so whether and where it shows under
-# the cell (tagged `[rank1]:[W...] reducer.cpp`) is up to the front end; it is always in the terminal
-# that started Jupyter. It saw that rank 1 used
+# process's stderr, past the runner's capture of the ranks' lines: no `[rank 1]` label comes before
+# it. Where the front end shows it at all (the saved run does, at the end of the cell's output, below
+# rank 0's lines), only its own prefix, `[rank1]:[W...] reducer.cpp`, says it is rank 1's; it is always
+# in the terminal that started Jupyter. It saw that rank 1 used
 # every parameter; it never saw that the ranks disagree. Debug mode compares `requires_grad` across
 # ranks before each forward (the forward check). Under torch, the rank that has every gradient sends and waits; the other fails at its next
 # forward, saying its module has parameters not used in producing loss, and their indices (counted
@@ -635,45 +630,30 @@ lesson.claim(
 # ## What it costs, and where to read more
 #
 # A process that never turns debug mode on installs none of it: no hook, no message, no check
-# (`tests/test_debug.py` checks that in processes started without the flag). This
-# notebook turned it on in its set-up cell, so here *off* (`minddp.debug.disable()`) means paused.
-# What a wrapper built while it is on has, and one built while it is off lacks, are three things: a
-# *watch* (the object that runs the forward check and the step check for that wrapper), the
-# `DebugReducer` (the *reducer* is the part of the wrapper that averages the gradients in buckets;
-# debug mode's version sends each bucket through `torch.distributed`, checked, one at a time), and the
-# *plan check* (each step, the ranks compare their *bucket plan*, which parameters each bucket holds,
-# and their *launch order*, the order the buckets were sent in). The script's collectives pass the
-# collective check's wrapper untouched while it is off. So debug mode does more than watch: it adds
+# (`tests/test_debug.py` checks that in processes started without the flag). This notebook turned it
+# on in its set-up cell, so its runs without it have it *paused* (`minddp.debug.disable()`). A
+# wrapper built while it is on has three things one built while it is paused lacks: a *watch* (the
+# object that runs the forward check and the step check for that wrapper), the `DebugReducer` (the
+# *reducer* is the part of the wrapper that averages the gradients in buckets; debug mode's version
+# sends each bucket through `torch.distributed`, checked, one at a time), and the *plan check* (each
+# step, the ranks compare their *bucket plan*, which parameters each bucket holds, and their *launch
+# order*, the order the buckets were sent in). So debug mode does more than watch: it adds
 # collectives and changes when the gradients travel. It is built to change no value the training
 # computes: the cell checks that this model's 5 steps end with bit-identical parameters either way
 # (`tests/test_debug.py` checks it for every bug-free script against torch's DDP), shows what a
-# wrapper built each way has, and times the 5 steps each way, once.
+# wrapper built each way has, and times the 5 whole steps each way, once.
 #
-# On, each collective first costs one store write and one read of the partners' posts when they have
-# posted (plus, the first time a slot is read, a check that it exists; the read repeats, 0.1 ms to
-# 5 ms apart, while one has not); each step adds the two small all_gathers (forward check, step check)
-# with fingerprint calls on the parameters, the buffers and the averaged gradients, and one on each local
-# gradient as backward makes it. minddp's DDP also runs the plan check each step,
-# an `all_gather_object` (each rank's plan pickled; torch makes two collectives inside it, the sizes
-# then the bytes, which the collective check counts and checks once, as the call it is in), and sends
-# its buckets one at a time, waiting for each, so no bucket travels while backward computes.
-#
-# The cell's timing is a whole step of this 212-parameter model on a shared CPU: the forward and
-# backward, the gradients' all_reduce between the two processes, the optimizer and Python's overhead,
-# parts the cell does not time apart. Its ratio is this tiny model's and says nothing of a real
-# model's step; with debug mode *off* meaning paused, a process that never turned it on is not timed.
-# The cell times the fingerprint calls a step makes apart and
-# estimates what share of the added time they are. `docs/debugging.md`
-# (*Off, it is not there*) gives the benchmark's whole-step cost on larger presets, measured with an
-# earlier, cheaper fingerprint, and the weighted fingerprint's cost per tensor; the three measure
-# different things and are not one ratio. It also has each check, what torch's DDP does on each bug as
-# a script under torchrun (recorded), and what debug mode does not see.
+# The ratio it prints is of this 212-parameter model's whole steps, on against paused, not against a
+# process that never turned debug mode on. `docs/debugging.md` has what each check does and costs
+# (*Off, it is not there*: the benchmark's cost against a process without debug mode, on larger
+# presets), what torch's DDP does on each bug as a script under torchrun (recorded), and what debug
+# mode does not see.
 
 
 # %%
 # %%distributed
 def five_steps(on: bool):
-    """5 steps of the correct script with debug mode on or off: the wrapper, the parameters, the time."""
+    """5 steps of the correct script with debug mode on or paused: the wrapper, the parameters, the time."""
     (minddp.debug.enable if on else minddp.debug.disable)()
     model, ddp, optimizer = build()
     dist.barrier()
@@ -685,51 +665,24 @@ def five_steps(on: bool):
     return ddp, [p.detach().clone() for p in model.parameters()], took.item()
 
 
-(off, off_params, off_s), (on, on_params, on_s) = five_steps(False), five_steps(True)
-
-
-def step_prints(tensors):
-    """The fingerprint calls a debug-mode step makes on a model of these parameters (its gradients' sizes alike)."""
-    fingerprints(tensors, device)  # the forward check: the parameters,
-    fingerprints([], device)  # and the buffers (this model has none)
-    for t in tensors:
-        fingerprints([t], device)  # each local gradient, as backward makes it
-    fingerprints(tensors, device)  # the step check: the averaged gradients
-
-
-passes, tensors = 20, list(on.module.parameters())
-start = time.perf_counter()
-for _ in range(passes):
-    step_prints(tensors)
-prints = (time.perf_counter() - start) / passes  # this rank's time for one step's fingerprint calls, timed apart
+(paused, paused_params, paused_s), (on, on_params, on_s) = five_steps(False), five_steps(True)
 lesson.claim(
-    off.watch is None
-    and type(off.reducer).__name__ == "Reducer"
-    and not off.check_consistency
+    paused.watch is None
+    and type(paused.reducer).__name__ == "Reducer"
+    and not paused.check_consistency
     and on.watch is not None
     and on.check_consistency,
-    f"built with debug mode off, the wrapper has no watch, the plain reducer ({type(off.reducer).__name__}), and no "
+    f"built with debug mode paused, the wrapper has no watch, the plain reducer ({type(paused.reducer).__name__}), no "
     f"per-step plan check; built with it on: a watch, the {type(on.reducer).__name__}, the plan check",
 )
 lesson.claim(
-    all(torch.equal(a, b) for a, b in zip(off_params, on_params)),
-    "off or on, the same 5 steps end with bit-identical parameters on every rank",
+    all(torch.equal(a, b) for a, b in zip(paused_params, on_params)),
+    "paused or on, the same 5 steps end with bit-identical parameters on every rank",
 )
-off_ms, on_ms = round(off_s * 1e3), round(on_s * 1e3)  # as printed: every number below follows from these
-added = (on_ms - off_ms) / 5
-share = (
-    f"an estimated {prints * 1e3 / added:.0%} of what debug mode added a step (an estimate: the calls were timed "
-    "apart from the steps, on one rank); the cell does not time the rest apart"
-    if added > 0
-    else "more than debug mode added a step in this run: the timing's noise hid its costs"
-)
+paused_ms, on_ms = round(paused_s * 1e3), round(on_s * 1e3)  # as printed: every number below follows from these
 lesson.say(
-    f"5 steps took {off_ms} ms with debug mode off and {on_ms} ms on (the slower rank's time, one run each, on a "
-    f"machine shared with other work): {off_ms / 5:.1f} and {on_ms / 5:.1f} ms a step, "
-    f"{on_ms / max(off_ms, 1):.1f} times as long. A step's {3 + len(tensors)} fingerprint calls (parameters, "
-    f"buffers, averaged gradients, and each of the {len(tensors)} local gradients), timed apart on rank 0 "
-    f"({passes} times), took {prints * 1e3:.2f} ms: {share}. The cell does not time how that cost grows with a "
-    "tensor's size."
+    f"5 steps took {paused_ms} ms with debug mode paused and {on_ms} ms on (the slower rank's time, one run each): "
+    f"{paused_ms / 5:.1f} and {on_ms / 5:.1f} ms a step, {on_ms / max(paused_ms, 1):.1f} times as long."
 )
 
 # %%

@@ -9,7 +9,8 @@ reducer's own steps, so it changes with them. The differences, each for the coll
 1. **the fast path goes through the check**: the built-in average hands its sum to
    ``torch.distributed.all_reduce`` (:func:`checked_sum`, a ``Wire`` transport) instead of the
    process group directly, so each bucket is compared across ranks before it is sent (the sum is the
-   same collective, so the same bits; it waits for each bucket, so debug mode overlaps less);
+   same collective, so the same bits; it blocks until each bucket is summed, so no bucket travels while
+   backward computes);
 2. **labels**: each bucket's collectives are named ``DDP's bucket 0 of 2 (head.weight, head.bias)``,
    the end of backward's and a joined rank's too, so a mismatch or a rank that left says which
    tensors the others were sending (and the check adds the step).

@@ -293,7 +293,7 @@ def _stage_verdict(
 
 
 def _hook_verdict(like: str, reports: dict, timeout_s: float, also: dict | None = None) -> Verdict:
-    problem = _problem(f"{like} hook", reports, timeout_s, _hook_finding)
+    problem = _problem(f"{like} hook", reports, timeout_s, _hook_finding, like)
     if problem:
         return Verdict(False, problem, reports)
     first = reports[min(reports)]
@@ -368,6 +368,16 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
     tensor it copies back (``sizes``, the rank's :class:`~harness.Events`)."""
     if re.search(r"\bAVG\b", message) and like in TRANSPORT_MESSAGES:
         return f" (this backend has no ReduceOp.AVG, and your transport needs none: {HOOK_DIVIDED})"
+    if re.search(r"'NoneType' object has no attribute '(get_future|then|wait|value)'", message):
+        return (
+            " (dist.all_reduce returned None: without async_op=True it blocks until the sum is done and returns "
+            "nothing; pass async_op=True and take its Future with .get_future())"
+        )
+    if like in solutions.HOOKS and re.search(r"'NoneType' object has no attribute '(size|rank)'", message):
+        return (
+            " (the hook's state, process_group, is None here: None means the default group, and has no .size() or "
+            ".rank(); ask dist.get_world_size(process_group), which takes None)"
+        )
     if re.search(r"\bAVG\b", message):  # gloo on torch 2.6 refuses ReduceOp.AVG (docs/torch-versions.md)
         return (
             " (this backend has no ReduceOp.AVG: keep the default ReduceOp.SUM and divide by "
@@ -795,9 +805,15 @@ def _hook_finding(f: dict, report: dict) -> str:
             "finish with .then(lambda fut: fut.value()[0] ...)"
         )
     if kind == "shape":
+        numel = report["probe"]["numel"]  # the bucket the hook was handed
+        if f["shape"] == [numel]:  # only the dtype differs
+            return (
+                f"your hook's Future holds a {f['dtype']} tensor, but the bucket is float32: cast the average back "
+                "to the bucket's dtype, .to(bucket.buffer().dtype)"
+            )
         return (
             f"your hook's Future holds a {f['dtype']} tensor of shape {f['shape']}, but the bucket is float32 of "
-            "shape [1000]: hand back the averaged bucket, cast back to the bucket's dtype"
+            f"shape [{numel}]: hand back the averaged bucket, as one flat tensor of its size and dtype"
         )
     if kind == "local":
         return (
