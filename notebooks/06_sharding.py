@@ -21,15 +21,15 @@
 # ranks compute the same update from the same averaged gradients, so all of that is repeated.
 # The ZeRO rungs keep DDP's computation (every rank runs the whole forward and backward on its own
 # part of the batch) and stop repeating the *state*. Each keeps, of a *parameter tensor* (one of the
-# model's tensors) it divides among the n ranks, one `1/n` part per rank, this rank's *shard* (the
-# ZeRO-1 section's *chunk* is the same part):
+# model's tensors) it divides among the n ranks, one `1/n` part per rank, this rank's *shard*:
 #
 # * `zero1`: each rank keeps the optimizer state of its shard of every parameter tensor (n ranks), steps
 #   that shard, and the updated parameters are all-gathered;
 # * `zero2`: the gradients are *reduce-scattered* instead of all-reduced: each rank needs only the part
 #   of the average it steps, and through a reduce-scatter that is all it receives (on gloo minddp runs it
 #   as an all_reduce of the whole bucket and keeps that part: the ZeRO-2 section says why);
-# * `fsdp`: the parameters are sharded too, and each block of the model (a *unit*: what fsdp gathers
+# * `fsdp`: the parameters are sharded too (all but a few tensors it keeps whole on every rank, its
+#   *replicated* ones), and each block of the model (a *unit*: what fsdp gathers
 #   and drops as one, here a decoder layer) is gathered only around its own forward and backward: a
 #   unit's gather starts while the unit before it runs (a *prefetch*, one unit ahead), and the
 #   gathered parameters are dropped once the unit has run (the last unit's after the backward, which
@@ -87,16 +87,16 @@ show_source(ring_all_reduce)
 
 # %% [markdown]
 # What each costs, in the α-β model (α the fixed cost of one message, β the time per byte, m the
-# bytes of the tensor, n ranks): each pass is `n − 1` messages carrying `(n − 1)/n · m` bytes per
-# rank, `(n − 1) α + (n − 1)/n · m β`, and the all_reduce is both. That is one collective; a stage
+# bytes of the tensor, n ranks): each pass is `n − 1` messages per rank, which together carry
+# `(n − 1)/n · m` bytes: `(n − 1) α + (n − 1)/n · m β`, and the all_reduce is both. That is one collective; a stage
 # sends its gradients in several (a bucket or a unit each), so below we count only the bytes (the
 # ZeRO-2 section counts the collectives). Per optimizer step, with its micro-batches accumulated and
 # the gradients synced once: DDP all-reduces the gradients' bytes once; ZeRO-2 reduce-scatters them
 # once and all-gathers the stepped parameters once, the bytes DDP moves; ZeRO-1 all-reduces them and
-# then all-gathers, one pass more. FSDP reduce-scatters its units' gradients once too (and
-# all-reduces the few tensors it leaves whole), but it gathers each unit's parameters for every
-# micro-batch's forward and again for its backward:
-# at most two passes of the model per micro-batch (the count the ZeRO-2 section below measures, on one
+# then all-gathers, one pass more. FSDP reduce-scatters its units' gradients once too, but it gathers
+# each unit's parameters for every micro-batch's forward and again for its backward: at most two
+# passes of the model per micro-batch, a bound that counts the replicated tensors among the gathers,
+# though FSDP only all-reduces them, two passes of their bytes a step (the count the ZeRO-2 section below measures, on one
 # step of each stage, is a little less: the last unit is still gathered when the backward starts, and the
 # parameter tensors outside every unit are never gathered). For this workload's step:
 
@@ -124,7 +124,7 @@ lesson.say(
 # parameters, so the optimizer built over `model.parameters()` holds state for the shards only
 # (`minddp.ladder.make_optimizer` builds each stage's). What each keeps differs: `zero2` keeps the
 # whole parameters too (its shards are views into them: the table's parameters column is ddp's),
-# `fsdp` keeps only the shards and gathers a unit's whole parameters around its run. One step of
+# `fsdp` keeps the shards and its replicated tensors, and gathers a unit's whole parameters around its run. One step of
 # each is measured by `minddp.sharding.memory.Probe`, from the tensors the rank holds: parameters,
 # gradients just before the optimizer steps, optimizer state just after, the activations autograd
 # saved (their peak, reached in one micro-batch's forward: each micro-batch's backward frees them
@@ -176,9 +176,9 @@ off = {s: v - formula_bytes(s, memory[s]["psi"], world, memory[s]["replicated"])
 tensors = sum(p.requires_grad for p in trainees["ddp"].model.module.parameters())
 lesson.say(
     f"Ψ = {memory['ddp']['psi']:,} trainable parameter values (elements) in {tensors} parameter tensors. Model "
-    f"state per rank: ddp {table.loc['ddp', 'model state MiB']:.1f} MiB, zero1 "
-    f"{table.loc['zero1', 'model state MiB']:.1f}, zero2 {table.loc['zero2', 'model state MiB']:.1f}, fsdp "
-    f"{table.loc['fsdp', 'model state MiB']:.1f} plus {table.loc['fsdp', 'gathered (peak) MiB']:.1f} MiB of units "
+    f"state per rank: ddp {table.loc['ddp', 'model state MiB']:.1f} MiB; the sharded stages keep, of that, "
+    + ", ".join(f"{s} {table.loc[s, 'model state MiB']:.1f} ({state_of[s] / state_of['ddp']:.1%})" for s in STAGES[1:])
+    + f" plus {table.loc['fsdp', 'gathered (peak) MiB']:.1f} MiB of units "
     "gathered at once. Above its formula: "
     + ", ".join(f"{s} {b:,.0f} bytes" for s, b in off.items())
     + " (the table rounds the ratio to 3 decimals)."
@@ -215,7 +215,7 @@ table.round(3)
 # minddp's FSDP computes in bf16 with `compute_dtype=torch.bfloat16`, as torch's `fully_shard` does
 # with a `MixedPrecisionPolicy`: the fp32 shards *are* the master weights, gathered and cast to bf16
 # just before a unit runs, and the gradients come back to the shards in fp32. So it keeps what fp32
-# FSDP keeps (`16Ψₛ/n + 16Ψᵣ`, as both formulas say, split 4 + 4 + 8 instead of 2 + 2 + 12), and bf16 shrinks
+# FSDP keeps (`16Ψₛ/n + 16Ψᵣ`, as both formulas say, split 4 + 4 + 8, not the paper's 2 + 2 + 12), and bf16 shrinks
 # what lives only during the step: the gathered units and the activations. The cells below measure
 # both; the figure draws the model state and the gathered units, the activations are printed above it.
 # minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`: their bf16 formulas are in the cell's
@@ -261,18 +261,12 @@ lesson.claim(
     f"their peak, and its activations {f16['activations'] / f32['activations']:.2f} of fp32's "
     f"({lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}).",
 )
-lesson.say(
-    f"The figure leaves the activations out: fsdp's {lesson.mib(f32['activations'])} in fp32 "
-    f"({lesson.mib(f16['activations'])} computing in bf16) are "
-    + ("more" if f32["activations"] > held["fsdp"] else "less")
-    + f" than its whole model state, {lesson.mib(held['fsdp'])}."
-)
 lr = lesson.SETTINGS.lr
 values = torch.cat([p.detach().reshape(-1) for p in lesson.make_model().parameters()])  # the initial weights
 stepped = torch.cat([p.detach().reshape(-1) for p in trainees["ddp"].model.module.parameters()])  # after 1 step
 lesson.say(
     f"ddp's first AdamW step (lr = {lr}) moved this model's values by a median of "
-    f"{(stepped - values).abs().median().item() / lr:.2f} × lr."
+    f"{(stepped - values).abs().median().item() / lr:.2f} × lr: adding lr to every value stands in for that step."
 )
 landed = {"bf16": (values.bfloat16() + lr).float() - values.bfloat16().float(), "fp32": (values + lr) - values}
 lost = landed["bf16"] == 0
@@ -288,7 +282,7 @@ formulas = pd.DataFrame(
     {
         r["stage"]: {
             "fp32 formula MiB": r["formula"] / 2**20,
-            "bf16 + fp32 masters formula MiB": r["formula_mixed"] / 2**20,
+            "ZeRO paper's mixed-precision formula MiB": r["formula_mixed"] / 2**20,
             "measured, fp32 MiB": held[r["label"]] / 2**20,
             "measured, computing in bf16 MiB": held["fsdp\ncomputing in bf16"] / 2**20
             if r["stage"] == "fsdp"
@@ -297,10 +291,10 @@ formulas = pd.DataFrame(
         for r in measured[: len(STAGES)]
     }
 ).T
-mixed_saves = formulas["fp32 formula MiB"] - formulas["bf16 + fp32 masters formula MiB"]
+mixed_saves = formulas["fp32 formula MiB"] - formulas["ZeRO paper's mixed-precision formula MiB"]
 lesson.say(
-    f"Bytes per parameter value (parameter, gradient, optimizer): fp32 {PRECISIONS['fp32']}, bf16 with fp32 masters "
-    f"{PRECISIONS['bf16-mixed']}. By the ZeRO paper's accounting the 16-bit copies would save zero1 "
+    f"Bytes per parameter value (parameter, gradient, optimizer): fp32 {PRECISIONS['fp32']}, the ZeRO paper's mixed "
+    f"precision {PRECISIONS['bf16-mixed']}. By the ZeRO paper's accounting the 16-bit copies would save zero1 "
     f"{mixed_saves['zero1']:.1f} MiB and zero2 {mixed_saves['zero2']:.1f} MiB a rank here, ddp and fsdp nothing."
 )
 formulas.round(2)
@@ -308,8 +302,9 @@ formulas.round(2)
 # %% [markdown]
 # ## ZeRO-1: an optimizer that steps its own part
 #
-# Each parameter tensor is cut, flattened, into n chunks, and rank `r` keeps the optimizer state of
-# chunk `r` of each, so the ranks' chunks of one tensor differ by fewer than n elements. (An
+# Each parameter tensor is cut, flattened, into n shards (the code calls them *chunks*: `ceil(N/n)`
+# elements each, in rank order, the last ranks' shorter or empty; not the ring's `tensor_split` cut,
+# where they differ by at most 1), and rank `r` keeps the optimizer state of shard `r` of each. (An
 # optimizer that is not element-wise needs whole tensors: one rank then owns each, `owned_whole` in
 # the step below; AdamW is element-wise.) The stepped chunks are all-gathered in buckets of their
 # own, of at most 25 MiB, not the stage's 4 MiB gradient buckets:
@@ -346,7 +341,8 @@ show_source(ZeroRedundancyOptimizer._all_gather)
 # %% [markdown]
 # ## ZeRO-2: reduce-scatter the gradients
 #
-# `zero2` is `bucket-async` with four changes, numbered as steps 1 to 4 in its code (its own
+# `zero2` is `bucket-async` (`AsyncBucketDDP`, the last teaching stage: gradient buckets all-reduced
+# while the backward runs) with four changes, numbered as steps 1 to 4 in its code (its own
 # numbering, not ZeRO-1's):
 #
 # 1. each parameter is cut into n chunks, and this rank's chunk, its shard, is made a parameter of its
@@ -456,11 +452,12 @@ lesson.claim(
 # %% [markdown]
 # ## ZeRO-2's saving, observed
 #
-# gloo hides the saving (there zero2's reduce-scatters run as all_reduces, so it sends zero1's bytes:
-# the all_reduces' and the all-gathers'), so the four stages now send through minddp's own ring
-# (`minddp.collectives`, plugged into each stage's wire as its *transport*): every collective is
+# On gloo zero2's reduce-scatters run as all_reduces of the whole bucket, so its saving cannot show
+# there. The four stages now send through minddp's own ring (`minddp.collectives`, plugged in as
+# each stage's *transport*: the function its hooks' `Wire`, a process group with a way to send,
+# calls for each collective): every collective is
 # written from point-to-point messages, and the profiler records each message gloo sends with the
-# tensor it carried. What one rank really put on the wire in one step, by the collective the
+# tensor it carried. What one rank really sent in one step, by the collective the
 # message served:
 
 # %%
@@ -530,21 +527,17 @@ lesson.claim(
 # %% [markdown]
 # ## The sharded rungs on one time axis
 #
-# `ddp` and the three sharded stages, the step each stage's look above recorded, drawn as
+# `ddp` and the three sharded stages, the step each stage's look on gloo (the ZeRO-2 section's) recorded, drawn as
 # `03_build_up` drew the DDP ladder: forward and backward of each micro-batch, the optimizer step,
 # and every collective in flight (orange, the all-gathers of parameters hatched): from the moment
 # gloo's thread took it up to its end, a time that also holds gloo standing by for the other rank and
-# for a free core. A tick marks when the stage handed a collective over. The table the cell prints
-# (above the picture) counts where each stage's collectives started, by the step's phases, *finish*
-# being `finish_gradient_synchronization` (notebook 02's name). The training thread waits for
+# for a free core. A tick marks when the stage handed a collective over. The training thread waits for
 # the gradients in two places: ddp, zero1 and fsdp in a callback at the end of `loss.backward()`, after
 # its last autograd operation, so a blank on their phase lane between the last backward and the
-# optimizer step is that wait; zero2, built on bucket-async, in its finish (a thin purple bar on its
+# optimizer step is that wait; zero2, built on bucket-async, in `finish_gradient_synchronization` (a thin purple bar on its
 # lane, drawn where it is wide enough to see). Bars that overlap in time draw as one: the claims
 # below give the counts. Each row is one step, taken under whatever load the machine had then, so
-# the rows' lengths do not rank the stages: `python -m minddp.bench --preset small --stage sharded` times the
-# stages over many steps each, beside torch's own `ZeroRedundancyOptimizer` and `fully_shard`;
-# `docs/sharding.md` has its tables.
+# the rows' lengths do not rank the stages.
 
 # %%
 # %%rank 0
@@ -556,11 +549,8 @@ def phase_of(t, row):
     return next((ph for ph in PHASES if any(a <= t <= b for a, b in row[ph])), "between")
 
 
-started = {}
 for s in STAGES:
-    v = looks[s]
-    v["row"]["label"] = s
-    started[s] = pd.Series([phase_of(a, v["row"]) for a, _ in v["row"]["messages"]]).value_counts()
+    looks[s]["row"]["label"] = s
 figure = lesson.picture(looks, None, rows=STAGES, title="ddp and the sharded rungs, one step each (rank 0)")
 lesson.mark_gathers(figure, looks, STAGES)  # the all-gathers hatched apart from the gradient collectives
 lesson.claim(
@@ -576,26 +566,24 @@ lesson.claim(
     )
     + ".",
 )
-starts = pd.DataFrame(started).T.reindex(columns=[*PHASES, "between"]).fillna(0).astype(int)
-z1, z2, fs = looks["zero1"], looks["zero2"], looks["fsdp"]
+z1, z2 = looks["zero1"], looks["zero2"]
+# the gathers of parameters: the look's gather spans less the check's (same end)
+checks = {b for _, b in z2.get("check_spans", [])}
+z2_gathers = [(a, b) for a, b in z2["gather_spans"] if b not in checks]
+# where these gathers run is the code's, whatever the load: each is handed over and waited for inside one phase,
+# zero1's in step() (the optimizer), zero2's in its forward (it waits for every bucket before the forward returns)
 lesson.claim(
-    starts.loc["zero1", "optimizer"] == z1["gathers"],
+    len(z1["gather_spans"]) == z1["gathers"]
+    and all(phase_of(a, z1["row"]) == "optimizer" for a, _ in z1["gather_spans"]),
     f"zero1's {z1['gathers']} all-gather(s) of parameters run inside its optimizer step, at its end "
     f"(ZeroRedundancyOptimizer.step above: step the chunks, then all-gather).",
 )
-# where a collective runs is the code's: zero2 waits for each bucket's gather before the module that holds it
-# runs its forward, fsdp for a unit's gather before the unit runs, zero1 for its gather inside step()
 lesson.claim(
-    starts.loc["zero2", "forward"] >= z2["gathers"] and z2["calls_in_backward"] == z2["calls"],
-    f"zero2's {z2['gathers']} all-gathers start in the first forward, which needs the parameters the last step "
+    len(z2_gathers) == z2["gathers"]
+    and all(z2["row"]["forward"][0][0] <= a <= b <= z2["row"]["forward"][0][1] for a, b in z2_gathers)
+    and z2["calls_in_backward"] == z2["calls"],
+    f"zero2's {z2['gathers']} all-gathers run in the first forward, which needs the parameters the last step "
     f"updated; its {z2['calls']} reduce-scatters (run as all_reduces) are handed over in the backward.",
-)
-check_at = [phase_of(a, z2["row"]) for a, _ in z2.get("check_spans", [])]
-lesson.say(
-    "zero2's once-a-step check, an all-gather of a few bytes, not of parameters (cross-hatched, a × at its start, "
-    "with no tick: the ticks mark the gradient collectives and the gathers of parameters), was called "
-    + " and ".join("in the " + ph if ph != "between" else "between two phases" for ph in check_at)
-    + f". The table's zero2 row counts it with the {z2['calls']} gradient collectives and {z2['gathers']} gathers."
 )
 # both sync once a step: the micro-batches before the last accumulate under no_sync() and send nothing
 last_backward = {s: looks[s]["row"]["backward"][-1][0] for s in ("zero2", "fsdp")}
@@ -608,16 +596,6 @@ lesson.claim(
     f"zero2's {len(grads['zero2'])} and fsdp's {len(grads['fsdp'])} gradient collectives (orange, not hatched) all "
     f"started after the last micro-batch's backward began: the {accum - 1} before it kept their gradients whole.",
 )
-lesson.claim(
-    starts.loc["fsdp", "forward"] + starts.loc["fsdp", "backward"] >= fs["gathers"],
-    f"fsdp's {fs['gathers']} all-gathers start all through the forwards and the backwards.",
-)
-lesson.say(
-    "The table below counts when each collective started running on gloo's thread (a bar's left end), not when it "
-    "was handed over (a tick; the looks' counts, in the ZeRO-2 section): gloo takes a collective up when its thread is "
-    "free, so one handed over late in a backward can start after it has ended ('between')."
-)
-starts
 
 # %% [markdown]
 # ## The same training, whatever the rung

@@ -600,6 +600,25 @@ def _halves_padding_copied_back(tensor, group):
     tensor.copy_(padded.view_as(tensor))
 
 
+def _halves_piece_copied_back(tensor, group):
+    """Reduce-scatters and all-gathers the padded tensor right, then copies back this rank's piece, not the sum."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(piece)
+
+
+def _halves_copied_from_input(tensor, group):
+    """Gathers the pieces into a new tensor, then copies back from the padded input (this rank's own values)."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    gathered = torch.empty_like(padded)
+    all_gather_single(gathered, piece, group=group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
 def _halves_world_without_group(tensor, group):
     """The model answer, but the world size asked without the group: ``dist.get_world_size()``."""
     n = dist.get_world_size()
@@ -670,6 +689,8 @@ HalvesTwoHardCoded = _halves_with("HalvesTwoHardCoded", _halves_two_hard_coded)
 HalvesPadTwoHardCoded = _halves_with("HalvesPadTwoHardCoded", _halves_pad_two_hard_coded)
 HalvesGatheredUnpadded = _halves_with("HalvesGatheredUnpadded", _halves_gathered_unpadded)
 HalvesPaddingCopiedBack = _halves_with("HalvesPaddingCopiedBack", _halves_padding_copied_back)
+HalvesPieceCopiedBack = _halves_with("HalvesPieceCopiedBack", _halves_piece_copied_back)
+HalvesCopiedFromInput = _halves_with("HalvesCopiedFromInput", _halves_copied_from_input)
 HalvesWorldWithoutGroup = _halves_with("HalvesWorldWithoutGroup", _halves_world_without_group)
 HalvesWorldImported = _halves_with("HalvesWorldImported", _halves_world_imported)
 HalvesCollectivesWithoutGroup = _halves_with("HalvesCollectivesWithoutGroup", _halves_collectives_without_group)

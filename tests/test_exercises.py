@@ -255,6 +255,22 @@ MISTAKES = [
             "handed 323; cut the padding off first, padded[: tensor.numel()]",
         ),
     ),
+    # the piece copied back where the sum belongs: torch's shape error (323 against 162) named as the piece, not as
+    # padding left on (the copy-back error's other cause)
+    (
+        wrong.HalvesPieceCopiedBack,
+        "halves",
+        (
+            "in _halves_piece_copied_back (line",
+            "(this rank's piece of the sum, 162 elements, was copied back where the whole sum belongs, 323 elements",
+        ),
+    ),
+    # gathered into a new tensor, copied back from the padded input: named as the copy's source, not as a rebinding
+    (
+        wrong.HalvesCopiedFromInput,
+        "halves",
+        "all-gathered the pieces of the sum into a new tensor, and what it copied into the tensor it was handed",
+    ),
     # right on the checker's ranks (the whole world), wrong for a group smaller than the world: refused by the call
     (
         wrong.HalvesWorldWithoutGroup,

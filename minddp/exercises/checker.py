@@ -392,7 +392,14 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
             "is None; register_post_accumulate_grad_hook hands it the parameter, whose .grad is the accumulated "
             "gradient)"
         )
-    if like == "halves" and sizes and sizes["kind"] == "copy_back" and re.search(r"shape|size", message, re.I):
+    copy_back = like == "halves" and sizes and sizes["kind"] == "copy_back" and re.search(r"shape|size", message, re.I)
+    if copy_back and world and f"({sizes['padded'] // world})" in message and f"({sizes['padded']})" not in message:
+        return (
+            f" (this rank's piece of the sum, {sizes['padded'] // world} elements, was copied back where the whole "
+            f"sum belongs, {sizes['handed']} elements: the piece is 1/{world} of it; all-gather the pieces into the "
+            "padded tensor, all_gather_single(padded, piece, group=group), and copy that back without its padding)"
+        )
+    if copy_back:
         return (
             f" (the sum was copied back with its padding: the padded tensor holds {sizes['padded']} elements, the "
             f"tensor you were handed {sizes['handed']}; cut the padding off first, padded[: tensor.numel()], then "
@@ -642,6 +649,13 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
         return (
             f"gradients were divided by the world size twice ({names}): your transport passed op=ReduceOp.AVG to "
             f"its reduce-scatter, which divides the sum, and {HOOK_DIVIDED}{at}"
+        )
+    if f["kind"] == "unsummed" and f.get("gathered_apart") and like in TRANSPORT_MESSAGES:
+        return (
+            f"the buckets came back divided by the world size but not summed over ranks ({names}): your transport "
+            "(my_all_reduce) all-gathered the pieces of the sum into a new tensor, and what it copied into the tensor "
+            "it was handed was not that tensor (the padded input still holds this rank's own values): copy the "
+            f"all-gather's output, without its padding, into tensor{at}"
         )
     messages = {**GRADIENT_MESSAGES, **TRANSPORT_MESSAGES.get(like, {})}
     return messages[f["kind"]].format(names=names, world=world) + at

@@ -284,6 +284,10 @@ class Events(TorchDispatchMode):
         #: (length handed, length reduce-scattered) of each reduce-scatter a transport made: how it padded before
         self.padded: list[tuple[int, int]] = []
         self.averaged = False  #: a transport's reduce-scatter was asked to average (``op=ReduceOp.AVG``)
+        #: a transport all-gathered into a tensor other than the one it reduce-scattered (``scattered``: that one's
+        #: data pointer): where the sum then is, the tensor it copies back from must be
+        self.gathered_apart = False
+        self.scattered: int | None = None
         for name, p in module.named_parameters() if module is not None else ():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda _p, name=name: self._note("ready", name))
@@ -322,6 +326,9 @@ class Events(TorchDispatchMode):
             raise
         if counted and kind == "reduce_scatter" and self.handed is not None:
             self.padded.append((self.handed, args[1].numel()))
+            self.scattered = args[1].data_ptr()
+        if counted and kind == "all_gather" and self.handed is not None and self.scattered is not None:
+            self.gathered_apart = self.gathered_apart or args[0].data_ptr() != self.scattered
         if counted and self.active:
             self._note_parameters(args[_SENT_ARGUMENT[str(func)]])
             self.works.append((kind, _work_of(out)))
@@ -618,6 +625,7 @@ def run_step(
     summary["read_in_flight"] = list(dict.fromkeys(events.read))
     summary["on_parameters"] = list(events.on_parameters)
     summary["averaged"] = events.averaged
+    summary["gathered_apart"] = events.gathered_apart
     progress.phase = f"stepping the optimizer in step {step}"
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -971,6 +979,8 @@ def gradient_finding(everyone: list[dict], step: int, record: dict, local, avera
     finding = {"kind": main, "step": step, "ranks": sorted(wrong), "names": names, "n_params": len(everyone[0])}
     if main == "divided_twice" and record.get("averaged"):  # the second division was the reduce-scatter's op
         finding["op_avg"] = True
+    if main == "unsummed" and record.get("gathered_apart"):  # the sum was gathered, elsewhere than copied from
+        finding["gathered_apart"] = True
     if main == "other":
         expected = averaged[0]
         for g in averaged[1:]:
