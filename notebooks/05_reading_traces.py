@@ -421,7 +421,7 @@ lesson.say(
     "Gigabit Ethernet (`metrics.link_time`), from their sizes alone, the same on every run.",
     f"In the stages that wait for each message as it is sent ({', '.join(blocking)}) exposed was "
     f"{share.min():.0f}–{share.max():.0f} % of the link time: the rest of the link time "
-    f"({before.min():.0f}–{before.max():.0f} ms) ran before the thread called `wait()`. Their waited time is exposed plus {after.min():.0f}–{after.max():.0f} ms of waiting after the "
+    f"({before.min():.0f}–{before.max():.0f} ms) ran while the thread was not waiting. Their waited time is exposed plus {after.min():.0f}–{after.max():.0f} ms of waiting after the "
     "modeled transfer had ended, until the message was delivered (once gloo's real all_reduce was done too).",
     (
         f"In every row non-compute (ms) is at least waited; the rest ({rest.min():.1f}–{rest.max():.1f} ms) is "
