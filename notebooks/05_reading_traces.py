@@ -312,8 +312,7 @@ longer = over == len(busy)  # every sender's longer than the forward moved
 lesson.say(
     f"The forward passes (rank 0), the same work in every stage, took {per_stage.min() / 1e3:.0f}–"
     f"{per_stage.max() / 1e3:.0f} ms per step across the stages ({per_stage.idxmin()}'s to {per_stage.idxmax()}'s, "
-    f"{spread:.1f} ×): the stages ran one after the other, so their step times carry the machine's speed of each "
-    "moment.",
+    f"{spread:.1f} ×), so a difference in step time here does not price a stage's communication.",
     f"The last backward computes the same gradients in every stage (its span also holds hook's and bucket's "
     f"waits for each message): it took {last_bw[quiet].min():.0f}–{last_bw[quiet].max():.0f} ms "
     f"in {' and '.join(quiet)}, which send nothing during it, and {last_bw[busy].min():.0f}–"
@@ -561,7 +560,7 @@ lesson.say(
         f"({by_rank('overlap (%)', ['hook-async', 'bucket-async'])} %) and so did exposed "
         f"({by_rank('exposed (ms)', ['hook-async', 'bucket-async'])} ms): overlap is not the time saved."
         if more == ("rose", "rose")
-        else "From hook-async to bucket-async overlap and exposed did not both rise on both ranks."
+        else ""
     )
 )
 fw = linked.phases[(linked.phases["rank"] == 0) & (linked.phases["phase"] == "forward")]
