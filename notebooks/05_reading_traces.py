@@ -310,7 +310,7 @@ spread = per_stage.max() / per_stage.min()
 over = int((last_bw[busy].round() > round(spread, 1) * last_bw[quiet].round().max()).sum())  # as printed
 longer = over == len(busy)  # every sender's longer than the forward moved
 lesson.say(
-    f"The forward passes (rank 0), the same work in every stage, took {per_stage.min() / 1e3:.0f}–"
+    f"The forward passes (rank 0), the same model and micro-batches in every stage, took {per_stage.min() / 1e3:.0f}–"
     f"{per_stage.max() / 1e3:.0f} ms per step across the stages ({per_stage.idxmin()}'s to {per_stage.idxmax()}'s, "
     f"{spread:.1f} ×), so a difference in step time here does not price a stage's communication.",
     f"The last backward computes the same gradients in every stage (its span also holds hook's and bucket's "
