@@ -150,7 +150,8 @@ lesson.say(
 # * **non-compute** is time when one of gloo's threads was inside a `gloo:*` range while the training
 #   thread ran no `aten::` op: it was waiting, running its own Python (hooks, the time between autograd
 #   nodes) or had no core;
-# * **idle** is the rest, when neither ran: the training thread's Python between `aten::` ops, its
+# * **idle** is the rest, when the training thread ran no `aten::` op and no gloo range was open: its
+#   Python between `aten::` ops, its
 #   waits with no collective in flight, and any time it was ready to run but had no core (no output
 #   here splits idle time into these); `single`, which never communicates, has idle time too;
 # * **overlap** is the share of the time in flight during which compute ran too. `single` has no time
@@ -164,8 +165,7 @@ lesson.say(
 # The caveat that decides how to read the communication numbers: a gloo range lasts from the moment
 # gloo's thread picks the collective up until it is done, so it is also *held open* until the other
 # rank arrives at the same collective, and while gloo's thread waits for a core. All of it counts as in
-# flight (and as non-compute while the training thread computes nothing), so a low overlap on a CPU
-# says as much about the cores and the other rank as about the stage. On GPUs the same metrics read
+# flight (and as non-compute while the training thread computes nothing). On GPUs the same metrics read
 # NCCL kernels against compute kernels, which run side by side.
 #
 # The chart below draws each rank's non-compute and overlap, stage by stage, side by side.
@@ -231,7 +231,7 @@ ov = own["comm_comp_overlap_pctg"]
 split = ov[waiting].max() < ov[asynchronous].min()
 lesson.say(
     ("What holds on both ranks is the coarse split" if split else "Not even the coarse split holds on both ranks")
-    + f": the stages that wait for their messages ({', '.join(waiting)}) overlapped at most "
+    + f": the stages that wait for each message as it is sent ({', '.join(waiting)}) overlapped at most "
     f"{ov[waiting].max():.1f} %, the asynchronous ones ({', '.join(asynchronous)}) at least "
     f"{ov[asynchronous].min():.1f} %.",
 )
@@ -241,11 +241,8 @@ tied = ((own["non_compute_time_us"] - (1 - ov / 100) * in_flight).abs() <= 1e-9 
 lesson.claim(tied, "For every stage and rank, non-compute time = (100 % − overlap) × time in flight.")
 
 # %% [markdown]
-# Where the stages that wait for each message (`simple`, `ga`, `hook`, `bucket`) show overlap, it is
-# this rank's `aten::` ops that ran while one of its gloo ranges was open, whatever the op was for;
-# nothing here splits it by op. The two ranks' percentages need not agree (the chart):
-# one profiled step is one sample, so read no finer order into them than both ranks show, and look at the
-# timeline below.
+# The two ranks' percentages need not agree (the chart): one profiled step is one sample, so read no finer
+# order into them than both ranks show, and look at the timeline below.
 
 # %% [markdown]
 # ## One step of each stage, on one time axis
@@ -257,7 +254,7 @@ lesson.claim(tied, "For every stage and rank, non-compute time = (100 % − over
 # the reducer's `c10d::allreduce_` call; `ready_us` in the tables below), an orange bar while its gloo
 # all_reduce range was open (the legend's "collective in flight (held open included)"; where dozens of
 # narrow bars crowd, they merge into dark blocks; the parameter check's all_gather is not drawn), the *finish*
-# (purple: `finish_gradient_synchronization()`, which the training loop calls after every backward; a
+# (purple, a span from its start to its end, the legend's "finish (sync ends)": `finish_gradient_synchronization()`, which the training loop calls after every backward; a
 # short one is too thin to see), the optimizer (green) and the end of the step.
 #
 # Three shapes to tell apart:
@@ -269,8 +266,7 @@ lesson.claim(tied, "For every stage and rank, non-compute time = (100 % − over
 # * **asynchronous** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the band, bars
 #   running on while backward goes on; what is still running when the band ends is waited for before
 #   the optimizer step: in the finish (purple) for `hook-async` and `bucket-async`; for `ddp` and torch's
-#   DDP at the end of the `loss.backward()` call, after the band's last autograd node, where the row is
-#   left blank.
+#   DDP at the end of the `loss.backward()` call, after the band's last autograd node.
 #
 # The profiler numbers steps from 0: step 0 is the step `profile()` discards, so the title's and the
 # tables' step 1 is the one recorded.
@@ -314,8 +310,9 @@ spread = per_stage.max() / per_stage.min()
 over = int((last_bw[busy].round() > round(spread, 1) * last_bw[quiet].round().max()).sum())  # as printed
 longer = over == len(busy)  # every sender's longer than the forward moved
 lesson.say(
-    f"The forward passes (rank 0), the same work in every stage, took {per_stage.min() / 1e3:.0f}–"
-    f"{per_stage.max() / 1e3:.0f} ms per step across the stages ({spread:.1f} ×); the stages ran one after the other.",
+    f"The forward passes (rank 0), the same model and micro-batches in every stage, took {per_stage.min() / 1e3:.0f}–"
+    f"{per_stage.max() / 1e3:.0f} ms per step across the stages ({per_stage.idxmin()}'s to {per_stage.idxmax()}'s, "
+    f"{spread:.1f} ×), so a difference in step time here does not price a stage's communication.",
     f"The last backward computes the same gradients in every stage (its span also holds hook's and bucket's "
     f"waits for each message): it took {last_bw[quiet].min():.0f}–{last_bw[quiet].max():.0f} ms "
     f"in {' and '.join(quiet)}, which send nothing during it, and {last_bw[busy].min():.0f}–"
@@ -364,8 +361,7 @@ buckets[buckets["stage"] == "bucket-async"].drop(columns=["rank", "stage"]).roun
 # %% [markdown]
 # ## The ladder on a slower network
 #
-# On loopback the messages never leave this machine (the cell below compares simple with single). A
-# cluster's network has costs of its own, the same on every run. The first cell also profiled the blog's six
+# The first cell also profiled the blog's six
 # stages with their gradients' all_reduces over the **emulated 1 Gbit/s link** that `03_build_up` introduced
 # (`minddp.comm.link`: the real all_reduce runs beside the modeled transfer, and the message is
 # delivered when both are done; the parameter check's all_gather does not go through the link). The
@@ -375,26 +371,14 @@ buckets[buckets["stage"] == "bucket-async"].drop(columns=["rank", "stage"]).roun
 # The link's trace also records when the training thread stood still for a message, so two more
 # measures appear (`docs/analysis.md`): **waited**, the time the training thread stood waiting for a
 # message, whether for the link, the other rank or a core, and **exposed**, the part of that wait
-# during which the link's modeled transfer was still running. A rank's transfer starts when it hands the
-# message over; its wait, when the training thread calls `wait()` on it.
+# during which the link's modeled transfer was still running. The link carries one message at a time: a
+# transfer starts when its rank hands the message over, or when the link is done with the one before; a wait
+# starts when the training thread calls `wait()` on the message.
 
 # %%
 import torch
 from minddp.comm.link import parse_link
 
-steps = per_rank.set_index(["stage", "rank"])["step_ms"].round()  # as printed
-above = [steps[("simple", rk)] - steps[("single", rk)] for rk in (0, 1)]
-noise = abs(steps[("single", 0)] - steps[("single", 1)])
-lesson.say(
-    f"On loopback simple's profiled step took {above[0]:.0f} ms more than single's on rank 0 and {above[1]:.0f} ms "
-    f"on rank 1, while single's two ranks, the same work without communicating, differ by {noise:.0f} ms: "
-    + (
-        "loopback steps cannot price communication here."
-        if noise >= min(above)
-        else "the stages ran one after the other, so part of each difference can be the machine's speed moving "
-        "between them."
-    ),
-)
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
 linked = analyze_run(LINKED)
 link, world = parse_link("1gbit"), int(linked.summary["rank"].nunique())
@@ -430,28 +414,17 @@ block = on_link.loc[blocking]
 before = block["link time (ms)"] - block["exposed (ms)"]
 after = block["waited (ms)"] - block["exposed (ms)"]
 share = 100 * block["exposed (ms)"] / block["link time (ms)"]
-ha = on_link.loc["hook-async"]
 rest = (on_link["non-compute (ms)"] - on_link["waited (ms)"]).round(1)  # as printed
 lesson.say(
     "Every row is one rank's own numbers; the link time is what that rank's messages take on the modeled "
     "Gigabit Ethernet (`metrics.link_time`), from their sizes alone, the same on every run.",
-    f"In the stages that wait for every message ({', '.join(blocking)}) exposed was "
+    f"In the stages that wait for each message as it is sent ({', '.join(blocking)}) exposed was "
     f"{share.min():.0f}–{share.max():.0f} % of the link time: the rest of the link time "
-    f"({before.min():.0f}–{before.max():.0f} ms) is the transfers' run between the hand-over and the thread's "
-    f"`wait()`. Their waited time is exposed plus {after.min():.0f}–{after.max():.0f} ms of waiting after the "
+    f"({before.min():.0f}–{before.max():.0f} ms) ran while the thread was not waiting. Their waited time is exposed plus {after.min():.0f}–{after.max():.0f} ms of waiting after the "
     "modeled transfer had ended, until the message was delivered (once gloo's real all_reduce was done too).",
-    f"hook-async's hooks do not wait, but its finish does, after backward: there rank 0 waited "
-    f"{ha.loc[0, 'waited (ms)']:.0f} ms and rank 1 {ha.loc[1, 'waited (ms)']:.0f} ms, with "
-    f"{ha.loc[0, 'exposed (ms)']:.1f} and {ha.loc[1, 'exposed (ms)']:.1f} ms exposed: "
-    + (
-        "none of its standing still was for the link's transfers, all of it for gloo's real all_reduces."
-        if ha["exposed (ms)"].max() == 0
-        else "the rest of its standing still was for gloo's real all_reduces, after the link's transfers had ended."
-    ),
     (
-        f"In every row non-compute (ms) is at least waited; the rest ({rest.min():.1f}–{rest.max():.1f} ms) is time a "
-        "range was open while the training thread neither computed nor waited for a message (its own Python, or "
-        "no core)."
+        f"In every row non-compute (ms) is at least waited; the rest ({rest.min():.1f}–{rest.max():.1f} ms) is "
+        "non-compute time in which the link recorded no wait."
         if (rest >= 0).all()
         else f"Non-compute (ms) minus waited ranges from {rest.min():.1f} to {rest.max():.1f} ms across the rows."
     ),
@@ -585,10 +558,9 @@ lesson.say(
     + (
         f"From hook-async to bucket-async overlap rose on both ranks "
         f"({by_rank('overlap (%)', ['hook-async', 'bucket-async'])} %) and so did exposed "
-        f"({by_rank('exposed (ms)', ['hook-async', 'bucket-async'])} ms): in this run the stage that overlapped more "
-        "stood longer waiting for the link; overlap is not the time saved."
+        f"({by_rank('exposed (ms)', ['hook-async', 'bucket-async'])} ms): overlap is not the time saved."
         if more == ("rose", "rose")
-        else "From hook-async to bucket-async overlap and exposed did not both rise on both ranks."
+        else ""
     )
 )
 fw = linked.phases[(linked.phases["rank"] == 0) & (linked.phases["phase"] == "forward")]
@@ -603,24 +575,5 @@ lesson.say(
 
 
 # %% [markdown]
-# Why the shares differ from the blog's (the counts and the link time are exact; the shares come
-# from one step each, on the machine whose cores and load the first cell printed, and move from run
-# to run):
-#
-# * **where communication runs**: on a GPU, NCCL's kernels run on their own stream beside the
-#   compute kernels (the blog: ~90 % overlap). Here both ranks' training threads and gloo's threads
-#   share this machine's CPU cores with whatever else runs on it: a collective needs a core that the
-#   backward, or another process, may be using;
-# * **what a communication range holds**: a `gloo:*` range is held open until the other rank
-#   arrives, so a rank that is ahead counts its peer's lateness as communication;
-# * **how dear the network is**: on the emulated link each message's modeled transfer takes what it
-#   would on Gigabit Ethernet, the same on every run, but waited holds this machine's time as well:
-#   the waits after the modeled transfer had ended (the link's table: waited minus exposed). `03_build_up`
-#   measures each stage's exposed time on this link in turns, and asserts what its code guarantees;
-# * **buckets**: what they save is the fixed cost 2(n−1)·α of each message they do not send (the
-#   buckets' claim above does the sum); what they cost in return, a first bucket
-#   that leaves late in backward and a last one whose whole transfer comes after it, is the bucket
-#   lesson at the end of `03_build_up`.
-#
 # For what the same stages would do at other link speeds and at 8 to 1024 ranks, see
 # `docs/scaling.md` (`python -m minddp.model project`).
