@@ -424,8 +424,8 @@ lesson.claim(
 # `docs/analysis.md`'s, word for word (a test checks it). A run may send over an *emulated link*
 # (`minddp.comm.link`): its *transfer* of a message starts when this rank hands the message over (or the link
 # becomes free), whatever the other rank is doing, and lasts the α-β time of the collective; the message is
-# *delivered* at the later of the transfer's end and the real collective's end. Six of the words read sets of time intervals of
-# one training step: its *window* W (from the step's start to its end), *compute* C (the training
+# *delivered* at the later of the transfer's end and the real collective's end. Six of the words read sets
+# of time intervals of one training step: its *window* W (from the step's start to its end), *compute* C (the training
 # thread working: in the forward, the backward or the optimizer), *communication in flight* M (a
 # collective started and not yet done: the backend's ranges and, on an emulated link, the link's
 # transfers), the step's *backward* (the phase from its start to its end, the waits inside it
