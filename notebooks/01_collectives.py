@@ -26,7 +26,7 @@
 # from the same weights) and `all_reduce` (every rank applies the same averaged gradient); the next
 # notebook builds exactly that. Then minddp's own ring all_reduce, written from plain `send`/`recv`
 # (the ring is one of the algorithms gloo and NCCL run), is drawn message by message from what four
-# ranks sent, and its messages are timed with a model of a link's cost per message and per byte, in
+# ranks sent, and its messages are priced with a model of a link's cost per message and per byte, in
 # the notation every later notebook uses. Last come `barrier`, and the words every later notebook
 # uses for communication meeting computation (*waited*, *exposed*, *overlap* and the rest), each with
 # its definition and the function that computes it.
@@ -195,7 +195,7 @@ print("ring:", x.tolist(), "| equal to dist.all_reduce:", torch.equal(x, expecte
 # says whose shares it already holds: 9 = 1 + 8 holds ranks 0's and 3's, drawn "0+3" in the figure;
 # 15 holds all four, drawn "all". The *star*
 # (`naive_all_reduce`: every rank sends its whole tensor to rank 0, which sends the sum back) is
-# watched the same way, and both once more on a 4 KiB tensor, to time both sizes below.
+# watched the same way, and both once more on a 4 KiB tensor, to price both sizes below.
 
 # %%
 # %%distributed
@@ -203,7 +203,7 @@ from minddp.collectives.watch import watch
 
 ring = watch("ring", numel=4 * 65536)  # 65536 float32 per chunk: 1 MiB per rank, recorded on every rank
 star = watch("naive", numel=4 * 65536)
-tiny = watch("ring", numel=4 * 256)  # 4 KiB per rank: the size of a small gradient, timed below
+tiny = watch("ring", numel=4 * 256)  # 4 KiB per rank, priced below
 tiny_star = watch("naive", numel=4 * 256)
 assert all(r["ok"] for r in ring + star + tiny + tiny_star)  # each leaves the sum of every rank's mark everywhere
 
@@ -297,7 +297,9 @@ lesson.claim(
 # tensors, then sends n − 1 sums, one *one-way message* after another (it must receive every tensor
 # before it can send the sum back), as many messages as the ring rank's exchanges:
 # 2 (n − 1) α + 2 (n − 1) · m β. The same α term; the star's β term is n times the ring's. The cell
-# prices what each rank really sent on three of `minddp.comm.link`'s links and checks both formulas.
+# prices what each rank really sent on three of `minddp.comm.link`'s modeled links, with the α and B the
+# table prints: `1gbit` and `10gbit` (Ethernet between machines) and `pcie-t4` (GPUs in one machine over
+# PCIe), and checks both formulas. Nothing in the table is measured: its times are the model's prices.
 
 # %%
 # %%rank 0
@@ -380,7 +382,7 @@ lesson.claim(
 # %% [markdown]
 # The star's ratio to the ring is (α + m β) / (α + m β / n): never n, nearing n as m β outgrows α (the
 # column m β / α). For a small tensor the β terms shrink and the α term, 2 (n − 1) α for both, makes
-# most of the time (the α share column): the star comes nearer the ring (the last column), and what an
+# most of the ring's time (the α share column): the star comes nearer the ring (the last column), and what an
 # all_reduce costs is mostly how many messages it sends, not how many bytes. That is why DDP packs
 # many gradients into one message, a *bucket* (notebook 03 measures when that wins).
 
@@ -419,15 +421,16 @@ lesson.claim(
 # one; `noop_hook` sends nothing). They ask one question of every stage: while its gradients travel,
 # what does the training step do? Eight words answer it, each naming one measure, computed by one function of
 # `minddp.analysis.metrics` that every notebook, the trace report and the benchmark call; the table is
-# `docs/analysis.md`'s, word for word (a test checks it). Six of them read sets of time intervals of
-# one training step: its *window* W (from the step's start to its end), *compute* C (the training
+# `docs/analysis.md`'s, word for word (a test checks it). A run may send over an *emulated link*
+# (`minddp.comm.link`): its *transfer* of a message starts when this rank hands the message over (or the link
+# becomes free), whatever the other rank is doing, and lasts the α-β time of the collective; the message is
+# *delivered* at the later of the transfer's end and the real collective's end. Six of the words read sets
+# of time intervals of one training step: its *window* W (from the step's start to its end), *compute* C (the training
 # thread working: in the forward, the backward or the optimizer), *communication in flight* M (a
 # collective started and not yet done: the backend's ranges and, on an emulated link, the link's
 # transfers), the step's *backward* (the phase from its start to its end, the waits inside it
 # included), the training thread's *waits* T (from its first `wait()` on a message to the message's
-# delivery) and, on an emulated link, the link's *transfers* L. An *emulated link* (`minddp.comm.link`)
-# delivers each message after the α-β time of its collective, counted from when this rank handed it
-# over (or the link became free): the model does not wait for the other rank. |X| is the time X covers. These
+# delivery) and, on an emulated link, the link's *transfers* L. |X| is the time X covers. These
 # capital letters name sets of times, not sizes: M is not the m of bytes above. *Link time* reads only
 # the messages' sizes, and *comm cost* two runs (the same stage with and without sending), so the
 # made-up steps below cannot show comm cost.
@@ -450,7 +453,9 @@ lesson.claim(
 # once, so each wait lasts the link's transfer. In the second, the backward sends and goes on, and the
 # step waits once, after backward (`03_build_up`'s `hook-async` stage); the other rank is made up to
 # join the second message late, at 80 ms, so gloo's range of it stays open past this rank's transfer
-# on the link, and so does the wait.
+# on the link, and so does the wait. The emulated link counts none of that wait as exposed, since its
+# transfer started without the other rank; on a real link the message cannot cross before the other rank
+# joins, so it would arrive one transfer (8.5 ms, printed below) after 80 ms and that step would wait that much more.
 
 # %%
 import matplotlib.pyplot as plt
@@ -552,7 +557,7 @@ lesson.claim(
 # counts every wait of the training thread: for the link and, as in the second step, for the other
 # rank. *In flight*, *overlap* and *non-compute* read the backend's ranges (in a trace: notebook
 # `05_reading_traces`), which stay open until the backend's work is done, the other rank's late join
-# included: that is how the second step exposes nothing and still overlaps less than 100 %.
+# included.
 
 # %% [markdown]
 # Next: `02_simple_ddp` uses `broadcast` and `all_reduce` to turn one training process into data

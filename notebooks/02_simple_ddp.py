@@ -183,7 +183,7 @@ lesson.claim(largest <= 1e-4 * scale, "SimpleDDP's averaged gradient is the sing
 # ## 5. Training: in sync with the average, drifting apart without it
 #
 # With the same start and the same update, training keeps the replicas identical.
-# `minddp.ladder.loop.train_step` is the loop every stage shares: forward and backward for each
+# `minddp.ladder.loop.train_step` is the loop every stage of `03_build_up` (the *ladder*) shares: forward and backward for each
 # micro-batch, `finish_gradient_synchronization()`, `optimizer.step()`. `SimpleDDP` averages
 # at every `finish_gradient_synchronization()`, so after every micro-batch's backward. The cell trains it
 # for two steps beside the single process on each step's global batch, measures after every step
@@ -285,7 +285,9 @@ plt.show()
 # %% [markdown]
 # What to look for: the averaged replicas are equal to the bit (the distance is exactly zero, and the
 # check compares with `torch.equal`), and they stay near the single process's parameters (the lines
-# above print how near). The replicas left to themselves part further with every step. And
+# above print how near). The replicas left to themselves part further with every step: in this run, after
+# each step they are farther from each other than the single process moved from its start (the red line
+# above the grey). And
 # `SimpleDDP` sends more than it needs: every gradient after every micro-batch, as many times the
 # bytes of one sync as there are micro-batches (the last line above), although only the sum over the
 # whole step matters. `03_build_up` changes what is sent and when, one idea per stage, and measures
@@ -326,8 +328,8 @@ show_source(allreduce_hook)
 
 # %% [markdown]
 # Through its hook, the ladder's version makes the same all_reduces as the class above, one per
-# gradient (in the opposite order, the last layers' first, as backward makes them), and leaves the same average; its parameter-use check adds one `all_gather` per sync, which
-# the wrapper of `dist.all_reduce` does not count. The cell below checks both on one micro-batch's
+# gradient (in the opposite order, the last layers' first, as backward makes them), and leaves the same
+# average. The cell below checks both on one micro-batch's
 # backward: the ladder's version averages while the wrapper of `dist.all_reduce` of section 5 counts
 # its calls, then the rank's own gradients are put back and the class above averages them.
 
@@ -391,7 +393,7 @@ else:
 # checker counts the collectives against its model answer, shown further down, which makes the same
 # calls as the `SimpleDDP` above, so one all_reduce of all the gradients flattened together, right as
 # its average is, is told right but packed into too few messages).
-# `check` then trains your class on two fresh ranks beside a single process on the global batch and
+# `check` then trains your class on two ranks of its own (not the notebook's) beside a single process on the global batch and
 # torch's own DDP: a few steps of a few micro-batches, plain SGD (no AdamW: an update is the learning
 # rate times the gradient, so a gradient that is off shows in the parameters), a different random
 # start on every rank, and a network of its own, much smaller than the workload above (three `Linear`

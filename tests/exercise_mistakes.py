@@ -109,6 +109,16 @@ class BroadcastsTheGradients(solutions.SimpleDDP):
                 dist.broadcast(p.grad, src=0)
 
 
+class ReducesThenDivides(solutions.SimpleDDP):
+    """dist.reduce (notebook 01 shows it just before all_reduce) then the division: only rank 0 holds the average."""
+
+    def finish_gradient_synchronization(self):
+        for p in self.module.parameters():
+            if p.grad is not None:
+                dist.reduce(p.grad, dst=0)
+                p.grad /= dist.get_world_size()
+
+
 class NeverSynced(solutions.SimpleDDP):
     """Broadcasts at the start, then never talks again."""
 

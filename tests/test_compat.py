@@ -560,6 +560,7 @@ def dispatched_collectives() -> dict:
     with Ops():
         dist.all_reduce(torch.ones(5))
         dist.broadcast(torch.ones(5), src=0)
+        dist.reduce(torch.ones(5), dst=0)
         dist.all_gather([torch.empty(5) for _ in range(n)], torch.ones(5))
         compat.all_gather_single(torch.empty(5 * n), torch.ones(5))
         compat.reduce_scatter_single(torch.empty(5), torch.ones(5 * n))
@@ -573,6 +574,7 @@ def test_the_dispatched_collectives_are_torchs_op_names():
         assert got["seen"] == [
             ("all_reduce", 5),
             ("broadcast", 5),
+            ("reduce", 5),
             ("all_gather", 5),
             ("all_gather", 5),
             ("reduce_scatter", 10),

@@ -102,6 +102,14 @@ MISTAKES = [
         "simple",
         "every rank holds rank 0's gradient at step 1 (all 6 parameter tensors): the ranks",
     ),
+    # reduce (notebook 01 shows it just before all_reduce), then the division: the sum is on rank 0 alone, the other
+    # ranks hold what the backend left: named as reduce's one destination, not as a mistake it matches by chance
+    (
+        wrong.ReducesThenDivides,
+        "simple",
+        "your stage summed the gradients with dist.reduce at step 1 (all 6 parameter tensors): reduce leaves the "
+        "sum on its dst rank alone",
+    ),
     (wrong.BroadcastFromOwnRank, "simple", "every rank made this collective and none finished it"),
     (wrong.Unfinished, "simple", "raised NotImplementedError in finish_gradient_synchronization"),
     (solutions.SimpleDDP, "ga", "your stage has no no_sync(), so it syncs after every micro-batch: 18 all_reduce"),

@@ -624,6 +624,12 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             "written back); all_reduce .grad itself, in place, or copy each sum back into its .grad "
             "(grad.copy_(piece.view_as(grad)))"
         )
+    if f["kind"] == "reduced":
+        return (
+            f"your stage summed the gradients with dist.reduce{at} ({names}): reduce leaves the sum on its dst rank "
+            "alone, the other ranks keep what the backend left in their buffers, so the ranks' gradients differ; "
+            "all_reduce leaves the sum on every rank"
+        )
     if f["kind"] == "rank0":
         return (
             f"every rank holds rank 0's gradient{at} ({names}): the ranks agree, but on rank 0's shard alone, and the "

@@ -877,6 +877,8 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
         on_parameters = sorted({name for _, names in everyone for name in names})
         if out["finding"] is not None and out["finding"]["kind"] == "local" and on_parameters:
             out["finding"] = {**out["finding"], "kind": "reduced_parameters", "names": on_parameters}
+        if out["finding"] is not None and "reduce" in record["kinds"]:  # the sum left on one rank: reduce's dst
+            out["finding"] = {**out["finding"], "kind": "reduced"}
         if out["finding"] is not None and record["left_off"]:  # the cause, where the stage shows it (torch's flag)
             out["finding"] = {"kind": "left_off", "step": step, "ranks": list(range(world))}
         if out["finding"] is None:

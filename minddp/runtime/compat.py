@@ -538,6 +538,7 @@ DISPATCHED_COLLECTIVES = {
     "c10d.allreduce_.default": ("all_reduce", 0),
     "c10d.allreduce_coalesced_.default": ("all_reduce", 0),
     "c10d.broadcast_.default": ("broadcast", 0),
+    "c10d.reduce_.default": ("reduce", 0),
     "c10d.allgather_.default": ("all_gather", 1),
     "c10d._allgather_base_.default": ("all_gather", 1),
     "c10d.reduce_scatter_.default": ("reduce_scatter", 1),
