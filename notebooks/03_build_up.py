@@ -981,9 +981,9 @@ sweep_table.infer_objects().round(1)
 # assumed 3 TFLOP/s achieved on each T4, which `docs/scaling.md` takes, about a third of its fp32
 # peak, and checks against the blog's non-compute shares):
 #
-# * **4 × T4's ratios**: the blog's 4 T4s over PCIe (`pcie-t4`), its ratio of communication to backward
+# * **the ratios of 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`), its ratio of communication to backward
 #   compute. Every stage of the blog, on this notebook's workload;
-# * **1024 ranks' ratios**: the blog's model on 1024 ranks over 100 Gbit/s InfiniBand (`100gbit-ib`),
+# * **the ratios of 1024 ranks**: the blog's model on 1024 ranks over 100 Gbit/s InfiniBand (`100gbit-ib`),
 #   a setting the blog did not run (its claims are about its 4 T4s), only the step-time model
 #   rebuilt from its run: every all_reduce now
 #   makes 2(n−1) hops, so one message's fixed cost grows with n against the backward (the cell
@@ -1036,7 +1036,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     backward_of[name] = 1e3 * backward_s
     params = [p for p in model.parameters() if p.requires_grad]
     sync_bytes = sum(p.numel() * p.element_size() for p in params)
-    blog_links[name] = link_like(f"{name}'s ratios", backward_s, sync_bytes, bytes_ratio, message_ratio, world_size)
+    blog_links[name] = link_like(f"ratios of {name}", backward_s, sync_bytes, bytes_ratio, message_ratio, world_size)
     cap = 25 * sync_bytes / blog.total_bytes  # the blog's 25 MiB, scaled to this model: as many buckets
     lesson.say(
         f"{name[0].upper() + name[1:]}: "
@@ -1093,7 +1093,7 @@ def ran_label(name):
     at, bytes_ratio, message_ratio = ran_at[name]
     lo, hi = min(a[0] for a in at.values()), max(a[0] for a in at.values())
     return (
-        f"link sized with {name}'s ratios; the runs ran at bytes {lo:.2f}–{hi:.2f} and a fixed cost "
+        f"link sized with the ratios of {name}; the runs ran at bytes {lo:.2f}–{hi:.2f} and a fixed cost "
         f"{min(a[1] for a in at.values()):.1e}–{max(a[1] for a in at.values()):.1e} of their backward "
         f"(the setting: {bytes_ratio:.2f} and {message_ratio:.1e})"
     )
@@ -1108,7 +1108,7 @@ if rank == 0:
     )
 for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
     lesson.say(
-        f"On the link with {name}'s ratios, overlap: "
+        f"On the link with the ratios of {name}, overlap: "
         + ", ".join(f"{s} {r['overlap_pct']:.0f} %" for s, r in runs.items())
         + "; exposed: "
         + ", ".join(f"{s} {r['exposed_ms']:.0f} ms" for s, r in runs.items())
@@ -1124,26 +1124,26 @@ lesson.claim(
     abs(t4["simple"]["link_ms"] - k * t4["ga"]["link_ms"]) < 1e-6 * t4["simple"]["link_ms"],
     f"ga's messages need 1/{k} of simple's time on the link.",
 )
-# With 4 × T4's ratios one sync's bytes take a fraction of a backward and a message's fixed cost almost nothing: both
-# async rungs send during backward and hide what travels before it ends; the rungs that wait hide only what the
+# With the ratios of 4 × T4 one sync's bytes take a fraction of a backward and a message's fixed cost almost
+# nothing: both async rungs send during backward and hide what travels before it ends; the rungs that wait hide only what the
 # hooks' own lines between a send and its wait cover. How much the async rungs hide moves from run to run (each
 # run's backward against the one the link was sized from, printed above), so the order is claimed and the shares
 # are printed.
 blocking = ("simple", "ga", "hook", "bucket")
 lesson.claim(
     max(t4[s]["overlap_pct"] for s in blocking) < min(t4[s]["overlap_pct"] for s in ("hook-async", "bucket-async")),
-    "On the link with 4 × T4's ratios, the two async rungs overlap the most, the order of the blog's. The blog's "
-    "overlap, read from traces where a hook's Python is not compute, was about 0 % for simple, ga and hook (it gives none for bucket; "
-    "`docs/scaling.md`); here the grad hooks' own lines inside backward count as compute.",
+    "On the link with the ratios of 4 × T4, the two async rungs overlap the most, the order of the blog's. The blog's "
+    "overlap, read from traces where a hook's Python is not compute, was about 0 % for simple, ga and hook (it gives "
+    "none for bucket; `docs/scaling.md`); here the grad hooks' own lines inside backward count as compute.",
 )
-# With 1024 ranks' ratios hook-async's messages pay many more fixed costs than the buckets: on the link's modeled
+# With the ratios of 1024 ranks hook-async's messages pay many more fixed costs than the buckets: on the link's modeled
 # clock. How much of them hook-async then hides depends on how long its own backward lasts: the overlap and
 # exposed time of the two async rungs are printed above, not claimed. bucket waits for each message as soon
 # as it is sent: its overlap is only the hooks' work between a send and its wait.
 h, b = far["hook-async"], far["bucket-async"]
 lesson.claim(
     h["link_ms"] > b["link_ms"],
-    "On the link with 1024 ranks' ratios, hook-async's messages keep the link busier than bucket-async's (their "
+    "On the link with the ratios of 1024 ranks, hook-async's messages keep the link busier than bucket-async's (their "
     "fixed costs, below).",
 )
 # bucket-async's overlap against bucket's: how far apart moves with the load; printed, not claimed
@@ -1173,7 +1173,7 @@ lesson.say(
     f"message's fixed cost is {per_message_ms:.2f} ms there, "
     f"{per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0%} of the link time for one "
     "message per gradient, so fewer messages save little. "
-    f"On the link with 1024 ranks' ratios, bucket-async left {far_b:.0f} ms exposed, {than(far_b, far_h)} "
+    f"On the link with the ratios of 1024 ranks, bucket-async left {far_b:.0f} ms exposed, {than(far_b, far_h)} "
     f"hook-async's {far_h:.0f} ms (bucket, which waits for each message, {far['bucket']['exposed_ms']:.0f} ms): "
     f"there hook-async's {far['hook-async']['messages']} messages pay "
     f"{far['hook-async']['messages'] * one_far:.0f} ms of fixed costs, "
