@@ -225,7 +225,8 @@ from minddp.analysis.timeline import row_measures
 
 lesson.say(
     f"Of its {v['link_ms']:.0f} ms on the link, {v['exposed_ms']:.0f} ms were exposed; during the other "
-    f"{v['link_ms'] - v['exposed_ms']:.0f} ms the thread was neither waiting nor computing (ga's overlap: "
+    f"{v['link_ms'] - v['exposed_ms']:.0f} ms it ran finish's own lines between its sends and its waits, which "
+    f"overlap does not count as compute (ga's overlap: "
     f"{row_measures(v['row'])['overlap_pct']:.0f} %)."
 )
 
@@ -370,8 +371,8 @@ check(solutions.HookDDP, like="hook")
 # One change: the grad hook keeps the all_reduce's Future instead of waiting on it, and backward goes
 # on computing the earlier layers while gloo (or NCCL) moves the later layers' gradients. Every
 # Future is waited for once, in `finish_gradient_synchronization()`, just before the optimizer
-# step. Messages on the link while the thread computes are what *overlap* counts: communication hidden
-# behind computation (the cell prints it). The idea:
+# step. Link time during which the thread computes is what *overlap* counts (a grad hook's own lines
+# run inside backward, so they count as computing too; the cell prints it). The idea:
 #
 # ```python
 # def _grad_ready(self, p):
@@ -395,7 +396,7 @@ meet("hook-async", before="hook")
 v, b = looks["hook-async"], looks["hook"]
 lesson.claim(
     v["calls"] == b["calls"] == v["calls_in_backward"],
-    "hook-async sends hook's messages, from the same places in the backward.",
+    "hook-async sends as many messages as hook, every one from inside the backward.",
 )
 lesson.claim(
     v["waits_in_backward"] == 0,
@@ -413,8 +414,8 @@ lesson.say(
 
 # %% [markdown]
 # What to look for: messages on the wire while the backward goes on and no plain red inside it (the
-# hatched red is the parameters-used check); the waits for messages come at the end, in finish. The messages sent while backward computed are what *overlap*
-# (the share of the link's time during which the thread computed) counts; only a wait with a
+# hatched red is the parameters-used check); the waits for messages come at the end, in finish. *Overlap* is the share of the link's time during which the thread
+# computed; only a wait with a
 # message still on the link is *exposed*.
 #
 # ### Your turn: `hook-async`
@@ -542,7 +543,7 @@ check(solutions.BucketDDP, like="bucket")
 # ## `bucket-async`: buckets in flight while backward goes on
 #
 # No new idea: `bucket`'s buckets with `hook-async`'s not-waiting. The stage is `bucket`
-# plus that one idea, in a list made in `__init__` and two methods, as `hook-async` is `hook` plus it: keep each bucket's Future,
+# plus that one idea, in a list made in `__init__` and two methods: keep each bucket's Future,
 # wait for them all in finish. This is the shape of torch's DDP: few messages, each sent as soon
 # as its bucket is full, while backward goes on (the last bucket is full only when backward ends).
 
@@ -565,7 +566,7 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: `bucket`'s few messages, travelling while the backward goes on, as
-# `hook-async`'s did, and no red inside the backward.
+# `hook-async`'s did, and no plain red inside the backward (the hatched red is the parameters-used check).
 #
 # ### Your turn: `bucket-async`
 #
@@ -624,9 +625,7 @@ lesson.claim(
 a = looks["bucket-async"]
 lesson.say(
     f"Of the same {v['link_ms']:.0f} ms on the link, ddp left {v['exposed_ms']:.0f} ms exposed and waited "
-    f"{v['waited_ms']:.0f} ms in all, bucket-async {a['exposed_ms']:.0f} and {a['waited_ms']:.0f} ms; their last "
-    f"backwards took {v['last_backward_ms']:.0f} and {a['last_backward_ms']:.0f} ms. One profiled step each, not a "
-    "ranking, and this run does not take the difference apart. (ddp's waits "
+    f"{v['waited_ms']:.0f} ms in all, bucket-async {a['exposed_ms']:.0f} and {a['waited_ms']:.0f} ms. (ddp's waits "
     "run in its end-of-backward callback, after the last backward "
     "operator, so the picture draws them after the backward bar, though they are inside `loss.backward()`.)"
 )
@@ -656,8 +655,7 @@ lesson.say(
     f"Between the end of its last backward bar and its optimizer step, {after_backward(v['row']):.0f} ms passed with "
     f"nothing drawn on the thread's bar (ddp: {after_backward(looks['ddp']['row']):.0f} ms, where its waits, if any, "
     "are drawn; the messages below the bar still travel in part of it): inside "
-    "`loss.backward()`, after its last operator, where torch's reducer waits for its buckets and writes them back; "
-    "this picture does not take that time apart."
+    "`loss.backward()`, after its last operator; this picture does not take that time apart."
 )
 
 # %% [markdown]
@@ -666,7 +664,7 @@ lesson.say(
 # Every profiled step above, one row per stage, on one axis, and the table of their numbers
 # (units in the column names; the measures are `01_collectives`'s). *Link time* is the modeled time of
 # the step's messages; *exposed* the part of it the training thread stood waiting through; *waited* all
-# its waiting, exposed or not; *last backward* the backward of the step's last micro-batch (for
+# its waiting for messages, exposed or not; *last backward* the backward of the step's last micro-batch (for
 # `hook` and `bucket` it holds their waits), and *step* the whole step, both measured once on a
 # machine shared with other work; *at the check* the time the parameters-used check held the thread (an
 # all_gather, not on the link, so not in waited or exposed). torch's C++ reducer
@@ -760,13 +758,14 @@ lesson.look_table(looks).assign(**{"at the check, ms": [round(v["check_ms"]) for
 # The link carries one message at a time, so it is done at the latest of, over the messages i:
 # "message i handed over, then i and every message after it carried back to back"
 # (`minddp.costmodel.buckets.queue_end`). Message 1 gives the *start-limited* end (the late start,
-# then all the link time); the last message the *tail-limited* one. What the link still carries
+# then all the link time); the last message the *tail-limited* one; a message between them sets it
+# where the link falls behind in the middle of backward. What the link still carries
 # after backward is the most that step can expose: the thread stands waiting for it only from when it
 # reaches its wait in finish, so the link's time before that is neither under compute nor exposed.
 # The cell reads all of it from the two profiled steps above, and when each gradient is ready from
 # the *bare network* (the same network with no wrapper, no hooks, no messages), timed here: a
-# profiled step's first hand-over also comes after the teaching stages' once-a-step check of the
-# parameters used; the table names the time that check held the thread.
+# profiled step's first hand-over also comes after the teaching stages' check of the parameters
+# used, made before the first send of a synced backward; the table names the time that check held the thread.
 
 # %%
 # %%distributed
@@ -784,8 +783,8 @@ trainable = [p for p in bare_model.parameters() if p.requires_grad]
 first_bucket = plan_buckets(trainable, lesson.SETTINGS.bucket_cap_mb)[0]
 in_first = len(first_bucket)  # gradients the first bucket waits for
 # When each gradient is ready in backward, timed on the bare network (the step-time model's probe, minddp.costmodel):
-# the profiled steps' own hand-over times also hold, at a step's first send, the wait for the other rank at the
-# teaching stages' once-a-step check of the parameters used.
+# the profiled steps' own hand-over times also hold, at a synced backward's first send, the wait for the other rank at the
+# teaching stages' check of the parameters used.
 # the last micro-batch's backward is the one that sends: one micro-batch, timed twice after a warm-up pass
 bare = probe(bare_model, next(lesson.step_batches())[-1:], lesson.loss_fn, repeats=2, measure_network=False)
 first_ready, bucket_ready = 1e3 * min(bare.ready), 1e3 * max(bare.ready[i] for i in first_bucket)
@@ -873,10 +872,7 @@ lesson.say(
     f"In this run's one profiled step each, bucket-async left {b['exposed_ms']:.0f} ms exposed, hook-async "
     f"{h['exposed_ms']:.0f} ms. "
     f"{set_by('bucket-async', looks['bucket-async']['row'])}. {set_by('hook-async', looks['hook-async']['row'])}. "
-    f"The fixed costs the buckets saved are {saved:.1f} ms, {saved / h['link_ms']:.0%} of the link time: on this "
-    "link a message's bytes cost far more than its fixed cost, so fewer messages save little, while the last "
-    "bucket's bytes can only travel after backward (the tail above). Buckets win where the fixed costs are a large "
-    "share of the link time: the setting sized like 1024 ranks, below, is one."
+    f"The fixed costs the buckets saved are {saved:.1f} ms, {saved / h['link_ms']:.0%} of the link time."
 )
 
 # %%
@@ -945,9 +941,7 @@ lesson.say(
     + ", ".join(f"{named[c]} {swept[c]['exposed_ms']:.1f} and {modeled[c]:.1f} ms" for c in swept)
     + f". The model replays one backward of {1e3 * this_run:.0f} ms and waits from its end; each measured step had "
     f"its own backward ({min(v['last_backward_ms'] for v in swept.values()):.0f} to "
-    f"{max(v['last_backward_ms'] for v in swept.values()):.0f} ms) and its own time before its first wait. Read the "
-    "model for why a cap costs what it does (its tail, its start, its fixed costs: the lower panel), not for what one "
-    "profiled step here exposed."
+    f"{max(v['last_backward_ms'] for v in swept.values()):.0f} ms) and its own time before its first wait."
 )
 here = lesson.SETTINGS.bucket_cap_mb
 if rank == 0:
@@ -973,22 +967,23 @@ sweep_table = pd.DataFrame(
 sweep_table.infer_objects().round(1)
 
 # %% [markdown]
-# ### Two settings from the blog's numbers, at this machine's speed
+# ### Links sized with two of the blog's settings' ratios, at this machine's speed
 #
 # Which rung wins depends on two ratios: how long one sync's bytes take against one backward, and
 # how long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
 # emulated link that keeps both ratios of a given setting for the network at hand, against one
 # backward timed on this machine (the mean of `single`'s backwards in its profiled step, on the
-# slower rank): a faster machine gets a faster link. The runs on the link take backwards of their
-# own: the cell prints the ratios they ran at.
+# slower rank): a faster machine gets a faster link. The stages' own backwards are not `single`'s,
+# so each run meets the link at ratios of its own, not the setting's: the cell prints them, and the
+# figure's legend their range.
 # Two settings, both built from the blog's run as the step-time model rebuilds it (`python -m
 # minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16 gradients, and an
 # assumed 3 TFLOP/s achieved on each T4, which `docs/scaling.md` takes, about a third of its fp32
 # peak, and checks against the blog's non-compute shares):
 #
-# * **like 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`), its ratio of communication to backward
+# * **the ratios of 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`), its ratio of communication to backward
 #   compute. Every stage of the blog, on this notebook's workload;
-# * **like 1024 ranks**: the blog's model on 1024 ranks over 100 Gbit/s InfiniBand (`100gbit-ib`),
+# * **the ratios of 1024 ranks**: the blog's model on 1024 ranks over 100 Gbit/s InfiniBand (`100gbit-ib`),
 #   a setting the blog did not run (its claims are about its 4 T4s), only the step-time model
 #   rebuilt from its run: every all_reduce now
 #   makes 2(n−1) hops, so one message's fixed cost grows with n against the backward (the cell
@@ -998,7 +993,7 @@ sweep_table.infer_objects().round(1)
 #   that wait for each message at once would stand still for every one of hundreds of fixed costs.
 #
 # Both run here on **2 ranks**: what is scaled is the link, sized so that `single`'s backward on this
-# machine meets it as the blog's would meet the real one. On 2 ranks a message makes 2(n−1) = 2 hops,
+# machine meets it at the setting's ratios. On 2 ranks a message makes 2 hops,
 # so the α printed for a sized link is half of one message's fixed cost at the setting's ranks: at
 # 1024 ranks one hop here stands for 1023 of the real ring's. The bucketed stages get a cap that cuts each network into
 # about as many buckets as the blog's 25 MiB cuts SmolLM2 (as near as the model's gradient tensors
@@ -1016,34 +1011,32 @@ from minddp.runtime.device import message_device
 
 blog = blog_profile()
 blog_buckets = len(plan_for(blog, "bucket-async", 25))
-SETTINGS_OF = {  # 2 ranks each, on a link sized like the setting named
-    "like 4 × T4": ("pcie-t4", 4, lesson.SETTINGS.model),
-    "like 1024 ranks": ("100gbit-ib", 1024, "deep-llama"),
+SETTINGS_OF = {  # 2 ranks each, on a link sized with the named setting's ratios
+    "4 × T4": ("pcie-t4", 4, lesson.SETTINGS.model),
+    "1024 ranks": ("100gbit-ib", 1024, "deep-llama"),
 }
 ladder6 = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 # At 1024 ranks the rungs that wait for each message at once (simple, ga, hook) would stand still for every one
 # of their hundreds of fixed costs, for seconds a step; how they fare is no question (they overlap nothing), so
 # only the bucketed rungs and hook-async run there.
-RUN = {"like 4 × T4": ladder6, "like 1024 ranks": ["hook-async", "bucket", "bucket-async"]}
-blog_runs, blog_links, backward_of, bytes_of = {}, {}, {}, {}
+RUN = {"4 × T4": ladder6, "1024 ranks": ["hook-async", "bucket", "bucket-async"]}
+blog_runs, blog_links, backward_of, ran_at = {}, {}, {}, {}
 for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     bytes_ratio, message_ratio = ratios(blog, link_name, ranks)
     model = lesson.make_model(name=model_name)
     # this machine's backward of one micro-batch, timed as the runs below are (a profiled step of `single`: the
     # profiler slows a step down, a model of many small operations most); the slowest rank's, so that every rank
     # builds the same link
-    accum = lesson.SETTINGS.grad_accum if name == "like 4 × T4" else 1
-    floor = (
-        looks["single"] if name == "like 4 × T4" else lesson.Trainee("single", model=model_name, grad_accum=1).look()
-    )
+    accum = lesson.SETTINGS.grad_accum if name == "4 × T4" else 1
+    floor = looks["single"] if name == "4 × T4" else lesson.Trainee("single", model=model_name, grad_accum=1).look()
     timed = statistics.mean(floor["backward_ms"]) / 1e3
     slowest = torch.tensor([timed], dtype=torch.float64, device=message_device())
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     backward_s = slowest.item()
-    backward_of[name], bytes_of[name] = 1e3 * backward_s, bytes_ratio
+    backward_of[name] = 1e3 * backward_s
     params = [p for p in model.parameters() if p.requires_grad]
     sync_bytes = sum(p.numel() * p.element_size() for p in params)
-    blog_links[name] = link_like(f"sized {name}", backward_s, sync_bytes, bytes_ratio, message_ratio, world_size)
+    blog_links[name] = link_like(f"ratios of {name}", backward_s, sync_bytes, bytes_ratio, message_ratio, world_size)
     cap = 25 * sync_bytes / blog.total_bytes  # the blog's 25 MiB, scaled to this model: as many buckets
     lesson.say(
         f"{name[0].upper() + name[1:]}: "
@@ -1071,14 +1064,13 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         f"(the blog's model at 25 MiB: {blog_buckets})."
     )
     ran = {s: blog_runs[name, s]["backward_ms"] for s in RUN[name]}
+    at = {s: (bytes_ratio * backward_of[name] / ms, message_ratio * backward_of[name] / ms) for s, ms in ran.items()}
+    ran_at[name] = (at, bytes_ratio, message_ratio)
     lesson.say(
-        f"The link was sized from a backward of {backward_of[name]:.0f} ms. Each run's own last backward, and in it "
-        "one sync's bytes and one message's fixed cost (the ratios each run below ran at): "
-        + ", ".join(
-            f"{s} {ms:.0f} ms ({bytes_ratio * backward_of[name] / ms:.2f} and "
-            f"{message_ratio * backward_of[name] / ms:.1e})"
-            for s, ms in ran.items()
-        )
+        f"The link was sized from single's backward of {backward_of[name]:.0f} ms. Each run's own last backward, and "
+        "against it one sync's bytes and one message's fixed cost, the ratios that run ran at (hook's and bucket's "
+        "backward holds their waits for messages): "
+        + ", ".join(f"{s} {ms:.0f} ms ({at[s][0]:.2f} and {at[s][1]:.1e})" for s, ms in ran.items())
         + f"; the setting's: {bytes_ratio:.2f} and {message_ratio:.1e}."
     )
 
@@ -1092,21 +1084,31 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 
 # %%
 # %%distributed
-t4 = {s: blog_runs["like 4 × T4", s] for s in ladder6}
-far = {s: blog_runs["like 1024 ranks", s] for s in RUN["like 1024 ranks"]}
+t4 = {s: blog_runs["4 × T4", s] for s in ladder6}
+far = {s: blog_runs["1024 ranks", s] for s in RUN["1024 ranks"]}
+
+
+def ran_label(name):
+    """The legend's words for a link: the setting whose ratios sized it, and the range of ratios its runs ran at."""
+    at, bytes_ratio, message_ratio = ran_at[name]
+    lo, hi = min(a[0] for a in at.values()), max(a[0] for a in at.values())
+    return (
+        f"link sized with the ratios of {name}; the runs ran at bytes {lo:.2f}–{hi:.2f} and a fixed cost "
+        f"{min(a[1] for a in at.values()):.1e}–{max(a[1] for a in at.values()):.1e} of their backward "
+        f"(the setting: {bytes_ratio:.2f} and {message_ratio:.1e})"
+    )
+
+
 if rank == 0:
     settings_ladder(
-        {
-            "2 ranks, a link sized like the blog's 4 × T4": t4,
-            "2 ranks, a link sized like the blog's at 1024 ranks": far,
-        },
-        title=f"The blog's stages, {world_size} ranks here, on links sized from single's backward like its 4 × T4 "
-        "run and like its model at 1024 ranks (not run by the blog)\neach run at the ratio of its own backward "
-        "(printed)",
+        {ran_label("4 × T4"): t4, ran_label("1024 ranks"): far},
+        title=f"The blog's stages on {world_size} ranks, on links sized from single's backward with the ratios of "
+        "its 4 × T4 run and of its model at 1024 ranks (not run by the blog)\neach run at the ratios of its own "
+        "backward (legend; printed above)",
     )
-for name, runs in (("like 4 × T4", t4), ("like 1024 ranks", far)):
+for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
     lesson.say(
-        f"Sized {name}, overlap: "
+        f"On the link with the ratios of {name}, overlap: "
         + ", ".join(f"{s} {r['overlap_pct']:.0f} %" for s, r in runs.items())
         + "; exposed: "
         + ", ".join(f"{s} {r['exposed_ms']:.0f} ms" for s, r in runs.items())
@@ -1122,35 +1124,27 @@ lesson.claim(
     abs(t4["simple"]["link_ms"] - k * t4["ga"]["link_ms"]) < 1e-6 * t4["simple"]["link_ms"],
     f"ga's messages need 1/{k} of simple's time on the link.",
 )
-# Like 4 × T4 one sync's bytes take a fraction of a backward and a message's fixed cost almost nothing: both
-# async rungs send during backward and hide what travels before it ends; the rungs that wait hide only what the
+# With the ratios of 4 × T4 one sync's bytes take a fraction of a backward and a message's fixed cost almost
+# nothing: both async rungs send during backward and hide what travels before it ends; the rungs that wait hide only what the
 # hooks' own lines between a send and its wait cover. How much the async rungs hide moves from run to run (each
 # run's backward against the one the link was sized from, printed above), so the order is claimed and the shares
 # are printed.
 blocking = ("simple", "ga", "hook", "bucket")
 lesson.claim(
     max(t4[s]["overlap_pct"] for s in blocking) < min(t4[s]["overlap_pct"] for s in ("hook-async", "bucket-async")),
-    "Sized like 4 × T4, the two async rungs overlap the most, the order of the blog's. The blog's overlap, read from "
-    "traces where a hook's Python is not compute, was about 0 % for simple, ga and hook (it gives none for bucket; "
-    "`docs/scaling.md`); here the grad hooks' own lines inside backward count as compute, and they are all the rungs that wait overlap.",
+    "On the link with the ratios of 4 × T4, the two async rungs overlap the most, the order of the blog's. The blog's "
+    "overlap, read from traces where a hook's Python is not compute, was about 0 % for simple, ga and hook (it gives "
+    "none for bucket; `docs/scaling.md`); here the grad hooks' own lines inside backward count as compute.",
 )
-fewer = t4["hook-async"]["messages"] - t4["bucket-async"]["messages"]
-lesson.say(
-    f"Between them, sized like 4 × T4, in one profiled step each: bucket-async left "
-    f"{t4['bucket-async']['exposed_ms']:.1f} ms exposed, hook-async {t4['hook-async']['exposed_ms']:.1f} ms, of "
-    f"{t4['bucket-async']['link_ms']:.0f} and {t4['hook-async']['link_ms']:.0f} ms on the link. The {fewer} fewer "
-    f"messages save {blog_links['like 4 × T4'].seconds('all_reduce', 0, world_size) * 1e3 * fewer:.1f} ms; "
-    f"bucket-async's last bucket takes {t4['bucket-async']['tail_ms']:.1f} ms after backward, hook-async's last "
-    f"gradient {t4['hook-async']['tail_ms']:.1f} ms."
-)
-# At 1024 ranks hook-async's messages pay many more fixed costs than the buckets: on the link's modeled clock. How much of them hook-async then hides
-# depends on how long its own backward lasts: the overlap and
+# With the ratios of 1024 ranks hook-async's messages pay many more fixed costs than the buckets: on the link's modeled
+# clock. How much of them hook-async then hides depends on how long its own backward lasts: the overlap and
 # exposed time of the two async rungs are printed above, not claimed. bucket waits for each message as soon
 # as it is sent: its overlap is only the hooks' work between a send and its wait.
 h, b = far["hook-async"], far["bucket-async"]
 lesson.claim(
     h["link_ms"] > b["link_ms"],
-    "Sized like 1024 ranks, hook-async's messages keep the link busier than bucket-async's (their fixed costs, below).",
+    "On the link with the ratios of 1024 ranks, hook-async's messages keep the link busier than bucket-async's (their "
+    "fixed costs, below).",
 )
 # bucket-async's overlap against bucket's: how far apart moves with the load; printed, not claimed
 lesson.say(
@@ -1159,7 +1153,7 @@ lesson.say(
 )
 here_h, here_b = looks["hook-async"]["exposed_ms"], looks["bucket-async"]["exposed_ms"]
 far_h, far_b = far["hook-async"]["exposed_ms"], far["bucket-async"]["exposed_ms"]
-one_far = blog_links["like 1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3
+one_far = blog_links["1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3
 
 
 def than(bucketed, per_gradient):
@@ -1178,9 +1172,10 @@ lesson.say(
     f"each, bucket-async left {here_b:.0f} ms exposed, {than(here_b, here_h)} hook-async's {here_h:.0f} ms: one "
     f"message's fixed cost is {per_message_ms:.2f} ms there, "
     f"{per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0%} of the link time for one "
-    "message per gradient, so fewer messages save little, and the last bucket's bytes can only travel after backward. "
-    f"On 2 ranks with a link sized like 1024 ranks, bucket-async left {far_b:.0f} ms exposed, {than(far_b, far_h)} "
-    f"hook-async's {far_h:.0f} ms: there hook-async's {far['hook-async']['messages']} messages pay "
+    "message per gradient, so fewer messages save little. "
+    f"On the link with the ratios of 1024 ranks, bucket-async left {far_b:.0f} ms exposed, {than(far_b, far_h)} "
+    f"hook-async's {far_h:.0f} ms (bucket, which waits for each message, {far['bucket']['exposed_ms']:.0f} ms): "
+    f"there hook-async's {far['hook-async']['messages']} messages pay "
     f"{far['hook-async']['messages'] * one_far:.0f} ms of fixed costs, "
     f"{far['hook-async']['messages'] * one_far / far['hook-async']['backward_ms']:.1f} of its own last backward "
     f"({far['hook-async']['backward_ms']:.0f} ms), bucket-async's {far['bucket-async']['messages']} pay "

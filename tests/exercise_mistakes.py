@@ -390,6 +390,19 @@ class BucketCountsEveryBackward(solutions.BucketDDP):
             self._send_bucket(b)
 
 
+class BucketTestsBeforeCounting(solutions.BucketDDP):
+    """Tests the count before it decrements it: at the bucket's last gradient the count is still 1, so the bucket is
+    never sent in the backward that fills it (the count reaches 0 only after the test)."""
+
+    def _grad_ready(self, param):
+        if self.sync_this_backward:
+            b = self.bucket_of[param]
+            if self.waiting[b] == 0:
+                self.waiting[b] = len(self.buckets[b])
+                self._send_bucket(b)
+            self.waiting[b] -= 1
+
+
 class HookSyncsTwice(solutions.HookDDP):
     """'hook' without its empty finish: it inherits ga's, which sends every gradient again after the hooks did (the
     gradients stay right: the average of an average), so every sync is made twice."""

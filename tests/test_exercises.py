@@ -137,6 +137,8 @@ MISTAKES = [
         "bucket",
         "step 1 started no collective at all in 3 micro-batches, but a step of 1 micro-batch (no no_sync()) syncs",
     ),
+    # the count tested before it is decremented: 1 at the bucket's last gradient, so no step of any length sends
+    (wrong.BucketTestsBeforeCounting, "bucket", "no bucket was sent even in a step of 1 micro-batch"),
     (wrong.AsyncSummed, "hook-async", "forgot the division"),
     (wrong.AsyncWaitsInHook, "hook-async", "nothing travelled while backward computed"),
     (solutions.HookDDP, "hook-async", "nothing travelled while backward computed"),

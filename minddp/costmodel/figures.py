@@ -195,7 +195,7 @@ def settings_ladder(settings: dict, title: str = ""):
                 low.annotate(
                     f"{runs[s]['exposed_ms']:.0f}", (x, runs[s]["exposed_ms"]), ha="center", va="bottom", fontsize=7
                 )
-    top.set(ylabel="overlap (% of the time\nin flight under compute)", ylim=(0, 115))
+    top.set(ylabel="overlap (% of the time\nin flight under compute)", ylim=(0, 135))  # room for the legend
     top.set_title(title, fontsize=9)
     top.legend(fontsize=7, loc="upper left")
     highest = max([r["exposed_ms"] for runs in settings.values() for r in runs.values()] + [1.0])

@@ -132,7 +132,7 @@ def check(
     reports = _run(harness.check_stage_on_rank, (stage, like, options, steps, accum), world_size, timeout_s)
     first = _stage_verdict(name, like, reports, timeout_s, bucket_cap_mb)
     if not first.ok:
-        counted = _counted_in_no_sync(stage, options, reports, accum, world_size, timeout_s)
+        counted = _counted_in_no_sync(stage, like, options, reports, accum, world_size, timeout_s)
         return Verdict(False, f"✗ {name}: {counted}", reports) if counted else first
     if second_world_size in (None, world_size):
         return first
@@ -174,16 +174,26 @@ def _again_text(also: dict | None) -> str:
     )
 
 
-def _counted_in_no_sync(stage, options: dict, reports: dict, accum: int, world_size: int, timeout_s: float):
+def _counted_in_no_sync(stage, like, options: dict, reports: dict, accum: int, world_size: int, timeout_s: float):
     """Step 1 synced nothing in ``accum`` micro-batches: if a step of one micro-batch syncs, the stage keeps
     something the no_sync() backwards changed (a count decremented in every backward, reset only when it sends,
-    reaches zero unsent inside no_sync() and never again). The one-step run is made only on this failure."""
+    reaches zero unsent inside no_sync() and never again). If that step does not sync either, a bucket stage's count
+    never meets its test at the bucket's last gradient (tested before it is decremented, it is still 1 there). The
+    one-step run is made only on this failure."""
     report = reports[min(reports)] or {}
     f, kinds = report.get("finding") or {}, report.get("kinds") or []
     if accum < 2 or f.get("kind") != "local" or f.get("step") != 1 or not kinds or kinds[0]:
         return None
     alone = _run(harness.check_stage_on_rank, (stage, None, options, 1, 1), world_size, timeout_s)
     one = alone[min(alone)] or {}
+    if (like or "").startswith("bucket") and (one.get("finding") or {}).get("kind") == "local":
+        if not (one.get("kinds") or [{}])[0]:  # no collective even without no_sync(): the count's test never passed
+            return (
+                f"no bucket was sent even in a step of 1 micro-batch (no no_sync()), nor in step 1 of {accum}: a "
+                "bucket is sent when its count of the gradients it still waits for reaches 0, at its last gradient; "
+                "test the count after decrementing it (tested before, `if self.waiting[b] == 0:` then "
+                "`self.waiting[b] -= 1`, it is still 1 at the last gradient and reaches 0 only after the test)"
+            )
     if "finding" not in one or one["finding"] or not (one.get("kinds") or [{}])[0]:
         return None
     return (
