@@ -223,9 +223,10 @@ lesson.claim(
 )
 from minddp.analysis.timeline import row_measures
 
+link_ms, exposed_ms = round(v["link_ms"]), round(v["exposed_ms"])  # the printed values, so that they add up
 lesson.say(
-    f"Of its {v['link_ms']:.0f} ms on the link, {v['exposed_ms']:.0f} ms were exposed; during the other "
-    f"{v['link_ms'] - v['exposed_ms']:.0f} ms it ran finish's own lines between its sends and its waits, which "
+    f"Of its {link_ms} ms on the link, {exposed_ms} ms were exposed; during the other "
+    f"{link_ms - exposed_ms} ms it ran finish's own lines between its sends and its waits, which "
     f"overlap does not count as compute (ga's overlap: "
     f"{row_measures(v['row'])['overlap_pct']:.0f} %)."
 )
