@@ -116,15 +116,10 @@ lesson.claim(
 spent = [None] * world_size
 dist.all_gather_object(spent, in_cell)  # each rank's time in the failed cell, to rank 0 for the sentence
 grace = inspect.signature(Cluster).parameters["grace_s"].default  # the runner's grace: %dist_init keeps the default
-rest = spent[0] - grace
-after = (
-    f"the runner's grace, {grace:g} s, and {rest:.1f} s more until the release reached it"
-    if rest > 0
-    else f"less than the runner's grace ({grace:g} s): rank 0 began the cell after rank 1's report had reached the runner"
-)
 lesson.say(
     f"In the failed cell, rank 1 spent {spent[1]:.1f} s: it raised before the collective. Rank 0 spent "
-    f"{spent[0]:.1f} s in the cell, blocked in its all_reduce until the runner released it: {after}."
+    f"{spent[0]:.1f} s in the cell, blocked in its all_reduce until the runner released it (the runner waits its grace, {grace:g} s, from "
+    "rank 1's report)."
 )
 t
 

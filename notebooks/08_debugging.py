@@ -66,12 +66,13 @@
 # the same small model and its own batches (its shard). Its helpers run each section's script three
 # ways:
 #
-# * `torch_does`: debug mode paused; what each rank raised (the error's first two sentences), or
+# * `torch_does`: debug mode paused; what each rank raised (the error's first two sentences, and
+#   the line naming the parameter indices if it has one), or
 #   "raised nothing"; `torch_drifts`, for the bugs torch trains through: how far the replicas ended apart;
 # * `minddp_says`: the line debug mode raised, checked on every rank;
 # * `fixed`: the corrected script; debug mode says nothing and the replicas are equal.
 #
-# The times they print ("0.06 s into the script", "after 3.02 s") count from the script's start, building
+# The times they print count from the script's start, building
 # its model and wrapper included, until the rank raised (a warning: until the end of the step that
 # issued it).
 
@@ -483,7 +484,7 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # "Connection closed by peer" (or "reset by peer": the operating system's timing decides which);
 # neither says which rank ran out, or when.
 # Debug mode sees a rank in a step on one side and a rank out of its loop on the other. The line
-# names three fixes: the same number of batches on every rank (`DistributedSampler(...,
+# names the fixes: the same number of batches on every rank (`DistributedSampler(...,
 # drop_last=True)`, or every rank stopping at the shortest rank's count), or training under
 # `with model.join():`, which has a rank that ran out shadow the collectives of the others' steps.
 # The cell uses the last.
@@ -627,7 +628,7 @@ lesson.claim(
 )
 
 # %% [markdown]
-# ## What it costs, and where to read more
+# ## What it adds, and where to read more
 #
 # A process that never turns debug mode on installs none of it: no hook, no message, no check
 # (`tests/test_debug.py` checks that in processes started without the flag). This notebook turned it
@@ -638,13 +639,11 @@ lesson.claim(
 # sends each bucket through `torch.distributed`, checked, one at a time), and the *plan check* (each
 # step, the ranks compare their *bucket plan*, which parameters each bucket holds, and their *launch
 # order*, the order the buckets were sent in). So debug mode does more than watch: it adds
-# collectives and changes when the gradients travel. It is built to change no value the training
-# computes: the cell checks that this model's 5 steps end with bit-identical parameters either way
-# (`tests/test_debug.py` checks it for every bug-free script against torch's DDP), shows what a
-# wrapper built each way has, and times the 5 whole steps each way, once.
+# collectives. It is built to change no value the training computes: the cell checks that this
+# model's 5 steps end with bit-identical parameters either way (`tests/test_debug.py` checks it for
+# every bug-free script against torch's DDP), and shows what a wrapper built each way has.
 #
-# The ratio it prints is of this 212-parameter model's whole steps, on against paused, not against a
-# process that never turned debug mode on. `docs/debugging.md` has what each check does and costs
+# `docs/debugging.md` has what each check does and costs
 # (*Off, it is not there*: the benchmark's cost against a process without debug mode, on larger
 # presets), what torch's DDP does on each bug as a script under torchrun (recorded), and what debug
 # mode does not see.
@@ -653,19 +652,15 @@ lesson.claim(
 # %%
 # %%distributed
 def five_steps(on: bool):
-    """5 steps of the correct script with debug mode on or paused: the wrapper, the parameters, the time."""
+    """5 steps of the correct script with debug mode on or paused: the wrapper and the parameters."""
     (minddp.debug.enable if on else minddp.debug.disable)()
     model, ddp, optimizer = build()
-    dist.barrier()
-    start = time.perf_counter()
     train(model, ddp, optimizer, steps=5)
-    took = torch.tensor([time.perf_counter() - start], device=device)
-    dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slower rank's
     minddp.debug.enable()
-    return ddp, [p.detach().clone() for p in model.parameters()], took.item()
+    return ddp, [p.detach().clone() for p in model.parameters()]
 
 
-(paused, paused_params, paused_s), (on, on_params, on_s) = five_steps(False), five_steps(True)
+(paused, paused_params), (on, on_params) = five_steps(False), five_steps(True)
 lesson.claim(
     paused.watch is None
     and type(paused.reducer).__name__ == "Reducer"
@@ -678,11 +673,6 @@ lesson.claim(
 lesson.claim(
     all(torch.equal(a, b) for a, b in zip(paused_params, on_params)),
     "paused or on, the same 5 steps end with bit-identical parameters on every rank",
-)
-paused_ms, on_ms = round(paused_s * 1e3), round(on_s * 1e3)  # as printed: every number below follows from these
-lesson.say(
-    f"5 steps took {paused_ms} ms with debug mode paused and {on_ms} ms on (the slower rank's time, one run each): "
-    f"{paused_ms / 5:.1f} and {on_ms / 5:.1f} ms a step, {on_ms / max(paused_ms, 1):.1f} times as long."
 )
 
 # %%

@@ -1478,6 +1478,12 @@ def hook_without_async_op(process_group, bucket):
     return fut.then(lambda f: f.value()[0].to(torch.float32))
 
 
+def hook_then_on_the_work(process_group, bucket):
+    """Calls .then on what all_reduce(async_op=True) returns, a Work, without taking its Future (.get_future())."""
+    compressed = bucket.buffer().to(torch.float16).div_(dist.get_world_size())
+    return dist.all_reduce(compressed, async_op=True).then(lambda f: f.value()[0].to(torch.float32))
+
+
 def hook_asks_the_state_its_size(process_group, bucket):
     """Divides by process_group.size(): the state is None here (the default group), which has no .size()."""
     compressed = bucket.buffer().to(torch.float16).div_(process_group.size())

@@ -366,6 +366,7 @@ HOOK_MISTAKES = [
     (wrong.hook_reduce_op_avg, "ReduceOp.AVG"),
     (wrong.hook_stays_fp16, "holds a float16 tensor, but the bucket is float32: cast the average back"),
     (wrong.hook_without_async_op, "dist.all_reduce returned None: without async_op=True it blocks"),
+    (wrong.hook_then_on_the_work, "dist.all_reduce(..., async_op=True) returned a Work, not a Future: take its"),
     (wrong.hook_asks_the_state_its_size, "process_group, is None here: None means the default group"),
     (wrong.hook_not_compressed, "sent 4 bytes per gradient value (float32), the model answer 2"),
     (wrong.hook_waits, "not a torch.futures.Future"),

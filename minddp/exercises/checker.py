@@ -383,6 +383,11 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
             " (dist.all_reduce returned None: without async_op=True it blocks until the sum is done and returns "
             "nothing; pass async_op=True and take its Future with .get_future())"
         )
+    if re.search(r"Work' object has no attribute '(then|value|add_done_callback)'", message):
+        return (
+            " (dist.all_reduce(..., async_op=True) returned a Work, not a Future: take its Future with "
+            ".get_future(), then call .then(...) on that)"
+        )
     if like in solutions.HOOKS and re.search(r"'NoneType' object has no attribute '(size|rank)'", message):
         return (
             " (the hook's state, process_group, is None here: None means the default group, and has no .size() or "
