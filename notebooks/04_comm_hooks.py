@@ -229,7 +229,10 @@ steps.round(3)
 #   part, and the time after the link's modelled transfers had ended, until the real all_reduce under the
 #   link had finished (the link delivers a message once both are done). A real all_reduce finishes only once
 #   the other rank has reached it too, so this part holds the wait for the other rank, which the run does
-#   not time apart.
+#   not time apart;
+# * *last backward ms* and *step ms*: how long the step's last backward (the one that sends) and the whole
+#   step took, measured once per hook on this machine, so that each wait stands beside the compute it sat in.
+#   One step each: the rows do not rank the hooks by speed.
 
 # %%
 # %%distributed
@@ -262,6 +265,8 @@ timed = pd.DataFrame(
             "link ms (modelled)": v["link_ms"],
             "exposed ms (measured)": v["exposed_ms"],
             "waited ms (measured)": v["waited_ms"],
+            "last backward ms (measured)": v["last_backward_ms"],
+            "step ms (measured)": v["row"]["end"],
         }
         for name, v in on_link.items()
     }
