@@ -213,8 +213,8 @@ table.round(3)
 # `16Ψₛ/n + 16Ψᵣ` as before.
 #
 # minddp's FSDP computes in bf16 with `compute_dtype=torch.bfloat16`, as torch's `fully_shard` does
-# with a `MixedPrecisionPolicy`: the fp32 shards *are* the master weights, gathered and cast to bf16
-# just before a unit runs, and the gradients come back to the shards in fp32. So it keeps what fp32
+# with a `MixedPrecisionPolicy`: the fp32 shards *are* the master weights, cast to bf16 and gathered
+# in bf16 just before a unit runs, and the gradients come back to the shards in fp32. So it keeps what fp32
 # FSDP keeps (`16Ψₛ/n + 16Ψᵣ`, as both formulas say, split 4 + 4 + 8, not the paper's 2 + 2 + 12), and bf16 shrinks
 # what lives only during the step: the gathered units and the activations. The cells below measure
 # both; the figure draws the model state and the gathered units, the activations are printed above it.

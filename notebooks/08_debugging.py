@@ -52,7 +52,7 @@
 # `minddp.debug.enable()`); a process that never turns it on installs none of it. This notebook turns
 # it on in its set-up cell, so its torch runs have it *paused* (`minddp.debug.disable()`): the wrappers
 # it put on `torch.distributed`'s collectives stay, passing every call through unchecked (the last
-# section shows what a wrapper built with it paused lacks, and times a few steps both ways).
+# section shows what a wrapper built with it paused lacks).
 # What each check does and costs: `docs/debugging.md`.
 #
 # The bugs do not need a large model: a two-layer network on random data, a few steps, is enough.

@@ -664,7 +664,9 @@ lesson.claim(
 # `wan` and `home` links, with the train command's model of 80 thousand parameters and H = 20, 2 fragments,
 # τ = 5 (not this section's 360 M, H = 100, 4 fragments, τ = 10), beside the step-time model's
 # prediction: every measured utilisation there is below the predicted one (on `wan`: plain DiLoCo
-# 91 % measured, 99 % predicted; streaming DiLoCo 89 %, 100 %).
+# 91 % measured, 99 % predicted; streaming DiLoCo 89 %, 100 %: measured, streaming is below plain
+# DiLoCo there, the reverse of the model's order). Those runs are one each, on a machine at a
+# 1-minute load of 22 falling to 16.
 #
 # ## What to take away
 #
