@@ -154,3 +154,56 @@ def test_a_train_runs_stage_folder_keeps_its_names(tmp_path):
     for path in (stage, stage.parent):
         run = load_run(path)
         assert (run.name, list(run.stages)) == ("demo", ["bucket"])
+
+
+def _compute_only_rank0_with_a_negative_copy(folder: Path) -> Path:
+    """HTA's sample, its rank 0 left with compute kernels and one copy of negative duration after them: a trace
+    HTA 0.5.0's temporal breakdown rejects (non-compute time below 0), as it rejected the first GPU run's."""
+    folder.mkdir()
+    for path in sorted(SAMPLE.glob("*.json.gz")):
+        trace = json.loads(gzip.open(path).read())
+        if recorded_rank(path) == 0:
+            kept = [
+                e
+                for e in trace["traceEvents"]
+                if e.get("cat") not in ("gpu_memcpy", "gpu_memset")
+                and not (e.get("cat") == "kernel" and "nccl" in e["name"].lower())
+            ]
+            kernels = [e for e in kept if e.get("cat") == "kernel"]
+            end = max(e["ts"] + e["dur"] for e in kernels)  # the copy: the last kernel recorded, moved past them all
+            copy = dict(kernels[-1], cat="gpu_memcpy", name="Memcpy DtoD (Device -> Device)", ts=end + 100, dur=-50)
+            trace["traceEvents"] = [*kept, copy]
+        (folder / path.name[: -len(".gz")]).write_text(json.dumps(trace))
+    return folder
+
+
+def test_a_view_hta_fails_on_leaves_its_columns_empty_says_why_and_the_rest_still_reads(tmp_path):
+    from hta.trace_analysis import TraceAnalysis
+
+    from minddp.analysis.gpu import HTAViewFailed
+
+    folder = _compute_only_rank0_with_a_negative_copy(tmp_path / "odd")
+    with contextlib.redirect_stdout(io.StringIO()):
+        hta = TraceAnalysis(trace_files={recorded_rank_json(p): str(p) for p in folder.glob("*.json")})
+        with pytest.raises(AssertionError):  # HTA itself: the failure minddp must survive
+            hta.get_temporal_breakdown(visualize=False)
+        overlap = hta.get_comm_comp_overlap(visualize=False).set_index("rank")
+    with pytest.warns(HTAViewFailed) as caught:
+        result = analyze_run(folder)
+    (message,) = [str(w.message) for w in caught if issubclass(w.category, HTAViewFailed)]
+    assert "get_temporal_breakdown failed" in message and "AssertionError" in message
+    assert "rank 0: 1 GPU event(s) of negative or missing duration" in message
+    summary = result.summary.set_index("rank")
+    assert summary[["idle_time_us", "compute_pctg", "non_compute_pctg"]].isna().all().all()
+    ours, htas = summary["comm_comp_overlap_pctg"], overlap["comp_comm_overlap_pctg"]
+    assert ours.loc[0] != ours.loc[0] and htas.loc[0] != htas.loc[0]  # NaN for both: rank 0 kept no NCCL kernel
+    assert ours.loc[1] == htas.loc[1]  # the views HTA could compute are HTA's numbers
+    assert (
+        summary.loc[1, "allreduce_calls_per_step"]
+        == analyze_run(SAMPLE).summary.set_index("rank").loc[1, "allreduce_calls_per_step"]
+    )  # minddp's per-step reading of the untouched rank is unchanged
+    assert not result.kernels.empty  # the kernel breakdown still came
+
+
+def recorded_rank_json(path: Path) -> int:
+    return json.loads(path.read_text())["distributedInfo"]["rank"]

@@ -45,3 +45,28 @@ def test_a_stage_that_sums_instead_of_averaging_fails_its_check():
     assert by_name["simple"][0] is True
     ok, detail = by_name["summing"]
     assert ok is False and "max |w - single|" in detail and "bound" in detail
+
+
+def test_a_check_that_raises_is_a_failed_row_and_the_configurations_after_it_still_run(monkeypatch):
+    # The first GPU run (docs/devices.md): HTA raised inside the profiled check of the first configuration and
+    # the doctor stopped there, so the second configuration was never checked and no table was printed.
+    import minddp.doctor as doctor
+    import minddp.runtime.launch as launching
+
+    def fake_launch(fn, stages, world_size, backend, timeout_s):  # the training checks are not what is tested
+        return [[("simple", True, 0.1, "fine")] for _ in range(world_size)]
+
+    def profile_raises(backend, world, folder):
+        raise AssertionError()  # what HTA 0.5.0's temporal breakdown raised, with no message
+
+    monkeypatch.setattr(doctor, "configurations", lambda gpus: [("first", "gloo", 2), ("second", "gloo", 2)])
+    monkeypatch.setattr(launching, "launch", fake_launch)
+    monkeypatch.setattr(doctor, "profile_check", profile_raises)
+    checks = doctor.run(say=lambda line: None)
+    assert [(c.config, c.name, c.ok) for c in checks] == [
+        ("first", "simple", True),
+        ("first", "profiled run", False),
+        ("second", "simple", True),
+        ("second", "profiled run", False),
+    ]
+    assert checks[1].detail == "AssertionError: no message"

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import math
 import os
 import sys
 import warnings
@@ -141,23 +142,70 @@ def hta_analysis(trace_files: dict[int, str]):
         return TraceAnalysis(trace_files=dict(trace_files))
 
 
+class HTAViewFailed(UserWarning):
+    """One of HTA's views raised on a stage's traces: its columns are left empty (NaN), the rest stands."""
+
+
+def _odd_gpu_events(stage: StageTraces) -> str:
+    """What in the traces can break HTA's interval arithmetic: GPU events of negative or missing duration."""
+    odd = []
+    for rank, trace in sorted(stage.ranks.items()):
+        bad = [e for e in trace.events if e.get("cat") in _KERNEL_CATS and not (e.get("dur", -1) >= 0)]
+        if bad:
+            odd.append(
+                f"rank {rank}: {len(bad)} GPU event(s) of negative or missing duration (first: {bad[0]['name']!r})"
+            )
+    return "; ".join(odd) or "no GPU event of negative or missing duration"
+
+
+def _view(name: str, stage: StageTraces, call):
+    """HTA's view ``name``, or None (with an :class:`HTAViewFailed` warning naming HTA's error) if it raised."""
+    try:
+        with _quiet():
+            return call()
+    except Exception as exc:  # HTA's own assertions and pandas errors: its view is lost, not the others
+        where = exc.__traceback__
+        while where.tb_next is not None:
+            where = where.tb_next
+        frame = f"{where.tb_frame.f_code.co_name}, line {where.tb_lineno}"
+        try:
+            from importlib.metadata import version
+
+            hta_version = version("HolisticTraceAnalysis")
+        except Exception:
+            hta_version = "?"
+        warnings.warn(
+            f"HTA {hta_version}'s {name} failed on stage {stage.name!r} ({type(exc).__name__} in {frame}: "
+            f"{str(exc) or 'its own assertion'}); its columns are left empty. In these traces: {_odd_gpu_events(stage)}",
+            HTAViewFailed,
+            stacklevel=3,
+        )
+        return None
+
+
 def analyze_stage(stage: StageTraces) -> tuple[list[dict], list[dict]]:
-    """Steps 2-4 for one stage: summary rows (one per rank) and kernel-breakdown rows."""
+    """Steps 2-4 for one stage: summary rows (one per rank) and kernel-breakdown rows.
+
+    A view HTA fails on leaves its columns empty (NaN) and says why in an :class:`HTAViewFailed` warning;
+    the other views and minddp's per-step numbers still come.
+    """
     analysis = hta_analysis({rank: str(t.path.resolve()) for rank, t in stage.ranks.items()})
-    with _quiet():
-        temporal = analysis.get_temporal_breakdown(visualize=False)
-        overlap = analysis.get_comm_comp_overlap(visualize=False)
-        kernel_types, _ = analysis.get_gpu_kernel_breakdown(visualize=False)
-    merged = temporal.merge(overlap[["rank", "comp_comm_overlap_pctg"]], on="rank")  # step 3
+    temporal = _view("get_temporal_breakdown", stage, lambda: analysis.get_temporal_breakdown(visualize=False))
+    overlap = _view("get_comm_comp_overlap", stage, lambda: analysis.get_comm_comp_overlap(visualize=False))
+    kernel_types = _view("get_gpu_kernel_breakdown", stage, lambda: analysis.get_gpu_kernel_breakdown(visualize=False))
+    by_rank = {rank: {} for rank in stage.ranks}  # step 3
+    for frame in (temporal, overlap):  # each fills the columns it has
+        for record in [] if frame is None else frame.to_dict("records"):
+            mine = {HTA_COLUMNS[theirs]: float(value) for theirs, value in record.items() if theirs in HTA_COLUMNS}
+            by_rank[int(record["rank"])].update(mine)
     rows = []
-    for record in merged.to_dict("records"):
-        rank = int(record["rank"])
-        row = {mine: float(record[theirs]) for theirs, mine in HTA_COLUMNS.items()}
+    for rank in sorted(by_rank):
+        row = {mine: by_rank[rank].get(mine, math.nan) for mine in HTA_COLUMNS.values()}
         row["rank"] = rank
         row.update(per_step_means(rank_intervals(stage.ranks[rank])))  # step 4
         rows.append(row)
     kernels = [
         {"kernel_type": r["kernel_type"], "sum": float(r["sum"]), "percentage": float(r["percentage"])}
-        for r in kernel_types.to_dict("records")
+        for r in ([] if kernel_types is None else kernel_types[0].to_dict("records"))
     ]
     return rows, kernels

@@ -185,8 +185,8 @@ class _Delivery(torch.futures.Future):
     :attr:`Link.waits` and the message's number), noted there: what :meth:`Link.carry` hands back while a
     profiler runs, and :func:`waited_through`'s."""
 
-    def __init__(self, messages: list[tuple[dict, int]]):
-        super().__init__()
+    def __init__(self, messages: list[tuple[dict, int]], device: torch.device | None = None):
+        super().__init__(devices=_devices(device))
         self._messages = messages
 
     def wait(self):
@@ -197,6 +197,13 @@ class _Delivery(torch.futures.Future):
                 with torch.profiler.record_function(f"minddp.link_wait#{seq}"):
                     pass
         return super().wait()
+
+
+def _devices(device: torch.device | None) -> list[torch.device] | None:
+    """What a Future completed on another thread must be told of a GPU value: its device. Completing it
+    then records an event on that thread's stream, and a ``wait()`` or callback waits for that event;
+    a Future told of no device hands CUDA tensors on unordered with the copies that wrote them."""
+    return [device] if device is not None and device.type != "cpu" else None
 
 
 _handing = threading.local()
@@ -224,18 +231,21 @@ def waits_seen(hook):
     def seen(state, bucket):
         with handed_over() as messages:
             future = hook(state, bucket)
-        return waited_through(future, messages)
+        return waited_through(future, messages, bucket.buffer().device)
 
     seen.__name__ = getattr(hook, "__name__", type(hook).__name__)  # the user's hook's name, in a trace and an error
     return seen
 
 
-def waited_through(future: torch.futures.Future, messages: list) -> torch.futures.Future:
+def waited_through(
+    future: torch.futures.Future, messages: list, device: torch.device | None = None
+) -> torch.futures.Future:
     """``future`` (a comm hook's, for a bucket whose ``messages`` it handed over: :func:`handed_over`), whose first
-    ``wait()`` is noted as the first wait for each of them; ``future`` itself when there are none."""
+    ``wait()`` is noted as the first wait for each of them; ``future`` itself when there are none. ``device``:
+    where the bucket lives."""
     if not messages:
         return future
-    out = _Delivery(list(messages))
+    out = _Delivery(list(messages), device)
 
     def settle(done: torch.futures.Future) -> None:
         try:
@@ -281,7 +291,8 @@ class Link:
         if logged:  # the marker that places this message on the trace's clock (annotate_trace)
             with torch.profiler.record_function(f"minddp.link_send#{seq}"):
                 pass
-        done = _Delivery([(self.waits, seq)]) if logged else torch.futures.Future()
+        device = None if isinstance(payload, int) else payload.device
+        done = _Delivery([(self.waits, seq)], device) if logged else torch.futures.Future(devices=_devices(device))
         if logged and getattr(_handing, "messages", None) is not None:
             _handing.messages.append((self.waits, seq))
         self._start_thread()

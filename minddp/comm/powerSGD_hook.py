@@ -315,12 +315,12 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
     to_compress, uncompressed, p_size, q_size = _split_by_compression(state, bucket)  # step 2
     by_shape, batches = _batch_by_shape(state, to_compress)
     ps, qs = _compute_ps(state, index, batches, p_size, q_size, input_tensor)  # step 3
-    futures = []  # step 4
+    last = None  # step 4
     if uncompressed:
         uncompressed_flat = torch.cat([t.reshape(-1) for t in uncompressed])
-        futures.append(wire.all_reduce(uncompressed_flat))
+        last = wire.all_reduce(uncompressed_flat)
     if batches:
-        futures.append(_compute_qs(state, wire, index, batches, ps, qs))  # steps 4-5
+        last = _compute_qs(state, wire, index, batches, ps, qs, before=last)  # steps 4-5
 
     def decompress(_: torch.futures.Future) -> torch.Tensor:  # step 6
         if uncompressed:
@@ -336,7 +336,9 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
         state.maybe_increase_iter(bucket)
         return input_tensor
 
-    return torch.futures.collect_all(futures).then(decompress)
+    # One chain of Futures, never ``collect_all``: its Future holds no device, so on a GPU the callback
+    # would neither wait for the sums' copies nor hand its own writes on to the caller's stream.
+    return last.then(decompress)
 
 
 def _split_by_compression(state: PowerSGDState, bucket: GradBucket):
@@ -393,14 +395,20 @@ def _compute_ps(state: PowerSGDState, index: int, batches, p_size: int, q_size: 
     return ps, qs
 
 
-def _compute_qs(state: PowerSGDState, wire: Wire, index: int, batches, ps, qs) -> torch.futures.Future:
+def _compute_qs(
+    state: PowerSGDState, wire: Wire, index: int, batches, ps, qs, before: torch.futures.Future | None = None
+) -> torch.futures.Future:
     """Steps 4-5 (torch's ``compute_qs``): sum the P's, orthogonalize them, Q = Mᵀ P; start the Q's sum.
 
     We *wait* for the P's here, because the Q's collective must be issued from the hook's call: one
     issued from a Future's callback runs on a backend thread at a moment that differs per rank, and
-    could pair with another bucket's collective on the other rank.
+    could pair with another bucket's collective on the other rank. ``before`` (the uncompressed
+    tensors' sum) is waited for too, so the Q's Future completes after both: the one Future the
+    hook's last step hangs on.
     """
     wire.all_reduce(state.p_memory_dict[index]).wait()
+    if before is not None:
+        before.wait()
     for p in ps:  # no need to divide by the world size first
         _orthogonalize(p, state.orthogonalization_epsilon)
     for batch, p, q in zip(batches, ps, qs):

@@ -32,6 +32,7 @@ import platform
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass
 
 import torch
@@ -273,14 +274,20 @@ def profile_check(backend: str, world: int, folder: str) -> list[tuple[str, bool
         except ImportError:
             rows.append(("trace read by HTA", None, 0.0, "HolisticTraceAnalysis is not installed"))
             return rows
-        hta_rows, _ = gpu.analyze_stage(stage)
-        fine = all(r["compute_time_us"] > 0 for r in hta_rows)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", gpu.HTAViewFailed)
+            hta_rows, _ = gpu.analyze_stage(stage)
+        failed = [str(w.message) for w in caught if issubclass(w.category, gpu.HTAViewFailed)]
+        fine = not failed and all(r["compute_time_us"] > 0 for r in hta_rows)
         rows.append(
             (
                 "trace read by HTA",
                 fine,
                 time.perf_counter() - start,
-                "temporal breakdown, overlap " + ", ".join(f"{r['comm_comp_overlap_pctg']:.0f} %" for r in hta_rows),
+                failed[0]
+                if failed
+                else "temporal breakdown, overlap "
+                + ", ".join(f"{r['comm_comp_overlap_pctg']:.0f} %" for r in hta_rows),
             )
         )
     return rows
@@ -320,8 +327,13 @@ def run(quick: bool = False, say=print) -> list[Check]:
             checks.append(Check(label, name, not failed, max(r[2] for r in rows), detail))
         if quick or i > 0 and world > 1 and backend == "nccl":
             continue  # one profiled run per kind of placement is enough
-        with tempfile.TemporaryDirectory() as folder:
-            checks += [Check(label, *row) for row in profile_check(backend, world, folder)]
+        start = time.perf_counter()
+        try:
+            with tempfile.TemporaryDirectory() as folder:
+                checks += [Check(label, *row) for row in profile_check(backend, world, folder)]
+        except Exception as exc:  # one broken check is reported; the configurations after it still run
+            cause = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else 'no message'}"
+            checks.append(Check(label, "profiled run", False, time.perf_counter() - start, cause))
     return checks
 
 

@@ -59,6 +59,7 @@ import sys
 import tarfile
 import time
 import traceback
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -359,11 +360,17 @@ def read_folder(path: Path) -> dict:
     """One folder of traces read both ways: minddp's own per rank, and the analysis (HTA for GPU traces)."""
     from minddp.analysis import analyze_run
     from minddp.analysis.events import load_run
+    from minddp.analysis.gpu import HTAViewFailed
 
     run = load_run(path)  # once: both readings take it
     out = {"own": {name: own_reading(stage) for name, stage in run.stages.items()}}
     try:
-        result = analyze_run(run)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", HTAViewFailed)
+            result = analyze_run(run)
+        failed = [str(w.message) for w in caught if issubclass(w.category, HTAViewFailed)]
+        if failed:  # the views HTA could read stand; the ones it failed on are named
+            out["analysis_error"] = " | ".join(failed)
         out["analysis"] = json.loads(result.stages.reset_index().to_json(orient="records"))
         out["sources"] = sorted(set(result.summary["source"]))
         out["result"] = result
@@ -398,7 +405,7 @@ def step_analyze(s: Settings) -> dict:
         if "analysis_error" in read:
             out["notes"].append(f"{name}: {read['analysis_error']}")
             out["ok"] = False
-        elif name == "run" and result is not None:
+        if name == "run" and result is not None:  # also when HTA failed on one view: the page shows the rest
             try:
                 out["report"] = str(write_report([result], path))  # report.html and its plots, to look at
             except Exception as exc:  # noqa: BLE001 - the numbers above stand without the page
