@@ -176,7 +176,8 @@ def _view(name: str, stage: StageTraces, call):
             hta_version = "?"
         warnings.warn(
             f"HTA {hta_version}'s {name} failed on stage {stage.name!r} ({type(exc).__name__} in {frame}: "
-            f"{str(exc) or 'its own assertion'}); its columns are left empty. In these traces: {_odd_gpu_events(stage)}",
+            f"{str(exc) or 'its own assertion'}); its columns are left empty. "
+            f"In these traces: {_odd_gpu_events(stage)}",
             HTAViewFailed,
             stacklevel=3,
         )
