@@ -462,8 +462,8 @@ lesson.claim(
 )
 
 # %% [markdown]
-# `docs/fault-tolerance.md` has the recovery over 24 faults (for each kind of fault: the discard,
-# the quorum, the recovery, the attempts discarded and the rejoin), torchft's recovery set
-# beside minddp's for one fault (not this notebook's run; as alike as the two designs allow, not
-# identical: under torchft a replica group's thread raises and aborts its group, under minddp
-# `kill@3:1` kills a slot's process), and a projection against checkpoint-restart.
+# `docs/fault-tolerance.md` has the recovery over 24 faults at a 2 s hang bound (for each kind of
+# fault: the discard, the quorum, the recovery, the attempts discarded and the rejoin), torchft's
+# recovery set beside minddp's for one fault (not this notebook's run; as alike as the two designs
+# allow, not identical: under torchft a replica group's thread raises and aborts its group, under
+# minddp `kill@3:1` kills a slot's process), and a projection against checkpoint-restart.
