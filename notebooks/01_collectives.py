@@ -289,7 +289,8 @@ lesson.claim(
 # ranks. In the star, ranks 1 to n − 1 send their tensor once and receive the sum once (m each way),
 # but rank 0 receives n − 1 whole tensors and sends n − 1 sums back: (n − 1) · m each way, n / 2
 # times a ring rank's bytes. The cell counts both from the records, checks them against these
-# formulas, and draws them: a bar for the bytes each rank sent, a black tick for those it received.
+# formulas, and draws them: a bar for the bytes each rank sent (green: the ring; grey: the star), a
+# black tick for those it received.
 #
 # **Time.** The α-β model prices one message of x bytes at α + β · x. It gives every rank one link
 # with one wire each way, and a wire carries one message at a time: in one exchange a rank sends a
@@ -513,7 +514,8 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Every measure of both steps, each computed by its function from the intervals drawn above:
+# Both steps' length, their backward's, and every measure but comm cost, each computed by its function
+# from the intervals drawn above:
 
 # %%
 import pandas as pd

@@ -34,7 +34,8 @@
 # below prints what it is, in these words: a *micro-batch* is the examples one rank runs through one
 # forward and backward; k micro-batches make one optimizer step (gradient accumulation, `03_build_up`);
 # the *global batch* is every example of one optimizer step, on every rank, and a rank's *shard* is its
-# share of it, its k micro-batches; a *sync* averages every gradient over the ranks once.
+# share of it, its k micro-batches; a *sync* averages every gradient over the ranks once. (Its bucket
+# size is for `03_build_up`'s bucketed stages.)
 
 # %%
 # %load_ext minddp.notebook
