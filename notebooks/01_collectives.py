@@ -394,7 +394,8 @@ lesson.claim(
 #
 # No data moves; every rank waits until all have arrived. Here rank 1 sleeps 0.5 s before it
 # arrives, and every other rank waits for it at the barrier. Every rank notes when it arrived and left
-# on the wall clock the ranks of this machine share, and rank 0 says how long the others waited.
+# on the wall clock the ranks of this machine share; rank 0 says when the first rank arrived and when
+# the last one left, counted from rank 1's arrival.
 
 # %%
 # %%distributed
