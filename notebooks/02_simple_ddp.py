@@ -24,7 +24,7 @@
 #
 # We break both on purpose and watch a check fail; then we write `SimpleDDP`, the whole idea in one
 # short class on `torch.distributed` (a broadcast, an all_reduce, a division), check it against one
-# process on the global batch, and watch two replicas drift apart when the average is left out.
+# process on the same examples, and watch two replicas drift apart when the average is left out.
 # Last, `minddp.stages.SimpleDDP`, the first of the stages `03_build_up` builds one on another: the
 # same idea with what every later stage needs around it, and why. At the end it is your turn, and a checker runs your code on real ranks.
 #
@@ -33,8 +33,9 @@
 # small Llama-architecture classifier on a generated paraphrase task, nothing downloaded. The cell
 # below prints what it is, in these words: a *micro-batch* is the examples one rank runs through one
 # forward and backward; k micro-batches make one optimizer step (gradient accumulation, `03_build_up`);
-# the *global batch* is every example of one optimizer step, on every rank; a *sync* averages every
-# gradient over the ranks once.
+# the *global batch* is every example of one optimizer step, on every rank, and a rank's *shard* is its
+# share of it, its k micro-batches; a *sync* averages every gradient over the ranks once. (Its bucket
+# size is for `03_build_up`'s bucketed stages.)
 
 # %%
 # %load_ext minddp.notebook
@@ -81,13 +82,21 @@ lesson.say(lesson.describe())
 #
 # Each rank builds its model with its own random initialisation (here: a different seed per rank,
 # as two processes that never set one would). The check compares every parameter tensor with rank
-# 0's; rank 0 compares with itself and passes, rank 1 fails. Not every tensor differs: the norm layers' weights start at 1 whatever the seed, so they agree by
-# construction, and the error counts only the randomly drawn ones.
+# 0's; rank 0 compares with itself and passes, rank 1 fails. Not every tensor differs: the norm
+# layers' weights start at 1 whatever the seed, so they agree on every rank (rank 0 counts them first).
 # This cell is expected to fail (it is tagged `raises-exception`, so *Run All* goes on past it).
 
 # %% tags=["raises-exception"] minddp={"expected_error": "parameter tensors are not in sync"}
 # %%distributed
 model = lesson.make_model(seed=lesson.SETTINGS.seed + rank)
+if rank == 0:
+    norms = [m.weight for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+    total = len(list(model.parameters()))
+    lesson.claim(
+        all(bool((w == 1).all()) for w in norms),
+        f"the model's {len(norms)} norm layers' weights are all 1.0: only the other {total - len(norms)} of its "
+        f"{total} tensors are drawn from the seed",
+    )
 check_in_sync(model.parameters(), "parameter tensors")
 
 # %% [markdown]
@@ -135,13 +144,13 @@ check_in_sync(ddp.parameters(), "parameter tensors")
 # %% [markdown]
 # ## 3. Gradients out of sync
 #
-# Each rank runs forward and backward on its own shard (the `lesson` data gives every rank a
-# different slice of the same global batch), so each holds a different gradient. If the ranks
+# Each rank runs forward and backward on its first micro-batch (the `lesson` data gives every rank
+# different examples of the same global batch), so each holds a different gradient. If the ranks
 # stepped now, their models would drift apart again (section 5 shows how far). Expected to fail:
 
 # %% tags=["raises-exception"] minddp={"expected_error": "gradients are not in sync"}
 # %%distributed
-micro_batches = next(lesson.step_batches())  # this rank's shards of the first step
+micro_batches = next(lesson.step_batches())  # this rank's shard of the first step: its k micro-batches
 loss = lesson.loss_fn(ddp, micro_batches[0])
 loss.backward()
 check_in_sync([p.grad for p in ddp.parameters()], "gradients")
@@ -149,11 +158,11 @@ check_in_sync([p.grad for p in ddp.parameters()], "gradients")
 # %% [markdown]
 # ## 4. Averaging the gradients
 #
-# The loss over every rank's examples of one micro-batch is the mean of the shard losses (the shards
-# are the same size), so the average of the shards' gradients is the gradient one process would
-# compute on all of them at once. The next cell averages, checks that the ranks agree, and checks that
-# claim too: every rank also builds the same model in one process (rank 0's seed) and runs every
-# rank's first micro-batch through it in one backward.
+# The loss over the ranks' first micro-batches taken together is the mean of their losses (they hold
+# as many examples), so the average of their gradients is the gradient one process would compute on
+# all of them at once. The next cell averages, checks that the ranks agree, and checks that claim
+# too: every rank also builds the same model in one process (rank 0's seed) and runs every rank's
+# first micro-batch through it in one backward.
 
 # %%
 # %%distributed
@@ -161,19 +170,16 @@ ddp.finish_gradient_synchronization()
 check_in_sync([p.grad for p in ddp.parameters()], "gradients")
 
 single = lesson.make_model()  # the oracle: rank 0's weights, one process
-whole = next(lesson.step_batches(whole=True))  # the same first step, every rank's shards at once
+whole = next(lesson.step_batches(whole=True))  # the same first step, every rank's micro-batches at once
 lesson.loss_fn(single, whole[0]).backward()
 largest = max((p.grad - q.grad).abs().max().item() for p, q in zip(ddp.module.parameters(), single.parameters()))
 scale = max(q.grad.abs().max().item() for q in single.parameters())
-grads_off = (flat(p.grad for p in ddp.module.parameters()) - flat(q.grad for q in single.parameters())).norm().item()
-grads_off /= flat(q.grad for q in single.parameters()).norm().item()  # as a share of the gradient's norm
 per_rank = lesson.SETTINGS.batch_size
 lesson.say(
-    f"Largest difference to the single-process gradient: {largest:.1e}, against gradients up to {scale:.1e}; "
-    f"the norm of the difference is {grads_off:.1e} of the gradient's norm. The single process computes the "
-    f"gradient of the first micro-batch's {per_rank * world_size} examples (every rank's) in one backward, each "
-    f"rank that of its own {per_rank}, and the all_reduce adds the ranks' results: the same sum in another "
-    "order, which float32 rounds differently."
+    f"Largest difference to the single-process gradient: {largest:.1e}, against gradients up to {scale:.1e}. "
+    f"The single process computes the gradient of the {world_size} ranks' first micro-batches, "
+    f"{per_rank * world_size} examples, in one backward; each rank computes that of its own {per_rank}, and the "
+    "all_reduce adds the ranks' results: the same sum in another order, which float32 rounds differently."
 )
 # Another order of a float32 sum moves it by a few units of float32's 1.2e-7 per term added; 1e-4 of the largest
 # gradient is ~800 of them, and a wrong average (a sum, a missing rank) is off by a factor, not by 1e-4.
@@ -188,16 +194,13 @@ lesson.claim(largest <= 1e-4 * scale, "SimpleDDP's averaged gradient is the sing
 # at every `finish_gradient_synchronization()`, so after every micro-batch's backward. The cell trains it
 # for two steps beside the single process on each step's global batch, measures after every step
 # how far apart the ranks' parameters are, and counts the all_reduce calls (by wrapping `dist.all_reduce`).
-#
-# Then the same without the average: every rank starts from the same weights (rank 0's seed, so no
-# broadcast is needed) and trains the bare model on its own shards, each stepping on its own gradient.
 
 # %%
 # %%distributed
 from minddp.bench.worker import counting_torch_all_reduce  # wraps dist.all_reduce: counts calls and bytes
 from minddp.comm.wire import Traffic
 
-STEPS = 2  # enough to see the unaveraged replicas part further at every step
+STEPS = 2  # enough to see the unaveraged replicas (next cell) part further at every step
 ddp.zero_grad(set_to_none=True)
 single.zero_grad(set_to_none=True)
 start = flat(single.parameters())
@@ -211,8 +214,37 @@ for step in range(STEPS):
         train_step(ddp, opt, next(mine), lesson.loss_fn)
     train_step(single, opt_single, next(everyone), lesson.loss_fn)
     averaged.append(apart(ddp))
-    moved.append((flat(single.parameters()) - start).norm().item())
+    moved.append((flat(single.parameters()) - start).norm().item())  # how far the single process moved
 
+off = (flat(ddp.module.parameters()) - flat(single.parameters())).norm().item()
+tensors = sum(1 for p in ddp.parameters() if p.requires_grad)
+one_sync = sum(p.numel() * p.element_size() for p in ddp.parameters() if p.requires_grad)  # every gradient once
+k = lesson.SETTINGS.grad_accum
+# Every rank receives the same all_reduce result (the collective's contract) and applies the same deterministic
+# AdamW update to the same weights, so the replicas stay equal to the bit.
+lesson.claim(
+    all(d == 0 for d in averaged),
+    f"with the average, the replicas stayed exactly equal: distance 0 after each of the {STEPS} steps",
+)
+# The bound is loose on purpose: section 4's gradients differ by float rounding, and AdamW's steps carry that
+# further. 1e-2 of the distance moved is far below the unaveraged replicas' distance (next cell).
+lesson.claim(
+    off <= 1e-2 * moved[-1],
+    f"on the same global batches, SimpleDDP's parameters end {off:.1e} from the single process's, which moved "
+    f"{moved[-1]:.2f} from its start (the check allows 1e-2 of that)",
+)
+lesson.claim(
+    traffic.calls == STEPS * k * tensors and traffic.bytes == STEPS * k * one_sync,
+    f"SimpleDDP made {traffic.calls // STEPS} all_reduce calls a step: one per gradient tensor ({tensors}) after each of "
+    f"the {k} micro-batches: {k} × {lesson.mib(one_sync)} a step, every gradient sent {k} times",
+)
+
+# %% [markdown]
+# Then the same without the average: every rank starts from the same weights (rank 0's seed, so no
+# broadcast is needed) and trains the bare model on its own shard, each stepping on its own gradient.
+
+# %%
+# %%distributed
 alone = lesson.make_model()  # rank 0's start, on every rank
 opt_alone = torch.optim.AdamW(alone.parameters(), lr=lesson.SETTINGS.lr)
 batches = lesson.step_batches()  # the same shards as SimpleDDP's
@@ -220,49 +252,12 @@ drifted = [apart(alone)]
 for step in range(STEPS):
     train_step(alone, opt_alone, next(batches), lesson.loss_fn)  # no wrapper: no average
     drifted.append(apart(alone))
-
-check_in_sync(ddp.parameters(), "parameter tensors")
-off = (flat(ddp.module.parameters()) - flat(single.parameters())).norm().item()
-tensors = sum(1 for p in ddp.parameters() if p.requires_grad)
-one_sync = sum(p.numel() * p.element_size() for p in ddp.parameters() if p.requires_grad)  # every gradient once
-k = lesson.SETTINGS.grad_accum
-numel, lr = sum(p.numel() for p in ddp.parameters() if p.requires_grad), lesson.SETTINGS.lr
-lesson.say(
-    f"After {STEPS} steps the single process's parameters moved {moved[-1]:.2e} from the start (the norm of the "
-    f"change); SimpleDDP's are {off:.1e} from the single process's ({off / moved[-1]:.1e} of that), and without "
-    f"the average the two replicas are {drifted[-1]:.2e} apart.",
-    "Distance between the ranks after each step: averaged "
-    + ", ".join(f"{d:g}" for d in averaged[1:])
-    + "; not averaged "
-    + ", ".join(f"{d:.3g}" for d in drifted[1:])
-    + "; the single process moved "
-    + ", ".join(f"{d:.3g}" for d in moved[1:])
-    + " from its start.",
-    f"AdamW's first step moves every parameter by about the learning rate, whatever the gradient's size: "
-    f"lr · √(parameters) = {lr:g} · √{numel:,} = {lr * numel**0.5:.2f}, the first distance moved.",
-)
-# The averaged replicas: every rank receives the same all_reduce result (the collective's contract) and applies
-# the same deterministic AdamW update to the same weights, so they stay equal to the bit.
-lesson.claim(
-    all(d == 0 for d in averaged),
-    f"with the average, the replicas stayed exactly equal: distance 0 after each of the {STEPS} steps",
-)
-# Without it, each rank adds its own update every step; the smallest growth printed above is far beyond rounding.
+# Each rank adds its own update every step: the growth is far beyond rounding.
 lesson.claim(
     drifted[0] == 0 and all(b > a for a, b in zip(drifted, drifted[1:])),
-    "without it, the replicas started equal and grew further apart at every step",
-)
-# The bound is loose on purpose: section 4's gradients differ by float rounding, and AdamW's steps carry that
-# further (the line above prints how far). 1e-2 of the distance moved is far below the unaveraged replicas' distance.
-lesson.claim(
-    off <= 1e-2 * moved[-1],
-    f"on the same global batches, SimpleDDP's parameters lie {off / moved[-1]:.1e} × (the distance the single "
-    "process moved) from the single process's (the check allows 1e-2)",
-)
-lesson.claim(
-    traffic.calls == STEPS * k * tensors and traffic.bytes == STEPS * k * one_sync,
-    f"SimpleDDP made {traffic.calls // STEPS} all_reduce calls a step: one per gradient tensor ({tensors}) after each of "
-    f"the {k} micro-batches: {k} × {lesson.mib(one_sync)} a step, every gradient sent {k} times",
+    "without the average, the replicas started equal and were "
+    + ", then ".join(f"{d:.2f}" for d in drifted[1:])
+    + f" apart after the {STEPS} steps: further apart at every step",
 )
 
 # %%
@@ -283,14 +278,13 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# What to look for: the averaged replicas are equal to the bit (the distance is exactly zero, and the
-# check compares with `torch.equal`), and they stay near the single process's parameters (the lines
-# above print how near). The replicas left to themselves part further with every step: in this run, after
-# each step they are farther from each other than the single process moved from its start (the red line
-# above the grey). And
-# `SimpleDDP` sends more than it needs: every gradient after every micro-batch, as many times the
-# bytes of one sync as there are micro-batches (the last line above), although only the sum over the
-# whole step matters. `03_build_up` changes what is sent and when, one idea per stage, and measures
+# What to look for: the averaged replicas are equal to the bit (the distance is exactly zero), and
+# they end near the single process's parameters (the first training cell prints how near). The
+# replicas left to themselves part further with every step: in this run, after each step they are
+# farther from each other than the single process moved from its start (the red line above the grey).
+# And `SimpleDDP` sends more than it needs: every gradient after every micro-batch, k times the bytes
+# of one sync a step (the first training cell counts them), although only the sum over the whole step
+# matters. `03_build_up` changes what is sent and when, one idea per stage, and measures
 # what each idea changes.
 #
 # ## 6. The ladder's `SimpleDDP`: the same idea, and what every stage needs around it
@@ -328,8 +322,7 @@ show_source(allreduce_hook)
 
 # %% [markdown]
 # Through its hook, the ladder's version makes the same all_reduces as the class above, one per
-# gradient (in the opposite order, the last layers' first, as backward makes them), and leaves the same
-# average. The cell below checks both on one micro-batch's
+# gradient, and leaves the same average. The cell below checks both on one micro-batch's
 # backward: the ladder's version averages while the wrapper of `dist.all_reduce` of section 5 counts
 # its calls, then the rank's own gradients are put back and the class above averages them.
 
