@@ -36,7 +36,7 @@
 #    for what a comm hook is handed, one gradient in the stages before `bucket`); before the first
 #    send of a synced backward, every rank checks that its forwards used the same parameters
 #    (`parameters_used.check()`, one all_gather of a few bytes, which waits for the other rank to
-#    reach it; the bucket lesson measures it); and from `hook-async` on, a stage refuses a step
+#    reach it; the side-by-side table gives the time it held the thread); and from `hook-async` on, a stage refuses a step
 #    whose last sync was left unfinished (`check_finished`);
 # 3. **a run on real ranks**: the stage is built on both ranks with the workload every notebook
 #    shares, takes one warm-up step, then one step under the profiler, read in memory
@@ -656,8 +656,8 @@ e = {s: looks[s]["exposed_ms"] for s in ladder}
 # lengthens that backward. The margins are the waiting rungs' link time, modeled, not a race.
 lesson.claim(
     e["ga"] < e["simple"] and e["hook-async"] < e["hook"] and e["bucket-async"] < e["bucket"],
-    "Two of the ideas cut the exposed time on this link: accumulation (simple → ga), and not waiting "
-    "inside backward (hook → hook-async, bucket → bucket-async).",
+    "Accumulation (simple → ga) and not waiting inside backward (hook → hook-async, bucket → bucket-async) cut the "
+    "exposed time on this link.",
 )
 parts = {s: lesson.link_parts(looks[s]) for s in ("ga", "hook", "bucket")}
 lesson.say(
@@ -1100,7 +1100,8 @@ lesson.say(
     f"Buckets, in the end. On this notebook's 1 Gbit/s link, at the settings' {here:g} MiB cap, in one profiled step "
     f"each, bucket-async left {here_b:.0f} ms exposed, {than(here_b, here_h)} hook-async's {here_h:.0f} ms: one "
     f"message's fixed cost is {per_message_ms:.2f} ms there, "
-    f"{per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0%} of the link time for one "
+    f"{100 * per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0f} % of the link time "
+    "for one "
     "message per gradient, so fewer messages save little. "
     f"On the link with the ratios of 1024 ranks, bucket-async left {far_b:.0f} ms exposed, {than(far_b, far_h)} "
     f"hook-async's {far_h:.0f} ms: there hook-async's {far['hook-async']['messages']} messages pay "
