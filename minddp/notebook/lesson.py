@@ -406,8 +406,8 @@ def say_look(looks: dict, stage: str) -> None:
         f"{exposed} ms of them (exposed), computed through {computed} ms (a forward, a backward or the optimizer: "
         f"overlap {row_measures(v['row'])['overlap_pct']:.0f} %)"
         + (
-            f", and ran the stage's other lines through the other {link - exposed - computed} ms (neither waiting "
-            "nor computing)."
+            f", and through the other {link - exposed - computed} ms ran the stage's and the loop's own lines outside "
+            "a forward, a backward and the optimizer (neither waiting nor computing)."
             if link - exposed - computed
             else "."
         )
