@@ -36,7 +36,7 @@
 #    for what a comm hook is handed, one gradient in the stages before `bucket`); before the first
 #    send of a synced backward, every rank checks that its forwards used the same parameters
 #    (`parameters_used.check()`, one all_gather of a few bytes, which waits for the other rank to
-#    reach it; the bucket lesson measures it); and from `hook-async` on, a stage refuses a step
+#    reach it; the side-by-side table gives the time it held the thread); and from `hook-async` on, a stage refuses a step
 #    whose last sync was left unfinished (`check_finished`);
 # 3. **a run on real ranks**: the stage is built on both ranks with the workload every notebook
 #    shares, takes one warm-up step, then one step under the profiler, read in memory
@@ -97,12 +97,7 @@ def meet(stage, before=None):
     """Build `stage` on this rank (one warm-up step), take one profiled step over LINK, say and draw it."""
     looks[stage] = lesson.Trainee(stage, link=LINK).look()
     looks[stage]["row"]["checks"] = looks[stage]["check_spans"]  # drawn hatched red: the thread stood there too
-    lesson.say_look(looks, stage, before)
-    if looks[stage]["check_ms"] >= 0.5:
-        lesson.say(
-            f"The parameters-used check (an all_gather, not on the emulated link, so not in waited or exposed) "
-            f"held the thread {looks[stage]['check_ms']:.0f} ms more (hatched red)."
-        )
+    lesson.say_look(looks, stage)
     lesson.picture(looks, stage, before, title=f"{stage}" + (f" (below) and {before} (faded)" if before else ""))
 
 
@@ -208,27 +203,18 @@ show_diff(STAGES["simple"], STAGES["ga"])
 # %%
 # %%distributed
 meet("ga", before="simple")
-v, b = looks["ga"], looks["simple"]
+v, prev = looks["ga"], looks["simple"]
 lesson.claim(
-    v["calls"] * k == b["calls"] and v["bytes"] * k == b["bytes"],
+    v["calls"] * k == prev["calls"] and v["bytes"] * k == prev["bytes"],
     f"ga sends 1/{k} of simple's calls and bytes: one sync per step instead of one per micro-batch.",
 )
 lesson.claim(
-    abs(v["link_ms"] * k - b["link_ms"]) <= 1e-9 * b["link_ms"],
-    f"So its messages need 1/{k} of simple's time on the link: {v['link_ms']:.0f} ms against {b['link_ms']:.0f} ms.",
+    abs(v["link_ms"] * k - prev["link_ms"]) <= 1e-9 * prev["link_ms"],
+    f"So its messages need 1/{k} of simple's time on the link: {v['link_ms']:.0f} ms against {prev['link_ms']:.0f} ms.",
 )
 lesson.claim(
     v["calls_in_backward"] == 0 == v["waits_in_backward"],
     "Like simple, it sends and waits only after a backward is over: no computation runs while its messages travel.",
-)
-from minddp.analysis.timeline import row_measures
-
-link_ms, exposed_ms = round(v["link_ms"]), round(v["exposed_ms"])  # the printed values, so that they add up
-lesson.say(
-    f"Of its {link_ms} ms on the link, {exposed_ms} ms were exposed; during the other "
-    f"{link_ms - exposed_ms} ms it ran finish's own lines between its sends and its waits, which "
-    f"overlap does not count as compute (ga's overlap: "
-    f"{row_measures(v['row'])['overlap_pct']:.0f} %)."
 )
 
 # %% [markdown]
@@ -315,22 +301,23 @@ lesson.claim(
     "And the training thread waits for each of them right there, inside the backward: communication is "
     "*interleaved* with the backward, which stops for every message and then goes on.",
 )
-m = row_measures(v["row"])
+from minddp.analysis.timeline import row_measures
+
+measures = row_measures(v["row"])
 lesson.say(
-    f"*Interleaved* (01's measure, with the link's transfers as the communication): {m['interleaved_ms']:.0f} ms of "
-    "the backward passed with a message on the link and the thread not computing"
+    f"*Interleaved* (01's measure, with the link's transfers as the communication): {measures['interleaved_ms']:.0f} "
+    "ms of the backward passed with a message on the link and the thread not computing"
     + (
         f", the same time as its exposed {v['exposed_ms']:.0f} ms: every wait of hook's is inside the backward."
-        if abs(m["interleaved_ms"] - v["exposed_ms"]) < 0.5
+        if abs(measures["interleaved_ms"] - v["exposed_ms"]) < 0.5
         else f"; its exposed time, {v['exposed_ms']:.0f} ms, also counts the waits after the backward's last operator."
     )
 )
 lesson.say(
-    f"*Overlap* (01's measure, used for every stage below, again over the link's transfers): {m['overlap_pct']:.0f} "
-    "%, the share of the link's time during which the training thread computed (inside a forward, a backward or the "
-    "optimizer, and not waiting). hook's grad hooks run inside backward, so whatever the thread does there between "
-    "handing a message over and waiting for it counts as compute (ga, which syncs after backward: "
-    f"{row_measures(looks['ga']['row'])['overlap_pct']:.0f} %)."
+    "*Overlap* (01's measure, used for every stage below) counts the link's time during which the thread computed: "
+    "in a forward, a backward or the optimizer, not waiting. hook's grad hooks run inside backward, so the thread's own "
+    "lines there, between handing a message over and waiting for it, count as compute: the time hook computed "
+    "through above (ga, which sends after backward, in finish, computed through none)."
 )
 
 # %% [markdown]
@@ -394,9 +381,9 @@ show_diff(STAGES["hook"], STAGES["hook-async"])
 # %%
 # %%distributed
 meet("hook-async", before="hook")
-v, b = looks["hook-async"], looks["hook"]
+v, prev = looks["hook-async"], looks["hook"]
 lesson.claim(
-    v["calls"] == b["calls"] == v["calls_in_backward"],
+    v["calls"] == prev["calls"] == v["calls_in_backward"],
     "hook-async sends as many messages as hook, every one from inside the backward.",
 )
 lesson.claim(
@@ -404,13 +391,8 @@ lesson.claim(
     "None of its waits begins inside a backward: it waits for each message once, in finish, after the last backward.",
 )
 lesson.claim(
-    v["exposed_ms"] < b["exposed_ms"],
-    f"So less of the link's time is left exposed: {v['exposed_ms']:.0f} ms against hook's {b['exposed_ms']:.0f} ms.",
-)
-m = row_measures(v["row"])
-lesson.say(
-    f"Overlap: {m['overlap_pct']:.0f} % of hook-async's link time passed with the thread computing (hook: "
-    f"{row_measures(b['row'])['overlap_pct']:.0f} %)."
+    v["exposed_ms"] < prev["exposed_ms"],
+    f"So less of the link's time is left exposed: {v['exposed_ms']:.0f} ms against hook's {prev['exposed_ms']:.0f} ms.",
 )
 
 # %% [markdown]
@@ -486,17 +468,17 @@ show_diff(STAGES["hook-async"], STAGES["bucket"])
 # %%
 # %%distributed
 meet("bucket", before="hook-async")
-v, b = looks["bucket"], looks["hook-async"]
+v, prev = looks["bucket"], looks["hook-async"]
 per_message = LINK.seconds("all_reduce", 0, world_size) * 1e3  # one all_reduce's fixed cost, 2(n−1)·α, ms
 lesson.claim(
-    v["calls"] == v["buckets"] and v["bytes"] == b["bytes"],
+    v["calls"] == v["buckets"] and v["bytes"] == prev["bytes"],
     f"bucket sends the same bytes in "
-    f"{v['calls']} calls, one per bucket (cap {lesson.SETTINGS.bucket_cap_mb:g} MiB), instead of {b['calls']}.",
+    f"{v['calls']} calls, one per bucket (cap {lesson.SETTINGS.bucket_cap_mb:g} MiB), instead of {prev['calls']}.",
 )
 lesson.claim(
-    abs(b["link_ms"] - v["link_ms"] - (b["calls"] - v["calls"]) * per_message) < 1e-6 * b["link_ms"],
-    f"On the link that saves {b['calls'] - v['calls']} all_reduces' fixed cost, 2(n−1)·α = {per_message:.1f} ms each: "
-    f"{b['link_ms'] - v['link_ms']:.1f} ms of {b['link_ms']:.0f} ms.",
+    abs(prev["link_ms"] - v["link_ms"] - (prev["calls"] - v["calls"]) * per_message) < 1e-6 * prev["link_ms"],
+    f"On the link that saves {prev['calls'] - v['calls']} all_reduces' fixed cost, 2(n−1)·α = {per_message:.1f} ms each: "
+    f"{prev['link_ms'] - v['link_ms']:.1f} ms of {prev['link_ms']:.0f} ms.",
 )
 lesson.claim(
     v["waits"] == v["waits_in_backward"] == v["calls"], "Like hook, it waits for each bucket inside the backward."
@@ -512,7 +494,8 @@ lesson.claim(
 #
 # ### Your turn: `bucket`
 #
-# The plan is given (`plan_buckets`, the rule above). Count each gradient in its bucket; when a
+# The plan is given (`plan_buckets`, the rule above, without torch's first-bucket line: here every
+# bucket, the first too, has the cap passed in; the ladder's stage adds the line with `bucket_caps`). Count each gradient in its bucket; when a
 # bucket is full, flatten it with `torch.cat`, all_reduce it once, divide, and copy each slice
 # back into its `.grad`. The checker uses a cap that gives its small network two buckets.
 
@@ -555,14 +538,14 @@ show_diff(STAGES["bucket"], STAGES["bucket-async"])
 # %%
 # %%distributed
 meet("bucket-async", before="bucket")
-v, b = looks["bucket-async"], looks["bucket"]
+v, prev = looks["bucket-async"], looks["bucket"]
 lesson.claim(
-    v["calls"] == b["calls"] and v["waits_in_backward"] == 0,
+    v["calls"] == prev["calls"] and v["waits_in_backward"] == 0,
     "bucket-async sends bucket's messages and waits for none of them inside a backward.",
 )
 lesson.claim(
-    v["exposed_ms"] < b["exposed_ms"],
-    f"So less of the link's time is exposed: {v['exposed_ms']:.0f} ms against bucket's {b['exposed_ms']:.0f} ms.",
+    v["exposed_ms"] < prev["exposed_ms"],
+    f"So less of the link's time is exposed: {v['exposed_ms']:.0f} ms against bucket's {prev['exposed_ms']:.0f} ms.",
 )
 
 # %% [markdown]
@@ -623,12 +606,9 @@ lesson.claim(
     "ddp sends every bucket from inside the backward and waits for none of them before its last operator, as "
     "bucket-async does.",
 )
-a = looks["bucket-async"]
 lesson.say(
-    f"Of the same {v['link_ms']:.0f} ms on the link, ddp left {v['exposed_ms']:.0f} ms exposed and waited "
-    f"{v['waited_ms']:.0f} ms in all, bucket-async {a['exposed_ms']:.0f} and {a['waited_ms']:.0f} ms. (ddp's waits "
-    "run in its end-of-backward callback, after the last backward "
-    "operator, so the picture draws them after the backward bar, though they are inside `loss.backward()`.)"
+    "ddp's waits run in its end-of-backward callback, after the last backward operator, so the picture draws them "
+    "after the backward bar, though they are inside `loss.backward()`."
 )
 
 # %% [markdown]
@@ -647,29 +627,18 @@ lesson.claim(
 )
 
 
-def after_backward(row):
-    """ms from the end of a row's last backward bar to the start of its optimizer step."""
-    return row["optimizer"][0][0] - row["backward"][-1][1]
-
-
-lesson.say(
-    f"Between the end of its last backward bar and its optimizer step, {after_backward(v['row']):.0f} ms passed with "
-    f"nothing drawn on the thread's bar (ddp: {after_backward(looks['ddp']['row']):.0f} ms, where its waits, if any, "
-    "are drawn; the messages below the bar still travel in part of it): inside "
-    "`loss.backward()`, after its last operator; this picture does not take that time apart."
-)
-
 # %% [markdown]
 # ## Side by side: the ladder on one time axis
 #
 # Every profiled step above, one row per stage, on one axis, and the table of their numbers
 # (units in the column names; the measures are `01_collectives`'s). *Link time* is the modeled time of
 # the step's messages; *exposed* the part of it the training thread stood waiting through; *waited* all
-# its waiting for messages, exposed or not; *last backward* the backward of the step's last micro-batch (for
-# `hook` and `bucket` it holds their waits), and *step* the whole step, both measured once on a
-# machine shared with other work; *at the check* the time the parameters-used check held the thread (an
-# all_gather, not on the link, so not in waited or exposed). torch's C++ reducer
-# waits on the link's messages through a Future of its own, so its waits are not seen (–).
+# its waiting for messages, exposed or not; *last backward* the backward of the step's last micro-batch,
+# and *step* the whole step, both measured once on a machine shared with other work; *at the check* the
+# time the parameters-used check held the thread (an all_gather, not on the link, so not in waited or
+# exposed; "–": a stage without the check). From `hook` on, the last backward holds the check (made before
+# a synced backward's first send), and for `hook` and `bucket` their waits for messages too. torch's C++
+# reducer waits on the link's messages through a Future of its own, so its waits are not seen (–).
 
 # %%
 # %%distributed
@@ -681,53 +650,35 @@ lesson.picture(
 )
 ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 e = {s: looks[s]["exposed_ms"] for s in ladder}
-lesson.say("Exposed, down the ladder: " + ", ".join(f"{s} {e[s]:.0f} ms" for s in ladder) + ".")
 # simple and ga, hook and bucket wait for each message as soon as it is sent, so they stand through most of their
 # link time (the table's link column: 159 to 496 ms a step, modeled, the same on every machine; ga's is a third of
 # simple's); the async rungs wait once, after a backward that the messages travel under; a loaded machine only
 # lengthens that backward. The margins are the waiting rungs' link time, modeled, not a race.
 lesson.claim(
     e["ga"] < e["simple"] and e["hook-async"] < e["hook"] and e["bucket-async"] < e["bucket"],
-    "Two of the ideas cut the exposed time on this link: accumulation (simple → ga), and not waiting "
-    "inside backward (hook → hook-async, bucket → bucket-async).",
+    "Accumulation (simple → ga) and not waiting inside backward (hook → hook-async, bucket → bucket-async) cut the "
+    "exposed time on this link.",
 )
-link = {s: looks[s]["link_ms"] for s in ladder}
-more = [
-    e[bucketed] > e[per_gradient] for bucketed, per_gradient in (("bucket", "hook"), ("bucket-async", "hook-async"))
-]
+parts = {s: lesson.link_parts(looks[s]) for s in ("ga", "hook", "bucket")}
 lesson.say(
-    f"hook waits inside the backward, where ga waited after it (waited: ga {looks['ga']['waited_ms']:.0f} ms, hook "
-    f"{looks['hook']['waited_ms']:.0f} ms; exposed: ga {e['ga']:.0f} ms, hook {e['hook']:.0f} ms, of the same "
-    f"{link['ga']:.0f} ms on the link). Buckets, in this run on this "
-    + {
-        (True, True): "link, left more of it exposed than one message per gradient, in both pairs",
-        (False, False): "link, left less of it exposed than one message per gradient, in both pairs",
-    }.get(tuple(more), "link, left more of it exposed in one pair and less in the other")
-    + f": bucket {e['bucket']:.0f} ms against hook's {e['hook']:.0f}, bucket-async {e['bucket-async']:.0f} ms against "
-    f"hook-async's {e['hook-async']:.0f}."
+    "Moving the sync into the backward while still waiting for each message (ga → hook) "
+    + ("did not cut" if parts["hook"][1] >= parts["ga"][1] else "cut")
+    + f" the exposed time in this run: ga {parts['ga'][1]} ms, hook {parts['hook'][1]} ms, of the same "
+    f"{parts['ga'][0]} ms on the link."
 )
-ov = {s: row_measures(looks[s]["row"])["overlap_pct"] for s in ladder + ["ddp"]}
-lesson.say("Overlap, down the ladder: " + ", ".join(f"{s} {ov[s]:.0f} %" for s in ov) + ".")
-back = {s: looks[s]["last_backward_ms"] for s in looks}
-
-
-def check_in_last_backward(v):
-    """ms of the last backward during which the parameters-used check held the thread (hatched red)."""
-    b0, b1 = v["row"]["backward"][-1]
-    return sum(max(0.0, min(e, b1) - max(s, b0)) for s, e in v["check_spans"])
-
-
 lesson.say(
-    "The last backward holds hook's and bucket's waits for messages, and in every stage from hook on the "
-    "parameters-used check: "
-    + ", ".join(f"{s} {check_in_last_backward(looks[s]):.0f} ms" for s in ladder[2:])
-    + f". Its length is one step each, on {lesson.cores()} cores shared by both ranks, gloo's threads and the link's:"
-    " it does not measure what overlapping cost the compute (`05_reading_traces` reads that from traces)."
+    f"bucket left {parts['bucket'][1]} ms of its {parts['bucket'][0]} ms on the link exposed, hook "
+    f"{parts['hook'][1]} ms of its {parts['hook'][0]}: hook computed through {parts['hook'][2]} ms of its link time "
+    f"(its grad hooks' own lines between a send and its wait, inside backward, once per gradient), bucket through "
+    f"{parts['bucket'][2]} ms (once per bucket). bucket-async against hook-async is the bucket lesson's question, "
+    "below."
 )
 
 # %%
 # %%rank 0
-lesson.look_table(looks).assign(**{"at the check, ms": [round(v["check_ms"]) for v in looks.values()]})
+lesson.look_table(looks).assign(
+    **{"at the check, ms": [round(v["check_ms"]) if s in ladder else "–" for s, v in looks.items()]}
+)
 
 # %% [markdown]
 # How to read it: every stage computes the same thing on the same batches, so by design the
@@ -766,7 +717,8 @@ lesson.look_table(looks).assign(**{"at the check, ms": [round(v["check_ms"]) for
 # The cell reads all of it from the two profiled steps above, and when each gradient is ready from
 # the *bare network* (the same network with no wrapper, no hooks, no messages), timed here: a
 # profiled step's first hand-over also comes after the teaching stages' check of the parameters
-# used, made before the first send of a synced backward; the table names the time that check held the thread.
+# used, made before the first send of a synced backward; the side-by-side table names the time that check held the
+# thread.
 
 # %%
 # %%distributed
@@ -778,67 +730,45 @@ from minddp.stages.bucket_plan import plan_buckets
 
 per_message_ms = LINK.seconds("all_reduce", 0, world_size) * 1e3  # 2(n−1)·α: one message's fixed cost on the link
 why = {s: on_the_link(looks[s]["row"]) for s in ("hook-async", "bucket-async")}  # exposed_ms: the looks' own
-h, b = why["hook-async"], why["bucket-async"]
+per_grad, bucketed = why["hook-async"], why["bucket-async"]
 bare_model = lesson.make_model()
 trainable = [p for p in bare_model.parameters() if p.requires_grad]
 first_bucket = plan_buckets(trainable, lesson.SETTINGS.bucket_cap_mb)[0]
 in_first = len(first_bucket)  # gradients the first bucket waits for
 # When each gradient is ready in backward, timed on the bare network (the step-time model's probe, minddp.costmodel):
-# the profiled steps' own hand-over times also hold, at a synced backward's first send, the wait for the other rank at the
-# teaching stages' check of the parameters used.
+# the profiled steps' own hand-over times also hold, at a synced backward's first send, the wait for the other rank at
+# the teaching stages' check of the parameters used.
 # the last micro-batch's backward is the one that sends: one micro-batch, timed twice after a warm-up pass
 bare = probe(bare_model, next(lesson.step_batches())[-1:], lesson.loss_fn, repeats=2, measure_network=False)
 first_ready, bucket_ready = 1e3 * min(bare.ready), 1e3 * max(bare.ready[i] for i in first_bucket)
-saved = (h["messages"] - b["messages"]) * per_message_ms
+saved = (per_grad["messages"] - bucketed["messages"]) * per_message_ms
 lesson.claim(
-    abs(h["link_ms"] - b["link_ms"] - saved) < 1e-6 * h["link_ms"],
-    f"Per message: bucket-async sent {b['messages']} messages instead of {h['messages']}, which saved "
-    f"{h['messages'] - b['messages']} × {per_message_ms:.2f} ms = {saved:.1f} ms of the link's {h['link_ms']:.0f} ms.",
+    abs(per_grad["link_ms"] - bucketed["link_ms"] - saved) < 1e-6 * per_grad["link_ms"],
+    f"Per message: bucket-async sent {bucketed['messages']} messages instead of {per_grad['messages']}, which saved "
+    f"{per_grad['messages'] - bucketed['messages']} × {per_message_ms:.2f} ms = {saved:.1f} ms of the link's "
+    f"{per_grad['link_ms']:.0f} ms.",
 )
 # counted from the plan: the first bucket's last gradient is the in_first-th one backward produces
 lesson.claim(
     in_first > 1 and bucket_ready >= first_ready,
     f"Late start: hook-async sends each gradient as it is ready, bucket-async its first bucket when all {in_first} "
     f"of its gradients are: on the bare network here, the first gradient is ready {first_ready:.0f} ms into a backward "
-    f"of {1e3 * bare.backward:.0f} ms, the first bucket's last {bucket_ready:.0f} ms in (the sweep below scales these "
-    "times to its own runs' backward).",
-)
-for s in why:
-    why[s]["check_ms"] = looks[s]["check_ms"]
-lesson.say(
-    f"In the profiled steps the first message left {h['first_ms']:.0f} ms (hook-async) and {b['first_ms']:.0f} ms "
-    "(bucket-async) into the last backward, after the parameters-used check, which held the thread "
-    f'{h["check_ms"]:.0f} and {b["check_ms"]:.0f} ms of that (the table\'s column "at the check").'
+    f"of {1e3 * bare.backward:.0f} ms, the first bucket's last {bucket_ready:.0f} ms in.",
 )
 # modeled: the last message's bytes over the link, the same on every machine
 lesson.claim(
-    b["tail_ms"] > h["tail_ms"],
-    f"Tail: bucket-async's last bucket takes {b['tail_ms']:.1f} ms on the link, hook-async's "
-    f"last gradient {h['tail_ms']:.1f} ms.",
+    bucketed["tail_ms"] > per_grad["tail_ms"],
+    f"Tail: bucket-async's last bucket takes {bucketed['tail_ms']:.1f} ms on the link, hook-async's "
+    f"last gradient {per_grad['tail_ms']:.1f} ms.",
 )
 table = (
     pd.DataFrame(why)
-    .T[
-        [
-            "messages",
-            "link_ms",
-            "check_ms",
-            "first_ms",
-            "start_end_ms",
-            "tail_ms",
-            "tail_end_ms",
-            "end_ms",
-            "limit",
-            "exposed_ms",
-        ]
-    ]
+    .T[["messages", "link_ms", "first_ms", "start_end_ms", "tail_end_ms", "end_ms", "limit", "exposed_ms"]]
     .rename(
         columns={
             "link_ms": "link time, ms",
-            "check_ms": "at the check, ms",
             "first_ms": "first message handed over, ms into the last backward",
             "start_end_ms": "start-limited end, ms after backward (< 0: before)",
-            "tail_ms": "last message's transfer, ms",
             "tail_end_ms": "tail-limited end, ms after backward (< 0: before)",
             "end_ms": "link done, ms after backward",
             "limit": "set by",
@@ -848,33 +778,37 @@ table = (
 )
 
 
-def set_by(stage, row):
-    """Which message set the end of the stage's link after its last backward, in words (queue_end's rule), and when
-    when its thread first stood waiting after it."""
-    end = row["backward"][-1][1]
-    sent = sorted(row["sent"])
-    durations = [e - s for s, e in sorted(row["messages"])]
-    done, i = queue_end(sent, durations)
-    return (
-        f"{stage}'s link was done {abs(done - end):.0f} ms {'after' if done >= end else 'before'} its backward ended, "
-        f"an end set by its message {i + 1} of {len(sent)}, handed over {abs(end - sent[i]):.0f} ms "
-        f"{'before' if sent[i] <= end else 'after'} the end of backward, after which it and the messages behind it "
-        f"needed {sum(durations[i:]):.0f} ms on the link back to back; "
-        + (
-            f"its thread first stood waiting {lag:.0f} ms after backward ended, and stood through "
-            f"{row_measures(row)['exposed_ms']:.0f} ms of the link's time (exposed)"
-            if (lag := lesson.wait_after_backward(row)) is not None
-            else "its thread stood waiting for nothing after backward"
+def after(ms):
+    return f"{abs(ms):.0f} ms {'after' if ms >= 0 else 'before'}"
+
+
+def answer(stage, w):
+    """Which of the three costs set the end of the stage's link, and what its thread then waited through, in words."""
+    said = f"{stage}'s link was done {after(w['end_ms'])} its backward ended"
+    if w["limit"] == "start":
+        said += ", an end set by its first message's late start"
+    elif w["limit"] == "tail":
+        said += ", an end set by its last message (the tail)"
+    else:
+        said += (
+            f", an end set by its {w['limit']} of {w['messages']} and the messages behind it (its late start alone "
+            f"would have ended it {after(w['start_end_ms'])}, its last message alone {after(w['tail_end_ms'])})"
         )
+    lag = lesson.wait_after_backward(looks[stage]["row"])
+    return said + (
+        f"; its thread reached its first wait {lag:.0f} ms after backward ended and stood through {w['exposed_ms']:.0f} "
+        "ms of the link's time (exposed)"
+        if lag is not None
+        else "; its thread stood waiting for nothing after backward"
     )
 
 
 lesson.say(
-    f"In this run's one profiled step each, bucket-async left {b['exposed_ms']:.0f} ms exposed, hook-async "
-    f"{h['exposed_ms']:.0f} ms. "
-    f"{set_by('bucket-async', looks['bucket-async']['row'])}. {set_by('hook-async', looks['hook-async']['row'])}. "
-    f"The fixed costs the buckets saved are {saved:.1f} ms, {saved / h['link_ms']:.0%} of the link time."
+    f"In this run's one profiled step each, bucket-async left {bucketed['exposed_ms']:.0f} ms exposed, hook-async "
+    f"{per_grad['exposed_ms']:.0f} ms: {answer('bucket-async', bucketed)}; {answer('hook-async', per_grad)}. "
+    f"The fixed costs the buckets saved were {saved:.1f} ms."
 )
+
 
 # %%
 # %%rank 0
@@ -887,10 +821,12 @@ table.infer_objects().round(1)
 # first bucket, a short tail), a large one a few large buckets. Below, `bucket-async` is measured at
 # other caps on the same link, one profiled step each with no warm-up step (the settings' cap is the
 # step above, taken after one; `None` is torch's default: a first bucket at 1 MiB, then 25 MiB ones;
-# a bucket closes at the gradient that reaches its cap or passes it, so it can hold more than the cap), and the step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap: the bare network is timed
-# on these ranks (`probe`: when each gradient is ready in backward), its times are scaled to this
-# run's backward, and each plan is replayed on the link. The lower panel shows the three costs of
-# each plan, from the step-time model.
+# a bucket closes at the gradient that reaches its cap or passes it, so it can hold more than the cap;
+# the figure draws `None` at 25 MiB, apart from the curve), and the step-time model (`minddp.costmodel`,
+# `docs/scaling.md`) replays each cap: the bare network is timed on these ranks (`probe`: when each
+# gradient is ready in backward), its times are scaled to these runs' backward (less the check's wait
+# inside it), and each plan is replayed on the link. The lower panel shows the three costs of each
+# plan, from the step-time model.
 
 # %%
 # %%distributed
@@ -904,7 +840,16 @@ from minddp.costmodel.project import cp_scaled
 swept = {lesson.SETTINGS.bucket_cap_mb: looks["bucket-async"]}
 for cap in (0.5, 2, 8, None):  # one profiled step each, no warm-up step: the counts hold from the first
     swept[cap] = lesson.Trainee("bucket-async", link=LINK, bucket_cap_mb=cap, warmup=0).look()
-this_run = statistics.median(v["last_backward_ms"] for v in swept.values()) / 1e3
+
+
+def backward_less_check(v):
+    """ms of a look's last backward less the time the parameters-used check held the thread inside it."""
+    b0, b1 = v["row"]["backward"][-1]
+    return v["last_backward_ms"] - sum(max(0.0, min(e, b1) - max(s, b0)) for s, e in v["check_spans"])
+
+
+own = {c: backward_less_check(v) for c, v in swept.items()}
+this_run = statistics.median(own.values()) / 1e3
 cp = cp_scaled(bare, this_run / bare.backward)  # the bare network's timings at this run's speed
 grid = [0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32]
 model = [plan_costs(cp, "bucket-async", c, LINK, world_size) for c in grid]
@@ -925,8 +870,8 @@ lesson.say(
     f"comes after backward: it exposed {swept[None]['exposed_ms']:.0f} ms. Of the caps measured, "
     + ", ".join("None" if c is None else f"{c:g} MiB" for c in best)
     + f" exposed the least, {least:.0f} ms; "
-    f"hook-async {looks['hook-async']['exposed_ms']:.0f} ms. The step-time model, at this run's speed (a backward of "
-    f"{1e3 * this_run:.0f} ms, the median of these runs'), gives {1e3 * model[0].exposed:.1f} ms at {grid[0]:g} MiB, "
+    f"hook-async {looks['hook-async']['exposed_ms']:.0f} ms. The step-time model, scaled to a backward of "
+    f"{1e3 * this_run:.0f} ms (the median of these runs' last backwards, less the time the check held them), gives {1e3 * model[0].exposed:.1f} ms at {grid[0]:g} MiB, "
     "the grid's smallest cap"
     + (
         ", its least on the grid"
@@ -941,14 +886,18 @@ lesson.say(
     "Measured, and the step-time model, cap by cap: "
     + ", ".join(f"{named[c]} {swept[c]['exposed_ms']:.1f} and {modeled[c]:.1f} ms" for c in swept)
     + f". The model replays one backward of {1e3 * this_run:.0f} ms and waits from its end; each measured step had "
-    f"its own backward ({min(v['last_backward_ms'] for v in swept.values()):.0f} to "
-    f"{max(v['last_backward_ms'] for v in swept.values()):.0f} ms) and its own time before its first wait."
+    f"its own backward ({min(own.values()):.0f} to {max(own.values()):.0f} ms, less the check) and its own time "
+    "before its first wait."
 )
 here = lesson.SETTINGS.bucket_cap_mb
 if rank == 0:
     bucket_sweep(
         {"step-time model": model},
-        measured=[(c, v["exposed_ms"], "measured") for c, v in swept.items() if c is not None],  # None: printed
+        measured=[(c, v["exposed_ms"], "measured") for c, v in swept.items() if c is not None]
+        + [  # torch's default at its 25 MiB: a first bucket of 1 MiB, so not a point of the curve
+            (25, swept[None]["exposed_ms"], "measured, None (torch's default: 1 MiB first, then 25 MiB)"),
+            (25, 1e3 * default.exposed, "step-time model, None"),
+        ],
         per_gradient={  # the value in the label: a line at 0 lies on the axis
             f"hook-async, measured ({looks['hook-async']['exposed_ms']:.1f} ms)": looks["hook-async"]["exposed_ms"],
             f"hook-async, step-time model ({1e3 * per_gradient.exposed:.1f} ms)": 1e3 * per_gradient.exposed,
@@ -975,8 +924,7 @@ sweep_table.infer_objects().round(1)
 # emulated link that keeps both ratios of a given setting for the network at hand, against one
 # backward timed on this machine (the mean of `single`'s backwards in its profiled step, on the
 # slower rank): a faster machine gets a faster link. The stages' own backwards are not `single`'s,
-# so each run meets the link at ratios of its own, not the setting's: the cell prints them, and the
-# figure's legend their range.
+# so the setting's ratios hold for `single`'s backward, not exactly for each stage's run.
 # Two settings, both built from the blog's run as the step-time model rebuilds it (`python -m
 # minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16 gradients, and an
 # assumed 3 TFLOP/s achieved on each T4, which `docs/scaling.md` takes, about a third of its fp32
@@ -1021,9 +969,9 @@ ladder6 = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 # of their hundreds of fixed costs, for seconds a step; how they fare is no question (they overlap nothing), so
 # only the bucketed rungs and hook-async run there.
 RUN = {"4 × T4": ladder6, "1024 ranks": ["hook-async", "bucket", "bucket-async"]}
-blog_runs, blog_links, backward_of, ran_at = {}, {}, {}, {}
+blog_runs, blog_links, backward_of, setting_ratios = {}, {}, {}, {}
 for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
-    bytes_ratio, message_ratio = ratios(blog, link_name, ranks)
+    bytes_ratio, message_ratio = setting_ratios[name] = ratios(blog, link_name, ranks)
     model = lesson.make_model(name=model_name)
     # this machine's backward of one micro-batch, timed as the runs below are (a profiled step of `single`: the
     # profiler slows a step down, a model of many small operations most); the slowest rank's, so that every rank
@@ -1043,8 +991,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         f"{name[0].upper() + name[1:]}: "
         + ("the blog's run" if ranks == 4 else "the blog's model at a scale the blog did not run")
         + f" ({link_name}, {ranks} ranks), as the step-time model rebuilds it: one sync's bytes take "
-        f"{bytes_ratio:.2f} backwards, one message's fixed cost {message_ratio:.1e} of one; {blog_buckets} buckets "
-        f"of 25 MiB. Here, for {model_name} "
+        f"{bytes_ratio:.2f} backwards, one message's fixed cost {message_ratio:.1e} of one. Here, for {model_name} "
         f"({len(params)} gradient tensors, {sync_bytes / 2**20:.1f} MiB, a backward of {1e3 * backward_s:.0f} ms, "
         "the mean of single's in its profiled step on the slower rank): "
         f"{blog_links[name].describe()}, between 2 ranks; a cap of {cap:.2f} MiB."
@@ -1064,16 +1011,6 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         f"{name[0].upper() + name[1:]}: bucket-async sent {blog_runs[name, 'bucket-async']['calls']} buckets a step "
         f"(the blog's model at 25 MiB: {blog_buckets})."
     )
-    ran = {s: blog_runs[name, s]["backward_ms"] for s in RUN[name]}
-    at = {s: (bytes_ratio * backward_of[name] / ms, message_ratio * backward_of[name] / ms) for s, ms in ran.items()}
-    ran_at[name] = (at, bytes_ratio, message_ratio)
-    lesson.say(
-        f"The link was sized from single's backward of {backward_of[name]:.0f} ms. Each run's own last backward, and "
-        "against it one sync's bytes and one message's fixed cost, the ratios that run ran at (hook's and bucket's "
-        "backward holds their waits for messages): "
-        + ", ".join(f"{s} {ms:.0f} ms ({at[s][0]:.2f} and {at[s][1]:.1e})" for s, ms in ran.items())
-        + f"; the setting's: {bytes_ratio:.2f} and {message_ratio:.1e}."
-    )
 
 # %% [markdown]
 # Two measures for each setting (`01_collectives`'s, by its functions): *overlap*, the share of the
@@ -1089,23 +1026,20 @@ t4 = {s: blog_runs["4 × T4", s] for s in ladder6}
 far = {s: blog_runs["1024 ranks", s] for s in RUN["1024 ranks"]}
 
 
-def ran_label(name):
-    """The legend's words for a link: the setting whose ratios sized it, and the range of ratios its runs ran at."""
-    at, bytes_ratio, message_ratio = ran_at[name]
-    lo, hi = min(a[0] for a in at.values()), max(a[0] for a in at.values())
+def sized_label(name):
+    """The legend's words for a link: the setting whose ratios sized it, and those ratios."""
+    bytes_ratio, message_ratio = setting_ratios[name]
     return (
-        f"link sized with the ratios of {name}; the runs ran at bytes {lo:.2f}–{hi:.2f} and a fixed cost "
-        f"{min(a[1] for a in at.values()):.1e}–{max(a[1] for a in at.values()):.1e} of their backward "
-        f"(the setting: {bytes_ratio:.2f} and {message_ratio:.1e})"
+        f"link sized with the ratios of {name}: one sync's bytes {bytes_ratio:.2f} and one message's fixed cost "
+        f"{message_ratio:.1e} of single's backward"
     )
 
 
 if rank == 0:
     settings_ladder(
-        {ran_label("4 × T4"): t4, ran_label("1024 ranks"): far},
+        {sized_label("4 × T4"): t4, sized_label("1024 ranks"): far},
         title=f"The blog's stages on {world_size} ranks, on links sized from single's backward with the ratios of "
-        "its 4 × T4 run and of its model at 1024 ranks (not run by the blog)\neach run at the ratios of its own "
-        "backward (legend; printed above)",
+        "its 4 × T4 run and of its model at 1024 ranks (not run by the blog)",
     )
 for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
     lesson.say(
@@ -1128,7 +1062,7 @@ lesson.claim(
 # With the ratios of 4 × T4 one sync's bytes take a fraction of a backward and a message's fixed cost almost
 # nothing: both async rungs send during backward and hide what travels before it ends; the rungs that wait hide only what the
 # hooks' own lines between a send and its wait cover. How much the async rungs hide moves from run to run (each
-# run's backward against the one the link was sized from, printed above), so the order is claimed and the shares
+# run's own backward, not single's, which the link was sized from), so the order is claimed and the shares
 # are printed.
 blocking = ("simple", "ga", "hook", "bucket")
 lesson.claim(
@@ -1141,16 +1075,10 @@ lesson.claim(
 # clock. How much of them hook-async then hides depends on how long its own backward lasts: the overlap and
 # exposed time of the two async rungs are printed above, not claimed. bucket waits for each message as soon
 # as it is sent: its overlap is only the hooks' work between a send and its wait.
-h, b = far["hook-async"], far["bucket-async"]
 lesson.claim(
-    h["link_ms"] > b["link_ms"],
+    far["hook-async"]["link_ms"] > far["bucket-async"]["link_ms"],
     "On the link with the ratios of 1024 ranks, hook-async's messages keep the link busier than bucket-async's (their "
     "fixed costs, below).",
-)
-# bucket-async's overlap against bucket's: how far apart moves with the load; printed, not claimed
-lesson.say(
-    f"bucket-async, sending while backward computes, overlapped {b['overlap_pct']:.0f} % here, bucket, which waits for "
-    f"each message as soon as it is sent, {far['bucket']['overlap_pct']:.0f} %."
 )
 here_h, here_b = looks["hook-async"]["exposed_ms"], looks["bucket-async"]["exposed_ms"]
 far_h, far_b = far["hook-async"]["exposed_ms"], far["bucket-async"]["exposed_ms"]
@@ -1172,15 +1100,15 @@ lesson.say(
     f"Buckets, in the end. On this notebook's 1 Gbit/s link, at the settings' {here:g} MiB cap, in one profiled step "
     f"each, bucket-async left {here_b:.0f} ms exposed, {than(here_b, here_h)} hook-async's {here_h:.0f} ms: one "
     f"message's fixed cost is {per_message_ms:.2f} ms there, "
-    f"{per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0%} of the link time for one "
+    f"{100 * per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0f} % of the link time "
+    "for one "
     "message per gradient, so fewer messages save little. "
     f"On the link with the ratios of 1024 ranks, bucket-async left {far_b:.0f} ms exposed, {than(far_b, far_h)} "
-    f"hook-async's {far_h:.0f} ms (bucket, which waits for each message, {far['bucket']['exposed_ms']:.0f} ms): "
-    f"there hook-async's {far['hook-async']['messages']} messages pay "
-    f"{far['hook-async']['messages'] * one_far:.0f} ms of fixed costs, "
-    f"{far['hook-async']['messages'] * one_far / far['hook-async']['backward_ms']:.1f} of its own last backward "
-    f"({far['hook-async']['backward_ms']:.0f} ms), bucket-async's {far['bucket-async']['messages']} pay "
-    f"{far['bucket-async']['messages'] * one_far:.0f} ms."
+    f"hook-async's {far_h:.0f} ms: there hook-async's {far['hook-async']['messages']} messages pay "
+    f"{far['hook-async']['messages'] * one_far:.0f} ms of fixed costs on the link, "
+    f"{far['hook-async']['messages'] * one_far / backward_of['1024 ranks']:.1f} times the backward of single "
+    f"({backward_of['1024 ranks']:.0f} ms) that the link was sized from; bucket-async's "
+    f"{far['bucket-async']['messages']} pay {far['bucket-async']['messages'] * one_far:.0f} ms."
 )
 
 # %%

@@ -88,6 +88,16 @@ class ReducesTheParameters(solutions.SimpleDDP):
                 p /= dist.get_world_size()
 
 
+class HookReducesTheParameters(solutions.HookDDP):
+    """The grad hook is handed the parameter, and all_reduces it (and divides) instead of its ``.grad``."""
+
+    def _grad_ready(self, param):
+        if self.sync_this_backward:
+            with torch.no_grad():
+                dist.all_reduce(param)
+                param /= dist.get_world_size()
+
+
 class Flattened(solutions.SimpleDDP):
     """Averages right, but in one all_reduce of every gradient flattened together (the bucket stages' idea)."""
 

@@ -121,6 +121,12 @@ MISTAKES = [
     ),
     (wrong.DecidesInFinish, "ga", "no_sync() did not stop the sync"),
     (wrong.NoSyncNeverRestored, "ga", "no_sync() left the sync off after its with-block"),
+    # the grad hook is handed the parameter: all_reduce(param) named where it was sent, not in finish
+    (
+        wrong.HookReducesTheParameters,
+        "hook",
+        "your grad hook (inside backward) sent the parameters themselves (all 6 parameter tensors) at step 1",
+    ),
     (wrong.IncomingGradient, "hook", "the incoming gradient of the last micro-batch was synced"),
     (wrong.TensorHookOnTheMethod, "hook", "register_hook hands a grad hook the incoming gradient"),
     (wrong.IgnoresNoSync, "hook", "came from the micro-batches run inside no_sync()"),

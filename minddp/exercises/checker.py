@@ -619,8 +619,15 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
     at = f" at step {f['step']}" + (f" on {_ranks_text(f['ranks'])}" if len(f["ranks"]) < world else "")
     kinds = report.get("kinds") or []
     if f["kind"] == "reduced_parameters":
+        sender = (
+            "your grad hook (inside backward)"
+            if f.get("in") == ["backward"]
+            else "finish_gradient_synchronization()"
+            if f.get("in", ["finish"]) == ["finish"]
+            else "your stage (from its grad hook and from finish)"
+        )
         return (
-            f"finish_gradient_synchronization() sent the parameters themselves ({names}){at}, not their "
+            f"{sender} sent the parameters themselves ({names}){at}, not their "
             "gradients: a collective was handed the parameter (dist.all_reduce(param)), so .grad kept each rank's own "
             "gradient; all_reduce param.grad and divide it, and leave the parameters to optimizer.step()"
         )

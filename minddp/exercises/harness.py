@@ -281,6 +281,9 @@ class Events(TorchDispatchMode):
         self.handed: int | None = None  #: the length of the tensor a running transport was handed (``transport``)
         self.module = module
         self.on_parameters: list[str] = []  #: the parameters (not their gradients) a collective of this step sent
+        #: where those collectives were started: "backward" (a grad hook) or "finish"
+        self.parameters_sent_in: set[str] = set()
+        self.current: str | None = None  #: the phase running (``phase``): "backward1", "finish2", ...
         #: (length handed, length reduce-scattered) of each reduce-scatter a transport made: how it padded before
         self.padded: list[tuple[int, int]] = []
         self.averaged = False  #: a transport's reduce-scatter was asked to average (``op=ReduceOp.AVG``)
@@ -299,9 +302,11 @@ class Events(TorchDispatchMode):
     @contextlib.contextmanager
     def phase(self, name: str):
         self._note("begin", name)
+        self.current = name
         try:
             yield
         finally:
+            self.current = None
             self._note("end", name)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -339,8 +344,10 @@ class Events(TorchDispatchMode):
         """A collective handed a parameter itself (``dist.all_reduce(param)``), not its ``.grad``: noted by name."""
         sent_storages = _storages(sent)
         for name, p in self.module.named_parameters() if self.module is not None else ():
-            if _storages(p) & sent_storages and name not in self.on_parameters:
-                self.on_parameters.append(name)
+            if _storages(p) & sent_storages:
+                self.parameters_sent_in.add((self.current or "finish").rstrip("0123456789"))
+                if name not in self.on_parameters:
+                    self.on_parameters.append(name)
 
     def _note_writes(self, func, args: tuple, kwargs: dict) -> None:
         """An operator that writes into a tensor a launched collective still sends (no wait for it yet): the
@@ -487,6 +494,7 @@ class Events(TorchDispatchMode):
         ]
         self.log, self.works, self.waited, self.futures, self.active, self.sealed = [], [], set(), [], True, set()
         self.again, self.flying, self.written, self.read, self.on_parameters = set(), {}, [], [], []
+        self.parameters_sent_in = set()
         dist.Work.wait, dist.Work.get_future, future.wait = waited_work, future_of_work, waited_future
         future.then = then
         for name, method in sends.items():
@@ -624,6 +632,7 @@ def run_step(
     summary["written_in_flight"] = list(dict.fromkeys(events.written))
     summary["read_in_flight"] = list(dict.fromkeys(events.read))
     summary["on_parameters"] = list(events.on_parameters)
+    summary["parameters_sent_in"] = sorted(events.parameters_sent_in)
     summary["averaged"] = events.averaged
     summary["gathered_apart"] = events.gathered_apart
     progress.phase = f"stepping the optimizer in step {step}"
@@ -872,11 +881,12 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
         synced = [record["counts"][f"backward{i + 1}"] + record["counts"][f"finish{i + 1}"] > 0 for i in range(accum)]
         kinds = classify(record["grads"], candidates(local, averaged, world, synced, rank0))
         everyone: list = [None] * world
-        dist.all_gather_object(everyone, (kinds, record["on_parameters"]), group=checker)
-        out["finding"] = gradient_finding([k for k, _ in everyone], step, record, local, averaged)
-        on_parameters = sorted({name for _, names in everyone for name in names})
+        dist.all_gather_object(everyone, (kinds, record["on_parameters"], record["parameters_sent_in"]), group=checker)
+        out["finding"] = gradient_finding([k for k, _, _ in everyone], step, record, local, averaged)
+        on_parameters = sorted({name for _, names, _ in everyone for name in names})
+        sent_in = sorted({where for _, _, places in everyone for where in places})
         if out["finding"] is not None and out["finding"]["kind"] == "local" and on_parameters:
-            out["finding"] = {**out["finding"], "kind": "reduced_parameters", "names": on_parameters}
+            out["finding"] = {**out["finding"], "kind": "reduced_parameters", "names": on_parameters, "in": sent_in}
         if out["finding"] is not None and "reduce" in record["kinds"]:  # the sum left on one rank: reduce's dst
             out["finding"] = {**out["finding"], "kind": "reduced"}
         if out["finding"] is not None and record["left_off"]:  # the cause, where the stage shows it (torch's flag)

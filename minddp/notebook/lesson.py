@@ -381,49 +381,57 @@ def mib(n_bytes: float) -> str:
     return f"{n_bytes / 2**20:.1f} MiB"
 
 
-def say_look(looks: dict, stage: str, before: str | None = None) -> None:
-    """What one profiled step of ``stage`` shows, in sentences (beside the stage before, if given)."""
+def say_look(looks: dict, stage: str) -> None:
+    """What one profiled step of ``stage`` shows over an emulated link, in sentences: its messages, and the link's
+    time taken apart by what the training thread did meanwhile (every part printed adds up to the whole)."""
+    from minddp.analysis.timeline import row_measures
+
     v = looks[stage]
     say(
         f"{stage}: {v['calls']} all_reduce calls a step, {v['calls_in_backward']} of them started while a "
         f"backward was running; {mib(v['bytes'])} handed to all_reduce."
     )
-    if "link_ms" in v and v["calls"] and not v["waits"]:
+    if "link_ms" not in v or not v["calls"]:
+        return
+    if not v["waits"]:
         say(
             f"On the emulated link its messages took {v['link_ms']:.0f} ms (modeled). Its waits are not seen: "
             "torch's C++ reducer waits on a Future of its own, chained to the link's, at the end of backward inside "
             "the autograd engine, where this picture draws no wait."
         )
-    elif "link_ms" in v:
-        say(
-            f"On the emulated link its messages took {v['link_ms']:.0f} ms (modeled). The training thread waited "
-            f"{v['waited_ms']:.0f} ms for them ({v['waits_in_backward']} of its {v['waits']} waits began inside a "
-            f"backward); {v['exposed_ms']:.0f} ms of that was the link's own time (exposed)"
-            + (
-                f", {v['waited_ms'] - v['exposed_ms']:.0f} ms after the link had delivered, while the real all_reduce "
-                "on this machine was not yet done (the emulated link models the wire, not the other rank or the cores "
-                "gloo runs on)."
-                if v["waited_ms"] - v["exposed_ms"] >= 0.5
-                else "."
-            )
+        return
+    link, exposed, computed = link_parts(v)
+    say(
+        f"On the emulated link its messages took {link} ms (modeled). The training thread stood waiting through "
+        f"{exposed} ms of them (exposed), computed through {computed} ms (a forward, a backward or the optimizer: "
+        f"overlap {row_measures(v['row'])['overlap_pct']:.0f} %)"
+        + (
+            f", and through the other {link - exposed - computed} ms ran the stage's and the loop's own lines outside "
+            "a forward, a backward and the optimizer (neither waiting nor computing)."
+            if link - exposed - computed
+            else "."
         )
-    if "last_backward_ms" in v and v["row"]["end"]:
-        say(
-            f"Its last backward took {v['last_backward_ms']:.0f} ms and the step {v['row']['end']:.0f} ms (measured, "
-            "one step on a machine shared with other work)."
+        + f" It waited {v['waited_ms']:.0f} ms in all ({v['waits_in_backward']} of its {v['waits']} waits began "
+        "inside a backward)"
+        + (
+            f": the {exposed} exposed, and {v['waited_ms'] - exposed:.0f} ms after the link had delivered, while the "
+            "real all_reduce on this machine was not yet done (the emulated link models the wire, not the other rank "
+            "or the cores gloo runs on)."
+            if round(v["waited_ms"]) - exposed >= 1
+            else "."
         )
-    if before is not None and before in looks and looks[before]["calls"]:
-        b = looks[before]
-        say(
-            f"{before} made {b['calls']} calls (this stage {v['calls']}), {mib(b['bytes'])} "
-            f"(this stage {mib(v['bytes'])}), {b['calls_in_backward']} of them during a backward"
-            + (
-                f"; {b['link_ms']:.0f} ms on the link, {b['exposed_ms']:.0f} ms of it exposed, "
-                f"{b['waits_in_backward']} waits inside a backward."
-                if "link_ms" in b
-                else "."
-            )
-        )
+    )
+
+
+def link_parts(v: dict) -> tuple[int, int, int]:
+    """A look's link time over an emulated link, and two of its parts, in whole ms as printed (so that the printed
+    parts add up to the printed whole): (link time, exposed, computed through: the link's time during which the
+    training thread computed, overlap × link time). The rest is link time the thread neither waited nor computed
+    through."""
+    from minddp.analysis.timeline import row_measures
+
+    link, exposed = round(v["link_ms"]), round(v["exposed_ms"])
+    return link, exposed, min(round(row_measures(v["row"])["overlap_pct"] / 100 * v["link_ms"]), link - exposed)
 
 
 def wait_after_backward(row: dict) -> float | None:
@@ -440,11 +448,8 @@ def look_table(looks: dict):
 
     columns = {
         "all_reduce calls": lambda v: v["calls"],
-        "MiB to all_reduce": lambda v: round(v["bytes"] / 2**20, 1),
-        "sent during a backward": lambda v: v["calls_in_backward"],
-        "link time, ms (modeled)": lambda v: round(v["link_ms"], 1),
-        "exposed, ms": lambda v: round(v["exposed_ms"], 1) if v["waits"] else "–",
-        "waits in a backward": lambda v: v["waits_in_backward"] if v["waits"] else "–",
+        "link time, ms (modeled)": lambda v: round(v["link_ms"]),
+        "exposed, ms": lambda v: round(v["exposed_ms"]) if v["waits"] else "–",
         "waited, ms": lambda v: round(v["waited_ms"]) if v["waits"] else "–",
         "last backward, ms": lambda v: round(v["last_backward_ms"]),
         "step, ms": lambda v: round(v["row"]["end"]),
@@ -455,9 +460,7 @@ def look_table(looks: dict):
         for column, value in columns.items():
             try:
                 rows[name][column] = (
-                    value(v)
-                    if v["calls"] or column.startswith(("all_", "MiB", "sent", "step", "last backward"))
-                    else "–"
+                    value(v) if v["calls"] or column.startswith(("all_", "step", "last backward")) else "–"
                 )
             except KeyError:  # a look without a link
                 rows[name][column] = "–"
