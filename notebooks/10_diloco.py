@@ -175,8 +175,8 @@ lesson.claim(
 # it has no place on the log axis and is drawn as a grey line at its final loss. The y axis stops at
 # 2.6 nats so that the ends can be told apart. The held-out loss is scored as in the run above (the
 # bench's cosine schedule, the weights the replicas agree on). The lines under the figure give each
-# run's final loss with its range over the seeds; the last line, the H = 100 runs' order at equal bytes early in the run,
-# which is not their order at the end (in the figure: local SGD lowest at first; streaming DiLoCo
+# run's final loss with its range over the seeds; the last line, the H = 100 runs' order at equal bytes
+# early in the run, which is not their order at the end (in the figure: local SGD lowest at first; streaming DiLoCo
 # near DiLoCo's curve at first and near local SGD's later).
 
 # %%
@@ -395,13 +395,13 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # its forward (pale), backward (blue) and optimizer step (green); grey is the loop sampling the next
 # batch; blank is time the profiler recorded nothing for. The green holds the optimizer step's post-hook
 # too: in steps 10 and 18 it builds a fragment's pseudo-gradient, starts its all_reduce and hands it to
-# the link (the tick, at the end of that work), in steps 16 and 24 it waits for a fragment and applies it
-# (the triangle): time on the training thread, neither on the link nor waiting. The
-# orange bars are the messages' modeled transfers on the link, each from its tick. Red is the training
-# thread waiting: from the post-hook's `wait()` until the message is delivered (its modeled transfer
-# over and the real all_reduce done). A message is delivered before the step that applies it asks for
-# it only if its τ steps, from the tick to that `wait()`, last longer than its time on the link; the
-# lines under the figure give both times for each message.
+# the link (the tick); in steps 16 and 24 it waits for a fragment and applies it (the triangle). That
+# work is the training thread's own time, counted neither in a message's time on the link nor as a
+# wait. The orange bars are the messages' modeled transfers on the link, each from its tick. Red is the
+# training thread waiting, drawn over the green: from the post-hook's `wait()` until the message is
+# delivered (its modeled transfer over and the real all_reduce done). A message is delivered before the
+# step that applies it asks for it only if its τ steps, from the tick to that `wait()`, last longer
+# than its time on the link; the lines under the figure give both times for each message.
 
 # %%
 # %%distributed
