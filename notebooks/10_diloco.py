@@ -27,8 +27,8 @@
 #    weights minus the local ones), put the synced weights back, and let an outer optimizer (SGD with
 #    Nesterov momentum) step with it (`minddp.DiLoCo`);
 # 3. **Streaming DiLoCo** (2025): the model in fragments that sync in turn, each fragment's message
-#    handed over τ inner steps before the step that waits for it: it can be hidden only where those τ
-#    steps last longer than its time on the link.
+#    handed over τ inner steps before the step that waits for it: it arrives without a wait only where
+#    those τ steps last longer than its time on the link.
 #
 # The task is the one `python -m minddp.bench.convergence` measures: language modelling of a Markov
 # chain over 32 tokens whose entropy floor, and any model's held-out loss, are known exactly
@@ -395,11 +395,11 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # its forward (pale), backward (blue) and optimizer step (green); grey is the loop sampling the next
 # batch; blank is time the profiler recorded nothing for. The green holds the optimizer step's post-hook
 # too: in steps 10 and 18 it builds a fragment's pseudo-gradient, starts its all_reduce and hands it to
-# the link (the tick); in steps 16 and 24 it waits for a fragment and applies it (the triangle). That
-# work is the training thread's own time, counted neither in a message's time on the link nor as a
-# wait. The orange bars are the messages' modeled transfers on the link, each from its tick. Red is the
-# training thread waiting, drawn over the green: from the post-hook's `wait()` until the message is
-# delivered (its modeled transfer over and the real all_reduce done). A message is delivered before the
+# the link (the tick); in steps 16 and 24 it waits for a fragment, if it has not arrived, and applies
+# it (the triangle). Save the wait, that work is the training thread's own time, counted neither in a
+# message's time on the link nor as a wait. The orange bars are the messages' modeled transfers on the
+# link, each from its tick. Red is the wait, drawn over the green: from the post-hook's `wait()` until
+# the message is delivered (its modeled transfer over and the real all_reduce done). A message is delivered before the
 # step that applies it asks for it only if its τ steps, from the tick to that `wait()`, last longer
 # than its time on the link; the lines under the figure give both times for each message.
 
@@ -663,8 +663,9 @@ lesson.claim(
 #   (whether the momentum or the larger outer step it makes costs was not separated).
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so the
-#   message can travel during those τ steps, hidden only where they last longer than its time on
-#   the link; the schedule is a function of the step alone, the same on every replica. In the bench
+#   message can travel during those τ steps, and arrives without a wait only where they last longer
+#   than its time on the link (the demo's lines say, for each of its two fragments, whether they did);
+#   the schedule is a function of the step alone, the same on every replica. In the bench
 #   (H = 100, 2 fragments, τ = 5, α = 0.5) it ends closest to DDP of the runs that talk rarely (whether
 #   the fragments or α helps was not separated); in the step-time model on `wan`, where DDP computes less than 5 % of the time,
 #   H = 100 alone brings plain DiLoCo above 80 % and streaming's 4 fragments (τ = 10) the rest of the way to
