@@ -680,24 +680,20 @@ def _schedule_text(f: dict, report: dict) -> str:
             f"{f['step']} is the last of its turn (steps {first} to {first + turn - 1}), so the turn's number is "
             f"(step − 1) // {turn}, not step // {turn}"
         )
-    # after steps counted from 0: at a delay of 0, step // turn is (step + delay) // turn
-    if all(x == (r + 1) % k for x, r in sends) and all(x is None for x, r in zip(mine, right) if r is None):
-        first = (f["step"] - 1) // turn * turn + 1
-        return (
-            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours sends the fragment of "
-            f"the turn after this one; step {f['step']} is in the turn of steps {first} to {first + turn - 1}, "
-            f"fragment {f['right']}'s, and the fragment sent during a turn is that turn's own, applied at its end: "
-            f"(step − 1) // {turn} % {k}, not (step + delay) // {turn} % {k}"
-        )
-    if k > 2 and all(x == (r - 1) % k for x, r in sends) and all(x is None for x, r in zip(mine, right) if r is None):
-        first = (f["step"] - 1) // turn * turn + 1
-        return (
-            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours sends the fragment of "
-            f"the turn before this one; step {f['step']} is in the turn of steps {first} to {first + turn - 1}, "
-            f"fragment {f['right']}'s, and the fragment sent during a turn is that turn's own, applied at its end: "
-            f"(step − 1) // {turn} % {k}, not step // {turn} − 1 (the two agree only at a delay of 0, where the send "
-            "step is the turn's last)"
-        )
+    # the next turn's (after steps counted from 0: at a delay of 0, step // turn is (step + delay) // turn) or the
+    # previous turn's fragment (step // turn − 1: right at a delay of 0 alone)
+    for shift, which, instead in (
+        (1, "after", f"(step + delay) // {turn} % {k}"),
+        (-1, "before", f"step // {turn} − 1"),
+    ):
+        if all(x == (r + shift) % k for x, r in sends) and all(x is None for x, r in zip(mine, right) if r is None):
+            first = (f["step"] - 1) // turn * turn + 1
+            return (
+                f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours sends the fragment "
+                f"of the turn {which} this one; step {f['step']} is in the turn of steps {first} to "
+                f"{first + turn - 1}, fragment {f['right']}'s, and the fragment sent during a turn is that turn's own, "
+                f"applied at its end: (step − 1) // {turn} % {k}, not {instead}"
+            )
     if all(
         mine == [(s - 1) // h % k if s % h == (h - tau) % h else None for s in range(1, len(mine) + 1)]
         for (h, k, tau), mine in zip(map(_args, SCHEDULES), report["schedule"])
