@@ -17,18 +17,18 @@
 # # 10 · Slow links: local SGD → DiLoCo → streaming DiLoCo
 #
 # Every rung so far sends every gradient every step. For a model of hundreds of millions of parameters,
-# between two datacenters or over a home connection, that all_reduce can take longer than the step itself
-# (the last section computes it for a 360 M-parameter model), and the GPUs stand idle. The answer
-# the field converged on is to **talk rarely**: each replica trains alone for H optimizer steps, then
-# the replicas sync.
+# between two datacenters or over a home connection, that all_reduce can take longer than the step's
+# compute (the last section computes it for a 360 M-parameter model), and the GPUs stand idle. The rungs
+# of this notebook **talk rarely**: each replica trains alone for H optimizer steps, then the replicas
+# sync.
 #
 # 1. **Local SGD**: every H steps, average the weights (`minddp.LocalSGD`);
 # 2. **DiLoCo** (Douillard et al., 2023): every H steps, average the *pseudo-gradient* (the synced
 #    weights minus the local ones), put the synced weights back, and let an outer optimizer (SGD with
 #    Nesterov momentum) step with it (`minddp.DiLoCo`);
 # 3. **Streaming DiLoCo** (2025): the model in fragments that sync in turn, each fragment's message
-#    handed over τ inner steps before the step that waits for it: it can be hidden only where those τ
-#    steps last longer than its time on the link.
+#    handed over τ inner steps before the step that waits for it: it arrives without a wait only where
+#    those τ steps last longer than its time on the link.
 #
 # The task is the one `python -m minddp.bench.convergence` measures: language modelling of a Markov
 # chain over 32 tokens whose entropy floor, and any model's held-out loss, are known exactly
@@ -168,15 +168,15 @@ lesson.claim(
 # alone: a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100);
 # `streaming-h100` (streaming DiLoCo, the rung after the first exercise: the model in 2 fragments
 # synced in turn, each sent τ = 5 steps before it is applied, where the new synced weights are mixed
-# with α = 0.5 of the local ones); and DiLoCo at H = 100 with other outer learning rates. The figure
+# with the local ones by α = 0.5: streaming DiLoCo's mixing weight, defined in its section, not
+# notebook 01's α); and DiLoCo at H = 100 with other outer learning rates. The figure
 # draws each run's mean over the seeds at H = 10 and 100 (H = 50 is not drawn: its final losses are
 # printed) against the payload bytes each replica handed to the all_reduce; `single` sends nothing, so
 # it has no place on the log axis and is drawn as a grey line at its final loss. The y axis stops at
 # 2.6 nats so that the ends can be told apart. The held-out loss is scored as in the run above (the
 # bench's cosine schedule, the weights the replicas agree on). The lines under the figure give each
-# run's final loss with its range over the seeds, and its excess over the floor, the part of the loss
-# a model could still lose; the last line, the H = 100 runs' order at equal bytes early in the run,
-# which is not their order at the end (in the figure: local SGD lowest at first; streaming DiLoCo
+# run's final loss with its range over the seeds; the last line, the H = 100 runs' order at equal bytes
+# early in the run, which is not their order at the end (in the figure: local SGD lowest at first; streaming DiLoCo
 # near DiLoCo's curve at first and near local SGD's later).
 
 # %%
@@ -223,10 +223,7 @@ plt.show()
 spread = {n: (min(final(n)), max(final(n))) for n in curves}
 for name in ("ddp", "single", *(f"{r}-h{h}" for h in (10, 50, 100) for r in ("local-sgd", "diloco")), "streaming-h100"):
     low, high = spread[name]
-    print(
-        f"{name:>15}: final held-out loss {statistics.mean(final(name)):.4f} (seeds: {low:.4f} to {high:.4f}), "
-        f"{statistics.mean(final(name)) - floor:.4f} above the floor"
-    )
+    print(f"{name:>15}: final held-out loss {statistics.mean(final(name)):.4f} (seeds: {low:.4f} to {high:.4f})")
 streaming = results["configs"]["streaming-h100"]
 outer = "no outer optimizer set: minddp.DiLoCo's default, " + ", ".join(f"{k} {v}" for k, v in OUTER_DEFAULTS.items())
 split = [sum(p.numel() for p in f) for f in split_fragments(build_student(seed=0), streaming["fragments"])]
@@ -310,18 +307,7 @@ lesson.claim(
     "at H = 50 and 100, DiLoCo with the paper's outer optimizer (SGD 0.7, Nesterov momentum 0.9) ends behind "
     "local SGD in every seed",
 )
-for lr in ("0.3", "0.5", "0.7", "1"):
-    name = "diloco-h100" if lr == "0.7" else f"diloco-h100-lr{lr}"
-    low, high = min(final(name)), max(final(name))
-    lesson.say(
-        f"DiLoCo at H = 100, outer lr {lr:>3}, momentum 0.9: mean {statistics.mean(final(name)):.4f} "
-        f"(seeds: {low:.4f} to {high:.4f})"
-    )
 local = final("local-sgd-h100")
-lesson.say(
-    f"local SGD at H = 100 (an outer lr of 1, no momentum): mean {statistics.mean(local):.4f} (seeds: "
-    f"{min(local):.4f} to {max(local):.4f})"
-)
 sweep = {0.3: "diloco-h100-lr0.3", 0.5: "diloco-h100-lr0.5", 0.7: "diloco-h100", 1.0: "diloco-h100-lr1"}
 lesson.claim(
     all(d > lo for d, lo in zip(final("diloco-h100-lr1"), local))
@@ -406,21 +392,20 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # fragment 1's steps 9 to 16), τ = 6, α = 0.5, on batches of 512 chains (16 times the 32 above). Steps 1
 # to 8 run first, unprofiled, so that the 16 profiled steps hand each fragment over once and apply it
 # once (steps are counted from the run's first, as the exercise below counts them). Each inner step is
-# its forward (pale), backward (blue) and optimizer step (green, with its post-hook, where a fragment
-# is handed over or applied); grey is the loop sampling the next batch; blank is time the profiler recorded nothing for. The orange bars are the
-# fragments' messages on the emulated link (their modeled transfer), each handed over to the link
-# (tick) in an optimizer step's post-hook; a triangle marks where the step that ends a turn has applied
-# its fragment. Red is the training thread waiting for a message: from the post-hook's `wait()` until
-# the message is delivered (its modeled transfer over and the real all_reduce done). A message is
-# delivered before the step that applies it asks for it only if its τ steps last longer than its time
-# on the link. The lines under the figure give, for each message, both times and any wait, split into
-# the part *exposed* (the modeled transfer still under way, `docs/analysis.md`) and the part after the
-# modeled transfer had ended.
+# its forward (pale), backward (blue) and optimizer step (green); grey is the loop sampling the next
+# batch; blank is time the profiler recorded nothing for. The green holds the optimizer step's post-hook
+# too: in steps 10 and 18 it builds a fragment's pseudo-gradient, starts its all_reduce and hands it to
+# the link (the tick); in steps 16 and 24 it waits for a fragment, if it has not arrived, and applies
+# it (the triangle). Save the wait, that work is the training thread's own time, counted neither in a
+# message's time on the link nor as a wait. The orange bars are the messages' modeled transfers on the
+# link, each from its tick. Red is the wait, drawn over the green: from the post-hook's `wait()` until
+# the message is delivered (its modeled transfer over and the real all_reduce done). A message is delivered before the
+# step that applies it asks for it only if its τ steps, from the tick to that `wait()`, last longer
+# than its time on the link; the lines under the figure give both times for each message.
 
 # %%
 # %%distributed
 from minddp.analysis import live
-from minddp.analysis.timeline import COLORS, draw_steps
 from minddp.comm.link import Link
 from minddp.ladder.loop import train_step
 
@@ -449,10 +434,16 @@ with streamed:
     with live.profiler() as prof:
         for _ in range(H):  # H steps: each fragment is handed over once and applied once
             train_step(model, inner, sample(), loss_fn)
-view = live.step_view(prof, link)  # the row to draw, and the link's waits
+link.close()
 events = sorted(prof.events(), key=lambda e: e.time_range.start)
 order = [e.name for e in events if e.name.startswith(("minddp.fragment_", "minddp.optimizer_step"))]
-link.close()
+
+# %% jupyter={"source_hidden": true}
+# %%distributed
+# The figure (its code collapsed): the profiled steps' row, with the batch sampling, the applies and the waits.
+from minddp.analysis.timeline import COLORS, draw_steps
+
+view = live.step_view(prof, link)  # the row to draw, and the link's waits
 t0 = min(e.time_range.start for e in events if e.name == "minddp.forward_backward")  # the row's 0 ms
 
 
@@ -516,23 +507,18 @@ lesson.claim(
     f"asked for its result until the post-hook of the {TAU}th = τth step after, which applied it (the order of "
     "events on the training thread)",
 )
-hops = 2 * (world_size - 1)  # a ring all_reduce: 2(n − 1) hops, 2(n − 1)/n of the payload through each rank
 for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     asked = link.waits[m["seq"]]  # when step a's post-hook called wait(), on the link's clock (s)
-    wait = round(max(0.0, m["delivered"] - asked) * 1e3)
-    exposed = round(metrics.exposed([(m["start"], m["modeled_end"])], [(asked, m["delivered"])]) * 1e3)
+    on_link, before = (m["modeled_end"] - m["start"]) * 1e3, (asked - m["start"]) * 1e3
+    waited = metrics.waited([(asked, max(asked, m["delivered"]))]) * 1e3
     lesson.say(
-        f"fragment {order[s].rpartition('#')[2]}, handed over in step {step_of(s)}: "
-        f"{(m['modeled_end'] - m['start']) * 1e3:.1f} ms on the link (modeled: {hops} hops × "
-        f"{link.spec.latency * 1e3:g} ms = {hops * link.spec.latency * 1e3:g} ms, plus {m['bytes'] / 1e3:.1f} kB at "
-        f"{link.spec.bandwidth * 8 / 1e6:g} Mbit/s = {hops / world_size * m['bytes'] / link.spec.bandwidth * 1e3:.1f} "
-        f"ms), {(asked - m['start']) * 1e3:.0f} ms of steps until step {step_of(a)}'s wait(): "
+        f"fragment {order[s].rpartition('#')[2]} ({m['bytes'] / 1e3:.1f} kB), handed over in step {step_of(s)}: "
+        f"{on_link:.1f} ms on the link; {before:.0f} ms of steps from the tick until step {step_of(a)}'s wait(): "
         + (
             "delivered by then, no wait"
-            if not wait
-            else f"waited {wait} ms, all exposed (the modeled transfer still under way)"
-            if wait == exposed
-            else f"waited {wait} ms, {exposed} exposed, {wait - exposed} after the modeled transfer had ended"
+            if round(waited) == 0
+            else f"the training thread waited {waited:.0f} ms for it (red)"
+            + (f": its τ = {TAU} steps were shorter than its time on the link" if before < on_link else "")
         )
     )
 
@@ -677,8 +663,9 @@ lesson.claim(
 #   (whether the momentum or the larger outer step it makes costs was not separated).
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so the
-#   message can travel during those τ steps, hidden only where they last longer than its time on
-#   the link; the schedule is a function of the step alone, the same on every replica. In the bench
+#   message can travel during those τ steps, and arrives without a wait only where they last longer
+#   than its time on the link (the demo's lines say, for each of its two fragments, whether they did);
+#   the schedule is a function of the step alone, the same on every replica. In the bench
 #   (H = 100, 2 fragments, τ = 5, α = 0.5) it ends closest to DDP of the runs that talk rarely (whether
 #   the fragments or α helps was not separated); in the step-time model on `wan`, where DDP computes less than 5 % of the time,
 #   H = 100 alone brings plain DiLoCo above 80 % and streaming's 4 fragments (τ = 10) the rest of the way to

@@ -1346,6 +1346,18 @@ def schedule_next_turns_fragment(step, sync_every, fragments, delay):
     return (step + delay) // per_turn % fragments if step % per_turn == (per_turn - delay) % per_turn else None
 
 
+def schedule_previous_turns_fragment(step, sync_every, fragments, delay):
+    """The fragment of the turn before this one: step // turn − 1, right only at a delay of 0 (where the send step
+    is the turn's last, a multiple of the turn)."""
+    per_turn = sync_every // fragments
+    return (step // per_turn - 1) % fragments if step % per_turn == (per_turn - delay) % per_turn else None
+
+
+def schedule_turn_of_sync_every(step, sync_every, fragments, delay):
+    """A turn taken as sync_every steps (the ``// fragments`` forgotten): one fragment sent every H steps."""
+    return (step - 1) // sync_every % fragments if step % sync_every == (sync_every - delay) % sync_every else None
+
+
 def schedule_numbered_from_one(step, sync_every, fragments, delay):
     """Fragments numbered 1 to K: the right turns, each fragment one too high (K itself at the last turn)."""
     per_turn = sync_every // fragments
@@ -1424,6 +1436,17 @@ def outer_sync_with_avg(params, synced, outer):
         pseudo = [s - p for p, s in zip(params, synced)]
         for g in pseudo:
             dist.all_reduce(g, op=dist.ReduceOp.AVG)
+    _outer(params, synced, outer, pseudo)
+
+
+def outer_sync_avg_then_divided(params, synced, outer):
+    """The average taken twice: all_reduce with ReduceOp.AVG (already the mean), then divided by the world size
+    again, so the pseudo-gradient is the mean over the world size (half of it on 2 ranks)."""
+    with torch.no_grad():
+        pseudo = [s - p for p, s in zip(params, synced)]
+        for g in pseudo:
+            dist.all_reduce(g, op=dist.ReduceOp.AVG)
+            g /= dist.get_world_size()
     _outer(params, synced, outer, pseudo)
 
 

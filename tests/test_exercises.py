@@ -891,6 +891,30 @@ def test_the_schedule_exercise_names_a_schedule_that_ignores_the_delay():
         assert not v.ok and named in v.line and "8 − 6 = 2" in v.line, v.line
 
 
+@pytest.mark.timeout(120)
+def test_the_outer_sync_exercise_names_an_average_divided_twice():
+    """Learner read 10 (round 8) finding 7: ReduceOp.AVG followed by g /= world divides twice (half the
+    pseudo-gradient on 2 ranks) and got "match none of the usual mistakes" where gloo has AVG; where it has not,
+    gloo's refusal is named instead."""
+    v = check_outer_sync(wrong.outer_sync_avg_then_divided, timeout_s=TIMEOUT)
+    named = "the pseudo-gradient was divided twice"
+    refused = "has no ReduceOp.AVG: all_reduce with the default SUM, then divide"
+    assert not v.ok and (named in v.line or refused in v.line), v.line
+    assert "match none of the usual mistakes" not in v.line, v.line
+
+
+@pytest.mark.timeout(120)
+def test_the_schedule_exercise_names_the_previous_turns_fragment_and_a_turn_of_sync_every():
+    """Learner read 10 (round 8) finding 8: the previous turn's fragment (step // turn − 1, right only at a delay
+    of 0) and a turn of sync_every steps (the // fragments forgotten) got the rule restated."""
+    v = check_fragment_schedule(wrong.schedule_previous_turns_fragment, timeout_s=TIMEOUT)
+    named = "after step 1 yours sends 2, streaming DiLoCo sends 0: yours sends the fragment of the turn before this one"
+    assert not v.ok and named in v.line and "not step // 2 − 1" in v.line, v.line
+    v = check_fragment_schedule(wrong.schedule_turn_of_sync_every, timeout_s=TIMEOUT)
+    named = "yours takes a turn as sync_every = 6 steps: a turn is sync_every // fragments = 2 steps"
+    assert not v.ok and named in v.line, v.line
+
+
 def test_the_model_answers_are_what_minddp_diloco_does():
     """The candidates' yardstick is itself checked: solutions.outer_sync gives minddp.DiLoCo's weights after
     every sync (the same kernels, the same sums: bit for bit), and solutions.fragment_to_send is the schedule

@@ -39,7 +39,7 @@ and the Future kept in ``in_flight`` is waited for in the same post-hook, the H-
     -        bucket = GradBucket(0, torch.cat([p.detach().reshape(-1) for p in params]), params, is_last=True)
     +        pseudo = torch.cat([(s - p.detach()).reshape(-1) for p, s in zip(params, synced)])  # item 2
     +        bucket = GradBucket(fragment, pseudo, params, is_last=fragment == len(self.fragments) - 1)
-    +        self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # item 2: a Future (item 4)
+    +        self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # item 2; item 3 waits for it
     -            param.copy_(mean.view_as(param))
     +            param.copy_(weights)  # item 3: weights, the synced ones
     +            param.grad = mean.view_as(param)  # mean: the averaged pseudo-gradient, the Future's result
@@ -130,7 +130,7 @@ class DiLoCo(LocalSGD):
         bucket = GradBucket(fragment, pseudo, params, is_last=fragment == len(self.fragments) - 1)
         with torch.profiler.record_function(f"minddp.fragment_send#{fragment}"):
             self.sent_bytes += pseudo.numel() * pseudo.element_size()
-            self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # item 2: a Future (item 4)
+            self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # item 2; item 3 waits for it
 
     def _apply(self, fragment: int) -> None:
         """Steps 3, 5, 6: wait for the average, restore the synced weights, outer step, mix with α."""

@@ -11,7 +11,8 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
    pseudo-gradient's sign flipped, the outer step taken from the local weights instead of the restored
    synced ones, plain averaging called DiLoCo, the pseudo-gradients summed, the synced weights never updated,
    the outer step taken with the last inner gradient (no ``p.grad = g``) or with the inner gradients averaged
-   in place of the pseudo-gradient, an outer step that never moves;
+   in place of the pseudo-gradient, the average divided by the world size twice (``ReduceOp.AVG``, then ``/=``
+   again), an outer step that never moves;
 2. **yours**: the same rounds with your sync after each; the weights and synced weights after every sync, what
    the outer optimizer saw (:class:`NotedSGD`) and whether ``synced`` shares the parameters' storage;
 3. **verdict**: a raise or a hang first (an in-place change to a parameter outside ``torch.no_grad()`` named as
@@ -29,9 +30,10 @@ first (they would sum different fragments, or wait for ever), then the first sch
 differs from streaming DiLoCo's (:func:`~minddp.exercises.solutions.fragment_to_send`, the schedule
 :class:`minddp.DiLoCo` keeps), a fragment number past the last (no ``% fragments``) named as such, and so are a
 schedule silent at a delay of 0 (``step % turn == turn - delay``: ``step % turn`` never reaches ``turn``), more
-than one send per turn, fragments numbered from 1, the next turn's fragment and a fragment sent delay steps after
-its turn starts, and a send one step early or late in every turn (an off-by-one, with a schedule silent at a delay
-of 0 said beside it), read off the whole schedule.
+than one send per turn, fragments numbered from 1, the next (or the previous) turn's fragment, a turn of sync_every
+steps (the ``// fragments`` forgotten), a fragment sent delay steps after its turn starts, and a send one step
+early or late in every turn (an off-by-one, with a schedule silent at a delay of 0 said beside it), read off the
+whole schedule.
 
 Example (2 checker ranks, a few seconds: not run by the doctests)::
 
@@ -81,6 +83,7 @@ def candidate(
     step=True,
     world=None,
     inner_grads=False,
+    twice=False,
 ):
     """DiLoCo's sync with one idea changed: ``sign=-1`` averages local − synced; ``restore=False`` steps from the
     local weights; ``divide=False`` sums; ``keep=False`` never updates the synced weights; ``weights=True``
@@ -88,7 +91,8 @@ def candidate(
     the average to the outer optimizer (it steps with the last inner gradient); ``step=False`` never lets the outer
     optimizer move the restored weights (the pseudo-gradient taken after the restore is zero, or no outer.step());
     ``world=2`` divides by a fixed 2 whatever the world size; ``inner_grads=True`` averages the inner gradients (the
-    last backward's ``p.grad``) in place of the pseudo-gradient."""
+    last backward's ``p.grad``) in place of the pseudo-gradient; ``twice=True`` divides by the world size twice
+    (``ReduceOp.AVG``, then ``/= world`` again)."""
     world = world or dist.get_world_size(group)
     with torch.no_grad():
         sent = [
@@ -98,7 +102,7 @@ def candidate(
         for t in sent:
             dist.all_reduce(t, group=group)
             if divide:
-                t /= world
+                t /= world * world if twice else world
         for p, s, t in zip(params, synced, sent):
             if weights:
                 p.copy_(t)
@@ -159,6 +163,12 @@ MISTAKES = {
         "the outer step used the inner gradients averaged over the replicas (the last backward's p.grad), which "
         "is a DDP step's gradient, not the pseudo-gradient: average synced − local, what each replica moved over "
         "its H inner steps, and hand that to p.grad",
+    ),
+    "divided_twice": (
+        functools.partial(candidate, twice=True),
+        "the pseudo-gradient was divided twice by the world size (all_reduce with ReduceOp.AVG already returns the "
+        "mean; dividing it again by dist.get_world_size() halves it on 2 ranks): divide once, either op=AVG alone or "
+        "the default SUM then g /= world",
     ),
     "no_move": (
         functools.partial(candidate, step=False),
@@ -670,14 +680,28 @@ def _schedule_text(f: dict, report: dict) -> str:
             f"{f['step']} is the last of its turn (steps {first} to {first + turn - 1}), so the turn's number is "
             f"(step − 1) // {turn}, not step // {turn}"
         )
-    # after steps counted from 0: at a delay of 0, step // turn is (step + delay) // turn
-    if all(x == (r + 1) % k for x, r in sends) and all(x is None for x, r in zip(mine, right) if r is None):
-        first = (f["step"] - 1) // turn * turn + 1
+    # the next turn's (after steps counted from 0: at a delay of 0, step // turn is (step + delay) // turn) or the
+    # previous turn's fragment (step // turn − 1: right at a delay of 0 alone)
+    for shift, which, instead in (
+        (1, "after", f"(step + delay) // {turn} % {k}"),
+        (-1, "before", f"step // {turn} − 1"),
+    ):
+        if all(x == (r + shift) % k for x, r in sends) and all(x is None for x, r in zip(mine, right) if r is None):
+            first = (f["step"] - 1) // turn * turn + 1
+            return (
+                f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours sends the fragment "
+                f"of the turn {which} this one; step {f['step']} is in the turn of steps {first} to "
+                f"{first + turn - 1}, fragment {f['right']}'s, and the fragment sent during a turn is that turn's own, "
+                f"applied at its end: (step − 1) // {turn} % {k}, not {instead}"
+            )
+    if all(
+        mine == [(s - 1) // h % k if s % h == (h - tau) % h else None for s in range(1, len(mine) + 1)]
+        for (h, k, tau), mine in zip(map(_args, SCHEDULES), report["schedule"])
+    ):
         return (
-            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours sends the fragment of "
-            f"the turn after this one; step {f['step']} is in the turn of steps {first} to {first + turn - 1}, "
-            f"fragment {f['right']}'s, and the fragment sent during a turn is that turn's own, applied at its end: "
-            f"(step − 1) // {turn} % {k}, not (step + delay) // {turn} % {k}"
+            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours takes a turn as "
+            f"sync_every = {h} steps: a turn is sync_every // fragments = {turn} steps, so that each of the {k} "
+            f"fragments has its turn once in every H = {h} steps"
         )
     ignored = _delay_ignored(report["schedule"])
     if ignored:
