@@ -14,8 +14,8 @@ Example (pure Python, no ranks)::
     >>> from minddp.exercises import check_handover, solutions
     >>> check_handover(solutions.handed_over_after).ok
     True
-    >>> check_handover(lambda pieces, cap: [len(pieces) - 1] * 2).line[:60]
-    '✗ handover: with pieces [[4, 4], [4, 4], [4, 4]] and a cap of '
+    >>> check_handover(lambda pieces, cap: [len(pieces) - 1] * 2).line[:52]
+    '✗ handover: with pieces [[4, 4], [4, 4], [4, 4]] and'
 """
 
 from __future__ import annotations
