@@ -220,10 +220,11 @@ loads = [v["load"] for v in looks.values()]
 lesson.say(
     f"In this run, messages in flight while a gradient node ran (an orange bar beside a blue one): eager "
     f"{beside['eager']} of {looks['eager']['calls']}, compiled with the cut {beside['compiled, cut']} of "
-    f"{looks['compiled, cut']['calls']}. The step took "
-    + ", ".join(f"{label} {v['row']['end']:.0f} ms" for label, v in looks.items())
-    + f": one step each, on {os.cpu_count()} cores shared by both ranks, gloo's threads and every other process, "
-    f"at a 1-minute load of {min(loads):.1f} to {max(loads):.1f}. One step cannot say which way is faster, and "
+    f"{looks['compiled, cut']['calls']}. The step (from the row's start to its black line) took eager "
+    f"{looks['eager']['row']['end']:.0f} ms, compiled without the cut {looks['compiled, no cut']['row']['end']:.0f} "
+    f"ms, compiled with it {looks['compiled, cut']['row']['end']:.0f} ms: one step each, on {os.cpu_count()} "
+    f"cores shared by both ranks, gloo's threads and every other process, at a 1-minute load of {min(loads):.1f} "
+    f"to {max(loads):.1f}. One step cannot say which way is faster, and "
     "this notebook does not measure why the steps differ."
 )
 
