@@ -143,6 +143,7 @@ def one_step(compiled: bool, cut: bool = True):
     return ddp, view
 
 
+NAMES = {"eager": "eager", "compiled, no cut": "compiled without the cut", "compiled, cut": "compiled with the cut"}
 looks = {}
 for label, compiled, cut in (("eager", False, True), ("compiled, no cut", True, False), ("compiled, cut", True, True)):
     ddp, looks[label] = one_step(compiled, cut)
@@ -216,16 +217,17 @@ lesson.claim(
     all(torch.equal(v["params"], looks["eager"]["params"]) for v in looks.values()),
     "The three trainings end with the same parameters, to the bit (aot_eager computes with eager's aten ops).",
 )
-loads = [v["load"] for v in looks.values()]
+low, high = (f"{f([v['load'] for v in looks.values()]):.1f}" for f in (min, max))  # the 1-minute load averages
+took = {NAMES[label]: v["row"]["end"] for label, v in looks.items()}  # ms, from the row's start to its black line
 lesson.say(
     f"In this run, messages in flight while a gradient node ran (an orange bar beside a blue one): eager "
     f"{beside['eager']} of {looks['eager']['calls']}, compiled with the cut {beside['compiled, cut']} of "
-    f"{looks['compiled, cut']['calls']}. The step (from the row's start to its black line) took eager "
-    f"{looks['eager']['row']['end']:.0f} ms, compiled without the cut {looks['compiled, no cut']['row']['end']:.0f} "
-    f"ms, compiled with it {looks['compiled, cut']['row']['end']:.0f} ms: one step each, on {os.cpu_count()} "
-    f"cores shared by both ranks, gloo's threads and every other process, at a 1-minute load of {min(loads):.1f} "
-    f"to {max(loads):.1f}. One step cannot say which way is faster, and "
-    "this notebook does not measure why the steps differ."
+    f"{looks['compiled, cut']['calls']}. The step (from the row's start to its black line) took "
+    + ", ".join(f"{name} {ms:.0f} ms" for name, ms in took.items())
+    + f": the shortest {min(took, key=took.get)}, the longest {max(took, key=took.get)}, one step each, on "
+    f"{os.cpu_count()} cores shared by both ranks, gloo's threads and every other process, at a 1-minute load of "
+    f"{low if low == high else f'{low} to {high}'}. This notebook does not measure why they differ, nor how "
+    "another run would order them."
 )
 
 # %% [markdown]
@@ -233,7 +235,8 @@ lesson.say(
 #
 # The pieces are visible to autograd: each records one gradient node, `CompiledFunctionBackward`,
 # and the parameters whose gradients it produces hang off it (their `AccumulateGrad` nodes). Walking
-# the graph of one forward from its output lists the pieces in the order backward runs them. Beside
+# the graph of one forward from its output lists the pieces in the order backward runs them, each
+# with its parameters in the forward's order. Beside
 # them, the buckets of the figure's third row (compiled with the cut): `ddp`'s `bucket_plan`, rebuilt
 # after the first step from the order the gradients arrived in, each bucket listing its parameters in
 # that order. A compiled piece produces all its gradients at its end, so within a piece that order is
@@ -419,8 +422,8 @@ lesson.claim(
 #
 # * Compile the model, then wrap it (`model = torch.compile(model)`, then `DDP(model)`): minddp's
 #   `ddp` has Dynamo cut the compiled graph into pieces, and a bucket is handed over before
-#   backward's last gradient node again (the claims above). This notebook shows that order; one
-#   step each on this machine does not say which way is faster.
+#   backward's last gradient node again (the claims above). This notebook shows that order, not
+#   what it does to the step's length.
 # * Compiled whole, `torch.compile(ddp)` adds no graph break to the model's own, where torch's DDP
 #   adds breaks (*The wrapper compiled whole*).
 # * At 0.5 MiB buckets torch's DDP does not compile; minddp's `ddp` trains, either way, to eager's
