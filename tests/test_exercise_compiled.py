@@ -41,74 +41,64 @@ def test_the_cases_are_torchs_too_and_the_model_answer_passes():
     assert verdict.ok and verdict.line.startswith("✓ handover:"), verdict.line
 
 
+# Each wrong answer as a learner might write it: the gradients as (piece, bytes) in arrival order.
+def arrivals(pieces):
+    return [(i, size) for i, piece in enumerate(pieces) for size in piece]
+
+
 def strictly_past(pieces, cap):
-    after, filled = [], 0
-    for i, piece in enumerate(pieces):
-        for size in piece:
-            filled += size
-            if filled > cap:
-                after.append(i)
-                filled = 0
-    if filled:
-        after.append(len(pieces) - 1)
-    return after
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total > cap:  # the mistake: == cap keeps the bucket open
+            out, total = out + [i], 0
+    return out + [len(pieces) - 1] * (total > 0)
 
 
-def never_past(pieces, cap):  # a new bucket when the next gradient would not fit
-    after, bucket, piece_of_last = [], 0, 0
-    for i, piece in enumerate(pieces):
-        for size in piece:
-            if bucket + size > cap and bucket > 0:
-                after.append(piece_of_last)
-                bucket = 0
-            bucket += size
-            piece_of_last = i
-            if bucket == cap:
-                after.append(i)
-                bucket = 0
-    if bucket:
-        after.append(piece_of_last)
-    return after
+def never_past(pieces, cap):
+    out, bucket = [], []
+    for i, size in arrivals(pieces):
+        if bucket and sum(b for _, b in bucket) + size > cap:  # the mistake: never let a bucket pass the cap
+            out.append(bucket[-1][0])
+            bucket = []
+        bucket.append((i, size))
+        if sum(b for _, b in bucket) == cap:
+            out.append(i)
+            bucket = []
+    return out + ([bucket[-1][0]] if bucket else [])
 
 
 def no_last_bucket(pieces, cap):
-    after, filled = [], 0
-    for i, piece in enumerate(pieces):
-        for size in piece:
-            filled += size
-            if filled >= cap:
-                after.append(i)
-                filled = 0
-    return after
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total >= cap:
+            out.append(i)
+            total = 0
+    return out  # the mistake: what is left is never handed over
 
 
 def first_gradient(pieces, cap):
-    after, filled, opened = [], 0, 0
-    for i, piece in enumerate(pieces):
-        for size in piece:
-            if filled == 0:
-                opened = i
-            filled += size
-            if filled >= cap:
-                after.append(opened)
-                filled = 0
-    if filled:
-        after.append(opened)
-    return after
+    out, bucket = [], []
+    for i, size in arrivals(pieces):
+        bucket.append((i, size))
+        if sum(b for _, b in bucket) >= cap:
+            out.append(bucket[0][0])  # the mistake: the piece of the first gradient
+            bucket = []
+    return out + ([bucket[0][0]] if bucket else [])
 
 
 def closed_at_piece_end(pieces, cap):
-    after = []
-    for i, piece in enumerate(pieces):
-        filled = 0
+    out = []
+    for i, piece in enumerate(pieces):  # the mistake: a fresh bucket for every piece
+        total = 0
         for size in piece:
-            filled += size
-            if filled >= cap:
-                after.append(i)
-                filled = 0
-        if filled:
-            after.append(i)
-    return after
+            total += size
+            if total >= cap:
+                out.append(i)
+                total = 0
+        out += [i] * (total > 0)
+    return out
 
 
 def from_one(pieces, cap):
@@ -116,7 +106,7 @@ def from_one(pieces, cap):
 
 
 def all_at_the_end(pieces, cap):
-    return [len(pieces) - 1] * len(solutions.handed_over_after(pieces, cap))
+    return [len(pieces) - 1 for _ in solutions.handed_over_after(pieces, cap)]
 
 
 @pytest.mark.parametrize(

@@ -33,106 +33,73 @@ CASES = [
 ]
 
 
-def _strictly_past(pieces, cap):
-    after, filled = [], 0
+def _walk(
+    pieces,
+    cap,
+    *,
+    past: bool = False,
+    before: bool = False,
+    last: bool = True,
+    first: bool = False,
+    per_piece: bool = False,
+    shift: int = 0,
+) -> list[int]:
+    """The model answer's walk with one mistake switched on: close only past the cap (``past``), before the
+    gradient that would pass it (``before``), drop the last bucket (``last=False``), note the piece of a bucket's
+    first gradient (``first``), close the open bucket at each piece's end (``per_piece``), number from ``shift``."""
+    after, filled, opened, at = [], 0, 0, 0
     for i, piece in enumerate(pieces):
         for size in piece:
-            filled += size
-            if filled > cap:
-                after.append(i)
+            if before and filled and filled + size > cap:
+                after.append(at)
                 filled = 0
-    return after + ([len(pieces) - 1] if filled else [])
-
-
-def _never_past(pieces, cap):
-    after, filled, last = [], 0, 0
-    for i, piece in enumerate(pieces):
-        for size in piece:
-            if filled and filled + size > cap:  # closes the bucket before the gradient that would pass the cap
-                after.append(last)
+            opened = i if filled == 0 else opened
+            filled, at = filled + size, i
+            if (filled > cap) if past else (filled >= cap):
+                after.append(opened if first else i)
                 filled = 0
-            filled, last = filled + size, i
-            if filled == cap:
-                after.append(i)
-                filled = 0
-    return after + ([last] if filled else [])
-
-
-def _no_last_bucket(pieces, cap):
-    after, filled = [], 0
-    for i, piece in enumerate(pieces):
-        for size in piece:
-            filled += size
-            if filled >= cap:
-                after.append(i)
-                filled = 0
-    return after  # the gradients left in the last bucket, not full, are never handed over
-
-
-def _first_gradient(pieces, cap):
-    after, filled, first = [], 0, None
-    for i, piece in enumerate(pieces):
-        for size in piece:
-            first = i if filled == 0 else first
-            filled += size
-            if filled >= cap:
-                after.append(first)
-                filled = 0
-    return after + ([first] if filled else [])
-
-
-def _closed_at_piece_end(pieces, cap):
-    after = []
-    for i, piece in enumerate(pieces):
-        filled = 0
-        for size in piece:
-            filled += size
-            if filled >= cap:
-                after.append(i)
-                filled = 0
-        if filled:
+        if per_piece and filled:
             after.append(i)
-    return after
+            filled = 0
+    if filled and last:
+        after.append(opened if first else at)
+    return [i + shift for i in after]
 
 
-def _from_one(pieces, cap):
-    return [i + 1 for i in solutions.handed_over_after(pieces, cap)]
-
-
-def _every_bucket_at_the_end(pieces, cap):
+def _all_at_the_end(pieces, cap):
     return [len(pieces) - 1] * len(solutions.handed_over_after(pieces, cap))
 
 
 #: name -> (the mistake as code, what the verdict says)
 MISTAKES = {
     "strictly past": (
-        _strictly_past,
+        lambda p, c: _walk(p, c, past=True),
         "a bucket that reaches the cap exactly stays open (`> cap`): it closes at the first gradient that takes "
         "it to the cap or past it (`>= cap`)",
     ),
     "never past": (
-        _never_past,
+        lambda p, c: _walk(p, c, before=True),
         "a bucket closed before the gradient that would take it past the cap: ddp adds that gradient and closes "
         "the bucket after it, so a bucket can end past the cap",
     ),
     "no last bucket": (
-        _no_last_bucket,
+        lambda p, c: _walk(p, c, last=False),
         "the gradients after the last full bucket were dropped: they make one more bucket, handed over with the "
         "last of them",
     ),
     "first gradient": (
-        _first_gradient,
+        lambda p, c: _walk(p, c, first=True),
         "each bucket was given the piece of its first gradient: a bucket is handed over when its last gradient "
         "is there, after the backward of the piece that produces it",
     ),
     "closed at piece end": (
-        _closed_at_piece_end,
+        lambda p, c: _walk(p, c, per_piece=True),
         "a bucket was closed at each piece's end: buckets are cut by bytes alone, so one open when a piece ends "
         "takes the next piece's gradients too",
     ),
-    "from one": (_from_one, "pieces numbered from 1: piece 0 is the one backward runs first"),
+    "from one": (lambda p, c: _walk(p, c, shift=1), "pieces numbered from 1: piece 0 is the one backward runs first"),
     "all at the end": (
-        _every_bucket_at_the_end,
+        _all_at_the_end,
         "every bucket after the last piece: that is the graph compiled whole (one piece); with the cut a bucket "
         "goes once the piece that fills it has ended",
     ),
