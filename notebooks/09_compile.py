@@ -236,12 +236,12 @@ lesson.say(
 # The pieces are visible to autograd: each records one gradient node, `CompiledFunctionBackward`,
 # and the parameters whose gradients it produces hang off it (their `AccumulateGrad` nodes). Walking
 # the graph of one forward from its output lists the pieces in the order backward runs them, each
-# with its parameters in the forward's order. Beside
-# them, the buckets of the figure's third row (compiled with the cut): `ddp`'s `bucket_plan`, rebuilt
-# after the first step from the order the gradients arrived in, each bucket listing its parameters in
-# that order. A compiled piece produces all its gradients at its end, so within a piece that order is
-# the autograd engine's, not the layers'. A bucket closes at the first gradient that takes it to the
-# cap or past it. The claims below check where this run's buckets lie.
+# with its parameters in the forward's order. Beside them, the buckets of the figure's third row
+# (compiled with the cut): `ddp`'s `bucket_plan`, rebuilt after the first step from the order the
+# gradients arrived in, each bucket listing its parameters in that order. A compiled piece produces
+# all its gradients at its end, so within a piece they need not arrive last layer first, as eager's
+# do. A bucket closes at the first gradient that takes it to the cap or past it. The claims below
+# check where this run's buckets lie.
 
 
 # %%
