@@ -22,9 +22,11 @@
 # node is a *gradient node*: it computes gradients (eager: one per operation).
 #
 # nanoGPT compiles its model, then wraps it: `model = torch.compile(model)`, then `DDP(model)`.
+# `torch.compile` has two parts: *Dynamo* captures the model's Python as a graph, and a *backend*
+# compiles the graph (by default *Inductor*, which fuses operations into kernels of its own).
 # Compiled as one graph, the model's forward records one gradient node, whose backward produces every
-# gradient at its end. Then no bucket is handed over before that node has ended: while messages are in
-# flight, only `AccumulateGrad` nodes are left to run.
+# gradient at its end. Then every bucket is handed over after that node has ended, when only
+# `AccumulateGrad` nodes are left to run.
 #
 # torch's answer is in Dynamo: while torch's DDP runs its module, Dynamo's `DDPOptimizer`
 # (`torch/_dynamo/backends/distributed.py`) **cuts the compiled graph into pieces**, closing a piece
@@ -32,16 +34,16 @@
 # piece apart: each piece records a gradient node of its own. Backward then runs piece after piece (in
 # this notebook pieces are numbered in that order: piece 0 is the forward's last layers, which backward
 # runs first). A bucket whose last gradient a piece produces can be handed over before the next
-# piece's backward begins. minddp's `ddp` presents its buckets to Dynamo too
-# (`minddp/runtime/compiling.py`); its first piece closes at its first bucket's cap (`bucket_cap_mb`,
-# here 2 MiB).
+# piece's backward begins, and be in flight while it runs. minddp's `ddp` gives Dynamo its bucket
+# cap, as torch's DDP does (`minddp/runtime/compiling.py`), so its pieces close at `bucket_cap_mb`,
+# here 2 MiB.
 #
-# This notebook shows one step of `ddp` three ways on one time axis, eager, compiled without the
-# cut and compiled with it; then where the cuts fall; then the graph breaks; then buckets of
-# 0.5 MiB. The model is a small MLP of our own class (eight 1 MiB layers), not the shared workload:
-# its layers make the pieces easy to name. The backend is `aot_eager`: the graph is traced and cut as
-# with Inductor, then run with eager's own aten operations, fused into none, so all three trainings
-# give the same bits.
+# This notebook shows one step of `ddp` three ways on one time axis: eager, compiled without the
+# cut and compiled with it; then the pieces and the buckets, and an exercise on them; then the
+# wrapper compiled whole; then buckets of 0.5 MiB. The model is a small MLP of our own class (eight
+# 1 MiB layers without biases), not the shared workload: its layers make the pieces easy to name. The
+# backend is `aot_eager`: the graph is traced and cut as with Inductor, then run with eager's own aten
+# operations, fused into none, so all three trainings give the same bits.
 #
 # Words, kept apart. A bucket is *handed over* (to gloo: the tick in the figure) when the reducer
 # calls `all_reduce` on it. It is *in flight* (`docs/analysis.md`) from the start of gloo's
@@ -65,7 +67,7 @@ from minddp.analysis import live
 from minddp.ladder.loop import train_step
 from minddp.notebook import lesson
 
-WIDTH, DEPTH, CAP, BACKEND = 512, 8, 2.0, "aot_eager"  # 1 MiB weights, buckets of 2 MiB
+WIDTH, DEPTH, CAP, BACKEND = 512, 8, 2.0, "aot_eager"  # 1 MiB layers, buckets of 2 MiB
 PIECE = "autograd::engine::evaluate_function: CompiledFunctionBackward"  # the backward of one compiled piece
 
 
@@ -73,19 +75,18 @@ class MLP(nn.Module):
     def __init__(self, depth: int = DEPTH):
         super().__init__()
         torch.manual_seed(0)
-        self.layers = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(depth))
-        self.head = nn.Linear(WIDTH, 1)
+        self.layers = nn.ModuleList(nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(depth))
 
     def forward(self, x):
         for layer in self.layers:
             x = layer(x).relu()
-        return self.head(x)
+        return x
 
 
 def batches():
     generator = torch.Generator().manual_seed(rank)  # each rank its own shard
     while True:
-        yield [torch.randn(32, WIDTH, generator=generator) for _ in range(2)]  # two micro-batches a step
+        yield [torch.randn(32, WIDTH, generator=generator)]  # one micro-batch a step
 
 
 def loss_fn(model, x):
@@ -127,10 +128,12 @@ def one_step(compiled: bool, cut: bool = True):
     view["inside_accumulate"] = [
         any(e.time_range.start <= t <= e.time_range.end for e in accumulate) for t in handovers
     ]
-    # the compiled pieces' backward in the second micro-batch (the first runs inside no_sync: nothing is handed over)
-    second = max(e.time_range.start for e in events if e.name == "minddp.forward_backward")
-    pieces = [e for e in events if e.name == PIECE and e.time_range.start > second]
-    view["pieces_run"] = len(pieces)  # gradient nodes of compiled pieces in the second micro-batch's backward
+    pieces = [e for e in events if e.name == PIECE]  # the gradient nodes of compiled pieces
+    view["pieces_run"] = len(pieces)
+    messages = [(e.time_range.start, e.time_range.end) for e in events if e.name in live.BACKEND_RANGES]
+    view["in_flight_beside_node"] = sum(
+        any(n.time_range.start < b and a < n.time_range.end for n in nodes) for a, b in messages
+    )  # messages in flight while a gradient node ran
     view["pieces_ended_at_handover"] = [sum(e.time_range.end <= t for e in pieces) for t in handovers]
     view["pieces_begun_at_handover"] = [sum(e.time_range.start <= t for e in pieces) for t in handovers]
     # drawn: one blue bar per gradient node, one grey bar per AccumulateGrad node (step_view draws one per backward)
@@ -141,46 +144,31 @@ def one_step(compiled: bool, cut: bool = True):
 
 
 NAMES = {"eager": "eager", "compiled, no cut": "compiled without the cut", "compiled, cut": "compiled with the cut"}
-
-
-def each(values: dict) -> str:
-    """``values`` (one number per way) in words: each way's name and its number."""
-    return ", ".join(f"{NAMES[label]} {x:.1f}" for label, x in values.items())
-
-
 looks = {}
 for label, compiled, cut in (("eager", False, True), ("compiled, no cut", True, False), ("compiled, cut", True, True)):
     ddp, looks[label] = one_step(compiled, cut)
     looks[label]["row"].update(label=f"{label}\n{looks[label]['calls']} buckets", stage=label)  # one tick each
 lesson.say(
-    f"ddp on {world_size} ranks, an MLP of {DEPTH} layers of {WIDTH}×{WIDTH} (1 MiB of float32 weights each) and "
-    f"a head, buckets of {CAP:g} MiB, two micro-batches a step; compiled with the {BACKEND} backend; "
+    f"ddp on {world_size} ranks, an MLP of {DEPTH} layers of {WIDTH}×{WIDTH} (1 MiB of float32 weights each), "
+    f"no biases, buckets of {CAP:g} MiB, one micro-batch a step; compiled with the {BACKEND} backend; "
     f"torch {torch.__version__}."
-)
-lesson.say(
-    f"This machine: {os.cpu_count()} cores, shared by both ranks, gloo's threads and every other process; the "
-    "1-minute load average when each profiled step ended: "
-    + each({label: v["load"] for label, v in looks.items()})
-    + "."
 )
 
 
 # %% [markdown]
 # ## One step, three ways, on one time axis
 #
-# Each row is the profiled step of one way, rank 0, from the start of its first micro-batch to the
-# black line where its optimizer step ends. For each micro-batch: the forward and the loss (pale, up
-# to backward's first node), the gradient nodes (blue; compiled: one per piece, after the loss's few
-# eager ones) and the `AccumulateGrad` nodes (grey). The first micro-batch runs inside `no_sync()`:
-# the reducer's hook is not in place, and no bucket is filled or handed over. Then a tick when a bucket
-# was handed over (the row's label says how many buckets), an orange bar for each message in flight,
-# and the optimizer step (green). Bars or ticks that overlap, or lie closer together than a pixel
-# (about a thousandth of the time axis), draw as one. A tick is not the start of its bar: the bar is
-# gloo's range, which can begin later. White is time in none of these.
+# Each row is the profiled step of one way, rank 0, from the start of its forward to the black line
+# where its optimizer step ends: the forward and the loss (pale, up to backward's first node), the
+# gradient nodes (blue; compiled: one per piece, after the loss's few eager ones), the `AccumulateGrad`
+# nodes (grey), a tick when a bucket was handed over (the row's label says how many buckets), an orange
+# bar for each message in flight, and the optimizer step (green). Bars or ticks that overlap, or lie
+# closer together than a pixel (about a thousandth of the time axis), draw as one. A tick is not the
+# start of its bar: the bar is gloo's range, which can begin later. White is time in none of these.
 #
 # Read the figure for the order of its events, which is what the cut changes and what the claims
-# count. The lengths of its bars are one step's on the machine printed above, and this notebook does
-# not measure what they are made of.
+# count. Its lengths are one step's on a shared machine (the sentence under the figure), and this
+# notebook does not measure what they are made of.
 #
 # The cut is torch's design for GPUs, where backward's kernels run on the GPU while NCCL carries the
 # buckets on a stream of its own. This notebook runs no GPU: what the cut does to a GPU step is not
@@ -194,7 +182,7 @@ if figure is not None:  # rank 0 draws: the AccumulateGrad nodes, the axis and t
     for y, look in enumerate(looks.values()):
         spans = [(s, e - s) for s, e in look["row"]["accumulate"]]
         ax.broken_barh(spans, (y - 0.40, 0.40), facecolors="#9e9e9e", label="AccumulateGrad nodes")
-    ax.set_xlabel("ms since the step's first micro-batch began", fontsize=8)
+    ax.set_xlabel("ms since the step's forward began", fontsize=8)
     words = {"forward": "forward and loss", "backward": "gradient nodes", "handed to the wire": "handed over"}
     handles, labels = ax.get_legend_handles_labels()
     unique = {
@@ -210,10 +198,11 @@ if figure is not None:  # rank 0 draws: the AccumulateGrad nodes, the axis and t
     ax.get_legend().set_frame_on(False)
 after = {label: v["nodes_begun_after_first_handover"] for label, v in looks.items()}
 # orders of events on the training thread (program order), not timings: they hold on any machine
+beside = {label: v["in_flight_beside_node"] for label, v in looks.items()}
 lesson.claim(
-    after["compiled, no cut"] == 0,
+    after["compiled, no cut"] == 0 and beside["compiled, no cut"] == 0,
     "Compiled without the cut, no gradient node began after the first bucket was handed over: only AccumulateGrad "
-    "nodes ran after it.",
+    "nodes ran after it, and no message was in flight while a gradient node ran.",
 )
 lesson.claim(
     after["compiled, cut"] > 0 and after["eager"] > 0,
@@ -228,26 +217,36 @@ lesson.claim(
     all(torch.equal(v["params"], looks["eager"]["params"]) for v in looks.values()),
     "The three trainings end with the same parameters, to the bit (aot_eager computes with eager's aten ops).",
 )
+low, high = (f"{f([v['load'] for v in looks.values()]):.1f}" for f in (min, max))  # the 1-minute load averages
+took = {NAMES[label]: v["row"]["end"] for label, v in looks.items()}  # ms, from the row's start to its black line
+lesson.say(
+    f"In this run, messages in flight while a gradient node ran (an orange bar beside a blue one): eager "
+    f"{beside['eager']} of {looks['eager']['calls']}, compiled with the cut {beside['compiled, cut']} of "
+    f"{looks['compiled, cut']['calls']}. The step (from the row's start to its black line) took "
+    + ", ".join(f"{name} {ms:.0f} ms" for name, ms in took.items())
+    + f": the shortest {min(took, key=took.get)}, the longest {max(took, key=took.get)}, one step each, on "
+    f"{os.cpu_count()} cores shared by both ranks, gloo's threads and every other process, at a 1-minute load of "
+    f"{low if low == high else f'{low} to {high}'}. This notebook does not measure why they differ, nor how "
+    "another run would order them."
+)
 
 # %% [markdown]
-# ## Where the cuts fall
+# ## The pieces and the buckets
 #
 # The pieces are visible to autograd: each records one gradient node, `CompiledFunctionBackward`,
 # and the parameters whose gradients it produces hang off it (their `AccumulateGrad` nodes). Walking
 # the graph of one forward from its output lists the pieces in the order backward runs them, each
-# with its parameters in the forward's order. Beside them, the buckets of `ddp` (`bucket_plan`,
-# rebuilt after the first step from the order gradients arrived in, each bucket listing its
-# parameters in that order). A compiled piece produces all its gradients at its end, so within a
-# piece that order is the autograd engine's order of its `AccumulateGrad` nodes, not the layers'
-# order. A bucket closes at the first gradient that takes it to the cap or past it; a piece is cut
-# between operations, so a layer's weight and bias share a piece, and a piece can fill more than one
-# bucket. The claims below check where this run's buckets lie. The buckets printed are those of the
-# figure's third row, compiled with the cut.
+# with its parameters in the forward's order. Beside them, the buckets of the figure's third row
+# (compiled with the cut): `ddp`'s `bucket_plan`, rebuilt after the first step from the order the
+# gradients arrived in, each bucket listing its parameters in that order. A compiled piece produces
+# all its gradients at its end, so within a piece they need not arrive last layer first, as eager's
+# do. A bucket closes at the first gradient that takes it to the cap or past it. The claims below
+# check where this run's buckets lie.
 
 
 # %%
 # %%distributed
-def pieces(output) -> list[list[str]]:
+def walk(output) -> list[list[str]]:
     """The compiled pieces reached from ``output``, in backward order, each with its parameters' names."""
     names = {id(p): n.removeprefix("_orig_mod.") for n, p in ddp.module.named_parameters()}
     found, node = [], output.grad_fn
@@ -259,26 +258,26 @@ def pieces(output) -> list[list[str]]:
     return found
 
 
-with ddp.no_sync():  # a forward whose backward will not run: nothing for the reducer to expect
-    cut = pieces(ddp(torch.randn(32, WIDTH)))  # the training's shape
+with ddp.no_sync():  # no_sync(): the reducer expects no gradients from this forward, whose backward never runs
+    pieces = walk(ddp(torch.randn(32, WIDTH)))  # the training's shape
 buckets = looks["compiled, cut"]["buckets"]
-for i, piece in enumerate(cut):
+for i, piece in enumerate(pieces):
     lesson.say(f"piece {i} (backward runs it {'first' if i == 0 else 'next'}): {', '.join(piece)}")
 size = {n.removeprefix("_orig_mod."): p.numel() * p.element_size() for n, p in ddp.module.named_parameters()}
 for i, bucket in enumerate(buckets):
     lesson.say(f"bucket {i} ({sum(size[name] for name in bucket)} bytes): {', '.join(bucket)}")
 lesson.claim(
-    len(cut) > 1 and sum(map(len, cut)) == sum(map(len, buckets)) == 2 * DEPTH + 2,
-    f"The compiled graph is cut into {len(cut)} pieces, which together produce the gradients of all "
-    f"{2 * DEPTH + 2} parameters, each once.",
+    len(pieces) > 1 and sum(map(len, pieces)) == sum(map(len, buckets)) == DEPTH,
+    f"The compiled graph is cut into {len(pieces)} pieces, which together produce the gradients of all "
+    f"{DEPTH} parameters, each once.",
 )
 runs = {label: looks[label]["pieces_run"] for label in ("compiled, no cut", "compiled, cut")}
 lesson.claim(
-    runs == {"compiled, no cut": 1, "compiled, cut": len(cut)},
-    f"In the profiled step's second micro-batch, backward ran one compiled gradient node without the cut and "
-    f"{len(cut)} with it, one per piece.",
+    runs == {"compiled, no cut": 1, "compiled, cut": len(pieces)},
+    f"In the profiled step, backward ran one compiled gradient node without the cut and {len(pieces)} with it, "
+    "one per piece.",
 )
-piece_of = {name: i for i, piece in enumerate(cut) for name in piece}
+piece_of = {name: i for i, piece in enumerate(pieces) for name in piece}
 homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
 # bucket k's parameters all lie in one piece, in backward order: it is full when that piece's backward ends
 lesson.claim(
@@ -293,26 +292,47 @@ lesson.claim(
     "In the profiled step each bucket was handed over (its tick) after the backward of its piece ended and before "
     "the backward of the piece backward runs next began.",
 )
-shared = {i: [k for k, home in enumerate(homes) if home == [i]] for i in range(len(cut))}
-lesson.say(
-    f"{len(cut)} pieces, {len(buckets)} buckets, the cap {int(CAP * 2**20)} bytes. "
-    + " ".join(
-        f"Piece {i} fills buckets {', '.join(map(str, ks))}: its gradients arrived in the order "
-        f"{', '.join(name for k in ks for name in buckets[k])}; "
-        + "; ".join(f"{buckets[k][-1]} took bucket {k} to the cap or past it" for k in ks[:-1])
-        + f", and the gradients after it went into bucket {ks[-1]}."
-        for i, ks in shared.items()
-        if len(ks) > 1
-    )
-)
 
 # %% [markdown]
-# ## Graph breaks
+# ### Your turn: after which piece is each bucket handed over?
+#
+# Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order backward
+# runs them, each as its gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap
+# in bytes. Fill the buckets as `ddp` does (a bucket closes at the first gradient that takes it to the
+# cap or past it; the gradients left at the end make one last bucket) and return, for each bucket, the
+# index of the piece after whose backward it is handed over. `check_handover` calls it on a few small
+# cases, without ranks, and names each usual mistake. As it stands the cell raises
+# `NotImplementedError`, and the checker says so.
+
+# %%
+from minddp.exercises import check_handover
+
+
+def my_handed_over_after(pieces, cap):
+    # Your turn: walk the gradients in order, close a bucket at the cap or past it, note its piece.
+    raise NotImplementedError("one piece index per bucket")
+
+
+check_handover(my_handed_over_after)
+
+# %% [markdown]
+# Stuck? The model answer (`minddp.exercises.solutions.handed_over_after`) and what the checker says
+# about it: the cell is collapsed, its input and its output; click to show them.
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true}
+from minddp.exercises import solutions
+from minddp.notebook.source import show_source
+
+show_source(solutions.handed_over_after)
+print(check_handover(solutions.handed_over_after))
+
+# %% [markdown]
+# ## The wrapper compiled whole: graph breaks
 #
 # The other pattern compiles the wrapper itself: `torch.compile(DDP(model))`. Dynamo then meets the
 # wrapper's own Python first. A graph break is a place where Dynamo stops the graph, runs Python, and
 # starts a new one. minddp's `ddp` runs its own lines eagerly and lets Dynamo compile only the
-# module. Each wrapper is compiled around an MLP of two 1 MiB layers and the head, for one training
+# module. Each wrapper is compiled around an MLP of two 1 MiB layers, for one training
 # step, and Dynamo counts the breaks.
 
 
@@ -346,7 +366,7 @@ lesson.claim(
 # ## Buckets of 0.5 MiB
 #
 # Each wrapper, both ways (the model compiled, then wrapped; the wrapper compiled), at 0.5 MiB on an
-# MLP of two 1 MiB layers and the head, one training step each, its parameters compared with eager
+# MLP of two 1 MiB layers, one training step each, its parameters compared with eager
 # `ddp`'s after the same step; a refusal is printed with the torch file that raised it:
 
 
@@ -402,10 +422,10 @@ lesson.claim(
 #
 # * Compile the model, then wrap it (`model = torch.compile(model)`, then `DDP(model)`): minddp's
 #   `ddp` has Dynamo cut the compiled graph into pieces, and a bucket is handed over before
-#   backward's last gradient node again (the claims above). This notebook shows that order; it does
-#   not compare the steps' lengths.
-# * `torch.compile(ddp)` trains too, and adds no graph break to the model's own (*Graph breaks*),
-#   where torch's DDP, compiled whole, adds breaks.
+#   backward's last gradient node again (the claims above). This notebook shows that order, not
+#   what it does to the step's length.
+# * Compiled whole, `torch.compile(ddp)` adds no graph break to the model's own, where torch's DDP
+#   adds breaks (*The wrapper compiled whole*).
 # * At 0.5 MiB buckets torch's DDP does not compile; minddp's `ddp` trains, either way, to eager's
 #   bits.
 # * The train command and the benchmark take `--compile` (`--compile-backend aot_eager` for quick

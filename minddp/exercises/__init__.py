@@ -15,12 +15,14 @@ by ``like``, or an async rung that waits. :func:`check_hook` does the same for a
 (``like="fp16"``), and :func:`check_shard` (:func:`check_shards`: several in one run) for notebook
 07's split of the global batch among the ranks of the moment, through a lost rank
 (:mod:`minddp.exercises.lost_rank`); :func:`check_outer_sync` and :func:`check_fragment_schedule` notebook 10's
-DiLoCo sync and streaming schedule (:mod:`minddp.exercises.diloco`). The model answers are in
+DiLoCo sync and streaming schedule (:mod:`minddp.exercises.diloco`); :func:`check_handover` notebook 09's
+piece after which each bucket is handed over (:mod:`minddp.exercises.compiled`, no ranks). The model answers are in
 :mod:`minddp.exercises.solutions`, the rank side in :mod:`minddp.exercises.harness`; ``notebooks/README.md``
 (*Exercises and their checker*) lists every finding and how each is told.
 """
 
 from minddp.exercises.checker import Verdict, check, check_hook, shutdown
+from minddp.exercises.compiled import check_handover
 from minddp.exercises.diloco import check_fragment_schedule, check_outer_sync
 from minddp.exercises.lost_rank import check_shard, check_shards
 
@@ -31,6 +33,7 @@ __all__ = [
     "check_shards",
     "check_outer_sync",
     "check_fragment_schedule",
+    "check_handover",
     "Verdict",
     "shutdown",
 ]

@@ -7,7 +7,8 @@ stage takes fp16 or PowerSGD; an exercise asks only for the idea, written straig
 ``AsyncHookDDP``, ``BucketDDP``, ``AsyncBucketDDP``, ``HalvesDDP``), each building on the one before
 as the ladder does, one comm hook, :func:`fp16_compress_hook` (``like="fp16"``), notebook 07's
 :func:`ft_shard` (:func:`minddp.exercises.check_shard`), and notebook 10's :func:`outer_sync` and
-:func:`fragment_to_send` (:mod:`minddp.exercises.diloco`);
+:func:`fragment_to_send` (:mod:`minddp.exercises.diloco`), and notebook 09's :func:`handed_over_after`
+(:mod:`minddp.exercises.compiled`);
 :func:`minddp.exercises.check` measures a learner's version against the one ``like=`` names. They keep
 only what the checker needs. ``notebooks/README.md`` (*The model answers*) tables what each adds.
 
@@ -244,6 +245,23 @@ def fragment_to_send(step: int, sync_every: int, fragments: int, delay: int) -> 
     return (step - 1) // per_turn % fragments  # the turn's number (steps counted from 1), in turn over the fragments
 
 
+def handed_over_after(pieces: list[list[int]], cap: int) -> list[int]:
+    """Notebook 09: for each bucket, the piece after whose backward it is handed over
+    (:func:`minddp.exercises.check_handover`). ``pieces`` in the order backward runs them, each its gradients'
+    sizes in bytes in the order they arrive; a bucket closes at the first gradient that takes it to ``cap`` or past
+    it, and what is left after the last full bucket makes one more, handed over with the last gradient."""
+    after, filled = [], 0
+    for i, piece in enumerate(pieces):
+        for size in piece:
+            filled += size
+            if filled >= cap:  # this gradient closes the bucket: it is handed over once the piece's backward ends
+                after.append(i)
+                filled = 0
+    if filled:  # the last bucket, not full
+        after.append(len(pieces) - 1)
+    return after
+
+
 STAGES = {
     "simple": SimpleDDP,
     "ga": GradAccumDDP,
@@ -267,6 +285,7 @@ __all__ = [
     "HalvesDDP",
     "fp16_compress_hook",
     "ft_shard",
+    "handed_over_after",
     "STAGES",
     "HOOKS",
 ]

@@ -1,0 +1,142 @@
+"""Notebook 09's exercise: after which compiled piece each bucket is handed over, checked without ranks.
+
+:func:`check_handover` checks a learner's ``handed_over_after(pieces, cap)``: ``pieces`` the compiled pieces
+in the order backward runs them, each a list of its gradients' sizes in bytes in the order they arrive;
+``cap`` the bucket cap in bytes. ddp fills buckets in that order, closing a bucket at the first gradient
+that takes it to the cap or past it; what is left after the last full bucket makes one more bucket. The
+answer: for each bucket, the index of the piece after whose backward it is handed over. The function is
+called on every case of :data:`CASES` and compared with the model answer
+(:func:`~minddp.exercises.solutions.handed_over_after`); an answer that matches one of the usual mistakes
+(:data:`MISTAKES`) on every case is named by it, any other by its first case that differs.
+
+Example (pure Python, no ranks)::
+
+    >>> from minddp.exercises import check_handover, solutions
+    >>> check_handover(solutions.handed_over_after).ok
+    True
+    >>> check_handover(lambda pieces, cap: [len(pieces) - 1] * 2).line[:52]
+    '✗ handover: with pieces [[4, 4], [4, 4], [4, 4]] and'
+"""
+
+from __future__ import annotations
+
+from minddp.exercises import solutions
+from minddp.exercises.checker import Verdict
+
+#: (pieces, cap): each tells a mistake of :data:`MISTAKES` from the model answer, or the cut from no cut
+CASES = [
+    ([[4, 4], [4, 4], [4, 4]], 8),  # every bucket reaches the cap exactly at a piece's end
+    ([[1, 8, 1], [8]], 8),  # a bucket past the cap, one open across a piece's end
+    ([[3, 3, 3, 3, 3]], 6),  # compiled without the cut: one piece
+    ([[5], [5], [2]], 8),  # a bucket over two pieces, and a last bucket not full
+    ([[2, 2, 2], [2, 2, 2], [2, 2, 2]], 4),  # a piece that fills one bucket and opens the next
+]
+
+
+def _walk(
+    pieces,
+    cap,
+    *,
+    past: bool = False,
+    before: bool = False,
+    last: bool = True,
+    first: bool = False,
+    per_piece: bool = False,
+    shift: int = 0,
+) -> list[int]:
+    """The model answer's walk with one mistake switched on: close only past the cap (``past``), before the
+    gradient that would pass it (``before``), drop the last bucket (``last=False``), note the piece of a bucket's
+    first gradient (``first``), close the open bucket at each piece's end (``per_piece``), number from ``shift``."""
+    after, filled, opened, at = [], 0, 0, 0
+    for i, piece in enumerate(pieces):
+        for size in piece:
+            if before and filled and filled + size > cap:
+                after.append(at)
+                filled = 0
+            opened = i if filled == 0 else opened
+            filled, at = filled + size, i
+            if (filled > cap) if past else (filled >= cap):
+                after.append(opened if first else i)
+                filled = 0
+        if per_piece and filled:
+            after.append(i)
+            filled = 0
+    if filled and last:
+        after.append(opened if first else at)
+    return [i + shift for i in after]
+
+
+def _all_at_the_end(pieces, cap):
+    return [len(pieces) - 1] * len(solutions.handed_over_after(pieces, cap))
+
+
+#: name -> (the mistake as code, what the verdict says)
+MISTAKES = {
+    "strictly past": (
+        lambda p, c: _walk(p, c, past=True),
+        "a bucket that reaches the cap exactly stays open (`> cap`): it closes at the first gradient that takes "
+        "it to the cap or past it (`>= cap`)",
+    ),
+    "never past": (
+        lambda p, c: _walk(p, c, before=True),
+        "a bucket closed before the gradient that would take it past the cap: ddp adds that gradient and closes "
+        "the bucket after it, so a bucket can end past the cap",
+    ),
+    "no last bucket": (
+        lambda p, c: _walk(p, c, last=False),
+        "the gradients after the last full bucket were dropped: they make one more bucket, handed over with the "
+        "last of them",
+    ),
+    "first gradient": (
+        lambda p, c: _walk(p, c, first=True),
+        "each bucket was given the piece of its first gradient: a bucket is handed over when its last gradient "
+        "is there, after the backward of the piece that produces it",
+    ),
+    "closed at piece end": (
+        lambda p, c: _walk(p, c, per_piece=True),
+        "a bucket was closed at each piece's end: buckets are cut by bytes alone, so one open when a piece ends "
+        "takes the next piece's gradients too",
+    ),
+    "from one": (lambda p, c: _walk(p, c, shift=1), "pieces numbered from 1: piece 0 is the one backward runs first"),
+    "all at the end": (
+        _all_at_the_end,
+        "every bucket after the last piece: that is the graph compiled whole (one piece); with the cut a bucket "
+        "goes once the piece that fills it has ended",
+    ),
+}
+
+
+def check_handover(fn) -> Verdict:
+    """Check ``handed_over_after(pieces, cap)`` (module doc) on every case of :data:`CASES`; one :class:`Verdict`."""
+    name = "handover"
+    answers = []
+    for pieces, cap in CASES:
+        try:
+            got = fn([list(p) for p in pieces], cap)
+        except NotImplementedError:
+            return Verdict(False, f"✗ {name}: not written yet (it raises NotImplementedError)")
+        except Exception as error:  # the learner's code: said in one line
+            return Verdict(False, f"✗ {name}: with pieces {pieces} and a cap of {cap} it raised {error!r}")
+        if not isinstance(got, (list, tuple)) or not all(isinstance(x, int) for x in got):
+            return Verdict(False, f"✗ {name}: return a list of ints, one piece index per bucket (got {got!r})")
+        answers.append(list(got))
+    right = [solutions.handed_over_after(p, c) for p, c in CASES]
+    if answers == right:
+        return Verdict(
+            True,
+            f"✓ {name}: every bucket handed over after the right piece in all {len(CASES)} cases (e.g. pieces "
+            f"{CASES[1][0]}, cap {CASES[1][1]}: {right[1]})",
+        )
+    for mistake, (wrong, says) in MISTAKES.items():
+        if answers == [wrong(p, c) for p, c in CASES]:
+            return Verdict(False, f"✗ {name}: {says}")
+    k = next(k for k, (a, r) in enumerate(zip(answers, right)) if a != r)
+    pieces, cap = CASES[k]
+    return Verdict(
+        False,
+        f"✗ {name}: with pieces {pieces} and a cap of {cap} yours says {answers[k]}, ddp hands its buckets over "
+        f"after pieces {right[k]}",
+    )
+
+
+__all__ = ["check_handover", "CASES", "MISTAKES"]

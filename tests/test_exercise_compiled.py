@@ -1,0 +1,137 @@
+"""Notebook 09's exercise (which piece's end hands each bucket over): no ranks, pure Python.
+
+Oracle for the model answer: torch's reducer's own bucket assignment (``dist._compute_bucket_assignment_by_size``)
+over the gradients in the order they arrive, each bucket handed over after the piece of its last gradient. The
+wrong answers below are written as a learner would, each with one mistake; each verdict must name it.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from minddp.exercises import check_handover, solutions
+from minddp.exercises.compiled import CASES
+
+
+def torch_handover(pieces: list[list[int]], cap: int) -> list[int]:
+    """torch's bucket assignment over one uint8 tensor per gradient (its size in bytes), in arrival order; each
+    bucket's piece is that of its last gradient."""
+    sizes = [s for piece in pieces for s in piece]
+    piece_of = [i for i, piece in enumerate(pieces) for _ in piece]
+    tensors = [torch.empty(s, dtype=torch.uint8) for s in sizes]
+    buckets, _ = dist._compute_bucket_assignment_by_size(tensors, [cap], [], list(range(len(sizes))))
+    return sorted(piece_of[max(b)] for b in buckets)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_model_answer_is_torchs_bucket_assignment(seed):
+    rng = random.Random(seed)
+    pieces = [[rng.choice([1, 2, 3, 5, 8, 13]) for _ in range(rng.randint(1, 5))] for _ in range(rng.randint(1, 5))]
+    cap = rng.choice([1, 4, 8, 10, 21])
+    assert solutions.handed_over_after(pieces, cap) == torch_handover(pieces, cap)
+
+
+def test_the_cases_are_torchs_too_and_the_model_answer_passes():
+    assert all(solutions.handed_over_after(p, c) == torch_handover(p, c) for p, c in CASES)
+    verdict = check_handover(solutions.handed_over_after)
+    assert verdict.ok and verdict.line.startswith("✓ handover:"), verdict.line
+
+
+# Each wrong answer as a learner might write it: the gradients as (piece, bytes) in arrival order.
+def arrivals(pieces):
+    return [(i, size) for i, piece in enumerate(pieces) for size in piece]
+
+
+def strictly_past(pieces, cap):
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total > cap:  # the mistake: == cap keeps the bucket open
+            out, total = out + [i], 0
+    return out + [len(pieces) - 1] * (total > 0)
+
+
+def never_past(pieces, cap):
+    out, bucket = [], []
+    for i, size in arrivals(pieces):
+        if bucket and sum(b for _, b in bucket) + size > cap:  # the mistake: never let a bucket pass the cap
+            out.append(bucket[-1][0])
+            bucket = []
+        bucket.append((i, size))
+        if sum(b for _, b in bucket) == cap:
+            out.append(i)
+            bucket = []
+    return out + ([bucket[-1][0]] if bucket else [])
+
+
+def no_last_bucket(pieces, cap):
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total >= cap:
+            out.append(i)
+            total = 0
+    return out  # the mistake: what is left is never handed over
+
+
+def first_gradient(pieces, cap):
+    out, bucket = [], []
+    for i, size in arrivals(pieces):
+        bucket.append((i, size))
+        if sum(b for _, b in bucket) >= cap:
+            out.append(bucket[0][0])  # the mistake: the piece of the first gradient
+            bucket = []
+    return out + ([bucket[0][0]] if bucket else [])
+
+
+def closed_at_piece_end(pieces, cap):
+    out = []
+    for i, piece in enumerate(pieces):  # the mistake: a fresh bucket for every piece
+        total = 0
+        for size in piece:
+            total += size
+            if total >= cap:
+                out.append(i)
+                total = 0
+        out += [i] * (total > 0)
+    return out
+
+
+def from_one(pieces, cap):
+    return [i + 1 for i in solutions.handed_over_after(pieces, cap)]
+
+
+def all_at_the_end(pieces, cap):
+    return [len(pieces) - 1 for _ in solutions.handed_over_after(pieces, cap)]
+
+
+@pytest.mark.parametrize(
+    "fn, named",
+    [
+        (strictly_past, "reaches the cap exactly stays open (`> cap`)"),
+        (never_past, "closed before the gradient that would take it past the cap"),
+        (no_last_bucket, "the gradients after the last full bucket were dropped"),
+        (first_gradient, "the piece of its first gradient"),
+        (closed_at_piece_end, "closed at each piece's end"),
+        (from_one, "pieces numbered from 1"),
+        (all_at_the_end, "that is the graph compiled whole"),
+    ],
+)
+def test_each_handover_mistake_is_named(fn, named):
+    verdict = check_handover(fn)
+    assert not verdict.ok and named in verdict.line, verdict.line
+
+
+def test_an_unwritten_a_raising_a_mistyped_and_an_unknown_answer_are_told_apart():
+    def unwritten(pieces, cap):
+        raise NotImplementedError
+
+    assert "not written yet" in check_handover(unwritten).line
+    assert "raised ZeroDivisionError" in check_handover(lambda pieces, cap: 1 // 0).line
+    assert "return a list of ints" in check_handover(lambda pieces, cap: None).line
+    line = check_handover(lambda pieces, cap: [0]).line  # no mistake of the list: its first case that differs
+    assert line.startswith("✗ handover: with pieces [[4, 4], [4, 4], [4, 4]] and a cap of 8 yours says [0]"), line
