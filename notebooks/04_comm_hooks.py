@@ -87,7 +87,7 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # how far each hook's parameters ended from plain averaging's, against how far plain averaging
 # moved them (0 for plain averaging itself).
 #
-# The second cell holds fp16's and bf16's gradient error against the most rounding alone can do
+# The cell after the table holds fp16's and bf16's gradient error against the most rounding alone can do
 # (`minddp.comm.measure.rounding_bound`, the bound the exercise checker judges a learner's fp16 hook
 # by): each value is rounded at most n + 1 times (a cast, a division and n − 1 additions), each time
 # by at most u = eps / 2 of the ranks' mean magnitude of that value (or half the spacing of the
