@@ -36,9 +36,9 @@
 # * the all_reduce calls a step and their *payload*, counted by the hook's traffic meter: the bytes the
 #   step's all_reduces reduce (numel × element size, added up over the step's calls), not the bytes a
 #   rank puts on the wire, which around a ring of n ranks are 2(n − 1)/n of the payload (equal at n = 2);
-# * the *relative gradient error* `‖ĝ − g‖ / ‖g‖`: how far the hook's average `ĝ` is from the exact
-#   average `g` of this step's gradients (`minddp.comm.measure.error_measured` computes `g` with an
-#   extra exact all_reduce beside the hook, not counted as traffic);
+# * for fp16 and bf16, the *relative gradient error* `‖ĝ − g‖ / ‖g‖`: how far the hook's average `ĝ` is
+#   from the exact average `g` of this step's gradients (`minddp.comm.measure.error_measured` computes `g`
+#   with an extra exact all_reduce beside the hook, not counted as traffic);
 # * how far each hook's parameters end up from plain averaging's, relative to how far plain
 #   averaging moved them.
 #
@@ -47,8 +47,8 @@
 # which links PowerSGD's extra messages cost more link time than its saved bytes. The notation is
 # notebook 01's: n ranks, m the bytes one all_reduce reduces, α the fixed cost of one
 # of 01's messages (one hop of a ring), β the time per byte (1 / B, B the link's bandwidth). One
-# word differs, as in `03_build_up`: here a **message** is one all_reduce (a bucket, or one of PowerSGD's
-# three per bucket: the tensors it leaves uncompressed, the P factors, the Q factors), which makes
+# word differs, as in `03_build_up`: here a **message** is one all_reduce (a bucket, or one of PowerSGD's two
+# or three per bucket: the tensors it leaves uncompressed, if the bucket holds any, the P factors, the Q factors), which makes
 # 2(n − 1) hops around the ring, so its fixed cost is 2(n − 1) α. `M` is a
 # gradient matrix (PowerSGD's), never a number of bytes.
 
@@ -82,10 +82,17 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # %% [markdown]
 # ## Payload and gradient error
 #
-# Calls, payload and gradient error are the last step's, as rank 0 measured them; *param distance* is
+# Calls and payload are the last step's, as rank 0 measured them; *param distance* is
 # measured after the last step's update. *param distance* is `‖θ_hook − θ_allreduce‖ / ‖θ_allreduce − θ_start‖`:
 # how far each hook's parameters ended from plain averaging's, against how far plain averaging
 # moved them (0 for plain averaging itself).
+#
+# The cell after the table holds fp16's and bf16's gradient error against the most rounding alone can do
+# (`minddp.comm.measure.rounding_bound`, the bound the exercise checker judges a learner's fp16 hook
+# by): each value is rounded at most n + 1 times (a cast, a division and n − 1 additions), each time
+# by at most u = eps / 2 of the ranks' mean magnitude of that value (or half the spacing of the
+# format's subnormals, for a value below its smallest normal one), plus float32's own rounding of the
+# exact average it is compared with; relative to the norm of this step's gradient.
 
 # %%
 # %%rank 0
@@ -100,16 +107,13 @@ for name, t in trainees.items():
         "all_reduce calls": last["calls"],
         "payload KiB": last["bytes"] / 1024,
         "payload vs allreduce": last["bytes"] / reference.wire[-1]["bytes"],
-        "grad error (relative)": last["relative_error"],
         "param distance (relative)": ((t.flat_parameters() - reference.flat_parameters()).norm() / moved).item(),
     }
-table = pd.DataFrame(rows).T
-dist_ = table["param distance (relative)"]
-far_ = dist_.drop("allreduce").round(4)  # plain averaging's distance from itself is 0; as printed
+table = pd.DataFrame.from_dict(rows, orient="index")  # by rows: the calls stay integers
+far_ = table["param distance (relative)"].drop("allreduce").round(4)  # plain averaging's is 0; as printed
 lesson.say(
-    f"After {STEPS} steps, the parameters ended this far from plain averaging's, in units of how far plain averaging "
-    f"moved them: fp16 {dist_['fp16']:.4f}, bf16 {dist_['bf16']:.4f}, powersgd {dist_['powersgd']:.4f}; "
-    f"{far_.idxmax()} ended the farthest, {far_.max() / far_.min():.0f} times {far_.idxmin()}'s distance, in this run."
+    f"After {STEPS} steps, {far_.idxmax()} ended the farthest from plain averaging's parameters, "
+    f"{far_.max() / far_.min():.0f} times {far_.idxmin()}'s distance, in this run."
 )
 table.round(4)
 
@@ -119,30 +123,26 @@ import torch
 
 from minddp.comm.measure import rounding_bound
 
-err = table["grad error (relative)"]
 dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
-# The bound on rounding alone (minddp.comm.measure.rounding_bound, the one the exercise checker judges a learner's
-# fp16 hook by): every value is rounded at most n + 1 times (the cast, the division, the n − 1 additions), each by
-# at most half a step u = eps / 2 of its result, and the error of a sum scales with its terms' magnitudes, not with
-# the sum; relative to the gradient's norm of this step.
+err = {name: trainees[name].wire[-1]["relative_error"] for name in dtypes}  # the last step's
+# the bound on rounding alone (the markdown above), relative to this step's gradient's norm
 bound = {
     name: rounding_bound(dtypes[name], world_size, **trainees[name].wire[-1]["magnitudes"])
     / trainees[name].wire[-1]["norm"]
     for name in dtypes
 }
 lesson.claim(
-    table.loc["fp16", "payload vs allreduce"] == table.loc["bf16", "payload vs allreduce"] == 0.5,
+    table.loc["fp16", "payload vs allreduce"] == table.loc["bf16", "payload vs allreduce"] == 0.5
+    and table.loc["fp16", "all_reduce calls"]
+    == table.loc["bf16", "all_reduce calls"]
+    == table.loc["allreduce", "all_reduce calls"],
     "fp16 and bf16's payload is exactly half of plain averaging's, in as many calls: 2 bytes a value instead of 4.",
 )
 lesson.claim(
     all(err[name] <= bound[name] for name in dtypes),
-    f"Their errors, {err['fp16']:.1e} and {err['bf16']:.1e}, stay within what rounding alone can do to this step's "
-    f"gradients: {bound['fp16']:.1e} for float16 and {bound['bf16']:.1e} for bfloat16. Each bound "
-    f"(`rounding_bound`) lets each value be rounded n + 1 times (n = {world_size} ranks: a cast, a division and "
-    "n − 1 additions), each time by at most u = eps / 2 of the ranks' mean magnitude of that value (float16's eps "
-    f"{torch.finfo(torch.float16).eps:.1e}, bfloat16's {torch.finfo(torch.bfloat16).eps:.1e}), or by half the "
-    "spacing of the format's subnormals for a value below its smallest normal one, and adds float32's own rounding "
-    "of the exact average it is compared with.",
+    f"Their relative gradient errors on the last step, {err['fp16']:.1e} and {err['bf16']:.1e}, stay within the "
+    f"bound on rounding alone for this step's gradients: {bound['fp16']:.1e} for float16 and {bound['bf16']:.1e} "
+    "for bfloat16.",
 )
 # bfloat16 keeps 8 bits of mantissa against float16's 11: its step is 8 times float16's, on the same values; the
 # errors' order is measured, not guaranteed by the code, so it is printed, not claimed
@@ -154,59 +154,53 @@ lesson.say(
 # %% [markdown]
 # ## PowerSGD, step by step
 #
-# PowerSGD is the one hook whose numbers need explaining: its calls, its bytes and its gradient error
-# all move, and not in the same direction. The cell below shows its traffic and error at every step,
-# beside plain averaging's.
+# PowerSGD's calls and payload change when it starts compressing; the cell shows both at every step.
+# A compressing bucket makes two or three all_reduces: one for the tensors it leaves uncompressed
+# (those matrix rank 1 would not shrink by more than `min_compression_rate`, vectors among them), only
+# if it holds any; one for all
+# its P factors; one for all its Q factors, which need the averaged P first.
+# Its gradient error is not read here: with error feedback, each compressing step adds to the bucket,
+# before compressing it, what compression left out the step before, so the hook's average is not meant
+# to equal this step's exact average, which is what the error measure compares it with. Where its
+# parameters end is its *param distance* above.
 
 # %%
 # %%rank 0
 p, a = trainees["powersgd"], trainees["allreduce"]
 start_iter = HOOKS["powersgd"]["start_powerSGD_iter"]
 steps = pd.DataFrame(
-    {
-        "allreduce calls": [w["calls"] for w in a.wire],
-        "powersgd calls": [w["calls"] for w in p.wire],
-        "allreduce payload KiB": [w["bytes"] / 1024 for w in a.wire],
-        "powersgd payload KiB": [w["bytes"] / 1024 for w in p.wire],
-        "powersgd relative error": [w["relative_error"] for w in p.wire],
-    },
+    {"powersgd calls": [w["calls"] for w in p.wire], "powersgd payload KiB": [w["bytes"] / 1024 for w in p.wire]},
     index=pd.RangeIndex(1, len(p.wire) + 1, name="step"),
 )
+plain_calls, plain_kib = a.wire[-1]["calls"], a.wire[-1]["bytes"] / 1024  # the same at every step
+assert all(w["calls"] == plain_calls and w["bytes"] / 1024 == plain_kib for w in a.wire)
 buckets = lesson.buckets_of(a.model)
 last = steps.iloc[-1]
 early, late = steps.iloc[:start_iter], steps.iloc[start_iter:]
 # plain averaging through PowerSGD's first steps is allreduce_hook itself: the same division and sum as the
 # exact average it is compared with, so its error is 0 up to float32's rounding of one sum (1e-6 is ~10 eps)
 lesson.claim(
-    (early["powersgd calls"] == early["allreduce calls"]).all()
-    and (early["powersgd payload KiB"] == early["allreduce payload KiB"]).all()
-    and (early["powersgd relative error"] < 1e-6).all(),
+    (early["powersgd calls"] == plain_calls).all()
+    and (early["powersgd payload KiB"] == plain_kib).all()
+    and all(w["relative_error"] < 1e-6 for w in p.wire[:start_iter]),
     f"For the first {start_iter} steps PowerSGD is plain averaging (start_powerSGD_iter={start_iter}): the same "
-    f"calls and payload, no error.",
+    f"{plain_calls} calls and {plain_kib:.0f} KiB of payload, and the exact average to within 1e-6 (relative).",
 )
+# a bucket makes 2 or 3 calls (P and Q always; the uncompressed tensors' only if it holds any): 3 × buckets in all
+# means 3 in every bucket
 lesson.claim(
-    (late["powersgd calls"] == 3 * buckets).all() and (late["allreduce calls"] == buckets).all(),
-    f"Then it makes {int(last['powersgd calls'])} calls a step for {buckets} buckets, 3 per bucket, where plain "
-    f"averaging makes {int(last['allreduce calls'])}: one for the tensors it leaves uncompressed (here the norm "
-    f"weights, vectors rather than matrices: small-llama's linears have no bias; and any matrix too small for "
-    f"matrix rank 1 to save bytes), one for all the bucket's P factors, one for all its Q factors, "
-    f"which need the averaged P first.",
+    (late["powersgd calls"] == 3 * buckets).all(),
+    f"Then it makes {int(last['powersgd calls'])} calls a step for its {buckets} buckets, 3 in every bucket, where "
+    f"plain averaging makes {plain_calls}.",
 )
 lesson.say(
-    f"Those carry {last['powersgd payload KiB'] / last['allreduce payload KiB']:.3f} of the payload "
-    f"({last['allreduce payload KiB'] / last['powersgd payload KiB']:.0f} times fewer bytes).",
-    f"Its relative gradient error, once compressing, ranged from {late['powersgd relative error'].min():.2f} "
-    f"to {late['powersgd relative error'].max():.2f},",
-    f"above 1 at {(late['powersgd relative error'] > 1).sum()} of its {len(late)} compressing steps.",
+    f"Those carry {last['powersgd payload KiB'] / plain_kib:.3f} of the payload "
+    f"({plain_kib / last['powersgd payload KiB']:.0f} times fewer bytes)."
 )
 steps.round(3)
 
 # %% [markdown]
-# An error above 1 means the hook's average was farther from the exact average than the exact
-# average is from zero.
-#
-# The first table's *param distance* column shows where the hooks' parameters ended after the same
-# steps. For a longer run, `python -m minddp.train --stage bucket-async --hook powersgd
+# For a longer run, `python -m minddp.train --stage bucket-async --hook powersgd
 # --powersgd-rank 1` (matrix rank 1) trains with one hook for as many steps as you ask, and
 # `python -m minddp.analyze --compare RUN_A RUN_B` puts two such runs side by side.
 #
@@ -222,17 +216,13 @@ steps.round(3)
 #   step's messages on the link, from their sizes alone (the same on any machine);
 # * *exposed ms* (*exposed*, `metrics.exposed`): the part of that time during which the training thread stood
 #   still waiting for a message, after the last backward or inside a hook (PowerSGD waits for each bucket's
-#   summed P before it computes Q). It never exceeds *link ms*. Plain averaging here is `03_build_up`'s
-#   `bucket-async`, measured by the same function in another run: one step's exposed and waited need not
-#   agree with 03's;
-# * *waited ms* (*waited*, `metrics.waited`): all the time the thread stood waiting for messages: the exposed
-#   part, and the time after the link's modelled transfers had ended, until the real all_reduce under the
-#   link had finished (the link delivers a message once both are done). A real all_reduce finishes only once
-#   the other rank has reached it too, so this part holds the wait for the other rank, which the run does
-#   not time apart;
+#   summed P before it computes Q). It never exceeds *link ms*, and it is the step time the link adds
+#   (01's vocabulary): the most that sending fewer bytes could take off the step. Plain averaging here is
+#   `03_build_up`'s `bucket-async`, measured by the same function in another run: one step's exposed need
+#   not agree with 03's;
 # * *last backward ms* and *step ms*: how long the step's last backward (the one that sends) and the whole
-#   step took, measured once per hook on this machine, so that each wait stands beside the compute it sat in.
-#   One step each: the rows do not rank the hooks by speed.
+#   step took, measured once per hook on this machine, so that the exposed time stands beside the compute
+#   it sat in. One step each: the rows do not rank the hooks by speed.
 
 # %%
 # %%distributed
@@ -257,25 +247,25 @@ lesson.say(f"The emulated link: {LINK.describe()}.")
 # %%rank 0
 n = world_size
 per_message = LINK.seconds("all_reduce", 0, n) * 1e3  # 2(n − 1) α: the fixed cost of one all_reduce, ms
-timed = pd.DataFrame(
+timed = pd.DataFrame.from_dict(
     {
         name: {
-            "all_reduce calls": v["calls"],
-            "payload KiB": v["bytes"] / 1024,
+            "all_reduce calls": v["calls"],  # the first table's; used below, not shown again
             "link ms (modelled)": v["link_ms"],
             "exposed ms (measured)": v["exposed_ms"],
-            "waited ms (measured)": v["waited_ms"],
             "last backward ms (measured)": v["last_backward_ms"],
             "step ms (measured)": v["row"]["end"],
         }
         for name, v in on_link.items()
-    }
-).T
+    },
+    orient="index",
+)
 plain, fp16, psgd = (timed.loc[h] for h in ("allreduce", "fp16", "powersgd"))
 fixed = {h: timed.loc[h, "all_reduce calls"] * per_message for h in timed.index}
 lesson.claim(
     abs(fp16["link ms (modelled)"] - fixed["fp16"] - (plain["link ms (modelled)"] - fixed["allreduce"]) / 2)
-    < 1e-9 * plain["link ms (modelled)"],
+    < 1e-9 * plain["link ms (modelled)"]
+    and timed.loc["bf16", "link ms (modelled)"] == fp16["link ms (modelled)"],
     f"On the link, half the bytes is half the time: fp16 and bf16 take {fp16['link ms (modelled)']:.1f} ms against "
     f"plain averaging's {plain['link ms (modelled)']:.1f} ms; only the fixed cost of their "
     f"{int(fp16['all_reduce calls'])} messages, {fixed['fp16']:.1f} ms, is not halved.",
@@ -283,30 +273,24 @@ lesson.claim(
 last_bucket = LINK.seconds(*sent["allreduce"][-1], n) * 1e3
 lesson.claim(
     psgd["link ms (modelled)"] < last_bucket and psgd["all_reduce calls"] == 3 * plain["all_reduce calls"],
-    f"PowerSGD's {int(psgd['all_reduce calls'])} messages take {psgd['link ms (modelled)']:.1f} ms of link time, "
-    f"{fixed['powersgd']:.1f} ms of it fixed cost (3 times as many messages): less than plain averaging's last "
-    f"bucket alone ({lesson.mib(sent['allreduce'][-1][1])}, {last_bucket:.1f} ms).",
+    f"PowerSGD's {int(psgd['all_reduce calls'])} messages take {psgd['link ms (modelled)']:.1f} ms of link time: "
+    f"less than plain averaging's last bucket alone ({lesson.mib(sent['allreduce'][-1][1])}, {last_bucket:.1f} ms).",
 )
-link_ms, exposed_ms = timed["link ms (modelled)"], timed["exposed ms (measured)"]
-waited_ms = timed["waited ms (measured)"]
-psgd_look = on_link["powersgd"]
-b_start, b_end = psgd_look["row"]["backward"][-1]
-in_backward = sum(e - s for s, e in psgd_look["row"]["waits"] if b_start <= s < b_end)
+step_ms, back_ms = timed["step ms (measured)"], timed["last backward ms (measured)"]
 lesson.say(
-    "In this run (one step each), exposed of link time: "
-    + ", ".join(f"{h} {exposed_ms[h]:.1f} of {link_ms[h]:.1f} ms" for h in timed.index)
-    + "; waited in all: "
-    + ", ".join(f"{h} {waited_ms[h]:.1f} ms" for h in timed.index)
-    + f". Of PowerSGD's {waited_ms['powersgd']:.1f} ms, {in_backward:.1f} ms fell inside its last backward (the one "
-    "that sends), where its hook waits for each bucket's summed P."
+    f"In this run, plain averaging left {plain['exposed ms (measured)']:.1f} of its {plain['link ms (modelled)']:.1f} "
+    f"ms of link time exposed, {100 * plain['exposed ms (measured)'] / plain['step ms (measured)']:.1f} % of its "
+    f"{plain['step ms (measured)']:.1f} ms step: the most that sending fewer bytes could take off that step. The four "
+    f"hooks' steps lie within {step_ms.max() - step_ms.min():.1f} ms of each other and their last backwards within "
+    f"{back_ms.max() - back_ms.min():.1f} ms: one step each, these do not rank the hooks by speed."
 )
-timed.round(1)
+timed.drop(columns="all_reduce calls").round(1)
 
 # %% [markdown]
 # ## Where each takes less link time: messages against bytes
 #
 # This section compares link time only, the modelled time of a step's messages, not the step.
-# PowerSGD pays an all_reduce's fixed cost, 2(n − 1) α, three times a bucket where plain averaging
+# PowerSGD pays an all_reduce's fixed cost, 2(n − 1) α, three times a bucket here where plain averaging
 # pays it once, and saves almost all of the bytes. Per step, with c all_reduces of S bytes of payload in
 # all (S: a step's payload, not PowerSGD's matrix M), the link takes
 #
@@ -321,9 +305,10 @@ timed.round(1)
 #   is paid 2(n − 1) times, while the bytes each rank puts on the wire, 2(n − 1)/n · S, stay under 2S
 #   whatever n. An n* below 2 means plain averaging's link time is the shorter at any number of ranks;
 # * **model size**, through its buckets: a bucket of m bytes, compressed to q · m (q = S′/S, the
-#   compression ratio; not PowerSGD's matrix rank), pays two extra messages, so compressing it saves
+#   compression ratio; not PowerSGD's matrix rank), pays two extra messages (3 against 1, as every
+#   bucket here; a bucket with no tensor left uncompressed pays one), so compressing it saves
 #   link time only for `m > m* = 2 n α B / (1 − q)`. m* assumes a bucket compresses as well as this
-#   step's buckets did together (q is the whole step's, the norm weights PowerSGD sends uncompressed
+#   step's buckets did together (q is the whole step's, the tensors PowerSGD sends uncompressed
 #   included): matrix rank 1 sends a + b values for an a × b matrix, against a · b, so a bucket of
 #   smaller matrices has a larger q, and a larger m*.
 #
@@ -350,19 +335,20 @@ def crossover(alpha):
 
 
 links = {name: spec for name, spec in PRESETS.items() if name != "loopback"}
-wins = pd.DataFrame(
+wins = pd.DataFrame.from_dict(
     {
         name: {
             "α per hop (µs)": spec.latency * 1e6,
             "bandwidth (Gbit/s)": spec.bandwidth / GBIT,
-            **{f"{HOOK_NAMES[h]}, link ms": step_link_ms(h, spec) for h in HOOK_NAMES},
+            **{f"{HOOK_NAMES[h]}, link ms": step_link_ms(h, spec) for h in ("allreduce", "powersgd")},
             "B* (Gbit/s)": crossover(spec.latency) / GBIT,
             "n*": (S - S2) / ((c2 - c) * spec.latency * spec.bandwidth),
-            "m* (KiB)": 2 * n * spec.latency * spec.bandwidth / (1 - q) / 1024,
         }
         for name, spec in links.items()
-    }
-).T
+    },
+    orient="index",
+)
+m_star = 2 * n * LINK.latency * LINK.bandwidth / (1 - q)  # bytes, at the notebook's link
 faster = {name: step_link_ms("powersgd", spec) < step_link_ms("allreduce", spec) for name, spec in links.items()}
 lesson.claim(
     all(faster[name] == (spec.bandwidth < crossover(spec.latency)) for name, spec in links.items()),
@@ -383,10 +369,11 @@ tie = LinkSpec("B*", crossover(LINK.latency), LINK.latency)
 lesson.claim(
     abs(step_link_ms("powersgd", tie) - step_link_ms("allreduce", tie)) < 1e-9 * step_link_ms("allreduce", tie),
     f"At {LINK.name}'s α = {LINK.latency * 1e6:g} µs the two tie at B* = {tie.bandwidth / GBIT:.0f} Gbit/s, "
-    f"{tie.bandwidth / LINK.bandwidth:.0f} times {LINK.name}; at {LINK.name}'s bandwidth they would tie at "
-    f"n* = {wins.loc[LINK.name, 'n*']:.0f} ranks, and a bucket that compresses as this step's buckets did "
-    f"together (q = S′/S = {q:.4f}) pays for its compression from m* = "
-    f"{wins.loc[LINK.name, 'm* (KiB)']:.0f} KiB.",
+    f"{tie.bandwidth / LINK.bandwidth:.0f} times {LINK.name}.",
+)
+lesson.say(
+    f"At {LINK.name} the formulas give n* = {wins.loc[LINK.name, 'n*']:.0f} ranks, and m* = {m_star / 1024:.0f} KiB "
+    f"for a bucket that compresses as this step's buckets did together (q = S′/S = {q:.4f})."
 )
 
 fig, ax = plt.subplots(figsize=(10, 4))
@@ -415,6 +402,7 @@ for hook, marker in (("allreduce", "o"), ("powersgd", "^")):  # each preset at i
     )
 presets = ax.secondary_xaxis("top")  # the preset links' bandwidths
 presets.set_xticks([spec.bandwidth / GBIT for spec in links.values()], list(links), rotation=90, fontsize=7)
+presets.set_xlabel("preset links, at their bandwidth", fontsize=8)
 ax.set_title(
     "This step's messages on links of every bandwidth: lines at two α's (grey: B*, where PowerSGD and plain "
     "averaging tie), markers at each preset's own α",
@@ -427,9 +415,9 @@ wins.round(3)
 
 # %% [markdown]
 # What the link's model (*link ms*) leaves out: the hooks' own compute (the casts; PowerSGD's matrix
-# products and orthogonalization), which this notebook does not time apart; the waits after the modelled
-# transfers had ended (*waited ms* minus *exposed ms* in the link table); and PowerSGD's error feedback's
-# memory, one more gradient-sized tensor per rank. This notebook
+# products and orthogonalization), which this notebook does not time apart; the training thread's waits
+# after a modelled transfer has ended, for the other rank or the real all_reduce; and PowerSGD's error
+# feedback's memory, one more gradient-sized tensor per rank. This notebook
 # models a ring only.
 # Real libraries may also count α differently (NCCL can send small messages along a tree, whose
 # fixed cost grows like log n rather than 2(n − 1)); if the α term shrinks and the bytes' term
@@ -452,8 +440,9 @@ wins.round(3)
 # Future? of one tensor? of the right size and dtype? the average, not the sum? how far off, against
 # the bound on float16 rounding derived above, `minddp.comm.measure.rounding_bound`, computed for that
 # bucket's values, so not the number printed above for this step's gradients? how many bytes?), then
-# trains with it in the `bucket-async` stage beside torch's DDP running torch's own `fp16_compress_hook`. A hook that passes on 2 ranks is checked once more on 3, where a world size
-# written as a number (`/ 2`) no longer gives the average.
+# trains with it for 3 steps in the `bucket-async` stage and says how far its parameters ended from those
+# of torch's DDP running torch's own `fp16_compress_hook`. A hook that passes on 2 ranks is checked once
+# more on 3, where a world size written as a number (`/ 2`) no longer gives the average.
 
 # %%
 import torch

@@ -32,7 +32,7 @@
 #    collectives the *collective check* alone (no wrapper needed: every `torch.distributed`
 #    collective is compared across ranks before it is sent; section 4 shows how). What it says is one
 #    line on every rank: the cell prints rank 0's alone, then whether each other rank raised the same
-#    finding, and when (a line that differs in more than where it names its own rank is
+#    finding (a line that differs in more than where it names its own rank is
 #    printed too), and checks that every rank raised it (section 3's finding is a warning: there each rank *warns*). The line names the cause, the tensor or
 #    call, the rank(s), the step, and the fix. For eight bugs the line is an error that stops every
 #    rank at the first check that sees the bug; for a bug that spoils nothing (section 3,
@@ -53,7 +53,7 @@
 # it on in its set-up cell, so its torch runs have it *paused* (`minddp.debug.disable()`): the wrappers
 # it put on `torch.distributed`'s collectives stay, passing every call through unchecked (the last
 # section shows what a wrapper built with it paused lacks).
-# What each check does and costs: `docs/debugging.md`.
+# What each check does: `docs/debugging.md`.
 #
 # The bugs do not need a large model: a two-layer network on random data, a few steps, is enough.
 
@@ -72,9 +72,8 @@
 # * `minddp_says`: the line debug mode raised, checked on every rank;
 # * `fixed`: the corrected script; debug mode says nothing and the replicas are equal.
 #
-# The times they print count from the script's start, building
-# its model and wrapper included, until the rank raised (a warning: until the end of the step that
-# issued it).
+# The times `torch_does` prints count from the script's start, building its model and wrapper
+# included, until the rank raised.
 
 # %%
 # %%distributed
@@ -188,45 +187,37 @@ torch_took: list[float] = []  # each rank's time in torch_does's last run
 
 
 def minddp_says(script, cause: str, verdict: str = "debug mode stopped every rank") -> None:
-    """Run ``script()`` in debug mode; print the line rank 0 raised, alone, then each rank's time until it raised and
-    whether the others raised the same finding (a line that differs in more than its rank is printed), claim every
-    rank raised ``cause``, and return each rank's time."""
-    start = time.perf_counter()
+    """Run ``script()`` in debug mode; print the line rank 0 raised, alone, then whether the others raised the same
+    finding (a line that differs in more than its rank is printed), and claim every rank raised ``cause``."""
     try:
         script()
     except minddp.debug.DebugError as finding:
         line = str(finding)
     else:
         line = None
-    everyone = say_each(line, time.perf_counter() - start, "raised")
-    lesson.claim(all(said is not None and cause in said for said, _ in everyone), verdict)
-    return [took for _, took in everyone]
+    everyone = say_each(line, "raised")
+    lesson.claim(all(said is not None and cause in said for said in everyone), verdict)
 
 
-def say_each(line: str | None, took: float, how: str) -> list:
-    """Every rank's ``line`` (None: it said nothing) and ``took`` s (until it came): rank 0's line printed alone,
-    then in a line of its own when each rank ``how`` (raised, warned) its line, and whether it was rank 0's finding
-    (a rank's line that differs in more than where it names its own rank is printed); returns every rank's
-    ``(line, took)``."""
+def say_each(line: str | None, how: str) -> list:
+    """Every rank's ``line`` (None: it said nothing): rank 0's printed alone, then in a line of its own whether each
+    other rank ``how`` (raised, warned) rank 0's finding (a rank's line that differs in more than where it names its
+    own rank is printed); returns every rank's line."""
     everyone = [None] * world_size
-    dist.all_gather_object(everyone, (line, took))
-    own = everyone[0][0]
+    dist.all_gather_object(everyone, line)
+    own = everyone[0]
     lesson.say(own or "minddp said nothing")
-    told = [
-        f"rank 0's line came {everyone[0][1]:.2f} s into the script"
-        if own
-        else f"rank 0 said nothing in {everyone[0][1]:.2f} s"
-    ]
-    for r, (said, took) in enumerate(everyone[1:], start=1):
+    told = []
+    for r, said in enumerate(everyone[1:], start=1):
         if said is None:
-            told.append(f"rank {r} said nothing in {took:.2f} s")
+            told.append(f"rank {r} said nothing")
         elif (mine := said.replace(f"(rank {r}): ", "(rank 0): ", 1)) == own:
-            told.append(f"rank {r} {how} the same finding {took:.2f} s in")
+            told.append(f"rank {r} {how} the same finding")
         elif mine.replace(f", rank {r}>", ", rank 0>") == own:  # it names the place in its own copy of the cell
             place = re.search(rf"<In \[\d+\], rank {r}>", said).group()
-            told.append(f"rank {r} {how} the same finding, naming the place as `{place}`, {took:.2f} s in")
+            told.append(f"rank {r} {how} the same finding, naming the place as `{place}`")
         else:
-            told.append(f"rank {r} {how} {took:.2f} s in: {said}")
+            told.append(f"rank {r} {how}: {said}")
     lesson.say(f"({'; '.join(told)})")
     return everyone
 
@@ -269,7 +260,7 @@ def fixed(script, fix: str, **corrected) -> None:
 
 
 train(*build(), steps=1)  # one correct step, untimed: what a process pays once is not in section 1's times
-print(f"rank {rank}: debug mode on, {sum(p.numel() for p in Net().parameters())} parameters")
+print(f"rank {rank}: debug mode on")
 lesson.say(
     f"Under torch, a script's own collective gives up after {WAIT_S} s here; torch's default timeout for a gloo "
     f"group, which torch's DDP keeps here, is {default_pg_timeout.total_seconds() / 60:g} minutes."
@@ -372,10 +363,9 @@ fixed(accumulate, "the last micro-batch synced", last_syncs=True)
 
 # %%
 # %%distributed
-def read(model, ddp, optimizer, same=True, start=None) -> list[tuple[str, float]]:
-    """Four steps; every Python warning raised in them, each with the time from ``start`` to the end of the step it
-    came in (a warning torch's C++ code prints to stderr is not one: see section 6)."""
-    start, heard = start or time.perf_counter(), []
+def read(model, ddp, optimizer, same=True) -> list[str]:
+    """Four steps; every Python warning raised in them (a warning torch's C++ code prints to stderr is not one: see
+    section 6)."""
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         for step in range(4):
@@ -383,8 +373,7 @@ def read(model, ddp, optimizer, same=True, start=None) -> list[tuple[str, float]
             nn.functional.mse_loss(ddp(x), y).backward()
             optimizer.step()
             optimizer.zero_grad()
-            heard += [(str(w.message), time.perf_counter() - start) for w in said[len(heard) :]]
-    return heard
+    return [str(w.message) for w in said]
 
 
 torch_warned = []
@@ -393,11 +382,10 @@ lesson.claim(
     said == ["raised nothing"] * world_size and torch_warned == [],
     "torch's DDP trained the 4 steps, raising nothing and issuing no Python warning",
 )
-start = time.perf_counter()
-lines = read(*build(), start=start)
-say_each(*(lines[0] if lines else (None, time.perf_counter() - start)), "warned")
+lines = read(*build())
+say_each(lines[0] if lines else None, "warned")
 lesson.claim(
-    len(lines) == 1 and lines[0][0].startswith("minddp debug"),
+    len(lines) == 1 and lines[0].startswith("minddp debug"),
     "debug mode warned once on every rank (the 4 steps' one Python warning), and the steps ran to the end",
 )
 lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, no warning at all")
@@ -411,7 +399,7 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # `torch.distributed` collective is compared across ranks on a side channel (the default group's
 # store, a key-value table every rank reaches) before it is sent (the *collective check*), so both
 # ranks stop before the mismatched all_reduce is sent, naming each rank's call and the line it came
-# from. Torch's times are in the "torch, rank r" lines, debug mode's under its line. The fix: the same metrics on every rank.
+# from. The fix: the same metrics on every rank.
 #
 # The line numbers the call: *collective #K* is the group's sequence number, counting from 0 every
 # collective on the group that debug mode has checked (the notebook's own and the earlier sections'
@@ -432,14 +420,9 @@ waited = list(torch_took)
 lesson.claim(
     all("Timed out" in s or peer_gone(s) for s in said)
     and any("Timed out" in s and took >= WAIT_S for s, took in zip(said, waited)),
-    f"under torch no rank's all_reduce completed: each failed, at least one at the {WAIT_S} s timeout "
-    "(a rank that had not timed out yet fails when its partner leaves)",
+    f"under torch no rank's all_reduce completed: each failed, at least one at the {WAIT_S} s timeout",
 )
-minddp_says(
-    lambda: dist.all_reduce(torch.tensor(logged, device=device)),
-    "mismatched collectives",
-    "debug mode stopped both ranks before the collective",
-)
+minddp_says(lambda: dist.all_reduce(torch.tensor(logged, device=device)), "mismatched collectives")
 metrics = torch.tensor([0.5, 0.9], device=device)
 with quiet() as said:
     dist.all_reduce(metrics)
@@ -472,7 +455,7 @@ lesson.claim(
     "Timed out" in said[0] and said[1] == "raised nothing",
     f"under torch rank 0 waited until the {WAIT_S} s timeout; rank 1 stepped on, raising nothing",
 )
-minddp_says(lambda: log_loss(*build()), "mismatched collectives", "debug mode stopped both ranks before the collective")
+minddp_says(lambda: log_loss(*build()), "mismatched collectives")
 fixed(log_loss, "the loss logged on every rank", everywhere=True)
 
 # %% [markdown]
@@ -486,7 +469,8 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # Debug mode sees a rank in a step on one side and a rank out of its loop on the other. The line
 # names the fixes: the same number of batches on every rank (`DistributedSampler(...,
 # drop_last=True)`, or every rank stopping at the shortest rank's count), or training under
-# `with model.join():`, which has a rank that ran out shadow the collectives of the others' steps.
+# `with model.join():`, where a rank that has run out keeps making the collectives of the others'
+# steps, with zero gradients, until every rank is done.
 # The cell uses the last.
 
 
@@ -504,7 +488,7 @@ def uneven(model, ddp, optimizer, group=None):
 said = torch_does(lambda group, short: uneven(*build(TorchDDP, process_group=group), group=short))
 lesson.claim(
     peer_gone(said[0]) and "Timed out" in said[1],
-    f"under torch rank 1 waited in its barrier until the {WAIT_S} s timeout, and rank 0 in step 3 until rank 1 left",
+    f"under torch rank 1 failed at the {WAIT_S} s timeout, and rank 0 when rank 1 left",
 )
 minddp_says(lambda: uneven(*build()), "uneven inputs: rank 1 left the training loop after step 2")
 model, ddp, optimizer = build()
@@ -559,7 +543,7 @@ def freeze_on_rank_0(wrap, everywhere=False):
 said = torch_does(lambda group, short: freeze_on_rank_0(lambda m: TorchDDP(m, process_group=group)))
 lesson.claim(
     "not used in producing loss" in said[0] and "indices" in said[0] and peer_gone(said[1]),
-    "under torch rank 0 failed at its second forward, naming unused parameters by index; rank 1 waited until it left",
+    "under torch rank 0 raised, naming unused parameters by index, and rank 1 failed when rank 0 left",
 )
 minddp_says(
     lambda: freeze_on_rank_0(DistributedDataParallel), "requires_grad differs across ranks: parameter 'head.weight'"
@@ -599,8 +583,8 @@ dist.all_gather_object(shares, share)
 lesson.claim(
     said == ["raised nothing"] * world_size and gap > 0 and abs(shares[1] - 0.5) < 1e-5,
     f"with find_unused_parameters=True torch's DDP raised nothing; the norm of rank 1's head.weight gradient was "
-    f"{shares[1]:.3f} × that of its own (its own averaged with rank 0's zeros); rank 0 never steps its frozen head, "
-    f"and the replicas' parameters ended apart by up to {gap:.1e}",
+    f"{shares[1]:.3f} × that of its own (its own averaged with rank 0's zeros), and the replicas' parameters ended "
+    f"apart by up to {gap:.1e}",
 )
 
 # %% [markdown]
@@ -616,7 +600,7 @@ lesson.claim(
 said = torch_does(lambda group, short: train(*build(TorchDDP, extra=True, process_group=group), 2, use_extra=rank == 0))
 lesson.claim(
     peer_gone(said[0]) and "not used in producing loss" in said[1] and "indices" in said[1],
-    "under torch rank 1 failed at its second forward, naming unused parameters by index; rank 0 waited until it left",
+    "under torch rank 1 raised, naming unused parameters by index, and rank 0 failed when rank 1 left",
 )
 # the bug: a branch on rank 0 only
 minddp_says(lambda: train(*build(extra=True), 1, use_extra=rank == 0), "Fix: pass find_unused_parameters=True")
@@ -636,17 +620,19 @@ lesson.claim(
 # wrapper built while it is on has three things one built while it is paused lacks: a *watch* (the
 # object that runs the forward check and the step check for that wrapper), the `DebugReducer` (the
 # *reducer* is the part of the wrapper that averages the gradients in buckets; debug mode's version
-# sends each bucket through `torch.distributed`, checked, one at a time), and the *plan check* (each
+# sends each bucket through `torch.distributed`, checked, with a blocking all_reduce inside backward, so
+# no bucket travels while backward computes: debug mode gives up the overlap DDP's buckets are for), and
+# the *plan check* (each
 # step, the ranks compare their *bucket plan*, which parameters each bucket holds, and their *launch
 # order*, the order the buckets were sent in). So debug mode does more than watch: it adds
 # collectives. It is built to change no value the training computes: the cell checks that this
 # model's 5 steps end with bit-identical parameters either way (`tests/test_debug.py` checks it for
 # every bug-free script against torch's DDP), and shows what a wrapper built each way has.
 #
-# `docs/debugging.md` has what each check does and costs
-# (*Off, it is not there*: the benchmark's cost against a process without debug mode, on larger
-# presets), what torch's DDP does on each bug as a script under torchrun (recorded), and what debug
-# mode does not see.
+# `docs/debugging.md` has what each check does, what torch's DDP does on each bug as a script under
+# torchrun (recorded), and what debug mode does not see. This notebook times no step with debug mode
+# on: the doc's step times were taken with an earlier fingerprint (the plain sum of a tensor's bits),
+# not the weighted one used here.
 
 
 # %%

@@ -389,6 +389,18 @@ def test_gloos_refusal_of_reduce_op_avg_gets_the_fix():
     assert "keep the default ReduceOp.SUM and divide by dist.get_world_size(group) yourself" in hint, hint
 
 
+def test_a_passing_hook_verdict_names_each_number_it_prints():
+    # notebook 04's read: "and 9.7e-06 from a single process without compression" was a bare number, with no measure,
+    # no step count and no tolerance; the verdict now names the one training comparison it prints and its steps
+    report = {"world": 2, "finding": None, "probe": {"numel": 1000, "relative_error": 2.4e-4, "bytes": 2000},
+              "reference_probe": {"relative_error": 2.4e-4}, "error_bound": 1.8e-3, "large_gradient": 49128.0,
+              "max_diff": [9.7e-6, 0.0], "checked_steps": 3}  # fmt: skip
+    v = checker._hook_verdict("fp16", {0: report, 1: report}, TIMEOUT)
+    assert v.ok, v.line
+    assert "after 3 steps in the bucket-async stage its parameters differ from those of torch's DDP" in v.line, v.line
+    assert "9.7e-06" not in v.line, v.line
+
+
 @pytest.mark.parametrize("hook,named", HOOK_MISTAKES, ids=[m[0].__name__ for m in HOOK_MISTAKES])
 def test_each_hook_mistake_is_named(hook, named):
     v = check_hook(hook, like="fp16", timeout_s=TIMEOUT)
