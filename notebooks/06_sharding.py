@@ -500,14 +500,14 @@ lesson.claim(
 # %% [markdown]
 # ## The sharded rungs on one time axis
 #
-# `ddp` and the three sharded stages, the step each stage's look on gloo (the ZeRO-2 section's) recorded, drawn as
-# `03_build_up` drew the DDP ladder: forward and backward of each micro-batch and the optimizer step,
-# with a mark under each row at every moment the stage handed a collective over, by kind. The figure
+# `ddp` and the three sharded stages, the step each stage's look on gloo (the ZeRO-2 section's) recorded:
+# forward and backward of each micro-batch, the optimizer step, and a mark under each row at every
+# moment the stage handed a collective over, by kind. The figure
 # shows *where* in the step each stage hands its collectives over, not how long they take. Marks
 # closer together than a few ms draw as one: the claims below give the counts. The blank on a lane
 # between the last backward and the optimizer step holds the training thread's wait for the gradient
-# collectives to finish. Each row is one step,
-# taken under whatever load the machine had then, so the rows' lengths do not rank the stages.
+# collectives to finish. Each row is one step, taken under whatever load the machine had then, so
+# neither the rows' lengths nor their blanks rank the stages.
 
 # %%
 # %%rank 0
@@ -529,7 +529,9 @@ lesson.claim(
     ),
     "Each row marks every collective its look counted: "
     + ", ".join(
-        f"{s} {looks[s]['calls']} gradient collectives + {looks[s]['gathers']} all-gathers of parameters"
+        f"{s} {looks[s]['calls']} gradient collectives + {looks[s]['gathers']} "
+        + ("all-gather" if looks[s]["gathers"] == 1 else "all-gathers")
+        + " of parameters"
         + (f" + {looks[s]['small_gathers']} check" if looks[s]["small_gathers"] else "")
         for s in STAGES
     )
