@@ -675,6 +675,15 @@ def _halves_collectives_without_group(tensor, group):
     tensor.copy_(padded[: flat.numel()].view_as(tensor))
 
 
+def _halves_group_as_op(tensor, group):
+    """Passes the group to the reduce-scatter by position, where its third parameter is ``op``."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group)
+    all_gather_single(padded, piece, group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
 def _halves_scatter_swapped(tensor, group):
     """Hands the reduce-scatter (input, output) where it takes (output, input)."""
     flat, padded, n = _padded(tensor, group)
@@ -727,6 +736,7 @@ HalvesCopiedFromInput = _halves_with("HalvesCopiedFromInput", _halves_copied_fro
 HalvesWorldWithoutGroup = _halves_with("HalvesWorldWithoutGroup", _halves_world_without_group)
 HalvesWorldImported = _halves_with("HalvesWorldImported", _halves_world_imported)
 HalvesCollectivesWithoutGroup = _halves_with("HalvesCollectivesWithoutGroup", _halves_collectives_without_group)
+HalvesGroupAsOp = _halves_with("HalvesGroupAsOp", _halves_group_as_op)
 HalvesScatterSwapped = _halves_with("HalvesScatterSwapped", _halves_scatter_swapped)
 HalvesGatherSwapped = _halves_with("HalvesGatherSwapped", _halves_gather_swapped)
 

@@ -308,6 +308,16 @@ MISTAKES = [
             "was called without group=, so it runs over the whole world",
         ),
     ),
+    # the group passed by position to reduce_scatter_single lands in its `op` (all_gather_single takes it third)
+    (
+        wrong.HalvesGroupAsOp,
+        "halves",
+        (
+            "your code raised UngroupedCollective in _halves_group_as_op (line",
+            "reduce_scatter_single(piece, padded, group)`",
+            "the group went into op: reduce_scatter_single takes (output, input, op, group)",
+        ),
+    ),
     # the same through `from torch.distributed import get_world_size`: the name in the transport's globals is
     # refused too, not only the attribute of dist
     (

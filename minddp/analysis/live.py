@@ -117,6 +117,10 @@ def step_view(prof, link=None) -> dict:
         ),
         "end": ((optimizer[-1][1] if optimizer else last[1]) - t0) / 1e3,
     }
+    # when the stage handed each kind over (its call's start), ms: what notebook 06's figure marks
+    view["handed"] = {
+        kind: sorted((t - t0) / 1e3 for t in ts) for kind, ts in (("calls", started), ("gathers", gathers))
+    }
     view["gather_spans"] = ms(sorted((e.time_range.start, e.time_range.end) for e in events if e.name in GATHER_RANGES))
     view["check_spans"] = ms(_checks(events))  # the few-byte check's gathers, from the call to the gather's end
     if link is not None:

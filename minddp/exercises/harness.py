@@ -184,7 +184,7 @@ def _size_of_a_group(world_size):
 
 
 class UngroupedCollective(RuntimeError):
-    """A transport called a reduce-scatter or an all-gather without its ``group``."""
+    """A transport called a reduce-scatter or an all-gather without its ``group`` (or handed it as the op)."""
 
 
 def _within_a_group(collective, name: str, group_at: int):
@@ -193,6 +193,13 @@ def _within_a_group(collective, name: str, group_at: int):
     come out right here, and over every rank of a job whose group is a part of the world."""
 
     def call(*args, **kwargs):
+        op = kwargs.get("op", args[2] if group_at == 3 and len(args) > 2 else None)
+        if isinstance(op, dist.ProcessGroup):  # reduce_scatter_single(piece, padded, group): the group by position
+            raise UngroupedCollective(
+                "the group went into op: reduce_scatter_single takes (output, input, op, group), unlike "
+                "all_gather_single's (output, input, group), so a group passed third is its reduce op: pass "
+                "group=group by name"
+            )
         if kwargs.get("group", args[group_at] if len(args) > group_at else None) is None:
             raise UngroupedCollective(
                 f"{name} was called without group=, so it runs over the whole world, not over the group your "

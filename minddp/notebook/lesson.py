@@ -482,56 +482,51 @@ def picture(looks: dict, stage: str, before: str | None = None, rows: list[str] 
     return draw_steps(drawn, title=title or None, width=9 if rows is None else 11)
 
 
-def mark_gathers(fig, looks: dict, rows: list[str]) -> None:
-    """Notebook 06: over :func:`picture`'s rows, the all-gathers of parameters hatched apart from the gradient
-    collectives (the look's ``gather_spans``), and the few-byte check's gather (``check_spans``: a gather range that
-    ends where a check ends) cross-hatched apart from both, with a cross at its start that shows at any width; each
-    with a legend entry of its own; rank 0 draws."""
-    if fig is None:
-        return
+def handed_picture(looks: dict, rows: list[str], title: str):
+    """Notebook 06: :func:`picture`'s rows of ``looks`` with their phases only, and a mark at each moment the stage
+    handed a collective over (the look's ``handed``), by kind: a gradient collective (a black tick under the lane),
+    an all-gather of parameters (a brown tick under that), the few-byte check's all-gather (a cross there, at
+    ``check_spans``' starts).
+    No collective's time in flight and no finish bar is drawn; rank 0 draws."""
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return None
+    from minddp.analysis.timeline import draw_steps
+
+    drawn = [dict(looks[n]["row"], messages=[], finish=[], sent=[], label=n) for n in rows]
+    fig = draw_steps(drawn, title=title, width=11)
     ax = fig.axes[0]
-    check = "the check's few-byte all-gather in flight (× at its start)"
-    cross = None
+    marks = {
+        "gradient collective handed over": ("calls", 0.12, "|", "black"),
+        "all-gather of parameters handed over": ("gathers", 0.30, "|", "#a0522d"),
+    }
     for y, name in enumerate(rows):
-        check_ends = {round(b, 6) for _, b in looks[name].get("check_spans", [])}
-        spans = looks[name].get("gather_spans", [])
-        kinds = {
-            "all-gather of parameters in flight": (
-                [(a, b - a) for a, b in spans if round(b, 6) not in check_ends],
-                "////",
-            ),
-            check: ([(a, b - a) for a, b in spans if round(b, 6) in check_ends], "xxxx"),
-        }
-        for label, (bars, hatch) in kinds.items():
-            if bars:
-                ax.broken_barh(
-                    bars,
-                    (y + 0.06, 0.30),
-                    facecolors="#fdd0a2",
-                    edgecolor="#a0522d",
-                    linewidth=0.5,
-                    hatch=hatch,
-                    label=label,
+        for label, (kind, dy, marker, color) in marks.items():
+            ts = looks[name]["handed"][kind]
+            if ts:
+                ax.plot(
+                    ts, [y + dy] * len(ts), marker, color=color, markersize=7, mew=1.3, linestyle="none", label=label
                 )
-        starts = [a for a, _ in kinds[check][0]]
+        starts = [a for a, _ in looks[name].get("check_spans", [])]
         if starts:
-            (cross,) = ax.plot(starts, [y + 0.21] * len(starts), "X", color="#7f2704", markersize=7)
+            ax.plot(
+                starts,
+                [y + 0.30] * len(starts),
+                "X",
+                color="#7f2704",
+                markersize=7,
+                linestyle="none",
+                label="the check's few-byte all-gather handed over",
+            )
     handles, labels = ax.get_legend_handles_labels()
-    # without an emulated link a collective's bar is gloo's range, gloo standing by for the other rank and a core
-    # included: named for gloo's thread, so that in notebook 06 a wait is the training thread's only
-    on_gloo = "collective in flight on gloo's thread"
-    wire = {"message on the wire": on_gloo, "collective in flight (held open included)": on_gloo}
-    unique = {wire.get(label, label): h for label, h in zip(labels, handles) if not label.startswith("_")}
-    if cross is not None:
-        unique[check] = (unique[check], cross)  # its swatch, the cross drawn over it
-    columns = min(len(unique), 5)
+    unique = {label: h for label, h in zip(labels, handles) if not label.startswith("_")}
+    columns = min(len(unique), 4)
     legend = ax.legend(
         unique.values(), unique.keys(), loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7, ncol=columns
     )
     legend.set_frame_on(False)
-    for handle in getattr(legend, "legend_handles", None) or getattr(legend, "legendHandles", []):
-        handle.set_alpha(1.0)  # a kind drawn only in a faded row: its swatch in the row's full colour
-    ax.set_title(ax.get_title(), fontsize=9, pad=8 + 11 * -(-len(unique) // columns))
+    ax.set_title(ax.get_title(), fontsize=9, pad=10 + 14 * -(-len(unique) // columns))
+    fig.tight_layout()
+    return fig
 
 
 def claim(holds: bool, text: str) -> None:
