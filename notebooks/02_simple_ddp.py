@@ -297,8 +297,8 @@ plt.show()
 #   (like 01's work handle: waiting on it gives the averaged gradient). (`GradBucket` is minddp's own class, `minddp/comm/grad_bucket.py`, with the
 #   method names of `torch.distributed.GradBucket`, what torch's DDP hands its hooks, so that a hook
 #   written for one runs in the other.) The default hook, `allreduce_hook`, divides by the number of
-#   ranks and all_reduces: the same average, the division first (the cell after the code checks that both
-#   orders give the same average here). Every later stage keeps this one call and changes only *when* it is made and how many
+#   ranks and all_reduces: the same average, the division first (a check below the code compares the two
+#   orders: the same average here). Every later stage keeps this one call and changes only *when* it is made and how many
 #   gradients one bucket holds, so `04_comm_hooks` sends any stage's gradients in fp16 or through
 #   PowerSGD by registering another hook;
 # * **two checks that compare the ranks before any gradient is sent.** At construction every rank's
@@ -364,8 +364,7 @@ lesson.claim(
 # %% [markdown]
 # And a check at work: rank 1 builds a model with one output more than rank 0's. The class above
 # checks nothing: it would hand the backend two weights of different sizes in one broadcast, and none of
-# its lines would name the mismatch (what the backend then does, hang or fail with an error of its own, is
-# not run here). The ladder's refuses on every rank, saying why. The cell prints the error each rank raised. Its words name
+# its lines would name the mismatch. The ladder's refuses on every rank, saying why. The cell prints the error each rank raised. Its words name
 # `DistributedDataParallel`: the ladder's stages share the check with `minddp.DistributedDataParallel`,
 # whose message follows torch's DDP's own.
 
