@@ -24,9 +24,8 @@
 # Point-to-point messages come first, then the collectives, where every rank of the group takes part
 # in the same call. Two of them carry the whole of data parallelism: `broadcast` (every rank starts
 # from the same weights) and `all_reduce` (every rank applies the same averaged gradient); the next
-# notebook builds exactly that. Then minddp's own ring all_reduce, written from plain `send`/`recv`
-# (the ring is one of the algorithms gloo and NCCL run), is drawn message by message from what four
-# ranks sent, and its messages are priced with a model of a link's cost per message and per byte, in
+# notebook builds exactly that. Then minddp's own ring all_reduce, written from plain `send`/`recv`,
+# is drawn message by message from what four ranks sent, and its messages are priced with a model of a link's cost per message and per byte, in
 # the notation every later notebook uses. Last come `barrier`, and the words every later notebook
 # uses for communication meeting computation (*waited*, *exposed*, *overlap* and the rest), each with
 # its definition and the function that computes it.
@@ -156,9 +155,10 @@ grad / world_size
 # 4 i + 10 · (0 + 1 + 2 + 3) = 4 i + 60 over the four ranks, so rank 0 ends with [60, 64] and rank 3
 # with [84, 88].
 #
-# Running a `reduce_scatter` then an `all_gather` is an `all_reduce`. The *ring* algorithm, one of
-# those NCCL and gloo can choose from, does exactly that; `minddp.collectives.ring_all_reduce` writes it
-# from plain `send`/`recv` so you can read it.
+# Running a `reduce_scatter` then an `all_gather` is an `all_reduce`. The *ring* algorithm does exactly
+# that, neighbour to neighbour; `minddp.collectives.ring_all_reduce` writes it from plain `send`/`recv` so
+# you can read it. (NCCL's documentation lists the ring among its algorithms; which algorithm gloo ran in
+# this notebook no output shows: the next cell checks only that the ring's result equals `dist.all_reduce`'s.)
 
 # %%
 # %%distributed
@@ -278,7 +278,6 @@ lesson.claim(
 # | α | the fixed cost of one message, whatever its size: latency, software | seconds |
 # | β | the time per byte on a link, 1 / B | seconds per byte |
 # | B | a link's bandwidth, when one is named (`1gbit`: 1 Gbit/s = 125 MB/s); the tables print it in Gbit/s | bytes per second |
-# | k | the micro-batches of one optimizer step (`03_build_up`: gradient accumulation) | |
 #
 # Each letter keeps this one meaning in every notebook; a message's size, when it is not m, is written
 # out (m / n). The measures of time, *waited*, *exposed*, *overlap* and the rest, are defined at the end
@@ -425,15 +424,16 @@ if rank == 0:
 # The later notebooks build DDP in *stages* (`03_build_up`), each one way of sending the gradients:
 # a stage hands each gradient to a *comm hook*, the function that sends it (`02_simple_ddp` shows
 # one; `noop_hook` sends nothing). They ask one question of every stage: while its gradients travel,
-# what does the training step do? Eight words answer it, each naming one measure, computed by one function of
-# `minddp.analysis.metrics` that every notebook, the trace report and the benchmark call; the table is
-# `docs/analysis.md`'s, word for word (a test checks it).
+# what does the training step do? Six words answer it (in flight, non-compute, overlap, interleaved, waited,
+# exposed), and two more say what the sending costs (link time, comm cost). Each of the eight names one
+# measure, computed by one function of `minddp.analysis.metrics` that every notebook, the trace report and the
+# benchmark call; the table is `docs/analysis.md`'s, word for word (a test checks it).
 #
 # A run may send over an *emulated link* (`minddp.comm.link`): its *transfer* of a message starts when this
 # rank hands the message over (or the link becomes free), whatever the other rank is doing, and lasts the α-β
 # time of the collective; the message is *delivered* at the later of the transfer's end and the real
-# collective's end. Six of the words (in flight, non-compute, overlap, interleaved, waited, exposed) read
-# these sets of time intervals of one training step:
+# collective's end. The six words that answer the question read these sets of time intervals of one
+# training step:
 #
 # * W, the *window*: from the step's start to its end;
 # * C, *compute*: the training thread working, in the forward, the backward or the optimizer;
@@ -479,15 +479,16 @@ from minddp.comm.link import PRESETS
 from minddp.notebook import lesson
 
 LINK, n, MIB = PRESETS["1gbit"], 2, 2**20
-c = 1e3 * LINK.seconds("all_reduce", MIB, n)  # ms: one 1 MiB all_reduce between 2 ranks on the link
+t_ar = 1e3 * LINK.seconds("all_reduce", MIB, n)  # ms: one 1 MiB all_reduce between 2 ranks on the link
 # Both steps: forward 0-20 ms; the backward computes 50 ms (its phase also holds the first step's waits) and sends
 # a message after 20 and after 40 ms of its compute; optimizer 10 ms.
-sent = [(40, 40 + c), (60 + c, 60 + 2 * c)]  # the first step's messages: each waited for where it is sent
+sent = [(40, 40 + t_ar), (60 + t_ar, 60 + 2 * t_ar)]  # the first step's messages: each waited for where it is sent
 steps = {  # every interval in ms from the step's start
     "waits inside backward": dict(
-        window=[(0, 80 + 2 * c)],
-        compute=[(0, 40), (40 + c, 60 + c), (60 + 2 * c, 80 + 2 * c)],  # forward, backward between its waits, optimizer
-        backward=[(20, 70 + 2 * c)],
+        window=[(0, 80 + 2 * t_ar)],
+        # forward and backward to the first wait; backward between the waits; backward's end and optimizer
+        compute=[(0, 40), (40 + t_ar, 60 + t_ar), (60 + 2 * t_ar, 80 + 2 * t_ar)],
+        backward=[(20, 70 + 2 * t_ar)],
         comm=sent,
         link=sent,  # the other rank joins at once: gloo's range is the link's transfer
         waits=sent,
@@ -496,8 +497,8 @@ steps = {  # every interval in ms from the step's start
         window=[(0, 90)],
         compute=[(0, 70), (80, 90)],
         backward=[(20, 70)],
-        comm=[(40, 40 + c), (60, 80)],  # made up: the other rank joins the second message late, at 80 ms
-        link=[(40, 40 + c), (60, 60 + c)],
+        comm=[(40, 40 + t_ar), (60, 80)],  # made up: the other rank joins the second message late, at 80 ms
+        link=[(40, 40 + t_ar), (60, 60 + t_ar)],
         waits=[(70, 80)],
     ),
 }
@@ -537,7 +538,7 @@ for name, x in steps.items():
 display(pd.DataFrame(table).round(1).rename_axis("measure"))
 a, b = table.values()
 lesson.say(
-    f"Both steps send two all_reduces of 1 MiB, {c:.1f} ms each on the link: {a['link time (ms)']:.1f} ms of link "
+    f"Both steps send two all_reduces of 1 MiB, {t_ar:.1f} ms each on the link: {a['link time (ms)']:.1f} ms of link "
     f"time. The first waits where it sends, {a['waited (ms)']:.1f} ms, all inside its backward (interleaved "
     f"{a['interleaved (ms)']:.1f} ms) and all for the link (exposed {a['exposed (ms)']:.1f} ms): its backward is "
     f"{a['backward (ms)']:.1f} ms against the second's {b['backward (ms)']:.1f}. The second waits once, after "
@@ -545,7 +546,8 @@ lesson.say(
     f"{b['exposed (ms)']:.1f} ms). So the steps differ by {a['step (ms)']:.1f} − {b['step (ms)']:.1f} = "
     f"{a['waited (ms)']:.1f} − {b['waited (ms)']:.1f} ms. In flight, the second counts {b['in flight (ms)']:.1f} ms "
     f"against the first's {a['in flight (ms)']:.1f}: its second message's range stays open until the other rank "
-    f"joins, and compute runs during {b['overlap (%)']:.1f} % of it (overlap), during none of the first's."
+    f"joins, at 80 ms; compute runs during {b['overlap (%)']:.1f} % of those {b['in flight (ms)']:.1f} ms (overlap), "
+    f"during none of the first's {a['in flight (ms)']:.1f}."
 )
 # Interval lengths and a sum of the same floats: equal up to rounding.
 lesson.claim(

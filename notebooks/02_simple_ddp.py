@@ -297,7 +297,8 @@ plt.show()
 #   (like 01's work handle: waiting on it gives the averaged gradient). (`GradBucket` is minddp's own class, `minddp/comm/grad_bucket.py`, with the
 #   method names of `torch.distributed.GradBucket`, what torch's DDP hands its hooks, so that a hook
 #   written for one runs in the other.) The default hook, `allreduce_hook`, divides by the number of
-#   ranks and all_reduces: the same average, the division first. Every later stage keeps this one call and changes only *when* it is made and how many
+#   ranks and all_reduces: the same average, the division first (a check below the code compares the two
+#   orders: the same average here). Every later stage keeps this one call and changes only *when* it is made and how many
 #   gradients one bucket holds, so `04_comm_hooks` sends any stage's gradients in fp16 or through
 #   PowerSGD by registering another hook;
 # * **two checks that compare the ranks before any gradient is sent.** At construction every rank's
@@ -314,7 +315,7 @@ plt.show()
 
 # %%
 from minddp import stages
-from minddp.comm.default_hooks import allreduce_hook
+from minddp.comm.plain import allreduce_hook
 from minddp.notebook.source import show_source
 
 show_source(stages.SimpleDDP)
@@ -356,14 +357,14 @@ lesson.claim(
 # averages may differ by about n float32 epsilons of the largest gradient (with 2 ranks, halving is exact: 0).
 lesson.claim(
     largest <= world_size * eps * biggest.item(),
-    f"the ladder's average is the class above's (largest difference {largest:.1e}, float32 rounding allows "
-    f"{world_size * eps * biggest.item():.1e})",
+    f"the ladder's average (divided, then summed) is the class above's (summed, then divided): largest difference "
+    f"{largest:.1e}, where float32 rounding allows {world_size * eps * biggest.item():.1e}",
 )
 
 # %% [markdown]
 # And a check at work: rank 1 builds a model with one output more than rank 0's. The class above
-# would hand the backend two weights of different sizes in one broadcast; the ladder's refuses on
-# every rank, saying why. The cell prints the error each rank raised. Its words name
+# checks nothing: it would hand the backend two weights of different sizes in one broadcast, and none of
+# its lines would name the mismatch. The ladder's refuses on every rank, saying why. The cell prints the error each rank raised. Its words name
 # `DistributedDataParallel`: the ladder's stages share the check with `minddp.DistributedDataParallel`,
 # whose message follows torch's DDP's own.
 
@@ -381,26 +382,22 @@ else:
 # %% [markdown]
 # ## Your turn: write `SimpleDDP`
 #
-# Fill in the two methods below with plain `torch.distributed` calls (`dist.broadcast`,
-# `dist.all_reduce`, `dist.get_world_size()`), one `all_reduce` per gradient tensor as above (the
-# checker counts the collectives against its model answer, shown further down, which makes the same
-# calls as the `SimpleDDP` above, so one all_reduce of all the gradients flattened together, right as
-# its average is, is told right but packed into too few messages).
-# `check` then trains your class on two ranks of its own (not the notebook's) beside a single process on the global batch and
-# torch's own DDP: a few steps of a few micro-batches, plain SGD (no AdamW: an update is the learning
-# rate times the gradient, so a gradient that is off shows in the parameters), a different random
-# start on every rank, and a network of its own, much smaller than the workload above (three `Linear`
-# layers and a buffer), so the all_reduce calls it counts are per tensor of *that* network (its
-# verdict says how many tensors and calls). After each step it compares every rank's `.grad` with the
-# average over the ranks, which it computes itself, and with the usual mistakes, and then the
-# parameters with the two oracles. It says in one line what is wrong, or that it matches: a missing
-# broadcast, gradients summed instead of averaged, rank 0's gradients broadcast instead of averaged, a sum that never reached `.grad`, the parameters
-# all_reduced instead of their gradients, a rank left
-# waiting in a collective the other never made, or both ranks in one they made with different
-# arguments such as `src=rank` (each reported as "a rank hung", with where: the checker gives up after
-# a timeout, so your notebook never hangs), the wrong number of collectives. A class that passes on
-# two ranks is checked for one more step on three: a world size written as a number (`/ 2`) is right
-# on two ranks only.
+# Fill in the two methods below with plain `torch.distributed` calls:
+#
+# 1. `__init__`: broadcast every parameter **and every buffer** of the module from rank 0;
+# 2. `finish_gradient_synchronization()`: all_reduce each parameter's `.grad` in place, one call per
+#    tensor, and divide it by `dist.get_world_size()` (before the all_reduce or after it: section 6
+#    checked that both orders give the same average).
+#
+# `check` trains your class on two ranks of its own beside a single process on the global batch and
+# torch's own DDP, on a network of its own (three `Linear` layers and a buffer: its verdict counts that
+# network's tensors, not the workload's), with plain SGD, so a gradient that is off shows in the
+# parameters. It says in one line what is wrong, naming the usual mistakes (a missing broadcast, a sum
+# not divided, rank 0's gradients broadcast instead of averaged, and more), or that your class matches.
+# It also counts your collectives: one all_reduce per gradient tensor per micro-batch, as above, and no
+# broadcast after `__init__`. A rank left waiting in a collective is reported as "a rank hung" after a
+# timeout, so your notebook never hangs. A class that passes on two ranks is checked for one more step
+# on three: a world size written as a number (`/ 2`) is right on two ranks only.
 #
 # As it stands the class raises `NotImplementedError`; the checker catches it and says so.
 

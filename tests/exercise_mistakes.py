@@ -119,6 +119,27 @@ class BroadcastsTheGradients(solutions.SimpleDDP):
                 dist.broadcast(p.grad, src=0)
 
 
+class BroadcastsInEveryForward(solutions.SimpleDDP):
+    """Right gradients, but rank 0's parameters and buffers broadcast again before every forward "to be safe":
+    a collective per tensor per micro-batch that the same start and the same update make needless."""
+
+    def forward(self, *inputs, **kwargs):
+        with torch.no_grad():
+            for tensor in [*self.module.parameters(), *self.module.buffers()]:
+                dist.broadcast(tensor, src=0)
+        return self.module(*inputs, **kwargs)
+
+
+class BroadcastsTheAverage(solutions.SimpleDDP):
+    """Right gradients, averaged, then broadcast from rank 0 "to be safe": every rank already held that average."""
+
+    def finish_gradient_synchronization(self):
+        super().finish_gradient_synchronization()
+        for p in self.module.parameters():
+            if p.grad is not None:
+                dist.broadcast(p.grad, src=0)
+
+
 class ReducesThenDivides(solutions.SimpleDDP):
     """dist.reduce (notebook 01 shows it just before all_reduce) then the division: only rank 0 holds the average."""
 

@@ -77,7 +77,13 @@ def test_model_answers_and_the_ladder_pass():
 MISTAKES = [
     (wrong.NoBroadcast, "simple", "the broadcast is missing"),
     (wrong.ParametersOnly, "simple", "the buffers were not broadcast"),
-    (wrong.Summed, "simple", "summed, not averaged"),
+    # the division may come before the sum (the ladder's allreduce_hook) or after it: the verdict prescribes neither
+    (
+        wrong.Summed,
+        "simple",
+        "summed, not averaged (all 6 parameter tensors): all_reduce sums over ranks; divide by "
+        "the world size (2), before the all_reduce or after it",
+    ),
     (wrong.NeverSynced, "simple", "gradients were not synchronized"),
     # right on the check's 2 ranks: named by the second check, on 3
     (
@@ -102,6 +108,14 @@ MISTAKES = [
         "simple",
         "every rank holds rank 0's gradient at step 1 (all 6 parameter tensors): the ranks",
     ),
+    # right gradients with needless broadcasts during the steps: counted, and named as extra traffic
+    (
+        wrong.BroadcastsInEveryForward,
+        "simple",
+        "your gradients are right, but your stage also broadcast during the steps: 18 all_reduce and 21 broadcast "
+        "calls in step 1",
+    ),
+    (wrong.BroadcastsTheAverage, "simple", ("your stage also broadcast during the steps", "18 broadcast")),
     # reduce (notebook 01 shows it just before all_reduce), then the division: the sum is on rank 0 alone, the other
     # ranks hold what the backend left: named as reduce's one destination, not as a mistake it matches by chance
     (

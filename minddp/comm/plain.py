@@ -32,11 +32,7 @@ def broadcast(tensor: torch.Tensor, group: dist.ProcessGroup | None = None, grou
 
 
 def allreduce_hook(state: dist.ProcessGroup | Group | None, bucket: GradBucket) -> torch.futures.Future:
-    """Average the bucket across ranks: divide by the world size, then sum.
-
-    Dividing *before* summing keeps large gradients from overflowing in low
-    precision, and costs the same as dividing after.
-    """
+    """Average the bucket across ranks: divide by the world size, then sum."""
     group = Group.of(state)
     tensor = bucket.buffer().div_(group.size())
     return group.all_reduce(tensor)

@@ -502,7 +502,7 @@ GRADIENT_MESSAGES = {
     "local": "gradients were not synchronized: after finish_gradient_synchronization() each rank still holds the "
     "gradient of its own shard ({names}); all_reduce them across ranks",
     "summed": "gradients were summed, not averaged ({names}): all_reduce sums over ranks; divide by the world size "
-    "({world}) afterwards (forgot the division)",
+    "({world}), before the all_reduce or after it (forgot the division)",
     "divided_twice": "gradients were divided by the world size twice ({names}): divide once, after the sum",
     "unsummed": "gradients were divided by the world size but never summed over ranks ({names}): the sum went "
     "into a copy that was never written back; copy the summed result into .grad",
@@ -752,6 +752,12 @@ def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
     k = report["accum"]
     kinds_m, kinds_r = report.get("kinds", []), report.get("reference_kinds", [])
     for step, (m, r) in enumerate(zip(kinds_m, kinds_r), start=1):
+        if m.get("broadcast", 0) > r.get("broadcast", 0):  # right gradients (checked before), and traffic on top
+            return (
+                f"your gradients are right, but your stage also broadcast during the steps: {calls_text(m)} in step "
+                f"{step}, where '{like}' makes {calls_text(r)}; broadcast once, in __init__: from the same start, "
+                "every rank applies the same average, so the replicas stay equal without another broadcast"
+            )
         if set(m) != set(r):
             hint = KIND_HINTS.get(like, "use the collective the model answer uses")
             return f"other collectives: {calls_text(m)} in step {step}, where '{like}' makes {calls_text(r)}: {hint}"

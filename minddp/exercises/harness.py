@@ -152,8 +152,9 @@ def reporting(progress: Progress, files: set[str], report: dict):
 
 
 # ------------------------------------------------------------------------------------------ events
-#: The collectives a stage may start, by the dispatcher's op name, and the name the verdicts use.
-COLLECTIVES = {op: kind for op, (kind, _) in compat.DISPATCHED_COLLECTIVES.items() if kind != "broadcast"}
+#: The collectives a stage may start, by the dispatcher's op name, and the name the verdicts use (a broadcast
+#: during the steps is counted too: no model answer makes one, so one there is traffic the stage adds).
+COLLECTIVES = {op: kind for op, (kind, _) in compat.DISPATCHED_COLLECTIVES.items()}
 
 
 #: Where torch's and minddp's own code lives: their calls are not the learner's.
@@ -241,7 +242,7 @@ class Events(TorchDispatchMode):
       the stage's own, so it fires first; none without a ``module``: a comm
       hook's probe);
     * ``("launch", kind)``: the stage started a collective (``all_reduce``,
-      ``reduce_scatter``, ``all_gather``) of floating-point tensors: every
+      ``reduce_scatter``, ``all_gather``, ``broadcast``, ``reduce``) of floating-point tensors: every
       ``dist.*`` collective goes through the dispatcher on the calling
       thread, async or not;
     * ``("wait", None)``: the stage waited for a collective (``Work.wait()``,
@@ -342,7 +343,8 @@ class Events(TorchDispatchMode):
         if counted and kind == "all_gather" and self.handed is not None and self.scattered is not None:
             self.gathered_apart = self.gathered_apart or args[0].data_ptr() != self.scattered
         if counted and self.active:
-            self._note_parameters(args[_SENT_ARGUMENT[str(func)]])
+            if kind != "broadcast":  # a parameter broadcast is a copy of rank 0's, not a sum in place of a gradient
+                self._note_parameters(args[_SENT_ARGUMENT[str(func)]])
             self.works.append((kind, _work_of(out)))
             self.flying[len(self.works) - 1] = _storages(args[_SENT_ARGUMENT[str(func)]])
         return out
