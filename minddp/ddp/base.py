@@ -36,7 +36,7 @@ from minddp.stages.checks import check_same_model
 def same_start(module: nn.Module, group) -> None:
     """Step 1: raise on every rank of ``group`` (a process group, None: all) unless all hold the same model, then
     give every rank rank 0's tensors."""
-    check_same_model(module, group)  # a broadcast between different models hangs
+    check_same_model(module, group)  # the broadcast below would not notice different models
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:
             broadcast(tensor, group_src=0, group=group)

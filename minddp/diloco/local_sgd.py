@@ -84,7 +84,7 @@ class LocalSGD:
         self.params = trainable(module)
         check_optimizer(optimizer, self.params, self.role, exact=False)
         if same_start:  # (False: built the same already, or healed by a fault-tolerant sync: minddp.ft.diloco)
-            check_same_model(module, process_group)  # a broadcast between different models hangs
+            check_same_model(module, process_group)  # the broadcast below would not notice different models
             with torch.no_grad():  # step 1
                 for tensor in [*module.parameters(), *module.buffers()]:
                     broadcast(tensor, group_src=0, group=process_group)

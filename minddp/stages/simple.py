@@ -42,7 +42,7 @@ class SimpleDDP(nn.Module):
         super().__init__()
         self.module = module
         self.process_group = process_group
-        check_same_model(module, process_group)  # a broadcast between different models hangs
+        check_same_model(module, process_group)  # the broadcast below would not notice different models
         with torch.no_grad():  # step 1
             for tensor in [*module.parameters(), *module.buffers()]:
                 broadcast(tensor, group_src=0, group=process_group)
