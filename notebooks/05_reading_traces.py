@@ -315,13 +315,13 @@ display(on_link)
 blocking = ["simple", "ga", "hook", "bucket"]  # the stages that wait for every message, each as soon as it is sent
 block = on_link.loc[blocking]
 before = block["link time (ms)"] - block["exposed (ms)"]
-after = block["waited (ms)"] - block["exposed (ms)"]
+after = on_link["waited (ms)"] - on_link["exposed (ms)"]
 share = 100 * block["exposed (ms)"] / block["link time (ms)"]
 lesson.say(
     "Backward is every micro-batch's, added up. In the stages that wait for each message as it is sent "
     f"({', '.join(blocking)}) exposed was {share.min():.0f}–{share.max():.0f} % of the link time: the rest of "
-    f"the link time ({before.min():.1f}–{before.max():.1f} ms) ran while the thread was not waiting. Their "
-    f"waited time is exposed plus {after.min():.1f}–{after.max():.1f} ms of waiting after the modeled "
+    f"the link time ({before.min():.1f}–{before.max():.1f} ms) ran while the thread was not waiting. In every "
+    f"stage, waited is exposed plus {after.min():.1f}–{after.max():.1f} ms of waiting after the modeled "
     "transfer had ended, until the message was delivered (once gloo's real all_reduce was done too)."
 )
 
@@ -402,11 +402,17 @@ def last_message(stage):
     )
 
 
+step = on_link.loc["hook-async", "step (ms)"]
+nc_ms = round(nc["hook-async"] / 100 * step)  # from the printed share and step
 lesson.say(
-    f"hook-async waited {wt['hook-async']:.1f} ms on the link and exposed {ex['hook-async']:.1f} ms (hook: "
-    f"{ex['hook']:.1f} ms), yet its non-compute was {nc['hook-async']:.1f} % of its step: non-compute counts every "
-    "moment a range was open while the training thread ran no operator"
-    + (", and here none of it was a wait for a message." if wt["hook-async"] == 0 else ", waiting or not.")
+    f"hook-async exposed {ex['hook-async']:.1f} ms on the link (hook: {ex['hook']:.1f} ms) and waited "
+    f"{wt['hook-async']:.1f} ms; its non-compute, {nc['hook-async']:.1f} % of its {step:.1f} ms step ({nc_ms} ms), "
+    + (
+        f"of which {wt['hook-async']:.1f} ms was that wait and {nc_ms - wt['hook-async']:.0f} ms was not: the "
+        "training thread ran no operator and waited for no message."
+        if nc_ms >= wt["hook-async"]
+        else "is less than that wait."
+    )
 )
 if ov["bucket-async"] > ov["hook-async"] and ex["bucket-async"] > ex["hook-async"]:
     (b1, t1, g1), (b0, t0, g0) = last_message("bucket-async"), last_message("hook-async")
