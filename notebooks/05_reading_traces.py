@@ -34,7 +34,7 @@
 # So non-compute time = (100 % − overlap) × time in flight. Neither is the time the step lost to
 # communication: non-compute also counts the training thread's own Python (its hooks, the time between
 # autograd nodes) while a range is open, and a range held open while gloo waits for the other rank
-# (below). Then **one step of each stage on one time axis**, and at the end the same ladder over an
+# (below). Then **one step of each stage on one time axis**, and at the end the blog's six stages over an
 # emulated 1 Gbit/s link (the *link run*), with two measures of how long the training thread stood still
 # (*waited* and *exposed*), and **what each idea bought**, here and on the blog's GPUs.
 #
