@@ -418,6 +418,7 @@ lesson.say(
 )
 if ex["bucket-async"] > ex["hook-async"]:
     (b1, t1, g1), (b0, t0, g0) = last_message("bucket-async"), last_message("hook-async")
+    t1, g1 = round(t1, 1), round(g1, 1)  # as printed, so that t1 − g1 is the difference of the printed values
     lesson.say(
         f"From hook-async to bucket-async exposed rose ({ex['hook-async']:.1f} → {ex['bucket-async']:.1f} ms)"
         + (
@@ -430,6 +431,19 @@ if ex["bucket-async"] > ex["hook-async"]:
         f"before {t1 - g1:.1f} ms after the backward, and the finish waits for every message; hook-async's last "
         f"message, one parameter's gradient ({b0 / 2**10:.0f} KiB), takes {t0:.1f} ms."
     )
+
+
+def moved(column, a, b):
+    """How `column` (as printed) went from stage a to stage b: 'fell', 'rose' or 'stayed'."""
+    return "fell" if column[b] < column[a] else "rose" if column[b] > column[a] else "stayed"
+
+
+lesson.say(
+    f"In this run, from simple to ga non-compute {moved(nc, 'simple', 'ga')} ({nc['simple']:.1f} → {nc['ga']:.1f} %; "
+    f"the blog's fell, ~15 → ~5 %); from ga to hook-async it {moved(nc, 'ga', 'hook-async')} ({nc['ga']:.1f} → "
+    f"{nc['hook-async']:.1f} %; the blog's fell to ~2 %) and overlap {moved(ov, 'ga', 'hook-async')} "
+    f"({ov['ga']:.1f} → {ov['hook-async']:.1f} %; the blog's rose to ~90 %)."
+)
 fw = ph[ph["phase"] == "forward"]
 fw_ms = (fw["end_us"] - fw["start_us"]).groupby(fw["stage"]).sum() / 1e3
 lesson.say(
