@@ -230,18 +230,19 @@ lesson.say(
 worst = tail[asynchronous].idxmax()
 start = {r: rank_intervals(trace).steps[-1][1] for r, trace in load_stage(RUN / worst).ranks.items()}
 mine = result.buckets[result.buckets["stage"] == worst]
-queued_1 = (start[1] + mine.loc[mine["rank"] == 1, "launched_us"].max() - start[0]) / 1e3  # on rank 0's axis
+handed_1 = (start[1] + mine.loc[mine["rank"] == 1, "ready_us"].max() - start[0]) / 1e3  # on rank 0's axis
 bw_end_0 = phases.loc[(phases["stage"] == worst) & (phases["phase"] == "backward"), "end_us"].max() / 1e3
-late = round(queued_1 - bw_end_0)
+late = round(handed_1 - bw_end_0)
 lesson.say(
     f"Of the asynchronous stages, {worst} had the longest tail ({tail[worst]:.0f} ms). Both ranks' traces carry "
-    f"the machine's clock: rank 1 queued its last all_reduce {abs(late)} ms "
+    f"the machine's clock: rank 1 handed its last message to the wire {abs(late)} ms "
     + (
         f"after rank 0's last backward had ended, and rank 0's last all_reduce ended "
-        f"{tail[worst] - late:.0f} ms after that. An all_reduce ends only when both ranks have joined it: "
-        f"{late} ms of rank 0's tail was rank 0 waiting for rank 1."
+        f"{tail[worst] - late:.0f} ms after that. An all_reduce ends only when both ranks have joined it, and rank 1 "
+        f"joins no earlier than it hands the message over: at least {late} ms of rank 0's tail was rank 0 waiting "
+        "for rank 1."
         if late > 0
-        else "before rank 0's last backward ended: this tail was not rank 0 waiting for rank 1 to join."
+        else "before rank 0's last backward ended."
     )
 )
 
