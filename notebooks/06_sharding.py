@@ -193,9 +193,10 @@ lesson.claim(
 table.round(3)
 
 # %% [markdown]
-# The gradients column is what a rank holds when the optimizer steps. The activations column holds one value for every row: each stage runs the
-# same forward on the same batch. Sharding saves model state, not
-# activations: here they weigh about what zero1's whole model state does, and more than zero2's or fsdp's.
+# The gradients column is what a rank holds when the optimizer steps. The activations column holds
+# one value for every row: each stage runs the same forward on the same batch. Sharding saves model
+# state, not activations: here they weigh about what zero1's whole model state does, and more than
+# zero2's or fsdp's.
 #
 # ## bf16 compute with fp32 master weights
 #
@@ -215,10 +216,9 @@ table.round(3)
 # FSDP keeps (`16Ψₛ/n + 16Ψᵣ`, as both formulas say, split 4 + 4 + 8, not the paper's 2 + 2 + 12), and bf16 shrinks
 # what lives only during the step: the gathered units and the activations. The cells below measure
 # both; the figure draws the model state (coloured) and fsdp's gathered units (grey, on top of its
-# model state), the activations are printed above it. Each line is a formula of the model state, to
-# be read against the coloured part of its bar only.
-# minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`: their bf16 formulas are in the cell's
-# table only; the figure's lines are the fp32 formulas.
+# model state), the activations are printed above it. Each line is the fp32 formula of the model
+# state, to be read against the coloured part of its bar only. minddp's `ddp`, `zero1` and `zero2`
+# have no `compute_dtype`: their bf16 formulas are in the table above the figure only.
 
 # %%
 # %%distributed
