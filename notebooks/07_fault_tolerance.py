@@ -116,26 +116,22 @@ for line in run.report():
     print(line)
 
 # %% [markdown]
-# Where each recovery's time went. The cell below splits each recovery into four parts, in
-# milliseconds, between moments the members, the lighthouse and the launcher recorded:
+# Where the kill's recovery went. The cell below splits it into four parts, in milliseconds,
+# between moments the members, the lighthouse and the launcher recorded:
 #
-# * **fault to first error** (the first exception a member of the attempt caught): after the raise,
-#   slot 2's own raise, so this part is only its way up to the catch; after the kill, a survivor's,
-#   when its all_reduce failed (the errors are printed further down);
+# * **fault to first error**: from the kill to the first exception a survivor caught, when its
+#   all_reduce failed (the errors are printed further down). The run records only these two
+#   moments, not what happens between them (`docs/fault-tolerance.md` tells it);
 # * **first error to discard**: each member that caught an error drops its group and votes no; the
 #   lighthouse discards the attempt at the first no it receives;
-# * **discard to next quorum**: each member asks for the next quorum; the lighthouse answers once
-#   every live slot has asked. After the kill, slot 1 counts as live until the launcher records its
-#   exit, which the launcher does a fixed 50 ms after it sees the exit (`EXIT_WAIT_S` in
-#   `minddp/ft/launch.py`: a result may still be in flight);
-# * **next quorum to commit**: the members build the new group, train the step and vote, and the
-#   lighthouse commits.
+# * **discard to next quorum**: each survivor asks for the next quorum; the lighthouse answers once
+#   every live slot has asked, and slot 1 counts as live until the launcher records its exit (the
+#   second claim prints when it did);
+# * **next quorum to commit**: the survivors build a group of 2, train step 4 again and vote, and
+#   the lighthouse commits.
 #
-# So the kill's recovery holds two waits the raise's has not: for a survivor's all_reduce to fail
-# (the first part), and for the exit record (in the third), made 50 ms or more after the launcher
-# saw the exit. The second and fourth parts run the same code after either fault (the kill's retry
-# at world 2, the raise's at 3); the run does not time what happens inside them. This is one run of
-# each fault.
+# The raise's recovery (the report's second line) is not split: the first claim checks only where
+# its first error came from and that slot 2's process stayed. This is one run of each fault.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -143,7 +139,7 @@ from minddp.ft import fault_outcomes
 kill, raised = fault_outcomes(run)
 
 
-def ms(seconds):  # the recovery's moments, in whole milliseconds; a part below is a difference of these
+def ms(seconds):  # in whole milliseconds
     return round(seconds * 1000)
 
 
@@ -152,10 +148,6 @@ def first_error(o):  # (ms after the fault, slot) of the first error a member of
     return ms(t - o.fired), slot
 
 
-parts = {}  # fault's kind -> its parts in ms: to the first error, to the discard, to the next quorum, to the commit
-for o in (kill, raised):
-    moments = [first_error(o)[0], ms(o.discard_s), ms(o.quorum_s), ms(o.recovery_s)]
-    parts[o.fault.kind] = [b - a for a, b in zip([0, *moments], moments)]
 lesson.claim(
     first_error(raised)[1] == raised.fault.slot and raised.exit_s is None and raised.world == 3,
     f"raise: the first error was slot {raised.fault.slot}'s own, no process ended, and step "
@@ -166,35 +158,40 @@ lesson.claim(
     f"kill: the first error was a survivor's, and the next quorum ({ms(kill.quorum_s)} ms after the kill) came "
     f"after the launcher recorded slot {kill.fault.slot}'s exit ({ms(kill.exit_s)} ms)",
 )
+moments = [first_error(kill)[0], ms(kill.discard_s), ms(kill.quorum_s), ms(kill.recovery_s)]
 names = ("fault to first error", "first error to discard", "discard to next quorum", "next quorum to commit")
-print(f"\n{'ms':<24}{'kill':>6}{'raise':>7}")
-for n, k, r in [*zip(names, parts["kill"], parts["raise"]), ("recovery", ms(kill.recovery_s), ms(raised.recovery_s))]:
-    print(f"{n:<24}{k:>6}{r:>7}")
-step, last = max(  # the survivors' last commit before the heal: (step, ms after the kill)
-    (e[2], ms(e[5] - kill.fired))
-    for e in run.events
-    if e[0] == "decision" and e[3] == "commit" and kill.fired <= e[5] <= kill.fired + kill.rejoin_s
-)
+print("\nthe kill's recovery, ms")
+for name, part in zip(names, [b - a for a, b in zip([0, *moments], moments)]):
+    print(f"  {name:<24}{part:>5}")
+print(f"  {'recovery':<24}{ms(kill.recovery_s):>5}")
+
+# %% [markdown]
+# The kill also ended slot 1's process: its **rejoin** (the report's first line) ends at the quorum
+# that took a new process in slot 1 back. The launcher started that process once step 4 was
+# committed without it (`restart_after_steps=1`, checked below); the two survivors trained on at
+# world 2, and a step-9 quorum waits for all three slots (`full_world_at`). The cell prints what
+# each side did from the kill to that quorum.
+
+# %%
 lesson.claim(
     kill.recovery_s <= kill.restart_s,
     f"the launcher started slot {kill.fault.slot}'s new process after step {kill.fault.step} was committed "
     "without it (restart_after_steps=1)",
 )
+step, last = kill.last_commit  # the survivors' last commit before the rejoin: its step, seconds after the kill
+rejoin, start = ms(kill.rejoin_s), ms(kill.restart_s)
+print(f"rejoin: step {kill.healed_at}'s quorum took slot 1's new process back {rejoin} ms after the kill")
+print(f"  slot 1's new process: started {start} ms after the kill, taken back {rejoin - start} ms after its start")
 print(
-    f"\nrejoin {ms(kill.rejoin_s)} ms after the kill: slot 1's new process was started at {ms(kill.restart_s)} ms and "
-    f"taken back by step {kill.healed_at}'s quorum {ms(kill.rejoin_s) - ms(kill.restart_s)} ms after its start. "
-    f"Meanwhile slots 0 and 2 committed steps {kill.fault.step}-{step} at world 2, the last {last} ms after the kill"
-    + (  # full_world_at=(4, 9): step 9's first quorum waits for all three slots
-        ", then waited at step 9 for slot 1 (full_world_at)" if kill.healed_at == 9 else ""
-    )
+    f"  slots 0 and 2: committed steps {kill.fault.step}-{step} at world 2, the last {ms(last)} ms after the kill; "
+    f"then {rejoin - ms(last)} ms to the quorum of step {kill.healed_at}"
+    + (" (full_world_at: it waits for all three slots)" if kill.healed_at == 9 else "")
 )
 
 # %% [markdown]
-# So the survivors did not wait for slot 1's new process: they trained on at world 2 from the end of
-# the recovery, and waited for it only where this run makes them, at step 9 (`full_world_at`). A
-# restart from a checkpoint (not run here) starts every process again, then trains again every step
-# since the checkpoint; here only slot 1 was started again, and each step was committed once (the
-# timeline below).
+# A restart from a checkpoint (not run here) starts every process again, then trains again every
+# step since the checkpoint; here only slot 1 was started again, and each step was committed once
+# (the timeline below).
 #
 # The run's timeline: one column per attempt, in order, and one row per slot; under them the step,
 # the world size and each new group; then what each mark means (only the marks that appear).
@@ -214,12 +211,12 @@ print(run.timeline())
 #   that quorum, before the step, it received the trained state from a peer, then trained that step
 #   with them, and the attempt was committed (`H`). From then on it trained with them at world 3;
 # * in step 11 slot 2's comm hook raised, before its all_reduce: slot 2's process stayed, dropped
-#   its group and voted no. Slots 0 and 1's all_reduce then failed, after slot 2's error (gloo's
-#   words are printed below, in the order caught). The attempt was discarded on every member, and
+#   its group and voted no. Slots 0 and 1's all_reduce then failed, after slot 2's error (the errors
+#   are printed below, in the order caught). The attempt was discarded on every member, and
 #   step 11 was tried again by a new group of the same three slots.
 
 # %%
-import re
+from minddp.runtime.launch import peer_gone
 
 entries = [(slot, e) for slot, _, e in run.entries]  # one entry per member and attempt
 
@@ -232,9 +229,9 @@ def caught(step):  # the members' entries of the step's discarded attempt, in th
     return sorted(at(step, False), key=lambda se: se[1].get("t_error", float("inf")))
 
 
-def said(e):  # what the error says: gloo's cause, else its first sentence
-    gloo = re.search(r"Connection \w+ by peer", e.get("error", ""))
-    return f"its all_reduce failed, gloo: {gloo[0]}" if gloo else e.get("error", "no error: it voted ok").split(". ")[0]
+def said(e):  # the error a member caught: gloo's lost connection to a peer, else the error's first sentence
+    error = e.get("error", "no error: it voted ok")
+    return "its all_reduce failed: gloo lost its connection to a peer" if peer_gone(error) else error.split(". ")[0]
 
 
 for slot, e in caught(4):
@@ -274,12 +271,13 @@ lesson.claim(
 lesson.claim(tags[0] != tags[1], "and the retry of step 11 ran in a new group (a new tag), of the same three members")
 
 # %% [markdown]
-# Three more properties, checked on the parameters and the optimizer's state (AdamW's moments and
-# its count of updates; `consistency` in `minddp/ft/report.py`): the slots end equal (their final states
-# compared tensor by tensor, by value); every member of an attempt started it from the same bytes
-# (their *before* digests, healed processes included); and a discarded attempt changed nothing
-# (each member's before digest against its digest after the discard). A killed process records
-# nothing for the attempt it died in, so the checks cover the members that recorded a digest.
+# Three more properties (`consistency` in `minddp/ft/report.py`), on the parameters and the
+# optimizer's state (AdamW's moments and its own step count, which it keeps per parameter): the
+# slots end equal (those tensors and the rung's count of steps committed, compared by value);
+# every member of an attempt started it from the same bytes (their *before* digests, healed
+# processes included); and a discarded attempt changed nothing (each member's before digest
+# against its digest after the discard). A killed process records nothing for the attempt it died
+# in, so the checks cover the members that recorded a digest.
 
 # %%
 from minddp.ft import consistency

@@ -602,6 +602,19 @@ def test_the_shard_checker_names_what_a_split_right_on_the_run_gets_wrong_on_oth
     assert problem is not None and named in problem, problem
 
 
+def test_the_shard_checker_names_the_remainder_of_a_floor_division_by_the_first_worlds_size():
+    """n = len(x) // 3 with the 3 of the run's first world: its first committed steps, at world 3, already lose row
+    9, the floor division's remainder; the verdict names that, and the fixed 3 as what also loses rows at world 2
+    (no ranks start here: the rows are the function's own, as in the run's world-3 and world-2 steps)."""
+    problem = lost_rank.coverage_problem(
+        wrong.shard_floor_of_the_first_world, [(0, 3), (1, 2)], lost_rank.Lanes([], 2), 0.1, blind=False
+    )
+    assert problem.startswith("at world 3, row 9 was trained by no rank"), problem
+    assert "each rank took 10 // 3 = 3 rows, so the remainder of the floor division, row 9, went to no rank" in problem
+    assert "as if `world` were always 3: at world 2, rows 6-9 go to no rank" in problem, problem
+    assert "rank  go" not in problem and "ranks  go" not in problem, problem
+
+
 SHARD_SLICE_ENDS = [  # the rung's bounds, each slice's end moved by one row: named as the end, not only by the rows
     (wrong.shard_last_row_short, "your slice ends one row before it"),
     (wrong.shard_overlapping, "your slice takes it into rank r's share too"),

@@ -766,7 +766,7 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
                 f"shard splits only rows 0-{len(batch) - 1}, as many as len(batch) = {len(batch)}, the pair (x, y), "
                 f"and {left}: the batch's rows are len(x) = {ROWS}"
             )
-        if missing and world_ignored(fn, batch):
+        if missing and world < WORLD and world_ignored(fn, batch):
             gone = list(range(world, WORLD))
             return (
                 f"at world {world}, {rows_text(missing)} trained by no rank (of the global batch's {ROWS}): your "
@@ -780,8 +780,8 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
             return (
                 f"at world {world}, {rows_text(missing)} trained by no rank (of the global batch's {ROWS}): each "
                 f"rank took {ROWS} // {world} = {floor} rows, so the remainder of the floor division, "
-                f"{rows_named(missing)}, went to no rank, and {left}: spread the remainder over the ranks (e.g. "
-                "rank r takes rows r·B // world up to (r+1)·B // world)"
+                f"{rows_named(missing)}, went to no rank{fixed_world_note(fn, batch, world)}, and {left}: spread the "
+                "remainder over the ranks (e.g. rank r takes rows r·B // world up to (r+1)·B // world)"
             )
         if missing and slice_end_moved(fn, batch, world) == -1:
             return (
@@ -814,6 +814,21 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
             )
     return (
         f"every row was trained once at every world, yet {left}: return the batch's rows as they are (x[rows], y[rows])"
+    )
+
+
+def fixed_world_note(fn, batch, world: int) -> str:
+    """At the starting world, what ``fn`` also gets wrong later if it gives each rank the same rows at every world
+    (a fixed 3 where ``world`` belongs, e.g. ``len(x) // 3``): the rows it loses at the next world down (``""``
+    otherwise)."""
+    if world != WORLD or not world_ignored(fn, batch):
+        return ""
+    lost = coverage(fn, batch, WORLD - 1)[0]
+    if not lost:
+        return ""
+    return (
+        f"; your shard also gives each rank the same rows at every world, as if `world` were always {WORLD}: at "
+        f"world {WORLD - 1}, {rows_named(lost)} go to no rank"
     )
 
 

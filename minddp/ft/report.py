@@ -42,6 +42,7 @@ class FaultOutcome:
     rejoin_s: float | None  # kill, stop: to the quorum that heals that process
     healed_at: int | None  # the step it was healed at
     rejoin_steps: dict | None  # slot -> the step each member of that quorum asked to train (the new process: 0)
+    last_commit: tuple[int, float] | None  # kill, stop: the last commit before the rejoin (its step, seconds)
 
 
 def fault_outcomes(run) -> list[FaultOutcome]:
@@ -51,7 +52,7 @@ def fault_outcomes(run) -> list[FaultOutcome]:
     out = []
     for fault, t in zip(run.faults, run.fired_at):
         if t is None:
-            out.append(FaultOutcome(fault, None, None, None, None, 0, None, None, None, None, None, None, None))
+            out.append(FaultOutcome(fault, None, None, None, None, 0, *[None] * 9))
             continue
         after = [d for d in decisions if d[5] >= t]
         # the first commit of the fault's step or a later one (a new lighthouse first re-decides the step before)
@@ -85,6 +86,9 @@ def fault_outcomes(run) -> list[FaultOutcome]:
                 None if rejoin is None else rejoin[4] - t,
                 None if rejoin is None else max(rejoin[3].values()),
                 None if rejoin is None else dict(sorted(rejoin[3].items())),
+                None
+                if rejoin is None
+                else max(((d[2], d[5] - t) for d in after if d[3] == "commit" and d[5] <= rejoin[4]), default=None),
             )
         )
     return out
