@@ -382,14 +382,12 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # per hop: H = 16, 2 fragments (a turn of 8 steps: fragment 0's turn is steps 1 to 8 and 17 to 24,
 # fragment 1's steps 9 to 16), τ = 6, α = 0.5, on batches of 512 chains (16 times the 32 above). Steps 1
 # to 8 run first, unprofiled, so that the 16 profiled steps hand each fragment over once and apply it
-# once (steps are counted from the run's first, as the exercise below counts them). Each inner step is
-# its forward (pale), backward (blue) and optimizer step (green); grey is the loop sampling the next
-# batch; blank is time the profiler recorded nothing for. The green holds the optimizer step's post-hook
-# too: in steps 10 and 18 it builds a fragment's pseudo-gradient, starts its all_reduce and hands it to
-# the link (the tick); in steps 16 and 24 it waits for a fragment, if it has not arrived, and applies
-# it (the triangle). Save the wait, that work is the training thread's own time, counted neither in a
-# message's time on the link nor as a wait. The orange bars are the messages' modeled transfers on the
-# link, each from its tick. Red is the wait, drawn over the green: from the post-hook's `wait()` until
+# once (steps are counted from the run's first, as the exercise below counts them; their 16 batches
+# are sampled before the profiler starts). Each inner step is its forward (pale), backward (blue) and
+# optimizer step (green); blank is time the profiler recorded nothing for. The green holds the
+# optimizer step's post-hook too: in steps 10 and 18 it hands a fragment's pseudo-gradient to the link
+# (the tick); in steps 16 and 24 it waits for that fragment, if it has not arrived, and applies it (the
+# triangle). The orange bars are the messages' modeled transfers on the link, each from its tick. Red is the wait, drawn over the green: from the post-hook's `wait()` until
 # the message is delivered (its modeled transfer over and the real all_reduce done). A message is delivered before the
 # step that applies it asks for it only if its τ steps, from the tick to that `wait()`, last longer
 # than its time on the link; the lines under the figure give both times for each message.
@@ -413,25 +411,21 @@ def loss_fn(m, batch):
     return torch.nn.functional.cross_entropy(m(batch[0]), batch[1])
 
 
-def sample():
-    with torch.profiler.record_function("sample_batch"):
-        return [next(big)]
-
-
 WARM = H // FRAGMENTS  # steps 1 to 8, before the profiler: one turn
 with streamed:
     for _ in range(WARM):
-        train_step(model, inner, sample(), loss_fn)
+        train_step(model, inner, [next(big)], loss_fn)
+    batches = [[next(big)] for _ in range(H)]  # sampled before the profiler: it records the steps alone
     with live.profiler() as prof:
-        for _ in range(H):  # H steps: each fragment is handed over once and applied once
-            train_step(model, inner, sample(), loss_fn)
+        for batch in batches:  # H steps: each fragment is handed over once and applied once
+            train_step(model, inner, batch, loss_fn)
 link.close()
 events = sorted(prof.events(), key=lambda e: e.time_range.start)
 order = [e.name for e in events if e.name.startswith(("minddp.fragment_", "minddp.optimizer_step"))]
 
 # %% jupyter={"source_hidden": true}
 # %%distributed
-# The figure (its code collapsed): the profiled steps' row, with the batch sampling, the applies and the waits.
+# The figure (its code collapsed): the profiled steps' row, with the applies and the waits.
 from minddp.analysis.timeline import COLORS, draw_steps
 
 view = live.step_view(prof, link)  # the row to draw, and the link's waits
@@ -442,7 +436,6 @@ def spans(name):
     return [((e.time_range.start - t0) / 1e3, (e.time_range.end - t0) / 1e3) for e in events if e.name.startswith(name)]
 
 
-sampling = [(max(s, 0.0), e) for s, e in spans("sample_batch") if e > 0]
 applied = [e for _, e in spans("minddp.fragment_apply")]  # where each apply ends
 if rank == 0:
     row = dict(view["row"], label="rank 0", stage="streaming DiLoCo")
@@ -456,7 +449,6 @@ if rank == 0:
     for line in ax.get_lines():
         if line.get_label() == "handed to the wire":
             line.set(markersize=16, markeredgewidth=2)  # a tick tall enough to find
-    ax.broken_barh([(s, e - s) for s, e in sampling], (-0.40, 0.40), facecolors="0.7", label="sampling the batch")
     ax.plot(applied, [-0.44] * len(applied), "v", color="black", markersize=6, label="fragment applied")
     waits = [(s, e - s) for s, e in view["row"]["waits"]]  # inside an optimizer step: drawn again, over its green
     ax.broken_barh(waits, (-0.40, 0.40), facecolors=COLORS["wait"], zorder=3)
@@ -542,7 +534,7 @@ show_source(solutions.fragment_to_send)
 print(check_fragment_schedule(solutions.fragment_to_send))
 
 # %% [markdown]
-# ## Step time on slow links
+# ## Compute utilisation on slow links
 #
 # The step-time model (`minddp.costmodel.slow_link`) replays one period of H inner steps on a link:
 # compute as measured or assumed, each fragment's message handed over when its schedule says and
