@@ -600,10 +600,10 @@ period = 100 * table[first]["diloco"]["compute_s"]  # plain DiLoCo's period: 100
 synced = 100 * table[first]["diloco"]["exposed_s"]  # and its one whole-model sync, exposed (s)
 lesson.say(
     f"plain DiLoCo (H = 100, the whole model at once) on '{first}': a period computes 100 × "
-    f"{table[first]['diloco']['compute_s'] * 1e3:.0f} ms = {period:.1f} s, then its sync leaves {synced:.2f} s "
+    f"{table[first]['diloco']['compute_s'] * 1e3:.2f} ms = {period:.3f} s, then its sync leaves {synced:.3f} s "
     f"of the link exposed (the whole model: 2 hops × {spec.latency * 1e3:g} ms + {4 * PARAMS / 1e9:.2f} GB at "
-    f"{spec.bandwidth * 8 / 1e9:g} Gbit/s = {(2 * spec.latency + 4 * PARAMS / spec.bandwidth):.2f} s): "
-    f"{period:.1f} / ({period:.1f} + {synced:.2f}) = {pct(table[first]['diloco']['utilisation'])}"
+    f"{spec.bandwidth * 8 / 1e9:g} Gbit/s = {(2 * spec.latency + 4 * PARAMS / spec.bandwidth):.3f} s): "
+    f"{period:.3f} / ({period:.3f} + {synced:.3f}) = {pct(table[first]['diloco']['utilisation'])}"
 )
 
 
