@@ -1561,3 +1561,46 @@ def hook_asks_the_state_its_size(process_group, bucket):
     compressed = bucket.buffer().to(torch.float16).div_(process_group.size())
     fut = dist.all_reduce(compressed, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0].to(torch.float32))
+
+
+def outer_sync_avg_then_divided_and_rebinds_synced(params, synced, outer):
+    """Two mistakes at once: the average taken twice (ReduceOp.AVG, then / world again), and the new synced weights
+    made by rebinding the name (the caller's list never changes)."""
+    with torch.no_grad():
+        pseudo = [s - p for p, s in zip(params, synced)]
+        for g in pseudo:
+            dist.all_reduce(g, op=dist.ReduceOp.AVG)
+            g /= dist.get_world_size()
+    _outer(params, synced, outer, pseudo, keep=False)
+    synced = [p.detach().clone() for p in params]  # noqa: F841 (the second mistake)
+
+
+def outer_sync_inner_grads_from_local(params, synced, outer):
+    """Two mistakes at once: the inner gradients averaged in place of the pseudo-gradient, and the outer step taken
+    from the local weights (no restore)."""
+    with torch.no_grad():
+        for p in params:
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+    outer.step()
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            s.copy_(p)
+
+
+def outer_sync_keeps_before_the_restore(params, synced, outer):
+    """The new synced weights copied from the parameters before the restore (s.copy_(p) first): the synced weights
+    become the local ones, the restore puts the local weights back, and the outer step starts from them."""
+    with torch.no_grad():
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
+        for p, s in zip(params, synced):
+            s.copy_(p)
+    _outer(params, synced, outer, pseudo, keep=False)
+
+
+def schedule_forgets_the_return(step, sync_every, fragments, delay):
+    """The send branch computes the fragment and never returns it: None after every step, at every delay."""
+    turn = sync_every // fragments
+    if step % turn == (turn - delay) % turn:
+        fragment = (step - 1) // turn % fragments  # noqa: F841 (the mistake: no return)
+    return None

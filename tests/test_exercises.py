@@ -1024,3 +1024,32 @@ def test_a_learners_raise_in_a_fresh_checkers_first_check_leaves_it_working():
     assert not v.ok and "raised NotImplementedError" in v.line, v.line
     v = check_outer_sync(solutions.outer_sync, timeout_s=TIMEOUT)
     assert v.ok, v.line
+
+
+@pytest.mark.timeout(240)
+def test_the_outer_sync_exercise_names_pairs_with_a_double_division_or_inner_gradients_and_an_early_keep():
+    """Learner read 10 (round 8, r8) finding 6: two mistakes of which one is the average divided twice or the inner
+    gradients averaged got "match none of the usual mistakes" (pairs were built from five mistakes only), and so
+    did s.copy_(p) before the restore (the synced weights become the local ones, the step starts from them)."""
+    v = check_outer_sync(wrong.outer_sync_avg_then_divided_and_rebinds_synced, timeout_s=TIMEOUT)
+    refused = "has no ReduceOp.AVG: all_reduce with the default SUM, then divide"
+    assert not v.ok and "match none of the usual mistakes" not in v.line, v.line
+    assert refused in v.line or (
+        "two mistakes at once: the synced weights were never updated" in v.line
+        and "; and the pseudo-gradient was divided twice" in v.line
+    ), v.line
+    v = check_outer_sync(wrong.outer_sync_inner_grads_from_local, timeout_s=TIMEOUT)
+    assert not v.ok and "two mistakes at once: the outer step started from the local weights" in v.line, v.line
+    assert "; and the outer step used the inner gradients averaged over the replicas" in v.line, v.line
+    v = check_outer_sync(wrong.outer_sync_keeps_before_the_restore, timeout_s=TIMEOUT)
+    named = "the synced weights were overwritten with the local ones before the restore"
+    assert not v.ok and named in v.line and "s.copy_(p)" in v.line, v.line
+
+
+def test_the_schedule_exercise_names_a_schedule_that_never_sends():
+    """Learner read 10 (round 8, r8) finding 7: a send branch without its return (None after every step, at every
+    delay) got the rule restated; only a delay of 0 said "no fragment at all"."""
+    v = check_fragment_schedule(wrong.schedule_forgets_the_return, timeout_s=TIMEOUT)
+    named = "with H = 6, 3 fragments and a delay of 1, after step 1 yours sends None, streaming DiLoCo sends 0"
+    assert not v.ok and named in v.line, v.line
+    assert "yours sends no fragment at all in these 6 turns" in v.line and "return" in v.line, v.line

@@ -12,7 +12,7 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
    synced ones, plain averaging called DiLoCo, the pseudo-gradients summed, the synced weights never updated,
    the outer step taken with the last inner gradient (no ``p.grad = g``) or with the inner gradients averaged
    in place of the pseudo-gradient, the average divided by the world size twice (``ReduceOp.AVG``, then ``/=``
-   again), an outer step that never moves;
+   again), the synced weights overwritten with the local ones before the restore, an outer step that never moves;
 2. **yours**: the same rounds with your sync after each; the weights and synced weights after every sync, what
    the outer optimizer saw (:class:`NotedSGD`) and whether ``synced`` shares the parameters' storage;
 3. **verdict**: a raise or a hang first (an in-place change to a parameter outside ``torch.no_grad()`` named as
@@ -24,16 +24,16 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
    weights by hand, then replicas that disagree after a sync, then the first difference from DiLoCo's.
 
 :func:`check_fragment_schedule` checks ``fragment_to_send(step, sync_every, fragments, delay)``: which
-fragment's pseudo-gradient leaves after inner step ``step`` (1, 2, ...), or ``None``. Each rank calls it
-for two periods of every schedule in :data:`SCHEDULES`; a schedule that differs across replicas is named
-first (they would sum different fragments, or wait for ever), then the first schedule and step where it
-differs from streaming DiLoCo's (:func:`~minddp.exercises.solutions.fragment_to_send`, the schedule
-:class:`minddp.DiLoCo` keeps), a fragment number past the last (no ``% fragments``) named as such, and so are a
-schedule silent at a delay of 0 (``step % turn == turn - delay``: ``step % turn`` never reaches ``turn``), more
-than one send per turn, fragments numbered from 1, the next (or the previous) turn's fragment, a turn of sync_every
-steps (the ``// fragments`` forgotten), a fragment sent delay steps after its turn starts, and a send one step
-early or late in every turn (an off-by-one, with a schedule silent at a delay of 0 said beside it), read off the
-whole schedule.
+fragment's pseudo-gradient leaves after inner step ``step`` (1, 2, ...), or ``None``. Each rank calls it for
+two periods of every schedule in :data:`SCHEDULES`; a schedule that differs across replicas is named first
+(they would sum different fragments, or wait for ever), then the first schedule and step where it differs from
+streaming DiLoCo's (:func:`~minddp.exercises.solutions.fragment_to_send`, the schedule :class:`minddp.DiLoCo`
+keeps), a fragment number past the last (no ``% fragments``) named as such, and so are a schedule silent at a
+delay of 0 (``step % turn == turn - delay``: ``step % turn`` never reaches ``turn``), more than one send per
+turn, none at all at another delay (a missing ``return``), fragments numbered from 1, the next (or the
+previous) turn's fragment, a turn of sync_every steps (the ``// fragments`` forgotten), a fragment sent delay
+steps after its turn starts, and a send one step early or late in every turn (an off-by-one, with a schedule
+silent at a delay of 0 said beside it), read off the whole schedule.
 
 Example (2 checker ranks, a few seconds: not run by the doctests)::
 
@@ -84,6 +84,7 @@ def candidate(
     world=None,
     inner_grads=False,
     twice=False,
+    early=False,
 ):
     """DiLoCo's sync with one idea changed: ``sign=-1`` averages local − synced; ``restore=False`` steps from the
     local weights; ``divide=False`` sums; ``keep=False`` never updates the synced weights; ``weights=True``
@@ -92,7 +93,8 @@ def candidate(
     optimizer move the restored weights (the pseudo-gradient taken after the restore is zero, or no outer.step());
     ``world=2`` divides by a fixed 2 whatever the world size; ``inner_grads=True`` averages the inner gradients (the
     last backward's ``p.grad``) in place of the pseudo-gradient; ``twice=True`` divides by the world size twice
-    (``ReduceOp.AVG``, then ``/= world`` again)."""
+    (``ReduceOp.AVG``, then ``/= world`` again); ``early=True`` copies the local weights into the synced ones
+    before the restore (which then restores the local weights) and not after the step."""
     world = world or dist.get_world_size(group)
     with torch.no_grad():
         sent = [
@@ -103,6 +105,9 @@ def candidate(
             dist.all_reduce(t, group=group)
             if divide:
                 t /= world * world if twice else world
+        if early:
+            for p, s in zip(params, synced):
+                s.copy_(p)
         for p, s, t in zip(params, synced, sent):
             if weights:
                 p.copy_(t)
@@ -113,7 +118,7 @@ def candidate(
                 p.grad = t
     if step and not weights:
         outer.step()
-    if keep:
+    if keep and not early:
         with torch.no_grad():
             for p, s in zip(params, synced):
                 s.copy_(p)
@@ -170,6 +175,13 @@ MISTAKES = {
         "mean; dividing it again by dist.get_world_size() halves it on 2 ranks): divide once, either op=AVG alone or "
         "the default SUM then g /= world",
     ),
+    "kept_early": (
+        functools.partial(candidate, early=True),
+        "the synced weights were overwritten with the local ones before the restore (s.copy_(p) before "
+        "p.copy_(s)), so the restore put the local weights back: the outer step started from them, and the new "
+        "synced weights are the local ones, not the outer step's result: compute synced − local, put the synced "
+        "weights back, step, and only then s.copy_(p)",
+    ),
     "no_move": (
         functools.partial(candidate, step=False),
         "the outer step did not move the weights (every sync ends on the last synced weights): either outer.step() "
@@ -179,12 +191,18 @@ MISTAKES = {
 }
 
 #: The single mistakes that combine into another wrong sync (a pair is run only as a candidate: each pair's verdict
-#: is its two single verdicts). Averaging the weights and a step that never moves leave nothing for a second to change.
-PAIRED = ("sign", "from_local", "summed", "stale", "inner_grad")
+#: is its two single verdicts). Averaging the weights, a step that never moves and the synced weights kept before
+#: the restore leave nothing for a second to change.
+PAIRED = ("sign", "from_local", "summed", "stale", "inner_grad", "divided_twice", "averaged_inner_grads")
+#: The pairs whose sync is one of its mistakes alone (a sum never divided is not divided twice; gradients never
+#: handed to the outer step are not averaged; the inner gradients have no sign to flip): not run.
+SAME_AS_ONE = {"summed+divided_twice", "inner_grad+divided_twice", "inner_grad+averaged_inner_grads",
+               "sign+averaged_inner_grads"}  # fmt: skip
 PAIRS = {
     f"{a}+{b}": functools.partial(candidate, **MISTAKES[a][0].keywords, **MISTAKES[b][0].keywords)
     for i, a in enumerate(PAIRED)
     for b in PAIRED[i + 1 :]
+    if f"{a}+{b}" not in SAME_AS_ONE
 }
 
 #: The wrong idea that only another world size shows (run there after a sync matched DiLoCo's on 2 ranks).
@@ -665,6 +683,14 @@ def _schedule_text(f: dict, report: dict) -> str:
             f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours sends {sent} fragments "
             f"in these {turns} turns of {turn} steps, streaming DiLoCo one per turn, after step {turn} − {tau} = "
             f"{turn - tau} of the turn: return None after every other step"
+        )
+    if sent == 0 and tau > 0:  # a delay of 0 that sends nothing is named below, with its cause
+        return (
+            f"{where} yours sends None, streaming DiLoCo sends {f['right']!r}: yours sends no fragment at all in these "
+            f"{turns} turns of {turn} steps (None after every step), streaming DiLoCo one per turn, after step "
+            f"{turn} − {tau} = {turn - tau} of the turn: check that the branch that sends returns the fragment (a "
+            "missing return gives None) and that its condition, step % turn == (turn − delay) % turn, is true once "
+            "a turn"
         )
     sends = [(x, r) for x, r in zip(mine, right) if r is not None]
     if all(x == r + 1 for x, r in sends) and all(x is None for x, r in zip(mine, right) if r is None):
