@@ -226,17 +226,17 @@ lesson.claim(
     "The three trainings end with the same parameters, to the bit (aot_eager computes with eager's aten ops).",
 )
 low, high = (f"{f([v['load'] for v in looks.values()]):.1f}" for f in (min, max))  # the 1-minute load averages
-# ms from backward's first gradient node (where the pale bar ends) to the black line
+# ms from backward's first gradient node (where the pale bar ends) to the black line, rounded as printed
 took = {
-    label: looks[label]["row"]["end"] - min(s for s, _ in looks[label]["row"]["backward"]) for label in (NO_CUT, CUT)
+    label: round(looks[label]["row"]["end"] - min(s for s, _ in looks[label]["row"]["backward"]))
+    for label in (NO_CUT, CUT)
 }
 shorter = took[NO_CUT] - took[CUT]
 lesson.say(
-    f"From backward's first gradient node to the black line, the step took {took[NO_CUT]:.0f} ms compiled without "
-    f"the cut and {took[CUT]:.0f} ms with it, one step each, on {os.cpu_count()} cores shared by both ranks and "
-    f"gloo's threads, at a 1-minute load of {low if low == high else f'{low} to {high}'}: in this run, buckets in "
-    "flight during backward "
-    + (f"made that part {shorter:.0f} ms shorter." if round(shorter) > 0 else "did not make that part shorter.")
+    f"From backward's first gradient node to the black line, the step took {took[NO_CUT]} ms compiled without "
+    f"the cut and {took[CUT]} ms with it, one step each, on {os.cpu_count()} cores shared by both ranks and "
+    f"gloo's threads, at a 1-minute load of {low if low == high else f'{low} to {high}'}: in this run, that part "
+    + (f"was {shorter} ms shorter with the cut." if shorter > 0 else "was not shorter with the cut.")
 )
 
 # %% [markdown]
