@@ -17,9 +17,14 @@
 # # 09 · Compiled: `torch.compile` and buckets handed over during backward
 #
 # Autograd runs backward as *nodes*, of two kinds in this notebook. A parameter's `AccumulateGrad`
-# node adds its gradient into the parameter's `.grad`; the reducer's hook runs there, copies the
-# gradient into its bucket, and hands the bucket over once its last gradient is there. Every other
+# node adds its gradient into the parameter's `.grad`; `ddp`'s *reducer* (the part that fills the
+# buckets and sends them) has a hook there, which copies the gradient into its bucket. Every other
 # node is a *gradient node*: it computes gradients (eager: one per operation).
+#
+# Words, kept apart. A bucket is *handed over* when the reducer calls `all_reduce` on it, once its
+# last gradient is there (the tick in the figure); it goes to *gloo*, the process group that carries
+# the messages between these CPU ranks. It is *in flight* (`docs/analysis.md`) from the start of
+# gloo's `all_reduce` range to its end (the orange bar), not from the tick.
 #
 # nanoGPT compiles its model, then wraps it: `model = torch.compile(model)`, then `DDP(model)`.
 # `torch.compile` has two parts: *Dynamo* captures the model's Python as a graph, and a *backend*
@@ -35,8 +40,10 @@
 # this notebook pieces are numbered in that order: piece 0 is the forward's last layers, which backward
 # runs first). A bucket whose last gradient a piece produces can be handed over before the next
 # piece's backward begins, and be in flight while it runs. minddp's `ddp` gives Dynamo its bucket
-# cap, as torch's DDP does (`minddp/runtime/compiling.py`), so its pieces close at `bucket_cap_mb`,
-# here 2 MiB.
+# cap the way torch's DDP does (`minddp/runtime/compiling.py`), with one difference: with torch's
+# DDP, Dynamo makes the first piece 1 MiB (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`) whatever
+# the cap; minddp makes it the cap too. So here every piece of `ddp`'s closes at `bucket_cap_mb`,
+# 2 MiB.
 #
 # This notebook shows one step of `ddp` three ways on one time axis: eager, compiled without the
 # cut and compiled with it; then the pieces and the buckets, and an exercise on them; then the
@@ -44,10 +51,6 @@
 # 1 MiB layers without biases), not the shared workload: its layers make the pieces easy to name. The
 # backend is `aot_eager`: the graph is traced and cut as with Inductor, then run with eager's own aten
 # operations, fused into none, so all three trainings give the same bits.
-#
-# Words, kept apart. A bucket is *handed over* (to gloo: the tick in the figure) when the reducer
-# calls `all_reduce` on it. It is *in flight* (`docs/analysis.md`) from the start of gloo's
-# `all_reduce` range to its end (the orange bar), not from the tick.
 
 # %%
 # %load_ext minddp.notebook
@@ -143,11 +146,12 @@ def one_step(compiled: bool, cut: bool = True):
     return ddp, view
 
 
-NAMES = {"eager": "eager", "compiled, no cut": "compiled without the cut", "compiled, cut": "compiled with the cut"}
+NO_CUT, CUT = "compiled without the cut", "compiled with the cut"
 looks = {}
-for label, compiled, cut in (("eager", False, True), ("compiled, no cut", True, False), ("compiled, cut", True, True)):
+for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT, True, True)):
     ddp, looks[label] = one_step(compiled, cut)
-    looks[label]["row"].update(label=f"{label}\n{looks[label]['calls']} buckets", stage=label)  # one tick each
+    name = label.replace(" with", "\nwith")  # the figure's row label: the way, then its buckets (one tick each)
+    looks[label]["row"].update(label=f"{name}\n{looks[label]['calls']} buckets", stage=label)
 lesson.say(
     f"ddp on {world_size} ranks, an MLP of {DEPTH} layers of {WIDTH}×{WIDTH} (1 MiB of float32 weights each), "
     f"no biases, buckets of {CAP:g} MiB, one micro-batch a step; compiled with the {BACKEND} backend; "
@@ -164,11 +168,15 @@ lesson.say(
 # nodes (grey), a tick when a bucket was handed over (the row's label says how many buckets), an orange
 # bar for each message in flight, and the optimizer step (green). Bars or ticks that overlap, or lie
 # closer together than a pixel (about a thousandth of the time axis), draw as one. A tick is not the
-# start of its bar: the bar is gloo's range, which can begin later. White is time in none of these.
+# start of its bar: the bar is gloo's range, which can begin later. White is time in none of these:
+# after a row's last grey bar, it is `ddp`'s end-of-backward callback, which waits for the messages
+# still in flight and copies their averages into `.grad` before the optimizer step.
 #
 # Read the figure for the order of its events, which is what the cut changes and what the claims
-# count. Its lengths are one step's on a shared machine (the sentence under the figure), and this
-# notebook does not measure what they are made of.
+# count. Its lengths are one step's on a shared machine. The sentence under the figure compares the
+# two compiled rows from backward's first gradient node to the black line, the part where buckets are
+# handed over and waited for; what the other lengths (the forwards, eager's step) are made of, this
+# notebook does not measure.
 #
 # The cut is torch's design for GPUs, where backward's kernels run on the GPU while NCCL carries the
 # buckets on a stream of its own. This notebook runs no GPU: what the cut does to a GPU step is not
@@ -196,16 +204,16 @@ if figure is not None:  # rank 0 draws: the AccumulateGrad nodes, the axis and t
     unique = {key: unique[key] for key in dict.fromkeys(order) if key in unique}
     ax.legend(unique.values(), unique.keys(), loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7, ncol=len(unique))
     ax.get_legend().set_frame_on(False)
+# orders of events (program order), not timings: they hold on any machine. Without the cut every message starts
+# after its bucket's tick, which comes after the one gradient node has ended
 after = {label: v["nodes_begun_after_first_handover"] for label, v in looks.items()}
-# orders of events on the training thread (program order), not timings: they hold on any machine
-beside = {label: v["in_flight_beside_node"] for label, v in looks.items()}
 lesson.claim(
-    after["compiled, no cut"] == 0 and beside["compiled, no cut"] == 0,
+    after[NO_CUT] == 0 and looks[NO_CUT]["in_flight_beside_node"] == 0,
     "Compiled without the cut, no gradient node began after the first bucket was handed over: only AccumulateGrad "
     "nodes ran after it, and no message was in flight while a gradient node ran.",
 )
 lesson.claim(
-    after["compiled, cut"] > 0 and after["eager"] > 0,
+    after[CUT] > 0 and after["eager"] > 0,
     "Compiled with the cut, as eager, gradient nodes began after the first bucket was handed over.",
 )
 # the reducer's hook runs in each parameter's AccumulateGrad node, after the gradient is accumulated
@@ -218,16 +226,17 @@ lesson.claim(
     "The three trainings end with the same parameters, to the bit (aot_eager computes with eager's aten ops).",
 )
 low, high = (f"{f([v['load'] for v in looks.values()]):.1f}" for f in (min, max))  # the 1-minute load averages
-took = {NAMES[label]: v["row"]["end"] for label, v in looks.items()}  # ms, from the row's start to its black line
+# ms from backward's first gradient node (where the pale bar ends) to the black line, rounded as printed
+took = {
+    label: round(looks[label]["row"]["end"] - min(s for s, _ in looks[label]["row"]["backward"]))
+    for label in (NO_CUT, CUT)
+}
+shorter = took[NO_CUT] - took[CUT]
 lesson.say(
-    f"In this run, messages in flight while a gradient node ran (an orange bar beside a blue one): eager "
-    f"{beside['eager']} of {looks['eager']['calls']}, compiled with the cut {beside['compiled, cut']} of "
-    f"{looks['compiled, cut']['calls']}. The step (from the row's start to its black line) took "
-    + ", ".join(f"{name} {ms:.0f} ms" for name, ms in took.items())
-    + f": the shortest {min(took, key=took.get)}, the longest {max(took, key=took.get)}, one step each, on "
-    f"{os.cpu_count()} cores shared by both ranks, gloo's threads and every other process, at a 1-minute load of "
-    f"{low if low == high else f'{low} to {high}'}. This notebook does not measure why they differ, nor how "
-    "another run would order them."
+    f"From backward's first gradient node to the black line, the step took {took[NO_CUT]} ms compiled without "
+    f"the cut and {took[CUT]} ms with it, one step each, on {os.cpu_count()} cores shared by both ranks and "
+    f"gloo's threads, at a 1-minute load of {low if low == high else f'{low} to {high}'}: in this run, that part "
+    + (f"was {shorter} ms shorter with the cut." if shorter > 0 else "was not shorter with the cut.")
 )
 
 # %% [markdown]
@@ -239,16 +248,16 @@ lesson.say(
 # with its parameters in the forward's order. Beside them, the buckets of the figure's third row
 # (compiled with the cut): `ddp`'s `bucket_plan`, rebuilt after the first step from the order the
 # gradients arrived in, each bucket listing its parameters in that order. A compiled piece produces
-# all its gradients at its end, so within a piece they need not arrive last layer first, as eager's
-# do. A bucket closes at the first gradient that takes it to the cap or past it. The claims below
-# check where this run's buckets lie.
+# all its gradients at its end, so within a piece they need not arrive last layer first. A bucket
+# closes at the first gradient that takes it to the cap or past it. The claims below check where
+# this run's buckets lie.
 
 
 # %%
 # %%distributed
-def walk(output) -> list[list[str]]:
-    """The compiled pieces reached from ``output``, in backward order, each with its parameters' names."""
-    names = {id(p): n.removeprefix("_orig_mod.") for n, p in ddp.module.named_parameters()}
+def walk(output, module) -> list[list[str]]:
+    """The compiled pieces reached from ``output``, in backward order, each with its parameters' names in ``module``."""
+    names = {id(p): n.removeprefix("_orig_mod.") for n, p in module.named_parameters()}
     found, node = [], output.grad_fn
     while node is not None:
         if "CompiledFunction" in node.name():
@@ -259,8 +268,8 @@ def walk(output) -> list[list[str]]:
 
 
 with ddp.no_sync():  # no_sync(): the reducer expects no gradients from this forward, whose backward never runs
-    pieces = walk(ddp(torch.randn(32, WIDTH)))  # the training's shape
-buckets = looks["compiled, cut"]["buckets"]
+    pieces = walk(ddp(torch.randn(32, WIDTH)), ddp.module)  # the training's shape
+buckets = looks[CUT]["buckets"]
 for i, piece in enumerate(pieces):
     lesson.say(f"piece {i} (backward runs it {'first' if i == 0 else 'next'}): {', '.join(piece)}")
 size = {n.removeprefix("_orig_mod."): p.numel() * p.element_size() for n, p in ddp.module.named_parameters()}
@@ -271,9 +280,9 @@ lesson.claim(
     f"The compiled graph is cut into {len(pieces)} pieces, which together produce the gradients of all "
     f"{DEPTH} parameters, each once.",
 )
-runs = {label: looks[label]["pieces_run"] for label in ("compiled, no cut", "compiled, cut")}
+runs = {label: looks[label]["pieces_run"] for label in (NO_CUT, CUT)}
 lesson.claim(
-    runs == {"compiled, no cut": 1, "compiled, cut": len(pieces)},
+    runs == {NO_CUT: 1, CUT: len(pieces)},
     f"In the profiled step, backward ran one compiled gradient node without the cut and {len(pieces)} with it, "
     "one per piece.",
 )
@@ -286,7 +295,7 @@ lesson.claim(
     "once the backward of its piece has ended.",
 )
 # program order on the training thread in the profiled step above: holds on any machine
-ended, begun = (looks["compiled, cut"][key] for key in ("pieces_ended_at_handover", "pieces_begun_at_handover"))
+ended, begun = (looks[CUT][key] for key in ("pieces_ended_at_handover", "pieces_begun_at_handover"))
 lesson.claim(
     ended == begun == [home[0] + 1 for home in homes],
     "In the profiled step each bucket was handed over (its tick) after the backward of its piece ended and before "
@@ -301,7 +310,7 @@ lesson.claim(
 # in bytes. Fill the buckets as `ddp` does (a bucket closes at the first gradient that takes it to the
 # cap or past it; the gradients left at the end make one last bucket) and return, for each bucket, the
 # index of the piece after whose backward it is handed over. `check_handover` calls it on a few small
-# cases, without ranks, and names each usual mistake. As it stands the cell raises
+# cases, without ranks, and names the usual mistakes, alone or two together. As it stands the cell raises
 # `NotImplementedError`, and the checker says so.
 
 # %%
@@ -330,9 +339,11 @@ print(check_handover(solutions.handed_over_after))
 # ## The wrapper compiled whole: graph breaks
 #
 # The other pattern compiles the wrapper itself: `torch.compile(DDP(model))`. Dynamo then meets the
-# wrapper's own Python first. A graph break is a place where Dynamo stops the graph, runs Python, and
-# starts a new one. minddp's `ddp` runs its own lines eagerly and lets Dynamo compile only the
-# module. Each wrapper is compiled around an MLP of two 1 MiB layers, for one training
+# wrapper's own Python first. A graph break is a place inside a graph Dynamo has begun where it
+# stops the graph, runs Python, and starts a new one. minddp's `ddp` marks its `forward` for Dynamo
+# to skip whole (`torch.compiler.disable`): Dynamo begins no graph there, so there is none to break,
+# and it compiles the module that `forward` calls as a graph of its own (the next section prints
+# that graph's pieces). Each wrapper is compiled around an MLP of two 1 MiB layers, for one training
 # step, and Dynamo counts the breaks.
 
 
@@ -367,7 +378,9 @@ lesson.claim(
 #
 # Each wrapper, both ways (the model compiled, then wrapped; the wrapper compiled), at 0.5 MiB on an
 # MLP of two 1 MiB layers, one training step each, its parameters compared with eager
-# `ddp`'s after the same step; a refusal is printed with the torch file that raised it:
+# `ddp`'s after the same step, and the compiled pieces its backward runs; a refusal is printed with
+# the torch file that raised it. With torch's DDP, Dynamo makes the first piece 1 MiB whatever the
+# cap, and refuses a first piece larger than the cap; minddp makes the first piece the cap.
 
 
 # %%
@@ -396,7 +409,10 @@ def compile_at(wrapper, model_first: bool) -> str:
         where = os.path.relpath(traceback.extract_tb(error.__traceback__)[-1].filename, TORCH)
         return f"{type(error).__name__}: {str(error).strip().splitlines()[0]} (raised in {where})"
     same = torch.equal(flat(model), flat(reference))
-    return "trained a step, to eager ddp's bits" if same else "trained a step, to bits that differ from eager ddp's"
+    with wrapped.no_sync():  # a forward whose backward never runs, to walk its pieces
+        pieces = walk(wrapped(torch.randn(32, WIDTH)), model)
+    bits = "to eager ddp's bits" if same else "to bits that differ from eager ddp's"
+    return f"trained a step, {bits}; compiled pieces: " + " | ".join(", ".join(piece) for piece in pieces)
 
 
 wrappers = {"torch's DDP": torch.nn.parallel.DistributedDataParallel, "minddp's ddp": DistributedDataParallel}
@@ -404,30 +420,37 @@ ways = {"the model compiled, then wrapped": True, "the wrapper compiled": False}
 small = {(who, way): compile_at(wrapper, first) for who, wrapper in wrappers.items() for way, first in ways.items()}
 for (who, way), outcome in small.items():
     lesson.say(f"{who}, {way}, bucket_cap_mb={SMALL:g}: {outcome}")
-refused = "AssertionError: First bucket"
+refused, first = "AssertionError: First bucket", torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB
 lesson.claim(
-    all(
+    first > SMALL
+    and all(
         small["torch's DDP", way].startswith(refused) and "(raised in torch/_dynamo/" in small["torch's DDP", way]
         for way in ways
     ),
-    "At 0.5 MiB torch's DDP does not compile, either way: Dynamo's code asserts.",
+    f"With torch {torch.__version__}, at {SMALL:g} MiB torch's DDP does not compile, either way: Dynamo's first "
+    f"piece, {first:g} MiB, is larger than the cap, and its code asserts.",
 )
 lesson.claim(
-    all(small["minddp's ddp", way] == "trained a step, to eager ddp's bits" for way in ways),
-    "minddp's ddp trains a step there, either way, to eager ddp's bits.",
+    all(
+        small["minddp's ddp", way]
+        == "trained a step, to eager ddp's bits; compiled pieces: layers.1.weight | layers.0.weight"
+        for way in ways
+    ),
+    f"minddp's ddp trains a step there, either way, to eager ddp's bits, its backward running one compiled piece "
+    f"per 1 MiB layer: each piece closes at the {SMALL:g} MiB cap.",
 )
 
 # %% [markdown]
 # ## What to take away
 #
-# * Compile the model, then wrap it (`model = torch.compile(model)`, then `DDP(model)`): minddp's
-#   `ddp` has Dynamo cut the compiled graph into pieces, and a bucket is handed over before
-#   backward's last gradient node again (the claims above). This notebook shows that order, not
-#   what it does to the step's length.
-# * Compiled whole, `torch.compile(ddp)` adds no graph break to the model's own, where torch's DDP
-#   adds breaks (*The wrapper compiled whole*).
-# * At 0.5 MiB buckets torch's DDP does not compile; minddp's `ddp` trains, either way, to eager's
-#   bits.
+# * The model compiled, then wrapped (nanoGPT's way): minddp's `ddp` has Dynamo cut the compiled
+#   graph into pieces, and a bucket is handed over before backward's last gradient node again (the
+#   claims above). What that did to this run's step, on this CPU, is the sentence under the
+#   figure; a GPU step is not shown here.
+# * The wrapper compiled whole: `torch.compile(ddp)` adds no graph break to the model's own, where
+#   torch's DDP adds breaks, and its module is compiled and cut (*Buckets of 0.5 MiB*).
+# * At 0.5 MiB buckets torch's DDP (this run's torch) does not compile: its first piece is 1 MiB.
+#   minddp's `ddp` trains, both ways, to eager's bits.
 # * The train command and the benchmark take `--compile` (`--compile-backend aot_eager` for quick
 #   runs). `docs/ddp.md` (*Compiled*) gives the details, the limits and why minddp uses Dynamo's
 #   cut rather than compiled autograd.

@@ -109,6 +109,37 @@ def all_at_the_end(pieces, cap):
     return [len(pieces) - 1 for _ in solutions.handed_over_after(pieces, cap)]
 
 
+def next_piece(pieces, cap):
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total >= cap:
+            out, total = out + [i + 1], 0  # the mistake: the piece during which the bucket is in flight
+    return out + [len(pieces)] * (total > 0)
+
+
+def one_per_piece(pieces, cap):
+    return list(range(len(pieces)))  # the mistake: bucket k with piece k, as the notebook's own run pairs them
+
+
+def empty_last_bucket(pieces, cap):
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total >= cap:
+            out, total = out + [i], 0
+    return out + [len(pieces) - 1]  # the mistake: one more bucket at the end, even when nothing is left
+
+
+def strictly_past_and_no_last_bucket(pieces, cap):
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total > cap:  # two mistakes: == cap keeps the bucket open, and what is left is dropped
+            out, total = out + [i], 0
+    return out
+
+
 @pytest.mark.parametrize(
     "fn, named",
     [
@@ -119,6 +150,11 @@ def all_at_the_end(pieces, cap):
         (closed_at_piece_end, "closed at each piece's end"),
         (from_one, "pieces numbered from 1"),
         (all_at_the_end, "that is the graph compiled whole"),
+        (next_piece, "the piece after the one that fills it"),
+        (one_per_piece, "one bucket per piece"),
+        (empty_last_bucket, "an empty last bucket"),
+        (strictly_past_and_no_last_bucket, "two mistakes: a bucket that reaches the cap exactly stays open"),
+        (strictly_past_and_no_last_bucket, "and the gradients after the last full bucket were dropped"),
     ],
 )
 def test_each_handover_mistake_is_named(fn, named):

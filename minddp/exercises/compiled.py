@@ -7,7 +7,8 @@ that takes it to the cap or past it; what is left after the last full bucket mak
 answer: for each bucket, the index of the piece after whose backward it is handed over. The function is
 called on every case of :data:`CASES` and compared with the model answer
 (:func:`~minddp.exercises.solutions.handed_over_after`); an answer that matches one of the usual mistakes
-(:data:`MISTAKES`) on every case is named by it, any other by its first case that differs.
+(:data:`MISTAKES`) on every case is named by it, one that matches two of them made together (:data:`PAIRS`) by
+both, any other by its first case that differs.
 
 Example (pure Python, no ranks)::
 
@@ -40,13 +41,15 @@ def _walk(
     past: bool = False,
     before: bool = False,
     last: bool = True,
+    empty: bool = False,
     first: bool = False,
     per_piece: bool = False,
     shift: int = 0,
 ) -> list[int]:
     """The model answer's walk with one mistake switched on: close only past the cap (``past``), before the
-    gradient that would pass it (``before``), drop the last bucket (``last=False``), note the piece of a bucket's
-    first gradient (``first``), close the open bucket at each piece's end (``per_piece``), number from ``shift``."""
+    gradient that would pass it (``before``), drop the last bucket (``last=False``), add a last one even when nothing
+    is left (``empty``), note the piece of a bucket's first gradient (``first``), close the open bucket at each
+    piece's end (``per_piece``), number from ``shift``."""
     after, filled, opened, at = [], 0, 0, 0
     for i, piece in enumerate(pieces):
         for size in piece:
@@ -61,7 +64,7 @@ def _walk(
         if per_piece and filled:
             after.append(i)
             filled = 0
-    if filled and last:
+    if (filled or empty) and last:
         after.append(opened if first else at)
     return [i + shift for i in after]
 
@@ -70,40 +73,80 @@ def _all_at_the_end(pieces, cap):
     return [len(pieces) - 1] * len(solutions.handed_over_after(pieces, cap))
 
 
-#: name -> (the mistake as code, what the verdict says)
-MISTAKES = {
+#: name -> (the mistake as the model answer's walk with its switches, what the verdict says)
+WALKS = {
     "strictly past": (
-        lambda p, c: _walk(p, c, past=True),
+        {"past": True},
         "a bucket that reaches the cap exactly stays open (`> cap`): it closes at the first gradient that takes "
         "it to the cap or past it (`>= cap`)",
     ),
     "never past": (
-        lambda p, c: _walk(p, c, before=True),
+        {"before": True},
         "a bucket closed before the gradient that would take it past the cap: ddp adds that gradient and closes "
         "the bucket after it, so a bucket can end past the cap",
     ),
     "no last bucket": (
-        lambda p, c: _walk(p, c, last=False),
+        {"last": False},
         "the gradients after the last full bucket were dropped: they make one more bucket, handed over with the "
         "last of them",
     ),
+    "empty last bucket": (
+        {"empty": True},
+        "an empty last bucket was added: one more bucket is made only of gradients left after the last full one, "
+        "and when none is left there is none",
+    ),
     "first gradient": (
-        lambda p, c: _walk(p, c, first=True),
+        {"first": True},
         "each bucket was given the piece of its first gradient: a bucket is handed over when its last gradient "
         "is there, after the backward of the piece that produces it",
     ),
     "closed at piece end": (
-        lambda p, c: _walk(p, c, per_piece=True),
+        {"per_piece": True},
         "a bucket was closed at each piece's end: buckets are cut by bytes alone, so one open when a piece ends "
         "takes the next piece's gradients too",
     ),
-    "from one": (lambda p, c: _walk(p, c, shift=1), "pieces numbered from 1: piece 0 is the one backward runs first"),
+    "next piece": (
+        {"shift": 1},
+        "each bucket was given the piece after the one that fills it (or pieces numbered from 1): the answer is the "
+        "piece whose backward's end completes the bucket, numbered from 0 in the order backward runs them; the "
+        "bucket is in flight during the next one",
+    ),
+}
+
+
+def _all_at_the_end(pieces, cap):
+    return [len(pieces) - 1] * len(solutions.handed_over_after(pieces, cap))
+
+
+def _one_per_piece(pieces, cap):
+    return list(range(len(pieces)))
+
+
+#: name -> (the mistake as code, what the verdict says): each walk above, then the mistakes of another shape
+MISTAKES = {
+    **{
+        name: (lambda p, c, switches=switches: _walk(p, c, **switches), says)
+        for name, (switches, says) in WALKS.items()
+    },
+    "one per piece": (
+        _one_per_piece,
+        "one bucket per piece: buckets are cut by bytes, not by pieces; a bucket closes at the first gradient that "
+        "takes it to the cap or past it, in whatever piece that is, so a piece can fill none, one or several",
+    ),
     "all at the end": (
         _all_at_the_end,
         "every bucket after the last piece: that is the graph compiled whole (one piece); with the cut a bucket "
         "goes once the piece that fills it has ended",
     ),
 }
+
+#: two walk mistakes made together (those that do not contradict each other: not "no last bucket" with an empty one)
+PAIRS = [
+    (a, b)
+    for k, a in enumerate(WALKS)
+    for b in list(WALKS)[k + 1 :]
+    if {a, b} != {"no last bucket", "empty last bucket"}
+]
 
 
 def check_handover(fn) -> Verdict:
@@ -130,6 +173,9 @@ def check_handover(fn) -> Verdict:
     for mistake, (wrong, says) in MISTAKES.items():
         if answers == [wrong(p, c) for p, c in CASES]:
             return Verdict(False, f"✗ {name}: {says}")
+    for a, b in PAIRS:
+        if answers == [_walk(p, c, **WALKS[a][0], **WALKS[b][0]) for p, c in CASES]:
+            return Verdict(False, f"✗ {name}: two mistakes: {WALKS[a][1]}; and {WALKS[b][1]}")
     k = next(k for k, (a, r) in enumerate(zip(answers, right)) if a != r)
     pieces, cap = CASES[k]
     return Verdict(
@@ -139,4 +185,4 @@ def check_handover(fn) -> Verdict:
     )
 
 
-__all__ = ["check_handover", "CASES", "MISTAKES"]
+__all__ = ["check_handover", "CASES", "MISTAKES", "PAIRS", "WALKS"]
