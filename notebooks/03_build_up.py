@@ -392,8 +392,8 @@ lesson.claim(
 # %% [markdown]
 # What to look for: messages on the wire while the backward goes on and no plain red inside it (the
 # hatched red is the parameters-used check); the waits for messages come at the end, in finish.
-# Only a wait with a message still on the link is *exposed*; the rest of that red block is waited
-# for the real all_reduce on this machine (the cell above gives both).
+# Only a wait with a message still on the link is *exposed*; the rest of that red block is *waited*
+# for the real all_reduce on this machine, after the link had delivered (the cell above gives both).
 #
 # ### Your turn: `hook-async`
 #
