@@ -402,7 +402,12 @@ def say_look(looks: dict, stage: str) -> None:
     say(
         f"On the emulated link its messages took {link} ms (modeled). The training thread stood waiting through "
         f"{exposed} ms of them (exposed)"
-        + (f" and did not wait through the other {link - exposed} ms." if link - exposed else ".")
+        + (
+            f" and did not wait through the other {link - exposed} ms (it ran a forward, a backward, the optimizer or "
+            "the stage's own lines)."
+            if link - exposed
+            else "."
+        )
         + f" It waited {v['waited_ms']:.0f} ms in all ({v['waits_in_backward']} of its {v['waits']} waits began "
         "inside a backward)"
         + (
