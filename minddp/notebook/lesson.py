@@ -403,8 +403,9 @@ def say_look(looks: dict, stage: str) -> None:
         f"On the emulated link its messages took {link} ms (modeled). The training thread stood waiting through "
         f"{exposed} ms of them (exposed)"
         + (
-            f" and did not wait through the other {link - exposed} ms (it ran a forward, a backward, the optimizer or "
-            "the stage's own lines)."
+            f" and did not wait through the other {link - exposed} ms (it ran "
+            + ("the backward, or " if v["calls_in_backward"] else "")
+            + "the stage's and the loop's own lines between handing a message over and waiting for it)."
             if link - exposed
             else "."
         )
