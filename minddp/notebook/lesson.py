@@ -404,7 +404,7 @@ def say_look(looks: dict, stage: str) -> None:
         f"{exposed} ms of them (exposed)"
         + (
             f" and did not wait through the other {link - exposed} ms (it ran "
-            + ("the backward, or " if v["calls_in_backward"] else "")
+            + ("the backward, or " if v["calls_in_backward"] and not v["waits_in_backward"] else "")
             + "the stage's and the loop's own lines between handing a message over and waiting for it)."
             if link - exposed
             else "."
