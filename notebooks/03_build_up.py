@@ -785,8 +785,8 @@ def answer(stage, w):
         )
     lag = lesson.wait_after_backward(looks[stage]["row"])
     return said + (
-        f"; its thread reached its first wait {lag:.0f} ms after backward ended and stood through {w['exposed_ms']:.0f} "
-        "ms of the link's time (exposed)"
+        f"; its thread reached its first wait {lag:.1f} ms after backward ended and stood through "
+        f"{w['exposed_ms']:.1f} ms of the link's time (exposed)"
         if lag is not None
         else "; its thread stood waiting for nothing after backward"
     )
