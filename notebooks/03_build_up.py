@@ -35,8 +35,8 @@
 #    which returns a Future: `04_comm_hooks` swaps it for compression; `GradBucket` is torch's name
 #    for what a comm hook is handed, one gradient in the stages before `bucket`); before the first
 #    send of a synced backward, every rank checks that its forwards used the same parameters
-#    (`parameters_used.check()`, one all_gather of a few bytes, which waits for the other rank to
-#    reach it; the side-by-side table gives the time it held the thread); and from `hook-async` on, a stage refuses a step
+#    (`parameters_used.check()`, one all_gather, which waits for the other rank to reach it; the
+#    side-by-side table gives the time it held the thread); and from `hook-async` on, a stage refuses a step
 #    whose last sync was left unfinished (`check_finished`);
 # 3. **a run on real ranks**: the stage is built on both ranks with the workload every notebook
 #    shares, takes one warm-up step, then one step under the profiler, read in memory
@@ -137,7 +137,7 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # (orange, on the wire; a tick under the row where each was handed to the wire, many ticks merging
 # into a bar), waits (red: the training thread standing still until a message is back; hatched:
 # at the parameters-used check) and
-# `finish_gradient_synchronization()` (a thin purple strip on the row's midline). A legend names the kinds of mark its figure draws, except those less than a pixel wide in all.
+# `finish_gradient_synchronization()` (a thin purple strip under the forward and backward bars, above the messages). A legend names the kinds of mark its figure draws, except those less than a pixel wide in all.
 
 # %%
 # %%distributed
@@ -269,7 +269,8 @@ check(solutions.GradAccumDDP, like="ga")
 # backward's contribution into `param.grad`: the accumulated gradient, the one to sync (a plain
 # tensor hook would hand over only the incoming gradient of this micro-batch). This grad hook sends the
 # gradient and, in this stage, waits for the result before backward may go on: the messages move
-# into the backward, but the backward stands still while each travels. (The hooks reach the
+# into the backward, but the backward's operators stand still while each travels (only the grad
+# hook's own lines run between handing a message over and waiting for it). (The hooks reach the
 # wrapper through `weakref`: autograd keeps them on its C++ side, where Python's garbage collector
 # cannot see a cycle, so a strong reference would keep every wrapper alive; `weakref.finalize`
 # removes the hooks when the wrapper goes. Plumbing, not the idea.) The idea:
@@ -313,12 +314,6 @@ lesson.say(
         else f"; its exposed time, {v['exposed_ms']:.0f} ms, also counts the waits after the backward's last operator."
     )
 )
-lesson.say(
-    "*Overlap* (01's measure, used for every stage below) counts the link's time during which the thread computed: "
-    "in a forward, a backward or the optimizer, not waiting. hook's grad hooks run inside backward, so the thread's own "
-    "lines there, between handing a message over and waiting for it, count as compute: the time hook computed "
-    "through above (ga, which sends after backward, in finish, computed through none)."
-)
 
 # %% [markdown]
 # What to look for: the messages have moved into the last backward, and so have the waits: the
@@ -357,10 +352,9 @@ check(solutions.HookDDP, like="hook")
 # ## `hook-async`: start each all_reduce and keep going
 #
 # One change: the grad hook keeps the all_reduce's Future instead of waiting on it, and backward goes
-# on computing the earlier layers while gloo (or NCCL) moves the later layers' gradients. Every
+# on computing the earlier layers while the link carries the later layers' gradients. Every
 # Future is waited for once, in `finish_gradient_synchronization()`, just before the optimizer
-# step. Link time during which the thread computes is what *overlap* counts (a grad hook's own lines
-# run inside backward, so they count as computing too; the cell prints it). The idea:
+# step. The idea:
 #
 # ```python
 # def _grad_ready(self, p):
@@ -397,9 +391,9 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: messages on the wire while the backward goes on and no plain red inside it (the
-# hatched red is the parameters-used check); the waits for messages come at the end, in finish. *Overlap* is the share of the link's time during which the thread
-# computed; only a wait with a
-# message still on the link is *exposed*.
+# hatched red is the parameters-used check); the waits for messages come at the end, in finish.
+# Only a wait with a message still on the link is *exposed*; the rest of that red block is *waited*
+# for the real all_reduce on this machine, after the link had delivered (the cell above gives both).
 #
 # ### Your turn: `hook-async`
 #
@@ -661,17 +655,12 @@ lesson.claim(
 )
 parts = {s: lesson.link_parts(looks[s]) for s in ("ga", "hook", "bucket")}
 lesson.say(
-    "Moving the sync into the backward while still waiting for each message (ga → hook) "
-    + ("did not cut" if parts["hook"][1] >= parts["ga"][1] else "cut")
-    + f" the exposed time in this run: ga {parts['ga'][1]} ms, hook {parts['hook'][1]} ms, of the same "
-    f"{parts['ga'][0]} ms on the link."
-)
-lesson.say(
-    f"bucket left {parts['bucket'][1]} ms of its {parts['bucket'][0]} ms on the link exposed, hook "
-    f"{parts['hook'][1]} ms of its {parts['hook'][0]}: hook computed through {parts['hook'][2]} ms of its link time "
-    f"(its grad hooks' own lines between a send and its wait, inside backward, once per gradient), bucket through "
-    f"{parts['bucket'][2]} ms (once per bucket). bucket-async against hook-async is the bucket lesson's question, "
-    "below."
+    "ga, hook and bucket, which wait for each message as soon as it is sent, are not claimed against each other; "
+    "in this run they stood through "
+    + ", ".join(f"{s} {parts[s][1]} of {parts[s][0]} ms" for s in parts)
+    + " of their link time (exposed), and the rest is the time between handing a message over and reaching its wait, which runs the "
+    "stage's own lines (ga's in finish, once per gradient; hook's in its grad hooks, once per gradient; bucket's in "
+    "its grad hooks, once per bucket). bucket-async against hook-async is the bucket lesson's question, below."
 )
 
 # %%
@@ -704,8 +693,8 @@ lesson.look_table(looks).assign(
 #    bucket instead of once per gradient tensor;
 # 2. **the first bucket's late start**: nothing goes to the link before the first bucket's last
 #    gradient is ready, while a per-gradient stage sends its first gradient as soon as it is ready;
-# 3. **the last bucket's tail**: the last bucket is ready only as backward ends, so its transfer
-#    comes after backward; a per-gradient stage's last message is one tensor.
+# 3. **the last bucket's tail**: the last bucket is ready only as backward ends, so nearly all its
+#    transfer comes after backward; a per-gradient stage's last message is one tensor.
 #
 # The link carries one message at a time, so it is done at the latest of, over the messages i:
 # "message i handed over, then i and every message after it carried back to back"
@@ -715,10 +704,8 @@ lesson.look_table(looks).assign(
 # after backward is the most that step can expose: the thread stands waiting for it only from when it
 # reaches its wait in finish, so the link's time before that is neither under compute nor exposed.
 # The cell reads all of it from the two profiled steps above, and when each gradient is ready from
-# the *bare network* (the same network with no wrapper, no hooks, no messages), timed here: a
-# profiled step's first hand-over also comes after the teaching stages' check of the parameters
-# used, made before the first send of a synced backward; the side-by-side table names the time that check held the
-# thread.
+# the *bare network* (the same network with no wrapper, no hooks, no messages, no profiler), timed
+# here: in the profiled steps each first hand-over also waits for the parameters-used check.
 
 # %%
 # %%distributed
@@ -752,8 +739,11 @@ lesson.claim(
 lesson.claim(
     in_first > 1 and bucket_ready >= first_ready,
     f"Late start: hook-async sends each gradient as it is ready, bucket-async its first bucket when all {in_first} "
-    f"of its gradients are: on the bare network here, the first gradient is ready {first_ready:.0f} ms into a backward "
-    f"of {1e3 * bare.backward:.0f} ms, the first bucket's last {bucket_ready:.0f} ms in.",
+    f"of its gradients are: on the bare network here, the first gradient is ready after "
+    f"{100 * first_ready / (1e3 * bare.backward):.1f} % of the backward, the first bucket's last after "
+    f"{100 * bucket_ready / (1e3 * bare.backward):.0f} %. (In the profiled steps each first hand-over came after "
+    f"the parameters-used check, which held hook-async {looks['hook-async']['check_ms']:.0f} ms, bucket-async "
+    f"{looks['bucket-async']['check_ms']:.0f} ms.)",
 )
 # modeled: the last message's bytes over the link, the same on every machine
 lesson.claim(
@@ -763,11 +753,10 @@ lesson.claim(
 )
 table = (
     pd.DataFrame(why)
-    .T[["messages", "link_ms", "first_ms", "start_end_ms", "tail_end_ms", "end_ms", "limit", "exposed_ms"]]
+    .T[["messages", "link_ms", "start_end_ms", "tail_end_ms", "end_ms", "limit", "exposed_ms"]]
     .rename(
         columns={
             "link_ms": "link time, ms",
-            "first_ms": "first message handed over, ms into the last backward",
             "start_end_ms": "start-limited end, ms after backward (< 0: before)",
             "tail_end_ms": "tail-limited end, ms after backward (< 0: before)",
             "end_ms": "link done, ms after backward",
@@ -779,7 +768,7 @@ table = (
 
 
 def after(ms):
-    return f"{abs(ms):.0f} ms {'after' if ms >= 0 else 'before'}"
+    return f"{abs(ms):.1f} ms {'after' if ms >= 0 else 'before'}"
 
 
 def answer(stage, w):
@@ -796,8 +785,8 @@ def answer(stage, w):
         )
     lag = lesson.wait_after_backward(looks[stage]["row"])
     return said + (
-        f"; its thread reached its first wait {lag:.0f} ms after backward ended and stood through {w['exposed_ms']:.0f} "
-        "ms of the link's time (exposed)"
+        f"; its thread reached its first wait {lag:.1f} ms after backward ended and stood through "
+        f"{w['exposed_ms']:.1f} ms of the link's time (exposed)"
         if lag is not None
         else "; its thread stood waiting for nothing after backward"
     )
@@ -817,11 +806,12 @@ table.infer_objects().round(1)
 # %% [markdown]
 # ### The cap, swept
 #
-# The cap decides all three costs: a small cap makes many small buckets (many fixed costs, an early
-# first bucket, a short tail), a large one a few large buckets. Below, `bucket-async` is measured at
+# The cap decides all three costs: a small cap makes many small buckets (many fixed costs, a short
+# tail) and an earlier first bucket, down to a floor: a bucket closes at the gradient that reaches its
+# cap or passes it, so here every cap up to 0.5 MiB makes the same first bucket (the table's "first
+# message leaves"); a large cap makes a few large buckets. Below, `bucket-async` is measured at
 # other caps on the same link, one profiled step each with no warm-up step (the settings' cap is the
 # step above, taken after one; `None` is torch's default: a first bucket at 1 MiB, then 25 MiB ones;
-# a bucket closes at the gradient that reaches its cap or passes it, so it can hold more than the cap;
 # the figure draws `None` at 25 MiB, apart from the curve), and the step-time model (`minddp.costmodel`,
 # `docs/scaling.md`) replays each cap: the bare network is timed on these ranks (`probe`: when each
 # gradient is ready in backward), its times are scaled to these runs' backward (less the check's wait
@@ -880,14 +870,14 @@ lesson.say(
     )
     + f", and {1e3 * per_gradient.exposed:.1f} ms with one message per gradient."
 )
-modeled = {c: 1e3 * (default if c is None else next(x for x in model if x.cap_mb == c)).exposed for c in swept}
-named = {c: "None" if c is None else f"{c:g} MiB" for c in swept}
+lags = [x for x in (lesson.wait_after_backward(v["row"]) for v in swept.values()) if x is not None]
 lesson.say(
-    "Measured, and the step-time model, cap by cap: "
-    + ", ".join(f"{named[c]} {swept[c]['exposed_ms']:.1f} and {modeled[c]:.1f} ms" for c in swept)
-    + f". The model replays one backward of {1e3 * this_run:.0f} ms and waits from its end; each measured step had "
-    f"its own backward ({min(own.values()):.0f} to {max(own.values()):.0f} ms, less the check) and its own time "
-    "before its first wait."
+    "The two exposed columns below count from different moments: the step-time model counts the link's time from "
+    f"the end of its one backward ({1e3 * this_run:.0f} ms); a measured step counts it only from when its thread "
+    "reached its first wait in finish"
+    + (f", {min(lags):.0f} to {max(lags):.0f} ms after its own backward ended" if lags else "")
+    + f" (its backward: {min(own.values()):.0f} to {max(own.values()):.0f} ms, less the check). Each measured cap is "
+    "one step: measured values a few ms apart are not a ranking."
 )
 here = lesson.SETTINGS.bucket_cap_mb
 if rank == 0:
@@ -1018,7 +1008,10 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # communication, a forward, a backward or the optimizer, not waiting, as compute; the blog's overlap
 # is another measure of the same name, read with HolisticTraceAnalysis from its traces over NCCL
 # kernels and compute kernels, where a hook's Python is not compute), and
-# *exposed*, the link time the step stood waiting through.
+# *exposed*, the link time the step stood waiting through. For `hook` and `bucket`, which wait for
+# each message as soon as it is sent, the overlap is only their grad hooks' own lines between a send
+# and its wait (inside backward, so counted as compute): not backward's arithmetic, which stands
+# still while each message travels.
 
 # %%
 # %%distributed
@@ -1069,7 +1062,7 @@ lesson.claim(
     max(t4[s]["overlap_pct"] for s in blocking) < min(t4[s]["overlap_pct"] for s in ("hook-async", "bucket-async")),
     "On the link with the ratios of 4 × T4, the two async rungs overlap the most, the order of the blog's. The blog's "
     "overlap, read from traces where a hook's Python is not compute, was about 0 % for simple, ga and hook (it gives "
-    "none for bucket; `docs/scaling.md`); here the grad hooks' own lines inside backward count as compute.",
+    "none for bucket; `docs/scaling.md`).",
 )
 # With the ratios of 1024 ranks hook-async's messages pay many more fixed costs than the buckets: on the link's modeled
 # clock. How much of them hook-async then hides depends on how long its own backward lasts: the overlap and
@@ -1081,6 +1074,7 @@ lesson.claim(
     "fixed costs, below).",
 )
 here_h, here_b = looks["hook-async"]["exposed_ms"], looks["bucket-async"]["exposed_ms"]
+w_h, w_b = looks["hook-async"]["waited_ms"], looks["bucket-async"]["waited_ms"]
 far_h, far_b = far["hook-async"]["exposed_ms"], far["bucket-async"]["exposed_ms"]
 one_far = blog_links["1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3
 
@@ -1102,7 +1096,13 @@ lesson.say(
     f"message's fixed cost is {per_message_ms:.2f} ms there, "
     f"{100 * per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0f} % of the link time "
     "for one "
-    "message per gradient, so fewer messages save little. "
+    "message per gradient, so fewer messages save little on the link. "
+    f"The thread's waiting in all (waited) was {w_h:.0f} ms for hook-async and {w_b:.0f} ms for bucket-async, "
+    f"{w_h - here_h:.0f} and {w_b - here_b:.0f} ms of it after the link had delivered, while the real all_reduce on "
+    "this machine was not yet done: waiting that exposed does not count. "
+    f"On the link with the ratios of 4 × T4, bucket-async left {t4['bucket-async']['exposed_ms']:.0f} ms exposed, "
+    f"{than(t4['bucket-async']['exposed_ms'], t4['hook-async']['exposed_ms'])} hook-async's "
+    f"{t4['hook-async']['exposed_ms']:.0f} ms. "
     f"On the link with the ratios of 1024 ranks, bucket-async left {far_b:.0f} ms exposed, {than(far_b, far_h)} "
     f"hook-async's {far_h:.0f} ms: there hook-async's {far['hook-async']['messages']} messages pay "
     f"{far['hook-async']['messages'] * one_far:.0f} ms of fixed costs on the link, "

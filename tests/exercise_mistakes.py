@@ -199,6 +199,14 @@ class DecidesInFinish(solutions.GradAccumDDP):
             solutions.SimpleDDP.finish_gradient_synchronization(self)
 
 
+class ForwardReturnsNothing(solutions.GradAccumDDP):
+    """Records the decision and runs the module, but forgets to return its output: the loss gets None."""
+
+    def forward(self, *inputs, **kwargs):
+        self.sync_this_backward = self.require_backward_grad_sync
+        self.module(*inputs, **kwargs)
+
+
 # -------------------------------------------------------------------------------- hook
 class IncomingGradient(solutions.GradAccumDDP):
     """Syncs from a *tensor* hook: the incoming gradient of the last micro-batch, not the accumulated one."""

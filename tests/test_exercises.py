@@ -76,6 +76,7 @@ def test_model_answers_and_the_ladder_pass():
 
 MISTAKES = [
     (wrong.NoBroadcast, "simple", "the broadcast is missing"),
+    (wrong.ForwardReturnsNothing, "ga", "your forward returned None: return the module's output"),
     (wrong.ParametersOnly, "simple", "the buffers were not broadcast"),
     # the division may come before the sum (the ladder's allreduce_hook) or after it: the verdict prescribes neither
     (

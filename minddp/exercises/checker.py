@@ -398,6 +398,12 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
             " (this backend has no ReduceOp.AVG: keep the default ReduceOp.SUM and divide by "
             "dist.get_world_size(group) yourself, before the sum)"
         )
+    # the stage's forward ran the module but returned nothing: the checker's loss (cross_entropy) got None
+    if re.search(r"argument 'input' \(position 1\) must be Tensor, not NoneType", message):
+        return (
+            " (your forward returned None: return the module's output, return self.module(*inputs, **kwargs), "
+            "so that the loss can be computed from it)"
+        )
     # a grad hook registered with register_hook: param.grad is the incoming gradient's .grad, None (the message's
     # first line, torch's type check of the all_reduce's tensor, or None in arithmetic)
     no_tensor = re.search(r"NoneType|Expected parameter `tensor` of type torch\.Tensor", message)

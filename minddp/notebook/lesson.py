@@ -383,9 +383,7 @@ def mib(n_bytes: float) -> str:
 
 def say_look(looks: dict, stage: str) -> None:
     """What one profiled step of ``stage`` shows over an emulated link, in sentences: its messages, and the link's
-    time taken apart by what the training thread did meanwhile (every part printed adds up to the whole)."""
-    from minddp.analysis.timeline import row_measures
-
+    time the training thread waited through (exposed) and did not, and all its waiting (waited)."""
     v = looks[stage]
     say(
         f"{stage}: {v['calls']} all_reduce calls a step, {v['calls_in_backward']} of them started while a "
@@ -400,15 +398,15 @@ def say_look(looks: dict, stage: str) -> None:
             "the autograd engine, where this picture draws no wait."
         )
         return
-    link, exposed, computed = link_parts(v)
+    link, exposed = link_parts(v)
     say(
         f"On the emulated link its messages took {link} ms (modeled). The training thread stood waiting through "
-        f"{exposed} ms of them (exposed), computed through {computed} ms (a forward, a backward or the optimizer: "
-        f"overlap {row_measures(v['row'])['overlap_pct']:.0f} %)"
+        f"{exposed} ms of them (exposed)"
         + (
-            f", and through the other {link - exposed - computed} ms ran the stage's and the loop's own lines outside "
-            "a forward, a backward and the optimizer (neither waiting nor computing)."
-            if link - exposed - computed
+            f" and did not wait through the other {link - exposed} ms (it ran "
+            + ("the backward, or " if v["calls_in_backward"] and not v["waits_in_backward"] else "")
+            + "the stage's and the loop's own lines between handing a message over and waiting for it)."
+            if link - exposed
             else "."
         )
         + f" It waited {v['waited_ms']:.0f} ms in all ({v['waits_in_backward']} of its {v['waits']} waits began "
@@ -423,15 +421,10 @@ def say_look(looks: dict, stage: str) -> None:
     )
 
 
-def link_parts(v: dict) -> tuple[int, int, int]:
-    """A look's link time over an emulated link, and two of its parts, in whole ms as printed (so that the printed
-    parts add up to the printed whole): (link time, exposed, computed through: the link's time during which the
-    training thread computed, overlap × link time). The rest is link time the thread neither waited nor computed
-    through."""
-    from minddp.analysis.timeline import row_measures
-
-    link, exposed = round(v["link_ms"]), round(v["exposed_ms"])
-    return link, exposed, min(round(row_measures(v["row"])["overlap_pct"] / 100 * v["link_ms"]), link - exposed)
+def link_parts(v: dict) -> tuple[int, int]:
+    """A look's link time over an emulated link and its exposed part, in whole ms as printed (so that the printed
+    rest, link time the thread did not wait through, is their difference)."""
+    return round(v["link_ms"]), round(v["exposed_ms"])
 
 
 def wait_after_backward(row: dict) -> float | None:
