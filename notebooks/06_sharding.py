@@ -76,9 +76,10 @@ print("my piece of the sum:", piece.tolist())
 print("all pieces gathered:", whole.tolist(), "= all_reduce:", torch.equal(whole, summed))
 
 # %% [markdown]
-# The ring all_reduce of the earlier notebooks runs the same two passes: `ring.reduce_scatter` and `ring.all_gather`
-# above cut their tensors into chunks and call `reduce_scatter_chunks` and `all_gather_chunks` on them
-# (`minddp/collectives/ring.py`), and `ring_all_reduce` calls both:
+# The ring all_reduce of the earlier notebooks is the same two, a reduce-scatter then an all-gather:
+# `ring.reduce_scatter` and `ring.all_gather` above cut their tensors into chunks and call
+# `reduce_scatter_chunks` and `all_gather_chunks` on them (`minddp/collectives/ring.py`), and
+# `ring_all_reduce` calls both:
 
 # %%
 # %%rank 0
@@ -431,7 +432,7 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 # each stage's *transport*: the function its hooks' `Wire`, a process group with a way to send,
 # calls for each collective): every collective is
 # written from point-to-point messages, and the profiler records each message gloo sends with the
-# tensor it carried. What one rank really sent in one step, by the collective the
+# tensor it carried. The table is what one rank really sent in one step, by the collective the
 # message served. Bytes *sent* are not the bytes *given* of the look above: a ring all_reduce sends
 # `2(n − 1)/n` of the bytes it is given, which at these n = 2 ranks is the same number (ddp's 18.9 MiB),
 # and at other n is not:
