@@ -37,7 +37,7 @@
 #
 # Two collectives do the work: the reduce-scatter and the all-gather. We start with them, on the
 # two ranks, then train the notebooks' workload with the four stages side by side and measure
-# what each rank holds, in fp32 and computing in bf16. The notation is notebook 01's: n ranks, m
+# what each rank holds (in fp32, and fsdp computing in bf16 too). The notation is notebook 01's: n ranks, m
 # bytes of a message or tensor, α the fixed cost of one message, β the time per byte.
 
 # %%
@@ -76,7 +76,10 @@ print("my piece of the sum:", piece.tolist())
 print("all pieces gathered:", whole.tolist(), "= all_reduce:", torch.equal(whole, summed))
 
 # %% [markdown]
-# The ring all_reduce of the earlier notebooks is literally the two, a reduce-scatter then an all-gather:
+# The ring all_reduce of the earlier notebooks is the same two, a reduce-scatter then an all-gather:
+# `ring.reduce_scatter` and `ring.all_gather` above cut their tensors into chunks and call
+# `reduce_scatter_chunks` and `all_gather_chunks` on them (`minddp/collectives/ring.py`), and
+# `ring_all_reduce` calls both:
 
 # %%
 # %%rank 0
@@ -93,7 +96,8 @@ show_source(ring_all_reduce)
 # each), so below we count passes of the whole model's bytes, not collectives (the time-axis section
 # counts those). Per optimizer step, with its micro-batches accumulated and the gradients synced once:
 # DDP all-reduces the gradients, two passes; ZeRO-2 reduce-scatters them, one pass, and all-gathers
-# the stepped parameters, one pass: the bytes DDP moves; ZeRO-1 all-reduces them and then
+# the stepped parameters, one pass: the bytes DDP sends (on a ring; on gloo, where minddp runs the
+# reduce-scatter as an all_reduce, zero1's); ZeRO-1 all-reduces them and then
 # all-gathers, one pass more. FSDP reduce-scatters its units' gradients, one pass, but it gathers
 # each unit's parameters for every micro-batch's forward and again for its backward (all but the
 # unit the backward starts with, kept gathered since its forward). The bound below counts two
@@ -133,7 +137,10 @@ lesson.say(
 # batch, here the workload's above (`docs/sharding.md` measures a smaller one, and says so). Each
 # stage trains as a `lesson.Trainee(stage)`: the stage and its optimizer built on the workload, on
 # every rank; its `step()` takes one optimizer step (all its micro-batches); `warmup` is how many
-# steps it takes when built, here none, so the measured step is its first.
+# steps it takes when built, here none, so the measured step is its first. A *step*, in this notebook, is
+# that optimizer step of all its micro-batches; the *optimizer step* is the update alone, at its end (a phase
+# of the time axis below); the code's numbered steps (ZeRO-1's 3 and 4, ZeRO-2's 1 to 4) are parts of its
+# algorithm; AdamW's *step count* (in the table's check) is how many updates it has made.
 
 # %%
 # %%distributed
@@ -179,7 +186,7 @@ off = {s: v - formula_bytes(s, memory[s]["psi"], world, memory[s]["replicated"])
 tensors = sum(p.requires_grad for p in trainees["ddp"].model.module.parameters())
 lesson.say(
     f"Ψ = {memory['ddp']['psi']:,} trainable parameter values (elements) in {tensors} parameter tensors. Model "
-    f"state per rank: ddp {table.loc['ddp', 'model state MiB']:.1f} MiB, "
+    f"state per rank when the optimizer steps: ddp {table.loc['ddp', 'model state MiB']:.1f} MiB, "
     + ", ".join(f"{s} {table.loc[s, 'model state MiB']:.1f} MiB" for s in STAGES[1:])
     + f"; fsdp holds, besides its model state, up to {table.loc['fsdp', 'gathered units (peak) MiB']:.1f} MiB "
     "of gathered units."
@@ -193,7 +200,11 @@ lesson.claim(
 table.round(3)
 
 # %% [markdown]
-# The gradients column is what a rank holds when the optimizer steps. The activations column holds
+# The gradients column, and so the model state, is what a rank holds when the optimizer steps, not
+# through the step: zero2 and fsdp accumulate whole gradients, as ddp does, in the micro-batches
+# before the last (under `no_sync()`, the FSDP section), and in the last backward hold each until its
+# bucket or unit is sent. So through most of the step zero2 holds about zero1's model state and fsdp
+# more than the table's; no cell here measures the gradients held during the step. The activations column holds
 # one value for every row: each stage runs the same forward on the same batch. Sharding saves model
 # state, not activations: here they weigh about what zero1's whole model state does, and more than
 # zero2's or fsdp's.
@@ -243,8 +254,8 @@ measured.append(dict(row(world, "fsdp:bf16", memory["fsdp bf16"]), label="fsdp\n
 # the fp32 formulas only: the bf16 ones are the table's (fsdp's is the same line)
 plot(
     [{k: v for k, v in r.items() if k != "formula_mixed"} for r in measured],
-    title=f"Model state and gathered units per rank on {world} ranks (activations not drawn):\n"
-    "measured (bars) beside the fp32 formulas of the model state (lines)",
+    title=f"Model state per rank on {world} ranks when the optimizer steps, fsdp's gathered units at their peak\n"
+    "(activations not drawn): measured (bars) beside the fp32 formulas of the model state (lines)",
 )
 held = {r["label"]: r["parameters"] + r["gradients"] + r["optimizer"] for r in measured}
 f32, f16 = memory["fsdp"], memory["fsdp bf16"]
@@ -257,8 +268,9 @@ lesson.claim(
 lesson.claim(
     2 * f16["gathered"] == f32["gathered"] and f16["activations"] < f32["activations"],
     f"Its gathered units hold half the bytes, {lesson.mib(f16['gathered'])} against {lesson.mib(f32['gathered'])} at "
-    f"their peak, and its activations fewer, {lesson.mib(f16['activations'])} against "
-    f"{lesson.mib(f32['activations'])}.",
+    f"their peak; its activations fewer, {lesson.mib(f16['activations'])} against "
+    f"{lesson.mib(f32['activations'])}, {f16['activations'] / f32['activations']:.2f} times, not half (no cell here "
+    "measures which of the tensors autograd saves are bf16).",
 )
 lr = lesson.SETTINGS.lr
 values = torch.cat([p.detach().reshape(-1) for p in lesson.make_model().parameters()])  # the initial weights
@@ -346,18 +358,16 @@ show_source(ZeroRedundancyOptimizer._all_gather)
 #    marks them `stale` after a sync, `forward` then calls `gather_parameters`, and the forward
 #    pre-hooks in `__init__` call `_wait_for`.
 #
-# The other new members are plumbing around these four: which tensors the module holds (`_hold`:
-# the shards at rest, the whole parameters during a forward), which gradients arrived (`had_grad`),
-# the module called without the wrapper (`_module_forward`, `lent`), `torch.compile`
-# (`eager_under_compile`, `compiled`, `split_at_buckets`), a profiler range around each bucket's
-# send (`send`), and reading the model whole (`full_parameters`, `full_state_dict`, `sharded`). The
-# cell prints the line that does each step, found in `minddp/sharding/zero2.py`, then the two that
-# move the data, whole: the reduce-scatter hook (step 2) and the gather (step 4); then the diff from
-# `AsyncBucketDDP`: a method that replaces one of its own (`_send_bucket`, `_write_back`) as changed
-# lines with two lines around them; one that calls the one it replaces through `super()`
-# (`__init__`, `forward`, `finish_gradient_synchronization`) whole, the `super()` line unmarked; a
-# new method by its first lines and its length (the file has the whole code). Most of `__init__`'s
-# lines are the plumbing named above; its steps are the key lines printed first:
+# The cell prints the line that does each step, found in `minddp/sharding/zero2.py`, then the two
+# functions that move the data, whole: the reduce-scatter hook (step 2) and the gather (step 4). That
+# is the idea. The diff from `AsyncBucketDDP` after them is for reference, and is mostly plumbing
+# around the four steps (which tensors the module holds, the module called without the wrapper,
+# `torch.compile`, a profiler range per send, reading the model whole): most of `__init__`'s lines
+# are. Its headers name the class that defines each method: `_send_bucket`, `_write_back` and `forward`
+# are `BucketDDP`'s, which `AsyncBucketDDP` inherits. A method that replaces the inherited one
+# (`_send_bucket`, `_write_back`) shows as changed lines with two lines around them; one that calls it
+# through `super()` (`__init__`, `forward`, `finish_gradient_synchronization`) whole, the `super()`
+# line unmarked; a new method by its first lines and its length (the file has the whole code):
 
 # %%
 # %%rank 0
@@ -414,15 +424,18 @@ units = len(trainees["fsdp"].model.units)
 outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 
 # %% [markdown]
-# ## ZeRO-2's saving, observed
+# ## What one rank sends, on the ring
 #
-# On gloo zero2's reduce-scatters run as all_reduces of the whole bucket, so its saving cannot show
-# there. The four stages now send through minddp's own ring (`minddp.collectives`, plugged in as
+# On gloo zero2's reduce-scatters run as all_reduces of the whole bucket, before its all-gathers: there
+# it sends zero1's bytes, and the bytes a reduce-scatter spares against an all_reduce cannot show.
+# The four stages now send through minddp's own ring (`minddp.collectives`, plugged in as
 # each stage's *transport*: the function its hooks' `Wire`, a process group with a way to send,
 # calls for each collective): every collective is
 # written from point-to-point messages, and the profiler records each message gloo sends with the
-# tensor it carried. What one rank really sent in one step, by the collective the
-# message served:
+# tensor it carried. The table is what one rank really sent in one step, by the collective the
+# message served. Bytes *sent* are not the bytes *given* of the look above: a ring all_reduce sends
+# `2(n − 1)/n` of the bytes it is given, which at these n = 2 ranks is the same number (ddp's 18.9 MiB),
+# and at other n is not:
 
 # %%
 # %%distributed
@@ -446,9 +459,9 @@ lesson.claim(
 )
 lesson.claim(
     abs(total["zero2"] - whole) < 1e-3 * whole and abs(total["zero1"] - 1.5 * whole) < 1e-3 * whole,
-    f"Its all-gathers of the updated parameters send the other half ({lesson.mib(z2['all_gather'])}), so zero2 "
-    f"moves ddp's bytes, {lesson.mib(total['zero2'])} a step, where zero1, which all-reduces whole gradients and "
-    f"then all-gathers, moves 1.5 times as many ({lesson.mib(total['zero1'])}).",
+    f"Its all-gathers of the updated parameters send the other half ({lesson.mib(z2['all_gather'])}), so on the ring "
+    f"zero2 sends ddp's bytes, {lesson.mib(total['zero2'])} a step, where zero1, which all-reduces whole gradients "
+    f"and then all-gathers, sends 1.5 times as many ({lesson.mib(total['zero1'])}).",
 )
 f_sent = rings["fsdp"]["sent"]
 passes = f_sent["all_gather"] / one_pass  # what a rank sent gathering units, in passes of the whole model
@@ -488,8 +501,8 @@ lesson.claim(
     abs(memory["fsdp"]["gathered"] - 2 * unit_bytes) < 1e-3 * unit_bytes,
     f"{len(fsdp.units)} units ({type(fsdp.units[0].module).__name__}), "
     f"{len({id(p) for _, _, p in fsdp.replicated})} replicated parameter tensors; at most "
-    f"{lesson.mib(memory['fsdp']['gathered'])} of full parameters held at once, two units' worth (the one "
-    f"running and the one prefetched), against {lesson.mib(memory['ddp']['parameters'])} for the whole model.",
+    f"{lesson.mib(memory['fsdp']['gathered'])} of full parameters held at once, two units' worth (which two, this cell does not "
+    f"measure), against {lesson.mib(memory['ddp']['parameters'])} for the whole model.",
 )
 f = looks["fsdp"]
 lesson.claim(
@@ -514,6 +527,12 @@ lesson.claim(
 # how long they take. Marks closer together than a few ms draw as one: the claims below give the
 # counts. Each row is one step, taken under whatever load the machine had then, so no length on it
 # (of a row, a bar or a blank, within a row or between rows) is a measurement this notebook reads.
+# That holds for a length that stands out too: zero2's first forward includes its waits for the
+# all-gathers (step 4 above), but the figure draws no collective's time in flight and no wait, so how
+# much of that bar they are is not shown; and which row is shortest is not a ranking of the rungs (their
+# step times are compared in `docs/sharding.md`'s benchmark, not here). A blank between a row's last
+# backward and its optimizer step is the *finish* (`finish_gradient_synchronization`), which is not
+# drawn, or time between the phases.
 
 # %%
 # %%rank 0
