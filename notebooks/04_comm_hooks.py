@@ -42,7 +42,7 @@
 # * how far each hook's parameters end up from plain averaging's, relative to how far plain
 #   averaging moved them.
 #
-# Then each hook sends over an **emulated 1 Gbit/s link** (`minddp.comm.link`, as in notebooks 03
+# Then the hooks send over an **emulated 1 Gbit/s link** (`minddp.comm.link`, as in notebooks 03
 # and 05), where fewer bytes become less link time (the modelled time of its messages), and we ask on
 # which links PowerSGD's extra messages cost more link time than its saved bytes. The notation is
 # notebook 01's: n ranks, m the bytes one all_reduce reduces, α the fixed cost of one
@@ -206,7 +206,7 @@ steps.round(3)
 #
 # ## Over a link: from bytes to time
 #
-# Bytes are what compression saves; time is what a step pays. Each hook now trains over the
+# Bytes are what compression saves; time is what a step pays. The hooks now train over the
 # emulated 1 Gbit/s link: the real all_reduce still runs, and its Future completes no earlier than
 # the link's α-β model says the message arrives, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of
 # m bytes. Each hook gets a fresh trainee, which skips the error measurement's extra all_reduce; it
