@@ -38,13 +38,6 @@ dist.get_rank(), dist.get_world_size()
 
 # %% [markdown]
 # Variables persist on each rank. Here every rank makes a different tensor (on its `device`: a collective carries tensors that live where its backend works), then `all_reduce` sums them: afterwards every rank holds the same total.
-#
-# A sentence about a run is only as good as its check. The notebooks state theirs in two ways (`minddp.notebook.lesson`):
-#
-# * `lesson.claim(holds, sentence)` checks it: every rank evaluates `holds`; the sentence is printed once, under rank 0's label, with a ✓, and the cell fails on any rank where it does not hold. What is asserted is `holds`, and the ✓ sentence is written to say what `holds` tests, no more; a number the cell puts in it is the run's own, computed as in `lesson.say`. A re-run (the test suite re-runs every notebook) where `holds` is false stops there instead of saving it. The notebooks claim orders, counts and values the code guarantees, and (notebook 08) what a timeout of seconds decides; a direction that could come out either way is said, not claimed.
-# * `lesson.say(...)` prints a sentence the cell composes from the run's own values (a time measured here, which of two runs was faster): its numbers and comparisons are computed, so they are true of the run shown, and a re-run prints its own. Nothing asserts them. The rest of such a sentence (what a number is, why it came out so) is the notebook's prose, written beside the values and no more checked than the markdown.
-#
-# Nothing else is checked: the prose of the markdown cells and the printed tables are not verdicts.
 
 # %%
 # %%distributed
@@ -57,6 +50,14 @@ dist.all_reduce(t)
 total = sum(torch.tensor([1.0, 2.0], device=device) * (r + 1) for r in range(world_size))
 lesson.claim(torch.equal(t, total), f"every rank holds the sum of the {world_size} ranks' tensors")
 t
+
+# %% [markdown]
+# The ✓ line above is a checked sentence: a sentence about a run is only as good as its check. The notebooks state theirs in two ways (`minddp.notebook.lesson`):
+#
+# * `lesson.claim(holds, sentence)` checks it: every rank evaluates `holds`; the sentence is printed once, under rank 0's label, with a ✓, and the cell fails on any rank where it does not hold. What is asserted is `holds`, and the ✓ sentence is written to say what `holds` tests, no more; a number the cell puts in it is the run's own, computed as in `lesson.say`. A re-run (the test suite re-runs every notebook) where `holds` is false stops there instead of saving it. The notebooks claim orders, counts and values the code guarantees, and (notebook 08) what a timeout of seconds decides; a direction that could come out either way is said, not claimed.
+# * `lesson.say(...)` prints a sentence the cell composes from the run's own values (a time measured here, which of two runs was faster): its numbers and comparisons are computed, so they are true of the run shown, and a re-run prints its own. Nothing asserts them. The rest of such a sentence (what a number is, why it came out so) is the notebook's prose, written beside the values and no more checked than the markdown.
+#
+# Nothing else is checked: the prose of the markdown cells and the printed tables are not verdicts.
 
 # %% [markdown]
 # `%%rank 0` runs a cell on rank 0 only, for example to draw a plot once: here rank 0's `t[0]` before and
@@ -78,48 +79,28 @@ plt.show()
 # it waits a grace (`grace_s`, one second), then has rank 1 close its end of the process group, which
 # makes rank 0's `all_reduce` raise. Below the cell: rank 0's note `(released because rank 1 failed)`,
 # then the error, with a traceback block per failed rank, the first to fail on top (a plain-text view
-# shows only the heading and rank 1's block). Each rank notes how long it spent in the cell; the next
-# cell prints both.
+# shows only the heading and rank 1's block).
 #
 # A traceback names the cell `<In [N], rank R>`: Jupyter's `In [N]`, as rank R ran it, its lines
-# counted from the `%%distributed` line (line 1), so rank 1's `raise` is line 7. The cell is tagged
+# counted from the `%%distributed` line (line 1), so rank 1's `raise` is line 3. The cell is tagged
 # `raises-exception`, so *Run All* goes on past it.
 
 # %% tags=["raises-exception"] minddp={"expected_error": "rank 1 gives up before the collective"}
 # %%distributed
-import time
-
-start = time.perf_counter()
-try:
-    if rank == 1:
-        raise ValueError("rank 1 gives up before the collective")
-    dist.all_reduce(t)
-finally:
-    in_cell = time.perf_counter() - start  # rank 0: waiting in the all_reduce until the runner released it
+if rank == 1:
+    raise ValueError("rank 1 gives up before the collective")
+dist.all_reduce(t)
 
 # %% [markdown]
-# The ranks are still the same processes, `t` is still there, and collectives work again (the cell then
-# gathers the times each rank noted):
+# The ranks are still the same processes, `t` is still there, and collectives work again:
 
 # %%
 # %%distributed
-import inspect
-
-from minddp.notebook.cluster import Cluster
-
 lesson.claim(os.getpid() == pid, "every rank is still the process it was at the start (the same pid)")
 before = t.clone()
 dist.all_reduce(t)
 lesson.claim(
     torch.equal(t, world_size * before), f"the all_reduce works again: `t` ({before.tolist()}) is summed over the ranks"
-)
-spent = [None] * world_size
-dist.all_gather_object(spent, in_cell)  # each rank's time in the failed cell, to rank 0 for the sentence
-grace = inspect.signature(Cluster).parameters["grace_s"].default  # the runner's grace: %dist_init keeps the default
-lesson.say(
-    f"In the failed cell, rank 1 spent {spent[1]:.1f} s: it raised before the collective. Rank 0 spent "
-    f"{spent[0]:.1f} s in the cell, blocked in its all_reduce until the runner released it (the runner waits its grace, {grace:g} s, from "
-    "rank 1's report)."
 )
 t
 

@@ -415,11 +415,10 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # %%distributed
 logged = [0.5, 0.9] if rank == 0 else [0.5]  # the bug: loss and accuracy on rank 0, the loss alone on rank 1
 said = torch_does(lambda group, short: dist.all_reduce(torch.tensor(logged, device=device), group=short))
-waited = list(torch_took)
 # The first rank to time out leaves its groups; the other, if still waiting, then fails as its partner leaves.
 lesson.claim(
     all("Timed out" in s or peer_gone(s) for s in said)
-    and any("Timed out" in s and took >= WAIT_S for s, took in zip(said, waited)),
+    and any("Timed out" in s and took >= WAIT_S for s, took in zip(said, torch_took)),
     f"under torch no rank's all_reduce completed: each failed, at least one at the {WAIT_S} s timeout",
 )
 minddp_says(lambda: dist.all_reduce(torch.tensor(logged, device=device)), "mismatched collectives")
@@ -555,7 +554,8 @@ lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, not
 
 def zeros_averaged_in(group):
     """torch's DDP with find_unused_parameters=True, the head frozen on rank 0 after wrapping, 2 steps: the model,
-    and the norm of the head's averaged weight gradient against that of this rank's own at step 0 (an unwrapped copy's)."""
+    the norm of the head's averaged weight gradient against that of this rank's own at step 0 (an unwrapped copy's),
+    and whether the head kept its initial values (the copy's, which never steps)."""
     torch.manual_seed(0)
     model, own = Net().to(device), Net().to(device)
     own.load_state_dict(model.state_dict())
@@ -570,21 +570,28 @@ def zeros_averaged_in(group):
     optimizer.step()
     optimizer.zero_grad()
     train(model, ddp, optimizer, steps=1)
-    return model, share
+    kept = all(torch.equal(a, b) for a, b in zip(model.head.parameters(), own.head.parameters()))
+    return model, (share, kept)
 
 
 runs = []
 said = torch_does(lambda group, short: runs.append(zeros_averaged_in(group)))
-((model, share),) = runs
-gap, shares = apart(model), [None] * world_size
-dist.all_gather_object(shares, share)
+((model, mine),) = runs
+(gap, where), everyone = apart_at(model), [None] * world_size
+dist.all_gather_object(everyone, mine)
+shares, kept = zip(*everyone)
 # Rank 1's two head gradients (through the wrapper, and the copy's) are float32 sums of the same 6 rows' products,
 # at worst in another order: apart by ~6 roundings (6 × 6e-8 relative) at most, far inside 1e-5; halving is exact.
 lesson.claim(
-    said == ["raised nothing"] * world_size and gap > 0 and abs(shares[1] - 0.5) < 1e-5,
+    said == ["raised nothing"] * world_size
+    and abs(shares[1] - 0.5) < 1e-5
+    and kept == (True, False)
+    and gap > 0
+    and where.startswith("head."),
     f"with find_unused_parameters=True torch's DDP raised nothing; the norm of rank 1's head.weight gradient was "
-    f"{shares[1]:.3f} × that of its own (its own averaged with rank 0's zeros), and the replicas' parameters ended "
-    f"apart by up to {gap:.1e}",
+    f"{shares[1]:.3f} × that of its own (its own averaged with rank 0's zeros); rank 0's head kept its initial "
+    f"values while rank 1's moved, and the replicas' parameters ended apart by up to {gap:.1e}, the largest gap in "
+    f"'{where}'",
 )
 
 # %% [markdown]
@@ -620,9 +627,7 @@ lesson.claim(
 # wrapper built while it is on has three things one built while it is paused lacks: a *watch* (the
 # object that runs the forward check and the step check for that wrapper), the `DebugReducer` (the
 # *reducer* is the part of the wrapper that averages the gradients in buckets; debug mode's version
-# sends each bucket through `torch.distributed`, checked, with a blocking all_reduce inside backward, so
-# no bucket travels while backward computes: debug mode gives up the overlap DDP's buckets are for), and
-# the *plan check* (each
+# sends each bucket through `torch.distributed`, checked), and the *plan check* (each
 # step, the ranks compare their *bucket plan*, which parameters each bucket holds, and their *launch
 # order*, the order the buckets were sent in). So debug mode does more than watch: it adds
 # collectives. It is built to change no value the training computes: the cell checks that this
@@ -630,9 +635,7 @@ lesson.claim(
 # every bug-free script against torch's DDP), and shows what a wrapper built each way has.
 #
 # `docs/debugging.md` has what each check does, what torch's DDP does on each bug as a script under
-# torchrun (recorded), and what debug mode does not see. This notebook times no step with debug mode
-# on: the doc's step times were taken with an earlier fingerprint (the plain sum of a tensor's bits),
-# not the weighted one used here.
+# torchrun (recorded), and what debug mode does not see.
 
 
 # %%

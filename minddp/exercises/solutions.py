@@ -189,7 +189,7 @@ class HalvesDDP(stages.AsyncBucketDDP):
 
 
 def fp16_compress_hook(process_group, bucket) -> torch.futures.Future:
-    """Average the bucket in float16 (half the bytes on the wire) and hand back float32.
+    """Average the bucket in float16 (half the payload: 2 bytes a value instead of 4) and hand back float32.
 
     1. cast the bucket's flat gradient to float16 and divide by the world size
        (before the sum, so large gradients cannot overflow float16's range);
