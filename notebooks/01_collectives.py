@@ -37,9 +37,8 @@
 # %% [markdown]
 # ## Point-to-point: `send` / `recv`
 #
-# One rank sends a tensor, another receives it into a buffer of the same shape. Both calls block until
-# the transfer is done, so the two ranks must agree on who sends and who receives (otherwise both wait
-# forever). Here the ranks work in pairs: 0 sends to 1, 2 sends to 3.
+# One rank sends a tensor, another receives it into a buffer of the same shape: each `send` has its
+# `recv` on the other rank. Here the ranks work in pairs: 0 sends to 1, 2 sends to 3.
 
 # %%
 # %%distributed
@@ -75,7 +74,7 @@ print(f"rank {rank} got {received.tolist()} from rank {peer}")
 # %% [markdown]
 # ## `broadcast`: one rank's tensor to everyone
 #
-# This is how every DDP wrapper makes the model replicas identical at the start: rank 0's parameters
+# This is how the DDP wrappers of `02_simple_ddp` make the model replicas identical at the start: rank 0's parameters
 # are broadcast to all ranks.
 
 # %%
@@ -103,7 +102,7 @@ chunk
 #
 # `reduce` sums (or takes the max, ...) every rank's tensor *into rank 0's*; `gather` collects the
 # tensors side by side on rank 0. Only rank 0's buffer is defined afterwards: the others hold whatever
-# the backend's algorithm left in them, and the cell says what that was here.
+# the backend's algorithm left in them.
 
 # %%
 # %%distributed
@@ -117,15 +116,10 @@ from minddp.notebook import lesson
 
 left = [None] * world_size
 dist.all_gather_object(left, t.item())  # what reduce left in every rank's buffer
-partial = all(left[r] == sum(q + 1.0 for q in range(r, world_size)) for r in range(1, world_size))
+others = [r for r in range(1, world_size) if left[r] != left[0]]
 lesson.say(
-    f"Ranks 1 to {world_size - 1} were left "
-    + (
-        "partial sums (rank r: the values of rank r and the ranks above it): what this backend's "
-        "algorithm left midway, not the result; another backend may leave something else."
-        if partial
-        else "values that are not the sum: only rank 0's buffer holds the result."
-    )
+    f"Rank 0's buffer holds the sum, {left[0]:g}; "
+    + (f"here ranks {', '.join(map(str, others))} hold other values, not the result." if others else "")
 )
 
 # %% [markdown]
@@ -148,8 +142,8 @@ grad / world_size
 # %% [markdown]
 # ## `all_gather` and `reduce_scatter`: the two halves of a ring all_reduce
 #
-# `all_gather` gives every rank every rank's tensor. `reduce_scatter` is the opposite: each rank
-# ends up with the *sum* of one chunk. The cell uses its one-tensor form, `reduce_scatter_single`:
+# `all_gather` gives every rank every rank's tensor. `reduce_scatter` leaves each rank
+# the *sum* of one chunk. The cell uses its one-tensor form, `reduce_scatter_single`:
 # the whole vector in, this rank's chunk (summed over the ranks) out. Rank q's vector is 0, 1, ..., 7
 # plus 10 q, and rank r keeps chunk r, elements 2 r and 2 r + 1: element i sums to
 # 4 i + 10 · (0 + 1 + 2 + 3) = 4 i + 60 over the four ranks, so rank 0 ends with [60, 64] and rank 3
@@ -516,8 +510,9 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Both steps' length, their backward's, and every measure but comm cost, each computed by its function
-# from the intervals drawn above:
+# Both steps' length and their backward's, read from the intervals drawn above; link time, computed by its
+# function from the messages' sizes; and every other measure but comm cost, computed by its function from the
+# intervals:
 
 # %%
 import pandas as pd
@@ -555,13 +550,13 @@ lesson.claim(
     and abs(a["interleaved (ms)"] - a["waited (ms)"]) < 1e-9
     and abs(a["backward (ms)"] - b["backward (ms)"] - a["waited (ms)"]) < 1e-9
     and abs(a["step (ms)"] - b["step (ms)"] - (a["waited (ms)"] - b["waited (ms)"])) < 1e-9,
-    "waiting where it sends, the thread waits through all of the link's time, inside backward, which grows by as "
-    "much; the steps differ by the first's waits less the second's",
+    "in the first made-up step (the other rank there at once) the thread waits through all of the link's time, "
+    "inside backward, which grows by as much; the steps differ by the first's waits less the second's",
 )
 lesson.claim(
     b["exposed (ms)"] == 0 < b["waited (ms)"] and b["interleaved (ms)"] == 0 < b["overlap (%)"] < 100,
-    "sending and going on exposes none of the link's time, yet waits, and overlaps less than 100 %: gloo's range "
-    "stays open, in flight, until the other rank joins, and the wait after backward is not compute",
+    "in the second made-up step none of the link's time is exposed, yet the thread waits, and overlap is less than "
+    "100 %: gloo's range stays open, in flight, until the other rank joins, and the wait after backward is not compute",
 )
 
 # %% [markdown]

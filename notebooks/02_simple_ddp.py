@@ -220,8 +220,6 @@ off = (flat(ddp.module.parameters()) - flat(single.parameters())).norm().item()
 tensors = sum(1 for p in ddp.parameters() if p.requires_grad)
 one_sync = sum(p.numel() * p.element_size() for p in ddp.parameters() if p.requires_grad)  # every gradient once
 k = lesson.SETTINGS.grad_accum
-# Every rank receives the same all_reduce result (the collective's contract) and applies the same deterministic
-# AdamW update to the same weights, so the replicas stay equal to the bit.
 lesson.claim(
     all(d == 0 for d in averaged),
     f"with the average, the replicas stayed exactly equal: distance 0 after each of the {STEPS} steps",
@@ -278,10 +276,12 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# What to look for: the averaged replicas are equal to the bit (the distance is exactly zero), and
+# What to look for: the averaged replicas are equal to the bit (the distance is exactly zero: every rank
+# applies the same all_reduce result to the same weights with the same AdamW update), and
 # they end near the single process's parameters (the first training cell prints how near). The
-# replicas left to themselves part further with every step: in this run, after each step they are
-# farther from each other than the single process moved from its start (the red line above the grey).
+# replicas left to themselves part: in this run they were further apart after step 2 than after step 1, and
+# after each step farther from each other than the single process moved from its start (the red line
+# above the grey).
 # And `SimpleDDP` sends more than it needs: every gradient after every micro-batch, k times the bytes
 # of one sync a step (the first training cell counts them), although only the sum over the whole step
 # matters. `03_build_up` changes what is sent and when, one idea per stage, and measures
@@ -302,7 +302,7 @@ plt.show()
 #   gradients one bucket holds, so `04_comm_hooks` sends any stage's gradients in fp16 or through
 #   PowerSGD by registering another hook;
 # * **two checks that compare the ranks before any gradient is sent.** At construction every rank's
-#   parameter names, shapes and dtypes are compared (`check_same_model`, one `all_gather_object`), and
+#   parameter names, shapes, dtypes and `requires_grad` are compared (`check_same_model`, one `all_gather_object`), and
 #   at every `finish_gradient_synchronization()` (after every micro-batch, for this class) the
 #   parameters that each rank's forwards since the last one used (`ParameterUse`, one `all_gather`);
 #   a mismatch raises the same error on every rank instead of handing the backend tensors that differ;
@@ -322,8 +322,8 @@ show_source(stages.SimpleDDP)
 show_source(allreduce_hook)
 
 # %% [markdown]
-# Through its hook, the ladder's version makes the same all_reduces as the class above, one per
-# gradient, and leaves the same average. The cell below checks both on one micro-batch's
+# Through its hook, the ladder's version makes one all_reduce per gradient, as the class above (its
+# checks' `all_gather_object` and `all_gather` come besides, not counted here), and leaves the same average. The cell below checks both on one micro-batch's
 # backward: the ladder's version averages while the wrapper of `dist.all_reduce` of section 5 counts
 # its calls, then the rank's own gradients are put back and the class above averages them.
 
@@ -357,8 +357,8 @@ lesson.claim(
 # averages may differ by about n float32 epsilons of the largest gradient (with 2 ranks, halving is exact: 0).
 lesson.claim(
     largest <= world_size * eps * biggest.item(),
-    f"the ladder's average (divided, then summed) is the class above's (summed, then divided): largest difference "
-    f"{largest:.1e}, where float32 rounding allows {world_size * eps * biggest.item():.1e}",
+    f"on these {world_size} ranks the ladder's average (divided, then summed) is the class above's (summed, then "
+    f"divided): largest difference {largest:.1e}, where float32 rounding allows {world_size * eps * biggest.item():.1e}",
 )
 
 # %% [markdown]
@@ -386,8 +386,8 @@ else:
 #
 # 1. `__init__`: broadcast every parameter **and every buffer** of the module from rank 0;
 # 2. `finish_gradient_synchronization()`: all_reduce each parameter's `.grad` in place, one call per
-#    tensor, and divide it by `dist.get_world_size()` (before the all_reduce or after it: section 6
-#    checked that both orders give the same average).
+#    tensor, and divide it by `dist.get_world_size()` (before the all_reduce or after it: the
+#    checker accepts either).
 #
 # `check` trains your class on two ranks of its own beside a single process on the global batch and
 # torch's own DDP, on a network of its own (three `Linear` layers and a buffer: its verdict counts that
@@ -437,7 +437,7 @@ show_source(solutions.SimpleDDP)
 check(solutions.SimpleDDP, like="simple")
 
 # %% [markdown]
-# The most common mistake, for the record: `all_reduce` *sums*. Forgetting the division trains
+# One mistake to know: `all_reduce` *sums*. Forgetting the division trains
 # every replica identically (the ranks still agree!), but on a wrong gradient, which a check of
 # the ranks against each other cannot see. The checker names it from the gradients, not from the
 # parameters: it computes the true average of every rank's gradient itself and compares each `.grad`,

@@ -43,6 +43,16 @@ class ParametersOnly(solutions.SimpleDDP):
                 dist.broadcast(p, src=0)
 
 
+class BroadcastsIntoCopies(solutions.SimpleDDP):
+    """Broadcasts, but into copies (``p.data.clone()``): the module's own tensors never receive rank 0's values."""
+
+    def __init__(self, module, process_group=None):
+        nn.Module.__init__(self)
+        self.module, self.process_group = module, process_group
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor.data.clone(), src=0)
+
+
 class Summed(solutions.SimpleDDP):
     """all_reduce sums: forgets to divide by the world size."""
 

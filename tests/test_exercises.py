@@ -78,6 +78,12 @@ MISTAKES = [
     (wrong.NoBroadcast, "simple", "the broadcast is missing"),
     (wrong.ForwardReturnsNothing, "ga", "your forward returned None: return the module's output"),
     (wrong.ParametersOnly, "simple", "the buffers were not broadcast"),
+    # it did broadcast, into copies: named as that, not as a missing broadcast
+    (
+        wrong.BroadcastsIntoCopies,
+        "simple",
+        "the broadcasts in __init__ went into copies: rank 1 made 7 broadcasts, none into the module's own tensors",
+    ),
     # the division may come before the sum (the ladder's allreduce_hook) or after it: the verdict prescribes neither
     (
         wrong.Summed,

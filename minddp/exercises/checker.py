@@ -566,6 +566,14 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             f"the broadcast is missing: after __init__, {whose} still holds its own initial parameters "
             f"({_names_text(f['names'])}), not rank 0's: broadcast every parameter and buffer from rank 0"
         )
+    if f["kind"] == "broadcast_copy":
+        whose, none = _ranks_text(f["ranks"]), "none" if f["stray"] == f["made"] else f"{f['stray']} not"
+        return (
+            f"the broadcasts in __init__ went into copies: {whose} made {f['made']} broadcasts, {none} into the "
+            f"module's own tensors, and still holds its own initial parameters ({_names_text(f['names'])}): "
+            "p.data.clone() or p.clone() is a new tensor, and rank 0's values land there; broadcast each parameter "
+            "and buffer itself, in place (under torch.no_grad())"
+        )
     if f["kind"] == "buffers":
         return (
             f"the buffers were not broadcast: after __init__, {_ranks_text(f['ranks'])} holds its own "

@@ -519,6 +519,22 @@ class Events(TorchDispatchMode):
             self.active = False
 
 
+class InitBroadcasts(TorchDispatchMode):
+    """Around a stage's ``__init__``: ``made`` counts its floating-point broadcasts, ``stray`` those that sent
+    none of ``module``'s own tensors (a broadcast into a copy, ``p.data.clone()``, lands nowhere in the module)."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.own = _storages([*module.parameters(), *module.buffers()])
+        self.made = self.stray = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if COLLECTIVES.get(str(func)) == "broadcast" and _carries_floats(sent := args[_SENT_ARGUMENT[str(func)]]):
+            self.made += 1
+            self.stray += not (_storages(sent) & self.own)
+        return func(*args, **(kwargs or {}))
+
+
 def _storages(sent) -> set[int]:
     """The addresses of the storages under a tensor or a (nested) list of them: two tensors share memory when
     they share one (a view, a slice, the tensor itself)."""
@@ -852,10 +868,11 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
     out["tensors"] = sum(1 for p in module.parameters() if p.requires_grad)  # what one sync per tensor sends
     events = Events(module)  # its hooks before the stage's: they fire first
     progress.phase = "building your stage"
-    model = stage_cls(module, **accepted_options(stage_cls, options))
+    with InitBroadcasts(module) as broadcasts:
+        model = stage_cls(module, **accepted_options(stage_cls, options))
     progress.phase = "comparing the parameters after __init__ (the checker)"
     if compare:
-        out["finding"] = start_finding(module, checker)
+        out["finding"] = start_finding(module, checker, broadcasts)
         if out["finding"]:
             return out
     single = make_net(seed=0)  # rank 0's init: where every rank must start
@@ -965,22 +982,26 @@ def _in_flight_finding(kind: str, key: str, seen: list, step: int, checker) -> d
     return {"kind": kind, "step": step, key: [list(x) for x in worst]}
 
 
-def start_finding(module: nn.Module, checker) -> dict | None:
-    """Step 2: every rank must hold rank 0's initial parameters and buffers after ``__init__``."""
+def start_finding(module: nn.Module, checker, broadcasts: InitBroadcasts) -> dict | None:
+    """Step 2: every rank must hold rank 0's initial parameters and buffers after ``__init__``; a rank that
+    broadcast and still holds its own parameters broadcast into copies (``broadcasts``)."""
     world = dist.get_world_size(checker)
     init0 = make_net(seed=0)
     mine = {**dict(module.named_parameters()), **dict(module.named_buffers())}
     expected = {**dict(init0.named_parameters()), **dict(init0.named_buffers())}
     wrong = [name for name, t in mine.items() if not torch.equal(t.detach(), expected[name].detach())]
     everyone: list = [None] * world
-    dist.all_gather_object(everyone, wrong, group=checker)
-    bad = {r: w for r, w in enumerate(everyone) if w}
+    dist.all_gather_object(everyone, (wrong, broadcasts.made, broadcasts.stray), group=checker)
+    bad = {r: w for r, (w, _, _) in enumerate(everyone) if w}
     if not bad:
         return None
     buffers = {n for n, _ in module.named_buffers()}
     names = sorted({n for w in bad.values() for n in w})
     only_buffers = all(n in buffers for n in names)
-    return {"kind": "buffers" if only_buffers else "broadcast", "ranks": sorted(bad), "names": names}
+    finding = {"kind": "buffers" if only_buffers else "broadcast", "ranks": sorted(bad), "names": names}
+    if 0 not in bad and all(everyone[r][2] for r in bad):  # it broadcast, but not into the module's own tensors
+        finding.update(kind="broadcast_copy", made=everyone[min(bad)][1], stray=everyone[min(bad)][2])
+    return finding
 
 
 def gradient_finding(everyone: list[dict], step: int, record: dict, local, averaged) -> dict | None:
