@@ -162,9 +162,9 @@ lesson.say(
 #
 # Three shapes to tell apart:
 #
-# * **waiting after backward** (`simple` after every micro-batch, `ga` after the last): the ticks
+# * **blocking after backward** (`simple` after every micro-batch, `ga` after the last): the ticks
 #   and bars come after a backward band, and the step ends only when they are done;
-# * **waiting inside backward** (`hook`, `bucket`): ticks and bars inside the last backward band: each
+# * **blocking inside backward** (`hook`, `bucket`): ticks and bars inside the last backward band: each
 #   hook waits for its message before backward goes on;
 # * **asynchronous** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the band, bars
 #   running on while backward goes on; what is still running when the band ends is waited for before
