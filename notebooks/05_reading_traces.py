@@ -138,10 +138,10 @@ lesson.say(
     f"The blocking stages (each message done before the thread goes on: {', '.join(waiting)}) overlapped at most "
     f"{ov[waiting].max():.1f} % in this step, the asynchronous ones ({', '.join(asynchronous)}) at least "
     f"{ov[asynchronous].min():.1f} %.",
-    f"In flight is how long ranges were open, held open included, not what the messages cost: hook-async's were "
-    f"open {fl['hook-async']:.1f} ms and hook's {fl['hook']:.1f} ms for the same {int(zero.loc['hook', 'allreduce_calls_per_step'])} "
-    "messages. This run is not set "
-    "beside the blog's numbers; the link run at the end is.",
+    f"In flight is how long ranges were open, held open included, not what the messages cost: ga's, hook's and "
+    f"hook-async's were open {fl['ga']:.1f}, {fl['hook']:.1f} and {fl['hook-async']:.1f} ms for the same "
+    f"{int(zero.loc['hook', 'allreduce_calls_per_step'])} messages. This run is not set beside the blog's numbers; "
+    "the link run at the end is.",
 )
 
 # %% [markdown]
@@ -254,10 +254,9 @@ lesson.say(
 # One stage's buckets (`bucket-async`, rank 0), five of the columns of `RunAnalysis.buckets`: `order`, the
 # bucket's place in the step's sending order; `numel`, the float32 numbers it carried (4 bytes each); times in
 # µs from the start of the step: `ready_us`, handed to the wire (its hook called), `comm_start_us` and
-# `comm_end_us`, gloo's all_reduce range open. The first
-# cell's "buckets of 4 MiB" is the size at which a bucket closes: parameters join it until it holds 4 MiB or
-# more (the one that crosses the line included), so a bucket can be a little over 4 MiB, and the last holds
-# what is left:
+# `comm_end_us`, gloo's all_reduce range open. The first cell's "buckets of 4 MiB" is the size at which a
+# bucket closes: parameters join it until it holds 4 MiB or more (the one that crosses the line included), so
+# a bucket can be a little over 4 MiB, and the last holds what is left:
 
 # %%
 shown = ["order", "numel", "ready_us", "comm_start_us", "comm_end_us"]
