@@ -28,10 +28,10 @@
 # * **in flight**: the time a communication range was open;
 # * **overlap** (HTA's `comm_comp_overlap_pctg`): the share of the time in flight during which the
 #   training thread computed (ran an `aten::` operator);
-# * **non-compute** (HTA's `non_compute_pctg`): the time in flight during which it computed nothing, as
-#   a share of the step.
+# * **non-compute**: the time in flight during which it computed nothing (ms); HTA's `non_compute_pctg`
+#   is that time as a share of the step, the tables' "non-compute (% of step)".
 #
-# So non-compute time = (100 % − overlap) × time in flight. Neither is the time the step lost to
+# So non-compute = (100 % − overlap) × time in flight. Neither is the time the step lost to
 # communication: non-compute also counts the training thread's own Python (its hooks, the time between
 # autograd nodes) while a range is open, and a range held open while gloo waits for the other rank
 # (below). Then **one step of each stage on one time axis**, and at the end the blog's six stages over an
@@ -88,8 +88,7 @@ lesson.say(
 # ## Time in flight, overlap, non-compute
 #
 # The ranks are done; the analysis runs here, in the notebook's own process. Every table and figure below
-# shows rank 0's trace (rank 1's gives other numbers for the same step; one sentence below compares the
-# two). What the terms mean on this machine (CPU, gloo):
+# shows rank 0's trace; rank 1's is read once, below, for when rank 1 handed over its last message. What the terms mean on this machine (CPU, gloo):
 #
 # * **compute** is the training thread inside an `aten::` operator (forward, backward, the optimizer,
 #   the stages' copies into and out of buckets);
@@ -134,11 +133,15 @@ lesson.claim(
 )
 waiting = ["simple", "ga", "hook", "bucket"]
 asynchronous = ["hook-async", "bucket-async", "ddp", "torch"]
-ov = shares["overlap (%)"].round(1)  # as printed
+ov, fl = shares["overlap (%)"].round(1), shares["in flight (ms)"].round(1)  # as printed
 lesson.say(
-    f"The stages that wait for each message as it is sent ({', '.join(waiting)}) overlapped at most "
+    f"The blocking stages (each message done before the thread goes on: {', '.join(waiting)}) overlapped at most "
     f"{ov[waiting].max():.1f} % in this step, the asynchronous ones ({', '.join(asynchronous)}) at least "
-    f"{ov[asynchronous].min():.1f} %."
+    f"{ov[asynchronous].min():.1f} %.",
+    f"In flight is how long ranges were open, held open included, not what the messages cost: ga's, hook's and "
+    f"hook-async's were open {fl['ga']:.1f}, {fl['hook']:.1f} and {fl['hook-async']:.1f} ms for the same "
+    f"{int(zero.loc['hook', 'allreduce_calls_per_step'])} messages. This run is not set beside the blog's numbers; "
+    "the link run at the end is.",
 )
 
 # %% [markdown]
@@ -159,9 +162,9 @@ lesson.say(
 #
 # Three shapes to tell apart:
 #
-# * **waiting after backward** (`simple` after every micro-batch, `ga` after the last): the ticks
+# * **blocking after backward** (`simple` after every micro-batch, `ga` after the last): the ticks
 #   and bars come after a backward band, and the step ends only when they are done;
-# * **waiting inside backward** (`hook`, `bucket`): ticks and bars inside the last backward band: each
+# * **blocking inside backward** (`hook`, `bucket`): ticks and bars inside the last backward band: each
 #   hook waits for its message before backward goes on;
 # * **asynchronous** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the band, bars
 #   running on while backward goes on; what is still running when the band ends is waited for before
@@ -178,7 +181,8 @@ display(Image(filename=RUN / "bucket_timeline.png"))
 # %% [markdown]
 # The numbers behind the plot, stage by stage (rank 0): how many messages each sent in this step, how
 # many were handed to the wire while a backward was still running, how long the last backward ran, and
-# the *tail*: from the last backward's end to the end of the last all_reduce before the optimizer (the
+# the *tail*: from the last backward's end to the end of the last collective before the optimizer (a
+# gradient's all_reduce or the parameter check's all_gather; the
 # column `tail_us` of `RunAnalysis.per_step`; for `simple`, the last sync's).
 
 # %%
@@ -239,30 +243,30 @@ lesson.say(
     + (
         f"after rank 0's last backward had ended, and rank 0's last all_reduce ended "
         f"{tail[worst] - late:.0f} ms after that. An all_reduce ends only when both ranks have joined it, and rank 1 "
-        f"joins no earlier than it hands the message over: at least {late} ms of rank 0's tail was rank 0 waiting "
-        "for rank 1."
+        f"joins no earlier than it hands the message over: at least {late} ms of rank 0's tail passed before rank 1 "
+        "had joined."
         if late > 0
         else "before rank 0's last backward ended."
     )
 )
 
 # %% [markdown]
-# One stage's buckets (`bucket-async`, rank 0), six of the columns of `RunAnalysis.buckets`: `order`, the
+# One stage's buckets (`bucket-async`, rank 0), five of the columns of `RunAnalysis.buckets`: `order`, the
 # bucket's place in the step's sending order; `numel`, the float32 numbers it carried (4 bytes each); times in
-# µs from the start of the step: `ready_us`, handed to the wire (its hook called), `launched_us`, the hook
-# returned, its all_reduce queued, `comm_start_us` and `comm_end_us`, gloo's all_reduce range open. The first
-# cell's "buckets of 4 MiB" is the size at which a bucket closes: parameters join it until it holds 4 MiB or
-# more (the one that crosses the line included), so a bucket can be a little over 4 MiB, and the last holds
-# what is left:
+# µs from the start of the step: `ready_us`, handed to the wire (its hook called), `comm_start_us` and
+# `comm_end_us`, gloo's all_reduce range open. The first cell's "buckets of 4 MiB" is the size at which a
+# bucket closes: parameters join it until it holds 4 MiB or more (the one that crosses the line included), so
+# a bucket can be a little over 4 MiB, and the last holds what is left:
 
 # %%
-shown = ["order", "numel", "ready_us", "launched_us", "comm_start_us", "comm_end_us"]
+shown = ["order", "numel", "ready_us", "comm_start_us", "comm_end_us"]
 buckets.loc[buckets["stage"] == "bucket-async", shown].set_index("order").round(0).astype(int)
 
 # %% [markdown]
 # The same analysis from a shell, with an HTML report and these plots in the run folder:
-# `python -m minddp.analyze traces/notebooks/05_reading_traces --report` (the folder holds your last
-# run's traces). On GPU traces the breakdown and overlap come from HTA itself.
+# `python -m minddp.analyze traces/notebooks/05_reading_traces --report` (the folder holds the traces of
+# the last time the first cell ran on your machine, not of the run whose outputs are saved here). On GPU
+# traces the breakdown and overlap come from HTA itself.
 
 # %% [markdown]
 # ## The ladder on a slower network
@@ -271,14 +275,16 @@ buckets.loc[buckets["stage"] == "bucket-async", shown].set_index("order").round(
 # **emulated 1 Gbit/s link** that `03_build_up` introduced (`minddp.comm.link`: the real all_reduce runs
 # beside the modeled transfer, and the message is delivered when both are done; the parameter check's
 # all_gather does not go through the link). The link's transfers are in the traces as
-# `minddp.link:all_reduce` ranges on a thread of their own, and the analysis counts them as communication.
+# `minddp.link:all_reduce` ranges on a thread of their own, and the analysis counts them as communication:
+# in this section in flight, overlap and non-compute count those ranges too. The link run and the loopback
+# run are two runs taken at different moments on a shared machine; their times are not comparable.
 #
 # The link's trace also records when the training thread stood still for a message, so two more
 # measures appear (`docs/analysis.md`): **waited**, the time the training thread stood waiting for a
 # message, whether for the link, the other rank or a core, and **exposed**, the part of that wait
 # during which the link's modeled transfer was running. The link carries one message at a time: a
-# transfer starts once the hook has queued the message's real all_reduce, or when the link is done with
-# the one before; a wait starts when the training thread calls `wait()` on the message. The *link time* is
+# transfer starts once the message's real all_reduce is queued (by its hook; in `simple` and `ga` by the
+# sync after backward), or when the link is done with the one before; a wait starts when the training thread calls `wait()` on the message. The *link time* is
 # what rank 0's messages take on the modeled link (`metrics.link_time`), from their sizes alone.
 
 # %%
@@ -319,9 +325,10 @@ before = block["link time (ms)"] - block["exposed (ms)"]
 after = on_link["waited (ms)"] - on_link["exposed (ms)"]
 share = 100 * block["exposed (ms)"] / block["link time (ms)"]
 lesson.say(
-    "Backward is every micro-batch's, added up. In the stages that wait for each message as it is sent "
+    "Backward is every micro-batch's, added up. In the blocking stages "
     f"({', '.join(blocking)}) exposed was {share.min():.0f}–{share.max():.0f} % of the link time: the rest of "
-    f"the link time ({before.min():.1f}–{before.max():.1f} ms) ran while the thread was not waiting. In every "
+    f"the link time ({before.min():.1f}–{before.max():.1f} ms) ran between a message's all_reduce being queued and "
+    "the thread's wait() on it. In every "
     f"stage, waited is exposed plus {after.min():.1f}–{after.max():.1f} ms of waiting after the modeled "
     "transfer had ended, until the message was delivered (once gloo's real all_reduce was done too)."
 )
@@ -389,20 +396,6 @@ lesson.claim(
 
 # %%
 ex, wt, nc, ov = on_link["exposed (ms)"], on_link["waited (ms)"], ideas["non-compute (% of step)"], ideas["overlap (%)"]
-
-
-def last_message(stage):
-    """Rank 0's last message of the stage: its bytes, its transfer alone on the link (ms), and how long before the
-    last backward's end it was queued (ms)."""
-    m = sent[sent["stage"] == stage].sort_values("launched_us").iloc[-1]
-    b = nbytes[m.name]
-    return (
-        b,
-        1e3 * link.seconds("all_reduce", b, world),
-        (bw.loc[bw["stage"] == stage, "end_us"].max() - m["launched_us"]) / 1e3,
-    )
-
-
 nc_ms = (nc / 100 * on_link["step (ms)"]).round()  # non-compute in ms, from the printed share and step
 rest = nc_ms - wt
 lesson.say(
@@ -417,41 +410,31 @@ lesson.say(
     + f" (hook-async: exposed {ex['hook-async']:.1f} ms, waited {wt['hook-async']:.1f} ms, non-compute "
     f"{nc_ms['hook-async']:.0f} ms)."
 )
-if ex["bucket-async"] > ex["hook-async"]:
-    (b1, t1, g1), (b0, t0, g0) = last_message("bucket-async"), last_message("hook-async")
-    t1, g1 = round(t1, 1), round(g1, 1)  # as printed, so that t1 − g1 is the difference of the printed values
-    lesson.say(
-        f"From hook-async to bucket-async exposed rose ({ex['hook-async']:.1f} → {ex['bucket-async']:.1f} ms)"
-        + (
-            f" and so did overlap ({ov['hook-async']:.1f} → {ov['bucket-async']:.1f} %): overlap is not the time saved"
-            if ov["bucket-async"] > ov["hook-async"]
-            else ""
-        )
-        + f". bucket-async queued its last bucket ({b1 / 2**20:.1f} MiB, {t1:.1f} ms alone on the link) "
-        f"{abs(g1):.1f} ms {'before' if g1 >= 0 else 'after'} its last backward ended, so that transfer could not end "
-        f"before {t1 - g1:.1f} ms after the backward, and the finish waits for every message; hook-async's last "
-        f"message, one parameter's gradient ({b0 / 2**10:.0f} KiB), takes {t0:.1f} ms."
-    )
 
 
 def moved(column, a, b):
-    """How `column` (as printed) went from stage a to stage b: 'fell', 'rose' or 'stayed'."""
-    return "fell" if column[b] < column[a] else "rose" if column[b] > column[a] else "stayed"
+    """How `column` (as printed) went from stage a to stage b: 'fell', 'rose' or 'stayed', with the two values."""
+    word = "fell" if column[b] < column[a] else "rose" if column[b] > column[a] else "stayed"
+    return f"{word} {column[a]:.1f} → {column[b]:.1f} %"
 
 
+ideas_taken = {
+    "accumulation": ("simple", "ga"),
+    "hooks": ("ga", "hook"),
+    "async hooks": ("hook", "hook-async"),
+    "buckets": ("hook", "bucket"),
+    "buckets on async hooks": ("hook-async", "bucket-async"),
+}
 lesson.say(
-    f"In this run, from simple to ga non-compute {moved(nc, 'simple', 'ga')} ({nc['simple']:.1f} → {nc['ga']:.1f} %; "
-    f"the blog's fell, ~15 → ~5 %); from ga to hook-async it {moved(nc, 'ga', 'hook-async')} ({nc['ga']:.1f} → "
-    f"{nc['hook-async']:.1f} %; the blog's fell to ~2 %) and overlap {moved(ov, 'ga', 'hook-async')} "
-    f"({ov['ga']:.1f} → {ov['hook-async']:.1f} %; the blog's rose to ~90 %)."
+    "In this run, from the stage without each idea to the stage with it (the blog's beside them in the table): "
+    + "; ".join(
+        f"{idea} ({a} → {b}) non-compute {moved(nc, a, b)}, overlap {moved(ov, a, b)}"
+        for idea, (a, b) in ideas_taken.items()
+    )
+    + ". Each share is of one profiled step of each stage (the step column): it says what that step took, not "
+    "what an idea saves in general; `03_build_up` times the stages in turns."
 )
-fw = ph[ph["phase"] == "forward"]
-fw_ms = (fw["end_us"] - fw["start_us"]).groupby(fw["stage"]).sum() / 1e3
-lesson.say(
-    f"On the link the forward passes (the same model and micro-batches in every stage) took {fw_ms.min():.0f}–{fw_ms.max():.0f} ms "
-    f"per step ({fw_ms.max() / fw_ms.min():.1f} ×): the machine's speed moved during this run, so the step and "
-    "backward columns do not say what an idea saved; `03_build_up` times the stages in turns."
-)
+
 
 # %% [markdown]
 # For what the same stages would do at other link speeds and at 8 to 1024 ranks, see
