@@ -49,16 +49,12 @@ def test_the_docstring_examples_run(one_rank_group, monkeypatch, name):
     monkeypatch.delenv("MINDDP_BACKEND", raising=False)  # as a user runs them: the suite's gloo pin off
     module = importlib.import_module(name)
     runner = doctest.DocTestRunner(optionflags=FLAGS)
+    report: list[str] = []  # the failures of this one run (a second run could pass and hide a rare failure)
     for test in examples(module):
         torch.manual_seed(0)
-        runner.run(test, out=lambda text: None)
+        runner.run(test, out=report.append)
     result = runner.summarize(verbose=False)
     if result.failed:
-        report: list[str] = []
-        runner = doctest.DocTestRunner(optionflags=FLAGS)
-        for test in examples(module):
-            torch.manual_seed(0)
-            runner.run(test, out=report.append)
         failed = f"{name}: {result.failed} of {result.attempted} examples failed:\n"
         pytest.fail(failed + "".join(report)[:6000])
 

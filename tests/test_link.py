@@ -12,6 +12,7 @@ without a link for "results unchanged"
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -166,6 +167,42 @@ def test_a_slow_real_collective_holds_the_message_and_a_failed_one_fails_it():
             fut.wait()
     finally:
         link.close()
+
+
+def test_a_late_marker_does_not_move_the_other_messages_off_their_hand_over(tmp_path, monkeypatch):
+    """annotate_trace maps the link's clock onto the trace's by each message's marker, recorded just after the
+    hand-over's time was read: each marker - hand-over difference is the clocks' offset plus a delay >= 0. One
+    marker held back 50 ms (a preempted thread, as on a loaded machine) must not shift the other message's
+    hand-over past its own marker (its true hand-over came before its marker)."""
+    real_range = torch.profiler.record_function
+
+    def held_back(name):
+        if name == "minddp.link_send#0":
+            time.sleep(0.05)
+        return real_range(name)
+
+    monkeypatch.setattr(torch.profiler, "record_function", held_back)
+    link = Link(LinkSpec("fast", bandwidth=1e12, latency=0.0))
+    path = str(tmp_path / "trace.json")
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(2):
+                done = torch.futures.Future()
+                done.set_result(None)
+                link.carry(done, 1000, world=2).wait()
+        prof.export_chrome_trace(path)
+        assert link.annotate_trace(path) == 2
+    finally:
+        link.close()
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    markers = {int(e["name"].rpartition("#")[2]): e["ts"] for e in events if e["name"].startswith("minddp.link_send#")}
+    placed = {e["args"]["seq"]: e["args"]["handed_over_ts"] for e in events if e["name"].startswith("minddp.link:")}
+    assert sorted(placed) == sorted(markers) == [0, 1]
+    # 1 us: the trace's clock is the CPU's counter mapped linearly onto wall time by torch; a rate error of
+    # parts per million moves two readings well under a microsecond apart over this test's fraction of a second
+    for seq, ts in placed.items():
+        assert ts <= markers[seq] + 1.0, f"message {seq} placed {ts - markers[seq]:.0f} us after its marker"
 
 
 # -- on ranks: the wire, every stage, torch's DDP, overlap by event order, the trace ---------------------

@@ -38,7 +38,6 @@ import math
 import os
 import queue
 import re
-import statistics
 import sys
 import threading
 import time
@@ -357,10 +356,12 @@ class Link:
     def annotate_trace(self, path: str) -> int:
         """Write the logged transfers into the exported trace at ``path``; returns how many were placed.
 
-        Each ``minddp.link_send#<n>`` marker in the trace was recorded when message
-        ``n`` was handed over, whose ``perf_counter`` time the log holds: the median
-        difference is the offset between the two clocks. Transfers whose marker
-        is not in the trace (outside the profiled window) are dropped from the log.
+        Each ``minddp.link_send#<n>`` marker in the trace was recorded just after
+        message ``n``'s hand-over time (``perf_counter``, in the log) was read, never
+        before: each marker minus hand-over is the offset between the two clocks plus
+        a delay >= 0 (long when the thread was preempted in between), so the smallest
+        is the offset. Transfers whose marker is not in the trace (outside the
+        profiled window) are dropped from the log.
         """
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rt", encoding="utf-8") as f:
@@ -375,7 +376,7 @@ class Link:
         placed = [m for m in logged if m["seq"] in markers]
         if not placed:
             return 0
-        offset = statistics.median(markers[m["seq"]]["ts"] - m["handed_over"] * 1e6 for m in placed)
+        offset = min(markers[m["seq"]]["ts"] - m["handed_over"] * 1e6 for m in placed)
         pid = markers[placed[0]["seq"]]["pid"]
         tid = self._thread_id or 1
         events.append(
