@@ -14,6 +14,7 @@ import gzip
 import io
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -203,6 +204,46 @@ def test_a_view_hta_fails_on_leaves_its_columns_empty_says_why_and_the_rest_stil
         == analyze_run(SAMPLE).summary.set_index("rank").loc[1, "allreduce_calls_per_step"]
     )  # minddp's per-step reading of the untouched rank is unchanged
     assert not result.kernels.empty  # the kernel breakdown still came
+
+
+H200 = Path(__file__).resolve().parent / "data" / "h200-ddp-1rank"
+
+
+def test_a_breakdown_htas_rounding_breaks_is_read_again_with_htas_own_switch_and_says_so(monkeypatch):
+    """A real H200 trace whose sub-microsecond kernels HTA 0.5.0's rounding makes negative (its README).
+    Oracles: HTA itself, failing by default and reading the same file with its switch on."""
+    from hta.trace_analysis import TraceAnalysis
+
+    from minddp.analysis.gpu import NS_ROUNDING_OFF, HTAViewFailed, HTAViewReadAgain, rounded_negative
+
+    trace = load_run(H200).stages["ddp"].ranks[0]
+    files = {0: str(trace.path.resolve())}
+    monkeypatch.delenv(NS_ROUNDING_OFF, raising=False)
+    with contextlib.redirect_stdout(io.StringIO()):
+        hta = TraceAnalysis(trace_files=files)
+        with pytest.raises(AssertionError):  # HTA itself, as HTA reads by default
+            hta.get_temporal_breakdown(visualize=False)
+        frame = hta.t.traces[0]
+        negative = frame[frame["stream"].ne(-1) & frame["dur"].lt(0)]
+        names = hta.t.symbol_table.get_sym_table()
+        monkeypatch.setenv(NS_ROUNDING_OFF, "1")
+        expected = TraceAnalysis(trace_files=files).get_temporal_breakdown(visualize=False).iloc[0]
+        monkeypatch.delenv(NS_ROUNDING_OFF)
+    # every kernel HTA's parse left with a negative duration is one rounded_negative names, by name and count
+    # (HTA keeps fewer: it drops the last profiled step; it also moves its times, so they are not compared)
+    ours = Counter(e["name"] for e in rounded_negative(trace))
+    htas = Counter(names[n] for n in negative["name"])
+    assert len(negative) > 0 and not htas - ours
+    with pytest.warns(HTAViewReadAgain) as caught:
+        row = analyze_run(H200).summary.set_index("rank").loc[0]
+    assert not [w for w in caught if issubclass(w.category, HTAViewFailed)]
+    (message,) = [str(w.message) for w in caught if w.category is HTAViewReadAgain]
+    assert f"rank 0: {ours.total()} GPU event(s) under 1 us" in message and f"{NS_ROUNDING_OFF}=1" in message
+    assert NS_ROUNDING_OFF not in __import__("os").environ  # put back as it was
+    # the numbers are HTA's own, read with its switch
+    assert row["idle_time_us"] == expected["idle_time(us)"]
+    assert row["compute_time_us"] == expected["compute_time(us)"]
+    assert row["non_compute_time_us"] == expected["non_compute_time(us)"]
 
 
 def recorded_rank_json(path: Path) -> int:

@@ -146,8 +146,35 @@ class HTAViewFailed(UserWarning):
     """One of HTA's views raised on a stage's traces: its columns are left empty (NaN), the rest stands."""
 
 
+class HTAViewReadAgain(UserWarning):
+    """HTA's temporal breakdown raised because its nanosecond rounding broke some kernels; it was read again
+    with that rounding off (HTA's own switch, :data:`NS_ROUNDING_OFF`), and those are the numbers shown."""
+
+
+#: HTA's own switch (``hta.configs.env_options``) that keeps a trace's nanosecond times as they are.
+NS_ROUNDING_OFF = "HTA_DISABLE_NS_ROUNDING"
+
+
+def rounded_negative(trace: RankTrace) -> list[dict]:
+    """The GPU events HTA's nanosecond rounding leaves with a negative duration.
+
+    HTA (0.5.0) rounds every start up and every end down to a whole microsecond when a trace's times have
+    fractions, so an event shorter than 1 us that crosses no whole microsecond ends before it starts: a
+    short kernel on a fast GPU (the tiny model's on an H200) is enough to make its temporal breakdown's
+    own check (non-compute time >= 0) fail.
+    """
+    return [
+        e
+        for e in trace.events
+        if e.get("cat") in _KERNEL_CATS
+        and e.get("dur", -1) >= 0
+        and math.ceil(e["ts"]) > math.floor(e["ts"] + e["dur"])
+    ]
+
+
 def _odd_gpu_events(stage: StageTraces) -> str:
-    """What in the traces can break HTA's interval arithmetic: GPU events of negative or missing duration."""
+    """What in the traces can break HTA's interval arithmetic: GPU events of negative or missing duration,
+    as recorded or after HTA's rounding (:func:`rounded_negative`)."""
     odd = []
     for rank, trace in sorted(stage.ranks.items()):
         bad = [e for e in trace.events if e.get("cat") in _KERNEL_CATS and not (e.get("dur", -1) >= 0)]
@@ -155,43 +182,99 @@ def _odd_gpu_events(stage: StageTraces) -> str:
             odd.append(
                 f"rank {rank}: {len(bad)} GPU event(s) of negative or missing duration (first: {bad[0]['name']!r})"
             )
-    return "; ".join(odd) or "no GPU event of negative or missing duration"
+        rounded = rounded_negative(trace)
+        if rounded:
+            odd.append(
+                f"rank {rank}: {len(rounded)} GPU event(s) under 1 us that HTA's rounding (start up, end down to "
+                f"whole us) gives a negative duration (first: {rounded[0]['name']!r})"
+            )
+    return "; ".join(odd) or "no GPU event of negative or missing duration, as recorded or as HTA rounds it"
+
+
+def _attempt(call):
+    """``(call(), None)``, or ``(None, the exception)`` if HTA raised (its own assertions, pandas errors)."""
+    try:
+        with _quiet():
+            return call(), None
+    except Exception as exc:  # noqa: BLE001 - one view lost, not the others
+        return None, exc
+
+
+def _hta_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("HolisticTraceAnalysis")
+    except Exception:  # noqa: BLE001 - only for the message
+        return "?"
+
+
+def _failed(name: str, stage: StageTraces, exc: Exception) -> str:
+    where = exc.__traceback__
+    while where.tb_next is not None:
+        where = where.tb_next
+    frame = f"{where.tb_frame.f_code.co_name}, line {where.tb_lineno}"
+    return (
+        f"HTA {_hta_version()}'s {name} failed on stage {stage.name!r} ({type(exc).__name__} in {frame}: "
+        f"{str(exc) or 'its own assertion'})"
+    )
 
 
 def _view(name: str, stage: StageTraces, call):
     """HTA's view ``name``, or None (with an :class:`HTAViewFailed` warning naming HTA's error) if it raised."""
-    try:
-        with _quiet():
-            return call()
-    except Exception as exc:  # HTA's own assertions and pandas errors: its view is lost, not the others
-        where = exc.__traceback__
-        while where.tb_next is not None:
-            where = where.tb_next
-        frame = f"{where.tb_frame.f_code.co_name}, line {where.tb_lineno}"
-        try:
-            from importlib.metadata import version
-
-            hta_version = version("HolisticTraceAnalysis")
-        except Exception:
-            hta_version = "?"
+    result, exc = _attempt(call)
+    if exc is not None:
         warnings.warn(
-            f"HTA {hta_version}'s {name} failed on stage {stage.name!r} ({type(exc).__name__} in {frame}: "
-            f"{str(exc) or 'its own assertion'}); its columns are left empty. "
-            f"In these traces: {_odd_gpu_events(stage)}",
+            f"{_failed(name, stage, exc)}; its columns are left empty. In these traces: {_odd_gpu_events(stage)}",
             HTAViewFailed,
             stacklevel=3,
         )
-        return None
+    return result
+
+
+def _temporal(stage: StageTraces, analysis, files: dict[int, str]):
+    """HTA's temporal breakdown; if it raised where its rounding broke kernels (:func:`rounded_negative`),
+    HTA's again on the traces read with that rounding off (an :class:`HTAViewReadAgain` says so)."""
+    name = "get_temporal_breakdown"
+    result, exc = _attempt(lambda: analysis.get_temporal_breakdown(visualize=False))
+    if exc is None:
+        return result
+    if any(rounded_negative(t) for t in stage.ranks.values()):
+        saved = os.environ.get(NS_ROUNDING_OFF)
+        os.environ[NS_ROUNDING_OFF] = "1"  # read when HTA parses: its parsing processes inherit it
+        try:
+            result, again = _attempt(lambda: hta_analysis(files).get_temporal_breakdown(visualize=False))
+        finally:
+            if saved is None:
+                del os.environ[NS_ROUNDING_OFF]
+            else:
+                os.environ[NS_ROUNDING_OFF] = saved
+        if again is None:
+            warnings.warn(
+                f"{_failed(name, stage, exc)}: {_odd_gpu_events(stage)}; read again with {NS_ROUNDING_OFF}=1 "
+                "(HTA's own switch: times kept to the nanosecond), whose numbers these are",
+                HTAViewReadAgain,
+                stacklevel=3,
+            )
+            return result
+    warnings.warn(
+        f"{_failed(name, stage, exc)}; its columns are left empty. In these traces: {_odd_gpu_events(stage)}",
+        HTAViewFailed,
+        stacklevel=3,
+    )
+    return None
 
 
 def analyze_stage(stage: StageTraces) -> tuple[list[dict], list[dict]]:
     """Steps 2-4 for one stage: summary rows (one per rank) and kernel-breakdown rows.
 
     A view HTA fails on leaves its columns empty (NaN) and says why in an :class:`HTAViewFailed` warning;
-    the other views and minddp's per-step numbers still come.
+    the other views and minddp's per-step numbers still come. A temporal breakdown HTA's own rounding broke
+    is read again without it (:class:`HTAViewReadAgain`).
     """
-    analysis = hta_analysis({rank: str(t.path.resolve()) for rank, t in stage.ranks.items()})
-    temporal = _view("get_temporal_breakdown", stage, lambda: analysis.get_temporal_breakdown(visualize=False))
+    files = {rank: str(t.path.resolve()) for rank, t in stage.ranks.items()}
+    analysis = hta_analysis(files)
+    temporal = _temporal(stage, analysis, files)
     overlap = _view("get_comm_comp_overlap", stage, lambda: analysis.get_comm_comp_overlap(visualize=False))
     kernel_types = _view("get_gpu_kernel_breakdown", stage, lambda: analysis.get_gpu_kernel_breakdown(visualize=False))
     by_rank = {rank: {} for rank in stage.ranks}  # step 3

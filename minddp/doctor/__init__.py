@@ -276,8 +276,10 @@ def profile_check(backend: str, world: int, folder: str) -> list[tuple[str, bool
             return rows
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", gpu.HTAViewFailed)
+            warnings.simplefilter("always", gpu.HTAViewReadAgain)
             hta_rows, _ = gpu.analyze_stage(stage)
         failed = [str(w.message) for w in caught if issubclass(w.category, gpu.HTAViewFailed)]
+        again = [f" ({gpu.NS_ROUNDING_OFF}=1: {w.message})" for w in caught if w.category is gpu.HTAViewReadAgain]
         fine = not failed and all(r["compute_time_us"] > 0 for r in hta_rows)
         rows.append(
             (
@@ -286,7 +288,9 @@ def profile_check(backend: str, world: int, folder: str) -> list[tuple[str, bool
                 time.perf_counter() - start,
                 failed[0]
                 if failed
-                else "temporal breakdown, overlap "
+                else "temporal breakdown"
+                + "".join(again)
+                + ", overlap "
                 + ", ".join(f"{r['comm_comp_overlap_pctg']:.0f} %" for r in hta_rows),
             )
         )

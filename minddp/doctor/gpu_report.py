@@ -360,17 +360,21 @@ def read_folder(path: Path) -> dict:
     """One folder of traces read both ways: minddp's own per rank, and the analysis (HTA for GPU traces)."""
     from minddp.analysis import analyze_run
     from minddp.analysis.events import load_run
-    from minddp.analysis.gpu import HTAViewFailed
+    from minddp.analysis.gpu import HTAViewFailed, HTAViewReadAgain
 
     run = load_run(path)  # once: both readings take it
     out = {"own": {name: own_reading(stage) for name, stage in run.stages.items()}}
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", HTAViewFailed)
+            warnings.simplefilter("always", HTAViewReadAgain)
             result = analyze_run(run)
         failed = [str(w.message) for w in caught if issubclass(w.category, HTAViewFailed)]
         if failed:  # the views HTA could read stand; the ones it failed on are named
             out["analysis_error"] = " | ".join(failed)
+        again = [str(w.message) for w in caught if issubclass(w.category, HTAViewReadAgain)]
+        if again:  # read, but not as HTA reads by default: said beside the numbers
+            out["analysis_note"] = " | ".join(again)
         out["analysis"] = json.loads(result.stages.reset_index().to_json(orient="records"))
         out["sources"] = sorted(set(result.summary["source"]))
         out["result"] = result
@@ -405,6 +409,8 @@ def step_analyze(s: Settings) -> dict:
         if "analysis_error" in read:
             out["notes"].append(f"{name}: {read['analysis_error']}")
             out["ok"] = False
+        if "analysis_note" in read:  # a note, not a failure: HTA read it with its own switch
+            out["notes"].append(f"{name}: {read['analysis_note']}")
         if name == "run" and result is not None:  # also when HTA failed on one view: the page shows the rest
             try:
                 out["report"] = str(write_report([result], path))  # report.html and its plots, to look at
