@@ -420,6 +420,17 @@ def test_gloos_refusal_of_reduce_op_avg_gets_the_fix():
     assert "keep the default ReduceOp.SUM and divide by dist.get_world_size(group) yourself" in hint, hint
 
 
+def test_a_rank_stopped_for_standing_still_is_named_with_the_phase_it_stood_in():
+    # checker._run stops a check whose ranks print no phase line for stall_s (harness.Progress prints one per
+    # phase): the verdict names how long and where, not a wall-clock limit a loaded machine could exceed
+    lost = {"lost": "Restarted", "note": "released because no rank printed for stall_s=46"}
+    reports = {0: {"rank": 0, **lost, "phase": "calling your hook on one bucket"}, 1: {"rank": 1, **lost}}
+    line = checker._trouble("fp16 hook", reports, TIMEOUT)
+    assert line.startswith("✗ fp16 hook: a rank hung and had to be stopped (no progress for 46 s: rank 0 while "
+                           "calling your hook on one bucket; rank 1 while starting)"), line  # fmt: skip
+    assert "a Future that is never completed" in line, line
+
+
 def test_a_passing_hook_verdict_names_each_number_it_prints():
     # notebook 04's read: "and 9.7e-06 from a single process without compression" was a bare number, with no measure,
     # no step count and no tolerance; the verdict now names the one training comparison it prints and its steps

@@ -103,6 +103,21 @@ def test_cluster_state_output_failures_and_restart():
         cluster.run("1")
 
 
+@pytest.mark.timeout(180)
+def test_stall_s_cuts_a_cell_that_stands_still_not_one_that_is_slow():
+    # The checker's backstop (minddp.exercises.checker._run): a cell that keeps printing runs past stall_s (it
+    # prints every 0.25 s for at least 7.5 s, against stall_s = 5: a gap 20 times its own); a silent one is
+    # released once stall_s has passed with no line, and says so.
+    ticking = "import time\nfor i in range(30):\n    print('tick', i, flush=True)\n    time.sleep(0.25)\nrank"
+    with Cluster(world_size=WORLD, grace_s=0.5, release_s=2.0) as cluster:
+        start = time.monotonic()
+        outs = cluster.run(ticking, stall_s=5)
+        assert time.monotonic() - start > 5 and [o.value for o in outs] == list(range(WORLD))
+        with pytest.raises(CellError) as info:
+            cluster.run("import time\nprint('one line', flush=True)\ntime.sleep(120)", stall_s=1)
+        assert all("no rank printed for stall_s=1" in (o.note or "") for o in info.value.outputs)
+
+
 @pytest.mark.timeout(120)
 def test_output_arrives_while_the_cell_still_runs(tmp_path):
     # Each rank prints 'tick 0', then waits (up to 60 s) until the caller has seen that line: the caller

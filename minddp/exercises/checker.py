@@ -246,15 +246,43 @@ def check_hook(
 def _run(fn, args: tuple, world_size: int, timeout_s: float) -> dict:
     """Step 2: one call on every rank; each rank's report (None for a rank that gave none)."""
     cluster = ranks(world_size, timeout_s)
-    # The group's own timeout ends a stuck collective first; the runner's release is the backstop.
-    outputs = cluster.run(fn, *args, timeout_s=timeout_s * 2 + 30, raise_errors=False)
+    # The group's own timeout ends a stuck collective first; the runner's release is the backstop, for a rank
+    # stuck outside any collective (a Future never completed, a loop that never ends). It goes by the ranks'
+    # phase lines (harness.Progress), not by the check's length: a check slowed by a loaded machine keeps
+    # printing them and is never cut; MAX_CHECK_S only ends a check that prints forever.
+    phases: dict[int, str] = {}
+
+    def heard(rank: int, stream: str, text: str) -> None:
+        for line in text.splitlines():
+            if line.startswith(harness.PHASE):
+                phases[rank] = line[len(harness.PHASE) :]
+
+    outputs = cluster.run(
+        fn, *args, timeout_s=MAX_CHECK_S, stall_s=stall_s(timeout_s), on_stream=heard, raise_errors=False
+    )
     reports = {}
     for out in outputs:
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith(harness.MARK)]
         reports[out.rank] = json.loads(lines[-1][len(harness.MARK) :]) if lines else None
         if reports[out.rank] is None:
-            reports[out.rank] = {"rank": out.rank, "lost": out.exc_type or "no report", "note": out.note}
+            reports[out.rank] = {
+                "rank": out.rank,
+                "lost": out.exc_type or "no report",
+                "note": out.note,
+                "phase": phases.get(out.rank, "starting"),
+            }
     return reports
+
+
+#: The longest a check may run while its ranks keep printing their phases (a loop in the learner's code that
+#: prints forever); a check on a 2-core machine takes seconds.
+MAX_CHECK_S = 600.0
+
+
+def stall_s(timeout_s: float) -> float:
+    """How long the ranks may print no phase before the check is stopped: twice a collective's timeout (a phase
+    that waits out a timed-out collective, then the peer's) plus 30 s for a rank's own slowness."""
+    return 2 * timeout_s + 30
 
 
 # ------------------------------------------------------------------------------------------ verdicts
@@ -359,9 +387,10 @@ def _trouble(name: str, reports: dict, timeout_s: float, like: str | None = None
                 f"{' (' + gone + ')' if gone else ''}; every rank must make the same collectives in the same order"
             )
         if lost:
+            where = "; ".join(f"rank {r} while {reports[r].get('phase', 'starting')}" for r in lost)
             return (
-                f"✗ {name}: a rank hung and had to be stopped ({_ranks_text(lost)} gave no report within "
-                f"{2 * timeout_s + 30:.0f} s)"
+                f"✗ {name}: a rank hung and had to be stopped (no progress for {stall_s(timeout_s):.0f} s: {where}); "
+                "a wait that nothing ends, such as a Future that is never completed or a loop that never stops"
             )
         phases = "; ".join(f"rank {r} while {e['phase']}" for r, e in errors.items())
         return f"✗ {name}: a rank hung: {phases} (a collective timed out after {timeout_s:.0f} s)"

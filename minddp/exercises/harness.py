@@ -85,11 +85,25 @@ def loss_of(model: nn.Module, batch) -> torch.Tensor:
     return F.cross_entropy(model(x), y)
 
 
+#: The line a rank prints as it enters each phase of a check (:class:`Progress`): the checker's runner tells a slow
+#: rank, which keeps printing these, from a stuck one, which stops (checker._run).
+PHASE = "minddp.exercises.phase "
+
+
 class Progress:
-    """Where this rank is, in words, for a report written after something went wrong."""
+    """Where this rank is, in words: for a report written after something went wrong, and printed as it changes."""
 
     def __init__(self):
         self.phase = "starting"
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, text: str) -> None:
+        self._phase = text
+        print(PHASE + text, flush=True)
 
 
 def accepted_options(cls, options: dict) -> dict:

@@ -208,6 +208,7 @@ class Cluster:
         raise_errors: bool = True,
         on_stream: Callable[[int, str, str], None] | None = None,
         name: str | None = None,
+        stall_s: float | None = None,
         **kwargs: Any,
     ) -> list[RankOutput]:
         """Run code (a string, in each rank's persistent namespace) or ``cell(*args, **kwargs)``.
@@ -215,10 +216,11 @@ class Cluster:
         Returns one :class:`RankOutput` per selected rank, by rank. When a rank
         fails, raises :class:`CellError` (its ``outputs`` hold every rank's
         report) unless ``raise_errors`` is false. ``timeout_s`` bounds this
-        cell; an overdue cell is released like a failure (step 3). ``on_stream``
-        sees the ranks' output live (step 2). ``name`` is how tracebacks and debug mode's lines name the
-        cell, ``<name, rank R>`` (the magics pass the notebook's ``In [N]``); by default ``cell N``, N
-        counting this cluster's cells.
+        cell; an overdue cell is released like a failure (step 3), and so is one in which no selected
+        rank has printed for ``stall_s`` seconds (a cell that prints as it goes is never cut for being
+        slow, only for standing still). ``on_stream`` sees the ranks' output live (step 2). ``name`` is
+        how tracebacks and debug mode's lines name the cell, ``<name, rank R>`` (the magics pass the
+        notebook's ``In [N]``); by default ``cell N``, N counting this cluster's cells.
         """
         if not self.running:
             raise RuntimeError("the cluster is not running: call start() (in a notebook: %dist_init)")
@@ -230,7 +232,7 @@ class Cluster:
         self._cell += 1
         for rank in selected:
             self._commands[rank].put(("run", self._cell, (body, name or f"cell {self._cell}")))
-        outputs = self._collect_replies(self._cell, selected, timeout_s, on_stream)
+        outputs = self._collect_replies(self._cell, selected, timeout_s, on_stream, stall_s)
         # Root causes first (RankError.rank is the first entry), released ranks after.
         failed = {o.rank: o for o in sorted(outputs, key=lambda o: (o.note is not None, o.rank)) if not o.ok}
         if (failed or self._aborted) and not any(o.exc_type == "Restarted" for o in outputs):
@@ -256,6 +258,7 @@ class Cluster:
         selected: list[int],
         timeout_s: float | None,
         on_stream: Callable[[int, str, str], None] | None = None,
+        stall_s: float | None = None,
     ) -> list[RankOutput]:
         """Steps 2 and 3: one report per selected rank, releasing stuck ranks after a failure."""
         outputs: dict[int, RankOutput] = {}
@@ -264,6 +267,7 @@ class Cluster:
         cause = ""
         released_at = interrupted_at = None
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        heard = time.monotonic()  # when a selected rank last printed (stall_s)
         while pending:
             try:
                 msg = self._next_report(0.1)
@@ -271,6 +275,8 @@ class Cluster:
                 msg, trouble_at, cause = None, time.monotonic() - self.grace_s, "the cell was interrupted"
             now = time.monotonic()
             if msg is not None and msg[0] == "stream":
+                if msg[2] == cell_id:
+                    heard = now
                 if on_stream is not None and msg[2] == cell_id:  # an earlier cell's late output is dropped
                     on_stream(msg[1], msg[3], msg[4])
             elif msg is not None and msg[0] == "done" and msg[2] == cell_id:
@@ -301,6 +307,8 @@ class Cluster:
                     trouble_at, cause = trouble_at or now, cause or f"rank {rank} died"
             if deadline is not None and now > deadline and trouble_at is None:
                 trouble_at, cause = now - self.grace_s, f"the cell ran past timeout_s={timeout_s}"
+            if stall_s is not None and pending and now - heard > stall_s and trouble_at is None:
+                trouble_at, cause = now - self.grace_s, f"no rank printed for stall_s={stall_s}"
             if not pending or trouble_at is None or now - trouble_at < self.grace_s:
                 continue
             # Step 3: escalate, one step at a time.
