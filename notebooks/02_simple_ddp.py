@@ -306,8 +306,8 @@ plt.show()
 #   method names of `torch.distributed.GradBucket`, what torch's DDP hands its hooks, so that a hook
 #   written for one runs in the other.) The default hook, `allreduce_hook`, divides by the number of
 #   ranks and all_reduces: the same average up to float rounding, the division first (a check below the
-#   code compares the two orders; on 2 ranks they agree to the bit, as dividing by 2 is exact in float32). Every later stage keeps this one call and changes only *when* it is made and how many
-#   gradients one bucket holds, so `04_comm_hooks` sends any stage's gradients in fp16 or through
+#   code compares the two orders; on 2 ranks they agree to the bit, as dividing by 2 is exact in float32). Every later stage sends through this one call,
+#   so `04_comm_hooks` sends any stage's gradients in fp16 or through
 #   PowerSGD by registering another hook;
 # * **two checks that compare the ranks before any gradient is sent.** At construction every rank's
 #   parameter names, shapes, dtypes and `requires_grad` are compared (`check_same_model`, one `all_gather_object`), and
@@ -445,9 +445,9 @@ show_source(solutions.SimpleDDP)
 check(solutions.SimpleDDP, like="simple")
 
 # %% [markdown]
-# One mistake to know: `all_reduce` *sums*. Without the division every rank holds the same sum (01's
-# `all_reduce` cell left one sum on every rank), so comparing the ranks with each other cannot tell it from
-# the average. The checker compares each `.grad` with the true average, and with the usual mistakes, the
+# One mistake to know: `all_reduce` *sums*. Without the division every rank holds the same sum (in 01's
+# `all_reduce` cell every rank printed the same result), so comparing the ranks with each other cannot tell
+# it from the average. The checker compares each `.grad` with the true average, and with the usual mistakes, the
 # sum among them:
 
 
