@@ -291,8 +291,8 @@ plt.show()
 # after each step farther from each other than the single process moved from its start (the red line
 # above the grey).
 # And `SimpleDDP` sends more than it needs: every gradient after every micro-batch, k times the bytes
-# of one sync a step (the first training cell counts them), although only the sum over the whole step
-# matters. `03_build_up` changes what is sent and when, one idea per stage, and measures
+# of one sync a step (the first training cell counts them), although only the average over the whole
+# step matters. `03_build_up` changes what is sent and when, one idea per stage, and measures
 # what each idea changes.
 #
 # ## 6. The ladder's `SimpleDDP`: the same idea, and what every stage needs around it
