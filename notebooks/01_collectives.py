@@ -88,7 +88,7 @@ t
 #
 # Rank 0 holds a list with one tensor per rank; every rank receives its own. (A data loader that
 # shards the data does the same job without communication: every rank draws the same examples and
-# keeps its share.)
+# keeps its own part.)
 
 # %%
 # %%distributed
@@ -102,7 +102,7 @@ chunk
 #
 # `reduce` sums (or takes the max, ...) every rank's tensor *into rank 0's*; `gather` collects the
 # tensors side by side on rank 0. Only rank 0's buffer is defined afterwards: the others hold whatever
-# the backend's algorithm left in them.
+# the backend's algorithm left in them (the cell says what that was in this run).
 
 # %%
 # %%distributed
@@ -117,9 +117,14 @@ from minddp.notebook import lesson
 left = [None] * world_size
 dist.all_gather_object(left, t.item())  # what reduce left in every rank's buffer
 others = [r for r in range(1, world_size) if left[r] != left[0]]
+values = [r + 1 for r in range(world_size)]  # each rank's input
+tails = all(left[r] == sum(values[r:]) for r in others)  # rank r left with its input plus the later ranks'?
+sums = "; ".join(f"rank {r}: {' + '.join(map(str, values[r:]))}" for r in others)
 lesson.say(
-    f"Rank 0's buffer holds the sum, {left[0]:g}; "
-    + (f"here ranks {', '.join(map(str, others))} hold other values, not the result." if others else "")
+    f"Rank 0's buffer holds the sum, {left[0]:g}"
+    + (f"; here ranks {', '.join(map(str, others))} hold other values, not the result" if others else "")
+    + (f": each holds its own input plus the later ranks' inputs ({sums}), partial sums" if others and tails else "")
+    + "."
 )
 
 # %% [markdown]
@@ -127,11 +132,9 @@ lesson.say(
 #
 # The collective at the heart of DDP: after backward, each rank has the gradient of *its own*
 # examples; `all_reduce` leaves the sum on every rank, and dividing by the world size gives the
-# average gradient. That average is the gradient of every rank's examples taken together, as one
-# process would compute it on all of them, when the loss is a mean over examples and every rank holds
-# as many examples: then the mean loss over all of them is the mean of the ranks' mean losses. With
-# ranks holding different numbers of examples (as in `07_fault_tolerance`) each rank's gradient needs
-# the weight of its share of the examples instead of 1 / (the number of ranks).
+# average gradient. When the loss is a mean over examples and every rank holds as many examples, that
+# average is the gradient one process would compute on all of them: `02_simple_ddp` checks it against
+# one process.
 
 # %%
 # %%distributed
@@ -151,8 +154,8 @@ grad / world_size
 #
 # Running a `reduce_scatter` then an `all_gather` is an `all_reduce`. The *ring* algorithm does exactly
 # that, neighbour to neighbour; `minddp.collectives.ring_all_reduce` writes it from plain `send`/`recv` so
-# you can read it. (NCCL's documentation lists the ring among its algorithms; which algorithm gloo ran in
-# this notebook no output shows: the next cell checks only that the ring's result equals `dist.all_reduce`'s.)
+# you can read it. (Which algorithm gloo's own `all_reduce` ran in this notebook no output shows: the
+# next cell checks only that the ring's result equals `dist.all_reduce`'s.)
 
 # %%
 # %%distributed
@@ -186,7 +189,7 @@ print("ring:", x.tolist(), "| equal to dist.all_reduce:", torch.equal(x, expecte
 # (`minddp.collectives.watch`) runs it on a 1 MiB tensor in which every rank has written its
 # *mark*, 2<sup>rank</sup> (1, 2, 4, 8), and writes down every message `ring_all_reduce` sends (minddp's Python, not gloo's own all_reduce): to
 # whom, how many bytes, which chunk, and what every chunk held just before. A chunk's value then
-# says whose shares it already holds: 9 = 1 + 8 holds ranks 0's and 3's, drawn "0+3" in the figure;
+# says whose marks it already holds: 9 = 1 + 8 holds ranks 0's and 3's, drawn "0+3" in the figure;
 # 15 holds all four, drawn "all". The *star*
 # (`naive_all_reduce`: every rank sends its whole tensor to rank 0, which sends the sum back) is
 # watched the same way, and both once more on a 4 KiB tensor, to price both sizes below.
@@ -206,9 +209,9 @@ assert all(r["ok"] for r in ring + star + tiny + tiny_star)  # each leaves the s
 # receives one at the same time). A row shows every rank's chunks as they were *just before* that
 # exchange, so a sum sent in one exchange first shows in the next row; the chunk a rank sends is
 # outlined in red, and the red text beneath says where it goes. The darker a chunk's green, the more
-# ranks' shares it holds (the darkest: all of them). In the **reduce-scatter** (first three rows) every
+# ranks' marks it holds (the darkest: all of them). In the **reduce-scatter** (first three rows) every
 # rank sends one chunk to its neighbour, which adds it into its own copy: the chunk sent holds one more
-# rank's share at every exchange, and after 3 exchanges (one fewer than the ranks) each rank holds one
+# rank's mark at every exchange, and after 3 exchanges (one fewer than the ranks) each rank holds one
 # chunk that is complete ("all"), a different one on each rank. In the **all-gather** (next three) the
 # complete chunks go around once more, each one overwriting the neighbour's partial copy.
 
@@ -218,7 +221,7 @@ import matplotlib.pyplot as plt
 from minddp.collectives.watch import draw_ring, ranks_in
 from minddp.notebook import lesson
 
-n, all_marks = world_size, 2**world_size - 1  # n ranks; a chunk marked 2**n - 1 holds every rank's share
+n, all_marks = world_size, 2**world_size - 1  # n ranks; a chunk marked 2**n - 1 holds every rank's mark
 exchanges = 2 * (n - 1)  # n - 1 of the reduce-scatter, then n - 1 of the all-gather
 draw_ring(ring)
 plt.show()
@@ -237,7 +240,7 @@ def sends(rank, s):
 reduce_scatter, all_gather = range(n - 1), range(n - 1, exchanges)
 lesson.claim(
     all(len(ranks_in(before(r, s)[sends(r, s)[0]])) == s + 1 for r in range(n) for s in reduce_scatter),
-    f"in the reduce-scatter, the chunk a rank sends in its exchanges 1 to {n - 1} holds 1 to {n - 1} ranks' shares: "
+    f"in the reduce-scatter, the chunk a rank sends in its exchanges 1 to {n - 1} holds 1 to {n - 1} ranks' marks: "
     "one more at every exchange",
 )
 complete = [[c for c, mark in enumerate(before(r, n - 1)) if mark == all_marks] for r in range(n)]
@@ -378,8 +381,8 @@ lesson.claim(
 # %% [markdown]
 # The star's ratio to the ring is (α + m β) / (α + m β / n): never n, nearing n as m β outgrows α (the
 # column m β / α). For a small tensor the β terms shrink and the α term, 2 (n − 1) α for both, makes
-# most of the ring's time (the α share column): the star comes nearer the ring (the last column), and what an
-# all_reduce costs is mostly how many messages it sends, not how many bytes. That is why DDP packs
+# most of the ring's time (the α share column): the star comes nearer the ring (the last column), and in
+# the model what a small all_reduce costs is mostly how many messages it sends, not how many bytes. That is why DDP packs
 # many gradients into one message, a *bucket* (notebook 03 measures when that wins).
 
 # %% [markdown]
@@ -387,7 +390,7 @@ lesson.claim(
 #
 # No data moves; every rank waits until all have arrived. Here rank 1 sleeps 0.5 s before it
 # arrives, and every other rank waits for it at the barrier. Every rank notes when it arrived and left
-# on the wall clock the ranks of this machine share; rank 0 says when the first rank arrived and when
+# on the wall clock, one clock for every rank of this machine; rank 0 says when the first rank arrived and when
 # the last one left, counted from rank 1's arrival.
 
 # %%
@@ -461,9 +464,7 @@ if rank == 0:
 # and the other rank is there at once, so each wait lasts the link's transfer. In the second, the
 # backward sends and goes on, and the step waits once, after backward (`03_build_up`'s `hook-async`
 # stage); the other rank is made up to join the second message late, at 80 ms, so gloo's range of it
-# stays open past this rank's transfer on the link, and so does the wait. (The emulated link counts
-# none of that wait as exposed, since its transfer started without the other rank; on a real link the
-# message could not cross before the other rank joined, and the step would wait one transfer longer.)
+# stays open past this rank's transfer on the link, and so does the wait.
 
 # %%
 import matplotlib.pyplot as plt
@@ -532,13 +533,15 @@ for name, x in steps.items():
     }
 display(pd.DataFrame(table).round(1).rename_axis("measure"))
 a, b = table.values()
+second = steps["waits once, after backward"]
 lesson.say(
     f"Both steps send two all_reduces of 1 MiB, {t_ar:.1f} ms each on the link: {a['link time (ms)']:.1f} ms of link "
     f"time. The first waits where it sends, {a['waited (ms)']:.1f} ms, all inside its backward (interleaved "
     f"{a['interleaved (ms)']:.1f} ms) and all for the link (exposed {a['exposed (ms)']:.1f} ms): its backward is "
     f"{a['backward (ms)']:.1f} ms against the second's {b['backward (ms)']:.1f}. The second waits once, after "
-    f"backward, {b['waited (ms)']:.1f} ms, for the other rank and not for the link (exposed "
-    f"{b['exposed (ms)']:.1f} ms). So the steps differ by {a['step (ms)']:.1f} − {b['step (ms)']:.1f} = "
+    f"backward, {b['waited (ms)']:.1f} ms, from {second['waits'][0][0]:g} ms, for the other rank: the link had "
+    f"carried both messages by {second['link'][-1][1]:.1f} ms (exposed {b['exposed (ms)']:.1f} ms). So the steps "
+    f"differ by {a['step (ms)']:.1f} − {b['step (ms)']:.1f} = "
     f"{a['waited (ms)']:.1f} − {b['waited (ms)']:.1f} ms. In flight, the second counts {b['in flight (ms)']:.1f} ms "
     f"against the first's {a['in flight (ms)']:.1f}: its second message's range stays open until the other rank "
     f"joins, at 80 ms; compute runs during {b['overlap (%)']:.1f} % of those {b['in flight (ms)']:.1f} ms (overlap), "
@@ -561,7 +564,9 @@ lesson.claim(
 
 # %% [markdown]
 # Where two measures disagree for one stage they answer different questions. *Exposed* asks what the
-# link cost the step: the time the link was still carrying a message the thread waited for. *Waited*
+# link's transfers cost the step, as the emulated link times them (a transfer starts when this rank hands
+# the message over, whatever the other rank is doing): the time the link was still carrying a message
+# the thread waited for. *Waited*
 # counts every wait of the training thread: for the link and, as in the second step, for the other
 # rank. *In flight*, *overlap* and *non-compute* read M, the backend's ranges (in a trace: notebook
 # `05_reading_traces`) and the link's transfers, and a range stays open until the backend's work is

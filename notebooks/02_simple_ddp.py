@@ -34,7 +34,7 @@
 # below prints what it is, in these words: a *micro-batch* is the examples one rank runs through one
 # forward and backward; k micro-batches make one optimizer step (gradient accumulation, `03_build_up`);
 # the *global batch* is every example of one optimizer step, on every rank, and a rank's *shard* is its
-# share of it, its k micro-batches; a *sync* averages every gradient over the ranks once. (Its bucket
+# part of it, its k micro-batches; a *sync* averages every gradient over the ranks once. (Its bucket
 # size is for `03_build_up`'s bucketed stages.)
 
 # %%
@@ -189,9 +189,13 @@ lesson.claim(largest <= 1e-4 * scale, "SimpleDDP's averaged gradient is the sing
 # ## 5. Training: in sync with the average, drifting apart without it
 #
 # With the same start and the same update, training keeps the replicas identical.
-# `minddp.ladder.loop.train_step` is the loop every stage of `03_build_up` (the *ladder*) shares: forward and backward for each
-# micro-batch, `finish_gradient_synchronization()`, `optimizer.step()`. `SimpleDDP` averages
-# at every `finish_gradient_synchronization()`, so after every micro-batch's backward. The cell trains it
+# `minddp.ladder.loop.train_step` is the loop every stage of `03_build_up` (the *ladder*) shares: for
+# each micro-batch, forward, the loss divided by k, backward, `finish_gradient_synchronization()`; then
+# `optimizer.step()`. Dividing by k makes the k backwards, which add into `.grad`, give the gradient of
+# the mean loss over the rank's k micro-batches. `SimpleDDP` averages at every
+# `finish_gradient_synchronization()`, so after every micro-batch's backward. That is still right: the
+# part of `.grad` already averaged is the same on every rank, and averaging a value every rank holds
+# gives it back, so after the last micro-batch `.grad` holds the average of every micro-batch's part. The cell trains it
 # for two steps beside the single process on each step's global batch, measures after every step
 # how far apart the ranks' parameters are, and counts the all_reduce calls (by wrapping `dist.all_reduce`).
 
@@ -269,7 +273,11 @@ ax.plot(steps, averaged, "o-", color="tab:green", label="SimpleDDP: the average 
 ax.plot(steps, moved, "--", color="gray", label="for scale: how far the single process moved from the start")
 ax.set_xlabel("optimizer step")
 ax.set_ylabel("parameter distance\n(L2 norm of the difference)")
-ax.set_title(f"Two replicas from the same start, {world_size} ranks, {lesson.SETTINGS.model}", fontsize=10)
+ax.set_title(
+    f"{world_size} ranks, {lesson.SETTINGS.model}: how far apart the replicas are (red, green),\n"
+    "and how far the single process moved from its start (grey)",
+    fontsize=9,
+)
 ax.set_xticks(list(steps))
 ax.legend(fontsize=8, frameon=False)
 fig.tight_layout()
@@ -279,12 +287,12 @@ plt.show()
 # What to look for: the averaged replicas are equal to the bit (the distance is exactly zero: every rank
 # applies the same all_reduce result to the same weights with the same AdamW update), and
 # they end near the single process's parameters (the first training cell prints how near). The
-# replicas left to themselves part: in this run they were further apart after step 2 than after step 1, and
+# replicas left to themselves part: in this run they were further apart after optimizer step 2 than after step 1, and
 # after each step farther from each other than the single process moved from its start (the red line
 # above the grey).
 # And `SimpleDDP` sends more than it needs: every gradient after every micro-batch, k times the bytes
-# of one sync a step (the first training cell counts them), although only the sum over the whole step
-# matters. `03_build_up` changes what is sent and when, one idea per stage, and measures
+# of one sync a step (the first training cell counts them), although only the average over the whole
+# step matters. `03_build_up` changes what is sent and when, one idea per stage, and measures
 # what each idea changes.
 #
 # ## 6. The ladder's `SimpleDDP`: the same idea, and what every stage needs around it
@@ -297,21 +305,21 @@ plt.show()
 #   (like 01's work handle: waiting on it gives the averaged gradient). (`GradBucket` is minddp's own class, `minddp/comm/grad_bucket.py`, with the
 #   method names of `torch.distributed.GradBucket`, what torch's DDP hands its hooks, so that a hook
 #   written for one runs in the other.) The default hook, `allreduce_hook`, divides by the number of
-#   ranks and all_reduces: the same average, the division first (a check below the code compares the two
-#   orders: the same average here). Every later stage keeps this one call and changes only *when* it is made and how many
-#   gradients one bucket holds, so `04_comm_hooks` sends any stage's gradients in fp16 or through
+#   ranks and all_reduces: the same average up to float rounding, the division first (a check below the
+#   code compares the two orders; on 2 ranks they agree to the bit, as dividing by 2 is exact in float32). Every later stage sends through this one call,
+#   so `04_comm_hooks` sends any stage's gradients in fp16 or through
 #   PowerSGD by registering another hook;
 # * **two checks that compare the ranks before any gradient is sent.** At construction every rank's
 #   parameter names, shapes, dtypes and `requires_grad` are compared (`check_same_model`, one `all_gather_object`), and
 #   at every `finish_gradient_synchronization()` (after every micro-batch, for this class) the
 #   parameters that each rank's forwards since the last one used (`ParameterUse`, one `all_gather`);
-#   a mismatch raises the same error on every rank instead of handing the backend tensors that differ;
+#   a mismatch raises the same error on every rank;
 # * **debug mode's checks** (`attach(self)`, `minddp/debug`): nothing while debug mode is off, as it is
 #   here; `08_debugging` turns it on.
 #
 # It also takes a `process_group` (all ranks by default), as torch's DDP does; its `broadcast` and the
-# default hook are the plain calls of `minddp/comm/plain.py`. The code (its comments' "step 1" and
-# "step 2" are the two conditions, same start and same update), then the default hook:
+# default hook are the plain calls of `minddp/comm/plain.py`. The code (its comment "1. same start" and
+# docstring "2. same update" mark the two conditions), then the default hook:
 
 # %%
 from minddp import stages
@@ -323,7 +331,8 @@ show_source(allreduce_hook)
 
 # %% [markdown]
 # Through its hook, the ladder's version makes one all_reduce per gradient, as the class above (its
-# checks' `all_gather_object` and `all_gather` come besides, not counted here), and leaves the same average. The cell below checks both on one micro-batch's
+# checks' `all_gather_object` and `all_gather` come besides, not counted here), and leaves the same average
+# up to float rounding. The cell below checks both on one micro-batch's
 # backward: the ladder's version averages while the wrapper of `dist.all_reduce` of section 5 counts
 # its calls, then the rank's own gradients are put back and the class above averages them.
 
@@ -362,11 +371,9 @@ lesson.claim(
 )
 
 # %% [markdown]
-# And a check at work: rank 1 builds a model with one output more than rank 0's. The class above
-# checks nothing: it would hand the backend two weights of different sizes in one broadcast, and none of
-# its lines would name the mismatch. The ladder's refuses on every rank, saying why. The cell prints the error each rank raised. Its words name
-# `DistributedDataParallel`: the ladder's stages share the check with `minddp.DistributedDataParallel`,
-# whose message follows torch's DDP's own.
+# And a check at work: rank 1 builds a model with one output more than rank 0's. The class above has
+# no such check (all its code is above). The ladder's refuses on every rank, saying why. The cell prints the error each rank raised. Its words name
+# `DistributedDataParallel`: the ladder's stages share the check with `minddp.DistributedDataParallel`.
 
 # %%
 # %%distributed
@@ -391,8 +398,9 @@ else:
 #
 # `check` trains your class on two ranks of its own beside a single process on the global batch and
 # torch's own DDP, on a network of its own (three `Linear` layers and a buffer: its verdict counts that
-# network's tensors, not the workload's), with plain SGD, so a gradient that is off shows in the
-# parameters. It says in one line what is wrong, naming the usual mistakes (a missing broadcast, a sum
+# network's tensors, not the workload's), with plain SGD. It compares two things: every `.grad` as your
+# finish left it, with the true average it computes itself (a wrong gradient is named from this), and
+# the parameters after the steps, with the single process's and torch's DDP's. It says in one line what is wrong, naming the usual mistakes (a missing broadcast, a sum
 # not divided, rank 0's gradients broadcast instead of averaged, and more), or that your class matches.
 # It also counts your collectives: one all_reduce per gradient tensor per micro-batch, as above, and no
 # broadcast after `__init__`. A rank left waiting in a collective is reported as "a rank hung" after a
@@ -437,11 +445,10 @@ show_source(solutions.SimpleDDP)
 check(solutions.SimpleDDP, like="simple")
 
 # %% [markdown]
-# One mistake to know: `all_reduce` *sums*. Forgetting the division trains
-# every replica identically (the ranks still agree!), but on a wrong gradient, which a check of
-# the ranks against each other cannot see. The checker names it from the gradients, not from the
-# parameters: it computes the true average of every rank's gradient itself and compares each `.grad`,
-# as your finish left it, with that average and with the usual mistakes, the sum among them:
+# One mistake to know: `all_reduce` *sums*. Without the division every rank holds the same sum (in 01's
+# `all_reduce` cell every rank printed the same result), so comparing the ranks with each other cannot tell
+# it from the average. The checker compares each `.grad` with the true average, and with the usual mistakes, the
+# sum among them:
 
 
 # %%

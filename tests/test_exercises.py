@@ -92,6 +92,13 @@ MISTAKES = [
         "the world size (2), before the all_reduce or after it",
     ),
     (wrong.NeverSynced, "simple", "gradients were not synchronized"),
+    # divided before the sum and after it: the fix names both places the notebook allows, not one of them
+    (
+        wrong.DividedTwice,
+        "simple",
+        "gradients were divided by the world size twice (all 6 parameter tensors): divide once, before the "
+        "all_reduce or after it",
+    ),
     # right on the check's 2 ranks: named by the second check, on 3
     (
         wrong.HardCodedWorldSize,

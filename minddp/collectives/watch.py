@@ -2,8 +2,8 @@
 
 :func:`watch` runs on every rank (a ``%%distributed`` cell of notebook 01):
 
-1. fill a tensor with this rank's **mark**, ``2**rank``, so a sum of marks says whose shares it
-   holds (:func:`ranks_in`);
+1. fill a tensor with this rank's **mark**, ``2**rank``, so a sum of marks says which ranks'
+   marks it holds (:func:`ranks_in`);
 2. run the algorithm (:func:`~minddp.collectives.ring.ring_all_reduce` or the star,
    :func:`~minddp.collectives.naive.naive_all_reduce`) with its ``exchange`` wrapped to write down
    every call: peers, bytes each way, the chunks sent and what they held;
@@ -18,7 +18,7 @@ Example (the ``watch`` lines on 4 ranks, as notebook 01 runs them; one process c
     >>> ring = watch("ring", numel=4 * 65536)          # doctest: +SKIP
     >>> [r["sent"] for r in ring]  # bytes each rank sent: 2 (n - 1) / n of 1 MiB  # doctest: +SKIP
     [1572864, 1572864, 1572864, 1572864]
-    >>> ranks_in(5)                                     # a chunk marked 1 + 4 holds the shares of ranks 0 and 2
+    >>> ranks_in(5)                                     # a chunk marked 1 + 4 holds the marks of ranks 0 and 2
     [0, 2]
 """
 
@@ -37,7 +37,7 @@ ALGORITHMS = {"ring": (ring, ring.ring_all_reduce), "naive": (naive, naive.naive
 
 
 def ranks_in(mark: int) -> list[int]:
-    """The ranks whose shares a sum of marks holds: 5 -> [0, 2]."""
+    """The ranks whose marks a sum of marks holds: 5 -> [0, 2]."""
     return [r for r in range(mark.bit_length()) if mark >> r & 1]
 
 
@@ -128,13 +128,13 @@ def _label(mark: int, n: int) -> str:
 
 
 def draw_ring(records: list[dict]):
-    """The ring's exchanges, one row each: every rank's chunks (whose shares each holds), and the chunk it sends.
+    """The ring's exchanges, one row each: every rank's chunks (whose marks each holds), and the chunk it sends.
 
     Rows come from the records: the marks every rank held just before each of its
     exchanges (and at the end), so a sum sent in one row first shows in the next;
     the chunk outlined in red is the one the rank sent in that exchange, to the
     rank its ``to`` names (the red caption); the darker a chunk's green, the more
-    ranks' shares it holds.
+    ranks' marks it holds.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
@@ -196,7 +196,7 @@ def draw_ring(records: list[dict]):
     ax.axis("off")
     ax.set_title(
         f"ring all_reduce on {n} ranks: each box is one chunk, a row of {n} boxes one rank's tensor as it was just "
-        "before that exchange;\na chunk's label names the ranks whose shares it holds (the darker, the more); outlined "
+        "before that exchange;\na chunk's label names the ranks whose marks it holds (the darker, the more); outlined "
         "in red: the chunk the rank sends (where to: the red text beneath)",
         fontsize=8.5,
     )

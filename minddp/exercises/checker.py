@@ -538,7 +538,8 @@ GRADIENT_MESSAGES = {
     "gradient of its own shard ({names}); all_reduce them across ranks",
     "summed": "gradients were summed, not averaged ({names}): all_reduce sums over ranks; divide by the world size "
     "({world}), before the all_reduce or after it (forgot the division)",
-    "divided_twice": "gradients were divided by the world size twice ({names}): divide once, after the sum",
+    "divided_twice": "gradients were divided by the world size twice ({names}): divide once, before the "
+    "all_reduce or after it",
     "unsummed": "gradients were divided by the world size but never summed over ranks ({names}): the sum went "
     "into a copy that was never written back; copy the summed result into .grad",
     "incoming": "the incoming gradient of the last micro-batch was synced rather than the accumulated .grad "

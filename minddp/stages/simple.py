@@ -43,7 +43,7 @@ class SimpleDDP(nn.Module):
         self.module = module
         self.process_group = process_group
         check_same_model(module, process_group)  # the broadcast below would not notice different models
-        with torch.no_grad():  # step 1
+        with torch.no_grad():  # 1. same start
             for tensor in [*module.parameters(), *module.buffers()]:
                 broadcast(tensor, group_src=0, group=process_group)
         # How gradients travel: plain averaging unless another hook is registered (once, as torch allows).
@@ -63,7 +63,7 @@ class SimpleDDP(nn.Module):
         return outputs
 
     def finish_gradient_synchronization(self) -> None:
-        """Average every gradient across ranks (step 2). Call after ``backward()``."""
+        """Average every gradient across ranks (2. same update). Call after ``backward()``."""
         self.parameters_used.check()
         params = [p for p in self.module.parameters() if p.grad is not None]
         for index, param in enumerate(reversed(params)):  # backward made the last layers' first
