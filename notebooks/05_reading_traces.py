@@ -37,7 +37,7 @@
 # autograd nodes) while a range is open, and a range held open while gloo waits for the other rank
 # (below). Then **one step of each stage on one time axis**, and at the end the blog's six stages over an
 # emulated 1 Gbit/s link (the *link run*), with two more measures, *waited* and *exposed* (defined there),
-# set beside the blog's numbers.
+# and the link run set beside the blog's numbers.
 #
 # The letters are `01_collectives`' notation: n ranks, α the fixed cost of one hop of the ring, k the
 # micro-batches of a step. A *message* here is one whole all_reduce call of gradients (a bucket's or a
@@ -257,19 +257,19 @@ lesson.say(
 )
 
 # %% [markdown]
-# One stage's buckets (`bucket-async`, rank 0), five of the columns of `RunAnalysis.buckets`: `order`, the
-# bucket's place in the step's sending order; `numel`, the float32 numbers it carried (4 bytes each); times in
-# µs from the start of the step: `ready_us`, handed to the wire (its hook called), `comm_start_us` and
-# `comm_end_us`, gloo's all_reduce range open. The first cell's "buckets of 4 MiB" is the size at which a
-# bucket closes: parameters join it until it holds 4 MiB or more (the one that crosses the line included), so
-# a bucket can be a little over 4 MiB, and the last holds what is left:
+# One stage's buckets (`bucket-async`, rank 0), three of the columns of `RunAnalysis.buckets`: `order`, the
+# bucket's place in the step's sending order; `numel`, the float32 numbers it carried (4 bytes each);
+# `ready_us`, when it was handed to the wire (its hook called), in µs from the start of the step. The first
+# cell's "buckets of 4 MiB" is the size at which a bucket closes: parameters join it until it holds 4 MiB or
+# more (the one that crosses the line included), so a bucket can be a little over 4 MiB, and the last holds
+# what is left:
 
 # %%
-shown = ["order", "numel", "ready_us", "comm_start_us", "comm_end_us"]
+shown = ["order", "numel", "ready_us"]
 buckets.loc[buckets["stage"] == "bucket-async", shown].set_index("order").round(0).astype(int)
 
 # %% [markdown]
-# The same analysis from a shell, with an HTML report and these plots in the run folder:
+# The same analysis from a shell, with an HTML report and its plots in the run folder:
 # `python -m minddp.analyze traces/notebooks/05_reading_traces --report` (the folder holds the traces of
 # the last time the first cell ran on your machine, not of the run whose outputs are saved here). On GPU
 # traces the breakdown and overlap come from HTA itself.
@@ -421,7 +421,7 @@ lesson.say(
     f"least {ov[['hook-async', 'bucket-async']].min():.1f} % (the blog: 0 % and ~90 %); bucket-async's "
     f"non-compute was {nc['bucket-async']:.1f} % against hook-async's {nc['hook-async']:.1f} % (the blog: no clear "
     "difference).",
-    "Non-compute and overlap are the blog's measures; what the link cost the step is exposed (the table above). "
+    "Non-compute and overlap are the blog's measures; the link's own cost to the step is exposed (the table above). "
     + ". ".join(
         f"From {a} to {b} non-compute {moved(nc, a, b, '%')}, exposed {moved(ex, a, b, 'ms')}"
         + (" (so that fall of non-compute is not the link's)" if nc[b] < nc[a] and ex[b] > ex[a] else "")
