@@ -333,9 +333,9 @@ after = on_link["waited (ms)"] - on_link["exposed (ms)"]
 ha = on_link.loc["hook-async"]
 lesson.say(
     "Backward is every micro-batch's, added up. In the blocking stages "
-    f"({', '.join(blocking)}) exposed was {share.min():.0f}–{share.max():.0f} % of the link time. hook-async's "
-    f"link time was {ha['link time (ms)']:.1f} ms, its backward {ha['backward (ms)']:.1f} ms and its exposed "
-    f"{ha['exposed (ms)']:.1f} ms. In every stage, waited minus exposed ({after.min():.1f}–{after.max():.1f} ms) "
+    f"({', '.join(blocking)}) exposed was {share.min():.0f}–{share.max():.0f} % of the link time; hook-async's "
+    f"thread waited through {ha['exposed (ms)']:.1f} ms of its {ha['link time (ms)']:.1f} ms of link time, while "
+    f"its backward ran {ha['backward (ms)']:.1f} ms. In every stage, waited minus exposed ({after.min():.1f}–{after.max():.1f} ms) "
     "is time the thread waited while the link carried no transfer."
 )
 
