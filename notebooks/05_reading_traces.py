@@ -30,7 +30,7 @@
 # * **overlap** (HTA's `comm_comp_overlap_pctg`): the share of the time in flight during which the
 #   training thread computed (ran an `aten::` operator);
 # * **non-compute**: the time in flight during which it computed nothing (ms); HTA's `non_compute_pctg`
-#   is that time as a share of the step, the tables' "non-compute (% of step)".
+#   is that time as a share of the step, the first table's "non-compute (% of step)".
 #
 # So non-compute = (100 % − overlap) × time in flight. Neither is the time the step lost to
 # communication: non-compute also counts the training thread's own Python (its hooks, the time between
@@ -89,7 +89,8 @@ lesson.say(
 # ## Time in flight, overlap, non-compute
 #
 # The ranks are done; the analysis runs here, in the notebook's own process. Every table and figure below
-# shows rank 0's trace; rank 1's is read once, below, for when rank 1 handed over its last message. What the terms mean on this machine (CPU, gloo):
+# shows rank 0's trace; rank 1's is read once, below, for when rank 1 handed over its last message. What
+# the terms mean on this machine (CPU, gloo):
 #
 # * **compute** is the training thread inside an `aten::` operator (forward, backward, the optimizer,
 #   the stages' copies into and out of buckets);
@@ -148,18 +149,23 @@ lesson.say(
 # ## One step of each stage, on one time axis
 #
 # One row per profiled stage, one shared axis in milliseconds from the start of the profiled step (rank 0).
-# In each row: the forward (pale) and backward (darker) of each micro-batch (*backward*, here and in the
-# tables below, is the span from the first to the last autograd node of a micro-batch: the gradients'
-# computation, and whatever the hooks do inside those nodes: `hook`'s and `bucket`'s waits for each message,
-# and in the hooked stages the parameter check), a tick when a message (a bucket's; a parameter's in the per-parameter stages) was *handed to
-# the wire* (its gradients all there: for minddp's stages its hook called, for torch's DDP, which has no hook
-# range, the reducer's `c10d::allreduce_` call; `ready_us` in the bucket table below), an orange bar while its
-# gloo all_reduce range was open (the legend's "collective in flight (held open included)"; where dozens of
-# narrow bars crowd, they merge into dark blocks), the parameter check (hatched red, the legend's "thread
-# waits at a check": drawn where gloo's all_gather range of the check was open; the training thread stands in
-# the check at least that long, until both ranks have joined it; `ddp` and torch run none), the *finish* (purple, the legend's "finish (sync ends)": `finish_gradient_synchronization()`, which the
-# training loop calls after every backward; a short one is too thin to see), the optimizer (green) and the
-# end of the step.
+# In each row:
+#
+# * the forward (pale) and backward (darker) of each micro-batch (*backward*, here and in the tables below,
+#   is the span from the first to the last autograd node of a micro-batch: the gradients' computation, and
+#   whatever the hooks do inside those nodes: `hook`'s and `bucket`'s waits for each message, and in the
+#   hooked stages the parameter check);
+# * a tick when a message (a bucket's; a parameter's in the per-parameter stages) was *handed to the wire*
+#   (its gradients all there: for minddp's stages its hook called, for torch's DDP, which has no hook range,
+#   the reducer's `c10d::allreduce_` call; `ready_us` in the bucket table below);
+# * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open
+#   included)"; where dozens of narrow bars crowd, they merge into dark blocks);
+# * the parameter check (hatched red, the legend's "thread waits at a check"), drawn where gloo's all_gather
+#   range of the check was open: the training thread stands in the check at least that long, until both
+#   ranks have joined it (`ddp` and torch run none);
+# * the *finish* (purple, the legend's "finish (sync ends)": `finish_gradient_synchronization()`, which the
+#   training loop calls after every backward; a short one is too thin to see), the optimizer (green) and the
+#   end of the step.
 #
 # Three shapes to tell apart:
 #
@@ -172,7 +178,6 @@ lesson.say(
 #   the optimizer step: in the finish (purple) for `hook-async` and `bucket-async`; for `ddp` and torch's
 #   DDP at the end of the `loss.backward()` call, after the band's last autograd node (nothing drawn there
 #   on the thread's band: the gap between the backward and the optimizer).
-#
 
 # %%
 rows = rows_from_analysis(result)  # the rows plot_timeline draws, plus each stage's parameter checks
