@@ -290,13 +290,13 @@ buckets.loc[buckets["stage"] == "bucket-async", shown].set_index("order").round(
 # in this section in flight, overlap and non-compute count those ranges too. The link run and the loopback
 # run are two runs taken at different moments on a shared machine; their times are not comparable.
 #
-# The link's trace also records when the training thread stood still for a message, so two more
-# measures appear (`docs/analysis.md`): **waited**, the time the training thread stood in a wait for a
-# message, whether for the link, the other rank or a core (the parameter check is not such a wait and is not
+# The link's trace also records when the training thread stood still for a message, so two more measures
+# appear (`docs/analysis.md`): **waited**, the time the training thread stood in a wait for a message,
+# whether for the link, the other rank or a core (the parameter check is not such a wait and is not
 # counted), and **exposed**, the part of those waits during which the link was carrying a transfer (any
-# message's). The link carries one message at a time: a
-# transfer starts once the message's real all_reduce is queued (by its hook; in `simple` and `ga` by the
-# sync after backward), or when the link is done with the one before; a wait starts when the training thread calls `wait()` on the message. The *link time* is
+# message's). The link carries one message at a time: a transfer starts once the message's real all_reduce
+# is queued (by its hook; in `simple` and `ga` by the sync after backward), or when the link is done with the
+# one before; a wait starts when the training thread calls `wait()` on the message. The *link time* is
 # what rank 0's messages take on the modeled link (`metrics.link_time`), from their sizes alone.
 
 # %%
