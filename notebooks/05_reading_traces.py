@@ -109,6 +109,7 @@ lesson.say(
 
 # %%
 import pandas as pd
+import matplotlib.pyplot as plt
 from IPython.display import Image, display
 from minddp.analysis import analyze_run, metrics
 from minddp.analysis.cpu import rank_intervals
@@ -162,7 +163,7 @@ lesson.say(
 #   included)"; where dozens of narrow bars crowd, they merge into dark blocks);
 # * the parameter check (hatched red, the legend's "thread waits at a check"), drawn where gloo's all_gather
 #   range of the check was open: the training thread stands in the check at least that long, until both
-#   ranks have joined it (`ddp` and torch run none);
+#   ranks have joined it (`ddp` and torch run none; a short one is too thin to see);
 # * the *finish* (purple, the legend's "finish (sync ends)": `finish_gradient_synchronization()`, which the
 #   training loop calls after every backward; a short one is too thin to see), the optimizer (green) and the
 #   end of the step.
@@ -187,6 +188,7 @@ for row in rows:
     row["checks"] = [((e["ts"] - s0) / 1e3, (end_of(e) - s0) / 1e3) for e in iv.allgathers if s0 <= e["ts"] <= s1]
 fig = draw_steps(rows, title=f"One step of each stage, on one time axis: run {result.run} (rank 0)", width=11)
 fig.savefig(RUN / "one_step_each_stage.png", dpi=100)
+plt.close(fig)  # shown once, from the file
 display(Image(filename=RUN / "one_step_each_stage.png"))
 
 # %% [markdown]
