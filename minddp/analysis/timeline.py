@@ -90,6 +90,8 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))  # one entry per kind, not per row
     columns = min(len(unique), 8 if width >= 10 else 4)  # a narrow figure wraps its legend
+    if sum(len(label) + 5 for label in list(unique)[:columns]) > 15 * width:  # a row past the figure's edge: two rows
+        columns = -(-len(unique) // 2)
     legend = ax.legend(
         unique.values(),
         unique.keys(),
