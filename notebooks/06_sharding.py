@@ -21,13 +21,14 @@
 # ranks compute the same update from the same averaged gradients, so all of that is repeated.
 # The ZeRO rungs keep DDP's computation (every rank runs the whole forward and backward on its own
 # part of the batch) and stop repeating the *state*. They divide each *parameter tensor* (one of the
-# model's tensors) among the n ranks, about `1/n` of it each; the part a rank keeps is its *shard*:
+# model's tensors) among the n ranks, about `1/n` of it each; the part a rank keeps is its *shard*.
+# Two collectives, defined in the next section, do the work: the *reduce-scatter* (each rank receives
+# its part of the sum) and the *all-gather* (each rank receives every rank's part):
 #
-# * `zero1`: each rank keeps the optimizer state of its shard of every parameter tensor, steps
-#   that shard, and the updated parameters are all-gathered;
-# * `zero2`: the gradients are *reduce-scattered* instead of all-reduced: each rank needs only the part
-#   of the average it steps, and through a reduce-scatter that is all it receives (on gloo minddp runs it
-#   as an all_reduce of the whole bucket and keeps that part: the ZeRO-2 section says why);
+# * `zero1`: each rank keeps the optimizer state of its shard of every parameter tensor, updates
+#   that shard, and the updated shards are all-gathered;
+# * `zero2`: the gradients are reduce-scattered instead of all-reduced: each rank needs only the part
+#   of the average it updates;
 # * `fsdp`: the parameters are sharded too (all but a few tensors it keeps whole on every rank, its
 #   *replicated* ones), and each block of the model (a *unit*: what fsdp gathers
 #   and drops as one, here a decoder layer) is gathered only around its own forward and backward: a
@@ -35,9 +36,8 @@
 #   and in the backward), and the gathered parameters are dropped once the unit has run (the last
 #   unit's are kept from its forward to its backward, the first the backward runs).
 #
-# Two collectives do the work: the reduce-scatter and the all-gather. We start with them, on the
-# two ranks, then train the notebooks' workload with the four stages side by side and measure
-# what each rank holds (in fp32, and fsdp computing in bf16 too). The notation is notebook 01's: n ranks, m
+# We start with the two collectives, on the two ranks, then train the notebooks' workload with the four
+# stages side by side and measure what rank 0 holds (in fp32, and fsdp computing in bf16 too). The notation is notebook 01's: n ranks, m
 # bytes of a message or tensor, α the fixed cost of one message, β the time per byte.
 
 # %%
