@@ -36,9 +36,10 @@
 #   and in the backward), and the gathered parameters are dropped once the unit has run (the last
 #   unit's are kept from its forward to its backward, the first the backward runs).
 #
-# We start with the two collectives, on the two ranks, then train the notebooks' workload with the four
-# stages side by side and measure what rank 0 holds (in fp32, and fsdp computing in bf16 too). The notation is notebook 01's: n ranks, m
-# bytes of a message or tensor, α the fixed cost of one message, β the time per byte.
+# We start with the two collectives, on the two ranks, then train the notebooks' workload with the
+# four stages side by side and measure what rank 0 holds (in fp32, and fsdp computing in bf16 too).
+# The notation is notebook 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one
+# message, β the time per byte.
 
 # %%
 # %load_ext minddp.notebook
@@ -97,8 +98,8 @@ show_source(ring_all_reduce)
 # group of gradients sent as one, or per unit), so below we count passes of the whole model's bytes,
 # not collectives. Per step (all its micro-batches, the gradients synced once): DDP all-reduces the
 # gradients, two passes; ZeRO-2 reduce-scatters them, one pass, and all-gathers the updated
-# parameters, one pass: DDP's bytes; ZeRO-1 all-reduces them and then all-gathers, one pass more. FSDP reduce-scatters its units' gradients, one pass, but it gathers
-# each unit's parameters for every micro-batch's forward and again for its backward (all but the
+# parameters, one pass: DDP's bytes; ZeRO-1 all-reduces them and then all-gathers, one pass more.
+# FSDP reduce-scatters its units' gradients, one pass, but it gathers each unit's parameters for every micro-batch's forward and again for its backward (all but the
 # unit the backward starts with, kept gathered since its forward). The bound below counts two
 # gathering passes of the whole model per micro-batch. It counts the replicated tensors in
 # every gathering pass, though FSDP never gathers them: it all-reduces them, two passes of their bytes
@@ -202,8 +203,8 @@ table.round(3)
 # %% [markdown]
 # The gradients column, and so the model state, is what rank 0 holds at the update, not through the
 # step: zero2 and fsdp accumulate whole gradients, as ddp does, in the micro-batches before the last
-# (under `no_sync()`, the FSDP section); no cell here measures what they hold then. The activations column holds
-# one value for every row: each stage runs the same forward on the same batch. Sharding saves model
+# (under `no_sync()`, the FSDP section); no cell here measures what they hold then. The activations
+# column holds one value for every row: each stage runs the same forward on the same batch. Sharding saves model
 # state, not activations: here they weigh about what zero1's whole model state does, and more than
 # zero2's or fsdp's.
 #
@@ -402,20 +403,20 @@ z = looks["zero2"]
 lesson.claim(
     z["bytes"] == looks["ddp"]["bytes"],
     f"zero2's gradient collectives are given ddp's bytes, {lesson.mib(z['bytes'])}, the whole gradients (a "
-    "reduce-scatter is given the whole bucket too; on gloo it runs as an all_reduce of it): what each rank sends "
+    "reduce-scatter is given the whole bucket too; on gloo it runs as an all_reduce of it): what rank 0 sends "
     "is measured on the ring below.",
 )
 units = len(trainees["fsdp"].model.units)
 outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 
 # %% [markdown]
-# ## What one rank sends, on the ring
+# ## What rank 0 sends, on the ring
 #
 # The look counts the bytes given to each collective, in which the bytes a reduce-scatter spares
-# against an all_reduce do not show. The four stages now send through minddp's own ring (`minddp.collectives`, plugged in as
-# each stage's *transport*: the function its hooks' `Wire`, a process group with a way to send,
-# calls for each collective): every collective is
-# written from point-to-point messages, and the profiler records each message gloo sends with the
+# against an all_reduce do not show. The four stages now send through minddp's own ring
+# (`minddp.collectives`, plugged in as each stage's *transport*: the function its hooks' `Wire`, a
+# process group with a way to send, calls for each collective): every collective is written from
+# point-to-point messages, and the profiler records each message gloo sends with the
 # tensor it carried. The table is what rank 0 sent in one step, by the collective the message
 # served. Bytes *sent* are not the bytes *given* of the look above: a ring all_reduce sends
 # `2(n − 1)/n` of the bytes it is given, which at these n = 2 ranks is the same number (ddp's 18.9 MiB),
@@ -474,7 +475,7 @@ on_wire.round(2)
 # unit again (at once if it was prefetched) and starts the gather of the unit before it: the backward
 # prefetches too, one unit ahead in its own order. The gradients of a unit arrive together, from one
 # autograd function; in the last micro-batch's backward they are handed to a reduce-scatter then (the
-# time axis below marks when), in the others they are accumulated whole under `no_sync()`.
+# figure below marks it), in the others they are accumulated whole under `no_sync()`.
 
 # %%
 # %%distributed
@@ -527,7 +528,7 @@ lesson.claim(
         and len(looks[s]["handed"]["gathers"]) == looks[s]["gathers"]
         for s in STAGES
     ),
-    "Each row marks every collective its look counted: "
+    "Each row marks every gradient collective and every all-gather of parameters its look counted: "
     + ", ".join(
         f"{s} {looks[s]['calls']} gradient collectives + {looks[s]['gathers']} "
         + ("all-gather" if looks[s]["gathers"] == 1 else "all-gathers")
