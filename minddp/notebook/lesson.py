@@ -487,7 +487,7 @@ def handed_picture(looks: dict, rows: list[str], title: str):
         return None
     import matplotlib.pyplot as plt
 
-    from minddp.analysis.timeline import COLORS
+    from minddp.analysis.timeline import COLORS, legend_above
 
     drawn = {"forward": "forward", "backward": "backward", "optimizer": "update (optimizer.step())"}
     marks = {
@@ -551,15 +551,7 @@ def handed_picture(looks: dict, rows: list[str], title: str):
     order = [*drawn.values(), *(label for label, _ in marks.values())]
     unique = {label: found[label] for label in order if label in found}
     columns = min(len(unique), 5)
-    ax.legend(
-        unique.values(),
-        unique.keys(),
-        loc="lower left",
-        bbox_to_anchor=(0, 1.0),
-        fontsize=7,
-        ncol=columns,
-        frameon=False,
-    )
+    legend_above(ax, unique, columns)
     ax.set_title(title, fontsize=9, pad=10 + 14 * -(-len(unique) // columns))
     fig.tight_layout()
     return fig
