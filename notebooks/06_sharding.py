@@ -214,7 +214,7 @@ table.round(3)
 # here) and keeps an fp32 copy of the
 # weights (the *master weights*) for the optimizer: a bf16 number has 8 significant bits (2 to 3
 # decimal digits), so a small update lands rounded, and one far smaller than the weight is lost. The
-# cell after next measures how far AdamW's first step moved this model's values, then adds the
+# cell after next measures how far AdamW's first update moved this model's values, then adds the
 # learning rate to every value, in bf16 and in fp32. The ZeRO paper counts mixed precision as 2 bytes
 # of 16-bit parameter, 2 of 16-bit gradient and K = 12 bytes of optimizer state (the fp32 master
 # copy, 4, and Adam's moments, 8): still `16Ψ` for DDP, but now 12 of the 16 bytes are optimizer
@@ -276,8 +276,8 @@ lr = lesson.SETTINGS.lr
 values = torch.cat([p.detach().reshape(-1) for p in lesson.make_model().parameters()])  # the initial weights
 stepped = torch.cat([p.detach().reshape(-1) for p in trainees["ddp"].model.module.parameters()])  # after 1 step
 lesson.say(
-    f"ddp's first AdamW step (lr = {lr}) moved this model's values by a median of "
-    f"{(stepped - values).abs().median().item() / lr:.2f} × lr: adding lr to every value stands in for that step."
+    f"ddp's first update (AdamW, lr = {lr}) moved this model's values by a median of "
+    f"{(stepped - values).abs().median().item() / lr:.2f} × lr: adding lr to every value stands in for that update."
 )
 landed = {"bf16": (values.bfloat16() + lr).float() - values.bfloat16().float(), "fp32": (values + lr) - values}
 lost = landed["bf16"] == 0
