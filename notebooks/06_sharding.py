@@ -140,8 +140,8 @@ lesson.say(
 # the measured step is its first. A *step*, in this notebook, is all its micro-batches' forwards and
 # backwards and the *update* at their end (the optimizer's `step()`); the workload line above calls a
 # step an optimizer step. The code's comments number the parts of each algorithm (`# step 3`): this
-# notebook calls those *parts*. AdamW's *step count* (in the ✓ line under the table) is how many updates
-# it has made.
+# notebook calls those *parts*. AdamW's *step count* (in the ✓ line printed with the memory table) is how
+# many updates it has made.
 
 # %%
 # %%distributed
@@ -307,7 +307,7 @@ lesson.say(
 formulas.round(2)
 
 # %% [markdown]
-# ## ZeRO-1: an optimizer that steps its own part
+# ## ZeRO-1: an optimizer that updates its own part
 #
 # Each parameter tensor of N elements is cut, flattened, into n chunks, as the ring cut its tensor
 # (`ceil(N/n)` elements each, in rank order, the last ranks' shorter or empty), and rank `r` keeps the
