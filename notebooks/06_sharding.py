@@ -21,13 +21,14 @@
 # ranks compute the same update from the same averaged gradients, so all of that is repeated.
 # The ZeRO rungs keep DDP's computation (every rank runs the whole forward and backward on its own
 # part of the batch) and stop repeating the *state*. They divide each *parameter tensor* (one of the
-# model's tensors) among the n ranks, about `1/n` of it each; the part a rank keeps is its *shard*:
+# model's tensors) among the n ranks, about `1/n` of it each; the part a rank keeps is its *shard*.
+# Two collectives, defined in the next section, do the work: the *reduce-scatter* (each rank receives
+# its part of the sum) and the *all-gather* (each rank receives every rank's part):
 #
-# * `zero1`: each rank keeps the optimizer state of its shard of every parameter tensor, steps
-#   that shard, and the updated parameters are all-gathered;
-# * `zero2`: the gradients are *reduce-scattered* instead of all-reduced: each rank needs only the part
-#   of the average it steps, and through a reduce-scatter that is all it receives (on gloo minddp runs it
-#   as an all_reduce of the whole bucket and keeps that part: the ZeRO-2 section says why);
+# * `zero1`: each rank keeps the optimizer state of its shard of every parameter tensor, updates
+#   that shard, and the updated shards are all-gathered;
+# * `zero2`: the gradients are reduce-scattered instead of all-reduced: each rank needs only the part
+#   of the average it updates;
 # * `fsdp`: the parameters are sharded too (all but a few tensors it keeps whole on every rank, its
 #   *replicated* ones), and each block of the model (a *unit*: what fsdp gathers
 #   and drops as one, here a decoder layer) is gathered only around its own forward and backward: a
@@ -35,10 +36,10 @@
 #   and in the backward), and the gathered parameters are dropped once the unit has run (the last
 #   unit's are kept from its forward to its backward, the first the backward runs).
 #
-# Two collectives do the work: the reduce-scatter and the all-gather. We start with them, on the
-# two ranks, then train the notebooks' workload with the four stages side by side and measure
-# what each rank holds (in fp32, and fsdp computing in bf16 too). The notation is notebook 01's: n ranks, m
-# bytes of a message or tensor, α the fixed cost of one message, β the time per byte.
+# We start with the two collectives, on the two ranks, then train the notebooks' workload with the
+# four stages side by side and measure what rank 0 holds (in fp32, and fsdp computing in bf16 too).
+# The notation is notebook 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one
+# message, β the time per byte.
 
 # %%
 # %load_ext minddp.notebook
@@ -77,7 +78,8 @@ print("all pieces gathered:", whole.tolist(), "= all_reduce:", torch.equal(whole
 
 # %% [markdown]
 # The ring all_reduce of the earlier notebooks is the same two, a reduce-scatter then an all-gather:
-# `ring.reduce_scatter` and `ring.all_gather` above cut their tensors into chunks and call
+# `ring.reduce_scatter` and `ring.all_gather` above cut their tensors into n *chunks* (a tensor's n
+# near-equal parts; here the pieces above) and call
 # `reduce_scatter_chunks` and `all_gather_chunks` on them (`minddp/collectives/ring.py`), and
 # `ring_all_reduce` calls both:
 
@@ -92,14 +94,12 @@ show_source(ring_all_reduce)
 # What each costs, in the α-β model (α the fixed cost of one message, β the time per byte, m the
 # bytes of the tensor, n ranks): each *pass* (a reduce-scatter or an all-gather of the tensor) is `n − 1`
 # messages per rank, which together carry `(n − 1)/n · m` bytes: `(n − 1) α + (n − 1)/n · m β`, and the
-# all_reduce is two passes. A stage sends its gradients in several collectives (a bucket or a unit
-# each), so below we count passes of the whole model's bytes, not collectives (the time-axis section
-# counts those). Per optimizer step, with its micro-batches accumulated and the gradients synced once:
-# DDP all-reduces the gradients, two passes; ZeRO-2 reduce-scatters them, one pass, and all-gathers
-# the stepped parameters, one pass: the bytes DDP sends (on a ring; on gloo, where minddp runs the
-# reduce-scatter as an all_reduce, zero1's); ZeRO-1 all-reduces them and then
-# all-gathers, one pass more. FSDP reduce-scatters its units' gradients, one pass, but it gathers
-# each unit's parameters for every micro-batch's forward and again for its backward (all but the
+# all_reduce is two passes. A stage sends its gradients in several collectives (one per *bucket*, a
+# group of gradients sent as one, or per unit), so below we count passes of the whole model's bytes,
+# not collectives. Per step (all its micro-batches, the gradients synced once): DDP all-reduces the
+# gradients, two passes; ZeRO-2 reduce-scatters them, one pass, and all-gathers the updated
+# parameters, one pass: DDP's bytes; ZeRO-1 all-reduces them and then all-gathers, one pass more.
+# FSDP reduce-scatters its units' gradients, one pass, but it gathers each unit's parameters for every micro-batch's forward and again for its backward (all but the
 # unit the backward starts with, kept gathered since its forward). The bound below counts two
 # gathering passes of the whole model per micro-batch. It counts the replicated tensors in
 # every gathering pass, though FSDP never gathers them: it all-reduces them, two passes of their bytes
@@ -111,7 +111,7 @@ from minddp.train.models import count_parameters
 
 m = count_parameters(lesson.make_model()) * 4  # float32 bytes of the whole model
 one_pass = (world - 1) / world * m
-accum = lesson.SETTINGS.grad_accum  # micro-batches per optimizer step
+accum = lesson.SETTINGS.grad_accum  # micro-batches per step
 fsdp_most = (1 + 2 * accum) * one_pass  # one reduce-scatter, at most two all-gathers per micro-batch
 lesson.say(
     f"m = {lesson.mib(m)}; at n = {world} ranks each pass of the model sends {lesson.mib(one_pass)} per rank. "
@@ -131,16 +131,17 @@ lesson.say(
 # whole parameters too (its shards are views into them: the table's parameters column is ddp's),
 # `fsdp` keeps the shards and its replicated tensors, and gathers a unit's whole parameters around its run. One step of
 # each is measured by `minddp.sharding.memory.Probe`, from the tensors the rank holds: parameters,
-# gradients just before the optimizer steps, optimizer state just after, the activations autograd
+# gradients just before the update, optimizer state just after, the activations autograd
 # saved (their peak, reached in one micro-batch's forward: each micro-batch's backward frees them
 # before the next forward), and FSDP's gathered units at their peak. The activations depend on the
 # batch, here the workload's above (`docs/sharding.md` measures a smaller one, and says so). Each
 # stage trains as a `lesson.Trainee(stage)`: the stage and its optimizer built on the workload, on
-# every rank; its `step()` takes one optimizer step (all its micro-batches); `warmup` is how many
-# steps it takes when built, here none, so the measured step is its first. A *step*, in this notebook, is
-# that optimizer step of all its micro-batches; the *optimizer step* is the update alone, at its end (a phase
-# of the time axis below); the code's numbered steps (ZeRO-1's 3 and 4, ZeRO-2's 1 to 4) are parts of its
-# algorithm; AdamW's *step count* (in the table's check) is how many updates it has made.
+# every rank; its `step()` takes one step; `warmup` is how many steps it takes when built, here none, so
+# the measured step is its first. A *step*, in this notebook, is all its micro-batches' forwards and
+# backwards and the *update* at their end (the optimizer's `step()`); the workload line above calls a
+# step an optimizer step. The code's comments number the parts of each algorithm (`# step 3`): this
+# notebook calls those *parts*. AdamW's *step count* (in the ✓ line printed with the memory table) is how
+# many updates it has made.
 
 # %%
 # %%distributed
@@ -185,8 +186,8 @@ table = pd.DataFrame(rows).T
 off = {s: v - formula_bytes(s, memory[s]["psi"], world, memory[s]["replicated"]) for s, v in state_of.items()}
 tensors = sum(p.requires_grad for p in trainees["ddp"].model.module.parameters())
 lesson.say(
-    f"Ψ = {memory['ddp']['psi']:,} trainable parameter values (elements) in {tensors} parameter tensors. Model "
-    f"state per rank when the optimizer steps: ddp {table.loc['ddp', 'model state MiB']:.1f} MiB, "
+    f"Ψ = {memory['ddp']['psi']:,} trainable parameter values (elements) in {tensors} parameter tensors. Rank 0's "
+    f"model state at the update: ddp {table.loc['ddp', 'model state MiB']:.1f} MiB, "
     + ", ".join(f"{s} {table.loc[s, 'model state MiB']:.1f} MiB" for s in STAGES[1:])
     + f"; fsdp holds, besides its model state, up to {table.loc['fsdp', 'gathered units (peak) MiB']:.1f} MiB "
     "of gathered units."
@@ -194,27 +195,26 @@ lesson.say(
 # AdamW keeps a step count beside its two moments: a float32 scalar per parameter tensor it steps (a shard is one)
 lesson.claim(
     all(b == 4 * tensors for b in off.values()),
-    f"Each stage holds its formula's bytes plus AdamW's step count, a 4-byte scalar per parameter tensor "
+    f"On rank 0 each stage holds its formula's bytes plus AdamW's step count, a 4-byte scalar per parameter tensor "
     f"({tensors} × 4 = {4 * tensors} bytes), which the formulas leave out.",
 )
 table.round(3)
 
 # %% [markdown]
-# The gradients column, and so the model state, is what a rank holds when the optimizer steps, not
-# through the step: zero2 and fsdp accumulate whole gradients, as ddp does, in the micro-batches
-# before the last (under `no_sync()`, the FSDP section), and in the last backward hold each until its
-# bucket or unit is sent. So through most of the step zero2 holds about zero1's model state and fsdp
-# more than the table's; no cell here measures the gradients held during the step. The activations column holds
-# one value for every row: each stage runs the same forward on the same batch. Sharding saves model
+# The gradients column, and so the model state, is what rank 0 holds at the update, not through the
+# step: zero2 and fsdp accumulate whole gradients, as ddp does, in the micro-batches before the last
+# (under `no_sync()`, the FSDP section); no cell here measures what they hold then. The activations
+# column holds one value for every row: each stage runs the same forward on the same batch. Sharding saves model
 # state, not activations: here they weigh about what zero1's whole model state does, and more than
 # zero2's or fsdp's.
 #
 # ## bf16 compute with fp32 master weights
 #
-# Mixed-precision training computes the forward and backward in bf16 and keeps an fp32 copy of the
+# Mixed-precision training computes the forward and backward in 16 bits (fp16 in the ZeRO paper, bf16
+# here) and keeps an fp32 copy of the
 # weights (the *master weights*) for the optimizer: a bf16 number has 8 significant bits (2 to 3
 # decimal digits), so a small update lands rounded, and one far smaller than the weight is lost. The
-# cell after next measures how far AdamW's first step moved this model's values, then adds the
+# cell after next measures how far AdamW's first update moved this model's values, then adds the
 # learning rate to every value, in bf16 and in fp32. The ZeRO paper counts mixed precision as 2 bytes
 # of 16-bit parameter, 2 of 16-bit gradient and K = 12 bytes of optimizer state (the fp32 master
 # copy, 4, and Adam's moments, 8): still `16Ψ` for DDP, but now 12 of the 16 bytes are optimizer
@@ -229,7 +229,7 @@ table.round(3)
 # both; the figure draws the model state (coloured) and fsdp's gathered units (grey, on top of its
 # model state), the activations are printed above it. Each line is the fp32 formula of the model
 # state, to be read against the coloured part of its bar only. minddp's `ddp`, `zero1` and `zero2`
-# have no `compute_dtype`: their bf16 formulas are in the table above the figure only.
+# have no `compute_dtype`: their mixed-precision formulas are in the table above the figure only.
 
 # %%
 # %%distributed
@@ -251,10 +251,10 @@ from minddp.sharding.memory import PRECISIONS
 
 measured = [dict(row(world, s, memory[s]), label=s) for s in STAGES]
 measured.append(dict(row(world, "fsdp:bf16", memory["fsdp bf16"]), label="fsdp\ncomputing in bf16"))
-# the fp32 formulas only: the bf16 ones are the table's (fsdp's is the same line)
+# the fp32 formulas only: the mixed-precision ones are the table's (fsdp's is the same line)
 plot(
     [{k: v for k, v in r.items() if k != "formula_mixed"} for r in measured],
-    title=f"Model state per rank on {world} ranks when the optimizer steps, fsdp's gathered units at their peak\n"
+    title=f"Rank 0's model state ({world} ranks) at the update, fsdp's gathered units at their peak\n"
     "(activations not drawn): measured (bars) beside the fp32 formulas of the model state (lines)",
 )
 held = {r["label"]: r["parameters"] + r["gradients"] + r["optimizer"] for r in measured}
@@ -276,8 +276,8 @@ lr = lesson.SETTINGS.lr
 values = torch.cat([p.detach().reshape(-1) for p in lesson.make_model().parameters()])  # the initial weights
 stepped = torch.cat([p.detach().reshape(-1) for p in trainees["ddp"].model.module.parameters()])  # after 1 step
 lesson.say(
-    f"ddp's first AdamW step (lr = {lr}) moved this model's values by a median of "
-    f"{(stepped - values).abs().median().item() / lr:.2f} × lr: adding lr to every value stands in for that step."
+    f"ddp's first update (AdamW, lr = {lr}) moved this model's values by a median of "
+    f"{(stepped - values).abs().median().item() / lr:.2f} × lr: adding lr to every value stands in for that update."
 )
 landed = {"bf16": (values.bfloat16() + lr).float() - values.bfloat16().float(), "fp32": (values + lr) - values}
 lost = landed["bf16"] == 0
@@ -301,19 +301,19 @@ formulas = pd.DataFrame(
 mixed_saves = formulas["fp32 formula MiB"] - formulas["ZeRO paper's mixed-precision formula MiB"]
 lesson.say(
     f"Bytes per parameter value (parameter, gradient, optimizer): fp32 {PRECISIONS['fp32']}, the ZeRO paper's mixed "
-    f"precision {PRECISIONS['bf16-mixed']}. By the ZeRO paper's accounting the 16-bit copies would save zero1 "
-    f"{mixed_saves['zero1']:.1f} MiB and zero2 {mixed_saves['zero2']:.1f} MiB a rank here, ddp and fsdp nothing."
+    f"precision {PRECISIONS['bf16-mixed']}. The mixed-precision formulas come out {mixed_saves['zero1']:.1f} MiB "
+    f"under the fp32 ones for zero1 and {mixed_saves['zero2']:.1f} MiB for zero2, equal for ddp and fsdp."
 )
 formulas.round(2)
 
 # %% [markdown]
-# ## ZeRO-1: an optimizer that steps its own part
+# ## ZeRO-1: an optimizer that updates its own part
 #
-# Each parameter tensor of N elements is cut, flattened, into n shards (the code calls them *chunks*:
-# `ceil(N/n)` elements each, in rank order, the last ranks' shorter or empty), and rank `r` keeps the
-# optimizer state of shard `r` of each. (An
+# Each parameter tensor of N elements is cut, flattened, into n chunks, as the ring cut its tensor
+# (`ceil(N/n)` elements each, in rank order, the last ranks' shorter or empty), and rank `r` keeps the
+# optimizer state of chunk `r` of each, its shard. (An
 # optimizer that is not element-wise needs whole tensors: one rank then owns each, `owned_whole` in
-# the step below; AdamW is element-wise.) The stepped chunks are all-gathered in buckets of their
+# the code below; AdamW is element-wise.) The updated chunks are all-gathered in buckets of their
 # own, of at most 25 MiB, not the stage's 4 MiB gradient buckets:
 
 # %%
@@ -324,61 +324,51 @@ print(f"rank {rank}: chunk {zero.ranges[zero.index[id(p)]][rank]} of {name}'s {p
 whole_owned = sum(zero.owned_whole(p) for p in zero.params)
 lesson.say(
     f"Parameter tensors one rank owns whole: {whole_owned} of {len(zero.params)}. All-gather buckets: "
-    f"{len(zero.buckets)}, for the whole model's {lesson.mib(m)} (the time-axis section counts the all-gathers)."
+    f"{len(zero.buckets)}, for the whole model's {lesson.mib(m)}."
 )
 
 # %% [markdown]
-# Its step: hand each chunk its slice of the averaged gradient, step the local optimizer (an
-# ordinary `torch.optim.AdamW` over the chunks, which are views into the parameters), then
-# all-gather the chunks. The code numbers these steps 3 and 4; its steps 1 and 2 (plan every rank's
-# chunks, make this rank's chunks views into the parameters) run once, in `__init__`.
+# Its `step()`: hand each chunk its slice of the averaged gradient, run the local optimizer (an
+# ordinary `torch.optim.AdamW` over the chunks, which are views into the parameters), then all-gather
+# the chunks (`_all_gather`, in the file). These are parts 3 and 4 in the code's comments; parts 1 and 2
+# (plan every rank's chunks, make this rank's chunks views into the parameters) run once, in `__init__`.
 
 # %%
 # %%rank 0
 from minddp import ZeroRedundancyOptimizer
 
 show_source(ZeroRedundancyOptimizer.step)
-show_source(ZeroRedundancyOptimizer._all_gather)
 
 # %% [markdown]
 # ## ZeRO-2: reduce-scatter the gradients
 #
 # `zero2` is `bucket-async` (`AsyncBucketDDP`, the last teaching stage: gradient buckets all-reduced
-# while the backward runs) with four changes, numbered as steps 1 to 4 in its code (its own
+# while the backward runs) with four changes, parts 1 to 4 in its code's comments (its own
 # numbering, not ZeRO-1's):
 #
 # 1. each parameter is cut into n chunks, and this rank's chunk, its shard, is made a parameter of its
 #    own (`self.shard[p]`), a view into the whole one (`__init__`);
 # 2. a full bucket's gradients are packed rank by rank and handed to a reduce-scatter hook instead of
 #    the all_reduce, and the whole gradients are dropped (`_send_bucket`);
-# 3. the reduce-scatter leaves this rank its piece of the averaged bucket: its shards' chunks, back to
-#    back; each becomes its shard's `.grad` (`_write_back`): the optimizer steps the shards only;
-# 4. before the next forward, the stepped shards are all-gathered back into the whole parameters,
-#    one all-gather per gradient bucket, each module waiting for its own bucket's gather just before it runs: `finish_gradient_synchronization`
-#    marks them `stale` after a sync, `forward` then calls `gather_parameters`, and the forward
-#    pre-hooks in `__init__` call `_wait_for`.
+# 3. the reduce-scatter leaves this rank its piece of the averaged bucket: for each of its shards, that
+#    shard's chunk of the averaged gradient, back to back; each becomes its shard's `.grad`
+#    (`_write_back`): the optimizer updates the shards only;
+# 4. before the next forward, the updated shards are all-gathered back into the whole parameters,
+#    one all-gather per gradient bucket, each module waiting for its own bucket's gather just before it
+#    runs: `finish_gradient_synchronization` marks them `stale` after a sync, `forward` then calls
+#    `gather_parameters`, and the forward pre-hooks in `__init__` call `_wait_for`.
 #
-# The cell prints the line that does each step, found in `minddp/sharding/zero2.py`, then the two
-# functions that move the data, whole: the reduce-scatter hook (step 2) and the gather (step 4). That
-# is the idea. The diff from `AsyncBucketDDP` after them is for reference, and is mostly plumbing
-# around the four steps (which tensors the module holds, the module called without the wrapper,
-# `torch.compile`, a profiler range per send, reading the model whole): most of `__init__`'s lines
-# are. Its headers name the class that defines each method: `_send_bucket`, `_write_back` and `forward`
-# are `BucketDDP`'s, which `AsyncBucketDDP` inherits. A method that replaces the inherited one
-# (`_send_bucket`, `_write_back`) shows as changed lines with two lines around them; one that calls it
-# through `super()` (`__init__`, `forward`, `finish_gradient_synchronization`) whole, the `super()`
-# line unmarked; a new method by its first lines and its length (the file has the whole code):
+# The cell prints the line that does each part (from `minddp/sharding/zero2.py`), then part 2's
+# reduce-scatter hook whole; the file has the rest.
 
 # %%
 # %%rank 0
 import inspect
 
-from minddp.notebook.source import show_diff
 from minddp.sharding.hooks import reduce_scatter_hook
 from minddp.sharding.zero2 import Zero2DDP
-from minddp.stages import AsyncBucketDDP
 
-KEY_LINES = [  # (step, method, the text of the line that does it)
+KEY_LINES = [  # (part, method, the text of the line that does it)
     ("1", "__init__", "self.shard[p] = nn.Parameter("),
     ("2", "__init__", "self.comm_hook = reduce_scatter_hook"),
     ("2", "_send_bucket", "flat = pack_rank_major("),
@@ -387,27 +377,23 @@ KEY_LINES = [  # (step, method, the text of the line that does it)
     ("4", "__init__", "register_forward_pre_hook(lambda m, args, b=buckets"),
 ]
 key = []
-for step, method, text in KEY_LINES:
+for part, method, text in KEY_LINES:
     found = [line.strip() for line in inspect.getsource(getattr(Zero2DDP, method)).splitlines() if text in line]
     assert len(found) == 1, f"{method} has {len(found)} lines with {text!r}"
-    key.append(f"  step {step}, in {method}:  {found[0]}")
-print("The four steps, a line each (minddp/sharding/zero2.py):\n" + "\n".join(key) + "\n")
+    key.append(f"  part {part}, in {method}:  {found[0]}")
+print("The four parts, a line each (minddp/sharding/zero2.py):\n" + "\n".join(key) + "\n")
 show_source(reduce_scatter_hook)
-show_source(Zero2DDP.gather_parameters)
-show_diff(AsyncBucketDDP, Zero2DDP, context=2)
 
 # %% [markdown]
 # A stage's *look* (`Trainee.look()`): one step (all its micro-batches) under the profiler, read
 # in memory (`minddp.analysis.live`): its collectives, each with the moment the stage handed it over
-# and the bytes *given* to it (the tensors this rank passed in; what each rank sends is measured in
-# the next section). On gloo every gradient collective is an all_reduce:
+# and the bytes *given* to it (the tensors this rank passed in; the next section measures what a rank
+# sends). On gloo every gradient collective is an all_reduce:
 # gloo has a reduce-scatter (the exercise at the end calls it, and waits for it), but its work
 # hands back no Future to chain the write-back to, so a bucket could not stay in flight while
 # backward goes on (`docs/sharding.md`). minddp therefore runs zero2's and fsdp's
 # reduce-scatters as all_reduces of the whole bucket and keeps the piece a reduce-scatter would have
-# left this rank; the look counts them among the all_reduce calls. And once a step `zero2`, built on
-# the teaching stages, all-gathers a few bytes to check that every rank's forwards used the same
-# parameters (`minddp/stages/checks.py`), which the time-axis section counts apart.
+# left this rank; the look counts them among the all_reduce calls.
 
 # %%
 # %%distributed
@@ -417,29 +403,28 @@ z = looks["zero2"]
 lesson.claim(
     z["bytes"] == looks["ddp"]["bytes"],
     f"zero2's gradient collectives are given ddp's bytes, {lesson.mib(z['bytes'])}, the whole gradients (a "
-    "reduce-scatter is given the whole bucket too; on gloo it runs as an all_reduce of it): what each rank sends "
+    "reduce-scatter is given the whole bucket too; on gloo it runs as an all_reduce of it): what rank 0 sends "
     "is measured on the ring below.",
 )
 units = len(trainees["fsdp"].model.units)
 outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 
 # %% [markdown]
-# ## What one rank sends, on the ring
+# ## What rank 0 sends, on the ring
 #
-# On gloo zero2's reduce-scatters run as all_reduces of the whole bucket, before its all-gathers: there
-# it sends zero1's bytes, and the bytes a reduce-scatter spares against an all_reduce cannot show.
-# The four stages now send through minddp's own ring (`minddp.collectives`, plugged in as
-# each stage's *transport*: the function its hooks' `Wire`, a process group with a way to send,
-# calls for each collective): every collective is
-# written from point-to-point messages, and the profiler records each message gloo sends with the
-# tensor it carried. The table is what one rank really sent in one step, by the collective the
-# message served. Bytes *sent* are not the bytes *given* of the look above: a ring all_reduce sends
+# The look counts the bytes given to each collective, in which the bytes a reduce-scatter spares
+# against an all_reduce do not show. The four stages now send through minddp's own ring
+# (`minddp.collectives`, plugged in as each stage's *transport*: the function its hooks' `Wire`, a
+# process group with a way to send, calls for each collective): every collective is written from
+# point-to-point messages, and the profiler records each message gloo sends with the
+# tensor it carried. The table is what rank 0 sent in one step, by the collective the message
+# served. Bytes *sent* are not the bytes *given* of the look above: a ring all_reduce sends
 # `2(n − 1)/n` of the bytes it is given, which at these n = 2 ranks is the same number (ddp's 18.9 MiB),
 # and at other n is not:
 
 # %%
 # %%distributed
-# zero2 takes one step before its look, so that the looked-at step starts by gathering the stepped shards; the
+# zero2 takes one step before its look, so that the looked-at step starts by gathering the updated shards; the
 # others send the same bytes in their first step
 rings = {s: lesson.Trainee(s, transport="ring", warmup=int(s == "zero2")).look() for s in STAGES}
 
@@ -490,7 +475,7 @@ on_wire.round(2)
 # unit again (at once if it was prefetched) and starts the gather of the unit before it: the backward
 # prefetches too, one unit ahead in its own order. The gradients of a unit arrive together, from one
 # autograd function; in the last micro-batch's backward they are handed to a reduce-scatter then (the
-# time axis below marks when), in the others they are accumulated whole under `no_sync()`.
+# figure below marks it), in the others they are accumulated whole under `no_sync()`.
 
 # %%
 # %%distributed
@@ -518,21 +503,13 @@ lesson.claim(
 )
 
 # %% [markdown]
-# ## The sharded rungs on one time axis
+# ## Where each rung hands its collectives over
 #
-# The figure draws, for `ddp` and the three sharded stages, the step that each stage's look on gloo
-# (taken in the ZeRO-2 section) recorded: the forward and backward of each micro-batch, the optimizer
-# step, a black line where the step ends, and a mark under each row at every moment the stage handed a
-# collective over, by kind. It shows *where* in the step each stage hands its collectives over, not
-# how long they take. Marks closer together than a few ms draw as one: the claims below give the
-# counts. Each row is one step, taken under whatever load the machine had then, so no length on it
-# (of a row, a bar or a blank, within a row or between rows) is a measurement this notebook reads.
-# That holds for a length that stands out too: zero2's first forward includes its waits for the
-# all-gathers (step 4 above), but the figure draws no collective's time in flight and no wait, so how
-# much of that bar they are is not shown; and which row is shortest is not a ranking of the rungs (their
-# step times are compared in `docs/sharding.md`'s benchmark, not here). A blank between a row's last
-# backward and its optimizer step is the *finish* (`finish_gradient_synchronization`), which is not
-# drawn, or time between the phases.
+# The figure draws, for `ddp` and the three sharded stages, the step each stage's look (on gloo, in
+# the ZeRO-2 section) recorded: its phases in their order (each micro-batch's forward and backward,
+# then the update), each drawn the same width, and a mark for each collective the stage handed over,
+# in the phase it was handed over in. It shows the order of events only, no lengths: within a phase
+# the marks are spread evenly, in the order they were handed over.
 
 # %%
 # %%rank 0
@@ -549,26 +526,24 @@ lesson.claim(
     all(
         len(looks[s]["handed"]["calls"]) == looks[s]["calls"]
         and len(looks[s]["handed"]["gathers"]) == looks[s]["gathers"]
-        and len(looks[s]["check_spans"]) == looks[s]["small_gathers"]
         for s in STAGES
     ),
-    "Each row marks every collective its look counted: "
+    "Each row marks every gradient collective and every all-gather of parameters its look counted: "
     + ", ".join(
         f"{s} {looks[s]['calls']} gradient collectives + {looks[s]['gathers']} "
         + ("all-gather" if looks[s]["gathers"] == 1 else "all-gathers")
         + " of parameters"
-        + (f" + {looks[s]['small_gathers']} check" if looks[s]["small_gathers"] else "")
         for s in STAGES
     )
     + ".",
 )
-# where each is handed over is the code's, whatever the load: zero1 all-gathers in step() (the optimizer), zero2 in
-# its first forward (which needs the stepped parameters); every stage syncs once a step, in the last backward
+# where each is handed over is the code's, whatever the load: zero1 all-gathers in step() (the update), zero2 in
+# its first forward (which needs the updated parameters); every stage syncs once a step, in the last backward
 z1, z2 = looks["zero1"]["handed"]["gathers"], looks["zero2"]["handed"]["gathers"]
 lesson.claim(
     all(phase_of(t, looks["zero1"]["row"]) == "optimizer" for t in z1),
-    f"zero1 hands its {len(z1)} all-gather of parameters over inside its optimizer step "
-    "(ZeroRedundancyOptimizer.step above: step the chunks, then all-gather).",
+    f"zero1 hands its {len(z1)} all-gather of parameters over inside its update "
+    "(ZeroRedundancyOptimizer.step above: update the chunks, then all-gather).",
 )
 first_forward = looks["zero2"]["row"]["forward"][0]
 lesson.claim(
@@ -612,6 +587,26 @@ lesson.say(
 )
 
 # %% [markdown]
+# ## What each rung trades
+#
+# Rank 0's model state at the update (the memory table) beside what it sent in a step on the ring (the
+# ring table), at these 2 ranks:
+
+# %%
+# %%rank 0
+trade = pd.DataFrame({"model state MiB": table["model state MiB"], "sent a step MiB": pd.Series(total) / 2**20})
+lesson.say(
+    "Against ddp: "
+    + "; ".join(
+        f"{s} holds {trade.loc['ddp', 'model state MiB'] - trade.loc[s, 'model state MiB']:.1f} MiB less and sends "
+        f"{total[s] / total['ddp']:.1f} times ddp's bytes"
+        for s in STAGES[1:]
+    )
+    + f" (and gathers up to {table.loc['fsdp', 'gathered units (peak) MiB']:.1f} MiB of units beside its model state)."
+)
+trade.round(1)
+
+# %% [markdown]
 # ## Your turn: all_reduce from its two halves
 #
 # Write `my_all_reduce(tensor, group)`: sum `tensor` in place over `group` with one
@@ -633,8 +628,8 @@ lesson.say(
 # two ranks `x % 2 == -x % 2` for every `x`, so padding by `numel % n` where `-numel % n` is meant,
 # or a `2` written where the world size belongs, would be accepted; so an answer accepted at two ranks
 # is checked again at three, and the verdict says which it failed at. Pass `group` everywhere: to
-# `dist.get_world_size(group)` and to both collectives, by name (`group=group`: the reduce-scatter's
-# third parameter is `op`). The checker refuses each call without it: its
+# `dist.get_world_size(group)` and to both collectives (to the reduce-scatter by name, `group=group`:
+# its third parameter is `op`). The checker refuses each call without it: its
 # ranks are the whole world, so the sum would come out right there, but a call that left the group
 # out would run over every rank of a larger job.
 

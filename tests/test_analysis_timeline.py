@@ -149,3 +149,46 @@ def test_the_legend_says_what_an_orange_bar_is():
     gloo, link = labels(), labels(link="1gbit")
     assert "collective in flight (held open included)" in gloo and "message on the wire" not in gloo
     assert "message on the wire" in link and "collective in flight (held open included)" not in link
+
+
+def test_notebook_06s_figure_draws_each_mark_in_its_phase_with_no_lengths():
+    # lesson.handed_picture: phases in order, each the same width, each mark inside the slot of the phase it was
+    # handed over in (oracle: the times given, phase by phase), none on the axes' edge, and no time axis
+    from minddp.notebook import lesson
+
+    def row(fw, bw, opt):
+        return {"forward": fw, "backward": bw, "optimizer": [opt], "finish": [], "end": opt[1]}
+
+    looks = {  # one micro-batch each: forward, backward, update; a long forward must not draw longer
+        "a": {"row": row([(0, 900)], [(900, 1000)], (1010, 1020)), "handed": {"calls": [950, 990], "gathers": [0]}},
+        "b": {"row": row([(0, 100)], [(100, 400)], (410, 420)), "handed": {"calls": [405], "gathers": [415]}},
+    }
+    fig = lesson.handed_picture(looks, ["a", "b"], title="t")
+    ax = fig.axes[0]
+    bars = {}
+    for c in ax.collections:  # one broken_barh per phase drawn: (x, width) by row
+        (path,) = c.get_paths()
+        xs, ys = path.vertices[:, 0], path.vertices[:, 1]
+        bars.setdefault(round(float(ys.min() + 0.4)), []).append((float(xs.min()), float(xs.max())))
+    widths = {w for spans in bars.values() for a, b in spans for w in [round(b - a, 6)]}
+    assert widths == {1.0}, widths  # every phase one unit wide, whatever its time
+    marks = {}
+    for line in ax.get_lines():
+        for x, y in zip(line.get_xdata(), line.get_ydata()):
+            marks.setdefault(round(float(y)), []).append((line.get_label(), float(x)))
+    fwd_a, bwd_a, opt_a = sorted(bars[0])
+    got_a = sorted(marks[0], key=lambda m: m[1])
+    assert [label for label, _ in got_a] == ["all-gather of parameters handed over"] + 2 * [
+        "gradient collective handed over"
+    ]
+    assert fwd_a[0] < got_a[0][1] < fwd_a[1] and all(bwd_a[0] < x < bwd_a[1] for _, x in got_a[1:])
+    spans_b = sorted(bars[1])
+    assert len(spans_b) == 3  # forward, backward, update
+    got_b = sorted(marks[1], key=lambda m: m[1])
+    # 405 falls between the backward (ends 400) and the update (starts 410): a slot of its own between them
+    assert spans_b[1][1] < got_b[0][1] < spans_b[2][0], (spans_b, got_b)
+    assert spans_b[2][0] < got_b[1][1] < spans_b[2][1]
+    lo, hi = ax.get_xlim()
+    assert all(lo < x < hi and min(x - lo, hi - x) > 0.1 for m in marks.values() for _, x in m)
+    assert list(ax.get_xticks()) == [] and "same width" in ax.get_xlabel()
+    plt.close(fig)

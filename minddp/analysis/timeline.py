@@ -92,21 +92,26 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
     columns = min(len(unique), 8 if width >= 10 else 4)  # a narrow figure wraps its legend
     if sum(len(label) + 5 for label in list(unique)[:columns]) > 15 * width:  # a row past the figure's edge: two rows
         columns = -(-len(unique) // 2)
-    legend = ax.legend(
-        unique.values(),
-        unique.keys(),
-        loc="lower left",
-        bbox_to_anchor=(0, 1.0),
-        fontsize=7,
-        ncol=columns,
-        frameon=False,
-    )
+    legend = legend_above(ax, unique, columns)
     for handle in getattr(legend, "legend_handles", None) or getattr(legend, "legendHandles", []):
         handle.set_alpha(1.0)  # a kind drawn only in a faded row: its swatch in the row's full colour
     if title:
         ax.set_title(title, fontsize=9, pad=8 + 11 * -(-len(unique) // columns))
     ax.figure.tight_layout()
     return ax.figure
+
+
+def legend_above(ax, entries: dict, columns: int):
+    """A frameless legend of ``entries`` (label -> handle) in rows of ``columns`` just above the axes."""
+    return ax.legend(
+        entries.values(),
+        entries.keys(),
+        loc="lower left",
+        bbox_to_anchor=(0, 1.0),
+        fontsize=7,
+        ncol=columns,
+        frameon=False,
+    )
 
 
 def rows_from_analysis(result, rank: int = 0) -> list[dict]:

@@ -33,8 +33,8 @@ def halves_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup) -> None:
     """Sum ``tensor`` in place over ``group`` with a reduce-scatter and an all-gather (module doc)."""
     n = dist.get_world_size(group)
     flat = tensor.reshape(-1)
-    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % n))  # step 1
+    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % n))  # 1.
     piece = padded.new_empty(padded.numel() // n)
-    reduce_scatter_single(piece, padded, group=group)  # step 2
-    all_gather_single(padded, piece, group=group)  # step 3
-    tensor.copy_(padded[: flat.numel()].view_as(tensor))  # step 4
+    reduce_scatter_single(piece, padded, group=group)  # 2.
+    all_gather_single(padded, piece, group=group)  # 3.
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))  # 4.

@@ -476,48 +476,83 @@ def picture(looks: dict, stage: str, before: str | None = None, rows: list[str] 
 
 
 def handed_picture(looks: dict, rows: list[str], title: str):
-    """Notebook 06: :func:`picture`'s rows of ``looks`` with their phases only, and a mark at each moment the stage
-    handed a collective over (the look's ``handed``), by kind: a gradient collective (a black tick under the lane),
-    an all-gather of parameters (a brown tick under that), the few-byte check's all-gather (a cross there, at
-    ``check_spans``' starts).
-    No collective's time in flight and no finish bar is drawn; rank 0 draws."""
+    """Notebook 06: the phases of each stage's looked-at step in their order, and a mark for each collective the stage
+    handed over (the look's ``handed``), in the phase it was handed over in: a gradient collective (a black tick) or an
+    all-gather of parameters (a brown one).
+
+    Order only, no lengths: each phase (forward, backward, update) is drawn one unit wide, whatever its time, and the
+    marks in a phase are spread evenly across it in the order they were handed over; a mark between two phases gets a
+    narrower slot of its own there. Rank 0 draws."""
     if dist.is_initialized() and dist.get_rank() != 0:
         return None
-    from minddp.analysis.timeline import draw_steps
+    import matplotlib.pyplot as plt
 
-    drawn = [dict(looks[n]["row"], messages=[], finish=[], sent=[], label=n) for n in rows]
-    fig = draw_steps(drawn, title=title, width=11)
-    ax = fig.axes[0]
+    from minddp.analysis.timeline import COLORS, legend_above
+
+    drawn = {"forward": "forward", "backward": "backward", "optimizer": "update (optimizer.step())"}
     marks = {
-        "gradient collective handed over": ("calls", 0.12, "|", "black"),
-        "all-gather of parameters handed over": ("gathers", 0.30, "|", "#a0522d"),
+        "calls": ("gradient collective handed over", "black"),
+        "gathers": ("all-gather of parameters handed over", "#a0522d"),
     }
+    fig, ax = plt.subplots(figsize=(11, 0.8 + 0.62 * len(rows)))
+    right = 0.0
     for y, name in enumerate(rows):
-        for label, (kind, dy, marker, color) in marks.items():
-            ts = looks[name]["handed"][kind]
-            if ts:
-                ax.plot(
-                    ts, [y + dy] * len(ts), marker, color=color, markersize=7, mew=1.3, linestyle="none", label=label
+        row = looks[name]["row"]
+        phases = sorted((a, b, kind) for kind in drawn for a, b in row[kind])
+        handed = sorted((t, kind) for kind in marks for t in looks[name]["handed"][kind])
+
+        def slot(t, phases=phases):
+            """2i + 1: inside phase i; 2i: before phase i (after phase i - 1)."""
+            inside = next((i for i, (a, b, _) in enumerate(phases) if a <= t <= b), None)
+            return 2 * inside + 1 if inside is not None else 2 * sum(b < t for _, b, _ in phases)
+
+        in_slot: dict[int, list[str]] = {}
+        for t, kind in handed:
+            in_slot.setdefault(slot(t), []).append(kind)
+        x = 0.0
+        for k in range(2 * len(phases) + 1):
+            width = 1.0 if k % 2 else (0.4 if k in in_slot else 0.0)
+            if k % 2:
+                kind = phases[k // 2][2]
+                ax.broken_barh(
+                    [(x, width)],
+                    (y - 0.40, 0.40),
+                    facecolors=COLORS[kind],
+                    edgecolor="white",
+                    linewidth=1.0,
+                    label=drawn[kind],
                 )
-        starts = [a for a, _ in looks[name].get("check_spans", [])]
-        if starts:
-            ax.plot(
-                starts,
-                [y + 0.30] * len(starts),
-                "X",
-                color="#7f2704",
-                markersize=7,
-                linestyle="none",
-                label="the check's few-byte all-gather handed over",
-            )
-    handles, labels = ax.get_legend_handles_labels()
-    unique = {label: h for label, h in zip(labels, handles) if not label.startswith("_")}
-    columns = min(len(unique), 4)
-    legend = ax.legend(
-        unique.values(), unique.keys(), loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7, ncol=columns
+            for j, kind in enumerate(in_slot.get(k, [])):
+                label, color = marks[kind]
+                at = x + width * (j + 0.5) / len(in_slot[k])
+                ax.plot(
+                    [at],
+                    [y + (0.12 if kind == "calls" else 0.30)],
+                    "|",
+                    color=color,
+                    markersize=7,
+                    mew=1.3,
+                    linestyle="none",
+                    label=label,
+                )
+            x += width
+        right = max(right, x)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # the first row on top
+    ax.set_xlim(-0.2, right + 0.2)  # no mark on the spine
+    ax.set_xticks([])
+    ax.set_xlabel(
+        "the step's phases in their order, each drawn the same width (no lengths); "
+        "a phase's marks spread evenly across it, in the order handed over",
+        fontsize=8,
     )
-    legend.set_frame_on(False)
-    ax.set_title(ax.get_title(), fontsize=9, pad=10 + 14 * -(-len(unique) // columns))
+    handles, labels = ax.get_legend_handles_labels()
+    found = dict(zip(labels, handles))  # one entry per kind, not per row
+    order = [*drawn.values(), *(label for label, _ in marks.values())]
+    unique = {label: found[label] for label in order if label in found}
+    columns = min(len(unique), 5)
+    legend_above(ax, unique, columns)
+    ax.set_title(title, fontsize=9, pad=10 + 14 * -(-len(unique) // columns))
     fig.tight_layout()
     return fig
 
