@@ -171,8 +171,7 @@ lesson.say(
 # start of its bar: the bar is gloo's range, which can begin later.
 #
 # Read the figure for the order of its events: that is what the cut changes, and what the claims
-# count. The last line printed above the figure gives some of its lengths, and why one step's
-# lengths are not read here as the cut's effect.
+# count. The last line printed above the figure gives two of its lengths for each compiled row.
 #
 # The cut is torch's design for GPUs, where backward's kernels run on the GPU while NCCL carries the
 # buckets on a stream of its own. This notebook runs no GPU: what the cut does to a GPU step is not
@@ -231,27 +230,16 @@ def blue(look) -> float:
     return total
 
 
-def pale(look) -> float:
-    return sum(end - start for start, end in look["row"]["forward"])
-
-
 def span(look) -> float:
     return look["row"]["end"] - min(start for start, _ in look["row"]["backward"])
 
 
-took = {label: (pale(look), blue(look), span(look)) for label, look in looks.items() if label != "eager"}
-(f0, b0, s0), (f1, b1, s1) = took[NO_CUT], took[CUT]
+(b0, s0), (b1, s1) = ((blue(looks[label]), span(looks[label])) for label in (NO_CUT, CUT))
 lesson.say(
-    f"In the profiled step, one each, on {os.cpu_count()} cores shared by both ranks and gloo's threads: compiled "
-    f"without the cut, the gradient nodes (blue) ran {b0:.1f} ms and backward's first gradient node to the black "
-    f"line took {s0:.1f} ms; with the cut, {b1:.1f} ms and {s1:.1f} ms. The forwards (pale) of these two rows run "
-    f"the same operations and took {f0:.1f} and {f1:.1f} ms"
-    + (
-        f": one step's lengths differ by {abs(f0 - f1):.1f} ms with no change in the code"
-        if abs(f0 - f1) >= 0.1
-        else ""
-    )
-    + ". One step does not measure what the cut changes in a step's length."
+    f"In the profiled step, on {os.cpu_count()} cores shared by both ranks and gloo's threads: compiled without the "
+    f"cut, the gradient nodes (blue) ran {b0:.1f} ms in all, and backward's first gradient node to the black line "
+    f"took {s0:.1f} ms; with the cut, {b1:.1f} ms and {s1:.1f} ms. Each is one step, not repeated: this run does "
+    "not measure what the cut changes in these lengths."
 )
 
 # %% [markdown]
@@ -359,8 +347,9 @@ print(check_handover(solutions.handed_over_after))
 # that function, for Dynamo to skip: `torch.compiler.disable(forward, recursive=False)` (with the
 # default `recursive=True`, Dynamo would also skip every function `forward` calls, the module's
 # included). Dynamo begins no graph in `forward`, so there is none to break, and it compiles the
-# module that `forward` calls as a graph of its own (the next section prints that graph's pieces). Each wrapper is compiled around an MLP of two 1 MiB layers, for one training
-# step, and Dynamo counts the breaks.
+# module that `forward` calls as a graph of its own (the next section prints that graph's pieces).
+# Each wrapper is compiled around an MLP of two 1 MiB layers, for one training step, and Dynamo
+# counts the breaks.
 
 
 # %%
@@ -396,7 +385,7 @@ lesson.claim(
 # 0.5 MiB on an MLP of two 1 MiB layers, one training step each: its parameters compared with eager
 # `ddp`'s after the same step, and the pieces its compiled graph is cut into; a refusal is printed
 # with the torch file that raised it. With torch's DDP, Dynamo's first piece is 1 MiB, which this cap
-# is below; minddp's `ddp`, given a cap, makes the first piece that cap.
+# is below; minddp's `ddp`, given a cap, closes the first piece at that cap.
 
 
 # %%
