@@ -25,8 +25,8 @@
 # last gradient is there (the tick in the figure); it goes to *gloo*, the process group that carries
 # the messages between these CPU ranks. It is *in flight* (`docs/analysis.md`) from the start of
 # gloo's `all_reduce` range to its end (the orange bar), not from the tick. On CPU ranks that range
-# also holds the time gloo waits for the other rank to join and for a free core: a bar's length is
-# not the time the bytes took to travel.
+# can also hold time gloo waits for the other rank to join or for a free core: a bar's length is not
+# the time the bytes took to travel.
 #
 # nanoGPT's pattern compiles the model, then wraps it: `model = torch.compile(model)`, then `DDP(model)`.
 # `torch.compile` has two parts: *Dynamo* captures the model's Python as a graph, and a *backend*
