@@ -19,14 +19,16 @@
 # Autograd runs backward as *nodes*, of two kinds in this notebook. A parameter's `AccumulateGrad`
 # node adds its gradient into the parameter's `.grad`; `ddp`'s *reducer* (the part that fills the
 # buckets and sends them) has a hook there, which copies the gradient into its bucket. Every other
-# node is a *gradient node*: it computes gradients (eager: one per operation).
+# node is a *gradient node*: it computes gradients.
 #
 # Words, kept apart. A bucket is *handed over* when the reducer calls `all_reduce` on it, once its
 # last gradient is there (the tick in the figure); it goes to *gloo*, the process group that carries
 # the messages between these CPU ranks. It is *in flight* (`docs/analysis.md`) from the start of
-# gloo's `all_reduce` range to its end (the orange bar), not from the tick.
+# gloo's `all_reduce` range to its end (the orange bar), not from the tick. On CPU ranks that range
+# can also hold time gloo waits for the other rank to join or for a free core: a bar's length is not
+# the time the bytes took to travel.
 #
-# nanoGPT compiles its model, then wraps it: `model = torch.compile(model)`, then `DDP(model)`.
+# nanoGPT's pattern compiles the model, then wraps it: `model = torch.compile(model)`, then `DDP(model)`.
 # `torch.compile` has two parts: *Dynamo* captures the model's Python as a graph, and a *backend*
 # compiles the graph (by default *Inductor*, which fuses operations into kernels of its own).
 # Compiled as one graph, the model's forward records one gradient node, whose backward produces every
@@ -40,12 +42,12 @@
 # this notebook pieces are numbered in that order: piece 0 is the forward's last layers, which backward
 # runs first). A bucket whose last gradient a piece produces can be handed over before the next
 # piece's backward begins, and be in flight while it runs. minddp's `ddp` gives Dynamo its bucket
-# cap the way torch's DDP does (`minddp/runtime/compiling.py`), with one difference: with torch's
-# DDP, Dynamo makes the first piece 1 MiB (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`) whatever
-# the cap; minddp makes it the cap too. So here every piece of `ddp`'s closes at `bucket_cap_mb`,
-# 2 MiB.
+# cap as torch's DDP does (`minddp/runtime/compiling.py`), with one difference in the first
+# piece: with torch's DDP, Dynamo closes it at `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`
+# (1 MiB in the torch of this run); minddp's `ddp`, given a `bucket_cap_mb`, closes it at that cap.
+# So here every piece closes at 2 MiB.
 #
-# This notebook shows one step of `ddp` three ways on one time axis: eager, compiled without the
+# This notebook shows one step of `ddp` in three runs on one time axis: eager, compiled without the
 # cut and compiled with it; then the pieces and the buckets, and an exercise on them; then the
 # wrapper compiled whole; then buckets of 0.5 MiB. The model is a small MLP of our own class (eight
 # 1 MiB layers without biases), not the shared workload: its layers make the pieces easy to name. The
@@ -113,10 +115,8 @@ def one_step(compiled: bool, cut: bool = True):
     with live.profiler() as prof:
         train_step(ddp, optimizer, next(data), loss_fn)
     torch._dynamo.config.optimize_ddp = True
-    load = os.getloadavg()[0]  # the 1-minute load average as the profiled step ended
     events = prof.events()
     view = live.step_view(prof)  # its row: the forwards, the ticks (row["sent"]), the messages, the optimizer
-    view["load"] = load
     t0 = min(e.time_range.start for e in events if e.name == "minddp.forward_backward")  # the row's zero
     handovers = sorted(e.time_range.start for e in events if e.name == live.CALL)  # each bucket handed to gloo (µs)
 
@@ -150,7 +150,7 @@ NO_CUT, CUT = "compiled without the cut", "compiled with the cut"
 looks = {}
 for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT, True, True)):
     ddp, looks[label] = one_step(compiled, cut)
-    name = label.replace(" with", "\nwith")  # the figure's row label: the way, then its buckets (one tick each)
+    name = label.replace(" with", "\nwith")  # the figure's row label: the run, then its buckets (one tick each)
     looks[label]["row"].update(label=f"{name}\n{looks[label]['calls']} buckets", stage=label)
 lesson.say(
     f"ddp on {world_size} ranks, an MLP of {DEPTH} layers of {WIDTH}×{WIDTH} (1 MiB of float32 weights each), "
@@ -160,23 +160,18 @@ lesson.say(
 
 
 # %% [markdown]
-# ## One step, three ways, on one time axis
+# ## One step, three runs, on one time axis
 #
-# Each row is the profiled step of one way, rank 0, from the start of its forward to the black line
-# where its optimizer step ends: the forward and the loss (pale, up to backward's first node), the
-# gradient nodes (blue; compiled: one per piece, after the loss's few eager ones), the `AccumulateGrad`
-# nodes (grey), a tick when a bucket was handed over (the row's label says how many buckets), an orange
-# bar for each message in flight, and the optimizer step (green). Bars or ticks that overlap, or lie
+# Each row is the profiled step of one run, rank 0, from the start of its forward to the black line
+# where its optimizer step ends: the forward and the loss (pale, up to backward's first gradient
+# node), the gradient nodes (blue), the `AccumulateGrad` nodes (grey), a tick when a bucket was
+# handed over (the row's label says how many buckets), an orange bar for each message in flight, and
+# the optimizer step (green). White is time in none of these. Bars or ticks that overlap, or lie
 # closer together than a pixel (about a thousandth of the time axis), draw as one. A tick is not the
-# start of its bar: the bar is gloo's range, which can begin later. White is time in none of these:
-# after a row's last grey bar, it is `ddp`'s end-of-backward callback, which waits for the messages
-# still in flight and copies their averages into `.grad` before the optimizer step.
+# start of its bar: the bar is gloo's range, which can begin later.
 #
-# Read the figure for the order of its events, which is what the cut changes and what the claims
-# count. Its lengths are one step's on a shared machine. The sentence under the figure compares the
-# two compiled rows from backward's first gradient node to the black line, the part where buckets are
-# handed over and waited for; what the other lengths (the forwards, eager's step) are made of, this
-# notebook does not measure.
+# Read the figure for the order of its events: that is what the cut changes, and what the claims
+# count. The last line printed above the figure gives two of its lengths for each compiled row.
 #
 # The cut is torch's design for GPUs, where backward's kernels run on the GPU while NCCL carries the
 # buckets on a stream of its own. This notebook runs no GPU: what the cut does to a GPU step is not
@@ -219,24 +214,32 @@ lesson.claim(
 # the reducer's hook runs in each parameter's AccumulateGrad node, after the gradient is accumulated
 lesson.claim(
     all(all(v["inside_accumulate"]) for v in looks.values()),
-    "In every way each bucket was handed over inside an AccumulateGrad node, where the reducer's hook runs.",
+    "In all three runs each bucket was handed over inside an AccumulateGrad node, where the reducer's hook runs.",
 )
 lesson.claim(
     all(torch.equal(v["params"], looks["eager"]["params"]) for v in looks.values()),
     "The three trainings end with the same parameters, to the bit (aot_eager computes with eager's aten ops).",
 )
-low, high = (f"{f([v['load'] for v in looks.values()]):.1f}" for f in (min, max))  # the 1-minute load averages
-# ms from backward's first gradient node (where the pale bar ends) to the black line, rounded as printed
-took = {
-    label: round(looks[label]["row"]["end"] - min(s for s, _ in looks[label]["row"]["backward"]))
-    for label in (NO_CUT, CUT)
-}
-shorter = took[NO_CUT] - took[CUT]
+
+
+def blue(look) -> float:
+    """ms in which a gradient node ran (the blue bars' union)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in look["row"]["backward"]:  # sorted by start
+        total, reach = total + max(0.0, end - max(start, reach)), max(reach, end)
+    return total
+
+
+def span(look) -> float:
+    return look["row"]["end"] - min(start for start, _ in look["row"]["backward"])
+
+
+(b0, s0), (b1, s1) = ((blue(looks[label]), span(looks[label])) for label in (NO_CUT, CUT))
 lesson.say(
-    f"From backward's first gradient node to the black line, the step took {took[NO_CUT]} ms compiled without "
-    f"the cut and {took[CUT]} ms with it, one step each, on {os.cpu_count()} cores shared by both ranks and "
-    f"gloo's threads, at a 1-minute load of {low if low == high else f'{low} to {high}'}: in this run, that part "
-    + (f"was {shorter} ms shorter with the cut." if shorter > 0 else "was not shorter with the cut.")
+    f"In the profiled step, on {os.cpu_count()} cores shared by both ranks and gloo's threads: compiled without the "
+    f"cut, the gradient nodes (blue) ran {b0:.1f} ms in all, and backward's first gradient node to the black line "
+    f"took {s0:.1f} ms; with the cut, {b1:.1f} ms and {s1:.1f} ms. Each is one step, not repeated: this run does "
+    "not measure what the cut changes in these lengths."
 )
 
 # %% [markdown]
@@ -340,11 +343,13 @@ print(check_handover(solutions.handed_over_after))
 #
 # The other pattern compiles the wrapper itself: `torch.compile(DDP(model))`. Dynamo then meets the
 # wrapper's own Python first. A graph break is a place inside a graph Dynamo has begun where it
-# stops the graph, runs Python, and starts a new one. minddp's `ddp` marks its `forward` for Dynamo
-# to skip whole (`torch.compiler.disable`): Dynamo begins no graph there, so there is none to break,
-# and it compiles the module that `forward` calls as a graph of its own (the next section prints
-# that graph's pieces). Each wrapper is compiled around an MLP of two 1 MiB layers, for one training
-# step, and Dynamo counts the breaks.
+# stops the graph, runs Python, and starts a new one. minddp's `ddp` marks its `forward`, and only
+# that function, for Dynamo to skip: `torch.compiler.disable(forward, recursive=False)` (with the
+# default `recursive=True`, Dynamo would also skip every function `forward` calls, the module's
+# included). Dynamo begins no graph in `forward`, so there is none to break, and it compiles the
+# module that `forward` calls as a graph of its own (the next section prints that graph's pieces).
+# Each wrapper is compiled around an MLP of two 1 MiB layers, for one training step, and Dynamo
+# counts the breaks.
 
 
 # %%
@@ -376,11 +381,11 @@ lesson.claim(
 # %% [markdown]
 # ## Buckets of 0.5 MiB
 #
-# Each wrapper, both ways (the model compiled, then wrapped; the wrapper compiled), at 0.5 MiB on an
-# MLP of two 1 MiB layers, one training step each, its parameters compared with eager
-# `ddp`'s after the same step, and the compiled pieces its backward runs; a refusal is printed with
-# the torch file that raised it. With torch's DDP, Dynamo makes the first piece 1 MiB whatever the
-# cap, and refuses a first piece larger than the cap; minddp makes the first piece the cap.
+# Each wrapper, with both patterns (the model compiled, then wrapped; the wrapper compiled), at
+# 0.5 MiB on an MLP of two 1 MiB layers, one training step each: its parameters compared with eager
+# `ddp`'s after the same step, and the pieces its compiled graph is cut into; a refusal is printed
+# with the torch file that raised it. With torch's DDP, Dynamo's first piece is 1 MiB, which this cap
+# is below; minddp's `ddp`, given a cap, closes the first piece at that cap.
 
 
 # %%
@@ -416,41 +421,47 @@ def compile_at(wrapper, model_first: bool) -> str:
 
 
 wrappers = {"torch's DDP": torch.nn.parallel.DistributedDataParallel, "minddp's ddp": DistributedDataParallel}
-ways = {"the model compiled, then wrapped": True, "the wrapper compiled": False}
-small = {(who, way): compile_at(wrapper, first) for who, wrapper in wrappers.items() for way, first in ways.items()}
-for (who, way), outcome in small.items():
-    lesson.say(f"{who}, {way}, bucket_cap_mb={SMALL:g}: {outcome}")
+patterns = {"the model compiled, then wrapped": True, "the wrapper compiled": False}
+small = {
+    (who, pattern): compile_at(wrapper, first)
+    for who, wrapper in wrappers.items()
+    for pattern, first in patterns.items()
+}
+for (who, pattern), outcome in small.items():
+    lesson.say(f"{who}, {pattern}, bucket_cap_mb={SMALL:g}: {outcome}")
 refused, first = "AssertionError: First bucket", torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB
 lesson.claim(
     first > SMALL
     and all(
-        small["torch's DDP", way].startswith(refused) and "(raised in torch/_dynamo/" in small["torch's DDP", way]
-        for way in ways
+        small["torch's DDP", pattern].startswith(refused)
+        and "(raised in torch/_dynamo/" in small["torch's DDP", pattern]
+        for pattern in patterns
     ),
-    f"With torch {torch.__version__}, at {SMALL:g} MiB torch's DDP does not compile, either way: Dynamo's first "
-    f"piece, {first:g} MiB, is larger than the cap, and its code asserts.",
+    f"With torch {torch.__version__}, at {SMALL:g} MiB torch's DDP does not compile, with either pattern: Dynamo's "
+    f"first piece, {first:g} MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), is larger than the cap, and its "
+    "code asserts.",
 )
 lesson.claim(
     all(
-        small["minddp's ddp", way]
+        small["minddp's ddp", pattern]
         == "trained a step, to eager ddp's bits; compiled pieces: layers.1.weight | layers.0.weight"
-        for way in ways
+        for pattern in patterns
     ),
-    f"minddp's ddp trains a step there, either way, to eager ddp's bits, its backward running one compiled piece "
-    f"per 1 MiB layer: each piece closes at the {SMALL:g} MiB cap.",
+    f"minddp's ddp trains a step there, with either pattern, to eager ddp's bits, its compiled graph cut into one "
+    f"piece per 1 MiB layer: each piece closes at the layer that takes it past the {SMALL:g} MiB cap.",
 )
 
 # %% [markdown]
 # ## What to take away
 #
-# * The model compiled, then wrapped (nanoGPT's way): minddp's `ddp` has Dynamo cut the compiled
-#   graph into pieces, and a bucket is handed over before backward's last gradient node again (the
-#   claims above). What that did to this run's step, on this CPU, is the sentence under the
-#   figure; a GPU step is not shown here.
+# * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the compiled
+#   graph into pieces, and the first bucket is handed over before backward's last gradient node (the
+#   claims above). This run does not measure what that does to a step's length; a GPU step is not
+#   shown here.
 # * The wrapper compiled whole: `torch.compile(ddp)` adds no graph break to the model's own, where
 #   torch's DDP adds breaks, and its module is compiled and cut (*Buckets of 0.5 MiB*).
 # * At 0.5 MiB buckets torch's DDP (this run's torch) does not compile: its first piece is 1 MiB.
-#   minddp's `ddp` trains, both ways, to eager's bits.
+#   minddp's `ddp` trains, with both patterns, to eager's bits.
 # * The train command and the benchmark take `--compile` (`--compile-backend aot_eager` for quick
 #   runs). `docs/ddp.md` (*Compiled*) gives the details, the limits and why minddp uses Dynamo's
 #   cut rather than compiled autograd.

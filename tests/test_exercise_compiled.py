@@ -131,6 +131,44 @@ def empty_last_bucket(pieces, cap):
     return out + [len(pieces) - 1]  # the mistake: one more bucket at the end, even when nothing is left
 
 
+def carried_over(pieces, cap):
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total >= cap:
+            out, total = out + [i], total - cap  # the mistake: the bytes past the cap start the next bucket
+    return out + [len(pieces) - 1] * (total > 0)
+
+
+def cap_checked_at_piece_end(pieces, cap):
+    out, total = [], 0
+    for i, piece in enumerate(pieces):
+        total += sum(piece)
+        if total >= cap:  # the mistake: the cap checked once a piece has ended, so a piece fills one bucket at most
+            out, total = out + [i], 0
+    return out + [len(pieces) - 1] * (total > 0)
+
+
+def pieces_in_forward_order(pieces, cap):
+    out, total, at = [], 0, 0
+    for i, piece in reversed(list(enumerate(pieces))):  # the mistake: the last piece first, as the forward runs
+        for size in piece:
+            total, at = total + size, i
+            if total >= cap:
+                out, total = out + [i], 0
+    return out + [at] * (total > 0)
+
+
+def forward_order_in_a_piece(pieces, cap):
+    out, total = [], 0
+    for i, piece in enumerate(pieces):
+        for size in reversed(piece):  # the mistake: a piece's gradients in the forward's order, as cell 6 lists them
+            total += size
+            if total >= cap:
+                out, total = out + [i], 0
+    return out + [len(pieces) - 1] * (total > 0)
+
+
 def strictly_past_and_no_last_bucket(pieces, cap):
     out, total = [], 0
     for i, size in arrivals(pieces):
@@ -153,6 +191,10 @@ def strictly_past_and_no_last_bucket(pieces, cap):
         (next_piece, "the piece after the one that fills it"),
         (one_per_piece, "one bucket per piece"),
         (empty_last_bucket, "an empty last bucket"),
+        (carried_over, "the bytes past the cap were carried into the next bucket"),
+        (cap_checked_at_piece_end, "the cap was checked only at each piece's end"),
+        (pieces_in_forward_order, "the pieces were taken in the forward's order"),
+        (forward_order_in_a_piece, "a piece's gradients were taken in the forward's order"),
         (strictly_past_and_no_last_bucket, "two mistakes: a bucket that reaches the cap exactly stays open"),
         (strictly_past_and_no_last_bucket, "and the gradients after the last full bucket were dropped"),
     ],

@@ -31,6 +31,7 @@ CASES = [
     ([[3, 3, 3, 3, 3]], 6),  # compiled without the cut: one piece
     ([[5], [5], [2]], 8),  # a bucket over two pieces, and a last bucket not full
     ([[2, 2, 2], [2, 2, 2], [2, 2, 2]], 4),  # a piece that fills one bucket and opens the next
+    ([[3, 1]], 3),  # a piece whose gradients, taken in the wrong order, fill its buckets otherwise
 ]
 
 
@@ -45,32 +46,36 @@ def _walk(
     first: bool = False,
     per_piece: bool = False,
     shift: int = 0,
+    carry: bool = False,
+    at_end: bool = False,
+    forward: bool = False,
+    within: bool = False,
 ) -> list[int]:
     """The model answer's walk with one mistake switched on: close only past the cap (``past``), before the
     gradient that would pass it (``before``), drop the last bucket (``last=False``), add a last one even when nothing
     is left (``empty``), note the piece of a bucket's first gradient (``first``), close the open bucket at each
-    piece's end (``per_piece``), number from ``shift``."""
+    piece's end (``per_piece``), number from ``shift``, carry the bytes past the cap into the next bucket
+    (``carry``), check the cap only at each piece's end (``at_end``), take the pieces in the forward's order
+    (``forward``), take a piece's gradients in the forward's order (``within``)."""
     after, filled, opened, at = [], 0, 0, 0
-    for i, piece in enumerate(pieces):
-        for size in piece:
+    for i, piece in reversed(list(enumerate(pieces))) if forward else enumerate(pieces):
+        for j, size in enumerate(piece[::-1] if within else piece):
             if before and filled and filled + size > cap:
                 after.append(at)
                 filled = 0
             opened = i if filled == 0 else opened
             filled, at = filled + size, i
+            if at_end and j < len(piece) - 1:
+                continue
             if (filled > cap) if past else (filled >= cap):
                 after.append(opened if first else i)
-                filled = 0
+                filled = filled - cap if carry else 0
         if per_piece and filled:
             after.append(i)
             filled = 0
     if (filled or empty) and last:
         after.append(opened if first else at)
     return [i + shift for i in after]
-
-
-def _all_at_the_end(pieces, cap):
-    return [len(pieces) - 1] * len(solutions.handed_over_after(pieces, cap))
 
 
 #: name -> (the mistake as the model answer's walk with its switches, what the verdict says)
@@ -110,6 +115,26 @@ WALKS = {
         "each bucket was given the piece after the one that fills it (or pieces numbered from 1): the answer is the "
         "piece whose backward's end completes the bucket, numbered from 0 in the order backward runs them; the "
         "bucket is in flight during the next one",
+    ),
+    "carried over": (
+        {"carry": True},
+        "the bytes past the cap were carried into the next bucket: a gradient is never split, so a bucket that "
+        "passes the cap closes with all of that gradient and the next bucket starts empty",
+    ),
+    "cap at piece end": (
+        {"at_end": True},
+        "the cap was checked only at each piece's end: ddp checks it at every gradient, so one piece can fill "
+        "several buckets",
+    ),
+    "forward order": (
+        {"forward": True},
+        "the pieces were taken in the forward's order: `pieces` lists them in the order backward runs them, "
+        "piece 0 first, and buckets fill in that order",
+    ),
+    "forward order in a piece": (
+        {"within": True},
+        "a piece's gradients were taken in the forward's order: each piece lists its gradients in the order they "
+        "arrive in backward, and buckets fill in that order",
     ),
 }
 
