@@ -677,9 +677,8 @@ lesson.look_table(looks).assign(
 # How to read it: read the communication columns. The step and backward columns are one step each,
 # measured on cores shared with the other rank and the link's thread, and are not compared here (step
 # times compare only from steps taken in turns: `docs/analysis.md`). *At the check* is how long rank 0
-# stood in the check's all_gather, which returns only once the other rank has reached it too: the
-# longer it is, the further rank 1 was behind rank 0 at that point. From `hook` on that time is inside
-# the last backward, and so part of its column. `ga` divides the traffic by the number of
+# stood in the check's all_gather, which returns only once the other rank has reached it too; from
+# `hook` on that time is inside the last backward, and so part of its column. `ga` divides the traffic by the number of
 # micro-batches; the hook stages move the messages into the backward; the async stages stop waiting
 # for them there; the buckets divide the number of messages. Whether that last idea pays is the next
 # section's question.
@@ -928,18 +927,19 @@ sweep_table.infer_objects().round(1)
 #   compute. Every stage of the blog, on this notebook's workload;
 # * **the ratios of 1024 ranks**: the blog's model on 1024 ranks over 100 Gbit/s InfiniBand (`100gbit-ib`),
 #   a setting the blog did not run (its claims are about its 4 T4s), only the step-time model
-#   rebuilt from its run: there every all_reduce makes 2 × 1023 hops (6 on 4 ranks), so one message's
-#   fixed cost is a far larger share of the backward (the cell prints both settings' ratios). On `deep-llama`, an offline preset with SmolLM2's 32 layers at
-#   CPU size, so nearly its count of gradient tensors (the cell prints it) (`minddp.train.models`). Only `hook-async` and
-#   the bucketed rungs run there, one micro-batch a step (each syncs once a step anyway): the rungs
-#   that wait for each message at once would stand still for every one of hundreds of fixed costs.
+#   rebuilt from its run: there every all_reduce makes 2 × 1023 hops (6 on 4 ranks), and one message's
+#   fixed cost is a far larger share of the backward (the cell prints both settings' ratios). On
+#   `deep-llama`, an offline preset with SmolLM2's 32 layers at CPU size, so nearly its count of
+#   gradient tensors (the cell prints it) (`minddp.train.models`). Only `hook-async` and the bucketed
+#   rungs run there, one micro-batch a step (each syncs once a step anyway): the rungs that wait for
+#   each message at once would stand still for every one of hundreds of fixed costs.
 #
 # Both run here on **2 ranks**: what is scaled is the link, sized from that backward. On 2 ranks a
-# message makes 2 hops,
-# so the α printed for a sized link is half of one message's fixed cost at the setting's ranks: at
-# 1024 ranks one hop here stands for 1023 of the real ring's. The bucketed stages get a cap that cuts each network into
-# about as many buckets as the blog's 25 MiB cuts SmolLM2 (as near as the model's gradient tensors
-# allow: the cell prints the count each run sent, the one the sentences below use).
+# message makes 2 hops, so the α printed for a sized link is half of one message's fixed cost at the
+# setting's ranks: at 1024 ranks one hop here stands for 1023 of the real ring's. The bucketed stages
+# get a cap that cuts each network into about as many buckets as the blog's 25 MiB cuts SmolLM2 (as
+# near as the model's gradient tensors allow: the cell prints the count each run sent, the one the
+# sentences below use).
 
 # %%
 # %%distributed
