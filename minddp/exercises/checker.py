@@ -17,7 +17,8 @@
    collective the step never waited for (from the order of calls: whether its
    sum arrived in time is a race, so the race's outcome is not judged), a wait
    again for an earlier step's collective (a list in flight never emptied), the
-   gradients, the parameters, the kinds, number and place of the collectives,
+   gradients, the parameters, a no_sync() inside a no_sync() (its sync must stay
+   off), the kinds, number and place of the collectives,
    and whether messages travelled while backward computed (an async rung's
    idea, from the order of events the ranks recorded, not from timings).
 
