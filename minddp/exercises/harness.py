@@ -938,9 +938,10 @@ def nested_no_sync_finding(model, step: int, world: int) -> dict | None:
     if no_sync is None or not hasattr(model, "require_backward_grad_sync"):
         return None
     with no_sync():
+        off = model.require_backward_grad_sync is False  # a no_sync() that never turns it off is named by the counts
         with no_sync():
             pass
-        reopened = model.require_backward_grad_sync is not False
+        reopened = off and model.require_backward_grad_sync is not False
     return {"kind": "reopened", "step": step, "ranks": list(range(world))} if reopened else None
 
 
