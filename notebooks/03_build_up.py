@@ -131,8 +131,7 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # replicas drift apart), but the same computation as every stage below, with no message at all.
 # The stages add messages and waiting to the same computation; each cell below reads them from the
 # link's modeled transfers and the training thread's recorded waits, not from step times, which on a
-# machine shared with other work move from one step to the next (`single`'s step is no floor for
-# the others' here).
+# machine shared with other work move from one step to the next.
 # The picture is its step: the forward (pale) and backward (blue) of each micro-batch, then the
 # optimizer (green); the black line is the end of the step. The stages below add messages
 # (orange, on the wire; a tick under the row where each was handed to the wire, many ticks merging
