@@ -212,6 +212,19 @@ class NoSyncNeverRestored(solutions.GradAccumDDP):
         yield
 
 
+class NoSyncSetsTrue(solutions.GradAccumDDP):
+    """Sets the flag back to True when the block ends instead of restoring it: a no_sync() inside a no_sync() turns
+    the outer block's sync back on."""
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = True
+
+
 class DecidesInFinish(solutions.GradAccumDDP):
     """Reads the flag in finish instead of forward: finish runs after the with-block, when the flag is on again."""
 
@@ -415,6 +428,16 @@ class BucketCountNotReset(solutions.BucketDDP):
             self.waiting[b] -= 1
             if self.waiting[b] == 0:
                 self._send_bucket(b)
+
+
+class BucketWritesBackReversed(solutions.BucketDDP):
+    """Pairs the flat buffer's slices with the bucket's gradients in reverse order: a slice lands in a gradient of
+    another size."""
+
+    @staticmethod
+    def _write_back(grads, average):
+        for grad, piece in zip(reversed(grads), average.split([g.numel() for g in grads])):
+            grad.copy_(piece.view_as(grad))
 
 
 class BucketSentAtFirstGradient(solutions.BucketDDP):

@@ -149,6 +149,8 @@ MISTAKES = [
     ),
     (wrong.DecidesInFinish, "ga", "no_sync() did not stop the sync"),
     (wrong.NoSyncNeverRestored, "ga", "no_sync() left the sync off after its with-block"),
+    # torch restores the flag's value from before the block: a no_sync() inside a no_sync() leaves the sync off
+    (wrong.NoSyncSetsTrue, "ga", "a no_sync() inside a no_sync() turned the sync back on"),
     # the grad hook is handed the parameter: all_reduce(param) named where it was sent, not in finish
     (
         wrong.HookReducesTheParameters,
@@ -165,6 +167,7 @@ MISTAKES = [
         "no_sync() did not stop the sync in step 2, whose micro-batches ran only their forward inside no_sync()",
     ),
     (wrong.BucketCountNotReset, "bucket", "step 2 started no collective at all, where step 1 did"),
+    (wrong.BucketWritesBackReversed, "bucket", ("raised RuntimeError", "in the order torch.cat joined them")),
     # a count that runs in the no_sync() backwards too: step 1 sends nothing, a step of one micro-batch syncs
     (
         wrong.BucketCountsEveryBackward,

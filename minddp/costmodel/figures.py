@@ -151,7 +151,8 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
         )
     for (label, ms), style in zip((per_gradient or {}).items(), styles):
         top.axhline(ms, color="#555555", ls=style, lw=1, label=label)
-    top.set(xscale="log", ylabel="exposed (ms per step)", ylim=(0, None))
+    top.set(xscale="log", ylabel="exposed (ms per step)")
+    top.set_ylim(-0.03 * top.get_ylim()[1], None)  # a margin below 0: a point or a line at 0 stays in sight
     top.legend(fontsize=7, loc="upper left")
     top.set_title(title, fontsize=9)
     costs = next(iter(curves.values()))

@@ -17,7 +17,8 @@
    collective the step never waited for (from the order of calls: whether its
    sum arrived in time is a race, so the race's outcome is not judged), a wait
    again for an earlier step's collective (a list in flight never emptied), the
-   gradients, the parameters, the kinds, number and place of the collectives,
+   gradients, the parameters, a no_sync() inside a no_sync() (its sync must stay
+   off), the kinds, number and place of the collectives,
    and whether messages travelled while backward computed (an async rung's
    idea, from the order of events the ranks recorded, not from timings).
 
@@ -442,6 +443,13 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
             "is None; register_post_accumulate_grad_hook hands it the parameter, whose .grad is the accumulated "
             "gradient)"
         )
+    # a bucket's flat buffer split back into its gradients in another order than torch.cat joined them
+    if like in ("bucket", "bucket-async") and re.search(r"is invalid for input of size|must match the size", message):
+        return (
+            " (a slice of the flat buffer was written into a gradient of another size: split the flat buffer with "
+            "the gradients' sizes in the order torch.cat joined them, and pair each slice with the gradient it came "
+            "from, zip(grads, flat.split([g.numel() for g in grads])))"
+        )
     copy_back = like == "halves" and sizes and sizes["kind"] == "copy_back" and re.search(r"shape|size", message, re.I)
     if copy_back and world and f"({sizes['padded'] // world})" in message and f"({sizes['padded']})" not in message:
         return (
@@ -653,6 +661,13 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
         )
     if f["kind"] == "read_in_flight":
         return _read_in_flight_text(f)
+    if f["kind"] == "reopened":
+        return (
+            "a no_sync() inside a no_sync() turned the sync back on when the inner block ended "
+            "(require_backward_grad_sync is True inside the outer block), so the outer block's micro-batches would "
+            "sync: when the block ends, restore the value the flag had before it (before = "
+            "self.require_backward_grad_sync ... finally: self.require_backward_grad_sync = before), as torch does"
+        )
     if f["kind"] == "left_off":
         return (
             f"no_sync() left the sync off after its with-block, so the last micro-batch of step {f['step']} did "

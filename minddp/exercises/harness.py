@@ -938,7 +938,25 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
         out["checked_steps"] = step
         if out["finding"]:
             break
+    if compare and out["finding"] is None:  # every step right: then a no_sync() inside a no_sync()
+        progress.phase = "running a no_sync() inside a no_sync() (the checker)"
+        out["finding"] = nested_no_sync_finding(model, out["checked_steps"], world)
     return out
+
+
+def nested_no_sync_finding(model, step: int, world: int) -> dict | None:
+    """A ``no_sync()`` inside a ``no_sync()`` must leave the sync off when the inner block ends, as torch's does (it
+    restores the flag's value from before the block); one that sets the flag to True turns the outer block's sync
+    back on (``reopened``). Stages without ``no_sync()`` or torch's flag are not asked."""
+    no_sync = getattr(model, "no_sync", None)
+    if no_sync is None or not hasattr(model, "require_backward_grad_sync"):
+        return None
+    with no_sync():
+        off = model.require_backward_grad_sync is False  # a no_sync() that never turns it off is named by the counts
+        with no_sync():
+            pass
+        reopened = off and model.require_backward_grad_sync is not False
+    return {"kind": "reopened", "step": step, "ranks": list(range(world))} if reopened else None
 
 
 def never_waited_finding(unwaited: list[str], kinds: dict, step: int, checker) -> dict | None:

@@ -70,11 +70,12 @@ class GradAccumDDP(SimpleDDP):
 
     @contextlib.contextmanager
     def no_sync(self):
+        before = self.require_backward_grad_sync  # restored, not set: a no_sync() inside a no_sync() stays off
         self.require_backward_grad_sync = False
         try:
             yield
         finally:
-            self.require_backward_grad_sync = True
+            self.require_backward_grad_sync = before
 
     def forward(self, *inputs, **kwargs):
         self.sync_this_backward = self.require_backward_grad_sync  # decided at forward, as torch does
