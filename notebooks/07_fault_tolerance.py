@@ -215,9 +215,10 @@ print(run.timeline())
 # What the timeline shows, each point checked on this run by the cell below:
 #
 # * in step 4 slot 1 died: its connections closed as it ended, and the survivors' all_reduce
-#   failed (each member's error is printed below as it caught it, in gloo's own words); they voted
-#   no, and the attempt was **discarded** on both (`x`). The next quorum had two members, slots 0
-#   and 2 (ranks 0 and 1 of a new group of 2: their order among the members), and step 4
+#   failed (printed below: of each gloo error, gloo's own sentence that names the failure, without
+#   its source file and its guess at the cause); they voted no, and the attempt was **discarded**
+#   on both (`x`). The next quorum had two members, slots 0 and 2 (ranks 0 and 1 of a new group of
+#   2: their order among the members), and step 4
 #   was trained again and committed at world 2;
 # * the launcher started slot 1 again: a new process, freshly initialised, at step 0. It asked to
 #   train step 0 while its peers asked for a later step, so it was **healed**: in the new group of
@@ -231,6 +232,8 @@ print(run.timeline())
 #   slots.
 
 # %%
+import re
+
 entries = [(slot, e) for slot, _, e in run.entries]  # one entry per member and attempt
 
 
@@ -242,8 +245,14 @@ def caught(step):  # the members' entries of the step's discarded attempt, in th
     return sorted(at(step, False), key=lambda se: se[1].get("t_error", float("inf")))
 
 
+def said(e):  # the error a member caught; of a gloo error, only gloo's sentence that names the failure
+    error = e.get("error", "no error: it voted ok")
+    gloo = re.search(r"gloo/.*?\] (.+?)\.(?: |$)", error)  # after gloo's source file, up to the first ". "
+    return f"its all_reduce failed; gloo: {gloo.group(1)}" if gloo else error
+
+
 for slot, e in caught(4):
-    print(f"slot {slot}, step 4: {e.get('error', 'no error: it voted ok')}")
+    print(f"slot {slot}, step 4: {said(e)}")
 lesson.claim(
     {slot for slot, _ in at(4, False)} == {0, 2} and not any(e["ok"] for _, e in at(4, False)),
     "step 4: both survivors' attempts failed, they voted no, and the attempt was discarded on both",
@@ -270,7 +279,7 @@ lesson.claim(
     f"from step {kill.healed_at} on, every attempt had all three slots",
 )
 for slot, e in caught(11):
-    print(f"slot {slot}, step 11: {e.get('error', 'no error: it voted ok')}")
+    print(f"slot {slot}, step 11: {said(e)}")
 tags = [{e["tag"] for _, e in at(11, committed)} for committed in (False, True)]
 lesson.claim(
     {slot for slot, _ in at(11, False)} == {0, 1, 2} and len(at(11, True)) == 3 and all(len(t) == 1 for t in tags),
