@@ -93,8 +93,7 @@
 # `run.report()` gives one line per fault: its **recovery**, seconds from the fault to the first
 # commit of its step or a later one, and, for a fault that ended a process, its **rejoin**, seconds
 # from the fault to the quorum that takes the slot's new process back (the state is sent to it just
-# after that quorum). In between, the launcher starts that process, which starts up and asks the
-# lighthouse for a quorum; the run times the start, not what the process does before it asks.
+# after that quorum).
 
 # %%
 from minddp.ft import ToyTask, launch_ft, parse_faults
@@ -122,8 +121,9 @@ for line in run.report():
 #   records nothing between the kill and this moment;
 # * **discard**: each member that caught an error drops its group and votes no; the lighthouse
 #   discards the attempt at the first no it receives;
-# * **exit recorded**: the launcher recorded slot 1's exit. It looks at its processes about every 20 ms,
-#   and records an exit 50 ms after it sees a process ended (a result may still be on its way);
+# * **exit recorded**: the launcher recorded slot 1's exit. It looks at its processes about every
+#   20 ms, and records an exit 50 ms after it sees a process ended (a result may still be on its
+#   way); the run does not record when it saw it;
 # * **next quorum**: each survivor asks again; the lighthouse answers once every live slot has
 #   asked, and slot 1 counts as live until its exit is recorded (the second claim checks that this
 #   quorum came after it);
@@ -198,8 +198,8 @@ print(
 # %% [markdown]
 # So the rejoin is not the time a heal takes. Slot 1's new process was taken back the printed
 # time after its start; the run does not time what it did in between (a new process starts Python
-# and imports torch before it asks). The survivors waited at step 9 because this notebook
-# set `full_world_at=(4, 9)`. The heal, the state sent just after that quorum, is not timed.
+# and imports torch before it asks). The survivors waited at step 9 because this notebook set
+# `full_world_at=(4, 9)`. The heal, the state sent just after that quorum, is not timed.
 #
 # Each fault cost one discarded attempt, trained again (the `x` columns of the timeline below), and
 # only slot 1's process was started again. A restart from a checkpoint (not run here) starts every
@@ -218,8 +218,7 @@ print(run.timeline())
 #   failed (printed below: of each gloo error, gloo's own sentence that names the failure, without
 #   its source file and its guess at the cause); they voted no, and the attempt was **discarded**
 #   on both (`x`). The next quorum had two members, slots 0 and 2 (ranks 0 and 1 of a new group of
-#   2: their order among the members), and step 4
-#   was trained again and committed at world 2;
+#   2: their order among the members), and step 4 was trained again and committed at world 2;
 # * the launcher started slot 1 again: a new process, freshly initialised, at step 0. It asked to
 #   train step 0 while its peers asked for a later step, so it was **healed**: in the new group of
 #   that quorum, before the step, it received the trained state from a peer, then trained that step
@@ -385,11 +384,10 @@ show_source(solutions.ft_shard)
 # the group's timeout (the kill's errors above), and the launcher tells the lighthouse the process
 # is gone once it has recorded its exit (the kill's claim above). A frozen process (`SIGSTOP`)
 # keeps its sockets open and says nothing: its peers wait in their all_reduce until the group's
-# timeout (`hang_s`: the rung builds each group with it), and the lighthouse
-# evicts the slot only once its heartbeat has been silent for `hang_s`. Prediction: a little over
-# `hang_s` (5 s in the run above; this notebook does not run the frozen case), then the next
-# quorum and step 4 trained again, as after the kill. The benchmark in
-# `docs/fault-tolerance.md` measured it with a 2 s bound: 4 frozen processes, recovery 2.07 s
+# timeout (`hang_s`: the rung builds each group with it), and the lighthouse evicts the slot only
+# once its heartbeat has been silent for `hang_s`. Prediction: a little over `hang_s` (5 s in the
+# run above; this notebook does not run the frozen case), then the next quorum and step 4 trained
+# again, as after the kill. The benchmark in `docs/fault-tolerance.md` measured it with a 2 s bound: 4 frozen processes, recovery 2.07 s
 # (median; discarded at 2.02 s), the bound plus a few hundredths. Halving `hang_s` halves the
 # bound, and makes a live process that is merely slow (a loaded machine, a long step) likelier to
 # be evicted by mistake, unless it is the last holder of the trained state, which the lighthouse
@@ -424,8 +422,8 @@ show_source(solutions.ft_shard)
 # and every member steps from the same state with the same gradient: that of rows 0-5 summed and
 # divided by 10, the batch's row count (each rank weights its rows' loss by world / B, and the
 # all_reduce averages over the world), as if rows 6-9 had a gradient of zero; each member's share
-# of rows 0-5 is different (slot 0 rows 0-2, slot 2 rows 3-5). Only a
-# comparison with a single process on the whole batch sees the loss. The second cell below runs
+# of rows 0-5 is different (slot 0 rows 0-2, slot 2 rows 3-5). Only a comparison with a single
+# process on the whole batch sees the loss. The second cell below runs
 # this split in the checker's run (10-row batches, plain SGD: its checks compare the parameters,
 # as there is no optimizer state), where all three pass and the comparison with a single process
 # fails.
