@@ -27,8 +27,9 @@
 #
 # 1. a **quorum**: before each attempt, a small coordinator (the *lighthouse*, a process of its own)
 #    answers who trains it, the attempt's **members**;
-# 2. a **new group** whenever the members changed (its size their new number) or the last attempt at
-#    a step was discarded (a group that saw a failure may be broken: the same members build a new one);
+# 2. a **new group** at the first quorum, and whenever the members changed (its size their new
+#    number) or the last attempt at a step was discarded (a group that saw a failure may be broken:
+#    the same members build a new one);
 # 3. a process that comes back is **healed**: it receives the trained state from a peer, over the
 #    group, no file (the parameters, the optimizer's state, and the count of steps committed);
 # 4. **the work**: the members split the step's whole global batch among themselves, so a lost
@@ -55,8 +56,8 @@
 #   built for them), and the **world** is their number: after slot 1 is lost, slots 0 and 2 are
 #   ranks 0 and 1 of world 2;
 # * a quorum's **tag** names its group: the lighthouse gives a new tag, so the members build a new
-#   group, when the members changed or a step was discarded since the last quorum; otherwise the
-#   quorum keeps the last one's tag and group;
+#   group, at the first quorum and when the members changed or a step was discarded since the last
+#   quorum; otherwise the quorum keeps the last one's tag and group;
 # * a **holder** is a process that holds the trained state: a member of the newest committed step.
 
 # %% [markdown]
@@ -64,7 +65,8 @@
 #
 # The cell below starts a lighthouse and three slots from this kernel and trains 14 steps of a toy
 # task (`ToyTask`: a small MLP regression, 12 rows per global batch, AdamW, and a 10 ms pause per
-# step standing in for compute). What each setting does:
+# step standing in for compute). Each group the rung builds runs on gloo, torch's CPU backend. What
+# each setting does:
 #
 # * `world_size=3`: three slots. The launcher's parameter keeps torch's name; in this notebook the
 #   **world** is always the number of an attempt's members, at most `world_size` (2 after the kill);
@@ -74,18 +76,16 @@
 #   before it starts its all_reduce (slot 2 stays);
 # * `hang_s=5.0`, the **hang bound**: the group's collective timeout, and how long a slot's heartbeat
 #   (sent every 50 ms) may be silent. The lighthouse counts a slot **live** while its heartbeat has
-#   not been silent that long and the launcher has not reported its process's exit; a quorum waits
-#   for every live slot to ask. A slot silent past the bound is evicted (the launcher ends its
-#   process and starts it again, as after a kill), unless it is the last holder of the trained
-#   state, which is never evicted (question 1 below);
-# * `full_world_at=(4, 9)`: the first attempt of steps 4 and 9 waits for all three slots, whatever
-#   the machine's speed: the kill meets a full world, and slot 1 is back, healed, by step 9 (slots 0
-#   and 2 wait for it there if it is not back sooner), before the raise of step 11 (so the heal and
-#   the raise each show on their own);
+#   not been silent that long and the launcher has not reported its process's exit; it answers a
+#   quorum only once every live slot has asked. A slot silent past the bound is evicted (the
+#   launcher ends its process and starts it again, as after a kill), unless it is the last holder
+#   of the trained state, which is never evicted (question 1 below);
+# * `full_world_at=(4, 9)`: the lighthouse answers the first quorum of steps 4 and 9 only once all
+#   three slots have asked, whatever the machine's speed: the kill meets a full world, and slot 1
+#   is back, healed, by step 9 (slots 0 and 2 wait for it there if it is not back sooner), before
+#   the raise of step 11 (so the heal and the raise each show on their own);
 # * `restart_after_steps=1`: the launcher starts a killed slot again only once a step was committed
 #   without it, so the run shows steps committed at world 2;
-# * `rejoin_before_end=True`: the last step waits for all three slots too, so the run does not end
-#   before the killed slot is back;
 # * `digests=True`: every member records a sha256 of its parameters and optimizer state just before
 #   each attempt's step (its *before* digest: once the attempt's group is built and any heal done),
 #   and again after each discarded attempt (the checks further down).
@@ -93,8 +93,7 @@
 # `run.report()` gives one line per fault: its **recovery**, seconds from the fault to the first
 # commit of its step or a later one, and, for a fault that ended a process, its **rejoin**, seconds
 # from the fault to the quorum that takes the slot's new process back (the state is sent to it just
-# after that quorum). In between, the launcher starts that process, which starts up and asks the
-# lighthouse for a quorum; the run times the start, not what the process does before it asks.
+# after that quorum).
 
 # %%
 from minddp.ft import ToyTask, launch_ft, parse_faults
@@ -108,7 +107,6 @@ run = launch_ft(
     hang_s=5.0,
     full_world_at=(4, 9),
     restart_after_steps=1,
-    rejoin_before_end=True,
     digests=True,
     run_timeout_s=300,
 )
@@ -116,22 +114,25 @@ for line in run.report():
     print(line)
 
 # %% [markdown]
-# Where the kill's recovery went. The cell below splits it into four parts, in milliseconds,
-# between moments the members, the lighthouse and the launcher recorded:
+# Where the kill's recovery went. The cell below prints the moments the members, the lighthouse and
+# the launcher recorded, in milliseconds after the kill, in the order they happened:
 #
-# * **fault to first error**: from the kill to the first exception a survivor caught, when its
-#   all_reduce failed (the errors are printed further down). The run records only these two
-#   moments, not what happens between them (`docs/fault-tolerance.md` tells it);
-# * **first error to discard**: each member that caught an error drops its group and votes no; the
-#   lighthouse discards the attempt at the first no it receives;
-# * **discard to next quorum**: each survivor asks for the next quorum; the lighthouse answers once
-#   every live slot has asked, and slot 1 counts as live until the launcher records its exit (the
-#   second claim prints when it did);
-# * **next quorum to commit**: the survivors build a group of 2, train step 4 again and vote, and
-#   the lighthouse commits.
+# * **first error**: a survivor's all_reduce failed (the errors are printed further down); the run
+#   records nothing between the kill and this moment;
+# * **discard**: each member that caught an error drops its group and votes no; the lighthouse
+#   discards the attempt at the first no it receives;
+# * **exit recorded**: the launcher recorded slot 1's exit. It looks at its processes about every
+#   20 ms, and records an exit 50 ms after it sees a process ended (a result may still be on its
+#   way); the run does not record when it saw it;
+# * **next quorum**: each survivor asks again; the lighthouse answers once every live slot has
+#   asked, and slot 1 counts as live until its exit is recorded (the second claim checks that this
+#   quorum came after it);
+# * **commit**: the survivors build a group of 2, train step 4 again and vote, and the lighthouse
+#   commits.
 #
 # The raise's recovery (the report's second line) is not split: the first claim checks only where
-# its first error came from and that slot 2's process stayed. This is one run of each fault.
+# its first error came from and that slot 2's process stayed. The last two lines set each recovery
+# against the hang bound (5 s): neither fault made anyone wait for the group's timeout.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -155,22 +156,28 @@ lesson.claim(
 )
 lesson.claim(
     first_error(kill)[1] != kill.fault.slot and kill.exit_s is not None and kill.exit_s <= kill.quorum_s,
-    f"kill: the first error was a survivor's, and the next quorum ({ms(kill.quorum_s)} ms after the kill) came "
-    f"after the launcher recorded slot {kill.fault.slot}'s exit ({ms(kill.exit_s)} ms)",
+    f"kill: the first error was a survivor's, and the next quorum came after the launcher recorded slot "
+    f"{kill.fault.slot}'s exit",
 )
-moments = [first_error(kill)[0], ms(kill.discard_s), ms(kill.quorum_s), ms(kill.recovery_s)]
-names = ("fault to first error", "first error to discard", "discard to next quorum", "next quorum to commit")
-print("\nthe kill's recovery, ms")
-for name, part in zip(names, [b - a for a, b in zip([0, *moments], moments)]):
-    print(f"  {name:<24}{part:>5}")
-print(f"  {'recovery':<24}{ms(kill.recovery_s):>5}")
+moments = {
+    "first error": first_error(kill)[0],
+    "discard": ms(kill.discard_s),
+    f"slot {kill.fault.slot}'s exit recorded": ms(kill.exit_s),
+    "next quorum": ms(kill.quorum_s),
+    f"commit of step {kill.committed_step}": ms(kill.recovery_s),
+}
+print("\nthe kill: ms after it")
+for name, t in sorted(moments.items(), key=lambda item: item[1]):  # in the order they happened
+    print(f"  {name:<24}{t:>5}")
+for o in (kill, raised):
+    print(f"{o.fault} recovery: {ms(o.recovery_s)} ms, {o.recovery_s / 5.0:.0%} of the hang bound (5 s)")
 
 # %% [markdown]
 # The kill also ended slot 1's process: its **rejoin** (the report's first line) ends at the quorum
 # that took a new process in slot 1 back. The launcher started that process once step 4 was
 # committed without it (`restart_after_steps=1`, checked below); the two survivors trained on at
-# world 2, and a step-9 quorum waits for all three slots (`full_world_at`). The cell prints what
-# each side did from the kill to that quorum.
+# world 2, and the lighthouse answered step 9's quorum only once all three slots had asked
+# (`full_world_at`). The cell prints what each side did from the kill to that quorum.
 
 # %%
 lesson.claim(
@@ -185,13 +192,18 @@ print(f"  slot 1's new process: started {start} ms after the kill, taken back {r
 print(
     f"  slots 0 and 2: committed steps {kill.fault.step}-{step} at world 2, the last {ms(last)} ms after the kill; "
     f"then {rejoin - ms(last)} ms to the quorum of step {kill.healed_at}"
-    + (" (full_world_at: it waits for all three slots)" if kill.healed_at == 9 else "")
+    + (" (full_world_at: answered once all three slots asked)" if kill.healed_at == 9 else "")
 )
 
 # %% [markdown]
-# A restart from a checkpoint (not run here) starts every process again, then trains again every
-# step since the checkpoint; here only slot 1 was started again, and each step was committed once
-# (the timeline below).
+# So the rejoin is not the time a heal takes. Slot 1's new process was taken back the printed
+# time after its start; the run does not time what it did in between (a new process starts Python
+# and imports torch before it asks). The survivors waited at step 9 because this notebook set
+# `full_world_at=(4, 9)`. The heal, the state sent just after that quorum, is not timed.
+#
+# Each fault cost one discarded attempt, trained again (the `x` columns of the timeline below), and
+# only slot 1's process was started again. A restart from a checkpoint (not run here) starts every
+# process again, then trains again every step since the checkpoint.
 #
 # The run's timeline: one column per attempt, in order, and one row per slot; under them the step,
 # the world size and each new group; then what each mark means (only the marks that appear).
@@ -202,21 +214,24 @@ print(run.timeline())
 # %% [markdown]
 # What the timeline shows, each point checked on this run by the cell below:
 #
-# * in step 4 slot 1 died: the survivors' all_reduce failed (the error each got is printed below),
-#   they voted no, and the attempt was **discarded** on both (`x`). The next quorum had two members,
-#   slots 0 and 2 (ranks 0 and 1 of a new group of 2: their order among the members), and step 4
-#   was trained again and committed at world 2;
+# * in step 4 slot 1 died: its connections closed as it ended, and the survivors' all_reduce
+#   failed (printed below: of each gloo error, gloo's own sentence that names the failure, without
+#   its source file and its guess at the cause); they voted no, and the attempt was **discarded**
+#   on both (`x`). The next quorum had two members, slots 0 and 2 (ranks 0 and 1 of a new group of
+#   2: their order among the members), and step 4 was trained again and committed at world 2;
 # * the launcher started slot 1 again: a new process, freshly initialised, at step 0. It asked to
 #   train step 0 while its peers asked for a later step, so it was **healed**: in the new group of
 #   that quorum, before the step, it received the trained state from a peer, then trained that step
 #   with them, and the attempt was committed (`H`). From then on it trained with them at world 3;
 # * in step 11 slot 2's comm hook raised, before its all_reduce: slot 2's process stayed, dropped
-#   its group and voted no. Slots 0 and 1's all_reduce then failed, after slot 2's error (the errors
-#   are printed below, in the order caught). The attempt was discarded on every member, and
-#   step 11 was tried again by a new group of the same three slots.
+#   its group (which closes its connections to slots 0 and 1) and voted no. Slots 0 and 1's
+#   all_reduce then failed, after slot 2's error (the errors are printed below, in the order
+#   caught): their connection to slot 2 had closed, though its process had not ended. The attempt
+#   was discarded on every member, and step 11 was tried again by a new group of the same three
+#   slots.
 
 # %%
-from minddp.runtime.launch import peer_gone
+import re
 
 entries = [(slot, e) for slot, _, e in run.entries]  # one entry per member and attempt
 
@@ -229,9 +244,10 @@ def caught(step):  # the members' entries of the step's discarded attempt, in th
     return sorted(at(step, False), key=lambda se: se[1].get("t_error", float("inf")))
 
 
-def said(e):  # the error a member caught: gloo's lost connection to a peer, else the error's first sentence
+def said(e):  # the error a member caught; of a gloo error, only gloo's sentence that names the failure
     error = e.get("error", "no error: it voted ok")
-    return "its all_reduce failed: gloo lost its connection to a peer" if peer_gone(error) else error.split(". ")[0]
+    gloo = re.search(r"gloo/.*?\] (.+?)\.(?: |$)", error)  # after gloo's source file, up to the first ". "
+    return f"its all_reduce failed; gloo: {gloo.group(1)}" if gloo else error
 
 
 for slot, e in caught(4):
@@ -304,10 +320,12 @@ lesson.claim(
 # with `shard(batch, rank, world)`: `rank` is the process's rank (its index among the attempt's
 # members) and `world` their number. After a process is lost the world is smaller, and the
 # survivors must train its rows too, or no one does. Write that split: given the step's batch
-# `(x, y)` (one row of `x` per example, its target in `y`), return this rank's rows
-# `(x[rows], y[rows])`, so that each row goes to exactly one of the `world` ranks, whatever `world`
-# and `len(x)` are now. Split by the `rank` and `world` you are given: the launcher's `RANK` is the
-# slot, not the rank of now, and the checker refuses a function that reads it (or `dist.get_rank()`).
+# `(x, y)` (one row of `x` per example, its target in `y`), return this rank's rows as two values,
+# `(x[rows], y[rows])` (the rung's own `ToyTask.shard` also returns a third, the batch's row
+# count: return only the two), so that each row goes to exactly one of the `world` ranks, whatever
+# `world` and `len(x)` are now. Split by the `rank` and `world` you are given: the launcher's
+# `RANK` is the slot, not the rank of now, and the checker refuses a function that reads it (or
+# `dist.get_rank()`).
 #
 # `check_shard` trains your function on the `ft` rung (3 slots through `kill@2:1`: the world goes
 # 3 → 2 → 3, on batches of 10 rows, not `ToyTask`'s 12) and compares the parameters with a single
@@ -363,14 +381,13 @@ show_source(solutions.ft_shard)
 # <details><summary>1. A frozen process</summary>
 #
 # A killed process's connections end with it, so its peers' all_reduce fails without waiting for
-# the group's timeout (the kill's errors above), and the launcher
-# tells the lighthouse the process is gone once it has recorded its exit (the kill's claim above). A
-# frozen process (`SIGSTOP`) keeps its sockets open and says nothing: its peers wait in their all_reduce
-# until the group's timeout (`hang_s`: the rung builds each group with it), and the lighthouse
-# evicts the slot only once its heartbeat has been silent for `hang_s`. Prediction: a little over
-# `hang_s` (5 s in the run above; this notebook does not run the frozen case), then the next
-# quorum and step 4 trained again, as after the kill. The benchmark in
-# `docs/fault-tolerance.md` measured it with a 2 s bound: 4 frozen processes, recovery 2.07 s
+# the group's timeout (the kill's errors above), and the launcher tells the lighthouse the process
+# is gone once it has recorded its exit (the kill's claim above). A frozen process (`SIGSTOP`)
+# keeps its sockets open and says nothing: its peers wait in their all_reduce until the group's
+# timeout (`hang_s`: the rung builds each group with it), and the lighthouse evicts the slot only
+# once its heartbeat has been silent for `hang_s`. Prediction: a little over `hang_s` (5 s in the
+# run above; this notebook does not run the frozen case), then the next quorum and step 4 trained
+# again, as after the kill. The benchmark in `docs/fault-tolerance.md` measured it with a 2 s bound: 4 frozen processes, recovery 2.07 s
 # (median; discarded at 2.02 s), the bound plus a few hundredths. Halving `hang_s` halves the
 # bound, and makes a live process that is merely slow (a loaded machine, a long step) likelier to
 # be evicted by mistake, unless it is the last holder of the trained state, which the lighthouse
@@ -380,16 +397,16 @@ show_source(solutions.ft_shard)
 #
 # <details><summary>2. Two kills, and three</summary>
 #
-# With `kill@4:1,kill@5:2` the world shrinks by one at each kill, and grows back as each killed
-# slot is started again and healed from a survivor. The launcher starts slot 1 again only after a
-# step committed without it, here after step 4, and in the run above its new process missed the
-# next steps (the timeline's `.`): it is not back when slot 2 dies in step 5, the next step, and the world
-# goes down to 1, slot 0 training alone on the whole batch. (A prediction: this notebook runs only the three-kill case below.) Killing all three
-# in the same step leaves no holder: in this design, as in torchft's, the trained state lives only
-# in the training processes, so nothing is left to heal from. A design that keeps a copy elsewhere (a checkpoint on disk, or a
-# replica of the state outside the training processes) could bring it back; this kind of fault
-# tolerance keeps the state only as long as one holder lives. The processes started again would
-# hold a fresh initialisation, so minddp stops the run with one line rather than train the
+# A prediction (this notebook runs only the three-kill case, below): with `kill@4:1,kill@5:2` the
+# world shrinks by one at each kill, and grows back as each killed slot is started again and
+# healed from a survivor. The launcher starts slot 1 again only after a step committed without
+# it, here after step 4, and in the run above its new process missed the next steps (the
+# timeline's `.`): if it is not back when slot 2 dies in step 5, the world goes down to 1, slot 0
+# training alone on the whole batch. Killing all three in the same step leaves no holder: in this
+# design, as in torchft's, the trained state lives only in the training processes, so nothing is
+# left to heal from. A design that keeps a copy elsewhere (a checkpoint on disk, or a replica of
+# the state outside the training processes) could bring it back. The processes started again
+# would hold a fresh initialisation, so minddp stops the run with one line rather than train the
 # committed steps again (the first cell below runs it).
 #
 # </details>
@@ -402,9 +419,11 @@ show_source(solutions.ft_shard)
 # take rows 0-2, 3-5 and 6-9, so rows 6-9, 4 of the 10, are lost: slot 2, now rank 1, trains the
 # dead slot's rows 3-5, and its own rows of the first world go untrained. All three checks would
 # still pass: each compares the processes with each other or with themselves, never with the data,
-# and every member applies the same averaged update, from the same state: the update of rows 0-5
-# alone, each member's share of them different (slot 0 rows 0-2, slot 2 rows 3-5). Only a
-# comparison with a single process on the whole batch sees the loss. The second cell below runs
+# and every member steps from the same state with the same gradient: that of rows 0-5 summed and
+# divided by 10, the batch's row count (each rank weights its rows' loss by world / B, and the
+# all_reduce averages over the world), as if rows 6-9 had a gradient of zero; each member's share
+# of rows 0-5 is different (slot 0 rows 0-2, slot 2 rows 3-5). Only a comparison with a single
+# process on the whole batch sees the loss. The second cell below runs
 # this split in the checker's run (10-row batches, plain SGD: its checks compare the parameters,
 # as there is no optimizer state), where all three pass and the comparison with a single process
 # fails.
@@ -452,7 +471,7 @@ lesson.claim(answer.ok, "the model answer trains every row once at every world")
 print("question 3's split:", first_world)
 lesson.claim(
     not first_world.ok and "at world 2, rows 6-9 were trained by no rank" in first_world.line,
-    "the split of the first world lost rows 6-9 of every 10-row batch trained at world 2",
+    "the split of the first world: at world 2, rows 6-9 of the 10-row batch were trained by no rank",
 )
 lesson.claim(
     "though the processes' own checks all pass" in first_world.line,

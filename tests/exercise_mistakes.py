@@ -955,6 +955,13 @@ def shard_unfinished(batch, rank, world):
     raise NotImplementedError("this rank's rows")
 
 
+def shard_float_division(batch, rank, world):
+    """The slice ends computed with `/`: floats, which a slice refuses."""
+    x, y = batch
+    lo, hi = rank * len(x) / world, (rank + 1) * len(x) / world
+    return x[lo:hi], y[lo:hi]
+
+
 def shard_returns_the_batch(batch, rank, world):
     """Every rank trains the whole batch (the ranks' gradients are then all the same, and the split gone)."""
     return batch

@@ -1081,3 +1081,27 @@ def test_the_schedule_exercise_names_a_schedule_that_never_sends():
     named = "with H = 6, 3 fragments and a delay of 1, after step 1 yours sends None, streaming DiLoCo sends 0"
     assert not v.ok and named in v.line, v.line
     assert "yours sends no fragment at all in these 6 turns" in v.line and "return" in v.line, v.line
+
+
+def test_the_shard_exercise_names_a_float_division_in_the_slice_ends():
+    """Learner read 07 (round 9) finding 14a: `rank * len(x) / world` got only the raw TypeError ("slice indices
+    must be integers"), with no word that `/` gives a float where `//` gives the integer a slice needs. Caught
+    before any rank starts."""
+    v = lost_rank.check_shard(wrong.shard_float_division)
+    assert not v.ok and "raised TypeError" in v.line, v.line
+    assert "`/` gives a float" in v.line and "floor division `//`" in v.line, v.line
+
+
+def test_the_shard_exercise_says_a_split_passed_its_checks_when_the_run_cannot_go_on(monkeypatch):
+    """Learner read 07 (round 9) finding 14b: when the ft run itself stops (e.g. a loaded machine past its timeout),
+    the verdict was a bare "✗ shard: the run could not go on", as if the split were wrong. It now says the split
+    passed the checks without ranks and that the run, not the split, failed."""
+    from minddp.ft.launch import FaultTolerantRunError
+
+    def stopped(*args, **kwargs):
+        raise FaultTolerantRunError("minddp.ft: the run did not finish within run_timeout_s=180 s")
+
+    monkeypatch.setattr(lost_rank, "launch_ft", stopped)
+    v = lost_rank.check_shard(solutions.ft_shard)
+    assert not v.ok, v.line
+    assert "passed the checks without ranks" in v.line and "not a verdict on your split" in v.line, v.line

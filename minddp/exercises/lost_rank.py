@@ -154,7 +154,11 @@ def check_shards(shards: list, *, steps: int = 6, timeout_s: float = 180.0) -> l
     except FaultTolerantRunError as exc:
         line = str(exc).strip().splitlines()[0]
         for i in run_these:
-            verdicts[i] = Verdict(False, f"✗ shard: the run could not go on ({line})")
+            verdicts[i] = Verdict(
+                False,
+                f"✗ shard: your split passed the checks without ranks, but the run could not go on ({line}); "
+                "this is not a verdict on your split: run the check again",
+            )
         return verdicts
     committed = committed_worlds(run)
     lanes = lane_parameters(next(iter(run.results.values())), len(run_these))
@@ -245,7 +249,11 @@ def values_problem(fn, batch, world: int) -> str | None:
                 out = fn(batch, rank, world)
             except Exception as exc:  # noqa: BLE001 - the learner's code: any error is the verdict
                 return f"your shard raised {type(exc).__name__} for rank {rank} of world {world}: {exc}" + (
-                    RANK_READ_AT_RUN_TIME if rank_read(exc) else ""
+                    RANK_READ_AT_RUN_TIME
+                    if rank_read(exc)
+                    else FLOAT_ENDS
+                    if "slice indices must be" in str(exc)
+                    else ""
                 )
             if isinstance(out, (tuple, list)) and len(out) != 2:
                 return (
@@ -313,6 +321,10 @@ def values_problem(fn, batch, world: int) -> str | None:
 SWAPPED = (  # a split right with its last two parameters the other way round: (batch, world, rank)
     "; called with its last two arguments the other way round, it gives each row to exactly one rank at worlds 3, 2 "
     "and 1: shard is called as shard(batch, rank, world), rank before world"
+)
+FLOAT_ENDS = (
+    " (a slice end computed with `/` gives a float, which a slice refuses: use the floor division `//`, "
+    "as in rank * len(x) // world)"
 )
 RANK_READ_AT_RUN_TIME = (
     " (a read of the launcher's RANK or WORLD_SIZE, or of a process group's rank: the checker calls shard outside "
