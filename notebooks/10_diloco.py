@@ -23,16 +23,16 @@
 # sync.
 #
 # 1. **Local SGD**: every H steps, average the weights (`minddp.LocalSGD`);
-# 2. **DiLoCo** (Douillard et al., 2023, arXiv 2311.08105): every H steps, average the *pseudo-gradient* (the synced
-#    weights minus the local ones), put the synced weights back, and let an outer optimizer (SGD with
-#    Nesterov momentum) step with it (`minddp.DiLoCo`);
-# 3. **Streaming DiLoCo** (Douillard et al., 2025, arXiv 2501.18512): the model in fragments that sync in turn, each fragment's message
-#    handed over τ inner steps before the step that waits for it: it arrives without a wait only where
-#    those τ steps last longer than its time on the link.
+# 2. **DiLoCo** (Douillard et al., 2023, arXiv 2311.08105): every H steps, average the
+#    *pseudo-gradient* (the synced weights minus the local ones), put the synced weights back, and let
+#    an outer optimizer (SGD with Nesterov momentum) step with it (`minddp.DiLoCo`);
+# 3. **Streaming DiLoCo** (Douillard et al., 2025, arXiv 2501.18512): the model in fragments that sync
+#    in turn, each fragment's message handed over τ inner steps before the step that waits for it: it
+#    arrives without a wait only where those τ steps last longer than its time on the link.
 #
 # The task is the one `python -m minddp.bench.convergence` measures: language modelling of a Markov
-# chain over 32 tokens (`minddp.bench.convergence.MarkovTask`). Its entropy floor is known exactly, and so
-# is any model's **held-out loss**: the model's cross-entropy over all 1024 contexts (the last two
+# chain over 32 tokens (`minddp.bench.convergence.MarkovTask`). Its entropy floor is known exactly, and
+# so is any model's **held-out loss**: the model's cross-entropy over all 1024 contexts (the last two
 # tokens), each weighted by how often the chain is in it, computed in closed form. No evaluation set is
 # sampled, so the held-out loss has no evaluation noise. Two ranks, one replica each.
 
@@ -144,9 +144,10 @@ print(doc.split("post-hook, the H-th step's)::")[1].split("Example")[0].rstrip()
 # %% [markdown]
 # With outer SGD(lr 1, no momentum) DiLoCo *is* local SGD (`tests/test_diloco.py` checks both against
 # torch's `PeriodicModelAverager`); an outer learning rate and momentum of its own are what it adds.
-# One run of each on the two ranks, DDP beside them, from the same start on the same chains (300 steps, H = 10). `train_config`
-# is the bench's run: AdamW with its learning rate 3·10⁻³ going down a half cosine to a tenth of it (the
-# loop above kept it fixed), and the held-out loss scored on the weights the replicas *agree on*:
+# One run of each on the two ranks, DDP beside them, from the same start on the same chains (300
+# steps, H = 10). `train_config` is the bench's run: AdamW with its learning rate 3·10⁻³ going down a
+# half cosine to a tenth of it (the loop above kept it fixed), and the held-out loss scored on the
+# weights the replicas *agree on*:
 # DDP's, local SGD's last average (rank 0's own weights before the first), DiLoCo's synced weights
 # (between syncs each replica's own differ):
 
@@ -167,22 +168,24 @@ lesson.claim(
 )
 
 # %% [markdown]
-# That is one seed on 2 replicas. `python -m minddp.bench.convergence` runs every rung on 4
-# replicas, 2000 steps, 5 seeds, and its results are committed (`docs/diloco/convergence.json`); the figure and the numbers below are read
-# from that file, not run here. Its runs: `ddp` (the global batch every step); `single` (one replica
-# alone: a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100);
-# `streaming-h100` (streaming DiLoCo, the rung after the first exercise: the model in 2 fragments
-# synced in turn, each sent τ = 5 steps before it is applied, where the new synced weights are mixed
-# with the local ones by α = 0.5: streaming DiLoCo's mixing weight, defined in its section, not
-# notebook 01's α). The figure draws each run's mean over the seeds at H = 10 and 100 (H = 50 is not drawn: its final losses are
-# printed) against the payload bytes each replica handed to the all_reduce; `single` sends nothing, so
-# it has no place on the log axis and is drawn as a grey line at its final loss. The y axis stops at
-# 2.6 nats so that the ends can be told apart. The held-out loss is scored as in the run above (the
-# bench's cosine schedule, the weights the replicas agree on). The lines under the figure give each
-# run's final loss with its range over the seeds; the next, where a curve rose above 2.6 nats (the
-# figure does not show it); the last line, the H = 100 runs' order at equal bytes
-# early in the run, which is not their order at the end (in the figure: local SGD lowest at first; streaming DiLoCo
-# near DiLoCo's curve at first and near local SGD's later).
+# That is one seed on 2 replicas. `python -m minddp.bench.convergence` runs every rung on 4 replicas,
+# 2000 steps, 5 seeds; its results are committed (`docs/diloco/convergence.json`), and the figure and
+# the numbers below are read from that file, not run here. Its runs: `ddp` (the global batch every
+# step); `single` (one replica alone: a quarter of the data, nothing sent); `local-sgd-hH` and
+# `diloco-hH` (H = 10, 50, 100); `streaming-h100` (streaming DiLoCo, the rung after the first exercise:
+# the model in 2 fragments synced in turn, each sent τ = 5 steps before it is applied, where the new
+# synced weights are mixed with the local ones by α = 0.5: streaming DiLoCo's mixing weight, defined in
+# its section, not notebook 01's α). The held-out loss is scored as in the run above (the bench's
+# cosine schedule, the weights the replicas agree on).
+#
+# The figure draws each run's mean over the seeds at H = 10 and 100 (H = 50 is not drawn) against the
+# payload bytes each replica handed to the all_reduce. `single` sends nothing, so it has no place on
+# the log axis and is drawn as a grey line at its final loss. The y axis stops at 2.6 nats so that the
+# ends can be told apart. Under the figure: each run's final loss with its range over the seeds;
+# streaming-h100's settings; where a curve's mean rose above 2.6 nats, which the figure does not show;
+# and the H = 100 runs' order after
+# equal bytes early in the run, which is not their order at the end (in the figure: local SGD lowest at
+# first; streaming DiLoCo near DiLoCo's curve at first and near local SGD's later).
 
 # %%
 import json
@@ -321,8 +324,8 @@ closest = min((n for n in shown if n not in ("ddp", "single")), key=lambda n: st
 lesson.claim(
     closest == "streaming-h100",
     f"of all the runs that talk rarely, streaming DiLoCo (H = 100, {streaming['fragments']} fragments, τ = "
-    f"{streaming['fragment_delay']}, α = {streaming['fragment_alpha']}) ends closest to DDP ({excess(closest):.3f} "
-    f"above the floor, against DiLoCo's {excess('diloco-h100'):.3f} at the same H); it differs from DiLoCo in two "
+    f"{streaming['fragment_delay']}, α = {streaming['fragment_alpha']}) ends closest to DDP (an excess of "
+    f"{excess(closest):.3f} nats, against DiLoCo's {excess('diloco-h100'):.3f} at the same H); it differs from DiLoCo in two "
     "things at once, the fragments sent early and in turn, and α keeping part of the local progress at each "
     "outer step: which of the two helps was not separated",
 )
@@ -338,8 +341,8 @@ lesson.claim(
 # `params`. Average the pseudo-gradient over the replicas, put the synced weights back, let `outer`
 # step, and keep the result as the new synced weights. `check_outer_sync` trains a small network on 2
 # real ranks with your sync and, once it passes there, again on 3 (a world size hard-coded as 2 passes
-# on 2 ranks and fails on 3); each usual mistake, made alone, gets a verdict that names it. As it stands the cell
-# raises `NotImplementedError`, and the checker says so.
+# on 2 ranks and fails on 3); each usual mistake, made alone, gets a verdict that names it. As it
+# stands the cell raises `NotImplementedError`, and the checker says so.
 
 # %%
 import torch
@@ -607,12 +610,13 @@ lesson.claim(
     f"of these links where DDP computes less than 5 % of the time ({pct(table[first]['ddp']['utilisation'])}), "
     f"and streaming DiLoCo still more than 90 % ({pct(table[first]['streaming']['utilisation'])})",
 )
-buckets = synthesize(cp, "ddp", 25.0, 2).messages  # the messages ddp_step replays: one per 25 MB bucket
+buckets = synthesize(cp, "ddp", 25.0, 2).messages  # the messages ddp_step replays: one per bucket (cap 25 MiB)
 size, start = buckets[0].nbytes, min(m.at for m in buckets)
 each = 2 * spec.latency + size / spec.bandwidth  # 2 hops; on 2 ranks each carries 1× the bytes
 print(
-    f"DDP on '{first}': {len(buckets)} messages a step, one per layer (each layer's {size / 1e6:.0f} MB of gradients "
-    f"is more than DDP's 25 MiB bucket cap, so each layer is a bucket of its own), one after another, each 2 hops × {spec.latency * 1e3:g} ms + {size / 1e6:.0f} MB at "
+    f"DDP on '{first}': {len(buckets)} messages a step, one per layer (each layer's {size / 1e6:.0f} MB of "
+    f"gradients is more than DDP's 25 MiB bucket cap, so each layer is a bucket of its own), one after another, "
+    f"each 2 hops × {spec.latency * 1e3:g} ms + {size / 1e6:.0f} MB at "
     f"{spec.bandwidth * 8 / 1e9:g} Gbit/s = {each * 1e3:.0f} ms; the first handed over {start * 1e3:.0f} ms into "
     f"the step, the last delivered at {start * 1e3:.0f} + {len(buckets)} × {each * 1e3:.0f} = "
     f"{(start + len(buckets) * each) * 1e3:.0f} ms, the step's end: it computes "
