@@ -450,10 +450,10 @@ def spans(name):
 
 
 applied = [e for _, e in spans("minddp.fragment_apply")]  # where each apply ends
-started = [s for s, _ in spans("minddp.optimizer_step")]  # the k-th: inner step WARM + 1 + k
+started = [(e.time_range.start - t0) / 1e3 for e in events if e.name == "minddp.optimizer_step"]  # k-th: WARM + 1 + k
 
 
-def step_at(t):  # the inner step whose optimizer step (post-hook included) was running at t ms
+def step_at(t):  # the inner step whose optimizer step (post-hook included) started last by t ms
     return WARM + sum(s <= t for s in started)
 
 
