@@ -519,14 +519,21 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     asked = link.waits[m["seq"]]  # when step a's post-hook called wait(), on the link's clock (s)
     on_link, before = (m["modeled_end"] - m["start"]) * 1e3, (asked - m["start"]) * 1e3
     waited = metrics.waited([(asked, max(asked, m["delivered"]))]) * 1e3
+    real = (m["delivered"] - max(asked, m["modeled_end"])) * 1e3  # > 0: the real all_reduce ended later
     lesson.say(
         f"fragment {order[s].rpartition('#')[2]} ({m['bytes'] / 1e3:.1f} kB), handed over in step {step_of(s)}: "
-        f"{on_link:.1f} ms on the link; {before:.0f} ms of steps from the tick until step {step_of(a)}'s wait(): "
+        f"{on_link:.1f} ms on the link; {before:.1f} ms of steps from the tick until step {step_of(a)}'s wait(): "
         + (
             "delivered by then, no wait"
-            if round(waited) == 0
-            else f"the training thread waited {waited:.0f} ms for it (red)"
+            if waited < 0.05
+            else f"the training thread waited {waited:.1f} ms for it (red)"
             + (f": its τ = {TAU} steps were shorter than its time on the link" if before < on_link else "")
+            + (
+                f" ({max(0.0, on_link - before):.1f} ms until its modeled transfer ended, then {real:.1f} ms until "
+                "the real all_reduce ended)"
+                if real >= 0.05
+                else ""
+            )
         )
     )
 
