@@ -147,9 +147,8 @@ print(doc.split("post-hook, the H-th step's)::")[1].split("Example")[0].rstrip()
 # One run of each on the two ranks, DDP beside them, from the same start on the same chains (300
 # steps, H = 10). `train_config` is the bench's run: AdamW with its learning rate 3·10⁻³ going down a
 # half cosine to a tenth of it (the loop above kept it fixed), and the held-out loss scored on the
-# weights the replicas *agree on*:
-# DDP's, local SGD's last average (rank 0's own weights before the first), DiLoCo's synced weights
-# (between syncs each replica's own differ):
+# weights the replicas *agree on*: DDP's, local SGD's last average (rank 0's own weights before the
+# first), DiLoCo's synced weights (between syncs each replica's own differ):
 
 # %%
 # %%distributed
@@ -183,9 +182,9 @@ lesson.claim(
 # the log axis and is drawn as a grey line at its final loss. The y axis stops at 2.6 nats so that the
 # ends can be told apart. Under the figure: each run's final loss with its range over the seeds;
 # streaming-h100's settings; where a curve's mean rose above 2.6 nats, which the figure does not show;
-# and the H = 100 runs' order after
-# equal bytes early in the run, which is not their order at the end (in the figure: local SGD lowest at
-# first; streaming DiLoCo near DiLoCo's curve at first and near local SGD's later).
+# and the H = 100 runs' order after equal bytes early in the run, which is not their order at the end
+# (in the figure: local SGD lowest at first; streaming DiLoCo near DiLoCo's curve at first and near
+# local SGD's later).
 
 # %%
 import json
@@ -325,9 +324,9 @@ lesson.claim(
     closest == "streaming-h100",
     f"of all the runs that talk rarely, streaming DiLoCo (H = 100, {streaming['fragments']} fragments, τ = "
     f"{streaming['fragment_delay']}, α = {streaming['fragment_alpha']}) ends closest to DDP (an excess of "
-    f"{excess(closest):.3f} nats, against DiLoCo's {excess('diloco-h100'):.3f} at the same H); it differs from DiLoCo in two "
-    "things at once, the fragments sent early and in turn, and α keeping part of the local progress at each "
-    "outer step: which of the two helps was not separated",
+    f"{excess(closest):.3f} nats, against DiLoCo's {excess('diloco-h100'):.3f} at the same H); it differs from "
+    "DiLoCo in two things at once, the fragments sent early and in turn, and α keeping part of the local progress "
+    "at each outer step: which of the two helps was not separated",
 )
 
 # %% [markdown]
@@ -383,7 +382,8 @@ print(check_outer_sync(solutions.outer_sync))
 # At the end of the turn the outer step uses it, and the new synced weights are mixed with the local
 # ones that kept training: `(1 − α)·synced + α·local` (`fragment_update_alpha`). Two letters here are
 # Streaming DiLoCo's own: K counts fragments and α mixes weights, where notebook 01's α is a message's
-# fixed cost and 06's K the bytes of optimizer state per parameter. `diloco.py`'s items 4 to 6, the rest of its list:
+# fixed cost and 06's K the bytes of optimizer state per parameter. `diloco.py`'s items 4 to 6, the
+# rest of its list:
 
 # %%
 print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rstrip())
@@ -575,9 +575,9 @@ print(check_fragment_schedule(solutions.fragment_to_send))
 # DDP's period is its one step). Here for a model of SmolLM2-360M's size (32 layers; fp32
 # pseudo-gradients and gradients, 1.44 GB), 2 replicas, each 16,384 tokens per step at an assumed 300
 # TFLOP/s of its own, whose compute per step is taken as 6 FLOPs per parameter and token (2 forward, 4
-# backward): DDP (its gradients every step), DiLoCo with H = 100,
-# and streaming DiLoCo with H = 100, 4 equal fragments and τ = 10 (settings of this section alone, not those
-# of the runs above), on seven of the preset links, the widest first.
+# backward): DDP (its gradients every step), DiLoCo with H = 100, and streaming DiLoCo with H = 100,
+# 4 equal fragments and τ = 10 (settings of this section alone, not those of the runs above), on seven
+# of the preset links, the widest first.
 
 # %%
 from minddp.comm.link import PRESETS
@@ -684,8 +684,8 @@ lesson.claim(
 #   5 seeds) it did not help. At H = 10 DiLoCo is behind local SGD in every seed at step 300 and ends
 #   within local SGD's range over the seeds. At H = 50 and 100 it ends behind local SGD in every seed,
 #   with 1.8× and 2.2× DDP's excess over the floor. At H = 100 it ends worse than one replica alone,
-#   which sends nothing. Whether the momentum or the larger outer step it builds up (lr/(1 − 0.9))
-#   costs was not separated (`docs/diloco.md`, *Convergence*).
+#   which sends nothing. Whether the momentum itself costs, or the larger outer step it builds up
+#   (lr/(1 − 0.9) times the pseudo-gradient), was not separated (`docs/diloco.md`, *Convergence*).
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so the
 #   message can travel during those τ steps, and arrives without a wait only where they last longer
