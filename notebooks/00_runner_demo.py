@@ -57,7 +57,8 @@ t
 # * `lesson.claim(holds, sentence)` checks it: every rank evaluates `holds`; the sentence is printed once, under rank 0's label, with a ✓, and the cell fails on any rank where it does not hold. What is asserted is `holds`, and the ✓ sentence is written to say what `holds` tests, no more; a number the cell puts in it is the run's own, computed as in `lesson.say`. A re-run (the test suite re-runs every notebook) where `holds` is false stops there instead of saving it. The notebooks claim orders, counts and values the code guarantees, and (notebook 08) what a timeout of seconds decides; a direction that could come out either way is said, not claimed.
 # * `lesson.say(...)` prints a sentence the cell composes from the run's own values (a time measured here, which of two runs was faster): its numbers and comparisons are computed, so they are true of the run shown, and a re-run prints its own. Nothing asserts them. The rest of such a sentence (what a number is, why it came out so) is the notebook's prose, written beside the values and no more checked than the markdown.
 #
-# Nothing else is checked: the prose of the markdown cells and the printed tables are not verdicts.
+# Apart from these, a cell's plain `assert`s and the exercises' checkers (their own ✓ and ✗ verdicts), nothing is
+# checked: the prose of the markdown cells and the printed tables are not verdicts.
 
 # %% [markdown]
 # `%%rank 0` runs a cell on rank 0 only, for example to draw a plot once: here rank 0's `t[0]` before and
