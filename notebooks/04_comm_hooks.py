@@ -274,8 +274,8 @@ lesson.claim(
     f"{exposed_ms:.1f} ms of it (its exposed time) and not through the other {link_ms - exposed_ms:.1f} ms.",
 )
 lesson.say(
-    f"In this run that step took {step_ms:.1f} ms, and its exposed time is {100 * exposed_ms / step_ms:.1f} % of it: "
-    "link time is the link's work, not the step's. What fp16 or PowerSGD would take off this step is not measured here."
+    f"In this run that step took {step_ms:.1f} ms; its exposed time is {100 * exposed_ms / step_ms:.1f} % of it. "
+    "What fp16's or PowerSGD's shorter link time would take off this step is not measured here."
 )
 
 # %% [markdown]
