@@ -16,9 +16,10 @@
 # %% [markdown]
 # # 00 · Running cells on real ranks
 #
-# Data parallelism is one program running in several processes (*ranks*) that talk through collectives. `minddp.notebook` starts those ranks once and keeps them alive, so every cell below can run on every rank and each rank keeps its variables from cell to cell.
+# Data parallelism is one program running in several processes (*ranks*) that exchange tensors through *collectives*: calls every rank makes together, such as `all_reduce` below, which sums a tensor across the ranks. `minddp.notebook` starts those ranks once and keeps them alive, so every cell below can run on every rank and each rank keeps its variables from cell to cell.
 #
-# The runner picks the backend: gloo on the CPU, as on a laptop (and in the run saved here: the first
+# The ranks that make collectives together form a *process group*; its *backend* is the library that
+# carries the collectives' data between them. The runner picks the backend: gloo on the CPU, as on a laptop (and in the run saved here: the first
 # output below names it), NCCL where every rank has a GPU of its own; the cells stay the same.
 
 # %%
@@ -77,7 +78,7 @@ plt.show()
 # %% [markdown]
 # When one rank fails, the cell fails. Here rank 1 raises before the `all_reduce`, so rank 0 waits in
 # it for a partner that never comes, and the runner frees it: once rank 1's failure reaches the runner,
-# it waits a grace (`grace_s`, one second), then has rank 1 close its end of the process group, which
+# it waits a grace (`grace_s`, one second), then has rank 1 destroy its process group, which
 # makes rank 0's `all_reduce` raise. Below the cell: rank 0's note `(released because rank 1 failed)`,
 # then the error, with a traceback block per failed rank, the first to fail on top (a plain-text view
 # shows only the heading and rank 1's block).

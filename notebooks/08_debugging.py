@@ -23,7 +23,7 @@
 # things on the two ranks:
 #
 # 1. **torch**, debug mode *paused* (its checks off, `minddp.debug.disable()`): what torch's DDP says
-#    (or, for the script's own collectives, torch's `dist.all_reduce`). The script's own collectives run on a process group whose timeout is 3 s, so
+#    (or, for the script's own collectives, torch's `dist.all_reduce` or `dist.barrier`). The script's own collectives run on a process group whose timeout is 3 s, so
 #    a wait for a partner that never comes ends there (a real job waits as long as its group's
 #    timeout); torch's DDP runs on a group of its own with torch's default timeout (the set-up cell
 #    prints it). A rank that fails leaves its groups, as a job's process ends when it raises, so a
@@ -70,7 +70,12 @@
 #   the line naming the parameter indices if it has one), or
 #   "raised nothing"; `torch_drifts`, for the bugs torch trains through: how far the replicas ended apart;
 # * `minddp_says`: the line debug mode raised, checked on every rank;
-# * `fixed`: the corrected script; debug mode says nothing and the replicas are equal.
+# * `fixed`: the corrected script, in debug mode; its ✓ line checks that debug mode says nothing and the
+#   replicas are equal. The fixes of sections 3, 4 (its first), 5 and 6 do not use it: each checks what its
+#   own ✓ line says, and those of sections 3 and 4 do not compare the replicas.
+#
+# The set-up cell is plumbing (process groups made for each run, torch's place names reworded): it can be skipped.
+# Each section's idea is in its own cells: torch's run with debug mode paused, debug mode's line, the fix.
 #
 # The times `torch_does` prints count from the script's start, building its model and wrapper
 # included, until the rank raised.
