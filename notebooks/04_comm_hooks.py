@@ -148,7 +148,7 @@ lesson.claim(
 )
 
 # %% [markdown]
-# Here fp16's gradient error, 3.1e-04, is the smaller of the two (bf16's: 2.4e-03), as their bounds are: bfloat16
+# In the table above fp16's gradient error is the smaller of the two, as their bounds are: bfloat16
 # keeps 8 bits of precision to float16's 11. What bfloat16 keeps instead is float32's range of exponents: a sum
 # above float16's largest value, 65504, overflows in float16 and not in bfloat16.
 #
@@ -162,9 +162,8 @@ lesson.claim(
 # Its gradient error is not read on its compressing steps: with error feedback, each compressing step adds to the bucket,
 # before compressing it, what compression left out the step before, so the hook's average is not meant
 # to equal this step's exact average, which is what the error measure compares it with. Its *param distance*
-# above, 0.1106, says that after its 2 compressing steps its parameters ended about a tenth of plain averaging's
-# movement away from plain averaging's, ten times and more as far as fp16's or bf16's. Whether that distance
-# costs any loss, this notebook does not measure.
+# above says how far its parameters ended from plain averaging's after its 2 compressing steps, beside fp16's
+# and bf16's. Whether that distance costs any loss, this notebook does not measure.
 
 # %%
 # %%rank 0
@@ -219,7 +218,7 @@ steps.round(1)
 # the link carries no message, such as after a modelled transfer has ended, are not in it; this notebook does
 # not print them). Plain
 # averaging here is `03_build_up`'s `bucket-async`, measured by the same function in another run: one
-# step's exposed need not agree with 03's (17.1 ms in 03's saved run, the same stage on the same link): it is a
+# step's exposed need not agree with the one 03 prints for the same stage on the same link: it is a
 # time measured in one run, on two shared cores.
 
 # %%
@@ -290,8 +289,8 @@ lesson.say(
 # %% [markdown]
 # ## Where each takes less link time: messages against bytes
 #
-# In the run above, plain averaging's link time, 159.2 ms, is about 6 % of its 2749.8 ms step, and its exposed
-# time 0.4 %: on this machine the link is a small part of the step, so the link time a hook saves is a small part too.
+# The sentence under the run above gives plain averaging's step and its exposed time's share of it: where that
+# share is small, the link time a hook saves is a small part of the step too.
 #
 # This section compares link time only, the modelled time of a step's messages, not the step.
 # PowerSGD pays an all_reduce's fixed cost, 2(n − 1) α, three times a bucket here where plain averaging
