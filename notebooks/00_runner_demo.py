@@ -16,9 +16,10 @@
 # %% [markdown]
 # # 00 · Running cells on real ranks
 #
-# Data parallelism is one program running in several processes (*ranks*) that talk through collectives. `minddp.notebook` starts those ranks once and keeps them alive, so every cell below can run on every rank and each rank keeps its variables from cell to cell.
+# Data parallelism is one program running in several processes (*ranks*) that exchange tensors through *collectives*: calls every rank makes together, such as `all_reduce` below, which sums a tensor across the ranks. `minddp.notebook` starts those ranks once and keeps them alive, so every cell below can run on every rank and each rank keeps its variables from cell to cell.
 #
-# The runner picks the backend: gloo on the CPU, as on a laptop (and in the run saved here: the first
+# The ranks that make collectives together form a *process group*; its *backend* is the library that
+# carries the collectives' data between them. The runner picks the backend: gloo on the CPU, as on a laptop (and in the run saved here: the first
 # output below names it), NCCL where every rank has a GPU of its own; the cells stay the same.
 
 # %%
@@ -57,7 +58,8 @@ t
 # * `lesson.claim(holds, sentence)` checks it: every rank evaluates `holds`; the sentence is printed once, under rank 0's label, with a ✓, and the cell fails on any rank where it does not hold. What is asserted is `holds`, and the ✓ sentence is written to say what `holds` tests, no more; a number the cell puts in it is the run's own, computed as in `lesson.say`. A re-run (the test suite re-runs every notebook) where `holds` is false stops there instead of saving it. The notebooks claim orders, counts and values the code guarantees, and (notebook 08) what a timeout of seconds decides; a direction that could come out either way is said, not claimed.
 # * `lesson.say(...)` prints a sentence the cell composes from the run's own values (a time measured here, which of two runs was faster): its numbers and comparisons are computed, so they are true of the run shown, and a re-run prints its own. Nothing asserts them. The rest of such a sentence (what a number is, why it came out so) is the notebook's prose, written beside the values and no more checked than the markdown.
 #
-# Nothing else is checked: the prose of the markdown cells and the printed tables are not verdicts.
+# Apart from these, a cell's plain `assert`s and the exercises' checkers (their own ✓ and ✗ verdicts), nothing is
+# checked: the prose of the markdown cells and the printed tables are not verdicts.
 
 # %% [markdown]
 # `%%rank 0` runs a cell on rank 0 only, for example to draw a plot once: here rank 0's `t[0]` before and
@@ -76,7 +78,7 @@ plt.show()
 # %% [markdown]
 # When one rank fails, the cell fails. Here rank 1 raises before the `all_reduce`, so rank 0 waits in
 # it for a partner that never comes, and the runner frees it: once rank 1's failure reaches the runner,
-# it waits a grace (`grace_s`, one second), then has rank 1 close its end of the process group, which
+# it waits a grace (`grace_s`, one second), then has rank 1 destroy its process group, which
 # makes rank 0's `all_reduce` raise. Below the cell: rank 0's note `(released because rank 1 failed)`,
 # then the error, with a traceback block per failed rank, the first to fail on top (a plain-text view
 # shows only the heading and rank 1's block).

@@ -22,8 +22,8 @@
 # the others waiting. We break DDP on purpose: nine bugs in six sections, and for each bug we run (at least) these three
 # things on the two ranks:
 #
-# 1. **torch**, debug mode paused: what torch's DDP says (or, for the script's own collectives, torch's
-#    `dist.all_reduce`). The script's own collectives run on a process group whose timeout is 3 s, so
+# 1. **torch**, debug mode *paused* (its checks off, `minddp.debug.disable()`): what torch's DDP says
+#    (or, for the script's own collectives, torch's `dist.all_reduce` or `dist.barrier`). The script's own collectives run on a process group whose timeout is 3 s, so
 #    a wait for a partner that never comes ends there (a real job waits as long as its group's
 #    timeout); torch's DDP runs on a group of its own with torch's default timeout (the set-up cell
 #    prints it). A rank that fails leaves its groups, as a job's process ends when it raises, so a
@@ -50,7 +50,7 @@
 #
 # Debug mode is off unless asked for: `MINDDP_DEBUG=1 torchrun ... train.py` (or
 # `minddp.debug.enable()`); a process that never turns it on installs none of it. This notebook turns
-# it on in its set-up cell, so its torch runs have it *paused* (`minddp.debug.disable()`): the wrappers
+# it on in its set-up cell, so its torch runs have it paused: the wrappers
 # it put on `torch.distributed`'s collectives stay, passing every call through unchecked (the last
 # section shows what a wrapper built with it paused lacks).
 # What each check does: `docs/debugging.md`.
@@ -70,7 +70,12 @@
 #   the line naming the parameter indices if it has one), or
 #   "raised nothing"; `torch_drifts`, for the bugs torch trains through: how far the replicas ended apart;
 # * `minddp_says`: the line debug mode raised, checked on every rank;
-# * `fixed`: the corrected script; debug mode says nothing and the replicas are equal.
+# * `fixed`: the corrected script, in debug mode; its ✓ line checks that debug mode says nothing and the
+#   replicas are equal. The fixes of sections 3, 4 (its first), 5 and 6 do not use it: each checks what its
+#   own ✓ line says, and those of sections 3 and 4 do not compare the replicas.
+#
+# The set-up cell is plumbing (process groups made for each run, torch's place names reworded): it can be skipped.
+# Each section's idea is in its own cells: torch's run with debug mode paused, debug mode's line, the fix.
 #
 # The times `torch_does` prints count from the script's start, building its model and wrapper
 # included, until the rank raised.
@@ -259,7 +264,7 @@ def fixed(script, fix: str, **corrected) -> None:
     lesson.claim(not said and apart(model) == 0, f"the fix: {fix}, debug mode says nothing and the replicas agree")
 
 
-train(*build(), steps=1)  # one correct step, untimed: what a process pays once is not in section 1's times
+train(*build(), steps=1)  # one correct step, untimed: what a process pays once is not in the times torch_does prints
 print(f"rank {rank}: debug mode on")
 lesson.say(
     f"Under torch, a script's own collective gives up after {WAIT_S} s here; torch's default timeout for a gloo "
@@ -275,10 +280,10 @@ lesson.say(
 # nudges one weight after step 1 (the second step). In debug mode, before each forward that will sync
 # (the *forward check*), every rank all-gathers one small row of integers: for each parameter its
 # `requires_grad` flag and a fingerprint (its bits, weighted by place; `docs/debugging.md` says what a
-# fingerprint is sure to see), so with this model's 4 parameter tensors (and no buffers) a row of 8,
+# fingerprint is sure to see), so with `Net()`'s 4 parameter tensors (and no buffers) a row of 8,
 # `int64[8]`. On a
 # mismatch the first differing tensor is compared in full, and every rank stops at the same point.
-# Before each `optimizer.step()` the *step check* gathers another row, `int64[17]` here: a word of
+# Before each `optimizer.step()` the *step check* gathers another row, `int64[17]` for `Net()`: a word of
 # notes, then per parameter whether it has a gradient, the gradient's fingerprint, whether its
 # backward hook ran, and the local gradient's fingerprint (from before averaging). The fix: change
 # parameters the same way on every rank (here: not at all).
@@ -403,7 +408,8 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 #
 # The line numbers the call: *collective #K* is the group's sequence number, counting from 0 every
 # collective on the group that debug mode has checked (the notebook's own and the earlier sections'
-# included), so the two ranks' K-th calls are the ones compared.
+# included), so the two ranks' K-th calls are the ones compared. Read K as a label: the notebook does
+# not list the calls it counts.
 # A call is said as op(shapes): for an all_gather, the output list and then the input, so
 # `all_gather(2 × int64[17], int64[17])` gathers a row of 17 from each of the 2 ranks. Then the step:
 # `(step 0)` for a call made in a wrapper's step (from its forward to its `optimizer.step()`), and

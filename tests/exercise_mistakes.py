@@ -1615,6 +1615,13 @@ def hook_then_on_the_work(process_group, bucket):
     return dist.all_reduce(compressed, async_op=True).then(lambda f: f.value()[0].to(torch.float32))
 
 
+def hook_divides_by_world_size(process_group, bucket):
+    """Divides by world_size, the %%distributed cells' name: the kernel, whose names the hook runs with, has none."""
+    compressed = bucket.buffer().to(torch.float16).div_(world_size)  # noqa: F821 (the mistake)
+    fut = dist.all_reduce(compressed, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].to(torch.float32))
+
+
 def hook_asks_the_state_its_size(process_group, bucket):
     """Divides by process_group.size(): the state is None here (the default group), which has no .size()."""
     compressed = bucket.buffer().to(torch.float16).div_(process_group.size())

@@ -415,6 +415,7 @@ HOOK_MISTAKES = [
     (wrong.hook_without_async_op, "dist.all_reduce returned None: without async_op=True it blocks"),
     (wrong.hook_then_on_the_work, "dist.all_reduce(..., async_op=True) returned a Work, not a Future: take its"),
     (wrong.hook_asks_the_state_its_size, "process_group, is None here: None means the default group"),
+    (wrong.hook_divides_by_world_size, "the kernel has no world_size or rank: those are the %%distributed cells' own"),
     (wrong.hook_not_compressed, "sent 4 bytes per gradient value (float32), the model answer 2"),
     (wrong.hook_waits, "not a torch.futures.Future"),
     (wrong.hook_divides_after_the_sum, "divide before the sum, or the float16 sum overflows"),
@@ -439,6 +440,14 @@ def test_a_rank_stopped_for_standing_still_is_named_with_the_phase_it_stood_in()
     assert line.startswith("✗ fp16 hook: a rank hung and had to be stopped (no progress for 46 s: rank 0 while "
                            "calling your hook on one bucket; rank 1 while starting)"), line  # fmt: skip
     assert "a Future that is never completed" in line, line
+
+
+def test_a_name_only_the_runners_ranks_have_gets_the_fix():
+    # notebook 04's read: `/ world_size` in a hook defined in the kernel raised a bare NameError on the checker's ranks
+    hint = checker._raise_hint("fp16", " in my_hook (line 3)", "name 'world_size' is not defined", None, 2)
+    assert "kernel has no world_size or rank" in hint and "dist.get_world_size(process_group)" in hint, hint
+    hint = checker._raise_hint("simple", " in my_stage (line 3)", "name 'rank' is not defined", None, 2)
+    assert "dist.get_rank()" in hint, hint
 
 
 def test_a_passing_hook_verdict_names_each_number_it_prints():

@@ -418,6 +418,13 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
             " (dist.all_reduce(..., async_op=True) returned a Work, not a Future: take its Future with "
             ".get_future(), then call .then(...) on that)"
         )
+    if re.search(r"name '(world_size|rank)' is not defined", message):  # the runner's names, on its ranks only
+        group = "process_group" if like in solutions.HOOKS else ""
+        return (
+            " (your code runs on the checker's ranks with your notebook kernel's names, and the kernel has no "
+            f"world_size or rank: those are the %%distributed cells' own; ask dist.get_world_size({group}) "
+            f"and dist.get_rank({group}))"
+        )
     if like in solutions.HOOKS and re.search(r"'NoneType' object has no attribute '(size|rank)'", message):
         return (
             " (the hook's state, process_group, is None here: None means the default group, and has no .size() or "
