@@ -220,7 +220,10 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, waited for whole. The
-# micro-batches before it run straight on into each other. (The link's time is modeled, so the
+# micro-batches before it run straight on into each other. Between the last backward and the burst,
+# the hatched block (*thread waits at a check*) is the parameters-used check, which ga runs in
+# finish: rank 0 waiting in its all_gather for the other rank, not gradients on the link (the
+# side-by-side table below prints its length, *at the check*). (The link's time is modeled, so the
 # ratio above is exact. The compute bars are measured on a shared machine and move from step to
 # step: the two rows share an axis to show where the messages go, not which step is shorter.)
 #
@@ -1024,10 +1027,14 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # link's time during which the training thread computed (the link's modeled transfers in flight as
 # communication, a forward, a backward or the optimizer, not waiting, as compute; the blog reads an
 # overlap of its own from its GPU traces, a different measure, not set beside these), and
-# *exposed*, the link time the step stood waiting through. For `hook` and `bucket`, which wait for
-# each message as soon as it is sent, the overlap is only their grad hooks' own lines between a send
-# and its wait (inside backward, so counted as compute): not backward's arithmetic, which stands
-# still while each message travels.
+# *exposed*, the link time the step stood waiting through. The rungs that wait for each message as
+# soon as it is sent (`simple`, `ga`, `hook`, `bucket`) all run some of their own lines between a
+# send and its wait (ga's run above prints that time as the link time it did not wait through). The
+# overlap counts that time as compute only where it falls inside a forward, a backward or the
+# optimizer: `hook`'s and `bucket`'s lines run in their grad hooks, inside backward, and count;
+# `simple`'s and `ga`'s run in finish, after backward, and do not. So their overlap says where
+# their own lines run, not that backward's arithmetic went on while a message travelled: it stands
+# still for each one.
 
 # %%
 # %%distributed
