@@ -220,8 +220,8 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, waited for whole. The
-# micro-batches before it run straight on into each other. Between the last backward and the burst,
-# the hatched block (*thread waits at a check*) is the parameters-used check, which ga runs in
+# micro-batches before it run straight on into each other. Just before the burst, the hatched block
+# (*thread waits at a check*; a sliver in this run) is the parameters-used check, which ga runs in
 # finish: rank 0 waiting in its all_gather for the other rank, not gradients on the link (the
 # side-by-side table below prints its length, *at the check*). (The link's time is modeled, so the
 # ratio above is exact. The compute bars are measured on a shared machine and move from step to
@@ -679,7 +679,10 @@ lesson.look_table(looks).assign(
 # %% [markdown]
 # How to read it: read the communication columns. The step and backward columns are one step each,
 # measured on cores shared with the other rank and the link's thread, and are not compared here (step
-# times compare only from steps taken in turns: `docs/analysis.md`). *At the check* is how long rank 0
+# times compare only from steps taken in turns: `docs/analysis.md`). They move far from row to row:
+# in this run `single`, which sends nothing, took the longest step (3461 ms), and the forwards, in
+# which no stage sends anything, differ in length from row to row too. So a row's length in the
+# picture does not rank the stages. *At the check* is how long rank 0
 # stood in the check's all_gather, which returns only once the other rank has reached it too; from
 # `hook` on that time is inside the last backward, and so part of its column. `ga` divides the traffic by the number of
 # micro-batches; the hook stages move the messages into the backward; the async stages stop waiting
@@ -1135,9 +1138,15 @@ lesson.say(
 # fixed cost (0.1 ms) is small against its bytes: buckets of 4 MiB save 6.1 ms of the link's 165 ms,
 # and their last bucket, full only as backward ends, then takes 23.4 ms on the link (torch's default,
 # whose last bucket holds 17.5 MiB: 147 ms). A smaller cap shortens that tail and sends the first
-# bucket earlier, for more fixed costs (the sweep's table). Where one message's fixed cost is a large
-# share of the backward, as with the ratios of 1024 ranks, the buckets pay it 26 times a step instead
-# of 291.
+# bucket earlier, for more fixed costs (the sweep's table). Here the buckets did not pay:
+# bucket-async left 14 ms exposed, hook-async 0 ms, and the step-time model puts one message per
+# gradient (1.0 ms) below every cap on its grid. With the ratios of 4 × T4, the blog's own setting,
+# both left 0 ms exposed. Where the fixed costs add up to more than a backward, as with the ratios of
+# 1024 ranks (hook-async's 291 messages pay 1173 ms of them, against its own backward of 860 ms), the
+# buckets pay them 26 times a step instead of 291: bucket-async left 4 ms exposed, hook-async
+# 333 ms. Each met ratios of its own there: hook-async's backward was 3.2 times the one the link was
+# sized from, so its ratios were 3.2 times smaller than the setting's, and it still exposed more;
+# bucket-async's was 0.9 times it.
 
 # %%
 # %dist_shutdown
