@@ -680,9 +680,8 @@ lesson.look_table(looks).assign(
 # How to read it: read the communication columns. The step and backward columns are one step each,
 # measured on cores shared with the other rank and the link's thread, and are not compared here (step
 # times compare only from steps taken in turns: `docs/analysis.md`). They move far from row to row:
-# in this run `single`, which sends nothing, took the longest step (3461 ms), and the forwards, in
-# which no stage sends anything, differ in length from row to row too. So a row's length in the
-# picture does not rank the stages. *At the check* is how long rank 0
+# in this run `single`, which sends nothing, took the longest step (3461 ms). So a row's length in
+# the picture does not rank the stages. *At the check* is how long rank 0
 # stood in the check's all_gather, which returns only once the other rank has reached it too; from
 # `hook` on that time is inside the last backward, and so part of its column. `ga` divides the traffic by the number of
 # micro-batches; the hook stages move the messages into the backward; the async stages stop waiting
@@ -1036,8 +1035,8 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # overlap counts that time as compute only where it falls inside a forward, a backward or the
 # optimizer: `hook`'s and `bucket`'s lines run in their grad hooks, inside backward, and count;
 # `simple`'s and `ga`'s run in finish, after backward, and do not. So their overlap says where
-# their own lines run, not that backward's arithmetic went on while a message travelled: it stands
-# still for each one.
+# their own lines run, not that backward's arithmetic went on while a message travelled (in these
+# four it never does).
 
 # %%
 # %%distributed
