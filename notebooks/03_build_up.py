@@ -679,9 +679,8 @@ lesson.look_table(looks).assign(
 # %% [markdown]
 # How to read it: read the communication columns. The step and backward columns are one step each,
 # measured on cores shared with the other rank and the link's thread, and are not compared here (step
-# times compare only from steps taken in turns: `docs/analysis.md`). They move far from row to row:
-# in this run `single`, which sends nothing, took the longest step (3461 ms). So a row's length in
-# the picture does not rank the stages. *At the check* is how long rank 0
+# times compare only from steps taken in turns: `docs/analysis.md`), so a row's length in the
+# picture does not rank the stages. *At the check* is how long rank 0
 # stood in the check's all_gather, which returns only once the other rank has reached it too; from
 # `hook` on that time is inside the last backward, and so part of its column. `ga` divides the traffic by the number of
 # micro-batches; the hook stages move the messages into the backward; the async stages stop waiting
@@ -1137,15 +1136,11 @@ lesson.say(
 # fixed cost (0.1 ms) is small against its bytes: buckets of 4 MiB save 6.1 ms of the link's 165 ms,
 # and their last bucket, full only as backward ends, then takes 23.4 ms on the link (torch's default,
 # whose last bucket holds 17.5 MiB: 147 ms). A smaller cap shortens that tail and sends the first
-# bucket earlier, for more fixed costs (the sweep's table). Here the buckets did not pay:
-# bucket-async left 14 ms exposed, hook-async 0 ms, and the step-time model puts one message per
-# gradient (1.0 ms) below every cap on its grid. With the ratios of 4 × T4, the blog's own setting,
-# both left 0 ms exposed. Where the fixed costs add up to more than a backward, as with the ratios of
-# 1024 ranks (hook-async's 291 messages pay 1173 ms of them, against its own backward of 860 ms), the
-# buckets pay them 26 times a step instead of 291: bucket-async left 4 ms exposed, hook-async
-# 333 ms. Each met ratios of its own there: hook-async's backward was 3.2 times the one the link was
-# sized from, so its ratios were 3.2 times smaller than the setting's, and it still exposed more;
-# bucket-async's was 0.9 times it.
+# bucket earlier, for more fixed costs (the sweep's table). Whether the buckets paid in this run, on
+# this link and with each setting's ratios, the sentences printed just above say, each from its own
+# step: on a link where one message's fixed cost is small against its bytes they can save little;
+# where it is large, as with the ratios of 1024 ranks, the buckets pay it 26 times a step instead
+# of 291.
 
 # %%
 # %dist_shutdown
