@@ -214,12 +214,16 @@ lesson.claim(
 )
 lesson.claim(
     v["calls_in_backward"] == 0 == v["waits_in_backward"],
-    "Like simple, it sends and waits only after a backward is over: no computation runs while its messages travel.",
+    "Like simple, it sends and waits only after a backward is over: no forward, backward or optimizer step runs while "
+    "its messages travel.",
 )
 
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, waited for whole. The
-# micro-batches before it run straight on into each other. (The link's time is modeled, so the
+# micro-batches before it run straight on into each other. Just before the burst, the hatched block
+# (*thread waits at a check*; a sliver in this run) is the parameters-used check, which ga runs in
+# finish: rank 0 waiting in its all_gather for the other rank, not gradients on the link (the
+# side-by-side table below prints its length, *at the check*). (The link's time is modeled, so the
 # ratio above is exact. The compute bars are measured on a shared machine and move from step to
 # step: the two rows share an axis to show where the messages go, not which step is shorter.)
 #
@@ -675,7 +679,8 @@ lesson.look_table(looks).assign(
 # %% [markdown]
 # How to read it: read the communication columns. The step and backward columns are one step each,
 # measured on cores shared with the other rank and the link's thread, and are not compared here (step
-# times compare only from steps taken in turns: `docs/analysis.md`). *At the check* is how long rank 0
+# times compare only from steps taken in turns: `docs/analysis.md`), so a row's length in the
+# picture does not rank the stages. *At the check* is how long rank 0
 # stood in the check's all_gather, which returns only once the other rank has reached it too; from
 # `hook` on that time is inside the last backward, and so part of its column. `ga` divides the traffic by the number of
 # micro-batches; the hook stages move the messages into the backward; the async stages stop waiting
@@ -799,6 +804,13 @@ lesson.say(
     f"In this run's one profiled step each, bucket-async left {bucketed['exposed_ms']:.0f} ms exposed, hook-async "
     f"{per_grad['exposed_ms']:.0f} ms: {answer('bucket-async', bucketed)}; {answer('hook-async', per_grad)}. "
     f"The fixed costs the buckets saved were {saved:.1f} ms."
+    + (
+        f" The late start cost bucket-async nothing in this step: its backward lasted "
+        f"{looks['bucket-async']['last_backward_ms']:.0f} ms (hook-async's {looks['hook-async']['last_backward_ms']:.0f} "
+        f"ms), and its late start followed by all the link's work ended {after(bucketed['start_end_ms'])} it did."
+        if bucketed["start_end_ms"] < 0
+        else ""
+    )
 )
 
 
@@ -855,15 +867,15 @@ lesson.claim(
     + ", ".join(f"{'None' if c is None else f'{c:g} MiB'}: {v['calls']}" for c, v in swept.items())
     + ".",
 )
-least = min(v["exposed_ms"] for v in swept.values())
-best = [c for c, v in swept.items() if v["exposed_ms"] < least + 0.5]  # within half a millisecond: as printed
 lesson.say(
     f"torch's default (None) makes {default.messages} buckets here, a first one of {default.first_gradients} "
     f"gradients and a last one of {default.last_bytes / 2**20:.1f} MiB, whose transfer ({1e3 * default.tail:.0f} ms) "
-    f"comes after backward: it exposed {swept[None]['exposed_ms']:.0f} ms. Of the caps measured, "
-    + ", ".join("None" if c is None else f"{c:g} MiB" for c in best)
-    + f" exposed the least, {least:.0f} ms; "
-    f"hook-async {looks['hook-async']['exposed_ms']:.0f} ms. The step-time model, scaled to a backward of "
+    f"comes after backward. Measured, each cap in its own step: "
+    + ", ".join(
+        f"{'None' if c is None else f'{c:g} MiB'} {v['exposed_ms']:.0f} ms exposed (backward {own[c]:.0f} ms)"
+        for c, v in sorted(swept.items(), key=lambda cv: 99 if cv[0] is None else cv[0])
+    )
+    + f"; hook-async {looks['hook-async']['exposed_ms']:.0f} ms. The step-time model, scaled to a backward of "
     f"{1e3 * this_run:.0f} ms (the median of these runs' last backwards, less the time the check held them), gives {1e3 * model[0].exposed:.1f} ms at {grid[0]:g} MiB, "
     "the grid's smallest cap"
     + (
@@ -871,15 +883,22 @@ lesson.say(
         if model[0].exposed <= min(c.exposed for c in model) + 5e-5
         else f" (its least, {1e3 * min(c.exposed for c in model):.1f} ms, at a larger one)"
     )
-    + f", and {1e3 * per_gradient.exposed:.1f} ms with one message per gradient."
+    + f", and {1e3 * per_gradient.exposed:.1f} ms with one message per gradient"
+    + (
+        ": below every cap on the grid, so by the model buckets pay at no cap on this link."
+        if per_gradient.exposed < min(c.exposed for c in model)
+        else "."
+    )
 )
 at_cap = {c.cap_mb: 1e3 * c.exposed for c in model} | {None: 1e3 * default.exposed}
 gaps = [at_cap[c] - v["exposed_ms"] for c, v in swept.items()]  # the model minus the measured, cap by cap
 lesson.say(
     f"The step-time model replays one backward of {1e3 * this_run:.0f} ms; each measured cap is one step with its own "
-    f"backward ({min(own.values()):.0f} to {max(own.values()):.0f} ms, less the check). At the caps measured, the "
-    f"model's exposed time minus the measured one is {min(gaps):.1f} to {max(gaps):.1f} ms. Measured values a few ms "
-    "apart are not a ranking."
+    f"backward ({min(own.values()):.0f} to {max(own.values()):.0f} ms, less the check, printed above). At the caps "
+    f"measured, the model's exposed time minus the measured one is {min(gaps):.1f} to {max(gaps):.1f} ms"
+    + (": the model gave more than each measured step." if min(gaps) > 0 else ".")
+    + " The model counts all the link's time after backward as exposed; a measured step only what is left when its "
+    "thread reaches its wait." + " The measured points are not a ranking of the caps: each comes with its own backward."
 )
 here = lesson.SETTINGS.bucket_cap_mb
 if rank == 0:
@@ -956,8 +975,7 @@ SETTINGS_OF = {  # 2 ranks each, on a link sized with the named setting's ratios
 }
 ladder6 = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 # At 1024 ranks the rungs that wait for each message at once (simple, ga, hook) would stand still for every one
-# of their hundreds of fixed costs, for seconds a step; how they fare is no question (they overlap nothing), so
-# only the bucketed rungs and hook-async run there.
+# of their hundreds of fixed costs, for seconds a step, so only the bucketed rungs and hook-async run there.
 RUN = {"4 × T4": ladder6, "1024 ranks": ["hook-async", "bucket", "bucket-async"]}
 blog_runs, blog_links, setting_ratios = {}, {}, {}
 for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
@@ -1001,7 +1019,8 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         f"{name[0].upper() + name[1:]}: bucket-async sent {blog_runs[name, 'bucket-async']['calls']} buckets a step "
         f"(the blog's model at 25 MiB: {blog_buckets}). The async rungs' own last backwards, less the check, lasted "
         f"{own_h:.0f} ms (hook-async) and {own_b:.0f} ms (bucket-async), against the {1e3 * backward_s:.0f} ms the link "
-        "was sized from."
+        f"was sized from: {own_h / (1e3 * backward_s):.1f} and {own_b / (1e3 * backward_s):.1f} times it, so each met "
+        "both ratios divided by that much."
     )
 
 # %% [markdown]
@@ -1009,10 +1028,14 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # link's time during which the training thread computed (the link's modeled transfers in flight as
 # communication, a forward, a backward or the optimizer, not waiting, as compute; the blog reads an
 # overlap of its own from its GPU traces, a different measure, not set beside these), and
-# *exposed*, the link time the step stood waiting through. For `hook` and `bucket`, which wait for
-# each message as soon as it is sent, the overlap is only their grad hooks' own lines between a send
-# and its wait (inside backward, so counted as compute): not backward's arithmetic, which stands
-# still while each message travels.
+# *exposed*, the link time the step stood waiting through. The rungs that wait for each message as
+# soon as it is sent (`simple`, `ga`, `hook`, `bucket`) all run some of their own lines between a
+# send and its wait (ga's run above prints that time as the link time it did not wait through). The
+# overlap counts that time as compute only where it falls inside a forward, a backward or the
+# optimizer: `hook`'s and `bucket`'s lines run in their grad hooks, inside backward, and count;
+# `simple`'s and `ga`'s run in finish, after backward, and do not. So their overlap says where
+# their own lines run, not that backward's arithmetic went on while a message travelled (in these
+# four it never does).
 
 # %%
 # %%distributed
@@ -1085,14 +1108,13 @@ def than(bucketed, per_gradient):
     )
 
 
-who = "bucket-async's" if w_b < w_h else "hook-async's" if w_h < w_b else "neither"
 lesson.say(
     f"Buckets, in the end. On this notebook's 1 Gbit/s link, at the settings' {here:g} MiB cap, in one profiled step "
     f"each, bucket-async left {here_b:.0f} ms exposed, {than(here_b, here_h)} hook-async's {here_h:.0f} ms. One "
     f"message's fixed cost is {per_message_ms:.2f} ms there: hook-async's {looks['hook-async']['calls']} pay "
     f"{100 * per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0f} % of its link time, "
     f"so the buckets can save no more than that on the link. In all, the thread waited {w_h:.0f} ms in hook-async and "
-    f"{w_b:.0f} ms in bucket-async ({who} thread stood still less in this run), {w_h - here_h:.0f} and "
+    f"{w_b:.0f} ms in bucket-async, {w_h - here_h:.0f} and "
     f"{w_b - here_b:.0f} ms of it after the link had delivered, while the real all_reduces on this machine were not "
     "yet done: a cost of this machine that the emulated link does not model."
 )
@@ -1102,8 +1124,8 @@ lesson.say(
     f"{t4['hook-async']['exposed_ms']:.0f} ms."
 )
 lesson.say(
-    f"On the link with the ratios of 1024 ranks, bucket-async left {far_b:.0f} ms exposed, {than(far_b, far_h)} "
-    f"hook-async's {far_h:.0f} ms. One message costs {one_far:.2f} ms of fixed cost on that link: hook-async's "
+    f"On the link with the ratios of 1024 ranks, each at its own backward (so not at the setting's ratios: see "
+    f"above), bucket-async left {far_b:.0f} ms exposed, {than(far_b, far_h)} hook-async's {far_h:.0f} ms. One message costs {one_far:.2f} ms of fixed cost on that link: hook-async's "
     f"{far['hook-async']['messages']} messages pay {far['hook-async']['messages'] * one_far:.0f} ms of them, against "
     f"its own last backward of {far['hook-async']['backward_ms']:.0f} ms (less the check); bucket-async's "
     f"{far['bucket-async']['messages']} pay {far['bucket-async']['messages'] * one_far:.0f} ms."
@@ -1114,8 +1136,10 @@ lesson.say(
 # fixed cost (0.1 ms) is small against its bytes: buckets of 4 MiB save 6.1 ms of the link's 165 ms,
 # and their last bucket, full only as backward ends, then takes 23.4 ms on the link (torch's default,
 # whose last bucket holds 17.5 MiB: 147 ms). A smaller cap shortens that tail and sends the first
-# bucket earlier, for more fixed costs (the sweep's table). Where one message's fixed cost is a large
-# share of the backward, as with the ratios of 1024 ranks, the buckets pay it 26 times a step instead
+# bucket earlier, for more fixed costs (the sweep's table). Whether the buckets paid in this run, on
+# this link and with each setting's ratios, the sentences printed just above say, each from its own
+# step: on a link where one message's fixed cost is small against its bytes they can save little;
+# where it is large, as with the ratios of 1024 ranks, the buckets pay it 26 times a step instead
 # of 291.
 
 # %%

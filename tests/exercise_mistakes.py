@@ -303,6 +303,21 @@ class AsyncSummed(solutions.AsyncHookDDP):
         self.in_flight.clear()
 
 
+class AsyncDividesTwice(solutions.AsyncHookDDP):
+    """Divides before the send, as the idea does, and again after the wait, as the notebook's other place allows."""
+
+    def _grad_ready(self, param):
+        if self.sync_this_backward:
+            param.grad /= dist.get_world_size()
+            self.in_flight.append((param, dist.all_reduce(param.grad, async_op=True)))
+
+    def finish_gradient_synchronization(self):
+        for param, work in self.in_flight:
+            work.wait()
+            param.grad /= dist.get_world_size()
+        self.in_flight.clear()
+
+
 class AsyncWaitsInHook(solutions.HookDDP):
     """Starts each all_reduce with async_op=True, then waits for it at once, in the hook: still blocking."""
 
@@ -438,6 +453,28 @@ class BucketWritesBackReversed(solutions.BucketDDP):
     def _write_back(grads, average):
         for grad, piece in zip(reversed(grads), average.split([g.numel() for g in grads])):
             grad.copy_(piece.view_as(grad))
+
+
+class BucketCopiesWithoutView(solutions.BucketDDP):
+    """Copies each slice of the flat buffer back without shaping it as its gradient: a 1-D slice into a 2-D weight's
+    gradient."""
+
+    @staticmethod
+    def _write_back(grads, average):
+        for grad, piece in zip(grads, average.split([g.numel() for g in grads])):
+            grad.copy_(piece)
+
+
+class BucketCatsUnflattened(solutions.BucketDDP):
+    """Joins the bucket's gradients with torch.cat as they are, not flattened: a weight's 2-D gradient and a bias's
+    1-D one."""
+
+    def _send_bucket(self, b):
+        grads = [p.grad for p in self.buckets[b]]
+        flat = torch.cat(grads)
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        self._write_back(grads, flat)
 
 
 class BucketSentAtFirstGradient(solutions.BucketDDP):

@@ -159,7 +159,12 @@ MISTAKES = [
     ),
     (wrong.IncomingGradient, "hook", "the incoming gradient of the last micro-batch was synced"),
     (wrong.TensorHookOnTheMethod, "hook", "register_hook hands a grad hook the incoming gradient"),
-    (wrong.IgnoresNoSync, "hook", "came from the micro-batches run inside no_sync()"),
+    # the sends came from the grad hook: the verdict names it and the flag it must read, not finish
+    (
+        wrong.IgnoresNoSync,
+        "hook",
+        ("came from the micro-batches run inside no_sync()", "_grad_ready", "if self.sync_this_backward"),
+    ),
     (wrong.AfterBackward, "hook", "started in finish_gradient_synchronization(), after backward"),
     (
         wrong.ReadsTheFlagInBackward,
@@ -168,6 +173,10 @@ MISTAKES = [
     ),
     (wrong.BucketCountNotReset, "bucket", "step 2 started no collective at all, where step 1 did"),
     (wrong.BucketWritesBackReversed, "bucket", ("raised RuntimeError", "in the order torch.cat joined them")),
+    # a 1-D slice copied into a 2-D gradient: named as the missing view_as, not as the split's order
+    (wrong.BucketCopiesWithoutView, "bucket", ("raised RuntimeError", "piece.view_as(grad)")),
+    # gradients of different shapes joined unflattened: torch.cat's refusal named with the flattening
+    (wrong.BucketCatsUnflattened, "bucket", ("raised RuntimeError", "g.reshape(-1) for g in grads")),
     # a count that runs in the no_sync() backwards too: step 1 sends nothing, a step of one micro-batch syncs
     (
         wrong.BucketCountsEveryBackward,
@@ -177,6 +186,8 @@ MISTAKES = [
     # the count tested before it is decremented: 1 at the bucket's last gradient, so no step of any length sends
     (wrong.BucketTestsBeforeCounting, "bucket", "no bucket was sent even in a step of 1 micro-batch"),
     (wrong.AsyncSummed, "hook-async", "forgot the division"),
+    # divided before the send and after the wait: either place is right, once (the notebook offers both)
+    (wrong.AsyncDividesTwice, "hook-async", "divide once, before the all_reduce or after it, not both"),
     (wrong.AsyncWaitsInHook, "hook-async", "nothing travelled while backward computed"),
     (solutions.HookDDP, "hook-async", "nothing travelled while backward computed"),
     (wrong.HookDoesNotWait, "hook", "still in flight when backward computed its last gradient"),

@@ -450,8 +450,22 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
             "is None; register_post_accumulate_grad_hook hands it the parameter, whose .grad is the accumulated "
             "gradient)"
         )
+    bucketed = like in ("bucket", "bucket-async")
+    # gradients of different shapes joined by torch.cat as they are: a weight's 2-D gradient beside a bias's 1-D one
+    if bucketed and re.search(r"must have same number of dimensions|Sizes of tensors must match except", message):
+        return (
+            " (torch.cat joins tensors along their first dimension, so their other dimensions must agree: flatten "
+            "each gradient as you join them, torch.cat([g.reshape(-1) for g in grads]))"
+        )
+    # a 1-D slice copied into a gradient of more dimensions: copy_ broadcasts it along the gradient's last dimension,
+    # so torch names a dimension after the first
+    if bucketed and re.search(r"must match the size of tensor b \(\d+\) at non-singleton dimension [1-9]", message):
+        return (
+            " (a slice of the flat buffer is 1-D and this gradient is not: shape the slice as its gradient when you "
+            "copy it back, grad.copy_(piece.view_as(grad)))"
+        )
     # a bucket's flat buffer split back into its gradients in another order than torch.cat joined them
-    if like in ("bucket", "bucket-async") and re.search(r"is invalid for input of size|must match the size", message):
+    if bucketed and re.search(r"is invalid for input of size|must match the size", message):
         return (
             " (a slice of the flat buffer was written into a gradient of another size: split the flat buffer with "
             "the gradients' sizes in the order torch.cat joined them, and pair each slice with the gradient it came "
@@ -553,8 +567,8 @@ GRADIENT_MESSAGES = {
     "gradient of its own shard ({names}); all_reduce them across ranks",
     "summed": "gradients were summed, not averaged ({names}): all_reduce sums over ranks; divide by the world size "
     "({world}), before the all_reduce or after it (forgot the division)",
-    "divided_twice": "gradients were divided by the world size twice ({names}): divide once, before the "
-    "all_reduce or after it",
+    "divided_twice": "gradients were divided by the world size twice ({names}): divide once, before the all_reduce or "
+    "after it, not both",
     "unsummed": "gradients were divided by the world size but never summed over ranks ({names}): the sum went "
     "into a copy that was never written back; copy the summed result into .grad",
     "incoming": "the incoming gradient of the last micro-batch was synced rather than the accumulated .grad "
@@ -848,6 +862,13 @@ def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
                     f"inside no_sync() and their backward after it: {made}: {early_m} of them came from those "
                     "micro-batches; the forward decides (note require_backward_grad_sync in sync_this_backward "
                     "there), not the flag read during backward"
+                )
+            in_hooks = sum(m[f"backward{i}"] for i in range(1, k)) > sum(r[f"backward{i}"] for i in range(1, k))
+            if early_m > early_r and in_hooks:  # sent from the grad hook, during those micro-batches' backwards
+                return (
+                    f"no_sync() did not stop the sync: {made}: {early_m} of them came from the micro-batches run "
+                    "inside no_sync(), sent by your grad hook during their backward; their forward noted that the "
+                    "coming backward does not sync: in _grad_ready, send only if self.sync_this_backward"
                 )
             if early_m > early_r:
                 return (
