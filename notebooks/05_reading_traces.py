@@ -189,11 +189,12 @@ lesson.say(
 #   (its gradients all there: for minddp's stages its hook called, for torch's DDP, which has no hook range,
 #   the reducer's `c10d::allreduce_` call; `ready_us` in the bucket table below);
 # * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open
-#   included)"; where dozens of narrow bars crowd, they merge into one block, its bars' dark edges
-#   darkening it where they are narrowest);
+#   included)"; where dozens of narrow bars crowd, they merge into one block, darker the narrower the bars,
+#   whose edges are dark);
 # * the parameter check (hatched red, the legend's "thread waits at a check"), drawn where gloo's all_gather
 #   range of the check was open: the training thread stands in the check at least that long, until both
-#   ranks have joined it (`ddp` and torch run none; a short one is too thin to see);
+#   ranks have joined it (`ddp` and torch run none; a short one is too thin to see); the first table counts
+#   that range in flight and, while the thread computes nothing in it, in non-compute;
 # * the *finish* (purple, the legend's "finish (sync ends)": `finish_gradient_synchronization()`, which the
 #   training loop calls after every backward; a short one is too thin to see), the optimizer (green) and the
 #   end of the step.
@@ -226,7 +227,7 @@ display(Image(filename=RUN / "one_step_each_stage.png"))
 # the *tail*: from the last backward's end to the end of the last collective before the optimizer (a
 # gradient's all_reduce or the parameter check's all_gather; the column `tail_us` of `RunAnalysis.per_step`;
 # for `simple`, the last sync's). `simple` and `ga` run their check after the backward, so their tails hold
-# it (the hatched block in the figure) as well as their gradients' all_reduces.
+# it (hatched in the figure, where wide enough to see) as well as their gradients' all_reduces.
 
 # %%
 phases, buckets = result.phases[result.phases["rank"] == 0], result.buckets[result.buckets["rank"] == 0]
