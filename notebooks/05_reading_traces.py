@@ -44,8 +44,8 @@
 # parameter's; the timeline's row labels count them), which on a ring makes 2(n−1) hops from each rank, so
 # its fixed cost is 2(n−1)·α. The stages' parameter check (below) is a collective too, but not a message.
 #
-# HTA reads GPU traces only; on these CPU traces `minddp.analysis` computes the same metrics from
-# the CPU events.
+# HTA reads GPU traces only; on these CPU traces `minddp.analysis` computes measures of the same names
+# from the CPU events, with what they count on a CPU (below), not what HTA counts on a GPU.
 
 # %%
 # %load_ext minddp.notebook
@@ -120,6 +120,16 @@ from minddp.notebook import lesson
 
 RUN = lesson.trace_dir("05_reading_traces")
 result = analyze_run(RUN)
+
+
+def checks_of(stage):
+    """Rank 0's profiled step of `stage`: its intervals, the step's start and its parameter checks' all_gather ranges
+    (µs, on the trace's clock)."""
+    iv = rank_intervals(load_stage(RUN / stage).ranks[0])
+    _, s0, s1 = iv.steps[-1]
+    return iv, s0, [(e["ts"], end_of(e)) for e in iv.allgathers if s0 <= e["ts"] <= s1]
+
+
 zero = result.summary[(result.summary["rank"] == 0) & (result.summary["stage"] != "single")].set_index("stage")
 shares = pd.DataFrame(
     {
@@ -139,11 +149,30 @@ lesson.claim(
 )
 waiting = ["simple", "ga", "hook", "bucket"]
 asynchronous = ["hook-async", "bucket-async", "ddp", "torch"]
-ov = shares["overlap (%)"].round(1)  # as printed
+ov, nc, fl = (shares[c].round(1) for c in ("overlap (%)", "non-compute (% of step)", "in flight (ms)"))  # as printed
+
+
+def than(a, b):
+    """Stage a's printed non-compute against stage b's, in words."""
+    return "above" if nc[a] > nc[b] else "below" if nc[a] < nc[b] else "equal to"
+
+
+nc_ms = zero["non_compute_time_us"] / 1e3
+in_check = {}  # the non-compute spent in the parameter check's all_gather, ms
+for stage in ("simple", "ga"):
+    iv, _, checks = checks_of(stage)
+    in_check[stage] = metrics.non_compute([iv.steps[-1][1:]], iv.compute, checks) / 1e3
 lesson.say(
     f"The blocking stages (each message done before the thread goes on: {', '.join(waiting)}) overlapped at most "
     f"{ov[waiting].max():.1f} % in this step, the asynchronous ones ({', '.join(asynchronous)}) at least "
     f"{ov[asynchronous].min():.1f} %. This run is not set beside the blog's numbers; the link run at the end is.",
+    "Overlap alone does not set non-compute, which also grows with the time in flight: hook-async's non-compute "
+    f"({nc['hook-async']:.1f} %) was {than('hook-async', 'hook')} hook's ({nc['hook']:.1f} %), its time in flight "
+    f"{fl['hook-async']:.1f} ms against hook's {fl['hook']:.1f} ms; bucket-async's ({nc['bucket-async']:.1f} %) "
+    f"was {than('bucket-async', 'bucket')} bucket's ({nc['bucket']:.1f} %).",
+    f"Of simple's {nc_ms['simple']:.0f} ms of non-compute, {in_check['simple']:.0f} ms was in its parameter checks; "
+    f"of ga's {nc_ms['ga']:.0f} ms, {in_check['ga']:.0f} ms. Outside the checks, simple's non-compute was "
+    f"{nc_ms['simple'] - in_check['simple']:.0f} ms and ga's {nc_ms['ga'] - in_check['ga']:.0f} ms.",
 )
 
 # %% [markdown]
@@ -160,10 +189,12 @@ lesson.say(
 #   (its gradients all there: for minddp's stages its hook called, for torch's DDP, which has no hook range,
 #   the reducer's `c10d::allreduce_` call; `ready_us` in the bucket table below);
 # * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open
-#   included)"; where dozens of narrow bars crowd, they merge into dark blocks);
+#   included)"; where dozens of narrow bars crowd, they merge into one block, darker the narrower the bars,
+#   whose edges are dark);
 # * the parameter check (hatched red, the legend's "thread waits at a check"), drawn where gloo's all_gather
 #   range of the check was open: the training thread stands in the check at least that long, until both
-#   ranks have joined it (`ddp` and torch run none; a short one is too thin to see);
+#   ranks have joined it (`ddp` and torch run none; a short one is too thin to see); the first table counts
+#   that range in flight and, while the thread computes nothing in it, in non-compute;
 # * the *finish* (purple, the legend's "finish (sync ends)": `finish_gradient_synchronization()`, which the
 #   training loop calls after every backward; a short one is too thin to see), the optimizer (green) and the
 #   end of the step.
@@ -183,9 +214,8 @@ lesson.say(
 # %%
 rows = rows_from_analysis(result)  # the rows plot_timeline draws, plus each stage's parameter checks
 for row in rows:
-    iv = rank_intervals(load_stage(RUN / row["stage"]).ranks[0])
-    _, s0, s1 = iv.steps[-1]  # the profiled step, on the trace's clock
-    row["checks"] = [((e["ts"] - s0) / 1e3, (end_of(e) - s0) / 1e3) for e in iv.allgathers if s0 <= e["ts"] <= s1]
+    _, s0, checks = checks_of(row["stage"])
+    row["checks"] = [((a - s0) / 1e3, (b - s0) / 1e3) for a, b in checks]  # ms from the step's start
 fig = draw_steps(rows, title=f"One step of each stage, on one time axis: run {result.run} (rank 0)", width=11)
 fig.savefig(RUN / "one_step_each_stage.png", dpi=100)
 plt.close(fig)  # shown once, from the file
@@ -196,7 +226,8 @@ display(Image(filename=RUN / "one_step_each_stage.png"))
 # many were handed to the wire while a backward was still running, how long the last backward ran, and
 # the *tail*: from the last backward's end to the end of the last collective before the optimizer (a
 # gradient's all_reduce or the parameter check's all_gather; the column `tail_us` of `RunAnalysis.per_step`;
-# for `simple`, the last sync's).
+# for `simple`, the last sync's). `simple` and `ga` run their check after the backward, so their tails hold
+# it (hatched in the figure, where wide enough to see) as well as their gradients' all_reduces.
 
 # %%
 phases, buckets = result.phases[result.phases["rank"] == 0], result.buckets[result.buckets["rank"] == 0]
@@ -232,7 +263,7 @@ lesson.say(
     "communication.",
     f"The last backward took {last_bw[quiet].min():.0f}–{last_bw[quiet].max():.0f} ms in {' and '.join(quiet)}, "
     f"which send nothing during it, and {last_bw[busy].min():.0f}–{last_bw[busy].max():.0f} ms in the stages "
-    "that send during it (their hooks' waits and checks included): "
+    "that send during it (what their hooks do inside it included): "
     + (
         f"each of these more than {spread:.1f} × the longest of those, the forwards' spread."
         if over == len(busy)
@@ -248,7 +279,9 @@ mine = result.buckets[result.buckets["stage"] == worst]
 handed_1 = (start[1] + mine.loc[mine["rank"] == 1, "ready_us"].max() - start[0]) / 1e3  # on rank 0's axis
 bw_end_0 = phases.loc[(phases["stage"] == worst) & (phases["phase"] == "backward"), "end_us"].max() / 1e3
 late = round(handed_1 - bw_end_0)
-held = metrics.in_flight(ivs[0].comm, [(start[0] + bw_end_0 * 1e3, start[0] + handed_1 * 1e3)]) / 1e3
+wait = [(start[0] + bw_end_0 * 1e3, start[0] + handed_1 * 1e3)]  # rank 0's wait for rank 1, on rank 0's clock
+held = metrics.in_flight(ivs[0].comm, wait) / 1e3
+idle = metrics.non_compute(wait, ivs[0].compute, ivs[0].comm) / 1e3
 lesson.say(
     f"Of the asynchronous stages, {worst} had the longest tail ({tail[worst]:.0f} ms). Both ranks' traces carry "
     f"the machine's clock: rank 1 handed its last message to the wire {abs(late)} ms "
@@ -257,7 +290,8 @@ lesson.say(
         f"{tail[worst] - late:.0f} ms after that. An all_reduce ends only when both ranks have joined it, and rank 1 "
         f"joins no earlier than it hands the message over: at least {late} ms of rank 0's tail is rank 0 waiting "
         f"for rank 1, not its messages' transfer, and {held:.0f} ms of {worst}'s time in flight (the first table) "
-        "lies in that wait."
+        f"lies in that wait, {idle:.0f} ms of it with rank 0's thread computing nothing: {idle:.0f} of {worst}'s "
+        f"{nc_ms[worst]:.0f} ms of non-compute ({nc[worst]:.1f} % of the step) is rank 0 waiting for rank 1."
         if late > 0
         else "before rank 0's last backward ended."
     )
@@ -293,10 +327,11 @@ buckets.loc[buckets["stage"] == "bucket-async", shown].set_index("order").round(
 # run are two runs taken at different moments on a shared machine; their times are not comparable.
 #
 # The link's trace also records when the training thread stood still for a message, so two more measures
-# appear (`docs/analysis.md`): **waited**, the time the training thread stood in a wait for a message,
-# whether for the link, the other rank or a core (the parameter check is not such a wait and is not
-# counted), and **exposed**, the part of those waits during which the link was carrying a transfer (any
-# message's). The link carries one message at a time: a transfer starts once the message's real all_reduce
+# appear (`docs/analysis.md`): **waited**, the time the training thread stood in `wait()` on a gradient
+# message, whether for the link, the other rank or a core (not the time in the parameter check, which the
+# timeline draws as "thread waits at a check": that is not a message, and waited does not count it), and
+# **exposed**, the part of those waits during which the link was carrying a transfer (any message's). The
+# link carries one message at a time: a transfer starts once the message's real all_reduce
 # is queued (by its hook; in `simple` and `ga` by the sync after backward), or when the link is done with the
 # one before; a wait starts when the training thread calls `wait()` on the message. The *link time* is
 # what rank 0's messages take on the modeled link (`metrics.link_time`), from their sizes alone.
@@ -328,7 +363,6 @@ on_link = pd.DataFrame(
         "waited (ms)": waits["waited_us"],
         "exposed (ms)": waits["exposed_us"],
         "backward (ms)": (bw["end_us"] - bw["start_us"]).groupby(bw["stage"]).sum() / 1e3,
-        "step (ms)": lz["step_time_us"] / 1e3,
     },
     index=lz.index,
 ).round(1)  # every sentence below reads these printed values
@@ -338,12 +372,17 @@ block = on_link.loc[blocking]
 share = 100 * block["exposed (ms)"] / block["link time (ms)"]
 after = on_link["waited (ms)"] - on_link["exposed (ms)"]
 ha = on_link.loc["hook-async"]
+quiet = on_link.loc[["simple", "ga"], "backward (ms)"]
 lesson.say(
-    "Backward is every micro-batch's, added up. In the blocking stages "
-    f"({', '.join(blocking)}) exposed was {share.min():.0f}–{share.max():.0f} % of the link time; hook-async's "
-    f"thread waited through {ha['exposed (ms)']:.1f} ms of its {ha['link time (ms)']:.1f} ms of link time, while "
-    f"its backward ran {ha['backward (ms)']:.1f} ms. In every stage, waited minus exposed ({after.min():.1f}–{after.max():.1f} ms) "
-    "is time the thread waited while the link carried no transfer."
+    "Backward is every micro-batch's, added up. simple's and ga's, the same computation with no message sent "
+    f"during it, took {quiet['simple']:.1f} and {quiet['ga']:.1f} ms: within this run too, a stage's times do not "
+    "price its communication.",
+    f"In the blocking stages ({', '.join(blocking)}) exposed was {share.min():.0f}–{share.max():.0f} % of the "
+    f"link time; hook-async's thread waited through {ha['exposed (ms)']:.1f} ms of its "
+    f"{ha['link time (ms)']:.1f} ms of link time, while its backward ran {ha['backward (ms)']:.1f} ms.",
+    f"Waited minus exposed, time the thread waited while the link carried no transfer, ran from "
+    f"{after.min():.1f} ms ({after.idxmin()}) to {after.max():.1f} ms ({after.idxmax()}, of its "
+    f"{on_link.loc[after.idxmax(), 'waited (ms)']:.1f} ms waited).",
 )
 
 
@@ -356,7 +395,10 @@ lesson.say(
 # all_reduce, still 0 % overlap; async hooks brought non-compute to ~2 % with ~90 % overlap; buckets made no
 # clear difference on top of that. Beside them, the link run's (rank 0, one profiled step of each stage),
 # whose in flight holds the link's transfers and the parameter check's all_gather ranges too ("link
-# included" in the headers).
+# included" in the headers). The two non-compute columns share a name, not a measure: the blog's is GPU
+# time in a communication kernel with no compute kernel running; this notebook's is the training thread
+# running no `aten::` op while a gloo range or the link's is open, which also counts its Python, the
+# parameter check and its waits for the other rank or a core (the first section).
 
 # %%
 blog_says = {
@@ -410,33 +452,13 @@ lesson.claim(
 )
 
 # %%
-nc, ov, ex = (
-    ideas["non-compute, link included (% of step)"],
-    ideas["overlap, link included (%)"],
-    on_link["exposed (ms)"],
-)
-
-
-def moved(column, a, b, unit):
-    """How `column` (as printed) went from stage a to stage b: 'fell', 'rose' or 'stayed', with the two values."""
-    word = "fell" if column[b] < column[a] else "rose" if column[b] > column[a] else "stayed"
-    return f"{word} {column[a]:.1f} → {column[b]:.1f} {unit}"
-
-
+nc, ov = ideas["non-compute, link included (% of step)"], ideas["overlap, link included (%)"]
 lesson.say(
     f"In this run the blocking stages overlapped at most {ov[blocking].max():.1f} % and the asynchronous ones at "
     f"least {ov[['hook-async', 'bucket-async']].min():.1f} % (the blog: 0 % and ~90 %); bucket-async's "
     f"non-compute was {nc['bucket-async']:.1f} % against hook-async's {nc['hook-async']:.1f} % (the blog: no clear "
     "difference).",
-    "Non-compute and overlap are the blog's measures; the link's own cost to the step is exposed (the table above). "
-    + ". ".join(
-        f"From {a} to {b} non-compute {moved(nc, a, b, '%')}, exposed {moved(ex, a, b, 'ms')}"
-        + (" (so that fall of non-compute is not the link's)" if nc[b] < nc[a] and ex[b] > ex[a] else "")
-        for a, b in (("hook", "bucket"), ("hook-async", "bucket-async"))
-    )
-    + ".",
 )
-
 
 # %% [markdown]
 # For what the same stages would do at other link speeds and at 8 to 1024 ranks, see
