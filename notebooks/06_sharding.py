@@ -234,8 +234,9 @@ train_step(fsdp16, optimizer16, next(lesson.step_batches()), lesson.loss_fn)
 memory["fsdp bf16"] = probe.result()
 
 # %% [markdown]
-# The figure draws rank 0's model state at the update, the memory table's columns, with each stage's
-# fp32 formula as a line, and fsdp computing in bf16 as a fifth bar.
+# The figure draws rank 0's model state at the update (the memory table's parameters, gradients and
+# optimizer columns), with each stage's fp32 formula as a line, and fsdp computing in bf16 as a fifth
+# bar.
 
 # %%
 # %%rank 0
@@ -627,7 +628,7 @@ trade.round(1)
 
 # %% [markdown]
 # So, at the update and on the ring: zero1 saves a quarter of ddp's model state and sends half as many
-# bytes again; zero2 saves more and sends no more; fsdp saves half, for 3.3 times the bytes and a
+# bytes again; zero2 saves more and sends no more; fsdp saves about half, for 3.3 times the bytes and a
 # buffer of gathered units.
 
 # %% [markdown]
