@@ -93,20 +93,20 @@ from minddp.notebook.source import show_source
 show_source(ring_all_reduce)
 
 # %% [markdown]
-# What each costs, in the α-β model (α the fixed cost of one message, β the time per byte, m the
-# bytes of the tensor, n ranks): each *pass* (a reduce-scatter or an all-gather of the tensor) is `n − 1`
-# messages per rank, which together carry `(n − 1)/n · m` bytes: `(n − 1) α + (n − 1)/n · m β`, and the
-# all_reduce is two passes. A stage sends its gradients in several collectives (one per bucket, or
-# per unit), so below we count passes of the whole model's bytes,
-# not collectives. Per step (all its micro-batches, the gradients synced once): DDP all-reduces the
-# gradients, two passes; ZeRO-2 reduce-scatters them, one pass, and all-gathers the updated
-# parameters, one pass: DDP's bytes (with a true reduce-scatter: the ZeRO-2 section says why on gloo
-# minddp runs it as an all_reduce); ZeRO-1 all-reduces them and then all-gathers, one pass more.
-# FSDP reduce-scatters its units' gradients, one pass, but it gathers each unit's parameters for every micro-batch's forward and again for its backward (all but the
-# unit the backward starts with, kept gathered since its forward). The bound below counts two
-# gathering passes of the whole model per micro-batch. It counts the replicated tensors in
-# every gathering pass, though FSDP never gathers them: it all-reduces them, two passes of their bytes
-# a step, which the bound's 2 × 3 passes of them cover. For this workload's step:
+# What each costs, in the α-β model (α the fixed cost of one message, β the time per byte, m the bytes
+# of the tensor, n ranks): each *pass* (a reduce-scatter or an all-gather of the tensor) is `n − 1`
+# messages per rank, which together carry `(n − 1)/n · m` bytes: `(n − 1) α + (n − 1)/n · m β`, and
+# the all_reduce is two passes. A stage sends its gradients in several collectives (one per bucket, or
+# per unit), so below we count passes of the whole model's bytes, not collectives. Per step (all its
+# micro-batches, the gradients synced once): DDP all-reduces the gradients, two passes; ZeRO-2
+# reduce-scatters them, one pass, and all-gathers the updated parameters, one pass: DDP's bytes (with
+# a true reduce-scatter: the ZeRO-2 section says why on gloo minddp runs it as an all_reduce); ZeRO-1
+# all-reduces them and then all-gathers, one pass more. FSDP reduce-scatters its units' gradients, one
+# pass, but it gathers each unit's parameters for every micro-batch's forward and again for its
+# backward (all but the unit the backward starts with, kept gathered since its forward). The bound
+# below counts two gathering passes of the whole model per micro-batch. It counts the replicated
+# tensors in every gathering pass, though FSDP never gathers them: it all-reduces them, two passes of
+# their bytes a step, which the bound's 2 × 3 passes of them cover. For this workload's step:
 
 # %%
 # %%distributed
@@ -132,18 +132,18 @@ lesson.say(
 # parameters, so the optimizer built over `model.parameters()` holds state for the shards only
 # (`minddp.ladder.make_optimizer` builds each stage's). What each keeps differs: `zero2` keeps the
 # whole parameters too (its shards are views into them: the table's parameters column is ddp's),
-# `fsdp` keeps the shards and its replicated tensors, and gathers a unit's whole parameters around its run. One step of
-# each is measured by `minddp.sharding.memory.Probe`, from the tensors the rank holds: parameters,
-# gradients just before the update, optimizer state just after, the activations autograd
-# saved (at their peak in the step), and FSDP's gathered units at their peak. The activations depend on the
-# batch, here the workload's above (`docs/sharding.md` measures a smaller one, and says so). Each
-# stage trains as a `lesson.Trainee(stage)`: the stage and its optimizer built on the workload, on
-# every rank; its `step()` takes one step; `warmup` is how many steps it takes when built, here none, so
-# the measured step is its first. A *step*, in this notebook, is all its micro-batches' forwards and
-# backwards and the *update* at their end (the optimizer's `step()`); the workload line above calls a
-# step an optimizer step. The code's comments number the parts of each algorithm (`# step 3`): this
-# notebook calls those *parts*. AdamW's *step count* (in the ✓ line printed with the memory table) is how
-# many updates it has made.
+# `fsdp` keeps the shards and its replicated tensors, and gathers a unit's whole parameters around its
+# run. One step of each is measured by `minddp.sharding.memory.Probe`, from the tensors the rank
+# holds: parameters, gradients just before the update, optimizer state just after, the activations
+# autograd saved (at their peak in the step), and FSDP's gathered units at their peak. The activations
+# depend on the batch, here the workload's above (`docs/sharding.md` measures a smaller one, and says
+# so). Each stage trains as a `lesson.Trainee(stage)`: the stage and its optimizer built on the
+# workload, on every rank; its `step()` takes one step; `warmup` is how many steps it takes when
+# built, here none, so the measured step is its first. A *step*, in this notebook, is all its
+# micro-batches' forwards and backwards and the *update* at their end (the optimizer's `step()`); the
+# workload line above calls a step an optimizer step. The code's comments number the parts of each
+# algorithm (`# step 3`): this notebook calls those *parts*. AdamW's *step count* (in the ✓ line
+# printed with the memory table) is how many updates it has made.
 
 # %%
 # %%distributed
