@@ -19,8 +19,9 @@
 # Every stage so far keeps a whole copy of the model state on every rank: the parameters, their
 # gradients, and the optimizer's state (Adam keeps two more tensors the size of the model). The
 # ranks compute the same update from the same averaged gradients, so all of that is repeated.
-# The ZeRO rungs keep DDP's computation (every rank runs the whole forward and backward on its own
-# part of the batch) and stop repeating the *state*. They divide each *parameter tensor* (one of the
+# The notebooks climb a ladder of stages, each a *rung* that adds one idea to the one below. The
+# three rungs of this notebook, the ZeRO rungs, keep DDP's computation (every rank runs the whole
+# forward and backward on its own part of the batch) and stop repeating the *state*. They divide each *parameter tensor* (one of the
 # model's tensors) among the n ranks, about `1/n` of it each; the part a rank keeps is its *shard*.
 # Two collectives, defined in the next section, do the work: the *reduce-scatter* (each rank receives
 # its part of the sum) and the *all-gather* (each rank receives every rank's part):
@@ -39,7 +40,8 @@
 # We start with the two collectives, on the two ranks, then train the notebooks' workload with the
 # four stages side by side and measure what rank 0 holds (in fp32, and fsdp computing in bf16 too).
 # The notation is notebook 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one
-# message, β the time per byte.
+# message, β the time per byte. The workload line below names the gradient *buckets*: a stage sends
+# its gradients in groups, a bucket each, one collective per bucket.
 
 # %%
 # %load_ext minddp.notebook
@@ -78,8 +80,8 @@ print("all pieces gathered:", whole.tolist(), "= all_reduce:", torch.equal(whole
 
 # %% [markdown]
 # The ring all_reduce of the earlier notebooks is the same two, a reduce-scatter then an all-gather:
-# `ring.reduce_scatter` and `ring.all_gather` above cut their tensors into n *chunks* (a tensor's n
-# near-equal parts; here the pieces above) and call
+# `ring.reduce_scatter` and `ring.all_gather` above cut their tensors into n *chunks* (with
+# `tensor_split`, whose n parts differ in length by at most one element; here the pieces above) and call
 # `reduce_scatter_chunks` and `all_gather_chunks` on them (`minddp/collectives/ring.py`), and
 # `ring_all_reduce` calls both:
 
@@ -91,19 +93,20 @@ from minddp.notebook.source import show_source
 show_source(ring_all_reduce)
 
 # %% [markdown]
-# What each costs, in the α-β model (α the fixed cost of one message, β the time per byte, m the
-# bytes of the tensor, n ranks): each *pass* (a reduce-scatter or an all-gather of the tensor) is `n − 1`
-# messages per rank, which together carry `(n − 1)/n · m` bytes: `(n − 1) α + (n − 1)/n · m β`, and the
-# all_reduce is two passes. A stage sends its gradients in several collectives (one per *bucket*, a
-# group of gradients sent as one, or per unit), so below we count passes of the whole model's bytes,
-# not collectives. Per step (all its micro-batches, the gradients synced once): DDP all-reduces the
-# gradients, two passes; ZeRO-2 reduce-scatters them, one pass, and all-gathers the updated
-# parameters, one pass: DDP's bytes; ZeRO-1 all-reduces them and then all-gathers, one pass more.
-# FSDP reduce-scatters its units' gradients, one pass, but it gathers each unit's parameters for every micro-batch's forward and again for its backward (all but the
-# unit the backward starts with, kept gathered since its forward). The bound below counts two
-# gathering passes of the whole model per micro-batch. It counts the replicated tensors in
-# every gathering pass, though FSDP never gathers them: it all-reduces them, two passes of their bytes
-# a step, which the bound's 2 × 3 passes of them cover. For this workload's step:
+# What each costs, in the α-β model (α the fixed cost of one message, β the time per byte, m the bytes
+# of the tensor, n ranks): each *pass* (a reduce-scatter or an all-gather of the tensor) is `n − 1`
+# messages per rank, which together carry `(n − 1)/n · m` bytes: `(n − 1) α + (n − 1)/n · m β`, and
+# the all_reduce is two passes. A stage sends its gradients in several collectives (one per bucket, or
+# per unit), so below we count passes of the whole model's bytes, not collectives. Per step (all its
+# micro-batches, the gradients synced once): DDP all-reduces the gradients, two passes; ZeRO-2
+# reduce-scatters them, one pass, and all-gathers the updated parameters, one pass: DDP's bytes (with
+# a true reduce-scatter: the ZeRO-2 section says why on gloo minddp runs it as an all_reduce); ZeRO-1
+# all-reduces them and then all-gathers, one pass more. FSDP reduce-scatters its units' gradients, one
+# pass, but it gathers each unit's parameters for every micro-batch's forward and again for its
+# backward (all but the unit the backward starts with, kept gathered since its forward). The bound
+# below counts two gathering passes of the whole model per micro-batch. It counts the replicated
+# tensors in every gathering pass, though FSDP never gathers them: it all-reduces them, two passes of
+# their bytes a step, which the bound's 2 × 3 passes of them cover. For this workload's step:
 
 # %%
 # %%distributed
@@ -129,19 +132,18 @@ lesson.say(
 # parameters, so the optimizer built over `model.parameters()` holds state for the shards only
 # (`minddp.ladder.make_optimizer` builds each stage's). What each keeps differs: `zero2` keeps the
 # whole parameters too (its shards are views into them: the table's parameters column is ddp's),
-# `fsdp` keeps the shards and its replicated tensors, and gathers a unit's whole parameters around its run. One step of
-# each is measured by `minddp.sharding.memory.Probe`, from the tensors the rank holds: parameters,
-# gradients just before the update, optimizer state just after, the activations autograd
-# saved (their peak, reached in one micro-batch's forward: each micro-batch's backward frees them
-# before the next forward), and FSDP's gathered units at their peak. The activations depend on the
-# batch, here the workload's above (`docs/sharding.md` measures a smaller one, and says so). Each
-# stage trains as a `lesson.Trainee(stage)`: the stage and its optimizer built on the workload, on
-# every rank; its `step()` takes one step; `warmup` is how many steps it takes when built, here none, so
-# the measured step is its first. A *step*, in this notebook, is all its micro-batches' forwards and
-# backwards and the *update* at their end (the optimizer's `step()`); the workload line above calls a
-# step an optimizer step. The code's comments number the parts of each algorithm (`# step 3`): this
-# notebook calls those *parts*. AdamW's *step count* (in the ✓ line printed with the memory table) is how
-# many updates it has made.
+# `fsdp` keeps the shards and its replicated tensors, and gathers a unit's whole parameters around its
+# run. One step of each is measured by `minddp.sharding.memory.Probe`, from the tensors the rank
+# holds: parameters, gradients just before the update, optimizer state just after, the activations
+# autograd saved (at their peak in the step), and FSDP's gathered units at their peak. The activations
+# depend on the batch, here the workload's above (`docs/sharding.md` measures a smaller one, and says
+# so). Each stage trains as a `lesson.Trainee(stage)`: the stage and its optimizer built on the
+# workload, on every rank; its `step()` takes one step; `warmup` is how many steps it takes when
+# built, here none, so the measured step is its first. A *step*, in this notebook, is all its
+# micro-batches' forwards and backwards and the *update* at their end (the optimizer's `step()`); the
+# workload line above calls a step an optimizer step. The code's comments number the parts of each
+# algorithm (`# step 3`): this notebook calls those *parts*. AdamW's *step count* (in the ✓ line
+# printed with the memory table) is how many updates it has made.
 
 # %%
 # %%distributed
@@ -189,8 +191,7 @@ lesson.say(
     f"Ψ = {memory['ddp']['psi']:,} trainable parameter values (elements) in {tensors} parameter tensors. Rank 0's "
     f"model state at the update: ddp {table.loc['ddp', 'model state MiB']:.1f} MiB, "
     + ", ".join(f"{s} {table.loc[s, 'model state MiB']:.1f} MiB" for s in STAGES[1:])
-    + f"; fsdp holds, besides its model state, up to {table.loc['fsdp', 'gathered units (peak) MiB']:.1f} MiB "
-    "of gathered units."
+    + f"; fsdp's gathered units peak at {table.loc['fsdp', 'gathered units (peak) MiB']:.1f} MiB."
 )
 # AdamW keeps a step count beside its two moments: a float32 scalar per parameter tensor it steps (a shard is one)
 lesson.claim(
@@ -203,33 +204,21 @@ table.round(3)
 # %% [markdown]
 # The gradients column, and so the model state, is what rank 0 holds at the update, not through the
 # step: zero2 and fsdp accumulate whole gradients, as ddp does, in the micro-batches before the last
-# (under `no_sync()`, the FSDP section); no cell here measures what they hold then. The activations
-# column holds one value for every row: each stage runs the same forward on the same batch. Sharding saves model
-# state, not activations: here they weigh about what zero1's whole model state does, and more than
-# zero2's or fsdp's.
+# (under `no_sync()`, notebook 03's context in which a stage's backward adds to the gradients and
+# sends nothing); no cell here measures what they hold then. fsdp's gathered units are held during
+# a forward or backward, not at the update. The activations column holds one value for every row:
+# each stage runs the same forward on the same batch. Sharding saves model state, not activations:
+# here they weigh about what zero1's whole model state does, and more than zero2's or fsdp's.
 #
 # ## bf16 compute with fp32 master weights
 #
 # Mixed-precision training computes the forward and backward in 16 bits (fp16 in the ZeRO paper, bf16
-# here) and keeps an fp32 copy of the
-# weights (the *master weights*) for the optimizer: a bf16 number has 8 significant bits (2 to 3
-# decimal digits), so a small update lands rounded, and one far smaller than the weight is lost. The
-# cell after next measures how far AdamW's first update moved this model's values, then adds the
-# learning rate to every value, in bf16 and in fp32. The ZeRO paper counts mixed precision as 2 bytes
-# of 16-bit parameter, 2 of 16-bit gradient and K = 12 bytes of optimizer state (the fp32 master
-# copy, 4, and Adam's moments, 8): still `16Ψ` for DDP, but now 12 of the 16 bytes are optimizer
-# state, which ZeRO-1 already shards: ZeRO-1 `4Ψ + 12Ψ/n`, ZeRO-2 `2Ψ + 14Ψ/n`, FSDP
-# `16Ψₛ/n + 16Ψᵣ` as before.
-#
-# minddp's FSDP computes in bf16 with `compute_dtype=torch.bfloat16`, as torch's `fully_shard` does
-# with a `MixedPrecisionPolicy`: the fp32 shards *are* the master weights, cast to bf16 and gathered
-# in bf16 just before a unit runs, and the gradients come back to the shards in fp32. So it keeps what fp32
-# FSDP keeps (`16Ψₛ/n + 16Ψᵣ`, as both formulas say, split 4 + 4 + 8, not the paper's 2 + 2 + 12), and bf16 shrinks
-# what lives only during the step: the gathered units and the activations. The cells below measure
-# both; the figure draws the model state (coloured) and fsdp's gathered units (grey, on top of its
-# model state), the activations are printed above it. Each line is the fp32 formula of the model
-# state, to be read against the coloured part of its bar only. minddp's `ddp`, `zero1` and `zero2`
-# have no `compute_dtype`: their mixed-precision formulas are in the table above the figure only.
+# here) and keeps an fp32 copy of the weights, the *master weights*, for the optimizer. minddp's FSDP
+# computes in bf16 with `compute_dtype=torch.bfloat16`, as torch's `fully_shard` does with a
+# `MixedPrecisionPolicy`: the fp32 shards *are* the master weights, cast to bf16 and gathered in bf16
+# just before a unit runs, and the gradients come back to the shards in fp32. So it keeps what fp32
+# FSDP keeps, and bf16 shrinks what lives only during the step: the gathered units and the
+# activations. The cells below train it one step and measure both.
 
 # %%
 # %%distributed
@@ -244,18 +233,21 @@ probe = Probe(fsdp16, net, optimizer16)
 train_step(fsdp16, optimizer16, next(lesson.step_batches()), lesson.loss_fn)
 memory["fsdp bf16"] = probe.result()
 
+# %% [markdown]
+# The figure draws rank 0's model state at the update (the memory table's parameters, gradients and
+# optimizer columns), with each stage's fp32 formula as a line, and fsdp computing in bf16 as a fifth
+# bar.
+
 # %%
 # %%rank 0
 from minddp.bench.memory import plot, row
-from minddp.sharding.memory import PRECISIONS
 
 measured = [dict(row(world, s, memory[s]), label=s) for s in STAGES]
 measured.append(dict(row(world, "fsdp:bf16", memory["fsdp bf16"]), label="fsdp\ncomputing in bf16"))
-# the fp32 formulas only: the mixed-precision ones are the table's (fsdp's is the same line)
+# the model state and its fp32 formula only: the gathered units are held at another moment
 plot(
-    [{k: v for k, v in r.items() if k != "formula_mixed"} for r in measured],
-    title=f"Rank 0's model state ({world} ranks) at the update, fsdp's gathered units at their peak\n"
-    "(activations not drawn): measured (bars) beside the fp32 formulas of the model state (lines)",
+    [{k: v for k, v in r.items() if k not in ("formula_mixed", "gathered")} for r in measured],
+    title=f"Rank 0's model state ({world} ranks) at the update:\nmeasured (bars) beside the fp32 formulas (lines)",
 )
 held = {r["label"]: r["parameters"] + r["gradients"] + r["optimizer"] for r in measured}
 f32, f16 = memory["fsdp"], memory["fsdp bf16"]
@@ -272,6 +264,16 @@ lesson.claim(
     f"{lesson.mib(f32['activations'])}, {f16['activations'] / f32['activations']:.2f} times, not half (no cell here "
     "measures which of the tensors autograd saves are bf16).",
 )
+
+# %% [markdown]
+# ### Why the master weights stay fp32
+#
+# A bf16 number has 8 significant bits (2 to 3 decimal digits), so a small update lands rounded, and
+# one far smaller than the weight is lost. The cell measures how far AdamW's first update moved this
+# model's values, then adds the learning rate to every value, in bf16 and in fp32:
+
+# %%
+# %%rank 0
 lr = lesson.SETTINGS.lr
 values = torch.cat([p.detach().reshape(-1) for p in lesson.make_model().parameters()])  # the initial weights
 stepped = torch.cat([p.detach().reshape(-1) for p in trainees["ddp"].model.module.parameters()])  # after 1 step
@@ -287,8 +289,23 @@ lesson.claim(
     bool(lost.any()) and bool((values[lost] == 1).all()) and not bool((landed["fp32"] == 0).any()),
     f"Adding lr = {lr} to each of this model's {values.numel():,} initial parameter values: in bf16 the "
     f"{int(lost.sum()):,} values of 1.0 do not change, and on the others the update lands off by up to "
-    f"{missed['bf16']:.0%}; in fp32 every update lands, off by at most {missed['fp32']:.3%}: why the masters stay fp32.",
+    f"{missed['bf16']:.0%}; in fp32 every update lands, off by at most {missed['fp32']:.3%}.",
 )
+
+# %% [markdown]
+# ### The ZeRO paper's mixed-precision count
+#
+# The ZeRO paper counts mixed precision as 2 bytes of 16-bit parameter, 2 of 16-bit gradient and
+# K = 12 bytes of optimizer state (the fp32 master copy, 4, and Adam's moments, 8): still `16Ψ` for
+# DDP, but now 12 of the 16 bytes are optimizer state, which ZeRO-1 already shards: ZeRO-1
+# `4Ψ + 12Ψ/n`, ZeRO-2 `2Ψ + 14Ψ/n`, FSDP `16Ψₛ/n + 16Ψᵣ` as before (minddp's FSDP in bf16 splits its
+# 16 bytes 4 + 4 + 8, not 2 + 2 + 12). minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`:
+# their mixed-precision formulas are computed here, not measured.
+
+# %%
+# %%rank 0
+from minddp.sharding.memory import PRECISIONS
+
 formulas = pd.DataFrame(
     {
         r["stage"]: {
@@ -309,9 +326,10 @@ formulas.round(2)
 # %% [markdown]
 # ## ZeRO-1: an optimizer that updates its own part
 #
-# Each parameter tensor of N elements is cut, flattened, into n chunks, as the ring cut its tensor
-# (`ceil(N/n)` elements each, in rank order, the last ranks' shorter or empty), and rank `r` keeps the
-# optimizer state of chunk `r` of each, its shard. (An
+# Each parameter tensor of N elements is cut, flattened, into n chunks of `ceil(N/n)` elements, in
+# rank order, the last ranks' shorter or empty (`minddp/sharding/shards.py`; not the ring's
+# `tensor_split`: for N = 10 at n = 4 this cut gives 3, 3, 3, 1 elements, the ring's 3, 3, 2, 2; at
+# n = 2 the two agree), and rank `r` keeps the optimizer state of chunk `r` of each, its shard. (An
 # optimizer that is not element-wise needs whole tensors: one rank then owns each, `owned_whole` in
 # the code below; AdamW is element-wise.) The updated chunks are all-gathered in buckets of their
 # own, of at most 25 MiB, not the stage's 4 MiB gradient buckets:
@@ -472,10 +490,12 @@ on_wire.round(2)
 # (a prefetch); after the forward the full parameters are dropped (all but the last unit's: the
 # backward starts with that unit, so it stays gathered), and a saved-tensor hook keeps a note of
 # where autograd's saved tensors lay in them; the first note unpacked in the backward gathers the
-# unit again (at once if it was prefetched) and starts the gather of the unit before it: the backward
-# prefetches too, one unit ahead in its own order. The gradients of a unit arrive together, from one
-# autograd function; in the last micro-batch's backward they are handed to a reduce-scatter then (the
-# figure below marks it), in the others they are accumulated whole under `no_sync()`.
+# unit again, or waits for its gather if it was prefetched, and starts the gather of the unit before
+# it: the backward prefetches too, one unit ahead in its own order. The gradients of a unit arrive
+# together, from one autograd function; in the last micro-batch's backward they are handed to one
+# gradient collective then (a reduce-scatter, run on gloo as an all_reduce), in the others they are
+# accumulated whole under `no_sync()`. The replicated tensors' gradients get an all_reduce each. The
+# figure below marks both kinds alike, as gradient collectives.
 
 # %%
 # %%distributed
@@ -511,14 +531,12 @@ lesson.claim(
 # in the phase it was handed over in. It shows the order of events only, no lengths: within a phase
 # the marks are spread evenly, in the order they were handed over.
 
+
 # %%
 # %%rank 0
-PHASES = ("forward", "backward", "finish", "optimizer")
-
-
-def phase_of(t, row):
-    """The phase of the step running at time t (ms), or "between" (between the phases)."""
-    return next((ph for ph in PHASES if any(a <= t <= b for a, b in row[ph])), "between")
+def during(t, spans):
+    """Whether time t (ms) falls in one of the spans (start, end) the look recorded for a phase."""
+    return any(a <= t <= b for a, b in spans)
 
 
 lesson.handed_picture(looks, STAGES, title="ddp and the sharded rungs, one step each (rank 0)")
@@ -541,19 +559,17 @@ lesson.claim(
 # its first forward (which needs the updated parameters); every stage syncs once a step, in the last backward
 z1, z2 = looks["zero1"]["handed"]["gathers"], looks["zero2"]["handed"]["gathers"]
 lesson.claim(
-    all(phase_of(t, looks["zero1"]["row"]) == "optimizer" for t in z1),
+    all(during(t, looks["zero1"]["row"]["optimizer"]) for t in z1),
     f"zero1 hands its {len(z1)} all-gather of parameters over inside its update "
     "(ZeroRedundancyOptimizer.step above: update the chunks, then all-gather).",
 )
-first_forward = looks["zero2"]["row"]["forward"][0]
 lesson.claim(
-    all(first_forward[0] <= t <= first_forward[1] for t in z2),
+    all(during(t, looks["zero2"]["row"]["forward"][:1]) for t in z2),
     f"zero2 hands its {len(z2)} all-gathers over in the first forward, which needs the parameters the last step "
     "updated.",
 )
-last = {s: looks[s]["row"]["backward"][-1] for s in STAGES}
 lesson.claim(
-    all(last[s][0] <= t <= last[s][1] for s in STAGES for t in looks[s]["handed"]["calls"]),
+    all(during(t, looks[s]["row"]["backward"][-1:]) for s in STAGES for t in looks[s]["handed"]["calls"]),
     "Every stage hands all its gradient collectives over during the last micro-batch's backward: the "
     f"{accum - 1} before it accumulate their gradients whole under no_sync().",
 )
@@ -589,8 +605,12 @@ lesson.say(
 # %% [markdown]
 # ## What each rung trades
 #
-# Rank 0's model state at the update (the memory table) beside what it sent in a step on the ring (the
-# ring table), at these 2 ranks:
+# Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's
+# ring (the ring table), at these 2 ranks. Both leave things out. The model state is counted at the
+# update: in the micro-batches before the last, zero2 and fsdp hold whole gradients, and during the
+# forwards and backwards every stage holds its activations (56.6 MiB, the memory table) and fsdp its
+# gathered units. The bytes are the ring's: on gloo, where the looks ran, zero2's reduce-scatters run
+# as all_reduces (the ZeRO-2 section), so there it sends an all_reduce and an all-gather, as zero1 does.
 
 # %%
 # %%rank 0
@@ -598,13 +618,18 @@ trade = pd.DataFrame({"model state MiB": table["model state MiB"], "sent a step 
 lesson.say(
     "Against ddp: "
     + "; ".join(
-        f"{s} holds {trade.loc['ddp', 'model state MiB'] - trade.loc[s, 'model state MiB']:.1f} MiB less and sends "
-        f"{total[s] / total['ddp']:.1f} times ddp's bytes"
+        f"{s} holds {trade.loc['ddp', 'model state MiB'] - trade.loc[s, 'model state MiB']:.1f} MiB less at the "
+        f"update and sends {total[s] / total['ddp']:.1f} times ddp's bytes on the ring"
         for s in STAGES[1:]
     )
-    + f" (and gathers up to {table.loc['fsdp', 'gathered units (peak) MiB']:.1f} MiB of units beside its model state)."
+    + "."
 )
 trade.round(1)
+
+# %% [markdown]
+# So, at the update and on the ring: zero1 saves a quarter of ddp's model state and sends half as many
+# bytes again; zero2 saves more and sends no more; fsdp saves about half, for 3.3 times the bytes and a
+# buffer of gathered units.
 
 # %% [markdown]
 # ## Your turn: all_reduce from its two halves

@@ -113,10 +113,10 @@ COLORS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868
 
 
 def plot(rows: list[dict], path: str | None = None, ax=None, title: str = "Memory per rank, measured from the tensors"):
-    """Stacked bars per row: parameters, gradients, optimizer state, gathered units (measured); each row's fp32
-    formula as a solid tick and the ZeRO paper's bf16-with-fp32-masters formula as a dashed one. A row's
-    ``label`` names its bar (default: stage and ranks, and the compute dtype if not fp32). Saved to ``path``
-    if given; returns the figure."""
+    """Stacked bars per row: parameters, gradients, optimizer state, gathered units (measured; a kind the row
+    leaves out is not drawn); each row's fp32 formula as a solid tick and the ZeRO paper's bf16-with-fp32-masters
+    formula as a dashed one. A row's ``label`` names its bar (default: stage and ranks, and the compute dtype if
+    not fp32). Saved to ``path`` if given; returns the figure."""
     import matplotlib
 
     if path is not None and ax is None:
@@ -129,6 +129,8 @@ def plot(rows: list[dict], path: str | None = None, ax=None, title: str = "Memor
     for x, r in enumerate(rows):
         bottom = 0.0
         for kind, color in COLORS.items():
+            if kind not in r:
+                continue
             value = r[kind] / 2**20
             ax.bar(x, value, bottom=bottom, color=color, label=kind if x == 0 else None)
             bottom += value
