@@ -79,9 +79,10 @@
 #   (sent every 50 ms) may be silent. The lighthouse counts a slot **live** once its process has
 #   sent a first heartbeat (just before it first asks for a quorum), while that heartbeat has not
 #   been silent that long and the launcher has not reported the process's exit; it answers a quorum
-#   only once every live slot has asked, so it does not wait for a process still starting. A slot silent past the bound is evicted (the
-#   launcher ends its process and starts it again, as after a kill), unless it is the last holder
-#   of the trained state, which is never evicted (question 1 below);
+#   only once every live slot has asked, so it does not wait for a process still starting. A slot
+#   silent past the bound is evicted (the launcher ends its process and starts it again, as after a
+#   kill), unless it is the last holder of the trained state, which is never evicted (question 1
+#   below);
 # * `full_world_at=(4, 9)`: the lighthouse answers the first quorum of steps 4 and 9 only once all
 #   three slots have asked, whatever the machine's speed: the kill meets a full world, and slot 1
 #   is back, healed, by step 9 (slots 0 and 2 wait for it there if it is not back sooner), before
@@ -135,8 +136,8 @@ for line in run.report():
 #
 # The raise's recovery (the report's second line) is not split: the first claim checks only where
 # its first error came from and that the launcher recorded no exit after it (slot 2's process
-# stayed). The last two lines set each recovery
-# against the hang bound (5 s): neither fault made anyone wait for the group's timeout.
+# stayed). The last two lines set each recovery against the hang bound (5 s): neither fault made
+# anyone wait for the group's timeout.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -403,9 +404,10 @@ show_source(solutions.ft_shard)
 # run above; this notebook does not run the frozen case), then the next quorum and step 4 trained
 # again, as after the kill. The benchmark in `docs/fault-tolerance.md` measured it with a 2 s bound: 4 frozen processes, recovery 2.07 s
 # (median; discarded at 2.02 s), the bound plus a few hundredths. Halving `hang_s` to 2.5 s
-# predicts a recovery a little over 2.5 s, about half that of 5 s, and makes a live process that is merely slow (a loaded machine, a long step) likelier to
-# be evicted by mistake, unless it is the last holder of the trained state, which the lighthouse
-# waits for instead: the bound trades recovery time against false alarms.
+# predicts a recovery a little over 2.5 s, about half that of 5 s, and makes a live process that
+# is merely slow (a loaded machine, a long step) likelier to be evicted by mistake, unless it is
+# the last holder of the trained state, which the lighthouse waits for instead: the bound trades
+# recovery time against false alarms.
 #
 # </details>
 #
