@@ -172,17 +172,20 @@ moments = {
     f"commit of step {kill.committed_step}": ms(kill.recovery_s),
 }
 print("\nthe kill: ms after it, and since the moment before")
-before = 0
+before, parts = 0, []
 for name, t in sorted(moments.items(), key=lambda item: item[1]):  # in the order they happened
     print(f"  {name:<24}{t:>5}   +{t - before}")
+    parts.append((t - before, name))
     before = t
 for o in (kill, raised):
     print(f"{o.fault} recovery: {ms(o.recovery_s)} ms, {o.recovery_s / 5.0:.0%} of the hang bound (5 s)")
+largest, until = max(parts)
+print(
+    f"the kill's largest part: {largest} of its {before} ms, the time up to '{until}'"
+    + (" (no part took most of it)" if 2 * largest < before else "")
+)
 
 # %% [markdown]
-# No one part took most of the kill's 174 ms: the largest, 70 ms, passed before a survivor's
-# all_reduce failed, and the next quorum came 2 ms after the launcher recorded the exit.
-#
 # The kill also ended slot 1's process: its **rejoin** (the report's first line) ends at the quorum
 # that took a new process in slot 1 back. The launcher started that process once step 4 was
 # committed without it (`restart_after_steps=1`, checked below); the two survivors trained on at
@@ -206,14 +209,13 @@ print(
 )
 
 # %% [markdown]
-# So the rejoin is not the time a heal takes. Slot 1's new process was taken back 3303 ms after
-# its start; the run does not time what it did in between (forked from a server that had already
+# So the rejoin is not the time a heal takes. Slot 1's new process was taken back the time printed
+# above after its start; the run does not time what it did in between (forked from a server that had already
 # imported torch, it imports the `ft` modules, connects to the lighthouse and builds its model,
 # then starts its heartbeat and asks). Until that first heartbeat it was not live, so slots 0 and 2
-# trained steps 5-8 without waiting for it. Their 3247 ms at step 9, over ten times both
-# recoveries together (174 + 90 ms), is not part of either recovery: they waited there because
-# this notebook set `full_world_at=(4, 9)`. The heal, the state sent just after that quorum, is
-# not timed.
+# trained steps 5-8 without waiting for it. Their time to step 9's quorum, printed above, is not
+# part of either recovery: they waited there because this notebook set `full_world_at=(4, 9)`.
+# The heal, the state sent just after that quorum, is not timed.
 #
 # Each fault cost one discarded attempt, trained again (the `x` columns of the timeline below), and
 # only slot 1's process was started again. A restart from a checkpoint (not run here) starts every
