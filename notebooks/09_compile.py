@@ -33,9 +33,9 @@
 # `torch.compile` has two parts: *Dynamo* captures the model's Python as a graph, and a *backend*
 # compiles the graph (by default *Inductor*, which fuses operations into kernels of its own).
 # Compiled as one graph, the model records a single gradient node for its whole forward, whose
-# backward produces every parameter's gradient at its end. Then every bucket is handed over after that node has
-# ended, when only `AccumulateGrad` nodes are left to run: no message can be in flight while the
-# model's gradients are computed.
+# backward produces every parameter's gradient at its end. Then every bucket is handed over after
+# that node has ended, when only `AccumulateGrad` nodes are left to run: no message can be in flight
+# while the model's gradients are computed.
 #
 # torch's answer to this is in Dynamo: while torch's DDP runs its module, Dynamo's `DDPOptimizer`
 # (`torch/_dynamo/backends/distributed.py`) **cuts the compiled graph into pieces**, closing a piece
@@ -43,11 +43,11 @@
 # piece apart: each piece records a gradient node of its own. Backward then runs piece after piece (in
 # this notebook pieces are numbered in that order: piece 0 is the forward's last layers, which backward
 # runs first). A bucket whose last gradient a piece produces can then be handed over before the next
-# piece's backward begins, so that its message can be in flight while that backward runs; whether it
-# is depends on the machine (this notebook counts it). minddp's `ddp` gives Dynamo its bucket
-# cap as torch's DDP does (`minddp/runtime/compiling.py`), with one difference in the first
-# piece: with torch's DDP, Dynamo closes it at `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`
-# (1 MiB in the torch of this run); minddp's `ddp`, given a `bucket_cap_mb`, closes it at that cap.
+# piece's backward begins, so that its message can be in flight while that backward runs (this
+# notebook counts how many were). minddp's `ddp` gives Dynamo its bucket cap as torch's DDP does
+# (`minddp/runtime/compiling.py`), with one difference in the first piece: with torch's DDP, Dynamo
+# closes it at `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB in the torch of this run);
+# minddp's `ddp`, given a `bucket_cap_mb`, closes it at that cap.
 # So here every piece closes at 2 MiB.
 #
 # This notebook shows one step of `ddp` in three runs on one time axis: eager, compiled without the
@@ -180,11 +180,11 @@ lesson.say(
 # the other rank run beside it on two cores: a grey bar can be longer than the work in its node.
 #
 # Read the figure for the order of its events: that is what the cut changes, and what the claims
-# count. A row that ends later does not show that its run is slower: each row is one step on these
-# shared cores, and the last line below the figure gives the optimizer step's length in each run,
-# the same work each time. That line also counts, for each run,
-# the messages in flight while a gradient node ran: the cut lets that happen, and on these cores does
-# not ensure it.
+# count. A row's length does not show which run is faster: each row is one step on these shared
+# cores, and the last line below the figure gives the optimizer step's length in each run, the same
+# work each time. That line also counts, for each run, the messages in flight while a gradient node
+# ran: without the cut none can be (the first claim checks it); with the cut some can be, and the
+# count says how many were in this step.
 #
 # The cut is torch's design for GPUs, where backward's kernels run on the GPU while NCCL carries the
 # buckets on a stream of its own. This notebook runs no GPU: what the cut does to a GPU step is not
