@@ -253,9 +253,9 @@ lesson.say(
 # (compiled with the cut): `ddp`'s `bucket_plan`, rebuilt after the first step from the order the
 # gradients arrived in, each bucket listing its parameters in that order. A compiled piece produces
 # all its gradients at its end, so within a piece they need not arrive last layer first: bucket 0
-# below lists `layers.6.weight` before `layers.7.weight`. A bucket
-# closes at the first gradient that takes it to the cap or past it. The claims below check where
-# this run's buckets lie.
+# below lists `layers.6.weight` before `layers.7.weight`, in the order they arrived. A bucket closes
+# at the first gradient that takes it to the cap or past it. The claims below check where this run's
+# buckets lie.
 
 
 # %%
@@ -352,9 +352,8 @@ print(check_handover(solutions.handed_over_after))
 # the module (`_before_module`, `_after_module`) with the default `recursive=True`, so that Dynamo
 # skips them with all they call. Dynamo begins no graph in `forward`, so there is none to break, and
 # it compiles the module that `forward` calls as a graph of its own (the next section prints that
-# graph's pieces).
-# Each wrapper is compiled around an MLP of two 1 MiB layers, for one training step, and Dynamo
-# counts the breaks.
+# graph's pieces). Each wrapper is compiled around an MLP of two 1 MiB layers, for one training
+# step, and Dynamo counts the breaks.
 
 
 # %%
