@@ -18,8 +18,9 @@
 #
 # Autograd runs backward as *nodes*, of two kinds in this notebook. A parameter's `AccumulateGrad`
 # node adds its gradient into the parameter's `.grad`; `ddp`'s *reducer* (the part that fills the
-# buckets and sends them) has a hook there, which copies the gradient into its bucket. Every other
-# node is a *gradient node*: it computes gradients.
+# buckets and sends them) has a hook there, which marks the gradient ready and, once a bucket's last
+# gradient is, copies the bucket's gradients into one buffer and hands it over. Every other node is a
+# *gradient node*: it computes gradients (the model's nodes, and the loss's).
 #
 # Words, kept apart. A bucket is *handed over* when the reducer calls `all_reduce` on it, once its
 # last gradient is there (the tick in the figure); it goes to *gloo*, the process group that carries
@@ -31,20 +32,22 @@
 # nanoGPT's pattern compiles the model, then wraps it: `model = torch.compile(model)`, then `DDP(model)`.
 # `torch.compile` has two parts: *Dynamo* captures the model's Python as a graph, and a *backend*
 # compiles the graph (by default *Inductor*, which fuses operations into kernels of its own).
-# Compiled as one graph, the model's forward records one gradient node, whose backward produces every
-# gradient at its end. Then every bucket is handed over after that node has ended, when only
-# `AccumulateGrad` nodes are left to run.
+# Compiled as one graph, the model records a single gradient node for its whole forward, whose
+# backward produces every parameter's gradient at its end. Then every bucket is handed over after
+# that node has ended, when only `AccumulateGrad` nodes are left to run: no message can be in flight
+# while the model's gradients are computed.
 #
-# torch's answer is in Dynamo: while torch's DDP runs its module, Dynamo's `DDPOptimizer`
+# torch's answer to this is in Dynamo: while torch's DDP runs its module, Dynamo's `DDPOptimizer`
 # (`torch/_dynamo/backends/distributed.py`) **cuts the compiled graph into pieces**, closing a piece
 # once its parameters reach a bucket's bytes, counted from the end of the forward, and compiles each
 # piece apart: each piece records a gradient node of its own. Backward then runs piece after piece (in
 # this notebook pieces are numbered in that order: piece 0 is the forward's last layers, which backward
-# runs first). A bucket whose last gradient a piece produces can be handed over before the next
-# piece's backward begins, and be in flight while it runs. minddp's `ddp` gives Dynamo its bucket
-# cap as torch's DDP does (`minddp/runtime/compiling.py`), with one difference in the first
-# piece: with torch's DDP, Dynamo closes it at `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`
-# (1 MiB in the torch of this run); minddp's `ddp`, given a `bucket_cap_mb`, closes it at that cap.
+# runs first). A bucket whose last gradient a piece produces can then be handed over before the next
+# piece's backward begins, so that its message can be in flight while that backward runs (this
+# notebook counts how many were). minddp's `ddp` gives Dynamo its bucket cap as torch's DDP does
+# (`minddp/runtime/compiling.py`), with one difference in the first piece: with torch's DDP, Dynamo
+# closes it at `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB in the torch of this run);
+# minddp's `ddp`, given a `bucket_cap_mb`, closes it at that cap.
 # So here every piece closes at 2 MiB.
 #
 # This notebook shows one step of `ddp` in three runs on one time axis: eager, compiled without the
@@ -164,14 +167,24 @@ lesson.say(
 #
 # Each row is the profiled step of one run, rank 0, from the start of its forward to the black line
 # where its optimizer step ends: the forward and the loss (pale, up to backward's first gradient
-# node), the gradient nodes (blue), the `AccumulateGrad` nodes (grey), a tick when a bucket was
-# handed over (the row's label says how many buckets), an orange bar for each message in flight, and
-# the optimizer step (green). White is time in none of these. Bars or ticks that overlap, or lie
-# closer together than a pixel (about a thousandth of the time axis), draw as one. A tick is not the
-# start of its bar: the bar is gloo's range, which can begin later.
+# node), the gradient nodes (blue, the loss's included), the `AccumulateGrad` nodes (grey), a tick
+# when a bucket was handed over (the row's label says how many buckets), an orange bar for each
+# message in flight, and the optimizer step (green). A tick is not the start of its bar: the bar is
+# gloo's range, which can begin later. Orange bars that overlap draw over each other, so two messages
+# in flight at once can show as more orange boxes than buckets; other bars or ticks that overlap, or
+# lie closer together than a pixel (about a thousandth of the time axis), draw as one.
+#
+# White is time in none of these. The white just before the green bar holds the end of backward,
+# where `ddp` waits for the messages still in flight and copies the averages into `.grad`. Like an
+# orange bar, a grey or blue bar can also hold time its thread waits for a core, as gloo's threads and
+# the other rank run beside it on two cores: a grey bar can be longer than the work in its node.
 #
 # Read the figure for the order of its events: that is what the cut changes, and what the claims
-# count. The last line printed above the figure gives two of its lengths for each compiled row.
+# count. A row's length does not show which run is faster: each row is one step on these shared
+# cores, and the last line below the figure gives the optimizer step's length in each run, the same
+# work each time. That line also counts, for each run, the messages in flight while a gradient node
+# ran: without the cut none can be (the first claim checks it); with the cut some can be, and the
+# count says how many were in this step.
 #
 # The cut is torch's design for GPUs, where backward's kernels run on the GPU while NCCL carries the
 # buckets on a stream of its own. This notebook runs no GPU: what the cut does to a GPU step is not
@@ -222,24 +235,12 @@ lesson.claim(
 )
 
 
-def blue(look) -> float:
-    """ms in which a gradient node ran (the blue bars' union)."""
-    total, reach = 0.0, float("-inf")
-    for start, end in look["row"]["backward"]:  # sorted by start
-        total, reach = total + max(0.0, end - max(start, reach)), max(reach, end)
-    return total
-
-
-def span(look) -> float:
-    return look["row"]["end"] - min(start for start, _ in look["row"]["backward"])
-
-
-(b0, s0), (b1, s1) = ((blue(looks[label]), span(looks[label])) for label in (NO_CUT, CUT))
+flying = {label: f"{v['in_flight_beside_node']} of {len(v['row']['messages'])}" for label, v in looks.items()}
+green = ", ".join(f"{end - start:.1f}" for v in looks.values() for start, end in v["row"]["optimizer"])
 lesson.say(
-    f"In the profiled step, on {os.cpu_count()} cores shared by both ranks and gloo's threads: compiled without the "
-    f"cut, the gradient nodes (blue) ran {b0:.1f} ms in all, and backward's first gradient node to the black line "
-    f"took {s0:.1f} ms; with the cut, {b1:.1f} ms and {s1:.1f} ms. Each is one step, not repeated: this run does "
-    "not measure what the cut changes in these lengths."
+    "In the profiled step, messages in flight while a gradient node ran: "
+    + ", ".join(f"{label} {n}" for label, n in flying.items())
+    + f". The optimizer step (green; the same SGD on the same 8 MiB in each run): {green} ms."
 )
 
 # %% [markdown]
@@ -251,9 +252,10 @@ lesson.say(
 # with its parameters in the forward's order. Beside them, the buckets of the figure's third row
 # (compiled with the cut): `ddp`'s `bucket_plan`, rebuilt after the first step from the order the
 # gradients arrived in, each bucket listing its parameters in that order. A compiled piece produces
-# all its gradients at its end, so within a piece they need not arrive last layer first. A bucket
-# closes at the first gradient that takes it to the cap or past it. The claims below check where
-# this run's buckets lie.
+# all its gradients at its end, so within a piece they need not arrive last layer first: bucket 0
+# below lists `layers.6.weight` before `layers.7.weight`, in the order they arrived. A bucket closes
+# at the first gradient that takes it to the cap or past it. The claims below check where this run's
+# buckets lie.
 
 
 # %%
@@ -286,8 +288,8 @@ lesson.claim(
 runs = {label: looks[label]["pieces_run"] for label in (NO_CUT, CUT)}
 lesson.claim(
     runs == {NO_CUT: 1, CUT: len(pieces)},
-    f"In the profiled step, backward ran one compiled gradient node without the cut and {len(pieces)} with it, "
-    "one per piece.",
+    f"In the profiled step, backward ran one compiled piece's gradient node (CompiledFunctionBackward) without the "
+    f"cut and {len(pieces)} with it, one per piece.",
 )
 piece_of = {name: i for i, piece in enumerate(pieces) for name in piece}
 homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
@@ -343,13 +345,15 @@ print(check_handover(solutions.handed_over_after))
 #
 # The other pattern compiles the wrapper itself: `torch.compile(DDP(model))`. Dynamo then meets the
 # wrapper's own Python first. A graph break is a place inside a graph Dynamo has begun where it
-# stops the graph, runs Python, and starts a new one. minddp's `ddp` marks its `forward`, and only
-# that function, for Dynamo to skip: `torch.compiler.disable(forward, recursive=False)` (with the
-# default `recursive=True`, Dynamo would also skip every function `forward` calls, the module's
-# included). Dynamo begins no graph in `forward`, so there is none to break, and it compiles the
-# module that `forward` calls as a graph of its own (the next section prints that graph's pieces).
-# Each wrapper is compiled around an MLP of two 1 MiB layers, for one training step, and Dynamo
-# counts the breaks.
+# stops the graph, runs Python, and starts a new one. minddp's `ddp` marks three of its methods for
+# Dynamo to skip (`minddp/runtime/compiling.py`): `forward` itself with
+# `torch.compiler.disable(forward, recursive=False)`, so that Dynamo skips `forward`'s own code but
+# not the functions it calls, the module's included; and the two steps `forward` runs before and after
+# the module (`_before_module`, `_after_module`) with the default `recursive=True`, so that Dynamo
+# skips them with all they call. Dynamo begins no graph in `forward`, so there is none to break, and
+# it compiles the module that `forward` calls as a graph of its own (the next section prints that
+# graph's pieces). Each wrapper is compiled around an MLP of two 1 MiB layers, for one training
+# step, and Dynamo counts the breaks.
 
 
 # %%
@@ -456,8 +460,9 @@ lesson.claim(
 #
 # * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the compiled
 #   graph into pieces, and the first bucket is handed over before backward's last gradient node (the
-#   claims above). This run does not measure what that does to a step's length; a GPU step is not
-#   shown here.
+#   claims above), so its message can be in flight while gradients are still computed. Whether it
+#   was, on these CPU cores, is the count printed below the figure; what the cut does to a step's
+#   length, on CPU or GPU, is not measured here.
 # * The wrapper compiled whole: `torch.compile(ddp)` adds no graph break to the model's own, where
 #   torch's DDP adds breaks, and its module is compiled and cut (*Buckets of 0.5 MiB*).
 # * At 0.5 MiB buckets torch's DDP (this run's torch) does not compile: its first piece is 1 MiB.

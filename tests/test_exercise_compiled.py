@@ -178,6 +178,65 @@ def strictly_past_and_no_last_bucket(pieces, cap):
     return out
 
 
+def numbered_from_the_forward(pieces, cap):
+    return [len(pieces) - 1 - i for i in solutions.handed_over_after(pieces, cap)]  # the mistake: piece 0 the first
+
+
+def bucket_indices(pieces, cap):
+    return list(range(len(solutions.handed_over_after(pieces, cap))))  # the mistake: the bucket's own index
+
+
+def gradient_indices(pieces, cap):
+    out, total, g = [], 0, -1
+    for _, size in arrivals(pieces):  # the mistake: eager's view, each gradient a piece of its own
+        total, g = total + size, g + 1
+        if total >= cap:
+            out, total = out + [g], 0
+    return out + [g] * (total > 0)
+
+
+def strictly_past_in_forward_order_in_a_piece(pieces, cap):
+    out, total = [], 0
+    for i, piece in enumerate(pieces):
+        for size in reversed(piece):  # two mistakes: a piece's gradients in the forward's order, and > cap
+            total += size
+            if total > cap:
+                out, total = out + [i], 0
+    return out + [len(pieces) - 1] * (total > 0)
+
+
+def never_past_and_carried_over(pieces, cap):
+    out, total, at = [], 0, 0
+    for i, size in arrivals(pieces):
+        if total and total + size > cap:  # two mistakes: closed before the gradient that would pass the cap
+            out, total = out + [at], 0
+        total, at = total + size, i
+        if total >= cap:
+            out, total = out + [i], total - cap  # and the bytes past the cap start the next bucket
+    return out + [at] * (total > 0)
+
+
+def carried_over_and_no_last_bucket(pieces, cap):
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total >= cap:
+            out, total = out + [i], total - cap  # two mistakes: the bytes past the cap carried, the rest dropped
+    return out
+
+
+def closed_at_piece_end_and_carried_over(pieces, cap):
+    out = []
+    for i, piece in enumerate(pieces):
+        total = 0  # two mistakes: a fresh bucket for every piece, and the bytes past the cap carried within it
+        for size in piece:
+            total += size
+            if total >= cap:
+                out, total = out + [i], total - cap
+        out += [i] * (total > 0)
+    return out
+
+
 @pytest.mark.parametrize(
     "fn, named",
     [
@@ -197,6 +256,17 @@ def strictly_past_and_no_last_bucket(pieces, cap):
         (forward_order_in_a_piece, "a piece's gradients were taken in the forward's order"),
         (strictly_past_and_no_last_bucket, "two mistakes: a bucket that reaches the cap exactly stays open"),
         (strictly_past_and_no_last_bucket, "and the gradients after the last full bucket were dropped"),
+        (numbered_from_the_forward, "the pieces were numbered in the forward's order"),
+        (bucket_indices, "each bucket was given its own index"),
+        (gradient_indices, "the index of its last gradient, as if each gradient were a piece of its own"),
+        (strictly_past_in_forward_order_in_a_piece, "two mistakes: a bucket that reaches the cap exactly stays open"),
+        (strictly_past_in_forward_order_in_a_piece, "and a piece's gradients were taken in the forward's order"),
+        (never_past_and_carried_over, "two mistakes: a bucket closed before the gradient that would take it past"),
+        (never_past_and_carried_over, "and the bytes past the cap were carried into the next bucket"),
+        (carried_over_and_no_last_bucket, "two mistakes: the gradients after the last full bucket were dropped"),
+        (carried_over_and_no_last_bucket, "; and the bytes past the cap were carried into the next bucket"),
+        (closed_at_piece_end_and_carried_over, "a bucket was closed at each piece's end"),
+        (closed_at_piece_end_and_carried_over, "; and the bytes past the cap were carried into the next bucket"),
     ],
 )
 def test_each_handover_mistake_is_named(fn, named):

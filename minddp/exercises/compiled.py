@@ -8,7 +8,8 @@ answer: for each bucket, the index of the piece after whose backward it is hande
 called on every case of :data:`CASES` and compared with the model answer
 (:func:`~minddp.exercises.solutions.handed_over_after`); an answer that matches one of the usual mistakes
 (:data:`MISTAKES`) on every case is named by it, one that matches two of them made together (:data:`PAIRS`) by
-both, any other by its first case that differs.
+both, any other by its first case that differs. A few pairs give the same answer as one mistake alone on every input
+(never past with strictly past, say): they are named by that one, which says what the answer does.
 
 Example (pure Python, no ranks)::
 
@@ -32,6 +33,7 @@ CASES = [
     ([[5], [5], [2]], 8),  # a bucket over two pieces, and a last bucket not full
     ([[2, 2, 2], [2, 2, 2], [2, 2, 2]], 4),  # a piece that fills one bucket and opens the next
     ([[3, 1]], 3),  # a piece whose gradients, taken in the wrong order, fill its buckets otherwise
+    ([[1, 4], [1], [2, 5]], 3),  # gradients past the cap, a piece that fills none: tells two mistakes from one
 ]
 
 
@@ -50,32 +52,40 @@ def _walk(
     at_end: bool = False,
     forward: bool = False,
     within: bool = False,
+    mirror: bool = False,
+    gradient: bool = False,
+    bucket: bool = False,
 ) -> list[int]:
     """The model answer's walk with one mistake switched on: close only past the cap (``past``), before the
     gradient that would pass it (``before``), drop the last bucket (``last=False``), add a last one even when nothing
     is left (``empty``), note the piece of a bucket's first gradient (``first``), close the open bucket at each
     piece's end (``per_piece``), number from ``shift``, carry the bytes past the cap into the next bucket
     (``carry``), check the cap only at each piece's end (``at_end``), take the pieces in the forward's order
-    (``forward``), take a piece's gradients in the forward's order (``within``)."""
-    after, filled, opened, at = [], 0, 0, 0
+    (``forward``), take a piece's gradients in the forward's order (``within``); or give each bucket, in place of
+    its piece's index, that index counted from the forward's end (``mirror``), its last gradient's index in arrival
+    order (``gradient``), the bucket's own index (``bucket``)."""
+    after, filled, opened, at, g = [], 0, (0, 0), (0, 0), -1  # (piece, gradient) pairs; g counts the gradients
     for i, piece in reversed(list(enumerate(pieces))) if forward else enumerate(pieces):
         for j, size in enumerate(piece[::-1] if within else piece):
+            g += 1
             if before and filled and filled + size > cap:
                 after.append(at)
                 filled = 0
-            opened = i if filled == 0 else opened
-            filled, at = filled + size, i
+            opened = (i, g) if filled == 0 else opened
+            filled, at = filled + size, (i, g)
             if at_end and j < len(piece) - 1:
                 continue
             if (filled > cap) if past else (filled >= cap):
-                after.append(opened if first else i)
+                after.append(opened if first else at)
                 filled = filled - cap if carry else 0
         if per_piece and filled:
-            after.append(i)
+            after.append(at)
             filled = 0
     if (filled or empty) and last:
         after.append(opened if first else at)
-    return [i + shift for i in after]
+    if bucket:
+        return [k + shift for k in range(len(after))]
+    return [(n if gradient else len(pieces) - 1 - i if mirror else i) + shift for i, n in after]
 
 
 #: name -> (the mistake as the model answer's walk with its switches, what the verdict says)
@@ -136,7 +146,25 @@ WALKS = {
         "a piece's gradients were taken in the forward's order: each piece lists its gradients in the order they "
         "arrive in backward, and buckets fill in that order",
     ),
+    "numbered from the forward": (
+        {"mirror": True},
+        "the pieces were numbered in the forward's order: number them in the order backward runs them, piece 0 "
+        "(the forward's last layers) first",
+    ),
+    "gradient index": (
+        {"gradient": True},
+        "each bucket was given the index of its last gradient, as if each gradient were a piece of its own (as in "
+        "eager): a compiled piece produces all its gradients at its end; the answer is that piece's index",
+    ),
+    "bucket index": (
+        {"bucket": True},
+        "each bucket was given its own index: the answer is the index of the piece after whose backward it is "
+        "handed over, and one piece can fill none, one or several buckets",
+    ),
 }
+
+#: the switches that say what a bucket is given in place of its piece's index: two of them contradict each other
+_SAYS = ("first", "mirror", "gradient", "bucket")
 
 
 def _all_at_the_end(pieces, cap):
@@ -165,13 +193,16 @@ MISTAKES = {
     ),
 }
 
-#: two walk mistakes made together (those that do not contradict each other: not "no last bucket" with an empty one)
-PAIRS = [
-    (a, b)
-    for k, a in enumerate(WALKS)
-    for b in list(WALKS)[k + 1 :]
-    if {a, b} != {"no last bucket", "empty last bucket"}
-]
+
+def _contradict(a: str, b: str) -> bool:
+    """Whether walk mistakes ``a`` and ``b`` cannot be made together: no last bucket with an empty one, or two
+    answers in place of the piece's index (the piece of the first gradient alone can be counted otherwise)."""
+    says = [k for name in (a, b) for k in WALKS[name][0] if k in _SAYS]
+    return {a, b} == {"no last bucket", "empty last bucket"} or len(says) == 2 and says != ["first", "mirror"]
+
+
+#: two walk mistakes made together (those that do not contradict each other)
+PAIRS = [(a, b) for k, a in enumerate(WALKS) for b in list(WALKS)[k + 1 :] if not _contradict(a, b)]
 
 
 def check_handover(fn) -> Verdict:
