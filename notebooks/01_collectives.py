@@ -86,9 +86,7 @@ t
 # %% [markdown]
 # ## `scatter`: rank 0 deals out one chunk per rank
 #
-# Rank 0 holds a list with one tensor per rank; every rank receives its own. (A data loader that
-# shards the data does the same job without communication: every rank draws the same examples and
-# keeps its own part.)
+# Rank 0 holds a list with one tensor per rank; every rank receives its own.
 
 # %%
 # %%distributed
@@ -100,9 +98,10 @@ chunk
 # %% [markdown]
 # ## `reduce` and `gather`: everything to one rank
 #
-# `reduce` sums (or takes the max, ...) every rank's tensor *into rank 0's*; `gather` collects the
-# tensors side by side on rank 0. Only rank 0's buffer is defined afterwards: the others hold whatever
-# the backend's algorithm left in them (the cell says what that was in this run).
+# `reduce` sums (or takes the max, ...) every rank's tensor into the tensor of one rank, its `dst`;
+# `gather` collects the tensors side by side on `dst`. The cells pass `dst=0`, rank 0. Only `dst`'s buffer
+# is defined afterwards: the others hold whatever the backend's algorithm left in them (the cell says what
+# that was in this run).
 
 # %%
 # %%distributed
@@ -205,8 +204,8 @@ tiny_star = watch("naive", numel=4 * 256)
 assert all(r["ok"] for r in ring + star + tiny + tiny_star)  # each leaves the sum of every rank's mark everywhere
 
 # %% [markdown]
-# The drawing is made from those records, one row per *exchange* (a rank sends one message and
-# receives one at the same time). A row shows every rank's chunks as they were *just before* that
+# The drawing is made from those records, one row per *exchange* (a *hop*: a rank sends one message to its
+# neighbour and receives one at the same time). A row shows every rank's chunks as they were *just before* that
 # exchange, so a sum sent in one exchange first shows in the next row; the chunk a rank sends is
 # outlined in red, and the red text beneath says where it goes. The darker a chunk's green, the more
 # ranks' marks it holds (the darkest: all of them). In the **reduce-scatter** (first three rows) every
@@ -407,20 +406,22 @@ left = time.time()
 everyone = [None] * world_size
 dist.all_gather_object(everyone, (arrived, left))
 if rank == 0:
-    last = everyone[1][0]  # when rank 1 arrived
+    rank1_arrived = everyone[1][0]
     first = min(arrived for arrived, _ in everyone)  # when the first rank arrived
     lesson.say(
-        f"The first rank arrived at the barrier {last - first:.2f} s before rank 1; every rank left within "
-        f"{max(left for _, left in everyone) - last:.3f} s after rank 1 arrived."
+        f"The first rank arrived at the barrier {rank1_arrived - first:.2f} s before rank 1; every rank left within "
+        f"{max(left for _, left in everyone) - rank1_arrived:.3f} s after rank 1 arrived."
     )
-    lesson.claim(all(left >= last for _, left in everyone), "no rank left the barrier before rank 1 had arrived at it")
+    lesson.claim(
+        all(left >= rank1_arrived for _, left in everyone), "no rank left the barrier before rank 1 had arrived at it"
+    )
 
 # %% [markdown]
 # ## The measures: one word, one number
 #
 # The later notebooks build DDP in *stages* (`03_build_up`), each one way of sending the gradients:
-# a stage hands each gradient to a *comm hook*, the function that sends it (`02_simple_ddp` shows
-# one; `noop_hook` sends nothing). They ask one question of every stage: while its gradients travel,
+# a stage hands what it sends (one gradient, or a *bucket* of several) to a *comm hook*, the function that
+# sends it (`02_simple_ddp` shows one; `noop_hook` sends nothing). They ask one question of every stage: while its gradients travel,
 # what does the training step do? Six words answer it (in flight, non-compute, overlap, interleaved, waited,
 # exposed), and two more say what the sending costs (link time, comm cost). Each of the eight names one
 # measure, computed by one function of `minddp.analysis.metrics` that every notebook, the trace report and the

@@ -195,7 +195,7 @@ lesson.claim(largest <= 1e-4 * scale, "SimpleDDP's averaged gradient is the sing
 # the mean loss over the rank's k micro-batches. `SimpleDDP` averages at every
 # `finish_gradient_synchronization()`, so after every micro-batch's backward. That is still right: the
 # part of `.grad` already averaged is the same on every rank, and averaging a value every rank holds
-# gives it back, so after the last micro-batch `.grad` holds the average of every micro-batch's part. The cell trains it
+# gives it back (exactly on 2 ranks, up to float rounding in general), so after the last micro-batch `.grad` holds the average of every micro-batch's part. The cell trains it
 # for two steps beside the single process on each step's global batch, measures after every step
 # how far apart the ranks' parameters are, and counts the all_reduce calls (by wrapping `dist.all_reduce`).
 
@@ -303,8 +303,7 @@ plt.show()
 # * **a comm hook.** `finish_gradient_synchronization()` does not call `all_reduce` itself: it hands
 #   each gradient, wrapped in a `GradBucket`, to `hook(state, bucket)`, which returns a *Future*
 #   (like 01's work handle: waiting on it gives the averaged gradient). (`GradBucket` is minddp's own class, `minddp/comm/grad_bucket.py`, with the
-#   method names of `torch.distributed.GradBucket`, what torch's DDP hands its hooks, so that a hook
-#   written for one runs in the other.) The default hook, `allreduce_hook`, divides by the number of
+#   method names of `torch.distributed.GradBucket`, what torch's DDP hands its hooks.) The default hook, `allreduce_hook`, divides by the number of
 #   ranks and all_reduces: the same average up to float rounding, the division first (a check below the
 #   code compares the two orders; on 2 ranks they agree to the bit, as dividing by 2 is exact in float32). Every later stage sends through this one call,
 #   so `04_comm_hooks` sends any stage's gradients in fp16 or through
@@ -314,8 +313,7 @@ plt.show()
 #   at every `finish_gradient_synchronization()` (after every micro-batch, for this class) the
 #   parameters that each rank's forwards since the last one used (`ParameterUse`, one `all_gather`);
 #   a mismatch raises the same error on every rank;
-# * **debug mode's checks** (`attach(self)`, `minddp/debug`): nothing while debug mode is off, as it is
-#   here; `08_debugging` turns it on.
+# * **debug mode's checks** (`attach(self)`, `minddp/debug`), which `08_debugging` turns on and shows.
 #
 # It also takes a `process_group` (all ranks by default), as torch's DDP does; its `broadcast` and the
 # default hook are the plain calls of `minddp/comm/plain.py`. The code (its comment "1. same start" and
@@ -367,7 +365,9 @@ lesson.claim(
 lesson.claim(
     largest <= world_size * eps * biggest.item(),
     f"on these {world_size} ranks the ladder's average (divided, then summed) is the class above's (summed, then "
-    f"divided): largest difference {largest:.1e}, where float32 rounding allows {world_size * eps * biggest.item():.1e}",
+    f"divided): largest difference {largest:.1e}, where float32 rounding allows {world_size * eps * biggest.item():.1e}"
+    f" ({world_size} × float32's eps × {biggest.item():.2f}, the largest of the ranks' own gradients before the "
+    "average, not section 4's averaged ones)",
 )
 
 # %% [markdown]
@@ -398,8 +398,9 @@ else:
 #
 # `check` trains your class on two ranks of its own beside a single process on the global batch and
 # torch's own DDP, on a network of its own (three `Linear` layers and a buffer: its verdict counts that
-# network's tensors, not the workload's), with plain SGD. It compares two things: every `.grad` as your
-# finish left it, with the true average it computes itself (a wrong gradient is named from this), and
+# network's tensors, not the workload's), with plain SGD. It compares three things: the parameters right
+# after your `__init__`, across the ranks (a missing broadcast is named from this); every `.grad` as your
+# finish left it, with the true average it computes itself (a wrong gradient is named from this); and
 # the parameters after the steps, with the single process's and torch's DDP's. It says in one line what is wrong, naming the usual mistakes (a missing broadcast, a sum
 # not divided, rank 0's gradients broadcast instead of averaged, and more), or that your class matches.
 # It also counts your collectives: one all_reduce per gradient tensor per micro-batch, as above, and no
@@ -446,7 +447,7 @@ check(solutions.SimpleDDP, like="simple")
 
 # %% [markdown]
 # One mistake to know: `all_reduce` *sums*. Without the division every rank holds the same sum (in 01's
-# `all_reduce` cell every rank printed the same result), so comparing the ranks with each other cannot tell
+# `all_reduce` cell every rank printed the same average, the sum divided by 4: the sums were equal too), so comparing the ranks with each other cannot tell
 # it from the average. The checker compares each `.grad` with the true average, and with the usual mistakes, the
 # sum among them:
 

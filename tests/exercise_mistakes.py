@@ -72,6 +72,28 @@ class DividedTwice(solutions.SimpleDDP):
             p.grad /= world
 
 
+class DividedByAccum(solutions.SimpleDDP):
+    """Divides by the world size and by k, the checker's 3 micro-batches, although the loss was already divided by k."""
+
+    def finish_gradient_synchronization(self):
+        for p in self.module.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size() * 3
+
+
+class SyncedAtTheLastMicroBatch(solutions.SimpleDDP):
+    """Syncs only after every third finish, the last of the checker's 3 micro-batches: right, in fewer syncs."""
+
+    def __init__(self, module, process_group=None):
+        super().__init__(module, process_group)
+        self.finishes = 0
+
+    def finish_gradient_synchronization(self):
+        self.finishes += 1
+        if self.finishes % 3 == 0:
+            super().finish_gradient_synchronization()
+
+
 class HardCodedWorldSize(solutions.SimpleDDP):
     """Divides by 2, the notebook's number of ranks, instead of asking for the world size: right on 2 ranks only."""
 

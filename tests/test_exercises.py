@@ -99,6 +99,15 @@ MISTAKES = [
         "gradients were divided by the world size twice (all 6 parameter tensors): divide once, before the "
         "all_reduce or after it",
     ),
+    # divided by k as well: named, with why (the loss was already divided by k), not as matching no mistake
+    (wrong.DividedByAccum, "simple", "gradients were divided by the number of micro-batches as well as by the world"),
+    # right gradients in one sync a step: named as fewer syncs (stage ga's idea), not as packing
+    (
+        wrong.SyncedAtTheLastMicroBatch,
+        "simple",
+        "but synced after 1 of the 3 micro-batches: 6 all_reduce calls in step 1 of 3 micro-batches, where 'simple' "
+        "makes 18",
+    ),
     # right on the check's 2 ranks: named by the second check, on 3
     (
         wrong.HardCodedWorldSize,

@@ -569,6 +569,9 @@ GRADIENT_MESSAGES = {
     "({world}), before the all_reduce or after it (forgot the division)",
     "divided_twice": "gradients were divided by the world size twice ({names}): divide once, before the all_reduce or "
     "after it, not both",
+    "divided_by_accum": "gradients were divided by the number of micro-batches as well as by the world size "
+    "({names}): each micro-batch's loss was already divided by it before backward (train_step), so .grad holds the "
+    "step's mean already; divide by the world size only",
     "unsummed": "gradients were divided by the world size but never summed over ranks ({names}): the sum went "
     "into a copy that was never written back; copy the summed result into .grad",
     "incoming": "the incoming gradient of the last micro-batch was synced rather than the accumulated .grad "
@@ -883,6 +886,15 @@ def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
                     f"backward and {twice} more from finish_gradient_synchronization() after it; '{like}' syncs "
                     "only from the hooks, so its finish must send nothing (a finish inherited from ga sends every "
                     "gradient again: override it with one that does not)"
+                )
+            synced_m = sum(m[f"backward{i}"] + m[f"finish{i}"] > 0 for i in range(1, k + 1))
+            synced_r = sum(r[f"backward{i}"] + r[f"finish{i}"] > 0 for i in range(1, k + 1))
+            if synced_m < synced_r and total_m * synced_r == total_r * synced_m:  # as many per sync, fewer syncs
+                return (
+                    f"your gradients are right (the average over the ranks, and the parameters match a single "
+                    f"process on the global batch), but synced after {synced_m} of the {k} micro-batches: {made}; "
+                    f"this exercise asks for a sync after every micro-batch, as '{like}' makes (syncing only once "
+                    "the step's last micro-batch is in is stage ga's idea, no_sync(), 03_build_up)"
                 )
             if total_m < total_r and not like.startswith("bucket") and like != "halves":
                 return (

@@ -756,6 +756,8 @@ def candidates(
     by a number written in the code, :data:`HARD_CODED`) compounds over those
     syncs, so those candidates follow the stage's own schedule: what was
     synced is the same on every rank, what was added since is this rank's own.
+    A sync that also divides by ``k`` (the number of micro-batches, which the
+    loss was already divided by) compounds the same way.
     ``rank0[i]`` is rank 0's gradient of micro-batch ``i``: a stage that broadcasts
     the gradients from rank 0 leaves their sum on every rank, whatever its schedule
     (on rank 0 that is its own, found as ``local`` first).
@@ -784,6 +786,8 @@ def candidates(
         # divided by the world size, but the sum went to a copy that never came back into .grad
         "unsummed": following_schedule(1.0 / world, summed=False),
     }
+    if k > 1:  # divided by k too at every sync, although the loss was already divided by k (train_step)
+        found["divided_by_accum"] = following_schedule(1.0 / k)
     if not all(synced_after):  # every finish divided .grad, the finishes after a backward that did not sync too
         found["divided_unsynced"] = divided_every_finish(local, averaged, world, synced_after)
     for divisor in HARD_CODED:  # the sum divided by a number written in the code, not by the world size
