@@ -334,7 +334,7 @@ closest = min(rare, key=lambda n: statistics.mean(final(n)))
 lesson.claim(
     closest == "streaming-h100",
     f"of the file's {len(rare)} runs that talk rarely (the {len(rare) - 3} above and DiLoCo at H = 100 with 3 other "
-    "outer learning rates), streaming DiLoCo (H = 100, {streaming['fragments']} fragments, τ = "
+    f"outer learning rates), streaming DiLoCo (H = 100, {streaming['fragments']} fragments, τ = "
     f"{streaming['fragment_delay']}, α = {streaming['fragment_alpha']}) ends closest to DDP (an excess of "
     f"{excess(closest):.3f} nats, against DiLoCo's {excess('diloco-h100'):.3f} at the same H); it differs from "
     "DiLoCo in two things at once, the fragments sent early and in turn, and α keeping part of the local progress "
