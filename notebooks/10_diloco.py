@@ -401,22 +401,22 @@ print(check_outer_sync(solutions.outer_sync))
 print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rstrip())
 
 # %% [markdown]
-# Below, one rank's inner steps 9 to 24 under the profiler, over an emulated link of 5 Mbit/s and 5 ms per
-# hop: H = 16, 2 fragments (a turn of 8 steps: fragment 0's turn is steps 1 to 8 and 17 to 24, fragment
-# 1's steps 9 to 16), τ = 6, α = 0.5, on batches of 512 chains (16 times the 32 above). Steps 1 to 8 run
-# first, unprofiled, so that the 16 profiled steps hand each fragment over once and apply it once (steps
-# are counted from the run's first, as the exercise below counts them; their 16 batches are sampled before
-# the profiler starts). Each inner step is its forward (pale), backward (blue) and optimizer step (green);
-# grey is time the profiler recorded nothing for. The green holds the optimizer step's post-hook too: in
-# steps 10 and 18 it hands a fragment's pseudo-gradient to the link (the tick); in steps 16 and 24 it
-# waits for that fragment, if it has not arrived, and applies it (the triangle); each tick and triangle
-# is labelled with the step it falls in, read from the profiled events. The orange bars are the
-# messages' modeled transfers on the link, each from its tick. Red is the wait, drawn over the green: from
-# the post-hook's `wait()` until the message is delivered (its modeled transfer over and the real
-# all_reduce done). A message is delivered before the step that applies it asks for it only if the time
-# from its tick (in one step's post-hook) to that `wait()` (in the post-hook τ steps later) is longer
-# than its time on the link. That time is measured, not a fixed length for τ steps: the lines under
-# the figure give both times for each message, and the two messages' τ steps took different times.
+# Below, one rank's inner steps 9 to 24 under the profiler, over an emulated link of 5 Mbit/s and 5 ms
+# per hop: H = 16, 2 fragments (a turn of 8 steps: fragment 0's turn is steps 1 to 8 and 17 to 24,
+# fragment 1's steps 9 to 16), τ = 6, α = 0.5, on batches of 512 chains (16 times the 32 above). Steps 1
+# to 8 run first, unprofiled, so that the 16 profiled steps hand each fragment over once and apply it
+# once (steps are counted from the run's first, as the exercise below counts them; their 16 batches are
+# sampled before the profiler starts). Each inner step is its forward (pale), backward (blue) and
+# optimizer step (green); grey (slivers between the bars) is time the profiler recorded nothing for. The
+# green holds the optimizer step's post-hook too: in steps 10 and 18 it hands a fragment's
+# pseudo-gradient to the link (the tick); in steps 16 and 24 it waits for that fragment, if it has not
+# arrived, and applies it (the triangle); each tick and triangle is labelled with the step it falls in,
+# read from the profiled events. The orange bars are the messages' modeled transfers on the link, each
+# from its tick. Red is the wait, drawn over the green: from the post-hook's `wait()` until the message
+# is delivered (its modeled transfer over and the real all_reduce done). A message is delivered before
+# the step that applies it asks for it only if the time from its tick (in one step's post-hook) to that
+# `wait()` (in the post-hook τ steps later) is longer than its time on the link. That time is measured,
+# not a fixed length for τ steps; the lines under the figure give both times for each message.
 
 # %%
 # %%distributed
