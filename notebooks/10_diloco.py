@@ -273,10 +273,10 @@ print(
 )
 
 # %% [markdown]
-# The two rises printed above are outer steps. The scores are of the synced weights, which change only
-# at a sync: DiLoCo's score at step 150 is still that of the step-100 sync, so its rise is the outer
-# step at step 200: that outer step made the weights all replicas agree on worse.
-# Streaming DiLoCo's only sync between the two scores is fragment 1's (17 % of the model) at step 200.
+# The two rises printed above are outer steps. The scores are of the synced weights, which change only at
+# a sync: DiLoCo's score at step 150 is still that of the step-100 sync, so its rise is the outer step at
+# step 200: that outer step made the weights all replicas agree on worse. Streaming DiLoCo's only sync
+# between the two scores is fragment 1's (17 % of the model) at step 200.
 #
 # Read off the same file, at each H: how far DiLoCo's final loss is above the floor (its *excess*),
 # against DDP's (measured from the floor, because the whole loss includes the 2.1552 nats no model can
