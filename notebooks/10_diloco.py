@@ -126,8 +126,9 @@ lesson.claim(
 # does (items 1 to 3; its items 4 to 6 are streaming DiLoCo's, printed in that section below), then the
 # change from `local_sgd.py` (`-` its lines, `+` the lines of diloco.py's `_send` and `_apply` that
 # replace them, with their comments, which number them by the list above): both are printed from
-# diloco.py's docstring, where the diff is written by hand; `tests/test_readability.py` checks that
-# each `-` line is in local SGD's code and each `+` line in diloco.py's. The lines serve streaming
+# diloco.py's docstring, where the diff is written by hand; `tests/test_readability.py` checks only
+# that each `-` line is a line of local SGD's code and each `+` line a line of diloco.py (it does not
+# check which method holds it). The lines serve streaming
 # DiLoCo too, which syncs the model in parts (its section below); here the whole model is one part,
 # `fragment` is always 0, and the comm hook's Future, kept in `in_flight`, is waited for in the same
 # post-hook (the H-th step's) that sent it:
@@ -169,9 +170,11 @@ lesson.claim(
 # %% [markdown]
 # That is one seed on 2 replicas. `python -m minddp.bench.convergence` runs every rung on 4 replicas,
 # 2000 steps, 5 seeds; its results are committed (`docs/diloco/convergence.json`), and the figure and
-# the numbers below are read from that file, not run here. Its runs: `ddp` (the global batch every
-# step); `single` (one replica alone: a quarter of the data, nothing sent); `local-sgd-hH` and
-# `diloco-hH` (H = 10, 50, 100); `streaming-h100` (streaming DiLoCo, the rung after the first exercise:
+# the numbers below are read from that file, not run here, except where a line says it comes from this
+# checkout's code. Its runs: `ddp` (the global batch every step); `single` (one replica alone: a quarter
+# of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100); `diloco-h100-lr0.3`,
+# `-lr0.5` and `-lr1` (DiLoCo at H = 100 with those outer learning rates: not printed here, only
+# counted in one claim below); `streaming-h100` (streaming DiLoCo, the rung after the first exercise:
 # the model in 2 fragments synced in turn, each sent τ = 5 steps before it is applied, where the new
 # synced weights are mixed with the local ones by α = 0.5: streaming DiLoCo's mixing weight, defined in
 # its section, not notebook 01's α). The held-out loss is scored as in the run above (the bench's
@@ -238,14 +241,16 @@ for name in shown:
     low, high = spread[name]
     print(f"{name:>15}: final held-out loss {statistics.mean(final(name)):.4f} (seeds: {low:.4f} to {high:.4f})")
 streaming = results["configs"]["streaming-h100"]
-outer = "no outer optimizer set: minddp.DiLoCo's default, " + ", ".join(f"{k} {v}" for k, v in OUTER_DEFAULTS.items())
+outer = "minddp.DiLoCo's default outer optimizer, " + ", ".join(f"{k} {v}" for k, v in OUTER_DEFAULTS.items())
 split = [sum(p.numel() for p in f) for f in split_fragments(build_student(seed=0), streaming["fragments"])]
 print(
-    f"streaming-h100: H = {streaming['sync_every']}, {streaming['fragments']} fragments ("
-    + " and ".join(f"{100 * n / sum(split):.0f} %" for n in split)
-    + " of the model: runs of whole tensors), τ = "
+    f"streaming-h100, the file's settings: H = {streaming['sync_every']}, {streaming['fragments']} fragments, τ = "
     f"{streaming['fragment_delay']}, α = {streaming['fragment_alpha']}, "
-    + (f"outer lr {streaming['outer_lr']}" if "outer_lr" in streaming else outer)
+    + (f"outer lr {streaming['outer_lr']}" if "outer_lr" in streaming else "no outer optimizer")
+    + "; not in the file, from this checkout's code: the fragments, "
+    + " and ".join(f"{100 * n / sum(split):.0f} %" for n in split)
+    + " of the model (runs of whole tensors)"
+    + ("" if "outer_lr" in streaming else f", and {outer}")
 )
 print(
     f"above {TOP} nats, where the figure is cut, a curve's mean rose from one score to the next only in: "
@@ -268,6 +273,11 @@ print(
 )
 
 # %% [markdown]
+# The two rises printed above are outer steps. The scores are of the synced weights, which change only at
+# a sync: DiLoCo's score at step 150 is still that of the step-100 sync, so its rise is the outer step at
+# step 200: that outer step made the weights all replicas agree on worse. Streaming DiLoCo's only sync
+# between the two scores is fragment 1's (17 % of the model) at step 200.
+#
 # Read off the same file, at each H: how far DiLoCo's final loss is above the floor (its *excess*),
 # against DDP's (measured from the floor, because the whole loss includes the 2.1552 nats no model can
 # lose), and in how many seeds DiLoCo ended below local SGD.
@@ -319,10 +329,12 @@ lesson.claim(
     "at H = 50 and 100, DiLoCo with the paper's outer optimizer (SGD 0.7, Nesterov momentum 0.9) ends behind "
     "local SGD in every seed",
 )
-closest = min((n for n in shown if n not in ("ddp", "single")), key=lambda n: statistics.mean(final(n)))
+rare = [n for n in curves if n not in ("ddp", "single")]  # the file's runs that talk rarely, the lr sweep's too
+closest = min(rare, key=lambda n: statistics.mean(final(n)))
 lesson.claim(
     closest == "streaming-h100",
-    f"of all the runs that talk rarely, streaming DiLoCo (H = 100, {streaming['fragments']} fragments, τ = "
+    f"of the file's {len(rare)} runs that talk rarely (the {len(rare) - 3} above and DiLoCo at H = 100 with 3 other "
+    f"outer learning rates), streaming DiLoCo (H = 100, {streaming['fragments']} fragments, τ = "
     f"{streaming['fragment_delay']}, α = {streaming['fragment_alpha']}) ends closest to DDP (an excess of "
     f"{excess(closest):.3f} nats, against DiLoCo's {excess('diloco-h100'):.3f} at the same H); it differs from "
     "DiLoCo in two things at once, the fragments sent early and in turn, and α keeping part of the local progress "
@@ -389,21 +401,22 @@ print(check_outer_sync(solutions.outer_sync))
 print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rstrip())
 
 # %% [markdown]
-# Below, one rank's inner steps 9 to 24 under the profiler, over an emulated link of 5 Mbit/s and 5 ms per
-# hop: H = 16, 2 fragments (a turn of 8 steps: fragment 0's turn is steps 1 to 8 and 17 to 24, fragment
-# 1's steps 9 to 16), τ = 6, α = 0.5, on batches of 512 chains (16 times the 32 above). Steps 1 to 8 run
-# first, unprofiled, so that the 16 profiled steps hand each fragment over once and apply it once (steps
-# are counted from the run's first, as the exercise below counts them; their 16 batches are sampled before
-# the profiler starts). Each inner step is its forward (pale), backward (blue) and optimizer step (green);
-# blank is time the profiler recorded nothing for. The green holds the optimizer step's post-hook too: in
-# steps 10 and 18 it hands a fragment's pseudo-gradient to the link (the tick); in steps 16 and 24 it
-# waits for that fragment, if it has not arrived, and applies it (the triangle); each tick and triangle
-# is labelled with the step it falls in, read from the profiled events. The orange bars are the
-# messages' modeled transfers on the link, each from its tick. Red is the wait, drawn over the green: from
-# the post-hook's `wait()` until the message is delivered (its modeled transfer over and the real
-# all_reduce done). A message is delivered before the step that applies it asks for it only if its τ
-# steps, from the tick to that `wait()`, last longer than its time on the link; the lines under the figure
-# give both times for each message.
+# Below, one rank's inner steps 9 to 24 under the profiler, over an emulated link of 5 Mbit/s and 5 ms
+# per hop: H = 16, 2 fragments (a turn of 8 steps: fragment 0's turn is steps 1 to 8 and 17 to 24,
+# fragment 1's steps 9 to 16), τ = 6, α = 0.5, on batches of 512 chains (16 times the 32 above). Steps 1
+# to 8 run first, unprofiled, so that the 16 profiled steps hand each fragment over once and apply it
+# once (steps are counted from the run's first, as the exercise below counts them; their 16 batches are
+# sampled before the profiler starts). Each inner step is its forward (pale), backward (blue) and
+# optimizer step (green); grey (slivers between the bars) is time the profiler recorded nothing for. The
+# green holds the optimizer step's post-hook too: in steps 10 and 18 it hands a fragment's
+# pseudo-gradient to the link (the tick); in steps 16 and 24 it waits for that fragment, if it has not
+# arrived, and applies it (the triangle); each tick and triangle is labelled with the step it falls in,
+# read from the profiled events. The orange bars are the messages' modeled transfers on the link, each
+# from its tick. Red is the wait, drawn over the green: from the post-hook's `wait()` until the message
+# is delivered (its modeled transfer over and the real all_reduce done). A message is delivered before
+# the step that applies it asks for it only if the time from its tick (in one step's post-hook) to that
+# `wait()` (in the post-hook τ steps later) is longer than its time on the link. That time is measured,
+# not a fixed length for τ steps; the lines under the figure give both times for each message.
 
 # %%
 # %%distributed
@@ -476,6 +489,7 @@ if rank == 0:
         ax.text(t - 1, 0.3, f"step {step_at(t)}", ha="right", va="center", fontsize=7)
     for t in applied:
         ax.text(t - 2, -0.44, f"step {step_at(t)}", ha="right", va="center", fontsize=7)
+    ax.broken_barh([(0, view["row"]["end"])], (-0.40, 0.40), facecolors="0.55", zorder=0.5, label="nothing recorded")
     waits = [(s, e - s) for s, e in view["row"]["waits"]]  # inside an optimizer step: drawn again, over its green
     ax.broken_barh(waits, (-0.40, 0.40), facecolors=COLORS["wait"], zorder=3)
     ax.set_xlabel(f"ms since step {WARM + 1}'s forward started", fontsize=8)
@@ -527,7 +541,7 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
             "delivered by then, no wait"
             if waited < 0.05
             else f"the training thread waited {waited:.1f} ms for it (red)"
-            + (f": its τ = {TAU} steps were shorter than its time on the link" if before < on_link else "")
+            + (f": these {before:.1f} ms were shorter than its time on the link" if before < on_link else "")
             + (
                 f" ({max(0.0, on_link - before):.1f} ms until its modeled transfer ended, then {real:.1f} ms until "
                 "the real all_reduce ended)"
@@ -684,8 +698,7 @@ lesson.claim(
 #   5 seeds) it did not help. At H = 10 DiLoCo is behind local SGD in every seed at step 300 and ends
 #   within local SGD's range over the seeds. At H = 50 and 100 it ends behind local SGD in every seed,
 #   with 1.8× and 2.2× DDP's excess over the floor. At H = 100 it ends worse than one replica alone,
-#   which sends nothing. Whether the momentum itself costs, or the larger outer step it builds up
-#   (lr/(1 − 0.9) times the pseudo-gradient), was not separated (`docs/diloco.md`, *Convergence*).
+#   which sends nothing.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so the
 #   message can travel during those τ steps, and arrives without a wait only where they last longer
@@ -698,9 +711,11 @@ lesson.claim(
 #   DiLoCo (4 fragments, τ = 10) 100 %. Streaming hides a fragment whole only where its time on the link
 #   fits in its τ steps; on the three slower links it does not, and neither rung computes 90 % of the
 #   time. The model counts only compute and the link. `docs/benchmarks.md` (*Slow links*) sets one
-#   measured run of each beside it, at other settings (an 80 k-parameter model, H = 20, 2 fragments, on
-#   a loaded machine): every measured utilisation there is below the model's; streaming DiLoCo measured
-#   89 % on `wan` and 95 % on `home` where the model said 100 %.
+#   measured run of each beside the model at other settings (an 80 k-parameter model, H = 20, 2
+#   fragments, on a loaded machine, none of them printed here), with a ratio of its own: the median
+#   quiet inner step (nothing sent) over the mean step. There every measured ratio is below the
+#   model's at those settings; streaming DiLoCo measured 89 % on `wan` and 95 % on `home`, where the
+#   model at those settings gives 100 % (not the 2.0 % above, which is for the 360 M-parameter model).
 
 # %%
 # %dist_shutdown

@@ -1729,3 +1729,42 @@ def schedule_forgets_the_return(step, sync_every, fragments, delay):
     if step % turn == (turn - delay) % turn:
         fragment = (step - 1) // turn % fragments  # noqa: F841 (the mistake: no return)
     return None
+
+
+def outer_sync_steps_per_parameter(params, synced, outer):
+    """outer.step() inside the loop over the parameters: each call steps every parameter, those not yet handled
+    with the inner gradient still in their .grad, and the momentum builds up once per parameter."""
+    with torch.no_grad():
+        pseudo = [s - p for p, s in zip(params, synced)]
+        for g in pseudo:
+            dist.all_reduce(g)
+            g /= dist.get_world_size()
+    for p, s, g in zip(params, synced, pseudo):
+        with torch.no_grad():
+            p.copy_(s)
+        p.grad = g
+        outer.step()
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            s.copy_(p)
+
+
+def outer_sync_all_in_one_loop(params, synced, outer):
+    """The whole sync per parameter in one loop (average, restore, .grad, outer.step(), keep), so the outer
+    optimizer steps once per parameter."""
+    for p, s in zip(params, synced):
+        with torch.no_grad():
+            g = s - p
+            dist.all_reduce(g)
+            g /= dist.get_world_size()
+            p.copy_(s)
+        p.grad = g
+        outer.step()
+        with torch.no_grad():
+            s.copy_(p)
+
+
+def schedule_and_or(step, sync_every, fragments, delay):
+    """``cond and fragment``: False (not None) on every step that sends nothing."""
+    per_turn = sync_every // fragments
+    return step % per_turn == (per_turn - delay) % per_turn and (step - 1) // per_turn % fragments

@@ -1134,3 +1134,25 @@ def test_the_shard_exercise_says_a_split_passed_its_checks_when_the_run_cannot_g
     v = lost_rank.check_shard(solutions.ft_shard)
     assert not v.ok, v.line
     assert "passed the checks without ranks" in v.line and "not a verdict on your split" in v.line, v.line
+
+
+@pytest.mark.timeout(120)
+def test_the_outer_sync_exercise_names_an_outer_step_per_parameter():
+    """Learner read 10 (round 9b) finding 9: outer.step() inside the loop over the parameters steps the outer
+    optimizer once per parameter and got "match none of the usual mistakes"."""
+    from minddp.exercises import harness
+
+    tensors = len(list(harness.make_net(0).parameters()))  # the checker's network: one outer.step() per tensor
+    for fn in (wrong.outer_sync_steps_per_parameter, wrong.outer_sync_all_in_one_loop):
+        v = check_outer_sync(fn, timeout_s=TIMEOUT)
+        named = f"outer.step() was called {tensors} times in sync 1, DiLoCo's sync once"
+        assert not v.ok and named in v.line, v.line
+
+
+@pytest.mark.timeout(120)
+def test_the_schedule_exercise_names_false_returned_for_none():
+    """Learner read 10 (round 9b) finding 8: ``cond and fragment`` returns False on the steps that send nothing,
+    and the verdict named a float turn (floor division) instead of the None to return."""
+    v = check_fragment_schedule(wrong.schedule_and_or, timeout_s=TIMEOUT)
+    named = "after step 2 yours sends False, streaming DiLoCo sends None: a step that sends nothing returns None"
+    assert not v.ok and named in v.line and "floor division" not in v.line, v.line

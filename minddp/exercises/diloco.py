@@ -20,20 +20,21 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
    (:func:`close`), a single mistake before two of them at once (:data:`PAIRS`), named with what to change (an
    outer step that never moves by its cause, :data:`NO_MOVE`: no ``outer.step()``, its ``.grad`` cleared by
    ``zero_grad()``, a zero pseudo-gradient taken after the restore, the restore after the step), then ``synced``
-   aliased to the parameters, then a sync that stepped an optimizer of its own (made in the sync) or moved the
+   aliased to the parameters, then ``outer.step()`` called more than once a sync (inside the loop over the
+   parameters), then a sync that stepped an optimizer of its own (made in the sync) or moved the
    weights by hand, then replicas that disagree after a sync, then the first difference from DiLoCo's.
 
-:func:`check_fragment_schedule` checks ``fragment_to_send(step, sync_every, fragments, delay)``: which
-fragment's pseudo-gradient leaves after inner step ``step`` (1, 2, ...), or ``None``. Each rank calls it for
-two periods of every schedule in :data:`SCHEDULES`; a schedule that differs across replicas is named first
-(they would sum different fragments, or wait for ever), then the first schedule and step where it differs from
-streaming DiLoCo's (:func:`~minddp.exercises.solutions.fragment_to_send`, the schedule :class:`minddp.DiLoCo`
-keeps), a fragment number past the last (no ``% fragments``) named as such, and so are a schedule silent at a
-delay of 0 (``step % turn == turn - delay``: ``step % turn`` never reaches ``turn``), more than one send per
-turn, none at all at another delay (a missing ``return``), fragments numbered from 1, the next (or the
-previous) turn's fragment, a turn of sync_every steps (the ``// fragments`` forgotten), a fragment sent delay
-steps after its turn starts, and a send one step early or late in every turn (an off-by-one, with a schedule
-silent at a delay of 0 said beside it), read off the whole schedule.
+:func:`check_fragment_schedule` checks ``fragment_to_send(step, sync_every, fragments, delay)``: which fragment's
+pseudo-gradient leaves after inner step ``step`` (1, 2, ...), or ``None``. Each rank calls it for two periods of
+every schedule in :data:`SCHEDULES`; a schedule that differs across replicas is named first (they would sum
+different fragments, or wait for ever), then the first schedule and step where it differs from streaming DiLoCo's
+(:func:`~minddp.exercises.solutions.fragment_to_send`, the schedule :class:`minddp.DiLoCo` keeps), a bool where
+None belongs (``cond and fragment``) named as such, a fragment number past the last (no ``% fragments``) named as
+such, and so are a schedule silent at a delay of 0 (``step % turn == turn - delay``: ``step % turn`` never reaches
+``turn``), more than one send per turn, none at all at another delay (a missing ``return``), fragments numbered
+from 1, the next (or the previous) turn's fragment, a turn of sync_every steps (the ``// fragments`` forgotten), a
+fragment sent delay steps after its turn starts, and a send one step early or late in every turn (an off-by-one,
+with a schedule silent at a delay of 0 said beside it), read off the whole schedule.
 
 Example (2 checker ranks, a few seconds: not run by the doctests)::
 
@@ -244,6 +245,12 @@ RESTORED_BY_DATA = (
     "the synced weights back by copying their values, p.copy_(s), inside torch.no_grad()"
 )
 
+#: A sync that stepped the outer optimizer more than once (``outer.step()`` inside the loop over the parameters).
+STEPPED_OFTEN = (
+    "each call steps every parameter, those not yet put back with this replica's inner gradient still in their "
+    ".grad, and adds to the momentum again; set every p.grad in the loop, then call outer.step() once, after it"
+)
+
 #: A sync that moved the weights without the outer optimizer (``outer.step()`` never called).
 BY_HAND = (
     "outer.step() was never called: your sync moved the weights itself (p.copy_(...) or p -= ...), which is not "
@@ -415,6 +422,10 @@ def outer_sync_finding(mine: list[dict], candidates: dict[str, list[dict]], ever
     aliased = next((r for r, m in enumerate(mine) if m["aliased"]), None)
     if aliased is not None:
         return {"kind": "restored_by_data" if mine[aliased].get("moved") else "aliased", "sync": aliased + 1}
+    steps = [sum(n.startswith("step:") for n in m["outer"]) for m in mine]
+    often = next((r for r, n in enumerate(steps) if n > 1), None)
+    if often is not None:  # before the replicas' difference: the extra steps use each replica's inner gradients
+        return {"kind": "stepped_often", "sync": often + 1, "steps": steps[often]}
     if not any(n.startswith("step:") for m in mine for n in m["outer"]):
         return {"kind": "own_optimizer" if any(m.get("optimizers") for m in mine) else "by_hand"}
     for r, rounds in enumerate(zip(*everyone)):
@@ -507,6 +518,8 @@ def schedule_finding(everyone: list[list[list]], answer: list[list]) -> dict | N
             if len(set(map(repr, sends))) > 1:
                 return {"kind": "differs", "at": at, "step": step, "sends": list(sends)}
         for step, (mine, want) in enumerate(zip(theirs[0], right), start=1):
+            if isinstance(mine, bool):  # ``cond and fragment`` is False where cond is
+                return {"kind": "bool", "at": at, "step": step, "mine": mine, "right": want}
             if mine is not None and type(mine) is not int:
                 return {"kind": "not_whole", "at": at, "step": step, "mine": mine, "right": want}
             if mine != want:
@@ -583,6 +596,8 @@ def _outer_sync_text(f: dict, report: dict) -> str:
         return f"after sync {f['sync']}, " + ALIASED
     if f["kind"] == "restored_by_data":
         return f"after sync {f['sync']}, " + RESTORED_BY_DATA
+    if f["kind"] == "stepped_often":
+        return f"outer.step() was called {f['steps']} times in sync {f['sync']}, DiLoCo's sync once: " + STEPPED_OFTEN
     if f["kind"] == "by_hand":
         return BY_HAND
     if f["kind"] == "own_optimizer":
@@ -669,6 +684,12 @@ def _schedule_text(f: dict, report: dict) -> str:
             "never from the rank"
         )
     turn = h // k
+    if f["kind"] == "bool":
+        return (
+            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: a step that sends nothing "
+            "returns None and a step that sends returns the fragment's number; a bool is neither (cond and fragment "
+            "gives False where cond is false): return None on those steps, with an if"
+        )
     if f["kind"] == "not_whole":
         return (
             f"{where} yours sends {f['mine']!r}: a fragment is a whole number (an index into the fragments), "
