@@ -148,7 +148,7 @@ lesson.claim(
 )
 
 # %% [markdown]
-# In the table above fp16's gradient error is the smaller of the two, as their bounds are: bfloat16
+# In the ✓ lines above fp16's gradient error is the smaller of the two, as their bounds are: bfloat16
 # keeps 8 bits of precision to float16's 11. What bfloat16 keeps instead is float32's range of exponents: a sum
 # above float16's largest value, 65504, overflows in float16 and not in bfloat16.
 #
@@ -288,9 +288,6 @@ lesson.say(
 
 # %% [markdown]
 # ## Where each takes less link time: messages against bytes
-#
-# The sentence under the run above gives plain averaging's step and its exposed time's share of it: where that
-# share is small, the link time a hook saves is a small part of the step too.
 #
 # This section compares link time only, the modelled time of a step's messages, not the step.
 # PowerSGD pays an all_reduce's fixed cost, 2(n − 1) α, three times a bucket here where plain averaging

@@ -136,8 +136,9 @@ for line in run.report():
 #
 # The raise's recovery (the report's second line) is not split: the first claim checks only where
 # its first error came from and that the launcher recorded no exit after it (slot 2's process
-# stayed). The last two lines set each recovery against the hang bound (5 s): neither fault made
-# anyone wait for the group's timeout.
+# stayed). The two `recovery` lines set each recovery against the hang bound (5 s): neither fault
+# made anyone wait for the group's timeout. The last line names the kill's largest part: the time
+# from the moment before the one it names to that one.
 
 # %%
 from minddp.ft import fault_outcomes
