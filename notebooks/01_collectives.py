@@ -190,7 +190,7 @@ print("ring:", x.tolist(), "| equal to dist.all_reduce:", torch.equal(x, expecte
 # whom, how many bytes, which chunk, and what every chunk held just before. A chunk's value then
 # says whose marks it already holds: 9 = 1 + 8 holds ranks 0's and 3's, drawn "0+3" in the figure;
 # 15 holds all four, drawn "all". The *star*
-# (`naive_all_reduce`: every rank sends its whole tensor to rank 0, which sends the sum back) is
+# (`naive_all_reduce`: every other rank sends its whole tensor to rank 0, which sends the sum back) is
 # watched the same way, and both once more on a 4 KiB tensor, to price both sizes below.
 
 # %%

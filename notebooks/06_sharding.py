@@ -695,7 +695,7 @@ my_all_reduce = halves_all_reduce  # HalvesDDP looks the name up when it is buil
 check(HalvesDDP, like="halves")
 
 # %% [markdown]
-# That was the end of the ladder: from one process, to DDP, to sharding every part of the model
+# That was the end of the ladder's sharded rungs: from one process, to DDP, to sharding every part of the model
 # state. `docs/sharding.md` has the rest: the balance of the shards, checkpoints that load at
 # another world size, the benchmark against torch's own sharding, and what torch's
 # `ZeroRedundancyOptimizer` and `fully_shard` do on CPU/gloo.

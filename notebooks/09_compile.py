@@ -181,7 +181,7 @@ lesson.say(
 #
 # Read the figure for the order of its events: that is what the cut changes, and what the claims
 # count. A row's length does not show which run is faster: each row is one step on these shared
-# cores, and the last line below the figure gives the optimizer step's length in each run, the same
+# cores, and the last line printed above the figure gives the optimizer step's length in each run, the same
 # work each time. That line also counts, for each run, the messages in flight while a gradient node
 # ran: without the cut none can be (the first claim checks it); with the cut some can be, and the
 # count says how many were in this step.
@@ -461,7 +461,7 @@ lesson.claim(
 # * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the compiled
 #   graph into pieces, and the first bucket is handed over before backward's last gradient node (the
 #   claims above), so its message can be in flight while gradients are still computed. Whether it
-#   was, on these CPU cores, is the count printed below the figure; what the cut does to a step's
+#   was, on these CPU cores, is the count printed above the figure; what the cut does to a step's
 #   length, on CPU or GPU, is not measured here.
 # * The wrapper compiled whole: `torch.compile(ddp)` adds no graph break to the model's own, where
 #   torch's DDP adds breaks, and its module is compiled and cut (*Buckets of 0.5 MiB*).
