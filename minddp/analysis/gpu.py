@@ -224,12 +224,16 @@ def _view(name: str, stage: StageTraces, call):
     """HTA's view ``name``, or None (with an :class:`HTAViewFailed` warning naming HTA's error) if it raised."""
     result, exc = _attempt(call)
     if exc is not None:
-        warnings.warn(
-            f"{_failed(name, stage, exc)}; its columns are left empty. In these traces: {_odd_gpu_events(stage)}",
-            HTAViewFailed,
-            stacklevel=3,
-        )
+        _warn_failed(name, stage, exc)
     return result
+
+
+def _warn_failed(name: str, stage: StageTraces, exc: Exception) -> None:
+    warnings.warn(
+        f"{_failed(name, stage, exc)}; its columns are left empty. In these traces: {_odd_gpu_events(stage)}",
+        HTAViewFailed,
+        stacklevel=4,
+    )
 
 
 def _temporal(stage: StageTraces, analysis, files: dict[int, str]):
@@ -257,11 +261,7 @@ def _temporal(stage: StageTraces, analysis, files: dict[int, str]):
                 stacklevel=3,
             )
             return result
-    warnings.warn(
-        f"{_failed(name, stage, exc)}; its columns are left empty. In these traces: {_odd_gpu_events(stage)}",
-        HTAViewFailed,
-        stacklevel=3,
-    )
+    _warn_failed(name, stage, exc)
     return None
 
 
