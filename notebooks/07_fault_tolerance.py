@@ -217,8 +217,8 @@ print(
 # notebook set `full_world_at=(4, 9)`. That time is part of neither fault's recovery.
 #
 # Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline
-# below), and only slot 1's process was started again. A restart from a checkpoint (not run here) starts every
-# process again, then trains again every step since the checkpoint.
+# below), and only slot 1's process was started again. A restart from a checkpoint (not run here)
+# starts every process again, then trains again every step since the checkpoint.
 #
 # The run's timeline: one column per attempt, in order, and one row per slot; under them the step,
 # the world size and each new group; then what each mark means (only the marks that appear).
@@ -227,7 +227,7 @@ print(
 print(run.timeline())
 
 # %% [markdown]
-# What the timeline shows, each point checked on this run by the cell below:
+# What the timeline shows, checked on this run by the cell below:
 #
 # * in step 4 slot 1 died: its connections closed as it ended, and the survivors' all_reduce
 #   failed (printed below: of each gloo error, gloo's own sentence that names the failure, without
