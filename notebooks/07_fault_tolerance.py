@@ -139,8 +139,8 @@ for line in run.report():
 # launcher saw the process ended: the kill's recovery waited for the exit at most from the discard
 # to the next quorum. The raise's recovery (the report's second line, not split) has no exit to
 # wait for: slot 2's process stayed (the first claim checks that the launcher recorded no exit
-# after it, and that the first error was slot 2's own). The two `recovery` lines set each recovery against the hang bound (5 s): neither
-# fault made anyone wait for the group's timeout.
+# after it, and that the first error was slot 2's own). The two `recovery` lines set each recovery
+# against the hang bound (5 s): neither fault made anyone wait for the group's timeout.
 
 # %%
 from minddp.ft import fault_outcomes
