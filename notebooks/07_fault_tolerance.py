@@ -78,8 +78,9 @@
 # * `hang_s=5.0`, the **hang bound**: the group's collective timeout, and how long a slot's heartbeat
 #   (sent every 50 ms) may be silent. The lighthouse counts a slot **live** once its process has
 #   sent a first heartbeat (just before it first asks for a quorum), while that heartbeat has not
-#   been silent that long and the launcher has not reported the process's exit; it answers a quorum
-#   only once every live slot has asked, so it does not wait for a process still starting. A slot
+#   been silent that long and the launcher has not reported the process's exit. It answers the first
+#   quorum once every slot has sent a heartbeat, and each later one once every live slot has asked,
+#   so a later quorum does not wait for a process still starting. A slot
 #   silent past the bound is evicted (the launcher ends its process and starts it again, as after a
 #   kill), unless it is the last holder of the trained state, which is never evicted (question 1
 #   below);
@@ -123,22 +124,23 @@ for line in run.report():
 #
 # * **first error**: a survivor's all_reduce failed (the errors are printed further down); the run
 #   records nothing between the kill and this moment;
-# * **discard**: each member that caught an error drops its group and votes no; the lighthouse
-#   discards the attempt at the first no it receives;
+# * **discard**: each member that caught an error first drops its group, then votes no; the
+#   lighthouse discards the attempt at the first no it receives;
 # * **exit recorded**: the launcher recorded slot 1's exit. It sleeps 20 ms after each look at its
 #   processes, and records an exit 50 ms after it sees a process ended (a result may still be on
-#   its way); the run does not record when it saw it;
+#   its way); the run does not record when it saw it. It then tells the lighthouse;
 # * **next quorum**: each survivor asks again; the lighthouse answers once every live slot has
-#   asked, and slot 1 counts as live until its exit is recorded (the second claim checks that this
-#   quorum came after it);
+#   asked, and slot 1 counts as live until the lighthouse has read the launcher's word of its exit
+#   (the second claim checks that this quorum came after the exit was recorded);
 # * **commit**: the survivors build a group of 2, train step 4 again and vote, and the lighthouse
 #   commits.
 #
-# The raise's recovery (the report's second line) is not split: the first claim checks only where
-# its first error came from and that the launcher recorded no exit after it (slot 2's process
-# stayed). The two `recovery` lines set each recovery against the hang bound (5 s): neither fault
-# made anyone wait for the group's timeout. The last line names the kill's largest part: the time
-# from the moment before the one it names to that one.
+# The launcher's 50 ms wait ends at the exit's record, so it began at least 50 ms before, when the
+# launcher saw the process ended: the kill's recovery waited for the exit at most from the discard
+# to the next quorum. The raise's recovery (the report's second line, not split) has no exit to
+# wait for: slot 2's process stayed (the first claim checks that the launcher recorded no exit
+# after it, and that the first error was slot 2's own). The two `recovery` lines set each recovery
+# against the hang bound (5 s): neither fault made anyone wait for the group's timeout.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -173,18 +175,12 @@ moments = {
     f"commit of step {kill.committed_step}": ms(kill.recovery_s),
 }
 print("\nthe kill: ms after it, and since the moment before")
-before, parts = 0, []
+before = 0
 for name, t in sorted(moments.items(), key=lambda item: item[1]):  # in the order they happened
     print(f"  {name:<24}{t:>5}   +{t - before}")
-    parts.append((t - before, name))
     before = t
 for o in (kill, raised):
     print(f"{o.fault} recovery: {ms(o.recovery_s)} ms, {o.recovery_s / 5.0:.0%} of the hang bound (5 s)")
-largest, until = max(parts)
-print(
-    f"the kill's largest part: {largest} of its {before} ms, the time up to '{until}'"
-    + (" (no part took most of it)" if 2 * largest < before else "")
-)
 
 # %% [markdown]
 # The kill also ended slot 1's process: its **rejoin** (the report's first line) ends at the quorum
@@ -202,7 +198,10 @@ lesson.claim(
 step, last = kill.last_commit  # the survivors' last commit before the rejoin: its step, seconds after the kill
 rejoin, start = ms(kill.rejoin_s), ms(kill.restart_s)
 print(f"rejoin: step {kill.healed_at}'s quorum took slot 1's new process back {rejoin} ms after the kill")
-print(f"  slot 1's new process: started {start} ms after the kill, taken back {rejoin - start} ms after its start")
+print(
+    f"  slot 1's new process: started {start} ms after the kill, taken back {rejoin - start} ms after its start "
+    f"({(rejoin - start) / rejoin:.0%} of the rejoin)"
+)
 print(
     f"  slots 0 and 2: committed steps {kill.fault.step}-{step} at world 2, the last {ms(last)} ms after the kill; "
     f"then {rejoin - ms(last)} ms to the quorum of step {kill.healed_at}"
@@ -210,17 +209,18 @@ print(
 )
 
 # %% [markdown]
-# So the rejoin is not the time a heal takes. Slot 1's new process was taken back the time printed
-# above after its start; the run does not time what it did in between (forked from a server that had already
-# imported torch, it imports the `ft` modules, connects to the lighthouse and builds its model,
-# then starts its heartbeat and asks). Until that first heartbeat it was not live, so slots 0 and 2
-# trained steps 5-8 without waiting for it. Their time to step 9's quorum, printed above, is not
-# part of either recovery: they waited there because this notebook set `full_world_at=(4, 9)`.
-# The heal, the state sent just after that quorum, is not timed.
+# So the rejoin is not the time a heal takes: the heal, the state sent just after that quorum, is
+# not timed. The rejoin's part from the new process's start to that quorum (its share printed
+# above) is the process starting up and asking, then the lighthouse's answer once all three slots
+# had asked. The run does not time what the process did before it asked (forked from a server that
+# had already imported torch, it imports the `ft` modules, connects to the lighthouse and builds
+# its model, then starts its heartbeat and asks). Until that first heartbeat it was not live, so
+# slots 0 and 2 trained steps 5-8 without it, then stood at step 9's quorum until it asked, as this
+# notebook set `full_world_at=(4, 9)`. That time is part of neither fault's recovery.
 #
-# Each fault cost one discarded attempt, trained again (the `x` columns of the timeline below), and
-# only slot 1's process was started again. A restart from a checkpoint (not run here) starts every
-# process again, then trains again every step since the checkpoint.
+# Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline
+# below), and only slot 1's process was started again. A restart from a checkpoint (not run here)
+# starts every process again, then trains again every step since the checkpoint.
 #
 # The run's timeline: one column per attempt, in order, and one row per slot; under them the step,
 # the world size and each new group; then what each mark means (only the marks that appear).
@@ -229,27 +229,25 @@ print(
 print(run.timeline())
 
 # %% [markdown]
-# What the timeline shows, each point checked on this run by the cell below:
+# What the timeline shows (the cell below checks the members, step 4's votes, the heal and the new
+# groups; the rest is how the rung works):
 #
 # * in step 4 slot 1 died: its connections closed as it ended, and the survivors' all_reduce
 #   failed (printed below: of each gloo error, gloo's own sentence that names the failure, without
-#   its source file and its guess at the cause); they voted no, and the attempt was **discarded**
-#   on both (`x`). The next quorum had two members, slots 0 and 2 (ranks 0 and 1 of a new group of
-#   2: their order among the members), and step 4 was trained again and committed at world 2;
+#   its source file, the peer's address and its guess at the cause); they voted no, and the attempt
+#   was **discarded** on both (`x`). The next quorum had two members, slots 0 and 2 (ranks 0 and 1
+#   of a new group of 2: their order among the members), and step 4 was trained again and
+#   committed at world 2;
 # * the launcher started slot 1 again: a new process, freshly initialised, at step 0. It asked to
 #   train step 0 while its peers asked for a later step, so it was **healed**: in the new group of
 #   that quorum, before the step, it received the trained state from a peer, then trained that step
 #   with them, and the attempt was committed (`H`). From then on it trained with them at world 3;
 # * in step 11 slot 2's comm hook raised, before its all_reduce: slot 2's process stayed, dropped
-#   its group (which closes its connections to slots 0 and 1) and voted no. Slots 0 and 1's
-#   all_reduce then failed, after slot 2's error (the errors are printed below, in the order
-#   caught): their connection to slot 2 had closed, though its process had not ended. The attempt
-#   was discarded on every member, and step 11 was tried again by a new group of the same three
-#   slots.
+#   its group and voted no. Slots 0 and 1's all_reduce then failed (the errors are printed below,
+#   in the order caught), though no process had ended. The attempt was discarded on every member,
+#   and step 11 was tried again by a new group of the same three slots.
 
 # %%
-import re
-
 entries = [(slot, e) for slot, _, e in run.entries]  # one entry per member and attempt
 
 
@@ -257,18 +255,8 @@ def at(step, committed):
     return [(slot, e) for slot, e in entries if e["step"] == step and e["committed"] == committed]
 
 
-def caught(step):  # the members' entries of the step's discarded attempt, in the order they caught their errors
-    return sorted(at(step, False), key=lambda se: se[1].get("t_error", float("inf")))
-
-
-def said(e):  # the error a member caught; of a gloo error, only gloo's sentence that names the failure
-    error = e.get("error", "no error: it voted ok")
-    gloo = re.search(r"gloo/.*?\] (.+?)\.(?: |$)", error)  # after gloo's source file, up to the first ". "
-    return f"its all_reduce failed; gloo: {gloo.group(1)}" if gloo else error
-
-
-for slot, e in caught(4):
-    print(f"slot {slot}, step 4: {said(e)}")
+for slot, error in run.errors(4):  # in the order caught; of a gloo error, gloo's sentence, without its addresses
+    print(f"slot {slot}, step 4: {error}")
 lesson.claim(
     {slot for slot, _ in at(4, False)} == {0, 2} and not any(e["ok"] for _, e in at(4, False)),
     "step 4: both survivors' attempts failed, they voted no, and the attempt was discarded on both",
@@ -294,8 +282,8 @@ lesson.claim(
     all(len(e["members"]) == 3 for _, e in entries if e["step"] >= kill.healed_at),
     f"from step {kill.healed_at} on, every attempt had all three slots",
 )
-for slot, e in caught(11):
-    print(f"slot {slot}, step 11: {said(e)}")
+for slot, error in run.errors(11):
+    print(f"slot {slot}, step 11: {error}")
 tags = [{e["tag"] for _, e in at(11, committed)} for committed in (False, True)]
 lesson.claim(
     {slot for slot, _ in at(11, False)} == {0, 1, 2} and len(at(11, True)) == 3 and all(len(t) == 1 for t in tags),
@@ -405,12 +393,11 @@ show_source(solutions.ft_shard)
 # timeout (`hang_s`: the rung builds each group with it), and the lighthouse evicts the slot only
 # once its heartbeat has been silent for `hang_s`. Prediction: a little over `hang_s` (5 s in the
 # run above; this notebook does not run the frozen case), then the next quorum and step 4 trained
-# again, as after the kill. The benchmark in `docs/fault-tolerance.md` measured it with a 2 s bound: 4 frozen processes, recovery 2.07 s
-# (median; discarded at 2.02 s), the bound plus a few hundredths. Halving `hang_s` to 2.5 s
-# predicts a recovery a little over 2.5 s, about half that of 5 s, and makes a live process that
-# is merely slow (a loaded machine, a long step) likelier to be evicted by mistake, unless it is
-# the last holder of the trained state, which the lighthouse waits for instead: the bound trades
-# recovery time against false alarms.
+# again, as after the kill. The benchmark in `docs/fault-tolerance.md` measured it with a 2 s
+# bound (its `stop` row). Halving `hang_s` to 2.5 s predicts a recovery a little over 2.5 s,
+# about half that of 5 s, and makes a live process that is merely slow (a loaded machine, a long
+# step) likelier to be evicted by mistake, unless it is the last holder of the trained state,
+# which the lighthouse waits for instead: the bound trades recovery time against false alarms.
 #
 # </details>
 #
@@ -426,7 +413,9 @@ show_source(solutions.ft_shard)
 # left to heal from. A design that keeps a copy elsewhere (a checkpoint on disk, or a replica of
 # the state outside the training processes) could bring it back. The processes started again
 # would hold a fresh initialisation, so minddp stops the run with one line rather than train the
-# committed steps again (the first cell below runs it).
+# committed steps again. The first cell below runs it with the main run's settings but 6 steps,
+# `full_world_at=(4,)` alone (so that the three kills meet three live processes), no digests and
+# no 10 ms pause (it only stands in for compute).
 #
 # </details>
 #
@@ -434,18 +423,16 @@ show_source(solutions.ft_shard)
 #
 # At world 2 the ranks are 0 and 1, whichever slot died, so the split trains the rows of ranks 0
 # and 1 of the first world, and rank 2's rows, `2B // 3` up to `B`, are trained by no one, in every
-# step at world 2. In the checker's run (B = 10, slot 1 killed) ranks 0, 1, 2 of the first world
-# take rows 0-2, 3-5 and 6-9, so rows 6-9, 4 of the 10, are lost: slot 2, now rank 1, trains the
-# dead slot's rows 3-5, and its own rows of the first world go untrained. All three checks would
-# still pass: each compares the processes with each other or with themselves, never with the data,
-# and every member steps from the same state with the same gradient: that of rows 0-5 summed and
-# divided by 10, the batch's row count (each rank weights its rows' loss by world / B, and the
-# all_reduce averages over the world), as if rows 6-9 had a gradient of zero; each member's share
-# of rows 0-5 is different (slot 0 rows 0-2, slot 2 rows 3-5). Only a comparison with a single
-# process on the whole batch sees the loss. The second cell below runs
-# this split in the checker's run (10-row batches, plain SGD: its checks compare the parameters,
-# as there is no optimizer state), where all three pass and the comparison with a single process
-# fails.
+# step at world 2. In the checker's run (B = 10, slot 1 killed; ranks 0, 1, 2 of the first world
+# take rows 0-2, 3-5 and 6-9) those are rows 6-9, 4 of the 10, and slot 2, now rank 1, trains the
+# dead slot's rows 3-5. All three checks would still pass: each compares the processes with each
+# other or with themselves, never with the data, and every member steps from the same state with
+# the same averaged gradient: that of rows 0-5 summed and divided by 10, the batch's row count (each
+# rank weights its rows' loss by world / B, and the all_reduce averages over the world), as if rows
+# 6-9 had a gradient of zero. Only a comparison with a single process on the whole batch shows rows
+# 6-9 untrained. The second cell below runs this split in the checker's run (10-row batches, plain
+# SGD: its checks compare the parameters, as there is no optimizer state), where all three pass and
+# the comparison with a single process fails.
 #
 # </details>
 
@@ -494,7 +481,7 @@ lesson.claim(
 )
 lesson.claim(
     "though the processes' own checks all pass" in first_world.line,
-    "and all three checks passed on the checker's run: none of them can see the loss",
+    "and all three checks passed on the checker's run: none of them compares with the data",
 )
 
 # %% [markdown]

@@ -349,3 +349,51 @@ def test_every_rank_holding_the_state_lost_at_once_stops_the_run_rather_than_sta
         r"train from step 0; the run stops here; keep one holder alive through each fault",
         line,
     ), line
+
+
+def test_errors_lists_each_caught_error_in_order_and_keeps_only_gloos_sentence():
+    """run.errors(step): the order caught (not the slots' order); a gloo error without its source file, its
+    peer's address (a port: different every run) or torch's guess at the cause; any other error as recorded."""
+    from types import SimpleNamespace
+
+    from minddp.ft.report import errors
+
+    source = "DistBackendError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+    run = SimpleNamespace(
+        entries=[
+            (
+                0,
+                0,
+                {
+                    "step": 11,
+                    "committed": False,
+                    "error": source + "Connection closed by peer [127.0.0.1]:63639",
+                    "t_error": 3.0,
+                },
+            ),
+            (
+                2,
+                0,
+                {"step": 11, "committed": False, "error": "InjectedFault: injected fault raise@11:2", "t_error": 1.0},
+            ),
+            (
+                1,
+                0,
+                {
+                    "step": 11,
+                    "committed": False,
+                    "error": source + "Read error [127.0.0.1]:5531: Connection reset "
+                    "by peer. This may indicate a possible application crash on rank 0",
+                    "t_error": 2.0,
+                },
+            ),
+            (0, 0, {"step": 11, "committed": True}),
+            (1, 0, {"step": 4, "committed": False, "error": "ValueError: another step", "t_error": 0.5}),
+        ]
+    )
+    assert errors(run, 11) == [
+        (2, "InjectedFault: injected fault raise@11:2"),
+        (1, "its all_reduce failed; gloo: Read error: Connection reset by peer"),
+        (0, "its all_reduce failed; gloo: Connection closed by peer"),
+    ]
+    assert errors(run, 5) == []

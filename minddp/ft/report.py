@@ -18,6 +18,7 @@ The words, as the notebook (07), the benchmark (:mod:`minddp.ft.bench`) and ``do
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass
 
 import torch
@@ -120,6 +121,32 @@ def fault_report(run) -> list[str]:
         )
         lines.append(f"{fault}: {what} in step {fault.step}; {recovery}; {o.discarded} attempt(s) discarded{rejoin}")
     return lines
+
+
+def errors(run, step: int) -> list[tuple[int, str]]:
+    """``(slot, error)`` of each member that caught an error at ``step`` (and so voted no), in the order caught.
+
+    Of a gloo error, only gloo's own sentence that names the failure: no source file, no peer's address (a port
+    that changes every run), no guess at the cause.
+
+    >>> from types import SimpleNamespace
+    >>> gloo = ("DistBackendError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [127.0.0.1]:5531: "
+    ...         "Connection reset by peer. This may indicate a possible application crash on rank 0")
+    >>> run = SimpleNamespace(entries=[
+    ...     (2, 0, {"step": 4, "committed": False, "error": gloo, "t_error": 2.0}),
+    ...     (0, 0, {"step": 4, "committed": False, "error": "ValueError: bad", "t_error": 1.0}),
+    ...     (0, 0, {"step": 4, "committed": True})])
+    >>> errors(run, 4)
+    [(0, 'ValueError: bad'), (2, 'its all_reduce failed; gloo: Read error: Connection reset by peer')]
+    """
+    caught = [(e["t_error"], slot, e["error"]) for slot, _, e in run.entries if e["step"] == step and "error" in e]
+    return [(slot, gloo_sentence(error)) for _, slot, error in sorted(caught)]
+
+
+def gloo_sentence(error: str) -> str:
+    """A gloo error as gloo's sentence after its source file, up to the first ". " or the end, its addresses dropped."""
+    gloo = re.search(r"gloo/.*?\] (.+?)(?:\. |\.?$)", error)
+    return "its all_reduce failed; gloo: " + re.sub(r" ?\[[^]]*\]:\d+", "", gloo.group(1)) if gloo else error
 
 
 #: What each mark of :func:`timeline` means, in the order the legend lists them.

@@ -9,7 +9,7 @@ One rank's loop (:class:`FaultTolerantTrainer`), each idea in its own lines:
 5. **should_commit**: the optimizer steps only if every member's step went through; a discarded step
    leaves parameters and optimizer state as they were, and the next quorum tries it again.
 
-An exception in 2-4 makes this rank vote "not ok", destroy its group at once and go back to 1; the
+An exception in 2-4 makes this rank destroy its group at once, then vote "not ok", and go back to 1; the
 same step failing :data:`MAX_ATTEMPTS` times in a row is raised with its cause.
 ``docs/fault-tolerance.md`` (*What one step does*) tells each step in full.
 
