@@ -205,7 +205,7 @@ table.round(3)
 # The gradients column, and so the model state, is what rank 0 holds at the update. In the
 # micro-batches before the last, zero2 and fsdp accumulate whole gradients, as ddp does (under
 # `no_sync()`, notebook 03's context in which a stage's backward adds to the gradients and sends
-# nothing): their smaller gradients hold at the update only. fsdp's gathered units are held during
+# nothing): their smaller gradients column holds at the update only. fsdp's gathered units are held during
 # a forward or backward, not at the update. The activations column holds one value for every row:
 # each stage runs the same forward on the same batch. Sharding saves model state, not activations:
 # here they weigh about what zero1's whole model state does, and more than zero2's or fsdp's.
@@ -501,8 +501,9 @@ on_wire.round(2)
 # (a prefetch); after the forward the full parameters are dropped (all but the last unit's: the
 # backward starts with that unit, so it stays gathered). The backward needs them again, and the
 # tensors autograd saves for it would keep them alive, so a saved-tensor hook keeps a note of where
-# those tensors lay in them instead; the first note unpacked in the backward gathers the unit again, or waits for its gather if it was prefetched, and starts the gather of the unit before
-# it: the backward prefetches too, one unit ahead in its own order. The gradients of a unit arrive
+# those tensors lay in them instead; the first note unpacked in the backward gathers the unit again,
+# or waits for its gather if it was prefetched, and starts the gather of the unit before it: the
+# backward prefetches too, one unit ahead in its own order. The gradients of a unit arrive
 # together, from one autograd function; in the last micro-batch's backward they are handed to one
 # gradient collective then (a reduce-scatter, run on gloo as an all_reduce), in the others they are
 # accumulated whole under `no_sync()`. The replicated tensors' gradients get an all_reduce each. The
@@ -625,7 +626,7 @@ lesson.say(
 # held only before the update: the activations, fsdp's gathered units, and the whole gradients zero2
 # and fsdp accumulate before the last micro-batch. The bytes are the ring's, with true reduce-scatters:
 # on gloo's collectives, where the looks ran, zero2's and fsdp's reduce-scatters run as all_reduces
-# (the ZeRO-2 section), which send twice a reduce-scatter's bytes.
+# (the ZeRO-2 section): two passes of their bytes by the count above, where a reduce-scatter is one.
 
 # %%
 # %%rank 0
