@@ -33,8 +33,8 @@
 #   minddp runs zero2's and fsdp's reduce-scatters as all_reduces and keeps that piece: the ZeRO-2
 #   section says why);
 # * `fsdp`: the parameters are sharded too (all but a few tensors it keeps whole on every rank, its
-#   *replicated* ones), and each block of the model (a *unit*: what fsdp gathers
-#   and drops as one, here a decoder layer) is gathered only around its own forward and backward: a
+#   *replicated* ones), and each decoder layer of the model (a *unit*: what fsdp gathers
+#   and drops as one) is gathered only around its own forward and backward: a
 #   unit's gather starts while the unit before it runs (a *prefetch*, one unit ahead, in the forward
 #   and in the backward), and the gathered parameters are dropped once the unit has run (the last
 #   unit's are kept from its forward to its backward, the first the backward runs).
@@ -42,8 +42,9 @@
 # We start with the two collectives, on the two ranks, then train the notebooks' workload with the
 # four stages side by side and measure what rank 0 holds (in fp32, and fsdp computing in bf16 too).
 # The notation is notebook 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one
-# message, β the time per byte. The workload line below names the gradient *buckets*: a stage sends
-# its gradients in groups, a bucket each, one collective per bucket.
+# message, β the time per byte. The workload line below names the gradient *buckets*: ddp, zero1 and
+# zero2 send their gradients in groups, a bucket each, one collective per bucket (fsdp sends them
+# otherwise: its own section says how).
 
 # %%
 # %load_ext minddp.notebook
@@ -82,10 +83,10 @@ print("all pieces gathered:", whole.tolist(), "= all_reduce:", torch.equal(whole
 
 # %% [markdown]
 # The ring all_reduce of the earlier notebooks is the same two, a reduce-scatter then an all-gather:
-# `ring.reduce_scatter` and `ring.all_gather` above cut their tensors into the n pieces (with
-# `tensor_split`, whose pieces differ in length by at most one element; the code names them `chunks`) and call
-# `reduce_scatter_chunks` and `all_gather_chunks` on them (`minddp/collectives/ring.py`), and
-# `ring_all_reduce` calls both:
+# `ring.reduce_scatter` and `ring.all_gather` above cut the whole tensor into n equal pieces (they refuse
+# a whole tensor that is not n times the piece) and pass them to `reduce_scatter_chunks` and
+# `all_gather_chunks` (`minddp/collectives/ring.py`); `ring_all_reduce` cuts any length, with
+# `tensor_split` (pieces whose lengths differ by at most one element), and calls both:
 
 # %%
 # %%rank 0
@@ -133,8 +134,8 @@ lesson.say(
 # `ddp` is minddp's own `DistributedDataParallel` (`minddp/ddp/`, not torch's); `zero1` is the same
 # wrapper with its optimizer sharded by `minddp.ZeroRedundancyOptimizer`; `zero2` and `fsdp` hand out
 # this rank's shards as the model's parameters, so the optimizer built over `model.parameters()` holds
-# state for the shards only. `zero2` keeps the whole parameters too (its shards are views into them:
-# the table's parameters column is ddp's); `fsdp` keeps the shards and its replicated tensors, and
+# state for the shards only. `zero2` keeps the whole parameters too (its shards are views into them);
+# `fsdp` keeps the shards and its replicated tensors, and
 # gathers a unit's whole parameters around its run. A *step*, in this notebook, is all its
 # micro-batches' forwards and backwards and the *update* at their end (the optimizer's `step()`); the
 # workload line above calls it an optimizer step. `minddp.sharding.memory.Probe` measures one step of
@@ -202,11 +203,11 @@ lesson.claim(
 table.round(3)
 
 # %% [markdown]
-# The gradients column, and so the model state, is what rank 0 holds at the update. In the
-# micro-batches before the last, zero2 and fsdp accumulate whole gradients, as ddp does (under
-# `no_sync()`, notebook 03's context in which a stage's backward adds to the gradients and sends
-# nothing): their smaller gradients column holds at the update only. fsdp's gathered units are held during
-# a forward or backward, not at the update. The activations column holds one value for every row:
+# The gradients column, and so the model state, is what rank 0 holds at the update. No cell here
+# measures an earlier moment of the step, when zero2 and fsdp hold whole gradients, as ddp does (in
+# the micro-batches before the last they add to them under `no_sync()`, notebook 03's context in which
+# a stage's backward sends nothing). fsdp's gathered units are held during a forward or backward, not
+# at the update. The activations column holds one value for every row:
 # each stage runs the same forward on the same batch. Sharding saves model state, not activations:
 # here they weigh about what zero1's whole model state does, and more than zero2's or fsdp's.
 #
@@ -277,7 +278,10 @@ lesson.claim(
 # %%
 # %%rank 0
 lr = lesson.SETTINGS.lr
-values = torch.cat([p.detach().reshape(-1) for p in lesson.make_model().parameters()])  # the initial weights
+initial = lesson.make_model()
+values = torch.cat([p.detach().reshape(-1) for p in initial.parameters()])  # the initial weights
+norms = [m.weight for m in initial.modules() if type(m).__name__.endswith("RMSNorm")]
+in_a_norm = torch.cat([torch.full((p.numel(),), any(p is w for w in norms)) for p in initial.parameters()])
 stepped = torch.cat([p.detach().reshape(-1) for p in trainees["ddp"].model.module.parameters()])  # after 1 step
 lesson.say(
     f"ddp's first update (AdamW, lr = {lr}) moved this model's values by a median of "
@@ -289,17 +293,19 @@ lost_down = (values.bfloat16() - lr).float() == values.bfloat16().float()  # tak
 # how far the update, as it landed, is from lr: in bf16 over the values it changed, in fp32 over all
 missed = {"bf16": (landed["bf16"][~lost] - lr).abs().max() / lr, "fp32": (landed["fp32"] - lr).abs().max() / lr}
 lesson.claim(
-    bool(lost.any())
+    torch.equal(lost, in_a_norm)
     and bool((values[lost] == 1).all())
     and torch.equal(lost, lost_down)
     and not bool((landed["fp32"] == 0).any()),
     f"Adding lr = {lr} to each of this model's {values.numel():,} initial parameter values: in bf16 the "
-    f"{int(lost.sum()):,} values of 1.0 do not change (nor when lr is taken away), and on the others the update "
-    f"lands off by up to {missed['bf16']:.0%}; in fp32 every update lands, off by at most {missed['fp32']:.3%}.",
+    f"{int(lost.sum()):,} values that do not change (nor when lr is taken away) are exactly the "
+    f"weights of its {len(norms)} RMSNorms ({norms[0].numel()} values of 1.0 each); on the others the update lands off "
+    f"by up to {missed['bf16']:.0%}. In fp32 every update lands, off by at most {missed['fp32']:.3%}.",
 )
 
 # %% [markdown]
-# So the update must land on fp32 copies of the weights: the master weights.
+# In bf16 no norm weight would take this update; in fp32 every value does. So the optimizer updates fp32
+# copies of the weights, the master weights.
 
 # %% [markdown]
 # ### The ZeRO paper's mixed-precision count
@@ -336,18 +342,18 @@ formulas.round(2)
 # ## ZeRO-1: an optimizer that updates its own shard
 #
 # Each parameter tensor of N elements is cut, flattened, into n chunks of `ceil(N/n)` elements, in
-# rank order, the last ranks' shorter or empty (`minddp/sharding/shards.py`; not the ring's
-# `tensor_split`: for N = 10 at n = 4 this cut gives 3, 3, 3, 1 elements, the ring's 3, 3, 2, 2; at
-# n = 2 the two agree), and rank `r` keeps the optimizer state of chunk `r` of each, its shard. (An
-# optimizer that is not element-wise needs whole tensors: one rank then owns each, `owned_whole` in
-# the code below; AdamW is element-wise.) The updated chunks are all-gathered in buckets of their
-# own, of at most 25 MiB, not the stage's 4 MiB gradient buckets:
+# rank order, the last ranks' shorter or empty (`minddp/sharding/shards.py`), and rank `r` keeps the
+# optimizer state of chunk `r` of each, its shard. (An optimizer that is not element-wise needs whole
+# tensors: one rank then owns each, `owned_whole` in the code below; AdamW is element-wise.) The
+# updated chunks are all-gathered in buckets of their own, of at most 25 MiB, not the stage's 4 MiB
+# gradient buckets:
 
 # %%
 # %%distributed
 zero = trainees["zero1"].optimizer
 name, p = next((n, p) for n, p in trainees["zero1"].model.module.named_parameters() if p.dim() == 2)
-print(f"rank {rank}: chunk {zero.ranges[zero.index[id(p)]][rank]} of {name}'s {p.numel():,} elements")
+start, end = zero.ranges[zero.index[id(p)]][rank]
+print(f"rank {rank}: chunk {rank} of {name} is its elements {start:,} to {end - 1:,}, of {p.numel():,}")
 whole_owned = sum(zero.owned_whole(p) for p in zero.params)
 lesson.say(
     f"Parameter tensors one rank owns whole: {whole_owned} of {len(zero.params)}. All-gather buckets: "
@@ -355,10 +361,11 @@ lesson.say(
 )
 
 # %% [markdown]
-# Its `step()`: hand each chunk the same chunk of the averaged gradient, run the local optimizer (an
-# ordinary `torch.optim.AdamW` over the chunks, which are views into the parameters), then all-gather
-# the chunks (`_all_gather`, in the file). These are parts 3 and 4 in the code's comments; parts 1 and 2
-# (plan every rank's chunks, make this rank's chunks views into the parameters) run once, in `__init__`.
+# Its `step()` (the update): hand each chunk the same chunk of the averaged gradient, run the local
+# optimizer (an ordinary `torch.optim.AdamW` over the chunks, which are views into the parameters),
+# then all-gather the chunks (`_all_gather`, in the file). These are parts 3 and 4 in the code's
+# comments; parts 1 and 2 (plan every rank's chunks, make this rank's chunks views into the parameters)
+# run once, in `__init__`.
 
 # %%
 # %%rank 0
@@ -369,7 +376,7 @@ show_source(ZeroRedundancyOptimizer.step)
 # %% [markdown]
 # ## ZeRO-2: reduce-scatter the gradients
 #
-# `zero2` is `bucket-async` (`AsyncBucketDDP`, the last teaching stage: gradient buckets all-reduced
+# `zero2` is `bucket-async` (`AsyncBucketDDP`, the stage whose gradient buckets are all-reduced
 # while the backward runs) with four changes, parts 1 to 4 in its code's comments (its own
 # numbering, not ZeRO-1's):
 #
@@ -386,7 +393,7 @@ show_source(ZeroRedundancyOptimizer.step)
 #    runs: `finish_gradient_synchronization` marks them `stale` after a sync, `forward` then calls
 #    `gather_parameters`, and the forward pre-hooks in `__init__` call `_wait_for`.
 #
-# The cell prints the line that does each part (from `minddp/sharding/zero2.py`), then part 2's
+# The cell prints the lines that do each part (from `minddp/sharding/zero2.py`), then part 2's
 # reduce-scatter hook whole; the file has the rest.
 
 # %%
@@ -409,20 +416,20 @@ for part, method, text in KEY_LINES:
     found = [line.strip() for line in inspect.getsource(getattr(Zero2DDP, method)).splitlines() if text in line]
     assert len(found) == 1, f"{method} has {len(found)} lines with {text!r}"
     key.append(f"  part {part}, in {method}:  {found[0]}")
-print("The four parts, a line each (minddp/sharding/zero2.py):\n" + "\n".join(key) + "\n")
+print("The lines that do the four parts (minddp/sharding/zero2.py):\n" + "\n".join(key) + "\n")
 show_source(reduce_scatter_hook)
 
 # %% [markdown]
 # A stage's *look* (`Trainee.look()`): one step (all its micro-batches) under the profiler, read
 # in memory (`minddp.analysis.live`): its collectives, each with the moment the stage handed it over
 # and the bytes *given* to it (the tensors this rank passed in; the next section measures what a rank
-# sends). On gloo every gradient collective is an all_reduce:
-# gloo has a reduce-scatter (the exercise at the end calls it, and waits for it), but its work
-# hands back no Future to chain the write-back to, so a bucket could not stay in flight while
-# backward goes on (`docs/sharding.md`). minddp therefore runs zero2's and fsdp's
-# reduce-scatters as all_reduces of the whole tensor they are given (a zero2 bucket, an fsdp unit's
-# gradients) and keeps the piece a reduce-scatter would have left this rank; the look counts them among
-# the all_reduce calls.
+# sends). On gloo every gradient collective is an all_reduce. A comm hook hands back a Future, to
+# which the write-back is chained; gloo's reduce-scatter hands back a work without one, and gloo runs
+# it as an all_reduce of the whole tensor anyway (`docs/sharding.md`). So on gloo minddp runs zero2's
+# and fsdp's reduce-scatters as all_reduces of the whole tensor they are given (a zero2 bucket, an fsdp
+# unit's gradients) and keeps the piece a reduce-scatter would have left this rank; the look counts
+# them among the all_reduce calls. (The exercise at the end calls gloo's reduce-scatter itself: it
+# checks the sum, not the bytes sent.)
 
 # %%
 # %%distributed
@@ -443,8 +450,9 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 #
 # The look counts the bytes given to each collective, in which the bytes a reduce-scatter spares
 # against an all_reduce do not show. The four stages now send through minddp's own ring
-# (`minddp.collectives`, plugged in as each stage's *transport*: the function its hooks' `Wire`, a
-# process group with a way to send, calls for each collective): every collective is written from
+# (`minddp.collectives`). A stage's comm hooks send through a `Wire`, minddp's wrapper of a process
+# group, and the ring is plugged into it as its *transport*, the function the `Wire` calls for each
+# collective: every collective is written from
 # point-to-point messages, and the profiler records each message gloo sends with the
 # tensor it carried. The table is what rank 0 sent in one step, by the collective the message
 # served. Bytes *sent* are not the bytes *given* of the look above: a ring all_reduce sends
@@ -453,8 +461,7 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 
 # %%
 # %%distributed
-# zero2 takes one step before its look, so that the looked-at step starts by gathering the updated shards; the
-# others send the same bytes in their first step
+# zero2 takes one step before its look, so that the looked-at step starts by gathering the updated shards
 rings = {s: lesson.Trainee(s, transport="ring", warmup=int(s == "zero2")).look() for s in STAGES}
 
 # %%
@@ -496,7 +503,7 @@ on_wire.round(2)
 # %% [markdown]
 # ## FSDP: gather each unit around its run
 #
-# Each block of the model (each element of its `nn.ModuleList`) is a *unit*. Before a unit's
+# Each decoder layer of the model (an element of its `nn.ModuleList`) is a *unit*. Before a unit's
 # forward its shards are all-gathered into full parameters, and the next unit's gather is started
 # (a prefetch); after the forward the full parameters are dropped (all but the last unit's: the
 # backward starts with that unit, so it stays gathered). The backward needs them again, and the
@@ -622,9 +629,10 @@ lesson.say(
 # ## What each rung trades
 #
 # Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's
-# ring (the ring table), at these 2 ranks. Both leave things out. The model state leaves out what is
-# held only before the update: the activations, fsdp's gathered units, and the whole gradients zero2
-# and fsdp accumulate before the last micro-batch. The bytes are the ring's, with true reduce-scatters:
+# ring (the ring table), at these 2 ranks. Both leave things out. The model state is measured at the
+# update only: it leaves out the activations, fsdp's gathered units, and the whole gradients zero2 and
+# fsdp hold before the last micro-batch, which no cell here measures. The bytes are the ring's, with
+# true reduce-scatters:
 # on gloo's collectives, where the looks ran, zero2's and fsdp's reduce-scatters run as all_reduces
 # (the ZeRO-2 section): two passes of their bytes by the count above, where a reduce-scatter is one.
 
@@ -643,9 +651,9 @@ lesson.say(
 trade.round(1)
 
 # %% [markdown]
-# So, at the update and on the ring: zero1 saves a quarter of ddp's model state and sends half as many
-# bytes again; zero2 saves more and sends no more; fsdp saves about half, for 3.3 times the bytes and a
-# buffer of gathered units. zero2's and fsdp's savings in gradients hold at the update only.
+# So, at the update and on the ring: zero1 holds a quarter less model state than ddp and sends half as
+# many bytes again; zero2 holds less still and sends no more; fsdp holds about half, for 3.3 times the
+# bytes.
 
 # %% [markdown]
 # ## Your turn: all_reduce from its two halves
