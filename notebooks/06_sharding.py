@@ -204,7 +204,7 @@ table.round(3)
 
 # %% [markdown]
 # The gradients column, and so the model state, is what rank 0 holds at the update. No cell here
-# measures an earlier moment of the step, when zero2 and fsdp hold whole gradients, as ddp does (in
+# measures the gradients earlier in the step, when zero2 and fsdp hold whole ones, as ddp does (in
 # the micro-batches before the last they add to them under `no_sync()`, notebook 03's context in which
 # a stage's backward sends nothing). fsdp's gathered units are held during a forward or backward, not
 # at the update. The activations column holds one value for every row:
