@@ -21,18 +21,20 @@
 # ranks compute the same update from the same averaged gradients, so all of that is repeated.
 # The notebooks climb a ladder of stages, each a *rung* that adds one idea to the one below. The
 # three rungs of this notebook, the ZeRO rungs, keep DDP's computation (every rank runs the whole
-# forward and backward on its own part of the batch) and stop repeating the *state*. They divide each *parameter tensor* (one of the
-# model's tensors) among the n ranks, about `1/n` of it each; the part a rank keeps is its *shard*.
-# Two collectives, defined in the next section, do the work: the *reduce-scatter* (each rank receives
-# its part of the sum) and the *all-gather* (each rank receives every rank's part):
+# forward and backward on its own examples) and stop repeating the *state*. They cut each *parameter
+# tensor* (one of the model's tensors) into n *chunks*, about `1/n` of it each; the chunk a rank keeps
+# is its *shard*. Two collectives, defined in the next section, do the work: the *reduce-scatter* (each
+# rank receives one piece of the sum) and the *all-gather* (each rank receives every rank's piece):
 #
 # * `zero1`: each rank keeps the optimizer state of its shard of every parameter tensor, updates
 #   that shard, and the updated shards are all-gathered;
-# * `zero2`: the gradients are reduce-scattered instead of all-reduced: each rank needs only the part
-#   of the average it updates;
+# * `zero2`: the gradients are reduce-scattered instead of all-reduced: each rank needs only the piece
+#   of the average it updates (on gloo's collectives, which every run here but the ring section's uses,
+#   minddp runs zero2's and fsdp's reduce-scatters as all_reduces and keeps that piece: the ZeRO-2
+#   section says why);
 # * `fsdp`: the parameters are sharded too (all but a few tensors it keeps whole on every rank, its
-#   *replicated* ones), and each block of the model (a *unit*: what fsdp gathers
-#   and drops as one, here a decoder layer) is gathered only around its own forward and backward: a
+#   *replicated* ones), and each decoder layer of the model (a *unit*: what fsdp gathers
+#   and drops as one) is gathered only around its own forward and backward: a
 #   unit's gather starts while the unit before it runs (a *prefetch*, one unit ahead, in the forward
 #   and in the backward), and the gathered parameters are dropped once the unit has run (the last
 #   unit's are kept from its forward to its backward, the first the backward runs).
@@ -40,8 +42,9 @@
 # We start with the two collectives, on the two ranks, then train the notebooks' workload with the
 # four stages side by side and measure what rank 0 holds (in fp32, and fsdp computing in bf16 too).
 # The notation is notebook 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one
-# message, β the time per byte. The workload line below names the gradient *buckets*: a stage sends
-# its gradients in groups, a bucket each, one collective per bucket.
+# message, β the time per byte. The workload line below names the gradient *buckets*: ddp, zero1 and
+# zero2 send their gradients in groups, a bucket each, one collective per bucket (fsdp sends them
+# otherwise: its own section says how).
 
 # %%
 # %load_ext minddp.notebook
@@ -80,10 +83,10 @@ print("all pieces gathered:", whole.tolist(), "= all_reduce:", torch.equal(whole
 
 # %% [markdown]
 # The ring all_reduce of the earlier notebooks is the same two, a reduce-scatter then an all-gather:
-# `ring.reduce_scatter` and `ring.all_gather` above cut their tensors into n *chunks* (with
-# `tensor_split`, whose n parts differ in length by at most one element; here the pieces above) and call
-# `reduce_scatter_chunks` and `all_gather_chunks` on them (`minddp/collectives/ring.py`), and
-# `ring_all_reduce` calls both:
+# `ring.reduce_scatter` and `ring.all_gather` above cut the whole tensor into n equal pieces (they refuse
+# a whole tensor that is not n times the piece) and pass them to `reduce_scatter_chunks` and
+# `all_gather_chunks` (`minddp/collectives/ring.py`); `ring_all_reduce` cuts any length, with
+# `tensor_split` (pieces whose lengths differ by at most one element), and calls both:
 
 # %%
 # %%rank 0
@@ -96,17 +99,18 @@ show_source(ring_all_reduce)
 # What each costs, in the α-β model (α the fixed cost of one message, β the time per byte, m the bytes
 # of the tensor, n ranks): each *pass* (a reduce-scatter or an all-gather of the tensor) is `n − 1`
 # messages per rank, which together carry `(n − 1)/n · m` bytes: `(n − 1) α + (n − 1)/n · m β`, and
-# the all_reduce is two passes. A stage sends its gradients in several collectives (one per bucket, or
-# per unit), so below we count passes of the whole model's bytes, not collectives. Per step (all its
-# micro-batches, the gradients synced once): DDP all-reduces the gradients, two passes; ZeRO-2
-# reduce-scatters them, one pass, and all-gathers the updated parameters, one pass: DDP's bytes (with
-# a true reduce-scatter: the ZeRO-2 section says why on gloo minddp runs it as an all_reduce); ZeRO-1
-# all-reduces them and then all-gathers, one pass more. FSDP reduce-scatters its units' gradients, one
+# the all_reduce is two passes. A stage sends its gradients in several collectives, so below we count
+# passes of the whole model's bytes, not collectives. Per step (all its micro-batches, the gradients
+# synced once): DDP all-reduces the gradients, two passes; ZeRO-2 reduce-scatters them, one pass, and
+# all-gathers the updated parameters, one pass: DDP's bytes; ZeRO-1 all-reduces them and then
+# all-gathers, one pass more. FSDP reduce-scatters its units' gradients, one
 # pass, but it gathers each unit's parameters for every micro-batch's forward and again for its
 # backward (all but the unit the backward starts with, kept gathered since its forward). The bound
 # below counts two gathering passes of the whole model per micro-batch. It counts the replicated
 # tensors in every gathering pass, though FSDP never gathers them: it all-reduces them, two passes of
-# their bytes a step, which the bound's 2 × 3 passes of them cover. For this workload's step:
+# their bytes a step, which the bound's 2 × 3 passes of them cover. These counts are for true
+# reduce-scatters, as the ring section sends; on gloo's collectives zero2's and fsdp's reduce-scatters
+# run as all_reduces, two passes of their bytes instead of one. For this workload's step, on the ring:
 
 # %%
 # %%distributed
@@ -127,23 +131,20 @@ lesson.say(
 # %% [markdown]
 # ## The four stages side by side
 #
-# `ddp` is the production DDP; `zero1` is the same wrapper with its optimizer sharded by
-# `minddp.ZeroRedundancyOptimizer`; `zero2` and `fsdp` hand out this rank's shards as the model's
-# parameters, so the optimizer built over `model.parameters()` holds state for the shards only
-# (`minddp.ladder.make_optimizer` builds each stage's). What each keeps differs: `zero2` keeps the
-# whole parameters too (its shards are views into them: the table's parameters column is ddp's),
-# `fsdp` keeps the shards and its replicated tensors, and gathers a unit's whole parameters around its
-# run. One step of each is measured by `minddp.sharding.memory.Probe`, from the tensors the rank
-# holds: parameters, gradients just before the update, optimizer state just after, the activations
-# autograd saved (at their peak in the step), and FSDP's gathered units at their peak. The activations
-# depend on the batch, here the workload's above (`docs/sharding.md` measures a smaller one, and says
-# so). Each stage trains as a `lesson.Trainee(stage)`: the stage and its optimizer built on the
-# workload, on every rank; its `step()` takes one step; `warmup` is how many steps it takes when
-# built, here none, so the measured step is its first. A *step*, in this notebook, is all its
+# `ddp` is minddp's own `DistributedDataParallel` (`minddp/ddp/`, not torch's); `zero1` is the same
+# wrapper with its optimizer sharded by `minddp.ZeroRedundancyOptimizer`; `zero2` and `fsdp` hand out
+# this rank's shards as the model's parameters, so the optimizer built over `model.parameters()` holds
+# state for the shards only. `zero2` keeps the whole parameters too (its shards are views into them);
+# `fsdp` keeps the shards and its replicated tensors, and
+# gathers a unit's whole parameters around its run. A *step*, in this notebook, is all its
 # micro-batches' forwards and backwards and the *update* at their end (the optimizer's `step()`); the
-# workload line above calls a step an optimizer step. The code's comments number the parts of each
-# algorithm (`# step 3`): this notebook calls those *parts*. AdamW's *step count* (in the ✓ line
-# printed with the memory table) is how many updates it has made.
+# workload line above calls it an optimizer step. `minddp.sharding.memory.Probe` measures one step of
+# each stage from the tensors the rank holds: parameters, gradients just before the update, optimizer
+# state just after, the activations autograd saved (at their peak in the step), and FSDP's gathered
+# units at their peak. `lesson.Trainee(stage, warmup=0)` builds the stage and its optimizer on the
+# workload, on every rank, without a step, so the measured step is its first. The code's comments
+# number the parts of each algorithm (`# part 3`). AdamW's *step count* (in the ✓ line printed with
+# the memory table) is how many updates it has made.
 
 # %%
 # %%distributed
@@ -202,11 +203,11 @@ lesson.claim(
 table.round(3)
 
 # %% [markdown]
-# The gradients column, and so the model state, is what rank 0 holds at the update, not through the
-# step: zero2 and fsdp accumulate whole gradients, as ddp does, in the micro-batches before the last
-# (under `no_sync()`, notebook 03's context in which a stage's backward adds to the gradients and
-# sends nothing); no cell here measures what they hold then. fsdp's gathered units are held during
-# a forward or backward, not at the update. The activations column holds one value for every row:
+# The gradients column, and so the model state, is what rank 0 holds at the update. No cell here
+# measures the gradients earlier in the step, when zero2 and fsdp hold whole ones, as ddp does (in
+# the micro-batches before the last they add to them under `no_sync()`, notebook 03's context in which
+# a stage's backward sends nothing). fsdp's gathered units are held during a forward or backward, not
+# at the update. The activations column holds one value for every row:
 # each stage runs the same forward on the same batch. Sharding saves model state, not activations:
 # here they weigh about what zero1's whole model state does, and more than zero2's or fsdp's.
 #
@@ -248,6 +249,7 @@ measured.append(dict(row(world, "fsdp:bf16", memory["fsdp bf16"]), label="fsdp\n
 plot(
     [{k: v for k, v in r.items() if k not in ("formula_mixed", "gathered")} for r in measured],
     title=f"Rank 0's model state ({world} ranks) at the update:\nmeasured (bars) beside the fp32 formulas (lines)",
+    ylabel="MiB on rank 0",
 )
 held = {r["label"]: r["parameters"] + r["gradients"] + r["optimizer"] for r in measured}
 f32, f16 = memory["fsdp"], memory["fsdp bf16"]
@@ -270,27 +272,40 @@ lesson.claim(
 #
 # A bf16 number has 8 significant bits (2 to 3 decimal digits), so a small update lands rounded, and
 # one far smaller than the weight is lost. The cell measures how far AdamW's first update moved this
-# model's values, then adds the learning rate to every value, in bf16 and in fp32:
+# model's values, then adds the learning rate, an update of about that size, to every value (and takes
+# it away), in bf16 and in fp32:
 
 # %%
 # %%rank 0
 lr = lesson.SETTINGS.lr
-values = torch.cat([p.detach().reshape(-1) for p in lesson.make_model().parameters()])  # the initial weights
+initial = lesson.make_model()
+values = torch.cat([p.detach().reshape(-1) for p in initial.parameters()])  # the initial weights
+norms = [m.weight for m in initial.modules() if type(m).__name__.endswith("RMSNorm")]
+in_a_norm = torch.cat([torch.full((p.numel(),), any(p is w for w in norms)) for p in initial.parameters()])
 stepped = torch.cat([p.detach().reshape(-1) for p in trainees["ddp"].model.module.parameters()])  # after 1 step
 lesson.say(
     f"ddp's first update (AdamW, lr = {lr}) moved this model's values by a median of "
-    f"{(stepped - values).abs().median().item() / lr:.2f} × lr: adding lr to every value stands in for that update."
+    f"{(stepped - values).abs().median().item() / lr:.2f} × lr, up or down."
 )
 landed = {"bf16": (values.bfloat16() + lr).float() - values.bfloat16().float(), "fp32": (values + lr) - values}
 lost = landed["bf16"] == 0
+lost_down = (values.bfloat16() - lr).float() == values.bfloat16().float()  # taking lr away instead
 # how far the update, as it landed, is from lr: in bf16 over the values it changed, in fp32 over all
 missed = {"bf16": (landed["bf16"][~lost] - lr).abs().max() / lr, "fp32": (landed["fp32"] - lr).abs().max() / lr}
 lesson.claim(
-    bool(lost.any()) and bool((values[lost] == 1).all()) and not bool((landed["fp32"] == 0).any()),
+    torch.equal(lost, in_a_norm)
+    and bool((values[lost] == 1).all())
+    and torch.equal(lost, lost_down)
+    and not bool((landed["fp32"] == 0).any()),
     f"Adding lr = {lr} to each of this model's {values.numel():,} initial parameter values: in bf16 the "
-    f"{int(lost.sum()):,} values of 1.0 do not change, and on the others the update lands off by up to "
-    f"{missed['bf16']:.0%}; in fp32 every update lands, off by at most {missed['fp32']:.3%}.",
+    f"{int(lost.sum()):,} values that do not change (nor when lr is taken away) are exactly the "
+    f"weights of its {len(norms)} RMSNorms ({norms[0].numel()} values of 1.0 each); on the others the update lands off "
+    f"by up to {missed['bf16']:.0%}. In fp32 every update lands, off by at most {missed['fp32']:.3%}.",
 )
+
+# %% [markdown]
+# In bf16 no norm weight would take this update; in fp32 every value does. So the optimizer updates fp32
+# copies of the weights, the master weights.
 
 # %% [markdown]
 # ### The ZeRO paper's mixed-precision count
@@ -324,21 +339,21 @@ lesson.say(
 formulas.round(2)
 
 # %% [markdown]
-# ## ZeRO-1: an optimizer that updates its own part
+# ## ZeRO-1: an optimizer that updates its own shard
 #
 # Each parameter tensor of N elements is cut, flattened, into n chunks of `ceil(N/n)` elements, in
-# rank order, the last ranks' shorter or empty (`minddp/sharding/shards.py`; not the ring's
-# `tensor_split`: for N = 10 at n = 4 this cut gives 3, 3, 3, 1 elements, the ring's 3, 3, 2, 2; at
-# n = 2 the two agree), and rank `r` keeps the optimizer state of chunk `r` of each, its shard. (An
-# optimizer that is not element-wise needs whole tensors: one rank then owns each, `owned_whole` in
-# the code below; AdamW is element-wise.) The updated chunks are all-gathered in buckets of their
-# own, of at most 25 MiB, not the stage's 4 MiB gradient buckets:
+# rank order, the last ranks' shorter or empty (`minddp/sharding/shards.py`), and rank `r` keeps the
+# optimizer state of chunk `r` of each, its shard. (An optimizer that is not element-wise needs whole
+# tensors: one rank then owns each, `owned_whole` in the code below; AdamW is element-wise.) The
+# updated chunks are all-gathered in buckets of their own, of at most 25 MiB, not the stage's 4 MiB
+# gradient buckets:
 
 # %%
 # %%distributed
 zero = trainees["zero1"].optimizer
 name, p = next((n, p) for n, p in trainees["zero1"].model.module.named_parameters() if p.dim() == 2)
-print(f"rank {rank}: chunk {zero.ranges[zero.index[id(p)]][rank]} of {name}'s {p.numel():,} elements")
+start, end = zero.ranges[zero.index[id(p)]][rank]
+print(f"rank {rank}: chunk {rank} of {name} is its elements {start:,} to {end - 1:,}, of {p.numel():,}")
 whole_owned = sum(zero.owned_whole(p) for p in zero.params)
 lesson.say(
     f"Parameter tensors one rank owns whole: {whole_owned} of {len(zero.params)}. All-gather buckets: "
@@ -346,10 +361,11 @@ lesson.say(
 )
 
 # %% [markdown]
-# Its `step()`: hand each chunk its slice of the averaged gradient, run the local optimizer (an
-# ordinary `torch.optim.AdamW` over the chunks, which are views into the parameters), then all-gather
-# the chunks (`_all_gather`, in the file). These are parts 3 and 4 in the code's comments; parts 1 and 2
-# (plan every rank's chunks, make this rank's chunks views into the parameters) run once, in `__init__`.
+# Its `step()` (the update): hand each chunk the same chunk of the averaged gradient, run the local
+# optimizer (an ordinary `torch.optim.AdamW` over the chunks, which are views into the parameters),
+# then all-gather the chunks (`_all_gather`, in the file). These are parts 3 and 4 in the code's
+# comments; parts 1 and 2 (plan every rank's chunks, make this rank's chunks views into the parameters)
+# run once, in `__init__`.
 
 # %%
 # %%rank 0
@@ -360,14 +376,15 @@ show_source(ZeroRedundancyOptimizer.step)
 # %% [markdown]
 # ## ZeRO-2: reduce-scatter the gradients
 #
-# `zero2` is `bucket-async` (`AsyncBucketDDP`, the last teaching stage: gradient buckets all-reduced
+# `zero2` is `bucket-async` (`AsyncBucketDDP`, the stage whose gradient buckets are all-reduced
 # while the backward runs) with four changes, parts 1 to 4 in its code's comments (its own
 # numbering, not ZeRO-1's):
 #
-# 1. each parameter is cut into n chunks, and this rank's chunk, its shard, is made a parameter of its
-#    own (`self.shard[p]`), a view into the whole one (`__init__`);
+# 1. each parameter is cut into n chunks, as ZeRO-1 cuts it, and this rank's chunk, its shard, is made a
+#    parameter of its own (`self.shard[p]`), a view into the whole one (`__init__`);
 # 2. a full bucket's gradients are packed rank by rank and handed to a reduce-scatter hook instead of
-#    the all_reduce, and the whole gradients are dropped (`_send_bucket`);
+#    the all_reduce (on gloo run as an all_reduce, below), and the whole gradients are dropped
+#    (`_send_bucket`);
 # 3. the reduce-scatter leaves this rank its piece of the averaged bucket: for each of its shards, that
 #    shard's chunk of the averaged gradient, back to back; each becomes its shard's `.grad`
 #    (`_write_back`): the optimizer updates the shards only;
@@ -376,7 +393,7 @@ show_source(ZeroRedundancyOptimizer.step)
 #    runs: `finish_gradient_synchronization` marks them `stale` after a sync, `forward` then calls
 #    `gather_parameters`, and the forward pre-hooks in `__init__` call `_wait_for`.
 #
-# The cell prints the line that does each part (from `minddp/sharding/zero2.py`), then part 2's
+# The cell prints the lines that do each part (from `minddp/sharding/zero2.py`), then part 2's
 # reduce-scatter hook whole; the file has the rest.
 
 # %%
@@ -399,19 +416,20 @@ for part, method, text in KEY_LINES:
     found = [line.strip() for line in inspect.getsource(getattr(Zero2DDP, method)).splitlines() if text in line]
     assert len(found) == 1, f"{method} has {len(found)} lines with {text!r}"
     key.append(f"  part {part}, in {method}:  {found[0]}")
-print("The four parts, a line each (minddp/sharding/zero2.py):\n" + "\n".join(key) + "\n")
+print("The lines that do the four parts (minddp/sharding/zero2.py):\n" + "\n".join(key) + "\n")
 show_source(reduce_scatter_hook)
 
 # %% [markdown]
 # A stage's *look* (`Trainee.look()`): one step (all its micro-batches) under the profiler, read
 # in memory (`minddp.analysis.live`): its collectives, each with the moment the stage handed it over
 # and the bytes *given* to it (the tensors this rank passed in; the next section measures what a rank
-# sends). On gloo every gradient collective is an all_reduce:
-# gloo has a reduce-scatter (the exercise at the end calls it, and waits for it), but its work
-# hands back no Future to chain the write-back to, so a bucket could not stay in flight while
-# backward goes on (`docs/sharding.md`). minddp therefore runs zero2's and fsdp's
-# reduce-scatters as all_reduces of the whole bucket and keeps the piece a reduce-scatter would have
-# left this rank; the look counts them among the all_reduce calls.
+# sends). On gloo every gradient collective is an all_reduce. A comm hook hands back a Future, to
+# which the write-back is chained; gloo's reduce-scatter hands back a work without one, and gloo runs
+# it as an all_reduce of the whole tensor anyway (`docs/sharding.md`). So on gloo minddp runs zero2's
+# and fsdp's reduce-scatters as all_reduces of the whole tensor they are given (a zero2 bucket, an fsdp
+# unit's gradients) and keeps the piece a reduce-scatter would have left this rank; the look counts
+# them among the all_reduce calls. (The exercise at the end calls gloo's reduce-scatter itself: it
+# checks the sum, not the bytes sent.)
 
 # %%
 # %%distributed
@@ -432,8 +450,9 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 #
 # The look counts the bytes given to each collective, in which the bytes a reduce-scatter spares
 # against an all_reduce do not show. The four stages now send through minddp's own ring
-# (`minddp.collectives`, plugged in as each stage's *transport*: the function its hooks' `Wire`, a
-# process group with a way to send, calls for each collective): every collective is written from
+# (`minddp.collectives`). A stage's comm hooks send through a `Wire`, minddp's wrapper of a process
+# group, and the ring is plugged into it as its *transport*, the function the `Wire` calls for each
+# collective: every collective is written from
 # point-to-point messages, and the profiler records each message gloo sends with the
 # tensor it carried. The table is what rank 0 sent in one step, by the collective the message
 # served. Bytes *sent* are not the bytes *given* of the look above: a ring all_reduce sends
@@ -442,8 +461,7 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 
 # %%
 # %%distributed
-# zero2 takes one step before its look, so that the looked-at step starts by gathering the updated shards; the
-# others send the same bytes in their first step
+# zero2 takes one step before its look, so that the looked-at step starts by gathering the updated shards
 rings = {s: lesson.Trainee(s, transport="ring", warmup=int(s == "zero2")).look() for s in STAGES}
 
 # %%
@@ -458,7 +476,7 @@ z2 = rings["zero2"]["sent"]
 lesson.claim(
     abs(z2["reduce_scatter"] - whole / 2) < 1e-3 * whole,
     f"zero2's reduce-scatter sent {lesson.mib(z2['reduce_scatter'])}, half of ddp's all_reduce "
-    f"({lesson.mib(whole)}): each rank receives only the part of the average it steps.",
+    f"({lesson.mib(whole)}): each rank receives only the piece of the average it updates.",
 )
 lesson.claim(
     abs(total["zero2"] - whole) < 1e-3 * whole and abs(total["zero1"] - 1.5 * whole) < 1e-3 * whole,
@@ -485,13 +503,14 @@ on_wire.round(2)
 # %% [markdown]
 # ## FSDP: gather each unit around its run
 #
-# Each block of the model (each element of its `nn.ModuleList`) is a *unit*. Before a unit's
+# Each decoder layer of the model (an element of its `nn.ModuleList`) is a *unit*. Before a unit's
 # forward its shards are all-gathered into full parameters, and the next unit's gather is started
 # (a prefetch); after the forward the full parameters are dropped (all but the last unit's: the
-# backward starts with that unit, so it stays gathered), and a saved-tensor hook keeps a note of
-# where autograd's saved tensors lay in them; the first note unpacked in the backward gathers the
-# unit again, or waits for its gather if it was prefetched, and starts the gather of the unit before
-# it: the backward prefetches too, one unit ahead in its own order. The gradients of a unit arrive
+# backward starts with that unit, so it stays gathered). The backward needs them again, and the
+# tensors autograd saves for it would keep them alive, so a saved-tensor hook keeps a note of where
+# those tensors lay in them instead; the first note unpacked in the backward gathers the unit again,
+# or waits for its gather if it was prefetched, and starts the gather of the unit before it: the
+# backward prefetches too, one unit ahead in its own order. The gradients of a unit arrive
 # together, from one autograd function; in the last micro-batch's backward they are handed to one
 # gradient collective then (a reduce-scatter, run on gloo as an all_reduce), in the others they are
 # accumulated whole under `no_sync()`. The replicated tensors' gradients get an all_reduce each. The
@@ -575,6 +594,10 @@ lesson.claim(
 )
 
 # %% [markdown]
+# In the figure: every stage's gradient collectives lie in the last backward; zero1's one all-gather
+# lies in the update, zero2's in the first forward, and fsdp's in every forward and backward.
+
+# %% [markdown]
 # ## The same training, whatever the rung
 #
 # Sharding changes what each rank keeps, not what is computed: after the same steps every stage
@@ -606,11 +629,12 @@ lesson.say(
 # ## What each rung trades
 #
 # Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's
-# ring (the ring table), at these 2 ranks. Both leave things out. The model state is counted at the
-# update: in the micro-batches before the last, zero2 and fsdp hold whole gradients, and during the
-# forwards and backwards every stage holds its activations (56.6 MiB, the memory table) and fsdp its
-# gathered units. The bytes are the ring's: on gloo, where the looks ran, zero2's reduce-scatters run
-# as all_reduces (the ZeRO-2 section), so there it sends an all_reduce and an all-gather, as zero1 does.
+# ring (the ring table), at these 2 ranks. Both leave things out. The model state is measured at the
+# update only: it leaves out the activations, fsdp's gathered units, and the whole gradients zero2 and
+# fsdp hold before the last micro-batch, which no cell here measures. The bytes are the ring's, with
+# true reduce-scatters:
+# on gloo's collectives, where the looks ran, zero2's and fsdp's reduce-scatters run as all_reduces
+# (the ZeRO-2 section): two passes of their bytes by the count above, where a reduce-scatter is one.
 
 # %%
 # %%rank 0
@@ -627,9 +651,9 @@ lesson.say(
 trade.round(1)
 
 # %% [markdown]
-# So, at the update and on the ring: zero1 saves a quarter of ddp's model state and sends half as many
-# bytes again; zero2 saves more and sends no more; fsdp saves about half, for 3.3 times the bytes and a
-# buffer of gathered units.
+# So, at the update and on the ring: zero1 holds a quarter less model state than ddp and sends half as
+# many bytes again; zero2 holds less still and sends no more; fsdp holds about half, for 3.3 times the
+# bytes.
 
 # %% [markdown]
 # ## Your turn: all_reduce from its two halves
@@ -646,17 +670,13 @@ trade.round(1)
 # per bucket. The hook (`allreduce_hook`) divides each bucket by the world size
 # before it hands it over, so `my_all_reduce` only sums.
 #
-# What the checker runs: its own small network (three linear layers, `minddp.exercises.harness.Net`),
-# not this notebook's model, built with `bucket_cap_mb=0.001` (`check`'s default, whatever your
-# class's own default) so that it makes two buckets, one of an odd length: the verdict's count
-# of calls per step is one of each per bucket, and the odd bucket is what tests your padding. At
-# two ranks `x % 2 == -x % 2` for every `x`, so padding by `numel % n` where `-numel % n` is meant,
-# or a `2` written where the world size belongs, would be accepted; so an answer accepted at two ranks
-# is checked again at three, and the verdict says which it failed at. Pass `group` everywhere: to
-# `dist.get_world_size(group)` and to both collectives (to the reduce-scatter by name, `group=group`:
-# its third parameter is `op`). The checker refuses each call without it: its
-# ranks are the whole world, so the sum would come out right there, but a call that left the group
-# out would run over every rank of a larger job.
+# The checker trains its own small network (`minddp.exercises.harness.Net`), not this notebook's
+# model, in two buckets, one of an odd length, which tests your padding. At two ranks some wrong
+# answers come out right (padding by `numel % n` instead of `-numel % n`, or a `2` written for the
+# world size), so an answer accepted at two ranks is checked again at three. Pass `group` everywhere:
+# to `dist.get_world_size(group)` and to both collectives (to the reduce-scatter by name,
+# `group=group`: its third parameter is `op`); the checker refuses a call without it, which would run
+# over every rank of a larger job.
 
 # %%
 import torch
@@ -695,7 +715,7 @@ my_all_reduce = halves_all_reduce  # HalvesDDP looks the name up when it is buil
 check(HalvesDDP, like="halves")
 
 # %% [markdown]
-# That was the end of the ladder's sharded rungs: from one process, to DDP, to sharding every part of the model
+# That was the end of the ladder's sharded rungs: from one process, to DDP, to sharding each kind of model
 # state. `docs/sharding.md` has the rest: the balance of the shards, checkpoints that load at
 # another world size, the benchmark against torch's own sharding, and what torch's
 # `ZeroRedundancyOptimizer` and `fully_shard` do on CPU/gloo.

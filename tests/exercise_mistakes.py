@@ -807,6 +807,27 @@ def _halves_collectives_without_group(tensor, group):
     tensor.copy_(padded[: flat.numel()].view_as(tensor))
 
 
+def _halves_list_collectives_without_group(tensor, group):
+    """The list collectives (``dist.reduce_scatter``, ``dist.all_gather``) over the padded tensor's pieces, without
+    ``group=``: the whole world's, not the group's."""
+    flat, padded, n = _padded(tensor, group)
+    pieces = list(padded.chunk(n))  # views: gathering into them fills padded
+    piece = torch.empty_like(pieces[0])
+    dist.reduce_scatter(piece, [p.clone() for p in pieces])
+    dist.all_gather(pieces, piece)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
+def _halves_list_collectives(tensor, group):
+    """Right, with the list collectives (``dist.reduce_scatter``, ``dist.all_gather``) and ``group=``."""
+    flat, padded, n = _padded(tensor, group)
+    pieces = list(padded.chunk(n))  # views: gathering into them fills padded
+    piece = torch.empty_like(pieces[0])
+    dist.reduce_scatter(piece, [p.clone() for p in pieces], group=group)
+    dist.all_gather(pieces, piece, group=group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
 def _halves_group_as_op(tensor, group):
     """Passes the group to the reduce-scatter by position, where its third parameter is ``op``."""
     flat, padded, n = _padded(tensor, group)
@@ -869,6 +890,10 @@ HalvesWorldWithoutGroup = _halves_with("HalvesWorldWithoutGroup", _halves_world_
 HalvesWorldImported = _halves_with("HalvesWorldImported", _halves_world_imported)
 HalvesCollectivesWithoutGroup = _halves_with("HalvesCollectivesWithoutGroup", _halves_collectives_without_group)
 HalvesGroupAsOp = _halves_with("HalvesGroupAsOp", _halves_group_as_op)
+HalvesListCollectives = _halves_with("HalvesListCollectives", _halves_list_collectives)  # a right answer
+HalvesListCollectivesWithoutGroup = _halves_with(
+    "HalvesListCollectivesWithoutGroup", _halves_list_collectives_without_group
+)
 HalvesScatterSwapped = _halves_with("HalvesScatterSwapped", _halves_scatter_swapped)
 HalvesGatherSwapped = _halves_with("HalvesGatherSwapped", _halves_gather_swapped)
 

@@ -359,6 +359,16 @@ MISTAKES = [
             "was called without group=, so it runs over the whole world",
         ),
     ),
+    # the same with the list collectives (dist.reduce_scatter, dist.all_gather): refused by the call too
+    (
+        wrong.HalvesListCollectivesWithoutGroup,
+        "halves",
+        (
+            "your code raised UngroupedCollective in _halves_list_collectives_without_group (line",
+            "dist.reduce_scatter(piece, [p.clone() for p in pieces])`",
+            "reduce_scatter was called without group=, so it runs over the whole world",
+        ),
+    ),
     # the group passed by position to reduce_scatter_single lands in its `op` (all_gather_single takes it third)
     (
         wrong.HalvesGroupAsOp,
@@ -399,6 +409,14 @@ def test_each_mistake_is_named(stage, like, named):
     v = verdict_of(stage, like)
     parts = named if isinstance(named, tuple) else (named,)  # a tuple: each part, with the learner's line between
     assert not v.ok and v.line.startswith(f"✗ {like}:") and all(p in v.line for p in parts), v.line
+
+
+def test_halves_from_the_list_collectives_with_group_passes():
+    """dist.reduce_scatter and dist.all_gather (lists of pieces) with group= sum right: the checker's notes on how a
+    transport padded read the tensor collectives only, so it passes (at 2 ranks, then at 3), counted as the same
+    kinds."""
+    v = verdict_of(wrong.HalvesListCollectives, "halves")
+    assert v.ok and "on 3 ranks too" in v.line and "2 all_gather and 2 reduce_scatter calls per step" in v.line, v.line
 
 
 def test_a_rank_that_hangs_is_named_within_the_timeout():

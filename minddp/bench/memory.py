@@ -112,11 +112,17 @@ def table(rows: list[dict]) -> str:
 COLORS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868", "gathered": "#c7c7c7"}
 
 
-def plot(rows: list[dict], path: str | None = None, ax=None, title: str = "Memory per rank, measured from the tensors"):
+def plot(
+    rows: list[dict],
+    path: str | None = None,
+    ax=None,
+    title: str = "Memory per rank, measured from the tensors",
+    ylabel: str = "MiB per rank",
+):
     """Stacked bars per row: parameters, gradients, optimizer state, gathered units (measured; a kind the row
     leaves out is not drawn); each row's fp32 formula as a solid tick and the ZeRO paper's bf16-with-fp32-masters
     formula as a dashed one. A row's ``label`` names its bar (default: stage and ranks, and the compute dtype if
-    not fp32). Saved to ``path`` if given; returns the figure."""
+    not fp32); ``ylabel`` names the y axis. Saved to ``path`` if given; returns the figure."""
     import matplotlib
 
     if path is not None and ax is None:
@@ -157,7 +163,7 @@ def plot(rows: list[dict], path: str | None = None, ax=None, title: str = "Memor
     ]
     ax.set_xticks(range(len(rows)), labels, fontsize=7)
     ax.set_xlabel("stage", fontsize=8)
-    ax.set_ylabel("MiB per rank")
+    ax.set_ylabel(ylabel)
     ax.set_ylim(0, top * 1.05)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))

@@ -148,7 +148,7 @@ class Wire(Group):
 
         On gloo, torch's transport sums the whole ``input`` with all_reduce and
         keeps this rank's chunk: gloo's own reduce_scatter hands back no Future
-        (nothing could wait on it later, so it could not overlap backward) and
+        (which a comm hook must hand back, so nothing could be chained to it) and
         is slower than its all_reduce of the same tensor (``docs/sharding.md``
         has the measurements). The result is the same; the bytes are all_reduce's.
         """

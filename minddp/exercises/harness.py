@@ -351,11 +351,13 @@ class Events(TorchDispatchMode):
                     "padded_before": list(self.padded),  # how the transport padded the tensors it summed before
                 }
             raise
-        if counted and kind == "reduce_scatter" and self.handed is not None:
+        # how a transport padded and where it gathered: read from the tensor collectives (the list ones carry lists)
+        if counted and kind == "reduce_scatter" and self.handed is not None and isinstance(args[1], torch.Tensor):
             self.padded.append((self.handed, args[1].numel()))
             self.scattered = args[1].data_ptr()
         if counted and kind == "all_gather" and self.handed is not None and self.scattered is not None:
-            self.gathered_apart = self.gathered_apart or args[0].data_ptr() != self.scattered
+            if isinstance(args[0], torch.Tensor):
+                self.gathered_apart = self.gathered_apart or args[0].data_ptr() != self.scattered
         if counted and self.active:
             if kind != "broadcast":  # a parameter broadcast is a copy of rank 0's, not a sum in place of a gradient
                 self._note_parameters(args[_SENT_ARGUMENT[str(func)]])
@@ -410,8 +412,9 @@ class Events(TorchDispatchMode):
         to (:func:`_in_place_of`)."""
         start, padded = len(self.works), len(self.padded)
         self.handed = tensor.numel() if isinstance(tensor, torch.Tensor) else None
-        scatters = [name for name in ("reduce_scatter_single", "reduce_scatter_tensor") if hasattr(dist, name)]
-        gathers = [name for name in ("all_gather_single", "all_gather_into_tensor") if hasattr(dist, name)]
+        # the list collectives too (dist.reduce_scatter, dist.all_gather): their group sits where the others' does
+        scatters = [n for n in ("reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter") if hasattr(dist, n)]
+        gathers = [n for n in ("all_gather_single", "all_gather_into_tensor", "all_gather") if hasattr(dist, n)]
         swaps = {name: _within_a_group(self._noting_average(getattr(dist, name)), name, 3) for name in scatters}
         swaps.update({name: _within_a_group(getattr(dist, name), name, 2) for name in gathers})
         swaps["get_world_size"] = _size_of_a_group(dist.get_world_size)

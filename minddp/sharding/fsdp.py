@@ -67,7 +67,7 @@ class Unit:
 
 @dataclass(frozen=True)
 class Saved:
-    """What the saved-tensor hook keeps instead of a piece of a unit's full parameter (step 3)."""
+    """What the saved-tensor hook keeps instead of a piece of a unit's full parameter (part 3)."""
 
     unit: int
     param: int
@@ -77,7 +77,7 @@ class Saved:
 
 
 class Unshard(torch.autograd.Function):
-    """Forward: the unit's gathered full parameters. Backward: their gradients, all at once, to step 5."""
+    """Forward: the unit's gathered full parameters. Backward: their gradients, all at once, to part 5."""
 
     @staticmethod
     def forward(ctx, fsdp: "FullyShardedDataParallel", unit: Unit, *shards: torch.Tensor):
@@ -131,7 +131,7 @@ class FullyShardedDataParallel(DataParallelBase):
         self.world, self.rank = self.wire.size(), self.wire.group.rank()
         self.compute_dtype = compute_dtype
         self.comm_hook, self.comm_state, self.hook_registered = reduce_scatter_hook, self.wire, False
-        same_start(module, self.wire.group)  # step 1
+        same_start(module, self.wire.group)  # part 1
         attach(self)  # debug mode's collective check, while it is on (minddp/debug)
         self.units = self._make_units(module, as_unit_predicate(shard))
         owned = {id(s) for unit in self.units for s in unit.shards}
@@ -158,7 +158,7 @@ class FullyShardedDataParallel(DataParallelBase):
         self.backward_seen: set[int] = set()  # units whose backward has begun (prefetch once each)
         self.live: dict[int, tuple[int, int]] = {}  # storage address of a gathered full parameter -> (unit, index)
 
-    # -- step 1: units and shards ----------------------------------------------------------------------
+    # -- part 1: units and shards ----------------------------------------------------------------------
 
     def _make_units(self, module: nn.Module, is_unit) -> list[Unit]:
         candidates = [module] if is_unit is None else [m for m in module.modules() if is_unit(m)]
@@ -192,7 +192,7 @@ class FullyShardedDataParallel(DataParallelBase):
             units.append(Unit(len(units), u, shards, shapes, places, accumulated=[None] * len(shards)))
         return units
 
-    # -- steps 2-3: forward ----------------------------------------------------------------------------
+    # -- parts 2-3: forward ----------------------------------------------------------------------------
 
     def forward(self, *inputs, **kwargs):
         if self.pending or self.pending_replicated:
@@ -228,7 +228,7 @@ class FullyShardedDataParallel(DataParallelBase):
                 compat.parameter_dict(owner)[name] = p
 
     def _before_forward(self, unit: Unit) -> None:
-        """Step 2: gather (or take the prefetched gather), put the full parameters in, prefetch the next unit."""
+        """Part 2: gather (or take the prefetched gather), put the full parameters in, prefetch the next unit."""
         self.seen_order.append(unit.index)
         self._gather(unit)
         self._prefetch(unit, +1)
@@ -237,7 +237,7 @@ class FullyShardedDataParallel(DataParallelBase):
             compat.parameter_dict(owner)[name] = full[i]
 
     def _after_forward(self, unit: Unit) -> None:
-        """Step 3: the shards back in, the full parameters dropped (the saved-tensor hook kept notes instead)."""
+        """Part 3: the shards back in, the full parameters dropped (the saved-tensor hook kept notes instead)."""
         for owner, name, i in unit.places:
             compat.parameter_dict(owner)[name] = unit.shards[i]
         if torch.is_grad_enabled() and unit.index == self.forward_order[-1]:
@@ -245,14 +245,14 @@ class FullyShardedDataParallel(DataParallelBase):
         self._free(unit)
 
     def _pack(self, tensor: torch.Tensor):
-        """Step 3: a saved tensor that lies in a gathered unit's parameter is kept as a note of where."""
+        """Part 3: a saved tensor that lies in a gathered unit's parameter is kept as a note of where."""
         where = self.live.get(tensor.untyped_storage().data_ptr())
         if where is None:
             return tensor
         return Saved(*where, tensor.size(), tensor.stride(), tensor.storage_offset())
 
     def _unpack(self, saved):
-        """Step 4: the note becomes the tensor again, from the unit's parameters gathered anew."""
+        """Part 4: the note becomes the tensor again, from the unit's parameters gathered anew."""
         if not isinstance(saved, Saved):
             return saved
         self._backward_started()
@@ -309,16 +309,16 @@ class FullyShardedDataParallel(DataParallelBase):
                 self.live.pop(t.untyped_storage().data_ptr(), None)
             unit.full = None
 
-    # -- steps 5-6: backward ---------------------------------------------------------------------------
+    # -- parts 5-6: backward ---------------------------------------------------------------------------
 
     def _backward_started(self) -> None:
-        """Queue step 6 at the end of this backward (as torch's DDP and ours do)."""
+        """Queue part 6 at the end of this backward (as torch's DDP and ours do)."""
         if not self.callback_queued:
             self.callback_queued = True
             compat.at_backward_end(self.finish_gradient_synchronization)
 
     def _unit_backward_done(self, unit: Unit, grads: tuple) -> None:
-        """Step 5: the unit's gradients, cast to the master dtype, reduce-scattered without waiting."""
+        """Part 5: the unit's gradients, cast to the master dtype, reduce-scattered without waiting."""
         self._backward_started()
         self._free(unit)
         master = [g.to(s.dtype) if g is not None else None for g, s in zip(grads, unit.shards)]
@@ -340,13 +340,13 @@ class FullyShardedDataParallel(DataParallelBase):
         self.pending.append((unit, bucket, send(self.comm_hook, self.comm_state, bucket)))
 
     def _replicated_grad_ready(self, p: nn.Parameter) -> None:
-        """Step 5, replicated: average the whole gradient (divide, all-reduce), without waiting."""
+        """Part 5, replicated: average the whole gradient (divide, all-reduce), without waiting."""
         self._backward_started()
         if self.sync_this_backward:
             self.pending_replicated.append((p, self.wire.all_reduce(p.grad.div_(self.world))))
 
     def finish_gradient_synchronization(self) -> None:
-        """Step 6: wait for every reduction; each shard gets its averaged gradient (runs by itself after backward)."""
+        """Part 6: wait for every reduction; each shard gets its averaged gradient (runs by itself after backward)."""
         self.callback_queued = False
         self.backward_seen = set()
         pending, self.pending = self.pending, []

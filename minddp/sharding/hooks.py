@@ -4,7 +4,7 @@ A DDP comm hook returns the whole averaged bucket. A *reduce-scatter hook*
 has the same signature, ``hook(state, bucket) -> Future[Tensor]``, but the
 bucket's buffer is laid out rank-major (:func:`~minddp.sharding.shards.pack_rank_major`:
 rank 0's chunks of every gradient, then rank 1's...) and the Future holds
-this rank's block of the average only, ``1/world`` of the buffer:
+this rank's piece of the average only, ``1/world`` of the buffer:
 
 * :func:`reduce_scatter_hook` divides by the world size and reduce-scatters
   (the sharded twin of :func:`~minddp.comm.default_hooks.allreduce_hook`);
@@ -38,7 +38,7 @@ from minddp.comm.wire import Wire
 
 
 def reduce_scatter_hook(state, bucket: GradBucket) -> torch.futures.Future:
-    """Average the bucket across ranks and keep this rank's block: divide by the world size, reduce-scatter."""
+    """Average the bucket across ranks and keep this rank's piece: divide by the world size, reduce-scatter."""
     wire = Wire.of(state)
     flat = bucket.buffer().div_(wire.size())
     return wire.reduce_scatter(flat.new_empty(flat.numel() // wire.size()), flat)

@@ -37,7 +37,7 @@ def chunk_range(numel: int, world: int, rank: int) -> tuple[int, int]:
 
 
 def pack_rank_major(flats: list[torch.Tensor], world: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Step 3: one buffer of ``world`` equal blocks; block ``r`` holds rank ``r``'s chunk of each tensor, padded."""
+    """Part 3: one buffer of ``world`` equal blocks; block ``r`` holds rank ``r``'s chunk of each tensor, padded."""
     sizes = [chunk_size(f.numel(), world) for f in flats]
     if out is None:
         out = flats[0].new_empty(world * sum(sizes))
@@ -51,7 +51,7 @@ def pack_rank_major(flats: list[torch.Tensor], world: int, out: torch.Tensor | N
 
 
 def unpack_rank_major(buffer: torch.Tensor, numels: list[int], world: int) -> list[torch.Tensor]:
-    """Step 3, backwards: each tensor's elements from a gathered rank-major buffer, each in a new storage."""
+    """Part 3, backwards: each tensor's elements from a gathered rank-major buffer, each in a new storage."""
     sizes = [chunk_size(n, world) for n in numels]
     blocks = buffer.view(world, sum(sizes))
     out, offset = [], 0

@@ -78,8 +78,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                     f"ZeroRedundancyOptimizer needs contiguous parameters, but parameter {i} "
                     f"(shape {list(p.shape)}) is not; make it contiguous before building the optimizer"
                 )
-        self.ranges = self._plan()  # step 1
-        # Step 2: this rank's chunk of each parameter, a view into the parameter's data.
+        self.ranges = self._plan()  # part 1
+        # Part 2: this rank's chunk of each parameter, a view into the parameter's data.
         self.chunks = {}
         for p, ranges in zip(self.params, self.ranges):
             start, end = ranges[self.rank]
@@ -107,7 +107,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         return not self.elementwise or p.dim() == 0
 
     def _plan(self) -> list[list[tuple[int, int]]]:
-        """Step 1: ``(start, end)`` of each rank's part of each parameter's flattened elements."""
+        """Part 1: ``(start, end)`` of each rank's chunk of each parameter's flattened elements."""
         owned = [0] * self.world  # elements owned whole so far, per rank
         owner = {}
         for i in sorted(range(len(self.params)), key=lambda i: -self.params[i].numel()):
@@ -131,28 +131,28 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """Steps 3-4: step this rank's chunks with their part of the gradients, then all-gather the parameters."""
+        """Parts 3-4: update this rank's chunks with their chunks of the gradients, then all-gather the parameters."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         for local, group in zip(self.optim.param_groups, self.param_groups):
             local.update({k: v for k, v in group.items() if k != "params"})  # e.g. a scheduler's new lr
-        for p, chunk in self.chunks.items():  # step 3
+        for p, chunk in self.chunks.items():  # part 3
             start, end = self._range(p)
             chunk.grad = None if p.grad is None else (p.grad if self.owned_whole(p) else p.grad.reshape(-1)[start:end])
         self.optim.step()
         self.consolidated = None  # a consolidated state dict is out of date now
         for chunk in self.chunks.values():
             chunk.grad = None  # a view keeps the whole gradient alive: let it go
-        self._all_gather()  # step 4
+        self._all_gather()  # part 4
         return loss
 
     def _range(self, p: torch.Tensor) -> tuple[int, int]:
         return self.ranges[self.index[id(p)]][self.rank]
 
     def _all_gather(self) -> None:
-        """Step 4: per bucket, every rank's parts back to back (padded to the largest), gathered, copied in."""
+        """Part 4: per bucket, every rank's chunks back to back (padded to the largest), gathered, copied in."""
         pending = []
         for b, bucket in enumerate(self.buckets):
             ranges = [self.ranges[self.index[id(p)]] for p in bucket]

@@ -66,7 +66,7 @@ class Zero2DDP(AsyncBucketDDP):
         self.world, self.rank = wire.size(), wire.group.rank()
         self.full = [p for p in module.parameters() if p.requires_grad]
         self.shard: dict[nn.Parameter, nn.Parameter] = {}
-        for p in self.full:  # step 1
+        for p in self.full:  # part 1
             if not p.is_contiguous():
                 raise ValueError(
                     f"zero2 needs contiguous parameters; one of shape {list(p.shape)} is not: "
@@ -87,10 +87,10 @@ class Zero2DDP(AsyncBucketDDP):
         self.holding_full = False  # the module holds the full parameters (in a forward), not the shards
         self.lent = False  # ... because the module was called on its own (``_module_forward``)
         eager_under_compile(self)  # torch.compile(zero2) compiles the module, not these forwards (runtime/compiling.py)
-        self.compiled = compat.is_compiled(module)  # torch.compile(model): Dynamo traces the layers' hooks (step 4) too
+        self.compiled = compat.is_compiled(module)  # torch.compile(model): Dynamo traces the layers' hooks (part 4) too
         self._hold("shard")
         me = weakref.ref(self)  # held weakly and removed with the wrapper, as its autograd hooks (hook.py)
-        # Step 4: each module that holds parameters waits for their buckets just before its forward.
+        # Part 4: each module that holds parameters waits for their buckets just before its forward.
         holders = {id(owner): owner for owner, _, _ in self.places}
         for owner in holders.values():
             buckets = sorted({self.bucket_of[p] for o, _, p in self.places if o is owner})
@@ -108,7 +108,7 @@ class Zero2DDP(AsyncBucketDDP):
         self.holding_full = which == "full"
 
     def forward(self, *inputs, **kwargs):
-        if self.stale:  # step 4; a compiled module's hooks find the gather done (runtime/compiling.py)
+        if self.stale:  # part 4; a compiled module's hooks find the gather done (runtime/compiling.py)
             self.gather_parameters(wait=self.compiled)
         self._hold("full")
         try:
@@ -132,7 +132,7 @@ class Zero2DDP(AsyncBucketDDP):
             self.lent = False
 
     def _send_bucket(self, b: int) -> None:
-        """Step 2: rank-major copy of the bucket's gradients to the reduce-scatter hook; drop the full gradients."""
+        """Part 2: rank-major copy of the bucket's gradients to the reduce-scatter hook; drop the full gradients."""
         members = self.buckets[b]
         self.had_grad.update(p for p in members if p.grad is not None)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in members]
@@ -143,7 +143,7 @@ class Zero2DDP(AsyncBucketDDP):
         self._sent(bucket, send(self.comm_hook, self.comm_state, bucket))  # the hook's call, in a named profiler range
 
     def _write_back(self, bucket: GradBucket, shard_average: torch.Tensor) -> None:
-        """Step 3: this rank's chunk of each averaged gradient becomes its shard's ``.grad``."""
+        """Part 3: this rank's chunk of each averaged gradient becomes its shard's ``.grad``."""
         members = bucket.parameters()
         for p, chunk in zip(members, split_block(shard_average, [p.numel() for p in members], self.world, self.rank)):
             if p in self.had_grad:
@@ -158,7 +158,7 @@ class Zero2DDP(AsyncBucketDDP):
 
     @torch.no_grad()
     def gather_parameters(self, wait: bool = True) -> None:
-        """Step 4: start every rank's shards on their way into every rank's full parameters; ``wait``: finish now.
+        """Part 4: start every rank's shards on their way into every rank's full parameters; ``wait``: finish now.
 
         (Called with ``wait`` after loading shards, and by :meth:`full_parameters`.)
         """
@@ -182,7 +182,7 @@ class Zero2DDP(AsyncBucketDDP):
 
     @torch.no_grad()
     def _wait_for(self, buckets: list[int]) -> None:
-        """Step 4: wait for these buckets' all-gathers (if still in flight) and copy them into the full parameters."""
+        """Part 4: wait for these buckets' all-gathers (if still in flight) and copy them into the full parameters."""
         for b in buckets:
             if b in self.gathering:
                 members, gathered, future = self.gathering.pop(b)
