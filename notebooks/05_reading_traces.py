@@ -365,7 +365,9 @@ lesson.say(
 # clear difference on top of that. Beside them, the link run's (rank 0, one profiled step of each stage),
 # whose in flight holds the link's transfers and the parameter check's all_gather ranges too ("link
 # included" in the headers; the second column is the part of non-compute spent in the parameter check, which
-# the blog's DDP does not run). The two non-compute columns share a name, not a measure: the blog's is GPU
+# the blog's DDP does not run; each stage's step is in the table above). Whether buckets made a difference on
+# top of async hooks, one profiled step of each stage cannot say (the first section: the same work took
+# different times in different stages). The two non-compute columns share a name, not a measure: the blog's is GPU
 # time in a communication kernel with no compute kernel running; this notebook's is the training thread
 # running no `aten::` op while a gloo range or the link's is open, which also counts its Python, the
 # parameter check and its waits for the other rank or a core (the first section).
