@@ -303,7 +303,7 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 # timeline draws as "thread waits at a check": that is not a message, and waited does not count it), and
 # **exposed**, the part of those waits during which the link was carrying a transfer (any message's). The
 # *link time* is what rank 0's messages take on the modeled link (`metrics.link_time`), from their sizes
-# alone. The link time not exposed, the link carried while the thread was not waiting (in a blocking stage,
+# alone. What the link carried while the thread was not waiting is link time not exposed (in a blocking stage:
 # between handing a message to the wire and calling `wait()` on it).
 
 # %%
@@ -366,8 +366,8 @@ lesson.say(
 # whose in flight holds the link's transfers and the parameter check's all_gather ranges too ("link
 # included" in the headers; the second column is the part of non-compute spent in the parameter check, which
 # the blog's DDP does not run; each stage's step is in the table above). Whether buckets made a difference on
-# top of async hooks, one profiled step of each stage cannot say (the first section: the same work took
-# different times in different stages). The two non-compute columns share a name, not a measure: the blog's is GPU
+# top of async hooks, one profiled step of each stage cannot say (the timeline's section: the same forwards
+# took different times in different stages). The two non-compute columns share a name, not a measure: the blog's is GPU
 # time in a communication kernel with no compute kernel running; this notebook's is the training thread
 # running no `aten::` op while a gloo range or the link's is open, which also counts its Python, the
 # parameter check and its waits for the other rank or a core (the first section).
