@@ -189,9 +189,9 @@ lesson.say(
 #   is the span from the first to the last autograd node of a micro-batch: the gradients' computation, and
 #   whatever the hooks do inside those nodes: `hook`'s and `bucket`'s waits for each message, and in the
 #   hooked stages the parameter check);
-# * a tick when a message (a bucket's; a parameter's in the per-parameter stages) was *handed to the wire*
-#   (its gradients all there: for minddp's stages its hook called, for torch's DDP, which has no hook range,
-#   the reducer's `c10d::allreduce_` call);
+# * a tick when a message (a bucket's; a parameter's in the per-parameter stages) was *handed to the wire*:
+#   for minddp's stages, where its send started the all_reduce (called from the finish in `simple` and `ga`,
+#   from a hook in the others); for torch's DDP, the reducer's `c10d::allreduce_` call;
 # * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open
 #   included)"; where dozens of narrow bars crowd, they merge into one block, darker the narrower the bars,
 #   whose edges are dark);
@@ -299,12 +299,11 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 #
 # The link's trace also records when the training thread stood still for a message, so two more measures
 # appear (`docs/analysis.md`): **waited**, the time the training thread stood in `wait()` on a gradient
-# message, whether for the link, the other rank or a core (not the time in the parameter check, which the
-# timeline draws as "thread waits at a check": that is not a message, and waited does not count it), and
-# **exposed**, the part of those waits during which the link was carrying a transfer (any message's). The
-# *link time* is what rank 0's messages take on the modeled link (`metrics.link_time`), from their sizes
-# alone. What the link carried while the thread was not waiting is link time not exposed (in a blocking stage:
-# between handing a message to the wire and calling `wait()` on it).
+# message, whether for the link, the other rank or a core, and **exposed**, the part of those waits during
+# which the link was carrying a transfer (any message's). Waited is not all the time the thread stood still:
+# the parameter check, where it also stands (the timeline's hatched "thread waits at a check"), is not a
+# message, and waited does not count it. The *link time* is what rank 0's messages take on the modeled link
+# (`metrics.link_time`), from their sizes alone.
 
 # %%
 import torch
@@ -325,6 +324,14 @@ def link_ms(stage):
 
 ph = linked.phases[linked.phases["rank"] == 0]
 bw = ph[ph["phase"] == "backward"]
+
+
+def sent_in_backward(stage):
+    """How many of the stage's messages were handed to the wire during a backward (rank 0's trace)."""
+    p, b = bw[bw["stage"] == stage], sent[sent["stage"] == stage]
+    return int(sum(((p["start_us"] <= x) & (x <= p["end_us"])).any() for x in b["ready_us"]))
+
+
 lz = linked.summary[linked.summary["rank"] == 0].set_index("stage")
 waits = linked.per_step[linked.per_step["rank"] == 0].groupby("stage")[["waited_us", "exposed_us"]].mean() / 1e3
 on_link = pd.DataFrame(
@@ -341,12 +348,18 @@ display(on_link)
 blocking = ["simple", "ga", "hook", "bucket"]  # the stages that wait for each message before sending the next
 exposed = on_link["exposed (ms)"]
 after = on_link["waited (ms)"] - on_link["exposed (ms)"]
-quiet = on_link.loc[["simple", "ga"]]
+back, lt = on_link["backward (ms)"], on_link["link time (ms)"]
+apart, link_apart = abs(back["simple"] - back["ga"]), lt["simple"] - lt["ga"]
 lesson.say(
-    "Backward is every micro-batch's, added up. simple's and ga's, the same computation with no message sent "
-    f"during it, took {quiet.loc['simple', 'backward (ms)']:.1f} and {quiet.loc['ga', 'backward (ms)']:.1f} ms, "
-    f"their steps {quiet.loc['simple', 'step (ms)']:.1f} and {quiet.loc['ga', 'step (ms)']:.1f} ms: within this run "
-    "too, a stage's times do not price its communication.",
+    f"Backward is every micro-batch's, added up. simple's and ga's, the same computation ("
+    f"{sent_in_backward('simple')} and {sent_in_backward('ga')} messages handed to the wire during it), took "
+    f"{back['simple']:.1f} and {back['ga']:.1f} ms: {apart:.1f} ms apart, against {link_apart:.1f} ms between their "
+    "link times"
+    + (
+        ": within this run too, a difference in a stage's times does not price its communication."
+        if apart > link_apart / 2
+        else "."
+    ),
     f"Exposed was {exposed[blocking].min():.1f}–{exposed[blocking].max():.1f} ms in the blocking stages, "
     f"{exposed['hook-async']:.1f} ms in hook-async and {exposed['bucket-async']:.1f} ms in bucket-async.",
     f"Waited minus exposed, time the thread waited while the link carried no transfer, ran from "
@@ -359,18 +372,27 @@ lesson.say(
 # ## The link run beside the blog's numbers
 #
 # The blog named at the top measured its ladder on four T4 GPUs (its run, not one of this notebook's;
-# its figures as it states them): its first DDP spent ~15 % of the GPU time not computing, with 0 %
-# overlap; gradient accumulation brought non-compute to ~5 %, still 0 % overlap; hooks that wait for each
-# all_reduce, still 0 % overlap; async hooks brought non-compute to ~2 % with ~90 % overlap; buckets made no
-# clear difference on top of that. Beside them, the link run's (rank 0, one profiled step of each stage),
-# whose in flight holds the link's transfers and the parameter check's all_gather ranges too ("link
-# included" in the headers; the second column is the part of non-compute spent in the parameter check, which
-# the blog's DDP does not run; each stage's step is in the table above). Whether buckets made a difference on
-# top of async hooks, one profiled step of each stage cannot say (the timeline's section: the same forwards
-# took different times in different stages). The two non-compute columns share a name, not a measure: the blog's is GPU
-# time in a communication kernel with no compute kernel running; this notebook's is the training thread
-# running no `aten::` op while a gloo range or the link's is open, which also counts its Python, the
-# parameter check and its waits for the other rank or a core (the first section).
+# its figures as it states them): its first DDP had ~15 % non-compute with 0 % overlap; gradient
+# accumulation brought non-compute to ~5 %, still 0 % overlap; hooks that wait for each all_reduce, still
+# 0 % overlap; async hooks brought non-compute to ~2 % with ~90 % overlap; buckets made no clear difference
+# on top of that. Beside them, the link run's (rank 0, one profiled step of each stage), whose in flight
+# holds the link's transfers and the parameter check's all_gather ranges too ("link included" in the
+# headers; the second column is the part of non-compute spent in the parameter check, which the blog's DDP
+# does not run; each stage's step is in the table above).
+#
+# Both measures share a name with the blog's, not a definition. The blog's (HTA's on GPU kernels):
+# non-compute is the share of the step in which the GPU ran a communication (or copy) kernel and no compute
+# kernel; overlap is the share of the communication kernels' time hidden under compute kernels. This
+# notebook's: non-compute is the time a gloo or link range was open while the training thread ran no
+# `aten::` op (here as a share of the step), which also counts its Python, the parameter check and its waits
+# for the other rank or a core (the first section); overlap is the share of those ranges' open time in which
+# it ran one.
+#
+# What buckets changed on top of async hooks in this run is printed below the table: the link time, and
+# each asynchronous stage's last message (a message still on the link when the backward ends is waited for
+# in the finish, the timeline's asynchronous shape). Whether they made the step faster, one profiled step of
+# each stage cannot say (the section above sets simple's and ga's backward, the same computation, side by
+# side).
 
 # %%
 linked_check = pd.Series({st: in_check(st, LINKED)[1] for st in lz.index})  # µs
@@ -401,13 +423,6 @@ lesson.claim(
     f"({link_ms('simple'):.1f} → {link_ms('ga'):.1f} ms) by k = {k}, the micro-batches of a step, exactly.",
 )
 
-
-def sent_in_backward(stage):
-    """How many of the stage's messages were handed to the wire during a backward (rank 0's trace)."""
-    p, b = bw[bw["stage"] == stage], sent[sent["stage"] == stage]
-    return int(sum(((p["start_us"] <= x) & (x <= p["end_us"])).any() for x in b["ready_us"]))
-
-
 lesson.claim(
     sent_in_backward("ga") == 0 and sent_in_backward("hook") == calls["hook"],
     f"The hooks move every message from after the backward into it (ga: {sent_in_backward('ga')} of "
@@ -425,13 +440,68 @@ lesson.claim(
     f"{link.latency * 1e6:.0f} µs.",
 )
 
-# %%
-ov = ideas["overlap, link included (%)"]
+
+def last_message(stage):
+    """The stage's last message (rank 0): its numel, how long before the last backward ended it was handed to the
+    wire and what it takes on the link, both in ms."""
+    last = sent[sent["stage"] == stage].sort_values("ready_us").iloc[-1]
+    ahead = (bw.loc[bw["stage"] == stage, "end_us"].max() - last["ready_us"]) / 1e3
+    return int(last["numel"]), ahead, 1e3 * metrics.link_time(link, [("all_reduce", nbytes[last.name], world)])
+
+
+(nh, ah, th), (nb, ab, tb) = last_message("hook-async"), last_message("bucket-async")
 lesson.say(
-    f"In this run the blocking stages overlapped at most {ov[blocking].max():.1f} % and the asynchronous ones at "
-    f"least {ov[['hook-async', 'bucket-async']].min():.1f} % (the blog: 0 % and ~90 %).",
+    f"hook-async's last message, one parameter ({nh} numbers), was handed to the wire {ah:.1f} ms before its last "
+    f"backward ended and takes {th:.1f} ms on the link; bucket-async's, its last bucket ({nb} numbers), {ab:.1f} ms "
+    f"before and {tb:.1f} ms"
+    + (
+        ": the last bucket takes longer on the link than was left of the backward, the last parameter less"
+        if th < ah and ab < tb
+        else ""
+    )
+    + f" (exposed: {exposed['hook-async']:.1f} and {exposed['bucket-async']:.1f} ms)."
 )
 
+# %%
+ov, nc = ideas["overlap, link included (%)"], ideas["non-compute, link included (% of step)"]
+inside = ideas["of it, in the check (% of step)"]
+told = {st: float(blog_says[st][0].lstrip("~")) for st in ["simple", "ga", "hook-async"]}
+times = [nc[st] / told[st] for st in told]
+order = "the blog's order" if nc["simple"] > nc["ga"] > nc["hook-async"] else "not the blog's order"
+hook_ga = "above" if nc["hook"] > nc["ga"] else "not above"
+lesson.say(
+    f"Non-compute, simple to ga to hook-async: {nc['simple']:.1f}, {nc['ga']:.1f}, {nc['hook-async']:.1f} % (the "
+    f"blog: ~15, ~5, ~2 %), {order}, {min(times):.1f} to "
+    f"{max(times):.1f} × the blog's. hook's, {nc['hook']:.1f} %, is {hook_ga} ga's; outside the check, "
+    f"{nc['hook'] - inside['hook']:.1f} against {nc['ga'] - inside['ga']:.1f} %.",
+    f"The blocking stages overlapped at most {ov[blocking].max():.1f} %, the asynchronous ones at least "
+    f"{ov[['hook-async', 'bucket-async']].min():.1f} % (the blog's overlap, another measure: 0 % and ~90 %).",
+    f"hook-async and bucket-async overlapped {ov['hook-async']:.1f} and {ov['bucket-async']:.1f} % here, "
+    f"{shares.loc['hook-async', 'overlap (%)']:.1f} and {shares.loc['bucket-async', 'overlap (%)']:.1f} % in the "
+    "loopback run: "
+    + (
+        "the same order in both runs."
+        if (ov["hook-async"] < ov["bucket-async"])
+        == (shares.loc["hook-async", "overlap (%)"] < shares.loc["bucket-async", "overlap (%)"])
+        else "one profiled step of each does not order them."
+    ),
+)
+wa = on_link.loc["hook-async"]
+nc_ms = nc["hook-async"] / 100 * wa["step (ms)"]
+if wa["waited (ms)"] == 0:
+    lesson.say(
+        f"hook-async's thread never stood in wait() for a message (waited {wa['waited (ms)']:.1f} ms, exposed "
+        f"{wa['exposed (ms)']:.1f} ms), yet {nc_ms:.1f} ms of its step was non-compute "
+        f"({nc['hook-async']:.1f} % of {wa['step (ms)']:.1f} ms), {linked_check['hook-async'] / 1e3:.1f} ms of it in "
+        "the check: the rest is time a range was open while the thread computed nothing and waited for no message, "
+        "not time the step lost to the link."
+    )
+else:
+    lesson.say(
+        f"hook-async's thread waited {wa['waited (ms)']:.1f} ms for messages ({wa['exposed (ms)']:.1f} ms exposed), "
+        f"against {nc_ms:.1f} ms of non-compute ({nc['hook-async']:.1f} % of its {wa['step (ms)']:.1f} ms step)."
+    )
+
 # %% [markdown]
-# For what the same stages would do at other link speeds and at 8 to 1024 ranks, see
+# For what the same stages would do at other link speeds and at 2 to 1024 ranks, see
 # `docs/scaling.md` (`python -m minddp.model project`).
