@@ -389,10 +389,10 @@ lesson.say(
 # it ran one.
 #
 # What buckets changed on top of async hooks in this run is printed below the table: the link time, and
-# each asynchronous stage's last message (a message still on the link when the backward ends is waited for
-# in the finish, the timeline's asynchronous shape). Whether they made the step faster, one profiled step of
-# each stage cannot say (the section above sets simple's and ga's backward, the same computation, side by
-# side).
+# each asynchronous stage's last message against its backward's end (what of it is still on the link when
+# the finish waits for it is waited for, the timeline's asynchronous shape). Whether they made the step
+# faster, one profiled step of each stage cannot say (the section above sets simple's and ga's backward, the
+# same computation, side by side).
 
 # %%
 linked_check = pd.Series({st: in_check(st, LINKED)[1] for st in lz.index})  # µs
