@@ -396,8 +396,8 @@ show_source(ZeroRedundancyOptimizer.step)
 #    `gather_parameters`, and the forward pre-hooks in `__init__` call `_wait_for`.
 #
 # The cell prints the lines that do each part (from `minddp/sharding/zero2.py`), then part 2's
-# reduce-scatter hook whole. Its `state` is a `Wire`, minddp's wrapper of a process group, through
-# which a stage's comm hooks send.
+# reduce-scatter hook whole. `Wire` is minddp's wrapper of a process group, through which a stage's
+# comm hooks send; `Wire.of(state)` wraps the hook's state in one unless it is one already.
 
 # %%
 # %%rank 0
@@ -430,8 +430,8 @@ show_source(reduce_scatter_hook)
 # which the write-back is chained, and gloo's reduce-scatter hands back a work without one. So on
 # gloo minddp runs zero2's and fsdp's reduce-scatters as all_reduces of the whole tensor they are
 # given (a zero2 bucket, an fsdp unit's gradients) and keeps the piece a reduce-scatter would have
-# left this rank; the look counts them among the all_reduce calls. (The exercise at the end calls gloo's reduce-scatter itself: it
-# checks the sum, not the bytes sent.)
+# left this rank; the look counts them among the all_reduce calls. (The exercise at the end calls
+# gloo's reduce-scatter itself: it checks the sum, not the bytes sent.)
 
 # %%
 # %%distributed
@@ -454,10 +454,10 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 # against an all_reduce do not show. The four stages now send through minddp's own ring
 # (`minddp.collectives`), plugged into each stage's `Wire` as its *transport*, the function the
 # `Wire` calls for each collective: every collective is written from point-to-point messages, and
-# the profiler records each message gloo sends with the tensor it carried. The table is what rank 0 sent in one step, by the collective the message
-# served. Bytes *sent* are not the bytes *given* of the look above: a ring all_reduce sends
-# `2(n − 1)/n` of the bytes it is given, which at these n = 2 ranks is the same number (ddp's 18.9 MiB),
-# and at other n is not:
+# the profiler records each message gloo sends with the tensor it carried. The table is what rank 0
+# sent in one step, by the collective the message served. Bytes *sent* are not the bytes *given* of
+# the look above: a ring all_reduce sends `2(n − 1)/n` of the bytes it is given, which at these n = 2
+# ranks is the same number (ddp's 18.9 MiB), and at other n is not:
 
 # %%
 # %%distributed
@@ -513,8 +513,8 @@ on_wire.round(2)
 # backward prefetches too, one unit ahead in its own order. The gradients of a unit arrive
 # together, from one autograd function; in the last micro-batch's backward they are handed to one
 # gradient collective then (a reduce-scatter, which minddp runs as an all_reduce on gloo), in the
-# others they are accumulated whole under `no_sync()`. The replicated tensors' gradients get an all_reduce each. The
-# figure below marks both kinds alike, as gradient collectives.
+# others they are accumulated whole under `no_sync()`. The replicated tensors' gradients get an
+# all_reduce each. The figure below marks both kinds alike, as gradient collectives.
 
 # %%
 # %%distributed
