@@ -29,9 +29,8 @@
 # * `zero1`: each rank keeps the optimizer state of its shard of every parameter tensor, updates
 #   that shard, and the updated shards are all-gathered;
 # * `zero2`: the gradients are reduce-scattered instead of all-reduced: each rank needs only the piece
-#   of the average it updates (on gloo's collectives, which every run here but the ring section's uses,
-#   minddp runs zero2's and fsdp's reduce-scatters as all_reduces and keeps that piece: the ZeRO-2
-#   section says why);
+#   of the average it updates (on gloo, minddp runs zero2's and fsdp's reduce-scatters as
+#   all_reduces and keeps that piece: the ZeRO-2 section says why);
 # * `fsdp`: the parameters are sharded too (all but a few tensors it keeps whole on every rank, its
 #   *replicated* ones), and each decoder layer of the model (a *unit*: what fsdp gathers
 #   and drops as one) is gathered only around its own forward and backward: a
@@ -109,8 +108,8 @@ show_source(ring_all_reduce)
 # below counts two gathering passes of the whole model per micro-batch. It counts the replicated
 # tensors in every gathering pass, though FSDP never gathers them: it all-reduces them, two passes of
 # their bytes a step, which the bound's 2 × 3 passes of them cover. These counts are for true
-# reduce-scatters, as the ring section sends; on gloo's collectives zero2's and fsdp's reduce-scatters
-# run as all_reduces, two passes of their bytes instead of one. For this workload's step, on the ring:
+# reduce-scatters, as minddp's ring sends; on gloo, minddp runs zero2's and fsdp's reduce-scatters as
+# all_reduces, two passes of their bytes instead of one. For this workload's step, on the ring:
 
 # %%
 # %%distributed
@@ -140,9 +139,10 @@ lesson.say(
 # micro-batches' forwards and backwards and the *update* at their end (the optimizer's `step()`); the
 # workload line above calls it an optimizer step. `minddp.sharding.memory.Probe` measures one step of
 # each stage from the tensors the rank holds: parameters, gradients just before the update, optimizer
-# state just after, the activations autograd saved (at their peak in the step), and FSDP's gathered
-# units at their peak. `lesson.Trainee(stage, warmup=0)` builds the stage and its optimizer on the
-# workload, on every rank, without a step, so the measured step is its first. The code's comments
+# state just after, the activations (the most bytes autograd saved for the backward during one
+# micro-batch's forward; each backward frees its forward's), and FSDP's gathered units at their peak.
+# `lesson.Trainee(stage, warmup=0)` builds the stage and its optimizer on the workload, on every rank,
+# without a step, so the measured step is its first. The code's comments
 # number the parts of each algorithm (`# part 3`). AdamW's *step count* (in the ✓ line printed with
 # the memory table) is how many updates it has made.
 
@@ -314,8 +314,10 @@ lesson.claim(
 # K = 12 bytes of optimizer state (the fp32 master copy, 4, and Adam's moments, 8): still `16Ψ` for
 # DDP, but now 12 of the 16 bytes are optimizer state, which ZeRO-1 already shards: ZeRO-1
 # `4Ψ + 12Ψ/n`, ZeRO-2 `2Ψ + 14Ψ/n`, FSDP `16Ψₛ/n + 16Ψᵣ` as before (minddp's FSDP in bf16 splits its
-# 16 bytes 4 + 4 + 8, not 2 + 2 + 12). minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`:
-# their mixed-precision formulas are computed here, not measured.
+# 16 bytes 4 + 4 + 8, not 2 + 2 + 12). Against fp32, ZeRO-1's unsharded bytes fall from `8Ψ` to `4Ψ`
+# and ZeRO-2's, whose gradients are sharded already, from `4Ψ` to `2Ψ`: mixed precision saves ZeRO-2
+# half what it saves ZeRO-1. minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`: their
+# mixed-precision formulas are computed here, not measured.
 
 # %%
 # %%rank 0
@@ -345,8 +347,8 @@ formulas.round(2)
 # rank order, the last ranks' shorter or empty (`minddp/sharding/shards.py`), and rank `r` keeps the
 # optimizer state of chunk `r` of each, its shard. (An optimizer that is not element-wise needs whole
 # tensors: one rank then owns each, `owned_whole` in the code below; AdamW is element-wise.) The
-# updated chunks are all-gathered in buckets of their own, of at most 25 MiB, not the stage's 4 MiB
-# gradient buckets:
+# updated chunks are all-gathered in buckets of their own, of at most `BUCKET_CAP_MB` = 25 MiB (a
+# setting in `minddp/sharding/zero1.py`), not the stage's 4 MiB gradient buckets:
 
 # %%
 # %%distributed
@@ -383,18 +385,19 @@ show_source(ZeroRedundancyOptimizer.step)
 # 1. each parameter is cut into n chunks, as ZeRO-1 cuts it, and this rank's chunk, its shard, is made a
 #    parameter of its own (`self.shard[p]`), a view into the whole one (`__init__`);
 # 2. a full bucket's gradients are packed rank by rank and handed to a reduce-scatter hook instead of
-#    the all_reduce (on gloo run as an all_reduce, below), and the whole gradients are dropped
-#    (`_send_bucket`);
+#    the all_reduce (on gloo, minddp runs it as an all_reduce, below), and the whole gradients are
+#    dropped (`_send_bucket`);
 # 3. the reduce-scatter leaves this rank its piece of the averaged bucket: for each of its shards, that
 #    shard's chunk of the averaged gradient, back to back; each becomes its shard's `.grad`
 #    (`_write_back`): the optimizer updates the shards only;
-# 4. before the next forward, the updated shards are all-gathered back into the whole parameters,
+# 4. in the next forward, the updated shards are all-gathered back into the whole parameters,
 #    one all-gather per gradient bucket, each module waiting for its own bucket's gather just before it
 #    runs: `finish_gradient_synchronization` marks them `stale` after a sync, `forward` then calls
 #    `gather_parameters`, and the forward pre-hooks in `__init__` call `_wait_for`.
 #
 # The cell prints the lines that do each part (from `minddp/sharding/zero2.py`), then part 2's
-# reduce-scatter hook whole; the file has the rest.
+# reduce-scatter hook whole. `Wire` is minddp's wrapper of a process group, through which a stage's
+# comm hooks send; `Wire.of(state)` wraps the hook's state in one unless it is one already.
 
 # %%
 # %%rank 0
@@ -423,13 +426,12 @@ show_source(reduce_scatter_hook)
 # A stage's *look* (`Trainee.look()`): one step (all its micro-batches) under the profiler, read
 # in memory (`minddp.analysis.live`): its collectives, each with the moment the stage handed it over
 # and the bytes *given* to it (the tensors this rank passed in; the next section measures what a rank
-# sends). On gloo every gradient collective is an all_reduce. A comm hook hands back a Future, to
-# which the write-back is chained; gloo's reduce-scatter hands back a work without one, and gloo runs
-# it as an all_reduce of the whole tensor anyway (`docs/sharding.md`). So on gloo minddp runs zero2's
-# and fsdp's reduce-scatters as all_reduces of the whole tensor they are given (a zero2 bucket, an fsdp
-# unit's gradients) and keeps the piece a reduce-scatter would have left this rank; the look counts
-# them among the all_reduce calls. (The exercise at the end calls gloo's reduce-scatter itself: it
-# checks the sum, not the bytes sent.)
+# sends). On gloo every gradient collective is an all_reduce: a comm hook hands back a Future, to
+# which the write-back is chained, and gloo's reduce-scatter hands back a work without one. So on
+# gloo minddp runs zero2's and fsdp's reduce-scatters as all_reduces of the whole tensor they are
+# given (a zero2 bucket, an fsdp unit's gradients) and keeps the piece a reduce-scatter would have
+# left this rank; the look counts them among the all_reduce calls. (The exercise at the end calls
+# gloo's reduce-scatter itself: it checks the sum, not the bytes sent.)
 
 # %%
 # %%distributed
@@ -439,7 +441,7 @@ z = looks["zero2"]
 lesson.claim(
     z["bytes"] == looks["ddp"]["bytes"],
     f"zero2's gradient collectives are given ddp's bytes, {lesson.mib(z['bytes'])}, the whole gradients (a "
-    "reduce-scatter is given the whole bucket too; on gloo it runs as an all_reduce of it): what rank 0 sends "
+    "reduce-scatter is given the whole bucket too; on gloo minddp all-reduces it): what rank 0 sends "
     "is measured on the ring below.",
 )
 units = len(trainees["fsdp"].model.units)
@@ -450,14 +452,12 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 #
 # The look counts the bytes given to each collective, in which the bytes a reduce-scatter spares
 # against an all_reduce do not show. The four stages now send through minddp's own ring
-# (`minddp.collectives`). A stage's comm hooks send through a `Wire`, minddp's wrapper of a process
-# group, and the ring is plugged into it as its *transport*, the function the `Wire` calls for each
-# collective: every collective is written from
-# point-to-point messages, and the profiler records each message gloo sends with the
-# tensor it carried. The table is what rank 0 sent in one step, by the collective the message
-# served. Bytes *sent* are not the bytes *given* of the look above: a ring all_reduce sends
-# `2(n − 1)/n` of the bytes it is given, which at these n = 2 ranks is the same number (ddp's 18.9 MiB),
-# and at other n is not:
+# (`minddp.collectives`), plugged into each stage's `Wire` as its *transport*, the function the
+# `Wire` calls for each collective: every collective is written from point-to-point messages, and
+# the profiler records each message gloo sends with the tensor it carried. The table is what rank 0
+# sent in one step, by the collective the message served. Bytes *sent* are not the bytes *given* of
+# the look above: a ring all_reduce sends `2(n − 1)/n` of the bytes it is given, which at these n = 2
+# ranks is the same number (ddp's 18.9 MiB), and at other n is not:
 
 # %%
 # %%distributed
@@ -512,9 +512,9 @@ on_wire.round(2)
 # or waits for its gather if it was prefetched, and starts the gather of the unit before it: the
 # backward prefetches too, one unit ahead in its own order. The gradients of a unit arrive
 # together, from one autograd function; in the last micro-batch's backward they are handed to one
-# gradient collective then (a reduce-scatter, run on gloo as an all_reduce), in the others they are
-# accumulated whole under `no_sync()`. The replicated tensors' gradients get an all_reduce each. The
-# figure below marks both kinds alike, as gradient collectives.
+# gradient collective then (a reduce-scatter, which minddp runs as an all_reduce on gloo), in the
+# others they are accumulated whole under `no_sync()`. The replicated tensors' gradients get an
+# all_reduce each. The figure below marks both kinds alike, as gradient collectives.
 
 # %%
 # %%distributed
@@ -537,7 +537,7 @@ lesson.claim(
 )
 lesson.claim(
     f["calls"] == units + outside,
-    f"fsdp's {f['calls']} gradient collectives: one per unit ({units}, a reduce-scatter, which gloo runs as an "
+    f"fsdp's {f['calls']} gradient collectives: one per unit ({units}, a reduce-scatter, which minddp runs on gloo as an "
     f"all_reduce) and one all_reduce per parameter tensor it leaves whole ({outside}).",
 )
 
@@ -629,12 +629,12 @@ lesson.say(
 # ## What each rung trades
 #
 # Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's
-# ring (the ring table), at these 2 ranks. Both leave things out. The model state is measured at the
-# update only: it leaves out the activations, fsdp's gathered units, and the whole gradients zero2 and
-# fsdp hold before the last micro-batch, which no cell here measures. The bytes are the ring's, with
-# true reduce-scatters:
-# on gloo's collectives, where the looks ran, zero2's and fsdp's reduce-scatters run as all_reduces
-# (the ZeRO-2 section): two passes of their bytes by the count above, where a reduce-scatter is one.
+# ring (the ring table), at these 2 ranks. The model state is not all a rank holds: it leaves out the
+# activations, fsdp's gathered units, the whole gradients zero2 and fsdp hold before the last
+# micro-batch, and the buffers the collectives send from and receive into. `docs/sharding.md`'s
+# benchmark measures the peak of all of it, and there fsdp's peak is above ddp's. The bytes are the
+# ring's, with true reduce-scatters; on gloo minddp runs zero2's and fsdp's reduce-scatters as
+# all_reduces (the ZeRO-2 section): two passes of their bytes by the count above, not one.
 
 # %%
 # %%rank 0
@@ -651,9 +651,9 @@ lesson.say(
 trade.round(1)
 
 # %% [markdown]
-# So, at the update and on the ring: zero1 holds a quarter less model state than ddp and sends half as
-# many bytes again; zero2 holds less still and sends no more; fsdp holds about half, for 3.3 times the
-# bytes.
+# So, in model state at the update and in bytes on the ring: zero1 holds a quarter less than ddp and
+# sends half as many bytes again; zero2 holds less still and sends no more; fsdp holds about half of
+# ddp's model state, for 3.3 times the bytes.
 
 # %% [markdown]
 # ## Your turn: all_reduce from its two halves
