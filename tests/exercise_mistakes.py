@@ -1515,6 +1515,13 @@ def schedule_turn_of_sync_every(step, sync_every, fragments, delay):
     return (step - 1) // sync_every % fragments if step % sync_every == (sync_every - delay) % sync_every else None
 
 
+def schedule_fragment_of_the_period(step, sync_every, fragments, delay):
+    """The fragment numbered by the period (``(step - 1) // sync_every``) instead of the turn, the send step right:
+    every turn of a period sends the same fragment."""
+    turn = sync_every // fragments
+    return (step - 1) // sync_every % fragments if step % turn == (turn - delay) % turn else None
+
+
 def schedule_numbered_from_one(step, sync_every, fragments, delay):
     """Fragments numbered 1 to K: the right turns, each fragment one too high (K itself at the last turn)."""
     per_turn = sync_every // fragments

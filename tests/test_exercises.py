@@ -1021,6 +1021,15 @@ def test_the_schedule_exercise_names_the_previous_turns_fragment_and_a_turn_of_s
     assert not v.ok and named in v.line, v.line
 
 
+@pytest.mark.timeout(120)
+def test_the_schedule_exercise_names_the_fragment_numbered_by_the_period():
+    """Learner read 10 (round 9) finding 8: the fragment taken from the period, (step − 1) // sync_every, with the
+    right send step, got only the rule restated."""
+    v = check_fragment_schedule(wrong.schedule_fragment_of_the_period, timeout_s=TIMEOUT)
+    named = "yours numbers the fragment by the period"
+    assert not v.ok and named in v.line and "(step − 1) // 2 % 3, not (step − 1) // 6 % 3" in v.line, v.line
+
+
 def test_the_model_answers_are_what_minddp_diloco_does():
     """The candidates' yardstick is itself checked: solutions.outer_sync gives minddp.DiLoCo's weights after
     every sync (the same kernels, the same sums: bit for bit), and solutions.fragment_to_send is the schedule
