@@ -40,6 +40,11 @@ and the Future kept in ``in_flight`` is waited for in the same post-hook, the H-
     +        pseudo = torch.cat([(s - p.detach()).reshape(-1) for p, s in zip(params, synced)])  # item 2
     +        bucket = GradBucket(fragment, pseudo, params, is_last=fragment == len(self.fragments) - 1)
     +        self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # item 2; item 3 waits for it
+    -        average = send(self.comm_hook, self.comm_state, bucket).wait()
+    +        sent, future = self.in_flight  # item 3, in the post-hook that applies the fragment
+    +            average, self.in_flight = future.wait(), None
+    -        for param, mean in zip(params, average.split([p.numel() for p in params])):
+    +            for param, weights, mean in zip(params, synced, average.split([p.numel() for p in params])):
     -            param.copy_(mean.view_as(param))
     +            param.copy_(weights)  # item 3: weights, the synced ones
     +            param.grad = mean.view_as(param)  # mean: the averaged pseudo-gradient, the Future's result
