@@ -171,14 +171,15 @@ lesson.claim(
 # %% [markdown]
 # That is one seed on 2 replicas. `python -m minddp.bench.convergence` runs every rung on 4 replicas,
 # 2000 steps, 5 seeds; its results are committed (`docs/diloco/convergence.json`), and the figure and
-# the numbers below are read from that file, not run here. Its runs: `ddp` (the global batch every step); `single` (one replica alone: a quarter
-# of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100); `diloco-h100-lr0.3`,
-# `-lr0.5` and `-lr1` (DiLoCo at H = 100 with those outer learning rates: not printed here, only
-# counted in one claim below); `streaming-h100` (streaming DiLoCo, the rung after the first exercise:
-# the model in 2 fragments synced in turn, each sent τ = 5 steps before it is applied, where the new
-# synced weights are mixed with the local ones by α = 0.5: streaming DiLoCo's mixing weight, defined in
-# its section, not notebook 01's α; its outer optimizer is the default, as in `diloco-hH`). The held-out loss is scored as in the run above (the bench's
-# cosine schedule, the weights the replicas agree on).
+# the numbers below are read from that file, not run here. Its runs: `ddp` (the global batch every
+# step); `single` (one replica alone: a quarter of the data, nothing sent); `local-sgd-hH` and
+# `diloco-hH` (H = 10, 50, 100); `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (DiLoCo at H = 100 with
+# those outer learning rates: not printed here, only counted in one claim below); `streaming-h100`
+# (streaming DiLoCo, the rung after the first exercise: the model in 2 fragments synced in turn, each
+# sent τ = 5 steps before it is applied, where the new synced weights are mixed with the local ones by
+# α = 0.5: streaming DiLoCo's mixing weight, defined in its section, not notebook 01's α). `diloco-hH`
+# and `streaming-h100` use the default outer optimizer, the paper's. The held-out loss is scored as in
+# the run above (the bench's cosine schedule, the weights the replicas agree on).
 #
 # The figure draws each run's mean over the seeds at H = 10 and 100 (H = 50 is not drawn) against the
 # payload bytes each replica handed to the all_reduce. `single` sends nothing, so it has no place on
@@ -681,9 +682,9 @@ lesson.claim(
 #
 # * Local SGD and DiLoCo send H times fewer bytes than DDP; DiLoCo adds an outer optimizer (lr 0.7,
 #   Nesterov momentum 0.9) to plain averaging. On this small task (the bench: 4 replicas, 2000 steps,
-#   5 seeds) it did not help. At H = 10 DiLoCo's mean is below local SGD's only at the first two
-#   scores; DiLoCo is behind in every seed at step 300 and ends within local SGD's range over the
-#   seeds. At H = 50 and 100 it ends behind local SGD in every seed, and its excess over the floor, as
+#   5 seeds) it did not help. At H = 10 DiLoCo's mean is below local SGD's only early in the run (the
+#   claim under the figure); DiLoCo is behind in every seed at step 300 and ends within local SGD's
+#   range over the seeds. At H = 50 and 100 it ends behind local SGD in every seed, and its excess over the floor, as
 #   a multiple of DDP's, grows with H. At H = 100 it ends worse than one replica alone, which sends
 #   nothing.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
@@ -695,8 +696,8 @@ lesson.claim(
 #   the fragments or α helps was not separated).
 # * The step-time model *predicts* (for a 360 M-parameter model; not measured here): on `wan`, where DDP
 #   computes less than 5 % of the time, plain DiLoCo at H = 100 computes most of it and streaming
-#   DiLoCo (4 fragments, τ = 10) all of it (the table above). Streaming hides a fragment whole only where its time on the link
-#   fits in its τ steps; on the three slower links it does not, and neither rung computes 90 % of the
+#   DiLoCo (4 fragments, τ = 10) all of it (the table above). Streaming hides a fragment whole only
+#   where its time on the link fits in its τ steps; on the three slower links it does not, and neither rung computes 90 % of the
 #   time. The model counts only compute and the link. `docs/benchmarks.md` (*Slow links*) measures
 #   compute utilisation in runs beside the model's, at other settings (an 80 k-parameter model,
 #   H = 20, 2 fragments), estimated there as the median quiet inner step (nothing sent) over the mean
