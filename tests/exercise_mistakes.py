@@ -1522,6 +1522,12 @@ def schedule_fragment_of_the_period(step, sync_every, fragments, delay):
     return (step - 1) // sync_every % fragments if step % turn == (turn - delay) % turn else None
 
 
+def schedule_fragment_of_the_period_from_zero(step, sync_every, fragments, delay):
+    """The fragment numbered by the period counted from step 0 (``step // sync_every``), the send step right."""
+    turn = sync_every // fragments
+    return step // sync_every % fragments if step % turn == (turn - delay) % turn else None
+
+
 def schedule_numbered_from_one(step, sync_every, fragments, delay):
     """Fragments numbered 1 to K: the right turns, each fragment one too high (K itself at the last turn)."""
     per_turn = sync_every // fragments

@@ -1028,6 +1028,8 @@ def test_the_schedule_exercise_names_the_fragment_numbered_by_the_period():
     v = check_fragment_schedule(wrong.schedule_fragment_of_the_period, timeout_s=TIMEOUT)
     named = "yours numbers the fragment by the period"
     assert not v.ok and named in v.line and "(step − 1) // 2 % 3, not (step − 1) // 6 % 3" in v.line, v.line
+    v = check_fragment_schedule(wrong.schedule_fragment_of_the_period_from_zero, timeout_s=TIMEOUT)
+    assert not v.ok and named in v.line and "(step − 1) // 2 % 3, not step // 6 % 3" in v.line, v.line
 
 
 def test_the_model_answers_are_what_minddp_diloco_does():

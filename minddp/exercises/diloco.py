@@ -750,16 +750,20 @@ def _schedule_text(f: dict, report: dict) -> str:
             f"sync_every = {h} steps: a turn is sync_every // fragments = {turn} steps, so that each of the {k} "
             f"fragments has its turn once in every H = {h} steps"
         )
-    if all(
-        mine
-        == [(s - 1) // h % k if s % (h // k) == (h // k - tau) % (h // k) else None for s in range(1, len(mine) + 1)]
-        for (h, k, tau), mine in zip(map(_args, SCHEDULES), report["schedule"])
-    ):
-        return (
-            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours numbers the fragment by "
-            f"the period (step − 1) // sync_every, so every turn of a period sends the same fragment; the fragment is "
-            f"the turn's number, (step − 1) // {turn} % {k}, not (step − 1) // {h} % {k}"
-        )
+    for back, period in ((1, "(step − 1)"), (0, "step")):  # the period's number, steps counted from 1 or from 0
+        if all(
+            mine
+            == [
+                (s - back) // h % k if s % (h // k) == (h // k - tau) % (h // k) else None
+                for s in range(1, len(mine) + 1)
+            ]
+            for (h, k, tau), mine in zip(map(_args, SCHEDULES), report["schedule"])
+        ):
+            return (
+                f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours numbers the fragment "
+                f"by the period, {period} // sync_every, so every turn of a period sends the same fragment; the "
+                f"fragment is the turn's number, (step − 1) // {turn} % {k}, not {period} // {h} % {k}"
+            )
     ignored = _delay_ignored(report["schedule"])
     if ignored:
         lh, lk, ltau = _args(max(SCHEDULES, key=lambda x: x["sync_every"] // x["fragments"]))  # the longest turn
