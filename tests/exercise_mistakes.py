@@ -1781,3 +1781,17 @@ def schedule_and_or(step, sync_every, fragments, delay):
     """``cond and fragment``: False (not None) on every step that sends nothing."""
     per_turn = sync_every // fragments
     return step % per_turn == (per_turn - delay) % per_turn and (step - 1) // per_turn % fragments
+
+
+def schedule_steps_from_zero_throughout(step, sync_every, fragments, delay):
+    """Steps counted from 0 in both halves: sent where step % turn == turn − delay − 1, the fragment step // turn;
+    at every step what streaming DiLoCo sends one step later (learner read 10-r10 finding 5a)."""
+    per_turn = sync_every // fragments
+    return step // per_turn % fragments if step % per_turn == per_turn - delay - 1 else None
+
+
+def schedule_period_fragment_silent_at_zero(step, sync_every, fragments, delay):
+    """The fragment numbered by the period, (step − 1) // sync_every, and the send step tested as
+    step % turn == turn − delay, silent at a delay of 0 (learner read 10-r10 finding 5b)."""
+    per_turn = sync_every // fragments
+    return (step - 1) // sync_every % fragments if step % per_turn == per_turn - delay else None
