@@ -23,8 +23,9 @@ one large tensor makes them unequal) and each fragment still syncs once every H 
    nothing waits for it until the turn's last step, τ steps later, so it can travel during those
    steps (one fragment in flight at a time: τ < H/K);
 5. at the end of its turn, item 3 for that fragment alone (the others keep their local weights);
-6. the new synced weights are mixed with the local ones that went on training meanwhile:
-   ``(1 − α)·synced + α·local`` (α = 0: the synced weights, the τ steps' progress on it dropped).
+6. the weights the replica goes on training from are the new synced weights mixed with the local ones that
+   went on training meanwhile: ``(1 − α)·synced + α·local`` (α = 0: the synced weights, the τ steps' progress on
+   it dropped); the synced copy keeps the outer step's result, unmixed.
 
 The schedule, the signs and α's direction are torchft's (``torchft.local_sgd.DiLoCo``; the tests
 compare the parameters bit for bit): fragment 0 first, each sent at inner step H/K − τ of its turn,
