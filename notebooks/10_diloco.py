@@ -717,10 +717,9 @@ lesson.claim(
 #   (the table above). Streaming hides a fragment whole only where its time on the link fits in its τ
 #   steps; on the three slower links it does not, and neither rung computes 90 % of the time, though
 #   on `1gbit` streaming still computes more of it than plain DiLoCo. The model counts only compute
-#   and the link. `docs/benchmarks.md` (*Slow links*) measures
-#   compute utilisation in runs beside the model's, at other settings (an 80 k-parameter model,
-#   H = 20, 2 fragments), estimated there as the median quiet inner step (nothing sent) over the mean
-#   step.
+#   and the link. `docs/benchmarks.md` (*Slow links*) measures compute utilisation in runs beside the
+#   model's, at other settings (an 80 k-parameter model, H = 20, 2 fragments), estimated there as the
+#   median quiet inner step (nothing sent) over the mean step.
 
 # %%
 # %dist_shutdown
