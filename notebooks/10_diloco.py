@@ -20,7 +20,8 @@
 # between two datacenters or over a home connection, that all_reduce can take longer than the step's
 # compute (the last section computes it for a 360 M-parameter model), and the GPUs stand idle. The rungs
 # of this notebook **talk rarely**: each replica trains alone for H optimizer steps, then the replicas
-# sync.
+# **sync**: they average what they learnt and each applies the result, of the whole model at once (in
+# streaming DiLoCo, of one fragment of it per sync).
 #
 # 1. **Local SGD**: every H steps, average the weights (`minddp.LocalSGD`);
 # 2. **DiLoCo** (Douillard et al., 2023, arXiv 2311.08105): every H steps, average the
@@ -59,7 +60,7 @@ def inner_step(model, inner):
     context, token = next(chains)
     inner.zero_grad()
     torch.nn.functional.cross_entropy(model(context), token).backward()
-    inner.step()  # the slow-link rungs act in its post-hook
+    inner.step()  # the slow-link rungs act right after it (a hook on the optimizer, defined below)
 
 
 def apart(model) -> float:
@@ -126,12 +127,12 @@ lesson.claim(
 # does (items 1 to 3; its items 4 to 6 are streaming DiLoCo's, printed in that section below), then the
 # change from `local_sgd.py` (`-` its lines, `+` the lines of diloco.py's `_send` and `_apply` that
 # replace them, with their comments, which number them by the list above): both are printed from
-# diloco.py's docstring, where the diff is written by hand; `tests/test_readability.py` checks only
-# that each `-` line is a line of local SGD's code and each `+` line a line of diloco.py (it does not
-# check which method holds it). The lines serve streaming
-# DiLoCo too, which syncs the model in parts (its section below); here the whole model is one part,
-# `fragment` is always 0, and the comm hook's Future, kept in `in_flight`, is waited for in the same
-# post-hook (the H-th step's) that sent it:
+# diloco.py's docstring, where the diff is written by hand; `tests/test_readability.py` checks that
+# each `-` line is a line of local SGD's code and each `+` line a line of diloco.py, that `_send` sends
+# `synced − local` without a wait, and that `_apply` waits. Local SGD sends and waits in one line;
+# DiLoCo's `_send` keeps the comm hook's Future in `in_flight` and `_apply` waits for it. Streaming
+# DiLoCo (its section below) needs that split; here the whole model is one fragment, `fragment` is
+# always 0, and `_apply` runs in the same post-hook (the H-th step's) as `_send`:
 
 # %%
 import inspect
@@ -170,24 +171,25 @@ lesson.claim(
 # %% [markdown]
 # That is one seed on 2 replicas. `python -m minddp.bench.convergence` runs every rung on 4 replicas,
 # 2000 steps, 5 seeds; its results are committed (`docs/diloco/convergence.json`), and the figure and
-# the numbers below are read from that file, not run here, except where a line says it comes from this
-# checkout's code. Its runs: `ddp` (the global batch every step); `single` (one replica alone: a quarter
-# of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100); `diloco-h100-lr0.3`,
-# `-lr0.5` and `-lr1` (DiLoCo at H = 100 with those outer learning rates: not printed here, only
-# counted in one claim below); `streaming-h100` (streaming DiLoCo, the rung after the first exercise:
-# the model in 2 fragments synced in turn, each sent τ = 5 steps before it is applied, where the new
-# synced weights are mixed with the local ones by α = 0.5: streaming DiLoCo's mixing weight, defined in
-# its section, not notebook 01's α). The held-out loss is scored as in the run above (the bench's
-# cosine schedule, the weights the replicas agree on).
+# the numbers below are read from that file, not run here. Its runs: `ddp` (the global batch every
+# step); `single` (one replica alone: a quarter of the data, nothing sent); `local-sgd-hH` and
+# `diloco-hH` (H = 10, 50, 100); `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (DiLoCo at H = 100 with
+# those outer learning rates: not printed here, only counted in one claim below); `streaming-h100`
+# (streaming DiLoCo, the rung after the first exercise: the model in 2 fragments synced in turn, each
+# sent τ = 5 steps before it is applied, with α = 0.5: streaming DiLoCo's mixing weight, defined in its
+# section, not notebook 01's α). The held-out loss is scored as in the run above (the bench's cosine
+# schedule, the weights the replicas agree on: for streaming DiLoCo too the synced weights, not the
+# weights mixed by α that the replicas go on training from).
 #
 # The figure draws each run's mean over the seeds at H = 10 and 100 (H = 50 is not drawn) against the
 # payload bytes each replica handed to the all_reduce. `single` sends nothing, so it has no place on
 # the log axis and is drawn as a grey line at its final loss. The y axis stops at 2.6 nats so that the
-# ends can be told apart. Under the figure: each run's final loss with its range over the seeds;
-# streaming-h100's settings; where a curve's mean rose above 2.6 nats, which the figure does not show;
+# ends can be told apart. Under the figure: each run's final loss with its range over the seeds; where
+# DiLoCo's mean at H = 10 is below local SGD's (in the figure the two solid curves cross near the top);
 # and the H = 100 runs' order after equal bytes early in the run, which is not their order at the end
 # (in the figure: local SGD lowest at first; streaming DiLoCo near DiLoCo's curve at first and near
-# local SGD's later).
+# local SGD's later). The next cell reads the file; the one after draws the figure and prints those
+# lines (its code collapsed: click to show it).
 
 # %%
 import json
@@ -197,8 +199,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from minddp.bench.convergence import build_student
-from minddp.diloco.diloco import OUTER_DEFAULTS
-from minddp.diloco.fragments import split_fragments
+from minddp.notebook import lesson
 
 results = json.loads(Path("../docs/diloco/convergence.json").read_text())
 curves, floor = results["curves"], results["floor"]
@@ -208,18 +209,19 @@ def final(name):
     return [c["loss"][-1] for c in curves[name]]
 
 
+def mean_of(name, key):  # the mean over the seeds at each score: "loss" or "bytes"
+    return [statistics.mean(v) for v in zip(*[c[key] for c in curves[name]])]
+
+
+# %% jupyter={"source_hidden": true}
+# The figure and the lines under it (this cell's code collapsed).
 TOP = 2.6  # the y axis's cut (nats)
 fig, ax = plt.subplots(figsize=(8, 4.5))
-rises = []  # where a drawn mean rose from one score to the next above the cut
 for name, colour in [("ddp", "black"), ("local-sgd-h10", "tab:orange"), ("local-sgd-h100", "tab:orange"),
                      ("diloco-h10", "tab:blue"), ("diloco-h100", "tab:blue"), ("streaming-h100", "tab:green")]:  # fmt: skip
-    sent = [statistics.mean(v) for v in zip(*[c["bytes"] for c in curves[name]])]
-    loss = [statistics.mean(v) for v in zip(*[c["loss"] for c in curves[name]])]
-    pts = [(b, lo, step) for b, lo, step in zip(sent, loss, curves[name][0]["step"]) if b > 0]
-    ax.plot([b for b, _, _ in pts], [lo for _, lo, _ in pts], color=colour, linestyle="--" if "100" in name else "-",
+    pts = [(b, lo) for b, lo in zip(mean_of(name, "bytes"), mean_of(name, "loss")) if b > 0]
+    ax.plot([b for b, _ in pts], [lo for _, lo in pts], color=colour, linestyle="--" if "100" in name else "-",
             label=name)  # fmt: skip
-    rises += [f"{name} from {a[1]:.3f} (step {a[2]}) to {b[1]:.3f} (step {b[2]})"
-              for a, b in zip(pts, pts[1:]) if b[1] > a[1] and a[1] > TOP]  # fmt: skip
 ax.axhline(
     statistics.mean(final("single")), color="0.5", linestyle="-.", linewidth=0.8, label="single: final (sends 0)"
 )
@@ -240,23 +242,15 @@ shown = ("ddp", "single", *(f"{r}-h{h}" for h in (10, 50, 100) for r in ("local-
 for name in shown:
     low, high = spread[name]
     print(f"{name:>15}: final held-out loss {statistics.mean(final(name)):.4f} (seeds: {low:.4f} to {high:.4f})")
-streaming = results["configs"]["streaming-h100"]
-outer = "minddp.DiLoCo's default outer optimizer, " + ", ".join(f"{k} {v}" for k, v in OUTER_DEFAULTS.items())
-split = [sum(p.numel() for p in f) for f in split_fragments(build_student(seed=0), streaming["fragments"])]
-print(
-    f"streaming-h100, the file's settings: H = {streaming['sync_every']}, {streaming['fragments']} fragments, τ = "
-    f"{streaming['fragment_delay']}, α = {streaming['fragment_alpha']}, "
-    + (f"outer lr {streaming['outer_lr']}" if "outer_lr" in streaming else "no outer optimizer")
-    + "; not in the file, from this checkout's code: the fragments, "
-    + " and ".join(f"{100 * n / sum(split):.0f} %" for n in split)
-    + " of the model (runs of whole tensors)"
-    + ("" if "outer_lr" in streaming else f", and {outer}")
+steps = curves["ddp"][0]["step"]  # the scores' steps, the same in every run
+below = [s for s, d, lo in zip(steps, mean_of("diloco-h10", "loss"), mean_of("local-sgd-h10", "loss")) if s and d < lo]
+lesson.claim(
+    below == steps[1 : len(below) + 1],
+    f"at H = 10 (the same bytes at every score), DiLoCo's mean is below local SGD's at step{'s' * (len(below) > 1)} "
+    f"{' and '.join(map(str, below))} and not below at any later score (steps {steps[len(below) + 1]} to "
+    f"{steps[-1]}): the two curves cross once",
 )
-print(
-    f"above {TOP} nats, where the figure is cut, a curve's mean rose from one score to the next only in: "
-    + "; ".join(rises)
-)
-at = 3 * 4 * sum(split)  # the payload bytes of 3 whole-model syncs (float32)
+at = 3 * 4 * sum(p.numel() for p in build_student(seed=0).parameters())  # the payload bytes of 3 whole-model syncs
 
 
 def mean_loss_at(name, sent):  # the mean over the seeds of the first score taken once `sent` bytes were sent
@@ -273,17 +267,12 @@ print(
 )
 
 # %% [markdown]
-# The two rises printed above are outer steps. The scores are of the synced weights, which change only at
-# a sync: DiLoCo's score at step 150 is still that of the step-100 sync, so its rise is the outer step at
-# step 200: that outer step made the weights all replicas agree on worse. Streaming DiLoCo's only sync
-# between the two scores is fragment 1's (17 % of the model) at step 200.
-#
 # Read off the same file, at each H: how far DiLoCo's final loss is above the floor (its *excess*),
 # against DDP's (measured from the floor, because the whole loss includes the 2.1552 nats no model can
 # lose), and in how many seeds DiLoCo ended below local SGD.
 
 # %%
-from minddp.notebook import lesson
+from minddp.diloco.diloco import OUTER_DEFAULTS
 
 ddp_bytes = statistics.mean(c["bytes"][-1] for c in curves["ddp"])
 
@@ -299,6 +288,14 @@ for h in (10, 50, 100):
         f"H = {h:3d}: DiLoCo's excess {excess(dl):.3f} nats, {excess(dl) / excess('ddp'):.1f}× DDP's "
         f"{excess('ddp'):.3f}; DiLoCo below local SGD in {ahead} of {len(final(dl))} seeds"
     )
+default_outer = [n for n in ("diloco-h10", "diloco-h50", "diloco-h100", "streaming-h100")
+                 if not {"outer_lr", "outer_momentum"} & set(results["configs"][n])]  # fmt: skip
+lesson.claim(
+    len(default_outer) == 4,
+    f"DiLoCo at H = 10, 50 and 100 and streaming DiLoCo ran with DiLoCo's default outer optimizer, the DiLoCo "
+    f"paper's: SGD, lr {OUTER_DEFAULTS['lr']}, Nesterov momentum {OUTER_DEFAULTS['momentum']} (the file sets none "
+    "for any of them)",
+)
 lesson.claim(
     all(
         round(ddp_bytes / statistics.mean(c["bytes"][-1] for c in curves[f"{r}-h{h}"])) == h
@@ -313,7 +310,9 @@ lesson.claim(
     all(dd["loss"][at300] < lo["loss"][at300] for dd, lo in zip(curves["ddp"], curves["local-sgd-h10"]))
     and min(behind) > 0,
     f"at step 300 the bench has the run above's order in every seed (DDP lowest, then local SGD, then DiLoCo at "
-    f"H = 10, {min(behind):.3f} to {max(behind):.3f} nats behind local SGD); by step 2000 DiLoCo is below local "
+    f"H = 10, {min(behind):.3f} to {max(behind):.3f} nats behind local SGD), though not its losses: the bench has 4 "
+    "replicas, and its cosine spans 2000 steps, so at step 300 its learning rate is still near its peak, where the "
+    f"run above's had reached its end; by step 2000 DiLoCo is below local "
     f"SGD in {sum(d < lo for d, lo in zip(final('diloco-h10'), final('local-sgd-h10')))} of 5 seeds",
 )
 lesson.claim(
@@ -326,19 +325,19 @@ lesson.claim(
 )
 lesson.claim(
     all(all(d > lo for d, lo in zip(final(f"diloco-h{h}"), final(f"local-sgd-h{h}"))) for h in (50, 100)),
-    "at H = 50 and 100, DiLoCo with the paper's outer optimizer (SGD 0.7, Nesterov momentum 0.9) ends behind "
-    "local SGD in every seed",
+    "at H = 50 and 100, DiLoCo ends behind local SGD in every seed",
 )
 rare = [n for n in curves if n not in ("ddp", "single")]  # the file's runs that talk rarely, the lr sweep's too
 closest = min(rare, key=lambda n: statistics.mean(final(n)))
+streaming = results["configs"]["streaming-h100"]
 lesson.claim(
     closest == "streaming-h100",
     f"of the file's {len(rare)} runs that talk rarely (the {len(rare) - 3} above and DiLoCo at H = 100 with 3 other "
     f"outer learning rates), streaming DiLoCo (H = 100, {streaming['fragments']} fragments, τ = "
     f"{streaming['fragment_delay']}, α = {streaming['fragment_alpha']}) ends closest to DDP (an excess of "
     f"{excess(closest):.3f} nats, against DiLoCo's {excess('diloco-h100'):.3f} at the same H); it differs from "
-    "DiLoCo in two things at once, the fragments sent early and in turn, and α keeping part of the local progress "
-    "at each outer step: which of the two helps was not separated",
+    "DiLoCo in two things at once, the fragments sent early and in turn, and α mixing the local weights into those "
+    "the replicas go on training from: which of the two helps was not separated",
 )
 
 # %% [markdown]
@@ -384,18 +383,18 @@ print(check_outer_sync(solutions.outer_sync))
 # ## Streaming DiLoCo: fragments that travel while the replica computes
 #
 # A whole-model sync still stops every replica for the time the model takes on the link. Streaming
-# DiLoCo cuts the model into K fragments (`fragments=K`) that take turns, one every H/K steps: K
-# *fragment syncs* in H steps, each of one fragment, where DiLoCo makes one sync, of the whole model
-# ("sync" alone means that one here). A fragment is a run of whole tensors in the model's order, closed
-# once it holds its 1/K share, so one large tensor makes them unequal: this model's 2 fragments are
-# 83 % and 17 % of it, in the bench's run above and in the run below. Each fragment's pseudo-gradient
-# leaves `fragment_sync_delay` (τ) inner steps *before* its turn ends. Its Future is kept and waited
-# for only at the end of the turn, τ steps later: the message can travel during those τ steps.
-# At the end of the turn the outer step uses it, and the new synced weights are mixed with the local
-# ones that kept training: `(1 − α)·synced + α·local` (`fragment_update_alpha`). Two letters here are
-# Streaming DiLoCo's own: K counts fragments and α mixes weights, where notebook 01's α is a message's
-# fixed cost and 06's K the bytes of optimizer state per parameter. `diloco.py`'s items 4 to 6, the
-# rest of its list:
+# DiLoCo cuts the model into K fragments (`fragments=K`) that take turns, one every H/K steps: K syncs
+# in H steps, each of one fragment, where DiLoCo makes one, of the whole model. A fragment is a run of
+# whole tensors in the model's order, the k-th closed once the runs so far hold k/K of the model, so
+# one large tensor makes them unequal (the run below prints this model's two). Each fragment's
+# pseudo-gradient leaves `fragment_sync_delay` (τ) inner steps *before* its turn ends. Its Future is
+# kept and waited for only at the end of the turn, τ steps later: the message can travel during those τ
+# steps. At the end of the turn the outer step uses it and its result is kept as the new synced
+# weights; the weights the replica goes on training from are those mixed with the local ones that kept
+# training: `(1 − α)·synced + α·local` (`fragment_update_alpha`). The synced copy stays unmixed, so α
+# reaches it only through later pseudo-gradients. Two letters here are Streaming DiLoCo's own: K counts
+# fragments and α mixes weights, where notebook 01's α is a message's fixed cost and 06's K the bytes
+# of optimizer state per parameter. `diloco.py`'s items 4 to 6, the rest of its list:
 
 # %%
 print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rstrip())
@@ -586,12 +585,13 @@ print(check_fragment_schedule(solutions.fragment_to_send))
 # compute as measured or assumed, each fragment's message handed over when its schedule says and
 # waited for at its turn's end. Its **compute utilisation** is Streaming DiLoCo's measure: the share
 # of the time a replica computes, here over one period of H inner steps (its compute over its length;
-# DDP's period is its one step). Here for a model of SmolLM2-360M's size (32 layers; fp32
-# pseudo-gradients and gradients, 1.44 GB), 2 replicas, each 16,384 tokens per step at an assumed 300
+# DDP's period is its one step). Here for a model of SmolLM2-360M's size (fp32 pseudo-gradients and
+# gradients, 1.44 GB, the gradients taken as 32 equal tensors, one per layer, where a real layer has
+# several smaller ones), 2 replicas, each 16,384 tokens per step at an assumed 300
 # TFLOP/s of its own, whose compute per step is taken as 6 FLOPs per parameter and token (2 forward, 4
 # backward): DDP (its gradients every step), DiLoCo with H = 100, and streaming DiLoCo with H = 100,
 # 4 equal fragments and τ = 10 (settings of this section alone, not those of the runs above), on seven
-# of the preset links, the widest first.
+# of the preset links, the widest first. The lines after the table take it apart (their code collapsed).
 
 # %%
 from minddp.comm.link import PRESETS
@@ -599,7 +599,7 @@ from minddp.costmodel.compute import from_throughput, synthesize
 from minddp.costmodel.slow_link import ddp_step, per_step
 
 PARAMS, TOKENS, FLOPS = 360_000_000, 16_384, 300e12
-cp = from_throughput([4 * PARAMS // 32] * 32, PARAMS, TOKENS, FLOPS, micro_batches=1)  # 32 layers' gradients
+cp = from_throughput([4 * PARAMS // 32] * 32, PARAMS, TOKENS, FLOPS, micro_batches=1)  # 32 equal gradients
 links = sorted(
     ["nvlink", "100gbit-ib", "10gbit", "1gbit", "wan", "100mbit", "home"], key=lambda n: -PRESETS[n].bandwidth
 )
@@ -623,6 +623,9 @@ def pct(share):
 print(f"{'link':>11} | {'DDP':>7} | {'DiLoCo H=100':>12} | {'stream. H=100 K=4':>17}   (compute utilisation)")
 for name, row in table.items():
     print(f"{name:>11} | " + " | ".join(f"{pct(r['utilisation']):>{w}}" for r, w in zip(row.values(), (7, 12, 17))))
+
+# %% jupyter={"source_hidden": true}
+# The lines that take the table apart (this cell's code collapsed).
 first = next(name for name in links if table[name]["ddp"]["utilisation"] < 0.05)
 spec = PRESETS[first]
 lesson.claim(
@@ -635,8 +638,9 @@ buckets = synthesize(cp, "ddp", 25.0, 2).messages  # the messages ddp_step repla
 size, start = buckets[0].nbytes, min(m.at for m in buckets)
 each = 2 * spec.latency + size / spec.bandwidth  # 2 hops; on 2 ranks each carries 1× the bytes
 print(
-    f"DDP on '{first}': {len(buckets)} messages a step, one per layer (each layer's {size / 1e6:.0f} MB of "
-    f"gradients is more than DDP's 25 MiB bucket cap, so each layer is a bucket of its own), one after another, "
+    f"DDP on '{first}': {len(buckets)} messages a step, one per gradient tensor (each of the model's "
+    f"{len(cp.nbytes)} tensors of {size / 1e6:.0f} MB is more than DDP's 25 MiB bucket cap, so each is a bucket of "
+    "its own), one after another, "
     f"each 2 hops × {spec.latency * 1e3:g} ms + {size / 1e6:.0f} MB at "
     f"{spec.bandwidth * 8 / 1e9:g} Gbit/s = {each * 1e3:.0f} ms; the first handed over {start * 1e3:.0f} ms into "
     f"the step, the last delivered at {start * 1e3:.0f} + {len(buckets)} × {each * 1e3:.0f} = "
@@ -695,9 +699,10 @@ lesson.claim(
 #
 # * Local SGD and DiLoCo send H times fewer bytes than DDP; DiLoCo adds an outer optimizer (lr 0.7,
 #   Nesterov momentum 0.9) to plain averaging. On this small task (the bench: 4 replicas, 2000 steps,
-#   5 seeds) it did not help. At H = 10 DiLoCo is behind local SGD in every seed at step 300 and ends
-#   within local SGD's range over the seeds. At H = 50 and 100 it ends behind local SGD in every seed,
-#   with 1.8× and 2.2× DDP's excess over the floor. At H = 100 it ends worse than one replica alone,
+#   5 seeds) it did not help. At H = 10 DiLoCo's mean is below local SGD's only early in the run (the
+#   claim under the figure); DiLoCo is behind in every seed at step 300 and ends within local SGD's
+#   range over the seeds. At H = 50 and 100 it ends behind local SGD in every seed, and its excess over
+#   the floor, as a multiple of DDP's, grows with H. At H = 100 it ends worse than one replica alone,
 #   which sends nothing.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so the
@@ -706,16 +711,15 @@ lesson.claim(
 #   the schedule is a function of the step alone, the same on every replica. In the bench
 #   (H = 100, 2 fragments, τ = 5, α = 0.5) it ends closest to DDP of the runs that talk rarely (whether
 #   the fragments or α helps was not separated).
-# * The step-time model *predicts* (for a 360 M-parameter model; not measured here): on `wan`, where DDP
-#   computes less than 5 % of the time, plain DiLoCo at H = 100 computes 83 % of it and streaming
-#   DiLoCo (4 fragments, τ = 10) 100 %. Streaming hides a fragment whole only where its time on the link
-#   fits in its τ steps; on the three slower links it does not, and neither rung computes 90 % of the
-#   time. The model counts only compute and the link. `docs/benchmarks.md` (*Slow links*) sets one
-#   measured run of each beside the model at other settings (an 80 k-parameter model, H = 20, 2
-#   fragments, on a loaded machine, none of them printed here), with a ratio of its own: the median
-#   quiet inner step (nothing sent) over the mean step. There every measured ratio is below the
-#   model's at those settings; streaming DiLoCo measured 89 % on `wan` and 95 % on `home`, where the
-#   model at those settings gives 100 % (not the 2.0 % above, which is for the 360 M-parameter model).
+# * The step-time model *predicts* (for a 360 M-parameter model; not measured here): DDP already waits
+#   for part of each step on `100gbit-ib`; on `wan`, where DDP computes less than 5 % of the time,
+#   plain DiLoCo at H = 100 computes most of it and streaming DiLoCo (4 fragments, τ = 10) all of it
+#   (the table above). Streaming hides a fragment whole only where its time on the link fits in its τ
+#   steps; on the three slower links it does not, and neither rung computes 90 % of the time, though
+#   on `1gbit` streaming still computes more of it than plain DiLoCo. The model counts only compute
+#   and the link. `docs/benchmarks.md` (*Slow links*) measures compute utilisation in runs beside the
+#   model's, at other settings (an 80 k-parameter model, H = 20, 2 fragments), estimated there as the
+#   median quiet inner step (nothing sent) over the mean step.
 
 # %%
 # %dist_shutdown

@@ -1540,6 +1540,19 @@ def schedule_turn_of_sync_every(step, sync_every, fragments, delay):
     return (step - 1) // sync_every % fragments if step % sync_every == (sync_every - delay) % sync_every else None
 
 
+def schedule_fragment_of_the_period(step, sync_every, fragments, delay):
+    """The fragment numbered by the period (``(step - 1) // sync_every``) instead of the turn, the send step right:
+    every turn of a period sends the same fragment."""
+    turn = sync_every // fragments
+    return (step - 1) // sync_every % fragments if step % turn == (turn - delay) % turn else None
+
+
+def schedule_fragment_of_the_period_from_zero(step, sync_every, fragments, delay):
+    """The fragment numbered by the period counted from step 0 (``step // sync_every``), the send step right."""
+    turn = sync_every // fragments
+    return step // sync_every % fragments if step % turn == (turn - delay) % turn else None
+
+
 def schedule_numbered_from_one(step, sync_every, fragments, delay):
     """Fragments numbered 1 to K: the right turns, each fragment one too high (K itself at the last turn)."""
     per_turn = sync_every // fragments
@@ -1793,3 +1806,17 @@ def schedule_and_or(step, sync_every, fragments, delay):
     """``cond and fragment``: False (not None) on every step that sends nothing."""
     per_turn = sync_every // fragments
     return step % per_turn == (per_turn - delay) % per_turn and (step - 1) // per_turn % fragments
+
+
+def schedule_steps_from_zero_throughout(step, sync_every, fragments, delay):
+    """Steps counted from 0 in both halves: sent where step % turn == turn − delay − 1, the fragment step // turn;
+    at every step what streaming DiLoCo sends one step later (learner read 10-r10 finding 5a)."""
+    per_turn = sync_every // fragments
+    return step // per_turn % fragments if step % per_turn == per_turn - delay - 1 else None
+
+
+def schedule_period_fragment_silent_at_zero(step, sync_every, fragments, delay):
+    """The fragment numbered by the period, (step − 1) // sync_every, and the send step tested as
+    step % turn == turn − delay, silent at a delay of 0 (learner read 10-r10 finding 5b)."""
+    per_turn = sync_every // fragments
+    return (step - 1) // sync_every % fragments if step % per_turn == per_turn - delay else None

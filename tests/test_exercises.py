@@ -1039,6 +1039,31 @@ def test_the_schedule_exercise_names_the_previous_turns_fragment_and_a_turn_of_s
     assert not v.ok and named in v.line, v.line
 
 
+@pytest.mark.timeout(120)
+def test_the_schedule_exercise_names_the_fragment_numbered_by_the_period():
+    """Learner read 10 (round 9) finding 8: the fragment taken from the period, (step − 1) // sync_every, with the
+    right send step, got only the rule restated."""
+    v = check_fragment_schedule(wrong.schedule_fragment_of_the_period, timeout_s=TIMEOUT)
+    named = "yours numbers the fragment by the period"
+    assert not v.ok and named in v.line and "(step − 1) // 2 % 3, not (step − 1) // 6 % 3" in v.line, v.line
+    v = check_fragment_schedule(wrong.schedule_fragment_of_the_period_from_zero, timeout_s=TIMEOUT)
+    assert not v.ok and named in v.line and "(step − 1) // 2 % 3, not step // 6 % 3" in v.line, v.line
+
+
+@pytest.mark.timeout(120)
+def test_the_schedule_exercise_names_two_mistakes_at_once_by_their_causes():
+    """Learner read 10-r10 finding 5: steps counted from 0 in the send step and in the fragment got the off-by-one's
+    verdict (the send step alone), and a fragment numbered by the period with a send step silent at a delay of 0
+    got the rule restated; each verdict names the cause, both causes in the second."""
+    v = check_fragment_schedule(wrong.schedule_steps_from_zero_throughout, timeout_s=TIMEOUT)
+    named = "yours counts the steps from 0: after every step yours sends what streaming DiLoCo sends after the next"
+    assert not v.ok and named in v.line and "off-by-one" not in v.line, v.line
+    v = check_fragment_schedule(wrong.schedule_period_fragment_silent_at_zero, timeout_s=TIMEOUT)
+    named = "yours numbers the fragment by the period, (step − 1) // sync_every"
+    assert not v.ok and named in v.line and "with a delay of 0 (H = 12, 4 fragments) it sends no fragment" in v.line
+    assert "never equals turn − delay = 3" in v.line, v.line
+
+
 def test_the_model_answers_are_what_minddp_diloco_does():
     """The candidates' yardstick is itself checked: solutions.outer_sync gives minddp.DiLoCo's weights after
     every sync (the same kernels, the same sums: bit for bit), and solutions.fragment_to_send is the schedule

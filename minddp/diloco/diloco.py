@@ -23,8 +23,9 @@ one large tensor makes them unequal) and each fragment still syncs once every H 
    nothing waits for it until the turn's last step, τ steps later, so it can travel during those
    steps (one fragment in flight at a time: τ < H/K);
 5. at the end of its turn, item 3 for that fragment alone (the others keep their local weights);
-6. the new synced weights are mixed with the local ones that went on training meanwhile:
-   ``(1 − α)·synced + α·local`` (α = 0: the synced weights, the τ steps' progress on it dropped).
+6. the weights the replica goes on training from are the new synced weights mixed with the local ones that
+   went on training meanwhile: ``(1 − α)·synced + α·local`` (α = 0: the synced weights, the τ steps' progress on
+   it dropped); the synced copy keeps the outer step's result, unmixed.
 
 The schedule, the signs and α's direction are torchft's (``torchft.local_sgd.DiLoCo``; the tests
 compare the parameters bit for bit): fragment 0 first, each sent at inner step H/K − τ of its turn,
@@ -40,6 +41,11 @@ and the Future kept in ``in_flight`` is waited for in the same post-hook, the H-
     +        pseudo = torch.cat([(s - p.detach()).reshape(-1) for p, s in zip(params, synced)])  # item 2
     +        bucket = GradBucket(fragment, pseudo, params, is_last=fragment == len(self.fragments) - 1)
     +        self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # item 2; item 3 waits for it
+    -        average = send(self.comm_hook, self.comm_state, bucket).wait()
+    +        sent, future = self.in_flight  # item 3, in the post-hook that applies the fragment
+    +            average, self.in_flight = future.wait(), None
+    -        for param, mean in zip(params, average.split([p.numel() for p in params])):
+    +            for param, weights, mean in zip(params, synced, average.split([p.numel() for p in params])):
     -            param.copy_(mean.view_as(param))
     +            param.copy_(weights)  # item 3: weights, the synced ones
     +            param.grad = mean.view_as(param)  # mean: the averaged pseudo-gradient, the Future's result

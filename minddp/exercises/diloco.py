@@ -28,13 +28,15 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
 pseudo-gradient leaves after inner step ``step`` (1, 2, ...), or ``None``. Each rank calls it for two periods of
 every schedule in :data:`SCHEDULES`; a schedule that differs across replicas is named first (they would sum
 different fragments, or wait for ever), then the first schedule and step where it differs from streaming DiLoCo's
-(:func:`~minddp.exercises.solutions.fragment_to_send`, the schedule :class:`minddp.DiLoCo` keeps), a bool where
+(:func:`~minddp.exercises.solutions.fragment_to_send`, the schedule :class:`minddp.DiLoCo` keeps), steps counted
+from 0 in both the send step and the fragment (the whole schedule one step early) named as such, a bool where
 None belongs (``cond and fragment``) named as such, a fragment number past the last (no ``% fragments``) named as
 such, and so are a schedule silent at a delay of 0 (``step % turn == turn - delay``: ``step % turn`` never reaches
 ``turn``), more than one send per turn, none at all at another delay (a missing ``return``), fragments numbered
 from 1, the next (or the previous) turn's fragment, a turn of sync_every steps (the ``// fragments`` forgotten), a
-fragment sent delay steps after its turn starts, and a send one step early or late in every turn (an off-by-one,
-with a schedule silent at a delay of 0 said beside it), read off the whole schedule.
+fragment sent delay steps after its turn starts, and a fragment numbered by the period or a send one step early or
+late in every turn (an off-by-one), each with a schedule silent at a delay of 0 said beside it, read off the whole
+schedule.
 
 Example (2 checker ranks, a few seconds: not run by the doctests)::
 
@@ -673,6 +675,16 @@ def _delay_ignored(schedules: list[list]) -> str:
     return ""
 
 
+def _silent_at_zero() -> str:
+    """What a schedule that sends nothing at a delay of 0 does, why, and the send condition that fixes it."""
+    h, k, _ = _args(next(s for s in SCHEDULES if s["delay"] == 0))
+    turn = h // k
+    return (
+        f"with a delay of 0 (H = {h}, {k} fragments) it sends no fragment at all: a remainder modulo {turn} runs from "
+        f"0 to {turn - 1}, so it never equals turn − delay = {turn}: send where step % turn == (turn − delay) % turn"
+    )
+
+
 def _schedule_text(f: dict, report: dict) -> str:
     h, k, tau = _args(SCHEDULES[f["at"]])
     where = f"with H = {h}, {k} fragments and a delay of {tau}, after step {f['step']}"
@@ -698,6 +710,16 @@ def _schedule_text(f: dict, report: dict) -> str:
         )
     mine = report["schedule"][f["at"]]
     right = [solutions.fragment_to_send(step, h, k, tau) for step in range(1, len(mine) + 1)]
+    if all(
+        theirs == [solutions.fragment_to_send(step + 1, *_args(s)) for step in range(1, len(theirs) + 1)]
+        for s, theirs in zip(SCHEDULES, report["schedule"])
+    ):
+        return (
+            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours counts the steps from 0: "
+            "after every step yours sends what streaming DiLoCo sends after the next one, in every schedule (the send "
+            "step and the fragment both one step early); steps count from 1 (the first inner step is step 1): your "
+            "formulas applied to step − 1 are streaming DiLoCo's"
+        )
     sent, turns = sum(x is not None for x in mine), len(mine) // turn
     if sent > turns:
         return (
@@ -750,6 +772,23 @@ def _schedule_text(f: dict, report: dict) -> str:
             f"sync_every = {h} steps: a turn is sync_every // fragments = {turn} steps, so that each of the {k} "
             f"fragments has its turn once in every H = {h} steps"
         )
+    silent = [s["delay"] == 0 and all(x is None for x in mine) for s, mine in zip(SCHEDULES, report["schedule"])]
+    for back, period in ((1, "(step − 1)"), (0, "step")):  # the period's number, steps counted from 1 or from 0
+        if all(
+            quiet
+            or mine
+            == [
+                (s - back) // h % k if s % (h // k) == (h // k - tau) % (h // k) else None
+                for s in range(1, len(mine) + 1)
+            ]
+            for (h, k, tau), mine, quiet in zip(map(_args, SCHEDULES), report["schedule"], silent)
+        ):
+            return (
+                f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours numbers the fragment "
+                f"by the period, {period} // sync_every, so every turn of a period sends the same fragment; the "
+                f"fragment is the turn's number, (step − 1) // {turn} % {k}, not {period} // {h} % {k}"
+                + (f"; {_silent_at_zero()}" if any(silent) else "")
+            )
     ignored = _delay_ignored(report["schedule"])
     if ignored:
         lh, lk, ltau = _args(max(SCHEDULES, key=lambda x: x["sync_every"] // x["fragments"]))  # the longest turn
@@ -772,21 +811,13 @@ def _schedule_text(f: dict, report: dict) -> str:
     if shift:
         lh, lk, ltau = _args(max(SCHEDULES, key=lambda x: x["sync_every"] // x["fragments"]))  # the longest turn
         lturn = lh // lk
-        zh, zk, _ = _args(next(s for s in SCHEDULES if s["delay"] == 0))
-        zturn = zh // zk
         return (
             f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: an off-by-one in the send "
             f"step: yours sends each fragment one step {'earlier' if shift < 0 else 'later'} in its turn than "
             f"streaming DiLoCo, in every schedule{' with a delay above 0' if silent else ''} (with H = {lh}, {lk} "
             f"fragments and a delay of {ltau}: after step {(lturn - ltau + shift - 1) % lturn + 1} of each turn of "
             f"{lturn}, not {lturn} − {ltau} = {lturn - ltau})"
-            + (
-                f", and with a delay of 0 (H = {zh}, {zk} fragments) it sends no fragment at all: a remainder modulo "
-                f"{zturn} runs from 0 to {zturn - 1}, so it never equals turn − delay = {zturn}"
-                if silent
-                else ""
-            )
-            + ": send where step % turn == (turn − delay) % turn"
+            + (f", and {_silent_at_zero()}" if silent else ": send where step % turn == (turn − delay) % turn")
         )
     if isinstance(f["mine"], int) and not 0 <= f["mine"] < k:
         return (

@@ -40,7 +40,7 @@ from minddp.comm.registry import make_hook, torch_hook
 from minddp.comm.send import in_launch_range
 from minddp.comm.wire import Traffic, Wire
 from minddp.ddp import DistributedDataParallel
-from minddp.diloco import DiLoCo, LocalSGD
+from minddp.diloco import OUTER_DEFAULTS, DiLoCo, LocalSGD
 from minddp.runtime import compat
 from minddp.runtime.compiling import eager_under_compile, split_at_buckets
 from minddp.sharding import FullyShardedDataParallel, Zero2DDP, ZeroRedundancyOptimizer
@@ -292,8 +292,8 @@ def slow_link(
     optimizer,
     sync_every: int,
     *,
-    outer_lr: float = 0.7,
-    outer_momentum: float = 0.9,
+    outer_lr: float = OUTER_DEFAULTS["lr"],
+    outer_momentum: float = OUTER_DEFAULTS["momentum"],
     fragments: int = 1,
     fragment_delay: int = 0,
     fragment_alpha: float = 0.0,
