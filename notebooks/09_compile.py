@@ -17,19 +17,19 @@
 # # 09 · Compiled: `torch.compile` and buckets handed over during backward
 #
 # Autograd runs backward as *nodes*, of two kinds in this notebook. A parameter's `AccumulateGrad`
-# node adds its gradient into the parameter's `.grad`; `ddp`'s *reducer* (the part that fills the
-# buckets and sends them) has a hook there, which marks the gradient ready and, once a bucket's last
-# gradient is, copies the bucket's gradients into one buffer and hands it over. Every other node is a
+# node adds its gradient into the parameter's `.grad`; `ddp`'s *reducer* (the part of `ddp` that fills
+# the buckets) has a hook there, which marks the gradient ready and, once a bucket's last gradient is,
+# copies the bucket's gradients into one buffer and hands it over. Every other node is a
 # *gradient node*: it computes gradients (the model's nodes, and the loss's).
 #
 # Words, kept apart. A bucket is *handed over* when the reducer calls `all_reduce` on it, once its
 # last gradient is there (the tick in the figure); it goes to *gloo*, the process group that carries
-# the messages between these CPU ranks. It is *in flight* (`docs/analysis.md`) from the start of
+# the ranks' messages on CPU. A bucket's *message* is its `all_reduce`. It is *in flight* (`docs/analysis.md`) from the start of
 # gloo's `all_reduce` range to its end (the orange bar), not from the tick. On CPU ranks that range
 # can also hold time gloo waits for the other rank to join or for a free core: a bar's length is not
 # the time the bytes took to travel.
 #
-# nanoGPT's pattern compiles the model, then wraps it: `model = torch.compile(model)`, then `DDP(model)`.
+# nanoGPT (a small GPT training script) compiles the model, then wraps it: `model = torch.compile(model)`, then `DDP(model)`.
 # `torch.compile` has two parts: *Dynamo* captures the model's Python as a graph, and a *backend*
 # compiles the graph (by default *Inductor*, which fuses operations into kernels of its own).
 # Compiled as one graph, the model records a single gradient node for its whole forward, whose
@@ -54,8 +54,8 @@
 # cut and compiled with it; then the pieces and the buckets, and an exercise on them; then the
 # wrapper compiled whole; then buckets of 0.5 MiB. The model is a small MLP of our own class (eight
 # 1 MiB layers without biases), not the shared workload: its layers make the pieces easy to name. The
-# backend is `aot_eager`: the graph is traced and cut as with Inductor, then run with eager's own aten
-# operations, fused into none, so all three trainings give the same bits.
+# backend is `aot_eager`: the graph is traced and cut as with Inductor, then run with the operations
+# eager calls (torch's *aten* operators), fused into none, so all three trainings give the same bits.
 
 # %%
 # %load_ext minddp.notebook
@@ -94,7 +94,7 @@ class MLP(nn.Module):
 def batches():
     generator = torch.Generator().manual_seed(rank)  # each rank its own shard
     while True:
-        yield [torch.randn(32, WIDTH, generator=generator)]  # one micro-batch a step
+        yield [torch.randn(32, WIDTH, generator=generator)]  # one batch of 32 rows a step
 
 
 def loss_fn(model, x):
@@ -157,7 +157,7 @@ for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT
     looks[label]["row"].update(label=f"{name}\n{looks[label]['calls']} buckets", stage=label)
 lesson.say(
     f"ddp on {world_size} ranks, an MLP of {DEPTH} layers of {WIDTH}×{WIDTH} (1 MiB of float32 weights each), "
-    f"no biases, buckets of {CAP:g} MiB, one micro-batch a step; compiled with the {BACKEND} backend; "
+    f"no biases, buckets of {CAP:g} MiB, one batch of 32 rows a step; compiled with the {BACKEND} backend; "
     f"torch {torch.__version__}."
 )
 
@@ -177,18 +177,17 @@ lesson.say(
 # White is time in none of these. The white just before the green bar holds the end of backward,
 # where `ddp` waits for the messages still in flight and copies the averages into `.grad`. Like an
 # orange bar, a grey or blue bar can also hold time its thread waits for a core, as gloo's threads and
-# the other rank run beside it on two cores: a grey bar can be longer than the work in its node.
+# the other rank run beside it: a bar can be longer than the work in its node.
 #
 # Read the figure for the order of its events: that is what the cut changes, and what the claims
-# count. A row's length does not show which run is faster: each row is one step on these shared
-# cores, and the last line printed above the figure gives the optimizer step's length in each run, the same
-# work each time. That line also counts, for each run, the messages in flight while a gradient node
-# ran: without the cut none can be (the first claim checks it); with the cut some can be, and the
-# count says how many were in this step.
+# count. Do not read it for lengths, not even to compare the rows: each row is one step on these
+# shared cores, and the same work can draw at different lengths in different rows. The first line
+# printed below the figure gives the optimizer step's length in each run, the same work each time.
+# The second counts, for each run, the messages in flight while a gradient node ran: without the cut
+# none can be (the first claim checks it); with the cut some can be.
 #
-# The cut is torch's design for GPUs, where backward's kernels run on the GPU while NCCL carries the
-# buckets on a stream of its own. This notebook runs no GPU: what the cut does to a GPU step is not
-# shown here.
+# The cut is torch's design for GPUs. This notebook runs no GPU: what the cut does to a GPU step is
+# not shown here.
 
 # %%
 # %%distributed
@@ -235,12 +234,25 @@ lesson.claim(
 )
 
 
-flying = {label: f"{v['in_flight_beside_node']} of {len(v['row']['messages'])}" for label, v in looks.items()}
-green = ", ".join(f"{end - start:.1f}" for v in looks.values() for start, end in v["row"]["optimizer"])
+# %%
+# %%distributed
+green = {label: sum(end - start for start, end in v["row"]["optimizer"]) for label, v in looks.items()}  # ms
 lesson.say(
-    "In the profiled step, messages in flight while a gradient node ran: "
-    + ", ".join(f"{label} {n}" for label, n in flying.items())
-    + f". The optimizer step (green; the same SGD on the same 8 MiB in each run): {green} ms."
+    "The optimizer step (green), the same SGD on the same 8 MiB in each run, took "
+    + ", ".join(f"{ms:.1f} ms {label}" for label, ms in green.items())
+    + f": the same work drew {max(green.values()) / min(green.values()):.1f} times as long in one row as in another."
+)
+flying = {label: v["in_flight_beside_node"] for label, v in looks.items()}
+messages = {label: len(v["row"]["messages"]) for label, v in looks.items()}
+lesson.say(
+    "Messages in flight while a gradient node ran, in the profiled step: "
+    + ", ".join(f"{flying[label]} of {messages[label]} {label}" for label in looks)
+    + (
+        f". So with the cut, {flying[CUT]} of the {messages[CUT]} messages were in flight while gradients were "
+        "still computed; without it, none."
+        if flying[CUT]
+        else ". So with the cut, as without it, no message was in flight while gradients were computed."
+    )
 )
 
 # %% [markdown]
@@ -279,7 +291,7 @@ for i, piece in enumerate(pieces):
     lesson.say(f"piece {i} (backward runs it {'first' if i == 0 else 'next'}): {', '.join(piece)}")
 size = {n.removeprefix("_orig_mod."): p.numel() * p.element_size() for n, p in ddp.module.named_parameters()}
 for i, bucket in enumerate(buckets):
-    lesson.say(f"bucket {i} ({sum(size[name] for name in bucket)} bytes): {', '.join(bucket)}")
+    lesson.say(f"bucket {i} ({sum(size[name] for name in bucket) / 2**20:g} MiB): {', '.join(bucket)}")
 lesson.claim(
     len(pieces) > 1 and sum(map(len, pieces)) == sum(map(len, buckets)) == DEPTH,
     f"The compiled graph is cut into {len(pieces)} pieces, which together produce the gradients of all "
@@ -303,8 +315,8 @@ lesson.claim(
 ended, begun = (looks[CUT][key] for key in ("pieces_ended_at_handover", "pieces_begun_at_handover"))
 lesson.claim(
     ended == begun == [home[0] + 1 for home in homes],
-    "In the profiled step each bucket was handed over (its tick) after the backward of its piece ended and before "
-    "the backward of the piece backward runs next began.",
+    "In the profiled step each bucket was handed over (its tick) after the backward of its piece ended, and each "
+    "but the last before the backward of the next piece began.",
 )
 
 # %% [markdown]
@@ -351,8 +363,7 @@ print(check_handover(solutions.handed_over_after))
 # not the functions it calls, the module's included; and the two steps `forward` runs before and after
 # the module (`_before_module`, `_after_module`) with the default `recursive=True`, so that Dynamo
 # skips them with all they call. Dynamo begins no graph in `forward`, so there is none to break, and
-# it compiles the module that `forward` calls as a graph of its own (the next section prints that
-# graph's pieces). Each wrapper is compiled around an MLP of two 1 MiB layers, for one training
+# it compiles the module that `forward` calls as a graph of its own. Each wrapper is compiled around an MLP of two 1 MiB layers, for one training
 # step, and Dynamo counts the breaks.
 
 
@@ -460,8 +471,8 @@ lesson.claim(
 #
 # * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the compiled
 #   graph into pieces, and the first bucket is handed over before backward's last gradient node (the
-#   claims above), so its message can be in flight while gradients are still computed. Whether it
-#   was, on these CPU cores, is the count printed above the figure; what the cut does to a step's
+#   claims above), so its message can be in flight while gradients are still computed. How many
+#   were in this run's step, the last line below the figure says; what the cut does to a step's
 #   length, on CPU or GPU, is not measured here.
 # * The wrapper compiled whole: `torch.compile(ddp)` adds no graph break to the model's own, where
 #   torch's DDP adds breaks, and its module is compiled and cut (*Buckets of 0.5 MiB*).
