@@ -325,10 +325,10 @@ lesson.claim(
 # Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order backward
 # runs them, each as its gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap
 # in bytes. Fill the buckets as `ddp` does (a bucket closes at the first gradient that takes it to the
-# cap or past it; the gradients left at the end make one last bucket) and return, for each bucket, the
-# index of the piece after whose backward it is handed over. `check_handover` calls it on a few small
-# cases, without ranks, and names the usual mistakes, alone or two together. As it stands the cell raises
-# `NotImplementedError`, and the checker says so.
+# cap or past it; the gradients left at the end make one last bucket, handed over once the last of them
+# is there) and return, for each bucket, the index of the piece after whose backward it is handed
+# over. `check_handover` calls it on a few small cases, without ranks, and names the usual mistakes,
+# alone or two together. As it stands the cell raises `NotImplementedError`, and the checker says so.
 
 # %%
 from minddp.exercises import check_handover
