@@ -166,10 +166,10 @@ lesson.say(
 # ## One step, three runs, on one time axis
 #
 # Each row is the profiled step of one run, rank 0, from the start of its forward to the black line
-# where its optimizer step ends: the forward and the loss (pale, up to backward's first gradient
-# node), the gradient nodes (blue, the loss's included), the `AccumulateGrad` nodes (grey), a tick
-# when a bucket was handed over (the row's label says how many buckets), an orange bar for each
-# message in flight, and the optimizer step (green). A tick is not the start of its bar: the bar is
+# where its optimizer step ends: the forward and the loss (pale), the gradient nodes (blue, the
+# loss's included), the `AccumulateGrad` nodes (grey), a tick when a bucket was handed over (the
+# row's label says how many buckets), an orange bar for each message in flight, and the optimizer
+# step (green). A tick is not the start of its bar: the bar is
 # gloo's range, which can begin later. Orange bars that overlap draw over each other, so two messages
 # in flight at once can show as more orange boxes than buckets; other bars or ticks that overlap, or
 # lie closer together than a pixel (about a thousandth of the time axis), draw as one.
@@ -180,10 +180,10 @@ lesson.say(
 # the other rank run beside it: a bar can be longer than the work in its node.
 #
 # Read the figure for the order of its events: that is what the cut changes, and what the claims
-# count. Do not read it for lengths, not even to compare the rows: each row is one step on these
-# shared cores, and the same work can draw at different lengths in different rows. The first line
-# printed below the figure gives the optimizer step's length in each run, the same work each time.
-# The second counts, for each run, the messages in flight while a gradient node ran: without the cut
+# count. Do not read it for lengths, not even to compare the rows: each row is one step of two
+# ranks that share this machine's cores, and the same work can draw at different lengths in
+# different rows. The first line printed below the figure gives the optimizer step's length in each
+# run, the same work each time. The second counts, for each run, the messages in flight while a gradient node ran: without the cut
 # none can be (the first claim checks it); with the cut some can be.
 #
 # The cut is torch's design for GPUs. This notebook runs no GPU: what the cut does to a GPU step is
@@ -363,8 +363,8 @@ print(check_handover(solutions.handed_over_after))
 # not the functions it calls, the module's included; and the two steps `forward` runs before and after
 # the module (`_before_module`, `_after_module`) with the default `recursive=True`, so that Dynamo
 # skips them with all they call. Dynamo begins no graph in `forward`, so there is none to break, and
-# it compiles the module that `forward` calls as a graph of its own. Each wrapper is compiled around an MLP of two 1 MiB layers, for one training
-# step, and Dynamo counts the breaks.
+# it compiles the module that `forward` calls as a graph of its own. Each wrapper is compiled around
+# an MLP of two 1 MiB layers, for one training step, and Dynamo counts the breaks.
 
 
 # %%
