@@ -24,12 +24,14 @@
 #
 # Words, kept apart. A bucket is *handed over* when the reducer calls `all_reduce` on it, once its
 # last gradient is there (the tick in the figure); it goes to *gloo*, the process group that carries
-# the ranks' messages on CPU. A bucket's *message* is its `all_reduce`. It is *in flight* (`docs/analysis.md`) from the start of
-# gloo's `all_reduce` range to its end (the orange bar), not from the tick. On CPU ranks that range
+# the ranks' messages on CPU. A bucket's *message* is its `all_reduce`. It is *in flight*
+# (`docs/analysis.md`) from the start of gloo's `all_reduce` range to its end (the orange bar), not
+# from the tick. On CPU ranks that range
 # can also hold time gloo waits for the other rank to join or for a free core: a bar's length is not
 # the time the bytes took to travel.
 #
-# nanoGPT (a small GPT training script) compiles the model, then wraps it: `model = torch.compile(model)`, then `DDP(model)`.
+# nanoGPT (a small GPT training script) compiles the model, then wraps it:
+# `model = torch.compile(model)`, then `DDP(model)`.
 # `torch.compile` has two parts: *Dynamo* captures the model's Python as a graph, and a *backend*
 # compiles the graph (by default *Inductor*, which fuses operations into kernels of its own).
 # Compiled as one graph, the model records a single gradient node for its whole forward, whose
@@ -53,7 +55,7 @@
 # This notebook shows one step of `ddp` in three runs on one time axis: eager, compiled without the
 # cut and compiled with it; then the pieces and the buckets, and an exercise on them; then the
 # wrapper compiled whole; then buckets of 0.5 MiB. The model is a small MLP of our own class (eight
-# 1 MiB layers without biases), not the shared workload: its layers make the pieces easy to name. The
+# 1 MiB layers without biases): its layers make the pieces easy to name. The
 # backend is `aot_eager`: the graph is traced and cut as with Inductor, then run with the operations
 # eager calls (torch's *aten* operators), fused into none, so all three trainings give the same bits.
 
@@ -165,11 +167,11 @@ lesson.say(
 # %% [markdown]
 # ## One step, three runs, on one time axis
 #
-# Each row is the profiled step of one run, rank 0, from the start of its forward to the black line
-# where its optimizer step ends: the forward and the loss (pale), the gradient nodes (blue, the
-# loss's included), the `AccumulateGrad` nodes (grey), a tick when a bucket was handed over (the
-# row's label says how many buckets), an orange bar for each message in flight, and the optimizer
-# step (green). A tick is not the start of its bar: the bar is
+# Each row is the profiled step of one run (its third step, after two that are not profiled), rank 0,
+# from the start of its forward to the black line where its optimizer step ends: the forward and the
+# loss (pale), the gradient nodes (blue, the loss's included), the `AccumulateGrad` nodes (grey), a
+# tick when a bucket was handed over (the row's label says how many buckets), an orange bar for each
+# message in flight, and the optimizer step (green). A tick is not the start of its bar: the bar is
 # gloo's range, which can begin later. Orange bars that overlap draw over each other, so two messages
 # in flight at once can show as more orange boxes than buckets; other bars or ticks that overlap, or
 # lie closer together than a pixel (about a thousandth of the time axis), draw as one.
@@ -183,8 +185,9 @@ lesson.say(
 # count. Do not read it for lengths, not even to compare the rows: each row is one step of two
 # ranks that share this machine's cores, and the same work can draw at different lengths in
 # different rows. The first line printed below the figure gives the optimizer step's length in each
-# run, the same work each time. The second counts, for each run, the messages in flight while a gradient node ran: without the cut
-# none can be (the first claim checks it); with the cut some can be.
+# run, the same work each time. The second counts, for each run, the messages in flight while a
+# gradient node ran: without the cut none can be (the first claim checks it); with the cut some can
+# be.
 #
 # The cut is torch's design for GPUs. This notebook runs no GPU: what the cut does to a GPU step is
 # not shown here.
