@@ -50,14 +50,15 @@
 # (`minddp/runtime/compiling.py`), with one difference in the first piece: with torch's DDP, Dynamo
 # closes it at `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB in the torch of this run);
 # minddp's `ddp`, given a `bucket_cap_mb`, closes it at that cap.
-# So here every piece closes at 2 MiB.
+# So here each piece but the last closes once its parameters reach 2 MiB; the last holds what is left.
 #
 # This notebook shows one step of `ddp` in three runs on one time axis: eager, compiled without the
-# cut and compiled with it; then the pieces and the buckets, and an exercise on them; then the
-# wrapper compiled whole; then buckets of 0.5 MiB. The model is a small MLP of our own class (eight
-# 1 MiB layers without biases): its layers make the pieces easy to name. The
-# backend is `aot_eager`: the graph is traced and cut as with Inductor, then run with the operations
-# eager calls (torch's *aten* operators), fused into none, so all three trainings give the same bits.
+# cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and compiled with it;
+# then the pieces and the buckets, and an exercise on them; then the wrapper compiled whole; then
+# buckets of 0.5 MiB. The model is a small MLP of our own class (eight 1 MiB layers without
+# biases): its layers make the pieces easy to name. The backend is `aot_eager`: the graph is traced
+# and cut as with Inductor, then run with the operations eager calls (torch's *aten* operators),
+# fused into none, so all three trainings give the same bits.
 
 # %%
 # %load_ext minddp.notebook
@@ -177,17 +178,19 @@ lesson.say(
 # lie closer together than a pixel (about a thousandth of the time axis), draw as one.
 #
 # White is time in none of these. The white just before the green bar holds the end of backward,
-# where `ddp` waits for the messages still in flight and copies the averages into `.grad`. Like an
-# orange bar, a grey or blue bar can also hold time its thread waits for a core, as gloo's threads and
-# the other rank run beside it: a bar can be longer than the work in its node.
+# where `ddp` waits for the messages still in flight and copies the averages into `.grad`. White
+# between two bars of backward is time in which the profiler recorded no node on this thread: what
+# the thread did then, this notebook does not show. Like an orange bar, a grey or blue bar can also
+# hold time its thread waits for a core, as gloo's threads and the other rank run beside it: a bar
+# can be longer than the work in its node.
 #
 # Read the figure for the order of its events: that is what the cut changes, and what the claims
 # count. Do not read it for lengths, not even to compare the rows: each row is one step of two
 # ranks that share this machine's cores, and the same work can draw at different lengths in
-# different rows. The first line printed below the figure gives the optimizer step's length in each
-# run, the same work each time. The second counts, for each run, the messages in flight while a
-# gradient node ran: without the cut none can be (the first claim checks it); with the cut some can
-# be.
+# different rows. The cell after the figure prints two lines. The first gives the optimizer step's
+# length in each run, the same work each time. The second counts, in the two compiled runs, the
+# messages in flight while a gradient node ran: without the cut none can be (the first claim checks
+# it); with the cut some can be, and how many depends on this run's timing.
 #
 # The cut is torch's design for GPUs. This notebook runs no GPU: what the cut does to a GPU step is
 # not shown here.
@@ -243,19 +246,12 @@ green = {label: sum(end - start for start, end in v["row"]["optimizer"]) for lab
 lesson.say(
     "The optimizer step (green), the same SGD on the same 8 MiB in each run, took "
     + ", ".join(f"{ms:.1f} ms {label}" for label, ms in green.items())
-    + f": the same work drew {max(green.values()) / min(green.values()):.1f} times as long in one row as in another."
+    + "."
 )
-flying = {label: v["in_flight_beside_node"] for label, v in looks.items()}
-messages = {label: len(v["row"]["messages"]) for label, v in looks.items()}
 lesson.say(
     "Messages in flight while a gradient node ran, in the profiled step: "
-    + ", ".join(f"{flying[label]} of {messages[label]} {label}" for label in looks)
-    + (
-        f". So with the cut, {flying[CUT]} of the {messages[CUT]} messages were in flight while gradients were "
-        "still computed; without it, none."
-        if flying[CUT]
-        else ". So with the cut, as without it, no message was in flight while gradients were computed."
-    )
+    + ", ".join(f"{looks[k]['in_flight_beside_node']} of {len(looks[k]['row']['messages'])} {k}" for k in (NO_CUT, CUT))
+    + "."
 )
 
 # %% [markdown]
@@ -402,8 +398,8 @@ lesson.claim(
 # Each wrapper, with both patterns (the model compiled, then wrapped; the wrapper compiled), at
 # 0.5 MiB on an MLP of two 1 MiB layers, one training step each: its parameters compared with eager
 # `ddp`'s after the same step, and the pieces its compiled graph is cut into; a refusal is printed
-# with the torch file that raised it. With torch's DDP, Dynamo's first piece is 1 MiB, which this cap
-# is below; minddp's `ddp`, given a cap, closes the first piece at that cap.
+# with the torch file that raised it. With torch's DDP, Dynamo caps the first piece at 1 MiB, above
+# this bucket cap; minddp's `ddp`, given a cap, caps the first piece at that cap.
 
 
 # %%
@@ -456,8 +452,8 @@ lesson.claim(
         for pattern in patterns
     ),
     f"With torch {torch.__version__}, at {SMALL:g} MiB torch's DDP does not compile, with either pattern: Dynamo's "
-    f"first piece, {first:g} MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), is larger than the cap, and its "
-    "code asserts.",
+    f"cap for the first piece, {first:g} MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), is larger than the "
+    "bucket cap, and Dynamo asserts before it cuts any piece.",
 )
 lesson.claim(
     all(
@@ -475,11 +471,12 @@ lesson.claim(
 # * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the compiled
 #   graph into pieces, and the first bucket is handed over before backward's last gradient node (the
 #   claims above), so its message can be in flight while gradients are still computed. How many
-#   were in this run's step, the last line below the figure says; what the cut does to a step's
-#   length, on CPU or GPU, is not measured here.
+#   were in this run's step (its timing decides), the second line printed after the figure says;
+#   what the cut does to a step's length, on CPU or GPU, is not measured here.
 # * The wrapper compiled whole: `torch.compile(ddp)` adds no graph break to the model's own, where
 #   torch's DDP adds breaks, and its module is compiled and cut (*Buckets of 0.5 MiB*).
-# * At 0.5 MiB buckets torch's DDP (this run's torch) does not compile: its first piece is 1 MiB.
+# * At 0.5 MiB buckets torch's DDP (this run's torch) does not compile: Dynamo's cap for its first
+#   piece, 1 MiB, is above the bucket cap, and Dynamo asserts.
 #   minddp's `ddp` trains, with both patterns, to eager's bits.
 # * The train command and the benchmark take `--compile` (`--compile-backend aot_eager` for quick
 #   runs). `docs/ddp.md` (*Compiled*) gives the details, the limits and why minddp uses Dynamo's
