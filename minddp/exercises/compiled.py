@@ -58,6 +58,8 @@ def _walk(
     bucket: bool = False,
     last_opened: bool = False,
     forget: bool = False,
+    kept: bool = False,
+    late: bool = False,
 ) -> list[int]:
     """The model answer's walk with one mistake switched on: close only past the cap (``past``), before the
     gradient that would pass it (``before``), drop the last bucket (``last=False``), add a last one even when nothing
@@ -67,22 +69,27 @@ def _walk(
     (``forward``), take a piece's gradients in the forward's order (``within``); or give each bucket, in place of
     its piece's index, that index counted from the forward's end (``mirror``), its last gradient's index in arrival
     order (``gradient``), the bucket's own index (``bucket``); give the last bucket the piece where it opened
-    (``last_opened``); or start each piece from 0 bytes, dropping the open bucket's bytes (``forget``)."""
+    (``last_opened``); or start each piece from 0 bytes, dropping the open bucket's bytes (``forget``); never set the
+    bytes back to 0 when a bucket closes (``kept``); check the cap before adding each gradient, closing one late and
+    noting the next gradient's piece (``late``)."""
     after, filled, opened, at, g = [], 0, (0, 0), (0, 0), -1  # (piece, gradient) pairs; g counts the gradients
     for i, piece in reversed(list(enumerate(pieces))) if forward else enumerate(pieces):
         filled = 0 if forget else filled
         for j, size in enumerate(piece[::-1] if within else piece):
             g += 1
+            if late and ((filled > cap) if past else (filled >= cap)):
+                after.append(opened if first else (i, g))
+                filled = filled - cap if carry else 0
             if before and filled and filled + size > cap:
                 after.append(at)
                 filled = 0
             opened = (i, g) if filled == 0 else opened
             filled, at = filled + size, (i, g)
-            if at_end and j < len(piece) - 1:
+            if late or at_end and j < len(piece) - 1:
                 continue
             if (filled > cap) if past else (filled >= cap):
                 after.append(opened if first else at)
-                filled = filled - cap if carry else 0
+                filled = filled - cap if carry else filled if kept else 0
         if per_piece and filled:
             after.append(at)
             filled = 0
@@ -174,6 +181,16 @@ WALKS = {
         {"forget": True},
         "the bytes of a bucket still open at a piece's end were dropped (set to 0 without closing the bucket): "
         "the open bucket keeps its bytes and takes the next piece's gradients too",
+    ),
+    "bytes never reset": (
+        {"kept": True},
+        "the bytes were not set back to 0 when a bucket closed, so after the first bucket every gradient closed "
+        "one of its own: each bucket starts empty",
+    ),
+    "cap before adding": (
+        {"late": True},
+        "the cap was checked before each gradient was added, so each bucket closed one gradient late, given the "
+        "piece of the gradient after: add the gradient, then check the cap, and note that gradient's piece",
     ),
 }
 
