@@ -17,19 +17,21 @@
 # # 09 · Compiled: `torch.compile` and buckets handed over during backward
 #
 # Autograd runs backward as *nodes*, of two kinds in this notebook. A parameter's `AccumulateGrad`
-# node adds its gradient into the parameter's `.grad`; `ddp`'s *reducer* (the part that fills the
-# buckets and sends them) has a hook there, which marks the gradient ready and, once a bucket's last
-# gradient is, copies the bucket's gradients into one buffer and hands it over. Every other node is a
+# node adds its gradient into the parameter's `.grad`; `ddp`'s *reducer* (the part of `ddp` that fills
+# the buckets) has a hook there, which marks the gradient ready and, once a bucket's last gradient is,
+# copies the bucket's gradients into one buffer and hands it over. Every other node is a
 # *gradient node*: it computes gradients (the model's nodes, and the loss's).
 #
 # Words, kept apart. A bucket is *handed over* when the reducer calls `all_reduce` on it, once its
 # last gradient is there (the tick in the figure); it goes to *gloo*, the process group that carries
-# the messages between these CPU ranks. It is *in flight* (`docs/analysis.md`) from the start of
-# gloo's `all_reduce` range to its end (the orange bar), not from the tick. On CPU ranks that range
+# the ranks' messages on CPU. A bucket's *message* is its `all_reduce`. It is *in flight*
+# (`docs/analysis.md`) from the start of gloo's `all_reduce` range to its end (the orange bar), not
+# from the tick. On CPU ranks that range
 # can also hold time gloo waits for the other rank to join or for a free core: a bar's length is not
 # the time the bytes took to travel.
 #
-# nanoGPT's pattern compiles the model, then wraps it: `model = torch.compile(model)`, then `DDP(model)`.
+# nanoGPT (a small GPT training script) compiles the model, then wraps it:
+# `model = torch.compile(model)`, then `DDP(model)`.
 # `torch.compile` has two parts: *Dynamo* captures the model's Python as a graph, and a *backend*
 # compiles the graph (by default *Inductor*, which fuses operations into kernels of its own).
 # Compiled as one graph, the model records a single gradient node for its whole forward, whose
@@ -48,14 +50,15 @@
 # (`minddp/runtime/compiling.py`), with one difference in the first piece: with torch's DDP, Dynamo
 # closes it at `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB in the torch of this run);
 # minddp's `ddp`, given a `bucket_cap_mb`, closes it at that cap.
-# So here every piece closes at 2 MiB.
+# So here each piece but the last closes once its parameters reach 2 MiB; the last holds what is left.
 #
 # This notebook shows one step of `ddp` in three runs on one time axis: eager, compiled without the
-# cut and compiled with it; then the pieces and the buckets, and an exercise on them; then the
-# wrapper compiled whole; then buckets of 0.5 MiB. The model is a small MLP of our own class (eight
-# 1 MiB layers without biases), not the shared workload: its layers make the pieces easy to name. The
-# backend is `aot_eager`: the graph is traced and cut as with Inductor, then run with eager's own aten
-# operations, fused into none, so all three trainings give the same bits.
+# cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and compiled with it;
+# then the pieces and the buckets, and an exercise on them; then the wrapper compiled whole; then
+# buckets of 0.5 MiB. The model is a small MLP of our own class (eight 1 MiB layers without
+# biases): its layers make the pieces easy to name. The backend is `aot_eager`: the graph is traced
+# and cut as with Inductor, then run with the operations eager calls (torch's *aten* operators),
+# fused into none, so all three trainings give the same bits.
 
 # %%
 # %load_ext minddp.notebook
@@ -94,7 +97,7 @@ class MLP(nn.Module):
 def batches():
     generator = torch.Generator().manual_seed(rank)  # each rank its own shard
     while True:
-        yield [torch.randn(32, WIDTH, generator=generator)]  # one micro-batch a step
+        yield [torch.randn(32, WIDTH, generator=generator)]  # one batch of 32 rows a step
 
 
 def loss_fn(model, x):
@@ -157,7 +160,7 @@ for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT
     looks[label]["row"].update(label=f"{name}\n{looks[label]['calls']} buckets", stage=label)
 lesson.say(
     f"ddp on {world_size} ranks, an MLP of {DEPTH} layers of {WIDTH}×{WIDTH} (1 MiB of float32 weights each), "
-    f"no biases, buckets of {CAP:g} MiB, one micro-batch a step; compiled with the {BACKEND} backend; "
+    f"no biases, buckets of {CAP:g} MiB, one batch of 32 rows a step; compiled with the {BACKEND} backend; "
     f"torch {torch.__version__}."
 )
 
@@ -165,30 +168,32 @@ lesson.say(
 # %% [markdown]
 # ## One step, three runs, on one time axis
 #
-# Each row is the profiled step of one run, rank 0, from the start of its forward to the black line
-# where its optimizer step ends: the forward and the loss (pale, up to backward's first gradient
-# node), the gradient nodes (blue, the loss's included), the `AccumulateGrad` nodes (grey), a tick
-# when a bucket was handed over (the row's label says how many buckets), an orange bar for each
+# Each row is the profiled step of one run (its third step, after two that are not profiled), rank 0,
+# from the start of its forward to the black line where its optimizer step ends: the forward and the
+# loss (pale), the gradient nodes (blue, the loss's included), the `AccumulateGrad` nodes (grey), a
+# tick when a bucket was handed over (the row's label says how many buckets), an orange bar for each
 # message in flight, and the optimizer step (green). A tick is not the start of its bar: the bar is
 # gloo's range, which can begin later. Orange bars that overlap draw over each other, so two messages
 # in flight at once can show as more orange boxes than buckets; other bars or ticks that overlap, or
 # lie closer together than a pixel (about a thousandth of the time axis), draw as one.
 #
 # White is time in none of these. The white just before the green bar holds the end of backward,
-# where `ddp` waits for the messages still in flight and copies the averages into `.grad`. Like an
-# orange bar, a grey or blue bar can also hold time its thread waits for a core, as gloo's threads and
-# the other rank run beside it on two cores: a grey bar can be longer than the work in its node.
+# where `ddp` waits for the messages still in flight and copies the averages into `.grad`. White
+# between two bars of backward is time in which the profiler recorded no node on this thread: what
+# the thread did then, this notebook does not show. Like an orange bar, a grey or blue bar can also
+# hold time its thread waits for a core, as gloo's threads and the other rank run beside it: a bar
+# can be longer than the work in its node.
 #
 # Read the figure for the order of its events: that is what the cut changes, and what the claims
-# count. A row's length does not show which run is faster: each row is one step on these shared
-# cores, and the last line printed above the figure gives the optimizer step's length in each run, the same
-# work each time. That line also counts, for each run, the messages in flight while a gradient node
-# ran: without the cut none can be (the first claim checks it); with the cut some can be, and the
-# count says how many were in this step.
+# count. Do not read it for lengths, not even to compare the rows: each row is one step of two
+# ranks that share this machine's cores, and the same work can draw at different lengths in
+# different rows. The cell after the figure prints two lines. The first gives the optimizer step's
+# length in each run, the same work each time. The second counts, in the two compiled runs, the
+# messages in flight while a gradient node ran: without the cut none can be (the first claim checks
+# it); with the cut some can be, and how many depends on this run's timing.
 #
-# The cut is torch's design for GPUs, where backward's kernels run on the GPU while NCCL carries the
-# buckets on a stream of its own. This notebook runs no GPU: what the cut does to a GPU step is not
-# shown here.
+# The cut is torch's design for GPUs. This notebook runs no GPU: what the cut does to a GPU step is
+# not shown here.
 
 # %%
 # %%distributed
@@ -235,12 +240,18 @@ lesson.claim(
 )
 
 
-flying = {label: f"{v['in_flight_beside_node']} of {len(v['row']['messages'])}" for label, v in looks.items()}
-green = ", ".join(f"{end - start:.1f}" for v in looks.values() for start, end in v["row"]["optimizer"])
+# %%
+# %%distributed
+green = {label: sum(end - start for start, end in v["row"]["optimizer"]) for label, v in looks.items()}  # ms
 lesson.say(
-    "In the profiled step, messages in flight while a gradient node ran: "
-    + ", ".join(f"{label} {n}" for label, n in flying.items())
-    + f". The optimizer step (green; the same SGD on the same 8 MiB in each run): {green} ms."
+    "The optimizer step (green), the same SGD on the same 8 MiB in each run, took "
+    + ", ".join(f"{ms:.1f} ms {label}" for label, ms in green.items())
+    + "."
+)
+lesson.say(
+    "Messages in flight while a gradient node ran, in the profiled step: "
+    + ", ".join(f"{looks[k]['in_flight_beside_node']} of {len(looks[k]['row']['messages'])} {k}" for k in (NO_CUT, CUT))
+    + "."
 )
 
 # %% [markdown]
@@ -279,7 +290,7 @@ for i, piece in enumerate(pieces):
     lesson.say(f"piece {i} (backward runs it {'first' if i == 0 else 'next'}): {', '.join(piece)}")
 size = {n.removeprefix("_orig_mod."): p.numel() * p.element_size() for n, p in ddp.module.named_parameters()}
 for i, bucket in enumerate(buckets):
-    lesson.say(f"bucket {i} ({sum(size[name] for name in bucket)} bytes): {', '.join(bucket)}")
+    lesson.say(f"bucket {i} ({sum(size[name] for name in bucket) / 2**20:g} MiB): {', '.join(bucket)}")
 lesson.claim(
     len(pieces) > 1 and sum(map(len, pieces)) == sum(map(len, buckets)) == DEPTH,
     f"The compiled graph is cut into {len(pieces)} pieces, which together produce the gradients of all "
@@ -303,8 +314,8 @@ lesson.claim(
 ended, begun = (looks[CUT][key] for key in ("pieces_ended_at_handover", "pieces_begun_at_handover"))
 lesson.claim(
     ended == begun == [home[0] + 1 for home in homes],
-    "In the profiled step each bucket was handed over (its tick) after the backward of its piece ended and before "
-    "the backward of the piece backward runs next began.",
+    "In the profiled step each bucket was handed over (its tick) after the backward of its piece ended, and each "
+    "but the last before the backward of the next piece began.",
 )
 
 # %% [markdown]
@@ -313,10 +324,10 @@ lesson.claim(
 # Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order backward
 # runs them, each as its gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap
 # in bytes. Fill the buckets as `ddp` does (a bucket closes at the first gradient that takes it to the
-# cap or past it; the gradients left at the end make one last bucket) and return, for each bucket, the
-# index of the piece after whose backward it is handed over. `check_handover` calls it on a few small
-# cases, without ranks, and names the usual mistakes, alone or two together. As it stands the cell raises
-# `NotImplementedError`, and the checker says so.
+# cap or past it; the gradients left at the end make one last bucket, handed over once the last of them
+# is there) and return, for each bucket, the index of the piece after whose backward it is handed
+# over. `check_handover` calls it on a few small cases, without ranks, and names the usual mistakes,
+# alone or two together. As it stands the cell raises `NotImplementedError`, and the checker says so.
 
 # %%
 from minddp.exercises import check_handover
@@ -351,9 +362,8 @@ print(check_handover(solutions.handed_over_after))
 # not the functions it calls, the module's included; and the two steps `forward` runs before and after
 # the module (`_before_module`, `_after_module`) with the default `recursive=True`, so that Dynamo
 # skips them with all they call. Dynamo begins no graph in `forward`, so there is none to break, and
-# it compiles the module that `forward` calls as a graph of its own (the next section prints that
-# graph's pieces). Each wrapper is compiled around an MLP of two 1 MiB layers, for one training
-# step, and Dynamo counts the breaks.
+# it compiles the module that `forward` calls as a graph of its own. Each wrapper is compiled around
+# an MLP of two 1 MiB layers, for one training step, and Dynamo counts the breaks.
 
 
 # %%
@@ -388,8 +398,8 @@ lesson.claim(
 # Each wrapper, with both patterns (the model compiled, then wrapped; the wrapper compiled), at
 # 0.5 MiB on an MLP of two 1 MiB layers, one training step each: its parameters compared with eager
 # `ddp`'s after the same step, and the pieces its compiled graph is cut into; a refusal is printed
-# with the torch file that raised it. With torch's DDP, Dynamo's first piece is 1 MiB, which this cap
-# is below; minddp's `ddp`, given a cap, closes the first piece at that cap.
+# with the torch file that raised it. With torch's DDP, Dynamo caps the first piece at 1 MiB, above
+# this bucket cap; minddp's `ddp`, given a cap, caps the first piece at that cap.
 
 
 # %%
@@ -442,8 +452,8 @@ lesson.claim(
         for pattern in patterns
     ),
     f"With torch {torch.__version__}, at {SMALL:g} MiB torch's DDP does not compile, with either pattern: Dynamo's "
-    f"first piece, {first:g} MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), is larger than the cap, and its "
-    "code asserts.",
+    f"cap for the first piece, {first:g} MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), is larger than the "
+    "bucket cap, and Dynamo asserts before it cuts any piece.",
 )
 lesson.claim(
     all(
@@ -460,12 +470,13 @@ lesson.claim(
 #
 # * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the compiled
 #   graph into pieces, and the first bucket is handed over before backward's last gradient node (the
-#   claims above), so its message can be in flight while gradients are still computed. Whether it
-#   was, on these CPU cores, is the count printed above the figure; what the cut does to a step's
-#   length, on CPU or GPU, is not measured here.
+#   claims above), so its message can be in flight while gradients are still computed. How many
+#   were in this run's step (its timing decides), the second line printed after the figure says;
+#   what the cut does to a step's length, on CPU or GPU, is not measured here.
 # * The wrapper compiled whole: `torch.compile(ddp)` adds no graph break to the model's own, where
 #   torch's DDP adds breaks, and its module is compiled and cut (*Buckets of 0.5 MiB*).
-# * At 0.5 MiB buckets torch's DDP (this run's torch) does not compile: its first piece is 1 MiB.
+# * At 0.5 MiB buckets torch's DDP (this run's torch) does not compile: Dynamo's cap for its first
+#   piece, 1 MiB, is above the bucket cap, and Dynamo asserts.
 #   minddp's `ddp` trains, with both patterns, to eager's bits.
 # * The train command and the benchmark take `--compile` (`--compile-backend aot_eager` for quick
 #   runs). `docs/ddp.md` (*Compiled*) gives the details, the limits and why minddp uses Dynamo's

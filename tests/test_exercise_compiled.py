@@ -169,6 +169,38 @@ def forward_order_in_a_piece(pieces, cap):
     return out + [len(pieces) - 1] * (total > 0)
 
 
+def last_bucket_where_it_opened(pieces, cap):
+    out, total, opened = [], 0, 0
+    for i, size in arrivals(pieces):
+        opened = i if total == 0 else opened
+        total += size
+        if total >= cap:
+            out, total = out + [i], 0
+    return out + [opened] * (total > 0)  # the mistake: the last bucket given the piece where it opened
+
+
+def cap_read_as_mib(pieces, cap):
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total >= cap * 2**20:  # the mistake: the cap taken in MiB, the sizes in bytes
+            out, total = out + [i], 0
+    return out + [len(pieces) - 1] * (total > 0)
+
+
+def bytes_forgotten_at_piece_end(pieces, cap):
+    out = []
+    for i, piece in enumerate(pieces):
+        total = (
+            0  # the mistake: each piece starts from 0 bytes, the open bucket's bytes dropped (the bucket not closed)
+        )
+        for size in piece:
+            total += size
+            if total >= cap:
+                out, total = out + [i], 0
+    return out + [len(pieces) - 1] * (total > 0)
+
+
 def strictly_past_and_no_last_bucket(pieces, cap):
     out, total = [], 0
     for i, size in arrivals(pieces):
@@ -237,6 +269,37 @@ def closed_at_piece_end_and_carried_over(pieces, cap):
     return out
 
 
+def bytes_never_reset(pieces, cap):
+    out, filled = [], 0
+    for i, piece in enumerate(pieces):
+        for size in piece:
+            filled += size
+            if filled >= cap:  # the mistake: filled is not set back to 0, so every later gradient closes a bucket
+                out.append(i)
+    return out + [len(pieces) - 1] * (filled > 0)
+
+
+def bytes_never_reset_and_no_last_bucket(pieces, cap):  # the reader's version: [0, 1, 1, 2, 2] on the first case
+    out, filled = [], 0
+    for i, piece in enumerate(pieces):
+        for size in piece:
+            filled += size
+            if filled >= cap:
+                out.append(i)
+    return out
+
+
+def cap_checked_before_adding(pieces, cap):
+    out, filled = [], 0
+    for i, piece in enumerate(pieces):
+        for size in piece:
+            if filled >= cap:  # the mistake: checked before this gradient is added, so the bucket closes one late
+                out.append(i)
+                filled = 0
+            filled += size
+    return out + [len(pieces) - 1] * (filled > 0)
+
+
 @pytest.mark.parametrize(
     "fn, named",
     [
@@ -267,6 +330,13 @@ def closed_at_piece_end_and_carried_over(pieces, cap):
         (carried_over_and_no_last_bucket, "; and the bytes past the cap were carried into the next bucket"),
         (closed_at_piece_end_and_carried_over, "a bucket was closed at each piece's end"),
         (closed_at_piece_end_and_carried_over, "; and the bytes past the cap were carried into the next bucket"),
+        (last_bucket_where_it_opened, "the last bucket was given the piece where it opened"),
+        (cap_read_as_mib, "the cap was read as MiB"),
+        (bytes_forgotten_at_piece_end, "the bytes of a bucket still open at a piece's end were dropped"),
+        (bytes_never_reset, "the bytes were not set back to 0 when a bucket closed"),
+        (bytes_never_reset_and_no_last_bucket, "the bytes were not set back to 0 when a bucket closed"),
+        (bytes_never_reset_and_no_last_bucket, "the gradients after the last full bucket were dropped"),
+        (cap_checked_before_adding, "the cap was checked before each gradient was added"),
     ],
 )
 def test_each_handover_mistake_is_named(fn, named):

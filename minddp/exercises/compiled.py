@@ -34,6 +34,7 @@ CASES = [
     ([[2, 2, 2], [2, 2, 2], [2, 2, 2]], 4),  # a piece that fills one bucket and opens the next
     ([[3, 1]], 3),  # a piece whose gradients, taken in the wrong order, fill its buckets otherwise
     ([[1, 4], [1], [2, 5]], 3),  # gradients past the cap, a piece that fills none: tells two mistakes from one
+    ([[6], [3, 1], [2]], 8),  # a last bucket not full, opened in one piece and ended in a later one
 ]
 
 
@@ -55,6 +56,10 @@ def _walk(
     mirror: bool = False,
     gradient: bool = False,
     bucket: bool = False,
+    last_opened: bool = False,
+    forget: bool = False,
+    kept: bool = False,
+    late: bool = False,
 ) -> list[int]:
     """The model answer's walk with one mistake switched on: close only past the cap (``past``), before the
     gradient that would pass it (``before``), drop the last bucket (``last=False``), add a last one even when nothing
@@ -63,26 +68,33 @@ def _walk(
     (``carry``), check the cap only at each piece's end (``at_end``), take the pieces in the forward's order
     (``forward``), take a piece's gradients in the forward's order (``within``); or give each bucket, in place of
     its piece's index, that index counted from the forward's end (``mirror``), its last gradient's index in arrival
-    order (``gradient``), the bucket's own index (``bucket``)."""
+    order (``gradient``), the bucket's own index (``bucket``); give the last bucket the piece where it opened
+    (``last_opened``); or start each piece from 0 bytes, dropping the open bucket's bytes (``forget``); never set the
+    bytes back to 0 when a bucket closes (``kept``); check the cap before adding each gradient, closing one late and
+    noting the next gradient's piece (``late``)."""
     after, filled, opened, at, g = [], 0, (0, 0), (0, 0), -1  # (piece, gradient) pairs; g counts the gradients
     for i, piece in reversed(list(enumerate(pieces))) if forward else enumerate(pieces):
+        filled = 0 if forget else filled
         for j, size in enumerate(piece[::-1] if within else piece):
             g += 1
+            if late and ((filled > cap) if past else (filled >= cap)):
+                after.append(opened if first else (i, g))
+                filled = filled - cap if carry else 0
             if before and filled and filled + size > cap:
                 after.append(at)
                 filled = 0
             opened = (i, g) if filled == 0 else opened
             filled, at = filled + size, (i, g)
-            if at_end and j < len(piece) - 1:
+            if late or at_end and j < len(piece) - 1:
                 continue
             if (filled > cap) if past else (filled >= cap):
                 after.append(opened if first else at)
-                filled = filled - cap if carry else 0
+                filled = filled - cap if carry else filled if kept else 0
         if per_piece and filled:
             after.append(at)
             filled = 0
     if (filled or empty) and last:
-        after.append(opened if first else at)
+        after.append(opened if first or last_opened else at)
     if bucket:
         return [k + shift for k in range(len(after))]
     return [(n if gradient else len(pieces) - 1 - i if mirror else i) + shift for i, n in after]
@@ -123,8 +135,7 @@ WALKS = {
     "next piece": (
         {"shift": 1},
         "each bucket was given the piece after the one that fills it (or pieces numbered from 1): the answer is the "
-        "piece whose backward's end completes the bucket, numbered from 0 in the order backward runs them; the "
-        "bucket is in flight during the next one",
+        "piece whose backward's end completes the bucket, numbered from 0 in the order backward runs them",
     ),
     "carried over": (
         {"carry": True},
@@ -161,6 +172,26 @@ WALKS = {
         "each bucket was given its own index: the answer is the index of the piece after whose backward it is "
         "handed over, and one piece can fill none, one or several buckets",
     ),
+    "last bucket where it opened": (
+        {"last_opened": True},
+        "the last bucket was given the piece where it opened: like every bucket it is handed over when its last "
+        "gradient is there, after the backward of the piece that produces it (the last piece)",
+    ),
+    "bytes dropped at piece end": (
+        {"forget": True},
+        "the bytes of a bucket still open at a piece's end were dropped (set to 0 without closing the bucket): "
+        "the open bucket keeps its bytes and takes the next piece's gradients too",
+    ),
+    "bytes never reset": (
+        {"kept": True},
+        "the bytes were not set back to 0 when a bucket closed, so after the first bucket every gradient closed "
+        "one of its own: each bucket starts empty",
+    ),
+    "cap before adding": (
+        {"late": True},
+        "the cap was checked before each gradient was added, so each bucket closed one gradient late, given the "
+        "piece of the gradient after: add the gradient, then check the cap, and note that gradient's piece",
+    ),
 }
 
 #: the switches that say what a bucket is given in place of its piece's index: two of them contradict each other
@@ -185,6 +216,10 @@ MISTAKES = {
         _one_per_piece,
         "one bucket per piece: buckets are cut by bytes, not by pieces; a bucket closes at the first gradient that "
         "takes it to the cap or past it, in whatever piece that is, so a piece can fill none, one or several",
+    ),
+    "cap in MiB": (
+        lambda pieces, cap: _walk(pieces, cap * 2**20),
+        "the cap was read as MiB: `cap` is in bytes, as the gradients' sizes are",
     ),
     "all at the end": (
         _all_at_the_end,
