@@ -75,15 +75,15 @@
 #   (the others' all_reduce cannot complete without it); `raise@11:2`, slot 2's comm hook (the
 #   function that averages the gradients with an all_reduce, as in notebook 04) raises in step 11,
 #   before it starts its all_reduce (slot 2 stays);
-# * `hang_s=5.0`, the **hang bound**: the group's collective timeout, and how long a slot's heartbeat
-#   (sent every 50 ms) may be silent. The lighthouse counts a slot **live** once its process has
-#   sent a first heartbeat (just before it first asks for a quorum), while that heartbeat has not
-#   been silent that long and the launcher has not reported the process's exit. It answers the first
-#   quorum once every slot has sent a heartbeat, and each later one once every live slot has asked,
-#   so a later quorum does not wait for a process still starting. A slot
-#   silent past the bound is evicted (the launcher ends its process and starts it again, as after a
-#   kill), unless it is the last holder of the trained state, which is never evicted (question 1
-#   below);
+# * `hang_s=5.0`, the **hang bound**: the group's collective timeout, and how long a slot's
+#   **heartbeat** may be silent (a count that a thread of its process writes to the lighthouse's
+#   store every 50 ms, from just before it first asks for a quorum). The lighthouse counts a slot
+#   **live** once its process has sent a first heartbeat, while that heartbeat has not been silent
+#   that long and the launcher has not reported the process's exit. It answers the first quorum
+#   once every slot has sent a heartbeat, and each later one once every live slot has asked, so a
+#   later quorum does not wait for a process still starting. A slot silent past the bound is
+#   evicted (the launcher ends its process and starts it again, as after a kill), unless it is the
+#   last holder of the trained state, which is never evicted (question 1 below);
 # * `full_world_at=(4, 9)`: the lighthouse answers the first quorum of steps 4 and 9 only once all
 #   three slots have asked, whatever the machine's speed: the kill meets a full world, and slot 1
 #   is back, healed, by step 9 (slots 0 and 2 wait for it there if it is not back sooner), before
@@ -126,24 +126,28 @@ for line in run.report():
 #   records nothing between the kill and this moment;
 # * **discard**: each member that caught an error first drops its group, then votes no; the
 #   lighthouse discards the attempt at the first no it receives;
-# * **exit recorded**: the launcher recorded slot 1's exit. It sleeps 20 ms after each look at its
-#   processes, and records an exit 50 ms after it sees a process ended (a result may still be on
-#   its way); the run does not record when it saw it. It then tells the lighthouse;
+# * **exit seen, at the latest**: the launcher looks at its processes in passes, and records an
+#   exit 50 ms after it sees a process ended (a result may still be on its way), so it saw the exit
+#   at least 50 ms before the record; the run does not record when;
+# * **exit recorded**: the launcher recorded slot 1's exit, then tells the lighthouse;
 # * **next quorum**: each survivor asks again; the lighthouse answers once every live slot has
 #   asked, and slot 1 counts as live until the lighthouse has read the launcher's word of its exit
 #   (the second claim checks that this quorum came after the exit was recorded);
 # * **commit**: the survivors build a group of 2, train step 4 again and vote, and the lighthouse
 #   commits.
 #
-# The launcher's 50 ms wait ends at the exit's record, so it began at least 50 ms before, when the
-# launcher saw the process ended: the kill's recovery waited for the exit at most from the discard
-# to the next quorum. The raise's recovery (the report's second line, not split) has no exit to
-# wait for: slot 2's process stayed (the first claim checks that the launcher recorded no exit
-# after it, and that the first error was slot 2's own). The two `recovery` lines set each recovery
-# against the hang bound (5 s): neither fault made anyone wait for the group's timeout.
+# Each survivor asks for the next quorum only once it has read the discard, and the lighthouse
+# answers it only once it has read the exit's record, so the kill's recovery waited for the exit at
+# most from the discard to the next quorum (printed under the moments). The launcher's 50 ms wait,
+# from the exit seen to its record, is its own, not the fault's. The raise's recovery (the report's
+# second line, not split) has no exit to wait for: slot 2's process stayed (the first claim checks
+# that the launcher recorded no exit after it, and that the first error was slot 2's own). The two
+# `recovery` lines set each recovery against the hang bound (5 s): neither fault made anyone wait
+# for the group's timeout.
 
 # %%
 from minddp.ft import fault_outcomes
+from minddp.ft.launch import EXIT_WAIT_S
 
 kill, raised = fault_outcomes(run)
 
@@ -157,9 +161,8 @@ def first_error(o):  # (ms after the fault, slot) of the first error a member of
     return ms(t - o.fired), slot
 
 
-exits = [e for e in run.events if e[0] in ("exited", "restarted") and e[3] >= raised.fired]  # after the raise
 lesson.claim(
-    first_error(raised)[1] == raised.fault.slot and not exits and raised.world == 3,
+    first_error(raised)[1] == raised.fault.slot and not run.exits(after=raised.fired) and raised.world == 3,
     f"raise: the first error was slot {raised.fault.slot}'s own, the launcher recorded no process's exit after it, "
     f"and step {raised.committed_step} was committed at world 3",
 )
@@ -170,6 +173,7 @@ lesson.claim(
 moments = {
     "first error": first_error(kill)[0],
     "discard": ms(kill.discard_s),
+    "exit seen, at the latest": ms(kill.exit_s - EXIT_WAIT_S),  # the launcher's wait before it records an exit
     f"slot {kill.fault.slot}'s exit recorded": ms(kill.exit_s),
     "next quorum": ms(kill.quorum_s),
     f"commit of step {kill.committed_step}": ms(kill.recovery_s),
@@ -177,8 +181,10 @@ moments = {
 print("\nthe kill: ms after it, and since the moment before")
 before = 0
 for name, t in sorted(moments.items(), key=lambda item: item[1]):  # in the order they happened
-    print(f"  {name:<24}{t:>5}   +{t - before}")
+    print(f"  {name:<26}{t:>5}   +{t - before}")
     before = t
+waited = ms(kill.quorum_s - kill.discard_s)  # from the discard to the next quorum
+print(f"waited for the exit: at most {waited} ms, {waited / ms(kill.recovery_s):.0%} of the recovery")
 for o in (kill, raised):
     print(f"{o.fault} recovery: {ms(o.recovery_s)} ms, {o.recovery_s / 5.0:.0%} of the hang bound (5 s)")
 
@@ -233,11 +239,11 @@ print(run.timeline())
 # groups; the rest is how the rung works):
 #
 # * in step 4 slot 1 died: its connections closed as it ended, and the survivors' all_reduce
-#   failed (printed below: of each gloo error, gloo's own sentence that names the failure, without
-#   its source file, the peer's address and its guess at the cause); they voted no, and the attempt
-#   was **discarded** on both (`x`). The next quorum had two members, slots 0 and 2 (ranks 0 and 1
-#   of a new group of 2: their order among the members), and step 4 was trained again and
-#   committed at world 2;
+#   failed (printed below: of each gloo error, minddp's label `its all_reduce failed`, then gloo's
+#   own sentence that names the failure, without its source file, the peer's address and its guess
+#   at the cause); they voted no, and the attempt was **discarded** on both (`x`). The next quorum
+#   had two members, slots 0 and 2 (ranks 0 and 1 of a new group of 2: their order among the
+#   members), and step 4 was trained again and committed at world 2;
 # * the launcher started slot 1 again: a new process, freshly initialised, at step 0. It asked to
 #   train step 0 while its peers asked for a later step, so it was **healed**: in the new group of
 #   that quorum, before the step, it received the trained state from a peer, then trained that step
@@ -255,15 +261,18 @@ def at(step, committed):
     return [(slot, e) for slot, e in entries if e["step"] == step and e["committed"] == committed]
 
 
-for slot, error in run.errors(4):  # in the order caught; of a gloo error, gloo's sentence, without its addresses
+def tags(step, committed):  # the tags of those attempts' quorums: a new tag, a new group
+    return {e["tag"] for _, e in at(step, committed)}
+
+
+for slot, error in run.errors(4):  # in the order caught; of a gloo error, minddp's label, then gloo's sentence
     print(f"slot {slot}, step 4: {error}")
 lesson.claim(
     {slot for slot, _ in at(4, False)} == {0, 2} and not any(e["ok"] for _, e in at(4, False)),
     "step 4: both survivors' attempts failed, they voted no, and the attempt was discarded on both",
 )
 lesson.claim(
-    [e["members"] for _, e in at(4, True)] == [[0, 2], [0, 2]]
-    and {e["tag"] for _, e in at(4, True)}.isdisjoint(e["tag"] for _, e in at(4, False)),
+    [e["members"] for _, e in at(4, True)] == [[0, 2], [0, 2]] and tags(4, True).isdisjoint(tags(4, False)),
     "step 4 was then committed by both survivors, slots 0 and 2, in a new group of 2 (ranks 0 and 1)",
 )
 peers = {n for s, n in kill.rejoin_steps.items() if s != 1}
@@ -284,12 +293,14 @@ lesson.claim(
 )
 for slot, error in run.errors(11):
     print(f"slot {slot}, step 11: {error}")
-tags = [{e["tag"] for _, e in at(11, committed)} for committed in (False, True)]
 lesson.claim(
-    {slot for slot, _ in at(11, False)} == {0, 1, 2} and len(at(11, True)) == 3 and all(len(t) == 1 for t in tags),
+    {slot for slot, _ in at(11, False)} == {0, 1, 2} and len(at(11, True)) == 3,
     "step 11: discarded on all three slots, then committed by all three",
 )
-lesson.claim(tags[0] != tags[1], "and the retry of step 11 ran in a new group (a new tag), of the same three members")
+lesson.claim(
+    len(tags(11, False)) == len(tags(11, True)) == 1 and tags(11, False) != tags(11, True),
+    "and the retry of step 11 ran in a new group (a new tag), of the same three members",
+)
 
 # %% [markdown]
 # Three more properties (`consistency` in `minddp/ft/report.py`), on the parameters and the

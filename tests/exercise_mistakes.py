@@ -1067,6 +1067,14 @@ def shard_reads_the_slot(batch, rank, world):
     return x[lo:hi], y[lo:hi]
 
 
+def shard_world_from_the_environment(batch, rank, world):
+    """torchrun's habit for the world: the environment's WORLD_SIZE, which the ft launcher does not set."""
+    x, y = batch
+    world = int(os.environ["WORLD_SIZE"])
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
+    return x[lo:hi], y[lo:hi]
+
+
 def shard_slot_or_rank(batch, rank, world):
     """The environment's RANK where there is one (on the ranks: the slot), else the rank it is given."""
     x, y = batch

@@ -598,6 +598,10 @@ def test_the_shard_exercise_names_each_wrong_split_from_one_run_through_a_lost_r
 
 
 SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
+    (  # named as the WORLD_SIZE it reads, not as a RANK it does not read
+        wrong.shard_world_from_the_environment,
+        "your shard reads the environment (os.environ), where the ft launcher sets no WORLD_SIZE",
+    ),
     (wrong.shard_slot_through_a_helper, "your shard reads the environment (os.environ), where the launcher's RANK is"),
     (wrong.shard_group_rank_through_a_helper, "your shard reads torch.distributed.get_rank() (the process group's)"),
     (wrong.shard_numpy, "returned a tuple of ndarray, ndarray, not of tensors: return x[rows], y[rows] of the batch's"),

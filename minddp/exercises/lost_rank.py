@@ -181,13 +181,15 @@ def preflight(fn, batch) -> str | None:
             "step's quorum and their number: the checker calls shard outside any group, and a group's rank is "
             "that index only where the group is rebuilt at each quorum (as minddp's rung does)"
         )
-    read, through = reads(fn, os, ENVIRONMENT_READS)
+    keys: set[str] = set()
+    read, through = reads(fn, os, ENVIRONMENT_READS, keys)
     if read:
+        why = [WORLD_SIZE_IS_NOT_THE_WORLD] if keys & {"WORLD_SIZE", "LOCAL_WORLD_SIZE"} else []
+        if keys & {"RANK", "LOCAL_RANK"} or not why:
+            why.insert(0, RANK_IS_THE_SLOT)
         return (
-            f"your shard reads the environment (os.{' and os.'.join(read)}){through}, where the launcher's RANK is "
-            "the process's slot, the place it was started in, which stays the same when the world shrinks: after "
-            "slot 1 is lost, slots 0 and 2 train world 2 as its ranks 0 and 1, and a split by RANK gives slot 2 the "
-            "rows of a rank 2 that world 2 does not have; split by the rank and world it is given"
+            f"your shard reads the environment (os.{' and os.'.join(read)}){through}, where {'; and '.join(why)}; "
+            "split by the rank and world it is given"
         )
     for world in range(WORLD, 0, -1):
         problem = values_problem(fn, batch, world)
@@ -340,18 +342,33 @@ def rank_read(exc: Exception) -> bool:
     )
 
 
+#: Why a shard must not read the environment's RANK ...
+RANK_IS_THE_SLOT = (
+    "the launcher's RANK is the process's slot, the place it was started in, which stays the same when the world "
+    "shrinks: after slot 1 is lost, slots 0 and 2 train world 2 as its ranks 0 and 1, and a split by RANK gives "
+    "slot 2 the rows of a rank 2 that world 2 does not have"
+)
+#: ... nor its WORLD_SIZE.
+WORLD_SIZE_IS_NOT_THE_WORLD = (
+    "the ft launcher sets no WORLD_SIZE, and where one is set, as torchrun does, it is the number of processes "
+    "started (3 here), not the number of this step's members (2 once slot 1 is lost)"
+)
+
+
 #: What a shard must not read: the process group's rank and size (it is given the quorum's) ...
 GROUP_READS = ("get_rank", "get_world_size")
 #: ... nor the environment, where the launcher's ``RANK`` is the process's slot, not its rank in the quorum of now.
 ENVIRONMENT_READS = ("environ", "getenv")
 
 
-def reads(fn, module, names: tuple[str, ...]) -> tuple[list[str], str]:
+def reads(fn, module, names: tuple[str, ...], keys: set | None = None) -> tuple[list[str], str]:
     """Which of ``names`` (attributes of ``module``) ``fn``'s code reads, as ``module.name`` or as an imported
     name, in itself, in a function defined inside it, or in a function of its own module that it calls (and so
     on: a helper ``def r(): return int(os.environ["RANK"])`` is a read of the environment all the same); and, in
     words, the module-level globals it reads them through: a global whose assignment read them when the module
-    ran (``SLOT = int(os.environ.get("RANK", 0))``, then ``SLOT`` in ``fn``), found in its module's source."""
+    ran (``SLOT = int(os.environ.get("RANK", 0))``, then ``SLOT`` in ``fn``), found in its module's source.
+    ``keys``, where given, receives the strings that code holds (of an environment read: the keys it reads)."""
+    keys = set() if keys is None else keys
     read, seen, todo, via = set(), set(), [fn], []
     sources = ModuleSources()
     while todo:
@@ -364,6 +381,7 @@ def reads(fn, module, names: tuple[str, ...]) -> tuple[list[str], str]:
         while codes:
             c = codes.pop()
             used.update(c.co_names + c.co_freevars)
+            keys.update(k for k in c.co_consts if isinstance(k, str))
             codes += [k for k in c.co_consts if isinstance(k, types.CodeType)]
         bound = {**getattr(f, "__globals__", {})}
         for name, cell in zip(code.co_freevars, getattr(f, "__closure__", None) or ()):
@@ -387,6 +405,11 @@ def reads(fn, module, names: tuple[str, ...]) -> tuple[list[str], str]:
                 found = read_among(expr_used, bound, module, names)
                 if found:
                     read |= found
+                    keys.update(
+                        n.value
+                        for n in ast.walk(expression)
+                        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                    )
                     via.append(f"{name}, a global its module set when it ran (`{statement}`)")
                 todo += own_functions(expr_used, bound, fn)
                 values += [n for n in expr_used if n in bound and is_value(bound[n])]

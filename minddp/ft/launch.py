@@ -41,7 +41,7 @@ import torch
 
 from minddp.ft.coordinator import lighthouse_main
 from minddp.ft.faults import Fault, FaultPlan
-from minddp.ft.report import errors, fault_report, timeline
+from minddp.ft.report import errors, exits, fault_report, timeline
 from minddp.runtime.loopback import rank_env
 from minddp.runtime.processes import (
     HELPER_BLOCKED,
@@ -88,6 +88,10 @@ class FTRun:
     def timeline(self) -> str:
         """The attempts, slot by slot (:func:`minddp.ft.report.timeline`)."""
         return timeline(self)
+
+    def exits(self, after: float) -> list[tuple[int, float]]:
+        """``(slot, s)`` of each exit recorded ``s`` seconds after ``after`` (:func:`minddp.ft.report.exits`)."""
+        return exits(self, after)
 
     def errors(self, step: int) -> list[tuple[int, str]]:
         """``(slot, error)`` of each error caught at ``step``, in the order caught (:func:`minddp.ft.report.errors`)."""

@@ -62,9 +62,9 @@ def fault_outcomes(run) -> list[FaultOutcome]:
         discards = [d for d in until if d[3] == "discard"]
         world = None if commit is None else next(len(q[2]) for q in reversed(quorums) if q[1] == commit[1])
         new_quorum = next((q for q in quorums if q[4] >= t), None)
-        exit_t = restart_t = rejoin = None
+        exit_s = restart_t = rejoin = None
         if fault.kind in ("kill", "stop"):
-            exit_t = next((e[3] for e in run.events if e[0] == "exited" and e[1] == fault.slot and e[3] >= t), None)
+            exit_s = next((s for slot, s in exits(run, t) if slot == fault.slot), None)
             restart_t = next(
                 (e[3] for e in run.events if e[0] == "restarted" and e[1] == fault.slot and e[3] >= t), None
             )
@@ -82,7 +82,7 @@ def fault_outcomes(run) -> list[FaultOutcome]:
                 len(discards),
                 discards[0][5] - t if discards else None,
                 None if new_quorum is None else new_quorum[4] - t,
-                None if exit_t is None else exit_t - t,
+                exit_s,
                 None if restart_t is None else restart_t - t,
                 None if rejoin is None else rejoin[4] - t,
                 None if rejoin is None else max(rejoin[3].values()),
@@ -93,6 +93,19 @@ def fault_outcomes(run) -> list[FaultOutcome]:
             )
         )
     return out
+
+
+def exits(run, after: float) -> list[tuple[int, float]]:
+    """``(slot, s)`` of each process exit the launcher recorded at ``after`` or later, ``s`` seconds after it, in order.
+
+    >>> from types import SimpleNamespace
+    >>> run = SimpleNamespace(events=[("exited", 1, 0, 10.5), ("restarted", 1, 1, 10.75), ("exited", 2, 0, 12.0)])
+    >>> exits(run, 10.25)
+    [(1, 0.25), (2, 1.75)]
+    >>> exits(run, 11.0)
+    [(2, 1.0)]
+    """
+    return [(e[1], e[3] - after) for e in run.events if e[0] == "exited" and e[3] >= after]  # (_, slot, incarnation, t)
 
 
 def fault_report(run) -> list[str]:
