@@ -221,8 +221,9 @@ print(
 # had asked. The run does not time what the process did before it asked (forked from a server that
 # had already imported torch, it imports the `ft` modules, connects to the lighthouse and builds
 # its model, then starts its heartbeat and asks). Until that first heartbeat it was not live, so
-# slots 0 and 2 trained steps 5-8 without it, then stood at step 9's quorum until it asked, as this
-# notebook set `full_world_at=(4, 9)`. That time is part of neither fault's recovery.
+# slots 0 and 2 trained without it the steps printed above at world 2; a quorum at a step in
+# `full_world_at` (this notebook sets `(4, 9)`) waits until all three slots have asked. That time is
+# part of neither fault's recovery.
 #
 # Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline
 # below), and only slot 1's process was started again. A restart from a checkpoint (not run here)
