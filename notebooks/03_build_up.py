@@ -31,7 +31,8 @@
 # 2. **the code**: the stage's own class, as it is in `minddp/stages/`, and **what changed** from
 #    the stage before, method by method (a diff computed from the package, not written by hand).
 #    A comment *step 1*, *step 2* in a class points to the numbered list of its module's docstring in
-#    `minddp/stages/`, one list per stage, not to a training step. The ladder's classes carry the idea's lines and three things more, the same in every stage:
+#    `minddp/stages/`, one list per stage, not to a training step. The ladder's classes carry the
+#    idea's lines and three things more, the same in every stage:
 #    the gradient goes through the comm hook (`self.comm_hook(self.comm_state, GradBucket(...))`,
 #    which returns a Future: `04_comm_hooks` swaps it for compression; `GradBucket` is torch's name
 #    for what a comm hook is handed, one gradient in the stages before `bucket`); once in each synced
