@@ -622,7 +622,9 @@ lesson.say(
 # ## `torch`: torch's own DDP, the baseline
 #
 # The same workload through `torch.nn.parallel.DistributedDataParallel`, with the same bucket size.
-# Its reducer is C++; the profiler still sees its all_reduces, so it is counted the same way.
+# Its reducer is C++; the profiler still sees its all_reduces, so it is counted the same way. Its
+# waits are not drawn (the cell says why): they fall in the blank of its row between the end of its
+# backward bar and its optimizer step.
 
 # %%
 # %%distributed
