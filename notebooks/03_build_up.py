@@ -224,9 +224,9 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, waited for whole. The
-# micro-batches before it run straight on into each other. Just before the burst, the hatched block
-# (*thread waits at a check*) is the parameters-used check, which ga runs in
-# finish: rank 0 waiting in its all_gather for the other rank, not gradients on the link (the
+# micro-batches before it run straight on into each other. Just before the burst ga runs the
+# parameters-used check, in finish (a hatched block, *thread waits at a check*, where it is wide
+# enough to draw): rank 0 waiting in its all_gather for the other rank, not gradients on the link (the
 # side-by-side table below prints its length, *at the check*). (The link's time is modeled, so the
 # ratio above is exact. The compute bars are measured on a shared machine and move from step to
 # step: the two rows share an axis to show where the messages go, not which step is shorter.)
@@ -833,8 +833,7 @@ table.infer_objects().round(1)
 # step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap: the bare network is timed
 # on these ranks (`probe`: when each gradient is ready in backward), its times are scaled to these
 # runs' backward (less the check's wait inside it), and each plan is replayed on the link. The model
-# gives the *link's time after backward*: how long the link is still busy once backward ends, the most
-# a step can expose. The lower panel shows the three costs of each plan, from the step-time model.
+# gives the *link's time after backward*: how long the link is still busy once its backward ends. The lower panel shows the three costs of each plan, from the step-time model.
 
 # %%
 # %%distributed
