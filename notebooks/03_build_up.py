@@ -1034,7 +1034,9 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # link's time during which the training thread computed (the link's modeled transfers in flight as
 # communication, a forward, a backward or the optimizer, not waiting, as compute; the blog reads an
 # overlap of its own from its GPU traces, a different measure, not set beside these), and
-# *exposed*, the link time the step stood waiting through. The rungs that wait for each message as
+# *exposed*, the link time the step stood waiting through. The two need not cover all the link's time:
+# the rest passed with the thread neither computing nor waiting (running lines outside a forward, a
+# backward or the optimizer, as between the end of backward and its wait in finish). The rungs that wait for each message as
 # soon as it is sent (`simple`, `ga`, `hook`, `bucket`) all run some of their own lines between a
 # send and its wait (ga's run above prints that time as the link time it did not wait through). The
 # overlap counts that time as compute only where it falls inside a forward, a backward or the
