@@ -223,7 +223,7 @@ lesson.claim(
 )
 
 # %% [markdown]
-# What to look for: one burst of messages, after the last backward, waited for whole. The
+# What to look for: one burst of messages, after the last backward, with the thread's waits for them (red). The
 # micro-batches before it run straight on into each other. Just before the burst ga runs the
 # parameters-used check, in finish (a hatched block, *thread waits at a check*, where it is wide
 # enough to draw): rank 0 waiting in its all_gather for the other rank, not gradients on the link (the
@@ -623,8 +623,7 @@ lesson.say(
 #
 # The same workload through `torch.nn.parallel.DistributedDataParallel`, with the same bucket size.
 # Its reducer is C++; the profiler still sees its all_reduces, so it is counted the same way. Its
-# waits are not drawn (the cell says why): they fall in the blank of its row between the end of its
-# backward bar and its optimizer step.
+# waits are not drawn (the cell says why).
 
 # %%
 # %%distributed
@@ -662,7 +661,7 @@ e = {s: looks[s]["exposed_ms"] for s in ladder}
 # simple and ga, hook and bucket wait for each message as soon as it is sent, so they stand through most of their
 # link time (the table's link column: 159 to 496 ms a step, modeled, the same on every machine; ga's is a third of
 # simple's); the async rungs wait once, after a backward that the messages travel under; a loaded machine only
-# lengthens that backward. The margins are the waiting rungs' link time, modeled, not a race.
+# lengthens that backward.
 lesson.claim(
     e["ga"] < e["simple"] and e["hook-async"] < e["hook"] and e["bucket-async"] < e["bucket"],
     "Accumulation (simple → ga) and not waiting inside backward (hook → hook-async, bucket → bucket-async) cut the "
@@ -690,9 +689,7 @@ lesson.look_table(looks).assign(
 # compared here (step times compare only from steps taken in turns: `docs/analysis.md`), so a row's
 # length in the picture does not rank the stages. *At the check* is how long rank 0 stood in the
 # check's all_gather, which returns only once the other rank has reached it too; from `hook` on that
-# time is inside the last backward, and so part of its column. A wait for a message also lasts until
-# the other rank has handed in its part; `ddp` has no check, so any wait for the other rank falls in
-# its waited column: its waited is not set beside the ladder's. `ga` divides the traffic by the number of
+# time is inside the last backward, and so part of its column. `ga` divides the traffic by the number of
 # micro-batches; the hook stages move the messages into the backward; the async stages stop waiting
 # for them there; the buckets divide the number of messages. Whether that last idea pays is the next
 # section's question.
@@ -806,7 +803,7 @@ def answer(stage, w):
         f"; its thread reached its first wait {lag:.1f} ms after backward ended and stood through "
         f"{w['exposed_ms']:.1f} ms of the link's time (exposed)"
         if lag is not None
-        else "; its thread stood waiting for nothing after backward"
+        else f"; its thread waited {looks[stage]['waited_ms']:.0f} ms in all for its messages"
     )
 
 
@@ -833,7 +830,9 @@ table.infer_objects().round(1)
 # step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap: the bare network is timed
 # on these ranks (`probe`: when each gradient is ready in backward), its times are scaled to these
 # runs' backward (less the check's wait inside it), and each plan is replayed on the link. The model
-# gives the *link's time after backward*: how long the link is still busy once its backward ends. The lower panel shows the three costs of each plan, from the step-time model.
+# gives each plan's *exposed* time, 01's measure, in its replay of the step: there the thread reaches
+# its wait as soon as backward ends, so it stands through all the link's time after backward. The
+# lower panel shows the three costs of each plan, from the step-time model.
 
 # %%
 # %%distributed
@@ -874,12 +873,12 @@ lesson.say(
     f"gradients and a last one of {default.last_bytes / 2**20:.1f} MiB, whose transfer ({1e3 * default.tail:.0f} ms) "
     f"comes after backward. Measured, each cap in its own step: "
     + ", ".join(
-        f"{'None' if c is None else f'{c:g} MiB'} {v['exposed_ms']:.0f} ms exposed (backward {own[c]:.0f} ms)"
+        f"{'None' if c is None else f'{c:g} MiB'} {v['exposed_ms']:.0f} ms exposed (backward less the check {own[c]:.0f} ms)"
         for c, v in sorted(swept.items(), key=lambda cv: 99 if cv[0] is None else cv[0])
     )
     + f"; hook-async {looks['hook-async']['exposed_ms']:.0f} ms. The step-time model, scaled to a backward of "
     f"{1e3 * this_run:.0f} ms (the median of these runs' last backwards, less the time the check held them), gives "
-    f"{1e3 * model[0].exposed:.1f} ms of link time after backward at {grid[0]:g} MiB, the grid's smallest cap"
+    f"{1e3 * model[0].exposed:.1f} ms exposed at {grid[0]:g} MiB, the grid's smallest cap"
     + (
         ", its least on the grid"
         if model[0].exposed <= min(c.exposed for c in model) + 5e-5
@@ -897,13 +896,13 @@ gaps = [at_cap[c] - v["exposed_ms"] for c, v in swept.items() if c in at_cap]  #
 lesson.say(
     f"The step-time model replays one backward of {1e3 * this_run:.0f} ms; each measured cap is one step with its own "
     f"backward ({min(own.values()):.0f} to {max(own.values()):.0f} ms, less the check, printed above). At the grid's "
-    f"caps measured, the model's link time after backward minus the measured exposed time is {min(gaps):.1f} to "
+    f"caps measured, the model's exposed time minus the measured one is {min(gaps):.1f} to "
     f"{max(gaps):.1f} ms. The measured points are not a ranking of the caps: each comes with its own backward."
 )
 here = lesson.SETTINGS.bucket_cap_mb
 if rank == 0:
     sweep_figure = bucket_sweep(
-        {"step-time model: link time after backward": model},
+        {"step-time model: exposed": model},
         measured=[(c, v["exposed_ms"], "measured: exposed") for c, v in swept.items() if c is not None]
         + [  # torch's default at its 25 MiB: a first bucket of 1 MiB, so not a point of the curve
             (25, swept[None]["exposed_ms"], "measured: exposed, None (torch's default: 1 MiB first, then 25 MiB)")
@@ -912,8 +911,7 @@ if rank == 0:
             f"hook-async, measured: exposed ({looks['hook-async']['exposed_ms']:.1f} ms)": looks["hook-async"][
                 "exposed_ms"
             ],
-            f"hook-async, step-time model: link time after backward ({1e3 * per_gradient.exposed:.1f} ms)": 1e3
-            * per_gradient.exposed,
+            f"hook-async, step-time model: exposed ({1e3 * per_gradient.exposed:.1f} ms)": 1e3 * per_gradient.exposed,
         },
         title=f"bucket-async on {LINK.name}, {world_size} ranks, against the cap",
     )
@@ -924,7 +922,7 @@ sweep_table = pd.DataFrame(
         | {"exposed, ms (measured)": swept[c.cap_mb]["exposed_ms"] if c.cap_mb in swept else None}
         for c in model
     }
-).T.rename(columns={"exposed, ms (step-time model)": "link time after backward, ms (step-time model)"})
+).T
 
 # %%
 # %%rank 0
@@ -955,8 +953,9 @@ sweep_table.infer_objects().round(1)
 #   fixed cost is a far larger share of the backward (the cell prints both settings' ratios). On
 #   `deep-llama`, an offline preset with SmolLM2's 32 layers at CPU size, and so as many gradient
 #   tensors as SmolLM2 (the cell prints both counts; `minddp.train.models`). Only `hook-async` and the bucketed
-#   rungs run there, one micro-batch a step (each syncs once a step anyway): the rungs that wait for
-#   each message at once would stand still for every one of hundreds of fixed costs.
+#   rungs run there, one micro-batch a step (each syncs once a step anyway): `simple`, `ga` and `hook`
+#   send one message per gradient tensor and wait for each, so they would stand still for every one of
+#   hundreds of fixed costs.
 #
 # Both run here on **2 ranks**: what is scaled is the link, sized from that backward. On 2 ranks a
 # message makes 2 hops, so the α printed for a sized link is half of one message's fixed cost at the

@@ -413,8 +413,7 @@ def say_look(looks: dict, stage: str) -> None:
         "waits began inside a backward)"
         + (
             f": the {exposed} exposed, and {v['waited_ms'] - exposed:.0f} ms after the link had delivered, until the "
-            "real all_reduce returned (it returns only once the other rank has handed in its part, and it runs on this "
-            "machine's cores: the emulated link models neither)."
+            "real all_reduce returned, which the emulated link does not model."
             if round(v["waited_ms"]) - exposed >= 1
             else "."
         )
