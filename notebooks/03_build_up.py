@@ -30,7 +30,9 @@
 #    carry it;
 # 2. **the code**: the stage's own class, as it is in `minddp/stages/`, and **what changed** from
 #    the stage before, method by method (a diff computed from the package, not written by hand).
-#    The ladder's classes carry the idea's lines and three things more, the same in every stage:
+#    A comment *step 1*, *step 2* in a class points to the numbered list of its module's docstring in
+#    `minddp/stages/`, one list per stage, not to a training step. The ladder's classes carry the
+#    idea's lines and three things more, the same in every stage:
 #    the gradient goes through the comm hook (`self.comm_hook(self.comm_state, GradBucket(...))`,
 #    which returns a Future: `04_comm_hooks` swaps it for compression; `GradBucket` is torch's name
 #    for what a comm hook is handed, one gradient in the stages before `bucket`); once in each synced
@@ -59,14 +61,16 @@
 # no earlier than the same all_reduce would on Gigabit Ethernet, one message at a time, as one
 # Ethernet port sends them. That time is *modeled*: the same on every run and every machine, so the
 # sentences about it hold anywhere. The training thread's waits are *measured*: a wait can last past
-# the link's modeled time, while the real all_reduce on this machine is not yet done. The notation is `01_collectives`'s: α is the fixed cost of one
+# the link's modeled time, until the real all_reduce returns. The notation is `01_collectives`'s: α is the fixed cost of one
 # of 01's messages (one hop of a ring), β the time per byte (1/B for a bandwidth of B bytes/s), n the
 # number of ranks, m the bytes of the tensor one all_reduce reduces, k the micro-batches of a step.
 # One word differs: here a **message** is one all_reduce handed to the link (a gradient, or a
 # bucket of them), which makes 2(n−1) of 01's hops, so its fixed cost is 2(n−1)·α. The measures
 # (*link time*, *waited*, *exposed*, *overlap*, *interleaved*) are defined at the end of
 # `01_collectives`, and each number here is computed by its function there, with the link's modeled
-# transfers as the communication in flight. The training thread is not held up by the emulation, so
+# transfers as the communication in flight. Here *waited* counts the thread's waits for the gradients'
+# messages only; its wait in the parameters-used check's all_gather is printed apart (*at the check*).
+# The emulation adds no wait of its own: the thread waits only where the stage waits for a message, so
 # a stage that computes while a message travels hides the message, as on a real interconnect.
 #
 # Three things are called a hook. `hook` in code type is a stage. A *grad hook*
@@ -137,7 +141,7 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # (orange, on the wire; a tick under the row where each was handed to the wire, many ticks merging
 # into a bar), waits (red: the training thread standing still until a message is back; hatched:
 # at the parameters-used check) and
-# `finish_gradient_synchronization()` (a thin purple strip under the forward and backward bars, above the messages). A legend names the kinds of mark its figure draws, except those less than a pixel wide in all.
+# `finish_gradient_synchronization()` (a thin purple strip under the forward and backward bars, above the messages). A legend names the kinds of mark its figure draws, on either row (the faded one's too), except those less than a pixel wide in all.
 
 # %%
 # %%distributed
@@ -219,10 +223,10 @@ lesson.claim(
 )
 
 # %% [markdown]
-# What to look for: one burst of messages, after the last backward, waited for whole. The
-# micro-batches before it run straight on into each other. Just before the burst, the hatched block
-# (*thread waits at a check*; a sliver in this run) is the parameters-used check, which ga runs in
-# finish: rank 0 waiting in its all_gather for the other rank, not gradients on the link (the
+# What to look for: one burst of messages, after the last backward, with the thread's waits for them (red). The
+# micro-batches before it run straight on into each other. Just before the burst ga runs the
+# parameters-used check, in finish (a hatched block, *thread waits at a check*, where it is wide
+# enough to draw): rank 0 waiting in its all_gather for the other rank, not gradients on the link (the
 # side-by-side table below prints its length, *at the check*). (The link's time is modeled, so the
 # ratio above is exact. The compute bars are measured on a shared machine and move from step to
 # step: the two rows share an axis to show where the messages go, not which step is shorter.)
@@ -397,9 +401,8 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: messages on the wire while the backward goes on, and no wait for a message inside
-# it; the thread waits for the messages at the end, in finish (the red block after the backward). The
-# cell above splits that waiting: *exposed* while a message was still on the link, the rest after the
-# link had delivered.
+# it. The thread waits for the messages once, in finish, after the backward; the cell above says how
+# long (a red block after the backward, where it is wide enough to draw).
 #
 # ### Your turn: `hook-async`
 #
@@ -490,7 +493,10 @@ lesson.claim(
 # all_reduce makes 2(n−1) hops) and with the number of gradient tensors; what buckets cost in
 # return is the bucket lesson's subject, after the side-by-side. The diff shows what `bucket` takes
 # from `hook` (the waiting `_sent`) rather than from `hook-async`: it waits for each bucket inside
-# backward; the next stage removes the wait again.
+# backward; the next stage removes the wait again. One more difference from the idea: the stage sets
+# the counts back in finish, not at the send, after sending any bucket that did not fill (one of its
+# parameters got no gradient), and its `forward` refuses a step while they are not back
+# (`check_finished`).
 #
 # ### Your turn: `bucket`
 #
@@ -616,7 +622,8 @@ lesson.say(
 # ## `torch`: torch's own DDP, the baseline
 #
 # The same workload through `torch.nn.parallel.DistributedDataParallel`, with the same bucket size.
-# Its reducer is C++; the profiler still sees its all_reduces, so it is counted the same way.
+# Its reducer is C++; the profiler still sees its all_reduces, so it is counted the same way. Its
+# waits are not drawn (the cell says why).
 
 # %%
 # %%distributed
@@ -654,7 +661,7 @@ e = {s: looks[s]["exposed_ms"] for s in ladder}
 # simple and ga, hook and bucket wait for each message as soon as it is sent, so they stand through most of their
 # link time (the table's link column: 159 to 496 ms a step, modeled, the same on every machine; ga's is a third of
 # simple's); the async rungs wait once, after a backward that the messages travel under; a loaded machine only
-# lengthens that backward. The margins are the waiting rungs' link time, modeled, not a race.
+# lengthens that backward.
 lesson.claim(
     e["ga"] < e["simple"] and e["hook-async"] < e["hook"] and e["bucket-async"] < e["bucket"],
     "Accumulation (simple → ga) and not waiting inside backward (hook → hook-async, bucket → bucket-async) cut the "
@@ -677,12 +684,12 @@ lesson.look_table(looks).assign(
 )
 
 # %% [markdown]
-# How to read it: read the communication columns. The step and backward columns are one step each,
-# measured on cores shared with the other rank and the link's thread, and are not compared here (step
-# times compare only from steps taken in turns: `docs/analysis.md`), so a row's length in the
-# picture does not rank the stages. *At the check* is how long rank 0
-# stood in the check's all_gather, which returns only once the other rank has reached it too; from
-# `hook` on that time is inside the last backward, and so part of its column. `ga` divides the traffic by the number of
+# How to read it: compare the stages by the link and exposed columns. The step and backward columns
+# are one step each, measured on cores shared with the other rank and the link's thread, and are not
+# compared here (step times compare only from steps taken in turns: `docs/analysis.md`), so a row's
+# length in the picture does not rank the stages. *At the check* is how long rank 0 stood in the
+# check's all_gather, which returns only once the other rank has reached it too; from `hook` on that
+# time is inside the last backward, and so part of its column. `ga` divides the traffic by the number of
 # micro-batches; the hook stages move the messages into the backward; the async stages stop waiting
 # for them there; the buckets divide the number of messages. Whether that last idea pays is the next
 # section's question.
@@ -796,21 +803,13 @@ def answer(stage, w):
         f"; its thread reached its first wait {lag:.1f} ms after backward ended and stood through "
         f"{w['exposed_ms']:.1f} ms of the link's time (exposed)"
         if lag is not None
-        else "; its thread stood waiting for nothing after backward"
+        else f"; its thread waited {looks[stage]['waited_ms']:.0f} ms in all for its messages"
     )
 
 
 lesson.say(
     f"In this run's one profiled step each, bucket-async left {bucketed['exposed_ms']:.0f} ms exposed, hook-async "
-    f"{per_grad['exposed_ms']:.0f} ms: {answer('bucket-async', bucketed)}; {answer('hook-async', per_grad)}. "
-    f"The fixed costs the buckets saved were {saved:.1f} ms."
-    + (
-        f" The late start cost bucket-async nothing in this step: its backward lasted "
-        f"{looks['bucket-async']['last_backward_ms']:.0f} ms (hook-async's {looks['hook-async']['last_backward_ms']:.0f} "
-        f"ms), and its late start followed by all the link's work ended {after(bucketed['start_end_ms'])} it did."
-        if bucketed["start_end_ms"] < 0
-        else ""
-    )
+    f"{per_grad['exposed_ms']:.0f} ms: {answer('bucket-async', bucketed)}; {answer('hook-async', per_grad)}."
 )
 
 
@@ -827,11 +826,13 @@ table.infer_objects().round(1)
 # message leaves"); a large cap makes a few large buckets. Below, `bucket-async` is measured at
 # other caps on the same link, one profiled step each with no warm-up step (the settings' cap is the
 # step above, taken after one; `None` is torch's default: a first bucket at 1 MiB, then 25 MiB ones;
-# the figure draws `None` at 25 MiB, apart from the curve), and the step-time model (`minddp.costmodel`,
-# `docs/scaling.md`) replays each cap: the bare network is timed on these ranks (`probe`: when each
-# gradient is ready in backward), its times are scaled to these runs' backward (less the check's wait
-# inside it), and each plan is replayed on the link. The lower panel shows the three costs of each
-# plan, from the step-time model.
+# the figure draws its measured point at 25 MiB, though its plan is not the 25 MiB cap's), and the
+# step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap: the bare network is timed
+# on these ranks (`probe`: when each gradient is ready in backward), its times are scaled to these
+# runs' backward (less the check's wait inside it), and each plan is replayed on the link. The model
+# gives each plan's *exposed* time, 01's measure, in its replay of the step: there the thread reaches
+# its wait as soon as backward ends, so it stands through all the link's time after backward. The
+# lower panel shows the three costs of each plan, from the step-time model.
 
 # %%
 # %%distributed
@@ -872,12 +873,12 @@ lesson.say(
     f"gradients and a last one of {default.last_bytes / 2**20:.1f} MiB, whose transfer ({1e3 * default.tail:.0f} ms) "
     f"comes after backward. Measured, each cap in its own step: "
     + ", ".join(
-        f"{'None' if c is None else f'{c:g} MiB'} {v['exposed_ms']:.0f} ms exposed (backward {own[c]:.0f} ms)"
+        f"{'None' if c is None else f'{c:g} MiB'} {v['exposed_ms']:.0f} ms exposed (backward less the check {own[c]:.0f} ms)"
         for c, v in sorted(swept.items(), key=lambda cv: 99 if cv[0] is None else cv[0])
     )
     + f"; hook-async {looks['hook-async']['exposed_ms']:.0f} ms. The step-time model, scaled to a backward of "
-    f"{1e3 * this_run:.0f} ms (the median of these runs' last backwards, less the time the check held them), gives {1e3 * model[0].exposed:.1f} ms at {grid[0]:g} MiB, "
-    "the grid's smallest cap"
+    f"{1e3 * this_run:.0f} ms (the median of these runs' last backwards, less the time the check held them), gives "
+    f"{1e3 * model[0].exposed:.1f} ms exposed at {grid[0]:g} MiB, the grid's smallest cap"
     + (
         ", its least on the grid"
         if model[0].exposed <= min(c.exposed for c in model) + 5e-5
@@ -890,31 +891,31 @@ lesson.say(
         else "."
     )
 )
-at_cap = {c.cap_mb: 1e3 * c.exposed for c in model} | {None: 1e3 * default.exposed}
-gaps = [at_cap[c] - v["exposed_ms"] for c, v in swept.items()]  # the model minus the measured, cap by cap
+at_cap = {c.cap_mb: 1e3 * c.exposed for c in model}
+gaps = [at_cap[c] - v["exposed_ms"] for c, v in swept.items() if c in at_cap]  # model minus measured, cap by cap
 lesson.say(
     f"The step-time model replays one backward of {1e3 * this_run:.0f} ms; each measured cap is one step with its own "
-    f"backward ({min(own.values()):.0f} to {max(own.values()):.0f} ms, less the check, printed above). At the caps "
-    f"measured, the model's exposed time minus the measured one is {min(gaps):.1f} to {max(gaps):.1f} ms"
-    + (": the model gave more than each measured step." if min(gaps) > 0 else ".")
-    + " The model counts all the link's time after backward as exposed; a measured step only what is left when its "
-    "thread reaches its wait." + " The measured points are not a ranking of the caps: each comes with its own backward."
+    f"backward ({min(own.values()):.0f} to {max(own.values()):.0f} ms, less the check, printed above). At the grid's "
+    f"caps measured, the model's exposed time minus the measured one is {min(gaps):.1f} to "
+    f"{max(gaps):.1f} ms. The measured points are not a ranking of the caps: each comes with its own backward."
 )
 here = lesson.SETTINGS.bucket_cap_mb
 if rank == 0:
-    bucket_sweep(
-        {"step-time model": model},
-        measured=[(c, v["exposed_ms"], "measured") for c, v in swept.items() if c is not None]
+    sweep_figure = bucket_sweep(
+        {"step-time model: exposed": model},
+        measured=[(c, v["exposed_ms"], "measured: exposed") for c, v in swept.items() if c is not None]
         + [  # torch's default at its 25 MiB: a first bucket of 1 MiB, so not a point of the curve
-            (25, swept[None]["exposed_ms"], "measured, None (torch's default: 1 MiB first, then 25 MiB)"),
-            (25, 1e3 * default.exposed, "step-time model, None"),
+            (25, swept[None]["exposed_ms"], "measured: exposed, None (torch's default: 1 MiB first, then 25 MiB)")
         ],
         per_gradient={  # the value in the label too: a line near 0 lies close to the axis
-            f"hook-async, measured ({looks['hook-async']['exposed_ms']:.1f} ms)": looks["hook-async"]["exposed_ms"],
-            f"hook-async, step-time model ({1e3 * per_gradient.exposed:.1f} ms)": 1e3 * per_gradient.exposed,
+            f"hook-async, measured: exposed ({looks['hook-async']['exposed_ms']:.1f} ms)": looks["hook-async"][
+                "exposed_ms"
+            ],
+            f"hook-async, step-time model: exposed ({1e3 * per_gradient.exposed:.1f} ms)": 1e3 * per_gradient.exposed,
         },
-        title=f"bucket-async on {LINK.name}, {world_size} ranks: exposed communication against the cap",
+        title=f"bucket-async on {LINK.name}, {world_size} ranks, against the cap",
     )
+    sweep_figure.axes[0].set_ylabel("ms per step")
 sweep_table = pd.DataFrame(
     {
         f"{c.cap_mb:g} MiB": c.row()
@@ -933,9 +934,12 @@ sweep_table.infer_objects().round(1)
 # Which rung wins depends on two ratios: how long one sync's bytes take against one backward, and
 # how long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
 # emulated link that keeps both ratios of a given setting for the network at hand, against one
-# backward timed on this machine, on the slower rank (the cell says which): a faster machine gets a
-# faster link. Each stage's own backward in its run differs from that one, and so do the ratios it
-# meets: the cell prints the two async rungs' own backwards beside it.
+# backward timed on this machine, on rank 0: a faster machine gets a faster link. The rule, on the
+# 2 ranks here (where one all_reduce of m bytes takes 2α + m/B): the bandwidth is
+# B = one sync's bytes / (bytes ratio × that backward), the fixed cost per hop is
+# α = message ratio × that backward / 2. Each stage's own backward in its run differs from that one,
+# and so do the ratios it meets: the cell prints the two async rungs' own backwards beside it (what
+# made one longer or shorter, these runs do not measure).
 # Two settings, both built from the blog's run as the step-time model rebuilds it (`python -m
 # minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16 gradients, and an
 # assumed 3 TFLOP/s achieved on each T4, which `docs/scaling.md` takes, about a third of its fp32
@@ -947,10 +951,11 @@ sweep_table.infer_objects().round(1)
 #   a setting the blog did not run (its claims are about its 4 T4s), only the step-time model
 #   rebuilt from its run: there every all_reduce makes 2 × 1023 hops (6 on 4 ranks), and one message's
 #   fixed cost is a far larger share of the backward (the cell prints both settings' ratios). On
-#   `deep-llama`, an offline preset with SmolLM2's 32 layers at CPU size, so nearly its count of
-#   gradient tensors (the cell prints it) (`minddp.train.models`). Only `hook-async` and the bucketed
-#   rungs run there, one micro-batch a step (each syncs once a step anyway): the rungs that wait for
-#   each message at once would stand still for every one of hundreds of fixed costs.
+#   `deep-llama`, an offline preset with SmolLM2's 32 layers at CPU size, and so as many gradient
+#   tensors as SmolLM2 (the cell prints both counts; `minddp.train.models`). Only `hook-async` and the bucketed
+#   rungs run there, one micro-batch a step (each syncs once a step anyway): `simple`, `ga` and `hook`
+#   send one message per gradient tensor and wait for each, so they would stand still for every one of
+#   hundreds of fixed costs.
 #
 # Both run here on **2 ranks**: what is scaled is the link, sized from that backward. On 2 ranks a
 # message makes 2 hops, so the α printed for a sized link is half of one message's fixed cost at the
@@ -982,7 +987,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     bytes_ratio, message_ratio = setting_ratios[name] = ratios(blog, link_name, ranks)
     model = lesson.make_model(name=model_name)
     # this machine's backward of one micro-batch, timed as the runs below are (profiled: the profiler slows a step
-    # down, a model of many small operations most); the slowest rank's, so that every rank builds the same link.
+    # down, a model of many small operations most); rank 0's, so that every rank builds the same link.
     # small-llama: the sweep's median above (five steps of bucket-async, less the check); deep-llama: one step of
     # single, which has no check and no message
     accum = lesson.SETTINGS.grad_accum if name == "4 × T4" else 1
@@ -991,9 +996,9 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     else:
         floor = lesson.Trainee("single", model=model_name, grad_accum=1).look()
         timed, timed_how = floor["last_backward_ms"] / 1e3, "single's, in one profiled step"
-    slowest = torch.tensor([timed], dtype=torch.float64, device=message_device())
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    backward_s = slowest.item()
+    rank0 = torch.tensor([timed], dtype=torch.float64, device=message_device())
+    dist.broadcast(rank0, src=0)
+    backward_s = rank0.item()
     params = [p for p in model.parameters() if p.requires_grad]
     sync_bytes = sum(p.numel() * p.element_size() for p in params)
     blog_links[name] = link_like(f"ratios of {name}", backward_s, sync_bytes, bytes_ratio, message_ratio, world_size)
@@ -1003,8 +1008,8 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         + ("the blog's run" if ranks == 4 else "the blog's model at a scale the blog did not run")
         + f" ({link_name}, {ranks} ranks), as the step-time model rebuilds it: one sync's bytes take "
         f"{bytes_ratio:.2f} backwards, one message's fixed cost at {ranks} ranks {message_ratio:.1e} of one. Here, for "
-        f"{model_name} ({len(params)} gradient tensors, {sync_bytes / 2**20:.1f} MiB, a backward of "
-        f"{1e3 * backward_s:.0f} ms, {timed_how}, on the slower rank): "
+        f"{model_name} ({len(params)} gradient tensors, the blog's SmolLM2-360M {len(blog.nbytes)}; "
+        f"{sync_bytes / 2**20:.1f} MiB; a backward of {1e3 * backward_s:.0f} ms, {timed_how}, on rank 0): "
         f"{blog_links[name].describe()}, between 2 ranks; a cap of {cap:.2f} MiB."
     )
     # one profiled step each, no warm-up: the claims below hold from the first step. At 1024 ranks one micro-batch
@@ -1028,7 +1033,9 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # link's time during which the training thread computed (the link's modeled transfers in flight as
 # communication, a forward, a backward or the optimizer, not waiting, as compute; the blog reads an
 # overlap of its own from its GPU traces, a different measure, not set beside these), and
-# *exposed*, the link time the step stood waiting through. The rungs that wait for each message as
+# *exposed*, the link time the step stood waiting through. The two need not cover all the link's time:
+# the rest passed with the thread neither computing nor waiting (running lines outside a forward, a
+# backward or the optimizer, as between the end of backward and its wait in finish). The rungs that wait for each message as
 # soon as it is sent (`simple`, `ga`, `hook`, `bucket`) all run some of their own lines between a
 # send and its wait (ga's run above prints that time as the link time it did not wait through). The
 # overlap counts that time as compute only where it falls inside a forward, a backward or the
@@ -1092,13 +1099,12 @@ lesson.claim(
     "fixed costs, below).",
 )
 here_h, here_b = looks["hook-async"]["exposed_ms"], looks["bucket-async"]["exposed_ms"]
-w_h, w_b = looks["hook-async"]["waited_ms"], looks["bucket-async"]["waited_ms"]
 far_h, far_b = far["hook-async"]["exposed_ms"], far["bucket-async"]["exposed_ms"]
 one_far = blog_links["1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3
 
 
 def than(bucketed, per_gradient):
-    """bucket-async's exposed time against hook-async's, in words, at the printed precision."""
+    """A bucketed stage's exposed time against hook-async's, in words, at the printed precision."""
     return (
         "as much as"
         if round(bucketed) == round(per_gradient)
@@ -1113,22 +1119,27 @@ lesson.say(
     f"each, bucket-async left {here_b:.0f} ms exposed, {than(here_b, here_h)} hook-async's {here_h:.0f} ms. One "
     f"message's fixed cost is {per_message_ms:.2f} ms there: hook-async's {looks['hook-async']['calls']} pay "
     f"{100 * per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0f} % of its link time, "
-    f"so the buckets can save no more than that on the link. In all, the thread waited {w_h:.0f} ms in hook-async and "
-    f"{w_b:.0f} ms in bucket-async, {w_h - here_h:.0f} and "
-    f"{w_b - here_b:.0f} ms of it after the link had delivered, while the real all_reduces on this machine were not "
-    "yet done: a cost of this machine that the emulated link does not model."
+    "so the buckets can save no more than that on the link."
 )
 lesson.say(
     f"On the link with the ratios of 4 × T4, bucket-async left {t4['bucket-async']['exposed_ms']:.0f} ms exposed, "
     f"{than(t4['bucket-async']['exposed_ms'], t4['hook-async']['exposed_ms'])} hook-async's "
     f"{t4['hook-async']['exposed_ms']:.0f} ms."
 )
+far_fixed, far_backward = far["hook-async"]["messages"] * one_far, far["hook-async"]["backward_ms"]
 lesson.say(
     f"On the link with the ratios of 1024 ranks, each at its own backward (so not at the setting's ratios: see "
-    f"above), bucket-async left {far_b:.0f} ms exposed, {than(far_b, far_h)} hook-async's {far_h:.0f} ms. One message costs {one_far:.2f} ms of fixed cost on that link: hook-async's "
-    f"{far['hook-async']['messages']} messages pay {far['hook-async']['messages'] * one_far:.0f} ms of them, against "
-    f"its own last backward of {far['hook-async']['backward_ms']:.0f} ms (less the check); bucket-async's "
-    f"{far['bucket-async']['messages']} pay {far['bucket-async']['messages'] * one_far:.0f} ms."
+    f"above), bucket-async left {far_b:.0f} ms exposed, {than(far_b, far_h)} hook-async's {far_h:.0f} ms, and bucket, "
+    f"which waits for each bucket inside the backward, {far['bucket']['exposed_ms']:.0f} ms, "
+    f"{than(far['bucket']['exposed_ms'], far_h)} hook-async's. One message costs {one_far:.2f} ms of fixed cost on "
+    f"that link: hook-async's {far['hook-async']['messages']} messages pay {far_fixed:.0f} ms of them"
+    + (
+        f", more than its own last backward of {far_backward:.0f} ms (less the check), so at least "
+        f"{far_fixed - far_backward:.0f} ms of its link's work came after that backward ended"
+        if far_fixed > far_backward
+        else f", against its own last backward of {far_backward:.0f} ms (less the check)"
+    )
+    + f"; bucket-async's {far['bucket-async']['messages']} pay {far['bucket-async']['messages'] * one_far:.0f} ms."
 )
 
 # %% [markdown]

@@ -359,6 +359,16 @@ class AsyncWaitsInHook(solutions.HookDDP):
         self.in_flight.clear()
 
 
+class AsyncWaitsForThePrevious(solutions.AsyncHookDDP):
+    """Waits, in the hook, for the all_reduce before this one, then starts this one: one in flight at a time."""
+
+    def _grad_ready(self, param):
+        if self.sync_this_backward:
+            if self.in_flight:
+                self.in_flight[-1][1].wait()  # one message in flight at a time: the others waited for in backward
+            self.in_flight.append((param, dist.all_reduce(param.grad, async_op=True)))
+
+
 class BucketAsyncWaitsInSend(solutions.BucketDDP):
     """bucket-async written as bucket plus a list: each bucket's all_reduce is waited for as it is sent."""
 

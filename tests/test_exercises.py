@@ -199,6 +199,8 @@ MISTAKES = [
     (wrong.AsyncDividesTwice, "hook-async", "divide once, before the all_reduce or after it, not both"),
     (wrong.AsyncWaitsInHook, "hook-async", "nothing travelled while backward computed"),
     (solutions.HookDDP, "hook-async", "nothing travelled while backward computed"),
+    # one message in flight at a time (the hook waits for the one before): fewer in flight than the answer's
+    (wrong.AsyncWaitsForThePrevious, "hook-async", "only 1 collective was still in flight"),
     (wrong.HookDoesNotWait, "hook", "still in flight when backward computed its last gradient"),
     (solutions.HookDDP, "bucket", "one per bucket"),
     # the sums went into the flat copy and never back: named as the missing copy-back, not as a missing all_reduce

@@ -200,7 +200,8 @@ def settings_ladder(settings: dict, title: str = ""):
     top.set_title(title, fontsize=9)
     top.legend(fontsize=7, loc="upper left")
     highest = max([r["exposed_ms"] for runs in settings.values() for r in runs.values()] + [1.0])
-    low.set(ylabel="exposed (ms per step, log)", yscale="symlog", ylim=(0, 4 * highest))  # room above every bar
+    low.set_yscale("symlog", linthresh=1.0)  # a log axis that still has a 0: linear from 0 to 1 ms
+    low.set(ylabel="exposed (ms per step;\nlinear to 1, log above)", ylim=(0, 4 * highest))  # room above every bar
     low.set_xticks(range(len(stages)), stages, rotation=20)
     fig.tight_layout()
     return fig

@@ -930,6 +930,12 @@ def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
                 "start each with async_op=True, keep the handle, and wait only in "
                 "finish_gradient_synchronization()"
             )
+        if 0 < m < r:  # a wait inside backward, before the last gradient, for messages sent earlier in it
+            return (
+                f"only {m} collective{' was' if m == 1 else 's were'} still in flight when backward computed its last "
+                f"gradient in step {step}, where '{like}' had {r}: your stage waited for the others inside backward; "
+                "keep every handle and wait only in finish_gradient_synchronization()"
+            )
         if r == 0 and m > 0:
             return (
                 f"{m} collectives were still in flight when backward computed its last gradient in step "

@@ -383,7 +383,7 @@ def mib(n_bytes: float) -> str:
 
 def say_look(looks: dict, stage: str) -> None:
     """What one profiled step of ``stage`` shows over an emulated link, in sentences: its messages, and the link's
-    time the training thread waited through (exposed) and did not, and all its waiting (waited)."""
+    time the training thread waited through (exposed) and did not, and all its waiting for them (waited)."""
     v = looks[stage]
     say(
         f"{stage}: {v['calls']} all_reduce calls a step, {v['calls_in_backward']} of them started while a "
@@ -409,12 +409,11 @@ def say_look(looks: dict, stage: str) -> None:
             if link - exposed
             else "."
         )
-        + f" It waited {v['waited_ms']:.0f} ms in all ({v['waits_in_backward']} of its {v['waits']} waits began "
-        "inside a backward)"
+        + f" It waited {v['waited_ms']:.0f} ms in all for its messages ({v['waits_in_backward']} of its {v['waits']} "
+        "waits began inside a backward)"
         + (
-            f": the {exposed} exposed, and {v['waited_ms'] - exposed:.0f} ms after the link had delivered, while the "
-            "real all_reduce on this machine was not yet done (the emulated link models the wire, not the other rank "
-            "or the cores gloo runs on)."
+            f": the {exposed} exposed, and {v['waited_ms'] - exposed:.0f} ms after the link had delivered, until the "
+            "real all_reduce returned, which the emulated link does not model."
             if round(v["waited_ms"]) - exposed >= 1
             else "."
         )
