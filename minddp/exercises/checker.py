@@ -431,9 +431,11 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
             ".rank(); ask dist.get_world_size(process_group), which takes None)"
         )
     if re.search(r"\bAVG\b", message):  # gloo on torch 2.6 refuses ReduceOp.AVG (docs/torch-versions.md)
+        # an fp16 hook must divide before the sum (its float16 sum can overflow); a float32 stage may divide either side
+        when = "before the sum" if like in solutions.HOOKS else "before the all_reduce or after it"
         return (
             " (this backend has no ReduceOp.AVG: keep the default ReduceOp.SUM and divide by "
-            "dist.get_world_size(group) yourself, before the sum)"
+            f"dist.get_world_size(group) yourself, {when})"
         )
     # the stage's forward ran the module but returned nothing: the checker's loss (cross_entropy) got None
     if re.search(r"argument 'input' \(position 1\) must be Tensor, not NoneType", message):
