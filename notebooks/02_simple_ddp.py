@@ -371,8 +371,8 @@ lesson.claim(
 )
 
 # %% [markdown]
-# And a check at work: rank 1 builds a model with one output more than rank 0's. The class above has
-# no such check (all its code is above). The ladder's refuses on every rank, saying why. The cell prints the error each rank raised. Its words name
+# And a check at work: rank 1 builds a model with one output more than rank 0's. The ladder's
+# `SimpleDDP` refuses on every rank, saying why; the cell prints the error each rank raised. Its words name
 # `DistributedDataParallel`: the ladder's stages share the check with `minddp.DistributedDataParallel`.
 
 # %%

@@ -354,6 +354,7 @@ wins = pd.DataFrame.from_dict(
 )
 n_star = (S - S2) / ((c2 - c) * LINK.latency * LINK.bandwidth)  # ranks, at the notebook's link
 m_star = 2 * n * LINK.latency * LINK.bandwidth / (1 - q)  # bytes, at the notebook's link
+smallest = min(m for _, m in sent["allreduce"])  # this step's smallest bucket, bytes
 faster = {name: step_link_ms("powersgd", spec) < step_link_ms("allreduce", spec) for name, spec in links.items()}
 lesson.claim(
     all(faster[name] == (spec.bandwidth < crossover(spec.latency)) for name, spec in links.items()),
@@ -378,7 +379,10 @@ lesson.claim(
 )
 lesson.say(
     f"At {LINK.name} the formulas give n* = {n_star:.0f} ranks, and m* = {m_star / 1024:.0f} KiB "
-    f"for a bucket that compresses as this step's buckets did together (q = S′/S = {q:.4f})."
+    f"for a bucket that compresses as this step's buckets did together (q = S′/S = {q:.4f}). So, by the formulas, "
+    f"PowerSGD's messages take less link time than plain averaging's at {LINK.name} on fewer than {n_star:.0f} "
+    f"ranks, and compressing each bucket of this step saves link time if it compresses as they did together: "
+    f"the smallest, {lesson.mib(smallest)}, is {smallest / m_star:.0f} times m*."
 )
 
 fig, ax = plt.subplots(figsize=(10, 4))
@@ -442,8 +446,8 @@ wins.round(3)
 # ## Your turn: an fp16 hook
 #
 # Write `fp16_compress_hook` yourself: cast the bucket's flat gradient to `float16`, divide it by
-# the world size (before the sum, so large gradients cannot overflow), start the all_reduce with
-# `async_op=True`, and hand back a Future whose value is the average as one `float32` tensor of the
+# the world size (before the sum, so that a sum of gradients each within float16's range cannot
+# overflow), start the all_reduce with `async_op=True`, and hand back a Future whose value is the average as one `float32` tensor of the
 # bucket's size. `check_hook` first calls your hook on a bucket of known gradients (is it a
 # Future? of one tensor? of the right size and dtype? the average, not the sum? how far off, against
 # the bound on float16 rounding derived above, `minddp.comm.measure.rounding_bound`? how many bytes?
