@@ -455,10 +455,12 @@ for i, (ax, (name, x)) in enumerate(zip(axes, steps.items()), 1):
         ax.broken_barh([(s, e - s) for s, e in x[key]], (y - 0.35, 0.7), color=colour)
     ax.axvspan(*x["backward"][0], color="0.9", zorder=0)
     ax.set_yticks(range(len(rows)), ["compute C", "in flight M", "link L", "waits T"], fontsize=8)
-    ax.set_title(f"made-up step {i}: {name}{late.get(name, '')} (grey: the backward)", fontsize=9)
+    ax.set_title(f"made-up step {i}: {name}{late.get(name, '')}", fontsize=9)
 axes[-1].set_xlabel("ms from the step's start")
 fig.suptitle(
-    f"Two made-up steps, not measured: {n} ranks, two 1 MiB all_reduces each on the {LINK.name} link", fontsize=10
+    f"Two made-up steps, not measured: {n} ranks, two 1 MiB all_reduces each on the {LINK.name} link (grey: the "
+    "backward)",
+    fontsize=10,
 )
 fig.tight_layout()
 plt.show()
