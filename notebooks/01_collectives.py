@@ -56,8 +56,8 @@ print(f"rank {rank} holds {t.tolist()}")
 # The `i` versions return at once with a *work* handle; the transfer runs in the background, and
 # `wait()` blocks until it is finished. In between, the rank is free to compute: the cell multiplies
 # two small matrices there. Nothing here is timed, so whether the 12-byte message was still on its way
-# while they multiplied is not shown. The later notebooks' DDP versions compute while gradients
-# travel; the end of this notebook defines the measures of it.
+# while they multiplied is not shown. Later notebooks build DDP versions that compute while
+# gradients travel; the end of this notebook defines the measures of it.
 
 # %%
 # %%distributed
@@ -100,9 +100,10 @@ chunk
 #
 # `reduce` sums (or takes the max, ...) every rank's tensor into the tensor of one rank, its `dst`;
 # `gather` collects the tensors side by side on `dst`. The cell passes `dst=0`, rank 0, and rank r's
-# tensor to reduce is r + 1. Only `dst`'s buffer is defined afterwards: rank 0 prints the sum,
-# 1 + 2 + 3 + 4 = 10. What the other ranks print is whatever the backend's algorithm left in their
-# buffers, not a result to use.
+# tensor to reduce is r + 1, its tensor to gather 100 r. Only `dst`'s buffer is defined afterwards:
+# rank 0 prints the sum, 1 + 2 + 3 + 4 = 10. What the other ranks print after `reduce ->` is whatever
+# the backend's algorithm left in their buffers, not a result to use; only `dst` passes a list to
+# gather into (the others print None).
 
 # %%
 # %%distributed
@@ -522,7 +523,7 @@ lesson.claim(
 # link's transfers cost the step, as the emulated link times them (a transfer starts when this rank hands
 # the message over, whatever the other rank is doing): the time the link was still carrying a message
 # the thread waited for. *Waited*
-# counts every wait of the training thread: for the link and, as in the second step, for the other
+# counts every wait of the training thread: for the link and, as in the second made-up step, for the other
 # rank. *In flight*, *overlap* and *non-compute* read M, the backend's ranges and the link's transfers, and a range stays open until the backend's work is
 # done, the other rank's late join included. Non-compute equals waited in both made-up steps only because
 # they were built so (whenever the thread does not compute, it waits for a message in flight); they are
