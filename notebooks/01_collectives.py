@@ -220,11 +220,11 @@ for holds, sentence in ring_facts(ring):  # what the text above says of the draw
 # | --- | --- | --- |
 # | n | the number of ranks | |
 # | m | the bytes of the tensor one collective reduces, on one rank (a ring cuts it into n chunks of m / n bytes) | bytes |
-# | α | the fixed cost of one message, whatever its size: latency, software | seconds |
+# | α | the fixed cost of one point-to-point message (one `send`), whatever its size: latency, software | seconds |
 # | β | the time per byte on a link, 1 / B | seconds per byte |
 # | B | a link's bandwidth, when one is named (`1gbit`: 1 Gbit/s = 125 MB/s); the tables print it in Gbit/s | bytes per second |
 #
-# Each letter keeps this one meaning in every notebook; a message's size, when it is not m, is written
+# Each letter of this table keeps this one meaning in every notebook; a message's size, when it is not m, is written
 # out (m / n). The measures of time, *waited*, *exposed*, *overlap* and the rest, are defined at the end
 # of this notebook, before any notebook uses them.
 #
@@ -329,16 +329,18 @@ lesson.claim(
 # The star's ratio to the ring is (α + m β) / (α + m β / n): never n, nearing n as m β outgrows α (the
 # column m β / α). For a small tensor the β terms shrink and the α term, 2 (n − 1) α for both, makes
 # most of the ring's time (the α share column): the star comes nearer the ring (the last column), and in
-# the model what a small all_reduce costs is mostly how many messages it sends, not how many bytes. That is why DDP packs
-# many gradients into one message, a *bucket* (notebook 03 measures when that wins).
+# the model a small all_reduce costs mostly its 2 (n − 1) α, which every all_reduce pays again, not its bytes. That is
+# why DDP packs many gradients into one tensor, a *bucket*, and all_reduces it once (notebook 03 measures when that
+# wins).
 
 # %% [markdown]
 # ## `barrier`: wait for everyone
 #
 # No data moves; every rank waits until all have arrived. Here rank 1 sleeps 0.5 s before it
 # arrives, and every other rank waits for it at the barrier. Every rank notes when it arrived and left
-# on the wall clock, one clock for every rank of this machine; rank 0 says when the first rank arrived and when
-# the last one left, counted from rank 1's arrival.
+# on the wall clock, one clock for every rank of this machine; rank 0 says how long before rank 1 the first rank
+# arrived (the 0.5 s, give or take how far apart the ranks began the cell) and when the last one left, counted
+# from rank 1's arrival.
 
 # %%
 # %%distributed
@@ -365,18 +367,21 @@ if rank == 0:
     )
 
 # %% [markdown]
-# ## The measures: one word, one number
+# ## The measures: one word, one definition
 #
 # The later notebooks build DDP in *stages* (`03_build_up`), each one way of sending the gradients:
 # a stage hands what it sends (one gradient, or a *bucket* of several) to a *comm hook*, the function that
 # sends it (`02_simple_ddp` shows one; `noop_hook` sends nothing). They ask one question of every stage: while its gradients travel,
 # what does the training step do? Six words answer it (in flight, non-compute, overlap, interleaved, waited,
-# exposed), and two more say what the sending costs (link time, comm cost). Each of the eight names one
-# measure, computed by one function of `minddp.analysis.metrics` that every notebook, the trace report and the
-# benchmark call; the table is `docs/analysis.md`'s, word for word (a test checks it).
+# exposed), and two more say what the sending costs (link time, comm cost). Each of the eight has one
+# definition, computed by the function its row names in `minddp.analysis.metrics`, which every notebook, the trace
+# report and the benchmark call; the table is `docs/analysis.md`'s, word for word (a test checks it).
 #
+# From here on a *message* is one collective call, one all_reduce say, not one of the point-to-point messages it
+# is made of (2 (n − 1) from each rank around a ring, so its fixed cost is 2 (n − 1) α).
 # A run may send over an *emulated link* (`minddp.comm.link`): its *transfer* of a message starts when this
-# rank hands the message over (or the link becomes free), whatever the other rank is doing, and lasts the α-β
+# rank hands the message over (or, if the link still carries an earlier one, when that one is done), whatever
+# the other rank is doing, and lasts the α-β
 # time of the collective; the message is *delivered* at the later of the transfer's end and the real
 # collective's end. The six words that answer the question read these sets of time intervals of one
 # training step:
@@ -387,7 +392,7 @@ if rank == 0:
 #   of a run's events that torch's profiler writes; `05_reading_traces` reads them) that is the
 #   backend's *range* of it, the record one of gloo's threads keeps from the moment it picks the
 #   collective up until the collective is done: waiting for the other rank to join is inside it, and so,
-#   on a machine with no more cores than ranks, is waiting for a free core (`docs/analysis.md`, "What a
+#   on a machine with no more cores than ranks, is waiting for a core to run on (`docs/analysis.md`, "What a
 #   `gloo:*` range includes"). On an emulated link M also holds the link's transfers;
 # * the step's *backward*: the phase from its start to its end, the waits inside it included;
 # * T, the training thread's *waits*: from its first `wait()` on a message to the message's delivery;
@@ -399,12 +404,12 @@ if rank == 0:
 #
 # | name | definition | function | unit |
 # | --- | --- | --- | --- |
-# | in flight | the time communication was in flight, `\|M ∩ W\|`; on a CPU it includes the time gloo's range stays open until the other rank joins and a core is free | `metrics.in_flight(comm, window)` | ms per step |
+# | in flight | the time communication was in flight, `\|M ∩ W\|`; on a CPU it includes the time gloo's range stays open until the other rank joins and gloo's thread gets a core to run on | `metrics.in_flight(comm, window)` | ms per step |
 # | non-compute | communication in flight while the training thread computes nothing, `\|(M ∖ C) ∩ W\|`: HolisticTraceAnalysis's (HTA's) non-compute time; over `\|W\|`, its non-compute share | `metrics.non_compute(window, compute, comm)` | ms per step (its share: % of the step) |
 # | overlap | the share of the time in flight during which compute runs too, `100 · \|M ∩ C ∩ W\| / \|M ∩ W\|` (0 without communication): HTA's `comm_comp_overlap_pctg`; over several steps, ranks or rounds, one ratio of the sums (`metrics.pooled_overlap_pct`) | `metrics.overlap_pct(comm, compute, window)` | % of the time in flight |
 # | interleaved | the non-compute time inside backward, `\|(M ∖ C) ∩ backward\|`: backward stopping for a message, then going on (a hook that sends and waits). Waiting after backward is non-compute but not interleaved; computing while a message travels is neither | `metrics.interleaved(comm, compute, backward)` | ms per step |
-# | waited | the time the training thread stood still for communication, `\|T ∩ W\|`: for the link, for the other rank, for a free core. Known only where the waits are recorded (over an emulated link); elsewhere NaN, not 0 | `metrics.waited(waits, window)` | ms per step |
-# | exposed | the link's transfers the training thread stood waiting through, `\|L ∩ T ∩ W\|`: the step time the link adds against the same stage with a free link, where the collectives take no time of their own beyond the link's (a wait for the other rank or a core after the link was done is waited, not exposed). Known over an emulated link; a trace without a link cannot give it | `metrics.exposed(link, waits, window)` | ms per step |
+# | waited | the time the training thread stood still for communication, `\|T ∩ W\|`: for the link, for the other rank, for a core to run on. Known only where the waits are recorded (over an emulated link); elsewhere NaN, not 0 | `metrics.waited(waits, window)` | ms per step |
+# | exposed | the link's transfers the training thread stood waiting through, `\|L ∩ T ∩ W\|`: the step time the link adds against the same stage with a *free link*, one whose transfers take no time, where the collectives take no time of their own beyond the link's (a wait for the other rank or a core after the link was done is waited, not exposed). Known over an emulated link; a trace without a link cannot give it | `metrics.exposed(link, waits, window)` | ms per step |
 # | link time | the modeled transfer time of the step's messages on the link, from their sizes alone, added up: the same on every machine | `metrics.link_time(link, messages)` | ms per step (the function: seconds) |
 # | comm cost | the step time sending adds, from two runs: a stage's median step minus the same stage's with `noop_hook`, which sends nothing (`python -m minddp.bench`, column `comm_cost_ms`). It holds the exposed time and what exposed leaves out (waits for the other rank and for a core, the collectives' own work, the hooks' Python), and two medians' noise | `metrics.comm_cost(step, free_step)` | ms per step |
 #
@@ -414,7 +419,8 @@ if rank == 0:
 # and the other rank is there at once, so each wait lasts the link's transfer. In the second, the
 # backward sends and goes on, and the step waits once, after backward (`03_build_up`'s `hook-async`
 # stage); the other rank is made up to join the second message late, at 80 ms, so gloo's range of it
-# stays open past this rank's transfer on the link, and so does the wait.
+# stays open past this rank's transfer on the link until 80 ms, and the wait after backward, from 70 ms, lasts
+# until then.
 
 # %%
 import matplotlib.pyplot as plt
