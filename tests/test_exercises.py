@@ -92,6 +92,24 @@ MISTAKES = [
         "the world size (2), before the all_reduce or after it",
     ),
     (wrong.NeverSynced, "simple", "gradients were not synchronized"),
+    # all_reduce's result (None) taken for the sum: named as that, whether the next line meets None (learner read
+    # 01-02, round 10b, finding 12) or .grad is left None
+    (
+        wrong.AssignsTheAllReduce,
+        "simple",
+        (
+            "your code raised TypeError in finish_gradient_synchronization (line",
+            "(dist.all_reduce returns None, not the sum: it sums in place into the tensor it is handed; call it "
+            "without keeping its result",
+        ),
+    ),
+    (
+        wrong.DividesThenAssignsTheAllReduce,
+        "simple",
+        "had no gradient after finish_gradient_synchronization() (.grad is None; if it was set to an all_reduce's "
+        "result: dist.all_reduce returns None, not the sum: it sums in place into the tensor it is handed; call it "
+        "without keeping its result) at step 1",
+    ),
     # divided before the sum and after it: the fix names both places the notebook allows, not one of them
     (
         wrong.DividedTwice,
