@@ -46,8 +46,8 @@
 # and 05), where fewer bytes become less link time (the modelled time of its messages), and we ask on
 # which links PowerSGD's extra messages cost more link time than its saved bytes. The notation is
 # notebook 01's: n ranks, m the bytes one all_reduce reduces, α the fixed cost of one of 01's
-# point-to-point messages (one of a ring's exchanges, which the link's description and the tables here call a
-# *hop*), β the time per byte (1 / B, B the link's bandwidth). A **message** is one all_reduce, as in 01's
+# point-to-point messages (a ring rank sends one per exchange; the link's description and the tables here call
+# that a *hop*), β the time per byte (1 / B, B the link's bandwidth). A **message** is one all_reduce, as in 01's
 # measures (a bucket, or one of PowerSGD's two or three per bucket: the tensors it leaves uncompressed, if the
 # bucket holds any, the P factors, the Q factors), which makes 2(n − 1) exchanges around the ring, so its fixed
 # cost is 2(n − 1) α. `M` here is a gradient matrix (PowerSGD's): not 01's M (communication in flight), nor m
