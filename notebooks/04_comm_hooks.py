@@ -45,12 +45,13 @@
 # Then the hooks send over an **emulated 1 Gbit/s link** (`minddp.comm.link`, as in notebooks 03
 # and 05), where fewer bytes become less link time (the modelled time of its messages), and we ask on
 # which links PowerSGD's extra messages cost more link time than its saved bytes. The notation is
-# notebook 01's: n ranks, m the bytes one all_reduce reduces, α the fixed cost of one
-# of 01's messages (one hop of a ring), β the time per byte (1 / B, B the link's bandwidth). One
-# word differs, as in `03_build_up`: here a **message** is one all_reduce (a bucket, or one of PowerSGD's two
-# or three per bucket: the tensors it leaves uncompressed, if the bucket holds any, the P factors, the Q factors), which makes
-# 2(n − 1) hops around the ring, so its fixed cost is 2(n − 1) α. `M` is a
-# gradient matrix (PowerSGD's), never a number of bytes.
+# notebook 01's: n ranks, m the bytes one all_reduce reduces, α the fixed cost of one of 01's
+# point-to-point messages (a ring rank sends one per exchange; the link's description and the tables here call
+# that a *hop*), β the time per byte (1 / B, B the link's bandwidth). A **message** is one all_reduce, as in 01's
+# measures (a bucket, or one of PowerSGD's two or three per bucket: the tensors it leaves uncompressed, if the
+# bucket holds any, the P factors, the Q factors), which makes 2(n − 1) exchanges around the ring, so its fixed
+# cost is 2(n − 1) α. `M` here is a gradient matrix (PowerSGD's): not 01's M (communication in flight), nor m
+# (bytes).
 
 # %%
 # %load_ext minddp.notebook
@@ -216,7 +217,8 @@ steps.round(1)
 # averaging alone: how long it took on this machine, and its *exposed* time (`metrics.exposed`), the
 # part of its link time during which the training thread stood still waiting for a message (its waits while
 # the link carries no message, such as after a modelled transfer has ended, are not in it; this notebook does
-# not print them). Plain
+# not print them). By 01's definition exposed is also the step time the link adds against a free link, one
+# whose transfers take no time: a hook that sends fewer bytes can take no more than that off this step. Plain
 # averaging here is `03_build_up`'s `bucket-async`, measured by the same function in another run: one
 # step's exposed need not agree with the one 03 prints for the same stage on the same link: it is a
 # time measured in one run, on two shared cores.
@@ -291,10 +293,10 @@ lesson.say(
 #
 # This section compares link time only, the modelled time of a step's messages, not the step.
 # PowerSGD pays an all_reduce's fixed cost, 2(n − 1) α, three times a bucket here where plain averaging
-# pays it once, and saves almost all of the bytes. Per step, with c all_reduces of S bytes of payload in
-# all (S: a step's payload, not PowerSGD's matrix M), the link takes
+# pays it once, and saves almost all of the bytes. Per step, with c all_reduces (a count, not 01's C) of S bytes
+# of payload in all (S: a step's payload, not PowerSGD's matrix M), the link time is
 #
-# `T = c · 2(n − 1) α + 2(n − 1)/n · S β`,
+# `c · 2(n − 1) α + 2(n − 1)/n · S β`,
 #
 # so PowerSGD's messages (c′ of them, S′ bytes) take less link time exactly when its saved bytes
 # outweigh its extra messages, `2(n − 1)/n · (S − S′) β > 2(n − 1)(c′ − c) α`. Read for the bandwidth, the ranks and
@@ -354,6 +356,7 @@ wins = pd.DataFrame.from_dict(
 )
 n_star = (S - S2) / ((c2 - c) * LINK.latency * LINK.bandwidth)  # ranks, at the notebook's link
 m_star = 2 * n * LINK.latency * LINK.bandwidth / (1 - q)  # bytes, at the notebook's link
+smallest = min(m for _, m in sent["allreduce"])  # this step's smallest bucket, bytes
 faster = {name: step_link_ms("powersgd", spec) < step_link_ms("allreduce", spec) for name, spec in links.items()}
 lesson.claim(
     all(faster[name] == (spec.bandwidth < crossover(spec.latency)) for name, spec in links.items()),
@@ -378,7 +381,10 @@ lesson.claim(
 )
 lesson.say(
     f"At {LINK.name} the formulas give n* = {n_star:.0f} ranks, and m* = {m_star / 1024:.0f} KiB "
-    f"for a bucket that compresses as this step's buckets did together (q = S′/S = {q:.4f})."
+    f"for a bucket that compresses as this step's buckets did together (q = S′/S = {q:.4f}). So, by the formulas, "
+    f"PowerSGD's messages take less link time than plain averaging's at {LINK.name} on fewer than {n_star:.0f} "
+    f"ranks, and compressing each bucket of this step saves link time if it compresses as they did together: "
+    f"the smallest, {lesson.mib(smallest)}, is {smallest / m_star:.0f} times m*."
 )
 
 fig, ax = plt.subplots(figsize=(10, 4))
@@ -442,8 +448,8 @@ wins.round(3)
 # ## Your turn: an fp16 hook
 #
 # Write `fp16_compress_hook` yourself: cast the bucket's flat gradient to `float16`, divide it by
-# the world size (before the sum, so large gradients cannot overflow), start the all_reduce with
-# `async_op=True`, and hand back a Future whose value is the average as one `float32` tensor of the
+# the world size (before the sum, so that a sum of gradients each within float16's range cannot
+# overflow), start the all_reduce with `async_op=True`, and hand back a Future whose value is the average as one `float32` tensor of the
 # bucket's size. `check_hook` first calls your hook on a bucket of known gradients (is it a
 # Future? of one tensor? of the right size and dtype? the average, not the sum? how far off, against
 # the bound on float16 rounding derived above, `minddp.comm.measure.rounding_bound`? how many bytes?

@@ -193,6 +193,26 @@ class ReducesThenDivides(solutions.SimpleDDP):
                 p.grad /= dist.get_world_size()
 
 
+class AssignsTheAllReduce(solutions.SimpleDDP):
+    """Takes all_reduce for a function that returns the sum: it sums in place and returns None, so the division
+    after it meets None."""
+
+    def finish_gradient_synchronization(self):
+        world = dist.get_world_size()
+        for p in self.module.parameters():
+            p.grad = dist.all_reduce(p.grad) / world
+
+
+class DividesThenAssignsTheAllReduce(solutions.SimpleDDP):
+    """Divides first, then keeps all_reduce's result, None, as the gradient."""
+
+    def finish_gradient_synchronization(self):
+        world = dist.get_world_size()
+        for p in self.module.parameters():
+            p.grad /= world
+            p.grad = dist.all_reduce(p.grad)
+
+
 class NeverSynced(solutions.SimpleDDP):
     """Broadcasts at the start, then never talks again."""
 

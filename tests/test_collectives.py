@@ -8,6 +8,8 @@ a float input checks fp32 within rounding.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -93,7 +95,7 @@ def test_the_watched_ring_sends_what_its_doc_says_and_is_priced_by_the_link_mode
     (reduce-scatter step s: rank r sends chunk r - s - 1 to r + 1; all-gather: chunk r - s), the marks must
     show each chunk gathering one share per hop, and the α-β price of what was sent must be the link model's
     ring formula (a different oracle: minddp.comm.link's table), the star's (n - 1) B at rank 0."""
-    from minddp.collectives.watch import ranks_in, seconds
+    from minddp.collectives.watch import ranks_in, ring_facts, seconds
     from minddp.comm.link import PRESETS
 
     n, numel = 3, 15
@@ -116,3 +118,16 @@ def test_the_watched_ring_sends_what_its_doc_says_and_is_priced_by_the_link_mode
     # seconds() adds 2 (n - 1) terms in another order than the formula: float64 rounding, far below 1e-9
     assert seconds(ring, link) == pytest.approx(link.seconds("all_reduce", B, n), rel=1e-9)
     assert seconds(star, link) == pytest.approx(2 * (n - 1) * (link.latency + B / link.bandwidth), rel=1e-9)
+    # notebook 01's claims on the drawing hold on these records, and each fails when its fact is broken
+    assert [holds for holds, _ in ring_facts(ring)] == [True] * 4
+    assert "rank 0: chunk 0, rank 1: chunk 1, rank 2: chunk 2" in ring_facts(ring)[1][1]
+    broken = copy.deepcopy(ring)
+    first = broken[0]["exchanges"][0]
+    first["before"][first["chunks"][0]] = 2**n - 1  # the first chunk sent already complete: not one mark
+    assert [holds for holds, _ in ring_facts(broken)] == [False, True, True, True]
+    broken = copy.deepcopy(ring)
+    broken[1]["exchanges"][n - 1]["before"] = [2**n - 1] * n  # rank 1 complete in every chunk after reduce-scatter
+    assert [holds for holds, _ in ring_facts(broken)][1:3] == [False, False]
+    broken = copy.deepcopy(ring)
+    broken[2]["after"][0] = 1  # rank 2 ends with a partial chunk
+    assert [holds for holds, _ in ring_facts(broken)] == [True, True, False, False]

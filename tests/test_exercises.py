@@ -92,6 +92,24 @@ MISTAKES = [
         "the world size (2), before the all_reduce or after it",
     ),
     (wrong.NeverSynced, "simple", "gradients were not synchronized"),
+    # all_reduce's result (None) taken for the sum: named as that, whether the next line meets None (learner read
+    # 01-02, round 10b, finding 12) or .grad is left None
+    (
+        wrong.AssignsTheAllReduce,
+        "simple",
+        (
+            "your code raised TypeError in finish_gradient_synchronization (line",
+            "(dist.all_reduce returns None, not the sum: it sums in place into the tensor it is handed; call it "
+            "without keeping its result",
+        ),
+    ),
+    (
+        wrong.DividesThenAssignsTheAllReduce,
+        "simple",
+        "had no gradient after finish_gradient_synchronization() (.grad is None; if it was set to an all_reduce's "
+        "result: dist.all_reduce returns None, not the sum: it sums in place into the tensor it is handed; call it "
+        "without keeping its result) at step 1",
+    ),
     # divided before the sum and after it: the fix names both places the notebook allows, not one of them
     (
         wrong.DividedTwice,
@@ -469,6 +487,17 @@ def test_gloos_refusal_of_reduce_op_avg_gets_the_fix():
     # hook_reduce_op_avg mistake is named by the overflow verdict instead
     hint = checker._raise_hint("fp16", " in my_hook (line 4)", "Cannot use ReduceOp.AVG with Gloo", None, 2)
     assert "keep the default ReduceOp.SUM and divide by dist.get_world_size(group) yourself" in hint, hint
+    assert hint.endswith("yourself, before the sum)"), hint  # float16: dividing after the sum can overflow
+
+
+def test_gloos_refusal_of_reduce_op_avg_in_simple_ddp_allows_either_order():
+    # Learner read 01-02 (round 9) finding 8: notebook 02 says the checker accepts the division before the all_reduce
+    # or after it; the AVG hint for a float32 stage must not say "before the sum" only
+    hint = checker._raise_hint(
+        "simple", " in finish_gradient_synchronization", "Cannot use ReduceOp.AVG with Gloo", None, 2
+    )
+    assert "keep the default ReduceOp.SUM and divide by dist.get_world_size(group) yourself" in hint, hint
+    assert hint.endswith("yourself, before the all_reduce or after it)"), hint
 
 
 def test_a_rank_stopped_for_standing_still_is_named_with_the_phase_it_stood_in():

@@ -9,7 +9,8 @@
    every call: peers, bytes each way, the chunks sent and what they held;
 3. gather every rank's record on every rank.
 
-:func:`draw_ring` and :func:`draw_bytes` draw the records; :func:`seconds` evaluates the α-β model on
+:func:`draw_ring` and :func:`draw_bytes` draw the records, :func:`ring_facts` checks what the
+drawing shows; :func:`seconds` evaluates the α-β model on
 them: each exchange costs its rank ``α + β · bytes``, a rank's exchanges run one after the other, and
 the collective is done when the busiest rank is. ``docs/ddp.md`` (*Watching the ring*) says more.
 
@@ -120,6 +121,51 @@ def seconds(records: list[dict], link) -> float:
     return max(
         sum(link.latency + max(s["sent"], s["received"]) / link.bandwidth for s in r["exchanges"]) for r in records
     )
+
+
+def ring_facts(records: list[dict]) -> list[tuple[bool, str]]:
+    """What notebook 01 says of the ring's drawing, each as (holds, sentence), read from :func:`watch`'s records.
+
+    An exchange s of the n - 1 of the reduce-scatter sends a chunk holding s + 1 ranks' marks, so each
+    rank ends it with one complete chunk, a different one on each; an exchange of the all-gather sends a
+    complete chunk over its neighbour's partial copy, so every rank ends with every chunk complete.
+    """
+    n, complete = len(records), 2 ** len(records) - 1  # a chunk marked 2**n - 1 holds every rank's mark
+    steps = 2 * (n - 1)
+
+    def before(rank: int, s: int) -> list[int]:  # rank's marks just before its exchange s (s = steps: the end)
+        return records[rank]["exchanges"][s]["before"] if s < steps else records[rank]["after"]
+
+    def sends(rank: int, s: int) -> tuple[int, int]:  # (the chunk rank sends in its exchange s, where to)
+        return records[rank]["exchanges"][s]["chunks"][0], records[rank]["exchanges"][s]["to"]
+
+    full = [[c for c, mark in enumerate(before(r, n - 1)) if mark == complete] for r in range(n)]
+    where = ", ".join(f"rank {r}: chunk {' and '.join(map(str, c)) or 'none'}" for r, c in enumerate(full))
+    return [
+        (
+            all(len(ranks_in(before(r, s)[sends(r, s)[0]])) == s + 1 for r in range(n) for s in range(n - 1)),
+            f"in the reduce-scatter, the chunk a rank sends in its exchanges 1 to {n - 1} holds 1 to {n - 1} ranks' "
+            "marks: one more at every exchange",
+        ),
+        (
+            all(len(c) == 1 for c in full) and len({c[0] for c in full}) == n,
+            f"after the n − 1 = {n - 1} reduce-scatter exchanges each rank holds exactly one complete chunk, a "
+            f"different one on each rank ({where})",
+        ),
+        (
+            all(
+                before(r, s)[c] == complete and before(to, s)[c] != complete and before(to, s + 1)[c] == complete
+                for r in range(n)
+                for s in range(n - 1, steps)
+                for c, to in [sends(r, s)]
+            ),
+            "in the all-gather, every chunk a rank sends is complete, and it overwrites its neighbour's partial copy",
+        ),
+        (
+            all(before(r, steps) == [complete] * n for r in range(n)),
+            f"after the {n - 1} all-gather exchanges every rank holds all {n} chunks complete",
+        ),
+    ]
 
 
 def _label(mark: int, n: int) -> str:

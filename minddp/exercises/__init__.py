@@ -5,7 +5,7 @@ is the learner's class, written in the notebook: not run by the doctests)::
 
     >>> from minddp.exercises import check
     >>> check(MySimpleDDP, like="simple")      # doctest: +SKIP
-    ✗ simple: gradients were summed, not averaged (all 6 parameters): all_reduce sums over ranks; divide ...
+    ✗ simple: gradients were summed, not averaged (all 6 parameter tensors): all_reduce sums over ranks; divide ...
 
 :func:`check` trains the class on 2 real ranks beside two independent oracles (a single process on
 the global batch, torch's own DDP on the same shards) and names the first thing that goes wrong: an

@@ -398,6 +398,12 @@ def _trouble(name: str, reports: dict, timeout_s: float, like: str | None = None
     return None
 
 
+#: Why a gradient set to ``dist.all_reduce(...)``'s result is None, and the fix.
+ALL_REDUCE_RETURNS_NONE = (
+    "dist.all_reduce returns None, not the sum: it sums in place into the tensor it is handed; call it without "
+    "keeping its result"
+)
+
 #: The prefix a backend's own check puts before its message (``[rank0]:[F1129 12:13:27.65 ProcessGroupGloo.cpp:1537]``).
 _BACKEND_PREFIX = re.compile(r"^(\[rank\d+\]:)?\[[A-Z]\d{4} [\d:.]+ [^\]]+\]\s*")
 
@@ -413,6 +419,10 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
             " (dist.all_reduce returned None: without async_op=True it blocks until the sum is done and returns "
             "nothing; pass async_op=True and take its Future with .get_future())"
         )
+    # p.grad = dist.all_reduce(p.grad): every gradient of the checker's network is set after backward, so a None in
+    # a plain stage's finish is the all_reduce's result
+    if like in ("simple", "ga") and "NoneType" in message:
+        return f" ({ALL_REDUCE_RETURNS_NONE})"
     if re.search(r"Work' object has no attribute '(then|value|add_done_callback)'", message):
         return (
             " (dist.all_reduce(..., async_op=True) returned a Work, not a Future: take its Future with "
@@ -431,9 +441,11 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
             ".rank(); ask dist.get_world_size(process_group), which takes None)"
         )
     if re.search(r"\bAVG\b", message):  # gloo on torch 2.6 refuses ReduceOp.AVG (docs/torch-versions.md)
+        # an fp16 hook must divide before the sum (its float16 sum can overflow); a float32 stage may divide either side
+        when = "before the sum" if like in solutions.HOOKS else "before the all_reduce or after it"
         return (
             " (this backend has no ReduceOp.AVG: keep the default ReduceOp.SUM and divide by "
-            "dist.get_world_size(group) yourself, before the sum)"
+            f"dist.get_world_size(group) yourself, {when})"
         )
     # the stage's forward ran the module but returned nothing: the checker's loss (cross_entropy) got None
     if re.search(r"argument 'input' \(position 1\) must be Tensor, not NoneType", message):
@@ -591,7 +603,8 @@ GRADIENT_MESSAGES = {
     "sent_early_overwritten": "a bucket was sent before its last gradient was in ({names}): its flat copy held these "
     "gradients as they stood before the last backward added to them, and writing the average back replaced what that "
     "backward added; send a bucket at its last gradient, when the count of gradients it still waits for reaches 0",
-    "none": "{names} had no gradient after finish_gradient_synchronization() (.grad is None)",
+    "none": "{names} had no gradient after finish_gradient_synchronization() (.grad is None; if it was set to an "
+    f"all_reduce's result: {ALL_REDUCE_RETURNS_NONE})",
     "divided_unsynced": "finish_gradient_synchronization() divided the gradients after backwards that did not sync "
     "({names}): it runs after every micro-batch, the no_sync() ones too, where nothing was sent; divide only what "
     "you sent (the gradients in your list of works), or divide before the send",

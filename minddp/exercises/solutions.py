@@ -193,7 +193,7 @@ def fp16_compress_hook(process_group, bucket) -> torch.futures.Future:
     """Average the bucket in float16 (half the payload: 2 bytes a value instead of 4) and hand back float32.
 
     1. cast the bucket's flat gradient to float16 and divide by the world size
-       (before the sum, so large gradients cannot overflow float16's range);
+       (before the sum, so that a sum of gradients each within float16's range cannot overflow it);
     2. start the all_reduce (a sum) and take its Future;
     3. when it completes, cast the sum back to the bucket's dtype: the Future's
        value must be one tensor of the bucket's size and dtype.
