@@ -61,11 +61,11 @@
 # no earlier than the same all_reduce would on Gigabit Ethernet, one message at a time, as one
 # Ethernet port sends them. That time is *modeled*: the same on every run and every machine, so the
 # sentences about it hold anywhere. The training thread's waits are *measured*: a wait can last past
-# the link's modeled time, until the real all_reduce returns. The notation is `01_collectives`'s: α is the fixed cost of one
-# of 01's messages (one hop of a ring), β the time per byte (1/B for a bandwidth of B bytes/s), n the
+# the link's modeled time, until the real all_reduce returns. The notation is `01_collectives`'s: α is the fixed
+# cost of one point-to-point send (one hop of a ring), β the time per byte (1/B for a bandwidth of B bytes/s), n the
 # number of ranks, m the bytes of the tensor one all_reduce reduces, k the micro-batches of a step.
-# One word differs: here a **message** is one all_reduce handed to the link (a gradient, or a
-# bucket of them), which makes 2(n−1) of 01's hops, so its fixed cost is 2(n−1)·α. The measures
+# A **message**, as 01 defines it, is one collective call: here one all_reduce handed to the link (a gradient, or a
+# bucket of them), which makes 2(n−1) hops, so its fixed cost is 2(n−1)·α. The measures
 # (*link time*, *waited*, *exposed*, *overlap*, *interleaved*) are defined at the end of
 # `01_collectives`, and each number here is computed by its function there, with the link's modeled
 # transfers as the communication in flight. Here *waited* counts the thread's waits for the gradients'
