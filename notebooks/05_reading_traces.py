@@ -108,10 +108,11 @@ lesson.say(
 # against compute kernels, which run side by side. `single` has nothing in flight and is not in the table.
 #
 # The table's last column is the part of non-compute spent in the parameter check (the thread stands in
-# it until the other rank reaches it, so it is as long as the ranks are apart). The *blocking* stages
-# (`simple`, `ga`, `hook`, `bucket`) wait for each message before they send the next: `simple` and `ga` after
-# the backward, `hook` and `bucket` inside it. The *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`,
-# torch's DDP) send their messages during the backward and wait for them when it ends.
+# it until the other rank reaches it, so its length depends on when the other rank arrives). The
+# *blocking* stages (`simple`, `ga`, `hook`, `bucket`) wait for each message before they send the next:
+# `simple` and `ga` after the backward, `hook` and `bucket` inside it. The *asynchronous* ones
+# (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send their messages during the backward and wait for
+# them when it ends.
 
 # %%
 import pandas as pd
@@ -171,10 +172,10 @@ lesson.claim(
 # One row per profiled stage, one shared axis in milliseconds from the start of the profiled step (rank 0).
 # In each row:
 #
-# * the forward (pale) and backward (darker) of each micro-batch (*backward*, here,
-#   is the span from the first to the last autograd node of a micro-batch: the gradients' computation, and
-#   whatever the hooks do inside those nodes: `hook`'s and `bucket`'s waits for each message, and in the
-#   hooked stages the parameter check);
+# * the forward (pale) and backward (darker) of each micro-batch (the *backward* band is the span from the
+#   first to the last autograd node of a micro-batch: the gradients' computation, and whatever the hooks do
+#   inside those nodes: `hook`'s and `bucket`'s waits for each message, and in the hooked stages the
+#   parameter check);
 # * a tick when a message (a bucket's; a parameter's in the per-parameter stages) was *handed to the wire*:
 #   for minddp's stages, where its send started the all_reduce (called from the finish in `simple` and `ga`,
 #   from a hook in the others); for torch's DDP, the reducer's `c10d::allreduce_` call;
@@ -184,9 +185,9 @@ lesson.claim(
 # * the parameter check (hatched red, the legend's "thread waits at a check"), drawn over the thread's band
 #   where gloo's all_gather range of the check was open: the training thread stands in the check at least
 #   that long, until both ranks have joined it (`ddp` and torch run none; a short one is too thin to see). It
-#   runs before a step's first message, so in the hooked stages it sits inside the last backward, which starts
-#   just before the hatch and goes on behind it; the table above counts
-#   that range in flight and, while the thread computes nothing in it, in non-compute (its last column);
+#   runs before a step's first message, so in the hooked stages it sits inside the last backward, which
+#   starts just before the hatch and goes on behind it; the table above counts that range in flight and,
+#   while the thread computes nothing in it, in non-compute (its last column);
 # * the *finish* (purple, the legend's "finish (sync ends)": `finish_gradient_synchronization()`, which the
 #   training loop calls after every backward; a short one is too thin to see), the optimizer (green) and the
 #   end of the step.
