@@ -32,12 +32,12 @@
 # * **non-compute**: the time in flight during which it computed nothing (ms); HTA's `non_compute_pctg`
 #   is that time as a share of the step (the last table's first column).
 #
-# So non-compute = (100 % − overlap) × time in flight. Neither is the time the step lost to
-# communication: non-compute also counts the training thread's own Python (its hooks, the time between
-# autograd nodes) while a range is open, the stages' parameter check, and a range held open until the
-# other rank joins it (below). Then **one step of each stage on one time axis**, and at the end the blog's six stages over an
-# emulated 1 Gbit/s link (the *link run*), with two more measures, *waited* and *exposed* (defined there),
-# and the link run set beside the blog's numbers.
+# So non-compute = (100 % − overlap) × time in flight. Neither ranks the stages. Non-compute is not the
+# time the step lost to communication: it also counts the training thread's own Python (its hooks, the
+# time between autograd nodes) while a range is open, the stages' parameter check, and a range held open
+# until the other rank joins it (below). A range held open longer while the thread computes raises the
+# overlap. Then **one step of each stage on one time axis**, and at the end the blog's six stages over an
+# emulated 1 Gbit/s link (the *link run*), with two more measures, *waited* and *exposed* (defined there).
 #
 # The letters are `01_collectives`' notation: n ranks, α the fixed cost of one hop of the ring, k the
 # micro-batches of a step. A *message* here is one whole all_reduce call of gradients (a bucket's or a
@@ -45,7 +45,8 @@
 # its fixed cost is 2(n−1)·α. The stages' parameter check (below) is a collective too, but not a message.
 #
 # HTA reads GPU traces only; on these CPU traces `minddp.analysis` computes measures of the same names
-# from the CPU events, with what they count on a CPU (below), not what HTA counts on a GPU.
+# from the CPU events, with what they count on a CPU (below), not what HTA counts on a GPU (kernels): the
+# same names for different measures, so this notebook sets none of its numbers beside the blog's.
 
 # %%
 # %load_ext minddp.notebook
@@ -106,10 +107,12 @@ lesson.say(
 # collective, and while gloo's thread waits for a core. On GPUs the same metrics read NCCL kernels
 # against compute kernels, which run side by side. `single` has nothing in flight and is not in the table.
 #
-# The table's last column is the part of non-compute spent in the parameter check. The *blocking* stages
-# (`simple`, `ga`, `hook`, `bucket`) wait for each message before they send the next: `simple` and `ga` after
-# the backward, `hook` and `bucket` inside it. The *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`,
-# torch's DDP) send their messages during the backward and wait for them when it ends.
+# The table's last column is the part of non-compute spent in the parameter check (the thread stands in
+# it until the other rank reaches it, so its length depends on when the other rank arrives). The
+# *blocking* stages (`simple`, `ga`, `hook`, `bucket`) wait for each message before they send the next:
+# `simple` and `ga` after the backward, `hook` and `bucket` inside it. The *asynchronous* ones
+# (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send their messages during the backward and wait for
+# them when it ends.
 
 # %%
 import pandas as pd
@@ -135,48 +138,32 @@ def checks_of(stage, run=RUN):
 
 
 def in_check(stage, run=RUN):
-    """The stage's time in flight and its non-compute inside its parameter checks' ranges (rank 0), µs."""
+    """The stage's non-compute inside its parameter checks' ranges (rank 0), µs."""
     iv, _, checks = checks_of(stage, run)
-    return metrics.in_flight(iv.comm, checks), metrics.non_compute([iv.steps[-1][1:]], iv.compute, checks)
+    return metrics.non_compute([iv.steps[-1][1:]], iv.compute, checks)
 
 
 zero = result.summary[(result.summary["rank"] == 0) & (result.summary["stage"] != "single")].set_index("stage")
-check = pd.DataFrame([in_check(st) for st in zero.index], index=zero.index, columns=["flight", "non_compute"]) / 1e3
+check = pd.Series({st: in_check(st) for st in zero.index}) / 1e3
 shares = pd.DataFrame(
     {
         "in flight (ms)": zero["comm_time_per_step_us"] / 1e3,
         "overlap (%)": zero["comm_comp_overlap_pctg"],
         "non-compute (ms)": zero["non_compute_time_us"] / 1e3,
-        "of it, in the check (ms)": check["non_compute"],
+        "of it, in the check (ms)": check,
     }
 )
-shares = shares.round(1)  # every sentence below reads these printed values
-display(shares)
+display(shares.round(1))
 tied = (zero["non_compute_time_us"] - (1 - zero["comm_comp_overlap_pctg"] / 100) * zero["comm_time_per_step_us"]).abs()
 # exact by the definitions (one profiled step: the step is the window); the margin is float rounding only
 lesson.claim(
     (tied <= 1e-9 * zero["comm_time_per_step_us"] + 1e-3).all(),
     "For every stage, non-compute = (100 % − overlap) × in flight.",
 )
-waiting = ["simple", "ga", "hook", "bucket"]
-asynchronous = ["hook-async", "bucket-async", "ddp", "torch"]
-ov, fl = shares["overlap (%)"], shares["in flight (ms)"] - check["flight"].round(1)  # fl: in flight outside the check
-outside = shares["non-compute (ms)"] - shares["of it, in the check (ms)"]
 sizes = result.buckets[result.buckets["rank"] == 0].groupby("stage")["numel"].apply(sorted)
-messages = sizes.map(len)
 lesson.claim(
     sizes["bucket"] == sizes["bucket-async"],
-    f"bucket and bucket-async send the same {messages['bucket']} messages (the same sizes).",
-)
-lesson.say(
-    f"The blocking stages overlapped at most {ov[waiting].max():.1f} % in this step, the asynchronous ones at least "
-    f"{ov[asynchronous].min():.1f} %. This run is not set beside the blog's numbers; the link run at the end is.",
-    f"Outside the check, ga, which sends {messages['ga']} messages a step against simple's {messages['simple']}, "
-    f"had {'less' if outside['ga'] < outside['simple'] else 'no less'} non-compute than simple: "
-    f"{outside['ga']:.1f} against {outside['simple']:.1f} ms.",
-    f"Outside the check, bucket's time in flight was {fl['bucket']:.1f} ms and bucket-async's "
-    f"{fl['bucket-async']:.1f} ms for the same messages: in flight is how long gloo's ranges were open, held open "
-    "included (above), not how long the bytes took to move.",
+    f"bucket and bucket-async send the same {len(sizes['bucket'])} messages (the same sizes).",
 )
 
 # %% [markdown]
@@ -185,20 +172,22 @@ lesson.say(
 # One row per profiled stage, one shared axis in milliseconds from the start of the profiled step (rank 0).
 # In each row:
 #
-# * the forward (pale) and backward (darker) of each micro-batch (*backward*, here and in the tables below,
-#   is the span from the first to the last autograd node of a micro-batch: the gradients' computation, and
-#   whatever the hooks do inside those nodes: `hook`'s and `bucket`'s waits for each message, and in the
-#   hooked stages the parameter check);
+# * the forward (pale) and backward (darker) of each micro-batch (the *backward* band is the span from the
+#   first to the last autograd node of a micro-batch: the gradients' computation, and whatever the hooks do
+#   inside those nodes: `hook`'s and `bucket`'s waits for each message, and in the hooked stages the
+#   parameter check);
 # * a tick when a message (a bucket's; a parameter's in the per-parameter stages) was *handed to the wire*:
 #   for minddp's stages, where its send started the all_reduce (called from the finish in `simple` and `ga`,
 #   from a hook in the others); for torch's DDP, the reducer's `c10d::allreduce_` call;
 # * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open
 #   included)"; where dozens of narrow bars crowd, they merge into one block, darker the narrower the bars,
 #   whose edges are dark);
-# * the parameter check (hatched red, the legend's "thread waits at a check"), drawn where gloo's all_gather
-#   range of the check was open: the training thread stands in the check at least that long, until both
-#   ranks have joined it (`ddp` and torch run none; a short one is too thin to see); the table above counts
-#   that range in flight and, while the thread computes nothing in it, in non-compute (its last column);
+# * the parameter check (hatched red, the legend's "thread waits at a check"), drawn over the thread's band
+#   where gloo's all_gather range of the check was open: the training thread stands in the check at least
+#   that long, until both ranks have joined it (`ddp` and torch run none; a short one is too thin to see). It
+#   runs before a step's first message, so in the hooked stages it sits inside the last backward, which
+#   starts just before the hatch and goes on behind it; the table above counts that range in flight and,
+#   while the thread computes nothing in it, in non-compute (its last column);
 # * the *finish* (purple, the legend's "finish (sync ends)": `finish_gradient_synchronization()`, which the
 #   training loop calls after every backward; a short one is too thin to see), the optimizer (green) and the
 #   end of the step.
@@ -226,8 +215,8 @@ plt.close(fig)  # shown once, from the file
 display(Image(filename=RUN / "one_step_each_stage.png"))
 
 # %% [markdown]
-# The numbers behind the plot, stage by stage (rank 0): how many messages each sent in this step, how
-# many were handed to the wire while a backward was still running, and how long the last backward ran.
+# The numbers behind the plot, stage by stage (rank 0): how many messages each sent in this step, and how
+# many were handed to the wire while a backward was still running.
 
 # %%
 phases, buckets = result.phases[result.phases["rank"] == 0], result.buckets[result.buckets["rank"] == 0]
@@ -239,9 +228,8 @@ for stage in zero.index:
     rows[stage] = {
         "messages sent": len(b),
         "sent during a backward": during,
-        "last backward (ms)": round((backward["end_us"].iloc[-1] - backward["start_us"].iloc[-1]) / 1e3, 1),
     }
-anatomy = pd.DataFrame(rows).T.astype({"messages sent": int, "sent during a backward": int})
+anatomy = pd.DataFrame(rows).T.astype(int)
 anatomy
 
 # %%
@@ -249,25 +237,12 @@ table = list(anatomy.index)  # the stages of the table (single, which sends noth
 forward = phases[(phases["phase"] == "forward") & phases["stage"].isin(table)]
 per_stage = (forward["end_us"] - forward["start_us"]).groupby(forward["stage"]).sum() / 1e3
 steps = phases[(phases["phase"] == "step") & phases["stage"].isin(table)].groupby("stage")["end_us"].max() / 1e3
-last_bw = anatomy["last backward (ms)"]
-quiet = [st for st in table if anatomy.loc[st, "sent during a backward"] == 0]
-busy = [st for st in table if anatomy.loc[st, "sent during a backward"] > 0]
 spread = per_stage.max() / per_stage.min()
-over = int((last_bw[busy] > round(spread, 1) * last_bw[quiet].max()).sum())  # as printed
 lesson.say(
     f"The forward passes, the same model and micro-batches in every stage, took {per_stage.min():.0f}–"
     f"{per_stage.max():.0f} ms per step ({per_stage.idxmin()}'s to {per_stage.idxmax()}'s, {spread:.1f} ×), and "
     f"the steps {steps.min():.0f}–{steps.max():.0f} ms: a difference in step time here does not price a stage's "
-    "communication.",
-    f"The last backward took {last_bw[quiet].min():.0f}–{last_bw[quiet].max():.0f} ms in {' and '.join(quiet)}, "
-    f"which send nothing during it, and {last_bw[busy].min():.0f}–{last_bw[busy].max():.0f} ms in the stages "
-    "that send during it (what their hooks do inside it included): "
-    + (
-        f"each of these more than {spread:.1f} × the longest of those, the forwards' spread."
-        if over == len(busy)
-        else f"{over} of these {len(busy)} took more than {spread:.1f} × the longest of those (the forwards' "
-        "spread), so this run cannot tell what sending during backward cost."
-    ),
+    "communication."
 )
 
 # %% [markdown]
@@ -300,7 +275,9 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 # The link's trace also records when the training thread stood still for a message, so two more measures
 # appear (`docs/analysis.md`): **waited**, the time the training thread stood in `wait()` on a gradient
 # message, whether for the link, the other rank or a core, and **exposed**, the part of those waits during
-# which the link was carrying a transfer (any message's). Waited is not all the time the thread stood still:
+# which the link was carrying a transfer (any message's): the part of a transfer that passes before the
+# thread calls `wait()` is not exposed, so exposed can fall short of the link time even in a stage that
+# waits for each message before it sends the next. Waited is not all the time the thread stood still:
 # the parameter check, where it also stands (the timeline's hatched "thread waits at a check"), is not a
 # message, and waited does not count it. The *link time* is what rank 0's messages take on the modeled link
 # (`metrics.link_time`), from their sizes alone.
@@ -339,78 +316,28 @@ on_link = pd.DataFrame(
         "link time (ms)": [link_ms(st) for st in lz.index],
         "waited (ms)": waits["waited_us"],
         "exposed (ms)": waits["exposed_us"],
-        "backward (ms)": (bw["end_us"] - bw["start_us"]).groupby(bw["stage"]).sum() / 1e3,
         "step (ms)": lz["step_time_us"] / 1e3,
     },
     index=lz.index,
-).round(1)  # every sentence below reads these printed values
+).round(1)
 display(on_link)
-blocking = ["simple", "ga", "hook", "bucket"]  # the stages that wait for each message before sending the next
-exposed = on_link["exposed (ms)"]
-after = on_link["waited (ms)"] - on_link["exposed (ms)"]
-back, lt = on_link["backward (ms)"], on_link["link time (ms)"]
-apart, link_apart = abs(back["simple"] - back["ga"]), lt["simple"] - lt["ga"]
-lesson.say(
-    f"Backward is every micro-batch's, added up. simple's and ga's, the same computation ("
-    f"{sent_in_backward('simple')} and {sent_in_backward('ga')} messages handed to the wire during it), took "
-    f"{back['simple']:.1f} and {back['ga']:.1f} ms: {apart:.1f} ms apart, against {link_apart:.1f} ms between their "
-    "link times"
-    + (
-        ": within this run too, a difference in a stage's times does not price its communication."
-        if apart > link_apart / 2
-        else "."
-    ),
-    f"Exposed was {exposed[blocking].min():.1f}–{exposed[blocking].max():.1f} ms in the blocking stages, "
-    f"{exposed['hook-async']:.1f} ms in hook-async and {exposed['bucket-async']:.1f} ms in bucket-async.",
-    f"Waited minus exposed, time the thread waited while the link carried no transfer, ran from "
-    f"{after.min():.1f} ms ({after.idxmin()}) to {after.max():.1f} ms ({after.idxmax()}, of its "
-    f"{on_link.loc[after.idxmax(), 'waited (ms)']:.1f} ms waited).",
-)
-
 
 # %% [markdown]
-# ## The link run beside the blog's numbers
+# ## Non-compute and overlap over the link
 #
-# The blog named at the top measured its ladder on four T4 GPUs (its run, not one of this notebook's;
-# its figures as it states them): its first DDP had ~15 % non-compute with 0 % overlap; gradient
-# accumulation brought non-compute to ~5 %, still 0 % overlap; hooks that wait for each all_reduce, still
-# 0 % overlap; async hooks brought non-compute to ~2 % with ~90 % overlap; buckets made no clear difference
-# on top of that. Beside them, the link run's (rank 0, one profiled step of each stage), whose in flight
-# holds the link's transfers and the parameter check's all_gather ranges too ("link included" in the
-# headers; the second column is the part of non-compute spent in the parameter check, which the blog's DDP
-# does not run; each stage's step is in the table above).
-#
-# Both measures share a name with the blog's, not a definition. The blog's (HTA's on GPU kernels):
-# non-compute is the share of the step in which the GPU ran a communication (or copy) kernel and no compute
-# kernel; overlap is the share of the communication kernels' time hidden under compute kernels. This
-# notebook's: non-compute is the time a gloo or link range was open while the training thread ran no
-# `aten::` op (here as a share of the step), which also counts its Python, the parameter check and its waits
-# for the other rank or a core (the first section); overlap is the share of those ranges' open time in which
-# it ran one.
-#
-# What buckets changed on top of async hooks in this run is printed below the table: the link time, and
-# each asynchronous stage's last message against its backward's end (what of it is still on the link when
-# the finish waits for it is waited for, the timeline's asynchronous shape). Whether they made the step
-# faster, one profiled step of each stage cannot say (the section above sets simple's and ga's backward, the
-# same computation, side by side).
+# The link run's non-compute, as a share of each stage's step (HTA's `non_compute_pctg`; the step is in the
+# table above), and its overlap (rank 0, one profiled step of each stage). Here in flight holds the link's
+# transfers and the parameter check's all_gather ranges too ("link included" in the headers); the second
+# column is the part of non-compute spent in the parameter check. Below the table, what accumulation, hooks
+# and buckets change by construction: the calls, where messages are handed to the wire, the link time.
 
 # %%
-linked_check = pd.Series({st: in_check(st, LINKED)[1] for st in lz.index})  # µs
-blog_says = {
-    "simple": ("~15", "0"),
-    "ga": ("~5", "0"),
-    "hook": ("not given", "0"),
-    "hook-async": ("~2", "~90"),
-    "bucket": ("not given", "not given"),
-    "bucket-async": ("as async hooks", "as async hooks"),
-}
+linked_check = pd.Series({st: in_check(st, LINKED) for st in lz.index})  # µs
 ideas = pd.DataFrame(
     {
         "non-compute, link included (% of step)": lz["non_compute_pctg"].round(1),
         "of it, in the check (% of step)": (100 * linked_check / lz["step_time_us"]).round(1),
         "overlap, link included (%)": lz["comm_comp_overlap_pctg"].round(1),
-        "blog: non-compute (%)": [blog_says[st][0] for st in lz.index],
-        "blog: overlap (%)": [blog_says[st][1] for st in lz.index],
     },
     index=lz.index,
 )
@@ -440,67 +367,6 @@ lesson.claim(
     f"{link.latency * 1e6:.0f} µs.",
 )
 
-
-def last_message(stage):
-    """The stage's last message (rank 0): its numel, how long before the last backward ended it was handed to the
-    wire and what it takes on the link, both in ms."""
-    last = sent[sent["stage"] == stage].sort_values("ready_us").iloc[-1]
-    ahead = (bw.loc[bw["stage"] == stage, "end_us"].max() - last["ready_us"]) / 1e3
-    return int(last["numel"]), ahead, 1e3 * metrics.link_time(link, [("all_reduce", nbytes[last.name], world)])
-
-
-(nh, ah, th), (nb, ab, tb) = last_message("hook-async"), last_message("bucket-async")
-lesson.say(
-    f"hook-async's last message, one parameter ({nh} numbers), was handed to the wire {ah:.1f} ms before its last "
-    f"backward ended and takes {th:.1f} ms on the link; bucket-async's, its last bucket ({nb} numbers), {ab:.1f} ms "
-    f"before and {tb:.1f} ms"
-    + (
-        ": the last bucket takes longer on the link than was left of the backward, the last parameter less"
-        if th < ah and ab < tb
-        else ""
-    )
-    + f" (exposed: {exposed['hook-async']:.1f} and {exposed['bucket-async']:.1f} ms)."
-)
-
-# %%
-ov, nc = ideas["overlap, link included (%)"], ideas["non-compute, link included (% of step)"]
-inside = ideas["of it, in the check (% of step)"]
-told = {st: float(blog_says[st][0].lstrip("~")) for st in ["simple", "ga", "hook-async"]}
-times = [nc[st] / told[st] for st in told]
-order = "the blog's order" if nc["simple"] > nc["ga"] > nc["hook-async"] else "not the blog's order"
-hook_ga = "above" if nc["hook"] > nc["ga"] else "not above"
-lesson.say(
-    f"Non-compute, simple to ga to hook-async: {nc['simple']:.1f}, {nc['ga']:.1f}, {nc['hook-async']:.1f} % (the "
-    f"blog: ~15, ~5, ~2 %), {order}, {min(times):.1f} to "
-    f"{max(times):.1f} × the blog's. hook's, {nc['hook']:.1f} %, is {hook_ga} ga's; outside the check, "
-    f"{nc['hook'] - inside['hook']:.1f} against {nc['ga'] - inside['ga']:.1f} %.",
-    f"The blocking stages overlapped at most {ov[blocking].max():.1f} %, the asynchronous ones at least "
-    f"{ov[['hook-async', 'bucket-async']].min():.1f} % (the blog's overlap, another measure: 0 % and ~90 %).",
-    f"hook-async and bucket-async overlapped {ov['hook-async']:.1f} and {ov['bucket-async']:.1f} % here, "
-    f"{shares.loc['hook-async', 'overlap (%)']:.1f} and {shares.loc['bucket-async', 'overlap (%)']:.1f} % in the "
-    "loopback run: "
-    + (
-        "the same order in both runs."
-        if (ov["hook-async"] < ov["bucket-async"])
-        == (shares.loc["hook-async", "overlap (%)"] < shares.loc["bucket-async", "overlap (%)"])
-        else "one profiled step of each does not order them."
-    ),
-)
-wa = on_link.loc["hook-async"]
-nc_ms = nc["hook-async"] / 100 * wa["step (ms)"]
-if wa["waited (ms)"] == 0:
-    lesson.say(
-        f"hook-async's thread never stood in wait() for a message (waited {wa['waited (ms)']:.1f} ms, exposed "
-        f"{wa['exposed (ms)']:.1f} ms), yet {nc_ms:.1f} ms of its step was non-compute "
-        f"({nc['hook-async']:.1f} % of {wa['step (ms)']:.1f} ms), {linked_check['hook-async'] / 1e3:.1f} ms of it in "
-        "the check: the rest is time a range was open while the thread computed nothing and waited for no message, "
-        "not time the step lost to the link."
-    )
-else:
-    lesson.say(
-        f"hook-async's thread waited {wa['waited (ms)']:.1f} ms for messages ({wa['exposed (ms)']:.1f} ms exposed), "
-        f"against {nc_ms:.1f} ms of non-compute ({nc['hook-async']:.1f} % of its {wa['step (ms)']:.1f} ms step)."
-    )
 
 # %% [markdown]
 # For what the same stages would do at other link speeds and at 2 to 1024 ranks, see
