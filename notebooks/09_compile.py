@@ -172,25 +172,21 @@ lesson.say(
 # from the start of its forward to the black line where its optimizer step ends: the forward and the
 # loss (pale), the gradient nodes (blue, the loss's included), the `AccumulateGrad` nodes (grey), a
 # tick when a bucket was handed over (the row's label says how many buckets), an orange bar for each
-# message in flight, and the optimizer step (green). A tick is not the start of its bar: the bar is
-# gloo's range, which can begin later. Orange bars that overlap draw over each other, so two messages
-# in flight at once can show as more orange boxes than buckets; other bars or ticks that overlap, or
-# lie closer together than a pixel (about a thousandth of the time axis), draw as one.
+# message in flight, and the optimizer step (green). A tick is not the start of its bar: between the
+# two, the bucket is handed over and gloo has not yet begun its message. Bars or ticks that overlap,
+# or lie closer together than a pixel (about a thousandth of the time axis), draw as one.
 #
-# White is time in none of these. The white just before the green bar holds the end of backward,
-# where `ddp` waits for the messages still in flight and copies the averages into `.grad`. White
-# between two bars of backward is time in which the profiler recorded no node on this thread: what
-# the thread did then, this notebook does not show. Like an orange bar, a grey or blue bar can also
-# hold time its thread waits for a core, as gloo's threads and the other rank run beside it: a bar
-# can be longer than the work in its node.
+# White is time in none of these: what the thread did then, this notebook does not show. Like an
+# orange bar, a grey or blue bar can also hold time its thread waits for a core, as gloo's threads
+# and the other rank run beside it: a bar can be longer than the work in its node.
 #
 # Read the figure for the order of its events: that is what the cut changes, and what the claims
-# count. Do not read it for lengths, not even to compare the rows: each row is one step of two
-# ranks that share this machine's cores, and the same work can draw at different lengths in
-# different rows. The cell after the figure prints two lines. The first gives the optimizer step's
-# length in each run, the same work each time. The second counts, in the two compiled runs, the
-# messages in flight while a gradient node ran: without the cut none can be (the first claim checks
-# it); with the cut some can be, and how many depends on this run's timing.
+# count. Do not read it for lengths, not even to compare the rows: each row is a single step of two
+# ranks that share this machine's cores. The cell after the figure counts, in the two compiled runs,
+# the messages in flight while a gradient node ran. Without the cut none can be (the first claim
+# checks it). With the cut, the message of every bucket but the last can be (the last bucket is
+# handed over after the last piece, when no gradient node is left to run); how many are depends on
+# when gloo begins each message, which this run's timing decides.
 #
 # The cut is torch's design for GPUs. This notebook runs no GPU: what the cut does to a GPU step is
 # not shown here.
@@ -242,12 +238,6 @@ lesson.claim(
 
 # %%
 # %%distributed
-green = {label: sum(end - start for start, end in v["row"]["optimizer"]) for label, v in looks.items()}  # ms
-lesson.say(
-    "The optimizer step (green), the same SGD on the same 8 MiB in each run, took "
-    + ", ".join(f"{ms:.1f} ms {label}" for label, ms in green.items())
-    + "."
-)
 lesson.say(
     "Messages in flight while a gradient node ran, in the profiled step: "
     + ", ".join(f"{looks[k]['in_flight_beside_node']} of {len(looks[k]['row']['messages'])} {k}" for k in (NO_CUT, CUT))
@@ -327,7 +317,8 @@ lesson.claim(
 # cap or past it; the gradients left at the end make one last bucket, handed over once the last of them
 # is there) and return, for each bucket, the index of the piece after whose backward it is handed
 # over. `check_handover` calls it on a few small cases, without ranks, and names the usual mistakes,
-# alone or two together. As it stands the cell raises `NotImplementedError`, and the checker says so.
+# alone or two together. As it stands `my_handed_over_after` raises `NotImplementedError`; the
+# checker catches it and says so.
 
 # %%
 from minddp.exercises import check_handover
@@ -361,9 +352,10 @@ print(check_handover(solutions.handed_over_after))
 # `torch.compiler.disable(forward, recursive=False)`, so that Dynamo skips `forward`'s own code but
 # not the functions it calls, the module's included; and the two steps `forward` runs before and after
 # the module (`_before_module`, `_after_module`) with the default `recursive=True`, so that Dynamo
-# skips them with all they call. Dynamo begins no graph in `forward`, so there is none to break, and
-# it compiles the module that `forward` calls as a graph of its own. Each wrapper is compiled around
-# an MLP of two 1 MiB layers, for one training step, and Dynamo counts the breaks.
+# skips them with all they call. Dynamo begins no graph in `forward`, so there is none to break. A
+# count of 0 alone does not show that the module was compiled (a wrapper Dynamo skipped whole would
+# count 0 too): the pieces printed under *Buckets of 0.5 MiB* show that. Each wrapper is compiled
+# around an MLP of two 1 MiB layers, for one training step, and Dynamo counts the breaks.
 
 
 # %%
@@ -399,7 +391,8 @@ lesson.claim(
 # 0.5 MiB on an MLP of two 1 MiB layers, one training step each: its parameters compared with eager
 # `ddp`'s after the same step, and the pieces its compiled graph is cut into; a refusal is printed
 # with the torch file that raised it. With torch's DDP, Dynamo caps the first piece at 1 MiB, above
-# this bucket cap; minddp's `ddp`, given a cap, caps the first piece at that cap.
+# this bucket cap; minddp's `ddp`, given a cap, caps the first piece at that cap. Dynamo's assert,
+# printed below, calls its first piece the "first bucket".
 
 
 # %%
@@ -453,7 +446,7 @@ lesson.claim(
     ),
     f"With torch {torch.__version__}, at {SMALL:g} MiB torch's DDP does not compile, with either pattern: Dynamo's "
     f"cap for the first piece, {first:g} MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), is larger than the "
-    "bucket cap, and Dynamo asserts before it cuts any piece.",
+    "bucket cap, and Dynamo asserts.",
 )
 lesson.claim(
     all(
@@ -470,9 +463,10 @@ lesson.claim(
 #
 # * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the compiled
 #   graph into pieces, and the first bucket is handed over before backward's last gradient node (the
-#   claims above), so its message can be in flight while gradients are still computed. How many
-#   were in this run's step (its timing decides), the second line printed after the figure says;
-#   what the cut does to a step's length, on CPU or GPU, is not measured here.
+#   claims above), so its message, and that of every bucket but the last, can be in flight while
+#   gradients are still computed. How many were in this run's step (its timing decides), the line
+#   printed after the figure says; what the cut does to a step's length, on CPU or GPU, is not
+#   measured here.
 # * The wrapper compiled whole: `torch.compile(ddp)` adds no graph break to the model's own, where
 #   torch's DDP adds breaks, and its module is compiled and cut (*Buckets of 0.5 MiB*).
 # * At 0.5 MiB buckets torch's DDP (this run's torch) does not compile: Dynamo's cap for its first

@@ -300,6 +300,17 @@ def cap_checked_before_adding(pieces, cap):
     return out + [len(pieces) - 1] * (filled > 0)
 
 
+def in_flight_during_next_piece(pieces, cap):
+    """Handover read as "in flight during the next piece": each bucket the piece after its own, the last clamped."""
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total >= cap:
+            out.append(min(i + 1, len(pieces) - 1))
+            total = 0
+    return out + [len(pieces) - 1] * (total > 0)
+
+
 @pytest.mark.parametrize(
     "fn, named",
     [
@@ -337,6 +348,7 @@ def cap_checked_before_adding(pieces, cap):
         (bytes_never_reset_and_no_last_bucket, "the bytes were not set back to 0 when a bucket closed"),
         (bytes_never_reset_and_no_last_bucket, "the gradients after the last full bucket were dropped"),
         (cap_checked_before_adding, "the cap was checked before each gradient was added"),
+        (in_flight_during_next_piece, "the piece during whose backward its message can be in flight"),
     ],
 )
 def test_each_handover_mistake_is_named(fn, named):

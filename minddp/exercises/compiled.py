@@ -206,6 +206,10 @@ def _one_per_piece(pieces, cap):
     return list(range(len(pieces)))
 
 
+def _in_flight_next(pieces, cap):
+    return [min(i + 1, len(pieces) - 1) for i in solutions.handed_over_after(pieces, cap)]
+
+
 #: name -> (the mistake as code, what the verdict says): each walk above, then the mistakes of another shape
 MISTAKES = {
     **{
@@ -220,6 +224,12 @@ MISTAKES = {
     "cap in MiB": (
         lambda pieces, cap: _walk(pieces, cap * 2**20),
         "the cap was read as MiB: `cap` is in bytes, as the gradients' sizes are",
+    ),
+    "in flight next": (
+        _in_flight_next,
+        "each bucket was given the piece during whose backward its message can be in flight (the next one, the last "
+        "piece for the last bucket): the answer is the piece after whose backward it is handed over, the one that "
+        "fills it",
     ),
     "all at the end": (
         _all_at_the_end,
