@@ -30,7 +30,60 @@ RUN_NUMBER = re.compile(rf"(?<![\w.])\d+(?:[.,]\d+)?\s?(?:{UNITS})(?![\w/])(?!\s
 
 #: notebook stem -> the phrases (as the markdown has them, whitespace collapsed) whose numbers do not change
 #: between runs, each with why. A hit is allowed when one of its notebook's phrases covers it.
-STEADY: dict[str, dict[str, str]] = {}
+SETTING = "a setting the notebook passes to its run"
+LINK = "a constant of the emulated link (minddp.comm.link's table), not a timing"
+MODELED = "modeled on the emulated link from the model's fixed gradient bytes and message count (not timed)"
+STEADY: dict[str, dict[str, str]] = {
+    "01_collectives": {
+        "(`1gbit`: 1 Gbit/s = 125 MB/s)": LINK,
+        "rank 1 sleeps 0.5 s before it arrives": SETTING,
+        "(the 0.5 s, give or take": "the setting above, named as the one the printed wait stands near",
+        "over the 1 Gbit/s link": LINK,
+        "join the second message late, at 80 ms": "a made-up step's input, not measured",
+        "until 80 ms, and the wait after backward, from 70 ms,": "the made-up step's inputs, not measured",
+    },
+    "03_build_up": {
+        "**emulated 1 Gbit/s link**": LINK,
+        "**the ratios of 4 × T4**": "the blog's machine: four T4 GPUs",
+        "over 100 Gbit/s InfiniBand": LINK,
+        "On this notebook's 1 Gbit/s link": LINK,
+        "fixed cost (0.1 ms)": LINK,
+        "save 6.1 ms of the link's 165 ms": MODELED,
+        "then takes 23.4 ms on the link": MODELED,
+        "holds 17.5 MiB: 147 ms)": MODELED,
+    },
+    "04_comm_hooks": {"**emulated 1 Gbit/s link**": LINK, "the emulated 1 Gbit/s link": LINK},
+    "05_reading_traces": {
+        "non-compute = (100 % − overlap)": "a definition: the whole as 100 %",
+        "an emulated 1 Gbit/s link": LINK,
+        "**emulated 1 Gbit/s link**": LINK,
+    },
+    "07_fault_tolerance": {
+        "a 10 ms pause per step": SETTING,
+        "store every 50 ms": "the heartbeat's period, a constant of minddp.ft",
+        "records an exit 50 ms after it sees": "the launcher's wait, a constant of minddp.ft.launch",
+        "at least 50 ms before the record": "the launcher's wait, a constant of minddp.ft.launch",
+        "The launcher's 50 ms wait": "the launcher's wait, a constant of minddp.ft.launch",
+        "the hang bound (5 s)": SETTING,
+        "(5 s in the run above": SETTING,
+        "with a 2 s bound": "the benchmark's setting (docs/fault-tolerance.md)",
+        "Halving `hang_s` to 2.5 s predicts a recovery a little over 2.5 s, about half that of 5 s": "a prediction "
+        "from the settings, in the exercise's question",
+        "no 10 ms pause": SETTING,
+        "at a 2 s hang bound": "the benchmark's setting (docs/fault-tolerance.md)",
+    },
+    "08_debugging": {
+        "whose timeout is 3 s": SETTING,
+        "`all_gather(2 × int64[17], int64[17])`": "the recorded call's signature: two tensors of 17",
+        "until the timeout (3 s here)": SETTING,
+    },
+    "10_diloco": {
+        "(1× on this notebook's 2 ranks, 1.5× on the bench's 4)": "2(n − 1)/n for n = 2 and n = 4: arithmetic",
+        "an emulated link of 5 Mbit/s and 5 ms per hop": SETTING,
+        "DDP computes less than 5 % of the time": "the step-time model's estimate for the cost table's link (not timed)",
+        "neither rung computes 90 % of the time": "the step-time model's estimate (not timed)",
+    },
+}
 
 
 def prose(source) -> list[str]:
