@@ -1801,10 +1801,7 @@ def outer_sync_adds_to_the_grad(params, synced, outer):
     """The averaged pseudo-gradient added onto .grad (p.grad += g) in place of set: the last inner backward's
     gradient, still in .grad, rides along into the outer step."""
     with torch.no_grad():
-        pseudo = [s - p for p, s in zip(params, synced)]
-        for g in pseudo:
-            dist.all_reduce(g)
-            g /= dist.get_world_size()
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
         for p, s, g in zip(params, synced, pseudo):
             p.copy_(s)
             p.grad += g
