@@ -129,10 +129,10 @@ lesson.claim(
 # change from `local_sgd.py` (`-` its lines, `+` the lines of diloco.py's `_send` and `_apply` that
 # replace them, with their comments, which number them by the list above): both are printed from
 # diloco.py's docstring, where the diff is written by hand (`tests/test_readability.py` checks its
-# lines against both files). Local SGD sends and waits in one line;
-# DiLoCo's `_send` keeps the comm hook's Future in `in_flight` and `_apply` waits for it. Streaming
-# DiLoCo (its section below) needs that split; here the whole model is one fragment, `fragment` is
-# always 0, and `_apply` runs in the same post-hook (the H-th step's) as `_send`:
+# lines against both files). Local SGD sends and waits in one line; DiLoCo's `_send` keeps the comm
+# hook's Future in `in_flight` and `_apply` waits for it. Streaming DiLoCo (its section below) needs
+# that split; here the whole model is one fragment, `fragment` is always 0, and `_apply` runs in the
+# same post-hook (the H-th step's) as `_send`:
 
 # %%
 import inspect
@@ -185,11 +185,11 @@ lesson.claim(
 # payload bytes each replica handed to the all_reduce. `single` sends nothing, so it has no place on
 # the log axis and is drawn as a grey line at its final loss. The y axis stops at 2.6 nats so that the
 # ends can be told apart; what the cut hides of DiLoCo at H = 100 is a claim under the figure. Under the
-# figure also: each run's final loss with its range over the seeds; where DiLoCo's mean at H = 10 is below
-# local SGD's (in the figure the solid orange and blue curves cross near the top);
-# and the H = 100 runs' order after equal bytes early in the run, which is not their order at the end
-# (in the figure: local SGD lowest at first; streaming DiLoCo near DiLoCo's curve at first and near
-# local SGD's later). The next cell reads the file; the one after draws the figure and prints those
+# figure also: each run's final loss with its range over the seeds; where DiLoCo's mean at H = 10 is
+# below local SGD's (in the figure the solid orange and blue curves cross near the top); and the
+# H = 100 runs' order after equal bytes early in the run, which is not their order at the end (in the
+# figure: local SGD lowest at first; streaming DiLoCo near DiLoCo's curve at first and near local
+# SGD's later). The next cell reads the file; the one after draws the figure and prints those
 # lines (its code collapsed: click to show it).
 
 # %%
