@@ -87,9 +87,10 @@ lesson.say(
 # traffic=traffic)` all_reduces at full speed over the default process group (`None`: every rank) and
 # counts each call and the bytes of the tensor it was handed in `traffic` (a `Traffic`); given a `link=`
 # instead, it carries them over an emulated link. These counts are the *payload*: a ring all_reduce
-# over n ranks moves 2(n − 1)/n times the tensor per rank (1× on this notebook's 2 ranks, 1.5× on the
-# bench's 4), so "bytes sent" below means the payload each replica handed to the all_reduce, and every
-# ratio between two runs on the same ranks is the same either way.
+# over n ranks takes 2(n − 1) steps from rank to rank (*hops*), each paying the link's latency once, and
+# moves 2(n − 1)/n times the tensor per rank (on this notebook's 2 ranks: 2 hops and 1× the tensor; 1.5×
+# on the bench's 4), so "bytes sent" below means the payload each replica handed to the all_reduce, and
+# every ratio between two runs on the same ranks is the same either way.
 
 # %%
 # %%distributed
@@ -127,12 +128,11 @@ lesson.claim(
 # does (items 1 to 3; its items 4 to 6 are streaming DiLoCo's, printed in that section below), then the
 # change from `local_sgd.py` (`-` its lines, `+` the lines of diloco.py's `_send` and `_apply` that
 # replace them, with their comments, which number them by the list above): both are printed from
-# diloco.py's docstring, where the diff is written by hand; `tests/test_readability.py` checks that
-# each `-` line is a line of local SGD's code and each `+` line a line of diloco.py, that `_send` sends
-# `synced − local` without a wait, and that `_apply` waits. Local SGD sends and waits in one line;
-# DiLoCo's `_send` keeps the comm hook's Future in `in_flight` and `_apply` waits for it. Streaming
-# DiLoCo (its section below) needs that split; here the whole model is one fragment, `fragment` is
-# always 0, and `_apply` runs in the same post-hook (the H-th step's) as `_send`:
+# diloco.py's docstring, where the diff is written by hand (`tests/test_readability.py` checks its
+# lines against both files). Local SGD sends and waits in one line; DiLoCo's `_send` keeps the comm
+# hook's Future in `in_flight` and `_apply` waits for it. Streaming DiLoCo (its section below) needs
+# that split; here the whole model is one fragment, `fragment` is always 0, and `_apply` runs in the
+# same post-hook (the H-th step's) as `_send`:
 
 # %%
 import inspect
@@ -184,11 +184,12 @@ lesson.claim(
 # The figure draws each run's mean over the seeds at H = 10 and 100 (H = 50 is not drawn) against the
 # payload bytes each replica handed to the all_reduce. `single` sends nothing, so it has no place on
 # the log axis and is drawn as a grey line at its final loss. The y axis stops at 2.6 nats so that the
-# ends can be told apart. Under the figure: each run's final loss with its range over the seeds; where
-# DiLoCo's mean at H = 10 is below local SGD's (in the figure the two solid curves cross near the top);
-# and the H = 100 runs' order after equal bytes early in the run, which is not their order at the end
-# (in the figure: local SGD lowest at first; streaming DiLoCo near DiLoCo's curve at first and near
-# local SGD's later). The next cell reads the file; the one after draws the figure and prints those
+# ends can be told apart; what the cut hides of DiLoCo at H = 100 is a claim under the figure. Under the
+# figure also: each run's final loss with its range over the seeds; where DiLoCo's mean at H = 10 is
+# below local SGD's (in the figure the solid orange and blue curves cross near the top); and the
+# H = 100 runs' order after equal bytes early in the run, which is not their order at the end (in the
+# figure: local SGD lowest at first; streaming DiLoCo near DiLoCo's curve at first and near local
+# SGD's later). The next cell reads the file; the one after draws the figure and prints those
 # lines (its code collapsed: click to show it).
 
 # %%
@@ -249,6 +250,13 @@ lesson.claim(
     f"at H = 10 (the same bytes at every score), DiLoCo's mean is below local SGD's at step{'s' * (len(below) > 1)} "
     f"{' and '.join(map(str, below))} and not below at any later score (steps {steps[len(below) + 1]} to "
     f"{steps[-1]}): the two curves cross once",
+)
+after = [steps.index(100), steps.index(200)]  # the scores right after DiLoCo at H = 100's 1st and 2nd syncs
+rose = [c["loss"][after[1]] - c["loss"][after[0]] for c in curves["diloco-h100"]]
+lesson.claim(
+    min(rose) > 0,
+    f"above the cut: DiLoCo at H = 100 scores worse after its 2nd sync (step 200) than after its 1st (step 100), in "
+    f"every seed (by {min(rose):.3f} to {max(rose):.3f} nats)",
 )
 at = 3 * 4 * sum(p.numel() for p in build_student(seed=0).parameters())  # the payload bytes of 3 whole-model syncs
 
@@ -415,7 +423,8 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # is delivered (its modeled transfer over and the real all_reduce done). A message is delivered before
 # the step that applies it asks for it only if the time from its tick (in one step's post-hook) to that
 # `wait()` (in the post-hook τ steps later) is longer than its time on the link. That time is measured,
-# not a fixed length for τ steps; the lines under the figure give both times for each message.
+# and τ steps need not take as long as another τ steps; the lines under the figure give both times for
+# each message, and the second one ÷ τ.
 
 # %%
 # %%distributed
@@ -532,19 +541,21 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     asked = link.waits[m["seq"]]  # when step a's post-hook called wait(), on the link's clock (s)
     on_link, before = (m["modeled_end"] - m["start"]) * 1e3, (asked - m["start"]) * 1e3
     waited = metrics.waited([(asked, max(asked, m["delivered"]))]) * 1e3
-    real = (m["delivered"] - max(asked, m["modeled_end"])) * 1e3  # > 0: the real all_reduce ended later
+    left = round(on_link, 1) - round(before, 1)  # from the printed numbers, so that the printed sums hold
+    tail = round(round(waited, 1) - left, 1)  # the real all_reduce's last part of the wait, as printed
     lesson.say(
         f"fragment {order[s].rpartition('#')[2]} ({m['bytes'] / 1e3:.1f} kB), handed over in step {step_of(s)}: "
-        f"{on_link:.1f} ms on the link; {before:.1f} ms of steps from the tick until step {step_of(a)}'s wait(): "
+        f"{on_link:.1f} ms on the link; {before:.1f} ms of steps (÷ {TAU} = {before / TAU:.1f} ms a step) from the "
+        f"tick until step {step_of(a)}'s wait(): "
         + (
             "delivered by then, no wait"
             if waited < 0.05
             else f"the training thread waited {waited:.1f} ms for it (red)"
             + (f": these {before:.1f} ms were shorter than its time on the link" if before < on_link else "")
             + (
-                f" ({max(0.0, on_link - before):.1f} ms until its modeled transfer ended, then {real:.1f} ms until "
-                "the real all_reduce ended)"
-                if real >= 0.05
+                f" ({on_link:.1f} − {before:.1f} = {left:.1f} ms until its modeled transfer ended, then "
+                f"{tail:.1f} ms until the real all_reduce ended)"
+                if before < on_link and tail > 0
                 else ""
             )
         )
@@ -556,8 +567,9 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
 # Write `fragment_to_send(step, sync_every, fragments, delay)`: the fragment whose pseudo-gradient
 # leaves after inner step `step` (1, 2, ...), or `None`. A turn is `sync_every // fragments` steps,
 # fragment 0 first, each fragment sent `delay` steps before its turn ends. The checker runs it on 2
-# real ranks and compares: a schedule that differs across replicas is named first (their all_reduces
-# would pair different fragments, or one would wait for ever).
+# real ranks for two periods at three settings (H = 6, 16 and 12) and compares it with streaming
+# DiLoCo's schedule: a schedule that differs across replicas is named first (their all_reduces would
+# pair different fragments, or one would wait for ever).
 
 # %%
 from minddp.exercises import check_fragment_schedule
@@ -650,7 +662,7 @@ print(
 period = 100 * table[first]["diloco"]["compute_s"]  # plain DiLoCo's period: 100 inner steps' compute (s)
 sync_wait = 100 * table[first]["diloco"]["exposed_s"]  # and the wait for its one whole-model sync (s)
 lesson.say(
-    f"plain DiLoCo (H = 100, the whole model at once) on '{first}': a period computes 100 × "
+    f"plain DiLoCo (H = 100, the whole model at once) on '{first}', in the model: a period computes 100 × "
     f"{table[first]['diloco']['compute_s'] * 1e3:.2f} ms = {period:.3f} s, then the replica waits {sync_wait:.3f} s "
     f"for its sync (the whole model on the link: 2 hops × {spec.latency * 1e3:g} ms + {4 * PARAMS / 1e9:.2f} GB at "
     f"{spec.bandwidth * 8 / 1e9:g} Gbit/s = {(2 * spec.latency + 4 * PARAMS / spec.bandwidth):.3f} s): "
@@ -689,8 +701,8 @@ while needed - low > 1:
 lesson.claim(
     table["home"]["streaming"]["utilisation"] < 0.05 and half < 0.1,
     "on a home connection even H = 100 is not enough for a model of this size (streaming DiLoCo computes "
-    f"{pct(table['home']['streaming']['utilisation'])} of the time; with half the bytes, as a 16-bit hook would send, "
-    f"{pct(half)}): to compute 90 % of the time its messages must be about {needed}× smaller at the same "
+    f"{pct(table['home']['streaming']['utilisation'])} of the time; with messages half as large, {pct(half)}): to "
+    f"compute 90 % of the time its messages must be about {needed}× smaller at the same "
     "compute a step, H = 100 and τ = 10",
 )
 

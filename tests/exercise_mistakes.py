@@ -1858,3 +1858,17 @@ def schedule_period_fragment_silent_at_zero(step, sync_every, fragments, delay):
     step % turn == turn − delay, silent at a delay of 0 (learner read 10-r10 finding 5b)."""
     per_turn = sync_every // fragments
     return (step - 1) // sync_every % fragments if step % per_turn == per_turn - delay else None
+
+
+def outer_sync_adds_to_the_grad(params, synced, outer):
+    """The averaged pseudo-gradient added onto .grad (p.grad += g) in place of set: the last inner backward's
+    gradient, still in .grad, rides along into the outer step."""
+    with torch.no_grad():
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
+        for p, s, g in zip(params, synced, pseudo):
+            p.copy_(s)
+            p.grad += g
+    outer.step()
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            s.copy_(p)

@@ -1234,3 +1234,12 @@ def test_the_schedule_exercise_names_false_returned_for_none():
     v = check_fragment_schedule(wrong.schedule_and_or, timeout_s=TIMEOUT)
     named = "after step 2 yours sends False, streaming DiLoCo sends None: a step that sends nothing returns None"
     assert not v.ok and named in v.line and "floor division" not in v.line, v.line
+
+
+@pytest.mark.timeout(120)
+def test_the_outer_sync_exercise_names_a_pseudo_gradient_added_to_the_last_inner_gradient():
+    """Learner read 10 (round 10b) finding 4: p.grad += g (or p.grad.add_(g)) adds the averaged pseudo-gradient to
+    the last inner backward's gradient, still in .grad, and got "match none of the usual mistakes"."""
+    v = check_outer_sync(wrong.outer_sync_adds_to_the_grad, timeout_s=TIMEOUT)
+    named = "the averaged pseudo-gradient was added to the last inner gradient"
+    assert not v.ok and named in v.line and "p.grad = g" in v.line, v.line

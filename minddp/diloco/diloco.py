@@ -42,8 +42,8 @@ and the Future kept in ``in_flight`` is waited for in the same post-hook, the H-
     +        bucket = GradBucket(fragment, pseudo, params, is_last=fragment == len(self.fragments) - 1)
     +        self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # item 2; item 3 waits for it
     -        average = send(self.comm_hook, self.comm_state, bucket).wait()
-    +        sent, future = self.in_flight  # item 3, in the post-hook that applies the fragment
-    +            average, self.in_flight = future.wait(), None
+    +        with torch.profiler.record_function(f"minddp.fragment_apply#{fragment}"):  # item 3; a profiler label
+    +            average, self.in_flight = self.in_flight[1].wait(), None  # the Future _send kept
     -        for param, mean in zip(params, average.split([p.numel() for p in params])):
     +            for param, weights, mean in zip(params, synced, average.split([p.numel() for p in params])):
     -            param.copy_(mean.view_as(param))
@@ -140,10 +140,10 @@ class DiLoCo(LocalSGD):
 
     def _apply(self, fragment: int) -> None:
         """Steps 3, 5, 6: wait for the average, restore the synced weights, outer step, mix with α."""
-        sent, future = self.in_flight
+        sent = self.in_flight[0]
         assert sent == fragment, f"fragment {sent} in flight at fragment {fragment}'s turn: the schedule is broken"
         with torch.profiler.record_function(f"minddp.fragment_apply#{fragment}"):
-            average, self.in_flight = future.wait(), None
+            average, self.in_flight = self.in_flight[1].wait(), None
             params, synced = self.fragments[fragment], self.synced[fragment]
             local = [p.detach().clone() for p in params] if self.alpha else []
             for param, weights, mean in zip(params, synced, average.split([p.numel() for p in params])):

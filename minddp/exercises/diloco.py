@@ -88,6 +88,7 @@ def candidate(
     inner_grads=False,
     twice=False,
     early=False,
+    added=False,
 ):
     """DiLoCo's sync with one idea changed: ``sign=-1`` averages local − synced; ``restore=False`` steps from the
     local weights; ``divide=False`` sums; ``keep=False`` never updates the synced weights; ``weights=True``
@@ -97,7 +98,8 @@ def candidate(
     ``world=2`` divides by a fixed 2 whatever the world size; ``inner_grads=True`` averages the inner gradients (the
     last backward's ``p.grad``) in place of the pseudo-gradient; ``twice=True`` divides by the world size twice
     (``ReduceOp.AVG``, then ``/= world`` again); ``early=True`` copies the local weights into the synced ones
-    before the restore (which then restores the local weights) and not after the step."""
+    before the restore (which then restores the local weights) and not after the step; ``added=True`` adds the
+    average to ``.grad`` (``p.grad += g``), onto the last inner gradient still there."""
     world = world or dist.get_world_size(group)
     with torch.no_grad():
         sent = [
@@ -117,7 +119,9 @@ def candidate(
                 continue
             if restore:
                 p.copy_(s)
-            if grad:
+            if added:
+                p.grad += t
+            elif grad:
                 p.grad = t
     if step and not weights:
         outer.step()
@@ -165,6 +169,12 @@ MISTAKES = {
         "the outer step used the last inner gradient, not the pseudo-gradient: set each p.grad to the averaged "
         "pseudo-gradient (p.grad = g) before outer.step(), or the outer optimizer steps with what the last "
         "backward left in .grad",
+    ),
+    "added_to_grad": (
+        functools.partial(candidate, added=True),
+        "the averaged pseudo-gradient was added to the last inner gradient (p.grad += g, or p.grad.add_(g)): .grad "
+        "still holds what this replica's last backward left there, so the outer step used both, and the replicas "
+        "differ; set it, p.grad = g",
     ),
     "averaged_inner_grads": (
         functools.partial(candidate, inner_grads=True),
