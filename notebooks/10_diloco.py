@@ -414,7 +414,7 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # to 8 run first, unprofiled, so that the 16 profiled steps hand each fragment over once and apply it
 # once (steps are counted from the run's first, as the exercise below counts them; their 16 batches are
 # sampled before the profiler starts). Each inner step is its forward (pale), backward (blue) and
-# optimizer step (green); grey (slivers between the bars) is time the profiler recorded nothing for. The
+# optimizer step (green); grey (between the bars) is time the profiler recorded nothing for. The
 # green holds the optimizer step's post-hook too: in steps 10 and 18 it hands a fragment's
 # pseudo-gradient to the link (the tick); in steps 16 and 24 it waits for that fragment, if it has not
 # arrived, and applies it (the triangle); each tick and triangle is labelled with the step it falls in,
