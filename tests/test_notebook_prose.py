@@ -78,7 +78,7 @@ STEADY: dict[str, dict[str, str]] = {
         "until the timeout (3 s here)": SETTING,
     },
     "10_diloco": {
-        "(1× on this notebook's 2 ranks, 1.5× on the bench's 4)": "2(n − 1)/n for n = 2 and n = 4: arithmetic",
+        "2 hops and 1× the tensor; 1.5× on the bench's 4": "2(n − 1)/n for n = 2 and n = 4: arithmetic",
         "an emulated link of 5 Mbit/s and 5 ms per hop": SETTING,
         "DDP computes less than 5 % of the time": "the step-time model's estimate for the cost table's link (not timed)",
         "neither rung computes 90 % of the time": "the step-time model's estimate (not timed)",
