@@ -37,9 +37,8 @@
 #    which returns a Future: `04_comm_hooks` swaps it for compression; `GradBucket` is torch's name
 #    for what a comm hook is handed, one gradient in the stages before `bucket`); once in each synced
 #    backward, every rank checks that its forwards used the same parameters (`parameters_used.check()`,
-#    one all_gather, which waits for the other rank to reach it; the side-by-side table gives the time it
-#    held the thread): `simple` and `ga` check in finish, after backward, and the stages from `hook` on
-#    at the backward's first gradient, inside it; and from `hook-async` on, a stage refuses a step
+#    one all_gather; the side-by-side table gives the time it held the thread): `simple` and `ga` check
+#    in finish, after backward, and `hook` to `bucket-async` at the backward's first gradient, inside it; and from `hook-async` on, a stage refuses a step
 #    whose last sync was left unfinished (`check_finished`);
 # 3. **a run on real ranks**: the stage is built on both ranks with the workload every notebook
 #    shares, takes one warm-up step, then one step under the profiler, read in memory
@@ -226,7 +225,7 @@ lesson.claim(
 # What to look for: one burst of messages, after the last backward, with the thread's waits for them (red). The
 # micro-batches before it run straight on into each other. Just before the burst ga runs the
 # parameters-used check, in finish (a hatched block, *thread waits at a check*, where it is wide
-# enough to draw): rank 0 waiting in its all_gather for the other rank, not gradients on the link (the
+# enough to draw): rank 0 standing in its all_gather, not gradients on the link (the
 # side-by-side table below prints its length, *at the check*). (The link's time is modeled, so the
 # ratio above is exact. The compute bars are measured on a shared machine and move from step to
 # step: the two rows share an axis to show where the messages go, not which step is shorter.)
@@ -316,8 +315,9 @@ from minddp.analysis.timeline import row_measures
 
 measures = row_measures(v["row"])
 lesson.say(
-    f"*Interleaved* (01's measure, with the link's transfers as the communication): {measures['interleaved_ms']:.0f} "
-    "ms of the backward passed with a message on the link and the thread not computing"
+    f"*Interleaved*, with only the link's transfers as the communication (01's table counts the check's all_gather "
+    f"too): {measures['interleaved_ms']:.0f} ms of the backward passed with a message on the link and the thread "
+    "not computing"
     + (
         f", the same time as its exposed {v['exposed_ms']:.0f} ms: every wait of hook's is inside the backward."
         if abs(measures["interleaved_ms"] - v["exposed_ms"]) < 0.5
@@ -644,9 +644,11 @@ lesson.claim(
 # its waiting for messages, exposed or not; *last backward* the backward of the step's last micro-batch,
 # and *step* the whole step, both measured once on a machine shared with other work; *at the check* the
 # time the parameters-used check held the thread (an all_gather, not on the link, so not in waited or
-# exposed; "–": a stage without the check). From `hook` on, the last backward holds the check (made at
-# a synced backward's first gradient), and for `hook` and `bucket` their waits for messages too. torch's C++
-# reducer waits on the link's messages through a Future of its own, so its waits are not seen (–).
+# exposed; "–": a stage without the check). From `hook` to `bucket-async`, the last backward holds the check
+# (made at a synced backward's first gradient), and for `hook` and `bucket` their waits for messages too. torch's
+# C++ reducer waits on the link's messages through a Future of its own, so its waits are not seen (–); what
+# its thread does between the end of its backward and its optimizer (the blank in its row), no output here
+# measures.
 
 # %%
 # %%distributed
@@ -686,10 +688,9 @@ lesson.look_table(looks).assign(
 # %% [markdown]
 # How to read it: compare the stages by the link and exposed columns. The step and backward columns
 # are one step each, measured on cores shared with the other rank and the link's thread, and are not
-# compared here (step times compare only from steps taken in turns: `docs/analysis.md`), so a row's
-# length in the picture does not rank the stages. *At the check* is how long rank 0 stood in the
-# check's all_gather, which returns only once the other rank has reached it too; from `hook` on that
-# time is inside the last backward, and so part of its column. `ga` divides the traffic by the number of
+# compared here, so a row's length in the picture does not rank the stages. *At the check* is how
+# long rank 0 stood in the check's all_gather (what held it there, these runs do not measure); from
+# `hook` to `bucket-async` that time is inside the last backward, and so part of its column. `ga` divides the traffic by the number of
 # micro-batches; the hook stages move the messages into the backward; the async stages stop waiting
 # for them there; the buckets divide the number of messages. Whether that last idea pays is the next
 # section's question.
@@ -738,8 +739,8 @@ trainable = [p for p in bare_model.parameters() if p.requires_grad]
 first_bucket = plan_buckets(trainable, lesson.SETTINGS.bucket_cap_mb)[0]
 in_first = len(first_bucket)  # gradients the first bucket waits for
 # When each gradient is ready in backward, timed on the bare network (the step-time model's probe, minddp.costmodel):
-# the profiled steps' own hand-over times also hold, at a synced backward's first send, the wait for the other rank at
-# the teaching stages' check of the parameters used.
+# the profiled steps' own hand-over times also hold, at a synced backward's first send, the teaching stages' check
+# of the parameters used.
 # the last micro-batch's backward is the one that sends: one micro-batch, timed twice after a warm-up pass
 bare = probe(bare_model, next(lesson.step_batches())[-1:], lesson.loss_fn, repeats=2, measure_network=False)
 first_ready, bucket_ready = 1e3 * min(bare.ready), 1e3 * max(bare.ready[i] for i in first_bucket)
@@ -754,7 +755,8 @@ lesson.claim(
 lesson.claim(
     in_first > 1 and bucket_ready >= first_ready,
     f"Late start: hook-async sends each gradient as it is ready, bucket-async its first bucket when all {in_first} "
-    f"of its gradients are: on the bare network here, the first gradient is ready after "
+    f"of its gradients are: on the bare network here (a backward of {1e3 * bare.backward:.0f} ms), the first "
+    "gradient is ready after "
     f"{100 * first_ready / (1e3 * bare.backward):.1f} % of the backward, the first bucket's last after "
     f"{100 * bucket_ready / (1e3 * bare.backward):.0f} %. (In the profiled steps each first hand-over came after "
     f"the parameters-used check, which held hook-async {looks['hook-async']['check_ms']:.0f} ms, bucket-async "
@@ -828,11 +830,12 @@ table.infer_objects().round(1)
 # step above, taken after one; `None` is torch's default: a first bucket at 1 MiB, then 25 MiB ones;
 # the figure draws its measured point at 25 MiB, though its plan is not the 25 MiB cap's), and the
 # step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap: the bare network is timed
-# on these ranks (`probe`: when each gradient is ready in backward), its times are scaled to these
-# runs' backward (less the check's wait inside it), and each plan is replayed on the link. The model
-# gives each plan's *exposed* time, 01's measure, in its replay of the step: there the thread reaches
-# its wait as soon as backward ends, so it stands through all the link's time after backward. The
-# lower panel shows the three costs of each plan, from the step-time model.
+# on these ranks (`probe`: when each gradient is ready in backward), its times are scaled to the
+# median of these five runs' backwards (less the check's wait inside each), and each plan is replayed
+# on the link. The model gives each plan's *link after backward*: the link's time still to run when
+# backward ends, the most a step can expose. It is not the measured *exposed*, which counts only from
+# the thread's first wait in finish. The lower panel shows the three costs of each plan, from the
+# step-time model.
 
 # %%
 # %%distributed
@@ -878,7 +881,7 @@ lesson.say(
     )
     + f"; hook-async {looks['hook-async']['exposed_ms']:.0f} ms. The step-time model, scaled to a backward of "
     f"{1e3 * this_run:.0f} ms (the median of these runs' last backwards, less the time the check held them), gives "
-    f"{1e3 * model[0].exposed:.1f} ms exposed at {grid[0]:g} MiB, the grid's smallest cap"
+    f"{1e3 * model[0].exposed:.1f} ms of link after backward at {grid[0]:g} MiB, the grid's smallest cap"
     + (
         ", its least on the grid"
         if model[0].exposed <= min(c.exposed for c in model) + 5e-5
@@ -894,15 +897,17 @@ lesson.say(
 at_cap = {c.cap_mb: 1e3 * c.exposed for c in model}
 gaps = [at_cap[c] - v["exposed_ms"] for c, v in swept.items() if c in at_cap]  # model minus measured, cap by cap
 lesson.say(
-    f"The step-time model replays one backward of {1e3 * this_run:.0f} ms; each measured cap is one step with its own "
-    f"backward ({min(own.values()):.0f} to {max(own.values()):.0f} ms, less the check, printed above). At the grid's "
-    f"caps measured, the model's exposed time minus the measured one is {min(gaps):.1f} to "
-    f"{max(gaps):.1f} ms. The measured points are not a ranking of the caps: each comes with its own backward."
+    f"At the grid's caps measured, the model's link after backward minus the measured exposed time is "
+    f"{min(gaps):.0f} to {max(gaps):.0f} ms"
+    + (", the model's always the larger" if min(gaps) > 0 else "")
+    + "; these runs do not measure what makes up the difference. The measured points are not a ranking of the "
+    f"caps: each is one step with its own backward ({min(own.values()):.0f} to {max(own.values()):.0f} ms, less the "
+    "check), the model one backward for all."
 )
 here = lesson.SETTINGS.bucket_cap_mb
 if rank == 0:
     sweep_figure = bucket_sweep(
-        {"step-time model: exposed": model},
+        {"step-time model: link after backward": model},
         measured=[(c, v["exposed_ms"], "measured: exposed") for c, v in swept.items() if c is not None]
         + [  # torch's default at its 25 MiB: a first bucket of 1 MiB, so not a point of the curve
             (25, swept[None]["exposed_ms"], "measured: exposed, None (torch's default: 1 MiB first, then 25 MiB)")
@@ -911,7 +916,8 @@ if rank == 0:
             f"hook-async, measured: exposed ({looks['hook-async']['exposed_ms']:.1f} ms)": looks["hook-async"][
                 "exposed_ms"
             ],
-            f"hook-async, step-time model: exposed ({1e3 * per_gradient.exposed:.1f} ms)": 1e3 * per_gradient.exposed,
+            f"hook-async, step-time model: link after backward ({1e3 * per_gradient.exposed:.1f} ms)": 1e3
+            * per_gradient.exposed,
         },
         title=f"bucket-async on {LINK.name}, {world_size} ranks, against the cap",
     )
@@ -922,7 +928,7 @@ sweep_table = pd.DataFrame(
         | {"exposed, ms (measured)": swept[c.cap_mb]["exposed_ms"] if c.cap_mb in swept else None}
         for c in model
     }
-).T
+).T.rename(columns={"exposed, ms (step-time model)": "link after backward, ms (step-time model)"})
 
 # %%
 # %%rank 0
@@ -1010,7 +1016,8 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         f"{bytes_ratio:.2f} backwards, one message's fixed cost at {ranks} ranks {message_ratio:.1e} of one. Here, for "
         f"{model_name} ({len(params)} gradient tensors, the blog's SmolLM2-360M {len(blog.nbytes)}; "
         f"{sync_bytes / 2**20:.1f} MiB; a backward of {1e3 * backward_s:.0f} ms, {timed_how}, on rank 0): "
-        f"{blog_links[name].describe()}, between 2 ranks; a cap of {cap:.2f} MiB."
+        f"a link of {blog_links[name].bandwidth / 1e9:.2g} GB/s and {1e3 * blog_links[name].latency:.2g} ms per hop, "
+        f"between 2 ranks; a cap of {cap:.2f} MiB."
     )
     # one profiled step each, no warm-up: the claims below hold from the first step. At 1024 ranks one micro-batch
     # a step: every rung there syncs once a step, after the last, and the profiler reads a third of the events.
@@ -1025,7 +1032,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         f"(the blog's model at 25 MiB: {blog_buckets}). The async rungs' own last backwards, less the check, lasted "
         f"{own_h:.0f} ms (hook-async) and {own_b:.0f} ms (bucket-async), against the {1e3 * backward_s:.0f} ms the link "
         f"was sized from: {own_h / (1e3 * backward_s):.1f} and {own_b / (1e3 * backward_s):.1f} times it, so each met "
-        "both ratios divided by that much."
+        f"the setting's two ratios times {1e3 * backward_s / own_h:.1f} and {1e3 * backward_s / own_b:.1f}."
     )
 
 # %% [markdown]
@@ -1148,10 +1155,11 @@ lesson.say(
 # and their last bucket, full only as backward ends, then takes 23.4 ms on the link (torch's default,
 # whose last bucket holds 17.5 MiB: 147 ms). A smaller cap shortens that tail and sends the first
 # bucket earlier, for more fixed costs (the sweep's table). Whether the buckets paid in this run, on
-# this link and with each setting's ratios, the sentences printed just above say, each from its own
-# step: on a link where one message's fixed cost is small against its bytes they can save little;
-# where it is large, as with the ratios of 1024 ranks, the buckets pay it 26 times a step instead
-# of 291.
+# this link and on the two sized links, the sentences printed just above say, each from its own step
+# (on a sized link at the run's own backward, not at the setting's ratios). On a link where one
+# message's fixed cost is small against its bytes they can save little; where it is large, they pay
+# it once per bucket instead of once per gradient tensor: on the link sized with the ratios of 1024
+# ranks, 26 times a step instead of 291.
 
 # %%
 # %dist_shutdown

@@ -394,8 +394,7 @@ def say_look(looks: dict, stage: str) -> None:
     if not v["waits"]:
         say(
             f"On the emulated link its messages took {v['link_ms']:.0f} ms (modeled). Its waits are not seen: "
-            "torch's C++ reducer waits on a Future of its own, chained to the link's, at the end of backward inside "
-            "the autograd engine, where this picture draws no wait."
+            "torch's C++ reducer waits on a Future of its own, chained to the link's, which this picture does not draw."
         )
         return
     link, exposed = link_parts(v)
