@@ -220,7 +220,7 @@ for holds, sentence in ring_facts(ring):  # what the text above says of the draw
 # | --- | --- | --- |
 # | n | the number of ranks | |
 # | m | the bytes of the tensor one collective reduces, on one rank (a ring cuts it into n chunks of m / n bytes) | bytes |
-# | α | the fixed cost of one point-to-point message (one `send`), whatever its size: latency, software | seconds |
+# | α | the fixed cost of one point-to-point message, a *hop* (one `send`), whatever its size: latency, software | seconds |
 # | β | the time per byte on a link, 1 / B | seconds per byte |
 # | B | a link's bandwidth, when one is named (`1gbit`: 1 Gbit/s = 125 MB/s); the tables print it in Gbit/s | bytes per second |
 #
@@ -377,8 +377,8 @@ if rank == 0:
 # definition, computed by the function its row names in `minddp.analysis.metrics`, which every notebook, the trace
 # report and the benchmark call; the table is `docs/analysis.md`'s, word for word (a test checks it).
 #
-# From here on a *message* is one collective call, one all_reduce say, not one of the point-to-point messages it
-# is made of (2 (n − 1) from each rank around a ring, so its fixed cost is 2 (n − 1) α).
+# From here on a *message* is one collective call, one all_reduce say, not one of the hops it is made of
+# (2 (n − 1) from each rank around a ring, so a message's fixed cost is 2 (n − 1) α, a hop's α).
 # A run may send over an *emulated link* (`minddp.comm.link`): its *transfer* of a message starts when this
 # rank hands the message over (or, if the link still carries an earlier one, when that one is done), whatever
 # the other rank is doing, and lasts the α-β
@@ -409,7 +409,7 @@ if rank == 0:
 # | overlap | the share of the time in flight during which compute runs too, `100 · \|M ∩ C ∩ W\| / \|M ∩ W\|` (0 without communication): HTA's `comm_comp_overlap_pctg`; over several steps, ranks or rounds, one ratio of the sums (`metrics.pooled_overlap_pct`) | `metrics.overlap_pct(comm, compute, window)` | % of the time in flight |
 # | interleaved | the non-compute time inside backward, `\|(M ∖ C) ∩ backward\|`: backward stopping for a message, then going on (a hook that sends and waits). Waiting after backward is non-compute but not interleaved; computing while a message travels is neither | `metrics.interleaved(comm, compute, backward)` | ms per step |
 # | waited | the time the training thread stood still for communication, `\|T ∩ W\|`: for the link, for the other rank, for a core to run on. Known only where the waits are recorded (over an emulated link); elsewhere NaN, not 0 | `metrics.waited(waits, window)` | ms per step |
-# | exposed | the link's transfers the training thread stood waiting through, `\|L ∩ T ∩ W\|`: the step time the link adds against the same stage with a *free link*, one whose transfers take no time, where the collectives take no time of their own beyond the link's (a wait for the other rank or a core after the link was done is waited, not exposed). Known over an emulated link; a trace without a link cannot give it | `metrics.exposed(link, waits, window)` | ms per step |
+# | exposed | the link's transfers the training thread stood waiting through, `\|L ∩ T ∩ W\|`: the time the thread waited while the link carried a message, any message (a wait for the other rank or a core after the link was done is waited, not exposed). It is not the time a *free link*, one whose transfers take no time, would save: a wait that overlaps a transfer may last as long for the other rank's late join, and a faster link also shortens the other rank's transfers. Known over an emulated link; a trace without a link cannot give it | `metrics.exposed(link, waits, window)` | ms per step |
 # | link time | the modeled transfer time of the step's messages on the link, from their sizes alone, added up: the same on every machine | `metrics.link_time(link, messages)` | ms per step (the function: seconds) |
 # | comm cost | the step time sending adds, from two runs: a stage's median step minus the same stage's with `noop_hook`, which sends nothing (`python -m minddp.bench`, column `comm_cost_ms`). It holds the exposed time and what exposed leaves out (waits for the other rank and for a core, the collectives' own work, the hooks' Python), and two medians' noise | `metrics.comm_cost(step, free_step)` | ms per step |
 #
@@ -525,10 +525,9 @@ lesson.claim(
 )
 
 # %% [markdown]
-# Where two measures disagree for one stage they answer different questions. *Exposed* asks what the
-# link's transfers cost the step, as the emulated link times them (a transfer starts when this rank hands
-# the message over, whatever the other rank is doing): the time the link was still carrying a message
-# the thread waited for. *Waited*
+# Where two measures disagree for one stage they answer different questions. *Exposed* counts the time the
+# thread waited while the emulated link carried a message, any message, not only the one waited for (a transfer
+# starts when this rank hands the message over, whatever the other rank is doing). *Waited*
 # counts every wait of the training thread: for the link and, as in the second made-up step, for the other
 # rank. *In flight*, *overlap* and *non-compute* read M, the backend's ranges and the link's transfers, and a range stays open until the backend's work is
 # done, the other rank's late join included. Non-compute equals waited in both made-up steps only because

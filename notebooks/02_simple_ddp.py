@@ -305,7 +305,8 @@ plt.show()
 #
 # * **a comm hook.** `finish_gradient_synchronization()` does not call `all_reduce` itself: it hands
 #   each gradient, wrapped in a `GradBucket`, to `hook(state, bucket)`, which returns a *Future*
-#   (like 01's work handle: waiting on it gives the averaged gradient). (`GradBucket` is minddp's own class, `minddp/comm/grad_bucket.py`, with the
+#   (unlike 01's work handle, whose `wait()` returns no tensor, a Future's `wait()` returns the averaged
+#   gradient). (`GradBucket` is minddp's own class, `minddp/comm/grad_bucket.py`, with the
 #   method names of `torch.distributed.GradBucket`, what torch's DDP hands its hooks.) The default hook, `allreduce_hook`, divides by the number of
 #   ranks and all_reduces: the same average up to float rounding, the division first (a check below the
 #   code compares the two orders; on 2 ranks they agree to the bit, as dividing by 2 is exact in float32). Every later stage sends through this one call,
@@ -401,8 +402,8 @@ else:
 #
 # `check` trains your class on two ranks of its own beside a single process on the global batch and
 # torch's own DDP, on a network of its own (three `Linear` layers and a buffer: its verdict counts that
-# network's tensors, not the workload's), with plain SGD. It compares three things: the parameters right
-# after your `__init__`, across the ranks (a missing broadcast is named from this); every `.grad` as your
+# network's tensors, not the workload's), with plain SGD. It compares three things: every rank's parameters right
+# after your `__init__`, with rank 0's initial ones (a missing broadcast is named from this); every `.grad` as your
 # finish left it, with the true average it computes itself (a wrong gradient is named from this); and
 # the parameters after the steps, with the single process's and torch's DDP's. It says in one line what is wrong, naming the usual mistakes (a missing broadcast, a sum
 # not divided, rank 0's gradients broadcast instead of averaged, and more), or that your class matches.
