@@ -26,23 +26,23 @@
 # reads its GPU traces with HolisticTraceAnalysis (HTA), under HTA's names (`docs/analysis.md` defines
 # every measure named here, each computed by its one function in `minddp.analysis.metrics`):
 #
-# * **in flight**: the time a communication range was open;
+# * **in flight**: the time a communication range was open (on this machine: below);
 # * **overlap** (HTA's `comm_comp_overlap_pctg`): the share of the time in flight during which the
 #   training thread computed (ran an `aten::` operator);
-# * **non-compute**: the time in flight during which it computed nothing (ms); HTA's `non_compute_pctg`
-#   is that time as a share of the step (the last table's first column).
+# * **non-compute**: the time in flight during which it computed nothing (ms).
 #
-# So non-compute = (100 % − overlap) × time in flight. Neither ranks the stages. Non-compute is not the
+# So non-compute = (100 % − overlap) × time in flight. Neither ranks the stages by speed. Non-compute is not the
 # time the step lost to communication: it also counts the training thread's own Python (its hooks, the
 # time between autograd nodes) while a range is open, the stages' parameter check, and a range held open
 # until the other rank joins it (below). A range held open longer while the thread computes raises the
 # overlap. Then **one step of each stage on one time axis**, and at the end the blog's six stages over an
-# emulated 1 Gbit/s link (the *link run*), with two more measures, *waited* and *exposed* (defined there).
+# emulated 1 Gbit/s link (the *link run*), with three more measures, *link time*, *waited* and *exposed*
+# (defined there).
 #
-# The letters are `01_collectives`' notation: n ranks, α the fixed cost of one hop of the ring, k the
-# micro-batches of a step. A *message* here is one whole all_reduce call of gradients (a bucket's or a
-# parameter's; the timeline's row labels count them), which on a ring makes 2(n−1) hops from each rank, so
-# its fixed cost is 2(n−1)·α. The stages' parameter check (below) is a collective too, but not a message.
+# The letters are `01_collectives`' notation: n ranks, α the fixed cost of one hop of the ring, β the time
+# per byte on a link, k the micro-batches of a step. A *message* here is one whole all_reduce call of
+# gradients (a bucket's or a parameter's; the timeline's row labels count them), which on a ring makes
+# 2(n−1) hops from each rank, so its fixed cost is 2(n−1)·α. The stages' parameter check (below) is a collective too, but not a message.
 #
 # HTA reads GPU traces only; on these CPU traces `minddp.analysis` computes measures of the same names
 # from the CPU events, with what they count on a CPU (below), not what HTA counts on a GPU (kernels): the
@@ -95,9 +95,11 @@ lesson.say(
 # * **compute** is the training thread inside an `aten::` operator (forward, backward, the optimizer,
 #   the stages' copies into and out of buckets);
 # * **in flight** is one of gloo's threads inside a `gloo:*` range: every collective, not only the
-#   gradients'. minddp's stages `simple` to `bucket-async` also check, at every sync, that both ranks'
-#   forwards used the same parameters (`minddp.stages.checks`: one all_gather a sync; `simple` syncs after
-#   every micro-batch, the others once a step; `ddp` and torch's DDP run no such check);
+#   gradients'. A *sync* is one round of messages that carries every gradient once; the *finish* is
+#   `finish_gradient_synchronization()`, which the training loop calls after every backward. `simple` syncs
+#   in the finish after every micro-batch, the others once a step. Before a sync's first message, minddp's
+#   stages `simple` to `bucket-async` check that both ranks' forwards used the same parameters (the
+#   *parameter check*, `minddp.stages.checks`: one all_gather a sync; `ddp` and torch's DDP run none);
 # * **non-compute** is time in flight while the training thread ran no `aten::` op: standing in a wait for
 #   a message or in the parameter check, running its own Python (hooks, the time between autograd nodes),
 #   or ready to run with no core free.
@@ -107,12 +109,22 @@ lesson.say(
 # collective, and while gloo's thread waits for a core. On GPUs the same metrics read NCCL kernels
 # against compute kernels, which run side by side. `single` has nothing in flight and is not in the table.
 #
-# The table's last column is the part of non-compute spent in the parameter check (the thread stands in
-# it until the other rank reaches it, so its length depends on when the other rank arrives). The
+# The table's last column is the part of non-compute spent in the parameter check: non-compute counted over
+# the check's all_gather ranges only (`in_check` below; the thread stands in the check until the other rank
+# reaches it, so its length depends on when the other rank arrives). The
 # *blocking* stages (`simple`, `ga`, `hook`, `bucket`) wait for each message before they send the next:
 # `simple` and `ga` after the backward, `hook` and `bucket` inside it. The *asynchronous* ones
 # (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send their messages during the backward and wait for
-# them when it ends.
+# them when it ends. The claim under the table compares the two kinds by overlap: while a blocking stage's
+# message is in flight its thread stands in a wait; an asynchronous stage's backward runs on.
+#
+# Three things the table shows that this notebook does not explain (rank 0's trace shows when a range was
+# open, not why):
+#
+# * why two stages that send the same messages (`ddp` and torch's DDP: the table after the timeline counts
+#   them) differ, where they do, in in flight and non-compute;
+# * why one stage's check lasts longer than another's (the last column);
+# * what a blocking stage's thread computed in the time its overlap counts.
 
 # %%
 import pandas as pd
@@ -129,17 +141,17 @@ RUN = lesson.trace_dir("05_reading_traces")
 result = analyze_run(RUN)
 
 
-def checks_of(stage, run=RUN):
+def checks_of(stage):
     """Rank 0's profiled step of `stage`: its intervals, the step's start and its parameter checks' all_gather ranges
     (µs, on the trace's clock)."""
-    iv = rank_intervals(load_stage(run / stage).ranks[0])
+    iv = rank_intervals(load_stage(RUN / stage).ranks[0])
     _, s0, s1 = iv.steps[-1]
     return iv, s0, [(e["ts"], end_of(e)) for e in iv.allgathers if s0 <= e["ts"] <= s1]
 
 
-def in_check(stage, run=RUN):
-    """The stage's non-compute inside its parameter checks' ranges (rank 0), µs."""
-    iv, _, checks = checks_of(stage, run)
+def in_check(stage):
+    """The stage's non-compute counted over its parameter checks' all_gather ranges only (rank 0), µs."""
+    iv, _, checks = checks_of(stage)
     return metrics.non_compute([iv.steps[-1][1:]], iv.compute, checks)
 
 
@@ -160,6 +172,13 @@ lesson.claim(
     (tied <= 1e-9 * zero["comm_time_per_step_us"] + 1e-3).all(),
     "For every stage, non-compute = (100 % − overlap) × in flight.",
 )
+blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
+lesson.claim(
+    zero.loc[blocking, "comm_comp_overlap_pctg"].max() < zero.loc[asynchronous, "comm_comp_overlap_pctg"].min(),
+    f"Every blocking stage's overlap is below every asynchronous stage's "
+    f"({zero.loc[blocking, 'comm_comp_overlap_pctg'].max():.1f} % at most against "
+    f"{zero.loc[asynchronous, 'comm_comp_overlap_pctg'].min():.1f} % at least).",
+)
 sizes = result.buckets[result.buckets["rank"] == 0].groupby("stage")["numel"].apply(sorted)
 lesson.claim(
     sizes["bucket"] == sizes["bucket-async"],
@@ -174,9 +193,9 @@ lesson.claim(
 #
 # * the forward (pale) and backward (darker) of each micro-batch (the *backward* band is the span from the
 #   first to the last autograd node of a micro-batch: the gradients' computation, and whatever the hooks do
-#   inside those nodes: `hook`'s and `bucket`'s waits for each message, and in the hooked stages the
+#   inside those nodes: `hook`'s and `bucket`'s waits for each message, and in `hook` to `bucket-async` the
 #   parameter check);
-# * a tick when a message (a bucket's; a parameter's in the per-parameter stages) was *handed to the wire*:
+# * a tick when a message (a bucket's; a parameter's in `hook` and `hook-async`) was *handed to the wire*:
 #   for minddp's stages, where its send started the all_reduce (called from the finish in `simple` and `ga`,
 #   from a hook in the others); for torch's DDP, the reducer's `c10d::allreduce_` call;
 # * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open
@@ -185,19 +204,19 @@ lesson.claim(
 # * the parameter check (hatched red, the legend's "thread waits at a check"), drawn over the thread's band
 #   where gloo's all_gather range of the check was open: the training thread stands in the check at least
 #   that long, until both ranks have joined it (`ddp` and torch run none; a short one is too thin to see). It
-#   runs before a step's first message, so in the hooked stages it sits inside the last backward, which
+#   runs before a sync's first message, so in `hook` to `bucket-async` it sits inside the last backward, which
 #   starts just before the hatch and goes on behind it; the table above counts that range in flight and,
 #   while the thread computes nothing in it, in non-compute (its last column);
-# * the *finish* (purple, the legend's "finish (sync ends)": `finish_gradient_synchronization()`, which the
-#   training loop calls after every backward; a short one is too thin to see), the optimizer (green) and the
-#   end of the step.
+# * the finish (purple, the legend's "finish (sync ends)"; a short one is too thin to see), the optimizer
+#   (green) and the end of the step.
 #
 # Three shapes to tell apart:
 #
 # * **blocking after backward** (`simple` after every micro-batch, `ga` after the last): the ticks
 #   and bars come after a backward band, and the step ends only when they are done;
 # * **blocking inside backward** (`hook`, `bucket`): ticks and bars inside the last backward band: each
-#   hook waits for its message before backward goes on;
+#   hook waits for its message before backward goes on (the band includes those waits, so a bar inside it
+#   is not overlap: overlap counts only the thread's `aten::` operators);
 # * **asynchronous** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the band, bars
 #   running on while backward goes on; what is still running when the band ends is waited for before
 #   the optimizer step: in the finish (purple) for `hook-async` and `bucket-async`; for `ddp` and torch's
@@ -268,30 +287,29 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 # **emulated 1 Gbit/s link** that `03_build_up` introduced (`minddp.comm.link`: the real all_reduce runs
 # beside the modeled transfer, and the message is delivered when both are done; the parameter check's
 # all_gather does not go through the link). The link's transfers are in the traces as
-# `minddp.link:all_reduce` ranges on a thread of their own, and the analysis counts them as communication:
-# in this section in flight, overlap and non-compute count those ranges too. The link run and the loopback
-# run are two runs taken at different moments on a shared machine; their times are not comparable.
+# `minddp.link:all_reduce` ranges on a thread of their own. The link run and the loopback run are two runs
+# taken at different moments on a shared machine; their times are not comparable. Three measures
+# (`docs/analysis.md`):
 #
-# The link's trace also records when the training thread stood still for a message, so two more measures
-# appear (`docs/analysis.md`): **waited**, the time the training thread stood in `wait()` on a gradient
-# message, whether for the link, the other rank or a core, and **exposed**, the part of those waits during
-# which the link was carrying a transfer (any message's): the part of a transfer that passes before the
-# thread calls `wait()` is not exposed, so exposed can fall short of the link time even in a stage that
-# waits for each message before it sends the next. Waited is not all the time the thread stood still:
-# the parameter check, where it also stands (the timeline's hatched "thread waits at a check"), is not a
-# message, and waited does not count it. The *link time* is what rank 0's messages take on the modeled link
-# (`metrics.link_time`), from their sizes alone.
+# * **link time**: what rank 0's messages of a step take on the modeled link, from their sizes alone
+#   (`metrics.link_time`): 2(n−1)·α + 2(n−1)/n·m·β for a message of m bytes, added up. It is the link's
+#   work, not time the step lost;
+# * **waited**: the time the training thread stood in `wait()` on a gradient message, whether for the
+#   link, the other rank or a core. The parameter check, where the thread also stands (the timeline's
+#   hatch), is not a message, and waited does not count it;
+# * **exposed**: the part of those waits during which the link was carrying a transfer (any message's). The
+#   part of a transfer that passes before the thread calls `wait()` is not exposed, so exposed can fall
+#   short of the link time even in a stage that waits for each message before it sends the next.
 
 # %%
-import torch
 from minddp.comm.link import parse_link
 
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
 linked = analyze_run(LINKED)
 link, world = parse_link("1gbit"), int(linked.summary["rank"].nunique())
 sent = linked.buckets[linked.buckets["rank"] == 0]
-size = {d: torch.empty(0, dtype=getattr(torch, d)).element_size() for d in sent["dtype"].unique()}
-nbytes = sent["numel"] * sent["dtype"].map(size)
+assert (sent["dtype"] == "float32").all()
+nbytes = sent["numel"] * 4  # float32: 4 bytes a number
 
 
 def link_ms(stage):
@@ -316,32 +334,18 @@ on_link = pd.DataFrame(
         "link time (ms)": [link_ms(st) for st in lz.index],
         "waited (ms)": waits["waited_us"],
         "exposed (ms)": waits["exposed_us"],
-        "step (ms)": lz["step_time_us"] / 1e3,
     },
     index=lz.index,
 ).round(1)
 display(on_link)
 
 # %% [markdown]
-# ## Non-compute and overlap over the link
-#
-# The link run's non-compute, as a share of each stage's step (HTA's `non_compute_pctg`; the step is in the
-# table above), and its overlap (rank 0, one profiled step of each stage). Here in flight holds the link's
-# transfers and the parameter check's all_gather ranges too ("link included" in the headers); the second
-# column is the part of non-compute spent in the parameter check. Below the table, what accumulation, hooks
-# and buckets change by construction: the calls, where messages are handed to the wire, the link time.
+# What accumulation, hooks and buckets change by construction: the calls, where messages are handed to
+# the wire, the link time. Those claims are about link time only. Whether a stage's thread stands still
+# less is what waited and exposed measure (the table above); where the two asynchronous stages' waited or
+# exposed differ, this trace does not show why.
 
 # %%
-linked_check = pd.Series({st: in_check(st, LINKED) for st in lz.index})  # µs
-ideas = pd.DataFrame(
-    {
-        "non-compute, link included (% of step)": lz["non_compute_pctg"].round(1),
-        "of it, in the check (% of step)": (100 * linked_check / lz["step_time_us"]).round(1),
-        "overlap, link included (%)": lz["comm_comp_overlap_pctg"].round(1),
-    },
-    index=lz.index,
-)
-display(ideas)
 calls = lz["allreduce_calls_per_step"].astype(int)
 k = lesson.SETTINGS.grad_accum
 lesson.claim(
