@@ -419,8 +419,14 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
             " (dist.all_reduce returned None: without async_op=True it blocks until the sum is done and returns "
             "nothing; pass async_op=True and take its Future with .get_future())"
         )
-    # p.grad = dist.all_reduce(p.grad): every gradient of the checker's network is set after backward, so a None in
-    # a plain stage's finish is the all_reduce's result
+    # the stage's forward ran the module but returned nothing: the checker's loss (cross_entropy) got None
+    if re.search(r"argument 'input' \(position 1\) must be Tensor, not NoneType", message):
+        return (
+            " (your forward returned None: return the module's output, return self.module(*inputs, **kwargs), "
+            "so that the loss can be computed from it)"
+        )
+    # p.grad = dist.all_reduce(p.grad): every gradient of the checker's network is set after backward, so another
+    # None in a plain stage (the forward's is above) is the all_reduce's result
     if like in ("simple", "ga") and "NoneType" in message:
         return f" ({ALL_REDUCE_RETURNS_NONE})"
     if re.search(r"Work' object has no attribute '(then|value|add_done_callback)'", message):
@@ -446,12 +452,6 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
         return (
             " (this backend has no ReduceOp.AVG: keep the default ReduceOp.SUM and divide by "
             f"dist.get_world_size(group) yourself, {when})"
-        )
-    # the stage's forward ran the module but returned nothing: the checker's loss (cross_entropy) got None
-    if re.search(r"argument 'input' \(position 1\) must be Tensor, not NoneType", message):
-        return (
-            " (your forward returned None: return the module's output, return self.module(*inputs, **kwargs), "
-            "so that the loss can be computed from it)"
         )
     # a grad hook registered with register_hook: param.grad is the incoming gradient's .grad, None (the message's
     # first line, torch's type check of the all_reduce's tensor, or None in arithmetic)
