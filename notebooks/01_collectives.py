@@ -236,7 +236,7 @@ for holds, sentence in ring_facts(ring):  # what the text above says of the draw
 # formulas, and draws them: a bar for the bytes each rank sent (green: the ring; grey: the star), a
 # black tick for those it received.
 #
-# **Time.** The α-β model prices one message of x bytes at α + β · x. It gives every rank one link
+# **Time.** The α-β model prices one hop (one point-to-point message) of x bytes at α + β · x. It gives every rank one link
 # with one wire each way, and a wire carries one message at a time: in an exchange that sends a
 # message and receives another at the same time the larger of the two counts, but a rank's
 # exchanges go one after the other, even when its messages come from different ranks. The all_reduce

@@ -191,7 +191,8 @@ lesson.claim(largest <= 1e-4 * scale, "SimpleDDP's averaged gradient is the sing
 # With the same start and the same update, training keeps the replicas identical.
 # `minddp.ladder.loop.train_step` is the loop every stage of `03_build_up` (the *ladder*) shares: for
 # each micro-batch, forward, the loss divided by k, backward (for all but the last micro-batch inside the
-# stage's `no_sync()`, where the stage has one: `03_build_up`'s `ga` idea; `SimpleDDP` has none),
+# stage's `no_sync()`, where the stage has one: a context in which the gradients only add up locally, which
+# `03_build_up`'s `ga` stage brings; `SimpleDDP` has none),
 # `finish_gradient_synchronization()`; then `optimizer.step()`. Dividing by k makes the k backwards, which add into `.grad`, give the gradient of
 # the mean loss over the rank's k micro-batches. `SimpleDDP` averages at every
 # `finish_gradient_synchronization()`, so after every micro-batch's backward. That is still right, up to
@@ -291,8 +292,8 @@ plt.show()
 # applies the same all_reduce result to the same weights with the same AdamW update), and
 # they end near the single process's parameters (the first training cell prints how near). The
 # replicas left to themselves part: in this run they were further apart after optimizer step 2 than after step 1, and
-# after each step farther from each other than the single process moved from its start (the red line
-# above the grey).
+# the figure (not a printed number) shows them after each step farther from each other than the single process
+# moved from its start: the red line above the grey.
 # And `SimpleDDP` sends more than it needs: every gradient after every micro-batch, k times the bytes
 # of one sync a step (the first training cell counts them), although only the average over the whole
 # step matters. `03_build_up` changes what is sent and when, one idea per stage, and measures
@@ -305,8 +306,7 @@ plt.show()
 #
 # * **a comm hook.** `finish_gradient_synchronization()` does not call `all_reduce` itself: it hands
 #   each gradient, wrapped in a `GradBucket`, to `hook(state, bucket)`, which returns a *Future*
-#   (unlike 01's work handle, whose `wait()` returns no tensor, a Future's `wait()` returns the averaged
-#   gradient). (`GradBucket` is minddp's own class, `minddp/comm/grad_bucket.py`, with the
+#   (its `wait()` returns the averaged gradient). (`GradBucket` is minddp's own class, `minddp/comm/grad_bucket.py`, with the
 #   method names of `torch.distributed.GradBucket`, what torch's DDP hands its hooks.) The default hook, `allreduce_hook`, divides by the number of
 #   ranks and all_reduces: the same average up to float rounding, the division first (a check below the
 #   code compares the two orders; on 2 ranks they agree to the bit, as dividing by 2 is exact in float32). Every later stage sends through this one call,

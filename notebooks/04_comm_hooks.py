@@ -46,8 +46,8 @@
 # and 05), where fewer bytes become less link time (the modelled time of its messages), and we ask on
 # which links PowerSGD's extra messages cost more link time than its saved bytes. The notation is
 # notebook 01's: n ranks, m the bytes one all_reduce reduces, α the fixed cost of one of 01's
-# point-to-point messages (a ring rank sends one per exchange; the link's description and the tables here call
-# that a *hop*), β the time per byte (1 / B, B the link's bandwidth). A **message** is one all_reduce, as in 01's
+# point-to-point messages, 01's *hop* (a ring rank sends one per exchange; the link's description and the
+# tables here use that word), β the time per byte (1 / B, B the link's bandwidth). A **message** is one all_reduce, as in 01's
 # measures (a bucket, or one of PowerSGD's two or three per bucket: the tensors it leaves uncompressed, if the
 # bucket holds any, the P factors, the Q factors), which makes 2(n − 1) exchanges around the ring, so its fixed
 # cost is 2(n − 1) α. `M` here is a gradient matrix (PowerSGD's): not 01's M (communication in flight), nor m
@@ -214,7 +214,8 @@ steps.round(1)
 # the modelled time of the step's messages on the link, from their sizes alone (the same on any machine).
 # One profiled step per hook cannot rank the hooks by speed, so the step itself is read for plain
 # averaging alone: how long it took on this machine, and its *exposed* time (`metrics.exposed`), the
-# part of its link time during which the training thread stood still waiting for a message (its waits while
+# part of its link time during which the training thread stood still waiting, whichever message the link
+# carried, not only the one waited for (its waits while
 # the link carries no message, such as after a modelled transfer has ended, are not in it; this notebook does
 # not print them). Plain
 # averaging here is `03_build_up`'s `bucket-async`, measured by the same function in another run: one
@@ -291,10 +292,11 @@ lesson.say(
 # %% [markdown]
 # ## Where each takes less link time: messages against bytes
 #
-# This section compares link time only, the modelled time of a step's messages, not the step.
+# Plain averaging's step above lasted many times its link time, so most of that step lay outside the link's
+# modelled transfers. This section compares link time only, the modelled time of a step's messages, not the step.
 # PowerSGD pays an all_reduce's fixed cost, 2(n − 1) α, three times a bucket here where plain averaging
 # pays it once, and saves almost all of the bytes. Per step, with c all_reduces (a count, not 01's C) of S bytes
-# of payload in all (S: a step's payload, not PowerSGD's matrix M), the link time is
+# of payload in all (S: the sum of the m's of the step's messages; not 08's step index S), the link time is
 #
 # `c · 2(n − 1) α + 2(n − 1)/n · S β`,
 #
