@@ -23,7 +23,7 @@
 #
 # Each stage from `ga` to `bucket-async` has a section of the same five parts; `simple`, built in
 # `02_simple_ddp` (its exercise is there), has its code and its run here, and the two that close the
-# ladder, `ddp` (minddp's production DDP) and `torch` (torch's own), have the run and its picture only
+# *ladder* (the stages in this order, from `simple` up), `ddp` (minddp's production DDP) and `torch` (torch's own), have the run and its picture only
 # (their code is a package, not a few lines to diff or write):
 #
 # 1. **the idea**, in words, and where it is new code, in the few plain `torch.distributed` lines that
@@ -31,14 +31,14 @@
 # 2. **the code**: the stage's own class, as it is in `minddp/stages/`, and **what changed** from
 #    the stage before, method by method (a diff computed from the package, not written by hand).
 #    A comment *step 1*, *step 2* in a class points to the numbered list of its module's docstring in
-#    `minddp/stages/`, one list per stage, not to a training step. The ladder's classes carry the
+#    `minddp/stages/`, one list per stage, not to a training step. The stages' classes carry the
 #    idea's lines and three things more, the same in every stage:
 #    the gradient goes through the comm hook (`self.comm_hook(self.comm_state, GradBucket(...))`,
 #    which returns a Future: `04_comm_hooks` swaps it for compression; `GradBucket` is torch's name
 #    for what a comm hook is handed, one gradient in the stages before `bucket`); once in each synced
 #    backward, every rank checks that its forwards used the same parameters (`parameters_used.check()`,
 #    one all_gather; the side-by-side table gives the time it held the thread): `simple` and `ga` check
-#    in finish, after backward, and `hook` to `bucket-async` at the backward's first gradient, inside it; and from `hook-async` on, a stage refuses a step
+#    in finish (`finish_gradient_synchronization()`, after backward), and `hook` to `bucket-async` at the backward's first gradient, inside it; and from `hook-async` on, a stage refuses a step
 #    whose last sync was left unfinished (`check_finished`);
 # 3. **a run on real ranks**: the stage is built on both ranks with the workload every notebook
 #    shares, takes one warm-up step, then one step under the profiler, read in memory
@@ -66,8 +66,8 @@
 # A **message**, as 01 defines it, is one collective call: here one all_reduce handed to the link (a gradient, or a
 # bucket of them), which makes 2(n−1) hops, so its fixed cost is 2(n−1)·α. The measures
 # (*link time*, *waited*, *exposed*, *overlap*, *interleaved*) are defined at the end of
-# `01_collectives`, and each number here is computed by its function there, with the link's modeled
-# transfers as the communication in flight. Here *waited* counts the thread's waits for the gradients'
+# `01_collectives`, and each number here is computed by its function there, with only the link's modeled
+# transfers as the communication in flight (01's table counts gloo's ranges too). Here *waited* counts the thread's waits for the gradients'
 # messages only; its wait in the parameters-used check's all_gather is printed apart (*at the check*).
 # The emulation adds no wait of its own: the thread waits only where the stage waits for a message, so
 # a stage that computes while a message travels hides the message, as on a real interconnect.
@@ -688,7 +688,8 @@ lesson.look_table(looks).assign(
 # %% [markdown]
 # How to read it: compare the stages by the link and exposed columns. The step and backward columns
 # are one step each, measured on cores shared with the other rank and the link's thread, and are not
-# compared here, so a row's length in the picture does not rank the stages. *At the check* is how
+# compared here: a row's length in the picture does not rank the stages, and a backward's length is
+# not what its waits cost (the exposed and waited columns are). *At the check* is how
 # long rank 0 stood in the check's all_gather (what held it there, these runs do not measure); from
 # `hook` to `bucket-async` that time is inside the last backward, and so part of its column. `ga` divides the traffic by the number of
 # micro-batches; the hook stages move the messages into the backward; the async stages stop waiting
@@ -709,8 +710,8 @@ lesson.look_table(looks).assign(
 #    bucket instead of once per gradient tensor;
 # 2. **the first bucket's late start**: nothing goes to the link before the first bucket's last
 #    gradient is ready, while a per-gradient stage sends its first gradient as soon as it is ready;
-# 3. **the last bucket's tail**: the last bucket is ready only as backward ends, so nearly all its
-#    transfer comes after backward; a per-gradient stage's last message is one tensor.
+# 3. **the last bucket's tail**: the last bucket is full only late in backward, so its transfer runs
+#    past backward's end; a per-gradient stage's last message is one tensor.
 #
 # The link carries one message at a time, so it is done at the latest of, over the messages i:
 # "message i handed over, then i and every message after it carried back to back"
@@ -833,8 +834,8 @@ table.infer_objects().round(1)
 # on these ranks (`probe`: when each gradient is ready in backward), its times are scaled to the
 # median of these five runs' backwards (less the check's wait inside each), and each plan is replayed
 # on the link. The model gives each plan's *link after backward*: the link's time still to run when
-# backward ends, the most a step can expose. It is not the measured *exposed*, which counts only from
-# the thread's first wait in finish. The lower panel shows the three costs of each plan, from the
+# the modeled backward ends. It is not the measured *exposed*, which counts only from the thread's first
+# wait in finish, in a step with a backward of its own. The lower panel shows the three costs of each plan, from the
 # step-time model.
 
 # %%
@@ -1036,7 +1037,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     )
 
 # %% [markdown]
-# Two measures for each setting (`01_collectives`'s, by its functions): *overlap*, the share of the
+# Two measures for each setting (by `01_collectives`'s functions, over the link's transfers only): *overlap*, the share of the
 # link's time during which the training thread computed (the link's modeled transfers in flight as
 # communication, a forward, a backward or the optimizer, not waiting, as compute; the blog reads an
 # overlap of its own from its GPU traces, a different measure, not set beside these), and
@@ -1152,14 +1153,16 @@ lesson.say(
 # %% [markdown]
 # **The bucket lesson in words.** On this notebook's 1 Gbit/s link between 2 ranks, one message's
 # fixed cost (0.1 ms) is small against its bytes: buckets of 4 MiB save 6.1 ms of the link's 165 ms,
-# and their last bucket, full only as backward ends, then takes 23.4 ms on the link (torch's default,
+# and their last bucket, full only late in backward, then takes 23.4 ms on the link (torch's default,
 # whose last bucket holds 17.5 MiB: 147 ms). A smaller cap shortens that tail and sends the first
-# bucket earlier, for more fixed costs (the sweep's table). Whether the buckets paid in this run, on
-# this link and on the two sized links, the sentences printed just above say, each from its own step
-# (on a sized link at the run's own backward, not at the setting's ratios). On a link where one
-# message's fixed cost is small against its bytes they can save little; where it is large, they pay
-# it once per bucket instead of once per gradient tensor: on the link sized with the ratios of 1024
-# ranks, 26 times a step instead of 291.
+# bucket earlier, for more fixed costs (the sweep's table). How much of the link's time the buckets
+# left exposed in this run, on this link and on the two sized links, the sentences printed just above
+# say, each from its own step (on a sized link at the run's own backward, not at the setting's
+# ratios). Where one message's fixed cost is large, buckets pay it once per bucket instead of once
+# per gradient tensor: on the link sized with the ratios of 1024 ranks, 26 times a step instead of
+# 291. All of this is the link's modeled time; the side-by-side table's *waited* column also counts
+# the time after the link had delivered, until the real all_reduce returned, which the link does not
+# model: compare `hook-async`'s and `bucket-async`'s rows there too.
 
 # %%
 # %dist_shutdown
