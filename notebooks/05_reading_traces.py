@@ -97,8 +97,8 @@ lesson.say(
 #   the stages' copies into and out of buckets);
 # * **in flight** is one of gloo's threads inside a `gloo:*` range: every collective, not only the
 #   gradients'. The *finish* is `finish_gradient_synchronization()`, which the training loop calls after
-#   every backward. `simple` syncs in the finish after every micro-batch, the others once a step. Before a sync's first message, minddp's
-#   stages `simple` to `bucket-async` check that both ranks' forwards used the same parameters (the
+#   every backward. `simple` syncs in the finish after every micro-batch, the others once a step. Before a
+#   sync's first message, minddp's stages `simple` to `bucket-async` check that both ranks' forwards used the same parameters (the
 #   *parameter check*, `minddp.stages.checks`: one all_gather a sync; `ddp` and torch's DDP run none);
 # * **non-compute** is time in flight while the training thread ran no `aten::` op: standing in a wait for
 #   a message or in the parameter check, running its own Python (hooks, the time between autograd nodes),
@@ -280,8 +280,8 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 # The same analysis from a shell, with an HTML report and its plots in the run folder:
 # `python -m minddp.analyze traces/notebooks/05_reading_traces --report` (the folder holds the traces of
 # the last time the first cell ran on your machine, not of the run whose outputs are saved here). Its report
-# ranks the stages by non-compute, which is not their speed (the notebook's opening says why). On GPU traces the
-# breakdown and overlap come from HTA itself.
+# ranks the stages by non-compute, which is not their speed (the notebook's opening says why). On GPU traces
+# the breakdown and overlap come from HTA itself.
 
 # %% [markdown]
 # ## The ladder on a slower network
