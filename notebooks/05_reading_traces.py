@@ -42,7 +42,8 @@
 # The letters are `01_collectives`' notation: n ranks, α the fixed cost of one hop of the ring, β the time
 # per byte on a link, k the micro-batches of a step. A *message* here is one whole all_reduce call of
 # gradients (a bucket's or a parameter's; the timeline's row labels count them), which on a ring makes
-# 2(n−1) hops from each rank, so its fixed cost is 2(n−1)·α. The stages' parameter check (below) is a collective too, but not a message.
+# 2(n−1) hops from each rank, so its fixed cost is 2(n−1)·α. A *sync* is one round of messages that carries
+# every gradient once. The stages' parameter check (below) is a collective too, but not a message.
 #
 # HTA reads GPU traces only; on these CPU traces `minddp.analysis` computes measures of the same names
 # from the CPU events, with what they count on a CPU (below), not what HTA counts on a GPU (kernels): the
@@ -95,10 +96,9 @@ lesson.say(
 # * **compute** is the training thread inside an `aten::` operator (forward, backward, the optimizer,
 #   the stages' copies into and out of buckets);
 # * **in flight** is one of gloo's threads inside a `gloo:*` range: every collective, not only the
-#   gradients'. A *sync* is one round of messages that carries every gradient once; the *finish* is
-#   `finish_gradient_synchronization()`, which the training loop calls after every backward. `simple` syncs
-#   in the finish after every micro-batch, the others once a step. Before a sync's first message, minddp's
-#   stages `simple` to `bucket-async` check that both ranks' forwards used the same parameters (the
+#   gradients'. The *finish* is `finish_gradient_synchronization()`, which the training loop calls after
+#   every backward. `simple` syncs in the finish after every micro-batch, the others once a step. Before a
+#   sync's first message, minddp's stages `simple` to `bucket-async` check that both ranks' forwards used the same parameters (the
 #   *parameter check*, `minddp.stages.checks`: one all_gather a sync; `ddp` and torch's DDP run none);
 # * **non-compute** is time in flight while the training thread ran no `aten::` op: standing in a wait for
 #   a message or in the parameter check, running its own Python (hooks, the time between autograd nodes),
@@ -115,14 +115,14 @@ lesson.say(
 # *blocking* stages (`simple`, `ga`, `hook`, `bucket`) wait for each message before they send the next:
 # `simple` and `ga` after the backward, `hook` and `bucket` inside it. The *asynchronous* ones
 # (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send their messages during the backward and wait for
-# them when it ends. The claim under the table compares the two kinds by overlap: while a blocking stage's
-# message is in flight its thread stands in a wait; an asynchronous stage's backward runs on.
+# them when it ends. The claim under the table compares the two kinds by overlap: a blocking stage's thread
+# waits for each message, so it computes little while one is in flight; an asynchronous stage's backward runs on.
 #
 # Three things the table shows that this notebook does not explain (rank 0's trace shows when a range was
 # open, not why):
 #
-# * why two stages that send the same messages (`ddp` and torch's DDP: the table after the timeline counts
-#   them) differ, where they do, in in flight and non-compute;
+# * why asynchronous stages that send as many messages (`bucket-async`, `ddp` and torch's DDP: the table after
+#   the timeline counts them) differ in in flight and non-compute;
 # * why one stage's check lasts longer than another's (the last column);
 # * what a blocking stage's thread computed in the time its overlap counts.
 
@@ -188,20 +188,21 @@ lesson.claim(
 # %% [markdown]
 # ## One step of each stage, on one time axis
 #
-# One row per profiled stage, one shared axis in milliseconds from the start of the profiled step (rank 0).
-# In each row:
+# One row per profiled stage, one shared axis in milliseconds from the start of the profiled step (rank 0);
+# `single` sends nothing, so its row is one rank's work alone. In each row:
 #
 # * the forward (pale) and backward (darker) of each micro-batch (the *backward* band is the span from the
 #   first to the last autograd node of a micro-batch: the gradients' computation, and whatever the hooks do
 #   inside those nodes: `hook`'s and `bucket`'s waits for each message, and in `hook` to `bucket-async` the
 #   parameter check);
-# * a tick when a message (a bucket's; a parameter's in `hook` and `hook-async`) was *handed to the wire*:
+# * a tick when a message was *handed to the wire*:
 #   for minddp's stages, where its send started the all_reduce (called from the finish in `simple` and `ga`,
 #   from a hook in the others); for torch's DDP, the reducer's `c10d::allreduce_` call;
 # * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open
-#   included)"; where dozens of narrow bars crowd, they merge into one block, darker the narrower the bars,
-#   whose edges are dark);
-# * the parameter check (hatched red, the legend's "thread waits at a check"), drawn over the thread's band
+#   included)"; where dozens of narrow bars crowd, they merge into one block that also covers the gaps between
+#   them, so read the time in flight off the table above, not off a block's length);
+# * the parameter check (hatched red, the legend's "thread waits at a check"; the link run's *waited*, below,
+#   does not count it), drawn over the thread's band
 #   where gloo's all_gather range of the check was open: the training thread stands in the check at least
 #   that long, until both ranks have joined it (`ddp` and torch run none; a short one is too thin to see). It
 #   runs before a sync's first message, so in `hook` to `bucket-async` it sits inside the last backward, which
@@ -215,8 +216,9 @@ lesson.claim(
 # * **blocking after backward** (`simple` after every micro-batch, `ga` after the last): the ticks
 #   and bars come after a backward band, and the step ends only when they are done;
 # * **blocking inside backward** (`hook`, `bucket`): ticks and bars inside the last backward band: each
-#   hook waits for its message before backward goes on (the band includes those waits, so a bar inside it
-#   is not overlap: overlap counts only the thread's `aten::` operators);
+#   hook waits for its message before backward goes on (the band includes those waits, but its length is not
+#   theirs: compare the stage's in flight in the table above; a bar inside the band is not overlap: overlap
+#   counts only the thread's `aten::` operators);
 # * **asynchronous** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the band, bars
 #   running on while backward goes on; what is still running when the band ends is waited for before
 #   the optimizer step: in the finish (purple) for `hook-async` and `bucket-async`; for `ddp` and torch's
@@ -277,8 +279,9 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 # %% [markdown]
 # The same analysis from a shell, with an HTML report and its plots in the run folder:
 # `python -m minddp.analyze traces/notebooks/05_reading_traces --report` (the folder holds the traces of
-# the last time the first cell ran on your machine, not of the run whose outputs are saved here). On GPU
-# traces the breakdown and overlap come from HTA itself.
+# the last time the first cell ran on your machine, not of the run whose outputs are saved here). Its report
+# ranks the stages by non-compute, which is not their speed (the notebook's opening says why). On GPU traces
+# the breakdown and overlap come from HTA itself.
 
 # %% [markdown]
 # ## The ladder on a slower network
@@ -292,7 +295,8 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 # (`docs/analysis.md`):
 #
 # * **link time**: what rank 0's messages of a step take on the modeled link, from their sizes alone
-#   (`metrics.link_time`): 2(n−1)·α + 2(n−1)/n·m·β for a message of m bytes, added up. It is the link's
+#   (`metrics.link_time`): 2(n−1)·α + 2(n−1)/n·m·β for a message of m bytes, added up, with the `1gbit`
+#   preset's α = 50 µs and β = 8 ns a byte (1 Gbit/s). It is the link's
 #   work, not time the step lost;
 # * **waited**: the time the training thread stood in `wait()` on a gradient message, whether for the
 #   link, the other rank or a core. The parameter check, where the thread also stands (the timeline's
@@ -341,9 +345,9 @@ display(on_link)
 
 # %% [markdown]
 # What accumulation, hooks and buckets change by construction: the calls, where messages are handed to
-# the wire, the link time. Those claims are about link time only. Whether a stage's thread stands still
-# less is what waited and exposed measure (the table above); where the two asynchronous stages' waited or
-# exposed differ, this trace does not show why.
+# the wire, the link time. None of these claims says whether a stage's thread stands still less: waited and
+# exposed measure that (the table above, where the asynchronous stages waited far less than the blocking
+# ones); where the two asynchronous stages' waited or exposed differ, this trace does not show why.
 
 # %%
 calls = lz["allreduce_calls_per_step"].astype(int)

@@ -57,6 +57,7 @@ STEADY: dict[str, dict[str, str]] = {
         "non-compute = (100 % − overlap)": "a definition: the whole as 100 %",
         "an emulated 1 Gbit/s link": LINK,
         "**emulated 1 Gbit/s link**": LINK,
+        "preset's α = 50 µs and β = 8 ns a byte (1 Gbit/s)": LINK,
     },
     "07_fault_tolerance": {
         "a 10 ms pause per step": SETTING,
