@@ -84,8 +84,9 @@ print("all pieces gathered:", whole.tolist(), "= all_reduce:", torch.equal(whole
 # The ring all_reduce of the earlier notebooks is the same two, a reduce-scatter then an all-gather:
 # `ring.reduce_scatter` and `ring.all_gather` above cut the whole tensor into n equal pieces (they refuse
 # a whole tensor that is not n times the piece) and pass them to `reduce_scatter_chunks` and
-# `all_gather_chunks` (`minddp/collectives/ring.py`); `ring_all_reduce` cuts any length, with
-# `tensor_split` (pieces whose lengths differ by at most one element), and calls both:
+# `all_gather_chunks` (`minddp/collectives/ring.py`, whose code calls the pieces `chunks`);
+# `ring_all_reduce` cuts any length, with `tensor_split` (pieces whose lengths differ by at most one
+# element), and calls both:
 
 # %%
 # %%rank 0
@@ -164,9 +165,9 @@ for name, t in trainees.items():
 # costs 4 bytes of parameter, 4 of gradient and 8 of Adam's two moments, and each rung divides one
 # more of the three among the ranks: DDP `16Ψ`; ZeRO-1 (optimizer state) `8Ψ + 8Ψ/n`; ZeRO-2 (and
 # gradients) `4Ψ + 12Ψ/n`; FSDP (and parameters) `16Ψₛ/n + 16Ψᵣ`, where `Ψᵣ` counts the values of the
-# parameter tensors it leaves whole on every rank (here the embeddings, the final norm and the
-# classifier, outside every unit) and `Ψₛ = Ψ − Ψᵣ` those it shards (`docs/sharding.md` explains
-# every difference).
+# parameter tensors it leaves whole on every rank (those outside every unit) and `Ψₛ = Ψ − Ψᵣ` those
+# it shards. The model state and formula columns differ by AdamW's step counts (the ✓ line below), a
+# few hundred bytes, which the table's rounding to 0.001 MiB shows as 0.000 or 0.001.
 
 # %%
 # %%rank 0
@@ -270,10 +271,10 @@ lesson.claim(
 # %% [markdown]
 # ### Why the master weights stay fp32
 #
-# A bf16 number has 8 significant bits (2 to 3 decimal digits), so a small update lands rounded, and
-# one far smaller than the weight is lost. The cell measures how far AdamW's first update moved this
-# model's values, then adds the learning rate, an update of about that size, to every value (and takes
-# it away), in bf16 and in fp32:
+# A bf16 number has 8 significant bits (2 to 3 decimal digits), so a small change to a weight lands
+# rounded, and one far smaller than the weight is lost. The cell measures how far AdamW's first update
+# moved this model's values, then adds the learning rate, a change of about that size, to every value
+# (and takes it away), in bf16 and in fp32 (the ✓ line below calls this change the update):
 
 # %%
 # %%rank 0
@@ -304,19 +305,18 @@ lesson.claim(
 )
 
 # %% [markdown]
-# In bf16 no norm weight would take this update; in fp32 every value does. So the optimizer updates fp32
+# In bf16 no norm weight would take this change; in fp32 every value does. So the optimizer updates fp32
 # copies of the weights, the master weights.
 
 # %% [markdown]
 # ### The ZeRO paper's mixed-precision count
 #
-# The ZeRO paper counts mixed precision as 2 bytes of 16-bit parameter, 2 of 16-bit gradient and
-# K = 12 bytes of optimizer state (the fp32 master copy, 4, and Adam's moments, 8): still `16Ψ` for
-# DDP, but now 12 of the 16 bytes are optimizer state, which ZeRO-1 already shards: ZeRO-1
-# `4Ψ + 12Ψ/n`, ZeRO-2 `2Ψ + 14Ψ/n`, FSDP `16Ψₛ/n + 16Ψᵣ` as before (minddp's FSDP in bf16 splits its
-# 16 bytes 4 + 4 + 8, not 2 + 2 + 12). Against fp32, ZeRO-1's unsharded bytes fall from `8Ψ` to `4Ψ`
-# and ZeRO-2's, whose gradients are sharded already, from `4Ψ` to `2Ψ`: mixed precision saves ZeRO-2
-# half what it saves ZeRO-1. minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`: their
+# The ZeRO paper counts mixed precision as 2 bytes of 16-bit parameter, 2 of 16-bit gradient and K = 12
+# bytes of optimizer state (the fp32 master copy, 4, and Adam's moments, 8): still `16Ψ` for DDP, but
+# now 12 of the 16 bytes are optimizer state, which ZeRO-1 already shards: ZeRO-1 `4Ψ + 12Ψ/n`, ZeRO-2
+# `2Ψ + 14Ψ/n`, FSDP `16Ψₛ/n + 16Ψᵣ` as before (minddp's FSDP in bf16 splits its 16 bytes 4 + 4 + 8, not
+# 2 + 2 + 12). Against the fp32 formulas, mixed precision saves ZeRO-1 `4Ψ(1 − 1/n)` bytes and
+# ZeRO-2 `2Ψ(1 − 1/n)`, half as many. minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`: their
 # mixed-precision formulas are computed here, not measured.
 
 # %%
@@ -388,8 +388,8 @@ show_source(ZeroRedundancyOptimizer.step)
 #    the all_reduce (on gloo, minddp runs it as an all_reduce, below), and the whole gradients are
 #    dropped (`_send_bucket`);
 # 3. the reduce-scatter leaves this rank its piece of the averaged bucket: for each of its shards, that
-#    shard's chunk of the averaged gradient, back to back; each becomes its shard's `.grad`
-#    (`_write_back`): the optimizer updates the shards only;
+#    shard's chunk of the averaged gradient, back to back; each becomes its shard's `.grad` (or is
+#    added to it, if the shard has a `.grad` already: `_write_back`): the optimizer updates the shards only;
 # 4. in the next forward, the updated shards are all-gathered back into the whole parameters,
 #    one all-gather per gradient bucket, each module waiting for its own bucket's gather just before it
 #    runs: `finish_gradient_synchronization` marks them `stale` after a sync, `forward` then calls
@@ -423,15 +423,15 @@ print("The lines that do the four parts (minddp/sharding/zero2.py):\n" + "\n".jo
 show_source(reduce_scatter_hook)
 
 # %% [markdown]
-# A stage's *look* (`Trainee.look()`): one step (all its micro-batches) under the profiler, read
-# in memory (`minddp.analysis.live`): its collectives, each with the moment the stage handed it over
-# and the bytes *given* to it (the tensors this rank passed in; the next section measures what a rank
-# sends). On gloo every gradient collective is an all_reduce: a comm hook hands back a Future, to
-# which the write-back is chained, and gloo's reduce-scatter hands back a work without one. So on
-# gloo minddp runs zero2's and fsdp's reduce-scatters as all_reduces of the whole tensor they are
-# given (a zero2 bucket, an fsdp unit's gradients) and keeps the piece a reduce-scatter would have
-# left this rank; the look counts them among the all_reduce calls. (The exercise at the end calls
-# gloo's reduce-scatter itself: it checks the sum, not the bytes sent.)
+# A stage's *look* (`Trainee.look()`): one step (all its micro-batches) under the profiler, read in
+# memory (`minddp.analysis.live`): its collectives, each with the moment the stage *handed it over* (the
+# start of its call into `torch.distributed`) and the bytes *given* to it (the tensors this rank passed
+# in; the next section measures what a rank sends). On gloo every gradient collective is an all_reduce:
+# a comm hook hands back a Future, to which the write-back is chained, and gloo's reduce-scatter hands
+# back a work without one. So on gloo minddp runs zero2's and fsdp's reduce-scatters as all_reduces of
+# the whole tensor they are given (a zero2 bucket, an fsdp unit's gradients) and keeps the piece a
+# reduce-scatter would have left this rank. (The exercise at the end calls gloo's reduce-scatter itself:
+# it checks the sum, not the bytes sent.)
 
 # %%
 # %%distributed
@@ -594,19 +594,15 @@ lesson.claim(
 )
 
 # %% [markdown]
-# In the figure: every stage's gradient collectives lie in the last backward; zero1's one all-gather
-# lies in the update, zero2's in the first forward, and fsdp's in every forward and backward.
-
-# %% [markdown]
 # ## The same training, whatever the rung
 #
 # Sharding changes what each rank keeps, not what is computed: after the same steps every stage
 # holds the same model, up to float rounding. The cell below compares each sharded stage with `ddp`
 # after the same steps; at these 2 ranks it finds them bit for bit equal (a sum of two addends comes
 # out the same in either order); at more ranks the stages add the ranks' gradients in different
-# orders, and `docs/sharding.md`'s tests at 3 ranks allow for rounding. zero2 and fsdp hand their
-# shards out as the model's parameters, so `full_parameters()` gathers them whole for the comparison;
-# ddp's and zero1's parameters are whole already.
+# orders, and `docs/sharding.md`'s tests at 3 ranks allow for rounding. fsdp keeps most parameters only
+# as shards, and zero2's whole parameters hold the other ranks' chunks from before the update until the next forward
+# gathers them (part 4 of ZeRO-2), so `full_parameters()` gathers both whole for the comparison.
 
 
 # %%
@@ -633,8 +629,9 @@ lesson.say(
 # activations, fsdp's gathered units, the whole gradients zero2 and fsdp hold before the last
 # micro-batch, and the buffers the collectives send from and receive into. `docs/sharding.md`'s
 # benchmark measures the peak of all of it, and there fsdp's peak is above ddp's. The bytes are the
-# ring's, with true reduce-scatters; on gloo minddp runs zero2's and fsdp's reduce-scatters as
-# all_reduces (the ZeRO-2 section): two passes of their bytes by the count above, not one.
+# ring's, with true reduce-scatters. On gloo, where minddp runs zero2's and fsdp's reduce-scatters as
+# all_reduces (the ZeRO-2 section), the count above makes their bytes two passes, not one: zero2 would
+# send zero1's bytes, and fsdp more than the bound.
 
 # %%
 # %%rank 0
