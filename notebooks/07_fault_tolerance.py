@@ -220,9 +220,9 @@ print(
 # So the rejoin is not the time a heal takes: the heal, the state sent just after that quorum, is
 # not timed. Slots 0 and 2 asked for step 9's quorum just after their last commit, in this run long
 # before that quorum (the lines above), so the new process was the last to ask, and its part of the
-# rejoin (its share printed above) is its starting up until it asked: forked from a server that had already imported torch, it imports
-# the `ft` modules, connects to the lighthouse, builds its model, then starts its heartbeat and
-# asks (the run does not time these). Until that first heartbeat it was not live, so slots 0 and 2
+# rejoin (its share printed above) is its starting up until it asked: forked from a server that
+# had already imported torch, it imports the `ft` modules, connects to the lighthouse, builds its
+# model, then starts its heartbeat and asks (the run does not time these). Until that first heartbeat it was not live, so slots 0 and 2
 # trained without it at world 2 up to step 9, then waited there only because this notebook sets
 # `full_world_at=(4, 9)`: without it they would have trained on at world 2, and the new process
 # would have joined at a later step. That time is part of neither fault's recovery.
