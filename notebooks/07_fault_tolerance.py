@@ -119,16 +119,16 @@ for line in run.report():
 
 # %% [markdown]
 # Where the kill's recovery went. The cell below prints the moments the members, the lighthouse and
-# the launcher recorded, in milliseconds after the kill and since the moment before, in the order
-# they happened:
+# the launcher recorded, in milliseconds after the kill and since the row before, sorted by time:
 #
 # * **first error**: a survivor's all_reduce failed (the errors are printed further down); the run
 #   records nothing between the kill and this moment;
 # * **discard**: each member that caught an error first drops its group, then votes no; the
 #   lighthouse discards the attempt at the first no it receives;
-# * **exit seen, at the latest**: the launcher looks at its processes in passes, and records an
-#   exit 50 ms after it sees a process ended (a result may still be on its way), so it saw the exit
-#   at least 50 ms before the record; the run does not record when;
+# * **exit seen, at the latest**: a bound, not a recorded moment: the launcher records an exit
+#   50 ms after it sees a process ended (a result may still be on its way), so it saw the exit
+#   at least 50 ms before the record, perhaps even before the first error. The run does not
+#   record when, so this row's place in the list and the gaps on either side of it are not measured;
 # * **exit recorded**: the launcher recorded slot 1's exit, then tells the lighthouse;
 # * **next quorum**: each survivor asks again; the lighthouse answers once every live slot has
 #   asked, and slot 1 counts as live until the lighthouse has read the launcher's word of its exit
@@ -137,13 +137,14 @@ for line in run.report():
 #   commits.
 #
 # Each survivor asks for the next quorum only once it has read the discard, and the lighthouse
-# answers it only once it has read the exit's record, so the kill's recovery waited for the exit at
-# most from the discard to the next quorum (printed under the moments). The launcher's 50 ms wait,
-# from the exit seen to its record, is its own, not the fault's. The raise's recovery (the report's
-# second line, not split) has no exit to wait for: slot 2's process stayed (the first claim checks
-# that the launcher recorded no exit after it, and that the first error was slot 2's own). The two
-# `recovery` lines set each recovery against the hang bound (5 s): neither fault made anyone wait
-# for the group's timeout.
+# answers it only once it has read the exit's record, so the kill's recovery waited for the exit's
+# record at most from the discard to the next quorum (the line `waited for the exit` under the
+# rows). The launcher's 50 ms wait before it records an exit (from the row *exit seen, at the
+# latest* to the exit recorded) is a setting of the launcher, not a cost of the fault; so is the
+# part of that wait between those two rows. The raise's recovery (the report's second line) is not split; slot 2's process stayed (the first
+# claim checks that the launcher recorded no exit after it, and that the first error was slot 2's
+# own). The two `recovery` lines set each recovery against the hang bound (5 s): neither fault made
+# anyone wait for the group's timeout.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -193,7 +194,8 @@ for o in (kill, raised):
 # that took a new process in slot 1 back. The launcher started that process once step 4 was
 # committed without it (`restart_after_steps=1`, checked below); the two survivors trained on at
 # world 2, and the lighthouse answered step 9's quorum only once all three slots had asked
-# (`full_world_at`). The cell prints what each side did from the kill to that quorum.
+# (`full_world_at`). The cell prints what each side did from the kill to that quorum (the report
+# rounds the rejoin to hundredths of a second, the cell to whole milliseconds).
 
 # %%
 lesson.claim(
@@ -216,14 +218,14 @@ print(
 
 # %% [markdown]
 # So the rejoin is not the time a heal takes: the heal, the state sent just after that quorum, is
-# not timed. The rejoin's part from the new process's start to that quorum (its share printed
-# above) is the process starting up and asking, then the lighthouse's answer once all three slots
-# had asked. The run does not time what the process did before it asked (forked from a server that
-# had already imported torch, it imports the `ft` modules, connects to the lighthouse and builds
-# its model, then starts its heartbeat and asks). Until that first heartbeat it was not live, so
-# slots 0 and 2 trained without it the steps printed above at world 2; a quorum at a step in
-# `full_world_at` (this notebook sets `(4, 9)`) waits until all three slots have asked. That time is
-# part of neither fault's recovery.
+# not timed. Slots 0 and 2 asked for step 9's quorum just after their last commit, in this run long
+# before that quorum (the lines above), so the new process was the last to ask, and its part of the
+# rejoin (its share printed above) is its starting up until it asked: forked from a server that
+# had already imported torch, it imports the `ft` modules, connects to the lighthouse, builds its
+# model, then starts its heartbeat and asks (the run does not time these). Until that first heartbeat it was not live, so slots 0 and 2
+# trained without it at world 2 up to step 9, then waited there only because this notebook sets
+# `full_world_at=(4, 9)`: without it they would have trained on at world 2, and the new process
+# would have joined at a later step. That time is part of neither fault's recovery.
 #
 # Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline
 # below), and only slot 1's process was started again. A restart from a checkpoint (not run here)
@@ -418,9 +420,9 @@ show_source(solutions.ft_shard)
 # A prediction (this notebook runs only the three-kill case, below): with `kill@4:1,kill@5:2` the
 # world shrinks by one at each kill, and grows back as each killed slot is started again and
 # healed from a survivor. The launcher starts slot 1 again only after a step committed without
-# it, here after step 4, and in the run above its new process missed the next steps (the
-# timeline's `.`): if it is not back when slot 2 dies in step 5, the world goes down to 1, slot 0
-# training alone on the whole batch. Killing all three in the same step leaves no holder: in this
+# it, here after step 4, and in the run above its new process took far longer to start than the
+# survivors took to commit a step (the rejoin's lines above), so it is not back when slot 2 dies in
+# step 5: the world goes down to 1, slot 0 training alone on the whole batch. Killing all three in the same step leaves no holder: in this
 # design, as in torchft's, the trained state lives only in the training processes, so nothing is
 # left to heal from. A design that keeps a copy elsewhere (a checkpoint on disk, or a replica of
 # the state outside the training processes) could bring it back. The processes started again
