@@ -24,9 +24,8 @@
 #
 # Words, kept apart. A bucket is *handed over* when the reducer calls `all_reduce` on it, once its
 # last gradient is there (the tick in the figure); it goes to *gloo*, the process group that carries
-# the ranks' messages on CPU. A bucket's *message* is its `all_reduce`. It is *in flight*
-# (`docs/analysis.md`) from the start of gloo's `all_reduce` range to its end (the orange bar), not
-# from the tick. On CPU ranks that range
+# the ranks' messages on CPU. A bucket's *message* is its `all_reduce`. It is *in flight* from the
+# start of gloo's `all_reduce` range to its end (the orange bar), not from the tick. On CPU ranks that range
 # can also hold time gloo waits for the other rank to join or for a free core: a bar's length is not
 # the time the bytes took to travel.
 #
@@ -173,20 +172,25 @@ lesson.say(
 # loss (pale), the gradient nodes (blue, the loss's included), the `AccumulateGrad` nodes (grey), a
 # tick when a bucket was handed over (the row's label says how many buckets), an orange bar for each
 # message in flight, and the optimizer step (green). A tick is not the start of its bar: between the
-# two, the bucket is handed over and gloo has not yet begun its message. Bars or ticks that overlap,
-# or lie closer together than a pixel (about a thousandth of the time axis), draw as one.
+# two, the bucket is handed over and gloo has not yet begun its message. Ticks closer together than
+# a pixel (about a thousandth of the time axis) draw as one; orange bars that overlap are drawn over
+# each other, and their dark outlines mark where each begins and ends.
 #
-# White is time in none of these: what the thread did then, this notebook does not show. Like an
+# White is time in none of these. The white just before the optimizer step is the end of backward,
+# where the reducer waits for the last messages to end (`wait_and_write_back` in
+# `minddp/ddp/reducer.py`); what the thread did in other white, this notebook does not show. Like an
 # orange bar, a grey or blue bar can also hold time its thread waits for a core, as gloo's threads
 # and the other rank run beside it: a bar can be longer than the work in its node.
 #
 # Read the figure for the order of its events: that is what the cut changes, and what the claims
-# count. Do not read it for lengths, not even to compare the rows: each row is a single step of two
-# ranks that share this machine's cores. The cell after the figure counts, in the two compiled runs,
-# the messages in flight while a gradient node ran. Without the cut none can be (the first claim
-# checks it). With the cut, the message of every bucket but the last can be (the last bucket is
-# handed over after the last piece, when no gradient node is left to run); how many are depends on
-# when gloo begins each message, which this run's timing decides.
+# count. Do not read it for lengths, not even to compare the rows (where a row ends, how long its
+# forward or its grey stretch is): each row is a single step of two ranks that share this machine's
+# cores, and this notebook does not measure what compiling costs. The cell after the figure counts,
+# in the two compiled runs, the messages in flight while a gradient node ran. Without the cut none
+# can be (the first claim checks it). With the cut, the message of every bucket handed over before
+# the last piece's backward can be (here every bucket but the last); how many are depends on when
+# gloo begins each message, which this run's timing decides. Eager's row is not counted: the count
+# compares the two compiled runs, not the cut with eager.
 #
 # The cut is torch's design for GPUs. This notebook runs no GPU: what the cut does to a GPU step is
 # not shown here.
@@ -318,7 +322,8 @@ lesson.claim(
 # is there) and return, for each bucket, the index of the piece after whose backward it is handed
 # over. `check_handover` calls it on a few small cases, without ranks, and names the usual mistakes,
 # alone or two together. As it stands `my_handed_over_after` raises `NotImplementedError`; the
-# checker catches it and says so.
+# checker catches it and says so. On this notebook's step, `pieces` is four pieces of two 1 MiB
+# gradients and `cap` is 2 MiB: the answer is `[0, 1, 2, 3]`, what the last claim above checked.
 
 # %%
 from minddp.exercises import check_handover
@@ -350,12 +355,12 @@ print(check_handover(solutions.handed_over_after))
 # stops the graph, runs Python, and starts a new one. minddp's `ddp` marks three of its methods for
 # Dynamo to skip (`minddp/runtime/compiling.py`): `forward` itself with
 # `torch.compiler.disable(forward, recursive=False)`, so that Dynamo skips `forward`'s own code but
-# not the functions it calls, the module's included; and the two steps `forward` runs before and after
-# the module (`_before_module`, `_after_module`) with the default `recursive=True`, so that Dynamo
+# not the functions it calls, the module's included; and the two methods `forward` calls before and
+# after the module (`_before_module`, `_after_module`) with the default `recursive=True`, so that Dynamo
 # skips them with all they call. Dynamo begins no graph in `forward`, so there is none to break. A
 # count of 0 alone does not show that the module was compiled (a wrapper Dynamo skipped whole would
-# count 0 too): the pieces printed under *Buckets of 0.5 MiB* show that. Each wrapper is compiled
-# around an MLP of two 1 MiB layers, for one training step, and Dynamo counts the breaks.
+# count 0 too): the pieces printed under *Buckets of 0.5 MiB* show that. Each count compiles
+# an MLP of two 1 MiB layers, alone or in a wrapper, for one training step, and Dynamo counts the breaks.
 
 
 # %%
@@ -463,12 +468,13 @@ lesson.claim(
 #
 # * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the compiled
 #   graph into pieces, and the first bucket is handed over before backward's last gradient node (the
-#   claims above), so its message, and that of every bucket but the last, can be in flight while
-#   gradients are still computed. How many were in this run's step (its timing decides), the line
-#   printed after the figure says; what the cut does to a step's length, on CPU or GPU, is not
-#   measured here.
-# * The wrapper compiled whole: `torch.compile(ddp)` adds no graph break to the model's own, where
-#   torch's DDP adds breaks, and its module is compiled and cut (*Buckets of 0.5 MiB*).
+#   claims above), so the message of every bucket handed over before the last piece's backward (here
+#   every bucket but the last) can be in flight while gradients are still computed. How many were
+#   in this run's step (its timing decides), the line printed after the figure says; what the cut
+#   does to a step's length, on CPU or GPU, is not measured here.
+# * The wrapper compiled whole: at 2 MiB buckets `torch.compile(ddp)` adds no graph break to the
+#   model's own, where torch's DDP adds breaks; at 0.5 MiB its module is compiled and cut
+#   (*Buckets of 0.5 MiB*).
 # * At 0.5 MiB buckets torch's DDP (this run's torch) does not compile: Dynamo's cap for its first
 #   piece, 1 MiB, is above the bucket cap, and Dynamo asserts.
 #   minddp's `ddp` trains, with both patterns, to eager's bits.
