@@ -132,7 +132,8 @@ lesson.claim(
 # lines against both files). Local SGD sends and waits in one line; DiLoCo's `_send` keeps the comm
 # hook's Future in `in_flight` and `_apply` waits for it. Streaming DiLoCo (its section below) needs
 # that split; here the whole model is one fragment, `fragment` is always 0, and `_apply` runs in the
-# same post-hook (the H-th step's) as `_send`:
+# same post-hook (the H-th step's) as `_send`. The diff leaves out one loop header: the last `+` line
+# runs in `for param, weights in zip(params, synced):`, over every parameter, after the outer step:
 
 # %%
 import inspect
@@ -183,10 +184,10 @@ lesson.claim(
 #
 # The figure draws each run's mean over the seeds at H = 10 and 100 (H = 50 is not drawn) against the
 # payload bytes each replica handed to the all_reduce. `single` sends nothing, so it has no place on
-# the log axis and is drawn as a grey line at its final loss. The y axis stops at 2.6 nats so that the
-# ends can be told apart; what the cut hides of DiLoCo at H = 100 is a claim under the figure. Under the
-# figure also: each run's final loss with its range over the seeds; where DiLoCo's mean at H = 10 is
-# below local SGD's (in the figure the solid orange and blue curves cross near the top); and the
+# the log axis and is drawn as a grey line at its final loss. The y axis stops at 2.6 nats; what the
+# cut hides of DiLoCo at H = 100 is a claim under the figure. Under the figure also: each run's final
+# loss with its range over the seeds; where DiLoCo's mean at H = 10 is below local SGD's (early, above
+# the cut); and the
 # H = 100 runs' order after equal bytes early in the run, which is not their order at the end (in the
 # figure: local SGD lowest at first; streaming DiLoCo near DiLoCo's curve at first and near local
 # SGD's later). The next cell reads the file; the one after draws the figure and prints those
@@ -414,7 +415,7 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # to 8 run first, unprofiled, so that the 16 profiled steps hand each fragment over once and apply it
 # once (steps are counted from the run's first, as the exercise below counts them; their 16 batches are
 # sampled before the profiler starts). Each inner step is its forward (pale), backward (blue) and
-# optimizer step (green); grey (between the bars) is time the profiler recorded nothing for. The
+# optimizer step (green); grey is time the profiler recorded nothing for (mostly a sliver between bars). The
 # green holds the optimizer step's post-hook too: in steps 10 and 18 it hands a fragment's
 # pseudo-gradient to the link (the tick); in steps 16 and 24 it waits for that fragment, if it has not
 # arrived, and applies it (the triangle); each tick and triangle is labelled with the step it falls in,
@@ -603,7 +604,8 @@ print(check_fragment_schedule(solutions.fragment_to_send))
 # TFLOP/s of its own, whose compute per step is taken as 6 FLOPs per parameter and token (2 forward, 4
 # backward): DDP (its gradients every step), DiLoCo with H = 100, and streaming DiLoCo with H = 100,
 # 4 equal fragments and τ = 10 (settings of this section alone, not those of the runs above), on seven
-# of the preset links, the widest first. The lines after the table take it apart (their code collapsed).
+# of the preset links, the widest first. The lines after the table take it apart (their code collapsed;
+# in it `exposed_s` is the model's wait per inner step).
 
 # %%
 from minddp.comm.link import PRESETS
@@ -711,11 +713,11 @@ lesson.claim(
 #
 # * Local SGD and DiLoCo send H times fewer bytes than DDP; DiLoCo adds an outer optimizer (lr 0.7,
 #   Nesterov momentum 0.9) to plain averaging. On this small task (the bench: 4 replicas, 2000 steps,
-#   5 seeds) it did not help. At H = 10 DiLoCo's mean is below local SGD's only early in the run (the
-#   claim under the figure); DiLoCo is behind in every seed at step 300 and ends within local SGD's
-#   range over the seeds. At H = 50 and 100 it ends behind local SGD in every seed, and its excess over
-#   the floor, as a multiple of DDP's, grows with H. At H = 100 it ends worse than one replica alone,
-#   which sends nothing.
+#   5 seeds), with that outer optimizer, plain DiLoCo's mean ended above local SGD's at every H. At
+#   H = 10 it is below only early in the run (the claim under the figure), is behind in every seed at
+#   step 300, and ends within local SGD's range over the seeds. At H = 50 and 100 it ends behind in
+#   every seed, and its excess over the floor, as a multiple of DDP's, grows with H. At H = 100 it ends
+#   worse than one replica alone, which sends nothing.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so the
 #   message can travel during those τ steps, and arrives without a wait only where they last longer
