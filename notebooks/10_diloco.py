@@ -319,9 +319,8 @@ lesson.claim(
     all(dd["loss"][at300] < lo["loss"][at300] for dd, lo in zip(curves["ddp"], curves["local-sgd-h10"]))
     and min(behind) > 0,
     f"at step 300 the bench has the run above's order in every seed (DDP lowest, then local SGD, then DiLoCo at "
-    f"H = 10, {min(behind):.3f} to {max(behind):.3f} nats behind local SGD), though not its losses: the bench has 4 "
-    "replicas, and its cosine spans 2000 steps, so at step 300 its learning rate is still near its peak, where the "
-    f"run above's had reached its end; by step 2000 DiLoCo is below local "
+    f"H = 10, {min(behind):.3f} to {max(behind):.3f} nats behind local SGD; the order only: the bench has 4 replicas "
+    "and a 2000-step schedule, so its losses are not the run above's); by step 2000 DiLoCo is below local "
     f"SGD in {sum(d < lo for d, lo in zip(final('diloco-h10'), final('local-sgd-h10')))} of 5 seeds",
 )
 lesson.claim(
@@ -415,7 +414,7 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # to 8 run first, unprofiled, so that the 16 profiled steps hand each fragment over once and apply it
 # once (steps are counted from the run's first, as the exercise below counts them; their 16 batches are
 # sampled before the profiler starts). Each inner step is its forward (pale), backward (blue) and
-# optimizer step (green); grey is time the profiler recorded nothing for (mostly a sliver between bars). The
+# optimizer step (green); grey is time the profiler recorded nothing for. The
 # green holds the optimizer step's post-hook too: in steps 10 and 18 it hands a fragment's
 # pseudo-gradient to the link (the tick); in steps 16 and 24 it waits for that fragment, if it has not
 # arrived, and applies it (the triangle); each tick and triangle is labelled with the step it falls in,
