@@ -188,6 +188,22 @@ def cap_read_as_mib(pieces, cap):
     return out + [len(pieces) - 1] * (total > 0)
 
 
+def cap_never_checked(pieces, cap):
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size  # the mistake: no check of the cap, so no bucket closes before the end
+    return out + [len(pieces) - 1] * (total > 0)
+
+
+def last_bucket_after_backward(pieces, cap):
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total >= cap:
+            out, total = out + [i], 0
+    return out + [len(pieces)] * (total > 0)  # the mistake: the last bucket "after backward ends", past the last piece
+
+
 def bytes_forgotten_at_piece_end(pieces, cap):
     out = []
     for i, piece in enumerate(pieces):
@@ -343,6 +359,8 @@ def in_flight_during_next_piece(pieces, cap):
         (closed_at_piece_end_and_carried_over, "; and the bytes past the cap were carried into the next bucket"),
         (last_bucket_where_it_opened, "the last bucket was given the piece where it opened"),
         (cap_read_as_mib, "the cap was read as MiB"),
+        (cap_never_checked, "no bucket was ever closed"),
+        (last_bucket_after_backward, "the last bucket, not full, was given `len(pieces)`"),
         (bytes_forgotten_at_piece_end, "the bytes of a bucket still open at a piece's end were dropped"),
         (bytes_never_reset, "the bytes were not set back to 0 when a bucket closed"),
         (bytes_never_reset_and_no_last_bucket, "the bytes were not set back to 0 when a bucket closed"),

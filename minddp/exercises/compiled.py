@@ -22,6 +22,8 @@ Example (pure Python, no ranks)::
 
 from __future__ import annotations
 
+import math
+
 from minddp.exercises import solutions
 from minddp.exercises.checker import Verdict
 
@@ -35,6 +37,7 @@ CASES = [
     ([[3, 1]], 3),  # a piece whose gradients, taken in the wrong order, fill its buckets otherwise
     ([[1, 4], [1], [2, 5]], 3),  # gradients past the cap, a piece that fills none: tells two mistakes from one
     ([[6], [3, 1], [2]], 8),  # a last bucket not full, opened in one piece and ended in a later one
+    ([[2**19, 2**19], [2**19]], 1),  # a cap of one byte: tells the cap read as MiB from a cap never checked
 ]
 
 
@@ -206,6 +209,11 @@ def _one_per_piece(pieces, cap):
     return list(range(len(pieces)))
 
 
+def _after_backward(pieces, cap):
+    full = _walk(pieces, cap, last=False)  # the buckets that reached the cap
+    return full + [len(pieces)] * (len(solutions.handed_over_after(pieces, cap)) > len(full))
+
+
 def _in_flight_next(pieces, cap):
     return [min(i + 1, len(pieces) - 1) for i in solutions.handed_over_after(pieces, cap)]
 
@@ -220,6 +228,16 @@ MISTAKES = {
         _one_per_piece,
         "one bucket per piece: buckets are cut by bytes, not by pieces; a bucket closes at the first gradient that "
         "takes it to the cap or past it, in whatever piece that is, so a piece can fill none, one or several",
+    ),
+    "never closed": (
+        lambda pieces, cap: _walk(pieces, math.inf),
+        "no bucket was ever closed: every gradient went into one bucket, handed over after the last piece; check the "
+        "cap at every gradient and close the bucket at the first one that takes it to the cap or past it",
+    ),
+    "last bucket after backward": (
+        _after_backward,
+        "the last bucket, not full, was given `len(pieces)`, as if handed over after backward: it is handed over "
+        "when its last gradient is there, after the backward of the piece that produces it (`len(pieces) - 1`)",
     ),
     "cap in MiB": (
         lambda pieces, cap: _walk(pieces, cap * 2**20),

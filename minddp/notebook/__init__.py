@@ -11,7 +11,8 @@ Two ways in:
 For the step-through notebooks in ``notebooks/``: :mod:`~minddp.notebook.lesson`
 (the one workload and settings every notebook trains, and ``Trainee`` to run a
 stage on the ranks), :mod:`~minddp.notebook.source` (a stage's code and what
-changed from the stage before, read from the package) and
+changed from the stage before, read from the package),
+:mod:`~minddp.notebook.nodes` (notebook 09's step read by autograd node) and
 :mod:`~minddp.notebook.refresh` (``python -m minddp.notebook.refresh``: run the
 notebooks from their ``.py`` sources and save them with their outputs).
 

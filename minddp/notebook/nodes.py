@@ -1,0 +1,110 @@
+"""Notebook 09's look at one profiled step by autograd node: what ran after each bucket was handed over.
+
+Autograd records one ``autograd::engine::evaluate_function: <node>`` range per node it runs. Notebook 09
+splits them in two: a parameter's ``AccumulateGrad`` node (where the reducer's hook marks its gradient ready and,
+once a bucket's last one is, hands the bucket over, ``c10d::allreduce_``), and every other node, a *gradient
+node*; a compiled piece's gradient node is ``CompiledFunctionBackward``. :func:`node_view` reads one
+``train_step`` under :func:`minddp.analysis.live.profiler` that way, on top of
+:func:`~minddp.analysis.live.step_view`; :func:`picture` draws the three runs' rows with the nodes as bars and
+the legend in the notebook's words.
+
+Example (one rank here; notebook 09 runs it on every rank): two layers of 0.25 MiB, a bucket each::
+
+    >>> from minddp import DistributedDataParallel
+    >>> from minddp.ladder.loop import train_step
+    >>> layers = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))
+    >>> ddp = DistributedDataParallel(layers, bucket_cap_mb=0.25)
+    >>> optimizer, batch = torch.optim.SGD(ddp.parameters(), lr=0.1), [torch.ones(8, 256)]
+    >>> def loss_fn(model, x):
+    ...     return model(x).square().mean()
+    >>> for _ in range(2):                                # warm-up: the bucket plan is rebuilt after the first
+    ...     _ = train_step(ddp, optimizer, batch, loss_fn)
+    >>> with live.profiler() as prof:
+    ...     _ = train_step(ddp, optimizer, batch, loss_fn)
+    >>> view = node_view(prof)
+    >>> view["calls"], view["inside_accumulate"]           # each bucket handed over inside an AccumulateGrad node
+    (2, [True, True])
+    >>> view["ran_after_first_handover"]["gradient nodes"] > 0   # the first layer's backward, after the first bucket
+    True
+"""
+
+from __future__ import annotations
+
+from minddp.analysis import live
+from minddp.runtime import compat
+
+NODE = "autograd::engine::evaluate_function"  #: one range per autograd node run
+PIECE = f"{NODE}: CompiledFunctionBackward"  #: the gradient node of one compiled piece
+
+
+def node_view(prof) -> dict:
+    """:func:`~minddp.analysis.live.step_view` of one profiled step, with, from the same events:
+
+    * ``row["backward"]``: one bar per gradient node, ``row["accumulate"]``: one per ``AccumulateGrad`` node
+      (ms since the step's forward began, as the row is drawn; ``step_view`` draws one bar per backward);
+    * ``ran_after_first_handover``: how many gradient nodes and how many ``AccumulateGrad`` nodes were still
+      running, or began, after the first bucket was handed over (a node whose range ends after it);
+    * ``inside_accumulate``: for each handover, whether it fell inside an ``AccumulateGrad`` node's range;
+    * ``in_flight_beside_node``: how many messages (gloo's ``all_reduce`` ranges) overlapped a gradient node;
+    * ``pieces_run``: how many compiled pieces' gradient nodes ran; ``pieces_ended_at_handover`` and
+      ``pieces_begun_at_handover``: for each handover, how many of them had ended, and begun, by then.
+    """
+    events = compat.profiler_events(prof)
+    view = live.step_view(prof)
+    t0 = min(e.time_range.start for e in events if e.name == "minddp.forward_backward")  # the row's zero
+    handovers = sorted(e.time_range.start for e in events if e.name == live.CALL)  # when each bucket went to gloo
+    ran = [e for e in events if e.name.startswith(NODE)]
+    accumulate = [e for e in ran if "AccumulateGrad" in e.name]
+    nodes = [e for e in ran if "AccumulateGrad" not in e.name]  # gradient nodes
+    pieces = [e for e in nodes if e.name == PIECE]
+    messages = [(e.time_range.start, e.time_range.end) for e in events if e.name in live.BACKEND_RANGES]
+
+    def ms(picked) -> list[tuple[float, float]]:
+        return sorted(((e.time_range.start - t0) / 1e3, (e.time_range.end - t0) / 1e3) for e in picked)
+
+    view["ran_after_first_handover"] = {
+        "gradient nodes": sum(e.time_range.end > handovers[0] for e in nodes),
+        "AccumulateGrad nodes": sum(e.time_range.end > handovers[0] for e in accumulate),
+    }
+    view["inside_accumulate"] = [
+        any(e.time_range.start <= t <= e.time_range.end for e in accumulate) for t in handovers
+    ]
+    view["in_flight_beside_node"] = sum(
+        any(n.time_range.start < b and a < n.time_range.end for n in nodes) for a, b in messages
+    )
+    view["pieces_run"] = len(pieces)
+    view["pieces_ended_at_handover"] = [sum(e.time_range.end <= t for e in pieces) for t in handovers]
+    view["pieces_begun_at_handover"] = [sum(e.time_range.start <= t for e in pieces) for t in handovers]
+    view["row"].update(backward=ms(nodes), accumulate=ms(accumulate), finish=[])
+    return view
+
+
+#: the library's legend words (minddp.analysis.timeline) -> notebook 09's
+WORDS = {
+    "forward": "forward and loss",
+    "backward": "gradient nodes",
+    "handed to the wire": "handed over",
+    "collective in flight (held open included)": "in flight (gloo's all_reduce range)",
+}
+
+
+def picture(looks: dict, title: str):
+    """The rows of ``looks`` (each a :func:`node_view`) on one time axis, as :func:`minddp.notebook.lesson.picture`
+    draws them, with a grey bar per ``AccumulateGrad`` node under the blue gradient nodes, and the legend in
+    :data:`WORDS` (grey beside blue). Rank 0 draws; the others get ``None``."""
+    from minddp.analysis.timeline import legend_above
+    from minddp.notebook import lesson
+
+    figure = lesson.picture(looks, "", rows=list(looks), title=title)
+    if figure is None:
+        return None
+    ax = figure.axes[0]
+    for y, look in enumerate(looks.values()):
+        spans = [(s, e - s) for s, e in look["row"]["accumulate"]]
+        ax.broken_barh(spans, (y - 0.40, 0.40), facecolors="#9e9e9e", label="AccumulateGrad nodes")
+    ax.set_xlabel("ms since the step's forward began", fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    named = {WORDS.get(label, label): h for label, h in zip(labels, handles) if not label.startswith("_")}
+    order = ["forward and loss", "gradient nodes", "AccumulateGrad nodes", *named]
+    legend_above(ax, {key: named[key] for key in dict.fromkeys(order) if key in named}, len(named))
+    return figure
