@@ -25,7 +25,8 @@
 # in the same call. Two of them carry the whole of data parallelism: `broadcast` (every rank starts
 # from the same weights) and `all_reduce` (every rank applies the same averaged gradient); the next
 # notebook builds exactly that. Then minddp's own ring all_reduce, written from plain `send`/`recv`,
-# is drawn message by message from what four ranks sent, and its messages are priced with a model of a link's cost per message and per byte, in
+# is drawn message by message from what four ranks sent, and priced with a model of a link's cost per point-to-point
+# message (a *hop*) and per byte, in
 # the notation every later notebook uses. Last come `barrier`, and the words every later notebook
 # uses for communication meeting computation (*waited*, *exposed*, *overlap* and the rest), each with
 # its definition and the function that computes it.
@@ -224,11 +225,11 @@ for holds, sentence in ring_facts(ring):  # what the text above says of the draw
 # | β | the time per byte on a link, 1 / B | seconds per byte |
 # | B | a link's bandwidth, when one is named (`1gbit`: 1 Gbit/s = 125 MB/s); the tables print it in Gbit/s | bytes per second |
 #
-# Each letter of this table keeps this one meaning in every notebook; a message's size, when it is not m, is written
+# Each letter of this table keeps this one meaning in every notebook; a hop's size, when it is not m, is written
 # out (m / n). The measures of time, *waited*, *exposed*, *overlap* and the rest, are defined at the end
 # of this notebook, before any notebook uses them.
 #
-# **Bytes.** m here is the bytes of one rank's tensor. In the ring every rank sends 2 (n − 1) messages, each
+# **Bytes.** m here is the bytes of one rank's tensor. In the ring every rank sends 2 (n − 1) hops, each
 # one chunk of m / n bytes, 2 (n − 1) / n · m in all, and receives as much: less than 2 m, whatever the number of
 # ranks. In the star, ranks 1 to n − 1 send their tensor once and receive the sum once (m each way),
 # but rank 0 receives n − 1 whole tensors and sends n − 1 sums back: (n − 1) · m each way, n / 2
@@ -237,9 +238,9 @@ for holds, sentence in ring_facts(ring):  # what the text above says of the draw
 # black tick for those it received.
 #
 # **Time.** The α-β model prices one hop (one point-to-point message) of x bytes at α + β · x. It gives every rank one link
-# with one wire each way, and a wire carries one message at a time: in an exchange that sends a
-# message and receives another at the same time the larger of the two counts, but a rank's
-# exchanges go one after the other, even when its messages come from different ranks. The all_reduce
+# with one wire each way, and a wire carries one hop at a time: in an exchange that sends a
+# hop and receives another at the same time the larger of the two counts, but a rank's
+# exchanges go one after the other, even when its hops come from different ranks. The all_reduce
 # is done when the busiest rank is. A ring rank makes 2 (n − 1) exchanges of m / n bytes each way:
 # 2 (n − 1) α + 2 (n − 1) / n · m β. The star's rank 0 makes as many exchanges, each one-way: it
 # receives n − 1 whole tensors, one after another on its one incoming wire, then sends n − 1 sums (it
@@ -275,11 +276,11 @@ one_way = [("in" if s["received"] else "") + ("out" if s["sent"] else "") for s 
 lesson.claim(
     all(len(r["exchanges"]) == exchanges and all(s["sent"] and s["received"] for s in r["exchanges"]) for r in ring)
     and one_way == ["in"] * (n - 1) + ["out"] * (n - 1),
-    f"every ring rank made 2 (n − 1) = {exchanges} exchanges, each sending one message and receiving one; the star's "
-    f"rank 0 received {n - 1} messages, then sent {n - 1}: {exchanges} one-way exchanges",
+    f"every ring rank made 2 (n − 1) = {exchanges} exchanges, each sending one hop and receiving one; the star's "
+    f"rank 0 received {n - 1} hops, then sent {n - 1}: {exchanges} one-way exchanges",
 )
 kib = tiny[0]["numel"] * 4 // 1024
-print(f"\nThe α-β model's prices of the messages above (n = {n} ranks): the star's time over the ring's for")
+print(f"\nThe α-β model's prices of the hops above (n = {n} ranks): the star's time over the ring's for")
 print(
     f"m = {m / MiB:g} MiB, and for a {kib} KiB tensor the α term's share of the ring's time and the star over the ring:"
 )
@@ -308,7 +309,7 @@ for name in ("1gbit", "10gbit", "pcie-t4"):
 # The records' prices and the formulas add the same terms in another order: equal to float rounding.
 lesson.claim(
     all(abs(a - b) <= 1e-9 * b for row in rows.values() for a, b in (row["ring"], row["star"], row["link"])),
-    "on every link the prices of the recorded messages equal the formulas above (and the link model's ring formula)",
+    "on every link the prices of the recorded hops equal the formulas above (and the link model's ring formula)",
 )
 lesson.claim(
     all(1 < row["ratio"] < n for row in rows.values()),
@@ -501,8 +502,10 @@ lesson.say(
     f"link: {a['link time (ms)']:.1f} ms of link time. The first waits where it sends, {a['waited (ms)']:.1f} ms, all "
     f"inside its backward (interleaved {a['interleaved (ms)']:.1f} ms) and all for the link (exposed "
     f"{a['exposed (ms)']:.1f} ms): its step is {a['compute (ms)']:.1f} + {a['waited (ms)']:.1f} = "
-    f"{a['step (ms)']:.1f} ms, where on a free link it would wait for nothing and take its {a['compute (ms)']:.1f} ms "
-    f"of compute. The second waits once, after backward, {b['waited (ms)']:.1f} ms, from "
+    f"{a['step (ms)']:.1f} ms. Each wait lasts until its message is delivered, at the later of the link transfer's end "
+    "and gloo's own all_reduce's (how long gloo's takes inside the transfer this made-up step does not say), so only "
+    "on a free link and with gloo's all_reduce taking no time would it wait for nothing and take its "
+    f"{a['compute (ms)']:.1f} ms of compute. The second waits once, after backward, {b['waited (ms)']:.1f} ms, from "
     f"{second['waits'][0][0]:g} ms, for the other rank: the link had carried both messages by "
     f"{second['link'][-1][1]:.1f} ms (exposed {b['exposed (ms)']:.1f} ms); its step is {b['compute (ms)']:.1f} + "
     f"{b['waited (ms)']:.1f} = {b['step (ms)']:.1f} ms. In flight, the second counts {b['in flight (ms)']:.1f} ms "
@@ -515,13 +518,13 @@ lesson.claim(
     abs(a["exposed (ms)"] - a["link time (ms)"]) < 1e-9
     and abs(a["interleaved (ms)"] - a["waited (ms)"]) < 1e-9
     and all(abs(t["step (ms)"] - t["compute (ms)"] - t["waited (ms)"]) < 1e-9 for t in (a, b)),
-    "in the first made-up step (the other rank there at once) the thread waits through all of the link's time, "
-    "inside backward; each step lasts its compute plus its waits",
+    "in the first made-up step exposed equals the link time (the thread waits through all of it) and interleaved "
+    "equals waited; in both steps the step lasts its compute plus its waited time",
 )
 lesson.claim(
     b["exposed (ms)"] == 0 < b["waited (ms)"] and b["interleaved (ms)"] == 0 < b["overlap (%)"] < 100,
-    "in the second made-up step none of the link's time is exposed, yet the thread waits, and overlap is less than "
-    "100 %: gloo's range stays open, in flight, until the other rank joins, and the wait after backward is not compute",
+    "in the second made-up step exposed is 0 and waited is not (the thread's waits fall outside the link's "
+    "transfers), interleaved is 0, and overlap is more than 0 and less than 100 %",
 )
 
 # %% [markdown]

@@ -192,7 +192,7 @@ lesson.claim(largest <= 1e-4 * scale, "SimpleDDP's averaged gradient is the sing
 # `minddp.ladder.loop.train_step` is the loop every stage of `03_build_up` (the *ladder*) shares: for
 # each micro-batch, forward, the loss divided by k, backward (for all but the last micro-batch inside the
 # stage's `no_sync()`, where the stage has one: a context in which the gradients only add up locally, which
-# `03_build_up`'s `ga` stage brings; `SimpleDDP` has none),
+# `03_build_up`'s `ga` (gradient accumulation) stage brings; `SimpleDDP` has none),
 # `finish_gradient_synchronization()`; then `optimizer.step()`. Dividing by k makes the k backwards, which add into `.grad`, give the gradient of
 # the mean loss over the rank's k micro-batches. `SimpleDDP` averages at every
 # `finish_gradient_synchronization()`, so after every micro-batch's backward. That is still right, up to
@@ -240,8 +240,9 @@ lesson.claim(
 )
 lesson.claim(
     traffic.calls == STEPS * k * tensors and traffic.bytes == STEPS * k * one_sync,
-    f"SimpleDDP made {traffic.calls // STEPS} all_reduce calls a step: one per gradient tensor ({tensors}) after each of "
-    f"the {k} micro-batches: {k} × {lesson.mib(one_sync)} a step, every gradient sent {k} times",
+    f"in its {STEPS} steps SimpleDDP made {traffic.calls} all_reduce calls, {STEPS} × {k} × {tensors} (steps × "
+    f"micro-batches a step × gradient tensors), and sent {STEPS} × {k} × {lesson.mib(one_sync)} (the bytes of every "
+    "gradient tensor once)",
 )
 
 # %% [markdown]
@@ -264,6 +265,15 @@ lesson.claim(
     "without the average, the replicas started equal and were "
     + ", then ".join(f"{d:.2f}" for d in drifted[1:])
     + f" apart after the {STEPS} steps",
+)
+lesson.say(  # the comparisons the figure draws (red against grey), computed
+    f"Their distance {'grew' if drifted[-1] > drifted[1] else 'did not grow'} from step 1 to step {STEPS}. For "
+    "scale, the single process moved " + ", then ".join(f"{m:.2f}" for m in moved[1:]) + " from its start: "
+    + "; ".join(
+        f"after step {i} the replicas were {'farther apart than' if d > m else 'no farther apart than'} that"
+        for i, (d, m) in enumerate(zip(drifted[1:], moved[1:]), 1)
+    )
+    + "."
 )
 
 # %%
@@ -291,9 +301,9 @@ plt.show()
 # What to look for: the averaged replicas are equal to the bit (the distance is exactly zero: every rank
 # applies the same all_reduce result to the same weights with the same AdamW update), and
 # they end near the single process's parameters (the first training cell prints how near). The
-# replicas left to themselves part: in this run they were further apart after optimizer step 2 than after step 1, and
-# the figure (not a printed number) shows them after each step farther from each other than the single process
-# moved from its start: the red line above the grey.
+# replicas left to themselves part after every step (the ✓ line above the figure), and the line printed under it
+# says whether their distance grew from step to step, and how it compares with how far the single process moved
+# from its start (the red line against the grey).
 # And `SimpleDDP` sends more than it needs: every gradient after every micro-batch, k times the bytes
 # of one sync a step (the first training cell counts them), although only the average over the whole
 # step matters. `03_build_up` changes what is sent and when, one idea per stage, and measures
