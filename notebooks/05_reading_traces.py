@@ -276,8 +276,8 @@ def spread(ms):
 steps = phase_ms("step")  # a step's span starts at 0: its length is its end
 sooner = int((steps.drop("single") < steps["single"]).sum())
 lesson.say(
-    f"The same model, micro-batches and AdamW update in every stage, `single` included: the forward passes "
-    f"took {spread(phase_ms('forward'))} per step, the optimizer steps {spread(phase_ms('optimizer'))}. "
+    f"The same model, micro-batches and AdamW update in every stage, `single` included: the forward passes of "
+    f"a step took {spread(phase_ms('forward'))}, its optimizer step {spread(phase_ms('optimizer'))}. "
     f"The steps took {steps.min():.0f}–{steps.max():.0f} ms, and {sooner} of the {len(steps) - 1} stages that "
     f"communicate ended theirs before `single`, which sends nothing ({steps['single']:.0f} ms): a difference "
     "in step time here does not price a stage's communication."
