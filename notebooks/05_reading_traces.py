@@ -199,8 +199,12 @@ lesson.claim(
 #   for minddp's stages, where its send started the all_reduce (called from the finish in `simple` and `ga`,
 #   from a hook in the others); for torch's DDP, the reducer's `c10d::allreduce_` call;
 # * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open
-#   included)"; where dozens of narrow bars crowd, they merge into one block that also covers the gaps between
-#   them, so read the time in flight off the table above, not off a block's length);
+#   included)"). A message's bar is the range matched to its `c10d::allreduce_` call, the first of the same
+#   size that opened at or after the call, and the call comes at or after the tick; so no bar starts before
+#   its tick, and a tick at a bar's left end is that bar's own (the table after the figure prints, per
+#   stage, the longest time from a tick to its bar). Where dozens of narrow bars crowd, they merge into one
+#   block that also covers the gaps between them, so read the time in flight off the table above, not off a
+#   block's length;
 # * the parameter check (hatched red, the legend's "thread waits at a check"; the link run's *waited*, below,
 #   does not count it), drawn over the thread's band
 #   where gloo's all_gather range of the check was open: the training thread stands in the check at least
@@ -209,7 +213,8 @@ lesson.claim(
 #   starts just before the hatch and goes on behind it; the table above counts that range in flight and,
 #   while the thread computes nothing in it, in non-compute (its last column);
 # * the finish (purple, the legend's "finish (sync ends)"; a short one is too thin to see), the optimizer
-#   (green) and the end of the step.
+#   step (green: the same AdamW update in every stage, yet not of the same length; the line under the
+#   table after the figure prints its spread beside the forward's) and the end of the step.
 #
 # Three shapes to tell apart:
 #
@@ -236,8 +241,9 @@ plt.close(fig)  # shown once, from the file
 display(Image(filename=RUN / "one_step_each_stage.png"))
 
 # %% [markdown]
-# The numbers behind the plot, stage by stage (rank 0): how many messages each sent in this step, and how
-# many were handed to the wire while a backward was still running.
+# The numbers behind the plot, stage by stage (rank 0): how many messages each sent in this step, how
+# many were handed to the wire while a backward was still running, and the longest time from a message's
+# tick to the start of its bar (gloo's thread picking it up).
 
 # %%
 phases, buckets = result.phases[result.phases["rank"] == 0], result.buckets[result.buckets["rank"] == 0]
@@ -249,21 +255,32 @@ for stage in zero.index:
     rows[stage] = {
         "messages sent": len(b),
         "sent during a backward": during,
+        "tick to bar, at most (ms)": (b["comm_start_us"] - b["ready_us"]).max() / 1e3,
     }
-anatomy = pd.DataFrame(rows).T.astype(int)
-anatomy
+anatomy = pd.DataFrame(rows).T.astype({"messages sent": int, "sent during a backward": int})
+anatomy.round(1)
+
 
 # %%
-table = list(anatomy.index)  # the stages of the table (single, which sends nothing, is not in it)
-forward = phases[(phases["phase"] == "forward") & phases["stage"].isin(table)]
-per_stage = (forward["end_us"] - forward["start_us"]).groupby(forward["stage"]).sum() / 1e3
-steps = phases[(phases["phase"] == "step") & phases["stage"].isin(table)].groupby("stage")["end_us"].max() / 1e3
-spread = per_stage.max() / per_stage.min()
+def phase_ms(phase):
+    """Each profiled stage's time in `phase` (its spans added up; rank 0's step), ms; `single` included."""
+    part = phases[phases["phase"] == phase]
+    return (part["end_us"] - part["start_us"]).groupby(part["stage"]).sum() / 1e3
+
+
+def spread(ms):
+    """The least and the most of `ms` over the stages, whose, and their ratio."""
+    return f"{ms.min():.0f}–{ms.max():.0f} ms ({ms.idxmin()}'s to {ms.idxmax()}'s, {ms.max() / ms.min():.1f} ×)"
+
+
+steps = phase_ms("step")  # a step's span starts at 0: its length is its end
+sooner = int((steps.drop("single") < steps["single"]).sum())
 lesson.say(
-    f"The forward passes, the same model and micro-batches in every stage, took {per_stage.min():.0f}–"
-    f"{per_stage.max():.0f} ms per step ({per_stage.idxmin()}'s to {per_stage.idxmax()}'s, {spread:.1f} ×), and "
-    f"the steps {steps.min():.0f}–{steps.max():.0f} ms: a difference in step time here does not price a stage's "
-    "communication."
+    f"The same model, micro-batches and AdamW update in every stage, `single` included: the forward passes of "
+    f"a step took {spread(phase_ms('forward'))}, its optimizer step {spread(phase_ms('optimizer'))}. "
+    f"The steps took {steps.min():.0f}–{steps.max():.0f} ms, and {sooner} of the {len(steps) - 1} stages that "
+    f"communicate ended theirs before `single`, which sends nothing ({steps['single']:.0f} ms): a difference "
+    "in step time here does not price a stage's communication."
 )
 
 # %% [markdown]
@@ -345,9 +362,9 @@ display(on_link)
 
 # %% [markdown]
 # What accumulation, hooks and buckets change by construction: the calls, where messages are handed to
-# the wire, the link time. None of these claims says whether a stage's thread stands still less: waited and
-# exposed measure that (the table above, where the asynchronous stages waited far less than the blocking
-# ones); where the two asynchronous stages' waited or exposed differ, this trace does not show why.
+# the wire, the link time (the first three claims below). None of these says whether a stage's thread stands
+# still less: waited and exposed measure that (the table above; the last claim compares the two kinds by
+# waited); where the two asynchronous stages' waited or exposed differ, this trace does not show why.
 
 # %%
 calls = lz["allreduce_calls_per_step"].astype(int)
@@ -373,6 +390,13 @@ lesson.claim(
     f"and so the link time from {link_ms('hook-async'):.1f} to {link_ms('bucket-async'):.1f} ms: {saved:.1f} ms, "
     f"the fixed cost of the {fewer} messages not sent, {fewer} × 2(n−1)·α = {fewer} × {2 * (world - 1)} × "
     f"{link.latency * 1e6:.0f} µs.",
+)
+stood = waits["waited_us"]  # ms
+slow, quick = stood[[s for s in blocking if s in stood.index]], stood[[s for s in asynchronous if s in stood.index]]
+lesson.claim(
+    quick.max() < slow.min(),
+    f"Every asynchronous stage waited less than every blocking one ({quick.max():.1f} ms at most, "
+    f"{quick.idxmax()}, against {slow.min():.1f} ms at least, {slow.idxmin()}).",
 )
 
 
