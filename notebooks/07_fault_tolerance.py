@@ -125,26 +125,26 @@ for line in run.report():
 #   records nothing between the kill and this moment;
 # * **discard**: each member that caught an error first drops its group, then votes no; the
 #   lighthouse discards the attempt at the first no it receives;
-# * **exit seen, at the latest**: a bound, not a recorded moment: the launcher records an exit
-#   50 ms after it sees a process ended (a result may still be on its way), so it saw the exit
-#   at least 50 ms before the record, perhaps even before the first error. The run does not
-#   record when, so this row's place in the list and the gaps on either side of it are not measured;
-# * **exit recorded**: the launcher recorded slot 1's exit, then tells the lighthouse;
+# * **exit recorded**: the launcher recorded slot 1's exit, then tells the lighthouse. It records an
+#   exit at least 50 ms after it sees that a process ended (a result may still be on its way), and
+#   the run does not record when it saw it;
 # * **next quorum**: each survivor asks again; the lighthouse answers once every live slot has
 #   asked, and slot 1 counts as live until the lighthouse has read the launcher's word of its exit
 #   (the second claim checks that this quorum came after the exit was recorded);
 # * **commit**: the survivors build a group of 2, train step 4 again and vote, and the lighthouse
 #   commits.
 #
-# Each survivor asks for the next quorum only once it has read the discard, and the lighthouse
-# answers it only once it has read the exit's record, so the kill's recovery waited for the exit's
-# record at most from the discard to the next quorum (the line `waited for the exit` under the
-# rows). The launcher's 50 ms wait before it records an exit (from the row *exit seen, at the
-# latest* to the exit recorded) is a setting of the launcher, not a cost of the fault; so is the
-# part of that wait between those two rows. The raise's recovery (the report's second line) is not split; slot 2's process stayed (the first
-# claim checks that the launcher recorded no exit after it, and that the first error was slot 2's
-# own). The two `recovery` lines set each recovery against the hang bound (5 s): neither fault made
-# anyone wait for the group's timeout.
+# Under the rows, apart from them: the latest moment the launcher can have seen the exit (its record
+# less its 50 ms wait), a bound, not a recorded moment; it may have seen it earlier, even before the
+# first error. Each survivor asks for the next quorum only once it has read the discard, and the
+# lighthouse answers it only once it has read the exit's record, so the kill's recovery waited for
+# the exit's record at most from the discard to the next quorum (the line `waited for the exit's
+# record`). Part of that span is surely the launcher's own 50 ms wait, a setting of the launcher, not
+# a cost of the fault: from the discard (or from the bound, if it is later) to the exit's record; the
+# same line prints that part. The raise's recovery (the report's second line) is not split; slot 2's
+# process stayed (the first claim checks that the launcher recorded no exit after it, and that the
+# first error was slot 2's own). The two `recovery` lines set each recovery against the hang bound
+# (5 s): neither fault made anyone wait for the group's timeout.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -174,18 +174,27 @@ lesson.claim(
 moments = {
     "first error": first_error(kill)[0],
     "discard": ms(kill.discard_s),
-    "exit seen, at the latest": ms(kill.exit_s - EXIT_WAIT_S),  # the launcher's wait before it records an exit
     f"slot {kill.fault.slot}'s exit recorded": ms(kill.exit_s),
     "next quorum": ms(kill.quorum_s),
     f"commit of step {kill.committed_step}": ms(kill.recovery_s),
 }
-print("\nthe kill: ms after it, and since the moment before")
+print("\nthe kill: the moments recorded, ms after it, and since the one before")
 before = 0
-for name, t in sorted(moments.items(), key=lambda item: item[1]):  # in the order they happened
+for name, t in sorted(moments.items(), key=lambda item: item[1]):  # sorted by time
     print(f"  {name:<26}{t:>5}   +{t - before}")
     before = t
-waited = ms(kill.quorum_s - kill.discard_s)  # from the discard to the next quorum
-print(f"waited for the exit: at most {waited} ms, {waited / ms(kill.recovery_s):.0%} of the recovery")
+recorded, discard, quorum = ms(kill.exit_s), ms(kill.discard_s), ms(kill.quorum_s)
+seen = recorded - ms(EXIT_WAIT_S)  # a bound: the launcher records an exit EXIT_WAIT_S (or more) after it sees it
+print(
+    f"a bound, not a recorded moment: the launcher saw the exit {seen} ms after the kill at the latest (its record, "
+    f"{recorded}, less its {ms(EXIT_WAIT_S)} ms wait), perhaps earlier"
+)
+own = max(0, recorded - max(discard, seen))  # of the span below, the part surely inside the launcher's wait
+print(
+    f"waited for the exit's record: at most {quorum - discard} ms (from the discard to the next quorum), "
+    f"{(quorum - discard) / ms(kill.recovery_s):.0%} of the recovery; at least {own} ms of it the launcher's own "
+    f"{ms(EXIT_WAIT_S)} ms wait"
+)
 for o in (kill, raised):
     print(f"{o.fault} recovery: {ms(o.recovery_s)} ms, {o.recovery_s / 5.0:.0%} of the hang bound (5 s)")
 

@@ -132,8 +132,7 @@ lesson.claim(
 # lines against both files). Local SGD sends and waits in one line; DiLoCo's `_send` keeps the comm
 # hook's Future in `in_flight` and `_apply` waits for it. Streaming DiLoCo (its section below) needs
 # that split; here the whole model is one fragment, `fragment` is always 0, and `_apply` runs in the
-# same post-hook (the H-th step's) as `_send`. The diff leaves out one loop header: the last `+` line
-# runs in `for param, weights in zip(params, synced):`, over every parameter, after the outer step:
+# same post-hook (the H-th step's) as `_send`:
 
 # %%
 import inspect

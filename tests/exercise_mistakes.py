@@ -1494,6 +1494,17 @@ def outer_sync_averages_a_copy(params, synced, outer):
     _outer(params, synced, outer, pseudo)
 
 
+def outer_sync_pseudo_in_synced(params, synced, outer):
+    """The pseudo-gradient taken in place in the synced copies (s -= p) and averaged there: the synced weights are
+    gone, so the restore (p.copy_(s)) puts the averaged pseudo-gradient in the parameters."""
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            s -= p
+            dist.all_reduce(s)
+            s /= dist.get_world_size()
+    _outer(params, synced, outer, synced)
+
+
 def outer_sync_two_replicas(params, synced, outer):
     """The model answer with the world size written as 2: right on 2 ranks only."""
     with torch.no_grad():

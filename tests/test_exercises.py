@@ -1009,6 +1009,17 @@ def test_the_outer_sync_exercise_names_the_inner_gradients_averaged():
 
 
 @pytest.mark.timeout(120)
+def test_the_outer_sync_exercise_names_the_pseudo_gradient_taken_in_the_synced_copies():
+    """Learner read 10 (round ten, final) finding 7: `s -= p` then `all_reduce(s)` (the pseudo-gradient written over
+    the synced copies, so the restore puts it in the parameters) matched no candidate ("match none of the usual
+    mistakes")."""
+    v = check_outer_sync(wrong.outer_sync_pseudo_in_synced, timeout_s=TIMEOUT)
+    named = "the pseudo-gradient was taken in place in the synced copies (s -= p, or s.sub_(p))"
+    assert not v.ok and named in v.line and "p.copy_(s) put the averaged pseudo-gradient in the" in v.line, v.line
+    assert "g = s - p" in v.line, v.line
+
+
+@pytest.mark.timeout(120)
 def test_the_schedule_exercise_names_a_send_step_off_by_one():
     """Learner read 10 (round 7) finding 12: a send one step early or late in every turn got the generic verdict.
     Both are told from the whole schedule (H = 6's turns of 2 cannot tell early from late) and named as an

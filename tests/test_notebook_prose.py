@@ -62,9 +62,9 @@ STEADY: dict[str, dict[str, str]] = {
     "07_fault_tolerance": {
         "a 10 ms pause per step": SETTING,
         "store every 50 ms": "the heartbeat's period, a constant of minddp.ft",
-        "records an exit 50 ms after it sees": "the launcher's wait, a constant of minddp.ft.launch",
-        "at least 50 ms before the record": "the launcher's wait, a constant of minddp.ft.launch",
-        "The launcher's 50 ms wait": "the launcher's wait, a constant of minddp.ft.launch",
+        "exit at least 50 ms after it sees": "the launcher's wait, a constant of minddp.ft.launch",
+        "less its 50 ms wait": "the launcher's wait, a constant of minddp.ft.launch",
+        "the launcher's own 50 ms wait": "the launcher's wait, a constant of minddp.ft.launch",
         "the hang bound (5 s)": SETTING,
         "(5 s in the run above": SETTING,
         "with a 2 s bound": "the benchmark's setting (docs/fault-tolerance.md)",

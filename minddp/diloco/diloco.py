@@ -42,14 +42,14 @@ and the Future kept in ``in_flight`` is waited for in the same post-hook, the H-
     +        bucket = GradBucket(fragment, pseudo, params, is_last=fragment == len(self.fragments) - 1)
     +        self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # item 2; item 3 waits for it
     -        average = send(self.comm_hook, self.comm_state, bucket).wait()
-    +        with torch.profiler.record_function(f"minddp.fragment_apply#{fragment}"):  # item 3; a profiler label
-    +            average, self.in_flight = self.in_flight[1].wait(), None  # the Future _send kept
+    +        average, self.in_flight = self.in_flight[1].wait(), None  # item 3: the Future _send kept
     -        for param, mean in zip(params, average.split([p.numel() for p in params])):
-    +            for param, weights, mean in zip(params, synced, average.split([p.numel() for p in params])):
+    +        for param, weights, mean in zip(params, synced, average.split([p.numel() for p in params])):
     -            param.copy_(mean.view_as(param))
     +            param.copy_(weights)  # item 3: weights, the synced ones
     +            param.grad = mean.view_as(param)  # mean: the averaged pseudo-gradient, the Future's result
     +        self._outer_step(fragment)  # item 3: the outer optimizer steps
+    +        for param, weights in zip(params, synced):
     +            weights.copy_(param)  # item 3: the new synced weights
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
@@ -125,35 +125,35 @@ class DiLoCo(LocalSGD):
         into = self.steps % self.per_turn
         with torch.no_grad():
             if into == (self.per_turn - self.delay) % self.per_turn:
-                self._send(fragment)
+                with torch.profiler.record_function(f"minddp.fragment_send#{fragment}"):  # a label in the traces
+                    self._send(fragment)
             if into == 0:
-                self._apply(fragment)
+                with torch.profiler.record_function(f"minddp.fragment_apply#{fragment}"):
+                    self._apply(fragment)
 
     def _send(self, fragment: int) -> None:
         """Step 2 (and 4): start averaging this fragment's pseudo-gradient; keep its Future, do not wait."""
         params, synced = self.fragments[fragment], self.synced[fragment]
         pseudo = torch.cat([(s - p.detach()).reshape(-1) for p, s in zip(params, synced)])  # item 2
         bucket = GradBucket(fragment, pseudo, params, is_last=fragment == len(self.fragments) - 1)
-        with torch.profiler.record_function(f"minddp.fragment_send#{fragment}"):
-            self.sent_bytes += pseudo.numel() * pseudo.element_size()
-            self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # item 2; item 3 waits for it
+        self.sent_bytes += pseudo.numel() * pseudo.element_size()
+        self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # item 2; item 3 waits for it
 
     def _apply(self, fragment: int) -> None:
         """Steps 3, 5, 6: wait for the average, restore the synced weights, outer step, mix with α."""
         sent = self.in_flight[0]
         assert sent == fragment, f"fragment {sent} in flight at fragment {fragment}'s turn: the schedule is broken"
-        with torch.profiler.record_function(f"minddp.fragment_apply#{fragment}"):
-            average, self.in_flight = self.in_flight[1].wait(), None
-            params, synced = self.fragments[fragment], self.synced[fragment]
-            local = [p.detach().clone() for p in params] if self.alpha else []
-            for param, weights, mean in zip(params, synced, average.split([p.numel() for p in params])):
-                param.copy_(weights)  # item 3: weights, the synced ones
-                param.grad = mean.view_as(param)  # mean: the averaged pseudo-gradient, the Future's result
-            self._outer_step(fragment)  # item 3: the outer optimizer steps
-            for param, weights in zip(params, synced):
-                weights.copy_(param)  # item 3: the new synced weights
-            for param, mine in zip(params, local):  # item 6 (α = 0: the synced weights as they are)
-                param.lerp_(mine, self.alpha)
+        average, self.in_flight = self.in_flight[1].wait(), None  # item 3: the Future _send kept
+        params, synced = self.fragments[fragment], self.synced[fragment]
+        local = [p.detach().clone() for p in params] if self.alpha else []
+        for param, weights, mean in zip(params, synced, average.split([p.numel() for p in params])):
+            param.copy_(weights)  # item 3: weights, the synced ones
+            param.grad = mean.view_as(param)  # mean: the averaged pseudo-gradient, the Future's result
+        self._outer_step(fragment)  # item 3: the outer optimizer steps
+        for param, weights in zip(params, synced):
+            weights.copy_(param)  # item 3: the new synced weights
+        for param, mine in zip(params, local):  # item 6 (α = 0: the synced weights as they are)
+            param.lerp_(mine, self.alpha)
         self.syncs += 1
 
     def _outer_step(self, fragment: int) -> None:

@@ -12,7 +12,9 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
    synced ones, plain averaging called DiLoCo, the pseudo-gradients summed, the synced weights never updated,
    the outer step taken with the last inner gradient (no ``p.grad = g``) or with the inner gradients averaged
    in place of the pseudo-gradient, the average divided by the world size twice (``ReduceOp.AVG``, then ``/=``
-   again), the synced weights overwritten with the local ones before the restore, an outer step that never moves;
+   again), the synced weights overwritten with the local ones before the restore, the pseudo-gradient taken in
+   place in the synced copies (``s -= p``: the restore then puts it in the parameters), an outer step that never
+   moves;
 2. **yours**: the same rounds with your sync after each; the weights and synced weights after every sync, what
    the outer optimizer saw (:class:`NotedSGD`) and whether ``synced`` shares the parameters' storage;
 3. **verdict**: a raise or a hang first (an in-place change to a parameter outside ``torch.no_grad()`` named as
@@ -89,6 +91,7 @@ def candidate(
     twice=False,
     early=False,
     added=False,
+    in_synced=False,
 ):
     """DiLoCo's sync with one idea changed: ``sign=-1`` averages local − synced; ``restore=False`` steps from the
     local weights; ``divide=False`` sums; ``keep=False`` never updates the synced weights; ``weights=True``
@@ -99,13 +102,17 @@ def candidate(
     last backward's ``p.grad``) in place of the pseudo-gradient; ``twice=True`` divides by the world size twice
     (``ReduceOp.AVG``, then ``/= world`` again); ``early=True`` copies the local weights into the synced ones
     before the restore (which then restores the local weights) and not after the step; ``added=True`` adds the
-    average to ``.grad`` (``p.grad += g``), onto the last inner gradient still there."""
+    average to ``.grad`` (``p.grad += g``), onto the last inner gradient still there; ``in_synced=True`` takes the
+    pseudo-gradient in place in the synced copies (``s -= p``) and averages it there, so the restore copies the
+    averaged pseudo-gradient into the parameters."""
     world = world or dist.get_world_size(group)
     with torch.no_grad():
         sent = [
             p.detach().clone() if weights else p.grad.clone() if inner_grads else sign * (s - p)
             for p, s in zip(params, synced)
         ]
+        if in_synced:  # synced − local written over the synced copies themselves
+            sent = [s.sub_(p) for p, s in zip(params, synced)]
         for t in sent:
             dist.all_reduce(t, group=group)
             if divide:
@@ -194,6 +201,13 @@ MISTAKES = {
         "p.copy_(s)), so the restore put the local weights back: the outer step started from them, and the new "
         "synced weights are the local ones, not the outer step's result: compute synced − local, put the synced "
         "weights back, step, and only then s.copy_(p)",
+    ),
+    "in_synced": (
+        functools.partial(candidate, in_synced=True),
+        "the pseudo-gradient was taken in place in the synced copies (s -= p, or s.sub_(p)) and averaged there, so "
+        "the synced weights were gone before the restore: p.copy_(s) put the averaged pseudo-gradient in the "
+        "parameters and the outer step started from it; compute it into a new tensor (g = s - p), leave synced "
+        "as it is until after outer.step(), then s.copy_(p)",
     ),
     "no_move": (
         functools.partial(candidate, step=False),
