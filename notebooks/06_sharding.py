@@ -274,34 +274,29 @@ lesson.claim(
 # A bf16 number has 8 significant bits (2 to 3 decimal digits), so a small change to a weight lands
 # rounded, and one far smaller than the weight is lost. The cell measures how far AdamW's first update
 # moved this model's values, then adds the learning rate, a change of about that size, to every value
-# (and takes it away), in bf16 and in fp32 (the ✓ line below calls this change the update):
+# held in bf16 and in fp32 (`lesson.added`), and finds the values whose change is lost:
 
 # %%
 # %%rank 0
 lr = lesson.SETTINGS.lr
 initial = lesson.make_model()
 values = torch.cat([p.detach().reshape(-1) for p in initial.parameters()])  # the initial weights
-norms = [m.weight for m in initial.modules() if type(m).__name__.endswith("RMSNorm")]
-in_a_norm = torch.cat([torch.full((p.numel(),), any(p is w for w in norms)) for p in initial.parameters()])
 stepped = torch.cat([p.detach().reshape(-1) for p in trainees["ddp"].model.module.parameters()])  # after 1 step
 lesson.say(
     f"ddp's first update (AdamW, lr = {lr}) moved this model's values by a median of "
     f"{(stepped - values).abs().median().item() / lr:.2f} × lr, up or down."
 )
-landed = {"bf16": (values.bfloat16() + lr).float() - values.bfloat16().float(), "fp32": (values + lr) - values}
-lost = landed["bf16"] == 0
-lost_down = (values.bfloat16() - lr).float() == values.bfloat16().float()  # taking lr away instead
-# how far the update, as it landed, is from lr: in bf16 over the values it changed, in fp32 over all
-missed = {"bf16": (landed["bf16"][~lost] - lr).abs().max() / lr, "fp32": (landed["fp32"] - lr).abs().max() / lr}
+took = {"bf16": lesson.added(values, lr, torch.bfloat16), "fp32": lesson.added(values, lr, torch.float32)}
+lost = took["bf16"] == 0  # the values adding lr leaves as they were
+norms = {id(m.weight) for m in initial.modules() if type(m).__name__.endswith("RMSNorm")}
+in_a_norm = torch.cat([torch.full((p.numel(),), id(p) in norms) for p in initial.parameters()])
+kept = {k: v[v != 0] / lr for k, v in took.items()}  # each change that was not lost, in units of lr
 lesson.claim(
-    torch.equal(lost, in_a_norm)
-    and bool((values[lost] == 1).all())
-    and torch.equal(lost, lost_down)
-    and not bool((landed["fp32"] == 0).any()),
+    torch.equal(lost, in_a_norm) and bool((values[lost] == 1).all()) and kept["fp32"].numel() == values.numel(),
     f"Adding lr = {lr} to each of this model's {values.numel():,} initial parameter values: in bf16 the "
-    f"{int(lost.sum()):,} values that do not change (nor when lr is taken away) are exactly the "
-    f"weights of its {len(norms)} RMSNorms ({norms[0].numel()} values of 1.0 each); on the others the update lands off "
-    f"by up to {missed['bf16']:.0%}. In fp32 every update lands, off by at most {missed['fp32']:.3%}.",
+    f"{int(lost.sum()):,} values it leaves unchanged are exactly the weights of its {len(norms)} RMSNorms, each "
+    f"1.0; each of the others changes by {kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr. In fp32 every "
+    f"value changes, by lr to within {(kept['fp32'] - 1).abs().max():.3%}.",
 )
 
 # %% [markdown]
@@ -395,31 +390,26 @@ show_source(ZeroRedundancyOptimizer.step)
 #    runs: `finish_gradient_synchronization` marks them `stale` after a sync, `forward` then calls
 #    `gather_parameters`, and the forward pre-hooks in `__init__` call `_wait_for`.
 #
-# The cell prints the lines that do each part (from `minddp/sharding/zero2.py`), then part 2's
-# reduce-scatter hook whole. `Wire` is minddp's wrapper of a process group, through which a stage's
-# comm hooks send; `Wire.of(state)` wraps the hook's state in one unless it is one already.
+# The cell prints the lines that do each part (from `minddp/sharding/zero2.py`; `key_lines` finds each
+# by a text it holds), then part 2's reduce-scatter hook whole. `Wire` is minddp's wrapper of a process
+# group, through which a stage's comm hooks send; `Wire.of(state)` wraps the hook's state in one unless
+# it is one already.
 
 # %%
 # %%rank 0
-import inspect
-
+from minddp.notebook.source import key_lines
 from minddp.sharding.hooks import reduce_scatter_hook
 from minddp.sharding.zero2 import Zero2DDP
 
-KEY_LINES = [  # (part, method, the text of the line that does it)
-    ("1", "__init__", "self.shard[p] = nn.Parameter("),
-    ("2", "__init__", "self.comm_hook = reduce_scatter_hook"),
-    ("2", "_send_bucket", "flat = pack_rank_major("),
-    ("3", "_write_back", "shard.grad = chunk"),
-    ("4", "forward", "self.gather_parameters("),
-    ("4", "__init__", "register_forward_pre_hook(lambda m, args, b=buckets"),
+parts = [  # (part, method, a text that the line doing it holds)
+    ("part 1", "__init__", "self.shard[p] = nn.Parameter("),
+    ("part 2", "__init__", "self.comm_hook = reduce_scatter_hook"),
+    ("part 2", "_send_bucket", "flat = pack_rank_major("),
+    ("part 3", "_write_back", "shard.grad = chunk"),
+    ("part 4", "forward", "self.gather_parameters("),
+    ("part 4", "__init__", "register_forward_pre_hook(lambda m, args, b=buckets"),
 ]
-key = []
-for part, method, text in KEY_LINES:
-    found = [line.strip() for line in inspect.getsource(getattr(Zero2DDP, method)).splitlines() if text in line]
-    assert len(found) == 1, f"{method} has {len(found)} lines with {text!r}"
-    key.append(f"  part {part}, in {method}:  {found[0]}")
-print("The lines that do the four parts (minddp/sharding/zero2.py):\n" + "\n".join(key) + "\n")
+print(key_lines(Zero2DDP, parts) + "\n")
 show_source(reduce_scatter_hook)
 
 # %% [markdown]
@@ -548,16 +538,12 @@ lesson.claim(
 # the ZeRO-2 section) recorded: its phases in their order (each micro-batch's forward and backward,
 # then the update), each drawn the same width, and a mark for each collective the stage handed over,
 # in the phase it was handed over in. It shows the order of events only, no lengths: within a phase
-# the marks are spread evenly, in the order they were handed over.
+# the marks are spread evenly, in the order they were handed over. The ✓ lines below it name those
+# phases in words (`lesson.handed_in`: "forward 1", "backward 3", "update").
 
 
 # %%
 # %%rank 0
-def during(t, spans):
-    """Whether time t (ms) falls in one of the spans (start, end) the look recorded for a phase."""
-    return any(a <= t <= b for a, b in spans)
-
-
 lesson.handed_picture(looks, STAGES, title="ddp and the sharded rungs, one step each (rank 0)")
 lesson.claim(
     all(
@@ -576,19 +562,19 @@ lesson.claim(
 )
 # where each is handed over is the code's, whatever the load: zero1 all-gathers in step() (the update), zero2 in
 # its first forward (which needs the updated parameters); every stage syncs once a step, in the last backward
-z1, z2 = looks["zero1"]["handed"]["gathers"], looks["zero2"]["handed"]["gathers"]
+where = {s: {kind: lesson.handed_in(looks[s], kind) for kind in ("calls", "gathers")} for s in STAGES}
 lesson.claim(
-    all(during(t, looks["zero1"]["row"]["optimizer"]) for t in z1),
-    f"zero1 hands its {len(z1)} all-gather of parameters over inside its update "
+    where["zero1"]["gathers"] == ["update"],
+    f"zero1 hands its {looks['zero1']['gathers']} all-gather of parameters over inside its update "
     "(ZeroRedundancyOptimizer.step above: update the chunks, then all-gather).",
 )
 lesson.claim(
-    all(during(t, looks["zero2"]["row"]["forward"][:1]) for t in z2),
-    f"zero2 hands its {len(z2)} all-gathers over in the first forward, which needs the parameters the last step "
-    "updated.",
+    where["zero2"]["gathers"] == ["forward 1"],
+    f"zero2 hands its {looks['zero2']['gathers']} all-gathers over in the first forward, which needs the parameters "
+    "the last step updated.",
 )
 lesson.claim(
-    all(during(t, looks[s]["row"]["backward"][-1:]) for s in STAGES for t in looks[s]["handed"]["calls"]),
+    all(where[s]["calls"] == [f"backward {accum}"] for s in STAGES),
     "Every stage hands all its gradient collectives over during the last micro-batch's backward: the "
     f"{accum - 1} before it accumulate their gradients whole under no_sync().",
 )

@@ -885,6 +885,16 @@ def _halves_gather_swapped(tensor, group):
     tensor.copy_(padded[: flat.numel()].view_as(tensor))
 
 
+def _halves_gathered_first(tensor, group):
+    """Makes the two calls in the wrong order: all-gathers the fresh piece into the padded tensor, then
+    reduce-scatters it."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    all_gather_single(padded, piece, group=group)
+    reduce_scatter_single(piece, padded, group=group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
 class _Halves(stages.AsyncBucketDDP):
     transport = None
 
@@ -926,6 +936,7 @@ HalvesListCollectivesWithoutGroup = _halves_with(
 )
 HalvesScatterSwapped = _halves_with("HalvesScatterSwapped", _halves_scatter_swapped)
 HalvesGatherSwapped = _halves_with("HalvesGatherSwapped", _halves_gather_swapped)
+HalvesGatheredFirst = _halves_with("HalvesGatheredFirst", _halves_gathered_first)
 
 
 # -------------------------------------------------------------------------------- fp16 hook

@@ -294,6 +294,13 @@ MISTAKES = [
         "324 elements, where the piece goes: each call takes (output, input), so reduce_scatter_single(piece, padded)",
     ),
     (wrong.HalvesGatherSwapped, "halves", "the arguments are swapped: the piece, 162 elements, went where the padded"),
+    # the two calls in the wrong order: named from the order the transport made them, not from the sums (the
+    # all-gather spreads a fresh piece, whatever its memory held)
+    (
+        wrong.HalvesGatheredFirst,
+        "halves",
+        "your transport (my_all_reduce) all-gathered before it reduce-scattered, so the all-gather wrote pieces",
+    ),
     # right at 2 ranks (x % 2 == -x % 2 for every x), so checked again at 3, where the odd bucket of 323 needs 1
     (
         wrong.HalvesPadWrongSign,

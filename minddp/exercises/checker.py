@@ -714,6 +714,14 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
     names = _names_text(f["names"], f.get("n_params"))
     at = f" at step {f['step']}" + (f" on {_ranks_text(f['ranks'])}" if len(f["ranks"]) < world else "")
     kinds = report.get("kinds") or []
+    if f.get("gathered_first") and like in TRANSPORT_MESSAGES:  # the order of its calls, whatever the sums came to
+        return (
+            f"the buckets came back wrong{at} ({names}): your transport (my_all_reduce) all-gathered before it "
+            "reduce-scattered, so the all-gather wrote pieces nobody had summed yet over the padded tensor, and the "
+            "reduce-scatter then summed those; reduce-scatter first, reduce_scatter_single(piece, padded, "
+            "group=group), to leave this rank's piece of the sum in piece, then all_gather_single(padded, piece, "
+            "group=group)"
+        )
     if f["kind"] == "reduced_parameters":
         sender = (
             "your grad hook (inside backward)"

@@ -313,6 +313,9 @@ class Events(TorchDispatchMode):
         #: data pointer): where the sum then is, the tensor it copies back from must be
         self.gathered_apart = False
         self.scattered: int | None = None
+        #: a transport all-gathered before its reduce-scatter: it spread pieces not yet summed, then summed those
+        self.gathered_first = False
+        self._gathered_here = self._scattered_here = False  #: in the running transport call, so far
         for name, p in module.named_parameters() if module is not None else ():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda _p, name=name: self._note("ready", name))
@@ -336,6 +339,10 @@ class Events(TorchDispatchMode):
         counted = kind is not None and _carries_floats(args[_SENT_ARGUMENT[str(func)]])
         if counted:
             self._note("launch", kind)
+        if counted and self.handed is not None:  # inside a transport: the order of its two calls
+            self._gathered_here = self._gathered_here or (kind == "all_gather" and not self._scattered_here)
+            self._scattered_here = self._scattered_here or kind == "reduce_scatter"
+            self.gathered_first = self.gathered_first or (kind == "reduce_scatter" and self._gathered_here)
         elif self.active and self.flying and not self.in_callback:
             self._note_writes(func, args, kwargs or {})
             self._note_reads(func, args, kwargs or {})
@@ -412,6 +419,7 @@ class Events(TorchDispatchMode):
         to (:func:`_in_place_of`)."""
         start, padded = len(self.works), len(self.padded)
         self.handed = tensor.numel() if isinstance(tensor, torch.Tensor) else None
+        self._gathered_here = self._scattered_here = False
         # the list collectives too (dist.reduce_scatter, dist.all_gather): their group sits where the others' does
         scatters = [n for n in ("reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter") if hasattr(dist, n)]
         gathers = [n for n in ("all_gather_single", "all_gather_into_tensor", "all_gather") if hasattr(dist, n)]
@@ -677,6 +685,7 @@ def run_step(
     summary["parameters_sent_in"] = sorted(events.parameters_sent_in)
     summary["averaged"] = events.averaged
     summary["gathered_apart"] = events.gathered_apart
+    summary["gathered_first"] = events.gathered_first
     progress.phase = f"stepping the optimizer in step {step}"
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -1062,6 +1071,8 @@ def gradient_finding(everyone: list[dict], step: int, record: dict, local, avera
         finding["op_avg"] = True
     if main == "unsummed" and record.get("gathered_apart"):  # the sum was gathered, elsewhere than copied from
         finding["gathered_apart"] = True
+    if record.get("gathered_first"):  # whatever the gradients look like: the two calls in the wrong order
+        finding["gathered_first"] = True
     if main == "other":
         expected = averaged[0]
         for g in averaged[1:]:

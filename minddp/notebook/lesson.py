@@ -473,6 +473,56 @@ def picture(looks: dict, stage: str, before: str | None = None, rows: list[str] 
     return draw_steps(drawn, title=title or None, width=9 if rows is None else 11)
 
 
+#: A look's phases (its ``row``'s keys) as notebook 06 names them.
+PHASES = {"forward": "forward", "backward": "backward", "optimizer": "update"}
+
+
+def phases_of(row: dict) -> list[tuple[float, float, str]]:
+    """A look's ``row``'s phases in time order, ``(start, end, kind)`` (ms): kind a key of :data:`PHASES`."""
+    return sorted((a, b, kind) for kind in PHASES for a, b in row[kind])
+
+
+def handed_in(look: dict, kind: str) -> list[str]:
+    """Notebook 06: the phases of ``look``'s step in which the stage handed its collectives of ``kind`` over
+    (``"calls"``: its gradient collectives; ``"gathers"``: its all-gathers of parameters), each named once, in the
+    step's order: ``"forward 1"`` (the first micro-batch's forward), ``"backward 3"``, ``"update"`` (the
+    optimizer's ``step()``), or ``"between phases"`` for one handed over outside every phase. What
+    :func:`handed_picture` draws, in words.
+
+    Example::
+
+        >>> row = {"forward": [(0, 1), (3, 4)], "backward": [(1, 2), (4, 5)], "optimizer": [(6, 7)]}
+        >>> handed_in({"row": row, "handed": {"calls": [4.5, 4.9], "gathers": [0.5, 6.5]}}, "calls")
+        ['backward 2']
+        >>> handed_in({"row": row, "handed": {"calls": [4.5, 4.9], "gathers": [0.5, 6.5]}}, "gathers")
+        ['forward 1', 'update']
+    """
+    phases, names, seen = phases_of(look["row"]), [], {}
+    for _, _, k in phases:
+        seen[k] = seen.get(k, 0) + 1
+        names.append(PHASES[k] if k == "optimizer" else f"{PHASES[k]} {seen[k]}")
+    found: list[str] = []
+    for t in look["handed"][kind]:
+        inside = next((i for i, (a, b, _) in enumerate(phases) if a <= t <= b), None)
+        name = names[inside] if inside is not None else "between phases"
+        if name not in found:
+            found.append(name)
+    return found
+
+
+def added(values: torch.Tensor, change: float, dtype: torch.dtype) -> torch.Tensor:
+    """Notebook 06: how much each of ``values`` changes when ``change`` is added to it and both are held in
+    ``dtype``: ``(v + change) − v``, computed in ``dtype``, as float32; 0 where the change is lost to rounding.
+
+    Example::
+
+        >>> added(torch.tensor([1.0, 0.01]), 0.001, torch.bfloat16) == 0  # bf16's neighbours of 1.0: 2^-8 away
+        tensor([ True, False])
+    """
+    held = values.to(dtype)
+    return (held + change).float() - held.float()
+
+
 def handed_picture(looks: dict, rows: list[str], title: str):
     """Notebook 06: the phases of each stage's looked-at step in their order, and a mark for each collective the stage
     handed over (the look's ``handed``), in the phase it was handed over in: a gradient collective (a black tick) or an
@@ -487,7 +537,7 @@ def handed_picture(looks: dict, rows: list[str], title: str):
 
     from minddp.analysis.timeline import COLORS, legend_above
 
-    drawn = {"forward": "forward", "backward": "backward", "optimizer": "update (optimizer.step())"}
+    drawn = {kind: PHASES[kind] + (" (optimizer.step())" if kind == "optimizer" else "") for kind in PHASES}
     marks = {
         "calls": ("gradient collective handed over", "black"),
         "gathers": ("all-gather of parameters handed over", "#a0522d"),
@@ -496,7 +546,7 @@ def handed_picture(looks: dict, rows: list[str], title: str):
     right = 0.0
     for y, name in enumerate(rows):
         row = looks[name]["row"]
-        phases = sorted((a, b, kind) for kind in drawn for a, b in row[kind])
+        phases = phases_of(row)
         handed = sorted((t, kind) for kind in marks for t in looks[name]["handed"][kind])
 
         def slot(t, phases=phases):

@@ -54,6 +54,28 @@ def show_source(obj) -> None:
     _show_markdown(f"`{where(obj)}`\n\n```python\n{source_of(obj).rstrip()}\n```")
 
 
+def key_lines(cls: type, lines: list[tuple[str, str, str]]) -> str:
+    """The one source line of ``cls`` that does each thing in ``lines``, ``(label, method, text)``: the line of
+    method ``method`` (as ``cls`` resolves it) that contains ``text``, stripped, after ``label`` and the method's
+    name; headed by where ``cls`` lives. A text found in no line of its method, or in several, raises
+    ``ValueError``, so a renamed line stops a notebook's refresh instead of printing another line.
+
+    Example::
+
+        >>> from minddp.sharding.zero2 import Zero2DDP
+        >>> print(key_lines(Zero2DDP, [("part 2", "__init__", "self.comm_hook = ")]))
+        The lines that do each part (minddp/sharding/zero2.py):
+          part 2, in __init__:  self.comm_hook = reduce_scatter_hook
+    """
+    shown = []
+    for label, method, text in lines:
+        found = [line.strip() for line in inspect.getsource(getattr(cls, method)).splitlines() if text in line]
+        if len(found) != 1:
+            raise ValueError(f"{cls.__name__}.{method} has {len(found)} lines with {text!r}, not 1")
+        shown.append(f"  {label}, in {method}:  {found[0]}")
+    return f"The lines that do each part ({where(cls)}):\n" + "\n".join(shown)
+
+
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
 
 
