@@ -322,8 +322,10 @@ lesson.say(
         if abs(measures["interleaved_ms"] - v["exposed_ms"]) < 0.5
         else f"; its exposed time, {v['exposed_ms']:.0f} ms, also counts the waits after the backward's last operator."
     )
-    + f" 01's table counts gloo's whole ranges as the communication, so there the {v['waited_ms'] - v['exposed_ms']:.0f}"
-    f" ms hook waited after the link had delivered and the {v['check_ms']:.0f} ms it stood at the check's all_gather "
+    # the time after the link had delivered as the cell's first lines print it (lesson.say_look: waited less exposed)
+    + f" 01's table counts gloo's whole ranges as the communication, so there the "
+    f"{v['waited_ms'] - lesson.link_parts(v)[1]:.0f} ms hook waited after the link had delivered and the "
+    f"{v['check_ms']:.0f} ms it stood at the check's all_gather "
     "would count too, where they fall inside the backward."
 )
 
@@ -931,7 +933,7 @@ beats = {
     for c, v in swept.items()
 }
 n_caps, beat_e, beat_w = len(beats), sum(e for e, _ in beats.values()), sum(w for _, w in beats.values())
-split = [c for c, (e, w) in beats.items() if e != w]  # caps where the two measures answer differently
+split = sorted((c for c, (e, w) in beats.items() if e != w), key=lambda c: 99 if c is None else c)  # they differ
 
 
 def at(count):
