@@ -313,6 +313,31 @@ class TensorHookOnTheMethod(solutions.HookDDP):
             p.register_hook(self._grad_ready)
 
 
+class HookAssignsTheAllReduce(solutions.HookDDP):
+    """Takes all_reduce's result for the sum in the grad hook: it is None, and the division after it meets None."""
+
+    def _grad_ready(self, param):
+        if self.sync_this_backward:
+            param.grad = dist.all_reduce(param.grad)
+            param.grad /= dist.get_world_size()
+
+
+class AsyncTensorHookDividesFirst(solutions.AsyncHookDDP):
+    """hook-async's idea (divide, then start the all_reduce) registered as a *tensor* hook: it is handed the incoming
+    gradient, whose ``.grad`` is None, and the division meets None before any all_reduce starts."""
+
+    def __init__(self, module, process_group=None):
+        solutions.GradAccumDDP.__init__(self, module, process_group)
+        self.in_flight = []
+        for p in module.parameters():
+            p.register_hook(self._grad_ready)
+
+    def _grad_ready(self, param):
+        if self.sync_this_backward:
+            param.grad /= dist.get_world_size()
+            self.in_flight.append((param, dist.all_reduce(param.grad, async_op=True)))
+
+
 class IgnoresNoSync(solutions.HookDDP):
     """Syncs from the hook in every backward, also in those of forwards run inside no_sync()."""
 
@@ -525,6 +550,17 @@ class BucketCatsUnflattened(solutions.BucketDDP):
         grads = [p.grad for p in self.buckets[b]]
         flat = torch.cat(grads)
         dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        self._write_back(grads, flat)
+
+
+class BucketAssignsTheAllReduce(solutions.BucketDDP):
+    """Takes all_reduce's result for the bucket's sum: it is None, and the division after it meets None."""
+
+    def _send_bucket(self, b):
+        grads = [p.grad for p in self.buckets[b]]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat = dist.all_reduce(flat)
         flat /= dist.get_world_size()
         self._write_back(grads, flat)
 

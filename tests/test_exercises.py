@@ -186,6 +186,21 @@ MISTAKES = [
     ),
     (wrong.IncomingGradient, "hook", "the incoming gradient of the last micro-batch was synced"),
     (wrong.TensorHookOnTheMethod, "hook", "register_hook hands a grad hook the incoming gradient"),
+    # all_reduce's result (None) taken for the sum in a grad hook, then divided: named as that (learner read 03,
+    # round 10, finding 3), not as a register_hook's None; a tensor hook that divides first still gets that hint, and
+    # a forward that returns None its own
+    (
+        wrong.HookAssignsTheAllReduce,
+        "hook",
+        ("raised TypeError in _grad_ready (line", "(dist.all_reduce returns None, not the sum: it sums in place"),
+    ),
+    (
+        wrong.BucketAssignsTheAllReduce,
+        "bucket",
+        ("raised TypeError in _send_bucket (line", "(dist.all_reduce returns None, not the sum: it sums in place"),
+    ),
+    (wrong.AsyncTensorHookDividesFirst, "hook-async", "register_hook hands a grad hook the incoming gradient"),
+    (wrong.ForwardReturnsNothing, "hook", "your forward returned None: return the module's output"),
     # the sends came from the grad hook: the verdict names it and the flag it must read, not finish
     (
         wrong.IgnoresNoSync,

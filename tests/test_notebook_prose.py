@@ -49,7 +49,7 @@ STEADY: dict[str, dict[str, str]] = {
         "On this notebook's 1 Gbit/s link": LINK,
         "fixed cost (0.1 ms)": LINK,
         "save 6.1 ms of the link's 165 ms": MODELED,
-        "then takes 23.4 ms on the link": MODELED,
+        "takes 23.4 ms on the link": MODELED,
         "holds 17.5 MiB: 147 ms)": MODELED,
     },
     "04_comm_hooks": {"**emulated 1 Gbit/s link**": LINK, "the emulated 1 Gbit/s link": LINK},

@@ -170,7 +170,8 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
 
 
 def settings_ladder(settings: dict, title: str = ""):
-    """Per stage, overlap (top) and exposed time (below: the link time the step waited through), one bar per setting.
+    """Per stage, overlap (top: the share of the link's modeled transfers under compute) and exposed time (below:
+    the link time the step waited through), one bar per setting.
 
     ``settings``: setting name -> {stage -> a dict with ``overlap_pct`` and ``exposed_ms``}, as
     :func:`minddp.costmodel.buckets.on_the_link` gives them for a look's row. Returns the figure.
@@ -196,7 +197,7 @@ def settings_ladder(settings: dict, title: str = ""):
                 low.annotate(
                     f"{runs[s]['exposed_ms']:.0f}", (x, runs[s]["exposed_ms"]), ha="center", va="bottom", fontsize=7
                 )
-    top.set(ylabel="overlap (% of the time\nin flight under compute)", ylim=(0, 135))  # room for the legend
+    top.set(ylabel="overlap (% of the link's\ntime under compute)", ylim=(0, 135))  # room for the legend
     top.set_title(title, fontsize=9)
     top.legend(fontsize=7, loc="upper left")
     highest = max([r["exposed_ms"] for runs in settings.values() for r in runs.values()] + [1.0])

@@ -369,7 +369,7 @@ def _trouble(name: str, reports: dict, timeout_s: float, like: str | None = None
         ranks = _ranks_text(sorted(raised))
         where = _where_text(e)
         message = _BACKEND_PREFIX.sub("", e["message"] or "").strip() or "(no message)"
-        hint = _raise_hint(like, where, message, e.get("sizes"), reports[r].get("world"))
+        hint = _raise_hint(like, where, message, e.get("sizes"), reports[r].get("world"), e.get("launched"))
         return f"✗ {name}: your code raised {e['type']}{where} on {ranks}, while {e['phase']}: {message}" + hint
     if errors or lost:
         stuck = {r: e for r, e in errors.items() if e.get("where")}
@@ -408,10 +408,13 @@ ALL_REDUCE_RETURNS_NONE = (
 _BACKEND_PREFIX = re.compile(r"^(\[rank\d+\]:)?\[[A-Z]\d{4} [\d:.]+ [^\]]+\]\s*")
 
 
-def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, world: int | None) -> str:
+def _raise_hint(
+    like: str | None, where: str, message: str, sizes: dict | None, world: int | None, launched: list | None = None
+) -> str:
     """What to do about an error that a model answer's step prevents (notebook 06: the padding, the piece's size,
     the padding cut off), from the sizes the refused collective was handed, or the padding the transport gave the
-    tensor it copies back (``sizes``, the rank's :class:`~harness.Events`)."""
+    tensor it copies back (``sizes``, the rank's :class:`~harness.Events`), or the kinds of collective the step had
+    launched when it raised (``launched``, the same Events': an all_reduce before a None is likely its result)."""
     if re.search(r"\bAVG\b", message) and like in TRANSPORT_MESSAGES:
         return f" (this backend has no ReduceOp.AVG, and your transport needs none: {HOOK_DIVIDED})"
     if re.search(r"'NoneType' object has no attribute '(get_future|then|wait|value)'", message):
@@ -428,6 +431,14 @@ def _raise_hint(like: str | None, where: str, message: str, sizes: dict | None, 
     # p.grad = dist.all_reduce(p.grad): every gradient of the checker's network is set after backward, so another
     # None in a plain stage (the forward's is above) is the all_reduce's result
     if like in ("simple", "ga") and "NoneType" in message:
+        return f" ({ALL_REDUCE_RETURNS_NONE})"
+    # x = dist.all_reduce(x) in a grad hook, then x /= n: the step had launched an all_reduce before it met None. A
+    # grad hook registered with register_hook meets None (its .grad, below) before it launches any
+    if (
+        like in ("hook", "hook-async", "bucket", "bucket-async")
+        and "NoneType" in message
+        and "all_reduce" in (launched or ())
+    ):
         return f" ({ALL_REDUCE_RETURNS_NONE})"
     if re.search(r"Work' object has no attribute '(then|value|add_done_callback)'", message):
         return (

@@ -150,6 +150,7 @@ def error_report(exc: BaseException, progress: Progress, files: set[str]) -> dic
         or "connection reset" in lowered,
         "traceback": traceback.format_exc(limit=-6),
         "sizes": getattr(exc, "collective", None),  # a collective's sizes, where it refused them (Events)
+        "launched": getattr(exc, "launched", None),  # the kinds the step had launched when it raised (Events)
     }
 
 
@@ -536,6 +537,11 @@ class Events(TorchDispatchMode):
         try:
             with self:
                 yield self
+        except BaseException as exc:
+            # what the step had launched when it raised: a None met after an all_reduce is likely its result
+            with contextlib.suppress(Exception):
+                exc.launched = [kind for kind, _ in self.works]
+            raise
         finally:
             dist.Work.wait, dist.Work.get_future, future.wait = work_wait, work_future, future_wait
             future.then = future_then
