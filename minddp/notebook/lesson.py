@@ -516,7 +516,7 @@ def added(values: torch.Tensor, change: float, dtype: torch.dtype) -> torch.Tens
 
     Example::
 
-        >>> added(torch.tensor([1.0, 0.01]), 0.001, torch.bfloat16) == 0  # bf16's neighbours of 1.0: 2^-8 away
+        >>> added(torch.tensor([1.0, 0.01]), 0.001, torch.bfloat16) == 0  # bf16 around 1.0: 1 - 2^-8 and 1 + 2^-7
         tensor([ True, False])
     """
     held = values.to(dtype)
