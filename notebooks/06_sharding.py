@@ -20,11 +20,14 @@
 # gradients, and the optimizer's state (Adam keeps two more tensors the size of the model). The
 # ranks compute the same update from the same averaged gradients, so all of that is repeated.
 # The notebooks climb a ladder of stages, each a *rung* that adds one idea to the one below. The
-# three rungs of this notebook, the ZeRO rungs, keep DDP's computation (every rank runs the whole
-# forward and backward on its own examples) and stop repeating the *state*. They cut each *parameter
-# tensor* (one of the model's tensors) into n *chunks*, about `1/n` of it each; the chunk a rank keeps
-# is its *shard*. Two collectives, defined in the next section, do the work: the *reduce-scatter* (each
-# rank receives one piece of the sum) and the *all-gather* (each rank receives every rank's piece):
+# three rungs of this notebook follow ZeRO, the *Zero Redundancy Optimizer* (Rajbhandari et al., 2019,
+# arXiv 1910.02054, "the ZeRO paper" below), and FSDP, *Fully Sharded Data Parallel*, PyTorch's version
+# of ZeRO's third stage. They keep DDP's computation (every rank runs the whole forward and backward on
+# its own examples) and stop repeating the *state*. On n ranks they cut each *parameter tensor* (one of
+# the model's tensors) into n *chunks*, about `1/n` of it each; the chunk assigned to a rank, the one it
+# updates, is its *shard*. Two collectives, defined in the next section, do the work: the
+# *reduce-scatter* (each rank receives one piece of the sum) and the *all-gather* (each rank receives
+# every rank's piece):
 #
 # * `zero1`: each rank keeps the optimizer state of its shard of every parameter tensor, updates
 #   that shard, and the updated shards are all-gathered;
@@ -134,14 +137,17 @@ lesson.say(
 # `ddp` is minddp's own `DistributedDataParallel` (`minddp/ddp/`, not torch's); `zero1` is the same
 # wrapper with its optimizer sharded by `minddp.ZeroRedundancyOptimizer`; `zero2` and `fsdp` hand out
 # this rank's shards as the model's parameters, so the optimizer built over `model.parameters()` holds
-# state for the shards only. `zero2` keeps the whole parameters too (its shards are views into them);
-# `fsdp` keeps the shards and its replicated tensors, and
-# gathers a unit's whole parameters around its run. A *step*, in this notebook, is all its
-# micro-batches' forwards and backwards and the *update* at their end (the optimizer's `step()`); the
-# workload line above calls it an optimizer step. `minddp.sharding.memory.Probe` measures one step of
-# each stage from the tensors the rank holds: parameters, gradients just before the update, optimizer
-# state just after, the activations (the most bytes autograd saved for the backward during one
-# micro-batch's forward; each backward frees its forward's), and FSDP's gathered units at their peak.
+# state for the shards (and for fsdp's replicated tensors, which it hands out whole). `zero2` keeps
+# the whole parameters too (its shards are views into them); `fsdp` keeps the shards and its
+# replicated tensors, and gathers a unit's whole parameters around its run. A *step*, in this
+# notebook, is all its micro-batches' forwards and backwards and the *update* at their end (the
+# optimizer's `step()`); the workload line above calls it an optimizer step.
+# `minddp.sharding.memory.Probe` measures one step of each stage from the tensors the rank holds:
+# parameters, gradients just before the update, optimizer state just after, the activations (the
+# most bytes autograd saved for the backward during one micro-batch's forward; each backward frees
+# its forward's), and FSDP's *gathered units* at their peak:
+# the full parameters it has gathered and the buffers its all-gathers receive into, counted together
+# (for a moment after a gather a unit is counted twice, in its buffer and in what was unpacked from it).
 # `lesson.Trainee(stage, warmup=0)` builds the stage and its optimizer on the workload, on every rank,
 # without a step, so the measured step is its first. The code's comments
 # number the parts of each algorithm (`# part 3`). AdamW's *step count* (in the ✓ line printed with
@@ -166,7 +172,8 @@ for name, t in trainees.items():
 # more of the three among the ranks: DDP `16Ψ`; ZeRO-1 (optimizer state) `8Ψ + 8Ψ/n`; ZeRO-2 (and
 # gradients) `4Ψ + 12Ψ/n`; FSDP (and parameters) `16Ψₛ/n + 16Ψᵣ`, where `Ψᵣ` counts the values of the
 # parameter tensors it leaves whole on every rank (those outside every unit) and `Ψₛ = Ψ − Ψᵣ` those
-# it shards. The model state and formula columns differ by AdamW's step counts (the ✓ line below), a
+# it shards (fsdp's optimizer keeps whole moments for its replicated tensors: the `8Ψᵣ` of its `16Ψᵣ`).
+# The model state and formula columns differ by AdamW's step counts (the ✓ line below), a
 # few hundred bytes, which the table's rounding to 0.001 MiB shows as 0.000 or 0.001.
 
 # %%
@@ -272,9 +279,12 @@ lesson.claim(
 # ### Why the master weights stay fp32
 #
 # A bf16 number has 8 significant bits (2 to 3 decimal digits), so a small change to a weight lands
-# rounded, and one far smaller than the weight is lost. The cell measures how far AdamW's first update
-# moved this model's values, then adds the learning rate, a change of about that size, to every value
-# held in bf16 and in fp32 (`lesson.added`), and finds the values whose change is lost:
+# rounded, and one far smaller than the weight is lost. AdamW's first update moves each value by about
+# the learning rate, up or down, on any model: its step is lr × m̂/√v̂, and at the first step m̂/√v̂ is
+# g/|g|, ±1 wherever the gradient g is not zero. The cell checks that on ddp's first step, then adds lr,
+# a change of that size, to every value held in bf16 and in fp32 (`lesson.added`), and finds the values
+# whose change is lost and how far the others land from lr. It measures that one change only, not the
+# later updates:
 
 # %%
 # %%rank 0
@@ -283,7 +293,7 @@ initial = lesson.make_model()
 values = torch.cat([p.detach().reshape(-1) for p in initial.parameters()])  # the initial weights
 stepped = torch.cat([p.detach().reshape(-1) for p in trainees["ddp"].model.module.parameters()])  # after 1 step
 lesson.say(
-    f"ddp's first update (AdamW, lr = {lr}) moved this model's values by a median of "
+    f"ddp's first update (AdamW's first step, lr = {lr}) moved the values by a median of "
     f"{(stepped - values).abs().median().item() / lr:.2f} × lr, up or down."
 )
 took = {"bf16": lesson.added(values, lr, torch.bfloat16), "fp32": lesson.added(values, lr, torch.float32)}
@@ -294,14 +304,17 @@ kept = {k: v[v != 0] / lr for k, v in took.items()}  # each change that was not 
 lesson.claim(
     torch.equal(lost, in_a_norm) and bool((values[lost] == 1).all()) and kept["fp32"].numel() == values.numel(),
     f"Adding lr = {lr} to each of this model's {values.numel():,} initial parameter values: in bf16 the "
-    f"{int(lost.sum()):,} values it leaves unchanged are exactly the weights of its {len(norms)} RMSNorms, each "
+    f"{int(lost.sum()):,} values it leaves unchanged ({lost.double().mean():.2%} of them) are exactly the "
+    f"weights of its {len(norms)} RMSNorms, each "
     f"1.0; each of the others changes by {kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr. In fp32 every "
     f"value changes, by lr to within {(kept['fp32'] - 1).abs().max():.3%}.",
 )
 
 # %% [markdown]
-# In bf16 no norm weight would take this change; in fp32 every value does. So the optimizer updates fp32
-# copies of the weights, the master weights.
+# In bf16 the norm weights (the share of the values the ✓ line gives) would lose this change, and every
+# other value would take it rounded, anywhere in the range the ✓ line prints; in fp32 every value takes
+# it, to within the fraction printed. A weight held in bf16 would take each update so, lost or rounded.
+# So the optimizer updates fp32 copies of the weights, the master weights.
 
 # %% [markdown]
 # ### The ZeRO paper's mixed-precision count
@@ -386,9 +399,10 @@ show_source(ZeroRedundancyOptimizer.step)
 #    shard's chunk of the averaged gradient, back to back; each becomes its shard's `.grad` (or is
 #    added to it, if the shard has a `.grad` already: `_write_back`): the optimizer updates the shards only;
 # 4. in the next forward, the updated shards are all-gathered back into the whole parameters,
-#    one all-gather per gradient bucket, each module waiting for its own bucket's gather just before it
-#    runs: `finish_gradient_synchronization` marks them `stale` after a sync, `forward` then calls
-#    `gather_parameters`, and the forward pre-hooks in `__init__` call `_wait_for`.
+#    one all-gather per gradient bucket: `finish_gradient_synchronization` marks them `stale` after a
+#    sync, and `forward` then calls `gather_parameters`, which hands every bucket's all-gather over at
+#    once, before the first module runs; each module waits for its own bucket's gather just before it
+#    runs (the forward pre-hooks in `__init__` call `_wait_for`).
 #
 # The cell prints the lines that do each part (from `minddp/sharding/zero2.py`; `key_lines` finds each
 # by a text it holds), then part 2's reduce-scatter hook whole. `Wire` is minddp's wrapper of a process
@@ -515,8 +529,9 @@ lesson.claim(
     abs(memory["fsdp"]["gathered"] - 2 * unit_bytes) < 1e-3 * unit_bytes,
     f"{len(fsdp.units)} units ({type(fsdp.units[0].module).__name__}), "
     f"{len({id(p) for _, _, p in fsdp.replicated})} replicated parameter tensors; at most "
-    f"{lesson.mib(memory['fsdp']['gathered'])} of full parameters held at once, two units' worth (which two, this cell does not "
-    f"measure), against {lesson.mib(memory['ddp']['parameters'])} for the whole model.",
+    f"{lesson.mib(memory['fsdp']['gathered'])} gathered at once (the memory table's column: full parameters and "
+    "receive buffers), two units' worth (two units, or one counted in its buffer and in what was unpacked from it: "
+    f"this cell does not measure which), against {lesson.mib(memory['ddp']['parameters'])} for the whole model.",
 )
 f = looks["fsdp"]
 lesson.claim(
@@ -538,8 +553,10 @@ lesson.claim(
 # the ZeRO-2 section) recorded: its phases in their order (each micro-batch's forward and backward,
 # then the update), each drawn the same width, and a mark for each collective the stage handed over,
 # in the phase it was handed over in. It shows the order of events only, no lengths: within a phase
-# the marks are spread evenly, in the order they were handed over. The ✓ lines below it name those
-# phases in words (`lesson.handed_in`: "forward 1", "backward 3", "update").
+# the marks are spread evenly, in the order they were handed over, so their spacing is not their
+# timing. zero2's all-gathers, spread across its first forward, are all handed over at its start
+# (part 4 of ZeRO-2), where fsdp's go one unit ahead as its units run. The ✓ lines printed with the
+# figure name the phases in words (`lesson.handed_in`: "forward 1", "backward 3", "update").
 
 
 # %%
@@ -614,7 +631,7 @@ lesson.say(
 # ring (the ring table), at these 2 ranks. The model state is not all a rank holds: it leaves out the
 # activations, fsdp's gathered units, the whole gradients zero2 and fsdp hold before the last
 # micro-batch, and the buffers the collectives send from and receive into. `docs/sharding.md`'s
-# benchmark measures the peak of all of it, and there fsdp's peak is above ddp's. The bytes are the
+# benchmark measures the peak of all of it, which no cell here does. The bytes are the
 # ring's, with true reduce-scatters. On gloo, where minddp runs zero2's and fsdp's reduce-scatters as
 # all_reduces (the ZeRO-2 section), the count above makes their bytes two passes, not one: zero2 would
 # send zero1's bytes, and fsdp more than the bound.
