@@ -304,8 +304,8 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 # `python -m minddp.analyze traces/notebooks/05_reading_traces --report` (the folder holds the traces of
 # the last time the first cell ran on your machine, not of the run whose outputs are saved here). Its report
 # ranks the stages by non-compute and by step time; non-compute is not their speed (the notebook's opening
-# says why), and here a difference in step time does not price a stage's communication (the line printed
-# after the figure). On GPU traces
+# says why), and here a difference in step time does not price a stage's communication (the line under
+# the table after the figure). On GPU traces
 # the breakdown and overlap come from HTA itself.
 
 # %% [markdown]
