@@ -24,7 +24,8 @@
 # no emulated link). It reads the traces with `minddp.analysis` the way the blog this course follows
 # ("First Steps With Distributed Data Parallelism and PyTorch Profiling", https://blog.underfit.ai/ddp-profiled)
 # reads its GPU traces with HolisticTraceAnalysis (HTA), under HTA's names (`docs/analysis.md` defines
-# every measure named here, each computed by its one function in `minddp.analysis.metrics`):
+# these three measures and the link run's three below, each computed by its one function in
+# `minddp.analysis.metrics`; the tables' other columns, counts and times read off the trace, are not among them):
 #
 # * **in flight**: the time a communication range was open (on this machine: below);
 # * **overlap** (HTA's `comm_comp_overlap_pctg`): the share of the time in flight during which the
@@ -97,26 +98,29 @@ lesson.say(
 #   the stages' copies into and out of buckets);
 # * **in flight** is one of gloo's threads inside a `gloo:*` range: every collective, not only the
 #   gradients'. The *finish* is `finish_gradient_synchronization()`, which the training loop calls after
-#   every backward. `simple` syncs in the finish after every micro-batch, the others once a step. Before a
-#   sync's first message, minddp's stages `simple` to `bucket-async` check that both ranks' forwards used the same parameters (the
-#   *parameter check*, `minddp.stages.checks`: one all_gather a sync; `ddp` and torch's DDP run none);
+#   every backward. `simple` syncs in the finish after every micro-batch, the others once a step. Once a sync,
+#   minddp's stages `simple` to `bucket-async` check that both ranks' forwards used the same parameters (the
+#   *parameter check*, `minddp.stages.checks`: one all_gather; in `simple` and `ga` at the start of the
+#   finish, in `hook` to `bucket-async` in the first gradient's hook; `ddp` and torch's DDP run none);
 # * **non-compute** is time in flight while the training thread ran no `aten::` op: standing in a wait for
 #   a message or in the parameter check, running its own Python (hooks, the time between autograd nodes),
 #   or ready to run with no core free.
 #
 # The caveat that decides how to read them: a gloo range lasts from the moment gloo's thread picks the
 # collective up until it is done, so it is also *held open* until the other rank joins the same
-# collective, and while gloo's thread waits for a core. On GPUs the same metrics read NCCL kernels
+# collective, and while gloo's thread waits for a core; and it ends when gloo's thread leaves it, which can
+# come after the training thread has had the result and gone on. On GPUs the same metrics read NCCL kernels
 # against compute kernels, which run side by side. `single` has nothing in flight and is not in the table.
 #
-# The table's last column is the part of non-compute spent in the parameter check: non-compute counted over
-# the check's all_gather ranges only (`in_check` below; the thread stands in the check until the other rank
-# reaches it, so its length depends on when the other rank arrives). The
-# *blocking* stages (`simple`, `ga`, `hook`, `bucket`) wait for each message before they send the next:
+# The table's last column is the part of non-compute spent in the parameter check: `metrics.non_compute`
+# over the step with the check's all_gather ranges in place of all its gloo ranges (`in_check` below; the
+# thread stands in the check until the other rank reaches it, so its length depends on when the other rank
+# arrives). The *blocking* stages (`simple`, `ga`, `hook`, `bucket`) wait for each message before they send the next:
 # `simple` and `ga` after the backward, `hook` and `bucket` inside it. The *asynchronous* ones
 # (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send their messages during the backward and wait for
-# them when it ends. The claim under the table compares the two kinds by overlap: a blocking stage's thread
-# waits for each message, so it computes little while one is in flight; an asynchronous stage's backward runs on.
+# them when it ends. The claim under the table compares the two kinds by overlap, a share of each stage's own
+# time in flight; it does not say why they differ (a range held open longer while the thread computes also
+# raises the overlap), nor which kind's thread computed nothing for less time: that is the non-compute column.
 #
 # Three things the table shows that this notebook does not explain (rank 0's trace shows when a range was
 # open, not why):
@@ -198,23 +202,25 @@ lesson.claim(
 # * a tick when a message was *handed to the wire*:
 #   for minddp's stages, where its send started the all_reduce (called from the finish in `simple` and `ga`,
 #   from a hook in the others); for torch's DDP, the reducer's `c10d::allreduce_` call;
-# * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open
-#   included)"). A message's bar is the range matched to its `c10d::allreduce_` call, the first of the same
-#   size that opened at or after the call, and the call comes at or after the tick; so no bar starts before
-#   its tick, and a tick at a bar's left end is that bar's own (the table after the figure prints, per
-#   stage, the longest time from a tick to its bar). Where dozens of narrow bars crowd, they merge into one
-#   block that also covers the gaps between them, so read the time in flight off the table above, not off a
-#   block's length;
-# * the parameter check (hatched red, the legend's "thread waits at a check"; the link run's *waited*, below,
-#   does not count it), drawn over the thread's band
-#   where gloo's all_gather range of the check was open: the training thread stands in the check at least
-#   that long, until both ranks have joined it (`ddp` and torch run none; a short one is too thin to see). It
-#   runs before a sync's first message, so in `hook` to `bucket-async` it sits inside the last backward, which
-#   starts just before the hatch and goes on behind it; the table above counts that range in flight and,
-#   while the thread computes nothing in it, in non-compute (its last column);
-# * the finish (purple, the legend's "finish (sync ends)"; a short one is too thin to see), the optimizer
-#   step (green: the same AdamW update in every stage, yet not of the same length; the line under the
-#   table after the figure prints its spread beside the forward's) and the end of the step.
+# * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open included)":
+#   the messages' ranges only; the check's all_gather range, in flight in the table too, is drawn as the hatch below
+#   instead). A message's bar is the range matched to its `c10d::allreduce_` call, the first of the same size that
+#   opened at or after the call, and the call comes at or after the tick; so no bar starts before its tick, but a bar
+#   can start later than its tick, and a tick at a bar's left end need not be that bar's own (the table after the
+#   figure prints, per stage, the longest time from a tick to its bar). Each bar has an edge line, so a narrow bar is
+#   drawn longer than its range lasted, and where dozens crowd they merge into one block that also covers the gaps
+#   between them: read the time in flight off the table above, not off the orange's length;
+# * the parameter check (hatched red, the legend's "thread waits at a check": the thread standing in the check, which
+#   the link run's *waited*, below, does not count), drawn over the thread's band where gloo's all_gather range of the
+#   check was open: the hatch's width is that range's, and the training thread stands in the check at least that long,
+#   until both ranks have joined it (`ddp` and torch run none; a short one is too thin to see). In `hook` to
+#   `bucket-async` it runs in the first gradient's hook, so it sits inside the last backward band, after that band's
+#   first autograd node, and covers the band where it is drawn; the table above counts that range in flight and, while
+#   the thread computes nothing in it, in non-compute (its last column);
+# * the finish (purple, the legend's "finish (sync ends)": the `finish_gradient_synchronization()` call, inside which
+#   `simple` and `ga` run their whole sync, check and messages; a short one is too thin to see), the optimizer step
+#   (green: the same AdamW update in every stage, yet not of the same length; the line under the table after the
+#   figure prints its spread beside the forward's) and the end of the step.
 #
 # Three shapes to tell apart:
 #
@@ -243,7 +249,7 @@ display(Image(filename=RUN / "one_step_each_stage.png"))
 # %% [markdown]
 # The numbers behind the plot, stage by stage (rank 0): how many messages each sent in this step, how
 # many were handed to the wire while a backward was still running, and the longest time from a message's
-# tick to the start of its bar (gloo's thread picking it up).
+# tick to the start of its bar (the trace shows how long, not why).
 
 # %%
 phases, buckets = result.phases[result.phases["rank"] == 0], result.buckets[result.buckets["rank"] == 0]
@@ -297,7 +303,9 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 # The same analysis from a shell, with an HTML report and its plots in the run folder:
 # `python -m minddp.analyze traces/notebooks/05_reading_traces --report` (the folder holds the traces of
 # the last time the first cell ran on your machine, not of the run whose outputs are saved here). Its report
-# ranks the stages by non-compute, which is not their speed (the notebook's opening says why). On GPU traces
+# ranks the stages by non-compute and by step time; non-compute is not their speed (the notebook's opening
+# says why), and here a difference in step time does not price a stage's communication (the line under
+# the table after the figure). On GPU traces
 # the breakdown and overlap come from HTA itself.
 
 # %% [markdown]
@@ -306,7 +314,8 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 # The first cell also profiled the blog's six stages with their gradients' all_reduces over the
 # **emulated 1 Gbit/s link** that `03_build_up` introduced (`minddp.comm.link`: the real all_reduce runs
 # beside the modeled transfer, and the message is delivered when both are done; the parameter check's
-# all_gather does not go through the link). The link's transfers are in the traces as
+# all_gather does not go through the link: `minddp.stages.checks` calls `dist.all_gather` itself, not the
+# stage's comm hook). The link's transfers are in the traces as
 # `minddp.link:all_reduce` ranges on a thread of their own. The link run and the loopback run are two runs
 # taken at different moments on a shared machine; their times are not comparable. Three measures
 # (`docs/analysis.md`):
@@ -320,7 +329,8 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 #   hatch), is not a message, and waited does not count it;
 # * **exposed**: the part of those waits during which the link was carrying a transfer (any message's). The
 #   part of a transfer that passes before the thread calls `wait()` is not exposed, so exposed can fall
-#   short of the link time even in a stage that waits for each message before it sends the next.
+#   short of the link time even in a stage that waits for each message before it sends the next. Waited
+#   minus exposed is the part of the waits during which the link carried nothing.
 
 # %%
 from minddp.comm.link import parse_link

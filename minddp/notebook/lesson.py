@@ -161,8 +161,11 @@ class Trainee:
     (:func:`minddp.comm.registry.make_hook`); with ``measure_error`` minddp's
     hook is wrapped in :func:`minddp.comm.measure.error_measured`. ``link``
     (a preset such as ``"1gbit"``, :mod:`minddp.comm.link`): every collective
-    of the stage goes over that emulated network (torch's DDP through minddp's
-    hook of the same name), and its profiled traces show the link's transfers.
+    the stage sends through its :class:`~minddp.comm.wire.Wire` (its comm
+    hook's; torch's DDP through minddp's hook of the same name) goes over that
+    emulated network, and its profiled traces show the link's transfers; the
+    parameter check's all_gather (:mod:`minddp.stages.checks`) calls
+    ``dist.all_gather`` itself and does not.
     ``transport`` (a name of :data:`minddp.collectives.TRANSPORTS`, e.g.
     ``"ring"``): the stage's collectives are written from point-to-point
     messages, each in a range naming its collective (:func:`labelled`), so a
