@@ -48,7 +48,8 @@
 # notebook counts how many were). minddp's `ddp` gives Dynamo its bucket cap as torch's DDP does
 # (`minddp/runtime/compiling.py`), with one difference in the first piece: with torch's DDP, Dynamo
 # closes it at `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB in the torch of this run);
-# minddp's `ddp`, given a `bucket_cap_mb`, closes it at that cap.
+# minddp's `ddp`, given a `bucket_cap_mb`, closes it at that cap (a claim under *The pieces and the
+# buckets* checks it on piece 0).
 # So here each piece but the last closes once its parameters reach 2 MiB; the last holds what is left.
 #
 # This notebook shows one step of `ddp` in three runs on one time axis: eager, compiled without the
@@ -65,9 +66,6 @@
 
 # %%
 # %%distributed
-import os
-import traceback
-
 import torch._dynamo
 from torch import nn
 from torch._dynamo.utils import counters
@@ -120,7 +118,7 @@ def one_step(compiled: bool, cut: bool = True):
         train_step(ddp, optimizer, next(data), loss_fn)
     torch._dynamo.config.optimize_ddp = True
     view = nodes.node_view(prof)  # the step's row, and its autograd nodes against its handovers and messages
-    view["buckets"] = [[ddp.reducer.names[i].removeprefix("_orig_mod.") for i in b] for b in ddp.bucket_plan]
+    view["buckets"] = nodes.bucket_names(ddp)
     view["params"] = flat(model)
     return ddp, view
 
@@ -142,13 +140,14 @@ lesson.say(
 # ## One step, three runs, on one time axis
 #
 # Each row is the profiled step of one run (its third step, after two that are not profiled), rank 0,
-# from the start of its forward to the black line where its optimizer step ends: the forward and the
-# loss (pale), the gradient nodes (blue, the loss's included), the `AccumulateGrad` nodes (grey), a
-# tick when a bucket was handed over (the row's label says how many buckets), an orange bar for each
+# from the start of its forward to the black line where its optimizer step ends: the forward (pale,
+# the loss's included), the gradient nodes (blue, the loss's included), the `AccumulateGrad` nodes
+# (grey), a tick when a bucket was handed over (the row's label says how many buckets), an orange bar for each
 # message in flight, and the optimizer step (green). A tick is not the start of its bar: between the
 # two, the bucket is handed over and gloo has not yet begun its message. Ticks closer together than
-# a pixel (about a thousandth of the time axis) draw as one; orange bars that overlap are drawn over
-# each other, and their dark outlines mark where each begins and ends.
+# a pixel (about a thousandth of the time axis) draw as one. Orange bars that overlap are drawn over
+# each other, and one can hide where another ends: the figure does not show how long each message
+# was in flight, nor which ran beside a gradient node (the line printed after it says which).
 #
 # White is time in none of these. The white just before the optimizer step holds the end of
 # backward, where the reducer waits for the last messages to end, then copies the averages into
@@ -161,13 +160,14 @@ lesson.say(
 # count. Do not read it for lengths, not even to compare the rows (where a row ends, how long its
 # forward or its grey stretch is): each row is a single step of two ranks that share this machine's
 # cores, and this notebook does not measure what compiling costs. The cell after the figure counts,
-# in each run, the messages in flight while a gradient node ran. Without the cut none can be (the
-# first claim checks it). With the cut, the message of every bucket handed over before the last
-# piece's backward can be (here every bucket but the last); how many are depends on when gloo
-# begins each message, which this run's timing decides. Eager's count is printed beside them: in
-# eager too gradient nodes ran after the first bucket was handed over (the second claim), and its
-# count depends on the timing as the cut's does, so this run's two counts do not tell which of the
-# two overlaps more.
+# in each run on rank 0, the messages in flight while a gradient node ran, and says which, in the
+# order the messages began. Without the cut none can be (the first claim checks it). With the cut,
+# the message of every bucket handed over before the last piece's backward can be (here every bucket
+# but the last); which are depends on when each message begins and ends and on when the pieces'
+# backwards run, which this run's timing decides. Eager's count is printed beside them: in eager too
+# gradient nodes ran after the first bucket was handed over (the second claim), and its count
+# depends on the timing as the cut's does, so this run's two counts do not compare eager with the
+# cut.
 #
 # The cut is torch's design for GPUs. This notebook runs no GPU: what the cut does to a GPU step is
 # not shown here.
@@ -176,7 +176,7 @@ lesson.say(
 # %%distributed
 nodes.picture(looks, "ddp: eager, compiled without the cut, compiled with it")  # rank 0 draws
 # orders of events (program order), not timings: they hold on any machine. Without the cut every message starts
-# after its bucket's tick, which comes after the one gradient node has ended
+# after its bucket's tick, which comes after the compiled piece's gradient node, the last gradient node, has ended
 after = {label: v["ran_after_first_handover"] for label, v in looks.items()}  # nodes still running or begun
 lesson.claim(
     after[NO_CUT]["gradient nodes"] == 0
@@ -203,8 +203,8 @@ lesson.claim(
 # %%
 # %%distributed
 lesson.say(
-    "Messages in flight while a gradient node ran, in the profiled step: "
-    + ", ".join(f"{v['in_flight_beside_node']} of {len(v['row']['messages'])} {k}" for k, v in looks.items())
+    "On rank 0, messages in flight while a gradient node ran, in the profiled step: "
+    + ", ".join(f"{label} {nodes.beside(view['beside_node'])}" for label, view in looks.items())
     + "."
 )
 
@@ -225,20 +225,8 @@ lesson.say(
 
 # %%
 # %%distributed
-def walk(output, module) -> list[list[str]]:
-    """The compiled pieces reached from ``output``, in backward order, each with its parameters' names in ``module``."""
-    names = {id(p): n.removeprefix("_orig_mod.") for n, p in module.named_parameters()}
-    found, node = [], output.grad_fn
-    while node is not None:
-        if "CompiledFunction" in node.name():
-            found.append([names[id(n.variable)] for n, _ in node.next_functions if hasattr(n, "variable")])
-        earlier = [n for n, _ in node.next_functions if n is not None and not hasattr(n, "variable")]
-        node = earlier[0] if earlier else None
-    return found
-
-
 with ddp.no_sync():  # no_sync(): the reducer expects no gradients from this forward, whose backward never runs
-    pieces = walk(ddp(torch.randn(32, WIDTH)), ddp.module)  # the training's shape
+    pieces = nodes.compiled_pieces(ddp(torch.randn(32, WIDTH)), ddp.module)  # the training's shape
 buckets = looks[CUT]["buckets"]
 for i, piece in enumerate(pieces):
     lesson.say(f"piece {i} (backward runs it {'first' if i == 0 else 'next'}): {', '.join(piece)}")
@@ -246,9 +234,15 @@ size = {n.removeprefix("_orig_mod."): p.numel() * p.element_size() for n, p in d
 for i, bucket in enumerate(buckets):
     lesson.say(f"bucket {i} ({sum(size[name] for name in bucket) / 2**20:g} MiB): {', '.join(bucket)}")
 lesson.claim(
-    len(pieces) > 1 and sum(map(len, pieces)) == sum(map(len, buckets)) == DEPTH,
+    len(pieces) > 1 and sorted(sum(pieces, [])) == sorted(sum(buckets, [])) == sorted(size) and len(size) == DEPTH,
     f"The compiled graph is cut into {len(pieces)} pieces, which together produce the gradients of all "
     f"{DEPTH} parameters, each once.",
+)
+first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB: Dynamo's first piece under torch's DDP
+lesson.claim(
+    sum(size[name] for name in pieces[0]) / 2**20 == CAP > first,
+    f"Piece 0 holds {CAP:g} MiB of parameters, the bucket cap: minddp's ddp has Dynamo close the first piece at the "
+    f"cap, not at the {first:g} MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES) Dynamo uses under torch's DDP.",
 )
 runs = {label: looks[label]["pieces_run"] for label in (NO_CUT, CUT)}
 lesson.claim(
@@ -312,15 +306,17 @@ print(check_handover(solutions.handed_over_after))
 #
 # The other pattern compiles the wrapper itself: `torch.compile(DDP(model))`. Dynamo then meets the
 # wrapper's own Python first. A graph break is a place inside a graph Dynamo has begun where it
-# stops the graph, runs Python, and starts a new one. minddp's `ddp` marks three of its methods for
-# Dynamo to skip (`minddp/runtime/compiling.py`): `forward` itself with
+# stops the graph, runs Python, and starts a new one; this notebook counts the breaks and does not
+# measure what they cost. minddp's `ddp` marks three of its methods for Dynamo to skip, in
+# `minddp/ddp/distributed.py` (the means are in `minddp/runtime/compiling.py`): `forward` itself with
 # `torch.compiler.disable(forward, recursive=False)`, so that Dynamo skips `forward`'s own code but
 # not the functions it calls, the module's included; and the two methods `forward` calls before and
 # after the module (`_before_module`, `_after_module`) with the default `recursive=True`, so that Dynamo
 # skips them with all they call. Dynamo begins no graph in `forward`, so there is none to break. A
 # count of 0 alone does not show that the module was compiled (a wrapper Dynamo skipped whole would
-# count 0 too): the pieces printed under *Buckets of 0.5 MiB* show that. Each count compiles
-# an MLP of two 1 MiB layers, alone or in a wrapper, for one training step, and Dynamo counts the breaks.
+# count 0 too), and this cell does not show it; *Buckets of 0.5 MiB* prints the compiled pieces of
+# `torch.compile(ddp)` at another cap. Each count compiles an MLP of two 1 MiB layers, alone or in a
+# wrapper, for one training step, and Dynamo counts the breaks.
 
 
 # %%
@@ -335,19 +331,18 @@ def breaks(wrap) -> int:
     return sum(counters["graph_break"].values())
 
 
+ALONE, OURS, THEIRS = "torch.compile(MLP)", "torch.compile(minddp's ddp(MLP))", "torch.compile(torch's DDP(MLP))"
 counts = {
-    "the MLP alone": breaks(lambda m: m),
-    "minddp's ddp": breaks(lambda m: DistributedDataParallel(m, bucket_cap_mb=CAP)),
-    "torch's DDP": breaks(lambda m: torch.nn.parallel.DistributedDataParallel(m, bucket_cap_mb=CAP)),
+    ALONE: breaks(lambda m: m),
+    OURS: breaks(lambda m: DistributedDataParallel(m, bucket_cap_mb=CAP)),
+    THEIRS: breaks(lambda m: torch.nn.parallel.DistributedDataParallel(m, bucket_cap_mb=CAP)),
 }
 lesson.say(
-    f"Graph breaks in one step of torch.compile(wrapper(MLP(depth=2))), bucket_cap_mb={CAP:g}: "
+    f"Graph breaks in one training step, MLP(depth=2), each wrapper at bucket_cap_mb={CAP:g}: "
     + ", ".join(f"{k} {v}" for k, v in counts.items())
 )
-lesson.claim(counts["minddp's ddp"] == counts["the MLP alone"], "minddp's ddp adds no graph break to the model's own.")
-lesson.claim(
-    counts["torch's DDP"] > counts["the MLP alone"], "torch's DDP, compiled whole, adds graph breaks to the model's."
-)
+lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")
+lesson.claim(counts[THEIRS] > counts[ALONE], "torch's DDP, compiled whole, adds graph breaks to the model's.")
 
 # %% [markdown]
 # ## Buckets of 0.5 MiB
@@ -356,15 +351,14 @@ lesson.claim(
 # 0.5 MiB on an MLP of two 1 MiB layers, one training step each: its parameters compared with eager
 # `ddp`'s after the same step, and the pieces its compiled graph is cut into; a refusal is printed
 # with the torch file that raised it. With torch's DDP, Dynamo caps the first piece at 1 MiB, above
-# this bucket cap; minddp's `ddp`, given a cap, caps the first piece at that cap. Dynamo's assert,
+# this bucket cap; minddp's `ddp`, given a cap, caps the first piece at that cap (checked on piece 0
+# under *The pieces and the buckets*). Dynamo's assert,
 # printed below, calls its first piece the "first bucket".
 
 
 # %%
 # %%distributed
 SMALL = 0.5  # MiB
-TORCH = os.path.dirname(os.path.dirname(torch.__file__))  # file paths are said from torch's own folder
-
 
 reference = MLP(depth=2)  # eager ddp, one step on the same batch
 optimizer = torch.optim.SGD(reference.parameters(), lr=0.01)
@@ -383,11 +377,10 @@ def compile_at(wrapper, model_first: bool) -> str:
     try:
         train_step(wrapped, torch.optim.SGD(model.parameters(), lr=0.01), next(batches()), loss_fn)
     except Exception as error:  # what torch raises, said in one line, with the file of torch's that raised it
-        where = os.path.relpath(traceback.extract_tb(error.__traceback__)[-1].filename, TORCH)
-        return f"{type(error).__name__}: {str(error).strip().splitlines()[0]} (raised in {where})"
+        return nodes.refusal(error)
     same = torch.equal(flat(model), flat(reference))
     with wrapped.no_sync():  # a forward whose backward never runs, to walk its pieces
-        pieces = walk(wrapped(torch.randn(32, WIDTH)), model)
+        pieces = nodes.compiled_pieces(wrapped(torch.randn(32, WIDTH)), model)
     bits = "to eager ddp's bits" if same else "to bits that differ from eager ddp's"
     return f"trained a step, {bits}; compiled pieces: " + " | ".join(", ".join(piece) for piece in pieces)
 
@@ -401,7 +394,7 @@ small = {
 }
 for (who, pattern), outcome in small.items():
     lesson.say(f"{who}, {pattern}, bucket_cap_mb={SMALL:g}: {outcome}")
-refused, first = "AssertionError: First bucket", torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB
+refused = "AssertionError: First bucket"  # and `first`, Dynamo's cap for the first piece under torch's DDP, from above
 lesson.claim(
     first > SMALL
     and all(
@@ -429,12 +422,12 @@ lesson.claim(
 # * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the compiled
 #   graph into pieces, and the first bucket is handed over before backward's last gradient node (the
 #   claims above), so the message of every bucket handed over before the last piece's backward (here
-#   every bucket but the last) can be in flight while gradients are still computed. How many were
-#   in this run's step (its timing decides), the line printed after the figure says, beside eager's;
-#   what the cut does to a step's length, on CPU or GPU, is not measured here.
+#   every bucket but the last) can be in flight while gradients are still computed. Which were, on
+#   rank 0 in this run's step (its timing decides), the line printed after the figure says, beside
+#   eager's; what the cut does to a step's length, on CPU or GPU, is not measured here.
 # * The wrapper compiled whole: at 2 MiB buckets `torch.compile(ddp)` adds no graph break to the
-#   model's own, where torch's DDP adds breaks; at 0.5 MiB its module is compiled and cut
-#   (*Buckets of 0.5 MiB*).
+#   model's own, where torch's DDP adds breaks (what they cost is not measured here); at 0.5 MiB
+#   its module is compiled and cut (*Buckets of 0.5 MiB*).
 # * At 0.5 MiB buckets torch's DDP (this run's torch) does not compile: Dynamo's cap for its first
 #   piece, 1 MiB, is above the bucket cap, and Dynamo asserts.
 #   minddp's `ddp` trains, with both patterns, to eager's bits.

@@ -6,7 +6,8 @@ once a bucket's last one is, hands the bucket over, ``c10d::allreduce_``), and e
 node*; a compiled piece's gradient node is ``CompiledFunctionBackward``. :func:`node_view` reads one
 ``train_step`` under :func:`minddp.analysis.live.profiler` that way, on top of
 :func:`~minddp.analysis.live.step_view`; :func:`picture` draws the three runs' rows with the nodes as bars and
-the legend in the notebook's words.
+the legend in the notebook's words; :func:`beside`, :func:`bucket_names`, :func:`compiled_pieces` and :func:`refusal`
+keep the notebook's plumbing out of its cells.
 
 Example (one rank here; notebook 09 runs it on every rank): two layers of 0.25 MiB, a bucket each::
 
@@ -30,6 +31,11 @@ Example (one rank here; notebook 09 runs it on every rank): two layers of 0.25 M
 
 from __future__ import annotations
 
+import os
+import traceback
+
+import torch
+
 from minddp.analysis import live
 from minddp.runtime import compat
 
@@ -45,7 +51,8 @@ def node_view(prof) -> dict:
     * ``ran_after_first_handover``: how many gradient nodes and how many ``AccumulateGrad`` nodes were still
       running, or began, after the first bucket was handed over (a node whose range ends after it);
     * ``inside_accumulate``: for each handover, whether it fell inside an ``AccumulateGrad`` node's range;
-    * ``in_flight_beside_node``: how many messages (gloo's ``all_reduce`` ranges) overlapped a gradient node;
+    * ``beside_node``: for each message (gloo's ``all_reduce`` range), in the order the messages began, whether
+      it was in flight while a gradient node ran (their ranges share time); ``in_flight_beside_node``: how many were;
     * ``pieces_run``: how many compiled pieces' gradient nodes ran; ``pieces_ended_at_handover`` and
       ``pieces_begun_at_handover``: for each handover, how many of them had ended, and begun, by then.
     """
@@ -57,7 +64,7 @@ def node_view(prof) -> dict:
     accumulate = [e for e in ran if "AccumulateGrad" in e.name]
     nodes = [e for e in ran if "AccumulateGrad" not in e.name]  # gradient nodes
     pieces = [e for e in nodes if e.name == PIECE]
-    messages = [(e.time_range.start, e.time_range.end) for e in events if e.name in live.BACKEND_RANGES]
+    messages = sorted((e.time_range.start, e.time_range.end) for e in events if e.name in live.BACKEND_RANGES)
 
     def ms(picked) -> list[tuple[float, float]]:
         return sorted(((e.time_range.start - t0) / 1e3, (e.time_range.end - t0) / 1e3) for e in picked)
@@ -69,9 +76,8 @@ def node_view(prof) -> dict:
     view["inside_accumulate"] = [
         any(e.time_range.start <= t <= e.time_range.end for e in accumulate) for t in handovers
     ]
-    view["in_flight_beside_node"] = sum(
-        any(n.time_range.start < b and a < n.time_range.end for n in nodes) for a, b in messages
-    )
+    view["beside_node"] = [any(n.time_range.start < b and a < n.time_range.end for n in nodes) for a, b in messages]
+    view["in_flight_beside_node"] = sum(view["beside_node"])
     view["pieces_run"] = len(pieces)
     view["pieces_ended_at_handover"] = [sum(e.time_range.end <= t for e in pieces) for t in handovers]
     view["pieces_begun_at_handover"] = [sum(e.time_range.start <= t for e in pieces) for t in handovers]
@@ -79,9 +85,51 @@ def node_view(prof) -> dict:
     return view
 
 
+def beside(flags: list[bool]) -> str:
+    """``node_view``'s ``beside_node`` in words: ``"2 of 4 (the 2nd and 3rd to begin)"``, the messages counted in
+    the order they began."""
+
+    def ordinal(i: int) -> str:
+        return f"{i}{'th' if 10 < i % 100 < 14 else {1: 'st', 2: 'nd', 3: 'rd'}.get(i % 10, 'th')}"
+
+    nth = [ordinal(i) for i, flag in enumerate(flags, 1) if flag]
+    named = f"{', '.join(nth[:-1])} and {nth[-1]}" if len(nth) > 1 else "".join(nth)
+    return f"{len(nth)} of {len(flags)}" + (f" (the {named} to begin)" if nth else "")
+
+
+def bucket_names(ddp) -> list[list[str]]:
+    """``ddp``'s buckets (its ``bucket_plan``), each as its parameters' names in the model, in the bucket's order
+    (a compiled model's names lose the ``_orig_mod.`` that ``torch.compile``'s wrapper puts before them)."""
+    return [[ddp.reducer.names[i].removeprefix("_orig_mod.") for i in bucket] for bucket in ddp.bucket_plan]
+
+
+def compiled_pieces(output, module) -> list[list[str]]:
+    """The compiled pieces that autograd reached from ``output`` records, in the order backward runs them, each as
+    the names in ``module`` of the parameters whose gradients it produces (in the forward's order).
+
+    Each piece records one ``CompiledFunctionBackward`` node; its parameters' ``AccumulateGrad`` nodes (the ones
+    with a ``variable``) hang off it, and the earlier piece's node is the other node it leads to."""
+    names = {id(p): n.removeprefix("_orig_mod.") for n, p in module.named_parameters()}
+    found, node = [], output.grad_fn
+    while node is not None:
+        if "CompiledFunction" in node.name():
+            found.append([names[id(n.variable)] for n, _ in node.next_functions if hasattr(n, "variable")])
+        earlier = [n for n, _ in node.next_functions if n is not None and not hasattr(n, "variable")]
+        node = earlier[0] if earlier else None
+    return found
+
+
+def refusal(error: BaseException) -> str:
+    """What torch raised, in one line: its type, its message's first line, and the file that raised it, said from
+    the folder that holds ``torch`` (``torch/_dynamo/...``)."""
+    root = os.path.dirname(os.path.dirname(torch.__file__))
+    where = os.path.relpath(traceback.extract_tb(error.__traceback__)[-1].filename, root)
+    return f"{type(error).__name__}: {str(error).strip().splitlines()[0]} (raised in {where})"
+
+
 #: the library's legend words (minddp.analysis.timeline) -> notebook 09's
 WORDS = {
-    "forward": "forward and loss",
+    "forward": "forward",
     "backward": "gradient nodes",
     "handed to the wire": "handed over",
     "collective in flight (held open included)": "in flight (gloo's all_reduce range)",
@@ -105,6 +153,6 @@ def picture(looks: dict, title: str):
     ax.set_xlabel("ms since the step's forward began", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     named = {WORDS.get(label, label): h for label, h in zip(labels, handles) if not label.startswith("_")}
-    order = ["forward and loss", "gradient nodes", "AccumulateGrad nodes", *named]
+    order = [WORDS["forward"], WORDS["backward"], "AccumulateGrad nodes", *named]
     legend_above(ax, {key: named[key] for key in dict.fromkeys(order) if key in named}, len(named))
     return figure
