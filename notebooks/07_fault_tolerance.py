@@ -19,16 +19,16 @@
 # Every stage so far keeps the classic contract: a process that dies ends the run, and the next run
 # starts from the last checkpoint. At scale failures are routine: the pre-training of Llama 3 405B
 # saw 419 unexpected interruptions in 54 days on 16,384 GPUs, one every 3.1 hours (54 × 24 / 419;
-# *The Llama 3 Herd of Models*, Meta, 2024, arXiv:2407.21783, section 3.3.4), and each one costs
-# the work since that checkpoint plus a restart. The `ft` **rung** (a *rung* is one of minddp's ways
-# to train, as the stages of notebook 03; this one, in `minddp/ft/`, is after torchft: the `ddp`
-# stage of notebooks 02 and 03 plus what follows) keeps training instead. Each try at a step
-# (an **attempt**) goes through these phases (numbered as in `docs/fault-tolerance.md`); phases 2 and 3
-# happen only in the attempts that need them:
+# *The Llama 3 Herd of Models*, Meta, 2024, arXiv:2407.21783, section 3.3.4), and each one costs the
+# work since that checkpoint plus a restart. The `ft` **rung** (a *rung* is one of minddp's ways to
+# train, as each stage of notebook 03's ladder is one; this one, in `minddp/ft/`, is after torchft:
+# it runs the `ddp` stage of notebooks 02 and 03 inside the phases below) keeps training instead.
+# Each try at a step (an **attempt**) goes through these phases (numbered as in
+# `docs/fault-tolerance.md`); phases 2 and 3 happen only in the attempts that need them:
 #
 # 1. a **quorum**: before each attempt, a small coordinator (the *lighthouse*, a process of its own)
 #    answers who trains it, the attempt's **members**;
-# 2. a **new group** at the first quorum, and whenever the members changed (its size their new
+# 2. a **new group** at the run's first quorum, and whenever the members changed (its size their new
 #    number) or the last attempt at a step was discarded (a group that saw a failure may be broken:
 #    the same members build a new one);
 # 3. a process that comes back is **healed**: it receives the trained state from a peer, over the
@@ -38,15 +38,15 @@
 # 5. **should_commit**: each attempt counts on every member or on none. An attempt that saw a
 #    failure is **discarded**, and its step tried again.
 #
-# Two of these promises are minddp's own, not torchft's. torchft trains in **replica groups**: each
-# holds one copy of the model and may be several processes (e.g. sharding it); the copies are kept
-# equal across groups. Here each slot (below) is a replica group of one process. torchft's
-# `DistributedSampler` gives each replica group a fixed share of the data, so the examples of a group
-# that is down are never used ("This sampler is inherently lossy when used with torchft", says its
-# docstring); here the members split the whole global batch of the step (phase 4). And torchft's
+# Two of these phases, 4 and 5, are minddp's own, not torchft's. torchft trains in **replica
+# groups**: each holds one copy of the model and may be several processes (e.g. sharding it); the
+# copies are kept equal across groups. Here each replica group is one process. torchft's
+# `DistributedSampler` gives each replica group a fixed share of the data, so the examples of a
+# group that is down are never used ("This sampler is inherently lossy when used with torchft", says
+# its docstring); here the members split the whole global batch of the step (phase 4). And torchft's
 # `should_commit` is agreed within a replica group, while "Different replica groups may return
-# different values" (its docstring again); here one process, the lighthouse, decides for every member
-# (phase 5).
+# different values" (its docstring again); here one process, the lighthouse, decides for every
+# member (phase 5).
 #
 # The words this notebook uses:
 #
@@ -57,20 +57,20 @@
 #   built for them), and the **world** is their number: after slot 1 is lost, slots 0 and 2 are
 #   ranks 0 and 1 of world 2;
 # * a quorum's **tag** names its group: the lighthouse gives a new tag, so the members build a new
-#   group, at the first quorum and when the members changed or a step was discarded since the last
-#   quorum; otherwise the quorum keeps the last one's tag and group;
+#   group, at the run's first quorum and when the members changed or a step was discarded since the
+#   last quorum; otherwise the quorum keeps the last one's tag and group;
 # * a **holder** is a process that holds the trained state: a member of the newest committed step.
 
 # %% [markdown]
 # ## A run with two faults
 #
-# The cell below starts a lighthouse and three slots from this kernel and trains 14 steps of a toy
-# task (`ToyTask`: a small MLP regression, 12 rows per global batch, AdamW, and a 10 ms pause per
-# step standing in for compute). Each group the rung builds runs on gloo, torch's CPU backend. What
-# each setting does:
+# The cell below starts a lighthouse and a training process in each of three slots from this
+# kernel and trains 14 steps of a toy task (`ToyTask`: a small MLP regression, 12 rows per global
+# batch, AdamW, and a 10 ms pause per step standing in for compute). Each group the rung builds
+# runs on gloo, torch's CPU backend. What each setting does:
 #
 # * `world_size=3`: three slots. The launcher's parameter keeps torch's name; in this notebook the
-#   **world** is always the number of an attempt's members, at most `world_size` (2 after the kill);
+#   **world** is always the number of an attempt's members, at most `world_size`;
 # * `faults`: `kill@4:1`, slot 1 SIGKILLs itself in step 4 after its forward, before its all_reduce
 #   (the others' all_reduce cannot complete without it); `raise@11:2`, slot 2's comm hook (the
 #   function that averages the gradients with an all_reduce, as in notebook 04) raises in step 11,
@@ -79,19 +79,19 @@
 #   **heartbeat** may be silent (a count that a thread of its process writes to the lighthouse's
 #   store every 50 ms, from just before it first asks for a quorum). The lighthouse counts a slot
 #   **live** once its process has sent a first heartbeat, while that heartbeat has not been silent
-#   that long and the launcher has not reported the process's exit. It answers the first quorum
-#   once every slot has sent a heartbeat, and each later one once every live slot has asked, so a
-#   later quorum does not wait for a process still starting. A slot silent past the bound is
+#   that long and the launcher has not reported the process's exit. It answers the run's first
+#   quorum once every slot has sent a heartbeat, and each later one once every live slot has asked,
+#   so a later quorum does not wait for a process still starting. A slot silent past the bound is
 #   evicted (the launcher ends its process and starts it again, as after a kill), unless it is the
 #   last holder of the trained state, which is never evicted (question 1 below);
-# * `full_world_at=(4, 9)`: the lighthouse answers the first quorum of steps 4 and 9 only once all
-#   three slots have asked, whatever the machine's speed: the kill meets a full world, and slot 1
-#   is back, healed, by step 9 (slots 0 and 2 wait for it there if it is not back sooner), before
-#   the raise of step 11 (so the heal and the raise each show on their own);
+# * `full_world_at=(4, 9)`: the lighthouse answers the quorum of the first attempt at steps 4 and 9
+#   only once all three slots have asked, whatever the machine's speed: the kill meets a full world,
+#   and slot 1 is back, healed, by step 9 (slots 0 and 2 wait for it there if it is not back
+#   sooner), before the raise of step 11 (so the heal and the raise each show on their own);
 # * `restart_after_steps=1`: the launcher starts a killed slot again only once a step was committed
 #   without it, so the run shows steps committed at world 2;
 # * `digests=True`: every member records a sha256 of its parameters and optimizer state just before
-#   each attempt's step (its *before* digest: once the attempt's group is built and any heal done),
+#   each attempt's work (its *before* digest: once the attempt's group is built and any heal done),
 #   and again after each discarded attempt (the checks further down).
 #
 # `run.report()` gives one line per fault: its **recovery**, seconds from the fault to the first
@@ -118,33 +118,37 @@ for line in run.report():
     print(line)
 
 # %% [markdown]
-# Where the kill's recovery went. The cell below prints the moments the members, the lighthouse and
-# the launcher recorded, in milliseconds after the kill and since the row before, sorted by time:
+# Where each recovery went. The cell below prints, for each fault, the moments the members, the
+# lighthouse and the launcher recorded, in milliseconds after the fault and since the row before,
+# sorted by time:
 #
-# * **first error**: a survivor's all_reduce failed (the errors are printed further down); the run
-#   records nothing between the kill and this moment;
+# * **first error**: a member's all_reduce failed, or, for the raise, slot 2's comm hook raised
+#   (the errors are printed further down). Between the kill and this moment the kernel ends slot
+#   1's process and closes its connections, and gloo, in a survivor's all_reduce, finds one closed;
+#   the run times none of it;
 # * **discard**: each member that caught an error first drops its group, then votes no; the
 #   lighthouse discards the attempt at the first no it receives;
-# * **exit recorded**: the launcher recorded slot 1's exit, then tells the lighthouse. It records an
-#   exit at least 50 ms after it sees that a process ended (a result may still be on its way), and
-#   the run does not record when it saw it;
-# * **next quorum**: each survivor asks again; the lighthouse answers once every live slot has
+# * **exit recorded** (the kill only): the launcher recorded slot 1's exit, then tells the
+#   lighthouse. It records an exit at least 50 ms after it sees that a process ended (a result may
+#   still be on its way), and the run does not record when it saw it;
+# * **next quorum**: each member asks again; the lighthouse answers once every live slot has
 #   asked, and slot 1 counts as live until the lighthouse has read the launcher's word of its exit
-#   (the second claim checks that this quorum came after the exit was recorded);
-# * **commit**: the survivors build a group of 2, train step 4 again and vote, and the lighthouse
-#   commits.
+#   (the second claim checks that the kill's next quorum came after the exit was recorded);
+# * **commit**: the members build a new group (after the kill, of 2), train the step again and
+#   vote, and the lighthouse commits.
 #
-# Under the rows, apart from them: the latest moment the launcher can have seen the exit (its record
-# less its 50 ms wait), a bound, not a recorded moment; it may have seen it earlier, even before the
-# first error. Each survivor asks for the next quorum only once it has read the discard, and the
-# lighthouse answers it only once it has read the exit's record, so the kill's recovery waited for
-# the exit's record at most from the discard to the next quorum (the line `waited for the exit's
-# record`). Part of that span is surely the launcher's own 50 ms wait, a setting of the launcher, not
-# a cost of the fault: from the discard (or from the bound, if it is later) to the exit's record; the
-# same line prints that part. The raise's recovery (the report's second line) is not split; slot 2's
-# process stayed (the first claim checks that the launcher recorded no exit after it, and that the
-# first error was slot 2's own). The two `recovery` lines set each recovery against the hang bound
-# (5 s): neither fault made anyone wait for the group's timeout.
+# Under the kill's rows, apart from them: the latest moment the launcher can have seen the exit
+# (its record less its 50 ms wait), a bound, not a recorded moment; it may have seen it earlier,
+# even before the first error. Each survivor asks for the next quorum only once it has read the
+# discard, and the lighthouse answers it only once it has read the exit's record, so the kill's
+# recovery waited for the exit's record at most from the discard to the next quorum (the line
+# `waited for the exit's record`). That wait is on the launcher's side, not the fault's: it sees the
+# exit, waits 50 ms (`EXIT_WAIT_S`, a setting of the launcher), then records it; how the span splits
+# among these, the run does not record. The raise's process stayed (the first claim checks that the
+# launcher recorded no exit after it, and that the first error was slot 2's own), so its recovery
+# waited for no exit's record: set the two tables side by side row by row, not only their totals.
+# The two `recovery` lines set each recovery against the hang bound (5 s): neither fault made anyone
+# wait for the group's timeout.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -171,30 +175,36 @@ lesson.claim(
     kill.exit_s is not None and kill.exit_s <= kill.quorum_s,
     f"kill: the next quorum came after the launcher recorded slot {kill.fault.slot}'s exit",
 )
-moments = {
-    "first error": first_error(kill)[0],
-    "discard": ms(kill.discard_s),
-    f"slot {kill.fault.slot}'s exit recorded": ms(kill.exit_s),
-    "next quorum": ms(kill.quorum_s),
-    f"commit of step {kill.committed_step}": ms(kill.recovery_s),
-}
-print("\nthe kill: the moments recorded, ms after it, and since the one before")
-before = 0
-for name, t in sorted(moments.items(), key=lambda item: item[1]):  # sorted by time
-    print(f"  {name:<26}{t:>5}   +{t - before}")
-    before = t
+
+
+def moments(o):  # the moments the run recorded after fault o, sorted by time, in ms after it and since the one before
+    rows = {
+        "first error": first_error(o)[0],
+        "discard": ms(o.discard_s),
+        **({f"slot {o.fault.slot}'s exit recorded": ms(o.exit_s)} if o.exit_s is not None else {}),
+        "next quorum": ms(o.quorum_s),
+        f"commit of step {o.committed_step}": ms(o.recovery_s),
+    }
+    print(f"\n{o.fault}: the moments recorded, ms after it, and since the one before")
+    before = 0
+    for name, t in sorted(rows.items(), key=lambda item: item[1]):
+        print(f"  {name:<26}{t:>5}   +{t - before}")
+        before = t
+
+
+moments(kill)
 recorded, discard, quorum = ms(kill.exit_s), ms(kill.discard_s), ms(kill.quorum_s)
 seen = recorded - ms(EXIT_WAIT_S)  # a bound: the launcher records an exit EXIT_WAIT_S (or more) after it sees it
 print(
     f"a bound, not a recorded moment: the launcher saw the exit {seen} ms after the kill at the latest (its record, "
     f"{recorded}, less its {ms(EXIT_WAIT_S)} ms wait), perhaps earlier"
 )
-own = max(0, recorded - max(discard, seen))  # of the span below, the part surely inside the launcher's wait
 print(
     f"waited for the exit's record: at most {quorum - discard} ms (from the discard to the next quorum), "
-    f"{(quorum - discard) / ms(kill.recovery_s):.0%} of the recovery; at least {own} ms of it the launcher's own "
-    f"{ms(EXIT_WAIT_S)} ms wait"
+    f"{(quorum - discard) / ms(kill.recovery_s):.0%} of the kill's recovery"
 )
+moments(raised)
+print()
 for o in (kill, raised):
     print(f"{o.fault} recovery: {ms(o.recovery_s)} ms, {o.recovery_s / 5.0:.0%} of the hang bound (5 s)")
 
@@ -227,14 +237,16 @@ print(
 
 # %% [markdown]
 # So the rejoin is not the time a heal takes: the heal, the state sent just after that quorum, is
-# not timed. Slots 0 and 2 asked for step 9's quorum just after their last commit, in this run long
-# before that quorum (the lines above), so the new process was the last to ask, and its part of the
-# rejoin (its share printed above) is its starting up until it asked: forked from a server that
-# had already imported torch, it imports the `ft` modules, connects to the lighthouse, builds its
-# model, then starts its heartbeat and asks (the run does not time these). Until that first heartbeat it was not live, so slots 0 and 2
-# trained without it at world 2 up to step 9, then waited there only because this notebook sets
-# `full_world_at=(4, 9)`: without it they would have trained on at world 2, and the new process
-# would have joined at a later step. That time is part of neither fault's recovery.
+# not timed. Nor does the run record when each slot asked for that quorum; by the rung's code a
+# process asks for the next quorum right after its last attempt ends, so slots 0 and 2 asked before
+# that quorum by the gap printed above, and the lighthouse answered it once the last of the three
+# asked: the new process was the last to ask. Its part of the rejoin (its share printed above) is
+# then its starting up until it asked: forked from a server that had already imported torch, it
+# imports the `ft` modules, connects to the lighthouse, builds its model, then starts its heartbeat
+# and asks. The run does not time these, so which of them took that time is not shown. Until that
+# first heartbeat it was not live, so slots 0 and 2 trained without it at world 2 up to step 9, then
+# waited there for it because this notebook sets `full_world_at=(4, 9)`. That time is part of
+# neither fault's recovery.
 #
 # Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline
 # below), and only slot 1's process was started again. A restart from a checkpoint (not run here)
@@ -256,10 +268,11 @@ print(run.timeline())
 #   at the cause); they voted no, and the attempt was **discarded** on both (`x`). The next quorum
 #   had two members, slots 0 and 2 (ranks 0 and 1 of a new group of 2: their order among the
 #   members), and step 4 was trained again and committed at world 2;
-# * the launcher started slot 1 again: a new process, freshly initialised, at step 0. It asked to
-#   train step 0 while its peers asked for a later step, so it was **healed**: in the new group of
-#   that quorum, before the step, it received the trained state from a peer, then trained that step
-#   with them, and the attempt was committed (`H`). From then on it trained with them at world 3;
+# * the launcher started slot 1 again: a new process, freshly initialised, with no step committed.
+#   It asked to train step 0 while its peers asked for a later step, so it was **healed**: in the
+#   new group of that quorum, before the work, it received the trained state from a peer, then
+#   trained that step with them, and the attempt was committed (`H`). From then on it trained with
+#   them at world 3;
 # * in step 11 slot 2's comm hook raised, before its all_reduce: slot 2's process stayed, dropped
 #   its group and voted no. Slots 0 and 1's all_reduce then failed (the errors are printed below,
 #   in the order caught), though no process had ended. The attempt was discarded on every member,
@@ -427,18 +440,22 @@ show_source(solutions.ft_shard)
 # <details><summary>2. Two kills, and three</summary>
 #
 # A prediction (this notebook runs only the three-kill case, below): with `kill@4:1,kill@5:2` the
-# world shrinks by one at each kill, and grows back as each killed slot is started again and
-# healed from a survivor. The launcher starts slot 1 again only after a step committed without
-# it, here after step 4, and in the run above its new process took far longer to start than the
-# survivors took to commit a step (the rejoin's lines above), so it is not back when slot 2 dies in
-# step 5: the world goes down to 1, slot 0 training alone on the whole batch. Killing all three in the same step leaves no holder: in this
-# design, as in torchft's, the trained state lives only in the training processes, so nothing is
-# left to heal from. A design that keeps a copy elsewhere (a checkpoint on disk, or a replica of
-# the state outside the training processes) could bring it back. The processes started again
-# would hold a fresh initialisation, so minddp stops the run with one line rather than train the
-# committed steps again. The first cell below runs it with the main run's settings but 6 steps,
-# `full_world_at=(4,)` alone (so that the three kills meet three live processes), no digests and
-# no 10 ms pause (it only stands in for compute).
+# world shrinks by one at each kill. The launcher starts slot 1 again only after a step committed
+# without it, here after step 4, and in the run above its new process took far longer to start than
+# the survivors took to commit a step (the rejoin's lines above), so it is not back when slot 2 dies
+# in step 5: the world goes down to 1, slot 0 training alone on the whole batch. Slot 2 is started
+# again once step 5 is committed without it, so both new processes are starting at once, and slot 0
+# alone reaches step 9 before either asks (in the run above, the survivors committed steps 4-8 in a
+# small part of the new process's start). There `full_world_at=(4, 9)` holds the quorum until all
+# three slots have asked, so both are healed in that one quorum: the world row goes from 1 straight
+# back to 3 at step 9, never 2 on the way back. Killing all three in the same step leaves no holder:
+# in this design, as in torchft's, the trained state lives only in the training processes, so
+# nothing is left to heal from. A design that keeps a copy elsewhere (a checkpoint on disk, or a
+# replica of the state outside the training processes) could bring it back. The processes started
+# again would hold a fresh initialisation, so minddp stops the run with one line rather than train
+# the committed steps again. The first cell below runs it with the main run's settings but 6 steps,
+# `full_world_at=(4,)` alone (so that the three kills meet three live processes), no digests and no
+# 10 ms pause (it only stands in for compute).
 #
 # </details>
 #

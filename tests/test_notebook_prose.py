@@ -64,7 +64,7 @@ STEADY: dict[str, dict[str, str]] = {
         "store every 50 ms": "the heartbeat's period, a constant of minddp.ft",
         "exit at least 50 ms after it sees": "the launcher's wait, a constant of minddp.ft.launch",
         "less its 50 ms wait": "the launcher's wait, a constant of minddp.ft.launch",
-        "the launcher's own 50 ms wait": "the launcher's wait, a constant of minddp.ft.launch",
+        "waits 50 ms (`EXIT_WAIT_S`": "the launcher's wait, a constant of minddp.ft.launch",
         "the hang bound (5 s)": SETTING,
         "(5 s in the run above": SETTING,
         "with a 2 s bound": "the benchmark's setting (docs/fault-tolerance.md)",
