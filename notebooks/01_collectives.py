@@ -21,12 +21,12 @@
 # `%%distributed` runs on every rank, and each rank's output appears under its label
 # (`00_runner_demo` shows how the runner works).
 #
-# Point-to-point messages come first, then the collectives, where every rank of the group takes part
+# Point-to-point `send` and `recv` come first, then the collectives, where every rank of the group takes part
 # in the same call. Two of them carry the whole of data parallelism: `broadcast` (every rank starts
 # from the same weights) and `all_reduce` (every rank applies the same averaged gradient); the next
-# notebook builds exactly that. Then minddp's own ring all_reduce, written from plain `send`/`recv`,
-# is drawn message by message from what four ranks sent, and priced with a model of a link's cost per point-to-point
-# message (a *hop*) and per byte, in
+# notebook builds exactly that. Then minddp's own ring all_reduce, written from point-to-point `isend`/`irecv`,
+# is drawn hop by hop (a *hop*: one point-to-point send) from what four ranks sent, and priced with a model of a
+# link's cost per hop and per byte, in
 # the notation every later notebook uses. Last come `barrier`, and the words every later notebook
 # uses for communication meeting computation (*waited*, *exposed*, *overlap* and the rest), each with
 # its definition and the function that computes it.
@@ -56,7 +56,7 @@ print(f"rank {rank} holds {t.tolist()}")
 #
 # The `i` versions return at once with a *work* handle; the transfer runs in the background, and
 # `wait()` blocks until it is finished. In between, the rank is free to compute: the cell multiplies
-# two small matrices there. Nothing here is timed, so whether the 12-byte message was still on its way
+# two small matrices there. Nothing here is timed, so whether the 12 bytes were still on their way
 # while they multiplied is not shown. Later notebooks build DDP versions that compute while
 # gradients travel; the end of this notebook defines the measures of it.
 
@@ -134,14 +134,16 @@ grad / world_size
 #
 # `all_gather` gives every rank every rank's tensor. `reduce_scatter` leaves each rank
 # the *sum* of one chunk. The cell uses its one-tensor form, `reduce_scatter_single`:
-# the whole vector in, this rank's chunk (summed over the ranks) out. Rank q's vector is 0, 1, ..., 7
-# plus 10 q, and rank r keeps chunk r, elements 2 r and 2 r + 1: element i sums to
+# the whole vector in, this rank's chunk (summed over the ranks) out. Each rank's vector is 0, 1, ..., 7
+# plus 10 times its rank, and rank r keeps chunk r, elements 2 r and 2 r + 1: element i sums to
 # 4 i + 10 · (0 + 1 + 2 + 3) = 4 i + 60 over the four ranks, so rank 0 ends with [60, 64] and rank 3
 # with [84, 88].
 #
 # Running a `reduce_scatter` then an `all_gather` is an `all_reduce`. The *ring* algorithm does exactly
-# that, neighbour to neighbour; `minddp.collectives.ring_all_reduce` writes it from plain `send`/`recv` so
-# you can read it. (Which algorithm gloo's own `all_reduce` ran in this notebook no output shows: the
+# that, neighbour to neighbour; `minddp.collectives.ring_all_reduce` writes it from point-to-point sends so
+# you can read it. In each exchange a rank posts its `isend` and its `irecv` together, as the `isend` / `irecv`
+# cell above does (`minddp.collectives.p2p.exchange`): had every rank first made a blocking `send` that the
+# transport could not buffer, every rank would wait for a receive nobody had posted. (Which algorithm gloo's own `all_reduce` ran in this notebook no output shows: the
 # next cell checks only that the ring's result equals `dist.all_reduce`'s.)
 
 # %%
@@ -174,7 +176,7 @@ print("ring:", x.tolist(), "| equal to dist.all_reduce:", torch.equal(x, expecte
 # the ring 0 → 1 → 2 → 3 → 0: every rank sends only to its right-hand neighbour, and so receives only
 # from its left-hand one. `watch`
 # (`minddp.collectives.watch`) runs it on a 1 MiB tensor in which every rank has written its
-# *mark*, 2<sup>rank</sup> (1, 2, 4, 8), and writes down every message `ring_all_reduce` sends (minddp's Python, not gloo's own all_reduce): to
+# *mark*, 2<sup>rank</sup> (1, 2, 4, 8), and writes down every hop `ring_all_reduce` sends (minddp's Python, not gloo's own all_reduce): to
 # whom, how many bytes, which chunk, and what every chunk held just before. A chunk's value then
 # says whose marks it already holds: 9 = 1 + 8 holds ranks 0's and 3's, drawn "0+3" in the figure;
 # 15 holds all four, drawn "all". The *star*
@@ -192,14 +194,14 @@ tiny_star = watch("naive", numel=4 * 256)
 assert all(r["ok"] for r in ring + star + tiny + tiny_star)  # each leaves the sum of every rank's mark everywhere
 
 # %% [markdown]
-# The drawing is made from those records, one row per *exchange*: a rank sends a message, receives
+# The drawing is made from those records, one row per *exchange*: a rank sends a hop, receives
 # one, or both at the same time (in the ring always both: one to its right-hand
 # neighbour, one from its left-hand one). A row shows every rank's chunks as they were *just before* that
 # exchange, so a sum sent in one exchange first shows in the next row; the chunk a rank sends is
 # outlined in red, and the red text beneath says where it goes. The darker a chunk's green, the more
 # ranks' marks it holds (the darkest: all of them). In the **reduce-scatter** (first three rows) every
 # rank sends one chunk to its neighbour, which adds it into its own copy: the chunk sent holds one more
-# rank's mark at every exchange, and after 3 exchanges (one fewer than the ranks) each rank holds one
+# rank's mark at every exchange, and after n − 1 = 3 exchanges (n, the number of ranks, is 4) each rank holds one
 # chunk that is complete ("all"), a different one on each rank. In the **all-gather** (next three) the
 # complete chunks go around once more, each one overwriting the neighbour's partial copy.
 
@@ -221,7 +223,7 @@ for holds, sentence in ring_facts(ring):  # what the text above says of the draw
 # | --- | --- | --- |
 # | n | the number of ranks | |
 # | m | the bytes of the tensor one collective reduces, on one rank (a ring cuts it into n chunks of m / n bytes) | bytes |
-# | α | the fixed cost of one point-to-point message, a *hop* (one `send`), whatever its size: latency, software | seconds |
+# | α | the fixed cost of one *hop*, one point-to-point send, whatever its size: latency, software | seconds |
 # | β | the time per byte on a link, 1 / B | seconds per byte |
 # | B | a link's bandwidth, when one is named (`1gbit`: 1 Gbit/s = 125 MB/s); the tables print it in Gbit/s | bytes per second |
 #
@@ -237,7 +239,7 @@ for holds, sentence in ring_facts(ring):  # what the text above says of the draw
 # formulas, and draws them: a bar for the bytes each rank sent (green: the ring; grey: the star), a
 # black tick for those it received.
 #
-# **Time.** The α-β model prices one hop (one point-to-point message) of x bytes at α + β · x. It gives every rank one link
+# **Time.** The α-β model prices one hop of x bytes at α + β · x. It gives every rank one link
 # with one wire each way, and a wire carries one hop at a time: in an exchange that sends a
 # hop and receives another at the same time the larger of the two counts, but a rank's
 # exchanges go one after the other, even when its hops come from different ranks. The all_reduce
@@ -378,7 +380,7 @@ if rank == 0:
 # definition, computed by the function its row names in `minddp.analysis.metrics`, which every notebook, the trace
 # report and the benchmark call; the table is `docs/analysis.md`'s, word for word (a test checks it).
 #
-# From here on a *message* is one collective call, one all_reduce say, not one of the hops it is made of
+# A *message* is one collective call, one all_reduce say, not one of the hops it is made of
 # (2 (n − 1) from each rank around a ring, so a message's fixed cost is 2 (n − 1) α, a hop's α).
 # A run may send over an *emulated link* (`minddp.comm.link`): its *transfer* of a message starts when this
 # rank hands the message over (or, if the link still carries an earlier one, when that one is done), whatever

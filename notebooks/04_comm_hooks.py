@@ -45,8 +45,8 @@
 # Then the hooks send over an **emulated 1 Gbit/s link** (`minddp.comm.link`, as in notebooks 03
 # and 05), where fewer bytes become less link time (the modelled time of its messages), and we ask on
 # which links PowerSGD's extra messages cost more link time than its saved bytes. The notation is
-# notebook 01's: n ranks, m the bytes one all_reduce reduces, α the fixed cost of one of 01's
-# point-to-point messages, 01's *hop* (a ring rank sends one per exchange; the link's description and the
+# notebook 01's: n ranks, m the bytes one all_reduce reduces, α the fixed cost of one of 01's *hops*, its
+# point-to-point sends (a ring rank sends one per exchange; the link's description and the
 # tables here use that word), β the time per byte (1 / B, B the link's bandwidth). A **message** is one all_reduce, as in 01's
 # measures (a bucket, or one of PowerSGD's two or three per bucket: the tensors it leaves uncompressed, if the
 # bucket holds any, the P factors, the Q factors), which makes 2(n − 1) exchanges around the ring, so its fixed
@@ -214,8 +214,8 @@ steps.round(1)
 # the modelled time of the step's messages on the link, from their sizes alone (the same on any machine).
 # One profiled step per hook cannot rank the hooks by speed, so the step itself is read for plain
 # averaging alone: how long it took on this machine, and its *exposed* time (`metrics.exposed`), the
-# part of its link time during which the training thread stood still waiting, whichever message the link
-# carried, not only the one waited for (its waits while
+# part of the link's transfers (01's L) during which the training thread stood still waiting, whichever message
+# the link carried, not only the one waited for (its waits while
 # the link carries no message, such as after a modelled transfer has ended, are not in it; this notebook does
 # not print them). Plain
 # averaging here is `03_build_up`'s `bucket-async`, measured by the same function in another run: one
@@ -277,12 +277,17 @@ lesson.claim(
     f"less than plain averaging's last bucket alone ({lesson.mib(sent['allreduce'][-1][1])}, {last_bucket:.1f} ms).",
 )
 link_ms, exposed_ms, step_ms = (plain[k] for k in ("link ms (modelled)", "exposed ms (measured)", "step ms (measured)"))
-# exposed is |link ∩ waits| and the link carries one message at a time, so it cannot exceed link ms (1e-6 ms: float
-# rounding of the intervals' ends); every message's modelled transfer lies inside the step (0 is its first forward)
+transfers = on_link["allreduce"]["row"]["messages"]  # L: each message's modelled transfer on the link, ms
+on_wire = sum(e - s for s, e in transfers)  # |L|: the link carries one message at a time, so they do not overlap
+# each transfer lasts its message's α-β time, so |L| is the link time (1e-6 ms: float rounding of the intervals'
+# ends); exposed is |L ∩ waits|, so it cannot exceed |L|; every transfer lies inside the step (0: its first forward)
 lesson.claim(
-    exposed_ms <= link_ms + 1e-6 and all(0 <= s and e <= step_ms for s, e in on_link["allreduce"]["row"]["messages"]),
-    f"Plain averaging's link time, {link_ms:.1f} ms, lies inside its step; the training thread waited through "
-    f"{exposed_ms:.1f} ms of it (its exposed time) and not through the other {link_ms - exposed_ms:.1f} ms.",
+    abs(on_wire - link_ms) < 1e-6
+    and exposed_ms <= on_wire + 1e-6
+    and all(0 <= s and e <= step_ms for s, e in transfers),
+    f"Plain averaging's transfers on the link (01's L), {on_wire:.1f} ms in all (its link time), lie inside its "
+    f"step; the training thread waited through {exposed_ms:.1f} ms of them (its exposed time) and not through the "
+    f"other {on_wire - exposed_ms:.1f} ms.",
 )
 lesson.say(
     f"In this run that step took {step_ms:.1f} ms. What fp16's or PowerSGD's shorter link time would take off it "
@@ -292,8 +297,7 @@ lesson.say(
 # %% [markdown]
 # ## Where each takes less link time: messages against bytes
 #
-# Plain averaging's step above lasted many times its link time, so most of that step lay outside the link's
-# modelled transfers. This section compares link time only, the modelled time of a step's messages, not the step.
+# This section compares link time only, the modelled time of a step's messages, not the step's length.
 # PowerSGD pays an all_reduce's fixed cost, 2(n − 1) α, three times a bucket here where plain averaging
 # pays it once, and saves almost all of the bytes. Per step, with c all_reduces (a count, not 01's C) of S bytes
 # of payload in all (S: the sum of the m's of the step's messages; not 08's step index S), the link time is
@@ -318,11 +322,12 @@ lesson.say(
 #
 # The cell prices this step's messages (the sizes recorded above) on every preset link with the
 # link's own model, and computes the three crossovers from the counts and bytes. Its figure draws plain
-# averaging's and PowerSGD's link time against the bandwidth, at two α's: as B grows the bytes' term shrinks,
+# averaging's and PowerSGD's link time against the bandwidth, at two α's, `1gbit`'s (solid) and `nvlink`'s
+# (dotted): as B grows the bytes' term shrinks,
 # and each line falls towards its messages' fixed cost, c · 2(n − 1) α, PowerSGD's three times plain
-# averaging's; at each α the two lines cross at that α's B*. Where the bytes' term is most of the time, a hook's
-# two lines lie on each other: plain averaging's dotted line shows only on the right, where its fixed cost
-# starts to count.
+# averaging's; at each α the two lines cross at that α's B*. A hook's two lines lie on each other where the
+# bytes' term is most of its link time and part where the fixed cost starts to count: plain averaging's only on
+# the right, PowerSGD's, with far fewer bytes, already at far lower bandwidths.
 
 # %%
 # %%rank 0
@@ -457,9 +462,8 @@ wins.round(3)
 # the bound on float16 rounding derived above, `minddp.comm.measure.rounding_bound`? how many bytes?
 # does it return before its all_reduce is waited for? do gradients whose float16 sum would overflow
 # come back finite?), then trains with it for 3 steps in the `bucket-async` stage and says how far its parameters ended from those
-# of torch's DDP running torch's own `fp16_compress_hook` (that distance is not judged: the model answer's
-# 0.0e+00 is torch's parameters bit for bit; a hook that casts and divides in another order may print
-# more and still pass). A hook that passes on 2 ranks is checked once
+# of torch's DDP running torch's own `fp16_compress_hook` (that distance is not judged: a hook that casts
+# and divides in another order than torch's may end farther from torch's parameters and still pass). A hook that passes on 2 ranks is checked once
 # more on 3, where a world size written as a number (`/ 2`) no longer gives the average. The error and
 # the bound it prints are for that test bucket's values, not for the workload's gradients: they are
 # not fp16's error and bound printed above for this step.
@@ -475,12 +479,18 @@ from minddp.exercises import check_hook
 
 def my_fp16_hook(process_group, bucket):
     # process_group: None means the default group. bucket.buffer(): the flat float32 gradients.
-    # Your turn: compress, start the all_reduce (async_op=True), and .then(...) turn its Future's value
-    # (a list holding the summed tensor) into the float32 average.
+    # Your turn: cast to float16 and divide by the world size (before the sum), start the all_reduce
+    # (async_op=True), and .then(...) cast its Future's value (a list holding the sum, already the average)
+    # back to float32.
     raise NotImplementedError("the fp16 hook")
 
 
 check_hook(my_fp16_hook, like="fp16")
+
+# %% [markdown]
+# Stuck? The next cell holds a model answer (`minddp.exercises.solutions`) and what the checker says
+# about it. In Jupyter the whole cell is collapsed, its code and its output (the answer is an output),
+# so as not to give it away: click the collapsed cell to open it.
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true}
 from minddp.exercises import solutions

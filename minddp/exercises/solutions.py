@@ -195,8 +195,8 @@ def fp16_compress_hook(process_group, bucket) -> torch.futures.Future:
     1. cast the bucket's flat gradient to float16 and divide by the world size
        (before the sum, so that a sum of gradients each within float16's range cannot overflow it);
     2. start the all_reduce (a sum) and take its Future;
-    3. when it completes, cast the sum back to the bucket's dtype: the Future's
-       value must be one tensor of the bucket's size and dtype.
+    3. when it completes, cast the sum (of values already divided: the average) back to the
+       bucket's dtype: the Future's value must be one tensor of the bucket's size and dtype.
     """
     group = process_group if process_group is not None else dist.group.WORLD
     buffer = bucket.buffer()
