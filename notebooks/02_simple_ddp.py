@@ -268,7 +268,9 @@ lesson.claim(
 )
 lesson.say(  # the comparisons the figure draws (red against grey), computed
     f"Their distance {'grew' if drifted[-1] > drifted[1] else 'did not grow'} from step 1 to step {STEPS}. For "
-    "scale, the single process moved " + ", then ".join(f"{m:.2f}" for m in moved[1:]) + " from its start: "
+    "scale, the single process moved "
+    + ", then ".join(f"{m:.2f}" for m in moved[1:])
+    + " from its start: "
     + "; ".join(
         f"after step {i} the replicas were {'farther apart than' if d > m else 'no farther apart than'} that"
         for i, (d, m) in enumerate(zip(drifted[1:], moved[1:]), 1)
