@@ -41,10 +41,10 @@
 # (defined there).
 #
 # The letters are `01_collectives`' notation: n ranks, α the fixed cost of one hop of the ring, β the time
-# per byte on a link, k the micro-batches of a step. A *message* here is one whole all_reduce call of
-# gradients (a bucket's or a parameter's; the timeline's row labels count them), which on a ring makes
-# 2(n−1) hops from each rank, so its fixed cost is 2(n−1)·α. A *sync* is one round of messages that carries
-# every gradient once. The stages' parameter check (below) is a collective too, but not a message.
+# per byte on a link; and `03_build_up`'s k, the micro-batches of a step. A *message* here is one whole
+# all_reduce call of gradients (a bucket's or a parameter's; the timeline's row labels count them), which on
+# a ring makes 2(n−1) hops from each rank, so its fixed cost is 2(n−1)·α. A *sync* is one round of messages
+# that carries every gradient once. The stages' parameter check (below) is a collective too, but not a message.
 #
 # HTA reads GPU traces only; on these CPU traces `minddp.analysis` computes measures of the same names
 # from the CPU events, with what they count on a CPU (below), not what HTA counts on a GPU (kernels): the
@@ -97,11 +97,14 @@ lesson.say(
 # * **compute** is the training thread inside an `aten::` operator (forward, backward, the optimizer,
 #   the stages' copies into and out of buckets);
 # * **in flight** is one of gloo's threads inside a `gloo:*` range: every collective, not only the
-#   gradients'. The *finish* is `finish_gradient_synchronization()`, which the training loop calls after
-#   every backward. `simple` syncs in the finish after every micro-batch, the others once a step. Once a sync,
+#   gradients'. The *finish* is minddp's `finish_gradient_synchronization()`, which the training loop calls
+#   after every backward where the model has one (torch's DDP has none, and `ddp`'s finds its work done at the
+#   end of the backward). `simple` syncs in the finish after every micro-batch, `ga` once a step. Once a sync,
 #   minddp's stages `simple` to `bucket-async` check that both ranks' forwards used the same parameters (the
 #   *parameter check*, `minddp.stages.checks`: one all_gather; in `simple` and `ga` at the start of the
-#   finish, in `hook` to `bucket-async` in the first gradient's hook; `ddp` and torch's DDP run none);
+#   finish, in `hook` to `bucket-async` in the first gradient's hook). `ddp` and torch's DDP run no check,
+#   but at the step's first forward they broadcast the model's buffers from rank 0 (torch's
+#   `broadcast_buffers`, on by default): `gloo:broadcast` ranges, in flight too, with no bar in the figure below;
 # * **non-compute** is time in flight while the training thread ran no `aten::` op: standing in a wait for
 #   a message or in the parameter check, running its own Python (hooks, the time between autograd nodes),
 #   or ready to run with no core free.
@@ -112,19 +115,23 @@ lesson.say(
 # come after the training thread has had the result and gone on. On GPUs the same metrics read NCCL kernels
 # against compute kernels, which run side by side. `single` has nothing in flight and is not in the table.
 #
-# The table's last column is the part of non-compute spent in the parameter check: `metrics.non_compute`
-# over the step with the check's all_gather ranges in place of all its gloo ranges (`in_check` below; the
-# thread stands in the check until the other rank reaches it, so its length depends on when the other rank
-# arrives). The *blocking* stages (`simple`, `ga`, `hook`, `bucket`) wait for each message before they send the next:
-# `simple` and `ga` after the backward, `hook` and `bucket` inside it. The *asynchronous* ones
-# (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send their messages during the backward and wait for
-# them when it ends. The claim under the table compares the two kinds by overlap, a share of each stage's own
-# time in flight; it does not say why they differ (a range held open longer while the thread computes also
-# raises the overlap), nor which kind's thread computed nothing for less time: that is the non-compute column.
+# The table's last column is the part of non-compute that falls inside the parameter check's all_gather ranges:
+# `metrics.non_compute` over the step with those ranges in place of all its gloo ranges (`in_check` below). Like
+# every gloo range, the check's is held open until the other rank joins it, so its length depends on when the other
+# rank arrives. The *blocking* stages (`simple`, `ga`, `hook`, `bucket`) wait for each message before they send the
+# next: `simple` and `ga` after the backward, `hook` and `bucket` inside it. The *asynchronous* ones (`hook-async`,
+# `bucket-async`, `ddp`, torch's DDP) send their messages during the backward and wait for them when it ends. The
+# claim under the table compares the two kinds by overlap, a share of each stage's own time in flight, not a time:
+# it does not say why they differ (a range held open longer while the thread computes also raises the overlap), and
+# a stage with the higher overlap can have the longer non-compute. To compare the threads by the time they computed
+# nothing, read the non-compute column pair by pair (`hook` with `hook-async`, `bucket` with `bucket-async`: the
+# same messages, sent blocking or not) beside the check's part of it, the last column.
 #
-# Three things the table shows that this notebook does not explain (rank 0's trace shows when a range was
-# open, not why):
+# What the table does not show (rank 0's trace shows when a range was open, not why):
 #
+# * whether a difference between two rows would hold on a re-run: each row is one step, the stages were
+#   profiled one after another on a shared machine, and this notebook does not measure how much one stage's
+#   numbers move from run to run;
 # * why asynchronous stages that send as many messages (`bucket-async`, `ddp` and torch's DDP: the table after
 #   the timeline counts them) differ in in flight and non-compute;
 # * why one stage's check lasts longer than another's (the last column);
@@ -195,32 +202,38 @@ lesson.claim(
 # One row per profiled stage, one shared axis in milliseconds from the start of the profiled step (rank 0);
 # `single` sends nothing, so its row is one rank's work alone. In each row:
 #
-# * the forward (pale) and backward (darker) of each micro-batch (the *backward* band is the span from the
-#   first to the last autograd node of a micro-batch: the gradients' computation, and whatever the hooks do
-#   inside those nodes: `hook`'s and `bucket`'s waits for each message, and in `hook` to `bucket-async` the
-#   parameter check);
-# * a tick when a message was *handed to the wire*:
+# * the forward (pale) and backward (darker) of each micro-batch (the *forward* band is the span from the
+#   micro-batch's start to its first autograd node: the forward, and whatever the stage does around it, such
+#   as `ddp`'s and torch's buffer broadcast; the *backward* band is the span from the first to the last
+#   autograd node: the gradients' computation, and whatever the hooks do inside those nodes: `hook`'s and
+#   `bucket`'s waits for each message, and in `hook` to `bucket-async` the parameter check);
+# * a tick when a message was *handed to the wire* (the legend's words; in this run the wire is gloo over the
+#   loopback interface, and no byte leaves the machine):
 #   for minddp's stages, where its send started the all_reduce (called from the finish in `simple` and `ga`,
 #   from a hook in the others); for torch's DDP, the reducer's `c10d::allreduce_` call;
 # * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open included)":
 #   the messages' ranges only; the check's all_gather range, in flight in the table too, is drawn as the hatch below
-#   instead). A message's bar is the range matched to its `c10d::allreduce_` call, the first of the same size that
-#   opened at or after the call, and the call comes at or after the tick; so no bar starts before its tick, but a bar
+#   instead, and `ddp`'s and torch's buffer broadcast, in flight in the table too, has no bar). A message's bar is
+#   the range matched to its `c10d::allreduce_` call, the first of the same size that opened at or after the call,
+#   and the call comes at or after the tick; so no bar starts before its tick, but a bar
 #   can start later than its tick, and a tick at a bar's left end need not be that bar's own (the table after the
 #   figure prints, per stage, the longest time from a tick to its bar). Each bar has an edge line, so a narrow bar is
 #   drawn longer than its range lasted, and where dozens crowd they merge into one block that also covers the gaps
 #   between them: read the time in flight off the table above, not off the orange's length;
-# * the parameter check (hatched red, the legend's "thread waits at a check": the thread standing in the check, which
-#   the link run's *waited*, below, does not count), drawn over the thread's band where gloo's all_gather range of the
-#   check was open: the hatch's width is that range's, and the training thread stands in the check at least that long,
-#   until both ranks have joined it (`ddp` and torch run none; a short one is too thin to see). In `hook` to
-#   `bucket-async` it runs in the first gradient's hook, so it sits inside the last backward band, after that band's
-#   first autograd node, and covers the band where it is drawn; the table above counts that range in flight and, while
-#   the thread computes nothing in it, in non-compute (its last column);
+# * the parameter check (hatched red; the legend's "thread waits at a check" names what the check does: the training
+#   thread stands in it until both ranks have joined it, and the link run's *waited*, below, does not count that),
+#   drawn over the thread's band where gloo's all_gather range of the check was open: the hatch is that range,
+#   gloo's thread's, not the training thread's stand, which need not start or end with it (the caveat above). `ddp`
+#   and torch run none; a short one is too thin to see. In `hook` to `bucket-async` it runs in the first gradient's
+#   hook, so it sits inside the last backward band, after that band's first autograd node, and covers the band where
+#   it is drawn; where it starts just after that node, the hatch hides the band's start, and the check can look as
+#   if it came between the forward and the backward: it does not. The table above counts that range in flight and,
+#   while the thread computes nothing in it, in non-compute (its last column);
 # * the finish (purple, the legend's "finish (sync ends)": the `finish_gradient_synchronization()` call, inside which
 #   `simple` and `ga` run their whole sync, check and messages; a short one is too thin to see), the optimizer step
 #   (green: the same AdamW update in every stage, yet not of the same length; the line under the table after the
-#   figure prints its spread beside the forward's) and the end of the step.
+#   figure prints its spread beside the forward bands', which it calls the forward passes) and the end of the
+#   step.
 #
 # Three shapes to tell apart:
 #
@@ -324,9 +337,11 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 #   (`metrics.link_time`): 2(n−1)·α + 2(n−1)/n·m·β for a message of m bytes, added up, with the `1gbit`
 #   preset's α = 50 µs and β = 8 ns a byte (1 Gbit/s). It is the link's
 #   work, not time the step lost;
-# * **waited**: the time the training thread stood in `wait()` on a gradient message, whether for the
-#   link, the other rank or a core. The parameter check, where the thread also stands (the timeline's
-#   hatch), is not a message, and waited does not count it;
+# * **waited**: the time from the training thread's first `wait()` on a gradient message to the message's
+#   delivery (its modeled transfer and the real all_reduce both done), whether it waited for the link, the
+#   other rank or a core; the thread's own return from `wait()` after the delivery is not counted. The
+#   parameter check, where the thread also stands (the timeline's hatch), is not a message, and waited does
+#   not count it;
 # * **exposed**: the part of those waits during which the link was carrying a transfer (any message's). The
 #   part of a transfer that passes before the thread calls `wait()` is not exposed, so exposed can fall
 #   short of the link time even in a stage that waits for each message before it sends the next. Waited
@@ -374,7 +389,8 @@ display(on_link)
 # What accumulation, hooks and buckets change by construction: the calls, where messages are handed to
 # the wire, the link time (the first three claims below). None of these says whether a stage's thread stands
 # still less: waited and exposed measure that (the table above; the last claim compares the two kinds by
-# waited); where the two asynchronous stages' waited or exposed differ, this trace does not show why.
+# waited, not by what the waits were made of: waited minus exposed is the part with the link carrying
+# nothing); where the two asynchronous stages' waited or exposed differ, this trace does not show why.
 
 # %%
 calls = lz["allreduce_calls_per_step"].astype(int)
