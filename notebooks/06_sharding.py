@@ -35,10 +35,11 @@
 #   of the average it updates (on gloo, minddp runs zero2's and fsdp's reduce-scatters as
 #   all_reduces and keeps that piece: the ZeRO-2 section says why);
 # * `fsdp`: the parameters are sharded too (all but a few tensors it keeps whole on every rank, its
-#   *replicated* ones), and each decoder layer of the model (a *unit*: what fsdp gathers
-#   and drops as one) is gathered only around its own forward and backward: a
-#   unit's gather starts while the unit before it runs (a *prefetch*, one unit ahead, in the forward
-#   and in the backward), and the gathered parameters are dropped once the unit has run (the last
+#   *replicated* ones: here the embedding's, the final norm's and the classifier's weights), and
+#   each decoder layer of the model (a *unit*: what fsdp gathers
+#   and drops as one) is gathered only around its own forward and backward: as a unit starts its
+#   forward or its backward, the gather of the next unit in that order is started too (a *prefetch*,
+#   one unit ahead), and the gathered parameters are dropped once the unit has run (the last
 #   unit's are kept from its forward to its backward, the first the backward runs).
 #
 # We start with the two collectives, on the two ranks, then train the notebooks' workload with the
@@ -112,8 +113,8 @@ show_source(ring_all_reduce)
 # below counts two gathering passes of the whole model per micro-batch. It counts the replicated
 # tensors in every gathering pass, though FSDP never gathers them: it all-reduces them, two passes of
 # their bytes a step, which the bound's 2 × 3 passes of them cover. These counts are for true
-# reduce-scatters, as minddp's ring sends; on gloo, minddp runs zero2's and fsdp's reduce-scatters as
-# all_reduces, two passes of their bytes instead of one. For this workload's step, on the ring:
+# reduce-scatters, as minddp's ring sends (on gloo, minddp runs zero2's and fsdp's reduce-scatters as
+# all_reduces: the ZeRO-2 section says why). For this workload's step, on the ring:
 
 # %%
 # %%distributed
@@ -217,7 +218,7 @@ table.round(3)
 # a stage's backward sends nothing). fsdp's gathered units are held during a forward or backward, not
 # at the update. The activations column holds one value for every row:
 # each stage runs the same forward on the same batch. Sharding saves model state, not activations:
-# here they weigh about what zero1's whole model state does, and more than zero2's or fsdp's.
+# here they weigh about what zero1's model state does, and more than zero2's or fsdp's.
 #
 # ## bf16 compute with fp32 master weights
 #
@@ -227,7 +228,9 @@ table.round(3)
 # `MixedPrecisionPolicy`: the fp32 shards *are* the master weights, cast to bf16 and gathered in bf16
 # just before a unit runs, and the gradients come back to the shards in fp32. So it keeps what fp32
 # FSDP keeps, and bf16 shrinks what lives only during the step: the gathered units and the
-# activations. The cells below train it one step and measure both.
+# activations. The cells below train it one step and measure both. Its units are those of the `fsdp`
+# above: `blocks_of(net)` makes each *block* (an element of the model's `nn.ModuleList`, a decoder
+# layer) a unit, as `lesson.Trainee` does.
 
 # %%
 # %%distributed
@@ -279,12 +282,15 @@ lesson.claim(
 # ### Why the master weights stay fp32
 #
 # A bf16 number has 8 significant bits (2 to 3 decimal digits), so a small change to a weight lands
-# rounded, and one far smaller than the weight is lost. AdamW's first update moves each value by about
-# the learning rate, up or down, on any model: its step is lr × m̂/√v̂, and at the first step m̂/√v̂ is
-# g/|g|, ±1 wherever the gradient g is not zero. The cell checks that on ddp's first step, then adds lr,
-# a change of that size, to every value held in bf16 and in fp32 (`lesson.added`), and finds the values
-# whose change is lost and how far the others land from lr. It measures that one change only, not the
-# later updates:
+# rounded, and one far smaller than the weight is lost. AdamW changes each value by about the learning
+# rate lr times a ratio: the running average of its gradients over the square root of the running
+# average of their squares. At its first update that ratio is g/|g|, ±1, wherever the gradient g is
+# neither zero nor as small as AdamW's ε (a small constant added to the square root), so the first
+# update moves each such value by about lr, up or down, on any model. The cell prints the median size
+# of ddp's first update's changes (its line's "AdamW's first step" is the optimizer's first `step()`,
+# the update), then adds lr, a change of that size, to every value held in bf16 and in fp32
+# (`lesson.added`), and finds the values whose change is lost and how far the others land from lr. It
+# measures that one change only, not the later updates:
 
 # %%
 # %%rank 0
@@ -313,8 +319,7 @@ lesson.claim(
 # %% [markdown]
 # In bf16 the norm weights (the share of the values the ✓ line gives) would lose this change, and every
 # other value would take it rounded, anywhere in the range the ✓ line prints; in fp32 every value takes
-# it, to within the fraction printed. A weight held in bf16 would take each update so, lost or rounded.
-# So the optimizer updates fp32 copies of the weights, the master weights.
+# it, to within the fraction printed. So the optimizer updates fp32 copies of the weights, the master weights.
 
 # %% [markdown]
 # ### The ZeRO paper's mixed-precision count
@@ -351,7 +356,7 @@ formulas.round(2)
 # %% [markdown]
 # ## ZeRO-1: an optimizer that updates its own shard
 #
-# Each parameter tensor of N elements is cut, flattened, into n chunks of `ceil(N/n)` elements, in
+# Each parameter tensor of `numel` elements is cut, flattened, into n chunks of `ceil(numel/n)` elements, in
 # rank order, the last ranks' shorter or empty (`minddp/sharding/shards.py`), and rank `r` keeps the
 # optimizer state of chunk `r` of each, its shard. (An optimizer that is not element-wise needs whole
 # tensors: one rank then owns each, `owned_whole` in the code below; AdamW is element-wise.) The
@@ -456,12 +461,14 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 #
 # The look counts the bytes given to each collective, in which the bytes a reduce-scatter spares
 # against an all_reduce do not show. The four stages now send through minddp's own ring
-# (`minddp.collectives`), plugged into each stage's `Wire` as its *transport*, the function the
-# `Wire` calls for each collective: every collective is written from point-to-point messages, and
-# the profiler records each message gloo sends with the tensor it carried. The table is what rank 0
-# sent in one step, by the collective the message served. Bytes *sent* are not the bytes *given* of
-# the look above: a ring all_reduce sends `2(n − 1)/n` of the bytes it is given, which at these n = 2
-# ranks is the same number (ddp's 18.9 MiB), and at other n is not:
+# (`minddp.collectives`), plugged into each stage's `Wire` as its *transport*: the all_reduce,
+# reduce-scatter and all-gather the `Wire` calls instead of torch's, each written from point-to-point
+# messages; the profiler records each message gloo sends with the tensor it carried. The table is what
+# rank 0 sent in one step, by the collective the message served. zero2's trainee here takes one step
+# before its look (`warmup=1`): zero2 all-gathers the updated shards in the forward after an update,
+# so the looked-at step starts with those all-gathers (its first step has none to make). Bytes *sent*
+# are not the bytes *given* of the look above: a ring all_reduce sends `2(n − 1)/n` of the bytes it
+# is given, which at these n = 2 ranks is the same number (ddp's 18.9 MiB), and at other n is not:
 
 # %%
 # %%distributed
@@ -554,8 +561,7 @@ lesson.claim(
 # then the update), each drawn the same width, and a mark for each collective the stage handed over,
 # in the phase it was handed over in. It shows the order of events only, no lengths: within a phase
 # the marks are spread evenly, in the order they were handed over, so their spacing is not their
-# timing. zero2's all-gathers, spread across its first forward, are all handed over at its start
-# (part 4 of ZeRO-2), where fsdp's go one unit ahead as its units run. The ✓ lines printed with the
+# timing. The ✓ lines printed with the
 # figure name the phases in words (`lesson.handed_in`: "forward 1", "backward 3", "update").
 
 
@@ -628,13 +634,12 @@ lesson.say(
 # ## What each rung trades
 #
 # Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's
-# ring (the ring table), at these 2 ranks. The model state is not all a rank holds: it leaves out the
-# activations, fsdp's gathered units, the whole gradients zero2 and fsdp hold before the last
-# micro-batch, and the buffers the collectives send from and receive into. `docs/sharding.md`'s
-# benchmark measures the peak of all of it, which no cell here does. The bytes are the
-# ring's, with true reduce-scatters. On gloo, where minddp runs zero2's and fsdp's reduce-scatters as
-# all_reduces (the ZeRO-2 section), the count above makes their bytes two passes, not one: zero2 would
-# send zero1's bytes, and fsdp more than the bound.
+# ring (the ring table), at these 2 ranks. The model state is what rank 0 holds at the update, not
+# the most it holds during the step: before the last micro-batch zero2 and fsdp hold whole gradients,
+# as ddp does, and the model state leaves out the activations, fsdp's gathered units and the buffers
+# the collectives send from and receive into. `docs/sharding.md`'s benchmark measures the peak of all
+# of it, which no cell here does. The bytes are the ring's, with true reduce-scatters; no cell here
+# counts the bytes gloo sends, where minddp runs zero2's and fsdp's reduce-scatters as all_reduces.
 
 # %%
 # %%rank 0
@@ -651,20 +656,17 @@ lesson.say(
 trade.round(1)
 
 # %% [markdown]
-# So, in model state at the update and in bytes on the ring: zero1 holds a quarter less than ddp and
-# sends half as many bytes again; zero2 holds less still and sends no more; fsdp holds about half of
-# ddp's model state, for 3.3 times the bytes.
-
-# %% [markdown]
 # ## Your turn: all_reduce from its two halves
 #
 # Write `my_all_reduce(tensor, group)`: sum `tensor` in place over `group` with one
 # `reduce_scatter_single` and one `all_gather_single`, torch's own collectives as `minddp.runtime.compat`
-# names them (torch 2.13 renamed `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor`;
-# `minddp.runtime.compat` calls whichever your torch has). Both take `(output, input)`, and both want
+# names them (torch 2.13's new names for `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor`,
+# which it keeps, deprecated; `minddp.runtime.compat` calls the new name where your torch has it, else
+# the old one). Both take `(output, input)`, and both want
 # a tensor whose length the world size divides: pad the flattened tensor first, and cut the padding
-# off at the end. The cell plugs your function into a `Wire` as its *transport*, so the
-# `bucket-async` stage sums its buckets with it, and `check` trains that stage beside a single
+# off at the end. The cell plugs your function into a `Wire` as its transport: a transport of one
+# function carries the `Wire`'s all_reduce only, all that the `bucket-async` stage's hook calls, so
+# that stage sums its buckets with it, and `check` trains that stage beside a single
 # process on the global batch and torch's DDP (its verdict prints the largest parameter difference
 # from each), and against the model answer (`like="halves"`): one reduce-scatter and one all-gather
 # per bucket. The hook (`allreduce_hook`) divides each bucket by the world size
