@@ -327,7 +327,7 @@ lesson.say(
     )
     # the time after the link had delivered as the cell's first lines print it (lesson.say_look: waited less exposed)
     + f" 01's table counts gloo's whole ranges as the communication, so there the "
-    f"{v['waited_ms'] - lesson.link_parts(v)[1]:.0f} ms hook waited after the link had delivered and the "
+    f"{round(v['waited_ms']) - lesson.link_parts(v)[1]} ms hook waited after the link had delivered and the "
     f"{v['check_ms']:.0f} ms it stood at the check's all_gather "
     "would count too, where they fall inside the backward."
 )
@@ -638,8 +638,9 @@ ba = looks["bucket-async"]
 lesson.say(
     f"In this one step ddp waited {v['waited_ms']:.0f} ms for its {v['calls']} messages, bucket-async "
     f"{ba['waited_ms']:.0f} ms for its {ba['calls']} on the same link; of that, after the link had delivered: ddp "
-    f"{v['waited_ms'] - lesson.link_parts(v)[1]:.0f} ms, bucket-async {ba['waited_ms'] - lesson.link_parts(ba)[1]:.0f} "
-    "ms. What the thread waited for after the link had delivered, these runs do not measure; one step each, on a "
+    f"{round(v['waited_ms']) - lesson.link_parts(v)[1]} ms, bucket-async "
+    f"{round(ba['waited_ms']) - lesson.link_parts(ba)[1]} ms. What the thread waited for after the link had "
+    "delivered, these runs do not measure; one step each, on a "
     "machine shared with other work, does not rank the two."
 )
 
