@@ -23,7 +23,7 @@
 #
 # Each stage from `ga` to `bucket-async` has a section of the same five parts; `simple`, built in
 # `02_simple_ddp` (its exercise is there), has its code and its run here, and the two that close the
-# *ladder* (the stages in this order, from `simple` up), `ddp` (minddp's production DDP) and `torch` (torch's own), have the run and its picture only
+# *ladder* (the stages in this order, from `simple` up; each stage is a *rung* of it), `ddp` (minddp's production DDP) and `torch` (torch's own), have the run and its picture only
 # (their code is a package, not a few lines to diff or write):
 #
 # 1. **the idea**, in words, and where it is new code, in the few plain `torch.distributed` lines that
@@ -55,11 +55,12 @@
 #
 # **The link.** Two ranks on one machine talk over loopback, where what a message costs depends
 # on the machine (its cores, what else runs on it) and changes from run to run (`05_reading_traces`
-# measures it). So every message here goes over an **emulated 1 Gbit/s link**
+# measures it). So every message here, up to the last section, goes over an **emulated 1 Gbit/s link**
 # (`minddp.comm.link`): the real all_reduce still runs, so every result is exact, but it completes
 # no earlier than the same all_reduce would on Gigabit Ethernet, one message at a time, as one
 # Ethernet port sends them. That time is *modeled*: the same on every run and every machine, so the
-# sentences about it hold anywhere. The training thread's waits are *measured*: a wait can last past
+# sentences about it hold anywhere. (The last section's links are sized from a backward timed in the
+# run, so their times change with the run and the machine: that section says how.) The training thread's waits are *measured*: a wait can last past
 # the link's modeled time, until the real all_reduce returns. The notation is `01_collectives`'s: α is the fixed
 # cost of one point-to-point send (one hop of a ring), β the time per byte (1/B for a bandwidth of B bytes/s), n the
 # number of ranks, m the bytes of the tensor one all_reduce reduces, k the micro-batches of a step.
@@ -140,7 +141,9 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # (orange, on the wire; a tick under the row where each was handed to the wire, many ticks merging
 # into a bar), waits (red: the training thread standing still until a message is back; hatched:
 # at the parameters-used check) and
-# `finish_gradient_synchronization()` (a thin purple strip under the forward and backward bars, above the messages). A legend names the kinds of mark its figure draws, on either row (the faded one's too), except those less than a pixel wide in all.
+# `finish_gradient_synchronization()` (a thin purple strip under the forward and backward bars, above the messages;
+# the legend's *finish (sync ends)*: the sync ends there for `simple`, `ga` and the async stages, while `hook` and
+# `bucket` have synced inside backward before it, and `ddp`'s finish does nothing). A legend names the kinds of mark its figure draws, on either row (the faded one's too), except those less than a pixel wide in all.
 
 # %%
 # %%distributed
@@ -324,14 +327,22 @@ lesson.say(
     )
     # the time after the link had delivered as the cell's first lines print it (lesson.say_look: waited less exposed)
     + f" 01's table counts gloo's whole ranges as the communication, so there the "
-    f"{v['waited_ms'] - lesson.link_parts(v)[1]:.0f} ms hook waited after the link had delivered and the "
+    f"{round(v['waited_ms']) - lesson.link_parts(v)[1]} ms hook waited after the link had delivered and the "
     f"{v['check_ms']:.0f} ms it stood at the check's all_gather "
     "would count too, where they fall inside the backward."
+)
+lesson.say(
+    f"Its last backward lasted {v['last_backward_ms']:.0f} ms. In the step, rank 0 waited {v['waited_ms']:.0f} ms "
+    f"for its messages (each wait inside the backward) and stood {v['check_ms']:.0f} ms at the parameters-used "
+    "check's all_gather (at a synced backward's first gradient: the hatched block, where it is wide enough to draw)."
 )
 
 # %% [markdown]
 # What to look for: the messages have moved into the last backward, and so have the waits: the
-# backward stops at every gradient until its all_reduce is back.
+# backward stops at every gradient until its all_reduce is back. The hatched block at the backward's
+# first gradient is not a wait for a message: it is the parameters-used check, and the cell above
+# prints how long it held the thread beside how long the thread waited for messages (what held it at
+# the check, these runs do not measure). A long backward here is not all waiting for gradients.
 #
 # ### Your turn: `hook`
 #
@@ -446,8 +457,8 @@ check(solutions.AsyncHookDDP, like="hook-async")
 # `plan_buckets`); in the grad hook each parameter is counted in its bucket, and when the bucket's last
 # gradient is in, the bucket is flattened into one buffer and sent in one call; when the average is
 # back, each slice is copied into its parameter's `.grad`. Like `hook`, this stage waits for each
-# bucket. One more line is torch's: left at its default (`bucket_cap_mb=None`: 25 MiB), the first
-# bucket is capped at 1 MiB, so that the first all_reduce can start early in backward (whether an
+# bucket. One more line is torch's: left at its default (the stage's `bucket_cap_mb=None`, which the
+# stage reads as torch's 25 MiB), the first bucket is capped at 1 MiB, so that the first all_reduce can start early in backward (whether an
 # earlier start helps depends on the link: the bucket lesson models it). A cap given, as the
 # settings printed at the top give one, is every bucket's cap, the first's too, as in torch. The
 # idea:
@@ -505,7 +516,9 @@ lesson.claim(
 # ### Your turn: `bucket`
 #
 # The plan is given (`plan_buckets`, the rule above, without torch's first-bucket line: here every
-# bucket, the first too, has the cap passed in; the ladder's stage adds the line with `bucket_caps`). Count each gradient in its bucket; when a
+# bucket, the first too, has the cap passed in; the ladder's stage adds the line with `bucket_caps`; and to
+# `plan_buckets` a cap of `None` means no cap at all, one bucket for everything, not the stage's 25 MiB:
+# the exercise's default is 25). Count each gradient in its bucket; when a
 # bucket is full, flatten it with `torch.cat`, all_reduce it once, divide, and copy each slice
 # back into its `.grad`. The checker uses a cap that gives its small network two buckets.
 
@@ -621,6 +634,15 @@ lesson.say(
     "ddp's waits run in its end-of-backward callback, after the last backward operator, so the picture draws them "
     "after the backward bar, though they are inside `loss.backward()`."
 )
+ba = looks["bucket-async"]
+lesson.say(
+    f"In this one step ddp waited {v['waited_ms']:.0f} ms for its {v['calls']} messages, bucket-async "
+    f"{ba['waited_ms']:.0f} ms for its {ba['calls']} on the same link; of that, after the link had delivered: ddp "
+    f"{round(v['waited_ms']) - lesson.link_parts(v)[1]} ms, bucket-async "
+    f"{round(ba['waited_ms']) - lesson.link_parts(ba)[1]} ms. What the thread waited for after the link had "
+    "delivered, these runs do not measure; one step each, on a "
+    "machine shared with other work, does not rank the two."
+)
 
 # %% [markdown]
 # ## `torch`: torch's own DDP, the baseline
@@ -718,6 +740,10 @@ lesson.look_table(looks).assign(
 # 3. **the last bucket's tail**: the last bucket is full only late in backward, so its transfer runs
 #    past backward's end; a per-gradient stage's last message is one tensor.
 #
+# These three are on the link. Each stage's step also has a backward of its own, and the two stages'
+# need not be alike (the table's *last backward*, which holds the check; the cells below print each
+# backward less the check): what made one longer or shorter, these runs do not measure.
+#
 # The link carries one message at a time, so it is done at the latest of, over the messages i:
 # "message i handed over, then i and every message after it carried back to back"
 # (`minddp.costmodel.buckets.queue_end`). Message 1 gives the *start-limited* end (the late start,
@@ -733,7 +759,7 @@ lesson.look_table(looks).assign(
 # %%distributed
 import pandas as pd
 
-from minddp.costmodel.buckets import on_the_link, queue_end
+from minddp.costmodel.buckets import on_the_link
 from minddp.costmodel.compute import probe
 from minddp.stages.bucket_plan import plan_buckets
 
@@ -896,22 +922,23 @@ lesson.say(
     + f"; hook-async (after a warm-up step) {h['exposed_ms']:.0f} ms exposed, {h['waited_ms']:.0f} ms waited. The "
     f"step-time model, scaled to a backward of "
     f"{1e3 * this_run:.0f} ms (the median of these runs' last backwards, less the time the check held them), gives "
-    f"{1e3 * model[0].exposed:.1f} ms of link after backward at {grid[0]:g} MiB, the grid's smallest cap"
+    f"{1e3 * model[0].after_backward:.1f} ms of link after backward at {grid[0]:g} MiB, the grid's smallest cap"
     + (
         ", its least on the grid"
-        if model[0].exposed <= min(c.exposed for c in model) + 5e-5
-        else f" (its least, {1e3 * min(c.exposed for c in model):.1f} ms, at a larger one)"
+        if model[0].after_backward <= min(c.after_backward for c in model) + 5e-5
+        else f" (its least, {1e3 * min(c.after_backward for c in model):.1f} ms, at a larger one)"
     )
-    + f", and {1e3 * per_gradient.exposed:.1f} ms with one message per gradient"
+    + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient"
     + (
         ": below every cap on the grid, so by the model, on the link's time, buckets pay at no cap on this link."
-        if per_gradient.exposed < min(c.exposed for c in model)
+        if per_gradient.after_backward < min(c.after_backward for c in model)
         else "."
     )
 )
-at_cap = {c.cap_mb: 1e3 * c.exposed for c in model}
+at_cap = {c.cap_mb: 1e3 * c.after_backward for c in model}
 gaps = [at_cap[c] - v["exposed_ms"] for c, v in swept.items() if c in at_cap]  # model minus measured, cap by cap
 above = [c for c, v in swept.items() if c in at_cap and v["exposed_ms"] > at_cap[c]]  # measured above the model
+lags = {c: lesson.wait_after_backward(v["row"]) for c, v in swept.items() if c in at_cap}  # the thread's late start
 lesson.say(
     f"At the grid's caps measured, the model's link after backward minus the measured exposed time is "
     f"{min(gaps):.1f} to {max(gaps):.1f} ms"
@@ -923,37 +950,43 @@ lesson.say(
         if above
         else ""
     )
-    + "; these runs do not measure what makes up the difference. The measured points are not a ranking of the "
+    + "; the measured exposed counts only from the thread's first wait after backward, which each step reached "
+    "this long after its backward ended: "
+    + ", ".join(f"{c:g} MiB " + ("(no wait)" if lags[c] is None else f"{lags[c]:.1f} ms") for c in sorted(lags))
+    + ". The measured points are not a ranking of the "
     f"caps: each is one step with its own backward ({min(own.values()):.0f} to {max(own.values()):.0f} ms, less the "
     "check), the model one backward for all."
 )
-# at the printed precision: a cap's step beat hook-async's by exposed, by waited
-beats = {
-    c: (round(v["exposed_ms"]) < round(h["exposed_ms"]), round(v["waited_ms"]) < round(h["waited_ms"]))
-    for c, v in swept.items()
-}
-n_caps, beat_e, beat_w = len(beats), sum(e for e, _ in beats.values()), sum(w for _, w in beats.values())
-split = sorted((c for c, (e, w) in beats.items() if e != w), key=lambda c: 99 if c is None else c)  # they differ
+
+
+def than(bucketed, per_gradient):
+    """A bucketed stage's time (exposed or waited) against hook-async's, in words, at the printed precision."""
+    return (
+        "as much as"
+        if round(bucketed) == round(per_gradient)
+        else "more than"
+        if bucketed > per_gradient
+        else "less than"
+    )
 
 
 def at(count):
     """How many of the swept caps, in words."""
-    return "at every cap" if count == n_caps else "at no cap" if count == 0 else f"at {count} of the {n_caps} caps"
+    return "at every cap" if count == len(swept) else f"at {count} of the {len(swept)} caps"
+
+
+def tally(key):
+    """At how many swept caps bucket-async's step had less, as much or more of ``key`` than hook-async's."""
+    words = [than(v[key], h[key]) for v in swept.values()]
+    return " and ".join(
+        f"{w.rsplit(' ', 1)[0]} {at(words.count(w))}" for w in ("less than", "as much as", "more than") if w in words
+    )
 
 
 lesson.say(
-    f"By exposed, the link time a step adds, bucket-async left less than "
-    f"hook-async's {h['exposed_ms']:.0f} ms {at(beat_e)}; by waited, the thread standing still for its messages, "
-    "which adds to exposed the time after the link had delivered until the real all_reduce returned (gloo's own cost "
-    f"of each message on this machine, which neither the link nor the model has), it waited less than hook-async's "
-    f"{h['waited_ms']:.0f} ms {at(beat_w)}"
-    + (
-        ": the two measures answer whether buckets paid differently at "
-        + ", ".join("None" if c is None else f"{c:g} MiB" for c in split)
-        + "."
-        if split
-        else ": the two measures answer alike at every cap."
-    )
+    f"Against hook-async's step ({h['exposed_ms']:.0f} ms exposed, {h['waited_ms']:.0f} ms waited; taken after a "
+    "warm-up step, as the settings' cap's, the other caps' without one): by exposed, bucket-async's steps left "
+    f"{tally('exposed_ms')}; by waited, they waited {tally('waited_ms')}."
 )
 if rank == 0:
     sweep_figure = bucket_sweep(
@@ -973,8 +1006,8 @@ if rank == 0:
             f"hook-async, measured: exposed ({looks['hook-async']['exposed_ms']:.1f} ms)": looks["hook-async"][
                 "exposed_ms"
             ],
-            f"hook-async, step-time model: link after backward ({1e3 * per_gradient.exposed:.1f} ms)": 1e3
-            * per_gradient.exposed,
+            f"hook-async, step-time model: link after backward ({1e3 * per_gradient.after_backward:.1f} ms)": 1e3
+            * per_gradient.after_backward,
         },
         title=f"bucket-async on {LINK.name}, {world_size} ranks, against the cap",
     )
@@ -1009,7 +1042,7 @@ sweep_table.infer_objects().round(1)
 # Two settings, both built from the blog's run as the step-time model rebuilds it (`python -m
 # minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16 gradients, and an
 # assumed 3 TFLOP/s achieved on each T4, which `docs/scaling.md` takes, about a third of its fp32
-# peak, and checks against the blog's non-compute shares):
+# peak):
 #
 # * **the ratios of 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`), its ratio of communication to backward
 #   compute. Every stage of the blog, on this notebook's workload;
@@ -1092,10 +1125,16 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         ).look()
         blog_runs[name, stage] = on_the_link(v["row"]) | {"calls": v["calls"], "backward_ms": backward_less_check(v)}
     own_h, own_b = (blog_runs[name, s]["backward_ms"] for s in ("hook-async", "bucket-async"))
+    longer = (
+        "alike in whole ms"
+        if round(own_h) == round(own_b)
+        else f"{'hook' if own_h > own_b else 'bucket'}-async's the longer"
+    )
     lesson.say(
         f"{name[0].upper() + name[1:]}: bucket-async sent {blog_runs[name, 'bucket-async']['calls']} buckets a step "
         f"(the blog's model at 25 MiB: {blog_buckets}). The async rungs' own last backwards, less the check, lasted "
-        f"{own_h:.0f} ms (hook-async) and {own_b:.0f} ms (bucket-async), against the {1e3 * backward_s:.0f} ms the link "
+        f"{own_h:.0f} ms (hook-async) and {own_b:.0f} ms (bucket-async) ({longer}), against the "
+        f"{1e3 * backward_s:.0f} ms the link "
         f"was sized from: {own_h / (1e3 * backward_s):.1f} and {own_b / (1e3 * backward_s):.1f} times it, so each met "
         f"the setting's two ratios times {1e3 * backward_s / own_h:.1f} and {1e3 * backward_s / own_b:.1f}."
     )
@@ -1174,21 +1213,10 @@ far_h = far["hook-async"]["exposed_ms"]
 one_far = blog_links["1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3
 
 
-def than(bucketed, per_gradient):
-    """A bucketed stage's time (exposed or waited) against hook-async's, in words, at the printed precision."""
-    return (
-        "as much as"
-        if round(bucketed) == round(per_gradient)
-        else "more than"
-        if bucketed > per_gradient
-        else "less than"
-    )
-
-
 def by_both(b, h):
     """bucket-async's step (``b``) against hook-async's (``h``) by exposed and by waited, in words, and by each measure
-    whether the buckets paid: exposed is the link time the step adds, waited the thread standing still for its
-    messages, which adds the time after the link had delivered until gloo's real all_reduce returned."""
+    whether the buckets paid: exposed is the link's time the thread stood waiting through, waited all its standing
+    still for its messages, which adds the time it waited after the link had delivered."""
     paid = {"less than": "paid", "as much as": "made no difference", "more than": "did not pay"}
     e, w = than(b["exposed_ms"], h["exposed_ms"]), than(b["waited_ms"], h["waited_ms"])
     said = (
@@ -1196,11 +1224,8 @@ def by_both(b, h):
         f"{b['waited_ms']:.0f} ms, {w} hook-async's {h['waited_ms']:.0f} ms: "
     )
     if paid[e] == paid[w]:
-        return said + f"by both, the link time the step adds and the thread's standing still, the buckets {paid[e]}"
-    return said + (
-        f"by the link time the step adds the buckets {paid[e]}; by the thread's standing still, gloo's own cost of "
-        f"each message on this machine included, they {paid[w]}"
-    )
+        return said + f"by both, exposed and waited, the buckets {paid[e]}"
+    return said + f"by exposed the buckets {paid[e]}; by waited they {paid[w]}"
 
 
 lesson.say(
@@ -1208,8 +1233,8 @@ lesson.say(
     f"each, {by_both(looks['bucket-async'], looks['hook-async'])}. One message's fixed cost on the link is "
     f"{per_message_ms:.2f} ms: hook-async's {looks['hook-async']['calls']} pay "
     f"{100 * per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0f} % of its link time, "
-    "so on the link the buckets can save no more than that; the time waited after the link had delivered is the "
-    "real all_reduce's own, which the link does not model."
+    "so on the link the buckets can save no more than that. The link does not model the time waited after it had "
+    "delivered."
 )
 lesson.say(f"On the link with the ratios of 4 × T4, {by_both(t4['bucket-async'], t4['hook-async'])}.")
 far_fixed, far_backward = far["hook-async"]["messages"] * one_far, far["hook-async"]["backward_ms"]
@@ -1217,12 +1242,13 @@ lesson.say(
     f"On the link with the ratios of 1024 ranks, each at its own backward (so not at the setting's ratios: see "
     f"above), {by_both(far['bucket-async'], far['hook-async'])}. bucket, which waits for each bucket inside the "
     f"backward, left {far['bucket']['exposed_ms']:.0f} ms exposed, "
-    f"{than(far['bucket']['exposed_ms'], far_h)} hook-async's. One message costs {one_far:.2f} ms of fixed cost on "
+    f"{than(far['bucket']['exposed_ms'], far_h)} hook-async's. One message costs {one_far:.3f} ms of fixed cost on "
     f"that link: hook-async's {far['hook-async']['messages']} messages pay {far_fixed:.0f} ms of them"
-    + (
-        f", more than its own last backward of {far_backward:.0f} ms (less the check), so at least "
-        f"{far_fixed - far_backward:.0f} ms of its link's work came after that backward ended"
-        if far_fixed > far_backward
+    + (  # the difference of the two printed (rounded) numbers, so that the sum reads as printed
+        f", more than its own last backward of {far_backward:.0f} ms (less the check) by "
+        f"{round(far_fixed) - round(far_backward)} ms: that much of its link's work at least (to the printed ms) came "
+        "after that backward ended"
+        if round(far_fixed) > round(far_backward)
         else f", against its own last backward of {far_backward:.0f} ms (less the check)"
     )
     + f"; bucket-async's {far['bucket-async']['messages']} pay {far['bucket-async']['messages'] * one_far:.0f} ms."
@@ -1239,10 +1265,10 @@ lesson.say(
 # sized with the ratios of 1024 ranks, 26 times a step instead of 291. Whether the buckets paid in
 # this run, on this link and on the two sized links, the sentences printed just above say, each from
 # its own step (on a sized link at the run's own backward, not at the setting's ratios), by two
-# measures that can answer differently: *exposed*, the link's modeled time the step waited through,
-# the time the link adds to a step; and *waited*, all the thread stood still for its messages, which
-# adds the time after the link had delivered until the real all_reduce returned: gloo's own cost of
-# each message on this machine, which the link does not model.
+# measures that can answer differently: *exposed*, the link's modeled time the thread stood waiting
+# through; and *waited*, all the thread stood still for its messages, which adds the time it waited
+# after the link had delivered (the link does not model it, and these runs do not measure what the
+# thread waited for then).
 
 # %%
 # %dist_shutdown

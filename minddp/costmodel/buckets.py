@@ -120,6 +120,12 @@ class PlanCosts:
     set_by_carry: float = 0.0
 
     @property
+    def after_backward(self) -> float:
+        """The link's time still to run when the modeled backward ends (``exposed``): what notebook 03 calls *link
+        after backward*, to keep it apart from the measured *exposed* of a profiled step."""
+        return self.exposed
+
+    @property
     def fixed(self) -> float:
         """What the messages cost for being messages: ``messages × 2(n−1)·α``."""
         return self.messages * self.per_message

@@ -159,8 +159,8 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
     caps = [c.cap_mb for c in costs]
     for values, label, color in [
         ([1e3 * c.fixed for c in costs], "fixed costs: buckets × 2(n−1)·α", "#8172b3"),
-        ([1e3 * c.first_at for c in costs], "first bucket leaves, into the last backward", "#4c72b0"),
-        ([1e3 * c.tail for c in costs], "last bucket's transfer, after backward", "#dd8452"),
+        ([1e3 * c.first_at for c in costs], "first message leaves, into the last backward", "#4c72b0"),
+        ([1e3 * c.tail for c in costs], "last message's transfer", "#dd8452"),
     ]:
         low.plot(caps, values, "-", color=color, label=label)
     low.set(xlabel="bucket cap (MiB, log scale)", ylabel="ms (log scale)", yscale="log")

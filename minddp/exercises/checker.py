@@ -800,6 +800,13 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             "it was handed was not that tensor (the padded input still holds this rank's own values): copy the "
             f"all-gather's output, without its padding, into tensor{at}"
         )
+    if f["kind"] == "sent_early" and like in ("hook", "hook-async"):  # no bucket here: a tensor hook synced .grad
+        return (
+            f"gradients were synced before the last micro-batch was added into them ({names}): they were averaged as "
+            "they stood after the earlier micro-batches, and the last backward then added this rank's own part on "
+            "top; a tensor hook (register_hook) runs before autograd adds the incoming gradient into .grad, so sync "
+            f"param.grad from register_post_accumulate_grad_hook, which runs after{at}"
+        )
     messages = {**GRADIENT_MESSAGES, **TRANSPORT_MESSAGES.get(like, {})}
     return messages[f["kind"]].format(names=names, world=world) + at
 
