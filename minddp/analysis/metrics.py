@@ -16,9 +16,9 @@ definition, function, unit):
    communication between two pieces of backward's compute, in the training thread's order, with none beside it;
 5. **waited**, :func:`waited`: ``|waits ∩ window|``, the training thread standing still for communication;
 6. **exposed**, :func:`exposed`: ``|link ∩ waits ∩ window|``, the link's modeled transfers the training thread
-   waited through: the step time the link adds against the same stage with a free link (exact where the real
-   collectives take no time of their own; the step-time model's replay gives it on its own transfers and waits,
-   :func:`minddp.costmodel.step.predict`);
+   waited through. Not the time a free link (one whose transfers take no time) would save: a wait that covers a
+   transfer may last as long for the other rank, and a faster link also shortens the other rank's transfers (the
+   step-time model's replay gives it on its own transfers and waits, :func:`minddp.costmodel.step.predict`);
 7. **link time**, :func:`link_time`: the modeled transfer time of the step's messages, from their sizes alone;
 8. **comm cost**, :func:`comm_cost`: a stage's step time minus the same stage's with nothing sent (``noop_hook``),
    from two runs (``python -m minddp.bench``): all that sending adds, the link and every wait and the collectives'
@@ -187,7 +187,7 @@ def waited(waits: Iterable[Interval], window: Iterable[Interval] | None = None) 
 
 def exposed(link: Iterable[Interval], waits: Iterable[Interval], window: Iterable[Interval] | None = None) -> float:
     """Step 6, **exposed**: ``|link ∩ waits ∩ window|``, the link's modeled transfers the training thread waited
-    through (module doc: the step time the link adds)."""
+    through (not the time a free link would save: module doc)."""
     return length(intersect(_within(link, window), waits))
 
 

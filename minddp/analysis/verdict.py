@@ -5,12 +5,12 @@ of each rank (:func:`~minddp.analysis.steps.step_anatomy`) the trace gives the m
 :mod:`minddp.analysis.metrics` (docs/analysis.md, "The measures"):
 
 1. **non-compute**: ``|(M ∩ step) ∖ C|``, a message in flight while the training thread computed nothing (HTA's
-   non-compute time, per step): what a trace alone can say about the **exposed** time (the step time the link adds,
-   known where the link is emulated; ``python -m minddp.bench``'s *comm cost*, against ``noop_hook``, is more), split
-   by where in the step it falls (:data:`~minddp.analysis.steps.REGIONS`): in **forward** (parameter all-gathers
-   ahead of the compute), inside **backward** (*interleaved*: a hook that waits for each message), **between**
-   micro-batches (a sync after each backward), in the **tail** between the last backward and the optimizer (the
-   step waiting for the last buckets), in the **optimizer** step and after it;
+   non-compute time, per step): what a trace alone can say about the **exposed** time (the link's transfers the
+   training thread waited through, known where the link is emulated; ``python -m minddp.bench``'s *comm cost*,
+   against ``noop_hook``, is more), split by where in the step it falls (:data:`~minddp.analysis.steps.REGIONS`):
+   in **forward** (parameter all-gathers ahead of the compute), inside **backward** (*interleaved*: a hook that
+   waits for each message), **between** micro-batches (a sync after each backward), in the **tail** between the
+   last backward and the optimizer (the step waiting for the last buckets), in the **optimizer** step and after it;
 2. **in flight during backward**: ``|M ∩ backward|``, the communication that had compute beside it to hide
    behind; and the **tail**: how long after backward's end the last message ended;
 3. **overlap**: ``|M ∩ C| / |M|`` per step;
@@ -66,8 +66,8 @@ CPU_MEANING = (
 MEANING = (
     "Non-compute is the time a message was in flight while the training thread computed nothing "
     "(HolisticTraceAnalysis's non-compute time, per step; inside backward it is the interleaved time): what a "
-    "trace alone says about the exposed time, the step time the link adds against the same stage with a free "
-    "link (python -m minddp.bench's comm cost, the stage against itself with noop_hook, is all that sending adds, "
+    "trace alone says about the exposed time, the link's transfers the training thread waited through "
+    "(python -m minddp.bench's comm cost, the stage against itself with noop_hook, is all that sending adds, "
     "waits for the other rank included). Over an emulated link the trace records the training thread's waits, and "
     "the waited and exposed columns come from them. Each number is the median over the profiled steps (ranks "
     "averaged step by step), with the least and the most of them in brackets."
