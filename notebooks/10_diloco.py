@@ -19,14 +19,15 @@
 # Every rung so far sends every gradient every step. For a model of hundreds of millions of parameters,
 # between two datacenters or over a home connection, that all_reduce can take longer than the step's
 # compute (the last section computes it for a 360 M-parameter model), and the GPUs stand idle. The rungs
-# of this notebook **talk rarely**: each replica trains alone for H optimizer steps, then the replicas
-# **sync**: they average what they learnt and each applies the result, of the whole model at once (in
-# streaming DiLoCo, of one fragment of it per sync).
+# of this notebook **talk rarely**: each replica trains alone for H optimizer steps (its *inner* steps),
+# then the replicas **sync**: they average what they learnt and each applies the result, of the whole
+# model at once (in streaming DiLoCo, of one fragment of it per sync).
 #
 # 1. **Local SGD**: every H steps, average the weights (`minddp.LocalSGD`);
 # 2. **DiLoCo** (Douillard et al., 2023, arXiv 2311.08105): every H steps, average the
-#    *pseudo-gradient* (the synced weights minus the local ones), put the synced weights back, and let
-#    an outer optimizer (SGD with Nesterov momentum) step with it (`minddp.DiLoCo`);
+#    *pseudo-gradient* (the synced weights, those all replicas agreed on at the last sync, minus the local
+#    ones), put the synced weights back, and let an *outer* optimizer (SGD with Nesterov momentum) step
+#    with it (`minddp.DiLoCo`);
 # 3. **Streaming DiLoCo** (Douillard et al., 2025, arXiv 2501.18512): the model in fragments that sync
 #    in turn, each fragment's message handed over τ inner steps before the step that waits for it: it
 #    arrives without a wait only where those τ steps last longer than its time on the link.
@@ -124,15 +125,11 @@ lesson.claim(
 # Averaging the weights is the same as taking the synced weights θ and stepping them by the mean of
 # `θ − local` with learning rate 1 and no momentum. DiLoCo keeps that quantity, the **pseudo-gradient**
 # (it points the way a gradient does: against the step the replica took), and gives it to a real
-# optimizer: SGD with lr 0.7 and Nesterov momentum 0.9 by default. `diloco.py`'s own list of what it
-# does (items 1 to 3; its items 4 to 6 are streaming DiLoCo's, printed in that section below), then the
-# change from `local_sgd.py` (`-` its lines, `+` the lines of diloco.py's `_send` and `_apply` that
-# replace them, with their comments, which number them by the list above): both are printed from
-# diloco.py's docstring, where the diff is written by hand (`tests/test_readability.py` checks its
-# lines against both files). Local SGD sends and waits in one line; DiLoCo's `_send` keeps the comm
-# hook's Future in `in_flight` and `_apply` waits for it. Streaming DiLoCo (its section below) needs
-# that split; here the whole model is one fragment, `fragment` is always 0, and `_apply` runs in the
-# same post-hook (the H-th step's) as `_send`:
+# optimizer, the outer one: SGD with lr 0.7 and Nesterov momentum 0.9 by default. `diloco.py`'s own
+# list of what it does (items 1 to 3; items 4 to 6 are streaming DiLoCo's, printed in its section),
+# then the change from `local_sgd.py` (`-` its lines, `+` the lines of diloco.py's `_send` and `_apply`
+# that replace them, their comments numbered by the list). Here the whole model is one fragment and
+# `_apply` runs right after `_send`, in the same post-hook; streaming DiLoCo needs the two apart:
 
 # %%
 import inspect
@@ -174,7 +171,7 @@ lesson.claim(
 # the numbers below are read from that file, not run here. Its runs: `ddp` (the global batch every
 # step); `single` (one replica alone: a quarter of the data, nothing sent); `local-sgd-hH` and
 # `diloco-hH` (H = 10, 50, 100); `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (DiLoCo at H = 100 with
-# those outer learning rates: not printed here, only counted in one claim below); `streaming-h100`
+# those outer learning rates, the momentum kept: not drawn, their final losses printed); `streaming-h100`
 # (streaming DiLoCo, the rung after the first exercise: the model in 2 fragments synced in turn, each
 # sent τ = 5 steps before it is applied, with α = 0.5: streaming DiLoCo's mixing weight, defined in its
 # section, not notebook 01's α). The held-out loss is scored as in the run above (the bench's cosine
@@ -185,12 +182,10 @@ lesson.claim(
 # payload bytes each replica handed to the all_reduce. `single` sends nothing, so it has no place on
 # the log axis and is drawn as a grey line at its final loss. The y axis stops at 2.6 nats; what the
 # cut hides of DiLoCo at H = 100 is a claim under the figure. Under the figure also: each run's final
-# loss with its range over the seeds; where DiLoCo's mean at H = 10 is below local SGD's (early, above
-# the cut); and the
-# H = 100 runs' order after equal bytes early in the run, which is not their order at the end (in the
-# figure: local SGD lowest at first; streaming DiLoCo near DiLoCo's curve at first and near local
-# SGD's later). The next cell reads the file; the one after draws the figure and prints those
-# lines (its code collapsed: click to show it).
+# loss with its range over the seeds; where DiLoCo's mean at H = 10 is below local SGD's; and the
+# H = 100 runs' order after equal bytes early in the run, which is not their order at the end. The next
+# cell reads the file; the one after draws the figure and prints those lines (its code collapsed: click
+# to show it).
 
 # %%
 import json
@@ -239,10 +234,12 @@ ax.set_title(
 ax.legend(fontsize=8)
 plt.show()
 spread = {n: (min(final(n)), max(final(n))) for n in curves}
-shown = ("ddp", "single", *(f"{r}-h{h}" for h in (10, 50, 100) for r in ("local-sgd", "diloco")), "streaming-h100")
+sweep = sorted(n for n in curves if n.startswith("diloco-h100-lr"))  # DiLoCo at H = 100, other outer lrs
+shown = ("ddp", "single", *(f"{r}-h{h}" for h in (10, 50, 100) for r in ("local-sgd", "diloco")), *sweep,
+         "streaming-h100")  # fmt: skip
 for name in shown:
     low, high = spread[name]
-    print(f"{name:>15}: final held-out loss {statistics.mean(final(name)):.4f} (seeds: {low:.4f} to {high:.4f})")
+    print(f"{name:>17}: final held-out loss {statistics.mean(final(name)):.4f} (seeds: {low:.4f} to {high:.4f})")
 steps = curves["ddp"][0]["step"]  # the scores' steps, the same in every run
 below = [s for s, d, lo in zip(steps, mean_of("diloco-h10", "loss"), mean_of("local-sgd-h10", "loss")) if s and d < lo]
 lesson.claim(
@@ -334,13 +331,21 @@ lesson.claim(
     all(all(d > lo for d, lo in zip(final(f"diloco-h{h}"), final(f"local-sgd-h{h}"))) for h in (50, 100)),
     "at H = 50 and 100, DiLoCo ends behind local SGD in every seed",
 )
+lrs = sorted([OUTER_DEFAULTS["lr"]] + [results["configs"][n]["outer_lr"] for n in sweep])
+lesson.claim(
+    all(min(final(n)) > max(final("local-sgd-h100")) for n in ("diloco-h100", *sweep))
+    and not any("outer_momentum" in results["configs"][n] for n in sweep),
+    f"at H = 100 no outer learning rate tried ({', '.join(f'{lr:g}' for lr in lrs)}; Nesterov momentum "
+    f"{OUTER_DEFAULTS['momentum']} kept) makes DiLoCo end below local SGD: each one's lowest seed ends above local "
+    "SGD's highest",
+)
 rare = [n for n in curves if n not in ("ddp", "single")]  # the file's runs that talk rarely, the lr sweep's too
 closest = min(rare, key=lambda n: statistics.mean(final(n)))
 streaming = results["configs"]["streaming-h100"]
 lesson.claim(
     closest == "streaming-h100",
-    f"of the file's {len(rare)} runs that talk rarely (the {len(rare) - 3} above and DiLoCo at H = 100 with 3 other "
-    f"outer learning rates), streaming DiLoCo (H = 100, {streaming['fragments']} fragments, τ = "
+    f"of the file's {len(rare)} runs that talk rarely (the {len(sweep)} of the outer learning rate sweep included), "
+    f"streaming DiLoCo (H = 100, {streaming['fragments']} fragments, τ = "
     f"{streaming['fragment_delay']}, α = {streaming['fragment_alpha']}) ends closest to DDP (an excess of "
     f"{excess(closest):.3f} nats, against DiLoCo's {excess('diloco-h100'):.3f} at the same H); it differs from "
     "DiLoCo in two things at once, the fragments sent early and in turn, and α mixing the local weights into those "
@@ -409,21 +414,17 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # %% [markdown]
 # Below, one rank's inner steps 9 to 24 under the profiler, over an emulated link of 5 Mbit/s and 5 ms
 # per hop: H = 16, 2 fragments (a turn of 8 steps: fragment 0's turn is steps 1 to 8 and 17 to 24,
-# fragment 1's steps 9 to 16), τ = 6, α = 0.5, on batches of 512 chains (16 times the 32 above). Steps 1
-# to 8 run first, unprofiled, so that the 16 profiled steps hand each fragment over once and apply it
-# once (steps are counted from the run's first, as the exercise below counts them; their 16 batches are
-# sampled before the profiler starts). Each inner step is its forward (pale), backward (blue) and
-# optimizer step (green); grey is time the profiler recorded nothing for. The
-# green holds the optimizer step's post-hook too: in steps 10 and 18 it hands a fragment's
-# pseudo-gradient to the link (the tick); in steps 16 and 24 it waits for that fragment, if it has not
-# arrived, and applies it (the triangle); each tick and triangle is labelled with the step it falls in,
-# read from the profiled events. The orange bars are the messages' modeled transfers on the link, each
-# from its tick. Red is the wait, drawn over the green: from the post-hook's `wait()` until the message
-# is delivered (its modeled transfer over and the real all_reduce done). A message is delivered before
-# the step that applies it asks for it only if the time from its tick (in one step's post-hook) to that
-# `wait()` (in the post-hook τ steps later) is longer than its time on the link. That time is measured,
-# and τ steps need not take as long as another τ steps; the lines under the figure give both times for
-# each message, and the second one ÷ τ.
+# fragment 1's steps 9 to 16), τ = 6, α = 0.5, on batches of 512 chains (steps 1 to 8 run first,
+# unprofiled, so that each fragment is handed over once and applied once). A message arrives before
+# the step that applies it asks for it only if the τ steps from its hand-over to that step's `wait()`
+# last longer than its time on the link; the lines under the figure give both times for each message.
+#
+# Each inner step is its forward (pale), backward (blue) and optimizer step (green), whose post-hook
+# hands a fragment's pseudo-gradient to the link in steps 10 and 18 (the tick) and, in steps 16 and
+# 24, waits for that fragment if it has not arrived and applies it (the triangle). The orange bars are
+# the messages' modeled transfers on the link, each from its tick. Red is the wait: from the
+# post-hook's `wait()` until the message is delivered (its modeled transfer over and the real
+# all_reduce done).
 
 # %%
 # %%distributed
@@ -496,7 +497,6 @@ if rank == 0:
         ax.text(t - 1, 0.3, f"step {step_at(t)}", ha="right", va="center", fontsize=7)
     for t in applied:
         ax.text(t - 2, -0.44, f"step {step_at(t)}", ha="right", va="center", fontsize=7)
-    ax.broken_barh([(0, view["row"]["end"])], (-0.40, 0.40), facecolors="0.55", zorder=0.5, label="nothing recorded")
     waits = [(s, e - s) for s, e in view["row"]["waits"]]  # inside an optimizer step: drawn again, over its green
     ax.broken_barh(waits, (-0.40, 0.40), facecolors=COLORS["wait"], zorder=3)
     ax.set_xlabel(f"ms since step {WARM + 1}'s forward started", fontsize=8)
@@ -566,7 +566,7 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
 # Write `fragment_to_send(step, sync_every, fragments, delay)`: the fragment whose pseudo-gradient
 # leaves after inner step `step` (1, 2, ...), or `None`. A turn is `sync_every // fragments` steps,
 # fragment 0 first, each fragment sent `delay` steps before its turn ends. The checker runs it on 2
-# real ranks for two periods at three settings (H = 6, 16 and 12) and compares it with streaming
+# real ranks for steps 1 to 2H at three settings (H = 6, 16 and 12) and compares it with streaming
 # DiLoCo's schedule: a schedule that differs across replicas is named first (their all_reduces would
 # pair different fragments, or one would wait for ever).
 
@@ -648,7 +648,7 @@ lesson.claim(
 )
 buckets = synthesize(cp, "ddp", 25.0, 2).messages  # the messages ddp_step replays: one per bucket (cap 25 MiB)
 size, start = buckets[0].nbytes, min(m.at for m in buckets)
-each = 2 * spec.latency + size / spec.bandwidth  # 2 hops; on 2 ranks each carries 1× the bytes
+each = 2 * spec.latency + size / spec.bandwidth  # 2 hops, each paying the latency; on 2 ranks 1× the bytes in all
 print(
     f"DDP on '{first}': {len(buckets)} messages a step, one per gradient tensor (each of the model's "
     f"{len(cp.nbytes)} tensors of {size / 1e6:.0f} MB is more than DDP's 25 MiB bucket cap, so each is a bucket of "
@@ -715,7 +715,9 @@ lesson.claim(
 #   H = 10 it is below only early in the run (the claim under the figure), is behind in every seed at
 #   step 300, and ends within local SGD's range over the seeds. At H = 50 and 100 it ends behind in
 #   every seed, and its excess over the floor, as a multiple of DDP's, grows with H. At H = 100 it ends
-#   worse than one replica alone, which sends nothing.
+#   worse than one replica alone, which sends nothing, and no other outer learning rate tried there
+#   ends below local SGD. Why the outer optimizer loses to plain averaging here, these runs do not
+#   separate.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so the
 #   message can travel during those τ steps, and arrives without a wait only where they last longer

@@ -1868,6 +1868,49 @@ def outer_sync_keeps_before_the_restore(params, synced, outer):
     _outer(params, synced, outer, pseudo, keep=False)
 
 
+def outer_sync_keeps_the_avg_result(params, synced, outer):
+    """Learner read 10-r11: all_reduce's result kept as the gradient, p.grad = dist.all_reduce(s - p, op=AVG):
+    all_reduce returns None, so every .grad is None and the step moves nothing, with no zero_grad called."""
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            g = s - p
+            p.copy_(s)
+            p.grad = dist.all_reduce(g, op=dist.ReduceOp.AVG)
+    outer.step()
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            s.copy_(p)
+
+
+def outer_sync_divides_the_sum_result(params, synced, outer):
+    """Learner read 10-r11: g = dist.all_reduce(s - p), then g /= world: the None all_reduce returns, divided."""
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            g = dist.all_reduce(s - p)
+            g /= dist.get_world_size()
+            p.copy_(s)
+            p.grad = g
+    outer.step()
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            s.copy_(p)
+
+
+def outer_sync_copies_into_cleared_grads(params, synced, outer):
+    """Learner read 10-r11: outer.zero_grad() (each .grad set to None), then p.grad.copy_(g): there is no .grad."""
+    with torch.no_grad():
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
+    outer.zero_grad()
+    with torch.no_grad():
+        for p, s, g in zip(params, synced, pseudo):
+            p.copy_(s)
+            p.grad.copy_(g)
+    outer.step()
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            s.copy_(p)
+
+
 def schedule_forgets_the_return(step, sync_every, fragments, delay):
     """The send branch computes the fragment and never returns it: None after every step, at every delay."""
     turn = sync_every // fragments

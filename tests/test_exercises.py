@@ -965,6 +965,21 @@ def test_the_outer_sync_exercise_names_two_mistakes_at_once_and_gloos_refused_av
     assert not v.ok and "has no ReduceOp.AVG: all_reduce with the default SUM, then divide" in v.line, v.line
 
 
+@pytest.mark.timeout(240)
+def test_the_outer_sync_exercise_names_a_kept_all_reduce_result_and_a_cleared_grad():
+    """Learner read 10-r11: p.grad = dist.all_reduce(..., op=AVG) moved nothing and was told of a zero_grad the
+    learner never called; g = dist.all_reduce(...); g /= n and zero_grad() then p.grad.copy_(g) got a bare error."""
+    v = check_outer_sync(wrong.outer_sync_keeps_the_avg_result, timeout_s=TIMEOUT)
+    named = "every .grad was None, and outer.zero_grad() was not called: the value your sync gave p.grad was None"
+    assert not v.ok and (named in v.line or "has no ReduceOp.AVG" in v.line), v.line
+    assert "cleared by outer.zero_grad()" not in v.line, v.line
+    v = check_outer_sync(wrong.outer_sync_divides_the_sum_result, timeout_s=TIMEOUT)
+    assert not v.ok and "NoneType" in v.line and checker.ALL_REDUCE_RETURNS_NONE in v.line, v.line
+    v = check_outer_sync(wrong.outer_sync_copies_into_cleared_grads, timeout_s=TIMEOUT)
+    assert not v.ok and "'copy_'" in v.line and "outer.zero_grad() sets each .grad to None" in v.line, v.line
+    assert "p.grad = g" in v.line and checker.ALL_REDUCE_RETURNS_NONE not in v.line, v.line
+
+
 def test_the_schedule_exercise_names_steps_counted_from_zero_and_a_float_fragment():
     v = check_fragment_schedule(wrong.schedule_counts_steps_from_zero, timeout_s=TIMEOUT)
     named = "steps count from 1: step 3 is the last of its turn (steps 1 to 3), so the turn's number is (step − 1) //"

@@ -18,10 +18,12 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
 2. **yours**: the same rounds with your sync after each; the weights and synced weights after every sync, what
    the outer optimizer saw (:class:`NotedSGD`) and whether ``synced`` shares the parameters' storage;
 3. **verdict**: a raise or a hang first (an in-place change to a parameter outside ``torch.no_grad()`` named as
-   such, and so is gloo's refusal of ``ReduceOp.AVG`` on older torch), then the candidate yours matches
+   such, and so are gloo's refusal of ``ReduceOp.AVG`` on older torch and a None met where a tensor was expected:
+   all_reduce's result, or a ``.grad`` cleared by ``zero_grad()``, :func:`_none_hint`), then the candidate yours matches
    (:func:`close`), a single mistake before two of them at once (:data:`PAIRS`), named with what to change (an
    outer step that never moves by its cause, :data:`NO_MOVE`: no ``outer.step()``, its ``.grad`` cleared by
-   ``zero_grad()``, a zero pseudo-gradient taken after the restore, the restore after the step), then ``synced``
+   ``zero_grad()``, its ``.grad`` set to all_reduce's result (None), a zero pseudo-gradient taken after the
+   restore, the restore after the step), then ``synced``
    aliased to the parameters, then ``outer.step()`` called more than once a sync (inside the loop over the
    parameters), then a sync that stepped an optimizer of its own (made in the sync) or moved the
    weights by hand, then replicas that disagree after a sync, then the first difference from DiLoCo's.
@@ -51,12 +53,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 
 import torch
 import torch.distributed as dist
 
 from minddp.exercises import harness, solutions
-from minddp.exercises.checker import Verdict, _problem, _run
+from minddp.exercises.checker import ALL_REDUCE_RETURNS_NONE, Verdict, _problem, _run
 
 ROUNDS, SYNC_EVERY = 3, 3
 #: The schedules checked, two periods each: H = 6 in 3 fragments of 2 steps, each sent 1 step before its turn ends;
@@ -250,6 +253,10 @@ NO_MOVE = {
     "cleared by outer.zero_grad() after p.grad = g (zero_grad sets each .grad to None, so the step skips every "
     "parameter); set p.grad last, right before outer.step() (zero_grad is not needed: p.grad = g replaces the old "
     "gradient)",
+    "grads_none": "the outer step did not move the weights: when outer.step() ran every .grad was None, and "
+    f"outer.zero_grad() was not called: the value your sync gave p.grad was None ({ALL_REDUCE_RETURNS_NONE}, "
+    "so p.grad = dist.all_reduce(...) sets it to None); all_reduce the pseudo-gradient, then set p.grad to that "
+    "tensor",
     "zero_pseudo": "the outer step did not move the weights: its .grad was zero, the pseudo-gradient taken after the "
     "synced weights were put back (synced − local is then zero); compute synced − local first, then restore, set "
     ".grad, step",
@@ -357,8 +364,9 @@ def inner_step(model: torch.nn.Module, inner: torch.optim.Optimizer, step: int, 
     inner.step()
 
 
-def rounds_with(sync, rank: int, group) -> list[dict]:
-    """Steps 1-2: ROUNDS rounds of SYNC_EVERY inner steps from the same start, ``sync`` after each."""
+def rounds_with(sync, rank: int, group, seen: dict | None = None) -> list[dict]:
+    """Steps 1-2: ROUNDS rounds of SYNC_EVERY inner steps from the same start, ``sync`` after each; ``seen["outer"]``
+    (where given): what the outer optimizer saw in the round running, kept there if ``sync`` raises."""
     model = harness.make_net(0)  # the same network on every rank
     params = list(model.parameters())
     inner = torch.optim.AdamW(params, lr=INNER_LR)
@@ -370,6 +378,8 @@ def rounds_with(sync, rank: int, group) -> list[dict]:
         for t in range(SYNC_EVERY):
             inner_step(model, inner, r * SYNC_EVERY + t, rank)
         outer.notes, outer.start = [], [s.clone() for s in synced]
+        if seen is not None:
+            seen["outer"] = outer.notes
         with _counting_all_reduce() as calls, _counting_optimizers() as made:
             if group is None:
                 sync(params, synced, outer)
@@ -472,8 +482,10 @@ def no_move_cause(notes: list[str]) -> str:
     if not steps:
         return "never_stepped"
     _, grad, where = steps[0]
-    if grad == "none" or (grad == "zero" and "zero_grad" in notes[: notes.index(":".join(steps[0]))]):
+    if grad in ("none", "zero") and "zero_grad" in notes[: notes.index(":".join(steps[0]))]:
         return "grads_cleared"
+    if grad == "none":  # never cleared, so set to None: the learner kept all_reduce's result
+        return "grads_none"
     if grad == "zero":
         return "zero_pseudo"
     return "restored_after" if where == "local" else "no_move"
@@ -507,7 +519,7 @@ def check_outer_sync_on_rank(fn, every_mistake: bool = True) -> None:
         if every_mistake:  # after every single mistake: a pair is named only when no single one matches
             candidates.update({name: rounds_with(wrong, rank, checker) for name, wrong in PAIRS.items()})
         progress.phase = "running your outer_sync"
-        mine = rounds_with(fn, rank, None)
+        mine = rounds_with(fn, rank, None, seen=report)
         everyone: list = [None] * report["world"]
         dist.all_gather_object(everyone, mine, group=checker)
         report["finding"] = outer_sync_finding(mine, candidates, everyone)
@@ -584,7 +596,7 @@ def check_outer_sync(fn, *, world_size: int = 2, timeout_s: float = 20.0) -> Ver
     shape = "outer_sync(params, synced, outer)"
     reports, failed = _checked(fn, check_outer_sync_on_rank, name, shape, _outer_sync_text, world_size, timeout_s)
     if failed is not None:
-        return failed
+        return Verdict(False, failed.line + _none_hint(reports), reports)
     first = reports[min(reports)]
     # a sync that divides by a fixed 2 is DiLoCo's on 2 ranks: run it again on OTHER_WORLD ranks beside DiLoCo's
     # alone (only an answer that passed pays for it: a few seconds, the first time to start those ranks)
@@ -606,6 +618,25 @@ def check_outer_sync(fn, *, world_size: int = 2, timeout_s: float = 20.0) -> Ver
         "weights, the result kept as the new synced weights",
         reports,
     )
+
+
+#: What the checker adds to a None met where a .grad was expected after ``outer.zero_grad()`` (``p.grad.copy_(g)``).
+ZERO_GRAD_NONE_HINT = (
+    " (outer.zero_grad() sets each .grad to None, so there is no .grad tensor to change in place: assign the "
+    "averaged pseudo-gradient, p.grad = g, which replaces the old gradient without zero_grad)"
+)
+
+
+def _none_hint(reports: dict) -> str:
+    """What to add to a raise that met None: a None divided by a number (the world size) is all_reduce's result;
+    another None after ``outer.zero_grad()`` is a cleared .grad; any other is all_reduce's result."""
+    raised = [r for r in reports.values() if r and "NoneType" in (r.get("error") or {}).get("message", "")]
+    if not raised:
+        return ""
+    message = raised[0]["error"]["message"]
+    if re.search(r"'NoneType' and '(int|float)'", message) or "zero_grad" not in raised[0].get("outer", ()):
+        return f" ({ALL_REDUCE_RETURNS_NONE})"
+    return ZERO_GRAD_NONE_HINT
 
 
 def _outer_sync_text(f: dict, report: dict) -> str:
