@@ -35,7 +35,7 @@
 #   of the average it updates (on gloo, minddp runs zero2's and fsdp's reduce-scatters as
 #   all_reduces and keeps that piece: the ZeRO-2 section says why);
 # * `fsdp`: the parameters are sharded too (all but a few tensors it keeps whole on every rank, its
-#   *replicated* ones: here the embedding's, the final norm's and the classifier's weights), and
+#   *replicated* ones), and
 #   each decoder layer of the model (a *unit*: what fsdp gathers
 #   and drops as one) is gathered only around its own forward and backward: as a unit starts its
 #   forward or its backward, the gather of the next unit in that order is started too (a *prefetch*,
@@ -149,6 +149,8 @@ lesson.say(
 # its forward's), and FSDP's *gathered units* at their peak:
 # the full parameters it has gathered and the buffers its all-gathers receive into, counted together
 # (for a moment after a gather a unit is counted twice, in its buffer and in what was unpacked from it).
+# That column is measured for fsdp only: its 0 for the other stages is not a measurement, and no column
+# counts the buffers that zero1's and zero2's all-gathers of the updated parameters receive into.
 # `lesson.Trainee(stage, warmup=0)` builds the stage and its optimizer on the workload, on every rank,
 # without a step, so the measured step is its first. The code's comments
 # number the parts of each algorithm (`# part 3`). AdamW's *step count* (in the ✓ line printed with
@@ -224,9 +226,11 @@ table.round(3)
 #
 # Mixed-precision training computes the forward and backward in 16 bits (fp16 in the ZeRO paper, bf16
 # here) and keeps an fp32 copy of the weights, the *master weights*, for the optimizer. minddp's FSDP
-# computes in bf16 with `compute_dtype=torch.bfloat16`, as torch's `fully_shard` does with a
-# `MixedPrecisionPolicy`: the fp32 shards *are* the master weights, cast to bf16 and gathered in bf16
-# just before a unit runs, and the gradients come back to the shards in fp32. So it keeps what fp32
+# computes in bf16 with `compute_dtype=torch.bfloat16`, as torch's `fully_shard` does with
+# `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`: the fp32 shards
+# *are* the master weights, cast to bf16 and gathered in bf16 just before a unit runs, and a unit's
+# gradients are cast to fp32 before they are reduce-scattered (torch's policy without `reduce_dtype`
+# would reduce them in bf16). So it keeps what fp32
 # FSDP keeps, and bf16 shrinks what lives only during the step: the gathered units and the
 # activations. The cells below train it one step and measure both. Its units are those of the `fsdp`
 # above: `blocks_of(net)` makes each *block* (an element of the model's `nn.ModuleList`, a decoder
@@ -284,7 +288,9 @@ lesson.claim(
 # A bf16 number has 8 significant bits (2 to 3 decimal digits), so a small change to a weight lands
 # rounded, and one far smaller than the weight is lost. AdamW changes each value by about the learning
 # rate lr times a ratio: the running average of its gradients over the square root of the running
-# average of their squares. At its first update that ratio is g/|g|, ±1, wherever the gradient g is
+# average of their squares, each average first divided by its bias correction (1 − β^t at update t,
+# with that average's own β), which makes them g and g² at the first update. So at its first update
+# that ratio is g/|g|, ±1, wherever the gradient g is
 # neither zero nor as small as AdamW's ε (a small constant added to the square root), so the first
 # update moves each such value by about lr, up or down, on any model. The cell prints the median size
 # of ddp's first update's changes (its line's "AdamW's first step" is the optimizer's first `step()`,
@@ -319,7 +325,11 @@ lesson.claim(
 # %% [markdown]
 # In bf16 the norm weights (the share of the values the ✓ line gives) would lose this change, and every
 # other value would take it rounded, anywhere in the range the ✓ line prints; in fp32 every value takes
-# it, to within the fraction printed. So the optimizer updates fp32 copies of the weights, the master weights.
+# it, to within the fraction printed. That is one change, not the reason on its own: AdamW's weight
+# decay shrinks each weight by lr · λ of itself (λ = 0.01, torch's default), under half of bf16's
+# spacing at any weight, and torch's AdamW applies it as a multiplication of its own, so a weight held
+# in bf16 would round the decay away at every update; no cell here measures the later updates. The
+# optimizer updates fp32 copies of the weights, the master weights.
 
 # %% [markdown]
 # ### The ZeRO paper's mixed-precision count
@@ -440,7 +450,8 @@ show_source(reduce_scatter_hook)
 # back a work without one. So on gloo minddp runs zero2's and fsdp's reduce-scatters as all_reduces of
 # the whole tensor they are given (a zero2 bucket, an fsdp unit's gradients) and keeps the piece a
 # reduce-scatter would have left this rank. (The exercise at the end calls gloo's reduce-scatter itself:
-# it checks the sum, not the bytes sent.)
+# it checks the sum, not the bytes sent.) Each look below is its trainee's second step: the first was
+# the memory step above, so zero2's look starts by gathering the parameters that step updated.
 
 # %%
 # %%distributed
@@ -465,8 +476,10 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 # reduce-scatter and all-gather the `Wire` calls instead of torch's, each written from point-to-point
 # messages; the profiler records each message gloo sends with the tensor it carried. The table is what
 # rank 0 sent in one step, by the collective the message served. zero2's trainee here takes one step
-# before its look (`warmup=1`): zero2 all-gathers the updated shards in the forward after an update,
-# so the looked-at step starts with those all-gathers (its first step has none to make). Bytes *sent*
+# before its look (`warmup=1`), as the memory step did for the gloo looks: zero2 all-gathers the updated
+# shards in the forward after an update, so the looked-at step starts with those all-gathers (its first
+# step has none to make). The ✓ line's bytes fsdp sent "gathering units" are bytes sent in a step,
+# not the memory table's gathered units, which are bytes held at one moment. Bytes *sent*
 # are not the bytes *given* of the look above: a ring all_reduce sends `2(n − 1)/n` of the bytes it
 # is given, which at these n = 2 ranks is the same number (ddp's 18.9 MiB), and at other n is not:
 
@@ -558,11 +571,11 @@ lesson.claim(
 #
 # The figure draws, for `ddp` and the three sharded stages, the step each stage's look (on gloo, in
 # the ZeRO-2 section) recorded: its phases in their order (each micro-batch's forward and backward,
-# then the update), each drawn the same width, and a mark for each collective the stage handed over,
-# in the phase it was handed over in. It shows the order of events only, no lengths: within a phase
-# the marks are spread evenly, in the order they were handed over, so their spacing is not their
-# timing. The ✓ lines printed with the
-# figure name the phases in words (`lesson.handed_in`: "forward 1", "backward 3", "update").
+# then the update), each drawn the same width, and a mark for each gradient collective and each
+# all-gather of parameters its look counted, in the phase it was handed over in. It shows the order of
+# events only, no lengths: within a phase the marks of both kinds together are spread evenly, in the
+# order they were handed over, so the spacing of either kind, seen alone, is not its timing either.
+# The ✓ lines printed with the figure name the phases in words (`lesson.handed_in`: "forward 1", "backward 3", "update").
 
 
 # %%
@@ -637,9 +650,10 @@ lesson.say(
 # ring (the ring table), at these 2 ranks. The model state is what rank 0 holds at the update, not
 # the most it holds during the step: before the last micro-batch zero2 and fsdp hold whole gradients,
 # as ddp does, and the model state leaves out the activations, fsdp's gathered units and the buffers
-# the collectives send from and receive into. `docs/sharding.md`'s benchmark measures the peak of all
-# of it, which no cell here does. The bytes are the ring's, with true reduce-scatters; no cell here
-# counts the bytes gloo sends, where minddp runs zero2's and fsdp's reduce-scatters as all_reduces.
+# the collectives send from and receive into. So the line below does not rank the stages by the most
+# they hold: `docs/sharding.md`'s benchmark measures the peak of all of it, in its own run, and finds
+# fsdp's above ddp's; no cell here measures it. The bytes are the ring's, with true reduce-scatters;
+# no cell here counts the bytes gloo sends, where minddp runs zero2's and fsdp's reduce-scatters as all_reduces.
 
 # %%
 # %%rank 0
