@@ -23,11 +23,12 @@
 # workload every notebook shares, with gloo over the machine's loopback interface (the *loopback run*:
 # no emulated link). It reads the traces with `minddp.analysis` the way the blog this course follows
 # ("First Steps With Distributed Data Parallelism and PyTorch Profiling", https://blog.underfit.ai/ddp-profiled)
-# reads its GPU traces with HolisticTraceAnalysis (HTA), under HTA's names (`docs/analysis.md` defines
-# these three measures and the link run's three below, each computed by its one function in
-# `minddp.analysis.metrics`; the tables' other columns, counts and times read off the trace, are not among them):
+# reads its GPU traces with HolisticTraceAnalysis (HTA): overlap and non-compute are HTA's names, *in flight*
+# is this course's (`docs/analysis.md` defines these three measures and the link run's three below, each computed
+# by its one function in `minddp.analysis.metrics`; the tables' other columns, counts and times read off the trace,
+# are not among them):
 #
-# * **in flight**: the time a communication range was open (on this machine: below);
+# * **in flight**: the time a communication range was open (what that counts here: below);
 # * **overlap** (HTA's `comm_comp_overlap_pctg`): the share of the time in flight during which the
 #   training thread computed (ran an `aten::` operator);
 # * **non-compute**: the time in flight during which it computed nothing (ms).
@@ -107,7 +108,7 @@ lesson.say(
 #   `broadcast_buffers`, on by default): `gloo:broadcast` ranges, in flight too, with no bar in the figure below;
 # * **non-compute** is time in flight while the training thread ran no `aten::` op: standing in a wait for
 #   a message or in the parameter check, running its own Python (hooks, the time between autograd nodes),
-#   or ready to run with no core free.
+#   or, where the threads outnumber the free cores, ready to run with none free.
 #
 # The caveat that decides how to read them: a gloo range lasts from the moment gloo's thread picks the
 # collective up until it is done, so it is also *held open* until the other rank joins the same
@@ -121,11 +122,10 @@ lesson.say(
 # rank arrives. The *blocking* stages (`simple`, `ga`, `hook`, `bucket`) wait for each message before they send the
 # next: `simple` and `ga` after the backward, `hook` and `bucket` inside it. The *asynchronous* ones (`hook-async`,
 # `bucket-async`, `ddp`, torch's DDP) send their messages during the backward and wait for them when it ends. The
-# claim under the table compares the two kinds by overlap, a share of each stage's own time in flight, not a time:
-# it does not say why they differ (a range held open longer while the thread computes also raises the overlap), and
-# a stage with the higher overlap can have the longer non-compute. To compare the threads by the time they computed
-# nothing, read the non-compute column pair by pair (`hook` with `hook-async`, `bucket` with `bucket-async`: the
-# same messages, sent blocking or not) beside the check's part of it, the last column.
+# first claim under the table is the identity from the opening, true by the definitions: it checks the table's
+# arithmetic, not the run. The second compares the two kinds by overlap, a share of each stage's own time in flight,
+# not a time: it does not say why they differ (a range held open longer while the thread computes also raises the
+# overlap), and a stage with the higher overlap can have the longer non-compute.
 #
 # What the table does not show (rank 0's trace shows when a range was open, not why):
 #
@@ -220,8 +220,9 @@ lesson.claim(
 #   figure prints, per stage, the longest time from a tick to its bar). Each bar has an edge line, so a narrow bar is
 #   drawn longer than its range lasted, and where dozens crowd they merge into one block that also covers the gaps
 #   between them: read the time in flight off the table above, not off the orange's length;
-# * the parameter check (hatched red; the legend's "thread waits at a check" names what the check does: the training
-#   thread stands in it until both ranks have joined it, and the link run's *waited*, below, does not count that),
+# * the parameter check (hatched red; the legend's "thread waits at a check" names what the check does, not what the
+#   hatch's width is: the training thread stands in it until both ranks have joined it, and the link run's *waited*,
+#   below, does not count that),
 #   drawn over the thread's band where gloo's all_gather range of the check was open: the hatch is that range,
 #   gloo's thread's, not the training thread's stand, which need not start or end with it (the caveat above). `ddp`
 #   and torch run none; a short one is too thin to see. In `hook` to `bucket-async` it runs in the first gradient's
@@ -232,8 +233,8 @@ lesson.claim(
 # * the finish (purple, the legend's "finish (sync ends)": the `finish_gradient_synchronization()` call, inside which
 #   `simple` and `ga` run their whole sync, check and messages; a short one is too thin to see), the optimizer step
 #   (green: the same AdamW update in every stage, yet not of the same length; the line under the table after the
-#   figure prints its spread beside the forward bands', which it calls the forward passes) and the end of the
-#   step.
+#   figure prints its spread beside the forward bands', which it calls the forward passes: they are the bands, the
+#   forward with what the stage does around it, not the same work in every stage) and the end of the step.
 #
 # Three shapes to tell apart:
 #
@@ -262,7 +263,7 @@ display(Image(filename=RUN / "one_step_each_stage.png"))
 # %% [markdown]
 # The numbers behind the plot, stage by stage (rank 0): how many messages each sent in this step, how
 # many were handed to the wire while a backward was still running, and the longest time from a message's
-# tick to the start of its bar (the trace shows how long, not why).
+# tick to the start of its bar.
 
 # %%
 phases, buckets = result.phases[result.phases["rank"] == 0], result.buckets[result.buckets["rank"] == 0]
@@ -388,9 +389,11 @@ display(on_link)
 # %% [markdown]
 # What accumulation, hooks and buckets change by construction: the calls, where messages are handed to
 # the wire, the link time (the first three claims below). None of these says whether a stage's thread stands
-# still less: waited and exposed measure that (the table above; the last claim compares the two kinds by
-# waited, not by what the waits were made of: waited minus exposed is the part with the link carrying
-# nothing); where the two asynchronous stages' waited or exposed differ, this trace does not show why.
+# still less, nor need one of these changes make it wait less: waited and exposed measure that (the table above,
+# read row against row). The last claim compares the two kinds by waited, not by what the waits were made of
+# (waited minus exposed is the part with the link carrying nothing), and covers the link run's two asynchronous
+# stages, `hook-async` and `bucket-async` (`ddp` and torch's DDP were not run over the link); where those two
+# differ in waited or exposed, this trace does not show why.
 
 # %%
 calls = lz["allreduce_calls_per_step"].astype(int)

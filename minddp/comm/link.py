@@ -5,8 +5,8 @@ lessons (why buckets, why overlap) barely show. A :class:`Link` puts a network o
 under the comm layer, so that a laptop shows what a 1 Gbit/s cluster, or four PCIe GPUs, would do.
 
 1. **the cost model** (:meth:`LinkSpec.seconds`): a link is ``B``, each port's bandwidth per
-   direction (bytes/s; ``β = 1/B``, the time per byte), and ``α``, the fixed cost of one message (one
-   hop of a ring); collectives are rings (an all_reduce of ``m`` bytes over ``n`` ranks takes
+   direction (bytes/s; ``β = 1/B``, the time per byte), and ``α``, the fixed cost of one hop of a ring;
+   collectives are rings (an all_reduce of ``m`` bytes over ``n`` ranks makes ``2(n−1)`` hops and takes
    ``2(n−1)·α + 2(n−1)/n · m·β``);
 2. **the emulation** (:meth:`Link.carry`): the real collective still runs, so every result is exact;
    the link's own thread (one NIC per rank) carries the messages one at a time and completes each
@@ -57,7 +57,7 @@ COLLECTIVES = {"all_reduce": (2, 2), "reduce_scatter": (1, 1), "all_gather": (1,
 @dataclass(frozen=True)
 class LinkSpec:
     """A network by its two numbers: ``bandwidth`` B (bytes/s per rank and direction; β = 1/B s per byte),
-    ``latency`` α (s per message, one hop of a ring)."""
+    ``latency`` α (s per hop of a ring; an all_reduce makes 2(n−1) of them)."""
 
     name: str
     bandwidth: float
@@ -83,7 +83,7 @@ class LinkSpec:
         return f"{self.name}: {speed}, {self.latency * 1e6:g} µs per hop" + (f" ({self.about})" if self.about else "")
 
 
-#: Named links. The numbers are nominal (what the hardware is sold as, with a typical per-message cost), not
+#: Named links. The numbers are nominal (what the hardware is sold as, with a typical per-hop cost), not
 #: measured: docs/scaling.md says where each comes from and how far real libraries get from it.
 PRESETS: dict[str, LinkSpec] = {
     "100mbit": LinkSpec("100mbit", 0.1 * GBIT, 100e-6, "Fast Ethernet, or a good Wi-Fi link between laptops"),
