@@ -45,11 +45,15 @@
 # this notebook pieces are numbered in that order: piece 0 is the forward's last layers, which backward
 # runs first). A bucket whose last gradient a piece produces can then be handed over before the next
 # piece's backward begins, so that its message can be in flight while that backward runs (this
-# notebook counts how many were). minddp's `ddp` gives Dynamo its bucket cap as torch's DDP does
-# (`minddp/runtime/compiling.py`), with one difference in the first piece: with torch's DDP, Dynamo
-# closes it at `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB in the torch of this run);
-# minddp's `ddp`, given a `bucket_cap_mb`, closes it at that cap (a claim under *The pieces and the
-# buckets* checks it on piece 0).
+# notebook counts how many were). Dynamo reads the cap from torch's DDP while that runs its module,
+# and closes the first piece at `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (by name and in torch,
+# the cap of torch's DDP's first *bucket* when `bucket_cap_mb` is left at its default; 1 MiB in the
+# torch of this run). minddp's `ddp`, given a `bucket_cap_mb`, has Dynamo close every piece but the
+# last at that cap, the first included: while it runs its module compiled, it sets the two private
+# names Dynamo reads, torch's `DistributedDataParallel._active_ddp_module` (to an object holding only
+# `bucket_bytes_cap`) and `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (to the cap), and restores
+# both on leaving (`compat.ddp_optimizer_caps`, reached from `split_at_buckets` in
+# `minddp/runtime/compiling.py`). A claim under *The pieces and the buckets* checks it on piece 0.
 # So here each piece but the last closes once its parameters reach 2 MiB; the last holds what is left.
 #
 # This notebook shows one step of `ddp` in three runs on one time axis: eager, compiled without the
@@ -144,10 +148,13 @@ lesson.say(
 # the loss's included), the gradient nodes (blue, the loss's included), the `AccumulateGrad` nodes
 # (grey), a tick when a bucket was handed over (the row's label says how many buckets), an orange bar for each
 # message in flight, and the optimizer step (green). A tick is not the start of its bar: between the
-# two, the bucket is handed over and gloo has not yet begun its message. Ticks closer together than
+# two, the bucket has been handed over and gloo has not yet begun its message. Ticks closer together than
 # a pixel (about a thousandth of the time axis) draw as one. Orange bars that overlap are drawn over
 # each other, and one can hide where another ends: the figure does not show how long each message
-# was in flight, nor which ran beside a gradient node (the line printed after it says which).
+# was in flight, nor which ran beside a gradient node (the line printed after it says which). In the
+# cut row, the blue holds one gradient node per piece, piece 0 first (the pieces printed under *The
+# pieces and the buckets*, whose claims count them); without the cut, one gradient node for the whole
+# graph. In every row the loss's gradient nodes are blue too.
 #
 # White is time in none of these. The white just before the optimizer step holds the end of
 # backward, where the reducer waits for the last messages to end, then copies the averages into
@@ -174,7 +181,8 @@ lesson.say(
 
 # %%
 # %%distributed
-nodes.picture(looks, "ddp: eager, compiled without the cut, compiled with it")  # rank 0 draws
+title = "ddp: eager, compiled without the cut, compiled with it\none step each: read the order of events, not lengths"
+nodes.picture(looks, title)  # rank 0 draws
 # orders of events (program order), not timings: they hold on any machine. Without the cut every message starts
 # after its bucket's tick, which comes after the compiled piece's gradient node, the last gradient node, has ended
 after = {label: v["ran_after_first_handover"] for label, v in looks.items()}  # nodes still running or begun
@@ -203,7 +211,8 @@ lesson.claim(
 # %%
 # %%distributed
 lesson.say(
-    "On rank 0, messages in flight while a gradient node ran, in the profiled step: "
+    "On rank 0, messages in flight while a gradient node ran, in the profiled step (each count this run's timing "
+    "decides: eager's and the cut's do not compare the two): "
     + ", ".join(f"{label} {nodes.beside(view['beside_node'])}" for label, view in looks.items())
     + "."
 )
@@ -214,7 +223,8 @@ lesson.say(
 # The pieces are visible to autograd: each records one gradient node, `CompiledFunctionBackward`,
 # and the parameters whose gradients it produces hang off it (their `AccumulateGrad` nodes). Walking
 # the graph of one forward from its output lists the pieces in the order backward runs them, each
-# with its parameters in the forward's order. Beside them, the buckets of the figure's third row
+# with its parameters in the forward's order; the cell walks one more forward of the third run's
+# `ddp` (compiled with the cut, the last of the loop above). Beside them, the buckets of the figure's third row
 # (compiled with the cut): `ddp`'s `bucket_plan`, rebuilt after the first step from the order the
 # gradients arrived in, each bucket listing its parameters in that order. A compiled piece produces
 # all its gradients at its end, so within a piece they need not arrive last layer first: bucket 0
@@ -271,13 +281,15 @@ lesson.claim(
 #
 # Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order backward
 # runs them, each as its gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap
-# in bytes. Fill the buckets as `ddp` does (a bucket closes at the first gradient that takes it to the
-# cap or past it; the gradients left at the end make one last bucket, handed over once the last of them
-# is there) and return, for each bucket, the index of the piece after whose backward it is handed
-# over. `check_handover` calls it on a few small cases, without ranks, and names the usual mistakes,
-# alone or two together. As it stands `my_handed_over_after` raises `NotImplementedError`; the
-# checker catches it and says so. On this notebook's step, `pieces` is four pieces of two 1 MiB
-# gradients and `cap` is 2 MiB: the answer is `[0, 1, 2, 3]`, what the last claim above checked.
+# in bytes, every bucket's, the first included (as in minddp's `ddp` given a `bucket_cap_mb`). Fill
+# the buckets as `ddp` does (a bucket closes at the first gradient that takes it to the cap or past
+# it; the gradients left at the end make one last bucket, handed over once the last of them is there)
+# and return, for each bucket, the index of the piece after whose backward it is handed over.
+# `check_handover` calls it on a few cases, without ranks, and names the usual mistakes, alone or two
+# together. As it stands `my_handed_over_after` raises `NotImplementedError`; the checker catches it
+# and says so. On this notebook's step, `pieces` is four pieces of two 1 MiB gradients and `cap` is
+# 2 MiB: the answer is `[0, 1, 2, 3]`, what the last claim above checked; that case is among the
+# checker's.
 
 # %%
 from minddp.exercises import check_handover
@@ -307,16 +319,21 @@ print(check_handover(solutions.handed_over_after))
 # The other pattern compiles the wrapper itself: `torch.compile(DDP(model))`. Dynamo then meets the
 # wrapper's own Python first. A graph break is a place inside a graph Dynamo has begun where it
 # stops the graph, runs Python, and starts a new one; this notebook counts the breaks and does not
-# measure what they cost. minddp's `ddp` marks three of its methods for Dynamo to skip, in
-# `minddp/ddp/distributed.py` (the means are in `minddp/runtime/compiling.py`): `forward` itself with
-# `torch.compiler.disable(forward, recursive=False)`, so that Dynamo skips `forward`'s own code but
-# not the functions it calls, the module's included; and the two methods `forward` calls before and
-# after the module (`_before_module`, `_after_module`) with the default `recursive=True`, so that Dynamo
-# skips them with all they call. Dynamo begins no graph in `forward`, so there is none to break. A
+# measure what they cost. minddp's `ddp` has Dynamo skip three of its methods. When it is built,
+# `eager_under_compile(self)` (`minddp/runtime/compiling.py`) moves it to a generated subclass
+# (`eager_twin`) whose `forward` is a copy of `ddp`'s passed through
+# `torch.compiler.disable(..., recursive=False)`, so that Dynamo skips `forward`'s own code but not the
+# functions it calls, the module's included; `distributed.py`'s `forward` itself carries no mark. The
+# two methods `forward` calls before and after the module (`_before_module`, `_after_module`) are marked
+# `@runs_as_python` in `minddp/ddp/distributed.py`, and the subclass passes them through
+# `torch.compiler.disable` with the default `recursive=True`, so that Dynamo skips them with all they
+# call. Dynamo begins no graph in `forward`, so there is none to break. A
 # count of 0 alone does not show that the module was compiled (a wrapper Dynamo skipped whole would
 # count 0 too), and this cell does not show it; *Buckets of 0.5 MiB* prints the compiled pieces of
 # `torch.compile(ddp)` at another cap. Each count compiles an MLP of two 1 MiB layers, alone or in a
-# wrapper, for one training step, and Dynamo counts the breaks.
+# wrapper, for one training step, and Dynamo counts the breaks. At this 2 MiB cap the two layers
+# make, by the rule above, a single piece under minddp's `ddp`: its count is of a graph not cut. Where
+# torch's DDP's breaks fall, and why, this notebook does not show.
 
 
 # %%
@@ -348,12 +365,16 @@ lesson.claim(counts[THEIRS] > counts[ALONE], "torch's DDP, compiled whole, adds 
 # ## Buckets of 0.5 MiB
 #
 # Each wrapper, with both patterns (the model compiled, then wrapped; the wrapper compiled), at
-# 0.5 MiB on an MLP of two 1 MiB layers, one training step each: its parameters compared with eager
-# `ddp`'s after the same step, and the pieces its compiled graph is cut into; a refusal is printed
-# with the torch file that raised it. With torch's DDP, Dynamo caps the first piece at 1 MiB, above
-# this bucket cap; minddp's `ddp`, given a cap, caps the first piece at that cap (checked on piece 0
-# under *The pieces and the buckets*). Dynamo's assert,
-# printed below, calls its first piece the "first bucket".
+# 0.5 MiB on an MLP of two 1 MiB layers, one training step each, the wrapper's first: its parameters
+# compared with eager `ddp`'s after the same step, and the pieces its compiled graph is cut into; a
+# refusal is printed with the torch file that raised it. A first step is sent on torch's first-iteration
+# plan, one bucket per dtype (`plan_first_iteration_like_torch` in `minddp/ddp/plan.py`): here one
+# bucket of both layers, in the compiled runs and in eager's; the 0.5 MiB buckets come only with the
+# rebuild at the next forward. So in this step the cap shapes the compiled pieces, not the buckets.
+# With torch's DDP, Dynamo caps the first piece at `first` (read in *The pieces and the buckets*,
+# outside any call of `ddp`'s: torch's own value), above this bucket cap; minddp's `ddp`, given a cap,
+# caps the first piece at that cap. Dynamo's assert, printed below, calls that first piece the "first
+# bucket".
 
 
 # %%
@@ -412,8 +433,9 @@ lesson.claim(
         == "trained a step, to eager ddp's bits; compiled pieces: layers.1.weight | layers.0.weight"
         for pattern in patterns
     ),
-    f"minddp's ddp trains a step there, with either pattern, to eager ddp's bits, its compiled graph cut into one "
-    f"piece per 1 MiB layer: each piece closes at the layer that takes it past the {SMALL:g} MiB cap.",
+    f"minddp's ddp trains its first step there, with either pattern, to the bits of eager ddp's first step, its "
+    f"compiled graph cut into one piece per 1 MiB layer: each piece closes at the layer that takes it past the "
+    f"{SMALL:g} MiB cap.",
 )
 
 # %% [markdown]
@@ -425,12 +447,14 @@ lesson.claim(
 #   every bucket but the last) can be in flight while gradients are still computed. Which were, on
 #   rank 0 in this run's step (its timing decides), the line printed after the figure says, beside
 #   eager's; what the cut does to a step's length, on CPU or GPU, is not measured here.
-# * The wrapper compiled whole: at 2 MiB buckets `torch.compile(ddp)` adds no graph break to the
-#   model's own, where torch's DDP adds breaks (what they cost is not measured here); at 0.5 MiB
-#   its module is compiled and cut (*Buckets of 0.5 MiB*).
+# * The wrapper compiled whole: at 2 MiB buckets, on two layers that make one piece,
+#   `torch.compile(ddp)` adds no graph break to the model's own, where torch's DDP adds breaks (where
+#   they fall and what they cost is not shown here); at 0.5 MiB its module is compiled and cut
+#   (*Buckets of 0.5 MiB*; its breaks are not counted there).
 # * At 0.5 MiB buckets torch's DDP (this run's torch) does not compile: Dynamo's cap for its first
-#   piece, 1 MiB, is above the bucket cap, and Dynamo asserts.
-#   minddp's `ddp` trains, with both patterns, to eager's bits.
+#   piece, 1 MiB, is above the bucket cap, and Dynamo asserts. minddp's `ddp` compiles there, cut
+#   at that cap, with both patterns, and its first step (sent, like eager's, as one bucket) trains
+#   to eager's bits.
 # * The train command and the benchmark take `--compile` (`--compile-backend aot_eager` for quick
 #   runs). `docs/ddp.md` (*Compiled*) gives the details, the limits and why minddp uses Dynamo's
 #   cut rather than compiled autograd.

@@ -327,6 +327,27 @@ def in_flight_during_next_piece(pieces, cap):
     return out + [len(pieces) - 1] * (total > 0)
 
 
+def first_bucket_at_one_mib(pieces, cap):
+    """torch's DDP's 1 MiB first bucket (``_DEFAULT_FIRST_BUCKET_BYTES``) read into the exercise's rule."""
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total >= (cap if out else min(cap, 2**20)):  # the mistake: the first bucket capped at 1 MiB
+            out, total = out + [i], 0
+    return out + [len(pieces) - 1] * (total > 0)
+
+
+def whole_piece_cut_by_bytes(pieces, cap):
+    """A piece's gradients all arrive at its end, so its bytes are added at once and cut into buckets at the cap."""
+    out, filled = [], 0
+    for i, piece in enumerate(pieces):
+        filled += sum(piece)
+        while filled >= cap:  # the mistake: a gradient split between two buckets
+            out.append(i)
+            filled -= cap
+    return out + [len(pieces) - 1] * (filled > 0)
+
+
 @pytest.mark.parametrize(
     "fn, named",
     [
@@ -367,6 +388,8 @@ def in_flight_during_next_piece(pieces, cap):
         (bytes_never_reset_and_no_last_bucket, "the gradients after the last full bucket were dropped"),
         (cap_checked_before_adding, "the cap was checked before each gradient was added"),
         (in_flight_during_next_piece, "the piece during whose backward its message can be in flight"),
+        (first_bucket_at_one_mib, "the first bucket was capped at 1 MiB"),
+        (whole_piece_cut_by_bytes, "a gradient is never split"),
     ],
 )
 def test_each_handover_mistake_is_named(fn, named):

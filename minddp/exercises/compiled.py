@@ -38,6 +38,7 @@ CASES = [
     ([[1, 4], [1], [2, 5]], 3),  # gradients past the cap, a piece that fills none: tells two mistakes from one
     ([[6], [3, 1], [2]], 8),  # a last bucket not full, opened in one piece and ended in a later one
     ([[2**19, 2**19], [2**19]], 1),  # a cap of one byte: tells the cap read as MiB from a cap never checked
+    ([[2**20, 2**20]] * 4, 2 * 2**20),  # notebook 09's step: 1 MiB gradients, a 2 MiB cap; tells a 1 MiB first bucket
 ]
 
 
@@ -214,6 +215,29 @@ def _after_backward(pieces, cap):
     return full + [len(pieces)] * (len(solutions.handed_over_after(pieces, cap)) > len(full))
 
 
+def _first_at_one_mib(pieces, cap):
+    """The model answer's rule with the first bucket capped at ``min(cap, 1 MiB)``."""
+    after, filled = [], 0
+    for i, piece in enumerate(pieces):
+        for size in piece:
+            filled += size
+            if filled >= (cap if after else min(cap, 2**20)):
+                after.append(i)
+                filled = 0
+    return after + [len(pieces) - 1] * (filled > 0)
+
+
+def _piece_cut_by_bytes(pieces, cap):
+    """A piece's bytes added at once, then cut into buckets of ``cap`` bytes: a gradient split between two."""
+    after, filled = [], 0
+    for i, piece in enumerate(pieces):
+        filled += sum(piece)
+        while filled >= cap:
+            after.append(i)
+            filled -= cap
+    return after + [len(pieces) - 1] * (filled > 0)
+
+
 def _in_flight_next(pieces, cap):
     return [min(i + 1, len(pieces) - 1) for i in solutions.handed_over_after(pieces, cap)]
 
@@ -253,6 +277,18 @@ MISTAKES = {
         _all_at_the_end,
         "every bucket after the last piece: that is the graph compiled whole (one piece); with the cut a bucket "
         "goes once the piece that fills it has ended",
+    ),
+    "first bucket at 1 MiB": (
+        _first_at_one_mib,
+        "the first bucket was capped at 1 MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, Dynamo's cap for the "
+        "first piece under torch's DDP): here `cap` caps every bucket, the first included, as in minddp's ddp given "
+        "a `bucket_cap_mb`",
+    ),
+    "piece cut by bytes": (
+        _piece_cut_by_bytes,
+        "a piece's bytes were added at once and cut into buckets at the cap, splitting a gradient between two "
+        "buckets: a gradient is never split; take a piece's gradients one by one, in the order they arrive, and "
+        "close a bucket at the first that takes it to the cap or past it",
     ),
 }
 
