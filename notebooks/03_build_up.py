@@ -33,8 +33,8 @@
 #    A comment *step 1*, *step 2* in a class points to the numbered list of its module's docstring in
 #    `minddp/stages/`, one list per stage, not to a training step. The stages' classes carry the
 #    idea's lines and three things more, the same in every stage:
-#    the gradient goes through the comm hook (`self.comm_hook(self.comm_state, GradBucket(...))`,
-#    which returns a Future: `04_comm_hooks` swaps it for compression; `GradBucket` is torch's name
+#    the gradient goes through the *comm hook*, the function a stage hands a gradient or bucket to
+#    for the all_reduce (`self.comm_hook(self.comm_state, GradBucket(...))`, which returns a Future: `04_comm_hooks` swaps it for compression; `GradBucket` is torch's name
 #    for what a comm hook is handed, one gradient in the stages before `bucket`); once in each synced
 #    backward, every rank checks that its forwards used the same parameters (`parameters_used.check()`,
 #    one all_gather; the side-by-side table gives the time it held the thread): `simple` and `ga` check
@@ -61,11 +61,14 @@
 # Ethernet port sends them. That time is *modeled*: the same on every run and every machine, so the
 # sentences about it hold anywhere. (The last section's links are sized from a backward timed in the
 # run, so their times change with the run and the machine: that section says how.) The training thread's waits are *measured*: a wait can last past
-# the link's modeled time, until the real all_reduce returns. The notation is `01_collectives`'s: α is the fixed
-# cost of one point-to-point send (one hop of a ring), β the time per byte (1/B for a bandwidth of B bytes/s), n the
+# the link's modeled time, until the real all_reduce returns, and a collective (the check's all_gather
+# too) returns on a rank only once every rank has joined it: a rank that gets there first waits for
+# the other, so the ranks drifting apart between syncs can show up as a wait. How much of any
+# wait here that is, these runs do not measure. The notation is `01_collectives`'s: α is the time
+# one point-to-point send (one hop of a ring) takes whatever its bytes, β the time per byte (1/B for a bandwidth of B bytes/s), n the
 # number of ranks, m the bytes of the tensor one all_reduce reduces, k the micro-batches of a step.
 # A **message**, as 01 defines it, is one collective call: here one all_reduce handed to the link (a gradient, or a
-# bucket of them), which makes 2(n−1) hops, so its fixed cost is 2(n−1)·α. The measures
+# bucket of them), which makes 2(n−1) hops, so its *fixed cost* is 2(n−1)·α; *fixed cost* here always means one message's. The measures
 # (*link time*, *waited*, *exposed*, *overlap*, *interleaved*) are defined at the end of
 # `01_collectives`, and each number here is computed by its function there, with only the link's modeled
 # transfers as the communication in flight (01's table counts gloo's ranges too). Here *waited* counts the thread's waits for the gradients'
@@ -229,7 +232,9 @@ lesson.claim(
 # micro-batches before it run straight on into each other. Just before the burst ga runs the
 # parameters-used check, in finish (a hatched block, *thread waits at a check*, where it is wide
 # enough to draw): rank 0 standing in its all_gather, not gradients on the link (the
-# side-by-side table below prints its length, *at the check*). (The link's time is modeled, so the
+# side-by-side table below prints its length, *at the check*). It is ga's first collective of the
+# step after micro-batches with none, so nothing has kept the two ranks in step before it; whether
+# that is what held rank 0 there, these runs do not measure. (The link's time is modeled, so the
 # ratio above is exact. The compute bars are measured on a shared machine and move from step to
 # step: the two rows share an axis to show where the messages go, not which step is shorter.)
 #
@@ -285,7 +290,9 @@ check(solutions.GradAccumDDP, like="ga")
 # hook's own lines run between handing a message over and waiting for it). (The hooks reach the
 # wrapper through `weakref`: autograd keeps them on its C++ side, where Python's garbage collector
 # cannot see a cycle, so a strong reference would keep every wrapper alive; `weakref.finalize`
-# removes the hooks when the wrapper goes. Plumbing, not the idea.) The idea:
+# removes the hooks when the wrapper goes. Plumbing, not the idea: the sketch below and the model
+# answer register the bound method `self._grad_ready`, a strong reference, which keeps the wrapper
+# alive; in the exercise that is allowed, and the checker does not look at it.) The idea:
 #
 # ```python
 # for p in params:
@@ -342,7 +349,9 @@ lesson.say(
 # backward stops at every gradient until its all_reduce is back. The hatched block at the backward's
 # first gradient is not a wait for a message: it is the parameters-used check, and the cell above
 # prints how long it held the thread beside how long the thread waited for messages (what held it at
-# the check, these runs do not measure). A long backward here is not all waiting for gradients.
+# the check, these runs do not measure). A long backward here is not all waiting for gradients: the
+# cell prints the backward, the waits and the check; what the rest of the backward was, these runs do
+# not measure.
 #
 # ### Your turn: `hook`
 #
@@ -458,7 +467,8 @@ check(solutions.AsyncHookDDP, like="hook-async")
 # gradient is in, the bucket is flattened into one buffer and sent in one call; when the average is
 # back, each slice is copied into its parameter's `.grad`. Like `hook`, this stage waits for each
 # bucket. One more line is torch's: left at its default (the stage's `bucket_cap_mb=None`, which the
-# stage reads as torch's 25 MiB), the first bucket is capped at 1 MiB, so that the first all_reduce can start early in backward (whether an
+# stage reads as torch's 25 MiB), the first bucket's cap is 1 MiB (it closes at the gradient that reaches or passes it, so it can
+# hold more), so that the first all_reduce can start early in backward (whether an
 # earlier start helps depends on the link: the bucket lesson models it). A cap given, as the
 # settings printed at the top give one, is every bucket's cap, the first's too, as in torch. The
 # idea:
@@ -737,12 +747,14 @@ lesson.look_table(looks).assign(
 #    bucket instead of once per gradient tensor;
 # 2. **the first bucket's late start**: nothing goes to the link before the first bucket's last
 #    gradient is ready, while a per-gradient stage sends its first gradient as soon as it is ready;
-# 3. **the last bucket's tail**: the last bucket is full only late in backward, so its transfer runs
-#    past backward's end; a per-gradient stage's last message is one tensor.
+# 3. **the last bucket's tail**: the *tail* is the last message's transfer on the link; the last
+#    bucket is full only late in backward, so its tail runs past backward's end (where the last
+#    message alone would end the link's work: the table's *tail-limited end*); a per-gradient stage's last message is one tensor.
 #
 # These three are on the link. Each stage's step also has a backward of its own, and the two stages'
-# need not be alike (the table's *last backward*, which holds the check; the cells below print each
-# backward less the check): what made one longer or shorter, these runs do not measure.
+# need not be alike (the table's *last backward*, which holds the check): what made one longer or
+# shorter, these runs do not measure. Whether the buckets pay, below, is judged on the link's
+# exposed and waited time only, not on those backwards.
 #
 # The link carries one message at a time, so it is done at the latest of, over the messages i:
 # "message i handed over, then i and every message after it carried back to back"
@@ -865,7 +877,8 @@ table.infer_objects().round(1)
 # median of these five runs' backwards (less the check's wait inside each), and each plan is replayed
 # on the link. The model gives each plan's *link after backward*: the link's time still to run when
 # the modeled backward ends. It is not the measured *exposed*, which counts only from the thread's first
-# wait in finish, in a step with a backward of its own. The lower panel shows the three costs of each plan, from the
+# wait in finish, in a step with a backward of its own; the figure does not show each point's own
+# backward (the cell prints it), so read each point beside it. The lower panel shows the three costs of each plan, from the
 # step-time model.
 
 # %%
@@ -1037,8 +1050,10 @@ sweep_table.infer_objects().round(1)
 # 2 ranks here (where one all_reduce of m bytes takes 2α + m/B): the bandwidth is
 # B = one sync's bytes / (bytes ratio × that backward), the fixed cost per hop is
 # α = message ratio × that backward / 2. Each stage's own backward in its run differs from that one,
-# and so do the ratios it meets: the cell prints the two async rungs' own backwards beside it (what
-# made one longer or shorter, these runs do not measure).
+# and so do the ratios it meets: the cell prints the two async rungs' own backwards beside it and the
+# factor by which each met the setting's ratios (what made one longer or shorter, these runs do not
+# measure). The figure's legend and title name the setting's ratios, not those met; the backward the
+# link is sized from is `single`'s, taken after a warm-up step, while the rungs run without one.
 # Two settings, both built from the blog's run as the step-time model rebuilds it (`python -m
 # minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16 gradients, and an
 # assumed 3 TFLOP/s achieved on each T4, which `docs/scaling.md` takes, about a third of its fp32
@@ -1265,7 +1280,8 @@ lesson.say(
 # sized with the ratios of 1024 ranks, 26 times a step instead of 291. Whether the buckets paid in
 # this run, on this link and on the two sized links, the sentences printed just above say, each from
 # its own step (on a sized link at the run's own backward, not at the setting's ratios), by two
-# measures that can answer differently: *exposed*, the link's modeled time the thread stood waiting
+# measures of the link's messages only, which can answer differently (neither covers the backwards,
+# which the cells print beside them and which can differ between rungs): *exposed*, the link's modeled time the thread stood waiting
 # through; and *waited*, all the thread stood still for its messages, which adds the time it waited
 # after the link had delivered (the link does not model it, and these runs do not measure what the
 # thread waited for then).
