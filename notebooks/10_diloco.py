@@ -90,9 +90,8 @@ lesson.say(
 # instead, it carries them over an emulated link. These counts are the *payload*: a ring all_reduce
 # over n ranks takes 2(n − 1) *hops* (a message from one rank to the next), each paying the link's
 # latency once, and moves 2(n − 1)/n times the tensor per rank (on this notebook's 2 ranks: 2 hops
-# and 1× the tensor; 1.5× on the bench's 4), so "bytes sent" below means the payload each replica handed to
-# the all_reduce, and
-# every ratio between two runs on the same ranks is the same either way.
+# and 1× the tensor; 1.5× on the bench's 4), so "bytes sent" below means the payload each replica
+# handed to the all_reduce, and every ratio between two runs on the same ranks is the same either way.
 
 # %%
 # %%distributed
@@ -404,10 +403,9 @@ print(check_outer_sync(solutions.outer_sync))
 # in H steps, each of one fragment, where DiLoCo makes one, of the whole model. A fragment is a run of
 # whole tensors in the model's order, fragment i (numbered from 0) closed once fragments 0 to i hold
 # (i + 1)/K of the model, so one large tensor makes them unequal (the run below prints this model's
-# two). Each fragment's pseudo-gradient leaves `fragment_sync_delay` (τ) inner steps *before* its turn ends.
-# Its Future is
-# kept and waited for only at the end of the turn, τ steps later: the message can travel during those τ
-# steps. At the end of the turn the outer step uses it and its result is kept as the new synced
+# two). Each fragment's pseudo-gradient leaves `fragment_sync_delay` (τ) inner steps *before* its
+# turn ends. Its Future is kept and waited for only at the end of the turn, τ steps later: the message
+# can travel during those τ steps. At the end of the turn the outer step uses it and its result is kept as the new synced
 # weights; the weights the replica goes on training from are those mixed with the local ones that kept
 # training: `(1 − α)·synced + α·local` (`fragment_update_alpha`). The synced copy stays unmixed, so α
 # reaches it only through later pseudo-gradients. Two letters here are Streaming DiLoCo's own: K counts
@@ -722,8 +720,8 @@ lesson.claim(
 # * Local SGD and DiLoCo send H times fewer bytes than DDP; DiLoCo adds an outer optimizer (lr 0.7,
 #   Nesterov momentum 0.9) to averaging the weights. On this small task (the bench: 4 replicas, 2000
 #   steps, 5 seeds), with that outer optimizer, DiLoCo's mean (not streamed) ended above local SGD's
-#   at every H. At H = 10 it is below only early in the run (the claim under the figure), is behind in every seed at
-#   step 300, and ends within local SGD's range over the seeds. At H = 50 and 100 it ends behind in
+#   at every H. At H = 10 it is below only early in the run (the claim under the figure), is behind
+#   in every seed at step 300, and ends within local SGD's range over the seeds. At H = 50 and 100 it ends behind in
 #   every seed, and its excess over the floor, as a multiple of DDP's, grows with H. At H = 100 it ends
 #   worse than one replica alone, which sends nothing, and no other outer learning rate tried there
 #   ends below local SGD. Why the outer optimizer loses to averaging the weights here, these runs do
@@ -732,13 +730,12 @@ lesson.claim(
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so the
 #   message can travel during those τ steps, and arrives without a wait only where they last longer
 #   than its time on the link (the demo's lines give, for each of its two fragments, its time on the
-#   link, the τ steps' time and whether it waited);
-#   the schedule is a function of the step alone, the same on every replica. In the bench
+#   link, the τ steps' time and whether it waited); the schedule is a function of the step alone, the
+#   same on every replica. In the bench
 #   (H = 100, 2 fragments, τ = 5, α = 0.5) it ends closest to DDP of the runs that talk rarely (whether
 #   the fragments or α helps was not separated).
 # * The step-time model *predicts* (for a 360 M-parameter model; not measured here): on `wan`, where
-#   DDP computes less than 5 % of the time,
-#   plain DiLoCo at H = 100 computes most of it and streaming DiLoCo (4 fragments, τ = 10) all of it
+#   DDP computes less than 5 % of the time, plain DiLoCo at H = 100 computes most of it and streaming DiLoCo (4 fragments, τ = 10) all of it
 #   (the table above). Streaming hides a fragment whole only where its time on the link fits in its τ
 #   steps; on the three slower links it does not, and neither rung computes 90 % of the time, though
 #   on `1gbit` streaming still computes more of it than plain DiLoCo. The step-time model counts only
