@@ -83,15 +83,15 @@ lesson.say(
 # `LocalSGD(model, optimizer, sync_every=H)` wraps an ordinary loop: a post-hook on the optimizer
 # counts the steps and, after every H-th, averages the weights over the replicas. Between two syncs
 # each replica follows its own data, so the replicas drift apart; right after a sync they are one
-# model again. As on every stage, the sync goes through a comm hook: here `allreduce_hook` (the plain
+# model again. As on every stage, the sync goes through a comm hook: here `allreduce_hook` (one
 # all_reduce of one flat bucket, as in notebook 04), on a `Wire` as the hook's state: `Wire(None,
 # traffic=traffic)` all_reduces at full speed over the default process group (`None`: every rank) and
 # counts each call and the bytes of the tensor it was handed in `traffic` (a `Traffic`); given a `link=`
 # instead, it carries them over an emulated link. These counts are the *payload*: a ring all_reduce
-# over n ranks takes 2(n − 1) steps from rank to rank (*hops*), each paying the link's latency once, and
-# moves 2(n − 1)/n times the tensor per rank (on this notebook's 2 ranks: 2 hops and 1× the tensor; 1.5×
-# on the bench's 4), so "bytes sent" below means the payload each replica handed to the all_reduce, and
-# every ratio between two runs on the same ranks is the same either way.
+# over n ranks takes 2(n − 1) *hops* (a message from one rank to the next), each paying the link's
+# latency once, and moves 2(n − 1)/n times the tensor per rank (on this notebook's 2 ranks: 2 hops
+# and 1× the tensor; 1.5× on the bench's 4), so "bytes sent" below means the payload each replica
+# handed to the all_reduce, and every ratio between two runs on the same ranks is the same either way.
 
 # %%
 # %%distributed
@@ -180,10 +180,12 @@ lesson.claim(
 #
 # The figure draws each run's mean over the seeds at H = 10 and 100 (H = 50 is not drawn) against the
 # payload bytes each replica handed to the all_reduce. `single` sends nothing, so it has no place on
-# the log axis and is drawn as a grey line at its final loss. The y axis stops at 2.6 nats; what the
-# cut hides of DiLoCo at H = 100 is a claim under the figure. Under the figure also: each run's final
-# loss with its range over the seeds; where DiLoCo's mean at H = 10 is below local SGD's; and the
-# H = 100 runs' order after equal bytes early in the run, which is not their order at the end. The next
+# the log axis and is drawn as a grey line at its final loss. The y axis stops at 2.6 nats: no run's
+# scores above it (early in the runs) are drawn, and some lines under the figure, read from the file,
+# are about such scores. Under the figure: each run's final loss with its
+# range over the seeds; where DiLoCo's mean at H = 10 is below local SGD's (scores the cut may hide);
+# how DiLoCo at H = 100 scores after its 1st and 2nd syncs (above the cut); and the H = 100 runs' order
+# after equal bytes early in the run, which is not their order at the end. The next
 # cell reads the file; the one after draws the figure and prints those lines (its code collapsed: click
 # to show it).
 
@@ -382,7 +384,9 @@ check_outer_sync(my_outer_sync)
 
 # %% [markdown]
 # Stuck? The model answer (`minddp.exercises.solutions.outer_sync`) and what the checker says about
-# it: the cell is collapsed, its input and its output; click to show them.
+# it: the cell is collapsed, its input and its output; click to show them. Its `group=None` is for the
+# checker's own syncs, run on a process group of the checker's; yours is called without it, on every
+# rank, as in the stub.
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true}
 from minddp.exercises import solutions
@@ -397,11 +401,11 @@ print(check_outer_sync(solutions.outer_sync))
 # A whole-model sync still stops every replica for the time the model takes on the link. Streaming
 # DiLoCo cuts the model into K fragments (`fragments=K`) that take turns, one every H/K steps: K syncs
 # in H steps, each of one fragment, where DiLoCo makes one, of the whole model. A fragment is a run of
-# whole tensors in the model's order, the k-th closed once the runs so far hold k/K of the model, so
-# one large tensor makes them unequal (the run below prints this model's two). Each fragment's
-# pseudo-gradient leaves `fragment_sync_delay` (τ) inner steps *before* its turn ends. Its Future is
-# kept and waited for only at the end of the turn, τ steps later: the message can travel during those τ
-# steps. At the end of the turn the outer step uses it and its result is kept as the new synced
+# whole tensors in the model's order, fragment i (numbered from 0) closed once fragments 0 to i hold
+# (i + 1)/K of the model, so one large tensor makes them unequal (the run below prints this model's
+# two). Each fragment's pseudo-gradient leaves `fragment_sync_delay` (τ) inner steps *before* its
+# turn ends. Its Future is kept and waited for only at the end of the turn, τ steps later: the message
+# can travel during those τ steps. At the end of the turn the outer step uses it and its result is kept as the new synced
 # weights; the weights the replica goes on training from are those mixed with the local ones that kept
 # training: `(1 − α)·synced + α·local` (`fragment_update_alpha`). The synced copy stays unmixed, so α
 # reaches it only through later pseudo-gradients. Two letters here are Streaming DiLoCo's own: K counts
@@ -415,9 +419,12 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # Below, one rank's inner steps 9 to 24 under the profiler, over an emulated link of 5 Mbit/s and 5 ms
 # per hop: H = 16, 2 fragments (a turn of 8 steps: fragment 0's turn is steps 1 to 8 and 17 to 24,
 # fragment 1's steps 9 to 16), τ = 6, α = 0.5, on batches of 512 chains (steps 1 to 8 run first,
-# unprofiled, so that each fragment is handed over once and applied once). A message arrives before
-# the step that applies it asks for it only if the τ steps from its hand-over to that step's `wait()`
-# last longer than its time on the link; the lines under the figure give both times for each message.
+# unprofiled; in the profiled steps 9 to 24 each fragment is handed over once and applied once). A
+# message arrives before the step that applies it asks for it only if the τ steps from its hand-over
+# to that step's `wait()` last longer than its time on the link; the lines under the figure give both
+# times for each message. The batch and τ were chosen so that the τ steps would last longer than the
+# smaller fragment's time on the link and shorter than the larger one's, one message arriving in time
+# and one waiting; the lines say whether that happened in this run.
 #
 # Each inner step is its forward (pale), backward (blue) and optimizer step (green), whose post-hook
 # hands a fragment's pseudo-gradient to the link in steps 10 and 18 (the tick) and, in steps 16 and
@@ -602,8 +609,9 @@ print(check_fragment_schedule(solutions.fragment_to_send))
 # TFLOP/s of its own, whose compute per step is taken as 6 FLOPs per parameter and token (2 forward, 4
 # backward): DDP (its gradients every step), DiLoCo with H = 100, and streaming DiLoCo with H = 100,
 # 4 equal fragments and τ = 10 (settings of this section alone, not those of the runs above), on seven
-# of the preset links, the widest first. The lines after the table take it apart (their code collapsed;
-# in it `exposed_s` is the model's wait per inner step).
+# of the preset links, the widest first. *Plain DiLoCo* below is DiLoCo not streamed: the whole model
+# in one sync. The lines after the table take it apart (their code collapsed; in it `exposed_s` is the
+# step-time model's wait per inner step).
 
 # %%
 from minddp.comm.link import PRESETS
@@ -710,30 +718,30 @@ lesson.claim(
 # ## What to take away
 #
 # * Local SGD and DiLoCo send H times fewer bytes than DDP; DiLoCo adds an outer optimizer (lr 0.7,
-#   Nesterov momentum 0.9) to plain averaging. On this small task (the bench: 4 replicas, 2000 steps,
-#   5 seeds), with that outer optimizer, plain DiLoCo's mean ended above local SGD's at every H. At
-#   H = 10 it is below only early in the run (the claim under the figure), is behind in every seed at
-#   step 300, and ends within local SGD's range over the seeds. At H = 50 and 100 it ends behind in
+#   Nesterov momentum 0.9) to averaging the weights. On this small task (the bench: 4 replicas, 2000
+#   steps, 5 seeds), with that outer optimizer, DiLoCo's mean (not streamed) ended above local SGD's
+#   at every H. At H = 10 it is below only early in the run (the claim under the figure), is behind
+#   in every seed at step 300, and ends within local SGD's range over the seeds. At H = 50 and 100 it ends behind in
 #   every seed, and its excess over the floor, as a multiple of DDP's, grows with H. At H = 100 it ends
 #   worse than one replica alone, which sends nothing, and no other outer learning rate tried there
-#   ends below local SGD. Why the outer optimizer loses to plain averaging here, these runs do not
-#   separate.
+#   ends below local SGD. Why the outer optimizer loses to averaging the weights here, these runs do
+#   not separate.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so the
 #   message can travel during those τ steps, and arrives without a wait only where they last longer
-#   than its time on the link (the demo's lines say, for each of its two fragments, whether they did);
-#   the schedule is a function of the step alone, the same on every replica. In the bench
+#   than its time on the link (the demo's lines give, for each of its two fragments, its time on the
+#   link, the τ steps' time and whether it waited); the schedule is a function of the step alone, the
+#   same on every replica. In the bench
 #   (H = 100, 2 fragments, τ = 5, α = 0.5) it ends closest to DDP of the runs that talk rarely (whether
 #   the fragments or α helps was not separated).
-# * The step-time model *predicts* (for a 360 M-parameter model; not measured here): DDP already waits
-#   for part of each step on `100gbit-ib`; on `wan`, where DDP computes less than 5 % of the time,
-#   plain DiLoCo at H = 100 computes most of it and streaming DiLoCo (4 fragments, τ = 10) all of it
+# * The step-time model *predicts* (for a 360 M-parameter model; not measured here): on `wan`, where
+#   DDP computes less than 5 % of the time, plain DiLoCo at H = 100 computes most of it and streaming DiLoCo (4 fragments, τ = 10) all of it
 #   (the table above). Streaming hides a fragment whole only where its time on the link fits in its τ
 #   steps; on the three slower links it does not, and neither rung computes 90 % of the time, though
-#   on `1gbit` streaming still computes more of it than plain DiLoCo. The model counts only compute
-#   and the link. `docs/benchmarks.md` (*Slow links*) measures compute utilisation in runs beside the
-#   model's, at other settings (an 80 k-parameter model, H = 20, 2 fragments), estimated there as the
-#   median quiet inner step (nothing sent) over the mean step.
+#   on `1gbit` streaming still computes more of it than plain DiLoCo. The step-time model counts only
+#   compute and the link. `docs/benchmarks.md` (*Slow links*) measures compute utilisation in runs
+#   beside the step-time model's predictions, at other settings (an 80 k-parameter model, H = 20,
+#   2 fragments), estimated there as the median quiet inner step (nothing sent) over the mean step.
 
 # %%
 # %dist_shutdown
