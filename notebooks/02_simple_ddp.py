@@ -35,7 +35,7 @@
 # forward and backward; k micro-batches make one optimizer step (gradient accumulation, `03_build_up`);
 # the *global batch* is every example of one optimizer step, on every rank, and a rank's *shard* is its
 # part of it, its k micro-batches; a *sync* averages every gradient over the ranks once. (Its bucket
-# size is for `03_build_up`'s bucketed stages.)
+# size is for `03_build_up`'s bucketed stages, and is a cap: a bucket closes as soon as it holds that much or more.)
 
 # %%
 # %load_ext minddp.notebook
@@ -241,7 +241,7 @@ lesson.claim(
 lesson.claim(
     traffic.calls == STEPS * k * tensors and traffic.bytes == STEPS * k * one_sync,
     f"in its {STEPS} steps SimpleDDP made {traffic.calls} all_reduce calls, {STEPS} × {k} × {tensors} (steps × "
-    f"micro-batches a step × gradient tensors), and sent {STEPS} × {k} × {lesson.mib(one_sync)} (the bytes of every "
+    f"micro-batches a step × gradient tensors), and all_reduced {STEPS} × {k} × {lesson.mib(one_sync)} (the bytes of every "
     "gradient tensor once)",
 )
 

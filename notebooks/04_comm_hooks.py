@@ -31,7 +31,9 @@
 # says *matrix rank* for the second.
 #
 # Here each hook trains the workload every notebook shares, in the `bucket-async` stage, from the
-# same start on the same batches. For each we read:
+# same start on the same batches. The bucket size the next cell prints is a cap: a bucket closes as soon as it holds
+# that much or more, so a bucket can hold more than the cap, and the last one holds what is left
+# (`minddp.stages.bucket_plan`). For each hook we read:
 #
 # * the all_reduce calls a step and their *payload*, counted by the hook's traffic meter: the bytes the
 #   step's all_reduces reduce (numel × element size, added up over the step's calls), not the bytes a
@@ -82,7 +84,9 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # %% [markdown]
 # ## Payload and gradient error
 #
-# Calls and payload are the last step's, as rank 0 measured them; *param distance* is
+# Calls and payload are the last step's, as rank 0 measured them. `bucket-async` sends once per optimizer step:
+# the backwards of every micro-batch but the last run inside `no_sync()` (as in 03) and send nothing, and the
+# last one's sends each bucket. *param distance* is
 # measured after the last step's update. *param distance* is `‖θ_hook − θ_allreduce‖ / ‖θ_allreduce − θ_start‖`:
 # how far each hook's parameters ended from plain averaging's, against how far plain averaging
 # moved them (0 for plain averaging itself). PowerSGD compresses in the last 2 of the 4 steps only (below),
@@ -158,8 +162,9 @@ lesson.claim(
 #
 # PowerSGD's calls and payload change when it starts compressing; the cell shows both at every step.
 # A compressing bucket makes two or three all_reduces: one for the tensors it leaves uncompressed
-# (those matrix rank 1 would not shrink by more than `min_compression_rate`, vectors among them), only
-# if it holds any; one for all
+# (those PowerSGD does not compress: it views each gradient as an a × b matrix, a vector as a × 1, and compresses it
+# only when its a · b values exceed `min_compression_rate` times the (a + b) · r values of its factors at matrix
+# rank r; minddp's default, as torch's, is 2, so a vector never is), only if it holds any; one for all
 # its P factors; one for all its Q factors, which need the averaged P first.
 # Its gradient error is not read on its compressing steps: with error feedback, each compressing step adds to the bucket,
 # before compressing it, what compression left out the step before, so the hook's average is not meant
@@ -202,9 +207,9 @@ steps.round(1)
 # --powersgd-rank 1` (matrix rank 1) trains with one hook for as many steps as you ask, and
 # `python -m minddp.analyze --compare RUN_A RUN_B` puts two such runs side by side.
 #
-# ## Over a link: from bytes to time
+# ## Over a link: from bytes to link time
 #
-# Bytes are what compression saves; time is what a step pays. The hooks now train over the
+# The hooks now train over the
 # emulated 1 Gbit/s link: the real all_reduce still runs, and its Future completes no earlier than
 # the link's α-β model says the message arrives, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of
 # m bytes. Each hook gets a fresh trainee, which skips the error measurement's extra all_reduce; it
@@ -213,8 +218,9 @@ steps.round(1)
 # hook the cell reads its *link ms* (*link time*, `minddp.analysis.metrics.link_time`, 01's vocabulary):
 # the modelled time of the step's messages on the link, from their sizes alone (the same on any machine).
 # One profiled step per hook cannot rank the hooks by speed, so the step itself is read for plain
-# averaging alone: how long it took on this machine, and its *exposed* time (`metrics.exposed`), the
-# part of the link's transfers (01's L) during which the training thread stood still waiting, whichever message
+# averaging alone, as rank 0 measured it: how long its profiled step took on this machine (under the profiler,
+# whose own cost is in that time: not the stage's step time), and its *exposed* time (`metrics.exposed`), the
+# part of the link's transfers (01's L) during which rank 0's training thread stood still waiting, whichever message
 # the link carried, not only the one waited for (its waits while
 # the link carries no message, such as after a modelled transfer has ended, are not in it; this notebook does
 # not print them). Plain

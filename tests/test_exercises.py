@@ -72,6 +72,9 @@ def test_model_answers_and_the_ladder_pass():
     assert "2 all_gather and 2 reduce_scatter calls per step" in halves and "on 3 ranks too" in halves, halves
     v = check_hook(solutions.fp16_compress_hook, like="fp16", timeout_s=TIMEOUT)
     assert v.ok and "2 bytes per value" in v.line, v.line
+    # The 3-rank run prints no distance to torch's DDP: the verdict must not read as if it had (no "too" after the
+    # 2-rank run's distance) and says whose run the distance is.
+    assert "ranks too" not in v.line and "the difference above is the 2-rank run's" in v.line, v.line
 
 
 MISTAKES = [
@@ -556,8 +559,20 @@ def test_a_passing_hook_verdict_names_each_number_it_prints():
               "max_diff": [9.7e-6, 0.0], "checked_steps": 3}  # fmt: skip
     v = checker._hook_verdict("fp16", {0: report, 1: report}, TIMEOUT)
     assert v.ok, v.line
-    assert "after 3 steps in the bucket-async stage its parameters differ from those of torch's DDP" in v.line, v.line
+    assert (
+        "after 3 steps in the bucket-async stage the largest difference between its parameters and those of "
+        "torch's DDP with torch's fp16 hook was 0.0e+00" in v.line
+    ), v.line
     assert "9.7e-06" not in v.line, v.line
+    # learner read round 11: "differ ... by at most 0.0e+00, and after 1 step on 3 ranks too" read as a distance
+    # measured on 3 ranks; the 3-rank run prints none, and the verdict says whose run the distance is
+    also = dict(report, world=3, checked_steps=1, max_diff=[1.0, 1.0])
+    v = checker._hook_verdict("fp16", {0: report, 1: report}, TIMEOUT, also=also)
+    assert v.ok and "ranks too" not in v.line, v.line
+    assert v.line.endswith(
+        "was 0.0e+00. On 3 ranks, over 1 step, it passed these checks again (a world size written as a number "
+        "would show there); the difference above is the 2-rank run's"
+    ), v.line
 
 
 @pytest.mark.parametrize("hook,named", HOOK_MISTAKES, ids=[m[0].__name__ for m in HOOK_MISTAKES])

@@ -351,8 +351,15 @@ def _hook_verdict(like: str, reports: dict, timeout_s: float, also: dict | None 
                 if first.get("large_gradient")
                 else ""
             )
-            + f"after {steps} step{'s' if steps != 1 else ''} in the bucket-async stage its parameters differ from "
-            f"those of torch's DDP with torch's {like} hook by at most {d_torch:.1e}{_again_text(also)}"
+            + f"after {steps} step{'s' if steps != 1 else ''} in the bucket-async stage the largest difference between "
+            f"its parameters and those of torch's DDP with torch's {like} hook was {d_torch:.1e}"
+            + (
+                f". On {also['world']} ranks, over {also['checked_steps']} step"
+                f"{'s' if also['checked_steps'] != 1 else ''}, it passed these checks again (a world size written as "
+                f"a number would show there); the difference above is the {first['world']}-rank run's"
+                if also
+                else ""
+            )
         ),
         reports,
     )
