@@ -38,7 +38,7 @@
 # 5. **should_commit**: each attempt counts on every member or on none. An attempt that saw a
 #    failure is **discarded**, and its step tried again.
 #
-# Two of these phases, 4 and 5, are minddp's own, not torchft's. torchft trains in **replica
+# Phases 4 and 5 work differently from torchft's. torchft trains in **replica
 # groups**: each holds one copy of the model and may be several processes (e.g. sharding it); the
 # copies are kept equal across groups. Here each replica group is one process. torchft's
 # `DistributedSampler` gives each replica group a fixed share of the data, so the examples of a
@@ -50,9 +50,10 @@
 #
 # The words this notebook uses:
 #
-# * a **slot** is one of the places the launcher runs a training process in (0, 1, 2 here). A
-#   process started again after a fault takes the same slot; faults name slots (`kill@4:1`: slot 1,
-#   in step 4);
+# * a **slot** is one of the places the launcher (`launch_ft`, below: it starts the lighthouse and
+#   the training processes, and starts a lost process again) runs a training process in (0, 1, 2
+#   here). A process started again after a fault takes the same slot; faults name slots
+#   (`kill@4:1`: slot 1, in step 4);
 # * a process's **rank** is its index among the members of the attempt (its rank in the group
 #   built for them), and the **world** is their number: after slot 1 is lost, slots 0 and 2 are
 #   ranks 0 and 1 of world 2;
@@ -76,14 +77,16 @@
 #   function that averages the gradients with an all_reduce, as in notebook 04) raises in step 11,
 #   before it starts its all_reduce (slot 2 stays);
 # * `hang_s=5.0`, the **hang bound**: the group's collective timeout, and how long a slot's
-#   **heartbeat** may be silent (a count that a thread of its process writes to the lighthouse's
-#   store every 50 ms, from just before it first asks for a quorum). The lighthouse counts a slot
-#   **live** once its process has sent a first heartbeat, while that heartbeat has not been silent
-#   that long and the launcher has not reported the process's exit. It answers the run's first
-#   quorum once every slot has sent a heartbeat, and each later one once every live slot has asked,
-#   so a later quorum does not wait for a process still starting. A slot silent past the bound is
-#   evicted (the launcher ends its process and starts it again, as after a kill), unless it is the
-#   last holder of the trained state, which is never evicted (question 1 below);
+#   **heartbeat** may be silent (a count that a thread of its process writes every 50 ms, `BEAT_S`,
+#   from just before it first asks for a quorum, to the lighthouse's **store**: a key-value store
+#   over TCP, torch's `TCPStore`, that the lighthouse hosts; the processes post their quorum
+#   requests and votes there too, and read its answers). The lighthouse counts a slot **live** once
+#   its process has sent a first heartbeat, while that heartbeat has not been silent that long and
+#   the launcher has not reported the process's exit. It answers the run's first quorum once every
+#   slot has sent a heartbeat, and each later one once every live slot has asked (at the first
+#   attempt of a step of `full_world_at`, below, once every slot has). A slot silent past the bound
+#   is evicted (the launcher ends its process and starts it again, as after a kill), unless it is
+#   the last holder of the trained state, which is never evicted (question 1 below);
 # * `full_world_at=(4, 9)`: the lighthouse answers the quorum of the first attempt at steps 4 and 9
 #   only once all three slots have asked, whatever the machine's speed: the kill meets a full world,
 #   and slot 1 is back, healed, by step 9 (slots 0 and 2 wait for it there if it is not back
@@ -123,32 +126,36 @@ for line in run.report():
 # sorted by time:
 #
 # * **first error**: a member's all_reduce failed, or, for the raise, slot 2's comm hook raised
-#   (the errors are printed further down). Between the kill and this moment the kernel ends slot
-#   1's process and closes its connections, and gloo, in a survivor's all_reduce, finds one closed;
-#   the run times none of it;
+#   (the errors are printed further down). Between the kill and this moment the operating system
+#   ends slot 1's process and closes its connections, and gloo, in a survivor's all_reduce, finds
+#   one closed; the run times none of it;
 # * **discard**: each member that caught an error first drops its group, then votes no; the
 #   lighthouse discards the attempt at the first no it receives;
 # * **exit recorded** (the kill only): the launcher recorded slot 1's exit, then tells the
-#   lighthouse. It records an exit at least 50 ms after it sees that a process ended (a result may
-#   still be on its way), and the run does not record when it saw it;
+#   lighthouse. Once it sees that a process ended, it waits `EXIT_WAIT_S` (50 ms, a setting of the
+#   launcher: a result may still be on its way), takes in the results, then records the exit; the
+#   run does not record when it saw it;
 # * **next quorum**: each member asks again; the lighthouse answers once every live slot has
 #   asked, and slot 1 counts as live until the lighthouse has read the launcher's word of its exit
 #   (the second claim checks that the kill's next quorum came after the exit was recorded);
 # * **commit**: the members build a new group (after the kill, of 2), train the step again and
 #   vote, and the lighthouse commits.
 #
-# Under the kill's rows, apart from them: the latest moment the launcher can have seen the exit
-# (its record less its 50 ms wait), a bound, not a recorded moment; it may have seen it earlier,
-# even before the first error. Each survivor asks for the next quorum only once it has read the
-# discard, and the lighthouse answers it only once it has read the exit's record, so the kill's
-# recovery waited for the exit's record at most from the discard to the next quorum (the line
-# `waited for the exit's record`). That wait is on the launcher's side, not the fault's: it sees the
-# exit, waits 50 ms (`EXIT_WAIT_S`, a setting of the launcher), then records it; how the span splits
-# among these, the run does not record. The raise's process stayed (the first claim checks that the
-# launcher recorded no exit after it, and that the first error was slot 2's own), so its recovery
-# waited for no exit's record: set the two tables side by side row by row, not only their totals.
-# The two `recovery` lines set each recovery against the hang bound (5 s): neither fault made anyone
-# wait for the group's timeout.
+# Under the kill's rows, apart from them: the latest moment the launcher can have seen the exit (its
+# record less `EXIT_WAIT_S`), a bound, not a recorded moment; it may have seen it earlier, even
+# before the first error. Each survivor asks for the next quorum only once it has read the discard,
+# and the lighthouse answers it only once it has read the exit's record, so the kill's next quorum
+# could not be answered before that record, however soon after the discard the survivors asked (the
+# line `from the discard to the exit's record`). Where the bound comes no later than the discard,
+# the launcher had seen the exit by then, and that whole span is its wait and its taking in of
+# results; the line says whether the bound does in this run. The raise's process stayed (the first
+# claim checks that the launcher recorded no exit after it, and that the first error was slot 2's
+# own), so its table has no `exit recorded` row; each of its other rows may be longer or shorter
+# than the kill's (the run does not time what each row's time went to). The two `recovery` lines set
+# each recovery against the hang bound (5 s): neither fault made anyone wait for the group's
+# timeout. After the kill, slot 1's connections closed as its process ended; after the raise, slot 2
+# dropped its group at once, before its vote, which closes its connections: either way the peers'
+# all_reduce failed on a closed connection.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -193,15 +200,21 @@ def moments(o):  # the moments the run recorded after fault o, sorted by time, i
 
 
 moments(kill)
-recorded, discard, quorum = ms(kill.exit_s), ms(kill.discard_s), ms(kill.quorum_s)
+recorded, discard = ms(kill.exit_s), ms(kill.discard_s)
 seen = recorded - ms(EXIT_WAIT_S)  # a bound: the launcher records an exit EXIT_WAIT_S (or more) after it sees it
 print(
     f"a bound, not a recorded moment: the launcher saw the exit {seen} ms after the kill at the latest (its record, "
     f"{recorded}, less its {ms(EXIT_WAIT_S)} ms wait), perhaps earlier"
 )
 print(
-    f"waited for the exit's record: at most {quorum - discard} ms (from the discard to the next quorum), "
-    f"{(quorum - discard) / ms(kill.recovery_s):.0%} of the kill's recovery"
+    f"from the discard to the exit's record: {recorded - discard} ms, "
+    f"{(recorded - discard) / ms(kill.recovery_s):.0%} of the kill's recovery; "
+    + (  # compared in seconds, not in the rounded ms
+        "the launcher had seen the exit by the discard, so all of it was the launcher's wait and its taking in of "
+        "results"
+        if kill.exit_s - EXIT_WAIT_S <= kill.discard_s
+        else "the launcher may have seen the exit only after the discard"
+    )
 )
 moments(raised)
 print()
@@ -238,10 +251,10 @@ print(
 # %% [markdown]
 # So the rejoin is not the time a heal takes: the heal, the state sent just after that quorum, is
 # not timed. Nor does the run record when each slot asked for that quorum; by the rung's code a
-# process asks for the next quorum right after its last attempt ends, so slots 0 and 2 asked before
-# that quorum by the gap printed above, and the lighthouse answered it once the last of the three
-# asked: the new process was the last to ask. Its part of the rejoin (its share printed above) is
-# then its starting up until it asked: forked from a server that had already imported torch, it
+# process asks for the next quorum right after its last attempt ends, so slots 0 and 2 asked at most
+# the gap printed above before that quorum, and the lighthouse answered it once the last of the
+# three asked: the new process was the last to ask. Its part of the rejoin (its share printed above)
+# is then its starting up until it asked: forked from a server that had already imported torch, it
 # imports the `ft` modules, connects to the lighthouse, builds its model, then starts its heartbeat
 # and asks. The run does not time these, so which of them took that time is not shown. Until that
 # first heartbeat it was not live, so slots 0 and 2 trained without it at world 2 up to step 9, then
@@ -274,9 +287,10 @@ print(run.timeline())
 #   trained that step with them, and the attempt was committed (`H`). From then on it trained with
 #   them at world 3;
 # * in step 11 slot 2's comm hook raised, before its all_reduce: slot 2's process stayed, dropped
-#   its group and voted no. Slots 0 and 1's all_reduce then failed (the errors are printed below,
-#   in the order caught), though no process had ended. The attempt was discarded on every member,
-#   and step 11 was tried again by a new group of the same three slots.
+#   its group (which closes its connections) and voted no. Slots 0 and 1's all_reduce then failed on
+#   a closed connection, as after the kill (the errors are printed below, in the order caught),
+#   though no process had ended. The attempt was discarded on every member, and step 11 was tried
+#   again by a new group of the same three slots.
 
 # %%
 entries = [(slot, e) for slot, _, e in run.entries]  # one entry per member and attempt
@@ -351,7 +365,7 @@ lesson.claim(
 lesson.claim(
     checks.discards_kept,
     f"each of the {checks.discarded} discarded attempts left the parameters and optimizer state of each member that "
-    "recorded it as they were when its step began",
+    "recorded it as they were just before its work (its before digest)",
 )
 
 # %% [markdown]
@@ -445,8 +459,7 @@ show_source(solutions.ft_shard)
 # the survivors took to commit a step (the rejoin's lines above), so it is not back when slot 2 dies
 # in step 5: the world goes down to 1, slot 0 training alone on the whole batch. Slot 2 is started
 # again once step 5 is committed without it, so both new processes are starting at once, and slot 0
-# alone reaches step 9 before either asks (in the run above, the survivors committed steps 4-8 in a
-# small part of the new process's start). There `full_world_at=(4, 9)` holds the quorum until all
+# alone reaches step 9 before either asks. There `full_world_at=(4, 9)` holds the quorum until all
 # three slots have asked, so both are healed in that one quorum: the world row goes from 1 straight
 # back to 3 at step 9, never 2 on the way back. Killing all three in the same step leaves no holder:
 # in this design, as in torchft's, the trained state lives only in the training processes, so

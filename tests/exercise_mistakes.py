@@ -1702,6 +1702,13 @@ def shard_targets_squeezed(batch, rank, world):
     return x[lo:hi], y[lo:hi].squeeze()
 
 
+def shard_one_row_per_rank(batch, rank, world):
+    """One row per rank: the rank's number used as an index, x[rank], which takes one row (and drops the row
+    dimension) where the rank's share of the batch's rows is a range of them."""
+    x, y = batch
+    return x[rank], y[rank]
+
+
 def shard_ceiling_pieces_by_hand(batch, rank, world):
     """chunk written by hand: pieces of ceil(B / world) rows, piece `rank` taken; 4 rows at world 3 make 2 pieces,
     and rank 2's index is past the last (an IndexError), with no call to chunk for the checker to read."""

@@ -715,6 +715,12 @@ SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
         "shard(batch, 0, 3) returned y of shape (3,), where the batch's y is (10, 1): rows of the batch's y, in "
         "another shape; return y[rows] as it is, each row of shape (1,) (squeeze drops that dimension)",
     ),
+    (  # one row per rank, x[rank]: named as the integer index it is, not as a squeeze
+        wrong.shard_one_row_per_rank,
+        "shard(batch, 0, 3) returned x of shape (8,), one row of the batch's x (row 0), as an integer index gives "
+        "(x[i]), where the batch's x is (10, 8) and each of the 3 ranks' shares of its 10 rows is 3 rows or more: "
+        "return a range of rows, x[lo:hi], which keeps the rows' dimension",
+    ),
     (
         wrong.shard_inputs_unsliced,
         "shard(batch, 0, 3) returned x of 10 rows and y of 3: x is the whole batch's (10 rows), not this rank's",

@@ -280,6 +280,15 @@ def values_problem(fn, batch, world: int) -> str | None:
                     "batch's tensors (the rung's loss and all_reduce take torch tensors)"
                 )
             for name, part, whole in (("x", out[0], x), ("y", out[1], batch[1])):
+                one = whole.dim() > 1 and part.shape == whole.shape[1:]  # one row's shape: an integer index's
+                if one and len(whole) >= 2 * world and rows_of(part.unsqueeze(0), whole) is not None:
+                    return (  # a squeeze cannot give it: every rank's share of these rows is 2 rows or more
+                        f"shard(batch, {rank}, {world}) returned {name} of shape {shape(part)}, one row of the batch's "
+                        f"{name} ({rows_named(rows_of(part.unsqueeze(0), whole))}), as an integer index gives "
+                        f"({name}[i]), where the batch's {name} is {shape(whole)} and each of the {world} ranks' "
+                        f"shares of its {len(whole)} rows is {len(whole) // world} rows or more: return a range of "
+                        f"rows, {name}[lo:hi], which keeps the rows' dimension"
+                    )
                 if part.dim() != whole.dim() and rows_of(part.reshape(-1, *whole.shape[1:]), whole) is not None:
                     return (
                         f"shard(batch, {rank}, {world}) returned {name} of shape {shape(part)}, where the batch's "
