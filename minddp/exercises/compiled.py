@@ -280,8 +280,8 @@ MISTAKES = {
     ),
     "first bucket at 1 MiB": (
         _first_at_one_mib,
-        "the first bucket was capped at 1 MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, Dynamo's cap for the "
-        "first piece under torch's DDP): here `cap` caps every bucket, the first included, as in minddp's ddp given "
+        "the first bucket was capped at 1 MiB (torch's DDP's own first bucket, Dynamo's cap for the first piece "
+        "under torch's DDP): here `cap` caps every bucket, the first included, as in minddp's ddp given "
         "a `bucket_cap_mb`",
     ),
     "piece cut by bytes": (

@@ -99,8 +99,9 @@ def beside(flags: list[bool]) -> str:
 
 def bucket_names(ddp) -> list[list[str]]:
     """``ddp``'s buckets (its ``bucket_plan``), each as its parameters' names in the model, in the bucket's order
-    (a compiled model's names lose the ``_orig_mod.`` that ``torch.compile``'s wrapper puts before them)."""
-    return [[ddp.reducer.names[i].removeprefix("_orig_mod.") for i in bucket] for bucket in ddp.bucket_plan]
+    (a compiled model's names lose the prefix ``torch.compile``'s wrapper puts before them:
+    :func:`~minddp.runtime.compat.uncompiled_name`)."""
+    return [[compat.uncompiled_name(ddp.reducer.names[i]) for i in bucket] for bucket in ddp.bucket_plan]
 
 
 def compiled_pieces(output, module) -> list[list[str]]:
@@ -109,7 +110,7 @@ def compiled_pieces(output, module) -> list[list[str]]:
 
     Each piece records one ``CompiledFunctionBackward`` node; its parameters' ``AccumulateGrad`` nodes (the ones
     with a ``variable``) hang off it, and the earlier piece's node is the other node it leads to."""
-    names = {id(p): n.removeprefix("_orig_mod.") for n, p in module.named_parameters()}
+    names = {id(p): compat.uncompiled_name(n) for n, p in module.named_parameters()}
     found, node = [], output.grad_fn
     while node is not None:
         if "CompiledFunction" in node.name():
@@ -121,7 +122,7 @@ def compiled_pieces(output, module) -> list[list[str]]:
 
 def refusal(error: BaseException) -> str:
     """What torch raised, in one line: its type, its message's first line, and the file that raised it, said from
-    the folder that holds ``torch`` (``torch/_dynamo/...``)."""
+    the folder that holds ``torch`` (a path that begins ``torch/``)."""
     root = os.path.dirname(os.path.dirname(torch.__file__))
     where = os.path.relpath(traceback.extract_tb(error.__traceback__)[-1].filename, root)
     return f"{type(error).__name__}: {str(error).strip().splitlines()[0]} (raised in {where})"

@@ -286,6 +286,12 @@ def uncompiled(module):
     return inner
 
 
+def uncompiled_name(name: str) -> str:
+    """A parameter's name as the model compiled by ``torch.compile`` names it: without the prefix the compiled
+    wrapper puts before it (private: ``_orig_mod.``)."""
+    return name.removeprefix("_orig_mod.")
+
+
 #: Dynamo's reader of its frame callback (private, in torch's C module, loaded with torch): the callback is set only
 #: while a compiled call runs. None where torch has none.
 _FRAME_CALLBACK = _attribute(torch._C, "_dynamo.eval_frame.get_eval_frame_callback")
