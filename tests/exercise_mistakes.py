@@ -53,6 +53,18 @@ class BroadcastsIntoCopies(solutions.SimpleDDP):
             dist.broadcast(tensor.data.clone(), src=0)
 
 
+class BroadcastWithoutNoGrad(solutions.SimpleDDP):
+    """A right answer: the model answer's broadcast outside ``torch.no_grad()`` (02's exercise does not ask for it).
+    torch 2.13's gloo broadcast writes into a leaf that requires grad without complaint; a torch that refused
+    (``a leaf Variable that requires grad is being used in an in-place operation``) would fail its test."""
+
+    def __init__(self, module, process_group=None):
+        nn.Module.__init__(self)
+        self.module, self.process_group = module, process_group
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor, src=0)
+
+
 class Summed(solutions.SimpleDDP):
     """all_reduce sums: forgets to divide by the world size."""
 

@@ -471,6 +471,14 @@ def test_halves_from_the_list_collectives_with_group_passes():
     assert v.ok and "on 3 ranks too" in v.line and "2 all_gather and 2 reduce_scatter calls per step" in v.line, v.line
 
 
+def test_a_broadcast_outside_no_grad_passes():
+    """02's exercise asks for a broadcast of every parameter, not for torch.no_grad() around it: on this torch the
+    broadcast into a leaf that requires grad works, so the answer passes. Were a torch to refuse it, the learner
+    would get torch's own message; this test fails first, and the checker then needs a hint for it."""
+    v = verdict_of(wrong.BroadcastWithoutNoGrad, "simple")
+    assert v.ok and "on 3 ranks too" in v.line, v.line
+
+
 def test_a_rank_that_hangs_is_named_within_the_timeout():
     start = time.monotonic()
     v = verdict_of(wrong.RankZeroOnly, "simple")
