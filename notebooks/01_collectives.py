@@ -141,10 +141,10 @@ grad / world_size
 #
 # Running a `reduce_scatter` then an `all_gather` is an `all_reduce`. The *ring* algorithm does exactly
 # that, neighbour to neighbour; `minddp.collectives.ring_all_reduce` writes it from point-to-point sends so
-# you can read it. In each exchange a rank posts its `isend` and its `irecv` together, as the `isend` / `irecv`
+# you can read it. Each time a rank passes a chunk on, it posts its `isend` and its `irecv` together, as the `isend` / `irecv`
 # cell above does (`minddp.collectives.p2p.exchange`): had every rank first made a blocking `send` that the
 # transport could not buffer, every rank would wait for a receive nobody had posted. (Which algorithm gloo's own `all_reduce` ran in this notebook no output shows: the
-# next cell checks only that the ring's result equals `dist.all_reduce`'s.)
+# ring's cell, the one after the next, checks only that the ring's result equals `dist.all_reduce`'s.)
 
 # %%
 # %%distributed
@@ -342,8 +342,8 @@ lesson.claim(
 # No data moves; every rank waits until all have arrived. Here rank 1 sleeps 0.5 s before it
 # arrives, and every other rank waits for it at the barrier. Every rank notes when it arrived and left
 # on the wall clock, one clock for every rank of this machine; rank 0 says how long before rank 1 the first rank
-# arrived (the 0.5 s, give or take how far apart the ranks began the cell) and when the last one left, counted
-# from rank 1's arrival.
+# arrived, and when the last one left, counted from rank 1's arrival. The first need not be rank 1's 0.5 s of
+# sleep: the cell records neither when each rank began it nor how long the sleep lasted.
 
 # %%
 # %%distributed

@@ -37,7 +37,7 @@ STEADY: dict[str, dict[str, str]] = {
     "01_collectives": {
         "(`1gbit`: 1 Gbit/s = 125 MB/s)": LINK,
         "rank 1 sleeps 0.5 s before it arrives": SETTING,
-        "(the 0.5 s, give or take": "the setting above, named as the one the printed wait stands near",
+        "rank 1's 0.5 s of sleep": "the setting above, named as what the printed wait need not equal",
         "over the 1 Gbit/s link": LINK,
         "join the second message late, at 80 ms": "a made-up step's input, not measured",
         "until 80 ms, and the wait after backward, from 70 ms,": "the made-up step's inputs, not measured",
