@@ -306,8 +306,8 @@ plt.show()
 # replicas left to themselves part after every step (the ✓ line above the figure), and the line printed under it
 # says whether their distance grew from step to step, and how it compares with how far the single process moved
 # from its start (the red line against the grey).
-# And `SimpleDDP` sends more than it needs: every gradient after every micro-batch, k times the bytes
-# of one sync a step (the first training cell counts them), although only the average over the whole
+# And `SimpleDDP` all_reduces more than it needs: every gradient after every micro-batch, k syncs a
+# step (the first training cell counts their calls and bytes), although only the average over the whole
 # step matters. `03_build_up` changes what is sent and when, one idea per stage, and measures
 # what each idea changes.
 #
