@@ -38,9 +38,10 @@
 # * the all_reduce calls a step and their *payload*, counted by the hook's traffic meter: the bytes the
 #   step's all_reduces reduce (numel × element size, added up over the step's calls), not the bytes a
 #   rank puts on the wire, which around a ring of n ranks are 2(n − 1)/n of the payload (equal at n = 2);
-# * for fp16 and bf16, the *relative gradient error* `‖ĝ − g‖ / ‖g‖`: how far the hook's average `ĝ` is
-#   from the exact average `g` of this step's gradients (`minddp.comm.measure.error_measured` computes `g`
-#   with an extra exact all_reduce beside the hook, not counted as traffic);
+# * for fp16 and bf16, and for PowerSGD on its first steps, the *relative gradient error* `‖ĝ − g‖ / ‖g‖`:
+#   how far the hook's average `ĝ` is from the *reference average* `g`, the float32 average of this step's
+#   gradients (`minddp.comm.measure.error_measured` computes `g` with an extra float32 all_reduce beside the
+#   hook, not counted as traffic);
 # * how far each hook's parameters end up from plain averaging's, relative to how far plain
 #   averaging moved them.
 #
@@ -86,8 +87,8 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 #
 # Calls and payload are the last step's, as rank 0 measured them. `bucket-async` sends once per optimizer step:
 # the backwards of every micro-batch but the last run inside `no_sync()` (as in 03) and send nothing, and the
-# last one's sends each bucket. *param distance* is
-# measured after the last step's update. *param distance* is `‖θ_hook − θ_allreduce‖ / ‖θ_allreduce − θ_start‖`:
+# last one's sends each bucket. *param distance*, measured after the last step's update, is
+# `‖θ_hook − θ_allreduce‖ / ‖θ_allreduce − θ_start‖`:
 # how far each hook's parameters ended from plain averaging's, against how far plain averaging
 # moved them (0 for plain averaging itself). PowerSGD compresses in the last 2 of the 4 steps only (below),
 # fp16 and bf16 in all 4. It is a distance between parameters after the optimizer's
@@ -96,9 +97,10 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # The cell after the table holds fp16's and bf16's gradient error against the most rounding alone can do
 # (`minddp.comm.measure.rounding_bound`, the bound the exercise checker judges a learner's fp16 hook
 # by): each value is rounded at most n + 1 times (a cast, a division and n − 1 additions), each time
-# by at most u = eps / 2 of the ranks' mean magnitude of that value (or half the spacing of the
-# format's subnormals, for a value below its smallest normal one), plus float32's own rounding of the
-# exact average it is compared with; relative to the norm of this step's gradient.
+# by at most u = eps / 2 of the ranks' mean magnitude of that value, eps being the 16-bit format's
+# machine epsilon (`torch.finfo(dtype).eps`: float16's 2⁻¹⁰, bfloat16's 2⁻⁷), or by half the spacing of the
+# format's subnormals, for a value below its smallest normal one; plus float32's own rounding of the
+# reference average it is compared with; relative to the norm of this step's gradient.
 
 # %%
 # %%rank 0
@@ -160,15 +162,28 @@ lesson.claim(
 #
 # ## PowerSGD, step by step
 #
-# PowerSGD's calls and payload change when it starts compressing; the cell shows both at every step.
+# On a compressing step the hook takes each gradient it compresses as an a × b matrix `M` and, at matrix
+# rank r (the steps of `powerSGD_hook`'s docstring, `minddp/comm/powerSGD_hook.py`):
+#
+# 1. adds to `M` what compression left out of it on the step before (error feedback), and keeps a copy;
+# 2. computes `P = M Q` (a × r), with `Q` (b × r) the one of the step before (a random one the first time),
+#    its columns made orthonormal;
+# 3. all_reduces the P's and makes each `P`'s columns orthonormal: every rank now holds the same `P`;
+# 4. computes `Q = Mᵀ P` and all_reduces the Q's, divided by the world size: as every rank used the same `P`,
+#    the ranks' average of `Mᵀ P` is (the ranks' average of `M`)ᵀ `P`. That is why the Q's need the averaged P first;
+# 5. writes `P Qᵀ` over `M`, the ranks' average `M` projected onto `P`'s r columns, and keeps the copy of step 1
+#    minus `P Qᵀ`: what compression left out, for the next step.
+#
+# Of a compressed matrix only its `P` and `Q` travel: (a + b) · r values instead of a · b. So PowerSGD's calls and payload change when
+# it starts compressing; the cell shows both at every step.
 # A compressing bucket makes two or three all_reduces: one for the tensors it leaves uncompressed
-# (those PowerSGD does not compress: it views each gradient as an a × b matrix, a vector as a × 1, and compresses it
-# only when its a · b values exceed `min_compression_rate` times the (a + b) · r values of its factors at matrix
-# rank r; minddp's default, as torch's, is 2, so a vector never is), only if it holds any; one for all
-# its P factors; one for all its Q factors, which need the averaged P first.
+# (those PowerSGD does not compress: a vector counts as an a × 1 matrix, and a matrix is compressed
+# only when its a · b values exceed `min_compression_rate` times the (a + b) · r values of its factors;
+# minddp's default, as torch's, is 2, so a vector never is), only if it holds any; one for all
+# its P factors; one for all its Q factors.
 # Its gradient error is not read on its compressing steps: with error feedback, each compressing step adds to the bucket,
 # before compressing it, what compression left out the step before, so the hook's average is not meant
-# to equal this step's exact average, which is what the error measure compares it with.
+# to equal this step's reference average, which is what the error measure compares it with.
 
 # %%
 # %%rank 0
@@ -184,13 +199,13 @@ buckets = lesson.buckets_of(a.model)
 last = steps.iloc[-1]
 early, late = steps.iloc[:start_iter], steps.iloc[start_iter:]
 # plain averaging through PowerSGD's first steps is allreduce_hook itself: the same division and sum as the
-# exact average it is compared with, so its error is 0 up to float32's rounding of one sum (1e-6 is ~10 eps)
+# reference average it is compared with, so its error is 0 up to float32's rounding of one sum (1e-6 is ~10 eps)
 lesson.claim(
     (early["powersgd calls"] == plain_calls).all()
     and (early["powersgd payload KiB"] == plain_kib).all()
     and all(w["relative_error"] < 1e-6 for w in p.wire[:start_iter]),
     f"For the first {start_iter} steps PowerSGD is plain averaging (start_powerSGD_iter={start_iter}): the same "
-    f"{plain_calls} calls and {plain_kib:.0f} KiB of payload, and the exact average to within 1e-6 (relative).",
+    f"{plain_calls} calls and {plain_kib:.0f} KiB of payload, and the reference average to within 1e-6 (relative).",
 )
 # a bucket makes 2 or 3 calls (P and Q always; the uncompressed tensors' only if it holds any): 3 × buckets in all
 # means 3 in every bucket
@@ -296,8 +311,10 @@ lesson.claim(
     f"other {on_wire - exposed_ms:.1f} ms.",
 )
 lesson.say(
-    f"In this run that step took {step_ms:.1f} ms. What fp16's or PowerSGD's shorter link time would take off it "
-    "is not measured here."
+    f"In this run that step took {step_ms:.1f} ms: the link carried its messages during {on_wire / step_ms:.1%} of "
+    f"it, and the thread stood waiting through them during {exposed_ms / step_ms:.1%} of it, "
+    f"{'less than' if 2 * exposed_ms < on_wire else 'at least'} half of the link time. What fp16's or PowerSGD's "
+    "shorter link time would take off the step is not measured here (exposed is not what a free link would save: 01)."
 )
 
 # %% [markdown]
@@ -327,7 +344,8 @@ lesson.say(
 #   smaller matrices has a larger q, and a larger m*.
 #
 # The cell prices this step's messages (the sizes recorded above) on every preset link with the
-# link's own model, and computes the three crossovers from the counts and bytes. Its figure draws plain
+# link's own model, and computes the three crossovers from the counts and bytes; its link times and B*'s are
+# for this notebook's n ranks (B* falls as 1/n). Its figure draws plain
 # averaging's and PowerSGD's link time against the bandwidth, at two α's, `1gbit`'s (solid) and `nvlink`'s
 # (dotted): as B grows the bytes' term shrinks,
 # and each line falls towards its messages' fixed cost, c · 2(n − 1) α, PowerSGD's three times plain
@@ -361,7 +379,7 @@ wins = pd.DataFrame.from_dict(
             "α per hop (µs)": spec.latency * 1e6,
             "bandwidth (Gbit/s)": spec.bandwidth / GBIT,
             **{f"{name}, link ms": step_link_ms(h, spec) for h, name in HOOK_NAMES.items()},
-            "B* (Gbit/s)": crossover(spec.latency) / GBIT,
+            f"B* at n = {n} (Gbit/s)": crossover(spec.latency) / GBIT,
         }
         for name, spec in links.items()
     },
@@ -389,7 +407,8 @@ lesson.claim(
 tie = LinkSpec("B*", crossover(LINK.latency), LINK.latency)
 lesson.claim(
     abs(step_link_ms("powersgd", tie) - step_link_ms("allreduce", tie)) < 1e-9 * step_link_ms("allreduce", tie),
-    f"At {LINK.name}'s α = {LINK.latency * 1e6:g} µs the two tie at B* = {tie.bandwidth / GBIT:.1f} Gbit/s, "
+    f"At {LINK.name}'s α = {LINK.latency * 1e6:g} µs and n = {n} ranks the two tie at B* = "
+    f"{tie.bandwidth / GBIT:.1f} Gbit/s, "
     f"{tie.bandwidth / LINK.bandwidth:.1f} times {LINK.name}'s bandwidth.",
 )
 lesson.say(
@@ -428,8 +447,8 @@ presets = ax.secondary_xaxis("top")  # the preset links' bandwidths
 presets.set_xticks([spec.bandwidth / GBIT for spec in links.values()], list(links), rotation=90, fontsize=7)
 presets.set_xlabel("preset links, at their bandwidth", fontsize=8)
 ax.set_title(
-    "This step's messages on links of every bandwidth: lines at two α's (grey: each α's B*, where its two lines "
-    "cross), markers at each preset's own α",
+    f"This step's messages on n = {n} ranks, at every bandwidth: lines at two α's (grey: each α's B*, where its two "
+    "lines cross), markers at each preset's own α",
     fontsize=9,
 )
 ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside: no marker hidden
@@ -460,7 +479,7 @@ wins.round(3)
 #
 # ## Your turn: an fp16 hook
 #
-# Write `fp16_compress_hook` yourself: cast the bucket's flat gradient to `float16`, divide it by
+# Write an fp16 hook yourself, `my_fp16_hook` in the cell below (torch's is `fp16_compress_hook`): cast the bucket's flat gradient to `float16`, divide it by
 # the world size (before the sum, so that a sum of gradients each within float16's range cannot
 # overflow), start the all_reduce with `async_op=True`, and hand back a Future whose value is the average as one `float32` tensor of the
 # bucket's size. `check_hook` first calls your hook on a bucket of known gradients (is it a
