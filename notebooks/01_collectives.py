@@ -342,7 +342,7 @@ lesson.claim(
 # No data moves; every rank waits until all have arrived. Here rank 1 sleeps 0.5 s before it
 # arrives, and every other rank waits for it at the barrier. Every rank notes when it arrived and left
 # on the wall clock, one clock for every rank of this machine; rank 0 says how long before rank 1 the first rank
-# arrived, and when the last one left, counted from rank 1's arrival. The first need not be rank 1's 0.5 s of
+# arrived, and when the last one left, counted from rank 1's arrival. That lead need not equal rank 1's 0.5 s of
 # sleep: the cell records neither when each rank began it nor how long the sleep lasted.
 
 # %%
