@@ -412,9 +412,9 @@ display(on_link)
 # %% [markdown]
 # What accumulation, hooks and buckets change by construction: the calls, where messages are handed to
 # the wire, the link time (the first three claims below). None of these says whether a stage's thread stands
-# still less, nor need one of these changes make it wait less: the waited column gives each stage's one profiled
-# step, and as in the loopback run each row is one step, the stages profiled one after another on a shared
-# machine, so a difference between two rows need not hold on a re-run. The last claim compares the two kinds by
+# still less, nor need one of these changes make it wait less: the waited column gives that, one profiled step per
+# stage, and as in the loopback run the stages were profiled one after another on a shared machine, so a
+# difference between two rows need not hold on a re-run. The last claim compares the two kinds by
 # waited, not by what the waits were made of (the last column: the part with the link carrying nothing), over the
 # asynchronous stages of the link run (`ddp` and torch's DDP were not run over the link); where those differ in
 # waited or exposed, this trace does not show why.
