@@ -145,7 +145,7 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # into a bar), waits (red: the training thread standing still until a message is back; hatched:
 # at the parameters-used check) and
 # `finish_gradient_synchronization()` (a thin purple strip under the forward and backward bars, above the messages;
-# the legend's *finish (sync ends)*: the sync ends there for `simple`, `ga` and the async stages, while `hook` and
+# the legend's *finish*: the sync ends there for `simple`, `ga` and the async stages, while `hook` and
 # `bucket` have synced inside backward before it, and `ddp`'s finish does nothing). A legend names the kinds of mark its figure draws, on either row (the faded one's too), except those less than a pixel wide in all.
 
 # %%
@@ -230,7 +230,7 @@ lesson.claim(
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, with the thread's waits for them (red). The
 # micro-batches before it run straight on into each other. Just before the burst ga runs the
-# parameters-used check, in finish (a hatched block, *thread waits at a check*, where it is wide
+# parameters-used check, in finish (a hatched block, *parameter check*, where it is wide
 # enough to draw): rank 0 standing in its all_gather, not gradients on the link (the
 # side-by-side table below prints its length, *at the check*). It is ga's first collective of the
 # step after micro-batches with none, so nothing has kept the two ranks in step before it; whether

@@ -25,8 +25,7 @@
 # ("First Steps With Distributed Data Parallelism and PyTorch Profiling", https://blog.underfit.ai/ddp-profiled)
 # reads its GPU traces with HolisticTraceAnalysis (HTA): overlap and non-compute are HTA's names, *in flight*
 # is this course's (`docs/analysis.md` defines these three measures and the link run's three below, each computed
-# by its one function in `minddp.analysis.metrics`; the tables' other columns, counts and times read off the trace,
-# are not among them):
+# by its one function in `minddp.analysis.metrics`):
 #
 # * **in flight**: the time a communication range was open (what that counts here: below);
 # * **overlap** (HTA's `comm_comp_overlap_pctg`): the share of the time in flight during which the
@@ -35,11 +34,11 @@
 #
 # So non-compute = (100 % − overlap) × time in flight. Neither ranks the stages by speed. Non-compute is not the
 # time the step lost to communication: it also counts the training thread's own Python (its hooks, the
-# time between autograd nodes) while a range is open, the stages' parameter check, and a range held open
-# until the other rank joins it (below). A range held open longer while the thread computes raises the
-# overlap. Then **one step of each stage on one time axis**, and at the end the blog's six stages over an
-# emulated 1 Gbit/s link (the *link run*), with three more measures, *link time*, *waited* and *exposed*
-# (defined there).
+# time between autograd nodes) while a range is open, and the stages' parameter check. A range held open until
+# the other rank joins it (below) adds to non-compute the part of it in which the thread computes nothing, and
+# to the overlap the part in which it computes. Then **one step of each stage on one time axis**, and at the end
+# the blog's six stages over an emulated 1 Gbit/s link (the *link run*), with three more measures, *link time*,
+# *waited* and *exposed* (defined there).
 #
 # The letters are `01_collectives`' notation: n ranks, α the fixed cost of one hop of the ring, β the time
 # per byte on a link; and `03_build_up`'s k, the micro-batches of a step. A *message* here is one whole
@@ -72,6 +71,7 @@ for stage in profiled:
     # (the first step's one-off costs stay out), then the one step it records
     lesson.Trainee(stage, warmup=0).profile(RUN, steps=1)
 lesson.say(lesson.describe())
+lesson.say(lesson.machine())
 lesson.say(f"Profiled one step of each of: {', '.join(profiled)}, into {RUN.relative_to(lesson.ROOT)}.")
 # the blog's six stages again, their gradients' all_reduces over an emulated 1 Gbit/s network (the last section)
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
@@ -105,9 +105,10 @@ lesson.say(
 #   *parameter check*, `minddp.stages.checks`: one all_gather; in `simple` and `ga` at the start of the
 #   finish, in `hook` to `bucket-async` in the first gradient's hook). `ddp` and torch's DDP run no check,
 #   but at the step's first forward they broadcast the model's buffers from rank 0 (torch's
-#   `broadcast_buffers`, on by default): `gloo:broadcast` ranges, in flight too, with no bar in the figure below;
-# * **non-compute** is time in flight while the training thread ran no `aten::` op: standing in a wait for
-#   a message or in the parameter check, running its own Python (hooks, the time between autograd nodes),
+#   `broadcast_buffers`, on by default): `gloo:broadcast` ranges, in flight too (no column or bar below gives
+#   their length);
+# * **non-compute** is time in flight while the training thread ran no `aten::` op: stopped until a message
+#   is back or in the parameter check, running its own Python (hooks, the time between autograd nodes),
 #   or, where the threads outnumber the free cores, ready to run with none free.
 #
 # The caveat that decides how to read them: a gloo range lasts from the moment gloo's thread picks the
@@ -116,8 +117,9 @@ lesson.say(
 # come after the training thread has had the result and gone on. On GPUs the same metrics read NCCL kernels
 # against compute kernels, which run side by side. `single` has nothing in flight and is not in the table.
 #
-# The table's last column is the part of non-compute that falls inside the parameter check's all_gather ranges:
-# `metrics.non_compute` over the step with those ranges in place of all its gloo ranges (`in_check` below). Like
+# The table's last column is the part of non-compute that falls inside the parameter checks' all_gather ranges, all
+# of the step's (`simple` checks at each of its k syncs, the other stages once): `metrics.non_compute` over the step
+# with those ranges in place of all its gloo ranges (`in_check` below). Like
 # every gloo range, the check's is held open until the other rank joins it, so its length depends on when the other
 # rank arrives. The *blocking* stages (`simple`, `ga`, `hook`, `bucket`) wait for each message before they send the
 # next: `simple` and `ga` after the backward, `hook` and `bucket` inside it. The *asynchronous* ones (`hook-async`,
@@ -125,13 +127,15 @@ lesson.say(
 # first claim under the table is the identity from the opening, true by the definitions: it checks the table's
 # arithmetic, not the run. The second compares the two kinds by overlap, a share of each stage's own time in flight,
 # not a time: it does not say why they differ (a range held open longer while the thread computes also raises the
-# overlap), and a stage with the higher overlap can have the longer non-compute.
+# overlap), and a stage with the higher overlap can have the longer non-compute. The line under the claims compares
+# non-compute pair by pair, the same messages sent blocking and asynchronously, with and without the check's part.
 #
 # What the table does not show (rank 0's trace shows when a range was open, not why):
 #
 # * whether a difference between two rows would hold on a re-run: each row is one step, the stages were
 #   profiled one after another on a shared machine, and this notebook does not measure how much one stage's
-#   numbers move from run to run;
+#   numbers move from run to run (the line under the table after the figure prints how much the same optimizer
+#   step moved from one stage's step to another's);
 # * why asynchronous stages that send as many messages (`bucket-async`, `ddp` and torch's DDP: the table after
 #   the timeline counts them) differ in in flight and non-compute;
 # * why one stage's check lasts longer than another's (the last column);
@@ -190,6 +194,23 @@ lesson.claim(
     f"({zero.loc[blocking, 'comm_comp_overlap_pctg'].max():.1f} % at most against "
     f"{zero.loc[asynchronous, 'comm_comp_overlap_pctg'].min():.1f} % at least).",
 )
+nc, rest = shares["non-compute (ms)"], shares["non-compute (ms)"] - shares["of it, in the check (ms)"]
+
+
+def than(x, y):
+    """'longer' / 'shorter' / 'as long' for x against y, as printed to 0.1 ms."""
+    return "as long" if round(x, 1) == round(y, 1) else "longer" if x > y else "shorter"
+
+
+lesson.say(
+    "Pair by pair, the same messages sent blocking, then asynchronously: "
+    + "; ".join(
+        f"{a}'s non-compute is {than(nc[a], nc[b])} than {b}'s ({nc[a]:.1f} against {nc[b]:.1f} ms), "
+        f"outside the check {than(rest[a], rest[b])} ({rest[a]:.1f} against {rest[b]:.1f} ms)"
+        for b, a in [("hook", "hook-async"), ("bucket", "bucket-async")]
+    )
+    + "."
+)
 sizes = result.buckets[result.buckets["rank"] == 0].groupby("stage")["numel"].apply(sorted)
 lesson.claim(
     sizes["bucket"] == sizes["bucket-async"],
@@ -199,7 +220,8 @@ lesson.claim(
 # %% [markdown]
 # ## One step of each stage, on one time axis
 #
-# One row per profiled stage, one shared axis in milliseconds from the start of the profiled step (rank 0);
+# One row per profiled stage, one shared axis in milliseconds from the start of the profiled step (rank 0; a row's
+# white before its first forward band is the step's time before its first micro-batch);
 # `single` sends nothing, so its row is one rank's work alone. In each row:
 #
 # * the forward (pale) and backward (darker) of each micro-batch (the *forward* band is the span from the
@@ -211,30 +233,30 @@ lesson.claim(
 #   loopback interface, and no byte leaves the machine):
 #   for minddp's stages, where its send started the all_reduce (called from the finish in `simple` and `ga`,
 #   from a hook in the others); for torch's DDP, the reducer's `c10d::allreduce_` call;
-# * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open included)":
-#   the messages' ranges only; the check's all_gather range, in flight in the table too, is drawn as the hatch below
-#   instead, and `ddp`'s and torch's buffer broadcast, in flight in the table too, has no bar). A message's bar is
-#   the range matched to its `c10d::allreduce_` call, the first of the same size that opened at or after the call,
-#   and the call comes at or after the tick; so no bar starts before its tick, but a bar
-#   can start later than its tick, and a tick at a bar's left end need not be that bar's own (the table after the
-#   figure prints, per stage, the longest time from a tick to its bar). Each bar has an edge line, so a narrow bar is
-#   drawn longer than its range lasted, and where dozens crowd they merge into one block that also covers the gaps
-#   between them: read the time in flight off the table above, not off the orange's length;
-# * the parameter check (hatched red; the legend's "thread waits at a check" names what the check does, not what the
-#   hatch's width is: the training thread stands in it until both ranks have joined it, and the link run's *waited*,
-#   below, does not count that),
-#   drawn over the thread's band where gloo's all_gather range of the check was open: the hatch is that range,
-#   gloo's thread's, not the training thread's stand, which need not start or end with it (the caveat above). `ddp`
-#   and torch run none; a short one is too thin to see. In `hook` to `bucket-async` it runs in the first gradient's
-#   hook, so it sits inside the last backward band, after that band's first autograd node, and covers the band where
-#   it is drawn; where it starts just after that node, the hatch hides the band's start, and the check can look as
-#   if it came between the forward and the backward: it does not. The table above counts that range in flight and,
-#   while the thread computes nothing in it, in non-compute (its last column);
-# * the finish (purple, the legend's "finish (sync ends)": the `finish_gradient_synchronization()` call, inside which
-#   `simple` and `ga` run their whole sync, check and messages; a short one is too thin to see), the optimizer step
-#   (green: the same AdamW update in every stage, yet not of the same length; the line under the table after the
-#   figure prints its spread beside the forward bands', which it calls the forward passes: they are the bands, the
-#   forward with what the stage does around it, not the same work in every stage) and the end of the step.
+# * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open included)"
+#   is a part of what the table's in flight counts: the messages' ranges only; the check's all_gather range, in
+#   flight in the table too, is drawn as the hatch below instead, and `ddp`'s and torch's buffer broadcast, in
+#   flight in the table too, has no bar). A message's bar is the range matched to its `c10d::allreduce_` call, the
+#   first of the same size that opened at or after the call, and the call comes at or after the tick; so no bar
+#   starts before its tick, but a bar can start later than its tick, and a tick at a bar's left end need not be
+#   that bar's own (the table after the figure prints, per stage, the longest time from a tick to its bar). Gloo
+#   runs a process group's collectives in the order they were queued (`docs/analysis.md`): where a stage's bars run
+#   back to back, each opening as the one before it closes, a message handed to the wire while the one before it
+#   was open has its bar start later than its tick; the trace shows when each range opened, not what held it back.
+#   Each bar has an edge line, so a narrow bar is drawn longer than its range lasted, and where dozens crowd they
+#   merge into one block that also covers the gaps between them: read the time in flight off the table above, not
+#   off the orange's length;
+# * the parameter check (hatched red, the legend's "parameter check"), drawn where gloo's all_gather range of the
+#   check was open, over the top half of the row's bands, so the band it falls in, if any, shows below it: the hatch
+#   is that range, gloo's thread's, not the training thread's stand in the check, which need not start or end with it
+#   (the caveat above). `ddp` and torch run none; a short one is too thin to see. In `hook` to `bucket-async` it runs
+#   in the first gradient's hook, so it falls inside the last backward band, after that band's first autograd node
+#   (the blue below the hatch). The table above counts that range in flight and, while the thread computes nothing
+#   in it, in non-compute (its last column);
+# * the finish (purple, the legend's "finish": the `finish_gradient_synchronization()` call, inside which `simple`
+#   and `ga` run their whole sync, check and messages; a short one is too thin to see), the optimizer step (green:
+#   the same AdamW update in every stage, yet not of the same length: the line under the table after the figure
+#   prints its spread) and the end of the step.
 #
 # Three shapes to tell apart:
 #
@@ -296,8 +318,10 @@ def spread(ms):
 steps = phase_ms("step")  # a step's span starts at 0: its length is its end
 sooner = int((steps.drop("single") < steps["single"]).sum())
 lesson.say(
-    f"The same model, micro-batches and AdamW update in every stage, `single` included: the forward passes of "
-    f"a step took {spread(phase_ms('forward'))}, its optimizer step {spread(phase_ms('optimizer'))}. "
+    f"The same model, micro-batches and AdamW update in every stage, `single` included. A step's forward bands (the "
+    f"forward and what the stage does around it) took {spread(phase_ms('forward'))}; its optimizer step, the same "
+    f"work in every stage, {spread(phase_ms('optimizer'))}: that is how much the time of the same work moved from "
+    "one stage's profiled step to another's, and each row of the tables above is one such step. "
     f"The steps took {steps.min():.0f}–{steps.max():.0f} ms, and {sooner} of the {len(steps) - 1} stages that "
     f"communicate ended theirs before `single`, which sends nothing ({steps['single']:.0f} ms): a difference "
     "in step time here does not price a stage's communication."
@@ -319,8 +343,7 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 # the last time the first cell ran on your machine, not of the run whose outputs are saved here). Its report
 # ranks the stages by non-compute and by step time; non-compute is not their speed (the notebook's opening
 # says why), and here a difference in step time does not price a stage's communication (the line under
-# the table after the figure). On GPU traces
-# the breakdown and overlap come from HTA itself.
+# the table after the figure). On GPU traces, overlap and non-compute come from HTA itself.
 
 # %% [markdown]
 # ## The ladder on a slower network
@@ -341,12 +364,11 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 # * **waited**: the time from the training thread's first `wait()` on a gradient message to the message's
 #   delivery (its modeled transfer and the real all_reduce both done), whether it waited for the link, the
 #   other rank or a core; the thread's own return from `wait()` after the delivery is not counted. The
-#   parameter check, where the thread also stands (the timeline's hatch), is not a message, and waited does
-#   not count it;
+#   parameter check (the timeline's hatch) is not a message, and waited does not count it;
 # * **exposed**: the part of those waits during which the link was carrying a transfer (any message's). The
 #   part of a transfer that passes before the thread calls `wait()` is not exposed, so exposed can fall
 #   short of the link time even in a stage that waits for each message before it sends the next. Waited
-#   minus exposed is the part of the waits during which the link carried nothing.
+#   minus exposed (the table's last column) is the part of the waits during which the link carried nothing.
 
 # %%
 from minddp.comm.link import parse_link
@@ -381,6 +403,7 @@ on_link = pd.DataFrame(
         "link time (ms)": [link_ms(st) for st in lz.index],
         "waited (ms)": waits["waited_us"],
         "exposed (ms)": waits["exposed_us"],
+        "waited − exposed (ms)": waits["waited_us"] - waits["exposed_us"],
     },
     index=lz.index,
 ).round(1)
@@ -389,11 +412,12 @@ display(on_link)
 # %% [markdown]
 # What accumulation, hooks and buckets change by construction: the calls, where messages are handed to
 # the wire, the link time (the first three claims below). None of these says whether a stage's thread stands
-# still less, nor need one of these changes make it wait less: waited and exposed measure that (the table above,
-# read row against row). The last claim compares the two kinds by waited, not by what the waits were made of
-# (waited minus exposed is the part with the link carrying nothing), and covers the link run's two asynchronous
-# stages, `hook-async` and `bucket-async` (`ddp` and torch's DDP were not run over the link); where those two
-# differ in waited or exposed, this trace does not show why.
+# still less, nor need one of these changes make it wait less: the waited column gives that, one profiled step per
+# stage, and as in the loopback run the stages were profiled one after another on a shared machine, so a
+# difference between two rows need not hold on a re-run. The last claim compares the two kinds by
+# waited, not by what the waits were made of (the last column: the part with the link carrying nothing), over the
+# asynchronous stages of the link run (`ddp` and torch's DDP were not run over the link); where those differ in
+# waited or exposed, this trace does not show why.
 
 # %%
 calls = lz["allreduce_calls_per_step"].astype(int)
@@ -424,8 +448,8 @@ stood = waits["waited_us"]  # ms
 slow, quick = stood[[s for s in blocking if s in stood.index]], stood[[s for s in asynchronous if s in stood.index]]
 lesson.claim(
     quick.max() < slow.min(),
-    f"Every asynchronous stage waited less than every blocking one ({quick.max():.1f} ms at most, "
-    f"{quick.idxmax()}, against {slow.min():.1f} ms at least, {slow.idxmin()}).",
+    f"The link run's asynchronous stages ({', '.join(quick.index)}) each waited less than every blocking one "
+    f"({quick.max():.1f} ms at most, {quick.idxmax()}, against {slow.min():.1f} ms at least, {slow.idxmin()}).",
 )
 
 

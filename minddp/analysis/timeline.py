@@ -6,8 +6,9 @@ A **step row** is a plain dict of spans in milliseconds from the step's start, f
 * ``forward``, ``backward``: ``[(start, end), ...]``, one per micro-batch;
 * ``messages``: while each collective ran, its waits for the other ranks and for a core included (on an
   emulated link: its modeled transfer, the legend's "message on the wire"); ``sent``: when each was handed
-  to the wire; ``waits``: when the training thread stood still waiting for one; ``checks`` (optional): when it
-  stood still at a check that is no message of the row's (the teaching stages' few-byte all_gather);
+  to the wire; ``waits``: when the training thread stood still waiting for one; ``checks`` (optional): the spans of
+  a check that is no message of the row's (the teaching stages' few-byte all_gather), as the caller times it (from
+  the call to the gather's end, or gloo's range of it), drawn over the top half of the band it falls in;
 * ``finish``, ``optimizer``: the spans of ``finish_gradient_synchronization()`` and ``optimizer.step()``;
 * ``end``: when the step ended; ``label``: the row's name; ``stage``: names the drawn spans;
 * ``link``: the emulated link's name, where the messages are its modeled transfers and the waits are known.
@@ -63,9 +64,10 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
         bars("forward", -0.40, 0.40, COLORS["forward"], label="forward", edgecolor="#9ecae1", linewidth=0.4)
         bars("backward", -0.40, 0.40, COLORS["backward"], label="backward")
         bars("waits", -0.40, 0.40, COLORS["wait"], label="training thread waits")
-        bars("checks", -0.40, 0.40, COLORS["wait"], label="thread waits at a check", hatch="xxxx", edgecolor="white")
+        # the check over the band's top half only: the band it falls in (forward, backward or none) shows below it
+        bars("checks", -0.40, 0.20, COLORS["wait"], label="parameter check", hatch="xxxx", edgecolor="white")
         bars("optimizer", -0.40, 0.40, COLORS["optimizer"], label="optimizer step")
-        bars("finish", -0.02, 0.06, COLORS["finish"], label="finish (sync ends)", zorder=3)  # above the ticks
+        bars("finish", -0.02, 0.06, COLORS["finish"], label="finish", zorder=3)  # above the ticks
         wire = "message on the wire" if row.get("link") else "collective in flight (held open included)"
         bars("messages", 0.06, 0.30, COLORS["message"], label=wire, edgecolor="#a0522d", linewidth=0.5)
         if row.get("sent"):
