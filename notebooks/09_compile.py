@@ -285,11 +285,11 @@ lesson.claim(
 #
 # Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order backward
 # runs them, each as its gradients' sizes in bytes in the order they arrive (sizes here, where the
-# cell above's `pieces` holds names); `cap` is the bucket cap
-# in bytes, every bucket's, the first included (as in minddp's `ddp` given a `bucket_cap_mb`). Fill
-# the buckets as `ddp` does (a bucket closes at the first gradient that takes it to the cap or past
-# it; the gradients left at the end make one last bucket, handed over once the last of them is there)
-# and return, for each bucket, the index of the piece after whose backward it is handed over.
+# cell above's `pieces` holds names); `cap` is the bucket cap in bytes, every bucket's, the first
+# included (as in minddp's `ddp` given a `bucket_cap_mb`). Fill the buckets as `ddp` does (a bucket
+# closes at the first gradient that takes it to the cap or past it; the gradients left at the end
+# make one last bucket, handed over once the last of them is there) and return, for each bucket, the
+# index of the piece after whose backward it is handed over.
 # `check_handover` calls it on a few cases, without ranks, and names the usual mistakes, alone or two
 # together. As it stands `my_handed_over_after` raises `NotImplementedError`; the checker catches it
 # and says so. On this notebook's step, `pieces` is four pieces of two 1 MiB gradients and `cap` is
