@@ -40,21 +40,20 @@
 #
 # torch's answer to this is in Dynamo: while torch's DDP runs its module, Dynamo's `DDPOptimizer`
 # (`torch/_dynamo/backends/distributed.py`) **cuts the compiled graph into pieces**, closing a piece
-# once its parameters reach a bucket's bytes, counted from the end of the forward, and compiles each
+# once its parameters reach the bucket cap, counted from the end of the forward, and compiles each
 # piece apart: each piece records a gradient node of its own. Backward then runs piece after piece (in
 # this notebook pieces are numbered in that order: piece 0 is the forward's last layers, which backward
 # runs first). A bucket whose last gradient a piece produces can then be handed over before the next
 # piece's backward begins, so that its message can be in flight while that backward runs (this
-# notebook counts how many were). Dynamo reads the cap from torch's DDP while that runs its module,
-# and closes the first piece at `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (by name and in torch,
-# the cap of torch's DDP's first *bucket* when `bucket_cap_mb` is left at its default; 1 MiB in the
-# torch of this run). minddp's `ddp`, given a `bucket_cap_mb`, has Dynamo close every piece but the
-# last at that cap, the first included: while it runs its module compiled, it sets the two private
-# names Dynamo reads, torch's `DistributedDataParallel._active_ddp_module` (to an object holding only
-# `bucket_bytes_cap`) and `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (to the cap), and restores
-# both on leaving (`compat.ddp_optimizer_caps`, reached from `split_at_buckets` in
-# `minddp/runtime/compiling.py`). A claim under *The pieces and the buckets* checks it on piece 0.
-# So here each piece but the last closes once its parameters reach 2 MiB; the last holds what is left.
+# notebook counts how many were). minddp's `ddp`, given a `bucket_cap_mb`, has Dynamo close every
+# piece but the last at that cap: here each piece but the last closes once its parameters reach
+# 2 MiB; the last holds what is left. Under torch's DDP, Dynamo closes the first piece at
+# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` instead (by name and in torch, the cap of torch's
+# DDP's first *bucket* when `bucket_cap_mb` is left at its default; 1 MiB in the torch installed
+# here). While it runs its module compiled, minddp's `ddp` sets both values Dynamo reads, the bucket
+# cap and that first cap, to its own cap, and restores them on leaving (`compat.ddp_optimizer_caps`,
+# reached from `split_at_buckets` in `minddp/runtime/compiling.py`). A claim under *The pieces and
+# the buckets* checks it on piece 0.
 #
 # This notebook shows one step of `ddp` in three runs on one time axis: eager, compiled without the
 # cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and compiled with it;
@@ -135,8 +134,8 @@ for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT
     looks[label]["row"].update(label=f"{name}\n{looks[label]['calls']} buckets", stage=label)
 lesson.say(
     f"ddp on {world_size} ranks, an MLP of {DEPTH} layers of {WIDTH}×{WIDTH} (1 MiB of float32 weights each), "
-    f"no biases, buckets of {CAP:g} MiB, one batch of 32 rows a step; compiled with the {BACKEND} backend; "
-    f"torch {torch.__version__}."
+    f"no biases, buckets of {CAP:g} MiB, one batch of 32 rows a step; the compiled runs with the {BACKEND} "
+    f"backend; torch {torch.__version__}."
 )
 
 
@@ -151,10 +150,11 @@ lesson.say(
 # two, the bucket has been handed over and gloo has not yet begun its message. Ticks closer together than
 # a pixel (about a thousandth of the time axis) draw as one. Orange bars that overlap are drawn over
 # each other, and one can hide where another ends: the figure does not show how long each message
-# was in flight, nor which ran beside a gradient node (the line printed after it says which). In the
-# cut row, the blue holds one gradient node per piece, piece 0 first (the pieces printed under *The
-# pieces and the buckets*, whose claims count them); without the cut, one gradient node for the whole
-# graph. In every row the loss's gradient nodes are blue too.
+# was in flight, nor which ran beside a gradient node (the line printed after it says which). In every
+# row the blue begins with the loss's gradient nodes; after them, in the cut row, one gradient node
+# per piece, piece 0 first (the pieces printed under *The pieces and the buckets*, whose claims count
+# them), and without the cut one for the whole graph. Count the pieces in those claims, not in the
+# blue: nodes that run one after the other draw as one stretch, a thin line between them at most.
 #
 # White is time in none of these. The white just before the optimizer step holds the end of
 # backward, where the reducer waits for the last messages to end, then copies the averages into
@@ -170,18 +170,21 @@ lesson.say(
 # in each run on rank 0, the messages in flight while a gradient node ran, and says which, in the
 # order the messages began. Without the cut none can be (the first claim checks it). With the cut,
 # the message of every bucket handed over before the last piece's backward can be (here every bucket
-# but the last); which are depends on when each message begins and ends and on when the pieces'
-# backwards run, which this run's timing decides. Eager's count is printed beside them: in eager too
-# gradient nodes ran after the first bucket was handed over (the second claim), and its count
-# depends on the timing as the cut's does, so this run's two counts do not compare eager with the
-# cut.
+# but the last): it is counted if it was in flight while a later piece's backward ran, and one that
+# ends before the next piece's backward begins, in the grey between the two, is not. Which are
+# depends on when each message begins and ends and on when the pieces' backwards run, which the
+# timing of this execution decides. So what the line shows of the cut is its count beside none
+# without it. Eager's count is printed beside them: in eager too gradient nodes ran after the first
+# bucket was handed over (the second claim), and its count depends on the timing as the cut's does,
+# so the two counts do not compare eager with the cut.
 #
 # The cut is torch's design for GPUs. This notebook runs no GPU: what the cut does to a GPU step is
 # not shown here.
 
 # %%
 # %%distributed
-title = "ddp: eager, compiled without the cut, compiled with it\none step each: read the order of events, not lengths"
+title = f"ddp on rank 0, buckets of {CAP:g} MiB: eager, compiled without the cut, compiled with it\n"
+title += "one step each: read the order of events, not lengths"
 nodes.picture(looks, title)  # rank 0 draws
 # orders of events (program order), not timings: they hold on any machine. Without the cut every message starts
 # after its bucket's tick, which comes after the compiled piece's gradient node, the last gradient node, has ended
@@ -211,8 +214,8 @@ lesson.claim(
 # %%
 # %%distributed
 lesson.say(
-    "On rank 0, messages in flight while a gradient node ran, in the profiled step (each count this run's timing "
-    "decides: eager's and the cut's do not compare the two): "
+    "On rank 0, messages in flight while a gradient node ran, in the profiled step (each count the timing of this "
+    "execution decides: eager's and the cut's do not compare the two): "
     + ", ".join(f"{label} {nodes.beside(view['beside_node'])}" for label, view in looks.items())
     + "."
 )
@@ -229,8 +232,8 @@ lesson.say(
 # gradients arrived in, each bucket listing its parameters in that order. A compiled piece produces
 # all its gradients at its end, so within a piece they need not arrive last layer first: bucket 0
 # below lists `layers.6.weight` before `layers.7.weight`, in the order they arrived. A bucket closes
-# at the first gradient that takes it to the cap or past it. The claims below check where this run's
-# buckets lie.
+# at the first gradient that takes it to the cap or past it. The claims below check where the buckets
+# lie.
 
 
 # %%
@@ -248,11 +251,12 @@ lesson.claim(
     f"The compiled graph is cut into {len(pieces)} pieces, which together produce the gradients of all "
     f"{DEPTH} parameters, each once.",
 )
-first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB: Dynamo's first piece under torch's DDP
+torch_first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB: Dynamo's first piece under torch's DDP
 lesson.claim(
-    sum(size[name] for name in pieces[0]) / 2**20 == CAP > first,
+    sum(size[name] for name in pieces[0]) / 2**20 == CAP > torch_first,
     f"Piece 0 holds {CAP:g} MiB of parameters, the bucket cap: minddp's ddp has Dynamo close the first piece at the "
-    f"cap, not at the {first:g} MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES) Dynamo uses under torch's DDP.",
+    f"cap, not at the {torch_first:g} MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES) Dynamo uses under torch's "
+    "DDP.",
 )
 runs = {label: looks[label]["pieces_run"] for label in (NO_CUT, CUT)}
 lesson.claim(
@@ -265,8 +269,8 @@ homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
 # bucket k's parameters all lie in one piece, in backward order: it is full when that piece's backward ends
 lesson.claim(
     all(len(home) == 1 for home in homes) and [h[0] for h in homes] == sorted(h[0] for h in homes),
-    "In this run every bucket lies within one piece, in backward order: each bucket's gradients are all there "
-    "once the backward of its piece has ended.",
+    "Compiled with the cut, every bucket lies within one piece, in backward order: each bucket's gradients are all "
+    "there once the backward of its piece has ended.",
 )
 # program order on the training thread in the profiled step above: holds on any machine
 ended, begun = (looks[CUT][key] for key in ("pieces_ended_at_handover", "pieces_begun_at_handover"))
@@ -280,11 +284,12 @@ lesson.claim(
 # ### Your turn: after which piece is each bucket handed over?
 #
 # Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order backward
-# runs them, each as its gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap
-# in bytes, every bucket's, the first included (as in minddp's `ddp` given a `bucket_cap_mb`). Fill
-# the buckets as `ddp` does (a bucket closes at the first gradient that takes it to the cap or past
-# it; the gradients left at the end make one last bucket, handed over once the last of them is there)
-# and return, for each bucket, the index of the piece after whose backward it is handed over.
+# runs them, each as its gradients' sizes in bytes in the order they arrive (sizes here, where the
+# cell above's `pieces` holds names); `cap` is the bucket cap in bytes, every bucket's, the first
+# included (as in minddp's `ddp` given a `bucket_cap_mb`). Fill the buckets as `ddp` does (a bucket
+# closes at the first gradient that takes it to the cap or past it; the gradients left at the end
+# make one last bucket, handed over once the last of them is there) and return, for each bucket, the
+# index of the piece after whose backward it is handed over.
 # `check_handover` calls it on a few cases, without ranks, and names the usual mistakes, alone or two
 # together. As it stands `my_handed_over_after` raises `NotImplementedError`; the checker catches it
 # and says so. On this notebook's step, `pieces` is four pieces of two 1 MiB gradients and `cap` is
@@ -319,21 +324,20 @@ print(check_handover(solutions.handed_over_after))
 # The other pattern compiles the wrapper itself: `torch.compile(DDP(model))`. Dynamo then meets the
 # wrapper's own Python first. A graph break is a place inside a graph Dynamo has begun where it
 # stops the graph, runs Python, and starts a new one; this notebook counts the breaks and does not
-# measure what they cost. minddp's `ddp` has Dynamo skip three of its methods. When it is built,
-# `eager_under_compile(self)` (`minddp/runtime/compiling.py`) moves it to a generated subclass
-# (`eager_twin`) whose `forward` is a copy of `ddp`'s passed through
-# `torch.compiler.disable(..., recursive=False)`, so that Dynamo skips `forward`'s own code but not the
-# functions it calls, the module's included; `distributed.py`'s `forward` itself carries no mark. The
-# two methods `forward` calls before and after the module (`_before_module`, `_after_module`) are marked
-# `@runs_as_python` in `minddp/ddp/distributed.py`, and the subclass passes them through
-# `torch.compiler.disable` with the default `recursive=True`, so that Dynamo skips them with all they
-# call. Dynamo begins no graph in `forward`, so there is none to break. A
-# count of 0 alone does not show that the module was compiled (a wrapper Dynamo skipped whole would
-# count 0 too), and this cell does not show it; *Buckets of 0.5 MiB* prints the compiled pieces of
-# `torch.compile(ddp)` at another cap. Each count compiles an MLP of two 1 MiB layers, alone or in a
-# wrapper, for one training step, and Dynamo counts the breaks. At this 2 MiB cap the two layers
-# make, by the rule above, a single piece under minddp's `ddp`: its count is of a graph not cut. Where
-# torch's DDP's breaks fall, and why, this notebook does not show.
+# measure what they cost. Dynamo begins no graph in minddp's `ddp`'s `forward`, so there is none to
+# break there: Dynamo skips `forward`'s own code, but not the functions it calls, the module's
+# included. How: when `ddp` is built, `eager_under_compile(self)` (`minddp/runtime/compiling.py`)
+# gives it, in a generated subclass, a copy of its `forward` passed through
+# `torch.compiler.disable(..., recursive=False)`, and has Dynamo skip whole, with all they call, the
+# two methods `forward` calls before and after the module (`_before_module`, `_after_module`, marked
+# `@runs_as_python` in `minddp/ddp/distributed.py`). A count of 0 alone does not show that the module
+# was compiled (a wrapper Dynamo skipped whole would count 0 too), and this cell does not show it;
+# *Buckets of 0.5 MiB* prints the compiled pieces of `torch.compile(ddp)` at another cap. Each count
+# compiles an MLP of two 1 MiB layers, alone or in a wrapper, for one training step, and Dynamo
+# counts the breaks. Dynamo's cut into pieces is no graph break: it cuts the graph Dynamo has
+# captured, and Dynamo does not count it as one (*Buckets of 0.5 MiB* prints, for minddp's `ddp`,
+# graphs cut into pieces with no graph break). Where torch's DDP's breaks fall, and why, this
+# notebook does not show.
 
 
 # %%
@@ -366,15 +370,15 @@ lesson.claim(counts[THEIRS] > counts[ALONE], "torch's DDP, compiled whole, adds 
 #
 # Each wrapper, with both patterns (the model compiled, then wrapped; the wrapper compiled), at
 # 0.5 MiB on an MLP of two 1 MiB layers, one training step each, the wrapper's first: its parameters
-# compared with eager `ddp`'s after the same step, and the pieces its compiled graph is cut into; a
-# refusal is printed with the torch file that raised it. A first step is sent on torch's first-iteration
-# plan, one bucket per dtype (`plan_first_iteration_like_torch` in `minddp/ddp/plan.py`): here one
-# bucket of both layers, in the compiled runs and in eager's; the 0.5 MiB buckets come only with the
-# rebuild at the next forward. So in this step the cap shapes the compiled pieces, not the buckets.
-# With torch's DDP, Dynamo caps the first piece at `first` (read in *The pieces and the buckets*,
-# outside any call of `ddp`'s: torch's own value), above this bucket cap; minddp's `ddp`, given a cap,
-# caps the first piece at that cap. Dynamo's assert, printed below, calls that first piece the "first
-# bucket".
+# compared with eager `ddp`'s after the same step, the step's buckets, its graph breaks and the pieces
+# its compiled graph is cut into; a refusal is printed with the torch file that raised it. A first
+# step's buckets follow torch's first-iteration plan, one bucket per dtype
+# (`plan_first_iteration_like_torch` in `minddp/ddp/plan.py`); the 0.5 MiB buckets come only with
+# the rebuild at the next forward. So in this step the cap shapes the compiled pieces, not the
+# buckets. With torch's DDP, Dynamo caps the first piece at `torch_first` (read in *The pieces and
+# the buckets*, outside any call of `ddp`'s: torch's own value), above this bucket cap; minddp's
+# `ddp`, given a cap, caps the first piece at that cap. Dynamo's assert, printed below, calls that
+# first piece the "first bucket".
 
 
 # %%
@@ -392,50 +396,56 @@ def compile_at(wrapper, model_first: bool) -> str:
     counters.clear()
     model = MLP(depth=2)
     if model_first:
-        wrapped = wrapper(torch.compile(model, backend=BACKEND), bucket_cap_mb=SMALL)
+        wrapped = ddp = wrapper(torch.compile(model, backend=BACKEND), bucket_cap_mb=SMALL)
     else:
-        wrapped = torch.compile(wrapper(model, bucket_cap_mb=SMALL), backend=BACKEND)
+        ddp = wrapper(model, bucket_cap_mb=SMALL)
+        wrapped = torch.compile(ddp, backend=BACKEND)
     try:
         train_step(wrapped, torch.optim.SGD(model.parameters(), lr=0.01), next(batches()), loss_fn)
     except Exception as error:  # what torch raises, said in one line, with the file of torch's that raised it
         return nodes.refusal(error)
-    same = torch.equal(flat(model), flat(reference))
+    bits = "to eager ddp's bits" if torch.equal(flat(model), flat(reference)) else "to bits that differ from eager's"
+    step_buckets = " | ".join(", ".join(bucket) for bucket in nodes.bucket_names(ddp))  # before the rebuild
+    graph_breaks = sum(counters["graph_break"].values())
     with wrapped.no_sync():  # a forward whose backward never runs, to walk its pieces
         pieces = nodes.compiled_pieces(wrapped(torch.randn(32, WIDTH)), model)
-    bits = "to eager ddp's bits" if same else "to bits that differ from eager ddp's"
-    return f"trained a step, {bits}; compiled pieces: " + " | ".join(", ".join(piece) for piece in pieces)
+    return (
+        f"trained a step {bits}; the step's buckets: {step_buckets}; graph breaks: {graph_breaks}; compiled pieces: "
+        + " | ".join(", ".join(piece) for piece in pieces)
+    )
 
 
 wrappers = {"torch's DDP": torch.nn.parallel.DistributedDataParallel, "minddp's ddp": DistributedDataParallel}
 patterns = {"the model compiled, then wrapped": True, "the wrapper compiled": False}
-small = {
-    (who, pattern): compile_at(wrapper, first)
+outcomes = {
+    (who, pattern): compile_at(wrapper, model_first)
     for who, wrapper in wrappers.items()
-    for pattern, first in patterns.items()
+    for pattern, model_first in patterns.items()
 }
-for (who, pattern), outcome in small.items():
+for (who, pattern), outcome in outcomes.items():
     lesson.say(f"{who}, {pattern}, bucket_cap_mb={SMALL:g}: {outcome}")
-refused = "AssertionError: First bucket"  # and `first`, Dynamo's cap for the first piece under torch's DDP, from above
+refused = "AssertionError: First bucket"
 lesson.claim(
-    first > SMALL
+    torch_first > SMALL
     and all(
-        small["torch's DDP", pattern].startswith(refused)
-        and "(raised in torch/_dynamo/" in small["torch's DDP", pattern]
+        outcomes["torch's DDP", pattern].startswith(refused)
+        and "(raised in torch/_dynamo/" in outcomes["torch's DDP", pattern]
         for pattern in patterns
     ),
     f"With torch {torch.__version__}, at {SMALL:g} MiB torch's DDP does not compile, with either pattern: Dynamo's "
-    f"cap for the first piece, {first:g} MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), is larger than the "
+    f"cap for the first piece, {torch_first:g} MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), is larger than the "
     "bucket cap, and Dynamo asserts.",
 )
 lesson.claim(
     all(
-        small["minddp's ddp", pattern]
-        == "trained a step, to eager ddp's bits; compiled pieces: layers.1.weight | layers.0.weight"
+        outcomes["minddp's ddp", pattern]
+        == "trained a step to eager ddp's bits; the step's buckets: layers.0.weight, layers.1.weight; graph breaks: 0; "
+        "compiled pieces: layers.1.weight | layers.0.weight"
         for pattern in patterns
     ),
-    f"minddp's ddp trains its first step there, with either pattern, to the bits of eager ddp's first step, its "
-    f"compiled graph cut into one piece per 1 MiB layer: each piece closes at the layer that takes it past the "
-    f"{SMALL:g} MiB cap.",
+    f"minddp's ddp trains its first step there, with either pattern, to the bits of eager ddp's first step, in one "
+    f"bucket of both layers (a first step's plan), its compiled graph cut with no graph break into one piece per "
+    f"1 MiB layer: each piece closes at the layer that takes it past the {SMALL:g} MiB cap.",
 )
 
 # %% [markdown]
@@ -445,16 +455,16 @@ lesson.claim(
 #   graph into pieces, and the first bucket is handed over before backward's last gradient node (the
 #   claims above), so the message of every bucket handed over before the last piece's backward (here
 #   every bucket but the last) can be in flight while gradients are still computed. Which were, on
-#   rank 0 in this run's step (its timing decides), the line printed after the figure says, beside
+#   rank 0 in the profiled step (the timing decides), the line printed after the figure says, beside
 #   eager's; what the cut does to a step's length, on CPU or GPU, is not measured here.
-# * The wrapper compiled whole: at 2 MiB buckets, on two layers that make one piece,
-#   `torch.compile(ddp)` adds no graph break to the model's own, where torch's DDP adds breaks (where
-#   they fall and what they cost is not shown here); at 0.5 MiB its module is compiled and cut
-#   (*Buckets of 0.5 MiB*; its breaks are not counted there).
-# * At 0.5 MiB buckets torch's DDP (this run's torch) does not compile: Dynamo's cap for its first
-#   piece, 1 MiB, is above the bucket cap, and Dynamo asserts. minddp's `ddp` compiles there, cut
-#   at that cap, with both patterns, and its first step (sent, like eager's, as one bucket) trains
-#   to eager's bits.
+# * The wrapper compiled whole: at 2 MiB buckets `torch.compile(ddp)` adds no graph break to the
+#   model's own, where torch's DDP adds breaks (where they fall and what they cost is not shown
+#   here); at 0.5 MiB its module is compiled and cut into pieces, with no graph break (*Buckets of
+#   0.5 MiB*).
+# * At 0.5 MiB buckets torch's DDP (the torch installed here) does not compile: Dynamo's cap for
+#   its first piece, 1 MiB, is above the bucket cap, and Dynamo asserts. minddp's `ddp` compiles
+#   there, cut at that cap, with both patterns, and its first step (its gradients in one bucket, a
+#   first step's plan) trains to eager's bits.
 # * The train command and the benchmark take `--compile` (`--compile-backend aot_eager` for quick
 #   runs). `docs/ddp.md` (*Compiled*) gives the details, the limits and why minddp uses Dynamo's
 #   cut rather than compiled autograd.

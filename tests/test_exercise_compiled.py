@@ -348,6 +348,28 @@ def whole_piece_cut_by_bytes(pieces, cap):
     return out + [len(pieces) - 1] * (filled > 0)
 
 
+def cap_converted_to_mib(pieces, cap):
+    """The cap converted the wrong way (bytes to MiB): every gradient is past it and closes a bucket of its own."""
+    cap = cap / 2**20  # the mistake
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total >= cap:
+            out, total = out + [i], 0
+    return out + [len(pieces) - 1] * (total > 0)
+
+
+def pieces_that_hand_over(pieces, cap):
+    """The pieces after which something is handed over, each once: one entry per piece, not per bucket."""
+    out, total = set(), 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total >= cap:
+            out.add(i)  # the mistake: a set, so a piece that fills two buckets is listed once
+            total = 0
+    return sorted(out | {len(pieces) - 1} if total else out)
+
+
 @pytest.mark.parametrize(
     "fn, named",
     [
@@ -390,6 +412,8 @@ def whole_piece_cut_by_bytes(pieces, cap):
         (in_flight_during_next_piece, "the piece during whose backward its message can be in flight"),
         (first_bucket_at_one_mib, "the first bucket was capped at 1 MiB"),
         (whole_piece_cut_by_bytes, "a gradient is never split"),
+        (cap_converted_to_mib, "every gradient closed a bucket of its own"),
+        (pieces_that_hand_over, "each piece that hands a bucket over was listed once"),
     ],
 )
 def test_each_handover_mistake_is_named(fn, named):

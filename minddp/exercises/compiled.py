@@ -39,6 +39,7 @@ CASES = [
     ([[6], [3, 1], [2]], 8),  # a last bucket not full, opened in one piece and ended in a later one
     ([[2**19, 2**19], [2**19]], 1),  # a cap of one byte: tells the cap read as MiB from a cap never checked
     ([[2**20, 2**20]] * 4, 2 * 2**20),  # notebook 09's step: 1 MiB gradients, a 2 MiB cap; tells a 1 MiB first bucket
+    ([[2, 2, 3], [1], [4]], 4),  # a piece that fills a bucket past its middle: tells each piece once from cap at end
 ]
 
 
@@ -283,6 +284,17 @@ MISTAKES = {
         "the first bucket was capped at 1 MiB (torch's DDP's own first bucket, Dynamo's cap for the first piece "
         "under torch's DDP): here `cap` caps every bucket, the first included, as in minddp's ddp given "
         "a `bucket_cap_mb`",
+    ),
+    "a bucket per gradient": (
+        lambda pieces, cap: _walk(pieces, cap / 2**20),
+        "every gradient closed a bucket of its own, as if the cap were below every gradient's size (`cap / 2**20`, "
+        "say): `cap` is in bytes, as the gradients' sizes are, and a bucket takes gradients until one takes it to "
+        "the cap or past it",
+    ),
+    "each piece once": (
+        lambda pieces, cap: sorted(set(solutions.handed_over_after(pieces, cap))),
+        "each piece that hands a bucket over was listed once: the answer has one entry per bucket, so a piece that "
+        "fills several buckets is listed as many times, and one that fills none is not listed",
     ),
     "piece cut by bytes": (
         _piece_cut_by_bytes,
