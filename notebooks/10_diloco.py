@@ -100,7 +100,7 @@ model = build_student(seed=0)
 inner = torch.optim.AdamW(model.parameters(), lr=3e-3)
 traffic = Traffic()  # counts the calls and the payload bytes handed to the all_reduce
 rung = LocalSGD(model, inner, sync_every=H)
-rung.register_comm_hook(Wire(None, traffic=traffic), allreduce_hook)  # plain all_reduce, metered
+rung.register_comm_hook(Wire(None, traffic=traffic), allreduce_hook)  # one all_reduce of one flat bucket, metered
 seen = {}
 with rung:
     for step in range(1, 2 * H + 1):
@@ -160,6 +160,8 @@ for name, run in runs.items():
         f"{name:>14}: held-out loss {run['loss'][-1]:.4f} after 300 steps, {run['bytes'][-1] / 1e6:.2f} MB payload "
         f"sent by each replica"
     )
+ranked = sorted(runs, key=lambda name: runs[name]["loss"][-1])
+lesson.say(f"lowest held-out loss first, after 300 steps: {', '.join(ranked)}")
 lesson.claim(
     runs["ddp"]["bytes"][-1] == 10 * runs["diloco-h10"]["bytes"][-1] == 10 * runs["local-sgd-h10"]["bytes"][-1],
     "with H = 10 both rungs send exactly 10 times fewer bytes than DDP",
@@ -174,20 +176,18 @@ lesson.claim(
 # those outer learning rates, the momentum kept: not drawn, their final losses printed); `streaming-h100`
 # (streaming DiLoCo, the rung after the first exercise: the model in 2 fragments synced in turn, each
 # sent τ = 5 steps before it is applied, with α = 0.5: streaming DiLoCo's mixing weight, defined in its
-# section, not notebook 01's α). The held-out loss is scored as in the run above (the bench's cosine
-# schedule, the weights the replicas agree on: for streaming DiLoCo too the synced weights, not the
-# weights mixed by α that the replicas go on training from).
+# section, not notebook 01's α). They are trained and scored as the run above was (the bench's cosine
+# schedule; the held-out loss of the weights the replicas agree on: for streaming DiLoCo too the synced
+# weights, not the weights mixed by α that the replicas go on training from).
 #
 # The figure draws each run's mean over the seeds at H = 10 and 100 (H = 50 is not drawn) against the
 # payload bytes each replica handed to the all_reduce. `single` sends nothing, so it has no place on
 # the log axis and is drawn as a grey line at its final loss. The y axis stops at 2.6 nats: no run's
 # scores above it (early in the runs) are drawn, and some lines under the figure, read from the file,
-# are about such scores. Under the figure: each run's final loss with its
-# range over the seeds; where DiLoCo's mean at H = 10 is below local SGD's (scores the cut may hide);
-# how DiLoCo at H = 100 scores after its 1st and 2nd syncs (above the cut); and the H = 100 runs' order
-# after equal bytes early in the run, which is not their order at the end. The next
-# cell reads the file; the one after draws the figure and prints those lines (its code collapsed: click
-# to show it).
+# are about such scores. Under the figure: each run's final loss with its range over the seeds; where
+# DiLoCo's mean at H = 10 is below local SGD's (scores the cut may hide); and the H = 100 runs' order
+# after equal bytes early in the run, which is not their order at the end. The next cell reads the
+# file; the one after draws the figure and prints those lines (its code collapsed: click to show it).
 
 # %%
 import json
@@ -249,13 +249,6 @@ lesson.claim(
     f"at H = 10 (the same bytes at every score), DiLoCo's mean is below local SGD's at step{'s' * (len(below) > 1)} "
     f"{' and '.join(map(str, below))} and not below at any later score (steps {steps[len(below) + 1]} to "
     f"{steps[-1]}): the two curves cross once",
-)
-after = [steps.index(100), steps.index(200)]  # the scores right after DiLoCo at H = 100's 1st and 2nd syncs
-rose = [c["loss"][after[1]] - c["loss"][after[0]] for c in curves["diloco-h100"]]
-lesson.claim(
-    min(rose) > 0,
-    f"above the cut: DiLoCo at H = 100 scores worse after its 2nd sync (step 200) than after its 1st (step 100), in "
-    f"every seed (by {min(rose):.3f} to {max(rose):.3f} nats)",
 )
 at = 3 * 4 * sum(p.numel() for p in build_student(seed=0).parameters())  # the payload bytes of 3 whole-model syncs
 
@@ -422,9 +415,10 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # unprofiled; in the profiled steps 9 to 24 each fragment is handed over once and applied once). A
 # message arrives before the step that applies it asks for it only if the τ steps from its hand-over
 # to that step's `wait()` last longer than its time on the link; the lines under the figure give both
-# times for each message. The batch and τ were chosen so that the τ steps would last longer than the
-# smaller fragment's time on the link and shorter than the larger one's, one message arriving in time
-# and one waiting; the lines say whether that happened in this run.
+# times for each message (the code of the figure and of its lines collapsed). The batch and τ were
+# chosen so that the τ steps would last longer than the smaller fragment's time on the link and shorter
+# than the larger one's, one message arriving in time and one waiting; the lines say whether that
+# happened in this run.
 #
 # Each inner step is its forward (pale), backward (blue) and optimizer step (green), whose post-hook
 # hands a fragment's pseudo-gradient to the link in steps 10 and 18 (the tick) and, in steps 16 and
@@ -443,9 +437,11 @@ H, FRAGMENTS, TAU = 16, 2, 6
 model = build_student(seed=0)
 inner = torch.optim.AdamW(model.parameters(), lr=3e-3)
 link = Link("5mbit,5ms")  # an emulated link: each message's modeled transfer, logged
-streamed = DiLoCo(model, inner, None, H, fragments=FRAGMENTS, fragment_sync_delay=TAU, fragment_update_alpha=0.5)
+streamed = DiLoCo(  # no outer optimizer given: DiLoCo's default, SGD (lr 0.7, Nesterov momentum 0.9)
+    model, inner, sync_every=H, fragments=FRAGMENTS, fragment_sync_delay=TAU, fragment_update_alpha=0.5
+)
 streamed.register_comm_hook(Wire(None, link=link), allreduce_hook)
-big = task.chains(seed=1, replica=rank, batch=512)  # 16 times the 32 chains above: longer inner steps
+big = task.chains(seed=1, replica=rank, batch=512)  # 16 times the 32 chains above
 
 
 def loss_fn(m, batch):
@@ -517,8 +513,9 @@ if rank == 0:
     fig.set_size_inches(11, 2.0)
     fig.tight_layout()
 
-# %%
+# %% jupyter={"source_hidden": true}
 # %%distributed
+# The lines under the figure (this cell's code collapsed).
 from minddp.analysis import metrics
 
 sends = [i for i, n in enumerate(order) if n.startswith("minddp.fragment_send")]
@@ -670,7 +667,7 @@ print(
 period = 100 * table[first]["diloco"]["compute_s"]  # plain DiLoCo's period: 100 inner steps' compute (s)
 sync_wait = 100 * table[first]["diloco"]["exposed_s"]  # and the wait for its one whole-model sync (s)
 lesson.say(
-    f"plain DiLoCo (H = 100, the whole model at once) on '{first}', in the model: a period computes 100 × "
+    f"plain DiLoCo (H = 100, the whole model at once) on '{first}', in the step-time model: a period computes 100 × "
     f"{table[first]['diloco']['compute_s'] * 1e3:.2f} ms = {period:.3f} s, then the replica waits {sync_wait:.3f} s "
     f"for its sync (the whole model on the link: 2 hops × {spec.latency * 1e3:g} ms + {4 * PARAMS / 1e9:.2f} GB at "
     f"{spec.bandwidth * 8 / 1e9:g} Gbit/s = {(2 * spec.latency + 4 * PARAMS / spec.bandwidth):.3f} s): "

@@ -1818,6 +1818,18 @@ def outer_sync_fresh_outer(params, synced, outer):
             s.copy_(p)
 
 
+def schedule_fragment_by_the_step(step, sync_every, fragments, delay):
+    """The right send step, the fragment numbered by the step, (step − 1) % fragments, instead of by the turn."""
+    per_turn = sync_every // fragments
+    return (step - 1) % fragments if step % per_turn == (per_turn - delay) % per_turn else None
+
+
+def schedule_always_fragment_0(step, sync_every, fragments, delay):
+    """The right send step, fragment 0 every time."""
+    per_turn = sync_every // fragments
+    return 0 if step % per_turn == (per_turn - delay) % per_turn else None
+
+
 def schedule_late_from_zero(step, sync_every, fragments, delay):
     """Steps made 0-based on one side only: (step − 1) % turn == turn − delay, one step late at every delay above 0
     and silent at 0 (a remainder never reaches turn)."""

@@ -1170,6 +1170,17 @@ def test_the_schedule_exercise_names_the_fragment_numbered_by_the_period():
 
 
 @pytest.mark.timeout(120)
+def test_the_schedule_exercise_names_a_wrong_fragment_sent_at_the_right_steps():
+    """Learner read 10 (round 11, final) finding 2: the right send steps with the fragment numbered by the step, or
+    always 0, got the catch-all verdict, about the send step that was right; it names the fragment as the turn's."""
+    for fn, sent in ((wrong.schedule_fragment_by_the_step, 2), (wrong.schedule_always_fragment_0, 0)):
+        v = check_fragment_schedule(fn, timeout_s=TIMEOUT)
+        named = f"after step 3 yours sends {sent}, streaming DiLoCo sends 1: yours sends after the right steps"
+        assert not v.ok and named in v.line and "(step − 1) // 2 % 3 = 1" in v.line, v.line
+        assert "here after step" not in v.line, v.line  # not the send step's rule
+
+
+@pytest.mark.timeout(120)
 def test_the_schedule_exercise_names_two_mistakes_at_once_by_their_causes():
     """Learner read 10-r10 finding 5: steps counted from 0 in the send step and in the fragment got the off-by-one's
     verdict (the send step alone), and a fragment numbered by the period with a send step silent at a delay of 0

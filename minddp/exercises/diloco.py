@@ -888,6 +888,19 @@ def _schedule_text(f: dict, report: dict) -> str:
             f"{3 * turn}, ...), where step % {turn} is 0; step % {turn} runs from 0 to {turn - 1}, so it never equals "
             f"turn − delay = {turn}: send where step % turn == (turn − delay) % turn"
         )
+    if all(
+        [x is None for x in theirs]
+        == [solutions.fragment_to_send(step, *_args(s)) is None for step in range(1, 1 + len(theirs))]
+        for s, theirs in zip(SCHEDULES, report["schedule"])
+    ):  # the send steps right in every schedule, a fragment none of the named numberings above
+        number = (f["step"] - 1) // turn
+        return (
+            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours sends after the right "
+            f"steps, in every schedule, but not the right fragment: the fragment is the number of the turn the step "
+            f"is in, counted from 0 (steps 1 to {turn} are turn 0, steps {turn + 1} to {2 * turn} turn 1, ...), "
+            f"modulo the fragments: step {f['step']} is in turn {number}, so fragment (step − 1) // {turn} % {k} = "
+            f"{f['right']}"
+        )
     return (
         f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: a turn is sync_every // "
         f"fragments = {turn} steps, fragment 0 first, each sent delay steps before its turn ends (here after step "
