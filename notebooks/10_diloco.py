@@ -411,7 +411,7 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # %% [markdown]
 # Below, one rank's inner steps 9 to 24 under the profiler, over an emulated link of 5 Mbit/s and 5 ms
 # per hop: H = 16, 2 fragments (a turn of 8 steps: fragment 0's turn is steps 1 to 8 and 17 to 24,
-# fragment 1's steps 9 to 16), τ = 6, α = 0.5, on batches of 512 chains (steps 1 to 8 run first,
+# fragment 1's steps 9 to 16), τ = 6, α = 0.5, on batches of 1024 chains (steps 1 to 8 run first,
 # unprofiled; in the profiled steps 9 to 24 each fragment is handed over once and applied once). A
 # message arrives before the step that applies it asks for it only if the τ steps from its hand-over
 # to that step's `wait()` last longer than its time on the link; the lines under the figure give both
@@ -441,7 +441,7 @@ streamed = DiLoCo(  # no outer optimizer given: DiLoCo's default, SGD (lr 0.7, N
     model, inner, sync_every=H, fragments=FRAGMENTS, fragment_sync_delay=TAU, fragment_update_alpha=0.5
 )
 streamed.register_comm_hook(Wire(None, link=link), allreduce_hook)
-big = task.chains(seed=1, replica=rank, batch=512)  # 16 times the 32 chains above
+big = task.chains(seed=1, replica=rank, batch=1024)  # 32 times the 32 chains above
 
 
 def loss_fn(m, batch):
