@@ -259,10 +259,10 @@ print(
 # the gap printed above before that quorum, and the lighthouse answered it once the last of the
 # three asked: the new process was the last to ask. Its part of the rejoin (its share printed above)
 # is then its starting up until it asked: it imports the `ft` modules, connects to the lighthouse,
-# builds its model, then starts its heartbeat and asks. The run does not time these, so which of them took that time is not shown. Until that
-# first heartbeat it was not live, so slots 0 and 2 trained without it at world 2 up to step 9, then
-# waited there for it because this notebook sets `full_world_at=(4, 9)`. That time is part of
-# neither fault's recovery.
+# builds its model, then starts its heartbeat and asks. The run does not time these, so which of
+# them took that time is not shown. Until that first heartbeat it was not live, so slots 0 and 2
+# trained without it at world 2 up to step 9, then waited there for it because this notebook sets
+# `full_world_at=(4, 9)`. That time is part of neither fault's recovery.
 #
 # Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline
 # below), and only slot 1's process was started again. A restart from a checkpoint (not run here)
