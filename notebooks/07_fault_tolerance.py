@@ -34,7 +34,9 @@
 # 3. a process that comes back is **healed**: it receives the trained state from a peer, over the
 #    group, no file (the parameters, the optimizer's state, and the count of steps committed);
 # 4. **the work**: the members split the step's whole global batch among themselves, so a lost
-#    process's examples are trained by the others;
+#    process's examples are trained by the others (the run below does not show this; the checker's
+#    verdict on the exercise's model answer, in the last code cell, does: that split trains every row
+#    once at every world, and gives each rank the rows the rung's own split gives it);
 # 5. **should_commit**: each attempt counts on every member or on none. An attempt that saw a
 #    failure is **discarded**, and its step tried again.
 #
@@ -122,40 +124,43 @@ for line in run.report():
 
 # %% [markdown]
 # Where each recovery went. The cell below prints, for each fault, the moments the members, the
-# lighthouse and the launcher recorded, in milliseconds after the fault and since the row before,
-# sorted by time:
+# lighthouse and the launcher recorded, each in milliseconds after the fault, sorted by time:
 #
-# * **first error**: a member's all_reduce failed, or, for the raise, slot 2's comm hook raised
-#   (the errors are printed further down). Between the kill and this moment the operating system
-#   ends slot 1's process and closes its connections, and gloo, in a survivor's all_reduce, finds
-#   one closed; the run times none of it;
+# * **a peer's error**: the first error caught by a member other than the fault's slot: its
+#   all_reduce failed (the errors, each with gloo's own sentence, are printed further down). Between
+#   the kill and this moment the survivors carry on with their step until their all_reduce, the
+#   operating system ends slot 1's process, gloo's all_reduce fails, and its error goes back up
+#   through the backward to the rung, which records it. Between the raise and this moment slot 2
+#   sets out to drop its group (`drop_group` in `minddp/ft/rung.py`: a full garbage collection,
+#   then the group's teardown, which closes its connections) and its peers' all_reduce fails. The
+#   run times none of these apart;
 # * **discard**: each member that caught an error first drops its group, then votes no; the
-#   lighthouse discards the attempt at the first no it receives;
-# * **exit recorded** (the kill only): the launcher recorded slot 1's exit, then tells the
-#   lighthouse. Once it sees that a process ended, it waits `EXIT_WAIT_S` (50 ms, a setting of the
-#   launcher: a result may still be on its way), takes in the results, then records the exit; the
-#   run does not record when it saw it;
+#   lighthouse discards the attempt at the first no it receives (after the raise, slot 2's no comes
+#   only once its `drop_group` is done);
+# * **exit found** and **exit recorded** (the kill only): the launcher looks at its processes in
+#   passes; the first is the pass that found slot 1's process ended. The launcher then waits
+#   `EXIT_WAIT_S` (50 ms, a setting of the launcher) and takes in the **results** that arrived (a
+#   result is what a process hands the launcher once it has trained the run's last step: its final
+#   state), then records the exit and tells the lighthouse (the second). The wait is there so that
+#   a process that finished and exited before its result arrived is not reported lost;
 # * **next quorum**: each member asks again; the lighthouse answers once every live slot has
 #   asked, and slot 1 counts as live until the lighthouse has read the launcher's word of its exit
 #   (the second claim checks that the kill's next quorum came after the exit was recorded);
 # * **commit**: the members build a new group (after the kill, of 2), train the step again and
 #   vote, and the lighthouse commits.
 #
-# Under the kill's rows, apart from them: the latest moment the launcher can have seen the exit (its
-# record less `EXIT_WAIT_S`), a bound, not a recorded moment; it may have seen it earlier, even
-# before the first error. Each survivor asks for the next quorum only once it has read the discard,
-# and the lighthouse answers it only once it has read the exit's record, so the kill's next quorum
-# could not be answered before that record, however soon after the discard the survivors asked (the
-# line `from the discard to the exit's record`). Where the bound comes no later than the discard,
-# the launcher had seen the exit by then, and that whole span is its wait and its taking in of
-# results; the line says whether the bound does in this run. The raise's process stayed (the first
-# claim checks that the launcher recorded no exit after it, and that the first error was slot 2's
-# own), so its table has no `exit recorded` row; each of its other rows may be longer or shorter
-# than the kill's (the run does not time what each row's time went to). The two `recovery` lines set
-# each recovery against the hang bound (5 s): neither fault made anyone wait for the group's
-# timeout. After the kill, slot 1's connections closed as its process ended; after the raise, slot 2
-# dropped its group at once, before its vote, which closes its connections: either way the peers'
-# all_reduce failed on a closed connection.
+# A row is a moment, not a span: a span is the difference of two rows, and a span of one table
+# compares with the other's only between rows of the same names (the discard to the next quorum,
+# say). Each survivor asks for the next quorum only once it has read the discard, and the
+# lighthouse answers it only once it has read the exit's record, so the kill's next quorum could
+# not be answered before that record, however soon after the discard the survivors asked. The line
+# under the kill's table says how much of its recovery that span took, and, from when the launcher
+# found the exit, how much of it was the launcher's own: `EXIT_WAIT_S` is a setting of minddp's
+# launcher, not something a kill has to cost. The raise's process stayed (the first claim checks
+# that the launcher recorded no exit after it, and that the first error was slot 2's own), so its
+# table has no exit rows. The two `recovery` lines set each recovery against the hang bound (5 s):
+# neither fault made anyone wait for the group's timeout: after the kill, slot 1's connections
+# ended with its process; after the raise, slot 2's `drop_group` closed them.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -168,13 +173,17 @@ def ms(seconds):  # in whole milliseconds
     return round(seconds * 1000)
 
 
-def first_error(o):  # (ms after the fault, slot) of the first error a member of the fault's step caught
-    t, slot = min((e["t_error"], slot) for slot, _, e in run.entries if e["step"] == o.fault.step and "t_error" in e)
-    return ms(t - o.fired), slot
+def peer_error(o):  # ms after fault o of the first error a member other than its slot caught at its step
+    caught = [
+        e["t_error"] for s, _, e in run.entries if e["step"] == o.fault.step and "t_error" in e and s != o.fault.slot
+    ]
+    return ms(min(caught) - o.fired) if caught else None
 
 
 lesson.claim(
-    first_error(raised)[1] == raised.fault.slot and not run.exits(after=raised.fired) and raised.world == 3,
+    run.errors(raised.fault.step)[0][0] == raised.fault.slot
+    and not run.exits(after=raised.fired)
+    and raised.world == 3,
     f"raise: the first error was slot {raised.fault.slot}'s own, the launcher recorded no process's exit after it, "
     f"and step {raised.committed_step} was committed at world 3",
 )
@@ -184,36 +193,31 @@ lesson.claim(
 )
 
 
-def moments(o):  # the moments the run recorded after fault o, sorted by time, in ms after it and since the one before
+def moments(o):  # the moments the run recorded after fault o, in ms after it, sorted by time
     rows = {
-        "first error": first_error(o)[0],
+        "a peer's error": peer_error(o),
         "discard": ms(o.discard_s),
+        **({f"slot {o.fault.slot}'s exit found": ms(o.seen_s)} if o.seen_s is not None else {}),
         **({f"slot {o.fault.slot}'s exit recorded": ms(o.exit_s)} if o.exit_s is not None else {}),
         "next quorum": ms(o.quorum_s),
         f"commit of step {o.committed_step}": ms(o.recovery_s),
     }
-    print(f"\n{o.fault}: the moments recorded, ms after it, and since the one before")
-    before = 0
-    for name, t in sorted(rows.items(), key=lambda item: item[1]):
-        print(f"  {name:<26}{t:>5}   +{t - before}")
-        before = t
+    print(f"\n{o.fault}: the moments recorded, ms after it")
+    for name, t in sorted(((n, t) for n, t in rows.items() if t is not None), key=lambda item: item[1]):
+        print(f"  {name:<26}{t:>5}")
 
 
 moments(kill)
-recorded, discard = ms(kill.exit_s), ms(kill.discard_s)
-seen = recorded - ms(EXIT_WAIT_S)  # a bound: the launcher records an exit EXIT_WAIT_S (or more) after it sees it
-print(
-    f"a bound, not a recorded moment: the launcher saw the exit {seen} ms after the kill at the latest (its record, "
-    f"{recorded}, less its {ms(EXIT_WAIT_S)} ms wait), perhaps earlier"
-)
+found, recorded, discard = ms(kill.seen_s), ms(kill.exit_s), ms(kill.discard_s)
 print(
     f"from the discard to the exit's record: {recorded - discard} ms, "
     f"{(recorded - discard) / ms(kill.recovery_s):.0%} of the kill's recovery; "
     + (  # compared in seconds, not in the rounded ms
-        "the launcher had seen the exit by the discard, so all of it was the launcher's wait and its taking in of "
-        "results"
-        if kill.exit_s - EXIT_WAIT_S <= kill.discard_s
-        else "the launcher may have seen the exit only after the discard"
+        "the launcher had found the exit before the discard, so all of it was the launcher's own: its wait "
+        f"(EXIT_WAIT_S, {ms(EXIT_WAIT_S)} ms) and its taking in of results"
+        if kill.seen_s <= kill.discard_s
+        else f"the launcher found the exit {found - discard} ms after the discard, then took {recorded - found} ms "
+        f"to record it: its wait (EXIT_WAIT_S, {ms(EXIT_WAIT_S)} ms) and its taking in of results"
     )
 )
 moments(raised)
@@ -254,12 +258,11 @@ print(
 # process asks for the next quorum right after its last attempt ends, so slots 0 and 2 asked at most
 # the gap printed above before that quorum, and the lighthouse answered it once the last of the
 # three asked: the new process was the last to ask. Its part of the rejoin (its share printed above)
-# is then its starting up until it asked: forked from a server that had already imported torch, it
-# imports the `ft` modules, connects to the lighthouse, builds its model, then starts its heartbeat
-# and asks. The run does not time these, so which of them took that time is not shown. Until that
-# first heartbeat it was not live, so slots 0 and 2 trained without it at world 2 up to step 9, then
-# waited there for it because this notebook sets `full_world_at=(4, 9)`. That time is part of
-# neither fault's recovery.
+# is then its starting up until it asked: it imports the `ft` modules, connects to the lighthouse,
+# builds its model, then starts its heartbeat and asks. The run does not time these, so which of
+# them took that time is not shown. Until that first heartbeat it was not live, so slots 0 and 2
+# trained without it at world 2 up to step 9, then waited there for it because this notebook sets
+# `full_world_at=(4, 9)`. That time is part of neither fault's recovery.
 #
 # Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline
 # below), and only slot 1's process was started again. A restart from a checkpoint (not run here)
@@ -275,7 +278,7 @@ print(run.timeline())
 # What the timeline shows (the cell below checks the members, step 4's votes, the heal and the new
 # groups; the rest is how the rung works):
 #
-# * in step 4 slot 1 died: its connections closed as it ended, and the survivors' all_reduce
+# * in step 4 slot 1 died: its connections ended with it, and the survivors' all_reduce
 #   failed (printed below: of each gloo error, minddp's label `its all_reduce failed`, then gloo's
 #   own sentence that names the failure, without its source file, the peer's address and its guess
 #   at the cause); they voted no, and the attempt was **discarded** on both (`x`). The next quorum
@@ -287,9 +290,9 @@ print(run.timeline())
 #   trained that step with them, and the attempt was committed (`H`). From then on it trained with
 #   them at world 3;
 # * in step 11 slot 2's comm hook raised, before its all_reduce: slot 2's process stayed, dropped
-#   its group (which closes its connections) and voted no. Slots 0 and 1's all_reduce then failed on
-#   a closed connection, as after the kill (the errors are printed below, in the order caught),
-#   though no process had ended. The attempt was discarded on every member, and step 11 was tried
+#   its group (which closes its connections) and voted no. Slots 0 and 1's all_reduce failed too,
+#   though no process had ended (the errors are printed below, in the order caught, each with
+#   gloo's own sentence). The attempt was discarded on every member, and step 11 was tried
 #   again by a new group of the same three slots.
 
 # %%

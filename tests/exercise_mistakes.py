@@ -1707,6 +1707,15 @@ def shard_last_row_short(batch, rank, world):
     return x[lo:hi], y[lo:hi]
 
 
+def shard_last_end_minus_one(batch, rank, world):
+    """The last rank's slice ended at -1, read as "to the end" (or as an inclusive end): x[lo:-1] leaves out the
+    batch's last row."""
+    x, y = batch
+    lo = rank * len(x) // world
+    hi = (rank + 1) * len(x) // world if rank < world - 1 else -1
+    return x[lo:hi], y[lo:hi]
+
+
 def shard_targets_squeezed(batch, rank, world):
     """The right rows, but y squeezed to 1-D: (rows,) where the batch's targets are (rows, 1)."""
     x, y = batch

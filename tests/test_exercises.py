@@ -650,6 +650,11 @@ SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, wh
         "rank's share (rank r's share ends where rank r + 1's begins, at (r+1)·B // world); your slice ends one row "
         "before it",
     ),
+    (  # the last rank's slice ended at -1: at world 3 its rows are a floor split's, named as the end it is
+        wrong.shard_last_end_minus_one,
+        "at world 3, row 9 was trained by no rank (of the global batch's 10): it is the batch's last row, and your "
+        "last rank's slice ends one row before the batch's end (an end of -1 or len(x) - 1), at every world",
+    ),
     (  # right on 10, 11 and 12 rows; chunk gives fewer pieces than ranks where B rows do not fill them
         wrong.shard_chunked,
         "with a global batch of 4 rows (the run's have 10), at world 3, your shard raised IndexError for rank 2 of "

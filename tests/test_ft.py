@@ -107,6 +107,19 @@ def test_every_fault_fired_and_training_went_on(chaos):
             assert "; rejoin " in line and f"(slot {fault.slot} healed at step " in line, line
 
 
+def test_the_launcher_records_when_it_found_each_lost_process_ended_and_its_wait_after(chaos):
+    """Each process a fault ended: the pass that found it ended (``exit seen``), then, EXIT_WAIT_S or more later,
+    the exit recorded (``exited``), both after the fault fired."""
+    from minddp.ft import fault_outcomes
+    from minddp.ft.launch import EXIT_WAIT_S
+
+    ended = [o for o in fault_outcomes(chaos) if o.fault.kind in ("kill", "stop")]
+    assert ended
+    for o in ended:
+        assert o.seen_s is not None and o.exit_s is not None, o
+        assert 0 <= o.seen_s and o.exit_s - o.seen_s >= EXIT_WAIT_S - 1e-3, (o.fault, o.seen_s, o.exit_s)
+
+
 def test_the_faults_leave_nothing_of_torchs_cxx_side_on_stderr(chaos_and_stderr):
     # Every connection the faults broke on purpose (killed and frozen ranks, the coordinator killed) used to print
     # torch's C++ warnings with their native stacks, from the ranks and the coordinator: ~100 lines a user cannot

@@ -635,6 +635,22 @@ def slice_end_moved(fn, batch, world: int) -> int:
     return 0
 
 
+def last_end_short(fn, batch) -> bool:
+    """``fn`` gives every rank of worlds 3, 2, 1 the rung's rows, but the last rank its rows less the batch's last
+    row: that rank's slice ended at -1 or ``len(x) - 1`` (read as "to the end", or as an inclusive end), where the
+    end of ``x[lo:hi]`` is already left out. (At world 3 on 10 rows this is also what a floor split gives, 3, 3, 3
+    rows; worlds 2 and 1 tell them apart.)"""
+    x = batch[0]
+    for world in range(WORLD, 0, -1):
+        for rank in range(world):
+            rung = sorted(rows_of(rung_shard(batch, rank, world)[0], x))
+            if rank == world - 1:
+                rung = rung[:-1]
+            if sorted(rows_of(fn(batch, rank, world)[0], x) or []) != rung:
+                return False
+    return True
+
+
 def shape(t: torch.Tensor) -> str:
     """``(10, 1)``, ``(3,)``: a tensor's shape as Python writes a tuple."""
     return str(tuple(t.shape))
@@ -818,6 +834,13 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
                 f"were always {WORLD}, so at world {world} the rows of world {WORLD}'s "
                 f"rank{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} go to no rank, and {left}: split "
                 "among the `world` ranks it is given"
+            )
+        if missing == [ROWS - 1] and not twice and last_end_short(fn, batch):
+            return (
+                f"at world {world}, row {ROWS - 1} was trained by no rank (of the global batch's {ROWS}): it is the "
+                "batch's last row, and your last rank's slice ends one row before the batch's end (an end of -1 or "
+                f"len(x) - 1), at every world, and {left}: a slice x[lo:hi] already leaves out row hi, and x[lo:-1] "
+                "the last row, so end the last rank's slice at len(x), or leave its end out (x[lo:])"
             )
         floor = ROWS // world
         if missing and not twice and sizes == [floor] * world and len(missing) == ROWS - floor * world:

@@ -9,8 +9,8 @@ trains through: this process
 2. starts one rank per slot (:mod:`minddp.ft.rung`);
 3. watches, in passes with a 20 ms sleep between them: a rank process that exited without a result is
    posted ``gone`` to the coordinator after a 50 ms wait for a result in flight (so the survivors need not wait
-   out the hang bound) and, with ``restart``, started again as the next
-   incarnation of its slot, which the survivors then heal; a rank the
+   out the hang bound; the events record the pass that found it ended, ``exit seen``, and the post, ``exited``)
+   and, with ``restart``, started again as the next incarnation of its slot, which the survivors then heal; a rank the
    coordinator evicted (silent: frozen) is ended by its pid, then treated the
    same (a rank hands in its result before its beats stop, then says it is
    done: however long it takes to exit, it is never evicted); ``coord@STEP``:
@@ -210,10 +210,12 @@ def launch_ft(
                     )
                 for slot, p in list(procs.items()):
                     if p.exitcode is not None and slot not in done:
+                        seen = time.time()  # this pass found the process ended
                         time.sleep(EXIT_WAIT_S)  # its result may be in flight
                         _take_results(results, done, entries)
                         if slot in done:
                             continue
+                        timeline.append(("exit seen", slot, incarnation[slot], seen))
                         timeline.append(("exited", slot, incarnation[slot], time.time()))
                         ended.setdefault(
                             (slot, incarnation[slot]), f"exited with code {p.exitcode} at step {committed}"

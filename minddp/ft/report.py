@@ -39,6 +39,7 @@ class FaultOutcome:
     discard_s: float | None  # to the lighthouse's first discard (its decision, read by each member that voted)
     quorum_s: float | None  # to the first new quorum (the members agreed again, a new group to build)
     exit_s: float | None  # kill, stop: to the launcher recording the process's exit (after it saw it and waited)
+    seen_s: float | None  # kill, stop: to the launcher's pass that found that process ended (before its wait)
     restart_s: float | None  # kill, stop: to the launcher starting the slot's next process
     rejoin_s: float | None  # kill, stop: to the quorum that heals that process
     healed_at: int | None  # the step it was healed at
@@ -53,7 +54,7 @@ def fault_outcomes(run) -> list[FaultOutcome]:
     out = []
     for fault, t in zip(run.faults, run.fired_at):
         if t is None:
-            out.append(FaultOutcome(fault, None, None, None, None, 0, *[None] * 9))
+            out.append(FaultOutcome(fault, None, None, None, None, 0, *[None] * 10))
             continue
         after = [d for d in decisions if d[5] >= t]
         # the first commit of the fault's step or a later one (a new lighthouse first re-decides the step before)
@@ -62,9 +63,12 @@ def fault_outcomes(run) -> list[FaultOutcome]:
         discards = [d for d in until if d[3] == "discard"]
         world = None if commit is None else next(len(q[2]) for q in reversed(quorums) if q[1] == commit[1])
         new_quorum = next((q for q in quorums if q[4] >= t), None)
-        exit_s = restart_t = rejoin = None
+        exit_s = seen_s = restart_t = rejoin = None
         if fault.kind in ("kill", "stop"):
             exit_s = next((s for slot, s in exits(run, t) if slot == fault.slot), None)
+            seen_s = next(
+                (e[3] - t for e in run.events if e[0] == "exit seen" and e[1] == fault.slot and e[3] >= t), None
+            )
             restart_t = next(
                 (e[3] for e in run.events if e[0] == "restarted" and e[1] == fault.slot and e[3] >= t), None
             )
@@ -83,6 +87,7 @@ def fault_outcomes(run) -> list[FaultOutcome]:
                 discards[0][5] - t if discards else None,
                 None if new_quorum is None else new_quorum[4] - t,
                 exit_s,
+                seen_s,
                 None if restart_t is None else restart_t - t,
                 None if rejoin is None else rejoin[4] - t,
                 None if rejoin is None else max(rejoin[3].values()),
