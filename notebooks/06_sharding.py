@@ -32,10 +32,9 @@
 # * `zero1`: each rank keeps the optimizer state of its shard of every parameter tensor, updates
 #   that shard, and the updated shards are all-gathered;
 # * `zero2`: the gradients are reduce-scattered instead of all-reduced: each rank needs only the piece
-#   of the average it updates (on gloo, minddp runs zero2's and fsdp's reduce-scatters as
-#   all_reduces and keeps that piece: the ZeRO-2 section says why);
+#   of the average it updates;
 # * `fsdp`: the parameters are sharded too (all but a few tensors it keeps whole on every rank, its
-#   *replicated* ones), and
+#   *replicated* ones, named with the memory table), and
 #   each decoder layer of the model (a *unit*: what fsdp gathers
 #   and drops as one) is gathered only around its own forward and backward: as a unit starts its
 #   forward or its backward, the gather of the next unit in that order is started too (a *prefetch*,
@@ -113,8 +112,8 @@ show_source(ring_all_reduce)
 # below counts two gathering passes of the whole model per micro-batch. It counts the replicated
 # tensors in every gathering pass, though FSDP never gathers them: it all-reduces them, two passes of
 # their bytes a step, which the bound's 2 × 3 passes of them cover. These counts are for true
-# reduce-scatters, as minddp's ring sends (on gloo, minddp runs zero2's and fsdp's reduce-scatters as
-# all_reduces: the ZeRO-2 section says why). For this workload's step, on the ring:
+# reduce-scatters, as minddp's ring sends them (not gloo: the ZeRO-2 section). For this workload's step,
+# on the ring:
 
 # %%
 # %%distributed
@@ -149,8 +148,8 @@ lesson.say(
 # its forward's), and FSDP's *gathered units* at their peak:
 # the full parameters it has gathered and the buffers its all-gathers receive into, counted together
 # (for a moment after a gather a unit is counted twice, in its buffer and in what was unpacked from it).
-# That column is measured for fsdp only: its 0 for the other stages is not a measurement, and no column
-# counts the buffers that zero1's and zero2's all-gathers of the updated parameters receive into.
+# That column is measured for fsdp only (a dash for the other stages), and no column counts the buffers
+# that zero1's and zero2's all-gathers of the updated parameters receive into.
 # `lesson.Trainee(stage, warmup=0)` builds the stage and its optimizer on the workload, on every rank,
 # without a step, so the measured step is its first. The code's comments
 # number the parts of each algorithm (`# part 3`). AdamW's *step count* (in the ✓ line printed with
@@ -194,7 +193,7 @@ for name, got in memory.items():
         "model state MiB": state / 2**20,
         "formula MiB": formula / 2**20,
         "activations MiB": got["activations"] / 2**20,
-        "gathered units (peak) MiB": got["gathered"] / 2**20,
+        "gathered units (peak) MiB": got["gathered"] / 2**20 if name == "fsdp" else None,  # fsdp's only
     }
 table = pd.DataFrame(rows).T
 off = {s: v - formula_bytes(s, memory[s]["psi"], world, memory[s]["replicated"]) for s, v in state_of.items()}
@@ -211,7 +210,14 @@ lesson.claim(
     f"On rank 0 each stage holds its formula's bytes plus AdamW's step count, a 4-byte scalar per parameter tensor "
     f"({tensors} × 4 = {4 * tensors} bytes), which the formulas leave out.",
 )
-table.round(3)
+names = {id(p): n for n, p in trainees["fsdp"].model.module.named_parameters()}
+left_whole = {id(p): p for _, _, p in trainees["fsdp"].model.replicated}
+lesson.say(
+    f"fsdp's {len(left_whole)} replicated tensors: "
+    + ", ".join(f"{names[i]} ({p.numel():,} values)" for i, p in left_whole.items())
+    + f"; Ψᵣ = {memory['fsdp']['replicated']:,}."
+)
+table.round(3).astype(object).where(table.notna(), "–")
 
 # %% [markdown]
 # The gradients column, and so the model state, is what rank 0 holds at the update. No cell here
@@ -228,11 +234,12 @@ table.round(3)
 # here) and keeps an fp32 copy of the weights, the *master weights*, for the optimizer. minddp's FSDP
 # computes in bf16 with `compute_dtype=torch.bfloat16`, as torch's `fully_shard` does with
 # `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`: the fp32 shards
-# *are* the master weights, cast to bf16 and gathered in bf16 just before a unit runs, and a unit's
-# gradients are cast to fp32 before they are reduce-scattered (torch's policy without `reduce_dtype`
-# would reduce them in bf16). So it keeps what fp32
-# FSDP keeps, and bf16 shrinks what lives only during the step: the gathered units and the
-# activations. The cells below train it one step and measure both. Its units are those of the `fsdp`
+# *are* the master weights, cast to bf16 for each unit's gather (started a unit ahead, the prefetch)
+# and gathered in bf16, and a unit's gradients are cast to fp32 as soon as its backward hands them over
+# (torch's policy without `reduce_dtype` would reduce them in bf16). So at the update it keeps what
+# fp32 FSDP keeps. Of what lives only during the step, bf16 shrinks the gathered units and the
+# activations, not the whole gradients it adds up under `no_sync()` before the last micro-batch,
+# which are fp32. The cells below train it one step and measure the first two. Its units are those of the `fsdp`
 # above: `blocks_of(net)` makes each *block* (an element of the model's `nn.ModuleList`, a decoder
 # layer) a unit, as `lesson.Trainee` does.
 
@@ -325,11 +332,13 @@ lesson.claim(
 # %% [markdown]
 # In bf16 the norm weights (the share of the values the ✓ line gives) would lose this change, and every
 # other value would take it rounded, anywhere in the range the ✓ line prints; in fp32 every value takes
-# it, to within the fraction printed. That is one change, not the reason on its own: AdamW's weight
-# decay shrinks each weight by lr · λ of itself (λ = 0.01, torch's default), under half of bf16's
-# spacing at any weight, and torch's AdamW applies it as a multiplication of its own, so a weight held
-# in bf16 would round the decay away at every update; no cell here measures the later updates. The
-# optimizer updates fp32 copies of the weights, the master weights.
+# it, to within the fraction printed. A weight held in bf16 would take every update so, rounded to
+# bf16's spacing at its value, or lost where the update is under half of it. AdamW's weight decay is
+# such an update at every step: it shrinks each weight by lr · λ of itself (λ = 0.01, torch's default),
+# under half of bf16's spacing at any weight, as a multiplication of its own, so in bf16 it would be
+# rounded away every time. Weights held in bf16 would drift from the ones AdamW computes (no cell here
+# measures by how much over later updates): so the optimizer updates fp32 copies of the weights, the
+# master weights.
 
 # %% [markdown]
 # ### The ZeRO paper's mixed-precision count
@@ -408,8 +417,7 @@ show_source(ZeroRedundancyOptimizer.step)
 # 1. each parameter is cut into n chunks, as ZeRO-1 cuts it, and this rank's chunk, its shard, is made a
 #    parameter of its own (`self.shard[p]`), a view into the whole one (`__init__`);
 # 2. a full bucket's gradients are packed rank by rank and handed to a reduce-scatter hook instead of
-#    the all_reduce (on gloo, minddp runs it as an all_reduce, below), and the whole gradients are
-#    dropped (`_send_bucket`);
+#    the all_reduce, and the whole gradients are dropped (`_send_bucket`);
 # 3. the reduce-scatter leaves this rank its piece of the averaged bucket: for each of its shards, that
 #    shard's chunk of the averaged gradient, back to back; each becomes its shard's `.grad` (or is
 #    added to it, if the shard has a `.grad` already: `_write_back`): the optimizer updates the shards only;
@@ -461,8 +469,7 @@ z = looks["zero2"]
 lesson.claim(
     z["bytes"] == looks["ddp"]["bytes"],
     f"zero2's gradient collectives are given ddp's bytes, {lesson.mib(z['bytes'])}, the whole gradients (a "
-    "reduce-scatter is given the whole bucket too; on gloo minddp all-reduces it): what rank 0 sends "
-    "is measured on the ring below.",
+    "reduce-scatter is given the whole bucket too): what rank 0 sends is measured on the ring below.",
 )
 units = len(trainees["fsdp"].model.units)
 outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
@@ -536,9 +543,12 @@ on_wire.round(2)
 # or waits for its gather if it was prefetched, and starts the gather of the unit before it: the
 # backward prefetches too, one unit ahead in its own order. The gradients of a unit arrive
 # together, from one autograd function; in the last micro-batch's backward they are handed to one
-# gradient collective then (a reduce-scatter, which minddp runs as an all_reduce on gloo), in the
-# others they are accumulated whole under `no_sync()`. The replicated tensors' gradients get an
-# all_reduce each. The figure below marks both kinds alike, as gradient collectives.
+# gradient collective then (a reduce-scatter), in the others they are accumulated whole under
+# `no_sync()`. The replicated tensors' gradients get an all_reduce each. The figure below marks both
+# kinds alike, as gradient collectives. The gathered units' peak, in the first ✓ line below, is two
+# units' worth at either of two moments the code makes (`_before_forward`, `_gather`): a unit's full
+# parameters beside the next unit's receive buffer (its prefetched gather), or beside the unit's own
+# buffer while that is unpacked into them.
 
 # %%
 # %%distributed
@@ -550,8 +560,8 @@ lesson.claim(
     f"{len(fsdp.units)} units ({type(fsdp.units[0].module).__name__}), "
     f"{len({id(p) for _, _, p in fsdp.replicated})} replicated parameter tensors; at most "
     f"{lesson.mib(memory['fsdp']['gathered'])} gathered at once (the memory table's column: full parameters and "
-    "receive buffers), two units' worth (two units, or one counted in its buffer and in what was unpacked from it: "
-    f"this cell does not measure which), against {lesson.mib(memory['ddp']['parameters'])} for the whole model.",
+    "receive buffers), two units' worth, against "
+    f"{lesson.mib(memory['ddp']['parameters'])} for the whole model.",
 )
 f = looks["fsdp"]
 lesson.claim(
@@ -562,8 +572,8 @@ lesson.claim(
 )
 lesson.claim(
     f["calls"] == units + outside,
-    f"fsdp's {f['calls']} gradient collectives: one per unit ({units}, a reduce-scatter, which minddp runs on gloo as an "
-    f"all_reduce) and one all_reduce per parameter tensor it leaves whole ({outside}).",
+    f"fsdp's {f['calls']} gradient collectives: one per unit ({units}, a reduce-scatter) and one all_reduce per "
+    f"parameter tensor it leaves whole ({outside}).",
 )
 
 # %% [markdown]
@@ -652,8 +662,11 @@ lesson.say(
 # as ddp does, and the model state leaves out the activations, fsdp's gathered units and the buffers
 # the collectives send from and receive into. So the line below does not rank the stages by the most
 # they hold: `docs/sharding.md`'s benchmark measures the peak of all of it, in its own run, and finds
-# fsdp's above ddp's; no cell here measures it. The bytes are the ring's, with true reduce-scatters;
-# no cell here counts the bytes gloo sends, where minddp runs zero2's and fsdp's reduce-scatters as all_reduces.
+# fsdp's above ddp's; no cell here measures it. The bytes are the ring's, with true reduce-scatters.
+# Through gloo's own collectives, as this notebook's other runs send, zero2's reduce-scatters run as
+# all_reduces of whole buckets (the ZeRO-2 section), as zero1's gradient collectives are: the bytes
+# zero2 spares against zero1 are spared only where a true reduce-scatter runs. No cell here counts
+# the bytes gloo sends.
 
 # %%
 # %%rank 0
@@ -666,6 +679,11 @@ lesson.say(
         for s in STAGES[1:]
     )
     + "."
+)
+lesson.claim(
+    (trade.loc["zero2"] < trade.loc["zero1"]).all(),
+    "On the ring zero2 comes out ahead of zero1 in both columns: less model state at the update and fewer bytes "
+    "sent a step.",
 )
 trade.round(1)
 
@@ -707,6 +725,7 @@ from minddp.stages import AsyncBucketDDP
 def my_all_reduce(tensor, group):
     # 1. flatten and pad to a multiple of dist.get_world_size(group)
     # 2. reduce_scatter_single(piece, padded, group=group): this rank's piece of the sum
+    #    (make the piece from padded, padded.new_empty(k), so that it lies on the tensor's device)
     # 3. all_gather_single(padded, piece, group=group): every piece, back in place
     # 4. copy the sum (without the padding) into tensor
     raise NotImplementedError("all_reduce from a reduce-scatter and an all-gather")

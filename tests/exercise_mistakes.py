@@ -962,6 +962,26 @@ class _Halves(stages.AsyncBucketDDP):
         self.register_comm_hook(Wire(process_group, transport=type(self).transport), allreduce_hook)
 
 
+def _halves_piece_without_device(tensor, group):
+    """Makes the piece without a device, ``torch.empty(k)``: right on CPU ranks, on the wrong device on GPU ones."""
+    flat, padded, n = _padded(tensor, group)
+    piece = torch.empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
+def _halves_padding_without_device(tensor, group):
+    """Pads with ``torch.zeros(pad)``, made without a device: right on CPU ranks, refused by torch.cat on GPU ones."""
+    n = dist.get_world_size(group)
+    flat = tensor.reshape(-1)
+    padded = torch.cat([flat, torch.zeros(-flat.numel() % n)])
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
 def _halves_with(name: str, transport) -> type:
     """Notebook 06's HalvesDDP with ``transport`` (its docstring names the mistake), importable as ``name``."""
     doc = f"Notebook 06's HalvesDDP whose transport {transport.__doc__[0].lower()}{transport.__doc__[1:]}"
@@ -996,6 +1016,8 @@ HalvesListCollectivesWithoutGroup = _halves_with(
 HalvesScatterSwapped = _halves_with("HalvesScatterSwapped", _halves_scatter_swapped)
 HalvesGatherSwapped = _halves_with("HalvesGatherSwapped", _halves_gather_swapped)
 HalvesGatheredFirst = _halves_with("HalvesGatheredFirst", _halves_gathered_first)
+HalvesPieceWithoutDevice = _halves_with("HalvesPieceWithoutDevice", _halves_piece_without_device)
+HalvesPaddingWithoutDevice = _halves_with("HalvesPaddingWithoutDevice", _halves_padding_without_device)
 
 
 # -------------------------------------------------------------------------------- fp16 hook

@@ -442,6 +442,28 @@ MISTAKES = [
             "dist.get_world_size() without group is the size of the whole world",
         ),
     ),
+    # a tensor made without a device: on the checker's CPU ranks the default device is the gradients' own, so it
+    # would pass; the checker makes it on the meta device while the transport runs, refused at the collective...
+    (
+        wrong.HalvesPieceWithoutDevice,
+        "halves",
+        (
+            "your code raised DevicelessTensor in _halves_piece_without_device (line",
+            "reduce_scatter_single(piece, padded, group=group)`",
+            "was handed a tensor your transport made without a device, torch.empty(k) or torch.zeros(k)",
+            "make it from the tensor you were handed, padded.new_empty(k), or pass device=tensor.device",
+        ),
+    ),
+    # ... or by torch itself, where it meets a tensor the transport was handed (torch.cat): named by the hint
+    (
+        wrong.HalvesPaddingWithoutDevice,
+        "halves",
+        (
+            "your code raised RuntimeError in _halves_padding_without_device (line",
+            "padded = torch.cat([flat, torch.zeros(-flat.numel() % n)])`",
+            "(a tensor your transport made without a device, torch.empty(k) or torch.zeros(k), lies on the default",
+        ),
+    ),
     (
         wrong.HalvesInTwo,
         "halves",

@@ -422,6 +422,10 @@ def _raise_hint(
     the padding cut off), from the sizes the refused collective was handed, or the padding the transport gave the
     tensor it copies back (``sizes``, the rank's :class:`~harness.Events`), or the kinds of collective the step had
     launched when it raised (``launched``, the same Events': an all_reduce before a None is likely its result)."""
+    # a tensor the transport made without a device met one it was handed (torch.cat, copy_): DevicelessTensor's
+    # own message says it where a collective was handed one
+    if like in TRANSPORT_MESSAGES and re.search(r"\bmeta\b", message) and harness.DEVICELESS not in message:
+        return f" ({harness.DEVICELESS})"
     if re.search(r"\bAVG\b", message) and like in TRANSPORT_MESSAGES:
         return f" (this backend has no ReduceOp.AVG, and your transport needs none: {HOOK_DIVIDED})"
     if re.search(r"'NoneType' object has no attribute '(get_future|then|wait|value)'", message):

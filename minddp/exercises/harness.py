@@ -203,10 +203,26 @@ class UngroupedCollective(RuntimeError):
     """A transport called a reduce-scatter or an all-gather without its ``group`` (or handed it as the op)."""
 
 
+class DevicelessTensor(RuntimeError):
+    """A transport handed a reduce-scatter or an all-gather a tensor it made without a device (``torch.empty(k)``)."""
+
+
+#: Why a tensor a transport makes needs the handed tensor's device, and the fix. While a transport runs, a tensor
+#: made without a device lands on the meta device (:meth:`Events.transport`): on the checker's CPU ranks the default
+#: device is the gradients' own, and ``torch.empty(k)`` would pass here and fail where the gradients lie on a GPU.
+DEVICELESS = (
+    "a tensor your transport made without a device, torch.empty(k) or torch.zeros(k), lies on the default device, "
+    "not on the device of the tensor it was handed: the same here, on the CPU, but not in a job whose gradients lie "
+    "on a GPU (while your transport runs, the checker makes such tensors on the meta device, to see them): make "
+    "it from the tensor you were handed, padded.new_empty(k), or pass device=tensor.device"
+)
+
+
 def _within_a_group(collective, name: str, group_at: int):
     """``collective`` (``dist``'s ``name``, its ``group`` at position ``group_at``) for a transport's run: without a
     group it is refused (:class:`UngroupedCollective`); the checker's ranks are the whole world, so the sum would
-    come out right here, and over every rank of a job whose group is a part of the world."""
+    come out right here, and over every rank of a job whose group is a part of the world. A tensor made without a
+    device (on the meta device, :meth:`Events.transport`) is refused too (:class:`DevicelessTensor`)."""
 
     def call(*args, **kwargs):
         op = kwargs.get("op", args[2] if group_at == 3 and len(args) > 2 else None)
@@ -216,6 +232,9 @@ def _within_a_group(collective, name: str, group_at: int):
                 "all_gather_single's (output, input, group), so a group passed third is its reduce op: pass "
                 "group=group by name"
             )
+        handed = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else [a])]
+        if any(isinstance(t, torch.Tensor) and t.is_meta for t in handed):
+            raise DevicelessTensor(f"{name} was handed {DEVICELESS}")
         if kwargs.get("group", args[group_at] if len(args) > group_at else None) is None:
             raise UngroupedCollective(
                 f"{name} was called without group=, so it runs over the whole world, not over the group your "
@@ -417,7 +436,8 @@ class Events(TorchDispatchMode):
         ``handed``: the length of the ``tensor`` it was handed, while it runs. ``dist.get_world_size`` asks for
         its group meanwhile, as do its reduce-scatters and all-gathers, and a reduce-scatter asked to average is noted
         (``averaged``): all under their names in ``dist`` and under any name the transport ``fn``'s module bound them
-        to (:func:`_in_place_of`)."""
+        to (:func:`_in_place_of`). A tensor made meanwhile without a device lands on the meta device, not on the CPU
+        that the checker's gradients share with the default device (:data:`DEVICELESS`)."""
         start, padded = len(self.works), len(self.padded)
         self.handed = tensor.numel() if isinstance(tensor, torch.Tensor) else None
         self._gathered_here = self._scattered_here = False
@@ -428,7 +448,7 @@ class Events(TorchDispatchMode):
         swaps.update({name: _within_a_group(getattr(dist, name), name, 2) for name in gathers})
         swaps["get_world_size"] = _size_of_a_group(dist.get_world_size)
         try:
-            with _in_place_of(swaps, getattr(fn, "__globals__", {})):
+            with _in_place_of(swaps, getattr(fn, "__globals__", {})), compat.meta_device():
                 yield
         except RuntimeError as exc:  # raised outside a collective, after this call padded what it reduce-scattered
             grown = [(a, b) for a, b in self.padded[padded:] if b != a]
