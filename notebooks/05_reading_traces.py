@@ -247,8 +247,8 @@ lesson.say(
 #   back to back, each opening as the one before it closes, a message handed to the wire while the one before it
 #   was open has its bar start later than its tick; the trace shows when each range opened, not what held it back.
 #   Each bar has a brown edge line, so a narrow bar is drawn longer than its range lasted, and where dozens crowd
-#   they merge into one block, brown more than orange, that also covers the gaps between them: read the time in
-#   flight off the table above, not off the bars' length;
+#   their edge lines and the ticks cover much of the orange and they merge into one block that also covers the gaps
+#   between them: read the time in flight off the table above, not off the bars' length;
 # * the parameter check (hatched red, the legend's "parameter check"), drawn where gloo's all_gather range of the
 #   check was open, over the top half of the row's bands, so the band it falls in, if any, shows below it: the hatch
 #   is that range, gloo's thread's, not the training thread's stand in the check, which need not start or end with it
