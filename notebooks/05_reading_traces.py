@@ -19,7 +19,7 @@
 # Each rank can record a profiler trace of its steps (open one in https://ui.perfetto.dev, or
 # `chrome://tracing`). This notebook profiles one step of each stage of the DDP ladder that keeps a
 # whole replica on every rank (`03_build_up`: `simple` to `bucket-async`, and `ddp`; the sharded rungs
-# are read in `06_sharding`), torch's DDP and `single` (one rank's work, no communication), on the
+# are read in `06_sharding`), torch's DDP and `single` (each rank trains on its own, no communication), on the
 # workload every notebook shares, with gloo over the machine's loopback interface (the *loopback run*:
 # no emulated link). It reads the traces with `minddp.analysis` the way the blog this course follows
 # ("First Steps With Distributed Data Parallelism and PyTorch Profiling", https://blog.underfit.ai/ddp-profiled)
@@ -33,10 +33,10 @@
 # * **non-compute**: the time in flight during which it computed nothing (ms).
 #
 # So non-compute = (100 % − overlap) × time in flight. Neither ranks the stages by speed. Non-compute is not the
-# time the step lost to communication: it also counts the training thread's own Python (its hooks, the
-# time between autograd nodes) while a range is open, and the stages' parameter check. A range held open until
-# the other rank joins it (below) adds to non-compute the part of it in which the thread computes nothing, and
-# to the overlap the part in which it computes. Then **one step of each stage on one time axis**, and at the end
+# time the step waited for its gradients: it also counts the training thread's own Python (its hooks, the time
+# between autograd nodes) while a range is open, and the time in the stages' parameter check. A range held open
+# until the other rank joins it (below) adds to non-compute the part of it in which the thread computes nothing,
+# and to the overlap the part in which it computes. Then **one step of each stage on one time axis**, and at the end
 # the blog's six stages over an emulated 1 Gbit/s link (the *link run*), with three more measures, *link time*,
 # *waited* and *exposed* (defined there).
 #
@@ -108,8 +108,8 @@ lesson.say(
 #   `broadcast_buffers`, on by default): `gloo:broadcast` ranges, in flight too (no column or bar below gives
 #   their length);
 # * **non-compute** is time in flight while the training thread ran no `aten::` op: stopped until a message
-#   is back or in the parameter check, running its own Python (hooks, the time between autograd nodes),
-#   or, where the threads outnumber the free cores, ready to run with none free.
+#   is back, in the parameter check or in `ddp`'s and torch's buffer broadcast, running its own Python (hooks, the
+#   time between autograd nodes), or, where the threads outnumber the free cores, ready to run with none free.
 #
 # The caveat that decides how to read them: a gloo range lasts from the moment gloo's thread picks the
 # collective up until it is done, so it is also *held open* until the other rank joins the same
@@ -118,17 +118,18 @@ lesson.say(
 # against compute kernels, which run side by side. `single` has nothing in flight and is not in the table.
 #
 # The table's last column is the part of non-compute that falls inside the parameter checks' all_gather ranges, all
-# of the step's (`simple` checks at each of its k syncs, the other stages once): `metrics.non_compute` over the step
-# with those ranges in place of all its gloo ranges (`in_check` below). Like
-# every gloo range, the check's is held open until the other rank joins it, so its length depends on when the other
-# rank arrives. The *blocking* stages (`simple`, `ga`, `hook`, `bucket`) wait for each message before they send the
-# next: `simple` and `ga` after the backward, `hook` and `bucket` inside it. The *asynchronous* ones (`hook-async`,
-# `bucket-async`, `ddp`, torch's DDP) send their messages during the backward and wait for them when it ends. The
-# first claim under the table is the identity from the opening, true by the definitions: it checks the table's
-# arithmetic, not the run. The second compares the two kinds by overlap, a share of each stage's own time in flight,
-# not a time: it does not say why they differ (a range held open longer while the thread computes also raises the
-# overlap), and a stage with the higher overlap can have the longer non-compute. The line under the claims compares
-# non-compute pair by pair, the same messages sent blocking and asynchronously, with and without the check's part.
+# of the step's (`simple` checks at each of its k syncs, `ga` to `bucket-async` once, `ddp` and torch's DDP never):
+# `metrics.non_compute` over the step with those ranges in place of all its gloo ranges (`in_check` below). The check
+# is minddp's, for teaching; torch's DDP runs none. Like every gloo range, the check's is held open until the other
+# rank joins it, so its length depends on when the other rank arrives. The *blocking* stages (`simple`, `ga`, `hook`,
+# `bucket`) wait for each message before they send the next: `simple` and `ga` after the backward, `hook` and
+# `bucket` inside it. The *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send their messages
+# during the backward and wait for them when it ends. The first claim under the table is the identity from the
+# opening, true by the definitions: it checks the table's arithmetic, not the run. The second compares the two kinds
+# by overlap, a share of each stage's own time in flight, not a time: it does not say why they differ (a range held
+# open longer while the thread computes also raises the overlap), nor which stage has the shorter non-compute. The
+# third says that `bucket` and `bucket-async` send the same messages; the line under the claims compares non-compute
+# pair by pair, the same messages sent asynchronously against blocking, with and without the check's part.
 #
 # What the table does not show (rank 0's trace shows when a range was open, not why):
 #
@@ -138,7 +139,7 @@ lesson.say(
 #   step moved from one stage's step to another's);
 # * why asynchronous stages that send as many messages (`bucket-async`, `ddp` and torch's DDP: the table after
 #   the timeline counts them) differ in in flight and non-compute;
-# * why one stage's check lasts longer than another's (the last column);
+# * why one stage's check holds more non-compute than another's (the last column);
 # * what a blocking stage's thread computed in the time its overlap counts.
 
 # %%
@@ -194,27 +195,28 @@ lesson.claim(
     f"({zero.loc[blocking, 'comm_comp_overlap_pctg'].max():.1f} % at most against "
     f"{zero.loc[asynchronous, 'comm_comp_overlap_pctg'].min():.1f} % at least).",
 )
-nc, rest = shares["non-compute (ms)"], shares["non-compute (ms)"] - shares["of it, in the check (ms)"]
-
-
-def than(x, y):
-    """'longer' / 'shorter' / 'as long' for x against y, as printed to 0.1 ms."""
-    return "as long" if round(x, 1) == round(y, 1) else "longer" if x > y else "shorter"
-
-
-lesson.say(
-    "Pair by pair, the same messages sent blocking, then asynchronously: "
-    + "; ".join(
-        f"{a}'s non-compute is {than(nc[a], nc[b])} than {b}'s ({nc[a]:.1f} against {nc[b]:.1f} ms), "
-        f"outside the check {than(rest[a], rest[b])} ({rest[a]:.1f} against {rest[b]:.1f} ms)"
-        for b, a in [("hook", "hook-async"), ("bucket", "bucket-async")]
-    )
-    + "."
-)
 sizes = result.buckets[result.buckets["rank"] == 0].groupby("stage")["numel"].apply(sorted)
 lesson.claim(
     sizes["bucket"] == sizes["bucket-async"],
     f"bucket and bucket-async send the same {len(sizes['bucket'])} messages (the same sizes).",
+)
+nc = shares["non-compute (ms)"].round(1)  # as the table prints them, so the line's difference is the table's
+rest = nc - shares["of it, in the check (ms)"].round(1)
+
+
+def than(x, y):
+    """'longer than' / 'shorter than' / 'as long as' for x against y, as printed to 0.1 ms."""
+    return "as long as" if round(x, 1) == round(y, 1) else "longer than" if x > y else "shorter than"
+
+
+lesson.say(
+    "Pair by pair, the same messages sent asynchronously against blocking: "
+    + "; ".join(
+        f"{a}'s non-compute is {than(nc[a], nc[b])} {b}'s ({nc[a]:.1f} against {nc[b]:.1f} ms), and outside "
+        f"the check {than(rest[a], rest[b])} {b}'s ({rest[a]:.1f} against {rest[b]:.1f} ms)"
+        for b, a in [("hook", "hook-async"), ("bucket", "bucket-async")]
+    )
+    + "."
 )
 
 # %% [markdown]
@@ -222,7 +224,8 @@ lesson.claim(
 #
 # One row per profiled stage, one shared axis in milliseconds from the start of the profiled step (rank 0; a row's
 # white before its first forward band is the step's time before its first micro-batch);
-# `single` sends nothing, so its row is one rank's work alone. In each row:
+# `single` sends nothing: each rank trains on its own, both at once on the same shared cores, as in every row. In each
+# row:
 #
 # * the forward (pale) and backward (darker) of each micro-batch (the *forward* band is the span from the
 #   micro-batch's start to its first autograd node: the forward, and whatever the stage does around it, such
@@ -243,9 +246,9 @@ lesson.claim(
 #   runs a process group's collectives in the order they were queued (`docs/analysis.md`): where a stage's bars run
 #   back to back, each opening as the one before it closes, a message handed to the wire while the one before it
 #   was open has its bar start later than its tick; the trace shows when each range opened, not what held it back.
-#   Each bar has an edge line, so a narrow bar is drawn longer than its range lasted, and where dozens crowd they
-#   merge into one block that also covers the gaps between them: read the time in flight off the table above, not
-#   off the orange's length;
+#   Each bar has a brown edge line, so a narrow bar is drawn longer than its range lasted, and where dozens crowd
+#   their edge lines and the ticks cover much of the orange and they merge into one block that also covers the gaps
+#   between them: read the time in flight off the table above, not off the bars' length;
 # * the parameter check (hatched red, the legend's "parameter check"), drawn where gloo's all_gather range of the
 #   check was open, over the top half of the row's bands, so the band it falls in, if any, shows below it: the hatch
 #   is that range, gloo's thread's, not the training thread's stand in the check, which need not start or end with it
@@ -318,10 +321,9 @@ def spread(ms):
 steps = phase_ms("step")  # a step's span starts at 0: its length is its end
 sooner = int((steps.drop("single") < steps["single"]).sum())
 lesson.say(
-    f"The same model, micro-batches and AdamW update in every stage, `single` included. A step's forward bands (the "
-    f"forward and what the stage does around it) took {spread(phase_ms('forward'))}; its optimizer step, the same "
-    f"work in every stage, {spread(phase_ms('optimizer'))}: that is how much the time of the same work moved from "
-    "one stage's profiled step to another's, and each row of the tables above is one such step. "
+    f"The same model, micro-batches and AdamW update in every stage, `single` included. The optimizer step, the same "
+    f"work in every stage, took {spread(phase_ms('optimizer'))}: that is how much the time of the same work "
+    "moved from one stage's profiled step to another's, and each row of the tables above is one such step. "
     f"The steps took {steps.min():.0f}–{steps.max():.0f} ms, and {sooner} of the {len(steps) - 1} stages that "
     f"communicate ended theirs before `single`, which sends nothing ({steps['single']:.0f} ms): a difference "
     "in step time here does not price a stage's communication."
@@ -329,10 +331,10 @@ lesson.say(
 
 # %% [markdown]
 # One stage's buckets (`bucket-async`, rank 0), two of the columns of `RunAnalysis.buckets`: `order`, the
-# bucket's place in the step's sending order; `numel`, the float32 numbers it carried (4 bytes each). The first
-# cell's "buckets of 4 MiB" is the size at which a bucket closes: parameters join it until it holds 4 MiB or
-# more (the one that crosses the line included), so a bucket can be a little over 4 MiB, and the last holds
-# what is left:
+# bucket's place in the step's sending order; `numel`, the float32 numbers it carried (4 bytes each). The "buckets
+# of 4 MiB" that the profiling cell (the `%%distributed` cell at the top) printed is the size at which a bucket
+# closes: parameters join it until it holds 4 MiB or more (the one that crosses the line included), so a bucket
+# can be a little over 4 MiB, and the last holds what is left:
 
 # %%
 buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("order").astype(int)
@@ -340,7 +342,7 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 # %% [markdown]
 # The same analysis from a shell, with an HTML report and its plots in the run folder:
 # `python -m minddp.analyze traces/notebooks/05_reading_traces --report` (the folder holds the traces of
-# the last time the first cell ran on your machine, not of the run whose outputs are saved here). Its report
+# the last time the profiling cell ran on your machine, not of the run whose outputs are saved here). Its report
 # ranks the stages by non-compute and by step time; non-compute is not their speed (the notebook's opening
 # says why), and here a difference in step time does not price a stage's communication (the line under
 # the table after the figure). On GPU traces, overlap and non-compute come from HTA itself.
@@ -348,7 +350,7 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 # %% [markdown]
 # ## The ladder on a slower network
 #
-# The first cell also profiled the blog's six stages with their gradients' all_reduces over the
+# The profiling cell also profiled the blog's six stages with their gradients' all_reduces over the
 # **emulated 1 Gbit/s link** that `03_build_up` introduced (`minddp.comm.link`: the real all_reduce runs
 # beside the modeled transfer, and the message is delivered when both are done; the parameter check's
 # all_gather does not go through the link: `minddp.stages.checks` calls `dist.all_gather` itself, not the
@@ -411,13 +413,16 @@ display(on_link)
 
 # %% [markdown]
 # What accumulation, hooks and buckets change by construction: the calls, where messages are handed to
-# the wire, the link time (the first three claims below). None of these says whether a stage's thread stands
-# still less, nor need one of these changes make it wait less: the waited column gives that, one profiled step per
+# the wire, the link time (the first three claims below). None of these says whether a stage waits less for its
+# messages, nor need one of these changes make it wait less: the waited column gives that, one profiled step per
 # stage, and as in the loopback run the stages were profiled one after another on a shared machine, so a
-# difference between two rows need not hold on a re-run. The last claim compares the two kinds by
-# waited, not by what the waits were made of (the last column: the part with the link carrying nothing), over the
-# asynchronous stages of the link run (`ddp` and torch's DDP were not run over the link); where those differ in
-# waited or exposed, this trace does not show why.
+# difference between two rows need not hold on a re-run. Waited counts the messages only: the time in the parameter
+# check is in no column of this table (the loopback run's first table gives the check's part of non-compute). The
+# last claim compares the two kinds by waited, not by what the waits were made of (the last column: the part with
+# the link carrying nothing), over the asynchronous stages of the link run (`ddp` and torch's DDP were not run over
+# the link); where those differ in waited or exposed, this trace does not show why. The lines under the claims print
+# what the claims leave out: how much of the link time buckets saved, each change's two stages side by side by
+# waited (and exposed), and each stage's waited against its link time.
 
 # %%
 calls = lz["allreduce_calls_per_step"].astype(int)
@@ -448,8 +453,40 @@ stood = waits["waited_us"]  # ms
 slow, quick = stood[[s for s in blocking if s in stood.index]], stood[[s for s in asynchronous if s in stood.index]]
 lesson.claim(
     quick.max() < slow.min(),
-    f"The link run's asynchronous stages ({', '.join(quick.index)}) each waited less than every blocking one "
-    f"({quick.max():.1f} ms at most, {quick.idxmax()}, against {slow.min():.1f} ms at least, {slow.idxmin()}).",
+    f"The link run's asynchronous stages ({', '.join(quick.index)}) each waited less for their messages than "
+    f"every blocking one ({quick.max():.1f} ms at most, {quick.idxmax()}, against {slow.min():.1f} ms at least, "
+    f"{slow.idxmin()}).",
+)
+
+whole, fixed_all = link_ms("hook-async"), calls["hook-async"] * fixed
+lesson.say(
+    f"Of hook-async's link time ({whole:.1f} ms), its {calls['hook-async']} messages' fixed cost is "
+    f"{fixed_all:.1f} ms and the bytes' transfer {whole - fixed_all:.1f} ms: buckets save part of the first "
+    f"({saved:.1f} ms, {100 * saved / whole:.1f} % of the link time) and leave the second as it was."
+)
+exposed = waits["exposed_us"]  # ms
+
+
+def waited_vs(a, b):
+    """a's waited (and exposed) against b's, as printed to 0.1 ms."""
+    return (
+        f"{a}'s waited is {than(stood[a], stood[b])} {b}'s ({stood[a]:.1f} against {stood[b]:.1f} ms; exposed "
+        f"{exposed[a]:.1f} against {exposed[b]:.1f} ms)"
+    )
+
+
+lesson.say(
+    "Each change's two stages by waited, one step each: "
+    + "; ".join(
+        waited_vs(a, b)
+        for a, b in [("ga", "simple"), ("hook", "ga"), ("bucket", "hook"), ("bucket-async", "hook-async")]
+    )
+    + ". Against its own link time: "
+    + "; ".join(
+        f"{st}'s waited is {than(stood[st], link_ms(st))} its link time ({stood[st]:.1f} against {link_ms(st):.1f} ms)"
+        for st in on_link.index
+    )
+    + "."
 )
 
 
