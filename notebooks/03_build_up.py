@@ -23,7 +23,7 @@
 #
 # Each stage from `ga` to `bucket-async` has a section of the same five parts; `simple`, built in
 # `02_simple_ddp` (its exercise is there), has its code and its run here, and the two that close the
-# *ladder* (the stages in this order, from `simple` up; each stage is a *rung* of it), `ddp` (minddp's production DDP) and `torch` (torch's own), have the run and its picture only
+# *ladder* (the stages in this order, from `simple` up; each stage is a *rung* of it), `ddp` (minddp's production DDP) and `torch` (torch's own), have the run and its picture (and `ddp` its module docstring) only
 # (their code is a package, not a few lines to diff or write):
 #
 # 1. **the idea**, in words, and where it is new code, in the few plain `torch.distributed` lines that
@@ -85,7 +85,7 @@
 # Parallelism and PyTorch Profiling" (blog.underfit.ai/ddp-profiled, `docs/scaling.md`)); *backward* is the span the pictures draw, from the
 # backward's first operator to its last (a callback autograd runs after that, still inside
 # `loss.backward()`, draws after the bar, as `ddp`'s does); the *step-time model*
-# (`minddp.costmodel`) is the replay of a step on the link that the bucket lesson uses.
+# (`minddp.costmodel`) is the replay of a step on the link that the bucket lesson, after the side-by-side, uses.
 #
 # Every stage trains the same model on the same batches with the same settings, printed below.
 
@@ -184,7 +184,9 @@ lesson.claim(
 #
 # ## `ga`: gradient accumulation, `no_sync()`
 #
-# Autograd *adds* each micro-batch's gradient into `.grad`. Averaging is linear (the mean of the
+# Autograd *adds* each micro-batch's gradient into `.grad`, and the loop divides each micro-batch's
+# loss by k before its backward, so after the last one `.grad` holds the step's mean, not a sum over
+# micro-batches. Averaging is linear (the mean of the
 # sums is the sum of the means), so syncing once, after the last micro-batch, gives the same
 # gradient as syncing after every one. Inside `with model.no_sync():` a forward records that its
 # backward must not sync; the last micro-batch runs outside the block. The decision is taken in
@@ -196,7 +198,7 @@ lesson.claim(
 # for i, batch in enumerate(micro_batches):
 #     last = i == len(micro_batches) - 1
 #     with model.no_sync() if not last else contextlib.nullcontext():
-#         loss_fn(model, batch).backward()          # the forward records whether this backward syncs
+#         (loss_fn(model, batch) / k).backward()    # the forward records whether this backward syncs
 #     model.finish_gradient_synchronization()       # after every backward: syncs only after the last
 # ```
 #
@@ -338,10 +340,13 @@ lesson.say(
     f"{v['check_ms']:.0f} ms it stood at the check's all_gather "
     "would count too, where they fall inside the backward."
 )
+rest = round(v["last_backward_ms"]) - round(v["waited_ms"]) - round(v["check_ms"])  # as printed, so that it adds up
 lesson.say(
     f"Its last backward lasted {v['last_backward_ms']:.0f} ms. In the step, rank 0 waited {v['waited_ms']:.0f} ms "
     f"for its messages (each wait inside the backward) and stood {v['check_ms']:.0f} ms at the parameters-used "
-    "check's all_gather (at a synced backward's first gradient: the hatched block, where it is wide enough to draw)."
+    "check's all_gather (at a synced backward's first gradient: the hatched block, where it is wide enough to draw). "
+    f"The other {rest} ms of that backward were neither; ga's whole last backward, above, lasted "
+    f"{looks['ga']['last_backward_ms']:.0f} ms."
 )
 
 # %% [markdown]
@@ -350,8 +355,8 @@ lesson.say(
 # first gradient is not a wait for a message: it is the parameters-used check, and the cell above
 # prints how long it held the thread beside how long the thread waited for messages (what held it at
 # the check, these runs do not measure). A long backward here is not all waiting for gradients: the
-# cell prints the backward, the waits and the check; what the rest of the backward was, these runs do
-# not measure.
+# cell prints the backward, the waits, the check and the rest, which can be as long as another stage's
+# whole backward or longer; what that rest was, these runs do not measure.
 #
 # ### Your turn: `hook`
 #
@@ -469,7 +474,7 @@ check(solutions.AsyncHookDDP, like="hook-async")
 # bucket. One more line is torch's: left at its default (the stage's `bucket_cap_mb=None`, which the
 # stage reads as torch's 25 MiB), the first bucket's cap is 1 MiB (it closes at the gradient that reaches or passes it, so it can
 # hold more), so that the first all_reduce can start early in backward (whether an
-# earlier start helps depends on the link: the bucket lesson models it). A cap given, as the
+# earlier start helps depends on the link: the bucket lesson, after the side-by-side, models it). A cap given, as the
 # settings printed at the top give one, is every bucket's cap, the first's too, as in torch. The
 # idea:
 #
@@ -562,7 +567,7 @@ check(solutions.BucketDDP, like="bucket")
 # No new idea: `bucket`'s buckets with `hook-async`'s not-waiting. The stage is `bucket`
 # plus that one idea, in a list made in `__init__` and two methods: keep each bucket's Future,
 # wait for them all in finish. This is the shape of torch's DDP: few messages, each sent as soon
-# as its bucket is full, while backward goes on (the last bucket is full only when backward ends).
+# as its bucket is full, while backward goes on (the last bucket is full only late in backward).
 
 # %%
 show_source(STAGES["bucket-async"])
@@ -659,7 +664,7 @@ lesson.say(
 #
 # The same workload through `torch.nn.parallel.DistributedDataParallel`, with the same bucket size.
 # Its reducer is C++; the profiler still sees its all_reduces, so it is counted the same way. Its
-# waits are not drawn (the cell says why).
+# waits are not drawn (the cell says why; the legend's *training thread waits* are the faded `ddp` row's).
 
 # %%
 # %%distributed
@@ -760,7 +765,7 @@ lesson.look_table(looks).assign(
 # "message i handed over, then i and every message after it carried back to back"
 # (`minddp.costmodel.buckets.queue_end`). Message 1 gives the *start-limited* end (the late start,
 # then all the link time); the last message the *tail-limited* one; a message between them sets it
-# where the link falls behind in the middle of backward. What the link still carries
+# where the link falls behind before the last message is handed over. What the link still carries
 # after backward is the most that step can expose: the thread stands waiting for it only from when it
 # reaches its wait in finish, so the link's time before that is neither under compute nor exposed.
 # The cell reads all of it from the two profiled steps above, and when each gradient is ready from
@@ -811,50 +816,28 @@ lesson.claim(
     f"Tail: bucket-async's last bucket takes {bucketed['tail_ms']:.1f} ms on the link, hook-async's "
     f"last gradient {per_grad['tail_ms']:.1f} ms.",
 )
+for s in why:  # beside the exposed time, the step's own backward
+    why[s]["backward_ms"] = lesson.backward_less_check(looks[s])
 table = (
     pd.DataFrame(why)
-    .T[["messages", "link_ms", "start_end_ms", "tail_end_ms", "end_ms", "limit", "exposed_ms"]]
+    .T[["messages", "link_ms", "start_end_ms", "tail_end_ms", "end_ms", "limit", "exposed_ms", "backward_ms"]]
     .rename(
         columns={
             "link_ms": "link time, ms",
             "start_end_ms": "start-limited end, ms after backward (< 0: before)",
             "tail_end_ms": "tail-limited end, ms after backward (< 0: before)",
-            "end_ms": "link done, ms after backward",
+            "end_ms": "link after backward, ms",
             "limit": "set by",
             "exposed_ms": "exposed, ms",
+            "backward_ms": "last backward less the check, ms",
         }
     )
 )
-
-
-def after(ms):
-    return f"{abs(ms):.1f} ms {'after' if ms >= 0 else 'before'}"
-
-
-def answer(stage, w):
-    """Which of the three costs set the end of the stage's link, and what its thread then waited through, in words."""
-    said = f"{stage}'s link was done {after(w['end_ms'])} its backward ended"
-    if w["limit"] == "start":
-        said += ", an end set by its first message's late start"
-    elif w["limit"] == "tail":
-        said += ", an end set by its last message (the tail)"
-    else:
-        said += (
-            f", an end set by its {w['limit']} of {w['messages']} and the messages behind it (its late start alone "
-            f"would have ended it {after(w['start_end_ms'])}, its last message alone {after(w['tail_end_ms'])})"
-        )
-    lag = lesson.wait_after_backward(looks[stage]["row"])
-    return said + (
-        f"; its thread reached its first wait {lag:.1f} ms after backward ended and stood through "
-        f"{w['exposed_ms']:.1f} ms of the link's time (exposed)"
-        if lag is not None
-        else f"; its thread waited {looks[stage]['waited_ms']:.0f} ms in all for its messages"
-    )
-
-
+# which of the three costs set each link's end, and what the thread then waited through, in words (lesson.py)
+in_words = {s: lesson.link_end_in_words(s, why[s], looks[s]) for s in why}
 lesson.say(
     f"In this run's one profiled step each, bucket-async left {bucketed['exposed_ms']:.0f} ms exposed, hook-async "
-    f"{per_grad['exposed_ms']:.0f} ms: {answer('bucket-async', bucketed)}; {answer('hook-async', per_grad)}."
+    f"{per_grad['exposed_ms']:.0f} ms: {in_words['bucket-async']}; {in_words['hook-async']}."
 )
 
 
@@ -877,9 +860,10 @@ table.infer_objects().round(1)
 # median of these five runs' backwards (less the check's wait inside each), and each plan is replayed
 # on the link. The model gives each plan's *link after backward*: the link's time still to run when
 # the modeled backward ends. It is not the measured *exposed*, which counts only from the thread's first
-# wait in finish, in a step with a backward of its own; the figure does not show each point's own
-# backward (the cell prints it), so read each point beside it. The lower panel shows the three costs of each plan, from the
-# step-time model.
+# wait in finish, in a step with a backward of its own: the figure writes each measured point's own
+# backward beside it and draws each step's waited too, and the table sets each step's measured *link
+# after backward* (the first table's column) beside the model's. The lower panel shows the three
+# costs of each plan, from the step-time model.
 
 # %%
 # %%distributed
@@ -895,13 +879,7 @@ for cap in (0.5, 2, 8, None):  # one profiled step each, no warm-up step: the co
     swept[cap] = lesson.Trainee("bucket-async", link=LINK, bucket_cap_mb=cap, warmup=0).look()
 
 
-def backward_less_check(v):
-    """ms of a look's last backward less the time the parameters-used check held the thread inside it."""
-    b0, b1 = v["row"]["backward"][-1]
-    return v["last_backward_ms"] - sum(max(0.0, min(e, b1) - max(s, b0)) for s, e in v["check_spans"])
-
-
-own = {c: backward_less_check(v) for c, v in swept.items()}
+own = {c: lesson.backward_less_check(v) for c, v in swept.items()}
 this_run = statistics.median(own.values()) / 1e3
 cp = cp_scaled(bare, this_run / bare.backward)  # the bare network's timings at this run's speed
 grid = [0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32]
@@ -932,55 +910,38 @@ lesson.say(
         f"{own[c]:.0f} ms)"
         for c, v in sorted(swept.items(), key=lambda cv: 99 if cv[0] is None else cv[0])
     )
-    + f"; hook-async (after a warm-up step) {h['exposed_ms']:.0f} ms exposed, {h['waited_ms']:.0f} ms waited. The "
-    f"step-time model, scaled to a backward of "
-    f"{1e3 * this_run:.0f} ms (the median of these runs' last backwards, less the time the check held them), gives "
-    f"{1e3 * model[0].after_backward:.1f} ms of link after backward at {grid[0]:g} MiB, the grid's smallest cap"
+    + f"; hook-async (after a warm-up step) {h['exposed_ms']:.0f} ms exposed, {h['waited_ms']:.0f} ms waited "
+    f"(backward less the check {lesson.backward_less_check(h):.0f} ms)."
+)
+lesson.say(
+    f"The step-time model, scaled to a backward of {1e3 * this_run:.0f} ms (the median of these runs' last "
+    f"backwards, less the time the check held them), gives {1e3 * model[0].after_backward:.1f} ms of link after "
+    f"backward at {grid[0]:g} MiB, the grid's smallest cap"
     + (
         ", its least on the grid"
         if model[0].after_backward <= min(c.after_backward for c in model) + 5e-5
         else f" (its least, {1e3 * min(c.after_backward for c in model):.1f} ms, at a larger one)"
     )
-    + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient"
-    + (
-        ": below every cap on the grid, so by the model, on the link's time, buckets pay at no cap on this link."
-        if per_gradient.after_backward < min(c.after_backward for c in model)
-        else "."
+    + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient. By the model, on the "
+    "link's time, buckets pay "
+    + (  # pay: leave less of the link after backward than one message per gradient
+        "at no cap on the grid on this link."
+        if (paying := sum(c.after_backward < per_gradient.after_backward for c in model)) == 0
+        else f"at {paying} of the grid's {len(model)} caps on this link."
     )
 )
-at_cap = {c.cap_mb: 1e3 * c.after_backward for c in model}
-gaps = [at_cap[c] - v["exposed_ms"] for c, v in swept.items() if c in at_cap]  # model minus measured, cap by cap
-above = [c for c, v in swept.items() if c in at_cap and v["exposed_ms"] > at_cap[c]]  # measured above the model
-lags = {c: lesson.wait_after_backward(v["row"]) for c, v in swept.items() if c in at_cap}  # the thread's late start
+measured_after = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}  # the first table's measure
+lags = {c: lesson.wait_after_backward(v["row"]) for c, v in swept.items()}  # the thread's late start
 lesson.say(
-    f"At the grid's caps measured, the model's link after backward minus the measured exposed time is "
-    f"{min(gaps):.1f} to {max(gaps):.1f} ms"
-    + (", the model's always the larger" if min(gaps) > 0 else "")
-    + (
-        f" (at {', '.join(f'{c:g} MiB' for c in sorted(above))} the step exposed more than the model's link after "
-        "backward: that is the most the model's one backward can leave, not a bound on a step with a backward of its "
-        "own)"
-        if above
-        else ""
+    "Each step's own link after backward is in the table below, beside the model's. The measured exposed counts "
+    "only from the thread's first wait after backward, which each step reached this long after its backward ended: "
+    + ", ".join(
+        f"{cap_name(c).split(' (')[0]} " + ("(no wait)" if lags[c] is None else f"{lags[c]:.1f} ms")
+        for c in sorted(lags, key=lambda c: 99 if c is None else c)
     )
-    + "; the measured exposed counts only from the thread's first wait after backward, which each step reached "
-    "this long after its backward ended: "
-    + ", ".join(f"{c:g} MiB " + ("(no wait)" if lags[c] is None else f"{lags[c]:.1f} ms") for c in sorted(lags))
-    + ". The measured points are not a ranking of the "
-    f"caps: each is one step with its own backward ({min(own.values()):.0f} to {max(own.values()):.0f} ms, less the "
-    "check), the model one backward for all."
+    + ". The measured points are not a ranking of the caps: each is one step with its own backward "
+    f"({min(own.values()):.0f} to {max(own.values()):.0f} ms, less the check), the model one backward for all."
 )
-
-
-def than(bucketed, per_gradient):
-    """A bucketed stage's time (exposed or waited) against hook-async's, in words, at the printed precision."""
-    return (
-        "as much as"
-        if round(bucketed) == round(per_gradient)
-        else "more than"
-        if bucketed > per_gradient
-        else "less than"
-    )
 
 
 def at(count):
@@ -990,7 +951,7 @@ def at(count):
 
 def tally(key):
     """At how many swept caps bucket-async's step had less, as much or more of ``key`` than hook-async's."""
-    words = [than(v[key], h[key]) for v in swept.values()]
+    words = [lesson.than(v[key], h[key]) for v in swept.values()]
     return " and ".join(
         f"{w.rsplit(' ', 1)[0]} {at(words.count(w))}" for w in ("less than", "as much as", "more than") if w in words
     )
@@ -1002,35 +963,45 @@ lesson.say(
     f"{tally('exposed_ms')}; by waited, they waited {tally('waited_ms')}."
 )
 if rank == 0:
+    at_x = {c: 25 if c is None else c for c in swept}  # torch's default drawn at its 25 MiB: not a point of the curve
+    kind = {c: "one step, no warm-up step" for c in swept} | {
+        here: f"{here:g} MiB: the settings' step, after a warm-up",  # the step above: drawn apart
+        None: "None (torch's default: 1 MiB first, then 25 MiB)",
+    }
+    order = [c for c in swept if c not in (here, None)] + [here, None]  # one legend entry per kind of step
+    h_backward = lesson.backward_less_check(h)
     sweep_figure = bucket_sweep(
         {"step-time model: link after backward": model},
-        measured=[
-            (c, v["exposed_ms"], "measured: exposed (one step, no warm-up step)")
-            for c, v in swept.items()
-            if c not in (here, None)
+        measured=[  # beside each exposed point, its step's own backward (the model's is one for all)
+            (
+                at_x[c],
+                swept[c]["exposed_ms"],
+                f"measured: exposed, {kind[c]}",
+                f"backward {own[c]:.0f} ms",
+            )
+            for c in order
         ]
-        + [  # the settings' cap: the step above, taken after a warm-up step, so drawn apart
-            (here, swept[here]["exposed_ms"], f"measured: exposed, {here:g} MiB: the settings' step, after a warm-up")
-        ]
-        + [  # torch's default at its 25 MiB: a first bucket of 1 MiB, so not a point of the curve
-            (25, swept[None]["exposed_ms"], "measured: exposed, None (torch's default: 1 MiB first, then 25 MiB)")
-        ],
+        + [(at_x[c], swept[c]["waited_ms"], "measured: waited, the same steps") for c in order],
         per_gradient={  # the value in the label too: a line near 0 lies close to the axis
-            f"hook-async, measured: exposed ({looks['hook-async']['exposed_ms']:.1f} ms)": looks["hook-async"][
+            f"hook-async, measured: exposed ({h['exposed_ms']:.1f} ms; its backward {h_backward:.0f} ms)": h[
                 "exposed_ms"
             ],
             f"hook-async, step-time model: link after backward ({1e3 * per_gradient.after_backward:.1f} ms)": 1e3
             * per_gradient.after_backward,
+            f"hook-async, measured: waited ({h['waited_ms']:.1f} ms)": h["waited_ms"],
         },
-        title=f"bucket-async on {LINK.name}, {world_size} ranks, against the cap",
+        title=f"bucket-async on {LINK.name}, {world_size} ranks, against the cap\n"
+        "(beside each measured exposed point: its step's backward, less the check)",
     )
     sweep_figure.axes[0].set_ylabel("ms per step")
 sweep_table = pd.DataFrame(
     {
         f"{c.cap_mb:g} MiB": c.row()
         | {
+            "link after backward, ms (measured)": measured_after.get(c.cap_mb),
             "exposed, ms (measured)": swept[c.cap_mb]["exposed_ms"] if c.cap_mb in swept else None,
             "waited, ms (measured)": swept[c.cap_mb]["waited_ms"] if c.cap_mb in swept else None,
+            "backward less the check, ms (measured)": own.get(c.cap_mb),
         }
         for c in model
     }
@@ -1048,12 +1019,12 @@ sweep_table.infer_objects().round(1)
 # emulated link that keeps both ratios of a given setting for the network at hand, against one
 # backward timed on this machine, on rank 0: a faster machine gets a faster link. The rule, on the
 # 2 ranks here (where one all_reduce of m bytes takes 2α + m/B): the bandwidth is
-# B = one sync's bytes / (bytes ratio × that backward), the fixed cost per hop is
+# B = one sync's bytes / (bytes ratio × that backward), the time per hop is
 # α = message ratio × that backward / 2. Each stage's own backward in its run differs from that one,
 # and so do the ratios it meets: the cell prints the two async rungs' own backwards beside it and the
 # factor by which each met the setting's ratios (what made one longer or shorter, these runs do not
-# measure). The figure's legend and title name the setting's ratios, not those met; the backward the
-# link is sized from is `single`'s, taken after a warm-up step, while the rungs run without one.
+# measure). The figure's legend names the setting's ratios, not those met. The cell prints which
+# backward each link is sized from; the rungs run without a warm-up step.
 # Two settings, both built from the blog's run as the step-time model rebuilds it (`python -m
 # minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16 gradients, and an
 # assumed 3 TFLOP/s achieved on each T4, which `docs/scaling.md` takes, about a third of its fp32
@@ -1138,7 +1109,10 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         v = lesson.Trainee(
             stage, link=blog_links[name], bucket_cap_mb=cap, model=model_name, warmup=0, grad_accum=accum
         ).look()
-        blog_runs[name, stage] = on_the_link(v["row"]) | {"calls": v["calls"], "backward_ms": backward_less_check(v)}
+        blog_runs[name, stage] = on_the_link(v["row"]) | {
+            "calls": v["calls"],
+            "backward_ms": lesson.backward_less_check(v),
+        }
     own_h, own_b = (blog_runs[name, s]["backward_ms"] for s in ("hook-async", "bucket-async"))
     longer = (
         "alike in whole ms"
@@ -1188,8 +1162,9 @@ def sized_label(name):
 if rank == 0:
     settings_ladder(
         {sized_label("4 × T4"): t4, sized_label("1024 ranks"): far},
-        title=f"The ladder on {world_size} ranks: small-llama on a link with the ratios of the blog's 4 × T4 run, "
-        "deep-llama with those of its model at 1024 ranks (not run by the blog)",
+        title=f"The ladder on {world_size} ranks: small-llama on a link sized with the ratios of the blog's 4 × T4 "
+        "run, deep-llama on one sized with those of its model at 1024 ranks (not run by the blog)\neach rung met "
+        "them at its own backward, less the check (ms, under its exposed time), not at the one the link was sized from",
     )
 for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
     lesson.say(
@@ -1197,6 +1172,8 @@ for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
         + ", ".join(f"{s} {r['overlap_pct']:.0f} %" for s, r in runs.items())
         + "; exposed: "
         + ", ".join(f"{s} {r['exposed_ms']:.0f} ms" for s, r in runs.items())
+        + "; each one's own last backward, less the check: "
+        + ", ".join(f"{s} {r['backward_ms']:.0f} ms" for s, r in runs.items())
         + "."
     )
 # simple sends every message after its backward, in finish, and waits for each: none runs while it computes
@@ -1228,45 +1205,35 @@ far_h = far["hook-async"]["exposed_ms"]
 one_far = blog_links["1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3
 
 
-def by_both(b, h):
-    """bucket-async's step (``b``) against hook-async's (``h``) by exposed and by waited, in words, and by each measure
-    whether the buckets paid: exposed is the link's time the thread stood waiting through, waited all its standing
-    still for its messages, which adds the time it waited after the link had delivered."""
-    paid = {"less than": "paid", "as much as": "made no difference", "more than": "did not pay"}
-    e, w = than(b["exposed_ms"], h["exposed_ms"]), than(b["waited_ms"], h["waited_ms"])
-    said = (
-        f"bucket-async left {b['exposed_ms']:.0f} ms exposed, {e} hook-async's {h['exposed_ms']:.0f} ms, and waited "
-        f"{b['waited_ms']:.0f} ms, {w} hook-async's {h['waited_ms']:.0f} ms: "
-    )
-    if paid[e] == paid[w]:
-        return said + f"by both, exposed and waited, the buckets {paid[e]}"
-    return said + f"by exposed the buckets {paid[e]}; by waited they {paid[w]}"
-
-
 lesson.say(
     f"Buckets, in the end. On this notebook's 1 Gbit/s link, at the settings' {here:g} MiB cap, in one profiled step "
-    f"each, {by_both(looks['bucket-async'], looks['hook-async'])}. One message's fixed cost on the link is "
+    f"each, {lesson.by_both(looks['bucket-async'], looks['hook-async'])}. One message's fixed cost on the link is "
     f"{per_message_ms:.2f} ms: hook-async's {looks['hook-async']['calls']} pay "
     f"{100 * per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0f} % of its link time, "
     "so on the link the buckets can save no more than that. The link does not model the time waited after it had "
     "delivered."
 )
-lesson.say(f"On the link with the ratios of 4 × T4, {by_both(t4['bucket-async'], t4['hook-async'])}.")
+lesson.say(f"On the link with the ratios of 4 × T4, {lesson.by_both(t4['bucket-async'], t4['hook-async'])}.")
 far_fixed, far_backward = far["hook-async"]["messages"] * one_far, far["hook-async"]["backward_ms"]
+far_fixed_b = far["bucket-async"]["messages"] * one_far
 lesson.say(
     f"On the link with the ratios of 1024 ranks, each at its own backward (so not at the setting's ratios: see "
-    f"above), {by_both(far['bucket-async'], far['hook-async'])}. bucket, which waits for each bucket inside the "
+    f"above), {lesson.by_both(far['bucket-async'], far['hook-async'])}. bucket, which waits for each bucket inside the "
     f"backward, left {far['bucket']['exposed_ms']:.0f} ms exposed, "
-    f"{than(far['bucket']['exposed_ms'], far_h)} hook-async's. One message costs {one_far:.3f} ms of fixed cost on "
+    f"{lesson.than(far['bucket']['exposed_ms'], far_h)} hook-async's. One message costs {one_far:.3f} ms of fixed "
+    "cost on "
     f"that link: hook-async's {far['hook-async']['messages']} messages pay {far_fixed:.0f} ms of them"
     + (  # the difference of the two printed (rounded) numbers, so that the sum reads as printed
         f", more than its own last backward of {far_backward:.0f} ms (less the check) by "
         f"{round(far_fixed) - round(far_backward)} ms: that much of its link's work at least (to the printed ms) came "
         "after that backward ended"
         if round(far_fixed) > round(far_backward)
-        else f", against its own last backward of {far_backward:.0f} ms (less the check)"
+        else f", {far_fixed / far_backward:.2f} of its own last backward of {far_backward:.0f} ms (less the check)"
     )
-    + f"; bucket-async's {far['bucket-async']['messages']} pay {far['bucket-async']['messages'] * one_far:.0f} ms."
+    + f"; bucket-async's {far['bucket-async']['messages']} pay {far_fixed_b:.0f} ms, "
+    f"{far_fixed_b / far['bucket-async']['backward_ms']:.2f} of its own {far['bucket-async']['backward_ms']:.0f} ms: "
+    "each rung paid its fixed costs against its own backward, not at the setting's ratio, and what made the "
+    "backwards differ, these runs do not measure."
 )
 
 # %% [markdown]
@@ -1278,7 +1245,9 @@ lesson.say(
 # and sends the first bucket earlier, for more fixed costs (the sweep's table). Where one message's
 # fixed cost is large, buckets pay it once per bucket instead of once per gradient tensor: on the link
 # sized with the ratios of 1024 ranks, 26 times a step instead of 291. Whether the buckets paid in
-# this run, on this link and on the two sized links, the sentences printed just above say, each from
+# this run, the last three lines printed above say, from "Buckets, in the end", one for each link ("by both ... the buckets
+# paid", "did not pay", or "made no difference", by exposed and by waited); the step-time model's
+# answer for this link is the sweep's sentence "By the model ...". Each verdict is from
 # its own step (on a sized link at the run's own backward, not at the setting's ratios), by two
 # measures of the link's messages only, which can answer differently (neither covers the backwards,
 # which the cells print beside them and which can differ between rungs): *exposed*, the link's modeled time the thread stood waiting

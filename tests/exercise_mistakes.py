@@ -279,6 +279,27 @@ class NoSyncSetsTrue(solutions.GradAccumDDP):
             self.require_backward_grad_sync = True
 
 
+class NoSyncWithoutFinally(solutions.GradAccumDDP):
+    """Restores the flag after a plain yield, not in a finally: an exception inside the block leaves the sync off
+    (learner reads 03, round 11)."""
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        before = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        yield
+        self.require_backward_grad_sync = before
+
+
+class UnwrittenNoSync(solutions.GradAccumDDP):
+    """The notebook's skeleton of ga's no_sync(): raises on entering the block, before any forward runs."""
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        raise NotImplementedError("no_sync()")
+        yield
+
+
 class DecidesInFinish(solutions.GradAccumDDP):
     """Reads the flag in finish instead of forward: finish runs after the with-block, when the flag is on again."""
 

@@ -181,6 +181,14 @@ MISTAKES = [
     (wrong.NoSyncNeverRestored, "ga", "no_sync() left the sync off after its with-block"),
     # torch restores the flag's value from before the block: a no_sync() inside a no_sync() leaves the sync off
     (wrong.NoSyncSetsTrue, "ga", "a no_sync() inside a no_sync() turned the sync back on"),
+    # restored after a plain yield: right while nothing raises inside the block (learner reads 03, round 11)
+    (wrong.NoSyncWithoutFinally, "ga", "an exception raised inside a no_sync() block left the sync off"),
+    # the skeleton raises on entering no_sync(), before the forward: named as that, not as the forward
+    (
+        wrong.UnwrittenNoSync,
+        "ga",
+        ("raised NotImplementedError", "while entering no_sync() in step 1, before the forward of micro-batch 1"),
+    ),
     # the grad hook is handed the parameter: all_reduce(param) named where it was sent, not in finish
     (
         wrong.HookReducesTheParameters,

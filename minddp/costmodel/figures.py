@@ -128,8 +128,9 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
     """Exposed communication against the cap (top) and the three costs of each plan (below). Returns the figure.
 
     ``curves``: label -> [:class:`~minddp.costmodel.buckets.PlanCosts`, one per cap] (the first curve's costs
-    are drawn below); ``measured``: ``(cap MiB, exposed ms, label)`` points; ``per_gradient``: label ->
-    exposed ms, drawn as horizontal lines (a stage without buckets has no cap).
+    are drawn below); ``measured``: ``(cap MiB, ms, label)`` points, or ``(cap MiB, ms, label, note)``, the note
+    written beside the point (a measured step's own backward, say); one marker per label; ``per_gradient``: label ->
+    ms, drawn as horizontal lines (a stage without buckets has no cap).
     """
     import matplotlib.pyplot as plt
 
@@ -138,9 +139,9 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
     for (label, costs), style in zip(curves.items(), styles):
         top.plot([c.cap_mb for c in costs], [1e3 * c.exposed for c in costs], style, color="#d62728", label=label)
     markers: dict[str, str] = {}
-    for cap, ms, label in measured:
+    for cap, ms, label, *note in measured:
         first = label not in markers
-        marker = markers.setdefault(label, "osD^"[len(markers) % 4])
+        marker = markers.setdefault(label, "osD^v"[len(markers) % 5])
         top.plot(
             [cap],
             [ms],
@@ -149,6 +150,8 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
             mfc="white" if marker != "o" else "#d62728",
             label=label if first else None,
         )
+        if note:
+            top.annotate(note[0], (cap, ms), xytext=(6, 4), textcoords="offset points", fontsize=6, color="#555555")
     for (label, ms), style in zip((per_gradient or {}).items(), styles):
         top.axhline(ms, color="#555555", ls=style, lw=1, label=label)
     top.set(xscale="log", ylabel="exposed (ms per step)")
@@ -174,7 +177,8 @@ def settings_ladder(settings: dict, title: str = ""):
     the link time the step waited through), one bar per setting.
 
     ``settings``: setting name -> {stage -> a dict with ``overlap_pct`` and ``exposed_ms``}, as
-    :func:`minddp.costmodel.buckets.on_the_link` gives them for a look's row. Returns the figure.
+    :func:`minddp.costmodel.buckets.on_the_link` gives them for a look's row, and optionally ``backward_ms``, that
+    step's own backward, written under its exposed value. Returns the figure.
     """
     import matplotlib.pyplot as plt
 
@@ -194,15 +198,20 @@ def settings_ladder(settings: dict, title: str = ""):
                 top.annotate(
                     f"{runs[s]['overlap_pct']:.0f}", (x, runs[s]["overlap_pct"]), ha="center", va="bottom", fontsize=7
                 )
+                backward = f"\nbackward {runs[s]['backward_ms']:.0f}" if "backward_ms" in runs[s] else ""
                 low.annotate(
-                    f"{runs[s]['exposed_ms']:.0f}", (x, runs[s]["exposed_ms"]), ha="center", va="bottom", fontsize=7
+                    f"{runs[s]['exposed_ms']:.0f}{backward}",
+                    (x, runs[s]["exposed_ms"]),
+                    ha="center",
+                    va="bottom",
+                    fontsize=6 if backward else 7,
                 )
     top.set(ylabel="overlap (% of the link's\ntime under compute)", ylim=(0, 135))  # room for the legend
     top.set_title(title, fontsize=9)
     top.legend(fontsize=7, loc="upper left")
     highest = max([r["exposed_ms"] for runs in settings.values() for r in runs.values()] + [1.0])
     low.set_yscale("symlog", linthresh=1.0)  # a log axis that still has a 0: linear from 0 to 1 ms
-    low.set(ylabel="exposed (ms per step;\nlinear to 1, log above)", ylim=(0, 4 * highest))  # room above every bar
+    low.set(ylabel="exposed (ms per step;\nlinear to 1, log above)", ylim=(0, 12 * highest))  # room above every bar
     low.set_xticks(range(len(stages)), stages, rotation=20)
     fig.tight_layout()
     return fig

@@ -727,6 +727,12 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             "sync: when the block ends, restore the value the flag had before it (before = "
             "self.require_backward_grad_sync ... finally: self.require_backward_grad_sync = before), as torch does"
         )
+    if f["kind"] == "not_restored_on_error":
+        return (
+            "an exception raised inside a no_sync() block left the sync off after it "
+            "(require_backward_grad_sync is still False), so every later backward would skip the sync: restore the "
+            "flag in a finally (try: yield finally: self.require_backward_grad_sync = before), as torch does"
+        )
     if f["kind"] == "left_off":
         return (
             f"no_sync() left the sync off after its with-block, so the last micro-batch of step {f['step']} did "

@@ -688,8 +688,10 @@ def run_step(
                 with events.phase(f"backward{i + 1}"):
                     loss.backward()
 
-            progress.phase = f"running the forward of step {step}, micro-batch {i + 1}"
+            if quiet:  # no_sync() runs its lines before the forward: an error there is named as entering it
+                progress.phase = f"entering no_sync() in step {step}, before the forward of micro-batch {i + 1}"
             with no_sync() if quiet else contextlib.nullcontext():
+                progress.phase = f"running the forward of step {step}, micro-batch {i + 1}"
                 loss = loss_of(model, shard) / k
                 if not decides:
                     backward()
@@ -983,6 +985,9 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
     if compare and out["finding"] is None:  # every step right: then a no_sync() inside a no_sync()
         progress.phase = "running a no_sync() inside a no_sync() (the checker)"
         out["finding"] = nested_no_sync_finding(model, out["checked_steps"], world)
+    if compare and out["finding"] is None:  # then an exception inside a no_sync()
+        progress.phase = "raising an exception inside a no_sync() (the checker)"
+        out["finding"] = raised_in_no_sync_finding(model, out["checked_steps"], world)
     return out
 
 
@@ -999,6 +1004,29 @@ def nested_no_sync_finding(model, step: int, world: int) -> dict | None:
             pass
         reopened = off and model.require_backward_grad_sync is not False
     return {"kind": "reopened", "step": step, "ranks": list(range(world))} if reopened else None
+
+
+class _RaisedInside(Exception):
+    """The exception :func:`raised_in_no_sync_finding` raises inside a ``no_sync()`` block, and catches."""
+
+
+def raised_in_no_sync_finding(model, step: int, world: int) -> dict | None:
+    """An exception inside a ``no_sync()`` block must still restore the flag, as torch's does (its ``finally``); a
+    ``no_sync()`` that restores it only after a plain ``yield`` leaves the sync off for every later backward
+    (``not_restored_on_error``). The checker's steps raise nothing inside the block, so they cannot see it. Stages
+    without ``no_sync()`` or torch's flag are not asked; the flag is put back afterwards."""
+    no_sync = getattr(model, "no_sync", None)
+    if no_sync is None or not hasattr(model, "require_backward_grad_sync"):
+        return None
+    before = model.require_backward_grad_sync
+    try:
+        with no_sync():
+            raise _RaisedInside
+    except _RaisedInside:
+        pass
+    after = model.require_backward_grad_sync
+    model.require_backward_grad_sync = before
+    return None if after == before else {"kind": "not_restored_on_error", "step": step, "ranks": list(range(world))}
 
 
 def never_waited_finding(unwaited: list[str], kinds: dict, step: int, checker) -> dict | None:

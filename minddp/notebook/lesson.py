@@ -406,8 +406,14 @@ def say_look(looks: dict, stage: str) -> None:
         f"{exposed} ms of them (exposed)"
         + (
             f" and did not wait through the other {link - exposed} ms (it ran "
-            + ("the backward, or " if v["calls_in_backward"] and not v["waits_in_backward"] else "")
-            + "the stage's and the loop's own lines between handing a message over and waiting for it)."
+            # a stage that waits for each message as soon as it is sent runs only its own lines between (in finish
+            # or in a grad hook); one that waits later runs the backward and the loop's lines too
+            + (
+                "the backward, or the stage's and the loop's own lines"
+                if v["calls_in_backward"] and not v["waits_in_backward"]
+                else "the stage's own lines"
+            )
+            + " between handing a message over and waiting for it)."
             if link - exposed
             else "."
         )
@@ -434,6 +440,74 @@ def wait_after_backward(row: dict) -> float | None:
     end = row["backward"][-1][1]
     late = [s for s, _ in row.get("waits", []) if s >= end]
     return min(late) - end if late else None
+
+
+def backward_less_check(v: dict) -> float:
+    """ms of a look's last backward less the time the parameters-used check held the thread inside it."""
+    b0, b1 = v["row"]["backward"][-1]
+    return v["last_backward_ms"] - sum(max(0.0, min(e, b1) - max(s, b0)) for s, e in v["check_spans"])
+
+
+def _before_after(ms: float) -> str:
+    return f"{abs(ms):.1f} ms {'after' if ms >= 0 else 'before'}"
+
+
+def link_end_in_words(stage: str, w: dict, look: dict) -> str:
+    """Which of the bucket lesson's three costs set the end of a stage's link in one step, and what its thread then
+    waited through, in words: ``w`` is :func:`minddp.costmodel.buckets.on_the_link` of the step's row, ``look`` the
+    step's look (for the thread's waits)."""
+    said = f"{stage}'s link was done {_before_after(w['end_ms'])} its backward ended"
+    if w["limit"] == "start":
+        said += ", an end set by its first message's late start"
+    elif w["limit"] == "tail":
+        said += ", an end set by its last message (the tail)"
+    else:
+        said += (
+            f", an end set by its {w['limit']} of {w['messages']} and the messages behind it (its late start alone "
+            f"would have ended it {_before_after(w['start_end_ms'])}, its last message alone "
+            f"{_before_after(w['tail_end_ms'])})"
+        )
+    lag = wait_after_backward(look["row"])
+    return said + (
+        f"; its thread reached its first wait {lag:.1f} ms after backward ended and stood through "
+        f"{w['exposed_ms']:.1f} ms of the link's time (exposed)"
+        if lag is not None
+        else f"; its thread waited {look['waited_ms']:.0f} ms in all for its messages"
+    )
+
+
+def than(bucketed: float, per_gradient: float) -> str:
+    """A bucketed stage's time (exposed or waited) against hook-async's, in words, at the printed precision."""
+    return (
+        "as much as"
+        if round(bucketed) == round(per_gradient)
+        else "more than"
+        if bucketed > per_gradient
+        else "less than"
+    )
+
+
+def by_both(b: dict, h: dict) -> str:
+    """bucket-async's step (``b``) against hook-async's (``h``) by exposed and by waited, in words, and by each measure
+    whether the buckets paid: exposed is the link's time the thread stood waiting through, waited all its standing
+    still for its messages, which adds the time it waited after the link had delivered (printed apart where there
+    was any, as waited less exposed in the printed whole ms)."""
+    paid = {"less than": "paid", "as much as": "made no difference", "more than": "did not pay"}
+    e, w = than(b["exposed_ms"], h["exposed_ms"]), than(b["waited_ms"], h["waited_ms"])
+    late = {s: round(r["waited_ms"]) - round(r["exposed_ms"]) for s, r in (("bucket-async", b), ("hook-async", h))}
+    said = (
+        f"bucket-async left {b['exposed_ms']:.0f} ms exposed, {e} hook-async's {h['exposed_ms']:.0f} ms, and waited "
+        f"{b['waited_ms']:.0f} ms, {w} hook-async's {h['waited_ms']:.0f} ms"
+        + (
+            " (of each, after the link had delivered: " + ", ".join(f"{s} {ms} ms" for s, ms in late.items()) + ")"
+            if max(late.values()) >= 1
+            else ""
+        )
+        + ": "
+    )
+    if paid[e] == paid[w]:
+        return said + f"by both, exposed and waited, the buckets {paid[e]}"
+    return said + f"by exposed the buckets {paid[e]}; by waited they {paid[w]}"
 
 
 def look_table(looks: dict):
