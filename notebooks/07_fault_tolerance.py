@@ -28,15 +28,15 @@
 #
 # 1. a **quorum**: before each attempt, a small coordinator (the *lighthouse*, a process of its own)
 #    answers who trains it, the attempt's **members**;
-# 2. a **new group** at the run's first quorum, and whenever the members changed (its size their new
-#    number) or the last attempt at a step was discarded (a group that saw a failure may be broken:
-#    the same members build a new one);
+# 2. a new **group** (as in notebooks 01-04: the processes a collective runs among) at the run's
+#    first quorum, and whenever the members changed (its size their new number) or the last attempt
+#    at a step was discarded (a group that saw a failure may be broken: the same members build a new
+#    one);
 # 3. a process that comes back is **healed**: it receives the trained state from a peer, over the
 #    group, no file (the parameters, the optimizer's state, and the count of steps committed);
 # 4. **the work**: the members split the step's whole global batch among themselves, so a lost
 #    process's examples are trained by the others (the run below does not show this; the checker's
-#    verdict on the exercise's model answer, in the last code cell, does: that split trains every row
-#    once at every world, and gives each rank the rows the rung's own split gives it);
+#    verdict on the exercise's model answer, in the last code cell, does);
 # 5. **should_commit**: each attempt counts on every member or on none. An attempt that saw a
 #    failure is **discarded**, and its step tried again.
 #
@@ -137,26 +137,26 @@ for line in run.report():
 # * **discard**: each member that caught an error first drops its group, then votes no; the
 #   lighthouse discards the attempt at the first no it receives (after the raise, slot 2's no comes
 #   only once its `drop_group` is done);
-# * **exit found** and **exit recorded** (the kill only): the launcher looks at its processes in
+# * **exit seen** and **exit recorded** (the kill only): the launcher looks at its processes in
 #   passes; the first is the pass that found slot 1's process ended. The launcher then waits
-#   `EXIT_WAIT_S` (50 ms, a setting of the launcher) and takes in the **results** that arrived (a
-#   result is what a process hands the launcher once it has trained the run's last step: its final
-#   state), then records the exit and tells the lighthouse (the second). The wait is there so that
-#   a process that finished and exited before its result arrived is not reported lost;
+#   `EXIT_WAIT_S` (50 ms, a setting of the launcher) and takes in what the processes sent it
+#   meanwhile (each attempt's record, and any **result**: what a process hands the launcher once it
+#   has trained the run's last step, its final state), then records the exit and tells the
+#   lighthouse (the second). The wait is there so that a process that finished and exited before
+#   its result arrived is not reported lost;
 # * **next quorum**: each member asks again; the lighthouse answers once every live slot has
 #   asked, and slot 1 counts as live until the lighthouse has read the launcher's word of its exit
 #   (the second claim checks that the kill's next quorum came after the exit was recorded);
 # * **commit**: the members build a new group (after the kill, of 2), train the step again and
 #   vote, and the lighthouse commits.
 #
-# A row is a moment, not a span: a span is the difference of two rows, and a span of one table
-# compares with the other's only between rows of the same names (the discard to the next quorum,
-# say). Each survivor asks for the next quorum only once it has read the discard, and the
-# lighthouse answers it only once it has read the exit's record, so the kill's next quorum could
-# not be answered before that record, however soon after the discard the survivors asked. The line
-# under the kill's table says how much of its recovery that span took, and, from when the launcher
-# found the exit, how much of it was the launcher's own: `EXIT_WAIT_S` is a setting of minddp's
-# launcher, not something a kill has to cost. The raise's process stayed (the first claim checks
+# A row is a moment, not a span: a span is the difference of two rows. Each survivor asks for the
+# next quorum only once it has read the discard, and the lighthouse answers it only once it has
+# read the exit's record, so the kill's next quorum could not be answered before that record,
+# however soon after the discard the survivors asked. The line under the kill's table says how
+# much of its recovery that span took, and, from when the launcher saw the exit, how much of it
+# was the launcher's own: `EXIT_WAIT_S` is a setting of minddp's launcher, not something a kill
+# has to cost. The raise's process stayed (the first claim checks
 # that the launcher recorded no exit after it, and that the first error was slot 2's own), so its
 # table has no exit rows. The two `recovery` lines set each recovery against the hang bound (5 s):
 # neither fault made anyone wait for the group's timeout: after the kill, slot 1's connections
@@ -197,7 +197,7 @@ def moments(o):  # the moments the run recorded after fault o, in ms after it, s
     rows = {
         "a peer's error": peer_error(o),
         "discard": ms(o.discard_s),
-        **({f"slot {o.fault.slot}'s exit found": ms(o.seen_s)} if o.seen_s is not None else {}),
+        **({f"slot {o.fault.slot}'s exit seen": ms(o.seen_s)} if o.seen_s is not None else {}),
         **({f"slot {o.fault.slot}'s exit recorded": ms(o.exit_s)} if o.exit_s is not None else {}),
         "next quorum": ms(o.quorum_s),
         f"commit of step {o.committed_step}": ms(o.recovery_s),
@@ -208,16 +208,16 @@ def moments(o):  # the moments the run recorded after fault o, in ms after it, s
 
 
 moments(kill)
-found, recorded, discard = ms(kill.seen_s), ms(kill.exit_s), ms(kill.discard_s)
+seen, recorded, discard = ms(kill.seen_s), ms(kill.exit_s), ms(kill.discard_s)
 print(
     f"from the discard to the exit's record: {recorded - discard} ms, "
     f"{(recorded - discard) / ms(kill.recovery_s):.0%} of the kill's recovery; "
     + (  # compared in seconds, not in the rounded ms
-        "the launcher had found the exit before the discard, so all of it was the launcher's own: its wait "
-        f"(EXIT_WAIT_S, {ms(EXIT_WAIT_S)} ms) and its taking in of results"
+        "the launcher had seen the exit before the discard, so all of it was the launcher's own: its wait "
+        f"(EXIT_WAIT_S, {ms(EXIT_WAIT_S)} ms) and its taking in of what the processes sent it"
         if kill.seen_s <= kill.discard_s
-        else f"the launcher found the exit {found - discard} ms after the discard, then took {recorded - found} ms "
-        f"to record it: its wait (EXIT_WAIT_S, {ms(EXIT_WAIT_S)} ms) and its taking in of results"
+        else f"the launcher saw the exit {seen - discard} ms after the discard, then took {recorded - seen} ms "
+        f"to record it: its wait (EXIT_WAIT_S, {ms(EXIT_WAIT_S)} ms) and its taking in of what the processes sent it"
     )
 )
 moments(raised)
@@ -254,15 +254,12 @@ print(
 
 # %% [markdown]
 # So the rejoin is not the time a heal takes: the heal, the state sent just after that quorum, is
-# not timed. Nor does the run record when each slot asked for that quorum; by the rung's code a
-# process asks for the next quorum right after its last attempt ends, so slots 0 and 2 asked at most
-# the gap printed above before that quorum, and the lighthouse answered it once the last of the
-# three asked: the new process was the last to ask. Its part of the rejoin (its share printed above)
-# is then its starting up until it asked: it imports the `ft` modules, connects to the lighthouse,
-# builds its model, then starts its heartbeat and asks. The run does not time these, so which of
-# them took that time is not shown. Until that first heartbeat it was not live, so slots 0 and 2
-# trained without it at world 2 up to step 9, then waited there for it because this notebook sets
-# `full_world_at=(4, 9)`. That time is part of neither fault's recovery.
+# not timed. Nor does the run record when each slot asked for that quorum. The new process's share
+# (printed above) includes its starting up: it imports the `ft` modules, connects to the
+# lighthouse, builds its model, then starts its heartbeat and asks. The run does not time these,
+# so what in that share took the time is not shown. Until that first heartbeat it was not live, so
+# slots 0 and 2 trained without it at world 2 up to step 9, then waited there for it because this
+# notebook sets `full_world_at=(4, 9)`. That time is part of neither fault's recovery.
 #
 # Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline
 # below), and only slot 1's process was started again. A restart from a checkpoint (not run here)
@@ -484,9 +481,9 @@ show_source(solutions.ft_shard)
 # dead slot's rows 3-5. All three checks would still pass: each compares the processes with each
 # other or with themselves, never with the data, and every member steps from the same state with
 # the same averaged gradient: that of rows 0-5 summed and divided by 10, the batch's row count (each
-# rank weights its rows' loss by world / B, and the all_reduce averages over the world), as if rows
-# 6-9 had a gradient of zero. Only a comparison with a single process on the whole batch shows rows
-# 6-9 untrained. The second cell below runs this split in the checker's run (10-row batches, plain
+# rank multiplies its rows' summed loss by world / B, and the all_reduce averages over the world),
+# as if rows 6-9 had a gradient of zero. Only a comparison with a single process on the whole
+# batch shows rows 6-9 untrained. The second cell below runs this split in the checker's run (10-row batches, plain
 # SGD: its checks compare the parameters, as there is no optimizer state), where all three pass and
 # the comparison with a single process fails.
 #

@@ -208,9 +208,9 @@ def fp16_compress_hook(process_group, bucket) -> torch.futures.Future:
 def ft_shard(batch, rank: int, world: int):
     """This rank's rows of a step's global batch, when ``world`` ranks train it now (notebook 07).
 
-    Rows ``[rank·B/world, (rank+1)·B/world)`` of the ``B`` rows: consecutive, as even as integer
+    Rows ``[rank·B // world, (rank+1)·B // world)`` of the ``B`` rows: consecutive, as even as integer
     division makes them, every row to exactly one of the ``world`` ranks of the moment, so the
-    survivors of a lost rank train its rows too.
+    survivors of a lost process train its rows too.
     """
     x, y = batch
     lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world

@@ -46,7 +46,7 @@ class ToyTask:
         return x, x @ target + 0.1 * torch.randn(self.batch, 1, generator=g)
 
     def shard(self, batch, rank: int, world: int):
-        """Rows ``[rank*B/w, (rank+1)*B/w)``: the whole global batch, split among the members of now."""
+        """Rows ``[rank*B // w, (rank+1)*B // w)``: the whole global batch, split among the members of now."""
         x, y = batch
         lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
         return x[lo:hi], y[lo:hi], len(x)
