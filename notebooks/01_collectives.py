@@ -197,7 +197,8 @@ assert all(r["ok"] for r in ring + star + tiny + tiny_star)  # each leaves the s
 # The drawing is made from those records, one row per *exchange*: a rank sends a hop, receives
 # one, or both at the same time (in the ring always both: one to its right-hand
 # neighbour, one from its left-hand one). A row shows every rank's chunks as they were *just before* that
-# exchange, so a sum sent in one exchange first shows in the next row; the chunk a rank sends is
+# exchange, so a sum sent in one exchange first shows in the next row (the last row, *end*, shows them after the
+# last exchange); the chunk a rank sends is
 # outlined in red, and the red text beneath says where it goes. The darker a chunk's green, the more
 # ranks' marks it holds (the darkest: all of them). In the **reduce-scatter** (first three rows) every
 # rank sends one chunk to its neighbour, which adds it into its own copy: the chunk sent holds one more
@@ -343,7 +344,7 @@ lesson.claim(
 # arrives, and every other rank waits for it at the barrier. Every rank notes when it arrived and left
 # on the wall clock, one clock for every rank of this machine; rank 0 says how long before rank 1 the first rank
 # arrived, and when the last one left, counted from rank 1's arrival. That lead need not equal rank 1's 0.5 s of
-# sleep: the cell records neither when each rank began it nor how long the sleep lasted.
+# sleep: the cell records neither when each rank began the cell nor how long rank 1's sleep lasted.
 
 # %%
 # %%distributed

@@ -21,18 +21,20 @@
 # averages with a plain all_reduce; others compress first:
 #
 # * `fp16` / `bf16`: cast the bucket to a 16-bit float, all_reduce, cast back: half the bytes;
-# * `powersgd`: view each gradient matrix `M` as close to a low matrix rank and send two thin factors
-#   `P` and `Q` with `M ≈ P Qᵀ` instead of `M`; with *error feedback*, what compression lost
+# * `powersgd`: view a gradient matrix `M` as close to a low matrix rank and send two thin factors
+#   `P` and `Q` with `M ≈ P Qᵀ` instead of `M` (only for the matrices large enough to gain from it: the other
+#   tensors go uncompressed, as the section on PowerSGD below says); with *error feedback*, what compression lost
 #   this step is added to the next step's gradient, so it is delayed rather than lost.
 #
 # A word used two ways here: a **rank** is one of the training processes (rank 0, rank 1), as in
 # every notebook; the **matrix rank** of PowerSGD (`matrix_approximation_rank`, "rank 1") is the
 # number of columns of `P` and `Q`, the directions kept per gradient matrix. This notebook always
-# says *matrix rank* for the second.
+# says *matrix rank* for the second, and its letter r is the matrix rank (not 01's r, a rank's index).
 #
 # Here each hook trains the workload every notebook shares, in the `bucket-async` stage, from the
-# same start on the same batches. The bucket size the next cell prints is a cap: a bucket closes as soon as it holds
-# that much or more, so a bucket can hold more than the cap, and the last one holds what is left
+# same start on the same batches. The bucket size the next cell prints is a cap in torch's sense (`bucket_cap_mb`),
+# not a ceiling: a bucket closes at the first gradient that brings it to that size or past it, so a bucket can hold
+# more than the cap, and the last one holds what is left
 # (`minddp.stages.bucket_plan`). For each hook we read:
 #
 # * the all_reduce calls a step and their *payload*, counted by the hook's traffic meter: the bytes the
@@ -87,20 +89,23 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 #
 # Calls and payload are the last step's, as rank 0 measured them. `bucket-async` sends once per optimizer step:
 # the backwards of every micro-batch but the last run inside `no_sync()` (as in 03) and send nothing, and the
-# last one's sends each bucket. *param distance*, measured after the last step's update, is
+# last one's sends each bucket. The *param distance* (relative), measured after the last step's update, is
 # `‖θ_hook − θ_allreduce‖ / ‖θ_allreduce − θ_start‖`:
-# how far each hook's parameters ended from plain averaging's, against how far plain averaging
-# moved them (0 for plain averaging itself). PowerSGD compresses in the last 2 of the 4 steps only (below),
+# how far each hook's parameters ended from plain averaging's, as a share of how far plain averaging
+# moved them (0 for plain averaging itself; at 1 a hook's parameters would be as far from plain averaging's as those
+# are from the start). It is a ratio, unlike 02's distances (the L2 norms themselves). PowerSGD compresses in the last 2 of the 4 steps only (below),
 # fp16 and bf16 in all 4. It is a distance between parameters after the optimizer's
 # steps, not a gradient error; the notebook does not relate the two.
 #
 # The cell after the table holds fp16's and bf16's gradient error against the most rounding alone can do
 # (`minddp.comm.measure.rounding_bound`, the bound the exercise checker judges a learner's fp16 hook
-# by): each value is rounded at most n + 1 times (a cast, a division and n − 1 additions), each time
-# by at most u = eps / 2 of the ranks' mean magnitude of that value, eps being the 16-bit format's
-# machine epsilon (`torch.finfo(dtype).eps`: float16's 2⁻¹⁰, bfloat16's 2⁻⁷), or by half the spacing of the
-# format's subnormals, for a value below its smallest normal one; plus float32's own rounding of the
-# reference average it is compared with; relative to the norm of this step's gradient.
+# by): on its way into the average, each rank's term of a value is rounded at most n + 1 times (its cast, its
+# division and at most n − 1 additions), each time by at most u = eps / 2 of its result, eps being the
+# 16-bit format's machine epsilon (`torch.finfo(dtype).eps`: float16's 2⁻¹⁰, bfloat16's 2⁻⁷), or by half the
+# spacing of the format's subnormals, for a result below its smallest normal one. Added over the n terms, that
+# keeps the average within about (n + 1) · u of the ranks' mean magnitude of that value (plus the subnormals'
+# part); the bound adds float32's own rounding of the reference average it is compared with, and is taken
+# relative to the norm of this step's gradient.
 
 # %%
 # %%rank 0
@@ -120,10 +125,11 @@ for name, t in trainees.items():
 table = pd.DataFrame.from_dict(rows, orient="index")  # by rows: the calls stay integers
 far_ = table["param distance (relative)"].drop("allreduce")  # plain averaging's is 0
 lesson.say(
-    f"In this run {far_.idxmax()}'s parameters ended the farthest from plain averaging's after the {STEPS} steps "
-    f"(param distance {far_.max():.4f}; "
+    f"In this run {far_.idxmax()}'s parameters ended the farthest from plain averaging's after the {STEPS} steps: "
+    f"{far_.max():.1%} as far as plain averaging moved from the start (relative param distance {far_.max():.4f}; "
     + ", ".join(f"{name}'s {far_[name]:.4f}" for name in far_.sort_values().index if name != far_.idxmax())
-    + "). This compares parameters; no loss is compared here."
+    + "). This compares parameters; no loss is compared here, so whether that distance matters for training is "
+    "not measured."
 )
 table.round({"payload KiB": 1, "payload vs allreduce": 4, "param distance (relative)": 4})
 
@@ -312,9 +318,11 @@ lesson.claim(
 )
 lesson.say(
     f"In this run that step took {step_ms:.1f} ms: the link carried its messages during {on_wire / step_ms:.1%} of "
-    f"it, and the thread stood waiting through them during {exposed_ms / step_ms:.1%} of it, "
-    f"{'less than' if 2 * exposed_ms < on_wire else 'at least'} half of the link time. What fp16's or PowerSGD's "
-    "shorter link time would take off the step is not measured here (exposed is not what a free link would save: 01)."
+    f"it, and the thread stood waiting through them during {exposed_ms / step_ms:.1%} of it: the step's exposed time is "
+    f"{exposed_ms / on_wire:.0%} of the link time, so "
+    + ("most of the link time" if 2 * exposed_ms < on_wire else "no more than half of the link time")
+    + " passed while the thread was not waiting. What fp16's or PowerSGD's shorter link time would take off the "
+    "step is not measured here (exposed is not what a free link would save: 01)."
 )
 
 # %% [markdown]
@@ -323,7 +331,7 @@ lesson.say(
 # This section compares link time only, the modelled time of a step's messages, not the step's length.
 # PowerSGD pays an all_reduce's fixed cost, 2(n − 1) α, three times a bucket here where plain averaging
 # pays it once, and saves almost all of the bytes. Per step, with c all_reduces (a count, not 01's C) of S bytes
-# of payload in all (S: the sum of the m's of the step's messages; not 08's step index S), the link time is
+# of payload in all (S: the sum of the m's of the step's messages), the link time is
 #
 # `c · 2(n − 1) α + 2(n − 1)/n · S β`,
 #

@@ -65,6 +65,20 @@ class BroadcastWithoutNoGrad(solutions.SimpleDDP):
             dist.broadcast(tensor, src=0)
 
 
+class CopiedBackWithoutNoGrad(solutions.SimpleDDP):
+    """Broadcasts into a detached copy, then copies rank 0's values back into each parameter outside
+    ``torch.no_grad()``: autograd refuses an in-place write into a leaf that requires grad, on any torch (the
+    same error a torch whose broadcast asks autograd raises for :class:`BroadcastWithoutNoGrad`)."""
+
+    def __init__(self, module, process_group=None):
+        nn.Module.__init__(self)
+        self.module, self.process_group = module, process_group
+        for tensor in [*module.parameters(), *module.buffers()]:
+            received = tensor.detach().clone()
+            dist.broadcast(received, src=0)
+            tensor.copy_(received)
+
+
 class Summed(solutions.SimpleDDP):
     """all_reduce sums: forgets to divide by the world size."""
 

@@ -509,6 +509,18 @@ def test_a_broadcast_outside_no_grad_passes():
     assert v.ok and "on 3 ranks too" in v.line, v.line
 
 
+def test_a_write_into_a_parameter_outside_no_grad_gets_the_fix():
+    # learner read round 12 (01-02-04) finding 1: where torch refuses a broadcast into a leaf that requires grad,
+    # the verdict was torch's bare message; it must name torch.no_grad(). A copy_ back refuses on every torch
+    v = verdict_of(wrong.CopiedBackWithoutNoGrad, "simple")
+    assert not v.ok and "a leaf Variable that requires grad" in v.line, v.line
+    assert "under torch.no_grad()" in v.line, v.line
+    # the same message from a broadcast, as a torch that refuses it raises it (improved-diffusion#100, torch 2.0)
+    message = "a leaf Variable that requires grad is being used in an in-place operation."
+    hint = checker._raise_hint("simple", " in __init__ (line 6)", message, None, 2)
+    assert "with torch.no_grad(): dist.broadcast(tensor, src=0)" in hint, hint
+
+
 def test_a_rank_that_hangs_is_named_within_the_timeout():
     start = time.monotonic()
     v = verdict_of(wrong.RankZeroOnly, "simple")

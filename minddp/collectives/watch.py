@@ -242,8 +242,9 @@ def draw_ring(records: list[dict]):
     ax.axis("off")
     ax.set_title(
         f"ring all_reduce on {n} ranks: each box is one chunk, a row of {n} boxes one rank's tensor as it was just "
-        "before that exchange;\na chunk's label names the ranks whose marks it holds (the darker, the more); outlined "
-        "in red: the chunk the rank sends (where to: the red text beneath)",
+        "before that exchange\n(in the last row, end: after the last one); a chunk's label names the ranks whose "
+        "marks it holds (the darker, the more);\noutlined in red: the chunk the rank sends (where to: the red text "
+        "beneath)",
         fontsize=8.5,
     )
     fig.tight_layout()

@@ -428,6 +428,14 @@ def _raise_hint(
         return f" ({harness.DEVICELESS})"
     if re.search(r"\bAVG\b", message) and like in TRANSPORT_MESSAGES:
         return f" (this backend has no ReduceOp.AVG, and your transport needs none: {HOOK_DIVIDED})"
+    # a broadcast (or copy_) into a parameter outside torch.no_grad(): autograd refuses an in-place write into a leaf
+    # that requires grad (torch 2.13's gloo broadcast writes without asking autograd; other builds refuse)
+    if "a leaf Variable that requires grad is being used in an in-place operation" in message:
+        return (
+            " (a parameter requires grad, so autograd refuses to let anything write into it in place, as a "
+            "broadcast or a copy_ does: write rank 0's values under torch.no_grad(), with torch.no_grad(): "
+            "dist.broadcast(tensor, src=0))"
+        )
     if re.search(r"'NoneType' object has no attribute '(get_future|then|wait|value)'", message):
         return (
             " (dist.all_reduce returned None: without async_op=True it blocks until the sum is done and returns "
