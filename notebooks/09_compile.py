@@ -223,8 +223,9 @@ lesson.claim(
 # %%
 # %%distributed
 lesson.say(
-    "On rank 0, messages in flight while a gradient node ran, in the profiled step (each count the timing of this "
-    "execution decides: eager's and the cut's do not compare the two): "
+    "On rank 0, messages in flight while a gradient node ran, in the profiled step (without the cut none can be, on "
+    "any run, as the first claim checks; in eager and with the cut the timing of this execution decides the count, "
+    "and the two counts do not compare eager with the cut): "
     + ", ".join(f"{label} {nodes.beside(view['beside_node'])}" for label, view in looks.items())
     + "."
 )
@@ -264,9 +265,8 @@ lesson.claim(
 torch_first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB: Dynamo's first piece under torch's DDP
 lesson.claim(
     sum(size[name] for name in pieces[0]) / 2**20 == CAP > torch_first,
-    f"Piece 0 holds {CAP:g} MiB of parameters, the bucket cap: minddp's ddp has Dynamo close the first piece at the "
-    f"cap, not at the {torch_first:g} MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES) Dynamo uses under torch's "
-    "DDP.",
+    f"Piece 0 holds {CAP:g} MiB of parameters, the bucket cap, more than the {torch_first:g} MiB of "
+    "torch.distributed._DEFAULT_FIRST_BUCKET_BYTES.",
 )
 runs = {label: looks[label]["pieces_run"] for label in (NO_CUT, CUT)}
 lesson.claim(
@@ -276,7 +276,8 @@ lesson.claim(
 )
 piece_of = {name: i for i, piece in enumerate(pieces) for name in piece}
 homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
-# bucket k's parameters all lie in one piece, in backward order: it is full when that piece's backward ends
+# each bucket's parameters lie in one piece (its home), the homes in backward order: a bucket is full when its
+# home's backward ends
 lesson.claim(
     all(len(home) == 1 for home in homes) and [h[0] for h in homes] == sorted(h[0] for h in homes),
     "Compiled with the cut, every bucket lies within one piece, in backward order: each bucket's gradients are all "
