@@ -53,7 +53,7 @@
 # here). While it runs its module compiled, minddp's `ddp` sets both values Dynamo reads, the bucket
 # cap and that first cap, to its own cap, and restores them on leaving (`compat.ddp_optimizer_caps`,
 # reached from `split_at_buckets` in `minddp/runtime/compiling.py`). A claim under *The pieces and
-# the buckets* checks it on piece 0.
+# the buckets* checks that piece 0 holds the cap.
 #
 # This notebook shows one step of `ddp` in three runs on one time axis: eager, compiled without the
 # cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and compiled with it;
@@ -161,22 +161,31 @@ lesson.say(
 # `.grad` (`wait_and_write_back` in `minddp/ddp/reducer.py`), so it can outlast the last orange bar;
 # what the thread did in other white, this notebook does not show. Like an orange bar, a grey or
 # blue bar can also hold time its thread waits for a core, as gloo's threads and the other rank run
-# beside it: a bar can be longer than the work in its node.
+# beside it: a bar can be longer than the work in its node. A grey stretch that holds a tick can
+# also last until about when that bucket's message ends, and backward's next gradient node begin
+# only then. That is not the reducer waiting for the message: when it hands a bucket over, it starts the
+# message and returns (`_launch` in `minddp/ddp/reducer.py`), and it waits for messages only at the
+# end of backward. What the thread did in such a stretch, this notebook does not show; a message in
+# flight only inside it is not counted below as in flight while a gradient node ran.
 #
 # Read the figure for the order of its events: that is what the cut changes, and what the claims
 # count. Do not read it for lengths, not even to compare the rows (where a row ends, how long its
-# forward or its grey stretch is): each row is a single step of two ranks that share this machine's
-# cores, and this notebook does not measure what compiling costs. The cell after the figure counts,
-# in each run on rank 0, the messages in flight while a gradient node ran, and says which, in the
-# order the messages began. Without the cut none can be (the first claim checks it). With the cut,
-# the message of every bucket handed over before the last piece's backward can be (here every bucket
-# but the last): it is counted if it was in flight while a later piece's backward ran, and one that
-# ends before the next piece's backward begins, in the grey between the two, is not. Which are
-# depends on when each message begins and ends and on when the pieces' backwards run, which the
-# timing of this execution decides. So what the line shows of the cut is its count beside none
-# without it. Eager's count is printed beside them: in eager too gradient nodes ran after the first
-# bucket was handed over (the second claim), and its count depends on the timing as the cut's does,
-# so the two counts do not compare eager with the cut.
+# forward, its grey stretch or its orange bars are): each row is a single step of two ranks that share
+# this machine's cores, and this notebook does not measure what compiling costs. A row that ends last,
+# or whose orange bars are longest, does not show that its run's steps are slower, nor the reverse.
+# With the cut, a message is in flight while gradient nodes run, on the same few cores, so the two can
+# lengthen each other's bars; what the cut does to a step's length is not measured here.
+#
+# The cell after the figure counts, in each run on rank 0, the messages in flight while a gradient
+# node ran, and says which, in the order the messages began. Without the cut none can be (the first
+# claim checks it). With the cut, the message of every bucket handed over before the last piece's
+# backward can be (here every bucket but the last): it is counted if it was in flight while a later
+# piece's backward ran, and one that ends before the next piece's backward begins, in the grey
+# between the two, is not. Which are depends on when each message begins and ends and on when the
+# pieces' backwards run, which the timing of this execution decides. So what the line shows of the
+# cut is its count beside none without it. Eager's count is printed beside them: in eager too
+# gradient nodes ran after the first bucket was handed over (the second claim), and its count
+# depends on the timing as the cut's does, so the two counts do not compare eager with the cut.
 #
 # The cut is torch's design for GPUs. This notebook runs no GPU: what the cut does to a GPU step is
 # not shown here.
@@ -214,8 +223,9 @@ lesson.claim(
 # %%
 # %%distributed
 lesson.say(
-    "On rank 0, messages in flight while a gradient node ran, in the profiled step (each count the timing of this "
-    "execution decides: eager's and the cut's do not compare the two): "
+    "On rank 0, messages in flight while a gradient node ran, in the profiled step (without the cut none can be, on "
+    "any run, as the first claim checks; in eager and with the cut the timing of this execution decides the count, "
+    "and the two counts do not compare eager with the cut): "
     + ", ".join(f"{label} {nodes.beside(view['beside_node'])}" for label, view in looks.items())
     + "."
 )
@@ -229,7 +239,8 @@ lesson.say(
 # with its parameters in the forward's order; the cell walks one more forward of the third run's
 # `ddp` (compiled with the cut, the last of the loop above). Beside them, the buckets of the figure's third row
 # (compiled with the cut): `ddp`'s `bucket_plan`, rebuilt after the first step from the order the
-# gradients arrived in, each bucket listing its parameters in that order. A compiled piece produces
+# gradients arrived in, each bucket listing its parameters in that order (a first step's plan lists
+# them otherwise: *Buckets of 0.5 MiB*). A compiled piece produces
 # all its gradients at its end, so within a piece they need not arrive last layer first: bucket 0
 # below lists `layers.6.weight` before `layers.7.weight`, in the order they arrived. A bucket closes
 # at the first gradient that takes it to the cap or past it. The claims below check where the buckets
@@ -254,9 +265,8 @@ lesson.claim(
 torch_first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB: Dynamo's first piece under torch's DDP
 lesson.claim(
     sum(size[name] for name in pieces[0]) / 2**20 == CAP > torch_first,
-    f"Piece 0 holds {CAP:g} MiB of parameters, the bucket cap: minddp's ddp has Dynamo close the first piece at the "
-    f"cap, not at the {torch_first:g} MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES) Dynamo uses under torch's "
-    "DDP.",
+    f"Piece 0 holds {CAP:g} MiB of parameters, the bucket cap, more than the {torch_first:g} MiB of "
+    "torch.distributed._DEFAULT_FIRST_BUCKET_BYTES.",
 )
 runs = {label: looks[label]["pieces_run"] for label in (NO_CUT, CUT)}
 lesson.claim(
@@ -266,7 +276,8 @@ lesson.claim(
 )
 piece_of = {name: i for i, piece in enumerate(pieces) for name in piece}
 homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
-# bucket k's parameters all lie in one piece, in backward order: it is full when that piece's backward ends
+# each bucket's parameters lie in one piece (its home), the homes in backward order: a bucket is full when its
+# home's backward ends
 lesson.claim(
     all(len(home) == 1 for home in homes) and [h[0] for h in homes] == sorted(h[0] for h in homes),
     "Compiled with the cut, every bucket lies within one piece, in backward order: each bucket's gradients are all "
@@ -290,8 +301,8 @@ lesson.claim(
 # closes at the first gradient that takes it to the cap or past it; the gradients left at the end
 # make one last bucket, handed over once the last of them is there) and return, for each bucket, the
 # index of the piece after whose backward it is handed over.
-# `check_handover` calls it on a few cases, without ranks, and names the usual mistakes, alone or two
-# together. As it stands `my_handed_over_after` raises `NotImplementedError`; the checker catches it
+# `check_handover` calls it on a few cases, without ranks, and names the usual mistakes made alone,
+# and some made two together; for any other wrong answer it shows a case where yours differs. As it stands `my_handed_over_after` raises `NotImplementedError`; the checker catches it
 # and says so. On this notebook's step, `pieces` is four pieces of two 1 MiB gradients and `cap` is
 # 2 MiB: the answer is `[0, 1, 2, 3]`, what the last claim above checked; that case is among the
 # checker's.
@@ -324,12 +335,13 @@ print(check_handover(solutions.handed_over_after))
 # The other pattern compiles the wrapper itself: `torch.compile(DDP(model))`. Dynamo then meets the
 # wrapper's own Python first. A graph break is a place inside a graph Dynamo has begun where it
 # stops the graph, runs Python, and starts a new one; this notebook counts the breaks and does not
-# measure what they cost. Dynamo begins no graph in minddp's `ddp`'s `forward`, so there is none to
-# break there: Dynamo skips `forward`'s own code, but not the functions it calls, the module's
-# included. How: when `ddp` is built, `eager_under_compile(self)` (`minddp/runtime/compiling.py`)
-# gives it, in a generated subclass, a copy of its `forward` passed through
-# `torch.compiler.disable(..., recursive=False)`, and has Dynamo skip whole, with all they call, the
-# two methods `forward` calls before and after the module (`_before_module`, `_after_module`, marked
+# measure what they cost. Under `torch.compile(ddp)`, Dynamo compiles only `ddp`'s module and runs
+# the rest of `ddp`'s `forward` as Python: it begins no graph in the wrapper's own code, so there is
+# none to break there. How: when `ddp` is built, `eager_under_compile(self)`
+# (`minddp/runtime/compiling.py`) gives it, in a generated subclass, a copy of its `forward` passed
+# through `torch.compiler.disable(..., recursive=False)`, so that Dynamo skips `forward`'s own code
+# but still compiles the module it calls; and Dynamo skips whole, with all they call, the two methods
+# `forward` calls before and after the module (`_before_module`, `_after_module`, marked
 # `@runs_as_python` in `minddp/ddp/distributed.py`). A count of 0 alone does not show that the module
 # was compiled (a wrapper Dynamo skipped whole would count 0 too), and this cell does not show it;
 # *Buckets of 0.5 MiB* prints the compiled pieces of `torch.compile(ddp)` at another cap. Each count
@@ -372,12 +384,14 @@ lesson.claim(counts[THEIRS] > counts[ALONE], "torch's DDP, compiled whole, adds 
 # 0.5 MiB on an MLP of two 1 MiB layers, one training step each, the wrapper's first: its parameters
 # compared with eager `ddp`'s after the same step, the step's buckets, its graph breaks and the pieces
 # its compiled graph is cut into; a refusal is printed with the torch file that raised it. A first
-# step's buckets follow torch's first-iteration plan, one bucket per dtype
+# step's buckets follow torch's first-iteration plan, one bucket per dtype, its parameters in the
+# order the model registers them, not the order their gradients arrive in
 # (`plan_first_iteration_like_torch` in `minddp/ddp/plan.py`); the 0.5 MiB buckets come only with
 # the rebuild at the next forward. So in this step the cap shapes the compiled pieces, not the
-# buckets. With torch's DDP, Dynamo caps the first piece at `torch_first` (read in *The pieces and
-# the buckets*, outside any call of `ddp`'s: torch's own value), above this bucket cap; minddp's
-# `ddp`, given a cap, caps the first piece at that cap. Dynamo's assert, printed below, calls that
+# buckets. With torch's DDP, Dynamo caps the first piece at
+# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB in the torch installed here; read as
+# `torch_first` in *The pieces and the buckets*, outside any call of `ddp`'s), above this bucket cap;
+# minddp's `ddp`, given a cap, caps the first piece at that cap. Dynamo's assert, printed below, calls that
 # first piece the "first bucket".
 
 

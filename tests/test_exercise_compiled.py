@@ -370,6 +370,39 @@ def pieces_that_hand_over(pieces, cap):
     return sorted(out | {len(pieces) - 1} if total else out)
 
 
+def buckets_per_piece(pieces, cap):
+    counts, total = [0] * len(pieces), 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total >= cap:
+            counts[i] += 1  # the mistake: how many buckets each piece hands over, not each bucket's piece
+            total = 0
+    counts[-1] += total > 0
+    return counts
+
+
+def last_bucket_unless_the_last_piece_closed_one(pieces, cap):  # the reader's version
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total >= cap:
+            out, total = out + [i], 0
+    if total and (not out or out[-1] != len(pieces) - 1):  # the mistake: the rest dropped after a full bucket
+        out.append(len(pieces) - 1)
+    return out
+
+
+def never_past_noting_the_next_gradient(pieces, cap):
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        if total and total + size > cap:
+            out, total = out + [i], 0  # the mistake: closed before this gradient, but given its piece
+        total += size
+        if total >= cap:
+            out, total = out + [i], 0
+    return out + [len(pieces) - 1] * (total > 0)
+
+
 @pytest.mark.parametrize(
     "fn, named",
     [
@@ -414,6 +447,12 @@ def pieces_that_hand_over(pieces, cap):
         (whole_piece_cut_by_bytes, "a gradient is never split"),
         (cap_converted_to_mib, "every gradient closed a bucket of its own"),
         (pieces_that_hand_over, "each piece that hands a bucket over was listed once"),
+        (buckets_per_piece, "one count per piece, how many buckets it hands over"),
+        (last_bucket_unless_the_last_piece_closed_one, "the last bucket was dropped when the last piece had closed"),
+        (
+            never_past_noting_the_next_gradient,
+            "a bucket was closed before the gradient that would take it past the cap, and given that gradient's piece",
+        ),
     ],
 )
 def test_each_handover_mistake_is_named(fn, named):

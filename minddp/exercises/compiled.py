@@ -243,6 +243,33 @@ def _in_flight_next(pieces, cap):
     return [min(i + 1, len(pieces) - 1) for i in solutions.handed_over_after(pieces, cap)]
 
 
+def _per_piece_counts(pieces, cap):
+    after = solutions.handed_over_after(pieces, cap)
+    return [after.count(i) for i in range(len(pieces))]
+
+
+def _last_unless_last_piece_closed(pieces, cap):
+    """The model answer's rule with the last bucket added only when the last piece closed no bucket."""
+    full = _walk(pieces, cap, last=False)
+    rest = len(solutions.handed_over_after(pieces, cap)) > len(full)
+    return full + [len(pieces) - 1] * (rest and (not full or full[-1] != len(pieces) - 1))
+
+
+def _never_past_next_gradient(pieces, cap):
+    """A bucket closed before the gradient that would take it past the cap, given that gradient's piece."""
+    after, filled, i = [], 0, 0
+    for i, piece in enumerate(pieces):
+        for size in piece:
+            if filled and filled + size > cap:
+                after.append(i)
+                filled = 0
+            filled += size
+            if filled >= cap:
+                after.append(i)
+                filled = 0
+    return after + [i] * (filled > 0)
+
+
 #: name -> (the mistake as code, what the verdict says): each walk above, then the mistakes of another shape
 MISTAKES = {
     **{
@@ -301,6 +328,22 @@ MISTAKES = {
         "a piece's bytes were added at once and cut into buckets at the cap, splitting a gradient between two "
         "buckets: a gradient is never split; take a piece's gradients one by one, in the order they arrive, and "
         "close a bucket at the first that takes it to the cap or past it",
+    ),
+    "counts per piece": (
+        _per_piece_counts,
+        "one count per piece, how many buckets it hands over: the answer has one entry per bucket, the index of the "
+        "piece after whose backward that bucket is handed over",
+    ),
+    "last bucket only after a piece that closed none": (
+        _last_unless_last_piece_closed,
+        "the last bucket was dropped when the last piece had closed a bucket: the gradients left after the last "
+        "full bucket always make one more bucket, whichever piece closed the one before",
+    ),
+    "never past, the next gradient's piece": (
+        _never_past_next_gradient,
+        "a bucket was closed before the gradient that would take it past the cap, and given that gradient's "
+        "piece: ddp adds that gradient and closes the bucket after it, so a bucket can end past the cap, handed "
+        "over after the piece of its last gradient",
     ),
 }
 
