@@ -74,9 +74,9 @@ from minddp.collectives import TRANSPORTS
 
 ring, world = TRANSPORTS["ring"], dist.get_world_size()
 x = torch.arange(4.0 * world) + 100 * rank  # each rank's own tensor
-piece = torch.empty(4)
+piece = x.new_empty(4)  # made from x: on x's device
 ring.reduce_scatter(piece, x, dist.group.WORLD)  # my piece of the sum
-whole = torch.empty(4 * world)
+whole = x.new_empty(4 * world)
 ring.all_gather(whole, piece, dist.group.WORLD)  # everyone's pieces
 summed = x.clone()
 dist.all_reduce(summed)
@@ -112,8 +112,10 @@ show_source(ring_all_reduce)
 # below counts two gathering passes of the whole model per micro-batch. It counts the replicated
 # tensors in every gathering pass, though FSDP never gathers them: it all-reduces them, two passes of
 # their bytes a step, which the bound's 2 × 3 passes of them cover. These counts are for true
-# reduce-scatters, as minddp's ring sends them (not gloo: the ZeRO-2 section). For this workload's step,
-# on the ring:
+# reduce-scatters, as minddp's ring sends them (not gloo: the ZeRO-2 section). Passes count bytes, the
+# β term, only; the α term grows with the number of collectives, which the ✓ line with the figure of
+# handed-over collectives counts, and no cell here turns either into time: a ratio of bytes below is
+# not a ratio of cost. For this workload's step, on the ring:
 
 # %%
 # %%distributed
@@ -151,7 +153,7 @@ lesson.say(
 # That column is measured for fsdp only (a dash for the other stages), and no column counts the buffers
 # that zero1's and zero2's all-gathers of the updated parameters receive into.
 # `lesson.Trainee(stage, warmup=0)` builds the stage and its optimizer on the workload, on every rank,
-# without a step, so the measured step is its first. The code's comments
+# without a step, so the measured step is its first: the *memory step*, as later cells call it. The code's comments
 # number the parts of each algorithm (`# part 3`). AdamW's *step count* (in the ✓ line printed with
 # the memory table) is how many updates it has made.
 
@@ -295,8 +297,9 @@ lesson.claim(
 # A bf16 number has 8 significant bits (2 to 3 decimal digits), so a small change to a weight lands
 # rounded, and one far smaller than the weight is lost. AdamW changes each value by about the learning
 # rate lr times a ratio: the running average of its gradients over the square root of the running
-# average of their squares, each average first divided by its bias correction (1 − β^t at update t,
-# with that average's own β), which makes them g and g² at the first update. So at its first update
+# average of their squares, each average first divided by its bias correction (1 − bᵗ at update t,
+# b that average's decay rate, AdamW's `betas`; not the β of the cost model), which makes them g and g²
+# at the first update. So at its first update
 # that ratio is g/|g|, ±1, wherever the gradient g is
 # neither zero nor as small as AdamW's ε (a small constant added to the square root), so the first
 # update moves each such value by about lr, up or down, on any model. The cell prints the median size
@@ -457,8 +460,10 @@ show_source(reduce_scatter_hook)
 # a comm hook hands back a Future, to which the write-back is chained, and gloo's reduce-scatter hands
 # back a work without one. So on gloo minddp runs zero2's and fsdp's reduce-scatters as all_reduces of
 # the whole tensor they are given (a zero2 bucket, an fsdp unit's gradients) and keeps the piece a
-# reduce-scatter would have left this rank. (The exercise at the end calls gloo's reduce-scatter itself:
-# it checks the sum, not the bytes sent.) Each look below is its trainee's second step: the first was
+# reduce-scatter would have left this rank. gloo's own reduce-scatter is no saving either: torch's gloo
+# backend implements it with an all_reduce of the whole input (`docs/sharding.md`). So the exercise at
+# the end, which calls gloo's reduce-scatter itself and then an all-gather, sends more on gloo than one
+# all_reduce, not the same; its checker checks the sum, not the bytes sent. Each look below is its trainee's second step: the first was
 # the memory step above, so zero2's look starts by gathering the parameters that step updated.
 
 # %%
@@ -485,7 +490,9 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 # rank 0 sent in one step, by the collective the message served. zero2's trainee here takes one step
 # before its look (`warmup=1`), as the memory step did for the gloo looks: zero2 all-gathers the updated
 # shards in the forward after an update, so the looked-at step starts with those all-gathers (its first
-# step has none to make). The ✓ line's bytes fsdp sent "gathering units" are bytes sent in a step,
+# step has none to make). fsdp gathers its units again for every micro-batch, so its bytes gathered a
+# step grow with the micro-batches of a step, where ddp's, zero1's and zero2's bytes a step do not.
+# The ✓ line's bytes fsdp sent "gathering units" are bytes sent in a step,
 # not the memory table's gathered units, which are bytes held at one moment. Bytes *sent*
 # are not the bytes *given* of the look above: a ring all_reduce sends `2(n − 1)/n` of the bytes it
 # is given, which at these n = 2 ranks is the same number (ddp's 18.9 MiB), and at other n is not:
@@ -520,10 +527,11 @@ passes = f_sent["all_gather"] / one_pass  # what a rank sent gathering units, in
 # one reduce-scatter pass, at most two gathering passes per micro-batch (the α-β count's bound); the tensors left
 # whole are all-reduced (two passes of their bytes), which the bound's gathers of them more than cover
 lesson.claim(
-    total["fsdp"] <= fsdp_most and passes < 2 * accum,
+    total["fsdp"] <= fsdp_most and passes < 2 * accum and f_sent["all_gather"] > total["fsdp"] / 2,
     f"fsdp sent {lesson.mib(f_sent['reduce_scatter'])} reduce-scattering its units' gradients, "
     f"{f_sent.get('all_reduce', 0) / 1024:.0f} KiB all-reducing the {outside} parameter tensors it leaves whole, "
-    f"and {lesson.mib(f_sent['all_gather'])} gathering units: {passes:.2f} passes of the model, "
+    f"and {lesson.mib(f_sent['all_gather'])} gathering units ({f_sent['all_gather'] / total['fsdp']:.0%} of what it "
+    f"sent, its regathering for each micro-batch): {passes:.2f} passes of the model, "
     f"{passes / accum:.2f} a micro-batch, under the bound's 2 (the last unit is not gathered again for the "
     f"backward, and the {outside} tensors outside the units are never gathered). In all {total['fsdp'] / 2**20:.2f} "
     f"MiB a step (the table's total), {total['fsdp'] / whole:.1f} times ddp's, within the bound's "
@@ -543,12 +551,14 @@ on_wire.round(2)
 # or waits for its gather if it was prefetched, and starts the gather of the unit before it: the
 # backward prefetches too, one unit ahead in its own order. The gradients of a unit arrive
 # together, from one autograd function; in the last micro-batch's backward they are handed to one
-# gradient collective then (a reduce-scatter), in the others they are accumulated whole under
+# gradient collective then (a reduce-scatter, which on gloo minddp runs as an all_reduce of the
+# unit's gradients: the ZeRO-2 section), in the others they are accumulated whole under
 # `no_sync()`. The replicated tensors' gradients get an all_reduce each. The figure below marks both
-# kinds alike, as gradient collectives. The gathered units' peak, in the first ✓ line below, is two
-# units' worth at either of two moments the code makes (`_before_forward`, `_gather`): a unit's full
-# parameters beside the next unit's receive buffer (its prefetched gather), or beside the unit's own
-# buffer while that is unpacked into them.
+# kinds alike, as gradient collectives. The first ✓ line below checks the size of the gathered units'
+# peak, two units' worth, not when it fell (no cell measures that). Reading the code, two units are
+# held at once while a unit's full parameters lie beside the receive buffer of the unit prefetched
+# after it (in the forward's order or the backward's), or beside the unit's own buffer while that is
+# unpacked into them.
 
 # %%
 # %%distributed
@@ -572,8 +582,9 @@ lesson.claim(
 )
 lesson.claim(
     f["calls"] == units + outside,
-    f"fsdp's {f['calls']} gradient collectives: one per unit ({units}, a reduce-scatter) and one all_reduce per "
-    f"parameter tensor it leaves whole ({outside}).",
+    f"fsdp's {f['calls']} gradient collectives: one per unit ({units}, a reduce-scatter, which on gloo runs as an "
+    f"all_reduce of the unit's gradients) and one all_reduce per parameter tensor it leaves whole ({outside}): "
+    f"{f['calls']} all_reduces on gloo.",
 )
 
 # %% [markdown]
@@ -725,7 +736,8 @@ from minddp.stages import AsyncBucketDDP
 def my_all_reduce(tensor, group):
     # 1. flatten and pad to a multiple of dist.get_world_size(group)
     # 2. reduce_scatter_single(piece, padded, group=group): this rank's piece of the sum
-    #    (make the piece from padded, padded.new_empty(k), so that it lies on the tensor's device)
+    #    (make the piece from padded, padded.new_empty(padded.numel() // world_size),
+    #    so that it lies on the tensor's device)
     # 3. all_gather_single(padded, piece, group=group): every piece, back in place
     # 4. copy the sum (without the padding) into tensor
     raise NotImplementedError("all_reduce from a reduce-scatter and an all-gather")
