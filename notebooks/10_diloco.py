@@ -33,7 +33,8 @@
 #    arrives without a wait only where those τ steps last longer than its time on the link.
 #
 # The task is the one `python -m minddp.bench.convergence` measures: language modelling of a Markov
-# chain over 32 tokens (`minddp.bench.convergence.MarkovTask`). Its entropy floor is known exactly, and
+# chain over 32 tokens (`minddp.bench.convergence.MarkovTask`). Its **entropy floor** (the lowest loss any
+# model can reach: the uncertainty the chain itself leaves in the next token) is known exactly, and
 # so is any model's **held-out loss**: the model's cross-entropy over all 1024 contexts (the last two
 # tokens), each weighted by how often the chain is in it, computed in closed form. No evaluation set is
 # sampled, so the held-out loss has no evaluation noise. Two ranks, one replica each.
@@ -173,19 +174,24 @@ lesson.claim(
 # the numbers below are read from that file, not run here. Its runs: `ddp` (the global batch every
 # step); `single` (one replica alone: a quarter of the data, nothing sent); `local-sgd-hH` and
 # `diloco-hH` (H = 10, 50, 100); `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (DiLoCo at H = 100 with
-# those outer learning rates, the momentum kept: not drawn, their final losses printed); `streaming-h100`
+# those outer learning rates, the Nesterov momentum 0.9 kept, so `-lr1` is not local SGD: it differs
+# from `local-sgd-h100` in the momentum alone; not drawn, their final losses printed); `streaming-h100`
 # (streaming DiLoCo, the rung after the first exercise: the model in 2 fragments synced in turn, each
 # sent τ = 5 steps before it is applied, with α = 0.5: streaming DiLoCo's mixing weight, defined in its
-# section, not notebook 01's α). They are trained and scored as the run above was (the bench's cosine
-# schedule; the held-out loss of the weights the replicas agree on: for streaming DiLoCo too the synced
-# weights, not the weights mixed by α that the replicas go on training from).
+# section, not notebook 01's α). They are trained and scored by `train_config`, as the run above was
+# (the held-out loss of the weights the replicas agree on: for streaming DiLoCo too the synced weights,
+# not the weights mixed by α that the replicas go on training from), but over 2000 steps, and the
+# cosine spans a run's whole length: at step 300 the bench's learning rate is still near its peak,
+# where the run above's had come down to a tenth, so the bench's losses at step 300 are not the run
+# above's.
 #
 # The figure draws each run's mean over the seeds at H = 10 and 100 (H = 50 is not drawn) against the
 # payload bytes each replica handed to the all_reduce. `single` sends nothing, so it has no place on
 # the log axis and is drawn as a grey line at its final loss. The y axis stops at 2.6 nats: no run's
 # scores above it (early in the runs) are drawn, and some lines under the figure, read from the file,
-# are about such scores. Under the figure: each run's final loss with its range over the seeds; where
-# DiLoCo's mean at H = 10 is below local SGD's (scores the cut may hide); and the H = 100 runs' order
+# are about such scores. Under the figure: each run's final loss with its range over the seeds; the
+# scores at which DiLoCo's mean at H = 10 is below local SGD's (early ones, above the cut in the
+# committed file: read them in that line, the figure does not show them); and the H = 100 runs' order
 # after equal bytes early in the run, which is not their order at the end. The next cell reads the
 # file; the one after draws the figure and prints those lines (its code collapsed: click to show it).
 
@@ -600,7 +606,11 @@ print(check_fragment_schedule(solutions.fragment_to_send))
 # compute as measured or assumed, each fragment's message handed over when its schedule says and
 # waited for at its turn's end. Its **compute utilisation** is Streaming DiLoCo's measure: the share
 # of the time a replica computes, here over one period of H inner steps (its compute over its length;
-# DDP's period is its one step). Here for a model of SmolLM2-360M's size (fp32 pseudo-gradients and
+# DDP's period is its one step). It measures time, not progress: one replica alone, which sends
+# nothing, computes all of the time, and in the bench above ends with a lower loss than DiLoCo (not
+# streamed) at H = 100. What the computing buys is the bench's losses, measured on the bench's small model, not
+# on this section's: the two are read side by side, not combined. Here for a model of SmolLM2-360M's
+# size (fp32 pseudo-gradients and
 # gradients, 1.44 GB, the gradients taken as 32 equal tensors, one per layer, where a real layer has
 # several smaller ones), 2 replicas, each 16,384 tokens per step at an assumed 300
 # TFLOP/s of its own, whose compute per step is taken as 6 FLOPs per parameter and token (2 forward, 4
@@ -717,27 +727,35 @@ lesson.claim(
 # * Local SGD and DiLoCo send H times fewer bytes than DDP; DiLoCo adds an outer optimizer (lr 0.7,
 #   Nesterov momentum 0.9) to averaging the weights. On this small task (the bench: 4 replicas, 2000
 #   steps, 5 seeds), with that outer optimizer, DiLoCo's mean (not streamed) ended above local SGD's
-#   at every H. At H = 10 it is below only early in the run (the claim under the figure), is behind
-#   in every seed at step 300, and ends within local SGD's range over the seeds. At H = 50 and 100 it ends behind in
-#   every seed, and its excess over the floor, as a multiple of DDP's, grows with H. At H = 100 it ends
-#   worse than one replica alone, which sends nothing, and no other outer learning rate tried there
-#   ends below local SGD. Why the outer optimizer loses to averaging the weights here, these runs do
-#   not separate.
+#   at every H. At H = 10 its mean is below local SGD's only at the early scores the claim under the
+#   figure names (above the figure's cut), it is behind in every seed at step 300, and it ends within
+#   local SGD's range over the seeds (in how many seeds it ends below is printed after the figure). At
+#   H = 50 and 100 it ends behind in every seed, and its excess over the floor, as a multiple of DDP's,
+#   grows with H. At H = 100 it ends worse than one replica alone, which sends nothing.
+# * At H = 100 the sweep separates one thing: `diloco-h100-lr1` differs from local SGD in the Nesterov
+#   momentum alone, and it too ends above local SGD in every seed (the sweep's claim), so there the
+#   momentum alone costs loss. With momentum 0.9, torch's Nesterov SGD steps 1.9·lr times the averaged
+#   pseudo-gradient at the first sync and up to 10·lr times it as long as successive ones point the
+#   same way, where averaging's step is the averaged pseudo-gradient itself: every lr tried (0.3 to 1)
+#   can step further than averaging, and none ends below local SGD; an lr of 0.1 or less (whose steps
+#   stay within the pseudo-gradient), or less momentum, was not tried.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so the
 #   message can travel during those τ steps, and arrives without a wait only where they last longer
-#   than its time on the link (the demo's lines give, for each of its two fragments, its time on the
-#   link, the τ steps' time and whether it waited); the schedule is a function of the step alone, the
-#   same on every replica. In the bench
-#   (H = 100, 2 fragments, τ = 5, α = 0.5) it ends closest to DDP of the runs that talk rarely (whether
+#   than its time on the link (the lines under the profiled run's figure give, for each of its two
+#   fragments, its time on the link, the τ steps' time and whether it waited); the schedule is a
+#   function of the step alone, the same on every replica. In the bench (H = 100, 2 fragments, τ = 5,
+#   α = 0.5) it ends closest to DDP of the runs that talk rarely, those at H = 10 included, which send
+#   the whole model every 10 steps where it sends it, a fragment at a time, once every 100 (whether
 #   the fragments or α helps was not separated).
 # * The step-time model *predicts* (for a 360 M-parameter model; not measured here): on `wan`, where
 #   DDP computes less than 5 % of the time, plain DiLoCo at H = 100 computes most of it and streaming DiLoCo (4 fragments, τ = 10) all of it
 #   (the table above). Streaming hides a fragment whole only where its time on the link fits in its τ
 #   steps; on the three slower links it does not, and neither rung computes 90 % of the time, though
 #   on `1gbit` streaming still computes more of it than plain DiLoCo. The step-time model counts only
-#   compute and the link. `docs/benchmarks.md` (*Slow links*) measures compute utilisation in runs
-#   beside the step-time model's predictions, at other settings (an 80 k-parameter model, H = 20,
+#   compute and the link, and utilisation is time, not progress: plain DiLoCo at H = 100 computes most
+#   of the time and still, in the bench, ends worse than one replica alone. `docs/benchmarks.md`
+#   (*Slow links*) measures compute utilisation in runs beside the step-time model's predictions, at other settings (an 80 k-parameter model, H = 20,
 #   2 fragments), estimated there as the median quiet inner step (nothing sent) over the mean step.
 
 # %%

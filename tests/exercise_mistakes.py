@@ -1621,6 +1621,28 @@ def outer_sync_averages_a_copy(params, synced, outer):
     _outer(params, synced, outer, pseudo)
 
 
+def outer_sync_never_waits(params, synced, outer):
+    """Notebook 04's async all_reduce, its Work never waited for: the division, p.grad = g and the outer step race
+    the all_reduce (what they see depends on timing; the checker names it from the order of the calls)."""
+    with torch.no_grad():
+        pseudo = [s - p for p, s in zip(params, synced)]
+        for g in pseudo:
+            dist.all_reduce(g, async_op=True)
+            g /= dist.get_world_size()
+    _outer(params, synced, outer, pseudo)
+
+
+def outer_sync_waits_on_its_futures(params, synced, outer):
+    """Async all_reduces, each Work's Future waited for before the division: DiLoCo's sync."""
+    with torch.no_grad():
+        pseudo = [s - p for p, s in zip(params, synced)]
+        works = [dist.all_reduce(g, async_op=True) for g in pseudo]
+        torch.futures.wait_all([w.get_future() for w in works])
+        for g in pseudo:
+            g /= dist.get_world_size()
+    _outer(params, synced, outer, pseudo)
+
+
 def outer_sync_pseudo_in_synced(params, synced, outer):
     """The pseudo-gradient taken in place in the synced copies (s -= p) and averaged there: the synced weights are
     gone, so the restore (p.copy_(s)) puts the averaged pseudo-gradient in the parameters."""

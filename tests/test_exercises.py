@@ -1129,6 +1129,18 @@ def test_the_outer_sync_exercise_names_the_inner_gradients_averaged():
 
 
 @pytest.mark.timeout(120)
+def test_the_outer_sync_exercise_names_an_async_all_reduce_never_waited_for():
+    """Learner read 10 (round 12) finding 9: dist.all_reduce(g, async_op=True) never waited for races the division,
+    p.grad = g and the outer step; named from the order of the calls, whatever the race gave (a timing-free verdict),
+    and the same sync that waits on each Work's Future passes."""
+    v = check_outer_sync(wrong.outer_sync_never_waits, timeout_s=TIMEOUT)
+    named = "in sync 1, 6 all_reduce(s) started with async_op=True were never waited for"
+    assert not v.ok and named in v.line and "call .wait() on each Work" in v.line, v.line
+    v = check_outer_sync(wrong.outer_sync_waits_on_its_futures, timeout_s=TIMEOUT)
+    assert v.ok, v.line
+
+
+@pytest.mark.timeout(120)
 def test_the_outer_sync_exercise_names_the_pseudo_gradient_taken_in_the_synced_copies():
     """Learner read 10 (round ten, final) finding 7: `s -= p` then `all_reduce(s)` (the pseudo-gradient written over
     the synced copies, so the restore puts it in the parameters) matched no candidate ("match none of the usual

@@ -19,7 +19,9 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
    the outer optimizer saw (:class:`NotedSGD`) and whether ``synced`` shares the parameters' storage;
 3. **verdict**: a raise or a hang first (an in-place change to a parameter outside ``torch.no_grad()`` named as
    such, and so are gloo's refusal of ``ReduceOp.AVG`` on older torch and a None met where a tensor was expected:
-   all_reduce's result, or a ``.grad`` cleared by ``zero_grad()``, :func:`_none_hint`), then the candidate yours matches
+   all_reduce's result, or a ``.grad`` cleared by ``zero_grad()``, :func:`_none_hint`), then an all_reduce started with
+   ``async_op=True`` and never waited for (what the sync computed then depends on timing: named whatever yours
+   matches), then the candidate yours matches
    (:func:`close`), a single mistake before two of them at once (:data:`PAIRS`), named with what to change (an
    outer step that never moves by its cause, :data:`NO_MOVE`: no ``outer.step()``, its ``.grad`` cleared by
    ``zero_grad()``, its ``.grad`` set to all_reduce's result (None), a zero pseudo-gradient taken after the
@@ -291,6 +293,15 @@ BY_HAND = (
     "pseudo-gradient and call outer.step()"
 )
 
+#: A sync that started an all_reduce with ``async_op=True`` and never waited for it (the order of its calls:
+#: :class:`minddp.exercises.harness.Events`), said after "in sync N, K all_reduce(s) started with async_op=True".
+NEVER_WAITED = (
+    "were never waited for (no .wait() on the Work it returned, nor on that Work's Future): such an all_reduce "
+    "goes on in the background while your sync divides its tensor, hands it to p.grad and steps, so what the outer "
+    "step uses (this replica's own pseudo-gradient, the sum or the mean) depends on timing and can differ between "
+    "replicas; call .wait() on each Work before you use its tensor, or leave async_op out"
+)
+
 #: A sync that made an optimizer of its own and stepped it (``outer.step()`` never called).
 OWN_OPTIMIZER = (
     "outer.step() was never called: your sync made an optimizer of its own (torch.optim.SGD(...) inside the "
@@ -380,9 +391,16 @@ def rounds_with(sync, rank: int, group, seen: dict | None = None) -> list[dict]:
         outer.notes, outer.start = [], [s.clone() for s in synced]
         if seen is not None:
             seen["outer"] = outer.notes
+        events = harness.Events()  # which collective launched with async_op=True was never waited for
         with _counting_all_reduce() as calls, _counting_optimizers() as made:
             if group is None:
-                sync(params, synced, outer)
+                try:
+                    with events.recording():
+                        sync(params, synced, outer)
+                finally:  # what it left in flight, finished here: the next round starts from settled tensors
+                    for _, work in events.works:
+                        if work is not None:
+                            work.wait()
             else:
                 sync(params, synced, outer, group=group)
         history.append(
@@ -393,6 +411,7 @@ def rounds_with(sync, rank: int, group, seen: dict | None = None) -> list[dict]:
                 "aliased": any(_shares(s, p) for s in synced for p in params),
                 "moved": any(p.untyped_storage().data_ptr() != ptr for p, ptr in zip(params, storages)),
                 "all_reduces": len(calls),
+                "unwaited": len(events.unwaited()) if group is None else 0,
                 "optimizers": len(made),
             }
         )
@@ -449,6 +468,10 @@ def close(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 def outer_sync_finding(mine: list[dict], candidates: dict[str, list[dict]], everyone: list) -> dict | None:
     """Step 3 on one rank: the first thing wrong, or ``None`` for DiLoCo's sync."""
     right = candidates["diloco"]
+    # first: with an all_reduce never waited for, what the sync computed depends on timing, whatever it matches
+    unwaited = next((r for r, m in enumerate(mine) if m.get("unwaited")), None)
+    if unwaited is not None:
+        return {"kind": "never_waited", "sync": unwaited + 1, "unwaited": mine[unwaited]["unwaited"]}
     for name in candidates:  # in the order run: diloco, then each mistake (from_local before ranks_differ)
         theirs = candidates[name]
         if all(close(m["params"], t["params"]) and close(m["synced"], t["synced"]) for m, t in zip(mine, theirs)):
@@ -655,6 +678,8 @@ def _outer_sync_text(f: dict, report: dict) -> str:
         return f"after sync {f['sync']}, " + RESTORED_BY_DATA
     if f["kind"] == "stepped_often":
         return f"outer.step() was called {f['steps']} times in sync {f['sync']}, DiLoCo's sync once: " + STEPPED_OFTEN
+    if f["kind"] == "never_waited":
+        return f"in sync {f['sync']}, {f['unwaited']} all_reduce(s) started with async_op=True " + NEVER_WAITED
     if f["kind"] == "by_hand":
         return BY_HAND
     if f["kind"] == "own_optimizer":
