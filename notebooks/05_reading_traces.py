@@ -32,9 +32,9 @@
 #   training thread computed (ran an `aten::` operator);
 # * **non-compute**: the time in flight during which it computed nothing (ms).
 #
-# So non-compute = (100 % − overlap) × time in flight. Neither ranks the stages by speed. Non-compute is not the
-# time the step waited for its gradients: it also counts the training thread's own Python (its hooks, the time
-# between autograd nodes) while a range is open, and the time in the stages' parameter check. A range held open
+# So non-compute = (100 % − overlap) × time in flight. Neither ranks the stages by speed. Non-compute counts more
+# than the training thread stopped until a message is back: also its own Python (its hooks, the time between
+# autograd nodes) while a range is open, and the time in the stages' parameter check. A range held open
 # until the other rank joins it (below) adds to non-compute the part of it in which the thread computes nothing,
 # and to the overlap the part in which it computes. Then **one step of each stage on one time axis**, and at the end
 # the blog's six stages over an emulated 1 Gbit/s link (the *link run*), with three more measures, *link time*,
@@ -98,18 +98,23 @@ lesson.say(
 # * **compute** is the training thread inside an `aten::` operator (forward, backward, the optimizer,
 #   the stages' copies into and out of buckets);
 # * **in flight** is one of gloo's threads inside a `gloo:*` range: every collective, not only the
-#   gradients'. The *finish* is minddp's `finish_gradient_synchronization()`, which the training loop calls
-#   after every backward where the model has one (torch's DDP has none, and `ddp`'s finds its work done at the
-#   end of the backward). `simple` syncs in the finish after every micro-batch, `ga` once a step. Once a sync,
-#   minddp's stages `simple` to `bucket-async` check that both ranks' forwards used the same parameters (the
-#   *parameter check*, `minddp.stages.checks`: one all_gather; in `simple` and `ga` at the start of the
-#   finish, in `hook` to `bucket-async` in the first gradient's hook). `ddp` and torch's DDP run no check,
-#   but at the step's first forward they broadcast the model's buffers from rank 0 (torch's
-#   `broadcast_buffers`, on by default): `gloo:broadcast` ranges, in flight too (no column or bar below gives
-#   their length);
+#   gradients' (the parameter check's and the buffer broadcast's too, below);
 # * **non-compute** is time in flight while the training thread ran no `aten::` op: stopped until a message
 #   is back, in the parameter check or in `ddp`'s and torch's buffer broadcast, running its own Python (hooks, the
 #   time between autograd nodes), or, where the threads outnumber the free cores, ready to run with none free.
+#
+# Three more terms:
+#
+# * the *finish* is minddp's `finish_gradient_synchronization()`, which the training loop calls after every
+#   backward where the model has one (torch's DDP has none, and `ddp`'s finds its work done at the end of the
+#   backward). `simple` syncs in the finish after every micro-batch, `ga` once a step;
+# * the *parameter check* (`minddp.stages.checks`): once a sync, minddp's stages `simple` to `bucket-async` check
+#   that both ranks' forwards used the same parameters, with one small all_gather: in `simple` and `ga` at the
+#   start of the finish, in `hook` to `bucket-async` in the first gradient's hook. The check is minddp's, for
+#   teaching: `ddp` and torch's DDP run none;
+# * the *buffer broadcast*: at the step's first forward, `ddp` and torch's DDP broadcast the model's buffers from
+#   rank 0 (torch's `broadcast_buffers`, on by default): `gloo:broadcast` ranges (no column or bar below gives
+#   their length).
 #
 # The caveat that decides how to read them: a gloo range lasts from the moment gloo's thread picks the
 # collective up until it is done, so it is also *held open* until the other rank joins the same
@@ -117,19 +122,14 @@ lesson.say(
 # come after the training thread has had the result and gone on. On GPUs the same metrics read NCCL kernels
 # against compute kernels, which run side by side. `single` has nothing in flight and is not in the table.
 #
-# The table's last column is the part of non-compute that falls inside the parameter checks' all_gather ranges, all
-# of the step's (`simple` checks at each of its k syncs, `ga` to `bucket-async` once, `ddp` and torch's DDP never):
-# `metrics.non_compute` over the step with those ranges in place of all its gloo ranges (`in_check` below). The check
-# is minddp's, for teaching; torch's DDP runs none. Like every gloo range, the check's is held open until the other
-# rank joins it, so its length depends on when the other rank arrives. The *blocking* stages (`simple`, `ga`, `hook`,
-# `bucket`) wait for each message before they send the next: `simple` and `ga` after the backward, `hook` and
-# `bucket` inside it. The *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send their messages
-# during the backward and wait for them when it ends. The first claim under the table is the identity from the
-# opening, true by the definitions: it checks the table's arithmetic, not the run. The second compares the two kinds
-# by overlap, a share of each stage's own time in flight, not a time: it does not say why they differ (a range held
-# open longer while the thread computes also raises the overlap), nor which stage has the shorter non-compute. The
-# third says that `bucket` and `bucket-async` send the same messages; the line under the claims compares non-compute
-# pair by pair, the same messages sent asynchronously against blocking, with and without the check's part.
+# The table's last two columns split non-compute in two: the part inside the parameter checks' all_gather ranges,
+# all of the step's (`simple` checks at each of its k syncs, `ga` to `bucket-async` once, `ddp` and torch's DDP
+# never; `lesson.non_compute_in_checks`), and the rest. The check carries a byte per parameter, so a long check range is
+# the time it was held open (until the other rank joined it, or gloo's thread had a core), not its bytes' time.
+# The *blocking* stages (`simple`, `ga`, `hook`, `bucket`) hand each message to the wire only once the one before
+# it is back: `simple` and `ga` after the backward, `hook` and `bucket` inside it. The *asynchronous* ones
+# (`hook-async`, `bucket-async`, `ddp`, torch's DDP) hand theirs to the wire during the backward and need them
+# back only when it ends.
 #
 # What the table does not show (rank 0's trace shows when a range was open, not why):
 #
@@ -139,49 +139,39 @@ lesson.say(
 #   step moved from one stage's step to another's);
 # * why asynchronous stages that send as many messages (`bucket-async`, `ddp` and torch's DDP: the table after
 #   the timeline counts them) differ in in flight and non-compute;
-# * why one stage's check holds more non-compute than another's (the last column);
+# * why one stage's check holds more non-compute than another's, nor whether the other rank or a core held it open;
 # * what a blocking stage's thread computed in the time its overlap counts.
 
 # %%
 import pandas as pd
 import matplotlib.pyplot as plt
 from IPython.display import Image, display
-from minddp.analysis import analyze_run, metrics
-from minddp.analysis.cpu import rank_intervals
-from minddp.analysis.events import load_stage
-from minddp.analysis.steps import end_of
+from minddp.analysis import analyze_run
 from minddp.analysis.timeline import draw_steps, rows_from_analysis
 from minddp.notebook import lesson
 
 RUN = lesson.trace_dir("05_reading_traces")
 result = analyze_run(RUN)
-
-
-def checks_of(stage):
-    """Rank 0's profiled step of `stage`: its intervals, the step's start and its parameter checks' all_gather ranges
-    (µs, on the trace's clock)."""
-    iv = rank_intervals(load_stage(RUN / stage).ranks[0])
-    _, s0, s1 = iv.steps[-1]
-    return iv, s0, [(e["ts"], end_of(e)) for e in iv.allgathers if s0 <= e["ts"] <= s1]
-
-
-def in_check(stage):
-    """The stage's non-compute counted over its parameter checks' all_gather ranges only (rank 0), µs."""
-    iv, _, checks = checks_of(stage)
-    return metrics.non_compute([iv.steps[-1][1:]], iv.compute, checks)
-
-
 zero = result.summary[(result.summary["rank"] == 0) & (result.summary["stage"] != "single")].set_index("stage")
-check = pd.Series({st: in_check(st) for st in zero.index}) / 1e3
 shares = pd.DataFrame(
     {
         "in flight (ms)": zero["comm_time_per_step_us"] / 1e3,
         "overlap (%)": zero["comm_comp_overlap_pctg"],
         "non-compute (ms)": zero["non_compute_time_us"] / 1e3,
-        "of it, in the check (ms)": check,
+        "of it, in the check (ms)": pd.Series({st: lesson.non_compute_in_checks(RUN, st) for st in zero.index}) / 1e3,
     }
-)
-display(shares.round(1))
+).round(1)
+# the rest, from the printed columns, so that it is their difference
+shares["outside the check (ms)"] = (shares["non-compute (ms)"] - shares["of it, in the check (ms)"]).round(1)
+display(shares)
+
+# %% [markdown]
+# Under the table: the first claim is true by the definitions (it checks the table's arithmetic, not the run). The
+# second compares the two kinds by overlap, a share of each stage's own time in flight, not a time: it does not say
+# which stage has the shorter non-compute (a range held open longer while the thread computes also raises the
+# overlap). The lines under the claims compare non-compute, each change's two stages, with and without the check.
+
+# %%
 tied = (zero["non_compute_time_us"] - (1 - zero["comm_comp_overlap_pctg"] / 100) * zero["comm_time_per_step_us"]).abs()
 # exact by the definitions (one profiled step: the step is the window); the margin is float rounding only
 lesson.claim(
@@ -200,21 +190,27 @@ lesson.claim(
     sizes["bucket"] == sizes["bucket-async"],
     f"bucket and bucket-async send the same {len(sizes['bucket'])} messages (the same sizes).",
 )
-nc = shares["non-compute (ms)"].round(1)  # as the table prints them, so the line's difference is the table's
-rest = nc - shares["of it, in the check (ms)"].round(1)
-
-
-def than(x, y):
-    """'longer than' / 'shorter than' / 'as long as' for x against y, as printed to 0.1 ms."""
-    return "as long as" if round(x, 1) == round(y, 1) else "longer than" if x > y else "shorter than"
-
-
+nc, inside, rest = (shares[c] for c in ["non-compute (ms)", "of it, in the check (ms)", "outside the check (ms)"])
+most = [f"{st} ({100 * inside[st] / nc[st]:.0f} %)" for st in nc.index if inside[st] > nc[st] / 2]
 lesson.say(
-    "Pair by pair, the same messages sent asynchronously against blocking: "
+    f"In this step the parameter check holds more than half of the non-compute of {', '.join(most)}."
+    if most
+    else "In this step the parameter check holds at most half of every stage's non-compute."
+)
+lesson.say(
+    "Each change's two stages by non-compute, then outside the check: "
     + "; ".join(
-        f"{a}'s non-compute is {than(nc[a], nc[b])} {b}'s ({nc[a]:.1f} against {nc[b]:.1f} ms), and outside "
-        f"the check {than(rest[a], rest[b])} {b}'s ({rest[a]:.1f} against {rest[b]:.1f} ms)"
-        for b, a in [("hook", "hook-async"), ("bucket", "bucket-async")]
+        f"{a}'s is {lesson.compared(nc[a], nc[b])} {b}'s ({nc[a]:.1f} against {nc[b]:.1f} ms), outside the check "
+        f"{lesson.compared(rest[a], rest[b])} {b}'s ({rest[a]:.1f} against {rest[b]:.1f} ms)"
+        + (": the order turns around" if (nc[a] - nc[b]) * (rest[a] - rest[b]) < 0 else "")
+        for a, b in [
+            ("ga", "simple"),
+            ("hook", "ga"),
+            ("bucket", "hook"),
+            ("hook-async", "hook"),
+            ("bucket-async", "bucket"),
+            ("bucket-async", "hook-async"),
+        ]
     )
     + "."
 )
@@ -230,32 +226,33 @@ lesson.say(
 # * the forward (pale) and backward (darker) of each micro-batch (the *forward* band is the span from the
 #   micro-batch's start to its first autograd node: the forward, and whatever the stage does around it, such
 #   as `ddp`'s and torch's buffer broadcast; the *backward* band is the span from the first to the last
-#   autograd node: the gradients' computation, and whatever the hooks do inside those nodes: `hook`'s and
-#   `bucket`'s waits for each message, and in `hook` to `bucket-async` the parameter check);
+#   autograd node: the gradients' computation, and whatever the hooks do inside those nodes: in `hook` and
+#   `bucket` the time until each message is back, and in `hook` to `bucket-async` the parameter check);
 # * a tick when a message was *handed to the wire* (the legend's words; in this run the wire is gloo over the
 #   loopback interface, and no byte leaves the machine):
-#   for minddp's stages, where its send started the all_reduce (called from the finish in `simple` and `ga`,
-#   from a hook in the others); for torch's DDP, the reducer's `c10d::allreduce_` call;
-# * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open included)"
-#   is a part of what the table's in flight counts: the messages' ranges only; the check's all_gather range, in
-#   flight in the table too, is drawn as the hatch below instead, and `ddp`'s and torch's buffer broadcast, in
-#   flight in the table too, has no bar). A message's bar is the range matched to its `c10d::allreduce_` call, the
-#   first of the same size that opened at or after the call, and the call comes at or after the tick; so no bar
-#   starts before its tick, but a bar can start later than its tick, and a tick at a bar's left end need not be
-#   that bar's own (the table after the figure prints, per stage, the longest time from a tick to its bar). Gloo
-#   runs a process group's collectives in the order they were queued (`docs/analysis.md`): where a stage's bars run
-#   back to back, each opening as the one before it closes, a message handed to the wire while the one before it
-#   was open has its bar start later than its tick; the trace shows when each range opened, not what held it back.
-#   Each bar has a brown edge line, so a narrow bar is drawn longer than its range lasted, and where dozens crowd
-#   their edge lines and the ticks cover much of the orange and they merge into one block that also covers the gaps
-#   between them: read the time in flight off the table above, not off the bars' length;
+#   for minddp's stages, the start of its `minddp.bucket_launch` range: the send is called (from the finish in
+#   `simple` and `ga`, from a hook in the others), before it calls the all_reduce; for torch's DDP, the reducer's
+#   `c10d::allreduce_` call;
+# * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open included)" is
+#   a part of what the table's in flight counts: the messages' ranges only; the check's all_gather range, in flight in
+#   the table too, is drawn hatched instead (the parameter check's bullet), and `ddp`'s and torch's buffer broadcast, in
+#   flight in the table too, has no bar). A message's bar is the range matched to its `c10d::allreduce_` call, the first
+#   of the same size that opened at or after the call, and the call comes at or after the tick; so no bar starts before
+#   its tick, but a bar can start later than its tick, and a tick at a bar's left end need not be that bar's own (the
+#   table after the figure prints, per stage, the longest time from a tick to its bar). Gloo runs a process group's
+#   collectives in the order they were queued (`docs/analysis.md`): where a stage's bars run back to back, each opening
+#   as the one before it closes, a message handed to the wire while the one before it was open has its bar start later
+#   than its tick; the trace shows when each range opened, not what held it back. Each bar has a brown edge line, so a
+#   narrow bar is drawn longer than its range lasted, and where dozens crowd their edge lines and the ticks cover much
+#   of the orange and they merge into one block that also covers the gaps between them: read the time in flight off the
+#   table above, not off the bars' length;
 # * the parameter check (hatched red, the legend's "parameter check"), drawn where gloo's all_gather range of the
 #   check was open, over the top half of the row's bands, so the band it falls in, if any, shows below it: the hatch
 #   is that range, gloo's thread's, not the training thread's stand in the check, which need not start or end with it
 #   (the caveat above). `ddp` and torch run none; a short one is too thin to see. In `hook` to `bucket-async` it runs
 #   in the first gradient's hook, so it falls inside the last backward band, after that band's first autograd node
 #   (the blue below the hatch). The table above counts that range in flight and, while the thread computes nothing
-#   in it, in non-compute (its last column);
+#   in it, in non-compute (its column "of it, in the check");
 # * the finish (purple, the legend's "finish": the `finish_gradient_synchronization()` call, inside which `simple`
 #   and `ga` run their whole sync, check and messages; a short one is too thin to see), the optimizer step (green:
 #   the same AdamW update in every stage, yet not of the same length: the line under the table after the figure
@@ -266,11 +263,11 @@ lesson.say(
 # * **blocking after backward** (`simple` after every micro-batch, `ga` after the last): the ticks
 #   and bars come after a backward band, and the step ends only when they are done;
 # * **blocking inside backward** (`hook`, `bucket`): ticks and bars inside the last backward band: each
-#   hook waits for its message before backward goes on (the band includes those waits, but its length is not
-#   theirs: compare the stage's in flight in the table above; a bar inside the band is not overlap: overlap
+#   hook holds the backward until its message is back (the band includes that time, but its length is not
+#   that time: compare the stage's in flight in the table above; a bar inside the band is not overlap: overlap
 #   counts only the thread's `aten::` operators);
 # * **asynchronous** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the band, bars
-#   running on while backward goes on; what is still running when the band ends is waited for before
+#   running on while backward goes on; what is still running when the band ends must be back before
 #   the optimizer step: in the finish (purple) for `hook-async` and `bucket-async`; for `ddp` and torch's
 #   DDP at the end of the `loss.backward()` call, after the band's last autograd node (nothing drawn there
 #   on the thread's band: the gap between the backward and the optimizer).
@@ -278,7 +275,7 @@ lesson.say(
 # %%
 rows = rows_from_analysis(result)  # the rows plot_timeline draws, plus each stage's parameter checks
 for row in rows:
-    _, s0, checks = checks_of(row["stage"])
+    _, s0, checks = lesson.parameter_checks(RUN, row["stage"])
     row["checks"] = [((a - s0) / 1e3, (b - s0) / 1e3) for a, b in checks]  # ms from the step's start
 fig = draw_steps(rows, title=f"One step of each stage, on one time axis: run {result.run} (rank 0)", width=11)
 fig.savefig(RUN / "one_step_each_stage.png", dpi=100)
@@ -373,6 +370,7 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 #   minus exposed (the table's last column) is the part of the waits during which the link carried nothing.
 
 # %%
+from minddp.analysis import metrics
 from minddp.comm.link import parse_link
 
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
@@ -421,8 +419,8 @@ display(on_link)
 # last claim compares the two kinds by waited, not by what the waits were made of (the last column: the part with
 # the link carrying nothing), over the asynchronous stages of the link run (`ddp` and torch's DDP were not run over
 # the link); where those differ in waited or exposed, this trace does not show why. The lines under the claims print
-# what the claims leave out: how much of the link time buckets saved, each change's two stages side by side by
-# waited (and exposed), and each stage's waited against its link time.
+# what the claims leave out: how much of the link time buckets saved, each change's two stages by waited (and
+# exposed), and each stage's waited as a share of its link time.
 
 # %%
 calls = lz["allreduce_calls_per_step"].astype(int)
@@ -465,29 +463,25 @@ lesson.say(
     f"({saved:.1f} ms, {100 * saved / whole:.1f} % of the link time) and leave the second as it was."
 )
 exposed = waits["exposed_us"]  # ms
-
-
-def waited_vs(a, b):
-    """a's waited (and exposed) against b's, as printed to 0.1 ms."""
-    return (
-        f"{a}'s waited is {than(stood[a], stood[b])} {b}'s ({stood[a]:.1f} against {stood[b]:.1f} ms; exposed "
-        f"{exposed[a]:.1f} against {exposed[b]:.1f} ms)"
-    )
-
-
 lesson.say(
     "Each change's two stages by waited, one step each: "
     + "; ".join(
-        waited_vs(a, b)
+        f"{a}'s waited is {lesson.compared(stood[a], stood[b])} {b}'s ({stood[a]:.1f} against {stood[b]:.1f} ms), "
+        f"its exposed {lesson.compared(exposed[a], exposed[b])} {b}'s ({exposed[a]:.1f} against {exposed[b]:.1f} ms)"
         for a, b in [("ga", "simple"), ("hook", "ga"), ("bucket", "hook"), ("bucket-async", "hook-async")]
     )
-    + ". Against its own link time: "
+    + ". Each stage's waited as a share of its link time: "
     + "; ".join(
-        f"{st}'s waited is {than(stood[st], link_ms(st))} its link time ({stood[st]:.1f} against {link_ms(st):.1f} ms)"
+        f"{st} {100 * stood[st] / link_ms(st):.0f} % ({stood[st]:.1f} against {link_ms(st):.1f} ms)"
         for st in on_link.index
     )
     + "."
 )
+for st in [st for st in on_link.index if round(exposed[st], 1) == 0]:
+    lesson.say(
+        f"{st}'s exposed is {exposed[st]:.1f} ms: its {stood[st]:.1f} ms of waited is all waited − exposed, time with "
+        "the link carrying nothing."
+    )
 
 
 # %% [markdown]

@@ -696,3 +696,30 @@ def claim(holds: bool, text: str) -> None:
 def trace_dir(name: str) -> Path:
     """Where the notebook ``name`` writes its traces."""
     return TRACE_ROOT / name
+
+
+def parameter_checks(run: Path, stage: str):
+    """Rank 0's profiled step of ``stage`` in the run folder ``run``: its intervals (``cpu.rank_intervals``), the
+    step's start and its parameter checks' all_gather ranges (µs, on the trace's clock)."""
+    from minddp.analysis.cpu import rank_intervals
+    from minddp.analysis.events import load_stage
+    from minddp.analysis.steps import end_of
+
+    iv = rank_intervals(load_stage(Path(run) / stage).ranks[0])
+    _, s0, s1 = iv.steps[-1]
+    return iv, s0, [(e["ts"], end_of(e)) for e in iv.allgathers if s0 <= e["ts"] <= s1]
+
+
+def non_compute_in_checks(run: Path, stage: str) -> float:
+    """The part of the stage's non-compute (rank 0's profiled step) inside its parameter checks: ``metrics.non_compute``
+    over the step with the checks' all_gather ranges in place of all its gloo ranges, µs."""
+    from minddp.analysis import metrics
+
+    iv, _, checks = parameter_checks(run, stage)
+    return metrics.non_compute([iv.steps[-1][1:]], iv.compute, checks)
+
+
+def compared(x: float, y: float, unit: str = "ms") -> str:
+    """``x`` against ``y`` as printed to 0.1: "as long as", or the difference and "longer than" / "shorter than"."""
+    d = round(x, 1) - round(y, 1)
+    return "as long as" if d == 0 else f"{abs(d):.1f} {unit} {'longer' if d > 0 else 'shorter'} than"
