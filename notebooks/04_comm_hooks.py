@@ -492,9 +492,9 @@ wins.round(3)
 # all_reduce and, where the bucket has any, the uncompressed tensors', so the backward that calls it waits there
 # too, where torch's hook chains that work on a Future
 # (`_compute_qs` in `minddp/comm/powerSGD_hook.py` says why). So in this notebook's `bucket-async` runs
-# PowerSGD's backward, on its compressing steps, stops in the hook at each bucket it sends, where the other hooks'
-# backward goes on: the hooks do not run the same schedule. This notebook does not time that wait. A hook that needs no such second collective has no reason to
-# wait, and the exercise below asks yours not to.
+# PowerSGD's backward, on its compressing steps, stops in the hook at each bucket sent during it, where the other
+# hooks' backward goes on: the hooks do not run the same schedule. This notebook does not time that wait. A hook
+# that needs no such second collective has no reason to wait, and the exercise below asks yours not to.
 #
 # ## Your turn: an fp16 hook
 #
