@@ -25,7 +25,7 @@
 # in the same call. Two of them carry the whole of data parallelism: `broadcast` (every rank starts
 # from the same weights) and `all_reduce` (every rank applies the same averaged gradient); the next
 # notebook builds exactly that. Then minddp's own ring all_reduce, written from point-to-point `isend`/`irecv`,
-# is drawn hop by hop (a *hop*: one point-to-point send) from what four ranks sent, and priced with a model of a
+# is drawn exchange by exchange from the *hops* (point-to-point sends) four ranks sent, and priced with a model of a
 # link's cost per hop and per byte, in
 # the notation every later notebook uses. Last come `barrier`, and the words every later notebook
 # uses for communication meeting computation (*waited*, *exposed*, *overlap* and the rest), each with
@@ -172,7 +172,8 @@ print("ring:", x.tolist(), "| equal to dist.all_reduce:", torch.equal(x, expecte
 # %% [markdown]
 # ## Watching the ring
 #
-# `ring_all_reduce` cuts the tensor into as many chunks as there are ranks and passes them around
+# `ring_all_reduce` cuts the tensor into as many chunks as there are ranks (`tensor_split`: equal when n divides
+# the tensor's length, as in `watch`'s tensors below; the ring cell's 5 values went into chunks of 2, 1, 1 and 1) and passes them around
 # the ring 0 → 1 → 2 → 3 → 0: every rank sends only to its right-hand neighbour, and so receives only
 # from its left-hand one. `watch`
 # (`minddp.collectives.watch`) runs it on a 1 MiB tensor in which every rank has written its
@@ -223,7 +224,7 @@ for holds, sentence in ring_facts(ring):  # what the text above says of the draw
 # | symbol | meaning | unit |
 # | --- | --- | --- |
 # | n | the number of ranks | |
-# | m | the bytes of the tensor one collective reduces, on one rank (a ring cuts it into n chunks of m / n bytes) | bytes |
+# | m | the bytes of the tensor one collective reduces, on one rank (a ring cuts it into n chunks, of m / n bytes when n divides it) | bytes |
 # | α | the fixed cost of one *hop*, one point-to-point send, whatever its size: latency, software | seconds |
 # | β | the time per byte on a link, 1 / B | seconds per byte |
 # | B | a link's bandwidth, when one is named (`1gbit`: 1 Gbit/s = 125 MB/s); the tables print it in Gbit/s | bytes per second |
@@ -387,7 +388,7 @@ if rank == 0:
 # rank hands the message over (or, if the link still carries an earlier one, when that one is done), whatever
 # the other rank is doing, and lasts the α-β
 # time of the collective; the message is *delivered* at the later of the transfer's end and the real
-# collective's end. The six words that answer the question read these sets of time intervals of one
+# collective's end. The definitions (the table below) read these sets of time intervals of one
 # training step:
 #
 # * W, the *window*: from the step's start to its end;
@@ -445,7 +446,7 @@ steps = {  # every interval in ms from the step's start
         compute=[(0, 40), (40 + t_ar, 60 + t_ar), (60 + 2 * t_ar, 80 + 2 * t_ar)],
         backward=[(20, 70 + 2 * t_ar)],
         comm=sent,
-        link=sent,  # the other rank joins at once: gloo's range is the link's transfer
+        link=sent,  # the other rank joins at once: each wait lasts the link's transfer
         waits=sent,
     ),
     "waits once, after backward": dict(

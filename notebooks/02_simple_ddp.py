@@ -35,7 +35,7 @@
 # forward and backward; k micro-batches make one optimizer step (gradient accumulation, `03_build_up`);
 # the *global batch* is every example of one optimizer step, on every rank, and a rank's *shard* is its
 # part of it, its k micro-batches; a *sync* averages every gradient over the ranks once. (Its bucket
-# size is for `03_build_up`'s bucketed stages, and is a cap in torch's sense, `bucket_cap_mb`, not a ceiling: a bucket
+# size is for `03_build_up`'s bucketed stages, and is a threshold, torch's `bucket_cap_mb`, not a maximum: a bucket
 # closes at the first gradient that brings it to that size or past it, so a bucket can hold more.)
 
 # %%
@@ -307,7 +307,7 @@ plt.show()
 # replicas left to themselves part after every step (the ✓ line above the figure), and the line printed under it
 # says whether their distance grew from step to step, and how it compares with how far the single process moved
 # from its start (the red line against the grey). Where it says *farther apart than that*, the two replicas, which
-# started equal, differ by more than the single process moved from its start in all its training: without the
+# started equal, differ by more than the single process had moved from its start by that step: without the
 # average they are no longer one model.
 # And `SimpleDDP` all_reduces more than it needs: every gradient after every micro-batch, k syncs a
 # step (the first training cell counts their calls and bytes), although only the average over the whole
@@ -410,8 +410,9 @@ else:
 #
 # Fill in the two methods below with plain `torch.distributed` calls:
 #
-# 1. `__init__`: broadcast every parameter **and every buffer** of the module from rank 0 (under
-#    `torch.no_grad()`, as the class above does: the write is no part of training);
+# 1. `__init__`: broadcast every parameter **and every buffer** of the module from rank 0 (the class above does it
+#    under `torch.no_grad()`, which keeps autograd out of the write: some torch builds refuse an in-place write
+#    into a parameter otherwise; the checker does not ask for it);
 # 2. `finish_gradient_synchronization()`: all_reduce each parameter's `.grad` in place, one call per
 #    tensor, and divide it by `dist.get_world_size()` (before the all_reduce or after it: the
 #    checker accepts either).

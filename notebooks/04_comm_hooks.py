@@ -20,9 +20,10 @@
 # Future[Tensor]`: the interface of torch's `register_comm_hook`, with torch's names. The default
 # averages with a plain all_reduce; others compress first:
 #
-# * `fp16` / `bf16`: cast the bucket to a 16-bit float, all_reduce, cast back: half the bytes;
-# * `powersgd`: view a gradient matrix `M` as close to a low matrix rank and send two thin factors
-#   `P` and `Q` with `M ≈ P Qᵀ` instead of `M` (only for the matrices large enough to gain from it: the other
+# * `fp16` / `bf16`: cast the bucket to a 16-bit float, divide it by the world size, all_reduce (the sum of the
+#   divided values: the average), cast back: half the bytes;
+# * `powersgd`: approximate a gradient matrix `M` by `P Qᵀ`, two thin factors `P` and `Q` of low matrix rank, and
+#   send `P` and `Q` instead of `M` (only for the matrices large enough to gain from it: the other
 #   tensors go uncompressed, as the section on PowerSGD below says); with *error feedback*, what compression lost
 #   this step is added to the next step's gradient, so it is delayed rather than lost.
 #
@@ -31,10 +32,12 @@
 # number of columns of `P` and `Q`, the directions kept per gradient matrix. This notebook always
 # says *matrix rank* for the second, and its letter r is the matrix rank (not 01's r, a rank's index).
 #
-# Here each hook trains the workload every notebook shares, in the `bucket-async` stage, from the
-# same start on the same batches. The bucket size the next cell prints is a cap in torch's sense (`bucket_cap_mb`),
-# not a ceiling: a bucket closes at the first gradient that brings it to that size or past it, so a bucket can hold
-# more than the cap, and the last one holds what is left
+# Here each hook trains the workload every notebook shares, in `03_build_up`'s `bucket-async` stage (the next
+# section says when it sends), from the same start on the same batches: `lesson.Trainee(stage, hook=name)` builds
+# the stage and registers the hook on it with `register_comm_hook(state, hook)` (`minddp.ladder.wrap`), and the
+# stage calls the hook with each bucket; `lesson.race` steps every trainee once a round, in turn. The bucket size
+# the next cell prints is a threshold, torch's `bucket_cap_mb`, not a maximum: a bucket closes at the first
+# gradient that brings it to that size or past it, so a bucket can hold more, and the last one holds what is left
 # (`minddp.stages.bucket_plan`). For each hook we read:
 #
 # * the all_reduce calls a step and their *payload*, counted by the hook's traffic meter: the bytes the
@@ -88,8 +91,10 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # ## Payload and gradient error
 #
 # Calls and payload are the last step's, as rank 0 measured them. `bucket-async` sends once per optimizer step:
-# the backwards of every micro-batch but the last run inside `no_sync()` (as in 03) and send nothing, and the
-# last one's sends each bucket. The *param distance* (relative), measured after the last step's update, is
+# the backwards of every micro-batch but the last run inside `no_sync()` (as in 03) and send nothing. In the last
+# one's backward each bucket is sent when it fills, and backward goes on while it travels; before
+# `optimizer.step()` the buckets that did not fill are sent and every bucket is waited for (PowerSGD's hook also
+# waits inside itself: torch compatibility, below). The *param distance* (relative), measured after the last step's update, is
 # `‖θ_hook − θ_allreduce‖ / ‖θ_allreduce − θ_start‖`:
 # how far each hook's parameters ended from plain averaging's, as a share of how far plain averaging
 # moved them (0 for plain averaging itself; at 1 a hook's parameters would be as far from plain averaging's as those
@@ -169,16 +174,16 @@ lesson.claim(
 # ## PowerSGD, step by step
 #
 # On a compressing step the hook takes each gradient it compresses as an a × b matrix `M` and, at matrix
-# rank r (the steps of `powerSGD_hook`'s docstring, `minddp/comm/powerSGD_hook.py`):
+# rank r (in more detail: `powerSGD_hook`'s docstring, `minddp/comm/powerSGD_hook.py`):
 #
-# 1. adds to `M` what compression left out of it on the step before (error feedback), and keeps a copy;
-# 2. computes `P = M Q` (a × r), with `Q` (b × r) the one of the step before (a random one the first time),
-#    its columns made orthonormal;
-# 3. all_reduces the P's and makes each `P`'s columns orthonormal: every rank now holds the same `P`;
-# 4. computes `Q = Mᵀ P` and all_reduces the Q's, divided by the world size: as every rank used the same `P`,
-#    the ranks' average of `Mᵀ P` is (the ranks' average of `M`)ᵀ `P`. That is why the Q's need the averaged P first;
-# 5. writes `P Qᵀ` over `M`, the ranks' average `M` projected onto `P`'s r columns, and keeps the copy of step 1
-#    minus `P Qᵀ`: what compression left out, for the next step.
+# * adds to `M` what compression left out of it on the step before (error feedback), and keeps a copy;
+# * computes `P = M Q` (a × r), with `Q` (b × r) the one of the step before (a random one the first time),
+#   its columns made orthonormal;
+# * all_reduces the P's and makes each `P`'s columns orthonormal: every rank now holds the same `P`;
+# * computes `Q = Mᵀ P` and all_reduces the Q's, divided by the world size: as every rank used the same `P`,
+#   the ranks' average of `Mᵀ P` is (the ranks' average of `M`)ᵀ `P`. That is why the Q's need the averaged P first;
+# * writes `P Qᵀ` over `M`, the ranks' average `M` projected onto `P`'s r columns, and keeps the copy made first
+#   minus `P Qᵀ`: what compression left out, for the next step.
 #
 # Of a compressed matrix only its `P` and `Q` travel: (a + b) · r values instead of a · b. So PowerSGD's calls and payload change when
 # it starts compressing; the cell shows both at every step.
@@ -352,7 +357,10 @@ lesson.say(
 #   smaller matrices has a larger q, and a larger m*.
 #
 # The cell prices this step's messages (the sizes recorded above) on every preset link with the
-# link's own model, and computes the three crossovers from the counts and bytes; its link times and B*'s are
+# link's own model. A preset is a pair α, B (the table's first two columns), named for what it stands for
+# (`minddp.comm.link.PRESETS` describes each: `home`, a home broadband line's upload; `wan`, two cloud regions a
+# continent apart); what the cell says of a preset is said of that pair, not of a measured network. It
+# computes the three crossovers from the counts and bytes; its link times and B*'s are
 # for this notebook's n ranks (B* falls as 1/n). Its figure draws plain
 # averaging's and PowerSGD's link time against the bandwidth, at two α's, `1gbit`'s (solid) and `nvlink`'s
 # (dotted): as B grows the bytes' term shrinks,
@@ -483,7 +491,10 @@ wins.round(3)
 # with one difference in when they wait: inside the hook, minddp's PowerSGD hook waits for the P factors'
 # all_reduce and, where the bucket has any, the uncompressed tensors', so the backward that calls it waits there
 # too, where torch's hook chains that work on a Future
-# (`_compute_qs` in `minddp/comm/powerSGD_hook.py` says why). This notebook does not time that wait.
+# (`_compute_qs` in `minddp/comm/powerSGD_hook.py` says why). So in this notebook's `bucket-async` runs
+# PowerSGD's backward, on its compressing steps, stops in the hook at each bucket sent during it, where the other
+# hooks' backward goes on: the hooks do not run the same schedule. This notebook does not time that wait. A hook
+# that needs no such second collective has no reason to wait, and the exercise below asks yours not to.
 #
 # ## Your turn: an fp16 hook
 #

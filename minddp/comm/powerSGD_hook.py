@@ -1,8 +1,8 @@
 """PowerSGD: send two thin matrices instead of each gradient matrix.
 
-A layer's gradient matrix M (n x m) is usually close to low rank. PowerSGD (Vogels et al., 2019)
-approximates the *averaged* M by P Qᵀ, P (n x r) and Q (m x r), from one step of power iteration,
-and sends only P and Q: (n + m)·r numbers instead of n·m. **Error feedback** (what compression lost
+A layer's gradient matrix M (a x b) is usually close to low rank. PowerSGD (Vogels et al., 2019)
+approximates the *averaged* M by P Qᵀ, P (a x r) and Q (b x r), from one step of power iteration,
+and sends only P and Q: (a + b)·r numbers instead of a·b. **Error feedback** (what compression lost
 is added to the next gradient) and a **warm start** (last step's Q) make it train well.
 :func:`powerSGD_hook` follows the steps of torch's own hook, one function each, and matches it bit
 for bit; it runs every collective from the hook call, never from a Future's callback.
@@ -74,9 +74,9 @@ def _orthogonalize_gram_schmidt(matrices: torch.Tensor, epsilon: float = 0.0) ->
 
 
 def _should_compress(num_rows: int, num_cols: int, rank: int, min_compression_rate: float):
-    """``(worth it?, numel before, numel after)`` for an n x m matrix at rank r.
+    """``(worth it?, numel before, numel after)`` for an a x b matrix at rank r.
 
-    Worth it when n·m > min_compression_rate · (n + m)·r: compression costs
+    Worth it when a·b > min_compression_rate · (a + b)·r: compression costs
     two matmuls and an orthogonalization, so it must save enough bytes.
     """
     uncompressed, compressed = num_rows * num_cols, (num_rows + num_cols) * rank
@@ -285,10 +285,10 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
     After:
 
     1. add the error feedback to the bucket and keep a copy of the result;
-    2. view every gradient as a matrix (n, everything else) and split them:
+    2. view every gradient as a matrix (a, everything else) and split them:
        matrices that compress well enough (``min_compression_rate``), and the
        rest (biases, small layers), which are averaged uncompressed;
-    3. take Q (m x r) from last step (warm start) or draw it at random, and
+    3. take Q (b x r) from last step (warm start) or draw it at random, and
        orthogonalize it; compute P = M Q for every compressed matrix;
     4. all_reduce the uncompressed tensors and all P's (sums), waiting for
        the P's here (:func:`_compute_qs` says why);
@@ -342,8 +342,8 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
 
 
 def _split_by_compression(state: PowerSGDState, bucket: GradBucket):
-    """Step 2 (torch's step I): each gradient as a matrix (n, everything else); those worth compressing,
-    the rest; and the sizes of all P's (n x r) and Q's (m x r) together."""
+    """Step 2 (torch's step I): each gradient as a matrix (a, everything else); those worth compressing,
+    the rest; and the sizes of all P's (a x r) and Q's (b x r) together."""
     to_compress, uncompressed = [], []
     p_size = q_size = 0
     for tensor in bucket.gradients():
