@@ -124,7 +124,7 @@ lesson.say(
 #
 # The table's last two columns split non-compute in two: the part inside the parameter checks' all_gather ranges,
 # all of the step's (`simple` checks at each of its k syncs, `ga` to `bucket-async` once, `ddp` and torch's DDP
-# never; `lesson.non_compute_in_checks`), and the rest. The check carries a byte per parameter, so a long check range is
+# never; `lesson.non_compute_in_checks`), and the rest. The check carries one byte per parameter tensor, so a long check range is
 # the time it was held open (until the other rank joined it, or gloo's thread had a core), not its bytes' time.
 # The *blocking* stages (`simple`, `ga`, `hook`, `bucket`) hand each message to the wire only once the one before
 # it is back: `simple` and `ga` after the backward, `hook` and `bucket` inside it. The *asynchronous* ones
