@@ -17,9 +17,10 @@
 # # 09 · Compiled: `torch.compile` and buckets handed over during backward
 #
 # Autograd runs backward as *nodes*, of two kinds in this notebook. A parameter's `AccumulateGrad`
-# node adds its gradient into the parameter's `.grad`; `ddp`'s *reducer* (the part of `ddp` that fills
-# the buckets) has a hook there, which marks the gradient ready and, once a bucket's last gradient is,
-# copies the bucket's gradients into one buffer and hands it over. Every other node is a
+# node adds its gradient into the parameter's `.grad`. `ddp` (minddp's `DistributedDataParallel`)
+# has its *reducer* (the part of `ddp` that fills the buckets) hook in there: the hook marks the
+# gradient ready and, once a bucket's last gradient is, copies the bucket's gradients into one buffer
+# and hands it over. Every other node is a
 # *gradient node*: it computes gradients (the model's nodes, and the loss's).
 #
 # Words, kept apart. A bucket is *handed over* when the reducer calls `all_reduce` on it, once its
@@ -39,29 +40,27 @@
 # while the model's gradients are computed.
 #
 # torch's answer to this is in Dynamo: while torch's DDP runs its module, Dynamo's `DDPOptimizer`
-# (`torch/_dynamo/backends/distributed.py`) **cuts the compiled graph into pieces**, closing a piece
-# once its parameters reach the bucket cap, counted from the end of the forward, and compiles each
-# piece apart: each piece records a gradient node of its own. Backward then runs piece after piece (in
-# this notebook pieces are numbered in that order: piece 0 is the forward's last layers, which backward
-# runs first). A bucket whose last gradient a piece produces can then be handed over before the next
-# piece's backward begins, so that its message can be in flight while that backward runs (this
-# notebook counts how many were). minddp's `ddp`, given a `bucket_cap_mb`, has Dynamo close every
-# piece but the last at that cap: here each piece but the last closes once its parameters reach
-# 2 MiB; the last holds what is left. Under torch's DDP, Dynamo closes the first piece at
+# (`torch/_dynamo/backends/distributed.py`) **cuts the compiled graph into pieces** by the bucket cap,
+# counted from the end of the forward, and compiles each piece apart: each piece records a gradient node
+# of its own. Backward then runs piece after piece (in this notebook pieces are numbered in that order:
+# piece 0 is the forward's last layers, which backward runs first). A bucket whose last gradient a piece
+# produces can then be handed over before the next piece's backward begins, so that its message can be
+# in flight while that backward runs (this notebook counts how many were). minddp's `ddp`, given a
+# `bucket_cap_mb`, has Dynamo cut by that cap: here each piece but the last closes once its parameters
+# reach 2 MiB; the last holds what is left. Under torch's DDP, Dynamo cuts the first piece by
 # `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` instead (by name and in torch, the cap of torch's
-# DDP's first *bucket* when `bucket_cap_mb` is left at its default; 1 MiB in the torch installed
-# here). While it runs its module compiled, minddp's `ddp` sets both values Dynamo reads, the bucket
-# cap and that first cap, to its own cap, and restores them on leaving (`compat.ddp_optimizer_caps`,
-# reached from `split_at_buckets` in `minddp/runtime/compiling.py`). A claim under *The pieces and
-# the buckets* checks that piece 0 holds the cap.
+# DDP's first *bucket* when `bucket_cap_mb` is left at its default; 1 MiB in the torch installed here).
+# While its module runs compiled, minddp's `ddp` sets both caps Dynamo reads, the bucket cap and that
+# first cap, to its own (`minddp/runtime/compiling.py`). A claim under *The pieces and the buckets*
+# checks that piece 0 holds the cap.
 #
-# This notebook shows one step of `ddp` in three runs on one time axis: eager, compiled without the
-# cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and compiled with it;
-# then the pieces and the buckets, and an exercise on them; then the wrapper compiled whole; then
-# buckets of 0.5 MiB. The model is a small MLP of our own class (eight 1 MiB layers without
-# biases): its layers make the pieces easy to name. The backend is `aot_eager`: the graph is traced
-# and cut as with Inductor, then run with the operations eager calls (torch's *aten* operators),
-# fused into none, so all three trainings give the same bits.
+# This notebook shows one step of `ddp` in each of three runs, one row each: eager (not compiled),
+# compiled without the cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and
+# compiled with it; then the pieces and the buckets, and an exercise on them; then the wrapper compiled
+# whole; then buckets of 0.5 MiB. The model is a small MLP of our own class (eight 1 MiB layers without
+# biases): its layers make the pieces easy to name. The backend is `aot_eager`: the graph is traced and
+# cut as with Inductor, then run with the operations an uncompiled model calls (torch's *aten*
+# operators), fused into none, so all three trainings give the same bits.
 
 # %%
 # %load_ext minddp.notebook
@@ -140,52 +139,52 @@ lesson.say(
 
 
 # %% [markdown]
-# ## One step, three runs, on one time axis
+# ## One step of each run, each row from its forward's start
 #
 # Each row is the profiled step of one run (its third step, after two that are not profiled), rank 0,
-# from the start of its forward to the black line where its optimizer step ends: the forward (pale,
-# the loss's included), the gradient nodes (blue, the loss's included), the `AccumulateGrad` nodes
-# (grey), a tick when a bucket was handed over (the row's label says how many buckets), an orange bar for each
+# from the start of its forward to the black line where its optimizer step ends: the forward (pale, the
+# loss's included), the gradient nodes (blue, the loss's included), the `AccumulateGrad` nodes (grey), a
+# tick when a bucket was handed over (the row's label says how many buckets), an orange bar for each
 # message in flight, and the optimizer step (green). A tick is not the start of its bar: between the
-# two, the bucket has been handed over and gloo has not yet begun its message. Ticks closer together than
-# a pixel (about a thousandth of the time axis) draw as one. Orange bars that overlap are drawn over
-# each other, and one can hide where another ends: the figure does not show how long each message
-# was in flight, nor which ran beside a gradient node (the line printed after it says which). In every
-# row the blue begins with the loss's gradient nodes; after them, in the cut row, one gradient node
-# per piece, piece 0 first (the pieces printed under *The pieces and the buckets*, whose claims count
-# them), and without the cut one for the whole graph. Count the pieces in those claims, not in the
-# blue: nodes that run one after the other draw as one stretch, a thin line between them at most.
+# two, the bucket has been handed over and gloo has not yet begun its message; how long that takes is
+# not measured here. Ticks closer together than a pixel (about a thousandth of the time axis) draw as
+# one. Orange bars that overlap are drawn over each other, and one can hide where another ends: the
+# figure does not show how long each message was in flight, nor which ran beside a gradient node (the
+# line printed after it says which). In every row the blue begins with the loss's gradient nodes; after
+# them, in the cut row, one gradient node per piece, piece 0 first (the pieces printed under *The pieces
+# and the buckets*, whose claims count them), and without the cut one for the whole graph. Count the
+# pieces in those claims, not in the blue: nodes that run one after the other draw as one stretch, a
+# thin line between them at most.
 #
 # White is time in none of these. The white just before the optimizer step holds the end of
 # backward, where the reducer waits for the last messages to end, then copies the averages into
 # `.grad` (`wait_and_write_back` in `minddp/ddp/reducer.py`), so it can outlast the last orange bar;
 # what the thread did in other white, this notebook does not show. Like an orange bar, a grey or
 # blue bar can also hold time its thread waits for a core, as gloo's threads and the other rank run
-# beside it: a bar can be longer than the work in its node. A grey stretch that holds a tick can
-# also last until about when that bucket's message ends, and backward's next gradient node begin
-# only then. That is not the reducer waiting for the message: when it hands a bucket over, it starts the
-# message and returns (`_launch` in `minddp/ddp/reducer.py`), and it waits for messages only at the
-# end of backward. What the thread did in such a stretch, this notebook does not show; a message in
-# flight only inside it is not counted below as in flight while a gradient node ran.
+# beside it: a bar can be longer than the work in its node, and a grey stretch can outlast a whole
+# message (the reducer waits for messages only at the end of backward). A message in flight only in
+# grey is not counted below as in flight while a gradient node ran.
 #
-# Read the figure for the order of its events: that is what the cut changes, and what the claims
-# count. Do not read it for lengths, not even to compare the rows (where a row ends, how long its
-# forward, its grey stretch or its orange bars are): each row is a single step of two ranks that share
-# this machine's cores, and this notebook does not measure what compiling costs. A row that ends last,
-# or whose orange bars are longest, does not show that its run's steps are slower, nor the reverse.
-# With the cut, a message is in flight while gradient nodes run, on the same few cores, so the two can
-# lengthen each other's bars; what the cut does to a step's length is not measured here.
+# Read the figure for the order of its events: that is what the cut changes, and what the claims count.
+# Without the cut every tick comes after the last blue; with it, here, a tick comes after each piece's
+# blue and before the next piece's, so orange can lie under later blue. Do not read it for lengths, not
+# even to compare the rows (where a row ends, how long its forward, its grey stretch or its orange bars
+# are): each row is a single step of two ranks that share this machine's cores, and this notebook does
+# not measure what compiling costs. A row that ends last, or whose orange bars are longest, does not
+# show that its run's steps are slower, nor the reverse. With the cut, a message is in flight while
+# gradient nodes run, on the same cores, so the two can lengthen each other's bars; what the cut does to
+# a step's length is not measured here.
 #
-# The cell after the figure counts, in each run on rank 0, the messages in flight while a gradient
-# node ran, and says which, in the order the messages began. Without the cut none can be (the first
-# claim checks it). With the cut, the message of every bucket handed over before the last piece's
-# backward can be (here every bucket but the last): it is counted if it was in flight while a later
-# piece's backward ran, and one that ends before the next piece's backward begins, in the grey
-# between the two, is not. Which are depends on when each message begins and ends and on when the
-# pieces' backwards run, which the timing of this execution decides. So what the line shows of the
-# cut is its count beside none without it. Eager's count is printed beside them: in eager too
-# gradient nodes ran after the first bucket was handed over (the second claim), and its count
-# depends on the timing as the cut's does, so the two counts do not compare eager with the cut.
+# The cell after the figure counts, in each run on rank 0, the messages in flight while a gradient node
+# ran, and says which, in the order the messages began. Without the cut none can be (program order); the
+# first claim checks that none was in this step. With the cut, the message of every bucket handed over
+# before the last piece's backward can be (here every bucket but the last): it is counted if it was in
+# flight while a later piece's backward ran, and one that ends before the next piece's backward begins,
+# in the grey between the two, is not. Which are depends on when each message begins and ends and on
+# when the pieces' backwards run, which the timing of this execution decides. So what the line shows of
+# the cut is its count beside none without it. Eager's count is printed beside them: in eager too
+# gradient nodes ran after the first bucket was handed over (the second claim), and its count depends on
+# the timing as the cut's does, so the two counts do not compare eager with the cut.
 #
 # The cut is torch's design for GPUs. This notebook runs no GPU: what the cut does to a GPU step is
 # not shown here.
@@ -195,8 +194,9 @@ lesson.say(
 title = f"ddp on rank 0, buckets of {CAP:g} MiB: eager, compiled without the cut, compiled with it\n"
 title += "one step each: read the order of events, not lengths"
 nodes.picture(looks, title)  # rank 0 draws
-# orders of events (program order), not timings: they hold on any machine. Without the cut every message starts
-# after its bucket's tick, which comes after the compiled piece's gradient node, the last gradient node, has ended
+# orders of events (program order), not timings: they hold on any machine. Without the cut every message
+# starts after its bucket's tick, which comes after the compiled piece's gradient node, the last
+# gradient node, has ended
 after = {label: v["ran_after_first_handover"] for label, v in looks.items()}  # nodes still running or begun
 lesson.claim(
     after[NO_CUT]["gradient nodes"] == 0
@@ -223,8 +223,8 @@ lesson.claim(
 # %%
 # %%distributed
 lesson.say(
-    "On rank 0, messages in flight while a gradient node ran, in the profiled step (without the cut none can be, on "
-    "any run, as the first claim checks; in eager and with the cut the timing of this execution decides the count, "
+    "On rank 0, messages in flight while a gradient node ran, in the profiled step (without the cut none can be, "
+    "by program order; in eager and with the cut the timing of this execution decides the count, "
     "and the two counts do not compare eager with the cut): "
     + ", ".join(f"{label} {nodes.beside(view['beside_node'])}" for label, view in looks.items())
     + "."
@@ -233,18 +233,17 @@ lesson.say(
 # %% [markdown]
 # ## The pieces and the buckets
 #
-# The pieces are visible to autograd: each records one gradient node, `CompiledFunctionBackward`,
-# and the parameters whose gradients it produces hang off it (their `AccumulateGrad` nodes). Walking
-# the graph of one forward from its output lists the pieces in the order backward runs them, each
-# with its parameters in the forward's order; the cell walks one more forward of the third run's
-# `ddp` (compiled with the cut, the last of the loop above). Beside them, the buckets of the figure's third row
+# The pieces are visible to autograd: each records one gradient node, `CompiledFunctionBackward`, and
+# the parameters whose gradients it produces hang off it (their `AccumulateGrad` nodes). Walking the
+# graph of one forward from its output lists the pieces in the order backward runs them, each with its
+# parameters in the forward's order; the cell walks one more forward of the third run's `ddp` (compiled
+# with the cut, the last of the loop above). Beside them, the buckets of the figure's third row
 # (compiled with the cut): `ddp`'s `bucket_plan`, rebuilt after the first step from the order the
-# gradients arrived in, each bucket listing its parameters in that order (a first step's plan lists
-# them otherwise: *Buckets of 0.5 MiB*). A compiled piece produces
-# all its gradients at its end, so within a piece they need not arrive last layer first: bucket 0
-# below lists `layers.6.weight` before `layers.7.weight`, in the order they arrived. A bucket closes
-# at the first gradient that takes it to the cap or past it. The claims below check where the buckets
-# lie.
+# gradients arrived in, each bucket listing its parameters in that order (a first step's plan lists them
+# otherwise: *Buckets of 0.5 MiB*). A compiled piece produces all its gradients at its end, so within a
+# piece they need not arrive last layer first: bucket 0 below lists `layers.6.weight` before
+# `layers.7.weight`, in the order they arrived. A bucket closes at the first gradient that takes it to
+# the cap or past it. The claims below check where the buckets lie.
 
 
 # %%
@@ -276,12 +275,11 @@ lesson.claim(
 )
 piece_of = {name: i for i, piece in enumerate(pieces) for name in piece}
 homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
-# each bucket's parameters lie in one piece (its home), the homes in backward order: a bucket is full when its
-# home's backward ends
+# each bucket's parameters lie in one piece (its home), the homes in backward order
 lesson.claim(
     all(len(home) == 1 for home in homes) and [h[0] for h in homes] == sorted(h[0] for h in homes),
     "Compiled with the cut, every bucket lies within one piece, in backward order: each bucket's gradients are all "
-    "there once the backward of its piece has ended.",
+    "produced by the backward of one piece.",
 )
 # program order on the training thread in the profiled step above: holds on any machine
 ended, begun = (looks[CUT][key] for key in ("pieces_ended_at_handover", "pieces_begun_at_handover"))
@@ -294,18 +292,17 @@ lesson.claim(
 # %% [markdown]
 # ### Your turn: after which piece is each bucket handed over?
 #
-# Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order backward
-# runs them, each as its gradients' sizes in bytes in the order they arrive (sizes here, where the
-# cell above's `pieces` holds names); `cap` is the bucket cap in bytes, every bucket's, the first
-# included (as in minddp's `ddp` given a `bucket_cap_mb`). Fill the buckets as `ddp` does (a bucket
-# closes at the first gradient that takes it to the cap or past it; the gradients left at the end
-# make one last bucket, handed over once the last of them is there) and return, for each bucket, the
-# index of the piece after whose backward it is handed over.
-# `check_handover` calls it on a few cases, without ranks, and names the usual mistakes made alone,
-# and some made two together; for any other wrong answer it shows a case where yours differs. As it stands `my_handed_over_after` raises `NotImplementedError`; the checker catches it
-# and says so. On this notebook's step, `pieces` is four pieces of two 1 MiB gradients and `cap` is
-# 2 MiB: the answer is `[0, 1, 2, 3]`, what the last claim above checked; that case is among the
-# checker's.
+# Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order backward runs
+# them, each as its gradients' sizes in bytes in the order they arrive (sizes here, where the cell
+# above's `pieces` holds names); `cap` is the bucket cap in bytes, every bucket's, the first included
+# (as in minddp's `ddp` given a `bucket_cap_mb`). Fill the buckets as `ddp` does (a bucket closes at the
+# first gradient that takes it to the cap or past it; the gradients left at the end make one last
+# bucket, handed over once the last of them is there) and return, for each bucket, the index of the
+# piece after whose backward it is handed over. `check_handover` calls it on its cases, without ranks,
+# and names the usual mistakes made alone, and some made two together; for any other wrong answer it
+# shows a case where yours differs. As it stands `my_handed_over_after` raises `NotImplementedError`;
+# the checker catches it and says so. On this notebook's step, `pieces` is four pieces of two 1 MiB
+# gradients and `cap` is 2 MiB: the answer is `[0, 1, 2, 3]`; that case is among the checker's.
 
 # %%
 from minddp.exercises import check_handover
@@ -333,17 +330,13 @@ print(check_handover(solutions.handed_over_after))
 # ## The wrapper compiled whole: graph breaks
 #
 # The other pattern compiles the wrapper itself: `torch.compile(DDP(model))`. Dynamo then meets the
-# wrapper's own Python first. A graph break is a place inside a graph Dynamo has begun where it
-# stops the graph, runs Python, and starts a new one; this notebook counts the breaks and does not
-# measure what they cost. Under `torch.compile(ddp)`, Dynamo compiles only `ddp`'s module and runs
-# the rest of `ddp`'s `forward` as Python: it begins no graph in the wrapper's own code, so there is
-# none to break there. How: when `ddp` is built, `eager_under_compile(self)`
-# (`minddp/runtime/compiling.py`) gives it, in a generated subclass, a copy of its `forward` passed
-# through `torch.compiler.disable(..., recursive=False)`, so that Dynamo skips `forward`'s own code
-# but still compiles the module it calls; and Dynamo skips whole, with all they call, the two methods
-# `forward` calls before and after the module (`_before_module`, `_after_module`, marked
-# `@runs_as_python` in `minddp/ddp/distributed.py`). A count of 0 alone does not show that the module
-# was compiled (a wrapper Dynamo skipped whole would count 0 too), and this cell does not show it;
+# wrapper's own Python first. A graph break is a place inside a graph Dynamo has begun where it stops
+# the graph, runs Python, and starts a new one; this notebook counts the breaks and does not measure
+# what they cost. Under `torch.compile(ddp)`, Dynamo compiles only `ddp`'s module and runs the rest of
+# `ddp`'s `forward` as Python: it begins no graph in the wrapper's own code, so there is none to break
+# there (how: `eager_under_compile` in `minddp/runtime/compiling.py`). A count of 0 alone does not show
+# that the module was compiled (a wrapper Dynamo skipped whole would count 0 too), and this cell does
+# not show it;
 # *Buckets of 0.5 MiB* prints the compiled pieces of `torch.compile(ddp)` at another cap. Each count
 # compiles an MLP of two 1 MiB layers, alone or in a wrapper, for one training step, and Dynamo
 # counts the breaks. Dynamo's cut into pieces is no graph break: it cuts the graph Dynamo has
@@ -371,7 +364,7 @@ counts = {
     THEIRS: breaks(lambda m: torch.nn.parallel.DistributedDataParallel(m, bucket_cap_mb=CAP)),
 }
 lesson.say(
-    f"Graph breaks in one training step, MLP(depth=2), each wrapper at bucket_cap_mb={CAP:g}: "
+    f"Graph breaks in one training step, MLP(depth=2), alone and in each wrapper at bucket_cap_mb={CAP:g}: "
     + ", ".join(f"{k} {v}" for k, v in counts.items())
 )
 lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")
@@ -384,8 +377,8 @@ lesson.claim(counts[THEIRS] > counts[ALONE], "torch's DDP, compiled whole, adds 
 # 0.5 MiB on an MLP of two 1 MiB layers, one training step each, the wrapper's first: its parameters
 # compared with eager `ddp`'s after the same step, the step's buckets, its graph breaks and the pieces
 # its compiled graph is cut into; a refusal is printed with the torch file that raised it. A first
-# step's buckets follow torch's first-iteration plan, one bucket per dtype, its parameters in the
-# order the model registers them, not the order their gradients arrive in
+# step's buckets follow torch's first-iteration plan, here one bucket of both layers, its parameters in
+# the order the model registers them, not the order their gradients arrive in
 # (`plan_first_iteration_like_torch` in `minddp/ddp/plan.py`); the 0.5 MiB buckets come only with
 # the rebuild at the next forward. So in this step the cap shapes the compiled pieces, not the
 # buckets. With torch's DDP, Dynamo caps the first piece at
@@ -480,8 +473,7 @@ lesson.claim(
 #   there, cut at that cap, with both patterns, and its first step (its gradients in one bucket, a
 #   first step's plan) trains to eager's bits.
 # * The train command and the benchmark take `--compile` (`--compile-backend aot_eager` for quick
-#   runs). `docs/ddp.md` (*Compiled*) gives the details, the limits and why minddp uses Dynamo's
-#   cut rather than compiled autograd.
+#   runs). `docs/ddp.md` (*Compiled*) gives the details and the limits.
 
 # %%
 # %dist_shutdown

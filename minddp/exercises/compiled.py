@@ -216,13 +216,14 @@ def _after_backward(pieces, cap):
     return full + [len(pieces)] * (len(solutions.handed_over_after(pieces, cap)) > len(full))
 
 
-def _first_at_one_mib(pieces, cap):
-    """The model answer's rule with the first bucket capped at ``min(cap, 1 MiB)``."""
+def _first_at_one_mib(pieces, cap, *, whatever_the_cap: bool = False):
+    """The model answer's rule with the first bucket capped at ``min(cap, 1 MiB)``, or at 1 MiB above the cap too
+    (``whatever_the_cap``)."""
     after, filled = [], 0
     for i, piece in enumerate(pieces):
         for size in piece:
             filled += size
-            if filled >= (cap if after else min(cap, 2**20)):
+            if filled >= (cap if after else 2**20 if whatever_the_cap else min(cap, 2**20)):
                 after.append(i)
                 filled = 0
     return after + [len(pieces) - 1] * (filled > 0)
@@ -311,6 +312,12 @@ MISTAKES = {
         "the first bucket was capped at 1 MiB (torch's DDP's own first bucket, Dynamo's cap for the first piece "
         "under torch's DDP): here `cap` caps every bucket, the first included, as in minddp's ddp given "
         "a `bucket_cap_mb`",
+    ),
+    "first bucket at 1 MiB, whatever the cap": (
+        lambda pieces, cap: _first_at_one_mib(pieces, cap, whatever_the_cap=True),
+        "the first bucket was capped at 1 MiB (torch's DDP's own first bucket, Dynamo's cap for the first piece "
+        "under torch's DDP), even where `cap` is smaller: here `cap` caps every bucket, the first included, as in "
+        "minddp's ddp given a `bucket_cap_mb`",
     ),
     "a bucket per gradient": (
         lambda pieces, cap: _walk(pieces, cap / 2**20),
