@@ -719,7 +719,8 @@ trade.round(1)
 # difference from each), and against the model answer (`like="halves"`). It trains its own small
 # network in two buckets, one of an odd length, which tests your padding; some wrong answers come out
 # right at two ranks (padding by `numel % n` instead of `-numel % n`, or a `2` written for the world
-# size), so an answer accepted at two ranks is checked again at three.
+# size), so an answer accepted at two ranks is checked again at three. Its buckets are flat tensors:
+# it does not check an answer on a tensor of more dimensions.
 
 # %%
 import torch
