@@ -113,9 +113,8 @@ show_source(ring_all_reduce)
 # tensors in every gathering pass, though FSDP never gathers them: it all-reduces them, two passes of
 # their bytes a step, which the bound's 2 × 3 passes of them cover. These counts are for true
 # reduce-scatters, as minddp's ring sends them (not gloo: the ZeRO-2 section). Passes count bytes, the
-# β term, only; the α term grows with the number of collectives, which the ✓ line with the figure of
-# handed-over collectives counts, and no cell here turns either into time: a ratio of bytes below is
-# not a ratio of cost. For this workload's step, on the ring:
+# β term, only; the α term grows with the number of collectives. No cell here turns either into
+# time: a ratio of bytes below is not a ratio of cost. For this workload's step, on the ring:
 
 # %%
 # %%distributed
@@ -129,8 +128,8 @@ lesson.say(
     f"m = {lesson.mib(m)}; at n = {world} ranks each pass of the model sends {lesson.mib(one_pass)} per rank. "
     f"Per step of {accum} micro-batches: DDP's all_reduce {lesson.mib(2 * one_pass)}, "
     f"ZeRO-2's reduce-scatter + all-gather {lesson.mib(2 * one_pass)}, ZeRO-1's all_reduce + all-gather "
-    f"{lesson.mib(3 * one_pass)}, FSDP's reduce-scatter + at most 2 × {accum} passes of all-gathers "
-    f"{lesson.mib(fsdp_most)} ({fsdp_most / (2 * one_pass):.1f} times DDP's)."
+    f"{lesson.mib(3 * one_pass)}; FSDP's reduce-scatter + all-gathers at most {lesson.mib(fsdp_most)} "
+    f"(1 + 2 × {accum} passes, a bound: at most {fsdp_most / (2 * one_pass):.1f} times DDP's)."
 )
 
 # %% [markdown]
@@ -170,8 +169,9 @@ for name, t in trainees.items():
     memory[name] = probe.result()
 
 # %% [markdown]
-# The table below sets each stage's measured model state beside its formula. The formulas, for `Ψ`
-# float32 parameter values (elements, as the ZeRO paper counts them) with Adam on n ranks: each value
+# The table below sets each stage's measured model state (parameters + gradients + optimizer state,
+# the table's first three columns: no activations, no gathered units) beside its formula. The
+# formulas, for `Ψ` float32 parameter values (elements, as the ZeRO paper counts them) with Adam on n ranks: each value
 # costs 4 bytes of parameter, 4 of gradient and 8 of Adam's two moments, and each rung divides one
 # more of the three among the ranks: DDP `16Ψ`; ZeRO-1 (optimizer state) `8Ψ + 8Ψ/n`; ZeRO-2 (and
 # gradients) `4Ψ + 12Ψ/n`; FSDP (and parameters) `16Ψₛ/n + 16Ψᵣ`, where `Ψᵣ` counts the values of the
@@ -315,7 +315,8 @@ initial = lesson.make_model()
 values = torch.cat([p.detach().reshape(-1) for p in initial.parameters()])  # the initial weights
 stepped = torch.cat([p.detach().reshape(-1) for p in trainees["ddp"].model.module.parameters()])  # after 1 step
 lesson.say(
-    f"ddp's first update (AdamW's first step, lr = {lr}) moved the values by a median of "
+    f"ddp's first update (AdamW's first step, lr = {lr}, weight decay "
+    f"{trainees['ddp'].optimizer.param_groups[0]['weight_decay']}) moved the values by a median of "
     f"{(stepped - values).abs().median().item() / lr:.2f} × lr, up or down."
 )
 took = {"bf16": lesson.added(values, lr, torch.bfloat16), "fp32": lesson.added(values, lr, torch.float32)}
@@ -337,7 +338,7 @@ lesson.claim(
 # other value would take it rounded, anywhere in the range the ✓ line prints; in fp32 every value takes
 # it, to within the fraction printed. A weight held in bf16 would take every update so, rounded to
 # bf16's spacing at its value, or lost where the update is under half of it. AdamW's weight decay is
-# such an update at every step: it shrinks each weight by lr · λ of itself (λ = 0.01, torch's default),
+# such an update at every step: it shrinks each weight by lr · λ of itself (λ, the weight decay printed above),
 # under half of bf16's spacing at any weight, as a multiplication of its own, so in bf16 it would be
 # rounded away every time. Weights held in bf16 would drift from the ones AdamW computes (no cell here
 # measures by how much over later updates): so the optimizer updates fp32 copies of the weights, the
@@ -456,14 +457,14 @@ show_source(reduce_scatter_hook)
 # A stage's *look* (`Trainee.look()`): one step (all its micro-batches) under the profiler, read in
 # memory (`minddp.analysis.live`): its collectives, each with the moment the stage *handed it over* (the
 # start of its call into `torch.distributed`) and the bytes *given* to it (the tensors this rank passed
-# in; the next section measures what a rank sends). On gloo every gradient collective is an all_reduce:
+# in; the next section measures what a rank sends). Its *gradient collectives* are the collectives that
+# sum gradients (fsdp's all_reduces of its replicated tensors included), which it counts as the
+# all_reduces handed over; it counts the all-gathers of parameters apart. On gloo every gradient
+# collective is an all_reduce:
 # a comm hook hands back a Future, to which the write-back is chained, and gloo's reduce-scatter hands
 # back a work without one. So on gloo minddp runs zero2's and fsdp's reduce-scatters as all_reduces of
 # the whole tensor they are given (a zero2 bucket, an fsdp unit's gradients) and keeps the piece a
-# reduce-scatter would have left this rank. gloo's own reduce-scatter is no saving either: torch's gloo
-# backend implements it with an all_reduce of the whole input (`docs/sharding.md`). So the exercise at
-# the end, which calls gloo's reduce-scatter itself and then an all-gather, sends more on gloo than one
-# all_reduce, not the same; its checker checks the sum, not the bytes sent. Each look below is its trainee's second step: the first was
+# reduce-scatter would have left this rank. Each look below is its trainee's second step: the first was
 # the memory step above, so zero2's look starts by gathering the parameters that step updated.
 
 # %%
@@ -601,7 +602,7 @@ lesson.claim(
 
 # %%
 # %%rank 0
-lesson.handed_picture(looks, STAGES, title="ddp and the sharded rungs, one step each (rank 0)")
+lesson.handed_picture(looks, STAGES, title="ddp and the sharded rungs on gloo, one step each (rank 0)")
 lesson.claim(
     all(
         len(looks[s]["handed"]["calls"]) == looks[s]["calls"]
@@ -677,7 +678,8 @@ lesson.say(
 # Through gloo's own collectives, as this notebook's other runs send, zero2's reduce-scatters run as
 # all_reduces of whole buckets (the ZeRO-2 section), as zero1's gradient collectives are: the bytes
 # zero2 spares against zero1 are spared only where a true reduce-scatter runs. No cell here counts
-# the bytes gloo sends.
+# the bytes gloo sends. The line below states each rung's trade: the model state it spares against
+# ddp's, and the bytes it sends on the ring for it.
 
 # %%
 # %%rank 0
@@ -701,27 +703,24 @@ trade.round(1)
 # %% [markdown]
 # ## Your turn: all_reduce from its two halves
 #
-# Write `my_all_reduce(tensor, group)`: sum `tensor` in place over `group` with one
-# `reduce_scatter_single` and one `all_gather_single`, torch's own collectives as `minddp.runtime.compat`
-# names them (torch 2.13's new names for `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor`,
-# which it keeps, deprecated; `minddp.runtime.compat` calls the new name where your torch has it, else
-# the old one). Both take `(output, input)`, and both want
-# a tensor whose length the world size divides: pad the flattened tensor first, and cut the padding
-# off at the end. The cell plugs your function into a `Wire` as its transport: a transport of one
-# function carries the `Wire`'s all_reduce only, all that the `bucket-async` stage's hook calls, so
-# that stage sums its buckets with it, and `check` trains that stage beside a single
-# process on the global batch and torch's DDP (its verdict prints the largest parameter difference
-# from each), and against the model answer (`like="halves"`): one reduce-scatter and one all-gather
-# per bucket. The hook (`allreduce_hook`) divides each bucket by the world size
-# before it hands it over, so `my_all_reduce` only sums.
-#
-# The checker trains its own small network (`minddp.exercises.harness.Net`), not this notebook's
-# model, in two buckets, one of an odd length, which tests your padding. At two ranks some wrong
-# answers come out right (padding by `numel % n` instead of `-numel % n`, or a `2` written for the
-# world size), so an answer accepted at two ranks is checked again at three. Pass `group` everywhere:
-# to `dist.get_world_size(group)` and to both collectives (to the reduce-scatter by name,
+# Write `my_all_reduce(tensor, group)`: sum `tensor` in place over `group` with one reduce-scatter and
+# one all-gather. Pad the flattened tensor to a length the world size divides; reduce-scatter it, so
+# that each rank receives its piece of the sum; all-gather the pieces back into the padded tensor; cut
+# the padding off and copy the sum into `tensor`. The two collectives are `reduce_scatter_single` and
+# `all_gather_single` from `minddp.runtime.compat` (torch's `dist.reduce_scatter_tensor` and
+# `dist.all_gather_into_tensor`, under torch 2.13's names); both take `(output, input)`. Pass `group`
+# everywhere: to `dist.get_world_size(group)` and to both collectives (to the reduce-scatter by name,
 # `group=group`: its third parameter is `op`); the checker refuses a call without it, which would run
 # over every rank of a larger job.
+#
+# The cell makes `my_all_reduce` the sum of the `bucket-async` stage's buckets (its hook divides each
+# bucket by the world size first, so `my_all_reduce` only sums). `check` trains that stage beside a
+# single process on the global batch and torch's DDP (its verdict prints the largest parameter
+# difference from each), and against the model answer (`like="halves"`). It trains its own small
+# network in two buckets, one of an odd length, which tests your padding; some wrong answers come out
+# right at two ranks (padding by `numel % n` instead of `-numel % n`, or a `2` written for the world
+# size), so an answer accepted at two ranks is checked again at three. Its buckets are flat tensors:
+# it does not check an answer on a tensor of more dimensions.
 
 # %%
 import torch
