@@ -18,10 +18,11 @@
 #
 # Every rung so far sends every gradient every step. For a model of hundreds of millions of parameters,
 # between two datacenters or over a home connection, that all_reduce can take longer than the step's
-# compute (the last section computes it for a 360 M-parameter model), and the GPUs stand idle. The rungs
-# of this notebook **talk rarely**: each replica trains alone for H optimizer steps (its *inner* steps),
-# then the replicas **sync**: they average what they learnt and each applies the result, of the whole
-# model at once (in streaming DiLoCo, of one fragment of it per sync).
+# compute (the section *Compute utilisation on slow links* computes it for a 360 M-parameter model), and
+# the GPUs stand idle. The rungs of this notebook **talk rarely**: each replica trains alone for H
+# optimizer steps (its *inner* steps), then the replicas **sync**: they average what they learnt and
+# each applies the result, of the whole model at once (in streaming DiLoCo, of one fragment of it per
+# sync).
 #
 # 1. **Local SGD**: every H steps, average the weights (`minddp.LocalSGD`);
 # 2. **DiLoCo** (Douillard et al., 2023, arXiv 2311.08105): every H steps, average the
@@ -89,7 +90,7 @@ lesson.say(
 # traffic=traffic)` all_reduces at full speed over the default process group (`None`: every rank) and
 # counts each call and the bytes of the tensor it was handed in `traffic` (a `Traffic`); given a `link=`
 # instead, it carries them over an emulated link. These counts are the *payload*: a ring all_reduce
-# over n ranks takes 2(n − 1) *hops* (a message from one rank to the next), each paying the link's
+# over n ranks takes 2(n − 1) *hops* (one rank handing a chunk to the next), each paying the link's
 # latency once, and moves 2(n − 1)/n times the tensor per rank (on this notebook's 2 ranks: 2 hops
 # and 1× the tensor; 1.5× on the bench's 4), so "bytes sent" below means the payload each replica
 # handed to the all_reduce, and every ratio between two runs on the same ranks is the same either way.
@@ -187,13 +188,15 @@ lesson.claim(
 #
 # The figure draws each run's mean over the seeds at H = 10 and 100 (H = 50 is not drawn) against the
 # payload bytes each replica handed to the all_reduce. `single` sends nothing, so it has no place on
-# the log axis and is drawn as a grey line at its final loss. The y axis stops at 2.6 nats: no run's
-# scores above it (early in the runs) are drawn, and some lines under the figure, read from the file,
-# are about such scores. Under the figure: each run's final loss with its range over the seeds; the
-# scores at which DiLoCo's mean at H = 10 is below local SGD's (early ones, above the cut in the
-# committed file: read them in that line, the figure does not show them); and the H = 100 runs' order
-# after equal bytes early in the run, which is not their order at the end. The next cell reads the
-# file; the one after draws the figure and prints those lines (its code collapsed: click to show it).
+# the log axis and is drawn as a grey line at its final loss. The y axis stops at 2.6 nats: the scores
+# above it (early in the runs) are off the figure, and each line enters at its top edge along the
+# straight segment from its last score above the cut to its first below, so the order of two lines at
+# that edge is drawn, not scored. Under the figure: each run's final loss with its range over the
+# seeds; the scores at which DiLoCo's mean at H = 10 is below local SGD's (early ones, above the cut in
+# the committed file: read them in that line, not in the figure); and the H = 100 runs' order after
+# equal bytes early in the run (where their lines lie close together, or one on another), which is not
+# their order at the end. The next cell reads the file; the one after draws the figure and prints
+# those lines (its code collapsed: click to show it).
 
 # %%
 import json
@@ -421,10 +424,10 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # unprofiled; in the profiled steps 9 to 24 each fragment is handed over once and applied once). A
 # message arrives before the step that applies it asks for it only if the τ steps from its hand-over
 # to that step's `wait()` last longer than its time on the link; the lines under the figure give both
-# times for each message (the code of the figure and of its lines collapsed). The batch and τ were
-# chosen so that the τ steps would last longer than the smaller fragment's time on the link and shorter
-# than the larger one's, one message arriving in time and one waiting; the lines say whether that
-# happened in this run.
+# times for each message, the τ steps' time measured anew for each (the code of the figure and of its
+# lines collapsed). The batch and τ were chosen so that the τ steps would last longer than the
+# smaller fragment's time on the link and shorter than the larger one's, one message arriving in time
+# and one waiting; the lines say whether that happened in this run.
 #
 # Each inner step is its forward (pale), backward (blue) and optimizer step (green), whose post-hook
 # hands a fragment's pseudo-gradient to the link in steps 10 and 18 (the tick) and, in steps 16 and
@@ -480,7 +483,7 @@ def spans(name):
 
 
 applied = [e for _, e in spans("minddp.fragment_apply")]  # where each apply ends
-started = [(e.time_range.start - t0) / 1e3 for e in events if e.name == "minddp.optimizer_step"]  # k-th: WARM + 1 + k
+started = [(e.time_range.start - t0) / 1e3 for e in events if e.name == "minddp.optimizer_step"]  # [i]: WARM + 1 + i
 
 
 def step_at(t):  # the inner step whose optimizer step (post-hook included) started last by t ms
@@ -734,11 +737,8 @@ lesson.claim(
 #   grows with H. At H = 100 it ends worse than one replica alone, which sends nothing.
 # * At H = 100 the sweep separates one thing: `diloco-h100-lr1` differs from local SGD in the Nesterov
 #   momentum alone, and it too ends above local SGD in every seed (the sweep's claim), so there the
-#   momentum alone costs loss. With momentum 0.9, torch's Nesterov SGD steps 1.9·lr times the averaged
-#   pseudo-gradient at the first sync and up to 10·lr times it as long as successive ones point the
-#   same way, where averaging's step is the averaged pseudo-gradient itself: every lr tried (0.3 to 1)
-#   can step further than averaging, and none ends below local SGD; an lr of 0.1 or less (whose steps
-#   stay within the pseudo-gradient), or less momentum, was not tried.
+#   momentum alone costs loss. No outer lr tried (0.3 to 1) ends below local SGD; their final losses
+#   are printed under the figure.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so the
 #   message can travel during those τ steps, and arrives without a wait only where they last longer
@@ -753,10 +753,10 @@ lesson.claim(
 #   (the table above). Streaming hides a fragment whole only where its time on the link fits in its τ
 #   steps; on the three slower links it does not, and neither rung computes 90 % of the time, though
 #   on `1gbit` streaming still computes more of it than plain DiLoCo. The step-time model counts only
-#   compute and the link, and utilisation is time, not progress: plain DiLoCo at H = 100 computes most
-#   of the time and still, in the bench, ends worse than one replica alone. `docs/benchmarks.md`
-#   (*Slow links*) measures compute utilisation in runs beside the step-time model's predictions, at other settings (an 80 k-parameter model, H = 20,
-#   2 fragments), estimated there as the median quiet inner step (nothing sent) over the mean step.
+#   compute and the link, and utilisation is time, not progress. `docs/benchmarks.md` (*Slow links*)
+#   measures compute utilisation in runs beside the step-time model's predictions, at other settings
+#   (an 80 k-parameter model, H = 20, 2 fragments), estimated there as the median quiet inner step
+#   (nothing sent) over the mean step.
 
 # %%
 # %dist_shutdown
