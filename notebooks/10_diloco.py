@@ -748,12 +748,12 @@ lesson.claim(
 #   α = 0.5) it ends closest to DDP of the runs that talk rarely, those at H = 10 included, which send
 #   the whole model every 10 steps where it sends it, a fragment at a time, once every 100 (whether
 #   the fragments or α helps was not separated).
-# * The step-time model *predicts* (for a 360 M-parameter model; not measured here): on `wan`, where
-#   DDP computes less than 5 % of the time, plain DiLoCo at H = 100 computes most of it and streaming DiLoCo (4 fragments, τ = 10) all of it
-#   (the table above). Streaming hides a fragment whole only where its time on the link fits in its τ
-#   steps; on the three slower links it does not, and neither rung computes 90 % of the time, though
-#   on `1gbit` streaming still computes more of it than plain DiLoCo. The step-time model counts only
-#   compute and the link, and utilisation is time, not progress. `docs/benchmarks.md` (*Slow links*)
+# * The step-time model *predicts* (for a 360 M-parameter model; not measured here) what the claims
+#   under its table check: on `wan` DDP computes less than 5 % of the time and streaming DiLoCo
+#   (4 fragments, τ = 10) more than 90 %; streaming hides a fragment whole only where its time on the
+#   link fits in its τ steps, and on the three slower links it does not (each rung's share on each link
+#   is in the table). The step-time model counts only compute and the link, and utilisation is time,
+#   not progress. `docs/benchmarks.md` (*Slow links*)
 #   measures compute utilisation in runs beside the step-time model's predictions, at other settings
 #   (an 80 k-parameter model, H = 20, 2 fragments), estimated there as the median quiet inner step
 #   (nothing sent) over the mean step.
