@@ -83,12 +83,13 @@
 #   from just before it first asks for a quorum, to the lighthouse's **store**: a key-value store
 #   over TCP, torch's `TCPStore`, that the lighthouse hosts; the processes post their quorum
 #   requests and votes there too, and read its answers). The lighthouse counts a slot **live** once
-#   its process has sent a first heartbeat, while that heartbeat has not been silent that long and
-#   the launcher has not reported the process's exit. It answers the run's first quorum once every
-#   slot has sent a heartbeat, and each later one once every live slot has asked (at the first
-#   attempt of a step of `full_world_at`, below, once every slot has). A slot silent past the bound
-#   is evicted (the launcher ends its process and starts it again, as after a kill), unless it is
-#   the last holder of the trained state, which is never evicted (question 1 below);
+#   its process has sent a first heartbeat, while neither its heartbeat nor its requests and votes
+#   have been silent that long and the launcher has not reported the process's exit. It answers a
+#   quorum once every live slot has asked (at the run's first, only once every slot has sent a
+#   heartbeat too; at the first attempt of a step of `full_world_at`, below, once every slot has
+#   asked). A slot silent past the bound is evicted (the launcher ends its process and starts it
+#   again, as after a kill), unless it is the last holder of the trained state, which is never
+#   evicted (question 1 below);
 # * `full_world_at=(4, 9)`: the lighthouse answers the quorum of the first attempt at steps 4 and 9
 #   only once all three slots have asked, whatever the machine's speed: the kill meets a full world,
 #   and slot 1 is back, healed, by step 9 (slots 0 and 2 wait for it there if it is not back
@@ -108,12 +109,13 @@
 from minddp.ft import ToyTask, launch_ft, parse_faults
 from minddp.notebook import lesson
 
+hang_s = 5.0  # the hang bound, in seconds
 run = launch_ft(
     ToyTask(compute_s=0.01),
     14,
     world_size=3,
     faults=parse_faults("kill@4:1,raise@11:2"),
-    hang_s=5.0,
+    hang_s=hang_s,
     full_world_at=(4, 9),
     restart_after_steps=1,
     digests=True,
@@ -135,8 +137,7 @@ for line in run.report():
 #   then the group's teardown, which closes its connections) and its peers' all_reduce fails. The
 #   run times none of these apart;
 # * **discard**: each member that caught an error first drops its group, then votes no; the
-#   lighthouse discards the attempt at the first no it receives (after the raise, slot 2's no comes
-#   only once its `drop_group` is done);
+#   lighthouse discards the attempt at the first no it receives;
 # * **exit seen** and **exit recorded** (the kill only): the launcher looks at its processes in
 #   passes; the first is the pass that found slot 1's process ended. The launcher then waits
 #   `EXIT_WAIT_S` (50 ms, a setting of the launcher) and takes in what the processes sent it
@@ -144,23 +145,24 @@ for line in run.report():
 #   has trained the run's last step, its final state), then records the exit and tells the
 #   lighthouse (the second). The wait is there so that a process that finished and exited before
 #   its result arrived is not reported lost;
-# * **next quorum**: each member asks again; the lighthouse answers once every live slot has
-#   asked, and slot 1 counts as live until the lighthouse has read the launcher's word of its exit
-#   (the second claim checks that the kill's next quorum came after the exit was recorded);
+# * **next quorum**: each member asks again; the lighthouse answers, with a new tag (the step was
+#   discarded), once every live slot has asked, and slot 1 counts as live until the lighthouse has
+#   read the launcher's word of its exit (the second claim checks that the kill's next quorum came
+#   after the exit was recorded);
 # * **commit**: the members build a new group (after the kill, of 2), train the step again and
 #   vote, and the lighthouse commits.
 #
 # A row is a moment, not a span: a span is the difference of two rows. Each survivor asks for the
 # next quorum only once it has read the discard, and the lighthouse answers it only once it has
 # read the exit's record, so the kill's next quorum could not be answered before that record,
-# however soon after the discard the survivors asked. The line under the kill's table says how
-# much of its recovery that span took, and, from when the launcher saw the exit, how much of it
-# was the launcher's own: `EXIT_WAIT_S` is a setting of minddp's launcher, not something a kill
-# has to cost. The raise's process stayed (the first claim checks
-# that the launcher recorded no exit after it, and that the first error was slot 2's own), so its
-# table has no exit rows. The two `recovery` lines set each recovery against the hang bound (5 s):
-# neither fault made anyone wait for the group's timeout: after the kill, slot 1's connections
-# ended with its process; after the raise, slot 2's `drop_group` closed them.
+# however soon after the discard the survivors asked. The two lines under the kill's table say
+# how much of its recovery that span took, and how long the launcher took from seeing the exit to
+# recording it: `EXIT_WAIT_S` is a setting of minddp's launcher, not something a kill has to cost.
+# The raise's process stayed (the first claim checks that the launcher recorded no exit after it,
+# and that the first error was slot 2's own), so its table has no exit rows. The two `recovery`
+# lines set each recovery against the hang bound: neither fault made anyone wait for the group's
+# timeout: after the kill, slot 1's connections ended with its process; after the raise, slot 2's
+# `drop_group` closed them.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -213,17 +215,20 @@ print(
     f"from the discard to the exit's record: {recorded - discard} ms, "
     f"{(recorded - discard) / ms(kill.recovery_s):.0%} of the kill's recovery; "
     + (  # compared in seconds, not in the rounded ms
-        "the launcher had seen the exit before the discard, so all of it was the launcher's own: its wait "
-        f"(EXIT_WAIT_S, {ms(EXIT_WAIT_S)} ms) and its taking in of what the processes sent it"
+        f"the launcher had seen the exit {discard - seen} ms before the discard, so all of it was the launcher's own"
         if kill.seen_s <= kill.discard_s
-        else f"the launcher saw the exit {seen - discard} ms after the discard, then took {recorded - seen} ms "
-        f"to record it: its wait (EXIT_WAIT_S, {ms(EXIT_WAIT_S)} ms) and its taking in of what the processes sent it"
+        else f"the launcher saw the exit {seen - discard} ms after the discard"
     )
+)
+taking_in = (kill.exit_s - kill.seen_s - EXIT_WAIT_S) * 1000  # ms after the wait, before the record
+print(
+    f"from seeing the exit to recording it: {recorded - seen} ms, the launcher's wait (EXIT_WAIT_S, "
+    f"{ms(EXIT_WAIT_S)} ms), then {taking_in:.1f} ms taking in what the processes sent it"
 )
 moments(raised)
 print()
 for o in (kill, raised):
-    print(f"{o.fault} recovery: {ms(o.recovery_s)} ms, {o.recovery_s / 5.0:.0%} of the hang bound (5 s)")
+    print(f"{o.fault} recovery: {ms(o.recovery_s)} ms, {o.recovery_s / hang_s:.1%} of the hang bound ({hang_s:g} s)")
 
 # %% [markdown]
 # The kill also ended slot 1's process: its **rejoin** (the report's first line) ends at the quorum
@@ -254,12 +259,14 @@ print(
 
 # %% [markdown]
 # So the rejoin is not the time a heal takes: the heal, the state sent just after that quorum, is
-# not timed. Nor does the run record when each slot asked for that quorum. The new process's share
-# (printed above) includes its starting up: it imports the `ft` modules, connects to the
-# lighthouse, builds its model, then starts its heartbeat and asks. The run does not time these,
-# so what in that share took the time is not shown. Until that first heartbeat it was not live, so
-# slots 0 and 2 trained without it at world 2 up to step 9, then waited there for it because this
-# notebook sets `full_world_at=(4, 9)`. That time is part of neither fault's recovery.
+# not timed. Until its first heartbeat the new process was not live, so slots 0 and 2 trained
+# without it at world 2 up to step 9, then waited there for it because this notebook sets
+# `full_world_at=(4, 9)`. They ask for a step's quorum as soon as they have committed the step
+# before, so the time from their last commit to the quorum (the last line above) is the lighthouse
+# waiting for the new process alone, and the new process's share of the rejoin is its starting up,
+# to its first request: it imports the `ft` modules, connects to the lighthouse, builds its model,
+# then starts its heartbeat and asks. The run does not time these apart. That time is part of
+# neither fault's recovery.
 #
 # Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline
 # below), and only slot 1's process was started again. A restart from a checkpoint (not run here)
@@ -420,7 +427,8 @@ show_source(solutions.ft_shard)
 #
 # 1. Freeze a process instead of killing it: `stop@4:1`. Before running, predict the recovery
 #    (hint: nothing tells the others that a stopped process is gone; what bounds their wait?). Run
-#    it and compare with the report line. Then halve `hang_s`.
+#    it in a new cell (`launch_ft` as above, under another name than `run`: the cells above are
+#    written for the run's two faults) and compare with its report line. Then halve `hang_s`.
 # 2. Kill two slots in consecutive steps (`kill@4:1,kill@5:2`) and read the world sizes on the
 #    timeline. What would happen with `kill@4:0,kill@4:1,kill@4:2`, and why can this design not heal
 #    that?

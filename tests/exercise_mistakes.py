@@ -1786,6 +1786,14 @@ def shard_last_row_short(batch, rank, world):
     return x[lo:hi], y[lo:hi]
 
 
+def shard_ranks_from_one(batch, rank, world):
+    """Ranks counted from 1: rank r takes rows (r-1)·B // world up to r·B // world, the ft rung's rank r - 1's, so
+    rank 0's slice x[-4:0] (B = 10, world 3) is empty and the last rank's share goes to no rank."""
+    x, y = batch
+    lo, hi = (rank - 1) * len(x) // world, rank * len(x) // world
+    return x[lo:hi], y[lo:hi]
+
+
 def shard_last_end_minus_one(batch, rank, world):
     """The last rank's slice ended at -1, read as "to the end" (or as an inclusive end): x[lo:-1] leaves out the
     batch's last row."""

@@ -697,6 +697,12 @@ SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, wh
         "at world 3, row 9 was trained by no rank (of the global batch's 10): it is the batch's last row, and your "
         "last rank's slice ends one row before the batch's end (an end of -1 or len(x) - 1), at every world",
     ),
+    (  # ranks counted from 1: rank 0's slice is empty, the last share goes to no rank
+        wrong.shard_ranks_from_one,
+        "at world 3, rows 6-9 were trained by no rank (of the global batch's 10): your shard counts ranks from 1: "
+        "rank r takes the rows of the ft rung's rank r - 1, so rank 0's slice is empty and rows 6-9, the last "
+        "rank's share, go to no rank",
+    ),
     (  # right on 10, 11 and 12 rows; chunk gives fewer pieces than ranks where B rows do not fill them
         wrong.shard_chunked,
         "with a global batch of 4 rows (the run's have 10), at world 3, your shard raised IndexError for rank 2 of "

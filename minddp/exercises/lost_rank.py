@@ -635,6 +635,15 @@ def slice_end_moved(fn, batch, world: int) -> int:
     return 0
 
 
+def ranks_from_one(fn, batch, world: int) -> bool:
+    """``fn`` gives rank 0 of ``world`` no rows and each rank r > 0 the rung's rows of rank r - 1: ranks counted from
+    1, ``x[(rank-1)·B // world : rank·B // world]``, so rank 0's slice is empty and the rung's last share is lost."""
+    x = batch[0]
+    mine = [sorted(rows_of(fn(batch, rank, world)[0], x) or []) for rank in range(world)]
+    rung = [sorted(rows_of(rung_shard(batch, rank, world)[0], x)) for rank in range(world)]
+    return world > 1 and not mine[0] and mine[1:] == rung[:-1]
+
+
 def last_end_short(fn, batch) -> bool:
     """``fn`` gives every rank of worlds 3, 2, 1 the rung's rows, but the last rank its rows less the batch's last
     row: that rank's slice ended at -1 or ``len(x) - 1`` (read as "to the end", or as an inclusive end), where the
@@ -856,6 +865,13 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
                 "the last row of a rank's share (rank r's share ends where rank r + 1's begins, at (r+1)·B // world); "
                 f"your slice ends one row before it, and {left}: a slice x[lo:hi] already leaves out row hi, so end it "
                 "at (r+1)·B // world, not one less"
+            )
+        if missing and ranks_from_one(fn, batch, world):
+            return (
+                f"at world {world}, {rows_text(missing)} trained by no rank (of the global batch's {ROWS}): your "
+                "shard counts ranks from 1: rank r takes the rows of the ft rung's rank r - 1, so rank 0's slice is "
+                f"empty and {rows_named(missing)}, the last rank's share, go{'es' if len(missing) == 1 else ''} to "
+                f"no rank, and {left}: ranks count from 0 (rank r takes rows r·B // world up to (r+1)·B // world)"
             )
         if missing and twice:
             return (
