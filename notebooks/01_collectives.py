@@ -172,8 +172,8 @@ print("ring:", x.tolist(), "| equal to dist.all_reduce:", torch.equal(x, expecte
 # %% [markdown]
 # ## Watching the ring
 #
-# `ring_all_reduce` cuts the tensor into as many chunks as there are ranks (`tensor_split`: equal when n divides
-# the tensor's length, as in `watch`'s tensors below; the ring cell's 5 values went into chunks of 2, 1, 1 and 1) and passes them around
+# `ring_all_reduce` cuts the tensor into as many chunks as there are ranks (`tensor_split`: equal when the number of
+# ranks divides the tensor's length, as in `watch`'s tensors below; the ring cell's 5 values went into chunks of 2, 1, 1 and 1) and passes them around
 # the ring 0 → 1 → 2 → 3 → 0: every rank sends only to its right-hand neighbour, and so receives only
 # from its left-hand one. `watch`
 # (`minddp.collectives.watch`) runs it on a 1 MiB tensor in which every rank has written its

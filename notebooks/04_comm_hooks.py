@@ -90,11 +90,12 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # %% [markdown]
 # ## Payload and gradient error
 #
-# Calls and payload are the last step's, as rank 0 measured them. `bucket-async` sends once per optimizer step:
+# Calls and payload are the last step's, as rank 0 measured them. `bucket-async` syncs once per optimizer step (02's *sync*):
 # the backwards of every micro-batch but the last run inside `no_sync()` (as in 03) and send nothing. In the last
-# one's backward each bucket is sent when it fills, and backward goes on while it travels; before
-# `optimizer.step()` the buckets that did not fill are sent and every bucket is waited for (PowerSGD's hook also
-# waits inside itself: torch compatibility, below). The *param distance* (relative), measured after the last step's update, is
+# one's backward each bucket is sent once all its gradients have arrived, whatever its size, and backward goes on
+# while it travels; before `optimizer.step()` any bucket whose gradients did not all arrive is sent and every
+# bucket is waited for (PowerSGD's hook, on the steps it compresses, also waits inside itself: torch
+# compatibility, below). The *param distance* (relative), measured after the last step's update, is
 # `‖θ_hook − θ_allreduce‖ / ‖θ_allreduce − θ_start‖`:
 # how far each hook's parameters ended from plain averaging's, as a share of how far plain averaging
 # moved them (0 for plain averaging itself; at 1 a hook's parameters would be as far from plain averaging's as those
