@@ -735,7 +735,7 @@ from minddp.stages import AsyncBucketDDP
 def my_all_reduce(tensor, group):
     # 1. flatten and pad to a multiple of dist.get_world_size(group)
     # 2. reduce_scatter_single(piece, padded, group=group): this rank's piece of the sum
-    #    (make the piece from padded, padded.new_empty(padded.numel() // world_size),
+    #    (make the piece from padded, padded.new_empty(padded.numel() // dist.get_world_size(group)),
     #    so that it lies on the tensor's device)
     # 3. all_gather_single(padded, piece, group=group): every piece, back in place
     # 4. copy the sum (without the padding) into tensor
