@@ -983,7 +983,7 @@ if rank == 0:
                 at_x[c],
                 swept[c]["exposed_ms"],
                 f"measured: exposed, {kind[c]}",
-                f"backward less the check {own[c]:.0f} ms",
+                f"backward {own[c]:.0f} ms",
             )
             for c in order
         ]

@@ -134,7 +134,7 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
     """
     import matplotlib.pyplot as plt
 
-    fig, (top, low) = plt.subplots(2, 1, figsize=(11, 6.2), sharex=True, height_ratios=[3, 2])
+    fig, (top, low) = plt.subplots(2, 1, figsize=(14, 6.2), sharex=True, height_ratios=[3, 2])
     styles = ["-", "--", ":"]
     for (label, costs), style in zip(curves.items(), styles):
         top.plot([c.cap_mb for c in costs], [1e3 * c.exposed for c in costs], style, color="#d62728", label=label)
@@ -167,6 +167,7 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
     ]:
         low.plot(caps, values, "-", color=color, label=label)
     low.set(xlabel="bucket cap (MiB, log scale)", ylabel="ms (log scale)", yscale="log")
+    low.set_xlim(right=1.6 * low.get_xlim()[1])  # the shared log axis: room right of the last point for its note
     low.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig
