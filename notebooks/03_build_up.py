@@ -178,8 +178,8 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: three bursts of messages, one after each backward, each waited for (red)
-# before the next micro-batch may start. The hatched block (where it is wide enough to draw) is not a
-# wait for a message: it is the parameters-used check (the side-by-side table below, *at the check*). `simple` has
+# before the next micro-batch may start. The hatched marks (where wide enough to draw) are not waits
+# for messages: they are the parameters-used check (the side-by-side table below, *at the check*). `simple` has
 # no `no_sync()`, so the loop syncs after every micro-batch, although only the sum over the step
 # is needed. Your version of this stage was the exercise of `02_simple_ddp`.
 #
