@@ -178,7 +178,8 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: three bursts of messages, one after each backward, each waited for (red)
-# before the next micro-batch may start. `simple` has
+# before the next micro-batch may start. The hatched marks (where wide enough to draw) are not waits
+# for messages: they are the parameters-used check (the side-by-side table below, *at the check*). `simple` has
 # no `no_sync()`, so the loop syncs after every micro-batch, although only the sum over the step
 # is needed. Your version of this stage was the exercise of `02_simple_ddp`.
 #
@@ -195,11 +196,14 @@ lesson.claim(
 # and the checker drive every stage:
 #
 # ```python
+# no_sync = getattr(model, "no_sync", None)                          # simple has none
+# finish = getattr(model, "finish_gradient_synchronization", None)   # torch's DDP has none
 # for i, batch in enumerate(micro_batches):
-#     last = i == len(micro_batches) - 1
-#     with model.no_sync() if not last else contextlib.nullcontext():
+#     quiet = no_sync is not None and i < len(micro_batches) - 1
+#     with no_sync() if quiet else contextlib.nullcontext():
 #         (loss_fn(model, batch) / k).backward()    # the forward records whether this backward syncs
-#     model.finish_gradient_synchronization()       # after every backward: syncs only after the last
+#     if finish is not None:
+#         finish()                                  # after every backward: syncs only after the last
 # ```
 #
 # The loop calls `finish_gradient_synchronization()` after every backward, outside the with-block
@@ -235,7 +239,7 @@ lesson.claim(
 # parameters-used check, in finish (a hatched block, *parameter check*, where it is wide
 # enough to draw): rank 0 standing in its all_gather, not gradients on the link (the
 # side-by-side table below prints its length, *at the check*). It is ga's first collective of the
-# step after micro-batches with none, so nothing has kept the two ranks in step before it; whether
+# step after micro-batches with none, so nothing has kept the two ranks in step since the step's start; whether
 # that is what held rank 0 there, these runs do not measure. (The link's time is modeled, so the
 # ratio above is exact. The compute bars are measured on a shared machine and move from step to
 # step: the two rows share an axis to show where the messages go, not which step is shorter.)
@@ -246,7 +250,8 @@ lesson.claim(
 # of `simple` (`solutions.SimpleDDP`, plain `torch.distributed`). The checker trains it with
 # several micro-batches per step, calling finish after every backward as the loop above does, so it
 # sees whether the micro-batches inside `no_sync()` stayed quiet; it also nests a `no_sync()` inside
-# another, whose sync must stay off when the inner one ends, as torch's does. It trains a small network
+# another, whose sync must stay off when the inner one ends, as torch's does, and raises inside one,
+# after which the flag must be what it was before. It trains a small network
 # of its own (three linear layers: 6 parameter tensors), so the counts it prints are that network's,
 # not the runs' above. Why each stage is built the way it is:
 # `docs/ladder.md`.
@@ -351,9 +356,9 @@ lesson.say(
 
 # %% [markdown]
 # What to look for: the messages have moved into the last backward, and so have the waits: the
-# backward stops at every gradient until its all_reduce is back. The hatched block at the backward's
-# first gradient is not a wait for a message: it is the parameters-used check, and the cell above
-# prints how long it held the thread beside how long the thread waited for messages (what held it at
+# backward stops at every gradient until its all_reduce is back. The stop at the backward's first
+# gradient for the parameters-used check is not a wait for a message (hatched, where it is wide enough
+# to draw); the cell above prints how long it held the thread beside how long the thread waited for messages (what held it at
 # the check, these runs do not measure). A long backward here is not all waiting for gradients: the
 # cell prints the backward, the waits, the check and the rest, which can be as long as another stage's
 # whole backward or longer; what that rest was, these runs do not measure.
@@ -663,7 +668,8 @@ lesson.say(
 # ## `torch`: torch's own DDP, the baseline
 #
 # The same workload through `torch.nn.parallel.DistributedDataParallel`, with the same bucket size.
-# Its reducer is C++; the profiler still sees its all_reduces, so it is counted the same way. Its
+# Its reducer is C++; on the emulated link it hands each bucket to minddp's allreduce comm hook
+# (`minddp.ladder.wrap` registers it), which sends it over the link, so it is counted the same way. Its
 # waits are not drawn (the cell says why; the legend's *training thread waits* are the faded `ddp` row's).
 
 # %%
@@ -728,7 +734,7 @@ lesson.look_table(looks).assign(
 )
 
 # %% [markdown]
-# How to read it: compare the stages by the link and exposed columns. The step and backward columns
+# How to read it: compare the stages by the link, exposed and waited columns. The step and backward columns
 # are one step each, measured on cores shared with the other rank and the link's thread, and are not
 # compared here: a row's length in the picture does not rank the stages, and a backward's length is
 # not what its waits cost (the exposed and waited columns are). *At the check* is how
@@ -801,14 +807,13 @@ lesson.claim(
     f"{per_grad['link_ms']:.0f} ms.",
 )
 # counted from the plan: the first bucket's last gradient is the in_first-th one backward produces
-lesson.claim(
-    in_first > 1 and bucket_ready >= first_ready,
+lesson.say(
     f"Late start: hook-async sends each gradient as it is ready, bucket-async its first bucket when all {in_first} "
     "of its gradients are: on the bare network here, the first gradient is ready after "
     f"{100 * first_ready / (1e3 * bare.backward):.1f} % of its backward, the first bucket's last after "
     f"{100 * bucket_ready / (1e3 * bare.backward):.0f} %. (In the profiled steps each first hand-over came after "
     f"the parameters-used check, which held hook-async {looks['hook-async']['check_ms']:.0f} ms, bucket-async "
-    f"{looks['bucket-async']['check_ms']:.0f} ms.)",
+    f"{looks['bucket-async']['check_ms']:.0f} ms, so the table's start-limited ends hold that wait too.)",
 )
 # modeled: the last message's bytes over the link, the same on every machine
 lesson.claim(
@@ -854,7 +859,8 @@ table.infer_objects().round(1)
 # message leaves"); a large cap makes a few large buckets. Below, `bucket-async` is measured at
 # other caps on the same link, one profiled step each with no warm-up step (the settings' cap is the
 # step above, taken after one; `None` is torch's default: a first bucket at 1 MiB, then 25 MiB ones;
-# the figure draws its measured point at 25 MiB, though its plan is not the 25 MiB cap's), and the
+# the figure draws its measured point, and the model's for its own plan, at 25 MiB, though its plan
+# is not the 25 MiB cap's), and the
 # step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap: the bare network is timed
 # on these ranks (`probe`: when each gradient is ready in backward), its times are scaled to the
 # median of these five runs' backwards (less the check's wait inside each), and each plan is replayed
@@ -981,9 +987,10 @@ if rank == 0:
             )
             for c in order
         ]
-        + [(at_x[c], swept[c]["waited_ms"], "measured: waited, the same steps") for c in order],
+        + [(at_x[c], swept[c]["waited_ms"], "measured: waited, the same steps") for c in order]
+        + [(at_x[None], 1e3 * default.after_backward, "step-time model: link after backward, None's own plan")],
         per_gradient={  # the value in the label too: a line near 0 lies close to the axis
-            f"hook-async, measured: exposed ({h['exposed_ms']:.1f} ms; its backward {h_backward:.0f} ms)": h[
+            f"hook-async, measured: exposed ({h['exposed_ms']:.1f} ms; its backward less the check {h_backward:.0f} ms)": h[
                 "exposed_ms"
             ],
             f"hook-async, step-time model: link after backward ({1e3 * per_gradient.after_backward:.1f} ms)": 1e3
@@ -996,14 +1003,14 @@ if rank == 0:
     sweep_figure.axes[0].set_ylabel("ms per step")
 sweep_table = pd.DataFrame(
     {
-        f"{c.cap_mb:g} MiB": c.row()
+        ("None" if c.cap_mb is None else f"{c.cap_mb:g} MiB"): c.row()
         | {
             "link after backward, ms (measured)": measured_after.get(c.cap_mb),
             "exposed, ms (measured)": swept[c.cap_mb]["exposed_ms"] if c.cap_mb in swept else None,
             "waited, ms (measured)": swept[c.cap_mb]["waited_ms"] if c.cap_mb in swept else None,
             "backward less the check, ms (measured)": own.get(c.cap_mb),
         }
-        for c in model
+        for c in [*model, default]  # the grid's caps, then torch's default (None)
     }
 ).T.rename(columns={"exposed, ms (step-time model)": "link after backward, ms (step-time model)"})
 
@@ -1253,7 +1260,7 @@ lesson.say(
 # which the cells print beside them and which can differ between rungs): *exposed*, the link's modeled time the thread stood waiting
 # through; and *waited*, all the thread stood still for its messages, which adds the time it waited
 # after the link had delivered (the link does not model it, and these runs do not measure what the
-# thread waited for then).
+# thread waited for then). Where the two verdicts differ, that unmodeled time decides the waited one.
 
 # %%
 # %dist_shutdown

@@ -134,7 +134,7 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
     """
     import matplotlib.pyplot as plt
 
-    fig, (top, low) = plt.subplots(2, 1, figsize=(8, 6.2), sharex=True, height_ratios=[3, 2])
+    fig, (top, low) = plt.subplots(2, 1, figsize=(14, 6.2), sharex=True, height_ratios=[3, 2])
     styles = ["-", "--", ":"]
     for (label, costs), style in zip(curves.items(), styles):
         top.plot([c.cap_mb for c in costs], [1e3 * c.exposed for c in costs], style, color="#d62728", label=label)
@@ -156,7 +156,7 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
         top.axhline(ms, color="#555555", ls=style, lw=1, label=label)
     top.set(xscale="log", ylabel="exposed (ms per step)")
     top.set_ylim(-0.03 * top.get_ylim()[1], None)  # a margin below 0: a point or a line at 0 stays in sight
-    top.legend(fontsize=7, loc="upper left")
+    top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: it hides no point
     top.set_title(title, fontsize=9)
     costs = next(iter(curves.values()))
     caps = [c.cap_mb for c in costs]
@@ -167,7 +167,8 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
     ]:
         low.plot(caps, values, "-", color=color, label=label)
     low.set(xlabel="bucket cap (MiB, log scale)", ylabel="ms (log scale)", yscale="log")
-    low.legend(fontsize=7, loc="upper left")
+    low.set_xlim(right=1.6 * low.get_xlim()[1])  # the shared log axis: room right of the last point for its note
+    low.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig
 
@@ -208,7 +209,7 @@ def settings_ladder(settings: dict, title: str = ""):
                 )
     top.set(ylabel="overlap (% of the link's\ntime under compute)", ylim=(0, 135))  # room for the legend
     top.set_title(title, fontsize=9)
-    top.legend(fontsize=7, loc="upper left")
+    top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: it hides no point
     highest = max([r["exposed_ms"] for runs in settings.values() for r in runs.values()] + [1.0])
     low.set_yscale("symlog", linthresh=1.0)  # a log axis that still has a 0: linear from 0 to 1 ms
     low.set(ylabel="exposed (ms per step;\nlinear to 1, log above)", ylim=(0, 12 * highest))  # room above every bar
