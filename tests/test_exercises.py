@@ -599,6 +599,10 @@ def test_a_name_only_the_runners_ranks_have_gets_the_fix():
     assert "kernel has no world_size or rank" in hint and "dist.get_world_size(process_group)" in hint, hint
     hint = checker._raise_hint("simple", " in my_stage (line 3)", "name 'rank' is not defined", None, 2)
     assert "dist.get_rank()" in hint, hint
+    # notebook 06's read: my_all_reduce(tensor, group) is asked for dist.get_world_size(group), which the harness
+    # requires of it; the hint named the call without the group, which the harness then refuses
+    hint = checker._raise_hint("halves", " in my_all_reduce (line 4)", "name 'world_size' is not defined", None, 2)
+    assert "dist.get_world_size(group)" in hint and "dist.get_rank(group)" in hint, hint
 
 
 def test_a_passing_hook_verdict_names_each_number_it_prints():

@@ -465,7 +465,7 @@ def _raise_hint(
             ".get_future(), then call .then(...) on that)"
         )
     if re.search(r"name '(world_size|rank)' is not defined", message):  # the runner's names, on its ranks only
-        group = "process_group" if like in solutions.HOOKS else ""
+        group = "process_group" if like in solutions.HOOKS else "group" if like == "halves" else ""  # the args' name
         return (
             " (your code runs on the checker's ranks with your notebook kernel's names, and the kernel has no "
             f"world_size or rank: those are the %%distributed cells' own; ask dist.get_world_size({group}) "
