@@ -728,7 +728,8 @@ lesson.claim(
 # ## What to take away
 #
 # * Local SGD and DiLoCo send H times fewer bytes than DDP; DiLoCo adds an outer optimizer (lr 0.7,
-#   Nesterov momentum 0.9) to averaging the weights. On this small task (the bench: 4 replicas, 2000
+#   Nesterov momentum 0.9) that steps by the averaged pseudo-gradient where local SGD takes the averaged
+#   weights as they are. On this small task (the bench: 4 replicas, 2000
 #   steps, 5 seeds), with that outer optimizer, DiLoCo's mean (not streamed) ended above local SGD's
 #   at every H. At H = 10 its mean is below local SGD's only at the early scores the claim under the
 #   figure names (above the figure's cut), it is behind in every seed at step 300, and it ends within
