@@ -260,7 +260,7 @@ print(
 # %% [markdown]
 # So the rejoin is not the time a heal takes: the heal, the state sent just after that quorum, is
 # not timed. Until its first heartbeat the new process was not live, so slots 0 and 2 trained
-# without it at world 2 up to step 9, then waited there for it because this notebook sets
+# without it at world 2 until step 9, then waited at step 9 for it because this notebook sets
 # `full_world_at=(4, 9)`. They ask for a step's quorum as soon as they have committed the step
 # before, so the time from their last commit to the quorum (the last line above) is the lighthouse
 # waiting for the new process alone, and the new process's share of the rejoin is its starting up,
