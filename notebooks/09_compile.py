@@ -24,8 +24,8 @@
 # *gradient node*: it computes gradients (the model's nodes, and the loss's).
 #
 # Words, kept apart. A bucket is *handed over* when the reducer calls `all_reduce` on it, once its
-# last gradient is there (the tick in the figure); it goes to *gloo*, the process group that carries
-# the ranks' messages on CPU. A bucket's *message* is its `all_reduce`. It is *in flight* from the
+# last gradient is there (the tick in the figure); it goes to *gloo*, the backend of the process group
+# that carries the ranks' messages on CPU. A bucket's *message* is its `all_reduce`. It is *in flight* from the
 # start of gloo's `all_reduce` range to its end (the orange bar), not from the tick. On CPU ranks that range
 # can also hold time gloo waits for the other rank to join or for a free core: a bar's length is not
 # the time the bytes took to travel.
@@ -51,7 +51,8 @@
 # `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` instead (by name and in torch, the cap of torch's
 # DDP's first *bucket* when `bucket_cap_mb` is left at its default; 1 MiB in the torch installed here).
 # While its module runs compiled, minddp's `ddp` sets both caps Dynamo reads, the bucket cap and that
-# first cap, to its own (`minddp/runtime/compiling.py`). A claim under *The pieces and the buckets*
+# first cap, to its own (`minddp/runtime/compiling.py` calls `compat.ddp_optimizer_caps`, which sets
+# them). A claim under *The pieces and the buckets*
 # checks that piece 0 holds the cap.
 #
 # This notebook shows one step of `ddp` in each of three runs, one row each: eager (not compiled),
