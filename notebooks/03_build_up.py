@@ -813,7 +813,7 @@ lesson.say(
     f"{100 * first_ready / (1e3 * bare.backward):.1f} % of its backward, the first bucket's last after "
     f"{100 * bucket_ready / (1e3 * bare.backward):.0f} %. (In the profiled steps each first hand-over came after "
     f"the parameters-used check, which held hook-async {looks['hook-async']['check_ms']:.0f} ms, bucket-async "
-    f"{looks['bucket-async']['check_ms']:.0f} ms, so the table's start-limited ends hold that wait too.)",
+    f"{looks['bucket-async']['check_ms']:.0f} ms.)",
 )
 # modeled: the last message's bytes over the link, the same on every machine
 lesson.claim(
@@ -1143,12 +1143,12 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # *exposed*, the link time the step stood waiting through. The two need not cover all the link's time:
 # the rest passed with the thread neither computing nor waiting (running lines outside a forward, a
 # backward or the optimizer, as between the end of backward and its wait in finish). The rungs that wait for each message as
-# soon as it is sent (`simple`, `ga`, `hook`, `bucket`) all run some of their own lines between a
-# send and its wait (ga's run above prints that time as the link time it did not wait through). The
+# soon as it is sent (`simple`, `ga`, `hook`, `bucket`) all take some time between a send and its
+# wait (ga's run above prints that time as the link time it did not wait through). The
 # overlap counts that time as compute only where it falls inside a forward, a backward or the
-# optimizer: `hook`'s and `bucket`'s lines run in their grad hooks, inside backward, and count;
-# `simple`'s and `ga`'s run in finish, after backward, and do not. So their overlap says where
-# their own lines run, not that backward's arithmetic went on while a message travelled (in these
+# optimizer: `hook`'s and `bucket`'s sends and waits run in their grad hooks, inside backward, and
+# count; `simple`'s and `ga`'s run in finish, after backward, and do not. So their overlap says where
+# their sends and waits run, not that backward's arithmetic went on while a message travelled (in these
 # four it never does).
 
 # %%
@@ -1192,7 +1192,7 @@ lesson.claim(
 )
 # With the ratios of 4 × T4 one sync's bytes take a fraction of a backward and a message's fixed cost almost
 # nothing: both async rungs send during backward and hide what travels before it ends; the rungs that wait hide only
-# what the hooks' own lines between a send and its wait cover. How much the async rungs hide moves from run to run
+# the time between a send and its wait. How much the async rungs hide moves from run to run
 # (each run's own backward, not the one the link was sized from), so the order is claimed and the shares printed.
 blocking = ("simple", "ga", "hook", "bucket")
 lesson.claim(

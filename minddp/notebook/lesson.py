@@ -405,15 +405,15 @@ def say_look(looks: dict, stage: str) -> None:
         f"On the emulated link its messages took {link} ms (modeled). The training thread stood waiting through "
         f"{exposed} ms of them (exposed)"
         + (
-            f" and did not wait through the other {link - exposed} ms (it ran "
-            # a stage that waits for each message as soon as it is sent runs only its own lines between (in finish
-            # or in a grad hook); one that waits later runs the backward and the loop's lines too
+            f" and did not wait through the other {link - exposed} ms ("
+            # a stage that waits later runs the backward and the loop's lines between; one that waits for each message
+            # as soon as it is sent has only the rest of the send's call there, which the run does not time apart
             + (
-                "the backward, or the stage's and the loop's own lines"
+                "it ran the backward, or the stage's and the loop's own lines, between handing a message over and "
+                "waiting for it)."
                 if v["calls_in_backward"] and not v["waits_in_backward"]
-                else "the stage's own lines"
+                else "the time between handing each message over and the stage's wait for it, not timed apart)."
             )
-            + " between handing a message over and waiting for it)."
             if link - exposed
             else "."
         )
