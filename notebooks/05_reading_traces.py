@@ -416,11 +416,12 @@ display(on_link)
 # stage, and as in the loopback run the stages were profiled one after another on a shared machine, so a
 # difference between two rows need not hold on a re-run. Waited counts the messages only: the time in the parameter
 # check is in no column of this table (the loopback run's first table gives the check's part of non-compute). The
-# last claim compares the two kinds by waited, not by what the waits were made of (the last column: the part with
-# the link carrying nothing), over the asynchronous stages of the link run (`ddp` and torch's DDP were not run over
-# the link); where those differ in waited or exposed, this trace does not show why. The lines under the claims print
-# what the claims leave out: how much of the link time buckets saved, each change's two stages by waited (and
-# exposed), and each stage's waited as a share of its link time.
+# first line under the claims compares the two kinds by waited in this run's steps, not by what the waits were made
+# of (the last column: the part with the link carrying nothing), over the asynchronous stages of the link run (`ddp`
+# and torch's DDP were not run over the link); it is printed, not claimed, because one step each decides it. Where
+# those differ in waited or exposed, this trace does not show why. The next lines print what the claims leave out:
+# how much of the link time buckets saved, each change's two stages by waited (and exposed), and each stage's waited
+# as a share of its link time.
 
 # %%
 calls = lz["allreduce_calls_per_step"].astype(int)
@@ -449,11 +450,11 @@ lesson.claim(
 )
 stood = waits["waited_us"]  # ms
 slow, quick = stood[[s for s in blocking if s in stood.index]], stood[[s for s in asynchronous if s in stood.index]]
-lesson.claim(
-    quick.max() < slow.min(),
-    f"The link run's asynchronous stages ({', '.join(quick.index)}) each waited less for their messages than "
-    f"every blocking one ({quick.max():.1f} ms at most, {quick.idxmax()}, against {slow.min():.1f} ms at least, "
-    f"{slow.idxmin()}).",
+lesson.say(  # printed, not claimed: one profiled step per stage on a shared machine decides it (a CI run reversed it)
+    f"In this step each, the link run's asynchronous stages ({', '.join(quick.index)}) "
+    + ("each waited less" if quick.max() < slow.min() else "did not all wait less")
+    + f" for their messages than every blocking one ({quick.max():.1f} ms at most, {quick.idxmax()}, against "
+    f"{slow.min():.1f} ms at least, {slow.idxmin()})."
 )
 
 whole, fixed_all = link_ms("hook-async"), calls["hook-async"] * fixed
