@@ -106,12 +106,13 @@ show_source(ring_all_reduce)
 # passes of the whole model's bytes, not collectives. Per step (all its micro-batches, the gradients
 # synced once): DDP all-reduces the gradients, two passes; ZeRO-2 reduce-scatters them, one pass, and
 # all-gathers the updated parameters, one pass: DDP's bytes; ZeRO-1 all-reduces them and then
-# all-gathers, one pass more. FSDP reduce-scatters its units' gradients, one
-# pass, but it gathers each unit's parameters for every micro-batch's forward and again for its
-# backward (all but the unit the backward starts with, kept gathered since its forward). The bound
-# below counts two gathering passes of the whole model per micro-batch. It counts the replicated
-# tensors in every gathering pass, though FSDP never gathers them: it all-reduces them, two passes of
-# their bytes a step, which the bound's 2 × 3 passes of them cover. These counts are for true
+# all-gathers, one pass more. FSDP reduce-scatters its units' gradients, one pass of the units'
+# bytes (the model's less its replicated tensors'), but it gathers each unit's parameters for every
+# micro-batch's forward and again for its backward (all but the unit the backward starts with, kept
+# gathered since its forward). The bound below counts, each of the whole model, one reduce-scatter
+# pass a step and two gathering passes per micro-batch. It counts the replicated tensors in every pass,
+# though FSDP neither reduce-scatters nor gathers them: it all-reduces them, two passes of their
+# bytes a step, which the bound's passes of them cover. These counts are for true
 # reduce-scatters, as minddp's ring sends them (not gloo: the ZeRO-2 section). Passes count bytes, the
 # β term, only; the α term grows with the number of collectives. No cell here turns either into
 # time: a ratio of bytes below is not a ratio of cost. For this workload's step, on the ring:
@@ -145,8 +146,9 @@ lesson.say(
 # optimizer's `step()`); the workload line above calls it an optimizer step.
 # `minddp.sharding.memory.Probe` measures one step of each stage from the tensors the rank holds:
 # parameters, gradients just before the update, optimizer state just after, the activations (the
-# most bytes autograd saved for the backward during one micro-batch's forward; each backward frees
-# its forward's), and FSDP's *gathered units* at their peak:
+# most bytes autograd saved for the backward during one micro-batch's forward, leaving out every
+# saved tensor that lies in a parameter's storage, a weight or its transpose, or for fsdp in a
+# gathered unit's; each backward frees its forward's), and FSDP's *gathered units* at their peak:
 # the full parameters it has gathered and the buffers its all-gathers receive into, counted together
 # (for a moment after a gather a unit is counted twice, in its buffer and in what was unpacked from it).
 # That column is measured for fsdp only (a dash for the other stages), and no column counts the buffers
@@ -226,8 +228,9 @@ table.round(3).astype(object).where(table.notna(), "–")
 # measures the gradients earlier in the step, when zero2 and fsdp hold whole ones, as ddp does (in
 # the micro-batches before the last they add to them under `no_sync()`, notebook 03's context in which
 # a stage's backward sends nothing). fsdp's gathered units are held during a forward or backward, not
-# at the update. The activations column holds one value for every row:
-# each stage runs the same forward on the same batch. Sharding saves model state, not activations:
+# at the update. The activations column holds one value for every row: each stage runs the same
+# forward on the same batch, and the column leaves out what autograd saved of the parameters,
+# whether held whole or, in fsdp, gathered. Sharding saves model state, not activations:
 # here they weigh about what zero1's model state does, and more than zero2's or fsdp's.
 #
 # ## bf16 compute with fp32 master weights
@@ -239,9 +242,8 @@ table.round(3).astype(object).where(table.notna(), "–")
 # *are* the master weights, cast to bf16 for each unit's gather (started a unit ahead, the prefetch)
 # and gathered in bf16, and a unit's gradients are cast to fp32 as soon as its backward hands them over
 # (torch's policy without `reduce_dtype` would reduce them in bf16). So at the update it keeps what
-# fp32 FSDP keeps. Of what lives only during the step, bf16 shrinks the gathered units and the
-# activations, not the whole gradients it adds up under `no_sync()` before the last micro-batch,
-# which are fp32. The cells below train it one step and measure the first two. Its units are those of the `fsdp`
+# fp32 FSDP keeps. Of what lives only during the step, the cells below train it one step and
+# measure two, the gathered units and the activations. Its units are those of the `fsdp`
 # above: `blocks_of(net)` makes each *block* (an element of the model's `nn.ModuleList`, a decoder
 # layer) a unit, as `lesson.Trainee` does.
 
@@ -306,7 +308,7 @@ lesson.claim(
 # of ddp's first update's changes (its line's "AdamW's first step" is the optimizer's first `step()`,
 # the update), then adds lr, a change of that size, to every value held in bf16 and in fp32
 # (`lesson.added`), and finds the values whose change is lost and how far the others land from lr. It
-# measures that one change only, not the later updates:
+# measures that one change only, not those of later updates:
 
 # %%
 # %%rank 0
@@ -335,10 +337,11 @@ lesson.claim(
 
 # %% [markdown]
 # In bf16 the norm weights (the share of the values the ✓ line gives) would lose this change, and every
-# other value would take it rounded, anywhere in the range the ✓ line prints; in fp32 every value takes
-# it, to within the fraction printed. A weight held in bf16 would take every update so, rounded to
-# bf16's spacing at its value, or lost where the update is under half of it. AdamW's weight decay is
-# such an update at every step: it shrinks each weight by lr · λ of itself (λ, the weight decay printed above),
+# other value would take it rounded to bf16's spacing at its value (the ✓ line prints the smallest and
+# the largest change, not how the changes spread between them); in fp32 every value takes it, to within
+# the fraction printed. A weight held in bf16 would take every change so, rounded to bf16's spacing at
+# its value, or lose it where the change is under half of it. AdamW's weight decay is such a change at
+# every update: it shrinks each weight by lr · λ of itself (λ, the weight decay printed above),
 # under half of bf16's spacing at any weight, as a multiplication of its own, so in bf16 it would be
 # rounded away every time. Weights held in bf16 would drift from the ones AdamW computes (no cell here
 # measures by how much over later updates): so the optimizer updates fp32 copies of the weights, the
@@ -352,8 +355,9 @@ lesson.claim(
 # now 12 of the 16 bytes are optimizer state, which ZeRO-1 already shards: ZeRO-1 `4Ψ + 12Ψ/n`, ZeRO-2
 # `2Ψ + 14Ψ/n`, FSDP `16Ψₛ/n + 16Ψᵣ` as before (minddp's FSDP in bf16 splits its 16 bytes 4 + 4 + 8, not
 # 2 + 2 + 12). Against the fp32 formulas, mixed precision saves ZeRO-1 `4Ψ(1 − 1/n)` bytes and
-# ZeRO-2 `2Ψ(1 − 1/n)`, half as many. minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`: their
-# mixed-precision formulas are computed here, not measured.
+# ZeRO-2 `2Ψ(1 − 1/n)`, half as many. Every value in the table below is a formula, computed here, not
+# measured: minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`, and fsdp's run in bf16 above
+# measured its 4 + 4 + 8 split, not the paper's.
 
 # %%
 # %%rank 0
@@ -461,10 +465,12 @@ show_source(reduce_scatter_hook)
 # sum gradients (fsdp's all_reduces of its replicated tensors included), which it counts as the
 # all_reduces handed over; it counts the all-gathers of parameters apart. On gloo every gradient
 # collective is an all_reduce:
-# a comm hook hands back a Future, to which the write-back is chained, and gloo's reduce-scatter hands
-# back a work without one. So on gloo minddp runs zero2's and fsdp's reduce-scatters as all_reduces of
-# the whole tensor they are given (a zero2 bucket, an fsdp unit's gradients) and keeps the piece a
-# reduce-scatter would have left this rank. Each look below is its trainee's second step: the first was
+# a comm hook must hand back a `torch.futures.Future` (an object that receives the collective's result
+# when it is done and then runs what was chained to it: here the write-back), and gloo's reduce-scatter
+# hands back only its `Work` (the handle a caller waits on), with no Future to chain to. So on gloo
+# minddp runs zero2's and fsdp's reduce-scatters as all_reduces of the whole tensor they are given (a
+# zero2 bucket, an fsdp unit's gradients) and keeps the piece a reduce-scatter would have left this
+# rank. Each look below is its trainee's second step: the first was
 # the memory step above, so zero2's look starts by gathering the parameters that step updated.
 
 # %%
@@ -491,10 +497,10 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 # rank 0 sent in one step, by the collective the message served. zero2's trainee here takes one step
 # before its look (`warmup=1`), as the memory step did for the gloo looks: zero2 all-gathers the updated
 # shards in the forward after an update, so the looked-at step starts with those all-gathers (its first
-# step has none to make). fsdp gathers its units again for every micro-batch, so its bytes gathered a
-# step grow with the micro-batches of a step, where ddp's, zero1's and zero2's bytes a step do not.
-# The ✓ line's bytes fsdp sent "gathering units" are bytes sent in a step,
-# not the memory table's gathered units, which are bytes held at one moment. Bytes *sent*
+# step has none to make). fsdp's reduce-scatter sends a pass of its units' bytes, short of a pass of
+# the model's by its replicated tensors', which it all-reduces. The ✓ line's bytes fsdp sent
+# "gathering units" are bytes sent in a step, not the memory table's gathered units, which are bytes
+# held at one moment. Bytes *sent*
 # are not the bytes *given* of the look above: a ring all_reduce sends `2(n − 1)/n` of the bytes it
 # is given, which at these n = 2 ranks is the same number (ddp's 18.9 MiB), and at other n is not:
 
@@ -596,7 +602,9 @@ lesson.claim(
 # then the update), each drawn the same width, and a mark for each gradient collective and each
 # all-gather of parameters its look counted, in the phase it was handed over in. It shows the order of
 # events only, no lengths: within a phase the marks of both kinds together are spread evenly, in the
-# order they were handed over, so the spacing of either kind, seen alone, is not its timing either.
+# order they were handed over, so the spacing of either kind, seen alone, is not its timing either:
+# zero2's all-gathers, which `gather_parameters` hands over together before the first module runs
+# (the ZeRO-2 section), are drawn across the whole of its forward 1.
 # The ✓ lines printed with the figure name the phases in words (`lesson.handed_in`: "forward 1", "backward 3", "update").
 
 
