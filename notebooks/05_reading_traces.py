@@ -95,8 +95,7 @@ lesson.say(
 #
 # The ranks are done; the analysis runs here, in the notebook's own process. Every table and figure below
 # shows rank 0's trace. What to take from it: a gloo range's length here is how long it was open, held open
-# included (the caveat below), not how long its bytes took: compare the stages that send the same gradient bytes
-# in as many messages (a line under the table prints their in flight). What the terms mean on this machine (CPU, gloo):
+# included (the caveat below), not how long its bytes took. What the terms mean on this machine (CPU, gloo):
 #
 # * **compute** is the training thread inside an `aten::` operator (forward, backward, the optimizer,
 #   the stages' copies into and out of buckets);
