@@ -68,7 +68,8 @@ ddp_ladder = [s for s in STAGES if s not in SHARDED_OPTIMIZER + SHARDED_GRADIENT
 profiled = ["single", *ddp_ladder, "torch"]
 for stage in profiled:
     # warmup=0: no step before profile(); profile() itself takes one step that the profiler discards
-    # (the first step's one-off costs stay out), then the one step it records
+    # (the first step's one-off costs stay out, but for ddp's and torch's bucket plan rebuild, which comes
+    # at the first forward after the first synced backward: the recorded step's), then the one step it records
     lesson.Trainee(stage, warmup=0).profile(RUN, steps=1)
 lesson.say(lesson.describe())
 lesson.say(lesson.machine())
@@ -93,14 +94,15 @@ lesson.say(
 # ## Time in flight, overlap, non-compute
 #
 # The ranks are done; the analysis runs here, in the notebook's own process. Every table and figure below
-# shows rank 0's trace. What the terms mean on this machine (CPU, gloo):
+# shows rank 0's trace. What to take from it: a gloo range's length here is how long it was open, held open
+# included (the caveat below), not how long its bytes took. What the terms mean on this machine (CPU, gloo):
 #
 # * **compute** is the training thread inside an `aten::` operator (forward, backward, the optimizer,
 #   the stages' copies into and out of buckets);
 # * **in flight** is one of gloo's threads inside a `gloo:*` range: every collective, not only the
-#   gradients' (the parameter check's and the buffer broadcast's too, below);
+#   gradients' (the parameter check's and `ddp`'s and torch's broadcasts too, below);
 # * **non-compute** is time in flight while the training thread ran no `aten::` op: stopped until a message
-#   is back, in the parameter check or in `ddp`'s and torch's buffer broadcast, running its own Python (hooks, the
+#   is back, in the parameter check or in `ddp`'s and torch's broadcasts, running its own Python (hooks, the
 #   time between autograd nodes), or, where the threads outnumber the free cores, ready to run with none free.
 #
 # Three more terms:
@@ -112,9 +114,11 @@ lesson.say(
 #   that both ranks' forwards used the same parameters, with one small all_gather: in `simple` and `ga` at the
 #   start of the finish, in `hook` to `bucket-async` in the first gradient's hook. The check is minddp's, for
 #   teaching: `ddp` and torch's DDP run none;
-# * the *buffer broadcast*: at the step's first forward, `ddp` and torch's DDP broadcast the model's buffers from
-#   rank 0 (torch's `broadcast_buffers`, on by default): `gloo:broadcast` ranges (no column or bar below gives
-#   their length).
+# * `ddp`'s and torch's *broadcasts*, `gloo:broadcast` ranges (no column or bar below gives their length): at the
+#   step's first forward both broadcast the model's buffers from rank 0 (torch's `broadcast_buffers`, on by
+#   default), and, once, at the forward after the first synced backward, which is the profiled step's first,
+#   both rebuild their bucket plan in the order the gradients came, rank 0 broadcasting it (`minddp.ddp.plan`):
+#   a one-off cost, inside the profiled step.
 #
 # The caveat that decides how to read them: a gloo range lasts from the moment gloo's thread picks the
 # collective up until it is done, so it is also *held open* until the other rank joins the same
@@ -135,12 +139,17 @@ lesson.say(
 #
 # * whether a difference between two rows would hold on a re-run: each row is one step, the stages were
 #   profiled one after another on a shared machine, and this notebook does not measure how much one stage's
-#   numbers move from run to run (the line under the table after the figure prints how much the same optimizer
-#   step moved from one stage's step to another's);
-# * why asynchronous stages that send as many messages (`bucket-async`, `ddp` and torch's DDP: the table after
-#   the timeline counts them) differ in in flight and non-compute;
+#   numbers move from run to run (the line under the table after the figure prints how much the same work, the
+#   optimizer step and the step's compute, moved from one stage's step to another's, and whose step computed
+#   longest);
+# * why stages that send as many messages (`bucket`, `bucket-async`, `ddp` and torch's DDP: the table after the
+#   timeline counts them; every gradient once, the same gradient bytes) differ in in flight and non-compute (a
+#   line under the table prints their in flight);
 # * why one stage's check holds more non-compute than another's, nor whether the other rank or a core held it open;
-# * what a blocking stage's thread computed in the time its overlap counts.
+# * what a blocking stage's thread computed in the time its overlap counts. It waits for each message before it
+#   goes on, so that overlap is not computation beside a message still on its way; one way it can arise is the
+#   caveat's last case, a range that ends after the training thread has had the result and gone on (to copy the
+#   average into the gradient, or on with the backward). The trace does not say which operators ran in it.
 
 # %%
 import pandas as pd
@@ -166,11 +175,16 @@ shares["outside the check (ms)"] = (shares["non-compute (ms)"] - shares["of it, 
 display(shares)
 
 # %% [markdown]
-# Under the table: the first claim is true by the definitions (it checks the table's arithmetic, not the run). The
-# line after it compares the two kinds by overlap in this run's steps (printed, not claimed: one step each decides
-# it), a share of each stage's own time in flight, not a time: it does not say which stage has the shorter
-# non-compute (a range held open longer while the thread computes also raises the
-# overlap). The lines under the claims compare non-compute, each change's two stages, with and without the check.
+# Under the table, two claims and four printed lines. The first claim is true by the definitions (it checks the
+# table's arithmetic, not the run). The line after it compares the two kinds by overlap in this run's steps
+# (printed, not claimed: one step each decides it), a share of each stage's own time in flight, not a time: it does
+# not say which stage has the shorter non-compute (a range held open longer while the thread computes also raises
+# the overlap). The second claim is true by construction (both stages plan their buckets with
+# `minddp.stages.bucket_plan`). The next line prints the in flight of the stages that send as many messages: every
+# gradient once, so the same gradient bytes, which then do not make their in flight differ; what does (a range held
+# open, a thread waiting for a core: the caveat above), this trace does not tell apart. The last two print the
+# stages whose check holds more than half their non-compute, and each change's two stages by non-compute, with and
+# without the check.
 
 # %%
 tied = (zero["non_compute_time_us"] - (1 - zero["comm_comp_overlap_pctg"] / 100) * zero["comm_time_per_step_us"]).abs()
@@ -194,6 +208,18 @@ sizes = result.buckets[result.buckets["rank"] == 0].groupby("stage")["numel"].ap
 lesson.claim(
     sizes["bucket"] == sizes["bucket-async"],
     f"bucket and bucket-async send the same {len(sizes['bucket'])} messages (the same sizes).",
+)
+flight, sends = shares["in flight (ms)"], result.buckets[result.buckets["rank"] == 0].groupby("stage").size()
+alike = [st for st in zero.index if sends.get(st) == len(sizes["bucket"])]
+lesson.say(
+    f"The stages that send {len(sizes['bucket'])} messages each, in flight: "
+    + ", ".join(f"{st} {flight[st]:.1f} ms" for st in alike)
+    + "; the blocking bucket's is "
+    + (
+        "the shortest of them."
+        if flight[alike].idxmin() == "bucket"
+        else f"not the shortest ({flight[alike].idxmin()}'s is)."
+    )
 )
 nc, inside, rest = (shares[c] for c in ["non-compute (ms)", "of it, in the check (ms)", "outside the check (ms)"])
 most = [f"{st} ({100 * inside[st] / nc[st]:.0f} %)" for st in nc.index if inside[st] > nc[st] / 2]
@@ -230,7 +256,7 @@ lesson.say(
 #
 # * the forward (pale) and backward (darker) of each micro-batch (the *forward* band is the span from the
 #   micro-batch's start to its first autograd node: the forward, and whatever the stage does around it, such
-#   as `ddp`'s and torch's buffer broadcast; the *backward* band is the span from the first to the last
+#   as `ddp`'s and torch's broadcasts; the *backward* band is the span from the first to the last
 #   autograd node: the gradients' computation, and whatever the hooks do inside those nodes: in `hook` and
 #   `bucket` the time until each message is back, and in `hook` to `bucket-async` the parameter check);
 # * a tick when a message was *handed to the wire* (the legend's words; in this run the wire is gloo over the
@@ -238,19 +264,19 @@ lesson.say(
 #   for minddp's stages, the start of its `minddp.bucket_launch` range: the send is called (from the finish in
 #   `simple` and `ga`, from a hook in the others), before it calls the all_reduce; for torch's DDP, the reducer's
 #   `c10d::allreduce_` call;
-# * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open included)" is
-#   a part of what the table's in flight counts: the messages' ranges only; the check's all_gather range, in flight in
-#   the table too, is drawn hatched instead (the parameter check's bullet), and `ddp`'s and torch's buffer broadcast, in
-#   flight in the table too, has no bar). A message's bar is the range matched to its `c10d::allreduce_` call, the first
-#   of the same size that opened at or after the call, and the call comes at or after the tick; so no bar starts before
-#   its tick, but a bar can start later than its tick, and a tick at a bar's left end need not be that bar's own (the
-#   table after the figure prints, per stage, the longest time from a tick to its bar). Gloo runs a process group's
-#   collectives in the order they were queued (`docs/analysis.md`): where a stage's bars run back to back, each opening
-#   as the one before it closes, a message handed to the wire while the one before it was open has its bar start later
-#   than its tick; the trace shows when each range opened, not what held it back. Each bar has a brown edge line, so a
-#   narrow bar is drawn longer than its range lasted, and where dozens crowd their edge lines and the ticks cover much
-#   of the orange and they merge into one block that also covers the gaps between them: read the time in flight off the
-#   table above, not off the bars' length;
+# * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open
+#   included)"). The bars are the messages' ranges only, a part of what the table's in flight counts: the check's
+#   all_gather range is drawn hatched instead (the parameter check's bullet), and `ddp`'s and torch's broadcasts
+#   have no bar. A message's bar is the range matched to its `c10d::allreduce_` call, the first of the same size
+#   that opened at or after the call, and the call comes at or after the tick; so no bar starts before its tick, but
+#   a bar can start later than its tick, and a tick at a bar's left end need not be that bar's own (the table after
+#   the figure prints, per stage, the longest time from a tick to its bar). Gloo runs a process group's collectives
+#   in the order they were queued (`docs/analysis.md`): where a stage's bars run back to back, each opening as the
+#   one before it closes, a message handed to the wire while the one before it was open has its bar start later
+#   than its tick; the trace shows when each range opened, not what held it back. Each bar has a brown edge line,
+#   which draws a narrow bar longer than its range lasted. Where dozens of bars crowd together, their edge lines and
+#   the ticks cover much of the orange and the gaps between the bars, so that they look like one block. Read the
+#   time in flight off the table above, not off the bars' length;
 # * the parameter check (hatched red, the legend's "parameter check"), drawn where gloo's all_gather range of the
 #   check was open, over the top half of the row's bands, so the band it falls in, if any, shows below it: the hatch
 #   is that range, gloo's thread's, not the training thread's stand in the check, which need not start or end with it
@@ -322,10 +348,12 @@ def spread(ms):
 
 steps = phase_ms("step")  # a step's span starts at 0: its length is its end
 sooner = int((steps.drop("single") < steps["single"]).sum())
+computed = result.summary[result.summary["rank"] == 0].set_index("stage")["compute_time_us"] / 1e3  # `single` too
 lesson.say(
     f"The same model, micro-batches and AdamW update in every stage, `single` included. The optimizer step, the same "
-    f"work in every stage, took {spread(phase_ms('optimizer'))}: that is how much the time of the same work "
-    "moved from one stage's profiled step to another's, and each row of the tables above is one such step. "
+    f"work in every stage, took {spread(phase_ms('optimizer'))}, and the step's compute (the same model's work, plus "
+    f"each stage's own copies and divisions) {spread(computed)}: that is how much the time of the same work moved "
+    "from one stage's profiled step to another's, and each row of the tables above is one such step. "
     f"The steps took {steps.min():.0f}–{steps.max():.0f} ms, and {sooner} of the {len(steps) - 1} stages that "
     f"communicate ended theirs before `single`, which sends nothing ({steps['single']:.0f} ms): a difference "
     "in step time here does not price a stage's communication."
@@ -408,10 +436,11 @@ on_link = pd.DataFrame(
         "link time (ms)": [link_ms(st) for st in lz.index],
         "waited (ms)": waits["waited_us"],
         "exposed (ms)": waits["exposed_us"],
-        "waited − exposed (ms)": waits["waited_us"] - waits["exposed_us"],
     },
     index=lz.index,
 ).round(1)
+# from the printed columns, so that it is their difference
+on_link["waited − exposed (ms)"] = (on_link["waited (ms)"] - on_link["exposed (ms)"]).round(1)
 display(on_link)
 
 # %% [markdown]
@@ -425,8 +454,10 @@ display(on_link)
 # of (the last column: the part with the link carrying nothing), over the asynchronous stages of the link run (`ddp`
 # and torch's DDP were not run over the link); it is printed, not claimed, because one step each decides it. Where
 # those differ in waited or exposed, this trace does not show why. The next lines print what the claims leave out:
-# how much of the link time buckets saved, each change's two stages by waited (and exposed), and each stage's waited
-# as a share of its link time.
+# how much of the link time buckets saved, each change's two stages by waited (and exposed), each stage's waited
+# as a share of its link time, the stages that waited longer than their link time (so the link's work alone does not
+# make up their waits), and, from `hook` to `bucket`, how the change in waited splits between exposed and waited −
+# exposed, beside the change in link time.
 
 # %%
 calls = lz["allreduce_calls_per_step"].astype(int)
@@ -482,6 +513,18 @@ lesson.say(
         for st in on_link.index
     )
     + "."
+)
+over = [st for st in on_link.index if on_link.loc[st, "waited (ms)"] > on_link.loc[st, "link time (ms)"]]
+lesson.say(
+    f"Waited longer for their messages than their link time, the link's whole work: {', '.join(over)}."
+    if over
+    else "No stage waited longer for its messages than its link time, the link's whole work."
+)
+d = (on_link.loc["bucket"] - on_link.loc["hook"]).round(1)  # the printed columns' changes
+lesson.say(
+    f"From hook to bucket, waited changes by {d['waited (ms)']:+.1f} ms: exposed by {d['exposed (ms)']:+.1f} ms and "
+    f"waited − exposed, the part with the link carrying nothing, by {d['waited − exposed (ms)']:+.1f} ms; the link "
+    f"time, by {d['link time (ms)']:+.1f} ms (the fixed cost of the messages buckets do not send)."
 )
 for st in [st for st in on_link.index if round(exposed[st], 1) == 0]:
     lesson.say(
