@@ -1654,6 +1654,23 @@ def outer_sync_pseudo_in_synced(params, synced, outer):
     _outer(params, synced, outer, synced)
 
 
+def outer_sync_keeps_the_mean(params, synced, outer):
+    """Right until the end, where the new synced weights are kept as synced − the averaged pseudo-gradient (the mean
+    of the replicas' local weights, "the weights all replicas agreed on"), not the outer step's result."""
+    with torch.no_grad():
+        pseudo = [s - p for p, s in zip(params, synced)]
+        for g in pseudo:
+            dist.all_reduce(g)
+            g /= dist.get_world_size()
+        for p, s, g in zip(params, synced, pseudo):
+            p.copy_(s)
+            p.grad = g
+    outer.step()
+    with torch.no_grad():
+        for s, g in zip(synced, pseudo):
+            s.copy_(s - g)
+
+
 def outer_sync_two_replicas(params, synced, outer):
     """The model answer with the world size written as 2: right on 2 ranks only."""
     with torch.no_grad():

@@ -1162,6 +1162,17 @@ def test_the_outer_sync_exercise_names_the_pseudo_gradient_taken_in_the_synced_c
 
 
 @pytest.mark.timeout(120)
+def test_the_outer_sync_exercise_names_the_mean_of_the_local_weights_kept_as_synced():
+    """Learner read 10 (round 12) finding 7: the outer step right, but s.copy_(s - g) kept as the new synced weights
+    (the mean of the local weights, not the outer step's result) got "match none of the usual mistakes"."""
+    v = check_outer_sync(wrong.outer_sync_keeps_the_mean, timeout_s=TIMEOUT)
+    named = "the new synced weights are the mean of the replicas' local weights (synced − the averaged "
+    named += "pseudo-gradient, s.copy_(s - g)), not the outer step's result"
+    assert not v.ok and named in v.line and "s.copy_(p)" in v.line, v.line
+    assert "match none of the usual mistakes" not in v.line, v.line
+
+
+@pytest.mark.timeout(120)
 def test_the_schedule_exercise_names_a_send_step_off_by_one():
     """Learner read 10 (round 7) finding 12: a send one step early or late in every turn got the generic verdict.
     Both are told from the whole schedule (H = 6's turns of 2 cannot tell early from late) and named as an

@@ -13,8 +13,9 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
    the outer step taken with the last inner gradient (no ``p.grad = g``) or with the inner gradients averaged
    in place of the pseudo-gradient, the average divided by the world size twice (``ReduceOp.AVG``, then ``/=``
    again), the synced weights overwritten with the local ones before the restore, the pseudo-gradient taken in
-   place in the synced copies (``s -= p``: the restore then puts it in the parameters), an outer step that never
-   moves;
+   place in the synced copies (``s -= p``: the restore then puts it in the parameters), the mean of the local
+   weights kept as the new synced ones (``s.copy_(s - g)``) in place of the outer step's result, an outer step that
+   never moves;
 2. **yours**: the same rounds with your sync after each; the weights and synced weights after every sync, what
    the outer optimizer saw (:class:`NotedSGD`) and whether ``synced`` shares the parameters' storage;
 3. **verdict**: a raise or a hang first (an in-place change to a parameter outside ``torch.no_grad()`` named as
@@ -97,6 +98,7 @@ def candidate(
     early=False,
     added=False,
     in_synced=False,
+    mean=False,
 ):
     """DiLoCo's sync with one idea changed: ``sign=-1`` averages local − synced; ``restore=False`` steps from the
     local weights; ``divide=False`` sums; ``keep=False`` never updates the synced weights; ``weights=True``
@@ -109,7 +111,8 @@ def candidate(
     before the restore (which then restores the local weights) and not after the step; ``added=True`` adds the
     average to ``.grad`` (``p.grad += g``), onto the last inner gradient still there; ``in_synced=True`` takes the
     pseudo-gradient in place in the synced copies (``s -= p``) and averages it there, so the restore copies the
-    averaged pseudo-gradient into the parameters."""
+    averaged pseudo-gradient into the parameters; ``mean=True`` keeps ``s − g`` (synced − the averaged
+    pseudo-gradient: the mean of the local weights) as the new synced weights, not the outer step's result."""
     world = world or dist.get_world_size(group)
     with torch.no_grad():
         sent = [
@@ -139,8 +142,8 @@ def candidate(
         outer.step()
     if keep and not early:
         with torch.no_grad():
-            for p, s in zip(params, synced):
-                s.copy_(p)
+            for p, s, t in zip(params, synced, sent):
+                s.copy_(s - t if mean else p)
 
 
 #: name -> (the wrong idea, what the verdict says).
@@ -213,6 +216,13 @@ MISTAKES = {
         "the synced weights were gone before the restore: p.copy_(s) put the averaged pseudo-gradient in the "
         "parameters and the outer step started from it; compute it into a new tensor (g = s - p), leave synced "
         "as it is until after outer.step(), then s.copy_(p)",
+    ),
+    "kept_mean": (
+        functools.partial(candidate, mean=True),
+        "the new synced weights are the mean of the replicas' local weights (synced − the averaged pseudo-gradient, "
+        "s.copy_(s - g)), not the outer step's result: your parameters are DiLoCo's after sync 1, but from then on "
+        "each pseudo-gradient is measured from weights no replica holds; after outer.step() keep what it left in "
+        "the parameters, s.copy_(p)",
     ),
     "no_move": (
         functools.partial(candidate, step=False),
