@@ -595,7 +595,9 @@ lesson.say(  # measured: one profiled step each decides it, so printed, not clai
 # %% [markdown]
 # What to look for: `bucket`'s few messages, travelling while the backward goes on, as
 # `hook-async`'s did, and no wait for a message inside the backward (any hatched red block at its start
-# is the parameters-used check, made at the backward's first gradient). Its exposed time against
+# is the parameters-used check, made at the backward's first gradient; how long it held the thread is the
+# side-by-side table's *at the check*, and the bucket lesson sets the backwards beside each other less
+# that time). Its exposed time against
 # `bucket`'s is printed, not claimed: one profiled step each decides it.
 #
 # ### Your turn: `bucket-async`
@@ -1268,7 +1270,7 @@ lesson.say(
 # and their last bucket, full only late in backward, takes 23.4 ms on the link from when it is handed
 # over (the bucket lesson's first cell prints how long after backward's end bucket-async's link was
 # done; torch's default, whose last bucket holds 17.5 MiB: 147 ms). A smaller cap shortens that tail
-# and sends the first bucket earlier, for more fixed costs (the sweep's table). Where one message's
+# and sends the first message earlier, for more fixed costs (the sweep's table). Where one message's
 # fixed cost is large, buckets pay it once per bucket instead of once per gradient tensor: on the link
 # sized with the ratios of 1024 ranks, 26 times a step instead of 291 (each rung met those ratios only
 # at its own backward, times the factor the cell that sized the link prints: the run is that setting
@@ -1278,8 +1280,8 @@ lesson.say(
 # on a machine shared with other work: it says what those two steps did, not which rung is the
 # faster (on this notebook's link, the sweep's steps at other caps, tallied in its last line, can
 # answer otherwise). The step-time model's answer for this link is the sweep's sentence "By the
-# model ...". Each verdict is from its own step (on a sized link at the run's own backward, not at the setting's ratios), by two
-# measures of the link's messages only, which can answer differently (neither covers the backwards,
+# model ...". On a sized link each verdict is at the run's own backward, not at the setting's ratios;
+# and each is by two measures of the link's messages only, which can answer differently (neither covers the backwards,
 # which the cells print beside them and which can differ between rungs): *exposed*, the link's modeled time the thread stood waiting
 # through; and *waited*, all the thread stood still for its messages, which adds the time it waited
 # after the link had delivered (the link does not model it, and these runs do not measure what the
