@@ -6,8 +6,9 @@ A bucketed stage sends fewer, larger messages than a per-gradient one. On a link
 
 1. **per message**: every all_reduce pays ``2(n−1)·α`` however few its bytes; ``k`` buckets pay it ``k``
    times, a per-gradient stage once per gradient tensor;
-2. **the first bucket's late start**: nothing is handed to the link before the first bucket's last
-   gradient is ready; a per-gradient stage sends its first gradient at once;
+2. **the late start**: nothing is handed to the link before some bucket's last gradient is ready (the
+   first message is the bucket that fills first, which need not be the plan's first: ``first_at``); a
+   per-gradient stage sends its first gradient at once;
 3. **the last bucket's tail**: the last bucket is ready only at the end of backward, so its whole
    transfer comes after backward and cannot hide; a per-gradient stage's last message is one tensor.
 

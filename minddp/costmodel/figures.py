@@ -184,7 +184,8 @@ def settings_ladder(settings: dict, title: str = ""):
     import matplotlib.pyplot as plt
 
     stages = list(dict.fromkeys(s for runs in settings.values() for s in runs))
-    fig, (top, low) = plt.subplots(2, 1, figsize=(1.3 * len(stages) + 2.5, 5.4), sharex=True)
+    # wide enough that each bar's labels (value, "backward", its ms: three short lines) fit over the bar alone
+    fig, (top, low) = plt.subplots(2, 1, figsize=(1.5 * len(stages) + 2.5, 6.6), sharex=True)
     width = 0.8 / len(settings)
     for j, (name, runs) in enumerate(settings.items()):
         xs = [i + (j - (len(settings) - 1) / 2) * width for i in range(len(stages))]
@@ -193,28 +194,31 @@ def settings_ladder(settings: dict, title: str = ""):
         low.bar(xs, [runs[s]["exposed_ms"] if s in runs else 0 for s in stages], width, color=color)
         for x, s in zip(xs, stages):
             if s not in runs:
-                top.annotate("not run", (x, 2), ha="center", fontsize=6, rotation=90)
-                low.annotate("not run", (x, 0.1), ha="center", fontsize=6, rotation=90)
+                top.annotate("not run", (x, 2), ha="center", fontsize=7, rotation=90)
+                low.annotate("not run", (x, 0.1), ha="center", fontsize=7, rotation=90)
             else:  # the value on every bar: a 0 has no bar (on the log axis, or an overlap of 0 %)
                 top.annotate(
                     f"{runs[s]['overlap_pct']:.0f}", (x, runs[s]["overlap_pct"]), ha="center", va="bottom", fontsize=7
                 )
-                backward = f"\nbackward {runs[s]['backward_ms']:.0f}" if "backward_ms" in runs[s] else ""
+                backward = f"\nbackward\n{runs[s]['backward_ms']:.0f}" if "backward_ms" in runs[s] else ""
                 low.annotate(
                     f"{runs[s]['exposed_ms']:.0f}{backward}",
                     (x, runs[s]["exposed_ms"]),
                     ha="center",
                     va="bottom",
-                    fontsize=6 if backward else 7,
+                    fontsize=7,
+                    linespacing=1.0,
                 )
-    top.set(ylabel="overlap (% of the link's\ntime under compute)", ylim=(0, 135))  # room for the legend
+    top.set(ylabel="overlap (% of the link's\ntime under compute)", ylim=(0, 115))  # room for the values
     top.set_title(title, fontsize=9)
-    top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: it hides no point
     highest = max([r["exposed_ms"] for runs in settings.values() for r in runs.values()] + [1.0])
     low.set_yscale("symlog", linthresh=1.0)  # a log axis that still has a 0: linear from 0 to 1 ms
-    low.set(ylabel="exposed (ms per step;\nlinear to 1, log above)", ylim=(0, 12 * highest))  # room above every bar
-    low.set_xticks(range(len(stages)), stages, rotation=20)
-    fig.tight_layout()
+    low.set(ylabel="exposed (ms per step;\nlinear to 1, log above)", ylim=(0, 60 * highest))  # room above every bar
+    low.set_xticks(range(len(stages)), stages)
+    low.set_xlim(-0.6, len(stages) - 0.4)
+    # the legend under the panels, one setting a line: outside the axes it hides no bar, and it takes no width
+    fig.legend(*top.get_legend_handles_labels(), fontsize=8, loc="lower center", ncol=1, frameon=False)
+    fig.tight_layout(rect=(0, 0.04 * len(settings), 1, 1))
     return fig
 
 

@@ -477,7 +477,7 @@ def link_end_in_words(stage: str, w: dict, look: dict) -> str:
 
 
 def than(bucketed: float, per_gradient: float) -> str:
-    """A bucketed stage's time (exposed or waited) against hook-async's, in words, at the printed precision."""
+    """One step's time (exposed or waited) against another's, in words, at the printed precision (whole ms)."""
     return (
         "as much as"
         if round(bucketed) == round(per_gradient)
@@ -489,9 +489,10 @@ def than(bucketed: float, per_gradient: float) -> str:
 
 def by_both(b: dict, h: dict) -> str:
     """bucket-async's step (``b``) against hook-async's (``h``) by exposed and by waited, in words, and by each measure
-    whether the buckets paid: exposed is the link's time the thread stood waiting through, waited all its standing
-    still for its messages, which adds the time it waited after the link had delivered (printed apart where there
-    was any, as waited less exposed in the printed whole ms)."""
+    whether the buckets paid in these two steps: exposed is the link's time the thread stood waiting through, waited
+    all its standing still for its messages, which adds the time it waited after the link had delivered (printed
+    apart where there was any, as waited less exposed in the printed whole ms). One step each: the verdict is these
+    steps', not a ranking of the two stages."""
     paid = {"less than": "paid", "as much as": "made no difference", "more than": "did not pay"}
     e, w = than(b["exposed_ms"], h["exposed_ms"]), than(b["waited_ms"], h["waited_ms"])
     late = {s: round(r["waited_ms"]) - round(r["exposed_ms"]) for s, r in (("bucket-async", b), ("hook-async", h))}
@@ -506,8 +507,8 @@ def by_both(b: dict, h: dict) -> str:
         + ": "
     )
     if paid[e] == paid[w]:
-        return said + f"by both, exposed and waited, the buckets {paid[e]}"
-    return said + f"by exposed the buckets {paid[e]}; by waited they {paid[w]}"
+        return said + f"in these two steps, by both, exposed and waited, the buckets {paid[e]}"
+    return said + f"in these two steps, by exposed the buckets {paid[e]}; by waited they {paid[w]}"
 
 
 def look_table(looks: dict):
