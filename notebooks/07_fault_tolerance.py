@@ -393,7 +393,7 @@ lesson.claim(
 # 3 → 2 → 3, on batches of 10 rows, not `ToyTask`'s 12) and compares the parameters with a single
 # process trained on each step's whole batch (both with plain SGD, learning rate 0.05, not
 # `ToyTask`'s AdamW); where they differ, it names the rows no rank trained, or two did, and at
-# which world. It also checks, without ranks, batches of 1 to 12 rows at worlds 3, 2 and 1, and
+# which world. It also checks, without starting any process, batches of 1 to 12 rows at worlds 3, 2 and 1, and
 # that no rank takes more than ceil(B / world) of B rows (a step lasts as long as its busiest
 # rank). As it stands `my_shard` raises `NotImplementedError`, and the checker says so.
 

@@ -808,7 +808,7 @@ SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
 ]
 
 
-SHARD_WRONG_ELSEWHERE = [  # right on the run's batches, wrong on another size: named without ranks, after the run
+SHARD_WRONG_ELSEWHERE = [  # right on the run's batches, wrong on another size: named after the run, in this process
     (  # a fixed 10 where len(x) belongs
         wrong.shard_of_ten_rows,
         "with a global batch of 11 rows (the run's have 10), at world 3, row 10 was trained by no rank: split len(x) "
@@ -1402,7 +1402,7 @@ def test_the_shard_exercise_names_a_float_division_in_the_slice_ends():
 def test_the_shard_exercise_says_a_split_passed_its_checks_when_the_run_cannot_go_on(monkeypatch):
     """Learner read 07 (round 9) finding 14b: when the ft run itself stops (e.g. a loaded machine past its timeout),
     the verdict was a bare "✗ shard: the run could not go on", as if the split were wrong. It now says the split
-    passed the checks without ranks and that the run, not the split, failed."""
+    passed the checks made in this process and that the run, not the split, failed."""
     from minddp.ft.launch import FaultTolerantRunError
 
     def stopped(*args, **kwargs):
@@ -1411,7 +1411,7 @@ def test_the_shard_exercise_says_a_split_passed_its_checks_when_the_run_cannot_g
     monkeypatch.setattr(lost_rank, "launch_ft", stopped)
     v = lost_rank.check_shard(solutions.ft_shard)
     assert not v.ok, v.line
-    assert "passed the checks without ranks" in v.line and "not a verdict on your split" in v.line, v.line
+    assert "passed the checks made in this process" in v.line and "not a verdict on your split" in v.line, v.line
 
 
 @pytest.mark.timeout(120)

@@ -156,7 +156,7 @@ def check_shards(shards: list, *, steps: int = 6, timeout_s: float = 180.0) -> l
         for i in run_these:
             verdicts[i] = Verdict(
                 False,
-                f"✗ shard: your split passed the checks without ranks, but the run could not go on ({line}); "
+                f"✗ shard: your split passed the checks made in this process, but the run could not go on ({line}); "
                 "this is not a verdict on your split: run the check again",
             )
         return verdicts
@@ -570,15 +570,15 @@ def verdict(fn, mine: dict, oracle: dict, committed, task: Lanes, run, blind: bo
             f"the parameters match a single process on the whole batch (largest difference {d_single:.1e}, float32 "
             f"rounding: the ranks of each world add their parts where one process adds all rows; tolerance "
             f"{tolerance(oracle):.1e}); each row goes to exactly one rank at world 1 too, and at every world for "
-            f"batches of {min(OTHER_ROWS)} to {max(OTHER_ROWS)} rows (checked here, without ranks); "
+            f"batches of {min(OTHER_ROWS)} to {max(OTHER_ROWS)} rows (checked in this process); "
             f"{compared_with_the_rung(fn, task.global_batch(0))}",
         )
     return Verdict(False, "✗ shard: " + coverage_problem(fn, committed, task, d_single, blind))
 
 
-#: Batch sizes checked besides the run's (without ranks), every one from 1 to 12 rows: a split must follow len(x),
-#: not a fixed count, and give each row a rank whatever the count (torch's chunk makes pieces of ceil(B / world) rows,
-#: so 4 rows at world 3 are only 2 pieces: rank 2 has none). The larger first, then down to 1 row.
+#: Batch sizes checked besides the run's (in this process, starting none), every one from 1 to 12 rows: a split must
+#: follow len(x), not a fixed count, and give each row a rank whatever the count (torch's chunk makes pieces of
+#: ceil(B / world) rows, so 4 rows at world 3 are only 2 pieces: rank 2 has none). The larger first, then down to 1.
 OTHER_ROWS = (11, 12, *range(ROWS - 1, 0, -1))
 #: A batch larger than any count of rows a split may fix (see :func:`fixed_rows`).
 BIG_ROWS = 64
