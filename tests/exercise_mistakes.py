@@ -1336,6 +1336,18 @@ def shard_split_by_count(batch, rank, world):
     return x.split(world)[rank], y.split(world)[rank]
 
 
+def shard_pieces_of_world_rows(batch, rank, world):
+    """split(world)'s pieces cut by hand: `world` taken for a piece's size, x[rank*world:(rank+1)*world]."""
+    x, y = batch
+    return x[rank * world : (rank + 1) * world], y[rank * world : (rank + 1) * world]
+
+
+def shard_fixed_pieces_of_four(batch, rank, world):
+    """ToyTask's 12 // 3 written as a constant: pieces of 4 rows, whatever `world` and len(x) are."""
+    x, y = batch
+    return x[4 * rank : 4 * (rank + 1)], y[4 * rank : 4 * (rank + 1)]
+
+
 def shard_typo_without_parentheses(batch, rank, world):
     """`rank+1*len(x)//world` for `(rank+1)*len(x)//world`: rank 2 of world 3 has none, and rows 4-9 go to no rank."""
     x, y = batch

@@ -673,6 +673,15 @@ SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, wh
         "pieces, 4 of them, and rank r takes the r-th, so row 9 goes to no rank (at world 2: rows 4-9; at world 1: "
         "rows 1-9)",
     ),
+    (  # the same pieces by hand: not attributed to a split the learner never called
+        wrong.shard_pieces_of_world_rows,
+        "your shard takes pieces of `world` rows (as x.split(world) does), where `world` is the number of pieces",
+    ),
+    (  # a constant 4 rows a piece: named as ignoring len(x) as well as `world`
+        wrong.shard_fixed_pieces_of_four,
+        "at world 2, rows 8-9 were trained by no rank (of the global batch's 10): your shard gives each rank the same "
+        "rows at every world and whatever the batch holds, those it gives at world 3 of a fixed 12 rows (4, 4, 4)",
+    ),
     (  # never told each row is trained once: rows 4-9 go to no rank
         wrong.shard_typo_without_parentheses,
         "at world 3, rows 4-9 were trained by no rank (of the global batch's 10)",
@@ -799,7 +808,7 @@ SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
 ]
 
 
-SHARD_WRONG_ELSEWHERE = [  # right on the run's batches, wrong on another size: named without ranks, after the run
+SHARD_WRONG_ELSEWHERE = [  # right on the run's batches, wrong on another size: named after the run, in this process
     (  # a fixed 10 where len(x) belongs
         wrong.shard_of_ten_rows,
         "with a global batch of 11 rows (the run's have 10), at world 3, row 10 was trained by no rank: split len(x) "
@@ -838,6 +847,33 @@ def test_the_shard_checker_names_the_remainder_of_a_floor_division_by_the_first_
     assert "each rank took 10 // 3 = 3 rows, so the remainder of the floor division, row 9, went to no rank" in problem
     assert "as if `world` were always 3: at world 2, rows 6-9 go to no rank" in problem, problem
     assert "rank  go" not in problem and "ranks  go" not in problem, problem
+
+
+SHARD_HALF_NAMED = [  # once named by half their mistake: each verdict names what the code does, whole
+    (  # no split called: named as pieces of `world` rows, not as a call to x.split the learner never wrote
+        wrong.shard_pieces_of_world_rows,
+        [(0, 3)],
+        "at world 3, row 9 was trained by no rank (of the global batch's 10): your shard takes pieces of `world` rows "
+        "(as x.split(world) does), where `world` is the number of pieces, not their size: at world 3 it cuts 3-row "
+        "pieces, 4 of them",
+    ),
+    (  # a fixed 4 rows a piece: it ignores len(x) as well as `world`, both named in one verdict
+        wrong.shard_fixed_pieces_of_four,
+        [(0, 3), (1, 2)],
+        "at world 2, rows 8-9 were trained by no rank (of the global batch's 10): your shard gives each rank the same "
+        "rows at every world and whatever the batch holds, those it gives at world 3 of a fixed 12 rows (4, 4, 4), as "
+        "if `world` were always 3 and len(x) always 12, so at world 2 the rows of world 3's rank 2 go to no rank",
+    ),
+]
+
+
+@pytest.mark.parametrize("fn,worlds,named", SHARD_HALF_NAMED, ids=[m[0].__name__ for m in SHARD_HALF_NAMED])
+def test_the_shard_checker_names_pieces_cut_by_a_fixed_size_whole(fn, worlds, named):
+    """The verdict of the run's committed steps (no ranks start here: the rows are the function's own, as in the
+    run's world-3 and world-2 steps): slices of `world` rows are not attributed to a split the learner never called,
+    and slices of a constant 4 rows are told they ignore len(x) as well as `world`."""
+    problem = lost_rank.coverage_problem(fn, worlds, lost_rank.Lanes([], 2), 0.1, blind=False)
+    assert problem.startswith(named), problem
 
 
 SHARD_SLICE_ENDS = [  # the rung's bounds, each slice's end moved by one row: named as the end, not only by the rows
@@ -1377,7 +1413,7 @@ def test_the_shard_exercise_names_a_float_division_in_the_slice_ends():
 def test_the_shard_exercise_says_a_split_passed_its_checks_when_the_run_cannot_go_on(monkeypatch):
     """Learner read 07 (round 9) finding 14b: when the ft run itself stops (e.g. a loaded machine past its timeout),
     the verdict was a bare "✗ shard: the run could not go on", as if the split were wrong. It now says the split
-    passed the checks without ranks and that the run, not the split, failed."""
+    passed the checks made in this process and that the run, not the split, failed."""
     from minddp.ft.launch import FaultTolerantRunError
 
     def stopped(*args, **kwargs):
@@ -1386,7 +1422,7 @@ def test_the_shard_exercise_says_a_split_passed_its_checks_when_the_run_cannot_g
     monkeypatch.setattr(lost_rank, "launch_ft", stopped)
     v = lost_rank.check_shard(solutions.ft_shard)
     assert not v.ok, v.line
-    assert "passed the checks without ranks" in v.line and "not a verdict on your split" in v.line, v.line
+    assert "passed the checks made in this process" in v.line and "not a verdict on your split" in v.line, v.line
 
 
 @pytest.mark.timeout(120)

@@ -156,7 +156,7 @@ def check_shards(shards: list, *, steps: int = 6, timeout_s: float = 180.0) -> l
         for i in run_these:
             verdicts[i] = Verdict(
                 False,
-                f"✗ shard: your split passed the checks without ranks, but the run could not go on ({line}); "
+                f"✗ shard: your split passed the checks made in this process, but the run could not go on ({line}); "
                 "this is not a verdict on your split: run the check again",
             )
         return verdicts
@@ -570,15 +570,15 @@ def verdict(fn, mine: dict, oracle: dict, committed, task: Lanes, run, blind: bo
             f"the parameters match a single process on the whole batch (largest difference {d_single:.1e}, float32 "
             f"rounding: the ranks of each world add their parts where one process adds all rows; tolerance "
             f"{tolerance(oracle):.1e}); each row goes to exactly one rank at world 1 too, and at every world for "
-            f"batches of {min(OTHER_ROWS)} to {max(OTHER_ROWS)} rows (checked here, without ranks); "
+            f"batches of {min(OTHER_ROWS)} to {max(OTHER_ROWS)} rows (checked in this process); "
             f"{compared_with_the_rung(fn, task.global_batch(0))}",
         )
     return Verdict(False, "✗ shard: " + coverage_problem(fn, committed, task, d_single, blind))
 
 
-#: Batch sizes checked besides the run's (without ranks), every one from 1 to 12 rows: a split must follow len(x),
-#: not a fixed count, and give each row a rank whatever the count (torch's chunk makes pieces of ceil(B / world) rows,
-#: so 4 rows at world 3 are only 2 pieces: rank 2 has none). The larger first, then down to 1 row.
+#: Batch sizes checked besides the run's (in this process, starting none), every one from 1 to 12 rows: a split must
+#: follow len(x), not a fixed count, and give each row a rank whatever the count (torch's chunk makes pieces of
+#: ceil(B / world) rows, so 4 rows at world 3 are only 2 pieces: rank 2 has none). The larger first, then down to 1.
 OTHER_ROWS = (11, 12, *range(ROWS - 1, 0, -1))
 #: A batch larger than any count of rows a split may fix (see :func:`fixed_rows`).
 BIG_ROWS = 64
@@ -820,11 +820,16 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
         if missing and split_by_size(fn, batch):
             others = [(w, coverage(fn, task.global_batch(step), w)[0]) for w in range(WORLD, 0, -1) if w != world]
             others_text = "; ".join(f"at world {w}: {rows_named(m)}" for w, m in others if m)
+            took = (  # x.split(world)[rank], or the same pieces by hand (x[rank*world:(rank+1)*world])
+                "takes piece `rank` of x.split(world), but split's argument is the size of a piece, not their number"
+                if reads(fn, torch, ("split",))[0]
+                else "takes pieces of `world` rows (as x.split(world) does), where `world` is the number of pieces, "
+                "not their size"
+            )
             return (
                 f"at world {world}, {rows_text(missing)} trained by no rank (of the global batch's {ROWS}): your "
-                "shard takes piece `rank` of x.split(world), but split's argument is the size of a piece, not their "
-                f"number: at world {world} it cuts {world}-row pieces, {-(-ROWS // world)} of them, and rank r takes "
-                f"the r-th, so {rows_named(missing)} go{'es' if len(missing) == 1 else ''} to no rank"
+                f"shard {took}: at world {world} it cuts {world}-row pieces, {-(-ROWS // world)} of them, and rank r "
+                f"takes the r-th, so {rows_named(missing)} go{'es' if len(missing) == 1 else ''} to no rank"
                 + (f" ({others_text})" if others_text else "")
                 + f", and {left}: x.tensor_split(world) cuts `world` pieces (or rank r takes rows r·B // world up to "
                 "(r+1)·B // world)"
@@ -837,12 +842,21 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
             )
         if missing and world < WORLD and world_ignored(fn, batch):
             gone = list(range(world, WORLD))
+            fixed = fixed_rows(fn)  # x[4*rank:4*(rank+1)] also ignores len(x): say both halves at once
+            if fixed is None:
+                same = f"at every world, those it gives at world {WORLD}, as if `world` were always {WORLD}"
+            else:
+                sizes = coverage(fn, ToyTask(global_batch=BIG_ROWS).global_batch(0), WORLD)[2]
+                same = (
+                    f"at every world and whatever the batch holds, those it gives at world {WORLD} of a fixed {fixed} "
+                    f"rows ({', '.join(map(str, sizes))}), as if `world` were always {WORLD} and len(x) always {fixed}"
+                )
             return (
                 f"at world {world}, {rows_text(missing)} trained by no rank (of the global batch's {ROWS}): your "
-                f"shard gives each rank the same rows at every world, those it gives at world {WORLD}, as if `world` "
-                f"were always {WORLD}, so at world {world} the rows of world {WORLD}'s "
+                f"shard gives each rank the same rows {same}, so at world {world} the rows of world {WORLD}'s "
                 f"rank{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} go to no rank, and {left}: split "
-                "among the `world` ranks it is given"
+                + ("len(x) rows, whatever it is, " if fixed is not None else "")
+                + "among the `world` ranks it is given"
             )
         if missing == [ROWS - 1] and not twice and last_end_short(fn, batch):
             return (

@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit of its step or a later one (`recovery`), the lost slot's new process healed (`rejoin`).\n"
     )
     print(
-        "| fault | n | discard: median | quorum: median | recovery: median | mean | worst "
+        "| fault | count | discard: median | quorum: median | recovery: median | mean | worst "
         "| attempts discarded | rejoin: median | mean |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\nBreak-even: at every size above, fault tolerance loses less than checkpoint-restart while its recovery "
         f"takes under {even:.0f} s per failure (half the checkpoint interval plus a restart, less one rank's share of "
-        f"the rejoin at {gpus[0]} GPUs), {even / recovery:.0f} times the recovery measured here.\n"
+        f"the rejoin at {gpus[0]} GPUs), against the {recovery:.2f} s mean measured here.\n"
     )
     for line in run.report():
         print(f"    {line}")
