@@ -32,8 +32,9 @@
 #
 # nanoGPT (a small GPT training script) compiles the model, then wraps it:
 # `model = torch.compile(model)`, then `DDP(model)`.
-# `torch.compile` has two parts: *Dynamo* captures the model's Python as a graph, and a *backend*
-# compiles the graph (by default *Inductor*, which fuses operations into kernels of its own).
+# `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph* (in this notebook
+# the word means only Dynamo's graph), and a *backend* compiles the graph (by default *Inductor*, which
+# fuses operations into kernels of its own).
 # Compiled as one graph, the model records a single gradient node for its whole forward, whose
 # backward produces every parameter's gradient at its end. Then every bucket is handed over after
 # that node has ended, when only `AccumulateGrad` nodes are left to run: no message can be in flight
@@ -168,7 +169,8 @@ lesson.say(
 #
 # Read the figure for the order of its events: that is what the cut changes, and what the claims count.
 # Without the cut every tick comes after the last blue; with it, here, a tick comes after each piece's
-# blue and before the next piece's, so orange can lie under later blue. Do not read it for lengths, not
+# blue and before the next piece's (why: *The pieces and the buckets*), so orange can lie under later
+# blue. Do not read it for lengths, not
 # even to compare the rows (where a row ends, how long its forward, its grey stretch or its orange bars
 # are): each row is a single step of two ranks that share this machine's cores, and this notebook does
 # not measure what compiling costs. A row that ends last, or whose orange bars are longest, does not
@@ -177,8 +179,10 @@ lesson.say(
 # a step's length is not measured here.
 #
 # The cell after the figure counts, in each run on rank 0, the messages in flight while a gradient node
-# ran, and says which, in the order the messages began. Without the cut none can be (program order); the
-# first claim checks that none was in this step. With the cut, the message of every bucket handed over
+# ran, and says which, in the order the messages began. Without the cut none can be: a message begins
+# after its bucket's tick, and every tick comes after the compiled graph's one gradient node, the last
+# to run, has produced the gradients; the first claim checks that none was in this step. With the cut,
+# the message of every bucket handed over
 # before the last piece's backward can be (here every bucket but the last): it is counted if it was in
 # flight while a later piece's backward ran, and one that ends before the next piece's backward begins,
 # in the grey between the two, is not. Which are depends on when each message begins and ends and on
@@ -195,9 +199,9 @@ lesson.say(
 title = f"ddp on rank 0, buckets of {CAP:g} MiB: eager, compiled without the cut, compiled with it\n"
 title += "one step each: read the order of events, not lengths"
 nodes.picture(looks, title)  # rank 0 draws
-# orders of events (program order), not timings: they hold on any machine. Without the cut every message
-# starts after its bucket's tick, which comes after the compiled piece's gradient node, the last
-# gradient node, has ended
+# orders of events, not timings: they hold on any machine. Without the cut every message starts after
+# its bucket's tick, in an AccumulateGrad node, which runs once the compiled graph's one gradient node,
+# the last gradient node, has produced its gradient
 after = {label: v["ran_after_first_handover"] for label, v in looks.items()}  # nodes still running or begun
 lesson.claim(
     after[NO_CUT]["gradient nodes"] == 0
@@ -225,7 +229,8 @@ lesson.claim(
 # %%distributed
 lesson.say(
     "On rank 0, messages in flight while a gradient node ran, in the profiled step (without the cut none can be, "
-    "by program order; in eager and with the cut the timing of this execution decides the count, "
+    "every tick coming after the last gradient node; in eager and with the cut the timing of this execution "
+    "decides the count, "
     "and the two counts do not compare eager with the cut): "
     + ", ".join(f"{label} {nodes.beside(view['beside_node'])}" for label, view in looks.items())
     + "."
@@ -235,9 +240,10 @@ lesson.say(
 # ## The pieces and the buckets
 #
 # The pieces are visible to autograd: each records one gradient node, `CompiledFunctionBackward`, and
-# the parameters whose gradients it produces hang off it (their `AccumulateGrad` nodes). Walking the
-# graph of one forward from its output lists the pieces in the order backward runs them, each with its
-# parameters in the forward's order; the cell walks one more forward of the third run's `ddp` (compiled
+# the parameters whose gradients it produces hang off it (their `AccumulateGrad` nodes). Walking
+# autograd's nodes of one forward back from its output lists the pieces in the order backward runs them,
+# each with its parameters in the forward's order (the order of the piece's inputs, which need not be the
+# order their gradients arrive in); the cell walks one more forward of the third run's `ddp` (compiled
 # with the cut, the last of the loop above). Beside them, the buckets of the figure's third row
 # (compiled with the cut): `ddp`'s `bucket_plan`, rebuilt after the first step from the order the
 # gradients arrived in, each bucket listing its parameters in that order (a first step's plan lists them
@@ -245,6 +251,13 @@ lesson.say(
 # piece they need not arrive last layer first: bucket 0 below lists `layers.6.weight` before
 # `layers.7.weight`, in the order they arrived. A bucket closes at the first gradient that takes it to
 # the cap or past it. The claims below check where the buckets lie.
+#
+# A bucket that a piece fills is handed over before the next piece's backward begins, and not by chance.
+# When a piece's backward ends, its parameters' `AccumulateGrad` nodes (where the reducer's hook runs) and
+# the next piece's gradient node are all ready to run, and autograd runs a ready `AccumulateGrad` node
+# before any other ready node: its queue of ready nodes takes the highest *sequence number* first, and an
+# `AccumulateGrad` node's is the largest there is (`ReadyQueue` in torch's
+# `torch/csrc/autograd/engine.h`). The last claim checks this order in the profiled step.
 
 
 # %%
@@ -254,7 +267,7 @@ with ddp.no_sync():  # no_sync(): the reducer expects no gradients from this for
 buckets = looks[CUT]["buckets"]
 for i, piece in enumerate(pieces):
     lesson.say(f"piece {i} (backward runs it {'first' if i == 0 else 'next'}): {', '.join(piece)}")
-size = {n.removeprefix("_orig_mod."): p.numel() * p.element_size() for n, p in ddp.module.named_parameters()}
+size = nodes.parameter_bytes(ddp.module)  # each parameter's bytes, by its name in the model
 for i, bucket in enumerate(buckets):
     lesson.say(f"bucket {i} ({sum(size[name] for name in bucket) / 2**20:g} MiB): {', '.join(bucket)}")
 lesson.claim(
@@ -282,7 +295,7 @@ lesson.claim(
     "Compiled with the cut, every bucket lies within one piece, in backward order: each bucket's gradients are all "
     "produced by the backward of one piece.",
 )
-# program order on the training thread in the profiled step above: holds on any machine
+# an order autograd keeps (a ready AccumulateGrad node runs first: markdown above), not a timing
 ended, begun = (looks[CUT][key] for key in ("pieces_ended_at_handover", "pieces_begun_at_handover"))
 lesson.claim(
     ended == begun == [home[0] + 1 for home in homes],
@@ -294,8 +307,9 @@ lesson.claim(
 # ### Your turn: after which piece is each bucket handed over?
 #
 # Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order backward runs
-# them, each as its gradients' sizes in bytes in the order they arrive (sizes here, where the cell
-# above's `pieces` holds names); `cap` is the bucket cap in bytes, every bucket's, the first included
+# them, each as its gradients' sizes in bytes in the order they arrive, the order the buckets above list
+# them in, not the forward's order in which the pieces above list their names (in this step the two
+# agree); `cap` is the bucket cap in bytes, every bucket's, the first included
 # (as in minddp's `ddp` given a `bucket_cap_mb`). Fill the buckets as `ddp` does (a bucket closes at the
 # first gradient that takes it to the cap or past it; the gradients left at the end make one last
 # bucket, handed over once the last of them is there) and return, for each bucket, the index of the
@@ -380,13 +394,14 @@ lesson.claim(counts[THEIRS] > counts[ALONE], "torch's DDP, compiled whole, adds 
 # its compiled graph is cut into; a refusal is printed with the torch file that raised it. A first
 # step's buckets follow torch's first-iteration plan, here one bucket of both layers, its parameters in
 # the order the model registers them, not the order their gradients arrive in
-# (`plan_first_iteration_like_torch` in `minddp/ddp/plan.py`); the 0.5 MiB buckets come only with
-# the rebuild at the next forward. So in this step the cap shapes the compiled pieces, not the
-# buckets. With torch's DDP, Dynamo caps the first piece at
+# (`plan_first_iteration_like_torch` in `minddp/ddp/plan.py`). So in this step the cap shapes the
+# compiled pieces, not the buckets. With torch's DDP, Dynamo caps the first piece at
 # `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB in the torch installed here; read as
-# `torch_first` in *The pieces and the buckets*, outside any call of `ddp`'s), above this bucket cap;
-# minddp's `ddp`, given a cap, caps the first piece at that cap. Dynamo's assert, printed below, calls that
-# first piece the "first bucket".
+# `torch_first` in *The pieces and the buckets*, outside any call of `ddp`'s), above this bucket cap,
+# and Dynamo asserts; its assert, printed below, calls that first piece the "first bucket". minddp's
+# `ddp` sets Dynamo's cap for the first piece to the bucket cap (the introduction), and Dynamo does not
+# assert: that, not the pieces, shows the first cap is not above 0.5 MiB, for a piece of one 1 MiB
+# layer would close at either cap.
 
 
 # %%
@@ -470,9 +485,9 @@ lesson.claim(
 #   here); at 0.5 MiB its module is compiled and cut into pieces, with no graph break (*Buckets of
 #   0.5 MiB*).
 # * At 0.5 MiB buckets torch's DDP (the torch installed here) does not compile: Dynamo's cap for
-#   its first piece, 1 MiB, is above the bucket cap, and Dynamo asserts. minddp's `ddp` compiles
-#   there, cut at that cap, with both patterns, and its first step (its gradients in one bucket, a
-#   first step's plan) trains to eager's bits.
+#   its first piece, 1 MiB, is above the bucket cap, and Dynamo asserts. minddp's `ddp`, which sets
+#   Dynamo's first cap to the bucket cap, compiles there with both patterns, and its first step (its
+#   gradients in one bucket, a first step's plan) trains to eager's bits.
 # * The train command and the benchmark take `--compile` (`--compile-backend aot_eager` for quick
 #   runs). `docs/ddp.md` (*Compiled*) gives the details and the limits.
 

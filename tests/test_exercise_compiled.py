@@ -159,10 +159,10 @@ def pieces_in_forward_order(pieces, cap):
     return out + [at] * (total > 0)
 
 
-def forward_order_in_a_piece(pieces, cap):
+def reversed_in_a_piece(pieces, cap):
     out, total = [], 0
     for i, piece in enumerate(pieces):
-        for size in reversed(piece):  # the mistake: a piece's gradients in the forward's order, as cell 6 lists them
+        for size in reversed(piece):  # the mistake: a piece's gradients reversed, as if given in the forward's order
             total += size
             if total >= cap:
                 out, total = out + [i], 0
@@ -243,10 +243,10 @@ def gradient_indices(pieces, cap):
     return out + [g] * (total > 0)
 
 
-def strictly_past_in_forward_order_in_a_piece(pieces, cap):
+def strictly_past_and_reversed_in_a_piece(pieces, cap):
     out, total = [], 0
     for i, piece in enumerate(pieces):
-        for size in reversed(piece):  # two mistakes: a piece's gradients in the forward's order, and > cap
+        for size in reversed(piece):  # two mistakes: a piece's gradients reversed, and > cap
             total += size
             if total > cap:
                 out, total = out + [i], 0
@@ -429,14 +429,15 @@ def never_past_noting_the_next_gradient(pieces, cap):
         (carried_over, "the bytes past the cap were carried into the next bucket"),
         (cap_checked_at_piece_end, "the cap was checked only at each piece's end"),
         (pieces_in_forward_order, "the pieces were taken in the forward's order"),
-        (forward_order_in_a_piece, "a piece's gradients were taken in the forward's order"),
+        (reversed_in_a_piece, "each piece's gradients were taken in reverse"),
+        (reversed_in_a_piece, "not the forward's order in which the printed pieces above list their parameters"),
         (strictly_past_and_no_last_bucket, "two mistakes: a bucket that reaches the cap exactly stays open"),
         (strictly_past_and_no_last_bucket, "and the gradients after the last full bucket were dropped"),
         (numbered_from_the_forward, "the pieces were numbered in the forward's order"),
         (bucket_indices, "each bucket was given its own index"),
         (gradient_indices, "the index of its last gradient, as if each gradient were a piece of its own"),
-        (strictly_past_in_forward_order_in_a_piece, "two mistakes: a bucket that reaches the cap exactly stays open"),
-        (strictly_past_in_forward_order_in_a_piece, "and a piece's gradients were taken in the forward's order"),
+        (strictly_past_and_reversed_in_a_piece, "two mistakes: a bucket that reaches the cap exactly stays open"),
+        (strictly_past_and_reversed_in_a_piece, "and each piece's gradients were taken in reverse"),
         (never_past_and_carried_over, "two mistakes: a bucket closed before the gradient that would take it past"),
         (never_past_and_carried_over, "and the bytes past the cap were carried into the next bucket"),
         (carried_over_and_no_last_bucket, "two mistakes: the gradients after the last full bucket were dropped"),

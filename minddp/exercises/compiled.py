@@ -71,7 +71,7 @@ def _walk(
     is left (``empty``), note the piece of a bucket's first gradient (``first``), close the open bucket at each
     piece's end (``per_piece``), number from ``shift``, carry the bytes past the cap into the next bucket
     (``carry``), check the cap only at each piece's end (``at_end``), take the pieces in the forward's order
-    (``forward``), take a piece's gradients in the forward's order (``within``); or give each bucket, in place of
+    (``forward``), take a piece's gradients in reverse (``within``); or give each bucket, in place of
     its piece's index, that index counted from the forward's end (``mirror``), its last gradient's index in arrival
     order (``gradient``), the bucket's own index (``bucket``); give the last bucket the piece where it opened
     (``last_opened``); or start each piece from 0 bytes, dropping the open bucket's bytes (``forget``); never set the
@@ -157,10 +157,11 @@ WALKS = {
         "the pieces were taken in the forward's order: `pieces` lists them in the order backward runs them, "
         "piece 0 first, and buckets fill in that order",
     ),
-    "forward order in a piece": (
+    "reversed in a piece": (
         {"within": True},
-        "a piece's gradients were taken in the forward's order: each piece lists its gradients in the order they "
-        "arrive in backward, and buckets fill in that order",
+        "each piece's gradients were taken in reverse: `pieces` lists each piece's gradients in the order they "
+        "arrive in backward (not the forward's order in which the printed pieces above list their parameters), and "
+        "buckets fill in that order, as given",
     ),
     "numbered from the forward": (
         {"mirror": True},

@@ -6,8 +6,8 @@ once a bucket's last one is, hands the bucket over, ``c10d::allreduce_``), and e
 node*; a compiled piece's gradient node is ``CompiledFunctionBackward``. :func:`node_view` reads one
 ``train_step`` under :func:`minddp.analysis.live.profiler` that way, on top of
 :func:`~minddp.analysis.live.step_view`; :func:`picture` draws the three runs' rows with the nodes as bars and
-the legend in the notebook's words; :func:`beside`, :func:`bucket_names`, :func:`compiled_pieces` and :func:`refusal`
-keep the notebook's plumbing out of its cells.
+the legend in the notebook's words; :func:`beside`, :func:`bucket_names`, :func:`parameter_bytes`,
+:func:`compiled_pieces` and :func:`refusal` keep the notebook's plumbing out of its cells.
 
 Example (one rank here; notebook 09 runs it on every rank): two layers of 0.25 MiB, a bucket each::
 
@@ -102,6 +102,13 @@ def bucket_names(ddp) -> list[list[str]]:
     (a compiled model's names lose the prefix ``torch.compile``'s wrapper puts before them:
     :func:`~minddp.runtime.compat.uncompiled_name`)."""
     return [[compat.uncompiled_name(ddp.reducer.names[i]) for i in bucket] for bucket in ddp.bucket_plan]
+
+
+def parameter_bytes(module) -> dict[str, int]:
+    """Each parameter's size in bytes, by its name in the model: a compiled model's names lose the prefix
+    ``_orig_mod.`` that ``torch.compile``'s wrapper puts before them (:func:`~minddp.runtime.compat.uncompiled_name`),
+    so they match :func:`bucket_names` and :func:`compiled_pieces`."""
+    return {compat.uncompiled_name(n): p.numel() * p.element_size() for n, p in module.named_parameters()}
 
 
 def compiled_pieces(output, module) -> list[list[str]]:
