@@ -11,7 +11,8 @@ For a stage (:func:`check_stage_on_rank`):
    after every backward, ``no_sync()`` around all but the last); every ``.grad`` after the step's
    last finish compared with the average over ranks and the usual mistakes; the step's events
    recorded in order (:class:`Events`);
-4. **oracles**: the parameters against a single process and torch's DDP;
+4. **oracles**: the parameters against a single process (judged) and torch's DDP (reported, not judged);
+   then, for ``simple`` and ``ga``, a finish with one ``.grad`` None (:func:`no_gradient_finding`);
 5. **report**: one JSON line (``MARK`` + the report), even when the learner's code raised.
 
 For a comm hook, :func:`check_hook_on_rank`. ``notebooks/README.md`` (*Exercises and their checker*)
