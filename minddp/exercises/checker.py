@@ -135,8 +135,17 @@ def check(
     if not first.ok:
         counted = _counted_in_no_sync(stage, like, options, reports, accum, world_size, timeout_s)
         return Verdict(False, f"✗ {name}: {counted}", reports) if counted else first
+    # A finish that raised on a .grad set to None (harness.no_gradient_finding) is named after the second check:
+    # a wrong average there (a world size written as a number) comes first.
+    first_report = reports[min(reports)]
+    no_gradient = first_report.get("no_gradient")
+    guard = (
+        Verdict(False, f"✗ {name}: " + _stage_finding(no_gradient, first_report, like), reports)
+        if no_gradient
+        else None
+    )
     if second_world_size in (None, world_size):
-        return first
+        return guard or first
     # Correctness only (like=None): the kinds, number and place of the collectives were judged on the first ranks.
     again_like, again_steps = ("halves", steps) if like == "halves" else (None, 1)
     failed, again = _again(
@@ -150,7 +159,7 @@ def check(
     )
     if failed is not None:
         return failed
-    return _stage_verdict(name, like, reports, timeout_s, bucket_cap_mb, also=again[min(again)])
+    return guard or _stage_verdict(name, like, reports, timeout_s, bucket_cap_mb, also=again[min(again)])
 
 
 def _again(name: str, fn, args: tuple, sizes: tuple[int, int], timeout_s: float, describe, like=None):

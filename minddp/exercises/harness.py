@@ -925,7 +925,8 @@ def train(
     stage_cls, options: dict, steps: int, accum: int, progress: Progress, checker, compare: bool, unused: bool = False
 ) -> dict:
     """Steps 2-4 for one class: returns counts per step, and with ``compare`` the first finding (and with
-    ``unused`` that of :func:`no_gradient_finding` after the steps)."""
+    ``unused``, under ``no_gradient``, that of :func:`no_gradient_finding` after the steps: the checker names it
+    only once the steps' averages passed on every world size it checks)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     out: dict = {"counts": [], "kinds": [], "in_flight": [], "finding": None, "checked_steps": 0, "has_no_sync": False}
     module = make_net(seed=rank)  # a different init on every rank: the broadcast must fix it
@@ -994,9 +995,9 @@ def train(
     if compare and out["finding"] is None:  # then an exception inside a no_sync()
         progress.phase = "raising an exception inside a no_sync() (the checker)"
         out["finding"] = raised_in_no_sync_finding(model, out["checked_steps"], world)
-    if compare and unused and out["finding"] is None:  # then a parameter that got no gradient
+    if compare and unused and out["finding"] is None:  # then a parameter that got no gradient (kept apart)
         progress.phase = "finishing a step in which one parameter got no gradient (the checker)"
-        out["finding"] = no_gradient_finding(model, module, micro[-1][0], out["checked_steps"], world)
+        out["no_gradient"] = no_gradient_finding(model, module, micro[-1][0], out["checked_steps"], world)
     return out
 
 
