@@ -145,7 +145,7 @@ def check(
         else None
     )
     if second_world_size in (None, world_size):
-        return guard or first
+        return first if guard is None else guard  # a Verdict is falsy when it fails: no `guard or first`
     # Correctness only (like=None): the kinds, number and place of the collectives were judged on the first ranks.
     again_like, again_steps = ("halves", steps) if like == "halves" else (None, 1)
     failed, again = _again(
@@ -159,7 +159,9 @@ def check(
     )
     if failed is not None:
         return failed
-    return guard or _stage_verdict(name, like, reports, timeout_s, bucket_cap_mb, also=again[min(again)])
+    if guard is not None:
+        return guard
+    return _stage_verdict(name, like, reports, timeout_s, bucket_cap_mb, also=again[min(again)])
 
 
 def _again(name: str, fn, args: tuple, sizes: tuple[int, int], timeout_s: float, describe, like=None):
