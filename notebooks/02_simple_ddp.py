@@ -415,14 +415,16 @@ else:
 #    into a parameter otherwise; the checker does not ask for it);
 # 2. `finish_gradient_synchronization()`: all_reduce each parameter's `.grad` in place, one call per
 #    tensor, and divide it by `dist.get_world_size()` (before the all_reduce or after it: the
-#    checker accepts either).
+#    checker accepts either); skip a parameter whose `.grad` is None, as the class above does (one the loss
+#    did not reach in this step).
 #
-# `check` trains your class on two ranks of its own beside a single process on the global batch and
-# torch's own DDP, on a network of its own (three `Linear` layers and a buffer: its verdict counts that
-# network's tensors, not the workload's), with plain SGD. It compares three things: every rank's parameters right
+# `check` trains your class on two ranks of its own beside a single process on the global batch, on a network
+# of its own (three `Linear` layers and a buffer: its verdict counts that network's tensors, not the
+# workload's), with plain SGD. It compares three things: every rank's parameters right
 # after your `__init__`, with rank 0's initial ones (a missing broadcast is named from this); every `.grad` as your
 # finish left it, with the true average it computes itself (a wrong gradient is named from this); and
-# the parameters after the steps, with the single process's and torch's DDP's. It says in one line what is wrong, naming the usual mistakes (a missing broadcast, a sum
+# the parameters after the steps, with the single process's. Its network gives every parameter a gradient, so
+# it then sets one `.grad` to None before a last finish. It says in one line what is wrong, naming the usual mistakes (a missing broadcast, a sum
 # not divided, rank 0's gradients broadcast instead of averaged, and more), or that your class matches.
 # It also counts your collectives: one all_reduce per gradient tensor per micro-batch, as above, and no
 # broadcast after `__init__`. A rank left waiting in a collective is reported as "a rank hung" after a

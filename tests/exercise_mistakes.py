@@ -87,6 +87,32 @@ class Summed(solutions.SimpleDDP):
             dist.all_reduce(p.grad)
 
 
+class DividesIntoANewTensor(solutions.SimpleDDP):
+    """Divides out of place and drops the quotient (``p.grad / world``): p.grad keeps the sum."""
+
+    def finish_gradient_synchronization(self):
+        for p in self.module.parameters():
+            dist.all_reduce(p.grad)
+            p.grad / dist.get_world_size()  # noqa: B018 (the mistake: a new tensor, dropped)
+
+
+class NoGradientGuard(solutions.SimpleDDP):
+    """Averages every .grad without ``if p.grad is not None``: raises on a parameter that got no gradient."""
+
+    def finish_gradient_synchronization(self):
+        for p in self.module.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+
+
+class GradAccumNoGradientGuard(solutions.GradAccumDDP):
+    """:class:`NoGradientGuard`'s finish under ``no_sync()``'s flag."""
+
+    def finish_gradient_synchronization(self):
+        if self.sync_this_backward:
+            NoGradientGuard.finish_gradient_synchronization(self)
+
+
 class DividedTwice(solutions.SimpleDDP):
     """Divides before the all_reduce and again after it: the average of the average's 1 / world size."""
 
@@ -1059,6 +1085,14 @@ HalvesPaddingWithoutDevice = _halves_with("HalvesPaddingWithoutDevice", _halves_
 def hook_sum_only(process_group, bucket):
     """Casts and sums, forgets to divide."""
     compressed = bucket.buffer().to(torch.float16)
+    fut = dist.all_reduce(compressed, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].to(torch.float32))
+
+
+def hook_divides_into_a_new_tensor(process_group, bucket):
+    """Casts, divides out of place and drops the quotient: the sum is sent."""
+    compressed = bucket.buffer().to(torch.float16)
+    compressed / dist.get_world_size()  # noqa: B018 (the mistake: a new tensor, dropped)
     fut = dist.all_reduce(compressed, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0].to(torch.float32))
 

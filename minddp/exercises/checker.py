@@ -135,8 +135,17 @@ def check(
     if not first.ok:
         counted = _counted_in_no_sync(stage, like, options, reports, accum, world_size, timeout_s)
         return Verdict(False, f"✗ {name}: {counted}", reports) if counted else first
+    # A finish that raised on a .grad set to None (harness.no_gradient_finding) is named after the second check:
+    # a wrong average there (a world size written as a number) comes first.
+    first_report = reports[min(reports)]
+    no_gradient = first_report.get("no_gradient")
+    guard = (
+        Verdict(False, f"✗ {name}: " + _stage_finding(no_gradient, first_report, like), reports)
+        if no_gradient
+        else None
+    )
     if second_world_size in (None, world_size):
-        return first
+        return first if guard is None else guard  # a Verdict is falsy when it fails: no `guard or first`
     # Correctness only (like=None): the kinds, number and place of the collectives were judged on the first ranks.
     again_like, again_steps = ("halves", steps) if like == "halves" else (None, 1)
     failed, again = _again(
@@ -150,6 +159,8 @@ def check(
     )
     if failed is not None:
         return failed
+    if guard is not None:
+        return guard
     return _stage_verdict(name, like, reports, timeout_s, bucket_cap_mb, also=again[min(again)])
 
 
@@ -307,7 +318,7 @@ def _stage_verdict(
         return Verdict(False, problem or f"✗ {name}: " + counts, reports)
     tensors = f" (the checker's network: {first['tensors']} parameter tensors)" if first.get("tensors") else ""
     again = _again_text(also)
-    d_single, d_torch = first.get("max_diff", [float("nan")] * 2)
+    d_single = first.get("max_diff", [float("nan")])[0]  # torch's DDP's distance is not judged: not named
     calls = calls_text(first["kinds"][-1]) if first.get("kinds") else "no collective calls"
     same = f", as '{like}' makes" if like else ""
     flight = first["in_flight"][-1] if first.get("in_flight") else 0
@@ -324,8 +335,8 @@ def _stage_verdict(
         (
             f"✓ {name}: after {first['checked_steps']} steps of {first['accum']} micro-batches "
             f"on {first['world']} ranks "
-            f"the parameters{tensors} match a single process on the global batch (largest difference {d_single:.1e}) "
-            f"and torch's DDP ({d_torch:.1e}){again}; {calls} per step{same}{travelled}"
+            f"the parameters{tensors} match a single process on the global batch (largest difference {d_single:.1e})"
+            f"{again}; {calls} per step{same}{travelled}"
         ),
         reports,
     )
@@ -608,7 +619,8 @@ GRADIENT_MESSAGES = {
     "local": "gradients were not synchronized: after finish_gradient_synchronization() each rank still holds the "
     "gradient of its own shard ({names}); all_reduce them across ranks",
     "summed": "gradients were summed, not averaged ({names}): all_reduce sums over ranks; divide by the world size "
-    "({world}), before the all_reduce or after it (forgot the division)",
+    "({world}), before the all_reduce or after it (forgot the division; or divided into a new tensor: "
+    "p.grad / world_size makes one and leaves p.grad as it was: divide in place, p.grad /= world_size)",
     "divided_twice": "gradients were divided by the world size twice ({names}): divide once, before the all_reduce or "
     "after it, not both",
     "divided_by_accum": "gradients were divided by the number of micro-batches as well as by the world size "
@@ -683,6 +695,12 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
         return (
             f"the buffers were not broadcast: after __init__, {_ranks_text(f['ranks'])} holds its own "
             f"{_names_text(f['names'])}: broadcast module.buffers() from rank 0 too"
+        )
+    if f["kind"] == "no_gradient":
+        return (
+            f"your finish_gradient_synchronization() raised {f['error']} on a parameter with no gradient "
+            f"('{f['names'][0]}', whose .grad the checker set to None after backward): a parameter the loss does not "
+            "reach in a step (unused by the forward, or frozen) has .grad None; skip it (if p.grad is not None)"
         )
     if f["kind"] == "parameters":
         value, name = f["largest"]
@@ -1042,7 +1060,11 @@ def _hook_finding(f: dict, report: dict) -> str:
     if kind == "ranks_differ":
         return "the ranks got different results from your hook: every rank must end with the same average"
     if kind == "summed":
-        return "your hook returns the sum over ranks, not the average: divide by the world size (forgot the division)"
+        return (
+            "your hook returns the sum over ranks, not the average: divide by the world size (forgot the division; "
+            "or divided into a new tensor: t / world_size makes one and leaves t as it was: keep the quotient, "
+            "t = t / world_size, or divide in place, t /= world_size)"
+        )
     if kind == "divided_twice":
         return (
             f"your hook divided by the world size twice: its average is 1/{report['world']} of the true one "

@@ -11,7 +11,8 @@ For a stage (:func:`check_stage_on_rank`):
    after every backward, ``no_sync()`` around all but the last); every ``.grad`` after the step's
    last finish compared with the average over ranks and the usual mistakes; the step's events
    recorded in order (:class:`Events`);
-4. **oracles**: the parameters against a single process and torch's DDP;
+4. **oracles**: the parameters against a single process (judged) and torch's DDP (reported, not judged);
+   then, for ``simple`` and ``ga``, a finish with one ``.grad`` None (:func:`no_gradient_finding`);
 5. **report**: one JSON line (``MARK`` + the report), even when the learner's code raised.
 
 For a comm hook, :func:`check_hook_on_rank`. ``notebooks/README.md`` (*Exercises and their checker*)
@@ -912,14 +913,20 @@ def check_stage_on_rank(stage_cls, like: str | None, options: dict, steps: int, 
                 ref = train(reference, options, steps, accum, Progress(), checker, compare=False)
                 report["reference_counts"] = ref["counts"]
                 report["reference_kinds"], report["reference_in_flight"] = ref["kinds"], ref["in_flight"]
-            report.update(train(stage_cls, options, steps, accum, progress, checker, compare=True))
+            # a finish that syncs every .grad (simple, ga) is also given a parameter with no gradient
+            unused = like in ("simple", "ga")
+            report.update(train(stage_cls, options, steps, accum, progress, checker, compare=True, unused=unused))
     finally:
         with contextlib.suppress(Exception):
             dist.destroy_process_group(checker)
 
 
-def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, checker, compare: bool) -> dict:
-    """Steps 2-4 for one class: returns counts per step, and with ``compare`` the first finding."""
+def train(
+    stage_cls, options: dict, steps: int, accum: int, progress: Progress, checker, compare: bool, unused: bool = False
+) -> dict:
+    """Steps 2-4 for one class: returns counts per step, and with ``compare`` the first finding (and with
+    ``unused``, under ``no_gradient``, that of :func:`no_gradient_finding` after the steps: the checker names it
+    only once the steps' averages passed on every world size it checks)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     out: dict = {"counts": [], "kinds": [], "in_flight": [], "finding": None, "checked_steps": 0, "has_no_sync": False}
     module = make_net(seed=rank)  # a different init on every rank: the broadcast must fix it
@@ -988,7 +995,31 @@ def train(stage_cls, options: dict, steps: int, accum: int, progress: Progress, 
     if compare and out["finding"] is None:  # then an exception inside a no_sync()
         progress.phase = "raising an exception inside a no_sync() (the checker)"
         out["finding"] = raised_in_no_sync_finding(model, out["checked_steps"], world)
+    if compare and unused and out["finding"] is None:  # then a parameter that got no gradient (kept apart)
+        progress.phase = "finishing a step in which one parameter got no gradient (the checker)"
+        out["no_gradient"] = no_gradient_finding(model, module, micro[-1][0], out["checked_steps"], world)
     return out
+
+
+def no_gradient_finding(model, module: nn.Module, shard, step: int, world: int) -> dict | None:
+    """A parameter the loss does not reach in a step (one the forward does not use, or a frozen one) keeps
+    ``.grad`` None after backward; a finish that all_reduces every ``.grad`` raises on it (``no_gradient``). The
+    checker's network uses every parameter, so one backward is run outside ``no_sync()`` and its last parameter's
+    ``.grad`` set to None before the finish, as autograd leaves it (the same on every rank: no rank is left
+    waiting). Asked of the stages that sync in their finish (``simple``, ``ga``) only."""
+    finish = getattr(model, "finish_gradient_synchronization", None)
+    if finish is None:
+        return None
+    module.zero_grad(set_to_none=True)
+    loss_of(model, shard).backward()
+    name, param = list(module.named_parameters())[-1]
+    param.grad = None
+    try:
+        finish()
+    except Exception as e:  # the learner's code: any error is the finding
+        return {"kind": "no_gradient", "step": step, "ranks": list(range(world)), "names": [name],
+                "error": type(e).__name__}  # fmt: skip
+    return None
 
 
 def nested_no_sync_finding(model, step: int, world: int) -> dict | None:
