@@ -25,7 +25,7 @@
 # in the same call. Two of them carry the whole of data parallelism: `broadcast` (every rank starts
 # from the same weights) and `all_reduce` (every rank applies the same averaged gradient); the next
 # notebook builds exactly that. Then minddp's own ring all_reduce, written from point-to-point `isend`/`irecv`,
-# is drawn exchange by exchange from the *hops* (point-to-point sends) four ranks sent, and priced with a model of a
+# is drawn from the *hops* (point-to-point sends) four ranks sent, and priced with a model of a
 # link's cost per hop and per byte, in
 # the notation every later notebook uses. Last come `barrier`, and the words every later notebook
 # uses for communication meeting computation (*waited*, *exposed*, *overlap* and the rest), each with

@@ -300,8 +300,8 @@ lesson.claim(
     < 1e-9 * plain["link ms (modelled)"],
     f"On the link, half the bytes halve all but the fixed cost: fp16 takes {fp16['link ms (modelled)']:.1f} ms "
     f"against plain averaging's {plain['link ms (modelled)']:.1f} ms, that is ({plain['link ms (modelled)']:.1f} − "
-    f"{fixed['fp16']:.1f}) / 2 + {fixed['fp16']:.1f}, where {fixed['fp16']:.1f} ms is the fixed cost of each one's "
-    f"{int(fp16['all_reduce calls'])} messages.",
+    f"{fixed['fp16']:.1f}) / 2 + {fixed['fp16']:.1f}, where {fixed['fp16']:.1f} ms is the fixed cost of the "
+    f"{int(fp16['all_reduce calls'])} messages each hook sends ({per_message:.2f} ms a message).",
 )
 last_bucket = LINK.seconds(*sent["allreduce"][-1], n) * 1e3
 lesson.claim(
