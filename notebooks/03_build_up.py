@@ -238,7 +238,7 @@ lesson.claim(
 # micro-batches before it run straight on into each other. Just before the burst ga runs the
 # parameters-used check, in finish: an all_gather, not gradients on the link (a hatched block, *parameter check*,
 # where it held rank 0 long enough to draw; the side-by-side table below prints how long it held it, *at the
-# check*, which can be 0 ms). (The link's time is modeled, so the
+# check*, which can round to nothing). (The link's time is modeled, so the
 # ratio above is exact. The compute bars are measured on a shared machine and move from step to
 # step: the two rows share an axis to show where the messages go, not which step is shorter.)
 #
