@@ -236,11 +236,9 @@ lesson.claim(
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, with the thread's waits for them (red). The
 # micro-batches before it run straight on into each other. Just before the burst ga runs the
-# parameters-used check, in finish (a hatched block, *parameter check*, where it is wide
-# enough to draw): rank 0 standing in its all_gather, not gradients on the link (the
-# side-by-side table below prints its length, *at the check*). It is ga's first collective of the
-# step after micro-batches with none, so nothing has kept the two ranks in step since the step's start; whether
-# that is what held rank 0 there, these runs do not measure. (The link's time is modeled, so the
+# parameters-used check, in finish: an all_gather, not gradients on the link (a hatched block, *parameter check*,
+# where it held rank 0 long enough to draw; the side-by-side table below prints how long it held it, *at the
+# check*, which can round to nothing). (The link's time is modeled, so the
 # ratio above is exact. The compute bars are measured on a shared machine and move from step to
 # step: the two rows share an axis to show where the messages go, not which step is shorter.)
 #
@@ -358,7 +356,9 @@ lesson.say(
 # backward stops at every gradient until its all_reduce is back. The stop at the backward's first
 # gradient for the parameters-used check is not a wait for a message (hatched, where it is wide enough
 # to draw); the cell above prints how long it held the thread beside how long the thread waited for messages (what held it at
-# the check, these runs do not measure). A long backward here is not all waiting for gradients: the
+# the check, these runs do not measure). At the figures' size the many thin waits and the backward's slivers
+# between them can blend into one band of another colour (finish's purple, say): zoomed in, each stop for a
+# message is a red wait, and the bars between are still the backward. A long backward here is not all waiting for gradients: the
 # cell prints the backward, the waits, the check and the rest, which can be as long as another stage's
 # whole backward or longer; what that rest was, these runs do not measure.
 #
@@ -715,12 +715,14 @@ e = {s: looks[s]["exposed_ms"] for s in ladder}
 # it is printed, not claimed (a claim on a loaded machine could fail with no defect)
 pairs = [("simple", "ga"), ("hook", "hook-async"), ("bucket", "bucket-async")]
 cut = sum(round(e[after]) < round(e[before]) for before, after in pairs)
+changes = ["accumulation", "not waiting inside backward, per gradient", "not waiting inside backward, per bucket"]
 lesson.say(
-    "Exposed in these steps: accumulation "
-    + ", not waiting inside backward ".join(
-        f"{before} {e[before]:.0f} ms → {after} {e[after]:.0f} ms" for before, after in pairs[:2]
+    "Exposed in these steps: "
+    + ", ".join(
+        f"{change}: {before} {e[before]:.0f} ms → {after} {e[after]:.0f} ms"
+        for change, (before, after) in zip(changes, pairs)
     )
-    + f", {pairs[2][0]} {e[pairs[2][0]]:.0f} ms → {pairs[2][1]} {e[pairs[2][1]]:.0f} ms: "
+    + "; "
     + ("each change cut it." if cut == len(pairs) else f"{cut} of the {len(pairs)} changes cut it.")
 )
 parts = {s: lesson.link_parts(looks[s]) for s in ("simple", "ga", "hook", "bucket")}
@@ -779,11 +781,15 @@ lesson.look_table(looks).assign(
 # (`minddp.costmodel.buckets.queue_end`). Message 1 gives the *start-limited* end (the late start,
 # then all the link time); the last message the *tail-limited* one; a message between them sets it
 # where the link falls behind before the last message is handed over. What the link still carries
-# after backward is the most that step can expose: the thread stands waiting for it only from when it
-# reaches its wait in finish, so the link's time before that is neither under compute nor exposed.
+# after backward is the most that step can expose: the thread stands waiting for it only while it is in
+# one of its waits in finish, so the link's time before its first wait, and between one wait's end and the
+# next wait (the thread writing a bucket back, say), is neither under compute nor exposed.
 # The cell reads all of it from the two profiled steps above, and when each gradient is ready from
 # the *bare network* (the same network with no wrapper, no hooks, no messages, no profiler), timed
-# here: in the profiled steps each first hand-over also waits for the parameters-used check.
+# here. In the profiled steps the parameters-used check, made at the synced backward's first gradient,
+# stalls the backward there: no later gradient is computed and no message leaves until it ends, so its time
+# adds to each stage's first hand-over, beyond the bare network's (the cell prints it beside the time the
+# bare network takes to fill that first bucket).
 
 # %%
 # %%distributed
@@ -822,9 +828,11 @@ lesson.say(
     + ("the plan's first bucket" if first_sent == 0 else f"the plan's bucket {first_sent + 1} of {len(plan)}")
     + f", of {len(plan[first_sent])} gradients. There the first gradient is ready after "
     f"{100 * first_ready / (1e3 * bare.backward):.1f} % of the backward, that bucket's last after "
-    f"{100 * bucket_ready / (1e3 * bare.backward):.0f} %. (In the profiled steps each first hand-over came after "
-    f"the parameters-used check, which held hook-async {looks['hook-async']['check_ms']:.0f} ms, bucket-async "
-    f"{looks['bucket-async']['check_ms']:.0f} ms.)",
+    f"{100 * bucket_ready / (1e3 * bare.backward):.0f} % ({bucket_ready:.0f} ms). In the profiled steps the "
+    "parameters-used check stalled the backward at its first gradient, adding to each first hand-over: hook-async "
+    f"{looks['hook-async']['check_ms']:.0f} ms, bucket-async {looks['bucket-async']['check_ms']:.0f} ms, "
+    f"{lesson.than(looks['bucket-async']['check_ms'], bucket_ready)} the {bucket_ready:.0f} ms the bare network "
+    "takes to fill that bucket.",
 )
 # modeled: the last message's bytes over the link, the same on every machine
 lesson.claim(
@@ -878,11 +886,13 @@ table.infer_objects().round(1)
 # on these ranks (`probe`: when each gradient is ready in backward), its times are scaled to the
 # median of these five runs' backwards (less the check's wait inside each), and each plan is replayed
 # on the link. The model gives each plan's *link after backward*: the link's time still to run when
-# the modeled backward ends. It is not the measured *exposed*, which counts only from the thread's first
-# wait in finish, in a step with a backward of its own: the figure writes each measured point's own
-# backward beside it and draws each step's waited too, and the table sets each step's measured *link
-# after backward* (the first table's column) beside the model's. The lower panel shows the three
-# costs of each plan, from the step-time model.
+# the modeled backward ends. It is not the measured *exposed*, which counts only the link's time while the
+# thread stands in its waits in finish, in a step with a backward of its own: the figure writes each measured
+# point's own backward beside it and draws each step's waited too, and the table sets each step's measured *link
+# after backward* (the first table's column) beside the model's. Where a step's waited stands far above its
+# exposed, the thread stood still after the link had delivered: time the link does not model, and what the thread
+# waited for then these runs do not measure; so a cap's waited is not what its plan costs on the link. The lower
+# panel shows the three costs of each plan, from the step-time model.
 
 # %%
 # %%distributed
@@ -954,7 +964,8 @@ measured_after = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()} 
 lags = {c: lesson.wait_after_backward(v["row"]) for c, v in swept.items()}  # the thread's late start
 lesson.say(
     "Each step's own link after backward is in the table below, beside the model's. The measured exposed counts "
-    "only from the thread's first wait after backward, which each step reached this long after its backward ended: "
+    "only the link's time while the thread stood in its waits after backward, the first of which each step reached "
+    "this long after its backward ended: "
     + ", ".join(
         f"{cap_name(c).split(' (')[0]} " + ("(no wait)" if lags[c] is None else f"{lags[c]:.1f} ms")
         for c in sorted(lags, key=lambda c: 99 if c is None else c)
@@ -1241,7 +1252,20 @@ lesson.say(
     "so on the link the buckets can save no more than that. The link does not model the time waited after it had "
     "delivered."
 )
-lesson.say(f"On the link with the ratios of 4 × T4, {lesson.by_both(t4['bucket-async'], t4['hook-async'])}.")
+same_ms = [  # two steps apart, on two links: a match in whole ms is said, so that it does not read as one value copied
+    m
+    for m in ("exposed_ms", "waited_ms")
+    if t4["bucket-async"][m] >= 0.5 and round(t4["bucket-async"][m]) == round(looks["bucket-async"][m])
+]
+lesson.say(
+    f"On the link with the ratios of 4 × T4, {lesson.by_both(t4['bucket-async'], t4['hook-async'])}"
+    + "".join(
+        f" (bucket-async's {m.split('_')[0]}, the same whole ms as on the 1 Gbit/s link by chance: another step, "
+        "another cap, another link)"
+        for m in same_ms
+    )
+    + "."
+)
 far_fixed, far_backward = far["hook-async"]["messages"] * one_far, far["hook-async"]["backward_ms"]
 far_fixed_b = far["bucket-async"]["messages"] * one_far
 lesson.say(
@@ -1278,8 +1302,8 @@ lesson.say(
 # above say, from "Buckets, in the end", one for each link ("by both ... the buckets paid", "did not
 # pay", or "made no difference", by exposed and by waited). Each is one profiled step of each rung,
 # on a machine shared with other work: it says what those two steps did, not which rung is the
-# faster (on this notebook's link, the sweep's steps at other caps, tallied in its last line, can
-# answer otherwise). The step-time model's answer for this link is the sweep's sentence "By the
+# faster (on this notebook's link, the sweep's last line tallies its steps at other caps against the same
+# hook-async step). The step-time model's answer for this link is the sweep's sentence "By the
 # model ...". On a sized link each verdict is at the run's own backward, not at the setting's ratios;
 # and each is by two measures of the link's messages only, which can answer differently (neither covers the backwards,
 # which the cells print beside them and which can differ between rungs): *exposed*, the link's modeled time the thread stood waiting

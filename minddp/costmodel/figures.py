@@ -129,7 +129,8 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
 
     ``curves``: label -> [:class:`~minddp.costmodel.buckets.PlanCosts`, one per cap] (the first curve's costs
     are drawn below); ``measured``: ``(cap MiB, ms, label)`` points, or ``(cap MiB, ms, label, note)``, the note
-    written beside the point (a measured step's own backward, say); one marker per label; ``per_gradient``: label ->
+    written beside the point (a measured step's own backward, say); one marker per label, each later label's smaller
+    and drawn on top, so that points at one spot can be told apart; ``per_gradient``: label ->
     ms, drawn as horizontal lines (a stage without buckets has no cap).
     """
     import matplotlib.pyplot as plt
@@ -142,12 +143,15 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
     for cap, ms, label, *note in measured:
         first = label not in markers
         marker = markers.setdefault(label, "osD^v"[len(markers) % 5])
+        kinds = list(markers).index(label)  # each later kind smaller and on top: points at one spot stay apart
         top.plot(
             [cap],
             [ms],
             marker,
             color="#d62728",
             mfc="white" if marker != "o" else "#d62728",
+            ms=max(10 - 1.5 * kinds, 3.5),
+            zorder=3 + kinds,
             label=label if first else None,
         )
         if note:
