@@ -143,8 +143,7 @@ lesson.say(
 #   optimizer step and the step's compute, moved from one stage's step to another's, and whose step computed
 #   longest);
 # * why stages that send as many messages (`bucket`, `bucket-async`, `ddp` and torch's DDP: the table after the
-#   timeline counts them; every gradient once, the same gradient bytes) differ in in flight and non-compute (a
-#   line under the table prints their in flight);
+#   timeline counts them; every gradient once, the same gradient bytes) differ in non-compute outside the check;
 # * why one stage's check holds more non-compute than another's, nor whether the other rank or a core held it open;
 # * what a blocking stage's thread computed in the time its overlap counts. It waits for each message before it
 #   goes on, so that overlap is not computation beside a message still on its way; one way it can arise is the
@@ -175,14 +174,17 @@ shares["outside the check (ms)"] = (shares["non-compute (ms)"] - shares["of it, 
 display(shares)
 
 # %% [markdown]
-# Under the table, two claims and four printed lines. The first claim is true by the definitions (it checks the
-# table's arithmetic, not the run). The line after it compares the two kinds by overlap in this run's steps
+# Under the table, two claims and four printed lines: how non-compute changes down the ladder, and how much of it
+# the check holds, is in the last two. The first claim is true by the definitions (it checks the definitions'
+# arithmetic on the unrounded values, not the run; worked by hand from the printed columns, which are rounded, it
+# can miss in the last digits). The line after it compares the two kinds by overlap in this run's steps
 # (printed, not claimed: one step each decides it), a share of each stage's own time in flight, not a time: it does
 # not say which stage has the shorter non-compute (a range held open longer while the thread computes also raises
 # the overlap). The second claim is true by construction (both stages plan their buckets with
-# `minddp.stages.bucket_plan`). The next line prints the in flight of the stages that send as many messages: every
-# gradient once, so the same gradient bytes, which then do not make their in flight differ; what does (a range held
-# open, a thread waiting for a core: the caveat above), this trace does not tell apart. The last two print the
+# `minddp.stages.bucket_plan`). The next line prints the in flight of the stages that send as many messages (every
+# gradient once, the same gradient bytes); each counts every collective of its step: the parameter check's range in
+# `bucket` and `bucket-async` (its non-compute is in the table's check column), the broadcasts in `ddp` and torch's
+# DDP (shown nowhere), so the line does not rank their messages' ranges. The last two print the
 # stages whose check holds more than half their non-compute, and each change's two stages by non-compute, with and
 # without the check.
 
@@ -214,12 +216,7 @@ alike = [st for st in zero.index if sends.get(st) == len(sizes["bucket"])]
 lesson.say(
     f"The stages that send {len(sizes['bucket'])} messages each, in flight: "
     + ", ".join(f"{st} {flight[st]:.1f} ms" for st in alike)
-    + "; the blocking bucket's is "
-    + (
-        "the shortest of them."
-        if flight[alike].idxmin() == "bucket"
-        else f"not the shortest ({flight[alike].idxmin()}'s is)."
-    )
+    + " (each with its other collectives: the parameter check in bucket and bucket-async, broadcasts in ddp and torch)."
 )
 nc, inside, rest = (shares[c] for c in ["non-compute (ms)", "of it, in the check (ms)", "outside the check (ms)"])
 most = [f"{st} ({100 * inside[st] / nc[st]:.0f} %)" for st in nc.index if inside[st] > nc[st] / 2]
@@ -265,15 +262,18 @@ lesson.say(
 #   `simple` and `ga`, from a hook in the others), before it calls the all_reduce; for torch's DDP, the reducer's
 #   `c10d::allreduce_` call;
 # * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open
-#   included)"). The bars are the messages' ranges only, a part of what the table's in flight counts: the check's
-#   all_gather range is drawn hatched instead (the parameter check's bullet), and `ddp`'s and torch's broadcasts
-#   have no bar. A message's bar is the range matched to its `c10d::allreduce_` call, the first of the same size
-#   that opened at or after the call, and the call comes at or after the tick; so no bar starts before its tick, but
+#   included)", which here names the messages' all_reduce ranges only, not all of the table's in flight: the
+#   check's all_gather, a collective in flight too, is drawn hatched instead (the parameter check's bullet), and
+#   `ddp`'s and torch's broadcasts have no bar). A message's bar is the range matched to its `c10d::allreduce_`
+#   call, the first of the same size that opened at or after the call, and the call comes at or after the tick;
+#   so no bar starts before its tick, but
 #   a bar can start later than its tick, and a tick at a bar's left end need not be that bar's own (the table after
 #   the figure prints, per stage, the longest time from a tick to its bar). Gloo runs a process group's collectives
 #   in the order they were queued (`docs/analysis.md`): where a stage's bars run back to back, each opening as the
 #   one before it closes, a message handed to the wire while the one before it was open has its bar start later
-#   than its tick; the trace shows when each range opened, not what held it back. Each bar has a brown edge line,
+#   than its tick; a bar can also start later than its tick by the stage's own time from the tick to its
+#   `c10d::allreduce_` call, or while gloo's thread waits for a core, in any stage (`hook` too, which has one
+#   message open at a time); the trace shows when each range opened, not what held it back. Each bar has a brown edge line,
 #   which draws a narrow bar longer than its range lasted. Where dozens of bars crowd together, their edge lines and
 #   the ticks cover much of the orange and the gaps between the bars, so that they look like one block. Read the
 #   time in flight off the table above, not off the bars' length;
@@ -401,6 +401,8 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 #   part of a transfer that passes before the thread calls `wait()` is not exposed, so exposed can fall
 #   short of the link time even in a stage that waits for each message before it sends the next. Waited
 #   minus exposed (the table's last column) is the part of the waits during which the link carried nothing.
+#   Exposed is not time the step lost to the link either, nor what a free link would save (`metrics.exposed`):
+#   with no transfer, the other rank's waits and its sends would change too.
 
 # %%
 from minddp.analysis import metrics
@@ -449,11 +451,14 @@ display(on_link)
 # messages, nor need one of these changes make it wait less: the waited column gives that, one profiled step per
 # stage, and as in the loopback run the stages were profiled one after another on a shared machine, so a
 # difference between two rows need not hold on a re-run. Waited counts the messages only: the time in the parameter
-# check is in no column of this table (the loopback run's first table gives the check's part of non-compute). The
+# check is in no column of this table, and this notebook does not show the link run's. The
 # first line under the claims compares the two kinds by waited in this run's steps, not by what the waits were made
 # of (the last column: the part with the link carrying nothing), over the asynchronous stages of the link run (`ddp`
 # and torch's DDP were not run over the link); it is printed, not claimed, because one step each decides it. Where
-# those differ in waited or exposed, this trace does not show why. The next lines print what the claims leave out:
+# those differ in waited or exposed, this trace does not show why. The third claim's saving is link time, time the
+# link carries a transfer; a change in waited − exposed, time with the link carrying nothing, is not that saving. A
+# line prints whether bucket-async, which sends fewer messages, waited less than hook-async in this step. The
+# next lines print what the claims leave out:
 # how much of the link time buckets saved, each change's two stages by waited (and exposed), each stage's waited
 # as a share of its link time, the stages that waited longer than their link time (so the link's work alone does not
 # make up their waits), and, from `hook` to `bucket`, how the change in waited splits between exposed and waited −
@@ -524,7 +529,22 @@ d = (on_link.loc["bucket"] - on_link.loc["hook"]).round(1)  # the printed column
 lesson.say(
     f"From hook to bucket, waited changes by {d['waited (ms)']:+.1f} ms: exposed by {d['exposed (ms)']:+.1f} ms and "
     f"waited − exposed, the part with the link carrying nothing, by {d['waited − exposed (ms)']:+.1f} ms; the link "
-    f"time, by {d['link time (ms)']:+.1f} ms (the fixed cost of the messages buckets do not send)."
+    f"time, by {d['link time (ms)']:+.1f} ms (the fixed cost of the messages buckets do not send); waited's change "
+    + (
+        f"is {abs(d['waited (ms)']) / abs(d['link time (ms)']):.1f} × the link time's, in size."
+        if abs(d["waited (ms)"]) > abs(d["link time (ms)"])
+        else "is no larger than the link time's, in size."
+    )
+)
+lesson.say(  # printed, not claimed: one profiled step each decides it
+    f"In this step bucket-async, which sends {fewer} fewer messages, waited "
+    f"{lesson.compared(stood['bucket-async'], stood['hook-async'])} hook-async "
+    f"({stood['bucket-async']:.1f} against {stood['hook-async']:.1f} ms)"
+    + (
+        ": fewer messages did not make it wait less, and this trace does not show why."
+        if stood["bucket-async"] >= stood["hook-async"]
+        else "."
+    )
 )
 for st in [st for st in on_link.index if round(exposed[st], 1) == 0]:
     lesson.say(
