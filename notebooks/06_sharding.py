@@ -129,7 +129,8 @@ one_pass = (world - 1) / world * m
 accum = lesson.SETTINGS.grad_accum  # micro-batches per step
 fsdp_most = (1 + 2 * accum) * one_pass  # one reduce-scatter, at most two all-gathers per micro-batch
 lesson.say(
-    f"m = {lesson.mib(m)}; at n = {world} ranks each pass of the model sends {lesson.mib(one_pass)} per rank. "
+    f"Worked out, not measured: m = {lesson.mib(m)}; at n = {world} ranks each pass of the model is "
+    f"{lesson.mib(one_pass)} per rank. "
     f"Per step of {accum} micro-batches: DDP's all_reduce {lesson.mib(2 * one_pass)}, "
     f"ZeRO-2's reduce-scatter + all-gather {lesson.mib(2 * one_pass)}, ZeRO-1's all_reduce + all-gather "
     f"{lesson.mib(3 * one_pass)}; FSDP's reduce-scatter + all-gathers at most {lesson.mib(fsdp_most)} "
@@ -215,7 +216,8 @@ lesson.say(
 # AdamW keeps a step count beside its two moments: a float32 scalar per parameter tensor it steps (a shard is one)
 lesson.claim(
     all(b == 4 * tensors for b in off.values()),
-    f"On rank 0 each stage holds its formula's bytes plus AdamW's step count, a 4-byte scalar per parameter tensor "
+    f"On rank 0 each stage holds its formula's bytes plus the storage of AdamW's step counts, a 4-byte scalar per "
+    f"parameter tensor "
     f"({tensors} × 4 = {4 * tensors} bytes), which the formulas leave out.",
 )
 names = {id(p): n for n, p in trainees["fsdp"].model.module.named_parameters()}
@@ -311,8 +313,7 @@ lesson.claim(
 # that ratio is g/|g|, ±1, wherever the gradient g is
 # neither zero nor as small as AdamW's ε (a small constant added to the square root), so the first
 # update moves each such value by about lr, up or down. The cell prints the median size
-# of ddp's first update's changes (its line's "AdamW's first step" is the optimizer's first `step()`,
-# the update), then adds lr, a change of that size, to every value held in bf16 and in fp32
+# of ddp's first update's changes, then adds lr, a change of that size, to every value held in bf16 and in fp32
 # (`lesson.added`), and finds the values whose change is lost and how far the others land from lr. It
 # measures that one change only, not those of later updates:
 
@@ -323,7 +324,7 @@ initial = lesson.make_model()
 values = torch.cat([p.detach().reshape(-1) for p in initial.parameters()])  # the initial weights
 stepped = torch.cat([p.detach().reshape(-1) for p in trainees["ddp"].model.module.parameters()])  # after 1 step
 lesson.say(
-    f"ddp's first update (AdamW's first step, lr = {lr}, weight decay "
+    f"ddp's first update (lr = {lr}, weight decay "
     f"{trainees['ddp'].optimizer.param_groups[0]['weight_decay']}) moved the values by a median of "
     f"{(stepped - values).abs().median().item() / lr:.2f} × lr, up or down."
 )
@@ -615,11 +616,10 @@ lesson.claim(
 # events only, no lengths: within a phase the marks of both kinds together are spread evenly, in the
 # order they were handed over, so the spacing of either kind, seen alone, is not its timing either:
 # zero2's all-gathers, which `gather_parameters` hands over together before the first module runs
-# (the ZeRO-2 section), are drawn across the whole of its forward 1. The axis does not name the
-# phases: left to right they are forward 1, backward 1, forward 2, ... and the update last, and the ✓
-# lines printed with the figure name them in words (`lesson.handed_in`: "forward 1", "backward 3",
-# "update"). The black mark stands for every gradient collective alike: ddp's and zero1's bucket
-# all_reduces, and the all_reduces that run for zero2's and fsdp's reduce-scatters on gloo.
+# (the ZeRO-2 section), are drawn across the whole of its forward 1. Each bar names its phase as the ✓
+# lines printed with the figure do (`lesson.handed_in`: "forward 1", "backward 3", "update"). The
+# black mark stands for every gradient collective alike: ddp's and zero1's bucket all_reduces, and the
+# all_reduces that run for zero2's and fsdp's reduce-scatters on gloo.
 #
 # Why the place matters: a collective can overlap compute (notebook 01's word) only while compute
 # still runs after it is handed over. zero1 hands its all-gather over in the update, after the step's
@@ -710,18 +710,19 @@ lesson.say(
 # all_reduces of whole buckets (the ZeRO-2 section), as zero1's gradient collectives are: the bytes
 # zero2 spares against zero1 are spared only where a true reduce-scatter runs. No cell here counts
 # the bytes gloo sends. The line below states each rung's trade: the model state it spares against
-# ddp's, and the bytes it sends on the ring for it. Bytes are the β side only: the α side grows with
-# the number of collectives, which the ✓ line printed with the figure above counts for each stage
-# (gradient collectives and all-gathers, a step on gloo), and which the line below leaves out.
+# ddp's, and the bytes it sends on the ring for it, the β side; and the collectives it hands over a
+# step on gloo (gradient collectives and all-gathers, as the figure's ✓ line counts them), on which
+# the α side grows.
 
 # %%
 # %%rank 0
 trade = pd.DataFrame({"model state MiB": table["model state MiB"], "sent a step MiB": pd.Series(total) / 2**20})
 lesson.say(
-    "Against ddp: "
+    f"Against ddp ({looks['ddp']['calls'] + looks['ddp']['gathers']} collectives a step on gloo): "
     + "; ".join(
         f"{s} holds {trade.loc['ddp', 'model state MiB'] - trade.loc[s, 'model state MiB']:.1f} MiB less at the "
-        f"update and sends {total[s] / total['ddp']:.1f} times ddp's bytes on the ring"
+        f"update, sends {total[s] / total['ddp']:.1f} times ddp's bytes on the ring and hands over "
+        f"{looks[s]['calls'] + looks[s]['gathers']} collectives a step on gloo"
         for s in STAGES[1:]
     )
     + "."
