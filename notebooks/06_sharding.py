@@ -100,22 +100,25 @@ show_source(ring_all_reduce)
 
 # %% [markdown]
 # What each costs, in the α-β model (α the fixed cost of one message, β the time per byte, m the bytes
-# of the tensor, n ranks): each *pass* (a reduce-scatter or an all-gather of the tensor) is `n − 1`
-# messages per rank, which together carry `(n − 1)/n · m` bytes: `(n − 1) α + (n − 1)/n · m β`, and
-# the all_reduce is two passes. A stage sends its gradients in several collectives, so below we count
-# passes of the whole model's bytes, not collectives. Per step (all its micro-batches, the gradients
+# of the tensor, n ranks): a reduce-scatter or an all-gather of a tensor is `n − 1` messages per rank,
+# which together carry `(n − 1)/n · m` bytes: `(n − 1) α + (n − 1)/n · m β`, and the all_reduce is
+# the two. A stage sends its gradients in several collectives, so below we count in *passes*: a
+# *pass* is a reduce-scatter or an all-gather of the whole model's bytes (m the model's float32
+# bytes), however many collectives carry it. Per step (all its micro-batches, the gradients
 # synced once): DDP all-reduces the gradients, two passes; ZeRO-2 reduce-scatters them, one pass, and
 # all-gathers the updated parameters, one pass: DDP's bytes; ZeRO-1 all-reduces them and then
-# all-gathers, one pass more. FSDP reduce-scatters its units' gradients, one pass of the units'
-# bytes (the model's less its replicated tensors'), but it gathers each unit's parameters for every
+# all-gathers, one pass more. FSDP reduce-scatters its units' gradients, a little under one pass
+# (the units' bytes: the model's less its replicated tensors'), but it gathers each unit's parameters for every
 # micro-batch's forward and again for its backward (all but the unit the backward starts with, kept
 # gathered since its forward). The bound below counts, each of the whole model, one reduce-scatter
 # pass a step and two gathering passes per micro-batch. It counts the replicated tensors in every pass,
-# though FSDP neither reduce-scatters nor gathers them: it all-reduces them, two passes of their
-# bytes a step, which the bound's passes of them cover. These counts are for true
+# though FSDP neither reduce-scatters nor gathers them: it all-reduces them, a reduce-scatter and an
+# all-gather of their bytes a step, which the bound's passes cover. These counts are for true
 # reduce-scatters, as minddp's ring sends them (not gloo: the ZeRO-2 section). Passes count bytes, the
 # β term, only; the α term grows with the number of collectives. No cell here turns either into
-# time: a ratio of bytes below is not a ratio of cost. For this workload's step, on the ring:
+# time: a ratio of bytes below is not a ratio of cost. The cell works these counts out for this
+# workload's step on the ring, from its parameter count: arithmetic, not a measurement (the ring
+# section measures what a rank sends):
 
 # %%
 # %%distributed
@@ -126,7 +129,8 @@ one_pass = (world - 1) / world * m
 accum = lesson.SETTINGS.grad_accum  # micro-batches per step
 fsdp_most = (1 + 2 * accum) * one_pass  # one reduce-scatter, at most two all-gathers per micro-batch
 lesson.say(
-    f"m = {lesson.mib(m)}; at n = {world} ranks each pass of the model sends {lesson.mib(one_pass)} per rank. "
+    f"Worked out, not measured: m = {lesson.mib(m)}; at n = {world} ranks each pass of the model is "
+    f"{lesson.mib(one_pass)} per rank. "
     f"Per step of {accum} micro-batches: DDP's all_reduce {lesson.mib(2 * one_pass)}, "
     f"ZeRO-2's reduce-scatter + all-gather {lesson.mib(2 * one_pass)}, ZeRO-1's all_reduce + all-gather "
     f"{lesson.mib(3 * one_pass)}; FSDP's reduce-scatter + all-gathers at most {lesson.mib(fsdp_most)} "
@@ -155,8 +159,9 @@ lesson.say(
 # that zero1's and zero2's all-gathers of the updated parameters receive into.
 # `lesson.Trainee(stage, warmup=0)` builds the stage and its optimizer on the workload, on every rank,
 # without a step, so the measured step is its first: the *memory step*, as later cells call it. The code's comments
-# number the parts of each algorithm (`# part 3`). AdamW's *step count* (in the ✓ line printed with
-# the memory table) is how many updates it has made.
+# number the parts of each algorithm (`# part 3`). AdamW keeps a *step count* per parameter tensor
+# (how many updates it has made); the ✓ line printed with the memory table counts the bytes those
+# counts take, not their value.
 
 # %%
 # %%distributed
@@ -179,8 +184,8 @@ for name, t in trainees.items():
 # gradients) `4Ψ + 12Ψ/n`; FSDP (and parameters) `16Ψₛ/n + 16Ψᵣ`, where `Ψᵣ` counts the values of the
 # parameter tensors it leaves whole on every rank (those outside every unit) and `Ψₛ = Ψ − Ψᵣ` those
 # it shards (fsdp's optimizer keeps whole moments for its replicated tensors: the `8Ψᵣ` of its `16Ψᵣ`).
-# The model state and formula columns differ by AdamW's step counts (the ✓ line below), a
-# few hundred bytes, which the table's rounding to 0.001 MiB shows as 0.000 or 0.001.
+# The model state and formula columns differ by the bytes of AdamW's step counts (the ✓ line below),
+# which the table's rounding to 0.001 MiB shows as 0.000 or 0.001.
 
 # %%
 # %%rank 0
@@ -211,7 +216,8 @@ lesson.say(
 # AdamW keeps a step count beside its two moments: a float32 scalar per parameter tensor it steps (a shard is one)
 lesson.claim(
     all(b == 4 * tensors for b in off.values()),
-    f"On rank 0 each stage holds its formula's bytes plus AdamW's step count, a 4-byte scalar per parameter tensor "
+    f"On rank 0 each stage holds its formula's bytes plus the storage of AdamW's step counts, a 4-byte scalar per "
+    f"parameter tensor "
     f"({tensors} × 4 = {4 * tensors} bytes), which the formulas leave out.",
 )
 names = {id(p): n for n, p in trainees["fsdp"].model.module.named_parameters()}
@@ -231,7 +237,9 @@ table.round(3).astype(object).where(table.notna(), "–")
 # at the update. The activations column holds one value for every row: each stage runs the same
 # forward on the same batch, and the column leaves out what autograd saved of the parameters,
 # whether held whole or, in fsdp, gathered. Sharding saves model state, not activations:
-# here they weigh about what zero1's model state does, and more than zero2's or fsdp's.
+# here they weigh about what zero1's model state does, and more than zero2's or fsdp's. The
+# columns are measured at different moments of the step, so their sum is not the most a rank holds
+# (the section on what each rung trades).
 #
 # ## bf16 compute with fp32 master weights
 #
@@ -240,10 +248,10 @@ table.round(3).astype(object).where(table.notna(), "–")
 # computes in bf16 with `compute_dtype=torch.bfloat16`, as torch's `fully_shard` does with
 # `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`: the fp32 shards
 # *are* the master weights, cast to bf16 for each unit's gather (started a unit ahead, the prefetch)
-# and gathered in bf16, and a unit's gradients are cast to fp32 as soon as its backward hands them over
-# (torch's policy without `reduce_dtype` would reduce them in bf16). So at the update it keeps what
-# fp32 FSDP keeps. Of what lives only during the step, the cells below train it one step and
-# measure two, the gathered units and the activations. Its units are those of the `fsdp`
+# and gathered in bf16. The first ✓ line below checks that at the update it keeps what fp32 FSDP
+# keeps. Of what lives only during the step, the cells below train it one step and measure two, the
+# gathered units and the activations; no cell here shows a gradient's dtype or the bytes its
+# gathers send. Its units are those of the `fsdp`
 # above: `blocks_of(net)` makes each *block* (an element of the model's `nn.ModuleList`, a decoder
 # layer) a unit, as `lesson.Trainee` does.
 
@@ -304,9 +312,8 @@ lesson.claim(
 # at the first update. So at its first update
 # that ratio is g/|g|, ±1, wherever the gradient g is
 # neither zero nor as small as AdamW's ε (a small constant added to the square root), so the first
-# update moves each such value by about lr, up or down, on any model. The cell prints the median size
-# of ddp's first update's changes (its line's "AdamW's first step" is the optimizer's first `step()`,
-# the update), then adds lr, a change of that size, to every value held in bf16 and in fp32
+# update moves each such value by about lr, up or down. The cell prints the median size
+# of ddp's first update's changes, then adds lr, a change of that size, to every value held in bf16 and in fp32
 # (`lesson.added`), and finds the values whose change is lost and how far the others land from lr. It
 # measures that one change only, not those of later updates:
 
@@ -317,7 +324,7 @@ initial = lesson.make_model()
 values = torch.cat([p.detach().reshape(-1) for p in initial.parameters()])  # the initial weights
 stepped = torch.cat([p.detach().reshape(-1) for p in trainees["ddp"].model.module.parameters()])  # after 1 step
 lesson.say(
-    f"ddp's first update (AdamW's first step, lr = {lr}, weight decay "
+    f"ddp's first update (lr = {lr}, weight decay "
     f"{trainees['ddp'].optimizer.param_groups[0]['weight_decay']}) moved the values by a median of "
     f"{(stepped - values).abs().median().item() / lr:.2f} × lr, up or down."
 )
@@ -341,9 +348,10 @@ lesson.claim(
 # the largest change, not how the changes spread between them); in fp32 every value takes it, to within
 # the fraction printed. A weight held in bf16 would take every change so, rounded to bf16's spacing at
 # its value, or lose it where the change is under half of it. AdamW's weight decay is such a change at
-# every update: it shrinks each weight by lr · λ of itself (λ, the weight decay printed above),
-# under half of bf16's spacing at any weight, as a multiplication of its own, so in bf16 it would be
-# rounded away every time. Weights held in bf16 would drift from the ones AdamW computes (no cell here
+# every update, a multiplication of its own: it shrinks each weight by lr · λ of itself (lr and λ,
+# the weight decay, printed above). With 8 significant bits, bf16's spacing at a value is at least
+# 2⁻⁸ of it, so a change under 2⁻⁹ of the weight is rounded away; work out lr · λ from the printed
+# line and set it against 2⁻⁹ (no cell here does). Weights held in bf16 would drift from the ones AdamW computes (no cell here
 # measures by how much over later updates): so the optimizer updates fp32 copies of the weights, the
 # master weights.
 
@@ -424,8 +432,10 @@ show_source(ZeroRedundancyOptimizer.step)
 #
 # 1. each parameter is cut into n chunks, as ZeRO-1 cuts it, and this rank's chunk, its shard, is made a
 #    parameter of its own (`self.shard[p]`), a view into the whole one (`__init__`);
-# 2. a full bucket's gradients are packed rank by rank and handed to a reduce-scatter hook instead of
-#    the all_reduce, and the whole gradients are dropped (`_send_bucket`);
+# 2. a full bucket's gradients are packed rank by rank (rank 0's chunk of every gradient in the bucket,
+#    then rank 1's, ...), so that the piece of the reduce-scatter that rank r receives is its chunk of
+#    each, and handed to a reduce-scatter hook instead of the all_reduce; the whole gradients are
+#    dropped (`_send_bucket`);
 # 3. the reduce-scatter leaves this rank its piece of the averaged bucket: for each of its shards, that
 #    shard's chunk of the averaged gradient, back to back; each becomes its shard's `.grad` (or is
 #    added to it, if the shard has a `.grad` already: `_write_back`): the optimizer updates the shards only;
@@ -470,7 +480,9 @@ show_source(reduce_scatter_hook)
 # hands back only its `Work` (the handle a caller waits on), with no Future to chain to. So on gloo
 # minddp runs zero2's and fsdp's reduce-scatters as all_reduces of the whole tensor they are given (a
 # zero2 bucket, an fsdp unit's gradients) and keeps the piece a reduce-scatter would have left this
-# rank. Each look below is its trainee's second step: the first was
+# rank. The `Wire`'s docstring (`minddp/comm/wire.py`) gives a second reason: gloo's reduce-scatter is
+# slower than its all_reduce of the same tensor (`docs/sharding.md` has the measurements; no cell here
+# times either). Each look below is its trainee's second step: the first was
 # the memory step above, so zero2's look starts by gathering the parameters that step updated.
 
 # %%
@@ -604,8 +616,16 @@ lesson.claim(
 # events only, no lengths: within a phase the marks of both kinds together are spread evenly, in the
 # order they were handed over, so the spacing of either kind, seen alone, is not its timing either:
 # zero2's all-gathers, which `gather_parameters` hands over together before the first module runs
-# (the ZeRO-2 section), are drawn across the whole of its forward 1.
-# The ✓ lines printed with the figure name the phases in words (`lesson.handed_in`: "forward 1", "backward 3", "update").
+# (the ZeRO-2 section), are drawn across the whole of its forward 1. Each bar names its phase as the ✓
+# lines printed with the figure do (`lesson.handed_in`: "forward 1", "backward 3", "update"). The
+# black mark stands for every gradient collective alike: ddp's and zero1's bucket all_reduces, and the
+# all_reduces that run for zero2's and fsdp's reduce-scatters on gloo.
+#
+# Why the place matters: a collective can overlap compute (notebook 01's word) only while compute
+# still runs after it is handed over. zero1 hands its all-gather over in the update, after the step's
+# last forward and backward, and `_all_gather` waits for it before `step()` returns; zero2 and fsdp
+# hand theirs over in a forward or backward, with modules still to run. The figure shows where they
+# were handed over, not whether they overlapped: no cell here measures that.
 
 
 # %%
@@ -681,22 +701,28 @@ lesson.say(
 # the most it holds during the step: before the last micro-batch zero2 and fsdp hold whole gradients,
 # as ddp does, and the model state leaves out the activations, fsdp's gathered units and the buffers
 # the collectives send from and receive into. So the line below does not rank the stages by the most
-# they hold: `docs/sharding.md`'s benchmark measures the peak of all of it, in its own run, and finds
-# fsdp's above ddp's; no cell here measures it. The bytes are the ring's, with true reduce-scatters.
+# they hold, and "holds less at the update" is not "holds less": `docs/sharding.md`'s benchmark
+# measures the peak of all of it, in its own run, and finds fsdp's above ddp's; its peak counts every
+# transient buffer alive at the same moment (gathered blocks, their prefetches, full gradients before
+# their reduce-scatter). No cell here measures the peak, and the memory table's columns, measured at
+# different moments, do not add up to it. The bytes are the ring's, with true reduce-scatters.
 # Through gloo's own collectives, as this notebook's other runs send, zero2's reduce-scatters run as
 # all_reduces of whole buckets (the ZeRO-2 section), as zero1's gradient collectives are: the bytes
 # zero2 spares against zero1 are spared only where a true reduce-scatter runs. No cell here counts
 # the bytes gloo sends. The line below states each rung's trade: the model state it spares against
-# ddp's, and the bytes it sends on the ring for it.
+# ddp's, and the bytes it sends on the ring for it, the β side; and the collectives it hands over a
+# step on gloo (gradient collectives and all-gathers, as the figure's ✓ line counts them), on which
+# the α side grows.
 
 # %%
 # %%rank 0
 trade = pd.DataFrame({"model state MiB": table["model state MiB"], "sent a step MiB": pd.Series(total) / 2**20})
 lesson.say(
-    "Against ddp: "
+    f"Against ddp ({looks['ddp']['calls'] + looks['ddp']['gathers']} collectives a step on gloo): "
     + "; ".join(
         f"{s} holds {trade.loc['ddp', 'model state MiB'] - trade.loc[s, 'model state MiB']:.1f} MiB less at the "
-        f"update and sends {total[s] / total['ddp']:.1f} times ddp's bytes on the ring"
+        f"update, sends {total[s] / total['ddp']:.1f} times ddp's bytes on the ring and hands over "
+        f"{looks[s]['calls'] + looks[s]['gathers']} collectives a step on gloo"
         for s in STAGES[1:]
     )
     + "."

@@ -196,9 +196,8 @@ def test_notebook_06s_figure_draws_each_mark_in_its_phase_with_no_lengths():
             marks.setdefault(round(float(y)), []).append((line.get_label(), float(x)))
     fwd_a, bwd_a, opt_a = sorted(bars[0])
     got_a = sorted(marks[0], key=lambda m: m[1])
-    assert [label for label, _ in got_a] == ["all-gather of parameters handed over"] + 2 * [
-        "gradient collective handed over"
-    ]
+    gradient = "gradient collective handed over (an all_reduce; on gloo, also for a reduce-scatter)"
+    assert [label for label, _ in got_a] == ["all-gather of parameters handed over"] + 2 * [gradient]
     assert fwd_a[0] < got_a[0][1] < fwd_a[1] and all(bwd_a[0] < x < bwd_a[1] for _, x in got_a[1:])
     spans_b = sorted(bars[1])
     assert len(spans_b) == 3  # forward, backward, update
@@ -209,4 +208,11 @@ def test_notebook_06s_figure_draws_each_mark_in_its_phase_with_no_lengths():
     lo, hi = ax.get_xlim()
     assert all(lo < x < hi and min(x - lo, hi - x) > 0.1 for m in marks.values() for _, x in m)
     assert list(ax.get_xticks()) == [] and "same width" in ax.get_xlabel()
+    # each bar named as handed_in names its phase, left to right in each row
+    named = {}
+    for t in ax.texts:
+        named.setdefault(round(t.get_position()[1] + 0.2), []).append((t.get_position()[0], t.get_text()))
+    assert {y: [n for _, n in sorted(v)] for y, v in named.items()} == {
+        y: ["forward 1", "backward 1", "update"] for y in (0, 1)
+    }
     plt.close(fig)

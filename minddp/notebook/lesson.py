@@ -560,6 +560,16 @@ def phases_of(row: dict) -> list[tuple[float, float, str]]:
     return sorted((a, b, kind) for kind in PHASES for a, b in row[kind])
 
 
+def phase_names(phases: list[tuple[float, float, str]]) -> list[str]:
+    """The name of each of :func:`phases_of`'s phases, as :func:`handed_in` and :func:`handed_picture` give them:
+    ``"forward 1"``, ``"backward 1"``, ... numbered by micro-batch, and ``"update"``."""
+    names, seen = [], {}
+    for _, _, k in phases:
+        seen[k] = seen.get(k, 0) + 1
+        names.append(PHASES[k] if k == "optimizer" else f"{PHASES[k]} {seen[k]}")
+    return names
+
+
 def handed_in(look: dict, kind: str) -> list[str]:
     """Notebook 06: the phases of ``look``'s step in which the stage handed its collectives of ``kind`` over
     (``"calls"``: its gradient collectives; ``"gathers"``: its all-gathers of parameters), each named once, in the
@@ -575,10 +585,8 @@ def handed_in(look: dict, kind: str) -> list[str]:
         >>> handed_in({"row": row, "handed": {"calls": [4.5, 4.9], "gathers": [0.5, 6.5]}}, "gathers")
         ['forward 1', 'update']
     """
-    phases, names, seen = phases_of(look["row"]), [], {}
-    for _, _, k in phases:
-        seen[k] = seen.get(k, 0) + 1
-        names.append(PHASES[k] if k == "optimizer" else f"{PHASES[k]} {seen[k]}")
+    phases = phases_of(look["row"])
+    names = phase_names(phases)
     found: list[str] = []
     for t in look["handed"][kind]:
         inside = next((i for i, (a, b, _) in enumerate(phases) if a <= t <= b), None)
@@ -603,8 +611,9 @@ def added(values: torch.Tensor, change: float, dtype: torch.dtype) -> torch.Tens
 
 def handed_picture(looks: dict, rows: list[str], title: str):
     """Notebook 06: the phases of each stage's looked-at step in their order, and a mark for each collective the stage
-    handed over (the look's ``handed``), in the phase it was handed over in: a gradient collective (a black tick) or an
-    all-gather of parameters (a brown one).
+    handed over (the look's ``handed``), in the phase it was handed over in: a gradient collective (a black tick: an
+    all_reduce, or on gloo the all_reduce that runs for a reduce-scatter) or an all-gather of parameters (a brown
+    one). Each phase is named in its bar, as :func:`handed_in` names it.
 
     Order only, no lengths: each phase (forward, backward, update) is drawn one unit wide, whatever its time, and the
     marks in a phase are spread evenly across it in the order they were handed over; a mark between two phases gets a
@@ -617,7 +626,7 @@ def handed_picture(looks: dict, rows: list[str], title: str):
 
     drawn = {kind: PHASES[kind] + (" (optimizer.step())" if kind == "optimizer" else "") for kind in PHASES}
     marks = {
-        "calls": ("gradient collective handed over", "black"),
+        "calls": ("gradient collective handed over (an all_reduce; on gloo, also for a reduce-scatter)", "black"),
         "gathers": ("all-gather of parameters handed over", "#a0522d"),
     }
     fig, ax = plt.subplots(figsize=(11, 0.8 + 0.62 * len(rows)))
@@ -625,6 +634,7 @@ def handed_picture(looks: dict, rows: list[str], title: str):
     for y, name in enumerate(rows):
         row = looks[name]["row"]
         phases = phases_of(row)
+        names = phase_names(phases)
         handed = sorted((t, kind) for kind in marks for t in looks[name]["handed"][kind])
 
         def slot(t, phases=phases):
@@ -648,6 +658,7 @@ def handed_picture(looks: dict, rows: list[str], title: str):
                     linewidth=1.0,
                     label=drawn[kind],
                 )
+                ax.text(x + width / 2, y - 0.20, names[k // 2], ha="center", va="center", fontsize=6.5)
             for j, kind in enumerate(in_slot.get(k, [])):
                 label, color = marks[kind]
                 at = x + width * (j + 0.5) / len(in_slot[k])

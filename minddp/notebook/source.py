@@ -201,10 +201,10 @@ def show_diff(before: type, after: type, context: int | None = None) -> None:
 def _show_markdown(text: str) -> None:
     try:
         from IPython import get_ipython
-        from IPython.display import Markdown, display
+        from IPython.display import display
     except ImportError:
         get_ipython = None
     if get_ipython is not None and get_ipython() is not None:
-        display(Markdown(text))
+        display({"text/markdown": text, "text/plain": text}, raw=True)  # the source in a text-only reading too
     else:
         print(text)
