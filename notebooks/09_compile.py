@@ -51,18 +51,20 @@
 # reach 2 MiB; the last holds what is left. Under torch's DDP, Dynamo cuts the first piece by
 # `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` instead (by name and in torch, the cap of torch's
 # DDP's first *bucket* when `bucket_cap_mb` is left at its default; 1 MiB in the torch installed here).
-# While its module runs compiled, minddp's `ddp` sets both caps Dynamo reads, the bucket cap and that
-# first cap, to its own (`minddp/runtime/compiling.py` calls `compat.ddp_optimizer_caps`, which sets
-# them). A claim under *The pieces and the buckets*
-# checks that piece 0 holds the cap.
+# While its module runs compiled, minddp's `ddp`, given a `bucket_cap_mb`, sets both caps Dynamo reads,
+# the bucket cap and that first cap, to that `bucket_cap_mb` (`minddp/runtime/compiling.py` calls
+# `compat.ddp_optimizer_caps`, which sets them). A claim under *The pieces and the buckets* checks that
+# piece 0 holds the cap. By the rule above, a first cap of 1 MiB would close piece 0 at its first 1 MiB
+# layer, and bucket 0, of two such layers here, would then lie across pieces 0 and 1, handed over only
+# after piece 1's backward.
 #
 # This notebook shows one step of `ddp` in each of three runs, one row each: eager (not compiled),
 # compiled without the cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and
-# compiled with it; then the pieces and the buckets, and an exercise on them; then the wrapper compiled
-# whole; then buckets of 0.5 MiB. The model is a small MLP of our own class (eight 1 MiB layers without
-# biases): its layers make the pieces easy to name. The backend is `aot_eager`: the graph is traced and
-# cut as with Inductor, then run with the operations an uncompiled model calls (torch's *aten*
-# operators), fused into none, so all three trainings give the same bits.
+# compiled with it; then the pieces and the buckets, and an exercise on them; then the other pattern,
+# `torch.compile(wrapper)`; then buckets of 0.5 MiB. The model is a small MLP of our own class (eight
+# 1 MiB layers without biases): its layers make the pieces easy to name. The backend is `aot_eager`: it
+# runs the graph with the operations an uncompiled model calls (torch's *aten* operators), fused into
+# none, so all three trainings give the same bits.
 
 # %%
 # %load_ext minddp.notebook
@@ -148,9 +150,11 @@ lesson.say(
 # loss's included), the gradient nodes (blue, the loss's included), the `AccumulateGrad` nodes (grey), a
 # tick when a bucket was handed over (the row's label says how many buckets), an orange bar for each
 # message in flight, and the optimizer step (green). A tick is not the start of its bar: between the
-# two, the bucket has been handed over and gloo has not yet begun its message; how long that takes is
-# not measured here. Ticks closer together than a pixel (about a thousandth of the time axis) draw as
-# one. Orange bars that overlap are drawn over each other, and one can hide where another ends: the
+# two, the bucket has been handed over and gloo has not yet begun its message, which can wait there for
+# an earlier message to end (a bar can begin where an earlier one ends). So the gap is not what handing
+# a bucket over costs; what each message waited for is not measured here. Ticks closer together than a
+# pixel (about a thousandth of the time axis) draw as one. Orange bars can follow one another or
+# overlap; where they overlap they are drawn over each other, and one can hide where another ends: the
 # figure does not show how long each message was in flight, nor which ran beside a gradient node (the
 # line printed after it says which). In every row the blue begins with the loss's gradient nodes; after
 # them, in the cut row, one gradient node per piece, piece 0 first (the pieces printed under *The pieces
@@ -177,6 +181,9 @@ lesson.say(
 # show that its run's steps are slower, nor the reverse. With the cut, a message is in flight while
 # gradient nodes run, on the same cores, so the two can lengthen each other's bars; what the cut does to
 # a step's length is not measured here.
+#
+# In the claims under the figure, a node *ran after* the first bucket was handed over if its range ends
+# after that tick: it was still running then, or began after.
 #
 # The cell after the figure counts, in each run on rank 0, the messages in flight while a gradient node
 # ran, and says which, in the order the messages began. Without the cut none can be: a message begins
@@ -342,10 +349,11 @@ show_source(solutions.handed_over_after)
 print(check_handover(solutions.handed_over_after))
 
 # %% [markdown]
-# ## The wrapper compiled whole: graph breaks
+# ## `torch.compile(wrapper)`: graph breaks
 #
-# The other pattern compiles the wrapper itself: `torch.compile(DDP(model))`. Dynamo then meets the
-# wrapper's own Python first. A graph break is a place inside a graph Dynamo has begun where it stops
+# The other pattern, `torch.compile(wrapper)`, hands the wrapper to `torch.compile`:
+# `torch.compile(DDP(model))`. Dynamo then meets the wrapper's own Python first.
+# A graph break is a place inside a graph Dynamo has begun where it stops
 # the graph, runs Python, and starts a new one; this notebook counts the breaks and does not measure
 # what they cost. Under `torch.compile(ddp)`, Dynamo compiles only `ddp`'s module and runs the rest of
 # `ddp`'s `forward` as Python: it begins no graph in the wrapper's own code, so there is none to break
@@ -383,24 +391,25 @@ lesson.say(
     + ", ".join(f"{k} {v}" for k, v in counts.items())
 )
 lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")
-lesson.claim(counts[THEIRS] > counts[ALONE], "torch's DDP, compiled whole, adds graph breaks to the model's.")
+lesson.claim(counts[THEIRS] > counts[ALONE], "torch.compile(torch's DDP(MLP)) adds graph breaks to the model's.")
 
 # %% [markdown]
 # ## Buckets of 0.5 MiB
 #
-# Each wrapper, with both patterns (the model compiled, then wrapped; the wrapper compiled), at
+# Each wrapper, with both patterns (the model compiled, then wrapped; `torch.compile(wrapper)`), at
 # 0.5 MiB on an MLP of two 1 MiB layers, one training step each, the wrapper's first: its parameters
 # compared with eager `ddp`'s after the same step, the step's buckets, its graph breaks and the pieces
 # its compiled graph is cut into; a refusal is printed with the torch file that raised it. A first
-# step's buckets follow torch's first-iteration plan, here one bucket of both layers, its parameters in
-# the order the model registers them, not the order their gradients arrive in
-# (`plan_first_iteration_like_torch` in `minddp/ddp/plan.py`). So in this step the cap shapes the
+# step's buckets follow torch's first-iteration plan (`plan_first_iteration_like_torch` in
+# `minddp/ddp/plan.py`): with `find_unused_parameters` off, as here, one bucket per dtype and device,
+# here one bucket of both layers, its parameters in the order the model registers them, not the order
+# their gradients arrive in (with it on, capped buckets). So in this step the cap shapes the
 # compiled pieces, not the buckets. With torch's DDP, Dynamo caps the first piece at
 # `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB in the torch installed here; read as
 # `torch_first` in *The pieces and the buckets*, outside any call of `ddp`'s), above this bucket cap,
 # and Dynamo asserts; its assert, printed below, calls that first piece the "first bucket". minddp's
-# `ddp` sets Dynamo's cap for the first piece to the bucket cap (the introduction), and Dynamo does not
-# assert: that, not the pieces, shows the first cap is not above 0.5 MiB, for a piece of one 1 MiB
+# `ddp` sets Dynamo's cap for the first piece to its `bucket_cap_mb` (the introduction), and Dynamo
+# does not assert: that, not the pieces, shows the first cap is not above 0.5 MiB, for a piece of one 1 MiB
 # layer would close at either cap.
 
 
@@ -439,7 +448,7 @@ def compile_at(wrapper, model_first: bool) -> str:
 
 
 wrappers = {"torch's DDP": torch.nn.parallel.DistributedDataParallel, "minddp's ddp": DistributedDataParallel}
-patterns = {"the model compiled, then wrapped": True, "the wrapper compiled": False}
+patterns = {"the model compiled, then wrapped": True, "torch.compile(wrapper)": False}
 outcomes = {
     (who, pattern): compile_at(wrapper, model_first)
     for who, wrapper in wrappers.items()
@@ -480,7 +489,7 @@ lesson.claim(
 #   every bucket but the last) can be in flight while gradients are still computed. Which were, on
 #   rank 0 in the profiled step (the timing decides), the line printed after the figure says, beside
 #   eager's; what the cut does to a step's length, on CPU or GPU, is not measured here.
-# * The wrapper compiled whole: at 2 MiB buckets `torch.compile(ddp)` adds no graph break to the
+# * `torch.compile(wrapper)`: at 2 MiB buckets `torch.compile(ddp)` adds no graph break to the
 #   model's own, where torch's DDP adds breaks (where they fall and what they cost is not shown
 #   here); at 0.5 MiB its module is compiled and cut into pieces, with no graph break (*Buckets of
 #   0.5 MiB*).

@@ -358,6 +358,16 @@ def whole_piece_cut_by_bytes(pieces, cap):
     return out + [len(pieces) - 1] * (filled > 0)
 
 
+def cut_at_multiples_of_the_cap(pieces, cap):
+    """A running total of the bytes, a bucket ending at each multiple of the cap it reaches: the same split."""
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        while total >= (len(out) + 1) * cap:  # the mistake: a gradient split between two buckets
+            out.append(i)
+    return out + [len(pieces) - 1] * (total > len(out) * cap)
+
+
 def cap_converted_to_mib(pieces, cap):
     """The cap converted the wrong way (bytes to MiB): every gradient is past it and closes a bucket of its own."""
     cap = cap / 2**20  # the mistake
@@ -457,6 +467,8 @@ def never_past_noting_the_next_gradient(pieces, cap):
         (first_bucket_at_one_mib, "the first bucket was capped at 1 MiB"),
         (first_bucket_at_one_mib_whatever_the_cap, "the first bucket was capped at 1 MiB"),
         (whole_piece_cut_by_bytes, "a gradient is never split"),
+        (whole_piece_cut_by_bytes, "a bucket ended at each multiple of the cap in the bytes so far"),
+        (cut_at_multiples_of_the_cap, "a bucket ended at each multiple of the cap in the bytes so far"),
         (cap_converted_to_mib, "every gradient closed a bucket of its own"),
         (pieces_that_hand_over, "each piece that hands a bucket over was listed once"),
         (buckets_per_piece, "one count per piece, how many buckets it hands over"),

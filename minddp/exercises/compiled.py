@@ -231,7 +231,8 @@ def _first_at_one_mib(pieces, cap, *, whatever_the_cap: bool = False):
 
 
 def _piece_cut_by_bytes(pieces, cap):
-    """A piece's bytes added at once, then cut into buckets of ``cap`` bytes: a gradient split between two."""
+    """A bucket ended at each multiple of ``cap`` in the bytes so far (a piece's added at once, or a running
+    total): a gradient split between two."""
     after, filled = [], 0
     for i, piece in enumerate(pieces):
         filled += sum(piece)
@@ -333,9 +334,9 @@ MISTAKES = {
     ),
     "piece cut by bytes": (
         _piece_cut_by_bytes,
-        "a piece's bytes were added at once and cut into buckets at the cap, splitting a gradient between two "
-        "buckets: a gradient is never split; take a piece's gradients one by one, in the order they arrive, and "
-        "close a bucket at the first that takes it to the cap or past it",
+        "a bucket ended at each multiple of the cap in the bytes so far, splitting a gradient between two "
+        "buckets: a gradient is never split; a bucket holds whole gradients, in the order they arrive, and "
+        "closes at the first that takes it to the cap or past it",
     ),
     "counts per piece": (
         _per_piece_counts,
