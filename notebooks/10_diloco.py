@@ -635,7 +635,8 @@ print(check_fragment_schedule(solutions.fragment_to_send))
 # 4 equal fragments and τ = 10 (settings of this section alone, not those of the runs above), on seven
 # of the preset links, the widest first. *Plain DiLoCo* below is DiLoCo not streamed: the whole model
 # in one sync. The lines after the table take it apart (their code collapsed; in it `exposed_s` is the
-# step-time model's wait per inner step).
+# step-time model's *exposed* time, the time the replica waits for the link, a period's spread over
+# its H inner steps).
 
 # %%
 from minddp.comm.link import PRESETS
@@ -770,7 +771,8 @@ lesson.claim(
 # * At H = 100 the sweep separates one thing: `diloco-h100-lr1` differs from local SGD in the Nesterov
 #   momentum alone, and it too ends above local SGD in every seed (the sweep's claim), so there the
 #   momentum alone costs loss. Early in the runs too: after one of its first syncs its mean rises where
-#   local SGD's falls at each (the last lines on each H's excess, from scores above the figure's cut). No outer lr tried (0.3 to 1) ends below local SGD; their final losses
+#   local SGD's falls at each (the last lines on each H's excess, from scores above the figure's cut).
+#   No outer lr tried (0.3 to 1) ends below local SGD; their final losses
 #   are printed under the figure.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so the
