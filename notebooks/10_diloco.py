@@ -21,8 +21,8 @@
 # compute (the section *Compute utilisation on slow links* computes it for a 360 M-parameter model), and
 # the GPUs stand idle. The rungs of this notebook **talk rarely**: each replica trains alone for H
 # optimizer steps (its *inner* steps), then the replicas **sync**: they average what they learnt and
-# each applies the result, of the whole model at once (in streaming DiLoCo, of one fragment of it per
-# sync).
+# each applies the result, of the whole model at once (in streaming DiLoCo, of one part of it, a
+# *fragment*, per sync).
 #
 # 1. **Local SGD**: every H steps, average the weights (`minddp.LocalSGD`);
 # 2. **DiLoCo** (Douillard et al., 2023, arXiv 2311.08105): every H steps, average the
@@ -187,10 +187,11 @@ lesson.claim(
 #
 # The figure draws each run's mean over the seeds at H = 10 and 100 (H = 50 is not drawn) against the
 # payload bytes each replica handed to the all_reduce. `single` sends nothing, so it has no place on
-# the log axis and is drawn as a grey line at its final loss. The y axis stops at 2.6 nats: the scores
-# above it (early in the runs) are off the figure, and each line enters at its top edge along the
-# straight segment from its last score above the cut to its first below, so the order of two lines at
-# that edge is drawn, not scored. Under the figure: each run's final loss with its range over the
+# the log axis and is drawn as a grey line at its final loss. Each line is straight from one score to
+# the next (a score every 50 steps), so where two lines cross between two scores, inside the axes or at
+# their top edge, is drawn, not scored. The y axis stops at 2.6 nats: the scores above it (early in the
+# runs) are off the figure, and each line enters at its top edge along the straight segment from its
+# last score above the cut to its first below. Under the figure: each run's final loss with its range over the
 # seeds; the scores at which DiLoCo's mean at H = 10 is below local SGD's (early ones, above the cut in
 # the committed file: read them in that line, not in the figure); and the H = 100 runs' order after
 # equal bytes early in the run, and at the end. The next cell reads the file; the one after draws the
@@ -277,7 +278,7 @@ print(
 # Read off the same file, at each H: how far DiLoCo's final loss is above the floor (its *excess*),
 # against DDP's (measured from the floor, because the whole loss includes the 2.1552 nats no model can
 # lose), and in how many seeds DiLoCo ended below local SGD; then the file's runs set against one
-# another (the claims the takeaway rests on).
+# another (the claims the takeaway rests on), last the H = 100 runs' mean loss after their first syncs.
 
 # %%
 from minddp.diloco.diloco import OUTER_DEFAULTS
@@ -354,6 +355,18 @@ lesson.claim(
     "DiLoCo in two things at once, the fragments sent early and in turn, and α mixing the local weights into those "
     "the replicas go on training from: which of the two helps was not separated",
 )
+early = [steps.index(s) for s in (0, 100, 200, 300)]  # the start and the scores after the first 3 syncs at H = 100
+h100_early = {n: [mean_of(n, "loss")[i] for i in early] for n in ("local-sgd-h100", "diloco-h100-lr1", "diloco-h100")}
+print(
+    "at H = 100, the mean held-out loss at steps 0, 100, 200 and 300 (the start, then after each of the first 3 "
+    "syncs): " + "; ".join(f"{n} " + ", ".join(f"{x:.3f}" for x in v) for n, v in h100_early.items())
+)
+rises = {n: [b > a for a, b in zip(v, v[1:])] for n, v in h100_early.items()}
+lesson.claim(
+    not any(rises["local-sgd-h100"]) and any(rises["diloco-h100-lr1"]) and any(rises["diloco-h100"]),
+    "local SGD's mean falls at each of these syncs; with the momentum, at outer lr 1 (local SGD but for the "
+    "momentum) and at the default 0.7 alike, DiLoCo's rises at one of them at least",
+)
 
 # %% [markdown]
 # `docs/diloco.md` (*Convergence*) has both figures (loss against steps and against bytes), the
@@ -400,9 +413,9 @@ print(check_outer_sync(solutions.outer_sync))
 # ## Streaming DiLoCo: fragments that travel while the replica computes
 #
 # A whole-model sync still stops every replica for the time the model takes on the link. Streaming
-# DiLoCo cuts the model into K fragments (`fragments=K`) that take turns, one every H/K steps: K syncs
-# in H steps, each of one fragment, where DiLoCo makes one, of the whole model (the same bytes in a
-# period). A fragment is a run of
+# DiLoCo cuts the model into K fragments (`fragments=K`) that take turns: each fragment's *turn* is H/K
+# steps, fragment 0's first, and it syncs once in its turn. That makes K syncs in H steps, each of one
+# fragment, where DiLoCo makes one, of the whole model (the same bytes every H steps). A fragment is a run of
 # whole tensors in the model's order, fragment i (numbered from 0) closed once fragments 0 to i hold
 # (i + 1)/K of the model, so one large tensor makes them unequal (the run below prints this model's
 # two). Each fragment's pseudo-gradient leaves `fragment_sync_delay` (τ) inner steps *before* its
@@ -425,16 +438,17 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # message arrives before the step that applies it asks for it only if the τ steps from its hand-over
 # to that step's `wait()` last longer than its time on the link; the lines under the figure give both
 # times for each message, the τ steps' time measured anew for each (the code of the figure and of its
-# lines collapsed). The batch and τ were chosen so that the τ steps would last longer than the
-# smaller fragment's time on the link and shorter than the larger one's, one message arriving in time
-# and one waiting; the lines say whether that happened in this run.
+# lines collapsed), and whether it waited, and how long. On this shared machine a step's time varies
+# from one step to the next, so whether a message waits, and for how long, varies from run to run.
 #
 # Each inner step is its forward (pale), backward (blue) and optimizer step (green), whose post-hook
 # hands a fragment's pseudo-gradient to the link in steps 10 and 18 (the tick) and, in steps 16 and
 # 24, waits for that fragment if it has not arrived and applies it (the triangle). The orange bars are
 # the messages' modeled transfers on the link, each from its tick. Red is the wait: from the
 # post-hook's `wait()` until the message is delivered (its modeled transfer over and the real
-# all_reduce done).
+# all_reduce done); it falls inside an optimizer step, whose post-hook calls `wait()`. White in the row
+# is time in none of the three (the training thread's own work between them, or time it did not run
+# on this shared machine's cores): not a wait for the link.
 
 # %%
 # %%distributed
@@ -621,7 +635,8 @@ print(check_fragment_schedule(solutions.fragment_to_send))
 # 4 equal fragments and τ = 10 (settings of this section alone, not those of the runs above), on seven
 # of the preset links, the widest first. *Plain DiLoCo* below is DiLoCo not streamed: the whole model
 # in one sync. The lines after the table take it apart (their code collapsed; in it `exposed_s` is the
-# step-time model's wait per inner step).
+# step-time model's *exposed* time, the time the replica waits for the link, a period's spread over
+# its H inner steps).
 
 # %%
 from minddp.comm.link import PRESETS
@@ -650,9 +665,9 @@ def pct(share):
     return f"{100 * share:.1f} %"
 
 
-print(f"{'link':>11} | {'DDP':>7} | {'DiLoCo H=100':>12} | {'stream. H=100 K=4':>17}   (compute utilisation)")
+print(f"{'link':>11} | {'DDP':>7} | {'DiLoCo H=100':>12} | {'stream. H=100 K=4 τ=10':>22}   (compute utilisation)")
 for name, row in table.items():
-    print(f"{name:>11} | " + " | ".join(f"{pct(r['utilisation']):>{w}}" for r, w in zip(row.values(), (7, 12, 17))))
+    print(f"{name:>11} | " + " | ".join(f"{pct(r['utilisation']):>{w}}" for r, w in zip(row.values(), (7, 12, 22))))
 
 # %% jupyter={"source_hidden": true}
 # The lines that take the table apart (this cell's code collapsed).
@@ -672,9 +687,10 @@ print(
     f"{len(cp.nbytes)} tensors of {size / 1e6:.0f} MB is more than DDP's 25 MiB bucket cap, so each is a bucket of "
     "its own), one after another, "
     f"each 2 hops × {spec.latency * 1e3:g} ms + {size / 1e6:.0f} MB at "
-    f"{spec.bandwidth * 8 / 1e9:g} Gbit/s = {each * 1e3:.0f} ms; the first handed over {start * 1e3:.0f} ms into "
-    f"the step, the last delivered at {start * 1e3:.0f} + {len(buckets)} × {each * 1e3:.0f} = "
-    f"{(start + len(buckets) * each) * 1e3:.0f} ms, the step's end: it computes "
+    f"{spec.bandwidth * 8 / 1e9:g} Gbit/s = {each * 1e3:.1f} ms; the first handed over {start * 1e3:.1f} ms into "
+    f"the step (the forward, {cp.forward * 1e3:.1f} ms, 2/6 of the step's compute; then its own tensor's share of "
+    f"the backward, {cp.backward * 1e3:.1f} ms ÷ {len(cp.nbytes)}), the last delivered at {start * 1e3:.1f} + {len(buckets)} × "
+    f"{each * 1e3:.1f} = {(start + len(buckets) * each) * 1e3:.0f} ms, the step's end: it computes "
     f"{table[first]['ddp']['compute_s'] * 1e3:.0f} ms of it ({pct(table[first]['ddp']['utilisation'])})"
 )
 computing = 100 * table[first]["diloco"]["compute_s"]  # a period's compute: 100 inner steps' (s)
@@ -754,7 +770,9 @@ lesson.claim(
 #   nothing, where local SGD ends below one replica alone at every H (100 included), in every seed.
 # * At H = 100 the sweep separates one thing: `diloco-h100-lr1` differs from local SGD in the Nesterov
 #   momentum alone, and it too ends above local SGD in every seed (the sweep's claim), so there the
-#   momentum alone costs loss. No outer lr tried (0.3 to 1) ends below local SGD; their final losses
+#   momentum alone costs loss. Early in the runs too: after one of its first syncs its mean rises where
+#   local SGD's falls at each (the last lines on each H's excess, from scores above the figure's cut).
+#   No outer lr tried (0.3 to 1) ends below local SGD; their final losses
 #   are printed under the figure.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so the
@@ -773,9 +791,8 @@ lesson.claim(
 #   the link than the period computes (`100mbit`, `home`), it computes less than one percentage point
 #   more of the time than plain DiLoCo (a claim under the table). The step-time model counts only
 #   compute and the link, and utilisation is time, not progress. `docs/benchmarks.md` (*Slow links*)
-#   measures compute utilisation in runs beside the step-time model's predictions, at other settings
-#   (an 80 k-parameter model, H = 20, 2 fragments), estimated there as the median quiet inner step
-#   (nothing sent) over the mean step.
+#   sets measured runs beside the step-time model's predictions, at other settings (an 80 k-parameter
+#   model, H = 20, 2 fragments).
 
 # %%
 # %dist_shutdown
