@@ -126,7 +126,9 @@ for line in run.report():
 
 # %% [markdown]
 # Where each recovery went. The cell below prints, for each fault, the moments the members, the
-# lighthouse and the launcher recorded, each in milliseconds after the fault, sorted by time:
+# lighthouse and the launcher recorded, each in milliseconds after the fault, sorted by time. Its
+# `✓` lines are **claims**: `lesson.claim` checks each on the run shown, and the cell fails if one
+# does not hold; the other lines are printed from the run's values (measurements no claim checks):
 #
 # * **a peer's error**: the first error caught by a member other than the fault's slot: its
 #   all_reduce failed (the errors, each with gloo's own sentence, are printed further down). Between
@@ -137,10 +139,14 @@ for line in run.report():
 #   then the group's teardown, which closes its connections) and its peers' all_reduce fails. The
 #   run times none of these apart;
 # * **discard**: each member that caught an error first drops its group, then votes no; the
-#   lighthouse discards the attempt at the first no it receives;
+#   lighthouse discards the attempt as soon as one member voted no or one that has not voted is no
+#   longer live (as in `docs/fault-tolerance.md`, phase 5);
 # * **exit seen** and **exit recorded** (the kill only): the launcher looks at its processes in
-#   passes; the first is the pass that found slot 1's process ended. The launcher then waits
-#   `EXIT_WAIT_S` (50 ms, a setting of the launcher) and takes in what the processes sent it
+#   passes, `PASS_SLEEP_S` (20 ms, a setting of the launcher) apart plus each pass's own work; the
+#   first is the pass that found slot 1's process ended. The run does not time when the process
+#   ended (a peer's error shows its connections had closed by then), so it does not split the span
+#   between a peer's error and the exit seen into the kernel's part and the launcher's. The launcher
+#   then waits `EXIT_WAIT_S` (50 ms, a setting of the launcher) and takes in what the processes sent it
 #   meanwhile (each attempt's record, and any **result**: what a process hands the launcher once it
 #   has trained the run's last step, its final state), then records the exit and tells the
 #   lighthouse (the second). The wait is there so that a process that finished and exited before
@@ -158,13 +164,16 @@ for line in run.report():
 # however soon after the discard the survivors asked. The two lines under the kill's table say
 # how much of its recovery that span took, and how long the launcher took from seeing the exit to
 # recording it: `EXIT_WAIT_S` is a setting of minddp's launcher, not something a kill has to cost.
+# A launcher with a shorter wait would record the exit sooner, and the kill's next quorum could come
+# sooner by up to the time cut from the wait (this notebook does not run one).
 # The raise's process stayed (the first claim checks that the launcher recorded no exit after it,
 # and that the first error was slot 2's own), so its table has no exit rows. The two `recovery`
 # lines set each recovery against the hang bound: neither fault made anyone wait for the group's
 # timeout: after the kill, slot 1's connections ended with its process; after the raise, slot 2's
-# `drop_group` closed them. The last line sets the two recoveries side by side, with the span from
-# the discard to the next quorum, which only the kill's spends waiting for an exit's record
-# (printed from the run, not claimed: measured times).
+# `drop_group` closed them. The last lines set the two recoveries side by side, each cut into three
+# spans (differences of its table's rows), so the difference of the recoveries is the sum of the
+# three spans' differences. Of the three, only the kill's span from the discard to the next quorum
+# can include waiting for an exit's record (printed from the run, not claimed: measured times).
 
 # %%
 from minddp.ft import fault_outcomes
@@ -231,12 +240,25 @@ moments(raised)
 print()
 for o in (kill, raised):
     print(f"{o.fault} recovery: {ms(o.recovery_s)} ms, {o.recovery_s / hang_s:.1%} of the hang bound ({hang_s:g} s)")
+
+
+def spans(o):  # fault o's recovery cut into three spans, in the tables' whole ms: they add up to it
+    d, q, r = ms(o.discard_s), ms(o.quorum_s), ms(o.recovery_s)
+    return {
+        "from the fault to the discard": d,
+        "from the discard to the next quorum": q - d,
+        "from it to the commit": r - q,
+    }
+
+
 longer = ms(kill.recovery_s) - ms(raised.recovery_s)
 print(
-    f"the kill's recovery was {abs(longer)} ms {'longer' if longer >= 0 else 'shorter'} than the raise's; from the "
-    f"discard to the next quorum: {ms(kill.quorum_s) - discard} ms after the kill (its quorum waited for the exit's "
-    f"record), {ms(raised.quorum_s) - ms(raised.discard_s)} ms after the raise (no exit to wait for)"
+    f"the kill's recovery was {abs(longer)} ms {'longer' if longer >= 0 else 'shorter'} than the raise's, "
+    "span by span (ms; the differences add up to theirs):"
 )
+print(f"  {'':<36}{'kill':>6}{'raise':>6}{'kill - raise':>14}")
+for (name, k), r in zip(spans(kill).items(), spans(raised).values()):
+    print(f"  {name:<36}{k:>6}{r:>6}{k - r:>+14}")
 
 # %% [markdown]
 # The kill also ended slot 1's process: its **rejoin** (the report's first line) ends at the quorum
@@ -422,7 +444,9 @@ check_shard(my_shard)
 # is collapsed in Jupyter: click it to show it. The checker's verdict on it is printed by the
 # notebook's last code cell, which checks it and question 3's split below in one run of the rung:
 # `check_shards` trains each function it is given in its own *lane*, a copy of the small model that
-# only that function's rows train, so one run checks them all.
+# only that function's rows train, so one run checks them all. The processes' own three checks (as
+# above: slots equal, the same bytes at each attempt's start, a discard changes nothing) are of that
+# whole run, every lane together, not of one function's lane.
 
 # %% jupyter={"outputs_hidden": true}
 from minddp.exercises import solutions
@@ -500,8 +524,9 @@ show_source(solutions.ft_shard)
 # rank multiplies its rows' summed loss by world / B, and the all_reduce averages over the world),
 # as if rows 6-9 had a gradient of zero. Only a comparison with a single process on the whole
 # batch shows rows 6-9 untrained. The second cell below runs this split in the checker's run (10-row batches, plain
-# SGD: its checks compare the parameters, as there is no optimizer state), where all three pass and
-# the comparison with a single process fails.
+# SGD, so no optimizer state: its checks compare the parameters and the count of steps committed, of
+# both lanes together, the model answer's and this split's), where all three pass and the comparison
+# with a single process fails.
 #
 # </details>
 
@@ -550,7 +575,7 @@ lesson.claim(
 )
 lesson.claim(
     "though the processes' own checks all pass" in first_world.line,
-    "and all three checks passed on the checker's run: none of them compares with the data",
+    "and all three checks passed on the checker's run (both lanes together): none of them compares with the data",
 )
 
 # %% [markdown]
