@@ -749,8 +749,8 @@ trade.round(1)
 #
 # The cell makes `my_all_reduce` the sum of the `bucket-async` stage's buckets (its hook divides each
 # bucket by the world size first, so `my_all_reduce` only sums). `check` trains that stage beside a
-# single process on the global batch and torch's DDP (its verdict prints the largest parameter
-# difference from each), and against the model answer (`like="halves"`). It trains its own small
+# single process on the global batch (its verdict prints the largest parameter difference from it),
+# and against the model answer (`like="halves"`). It trains its own small
 # network in two buckets, one of an odd length, which tests your padding; some wrong answers come out
 # right at two ranks (padding by `numel % n` instead of `-numel % n`, or a `2` written for the world
 # size), so an answer accepted at two ranks is checked again at three. Its buckets are flat tensors:
