@@ -47,16 +47,9 @@
 # piece 0 is the forward's last layers, which backward runs first). A bucket whose last gradient a piece
 # produces can then be handed over before the next piece's backward begins, so that its message can be
 # in flight while that backward runs (this notebook counts how many were). minddp's `ddp`, given a
-# `bucket_cap_mb`, has Dynamo cut by that cap: here each piece but the last closes once its parameters
-# reach 2 MiB; the last holds what is left. Under torch's DDP, Dynamo cuts the first piece by
-# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` instead (by name and in torch, the cap of torch's
-# DDP's first *bucket* when `bucket_cap_mb` is left at its default; 1 MiB in the torch installed here).
-# While its module runs compiled, minddp's `ddp`, given a `bucket_cap_mb`, sets both caps Dynamo reads,
-# the bucket cap and that first cap, to that `bucket_cap_mb` (`minddp/runtime/compiling.py` calls
-# `compat.ddp_optimizer_caps`, which sets them). A claim under *The pieces and the buckets* checks that
-# piece 0 holds the cap. By the rule above, a first cap of 1 MiB would close piece 0 at its first 1 MiB
-# layer, and bucket 0, of two such layers here, would then lie across pieces 0 and 1, handed over only
-# after piece 1's backward.
+# `bucket_cap_mb`, has Dynamo cut every piece, the first included, at that cap: here each piece but the
+# last closes once its parameters reach 2 MiB; the last holds what is left. So a bucket can lie
+# within one piece (the claims under *The pieces and the buckets* check where this step's buckets lie).
 #
 # This notebook shows one step of `ddp` in each of three runs, one row each: eager (not compiled),
 # compiled without the cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and
@@ -149,18 +142,18 @@ lesson.say(
 # from the start of its forward to the black line where its optimizer step ends: the forward (pale, the
 # loss's included), the gradient nodes (blue, the loss's included), the `AccumulateGrad` nodes (grey), a
 # tick when a bucket was handed over (the row's label says how many buckets), an orange bar for each
-# message in flight, and the optimizer step (green). A tick is not the start of its bar: between the
-# two, the bucket has been handed over and gloo has not yet begun its message, which can wait there for
-# an earlier message to end (a bar can begin where an earlier one ends). So the gap is not what handing
-# a bucket over costs; what each message waited for is not measured here. Ticks closer together than a
-# pixel (about a thousandth of the time axis) draw as one. Orange bars can follow one another or
-# overlap; where they overlap they are drawn over each other, and one can hide where another ends: the
+# message in flight, and the optimizer step (green). A tick is not the start of its bar: between the two,
+# the bucket has been handed over and gloo has not yet begun its message, which can wait there for an
+# earlier message to end (a bar can begin where an earlier one ends). So the gap is not what handing a
+# bucket over costs; what each message waited for is not measured here. Ticks closer together than a
+# pixel (about a thousandth of the time axis) draw as one. Orange bars can follow one another or overlap;
+# where they overlap they are drawn over each other, and one can hide where another begins or ends: the
 # figure does not show how long each message was in flight, nor which ran beside a gradient node (the
 # line printed after it says which). In every row the blue begins with the loss's gradient nodes; after
 # them, in the cut row, one gradient node per piece, piece 0 first (the pieces printed under *The pieces
 # and the buckets*, whose claims count them), and without the cut one for the whole graph. Count the
-# pieces in those claims, not in the blue: nodes that run one after the other draw as one stretch, a
-# thin line between them at most.
+# pieces in those claims, not in the blue: nodes that run one after the other draw as one stretch, a thin
+# line between them at most.
 #
 # White is time in none of these. The white just before the optimizer step holds the end of
 # backward, where the reducer waits for the last messages to end, then copies the averages into
@@ -182,21 +175,23 @@ lesson.say(
 # gradient nodes run, on the same cores, so the two can lengthen each other's bars; what the cut does to
 # a step's length is not measured here.
 #
-# In the claims under the figure, a node *ran after* the first bucket was handed over if its range ends
-# after that tick: it was still running then, or began after.
+# In the claims of the figure's cell, a node *ran after* the first bucket was handed over if its range
+# ends after that tick: it was still running then, or began after.
 #
 # The cell after the figure counts, in each run on rank 0, the messages in flight while a gradient node
 # ran, and says which, in the order the messages began. Without the cut none can be: a message begins
-# after its bucket's tick, and every tick comes after the compiled graph's one gradient node, the last
-# to run, has produced the gradients; the first claim checks that none was in this step. With the cut,
-# the message of every bucket handed over
-# before the last piece's backward can be (here every bucket but the last): it is counted if it was in
-# flight while a later piece's backward ran, and one that ends before the next piece's backward begins,
-# in the grey between the two, is not. Which are depends on when each message begins and ends and on
-# when the pieces' backwards run, which the timing of this execution decides. So what the line shows of
-# the cut is its count beside none without it. Eager's count is printed beside them: in eager too
-# gradient nodes ran after the first bucket was handed over (the second claim), and its count depends on
-# the timing as the cut's does, so the two counts do not compare eager with the cut.
+# after its bucket's tick, and every tick comes after the compiled graph's one gradient node, the last to
+# run, has produced the gradients; the first claim checks that none was in this step. With the cut, the
+# message of every bucket handed over before the last piece's backward can be (here every bucket but the
+# last): it is counted if it was in flight while a later piece's backward ran, and one that ends before
+# the next piece's backward begins, in the grey between the two, is not. A message is counted by its own
+# range, not by its tick: a tick with blue after it does not make its message counted, for the message
+# can begin after that blue ends, its bar's start hidden under an earlier bar. Which are depends on when
+# each message begins and ends and on when the pieces' backwards run, which the timing of this execution
+# decides. So what the line shows of the cut is its count beside none without it. Eager's count is
+# printed beside them: in eager too gradient nodes ran after the first bucket was handed over (the second
+# claim), and its count depends on the timing as the cut's does, so the two counts do not compare eager
+# with the cut.
 #
 # The cut is torch's design for GPUs. This notebook runs no GPU: what the cut does to a GPU step is
 # not shown here.
@@ -206,9 +201,9 @@ lesson.say(
 title = f"ddp on rank 0, buckets of {CAP:g} MiB: eager, compiled without the cut, compiled with it\n"
 title += "one step each: read the order of events, not lengths"
 nodes.picture(looks, title)  # rank 0 draws
-# orders of events, not timings: they hold on any machine. Without the cut every message starts after
-# its bucket's tick, in an AccumulateGrad node, which runs once the compiled graph's one gradient node,
-# the last gradient node, has produced its gradient
+# orders of events, not timings: they hold on any machine. Without the cut every tick comes in an
+# AccumulateGrad node, which runs once the compiled graph's one gradient node, the last gradient node,
+# has produced its gradient; every message starts after its bucket's tick
 after = {label: v["ran_after_first_handover"] for label, v in looks.items()}  # nodes still running or begun
 lesson.claim(
     after[NO_CUT]["gradient nodes"] == 0
@@ -255,9 +250,14 @@ lesson.say(
 # (compiled with the cut): `ddp`'s `bucket_plan`, rebuilt after the first step from the order the
 # gradients arrived in, each bucket listing its parameters in that order (a first step's plan lists them
 # otherwise: *Buckets of 0.5 MiB*). A compiled piece produces all its gradients at its end, so within a
-# piece they need not arrive last layer first: bucket 0 below lists `layers.6.weight` before
-# `layers.7.weight`, in the order they arrived. A bucket closes at the first gradient that takes it to
+# piece they need not arrive last layer first. A bucket closes at the first gradient that takes it to
 # the cap or past it. The claims below check where the buckets lie.
+#
+# Under torch's DDP, Dynamo caps piece 0 not at the bucket cap but at
+# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`, given
+# a `bucket_cap_mb`, sets that cap to its `bucket_cap_mb` too (`compat.ddp_optimizer_caps`, called in
+# `minddp/runtime/compiling.py`), so that piece 0 closes at the bucket cap, as bucket 0 does; the second
+# claim below checks the piece.
 #
 # A bucket that a piece fills is handed over before the next piece's backward begins, and not by chance.
 # When a piece's backward ends, its parameters' `AccumulateGrad` nodes (where the reducer's hook runs) and
@@ -396,21 +396,20 @@ lesson.claim(counts[THEIRS] > counts[ALONE], "torch.compile(torch's DDP(MLP)) ad
 # %% [markdown]
 # ## Buckets of 0.5 MiB
 #
-# Each wrapper, with both patterns (the model compiled, then wrapped; `torch.compile(wrapper)`), at
-# 0.5 MiB on an MLP of two 1 MiB layers, one training step each, the wrapper's first: its parameters
-# compared with eager `ddp`'s after the same step, the step's buckets, its graph breaks and the pieces
-# its compiled graph is cut into; a refusal is printed with the torch file that raised it. A first
-# step's buckets follow torch's first-iteration plan (`plan_first_iteration_like_torch` in
+# Each wrapper, with both patterns (the model compiled, then wrapped; `torch.compile(wrapper)`), at 0.5
+# MiB on an MLP of two 1 MiB layers, one training step each, the wrapper's first: its parameters compared
+# with eager `ddp`'s after the same step, the step's buckets, its graph breaks and the pieces its
+# compiled graph is cut into; a refusal is printed with the torch file that raised it. A first step's
+# buckets follow torch's first-iteration plan (`plan_first_iteration_like_torch` in
 # `minddp/ddp/plan.py`): with `find_unused_parameters` off, as here, one bucket per dtype and device,
 # here one bucket of both layers, its parameters in the order the model registers them, not the order
-# their gradients arrive in (with it on, capped buckets). So in this step the cap shapes the
-# compiled pieces, not the buckets. With torch's DDP, Dynamo caps the first piece at
-# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB in the torch installed here; read as
-# `torch_first` in *The pieces and the buckets*, outside any call of `ddp`'s), above this bucket cap,
-# and Dynamo asserts; its assert, printed below, calls that first piece the "first bucket". minddp's
-# `ddp` sets Dynamo's cap for the first piece to its `bucket_cap_mb` (the introduction), and Dynamo
-# does not assert: that, not the pieces, shows the first cap is not above 0.5 MiB, for a piece of one 1 MiB
-# layer would close at either cap.
+# their gradients arrive in (with it on, capped buckets). So in this step the cap shapes the compiled
+# pieces, not the buckets. With torch's DDP, Dynamo caps the first piece at
+# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (its value is in the first claim below), above this
+# bucket cap, and Dynamo asserts; its assert, printed below, says "First bucket" for that first piece (a
+# piece, in this notebook's words). minddp's `ddp` sets Dynamo's cap for the first piece to its
+# `bucket_cap_mb` (*The pieces and the buckets*), and Dynamo does not assert: that, not the pieces, shows
+# the first cap is not above 0.5 MiB, for a piece of one 1 MiB layer would close at either cap.
 
 
 # %%
