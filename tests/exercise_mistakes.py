@@ -1704,14 +1704,8 @@ def outer_sync_keeps_the_mean(params, synced, outer):
     """Right until the end, where the new synced weights are kept as synced − the averaged pseudo-gradient (the mean
     of the replicas' local weights, "the weights all replicas agreed on"), not the outer step's result."""
     with torch.no_grad():
-        pseudo = [s - p for p, s in zip(params, synced)]
-        for g in pseudo:
-            dist.all_reduce(g)
-            g /= dist.get_world_size()
-        for p, s, g in zip(params, synced, pseudo):
-            p.copy_(s)
-            p.grad = g
-    outer.step()
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
+    _outer(params, synced, outer, pseudo, keep=False)
     with torch.no_grad():
         for s, g in zip(synced, pseudo):
             s.copy_(s - g)
