@@ -28,9 +28,9 @@
 # by its one function in `minddp.analysis.metrics`):
 #
 # * **in flight**: the time a communication range was open (what that counts here: below);
-# * **overlap** (HTA's `comm_comp_overlap_pctg`): the share of the time in flight during which the
-#   training thread computed (ran an `aten::` operator);
-# * **non-compute**: the time in flight during which it computed nothing (ms).
+# * **overlap** (HTA's `comm_comp_overlap_pctg`): the share of the time in flight during which a
+#   training thread computed (ran an `aten::` operator; which threads count as training threads: below);
+# * **non-compute**: the time in flight during which none computed (ms).
 #
 # So non-compute = (100 % − overlap) × time in flight. Neither ranks the stages by speed. Non-compute counts more
 # than the training thread stopped until a message is back: also its own Python (its hooks, the time between
@@ -72,7 +72,7 @@ for stage in profiled:
     # at the first forward after the first synced backward: the recorded step's), then the one step it records
     lesson.Trainee(stage, warmup=0).profile(RUN, steps=1)
 lesson.say(lesson.describe())
-lesson.say(lesson.machine())
+lesson.say(lesson.machine(link=False))
 lesson.say(f"Profiled one step of each of: {', '.join(profiled)}, into {RUN.relative_to(lesson.ROOT)}.")
 # the blog's six stages again, their gradients' all_reduces over an emulated 1 Gbit/s network (the last section)
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
@@ -84,7 +84,7 @@ for stage in blog:
     lesson.Trainee(stage, warmup=0, link="1gbit").profile(LINKED, steps=1)
 lesson.say(
     f"Profiled one step of each of: {', '.join(blog)} over an emulated 1gbit link, into "
-    f"{LINKED.relative_to(lesson.ROOT)}."
+    f"{LINKED.relative_to(lesson.ROOT)}; in this run the emulated link's thread shares the cores too."
 )
 
 # %%
@@ -97,11 +97,13 @@ lesson.say(
 # shows rank 0's trace. What to take from it: a gloo range's length here is how long it was open, held open
 # included (the caveat below), not how long its bytes took. What the terms mean on this machine (CPU, gloo):
 #
-# * **compute** is the training thread inside an `aten::` operator (forward, backward, the optimizer,
-#   the stages' copies into and out of buckets);
+# * **compute** is a *training thread* inside an `aten::` operator (forward, backward, the optimizer,
+#   the stages' copies into and out of buckets); `minddp.analysis` counts as a training thread every thread
+#   that runs no `gloo:*` or `minddp.link:*` range (the Python thread, and the autograd engine's where it has
+#   its own: `docs/analysis.md`), and the measures below count compute on any of them;
 # * **in flight** is one of gloo's threads inside a `gloo:*` range: every collective, not only the
 #   gradients' (the parameter check's and `ddp`'s and torch's broadcasts too, below);
-# * **non-compute** is time in flight while the training thread ran no `aten::` op: stopped until a message
+# * **non-compute** is time in flight while no training thread ran an `aten::` op: stopped until a message
 #   is back, in the parameter check or in `ddp`'s and torch's broadcasts, running its own Python (hooks, the
 #   time between autograd nodes), or, where the threads outnumber the free cores, ready to run with none free.
 #
@@ -356,7 +358,9 @@ lesson.say(
     "from one stage's profiled step to another's, and each row of the tables above is one such step. "
     f"The steps took {steps.min():.0f}–{steps.max():.0f} ms, and {sooner} of the {len(steps) - 1} stages that "
     f"communicate ended theirs before `single`, which sends nothing ({steps['single']:.0f} ms): a difference "
-    "in step time here does not price a stage's communication."
+    "in step time here does not price a stage's communication. Why the same work took longer in one stage's "
+    "step than in another's (`single`'s included) the trace does not show: every row's ranks shared the same "
+    "cores, and the trace records when each operator ran, not what held it back."
 )
 
 # %% [markdown]
@@ -456,13 +460,13 @@ display(on_link)
 # of (the last column: the part with the link carrying nothing), over the asynchronous stages of the link run (`ddp`
 # and torch's DDP were not run over the link); it is printed, not claimed, because one step each decides it. Where
 # those differ in waited or exposed, this trace does not show why. The third claim's saving is link time, time the
-# link carries a transfer; a change in waited − exposed, time with the link carrying nothing, is not that saving. A
-# line prints whether bucket-async, which sends fewer messages, waited less than hook-async in this step. The
+# link carries a transfer; a change in waited − exposed, time with the link carrying nothing, is not that saving. The
 # next lines print what the claims leave out:
-# how much of the link time buckets saved, each change's two stages by waited (and exposed), each stage's waited
+# how much of the link time buckets saved, each change's two stages by waited (and exposed: `bucket-async` against
+# `hook-async` is the pair that sends fewer messages and the same bytes), each stage's waited
 # as a share of its link time, the stages that waited longer than their link time (so the link's work alone does not
 # make up their waits), and, from `hook` to `bucket`, how the change in waited splits between exposed and waited −
-# exposed, beside the change in link time.
+# exposed, beside the change in link time; last, a line for each stage whose exposed, to one decimal, is zero, if any.
 
 # %%
 calls = lz["allreduce_calls_per_step"].astype(int)
@@ -514,7 +518,7 @@ lesson.say(
     )
     + ". Each stage's waited as a share of its link time: "
     + "; ".join(
-        f"{st} {100 * stood[st] / link_ms(st):.0f} % ({stood[st]:.1f} against {link_ms(st):.1f} ms)"
+        f"{st} {100 * stood[st] / link_ms(st):.1f} % ({stood[st]:.1f} against {link_ms(st):.1f} ms)"
         for st in on_link.index
     )
     + "."
@@ -534,16 +538,6 @@ lesson.say(
         f"is {abs(d['waited (ms)']) / abs(d['link time (ms)']):.1f} × the link time's, in size."
         if abs(d["waited (ms)"]) > abs(d["link time (ms)"])
         else "is no larger than the link time's, in size."
-    )
-)
-lesson.say(  # printed, not claimed: one profiled step each decides it
-    f"In this step bucket-async, which sends {fewer} fewer messages, waited "
-    f"{lesson.compared(stood['bucket-async'], stood['hook-async'])} hook-async "
-    f"({stood['bucket-async']:.1f} against {stood['hook-async']:.1f} ms)"
-    + (
-        ": fewer messages did not make it wait less, and this trace does not show why."
-        if stood["bucket-async"] >= stood["hook-async"]
-        else "."
     )
 )
 for st in [st for st in on_link.index if round(exposed[st], 1) == 0]:

@@ -107,14 +107,17 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def machine() -> str:
-    """The machine the ranks share, in one sentence: its cores and where the ranks compute."""
+def machine(link: bool = True) -> str:
+    """The machine the ranks share, in one sentence: its cores and where the ranks compute; ``link=False``
+    for a run without an emulated link (no link thread shares the cores)."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     where = "on the CPU" if current_device().type == "cpu" else f"on {current_device().type} devices"
-    return (
-        f"This machine: {cores()} CPU cores, shared by the {world} ranks, their gloo threads and the emulated "
-        f"link's thread; the ranks compute {where}."
+    sharers = (
+        f"the {world} ranks, their gloo threads and the emulated link's thread"
+        if link
+        else f"the {world} ranks and their gloo threads"
     )
+    return f"This machine: {cores()} CPU cores, shared by {sharers}; the ranks compute {where}."
 
 
 def step_batches(whole: bool = False, grad_accum: int | None = None):
