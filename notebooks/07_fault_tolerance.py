@@ -80,7 +80,7 @@
 #   before it starts its all_reduce (slot 2 stays);
 # * `hang_s=5.0`, the **hang bound**: the group's collective timeout, and how long a slot may be
 #   **silent**: none of its heartbeat, its quorum requests and its votes changed in that time. The
-#   **heartbeat** is a count that a thread of the process writes every 50 ms (`BEAT_S`) to the
+#   **heartbeat** is a count that a thread of the process writes every 50 ms, `BEAT_S`, to the
 #   lighthouse's **store** (torch's `TCPStore`, a key-value store over TCP), where the processes
 #   also post their requests and votes and read the answers. A slot is **live** from its first heartbeat while it
 #   is not silent and the launcher has not reported its process's exit. The lighthouse answers a
@@ -127,11 +127,11 @@ for line in run.report():
 # group, which closes its connections; neither waits for the hang bound.
 #
 # The cell below prints, for each fault, the moments the members, the lighthouse and the launcher
-# recorded, each in milliseconds after the fault, sorted by time. The fault's moment (0 ms) is the
-# time the faulting process stamped just before it killed itself or raised (`FaultPlan.fire` in
-# `minddp/ft/faults.py`), not the moment its process was gone. Its
-# `✓` lines are **claims**: `lesson.claim` checks each on the run shown, and the cell fails if one
-# does not hold; the other lines are printed from the run's values (measurements no claim checks):
+# recorded, each in milliseconds after the fault, sorted by time. The fault's moment, from which
+# they count, is the time the faulting process stamped just before it killed itself or raised
+# (`FaultPlan.fire` in `minddp/ft/faults.py`), not the moment its process was gone. Its `✓` lines
+# are **claims**: `lesson.claim` checks each on the run shown, and the cell fails if one does not
+# hold; the other lines are printed from the run's values (measurements no claim checks):
 #
 # * **a peer's error**: the first error caught by a member other than the fault's slot: its
 #   all_reduce failed (the errors, each with gloo's own sentence, are printed further down). Between
