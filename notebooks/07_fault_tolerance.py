@@ -146,13 +146,10 @@ for line in run.report():
 #   longer live (as in `docs/fault-tolerance.md`, phase 5);
 # * **exit seen** and **exit recorded** (the kill only): the launcher looks at its processes in
 #   passes, `PASS_SLEEP_S` (20 ms, a setting of the launcher) apart plus each pass's own work; the
-#   first is the pass that found slot 1's process ended. The run does not time when the process
-#   ended (a peer's error shows its connections had closed by then), so it does not split the span
-#   between a peer's error and the exit seen into the kernel's part and the launcher's. The launcher
-#   then waits `EXIT_WAIT_S` (50 ms, a setting of the launcher), takes in what the processes sent it
-#   meanwhile, then records the exit and tells the lighthouse (the second). The wait is there so
-#   that a process that finished the run and exited just before its final state reached the
-#   launcher is not reported lost;
+#   first is the pass that found slot 1's process ended (the run does not time when it ended). The
+#   launcher then waits `EXIT_WAIT_S` (50 ms, a setting of the launcher), so that a process that
+#   finished the run is not reported lost before its final state arrives, takes in what the
+#   processes sent it, then records the exit and tells the lighthouse (the second);
 # * **next quorum**: each member asks again; the lighthouse answers, with a new tag (the step was
 #   discarded), once every live slot has asked, and slot 1 counts as live until the lighthouse has
 #   read the launcher's word of its exit (the second claim checks that the kill's next quorum came
@@ -167,21 +164,13 @@ for line in run.report():
 # how much of its recovery that span took, and how long the launcher took from seeing the exit to
 # recording it (the part beyond the wait from the unrounded times: the rows are rounded to whole
 # ms). `EXIT_WAIT_S` is a setting of minddp's launcher, not something a kill has to cost.
-# A launcher with a shorter wait would record the exit sooner, and the kill's next quorum could come
-# sooner by up to the time cut from the wait (this notebook does not run one).
-# The raise's process stayed (the first claim checks that the launcher recorded no exit after it,
-# and that the first error was slot 2's own), so its table has no exit rows. The two `recovery`
-# lines set each recovery against the hang bound: neither fault made anyone wait for the group's
-# timeout: after the kill, slot 1's connections ended with its process; after the raise, slot 2's
-# `drop_group` closed them. The last lines set the two recoveries side by side, each cut into three
-# spans (differences of its table's rows), so the difference of the recoveries is the sum of the
-# three spans' differences (the last column; printed from the run, not claimed: measured times).
-# Two spans can differ for different reasons. The first, from the fault to the discard, holds the
-# moment of each fault's first error at a peer (the tables' first rows), which the run does not
-# split further. The second, from the discard to the next quorum, is the only one that can include
-# waiting for an exit's record, and only the kill's: `EXIT_WAIT_S` bears on it alone, so why the
-# kill's recovery differs from the raise's is read from every line of the last column, not from
-# the wait alone.
+# The raise's process stayed (the first claim), so its table has no exit rows. The two `recovery`
+# lines set each recovery against the hang bound. The last lines cut both recoveries into three
+# spans (differences of the tables' rows), so the difference of the recoveries is the sum of the
+# last column (measured, not claimed). Read all of that column, not only the wait: the first span,
+# from the fault to the discard, holds each fault's first error at a peer (not split further by
+# the run); the second, from the discard to the next quorum, is the only one that can include
+# waiting for an exit's record, and only the kill's.
 
 # %%
 from minddp.ft import fault_outcomes
