@@ -78,18 +78,15 @@
 #   (the others' all_reduce cannot complete without it); `raise@11:2`, slot 2's comm hook (the
 #   function that averages the gradients with an all_reduce, as in notebook 04) raises in step 11,
 #   before it starts its all_reduce (slot 2 stays);
-# * `hang_s=5.0`, the **hang bound**: the group's collective timeout, and how long a slot's
-#   **heartbeat** may be silent (a count that a thread of its process writes every 50 ms, `BEAT_S`,
-#   from just before it first asks for a quorum, to the lighthouse's **store**: a key-value store
-#   over TCP, torch's `TCPStore`, that the lighthouse hosts; the processes post their quorum
-#   requests and votes there too, and read its answers). The lighthouse counts a slot **live** once
-#   its process has sent a first heartbeat, while neither its heartbeat nor its requests and votes
-#   have been silent that long and the launcher has not reported the process's exit. It answers a
-#   quorum once every live slot has asked (at the run's first, only once every slot has sent a
-#   heartbeat too; at the first attempt of a step of `full_world_at`, below, once every slot has
-#   asked). A slot silent past the bound is evicted (the launcher ends its process and starts it
-#   again, as after a kill), unless it is the last holder of the trained state, which is never
-#   evicted (question 1 below);
+# * `hang_s=5.0`, the **hang bound**: the group's collective timeout, and how long a slot may be
+#   **silent**: none of its heartbeat, its quorum requests and its votes changed in that time. The
+#   **heartbeat** is a count that a thread of the process writes every 50 ms, `BEAT_S`, to the
+#   lighthouse's **store** (torch's `TCPStore`, a key-value store over TCP), where the processes
+#   also post their requests and votes and read the answers. A slot is **live** from its first heartbeat while it
+#   is not silent and the launcher has not reported its process's exit. The lighthouse answers a
+#   quorum once every live slot has asked (at the run's first quorum, and at the first attempt of a
+#   step of `full_world_at` below, once every slot has). A silent slot is evicted (the launcher
+#   ends its process and starts it again, as after a kill), unless it is the last holder of the trained state (question 1 below);
 # * `full_world_at=(4, 9)`: the lighthouse answers the quorum of the first attempt at steps 4 and 9
 #   only once all three slots have asked, whatever the machine's speed: the kill meets a full world,
 #   and slot 1 is back, healed, by step 9 (slots 0 and 2 wait for it there if it is not back
@@ -125,10 +122,16 @@ for line in run.report():
     print(line)
 
 # %% [markdown]
-# Where each recovery went. The cell below prints, for each fault, the moments the members, the
-# lighthouse and the launcher recorded, each in milliseconds after the fault, sorted by time. Its
-# `✓` lines are **claims**: `lesson.claim` checks each on the run shown, and the cell fails if one
-# does not hold; the other lines are printed from the run's values (measurements no claim checks):
+# Where each recovery went. The idea: a kill is noticed through the connections that end with its
+# process, plus the launcher's report of its exit; a raise through the raising process dropping its
+# group, which closes its connections; neither waits for the hang bound.
+#
+# The cell below prints, for each fault, the moments the members, the lighthouse and the launcher
+# recorded, each in milliseconds after the fault, sorted by time. The fault's moment, from which
+# they count, is the time the faulting process stamped just before it killed itself or raised
+# (`FaultPlan.fire` in `minddp/ft/faults.py`), not the moment its process was gone. Its `✓` lines
+# are **claims**: `lesson.claim` checks each on the run shown, and the cell fails if one does not
+# hold; the other lines are printed from the run's values (measurements no claim checks):
 #
 # * **a peer's error**: the first error caught by a member other than the fault's slot: its
 #   all_reduce failed (the errors, each with gloo's own sentence, are printed further down). Between
@@ -143,14 +146,10 @@ for line in run.report():
 #   longer live (as in `docs/fault-tolerance.md`, phase 5);
 # * **exit seen** and **exit recorded** (the kill only): the launcher looks at its processes in
 #   passes, `PASS_SLEEP_S` (20 ms, a setting of the launcher) apart plus each pass's own work; the
-#   first is the pass that found slot 1's process ended. The run does not time when the process
-#   ended (a peer's error shows its connections had closed by then), so it does not split the span
-#   between a peer's error and the exit seen into the kernel's part and the launcher's. The launcher
-#   then waits `EXIT_WAIT_S` (50 ms, a setting of the launcher) and takes in what the processes sent it
-#   meanwhile (each attempt's record, and any **result**: what a process hands the launcher once it
-#   has trained the run's last step, its final state), then records the exit and tells the
-#   lighthouse (the second). The wait is there so that a process that finished and exited before
-#   its result arrived is not reported lost;
+#   first is the pass that found slot 1's process ended (the run does not time when it ended). The
+#   launcher then waits `EXIT_WAIT_S` (50 ms, a setting of the launcher), so that a process that
+#   finished the run is not reported lost before its final state arrives, takes in what the
+#   processes sent it, then records the exit and tells the lighthouse (the second);
 # * **next quorum**: each member asks again; the lighthouse answers, with a new tag (the step was
 #   discarded), once every live slot has asked, and slot 1 counts as live until the lighthouse has
 #   read the launcher's word of its exit (the second claim checks that the kill's next quorum came
@@ -163,17 +162,15 @@ for line in run.report():
 # read the exit's record, so the kill's next quorum could not be answered before that record,
 # however soon after the discard the survivors asked. The two lines under the kill's table say
 # how much of its recovery that span took, and how long the launcher took from seeing the exit to
-# recording it: `EXIT_WAIT_S` is a setting of minddp's launcher, not something a kill has to cost.
-# A launcher with a shorter wait would record the exit sooner, and the kill's next quorum could come
-# sooner by up to the time cut from the wait (this notebook does not run one).
-# The raise's process stayed (the first claim checks that the launcher recorded no exit after it,
-# and that the first error was slot 2's own), so its table has no exit rows. The two `recovery`
-# lines set each recovery against the hang bound: neither fault made anyone wait for the group's
-# timeout: after the kill, slot 1's connections ended with its process; after the raise, slot 2's
-# `drop_group` closed them. The last lines set the two recoveries side by side, each cut into three
-# spans (differences of its table's rows), so the difference of the recoveries is the sum of the
-# three spans' differences. Of the three, only the kill's span from the discard to the next quorum
-# can include waiting for an exit's record (printed from the run, not claimed: measured times).
+# recording it (the part beyond the wait from the unrounded times: the rows are rounded to whole
+# ms). `EXIT_WAIT_S` is a setting of minddp's launcher, not something a kill has to cost.
+# The raise's process stayed (the first claim), so its table has no exit rows. The two `recovery`
+# lines set each recovery against the hang bound. The last lines cut both recoveries into three
+# spans (differences of the tables' rows), so the difference of the recoveries is the sum of the
+# last column (measured, not claimed). Read all of that column, not only the wait: the first span,
+# from the fault to the discard, holds each fault's first error at a peer (not split further by
+# the run); the second, from the discard to the next quorum, is the only one that can include
+# waiting for an exit's record, and only the kill's.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -231,10 +228,11 @@ print(
         else f"the launcher saw the exit {seen - discard} ms after the discard"
     )
 )
-more = recorded - seen - ms(EXIT_WAIT_S)  # in the table's whole ms, so that the parts add up to the span
+more = (kill.exit_s - kill.seen_s - EXIT_WAIT_S) * 1000  # unrounded: each row is rounded to whole ms
 print(
     f"from seeing the exit to recording it: {recorded - seen} ms, the launcher's wait (EXIT_WAIT_S, "
-    f"{ms(EXIT_WAIT_S)} ms) and {more} ms more (the wait's overshoot, then taking in what the processes sent it)"
+    f"{ms(EXIT_WAIT_S)} ms) and {more:.1f} ms more, from the unrounded times (the wait's overshoot, then taking "
+    "in what the processes sent it)"
 )
 moments(raised)
 print()
@@ -303,7 +301,9 @@ print(
 # starts every process again, then trains again every step since the checkpoint.
 #
 # The run's timeline: one column per attempt, in order, and one row per slot; under them the step,
-# the world size and each new group; then what each mark means (only the marks that appear).
+# the world size and each new group; then what each mark means (only the marks that appear). The
+# columns are evenly spaced whatever each attempt took: they count attempts, not time (the wait
+# before step 9's column is the rejoin cell's last line).
 
 # %%
 print(run.timeline())
@@ -481,8 +481,8 @@ show_source(solutions.ft_shard)
 # is gone once it has recorded its exit (the kill's claim above). A frozen process (`SIGSTOP`)
 # keeps its sockets open and says nothing: its peers wait in their all_reduce until the group's
 # timeout (`hang_s`: the rung builds each group with it), and the lighthouse evicts the slot only
-# once its heartbeat has been silent for `hang_s`. Prediction: a little over `hang_s` (5 s in the
-# run above; this notebook does not run the frozen case), then the next quorum and step 4 trained
+# once the slot has been silent (no heartbeat, request or vote changed) for `hang_s`. Prediction:
+# a little over `hang_s` (5 s in the run above; this notebook does not run the frozen case), then the next quorum and step 4 trained
 # again, as after the kill. The benchmark in `docs/fault-tolerance.md` measured it with a 2 s
 # bound (its `stop` row). Halving `hang_s` to 2.5 s predicts a recovery a little over 2.5 s,
 # about half that of 5 s, and makes a live process that is merely slow (a loaded machine, a long
@@ -500,9 +500,9 @@ show_source(solutions.ft_shard)
 # in step 5: the world goes down to 1, slot 0 training alone on the whole batch. Slot 2 is started
 # again once step 5 is committed without it, so both new processes are starting at once, and slot 0
 # alone reaches step 9 before either asks. There `full_world_at=(4, 9)` holds the quorum until all
-# three slots have asked, so both are healed in that one quorum: the world row goes from 1 straight
-# back to 3 at step 9, never 2 on the way back. Killing all three in the same step leaves no holder:
-# in this design, as in torchft's, the trained state lives only in the training processes, so
+# three slots have asked, so both are healed in that one quorum: in a run like the one above, the
+# world row goes from 1 straight back to 3 at step 9. Killing all three in the same step leaves
+# no holder: in this design, as in torchft's, the trained state lives only in the training processes, so
 # nothing is left to heal from. A design that keeps a copy elsewhere (a checkpoint on disk, or a
 # replica of the state outside the training processes) could bring it back. The processes started
 # again would hold a fresh initialisation, so minddp stops the run with one line rather than train
