@@ -133,7 +133,8 @@ lesson.say(
     f"{lesson.mib(one_pass)} per rank. "
     f"Per step of {accum} micro-batches: DDP's all_reduce {lesson.mib(2 * one_pass)}, "
     f"ZeRO-2's reduce-scatter + all-gather {lesson.mib(2 * one_pass)}, ZeRO-1's all_reduce + all-gather "
-    f"{lesson.mib(3 * one_pass)}; FSDP's reduce-scatter + all-gathers at most {lesson.mib(fsdp_most)} "
+    f"{lesson.mib(3 * one_pass)}; FSDP's reduce-scatter + all-gathers + all_reduce of its replicated tensors at most "
+    f"{lesson.mib(fsdp_most)} "
     f"(1 + 2 × {accum} passes, a bound: at most {fsdp_most / (2 * one_pass):.1f} times DDP's)."
 )
 
@@ -350,10 +351,24 @@ lesson.claim(
 # its value, or lose it where the change is under half of it. AdamW's weight decay is such a change at
 # every update, a multiplication of its own: it shrinks each weight by lr · λ of itself (lr and λ,
 # the weight decay, printed above). With 8 significant bits, bf16's spacing at a value is at least
-# 2⁻⁸ of it, so a change under 2⁻⁹ of the weight is rounded away; work out lr · λ from the printed
-# line and set it against 2⁻⁹ (no cell here does). Weights held in bf16 would drift from the ones AdamW computes (no cell here
-# measures by how much over later updates): so the optimizer updates fp32 copies of the weights, the
-# master weights.
+# 2⁻⁸ of it, so a change under 2⁻⁹ of the weight is rounded away. The cell sets lr · λ against 2⁻⁹,
+# then multiplies each initial value, held in bf16, by 1 − lr · λ (in fp32, the product rounded to bf16):
+
+# %%
+# %%rank 0
+decay = lr * trainees["ddp"].optimizer.param_groups[0]["weight_decay"]  # lr · λ
+in_bf16 = values.to(torch.bfloat16)
+kept_as_was = (in_bf16.float() * (1 - decay)).to(torch.bfloat16) == in_bf16
+lesson.claim(
+    decay < 2**-9 and bool(kept_as_was.all()),
+    f"lr · λ = {decay:.1e}, {2**-9 / decay:.0f} times under 2⁻⁹ = {2**-9:.2e}: the decay leaves every one of the "
+    f"{values.numel():,} values held in bf16 as it was. Weights held in bf16 would lose their weight decay at every "
+    "update at this lr and λ.",
+)
+
+# %% [markdown]
+# Weights held in bf16 would drift from the ones AdamW computes (no cell here measures by how much
+# over later updates): so the optimizer updates fp32 copies of the weights, the master weights.
 
 # %% [markdown]
 # ### The ZeRO paper's mixed-precision count
@@ -441,7 +456,7 @@ show_source(ZeroRedundancyOptimizer.step)
 #    added to it, if the shard has a `.grad` already: `_write_back`): the optimizer updates the shards only;
 # 4. in the next forward, the updated shards are all-gathered back into the whole parameters,
 #    one all-gather per gradient bucket: `finish_gradient_synchronization` marks them `stale` after a
-#    sync, and `forward` then calls `gather_parameters`, which hands every bucket's all-gather over at
+#    sync, and `forward` then calls `gather_parameters`, which starts every bucket's all-gather at
 #    once, before the first module runs; each module waits for its own bucket's gather just before it
 #    runs (the forward pre-hooks in `__init__` call `_wait_for`).
 #
@@ -549,8 +564,8 @@ lesson.claim(
     total["fsdp"] <= fsdp_most and passes < 2 * accum and f_sent["all_gather"] > total["fsdp"] / 2,
     f"fsdp sent {lesson.mib(f_sent['reduce_scatter'])} reduce-scattering its units' gradients, "
     f"{f_sent.get('all_reduce', 0) / 1024:.0f} KiB all-reducing the {outside} parameter tensors it leaves whole, "
-    f"and {lesson.mib(f_sent['all_gather'])} gathering units ({f_sent['all_gather'] / total['fsdp']:.0%} of what it "
-    f"sent, its regathering for each micro-batch): {passes:.2f} passes of the model, "
+    f"and {lesson.mib(f_sent['all_gather'])} gathering units for each micro-batch's forward and backward "
+    f"({f_sent['all_gather'] / total['fsdp']:.0%} of what it sent): {passes:.2f} passes of the model, "
     f"{passes / accum:.2f} a micro-batch, under the bound's 2 (the last unit is not gathered again for the "
     f"backward, and the {outside} tensors outside the units are never gathered). In all {total['fsdp'] / 2**20:.2f} "
     f"MiB a step (the table's total), {total['fsdp'] / whole:.1f} times ddp's, within the bound's "
@@ -614,7 +629,8 @@ lesson.claim(
 # then the update), each drawn the same width, and a mark for each gradient collective and each
 # all-gather of parameters its look counted, in the phase it was handed over in. It shows the order of
 # events only, no lengths: within a phase the marks of both kinds together are spread evenly, in the
-# order they were handed over, so the spacing of either kind, seen alone, is not its timing either:
+# order they were handed over (black marks drawn a little above brown ones: the order between the
+# two kinds is read from their x positions), so the spacing of either kind, seen alone, is not its timing either:
 # zero2's all-gathers, which `gather_parameters` hands over together before the first module runs
 # (the ZeRO-2 section), are drawn across the whole of its forward 1. Each bar names its phase as the ✓
 # lines printed with the figure do (`lesson.handed_in`: "forward 1", "backward 3", "update"). The
@@ -670,8 +686,7 @@ lesson.claim(
 #
 # Sharding changes what each rank keeps, not what is computed: after the same steps every stage
 # holds the same model, up to float rounding. The cell below compares each sharded stage with `ddp`
-# after the same steps; at these 2 ranks it finds them bit for bit equal (a sum of two addends comes
-# out the same in either order); at more ranks the stages add the ranks' gradients in different
+# after the same steps; at these 2 ranks it finds them bit for bit equal; at more ranks the stages add the ranks' gradients in different
 # orders, and `docs/sharding.md`'s tests at 3 ranks allow for rounding. fsdp keeps most parameters only
 # as shards, and zero2's whole parameters hold the other ranks' chunks from before the update until the next forward
 # gathers them (part 4 of ZeRO-2), so `full_parameters()` gathers both whole for the comparison.

@@ -196,7 +196,7 @@ def test_notebook_06s_figure_draws_each_mark_in_its_phase_with_no_lengths():
             marks.setdefault(round(float(y)), []).append((line.get_label(), float(x)))
     fwd_a, bwd_a, opt_a = sorted(bars[0])
     got_a = sorted(marks[0], key=lambda m: m[1])
-    gradient = "gradient collective handed over (an all_reduce; on gloo, also for a reduce-scatter)"
+    gradient = "gradient collective handed over"
     assert [label for label, _ in got_a] == ["all-gather of parameters handed over"] + 2 * [gradient]
     assert fwd_a[0] < got_a[0][1] < fwd_a[1] and all(bwd_a[0] < x < bwd_a[1] for _, x in got_a[1:])
     spans_b = sorted(bars[1])

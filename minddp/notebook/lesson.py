@@ -629,7 +629,7 @@ def handed_picture(looks: dict, rows: list[str], title: str):
 
     drawn = {kind: PHASES[kind] + (" (optimizer.step())" if kind == "optimizer" else "") for kind in PHASES}
     marks = {
-        "calls": ("gradient collective handed over (an all_reduce; on gloo, also for a reduce-scatter)", "black"),
+        "calls": ("gradient collective handed over", "black"),
         "gathers": ("all-gather of parameters handed over", "#a0522d"),
     }
     fig, ax = plt.subplots(figsize=(11, 0.8 + 0.62 * len(rows)))
