@@ -53,6 +53,13 @@
 #    paragraph headed *What to look for* says what to see in the picture;
 # 5. **your turn**: write the stage yourself; `check` runs it on real ranks and says what is wrong.
 #
+# Every stage trains the same model on the same batches with the same settings, printed below.
+
+# %% [markdown]
+# ### The link, and the words used below
+#
+# The rest of this introduction is for reference: come back to it when a term below is not clear.
+#
 # **The link.** Two ranks on one machine talk over loopback, where what a message costs depends
 # on the machine (its cores, what else runs on it) and changes from run to run (`05_reading_traces`
 # measures it). So every message here, up to the last section, goes over an **emulated 1 Gbit/s link**
@@ -86,8 +93,6 @@
 # backward's first operator to its last (a callback autograd runs after that, still inside
 # `loss.backward()`, draws after the bar, as `ddp`'s does); the *step-time model*
 # (`minddp.costmodel`) is the replay of a step on the link that the bucket lesson, after the side-by-side, uses.
-#
-# Every stage trains the same model on the same batches with the same settings, printed below.
 
 # %%
 # %load_ext minddp.notebook
@@ -727,11 +732,12 @@ lesson.say(
 )
 parts = {s: lesson.link_parts(looks[s]) for s in ("simple", "ga", "hook", "bucket")}
 lesson.say(
-    "simple, ga, hook and bucket wait for each message as soon as it is sent; beyond simple → ga above, they are not "
-    "claimed against each other. In this run they stood through "
+    "simple, ga, hook and bucket wait for each message as soon as the call that sends it returns; beyond simple → ga "
+    "above, they are not claimed against each other. In this run they stood through "
     + ", ".join(f"{s} {parts[s][1]} of {parts[s][0]} ms" for s in parts)
-    + " of their link time (exposed); the rest passed between handing a message over and the start of its wait, "
-    "which these runs do not time apart. bucket-async against hook-async is the bucket lesson's question, below."
+    + " of their link time (exposed); the rest passed between handing a message over to the link, inside the comm "
+    "hook's call, and the start of its wait, once that call had returned (the rest of the call and the stage's lines "
+    "before `.wait()`), which these runs do not time apart. bucket-async against hook-async is the bucket lesson's question, below."
 )
 
 # %%
@@ -744,9 +750,14 @@ lesson.look_table(looks).assign(
 # How to read it: compare the stages by the link, exposed and waited columns. The step and backward columns
 # are one step each, measured on cores shared with the other rank and the link's thread, and are not
 # compared here: a row's length in the picture does not rank the stages, and a backward's length is
-# not what its waits cost (the exposed and waited columns are). *At the check* is how
-# long rank 0 stood in the check's all_gather (what held it there, these runs do not measure); from
-# `hook` to `bucket-async` that time is inside the last backward, and so part of its column. `ga` divides the traffic by the number of
+# not what its waits cost (the exposed and waited columns are); time in a row with no bar is time no
+# output here measures, and it counts in the step column, so a longer step does not say that stage's DDP
+# costs more. *At the check* is how
+# long rank 0 stood in the check's all_gather; from
+# `hook` to `bucket-async` that time is inside the last backward, and so part of its column. The all_gather
+# moves one byte per parameter, so the spread between the stages is most likely not the check's own work
+# but the other rank reaching the check later (the introduction's drifting ranks): these runs do not measure
+# which, and the column does not rank the stages' checks. `ga` divides the traffic by the number of
 # micro-batches; the hook stages move the messages into the backward; the async stages stop waiting
 # for them there; the buckets divide the number of messages. Whether that last idea pays is the next
 # section's question.
@@ -773,7 +784,9 @@ lesson.look_table(looks).assign(
 #
 # These three are on the link. Each stage's step also has a backward of its own, and the two stages'
 # need not be alike (the side-by-side table's *last backward*, which holds the check): what made one longer or
-# shorter, these runs do not measure. Whether the buckets pay, below, is judged on the link's
+# shorter, these runs do not measure. A longer backward leaves more of the link's work under it, so by
+# *exposed* it favours its own stage: the cells below print each step's backward beside its exposed time,
+# and each verdict holds at those backwards, not at equal ones. Whether the buckets pay, below, is judged on the link's
 # exposed and waited time only, not on those backwards.
 #
 # The link carries one message at a time, so it is done at the latest of, over the messages i:
@@ -828,7 +841,8 @@ lesson.say(
     + ("the plan's first bucket" if first_sent == 0 else f"the plan's bucket {first_sent + 1} of {len(plan)}")
     + f", of {len(plan[first_sent])} gradients. There the first gradient is ready after "
     f"{100 * first_ready / (1e3 * bare.backward):.1f} % of the backward, that bucket's last after "
-    f"{100 * bucket_ready / (1e3 * bare.backward):.0f} % ({bucket_ready:.0f} ms). In the profiled steps the "
+    f"{100 * bucket_ready / (1e3 * bare.backward):.0f} % ({bucket_ready:.0f} ms of the bare network's "
+    f"{1e3 * bare.backward:.0f} ms backward). In the profiled steps the "
     "parameters-used check stalled the backward at its first gradient, adding to each first hand-over: hook-async "
     f"{looks['hook-async']['check_ms']:.0f} ms, bucket-async {looks['bucket-async']['check_ms']:.0f} ms, "
     f"{lesson.than(looks['bucket-async']['check_ms'], bucket_ready)} the {bucket_ready:.0f} ms the bare network "
@@ -874,7 +888,8 @@ table.infer_objects().round(1)
 #
 # The cap decides all three costs: a small cap makes many small buckets (many fixed costs, a short
 # tail) and an earlier first message (the table's "first message leaves": when the bucket that fills
-# first, not the plan's first, as above, is handed over), down to a floor: a bucket closes at the
+# first, not the plan's first, as above, is handed over, in the model's backward scaled as below, so not the
+# bare network's time printed above), down to a floor: a bucket closes at the
 # gradient that reaches its cap or passes it, so no cap splits a gradient; a large cap makes a few
 # large buckets. Below, `bucket-async` is measured at
 # other caps on the same link, one profiled step each with no warm-up step (the settings' cap is the
@@ -1013,14 +1028,21 @@ if rank == 0:
             for c in order
         ]
         + [(at_x[c], swept[c]["waited_ms"], "measured: waited, the same steps") for c in order]
-        + [(at_x[None], 1e3 * default.after_backward, "step-time model: link after backward, None's own plan")],
+        + [  # its value in the label: measured points at 25 MiB can lie on it
+            (
+                at_x[None],
+                1e3 * default.after_backward,
+                f"step-time model: link after backward, None's own plan ({1e3 * default.after_backward:.0f} ms, "
+                "at 25 MiB)",
+            )
+        ],
         per_gradient={  # the value in the label too: a line near 0 lies close to the axis
-            f"hook-async, measured: exposed ({h['exposed_ms']:.1f} ms; its backward less the check {h_backward:.0f} ms)": h[
+            f"hook-async, measured: exposed ({h['exposed_ms']:.0f} ms; its backward less the check {h_backward:.0f} ms)": h[
                 "exposed_ms"
             ],
             f"hook-async, step-time model: link after backward ({1e3 * per_gradient.after_backward:.1f} ms)": 1e3
             * per_gradient.after_backward,
-            f"hook-async, measured: waited ({h['waited_ms']:.1f} ms)": h["waited_ms"],
+            f"hook-async, measured: waited ({h['waited_ms']:.0f} ms)": h["waited_ms"],
         },
         title=f"bucket-async on {LINK.name}, {world_size} ranks, against the cap\n"
         "(beside each measured exposed point: its step's backward, less the check)",
@@ -1037,7 +1059,12 @@ sweep_table = pd.DataFrame(
         }
         for c in [*model, default]  # the grid's caps, then torch's default (None)
     }
-).T.rename(columns={"exposed, ms (step-time model)": "link after backward, ms (step-time model)"})
+).T.rename(
+    columns={
+        "exposed, ms (step-time model)": "link after backward, ms (step-time model)",
+        "first message leaves, ms into backward": "first message leaves, ms into the model's scaled backward",
+    }
+)
 
 # %%
 # %%rank 0
@@ -1163,15 +1190,15 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 
 # %% [markdown]
 # Two measures for each setting (by `01_collectives`'s functions, over the link's transfers only): *overlap*, the share of the
-# link's time during which the training thread computed (the link's modeled transfers in flight as
-# communication, a forward, a backward or the optimizer, not waiting, as compute; the blog reads an
-# overlap of its own from its GPU traces, a different measure, not set beside these), and
-# *exposed*, the link time the step stood waiting through. The two need not cover all the link's time:
-# the rest passed with the thread neither computing nor waiting (running lines outside a forward, a
+# link's time during which the training thread was inside a forward, a backward or the optimizer and not
+# waiting (what 01 counts as compute: the thread's lines there, a stage's grad hooks included, not only the
+# network's arithmetic; the blog reads an overlap of its own from its GPU traces, a different measure, not set
+# beside these), and *exposed*, the link time the step stood waiting through. The two need not cover all the
+# link's time: the rest passed with the thread in neither (running lines outside a forward, a
 # backward or the optimizer, as between the end of backward and its wait in finish). The rungs that wait for each message as
-# soon as it is sent (`simple`, `ga`, `hook`, `bucket`) all take some time between a send and its
-# wait (ga's run above prints that time as the link time it did not wait through). The
-# overlap counts that time as compute only where it falls inside a forward, a backward or the
+# soon as the call that sends it returns (`simple`, `ga`, `hook`, `bucket`) all leave some of the link's time
+# unwaited: from the hand-over, inside that call, to the wait (the side-by-side's line on them prints it). That time
+# counts in the overlap only where it falls inside a forward, a backward or the
 # optimizer: `hook`'s and `bucket`'s sends and waits run in their grad hooks, inside backward, and
 # count; `simple`'s and `ga`'s run in finish, after backward, and do not. So their overlap says where
 # their sends and waits run, not that backward's arithmetic went on while a message travelled (in these
@@ -1229,7 +1256,8 @@ lesson.say(
     f"On the link with the ratios of 4 × T4, in these steps, the less of the two async rungs' overlaps "
     f"({least_async:.0f} %) is "
     + ("above" if round(least_async) > round(most_blocking) else "not above")
-    + f" the most of the four rungs that wait for each message as it is sent ({most_blocking:.0f} %)."
+    + f" the most of the four rungs that wait for each message once the call that sends it returns "
+    f"({most_blocking:.0f} %)."
 )
 # With the ratios of 1024 ranks hook-async's messages pay many more fixed costs than the buckets: on the link's modeled
 # clock. How much of them hook-async then hides depends on how long its own backward lasts: the overlap and
@@ -1287,6 +1315,19 @@ lesson.say(
     "each rung paid its fixed costs against its own backward, not at the setting's ratio, and what made the "
     "backwards differ, these runs do not measure."
 )
+far_sized = 1e3 * sized_from["1024 ranks"]  # the backward the link was sized from: the setting's ratios hold there
+lesson.say(
+    f"At the setting's ratios, that is against the {far_sized:.0f} ms backward the link was sized from, hook-async's "
+    f"{far_fixed:.0f} ms of fixed costs are {far_fixed / far_sized:.1f} times that backward, bucket-async's "
+    f"{far_fixed_b:.0f} ms {far_fixed_b / far_sized:.2f} of it"
+    + (
+        f": there hook-async's link would still carry at least {round(far_fixed) - round(far_sized)} ms of its "
+        f"messages after the backward ended. Its {far_h:.0f} ms exposed above was measured at its own backward, "
+        f"{far_backward / far_sized:.1f} times as long, so these steps do not show the setting's verdict."
+        if round(far_fixed) > round(far_sized)
+        else "."
+    )
+)
 
 # %% [markdown]
 # **The bucket lesson in words.** On this notebook's 1 Gbit/s link between 2 ranks, one message's
@@ -1298,9 +1339,10 @@ lesson.say(
 # fixed cost is large, buckets pay it once per bucket instead of once per gradient tensor: on the link
 # sized with the ratios of 1024 ranks, 26 times a step instead of 291 (each rung met those ratios only
 # at its own backward, times the factor the cell that sized the link prints: the run is that setting
-# only where the factor is 1). Whether the buckets paid in these steps, the last three lines printed
+# only where the factor is 1). Whether the buckets paid in these steps, three lines printed
 # above say, from "Buckets, in the end", one for each link ("by both ... the buckets paid", "did not
-# pay", or "made no difference", by exposed and by waited). Each is one profiled step of each rung,
+# pay", or "made no difference", by exposed and by waited); the last line printed sets hook-async's fixed
+# costs on the 1024-rank link against the backward that link was sized from, where the setting's ratios hold. Each is one profiled step of each rung,
 # on a machine shared with other work: it says what those two steps did, not which rung is the
 # faster (on this notebook's link, the sweep's last line tallies its steps at other caps against the same
 # hook-async step). The step-time model's answer for this link is the sweep's sentence "By the

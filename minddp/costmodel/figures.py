@@ -178,8 +178,8 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
 
 
 def settings_ladder(settings: dict, title: str = ""):
-    """Per stage, overlap (top: the share of the link's modeled transfers under compute) and exposed time (below:
-    the link time the step waited through), one bar per setting.
+    """Per stage, overlap (top: the share of the link's modeled transfers inside a forward, backward or optimizer)
+    and exposed time (below: the link time the step waited through), one bar per setting.
 
     ``settings``: setting name -> {stage -> a dict with ``overlap_pct`` and ``exposed_ms``}, as
     :func:`minddp.costmodel.buckets.on_the_link` gives them for a look's row, and optionally ``backward_ms``, that
@@ -213,7 +213,9 @@ def settings_ladder(settings: dict, title: str = ""):
                     fontsize=7,
                     linespacing=1.0,
                 )
-    top.set(ylabel="overlap (% of the link's\ntime under compute)", ylim=(0, 115))  # room for the values
+    top.set(  # ylim: room for the values
+        ylabel="overlap (% of the link's time\ninside a forward, a backward\nor the optimizer)", ylim=(0, 115)
+    )
     top.set_title(title, fontsize=9)
     highest = max([r["exposed_ms"] for runs in settings.values() for r in runs.values()] + [1.0])
     low.set_yscale("symlog", linthresh=1.0)  # a log axis that still has a 0: linear from 0 to 1 ms

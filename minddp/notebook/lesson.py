@@ -415,7 +415,8 @@ def say_look(looks: dict, stage: str) -> None:
                 "it ran the backward, or the stage's and the loop's own lines, between handing a message over and "
                 "waiting for it)."
                 if v["calls_in_backward"] and not v["waits_in_backward"]
-                else "the time between handing each message over and the stage's wait for it, not timed apart)."
+                else "the time between handing each message over to the link, inside the comm hook's call, and the "
+                "stage's wait for it, once that call had returned; not timed apart)."
             )
             if link - exposed
             else "."
