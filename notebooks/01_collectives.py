@@ -57,7 +57,7 @@ print(f"rank {rank} holds {t.tolist()}")
 # The `i` versions return at once with a *work* handle; the transfer runs in the background, and
 # `wait()` blocks until it is finished. In between, the rank is free to compute: the cell multiplies
 # two small matrices there. Nothing here is timed, so whether the 12 bytes were still on their way
-# while they multiplied is not shown. Later notebooks build DDP versions that compute while
+# while the ranks multiplied is not shown. Later notebooks build DDP versions that compute while
 # gradients travel; the end of this notebook defines the measures of it.
 
 # %%
@@ -141,8 +141,8 @@ grad / world_size
 #
 # Running a `reduce_scatter` then an `all_gather` is an `all_reduce`. The *ring* algorithm does exactly
 # that, neighbour to neighbour; `minddp.collectives.ring_all_reduce` writes it from point-to-point sends so
-# you can read it. Each time a rank passes a chunk on, it posts its `isend` and its `irecv` together, as the `isend` / `irecv`
-# cell above does (`minddp.collectives.p2p.exchange`): had every rank first made a blocking `send` that the
+# you can read it. Each time a rank passes a chunk on, it posts its send and its receive together, in one
+# `dist.batch_isend_irecv` call, and waits for both (`minddp.collectives.p2p.exchange`): had every rank first made a blocking `send` that the
 # transport could not buffer, every rank would wait for a receive nobody had posted. (Which algorithm gloo's own `all_reduce` ran in this notebook no output shows: the
 # ring's cell, the one after the next, checks only that the ring's result equals `dist.all_reduce`'s.)
 

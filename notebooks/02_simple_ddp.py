@@ -84,7 +84,7 @@ lesson.say(lesson.describe())
 # Each rank builds its model with its own random initialisation (here: a different seed per rank,
 # as two processes that never set one would). The check compares every parameter tensor with rank
 # 0's; rank 0 compares with itself and passes, rank 1 fails. Not every tensor differs: the norm
-# layers' weights start at 1 whatever the seed, so they agree on every rank (rank 0 counts them first).
+# layers' weights start at 1 whatever the seed, so they agree on every rank (rank 0's ✓ line below counts them).
 # This cell is expected to fail (it is tagged `raises-exception`, so *Run All* goes on past it).
 
 # %% tags=["raises-exception"] minddp={"expected_error": "parameter tensors are not in sync"}
@@ -320,7 +320,7 @@ plt.show()
 # broadcast and the average above, and three things come around them, each for a reason that shows later:
 #
 # * **a comm hook.** `finish_gradient_synchronization()` does not call `all_reduce` itself: it hands
-#   each gradient, wrapped in a `GradBucket`, to `hook(state, bucket)`, which returns a *Future*
+#   each gradient, wrapped in a `GradBucket` of that one gradient, to `hook(state, bucket)`, which returns a *Future*
 #   (its `wait()` returns the averaged gradient). (`GradBucket` is minddp's own class, `minddp/comm/grad_bucket.py`, with the
 #   method names of `torch.distributed.GradBucket`, what torch's DDP hands its hooks.) The default hook, `allreduce_hook`, divides by the number of
 #   ranks and all_reduces: the same average up to float rounding, the division first (a check below the

@@ -174,8 +174,8 @@ lesson.claim(
 #
 # ## PowerSGD, step by step
 #
-# On a compressing step the hook takes each gradient it compresses as an a × b matrix `M` and, at matrix
-# rank r (in more detail: `powerSGD_hook`'s docstring, `minddp/comm/powerSGD_hook.py`):
+# On a compressing step the hook takes each gradient it compresses as an a × b matrix `M` (a rows, b columns:
+# lower-case b is a count, not the bandwidth B) and, at matrix rank r (in more detail: `powerSGD_hook`'s docstring, `minddp/comm/powerSGD_hook.py`):
 #
 # * adds to `M` what compression left out of it on the step before (error feedback), and keeps a copy;
 # * computes `P = M Q` (a × r), with `Q` (b × r) the one of the step before (a random one the first time),
@@ -280,6 +280,8 @@ lesson.say(lesson.machine())
 # %%rank 0
 n = world_size
 per_message = LINK.seconds("all_reduce", 0, n) * 1e3  # 2(n − 1) α: the fixed cost of one all_reduce, ms
+# every hook's measured columns are computed, but only plain averaging's are printed, on purpose: one profiled
+# step per hook cannot rank the hooks by speed (the text above)
 timed = pd.DataFrame.from_dict(
     {
         name: {
@@ -363,8 +365,9 @@ lesson.say(
 # continent apart); what the cell says of a preset is said of that pair, not of a measured network. It
 # computes the three crossovers from the counts and bytes; its link times and B*'s are
 # for this notebook's n ranks (B* falls as 1/n). Its figure draws plain
-# averaging's and PowerSGD's link time against the bandwidth, at two α's, `1gbit`'s (solid) and `nvlink`'s
-# (dotted): as B grows the bytes' term shrinks,
+# averaging's and PowerSGD's link time against the bandwidth, at two α's, which the legend gives: solid lines at
+# `1gbit`'s α, dotted ones at `nvlink`'s α, which `100gbit-ib` shares (so its markers, too, lie on the dotted
+# lines). As B grows the bytes' term shrinks,
 # and each line falls towards its messages' fixed cost, c · 2(n − 1) α, PowerSGD's three times plain
 # averaging's; at each α the two lines cross at that α's B*. A hook's two lines lie on each other where the
 # bytes' term is most of its link time and part where the fixed cost starts to count: plain averaging's only on
@@ -492,9 +495,9 @@ wins.round(3)
 # with one difference in when they wait: inside the hook, minddp's PowerSGD hook waits for the P factors'
 # all_reduce and, where the bucket has any, the uncompressed tensors', so the backward that calls it waits there
 # too, where torch's hook chains that work on a Future
-# (`_compute_qs` in `minddp/comm/powerSGD_hook.py` says why). So in this notebook's `bucket-async` runs
-# PowerSGD's backward, on its compressing steps, stops in the hook at each bucket sent during it, where the other
-# hooks' backward goes on: the hooks do not run the same schedule. This notebook does not time that wait. A hook
+# (`_compute_qs` in `minddp/comm/powerSGD_hook.py` says why). So, by its code, on a compressing step PowerSGD's
+# hook holds up the backward that calls it until those all_reduces are done, where the other hooks return without
+# waiting: the hooks do not run the same schedule. No cell in this notebook counts or times those waits. A hook
 # that needs no such second collective has no reason to wait, and the exercise below asks yours not to.
 #
 # ## Your turn: an fp16 hook

@@ -562,6 +562,7 @@ HOOK_MISTAKES = [
         "a number is right on 2 ranks only; divide by dist.get_world_size(group)",
     ),
     (wrong.hook_raw_future, "holds a list of 1, not one tensor"),
+    (wrong.hook_casts_the_list, "all_reduce's Future holds a list, so take its one tensor with fut.value()[0]"),
     (
         wrong.hook_returns_local,
         "your hook returned this rank's own gradients divided by the world size, not the all_reduce's result",

@@ -475,6 +475,12 @@ def _raise_hint(
             " (dist.all_reduce(..., async_op=True) returned a Work, not a Future: take its Future with "
             ".get_future(), then call .then(...) on that)"
         )
+    # .then(lambda f: f.value().float()): the callback treats the Future's value as the tensor it holds
+    if like in solutions.HOOKS and re.search(r"'list' object has no attribute", message):
+        return (
+            " (all_reduce's Future holds a list, so take its one tensor with fut.value()[0] before casting or "
+            "dividing it: .then(lambda fut: fut.value()[0] ...))"
+        )
     if re.search(r"name '(world_size|rank)' is not defined", message):  # the runner's names, on its ranks only
         group = "process_group" if like in solutions.HOOKS else "group" if like == "halves" else ""  # the args' name
         return (
