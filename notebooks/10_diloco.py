@@ -294,6 +294,8 @@ print(
 # raises DiLoCo's loss after a sync was not separated.
 
 # %%
+import torch
+
 from minddp.diloco.diloco import OUTER_DEFAULTS
 
 ddp_bytes = statistics.mean(c["bytes"][-1] for c in curves["ddp"])
