@@ -30,8 +30,9 @@
 #    ones), put the synced weights back, and let an *outer* optimizer (SGD with Nesterov momentum) step
 #    with it (`minddp.DiLoCo`);
 # 3. **Streaming DiLoCo** (Douillard et al., 2025, arXiv 2501.18512): the model in fragments that sync
-#    in turn, each fragment's message handed over τ inner steps before the step that waits for it: it
-#    arrives without a wait only where those τ steps last longer than its time on the link.
+#    in turn, each fragment's message handed over τ inner steps before the step that waits for it, so
+#    that it can travel during them: where its time on the link is longer than those τ steps, that step
+#    waits.
 #
 # The task is the one `python -m minddp.bench.convergence` measures: language modelling of a Markov
 # chain over 32 tokens (`minddp.bench.convergence.MarkovTask`). Its **entropy floor** (the lowest loss any
@@ -131,7 +132,12 @@ lesson.claim(
 # list of what it does (items 1 to 3; items 4 to 6 are streaming DiLoCo's, printed in its section),
 # then the change from `local_sgd.py` (`-` its lines, `+` the lines of diloco.py's `_send` and `_apply`
 # that replace them, their comments numbered by the list). Here the whole model is one fragment and
-# `_apply` runs right after `_send`, in the same post-hook; streaming DiLoCo needs the two apart:
+# `_apply` runs right after `_send`, in the same post-hook; streaming DiLoCo needs the two apart. The
+# idea is in five `+` lines: `pseudo = …` (synced − local), `param.copy_(weights)`, `param.grad = …`,
+# `self._outer_step(fragment)` and `weights.copy_(param)`; the other `+` lines loop, or hand the
+# pseudo-gradient to the comm hook as a bucket and keep its Future until `_apply` waits for it (streaming DiLoCo's
+# plumbing). In the `-` lines `mean` is local SGD's averaged weights; in the `+` lines `grad` is
+# DiLoCo's averaged pseudo-gradient:
 
 # %%
 import inspect
@@ -193,8 +199,10 @@ lesson.claim(
 # runs) are off the figure, and each line enters at its top edge along the straight segment from its
 # last score above the cut to its first below. Under the figure: each run's final loss with its range over the
 # seeds; the scores at which DiLoCo's mean at H = 10 is below local SGD's (early ones, above the cut in
-# the committed file: read them in that line, not in the figure); and the H = 100 runs' order after
-# equal bytes early in the run, and at the end. The next cell reads the file; the one after draws the
+# the committed file: read them in that line, not in the figure); and the order of local SGD, DiLoCo
+# and streaming DiLoCo at H = 100 after equal bytes early in the run (the payload of 3 whole-model
+# syncs, which each of the three has sent by its score at step 300, so local SGD's and DiLoCo's are
+# their step-300 means printed again after the claims below), and at the end. The next cell reads the file; the one after draws the
 # figure and prints those lines (its code collapsed: click to show it).
 
 # %%
@@ -278,9 +286,16 @@ print(
 # Read off the same file, at each H: how far DiLoCo's final loss is above the floor (its *excess*),
 # against DDP's (measured from the floor, because the whole loss includes the 2.1552 nats no model can
 # lose), and in how many seeds DiLoCo ended below local SGD; then the file's runs set against one
-# another (the claims the takeaway rests on), last the H = 100 runs' mean loss after their first syncs.
+# another (the claims the takeaway rests on); last, at H = 100, the mean loss of local SGD, DiLoCo and
+# `diloco-h100-lr1` at the start and after each of their first 3 syncs (streaming DiLoCo, whose
+# fragments sync at other steps, is not in it), and how far DiLoCo's first outer step moves the synced
+# weights: torch's SGD with Nesterov momentum takes its first step with the gradient plus the momentum
+# times itself, so it moves further than the learning rate times the gradient. Whether that is what
+# raises DiLoCo's loss after a sync was not separated.
 
 # %%
+import torch
+
 from minddp.diloco.diloco import OUTER_DEFAULTS
 
 ddp_bytes = statistics.mean(c["bytes"][-1] for c in curves["ddp"])
@@ -367,6 +382,27 @@ lesson.claim(
     "local SGD's mean falls at each of these syncs; with the momentum, at outer lr 1 (local SGD but for the "
     "momentum) and at the default 0.7 alike, DiLoCo's rises at one of them at least",
 )
+ours, theirs = h100_early["diloco-h100"], h100_early["local-sgd-h100"]
+below_early = [s for s, d, lo in zip((0, 100, 200, 300), ours, theirs) if d < lo]
+lesson.say(
+    "of these scores, the default DiLoCo's mean is below local SGD's at "
+    + (f"step {' and '.join(map(str, below_early))}" if below_early else "none")
+)
+
+
+def first_move(lr):  # the first step of DiLoCo's outer SGD on a weight whose pseudo-gradient is 1, from 0
+    w = torch.zeros(1, requires_grad=True)
+    w.grad = torch.ones(1)
+    torch.optim.SGD([w], **dict(OUTER_DEFAULTS, lr=lr)).step()
+    return -float(w.detach())
+
+
+lesson.say(
+    "the first outer step moves the synced weights, as a multiple of the distance to the replicas' mean (local SGD "
+    f"moves them 1×, onto the mean): {first_move(OUTER_DEFAULTS['lr']):.2f}× at the default lr "
+    f"{OUTER_DEFAULTS['lr']}, {first_move(1.0):.2f}× at lr 1 (torch's SGD with Nesterov momentum "
+    f"{OUTER_DEFAULTS['momentum']} steps first by lr × (1 + {OUTER_DEFAULTS['momentum']}) × the gradient)"
+)
 
 # %% [markdown]
 # `docs/diloco.md` (*Convergence*) has both figures (loss against steps and against bytes), the
@@ -435,9 +471,11 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # per hop: H = 16, 2 fragments (a turn of 8 steps: fragment 0's turn is steps 1 to 8 and 17 to 24,
 # fragment 1's steps 9 to 16), τ = 6, α = 0.5, on batches of 1024 chains (steps 1 to 8 run first,
 # unprofiled; in the profiled steps 9 to 24 each fragment is handed over once and applied once). A
-# message arrives before the step that applies it asks for it only if the τ steps from its hand-over
-# to that step's `wait()` last longer than its time on the link; the lines under the figure give both
-# times for each message, the τ steps' time measured anew for each (the code of the figure and of its
+# message's time on the link is the emulated link's model: 2 hops, each paying the latency, plus its
+# bytes at the link's bandwidth (on 2 ranks, the payload once), so the larger fragment, the one that holds
+# the large weight, takes longer. Where that time is longer than the τ steps from its hand-over to the
+# applying step's `wait()`, that step waits; where it is shorter, the step may still wait a little for
+# the real all_reduce. The lines under the figure give both times for each message, the τ steps' time measured anew for each (the code of the figure and of its
 # lines collapsed), and whether it waited, and how long. On this shared machine a step's time varies
 # from one step to the next, so whether a message waits, and for how long, varies from run to run.
 #
@@ -770,14 +808,17 @@ lesson.claim(
 #   nothing, where local SGD ends below one replica alone at every H (100 included), in every seed.
 # * At H = 100 the sweep separates one thing: `diloco-h100-lr1` differs from local SGD in the Nesterov
 #   momentum alone, and it too ends above local SGD in every seed (the sweep's claim), so there the
-#   momentum alone costs loss. Early in the runs too: after one of its first syncs its mean rises where
-#   local SGD's falls at each (the last lines on each H's excess, from scores above the figure's cut).
-#   No outer lr tried (0.3 to 1) ends below local SGD; their final losses
+#   momentum alone costs loss. Early in the runs, after one of their first 3 syncs the mean of each
+#   DiLoCo run (lr 1 and the default) rises where local SGD's falls after each (the last printed lines
+#   of the cell after the figure's, from scores above the figure's cut, with where the default DiLoCo
+#   is below local SGD). The Nesterov momentum makes the first outer step move the synced weights
+#   further than the learning rate alone would (how much further is printed there too); whether that
+#   causes the rises was not separated. No outer lr tried (0.3 to 1) ends below local SGD; their final losses
 #   are printed under the figure.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so the
-#   message can travel during those τ steps, and arrives without a wait only where they last longer
-#   than its time on the link (the lines under the profiled run's figure give, for each of its two
+#   message can travel during those τ steps; where its time on the link is longer than they last, the
+#   step that applies it waits (the lines under the profiled run's figure give, for each of its two
 #   fragments, its time on the link, the τ steps' time and whether it waited); the schedule is a
 #   function of the step alone, the same on every replica. In the bench (H = 100, 2 fragments, τ = 5,
 #   α = 0.5) it ends closest to DDP of the runs that talk rarely, those at H = 10 included, which send

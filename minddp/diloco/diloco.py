@@ -44,10 +44,10 @@ and the Future kept in ``in_flight`` is waited for in the same post-hook, the H-
     -        average = send(self.comm_hook, self.comm_state, bucket).wait()
     +        average, self.in_flight = self.in_flight[1].wait(), None  # item 3: the Future _send kept
     -        for param, mean in zip(params, average.split([p.numel() for p in params])):
-    +        for param, weights, mean in zip(params, synced, average.split([p.numel() for p in params])):
+    +        for param, weights, grad in zip(params, synced, average.split([p.numel() for p in params])):
     -            param.copy_(mean.view_as(param))
     +            param.copy_(weights)  # item 3: weights, the synced ones
-    +            param.grad = mean.view_as(param)  # mean: the averaged pseudo-gradient, the Future's result
+    +            param.grad = grad.view_as(param)  # item 3: the averaged pseudo-gradient, the Future's result
     +        self._outer_step(fragment)  # item 3: the outer optimizer steps
     +        for param, weights in zip(params, synced):
     +            weights.copy_(param)  # item 3: the new synced weights
@@ -146,9 +146,9 @@ class DiLoCo(LocalSGD):
         average, self.in_flight = self.in_flight[1].wait(), None  # item 3: the Future _send kept
         params, synced = self.fragments[fragment], self.synced[fragment]
         local = [p.detach().clone() for p in params] if self.alpha else []
-        for param, weights, mean in zip(params, synced, average.split([p.numel() for p in params])):
+        for param, weights, grad in zip(params, synced, average.split([p.numel() for p in params])):
             param.copy_(weights)  # item 3: weights, the synced ones
-            param.grad = mean.view_as(param)  # mean: the averaged pseudo-gradient, the Future's result
+            param.grad = grad.view_as(param)  # item 3: the averaged pseudo-gradient, the Future's result
         self._outer_step(fragment)  # item 3: the outer optimizer steps
         for param, weights in zip(params, synced):
             weights.copy_(param)  # item 3: the new synced weights
