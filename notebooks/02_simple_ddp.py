@@ -420,7 +420,8 @@ else:
 #
 # `check` trains your class on two ranks of its own beside a single process on the global batch, on a network
 # of its own (three `Linear` layers and a buffer: its verdict counts that network's tensors, not the
-# workload's), with plain SGD. It compares three things: every rank's parameters right
+# workload's), with plain SGD. (It trains torch's own DDP there too, but does not judge your class against it.)
+# It compares three things: every rank's parameters right
 # after your `__init__`, with rank 0's initial ones (a missing broadcast is named from this); every `.grad` as your
 # finish left it, with the true average it computes itself (a wrong gradient is named from this); and
 # the parameters after the steps, with the single process's. Its network gives every parameter a gradient, so
