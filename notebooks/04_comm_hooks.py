@@ -253,7 +253,9 @@ steps.round(1)
 # not print them). Plain
 # averaging here is `03_build_up`'s `bucket-async`, measured by the same function in another run: one
 # step's exposed need not agree with the one 03 prints for the same stage on the same link: it is a
-# time measured in one run, on two shared cores.
+# time measured in one run, on two shared cores. So are the shares of the step the cell prints last: they
+# are of this one profiled step, and how much of the link time passes while the thread is not waiting
+# depends on how long the step computes beside its messages, so they describe this run, not the stage.
 
 # %%
 # %%distributed
