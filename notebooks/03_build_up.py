@@ -365,7 +365,9 @@ lesson.say(
 # between them can blend into one band of another colour (finish's purple, say): zoomed in, each stop for a
 # message is a red wait, and the bars between are still the backward. A long backward here is not all waiting for gradients: the
 # cell prints the backward, the waits, the check and the rest, which can be as long as another stage's
-# whole backward or longer; what that rest was, these runs do not measure.
+# whole backward or longer; what that rest was, these runs do not measure. So this stage shows where the
+# waits fall (inside the backward), and what they cost is the waited and exposed time the cell prints, not
+# the backward's length.
 #
 # ### Your turn: `hook`
 #
@@ -439,10 +441,11 @@ lesson.say(  # measured: one profiled step each decides it, so printed, not clai
 
 # %% [markdown]
 # What to look for: messages on the wire while the backward goes on, and no wait for a message inside
-# it. The thread waits for the messages once, in finish, after the backward; the cell above says how
-# long (a red block after the backward, where it is wide enough to draw), and prints how much of the
-# link's time it left exposed against `hook`: one profiled step each decides that, so it is printed,
-# not claimed.
+# it. The thread waits for the messages once, in finish, after the backward; the cell above prints how
+# long, and how much of the link's time it left exposed against `hook`: one profiled step each decides
+# that, so it is printed, not claimed. That wait is a red block after the backward only where it is wide
+# enough to draw: where the cell prints that it waited no time, this row has none, and any red in the figure
+# is the faded `hook` row's.
 #
 # ### Your turn: `hook-async`
 #
@@ -752,7 +755,11 @@ lesson.look_table(looks).assign(
 # compared here: a row's length in the picture does not rank the stages, and a backward's length is
 # not what its waits cost (the exposed and waited columns are); time in a row with no bar is time no
 # output here measures, and it counts in the step column, so a longer step does not say that stage's DDP
-# costs more. *At the check* is how
+# costs more. They are printed so that you can see them: compare the last backward of the two stages that
+# send one message per gradient from inside the backward (`hook`, `hook-async`) with `ga`'s and the
+# bucketed stages'. Where theirs are the longer, the verdicts below, by the link, exposed and waited columns,
+# do not count that difference, and what made it, beyond the waits inside `hook`'s backward, these runs do not
+# measure. *At the check* is how
 # long rank 0 stood in the check's all_gather; from
 # `hook` to `bucket-async` that time is inside the last backward, and so part of its column. The all_gather
 # moves one byte per parameter, so the spread between the stages is most likely not the check's own work
@@ -787,7 +794,8 @@ lesson.look_table(looks).assign(
 # shorter, these runs do not measure. A longer backward leaves more of the link's work under it, so by
 # *exposed* it favours its own stage: the cells below print each step's backward beside its exposed time,
 # and each verdict holds at those backwards, not at equal ones. Whether the buckets pay, below, is judged on the link's
-# exposed and waited time only, not on those backwards.
+# exposed and waited time only, not on those backwards: a "did not pay" there does not count a backward or a
+# step that is longer in the per-gradient stage, which the same cells print.
 #
 # The link carries one message at a time, so it is done at the latest of, over the messages i:
 # "message i handed over, then i and every message after it carried back to back"
@@ -801,8 +809,10 @@ lesson.look_table(looks).assign(
 # the *bare network* (the same network with no wrapper, no hooks, no messages, no profiler), timed
 # here. In the profiled steps the parameters-used check, made at the synced backward's first gradient,
 # stalls the backward there: no later gradient is computed and no message leaves until it ends, so its time
-# adds to each stage's first hand-over, beyond the bare network's (the cell prints it beside the time the
-# bare network takes to fill that first bucket).
+# adds to each stage's first hand-over, beyond the bare network's. The cell prints it for both stages, and
+# compares only bucket-async's with the time the bare network takes to fill that first bucket: hook-async
+# has no bucket to fill. Its first message leaves after the check too, so its early start (item 2) comes
+# that much later.
 
 # %%
 # %%distributed
@@ -907,7 +917,8 @@ table.infer_objects().round(1)
 # after backward* (the first table's column) beside the model's. Where a step's waited stands far above its
 # exposed, the thread stood still after the link had delivered: time the link does not model, and what the thread
 # waited for then these runs do not measure; so a cap's waited is not what its plan costs on the link. The lower
-# panel shows the three costs of each plan, from the step-time model.
+# panel shows the three costs of each plan, from the step-time model; its legend's "first message leaves, into
+# the last backward" is the table's "first message leaves": into the model's scaled backward, not a measured one.
 
 # %%
 # %%distributed
@@ -1060,7 +1071,8 @@ sweep_table = pd.DataFrame(
         for c in [*model, default]  # the grid's caps, then torch's default (None)
     }
 ).T.rename(
-    columns={
+    columns={  # minddp.costmodel names the model's field "exposed"; it is the model's link after backward, not the
+        # measured *exposed* (the markdown above), so the table shows it under that name
         "exposed, ms (step-time model)": "link after backward, ms (step-time model)",
         "first message leaves, ms into backward": "first message leaves, ms into the model's scaled backward",
     }
@@ -1195,7 +1207,9 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # network's arithmetic; the blog reads an overlap of its own from its GPU traces, a different measure, not set
 # beside these), and *exposed*, the link time the step stood waiting through. The two need not cover all the
 # link's time: the rest passed with the thread in neither (running lines outside a forward, a
-# backward or the optimizer, as between the end of backward and its wait in finish). The rungs that wait for each message as
+# backward or the optimizer, as between the end of backward and its wait in finish). The lines below print each
+# rung's overlap and exposed on these links but not its link time there, so how much passed in neither is not
+# read from them. The rungs that wait for each message as
 # soon as the call that sends it returns (`simple`, `ga`, `hook`, `bucket`) all leave some of the link's time
 # unwaited: from the hand-over, inside that call, to the wait (the side-by-side's line on them prints it). That time
 # counts in the overlap only where it falls inside a forward, a backward or the
@@ -1347,8 +1361,9 @@ lesson.say(
 # faster (on this notebook's link, the sweep's last line tallies its steps at other caps against the same
 # hook-async step). The step-time model's answer for this link is the sweep's sentence "By the
 # model ...". On a sized link each verdict is at the run's own backward, not at the setting's ratios;
-# and each is by two measures of the link's messages only, which can answer differently (neither covers the backwards,
-# which the cells print beside them and which can differ between rungs): *exposed*, the link's modeled time the thread stood waiting
+# and each is by two measures of the link's messages only, which can answer differently (neither covers the backwards
+# or the steps, which the cells print beside them and which can differ between rungs: a "did not pay" does not say
+# the bucketed step was the longer): *exposed*, the link's modeled time the thread stood waiting
 # through; and *waited*, all the thread stood still for its messages, which adds the time it waited
 # after the link had delivered (the link does not model it, and these runs do not measure what the
 # thread waited for then). Where the two verdicts differ, that unmodeled time decides the waited one.
