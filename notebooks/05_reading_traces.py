@@ -146,6 +146,8 @@ lesson.say(
 #   longest);
 # * why stages that send as many messages (`bucket`, `bucket-async`, `ddp` and torch's DDP: the table after the
 #   timeline counts them; every gradient once, the same gradient bytes) differ in non-compute outside the check;
+#   so no row set against another, `ddp`'s against torch's DDP's included, says that one implementation spends
+#   more than the other: each is one step, and a ratio of two rows is that step's, not the implementation's;
 # * why one stage's check holds more non-compute than another's, nor whether the other rank or a core held it open;
 # * what a blocking stage's thread computed in the time its overlap counts. It waits for each message before it
 #   goes on, so that overlap is not computation beside a message still on its way; one way it can arise is the
@@ -182,13 +184,17 @@ display(shares)
 # can miss in the last digits). The line after it compares the two kinds by overlap in this run's steps
 # (printed, not claimed: one step each decides it), a share of each stage's own time in flight, not a time: it does
 # not say which stage has the shorter non-compute (a range held open longer while the thread computes also raises
-# the overlap). The second claim is true by construction (both stages plan their buckets with
+# the overlap). Each overlap counts the stage's check range too, so a stage whose check holds much of its
+# non-compute (the table's check column) has its overlap, and its place in that line, set in part by the check,
+# not by its messages alone. The second claim is true by construction (both stages plan their buckets with
 # `minddp.stages.bucket_plan`). The next line prints the in flight of the stages that send as many messages (every
 # gradient once, the same gradient bytes); each counts every collective of its step: the parameter check's range in
 # `bucket` and `bucket-async` (its non-compute is in the table's check column), the broadcasts in `ddp` and torch's
 # DDP (shown nowhere), so the line does not rank their messages' ranges. The last two print the
 # stages whose check holds more than half their non-compute, and each change's two stages by non-compute, with and
-# without the check.
+# without the check. Each change is one step against another: the line under the table after the figure prints
+# how much the same work moved from one stage's step to another's, and a change no larger than that is not
+# shown to hold on a re-run.
 
 # %%
 tied = (zero["non_compute_time_us"] - (1 - zero["comm_comp_overlap_pctg"] / 100) * zero["comm_time_per_step_us"]).abs()
@@ -253,7 +259,7 @@ lesson.say(
 # `single` sends nothing: each rank trains on its own, both at once on the same shared cores, as in every row. In each
 # row:
 #
-# * the forward (pale) and backward (darker) of each micro-batch (the *forward* band is the span from the
+# * the forward (pale, the legend's "forward") and backward (darker, the legend's "backward") of each micro-batch (the *forward* band is the span from the
 #   micro-batch's start to its first autograd node: the forward, and whatever the stage does around it, such
 #   as `ddp`'s and torch's broadcasts; the *backward* band is the span from the first to the last
 #   autograd node: the gradients' computation, and whatever the hooks do inside those nodes: in `hook` and
@@ -284,7 +290,7 @@ lesson.say(
 #   is that range, gloo's thread's, not the training thread's stand in the check, which need not start or end with it
 #   (the caveat above). `ddp` and torch run none; a short one is too thin to see. In `hook` to `bucket-async` it runs
 #   in the first gradient's hook, so it falls inside the last backward band, after that band's first autograd node
-#   (the blue below the hatch). The table above counts that range in flight and, while the thread computes nothing
+#   (the backward band shows below the hatch). The table above counts that range in flight and, while the thread computes nothing
 #   in it, in non-compute (its column "of it, in the check");
 # * the finish (purple, the legend's "finish": the `finish_gradient_synchronization()` call, inside which `simple`
 #   and `ga` run their whole sync, check and messages; a short one is too thin to see), the optimizer step (green:
@@ -459,14 +465,22 @@ display(on_link)
 # first line under the claims compares the two kinds by waited in this run's steps, not by what the waits were made
 # of (the last column: the part with the link carrying nothing), over the asynchronous stages of the link run (`ddp`
 # and torch's DDP were not run over the link); it is printed, not claimed, because one step each decides it. Where
-# those differ in waited or exposed, this trace does not show why. The third claim's saving is link time, time the
+# those differ in waited or exposed, this trace does not show why. One difference between `hook-async` and
+# `bucket-async` is by construction: a bucket is handed to the wire only once all its gradients are in, so
+# `bucket-async`'s last bucket (its size: the bucket table above, 4 bytes a number) is handed over only late in
+# the backward, with its whole transfer still to come (`03_build_up`'s bucket lesson prints how long after the
+# backward's end `bucket-async`'s link was done); whether that is what its waits were, this trace does not show. The third claim's saving is link time, time the
 # link carries a transfer; a change in waited − exposed, time with the link carrying nothing, is not that saving. The
 # next lines print what the claims leave out:
-# how much of the link time buckets saved, each change's two stages by waited (and exposed: `bucket-async` against
-# `hook-async` is the pair that sends fewer messages and the same bytes), each stage's waited
+# how much of the link time buckets saved, each change's two stages by waited (and exposed; in two of the pairs,
+# `bucket` against `hook` and `bucket-async` against `hook-async`, the first sends fewer messages and the same
+# bytes), each stage's waited
 # as a share of its link time, the stages that waited longer than their link time (so the link's work alone does not
 # make up their waits), and, from `hook` to `bucket`, how the change in waited splits between exposed and waited −
 # exposed, beside the change in link time; last, a line for each stage whose exposed, to one decimal, is zero, if any.
+# Where that line's waited is zero too, the stage did not wait for its messages, to one decimal (its share of the
+# link time, printed before, is zero too): "all waited − exposed" is then all of nothing, not waits while the
+# link carried nothing.
 
 # %%
 calls = lz["allreduce_calls_per_step"].astype(int)
