@@ -16,15 +16,16 @@
 # %% [markdown]
 # # 09 · Compiled: `torch.compile` and buckets handed over during backward
 #
-# Autograd runs backward as *nodes*, of two kinds in this notebook. A parameter's `AccumulateGrad`
+# Autograd runs the backward pass as *nodes*, of two kinds in this notebook. A parameter's `AccumulateGrad`
 # node adds its gradient into the parameter's `.grad`. `ddp` (minddp's `DistributedDataParallel`)
 # has its *reducer* (the part of `ddp` that fills the buckets) hook in there: the hook marks the
 # gradient ready and, once a bucket's last gradient is, copies the bucket's gradients into one buffer
-# and hands it over. Every other node is a
+# and hands it over, in bucket order: a bucket whose last gradient is there waits until every earlier
+# bucket has been handed over (`_bucket_filled` in `minddp/ddp/reducer.py`). Every other node is a
 # *gradient node*: it computes gradients (the model's nodes, and the loss's).
 #
 # Words, kept apart. A bucket is *handed over* when the reducer calls `all_reduce` on it, once its
-# last gradient is there (the tick in the figure); it goes to *gloo*, the backend of the process group
+# last gradient is there and every earlier bucket has been handed over (the tick in the figure); it goes to *gloo*, the backend of the process group
 # that carries the ranks' messages on CPU. A bucket's *message* is its `all_reduce`. It is *in flight* from the
 # start of gloo's `all_reduce` range to its end (the orange bar), not from the tick. On CPU ranks that range
 # can also hold time gloo waits for the other rank to join or for a free core: a bar's length is not
@@ -35,16 +36,17 @@
 # `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph* (in this notebook
 # the word means only Dynamo's graph), and a *backend* compiles the graph (by default *Inductor*, which
 # fuses operations into kernels of its own).
-# Compiled as one graph, the model records a single gradient node for its whole forward, whose
-# backward produces every parameter's gradient at its end. Then every bucket is handed over after
+# Compiled as one graph, the model records a single gradient node for its whole forward, which
+# produces every parameter's gradient at its end. Then every bucket is handed over after
 # that node has ended, when only `AccumulateGrad` nodes are left to run: no message can be in flight
 # while the model's gradients are computed.
 #
 # torch's answer to this is in Dynamo: while torch's DDP runs its module, Dynamo's `DDPOptimizer`
 # (`torch/_dynamo/backends/distributed.py`) **cuts the compiled graph into pieces** by the bucket cap,
 # counted from the end of the forward, and compiles each piece apart: each piece records a gradient node
-# of its own. Backward then runs piece after piece (in this notebook pieces are numbered in that order:
-# piece 0 is the forward's last layers, which backward runs first). A bucket whose last gradient a piece
+# of its own. The backward pass then runs piece after piece (in this notebook pieces are numbered in
+# that order: piece 0 is the forward's last layers, which the backward pass runs first); a *piece's
+# backward* is the run of its gradient node. A bucket whose last gradient a piece
 # produces can then be handed over before the next piece's backward begins, so that its message can be
 # in flight while that backward runs (this notebook counts how many were). minddp's `ddp`, given a
 # `bucket_cap_mb`, has Dynamo cut every piece, the first included, at that cap: here each piece but the
@@ -138,42 +140,33 @@ lesson.say(
 # %% [markdown]
 # ## One step of each run, each row from its forward's start
 #
-# Each row is the profiled step of one run (its third step, after two that are not profiled), rank 0,
-# from the start of its forward to the black line where its optimizer step ends: the forward (pale, the
-# loss's included), the gradient nodes (blue, the loss's included), the `AccumulateGrad` nodes (grey), a
-# tick when a bucket was handed over (the row's label says how many buckets), an orange bar for each
-# message in flight, and the optimizer step (green). A tick is not the start of its bar: between the two,
-# the bucket has been handed over and gloo has not yet begun its message, which can wait there for an
-# earlier message to end (a bar can begin where an earlier one ends). So the gap is not what handing a
-# bucket over costs; what each message waited for is not measured here. Ticks closer together than a
-# pixel (about a thousandth of the time axis) draw as one. Orange bars can follow one another or overlap;
-# where they overlap they are drawn over each other, and one can hide where another begins or ends: the
-# figure does not show how long each message was in flight, nor which ran beside a gradient node (the
-# line printed after it says which). In every row the blue begins with the loss's gradient nodes; after
-# them, in the cut row, one gradient node per piece, piece 0 first (the pieces printed under *The pieces
-# and the buckets*, whose claims count them), and without the cut one for the whole graph. Count the
-# pieces in those claims, not in the blue: nodes that run one after the other draw as one stretch, a thin
-# line between them at most.
-#
-# White is time in none of these. The white just before the optimizer step holds the end of
-# backward, where the reducer waits for the last messages to end, then copies the averages into
-# `.grad` (`wait_and_write_back` in `minddp/ddp/reducer.py`), so it can outlast the last orange bar;
-# what the thread did in other white, this notebook does not show. Like an orange bar, a grey or
-# blue bar can also hold time its thread waits for a core, as gloo's threads and the other rank run
-# beside it: a bar can be longer than the work in its node, and a grey stretch can outlast a whole
-# message (the reducer waits for messages only at the end of backward). A message in flight only in
-# grey is not counted below as in flight while a gradient node ran.
+# Each row is the profiled step of one run (its third training step, after two that are not
+# profiled), rank 0, from the start of its forward to the black line where its optimizer step ends:
+# the forward (pale, the loss's included), the gradient nodes (blue, the loss's included), the
+# `AccumulateGrad` nodes (grey), a tick when a bucket was handed over (the row's label says how many
+# buckets), an orange bar for each message in flight, and the optimizer step (green).
 #
 # Read the figure for the order of its events: that is what the cut changes, and what the claims count.
 # Without the cut every tick comes after the last blue; with it, here, a tick comes after each piece's
 # blue and before the next piece's (why: *The pieces and the buckets*), so orange can lie under later
-# blue. Do not read it for lengths, not
-# even to compare the rows (where a row ends, how long its forward, its grey stretch or its orange bars
-# are): each row is a single step of two ranks that share this machine's cores, and this notebook does
-# not measure what compiling costs. A row that ends last, or whose orange bars are longest, does not
-# show that its run's steps are slower, nor the reverse. With the cut, a message is in flight while
-# gradient nodes run, on the same cores, so the two can lengthen each other's bars; what the cut does to
-# a step's length is not measured here.
+# blue. In every row the blue begins with the loss's gradient nodes; after them, in the cut row, one
+# gradient node per piece, piece 0 first (the pieces printed under *The pieces and the buckets*, whose
+# claims count them), and without the cut one for the whole graph. Count the pieces in those claims,
+# not in the blue: nodes that run one after the other draw as one stretch, a thin line between them at
+# most.
+#
+# Do not read the figure for lengths, not even to compare the rows: each row is a single step of two
+# ranks that share this machine's cores, and a bar (orange, grey or blue) can hold time its thread
+# waits for a core or for the other rank; this notebook does not measure what compiling or the cut
+# costs: a row that ends last, or whose orange bars are longest, does not show that its run's steps are
+# slower, nor the reverse. A tick is not the start of its bar: gloo begins the message after the tick, and the gap is not
+# what handing a bucket over costs. Ticks closer together than a pixel draw as one. Orange bars that
+# overlap are drawn over each other, so one can hide where another begins or ends: the figure does not
+# show how long each message was in flight, nor which ran beside a gradient node (the line printed after
+# it says which). White is time in none of these; the white just before the optimizer step holds the
+# end of the backward pass, where the reducer waits for the last messages to end, then copies the
+# averages into `.grad` (`wait_and_write_back` in `minddp/ddp/reducer.py`), so it can outlast the
+# last orange bar.
 #
 # In the claims of the figure's cell, a node *ran after* the first bucket was handed over if its range
 # ends after that tick: it was still running then, or began after.
@@ -183,18 +176,15 @@ lesson.say(
 # after its bucket's tick, and every tick comes after the compiled graph's one gradient node, the last to
 # run, has produced the gradients; the first claim checks that none was in this step. With the cut, the
 # message of every bucket handed over before the last piece's backward can be (here every bucket but the
-# last): it is counted if it was in flight while a later piece's backward ran, and one that ends before
-# the next piece's backward begins, in the grey between the two, is not. A message is counted by its own
+# last): it is counted if it was in flight while a later piece's backward ran; one that ends before the
+# next piece's backward begins, or is in flight only in grey, is not. A message is counted by its own
 # range, not by its tick: a tick with blue after it does not make its message counted, for the message
-# can begin after that blue ends, its bar's start hidden under an earlier bar. Which are depends on when
-# each message begins and ends and on when the pieces' backwards run, which the timing of this execution
-# decides. So what the line shows of the cut is its count beside none without it. Eager's count is
-# printed beside them: in eager too gradient nodes ran after the first bucket was handed over (the second
-# claim), and its count depends on the timing as the cut's does, so the two counts do not compare eager
-# with the cut.
+# can begin after that blue ends. Which are counted, and how many, the timing of this execution decides;
+# what the line shows of the cut is its count beside none without it. Eager's count is printed in the
+# same line, but it depends on the timing as the cut's does: the two counts do not compare eager with
+# the cut.
 #
-# The cut is torch's design for GPUs. This notebook runs no GPU: what the cut does to a GPU step is
-# not shown here.
+# This notebook runs no GPU: what the cut does to a GPU step is not shown here.
 
 # %%
 # %%distributed
@@ -243,13 +233,14 @@ lesson.say(
 #
 # The pieces are visible to autograd: each records one gradient node, `CompiledFunctionBackward`, and
 # the parameters whose gradients it produces hang off it (their `AccumulateGrad` nodes). Walking
-# autograd's nodes of one forward back from its output lists the pieces in the order backward runs them,
-# each with its parameters in the forward's order (the order of the piece's inputs, which need not be the
-# order their gradients arrive in); the cell walks one more forward of the third run's `ddp` (compiled
-# with the cut, the last of the loop above). Beside them, the buckets of the figure's third row
-# (compiled with the cut): `ddp`'s `bucket_plan`, rebuilt after the first step from the order the
-# gradients arrived in, each bucket listing its parameters in that order (a first step's plan lists them
-# otherwise: *Buckets of 0.5 MiB*). A compiled piece produces all its gradients at its end, so within a
+# autograd's nodes of one forward back from its output lists the pieces in the order the backward pass
+# runs them, each with its parameters in the forward's order (the order of the piece's inputs, which
+# need not be the order their gradients arrive in); the cell walks one more forward of the third run's
+# `ddp` (compiled with the cut, the last of the loop above). Beside them, the buckets of the figure's
+# third row (compiled with the cut): `ddp`'s `bucket_plan`, rebuilt after the first step from the order
+# the gradients arrived in, each bucket listing its parameters in that order (a first step's plan lists
+# them otherwise: *Buckets of 0.5 MiB*). In this step a piece and its bucket print the same names in the
+# same order, so the lines below do not show where the two orders differ. A compiled piece produces all its gradients at its end, so within a
 # piece they need not arrive last layer first. A bucket closes at the first gradient that takes it to
 # the cap or past it. The claims below check where the buckets lie.
 #
@@ -313,18 +304,18 @@ lesson.claim(
 # %% [markdown]
 # ### Your turn: after which piece is each bucket handed over?
 #
-# Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order backward runs
-# them, each as its gradients' sizes in bytes in the order they arrive, the order the buckets above list
-# them in, not the forward's order in which the pieces above list their names (in this step the two
-# agree); `cap` is the bucket cap in bytes, every bucket's, the first included
-# (as in minddp's `ddp` given a `bucket_cap_mb`). Fill the buckets as `ddp` does (a bucket closes at the
+# Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order the backward
+# pass runs them, each as its gradients' sizes in bytes in the order they arrive (the order a rebuilt
+# plan's buckets list them in, which need not be the forward's order in which the pieces above list
+# their names); `cap` is the bucket cap in bytes, every bucket's, the first included (as in minddp's
+# `ddp` given a `bucket_cap_mb`). Fill the buckets as `ddp` does after a rebuild (a bucket closes at the
 # first gradient that takes it to the cap or past it; the gradients left at the end make one last
-# bucket, handed over once the last of them is there) and return, for each bucket, the index of the
-# piece after whose backward it is handed over. `check_handover` calls it on its cases, without ranks,
-# and names the usual mistakes made alone, and some made two together; for any other wrong answer it
-# shows a case where yours differs. As it stands `my_handed_over_after` raises `NotImplementedError`;
-# the checker catches it and says so. On this notebook's step, `pieces` is four pieces of two 1 MiB
-# gradients and `cap` is 2 MiB: the answer is `[0, 1, 2, 3]`; that case is among the checker's.
+# bucket). Walked in arrival order, the buckets fill in bucket order, so each is handed over once its
+# last gradient is there: return, for each bucket, the index of the piece after whose backward it is
+# handed over. `check_handover` calls it on its cases, without ranks, and names the usual mistakes made
+# alone, and some made two together; for any other wrong answer it shows a case where yours differs. As
+# it stands `my_handed_over_after` raises `NotImplementedError`; the checker catches it and says so. On
+# this notebook's step, `pieces` is four pieces of two 1 MiB gradients and `cap` is 2 MiB: the answer is `[0, 1, 2, 3]`; that case is among the checker's.
 
 # %%
 from minddp.exercises import check_handover
@@ -362,7 +353,7 @@ print(check_handover(solutions.handed_over_after))
 # not show it;
 # *Buckets of 0.5 MiB* prints the compiled pieces of `torch.compile(ddp)` at another cap. Each count
 # compiles an MLP of two 1 MiB layers, alone or in a wrapper, for one training step, and Dynamo
-# counts the breaks. Dynamo's cut into pieces is no graph break: it cuts the graph Dynamo has
+# counts the breaks; the printed `bucket_cap_mb` is the wrappers' (the MLP alone has no buckets). Dynamo's cut into pieces is no graph break: it cuts the graph Dynamo has
 # captured, and Dynamo does not count it as one (*Buckets of 0.5 MiB* prints, for minddp's `ddp`,
 # graphs cut into pieces with no graph break). Where torch's DDP's breaks fall, and why, this
 # notebook does not show.
@@ -483,11 +474,12 @@ lesson.claim(
 # ## What to take away
 #
 # * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the compiled
-#   graph into pieces, and the first bucket is handed over before backward's last gradient node (the
+#   graph into pieces, and the first bucket is handed over before the backward pass's last gradient node (the
 #   claims above), so the message of every bucket handed over before the last piece's backward (here
-#   every bucket but the last) can be in flight while gradients are still computed. Which were, on
-#   rank 0 in the profiled step (the timing decides), the line printed after the figure says, beside
-#   eager's; what the cut does to a step's length, on CPU or GPU, is not measured here.
+#   every bucket but the last) can be in flight while gradients are still computed. Without the cut
+#   none was (the first claim of the figure's cell); with it, how many and which were, on rank 0 in
+#   the profiled step (the timing decides), the line printed after the figure says. What the cut does
+#   to a step's length, on CPU or GPU, is not measured here.
 # * `torch.compile(wrapper)`: at 2 MiB buckets `torch.compile(ddp)` adds no graph break to the
 #   model's own, where torch's DDP adds breaks (where they fall and what they cost is not shown
 #   here); at 0.5 MiB its module is compiled and cut into pieces, with no graph break (*Buckets of
