@@ -21,8 +21,8 @@
 # saw 419 unexpected interruptions in 54 days on 16,384 GPUs, one every 3.1 hours (54 × 24 / 419;
 # *The Llama 3 Herd of Models*, Meta, 2024, arXiv:2407.21783, section 3.3.4), and each one costs the
 # work since that checkpoint plus a restart. The `ft` **rung** (a *rung* is one of minddp's ways to
-# train, as each stage of notebook 03's ladder is one; this one, in `minddp/ft/`, is after torchft:
-# it runs the `ddp` stage of notebooks 02 and 03 inside the phases below) keeps training instead.
+# train, as each stage of notebook 03's ladder is one; this one, in `minddp/ft/`, is after torchft,
+# PyTorch's fault-tolerance library: it runs the `ddp` stage of notebooks 02 and 03 inside the phases below) keeps training instead.
 # Each try at a step (an **attempt**) goes through these phases (numbered as in
 # `docs/fault-tolerance.md`); phases 2 and 3 happen only in the attempts that need them:
 #
@@ -163,14 +163,21 @@ for line in run.report():
 # however soon after the discard the survivors asked. The two lines under the kill's table say
 # how much of its recovery that span took, and how long the launcher took from seeing the exit to
 # recording it (the part beyond the wait from the unrounded times: the rows are rounded to whole
-# ms). `EXIT_WAIT_S` is a setting of minddp's launcher, not something a kill has to cost.
+# ms). When the launcher had seen the exit before the discard, the first line calls the whole
+# span from the discard to the record "the launcher's own": the process had already ended, and
+# the span fell within the launcher's wait and its intake after seeing it. `EXIT_WAIT_S` is a setting of minddp's launcher, not something a kill has to cost.
 # The raise's process stayed (the first claim), so its table has no exit rows. The two `recovery`
 # lines set each recovery against the hang bound. The last lines cut both recoveries into three
 # spans (differences of the tables' rows), so the difference of the recoveries is the sum of the
-# last column (measured, not claimed). Read all of that column, not only the wait: the first span,
+# last column (measured, not claimed). Read all of that column, not only the wait. The first span,
 # from the fault to the discard, holds each fault's first error at a peer (not split further by
-# the run); the second, from the discard to the next quorum, is the only one that can include
-# waiting for an exit's record, and only the kill's.
+# the run). The second, from the discard to the next quorum, holds the kill's wait for the exit's
+# record when, as its table shows, the discard came before that record; its difference in the
+# last column is the kill's span minus the raise's, not that wait (the line under the kill's
+# table), and the two are equal only when the raise's span equals the kill's from the record to
+# the quorum. The third, from the quorum to the commit, holds a new group built, the step
+# trained again and the vote, at world 2 after the kill and at world 3 after the raise. The run times none of
+# the parts of the first and third spans apart, so it does not show why they differ.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -414,8 +421,8 @@ lesson.claim(
 # survivors must train its rows too, or no one does. Write that split: given the step's batch
 # `(x, y)` (one row of `x` per example, its target in `y`), return this rank's rows as two values,
 # `(x[rows], y[rows])` (the rung's own `ToyTask.shard` also returns a third, the batch's row
-# count: return only the two), so that each row goes to exactly one of the `world` ranks, whatever
-# `world` and `len(x)` are now. Split by the `rank` and `world` you are given: the launcher's
+# count: return only the two), so that each row goes to exactly one of the `world` ranks and no
+# rank takes more than ceil(B / world) of the B rows, whatever `world` and `len(x)` are now. Split by the `rank` and `world` you are given: the launcher's
 # `RANK` is the slot, not the rank of now, and the checker refuses a function that reads it (or
 # `dist.get_rank()`).
 #
@@ -485,9 +492,12 @@ show_source(solutions.ft_shard)
 # a little over `hang_s` (5 s in the run above; this notebook does not run the frozen case), then the next quorum and step 4 trained
 # again, as after the kill. The benchmark in `docs/fault-tolerance.md` measured it with a 2 s
 # bound (its `stop` row). Halving `hang_s` to 2.5 s predicts a recovery a little over 2.5 s,
-# about half that of 5 s, and makes a live process that is merely slow (a loaded machine, a long
-# step) likelier to be evicted by mistake, unless it is the last holder of the trained state,
-# which the lighthouse waits for instead: the bound trades recovery time against false alarms.
+# about half that of 5 s, and makes a live process that goes unscheduled that long (a heavily
+# loaded machine: its heartbeat thread cannot run) likelier to be evicted by mistake, unless it is the last holder of the trained state,
+# which the lighthouse waits for instead: the bound trades recovery time against false alarms. A
+# long step alone does not stop the heartbeat: a member slower than its peers by more than the
+# bound is not evicted for it, but its peers' all_reduce reaches the group's timeout, and the
+# attempt is discarded and tried again.
 #
 # </details>
 #
@@ -506,7 +516,8 @@ show_source(solutions.ft_shard)
 # nothing is left to heal from. A design that keeps a copy elsewhere (a checkpoint on disk, or a
 # replica of the state outside the training processes) could bring it back. The processes started
 # again would hold a fresh initialisation, so minddp stops the run with one line rather than train
-# the committed steps again. The first cell below runs it with the main run's settings but 6 steps,
+# the committed steps again (its line gives each exit's code: -9 is a process ended by signal 9,
+# SIGKILL, the injected kill). The first cell below runs it with the main run's settings but 6 steps,
 # `full_world_at=(4,)` alone (so that the three kills meet three live processes), no digests and no
 # 10 ms pause (it only stands in for compute).
 #
