@@ -43,9 +43,10 @@
 #
 # We start with the two collectives, on the two ranks, then train the notebooks' workload with the
 # four stages side by side and measure what rank 0 holds (in fp32, and fsdp computing in bf16 too).
-# The notation is notebook 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one
-# message, β the time per byte. The workload line below names the gradient *buckets*: ddp, zero1 and
-# zero2 send their gradients in groups, a bucket each, one collective per bucket (fsdp sends them
+# The notation is notebook 01's: n ranks, m bytes of a message or tensor (where the tensor is the whole
+# model, as in the passes below, m is its float32 bytes), α the fixed cost of one message, β the
+# time per byte. The workload line below names the gradient *buckets*: ddp, zero1 and zero2 send their
+# gradients in groups, a bucket each, one collective per bucket (fsdp sends them
 # otherwise: its own section says how).
 
 # %%
@@ -64,7 +65,8 @@ lesson.say(lesson.describe())
 # A **reduce-scatter** sums a tensor over the ranks and leaves each rank one `1/n` piece of the
 # sum. An **all-gather** is the opposite move: each rank brings a piece and everyone ends with all
 # of them. One after the other, they are an all_reduce. Here minddp's ring versions (written from
-# `send`/`recv`) on every rank, checked against gloo's all_reduce:
+# `send`/`recv`) on every rank, checked against gloo's all_reduce. `TRANSPORTS` names minddp's
+# *transports*: each an all_reduce, a reduce-scatter and an all-gather written from point-to-point messages:
 
 # %%
 # %%distributed
@@ -87,7 +89,9 @@ print("all pieces gathered:", whole.tolist(), "= all_reduce:", torch.equal(whole
 # The ring all_reduce of the earlier notebooks is the same two, a reduce-scatter then an all-gather:
 # `ring.reduce_scatter` and `ring.all_gather` above cut the whole tensor into n equal pieces (they refuse
 # a whole tensor that is not n times the piece) and pass them to `reduce_scatter_chunks` and
-# `all_gather_chunks` (`minddp/collectives/ring.py`, whose code calls the pieces `chunks`);
+# `all_gather_chunks` (`minddp/collectives/ring.py`, whose code calls these pieces `chunks`: there a
+# chunk is 1/n of whatever tensor the ring is given, a bucket say, not the chunk of a parameter tensor
+# this notebook means by the word elsewhere);
 # `ring_all_reduce` cuts any length, with `tensor_split` (pieces whose lengths differ by at most one
 # element), and calls both:
 
@@ -103,8 +107,9 @@ show_source(ring_all_reduce)
 # of the tensor, n ranks): a reduce-scatter or an all-gather of a tensor is `n − 1` messages per rank,
 # which together carry `(n − 1)/n · m` bytes: `(n − 1) α + (n − 1)/n · m β`, and the all_reduce is
 # the two. A stage sends its gradients in several collectives, so below we count in *passes*: a
-# *pass* is a reduce-scatter or an all-gather of the whole model's bytes (m the model's float32
-# bytes), however many collectives carry it. Per step (all its micro-batches, the gradients
+# *pass* is a reduce-scatter or an all-gather of the whole model's bytes (m now the model's float32
+# bytes), however many collectives carry it; its size, as the cell prints it, is what a rank sends in
+# it, `(n − 1)/n · m`, not m. Per step (all its micro-batches, the gradients
 # synced once): DDP all-reduces the gradients, two passes; ZeRO-2 reduce-scatters them, one pass, and
 # all-gathers the updated parameters, one pass: DDP's bytes; ZeRO-1 all-reduces them and then
 # all-gathers, one pass more. FSDP reduce-scatters its units' gradients, a little under one pass
@@ -251,9 +256,11 @@ table.round(3).astype(object).where(table.notna(), "–")
 # *are* the master weights, cast to bf16 for each unit's gather (started a unit ahead, the prefetch)
 # and gathered in bf16. The first ✓ line below checks that at the update it keeps what fp32 FSDP
 # keeps. Of what lives only during the step, the cells below train it one step and measure two, the
-# gathered units and the activations; no cell here shows a gradient's dtype or the bytes its
-# gathers send. Its units are those of the `fsdp`
-# above: `blocks_of(net)` makes each *block* (an element of the model's `nn.ModuleList`, a decoder
+# gathered units and the activations. The gradients it holds at the update are its fp32 shards'
+# `.grad` (the gradients in its bar of the figure below); no cell here shows the dtype of
+# the gradients its bf16 backward computes before they reach the shards, or the bytes its gathers
+# send. Its units are those of the `fsdp` above: `blocks_of(net)` makes each *block* (an element of the
+# model's `nn.ModuleList`, a decoder
 # layer) a unit, as `lesson.Trainee` does.
 
 # %%
@@ -380,7 +387,7 @@ lesson.claim(
 # 2 + 2 + 12). Against the fp32 formulas, mixed precision saves ZeRO-1 `4Ψ(1 − 1/n)` bytes and
 # ZeRO-2 `2Ψ(1 − 1/n)`, half as many. Every value in the table below is a formula, computed here, not
 # measured: minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`, and fsdp's run in bf16 above
-# measured its 4 + 4 + 8 split, not the paper's.
+# measured its 4 + 4 + 8 split at the update (the 4 of gradient: its fp32 shards' `.grad`), not the paper's.
 
 # %%
 # %%rank 0
@@ -496,9 +503,10 @@ show_source(reduce_scatter_hook)
 # minddp runs zero2's and fsdp's reduce-scatters as all_reduces of the whole tensor they are given (a
 # zero2 bucket, an fsdp unit's gradients) and keeps the piece a reduce-scatter would have left this
 # rank. The `Wire`'s docstring (`minddp/comm/wire.py`) gives a second reason: gloo's reduce-scatter is
-# slower than its all_reduce of the same tensor (`docs/sharding.md` has the measurements; no cell here
-# times either). Each look below is its trainee's second step: the first was
-# the memory step above, so zero2's look starts by gathering the parameters that step updated.
+# slower than its all_reduce of the same tensor (`docs/sharding.md` quotes one measurement, 16 MiB at 2
+# ranks on a shared machine under load, against an all_reduce that keeps the piece; no cell here
+# times either). Each look below is its trainee's second step: the first was the memory step above, so
+# zero2's look starts by gathering the parameters that step updated.
 
 # %%
 # %%distributed
@@ -518,10 +526,10 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 #
 # The look counts the bytes given to each collective, in which the bytes a reduce-scatter spares
 # against an all_reduce do not show. The four stages now send through minddp's own ring
-# (`minddp.collectives`), plugged into each stage's `Wire` as its *transport*: the all_reduce,
-# reduce-scatter and all-gather the `Wire` calls instead of torch's, each written from point-to-point
-# messages; the profiler records each message gloo sends with the tensor it carried. The table is what
-# rank 0 sent in one step, by the collective the message served. zero2's trainee here takes one step
+# (`minddp.collectives`), plugged into each stage's `Wire` as its transport (the first section's word):
+# the all_reduce, reduce-scatter and all-gather the `Wire` calls instead of torch's; the profiler
+# records each message gloo sends with the tensor it carried. The table is what rank 0 sent in one step,
+# by the collective the message served. zero2's trainee here takes one step
 # before its look (`warmup=1`), as the memory step did for the gloo looks: zero2 all-gathers the updated
 # shards in the forward after an update, so the looked-at step starts with those all-gathers (its first
 # step has none to make). fsdp's reduce-scatter sends a pass of its units' bytes, short of a pass of
@@ -639,7 +647,7 @@ lesson.claim(
 #
 # Why the place matters: a collective can overlap compute (notebook 01's word) only while compute
 # still runs after it is handed over. zero1 hands its all-gather over in the update, after the step's
-# last forward and backward, and `_all_gather` waits for it before `step()` returns; zero2 and fsdp
+# last forward and backward, with no module left to run in the step; zero2 and fsdp
 # hand theirs over in a forward or backward, with modules still to run. The figure shows where they
 # were handed over, not whether they overlapped: no cell here measures that.
 
@@ -717,7 +725,8 @@ lesson.say(
 # as ddp does, and the model state leaves out the activations, fsdp's gathered units and the buffers
 # the collectives send from and receive into. So the line below does not rank the stages by the most
 # they hold, and "holds less at the update" is not "holds less": `docs/sharding.md`'s benchmark
-# measures the peak of all of it, in its own run, and finds fsdp's above ddp's; its peak counts every
+# measures the peak of all of it, in its own run, and finds fsdp's above ddp's (258.6 against 152.6 MiB
+# on rank 0, in the run that page records); its peak counts every
 # transient buffer alive at the same moment (gathered blocks, their prefetches, full gradients before
 # their reduce-scatter). No cell here measures the peak, and the memory table's columns, measured at
 # different moments, do not add up to it. The bytes are the ring's, with true reduce-scatters.
@@ -727,7 +736,10 @@ lesson.say(
 # the bytes gloo sends. The line below states each rung's trade: the model state it spares against
 # ddp's, and the bytes it sends on the ring for it, the β side; and the collectives it hands over a
 # step on gloo (gradient collectives and all-gathers, as the figure's ✓ line counts them), on which
-# the α side grows.
+# the α side grows. The ✓ line under it compares the table's two columns only, the β side and the
+# model state: where zero2 "comes out ahead of zero1", it says nothing of the collectives, which the
+# line above it prints for each rung (zero2 hands over an all-gather per gradient bucket; zero1
+# all-gathers in buckets of its own, of at most 25 MiB, whose number the ZeRO-1 section prints).
 
 # %%
 # %%rank 0
@@ -769,7 +781,8 @@ trade.round(1)
 # network in two buckets, one of an odd length, which tests your padding; some wrong answers come out
 # right at two ranks (padding by `numel % n` instead of `-numel % n`, or a `2` written for the world
 # size), so an answer accepted at two ranks is checked again at three. Its buckets are flat tensors:
-# it does not check an answer on a tensor of more dimensions.
+# it does not check an answer on a tensor of more dimensions (one that copies the flat sum back
+# without `.view_as(tensor)` passes here).
 
 # %%
 import torch
