@@ -725,8 +725,8 @@ lesson.say(
 # as ddp does, and the model state leaves out the activations, fsdp's gathered units and the buffers
 # the collectives send from and receive into. So the line below does not rank the stages by the most
 # they hold, and "holds less at the update" is not "holds less": `docs/sharding.md`'s benchmark
-# measures the peak of all of it, in its own run, and finds fsdp's above ddp's (258.6 against 152.6 MiB
-# on rank 0, in the run that page records); its peak counts every
+# measures the peak of all of it, in its own run, and finds fsdp's above ddp's (both numbers are on
+# that page, not measured here); its peak counts every
 # transient buffer alive at the same moment (gathered blocks, their prefetches, full gradients before
 # their reduce-scatter). No cell here measures the peak, and the memory table's columns, measured at
 # different moments, do not add up to it. The bytes are the ring's, with true reduce-scatters.
