@@ -664,7 +664,8 @@ print(check_fragment_schedule(solutions.fragment_to_send))
 # ## Compute utilisation on slow links
 #
 # Whether a replica waits is decided by a message's time on the link against the compute of the steps
-# it travels during (τ steps for a streaming fragment). The step-time model (`minddp.costmodel.slow_link`) replays one period of H inner steps on a link:
+# it travels during (τ steps for a streaming fragment). The step-time model (`minddp.costmodel.slow_link`)
+# replays one period of H inner steps on a link:
 # compute as measured or assumed, each fragment's message handed over when its schedule says and
 # waited for at its turn's end. Its **compute utilisation** is Streaming DiLoCo's measure: the share
 # of the time a replica computes, here over one period of H inner steps (its compute over its length;
@@ -821,7 +822,8 @@ lesson.claim(
 #   of the cell after the figure's, from scores above the figure's cut, with where the default DiLoCo
 #   is below local SGD). The weights scored change only at a sync (the synced weights; local SGD's last
 #   average), so each change from one of these scores to the next is one sync's update. Compare each
-#   DiLoCo score in that printed line with the start's: one above it is worse than the untrained model. The Nesterov momentum makes the first outer step move the synced weights
+#   DiLoCo score in that printed line with the start's: one above it is worse than the untrained model.
+#   The Nesterov momentum makes the first outer step move the synced weights
 #   further than the learning rate alone would (how much further is printed there too); whether that
 #   causes the rises was not separated. No outer lr tried (0.3 to 1) ends below local SGD; their final losses
 #   are printed under the figure.
