@@ -38,8 +38,10 @@
 # chain over 32 tokens (`minddp.bench.convergence.MarkovTask`). Its **entropy floor** (the lowest loss any
 # model can reach: the uncertainty the chain itself leaves in the next token) is known exactly, and
 # so is any model's **held-out loss**: the model's cross-entropy over all 1024 contexts (the last two
-# tokens), each weighted by how often the chain is in it, computed in closed form. No evaluation set is
-# sampled, so the held-out loss has no evaluation noise. Two ranks, one replica each.
+# tokens), each weighted by how often the chain is in it, computed in closed form. Here nothing is held
+# out: no evaluation set is sampled, and the name (kept from the other notebooks, where it is the loss on
+# a held-out split) means the model's *expected* loss over the chain, with no evaluation noise. Two
+# ranks, one replica each.
 
 # %%
 # %load_ext minddp.notebook
@@ -176,7 +178,11 @@ lesson.claim(
 )
 
 # %% [markdown]
-# That is one seed on 2 replicas. `python -m minddp.bench.convergence` runs every rung on 4 replicas,
+# That is one seed on 2 replicas. The bench compares the rungs over more seeds and steps: each run's
+# loss after equal bytes and at the end; the claims under the figure say how each ends against local SGD,
+# one replica alone and DDP.
+#
+# `python -m minddp.bench.convergence` runs every rung on 4 replicas,
 # 2000 steps, 5 seeds; its results are committed (`docs/diloco/convergence.json`), and the figure and
 # the numbers below are read from that file, not run here. Its runs: `ddp` (the global batch every
 # step); `single` (one replica alone: a quarter of the data, nothing sent); `local-sgd-hH` and
@@ -657,7 +663,9 @@ print(check_fragment_schedule(solutions.fragment_to_send))
 # %% [markdown]
 # ## Compute utilisation on slow links
 #
-# The step-time model (`minddp.costmodel.slow_link`) replays one period of H inner steps on a link:
+# Whether a replica waits is decided by a message's time on the link against the compute of the steps
+# it travels during (τ steps for a streaming fragment). The step-time model (`minddp.costmodel.slow_link`)
+# replays one period of H inner steps on a link:
 # compute as measured or assumed, each fragment's message handed over when its schedule says and
 # waited for at its turn's end. Its **compute utilisation** is Streaming DiLoCo's measure: the share
 # of the time a replica computes, here over one period of H inner steps (its compute over its length;
@@ -671,7 +679,8 @@ print(check_fragment_schedule(solutions.fragment_to_send))
 # TFLOP/s of its own, whose compute per step is taken as 6 FLOPs per parameter and token (2 forward, 4
 # backward): DDP (its gradients every step), DiLoCo with H = 100, and streaming DiLoCo with H = 100,
 # 4 equal fragments and τ = 10 (settings of this section alone, not those of the runs above), on seven
-# of the preset links, the widest first. *Plain DiLoCo* below is DiLoCo not streamed: the whole model
+# of the preset links, the widest first.
+# *Plain DiLoCo* below is DiLoCo not streamed: the whole model
 # in one sync. The lines after the table take it apart (their code collapsed; in it `exposed_s` is the
 # step-time model's *exposed* time, the time the replica waits for the link, a period's spread over
 # its H inner steps).
@@ -811,7 +820,10 @@ lesson.claim(
 #   momentum alone costs loss. Early in the runs, after one of their first 3 syncs the mean of each
 #   DiLoCo run (lr 1 and the default) rises where local SGD's falls after each (the last printed lines
 #   of the cell after the figure's, from scores above the figure's cut, with where the default DiLoCo
-#   is below local SGD). The Nesterov momentum makes the first outer step move the synced weights
+#   is below local SGD). The weights scored change only at a sync (the synced weights; local SGD's last
+#   average), so each change from one of these scores to the next is one sync's update. Compare each
+#   DiLoCo score in that printed line with the start's: one above it is worse than the untrained model.
+#   The Nesterov momentum makes the first outer step move the synced weights
 #   further than the learning rate alone would (how much further is printed there too); whether that
 #   causes the rises was not separated. No outer lr tried (0.3 to 1) ends below local SGD; their final losses
 #   are printed under the figure.
@@ -826,7 +838,8 @@ lesson.claim(
 #   the fragments or α helps was not separated).
 # * The step-time model *predicts* (for a 360 M-parameter model; not measured here) what the claims
 #   under its table check: on `wan` DDP computes less than 5 % of the time and streaming DiLoCo
-#   (4 fragments, τ = 10) more than 90 %; streaming hides a fragment whole only where its time on the
+#   (4 fragments, τ = 10) all of it (its row of the table; on `wan` a fragment's time on the link fits
+#   in its τ steps); streaming hides a fragment whole only where its time on the
 #   link fits in its τ steps, and on the three slower links it does not (each rung's share on each link
 #   is in the table). It sends the same bytes a period as plain DiLoCo, so where those take longer on
 #   the link than the period computes (`100mbit`, `home`), it computes less than one percentage point

@@ -80,9 +80,6 @@ STEADY: dict[str, dict[str, str]] = {
         "2 hops and 1× the tensor; 1.5× on the bench's 4": "2(n − 1)/n for n = 2 and n = 4: arithmetic",
         "an emulated link of 5 Mbit/s and 5 ms per hop": SETTING,
         "DDP computes less than 5 % of the time": "the step-time model's estimate on that link (not timed)",
-        "(4 fragments, τ = 10) more than 90 %": (
-            "the threshold the claim under the step-time model's table checks (not timed)"
-        ),
     },
 }
 
