@@ -106,8 +106,8 @@ def bucket_names(ddp) -> list[list[str]]:
 
 def parameter_bytes(module) -> dict[str, int]:
     """Each parameter's size in bytes, by its name in the model: a compiled model's names lose the prefix
-    ``_orig_mod.`` that ``torch.compile``'s wrapper puts before them (:func:`~minddp.runtime.compat.uncompiled_name`),
-    so they match :func:`bucket_names` and :func:`compiled_pieces`."""
+    ``torch.compile``'s wrapper puts before them (:func:`~minddp.runtime.compat.uncompiled_name`), so they match
+    :func:`bucket_names` and :func:`compiled_pieces`."""
     return {compat.uncompiled_name(n): p.numel() * p.element_size() for n, p in module.named_parameters()}
 
 
