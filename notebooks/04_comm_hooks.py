@@ -327,9 +327,9 @@ lesson.claim(
     f"other {on_wire - exposed_ms:.1f} ms.",
 )
 lesson.say(
-    f"In this run that step took {step_ms:.1f} ms: the link carried its messages during {on_wire / step_ms:.1%} of "
-    f"it, and the thread stood waiting through them during {exposed_ms / step_ms:.1%} of it: the step's exposed time is "
-    f"{exposed_ms / on_wire:.0%} of the link time, so "
+    f"This one profiled step took {step_ms:.1f} ms (the profiler's cost included: not the stage's step time): the "
+    f"link carried its messages during {on_wire / step_ms:.1%} of it, and the thread stood waiting through them during "
+    f"{exposed_ms / step_ms:.1%} of it: its exposed time is {exposed_ms / on_wire:.0%} of the link time, so in this step "
     + ("most of the link time" if 2 * exposed_ms < on_wire else "no more than half of the link time")
     + " passed while the thread was not waiting. What fp16's or PowerSGD's shorter link time would take off the "
     "step is not measured here (exposed is not what a free link would save: 01)."

@@ -477,10 +477,9 @@ display(on_link)
 # bytes), each stage's waited
 # as a share of its link time, the stages that waited longer than their link time (so the link's work alone does not
 # make up their waits), and, from `hook` to `bucket`, how the change in waited splits between exposed and waited −
-# exposed, beside the change in link time; last, a line for each stage whose exposed, to one decimal, is zero, if any.
-# Where that line's waited is zero too, the stage did not wait for its messages, to one decimal (its share of the
-# link time, printed before, is zero too): "all waited − exposed" is then all of nothing, not waits while the
-# link carried nothing.
+# exposed, beside the change in link time; last, a line for each stage whose exposed, to one decimal, is zero while
+# its waited is not, if any (a stage whose waited is zero too did not wait for its messages, to one decimal, and
+# gets no such line).
 
 # %%
 calls = lz["allreduce_calls_per_step"].astype(int)
@@ -554,7 +553,7 @@ lesson.say(
         else "is no larger than the link time's, in size."
     )
 )
-for st in [st for st in on_link.index if round(exposed[st], 1) == 0]:
+for st in [st for st in on_link.index if round(exposed[st], 1) == 0 and round(stood[st], 1) > 0]:
     lesson.say(
         f"{st}'s exposed is {exposed[st]:.1f} ms: its {stood[st]:.1f} ms of waited is all waited − exposed, time with "
         "the link carrying nothing."

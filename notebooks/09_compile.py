@@ -378,8 +378,8 @@ counts = {
     THEIRS: breaks(lambda m: torch.nn.parallel.DistributedDataParallel(m, bucket_cap_mb=CAP)),
 }
 lesson.say(
-    f"Graph breaks in one training step, MLP(depth=2), alone and in each wrapper at bucket_cap_mb={CAP:g}: "
-    + ", ".join(f"{k} {v}" for k, v in counts.items())
+    f"Graph breaks in one training step of MLP(depth=2), alone (no buckets) and in each wrapper "
+    f"(bucket_cap_mb={CAP:g}): " + ", ".join(f"{k} {v}" for k, v in counts.items())
 )
 lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")
 lesson.claim(counts[THEIRS] > counts[ALONE], "torch.compile(torch's DDP(MLP)) adds graph breaks to the model's.")
