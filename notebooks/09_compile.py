@@ -163,7 +163,7 @@ lesson.say(
 # what handing a bucket over costs. Ticks closer together than a pixel draw as one. Orange bars that
 # overlap are drawn over each other, so one can hide where another begins or ends: the figure does not
 # show how long each message was in flight, nor which ran beside a gradient node (the line printed after
-# it says which). White is time in none of these; the white just before the optimizer step holds the
+# it says which, for the two compiled runs). White is time in none of these; the white just before the optimizer step holds the
 # end of the backward pass, where the reducer waits for the last messages to end, then copies the
 # averages into `.grad` (`wait_and_write_back` in `minddp/ddp/reducer.py`), so it can outlast the
 # last orange bar.
@@ -171,7 +171,7 @@ lesson.say(
 # In the claims of the figure's cell, a node *ran after* the first bucket was handed over if its range
 # ends after that tick: it was still running then, or began after.
 #
-# The cell after the figure counts, in each run on rank 0, the messages in flight while a gradient node
+# The cell after the figure counts, in the two compiled runs on rank 0, the messages in flight while a gradient node
 # ran, and says which, in the order the messages began. Without the cut none can be: a message begins
 # after its bucket's tick, and every tick comes after the compiled graph's one gradient node, the last to
 # run, has produced the gradients; the first claim checks that none was in this step. With the cut, the
@@ -180,9 +180,7 @@ lesson.say(
 # next piece's backward begins, or is in flight only in grey, is not. A message is counted by its own
 # range, not by its tick: a tick with blue after it does not make its message counted, for the message
 # can begin after that blue ends. Which are counted, and how many, the timing of this execution decides;
-# what the line shows of the cut is its count beside none without it. Eager's count is printed in the
-# same line, but it depends on the timing as the cut's does: the two counts do not compare eager with
-# the cut.
+# what the line shows of the cut is its count beside none without it.
 #
 # This notebook runs no GPU: what the cut does to a GPU step is not shown here.
 
@@ -220,12 +218,10 @@ lesson.claim(
 # %%
 # %%distributed
 lesson.say(
-    "On rank 0, messages in flight while a gradient node ran, in the profiled step (without the cut none can be, "
-    "every tick coming after the last gradient node; in eager and with the cut the timing of this execution "
-    "decides the count, "
-    "and the two counts do not compare eager with the cut): "
-    + ", ".join(f"{label} {nodes.beside(view['beside_node'])}" for label, view in looks.items())
-    + "."
+    f"Compiled with the cut, on rank 0 in the profiled step, the messages in flight while a gradient node ran were "
+    f"{nodes.beside(looks[CUT]['beside_node'])}: the timing of this execution decided which, and how many. Compiled "
+    f"without the cut, {nodes.beside(looks[NO_CUT]['beside_node'])}: none can be, every tick coming after the last "
+    "gradient node."
 )
 
 # %% [markdown]
@@ -240,7 +236,7 @@ lesson.say(
 # third row (compiled with the cut): `ddp`'s `bucket_plan`, rebuilt after the first step from the order
 # the gradients arrived in, each bucket listing its parameters in that order (a first step's plan lists
 # them otherwise: *Buckets of 0.5 MiB*). In this step a piece and its bucket print the same names in the
-# same order, so the lines below do not show where the two orders differ. A compiled piece produces all its gradients at its end, so within a
+# same order; eager's buckets, printed after the claims, list theirs in an order that is not the forward's. A compiled piece produces all its gradients at its end, so within a
 # piece they need not arrive last layer first. A bucket closes at the first gradient that takes it to
 # the cap or past it. The claims below check where the buckets lie.
 #
@@ -300,6 +296,17 @@ lesson.claim(
     "In the profiled step each bucket was handed over (its tick) after the backward of its piece ended, and each "
     "but the last before the backward of the next piece began.",
 )
+eager_buckets = looks["eager"]["buckets"]
+lesson.say(
+    "eager's buckets, rebuilt (as the cut's) from the order its gradients arrived in: "
+    + " | ".join(", ".join(bucket) for bucket in eager_buckets)
+)
+forward = list(size)  # the parameters in the order the model registers them, the forward's here
+lesson.claim(
+    all(len(bucket) > 1 and bucket == sorted(bucket, key=forward.index, reverse=True) for bucket in eager_buckets),
+    "Eager's buckets list their parameters last layer first, not in the forward's order: uncompiled, a layer's "
+    "gradient arrives before the gradient of the layer before it.",
+)
 
 # %% [markdown]
 # ### Your turn: after which piece is each bucket handed over?
@@ -307,7 +314,7 @@ lesson.claim(
 # Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order the backward
 # pass runs them, each as its gradients' sizes in bytes in the order they arrive (the order a rebuilt
 # plan's buckets list them in, which need not be the forward's order in which the pieces above list
-# their names); `cap` is the bucket cap in bytes, every bucket's, the first included (as in minddp's
+# their names: eager's buckets above are not in it); `cap` is the bucket cap in bytes, every bucket's, the first included (as in minddp's
 # `ddp` given a `bucket_cap_mb`). Fill the buckets as `ddp` does after a rebuild (a bucket closes at the
 # first gradient that takes it to the cap or past it; the gradients left at the end make one last
 # bucket). Walked in arrival order, the buckets fill in bucket order, so each is handed over once its
