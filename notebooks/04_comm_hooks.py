@@ -40,9 +40,10 @@
 # gradient that brings it to that size or past it, so a bucket can hold more, and the last one holds what is left
 # (`minddp.stages.bucket_plan`). For each hook we read:
 #
-# * the all_reduce calls a step and their *payload*, counted by the hook's traffic meter: the bytes the
-#   step's all_reduces reduce (numel × element size, added up over the step's calls), not the bytes a
-#   rank puts on the wire, which around a ring of n ranks are 2(n − 1)/n of the payload (equal at n = 2);
+# * the all_reduce calls a step and their *payload*, counted by the hook's traffic meter (a trainee's
+#   `metered`, one reading a step): the bytes the step's all_reduces reduce (numel × element size, added up over
+#   the step's calls), not the bytes a rank sends, which around a ring of n ranks are 2(n − 1)/n of the payload
+#   (equal at n = 2);
 # * for fp16 and bf16, and for PowerSGD on its first steps, the *relative gradient error* `‖ĝ − g‖ / ‖g‖`:
 #   how far the hook's average `ĝ` is from the *reference average* `g`, the float32 average of this step's
 #   gradients (`minddp.comm.measure.error_measured` computes `g` with an extra float32 all_reduce beside the
@@ -121,11 +122,11 @@ reference = trainees["allreduce"]
 moved = (reference.flat_parameters() - start).norm()
 rows = {}
 for name, t in trainees.items():
-    last = t.wire[-1]
+    last = t.metered[-1]
     rows[name] = {
         "all_reduce calls": last["calls"],
         "payload KiB": last["bytes"] / 1024,
-        "payload vs allreduce": last["bytes"] / reference.wire[-1]["bytes"],
+        "payload vs allreduce": last["bytes"] / reference.metered[-1]["bytes"],
         "param distance (relative)": ((t.flat_parameters() - reference.flat_parameters()).norm() / moved).item(),
     }
 table = pd.DataFrame.from_dict(rows, orient="index")  # by rows: the calls stay integers
@@ -146,11 +147,11 @@ import torch
 from minddp.comm.measure import rounding_bound
 
 dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
-err = {name: trainees[name].wire[-1]["relative_error"] for name in dtypes}  # the last step's
+err = {name: trainees[name].metered[-1]["relative_error"] for name in dtypes}  # the last step's
 # the bound on rounding alone (the markdown above), relative to this step's gradient's norm
 bound = {
-    name: rounding_bound(dtypes[name], world_size, **trainees[name].wire[-1]["magnitudes"])
-    / trainees[name].wire[-1]["norm"]
+    name: rounding_bound(dtypes[name], world_size, **trainees[name].metered[-1]["magnitudes"])
+    / trainees[name].metered[-1]["norm"]
     for name in dtypes
 }
 lesson.claim(
@@ -202,11 +203,11 @@ lesson.claim(
 p, a = trainees["powersgd"], trainees["allreduce"]
 start_iter = HOOKS["powersgd"]["start_powerSGD_iter"]
 steps = pd.DataFrame(
-    {"powersgd calls": [w["calls"] for w in p.wire], "powersgd payload KiB": [w["bytes"] / 1024 for w in p.wire]},
-    index=pd.RangeIndex(1, len(p.wire) + 1, name="step"),
+    {"powersgd calls": [w["calls"] for w in p.metered], "powersgd payload KiB": [w["bytes"] / 1024 for w in p.metered]},
+    index=pd.RangeIndex(1, len(p.metered) + 1, name="step"),
 )
-plain_calls, plain_kib = a.wire[-1]["calls"], a.wire[-1]["bytes"] / 1024  # the same at every step
-assert all(w["calls"] == plain_calls and w["bytes"] / 1024 == plain_kib for w in a.wire)
+plain_calls, plain_kib = a.metered[-1]["calls"], a.metered[-1]["bytes"] / 1024  # the same at every step
+assert all(w["calls"] == plain_calls and w["bytes"] / 1024 == plain_kib for w in a.metered)
 buckets = lesson.buckets_of(a.model)
 last = steps.iloc[-1]
 early, late = steps.iloc[:start_iter], steps.iloc[start_iter:]
@@ -215,7 +216,7 @@ early, late = steps.iloc[:start_iter], steps.iloc[start_iter:]
 lesson.claim(
     (early["powersgd calls"] == plain_calls).all()
     and (early["powersgd payload KiB"] == plain_kib).all()
-    and all(w["relative_error"] < 1e-6 for w in p.wire[:start_iter]),
+    and all(w["relative_error"] < 1e-6 for w in p.metered[:start_iter]),
     f"For the first {start_iter} steps PowerSGD is plain averaging (start_powerSGD_iter={start_iter}): the same "
     f"{plain_calls} calls and {plain_kib:.0f} KiB of payload, and the reference average to within 1e-6 (relative).",
 )
@@ -305,7 +306,7 @@ lesson.claim(
     f"On the link, half the bytes halve all but the fixed cost: fp16 takes {fp16['link ms (modelled)']:.1f} ms "
     f"against plain averaging's {plain['link ms (modelled)']:.1f} ms, that is ({plain['link ms (modelled)']:.1f} − "
     f"{fixed['fp16']:.1f}) / 2 + {fixed['fp16']:.1f}, where {fixed['fp16']:.1f} ms is the fixed cost of the "
-    f"{int(fp16['all_reduce calls'])} messages each hook sends ({per_message:.2f} ms a message).",
+    f"{int(fp16['all_reduce calls'])} messages each of these two hooks sends ({per_message:.2f} ms a message).",
 )
 last_bucket = LINK.seconds(*sent["allreduce"][-1], n) * 1e3
 lesson.claim(
@@ -315,22 +316,22 @@ lesson.claim(
 )
 link_ms, exposed_ms, step_ms = (plain[k] for k in ("link ms (modelled)", "exposed ms (measured)", "step ms (measured)"))
 transfers = on_link["allreduce"]["row"]["messages"]  # L: each message's modelled transfer on the link, ms
-on_wire = sum(e - s for s, e in transfers)  # |L|: the link carries one message at a time, so they do not overlap
+transfer_ms = sum(e - s for s, e in transfers)  # |L|: the link carries one message at a time, so they do not overlap
 # each transfer lasts its message's α-β time, so |L| is the link time (1e-6 ms: float rounding of the intervals'
 # ends); exposed is |L ∩ waits|, so it cannot exceed |L|; every transfer lies inside the step (0: its first forward)
 lesson.claim(
-    abs(on_wire - link_ms) < 1e-6
-    and exposed_ms <= on_wire + 1e-6
+    abs(transfer_ms - link_ms) < 1e-6
+    and exposed_ms <= transfer_ms + 1e-6
     and all(0 <= s and e <= step_ms for s, e in transfers),
-    f"Plain averaging's transfers on the link (01's L), {on_wire:.1f} ms in all (its link time), lie inside its "
+    f"Plain averaging's transfers on the link (01's L), {transfer_ms:.1f} ms in all (its link time), lie inside its "
     f"step; the training thread waited through {exposed_ms:.1f} ms of them (its exposed time) and not through the "
-    f"other {on_wire - exposed_ms:.1f} ms.",
+    f"other {transfer_ms - exposed_ms:.1f} ms.",
 )
 lesson.say(
     f"This one profiled step took {step_ms:.1f} ms (the profiler's cost included: not the stage's step time): the "
-    f"link carried its messages during {on_wire / step_ms:.1%} of it, and the thread stood waiting through them during "
-    f"{exposed_ms / step_ms:.1%} of it: its exposed time is {exposed_ms / on_wire:.0%} of the link time, so in this step "
-    + ("most of the link time" if 2 * exposed_ms < on_wire else "no more than half of the link time")
+    f"link carried its messages during {transfer_ms / step_ms:.1%} of it, and the thread stood waiting through them during "
+    f"{exposed_ms / step_ms:.1%} of it: its exposed time is {exposed_ms / transfer_ms:.0%} of the link time, so in this step "
+    + ("most of the link time" if 2 * exposed_ms < transfer_ms else "no more than half of the link time")
     + " passed while the thread was not waiting. What fp16's or PowerSGD's shorter link time would take off the "
     "step is not measured here (exposed is not what a free link would save: 01)."
 )
@@ -351,12 +352,13 @@ lesson.say(
 #
 # * **bandwidth**: PowerSGD's link time is the shorter below `B* = (S − S′) / (n (c′ − c) α)`;
 # * **ranks**: it is the shorter below `n* = (S − S′) / ((c′ − c) α B)`: around a ring every message's α
-#   is paid 2(n − 1) times, while the bytes each rank puts on the wire, 2(n − 1)/n · S, stay under 2S
+#   is paid 2(n − 1) times, while the bytes each rank sends, 2(n − 1)/n · S, stay under 2S
 #   whatever n. An n* below 2 means plain averaging's link time is the shorter at any number of ranks;
-# * **model size**, through its buckets: a bucket of m bytes, compressed to q · m (q = S′/S, the
-#   compression ratio; not PowerSGD's matrix rank), pays two extra messages (3 against 1, as every
+# * **bucket size**: a bucket of m bytes (what `bucket_cap_mb` sets, not the model's size), compressed to q · m
+#   (q = S′/S, the compression ratio; not PowerSGD's matrix rank), pays two extra messages (3 against 1, as every
 #   bucket here; a bucket with no tensor left uncompressed pays one), so compressing it saves
-#   link time only for `m > m* = 2 n α B / (1 − q)`. m* assumes a bucket compresses as well as this
+#   link time only for `m > m* = 2 n α B / (1 − q)`: m* grows as n, so a bucket that gains on few ranks may not
+#   on more. m* assumes a bucket compresses as well as this
 #   step's buckets did together (q is the whole step's, the tensors PowerSGD sends uncompressed
 #   included): matrix rank 1 sends a + b values for an a × b matrix, against a · b, so a bucket of
 #   smaller matrices has a larger q, and a larger m*.
@@ -365,8 +367,8 @@ lesson.say(
 # link's own model. A preset is a pair α, B (the table's first two columns), named for what it stands for
 # (`minddp.comm.link.PRESETS` describes each: `home`, a home broadband line's upload; `wan`, two cloud regions a
 # continent apart); what the cell says of a preset is said of that pair, not of a measured network. It
-# computes the three crossovers from the counts and bytes; its link times and B*'s are
-# for this notebook's n ranks (B* falls as 1/n). Its figure draws plain
+# computes the three crossovers from the counts and bytes; its link times, B*'s and m* are
+# for this notebook's n ranks (B* falls as 1/n, m* grows as n). Its figure draws plain
 # averaging's and PowerSGD's link time against the bandwidth, at two α's, which the legend gives: solid lines at
 # `1gbit`'s α, dotted ones at `nvlink`'s α, which `100gbit-ib` shares (so its markers, too, lie on the dotted
 # lines). As B grows the bytes' term shrinks,
@@ -434,11 +436,11 @@ lesson.claim(
     f"{tie.bandwidth / LINK.bandwidth:.1f} times {LINK.name}'s bandwidth.",
 )
 lesson.say(
-    f"At {LINK.name} the formulas give n* = {n_star:.0f} ranks, and m* = {m_star / 1024:.0f} KiB "
+    f"At {LINK.name} the formulas give n* = {n_star:.0f} ranks, and, at n = {n} ranks, m* = {m_star / 1024:.0f} KiB "
     f"for a bucket that compresses as this step's buckets did together (q = S′/S = {q:.4f}). So, by the formulas, "
     f"PowerSGD's messages take less link time than plain averaging's at {LINK.name} on fewer than {n_star:.0f} "
-    f"ranks, and compressing each bucket of this step saves link time if it compresses as they did together: "
-    f"the smallest, {lesson.mib(smallest)}, is {smallest / m_star:.0f} times m*."
+    f"ranks. On n = {n} ranks, compressing each bucket of this step saves link time if it compresses as they did "
+    f"together: the smallest, {lesson.mib(smallest)}, is {smallest / m_star:.0f} times m*."
 )
 
 fig, ax = plt.subplots(figsize=(10, 4))

@@ -213,7 +213,7 @@ class Trainee:
         self.optimizer = make_optimizer(stage, self.model, torch.optim.AdamW, hook=hook, wire=wire, lr=SETTINGS.lr)
         self.batches = step_batches(grad_accum=grad_accum)
         self.losses: list[float] = []  #: the global batch's loss, every step taken
-        self.wire: list[dict] = []  #: minddp's traffic meter, every step taken
+        self.metered: list[dict] = []  #: the traffic meter's reading (calls, payload bytes), every step taken
         for _ in range(SETTINGS.warmup if warmup is None else warmup):
             self.step()
 
@@ -236,7 +236,7 @@ class Trainee:
         with watch if watch is not None else contextlib.nullcontext():
             loss = torch.tensor(train_step(self.model, self.optimizer, batch, loss_fn), device=message_device())
         took = torch.tensor(time.perf_counter() - start, device=message_device())
-        self.wire.append(self.traffic.snapshot())
+        self.metered.append(self.traffic.snapshot())
         if not measure:
             self.losses.append(loss.item())
             return took.item() * 1e3
