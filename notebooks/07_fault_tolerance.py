@@ -166,7 +166,8 @@ for line in run.report():
 # The last lines cut both recoveries into six spans, between the rows the two tables share, so the
 # last column adds up to the difference of the recoveries (measured, not claimed): read all of it,
 # not only the wait. Only a peer's error and the discard can come in either order (the lighthouse
-# may discard on another member's no first); then the span between them is negative. Where the discard comes before the exit's record (the kill's table shows their
+# may discard first, on the raising slot's own no or once a slot that has not voted is no longer
+# live); then the span between them is negative. Where the discard comes before the exit's record (the kill's table shows their
 # order), the kill's span from the discard to the next quorum holds the wait for that record; its
 # row in the last column is that span minus the raise's, not the wait itself. The run times
 # nothing inside the first span nor inside the work, so it does not show why those differ.

@@ -124,7 +124,8 @@ def test_each_faults_recovery_is_cut_in_order_by_the_committing_attempts_work(ch
     """The moments notebook 07 cuts a recovery at, in the order the rung makes them: every attempt's work between
     its member's reading of the quorum and its vote; after a kill or a raise, the next quorum before the committing
     attempt's work starts (at its last member), and the work's end before the commit. (A peer's error and the
-    discard are not ordered: the lighthouse may discard on another member's no first.)"""
+    discard are not ordered: the lighthouse may discard first, on the raising slot's own no or once a slot that has
+    not voted is no longer live.)"""
     from minddp.ft import fault_outcomes
     from minddp.ft.report import retry_work_s
 
