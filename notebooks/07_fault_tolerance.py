@@ -127,74 +127,61 @@ for line in run.report():
 # group, which closes its connections; neither waits for the hang bound.
 #
 # The cell below prints, for each fault, the moments the members, the lighthouse and the launcher
-# recorded, each in milliseconds after the fault, sorted by time. The fault's moment, from which
-# they count, is the time the faulting process stamped just before it killed itself or raised
-# (`FaultPlan.fire` in `minddp/ft/faults.py`), not the moment its process was gone. Its `✓` lines
-# are **claims**: `lesson.claim` checks each on the run shown, and the cell fails if one does not
-# hold; the other lines are printed from the run's values (measurements no claim checks):
+# recorded, in milliseconds after the time the faulting process stamped just before it killed
+# itself or raised (`FaultPlan.fire` in `minddp/ft/faults.py`), not the moment its process was
+# gone. Its `✓` lines are **claims**: `lesson.claim` checks each on the run shown, and the cell
+# fails if one does not hold; the other lines are measurements printed from the run, which no
+# claim checks.
 #
 # * **a peer's error**: the first error caught by a member other than the fault's slot: its
-#   all_reduce failed (the errors, each with gloo's own sentence, are printed further down). Between
-#   the kill and this moment the survivors carry on with their step until their all_reduce, the
-#   operating system ends slot 1's process, gloo's all_reduce fails, and its error goes back up
-#   through the backward to the rung, which records it. Between the raise and this moment slot 2
-#   sets out to drop its group (`drop_group` in `minddp/ft/rung.py`: a full garbage collection,
-#   then the group's teardown, which closes its connections) and its peers' all_reduce fails. The
-#   run times none of these apart;
-# * **discard**: each member that caught an error first drops its group, then votes no; the
-#   lighthouse discards the attempt as soon as one member voted no or one that has not voted is no
-#   longer live (as in `docs/fault-tolerance.md`, phase 5);
+#   all_reduce failed (gloo's sentences are printed further down). Before it, after the kill, the
+#   survivors reach their all_reduce, the operating system ends slot 1's process, gloo's all_reduce
+#   fails and the error goes back up to the rung; after the raise, slot 2 drops its group
+#   (`drop_group` in `minddp/ft/rung.py`: a garbage collection, then the teardown that closes its
+#   connections). The run does not time these apart;
+# * **discard**: each member that caught an error drops its group, then votes no; the lighthouse
+#   discards the attempt at the first no, or once a member that has not voted is no longer live
+#   (`docs/fault-tolerance.md`, phase 5);
 # * **exit seen** and **exit recorded** (the kill only): the launcher looks at its processes in
-#   passes, `PASS_SLEEP_S` (20 ms, a setting of the launcher) apart plus each pass's own work; the
-#   first is the pass that found slot 1's process ended (the run does not time when it ended). The
-#   launcher then waits `EXIT_WAIT_S` (50 ms, a setting of the launcher), so that a process that
-#   finished the run is not reported lost before its final state arrives, takes in what the
-#   processes sent it, then records the exit and tells the lighthouse (the second);
-# * **next quorum**: each member asks again; the lighthouse answers, with a new tag (the step was
-#   discarded), once every live slot has asked, and slot 1 counts as live until the lighthouse has
-#   read the launcher's word of its exit (the second claim checks that the kill's next quorum came
-#   after the exit was recorded);
-# * **commit**: the members build a new group (after the kill, of 2), train the step again and
-#   vote, and the lighthouse commits.
+#   passes, `PASS_SLEEP_S` (20 ms) apart plus each pass's own work; the first is the pass that
+#   found slot 1's process ended (when it ended is not timed). The launcher then waits
+#   `EXIT_WAIT_S` (50 ms, so that a process that finished the run is not reported lost before its
+#   final state arrives), takes in what the processes sent it, and records the exit for the
+#   lighthouse (the second);
+# * **next quorum**: the lighthouse answers, with a new tag, once every live slot has asked; slot 1
+#   counts as live until the lighthouse has read the exit's record (the second claim);
+# * **work started** and **work done**: in the attempt that committed the step, the last member to
+#   start and the last to finish its work (forward, backward, all_reduce). Before the start each
+#   member builds the new group (after the kill, of 2) and takes its digest; after the end it votes;
+# * **commit**: the lighthouse commits once every member has voted yes.
 #
-# A row is a moment, not a span: a span is the difference of two rows. Each survivor asks for the
-# next quorum only once it has read the discard, and the lighthouse answers it only once it has
-# read the exit's record, so the kill's next quorum could not be answered before that record,
-# however soon after the discard the survivors asked. The two lines under the kill's table say
-# how much of its recovery that span took, and how long the launcher took from seeing the exit to
-# recording it (the part beyond the wait from the unrounded times: the rows are rounded to whole
-# ms). When the launcher had seen the exit before the discard, the first line calls the whole
-# span from the discard to the record "the launcher's own": the process had already ended, and
-# the span fell within the launcher's wait and its intake after seeing it. `EXIT_WAIT_S` is a setting of minddp's launcher, not something a kill has to cost.
-# The raise's process stayed (the first claim), so its table has no exit rows. The two `recovery`
-# lines set each recovery against the hang bound. The last lines cut both recoveries into three
-# spans (differences of the tables' rows), so the difference of the recoveries is the sum of the
-# last column (measured, not claimed). Read all of that column, not only the wait. The first span,
-# from the fault to the discard, holds each fault's first error at a peer (not split further by
-# the run). The second, from the discard to the next quorum, holds the kill's wait for the exit's
-# record when, as its table shows, the discard came before that record; its difference in the
-# last column is the kill's span minus the raise's, not that wait (the line under the kill's
-# table), and the two are equal only when the raise's span equals the kill's from the record to
-# the quorum. The third, from the quorum to the commit, holds a new group built, the step
-# trained again and the vote, at world 2 after the kill and at world 3 after the raise. The run times none of
-# the parts of the first and third spans apart, so it does not show why they differ.
+# A row is a moment; a span is the difference of two rows. The two lines under the kill's table
+# say how much of its recovery the span from the discard to the exit's record took, and how long
+# the launcher took from seeing the exit to recording it (the part beyond the wait from the
+# unrounded times). "The launcher's own" means the launcher had seen the exit before the discard,
+# so that whole span fell within its wait and its intake after it. `EXIT_WAIT_S` is a setting of
+# minddp's launcher, not something a kill has to cost. The raise's process stayed (the first
+# claim), so its table has no exit rows.
+#
+# The last lines cut both recoveries into six spans, between the rows the two tables share, so the
+# last column adds up to the difference of the recoveries (measured, not claimed): read all of it,
+# not only the wait. Only a peer's error and the discard can come in either order (the lighthouse
+# may discard first, on the raising slot's own no or once a slot that has not voted is no longer
+# live); then the span between them is negative. Where the discard comes before the exit's record (the kill's table shows their
+# order), the kill's span from the discard to the next quorum holds the wait for that record; its
+# row in the last column is that span minus the raise's, not the wait itself. The run times
+# nothing inside the first span nor inside the work, so it does not show why those differ.
 
 # %%
 from minddp.ft import fault_outcomes
 from minddp.ft.launch import EXIT_WAIT_S
+from minddp.ft.report import peer_error_s, retry_work_s
 
 kill, raised = fault_outcomes(run)
 
 
 def ms(seconds):  # in whole milliseconds
     return round(seconds * 1000)
-
-
-def peer_error(o):  # ms after fault o of the first error a member other than its slot caught at its step
-    caught = [
-        e["t_error"] for s, _, e in run.entries if e["step"] == o.fault.step and "t_error" in e and s != o.fault.slot
-    ]
-    return ms(min(caught) - o.fired) if caught else None
 
 
 lesson.claim(
@@ -211,16 +198,19 @@ lesson.claim(
 
 
 def moments(o):  # the moments the run recorded after fault o, in ms after it, sorted by time
+    work, worked = retry_work_s(run, o)
     rows = {
-        "a peer's error": peer_error(o),
+        "a peer's error": ms(peer_error_s(run, o)),
         "discard": ms(o.discard_s),
         **({f"slot {o.fault.slot}'s exit seen": ms(o.seen_s)} if o.seen_s is not None else {}),
         **({f"slot {o.fault.slot}'s exit recorded": ms(o.exit_s)} if o.exit_s is not None else {}),
         "next quorum": ms(o.quorum_s),
+        "work started": ms(work),
+        "work done": ms(worked),
         f"commit of step {o.committed_step}": ms(o.recovery_s),
     }
     print(f"\n{o.fault}: the moments recorded, ms after it")
-    for name, t in sorted(((n, t) for n, t in rows.items() if t is not None), key=lambda item: item[1]):
+    for name, t in sorted(rows.items(), key=lambda item: item[1]):
         print(f"  {name:<26}{t:>5}")
 
 
@@ -247,12 +237,16 @@ for o in (kill, raised):
     print(f"{o.fault} recovery: {ms(o.recovery_s)} ms, {o.recovery_s / hang_s:.1%} of the hang bound ({hang_s:g} s)")
 
 
-def spans(o):  # fault o's recovery cut into three spans, in the tables' whole ms: they add up to it
-    d, q, r = ms(o.discard_s), ms(o.quorum_s), ms(o.recovery_s)
+def spans(o):  # fault o's recovery cut into six spans, in the tables' whole ms: they add up to it
+    e, d, q, r = ms(peer_error_s(run, o)), ms(o.discard_s), ms(o.quorum_s), ms(o.recovery_s)
+    w0, w1 = (ms(t) for t in retry_work_s(run, o))
     return {
-        "from the fault to the discard": d,
+        "from the fault to a peer's error": e,
+        "from it to the discard": d - e,
         "from the discard to the next quorum": q - d,
-        "from it to the commit": r - q,
+        "from it to the work started": w0 - q,
+        "from it to the work done": w1 - w0,
+        "from it to the commit": r - w1,
     }
 
 

@@ -734,6 +734,10 @@ SHARD_MISTAKES = [  # each with what its verdict must say: where, which rows, wh
         "rank r takes the rows of the ft rung's rank r - 1, so rank 0's slice is empty and rows 6-9, the last "
         "rank's share, go to no rank",
     ),
+    (  # x.shape[1] for the row count: a fixed 8 rows, named as such through the run too
+        wrong.shard_rows_from_the_features,
+        "at world 3, rows 8-9 were trained by no rank (of the global batch's 10): your shard splits a fixed 8 rows",
+    ),
     (  # right on 10, 11 and 12 rows; chunk gives fewer pieces than ranks where B rows do not fill them
         wrong.shard_chunked,
         "with a global batch of 4 rows (the run's have 10), at world 3, your shard raised IndexError for rank 2 of "
@@ -882,6 +886,13 @@ SHARD_HALF_NAMED = [  # once named by half their mistake: each verdict names wha
         "rows at every world and whatever the batch holds, those it gives at world 3 of a fixed 12 rows (4, 4, 4), as "
         "if `world` were always 3 and len(x) always 12, so at world 2 the rows of world 3's rank 2 go to no rank",
     ),
+    (  # x.shape[1], the features, for the row count: named as a fixed 8 rows, and 8 as the features' dimension
+        wrong.shard_rows_from_the_features,
+        [(0, 3), (1, 2)],
+        "at world 3, rows 8-9 were trained by no rank (of the global batch's 10): your shard splits a fixed 8 rows, "
+        "rows 0-7, whatever the batch holds, so rows 8-9 go to no rank at any world (8 is x.shape[1], the features "
+        "of each row; the rows are len(x) = x.shape[0] = 10)",
+    ),
 ]
 
 
@@ -889,7 +900,8 @@ SHARD_HALF_NAMED = [  # once named by half their mistake: each verdict names wha
 def test_the_shard_checker_names_pieces_cut_by_a_fixed_size_whole(fn, worlds, named):
     """The verdict of the run's committed steps (no ranks start here: the rows are the function's own, as in the
     run's world-3 and world-2 steps): slices of `world` rows are not attributed to a split the learner never called,
-    and slices of a constant 4 rows are told they ignore len(x) as well as `world`."""
+    slices of a constant 4 rows are told they ignore len(x) as well as `world`, and a split of x.shape[1] rows is told
+    it splits a fixed 8, the features' dimension."""
     problem = lost_rank.coverage_problem(fn, worlds, lost_rank.Lanes([], 2), 0.1, blind=False)
     assert problem.startswith(named), problem
 

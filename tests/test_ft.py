@@ -120,6 +120,25 @@ def test_the_launcher_records_when_it_found_each_lost_process_ended_and_its_wait
         assert 0 <= o.seen_s and o.exit_s - o.seen_s >= EXIT_WAIT_S - 1e-3, (o.fault, o.seen_s, o.exit_s)
 
 
+def test_each_faults_recovery_is_cut_in_order_by_the_committing_attempts_work(chaos):
+    """The moments notebook 07 cuts a recovery at, in the order the rung makes them: every attempt's work between
+    its member's reading of the quorum and its vote; after a kill or a raise, the next quorum before the committing
+    attempt's work starts (at its last member), and the work's end before the commit. (A peer's error and the
+    discard are not ordered: the lighthouse may discard first, on the raising slot's own no or once a slot that has
+    not voted is no longer live.)"""
+    from minddp.ft import fault_outcomes
+    from minddp.ft.report import retry_work_s
+
+    for _, _, e in chaos.entries:
+        if "t_worked" in e:
+            assert e["t0"] <= e["t_work"] <= e["t_worked"] <= e["t1"], e
+    outcomes = [o for o in fault_outcomes(chaos) if o.fault.kind in ("kill", "raise") and o.recovery_s is not None]
+    assert outcomes
+    for o in outcomes:
+        work, worked = retry_work_s(chaos, o)
+        assert 0 <= o.discard_s <= o.quorum_s <= work <= worked <= o.recovery_s, o
+
+
 def test_the_faults_leave_nothing_of_torchs_cxx_side_on_stderr(chaos_and_stderr):
     # Every connection the faults broke on purpose (killed and frozen ranks, the coordinator killed) used to print
     # torch's C++ warnings with their native stacks, from the ranks and the coordinator: ~100 lines a user cannot

@@ -858,6 +858,21 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
                 + ("len(x) rows, whatever it is, " if fixed is not None else "")
                 + "among the `world` ranks it is given"
             )
+        fixed = fixed_rows(fn) if missing else None
+        if fixed is not None and fixed < ROWS and set(range(fixed, ROWS)) <= set(missing):
+            beyond = list(range(fixed, ROWS))  # a fixed count below the batch's: the rows past it, at every world
+            x = batch[0]
+            features = (
+                f" ({fixed} is x.shape[1], the features of each row; the rows are len(x) = x.shape[0] = {len(x)})"
+                if x.dim() > 1 and fixed == x.shape[1]
+                else ""
+            )
+            return (
+                f"at world {world}, {rows_text(missing)} trained by no rank (of the global batch's {ROWS}): your "
+                f"shard splits a fixed {fixed} rows, {rows_named(list(range(fixed)))}, whatever the batch holds, so "
+                f"{rows_named(beyond)} go{'es' if len(beyond) == 1 else ''} to no rank at any world{features}, and "
+                f"{left}: split len(x) rows, whatever it is, among the `world` ranks it is given"
+            )
         if missing == [ROWS - 1] and not twice and last_end_short(fn, batch):
             return (
                 f"at world {world}, row {ROWS - 1} was trained by no rank (of the global batch's {ROWS}): it is the "

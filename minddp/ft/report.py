@@ -100,6 +100,40 @@ def fault_outcomes(run) -> list[FaultOutcome]:
     return out
 
 
+def peer_error_s(run, o: FaultOutcome) -> float | None:
+    """Seconds from fault ``o`` to the first error a member other than its slot caught at its step (``None``: none).
+
+    >>> from types import SimpleNamespace
+    >>> o = SimpleNamespace(fault=SimpleNamespace(step=4, slot=1), fired=10.0)
+    >>> run = SimpleNamespace(entries=[(1, 0, {"step": 4, "t_error": 10.25}), (0, 0, {"step": 4, "t_error": 10.5}),
+    ...                                (2, 0, {"step": 4, "t_error": 10.75}), (0, 0, {"step": 4})])
+    >>> peer_error_s(run, o)
+    0.5
+    """
+    step, slot = o.fault.step, o.fault.slot
+    caught = [e["t_error"] for s, _, e in run.entries if e["step"] == step and "t_error" in e and s != slot]
+    return min(caught) - o.fired if caught else None
+
+
+def retry_work_s(run, o: FaultOutcome) -> tuple[float, float] | None:
+    """Seconds from fault ``o`` to the start and to the end of the work (forward, backward, all_reduce) of the attempt
+    that committed its step, each at the last of that attempt's members (the group built, any heal and the digest
+    before the start; the vote after the end); ``None``: no commit, or entries without these times.
+
+    >>> from types import SimpleNamespace
+    >>> o = SimpleNamespace(committed_step=4, fired=10.0)
+    >>> run = SimpleNamespace(entries=[(0, 0, {"step": 4, "committed": False, "t_work": 10.0}),
+    ...     (0, 0, {"step": 4, "committed": True, "t_work": 10.25, "t_worked": 10.5}),
+    ...     (2, 0, {"step": 4, "committed": True, "t_work": 10.5, "t_worked": 10.75})])
+    >>> retry_work_s(run, o)
+    (0.5, 0.75)
+    """
+    done = [e for _, _, e in run.entries if e["step"] == o.committed_step and e["committed"] and "t_worked" in e]
+    if o.committed_step is None or not done:
+        return None
+    return max(e["t_work"] for e in done) - o.fired, max(e["t_worked"] for e in done) - o.fired
+
+
 def exits(run, after: float) -> list[tuple[int, float]]:
     """``(slot, s)`` of each process exit the launcher recorded at ``after`` or later, ``s`` seconds after it, in order.
 

@@ -116,7 +116,9 @@ class FaultTolerantTrainer:
                 if quorum.tag != self.group_tag:
                     entry["healed"] = self.rebuild_group(quorum)  # 2. the new world, 3. heal
                 entry["before"] = self.state_digest()
+                entry["t_work"] = time.time()  # the group built, any heal and the digest done
                 value = work(quorum, entry)  # 4. the step
+                entry["t_worked"] = time.time()  # (before the vote)
                 ok = True
             except Exception as exc:  # noqa: BLE001 - any failure of this attempt: vote no, try again
                 entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
