@@ -37,11 +37,10 @@
 # The task is the one `python -m minddp.bench.convergence` measures: language modelling of a Markov
 # chain over 32 tokens (`minddp.bench.convergence.MarkovTask`). Its **entropy floor** (the lowest loss any
 # model can reach: the uncertainty the chain itself leaves in the next token) is known exactly, and
-# so is any model's **held-out loss**: the model's cross-entropy over all 1024 contexts (the last two
-# tokens), each weighted by how often the chain is in it, computed in closed form. Here nothing is held
-# out: no evaluation set is sampled, and the name (kept from the other notebooks, where it is the loss on
-# a held-out split) means the model's *expected* loss over the chain, with no evaluation noise. Two
-# ranks, one replica each.
+# so is any model's **expected loss**: the model's cross-entropy over all 1024 contexts (the last two
+# tokens), each weighted by how often the chain is in it, computed in closed form. No evaluation set
+# is sampled, so it has no evaluation noise (the bench's own files, `docs/diloco.md`, call it the
+# held-out loss; nothing is held out). Two ranks, one replica each.
 
 # %%
 # %load_ext minddp.notebook
@@ -132,14 +131,14 @@ lesson.claim(
 # (it points the way a gradient does: against the step the replica took), and gives it to a real
 # optimizer, the outer one: SGD with lr 0.7 and Nesterov momentum 0.9 by default. `diloco.py`'s own
 # list of what it does (items 1 to 3; items 4 to 6 are streaming DiLoCo's, printed in its section),
-# then the change from `local_sgd.py` (`-` its lines, `+` the lines of diloco.py's `_send` and `_apply`
-# that replace them, their comments numbered by the list). Here the whole model is one fragment and
-# `_apply` runs right after `_send`, in the same post-hook; streaming DiLoCo needs the two apart. The
-# idea is in five `+` lines: `pseudo = …` (synced − local), `param.copy_(weights)`, `param.grad = …`,
-# `self._outer_step(fragment)` and `weights.copy_(param)`; the other `+` lines loop, or hand the
-# pseudo-gradient to the comm hook as a bucket and keep its Future until `_apply` waits for it (streaming DiLoCo's
-# plumbing). In the `-` lines `mean` is local SGD's averaged weights; in the `+` lines `grad` is
-# DiLoCo's averaged pseudo-gradient:
+# then the change from `local_sgd.py` for plain DiLoCo (`-` its lines, `+` diloco.py's that replace
+# them, their comments numbered by the list). At `...` the comm hook averages the pseudo-gradient over
+# the replicas as it averaged the weights; the lines that hand it over and wait for the result are
+# `_send`'s and `_apply`'s, two methods because streaming DiLoCo waits later. The `+` lines are the
+# idea: `pseudo` = synced − local; the synced weights put back; the averaged pseudo-gradient as their
+# `.grad`; the outer step; its result kept as the new synced weights. In the `-` lines `average` and
+# `mean` are local SGD's averaged weights; in the `+` lines `mean_pseudo` is the averaged
+# pseudo-gradient and `grad` one parameter's part of it:
 
 # %%
 import inspect
@@ -148,14 +147,14 @@ from minddp.diloco import diloco
 
 doc = inspect.getdoc(diloco)
 print(doc[doc.index("1. **synced") : doc.index("With outer SGD")].rstrip())
-print(doc.split("post-hook, the H-th step's)::")[1].split("Example")[0].rstrip())
+print(doc.split("``_apply``)::")[1].split("Example")[0].rstrip())
 
 # %% [markdown]
 # With outer SGD(lr 1, no momentum) DiLoCo *is* local SGD (`tests/test_diloco.py` checks both against
 # torch's `PeriodicModelAverager`); an outer learning rate and momentum of its own are what it adds.
 # One run of each on the two ranks, DDP beside them, from the same start on the same chains (300
 # steps, H = 10). `train_config` is the bench's run: AdamW with its learning rate 3·10⁻³ going down a
-# half cosine to a tenth of it (the loop above kept it fixed), and the held-out loss scored on the
+# half cosine to a tenth of it (the loop above kept it fixed), and the expected loss scored on the
 # weights the replicas *agree on*: DDP's, local SGD's last average (rank 0's own weights before the
 # first), DiLoCo's synced weights (between syncs each replica's own differ):
 
@@ -167,11 +166,11 @@ runs = {name: train_config(name, task, seed=0, steps=300, batch=32, lr=3e-3, eva
         ("ddp", "local-sgd-h10", "diloco-h10")}  # fmt: skip
 for name, run in runs.items():
     lesson.say(
-        f"{name:>14}: held-out loss {run['loss'][-1]:.4f} after 300 steps, {run['bytes'][-1] / 1e6:.2f} MB payload "
+        f"{name:>14}: expected loss {run['loss'][-1]:.4f} after 300 steps, {run['bytes'][-1] / 1e6:.2f} MB payload "
         f"sent by each replica"
     )
 ranked = sorted(runs, key=lambda name: runs[name]["loss"][-1])
-lesson.say(f"lowest held-out loss first, after 300 steps: {', '.join(ranked)}")
+lesson.say(f"lowest expected loss first, after 300 steps: {', '.join(ranked)}")
 lesson.claim(
     runs["ddp"]["bytes"][-1] == 10 * runs["diloco-h10"]["bytes"][-1] == 10 * runs["local-sgd-h10"]["bytes"][-1],
     "with H = 10 both rungs send exactly 10 times fewer bytes than DDP",
@@ -192,7 +191,7 @@ lesson.claim(
 # (streaming DiLoCo, the rung after the first exercise: the model in 2 fragments synced in turn, each
 # sent τ = 5 steps before it is applied, with α = 0.5: streaming DiLoCo's mixing weight, defined in its
 # section, not notebook 01's α). They are trained and scored by `train_config`, as the run above was
-# (the held-out loss of the weights the replicas agree on: for streaming DiLoCo too the synced weights,
+# (the expected loss of the weights the replicas agree on: for streaming DiLoCo too the synced weights,
 # not the weights mixed by α that the replicas go on training from), but over 2000 steps, and the
 # cosine spans a run's whole length (the bench's 2000 steps, the run above's 300), so the bench's
 # losses at step 300 are not the run above's.
@@ -249,7 +248,7 @@ ax.axhline(floor, color="red", linestyle=":", linewidth=0.8, label="entropy floo
 ax.set(
     xscale="log",
     xlabel="payload bytes each replica handed to the all_reduce (log)",
-    ylabel="held-out loss (nats)",
+    ylabel="expected loss (nats)",
     ylim=(floor - 0.02, TOP),
 )
 ax.set_title(
@@ -263,7 +262,7 @@ shown = ("ddp", "single", *(f"{r}-h{h}" for h in (10, 50, 100) for r in ("local-
          "streaming-h100")  # fmt: skip
 for name in shown:
     low, high = spread[name]
-    print(f"{name:>17}: final held-out loss {statistics.mean(final(name)):.4f} (seeds: {low:.4f} to {high:.4f})")
+    print(f"{name:>17}: final expected loss {statistics.mean(final(name)):.4f} (seeds: {low:.4f} to {high:.4f})")
 steps = curves["ddp"][0]["step"]  # the scores' steps, the same in every run
 below = [s for s, d, lo in zip(steps, mean_of("diloco-h10", "loss"), mean_of("local-sgd-h10", "loss")) if s and d < lo]
 lesson.claim(
@@ -379,7 +378,7 @@ lesson.claim(
 early = [steps.index(s) for s in (0, 100, 200, 300)]  # the start and the scores after the first 3 syncs at H = 100
 h100_early = {n: [mean_of(n, "loss")[i] for i in early] for n in ("local-sgd-h100", "diloco-h100-lr1", "diloco-h100")}
 print(
-    "at H = 100, the mean held-out loss at steps 0, 100, 200 and 300 (the start, then after each of the first 3 "
+    "at H = 100, the mean expected loss at steps 0, 100, 200 and 300 (the start, then after each of the first 3 "
     "syncs): " + "; ".join(f"{n} " + ", ".join(f"{x:.3f}" for x in v) for n, v in h100_early.items())
 )
 rises = {n: [b > a for a, b in zip(v, v[1:])] for n, v in h100_early.items()}
@@ -561,7 +560,7 @@ if rank == 0:
         if line.get_label() == "handed to the wire":
             line.set(markersize=16, markeredgewidth=2)  # a tick tall enough to find
         if line.get_label() == "step ends":
-            line.remove()  # the row's end: the x axis's end already
+            line.remove()  # the row's end: the optimizer step's end shows it
     ax.plot(applied, [-0.44] * len(applied), "v", color="black", markersize=6, label="fragment applied")
     for t in view["row"]["sent"]:
         ax.text(t - 1, 0.3, f"step {step_at(t)}", ha="right", va="center", fontsize=7)
@@ -569,6 +568,7 @@ if rank == 0:
         ax.text(t - 2, -0.44, f"step {step_at(t)}", ha="right", va="center", fontsize=7)
     waits = [(s, e - s) for s, e in view["row"]["waits"]]  # inside an optimizer step: drawn again, over its green
     ax.broken_barh(waits, (-0.40, 0.40), facecolors=COLORS["wait"], zorder=3)
+    ax.set_xlim(right=1.04 * ax.get_xlim()[1])  # room after the last step's marks
     ax.set_xlabel(f"ms since step {WARM + 1}'s forward started", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     named = {"message on the wire": "message on the link (modeled)", "handed to the wire": "handed to the link"}
@@ -721,10 +721,10 @@ for name, row in table.items():
 first = next(name for name in links if table[name]["ddp"]["utilisation"] < 0.05)
 spec = PRESETS[first]
 lesson.claim(
-    table[first]["streaming"]["utilisation"] > 0.9,
+    table[first]["streaming"]["utilisation"] == 1.0,
     f"'{first}' ({spec.bandwidth * 8 / 1e9:g} Gbit/s, {spec.latency * 1e3:g} ms per hop: {spec.about}) is the widest "
     f"of these links where DDP computes less than 5 % of the time ({pct(table[first]['ddp']['utilisation'])}), "
-    f"and streaming DiLoCo still more than 90 % ({pct(table[first]['streaming']['utilisation'])})",
+    f"and streaming DiLoCo all of it ({pct(table[first]['streaming']['utilisation'])})",
 )
 buckets = synthesize(cp, "ddp", 25.0, 2).messages  # the messages ddp_step replays: one per bucket (cap 25 MiB)
 size, start = buckets[0].nbytes, min(m.at for m in buckets)

@@ -486,7 +486,8 @@ def test_each_slow_link_rung_shows_its_mechanism_in_its_own_code():
     assert issubclass(cls, local_sgd.LocalSGD)
     assert {"cat", "GradBucket", "send"} <= calls_in(cls._send) and "wait" not in calls_in(cls._send)
     assert "(s - p.detach())" in inspect.getsource(cls._send)  # the sign: synced minus local
-    assert {"wait", "copy_", "_outer_step", "lerp_"} <= calls_in(cls._apply)
+    assert {"wait", "_outer_sync", "lerp_"} <= calls_in(cls._apply)
+    assert {"copy_", "_outer_step"} <= calls_in(cls._outer_sync) and "wait" not in calls_in(cls._outer_sync)
     assert "step" in calls_in(cls._outer_step)
 
 

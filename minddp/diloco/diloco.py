@@ -34,21 +34,19 @@ differences: one outer optimizer may serve every fragment (only the fragment who
 ``.grad`` during its step, so the others keep their weights and state; torchft's DiLoCo would step
 them too with the inner gradients they still hold, so its users give one outer optimizer per fragment,
 which this class takes as well), and the synced weights stay on the parameters' device (torchft keeps
-them in host memory). The change (written for streaming; without it the model is one fragment, ``fragment`` is 0,
-and the Future kept in ``in_flight`` is waited for in the same post-hook, the H-th step's)::
+them in host memory). The change, for plain DiLoCo (the whole model one fragment; how the pseudo-gradient
+reaches the comm hook and its average comes back, kept apart for streaming, is in ``_send`` and ``_apply``)::
 
     -        bucket = GradBucket(0, torch.cat([p.detach().reshape(-1) for p in params]), params, is_last=True)
     +        pseudo = torch.cat([(s - p.detach()).reshape(-1) for p, s in zip(params, synced)])  # item 2
-    +        bucket = GradBucket(fragment, pseudo, params, is_last=fragment == len(self.fragments) - 1)
-    +        self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # item 2; item 3 waits for it
     -        average = send(self.comm_hook, self.comm_state, bucket).wait()
-    +        average, self.in_flight = self.in_flight[1].wait(), None  # item 3: the Future _send kept
+             ...  # the comm hook averages pseudo over the replicas: mean_pseudo
     -        for param, mean in zip(params, average.split([p.numel() for p in params])):
-    +        for param, weights, grad in zip(params, synced, average.split([p.numel() for p in params])):
     -            param.copy_(mean.view_as(param))
-    +            param.copy_(weights)  # item 3: weights, the synced ones
-    +            param.grad = grad.view_as(param)  # item 3: the averaged pseudo-gradient, the Future's result
-    +        self._outer_step(fragment)  # item 3: the outer optimizer steps
+    +        for param, weights, grad in zip(params, synced, mean_pseudo.split([p.numel() for p in params])):
+    +            param.copy_(weights)  # item 3: the synced weights put back
+    +            param.grad = grad.view_as(param)  # item 3: the averaged pseudo-gradient, their gradient
+    +        self._outer_step(params)  # item 3: the outer optimizer steps
     +        for param, weights in zip(params, synced):
     +            weights.copy_(param)  # item 3: the new synced weights
 
@@ -140,32 +138,37 @@ class DiLoCo(LocalSGD):
         self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # item 2; item 3 waits for it
 
     def _apply(self, fragment: int) -> None:
-        """Steps 3, 5, 6: wait for the average, restore the synced weights, outer step, mix with α."""
-        sent = self.in_flight[0]
+        """Steps 3, 5, 6: wait for the Future _send kept, the outer sync, mix with α."""
+        sent, future = self.in_flight
         assert sent == fragment, f"fragment {sent} in flight at fragment {fragment}'s turn: the schedule is broken"
-        average, self.in_flight = self.in_flight[1].wait(), None  # item 3: the Future _send kept
+        mean_pseudo, self.in_flight = future.wait(), None  # the averaged pseudo-gradient
         params, synced = self.fragments[fragment], self.synced[fragment]
         local = [p.detach().clone() for p in params] if self.alpha else []
-        for param, weights, grad in zip(params, synced, average.split([p.numel() for p in params])):
-            param.copy_(weights)  # item 3: weights, the synced ones
-            param.grad = grad.view_as(param)  # item 3: the averaged pseudo-gradient, the Future's result
-        self._outer_step(fragment)  # item 3: the outer optimizer steps
-        for param, weights in zip(params, synced):
-            weights.copy_(param)  # item 3: the new synced weights
+        self._outer_sync(params, synced, mean_pseudo)  # item 3 (item 5: this fragment's alone)
         for param, mine in zip(params, local):  # item 6 (α = 0: the synced weights as they are)
             param.lerp_(mine, self.alpha)
         self.syncs += 1
 
-    def _outer_step(self, fragment: int) -> None:
-        """The outer optimizer steps this fragment only: every other parameter's ``.grad`` is hidden meanwhile."""
-        others = [p for i, params in enumerate(self.fragments) if i != fragment for p in params]
+    def _outer_sync(self, params: list[nn.Parameter], synced: list[torch.Tensor], mean_pseudo: torch.Tensor) -> None:
+        """Step 3, DiLoCo's idea: the synced weights back, the averaged pseudo-gradient as ``.grad``, outer step."""
+        for param, weights, grad in zip(params, synced, mean_pseudo.split([p.numel() for p in params])):
+            param.copy_(weights)  # item 3: the synced weights put back
+            param.grad = grad.view_as(param)  # item 3: the averaged pseudo-gradient, their gradient
+        self._outer_step(params)  # item 3: the outer optimizer steps
+        for param, weights in zip(params, synced):
+            weights.copy_(param)  # item 3: the new synced weights
+
+    def _outer_step(self, params: list[nn.Parameter]) -> None:
+        """The outer optimizer steps ``params`` (one fragment) alone: every other ``.grad`` is hidden meanwhile."""
+        fragment = next(i for i, f in enumerate(self.fragments) if f is params)
+        others = [p for i, f in enumerate(self.fragments) if i != fragment for p in f]
         hidden = [p.grad for p in others]
         for p in others:
             p.grad = None
         self.outer[fragment].step()
         for p, grad in zip(others, hidden):
             p.grad = grad
-        for p in self.fragments[fragment]:
+        for p in params:
             p.grad = None  # the inner loop's next backward starts from nothing, as after zero_grad()
 
     def close(self) -> None:
