@@ -20,16 +20,16 @@
 # node adds its gradient into the parameter's `.grad`. `ddp` (minddp's `DistributedDataParallel`)
 # has its *reducer* (the part of `ddp` that fills the buckets) hook in there: the hook marks the
 # gradient ready and, once a bucket's last gradient is, copies the bucket's gradients into one buffer
-# and hands it over, in bucket order: a bucket whose last gradient is there waits until every earlier
-# bucket has been handed over (`_bucket_filled` in `minddp/ddp/reducer.py`). Every other node is a
-# *gradient node*: it computes gradients (the model's nodes, and the loss's).
+# and calls `all_reduce` on it, in bucket order: a bucket whose last gradient is there waits until
+# `all_reduce` has been called on every earlier bucket (`_bucket_filled` in `minddp/ddp/reducer.py`).
+# Every other node is a *gradient node*: it computes gradients (the model's nodes, and the loss's).
 #
-# Words, kept apart. A bucket is *handed over* when the reducer calls `all_reduce` on it, once its
-# last gradient is there and every earlier bucket has been handed over (the tick in the figure); it goes to *gloo*, the backend of the process group
-# that carries the ranks' messages on CPU. A bucket's *message* is its `all_reduce`. It is *in flight* from the
-# start of gloo's `all_reduce` range to its end (the orange bar), not from the tick. On CPU ranks that range
-# can also hold time gloo waits for the other rank to join or for a free core: a bar's length is not
-# the time the bytes took to travel.
+# Words, kept apart. A bucket is *handed over* when the reducer calls `all_reduce` on it, once its last
+# gradient is there and every earlier bucket has been handed over (the tick in the figure); it goes to
+# *gloo*, the backend of the process group that carries the ranks' messages on CPU. A bucket's *message* is
+# its `all_reduce`. It is *in flight* from the start of gloo's `all_reduce` range to its end (the orange
+# bar), not from the tick. On CPU ranks that range can also hold time gloo waits for the other rank to join
+# or for a free core: a bar's length is not the time the bytes took to travel.
 #
 # nanoGPT (a small GPT training script) compiles the model, then wraps it:
 # `model = torch.compile(model)`, then `DDP(model)`.
@@ -42,21 +42,22 @@
 # while the model's gradients are computed.
 #
 # torch's answer to this is in Dynamo: while torch's DDP runs its module, Dynamo's `DDPOptimizer`
-# (`torch/_dynamo/backends/distributed.py`) **cuts the compiled graph into pieces** by the bucket cap,
-# counted from the end of the forward, and compiles each piece apart: each piece records a gradient node
-# of its own. The backward pass then runs piece after piece (in this notebook pieces are numbered in
-# that order: piece 0 is the forward's last layers, which the backward pass runs first); a *piece's
-# backward* is the run of its gradient node. A bucket whose last gradient a piece
-# produces can then be handed over before the next piece's backward begins, so that its message can be
-# in flight while that backward runs (this notebook counts how many were). minddp's `ddp`, given a
-# `bucket_cap_mb`, has Dynamo cut every piece, the first included, at that cap: here each piece but the
-# last closes once its parameters reach 2 MiB; the last holds what is left. So a bucket can lie
-# within one piece (the claims under *The pieces and the buckets* check where this step's buckets lie).
+# (`torch/_dynamo/backends/distributed.py`) **cuts the compiled graph into pieces** by the bucket cap (under
+# torch's DDP, the first piece by a cap of its own: *The pieces and the buckets*), counted from the end of
+# the forward, and compiles each piece apart: each piece records a gradient node of its own (without the
+# cut, the whole graph is one piece, with one gradient node). The backward pass then runs piece after piece
+# (in this notebook pieces are numbered in that order: piece 0 is the forward's last layers, which the
+# backward pass runs first); a *piece's backward* is the run of its gradient node. A bucket whose last
+# gradient a piece produces can then be handed over before the next piece's backward begins, so that its
+# message can be in flight while that backward runs (this notebook counts how many were). minddp's `ddp`,
+# given a `bucket_cap_mb`, has Dynamo cut every piece, the first included, at that cap: here each piece but
+# the last closes once its parameters reach 2 MiB; the last holds what is left. So a bucket can lie within
+# one piece (the claims under *The pieces and the buckets* check where this step's buckets lie).
 #
 # This notebook shows one step of `ddp` in each of three runs, one row each: eager (not compiled),
 # compiled without the cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and
 # compiled with it; then the pieces and the buckets, and an exercise on them; then the other pattern,
-# `torch.compile(wrapper)`; then buckets of 0.5 MiB. The model is a small MLP of our own class (eight
+# `torch.compile(wrapper)`; then a bucket cap of 0.5 MiB. The model is a small MLP of our own class (eight
 # 1 MiB layers without biases): its layers make the pieces easy to name. The backend is `aot_eager`: it
 # runs the graph with the operations an uncompiled model calls (torch's *aten* operators), fused into
 # none, so all three trainings give the same bits.
@@ -114,7 +115,7 @@ def one_step(compiled: bool, cut: bool = True):
     ddp = DistributedDataParallel(torch.compile(model, backend=BACKEND) if compiled else model, bucket_cap_mb=CAP)
     optimizer, data = torch.optim.SGD(model.parameters(), lr=0.01), batches()
     train_step(ddp, optimizer, next(data), loss_fn)  # the first step compiles
-    train_step(ddp, optimizer, next(data), loss_fn)  # the second runs on the plan rebuilt from the first's order
+    train_step(ddp, optimizer, next(data), loss_fn)  # the second runs on the plan rebuilt after the first
     with live.profiler() as prof:
         train_step(ddp, optimizer, next(data), loss_fn)
     torch._dynamo.config.optimize_ddp = True
@@ -140,33 +141,34 @@ lesson.say(
 # %% [markdown]
 # ## One step of each run, each row from its forward's start
 #
+# What to look for: without the cut every tick comes after the last blue; with it, here, a tick comes
+# after each piece's blue and before the next piece's (why: *The pieces and the buckets*), so orange can
+# lie under later blue. That order of events is what the cut changes, and what the claims count.
+#
 # Each row is the profiled step of one run (its third training step, after two that are not
 # profiled), rank 0, from the start of its forward to the black line where its optimizer step ends:
 # the forward (pale, the loss's included), the gradient nodes (blue, the loss's included), the
 # `AccumulateGrad` nodes (grey), a tick when a bucket was handed over (the row's label says how many
 # buckets), an orange bar for each message in flight, and the optimizer step (green).
 #
-# Read the figure for the order of its events: that is what the cut changes, and what the claims count.
-# Without the cut every tick comes after the last blue; with it, here, a tick comes after each piece's
-# blue and before the next piece's (why: *The pieces and the buckets*), so orange can lie under later
-# blue. In every row the blue begins with the loss's gradient nodes; after them, in the cut row, one
+# In every row the blue begins with the loss's gradient nodes; after them, in the cut row, one
 # gradient node per piece, piece 0 first (the pieces printed under *The pieces and the buckets*, whose
-# claims count them), and without the cut one for the whole graph. Count the pieces in those claims,
-# not in the blue: nodes that run one after the other draw as one stretch, a thin line between them at
+# claims count them), and without the cut one, the whole graph's (one piece). Count the pieces in those
+# claims, not in the blue: nodes that run one after the other draw as one stretch, a thin line between them at
 # most.
 #
-# Do not read the figure for lengths, not even to compare the rows: each row is a single step of two
-# ranks that share this machine's cores, and a bar (orange, grey or blue) can hold time its thread
-# waits for a core or for the other rank; this notebook does not measure what compiling or the cut
-# costs: a row that ends last, or whose orange bars are longest, does not show that its run's steps are
-# slower, nor the reverse. A tick is not the start of its bar: gloo begins the message after the tick, and the gap is not
-# what handing a bucket over costs. Ticks closer together than a pixel draw as one. Orange bars that
-# overlap are drawn over each other, so one can hide where another begins or ends: the figure does not
-# show how long each message was in flight, nor which ran beside a gradient node (the line printed after
-# it says which, for the two compiled runs). White is time in none of these; the white just before the optimizer step holds the
-# end of the backward pass, where the reducer waits for the last messages to end, then copies the
-# averages into `.grad` (`wait_and_write_back` in `minddp/ddp/reducer.py`), so it can outlast the
-# last orange bar.
+# Do not read the figure for lengths, not even to compare the rows: each row is a single step of two ranks
+# that share this machine's cores, and any bar can hold time its thread waits rather than computes (for a
+# core, say), an orange bar also time gloo waits for the other rank; this notebook does not measure what
+# compiling or the cut costs: a row that ends last, or whose orange bars are longest, does not show that its
+# run's steps are slower, nor the reverse. A tick is not the start of its bar: gloo begins the message after
+# the tick, and the gap is not what handing a bucket over costs. Ticks closer together than a pixel draw as
+# one. Orange bars that overlap are drawn over each other, so one can hide where another begins or ends: the
+# figure does not show how long each message was in flight, nor which ran beside a gradient node (the line
+# printed after it says which, for the two compiled runs). White is time in none of these; the white just
+# before the optimizer step holds the end of the backward pass, where the reducer waits for the last
+# messages to end, then copies the averages into `.grad` (`wait_and_write_back` in `minddp/ddp/reducer.py`),
+# so it can outlast the last orange bar.
 #
 # In the claims of the figure's cell, a node *ran after* the first bucket was handed over if its range
 # ends after that tick: it was still running then, or began after.
@@ -180,7 +182,9 @@ lesson.say(
 # next piece's backward begins, or is in flight only in grey, is not. A message is counted by its own
 # range, not by its tick: a tick with blue after it does not make its message counted, for the message
 # can begin after that blue ends. Which are counted, and how many, the timing of this execution decides;
-# what the line shows of the cut is its count beside none without it.
+# what the line shows of the cut is its count beside none without it. The line counts no eager
+# messages: eager's, read from the figure, are decided by the timing too, and this notebook does not
+# compare a row's count with another's.
 #
 # This notebook runs no GPU: what the cut does to a GPU step is not shown here.
 
@@ -227,18 +231,17 @@ lesson.say(
 # %% [markdown]
 # ## The pieces and the buckets
 #
-# The pieces are visible to autograd: each records one gradient node, `CompiledFunctionBackward`, and
-# the parameters whose gradients it produces hang off it (their `AccumulateGrad` nodes). Walking
-# autograd's nodes of one forward back from its output lists the pieces in the order the backward pass
-# runs them, each with its parameters in the forward's order (the order of the piece's inputs, which
-# need not be the order their gradients arrive in); the cell walks one more forward of the third run's
-# `ddp` (compiled with the cut, the last of the loop above). Beside them, the buckets of the figure's
-# third row (compiled with the cut): `ddp`'s `bucket_plan`, rebuilt after the first step from the order
-# the gradients arrived in, each bucket listing its parameters in that order (a first step's plan lists
-# them otherwise: *Buckets of 0.5 MiB*). In this step a piece and its bucket print the same names in the
-# same order; eager's buckets, printed after the claims, list theirs in an order that is not the forward's. A compiled piece produces all its gradients at its end, so within a
-# piece they need not arrive last layer first. A bucket closes at the first gradient that takes it to
-# the cap or past it. The claims below check where the buckets lie.
+# The pieces are visible to autograd: each records one gradient node, `CompiledFunctionBackward`, and the
+# parameters whose gradients it produces hang off it (their `AccumulateGrad` nodes). Walking autograd's
+# nodes of one forward back from its output lists the pieces in the order the backward pass runs them, each
+# with its parameters in the forward's order (the order of the piece's inputs); the cell walks one more
+# forward of the third run's `ddp` (compiled with the cut, the last of the loop above). Beside them, the
+# buckets of the figure's third row (compiled with the cut): `ddp`'s `bucket_plan`, rebuilt after the first
+# step from the order the gradients arrived in, each bucket listing its parameters in that order (a first
+# step's plan lists them otherwise: *A bucket cap of 0.5 MiB*). In this step a piece and its bucket print
+# the same names in the same order; eager's buckets, printed after the claims, list theirs in an order that
+# is not the forward's. A bucket closes at the first gradient that takes it to the cap or past it. The
+# claims below check where the buckets lie.
 #
 # Under torch's DDP, Dynamo caps piece 0 not at the bucket cap but at
 # `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`, given
@@ -311,18 +314,18 @@ lesson.claim(
 # %% [markdown]
 # ### Your turn: after which piece is each bucket handed over?
 #
-# Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order the backward
-# pass runs them, each as its gradients' sizes in bytes in the order they arrive (the order a rebuilt
-# plan's buckets list them in, which need not be the forward's order in which the pieces above list
-# their names: eager's buckets above are not in it); `cap` is the bucket cap in bytes, every bucket's, the first included (as in minddp's
-# `ddp` given a `bucket_cap_mb`). Fill the buckets as `ddp` does after a rebuild (a bucket closes at the
-# first gradient that takes it to the cap or past it; the gradients left at the end make one last
-# bucket). Walked in arrival order, the buckets fill in bucket order, so each is handed over once its
-# last gradient is there: return, for each bucket, the index of the piece after whose backward it is
-# handed over. `check_handover` calls it on its cases, without ranks, and names the usual mistakes made
-# alone, and some made two together; for any other wrong answer it shows a case where yours differs. As
-# it stands `my_handed_over_after` raises `NotImplementedError`; the checker catches it and says so. On
-# this notebook's step, `pieces` is four pieces of two 1 MiB gradients and `cap` is 2 MiB: the answer is `[0, 1, 2, 3]`; that case is among the checker's.
+# Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order the backward pass
+# runs them, each as its gradients' sizes in bytes in the order they arrive (the order a rebuilt plan's
+# buckets list them in); `cap` is the bucket cap in bytes, every bucket's, the first included (as in
+# minddp's `ddp` given a `bucket_cap_mb`). Fill the buckets as `ddp` does after a rebuild (a bucket closes
+# at the first gradient that takes it to the cap or past it; the gradients left at the end make one last
+# bucket). Walked in arrival order, the buckets fill in bucket order, so each is handed over once its last
+# gradient is there: return, for each bucket, the index of the piece after whose backward it is handed over.
+# `check_handover` calls it on its cases, without ranks, and names the usual mistakes made alone, and some
+# made two together; for any other wrong answer it shows a case where yours differs. As it stands
+# `my_handed_over_after` raises `NotImplementedError`; the checker catches it and says so. On this
+# notebook's step, `pieces` is four pieces of two 1 MiB gradients and `cap` is 2 MiB: the answer is `[0, 1,
+# 2, 3]`; that case is among the checker's.
 
 # %%
 from minddp.exercises import check_handover
@@ -350,20 +353,19 @@ print(check_handover(solutions.handed_over_after))
 # ## `torch.compile(wrapper)`: graph breaks
 #
 # The other pattern, `torch.compile(wrapper)`, hands the wrapper to `torch.compile`:
-# `torch.compile(DDP(model))`. Dynamo then meets the wrapper's own Python first.
-# A graph break is a place inside a graph Dynamo has begun where it stops
-# the graph, runs Python, and starts a new one; this notebook counts the breaks and does not measure
-# what they cost. Under `torch.compile(ddp)`, Dynamo compiles only `ddp`'s module and runs the rest of
-# `ddp`'s `forward` as Python: it begins no graph in the wrapper's own code, so there is none to break
-# there (how: `eager_under_compile` in `minddp/runtime/compiling.py`). A count of 0 alone does not show
-# that the module was compiled (a wrapper Dynamo skipped whole would count 0 too), and this cell does
-# not show it;
-# *Buckets of 0.5 MiB* prints the compiled pieces of `torch.compile(ddp)` at another cap. Each count
-# compiles an MLP of two 1 MiB layers, alone or in a wrapper, for one training step, and Dynamo
-# counts the breaks; the printed `bucket_cap_mb` is the wrappers' (the MLP alone has no buckets). Dynamo's cut into pieces is no graph break: it cuts the graph Dynamo has
-# captured, and Dynamo does not count it as one (*Buckets of 0.5 MiB* prints, for minddp's `ddp`,
-# graphs cut into pieces with no graph break). Where torch's DDP's breaks fall, and why, this
-# notebook does not show.
+# `torch.compile(DDP(model))`. Dynamo then meets the wrapper's own Python first. A graph break is a place
+# inside a graph Dynamo has begun where it stops the graph, runs Python, and starts a new one; this notebook
+# counts the breaks and does not measure what they cost. Under `torch.compile(ddp)`, Dynamo compiles only
+# `ddp`'s module and runs the rest of `ddp`'s `forward` as Python: it begins no graph in the wrapper's own
+# code, so there is none to break there (how: `eager_under_compile` in `minddp/runtime/compiling.py`). A
+# count of 0 alone does not show that the module was compiled (a wrapper Dynamo skipped whole would count 0
+# too), and this cell does not show it; *A bucket cap of 0.5 MiB* prints the compiled pieces of
+# `torch.compile(ddp)` at another cap. Each count compiles an MLP of two 1 MiB layers, alone or in a
+# wrapper, for one training step, and Dynamo counts the breaks; the printed `bucket_cap_mb` is the wrappers'
+# (the MLP alone has no buckets). Dynamo's cut into pieces is no graph break: it cuts the graph Dynamo has
+# captured, and Dynamo does not count it as one (*A bucket cap of 0.5 MiB* prints, for minddp's `ddp`,
+# graphs cut into pieces with no graph break). Where torch's DDP's breaks fall, and why, this notebook does
+# not show.
 
 
 # %%
@@ -372,7 +374,7 @@ def breaks(wrap) -> int:
     """Dynamo's count of graph breaks in one training step of ``torch.compile(wrap(MLP(depth=2)))``."""
     torch._dynamo.reset()
     counters.clear()
-    model = MLP(depth=2)  # two layers compile sooner than eight
+    model = MLP(depth=2)
     compiled = torch.compile(wrap(model), backend=BACKEND)
     train_step(compiled, torch.optim.SGD(model.parameters(), lr=0.01), next(batches()), loss_fn)
     return sum(counters["graph_break"].values())
@@ -392,11 +394,11 @@ lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to
 lesson.claim(counts[THEIRS] > counts[ALONE], "torch.compile(torch's DDP(MLP)) adds graph breaks to the model's.")
 
 # %% [markdown]
-# ## Buckets of 0.5 MiB
+# ## A bucket cap of 0.5 MiB
 #
-# Each wrapper, with both patterns (the model compiled, then wrapped; `torch.compile(wrapper)`), at 0.5
-# MiB on an MLP of two 1 MiB layers, one training step each, the wrapper's first: its parameters compared
-# with eager `ddp`'s after the same step, the step's buckets, its graph breaks and the pieces its
+# Each wrapper, with both patterns (the model compiled, then wrapped; `torch.compile(wrapper)`), at a
+# bucket cap of 0.5 MiB on an MLP of two 1 MiB layers, one training step each, the wrapper's first: its
+# parameters compared with eager `ddp`'s after the same step, the step's buckets, its graph breaks and the pieces its
 # compiled graph is cut into; a refusal is printed with the torch file that raised it. A first step's
 # buckets follow torch's first-iteration plan (`plan_first_iteration_like_torch` in
 # `minddp/ddp/plan.py`): with `find_unused_parameters` off, as here, one bucket per dtype and device,
@@ -461,9 +463,9 @@ lesson.claim(
         and "(raised in torch/_dynamo/" in outcomes["torch's DDP", pattern]
         for pattern in patterns
     ),
-    f"With torch {torch.__version__}, at {SMALL:g} MiB torch's DDP does not compile, with either pattern: Dynamo's "
-    f"cap for the first piece, {torch_first:g} MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), is larger than the "
-    "bucket cap, and Dynamo asserts.",
+    f"With torch {torch.__version__}, at a bucket cap of {SMALL:g} MiB torch's DDP does not compile, with either "
+    f"pattern: Dynamo's cap for the first piece, {torch_first:g} MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), "
+    "is larger than the bucket cap, and Dynamo asserts.",
 )
 lesson.claim(
     all(
@@ -487,16 +489,16 @@ lesson.claim(
 #   none was (the first claim of the figure's cell); with it, how many and which were, on rank 0 in
 #   the profiled step (the timing decides), the line printed after the figure says. What the cut does
 #   to a step's length, on CPU or GPU, is not measured here.
-# * `torch.compile(wrapper)`: at 2 MiB buckets `torch.compile(ddp)` adds no graph break to the
-#   model's own, where torch's DDP adds breaks (where they fall and what they cost is not shown
-#   here); at 0.5 MiB its module is compiled and cut into pieces, with no graph break (*Buckets of
-#   0.5 MiB*).
-# * At 0.5 MiB buckets torch's DDP (the torch installed here) does not compile: Dynamo's cap for
-#   its first piece, 1 MiB, is above the bucket cap, and Dynamo asserts. minddp's `ddp`, which sets
+# * `torch.compile(wrapper)`: at a bucket cap of 2 MiB `torch.compile(ddp)` adds no graph break to
+#   the model's own, where torch's DDP adds breaks (where they fall and what they cost is not shown
+#   here); at a cap of 0.5 MiB its module is compiled and cut into pieces, with no graph break (*A
+#   bucket cap of 0.5 MiB*).
+# * At a bucket cap of 0.5 MiB torch's DDP (the torch installed here) does not compile: Dynamo's cap
+#   for its first piece, 1 MiB, is above the bucket cap, and Dynamo asserts. minddp's `ddp`, which sets
 #   Dynamo's first cap to the bucket cap, compiles there with both patterns, and its first step (its
 #   gradients in one bucket, a first step's plan) trains to eager's bits.
-# * The train command and the benchmark take `--compile` (`--compile-backend aot_eager` for quick
-#   runs). `docs/ddp.md` (*Compiled*) gives the details and the limits.
+# * The train command and the benchmark take `--compile` (and `--compile-backend`, `aot_eager` in
+#   this notebook). `docs/ddp.md` (*Compiled*) gives the details and the limits.
 
 # %%
 # %dist_shutdown

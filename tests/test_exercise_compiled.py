@@ -188,6 +188,15 @@ def cap_read_as_mib(pieces, cap):
     return out + [len(pieces) - 1] * (total > 0)
 
 
+def cap_read_as_mib_strictly_past(pieces, cap):
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total > cap * 2**20:  # two mistakes: the cap taken in MiB, and == cap keeps the bucket open
+            out, total = out + [i], 0
+    return out + [len(pieces) - 1] * (total > 0)
+
+
 def cap_never_checked(pieces, cap):
     out, total = [], 0
     for i, size in arrivals(pieces):
@@ -456,6 +465,8 @@ def never_past_noting_the_next_gradient(pieces, cap):
         (closed_at_piece_end_and_carried_over, "; and the bytes past the cap were carried into the next bucket"),
         (last_bucket_where_it_opened, "the last bucket was given the piece where it opened"),
         (cap_read_as_mib, "the cap was read as MiB"),
+        (cap_read_as_mib_strictly_past, "two mistakes: the cap was read as MiB"),
+        (cap_read_as_mib_strictly_past, "; and a bucket that reaches the cap exactly stays open (`> cap`)"),
         (cap_never_checked, "no bucket was ever closed"),
         (last_bucket_after_backward, "the last bucket, not full, was given `len(pieces)`"),
         (bytes_forgotten_at_piece_end, "the bytes of a bucket still open at a piece's end were dropped"),
@@ -466,6 +477,10 @@ def never_past_noting_the_next_gradient(pieces, cap):
         (in_flight_during_next_piece, "the piece during whose backward its message can be in flight"),
         (first_bucket_at_one_mib, "the first bucket was capped at 1 MiB"),
         (first_bucket_at_one_mib_whatever_the_cap, "the first bucket was capped at 1 MiB"),
+        # torch's DDP given a bucket_cap_mb caps its first bucket at it too: only its default first bucket is 1 MiB
+        (first_bucket_at_one_mib, "own first bucket only when no `bucket_cap_mb` is given"),
+        (first_bucket_at_one_mib, "as a `bucket_cap_mb` does in torch's DDP and in minddp's ddp"),
+        (first_bucket_at_one_mib_whatever_the_cap, "own first bucket only when no `bucket_cap_mb` is given"),
         (whole_piece_cut_by_bytes, "a gradient is never split"),
         (whole_piece_cut_by_bytes, "a bucket ended at each multiple of the cap in the bytes so far"),
         (cut_at_multiples_of_the_cap, "a bucket ended at each multiple of the cap in the bytes so far"),

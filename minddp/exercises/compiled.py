@@ -31,13 +31,14 @@ from minddp.exercises.checker import Verdict
 CASES = [
     ([[4, 4], [4, 4], [4, 4]], 8),  # every bucket reaches the cap exactly at a piece's end
     ([[1, 8, 1], [8]], 8),  # a bucket past the cap, one open across a piece's end
-    ([[3, 3, 3, 3, 3]], 6),  # compiled without the cut: one piece
+    ([[3, 3, 3, 3, 3]], 6),  # one piece: the graph compiled whole
     ([[5], [5], [2]], 8),  # a bucket over two pieces, and a last bucket not full
     ([[2, 2, 2], [2, 2, 2], [2, 2, 2]], 4),  # a piece that fills one bucket and opens the next
     ([[3, 1]], 3),  # a piece whose gradients, taken in the wrong order, fill its buckets otherwise
     ([[1, 4], [1], [2, 5]], 3),  # gradients past the cap, a piece that fills none: tells two mistakes from one
     ([[6], [3, 1], [2]], 8),  # a last bucket not full, opened in one piece and ended in a later one
-    ([[2**19, 2**19], [2**19]], 1),  # a cap of one byte: tells the cap read as MiB from a cap never checked
+    ([[2**19, 2**19], [2**19, 2**19, 2**19]], 1),  # a cap of one byte: tells the cap read as MiB (with > or >=)
+    # from a cap never checked
     ([[2**20, 2**20]] * 4, 2 * 2**20),  # notebook 09's step: 1 MiB gradients, a 2 MiB cap; tells a 1 MiB first bucket
     ([[2, 2, 3], [1], [4]], 4),  # a piece that fills a bucket past its middle: tells each piece once from cap at end
 ]
@@ -298,6 +299,11 @@ MISTAKES = {
         lambda pieces, cap: _walk(pieces, cap * 2**20),
         "the cap was read as MiB: `cap` is in bytes, as the gradients' sizes are",
     ),
+    "cap in MiB, strictly past": (
+        lambda pieces, cap: _walk(pieces, cap * 2**20, past=True),
+        "two mistakes: the cap was read as MiB: `cap` is in bytes, as the gradients' sizes are; and "
+        + WALKS["strictly past"][1],
+    ),
     "in flight next": (
         _in_flight_next,
         "each bucket was given the piece during whose backward its message can be in flight (the next one, the last "
@@ -311,15 +317,15 @@ MISTAKES = {
     ),
     "first bucket at 1 MiB": (
         _first_at_one_mib,
-        "the first bucket was capped at 1 MiB (torch's DDP's own first bucket, Dynamo's cap for the first piece "
-        "under torch's DDP): here `cap` caps every bucket, the first included, as in minddp's ddp given "
-        "a `bucket_cap_mb`",
+        "the first bucket was capped at 1 MiB (Dynamo's cap for the first piece under torch's DDP, and torch's DDP's "
+        "own first bucket only when no `bucket_cap_mb` is given): here `cap` caps every bucket, the first included, "
+        "as a `bucket_cap_mb` does in torch's DDP and in minddp's ddp",
     ),
     "first bucket at 1 MiB, whatever the cap": (
         lambda pieces, cap: _first_at_one_mib(pieces, cap, whatever_the_cap=True),
-        "the first bucket was capped at 1 MiB (torch's DDP's own first bucket, Dynamo's cap for the first piece "
-        "under torch's DDP), even where `cap` is smaller: here `cap` caps every bucket, the first included, as in "
-        "minddp's ddp given a `bucket_cap_mb`",
+        "the first bucket was capped at 1 MiB (Dynamo's cap for the first piece under torch's DDP, and torch's DDP's "
+        "own first bucket only when no `bucket_cap_mb` is given), even where `cap` is smaller: here `cap` caps every "
+        "bucket, the first included, as a `bucket_cap_mb` does in torch's DDP and in minddp's ddp",
     ),
     "a bucket per gradient": (
         lambda pieces, cap: _walk(pieces, cap / 2**20),
