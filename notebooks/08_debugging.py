@@ -26,7 +26,7 @@
 #    (or, for the script's own collectives, torch's `dist.all_reduce` or `dist.barrier`). The script's own collectives run on a process group whose timeout is 3 s, so
 #    a wait for a partner that never comes ends there (a real job waits as long as its group's
 #    timeout); torch's DDP runs on a group of its own with torch's default timeout (the set-up cell
-#    prints it). A rank that fails leaves its groups, as a job's process ends when it raises, so a
+#    prints it). A rank that fails destroys its groups, as a job's process ends when it raises, so a
 #    partner waiting on it, in either group, fails then;
 # 2. **minddp in debug mode**: minddp's DDP for the model's bugs, and for the script's own
 #    collectives the *collective check* alone (no wrapper needed: every `torch.distributed`
@@ -158,11 +158,11 @@ def torch_does(script) -> list[str]:
     (or finished) is left in ``torch_took``.
 
     ``group``: a new group for torch's DDP, with torch's default timeout; ``short``: one whose calls give up after
-    ``WAIT_S``, for the script's own collectives. A rank that fails leaves both, as a job's process ends
+    ``WAIT_S``, for the script's own collectives. A rank that fails destroys both, as a job's process ends
     when it raises: a partner waiting on it then fails at once ("Connection closed by peer", or reset).
     """
     minddp.debug.disable()
-    # the short group is made right after the other, whose making the ranks leave together
+    # the short group is made right after the other, whose making the ranks finish together
     groups = [dist.new_group(), dist.new_group(timeout=timedelta(seconds=WAIT_S))]
     start = time.perf_counter()
     try:
@@ -264,6 +264,39 @@ def fixed(script, fix: str, **corrected) -> None:
     lesson.claim(not said and apart(model) == 0, f"the fix: {fix}, debug mode says nothing and the replicas agree")
 
 
+def zeros_averaged_in():
+    """Section 6's fourth run, through ``torch_does``: torch's DDP with find_unused_parameters=True, the head frozen on
+    rank 0 after wrapping (section 6's bug), 2 steps. Returns what each rank raised; for each rank, the norm of its
+    head.weight gradient at step 0 over that of its own (an unwrapped copy's, from the same batch), and whether its
+    head kept its initial values (the copy's, which never steps); then ``apart_at`` of the model."""
+    runs = []
+
+    def run(group, short):
+        torch.manual_seed(0)
+        model, own = Net().to(device), Net().to(device)
+        own.load_state_dict(model.state_dict())
+        ddp = TorchDDP(model, process_group=group, find_unused_parameters=True)
+        if rank == 0:
+            model.head.requires_grad_(False)  # the bug
+        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+        x, y = batch(0)
+        nn.functional.mse_loss(own(x), y).backward()
+        nn.functional.mse_loss(ddp(x), y).backward()
+        share = (model.head.weight.grad.norm() / own.head.weight.grad.norm()).item()
+        optimizer.step()
+        optimizer.zero_grad()
+        train(model, ddp, optimizer, steps=1)
+        kept = all(torch.equal(a, b) for a, b in zip(model.head.parameters(), own.head.parameters()))
+        runs.append((model, (share, kept)))
+
+    said = torch_does(run)
+    ((model, mine),) = runs
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, mine)
+    shares, kept = zip(*everyone)
+    return said, shares, kept, *apart_at(model)
+
+
 train(*build(), steps=1)  # one correct step, untimed: what a process pays once is not in the times torch_does prints
 print(f"rank {rank}: debug mode on")
 lesson.say(
@@ -283,7 +316,7 @@ lesson.say(
 # fingerprint is sure to see), so with `Net()`'s 4 parameter tensors (and no buffers) a row of 8,
 # `int64[8]`. On a
 # mismatch the first differing tensor is compared in full, and every rank stops at the same point.
-# Before each `optimizer.step()` the *step check* gathers another row, `int64[17]` for `Net()`: a word of
+# Before each `optimizer.step()` the *step check* gathers another row, `int64[17]` for `Net()`: one integer of
 # notes, then per parameter whether it has a gradient, the gradient's fingerprint, whether its
 # backward hook ran, and the local gradient's fingerprint (from before averaging). The fix: change
 # parameters the same way on every rank (here: not at all).
@@ -406,10 +439,11 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # ranks stop before the mismatched all_reduce is sent, naming each rank's call and the line it came
 # from. The fix: the same metrics on every rank.
 #
-# The line numbers the call: *collective #K* is the group's sequence number, counting from 0 every
-# collective on the group that debug mode has checked (the notebook's own and the earlier sections'
-# included), so the two ranks' K-th calls are the ones compared. Read K as a label: the notebook does
-# not list the calls it counts.
+# The line numbers the call: *collective #K* is the default group's sequence number, counting from 0
+# every collective on the default group that debug mode has checked (the notebook's own and the earlier
+# sections' included), so the two ranks' K-th calls are the ones compared. The torch runs' calls are
+# on groups of their own, made with debug mode paused, and are not counted. Read K as a label: the
+# notebook does not list the calls it counts.
 # A call is said as op(shapes): for an all_gather, the output list and then the input, so
 # `all_gather(2 × int64[17], int64[17])` gathers a row of 17 from each of the 2 ranks. Then the step:
 # `(step 0)` for a call made in a wrapper's step (from its forward to its `optimizer.step()`), and
@@ -421,7 +455,7 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # %%distributed
 logged = [0.5, 0.9] if rank == 0 else [0.5]  # the bug: loss and accuracy on rank 0, the loss alone on rank 1
 said = torch_does(lambda group, short: dist.all_reduce(torch.tensor(logged, device=device), group=short))
-# The first rank to time out leaves its groups; the other, if still waiting, then fails as its partner leaves.
+# The first rank to time out destroys its groups; the other, if still waiting, then fails as they go.
 lesson.claim(
     all("Timed out" in s or peer_gone(s) for s in said)
     and any("Timed out" in s and took >= WAIT_S for s, took in zip(said, torch_took)),
@@ -468,12 +502,12 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 #
 # Rank 1 has one batch fewer. It leaves its loop and waits at the script's final barrier, while rank
 # 0 starts a step whose collectives rank 1 will never make. Under torch both wait: rank 1 in its
-# barrier until the timeout (3 s here), and when it fails and leaves, rank 0's step fails with gloo's
+# barrier until the timeout (3 s here), and when it fails and destroys its groups, rank 0's step fails with gloo's
 # "Connection closed by peer" (or "reset by peer": the operating system's timing decides which);
 # neither says which rank ran out, or when.
 # Debug mode sees a rank in a step on one side and a rank out of its loop on the other. The line
-# names the fixes: the same number of batches on every rank (`DistributedSampler(...,
-# drop_last=True)`, or every rank stopping at the shortest rank's count), or training under
+# names the fixes: the same number of batches on every rank (a `DistributedSampler` gives each rank as
+# many samples as the others; or every rank stopping at the shortest rank's count), or training under
 # `with model.join():`, where a rank that has run out keeps making the collectives of the others'
 # steps, with zero gradients, until every rank is done.
 # The cell uses the last.
@@ -493,7 +527,7 @@ def uneven(model, ddp, optimizer, group=None):
 said = torch_does(lambda group, short: uneven(*build(TorchDDP, process_group=group), group=short))
 lesson.claim(
     peer_gone(said[0]) and "Timed out" in said[1],
-    f"under torch rank 1 failed at the {WAIT_S} s timeout, and rank 0 when rank 1 left",
+    f"under torch rank 1 failed at the {WAIT_S} s timeout, and rank 0 once rank 1 had destroyed its groups",
 )
 minddp_says(lambda: uneven(*build()), "uneven inputs: rank 1 left the training loop after step 2")
 model, ddp, optimizer = build()
@@ -513,21 +547,24 @@ lesson.claim(
 #
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only (here after wrapping) makes the ranks disagree on what they
-# send, and `find_unused_parameters=True` does not fix it, as the cell's last torch run shows: no
-# error; rank 1 steps the layer with its gradient averaged with rank 0's zeros (half its own in
-# norm), while rank 0, whose layer is frozen, does not step it at all, so the replicas end apart.
-# All torch says there is a warning its C++ code prints on rank 1: that
+# send. The cell runs torch's DDP on it twice. Its first torch run is plain torch's DDP: rank 1, which
+# has every gradient, sends and waits; rank 0 fails at its next forward, saying its module has
+# parameters not used in producing loss, and their indices (counted from 0 in the model's order: 2
+# and 3 are `head.weight` and `head.bias`), and destroys its groups, so rank 1 fails too ("Connection
+# closed by peer", or reset). Debug mode compares `requires_grad` across ranks before each forward
+# (the forward check). The fix: freeze the layer on every rank, before wrapping.
+#
+# The cell's last torch run (its two "raised nothing" lines and the ✓ line after them) is the flag a
+# learner tries first, `find_unused_parameters=True`, and it does not fix the bug: no error; rank 1 steps the layer
+# with its gradients averaged with rank 0's zeros (its `head.weight` gradient half its own in norm:
+# the ✓ line measures that tensor), while rank 0, whose layer is frozen, does not step it at all, so
+# the replicas end apart. All torch says there is a warning its C++ code prints on rank 1: that
 # `find_unused_parameters=True` found no unused parameter in the forward. It goes straight to the rank
 # process's stderr, past the runner's capture of the ranks' lines: no `[rank 1]` label comes before
 # it. Where the front end shows it at all (the saved run does, at the end of the cell's output, below
 # rank 0's lines), only its own prefix, `[rank1]:[W...] reducer.cpp`, says it is rank 1's; it is always
-# in the terminal that started Jupyter. It saw that rank 1 used
-# every parameter; it never saw that the ranks disagree. Debug mode compares `requires_grad` across
-# ranks before each forward (the forward check). Under torch, the rank that has every gradient sends and waits; the other fails at its next
-# forward, saying its module has parameters not used in producing loss, and their indices (counted
-# from 0 in the model's order: 2 and 3 are `head.weight` and `head.bias`), and leaves, so the waiting
-# rank fails too ("Connection closed by peer", or reset). The fix: freeze the layer on every rank,
-# before wrapping.
+# in the terminal that started Jupyter. It saw that rank 1 used every parameter; it never saw that
+# the ranks disagree.
 
 
 # %%
@@ -548,7 +585,8 @@ def freeze_on_rank_0(wrap, everywhere=False):
 said = torch_does(lambda group, short: freeze_on_rank_0(lambda m: TorchDDP(m, process_group=group)))
 lesson.claim(
     "not used in producing loss" in said[0] and "indices" in said[0] and peer_gone(said[1]),
-    "under torch rank 0 raised, naming unused parameters by index, and rank 1 failed when rank 0 left",
+    "under torch rank 0 raised, naming unused parameters by index, and rank 1 failed once rank 0 had destroyed its "
+    "groups",
 )
 minddp_says(
     lambda: freeze_on_rank_0(DistributedDataParallel), "requires_grad differs across ranks: parameter 'head.weight'"
@@ -558,34 +596,8 @@ with quiet() as said:
 lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, nothing is said and the replicas agree")
 
 
-def zeros_averaged_in(group):
-    """torch's DDP with find_unused_parameters=True, the head frozen on rank 0 after wrapping, 2 steps: the model,
-    the norm of the head's averaged weight gradient against that of this rank's own at step 0 (an unwrapped copy's),
-    and whether the head kept its initial values (the copy's, which never steps)."""
-    torch.manual_seed(0)
-    model, own = Net().to(device), Net().to(device)
-    own.load_state_dict(model.state_dict())
-    ddp = TorchDDP(model, process_group=group, find_unused_parameters=True)
-    if rank == 0:
-        model.head.requires_grad_(False)  # the bug again
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    x, y = batch(0)
-    nn.functional.mse_loss(own(x), y).backward()
-    nn.functional.mse_loss(ddp(x), y).backward()
-    share = (model.head.weight.grad.norm() / own.head.weight.grad.norm()).item()
-    optimizer.step()
-    optimizer.zero_grad()
-    train(model, ddp, optimizer, steps=1)
-    kept = all(torch.equal(a, b) for a, b in zip(model.head.parameters(), own.head.parameters()))
-    return model, (share, kept)
-
-
-runs = []
-said = torch_does(lambda group, short: runs.append(zeros_averaged_in(group)))
-((model, mine),) = runs
-(gap, where), everyone = apart_at(model), [None] * world_size
-dist.all_gather_object(everyone, mine)
-shares, kept = zip(*everyone)
+# the fourth run: section 6's bug under torch's DDP with find_unused_parameters=True (the set-up cell measures it)
+said, shares, kept, gap, where = zeros_averaged_in()
 # Rank 1's two head gradients (through the wrapper, and the copy's) are float32 sums of the same 6 rows' products,
 # at worst in another order: apart by ~6 roundings (6 × 6e-8 relative) at most, far inside 1e-5; halving is exact.
 lesson.claim(
@@ -606,14 +618,15 @@ lesson.claim(
 # has a true gradient of zero for it, and every rank steps the branch with the same average (with a
 # layer frozen on one rank, that rank steps nothing). Under torch, rank 0 (the one with the branch's gradient) sends and
 # waits; rank 1 fails at its next forward (indices 4 and 5: `extra.weight`, `extra.bias`), and when
-# it leaves, rank 0 fails too.
+# it destroys its groups, rank 0 fails too.
 
 # %%
 # %%distributed
 said = torch_does(lambda group, short: train(*build(TorchDDP, extra=True, process_group=group), 2, use_extra=rank == 0))
 lesson.claim(
     peer_gone(said[0]) and "not used in producing loss" in said[1] and "indices" in said[1],
-    "under torch rank 1 raised, naming unused parameters by index, and rank 0 failed when rank 1 left",
+    "under torch rank 1 raised, naming unused parameters by index, and rank 0 failed once rank 1 had destroyed its "
+    "groups",
 )
 # the bug: a branch on rank 0 only
 minddp_says(lambda: train(*build(extra=True), 1, use_extra=rank == 0), "Fix: pass find_unused_parameters=True")
@@ -636,7 +649,9 @@ lesson.claim(
 # sends each bucket through `torch.distributed`, checked), and the *plan check* (each
 # step, the ranks compare their *bucket plan*, which parameters each bucket holds, and their *launch
 # order*, the order the buckets were sent in). So debug mode does more than watch: it adds
-# collectives. It is built to change no value the training computes: the cell checks that this
+# collectives. It also changes when the gradients travel: the `DebugReducer` sends one bucket at a
+# time, each waited for inside backward, so none travels while backward computes; time or profile a
+# run with debug mode off. It is built to change no value the training computes: the cell checks that this
 # model's 5 steps end with bit-identical parameters either way (`tests/test_debug.py` checks it for
 # every bug-free script against torch's DDP), and shows what a wrapper built each way has.
 #

@@ -340,8 +340,8 @@ def _mismatch(everyone: dict[int, Call], channel: "_Channel") -> str:
 
 HOW = [("another op", "op"), ("another dtype", "dtypes"), ("another shape", "shapes")]
 UNEVEN_FIX = (
-    "give every rank the same number of batches (DistributedSampler(..., drop_last=True), or stop every rank "
-    "at the shortest rank's count), or train under `with model.join():`"
+    "give every rank the same number of batches (a DistributedSampler gives each rank as many samples as the "
+    "others, or stop every rank at the shortest rank's count), or train under `with model.join():`"
 )
 
 
