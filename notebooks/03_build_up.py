@@ -346,7 +346,7 @@ lasted, in_steps = round(v["last_backward_ms"]), round(v["accumulate_ms"])
 hooks_own = in_steps - round(v["waited_ms"]) - round(v["check_ms"])
 lesson.say(
     f"Its last backward lasted {lasted} ms: {in_steps} ms in autograd's accumulation steps, where the grad hooks run, "
-    f"and {lasted - in_steps} ms in its other steps. Inside the accumulation steps rank 0 waited "
+    f"and the other {lasted - in_steps} ms outside them. Inside the accumulation steps rank 0 waited "
     f"{v['waited_ms']:.0f} ms for its messages and stood {v['check_ms']:.0f} ms at the parameters-used check's "
     "all_gather (at a synced backward's first gradient: the hatched block, where it is wide enough to draw)"
     + (
@@ -368,7 +368,7 @@ lesson.say(
 # between them can blend into one band of another colour (finish's purple, say): zoomed in, each stop for a
 # message is a red wait, and the bars between are still the backward. A long backward here is not all waiting for gradients: the
 # cell splits it into autograd's accumulation steps, where the grad hooks run (their waits, the check and
-# their own lines), and its other steps; what made those other steps as long as they were, against `ga`'s,
+# their own lines), and the rest; what made the rest as long as it was, against `ga`'s backward,
 # these runs do not measure (one step each, on a machine shared with other work). So this stage shows where the
 # waits fall (inside the backward), and what they cost is the waited and exposed time the cell prints, not
 # the backward's length.

@@ -474,8 +474,8 @@ def backwards_beside(pairs: dict) -> str:
         "Beside these verdicts, the backwards they do not count (last backward less the check; in brackets, the part "
         f"of it in autograd's accumulation steps, where the grad hooks run, less the check): {said}. hook-async's "
         f"backward was the longer in {count(0)} of these {len(pairs)} pairs, its accumulation steps in {count(1)}: its "
-        "grad hooks hand over one message per gradient, bucket-async's one per bucket, when it fills. What else made "
-        "the backwards differ, these runs do not measure."
+        "grad hooks hand over one message per gradient, bucket-async's one per bucket, when it fills. What made the "
+        "backwards differ beyond the time in those steps, these runs do not measure."
     )
 
 
