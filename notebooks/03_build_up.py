@@ -80,8 +80,7 @@
 # **Words of this notebook.** `hook` in code type is a stage. A *grad hook* is the function autograd
 # calls when a parameter's gradient is ready (`register_post_accumulate_grad_hook`; `hook` and every
 # stage after it sync from one); autograd runs it inside its *accumulation steps*, the steps that add
-# each gradient into `.grad`. The *comm hook* is the function a stage hands a gradient or bucket to for
-# the all_reduce (`04_comm_hooks`). *The network* is the neural network every stage trains; what
+# each gradient into `.grad`. The *comm hook* is the one of the list above (`04_comm_hooks`). *The network* is the neural network every stage trains; what
 # carries the messages is *the link* (the *interconnect* of the blog this notebook follows, "First
 # Steps With Distributed Data Parallelism and PyTorch Profiling", blog.underfit.ai/ddp-profiled,
 # `docs/scaling.md`). *Backward* is the span the pictures draw, from its first operator to its last (a
