@@ -58,41 +58,34 @@
 # %% [markdown]
 # ### The link, and the words used below
 #
-# The rest of this introduction is for reference: come back to it when a term below is not clear.
+# For reference. The notation and the measures are defined in `01_collectives` (its last section) and
+# `docs/analysis.md`; here is only what 03 adds to them.
 #
-# **The link.** Two ranks on one machine talk over loopback, where what a message costs depends
-# on the machine (its cores, what else runs on it) and changes from run to run (`05_reading_traces`
-# measures it). So every message here, up to the last section, goes over an **emulated 1 Gbit/s link**
-# (`minddp.comm.link`): the real all_reduce still runs, so every result is exact, but it completes
-# no earlier than the same all_reduce would on Gigabit Ethernet, one message at a time, as one
-# Ethernet port sends them. That time is *modeled*: the same on every run and every machine, so the
-# sentences about it hold anywhere. (The last section's links are sized from a backward timed in the
-# run, so their times change with the run and the machine: that section says how.) The training thread's waits are *measured*: a wait can last past
-# the link's modeled time, until the real all_reduce returns, and a collective (the check's all_gather
-# too) returns on a rank only once every rank has joined it: a rank that gets there first waits for
-# the other, so the ranks drifting apart between syncs can show up as a wait. How much of any
-# wait here that is, these runs do not measure. The notation is `01_collectives`'s: α is the time
-# one point-to-point send (one hop of a ring) takes whatever its bytes, β the time per byte (1/B for a bandwidth of B bytes/s), n the
-# number of ranks, m the bytes of the tensor one all_reduce reduces, k the micro-batches of a step.
-# A **message**, as 01 defines it, is one collective call: here one all_reduce handed to the link (a gradient, or a
-# bucket of them), which makes 2(n−1) hops, so its *fixed cost* is 2(n−1)·α; *fixed cost* here always means one message's. The measures
-# (*link time*, *waited*, *exposed*, *overlap*, *interleaved*) are defined at the end of
-# `01_collectives`, and each number here is computed by its function there, with only the link's modeled
-# transfers as the communication in flight (01's table counts gloo's ranges too). Here *waited* counts the thread's waits for the gradients'
-# messages only; its wait in the parameters-used check's all_gather is printed apart (*at the check*).
-# The emulation adds no wait of its own: the thread waits only where the stage waits for a message, so
-# a stage that computes while a message travels hides the message, as on a real interconnect.
+# **The link.** Every message here, up to the last section, goes over an **emulated 1 Gbit/s link**
+# (`minddp.comm.link`): the real all_reduce runs, so every result is exact, but it completes no earlier
+# than it would on Gigabit Ethernet, one message at a time. That time is *modeled*: the same on every run
+# and machine (the last section's links are sized from a backward timed in the run: that section says
+# how). The training thread's waits are *measured*: a wait can last past the link's modeled time, until
+# the real all_reduce returns, and a collective (the check's all_gather too) returns on a rank only once
+# every rank has joined it, so the ranks drifting apart between syncs can show up as a wait; how much of
+# any wait that is, these runs do not measure. The emulation adds no wait of its own: a stage that
+# computes while a message travels hides it, as on a real interconnect.
 #
-# Three things are called a hook. `hook` in code type is a stage. A *grad hook*
-# is the function autograd calls when a parameter's gradient is ready
-# (`register_post_accumulate_grad_hook`): `hook` and every stage after it sync from one. The *comm
-# hook* is the function a stage hands a gradient or bucket to for the all_reduce (`04_comm_hooks`).
-# Likewise *the network* is only ever the neural network every stage trains (what carries the messages
-# is *the link*, or the *interconnect* of the blog this notebook follows, "First Steps With Distributed Data
-# Parallelism and PyTorch Profiling" (blog.underfit.ai/ddp-profiled, `docs/scaling.md`)); *backward* is the span the pictures draw, from the
-# backward's first operator to its last (a callback autograd runs after that, still inside
-# `loss.backward()`, draws after the bar, as `ddp`'s does); the *step-time model*
-# (`minddp.costmodel`) is the replay of a step on the link that the bucket lesson, after the side-by-side, uses.
+# **Notation and measures**, 01's: α, β, n and m; k is the micro-batches of a step. A *message* is one
+# all_reduce handed to the link (a gradient, or a bucket of them); its *fixed cost* is 2(n−1)·α. *Link
+# time*, *waited*, *exposed*, *overlap* and *interleaved* are computed by 01's functions over the link's
+# modeled transfers only (01's table counts gloo's ranges too); *waited* counts the waits for the
+# gradients' messages only, and the parameters-used check's all_gather is printed apart (*at the check*).
+#
+# **Words of this notebook.** `hook` in code type is a stage. A *grad hook* is the function autograd
+# calls when a parameter's gradient is ready (`register_post_accumulate_grad_hook`; `hook` and every
+# stage after it sync from one); autograd runs it inside its *accumulation steps*, the steps that add
+# each gradient into `.grad`. The *comm hook* is the one of the list above (`04_comm_hooks`). *The network* is the neural network every stage trains; what
+# carries the messages is *the link* (the *interconnect* of the blog this notebook follows, "First
+# Steps With Distributed Data Parallelism and PyTorch Profiling", blog.underfit.ai/ddp-profiled,
+# `docs/scaling.md`). *Backward* is the span the pictures draw, from its first operator to its last (a
+# callback autograd runs after that, still inside `loss.backward()`, draws after the bar, as `ddp`'s
+# does). The *step-time model* (`minddp.costmodel`) replays a step on the link; the bucket lesson uses it.
 
 # %%
 # %load_ext minddp.notebook
@@ -347,13 +340,22 @@ lesson.say(
     f"{v['check_ms']:.0f} ms it stood at the check's all_gather "
     "would count too, where they fall inside the backward."
 )
-rest = round(v["last_backward_ms"]) - round(v["waited_ms"]) - round(v["check_ms"])  # as printed, so that it adds up
+# as printed, so that the parts add up: the grad hooks run in autograd's accumulation steps (accumulate_ms)
+lasted, in_steps = round(v["last_backward_ms"]), round(v["accumulate_ms"])
+hooks_own = in_steps - round(v["waited_ms"]) - round(v["check_ms"])
 lesson.say(
-    f"Its last backward lasted {v['last_backward_ms']:.0f} ms. In the step, rank 0 waited {v['waited_ms']:.0f} ms "
-    f"for its messages (each wait inside the backward) and stood {v['check_ms']:.0f} ms at the parameters-used "
-    "check's all_gather (at a synced backward's first gradient: the hatched block, where it is wide enough to draw). "
-    f"The other {rest} ms of that backward were neither; ga's whole last backward, above, lasted "
-    f"{looks['ga']['last_backward_ms']:.0f} ms."
+    f"Its last backward lasted {lasted} ms: {in_steps} ms in autograd's accumulation steps, where the grad hooks run, "
+    f"and the other {lasted - in_steps} ms outside them. Inside the accumulation steps rank 0 waited "
+    f"{v['waited_ms']:.0f} ms for its messages and stood {v['check_ms']:.0f} ms at the parameters-used check's "
+    "all_gather (at a synced backward's first gradient: the hatched block, where it is wide enough to draw)"
+    + (
+        f"; the other {hooks_own} ms there were neither: adding each gradient into .grad and the hooks' own lines, "
+        "handing each message over to the link among them"
+        if hooks_own >= 0
+        else ""
+    )
+    + f". ga's whole last backward, above, lasted {looks['ga']['last_backward_ms']:.0f} ms, "
+    f"{looks['ga']['accumulate_ms']:.0f} ms of it in its accumulation steps (it has no grad hook)."
 )
 
 # %% [markdown]
@@ -364,8 +366,9 @@ lesson.say(
 # the check, these runs do not measure). At the figures' size the many thin waits and the backward's slivers
 # between them can blend into one band of another colour (finish's purple, say): zoomed in, each stop for a
 # message is a red wait, and the bars between are still the backward. A long backward here is not all waiting for gradients: the
-# cell prints the backward, the waits, the check and the rest, which can be as long as another stage's
-# whole backward or longer; what that rest was, these runs do not measure. So this stage shows where the
+# cell splits it into autograd's accumulation steps, where the grad hooks run (their waits, the check and
+# their own lines), and the rest; what made the rest as long as it was, against `ga`'s backward,
+# these runs do not measure (one step each, on a machine shared with other work). So this stage shows where the
 # waits fall (inside the backward), and what they cost is the waited and exposed time the cell prints, not
 # the backward's length.
 #
@@ -853,10 +856,11 @@ lesson.say(
     f"{100 * first_ready / (1e3 * bare.backward):.1f} % of the backward, that bucket's last after "
     f"{100 * bucket_ready / (1e3 * bare.backward):.0f} % ({bucket_ready:.0f} ms of the bare network's "
     f"{1e3 * bare.backward:.0f} ms backward). In the profiled steps the "
-    "parameters-used check stalled the backward at its first gradient, adding to each first hand-over: hook-async "
-    f"{looks['hook-async']['check_ms']:.0f} ms, bucket-async {looks['bucket-async']['check_ms']:.0f} ms, "
+    "parameters-used check stalled the backward at its first gradient, before any hand-over: it held back "
+    f"hook-async's first message {looks['hook-async']['check_ms']:.0f} ms (its early start comes that much later); "
+    f"bucket-async's check, {looks['bucket-async']['check_ms']:.0f} ms, is "
     f"{lesson.than(looks['bucket-async']['check_ms'], bucket_ready)} the {bucket_ready:.0f} ms the bare network "
-    "takes to fill that bucket.",
+    "takes to fill its first bucket.",
 )
 # modeled: the last message's bytes over the link, the same on every machine
 lesson.claim(
@@ -917,8 +921,8 @@ table.infer_objects().round(1)
 # after backward* (the first table's column) beside the model's. Where a step's waited stands far above its
 # exposed, the thread stood still after the link had delivered: time the link does not model, and what the thread
 # waited for then these runs do not measure; so a cap's waited is not what its plan costs on the link. The lower
-# panel shows the three costs of each plan, from the step-time model; its legend's "first message leaves, into
-# the last backward" is the table's "first message leaves": into the model's scaled backward, not a measured one.
+# panel shows the three costs of each plan, from the step-time model: its "first message leaves, into the model's
+# backward" is the table's column of that name, into the model's backward scaled as above, not a measured one.
 
 # %%
 # %%distributed
@@ -1070,13 +1074,7 @@ sweep_table = pd.DataFrame(
         }
         for c in [*model, default]  # the grid's caps, then torch's default (None)
     }
-).T.rename(
-    columns={  # minddp.costmodel names the model's field "exposed"; it is the model's link after backward, not the
-        # measured *exposed* (the markdown above), so the table shows it under that name
-        "exposed, ms (step-time model)": "link after backward, ms (step-time model)",
-        "first message leaves, ms into backward": "first message leaves, ms into the model's scaled backward",
-    }
-)
+).T
 
 # %%
 # %%rank 0
@@ -1183,6 +1181,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         blog_runs[name, stage] = on_the_link(v["row"]) | {
             "calls": v["calls"],
             "backward_ms": lesson.backward_less_check(v),
+            "hooks_ms": lesson.hooks_less_check(v),
         }
     own_h, own_b = (blog_runs[name, s]["backward_ms"] for s in ("hook-async", "bucket-async"))
     longer = (
@@ -1194,9 +1193,9 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         f"{name[0].upper() + name[1:]}: bucket-async sent {blog_runs[name, 'bucket-async']['calls']} buckets a step "
         f"(the blog's model at 25 MiB: {blog_buckets}). The async rungs' own last backwards, less the check, lasted "
         f"{own_h:.0f} ms (hook-async) and {own_b:.0f} ms (bucket-async) ({longer}), against the "
-        f"{1e3 * backward_s:.0f} ms the link "
-        f"was sized from: {own_h / (1e3 * backward_s):.1f} and {own_b / (1e3 * backward_s):.1f} times it, so each met "
-        f"the setting's two ratios times {1e3 * backward_s / own_h:.1f} and {1e3 * backward_s / own_b:.1f}: a rung's "
+        f"{1e3 * backward_s:.0f} ms the link was sized from: hook-async's {own_h / (1e3 * backward_s):.1f} times it, "
+        f"so it met the setting's two ratios times {1e3 * backward_s / own_h:.1f}; bucket-async's "
+        f"{own_b / (1e3 * backward_s):.1f} times it, so it met them times {1e3 * backward_s / own_b:.1f}. A rung's "
         "run is the named setting only at 1.0, a milder one below it, a harsher one above."
     )
 
@@ -1208,8 +1207,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # beside these), and *exposed*, the link time the step stood waiting through. The two need not cover all the
 # link's time: the rest passed with the thread in neither (running lines outside a forward, a
 # backward or the optimizer, as between the end of backward and its wait in finish). The lines below print each
-# rung's overlap and exposed on these links but not its link time there, so how much passed in neither is not
-# read from them. The rungs that wait for each message as
+# rung's link time on these links beside its overlap and exposed. The rungs that wait for each message as
 # soon as the call that sends it returns (`simple`, `ga`, `hook`, `bucket`) all leave some of the link's time
 # unwaited: from the hand-over, inside that call, to the wait (the side-by-side's line on them prints it). That time
 # counts in the overlap only where it falls inside a forward, a backward or the
@@ -1242,7 +1240,9 @@ if rank == 0:
     )
 for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
     lesson.say(
-        f"On the link with the ratios of {name}, overlap: "
+        f"On the link with the ratios of {name}, link time: "
+        + ", ".join(f"{s} {r['link_ms']:.0f} ms" for s, r in runs.items())
+        + "; overlap: "
         + ", ".join(f"{s} {r['overlap_pct']:.0f} %" for s, r in runs.items())
         + "; exposed: "
         + ", ".join(f"{s} {r['exposed_ms']:.0f} ms" for s, r in runs.items())
@@ -1342,6 +1342,23 @@ lesson.say(
         else "."
     )
 )
+lesson.say(  # the backwards beside the three verdicts above, in one place
+    lesson.backwards_beside(
+        {
+            "on the 1 Gbit/s link": (
+                [lesson.backward_less_check(looks[s]) for s in ("hook-async", "bucket-async")],
+                [lesson.hooks_less_check(looks[s]) for s in ("hook-async", "bucket-async")],
+            )
+        }
+        | {
+            f"with the ratios of {name}": (
+                [runs[s]["backward_ms"] for s in ("hook-async", "bucket-async")],
+                [runs[s]["hooks_ms"] for s in ("hook-async", "bucket-async")],
+            )
+            for name, runs in (("4 × T4", t4), ("1024 ranks", far))
+        }
+    )
+)
 
 # %% [markdown]
 # **The bucket lesson in words.** On this notebook's 1 Gbit/s link between 2 ranks, one message's
@@ -1355,15 +1372,15 @@ lesson.say(
 # at its own backward, times the factor the cell that sized the link prints: the run is that setting
 # only where the factor is 1). Whether the buckets paid in these steps, three lines printed
 # above say, from "Buckets, in the end", one for each link ("by both ... the buckets paid", "did not
-# pay", or "made no difference", by exposed and by waited); the last line printed sets hook-async's fixed
+# pay", or "made no difference", by exposed and by waited); the line after them sets hook-async's fixed
 # costs on the 1024-rank link against the backward that link was sized from, where the setting's ratios hold. Each is one profiled step of each rung,
 # on a machine shared with other work: it says what those two steps did, not which rung is the
 # faster (on this notebook's link, the sweep's last line tallies its steps at other caps against the same
 # hook-async step). The step-time model's answer for this link is the sweep's sentence "By the
 # model ...". On a sized link each verdict is at the run's own backward, not at the setting's ratios;
 # and each is by two measures of the link's messages only, which can answer differently (neither covers the backwards
-# or the steps, which the cells print beside them and which can differ between rungs: a "did not pay" does not say
-# the bucketed step was the longer): *exposed*, the link's modeled time the thread stood waiting
+# or the steps, which can differ between rungs: the last line printed sets the backwards of each pair beside each
+# other, and a "did not pay" does not say the bucketed step was the longer): *exposed*, the link's modeled time the thread stood waiting
 # through; and *waited*, all the thread stood still for its messages, which adds the time it waited
 # after the link had delivered (the link does not model it, and these runs do not measure what the
 # thread waited for then). Where the two verdicts differ, that unmodeled time decides the waited one.

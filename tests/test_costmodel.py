@@ -653,14 +653,14 @@ def test_the_three_costs_of_a_plan_worked_by_hand():
     assert (per_gradient.messages, one.messages) == (4, 1)
     assert (per_gradient.first_at, one.first_at) == pytest.approx((10 * MS, 40 * MS))
     assert (per_gradient.tail, one.tail, per_gradient.link, one.link) == pytest.approx((MS, 4 * MS, 4 * MS, 4 * MS))
-    assert (per_gradient.exposed, one.exposed) == pytest.approx((MS, 4 * MS))
+    assert (per_gradient.after_backward, one.after_backward) == pytest.approx((MS, 4 * MS))
     assert one.first_gradients == 4 and one.last_bytes == 4000 and per_gradient.fixed == 0
     first = plan_costs(cp, "bucket-async", 1, SLOW, 2, first_mb=1500 / 2**20)
     assert (first.messages, first.first_gradients) == (2, 2) and first.first_at == pytest.approx(20 * MS)
     dear = LinkSpec("dear", bandwidth=1e15, latency=2.5 * MS)  # 2(n−1)·α = 5 ms a message at 2 ranks
     per_gradient, one = plan_costs(cp, "hook-async", None, dear, 2), plan_costs(cp, "bucket-async", 1, dear, 2)
     assert (per_gradient.fixed, one.fixed) == pytest.approx((20 * MS, 5 * MS))
-    assert (per_gradient.exposed, one.exposed) == pytest.approx((5 * MS, 5 * MS), abs=1e-6)
+    assert (per_gradient.after_backward, one.after_backward) == pytest.approx((5 * MS, 5 * MS), abs=1e-6)
 
 
 def test_a_link_sized_to_a_backward_keeps_both_ratios():

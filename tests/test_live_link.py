@@ -75,6 +75,17 @@ def test_a_stage_that_waits_inside_backward_is_told_from_one_that_waits_after_it
         assert seen["hook-async"]["calls"] == seen["hook"]["calls"] > seen["bucket"]["calls"]
 
 
+def test_the_accumulation_steps_hold_the_grad_hooks_and_their_waits(looks):
+    """``accumulate_ms``: the last backward's time in autograd's AccumulateGrad steps, where the grad hooks run. hook
+    waits for every message inside its grad hook (the code's placement, as above), so inside those steps: they hold
+    all its waited time (to the link clock's placement on the profiler's, 1 ms), and lie inside the backward."""
+    for seen in looks:
+        hook = seen["hook"]
+        assert hook["waited_ms"] > 0 and hook["waited_ms"] - 1.0 <= hook["accumulate_ms"] <= hook["last_backward_ms"]
+        for stage, v in seen.items():
+            assert 0 < v["accumulate_ms"] <= v["last_backward_ms"], stage
+
+
 def test_the_link_time_is_the_cost_model_summed_over_the_messages(looks):
     parameters = sorted(
         p.numel() * 4 for p in nn.Sequential(*[nn.Linear(64, 64) for _ in range(3)], nn.Linear(64, 1)).parameters()

@@ -8,7 +8,10 @@ any stage and torch's DDP alike. docs/analysis.md, "Counting without a trace", g
 2. its **bytes**, ``numel × element size`` of the backend's ``gloo:``/``nccl:all_reduce`` range;
 3. for one step of :func:`minddp.ladder.loop.train_step` (:func:`step_view`): each micro-batch's
    **backward**, the calls started inside one, the **tail** before the optimizer step, and the time the
-   teaching stages' once-a-step **check** of the parameters used held the training thread (``check_ms``);
+   teaching stages' once-a-step **check** of the parameters used held the training thread (``check_ms``),
+   and the last backward's time in autograd's ``AccumulateGrad`` steps (``accumulate_ms``: adding each
+   gradient into ``.grad``, and the post-accumulate-grad hooks that run there, a stage's grad hooks with
+   whatever they do: the check, handing a message over, a wait);
 4. the sharded stages' **all-gathers**, and the stages' small check gathers, counted apart;
 5. the step as a **row** of :mod:`minddp.analysis.timeline`; over an emulated link with the training
    thread's **waits** and ``link_ms`` (*link time*), ``waited_ms`` (*waited*), ``exposed_ms`` (*exposed*),
@@ -98,6 +101,12 @@ def step_view(prof, link=None) -> dict:
         "gather_bytes": backend_bytes(prof, GATHER_RANGES),
         "small_gathers": sum(1 for e in events if e.name == SMALL_GATHER_CALL),
         "check_ms": metrics.waited(_checks(events)) / 1e3,  # the thread stood still there for a message
+        "accumulate_ms": sum(  # the grad hooks run inside these steps (step 3)
+            e.time_range.end - e.time_range.start
+            for e in backward_nodes
+            if "AccumulateGrad" in e.name and last[0] <= e.time_range.start <= last[1]
+        )
+        / 1e3,
     }
     t0 = forwards[0][0] if forwards else 0.0  # step 5
 

@@ -28,9 +28,9 @@ Example (two 4 MB gradients, ready 10 ms into a 40 ms backward and at its end; 1
     >>> one_bucket = plan_costs(cp, "bucket-async", 25, "1gbit", world=2)
     >>> [(c.messages, round(1e3 * c.first_at), round(1e3 * c.tail, 1)) for c in (per_gradient, one_bucket)]
     [(2, 10, 32.1), (1, 40, 64.1)]
-    >>> round(1e3 * per_gradient.exposed, 1)         # start-limited: 10 + 64.2 ms of link work − 40 ms
+    >>> round(1e3 * per_gradient.after_backward, 1)  # start-limited: 10 + 64.2 ms of link work − 40 ms
     34.2
-    >>> round(1e3 * one_bucket.exposed, 1)           # tail-limited: the whole bucket after backward
+    >>> round(1e3 * one_bucket.after_backward, 1)    # tail-limited: the whole bucket after backward
     64.1
     >>> queue_end(sent=[0.0, 1.0], durations=[5.0, 1.0]), queue_end(sent=[0.0, 10.0], durations=[1.0, 3.0])
     ((6.0, 0), (13.0, 1))
@@ -109,7 +109,9 @@ class PlanCosts:
     first_gradients: int  # gradients in the first message
     last_bytes: int
     tail: float  # the last message's own transfer
-    exposed: float  # predicted: the training thread waits this long for the link
+    #: the link's time still to run when the modeled backward ends (the replay's ``exposed``): notebook 03's *link
+    #: after backward*, kept apart by its name from the measured *exposed* of a profiled step
+    after_backward: float
     overlap_pct: float
     step: float
     #: the link's queue (:func:`queue_end`, the buckets handed over when ready): done this long after backward ends,
@@ -121,12 +123,6 @@ class PlanCosts:
     set_by_carry: float = 0.0
 
     @property
-    def after_backward(self) -> float:
-        """The link's time still to run when the modeled backward ends (``exposed``): what notebook 03 calls *link
-        after backward*, to keep it apart from the measured *exposed* of a profiled step."""
-        return self.exposed
-
-    @property
     def fixed(self) -> float:
         """What the messages cost for being messages: ``messages × 2(n−1)·α``."""
         return self.messages * self.per_message
@@ -135,10 +131,10 @@ class PlanCosts:
         return {
             "buckets": self.messages,
             "fixed costs, ms (buckets × 2(n−1)·α)": 1e3 * self.fixed,
-            "first message leaves, ms into backward": 1e3 * self.first_at,
+            "first message leaves, ms into the model's backward": 1e3 * self.first_at,
             "last message's transfer, ms": 1e3 * self.tail,
             "link, ms": 1e3 * self.link,
-            "exposed, ms (step-time model)": 1e3 * self.exposed,
+            "link after backward, ms (step-time model)": 1e3 * self.after_backward,
         }
 
 
@@ -171,7 +167,7 @@ def plan_costs(
         first_gradients=len(plan[first]),
         last_bytes=sizes[last],
         tail=spec.seconds("all_reduce", sizes[last], world),
-        exposed=p.exposed,
+        after_backward=p.exposed,
         overlap_pct=p.overlap_pct,
         step=p.step,
         done_after=done - cp.backward,

@@ -138,7 +138,9 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
     fig, (top, low) = plt.subplots(2, 1, figsize=(14, 6.2), sharex=True, height_ratios=[3, 2])
     styles = ["-", "--", ":"]
     for (label, costs), style in zip(curves.items(), styles):
-        top.plot([c.cap_mb for c in costs], [1e3 * c.exposed for c in costs], style, color="#d62728", label=label)
+        top.plot(
+            [c.cap_mb for c in costs], [1e3 * c.after_backward for c in costs], style, color="#d62728", label=label
+        )
     markers: dict[str, str] = {}
     for cap, ms, label, *note in measured:
         first = label not in markers
@@ -166,7 +168,7 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
     caps = [c.cap_mb for c in costs]
     for values, label, color in [
         ([1e3 * c.fixed for c in costs], "fixed costs: buckets × 2(n−1)·α", "#8172b3"),
-        ([1e3 * c.first_at for c in costs], "first message leaves, into the last backward", "#4c72b0"),
+        ([1e3 * c.first_at for c in costs], "first message leaves, into the model's backward", "#4c72b0"),
         ([1e3 * c.tail for c in costs], "last message's transfer", "#dd8452"),
     ]:
         low.plot(caps, values, "-", color=color, label=label)

@@ -452,6 +452,33 @@ def backward_less_check(v: dict) -> float:
     return v["last_backward_ms"] - sum(max(0.0, min(e, b1) - max(s, b0)) for s, e in v["check_spans"])
 
 
+def hooks_less_check(v: dict) -> float:
+    """ms of a look's last backward in autograd's accumulation steps, where the grad hooks run (``accumulate_ms``),
+    less the time the parameters-used check held the thread there (the part :func:`backward_less_check` takes off)."""
+    return v["accumulate_ms"] - (v["last_backward_ms"] - backward_less_check(v))
+
+
+def backwards_beside(pairs: dict) -> str:
+    """The backwards the bucket lesson's verdicts do not count, in words: ``pairs`` maps where the two steps ran to
+    ``((hook-async's, bucket-async's) last backward less the check, (the same two) in the accumulation steps less the
+    check)``, ms (:func:`backward_less_check`, :func:`hooks_less_check`). Each count is at the printed whole ms."""
+    said = "; ".join(
+        f"{where}: hook-async {h:.0f} ms ({hh:.0f} ms), bucket-async {b:.0f} ms ({bh:.0f} ms)"
+        for where, ((h, b), (hh, bh)) in pairs.items()
+    )
+
+    def count(i: int) -> int:  # pairs in which hook-async's (backward, i=0; accumulation steps, i=1) is the longer
+        return sum(round(p[i][0]) > round(p[i][1]) for p in pairs.values())
+
+    return (
+        "Beside these verdicts, the backwards they do not count (last backward less the check; in brackets, the part "
+        f"of it in autograd's accumulation steps, where the grad hooks run, less the check): {said}. hook-async's "
+        f"backward was the longer in {count(0)} of these {len(pairs)} pairs, its accumulation steps in {count(1)}: its "
+        "grad hooks hand over one message per gradient, bucket-async's one per bucket, when it fills. What made the "
+        "backwards differ beyond the time in those steps, these runs do not measure."
+    )
+
+
 def _before_after(ms: float) -> str:
     return f"{abs(ms):.1f} ms {'after' if ms >= 0 else 'before'}"
 
