@@ -269,10 +269,10 @@ lesson.say(
 #   for minddp's stages, the start of its `minddp.bucket_launch` range: the send is called (from the finish in
 #   `simple` and `ga`, from a hook in the others), before it calls the all_reduce; for torch's DDP, the reducer's
 #   `c10d::allreduce_` call;
-# * an orange bar while its gloo all_reduce range was open (the legend's "collective in flight (held open
-#   included)", which here names the messages' all_reduce ranges only, not all of the table's in flight: the
-#   check's all_gather, a collective in flight too, is drawn hatched instead (the parameter check's bullet), and
-#   `ddp`'s and torch's broadcasts have no bar). A message's bar is the range matched to its `c10d::allreduce_`
+# * an orange bar while its gloo all_reduce range was open (the legend's "all_reduce range (held open
+#   included)": the messages' ranges only, a part of the table's in flight, which also counts the check's
+#   all_gather, drawn hatched instead (the parameter check's bullet), and `ddp`'s and torch's broadcasts, which
+#   have no bar). A message's bar is the range matched to its `c10d::allreduce_`
 #   call, the first of the same size that opened at or after the call, and the call comes at or after the tick;
 #   so no bar starts before its tick, but
 #   a bar can start later than its tick, and a tick at a bar's left end need not be that bar's own (the table after
@@ -281,10 +281,11 @@ lesson.say(
 #   one before it closes, a message handed to the wire while the one before it was open has its bar start later
 #   than its tick; a bar can also start later than its tick by the stage's own time from the tick to its
 #   `c10d::allreduce_` call, or while gloo's thread waits for a core, in any stage (`hook` too, which has one
-#   message open at a time); the trace shows when each range opened, not what held it back. Each bar has a brown edge line,
-#   which draws a narrow bar longer than its range lasted. Where dozens of bars crowd together, their edge lines and
-#   the ticks cover much of the orange and the gaps between the bars, so that they look like one block. Read the
-#   time in flight off the table above, not off the bars' length;
+#   message open at a time); the trace shows when each range opened, not what held it back. A row's bars
+#   alternate two shades of orange in the order they opened, so that bars back to back are told apart; they have
+#   no edge line, so a bar is drawn as long as its range was open, to a pixel. A gap between bars narrower than a
+#   pixel does not show, so where dozens crowd together they can look like one block longer than their time. Read
+#   the time in flight off the table above, not off the bars;
 # * the parameter check (hatched red, the legend's "parameter check"), drawn where gloo's all_gather range of the
 #   check was open, over the top half of the row's bands, so the band it falls in, if any, shows below it: the hatch
 #   is that range, gloo's thread's, not the training thread's stand in the check, which need not start or end with it

@@ -169,6 +169,45 @@ def test_the_legend_says_what_an_orange_bar_is():
     assert "message on the wire" in link and "collective in flight (held open included)" not in link
 
 
+def test_an_orange_bar_is_drawn_no_longer_than_its_range_and_names_what_it_is():
+    # Notebook 05's figure: each bar had a 0.5-pt brown edge line, so dozens of narrow bars drew longer than their
+    # ranges and covered the gaps between them (the orange read longer than the table's time in flight); and a row
+    # of the analysis, whose bars are the messages' all_reduce ranges only, had the legend's "collective in flight",
+    # which in the table counts every collective. Oracle: no stroke, so a bar's drawn extent is its path's, which
+    # must be its span; back to back bars in two shades; the row's own legend word.
+    from types import SimpleNamespace
+
+    import pandas as pd
+    from matplotlib.colors import to_hex
+
+    from minddp.analysis.timeline import draw_steps, rows_from_analysis
+
+    spans = [(60, 70), (50, 60), (80, 81)]  # not in order of start: the shades go by start
+    row = {"label": "s", "forward": [(0, 40)], "backward": [(40, 90)], "messages": spans, "end": 100}
+    fig = draw_steps([row])
+    (bars,) = [c for c in fig.axes[0].collections if c.get_gid() == "messages:s"]
+    assert list(bars.get_linewidths()) == [0]
+    extents = [(round(p.vertices[:, 0].min(), 6), round(p.vertices[:, 0].max(), 6)) for p in bars.get_paths()]
+    assert sorted(extents) == sorted(spans)
+    (again,) = [c for c in fig.axes[0].collections if c.get_gid() == "messages_alt:s"]  # the second by start
+    assert [(p.vertices[:, 0].min(), p.vertices[:, 0].max()) for p in again.get_paths()] == [(60, 70)]
+    assert list(again.get_linewidths()) == [0] and to_hex(again.get_facecolor()[0]) != to_hex(bars.get_facecolor()[0])
+    plt.close(fig)
+
+    phase = pd.DataFrame(
+        [(0, "s", name, a, b) for name, a, b in [("forward", 0, 40e3), ("backward", 40e3, 90e3), ("step", 0, 100e3)]],
+        columns=["rank", "stage", "phase", "start_us", "end_us"],
+    )
+    sent = pd.DataFrame(
+        [(0, "s", 55e3, 60e3, 70e3)], columns=["rank", "stage", "ready_us", "comm_start_us", "comm_end_us"]
+    )
+    (analysed,) = rows_from_analysis(SimpleNamespace(phases=phase, buckets=sent))
+    fig = draw_steps([analysed])
+    names = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    plt.close(fig)
+    assert "all_reduce range (held open included)" in names and not any("in flight" in n for n in names)
+
+
 def test_notebook_06s_figure_draws_each_mark_in_its_phase_with_no_lengths():
     # lesson.handed_picture: phases in order, each the same width, each mark inside the slot of the phase it was
     # handed over in (oracle: the times given, phase by phase), none on the axes' edge, and no time axis

@@ -11,7 +11,13 @@ A **step row** is a plain dict of spans in milliseconds from the step's start, f
   the call to the gather's end, or gloo's range of it), drawn over the top half of the band it falls in;
 * ``finish``, ``optimizer``: the spans of ``finish_gradient_synchronization()`` and ``optimizer.step()``;
 * ``end``: when the step ended; ``label``: the row's name; ``stage``: names the drawn spans;
-* ``link``: the emulated link's name, where the messages are its modeled transfers and the waits are known.
+* ``link``: the emulated link's name, where the messages are its modeled transfers and the waits are known;
+* ``wire`` (optional): the legend's name for the ``messages`` bars, where the row knows which ranges they are
+  (:func:`rows_from_analysis`: the messages' all_reduce ranges only); by default "message on the wire" on a link,
+  else "collective in flight (held open included)".
+
+The messages' bars have no edge line, so that a bar is drawn no longer than its span (to a pixel); a row's bars
+alternate two shades of orange, in the order they start, so that bars back to back are told apart.
 
 :func:`draw_steps` draws rows one above the other on a shared axis (``faded=True``: pale), in the
 colours every notebook shares (docs/analysis.md, "One step on one time axis"). :func:`row_sets` reads a row
@@ -36,6 +42,7 @@ COLORS = {
     "forward": "#deebf7",
     "backward": "#6baed6",
     "message": "#fd8d3c",
+    "message_alt": "#e6550d",  # every second message bar of a row: bars back to back told apart without edge lines
     "wait": "#d62728",
     "finish": "#8172b3",
     "optimizer": "#55a868",
@@ -68,8 +75,12 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
         bars("checks", -0.40, 0.20, COLORS["wait"], label="parameter check", hatch="xxxx", edgecolor="white")
         bars("optimizer", -0.40, 0.40, COLORS["optimizer"], label="optimizer step")
         bars("finish", -0.02, 0.06, COLORS["finish"], label="finish", zorder=3)  # above the ticks
-        wire = "message on the wire" if row.get("link") else "collective in flight (held open included)"
-        bars("messages", 0.06, 0.30, COLORS["message"], label=wire, edgecolor="#a0522d", linewidth=0.5)
+        wire = row.get("wire") or (
+            "message on the wire" if row.get("link") else "collective in flight (held open included)"
+        )
+        bars("messages", 0.06, 0.30, COLORS["message"], label=wire, linewidth=0)
+        second = sorted(row.get("messages", []))[1::2]  # by start: every second bar again, in the other shade
+        bars("messages_alt", 0.06, 0.30, COLORS["message_alt"], row={"messages_alt": second}, label="_", linewidth=0)
         if row.get("sent"):
             ax.plot(
                 row["sent"],
@@ -146,6 +157,7 @@ def rows_from_analysis(result, rank: int = 0) -> list[dict]:
                 if len(done)
                 else [],
                 "sent": list(b["ready_us"] * ms) if n else [],
+                "wire": "all_reduce range (held open included)",  # the check's and broadcasts' not drawn
                 "end": float(p.loc[p["phase"] == "step", "end_us"].max()) * ms,
             }
         )
