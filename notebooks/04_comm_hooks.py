@@ -185,7 +185,7 @@ lesson.claim(
 # * computes `Q = Mᵀ P` and all_reduces the Q's, divided by the world size: as every rank used the same `P`,
 #   the ranks' average of `Mᵀ P` is (the ranks' average of `M`)ᵀ `P`. That is why the Q's need the averaged P first;
 # * writes `P Qᵀ` over `M`, the ranks' average `M` projected onto `P`'s r columns; when the bucket's all_reduces
-#   are done, it keeps, for the next step, the copy made first minus what the hook returns, for the whole
+#   are done, it keeps, for the next step, the copy made first minus the average it hands back, for the whole
 #   bucket, its uncompressed tensors too, as torch's hook does: this rank's `M` minus the ranks' average `M`,
 #   plus the average `M` minus `P Qᵀ`. Only the second part is what compression left out; the first is this
 #   rank's own and, averaged over the ranks, is 0.
