@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 04 · Communication hooks: fewer bytes to send
+# # 04 · Communication hooks: a smaller payload
 #
 # Every minddp stage sends its gradients through a *comm hook*, `hook(state, bucket) ->
 # Future[Tensor]`: the interface of torch's `register_comm_hook`, with torch's names. The default
@@ -24,8 +24,8 @@
 #   divided values: the average), cast back: half the bytes;
 # * `powersgd`: approximate a gradient matrix `M` by `P Qᵀ`, two thin factors `P` and `Q` of low matrix rank, and
 #   send `P` and `Q` instead of `M` (only for the matrices large enough to gain from it: the other
-#   tensors go uncompressed, as the section on PowerSGD below says); with *error feedback*, what compression lost
-#   this step is added to the next step's gradient, so it is delayed rather than lost.
+#   tensors go uncompressed, as the section on PowerSGD below says), with *error feedback*: each rank keeps a
+#   tensor per bucket that it adds to that bucket's gradient on the next step (what it holds: that section).
 #
 # A word used two ways here: a **rank** is one of the training processes (rank 0, rank 1), as in
 # every notebook; the **matrix rank** of PowerSGD (`matrix_approximation_rank`, "rank 1") is the
@@ -46,8 +46,8 @@
 #   (equal at n = 2);
 # * for fp16 and bf16, and for PowerSGD on its first steps, the *relative gradient error* `‖ĝ − g‖ / ‖g‖`:
 #   how far the hook's average `ĝ` is from the *reference average* `g`, the float32 average of this step's
-#   gradients (`minddp.comm.measure.error_measured` computes `g` with an extra float32 all_reduce beside the
-#   hook, not counted as traffic);
+#   gradients (`minddp.comm.measure.error_measured` computes `g` with an extra float32 all_reduce before the
+#   hook's, not counted as traffic, and waits for it there: in this first run every hook's call waits for it);
 # * how far each hook's parameters end up from plain averaging's, relative to how far plain
 #   averaging moved them.
 #
@@ -104,8 +104,8 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # fp16 and bf16 in all 4. It is a distance between parameters after the optimizer's
 # steps, not a gradient error; the notebook does not relate the two.
 #
-# The cell after the table holds fp16's and bf16's gradient error against the most rounding alone can do
-# (`minddp.comm.measure.rounding_bound`, the bound the exercise checker judges a learner's fp16 hook
+# The cell after the table holds fp16's and bf16's gradient error against the bound on rounding alone, a
+# worst case (`minddp.comm.measure.rounding_bound`, the bound the exercise checker judges a learner's fp16 hook
 # by): on its way into the average, each rank's term of a value is rounded at most n + 1 times (its cast, its
 # division and at most n − 1 additions), each time by at most u = eps / 2 of its result, eps being the
 # 16-bit format's machine epsilon (`torch.finfo(dtype).eps`: float16's 2⁻¹⁰, bfloat16's 2⁻⁷), or by half the
@@ -178,14 +178,17 @@ lesson.claim(
 # On a compressing step the hook takes each gradient it compresses as an a × b matrix `M` (a rows, b columns:
 # lower-case b is a count, not the bandwidth B) and, at matrix rank r (in more detail: `powerSGD_hook`'s docstring, `minddp/comm/powerSGD_hook.py`):
 #
-# * adds to `M` what compression left out of it on the step before (error feedback), and keeps a copy;
+# * adds to `M` what this rank kept on the step before (error feedback, the last point), and keeps a copy;
 # * computes `P = M Q` (a × r), with `Q` (b × r) the one of the step before (a random one the first time),
 #   its columns made orthonormal;
 # * all_reduces the P's and makes each `P`'s columns orthonormal: every rank now holds the same `P`;
 # * computes `Q = Mᵀ P` and all_reduces the Q's, divided by the world size: as every rank used the same `P`,
 #   the ranks' average of `Mᵀ P` is (the ranks' average of `M`)ᵀ `P`. That is why the Q's need the averaged P first;
-# * writes `P Qᵀ` over `M`, the ranks' average `M` projected onto `P`'s r columns, and keeps the copy made first
-#   minus `P Qᵀ`: what compression left out, for the next step.
+# * writes `P Qᵀ` over `M`, the ranks' average `M` projected onto `P`'s r columns; when the bucket's all_reduces
+#   are done, it keeps, for the next step, the copy made first minus the average it hands back, for the whole
+#   bucket, its uncompressed tensors too, as torch's hook does: this rank's `M` minus the ranks' average `M`,
+#   plus the average `M` minus `P Qᵀ`. Only the second part is what compression left out; the first is this
+#   rank's own and, averaged over the ranks, is 0.
 #
 # Of a compressed matrix only its `P` and `Q` travel: (a + b) · r values instead of a · b. So PowerSGD's calls and payload change when
 # it starts compressing; the cell shows both at every step.
@@ -195,7 +198,7 @@ lesson.claim(
 # minddp's default, as torch's, is 2, so a vector never is), only if it holds any; one for all
 # its P factors; one for all its Q factors.
 # Its gradient error is not read on its compressing steps: with error feedback, each compressing step adds to the bucket,
-# before compressing it, what compression left out the step before, so the hook's average is not meant
+# before compressing it, what the rank kept the step before, so the hook's average is not meant
 # to equal this step's reference average, which is what the error measure compares it with.
 
 # %%
@@ -306,7 +309,7 @@ lesson.claim(
     f"On the link, half the bytes halve all but the fixed cost: fp16 takes {fp16['link ms (modelled)']:.1f} ms "
     f"against plain averaging's {plain['link ms (modelled)']:.1f} ms, that is ({plain['link ms (modelled)']:.1f} − "
     f"{fixed['fp16']:.1f}) / 2 + {fixed['fp16']:.1f}, where {fixed['fp16']:.1f} ms is the fixed cost of the "
-    f"{int(fp16['all_reduce calls'])} messages each of these two hooks sends ({per_message:.2f} ms a message).",
+    f"{int(fp16['all_reduce calls'])} messages each of these two hooks makes ({per_message:.2f} ms a message).",
 )
 last_bucket = LINK.seconds(*sent["allreduce"][-1], n) * 1e3
 lesson.claim(
@@ -324,7 +327,7 @@ lesson.claim(
     and exposed_ms <= transfer_ms + 1e-6
     and all(0 <= s and e <= step_ms for s, e in transfers),
     f"Plain averaging's transfers on the link (01's L), {transfer_ms:.1f} ms in all (its link time), lie inside its "
-    f"step; the training thread waited through {exposed_ms:.1f} ms of them (its exposed time) and not through the "
+    f"step; the training thread stood waiting through {exposed_ms:.1f} ms of them (its exposed time) and not through the "
     f"other {transfer_ms - exposed_ms:.1f} ms.",
 )
 lesson.say(
@@ -355,12 +358,13 @@ lesson.say(
 #   is paid 2(n − 1) times, while the bytes each rank sends, 2(n − 1)/n · S, stay under 2S
 #   whatever n. An n* below 2 means plain averaging's link time is the shorter at any number of ranks;
 # * **bucket size**: a bucket of m bytes (what `bucket_cap_mb` sets, not the model's size), compressed to q · m
-#   (q = S′/S, the compression ratio; not PowerSGD's matrix rank), pays two extra messages (3 against 1, as every
+#   (q = S′/S, PowerSGD's payload as a share of plain averaging's, smaller for more compression; not PowerSGD's
+#   matrix rank, nor its `min_compression_rate`, a threshold on before ÷ after), pays two extra messages (3 against 1, as every
 #   bucket here; a bucket with no tensor left uncompressed pays one), so compressing it saves
 #   link time only for `m > m* = 2 n α B / (1 − q)`: m* grows as n, so a bucket that gains on few ranks may not
 #   on more. m* assumes a bucket compresses as well as this
-#   step's buckets did together (q is the whole step's, the tensors PowerSGD sends uncompressed
-#   included): matrix rank 1 sends a + b values for an a × b matrix, against a · b, so a bucket of
+#   step's buckets did together (q is the whole step's, the tensors PowerSGD leaves uncompressed
+#   included): matrix rank 1 all_reduces a + b values for an a × b matrix, against a · b, so a bucket of
 #   smaller matrices has a larger q, and a larger m*.
 #
 # The cell prices this step's messages (the sizes recorded above) on every preset link with the
@@ -385,7 +389,7 @@ from minddp.comm.link import GBIT, PRESETS, LinkSpec
 HOOK_NAMES = {"allreduce": "plain averaging", "powersgd": "PowerSGD"}
 c, S = int(plain["all_reduce calls"]), sum(m for _, m in sent["allreduce"])
 c2, S2 = int(psgd["all_reduce calls"]), sum(m for _, m in sent["powersgd"])
-q = S2 / S  # the compression ratio (not PowerSGD's matrix rank)
+q = S2 / S  # PowerSGD's payload as a share of plain averaging's (not PowerSGD's matrix rank)
 
 
 def step_link_ms(hook, spec):
@@ -448,8 +452,8 @@ bandwidths = [GBIT * 10 ** (e / 20) for e in range(-40, 81)]  # 0.01 Gbit/s to 1
 for alpha, style in ((LINK.latency, "-"), (PRESETS["nvlink"].latency, ":")):
     for hook, color in (("allreduce", "#4c72b0"), ("powersgd", "#55a868")):
         ax.plot(
-            [b / GBIT for b in bandwidths],
-            [step_link_ms(hook, LinkSpec("", b, alpha)) for b in bandwidths],
+            [bw / GBIT for bw in bandwidths],
+            [step_link_ms(hook, LinkSpec("", bw, alpha)) for bw in bandwidths],
             style,
             color=color,
             label=f"{HOOK_NAMES[hook]}, α = {alpha * 1e6:g} µs",
@@ -484,7 +488,7 @@ wins.round(3)
 # What the link's model (*link ms*) leaves out: the hooks' own compute (the casts; PowerSGD's matrix
 # products and orthogonalization), which this notebook does not time apart; the training thread's waits
 # after a modelled transfer has ended, for the other rank or the real all_reduce; and PowerSGD's error
-# feedback's memory, one more gradient-sized tensor per rank. This notebook
+# feedback's memory and its copies of the buckets (`minddp/comm/powerSGD_hook.py`). This notebook
 # models a ring only.
 # Real libraries may also count α differently (NCCL can send small messages along a tree, whose
 # fixed cost grows like log n rather than 2(n − 1)); if the α term shrinks and the bytes' term
@@ -500,8 +504,8 @@ wins.round(3)
 # all_reduce and, where the bucket has any, the uncompressed tensors', so the backward that calls it waits there
 # too, where torch's hook chains that work on a Future
 # (`_compute_qs` in `minddp/comm/powerSGD_hook.py` says why). So, by its code, on a compressing step PowerSGD's
-# hook holds up the backward that calls it until those all_reduces are done, where the other hooks return without
-# waiting: the hooks do not run the same schedule. No cell in this notebook counts or times those waits. A hook
+# hook holds up the backward that calls it until those all_reduces are done; the code of minddp's other hooks
+# does not wait (the error measurement of the first run, a wrapper, does). No cell in this notebook counts or times those waits. A hook
 # that needs no such second collective has no reason to wait, and the exercise below asks yours not to.
 #
 # ## Your turn: an fp16 hook
@@ -513,9 +517,10 @@ wins.round(3)
 # Future? of one tensor? of the right size and dtype? the average, not the sum? how far off, against
 # the bound on float16 rounding derived above, `minddp.comm.measure.rounding_bound`? how many bytes?
 # does it return before its all_reduce is waited for? do gradients whose float16 sum would overflow
-# come back finite?), then trains with it for 3 steps in the `bucket-async` stage and says how far its parameters ended from those
-# of torch's DDP running torch's own `fp16_compress_hook` (that distance is not judged: a hook that casts
-# and divides in another order than torch's may end farther from torch's parameters and still pass). A hook that passes on 2 ranks is checked once
+# come back finite?), then trains with it for 3 steps in the `bucket-async` stage and prints the largest difference
+# between any of its parameters and those of torch's DDP running torch's own `fp16_compress_hook`: an absolute
+# difference, against torch's hook, not the relative param distance to plain averaging above. It is not judged:
+# a hook that casts and divides in another order than torch's may differ more and still pass. A hook that passes on 2 ranks is checked once
 # more on 3, where a world size written as a number (`/ 2`) no longer gives the average. The error and
 # the bound it prints are for that test bucket's values, not for the workload's gradients: they are
 # not fp16's error and bound printed above for this step.
@@ -552,7 +557,8 @@ show_source(solutions.fp16_compress_hook)
 check_hook(solutions.fp16_compress_hook, like="fp16")
 
 # %% [markdown]
-# Next: `05_reading_traces` profiles every stage and reads where the time of a step goes.
+# Next: `05_reading_traces` profiles the stages that keep a whole replica on every rank, and reads where the
+# time of a step goes.
 
 # %%
 # %dist_shutdown
