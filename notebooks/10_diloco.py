@@ -39,8 +39,7 @@
 # model can reach: the uncertainty the chain itself leaves in the next token) is known exactly, and
 # so is any model's **expected loss**: the model's cross-entropy over all 1024 contexts (the last two
 # tokens), each weighted by how often the chain is in it, computed in closed form. No evaluation set
-# is sampled, so it has no evaluation noise (the bench's own files, `docs/diloco.md`, call it the
-# held-out loss; nothing is held out). Two ranks, one replica each.
+# is sampled, so it has no evaluation noise (and nothing is held out). Two ranks, one replica each.
 
 # %%
 # %load_ext minddp.notebook
