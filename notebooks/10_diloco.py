@@ -39,8 +39,7 @@
 # model can reach: the uncertainty the chain itself leaves in the next token) is known exactly, and
 # so is any model's **expected loss**: the model's cross-entropy over all 1024 contexts (the last two
 # tokens), each weighted by how often the chain is in it, computed in closed form. No evaluation set
-# is sampled, so it has no evaluation noise (the bench's own files, `docs/diloco.md`, call it the
-# held-out loss; nothing is held out). Two ranks, one replica each.
+# is sampled, so it has no evaluation noise (and nothing is held out). Two ranks, one replica each.
 
 # %%
 # %load_ext minddp.notebook
@@ -131,8 +130,8 @@ lesson.claim(
 # (it points the way a gradient does: against the step the replica took), and gives it to a real
 # optimizer, the outer one: SGD with lr 0.7 and Nesterov momentum 0.9 by default. `diloco.py`'s own
 # list of what it does (items 1 to 3; items 4 to 6 are streaming DiLoCo's, printed in its section),
-# then the change from `local_sgd.py` for plain DiLoCo (`-` its lines, `+` diloco.py's that replace
-# them, their comments numbered by the list). At `...` the comm hook averages the pseudo-gradient over
+# then the change from `local_sgd.py` for *plain DiLoCo*, DiLoCo not streamed: the whole model in one
+# sync (`-` its lines, `+` diloco.py's that replace them, their comments numbered by the list). At `...` the comm hook averages the pseudo-gradient over
 # the replicas as it averaged the weights; the lines that hand it over and wait for the result are
 # `_send`'s and `_apply`'s, two methods because streaming DiLoCo waits later. The `+` lines are the
 # idea: `pseudo` = synced − local; the synced weights put back; the averaged pseudo-gradient as their
@@ -178,8 +177,8 @@ lesson.claim(
 
 # %% [markdown]
 # That is one seed on 2 replicas. The bench compares the rungs over more seeds and steps: each run's
-# loss after equal bytes and at the end; the claims under the figure say how each ends against local SGD,
-# one replica alone and DDP.
+# loss after equal bytes and at the end (the lines under the figure); how each ends against local SGD,
+# one replica alone and DDP is in the claims of the cell after them.
 #
 # `python -m minddp.bench.convergence` runs every rung on 4 replicas,
 # 2000 steps, 5 seeds; its results are committed (`docs/diloco/convergence.json`), and the figure and
@@ -294,9 +293,8 @@ print(
 # another (the claims the takeaway rests on); last, at H = 100, the mean loss of local SGD, DiLoCo and
 # `diloco-h100-lr1` at the start and after each of their first 3 syncs (streaming DiLoCo, whose
 # fragments sync at other steps, is not in it), and how far DiLoCo's first outer step moves the synced
-# weights: torch's SGD with Nesterov momentum takes its first step with the gradient plus the momentum
-# times itself, so it moves further than the learning rate times the gradient. Whether that is what
-# raises DiLoCo's loss after a sync was not separated.
+# weights, as a multiple of their distance to the replicas' mean: a multiple of one lands on the mean,
+# as local SGD does; a larger one goes past it.
 
 # %%
 import torch
@@ -480,9 +478,12 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # bytes at the link's bandwidth (on 2 ranks, the payload once), so the larger fragment, the one that holds
 # the large weight, takes longer. Where that time is longer than the τ steps from its hand-over to the
 # applying step's `wait()`, that step waits; where it is shorter, the step may still wait a little for
-# the real all_reduce. The lines under the figure give both times for each message, the τ steps' time measured anew for each (the code of the figure and of its
-# lines collapsed), and whether it waited, and how long. On this shared machine a step's time varies
-# from one step to the next, so whether a message waits, and for how long, varies from run to run.
+# the real all_reduce. The lines under the figure give both times for each message (the code of the
+# figure and of its lines collapsed), and whether it waited, and how long. Their "ms of steps" is the
+# time from the tick to the applying step's `wait()`, measured anew for each message: the τ steps and
+# any white between them (below), so its ÷ τ is that time spread over the τ steps, not one step's
+# compute. On this shared machine that time varies from one message to the next and from run to run,
+# so whether a message waits, and for how long, varies too.
 #
 # Each inner step is its forward (pale), backward (blue) and optimizer step (green), whose post-hook
 # hands a fragment's pseudo-gradient to the link in steps 10 and 18 (the tick) and, in steps 16 and
@@ -680,7 +681,7 @@ print(check_fragment_schedule(solutions.fragment_to_send))
 # backward): DDP (its gradients every step), DiLoCo with H = 100, and streaming DiLoCo with H = 100,
 # 4 equal fragments and τ = 10 (settings of this section alone, not those of the runs above), on seven
 # of the preset links, the widest first.
-# *Plain DiLoCo* below is DiLoCo not streamed: the whole model
+# *Plain DiLoCo* below is, as before, DiLoCo not streamed: the whole model
 # in one sync. The lines after the table take it apart (their code collapsed; in it `exposed_s` is the
 # step-time model's *exposed* time, the time the replica waits for the link, a period's spread over
 # its H inner steps).
@@ -817,16 +818,13 @@ lesson.claim(
 #   nothing, where local SGD ends below one replica alone at every H (100 included), in every seed.
 # * At H = 100 the sweep separates one thing: `diloco-h100-lr1` differs from local SGD in the Nesterov
 #   momentum alone, and it too ends above local SGD in every seed (the sweep's claim), so there the
-#   momentum alone costs loss. Early in the runs, after one of their first 3 syncs the mean of each
-#   DiLoCo run (lr 1 and the default) rises where local SGD's falls after each (the last printed lines
-#   of the cell after the figure's, from scores above the figure's cut, with where the default DiLoCo
-#   is below local SGD). The weights scored change only at a sync (the synced weights; local SGD's last
-#   average), so each change from one of these scores to the next is one sync's update. Compare each
-#   DiLoCo score in that printed line with the start's: one above it is worse than the untrained model.
-#   The Nesterov momentum makes the first outer step move the synced weights
-#   further than the learning rate alone would (how much further is printed there too); whether that
-#   causes the rises was not separated. No outer lr tried (0.3 to 1) ends below local SGD; their final losses
-#   are printed under the figure.
+#   momentum alone costs loss. Early in the runs the mean of each DiLoCo run (lr 1 and the default)
+#   rises after at least one of its first 3 syncs, where local SGD's falls after each (the claim after
+#   the line "at H = 100, the mean expected loss at steps 0, 100, 200 and 300", which gives the means).
+#   The weights scored change only at a sync (the synced weights; local SGD's last average), so each
+#   change from one of these scores to the next is one sync's update. What makes them rise was not
+#   separated. No outer lr tried (0.3 to 1) ends below local SGD; their final losses are printed under
+#   the figure.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so the
 #   message can travel during those τ steps; where its time on the link is longer than they last, the
@@ -839,9 +837,9 @@ lesson.claim(
 # * The step-time model *predicts* (for a 360 M-parameter model; not measured here) what the claims
 #   under its table check: on `wan` DDP computes less than 5 % of the time and streaming DiLoCo
 #   (4 fragments, τ = 10) all of it (its row of the table; on `wan` a fragment's time on the link fits
-#   in its τ steps); streaming hides a fragment whole only where its time on the
-#   link fits in its τ steps, and on the three slower links it does not (each rung's share on each link
-#   is in the table). It sends the same bytes a period as plain DiLoCo, so where those take longer on
+#   in its τ steps); streaming computes all of the time only where a fragment's time on the link fits
+#   in its τ steps, and on the three slower links it does not (each rung's share on each link is in the
+#   table). It sends the same bytes a period as plain DiLoCo, so where those take longer on
 #   the link than the period computes (`100mbit`, `home`), it computes less than one percentage point
 #   more of the time than plain DiLoCo (a claim under the table). The step-time model counts only
 #   compute and the link, and utilisation is time, not progress. `docs/benchmarks.md` (*Slow links*)

@@ -1,4 +1,4 @@
-"""``python -m minddp.bench.convergence``: does DiLoCo reach DDP's held-out loss with H times fewer bytes?
+"""``python -m minddp.bench.convergence``: does DiLoCo reach DDP's expected loss with H times fewer bytes?
 
 The slow-link rungs (:mod:`minddp.diloco`) are exact where exactness exists (the tests), but whether
 talking every H steps *learns as well* is an empirical claim, and this command measures it instead of
@@ -6,9 +6,9 @@ assuming it. One run:
 
 1. **the task** (:class:`MarkovTask`): language modelling of a Markov chain over 32 tokens whose next
    token depends on the last two through a fixed random "teacher" network. Its entropy rate is known
-   exactly (the *floor*: no model can go below it), and so is any model's held-out loss: the
+   exactly (the *floor*: no model can go below it), and so is any model's *expected loss*: the
    cross-entropy averaged over every one of the 1024 contexts with the chain's stationary weights,
-   computed in closed form (no sampled evaluation set, so no evaluation noise);
+   computed in closed form (no sampled evaluation set, so no evaluation noise; nothing is held out);
 2. **the runs**, on ``--replicas`` ranks over gloo (:func:`minddp.launch`), each rank one replica that
    samples its own chains: DDP at the global batch (the ``ddp`` stage), one replica alone (``single``,
    a quarter of the data with 4 replicas), local SGD and DiLoCo at several H, streaming DiLoCo, and
@@ -20,7 +20,7 @@ assuming it. One run:
 3. **repeated** for ``--seeds`` seeds (the seed changes the student's start and every chain), so the
    spread between seeds is stated beside every difference;
 4. **reports** into ``--out``: ``convergence.json`` (every curve), ``loss_vs_steps.png``,
-   ``loss_vs_bytes.png`` and ``table.md`` (the held-out loss at the end, mean and range over the
+   ``loss_vs_bytes.png`` and ``table.md`` (the expected loss at the end, mean and range over the
    seeds, its gap to DDP's in percent of the loss and of the excess over the floor, bytes per
    replica and how many times fewer than DDP's).
 
@@ -29,7 +29,7 @@ assuming it. One run:
 
 Example::
 
-    $ python -m minddp.bench.convergence --seeds 5 --out docs/diloco     # ~40 min on 2 busy CPU cores
+    $ python -m minddp.bench.convergence --seeds 5 --out docs/diloco     # about an hour on 2 busy CPU cores
     $ python -m minddp.bench.convergence --steps 200 --seeds 1 --configs ddp,diloco-h10 --out /tmp/conv
 """
 
@@ -104,7 +104,7 @@ class MarkovTask:
         raise RuntimeError("the chain's stationary distribution did not converge")
 
     def loss(self, model: nn.Module) -> float:
-        """The held-out loss, exactly: the cross-entropy of ``model``'s predictions over the chain's long run."""
+        """The expected loss, exactly: the cross-entropy of ``model``'s predictions over the chain's long run."""
         with torch.no_grad():
             log_q = torch.log_softmax(model(self.context_tokens()).double(), dim=-1)
         return float(-(self.stationary.unsqueeze(1) * self.probs * log_q).sum())
@@ -153,7 +153,7 @@ def agreed_weights(rung, model: nn.Module, last_average: list[torch.Tensor] | No
 
 
 def train_config(name: str, task: MarkovTask, seed: int, steps: int, batch: int, lr: float, eval_every: int) -> dict:
-    """One configuration on this rank: the held-out loss of the agreed weights and the bytes sent, every
+    """One configuration on this rank: the expected loss of the agreed weights and the payload bytes, every
     ``eval_every`` steps (rank 0's record; ``single`` trains on rank 0 only)."""
     import torch.distributed as dist
 
@@ -228,7 +228,7 @@ def run(names: list[str], seeds: int, replicas: int, steps: int, batch: int, lr:
 
 
 def summary(results: dict) -> list[dict]:
-    """Per configuration: the final held-out loss (mean, range over seeds), its gap to DDP's, bytes per replica."""
+    """Per configuration: the final expected loss (mean, range over seeds), its gap to DDP's, bytes per replica."""
     floor, curves = results["floor"], results["curves"]
 
     def final(name: str) -> list[float]:
@@ -261,8 +261,8 @@ def summary(results: dict) -> list[dict]:
 def markdown(rows: list[dict], floor: float) -> str:
     """The table of :func:`summary` in markdown."""
     lines = [
-        f"| run | held-out loss (mean over seeds; min-max) | above the floor ({floor:.4f}) | vs DDP: % of loss | "
-        "vs DDP: % of DDP's excess | MB sent per replica | times fewer bytes than DDP | syncs |",
+        f"| run | expected loss (mean over seeds; min-max) | above the floor ({floor:.4f}) | vs DDP: % of loss | "
+        "vs DDP: % of DDP's excess | MB payload per replica | times fewer bytes than DDP | syncs |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
@@ -290,7 +290,7 @@ def _style(name: str, config: dict) -> dict:
 
 
 def plot(results: dict, folder: str) -> list[str]:
-    """The held-out loss against inner steps and against bytes sent (mean over seeds, min-max shaded): the whole
+    """The expected loss against inner steps and against payload bytes (mean over seeds, min-max shaded): the whole
     run on the left, its second half enlarged on the right."""
     import matplotlib
 
@@ -302,7 +302,7 @@ def plot(results: dict, folder: str) -> list[str]:
     written = []
     for x_key, label, filename in (
         ("step", "inner steps (optimizer steps of each replica)", "loss_vs_steps.png"),
-        ("bytes", "bytes each replica sent to the all_reduce (log scale)", "loss_vs_bytes.png"),
+        ("bytes", "payload bytes each replica handed to the all_reduce (log scale)", "loss_vs_bytes.png"),
     ):
         fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
         for ax, zoom in zip(axes, (False, True)):
@@ -324,7 +324,7 @@ def plot(results: dict, folder: str) -> list[str]:
             if x_key == "bytes":
                 ax.set_xscale("log")
             ax.set_xlabel(label)
-            ax.set_ylabel("held-out loss (nats, exact)")
+            ax.set_ylabel("expected loss (nats, exact)")
             if zoom:
                 ax.set_ylim(floor - 0.005, max(ends) + 0.1 * (max(ends) - floor) + 0.01)
                 ax.set_title("the second half, enlarged", fontsize=10)
@@ -362,7 +362,7 @@ PROG = "python -m minddp.bench.convergence"
 
 #: The examples of ``--help``.
 EXAMPLES = [
-    f"{PROG} --seeds 5 --out docs/diloco           # every run of docs/diloco.md (~40 min, 2 cores)",
+    f"{PROG} --seeds 5 --out docs/diloco           # every run of docs/diloco.md (about an hour, 2 cores)",
     f"{PROG} --steps 200 --seeds 1 --configs ddp,diloco-h10 --out /tmp/conv   # a quick look",
     f"{PROG} --plot docs/diloco                    # the figures and table again from the saved curves",
 ]
