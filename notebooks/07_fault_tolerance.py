@@ -87,9 +87,8 @@
 #   quorum once every live slot has asked (at the run's first quorum, and at the first attempt of a
 #   step of `full_world_at` below, once every slot has). A silent slot is evicted (the launcher
 #   ends its process and starts it again, as after a kill), unless it is the last holder of the trained state (question 1 below);
-# * `full_world_at=(4, 9)`: the lighthouse answers the quorum of the first attempt at steps 4 and 9
-#   only once all three slots have asked, whatever the machine's speed: the kill meets a full world,
-#   and slot 1 is back, healed, by step 9 (slots 0 and 2 wait for it there if it is not back
+# * `full_world_at=(9,)`: the lighthouse answers the quorum of the first attempt at step 9 only
+#   once all three slots have asked: slot 1 is back, healed, by step 9 (slots 0 and 2 wait for it there if it is not back
 #   sooner), before the raise of step 11 (so the heal and the raise each show on their own);
 # * `restart_after_steps=1`: the launcher starts a killed slot again only once a step was committed
 #   without it, so the run shows steps committed at world 2;
@@ -98,7 +97,8 @@
 #   and again after each discarded attempt (the checks further down).
 #
 # `run.report()` gives one line per fault: its **recovery**, seconds from the fault to the first
-# commit of its step or a later one, and, for a fault that ended a process, its **rejoin**, seconds
+# commit of its step or a later one (that step and its world in brackets), the number of attempts
+# discarded from the fault to that commit, and, for a fault that ended a process, its **rejoin**, seconds
 # from the fault to the quorum that takes the slot's new process back (the state is sent to it just
 # after that quorum).
 
@@ -113,7 +113,7 @@ run = launch_ft(
     world_size=3,
     faults=parse_faults("kill@4:1,raise@11:2"),
     hang_s=hang_s,
-    full_world_at=(4, 9),
+    full_world_at=(9,),
     restart_after_steps=1,
     digests=True,
     run_timeout_s=300,
@@ -149,7 +149,7 @@ for line in run.report():
 #   final state arrives), takes in what the processes sent it, and records the exit for the
 #   lighthouse (the second);
 # * **next quorum**: the lighthouse answers, with a new tag, once every live slot has asked; slot 1
-#   counts as live until the lighthouse has read the exit's record (the second claim);
+#   counts as live until the lighthouse has read the exit's record;
 # * **work started** and **work done**: in the attempt that committed the step, the last member to
 #   start and the last to finish its work (forward, backward, all_reduce). Before the start each
 #   member builds the new group (after the kill, of 2) and takes its digest; after the end it votes;
@@ -165,12 +165,13 @@ for line in run.report():
 #
 # The last lines cut both recoveries into six spans, between the rows the two tables share, so the
 # last column adds up to the difference of the recoveries (measured, not claimed): read all of it,
-# not only the wait. Only a peer's error and the discard can come in either order (the lighthouse
-# may discard first, on the raising slot's own no or once a slot that has not voted is no longer
-# live); then the span between them is negative. Where the discard comes before the exit's record (the kill's table shows their
-# order), the kill's span from the discard to the next quorum holds the wait for that record; its
-# row in the last column is that span minus the raise's, not the wait itself. The run times
-# nothing inside the first span nor inside the work, so it does not show why those differ.
+# not only the wait. The two retries are not the same work: the kill's step was trained again at
+# world 2, the raise's at world 3 (the report's lines), so the spans from the next quorum to the
+# commit set an attempt of two members against one of three. Of the six spans, only the one from
+# the discard to the next quorum has a moment timed inside it: where the discard comes before the
+# exit's record (the kill's table shows their order), the kill's span holds the wait for that
+# record. The last line splits the difference into that span's row and the other five's; the run
+# does not show why those five differ.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -258,6 +259,11 @@ print(
 print(f"  {'':<36}{'kill':>6}{'raise':>6}{'kill - raise':>14}")
 for (name, k), r in zip(spans(kill).items(), spans(raised).values()):
     print(f"  {name:<36}{k:>6}{r:>6}{k - r:>+14}")
+held = spans(kill)["from the discard to the next quorum"] - spans(raised)["from the discard to the next quorum"]
+print(
+    f"of the {longer:+} ms: the span from the discard to the next quorum (the only one with a moment timed "
+    f"inside it) {held:+} ms, the other five {longer - held:+} ms"
+)
 
 # %% [markdown]
 # The kill also ended slot 1's process: its **rejoin** (the report's first line) ends at the quorum
@@ -290,7 +296,7 @@ print(
 # So the rejoin is not the time a heal takes: the heal, the state sent just after that quorum, is
 # not timed. Until its first heartbeat the new process was not live, so slots 0 and 2 trained
 # without it at world 2 until step 9, then waited at step 9 for it because this notebook sets
-# `full_world_at=(4, 9)`. They ask for a step's quorum as soon as they have committed the step
+# `full_world_at=(9,)`. They ask for a step's quorum as soon as they have committed the step
 # before, so the time from their last commit to the quorum (the last line above) is the lighthouse
 # waiting for the new process alone, and the new process's share of the rejoin is its starting up,
 # to its first request: it imports the `ft` modules, connects to the lighthouse, builds its model,
@@ -502,18 +508,15 @@ show_source(solutions.ft_shard)
 # without it, here after step 4, and in the run above its new process took far longer to start than
 # the survivors took to commit a step (the rejoin's lines above), so it is not back when slot 2 dies
 # in step 5: the world goes down to 1, slot 0 training alone on the whole batch. Slot 2 is started
-# again once step 5 is committed without it, so both new processes are starting at once, and slot 0
-# alone reaches step 9 before either asks. There `full_world_at=(4, 9)` holds the quorum until all
-# three slots have asked, so both are healed in that one quorum: in a run like the one above, the
-# world row goes from 1 straight back to 3 at step 9. Killing all three in the same step leaves
+# again once step 5 is committed without it, and `full_world_at=(9,)` holds step 9's quorum until
+# all three slots have asked, so the world is back to 3 by step 9 at the latest. Killing all three in the same step leaves
 # no holder: in this design, as in torchft's, the trained state lives only in the training processes, so
 # nothing is left to heal from. A design that keeps a copy elsewhere (a checkpoint on disk, or a
 # replica of the state outside the training processes) could bring it back. The processes started
 # again would hold a fresh initialisation, so minddp stops the run with one line rather than train
 # the committed steps again (its line gives each exit's code: -9 is a process ended by signal 9,
 # SIGKILL, the injected kill). The first cell below runs it with the main run's settings but 6 steps,
-# `full_world_at=(4,)` alone (so that the three kills meet three live processes), no digests and no
-# 10 ms pause (it only stands in for compute).
+# no `full_world_at`, no digests and no 10 ms pause (it only stands in for compute).
 #
 # </details>
 #
@@ -545,7 +548,6 @@ try:  # question 2: every slot killed in the same step
         world_size=3,
         faults=parse_faults("kill@4:0,kill@4:1,kill@4:2"),
         hang_s=5.0,
-        full_world_at=(4,),
         restart_after_steps=1,
         run_timeout_s=300,
     )
