@@ -88,10 +88,8 @@ print("all pieces gathered:", whole.tolist(), "= all_reduce:", torch.equal(whole
 # %% [markdown]
 # The ring all_reduce of the earlier notebooks is the same two, a reduce-scatter then an all-gather:
 # `ring.reduce_scatter` and `ring.all_gather` above cut the whole tensor into n equal pieces (they refuse
-# a whole tensor that is not n times the piece) and pass them to `reduce_scatter_chunks` and
-# `all_gather_chunks` (`minddp/collectives/ring.py`, whose code calls these pieces `chunks`: there a
-# chunk is 1/n of whatever tensor the ring is given, a bucket say, not the chunk of a parameter tensor
-# this notebook means by the word elsewhere);
+# a whole tensor that is not n times the piece) and pass them to `reduce_scatter_pieces` and
+# `all_gather_pieces` (`minddp/collectives/ring.py`);
 # `ring_all_reduce` cuts any length, with `tensor_split` (pieces whose lengths differ by at most one
 # element), and calls both:
 
@@ -502,10 +500,7 @@ show_source(reduce_scatter_hook)
 # hands back only its `Work` (the handle a caller waits on), with no Future to chain to. So on gloo
 # minddp runs zero2's and fsdp's reduce-scatters as all_reduces of the whole tensor they are given (a
 # zero2 bucket, an fsdp unit's gradients) and keeps the piece a reduce-scatter would have left this
-# rank. The `Wire`'s docstring (`minddp/comm/wire.py`) gives a second reason: gloo's reduce-scatter is
-# slower than its all_reduce of the same tensor (`docs/sharding.md` quotes one measurement, 16 MiB at 2
-# ranks on a shared machine under load, against an all_reduce that keeps the piece; no cell here
-# times either). Each look below is its trainee's second step: the first was the memory step above, so
+# rank. Each look below is its trainee's second step: the first was the memory step above, so
 # zero2's look starts by gathering the parameters that step updated.
 
 # %%
@@ -636,9 +631,9 @@ lesson.claim(
 # the ZeRO-2 section) recorded: its phases in their order (each micro-batch's forward and backward,
 # then the update), each drawn the same width, and a mark for each gradient collective and each
 # all-gather of parameters its look counted, in the phase it was handed over in. It shows the order of
-# events only, no lengths: within a phase the marks of both kinds together are spread evenly, in the
-# order they were handed over (black marks drawn a little above brown ones: the order between the
-# two kinds is read from their x positions), so the spacing of either kind, seen alone, is not its timing either:
+# events only, no lengths: within a phase each kind's marks are spread evenly on a line of their own
+# (black above brown), in the order they were handed over, so that each kind can be counted; the order
+# between the two kinds is not drawn, and the spacing is not timing either:
 # zero2's all-gathers, which `gather_parameters` hands over together before the first module runs
 # (the ZeRO-2 section), are drawn across the whole of its forward 1. Each bar names its phase as the ✓
 # lines printed with the figure do (`lesson.handed_in`: "forward 1", "backward 3", "update"). The
@@ -780,9 +775,9 @@ trade.round(1)
 # and against the model answer (`like="halves"`). It trains its own small
 # network in two buckets, one of an odd length, which tests your padding; some wrong answers come out
 # right at two ranks (padding by `numel % n` instead of `-numel % n`, or a `2` written for the world
-# size), so an answer accepted at two ranks is checked again at three. Its buckets are flat tensors:
-# it does not check an answer on a tensor of more dimensions (one that copies the flat sum back
-# without `.view_as(tensor)` passes here).
+# size), so an answer accepted at two ranks is checked again at three. Its buckets are flat tensors,
+# so after training it also hands `my_all_reduce` a tensor of 5 × 7 values, which a sum copied back
+# without `.view_as(tensor)` does not fit.
 
 # %%
 import torch

@@ -924,6 +924,26 @@ def _halves_piece_copied_back(tensor, group):
     tensor.copy_(piece)
 
 
+def _halves_copied_back_flat(tensor, group):
+    """Copies the sum back flat, without ``.view_as(tensor)``: right on the flat buckets, refused by ``copy_`` on a
+    tensor of more dimensions (it broadcasts a 1-D tensor along the last dimension only)."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded[: flat.numel()])
+
+
+def _halves_copied_back_transposed(tensor, group):
+    """Shapes the flat sum as the tensor's shape reversed and transposes it back (columns first): right on the flat
+    buckets, whose shape reversed is their own; on a tensor of 5 x 7 the values land in the wrong places."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded[: flat.numel()].view(tensor.shape[::-1]).t())
+
+
 def _halves_copied_from_input(tensor, group):
     """Gathers the pieces into a new tensor, then copies back from the padded input (this rank's own values)."""
     flat, padded, n = _padded(tensor, group)
@@ -1065,6 +1085,8 @@ HalvesPadTwoHardCoded = _halves_with("HalvesPadTwoHardCoded", _halves_pad_two_ha
 HalvesGatheredUnpadded = _halves_with("HalvesGatheredUnpadded", _halves_gathered_unpadded)
 HalvesPaddingCopiedBack = _halves_with("HalvesPaddingCopiedBack", _halves_padding_copied_back)
 HalvesPieceCopiedBack = _halves_with("HalvesPieceCopiedBack", _halves_piece_copied_back)
+HalvesCopiedBackFlat = _halves_with("HalvesCopiedBackFlat", _halves_copied_back_flat)
+HalvesCopiedBackTransposed = _halves_with("HalvesCopiedBackTransposed", _halves_copied_back_transposed)
 HalvesCopiedFromInput = _halves_with("HalvesCopiedFromInput", _halves_copied_from_input)
 HalvesWorldWithoutGroup = _halves_with("HalvesWorldWithoutGroup", _halves_world_without_group)
 HalvesWorldImported = _halves_with("HalvesWorldImported", _halves_world_imported)

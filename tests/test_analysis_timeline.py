@@ -247,6 +247,19 @@ def test_notebook_06s_figure_draws_each_mark_in_its_phase_with_no_lengths():
     lo, hi = ax.get_xlim()
     assert all(lo < x < hi and min(x - lo, hi - x) > 0.1 for m in marks.values() for _, x in m)
     assert list(ax.get_xticks()) == [] and "same width" in ax.get_xlabel()
+    # two kinds in one phase: each kind spread evenly across it on its own line, countable (not interleaved)
+    both = {"c": {"row": row([(0, 100)], [(100, 400)], (410, 420)), "handed": {"calls": [110, 130, 150],
+                                                                               "gathers": [120]}}}  # fmt: skip
+    ax_c = lesson.handed_picture(both, ["c"], title="t").axes[0]
+    fwd_c, bwd_c, _ = sorted(
+        (float(c.get_paths()[0].vertices[:, 0].min()), float(c.get_paths()[0].vertices[:, 0].max()))
+        for c in ax_c.collections
+    )
+    lines = {}
+    for line in ax_c.get_lines():
+        for x, y in zip(line.get_xdata(), line.get_ydata()):
+            lines.setdefault(float(y), []).append(round((float(x) - bwd_c[0]) / (bwd_c[1] - bwd_c[0]), 6))
+    assert sorted(sorted(v) for v in lines.values()) == [[round(1 / 6, 6), 0.5, round(5 / 6, 6)], [0.5]], lines
     # each bar named as handed_in names its phase, left to right in each row
     named = {}
     for t in ax.texts:

@@ -18,7 +18,7 @@ from test_collectives import sum_rounding_bound
 from minddp import launch
 from minddp.collectives import NO_COMMUNICATION, TRANSPORTS
 from minddp.collectives.halves import halves_all_reduce
-from minddp.collectives.ring import all_gather_chunks, reduce_scatter_chunks
+from minddp.collectives.ring import all_gather_pieces, reduce_scatter_pieces
 from minddp.comm.wire import Traffic, Wire
 from minddp.runtime.compat import all_gather_single, reduce_scatter_single
 
@@ -70,8 +70,8 @@ def compare_on_rank() -> list[str]:
     # all_reduce is reduce-scatter then all-gather, chunk for chunk (uneven chunks included).
     x = torch.randint(-8, 9, (11,), generator=torch.Generator().manual_seed(rank)).float()
     chunks = list(x.clone().tensor_split(n))
-    reduce_scatter_chunks(chunks, group)
-    all_gather_chunks(chunks, group)
+    reduce_scatter_pieces(chunks, group)
+    all_gather_pieces(chunks, group)
     ref = x.clone()
     dist.all_reduce(ref)
     if not torch.equal(torch.cat(chunks), ref):

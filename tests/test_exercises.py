@@ -407,6 +407,22 @@ MISTAKES = [
             "(this rank's piece of the sum, 162 elements, was copied back where the whole sum belongs, 323 elements",
         ),
     ),
+    # the flat sum copied back without .view_as: right on the flat buckets, named on the checker's tensor of 5 x 7
+    (
+        wrong.HalvesCopiedBackFlat,
+        "halves",
+        (
+            "in _halves_copied_back_flat (line",
+            "while summing a tensor of 5 × 7 values, not a flat bucket, with your transport (the checker)",
+            "shape the sum as the tensor, tensor.copy_(padded[: flat.numel()].view_as(tensor))",
+        ),
+    ),
+    # the flat sum written back in the wrong places of a tensor of 5 x 7: no error, named by its values
+    (
+        wrong.HalvesCopiedBackTransposed,
+        "halves",
+        "your transport summed the flat buckets right, but not a tensor of 5 × 7 values",
+    ),
     # gathered into a new tensor, copied back from the padded input: named as the copy's source, not as a rebinding
     (
         wrong.HalvesCopiedFromInput,

@@ -114,7 +114,9 @@ def check(
     takes it (the default makes two buckets of the checker's small network,
     of 323 and 112 values, so a stage's per-bucket calls are counted twice a
     step and one bucket has an odd length). A collective that one rank waits
-    in for ``timeout_s`` seconds is a hang.
+    in for ``timeout_s`` seconds is a hang. A stage whose Wire has a transport
+    (``halves``) has it also sum a tensor of 5 × 7 values (``harness.SHAPED``):
+    the buckets are flat, and a transport is handed any tensor.
 
     A stage that passes is checked once more, on ``second_world_size`` ranks
     (``None``: not): a world size written as a number (``param.grad /= 2``) is
@@ -530,6 +532,13 @@ def _raise_hint(
             "the gradients' sizes in the order torch.cat joined them, and pair each slice with the gradient it came "
             "from, zip(grads, flat.split([g.numel() for g in grads])))"
         )
+    # a transport's flat sum copied into the checker's tensor of more dimensions (harness.SHAPED) without its shape
+    unshaped = re.search(r"must match the size of tensor b \(\d+\) at non-singleton dimension [1-9]", message)
+    if like == "halves" and unshaped:
+        return (
+            " (the sum is flat and the tensor you were handed is not: copy_ broadcasts a 1-D tensor along the last "
+            "dimension only; shape the sum as the tensor, tensor.copy_(padded[: flat.numel()].view_as(tensor)))"
+        )
     copy_back = like == "halves" and sizes and sizes["kind"] == "copy_back" and re.search(r"shape|size", message, re.I)
     if copy_back and world and f"({sizes['padded'] // world})" in message and f"({sizes['padded']})" not in message:
         return (
@@ -764,6 +773,11 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             "an exception raised inside a no_sync() block left the sync off after it "
             "(require_backward_grad_sync is still False), so every later backward would skip the sync: restore the "
             "flag in a finally (try: yield finally: self.require_backward_grad_sync = before), as torch does"
+        )
+    if f["kind"] == "shaped_sum":
+        return (
+            f"your transport summed the flat buckets right, but not a tensor of {f['shape']} values (each rank's "
+            "arange * (rank + 1)): a transport is handed any tensor; flatten it, and write the sum back in its shape"
         )
     if f["kind"] == "left_off":
         return (

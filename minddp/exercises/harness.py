@@ -989,7 +989,9 @@ def train(
         out["checked_steps"] = step
         if out["finding"]:
             break
-    if compare and out["finding"] is None:  # every step right: then a no_sync() inside a no_sync()
+    if compare and out["finding"] is None:  # every step right: then the transport on a tensor that is not flat
+        out["finding"] = shaped_transport_finding(model, events, progress, out["checked_steps"], world)
+    if compare and out["finding"] is None:  # then a no_sync() inside a no_sync()
         progress.phase = "running a no_sync() inside a no_sync() (the checker)"
         out["finding"] = nested_no_sync_finding(model, out["checked_steps"], world)
     if compare and out["finding"] is None:  # then an exception inside a no_sync()
@@ -1020,6 +1022,31 @@ def no_gradient_finding(model, module: nn.Module, shard, step: int, world: int) 
         return {"kind": "no_gradient", "step": step, "ranks": list(range(world)), "names": [name],
                 "error": type(e).__name__}  # fmt: skip
     return None
+
+
+#: The shape of the tensor :func:`shaped_transport_finding` hands a transport: a weight's, of more dimensions than a
+#: bucket's one, and a length (35) that neither 2 nor 3 ranks divide, so the padding is cut off again.
+SHAPED = (5, 7)
+
+
+def shaped_transport_finding(model, events: Events, progress: Progress, step: int, world: int) -> dict | None:
+    """A Wire's transport (notebook 06's exercise) is handed flat buckets while the steps train; it must sum any
+    tensor in place, so it is handed one of :data:`SHAPED` too, each rank's ``arange * (rank + 1)``, whose sum is
+    ``arange * world * (world + 1) / 2``. An answer that copies the flat sum back unshaped (no ``.view_as``) raises
+    here, under this phase; one that writes other values is ``shaped_sum``. Stages without a transport are not
+    asked."""
+    wire = getattr(model, "comm_state", None)
+    if not isinstance(wire, Wire) or wire.transport is None:
+        return None
+    shape = " × ".join(map(str, SHAPED))
+    progress.phase = f"summing a tensor of {shape} values, not a flat bucket, with your transport (the checker)"
+    values = torch.arange(float(torch.Size(SHAPED).numel())).view(SHAPED)
+    tensor = values * (dist.get_rank() + 1)
+    with events.transport(tensor, wire.transport):
+        wire.transport(tensor, wire.group)
+    if torch.equal(tensor, values * (world * (world + 1) // 2)):
+        return None
+    return {"kind": "shaped_sum", "step": step, "ranks": [dist.get_rank()], "shape": shape}
 
 
 def nested_no_sync_finding(model, step: int, world: int) -> dict | None:

@@ -646,9 +646,10 @@ def handed_picture(looks: dict, rows: list[str], title: str):
     all_reduce, or on gloo the all_reduce that runs for a reduce-scatter) or an all-gather of parameters (a brown
     one). Each phase is named in its bar, as :func:`handed_in` names it.
 
-    Order only, no lengths: each phase (forward, backward, update) is drawn one unit wide, whatever its time, and the
-    marks in a phase are spread evenly across it in the order they were handed over; a mark between two phases gets a
-    narrower slot of its own there. Rank 0 draws."""
+    Order only, no lengths: each phase (forward, backward, update) is drawn one unit wide, whatever its time, and
+    each kind's marks in a phase are spread evenly across it, on a line of their own (black above brown), in the order
+    they were handed over, so that each kind can be counted; the order between the two kinds is not drawn. A mark
+    between two phases gets a narrower slot of its own there. Rank 0 draws."""
     if dist.is_initialized() and dist.get_rank() != 0:
         return None
     import matplotlib.pyplot as plt
@@ -690,9 +691,10 @@ def handed_picture(looks: dict, rows: list[str], title: str):
                     label=drawn[kind],
                 )
                 ax.text(x + width / 2, y - 0.20, names[k // 2], ha="center", va="center", fontsize=6.5)
-            for j, kind in enumerate(in_slot.get(k, [])):
+            for i, kind in enumerate(in_slot.get(k, [])):
                 label, color = marks[kind]
-                at = x + width * (j + 0.5) / len(in_slot[k])
+                j, count = in_slot[k][:i].count(kind), in_slot[k].count(kind)  # spread within its own kind
+                at = x + width * (j + 0.5) / count
                 ax.plot(
                     [at],
                     [y + (0.12 if kind == "calls" else 0.30)],
@@ -711,7 +713,7 @@ def handed_picture(looks: dict, rows: list[str], title: str):
     ax.set_xticks([])
     ax.set_xlabel(
         "the step's phases in their order, each drawn the same width (no lengths); "
-        "a phase's marks spread evenly across it, in the order handed over",
+        "each kind's marks in a phase spread evenly across it, in the order handed over",
         fontsize=8,
     )
     handles, labels = ax.get_legend_handles_labels()
