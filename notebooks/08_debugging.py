@@ -22,7 +22,7 @@
 # the others waiting. We break DDP on purpose: nine bugs in six sections, and for each bug we run (at least) these three
 # things on the two ranks:
 #
-# 1. **torch**, debug mode *paused* (its checks off, `minddp.debug.disable()`): what torch's DDP says
+# 1. **torch**, debug mode *paused* (nothing checked, `minddp.debug.disable()`): what torch's DDP says
 #    (or, for the script's own collectives, torch's `dist.all_reduce` or `dist.barrier`). The script's own collectives run on a process group whose timeout is 3 s, so
 #    a wait for a partner that never comes ends there (a real job waits as long as its group's
 #    timeout); torch's DDP runs on a group of its own with torch's default timeout (the set-up cell
