@@ -22,7 +22,7 @@
 # the others waiting. We break DDP on purpose: nine bugs in six sections, and for each bug we run (at least) these three
 # things on the two ranks:
 #
-# 1. **torch**, debug mode *paused* (its checks off, `minddp.debug.disable()`): what torch's DDP says
+# 1. **torch**, debug mode *paused* (nothing checked, `minddp.debug.disable()`): what torch's DDP says
 #    (or, for the script's own collectives, torch's `dist.all_reduce` or `dist.barrier`). The script's own collectives run on a process group whose timeout is 3 s, so
 #    a wait for a partner that never comes ends there (a real job waits as long as its group's
 #    timeout); torch's DDP runs on a group of its own with torch's default timeout (the set-up cell
@@ -43,15 +43,15 @@
 #
 # Steps count from 0, in the loops and in debug mode's lines: "after step 1" is after the second step.
 #
-# Where a line names a place in this notebook, `<In [N], rank R>:L` is line L (the `%%distributed`
+# A place in this notebook is named `<In [N], rank R>:L`: line L (the `%%distributed`
 # line is line 1) of the cell Jupyter shows as `In [N]` (its execution count; run top to bottom, the
 # N-th code cell), as
 # rank R ran it.
 #
 # Debug mode is off unless asked for: `MINDDP_DEBUG=1 torchrun ... train.py` (or
 # `minddp.debug.enable()`); a process that never turns it on installs none of it. This notebook turns
-# it on in its set-up cell, so its torch runs have it paused: the wrappers
-# it put on `torch.distributed`'s collectives stay, passing every call through unchecked (the last
+# it on in its set-up cell, so its torch runs have it paused: what it installed around
+# `torch.distributed`'s collectives stays, passing every call through unchecked (the last
 # section shows what a wrapper built with it paused lacks).
 # What each check does: `docs/debugging.md`.
 #
@@ -72,13 +72,14 @@
 # * `minddp_says`: the line debug mode raised, checked on every rank;
 # * `fixed`: the corrected script, in debug mode; its ✓ line checks that debug mode says nothing and the
 #   replicas are equal. The fixes of sections 3, 4 (its first), 5 and 6 do not use it: each checks what its
-#   own ✓ line says, and those of sections 3 and 4 do not compare the replicas.
+#   own ✓ line says.
 #
 # The set-up cell is plumbing (process groups made for each run, torch's place names reworded): it can be skipped.
 # Each section's idea is in its own cells: torch's run with debug mode paused, debug mode's line, the fix.
 #
 # The times `torch_does` prints count from the script's start, building its model and wrapper
-# included, until the rank raised.
+# included, until the rank raised, rounded to hundredths of a second: a rank that raised within a few
+# milliseconds prints a time of zero.
 
 # %%
 # %%distributed
@@ -317,8 +318,9 @@ lesson.say(
 # `int64[8]`. On a
 # mismatch the first differing tensor is compared in full, and every rank stops at the same point.
 # Before each `optimizer.step()` the *step check* gathers another row, `int64[17]` for `Net()`: one integer of
-# notes, then per parameter whether it has a gradient, the gradient's fingerprint, whether its
-# backward hook ran, and the local gradient's fingerprint (from before averaging). The fix: change
+# notes, then four runs of one integer per parameter: whether each has a gradient, each gradient's
+# fingerprint, whether each one's backward hook ran, and each local gradient's fingerprint (from before
+# averaging). The fix: change
 # parameters the same way on every rank (here: not at all).
 
 
@@ -651,7 +653,7 @@ lesson.claim(
 # order*, the order the buckets were sent in). So debug mode does more than watch: it adds
 # collectives. It also changes when the gradients travel: the `DebugReducer` sends one bucket at a
 # time, each waited for inside backward, so none travels while backward computes; time or profile a
-# run with debug mode off. It is built to change no value the training computes: the cell checks that this
+# run that never turns debug mode on. It is built to change no value the training computes: the cell checks that this
 # model's 5 steps end with bit-identical parameters either way (`tests/test_debug.py` checks it for
 # every bug-free script against torch's DDP), and shows what a wrapper built each way has.
 #

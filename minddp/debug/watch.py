@@ -79,10 +79,10 @@ def fingerprints(tensors: list, device: torch.device) -> torch.Tensor:
 
     Integer and exact on every device, in any order of summation (a product fits 31 bits, a run's sum 47, a sum
     modulo P 62): equal tensors give equal fingerprints; one word changed always changes it (a weight is not 0
-    modulo P); two different words swapped within a run of 65520 words (128 KiB) always change it (the weights of
-    a run differ). Not per value: a float32 is two words, and changes to both that cancel in the sum go unseen
-    (1.0 and 0.99609476 at the start of a tensor); any other change goes unseen only when its weighted sum is a
-    multiple of P, about one in 2**31 for changes not built for it.
+    modulo P); two different words swapped within a run of 65520 words (just under 128 KiB) always change it (the
+    weights of a run differ). Not per value: a float32 is two words, and changes to both that cancel in the sum go
+    unseen (1.0 and 0.99609476 at the start of a tensor); any other change goes unseen only when its weighted sum is
+    a multiple of P, about one in 2**31 for changes not built for it.
     """
     prints = [
         _fingerprint(t).to(device) if t is not None else torch.zeros((), dtype=torch.int64, device=device)
