@@ -42,7 +42,7 @@
 # while the model's gradients are computed.
 #
 # torch's answer to this is in Dynamo: while torch's DDP runs its module, Dynamo's `DDPOptimizer`
-# (`torch/_dynamo/backends/distributed.py`) **cuts the compiled graph into pieces** by the bucket cap (under
+# (`torch/_dynamo/backends/distributed.py`) **cuts the graph into pieces** by the bucket cap (under
 # torch's DDP, the first piece by a cap of its own: *The pieces and the buckets*), counted from the end of
 # the forward, and compiles each piece apart: each piece records a gradient node of its own (without the
 # cut, the whole graph is one piece, with one gradient node). The backward pass then runs piece after piece
@@ -57,8 +57,9 @@
 # This notebook shows one step of `ddp` in each of three runs, one row each: eager (not compiled),
 # compiled without the cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and
 # compiled with it; then the pieces and the buckets, and an exercise on them; then the other pattern,
-# `torch.compile(wrapper)`; then a bucket cap of 0.5 MiB. The model is a small MLP of our own class (eight
-# 1 MiB layers without biases): its layers make the pieces easy to name. The backend is `aot_eager`: it
+# `torch.compile(wrapper)`; then a bucket cap of 0.5 MiB. The model is a small MLP of our own class, of
+# 1 MiB layers without biases (eight in the three runs, two in the last two sections): its layers make the
+# pieces easy to name. The backend is `aot_eager`: it
 # runs the graph with the operations an uncompiled model calls (torch's *aten* operators), fused into
 # none, so all three trainings give the same bits.
 
@@ -115,7 +116,7 @@ def one_step(compiled: bool, cut: bool = True):
     ddp = DistributedDataParallel(torch.compile(model, backend=BACKEND) if compiled else model, bucket_cap_mb=CAP)
     optimizer, data = torch.optim.SGD(model.parameters(), lr=0.01), batches()
     train_step(ddp, optimizer, next(data), loss_fn)  # the first step compiles
-    train_step(ddp, optimizer, next(data), loss_fn)  # the second runs on the plan rebuilt after the first
+    train_step(ddp, optimizer, next(data), loss_fn)  # the second on buckets rebuilt from the first's arrival order
     with live.profiler() as prof:
         train_step(ddp, optimizer, next(data), loss_fn)
     torch._dynamo.config.optimize_ddp = True
@@ -145,7 +146,8 @@ lesson.say(
 # after each piece's blue and before the next piece's (why: *The pieces and the buckets*), so orange can
 # lie under later blue. That order of events is what the cut changes, and what the claims count.
 #
-# Each row is the profiled step of one run (its third training step, after two that are not
+# A training step (`train_step` in `minddp/ladder/loop.py`) runs the forward and the backward pass, then the
+# optimizer step. Each row is the profiled step of one run (its third training step, after two that are not
 # profiled), rank 0, from the start of its forward to the black line where its optimizer step ends:
 # the forward (pale, the loss's included), the gradient nodes (blue, the loss's included), the
 # `AccumulateGrad` nodes (grey), a tick when a bucket was handed over (the row's label says how many
@@ -154,8 +156,8 @@ lesson.say(
 # In every row the blue begins with the loss's gradient nodes; after them, in the cut row, one
 # gradient node per piece, piece 0 first (the pieces printed under *The pieces and the buckets*, whose
 # claims count them), and without the cut one, the whole graph's (one piece). Count the pieces in those
-# claims, not in the blue: nodes that run one after the other draw as one stretch, a thin line between them at
-# most.
+# claims, not in the blue, and count no nodes in the figure: nodes that run one after the other draw as one
+# stretch, a thin line between them at most, and a node shorter than a pixel may not show at all.
 #
 # Do not read the figure for lengths, not even to compare the rows: each row is a single step of two ranks
 # that share this machine's cores, and any bar can hold time its thread waits rather than computes (for a
@@ -165,17 +167,14 @@ lesson.say(
 # the tick, and the gap is not what handing a bucket over costs. Ticks closer together than a pixel draw as
 # one. Orange bars that overlap are drawn over each other, so one can hide where another begins or ends: the
 # figure does not show how long each message was in flight, nor which ran beside a gradient node (the line
-# printed after it says which, for the two compiled runs). White is time in none of these; the white just
-# before the optimizer step holds the end of the backward pass, where the reducer waits for the last
-# messages to end, then copies the averages into `.grad` (`wait_and_write_back` in `minddp/ddp/reducer.py`),
-# so it can outlast the last orange bar.
+# printed after it says which, for the two compiled runs). White is time in none of these.
 #
 # In the claims of the figure's cell, a node *ran after* the first bucket was handed over if its range
 # ends after that tick: it was still running then, or began after.
 #
 # The cell after the figure counts, in the two compiled runs on rank 0, the messages in flight while a gradient node
 # ran, and says which, in the order the messages began. Without the cut none can be: a message begins
-# after its bucket's tick, and every tick comes after the compiled graph's one gradient node, the last to
+# after its bucket's tick, and every tick comes after the graph's one gradient node, the last to
 # run, has produced the gradients; the first claim checks that none was in this step. With the cut, the
 # message of every bucket handed over before the last piece's backward can be (here every bucket but the
 # last): it is counted if it was in flight while a later piece's backward ran; one that ends before the
@@ -194,7 +193,7 @@ title = f"ddp on rank 0, buckets of {CAP:g} MiB: eager, compiled without the cut
 title += "one step each: read the order of events, not lengths"
 nodes.picture(looks, title)  # rank 0 draws
 # orders of events, not timings: they hold on any machine. Without the cut every tick comes in an
-# AccumulateGrad node, which runs once the compiled graph's one gradient node, the last gradient node,
+# AccumulateGrad node, which runs once the graph's one gradient node, the last gradient node,
 # has produced its gradient; every message starts after its bucket's tick
 after = {label: v["ran_after_first_handover"] for label, v in looks.items()}  # nodes still running or begun
 lesson.claim(
@@ -254,7 +253,9 @@ lesson.say(
 # the next piece's gradient node are all ready to run, and autograd runs a ready `AccumulateGrad` node
 # before any other ready node: its queue of ready nodes takes the highest *sequence number* first, and an
 # `AccumulateGrad` node's is the largest there is (`ReadyQueue` in torch's
-# `torch/csrc/autograd/engine.h`). The last claim checks this order in the profiled step.
+# `torch/csrc/autograd/engine.h`). The last claim checks this order in the profiled step. Every
+# `AccumulateGrad` node has that number, so it does not order a piece's among themselves, and this notebook
+# does not show what does: the order its bucket lists a piece's gradients in below is this step's.
 
 
 # %%
@@ -269,7 +270,7 @@ for i, bucket in enumerate(buckets):
     lesson.say(f"bucket {i} ({sum(size[name] for name in bucket) / 2**20:g} MiB): {', '.join(bucket)}")
 lesson.claim(
     len(pieces) > 1 and sorted(sum(pieces, [])) == sorted(sum(buckets, [])) == sorted(size) and len(size) == DEPTH,
-    f"The compiled graph is cut into {len(pieces)} pieces, which together produce the gradients of all "
+    f"The graph is cut into {len(pieces)} pieces, which together produce the gradients of all "
     f"{DEPTH} parameters, each once.",
 )
 torch_first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB: Dynamo's first piece under torch's DDP
@@ -399,7 +400,7 @@ lesson.claim(counts[THEIRS] > counts[ALONE], "torch.compile(torch's DDP(MLP)) ad
 # Each wrapper, with both patterns (the model compiled, then wrapped; `torch.compile(wrapper)`), at a
 # bucket cap of 0.5 MiB on an MLP of two 1 MiB layers, one training step each, the wrapper's first: its
 # parameters compared with eager `ddp`'s after the same step, the step's buckets, its graph breaks and the pieces its
-# compiled graph is cut into; a refusal is printed with the torch file that raised it. A first step's
+# graph is cut into; a refusal is printed with the torch file that raised it. A first step's
 # buckets follow torch's first-iteration plan (`plan_first_iteration_like_torch` in
 # `minddp/ddp/plan.py`): with `find_unused_parameters` off, as here, one bucket per dtype and device,
 # here one bucket of both layers, its parameters in the order the model registers them, not the order
@@ -475,15 +476,15 @@ lesson.claim(
         for pattern in patterns
     ),
     f"minddp's ddp trains its first step there, with either pattern, to the bits of eager ddp's first step, in one "
-    f"bucket of both layers (a first step's plan), its compiled graph cut with no graph break into one piece per "
+    f"bucket of both layers (a first step's plan), its graph cut with no graph break into one piece per "
     f"1 MiB layer: each piece closes at the layer that takes it past the {SMALL:g} MiB cap.",
 )
 
 # %% [markdown]
 # ## What to take away
 #
-# * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the compiled
-#   graph into pieces, and the first bucket is handed over before the backward pass's last gradient node (the
+# * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the graph into
+#   pieces, and the first bucket is handed over before the backward pass's last gradient node (the
 #   claims above), so the message of every bucket handed over before the last piece's backward (here
 #   every bucket but the last) can be in flight while gradients are still computed. Without the cut
 #   none was (the first claim of the figure's cell); with it, how many and which were, on rank 0 in

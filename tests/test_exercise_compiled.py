@@ -162,7 +162,7 @@ def pieces_in_forward_order(pieces, cap):
 def reversed_in_a_piece(pieces, cap):
     out, total = [], 0
     for i, piece in enumerate(pieces):
-        for size in reversed(piece):  # the mistake: a piece's gradients reversed, as if given in the forward's order
+        for size in reversed(piece):  # the mistake: a piece's gradients taken in reverse
             total += size
             if total >= cap:
                 out, total = out + [i], 0
@@ -449,7 +449,7 @@ def never_past_noting_the_next_gradient(pieces, cap):
         (cap_checked_at_piece_end, "the cap was checked only at each piece's end"),
         (pieces_in_forward_order, "the pieces were taken in the forward's order"),
         (reversed_in_a_piece, "each piece's gradients were taken in reverse"),
-        (reversed_in_a_piece, "not the forward's order in which the printed pieces above list their parameters"),
+        (reversed_in_a_piece, "in the order they arrive in backward, and buckets fill in that order, as given"),
         (strictly_past_and_no_last_bucket, "two mistakes: a bucket that reaches the cap exactly stays open"),
         (strictly_past_and_no_last_bucket, "and the gradients after the last full bucket were dropped"),
         (numbered_from_the_forward, "the pieces were numbered in the forward's order"),

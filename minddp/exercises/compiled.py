@@ -161,8 +161,7 @@ WALKS = {
     "reversed in a piece": (
         {"within": True},
         "each piece's gradients were taken in reverse: `pieces` lists each piece's gradients in the order they "
-        "arrive in backward (not the forward's order in which the printed pieces above list their parameters), and "
-        "buckets fill in that order, as given",
+        "arrive in backward, and buckets fill in that order, as given",
     ),
     "numbered from the forward": (
         {"mirror": True},
