@@ -462,8 +462,8 @@ display(on_link)
 # handed over only late in the backward, with its whole transfer still to come; the next line prints, for each
 # asynchronous stage, the link time of the last message it handed over, beside its waited. The third claim's
 # saving is link time, time the link carries a transfer; a change in waited − exposed, time with the link carrying
-# nothing, is not that saving, and exposed need not fall with the link time (exposed is a part of the waits, not
-# of the transfers). The lines after it print what the claims leave out:
+# nothing, is not that saving, and exposed need not fall with the link time (exposed is the part of the waits with
+# the link busy: it depends on when the thread waited too). The lines after it print what the claims leave out:
 # how much of the link time buckets saved, each change's two stages by waited (and exposed; in two of the pairs,
 # `bucket` against `hook` and `bucket-async` against `hook-async`, the first sends fewer messages and the same
 # bytes), each stage's waited
