@@ -35,8 +35,8 @@
 # So non-compute = (100 % − overlap) × time in flight. Neither ranks the stages by speed. Non-compute counts more
 # than the training thread stopped until a message is back: also its own Python (its hooks, the time between
 # autograd nodes) while a range is open, and the time in the stages' parameter check. A range held open
-# until the other rank joins it (below) adds to non-compute the part of it in which the thread computes nothing,
-# and to the overlap the part in which it computes. Then **one step of each stage on one time axis**, and at the end
+# until the other rank joins it (below) adds to non-compute the part of it in which no training thread computes,
+# and to the overlap the part in which one computes. Then **one step of each stage on one time axis**, and at the end
 # the blog's six stages over an emulated 1 Gbit/s link (the *link run*), with three more measures, *link time*,
 # *waited* and *exposed* (defined there).
 #
@@ -133,19 +133,19 @@ lesson.say(
 # never; `lesson.non_compute_in_checks`), and the rest. The check carries one byte per parameter tensor, so a long check range is
 # the time it was held open (until the other rank joined it, or gloo's thread had a core), not its bytes' time.
 # The *blocking* stages (`simple`, `ga`, `hook`, `bucket`) hand each message to the wire only once the one before
-# it is back: `simple` and `ga` after the backward, `hook` and `bucket` inside it. The *asynchronous* ones
-# (`hook-async`, `bucket-async`, `ddp`, torch's DDP) hand theirs to the wire during the backward and need them
-# back only when it ends.
+# it is back: `simple` and `ga` after a backward, `hook` and `bucket` inside the step's last backward. The
+# *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`, torch's DDP) hand theirs to the wire during the step's
+# last backward and need them back only when it ends. In `hook` to `bucket-async`, `ddp` and torch's DDP the step's
+# first k−1 backwards send nothing (`no_sync`): one sync a step, as in `ga`.
 #
 # What the table does not show (rank 0's trace shows when a range was open, not why):
 #
 # * whether a difference between two rows would hold on a re-run: each row is one step, the stages were
 #   profiled one after another on a shared machine, and this notebook does not measure how much one stage's
-#   numbers move from run to run (the line under the table after the figure prints how much the same work, the
-#   optimizer step and the step's compute, moved from one stage's step to another's, and whose step computed
-#   longest);
+#   numbers move from run to run (the line under the table after the figure prints how long the optimizer step,
+#   the same work in every stage, took in one stage's step and in another's);
 # * why stages that send as many messages (`bucket`, `bucket-async`, `ddp` and torch's DDP: the table after the
-#   timeline counts them; every gradient once, the same gradient bytes) differ in non-compute outside the check;
+#   timeline counts them) differ in non-compute outside the check;
 #   so no row set against another, `ddp`'s against torch's DDP's included, says that one implementation spends
 #   more than the other: each is one step, and a ratio of two rows is that step's, not the implementation's;
 # * why one stage's check holds more non-compute than another's, nor whether the other rank or a core held it open;
@@ -183,18 +183,15 @@ display(shares)
 # arithmetic on the unrounded values, not the run; worked by hand from the printed columns, which are rounded, it
 # can miss in the last digits). The line after it compares the two kinds by overlap in this run's steps
 # (printed, not claimed: one step each decides it), a share of each stage's own time in flight, not a time: it does
-# not say which stage has the shorter non-compute (a range held open longer while the thread computes also raises
+# not say which stage has the shorter non-compute (a range held open longer while a training thread computes also raises
 # the overlap). Each overlap counts the stage's check range too, so a stage whose check holds much of its
 # non-compute (the table's check column) has its overlap, and its place in that line, set in part by the check,
 # not by its messages alone. The second claim is true by construction (both stages plan their buckets with
-# `minddp.stages.bucket_plan`). The next line prints the in flight of the stages that send as many messages (every
-# gradient once, the same gradient bytes); each counts every collective of its step: the parameter check's range in
+# `minddp.stages.bucket_plan`). The next line prints the in flight of the stages that send as many messages; each counts every collective of its step: the parameter check's range in
 # `bucket` and `bucket-async` (its non-compute is in the table's check column), the broadcasts in `ddp` and torch's
 # DDP (shown nowhere), so the line does not rank their messages' ranges. The last two print the
 # stages whose check holds more than half their non-compute, and each change's two stages by non-compute, with and
-# without the check. Each change is one step against another: the line under the table after the figure prints
-# how much the same work moved from one stage's step to another's, and a change no larger than that is not
-# shown to hold on a re-run.
+# without the check. Each change is one step against another, and is not shown to hold on a re-run.
 
 # %%
 tied = (zero["non_compute_time_us"] - (1 - zero["comm_comp_overlap_pctg"] / 100) * zero["comm_time_per_step_us"]).abs()
@@ -291,10 +288,11 @@ lesson.say(
 #   is that range, gloo's thread's, not the training thread's stand in the check, which need not start or end with it
 #   (the caveat above). `ddp` and torch run none; a short one is too thin to see. In `hook` to `bucket-async` it runs
 #   in the first gradient's hook, so it falls inside the last backward band, after that band's first autograd node
-#   (the backward band shows below the hatch). The table above counts that range in flight and, while the thread computes nothing
+#   (the backward band shows below the hatch). The table above counts that range in flight and, while no training thread computes
 #   in it, in non-compute (its column "of it, in the check");
 # * the finish (purple, the legend's "finish": the `finish_gradient_synchronization()` call, inside which `simple`
-#   and `ga` run their whole sync, check and messages; a short one is too thin to see), the optimizer step (green:
+#   and `ga` run their whole sync, check and messages), drawn, however long, as a thin strip at the ticks' height
+#   along the bands' lower edge, not as a band; a short one does not show; the optimizer step (green:
 #   the same AdamW update in every stage, yet not of the same length: the line under the table after the figure
 #   prints its spread) and the end of the step.
 #
@@ -303,10 +301,11 @@ lesson.say(
 # * **blocking after backward** (`simple` after every micro-batch, `ga` after the last): the ticks
 #   and bars come after a backward band, and the step ends only when they are done;
 # * **blocking inside backward** (`hook`, `bucket`): ticks and bars inside the last backward band: each
-#   hook holds the backward until its message is back (the band includes that time, but its length is not
-#   that time: compare the stage's in flight in the table above; a bar inside the band is not overlap: overlap
-#   counts only the thread's `aten::` operators);
-# * **asynchronous** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the band, bars
+#   hook holds the backward until its message is back (the band includes that time, and whatever else the hooks
+#   and the threads did in it, which the trace does not split from it; a bar inside the band is not overlap:
+#   overlap counts only training threads' `aten::` operators);
+# * **asynchronous** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the last backward band (which
+#   holds the hooks' own time too, so it can be longer than the step's other backward bands), bars
 #   running on while backward goes on; what is still running when the band ends must be back before
 #   the optimizer step: in the finish (purple) for `hook-async` and `bucket-async`; for `ddp` and torch's
 #   DDP at the end of the `loss.backward()` call, after the band's last autograd node (nothing drawn there
@@ -355,18 +354,10 @@ def spread(ms):
     return f"{ms.min():.0f}–{ms.max():.0f} ms ({ms.idxmin()}'s to {ms.idxmax()}'s, {ms.max() / ms.min():.1f} ×)"
 
 
-steps = phase_ms("step")  # a step's span starts at 0: its length is its end
-sooner = int((steps.drop("single") < steps["single"]).sum())
-computed = result.summary[result.summary["rank"] == 0].set_index("stage")["compute_time_us"] / 1e3  # `single` too
 lesson.say(
-    f"The same model, micro-batches and AdamW update in every stage, `single` included. The optimizer step, the same "
-    f"work in every stage, took {spread(phase_ms('optimizer'))}, and the step's compute (the same model's work, plus "
-    f"each stage's own copies and divisions) {spread(computed)}: that is how much the time of the same work moved "
-    "from one stage's profiled step to another's, and each row of the tables above is one such step. "
-    f"The steps took {steps.min():.0f}–{steps.max():.0f} ms, and {sooner} of the {len(steps) - 1} stages that "
-    f"communicate ended theirs before `single`, which sends nothing ({steps['single']:.0f} ms): a difference "
-    "in step time here does not price a stage's communication. Why the same work took longer in one stage's "
-    "step than in another's (`single`'s included) the trace does not show: every row's ranks shared the same "
+    "The same model, micro-batches and AdamW update in every stage, `single` included. The optimizer step, the same "
+    f"work in every stage, took {spread(phase_ms('optimizer'))}, in one profiled step each, as in every row of the tables "
+    "above. Why it took longer in one stage's step than in another's the trace does not show: every row's ranks shared the same "
     "cores, and the trace records when each operator ran, not what held it back."
 )
 
@@ -384,9 +375,9 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 # The same analysis from a shell, with an HTML report and its plots in the run folder:
 # `python -m minddp.analyze traces/notebooks/05_reading_traces --report` (the folder holds the traces of
 # the last time the profiling cell ran on your machine, not of the run whose outputs are saved here). Its report
-# ranks the stages by non-compute and by step time; non-compute is not their speed (the notebook's opening
-# says why), and here a difference in step time does not price a stage's communication (the line under
-# the table after the figure). On GPU traces, overlap and non-compute come from HTA itself.
+# ranks the stages by non-compute and by step time, one profiled step each: non-compute does not rank them by
+# speed, and neither ranking is shown to hold on a re-run. On GPU traces, overlap and non-compute come from HTA
+# itself.
 
 # %% [markdown]
 # ## The ladder on a slower network
@@ -465,14 +456,14 @@ display(on_link)
 # check is in no column of this table, and this notebook does not show the link run's. The
 # first line under the claims compares the two kinds by waited in this run's steps, not by what the waits were made
 # of (the last column: the part with the link carrying nothing), over the asynchronous stages of the link run (`ddp`
-# and torch's DDP were not run over the link); it is printed, not claimed, because one step each decides it. Where
-# those differ in waited or exposed, this trace does not show why. One difference between `hook-async` and
-# `bucket-async` is by construction: a bucket is handed to the wire only once all its gradients are in, so
-# `bucket-async`'s last bucket (its size: the bucket table above, 4 bytes a number) is handed over only late in
-# the backward, with its whole transfer still to come (`03_build_up`'s bucket lesson prints how long after the
-# backward's end `bucket-async`'s link was done); whether that is what its waits were, this trace does not show. The third claim's saving is link time, time the
-# link carries a transfer; a change in waited − exposed, time with the link carrying nothing, is not that saving. The
-# next lines print what the claims leave out:
+# and torch's DDP were not run over the link); it is printed, not claimed, because one step each decides it. One
+# difference between `hook-async` and `bucket-async` is by construction: a bucket is handed to the wire only once
+# all its gradients are in, so `bucket-async`'s last bucket (its size: the bucket table above, 4 bytes a number) is
+# handed over only late in the backward, with its whole transfer still to come; the next line prints, for each
+# asynchronous stage, the link time of the last message it handed over, beside its waited. The third claim's
+# saving is link time, time the link carries a transfer; a change in waited − exposed, time with the link carrying
+# nothing, is not that saving, and exposed need not fall with the link time (exposed is the part of the waits with
+# the link busy: it depends on when the thread waited too). The lines after it print what the claims leave out:
 # how much of the link time buckets saved, each change's two stages by waited (and exposed; in two of the pairs,
 # `bucket` against `hook` and `bucket-async` against `hook-async`, the first sends fewer messages and the same
 # bytes), each stage's waited
@@ -514,6 +505,16 @@ lesson.say(  # printed, not claimed: one profiled step per stage on a shared mac
     + ("each waited less" if quick.max() < slow.min() else "did not all wait less")
     + f" for their messages than every blocking one ({quick.max():.1f} ms at most, {quick.idxmax()}, against "
     f"{slow.min():.1f} ms at least, {slow.idxmin()})."
+)
+last = sent.loc[sent.groupby("stage")["ready_us"].idxmax()].set_index("stage")  # each stage's last message handed over
+lesson.say(
+    "The last message each asynchronous stage handed to the wire, its link time alone, beside the stage's waited: "
+    + "; ".join(
+        f"{st} {1e3 * metrics.link_time(link, [('all_reduce', 4 * last.loc[st, 'numel'], world)]):.1f} ms "
+        f"(waited {stood[st]:.1f} ms)"
+        for st in quick.index
+    )
+    + "."
 )
 
 whole, fixed_all = link_ms("hook-async"), calls["hook-async"] * fixed
