@@ -34,8 +34,8 @@
 #    that it can travel during them: where its time on the link is longer than those τ steps, that step
 #    waits.
 #
-# The task is the one `python -m minddp.bench.convergence` measures: language modelling of a Markov
-# chain over 32 tokens (`minddp.bench.convergence.MarkovTask`). Its **entropy floor** (the lowest loss any
+# The task is the one *the bench* measures (`python -m minddp.bench.convergence`: every rung on 4
+# replicas, its results committed and read below): language modelling of a Markov chain over 32 tokens (`minddp.bench.convergence.MarkovTask`). Its **entropy floor** (the lowest loss any
 # model can reach: the uncertainty the chain itself leaves in the next token) is known exactly, and
 # so is any model's **expected loss**: the model's cross-entropy over all 1024 contexts (the last two
 # tokens), each weighted by how often the chain is in it, computed in closed form. No evaluation set
@@ -93,7 +93,7 @@ lesson.say(
 # instead, it carries them over an emulated link. These counts are the *payload*: a ring all_reduce
 # over n ranks takes 2(n − 1) *hops* (one rank handing a chunk to the next), each paying the link's
 # latency once, and moves 2(n − 1)/n times the tensor per rank (on this notebook's 2 ranks: 2 hops
-# and 1× the tensor; 1.5× on the bench's 4), so "bytes sent" below means the payload each replica
+# and 1× the tensor; 1.5× on the bench's 4 replicas), so "bytes sent" below means the payload each replica
 # handed to the all_reduce, and every ratio between two runs on the same ranks is the same either way.
 
 # %%
@@ -176,17 +176,16 @@ lesson.claim(
 )
 
 # %% [markdown]
-# That is one seed on 2 replicas. The bench compares the rungs over more seeds and steps: each run's
-# loss after equal bytes and at the end (the lines under the figure); how each ends against local SGD,
-# one replica alone and DDP is in the claims of the cell after them.
+# That is one seed on 2 replicas. The bench asks the same over more seeds and steps: does DiLoCo end
+# below local SGD at any H, and how does each run end against one replica alone and DDP? The claims
+# after the figure answer it; the figure and the lines under it give the losses.
 #
-# `python -m minddp.bench.convergence` runs every rung on 4 replicas,
-# 2000 steps, 5 seeds; its results are committed (`docs/diloco/convergence.json`), and the figure and
+# The bench runs every rung on 4 replicas, 2000 steps, 5 seeds; its results are committed (`docs/diloco/convergence.json`), and the figure and
 # the numbers below are read from that file, not run here. Its runs: `ddp` (the global batch every
 # step); `single` (one replica alone: a quarter of the data, nothing sent); `local-sgd-hH` and
 # `diloco-hH` (H = 10, 50, 100); `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (DiLoCo at H = 100 with
-# those outer learning rates, the Nesterov momentum 0.9 kept, so `-lr1` is not local SGD: it differs
-# from `local-sgd-h100` in the momentum alone; not drawn, their final losses printed); `streaming-h100`
+# those outer learning rates, the Nesterov momentum 0.9 kept, so `-lr1` is not local SGD: it is trained
+# as `local-sgd-h100` is but for the momentum; not drawn, their final losses printed); `streaming-h100`
 # (streaming DiLoCo, the rung after the first exercise: the model in 2 fragments synced in turn, each
 # sent τ = 5 steps before it is applied, with α = 0.5: streaming DiLoCo's mixing weight, defined in its
 # section, not notebook 01's α). They are trained and scored by `train_config`, as the run above was
@@ -196,18 +195,12 @@ lesson.claim(
 # losses at step 300 are not the run above's.
 #
 # The figure draws each run's mean over the seeds at H = 10 and 100 (H = 50 is not drawn) against the
-# payload bytes each replica handed to the all_reduce. `single` sends nothing, so it has no place on
-# the log axis and is drawn as a grey line at its final loss. Each line is straight from one score to
-# the next (a score every 50 steps), so where two lines cross between two scores, inside the axes or at
-# their top edge, is drawn, not scored. The y axis stops at 2.6 nats: the scores above it (early in the
-# runs) are off the figure, and each line enters at its top edge along the straight segment from its
-# last score above the cut to its first below. Under the figure: each run's final loss with its range over the
-# seeds; the scores at which DiLoCo's mean at H = 10 is below local SGD's (early ones, above the cut in
-# the committed file: read them in that line, not in the figure); and the order of local SGD, DiLoCo
-# and streaming DiLoCo at H = 100 after equal bytes early in the run (the payload of 3 whole-model
-# syncs, which each of the three has sent by its score at step 300, so local SGD's and DiLoCo's are
-# their step-300 means printed again after the claims below), and at the end. The next cell reads the file; the one after draws the
-# figure and prints those lines (its code collapsed: click to show it).
+# payload bytes each replica handed to the all_reduce; `single`, which sends nothing, is the grey line
+# at its final loss. A score is taken every 50 steps and each line is straight between two scores; the
+# y axis stops at 2.6 nats, so the early scores are off it. Under the figure: each run's final loss
+# with its range over the seeds, and the scores at which DiLoCo's mean at H = 10 is below local SGD's.
+# The next cell reads the file; the one after draws the figure and prints those lines (its code
+# collapsed: click to show it).
 
 # %%
 import json
@@ -216,7 +209,6 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from minddp.bench.convergence import build_student
 from minddp.notebook import lesson
 
 results = json.loads(Path("../docs/diloco/convergence.json").read_text())
@@ -270,29 +262,14 @@ lesson.claim(
     f"{' and '.join(map(str, below))} and not below at any later score (steps {steps[len(below) + 1]} to "
     f"{steps[-1]}): the two curves cross once",
 )
-at = 3 * 4 * sum(p.numel() for p in build_student(seed=0).parameters())  # the payload bytes of 3 whole-model syncs
-
-
-def mean_loss_at(name, sent):  # the mean over the seeds of the first score taken once `sent` bytes were sent
-    i = next(i for i, b in enumerate(curves[name][0]["bytes"]) if b >= sent)
-    return statistics.mean(c["loss"][i] for c in curves[name])
-
-
-h100 = ("local-sgd-h100", "diloco-h100", "streaming-h100")
-print(
-    f"the H = 100 runs, lowest loss first: after {at / 1e3:.0f} kB sent, "
-    + ", ".join(f"{n} {mean_loss_at(n, at):.3f}" for n in sorted(h100, key=lambda n: mean_loss_at(n, at)))
-    + "; at the end, "
-    + ", ".join(f"{n} {statistics.mean(final(n)):.3f}" for n in sorted(h100, key=lambda n: statistics.mean(final(n))))
-)
 
 # %% [markdown]
 # Read off the same file, at each H: how far DiLoCo's final loss is above the floor (its *excess*),
 # against DDP's (measured from the floor, because the whole loss includes the 2.1552 nats no model can
 # lose), and in how many seeds DiLoCo ended below local SGD; then the file's runs set against one
 # another (the claims the takeaway rests on); last, at H = 100, the mean loss of local SGD, DiLoCo and
-# `diloco-h100-lr1` at the start and after each of their first 3 syncs (streaming DiLoCo, whose
-# fragments sync at other steps, is not in it), and how far DiLoCo's first outer step moves the synced
+# `diloco-h100-lr1` at the start and after each of their first 3 syncs (not streaming DiLoCo: it syncs
+# one fragment at a time, two fragment syncs between these scores), and how far DiLoCo's first outer step moves the synced
 # weights, as a multiple of their distance to the replicas' mean: a multiple of one lands on the mean,
 # as local SGD does; a larger one goes past it.
 
@@ -463,7 +440,7 @@ print(check_outer_sync(solutions.outer_sync))
 # weights; the weights the replica goes on training from are those mixed with the local ones that kept
 # training: `(1 − α)·synced + α·local` (`fragment_update_alpha`). The synced copy stays unmixed, so α
 # reaches it only through later pseudo-gradients. Two letters here are Streaming DiLoCo's own: K counts
-# fragments and α mixes weights, where notebook 01's α is a message's fixed cost and 06's K the bytes
+# fragments and α mixes weights, where notebook 01's α is a hop's fixed cost and 06's K the bytes
 # of optimizer state per parameter. `diloco.py`'s items 4 to 6, the rest of its list:
 
 # %%
@@ -473,26 +450,25 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # Below, one rank's inner steps 9 to 24 under the profiler, over an emulated link of 5 Mbit/s and 5 ms
 # per hop: H = 16, 2 fragments (a turn of 8 steps: fragment 0's turn is steps 1 to 8 and 17 to 24,
 # fragment 1's steps 9 to 16), τ = 6, α = 0.5, on batches of 1024 chains (steps 1 to 8 run first,
-# unprofiled; in the profiled steps 9 to 24 each fragment is handed over once and applied once). A
-# message's time on the link is the emulated link's model: 2 hops, each paying the latency, plus its
-# bytes at the link's bandwidth (on 2 ranks, the payload once), so the larger fragment, the one that holds
-# the large weight, takes longer. Where that time is longer than the τ steps from its hand-over to the
-# applying step's `wait()`, that step waits; where it is shorter, the step may still wait a little for
-# the real all_reduce. The lines under the figure give both times for each message (the code of the
-# figure and of its lines collapsed), and whether it waited, and how long. Their "ms of steps" is the
-# time from the tick to the applying step's `wait()`, measured anew for each message: the τ steps and
-# any white between them (below), so its ÷ τ is that time spread over the τ steps, not one step's
-# compute. On this shared machine that time varies from one message to the next and from run to run,
-# so whether a message waits, and for how long, varies too.
+# unprofiled). A fragment is handed to the link in step 10 or 18 and applied τ steps later, in step
+# 16 or 24; where its time on the link is longer than the time from its hand-over to the applying
+# step's `wait()`, that step waits. A message's time on the link is the emulated link's model: 2 hops,
+# each paying the latency, plus its bytes at the link's bandwidth (on 2 ranks, the payload once), so
+# the larger fragment, the one that holds the large weight, takes longer; where it is shorter, the
+# step may still wait a little for the real all_reduce.
 #
 # Each inner step is its forward (pale), backward (blue) and optimizer step (green), whose post-hook
-# hands a fragment's pseudo-gradient to the link in steps 10 and 18 (the tick) and, in steps 16 and
-# 24, waits for that fragment if it has not arrived and applies it (the triangle). The orange bars are
-# the messages' modeled transfers on the link, each from its tick. Red is the wait: from the
-# post-hook's `wait()` until the message is delivered (its modeled transfer over and the real
-# all_reduce done); it falls inside an optimizer step, whose post-hook calls `wait()`. White in the row
-# is time in none of the three (the training thread's own work between them, or time it did not run
-# on this shared machine's cores): not a wait for the link.
+# hands a fragment's pseudo-gradient to the link (the tall tick, "handed to the link") or waits for
+# it and applies it (the triangle). The orange bars are the messages' modeled transfers on the link,
+# each from its tick. Red is the wait: from the post-hook's `wait()` until the message is delivered
+# (its modeled transfer over and the real all_reduce done). White in the row is time in none of the
+# three (the training thread's own work between them, or time it did not run on this shared
+# machine's cores): not a wait for the link, but part of the time a message has to travel.
+#
+# The lines under the figure (their code collapsed) give, for each message, its time on the link, its
+# "ms of steps" (the time from the tick to the applying step's `wait()`, white included) and whether
+# it waited, and how long. On this shared machine those times vary from one message to the next and
+# from run to run, so whether a message waits, and for how long, varies too.
 
 # %%
 # %%distributed
@@ -616,8 +592,7 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     tail = round(round(waited, 1) - left, 1)  # the real all_reduce's last part of the wait, as printed
     lesson.say(
         f"fragment {order[s].rpartition('#')[2]} ({m['bytes'] / 1e3:.1f} kB), handed over in step {step_of(s)}: "
-        f"{on_link:.1f} ms on the link; {before:.1f} ms of steps (÷ {TAU} = {before / TAU:.1f} ms a step) from the "
-        f"tick until step {step_of(a)}'s wait(): "
+        f"{on_link:.1f} ms on the link; {before:.1f} ms of steps from the tick until step {step_of(a)}'s wait(): "
         + (
             "delivered by then, no wait"
             if waited < 0.05
@@ -664,16 +639,16 @@ print(check_fragment_schedule(solutions.fragment_to_send))
 # %% [markdown]
 # ## Compute utilisation on slow links
 #
-# Whether a replica waits is decided by a message's time on the link against the compute of the steps
-# it travels during (τ steps for a streaming fragment). The step-time model (`minddp.costmodel.slow_link`)
+# Whether a replica waits is decided by a message's time on the link against the time of the steps it
+# travels during (τ steps for a streaming fragment), which the step-time model counts as their compute
+# alone (no white between steps, unlike the profiled run above). The step-time model (`minddp.costmodel.slow_link`)
 # replays one period of H inner steps on a link:
 # compute as measured or assumed, each fragment's message handed over when its schedule says and
 # waited for at its turn's end. Its **compute utilisation** is Streaming DiLoCo's measure: the share
 # of the time a replica computes, here over one period of H inner steps (its compute over its length;
 # DDP's period is its one step). It measures time, not progress: one replica alone, which sends
 # nothing, computes all of the time, and in the bench above ends with a lower loss than DiLoCo (not
-# streamed) at H = 100. What the computing buys is the bench's losses, measured on the bench's small model, not
-# on this section's: the two are read side by side, not combined. Here for a model of SmolLM2-360M's
+# streamed) at H = 100. Here for a model of SmolLM2-360M's
 # size (fp32 pseudo-gradients and
 # gradients, 1.44 GB, the gradients taken as 32 equal tensors, one per layer, where a real layer has
 # several smaller ones), 2 replicas, each 16,384 tokens per step at an assumed 300
@@ -816,15 +791,14 @@ lesson.claim(
 #   H's excess). At H = 50 and 100 it ends behind in every seed, and its excess over the floor, as a
 #   multiple of DDP's, grows with H. At H = 100 it ends worse than one replica alone, which sends
 #   nothing, where local SGD ends below one replica alone at every H (100 included), in every seed.
-# * At H = 100 the sweep separates one thing: `diloco-h100-lr1` differs from local SGD in the Nesterov
-#   momentum alone, and it too ends above local SGD in every seed (the sweep's claim), so there the
-#   momentum alone costs loss. Early in the runs the mean of each DiLoCo run (lr 1 and the default)
-#   rises after at least one of its first 3 syncs, where local SGD's falls after each (the claim after
-#   the line "at H = 100, the mean expected loss at steps 0, 100, 200 and 300", which gives the means).
-#   The weights scored change only at a sync (the synced weights; local SGD's last average), so each
-#   change from one of these scores to the next is one sync's update. What makes them rise was not
-#   separated. No outer lr tried (0.3 to 1) ends below local SGD; their final losses are printed under
-#   the figure.
+# * At H = 100, `diloco-h100-lr1` is trained as local SGD is but for the Nesterov momentum, and it too
+#   ends above local SGD in every seed (the sweep's claim). The momentum also makes the outer step
+#   larger than the averaged pseudo-gradient (the first step's multiples are printed after the claims):
+#   whether the momentum itself or the larger step costs loss was not separated. Early in the runs the
+#   mean of each DiLoCo run (lr 1 and the default) rises after at least one of its first 3 syncs,
+#   where local SGD's falls after each (the claim after the line "at H = 100, the mean expected loss at
+#   steps 0, 100, 200 and 300", which gives the means); what makes them rise was not separated either.
+#   No outer lr tried (0.3 to 1) ends below local SGD; their final losses are printed under the figure.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so the
 #   message can travel during those τ steps; where its time on the link is longer than they last, the
