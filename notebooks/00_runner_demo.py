@@ -80,10 +80,12 @@ plt.show()
 # it for a partner that never comes, and the runner frees it: once rank 1's failure reaches the runner,
 # it waits a grace (`grace_s`, one second), then has rank 1 destroy its process group, which
 # makes rank 0's `all_reduce` raise. Below the cell: rank 0's note `(released because rank 1 failed)`,
-# then the error, one traceback block per failed rank, each headed `Error on rank R:` and the error's
-# type: first the ranks that raised on their own, in rank order, then the released ones. Rank 0's block
-# holds the error its `all_reduce` raised when rank 1's group went, whatever the backend's words blame:
-# rank 0 was released, and rank 1's process did not end (the next cell checks both ranks' pids).
+# then the error. Jupyter draws it as one traceback block per rank whose cell raised, each headed
+# `Error on rank R:` and the error's type: first the ranks that raised on their own, in rank order, then
+# the released ones. Rank 0's block holds the error its `all_reduce` raised when rank 1's group went,
+# whatever the backend's words blame. The error's plain text (what a text-only viewer prints) is one
+# heading, naming rank 1 as failed and the other ranks whose cell raised, released or not, as "failed too",
+# then rank 1's traceback alone. Rank 1's process did not end (the next cell checks both ranks' pids).
 #
 # A traceback names the cell `<In [N], rank R>`: Jupyter's `In [N]`, as rank R ran it, its lines
 # counted from the `%%distributed` line (line 1), so rank 1's `raise` is line 3. The cell is tagged

@@ -29,12 +29,13 @@
 #    prints it). A rank that fails destroys its groups, as a job's process ends when it raises, so a
 #    partner waiting on it, in either group, fails then;
 # 2. **minddp in debug mode**: minddp's DDP for the model's bugs, and for the script's own
-#    collectives the *collective check* alone (no wrapper needed: every `torch.distributed`
+#    collectives the *collective check* (every `torch.distributed`
 #    collective is compared across ranks before it is sent; section 4 shows how). What it says is one
 #    line on every rank: the cell prints rank 0's alone, then whether each other rank raised the same
 #    finding (a line that differs in more than where it names its own rank is
 #    printed too), and checks that every rank raised it (section 3's finding is a warning: there each rank *warns*). The line names the cause, the tensor or
-#    call, the rank(s), the step, and the fix. For eight bugs the line is an error that stops every
+#    call, the rank(s), the step, and the fix; a fix names the wrapper `model`, as torch's examples do
+#    (`model = DDP(model)`): in this notebook the wrapper is `ddp`, and `model` the module it wraps. For eight bugs the line is an error that stops every
 #    rank at the first check that sees the bug; for a bug that spoils nothing (section 3,
 #    every rank reading the same data) it is a warning, said once, and training goes on;
 # 3. **the fix**: the script corrected, in debug mode, which then says nothing: no error and no warning (section 4's first fix is
@@ -74,7 +75,8 @@
 #   replicas are equal. The fixes of sections 3, 4 (its first), 5 and 6 do not use it: each checks what its
 #   own ✓ line says.
 #
-# The set-up cell is plumbing (process groups made for each run, torch's place names reworded): it can be skipped.
+# The set-up cell is plumbing (process groups made for each run), except `zeros_averaged_in`, section 6's
+# fourth run, which section 6 describes.
 # Each section's idea is in its own cells: torch's run with debug mode paused, debug mode's line, the fix.
 #
 # The times `torch_does` prints count from the script's start, building its model and wrapper
@@ -311,17 +313,21 @@ lesson.say(
 # DDP keeps the replicas equal by starting them equal and giving each the same averaged gradient.
 # Anything that changes a parameter on some ranks only breaks that for good: an in-place edit, a
 # `load_state_dict` on rank 0 only, an optimizer with another learning rate on one rank. Here rank 1
-# nudges one weight after step 1 (the second step). In debug mode, before each forward that will sync
-# (the *forward check*), every rank all-gathers one small row of integers: for each parameter its
+# nudges one weight after step 1 (the second step). In debug mode, before each forward whose backward
+# will average the gradients (the *forward check*; section 2 shows a forward that does not), every rank all-gathers one small row of integers: for each parameter its
 # `requires_grad` flag and a fingerprint (its bits, weighted by place; `docs/debugging.md` says what a
 # fingerprint is sure to see), so with `Net()`'s 4 parameter tensors (and no buffers) a row of 8,
 # `int64[8]`. On a
 # mismatch the first differing tensor is compared in full, and every rank stops at the same point.
 # Before each `optimizer.step()` the *step check* gathers another row, `int64[17]` for `Net()`: one integer of
-# notes, then four runs of one integer per parameter: whether each has a gradient, each gradient's
-# fingerprint, whether each one's backward hook ran, and each local gradient's fingerprint (from before
+# flags (among them: a forward bypassed the wrapper; the step's last forward ran inside `no_sync()`: section 2's bugs),
+# then four runs of one integer per parameter: whether each has a gradient, each gradient's
+# fingerprint, whether debug mode's hook on its gradient ran, and each local gradient's fingerprint (from before
 # averaging). The fix: change
 # parameters the same way on every rank (here: not at all).
+#
+# The gap the nudge opens stays its size (up to rounding): both replicas then step with the same averaged gradient, so
+# it neither grows nor closes.
 
 
 # %%
@@ -353,7 +359,7 @@ fixed(drifting_loop, "without the edit", edit=False)
 # fix: call the wrapper.
 #
 # Each of this section's two cells prints two gaps, and they measure different things: the ✓ line
-# under torch's run (the notebook's own `apart()`, since torch says nothing) says how far the replicas'
+# under torch's run (the notebook's own measure, since torch says nothing) says how far the replicas'
 # *parameters* ended apart after the step; debug mode's line says how far one tensor's *gradients* are
 # apart at `optimizer.step()`, which it stops before any parameter moves. They need not be about the
 # same tensor either: the ✓ line names the parameter with the largest gap, debug mode's line the first
@@ -436,8 +442,8 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # A script's own collectives must match across ranks too: the same op, shape and dtype, in the same
 # order. Here rank 0 logs two metrics and rank 1 one. Under torch, gloo pairs an all_reduce of 2
 # values with one of 1 and both ranks wait, until the group's timeout ends a wait. In debug mode every
-# `torch.distributed` collective is compared across ranks on a side channel (the default group's
-# store, a key-value table every rank reaches) before it is sent (the *collective check*), so both
+# `torch.distributed` collective is compared across ranks on a side channel (the store of the
+# *default group*, the process group the ranks started with, which a collective given no group uses: a key-value table every rank reaches) before it is sent (the *collective check*), so both
 # ranks stop before the mismatched all_reduce is sent, naming each rank's call and the line it came
 # from. The fix: the same metrics on every rank.
 #
@@ -510,7 +516,7 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # Debug mode sees a rank in a step on one side and a rank out of its loop on the other. The line
 # names the fixes: the same number of batches on every rank (a `DistributedSampler` gives each rank as
 # many samples as the others; or every rank stopping at the shortest rank's count), or training under
-# `with model.join():`, where a rank that has run out keeps making the collectives of the others'
+# the wrapper's `join()` (`with ddp.join():` here), where a rank that has run out keeps making the collectives of the others'
 # steps, with zero gradients, until every rank is done.
 # The cell uses the last.
 
@@ -558,9 +564,10 @@ lesson.claim(
 #
 # The cell's last torch run (its two "raised nothing" lines and the ✓ line after them) is the flag a
 # learner tries first, `find_unused_parameters=True`, and it does not fix the bug: no error; rank 1 steps the layer
-# with its gradients averaged with rank 0's zeros (its `head.weight` gradient half its own in norm:
-# the ✓ line measures that tensor), while rank 0, whose layer is frozen, does not step it at all, so
-# the replicas end apart. All torch says there is a warning its C++ code prints on rank 1: that
+# with its gradients averaged with rank 0's zeros (the ✓ line's ratio of norms: rank 1's `head.weight` gradient
+# over the one an unwrapped copy of the model gets from the same batch), while rank 0, whose layer is
+# frozen, does not step it at all, so the replicas end apart (the ✓ line's gap is in parameters, after
+# two steps on the same batch). All torch says there is a warning its C++ code prints on rank 1: that
 # `find_unused_parameters=True` found no unused parameter in the forward. It goes straight to the rank
 # process's stderr, past the runner's capture of the ranks' lines: no `[rank 1]` label comes before
 # it. Where the front end shows it at all (the saved run does, at the end of the cell's output, below
