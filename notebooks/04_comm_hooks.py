@@ -32,8 +32,8 @@
 # number of columns of `P` and `Q`, the directions kept per gradient matrix. This notebook always
 # says *matrix rank* for the second, and its letter r is the matrix rank (not 01's r, a rank's index).
 #
-# Here each hook trains the workload every notebook shares, in `03_build_up`'s `bucket-async` stage (the next
-# section says when it sends: once per optimizer step, 02's *sync*), from the same start on the same batches: `lesson.Trainee(stage, hook=name)` builds
+# Here each hook trains the workload every notebook shares, in `03_build_up`'s `bucket-async` stage (it syncs
+# once per optimizer step, 02's *sync*; the next section says when it sends), from the same start on the same batches: `lesson.Trainee(stage, hook=name)` builds
 # the stage and registers the hook on it with `register_comm_hook(state, hook)` (`minddp.ladder.wrap`), and the
 # stage calls the hook with each bucket; `lesson.race` steps every trainee once a round, in turn. The bucket size
 # printed below is a threshold, torch's `bucket_cap_mb`, not a maximum: a bucket closes at the first
