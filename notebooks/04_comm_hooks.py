@@ -375,11 +375,11 @@ lesson.say(
 # for this notebook's n ranks (B* falls as 1/n, m* grows as n). Its figure draws plain
 # averaging's and PowerSGD's link time against the bandwidth, at two α's, which the legend gives: solid lines at
 # `1gbit`'s α, dotted ones at `nvlink`'s α, which `100gbit-ib` shares (so its markers, too, lie on the dotted
-# lines). The other presets' markers lie off the lines, at their own α: above both lines where that α is larger
-# than both (`home`'s, `wan`'s). So which hook's messages take less link time at a preset is read from the table,
-# the preset's bandwidth against its own B*, not from where its bandwidth falls on the lines: B* falls as 1/α, so a
-# preset with a large α, such as `wan`, can favour plain averaging at a bandwidth where presets of smaller α favour
-# PowerSGD. As B grows the bytes' term shrinks,
+# lines). A preset whose α is neither line's is priced at its own α: its markers lie above both lines where that α
+# is larger than both (as `home`'s and `wan`'s). So which hook's messages take less link time at a preset is read
+# from the table, the preset's bandwidth against its own B*, not from where its bandwidth falls on the lines: B*
+# falls as 1/α, so at a preset of large α, such as `wan`, plain averaging's messages can take less link time at a
+# bandwidth where, at presets of smaller α, PowerSGD's do. As B grows the bytes' term shrinks,
 # and each line falls towards its messages' fixed cost, c · 2(n − 1) α, PowerSGD's three times plain
 # averaging's; at each α the two lines cross at that α's B*. A hook's two lines lie on each other where the
 # bytes' term is most of its link time and part where the fixed cost starts to count: plain averaging's only on
