@@ -32,11 +32,11 @@
 # number of columns of `P` and `Q`, the directions kept per gradient matrix. This notebook always
 # says *matrix rank* for the second, and its letter r is the matrix rank (not 01's r, a rank's index).
 #
-# Here each hook trains the workload every notebook shares, in `03_build_up`'s `bucket-async` stage (the next
-# section says when it sends), from the same start on the same batches: `lesson.Trainee(stage, hook=name)` builds
+# Here each hook trains the workload every notebook shares, in `03_build_up`'s `bucket-async` stage (it syncs
+# once per optimizer step, 02's *sync*; the next section says when it sends), from the same start on the same batches: `lesson.Trainee(stage, hook=name)` builds
 # the stage and registers the hook on it with `register_comm_hook(state, hook)` (`minddp.ladder.wrap`), and the
 # stage calls the hook with each bucket; `lesson.race` steps every trainee once a round, in turn. The bucket size
-# the next cell prints is a threshold, torch's `bucket_cap_mb`, not a maximum: a bucket closes at the first
+# printed below is a threshold, torch's `bucket_cap_mb`, not a maximum: a bucket closes at the first
 # gradient that brings it to that size or past it, so a bucket can hold more, and the last one holds what is left
 # (`minddp.stages.bucket_plan`). For each hook we read:
 #
@@ -183,7 +183,7 @@ lesson.claim(
 #   its columns made orthonormal;
 # * all_reduces the P's and makes each `P`'s columns orthonormal: every rank now holds the same `P`;
 # * computes `Q = Mᵀ P` and all_reduces the Q's, divided by the world size: as every rank used the same `P`,
-#   the ranks' average of `Mᵀ P` is (the ranks' average of `M`)ᵀ `P`. That is why the Q's need the averaged P first;
+#   the ranks' average of `Mᵀ P` is (the ranks' average of `M`)ᵀ `P`;
 # * writes `P Qᵀ` over `M`, the ranks' average `M` projected onto `P`'s r columns; when the bucket's all_reduces
 #   are done, it keeps, for the next step, the copy made first minus the average it hands back, for the whole
 #   bucket, its uncompressed tensors too, as torch's hook does: this rank's `M` minus the ranks' average `M`,
@@ -203,15 +203,19 @@ lesson.claim(
 
 # %%
 # %%rank 0
-p, a = trainees["powersgd"], trainees["allreduce"]
+psgd_trainee, plain_trainee = trainees["powersgd"], trainees["allreduce"]
 start_iter = HOOKS["powersgd"]["start_powerSGD_iter"]
 steps = pd.DataFrame(
-    {"powersgd calls": [w["calls"] for w in p.metered], "powersgd payload KiB": [w["bytes"] / 1024 for w in p.metered]},
-    index=pd.RangeIndex(1, len(p.metered) + 1, name="step"),
+    {
+        "powersgd calls": [w["calls"] for w in psgd_trainee.metered],
+        "powersgd payload KiB": [w["bytes"] / 1024 for w in psgd_trainee.metered],
+    },
+    index=pd.RangeIndex(1, len(psgd_trainee.metered) + 1, name="step"),
 )
-plain_calls, plain_kib = a.metered[-1]["calls"], a.metered[-1]["bytes"] / 1024  # the same at every step
-assert all(w["calls"] == plain_calls and w["bytes"] / 1024 == plain_kib for w in a.metered)
-buckets = lesson.buckets_of(a.model)
+plain_last = plain_trainee.metered[-1]  # the same at every step
+plain_calls, plain_kib = plain_last["calls"], plain_last["bytes"] / 1024
+assert all(w["calls"] == plain_calls and w["bytes"] / 1024 == plain_kib for w in plain_trainee.metered)
+buckets = lesson.buckets_of(plain_trainee.model)
 last = steps.iloc[-1]
 early, late = steps.iloc[:start_iter], steps.iloc[start_iter:]
 # plain averaging through PowerSGD's first steps is allreduce_hook itself: the same division and sum as the
@@ -219,7 +223,7 @@ early, late = steps.iloc[:start_iter], steps.iloc[start_iter:]
 lesson.claim(
     (early["powersgd calls"] == plain_calls).all()
     and (early["powersgd payload KiB"] == plain_kib).all()
-    and all(w["relative_error"] < 1e-6 for w in p.metered[:start_iter]),
+    and all(w["relative_error"] < 1e-6 for w in psgd_trainee.metered[:start_iter]),
     f"For the first {start_iter} steps PowerSGD is plain averaging (start_powerSGD_iter={start_iter}): the same "
     f"{plain_calls} calls and {plain_kib:.0f} KiB of payload, and the reference average to within 1e-6 (relative).",
 )
@@ -234,10 +238,6 @@ lesson.say(f"Those carry {last['powersgd payload KiB'] / plain_kib:.4f} of plain
 steps.round(1)
 
 # %% [markdown]
-# For a longer run, `python -m minddp.train --stage bucket-async --hook powersgd
-# --powersgd-rank 1` (matrix rank 1) trains with one hook for as many steps as you ask, and
-# `python -m minddp.analyze --compare RUN_A RUN_B` puts two such runs side by side.
-#
 # ## Over a link: from bytes to link time
 #
 # The hooks now train over the
@@ -371,11 +371,15 @@ lesson.say(
 # link's own model. A preset is a pair α, B (the table's first two columns), named for what it stands for
 # (`minddp.comm.link.PRESETS` describes each: `home`, a home broadband line's upload; `wan`, two cloud regions a
 # continent apart); what the cell says of a preset is said of that pair, not of a measured network. It
-# computes the three crossovers from the counts and bytes; its link times, B*'s and m* are
+# computes B*, n* and m* from the counts and bytes; its link times, B*'s and m* are
 # for this notebook's n ranks (B* falls as 1/n, m* grows as n). Its figure draws plain
 # averaging's and PowerSGD's link time against the bandwidth, at two α's, which the legend gives: solid lines at
 # `1gbit`'s α, dotted ones at `nvlink`'s α, which `100gbit-ib` shares (so its markers, too, lie on the dotted
-# lines). As B grows the bytes' term shrinks,
+# lines). A preset whose α is neither line's is priced at its own α: its markers lie above both lines where that α
+# is larger than both (as `home`'s and `wan`'s). So which hook's messages take less link time at a preset is read
+# from the table, the preset's bandwidth against its own B*, not from where its bandwidth falls on the lines: B*
+# falls as 1/α, so at a preset of large α, such as `wan`, plain averaging's messages can take less link time at a
+# bandwidth where, at presets of smaller α, PowerSGD's do. As B grows the bytes' term shrinks,
 # and each line falls towards its messages' fixed cost, c · 2(n − 1) α, PowerSGD's three times plain
 # averaging's; at each α the two lines cross at that α's B*. A hook's two lines lie on each other where the
 # bytes' term is most of its link time and part where the fixed cost starts to count: plain averaging's only on
@@ -517,7 +521,8 @@ wins.round(3)
 # Future? of one tensor? of the right size and dtype? the average, not the sum? how far off, against
 # the bound on float16 rounding derived above, `minddp.comm.measure.rounding_bound`? how many bytes?
 # does it return before its all_reduce is waited for? do gradients whose float16 sum would overflow
-# come back finite?), then trains with it for 3 steps in the `bucket-async` stage and prints the largest difference
+# come back finite?), then trains its own small test model with it (not this notebook's workload) for 3 steps in the
+# `bucket-async` stage and prints the largest difference
 # between any of its parameters and those of torch's DDP running torch's own `fp16_compress_hook`: an absolute
 # difference, against torch's hook, not the relative param distance to plain averaging above. It is not judged:
 # a hook that casts and divides in another order than torch's may differ more and still pass. A hook that passes on 2 ranks is checked once

@@ -589,7 +589,7 @@ HOOK_MISTAKES = [
     (wrong.hook_then_on_the_work, "dist.all_reduce(..., async_op=True) returned a Work, not a Future: take its"),
     (wrong.hook_asks_the_state_its_size, "process_group, is None here: None means the default group"),
     (wrong.hook_divides_by_world_size, "the kernel has no world_size or rank: those are the %%distributed cells' own"),
-    (wrong.hook_not_compressed, "sent 4 bytes per gradient value (float32), the model answer 2"),
+    (wrong.hook_not_compressed, "payload was 4 bytes per gradient value (float32), the model answer's 2"),
     (wrong.hook_waits, "not a torch.futures.Future"),
     (wrong.hook_divides_after_the_sum, "divide before the sum, or the float16 sum overflows"),
     (wrong.hook_blocks, "waited for its all_reduce before returning (the Future it returned was already complete)"),

@@ -1125,7 +1125,7 @@ def _hook_finding(f: dict, report: dict) -> str:
         n = f["numel"]
         sent = f" ({', '.join(f['sent_dtypes'])})" if f.get("sent_dtypes") else ""
         return (
-            f"your hook sent {f['bytes'] / n:.0f} bytes per gradient value{sent}, the model answer "
+            f"your hook's payload was {f['bytes'] / n:.0f} bytes per gradient value{sent}, the model answer's "
             f"{f['reference_bytes'] / n:.0f}: cast to float16 before the all_reduce"
         )
     if kind == "diverged":
