@@ -134,20 +134,17 @@ for line in run.report():
 # claim checks.
 #
 # * **a peer's error**: the first error caught by a member other than the fault's slot: its
-#   all_reduce failed (gloo's sentences are printed further down). Before it, after the kill, the
-#   survivors reach their all_reduce, the operating system ends slot 1's process, gloo's all_reduce
-#   fails and the error goes back up to the rung; after the raise, slot 2 drops its group
-#   (`drop_group` in `minddp/ft/rung.py`: a garbage collection, then the teardown that closes its
-#   connections). The run does not time these apart;
+#   all_reduce failed (gloo's sentences are printed further down). What comes before it is not
+#   timed: after the kill, the survivors reaching their all_reduce and slot 1's process ending, in
+#   an order the run does not record; after the raise, slot 2 dropping its group (`drop_group` in
+#   `minddp/ft/rung.py`), which closes its connections;
 # * **discard**: each member that caught an error drops its group, then votes no; the lighthouse
 #   discards the attempt at the first no, or once a member that has not voted is no longer live
 #   (`docs/fault-tolerance.md`, phase 5);
-# * **exit seen** and **exit recorded** (the kill only): the launcher looks at its processes in
-#   passes, `PASS_SLEEP_S` (20 ms) apart plus each pass's own work; the first is the pass that
-#   found slot 1's process ended (when it ended is not timed). The launcher then waits
-#   `EXIT_WAIT_S` (50 ms, so that a process that finished the run is not reported lost before its
-#   final state arrives), takes in what the processes sent it, and records the exit for the
-#   lighthouse (the second);
+# * **exit seen** and **exit recorded** (the kill only): the launcher's pass over its processes
+#   that found slot 1's process ended (when it ended is not timed), and the launcher's record of
+#   that exit for the lighthouse (what the launcher does between the two: `docs/fault-tolerance.md`,
+#   the paragraph after phase 5);
 # * **next quorum**: the lighthouse answers, with a new tag, once every live slot has asked; slot 1
 #   counts as live until the lighthouse has read the exit's record;
 # * **work started** and **work done**: in the attempt that committed the step, the last member to
@@ -155,27 +152,14 @@ for line in run.report():
 #   member builds the new group (after the kill, of 2) and takes its digest; after the end it votes;
 # * **commit**: the lighthouse commits once every member has voted yes.
 #
-# A row is a moment; a span is the difference of two rows. The two lines under the kill's table
-# say how much of its recovery the span from the discard to the exit's record took, and how long
-# the launcher took from seeing the exit to recording it (the part beyond the wait from the
-# unrounded times). "The launcher's own" means the launcher had seen the exit before the discard,
-# so that whole span fell within its wait and its intake after it. `EXIT_WAIT_S` is a setting of
-# minddp's launcher, not something a kill has to cost. The raise's process stayed (the first
-# claim), so its table has no exit rows.
-#
-# The last lines cut both recoveries into six spans, between the rows the two tables share, so the
-# last column adds up to the difference of the recoveries (measured, not claimed): read all of it,
-# not only the wait. The two retries are not the same work: the kill's step was trained again at
-# world 2, the raise's at world 3 (the report's lines), so the spans from the next quorum to the
-# commit set an attempt of two members against one of three. Of the six spans, only the one from
-# the discard to the next quorum has a moment timed inside it: where the discard comes before the
-# exit's record (the kill's table shows their order), the kill's span holds the wait for that
-# record. The last line splits the difference into that span's row and the other five's; the run
-# does not show why those five differ.
+# The raise's process stayed (the first claim), so its table has no exit rows. The last lines cut
+# both recoveries into six spans between the rows both tables have (a span is the difference of
+# two rows), so the last column adds up to the difference of the recoveries, and name the span
+# that differs most. The two retries are not the same work: the kill's step was trained again at
+# world 2, the raise's at world 3 (the report's lines).
 
 # %%
 from minddp.ft import fault_outcomes
-from minddp.ft.launch import EXIT_WAIT_S
 from minddp.ft.report import peer_error_s, retry_work_s
 
 kill, raised = fault_outcomes(run)
@@ -216,22 +200,6 @@ def moments(o):  # the moments the run recorded after fault o, in ms after it, s
 
 
 moments(kill)
-seen, recorded, discard = ms(kill.seen_s), ms(kill.exit_s), ms(kill.discard_s)
-print(
-    f"from the discard to the exit's record: {recorded - discard} ms, "
-    f"{(recorded - discard) / ms(kill.recovery_s):.0%} of the kill's recovery; "
-    + (  # compared in seconds, not in the rounded ms
-        f"the launcher had seen the exit {discard - seen} ms before the discard, so all of it was the launcher's own"
-        if kill.seen_s <= kill.discard_s
-        else f"the launcher saw the exit {seen - discard} ms after the discard"
-    )
-)
-more = (kill.exit_s - kill.seen_s - EXIT_WAIT_S) * 1000  # unrounded: each row is rounded to whole ms
-print(
-    f"from seeing the exit to recording it: {recorded - seen} ms, the launcher's wait (EXIT_WAIT_S, "
-    f"{ms(EXIT_WAIT_S)} ms) and {more:.1f} ms more, from the unrounded times (the wait's overshoot, then taking "
-    "in what the processes sent it)"
-)
 moments(raised)
 print()
 for o in (kill, raised):
@@ -259,11 +227,19 @@ print(
 print(f"  {'':<36}{'kill':>6}{'raise':>6}{'kill - raise':>14}")
 for (name, k), r in zip(spans(kill).items(), spans(raised).values()):
     print(f"  {name:<36}{k:>6}{r:>6}{k - r:>+14}")
-held = spans(kill)["from the discard to the next quorum"] - spans(raised)["from the discard to the next quorum"]
+differences = {name: k - r for (name, k), r in zip(spans(kill).items(), spans(raised).values())}
+most = max(differences, key=lambda name: abs(differences[name]))
+record = ms(kill.exit_s)
 print(
-    f"of the {longer:+} ms: the span from the discard to the next quorum (the only one with a moment timed "
-    f"inside it) {held:+} ms, the other five {longer - held:+} ms"
+    f"the span that differs most: {most}, {differences[most]:+} ms of the {longer:+} ms; the other five together "
+    f"{longer - differences[most]:+} ms"
+    + (  # the kill's span holds the exit's record, which its next quorum came after (the second claim)
+        f"; the kill's holds slot {kill.fault.slot}'s exit recorded, at {record} ms, and its next quorum came after it"
+        if most == "from the discard to the next quorum" and ms(kill.discard_s) <= record <= ms(kill.quorum_s)
+        else ""
+    )
 )
+
 
 # %% [markdown]
 # The kill also ended slot 1's process: its **rejoin** (the report's first line) ends at the quorum
@@ -332,9 +308,9 @@ print(run.timeline())
 #   them at world 3;
 # * in step 11 slot 2's comm hook raised, before its all_reduce: slot 2's process stayed, dropped
 #   its group (which closes its connections) and voted no. Slots 0 and 1's all_reduce failed too,
-#   though no process had ended (the errors are printed below, in the order caught, each with
-#   gloo's own sentence). The attempt was discarded on every member, and step 11 was tried
-#   again by a new group of the same three slots.
+#   though no process had ended (the errors are printed below, in the order caught: slot 2's own
+#   exception first, then slots 0 and 1's, each with gloo's sentence). The attempt was discarded
+#   on every member, and step 11 was tried again by a new group of the same three slots.
 
 # %%
 entries = [(slot, e) for slot, _, e in run.entries]  # one entry per member and attempt

@@ -1232,6 +1232,14 @@ def shard_floor_sized(batch, rank, world):
     return x[rank * n : (rank + 1) * n], y[rank * n : (rank + 1) * n]
 
 
+def shard_shifted_by_one(batch, rank, world):
+    """The rung's bounds shifted one row on, x[lo+1:hi+1]: 3, 3, 3 rows at world 3 of 10, as a floor split takes,
+    but row 0 goes to no rank, not the remainder's row 9 (a floor split's mistake it did not make)."""
+    x, y = batch
+    lo, hi = rank * len(x) // world + 1, (rank + 1) * len(x) // world + 1
+    return x[lo:hi], y[lo:hi]
+
+
 def shard_floor_of_the_first_world(batch, rank, world):
     """len(x) // 3 rows each, the starting world's 3 written where `world` belongs: wrong already at world 3, where
     the floor division's remainder (row 9 of 10) goes to no rank, and at world 2 too."""

@@ -922,6 +922,14 @@ def test_the_shard_checker_names_pieces_cut_by_a_fixed_size_whole(fn, worlds, na
     assert problem.startswith(named), problem
 
 
+def test_the_shard_checker_names_the_floor_divisions_remainder_only_where_the_last_rows_were_lost():
+    """3, 3, 3 rows at world 3 of 10 (no ranks start here: the rows are the function's own): a split that loses row 0,
+    not the remainder's row 9, is not told it lost the remainder of a floor division."""
+    problem = lost_rank.coverage_problem(wrong.shard_shifted_by_one, [(0, 3)], lost_rank.Lanes([], 1), 0.1, blind=False)
+    assert problem.startswith("at world 3, row 0 was trained by no rank"), problem
+    assert "remainder" not in problem, problem
+
+
 SHARD_SLICE_ENDS = [  # the rung's bounds, each slice's end moved by one row: named as the end, not only by the rows
     (wrong.shard_last_row_short, "your slice ends one row before it"),
     (wrong.shard_overlapping, "your slice takes it into rank r's share too"),

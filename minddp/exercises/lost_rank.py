@@ -881,7 +881,8 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool)
                 "the last row, so end the last rank's slice at len(x), or leave its end out (x[lo:])"
             )
         floor = ROWS // world
-        if missing and not twice and sizes == [floor] * world and len(missing) == ROWS - floor * world:
+        # the remainder's rows are the batch's last: a split of floor-sized pieces that loses other rows is not this
+        if not twice and sizes == [floor] * world and missing == list(range(floor * world, ROWS)) != []:
             return (
                 f"at world {world}, {rows_text(missing)} trained by no rank (of the global batch's {ROWS}): each "
                 f"rank took {ROWS} // {world} = {floor} rows, so the remainder of the floor division, "
