@@ -55,7 +55,7 @@ t
 # %% [markdown]
 # The ✓ line above is a checked sentence: a sentence about a run is only as good as its check. The notebooks state theirs in two ways (`minddp.notebook.lesson`):
 #
-# * `lesson.claim(holds, sentence)` checks it: every rank evaluates `holds`; the sentence is printed once, under rank 0's label, with a ✓, and the cell fails on any rank where it does not hold. What is asserted is `holds`, and the ✓ sentence is written to say what `holds` tests, no more; a number the cell puts in it is the run's own, computed as in `lesson.say`. A re-run (the test suite re-runs every notebook) where `holds` is false stops there instead of saving it. The notebooks claim orders, counts and values the code guarantees, and (notebook 08) what a timeout of seconds decides; a direction that could come out either way is said, not claimed.
+# * `lesson.claim(holds, sentence)` checks it: every rank evaluates `holds`; the sentence is printed once, under rank 0's label, with a ✓, and the cell fails on any rank where it does not hold. What is asserted is `holds`, and the ✓ sentence is written to say what `holds` tests, no more; a number the cell puts in it is the run's own, computed as in `lesson.say`. A re-run where `holds` is false stops there. The notebooks claim orders, counts and values the code guarantees, and (notebook 08) what a timeout of seconds decides; a direction that could come out either way is said, not claimed.
 # * `lesson.say(...)` prints a sentence the cell composes from the run's own values (a time measured here, which of two runs was faster): its numbers and comparisons are computed, so they are true of the run shown, and a re-run prints its own. Nothing asserts them. The rest of such a sentence (what a number is, why it came out so) is the notebook's prose, written beside the values and no more checked than the markdown.
 #
 # Apart from these, a cell's plain `assert`s and the exercises' checkers (their own ✓ and ✗ verdicts), nothing is
@@ -80,12 +80,9 @@ plt.show()
 # it for a partner that never comes, and the runner frees it: once rank 1's failure reaches the runner,
 # it waits a grace (`grace_s`, one second), then has rank 1 destroy its process group, which
 # makes rank 0's `all_reduce` raise. Below the cell: rank 0's note `(released because rank 1 failed)`,
-# then the error. Jupyter draws it as one traceback block per rank whose cell raised, each headed
-# `Error on rank R:` and the error's type: first the ranks that raised on their own, in rank order, then
-# the released ones. Rank 0's block holds the error its `all_reduce` raised when rank 1's group went,
-# whatever the backend's words blame. The error's plain text (what a text-only viewer prints) is one
-# heading, naming rank 1 as failed and the other ranks whose cell raised, released or not, as "failed too",
-# then rank 1's traceback alone. Rank 1's process did not end (the next cell checks both ranks' pids).
+# then the error: in Jupyter, one traceback block per rank whose cell raised; as plain text, one
+# heading that counts every other rank whose cell raised, released or not, as "failed too", then rank
+# 1's traceback alone. Rank 1's process did not end (the next cell checks both ranks' pids).
 #
 # A traceback names the cell `<In [N], rank R>`: Jupyter's `In [N]`, as rank R ran it, its lines
 # counted from the `%%distributed` line (line 1), so rank 1's `raise` is line 3. The cell is tagged
@@ -98,7 +95,8 @@ if rank == 1:
 dist.all_reduce(t)
 
 # %% [markdown]
-# The ranks are still the same processes, `t` is still there, and collectives work again:
+# The ranks are still the same processes, `t` is still there, and collectives work again: after a
+# failed cell the runner has every rank leave its process group and join a fresh one.
 
 # %%
 # %%distributed
@@ -111,9 +109,8 @@ lesson.claim(
 t
 
 # %% [markdown]
-# `%dist_status` names the ranks' backend and counts the *restarts*: the times the runner had to end the
-# ranks and start fresh ones (their variables lost) because releasing them was not enough. The failure
-# above was released without one.
+# `%dist_status` names the ranks' backend and counts the *restarts*: the times the runner ended the
+# ranks and started fresh ones (their variables lost).
 
 # %%
 # %dist_status

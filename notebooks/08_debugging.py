@@ -23,40 +23,32 @@
 # things on the two ranks:
 #
 # 1. **torch**, debug mode *paused* (nothing checked, `minddp.debug.disable()`): what torch's DDP says
-#    (or, for the script's own collectives, torch's `dist.all_reduce` or `dist.barrier`). The script's own collectives run on a process group whose timeout is 3 s, so
-#    a wait for a partner that never comes ends there (a real job waits as long as its group's
-#    timeout); torch's DDP runs on a group of its own with torch's default timeout (the set-up cell
-#    prints it). A rank that fails destroys its groups, as a job's process ends when it raises, so a
-#    partner waiting on it, in either group, fails then;
+#    (or, for the script's own collectives, `dist.all_reduce` or `dist.barrier`). Unlike a real job's,
+#    which share one group, the script's own collectives run on a process group of their own whose timeout is 3 s,
+#    and torch's DDP on another with torch's default timeout (the set-up cell prints it). A rank that
+#    fails destroys its groups, as a job's process ends when it raises, so a partner waiting on it fails then;
 # 2. **minddp in debug mode**: minddp's DDP for the model's bugs, and for the script's own
 #    collectives the *collective check* (every `torch.distributed`
 #    collective is compared across ranks before it is sent; section 4 shows how). What it says is one
 #    line on every rank: the cell prints rank 0's alone, then whether each other rank raised the same
 #    finding (a line that differs in more than where it names its own rank is
-#    printed too), and checks that every rank raised it (section 3's finding is a warning: there each rank *warns*). The line names the cause, the tensor or
+#    printed too), and checks that every rank raised it. The line names the cause, the tensor or
 #    call, the rank(s), the step, and the fix; a fix names the wrapper `model`, as torch's examples do
 #    (`model = DDP(model)`): in this notebook the wrapper is `ddp`, and `model` the module it wraps. For eight bugs the line is an error that stops every
 #    rank at the first check that sees the bug; for a bug that spoils nothing (section 3,
 #    every rank reading the same data) it is a warning, said once, and training goes on;
-# 3. **the fix**: the script corrected, in debug mode, which then says nothing: no error and no warning (section 4's first fix is
-#    the script's metrics made the same on every rank, run as a plain `dist.all_reduce`). Section 6's first
-#    bug gets a fourth run: torch's DDP with `find_unused_parameters=True`, the flag a learner tries first.
+# 3. **the fix**: the script corrected, in debug mode, which then says nothing. Section 6's first
+#    bug gets a fourth run: torch's DDP with `find_unused_parameters=True`, the argument a learner tries first.
 #
 # Steps count from 0, in the loops and in debug mode's lines: "after step 1" is after the second step.
 #
-# A place in this notebook is named `<In [N], rank R>:L`: line L (the `%%distributed`
-# line is line 1) of the cell Jupyter shows as `In [N]` (its execution count; run top to bottom, the
-# N-th code cell), as
-# rank R ran it.
+# A place is named `<In [N], rank R>:L`: line L (the `%%distributed` line is line 1) of the cell
+# Jupyter shows as `In [N]` (run top to bottom, the N-th code cell), as rank R ran it.
 #
 # Debug mode is off unless asked for: `MINDDP_DEBUG=1 torchrun ... train.py` (or
-# `minddp.debug.enable()`); a process that never turns it on installs none of it. This notebook turns
-# it on in its set-up cell, so its torch runs have it paused: what it installed around
-# `torch.distributed`'s collectives stays, passing every call through unchecked (the last
-# section shows what a wrapper built with it paused lacks).
-# What each check does: `docs/debugging.md`.
-#
-# The bugs do not need a large model: a two-layer network on random data, a few steps, is enough.
+# `minddp.debug.enable()`). This notebook turns it on in its set-up cell and pauses it for its torch
+# runs (the last section shows what a wrapper built with it paused lacks). What each check does:
+# `docs/debugging.md`.
 
 # %%
 # %load_ext minddp.notebook
@@ -75,13 +67,8 @@
 #   replicas are equal. The fixes of sections 3, 4 (its first), 5 and 6 do not use it: each checks what its
 #   own ✓ line says.
 #
-# The set-up cell is plumbing (process groups made for each run), except `zeros_averaged_in`, section 6's
-# fourth run, which section 6 describes.
-# Each section's idea is in its own cells: torch's run with debug mode paused, debug mode's line, the fix.
-#
 # The times `torch_does` prints count from the script's start, building its model and wrapper
-# included, until the rank raised, rounded to hundredths of a second: a rank that raised within a few
-# milliseconds prints a time of zero.
+# included, until the rank raised, rounded to hundredths of a second (0.00: under half a hundredth).
 
 # %%
 # %%distributed
@@ -267,39 +254,6 @@ def fixed(script, fix: str, **corrected) -> None:
     lesson.claim(not said and apart(model) == 0, f"the fix: {fix}, debug mode says nothing and the replicas agree")
 
 
-def zeros_averaged_in():
-    """Section 6's fourth run, through ``torch_does``: torch's DDP with find_unused_parameters=True, the head frozen on
-    rank 0 after wrapping (section 6's bug), 2 steps. Returns what each rank raised; for each rank, the norm of its
-    head.weight gradient at step 0 over that of its own (an unwrapped copy's, from the same batch), and whether its
-    head kept its initial values (the copy's, which never steps); then ``apart_at`` of the model."""
-    runs = []
-
-    def run(group, short):
-        torch.manual_seed(0)
-        model, own = Net().to(device), Net().to(device)
-        own.load_state_dict(model.state_dict())
-        ddp = TorchDDP(model, process_group=group, find_unused_parameters=True)
-        if rank == 0:
-            model.head.requires_grad_(False)  # the bug
-        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-        x, y = batch(0)
-        nn.functional.mse_loss(own(x), y).backward()
-        nn.functional.mse_loss(ddp(x), y).backward()
-        share = (model.head.weight.grad.norm() / own.head.weight.grad.norm()).item()
-        optimizer.step()
-        optimizer.zero_grad()
-        train(model, ddp, optimizer, steps=1)
-        kept = all(torch.equal(a, b) for a, b in zip(model.head.parameters(), own.head.parameters()))
-        runs.append((model, (share, kept)))
-
-    said = torch_does(run)
-    ((model, mine),) = runs
-    everyone = [None] * world_size
-    dist.all_gather_object(everyone, mine)
-    shares, kept = zip(*everyone)
-    return said, shares, kept, *apart_at(model)
-
-
 train(*build(), steps=1)  # one correct step, untimed: what a process pays once is not in the times torch_does prints
 print(f"rank {rank}: debug mode on")
 lesson.say(
@@ -315,12 +269,11 @@ lesson.say(
 # `load_state_dict` on rank 0 only, an optimizer with another learning rate on one rank. Here rank 1
 # nudges one weight after step 1 (the second step). In debug mode, before each forward whose backward
 # will average the gradients (the *forward check*; section 2 shows a forward that does not), every rank all-gathers one small row of integers: for each parameter its
-# `requires_grad` flag and a fingerprint (its bits, weighted by place; `docs/debugging.md` says what a
-# fingerprint is sure to see), so with `Net()`'s 4 parameter tensors (and no buffers) a row of 8,
+# `requires_grad` and a fingerprint (its bits, weighted by place), so with `Net()`'s 4 parameter tensors (and no buffers) a row of 8,
 # `int64[8]`. On a
 # mismatch the first differing tensor is compared in full, and every rank stops at the same point.
 # Before each `optimizer.step()` the *step check* gathers another row, `int64[17]` for `Net()`: one integer of
-# flags (among them: a forward bypassed the wrapper; the step's last forward ran inside `no_sync()`: section 2's bugs),
+# notes (among them: a forward bypassed the wrapper; the step's last forward ran inside `no_sync()`: section 2's bugs),
 # then four runs of one integer per parameter: whether each has a gradient, each gradient's
 # fingerprint, whether debug mode's hook on its gradient ran, and each local gradient's fingerprint (from before
 # averaging). The fix: change
@@ -480,9 +433,9 @@ lesson.claim(
 
 # %% [markdown]
 # A collective made on some ranks only is the same bug seen one call later: rank 0 logs its loss
-# with an all_reduce that rank 1 never makes, so rank 0's all_reduce meets whatever rank 1 sends next
-# (under torch here nothing, since the script's call is on a group of its own: it waits; in debug
-# mode, the step check's all_gather). The fix: log on every
+# with an all_reduce that rank 1 never makes, so it meets rank 1's next call on its group: in debug
+# mode, the step check's all_gather; under torch here, none (the call is on a group of its own; in a
+# real job it would meet torch's DDP's next call). The fix: log on every
 # rank (or log rank 0's loss without a collective).
 
 
@@ -511,14 +464,11 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # Rank 1 has one batch fewer. It leaves its loop and waits at the script's final barrier, while rank
 # 0 starts a step whose collectives rank 1 will never make. Under torch both wait: rank 1 in its
 # barrier until the timeout (3 s here), and when it fails and destroys its groups, rank 0's step fails with gloo's
-# "Connection closed by peer" (or "reset by peer": the operating system's timing decides which);
-# neither says which rank ran out, or when.
+# "Connection closed by peer" (or "reset by peer"); neither says which rank ran out, or when.
 # Debug mode sees a rank in a step on one side and a rank out of its loop on the other. The line
-# names the fixes: the same number of batches on every rank (a `DistributedSampler` gives each rank as
-# many samples as the others; or every rank stopping at the shortest rank's count), or training under
-# the wrapper's `join()` (`with ddp.join():` here), where a rank that has run out keeps making the collectives of the others'
-# steps, with zero gradients, until every rank is done.
-# The cell uses the last.
+# names the fixes: the same number of batches on every rank, or training under the wrapper's `join()`
+# (`with ddp.join():` here). The cell uses the last. Under `join()` the forward and step checks pause,
+# so its ✓ line does not test them.
 
 
 # %%
@@ -535,7 +485,7 @@ def uneven(model, ddp, optimizer, group=None):
 said = torch_does(lambda group, short: uneven(*build(TorchDDP, process_group=group), group=short))
 lesson.claim(
     peer_gone(said[0]) and "Timed out" in said[1],
-    f"under torch rank 1 failed at the {WAIT_S} s timeout, and rank 0 once rank 1 had destroyed its groups",
+    f"under torch rank 1 failed at the {WAIT_S} s timeout, and rank 0 with an error saying its partner is gone",
 )
 minddp_says(lambda: uneven(*build()), "uneven inputs: rank 1 left the training loop after step 2")
 model, ddp, optimizer = build()
@@ -555,25 +505,12 @@ lesson.claim(
 #
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only (here after wrapping) makes the ranks disagree on what they
-# send. The cell runs torch's DDP on it twice. Its first torch run is plain torch's DDP: rank 1, which
+# send. Under torch's DDP, rank 1, which
 # has every gradient, sends and waits; rank 0 fails at its next forward, saying its module has
 # parameters not used in producing loss, and their indices (counted from 0 in the model's order: 2
 # and 3 are `head.weight` and `head.bias`), and destroys its groups, so rank 1 fails too ("Connection
 # closed by peer", or reset). Debug mode compares `requires_grad` across ranks before each forward
 # (the forward check). The fix: freeze the layer on every rank, before wrapping.
-#
-# The cell's last torch run (its two "raised nothing" lines and the ✓ line after them) is the flag a
-# learner tries first, `find_unused_parameters=True`, and it does not fix the bug: no error; rank 1 steps the layer
-# with its gradients averaged with rank 0's zeros (the ✓ line's ratio of norms: rank 1's `head.weight` gradient
-# over the one an unwrapped copy of the model gets from the same batch), while rank 0, whose layer is
-# frozen, does not step it at all, so the replicas end apart (the ✓ line's gap is in parameters, after
-# two steps on the same batch). All torch says there is a warning its C++ code prints on rank 1: that
-# `find_unused_parameters=True` found no unused parameter in the forward. It goes straight to the rank
-# process's stderr, past the runner's capture of the ranks' lines: no `[rank 1]` label comes before
-# it. Where the front end shows it at all (the saved run does, at the end of the cell's output, below
-# rank 0's lines), only its own prefix, `[rank1]:[W...] reducer.cpp`, says it is rank 1's; it is always
-# in the terminal that started Jupyter. It saw that rank 1 used every parameter; it never saw that
-# the ranks disagree.
 
 
 # %%
@@ -594,8 +531,8 @@ def freeze_on_rank_0(wrap, everywhere=False):
 said = torch_does(lambda group, short: freeze_on_rank_0(lambda m: TorchDDP(m, process_group=group)))
 lesson.claim(
     "not used in producing loss" in said[0] and "indices" in said[0] and peer_gone(said[1]),
-    "under torch rank 0 raised, naming unused parameters by index, and rank 1 failed once rank 0 had destroyed its "
-    "groups",
+    "under torch rank 0 raised, naming unused parameters by index, and rank 1 failed with an error saying its "
+    "partner is gone",
 )
 minddp_says(
     lambda: freeze_on_rank_0(DistributedDataParallel), "requires_grad differs across ranks: parameter 'head.weight'"
@@ -605,8 +542,45 @@ with quiet() as said:
 lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, nothing is said and the replicas agree")
 
 
-# the fourth run: section 6's bug under torch's DDP with find_unused_parameters=True (the set-up cell measures it)
-said, shares, kept, gap, where = zeros_averaged_in()
+# %% [markdown]
+# The argument a learner tries first, `find_unused_parameters=True`, does not fix this bug. The next
+# cell runs it under torch's DDP beside `own`, an unwrapped copy of the model: no error; rank 1's
+# gradients are averaged with rank 0's zeros (the ✓ line's ratio: rank 1's `head.weight` gradient
+# over `own`'s, from the same batch), while rank 0, whose layer is frozen, does not step it, so the
+# replicas end apart after two steps on that batch. All torch says is a warning its C++ code prints on
+# rank 1, that it found no unused parameter: it goes straight to the process's stderr, without a
+# `[rank 1]` label, at the end of the cell's output where the front end shows it at all (always in the
+# terminal that started Jupyter).
+
+
+# %%
+# %%distributed
+def fourth_run(group, short):
+    torch.manual_seed(0)
+    model, own = Net().to(device), Net().to(device)
+    own.load_state_dict(model.state_dict())
+    ddp = TorchDDP(model, process_group=group, find_unused_parameters=True)
+    if rank == 0:
+        model.head.requires_grad_(False)  # the bug
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    x, y = batch(0)
+    nn.functional.mse_loss(own(x), y).backward()
+    nn.functional.mse_loss(ddp(x), y).backward()
+    share = (model.head.weight.grad.norm() / own.head.weight.grad.norm()).item()
+    optimizer.step()
+    optimizer.zero_grad()
+    train(model, ddp, optimizer, steps=1)  # the second step, on the same batch
+    kept = all(torch.equal(a, b) for a, b in zip(model.head.parameters(), own.head.parameters()))  # own never steps
+    runs.append((model, (share, kept)))
+
+
+runs = []
+said = torch_does(fourth_run)
+((model, mine),) = runs
+everyone = [None] * world_size
+dist.all_gather_object(everyone, mine)
+shares, kept = zip(*everyone)
+gap, where = apart_at(model)
 # Rank 1's two head gradients (through the wrapper, and the copy's) are float32 sums of the same 6 rows' products,
 # at worst in another order: apart by ~6 roundings (6 × 6e-8 relative) at most, far inside 1e-5; halving is exact.
 lesson.claim(
@@ -616,9 +590,8 @@ lesson.claim(
     and gap > 0
     and where.startswith("head."),
     f"with find_unused_parameters=True torch's DDP raised nothing; the norm of rank 1's head.weight gradient was "
-    f"{shares[1]:.3f} × that of its own (its own averaged with rank 0's zeros); rank 0's head kept its initial "
-    f"values while rank 1's moved, and the replicas' parameters ended apart by up to {gap:.1e}, the largest gap in "
-    f"'{where}'",
+    f"{shares[1]:.3f} × the unwrapped copy's; rank 0's head kept its initial values while rank 1's moved, and the "
+    f"replicas' parameters ended apart by up to {gap:.1e}, the largest gap in '{where}'",
 )
 
 # %% [markdown]
@@ -634,8 +607,8 @@ lesson.claim(
 said = torch_does(lambda group, short: train(*build(TorchDDP, extra=True, process_group=group), 2, use_extra=rank == 0))
 lesson.claim(
     peer_gone(said[0]) and "not used in producing loss" in said[1] and "indices" in said[1],
-    "under torch rank 1 raised, naming unused parameters by index, and rank 0 failed once rank 1 had destroyed its "
-    "groups",
+    "under torch rank 1 raised, naming unused parameters by index, and rank 0 failed with an error saying its "
+    "partner is gone",
 )
 # the bug: a branch on rank 0 only
 minddp_says(lambda: train(*build(extra=True), 1, use_extra=rank == 0), "Fix: pass find_unused_parameters=True")
@@ -650,17 +623,15 @@ lesson.claim(
 # ## What it adds, and where to read more
 #
 # A process that never turns debug mode on installs none of it: no hook, no message, no check
-# (`tests/test_debug.py` checks that in processes started without the flag). This notebook turned it
-# on in its set-up cell, so its runs without it have it *paused* (`minddp.debug.disable()`). A
+# (`tests/test_debug.py` checks that in processes started without `MINDDP_DEBUG`). This notebook's runs
+# without it have it *paused*. A
 # wrapper built while it is on has three things one built while it is paused lacks: a *watch* (the
 # object that runs the forward check and the step check for that wrapper), the `DebugReducer` (the
 # *reducer* is the part of the wrapper that averages the gradients in buckets; debug mode's version
 # sends each bucket through `torch.distributed`, checked), and the *plan check* (each
 # step, the ranks compare their *bucket plan*, which parameters each bucket holds, and their *launch
 # order*, the order the buckets were sent in). So debug mode does more than watch: it adds
-# collectives. It also changes when the gradients travel: the `DebugReducer` sends one bucket at a
-# time, each waited for inside backward, so none travels while backward computes; time or profile a
-# run that never turns debug mode on. It is built to change no value the training computes: the cell checks that this
+# collectives; time or profile a run that never turns it on. It is built to change no value the training computes: the cell checks that this
 # model's 5 steps end with bit-identical parameters either way (`tests/test_debug.py` checks it for
 # every bug-free script against torch's DDP), and shows what a wrapper built each way has.
 #
