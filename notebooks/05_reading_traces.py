@@ -184,8 +184,8 @@ display(shares)
 # stage has the shorter non-compute. The second claim is true by construction (both stages plan their buckets with
 # `minddp.stages.bucket_plan`). The next line prints the in flight of the stages that send as many messages, each
 # with its step's other collectives (the check in `bucket` and `bucket-async`, the broadcasts in `ddp` and torch's
-# DDP), so it does not rank their messages' ranges. The last two print first the stages whose check holds more than
-# half their non-compute, then each change's two stages by non-compute, with and without the check: one step
+# DDP), so it does not rank their messages' ranges. The last two print first whether the check holds more than half of
+# any stage's non-compute, then each change's two stages by non-compute, with and without the check: one step
 # against another, not shown to hold on a re-run.
 
 # %%
@@ -340,8 +340,8 @@ def spread(ms):
 
 lesson.say(
     "The same model, micro-batches and AdamW update in every stage, `single` included. The optimizer step, the same "
-    f"work in every stage, took {spread(phase_ms('optimizer'))}, in one profiled step each, as in every row of the tables "
-    "above. Why it took longer in one stage's step than in another's the trace does not show: every row's ranks shared the same "
+    f"work in every stage, took {spread(phase_ms('optimizer'))}, in one profiled step each. "
+    "Why it took longer in one stage's step than in another's the trace does not show: every row's ranks shared the same "
     "cores, and the trace records when each operator ran, not what held it back."
 )
 
