@@ -142,8 +142,7 @@ lesson.say(
 #
 # * whether a difference between two rows would hold on a re-run: each row is one step, the stages were
 #   profiled one after another on a shared machine, and this notebook does not measure how much one stage's
-#   numbers move from run to run (the line under the table after the figure prints how long the optimizer step,
-#   the same work in every stage, took in one stage's step and in another's);
+#   numbers move from run to run;
 # * why stages that send as many messages (`bucket`, `bucket-async`, `ddp` and torch's DDP: the table after the
 #   timeline counts them) differ in non-compute outside the check;
 #   so no row set against another, `ddp`'s against torch's DDP's included, says that one implementation spends
@@ -178,20 +177,16 @@ shares["outside the check (ms)"] = (shares["non-compute (ms)"] - shares["of it, 
 display(shares)
 
 # %% [markdown]
-# Under the table, two claims and four printed lines: how non-compute changes down the ladder, and how much of it
-# the check holds, is in the last two. The first claim is true by the definitions (it checks the definitions'
-# arithmetic on the unrounded values, not the run; worked by hand from the printed columns, which are rounded, it
-# can miss in the last digits). The line after it compares the two kinds by overlap in this run's steps
-# (printed, not claimed: one step each decides it), a share of each stage's own time in flight, not a time: it does
-# not say which stage has the shorter non-compute (a range held open longer while a training thread computes also raises
-# the overlap). Each overlap counts the stage's check range too, so a stage whose check holds much of its
-# non-compute (the table's check column) has its overlap, and its place in that line, set in part by the check,
-# not by its messages alone. The second claim is true by construction (both stages plan their buckets with
-# `minddp.stages.bucket_plan`). The next line prints the in flight of the stages that send as many messages; each counts every collective of its step: the parameter check's range in
-# `bucket` and `bucket-async` (its non-compute is in the table's check column), the broadcasts in `ddp` and torch's
-# DDP (shown nowhere), so the line does not rank their messages' ranges. The last two print the
-# stages whose check holds more than half their non-compute, and each change's two stages by non-compute, with and
-# without the check. Each change is one step against another, and is not shown to hold on a re-run.
+# Under the table, two claims and four printed lines. The first claim is true by the definitions (it checks their
+# arithmetic on the unrounded values; worked by hand from the rounded columns it can miss in the last digits). The
+# first line compares the two kinds by overlap in this run's steps (printed, not claimed: one step each decides it):
+# a share of each stage's own time in flight, which counts its check range too, not a time, so it does not say which
+# stage has the shorter non-compute. The second claim is true by construction (both stages plan their buckets with
+# `minddp.stages.bucket_plan`). The next line prints the in flight of the stages that send as many messages, each
+# with its step's other collectives (the check in `bucket` and `bucket-async`, the broadcasts in `ddp` and torch's
+# DDP), so it does not rank their messages' ranges. The last two print first whether the check holds more than half of
+# any stage's non-compute, then each change's two stages by non-compute, with and without the check: one step
+# against another, not shown to hold on a re-run.
 
 # %%
 tied = (zero["non_compute_time_us"] - (1 - zero["comm_comp_overlap_pctg"] / 100) * zero["comm_time_per_step_us"]).abs()
@@ -252,60 +247,49 @@ lesson.say(
 # ## One step of each stage, on one time axis
 #
 # One row per profiled stage, one shared axis in milliseconds from the start of the profiled step (rank 0; a row's
-# white before its first forward band is the step's time before its first micro-batch);
-# `single` sends nothing: each rank trains on its own, both at once on the same shared cores, as in every row. In each
-# row:
+# white before its first forward band is the step's time before its first micro-batch). `single` sends nothing.
+# A row's length does not rank its stage: each row is one step, and the same work (a forward, a backward, the
+# optimizer step) takes different times from row to row. In each row:
 #
-# * the forward (pale, the legend's "forward") and backward (darker, the legend's "backward") of each micro-batch (the *forward* band is the span from the
+# * the forward (pale) and backward (darker) of each micro-batch (the *forward* band is the span from the
 #   micro-batch's start to its first autograd node: the forward, and whatever the stage does around it, such
 #   as `ddp`'s and torch's broadcasts; the *backward* band is the span from the first to the last
 #   autograd node: the gradients' computation, and whatever the hooks do inside those nodes: in `hook` and
 #   `bucket` the time until each message is back, and in `hook` to `bucket-async` the parameter check);
-# * a tick when a message was *handed to the wire* (the legend's words; in this run the wire is gloo over the
-#   loopback interface, and no byte leaves the machine):
-#   for minddp's stages, the start of its `minddp.bucket_launch` range: the send is called (from the finish in
-#   `simple` and `ga`, from a hook in the others), before it calls the all_reduce; for torch's DDP, the reducer's
-#   `c10d::allreduce_` call;
+# * a tick when a message was *handed to the wire* (the legend's words; the tables' *sent*; in this run the wire is
+#   gloo over the loopback interface, and no byte leaves the machine): for minddp's stages, the start of its
+#   `minddp.bucket_launch` range (from the finish in `simple` and `ga`, from a hook in the others), before it calls
+#   the all_reduce; for torch's DDP, the reducer's `c10d::allreduce_` call;
 # * an orange bar while its gloo all_reduce range was open (the legend's "all_reduce range (held open
-#   included)": the messages' ranges only, a part of the table's in flight, which also counts the check's
-#   all_gather, drawn hatched instead (the parameter check's bullet), and `ddp`'s and torch's broadcasts, which
-#   have no bar). A message's bar is the range matched to its `c10d::allreduce_`
-#   call, the first of the same size that opened at or after the call, and the call comes at or after the tick;
-#   so no bar starts before its tick, but
-#   a bar can start later than its tick, and a tick at a bar's left end need not be that bar's own (the table after
-#   the figure prints, per stage, the longest time from a tick to its bar). Gloo runs a process group's collectives
-#   in the order they were queued (`docs/analysis.md`): where a stage's bars run back to back, each opening as the
-#   one before it closes, a message handed to the wire while the one before it was open has its bar start later
-#   than its tick; a bar can also start later than its tick by the stage's own time from the tick to its
-#   `c10d::allreduce_` call, or while gloo's thread waits for a core, in any stage (`hook` too, which has one
-#   message open at a time); the trace shows when each range opened, not what held it back. A row's bars
-#   alternate two shades of orange in the order they opened, so that bars back to back are told apart; they have
-#   no edge line, so a bar is drawn as long as its range was open, to a pixel. A gap between bars narrower than a
-#   pixel does not show, so where dozens crowd together they can look like one block longer than their time. Read
-#   the time in flight off the table above, not off the bars;
-# * the parameter check (hatched red, the legend's "parameter check"), drawn where gloo's all_gather range of the
-#   check was open, over the top half of the row's bands, so the band it falls in, if any, shows below it: the hatch
-#   is that range, gloo's thread's, not the training thread's stand in the check, which need not start or end with it
-#   (the caveat above). `ddp` and torch run none; a short one is too thin to see. In `hook` to `bucket-async` it runs
-#   in the first gradient's hook, so it falls inside the last backward band, after that band's first autograd node
-#   (the backward band shows below the hatch). The table above counts that range in flight and, while no training thread computes
-#   in it, in non-compute (its column "of it, in the check");
-# * the finish (purple, the legend's "finish": the `finish_gradient_synchronization()` call, inside which `simple`
-#   and `ga` run their whole sync, check and messages), drawn, however long, as a thin strip at the ticks' height
-#   along the bands' lower edge, not as a band; a short one does not show; the optimizer step (green:
-#   the same AdamW update in every stage, yet not of the same length: the line under the table after the figure
-#   prints its spread) and the end of the step.
+#   included)"): the messages' ranges only, a part of the table's in flight, which also counts the check's
+#   all_gather (hatched, below) and `ddp`'s and torch's broadcasts (no bar). A message's bar is the range matched
+#   to its `c10d::allreduce_` call, the first of the same size that opened at or after the call, which comes at or
+#   after the tick; so no bar starts before its tick, but one can start later (the table after the figure prints,
+#   per stage, the longest time from a tick to its bar), and a tick at a bar's left end need not be that bar's own.
+#   Gloo runs a process group's collectives in the order they were queued (`docs/analysis.md`), so a message handed
+#   to the wire while the one before it was open has its bar start later than its tick; a bar can also start later
+#   by the stage's own time from the tick to its call, or while gloo's thread waits for a core. A row's bars
+#   alternate two shades of orange in the order they opened, with no edge line. A bar or a gap narrower than a
+#   pixel need not show, so a row can show fewer bars than its label counts messages, and bars close together can
+#   look like one block. Read the time in flight off the table above, not off the bars;
+# * the parameter check (hatched red), drawn where gloo's all_gather range of the check was open, over the top half
+#   of the row's bands: gloo's thread's range, not the training thread's stand in the check, which need not start
+#   or end with it (the caveat above). `ddp` and torch run none; a short one is too thin to see. In `hook` to
+#   `bucket-async` it runs in the first gradient's hook, so it falls inside the last backward band. The table above
+#   counts that range in flight and, while no training thread computes in it, in non-compute (its column "of it,
+#   in the check");
+# * the finish (purple: the `finish_gradient_synchronization()` call, inside which `simple` and `ga` run their
+#   whole sync), drawn, however long, as a thin strip along the bands' lower edge; a short one does not show; the
+#   optimizer step (green) and the end of the step.
 #
 # Three shapes to tell apart:
 #
 # * **blocking after backward** (`simple` after every micro-batch, `ga` after the last): the ticks
 #   and bars come after a backward band, and the step ends only when they are done;
 # * **blocking inside backward** (`hook`, `bucket`): ticks and bars inside the last backward band: each
-#   hook holds the backward until its message is back (the band includes that time, and whatever else the hooks
-#   and the threads did in it, which the trace does not split from it; a bar inside the band is not overlap:
-#   overlap counts only training threads' `aten::` operators);
-# * **asynchronous** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the last backward band (which
-#   holds the hooks' own time too, so it can be longer than the step's other backward bands), bars
+#   hook holds the backward until its message is back (the band includes that time; a bar inside the band is not
+#   overlap: overlap counts only training threads' `aten::` operators);
+# * **asynchronous** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the last backward band, bars
 #   running on while backward goes on; what is still running when the band ends must be back before
 #   the optimizer step: in the finish (purple) for `hook-async` and `bucket-async`; for `ddp` and torch's
 #   DDP at the end of the `loss.backward()` call, after the band's last autograd node (nothing drawn there
@@ -322,9 +306,9 @@ plt.close(fig)  # shown once, from the file
 display(Image(filename=RUN / "one_step_each_stage.png"))
 
 # %% [markdown]
-# The numbers behind the plot, stage by stage (rank 0): how many messages each sent in this step, how
-# many were handed to the wire while a backward was still running, and the longest time from a message's
-# tick to the start of its bar.
+# The numbers behind the plot, stage by stage (rank 0): how many messages each sent (handed to the wire, a
+# tick) in this step, how many of them during a backward, and the longest time from a message's tick to the start
+# of its bar.
 
 # %%
 phases, buckets = result.phases[result.phases["rank"] == 0], result.buckets[result.buckets["rank"] == 0]
@@ -356,8 +340,8 @@ def spread(ms):
 
 lesson.say(
     "The same model, micro-batches and AdamW update in every stage, `single` included. The optimizer step, the same "
-    f"work in every stage, took {spread(phase_ms('optimizer'))}, in one profiled step each, as in every row of the tables "
-    "above. Why it took longer in one stage's step than in another's the trace does not show: every row's ranks shared the same "
+    f"work in every stage, took {spread(phase_ms('optimizer'))}, in one profiled step each. "
+    "Why it took longer in one stage's step than in another's the trace does not show: every row's ranks shared the same "
     "cores, and the trace records when each operator ran, not what held it back."
 )
 
@@ -383,8 +367,8 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 # ## The ladder on a slower network
 #
 # The profiling cell also profiled the blog's six stages with their gradients' all_reduces over the
-# **emulated 1 Gbit/s link** that `03_build_up` introduced (`minddp.comm.link`: the real all_reduce runs
-# beside the modeled transfer, and the message is delivered when both are done; the parameter check's
+# **emulated 1 Gbit/s link** that `03_build_up` introduced (`minddp.comm.link`: it carries one message at a
+# time; the real all_reduce runs beside the modeled transfer, and the message is delivered when both are done; the parameter check's
 # all_gather does not go through the link: `minddp.stages.checks` calls `dist.all_gather` itself, not the
 # stage's comm hook). The link's transfers are in the traces as
 # `minddp.link:all_reduce` ranges on a thread of their own. The link run and the loopback run are two runs
@@ -400,9 +384,8 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 #   other rank or a core; the thread's own return from `wait()` after the delivery is not counted. The
 #   parameter check (the timeline's hatch) is not a message, and waited does not count it;
 # * **exposed**: the part of those waits during which the link was carrying a transfer (any message's). The
-#   part of a transfer that passes before the thread calls `wait()` is not exposed, so exposed can fall
-#   short of the link time even in a stage that waits for each message before it sends the next. Waited
-#   minus exposed (the table's last column) is the part of the waits during which the link carried nothing.
+#   part of the transfers that passes while the thread is in no wait is in neither waited nor exposed, so both
+#   can fall short of the link time, even in a blocking stage. Waited minus exposed (the table's last column) is the part of the waits during which the link carried nothing.
 #   Exposed is not time the step lost to the link either, nor what a free link would save (`metrics.exposed`):
 #   with no transfer, the other rank's waits and its sends would change too.
 
@@ -449,29 +432,18 @@ display(on_link)
 
 # %% [markdown]
 # What accumulation, hooks and buckets change by construction: the calls, where messages are handed to
-# the wire, the link time (the first three claims below). None of these says whether a stage waits less for its
-# messages, nor need one of these changes make it wait less: the waited column gives that, one profiled step per
-# stage, and as in the loopback run the stages were profiled one after another on a shared machine, so a
-# difference between two rows need not hold on a re-run. Waited counts the messages only: the time in the parameter
-# check is in no column of this table, and this notebook does not show the link run's. The
-# first line under the claims compares the two kinds by waited in this run's steps, not by what the waits were made
-# of (the last column: the part with the link carrying nothing), over the asynchronous stages of the link run (`ddp`
-# and torch's DDP were not run over the link); it is printed, not claimed, because one step each decides it. One
-# difference between `hook-async` and `bucket-async` is by construction: a bucket is handed to the wire only once
-# all its gradients are in, so `bucket-async`'s last bucket (its size: the bucket table above, 4 bytes a number) is
-# handed over only late in the backward, with its whole transfer still to come; the next line prints, for each
-# asynchronous stage, the link time of the last message it handed over, beside its waited. The third claim's
-# saving is link time, time the link carries a transfer; a change in waited − exposed, time with the link carrying
-# nothing, is not that saving, and exposed need not fall with the link time (exposed is the part of the waits with
-# the link busy: it depends on when the thread waited too). The lines after it print what the claims leave out:
-# how much of the link time buckets saved, each change's two stages by waited (and exposed; in two of the pairs,
-# `bucket` against `hook` and `bucket-async` against `hook-async`, the first sends fewer messages and the same
-# bytes), each stage's waited
-# as a share of its link time, the stages that waited longer than their link time (so the link's work alone does not
-# make up their waits), and, from `hook` to `bucket`, how the change in waited splits between exposed and waited −
-# exposed, beside the change in link time; last, a line for each stage whose exposed, to one decimal, is zero while
-# its waited is not, if any (a stage whose waited is zero too did not wait for its messages, to one decimal, and
-# gets no such line).
+# the wire, the link time (the first three claims below). The link time is set by the messages' count and bytes;
+# how long a stage waited for them also depends on when it handed them over and when it waited, which the link
+# time does not decide. The waited column gives that, one profiled step per stage, profiled one after another on
+# a shared machine, so a difference between two rows need not hold on a re-run. Waited counts the messages only,
+# not the parameter check. The lines under the claims print, one step each (printed, not claimed): the two kinds
+# compared by waited (`ddp` and torch's DDP were not run over the link); for each asynchronous stage, the link time
+# of the last message it handed over beside its waited (a bucket is handed over only once all its gradients are
+# in, and earlier messages can still be on the link then); how much of the link time buckets saved; each change's
+# two stages by waited and exposed; each stage's waited as a share of its link time, and the stages that waited
+# longer than it; from `hook` to `bucket`, how the change in waited splits between exposed and waited − exposed,
+# beside the change in link time; last, a line for each stage whose exposed, to one decimal, is zero while its
+# waited is not, if any. Exposed need not fall with the link time: it depends on when the thread waited too.
 
 # %%
 calls = lz["allreduce_calls_per_step"].astype(int)
