@@ -17,15 +17,14 @@
 # # 04 · Communication hooks: a smaller payload
 #
 # Every minddp stage sends its gradients through a *comm hook*, `hook(state, bucket) ->
-# Future[Tensor]`: the interface of torch's `register_comm_hook`, with torch's names. The default
-# averages with a plain all_reduce; others compress first:
+# Future[Tensor]`: the interface of torch's `register_comm_hook`, with torch's names. The default, `allreduce` in
+# the tables and *plain averaging* in the text, averages with one all_reduce; others compress first:
 #
 # * `fp16` / `bf16`: cast the bucket to a 16-bit float, divide it by the world size, all_reduce (the sum of the
 #   divided values: the average), cast back: half the bytes;
-# * `powersgd`: approximate a gradient matrix `M` by `P Qᵀ`, two thin factors `P` and `Q` of low matrix rank, and
-#   send `P` and `Q` instead of `M` (only for the matrices large enough to gain from it: the other
-#   tensors go uncompressed, as the section on PowerSGD below says), with *error feedback*: each rank keeps a
-#   tensor per bucket that it adds to that bucket's gradient on the next step (what it holds: that section).
+# * `powersgd`: approximate each large gradient matrix by `P Qᵀ`, two thin factors of low matrix rank, and
+#   send `P` and `Q` instead (the other tensors go uncompressed), with *error feedback*: each rank keeps a
+#   tensor per bucket that it adds to that bucket's gradient on the next step (the section on PowerSGD below).
 #
 # A word used two ways here: a **rank** is one of the training processes (rank 0, rank 1), as in
 # every notebook; the **matrix rank** of PowerSGD (`matrix_approximation_rank`, "rank 1") is the
@@ -34,11 +33,11 @@
 #
 # Here each hook trains the workload every notebook shares, in `03_build_up`'s `bucket-async` stage (it syncs
 # once per optimizer step, 02's *sync*; the next section says when it sends), from the same start on the same batches: `lesson.Trainee(stage, hook=name)` builds
-# the stage and registers the hook on it with `register_comm_hook(state, hook)` (`minddp.ladder.wrap`), and the
+# the stage and registers the hook on it with `register_comm_hook(state, hook)`, and the
 # stage calls the hook with each bucket; `lesson.race` steps every trainee once a round, in turn. The bucket size
 # printed below is a threshold, torch's `bucket_cap_mb`, not a maximum: a bucket closes at the first
-# gradient that brings it to that size or past it, so a bucket can hold more, and the last one holds what is left
-# (`minddp.stages.bucket_plan`). For each hook we read:
+# gradient that brings it to that size or past it, so a bucket can hold more, and the last one holds what is left.
+# For each hook we read:
 #
 # * the all_reduce calls a step and their *payload*, counted by the hook's traffic meter (a trainee's
 #   `metered`, one reading a step): the bytes the step's all_reduces reduce (numel × element size, added up over
@@ -46,21 +45,14 @@
 #   (equal at n = 2);
 # * for fp16 and bf16, and for PowerSGD on its first steps, the *relative gradient error* `‖ĝ − g‖ / ‖g‖`:
 #   how far the hook's average `ĝ` is from the *reference average* `g`, the float32 average of this step's
-#   gradients (`minddp.comm.measure.error_measured` computes `g` with an extra float32 all_reduce before the
-#   hook's, not counted as traffic, and waits for it there: in this first run every hook's call waits for it);
+#   gradients, computed with an extra float32 all_reduce before the hook's, not counted as traffic, which every
+#   hook's call waits for in this first run;
 # * how far each hook's parameters end up from plain averaging's, relative to how far plain
 #   averaging moved them.
 #
 # Then the hooks send over an **emulated 1 Gbit/s link** (`minddp.comm.link`, as in notebooks 03
-# and 05), where fewer bytes become less link time (the modelled time of its messages), and we ask on
-# which links PowerSGD's extra messages cost more link time than its saved bytes. The notation is
-# notebook 01's: n ranks, m the bytes one all_reduce reduces, α the fixed cost of one of 01's *hops*, its
-# point-to-point sends (a ring rank sends one per exchange; the link's description and the
-# tables here use that word), β the time per byte (1 / B, B the link's bandwidth). A **message** is one all_reduce, as in 01's
-# measures (a bucket, or one of PowerSGD's two or three per bucket: the tensors it leaves uncompressed, if the
-# bucket holds any, the P factors, the Q factors), which makes 2(n − 1) exchanges around the ring, so its fixed
-# cost is 2(n − 1) α. `M` here is a gradient matrix (PowerSGD's): not 01's M (communication in flight), nor m
-# (bytes).
+# and 05), where fewer bytes become less link time, and we ask on
+# which links PowerSGD's extra messages cost more link time than its saved bytes.
 
 # %%
 # %load_ext minddp.notebook
@@ -175,18 +167,18 @@ lesson.claim(
 #
 # ## PowerSGD, step by step
 #
-# On a compressing step the hook takes each gradient it compresses as an a × b matrix `M` (a rows, b columns:
-# lower-case b is a count, not the bandwidth B) and, at matrix rank r (in more detail: `powerSGD_hook`'s docstring, `minddp/comm/powerSGD_hook.py`):
+# On a compressing step the hook first adds to the whole bucket what this rank kept on the step before (error
+# feedback, the last point) and keeps a copy of the sum. Then it takes each gradient it compresses as an a × b
+# matrix `M` (a rows, b columns) and, at matrix rank r (in more detail: `minddp/comm/powerSGD_hook.py`):
 #
-# * adds to `M` what this rank kept on the step before (error feedback, the last point), and keeps a copy;
 # * computes `P = M Q` (a × r), with `Q` (b × r) the one of the step before (a random one the first time),
 #   its columns made orthonormal;
 # * all_reduces the P's and makes each `P`'s columns orthonormal: every rank now holds the same `P`;
 # * computes `Q = Mᵀ P` and all_reduces the Q's, divided by the world size: as every rank used the same `P`,
 #   the ranks' average of `Mᵀ P` is (the ranks' average of `M`)ᵀ `P`;
 # * writes `P Qᵀ` over `M`, the ranks' average `M` projected onto `P`'s r columns; when the bucket's all_reduces
-#   are done, it keeps, for the next step, the copy made first minus the average it hands back, for the whole
-#   bucket, its uncompressed tensors too, as torch's hook does: this rank's `M` minus the ranks' average `M`,
+#   are done, it keeps, for the next step, the copy made first minus the average it hands back, as torch's hook
+#   does: for a matrix, this rank's `M` minus the ranks' average `M`,
 #   plus the average `M` minus `P Qᵀ`. Only the second part is what compression left out; the first is this
 #   rank's own and, averaged over the ranks, is 0.
 #
@@ -197,9 +189,8 @@ lesson.claim(
 # only when its a · b values exceed `min_compression_rate` times the (a + b) · r values of its factors;
 # minddp's default, as torch's, is 2, so a vector never is), only if it holds any; one for all
 # its P factors; one for all its Q factors.
-# Its gradient error is not read on its compressing steps: with error feedback, each compressing step adds to the bucket,
-# before compressing it, what the rank kept the step before, so the hook's average is not meant
-# to equal this step's reference average, which is what the error measure compares it with.
+# Its gradient error is not read on its compressing steps: with error feedback, the hook's average is not meant
+# to equal this step's reference average.
 
 # %%
 # %%rank 0
@@ -243,7 +234,9 @@ steps.round(1)
 # The hooks now train over the
 # emulated 1 Gbit/s link: the real all_reduce still runs, and its Future completes no earlier than
 # the link's α-β model says the message arrives, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of
-# m bytes. Each hook gets a fresh trainee, which skips the error measurement's extra all_reduce; it
+# m bytes on n ranks. The notation is 01's: a *message* is one all_reduce, α the fixed cost of one *hop* (a
+# point-to-point send; an all_reduce around a ring makes 2(n − 1) of them), β the time per byte (1 / B, B the
+# link's bandwidth). Each hook gets a fresh trainee, which skips the error measurement's extra all_reduce; it
 # takes one warm-up step first (PowerSGD as many as it needs to start compressing), then one profiled
 # step. bf16 is left out: its messages are fp16's, 2 bytes a value, so its link time is fp16's. For each
 # hook the cell reads its *link ms* (*link time*, `minddp.analysis.metrics.link_time`, 01's vocabulary):
@@ -357,15 +350,11 @@ lesson.say(
 # * **ranks**: it is the shorter below `n* = (S − S′) / ((c′ − c) α B)`: around a ring every message's α
 #   is paid 2(n − 1) times, while the bytes each rank sends, 2(n − 1)/n · S, stay under 2S
 #   whatever n. An n* below 2 means plain averaging's link time is the shorter at any number of ranks;
-# * **bucket size**: a bucket of m bytes (what `bucket_cap_mb` sets, not the model's size), compressed to q · m
-#   (q = S′/S, PowerSGD's payload as a share of plain averaging's, smaller for more compression; not PowerSGD's
-#   matrix rank, nor its `min_compression_rate`, a threshold on before ÷ after), pays two extra messages (3 against 1, as every
-#   bucket here; a bucket with no tensor left uncompressed pays one), so compressing it saves
-#   link time only for `m > m* = 2 n α B / (1 − q)`: m* grows as n, so a bucket that gains on few ranks may not
-#   on more. m* assumes a bucket compresses as well as this
-#   step's buckets did together (q is the whole step's, the tensors PowerSGD leaves uncompressed
-#   included): matrix rank 1 all_reduces a + b values for an a × b matrix, against a · b, so a bucket of
-#   smaller matrices has a larger q, and a larger m*.
+# * **bucket size**: a bucket of m bytes, compressed to S′/S of its bytes (the whole step's share), pays two extra
+#   messages (3 against 1, as every bucket here; a bucket with no tensor left uncompressed pays one), so compressing
+#   it saves link time only for `m > m* = 2 n α B / (1 − S′/S)`: m* grows as n, so a bucket that gains on few ranks
+#   may not on more. A bucket of smaller matrices compresses less (matrix rank 1 all_reduces a + b values for an
+#   a × b matrix, against a · b), so its m* is larger.
 #
 # The cell prices this step's messages (the sizes recorded above) on every preset link with the
 # link's own model. A preset is a pair α, B (the table's first two columns), named for what it stands for
@@ -375,9 +364,9 @@ lesson.say(
 # for this notebook's n ranks (B* falls as 1/n, m* grows as n). Its figure draws plain
 # averaging's and PowerSGD's link time against the bandwidth, at two α's, which the legend gives: solid lines at
 # `1gbit`'s α, dotted ones at `nvlink`'s α, which `100gbit-ib` shares (so its markers, too, lie on the dotted
-# lines). A preset whose α is neither line's is priced at its own α: its markers lie above both lines where that α
-# is larger than both (as `home`'s and `wan`'s). So which hook's messages take less link time at a preset is read
-# from the table, the preset's bandwidth against its own B*, not from where its bandwidth falls on the lines: B*
+# lines). A preset whose α is neither line's is priced at its own α, so which hook's messages take less
+# link time at a preset is read from the table, the preset's bandwidth against its own B*, not from where its
+# bandwidth falls on the lines: B*
 # falls as 1/α, so at a preset of large α, such as `wan`, plain averaging's messages can take less link time at a
 # bandwidth where, at presets of smaller α, PowerSGD's do. As B grows the bytes' term shrinks,
 # and each line falls towards its messages' fixed cost, c · 2(n − 1) α, PowerSGD's three times plain
@@ -393,7 +382,7 @@ from minddp.comm.link import GBIT, PRESETS, LinkSpec
 HOOK_NAMES = {"allreduce": "plain averaging", "powersgd": "PowerSGD"}
 c, S = int(plain["all_reduce calls"]), sum(m for _, m in sent["allreduce"])
 c2, S2 = int(psgd["all_reduce calls"]), sum(m for _, m in sent["powersgd"])
-q = S2 / S  # PowerSGD's payload as a share of plain averaging's (not PowerSGD's matrix rank)
+q = S2 / S  # S′/S: PowerSGD's payload as a share of plain averaging's
 
 
 def step_link_ms(hook, spec):
@@ -444,11 +433,9 @@ lesson.claim(
     f"{tie.bandwidth / LINK.bandwidth:.1f} times {LINK.name}'s bandwidth.",
 )
 lesson.say(
-    f"At {LINK.name} the formulas give n* = {n_star:.0f} ranks, and, at n = {n} ranks, m* = {m_star / 1024:.0f} KiB "
-    f"for a bucket that compresses as this step's buckets did together (q = S′/S = {q:.4f}). So, by the formulas, "
-    f"PowerSGD's messages take less link time than plain averaging's at {LINK.name} on fewer than {n_star:.0f} "
-    f"ranks. On n = {n} ranks, compressing each bucket of this step saves link time if it compresses as they did "
-    f"together: the smallest, {lesson.mib(smallest)}, is {smallest / m_star:.0f} times m*."
+    f"At {LINK.name} the formulas give n* = {n_star:.1f} ranks, and, at n = {n} ranks, m* = {m_star / 1024:.0f} KiB "
+    f"for a bucket that compresses as this step's buckets did together (S′/S = {q:.4f}). On n = {n} ranks, compressing each bucket of this step saves link "
+    f"time if it compresses as they did together: the smallest, {lesson.mib(smallest)}, is {smallest / m_star:.0f} times m*."
 )
 
 fig, ax = plt.subplots(figsize=(10, 4))
