@@ -143,8 +143,8 @@ for line in run.report():
 #   (`docs/fault-tolerance.md`, phase 5);
 # * **exit seen** and **exit recorded** (the kill only): the launcher's pass over its processes
 #   that found slot 1's process ended (when it ended is not timed), and the launcher's record of
-#   that exit for the lighthouse (what the launcher does between the two: `docs/fault-tolerance.md`,
-#   the paragraph after phase 5);
+#   that exit for the lighthouse; between the two it sleeps a fixed `EXIT_WAIT_S`
+#   (`minddp/ft/launch.py`) for a result that may be in flight;
 # * **next quorum**: the lighthouse answers, with a new tag, once every live slot has asked; slot 1
 #   counts as live until the lighthouse has read the exit's record;
 # * **work started** and **work done**: in the attempt that committed the step, the last member to
@@ -153,10 +153,9 @@ for line in run.report():
 # * **commit**: the lighthouse commits once every member has voted yes.
 #
 # The raise's process stayed (the first claim), so its table has no exit rows. The last lines cut
-# both recoveries into six spans between the rows both tables have (a span is the difference of
-# two rows), so the last column adds up to the difference of the recoveries, and name the span
-# that differs most. The two retries are not the same work: the kill's step was trained again at
-# world 2, the raise's at world 3 (the report's lines).
+# both recoveries into six spans, so the last column adds up to the difference of the
+# recoveries, and name the span that differs most. The two retries are not the same work: the
+# kill's step was trained again at world 2, the raise's at world 3 (the report's lines).
 
 # %%
 from minddp.ft import fault_outcomes
