@@ -464,6 +464,9 @@ class Events(TorchDispatchMode):
             if grown and getattr(exc, "collective", None) is None:
                 exc.collective = {"kind": "copy_back", "handed": grown[-1][0], "padded": grown[-1][1],
                                   "shape": self.scattered_shape}  # fmt: skip
+            elif getattr(exc, "collective", None) is None and len(self.scattered_shape or ()) > 1:
+                # a reduce-scatter refused a tensor padded as handed (seen by the swap, outside dispatch too)
+                exc.collective = {"kind": "unflattened", "shape": self.scattered_shape}
             raise
         finally:
             self.handed = None
@@ -474,6 +477,8 @@ class Events(TorchDispatchMode):
 
         def reduce_scatter(output, input, op=dist.ReduceOp.SUM, *args, **kwargs):
             self.averaged = self.averaged or op == dist.ReduceOp.AVG
+            if isinstance(input, torch.Tensor):  # before the call, which may refuse it (gloo cuts the first dimension)
+                self.scattered_shape = tuple(input.shape)
             return scatter(output, input, op, *args, **kwargs)
 
         return reduce_scatter
