@@ -640,8 +640,8 @@ lesson.claim(
 # zero2's all-gathers, which `gather_parameters` hands over together before the first module runs
 # (the ZeRO-2 section), are drawn across the whole of its forward 1. The black mark stands for every
 # gradient collective alike: ddp's and zero1's bucket all_reduces, the all_reduces that run for zero2's
-# and fsdp's reduce-scatters on gloo, and fsdp's all_reduces of its replicated tensors. A look counts
-# these two kinds only: the figure leaves out any other collective a stage hands over.
+# and fsdp's reduce-scatters on gloo, and fsdp's all_reduces of its replicated tensors. The figure
+# draws these two kinds only: it leaves out any other collective a stage hands over.
 #
 # Why the place matters: a collective can overlap compute (notebook 01's word) only while compute
 # still runs after it is handed over. zero1 hands its all-gather over in the update, after the step's
