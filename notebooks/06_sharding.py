@@ -23,10 +23,10 @@
 # three rungs of this notebook follow ZeRO, the *Zero Redundancy Optimizer* (Rajbhandari et al., 2019,
 # arXiv 1910.02054, "the ZeRO paper" below), and FSDP, *Fully Sharded Data Parallel*, PyTorch's version
 # of ZeRO's third stage. They keep DDP's computation (every rank runs the whole forward and backward on
-# its own examples) and stop repeating the *state*. On n ranks they cut each *parameter tensor* (one of
-# the model's tensors) into n *chunks*, about `1/n` of it each; the chunk assigned to a rank, the one it
-# updates, is its *shard*. Two collectives, defined in the next section, do the work: the
-# *reduce-scatter* (each rank receives one piece of the sum) and the *all-gather* (each rank receives
+# its own examples) and stop repeating the *state*. On n ranks they cut the *parameter tensors* (the
+# model's tensors; a stage that keeps some whole names them in its section) into n *chunks*, about
+# `1/n` of a tensor each; the chunk assigned to a rank, the one it updates, is its *shard*. Two
+# collectives, defined in the next section, do the work: the *reduce-scatter* (each rank receives one piece of the sum) and the *all-gather* (each rank receives
 # every rank's piece):
 #
 # * `zero1`: each rank keeps the optimizer state of its shard of every parameter tensor, updates
@@ -109,16 +109,18 @@ show_source(ring_all_reduce)
 # bytes), however many collectives carry it; its size, as the cell prints it, is what a rank sends in
 # it, `(n − 1)/n · m`, not m. Per step (all its micro-batches, the gradients
 # synced once): DDP all-reduces the gradients, two passes; ZeRO-2 reduce-scatters them, one pass, and
-# all-gathers the updated parameters, one pass: DDP's bytes; ZeRO-1 all-reduces them and then
-# all-gathers, one pass more. FSDP reduce-scatters its units' gradients, a little under one pass
-# (the units' bytes: the model's less its replicated tensors'), but it gathers each unit's parameters for every
+# all-gathers the updated parameters, one pass: DDP's bytes. minddp's ZeRO-1 is DDP's all-reducing
+# wrapper with its optimizer sharded (its section), so it all-reduces them and then all-gathers, one
+# pass more: that is this design's cost, not ZeRO-1's idea's (its ranks too update only their shards,
+# so a reduce-scatter would do, as in ZeRO-2). FSDP reduce-scatters its units' gradients, a little
+# under one pass (the units' bytes: the model's less its replicated tensors'), but it gathers each unit's parameters for every
 # micro-batch's forward and again for its backward (all but the unit the backward starts with, kept
 # gathered since its forward). The bound below counts, each of the whole model, one reduce-scatter
 # pass a step and two gathering passes per micro-batch. It counts the replicated tensors in every pass,
 # though FSDP neither reduce-scatters nor gathers them: it all-reduces them, a reduce-scatter and an
 # all-gather of their bytes a step, which the bound's passes cover. These counts are for true
 # reduce-scatters, as minddp's ring sends them (not gloo: the ZeRO-2 section). Passes count bytes, the
-# β term, only; the α term grows with the number of collectives. No cell here turns either into
+# β term, only; no cell here counts the messages of the α term. No cell here turns bytes into
 # time: a ratio of bytes below is not a ratio of cost. The cell works these counts out for this
 # workload's step on the ring, from its parameter count: arithmetic, not a measurement (the ring
 # section measures what a rank sends):
@@ -254,8 +256,9 @@ table.round(3).astype(object).where(table.notna(), "–")
 # *are* the master weights, cast to bf16 for each unit's gather (started a unit ahead, the prefetch)
 # and gathered in bf16. The first ✓ line below checks that at the update it keeps what fp32 FSDP
 # keeps. Of what lives only during the step, the cells below train it one step and measure two, the
-# gathered units and the activations. The gradients it holds at the update are its fp32 shards'
-# `.grad` (the gradients in its bar of the figure below); no cell here shows the dtype of
+# gathered units and the activations. That step takes the memory step's micro-batches (a fresh
+# `lesson.step_batches()` starts at the same first step), so both activations are of the same batch.
+# The gradients it holds at the update are its fp32 shards' `.grad` (the gradients in its bar of the figure below); no cell here shows the dtype of
 # the gradients its bf16 backward computes before they reach the shards, or the bytes its gathers
 # send. Its units are those of the `fsdp` above: `blocks_of(net)` makes each *block* (an element of the
 # model's `nn.ModuleList`, a decoder
@@ -635,10 +638,10 @@ lesson.claim(
 # (black above brown), in the order they were handed over, so that each kind can be counted; the order
 # between the two kinds is not drawn, and the spacing is not timing either:
 # zero2's all-gathers, which `gather_parameters` hands over together before the first module runs
-# (the ZeRO-2 section), are drawn across the whole of its forward 1. Each bar names its phase as the ✓
-# lines printed with the figure do (`lesson.handed_in`: "forward 1", "backward 3", "update"). The
-# black mark stands for every gradient collective alike: ddp's and zero1's bucket all_reduces, and the
-# all_reduces that run for zero2's and fsdp's reduce-scatters on gloo.
+# (the ZeRO-2 section), are drawn across the whole of its forward 1. The black mark stands for every
+# gradient collective alike: ddp's and zero1's bucket all_reduces, the all_reduces that run for zero2's
+# and fsdp's reduce-scatters on gloo, and fsdp's all_reduces of its replicated tensors. The figure
+# draws these two kinds only: it leaves out any other collective a stage hands over.
 #
 # Why the place matters: a collective can overlap compute (notebook 01's word) only while compute
 # still runs after it is handed over. zero1 hands its all-gather over in the update, after the step's
@@ -715,44 +718,36 @@ lesson.say(
 # ## What each rung trades
 #
 # Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's
-# ring (the ring table), at these 2 ranks. The model state is what rank 0 holds at the update, not
-# the most it holds during the step: before the last micro-batch zero2 and fsdp hold whole gradients,
-# as ddp does, and the model state leaves out the activations, fsdp's gathered units and the buffers
-# the collectives send from and receive into. So the line below does not rank the stages by the most
-# they hold, and "holds less at the update" is not "holds less": `docs/sharding.md`'s benchmark
-# measures the peak of all of it, in its own run, and finds fsdp's above ddp's (both numbers are on
-# that page, not measured here); its peak counts every
-# transient buffer alive at the same moment (gathered blocks, their prefetches, full gradients before
-# their reduce-scatter). No cell here measures the peak, and the memory table's columns, measured at
-# different moments, do not add up to it. The bytes are the ring's, with true reduce-scatters.
-# Through gloo's own collectives, as this notebook's other runs send, zero2's reduce-scatters run as
-# all_reduces of whole buckets (the ZeRO-2 section), as zero1's gradient collectives are: the bytes
-# zero2 spares against zero1 are spared only where a true reduce-scatter runs. No cell here counts
-# the bytes gloo sends. The line below states each rung's trade: the model state it spares against
-# ddp's, and the bytes it sends on the ring for it, the β side; and the collectives it hands over a
-# step on gloo (gradient collectives and all-gathers, as the figure's ✓ line counts them), on which
-# the α side grows. The ✓ line under it compares the table's two columns only, the β side and the
-# model state: where zero2 "comes out ahead of zero1", it says nothing of the collectives, which the
-# line above it prints for each rung (zero2 hands over an all-gather per gradient bucket; zero1
-# all-gathers in buckets of its own, of at most 25 MiB, whose number the ZeRO-1 section prints).
+# ring (the ring table), at these 2 ranks. The line below prints, for each rung, the model state it
+# spares against ddp's and the bytes it sends for that, then what fsdp spares beyond zero2 and what it
+# sends for it. Bytes are the β side only: no cell here counts messages, the α side.
+#
+# Two limits. The model state is what rank 0 holds at the update, not the most it holds during the
+# step: before the last micro-batch zero2 and fsdp hold whole gradients, as ddp does, and the model
+# state leaves out the activations, fsdp's gathered units and the collectives' buffers.
+# `docs/sharding.md`'s benchmark measures the peak of all of it, in its own run, and finds fsdp's above
+# ddp's (both numbers are on that page, not measured here). And the bytes are the ring's, with true
+# reduce-scatters: through gloo, as this notebook's other runs send, zero2's reduce-scatters run as
+# all_reduces of whole buckets (the ZeRO-2 section), and no cell here counts the bytes gloo sends.
 
 # %%
 # %%rank 0
 trade = pd.DataFrame({"model state MiB": table["model state MiB"], "sent a step MiB": pd.Series(total) / 2**20})
+spared = trade.loc["ddp", "model state MiB"] - trade["model state MiB"]  # against ddp's, at the update
 lesson.say(
-    f"Against ddp ({looks['ddp']['calls'] + looks['ddp']['gathers']} collectives a step on gloo): "
+    "Against ddp: "
     + "; ".join(
-        f"{s} holds {trade.loc['ddp', 'model state MiB'] - trade.loc[s, 'model state MiB']:.1f} MiB less at the "
-        f"update, sends {total[s] / total['ddp']:.1f} times ddp's bytes on the ring and hands over "
-        f"{looks[s]['calls'] + looks[s]['gathers']} collectives a step on gloo"
+        f"{s} holds {spared[s]:.1f} MiB less at the update and sends {total[s] / total['ddp']:.1f} times ddp's "
+        "bytes on the ring"
         for s in STAGES[1:]
     )
-    + "."
+    + f". fsdp beyond zero2: {spared['fsdp'] - spared['zero2']:.1f} MiB less at the update, for "
+    f"{total['fsdp'] / total['zero2']:.1f} times zero2's bytes on the ring."
 )
 lesson.claim(
     (trade.loc["zero2"] < trade.loc["zero1"]).all(),
-    "On the ring zero2 comes out ahead of zero1 in both columns: less model state at the update and fewer bytes "
-    "sent a step.",
+    "In both of the table's columns zero2 is under zero1: less model state at the update and, on the ring, fewer "
+    "bytes sent a step.",
 )
 trade.round(1)
 
@@ -776,8 +771,8 @@ trade.round(1)
 # network in two buckets, one of an odd length, which tests your padding; some wrong answers come out
 # right at two ranks (padding by `numel % n` instead of `-numel % n`, or a `2` written for the world
 # size), so an answer accepted at two ranks is checked again at three. Its buckets are flat tensors,
-# so after training it also hands `my_all_reduce` a tensor of 5 × 7 values, which a sum copied back
-# without `.view_as(tensor)` does not fit.
+# so after training it also hands `my_all_reduce` a tensor of 5 × 7 values, which fails an answer that
+# pads it without flattening it, or copies the sum back without `.view_as(tensor)`.
 
 # %%
 import torch

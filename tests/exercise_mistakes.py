@@ -934,6 +934,28 @@ def _halves_copied_back_flat(tensor, group):
     tensor.copy_(padded[: flat.numel()])
 
 
+def _halves_padded_unflattened(tensor, group):
+    """Pads the tensor as it was handed, without flattening it: right on the flat buckets; on a 5 × 7 tensor
+    ``F.pad`` pads the last dimension (5 × 8), and gloo's reduce-scatter, which cuts the first, refuses it (where a
+    backend accepted it, ``[: 35]`` would slice rows and ``view_as`` refuse the 40 elements)."""
+    n = dist.get_world_size(group)
+    padded = torch.nn.functional.pad(tensor, (0, -tensor.numel() % n))
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded[: tensor.numel()].view_as(tensor))
+
+
+def _halves_padded_unflattened_unshaped(tensor, group):
+    """Pads the tensor without flattening it and copies back without ``view_as``: refused as the one above."""
+    n = dist.get_world_size(group)
+    padded = torch.nn.functional.pad(tensor, (0, -tensor.numel() % n))
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded[: tensor.numel()])
+
+
 def _halves_copied_back_transposed(tensor, group):
     """Shapes the flat sum as the tensor's shape reversed and transposes it back (columns first): right on the flat
     buckets, whose shape reversed is their own; on a tensor of 5 x 7 the values land in the wrong places."""
@@ -1086,6 +1108,8 @@ HalvesGatheredUnpadded = _halves_with("HalvesGatheredUnpadded", _halves_gathered
 HalvesPaddingCopiedBack = _halves_with("HalvesPaddingCopiedBack", _halves_padding_copied_back)
 HalvesPieceCopiedBack = _halves_with("HalvesPieceCopiedBack", _halves_piece_copied_back)
 HalvesCopiedBackFlat = _halves_with("HalvesCopiedBackFlat", _halves_copied_back_flat)
+HalvesPaddedUnflattened = _halves_with("HalvesPaddedUnflattened", _halves_padded_unflattened)
+HalvesPaddedUnflattenedUnshaped = _halves_with("HalvesPaddedUnflattenedUnshaped", _halves_padded_unflattened_unshaped)
 HalvesCopiedBackTransposed = _halves_with("HalvesCopiedBackTransposed", _halves_copied_back_transposed)
 HalvesCopiedFromInput = _halves_with("HalvesCopiedFromInput", _halves_copied_from_input)
 HalvesWorldWithoutGroup = _halves_with("HalvesWorldWithoutGroup", _halves_world_without_group)

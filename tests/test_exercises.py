@@ -417,6 +417,25 @@ MISTAKES = [
             "shape the sum as the tensor, tensor.copy_(padded[: flat.numel()].view_as(tensor))",
         ),
     ),
+    # the tensor padded as handed, not flattened: F.pad pads a 5 x 7 tensor's last dimension (5 x 8), which gloo's
+    # reduce-scatter refuses (it cuts the first): named as the missing flatten, not as a length the world size does
+    # not divide (40 is even) nor, where a backend accepts it, as padding left on or a missing view_as
+    (
+        wrong.HalvesPaddedUnflattened,
+        "halves",
+        (
+            "in _halves_padded_unflattened (line",
+            "(the tensor was padded as it was handed, 5 × 8, without being flattened: F.pad pads the last dimension",
+        ),
+    ),
+    (
+        wrong.HalvesPaddedUnflattenedUnshaped,
+        "halves",
+        (
+            "in _halves_padded_unflattened_unshaped (line",
+            "(the tensor was padded as it was handed, 5 × 8, without being flattened: F.pad pads the last dimension",
+        ),
+    ),
     # the flat sum written back in the wrong places of a tensor of 5 x 7: no error, named by its values
     (
         wrong.HalvesCopiedBackTransposed,

@@ -532,6 +532,17 @@ def _raise_hint(
             "the gradients' sizes in the order torch.cat joined them, and pair each slice with the gradient it came "
             "from, zip(grads, flat.split([g.numel() for g in grads])))"
         )
+    # the checker's tensor of more dimensions (harness.SHAPED) padded as handed, not flattened: F.pad pads its last
+    # dimension, and gloo's collectives cut the first (they refuse it), or, where a backend accepts it, the copy back
+    # meets a sum of another shape. Named before the hints below, whose fixes (pad to a multiple of the world size,
+    # cut the padding off, view_as) the learner may well have written already
+    unflat = sizes.get("shape") if like == "halves" and sizes else None
+    if unflat and len(unflat) > 1:
+        return (
+            f" (the tensor was padded as it was handed, {' × '.join(map(str, unflat))}, without being flattened: "
+            "F.pad pads the last dimension, but the collectives and padded[: tensor.numel()] cut the first; flatten "
+            "it first, flat = tensor.reshape(-1), and pad flat)"
+        )
     # a transport's flat sum copied into the checker's tensor of more dimensions (harness.SHAPED) without its shape
     unshaped = re.search(r"must match the size of tensor b \(\d+\) at non-singleton dimension [1-9]", message)
     if like == "halves" and unshaped:

@@ -329,6 +329,9 @@ class Events(TorchDispatchMode):
         self.current: str | None = None  #: the phase running (``phase``): "backward1", "finish2", ...
         #: (length handed, length reduce-scattered) of each reduce-scatter a transport made: how it padded before
         self.padded: list[tuple[int, int]] = []
+        #: the shape of the tensor a transport last reduce-scattered: more than one dimension where it padded the
+        #: tensor as handed, not flattened (``F.pad`` pads the last dimension)
+        self.scattered_shape: tuple[int, ...] | None = None
         self.averaged = False  #: a transport's reduce-scatter was asked to average (``op=ReduceOp.AVG``)
         #: a transport all-gathered into a tensor other than the one it reduce-scattered (``scattered``: that one's
         #: data pointer): where the sum then is, the tensor it copies back from must be
@@ -377,11 +380,15 @@ class Events(TorchDispatchMode):
                     "input": args[1].numel(),
                     "handed": self.handed,  # the length of the tensor the transport was handed (None: no transport)
                     "padded_before": list(self.padded),  # how the transport padded the tensors it summed before
+                    # the whole tensor's shape (a reduce-scatter's input, an all-gather's output): gloo cuts its first
+                    # dimension, so a tensor padded as handed, not flattened, is refused
+                    "shape": tuple(args[1 if kind == "reduce_scatter" else 0].shape),
                 }
             raise
         # how a transport padded and where it gathered: read from the tensor collectives (the list ones carry lists)
         if counted and kind == "reduce_scatter" and self.handed is not None and isinstance(args[1], torch.Tensor):
             self.padded.append((self.handed, args[1].numel()))
+            self.scattered_shape = tuple(args[1].shape)
             self.scattered = args[1].data_ptr()
         if counted and kind == "all_gather" and self.handed is not None and self.scattered is not None:
             if isinstance(args[0], torch.Tensor):
@@ -442,6 +449,7 @@ class Events(TorchDispatchMode):
         start, padded = len(self.works), len(self.padded)
         self.handed = tensor.numel() if isinstance(tensor, torch.Tensor) else None
         self._gathered_here = self._scattered_here = False
+        self.scattered_shape = None
         # the list collectives too (dist.reduce_scatter, dist.all_gather): their group sits where the others' does
         scatters = [n for n in ("reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter") if hasattr(dist, n)]
         gathers = [n for n in ("all_gather_single", "all_gather_into_tensor", "all_gather") if hasattr(dist, n)]
@@ -454,7 +462,11 @@ class Events(TorchDispatchMode):
         except RuntimeError as exc:  # raised outside a collective, after this call padded what it reduce-scattered
             grown = [(a, b) for a, b in self.padded[padded:] if b != a]
             if grown and getattr(exc, "collective", None) is None:
-                exc.collective = {"kind": "copy_back", "handed": grown[-1][0], "padded": grown[-1][1]}
+                exc.collective = {"kind": "copy_back", "handed": grown[-1][0], "padded": grown[-1][1],
+                                  "shape": self.scattered_shape}  # fmt: skip
+            elif getattr(exc, "collective", None) is None and len(self.scattered_shape or ()) > 1:
+                # a reduce-scatter refused a tensor padded as handed (seen by the swap, outside dispatch too)
+                exc.collective = {"kind": "unflattened", "shape": self.scattered_shape}
             raise
         finally:
             self.handed = None
@@ -465,6 +477,8 @@ class Events(TorchDispatchMode):
 
         def reduce_scatter(output, input, op=dist.ReduceOp.SUM, *args, **kwargs):
             self.averaged = self.averaged or op == dist.ReduceOp.AVG
+            if isinstance(input, torch.Tensor):  # before the call, which may refuse it (gloo cuts the first dimension)
+                self.scattered_shape = tuple(input.shape)
             return scatter(output, input, op, *args, **kwargs)
 
         return reduce_scatter
