@@ -216,7 +216,8 @@ def settings_ladder(settings: dict, title: str = ""):
                     linespacing=1.0,
                 )
     top.set(  # ylim: room for the values
-        ylabel="overlap (% of the link's time\ninside a forward, a backward\nor the optimizer)", ylim=(0, 115)
+        ylabel="overlap (% of the link's time\ninside a forward, a backward\nor the optimizer, not waiting)",
+        ylim=(0, 115),
     )
     top.set_title(title, fontsize=9)
     highest = max([r["exposed_ms"] for runs in settings.values() for r in runs.values()] + [1.0])
