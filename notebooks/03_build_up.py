@@ -1027,7 +1027,7 @@ if rank == 0:
     }
     order = [c for c in swept if c not in (here, None)] + [here, None]  # one legend entry per kind of step
     h_backward = lesson.backward_less_check(h)
-    sweep_figure = bucket_sweep(
+    bucket_sweep(
         {"step-time model: link after backward": model},
         measured=[  # beside each exposed point, its step's own backward (the model's is one for all)
             (
@@ -1058,7 +1058,6 @@ if rank == 0:
         title=f"bucket-async on {LINK.name}, {world_size} ranks, against the cap\n"
         "(beside each measured exposed point: its step's backward, less the check)",
     )
-    sweep_figure.axes[0].set_ylabel("ms per step")
 sweep_table = pd.DataFrame(
     {
         ("None" if c.cap_mb is None else f"{c.cap_mb:g} MiB"): c.row()
