@@ -74,9 +74,10 @@
 # **Notation and measures**, 01's: α, β, n and m; k is the micro-batches of a step. A *message* is one
 # all_reduce handed to the link (a gradient, or a bucket of them); its *fixed cost* is 2(n−1)·α. *Link
 # time*, *exposed*, *overlap* and *interleaved* are computed by 01's functions over the link's modeled
-# transfers only (01's table counts gloo's ranges too). *Waited* is not: it is the training thread's
-# measured waiting for the gradients' messages, which can last past the link's time (until the real
-# all_reduce returns); the parameters-used check's all_gather is printed apart (*at the check*).
+# transfers only (01's table counts gloo's ranges too). *Waited*, 01's too, is not over the link's
+# transfers: it is the measured time the training thread stood still for the gradients' messages, which can
+# last past the link's time (until the real all_reduce returns); the parameters-used check's all_gather is
+# printed apart (*at the check*).
 #
 # **Words of this notebook.** `hook` in code type is a stage. A *grad hook* is the function autograd
 # calls when a parameter's gradient is ready (`register_post_accumulate_grad_hook`; `hook` and every
@@ -371,7 +372,7 @@ lesson.say(
 # cell splits it into autograd's accumulation steps, where the grad hooks run (their waits, the check and
 # their own lines), and the rest, and prints `ga`'s beside it. So this stage shows where the waits fall
 # (inside the backward); the hooks' own lines, handing each message over, hold the thread there too, and that
-# time is in neither waited nor exposed: the cell prints it apart.
+# time, with the accumulation itself, is in neither waited nor exposed: the cell prints it apart.
 #
 # ### Your turn: `hook`
 #
