@@ -73,9 +73,11 @@
 #
 # **Notation and measures**, 01's: α, β, n and m; k is the micro-batches of a step. A *message* is one
 # all_reduce handed to the link (a gradient, or a bucket of them); its *fixed cost* is 2(n−1)·α. *Link
-# time*, *waited*, *exposed*, *overlap* and *interleaved* are computed by 01's functions over the link's
-# modeled transfers only (01's table counts gloo's ranges too); *waited* counts the waits for the
-# gradients' messages only, and the parameters-used check's all_gather is printed apart (*at the check*).
+# time*, *exposed*, *overlap* and *interleaved* are computed by 01's functions over the link's modeled
+# transfers only (01's table counts gloo's ranges too). *Waited*, 01's too, is not over the link's
+# transfers: it is the measured time the training thread stood still for the gradients' messages, which can
+# last past the link's time (until the real all_reduce returns); the parameters-used check's all_gather is
+# printed apart (*at the check*).
 #
 # **Words of this notebook.** `hook` in code type is a stage. A *grad hook* is the function autograd
 # calls when a parameter's gradient is ready (`register_post_accumulate_grad_hook`; `hook` and every
@@ -134,7 +136,8 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 #
 # Here each rank trains its own shard and never talks to the other: not data parallelism (the
 # replicas drift apart), but the same computation as every stage below, with no message at all.
-# The stages add messages and waiting to the same computation; each cell below reads them from the
+# The stages add messages, waits and the lines that send them to the same computation; each cell below
+# reads the messages and waits from the
 # link's modeled transfers and the training thread's recorded waits, not from step times, which on a
 # machine shared with other work move from one step to the next.
 # The picture is its step: the forward (pale) and backward (blue) of each micro-batch, then the
@@ -367,10 +370,9 @@ lesson.say(
 # between them can blend into one band of another colour (finish's purple, say): zoomed in, each stop for a
 # message is a red wait, and the bars between are still the backward. A long backward here is not all waiting for gradients: the
 # cell splits it into autograd's accumulation steps, where the grad hooks run (their waits, the check and
-# their own lines), and the rest; what made the rest as long as it was, against `ga`'s backward,
-# these runs do not measure (one step each, on a machine shared with other work). So this stage shows where the
-# waits fall (inside the backward), and what they cost is the waited and exposed time the cell prints, not
-# the backward's length.
+# their own lines), and the rest, and prints `ga`'s beside it. So this stage shows where the waits fall
+# (inside the backward); the hooks' own lines, handing each message over, hold the thread there too, and that
+# time, with the accumulation itself, is in neither waited nor exposed: the cell prints it apart.
 #
 # ### Your turn: `hook`
 #
@@ -447,8 +449,9 @@ lesson.say(  # measured: one profiled step each decides it, so printed, not clai
 # it. The thread waits for the messages once, in finish, after the backward; the cell above prints how
 # long, and how much of the link's time it left exposed against `hook`: one profiled step each decides
 # that, so it is printed, not claimed. That wait is a red block after the backward only where it is wide
-# enough to draw: where the cell prints that it waited no time, this row has none, and any red in the figure
-# is the faded `hook` row's.
+# enough to draw: where the cell prints that it waited no time, this row has none. A hatched red block at the
+# start of its backward is no wait for a message: it is the parameters-used check (where wide enough to draw;
+# the side-by-side table's *at the check*), and no message leaves until it ends.
 #
 # ### Your turn: `hook-async`
 #
@@ -583,8 +586,9 @@ check(solutions.BucketDDP, like="bucket")
 #
 # No new idea: `bucket`'s buckets with `hook-async`'s not-waiting. The stage is `bucket`
 # plus that one idea, in a list made in `__init__` and two methods: keep each bucket's Future,
-# wait for them all in finish. This is the shape of torch's DDP: few messages, each sent as soon
-# as its bucket is full, while backward goes on (the last bucket is full only late in backward).
+# wait for them all in finish. torch's DDP too sends few messages while backward goes on (the last
+# bucket is full only late in backward); it adds more (`ddp` below lists it), among it buckets launched
+# strictly in the plan's order, where `bucket-async` sends each as soon as it is full.
 
 # %%
 show_source(STAGES["bucket-async"])
@@ -674,9 +678,8 @@ lesson.say(
     f"In this one step ddp waited {v['waited_ms']:.0f} ms for its {v['calls']} messages, bucket-async "
     f"{ba['waited_ms']:.0f} ms for its {ba['calls']} on the same link; of that, after the link had delivered: ddp "
     f"{round(v['waited_ms']) - lesson.link_parts(v)[1]} ms, bucket-async "
-    f"{round(ba['waited_ms']) - lesson.link_parts(ba)[1]} ms. What the thread waited for after the link had "
-    "delivered, these runs do not measure; one step each, on a "
-    "machine shared with other work, does not rank the two."
+    f"{round(ba['waited_ms']) - lesson.link_parts(ba)[1]} ms. One step each, on a machine shared with other work, "
+    "does not rank the two."
 )
 
 # %% [markdown]
@@ -702,8 +705,8 @@ lesson.claim(
 #
 # Every profiled step above, one row per stage, on one axis, and the table of their numbers
 # (units in the column names; the measures are `01_collectives`'s). *Link time* is the modeled time of
-# the step's messages; *exposed* the part of it the training thread stood waiting through; *waited* all
-# its waiting for messages, exposed or not; *last backward* the backward of the step's last micro-batch,
+# the step's messages; *exposed* the part of it the training thread stood waiting through; *waited* all the
+# time it stood waiting for its messages: the exposed part and the waiting after the link had delivered; *last backward* the backward of the step's last micro-batch,
 # and *step* the whole step, both measured once on a machine shared with other work; *at the check* the
 # time the parameters-used check held the thread (an all_gather, not on the link, so not in waited or
 # exposed; "–": a stage without the check). From `hook` to `bucket-async`, the last backward holds the check
@@ -758,16 +761,15 @@ lesson.look_table(looks).assign(
 # compared here: a row's length in the picture does not rank the stages, and a backward's length is
 # not what its waits cost (the exposed and waited columns are); time in a row with no bar is time no
 # output here measures, and it counts in the step column, so a longer step does not say that stage's DDP
-# costs more. They are printed so that you can see them: compare the last backward of the two stages that
-# send one message per gradient from inside the backward (`hook`, `hook-async`) with `ga`'s and the
-# bucketed stages'. Where theirs are the longer, the verdicts below, by the link, exposed and waited columns,
-# do not count that difference, and what made it, beyond the waits inside `hook`'s backward, these runs do not
-# measure. *At the check* is how
-# long rank 0 stood in the check's all_gather; from
-# `hook` to `bucket-async` that time is inside the last backward, and so part of its column. The all_gather
-# moves one byte per parameter, so the spread between the stages is most likely not the check's own work
-# but the other rank reaching the check later (the introduction's drifting ranks): these runs do not measure
-# which, and the column does not rank the stages' checks. `ga` divides the traffic by the number of
+# costs more. They are printed so that you can see them; the verdicts below, by the link, exposed and waited
+# columns, do not count them. Exposed and waited can order two stages in opposite ways: exposed leaves out the
+# link's time that passed before the thread's wait began (from handing a message over, inside the comm hook's
+# call, to its wait, once for every message handed over), and waited adds the waiting after the link
+# had delivered; so neither column alone ranks `hook` against `bucket`. *At the check* is how long rank 0 stood
+# in the check's all_gather, summed over the step's checks: `simple`, which syncs after every micro-batch,
+# checks after each of its k backwards, every other stage once a step. From `hook` to `bucket-async` that time
+# is inside the last backward, and so part of its column. The all_gather moves one byte per parameter tensor;
+# what held the thread there, these runs do not measure, and the column does not rank the stages' checks. `ga` divides the traffic by the number of
 # micro-batches; the hook stages move the messages into the backward; the async stages stop waiting
 # for them there; the buckets divide the number of messages. Whether that last idea pays is the next
 # section's question.
@@ -793,8 +795,7 @@ lesson.look_table(looks).assign(
 #    message alone would end the link's work: the next cell's table's *tail-limited end*); a per-gradient stage's last message is one tensor.
 #
 # These three are on the link. Each stage's step also has a backward of its own, and the two stages'
-# need not be alike (the side-by-side table's *last backward*, which holds the check): what made one longer or
-# shorter, these runs do not measure. A longer backward leaves more of the link's work under it, so by
+# need not be alike (the side-by-side table's *last backward*, which holds the check). A longer backward leaves more of the link's work under it, so by
 # *exposed* it favours its own stage: the cells below print each step's backward beside its exposed time,
 # and each verdict holds at those backwards, not at equal ones. Whether the buckets pay, below, is judged on the link's
 # exposed and waited time only, not on those backwards: a "did not pay" there does not count a backward or a
@@ -812,10 +813,8 @@ lesson.look_table(looks).assign(
 # the *bare network* (the same network with no wrapper, no hooks, no messages, no profiler), timed
 # here. In the profiled steps the parameters-used check, made at the synced backward's first gradient,
 # stalls the backward there: no later gradient is computed and no message leaves until it ends, so its time
-# adds to each stage's first hand-over, beyond the bare network's. The cell prints it for both stages, and
-# compares only bucket-async's with the time the bare network takes to fill that first bucket: hook-async
-# has no bucket to fill. Its first message leaves after the check too, so its early start (item 2) comes
-# that much later.
+# adds to each stage's first hand-over, beyond the bare network's. The cell prints it for both stages: each
+# one's first message leaves that much later (for hook-async, its early start of item 2).
 
 # %%
 # %%distributed
@@ -857,10 +856,8 @@ lesson.say(
     f"{100 * bucket_ready / (1e3 * bare.backward):.0f} % ({bucket_ready:.0f} ms of the bare network's "
     f"{1e3 * bare.backward:.0f} ms backward). In the profiled steps the "
     "parameters-used check stalled the backward at its first gradient, before any hand-over: it held back "
-    f"hook-async's first message {looks['hook-async']['check_ms']:.0f} ms (its early start comes that much later); "
-    f"bucket-async's check, {looks['bucket-async']['check_ms']:.0f} ms, is "
-    f"{lesson.than(looks['bucket-async']['check_ms'], bucket_ready)} the {bucket_ready:.0f} ms the bare network "
-    "takes to fill its first bucket.",
+    f"hook-async's first message {looks['hook-async']['check_ms']:.0f} ms (its early start comes that much later), "
+    f"bucket-async's {looks['bucket-async']['check_ms']:.0f} ms.",
 )
 # modeled: the last message's bytes over the link, the same on every machine
 lesson.claim(
@@ -1031,7 +1028,7 @@ if rank == 0:
     }
     order = [c for c in swept if c not in (here, None)] + [here, None]  # one legend entry per kind of step
     h_backward = lesson.backward_less_check(h)
-    sweep_figure = bucket_sweep(
+    bucket_sweep(
         {"step-time model: link after backward": model},
         measured=[  # beside each exposed point, its step's own backward (the model's is one for all)
             (
@@ -1062,7 +1059,6 @@ if rank == 0:
         title=f"bucket-async on {LINK.name}, {world_size} ranks, against the cap\n"
         "(beside each measured exposed point: its step's backward, less the check)",
     )
-    sweep_figure.axes[0].set_ylabel("ms per step")
 sweep_table = pd.DataFrame(
     {
         ("None" if c.cap_mb is None else f"{c.cap_mb:g} MiB"): c.row()
@@ -1091,8 +1087,7 @@ sweep_table.infer_objects().round(1)
 # B = one sync's bytes / (bytes ratio × that backward), the time per hop is
 # α = message ratio × that backward / 2. Each stage's own backward in its run differs from that one,
 # and so do the ratios it meets: the cell prints the two async rungs' own backwards beside it and the
-# factor by which each met the setting's ratios (what made one longer or shorter, these runs do not
-# measure). The figure's legend names the setting's ratios, not those met. The cell prints which
+# factor by which each met the setting's ratios. The figure's legend names the setting's ratios, not those met. The cell prints which
 # backward each link is sized from; the rungs run without a warm-up step.
 # Two settings, both built from the blog's run as the step-time model rebuilds it (`python -m
 # minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16 gradients, and an
@@ -1326,8 +1321,8 @@ lesson.say(
     )
     + f"; bucket-async's {far['bucket-async']['messages']} pay {far_fixed_b:.0f} ms, "
     f"{far_fixed_b / far['bucket-async']['backward_ms']:.2f} of its own {far['bucket-async']['backward_ms']:.0f} ms: "
-    "each rung paid its fixed costs against its own backward, not at the setting's ratio, and what made the "
-    "backwards differ, these runs do not measure."
+    "each rung paid its fixed costs against its own backward, not at the setting's ratio (the last line sets "
+    "the backwards beside each other)."
 )
 far_sized = 1e3 * sized_from["1024 ranks"]  # the backward the link was sized from: the setting's ratios hold there
 lesson.say(

@@ -770,6 +770,17 @@ class BucketAsyncNotCopiedBack(solutions.AsyncBucketDDP):
         self.in_flight.clear()
 
 
+class BucketAsyncKeepsParameters(solutions.AsyncBucketDDP):
+    """Keeps the bucket's parameters (``self.buckets[b]``) where its gradient tensors were meant; the inherited
+    finish then writes the averages back into the parameters, in place: autograd refuses a leaf that requires grad
+    (learner read round 14, 03, finding 12)."""
+
+    def _send_bucket(self, b):
+        params = self.buckets[b]
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        self.in_flight.append((params, flat, dist.all_reduce(flat, group=self.process_group, async_op=True)))
+
+
 class BucketNotCopiedBack(solutions.BucketDDP):
     """Reduces a flat copy of the bucket and never writes it back into the gradients."""
 

@@ -274,6 +274,7 @@ MISTAKES = [
     (wrong.BucketSentAtFirstGradient, "bucket", "sent before its last gradient was in"),
     (wrong.BucketAsyncSentAtFirstGradient, "bucket-async", "sent before its last gradient was in"),
     (wrong.BucketAsyncNotCopiedBack, "bucket-async", "the all_reduce summed a copy (torch.cat makes one"),
+    (wrong.BucketAsyncKeepsParameters, "bucket-async", "the averages belong in the gradients, each parameter's .grad"),
     # a finish inherited from ga syncs again after the hooks: the gradients stay right, the count names the second sync
     (
         wrong.HookSyncsTwice,
@@ -569,6 +570,11 @@ def test_a_write_into_a_parameter_outside_no_grad_gets_the_fix():
     message = "a leaf Variable that requires grad is being used in an in-place operation."
     hint = checker._raise_hint("simple", " in __init__ (line 6)", message, None, 2)
     assert "with torch.no_grad(): dist.broadcast(tensor, src=0)" in hint, hint
+    # learner read round 14 (03) finding 12: the same message from finish is a write into a parameter where its
+    # gradient was meant (bucket-async's parameters kept instead of their .grad); torch.no_grad() would hide it
+    finish = "running finish_gradient_synchronization() in step 1, after micro-batch 3"
+    hint = checker._raise_hint("bucket-async", " in finish_gradient_synchronization", message, None, 2, phase=finish)
+    assert "each parameter's .grad" in hint and "no_grad" not in hint and "broadcast" not in hint, hint
 
 
 def test_a_rank_that_hangs_is_named_within_the_timeout():

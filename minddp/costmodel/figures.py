@@ -4,8 +4,8 @@ From a run folder of ``python -m minddp.train --stage all --link <link>``: :func
 per stage, where the step's time goes (compute, non-compute: only communication running, idle) and its
 overlap (the share of the communication with compute beside it: the blog's breakdown and overlap charts);
 :func:`predicted_ladder`, per stage, the step the model predicts on each of several links beside the
-measured one. :func:`bucket_sweep`: exposed communication against the bucket cap, the model's curves beside
-measured caps, with the three costs of a plan (:mod:`minddp.costmodel.buckets`) under it;
+measured one. :func:`bucket_sweep`: the model's link after backward against the bucket cap, measured points
+(exposed, waited) beside it, with the three costs of a plan (:mod:`minddp.costmodel.buckets`) under it;
 :func:`settings_ladder`: overlap and exposed time per stage in several settings. Every axis is named by the
 measure it shows (docs/analysis.md, "The measures"). Colours as in every step picture
 (:mod:`minddp.analysis.timeline`): orange is communication, red the training thread waiting for it.
@@ -33,7 +33,7 @@ Example (on one rank; a tiny run with a link, profiled)::
     >>> curve = [plan_costs(cp, "bucket-async", cap, "1gbit", 2) for cap in (1, 4, 8, 16)]
     >>> fig = bucket_sweep({"model": curve}, measured=[(4, 70.0, "measured")], per_gradient={"hook-async": 40.0})
     >>> [ax.get_ylabel() for ax in fig.axes]
-    ['exposed (ms per step)', 'ms (log scale)']
+    ['ms per step', 'ms (log scale)']
     >>> runs = {"hook-async": {"overlap_pct": 99.0, "exposed_ms": 0.0},
     ...         "bucket-async": {"overlap_pct": 90.0, "exposed_ms": 4.0}}
     >>> len(settings_ladder({"here": runs, "there": runs}).axes[0].patches)     # a bar per stage and setting
@@ -125,7 +125,9 @@ def predicted_ladder(run, links: list[str], ax=None):
 
 
 def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, title: str = ""):
-    """Exposed communication against the cap (top) and the three costs of each plan (below). Returns the figure.
+    """The model's link after backward against the cap, with measured points (top; the axis is in ms, not named
+    after one measure: the model's and the measured points' are different measures, which their labels name), and
+    the three costs of each plan (below). Returns the figure.
 
     ``curves``: label -> [:class:`~minddp.costmodel.buckets.PlanCosts`, one per cap] (the first curve's costs
     are drawn below); ``measured``: ``(cap MiB, ms, label)`` points, or ``(cap MiB, ms, label, note)``, the note
@@ -160,7 +162,7 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
             top.annotate(note[0], (cap, ms), xytext=(6, 4), textcoords="offset points", fontsize=6, color="#555555")
     for (label, ms), style in zip((per_gradient or {}).items(), styles):
         top.axhline(ms, color="#555555", ls=style, lw=1, label=label)
-    top.set(xscale="log", ylabel="exposed (ms per step)")
+    top.set(xscale="log", ylabel="ms per step")
     top.set_ylim(-0.03 * top.get_ylim()[1], None)  # a margin below 0: a point or a line at 0 stays in sight
     top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: it hides no point
     top.set_title(title, fontsize=9)
@@ -216,7 +218,8 @@ def settings_ladder(settings: dict, title: str = ""):
                     linespacing=1.0,
                 )
     top.set(  # ylim: room for the values
-        ylabel="overlap (% of the link's time\ninside a forward, a backward\nor the optimizer)", ylim=(0, 115)
+        ylabel="overlap (% of the link's time\ninside a forward, a backward\nor the optimizer, not waiting)",
+        ylim=(0, 115),
     )
     top.set_title(title, fontsize=9)
     highest = max([r["exposed_ms"] for runs in settings.values() for r in runs.values()] + [1.0])

@@ -389,7 +389,9 @@ def _trouble(name: str, reports: dict, timeout_s: float, like: str | None = None
         ranks = _ranks_text(sorted(raised))
         where = _where_text(e)
         message = _BACKEND_PREFIX.sub("", e["message"] or "").strip() or "(no message)"
-        hint = _raise_hint(like, where, message, e.get("sizes"), reports[r].get("world"), e.get("launched"))
+        hint = _raise_hint(
+            like, where, message, e.get("sizes"), reports[r].get("world"), e.get("launched"), phase=e.get("phase", "")
+        )
         return f"✗ {name}: your code raised {e['type']}{where} on {ranks}, while {e['phase']}: {message}" + hint
     if errors or lost:
         stuck = {r: e for r, e in errors.items() if e.get("where")}
@@ -429,12 +431,20 @@ _BACKEND_PREFIX = re.compile(r"^(\[rank\d+\]:)?\[[A-Z]\d{4} [\d:.]+ [^\]]+\]\s*"
 
 
 def _raise_hint(
-    like: str | None, where: str, message: str, sizes: dict | None, world: int | None, launched: list | None = None
+    like: str | None,
+    where: str,
+    message: str,
+    sizes: dict | None,
+    world: int | None,
+    launched: list | None = None,
+    phase: str = "",
 ) -> str:
     """What to do about an error that a model answer's step prevents (notebook 06: the padding, the piece's size,
     the padding cut off), from the sizes the refused collective was handed, or the padding the transport gave the
     tensor it copies back (``sizes``, the rank's :class:`~harness.Events`), or the kinds of collective the step had
-    launched when it raised (``launched``, the same Events': an all_reduce before a None is likely its result)."""
+    launched when it raised (``launched``, the same Events': an all_reduce before a None is likely its result), and
+    what the rank was doing then (``phase``, the harness's words: finish's write into a parameter is not a
+    broadcast's)."""
     # a tensor the transport made without a device met one it was handed (torch.cat, copy_): DevicelessTensor's
     # own message says it where a collective was handed one
     if like in TRANSPORT_MESSAGES and re.search(r"\bmeta\b", message) and harness.DEVICELESS not in message:
@@ -444,6 +454,14 @@ def _raise_hint(
     # a broadcast (or copy_) into a parameter outside torch.no_grad(): autograd refuses an in-place write into a leaf
     # that requires grad (torch 2.13's gloo broadcast writes without asking autograd; other builds refuse)
     if "a leaf Variable that requires grad is being used in an in-place operation" in message:
+        # in finish, nothing is broadcast: the averages went into a parameter where its .grad was meant (a bucket's
+        # parameters kept instead of their gradient tensors), which torch.no_grad() would only hide
+        if phase.startswith("running finish_gradient_synchronization()"):
+            return (
+                " (finish wrote in place into a parameter, which autograd refuses for a leaf that requires grad: "
+                "the averages belong in the gradients, each parameter's .grad; keep the gradient tensors, "
+                "[p.grad for p in bucket], not the parameters, and write back into those)"
+            )
         return (
             " (a parameter requires grad, so autograd refuses to let anything write into it in place, as a "
             "broadcast or a copy_ does: write rank 0's values under torch.no_grad(), with torch.no_grad(): "
