@@ -27,9 +27,9 @@
 # Words, kept apart. A bucket is *handed over* when the reducer calls `all_reduce` on it, once its last
 # gradient is there and every earlier bucket has been handed over (the tick in the figure); it goes to
 # *gloo*, the backend of the process group that carries the ranks' messages on CPU. A bucket's *message* is
-# its `all_reduce`. It is *in flight* from the start of gloo's `all_reduce` range to its end (the orange
-# bar), not from the tick. On CPU ranks that range can also hold time gloo waits for the other rank to join
-# or for a free core: a bar's length is not the time the bytes took to travel.
+# its `all_reduce`. It is *in flight* while gloo runs it, as the profiler records it (the orange bar), not
+# from the tick. On CPU ranks that time can also hold waits for the other rank or for a free core: a bar's
+# length is not the time the bytes took to travel.
 #
 # nanoGPT (a small GPT training script) compiles the model, then wraps it:
 # `model = torch.compile(model)`, then `DDP(model)`.
@@ -49,9 +49,9 @@
 # (in this notebook pieces are numbered in that order: piece 0 is the forward's last layers, which the
 # backward pass runs first); a *piece's backward* is the run of its gradient node. A bucket whose last
 # gradient a piece produces can then be handed over before the next piece's backward begins, so that its
-# message can be in flight while that backward runs (this notebook counts how many were). minddp's `ddp`,
-# given a `bucket_cap_mb`, has Dynamo cut every piece, the first included, at that cap: here each piece but
-# the last closes once its parameters reach 2 MiB; the last holds what is left. So a bucket can lie within
+# message can be in flight while that backward runs (this notebook counts how many were). Given a
+# `bucket_cap_mb`, minddp's `ddp` has each piece but the last, the first included, close once its
+# parameters reach that cap (here 2 MiB); the last holds what is left. So a bucket can lie within
 # one piece (the claims under *The pieces and the buckets* check where this step's buckets lie).
 #
 # This notebook shows one step of `ddp` in each of three runs, one row each: eager (not compiled),
@@ -116,7 +116,7 @@ def one_step(compiled: bool, cut: bool = True):
     ddp = DistributedDataParallel(torch.compile(model, backend=BACKEND) if compiled else model, bucket_cap_mb=CAP)
     optimizer, data = torch.optim.SGD(model.parameters(), lr=0.01), batches()
     train_step(ddp, optimizer, next(data), loss_fn)  # the first step compiles
-    train_step(ddp, optimizer, next(data), loss_fn)  # the second on buckets rebuilt from the first's arrival order
+    train_step(ddp, optimizer, next(data), loss_fn)  # the second on buckets planned from the first's arrival order
     with live.profiler() as prof:
         train_step(ddp, optimizer, next(data), loss_fn)
     torch._dynamo.config.optimize_ddp = True
@@ -151,7 +151,8 @@ lesson.say(
 # profiled), rank 0, from the start of its forward to the black line where its optimizer step ends:
 # the forward (pale, the loss's included), the gradient nodes (blue, the loss's included), the
 # `AccumulateGrad` nodes (grey), a tick when a bucket was handed over (the row's label says how many
-# buckets), an orange bar for each message in flight, and the optimizer step (green).
+# buckets), an orange bar for each message in flight (two shades, alternating by start), and the optimizer
+# step (green).
 #
 # In every row the blue begins with the loss's gradient nodes; after them, in the cut row, one
 # gradient node per piece, piece 0 first (the pieces printed under *The pieces and the buckets*, whose
@@ -164,26 +165,19 @@ lesson.say(
 # core, say), an orange bar also time gloo waits for the other rank; this notebook does not measure what
 # compiling or the cut costs: a row that ends last, or whose orange bars are longest, does not show that its
 # run's steps are slower, nor the reverse. A tick is not the start of its bar: gloo begins the message after
-# the tick, and the gap is not what handing a bucket over costs. Ticks closer together than a pixel draw as
-# one. Orange bars that overlap are drawn over each other, so one can hide where another begins or ends: the
-# figure does not show how long each message was in flight, nor which ran beside a gradient node (the line
-# printed after it says which, for the two compiled runs). White is time in none of these.
+# the tick. Ticks closer together than a pixel draw as one. Orange bars that overlap are drawn over each
+# other, so one can hide another, whole or in part: the figure does not show how long each message was in
+# flight, nor which ran beside a gradient node.
 #
-# In the claims of the figure's cell, a node *ran after* the first bucket was handed over if its range
-# ends after that tick: it was still running then, or began after.
+# In the claims of the figure's cell, a node *ran after* the first bucket was handed over if it ends after
+# that tick: it was still running then, or began after.
 #
 # The cell after the figure counts, in the two compiled runs on rank 0, the messages in flight while a gradient node
 # ran, and says which, in the order the messages began. Without the cut none can be: a message begins
 # after its bucket's tick, and every tick comes after the graph's one gradient node, the last to
-# run, has produced the gradients; the first claim checks that none was in this step. With the cut, the
-# message of every bucket handed over before the last piece's backward can be (here every bucket but the
-# last): it is counted if it was in flight while a later piece's backward ran; one that ends before the
-# next piece's backward begins, or is in flight only in grey, is not. A message is counted by its own
-# range, not by its tick: a tick with blue after it does not make its message counted, for the message
-# can begin after that blue ends. Which are counted, and how many, the timing of this execution decides;
-# what the line shows of the cut is its count beside none without it. The line counts no eager
-# messages: eager's, read from the figure, are decided by the timing too, and this notebook does not
-# compare a row's count with another's.
+# run, has produced the gradients; the claim that begins "Compiled without the cut" checks that none was
+# in this step. With the cut, the message of every bucket handed over before the last piece's backward can
+# be (here every bucket but the last); which are, and how many, the timing of this execution decides.
 #
 # This notebook runs no GPU: what the cut does to a GPU step is not shown here.
 
@@ -235,27 +229,24 @@ lesson.say(
 # nodes of one forward back from its output lists the pieces in the order the backward pass runs them, each
 # with its parameters in the forward's order (the order of the piece's inputs); the cell walks one more
 # forward of the third run's `ddp` (compiled with the cut, the last of the loop above). Beside them, the
-# buckets of the figure's third row (compiled with the cut): `ddp`'s `bucket_plan`, rebuilt after the first
-# step from the order the gradients arrived in, each bucket listing its parameters in that order (a first
-# step's plan lists them otherwise: *A bucket cap of 0.5 MiB*). In this step a piece and its bucket print
-# the same names in the same order; eager's buckets, printed after the claims, list theirs in an order that
-# is not the forward's. A bucket closes at the first gradient that takes it to the cap or past it. The
-# claims below check where the buckets lie.
+# buckets of the figure's third row (compiled with the cut): `ddp`'s `bucket_plan`, which after the first
+# step lists the parameters in the order their gradients arrived in that step on rank 0 (a first step's
+# plan lists them otherwise: *A bucket cap of 0.5 MiB*). A bucket closes at the first gradient that takes
+# it to the cap or past it. The claims below check where the buckets lie.
 #
 # Under torch's DDP, Dynamo caps piece 0 not at the bucket cap but at
 # `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`, given
 # a `bucket_cap_mb`, sets that cap to its `bucket_cap_mb` too (`compat.ddp_optimizer_caps`, called in
-# `minddp/runtime/compiling.py`), so that piece 0 closes at the bucket cap, as bucket 0 does; the second
-# claim below checks the piece.
+# `minddp/runtime/compiling.py`), so that piece 0 closes at the bucket cap, as bucket 0 does; the claim
+# that begins "Piece 0 holds" checks the piece.
 #
 # A bucket that a piece fills is handed over before the next piece's backward begins, and not by chance.
 # When a piece's backward ends, its parameters' `AccumulateGrad` nodes (where the reducer's hook runs) and
 # the next piece's gradient node are all ready to run, and autograd runs a ready `AccumulateGrad` node
 # before any other ready node: its queue of ready nodes takes the highest *sequence number* first, and an
 # `AccumulateGrad` node's is the largest there is (`ReadyQueue` in torch's
-# `torch/csrc/autograd/engine.h`). The last claim checks this order in the profiled step. Every
-# `AccumulateGrad` node has that number, so it does not order a piece's among themselves, and this notebook
-# does not show what does: the order its bucket lists a piece's gradients in below is this step's.
+# `torch/csrc/autograd/engine.h`). The claim that begins "In the profiled step each bucket was handed
+# over" checks this order.
 
 
 # %%
@@ -301,10 +292,7 @@ lesson.claim(
     "but the last before the backward of the next piece began.",
 )
 eager_buckets = looks["eager"]["buckets"]
-lesson.say(
-    "eager's buckets, rebuilt (as the cut's) from the order its gradients arrived in: "
-    + " | ".join(", ".join(bucket) for bucket in eager_buckets)
-)
+lesson.say("eager's buckets: " + " | ".join(", ".join(bucket) for bucket in eager_buckets))
 forward = list(size)  # the parameters in the order the model registers them, the forward's here
 lesson.claim(
     all(len(bucket) > 1 and bucket == sorted(bucket, key=forward.index, reverse=True) for bucket in eager_buckets),
@@ -316,17 +304,16 @@ lesson.claim(
 # ### Your turn: after which piece is each bucket handed over?
 #
 # Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order the backward pass
-# runs them, each as its gradients' sizes in bytes in the order they arrive (the order a rebuilt plan's
-# buckets list them in); `cap` is the bucket cap in bytes, every bucket's, the first included (as in
-# minddp's `ddp` given a `bucket_cap_mb`). Fill the buckets as `ddp` does after a rebuild (a bucket closes
-# at the first gradient that takes it to the cap or past it; the gradients left at the end make one last
-# bucket). Walked in arrival order, the buckets fill in bucket order, so each is handed over once its last
-# gradient is there: return, for each bucket, the index of the piece after whose backward it is handed over.
-# `check_handover` calls it on its cases, without ranks, and names the usual mistakes made alone, and some
-# made two together; for any other wrong answer it shows a case where yours differs. As it stands
-# `my_handed_over_after` raises `NotImplementedError`; the checker catches it and says so. On this
-# notebook's step, `pieces` is four pieces of two 1 MiB gradients and `cap` is 2 MiB: the answer is `[0, 1,
-# 2, 3]`; that case is among the checker's.
+# runs them, each as its gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in
+# bytes, every bucket's, the first included (as in minddp's `ddp` given a `bucket_cap_mb`). Fill the
+# buckets in arrival order (a bucket closes at the first gradient that takes it to the cap or past it; the
+# gradients left at the end make one last bucket), so each is handed over once its last gradient is there:
+# return, for each bucket, the index of the piece after whose backward it is handed over.
+# `check_handover` calls it on its cases, without ranks, and names the usual mistakes; for any other wrong
+# answer it shows a case where yours differs. As it stands `my_handed_over_after` raises
+# `NotImplementedError`; the checker catches it and says so. On this notebook's step, `pieces` is four
+# pieces of two 1 MiB gradients and `cap` is 2 MiB: the answer is `[0, 1, 2, 3]`; that case is among the
+# checker's.
 
 # %%
 from minddp.exercises import check_handover
@@ -399,14 +386,14 @@ lesson.claim(counts[THEIRS] > counts[ALONE], "torch.compile(torch's DDP(MLP)) ad
 #
 # Each wrapper, with both patterns (the model compiled, then wrapped; `torch.compile(wrapper)`), at a
 # bucket cap of 0.5 MiB on an MLP of two 1 MiB layers, one training step each, the wrapper's first: its
-# parameters compared with eager `ddp`'s after the same step, the step's buckets, its graph breaks and the pieces its
-# graph is cut into; a refusal is printed with the torch file that raised it. A first step's
+# parameters compared with eager `ddp`'s after the same step, the step's buckets and graph breaks, then the
+# pieces of one more forward; a refusal is printed with the torch file that raised it. A first step's
 # buckets follow torch's first-iteration plan (`plan_first_iteration_like_torch` in
 # `minddp/ddp/plan.py`): with `find_unused_parameters` off, as here, one bucket per dtype and device,
 # here one bucket of both layers, its parameters in the order the model registers them, not the order
 # their gradients arrive in (with it on, capped buckets). So in this step the cap shapes the compiled
 # pieces, not the buckets. With torch's DDP, Dynamo caps the first piece at
-# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (its value is in the first claim below), above this
+# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (its value is printed below), above this
 # bucket cap, and Dynamo asserts; its assert, printed below, says "First bucket" for that first piece (a
 # piece, in this notebook's words). minddp's `ddp` sets Dynamo's cap for the first piece to its
 # `bucket_cap_mb` (*The pieces and the buckets*), and Dynamo does not assert: that, not the pieces, shows
@@ -437,13 +424,13 @@ def compile_at(wrapper, model_first: bool) -> str:
     except Exception as error:  # what torch raises, said in one line, with the file of torch's that raised it
         return nodes.refusal(error)
     bits = "to eager ddp's bits" if torch.equal(flat(model), flat(reference)) else "to bits that differ from eager's"
-    step_buckets = " | ".join(", ".join(bucket) for bucket in nodes.bucket_names(ddp))  # before the rebuild
+    step_buckets = " | ".join(", ".join(bucket) for bucket in nodes.bucket_names(ddp))  # a first step's plan
     graph_breaks = sum(counters["graph_break"].values())
     with wrapped.no_sync():  # a forward whose backward never runs, to walk its pieces
         pieces = nodes.compiled_pieces(wrapped(torch.randn(32, WIDTH)), model)
     return (
-        f"trained a step {bits}; the step's buckets: {step_buckets}; graph breaks: {graph_breaks}; compiled pieces: "
-        + " | ".join(", ".join(piece) for piece in pieces)
+        f"trained a step {bits}; the step's buckets: {step_buckets}; graph breaks: {graph_breaks}; "
+        "pieces of one more forward: " + " | ".join(", ".join(piece) for piece in pieces)
     )
 
 
@@ -472,11 +459,11 @@ lesson.claim(
     all(
         outcomes["minddp's ddp", pattern]
         == "trained a step to eager ddp's bits; the step's buckets: layers.0.weight, layers.1.weight; graph breaks: 0; "
-        "compiled pieces: layers.1.weight | layers.0.weight"
+        "pieces of one more forward: layers.1.weight | layers.0.weight"
         for pattern in patterns
     ),
     f"minddp's ddp trains its first step there, with either pattern, to the bits of eager ddp's first step, in one "
-    f"bucket of both layers (a first step's plan), its graph cut with no graph break into one piece per "
+    f"bucket of both layers (a first step's plan), with no graph break; one more forward runs one compiled piece per "
     f"1 MiB layer: each piece closes at the layer that takes it past the {SMALL:g} MiB cap.",
 )
 
@@ -487,9 +474,9 @@ lesson.claim(
 #   pieces, and the first bucket is handed over before the backward pass's last gradient node (the
 #   claims above), so the message of every bucket handed over before the last piece's backward (here
 #   every bucket but the last) can be in flight while gradients are still computed. Without the cut
-#   none was (the first claim of the figure's cell); with it, how many and which were, on rank 0 in
-#   the profiled step (the timing decides), the line printed after the figure says. What the cut does
-#   to a step's length, on CPU or GPU, is not measured here.
+#   none was; with it, how many and which were, on rank 0 in the profiled step (the timing decides),
+#   the line that begins "Compiled with the cut, on rank 0" says. What the cut does to a step's
+#   length, on CPU or GPU, is not measured here.
 # * `torch.compile(wrapper)`: at a bucket cap of 2 MiB `torch.compile(ddp)` adds no graph break to
 #   the model's own, where torch's DDP adds breaks (where they fall and what they cost is not shown
 #   here); at a cap of 0.5 MiB its module is compiled and cut into pieces, with no graph break (*A

@@ -268,3 +268,32 @@ def test_notebook_06s_figure_draws_each_mark_in_its_phase_with_no_lengths():
         y: ["forward 1", "backward 1", "update"] for y in (0, 1)
     }
     plt.close(fig)
+
+
+def test_the_legend_swatch_of_the_message_bars_shows_both_shades():
+    # Notebook 09's figure (read 14): the bars alternate two shades of orange, the legend showed one, and a learner
+    # could take the darker bars for another kind of time. Oracle: the colours of the swatches the legend draws.
+    from matplotlib.colors import to_hex
+    from matplotlib.patches import Rectangle
+
+    from minddp.analysis.timeline import COLORS, draw_steps
+
+    def swatches(rows):
+        fig = draw_steps(rows)
+        legend = fig.axes[0].get_legend()
+        names = [t.get_text() for t in legend.get_texts()]
+        colours = {to_hex(r.get_facecolor()) for r in legend.findobj(Rectangle) if r is not legend.legendPatch}
+        plt.close(fig)
+        return names, colours
+
+    base = {"forward": [(0, 40)], "backward": [(40, 90)], "end": 100}
+    light, dark = to_hex(COLORS["message"]), to_hex(COLORS["message_alt"])
+    _, colours = swatches([dict(base, label="s", messages=[(50, 60), (60, 70)])])
+    assert {light, dark} <= colours
+    _, colours = swatches([dict(base, label="s", messages=[(50, 60)])])  # one bar: no second shade drawn or shown
+    assert light in colours and dark not in colours
+    # notebook 05: each row names its bars in its own words, and each entry keeps its label
+    names, colours = swatches(
+        [dict(base, label="a", messages=[(50, 60), (60, 70)], wire="a's"), dict(base, label="b", messages=[(50, 60)])]
+    )
+    assert {"a's", "collective in flight (held open included)"} <= set(names) and {light, dark} <= colours

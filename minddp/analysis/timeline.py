@@ -17,7 +17,8 @@ A **step row** is a plain dict of spans in milliseconds from the step's start, f
   else "collective in flight (held open included)".
 
 The messages' bars have no edge line, so that a bar is drawn no longer than its span (to a pixel); a row's bars
-alternate two shades of orange, in the order they start, so that bars back to back are told apart.
+alternate two shades of orange, in the order they start, so that bars back to back are told apart; the legend's
+swatch for them shows both shades.
 
 :func:`draw_steps` draws rows one above the other on a shared axis (``faded=True``: pale), in the
 colours every notebook shares (docs/analysis.md, "One step on one time axis"). :func:`row_sets` reads a row
@@ -115,7 +116,19 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
 
 
 def legend_above(ax, entries: dict, columns: int):
-    """A frameless legend of ``entries`` (label -> handle) in rows of ``columns`` just above the axes."""
+    """A frameless legend of ``entries`` (label -> handle) in rows of ``columns`` just above the axes; where ``ax``
+    draws a second shade of message bars, each message entry's swatch shows both shades, side by side."""
+    from matplotlib.legend_handler import HandlerTuple
+    from matplotlib.patches import Patch
+
+    gids = [str(c.get_gid()) for c in ax.collections]
+    if any(gid.startswith("messages_alt:") for gid in gids):
+        entries = {
+            label: (handle, Patch(facecolor=COLORS["message_alt"], linewidth=0))
+            if str(getattr(handle, "get_gid", lambda: None)()).startswith("messages:")
+            else handle
+            for label, handle in entries.items()
+        }
     return ax.legend(
         entries.values(),
         entries.keys(),
@@ -124,6 +137,7 @@ def legend_above(ax, entries: dict, columns: int):
         fontsize=7,
         ncol=columns,
         frameon=False,
+        handler_map={tuple: HandlerTuple(ndivide=None, pad=0)},
     )
 
 
