@@ -81,8 +81,9 @@ plt.show()
 # it waits a grace (`grace_s`, one second), then has rank 1 destroy its process group, which
 # makes rank 0's `all_reduce` raise. Below the cell: rank 0's note `(released because rank 1 failed)`,
 # then the error: in Jupyter, one traceback block per rank whose cell raised; as plain text, one
-# heading that counts every other rank whose cell raised, released or not, as "failed too", then rank
-# 1's traceback alone. Rank 1's process did not end (the next cell checks both ranks' pids).
+# heading that counts every other rank whose cell raised as "failed too", then rank 1's traceback
+# alone. gloo's error on rank 0 blames a crash (it sees only the connection close), but rank 1's
+# process did not end (the next cell checks the pids).
 #
 # A traceback names the cell `<In [N], rank R>`: Jupyter's `In [N]`, as rank R ran it, its lines
 # counted from the `%%distributed` line (line 1), so rank 1's `raise` is line 3. The cell is tagged
@@ -104,7 +105,8 @@ lesson.claim(os.getpid() == pid, "every rank is still the process it was at the 
 before = t.clone()
 dist.all_reduce(t)
 lesson.claim(
-    torch.equal(t, world_size * before), f"the all_reduce works again: `t` ({before.tolist()}) is summed over the ranks"
+    torch.equal(t, world_size * before),
+    f"the all_reduce works again: `t`, {before.tolist()} on every rank, is summed over the ranks",
 )
 t
 
