@@ -76,13 +76,13 @@ ax.set_title("t[0] on rank 0")
 plt.show()
 
 # %% [markdown]
-# When one rank fails, the cell fails. Here rank 1 raises before the `all_reduce`, so rank 0 waits in
-# it for a partner that never comes, and the runner frees it: once rank 1's failure reaches the runner,
-# it waits a grace (`grace_s`, one second), then has rank 1 destroy its process group, which
-# makes rank 0's `all_reduce` raise. Below the cell: rank 0's note `(released because rank 1 failed)`,
-# then the error: in Jupyter, one traceback block per rank whose cell raised; as plain text, one
-# heading that counts every other rank whose cell raised, released or not, as "failed too", then rank
-# 1's traceback alone. Rank 1's process did not end (the next cell checks both ranks' pids).
+# When one rank fails, the cell fails. Here rank 1 raises before the `all_reduce`. Rank 0 waits in it
+# until the runner, a grace (`grace_s`, one second) after rank 1's failure, has rank 1 destroy its
+# process group, which makes rank 0's `all_reduce` raise. Below the cell: rank 0's note `(released
+# because rank 1 failed)`, then the error: in Jupyter, a traceback block per rank whose cell raised; as
+# plain text, a heading that counts the other ranks whose cell raised as "failed too", then rank 1's
+# traceback. gloo's error on rank 0 blames a crash (it sees only the connection close), but rank 1's
+# process did not end (the next cell checks the pids).
 #
 # A traceback names the cell `<In [N], rank R>`: Jupyter's `In [N]`, as rank R ran it, its lines
 # counted from the `%%distributed` line (line 1), so rank 1's `raise` is line 3. The cell is tagged
@@ -104,7 +104,8 @@ lesson.claim(os.getpid() == pid, "every rank is still the process it was at the 
 before = t.clone()
 dist.all_reduce(t)
 lesson.claim(
-    torch.equal(t, world_size * before), f"the all_reduce works again: `t` ({before.tolist()}) is summed over the ranks"
+    torch.equal(t, world_size * before),
+    f"the all_reduce works again: `t`, {before.tolist()} on every rank, is summed over the ranks",
 )
 t
 

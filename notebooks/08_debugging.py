@@ -35,10 +35,10 @@
 #    printed too), and checks that every rank raised it. The line names the cause, the tensor or
 #    call, the rank(s), the step, and the fix; a fix names the wrapper `model`, as torch's examples do
 #    (`model = DDP(model)`): in this notebook the wrapper is `ddp`, and `model` the module it wraps. For eight bugs the line is an error that stops every
-#    rank at the first check that sees the bug; for a bug that spoils nothing (section 3,
-#    every rank reading the same data) it is a warning, said once, and training goes on;
+#    rank at the first check that sees the bug; for section 3's (every rank reading the same data)
+#    it is a warning, said once, and training goes on;
 # 3. **the fix**: the script corrected, in debug mode, which then says nothing. Section 6's first
-#    bug gets a fourth run: torch's DDP with `find_unused_parameters=True`, the argument a learner tries first.
+#    bug gets a fourth run: torch's DDP with `find_unused_parameters=True`.
 #
 # Steps count from 0, in the loops and in debug mode's lines: "after step 1" is after the second step.
 #
@@ -61,7 +61,7 @@
 #
 # * `torch_does`: debug mode paused; what each rank raised (the error's first two sentences, and
 #   the line naming the parameter indices if it has one), or
-#   "raised nothing"; `torch_drifts`, for the bugs torch trains through: how far the replicas ended apart;
+#   "raised nothing"; `torch_drifts`, for sections 1 and 2: how far the replicas ended apart;
 # * `minddp_says`: the line debug mode raised, checked on every rank;
 # * `fixed`: the corrected script, in debug mode; its ✓ line checks that debug mode says nothing and the
 #   replicas are equal. The fixes of sections 3, 4 (its first), 5 and 6 do not use it: each checks what its
@@ -354,8 +354,7 @@ fixed(accumulate, "the last micro-batch synced", last_syncs=True)
 # %% [markdown]
 # ## 3. Every rank reading the same data
 #
-# Without a `DistributedSampler` (or any other shard), every rank reads the same batches: nothing is
-# corrupted, the world just computes one batch twice. Debug mode sees it from the local gradients,
+# Without a `DistributedSampler` (or any other shard), every rank reads the same batches. Debug mode sees it from the local gradients,
 # fingerprinted before they are averaged: bit-identical on every rank three steps in a row. It is a
 # warning, and training goes on. The fix: a shard per rank.
 
@@ -466,9 +465,10 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # barrier until the timeout (3 s here), and when it fails and destroys its groups, rank 0's step fails with gloo's
 # "Connection closed by peer" (or "reset by peer"); neither says which rank ran out, or when.
 # Debug mode sees a rank in a step on one side and a rank out of its loop on the other. The line
-# names the fixes: the same number of batches on every rank, or training under the wrapper's `join()`
-# (`with ddp.join():` here). The cell uses the last. Under `join()` the forward and step checks pause,
-# so its ✓ line does not test them.
+# names the fixes: the same number of batches on every rank, or training under the wrapper's `join()`,
+# which the cell uses: a rank out of batches takes part in the others' collectives with zero
+# gradients, and at the end every rank takes the model of the last rank to run out. Under
+# `join()` the forward and step checks pause, so the ✓ line does not test them.
 
 
 # %%
@@ -543,14 +543,13 @@ lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, not
 
 
 # %% [markdown]
-# The argument a learner tries first, `find_unused_parameters=True`, does not fix this bug. The next
-# cell runs it under torch's DDP beside `own`, an unwrapped copy of the model: no error; rank 1's
-# gradients are averaged with rank 0's zeros (the ✓ line's ratio: rank 1's `head.weight` gradient
-# over `own`'s, from the same batch), while rank 0, whose layer is frozen, does not step it, so the
-# replicas end apart after two steps on that batch. All torch says is a warning its C++ code prints on
-# rank 1, that it found no unused parameter: it goes straight to the process's stderr, without a
-# `[rank 1]` label, at the end of the cell's output where the front end shows it at all (always in the
-# terminal that started Jupyter).
+# `find_unused_parameters=True` does not fix this bug. The next cell runs it under torch's DDP beside
+# `own`, an unwrapped copy of the model: no error; rank 1's `head` gradients are averaged with rank
+# 0's zeros (the ✓ line compares the norms of rank 1's `head.weight` gradient and `own`'s), while rank
+# 0, whose `head` is frozen, does not step it, so the replicas end apart. All torch says is a warning
+# its C++ code prints on rank 1, that it found no unused parameter: it goes straight to stderr, without
+# the runner's `[rank 1]` heading (torch's own `[rank1]:` prefix names the rank), at the end of the
+# cell's output where the front end shows it at all.
 
 
 # %%
