@@ -18,7 +18,7 @@
 #
 # Every minddp stage sends its gradients through a *comm hook*, `hook(state, bucket) ->
 # Future[Tensor]`: the interface of torch's `register_comm_hook`, with torch's names. The default, `allreduce` in
-# the tables and *plain averaging* in the text, averages with one all_reduce; others compress first:
+# the tables and *plain averaging* in the text, averages with one all_reduce per bucket; others compress first:
 #
 # * `fp16` / `bf16`: cast the bucket to a 16-bit float, divide it by the world size, all_reduce (the sum of the
 #   divided values: the average), cast back: half the bytes;
@@ -51,8 +51,7 @@
 #   averaging moved them.
 #
 # Then the hooks send over an **emulated 1 Gbit/s link** (`minddp.comm.link`, as in notebooks 03
-# and 05), where fewer bytes become less link time, and we ask on
-# which links PowerSGD's extra messages cost more link time than its saved bytes.
+# and 05), and their messages are priced on other links.
 
 # %%
 # %load_ext minddp.notebook
@@ -110,22 +109,22 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # %%rank 0
 import pandas as pd
 
-reference = trainees["allreduce"]
-moved = (reference.flat_parameters() - start).norm()
+plain_avg = trainees["allreduce"]
+moved = (plain_avg.flat_parameters() - start).norm()
 rows = {}
 for name, t in trainees.items():
     last = t.metered[-1]
     rows[name] = {
         "all_reduce calls": last["calls"],
         "payload KiB": last["bytes"] / 1024,
-        "payload vs allreduce": last["bytes"] / reference.metered[-1]["bytes"],
-        "param distance (relative)": ((t.flat_parameters() - reference.flat_parameters()).norm() / moved).item(),
+        "payload vs allreduce": last["bytes"] / plain_avg.metered[-1]["bytes"],
+        "param distance (relative)": ((t.flat_parameters() - plain_avg.flat_parameters()).norm() / moved).item(),
     }
 table = pd.DataFrame.from_dict(rows, orient="index")  # by rows: the calls stay integers
 far_ = table["param distance (relative)"].drop("allreduce")  # plain averaging's is 0
 lesson.say(
     f"In this run {far_.idxmax()}'s parameters ended the farthest from plain averaging's after the {STEPS} steps: "
-    f"{far_.max():.1%} as far as plain averaging moved from the start (relative param distance {far_.max():.4f}; "
+    f"its distance from them is {far_.max():.1%} of the distance plain averaging moved from the start (relative param distance {far_.max():.4f}; "
     + ", ".join(f"{name}'s {far_[name]:.4f}" for name in far_.sort_values().index if name != far_.idxmax())
     + "). This compares parameters; no loss is compared here, so whether that distance matters for training is "
     "not measured."
@@ -168,8 +167,8 @@ lesson.claim(
 # ## PowerSGD, step by step
 #
 # On a compressing step the hook first adds to the whole bucket what this rank kept on the step before (error
-# feedback, the last point) and keeps a copy of the sum. Then it takes each gradient it compresses as an a × b
-# matrix `M` (a rows, b columns) and, at matrix rank r (in more detail: `minddp/comm/powerSGD_hook.py`):
+# feedback, the last point below; zero on the first compressing step) and keeps a copy of the sum. Then it takes each gradient it compresses as an a × b
+# matrix `M` (not 01's M; a rows, b columns) and, at matrix rank r (in more detail: `minddp/comm/powerSGD_hook.py`):
 #
 # * computes `P = M Q` (a × r), with `Q` (b × r) the one of the step before (a random one the first time),
 #   its columns made orthonormal;
@@ -184,11 +183,11 @@ lesson.claim(
 #
 # Of a compressed matrix only its `P` and `Q` travel: (a + b) · r values instead of a · b. So PowerSGD's calls and payload change when
 # it starts compressing; the cell shows both at every step.
-# A compressing bucket makes two or three all_reduces: one for the tensors it leaves uncompressed
+# A compressing bucket makes up to three all_reduces: one for the tensors it leaves uncompressed
 # (those PowerSGD does not compress: a vector counts as an a × 1 matrix, and a matrix is compressed
 # only when its a · b values exceed `min_compression_rate` times the (a + b) · r values of its factors;
 # minddp's default, as torch's, is 2, so a vector never is), only if it holds any; one for all
-# its P factors; one for all its Q factors.
+# its P factors and one for all its Q factors, only if it compresses any matrix.
 # Its gradient error is not read on its compressing steps: with error feedback, the hook's average is not meant
 # to equal this step's reference average.
 
@@ -218,8 +217,8 @@ lesson.claim(
     f"For the first {start_iter} steps PowerSGD is plain averaging (start_powerSGD_iter={start_iter}): the same "
     f"{plain_calls} calls and {plain_kib:.0f} KiB of payload, and the reference average to within 1e-6 (relative).",
 )
-# a bucket makes 2 or 3 calls (P and Q always; the uncompressed tensors' only if it holds any): 3 × buckets in all
-# means 3 in every bucket
+# a bucket makes at most 3 calls (P and Q only if it compresses a matrix; the uncompressed tensors' only if it
+# holds any): 3 × buckets in all means 3 in every bucket
 lesson.claim(
     (late["powersgd calls"] == 3 * buckets).all(),
     f"Then it makes {int(last['powersgd calls'])} calls a step for its {buckets} buckets, 3 in every bucket, where "
@@ -233,7 +232,7 @@ steps.round(1)
 #
 # The hooks now train over the
 # emulated 1 Gbit/s link: the real all_reduce still runs, and its Future completes no earlier than
-# the link's α-β model says the message arrives, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of
+# the message arrives; the link carries one message at a time, each for its α-β time, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of
 # m bytes on n ranks. The notation is 01's: a *message* is one all_reduce, α the fixed cost of one *hop* (a
 # point-to-point send; an all_reduce around a ring makes 2(n − 1) of them), β the time per byte (1 / B, B the
 # link's bandwidth). Each hook gets a fresh trainee, which skips the error measurement's extra all_reduce; it
@@ -246,8 +245,7 @@ steps.round(1)
 # whose own cost is in that time: not the stage's step time), and its *exposed* time (`metrics.exposed`), the
 # part of the link's transfers (01's L) during which rank 0's training thread stood still waiting, whichever message
 # the link carried, not only the one waited for (its waits while
-# the link carries no message, such as after a modelled transfer has ended, are not in it; this notebook does
-# not print them). Plain
+# the link carries no message, such as after a modelled transfer has ended, are not in it). Plain
 # averaging here is `03_build_up`'s `bucket-async`, measured by the same function in another run: one
 # step's exposed need not agree with the one 03 prints for the same stage on the same link: it is a
 # time measured in one run, on two shared cores. So are the shares of the step the cell prints last: they
@@ -366,9 +364,7 @@ lesson.say(
 # `1gbit`'s α, dotted ones at `nvlink`'s α, which `100gbit-ib` shares (so its markers, too, lie on the dotted
 # lines). A preset whose α is neither line's is priced at its own α, so which hook's messages take less
 # link time at a preset is read from the table, the preset's bandwidth against its own B*, not from where its
-# bandwidth falls on the lines: B*
-# falls as 1/α, so at a preset of large α, such as `wan`, plain averaging's messages can take less link time at a
-# bandwidth where, at presets of smaller α, PowerSGD's do. As B grows the bytes' term shrinks,
+# bandwidth falls on the lines (at `nvlink` the two markers lie on each other). As B grows the bytes' term shrinks,
 # and each line falls towards its messages' fixed cost, c · 2(n − 1) α, PowerSGD's three times plain
 # averaging's; at each α the two lines cross at that α's B*. A hook's two lines lie on each other where the
 # bytes' term is most of its link time and part where the fixed cost starts to count: plain averaging's only on
@@ -434,7 +430,7 @@ lesson.claim(
 )
 lesson.say(
     f"At {LINK.name} the formulas give n* = {n_star:.1f} ranks, and, at n = {n} ranks, m* = {m_star / 1024:.0f} KiB "
-    f"for a bucket that compresses as this step's buckets did together (S′/S = {q:.4f}). On n = {n} ranks, compressing each bucket of this step saves link "
+    f"for a bucket that compresses as this step's buckets did together (S′/S = {q:.4f}). At {LINK.name}, on n = {n} ranks, compressing each bucket of this step saves link "
     f"time if it compresses as they did together: the smallest, {lesson.mib(smallest)}, is {smallest / m_star:.0f} times m*."
 )
 
