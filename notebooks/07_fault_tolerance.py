@@ -91,7 +91,7 @@
 #   once all three slots have asked: slot 1 is back, healed, by step 9 (slots 0 and 2 wait for it there if it is not back
 #   sooner), before the raise of step 11 (so the heal and the raise each show on their own);
 # * `restart_after_steps=1`: the launcher starts a killed slot again only once a step was committed
-#   without it, so the run shows steps committed at world 2;
+#   without it;
 # * `digests=True`: every member records a sha256 of its parameters and optimizer state just before
 #   each attempt's work (its *before* digest: once the attempt's group is built and any heal done),
 #   and again after each discarded attempt (the checks further down).
@@ -139,12 +139,12 @@ for line in run.report():
 #   an order the run does not record; after the raise, slot 2 dropping its group (`drop_group` in
 #   `minddp/ft/rung.py`), which closes its connections;
 # * **discard**: each member that caught an error drops its group, then votes no; the lighthouse
-#   discards the attempt at the first no, or once a member that has not voted is no longer live
-#   (`docs/fault-tolerance.md`, phase 5);
+#   discards the attempt at the first no, any member's (after the raise, maybe slot 2's own), or
+#   once a member that has not voted is no longer live (`docs/fault-tolerance.md`, phase 5);
 # * **exit seen** and **exit recorded** (the kill only): the launcher's pass over its processes
 #   that found slot 1's process ended (when it ended is not timed), and the launcher's record of
-#   that exit for the lighthouse; between the two it sleeps a fixed `EXIT_WAIT_S`
-#   (`minddp/ft/launch.py`) for a result that may be in flight;
+#   that exit for the lighthouse; between the two it sleeps a fixed `EXIT_WAIT_S` (printed below)
+#   for a result that may be in flight, which a killed process never sends;
 # * **next quorum**: the lighthouse answers, with a new tag, once every live slot has asked; slot 1
 #   counts as live until the lighthouse has read the exit's record;
 # * **work started** and **work done**: in the attempt that committed the step, the last member to
@@ -154,11 +154,12 @@ for line in run.report():
 #
 # The raise's process stayed (the first claim), so its table has no exit rows. The last lines cut
 # both recoveries into six spans, so the last column adds up to the difference of the
-# recoveries, and name the span that differs most. The two retries are not the same work: the
-# kill's step was trained again at world 2, the raise's at world 3 (the report's lines).
+# recoveries, and name the span that differs most (the kill's next quorum waits for the exit's
+# record, so for that sleep). Why the other spans differ, the run does not show.
 
 # %%
 from minddp.ft import fault_outcomes
+from minddp.ft.launch import EXIT_WAIT_S
 from minddp.ft.report import peer_error_s, retry_work_s
 
 kill, raised = fault_outcomes(run)
@@ -228,12 +229,14 @@ for (name, k), r in zip(spans(kill).items(), spans(raised).values()):
     print(f"  {name:<36}{k:>6}{r:>6}{k - r:>+14}")
 differences = {name: k - r for (name, k), r in zip(spans(kill).items(), spans(raised).values())}
 most = max(differences, key=lambda name: abs(differences[name]))
-record = ms(kill.exit_s)
+record, seen = ms(kill.exit_s), ms(kill.seen_s)
 print(
     f"the span that differs most: {most}, {differences[most]:+} ms of the {longer:+} ms; the other five together "
     f"{longer - differences[most]:+} ms"
     + (  # the kill's span holds the exit's record, which its next quorum came after (the second claim)
-        f"; the kill's holds slot {kill.fault.slot}'s exit recorded, at {record} ms, and its next quorum came after it"
+        f"; the kill's holds slot {kill.fault.slot}'s exit recorded, at {record} ms, {record - seen} ms after the "
+        f"launcher saw it (it sleeps EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms between), and its next quorum came "
+        "after it"
         if most == "from the discard to the next quorum" and ms(kill.discard_s) <= record <= ms(kill.quorum_s)
         else ""
     )
@@ -405,7 +408,7 @@ lesson.claim(
 # 3 → 2 → 3, on batches of 10 rows, not `ToyTask`'s 12) and compares the parameters with a single
 # process trained on each step's whole batch (both with plain SGD, learning rate 0.05, not
 # `ToyTask`'s AdamW); where they differ, it names the rows no rank trained, or two did, and at
-# which world. It also checks, without starting any process, batches of 1 to 12 rows at worlds 3, 2 and 1, and
+# which world. If that run passes, it checks batches of 1 to 12 rows at worlds 3, 2 and 1, and
 # that no rank takes more than ceil(B / world) of B rows (a step lasts as long as its busiest
 # rank). As it stands `my_shard` raises `NotImplementedError`, and the checker says so.
 
@@ -469,10 +472,7 @@ show_source(solutions.ft_shard)
 # bound (its `stop` row). Halving `hang_s` to 2.5 s predicts a recovery a little over 2.5 s,
 # about half that of 5 s, and makes a live process that goes unscheduled that long (a heavily
 # loaded machine: its heartbeat thread cannot run) likelier to be evicted by mistake, unless it is the last holder of the trained state,
-# which the lighthouse waits for instead: the bound trades recovery time against false alarms. A
-# long step alone does not stop the heartbeat: a member slower than its peers by more than the
-# bound is not evicted for it, but its peers' all_reduce reaches the group's timeout, and the
-# attempt is discarded and tried again.
+# which the lighthouse waits for instead: the bound trades recovery time against false alarms.
 #
 # </details>
 #
@@ -507,7 +507,7 @@ show_source(solutions.ft_shard)
 # rank multiplies its rows' summed loss by world / B, and the all_reduce averages over the world),
 # as if rows 6-9 had a gradient of zero. Only a comparison with a single process on the whole
 # batch shows rows 6-9 untrained. The second cell below runs this split in the checker's run (10-row batches, plain
-# SGD, so no optimizer state: its checks compare the parameters and the count of steps committed, of
+# SGD, so no optimizer state; its checks are of
 # both lanes together, the model answer's and this split's), where all three pass and the comparison
 # with a single process fails.
 #
