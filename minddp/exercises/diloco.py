@@ -62,7 +62,7 @@ import torch
 import torch.distributed as dist
 
 from minddp.exercises import harness, solutions
-from minddp.exercises.checker import ALL_REDUCE_RETURNS_NONE, Verdict, _problem, _raise_hint, _run
+from minddp.exercises.checker import ALL_REDUCE_RETURNS_NONE, Verdict, _problem, _run
 
 ROUNDS, SYNC_EVERY = 3, 3
 #: The schedules checked, two periods each: H = 6 in 3 fragments of 2 steps, each sent 1 step before its turn ends;
@@ -616,8 +616,6 @@ def _checked(fn, on_rank, name: str, shape: str, describe, world_size: int, time
     missing = next((m.split("'")[1] for m in messages if m.startswith("name '") and "is not defined" in m), None)
     if problem and missing in ("torch", "dist", "nn", "functools"):
         problem += IMPORT_HINT.format(name="torch.distributed as dist" if missing == "dist" else missing)
-    if problem and missing in ("world_size", "rank"):  # the %%distributed cells' names: ask dist for them
-        problem += _raise_hint(None, "", f"name '{missing}' is not defined", None, None)
     return reports, (Verdict(False, problem, reports) if problem else None)
 
 
