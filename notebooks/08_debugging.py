@@ -40,7 +40,7 @@
 # 3. **the fix**: the script corrected, in debug mode, which then says nothing. Section 6's first
 #    bug gets a fourth run: torch's DDP with `find_unused_parameters=True`.
 #
-# Steps count from 0, in the loops and in debug mode's lines: "after step 1" is after the second step.
+# Steps count from 0, in debug mode's lines and in the loops over steps: "after step 1" is after the second step.
 #
 # A place is named `<In [N], rank R>:L`: line L (the `%%distributed` line is line 1) of the cell
 # Jupyter shows as `In [N]` (run top to bottom, the N-th code cell), as rank R ran it.
@@ -273,7 +273,7 @@ lesson.say(
 # `int64[8]`. On a
 # mismatch the first differing tensor is compared in full, and every rank stops at the same point.
 # Before each `optimizer.step()` the *step check* gathers another row, `int64[17]` for `Net()`: one integer of
-# notes (among them: a forward bypassed the wrapper; the step's last forward ran inside `no_sync()`: section 2's bugs),
+# notes (among them: a forward bypassed the wrapper; the step's last forward, which decides its backward, ran inside `no_sync()`: section 2's bugs),
 # then four runs of one integer per parameter: whether each has a gradient, each gradient's
 # fingerprint, whether debug mode's hook on its gradient ran, and each local gradient's fingerprint (from before
 # averaging). The fix: change
@@ -332,8 +332,8 @@ minddp_says(lambda: one_step(*build()), "the forward did not go through the wrap
 fixed(one_step, "through the wrapper", through_wrapper=True)
 
 # %% [markdown]
-# The other way to get there: gradient accumulation with every micro-batch inside `no_sync()`,
-# the last one included. `no_sync()` only accumulates; the micro-batch that ends a step must sync.
+# The other way to get there: gradient accumulation with step 0's three micro-batches (what the loop counts)
+# all inside `no_sync()`, the last one included. `no_sync()` only accumulates; the micro-batch that ends a step must sync.
 # The fix: the last micro-batch outside `no_sync()`.
 
 
@@ -466,8 +466,7 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # "Connection closed by peer" (or "reset by peer"); neither says which rank ran out, or when.
 # Debug mode sees a rank in a step on one side and a rank out of its loop on the other. The line
 # names the fixes: the same number of batches on every rank, or training under the wrapper's `join()`,
-# which the cell uses: a rank out of batches takes part in the others' collectives with zero
-# gradients, and at the end every rank takes the model of the last rank to run out. Under
+# which the cell uses. Under
 # `join()` the forward and step checks pause, so the ✓ line does not test them.
 
 
@@ -544,8 +543,8 @@ lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, not
 
 # %% [markdown]
 # `find_unused_parameters=True` does not fix this bug. The next cell runs it under torch's DDP beside
-# `own`, an unwrapped copy of the model: no error; rank 1's `head` gradients are averaged with rank
-# 0's zeros (the ✓ line compares the norms of rank 1's `head.weight` gradient and `own`'s), while rank
+# `own`, an unwrapped copy of the model: no error; rank 1's `head.weight` gradient is averaged with rank
+# 0's zeros, which halves it (the ✓ line compares its norm with `own`'s), while rank
 # 0, whose `head` is frozen, does not step it, so the replicas end apart. All torch says is a warning
 # its C++ code prints on rank 1, that it found no unused parameter: it goes straight to stderr, without
 # the runner's `[rank 1]` heading (torch's own `[rank1]:` prefix names the rank), at the end of the
@@ -629,8 +628,8 @@ lesson.claim(
 # *reducer* is the part of the wrapper that averages the gradients in buckets; debug mode's version
 # sends each bucket through `torch.distributed`, checked), and the *plan check* (each
 # step, the ranks compare their *bucket plan*, which parameters each bucket holds, and their *launch
-# order*, the order the buckets were sent in). So debug mode does more than watch: it adds
-# collectives; time or profile a run that never turns it on. It is built to change no value the training computes: the cell checks that this
+# order*, the order the buckets were sent in). The watch and the plan check add
+# collectives each step: time or profile a run that never turns it on. It is built to change no value the training computes: the cell checks that this
 # model's 5 steps end with bit-identical parameters either way (`tests/test_debug.py` checks it for
 # every bug-free script against torch's DDP), and shows what a wrapper built each way has.
 #
