@@ -488,9 +488,9 @@ lesson.say(
     + "."
 )
 
-whole, fixed_all = link_ms("hook-async"), calls["hook-async"] * fixed
+whole, fixed_all = link_ms("hook-async"), sends_1g["hook-async"] * fixed
 lesson.say(
-    f"Of hook-async's link time ({whole:.1f} ms), its {calls['hook-async']} messages' fixed cost is "
+    f"Of hook-async's link time ({whole:.1f} ms), its {sends_1g['hook-async']} messages' fixed cost is "
     f"{fixed_all:.1f} ms and the bytes' transfer {whole - fixed_all:.1f} ms: buckets save part of the first "
     f"({saved:.1f} ms, {100 * saved / whole:.1f} % of the link time) and leave the second as it was."
 )
