@@ -28,7 +28,7 @@
 # by its one function in `minddp.analysis.metrics`):
 #
 # * **in flight**: the time a communication range was open (what that counts here: below);
-# * **overlap** (HTA's `comm_comp_overlap_pctg`): the share of the time in flight during which a
+# * **overlap** (HTA's `comp_comm_overlap_pctg`): the share of the time in flight during which a
 #   training thread computed (ran an `aten::` operator; which threads count as training threads: below);
 # * **non-compute**: the time in flight during which none computed (ms).
 #
@@ -132,9 +132,9 @@ lesson.say(
 # all of the step's (`simple` checks at each of its k syncs, `ga` to `bucket-async` once, `ddp` and torch's DDP
 # never; `lesson.non_compute_in_checks`), and the rest. The check carries one byte per parameter tensor, so a long check range is
 # the time it was held open (until the other rank joined it, or gloo's thread had a core), not its bytes' time.
-# The *blocking* stages (`simple`, `ga`, `hook`, `bucket`) hand each message to the wire only once the one before
+# The *blocking* stages (`simple`, `ga`, `hook`, `bucket`) send each message only once the one before
 # it is back: `simple` and `ga` after a backward, `hook` and `bucket` inside the step's last backward. The
-# *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`, torch's DDP) hand theirs to the wire during the step's
+# *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send theirs during the step's
 # last backward and need them back only when it ends. In `hook` to `bucket-async`, `ddp` and torch's DDP the step's
 # first k−1 backwards send nothing (`no_sync`): one sync a step, as in `ga`.
 #
@@ -145,8 +145,6 @@ lesson.say(
 #   numbers move from run to run;
 # * why stages that send as many messages (`bucket`, `bucket-async`, `ddp` and torch's DDP: the table after the
 #   timeline counts them) differ in non-compute outside the check;
-#   so no row set against another, `ddp`'s against torch's DDP's included, says that one implementation spends
-#   more than the other: each is one step, and a ratio of two rows is that step's, not the implementation's;
 # * why one stage's check holds more non-compute than another's, nor whether the other rank or a core held it open;
 # * what a blocking stage's thread computed in the time its overlap counts. It waits for each message before it
 #   goes on, so that overlap is not computation beside a message still on its way; one way it can arise is the
@@ -334,12 +332,13 @@ def phase_ms(phase):
 
 
 def spread(ms):
-    """The least and the most of `ms` over the stages, whose, and their ratio."""
-    return f"{ms.min():.0f}–{ms.max():.0f} ms ({ms.idxmin()}'s to {ms.idxmax()}'s, {ms.max() / ms.min():.1f} ×)"
+    """The least and the most of `ms` over the stages (to the ms), whose, and the ratio of those two printed values."""
+    lo, hi = round(ms.min()), round(ms.max())
+    return f"{lo}–{hi} ms ({ms.idxmin()}'s to {ms.idxmax()}'s, {hi / lo:.1f} ×)"
 
 
 lesson.say(
-    "The same model, micro-batches and AdamW update in every stage, `single` included. The optimizer step, the same "
+    "Every stage, `single` included, trains the same model on the same micro-batches with AdamW. The optimizer step, the same "
     f"work in every stage, took {spread(phase_ms('optimizer'))}, in one profiled step each. "
     "Why it took longer in one stage's step than in another's the trace does not show: every row's ranks shared the same "
     "cores, and the trace records when each operator ran, not what held it back."
@@ -382,7 +381,7 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 # * **waited**: the time from the training thread's first `wait()` on a gradient message to the message's
 #   delivery (its modeled transfer and the real all_reduce both done), whether it waited for the link, the
 #   other rank or a core; the thread's own return from `wait()` after the delivery is not counted. The
-#   parameter check (the timeline's hatch) is not a message, and waited does not count it;
+#   parameter check is not a message, and waited does not count it;
 # * **exposed**: the part of those waits during which the link was carrying a transfer (any message's). The
 #   part of the transfers that passes while the thread is in no wait is in neither waited nor exposed, so both
 #   can fall short of the link time, even in a blocking stage. Waited minus exposed (the table's last column) is the part of the waits during which the link carried nothing.
@@ -431,7 +430,7 @@ on_link["waited − exposed (ms)"] = (on_link["waited (ms)"] - on_link["exposed 
 display(on_link)
 
 # %% [markdown]
-# What accumulation, hooks and buckets change by construction: the calls, where messages are handed to
+# What accumulation, hooks and buckets change by construction: the messages' count, where they are handed to
 # the wire, the link time (the first three claims below). The link time is set by the messages' count and bytes;
 # how long a stage waited for them also depends on when it handed them over and when it waited, which the link
 # time does not decide. The waited column gives that, one profiled step per stage, profiled one after another on
@@ -446,33 +445,33 @@ display(on_link)
 # waited is not, if any. Exposed need not fall with the link time: it depends on when the thread waited too.
 
 # %%
-calls = lz["allreduce_calls_per_step"].astype(int)
+sends_1g = sent.groupby("stage").size()  # the messages: minddp.bucket_launch ranges, as in the table above
 k = lesson.SETTINGS.grad_accum
 lesson.claim(
-    calls["simple"] == k * calls["ga"] and abs(link_ms("simple") - k * link_ms("ga")) < 1e-6 * link_ms("ga"),
-    f"Accumulation divides the calls ({calls['simple']} → {calls['ga']}) and the link time "
+    sends_1g["simple"] == k * sends_1g["ga"] and abs(link_ms("simple") - k * link_ms("ga")) < 1e-6 * link_ms("ga"),
+    f"Accumulation divides the messages ({sends_1g['simple']} → {sends_1g['ga']}) and the link time "
     f"({link_ms('simple'):.1f} → {link_ms('ga'):.1f} ms) by k = {k}, the micro-batches of a step, exactly.",
 )
 
 lesson.claim(
-    sent_in_backward("ga") == 0 and sent_in_backward("hook") == calls["hook"],
+    sent_in_backward("ga") == 0 and sent_in_backward("hook") == sends_1g["hook"],
     f"The hooks move every message from after the backward into it (ga: {sent_in_backward('ga')} of "
-    f"{calls['ga']} handed to the wire during a backward; hook: {sent_in_backward('hook')} of {calls['hook']}).",
+    f"{sends_1g['ga']} handed to the wire during a backward; hook: {sent_in_backward('hook')} of {sends_1g['hook']}).",
 )
-fewer = calls["hook-async"] - calls["bucket-async"]
+fewer = sends_1g["hook-async"] - sends_1g["bucket-async"]
 fixed = 2 * (world - 1) * link.latency * 1e3  # one message's fixed cost 2(n−1)·α, in ms
 saved = link_ms("hook-async") - link_ms("bucket-async")
 same = nbytes[sent["stage"] == "bucket-async"].sum() == nbytes[sent["stage"] == "hook-async"].sum()
 lesson.claim(
     fewer > 0 and same and abs(saved - fewer * fixed) < 1e-9 * link_ms("ga"),
-    f"Buckets cut the calls from {calls['hook-async']} to {calls['bucket-async']}, the bytes unchanged, "
+    f"Buckets cut the messages from {sends_1g['hook-async']} to {sends_1g['bucket-async']}, the bytes unchanged, "
     f"and so the link time from {link_ms('hook-async'):.1f} to {link_ms('bucket-async'):.1f} ms: {saved:.1f} ms, "
     f"the fixed cost of the {fewer} messages not sent, {fewer} × 2(n−1)·α = {fewer} × {2 * (world - 1)} × "
     f"{link.latency * 1e6:.0f} µs.",
 )
 stood = waits["waited_us"]  # ms
 slow, quick = stood[[s for s in blocking if s in stood.index]], stood[[s for s in asynchronous if s in stood.index]]
-lesson.say(  # printed, not claimed: one profiled step per stage on a shared machine decides it (a CI run reversed it)
+lesson.say(  # printed, not claimed: one profiled step per stage on a shared machine decides it
     f"In this step each, the link run's asynchronous stages ({', '.join(quick.index)}) "
     + ("each waited less" if quick.max() < slow.min() else "did not all wait less")
     + f" for their messages than every blocking one ({quick.max():.1f} ms at most, {quick.idxmax()}, against "
@@ -489,9 +488,9 @@ lesson.say(
     + "."
 )
 
-whole, fixed_all = link_ms("hook-async"), calls["hook-async"] * fixed
+whole, fixed_all = link_ms("hook-async"), sends_1g["hook-async"] * fixed
 lesson.say(
-    f"Of hook-async's link time ({whole:.1f} ms), its {calls['hook-async']} messages' fixed cost is "
+    f"Of hook-async's link time ({whole:.1f} ms), its {sends_1g['hook-async']} messages' fixed cost is "
     f"{fixed_all:.1f} ms and the bytes' transfer {whole - fixed_all:.1f} ms: buckets save part of the first "
     f"({saved:.1f} ms, {100 * saved / whole:.1f} % of the link time) and leave the second as it was."
 )
