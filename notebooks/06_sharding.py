@@ -24,7 +24,7 @@
 # arXiv 1910.02054, "the ZeRO paper" below), and FSDP, *Fully Sharded Data Parallel*, PyTorch's version
 # of ZeRO's third stage. They keep DDP's computation (every rank runs the whole forward and backward on
 # its own examples) and stop repeating the *state*. On n ranks they cut the *parameter tensors* (the
-# model's tensors; a stage that keeps some whole names them in its section) into n *chunks*, about
+# model's tensors) into n *chunks*, about
 # `1/n` of a tensor each; the chunk assigned to a rank, the one it updates, is its *shard*. Two
 # collectives, defined in the next section, do the work: the *reduce-scatter* (each rank receives one piece of the sum) and the *all-gather* (each rank receives
 # every rank's piece):
@@ -120,7 +120,7 @@ show_source(ring_all_reduce)
 # though FSDP neither reduce-scatters nor gathers them: it all-reduces them, a reduce-scatter and an
 # all-gather of their bytes a step, which the bound's passes cover. These counts are for true
 # reduce-scatters, as minddp's ring sends them (not gloo: the ZeRO-2 section). Passes count bytes, the
-# β term, only; no cell here counts the messages of the α term. No cell here turns bytes into
+# β term, only. No cell here turns bytes into
 # time: a ratio of bytes below is not a ratio of cost. The cell works these counts out for this
 # workload's step on the ring, from its parameter count: arithmetic, not a measurement (the ring
 # section measures what a rank sends):
@@ -135,7 +135,7 @@ accum = lesson.SETTINGS.grad_accum  # micro-batches per step
 fsdp_most = (1 + 2 * accum) * one_pass  # one reduce-scatter, at most two all-gathers per micro-batch
 lesson.say(
     f"Worked out, not measured: m = {lesson.mib(m)}; at n = {world} ranks each pass of the model is "
-    f"{lesson.mib(one_pass)} per rank. "
+    f"{one_pass / 2**20:.2f} MiB per rank. "
     f"Per step of {accum} micro-batches: DDP's all_reduce {lesson.mib(2 * one_pass)}, "
     f"ZeRO-2's reduce-scatter + all-gather {lesson.mib(2 * one_pass)}, ZeRO-1's all_reduce + all-gather "
     f"{lesson.mib(3 * one_pass)}; FSDP's reduce-scatter + all-gathers + all_reduce of its replicated tensors at most "
@@ -457,14 +457,14 @@ show_source(ZeroRedundancyOptimizer.step)
 #    parameter of its own (`self.shard[p]`), a view into the whole one (`__init__`);
 # 2. a full bucket's gradients are packed rank by rank (rank 0's chunk of every gradient in the bucket,
 #    then rank 1's, ...), so that the piece of the reduce-scatter that rank r receives is its chunk of
-#    each, and handed to a reduce-scatter hook instead of the all_reduce; the whole gradients are
+#    each, and handed to a reduce-scatter instead of the all_reduce; the whole gradients are
 #    dropped (`_send_bucket`);
 # 3. the reduce-scatter leaves this rank its piece of the averaged bucket: for each of its shards, that
 #    shard's chunk of the averaged gradient, back to back; each becomes its shard's `.grad` (or is
 #    added to it, if the shard has a `.grad` already: `_write_back`): the optimizer updates the shards only;
 # 4. in the next forward, the updated shards are all-gathered back into the whole parameters,
-#    one all-gather per gradient bucket: `finish_gradient_synchronization` marks them `stale` after a
-#    sync, and `forward` then calls `gather_parameters`, which starts every bucket's all-gather at
+#    one all-gather per gradient bucket: after a sync, `forward`
+#    calls `gather_parameters`, which starts every bucket's all-gather at
 #    once, before the first module runs; each module waits for its own bucket's gather just before it
 #    runs (the forward pre-hooks in `__init__` call `_wait_for`).
 #
@@ -530,12 +530,12 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 # by the collective the message served. zero2's trainee here takes one step
 # before its look (`warmup=1`), as the memory step did for the gloo looks: zero2 all-gathers the updated
 # shards in the forward after an update, so the looked-at step starts with those all-gathers (its first
-# step has none to make). fsdp's reduce-scatter sends a pass of its units' bytes, short of a pass of
-# the model's by its replicated tensors', which it all-reduces. The ✓ line's bytes fsdp sent
+# step has none to make). fsdp's reduce-scatter sends its units' bytes, short of a pass
+# by its replicated tensors', which it all-reduces. The ✓ line's bytes fsdp sent
 # "gathering units" are bytes sent in a step, not the memory table's gathered units, which are bytes
 # held at one moment. Bytes *sent*
 # are not the bytes *given* of the look above: a ring all_reduce sends `2(n − 1)/n` of the bytes it
-# is given, which at these n = 2 ranks is the same number (ddp's 18.9 MiB), and at other n is not:
+# is given, which at these n = 2 ranks is the same number, and at other n is not:
 
 # %%
 # %%distributed
@@ -568,9 +568,9 @@ passes = f_sent["all_gather"] / one_pass  # what a rank sent gathering units, in
 # whole are all-reduced (two passes of their bytes), which the bound's gathers of them more than cover
 lesson.claim(
     total["fsdp"] <= fsdp_most and passes < 2 * accum and f_sent["all_gather"] > total["fsdp"] / 2,
-    f"fsdp sent {lesson.mib(f_sent['reduce_scatter'])} reduce-scattering its units' gradients, "
+    f"fsdp sent {f_sent['reduce_scatter'] / 2**20:.2f} MiB reduce-scattering its units' gradients, "
     f"{f_sent.get('all_reduce', 0) / 1024:.0f} KiB all-reducing the {outside} parameter tensors it leaves whole, "
-    f"and {lesson.mib(f_sent['all_gather'])} gathering units for each micro-batch's forward and backward "
+    f"and {f_sent['all_gather'] / 2**20:.2f} MiB gathering units for each micro-batch's forward and backward "
     f"({f_sent['all_gather'] / total['fsdp']:.0%} of what it sent): {passes:.2f} passes of the model, "
     f"{passes / accum:.2f} a micro-batch, under the bound's 2 (the last unit is not gathered again for the "
     f"backward, and the {outside} tensors outside the units are never gathered). In all {total['fsdp'] / 2**20:.2f} "
@@ -595,7 +595,7 @@ on_wire.round(2)
 # unit's gradients: the ZeRO-2 section), in the others they are accumulated whole under
 # `no_sync()`. The replicated tensors' gradients get an all_reduce each. The figure below marks both
 # kinds alike, as gradient collectives. The first ✓ line below checks the size of the gathered units'
-# peak, two units' worth, not when it fell (no cell measures that). Reading the code, two units are
+# peak, two units' worth, not when it fell (no cell measures that). In `minddp/sharding/fsdp.py`, two units are
 # held at once while a unit's full parameters lie beside the receive buffer of the unit prefetched
 # after it (in the forward's order or the backward's), or beside the unit's own buffer while that is
 # unpacked into them.
@@ -719,16 +719,14 @@ lesson.say(
 #
 # Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's
 # ring (the ring table), at these 2 ranks. The line below prints, for each rung, the model state it
-# spares against ddp's and the bytes it sends for that, then what fsdp spares beyond zero2 and what it
-# sends for it. Bytes are the β side only: no cell here counts messages, the α side.
+# spares against ddp's and its bytes as a multiple of ddp's, then fsdp's against zero2's. Bytes are the β side only.
 #
 # Two limits. The model state is what rank 0 holds at the update, not the most it holds during the
 # step: before the last micro-batch zero2 and fsdp hold whole gradients, as ddp does, and the model
 # state leaves out the activations, fsdp's gathered units and the collectives' buffers.
-# `docs/sharding.md`'s benchmark measures the peak of all of it, in its own run, and finds fsdp's above
-# ddp's (both numbers are on that page, not measured here). And the bytes are the ring's, with true
+# And the bytes are the ring's, with true
 # reduce-scatters: through gloo, as this notebook's other runs send, zero2's reduce-scatters run as
-# all_reduces of whole buckets (the ZeRO-2 section), and no cell here counts the bytes gloo sends.
+# all_reduces of whole buckets (the ZeRO-2 section), so the ✓ line's fewer bytes hold on the ring only.
 
 # %%
 # %%rank 0
@@ -760,9 +758,9 @@ trade.round(1)
 # the padding off and copy the sum into `tensor`. The two collectives are `reduce_scatter_single` and
 # `all_gather_single` from `minddp.runtime.compat` (torch's `dist.reduce_scatter_tensor` and
 # `dist.all_gather_into_tensor`, under torch 2.13's names); both take `(output, input)`. Pass `group`
-# everywhere: to `dist.get_world_size(group)` and to both collectives (to the reduce-scatter by name,
-# `group=group`: its third parameter is `op`); the checker refuses a call without it, which would run
-# over every rank of a larger job.
+# everywhere, not `dist.group.WORLD`: to `dist.get_world_size(group)` and to both collectives (to the reduce-scatter by name,
+# `group=group`: its third parameter is `op`). Without it, or given `dist.group.WORLD`, a call runs
+# over every rank of a larger job; the checker refuses only a call without it.
 #
 # The cell makes `my_all_reduce` the sum of the `bucket-async` stage's buckets (its hook divides each
 # bucket by the world size first, so `my_all_reduce` only sums). `check` trains that stage beside a
