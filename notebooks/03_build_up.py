@@ -53,7 +53,7 @@
 #    paragraph headed *What to look for* says what to see in the picture;
 # 5. **your turn**: write the stage yourself; `check` runs it on real ranks and says what is wrong.
 #
-# Every stage trains the same model on the same batches with the same settings, printed below.
+# Every stage trains the same model on the same batches with the settings printed below.
 
 # %% [markdown]
 # ### The link, and the words used below
@@ -68,8 +68,7 @@
 # how). The training thread's waits are *measured*: a wait can last past the link's modeled time, until
 # the real all_reduce returns, and a collective (the check's all_gather too) returns on a rank only once
 # every rank has joined it, so the ranks drifting apart between syncs can show up as a wait; how much of
-# any wait that is, these runs do not measure. The emulation adds no wait of its own: a stage that
-# computes while a message travels hides it, as on a real interconnect.
+# any wait that is, these runs do not measure.
 #
 # **Notation and measures**, 01's: α, β, n and m; k is the micro-batches of a step. A *message* is one
 # all_reduce handed to the link (a gradient, or a bucket of them); its *fixed cost* is 2(n−1)·α. *Link
@@ -143,8 +142,8 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # The picture is its step: the forward (pale) and backward (blue) of each micro-batch, then the
 # optimizer (green); the black line is the end of the step. The stages below add messages
 # (orange, on the wire; a tick under the row where each was handed to the wire, many ticks merging
-# into a bar), waits (red: the training thread standing still until a message is back; hatched:
-# at the parameters-used check) and
+# into a bar), waits (red: the training thread standing still until a message is back), the
+# parameters-used check (hatched red: not a wait for a message) and
 # `finish_gradient_synchronization()` (a thin purple strip under the forward and backward bars, above the messages;
 # the legend's *finish*: the sync ends there for `simple`, `ga` and the async stages, while `hook` and
 # `bucket` have synced inside backward before it, and `ddp`'s finish does nothing). A legend names the kinds of mark its figure draws, on either row (the faded one's too), except those less than a pixel wide in all.
@@ -239,7 +238,7 @@ lesson.claim(
 # micro-batches before it run straight on into each other. Just before the burst ga runs the
 # parameters-used check, in finish: an all_gather, not gradients on the link (a hatched block, *parameter check*,
 # where it held rank 0 long enough to draw; the side-by-side table below prints how long it held it, *at the
-# check*, which can round to nothing). (The link's time is modeled, so the
+# check*). (The link's time is modeled, so the
 # ratio above is exact. The compute bars are measured on a shared machine and move from step to
 # step: the two rows share an axis to show where the messages go, not which step is shorter.)
 #
@@ -483,8 +482,7 @@ check(solutions.AsyncHookDDP, like="hook-async")
 # %% [markdown]
 # ## `bucket`: fewer, bigger messages
 #
-# Every collective pays a fixed cost before its bytes move (a round trip, waking a thread, a kernel
-# launch): 2(n−1)·α per all_reduce, α for each of its 2(n−1) hops. One all_reduce per parameter pays
+# Every collective pays a fixed cost before its bytes move: 2(n−1)·α per all_reduce, α for each of its 2(n−1) hops. One all_reduce per parameter pays
 # it once per parameter tensor. Buckets
 # pay it once per bucket: at construction the parameters are grouped, in reverse order (backward
 # produces the last layers' gradients first), into buckets of about `bucket_cap_mb` (torch's rule,
@@ -586,8 +584,7 @@ check(solutions.BucketDDP, like="bucket")
 #
 # No new idea: `bucket`'s buckets with `hook-async`'s not-waiting. The stage is `bucket`
 # plus that one idea, in a list made in `__init__` and two methods: keep each bucket's Future,
-# wait for them all in finish. torch's DDP too sends few messages while backward goes on (the last
-# bucket is full only late in backward); it adds more (`ddp` below lists it), among it buckets launched
+# wait for them all in finish. torch's DDP too sends buckets while backward goes on; it adds more (`ddp` below lists it), among it buckets launched
 # strictly in the plan's order, where `bucket-async` sends each as soon as it is full.
 
 # %%
@@ -768,8 +765,8 @@ lesson.look_table(looks).assign(
 # had delivered; so neither column alone ranks `hook` against `bucket`. *At the check* is how long rank 0 stood
 # in the check's all_gather, summed over the step's checks: `simple`, which syncs after every micro-batch,
 # checks after each of its k backwards, every other stage once a step. From `hook` to `bucket-async` that time
-# is inside the last backward, and so part of its column. The all_gather moves one byte per parameter tensor;
-# what held the thread there, these runs do not measure, and the column does not rank the stages' checks. `ga` divides the traffic by the number of
+# is inside the last backward, and so part of its column. The all_gather moves one byte per parameter tensor
+# and returns only once both ranks have joined it; what held the thread there, these runs do not measure, and the column does not rank the stages' checks. `ga` divides the traffic by the number of
 # micro-batches; the hook stages move the messages into the backward; the async stages stop waiting
 # for them there; the buckets divide the number of messages. Whether that last idea pays is the next
 # section's question.
@@ -910,7 +907,7 @@ table.infer_objects().round(1)
 # is not the 25 MiB cap's), and the
 # step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap: the bare network is timed
 # on these ranks (`probe`: when each gradient is ready in backward), its times are scaled to the
-# median of these five runs' backwards (less the check's wait inside each), and each plan is replayed
+# median of these five runs' backwards (less the check inside each), and each plan is replayed
 # on the link. The model gives each plan's *link after backward*: the link's time still to run when
 # the modeled backward ends. It is not the measured *exposed*, which counts only the link's time while the
 # thread stands in its waits in finish, in a step with a backward of its own: the figure writes each measured
@@ -1206,8 +1203,8 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # soon as the call that sends it returns (`simple`, `ga`, `hook`, `bucket`) all leave some of the link's time
 # unwaited: from the hand-over, inside that call, to the wait (the side-by-side's line on them prints it). That time
 # counts in the overlap only where it falls inside a forward, a backward or the
-# optimizer: `hook`'s and `bucket`'s sends and waits run in their grad hooks, inside backward, and
-# count; `simple`'s and `ga`'s run in finish, after backward, and do not. So their overlap says where
+# optimizer: `hook`'s and `bucket`'s sends run in their grad hooks, inside backward, and the time up to
+# each wait counts; `simple`'s and `ga`'s run in finish, after backward, and do not. So their overlap says where
 # their sends and waits run, not that backward's arithmetic went on while a message travelled (in these
 # four it never does).
 
@@ -1231,7 +1228,7 @@ if rank == 0:
         {sized_label("4 × T4"): t4, sized_label("1024 ranks"): far},
         title=f"The ladder on {world_size} ranks: small-llama on a link sized with the ratios of the blog's 4 × T4 "
         "run,\ndeep-llama on one sized with those of its model at 1024 ranks (not run by the blog);\neach rung met "
-        "them at its own backward, less the check (ms, under its exposed time), not at the one the link was sized from",
+        "them at its own backward, less the check (ms, under its exposed time; hook's and bucket's hold their waits too)",
     )
 for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
     lesson.say(
@@ -1356,11 +1353,11 @@ lesson.say(  # the backwards beside the three verdicts above, in one place
 )
 
 # %% [markdown]
-# **The bucket lesson in words.** On this notebook's 1 Gbit/s link between 2 ranks, one message's
-# fixed cost (0.1 ms) is small against its bytes: buckets of 4 MiB save 6.1 ms of the link's 165 ms,
+# **The bucket lesson in words.** On this notebook's 1 Gbit/s link between 2 ranks, buckets of 4 MiB
+# save 6.1 ms of the link's 165 ms (the link does not model the thread's work to hand a message over),
 # and their last bucket, full only late in backward, takes 23.4 ms on the link from when it is handed
 # over (the bucket lesson's first cell prints how long after backward's end bucket-async's link was
-# done; torch's default, whose last bucket holds 17.5 MiB: 147 ms). A smaller cap shortens that tail
+# done, and which end set it; torch's default, whose last bucket holds 17.5 MiB: 147 ms). A smaller cap shortens that tail
 # and sends the first message earlier, for more fixed costs (the sweep's table). Where one message's
 # fixed cost is large, buckets pay it once per bucket instead of once per gradient tensor: on the link
 # sized with the ratios of 1024 ranks, 26 times a step instead of 291 (each rung met those ratios only
