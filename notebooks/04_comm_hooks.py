@@ -36,7 +36,7 @@
 # the stage and registers the hook on it with `register_comm_hook(state, hook)`, and the
 # stage calls the hook with each bucket; `lesson.race` steps every trainee once a round, in turn. The bucket size
 # printed below is a threshold, torch's `bucket_cap_mb`, not a maximum: a bucket closes at the first
-# gradient that brings it to that size or past it, so a bucket can hold more, and the last one holds what is left.
+# gradient that brings it to that size or past it, so a bucket can hold more.
 # For each hook we read:
 #
 # * the all_reduce calls a step and their *payload*, counted by the hook's traffic meter (a trainee's
@@ -51,7 +51,7 @@
 #   averaging moved them.
 #
 # Then the hooks send over an **emulated 1 Gbit/s link** (`minddp.comm.link`, as in notebooks 03
-# and 05), and their messages are priced on other links.
+# and 05), and their all_reduces are priced on other links.
 
 # %%
 # %load_ext minddp.notebook
@@ -232,12 +232,12 @@ steps.round(1)
 #
 # The hooks now train over the
 # emulated 1 Gbit/s link: the real all_reduce still runs, and its Future completes no earlier than
-# the message arrives; the link carries one message at a time, each for its α-β time, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of
-# m bytes on n ranks. The notation is 01's: a *message* is one all_reduce, α the fixed cost of one *hop* (a
+# the message arrives. The notation is 01's: a *message* is one all_reduce, α the fixed cost of one *hop* (a
 # point-to-point send; an all_reduce around a ring makes 2(n − 1) of them), β the time per byte (1 / B, B the
-# link's bandwidth). Each hook gets a fresh trainee, which skips the error measurement's extra all_reduce; it
-# takes one warm-up step first (PowerSGD as many as it needs to start compressing), then one profiled
-# step. bf16 is left out: its messages are fp16's, 2 bytes a value, so its link time is fp16's. For each
+# link's bandwidth). The link carries one message at a time, each for its α-β time, `2(n − 1) α + 2(n − 1)/n · m β`
+# for an all_reduce of m bytes on n ranks. Each hook gets a fresh trainee, which skips the error measurement's
+# extra all_reduce; it takes one warm-up step first (PowerSGD as many as it needs to start compressing), then one
+# profiled step, *this step* from here on (each hook's own). bf16 is left out: its messages are fp16's, 2 bytes a value, so its link time is fp16's. For each
 # hook the cell reads its *link ms* (*link time*, `minddp.analysis.metrics.link_time`, 01's vocabulary):
 # the modelled time of the step's messages on the link, from their sizes alone (the same on any machine).
 # One profiled step per hook cannot rank the hooks by speed, so the step itself is read for plain
@@ -269,7 +269,7 @@ linked = {
     if name != "bf16"  # the same messages as fp16
 }
 on_link = {name: t.look() for name, t in linked.items()}
-sent = {name: [(m["kind"], m["bytes"]) for m in t.link.log] for name, t in linked.items()}  # the step's messages
+sent = {name: [(m["kind"], m["bytes"]) for m in t.link.log] for name, t in linked.items()}  # as carried, in order
 lesson.say(f"The emulated link: {LINK.describe()}.")
 lesson.say(lesson.machine())
 
@@ -302,7 +302,7 @@ lesson.claim(
     f"{fixed['fp16']:.1f}) / 2 + {fixed['fp16']:.1f}, where {fixed['fp16']:.1f} ms is the fixed cost of the "
     f"{int(fp16['all_reduce calls'])} messages each of these two hooks makes ({per_message:.2f} ms a message).",
 )
-last_bucket = LINK.seconds(*sent["allreduce"][-1], n) * 1e3
+last_bucket = LINK.seconds(*sent["allreduce"][-1], n) * 1e3  # the last message the link carried in the step
 lesson.claim(
     psgd["link ms (modelled)"] < last_bucket and psgd["all_reduce calls"] == 3 * plain["all_reduce calls"],
     f"PowerSGD's {int(psgd['all_reduce calls'])} messages take {psgd['link ms (modelled)']:.1f} ms of link time: "
@@ -366,7 +366,7 @@ lesson.say(
 # link time at a preset is read from the table, the preset's bandwidth against its own B*, not from where its
 # bandwidth falls on the lines (at `nvlink` the two markers lie on each other). As B grows the bytes' term shrinks,
 # and each line falls towards its messages' fixed cost, c · 2(n − 1) α, PowerSGD's three times plain
-# averaging's; at each α the two lines cross at that α's B*. A hook's two lines lie on each other where the
+# averaging's; at each α the two hooks' lines cross at that α's B*. A hook's solid and dotted lines meet where the
 # bytes' term is most of its link time and part where the fixed cost starts to count: plain averaging's only on
 # the right, PowerSGD's, with far fewer bytes, already at far lower bandwidths.
 
@@ -498,8 +498,7 @@ wins.round(3)
 # ## Your turn: an fp16 hook
 #
 # Write an fp16 hook yourself, `my_fp16_hook` in the cell below (torch's is `fp16_compress_hook`): cast the bucket's flat gradient to `float16`, divide it by
-# the world size (before the sum, so that a sum of gradients each within float16's range cannot
-# overflow), start the all_reduce with `async_op=True`, and hand back a Future whose value is the average as one `float32` tensor of the
+# the world size before the sum, start the all_reduce with `async_op=True`, and hand back a Future whose value is the average as one `float32` tensor of the
 # bucket's size. `check_hook` first calls your hook on a bucket of known gradients (is it a
 # Future? of one tensor? of the right size and dtype? the average, not the sum? how far off, against
 # the bound on float16 rounding derived above, `minddp.comm.measure.rounding_bound`? how many bytes?
@@ -511,10 +510,10 @@ wins.round(3)
 # a hook that casts and divides in another order than torch's may differ more and still pass. A hook that passes on 2 ranks is checked once
 # more on 3, where a world size written as a number (`/ 2`) no longer gives the average. The error and
 # the bound it prints are for that test bucket's values, not for the workload's gradients: they are
-# not fp16's error and bound printed above for this step.
+# not fp16's error and bound printed above.
 #
 # Your hook runs on the checker's ranks with this kernel's names, not those of the `%%distributed` cells:
-# `world_size` and `rank` are not defined there. Ask `dist.get_world_size(process_group)`.
+# `world_size`, `rank` and `n` are not defined there. Ask `dist.get_world_size(process_group)`.
 
 # %%
 import torch
