@@ -30,18 +30,18 @@
 #    answers who trains it, the attempt's **members**;
 # 2. a new **group** (as in notebooks 01-04: the processes a collective runs among) at the run's
 #    first quorum, and whenever the members changed (its size their new number) or the last attempt
-#    at a step was discarded (a group that saw a failure may be broken: the same members build a new
+#    at a step was discarded (phase 5; a group that saw a failure may be broken: the same members build a new
 #    one);
 # 3. a process that comes back is **healed**: it receives the trained state from a peer, over the
-#    group, no file (the parameters, the optimizer's state, and the count of steps committed);
+#    group, no file (the parameters, the optimizer's state, and the count of steps committed, phase 5);
 # 4. **the work**: the members split the step's whole global batch among themselves, so a lost
 #    process's examples are trained by the others (the run below does not show this; the checker's
 #    verdict on the exercise's model answer, in the last code cell, does);
-# 5. **should_commit**: each attempt counts on every member or on none. An attempt that saw a
-#    failure is **discarded**, and its step tried again.
+# 5. **should_commit**: each member votes yes or no, and the attempt is **committed** on
+#    every member or on none. An attempt that saw a failure is **discarded**, and its step tried again.
 #
 # Phases 4 and 5 work differently from torchft's. torchft trains in **replica
-# groups**: each holds one copy of the model and may be several processes (e.g. sharding it); the
+# groups**: each holds one copy of the model and may be several processes; the
 # copies are kept equal across groups. Here each replica group is one process. torchft's
 # `DistributedSampler` gives each replica group a fixed share of the data, so the examples of a
 # group that is down are never used ("This sampler is inherently lossy when used with torchft", says
@@ -122,7 +122,7 @@ for line in run.report():
     print(line)
 
 # %% [markdown]
-# Where each recovery went. The idea: a kill is noticed through the connections that end with its
+# How each fault is noticed: a kill through the connections that end with its
 # process, plus the launcher's report of its exit; a raise through the raising process dropping its
 # group, which closes its connections; neither waits for the hang bound.
 #
@@ -130,8 +130,7 @@ for line in run.report():
 # recorded, in milliseconds after the time the faulting process stamped just before it killed
 # itself or raised (`FaultPlan.fire` in `minddp/ft/faults.py`), not the moment its process was
 # gone. Its `✓` lines are **claims**: `lesson.claim` checks each on the run shown, and the cell
-# fails if one does not hold; the other lines are measurements printed from the run, which no
-# claim checks.
+# fails if one does not hold; the other lines are measurements, which no claim checks.
 #
 # * **a peer's error**: the first error caught by a member other than the fault's slot: its
 #   all_reduce failed (gloo's sentences are printed further down). What comes before it is not
@@ -148,14 +147,15 @@ for line in run.report():
 # * **next quorum**: the lighthouse answers, with a new tag, once every live slot has asked; slot 1
 #   counts as live until the lighthouse has read the exit's record;
 # * **work started** and **work done**: in the attempt that committed the step, the last member to
-#   start and the last to finish its work (forward, backward, all_reduce). Before the start each
+#   start and the last to finish its work (forward, `ToyTask`'s pause standing in for compute, backward,
+#   all_reduce). Before the start each
 #   member builds the new group (after the kill, of 2) and takes its digest; after the end it votes;
 # * **commit**: the lighthouse commits once every member has voted yes.
 #
 # The raise's process stayed (the first claim), so its table has no exit rows. The last lines cut
-# both recoveries into six spans, so the last column adds up to the difference of the
-# recoveries, and name the span that differs most (the kill's next quorum waits for the exit's
-# record, so for that sleep). Why the other spans differ, the run does not show.
+# both recoveries into six spans, each from the end of the one above, and name the span
+# that differs most (the kill's next quorum waits for the exit's record, so for what of that sleep
+# is left after the discard). Why the other spans differ, the run does not show.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -299,8 +299,7 @@ print(run.timeline())
 #
 # * in step 4 slot 1 died: its connections ended with it, and the survivors' all_reduce
 #   failed (printed below: of each gloo error, minddp's label `its all_reduce failed`, then gloo's
-#   own sentence that names the failure, without its source file, the peer's address and its guess
-#   at the cause); they voted no, and the attempt was **discarded** on both (`x`). The next quorum
+#   own sentence that names the failure); they voted no, and the attempt was **discarded** on both (`x`). The next quorum
 #   had two members, slots 0 and 2 (ranks 0 and 1 of a new group of 2: their order among the
 #   members), and step 4 was trained again and committed at world 2;
 # * the launcher started slot 1 again: a new process, freshly initialised, with no step committed.
@@ -408,7 +407,7 @@ lesson.claim(
 # 3 → 2 → 3, on batches of 10 rows, not `ToyTask`'s 12) and compares the parameters with a single
 # process trained on each step's whole batch (both with plain SGD, learning rate 0.05, not
 # `ToyTask`'s AdamW); where they differ, it names the rows no rank trained, or two did, and at
-# which world. If that run passes, it checks batches of 1 to 12 rows at worlds 3, 2 and 1, and
+# which world. It also checks batches of 1 to 12 rows at worlds 3, 2 and 1, and
 # that no rank takes more than ceil(B / world) of B rows (a step lasts as long as its busiest
 # rank). As it stands `my_shard` raises `NotImplementedError`, and the checker says so.
 
@@ -466,9 +465,11 @@ show_source(solutions.ft_shard)
 # is gone once it has recorded its exit (the kill's claim above). A frozen process (`SIGSTOP`)
 # keeps its sockets open and says nothing: its peers wait in their all_reduce until the group's
 # timeout (`hang_s`: the rung builds each group with it), and the lighthouse evicts the slot only
-# once the slot has been silent (no heartbeat, request or vote changed) for `hang_s`. Prediction:
-# a little over `hang_s` (5 s in the run above; this notebook does not run the frozen case), then the next quorum and step 4 trained
-# again, as after the kill. The benchmark in `docs/fault-tolerance.md` measured it with a 2 s
+# once the slot has been silent (no heartbeat, request or vote changed) for `hang_s`. Both waits
+# start at about the freeze (the peers are in their all_reduce, the last heartbeat at most `BEAT_S`
+# before), so they run together; once evicted, the slot is no longer live, so the next quorum
+# need not wait for its restart. Prediction: a little over `hang_s` (5 s in the run above; this notebook does not run the
+# frozen case), then the next quorum and step 4 trained again, as after the kill. The benchmark in `docs/fault-tolerance.md` measured it with a 2 s
 # bound (its `stop` row). Halving `hang_s` to 2.5 s predicts a recovery a little over 2.5 s,
 # about half that of 5 s, and makes a live process that goes unscheduled that long (a heavily
 # loaded machine: its heartbeat thread cannot run) likelier to be evicted by mistake, unless it is the last holder of the trained state,
@@ -486,8 +487,7 @@ show_source(solutions.ft_shard)
 # again once step 5 is committed without it, and `full_world_at=(9,)` holds step 9's quorum until
 # all three slots have asked, so the world is back to 3 by step 9 at the latest. Killing all three in the same step leaves
 # no holder: in this design, as in torchft's, the trained state lives only in the training processes, so
-# nothing is left to heal from. A design that keeps a copy elsewhere (a checkpoint on disk, or a
-# replica of the state outside the training processes) could bring it back. The processes started
+# nothing is left to heal from. The processes started
 # again would hold a fresh initialisation, so minddp stops the run with one line rather than train
 # the committed steps again (its line gives each exit's code: -9 is a process ended by signal 9,
 # SIGKILL, the injected kill). The first cell below runs it with the main run's settings but 6 steps,
@@ -507,8 +507,7 @@ show_source(solutions.ft_shard)
 # rank multiplies its rows' summed loss by world / B, and the all_reduce averages over the world),
 # as if rows 6-9 had a gradient of zero. Only a comparison with a single process on the whole
 # batch shows rows 6-9 untrained. The second cell below runs this split in the checker's run (10-row batches, plain
-# SGD, so no optimizer state; its checks are of
-# both lanes together, the model answer's and this split's), where all three pass and the comparison
+# SGD, so no optimizer state), where all three pass and the comparison
 # with a single process fails.
 #
 # </details>
