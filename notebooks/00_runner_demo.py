@@ -77,11 +77,11 @@ plt.show()
 
 # %% [markdown]
 # When one rank fails, the cell fails. Here rank 1 raises before the `all_reduce`. Rank 0 waits in it
-# until the runner, a grace (`grace_s`) after rank 1's failure, has rank 1 destroy its
+# until the runner, after rank 1's failure, has rank 1 destroy its
 # process group, which makes rank 0's `all_reduce` raise. Below the cell: rank 0's note `(released
 # because rank 1 failed)`, then the error: in Jupyter, a traceback block per rank whose cell raised; as
 # plain text, a heading that lists the other ranks whose cell raised as "failed too", then rank 1's
-# traceback. Rank 0's block blames a crash (gloo sees only the connection close), but rank 1's
+# traceback. In Jupyter, rank 0's block blames a crash, but rank 1's
 # process did not end (the next cell checks the pids).
 #
 # A traceback names the cell `<In [N], rank R>`: Jupyter's `In [N]`, as rank R ran it, its lines

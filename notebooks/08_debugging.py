@@ -34,7 +34,7 @@
 #    finding (a line that differs in more than where it names its own rank is
 #    printed too), and checks that every rank raised it. The line names the cause, the tensor or
 #    call, the rank(s), the step, and the fix; a fix names the wrapper `model`, as torch's examples do
-#    (`model = DDP(model)`): in this notebook the wrapper is `ddp`, and `model` the module it wraps. For eight bugs the line is an error that stops every
+#    (`model = DDP(model)`; before wrapping, `model` is the module): in this notebook the wrapper is `ddp`, and `model` the module it wraps. For eight bugs the line is an error that stops every
 #    rank at the first check that sees the bug; for section 3's (every rank reading the same data)
 #    it is a warning, said once, and training goes on;
 # 3. **the fix**: the script corrected, in debug mode, which then says nothing. Section 6's first
@@ -273,8 +273,8 @@ lesson.say(
 # `int64[8]`. On a
 # mismatch the first differing tensor is compared in full, and every rank stops at the same point.
 # Before each `optimizer.step()` the *step check* gathers another row, `int64[17]` for `Net()`: one integer of
-# notes (among them: a forward bypassed the wrapper; the step's last forward, which decides its backward, ran inside `no_sync()`: section 2's bugs),
-# then four runs of one integer per parameter: whether each has a gradient, each gradient's
+# notes (among them: a forward bypassed the wrapper; the step's last backward ran inside `no_sync()`: section 2's bugs),
+# then, for each of four things, one integer per parameter: whether each has a gradient, each gradient's
 # fingerprint, whether debug mode's hook on its gradient ran, and each local gradient's fingerprint (from before
 # averaging). The fix: change
 # parameters the same way on every rank (here: not at all).
@@ -309,10 +309,10 @@ fixed(drifting_loop, "without the edit", edit=False)
 # itself (`ddp.module(x)`, or a submodule of it) and backward leaves each rank its own gradient; the
 # optimizer then steps each replica its own way. minddp checks, before each `optimizer.step()` over
 # the wrapped parameters, that the gradients are equal on every rank, and says why they are not. The
-# fix: call the wrapper.
+# fix: call the wrapper (the line's `model(x)` is this notebook's `ddp(x)`).
 #
 # Each of this section's two cells prints two gaps, and they measure different things: the ✓ line
-# under torch's run (the notebook's own measure, since torch says nothing) says how far the replicas'
+# under torch's run says how far the replicas'
 # *parameters* ended apart after the step; debug mode's line says how far one tensor's *gradients* are
 # apart at `optimizer.step()`, which it stops before any parameter moves. They need not be about the
 # same tensor either: the ✓ line names the parameter with the largest gap, debug mode's line the first
@@ -333,7 +333,7 @@ fixed(one_step, "through the wrapper", through_wrapper=True)
 
 # %% [markdown]
 # The other way to get there: gradient accumulation with step 0's three micro-batches (what the loop counts)
-# all inside `no_sync()`, the last one included. `no_sync()` only accumulates; the micro-batch that ends a step must sync.
+# all inside `no_sync()`, the last one included. `no_sync()` only accumulates; a step's last backward must run outside it.
 # The fix: the last micro-batch outside `no_sync()`.
 
 
@@ -393,17 +393,17 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 #
 # A script's own collectives must match across ranks too: the same op, shape and dtype, in the same
 # order. Here rank 0 logs two metrics and rank 1 one. Under torch, gloo pairs an all_reduce of 2
-# values with one of 1 and both ranks wait, until the group's timeout ends a wait. In debug mode every
+# values with one of 1 and both ranks wait, until the group's timeout ends a wait (in a real job torch's default; here the short one: the set-up cell prints both). In debug mode every
 # `torch.distributed` collective is compared across ranks on a side channel (the store of the
 # *default group*, the process group the ranks started with, which a collective given no group uses: a key-value table every rank reaches) before it is sent (the *collective check*), so both
 # ranks stop before the mismatched all_reduce is sent, naming each rank's call and the line it came
 # from. The fix: the same metrics on every rank.
 #
 # The line numbers the call: *collective #K* is the default group's sequence number, counting from 0
-# every collective on the default group that debug mode has checked (the notebook's own and the earlier
+# every collective on the default group that debug mode has checked (the wrappers' own, the notebook's and the earlier
 # sections' included), so the two ranks' K-th calls are the ones compared. The torch runs' calls are
-# on groups of their own, made with debug mode paused, and are not counted. Read K as a label: the
-# notebook does not list the calls it counts.
+# on groups of their own, made with debug mode paused, and are not counted. The notebook does not
+# list the calls it counts.
 # A call is said as op(shapes): for an all_gather, the output list and then the input, so
 # `all_gather(2 × int64[17], int64[17])` gathers a row of 17 from each of the 2 ranks. Then the step:
 # `(step 0)` for a call made in a wrapper's step (from its forward to its `optimizer.step()`), and
@@ -466,7 +466,7 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # "Connection closed by peer" (or "reset by peer"); neither says which rank ran out, or when.
 # Debug mode sees a rank in a step on one side and a rank out of its loop on the other. The line
 # names the fixes: the same number of batches on every rank, or training under the wrapper's `join()`,
-# which the cell uses. Under
+# which the cell uses (what it does: `docs/ddp.md`). Under
 # `join()` the forward and step checks pause, so the ✓ line does not test them.
 
 
@@ -507,8 +507,7 @@ lesson.claim(
 # send. Under torch's DDP, rank 1, which
 # has every gradient, sends and waits; rank 0 fails at its next forward, saying its module has
 # parameters not used in producing loss, and their indices (counted from 0 in the model's order: 2
-# and 3 are `head.weight` and `head.bias`), and destroys its groups, so rank 1 fails too ("Connection
-# closed by peer", or reset). Debug mode compares `requires_grad` across ranks before each forward
+# and 3 are `head.weight` and `head.bias`), and destroys its groups, so rank 1 fails too. Debug mode compares `requires_grad` across ranks before each forward
 # (the forward check). The fix: freeze the layer on every rank, before wrapping.
 
 
@@ -624,14 +623,13 @@ lesson.claim(
 # (`tests/test_debug.py` checks that in processes started without `MINDDP_DEBUG`). This notebook's runs
 # without it have it *paused*. A
 # wrapper built while it is on has three things one built while it is paused lacks: a *watch* (the
-# object that runs the forward check and the step check for that wrapper), the `DebugReducer` (the
+# object that runs the wrapper's forward and step checks), the `DebugReducer` (the
 # *reducer* is the part of the wrapper that averages the gradients in buckets; debug mode's version
 # sends each bucket through `torch.distributed`, checked), and the *plan check* (each
 # step, the ranks compare their *bucket plan*, which parameters each bucket holds, and their *launch
-# order*, the order the buckets were sent in). The watch and the plan check add
-# collectives each step: time or profile a run that never turns it on. It is built to change no value the training computes: the cell checks that this
-# model's 5 steps end with bit-identical parameters either way (`tests/test_debug.py` checks it for
-# every bug-free script against torch's DDP), and shows what a wrapper built each way has.
+# order*, the order the buckets were sent in). Debug mode adds work each step, untimed
+# here: time or profile a run that never turns it on. It is built to change no value the training computes: the cell checks that this
+# model's 5 steps end with bit-identical parameters either way, and shows what a wrapper built each way has.
 #
 # `docs/debugging.md` has what each check does, what torch's DDP does on each bug as a script under
 # torchrun (recorded), and what debug mode does not see.
