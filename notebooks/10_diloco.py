@@ -177,7 +177,8 @@ lesson.claim(
 # %% [markdown]
 # That is one seed on 2 replicas. The bench asks the same over more seeds and steps: does DiLoCo end
 # below local SGD at any H, and how does each run end against one replica alone and DDP? The claims
-# after the figure answer it; the figure and the lines under it give the losses.
+# after the figure answer it. The figure sets loss against bytes sent: DDP's first score (step 50)
+# comes after more bytes than the H = 100 runs send in all.
 #
 # The bench runs every rung on 4 replicas, 2000 steps, 5 seeds; its results are committed (`docs/diloco/convergence.json`), and the figure and
 # the numbers below are read from that file, not run here. Its runs: `ddp` (the global batch every
@@ -197,9 +198,8 @@ lesson.claim(
 # payload bytes each replica handed to the all_reduce; `single`, which sends nothing, is the grey line
 # at its final loss. A score is taken every 50 steps and each line is straight between two scores; the
 # y axis stops at 2.6 nats, so the early scores are off it. Under the figure: each run's final loss
-# with its range over the seeds, and the scores at which DiLoCo's mean at H = 10 is below local SGD's.
-# The next cell reads the file; the one after draws the figure and prints those lines (its code
-# collapsed: click to show it).
+# with its range over the seeds, and the scores at which DiLoCo's mean at H = 10 is below local SGD's
+# (the figure's code collapsed: click to show it).
 
 # %%
 import json
@@ -399,7 +399,7 @@ lesson.say(
 # `params`. Average the pseudo-gradient over the replicas, put the synced weights back, let `outer`
 # step, and keep the result as the new synced weights. `check_outer_sync` trains a small network on 2
 # real ranks with your sync and, once it passes there, again on 3 (a world size hard-coded as 2 passes
-# on 2 ranks and fails on 3); each usual mistake, made alone, gets a verdict that names it. As it
+# on 2 ranks and fails on 3); each mistake it knows, made alone, gets a verdict that names it. As it
 # stands the cell raises `NotImplementedError`, and the checker says so.
 
 # %%
@@ -463,8 +463,8 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 #
 # Each inner step is its forward (pale), backward (blue) and optimizer step (green), whose post-hook
 # hands a fragment's pseudo-gradient to the link (the tall tick, "handed to the link") or waits for
-# it and applies it (the triangle). The orange bars are the messages' modeled transfers on the link,
-# each from its tick. Red is the wait: from the post-hook's `wait()` until the message is delivered
+# it and applies it (the triangle). The orange bars, light and dark in turn (only to tell
+# neighbours apart), are the messages' modeled transfers on the link, each from its tick. Red is the wait: from the post-hook's `wait()` until the message is delivered
 # (its modeled transfer over and the real all_reduce done). White in the row is time in none of the
 # three (the training thread's own work between them, or time it did not run on this shared
 # machine's cores): not a wait for the link, but part of the time a message has to travel.
@@ -789,7 +789,7 @@ lesson.claim(
 #   weights as they are. On this small task (the bench: 4 replicas, 2000
 #   steps, 5 seeds), with that outer optimizer, DiLoCo's mean (not streamed) ended above local SGD's
 #   at every H. At H = 10 its mean is below local SGD's only at the early scores the claim under the
-#   figure names (above the figure's cut), it is behind in every seed at step 300, and it ends within
+#   figure names, it is behind in every seed at step 300, and it ends within
 #   local SGD's range over the seeds (in how many seeds it ends below is printed in the lines on each
 #   H's excess). At H = 50 and 100 it ends behind in every seed. At H = 100 it ends worse than one replica alone, which sends
 #   nothing, where local SGD ends below one replica alone at every H (100 included), in every seed.
@@ -797,7 +797,7 @@ lesson.claim(
 #   ends above local SGD in every seed (the sweep's claim). Early in the runs the mean of each DiLoCo
 #   run (lr 1 and the default) rises after at least one of its first 3 syncs, where local SGD's falls
 #   after each (a claim under the line that gives these means); what makes them rise was not separated.
-#   No outer lr tried (0.3 to 1) ends below local SGD; their final losses are printed under the figure.
+#   No outer lr tried (0.3 to 1) ends below local SGD.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so the
 #   message can travel during those τ steps; where its time on the link is longer than they last, the
@@ -808,11 +808,11 @@ lesson.claim(
 #   the fragments or α helps was not separated).
 # * The step-time model *predicts* (for a 360 M-parameter model; not measured here) what the claims
 #   under its table check: on `wan` DDP computes less than 5 % of the time and streaming DiLoCo
-#   (4 fragments, τ = 10) all of it (its row of the table; on `wan` a fragment's time on the link fits
-#   in its τ steps); streaming computes all of the time only where a fragment's time on the link fits
+#   (4 fragments, τ = 10) all of it; streaming computes all of the time only where a fragment's time on the link fits
 #   in its τ steps, and on the three slower links it does not (each rung's share on each link is in the
-#   table). It sends the same bytes a period as plain DiLoCo, so where those take longer on
-#   the link than the period computes (`100mbit`, `home`), it computes less than one percentage point
+#   table). A fragment's message travels during its τ steps' compute only, so a period's link time
+#   overlaps at most K·τ = 40 of its 100 steps; on `100mbit` and `home`, whose period's bytes take
+#   longer on the link than the period computes, streaming computes less than one percentage point
 #   more of the time than plain DiLoCo (a claim under the table). The step-time model counts only
 #   compute and the link, and utilisation is time, not progress. `docs/benchmarks.md` (*Slow links*)
 #   sets measured runs beside the step-time model's predictions, at other settings (an 80 k-parameter
