@@ -26,10 +26,10 @@
 #
 # Words, kept apart. A bucket is *handed over* when the reducer calls `all_reduce` on it, once its last
 # gradient is there and every earlier bucket has been handed over (the tick in the figure); it goes to
-# *gloo*, the backend of the process group that carries the ranks' messages on CPU. A bucket's *message* is
-# its `all_reduce`. It is *in flight* while gloo runs it, as the profiler records it (the orange bar), not
-# from the tick. On CPU ranks that time can also hold waits for the other rank or for a free core: a bar's
-# length is not the time the bytes took to travel.
+# *gloo*, the process group's backend on CPU. A bucket's *message* is its `all_reduce`. It is *in flight*
+# while gloo runs it, as the profiler records it (the orange bar), not from the tick. On CPU ranks that time
+# can also hold waits for the other rank or for a free core: a bar's length is not the time the bytes took
+# to travel, and its end can come after the rank has stopped waiting for it and gone on.
 #
 # nanoGPT (a small GPT training script) compiles the model, then wraps it:
 # `model = torch.compile(model)`, then `DDP(model)`.
@@ -143,16 +143,19 @@ lesson.say(
 # ## One step of each run, each row from its forward's start
 #
 # What to look for: without the cut every tick comes after the last blue; with it, here, a tick comes
-# after each piece's blue and before the next piece's (why: *The pieces and the buckets*), so orange can
-# lie under later blue. That order of events is what the cut changes, and what the claims count.
+# after each piece's blue and before the next piece's (why, and the claim that checks it: *The pieces and
+# the buckets*; in the figure a tick can lie on a node's edge), so orange can lie under later blue. That
+# order of events is what the cut changes, and what the claims count.
 #
 # A training step (`train_step` in `minddp/ladder/loop.py`) runs the forward and the backward pass, then the
 # optimizer step. Each row is the profiled step of one run (its third training step, after two that are not
 # profiled), rank 0, from the start of its forward to the black line where its optimizer step ends:
 # the forward (pale, the loss's included), the gradient nodes (blue, the loss's included), the
 # `AccumulateGrad` nodes (grey), a tick when a bucket was handed over (the row's label says how many
-# buckets), an orange bar for each message in flight (two shades, alternating by start), and the optimizer
-# step (green).
+# buckets), an orange bar for each message in flight (every second by start drawn dark, over the light
+# ones), and the optimizer step (green). Between the last grey and the green the row draws nothing: there
+# the rank ends its backward pass and waits for the messages (in `finish_gradient_synchronization`), time
+# the row leaves out.
 #
 # In every row the blue begins with the loss's gradient nodes; after them, in the cut row, one
 # gradient node per piece, piece 0 first (the pieces printed under *The pieces and the buckets*, whose
@@ -164,10 +167,10 @@ lesson.say(
 # that share this machine's cores, and any bar can hold time its thread waits rather than computes (for a
 # core, say), an orange bar also time gloo waits for the other rank; this notebook does not measure what
 # compiling or the cut costs: a row that ends last, or whose orange bars are longest, does not show that its
-# run's steps are slower, nor the reverse. A tick is not the start of its bar: gloo begins the message after
-# the tick. Ticks closer together than a pixel draw as one. Orange bars that overlap are drawn over each
-# other, so one can hide another, whole or in part: the figure does not show how long each message was in
-# flight, nor which ran beside a gradient node.
+# run's steps are slower, nor the reverse. Ticks closer together than a pixel draw as one. A dark bar is
+# drawn over any light one it overlaps and can hide it, whole or in part, so a row can show fewer bars than
+# buckets: the figure does not show how long each message was in flight, nor which ran beside a gradient
+# node.
 #
 # In the claims of the figure's cell, a node *ran after* the first bucket was handed over if it ends after
 # that tick: it was still running then, or began after.
@@ -177,9 +180,7 @@ lesson.say(
 # after its bucket's tick, and every tick comes after the graph's one gradient node, the last to
 # run, has produced the gradients; the claim that begins "Compiled without the cut" checks that none was
 # in this step. With the cut, the message of every bucket handed over before the last piece's backward can
-# be (here every bucket but the last); which are, and how many, the timing of this execution decides.
-#
-# This notebook runs no GPU: what the cut does to a GPU step is not shown here.
+# be (here every bucket but the last).
 
 # %%
 # %%distributed
@@ -228,11 +229,11 @@ lesson.say(
 # parameters whose gradients it produces hang off it (their `AccumulateGrad` nodes). Walking autograd's
 # nodes of one forward back from its output lists the pieces in the order the backward pass runs them, each
 # with its parameters in the forward's order (the order of the piece's inputs); the cell walks one more
-# forward of the third run's `ddp` (compiled with the cut, the last of the loop above). Beside them, the
-# buckets of the figure's third row (compiled with the cut): `ddp`'s `bucket_plan`, which after the first
-# step lists the parameters in the order their gradients arrived in that step on rank 0 (a first step's
-# plan lists them otherwise: *A bucket cap of 0.5 MiB*). A bucket closes at the first gradient that takes
-# it to the cap or past it. The claims below check where the buckets lie.
+# forward (under `no_sync()`: the reducer expects no gradients from it) of the third run's `ddp` (compiled
+# with the cut, the last of the loop above). Beside them, the buckets of the figure's third row (compiled
+# with the cut): `ddp`'s `bucket_plan`, which after the first step lists the parameters in the order their
+# gradients arrived in that step on rank 0 (a first step's plan lists them otherwise: *A bucket cap of 0.5
+# MiB*). The claims below check where the buckets lie.
 #
 # Under torch's DDP, Dynamo caps piece 0 not at the bucket cap but at
 # `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`, given
@@ -304,8 +305,9 @@ lesson.claim(
 # ### Your turn: after which piece is each bucket handed over?
 #
 # Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order the backward pass
-# runs them, each as its gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in
-# bytes, every bucket's, the first included (as in minddp's `ddp` given a `bucket_cap_mb`). Fill the
+# runs them, each as its gradients' sizes in bytes in the order they arrive (the bucket lines above show
+# it); `cap` is the bucket cap in bytes, every bucket's, the first included (as in minddp's `ddp` given a
+# `bucket_cap_mb`). Fill the
 # buckets in arrival order (a bucket closes at the first gradient that takes it to the cap or past it; the
 # gradients left at the end make one last bucket), so each is handed over once its last gradient is there:
 # return, for each bucket, the index of the piece after whose backward it is handed over.
@@ -351,9 +353,7 @@ print(check_handover(solutions.handed_over_after))
 # `torch.compile(ddp)` at another cap. Each count compiles an MLP of two 1 MiB layers, alone or in a
 # wrapper, for one training step, and Dynamo counts the breaks; the printed `bucket_cap_mb` is the wrappers'
 # (the MLP alone has no buckets). Dynamo's cut into pieces is no graph break: it cuts the graph Dynamo has
-# captured, and Dynamo does not count it as one (*A bucket cap of 0.5 MiB* prints, for minddp's `ddp`,
-# graphs cut into pieces with no graph break). Where torch's DDP's breaks fall, and why, this notebook does
-# not show.
+# captured.
 
 
 # %%
@@ -445,7 +445,7 @@ for (who, pattern), outcome in outcomes.items():
     lesson.say(f"{who}, {pattern}, bucket_cap_mb={SMALL:g}: {outcome}")
 refused = "AssertionError: First bucket"
 lesson.claim(
-    torch_first > SMALL
+    torch_first > SMALL  # torch_first: set in the cell under *The pieces and the buckets*
     and all(
         outcomes["torch's DDP", pattern].startswith(refused)
         and "(raised in torch/_dynamo/" in outcomes["torch's DDP", pattern]
@@ -474,13 +474,13 @@ lesson.claim(
 #   pieces, and the first bucket is handed over before the backward pass's last gradient node (the
 #   claims above), so the message of every bucket handed over before the last piece's backward (here
 #   every bucket but the last) can be in flight while gradients are still computed. Without the cut
-#   none was; with it, how many and which were, on rank 0 in the profiled step (the timing decides),
-#   the line that begins "Compiled with the cut, on rank 0" says. What the cut does to a step's
-#   length, on CPU or GPU, is not measured here.
+#   none was; with it, how many and which were, on rank 0 in the profiled step, the line that begins
+#   "Compiled with the cut, on rank 0" says. What the cut does to a step's length, on CPU or GPU, is
+#   not measured here.
 # * `torch.compile(wrapper)`: at a bucket cap of 2 MiB `torch.compile(ddp)` adds no graph break to
 #   the model's own, where torch's DDP adds breaks (where they fall and what they cost is not shown
-#   here); at a cap of 0.5 MiB its module is compiled and cut into pieces, with no graph break (*A
-#   bucket cap of 0.5 MiB*).
+#   here); at a cap of 0.5 MiB its training step has no graph break, and one more forward runs in
+#   pieces (*A bucket cap of 0.5 MiB*).
 # * At a bucket cap of 0.5 MiB torch's DDP (the torch installed here) does not compile: Dynamo's cap
 #   for its first piece, 1 MiB, is above the bucket cap, and Dynamo asserts. minddp's `ddp`, which sets
 #   Dynamo's first cap to the bucket cap, compiles there with both patterns, and its first step (its
