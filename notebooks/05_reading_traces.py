@@ -33,7 +33,7 @@
 # * **non-compute**: the time in flight during which none computed (ms).
 #
 # So non-compute = (100 % − overlap) × time in flight. Neither ranks the stages by speed. Non-compute counts more
-# than the training thread stopped until a message is back: also its own Python (its hooks, the time between
+# than a thread stopped until a message is back: also the threads' own Python (hooks, the time between
 # autograd nodes) while a range is open, and the time in the stages' parameter check. A range held open
 # until the other rank joins it (below) adds to non-compute the part of it in which no training thread computes,
 # and to the overlap the part in which one computes. Then **one step of each stage on one time axis**, and at the end
@@ -41,7 +41,7 @@
 # *waited* and *exposed* (defined there).
 #
 # The letters are `01_collectives`' notation: n ranks, α the fixed cost of one hop of the ring, β the time
-# per byte on a link; and `03_build_up`'s k, the micro-batches of a step. A *message* here is one whole
+# per byte on a link; and `03_build_up`'s k, the micro-batches of a step (the profiling cell prints it). A *message* here is one whole
 # all_reduce call of gradients (a bucket's or a parameter's; the timeline's row labels count them), which on
 # a ring makes 2(n−1) hops from each rank, so its fixed cost is 2(n−1)·α. A *sync* is one round of messages
 # that carries every gradient once. The stages' parameter check (below) is a collective too, but not a message.
@@ -125,7 +125,7 @@ lesson.say(
 # The caveat that decides how to read them: a gloo range lasts from the moment gloo's thread picks the
 # collective up until it is done, so it is also *held open* until the other rank joins the same
 # collective, and while gloo's thread waits for a core; and it ends when gloo's thread leaves it, which can
-# come after the training thread has had the result and gone on. On GPUs the same metrics read NCCL kernels
+# come after the waiting thread has had the result and gone on. On GPUs the same metrics read NCCL kernels
 # against compute kernels, which run side by side. `single` has nothing in flight and is not in the table.
 #
 # The table's last two columns split non-compute in two: the part inside the parameter checks' all_gather ranges,
@@ -148,7 +148,7 @@ lesson.say(
 # * why one stage's check holds more non-compute than another's, nor whether the other rank or a core held it open;
 # * what a blocking stage's thread computed in the time its overlap counts. It waits for each message before it
 #   goes on, so that overlap is not computation beside a message still on its way; one way it can arise is the
-#   caveat's last case, a range that ends after the training thread has had the result and gone on (to copy the
+#   caveat's last case, a range that ends after the waiting thread has had the result and gone on (to copy the
 #   average into the gradient, or on with the backward). The trace does not say which operators ran in it.
 
 # %%
@@ -255,7 +255,7 @@ lesson.say(
 #   autograd node: the gradients' computation, and whatever the hooks do inside those nodes: in `hook` and
 #   `bucket` the time until each message is back, and in `hook` to `bucket-async` the parameter check);
 # * a tick when a message was *handed to the wire* (the legend's words; the tables' *sent*; in this run the wire is
-#   gloo over the loopback interface, and no byte leaves the machine): for minddp's stages, the start of its
+#   gloo over the loopback interface): for minddp's stages, the start of its
 #   `minddp.bucket_launch` range (from the finish in `simple` and `ga`, from a hook in the others), before it calls
 #   the all_reduce; for torch's DDP, the reducer's `c10d::allreduce_` call;
 # * an orange bar while its gloo all_reduce range was open (the legend's "all_reduce range (held open
@@ -264,12 +264,11 @@ lesson.say(
 #   to its `c10d::allreduce_` call, the first of the same size that opened at or after the call, which comes at or
 #   after the tick; so no bar starts before its tick, but one can start later (the table after the figure prints,
 #   per stage, the longest time from a tick to its bar), and a tick at a bar's left end need not be that bar's own.
-#   Gloo runs a process group's collectives in the order they were queued (`docs/analysis.md`), so a message handed
-#   to the wire while the one before it was open has its bar start later than its tick; a bar can also start later
-#   by the stage's own time from the tick to its call, or while gloo's thread waits for a core. A row's bars
-#   alternate two shades of orange in the order they opened, with no edge line. A bar or a gap narrower than a
-#   pixel need not show, so a row can show fewer bars than its label counts messages, and bars close together can
-#   look like one block. Read the time in flight off the table above, not off the bars;
+#   A row's bars alternate two shades of orange in the order they opened, with no edge line, the dark ones drawn
+#   over the light. Bars can overlap (a range can open while another is still open), so a dark bar can hide a
+#   light bar's start, the start a tick-to-bar time ends at. A bar or a gap narrower than a pixel need not show, so
+#   a row can show fewer bars than its label counts messages, and bars that touch or overlap can look like one
+#   block. Read the time in flight off the table above, not off the bars;
 # * the parameter check (hatched red), drawn where gloo's all_gather range of the check was open, over the top half
 #   of the row's bands: gloo's thread's range, not the training thread's stand in the check, which need not start
 #   or end with it (the caveat above). `ddp` and torch run none; a short one is too thin to see. In `hook` to
@@ -366,11 +365,12 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 # ## The ladder on a slower network
 #
 # The profiling cell also profiled the blog's six stages with their gradients' all_reduces over the
-# **emulated 1 Gbit/s link** that `03_build_up` introduced (`minddp.comm.link`: it carries one message at a
-# time; the real all_reduce runs beside the modeled transfer, and the message is delivered when both are done; the parameter check's
-# all_gather does not go through the link: `minddp.stages.checks` calls `dist.all_gather` itself, not the
+# **emulated 1 Gbit/s link** that `03_build_up` introduced (`minddp.comm.link`: each rank has its own, which carries
+# its messages one at a time, in order; the real all_reduce runs beside the modeled transfer, and a message is
+# delivered when both are done and every earlier one is delivered; the parameter check's
+# all_gather does not go through the link: `minddp.stages.checks` calls `dist.all_gather`, not the
 # stage's comm hook). The link's transfers are in the traces as
-# `minddp.link:all_reduce` ranges on a thread of their own. The link run and the loopback run are two runs
+# `minddp.link:all_reduce` ranges on a thread of their own. The link run and the loopback run were
 # taken at different moments on a shared machine; their times are not comparable. Three measures
 # (`docs/analysis.md`):
 #
@@ -378,13 +378,14 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 #   (`metrics.link_time`): 2(n−1)·α + 2(n−1)/n·m·β for a message of m bytes, added up, with the `1gbit`
 #   preset's α = 50 µs and β = 8 ns a byte (1 Gbit/s). It is the link's
 #   work, not time the step lost;
-# * **waited**: the time from the training thread's first `wait()` on a gradient message to the message's
+# * **waited**: the time from rank 0's first `wait()` on a gradient message to the message's
 #   delivery (its modeled transfer and the real all_reduce both done), whether it waited for the link, the
 #   other rank or a core; the thread's own return from `wait()` after the delivery is not counted. The
 #   parameter check is not a message, and waited does not count it;
-# * **exposed**: the part of those waits during which the link was carrying a transfer (any message's). The
+# * **exposed**: the part of those waits during which rank 0's link was carrying a transfer (any message's). The
 #   part of the transfers that passes while the thread is in no wait is in neither waited nor exposed, so both
-#   can fall short of the link time, even in a blocking stage. Waited minus exposed (the table's last column) is the part of the waits during which the link carried nothing.
+#   can fall short of the link time, even in a blocking stage. Waited minus exposed (the table's last column) is the part of the waits during which rank 0's link carried nothing
+#   (rank 1's could be carrying).
 #   Exposed is not time the step lost to the link either, nor what a free link would save (`metrics.exposed`):
 #   with no transfer, the other rank's waits and its sends would change too.
 
@@ -433,16 +434,17 @@ display(on_link)
 # What accumulation, hooks and buckets change by construction: the messages' count, where they are handed to
 # the wire, the link time (the first three claims below). The link time is set by the messages' count and bytes;
 # how long a stage waited for them also depends on when it handed them over and when it waited, which the link
-# time does not decide. The waited column gives that, one profiled step per stage, profiled one after another on
-# a shared machine, so a difference between two rows need not hold on a re-run. Waited counts the messages only,
-# not the parameter check. The lines under the claims print, one step each (printed, not claimed): the two kinds
-# compared by waited (`ddp` and torch's DDP were not run over the link); for each asynchronous stage, the link time
-# of the last message it handed over beside its waited (a bucket is handed over only once all its gradients are
-# in, and earlier messages can still be on the link then); how much of the link time buckets saved; each change's
-# two stages by waited and exposed; each stage's waited as a share of its link time, and the stages that waited
-# longer than it; from `hook` to `bucket`, how the change in waited splits between exposed and waited − exposed,
-# beside the change in link time; last, a line for each stage whose exposed, to one decimal, is zero while its
-# waited is not, if any. Exposed need not fall with the link time: it depends on when the thread waited too.
+# time does not decide. The waited column gives that, one profiled step per stage, so a difference between two
+# rows need not hold on a re-run. The lines under the claims print, one step each (printed, not claimed): the two
+# kinds compared by waited (`ddp` and torch's DDP were not run over the link); for each asynchronous stage, the
+# link time of the last message it handed over beside its waited (not a floor on it: waited starts at the first
+# `wait()`, and the transfer can start before); how much of the link time buckets saved, all they change on the
+# link (a larger change in waited is not shown to come from buckets); each change's two stages by waited and
+# exposed; each stage's waited as a share of its link time, and the stages that waited longer than it (waited −
+# exposed, in the table, is the part with rank 0's link carrying nothing); from `hook` to `bucket`,
+# how the change in waited splits between exposed and waited − exposed, beside the change in link time (the signs
+# give each change's direction, the ratio only their sizes); last, a line for each stage whose exposed, to one
+# decimal, is zero while its waited is not, if any.
 
 # %%
 sends_1g = sent.groupby("stage").size()  # the messages: minddp.bucket_launch ranges, as in the table above
