@@ -33,8 +33,8 @@
 #   that shard, and the updated shards are all-gathered;
 # * `zero2`: the gradients are reduce-scattered instead of all-reduced: each rank needs only the piece
 #   of the average it updates;
-# * `fsdp`: the parameters are sharded too (all but a few tensors it keeps whole on every rank, its
-#   *replicated* ones, named with the memory table), and
+# * `fsdp`: the parameters are sharded too (all but a few tensors minddp's fsdp keeps whole on every
+#   rank, its *replicated* ones, named with the memory table; torch's FSDP shards those too), and
 #   each decoder layer of the model (a *unit*: what fsdp gathers
 #   and drops as one) is gathered only around its own forward and backward: as a unit starts its
 #   forward or its backward, the gather of the next unit in that order is started too (a *prefetch*,
@@ -65,8 +65,9 @@ lesson.say(lesson.describe())
 # A **reduce-scatter** sums a tensor over the ranks and leaves each rank one `1/n` piece of the
 # sum. An **all-gather** is the opposite move: each rank brings a piece and everyone ends with all
 # of them. One after the other, they are an all_reduce. Here minddp's ring versions (written from
-# `send`/`recv`) on every rank, checked against gloo's all_reduce. `TRANSPORTS` names minddp's
-# *transports*: each an all_reduce, a reduce-scatter and an all-gather written from point-to-point messages:
+# `send`/`recv`) on every rank, checked against gloo's all_reduce. A *transport* is an all_reduce a stage
+# calls instead of torch's (with, optionally, a reduce-scatter and an all-gather); `TRANSPORTS` names
+# minddp's, each all three written from point-to-point messages:
 
 # %%
 # %%distributed
@@ -113,7 +114,7 @@ show_source(ring_all_reduce)
 # wrapper with its optimizer sharded (its section), so it all-reduces them and then all-gathers, one
 # pass more: that is this design's cost, not ZeRO-1's idea's (its ranks too update only their shards,
 # so a reduce-scatter would do, as in ZeRO-2). FSDP reduce-scatters its units' gradients, a little
-# under one pass (the units' bytes: the model's less its replicated tensors'), but it gathers each unit's parameters for every
+# under one pass (its replicated tensors left out), but it gathers each unit's parameters for every
 # micro-batch's forward and again for its backward (all but the unit the backward starts with, kept
 # gathered since its forward). The bound below counts, each of the whole model, one reduce-scatter
 # pass a step and two gathering passes per micro-batch. It counts the replicated tensors in every pass,
@@ -237,9 +238,7 @@ table.round(3).astype(object).where(table.notna(), "–")
 
 # %% [markdown]
 # The gradients column, and so the model state, is what rank 0 holds at the update. No cell here
-# measures the gradients earlier in the step, when zero2 and fsdp hold whole ones, as ddp does (in
-# the micro-batches before the last they add to them under `no_sync()`, notebook 03's context in which
-# a stage's backward sends nothing). fsdp's gathered units are held during a forward or backward, not
+# measures the gradients earlier in the step, when zero2 and fsdp hold whole ones, as ddp does. fsdp's gathered units are held during a forward or backward, not
 # at the update. The activations column holds one value for every row: each stage runs the same
 # forward on the same batch, and the column leaves out what autograd saved of the parameters,
 # whether held whole or, in fsdp, gathered. Sharding saves model state, not activations:
@@ -352,7 +351,7 @@ lesson.claim(
 )
 
 # %% [markdown]
-# In bf16 the norm weights (the share of the values the ✓ line gives) would lose this change, and every
+# In bf16 the RMSNorms' weights (its normalization layers' scales, which start at 1.0; the share of the values the ✓ line gives) would lose this change, and every
 # other value would take it rounded to bf16's spacing at its value (the ✓ line prints the smallest and
 # the largest change, not how the changes spread between them); in fp32 every value takes it, to within
 # the fraction printed. A weight held in bf16 would take every change so, rounded to bf16's spacing at
@@ -498,9 +497,9 @@ show_source(reduce_scatter_hook)
 # sum gradients (fsdp's all_reduces of its replicated tensors included), which it counts as the
 # all_reduces handed over; it counts the all-gathers of parameters apart. On gloo every gradient
 # collective is an all_reduce:
-# a comm hook must hand back a `torch.futures.Future` (an object that receives the collective's result
-# when it is done and then runs what was chained to it: here the write-back), and gloo's reduce-scatter
-# hands back only its `Work` (the handle a caller waits on), with no Future to chain to. So on gloo
+# a comm hook hands back a `torch.futures.Future` (which runs the write-back chained to it once the
+# sum is done), and gloo's reduce-scatter
+# hands back none to chain to, so a hook using it would wait for the sum before backward goes on. So on gloo
 # minddp runs zero2's and fsdp's reduce-scatters as all_reduces of the whole tensor they are given (a
 # zero2 bucket, an fsdp unit's gradients) and keeps the piece a reduce-scatter would have left this
 # rank. Each look below is its trainee's second step: the first was the memory step above, so
@@ -530,8 +529,8 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 # by the collective the message served. zero2's trainee here takes one step
 # before its look (`warmup=1`), as the memory step did for the gloo looks: zero2 all-gathers the updated
 # shards in the forward after an update, so the looked-at step starts with those all-gathers (its first
-# step has none to make). fsdp's reduce-scatter sends its units' bytes, short of a pass
-# by its replicated tensors', which it all-reduces. The ✓ line's bytes fsdp sent
+# step has none to make). fsdp's reduce-scatter sends a little under a pass: its replicated
+# tensors, which it all-reduces, are left out. The ✓ line's bytes fsdp sent
 # "gathering units" are bytes sent in a step, not the memory table's gathered units, which are bytes
 # held at one moment. Bytes *sent*
 # are not the bytes *given* of the look above: a ring all_reduce sends `2(n − 1)/n` of the bytes it
@@ -692,7 +691,7 @@ lesson.claim(
 #
 # Sharding changes what each rank keeps, not what is computed: after the same steps every stage
 # holds the same model, up to float rounding. The cell below compares each sharded stage with `ddp`
-# after the same steps; at these 2 ranks it finds them bit for bit equal; at more ranks the stages add the ranks' gradients in different
+# after the same steps; at these 2 ranks it finds them equal; at more ranks the stages add the ranks' gradients in different
 # orders, and `docs/sharding.md`'s tests at 3 ranks allow for rounding. fsdp keeps most parameters only
 # as shards, and zero2's whole parameters hold the other ranks' chunks from before the update until the next forward
 # gathers them (part 4 of ZeRO-2), so `full_parameters()` gathers both whole for the comparison.
@@ -718,15 +717,17 @@ lesson.say(
 # ## What each rung trades
 #
 # Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's
-# ring (the ring table), at these 2 ranks. The line below prints, for each rung, the model state it
-# spares against ddp's and its bytes as a multiple of ddp's, then fsdp's against zero2's. Bytes are the β side only.
+# ring (the ring table), at these 2 ranks. Bytes are the β side only.
 #
 # Two limits. The model state is what rank 0 holds at the update, not the most it holds during the
 # step: before the last micro-batch zero2 and fsdp hold whole gradients, as ddp does, and the model
-# state leaves out the activations, fsdp's gathered units and the collectives' buffers.
+# state leaves out the activations, the collectives' buffers and fsdp's gathered units (the memory
+# table's: set them beside fsdp's saving over zero2 below).
 # And the bytes are the ring's, with true
 # reduce-scatters: through gloo, as this notebook's other runs send, zero2's reduce-scatters run as
 # all_reduces of whole buckets (the ZeRO-2 section), so the ✓ line's fewer bytes hold on the ring only.
+# fsdp's multiples grow with the micro-batches a step: it gathers every unit for each (the first
+# section's bound).
 
 # %%
 # %%rank 0
